@@ -1,0 +1,81 @@
+# pdmoe build. `make` builds build/pdmoe; `make test` builds and runs the Criterion suite;
+# `make SAN=1 test` does the same under AddressSanitizer + UBSan in build-san/.
+CC      ?= cc
+PKGS    := jansson
+SAN     ?= 0
+
+ifeq ($(SAN),1)
+BUILD   := build-san
+SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+OPT     := -O1 -g
+else
+BUILD   := build
+SANFLAGS :=
+OPT     := -O2 -g
+endif
+
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS))
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
+CFLAGS  := -std=gnu11 $(OPT) -march=x86-64-v2 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
+           -pthread -Isrc -I. -I$(BUILD)/gen $(PKG_CFLAGS) $(SANFLAGS) $(EXTRA_CFLAGS)
+LDLIBS  := $(PKG_LIBS) -lm -pthread $(SANFLAGS)
+
+# Every .c under src/ except the command-line front is library code.
+LIB_SRC := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
+BENCH_SRC ?= $(shell find bench -name '*.c' | sort)
+CLI_SRC := $(shell find src/cli -name '*.c' | sort) $(BENCH_SRC)
+TEST_SRC := $(shell find tests -name '*.c' ! -path 'tests/fuzz/*' | sort)
+EMBED   := $(sort $(wildcard models/*.json hardware/*.json))
+
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/embedded.o
+CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
+TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
+
+.PHONY: all test bench clean
+all: $(BUILD)/pdmoe
+
+$(BUILD)/libpdmoe.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/pdmoe: $(CLI_OBJ) $(BUILD)/libpdmoe.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/pdmoe-tests: $(TEST_OBJ) $(BUILD)/libpdmoe.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(shell pkg-config --libs criterion)
+
+# Preset models and hardware files are compiled in, so `pdmoe plan` works from any directory.
+$(BUILD)/gen/embedded.c: tools/embed.sh $(EMBED)
+	@mkdir -p $(dir $@)
+	sh tools/embed.sh $(EMBED) > $@
+
+$(BUILD)/gen/embedded.o: $(BUILD)/gen/embedded.c
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+# Tests run from the top of the tree (they read models/ and write to a temporary directory).
+test: $(BUILD)/pdmoe-tests $(BUILD)/pdmoe
+	PDMOE_BIN=$(BUILD)/pdmoe ./$(BUILD)/pdmoe-tests $(TEST_ARGS)
+
+bench: $(BUILD)/pdmoe
+	./$(BUILD)/pdmoe bench plan
+
+clean:
+	rm -rf build build-san
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# libFuzzer harness for the safetensors reader (clang); `make fuzz FUZZ_SECONDS=30`.
+FUZZ_SECONDS ?= 20
+FUZZ_SRC := src/model/safetensors.c src/core/err.c
+fuzz: build-fuzz/fuzz_safetensors
+	mkdir -p build-fuzz/corpus
+	./build-fuzz/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -max_len=4096 build-fuzz/corpus tests/fuzz/seeds
+
+build-fuzz/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c $(FUZZ_SRC)
+	@mkdir -p build-fuzz
+	clang -std=gnu11 -g -O1 -Isrc $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined -o $@ $^ $(PKG_LIBS)
+.PHONY: fuzz

@@ -1,0 +1,59 @@
+/* `pdmoe bench plan`: time to plan the seed's deployment, with and without the EP-size
+ * sweep, against the 1 ms target that keeps a search over thousands of layouts interactive. */
+#include "bench.h"
+#include "core/timing.h"
+#include "plan/plan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double time_plans(const struct pd_plan_opts *o, int n, int with_json)
+{
+    double best = 1e9;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = pd_now_s();
+        for (int i = 0; i < n; i++) {
+            struct pd_plan p;
+            pd_err e;
+            if (pd_plan_build(o, &p, &e)) {
+                fprintf(stderr, "bench plan: %s\n", e.msg);
+                exit(1);
+            }
+            if (with_json)
+                free(pd_plan_json(&p));
+            pd_plan_free(&p);
+        }
+        double t = (pd_now_s() - t0) / n;
+        if (t < best)
+            best = t;
+    }
+    return best;
+}
+
+int pd_bench_plan(int argc, char **argv)
+{
+    int n = argc > 1 && strcmp(argv[1], "--quick") == 0 ? 20 : 200;
+    const double target = 1e-3;
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    printf("pdmoe bench plan: best of 5 runs of %d plans each; target %.1f ms per plan\n", n, target * 1e3);
+    printf("  %-52s %12s %14s\n", "case", "ms / plan", "of target");
+    struct { const char *name, *model; int sweep, json; } cases[] = {
+        {"seed deployment, deepseek-v4-flash (default)", "deepseek-v4-flash", 0, 0},
+        {"seed deployment, deepseek-v4-flash, + JSON", "deepseek-v4-flash", 0, 1},
+        {"seed deployment, seed-v4-flash", "seed-v4-flash", 0, 0},
+        {"deepseek-v4-flash with --sweep (12 layouts)", "deepseek-v4-flash", 1, 0},
+        {"deepseek-v3, same layout", "deepseek-v3", 0, 0},
+    };
+    int ok = 1;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        o.model = cases[i].model;
+        o.sweep = cases[i].sweep;
+        double t = time_plans(&o, n, cases[i].json);
+        printf("  %-52s %12.4f %13.2fx\n", cases[i].name, t * 1e3, t / target);
+        ok &= cases[i].sweep || t < target;
+    }
+    printf("%s\n", ok ? "every single plan is under the target" : "a single plan is OVER the target");
+    return 0;
+}

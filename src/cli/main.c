@@ -1,0 +1,35 @@
+/* pdmoe: one program, subcommands. This file only dispatches. */
+#include "cli/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+    {"plan", pd_cli_plan, "per-card weight placement, memory budget, KV capacity and hand-off of a PD deployment"},
+    {"bench", pd_cli_bench, "benchmarks: plan"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: pdmoe COMMAND [options]   (pdmoe COMMAND --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "pdmoe: unknown command \"%s\"\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

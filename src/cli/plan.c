@@ -1,0 +1,197 @@
+/* `pdmoe plan`: argument parsing and output of a deployment plan. */
+#include "cli/cli.h"
+#include "core/units.h"
+#include "plan/plan.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *help =
+    "usage: pdmoe plan [options]\n"
+    "With no options: the seed article's deployment of DeepSeek-V4-Flash on 8 Atlas 800I A2 servers\n"
+    "(prefill 4 instances of EP8, decode 1 instance of EP32, W8A8).\n\n"
+    "  --model NAME|FILE|DIR        preset (deepseek-v4-flash, seed-v4-flash, v4-flash-mini, v4-tiny,\n"
+    "                               deepseek-v3), a config .json, or a checkpoint directory\n"
+    "  --hardware NAME|FILE         atlas-800i-a2 (default), h800, h100, h200, or a .json\n"
+    "  --checkpoint DIR             take the weight inventory from DIR's safetensors headers\n"
+    "  --prefill dp=N,tp=N,instances=N[,redundant=R]   default dp=8,tp=1,instances=4\n"
+    "  --decode  dp=N,tp=N,instances=N[,redundant=R]   default dp=32,tp=1,instances=1\n"
+    "  --nodes N                    cluster size in nodes (default: the hardware file's, 8)\n"
+    "  --gpu-memory-utilization F   fraction of each card's memory to use, (0, 1]; default 0.9\n"
+    "  --max-num-seqs N             sequences per data-parallel rank; default 30\n"
+    "  --max-model-len N            tokens per sequence; default 32768 (k = 1000, K = 1024 allowed)\n"
+    "  --max-num-batched-tokens N   tokens in one prefill step; default 4096\n"
+    "  --quant w8a8|fp8|fp4|bf16    format of linear-layer weights; default w8a8\n"
+    "  --quant-override G=F,...     per-group format, e.g. routed_experts=fp4 (groups: embedding, lm_head,\n"
+    "                               attention, compressor_indexer, shared_expert, dense_ffn, router, norms_mhc,\n"
+    "                               mtp, routed_experts)\n"
+    "  --kv-cache-dtype fp8|bf16    default fp8 (as vLLM stores V4's cache)\n"
+    "  --kv-bytes-per-token N       a flat KV size instead of the architecture's (the seed uses 44000)\n"
+    "  --mtp on|off                 load the MTP layer (default: on when the model has one)\n"
+    "  --runtime-overhead-prefill B, --runtime-overhead-decode B   bytes, e.g. 1.5GB or 2GiB\n"
+    "  --handoff-tokens N,N,...     prompt lengths for the KV hand-off table; default 8000,131072\n"
+    "  --sweep                      add the EP-size decision tree of each role\n"
+    "  --inventory                  list every tensor (name, class, group, format, shape, bytes) and exit\n"
+    "  --json                       the plan as JSON (plan_version 1)\n"
+    "  --units gb|gib               GB = 10^9 bytes (default) or GiB = 2^30 bytes\n";
+
+static int parse_role(const char *flag, const char *s, struct pd_role_opts *r)
+{
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        int64_t v;
+        if (!eq) {
+            fprintf(stderr, "pdmoe: %s %s: expected key=value pairs (dp, tp, instances, redundant)\n", flag, s);
+            return -1;
+        }
+        *eq = 0;
+        int *dst = strcmp(tok, "dp") == 0 ? &r->dp : strcmp(tok, "tp") == 0 ? &r->tp
+                 : strcmp(tok, "instances") == 0 ? &r->instances : strcmp(tok, "redundant") == 0 ? &r->redundant : NULL;
+        if (!dst) {
+            fprintf(stderr, "pdmoe: %s: unknown key \"%s\" (dp, tp, instances, redundant)\n", flag, tok);
+            return -1;
+        }
+        char name[64];
+        snprintf(name, sizeof name, "%s %s=", flag, tok);
+        if (pd_cli_int(name, eq + 1, strcmp(tok, "redundant") == 0 ? 0 : 1, &v))
+            return -1;
+        if (v > 1 << 20) {
+            fprintf(stderr, "pdmoe: %s%s: too large\n", name, eq + 1);
+            return -1;
+        }
+        *dst = (int)v;
+    }
+    return 0;
+}
+
+static int parse_bytes(const char *flag, const char *s, int64_t *out)
+{
+    if (pd_units_parse(s, out)) {
+        fprintf(stderr, "pdmoe: %s %s: expected bytes, e.g. 1500000000, 1.5GB or 2GiB\n", flag, s);
+        return -1;
+    }
+    return 0;
+}
+
+enum {
+    O_MODEL = 256, O_HW, O_CKPT, O_PREFILL, O_DECODE, O_NODES, O_UTIL, O_SEQS, O_LEN, O_BATCH, O_QUANT, O_QOVR,
+    O_KVDT, O_KVB, O_MTP, O_RTP, O_RTD, O_HAND, O_SWEEP, O_INV, O_JSON, O_UNITS, O_HELP
+};
+
+int pd_cli_plan(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"model", 1, 0, O_MODEL}, {"hardware", 1, 0, O_HW}, {"checkpoint", 1, 0, O_CKPT},
+        {"prefill", 1, 0, O_PREFILL}, {"decode", 1, 0, O_DECODE}, {"nodes", 1, 0, O_NODES},
+        {"gpu-memory-utilization", 1, 0, O_UTIL}, {"max-num-seqs", 1, 0, O_SEQS}, {"max-model-len", 1, 0, O_LEN},
+        {"max-num-batched-tokens", 1, 0, O_BATCH}, {"quant", 1, 0, O_QUANT}, {"quant-override", 1, 0, O_QOVR},
+        {"kv-cache-dtype", 1, 0, O_KVDT}, {"kv-bytes-per-token", 1, 0, O_KVB}, {"mtp", 1, 0, O_MTP},
+        {"runtime-overhead-prefill", 1, 0, O_RTP}, {"runtime-overhead-decode", 1, 0, O_RTD},
+        {"handoff-tokens", 1, 0, O_HAND}, {"sweep", 0, 0, O_SWEEP}, {"inventory", 0, 0, O_INV},
+        {"json", 0, 0, O_JSON}, {"units", 1, 0, O_UNITS}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
+    };
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    int json = 0, inventory = 0, units = PD_UNITS_GB, c;
+    int64_t v;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        const char *flag = optind > 0 && optind <= argc ? argv[optind - 1] : "";
+        switch (c) {
+        case O_MODEL: o.model = optarg; break;
+        case O_HW: o.hardware = optarg; break;
+        case O_CKPT:
+            o.checkpoint = optarg;
+            if (strcmp(o.model, "deepseek-v4-flash") == 0)
+                o.model = NULL;   /* the checkpoint's own config.json */
+            break;
+        case O_PREFILL: if (parse_role("--prefill", optarg, &o.role[PD_ROLE_PREFILL])) return 2; break;
+        case O_DECODE: if (parse_role("--decode", optarg, &o.role[PD_ROLE_DECODE])) return 2; break;
+        case O_NODES: if (pd_cli_int("--nodes", optarg, 1, &v)) return 2; o.nodes = (int)v; break;
+        case O_UTIL: if (pd_cli_double("--gpu-memory-utilization", optarg, &o.util)) return 2; break;
+        case O_SEQS: if (pd_cli_int("--max-num-seqs", optarg, 1, &o.max_num_seqs)) return 2; break;
+        case O_LEN: if (pd_cli_int("--max-model-len", optarg, 1, &o.max_model_len)) return 2; break;
+        case O_BATCH: if (pd_cli_int("--max-num-batched-tokens", optarg, 1, &o.max_num_batched_tokens)) return 2; break;
+        case O_QUANT: o.quant = optarg; break;
+        case O_QOVR: o.quant_override = optarg; break;
+        case O_KVDT:
+            if (pd_kv_parse_dtype(optarg, &o.kv_dtype)) {
+                fprintf(stderr, "pdmoe: --kv-cache-dtype %s: expected fp8 or bf16\n", optarg);
+                return 2;
+            }
+            break;
+        case O_KVB: if (pd_cli_int("--kv-bytes-per-token", optarg, 1, &o.kv_bytes_per_token)) return 2; break;
+        case O_MTP:
+            if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
+                fprintf(stderr, "pdmoe: --mtp %s: expected on or off\n", optarg);
+                return 2;
+            }
+            o.mtp = strcmp(optarg, "on") == 0;
+            break;
+        case O_RTP: if (parse_bytes("--runtime-overhead-prefill", optarg, &o.runtime[0])) return 2; break;
+        case O_RTD: if (parse_bytes("--runtime-overhead-decode", optarg, &o.runtime[1])) return 2; break;
+        case O_HAND: {
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", optarg);
+            o.n_handoff = 0;
+            for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (o.n_handoff == 8) {
+                    fprintf(stderr, "pdmoe: --handoff-tokens: at most 8 lengths\n");
+                    return 2;
+                }
+                if (pd_cli_int("--handoff-tokens", t, 1, &o.handoff_tokens[o.n_handoff++]))
+                    return 2;
+            }
+            break;
+        }
+        case O_SWEEP: o.sweep = 1; break;
+        case O_INV: inventory = 1; break;
+        case O_JSON: json = 1; break;
+        case O_UNITS:
+            if (strcmp(optarg, "gb") == 0 || strcmp(optarg, "GB") == 0)
+                units = PD_UNITS_GB;
+            else if (strcmp(optarg, "gib") == 0 || strcmp(optarg, "GiB") == 0)
+                units = PD_UNITS_GIB;
+            else {
+                fprintf(stderr, "pdmoe: --units %s: expected gb (10^9 bytes) or gib (2^30 bytes)\n", optarg);
+                return 2;
+            }
+            break;
+        case O_HELP: fputs(help, stdout); return 0;
+        case ':': fprintf(stderr, "pdmoe plan: %s needs a value\n", flag); return 2;
+        default: fprintf(stderr, "pdmoe plan: unknown option %s (see pdmoe plan --help)\n", flag); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "pdmoe plan: unexpected argument \"%s\" (see pdmoe plan --help)\n", argv[optind]);
+        return 2;
+    }
+    struct pd_plan p;
+    pd_err e = {0};
+    if (pd_plan_build(&o, &p, &e)) {
+        fprintf(stderr, "pdmoe plan: %s\n", e.msg);
+        return 1;
+    }
+    int rc = 0;
+    if (inventory) {
+        pd_plan_print_inventory(&p, stdout, units);
+    } else {
+        char *s = json ? pd_plan_json(&p) : pd_plan_text(&p, units);
+        if (!s) {
+            fprintf(stderr, "pdmoe plan: out of memory\n");
+            rc = 1;
+        } else {
+            fputs(s, stdout);
+            if (json)
+                fputc('\n', stdout);
+            free(s);
+        }
+    }
+    pd_plan_free(&p);
+    return rc;
+}

@@ -1,0 +1,16 @@
+/* Monotonic clock helpers. */
+#include "core/timing.h"
+
+#include <time.h>
+
+int64_t pd_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+double pd_now_s(void)
+{
+    return (double)pd_now_ns() * 1e-9;
+}

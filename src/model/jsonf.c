@@ -1,0 +1,168 @@
+/* Typed JSON field access with one-line errors naming file and field. */
+#include "model/jsonf.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <string.h>
+
+json_t *pd_json_load_file(const char *path, pd_err *e)
+{
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        if (je.line <= 0 || strstr(je.text, "unable to open"))
+            pd_err_set(e, PD_EIO, "%s: %s", path, je.text);
+        else
+            pd_err_set(e, PD_EFORMAT, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        pd_err_set(e, PD_EFORMAT, "%s: expected a JSON object at the top level", path);
+        return NULL;
+    }
+    return root;
+}
+
+json_t *pd_json_load_str(const char *text, const char *label, pd_err *e)
+{
+    json_error_t je;
+    json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        pd_err_set(e, PD_EFORMAT, "%s:%d:%d: %s", label, je.line, je.column, je.text);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        pd_err_set(e, PD_EFORMAT, "%s: expected a JSON object at the top level", label);
+        return NULL;
+    }
+    return root;
+}
+
+static const char *kind(json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "?";
+}
+
+static json_t *field(const struct pd_jsrc *s, json_t *o, const char *key, int required,
+                     int *rc, pd_err *e)
+{
+    json_t *v = json_object_get(o, key);
+    *rc = 0;
+    if (!v || json_is_null(v)) {
+        if (required)
+            *rc = pd_err_set(e, PD_EINVAL, "%s: missing required field \"%s%s\"", s->file,
+                             s->prefix, key);
+        return NULL;
+    }
+    return v;
+}
+
+int pd_json_int(const struct pd_jsrc *s, json_t *o, const char *key, int required,
+                int64_t dflt, int64_t min, int64_t max, int64_t *out, pd_err *e)
+{
+    int rc;
+    json_t *v = field(s, o, key, required, &rc, e);
+    if (!v) {
+        if (rc == 0)
+            *out = dflt;
+        return rc;
+    }
+    int64_t x;
+    if (json_is_integer(v)) {
+        x = json_integer_value(v);
+    } else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) &&
+               fabs(json_real_value(v)) < 9e15) {
+        x = (int64_t)json_real_value(v);
+    } else {
+        return pd_err_set(e, PD_EINVAL, "%s: field \"%s%s\": expected an integer, got %s",
+                          s->file, s->prefix, key, kind(v));
+    }
+    if (x < min || x > max)
+        return pd_err_set(e, PD_EINVAL,
+                          "%s: field \"%s%s\": %" PRId64 " is out of range [%" PRId64 ", %" PRId64 "]",
+                          s->file, s->prefix, key, x, min, max);
+    *out = x;
+    return 0;
+}
+
+int pd_json_i32(const struct pd_jsrc *s, json_t *o, const char *key, int required,
+                int dflt, int min, int max, int *out, pd_err *e)
+{
+    int64_t x;
+    int rc = pd_json_int(s, o, key, required, dflt, min, max, &x, e);
+    if (rc == 0)
+        *out = (int)x;
+    return rc;
+}
+
+int pd_json_num(const struct pd_jsrc *s, json_t *o, const char *key, int required,
+                double dflt, double min, double max, double *out, pd_err *e)
+{
+    int rc;
+    json_t *v = field(s, o, key, required, &rc, e);
+    if (!v) {
+        if (rc == 0)
+            *out = dflt;
+        return rc;
+    }
+    if (!json_is_number(v))
+        return pd_err_set(e, PD_EINVAL, "%s: field \"%s%s\": expected a number, got %s",
+                          s->file, s->prefix, key, kind(v));
+    double x = json_number_value(v);
+    if (!(x >= min && x <= max))
+        return pd_err_set(e, PD_EINVAL, "%s: field \"%s%s\": %g is out of range [%g, %g]",
+                          s->file, s->prefix, key, x, min, max);
+    *out = x;
+    return 0;
+}
+
+int pd_json_bool(const struct pd_jsrc *s, json_t *o, const char *key, int required,
+                 int dflt, int *out, pd_err *e)
+{
+    int rc;
+    json_t *v = field(s, o, key, required, &rc, e);
+    if (!v) {
+        if (rc == 0)
+            *out = dflt;
+        return rc;
+    }
+    if (!json_is_boolean(v))
+        return pd_err_set(e, PD_EINVAL, "%s: field \"%s%s\": expected true or false, got %s",
+                          s->file, s->prefix, key, kind(v));
+    *out = json_is_true(v);
+    return 0;
+}
+
+int pd_json_str(const struct pd_jsrc *s, json_t *o, const char *key, int required,
+                const char *dflt, char *out, size_t n, pd_err *e)
+{
+    int rc;
+    json_t *v = field(s, o, key, required, &rc, e);
+    const char *str = dflt;
+    if (v) {
+        if (!json_is_string(v))
+            return pd_err_set(e, PD_EINVAL, "%s: field \"%s%s\": expected a string, got %s",
+                              s->file, s->prefix, key, kind(v));
+        str = json_string_value(v);
+    } else if (rc) {
+        return rc;
+    }
+    if (!str)
+        str = "";
+    if (strlen(str) >= n)
+        return pd_err_set(e, PD_EINVAL, "%s: field \"%s%s\": string longer than %zu bytes",
+                          s->file, s->prefix, key, n - 1);
+    memcpy(out, str, strlen(str) + 1);
+    return 0;
+}

@@ -1,0 +1,111 @@
+/* hardware/ *.json -> struct pd_hardware, every field checked. */
+#include "plan/hardware.h"
+#include "model/config.h"
+#include "model/jsonf.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static int link_parse(const char *file, json_t *links, const char *key, struct pd_link *l, pd_err *e)
+{
+    char pfx[64];
+    snprintf(pfx, sizeof pfx, "links.%s.", key);
+    json_t *o = json_object_get(links, key);
+    if (!json_is_object(o))
+        return pd_err_set(e, PD_EINVAL, "%s: missing required field \"links.%s\" (an object)", file, key);
+    struct pd_jsrc s = {file, pfx};
+    int rc;
+    if ((rc = pd_json_str(&s, o, "name", 1, "", l->name, sizeof l->name, e)) ||
+        (rc = pd_json_num(&s, o, "bandwidth_Bps", 1, 0, 1, 1e15, &l->bandwidth_Bps, e)) ||
+        (rc = pd_json_num(&s, o, "latency_s", 1, 0, 0, 10, &l->latency_s, e)))
+        return rc;
+    return 0;
+}
+
+int pd_hardware_parse(const char *text, const char *label, struct pd_hardware *h, pd_err *e)
+{
+    memset(h, 0, sizeof *h);
+    snprintf(h->source, sizeof h->source, "%s", label);
+    json_t *root = pd_json_load_str(text, label, e);
+    if (!root)
+        return e ? e->code : PD_EFORMAT;
+    struct pd_jsrc s = {label, ""};
+    int rc;
+    if ((rc = pd_json_str(&s, root, "name", 1, "", h->name, sizeof h->name, e)) ||
+        (rc = pd_json_i32(&s, root, "cluster_nodes", 0, 1, 1, 1 << 20, &h->cluster_nodes, e)) ||
+        (rc = pd_json_i32(&s, root, "cards_per_node", 1, 0, 1, 1024, &h->cards_per_node, e)))
+        goto out;
+    json_t *card = json_object_get(root, "card");
+    if (!json_is_object(card)) {
+        rc = pd_err_set(e, PD_EINVAL, "%s: missing required field \"card\" (an object)", label);
+        goto out;
+    }
+    struct pd_jsrc cs = {label, "card."};
+    double mem;
+    if ((rc = pd_json_str(&cs, card, "name", 1, "", h->card_name, sizeof h->card_name, e)) ||
+        (rc = pd_json_num(&cs, card, "memory_bytes", 1, 0, 1, 1e15, &mem, e)) ||
+        (rc = pd_json_num(&cs, card, "memory_bandwidth_Bps", 1, 0, 1, 1e15, &h->mem_bw_Bps, e)) ||
+        (rc = pd_json_num(&cs, card, "bf16_flops", 1, 0, 0, 1e18, &h->bf16_flops, e)) ||
+        (rc = pd_json_num(&cs, card, "int8_ops", 1, 0, 0, 1e18, &h->int8_ops, e)) ||
+        (rc = pd_json_num(&cs, card, "fp8_flops", 0, 0, 0, 1e18, &h->fp8_flops, e)))
+        goto out;
+    h->card_memory_bytes = (int64_t)mem;
+    json_t *links = json_object_get(root, "links");
+    if (!json_is_object(links)) {
+        rc = pd_err_set(e, PD_EINVAL, "%s: missing required field \"links\" (an object)", label);
+        goto out;
+    }
+    if ((rc = link_parse(label, links, "intra_node", &h->intra, e)) ||
+        (rc = link_parse(label, links, "inter_node_rdma", &h->rdma, e)) ||
+        (rc = link_parse(label, links, "inter_node_tcp", &h->tcp, e)))
+        goto out;
+    json_t *ro = json_object_get(root, "runtime_overhead_bytes");
+    if (!json_is_object(ro)) {
+        rc = pd_err_set(e, PD_EINVAL, "%s: missing required field \"runtime_overhead_bytes\" (an object)", label);
+        goto out;
+    }
+    struct pd_jsrc rs = {label, "runtime_overhead_bytes."};
+    double p, d;
+    if ((rc = pd_json_num(&rs, ro, "prefill", 1, 0, 0, 1e15, &p, e)) ||
+        (rc = pd_json_num(&rs, ro, "decode", 1, 0, 0, 1e15, &d, e)))
+        goto out;
+    h->runtime_prefill_bytes = (int64_t)p;
+    h->runtime_decode_bytes = (int64_t)d;
+    rc = 0;
+out:
+    json_decref(root);
+    return rc;
+}
+
+int pd_hardware_load(const char *spec, struct pd_hardware *h, pd_err *e)
+{
+    struct stat st;
+    char path[512];
+    if (!spec || !*spec)
+        return pd_err_set(e, PD_EINVAL, "--hardware: empty name");
+    if (stat(spec, &st) == 0 && S_ISREG(st.st_mode)) {
+        FILE *f = fopen(spec, "rb");
+        if (!f)
+            return pd_err_set(e, PD_EIO, "%s: cannot open", spec);
+        char *text = malloc(1 << 20);
+        size_t n = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
+        fclose(f);
+        if (!text)
+            return pd_err_set(e, PD_ENOMEM, "%s: out of memory", spec);
+        text[n] = 0;
+        int rc = pd_hardware_parse(text, spec, h, e);
+        free(text);
+        return rc;
+    }
+    const char *text = pd_embedded_find(spec);
+    snprintf(path, sizeof path, "%s", spec);
+    if (!text) {
+        snprintf(path, sizeof path, "hardware/%s.json", spec);
+        text = pd_embedded_find(path);
+    }
+    if (!text)
+        return pd_err_set(e, PD_EIO, "--hardware %s: no such file or preset (presets: atlas-800i-a2, h800, h100, h200)", spec);
+    return pd_hardware_parse(text, path, h, e);
+}

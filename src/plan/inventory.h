@@ -1,0 +1,64 @@
+/* The weight inventory: every tensor of a model, its shape, its format under the chosen
+ * quantisation scheme, its bytes including scales, its group and its class (I = routed
+ * expert, split by expert parallelism; II = replicated on every card).
+ *
+ * Built either from the model description (names as in the released checkpoints: DeepSeek's
+ * own naming for V4, Hugging Face's for V3) or from a checkpoint's safetensors headers. A
+ * routed expert's tensors in one layer form one entry with count = n_routed_experts, so the
+ * inventory of V4-Flash has about 1,300 entries instead of 35,000 and a plan stays far below
+ * a millisecond; pd_inventory_expand_name() gives each instance's real name. */
+#ifndef PD_PLAN_INVENTORY_H
+#define PD_PLAN_INVENTORY_H
+
+#include <stdint.h>
+
+#include "core/err.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "plan/groups.h"
+#include "plan/quant.h"
+
+struct pd_tensor {
+    char name[96];         /* routed experts: "layers.5.ffn.experts.{e}.w1.weight" */
+    int ndim;
+    int64_t shape[2];      /* [out, in] for matrices */
+    enum pd_fmt fmt;
+    int64_t params;        /* values in one instance */
+    int64_t bytes;         /* bytes of one instance, scales included */
+    int count;             /* instances: the experts of a layer, or 1 */
+    int16_t layer;         /* -1 for model-level tensors; >= n_layers for MTP layers */
+    uint8_t group;         /* enum pd_group */
+    uint8_t cls;           /* enum pd_class */
+};
+
+#define PD_INV_MAX_UNCLASSED 16
+
+struct pd_inventory {
+    struct pd_tensor *t;
+    int n, cap;
+    int n_experts;                    /* routed experts per MoE layer */
+    int n_moe_layers;                 /* layers holding routed experts, MTP included */
+    int64_t *expert_bytes;            /* [n_experts]: one expert id over all MoE layers */
+    int64_t group_bytes[PD_G_COUNT][2];   /* [group][class] */
+    int64_t group_params[PD_G_COUNT][2];
+    int64_t class_bytes[2], class_params[2];
+    int from_checkpoint;
+    int n_unclassed;                  /* checkpoint tensors no rule could class */
+    char unclassed[PD_INV_MAX_UNCLASSED][96];
+};
+
+/* From the model description; include_mtp = 0 leaves the MTP layers out. */
+int pd_inventory_build(const struct pd_model *m, const struct pd_quant *q, int include_mtp,
+                       struct pd_inventory *inv, pd_err *e);
+/* From a checkpoint's headers: each tensor counted by its stored bytes. */
+int pd_inventory_from_checkpoint(const struct pd_model *m, const struct pd_st_set *s,
+                                 struct pd_inventory *inv, pd_err *e);
+void pd_inventory_free(struct pd_inventory *inv);
+
+/* Classifies a tensor name (either naming); returns 0 or PD_EINVAL if no rule applies. */
+int pd_inventory_classify(const struct pd_model *m, const char *name, enum pd_group *g,
+                          enum pd_class *c, int *layer, int *expert);
+/* Name of instance i of an entry ("{e}" replaced by i). */
+const char *pd_inventory_expand_name(const struct pd_tensor *t, int i, char *buf, int n);
+
+#endif

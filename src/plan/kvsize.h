@@ -1,0 +1,57 @@
+/* KV cache size from the architecture.
+ *
+ * deepseek_v3 (MLA): per layer and token one latent of kv_lora_rank plus the rope key of
+ *   qk_rope_head_dim: bf16 2*(512+64) = 1152 B; fp8 as vLLM stores it (FlashMLA layout)
+ *   512 fp8 + 4 fp32 scales + 64 bf16 rope = 656 B. Nothing is fixed per sequence.
+ * deepseek_v4: every layer keeps a sliding window of `sliding_window` entries; a ratio-r layer
+ *   adds one compressed entry per r completed tokens, and a ratio-4 (CSA) layer also an
+ *   indexer key per entry; each compressor keeps a per-sequence fp32 state (kv and score
+ *   rows, [coff*r, coff*d] each, coff = 2 for r = 4, else 1) for the block being built.
+ *   An entry is head_dim values: bf16 2*512 = 1024 B; fp8 as vLLM and SGLang store it
+ *   448 fp8 "nope" values + 64 bf16 rope values + one ue8m0 scale per 64 nope values,
+ *   padded to 8 bytes = 584 B. An indexer key: bf16 2*128 = 256 B; fp8 128 + 4 B scale = 132 B.
+ * The marginal cost (bytes per token, for long sequences) and the fixed cost (bytes per
+ * sequence: full windows + compressor states) are reported separately; pd_kv_seq_bytes()
+ * gives the exact bytes of a sequence of L tokens (only completed blocks have entries). */
+#ifndef PD_PLAN_KVSIZE_H
+#define PD_PLAN_KVSIZE_H
+
+#include <stdint.h>
+
+#include "core/err.h"
+#include "model/config.h"
+
+enum pd_kv_dtype { PD_KV_BF16 = 0, PD_KV_FP8 = 1 };
+
+enum pd_kv_kind { PD_KV_MLA, PD_KV_WINDOW, PD_KV_CSA, PD_KV_HCA, PD_KV_KINDS };
+
+struct pd_kv_size {
+    enum pd_kv_dtype dtype;
+    int64_t flat_per_token;        /* > 0: a flat override (the seed's 44,000 B) */
+    int n_layers[PD_KV_KINDS];     /* layers of each kind with a KV cache */
+    int64_t entry_bytes;           /* one cached entry of one layer */
+    int64_t index_key_bytes;       /* one indexer key */
+    int64_t window;                /* sliding window, tokens */
+    double per_token;              /* marginal bytes per token, whole model */
+    double per_token_kind[PD_KV_KINDS];
+    int64_t per_seq_fixed;         /* windows (full) + compressor states, whole model */
+    int64_t window_bytes, state_bytes; /* the two parts of per_seq_fixed */
+    /* per layer, for exact sizes */
+    int n;                         /* layers counted */
+    int ratio[PD_MAX_LAYERS];      /* 0 = window only; -1 = MLA */
+    int64_t state[PD_MAX_LAYERS];  /* compressor state bytes of the layer */
+};
+
+int pd_kv_parse_dtype(const char *s, enum pd_kv_dtype *d);
+const char *pd_kv_dtype_name(enum pd_kv_dtype d);
+const char *pd_kv_kind_name(enum pd_kv_kind k);
+
+/* include_mtp: the MTP layers keep a KV cache too when they run (speculative decoding). */
+int pd_kv_size_init(struct pd_kv_size *k, const struct pd_model *m, enum pd_kv_dtype d,
+                    int include_mtp, int64_t flat_per_token, pd_err *e);
+/* Exact bytes one sequence of `tokens` tokens holds. */
+int64_t pd_kv_seq_bytes(const struct pd_kv_size *k, int64_t tokens);
+/* Largest context such that `seqs` sequences fit in `bytes` (0 if none). */
+int64_t pd_kv_max_context(const struct pd_kv_size *k, int64_t bytes, int64_t seqs);
+
+#endif

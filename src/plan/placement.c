@@ -1,0 +1,108 @@
+/* Expert -> rank maps for expert-parallel groups, with optional redundant experts. */
+#include "plan/placement.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int pd_placement_owner(const struct pd_placement *p, int expert)
+{
+    /* primaries are contiguous: rank k starts at floor(k*E/ep) */
+    int64_t r = ((int64_t)expert * p->ep + p->ep - 1) / p->n_experts;
+    while (r > 0 && (int64_t)r * p->n_experts / p->ep > expert)
+        r--;
+    while (r + 1 < p->ep && (int64_t)(r + 1) * p->n_experts / p->ep <= expert)
+        r++;
+    return (int)r;
+}
+
+int pd_placement_build(struct pd_placement *p, int n_experts, int ep, int redundant,
+                       const double *load, pd_err *e)
+{
+    memset(p, 0, sizeof *p);
+    if (ep < 1 || n_experts < 1 || redundant < 0)
+        return pd_err_set(e, PD_EINVAL, "placement: EP size %d, %d experts, %d redundant: all must be positive",
+                          ep, n_experts, redundant);
+    if ((n_experts + redundant) % ep) {
+        if (redundant == 0)
+            return pd_err_set(e, PD_EINVAL,
+                              "placement: %d routed experts do not divide evenly over an EP group of %d ranks; "
+                              "choose an EP size that divides %d, or add redundant experts (--redundant-experts R with %d + R divisible by %d)",
+                              n_experts, ep, n_experts, n_experts, ep);
+        return pd_err_set(e, PD_EINVAL,
+                          "placement: %d experts + %d redundant = %d slots do not divide evenly over %d ranks",
+                          n_experts, redundant, n_experts + redundant, ep);
+    }
+    int slots = (n_experts + redundant) / ep;
+    if (redundant > 0 && slots > n_experts)
+        return pd_err_set(e, PD_EINVAL, "placement: %d redundant experts leave a rank with more slots (%d) than there are experts (%d)",
+                          redundant, slots, n_experts);
+    p->ep = ep;
+    p->n_experts = n_experts;
+    p->redundant = redundant;
+    p->slots = slots;
+    p->map = malloc((size_t)ep * (size_t)slots * sizeof *p->map);
+    int *used = calloc((size_t)ep, sizeof *used);
+    int *order = malloc((size_t)n_experts * sizeof *order);
+    if (!p->map || !used || !order) {
+        free(used);
+        free(order);
+        pd_placement_free(p);
+        return pd_err_set(e, PD_ENOMEM, "placement: out of memory");
+    }
+    for (int k = 0; k < ep; k++) {
+        int lo = (int)((int64_t)k * n_experts / ep), hi = (int)((int64_t)(k + 1) * n_experts / ep);
+        for (int x = lo; x < hi; x++)
+            p->map[k * slots + used[k]++] = x;
+    }
+    /* replicas: hottest first (stable by id), each to the emptiest rank that lacks it */
+    for (int i = 0; i < n_experts; i++)
+        order[i] = i;
+    if (load)
+        for (int i = 1; i < n_experts; i++)
+            for (int j = i; j > 0 && load[order[j]] > load[order[j - 1]]; j--) {
+                int t = order[j];
+                order[j] = order[j - 1];
+                order[j - 1] = t;
+            }
+    int placed = 0;
+    for (int i = 0; placed < redundant && i < redundant + 2 * n_experts; i++) {
+        int x = order[i % n_experts], best = -1;
+        for (int k = 0; k < ep; k++) {
+            if (used[k] >= slots)
+                continue;
+            int has = 0;
+            for (int s = 0; s < used[k]; s++)
+                has |= p->map[k * slots + s] == x;
+            if (!has && (best < 0 || used[k] < used[best]))
+                best = k;
+        }
+        if (best < 0)
+            continue;   /* every rank with room holds x already: try the next expert */
+        p->map[best * slots + used[best]++] = x;
+        placed++;
+    }
+    for (int k = 0; k < ep; k++)
+        if (used[k] != slots) {
+            free(used);
+            free(order);
+            pd_placement_free(p);
+            return pd_err_set(e, PD_EINVAL, "placement: cannot fill %d slots per rank without duplicate experts", slots);
+        }
+    free(used);
+    free(order);
+    return 0;
+}
+
+void pd_placement_free(struct pd_placement *p)
+{
+    free(p->map);
+    memset(p, 0, sizeof *p);
+}
+
+int64_t pd_placement_rank_bytes(const struct pd_placement *p, int rank, const int64_t *expert_bytes)
+{
+    int64_t b = 0;
+    for (int s = 0; s < p->slots; s++)
+        b += expert_bytes[p->map[rank * p->slots + s]];
+    return b;
+}

@@ -1,0 +1,296 @@
+/* Building a plan: inventory -> placement -> per-card budgets -> KV capacity, scenarios,
+ * hand-off times and the EP-size sweep. */
+#include "plan/plan.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *pd_role_name(enum pd_role r)
+{
+    return r == PD_ROLE_PREFILL ? "prefill" : "decode";
+}
+
+const char *pd_verdict_text(enum pd_verdict v)
+{
+    switch (v) {
+    case PD_V_NOT_DIVISIBLE: return "experts do not divide";
+    case PD_V_WEIGHTS_DONT_FIT: return "does not fit (weights)";
+    case PD_V_KV_SHORT: return "fits, KV short of target";
+    case PD_V_FITS: return "fits";
+    }
+    return "?";
+}
+
+void pd_plan_opts_default(struct pd_plan_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->model = "deepseek-v4-flash";
+    o->hardware = "atlas-800i-a2";
+    o->role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 8, .tp = 1, .instances = 4};
+    o->role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 32, .tp = 1, .instances = 1};
+    o->util = 0.9;
+    o->max_num_seqs = 30;
+    o->max_model_len = 32768;
+    o->max_num_batched_tokens = 4096;
+    o->quant = "w8a8";
+    o->kv_dtype = PD_KV_FP8;
+    o->mtp = -1;
+    o->runtime[0] = o->runtime[1] = -1;
+    o->n_handoff = 2;
+    o->handoff_tokens[0] = 8000;
+    o->handoff_tokens[1] = 131072;
+}
+
+/* Groups whose tensors tensor parallelism splits across the tp ranks of a DP rank; the rest
+ * (norms, mHC, router) is replicated. */
+static int tp_split(enum pd_group g)
+{
+    return g == PD_G_EMBEDDING || g == PD_G_LM_HEAD || g == PD_G_ATTENTION || g == PD_G_SHARED_EXPERT ||
+           g == PD_G_DENSE_FFN || g == PD_G_COMPRESSOR || g == PD_G_MTP;
+}
+
+static int64_t class_ii_per_card(const struct pd_inventory *inv, int tp)
+{
+    int64_t b = 0;
+    for (int g = 0; g < PD_G_COUNT; g++) {
+        int64_t x = inv->group_bytes[g][PD_CLASS_II];
+        b += tp_split((enum pd_group)g) ? (x + tp - 1) / tp : x;
+    }
+    return b;
+}
+
+/* docs/memory-model.md, "Activations". */
+static void activation(const struct pd_plan *p, enum pd_role r, int tp, struct pd_activation *a)
+{
+    const struct pd_model *m = &p->model;
+    const int64_t H = m->hidden_size, hc = m->hc_mult > 0 ? m->hc_mult : 1;
+    const int64_t k = m->n_experts_per_tok, I = m->moe_intermediate_size;
+    memset(a, 0, sizeof *a);
+    a->tokens = r == PD_ROLE_PREFILL ? p->o.max_num_batched_tokens : p->o.max_num_seqs;
+    const int64_t T = a->tokens;
+    a->residual = T * 2 * hc * H * 4;          /* mHC streams in and out of a block, fp32 */
+    a->working = T * 4 * H * 4;                /* normalised input, sublayer output, 2 temporaries */
+    int64_t q = m->arch == PD_ARCH_DEEPSEEK_V4
+                    ? 2 * (int64_t)m->n_heads * m->head_dim * 2
+                    : (int64_t)m->n_heads * (m->qk_nope_head_dim + m->qk_rope_head_dim + m->v_head_dim) * 2;
+    a->attention = T * q / tp;                 /* query and attention output, bf16 */
+    a->moe = T * (2 * k * H * 2 + k * 2 * I * 2); /* dispatch send + receive (bf16) and expert gate/up */
+    int csa = 0;
+    for (int l = 0; l < p->model.n_layers; l++)
+        csa |= m->arch == PD_ARCH_DEEPSEEK_V4 && m->compress_ratio[l] == 4;
+    if (csa)                                   /* indexer scores of each query vs. all entries, fp32 */
+        a->indexer = T * (p->o.max_model_len / 4) * 4;
+    int64_t rows = T < p->o.max_num_seqs ? T : p->o.max_num_seqs;
+    a->logits = rows * m->vocab_size * 4 / tp;
+    a->total = a->residual + a->working + (a->attention > a->moe ? a->attention : a->moe) + a->indexer + a->logits;
+}
+
+static int role_eval(struct pd_plan *p, enum pd_role r, const struct pd_role_opts *o,
+                     struct pd_role_plan *rp, pd_err *e)
+{
+    memset(rp, 0, sizeof *rp);
+    rp->role = r;
+    rp->o = *o;
+    rp->ep = o->dp * o->tp;
+    rp->cards = rp->ep * o->instances;
+    int rc = pd_placement_build(&rp->place, p->inv.n_experts, rp->ep, o->redundant, NULL, e);
+    if (rc)
+        return rc;
+    rp->class_i_min = INT64_MAX;
+    for (int k = 0; k < rp->ep; k++) {
+        int64_t b = pd_placement_rank_bytes(&rp->place, k, p->inv.expert_bytes);
+        if (b > rp->class_i_max)
+            rp->class_i_max = b;
+        if (b < rp->class_i_min)
+            rp->class_i_min = b;
+    }
+    rp->class_ii_per_card = class_ii_per_card(&p->inv, o->tp);
+    activation(p, r, o->tp, &rp->act);
+    struct pd_budget *b = &rp->b;
+    b->capacity = p->hw.card_memory_bytes;
+    b->usable = (int64_t)floor((double)b->capacity * p->o.util);
+    b->class_i = rp->class_i_max;
+    b->class_ii = rp->class_ii_per_card;
+    b->weights = b->class_i + b->class_ii;
+    b->activations = rp->act.total;
+    b->runtime = p->o.runtime[r] >= 0 ? p->o.runtime[r]
+                 : r == PD_ROLE_PREFILL ? p->hw.runtime_prefill_bytes : p->hw.runtime_decode_bytes;
+    b->kv_pool = b->usable - b->weights - b->activations - b->runtime;
+    b->fits_weights = b->kv_pool >= 0;
+    int64_t seq = pd_kv_seq_bytes(&p->kv, p->o.max_model_len);
+    /* max-num-seqs is per data-parallel rank (vLLM): each rank holds its own sequences' KV */
+    rp->kv_need = r == PD_ROLE_PREFILL ? seq : p->o.max_num_seqs * seq;
+    rp->seqs_at_max_len = b->kv_pool > 0 && seq > 0 ? b->kv_pool / seq : 0;
+    rp->ctx_at_max_seqs = b->kv_pool > 0 ? pd_kv_max_context(&p->kv, b->kv_pool, p->o.max_num_seqs) : 0;
+    rp->fits = b->fits_weights && rp->seqs_at_max_len >= 1;
+    return 0;
+}
+
+static void scenarios(struct pd_plan *p)
+{
+    static const int64_t seed[][2] = {{30, 16384}, {30, 32768}, {30, 65536}, {15, 65536}};
+    const struct pd_role_plan *d = &p->role[PD_ROLE_DECODE];
+    const struct pd_budget *b = &d->b;
+    p->n_scen = 0;
+    for (size_t i = 0; i < sizeof seed / sizeof seed[0] + 1; i++) {
+        int64_t s = i < 4 ? seed[i][0] : p->o.max_num_seqs, c = i < 4 ? seed[i][1] : p->o.max_model_len;
+        int dup = 0;
+        for (int j = 0; j < p->n_scen; j++)
+            dup |= p->scen[j].seqs == s && p->scen[j].ctx == c;
+        if (dup)
+            continue;
+        struct pd_scenario *sc = &p->scen[p->n_scen++];
+        sc->seqs = s;
+        sc->ctx = c;
+        sc->kv = s * pd_kv_seq_bytes(&p->kv, c);
+        sc->total = b->weights + b->activations + b->runtime + sc->kv;
+        sc->fits = sc->total <= b->usable;
+    }
+}
+
+static void handoff(struct pd_plan *p)
+{
+    p->n_handoff = p->o.n_handoff;
+    for (int i = 0; i < p->n_handoff; i++) {
+        struct pd_handoff *h = &p->handoff[i];
+        h->tokens = p->o.handoff_tokens[i];
+        h->bytes = pd_kv_seq_bytes(&p->kv, h->tokens);
+        h->rdma_s = p->hw.rdma.latency_s + (double)h->bytes / p->hw.rdma.bandwidth_Bps;
+        h->tcp_s = p->hw.tcp.latency_s + (double)h->bytes / p->hw.tcp.bandwidth_Bps;
+    }
+}
+
+/* Every EP size that divides the role's cards: experts per card, weights, KV room, verdict.
+ * Chosen: for prefill the smallest group that fits (the most independent instances), for
+ * decode the smallest group whose KV pool holds max-num-seqs x max-model-len. */
+static int sweep(struct pd_plan *p, pd_err *e)
+{
+    p->n_sweep = 0;
+    for (int r = 0; r < 2; r++) {
+        const struct pd_role_opts *base = &p->o.role[r];
+        int cards = base->dp * base->tp * base->instances, chosen = -1;
+        for (int ep = base->tp; ep <= cards && p->n_sweep < 64; ep += base->tp) {
+            if (cards % ep)
+                continue;
+            struct pd_sweep_row *row = &p->sweep[p->n_sweep++];
+            memset(row, 0, sizeof *row);
+            row->role = (enum pd_role)r;
+            row->ep = ep;
+            row->dp = ep / base->tp;
+            row->instances = cards / ep;
+            struct pd_role_opts o = {.dp = row->dp, .tp = base->tp, .instances = row->instances,
+                                     .redundant = base->redundant};
+            struct pd_role_plan rp;
+            pd_err ignore;
+            if (role_eval(p, (enum pd_role)r, &o, &rp, &ignore)) {
+                row->verdict = PD_V_NOT_DIVISIBLE;
+                continue;
+            }
+            row->experts_per_card = rp.place.slots;
+            row->weights = rp.b.weights;
+            row->kv_pool = rp.b.kv_pool;
+            row->kv_need = rp.kv_need;
+            row->verdict = !rp.b.fits_weights ? PD_V_WEIGHTS_DONT_FIT
+                           : rp.b.kv_pool < rp.kv_need ? PD_V_KV_SHORT : PD_V_FITS;
+            if (row->verdict == PD_V_FITS && chosen < 0) {
+                chosen = p->n_sweep - 1;
+                row->chosen = 1;
+            }
+            pd_placement_free(&rp.place);
+        }
+    }
+    (void)e;
+    return 0;
+}
+
+static int check_opts(const struct pd_plan_opts *o, pd_err *e)
+{
+    if (!(o->util > 0 && o->util <= 1))
+        return pd_err_set(e, PD_EINVAL, "--gpu-memory-utilization %g: must be in (0, 1]", o->util);
+    if (o->max_num_seqs < 1)
+        return pd_err_set(e, PD_EINVAL, "--max-num-seqs %lld: must be at least 1", (long long)o->max_num_seqs);
+    if (o->max_model_len < 1)
+        return pd_err_set(e, PD_EINVAL, "--max-model-len %lld: must be at least 1", (long long)o->max_model_len);
+    if (o->max_num_batched_tokens < 1)
+        return pd_err_set(e, PD_EINVAL, "--max-num-batched-tokens %lld: must be at least 1",
+                          (long long)o->max_num_batched_tokens);
+    for (int r = 0; r < 2; r++) {
+        const struct pd_role_opts *x = &o->role[r];
+        if (x->dp < 1 || x->tp < 1 || x->instances < 1 || x->redundant < 0)
+            return pd_err_set(e, PD_EINVAL, "--%s dp=%d,tp=%d,instances=%d: dp, tp and instances must be at least 1",
+                              pd_role_name((enum pd_role)r), x->dp, x->tp, x->instances);
+    }
+    for (int i = 0; i < o->n_handoff; i++)
+        if (o->handoff_tokens[i] < 1)
+            return pd_err_set(e, PD_EINVAL, "--handoff-tokens: %lld must be at least 1", (long long)o->handoff_tokens[i]);
+    return 0;
+}
+
+int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e)
+{
+    memset(p, 0, sizeof *p);
+    p->o = *o;
+    int rc = check_opts(o, e);
+    if (rc)
+        return rc;
+    const char *model = o->model ? o->model : o->checkpoint;
+    if ((rc = pd_model_load(model, &p->model, e)) || (rc = pd_hardware_load(o->hardware, &p->hw, e)))
+        return rc;
+    if (o->checkpoint && o->checkpoint[0]) {
+        struct pd_st_set set;
+        if ((rc = pd_st_open_dir(o->checkpoint, PD_ST_HEADER_ONLY, &set, e)))
+            return rc;
+        rc = pd_inventory_from_checkpoint(&p->model, &set, &p->inv, e);
+        pd_st_close_dir(&set);
+        if (rc)
+            return rc;
+        if ((rc = pd_quant_init(&p->quant, "bf16", NULL, 0, e)))
+            return rc;
+        p->include_mtp = 0;
+        for (int i = 0; i < p->inv.n; i++)
+            p->include_mtp |= p->inv.t[i].layer >= p->model.n_layers;
+    } else {
+        if ((rc = pd_quant_init(&p->quant, o->quant, o->quant_override, p->model.ckpt_scale_ue8m0, e)))
+            return rc;
+        p->include_mtp = o->mtp < 0 ? p->model.n_mtp_layers > 0 : o->mtp && p->model.n_mtp_layers > 0;
+        if ((rc = pd_inventory_build(&p->model, &p->quant, p->include_mtp, &p->inv, e)))
+            return rc;
+    }
+    int64_t flat = o->kv_bytes_per_token > 0 ? o->kv_bytes_per_token : p->model.kv_bytes_per_token;
+    if ((rc = pd_kv_size_init(&p->kv, &p->model, o->kv_dtype, p->include_mtp, flat, e)))
+        goto fail;
+    p->nodes = o->nodes > 0 ? o->nodes : p->hw.cluster_nodes;
+    p->cards_total = p->nodes * p->hw.cards_per_node;
+    for (int r = 0; r < 2; r++)
+        p->cards_used += o->role[r].dp * o->role[r].tp * o->role[r].instances;
+    if (p->cards_used > p->cards_total) {
+        rc = pd_err_set(e, PD_EINVAL,
+                        "layout needs %d cards (prefill %d x %d, decode %d x %d) but the cluster has %d (%d nodes x %d cards of %s)",
+                        p->cards_used, o->role[0].instances, o->role[0].dp * o->role[0].tp, o->role[1].instances,
+                        o->role[1].dp * o->role[1].tp, p->cards_total, p->nodes, p->hw.cards_per_node, p->hw.name);
+        goto fail;
+    }
+    for (int r = 0; r < 2; r++)
+        if ((rc = role_eval(p, (enum pd_role)r, &o->role[r], &p->role[r], e))) {
+            pd_err_prefix(e, "--%s: ", pd_role_name((enum pd_role)r));
+            goto fail;
+        }
+    p->p_kv_batch = (int64_t)llround(o->max_num_batched_tokens * p->kv.per_token);
+    scenarios(p);
+    handoff(p);
+    if (o->sweep && (rc = sweep(p, e)))
+        goto fail;
+    return 0;
+fail:
+    pd_plan_free(p);
+    return rc;
+}
+
+void pd_plan_free(struct pd_plan *p)
+{
+    for (int r = 0; r < 2; r++)
+        pd_placement_free(&p->role[r].place);
+    pd_inventory_free(&p->inv);
+}

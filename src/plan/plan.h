@@ -1,0 +1,132 @@
+/* A deployment plan: for a model, hardware and a prefill/decode layout, which weights sit on
+ * which card, each card's memory budget, the KV capacity, the seed's scenarios, the KV hand-off
+ * times, and (optionally) the EP-size decision tree of each role. The formulas are in
+ * docs/memory-model.md. */
+#ifndef PD_PLAN_PLAN_H
+#define PD_PLAN_PLAN_H
+
+#include <stdint.h>
+
+#include "core/err.h"
+#include "model/config.h"
+#include "plan/hardware.h"
+#include "plan/inventory.h"
+#include "plan/kvsize.h"
+#include "plan/placement.h"
+#include "plan/quant.h"
+
+#define PD_PLAN_VERSION 1
+
+enum pd_role { PD_ROLE_PREFILL = 0, PD_ROLE_DECODE = 1 };
+
+struct pd_role_opts {
+    int dp, tp, instances;
+    int redundant;          /* redundant experts per EP group */
+};
+
+struct pd_plan_opts {
+    const char *model;       /* preset, .json or checkpoint dir */
+    const char *hardware;
+    const char *checkpoint;  /* inventory from these safetensors headers */
+    struct pd_role_opts role[2];
+    double util;             /* gpu-memory-utilization, (0, 1] */
+    int64_t max_num_seqs;    /* per data-parallel rank, as in vLLM */
+    int64_t max_model_len;
+    int64_t max_num_batched_tokens;
+    const char *quant;
+    const char *quant_override;
+    enum pd_kv_dtype kv_dtype;
+    int64_t kv_bytes_per_token;  /* > 0 overrides the architecture */
+    int mtp;                     /* -1: when the model has MTP layers; 0 or 1 */
+    int64_t runtime[2];          /* -1: the hardware file's default */
+    int nodes;                   /* 0: the hardware file's cluster_nodes */
+    int sweep;
+    int n_handoff;
+    int64_t handoff_tokens[8];
+};
+
+/* Activation memory of one forward step on one card (docs/memory-model.md). */
+struct pd_activation {
+    int64_t tokens;              /* tokens in one step */
+    int64_t residual, working, attention, moe, indexer, logits;
+    int64_t total;
+};
+
+struct pd_budget {
+    int64_t capacity, usable;
+    int64_t class_i, class_ii, weights;
+    int64_t activations, runtime;
+    int64_t kv_pool;             /* what is left for the KV cache */
+    int fits_weights;            /* weights + activations + runtime <= usable */
+};
+
+struct pd_role_plan {
+    enum pd_role role;
+    struct pd_role_opts o;
+    int ep, cards;                      /* ep = dp * tp per instance; cards = ep * instances */
+    struct pd_placement place;
+    int64_t class_i_min, class_i_max;   /* over the ranks of a group */
+    int64_t class_ii_per_card;          /* class II on one card (tp splits some groups) */
+    struct pd_activation act;
+    struct pd_budget b;                 /* the rank with the most class I bytes */
+    int64_t kv_need;                    /* P: one max-model-len prompt; D: max-num-seqs of them */
+    int64_t seqs_at_max_len;            /* sequences of max-model-len the pool holds */
+    int64_t ctx_at_max_seqs;            /* longest context for max-num-seqs sequences */
+    int fits;                           /* weights fit and at least one max-model-len sequence */
+};
+
+struct pd_scenario {
+    int64_t seqs, ctx;
+    int64_t kv, total;
+    int fits;
+};
+
+struct pd_handoff {
+    int64_t tokens, bytes;
+    double rdma_s, tcp_s;
+};
+
+enum pd_verdict { PD_V_NOT_DIVISIBLE, PD_V_WEIGHTS_DONT_FIT, PD_V_KV_SHORT, PD_V_FITS };
+
+struct pd_sweep_row {
+    enum pd_role role;
+    int ep, dp, instances, experts_per_card;
+    int64_t weights, kv_pool, kv_need;
+    enum pd_verdict verdict;
+    int chosen;
+};
+
+struct pd_plan {
+    struct pd_plan_opts o;
+    struct pd_model model;
+    struct pd_hardware hw;
+    struct pd_quant quant;
+    struct pd_inventory inv;
+    struct pd_kv_size kv;
+    int include_mtp;
+    int nodes, cards_total, cards_used;
+    struct pd_role_plan role[2];
+    int64_t p_kv_batch;            /* max-num-batched-tokens x KV per token: the seed's P peak */
+    int n_scen;
+    struct pd_scenario scen[8];
+    int n_handoff;
+    struct pd_handoff handoff[8];
+    int n_sweep;
+    struct pd_sweep_row sweep[64];
+};
+
+/* The seed's deployment: 8 Atlas 800I A2, P 4 x EP8, D 1 x EP32, W8A8, V4-Flash. */
+void pd_plan_opts_default(struct pd_plan_opts *o);
+int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e);
+void pd_plan_free(struct pd_plan *p);
+
+const char *pd_role_name(enum pd_role r);
+const char *pd_verdict_text(enum pd_verdict v);
+
+/* Reports: text tables for a terminal, and the versioned JSON document. */
+char *pd_plan_text(const struct pd_plan *p, int units);    /* malloc'ed */
+char *pd_plan_json(const struct pd_plan *p);                /* malloc'ed */
+/* Every tensor of the inventory, one per line (routed experts expanded). */
+int pd_plan_print_inventory(const struct pd_plan *p, void *file, int units);
+
+#endif
