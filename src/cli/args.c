@@ -5,6 +5,14 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* "--prefill dp=" is followed by its value directly, "--nodes" by a space */
+static const char *sep(const char *flag)
+{
+    size_t n = strlen(flag);
+    return n && flag[n - 1] == '=' ? "" : " ";
+}
 
 int pd_cli_int(const char *flag, const char *s, int64_t min, int64_t *out)
 {
@@ -17,11 +25,11 @@ int pd_cli_int(const char *flag, const char *s, int64_t min, int64_t *out)
     else if (*end == 'K')
         mult = 1024, end++;
     if (end == s || *end || errno || v > INT64_MAX / mult) {
-        fprintf(stderr, "pdmoe: %s %s: expected an integer (optionally with k = 1000 or K = 1024)\n", flag, s);
+        fprintf(stderr, "pdmoe: %s%s%s: expected an integer (optionally with k = 1000 or K = 1024)\n", flag, sep(flag), s);
         return -1;
     }
     if (v * mult < min) {
-        fprintf(stderr, "pdmoe: %s %s: must be at least %lld\n", flag, s, (long long)min);
+        fprintf(stderr, "pdmoe: %s%s%s: must be at least %lld\n", flag, sep(flag), s, (long long)min);
         return -1;
     }
     *out = v * mult;

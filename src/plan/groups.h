@@ -15,5 +15,8 @@ enum pd_class { PD_CLASS_I = 0, PD_CLASS_II = 1 };
 const char *pd_group_name(enum pd_group g);    /* "embedding", "routed_experts", ... */
 const char *pd_group_title(enum pd_group g);   /* "Embedding", "Routed experts", ... */
 int pd_group_parse(const char *s, enum pd_group *g);
+/* Groups tensor parallelism splits across the tp ranks of a DP rank (vocabulary-parallel
+ * embedding and head, column/row-parallel attention and FFN); the rest is replicated. */
+int pd_group_tp_split(enum pd_group g);
 
 #endif

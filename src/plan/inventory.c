@@ -144,7 +144,8 @@ static int v4_block(struct builder *b, int layer, int mtp)
     /* MoE: router, shared expert(s), routed experts */
     enum pd_group gr = mtp ? PD_G_MTP : PD_G_ROUTER;
     enum pd_group gs = mtp ? PD_G_MTP : PD_G_SHARED_EXPERT;
-    enum pd_group ge = mtp ? PD_G_MTP : PD_G_ROUTED_EXPERTS;
+    /* an MTP layer's routed experts are routed experts too: split by EP, same format */
+    enum pd_group ge = PD_G_ROUTED_EXPERTS;
     const int64_t E = m->n_routed_experts, I = m->moe_intermediate_size;
     TRY(add(b, gr, PD_CLASS_II, 1, 0, PD_FMT_BF16, E, H, "ffn.gate.weight"));
     if (!mtp && layer < m->num_hash_layers)
@@ -231,7 +232,7 @@ static int v3_block(struct builder *b, int layer, int mtp)
         return 0;
     }
     enum pd_group gr = mtp ? PD_G_MTP : PD_G_ROUTER, gs = mtp ? PD_G_MTP : PD_G_SHARED_EXPERT;
-    enum pd_group ge = mtp ? PD_G_MTP : PD_G_ROUTED_EXPERTS;
+    enum pd_group ge = PD_G_ROUTED_EXPERTS;
     const int64_t E = m->n_routed_experts, I = m->moe_intermediate_size;
     TRY(add(b, gr, PD_CLASS_II, 1, 0, PD_FMT_BF16, E, H, "mlp.gate.weight"));
     if (m->noaux_tc)
@@ -384,7 +385,7 @@ int pd_inventory_classify(const struct pd_model *m, const char *name, enum pd_gr
             return PD_EINVAL;
         *expert = e;
         *c = PD_CLASS_I;
-        *g = mtp ? PD_G_MTP : PD_G_ROUTED_EXPERTS;
+        *g = PD_G_ROUTED_EXPERTS;
         return 0;
     }
     if (mtp)

@@ -43,20 +43,12 @@ void pd_plan_opts_default(struct pd_plan_opts *o)
     o->handoff_tokens[1] = 131072;
 }
 
-/* Groups whose tensors tensor parallelism splits across the tp ranks of a DP rank; the rest
- * (norms, mHC, router) is replicated. */
-static int tp_split(enum pd_group g)
-{
-    return g == PD_G_EMBEDDING || g == PD_G_LM_HEAD || g == PD_G_ATTENTION || g == PD_G_SHARED_EXPERT ||
-           g == PD_G_DENSE_FFN || g == PD_G_COMPRESSOR || g == PD_G_MTP;
-}
-
 static int64_t class_ii_per_card(const struct pd_inventory *inv, int tp)
 {
     int64_t b = 0;
     for (int g = 0; g < PD_G_COUNT; g++) {
         int64_t x = inv->group_bytes[g][PD_CLASS_II];
-        b += tp_split((enum pd_group)g) ? (x + tp - 1) / tp : x;
+        b += pd_group_tp_split((enum pd_group)g) ? (x + tp - 1) / tp : x;
     }
     return b;
 }

@@ -37,6 +37,12 @@ int pd_group_parse(const char *s, enum pd_group *g)
     return PD_EINVAL;
 }
 
+int pd_group_tp_split(enum pd_group g)
+{
+    return g == PD_G_EMBEDDING || g == PD_G_LM_HEAD || g == PD_G_ATTENTION || g == PD_G_SHARED_EXPERT ||
+           g == PD_G_DENSE_FFN || g == PD_G_COMPRESSOR || g == PD_G_MTP;
+}
+
 static const char *fmt_names[PD_FMT_COUNT] = {"fp32", "bf16", "fp16", "int64", "int32",
                                               "w8a8", "fp8", "fp4", "raw"};
 

@@ -89,30 +89,21 @@ static void text_per_card(FILE *f, const struct pd_plan *p, int u)
     const struct pd_role_plan *P = &p->role[0], *D = &p->role[1];
     fprintf(f, "Weights per card\n  %-26s %14s %14s\n", "", "prefill card", "decode card");
     int64_t bpe = p->inv.n_experts ? p->inv.expert_bytes[0] : 0;
-    for (int c = 0; c < 2; c++)
-        for (int g = 0; g < PD_G_COUNT; g++) {
-            int64_t x = p->inv.group_bytes[g][c];
-            if (!x)
-                continue;
-            int64_t vp, vd;
-            if (c == PD_CLASS_I) {
-                /* a card's share of the group: its slots over all experts */
-                vp = x / p->inv.n_experts * P->place.slots;
-                vd = x / p->inv.n_experts * D->place.slots;
-            } else {
-                int split = g == PD_G_EMBEDDING || g == PD_G_LM_HEAD || g == PD_G_ATTENTION || g == PD_G_SHARED_EXPERT ||
-                            g == PD_G_DENSE_FFN || g == PD_G_COMPRESSOR || g == PD_G_MTP;
-                vp = split ? (x + P->o.tp - 1) / P->o.tp : x;
-                vd = split ? (x + D->o.tp - 1) / D->o.tp : x;
-            }
-            char t[48];
-            snprintf(t, sizeof t, "%s (%s)", pd_group_title((enum pd_group)g), c == PD_CLASS_I ? "I" : "II");
-            fprintf(f, "  %-26s %14s %14s\n", t, G(a, vp, u), G(b, vd, u));
-        }
-    fprintf(f, "  %-26s %14s %14s\n", "class I (largest rank)", G(a, P->b.class_i, u), G(b, D->b.class_i, u));
+    fprintf(f, "  %-26s %14s %14s\n", "Routed experts (I)", G(a, P->b.class_i, u), G(b, D->b.class_i, u));
+    for (int g = 0; g < PD_G_COUNT; g++) {
+        int64_t x = p->inv.group_bytes[g][PD_CLASS_II];
+        if (!x)
+            continue;
+        int split = pd_group_tp_split((enum pd_group)g);
+        char t[48];
+        snprintf(t, sizeof t, "%s (II)", pd_group_title((enum pd_group)g));
+        fprintf(f, "  %-26s %14s %14s\n", t, G(a, split ? (x + P->o.tp - 1) / P->o.tp : x, u),
+                G(b, split ? (x + D->o.tp - 1) / D->o.tp : x, u));
+    }
     fprintf(f, "  %-26s %14s %14s\n", "class II", G(a, P->b.class_ii, u), G(b, D->b.class_ii, u));
     fprintf(f, "  %-26s %14s %14s\n", "weights", G(a, P->b.weights, u), G(b, D->b.weights, u));
-    fprintf(f, "  one routed expert over all %d MoE layers: %s\n\n", p->inv.n_moe_layers, G(a, bpe, u));
+    fprintf(f, "  one routed expert over all %d MoE layers: %s; class I is the rank holding the most\n\n",
+            p->inv.n_moe_layers, G(a, bpe, u));
 }
 
 static void text_placement(FILE *f, const struct pd_plan *p)
@@ -201,7 +192,6 @@ static void text_handoff(FILE *f, const struct pd_plan *p, int u)
     char a[40];
     fprintf(f, "KV hand-off, one prompt from a prefill card to a decode card\n");
     fprintf(f, "  %9s %14s %16s %16s\n", "tokens", "bytes", "RDMA", "TCP");
-    fprintf(f, "  %9s %14s %16s %16s\n", "", "", "", "");
     for (int i = 0; i < p->n_handoff; i++) {
         const struct pd_handoff *h = &p->handoff[i];
         fprintf(f, "  %9lld %14s %13.1f ms %13.1f ms\n", (long long)h->tokens,

@@ -1,0 +1,118 @@
+/* The pdmoe program as a user runs it: exit codes and one-line errors naming the flag. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+struct run {
+    int status;
+    char out[1 << 16];
+    char err[4096];
+};
+
+static void slurp(const char *path, char *buf, size_t n)
+{
+    FILE *f = fopen(path, "rb");
+    size_t k = f ? fread(buf, 1, n - 1, f) : 0;
+    buf[k] = 0;
+    if (f)
+        fclose(f);
+}
+
+static void run(const char *args, struct run *r)
+{
+    const char *bin = getenv("PDMOE_BIN");
+    if (!bin)
+        bin = "build/pdmoe";
+    char cmd[1024];
+    char out[] = "/tmp/pdmoe-cli-out-XXXXXX", err[] = "/tmp/pdmoe-cli-err-XXXXXX";
+    int fo = mkstemp(out), fe = mkstemp(err);
+    cr_assert(fo >= 0 && fe >= 0);
+    snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s", bin, args, out, err);
+    int st = system(cmd);
+    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    slurp(out, r->out, sizeof r->out);
+    slurp(err, r->err, sizeof r->err);
+    remove(out);
+    remove(err);
+}
+
+static void expect_error(const char *args, const char *needle)
+{
+    struct run r;
+    run(args, &r);
+    cr_assert_neq(r.status, 0, "pdmoe %s exited 0", args);
+    cr_assert(strstr(r.err, needle), "pdmoe %s: stderr \"%s\" lacks \"%s\"", args, r.err, needle);
+    cr_assert_eq(strchr(r.err, '\n'), r.err + strlen(r.err) - 1, "more than one line: %s", r.err);
+}
+
+Test(cli, plan_default_runs)
+{
+    struct run r;
+    run("plan", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "deepseek-v4-flash"));
+    cr_assert(strstr(r.out, "Memory budget per card"));
+    cr_assert(strstr(r.out, "rank 31: experts 248-255"));
+}
+
+Test(cli, plan_json_parses)
+{
+    struct run r;
+    run("plan --model models/seed-v4-flash.json --json --sweep", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    json_error_t je;
+    json_t *j = json_loads(r.out, 0, &je);
+    cr_assert_not_null(j, "%s", je.text);
+    cr_assert_eq(json_integer_value(json_object_get(j, "plan_version")), 1);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "kv_cache"), "flat_bytes_per_token")), 44000);
+    json_decref(j);
+}
+
+Test(cli, inventory_lists_every_tensor)
+{
+    struct run r;
+    run("plan --model v4-tiny --prefill dp=4,tp=1,instances=1 --decode dp=8,tp=1,instances=1 --inventory --mtp off | wc -l", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    /* header + every tensor of v4-tiny without MTP: 6 model-level (embed, head, norm, 3 hc_head);
+     * per layer 2 norms + 6 mHC + 8 attention + 2 router + 3 shared + 16 x 3 experts = 69;
+     * 10 compressor/indexer tensors in each of the 2 CSA layers, 4 in the HCA layer */
+    cr_assert_eq(atoi(r.out), 1 + 6 + 4 * 69 + 2 * 10 + 4);
+}
+
+Test(cli, bad_flags)
+{
+    expect_error("plan --gpu-memory-utilization 1.2", "--gpu-memory-utilization 1.2: must be in (0, 1]");
+    expect_error("plan --gpu-memory-utilization abc", "--gpu-memory-utilization abc: expected a number");
+    expect_error("plan --max-num-seqs 0", "--max-num-seqs 0: must be at least 1");
+    expect_error("plan --max-model-len -5", "--max-model-len -5: must be at least 1");
+    expect_error("plan --prefill dp=8,tp=1,instances=0", "--prefill instances=0: must be at least 1");
+    expect_error("plan --prefill dp=8,pp=2", "--prefill: unknown key \"pp\"");
+    expect_error("plan --decode dp=64", "layout needs 96 cards");
+    expect_error("plan --nodes 4", "but the cluster has 32");
+    expect_error("plan --model llama", "--model llama: no such file, directory or preset");
+    expect_error("plan --units tb", "--units tb: expected gb");
+    expect_error("plan --kv-cache-dtype fp16", "--kv-cache-dtype fp16");
+    expect_error("plan --frobnicate", "unknown option --frobnicate");
+    expect_error("plan --runtime-overhead-decode lots", "--runtime-overhead-decode lots: expected bytes");
+    expect_error("plan --checkpoint /nonexistent", "/nonexistent");
+}
+
+Test(cli, bad_config_file)
+{
+    char dir[] = "/tmp/pdmoe-cfg-XXXXXX", path[256], args[512];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs("{\"model_type\": \"deepseek_v4\", \"vocab_size\": 100, \"hidden_size\": -3}", f);
+    fclose(f);
+    snprintf(args, sizeof args, "plan --model %s", dir);
+    char want[300];
+    snprintf(want, sizeof want, "%s: field \"hidden_size\": -3 is out of range", path);
+    expect_error(args, want);
+    remove(path);
+    rmdir(dir);
+}

@@ -1,0 +1,176 @@
+/* The weight inventory against figures checked by hand and against the released checkpoint's
+ * own tensor census. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "plan/inventory.h"
+
+static void build(const char *model, const char *scheme, const char *ovr, int mtp, struct pd_model *m,
+                  struct pd_inventory *inv)
+{
+    struct pd_quant q;
+    pd_err e = {0};
+    cr_assert_eq(pd_model_load(model, m, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_quant_init(&q, scheme, ovr, m->ckpt_scale_ue8m0, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_inventory_build(m, &q, mtp, inv, &e), 0, "%s", e.msg);
+}
+
+Test(inventory, v4_flash_parameter_counts)
+{
+    struct pd_model m;
+    struct pd_inventory inv;
+    build("deepseek-v4-flash", "w8a8", NULL, 0, &m, &inv);
+    /* 256 experts x 43 layers x 3 x 2048 x 4096 */
+    cr_assert_eq(inv.class_params[PD_CLASS_I], INT64_C(277025390592));
+    /* everything else, computed independently from the config (hand-checked): 7,309,176,919;
+     * total 284.3 B, the published "284B" */
+    cr_assert_eq(inv.class_params[PD_CLASS_II], INT64_C(7309176919));
+    cr_assert_eq(inv.n_moe_layers, 43);
+    /* one expert in one layer under w8a8: 3 matrices + per-row fp32 scales */
+    int64_t one = 3 * 2048 * 4096 + 4 * (2048 + 2048 + 4096);
+    cr_assert_eq(inv.expert_bytes[0], 43 * one);
+    cr_assert_eq(inv.expert_bytes[255], 43 * one);
+    /* W8A8 keeps the embedding and head in bf16 */
+    cr_assert_eq(inv.group_bytes[PD_G_EMBEDDING][PD_CLASS_II], INT64_C(2) * 129280 * 4096);
+    pd_inventory_free(&inv);
+}
+
+Test(inventory, mtp_layer_matches_the_released_shard)
+{
+    /* The released MTP shard holds 1,575 tensors: 797 weights and 778 scales (every FP8/FP4
+     * matrix has a .scale). Under the released formats (fp8, routed experts fp4) the inventory
+     * of the MTP layer must have the same census and the same shapes. */
+    struct pd_model m;
+    struct pd_inventory inv;
+    build("deepseek-v4-flash", "fp8", "routed_experts=fp4", 1, &m, &inv);
+    int weights = 0, scaled = 0;
+    int64_t e_w2 = -1, wq_b = -1;
+    for (int i = 0; i < inv.n; i++) {
+        const struct pd_tensor *t = &inv.t[i];
+        if (t->layer != 43)
+            continue;
+        weights += t->count;
+        if (t->fmt == PD_FMT_FP8 || t->fmt == PD_FMT_FP4)
+            scaled += t->count;
+        if (strcmp(t->name, "mtp.0.ffn.experts.{e}.w2.weight") == 0) {
+            cr_assert_eq(t->shape[0], 4096);
+            cr_assert_eq(t->shape[1], 2048);
+            e_w2 = t->bytes;
+        }
+        if (strcmp(t->name, "mtp.0.attn.wq_b.weight") == 0)
+            wq_b = t->bytes;
+    }
+    cr_assert_eq(weights, 797);
+    cr_assert_eq(scaled, 778);
+    cr_assert_eq(weights + scaled, 1575);
+    /* I8 [4096, 1024] + F8_E8M0 [4096, 64] */
+    cr_assert_eq(e_w2, 4096 * 1024 + 4096 * 64);
+    /* F8_E4M3 [32768, 1024] + F8_E8M0 [256, 8] */
+    cr_assert_eq(wq_b, 32768 * 1024 + 256 * 8);
+    pd_inventory_free(&inv);
+}
+
+Test(inventory, expand_and_classify_names)
+{
+    struct pd_model m;
+    struct pd_inventory inv;
+    build("v4-tiny", "w8a8", NULL, 1, &m, &inv);
+    char buf[128];
+    int found = 0;
+    for (int i = 0; i < inv.n; i++) {
+        const struct pd_tensor *t = &inv.t[i];
+        for (int k = 0; k < t->count; k++) {
+            enum pd_group g;
+            enum pd_class c;
+            int layer, expert;
+            pd_inventory_expand_name(t, k, buf, sizeof buf);
+            /* the classifier of checkpoint names agrees with the builder on every tensor */
+            cr_assert_eq(pd_inventory_classify(&m, buf, &g, &c, &layer, &expert), 0, "%s", buf);
+            cr_assert_eq(g, t->group, "%s: group %d vs %d", buf, g, t->group);
+            cr_assert_eq(c, t->cls, "%s", buf);
+            cr_assert_eq(layer, t->layer, "%s", buf);
+            if (c == PD_CLASS_I)
+                cr_assert_eq(expert, k, "%s", buf);
+            found += strcmp(buf, "layers.2.ffn.experts.15.w3.weight") == 0;
+        }
+    }
+    cr_assert_eq(found, 1);
+    enum pd_group g;
+    enum pd_class c;
+    int layer, expert;
+    cr_assert_neq(pd_inventory_classify(&m, "layers.1.ffn.experts.16.w1.weight", &g, &c, &layer, &expert), 0);
+    cr_assert_neq(pd_inventory_classify(&m, "vision_tower.weight", &g, &c, &layer, &expert), 0);
+    cr_assert_neq(pd_inventory_classify(&m, "layers.0.mystery", &g, &c, &layer, &expert), 0);
+    pd_inventory_free(&inv);
+}
+
+Test(inventory, v3_counts)
+{
+    struct pd_model m;
+    struct pd_inventory inv;
+    build("deepseek-v3", "fp8", NULL, 0, &m, &inv);
+    /* 58 MoE layers x 256 experts x 3 x 2048 x 7168 */
+    cr_assert_eq(inv.class_params[PD_CLASS_I], INT64_C(58) * 256 * 3 * 2048 * 7168);
+    cr_assert_eq(inv.n_moe_layers, 58);
+    /* DeepSeek-V3: 671 B parameters without the MTP module */
+    int64_t total = inv.class_params[0] + inv.class_params[1];
+    cr_assert(total > INT64_C(670000000000) && total < INT64_C(672000000000), "%lld", (long long)total);
+    pd_inventory_free(&inv);
+}
+
+Test(inventory, from_checkpoint_headers)
+{
+    /* A bf16 checkpoint of v4-tiny written with the inventory's own names: the inventory read
+     * back from its headers has the same bytes per group and class, and an extra tensor no
+     * rule covers is reported, not counted. */
+    struct pd_model m;
+    struct pd_inventory inv;
+    build("v4-tiny", "bf16", NULL, 0, &m, &inv);
+    int n = 0;
+    for (int i = 0; i < inv.n; i++)
+        n += inv.t[i].count;
+    struct pd_st_out *outs = calloc((size_t)n + 1, sizeof *outs);
+    char (*names)[128] = calloc((size_t)n + 1, 128);
+    static char zeros[1 << 20];
+    int k = 0;
+    for (int i = 0; i < inv.n; i++)
+        for (int x = 0; x < inv.t[i].count; x++, k++) {
+            const struct pd_tensor *t = &inv.t[i];
+            pd_inventory_expand_name(t, x, names[k], 128);
+            outs[k].name = names[k];
+            outs[k].dtype = t->fmt == PD_FMT_F32 ? PD_ST_F32 : t->fmt == PD_FMT_I64 ? PD_ST_I64 : PD_ST_BF16;
+            outs[k].ndim = t->ndim;
+            outs[k].shape[0] = t->shape[0];
+            outs[k].shape[1] = t->shape[1];
+            cr_assert_lt(t->bytes, (int64_t)sizeof zeros);
+            outs[k].data = zeros;
+        }
+    outs[k] = (struct pd_st_out){.name = "vision_tower.weight", .dtype = PD_ST_F32, .ndim = 1, .shape = {4}, .data = zeros};
+    char dir[] = "/tmp/pdmoe-inv-XXXXXX", path[256];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    pd_err e = {0};
+    cr_assert_eq(pd_st_write(path, outs, (size_t)n + 1, &e), 0, "%s", e.msg);
+    struct pd_st_set set;
+    cr_assert_eq(pd_st_open_dir(dir, PD_ST_HEADER_ONLY, &set, &e), 0, "%s", e.msg);
+    struct pd_inventory ck;
+    cr_assert_eq(pd_inventory_from_checkpoint(&m, &set, &ck, &e), 0, "%s", e.msg);
+    for (int g = 0; g < PD_G_COUNT; g++)
+        for (int c = 0; c < 2; c++)
+            cr_assert_eq(ck.group_bytes[g][c], inv.group_bytes[g][c], "group %s class %d", pd_group_name(g), c);
+    for (int x = 0; x < m.n_routed_experts; x++)
+        cr_assert_eq(ck.expert_bytes[x], inv.expert_bytes[x]);
+    cr_assert_eq(ck.n_moe_layers, inv.n_moe_layers);
+    cr_assert_eq(ck.n_unclassed, 1);
+    cr_assert_str_eq(ck.unclassed[0], "vision_tower.weight");
+    pd_inventory_free(&ck);
+    pd_st_close_dir(&set);
+    unlink(path);
+    rmdir(dir);
+    free(outs);
+    free(names);
+    pd_inventory_free(&inv);
+}

@@ -1,0 +1,83 @@
+/* KV cache sizes from the architecture, checked against hand-computed figures. */
+#include <criterion/criterion.h>
+
+#include "plan/kvsize.h"
+
+static void init(const char *name, enum pd_kv_dtype d, int mtp, int64_t flat, struct pd_kv_size *k)
+{
+    struct pd_model m;
+    pd_err e = {0};
+    cr_assert_eq(pd_model_load(name, &m, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kv_size_init(k, &m, d, mtp, flat, &e), 0, "%s", e.msg);
+}
+
+Test(kvsize, v4_flash_fp8)
+{
+    struct pd_kv_size k;
+    init("deepseek-v4-flash", PD_KV_FP8, 1, 0, &k);
+    /* 448 fp8 + 64 bf16 + 7 ue8m0 scales, padded to 584; indexer key 128 + 4 */
+    cr_assert_eq(k.entry_bytes, 584);
+    cr_assert_eq(k.index_key_bytes, 132);
+    cr_assert_eq(k.n_layers[PD_KV_WINDOW], 3);
+    cr_assert_eq(k.n_layers[PD_KV_CSA], 21);
+    cr_assert_eq(k.n_layers[PD_KV_HCA], 20);
+    /* 21 x (584 + 132) / 4 + 20 x 584 / 128 */
+    cr_assert_float_eq(k.per_token, 21 * 716 / 4.0 + 20 * 584 / 128.0, 1e-9);
+    /* windows: 44 layers x 128 x 584; states: CSA 2x8x1024x4 + 2x8x256x4, HCA 2x128x512x4 */
+    cr_assert_eq(k.window_bytes, 44 * 128 * 584);
+    cr_assert_eq(k.state_bytes, 21 * (65536 + 16384) + 20 * 524288);
+    /* exact bytes of a 32768-token sequence */
+    int64_t want = 44 * 128 * 584 + 21 * (32768 / 4) * 716 + 20 * (32768 / 128) * 584 + k.state_bytes;
+    cr_assert_eq(pd_kv_seq_bytes(&k, 32768), want);
+    cr_assert_eq(want, 141660160);
+}
+
+Test(kvsize, v4_short_sequences_count_completed_blocks_only)
+{
+    struct pd_kv_size k;
+    init("v4-tiny", PD_KV_BF16, 0, 0, &k);
+    /* v4-tiny: window 8, ratios [0, 4, 16, 4], head 32 (entry 64 B bf16), index head 16 (32 B) */
+    cr_assert_eq(k.entry_bytes, 64);
+    cr_assert_eq(k.index_key_bytes, 32);
+    /* per CSA layer: kv + score, [2x4, 2x32] and [2x4, 2x16] fp32 = 4096 + 2048;
+     * HCA (ratio 16): [16, 32] twice = 4096 */
+    int64_t states = 2 * (4096 + 2048) + 4096;
+    cr_assert_eq(k.state_bytes, states);
+    /* 3 tokens: 3 window entries per layer, no completed block */
+    cr_assert_eq(pd_kv_seq_bytes(&k, 3), 4 * 3 * 64 + states);
+    /* 17 tokens: full windows; CSA 4 entries (+ keys) each; HCA 1 entry */
+    cr_assert_eq(pd_kv_seq_bytes(&k, 17), 4 * 8 * 64 + 2 * 4 * (64 + 32) + 1 * 64 + states);
+    cr_assert_eq(pd_kv_seq_bytes(&k, 0), 0);
+}
+
+Test(kvsize, v3_mla)
+{
+    struct pd_kv_size k;
+    init("deepseek-v3", PD_KV_BF16, 0, 0, &k);
+    /* (512 + 64) x 2 B x 61 layers = 70,272 B per token */
+    cr_assert_float_eq(k.per_token, 70272.0, 1e-9);
+    cr_assert_eq(k.per_seq_fixed, 0);
+    cr_assert_eq(pd_kv_seq_bytes(&k, 1000), 70272000);
+    init("deepseek-v3", PD_KV_FP8, 1, 0, &k);
+    /* FlashMLA fp8: 512 + 4 x 4 + 64 x 2 = 656 B, 62 layers with the MTP layer */
+    cr_assert_eq(k.entry_bytes, 656);
+    cr_assert_float_eq(k.per_token, 656.0 * 62, 1e-9);
+}
+
+Test(kvsize, flat_override_and_inverse)
+{
+    struct pd_kv_size k;
+    init("seed-v4-flash", PD_KV_FP8, 0, 44000, &k);
+    cr_assert_eq(pd_kv_seq_bytes(&k, 8000), 352000000);
+    cr_assert_eq(pd_kv_max_context(&k, 43000000000, 30), 43000000000 / 30 / 44000);
+    init("deepseek-v4-flash", PD_KV_FP8, 1, 0, &k);
+    for (int64_t bytes = 100000000; bytes < 60000000000; bytes *= 3) {
+        int64_t c = pd_kv_max_context(&k, bytes, 30);
+        cr_assert_leq(30 * pd_kv_seq_bytes(&k, c), bytes);
+        cr_assert_gt(30 * pd_kv_seq_bytes(&k, c + 1), bytes);
+    }
+    pd_err e;
+    struct pd_model m;
+    cr_assert_eq(pd_model_load("v4-tiny", &m, &e), 0);
+    cr_assert_neq(pd_kv_size_init(&k, &m, PD_KV_FP8, 0, -1, &e), 0);
+}
