@@ -1,0 +1,146 @@
+/* Pins every pdmoe value that docs/seed-reproduction.md quotes: if one changes, the document
+ * must change with it. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/units.h"
+#include "plan/plan.h"
+
+static const char *gb(int64_t bytes)
+{
+    static char buf[8][32];
+    static int i;
+    i = (i + 1) % 8;
+    return pd_units_fmt_g(buf[i], sizeof buf[i], bytes, PD_UNITS_GB, 2);
+}
+
+static void plan(const char *model, int sweep, struct pd_plan *p)
+{
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    o.model = model;
+    o.sweep = sweep;
+    pd_err e = {0};
+    cr_assert_eq(pd_plan_build(&o, p, &e), 0, "%s", e.msg);
+}
+
+static const struct pd_sweep_row *row(const struct pd_plan *p, enum pd_role r, int dp)
+{
+    for (int i = 0; i < p->n_sweep; i++)
+        if (p->sweep[i].role == r && p->sweep[i].dp == dp)
+            return &p->sweep[i];
+    cr_assert_fail("no sweep row %d", dp);
+    return NULL;
+}
+
+Test(seed, article_model_weights)
+{
+    struct pd_plan p;
+    plan("seed-v4-flash", 1, &p);
+    const struct pd_inventory *v = &p.inv;
+    cr_assert_eq(v->class_params[PD_CLASS_I], INT64_C(277025390592));
+    cr_assert_str_eq(gb(v->group_bytes[PD_G_ROUTED_EXPERTS][PD_CLASS_I]), "277.39 GB");
+    cr_assert_eq(v->group_params[PD_G_ATTENTION][PD_CLASS_II] / 43, 73664064);
+    cr_assert_str_eq(gb(v->group_bytes[PD_G_ATTENTION][PD_CLASS_II]), "3.18 GB");
+    cr_assert_str_eq(gb(v->group_bytes[PD_G_EMBEDDING][PD_CLASS_II]), "0.53 GB");
+    cr_assert_str_eq(gb(v->group_bytes[PD_G_LM_HEAD][PD_CLASS_II]), "0.53 GB");
+    cr_assert_str_eq(gb(v->group_bytes[PD_G_SHARED_EXPERT][PD_CLASS_II]), "1.08 GB");
+    cr_assert_str_eq(gb(v->group_bytes[PD_G_ROUTER][PD_CLASS_II]), "0.05 GB");
+    cr_assert_str_eq(gb(v->group_bytes[PD_G_NORMS_MHC][PD_CLASS_II]), "0.14 GB");
+    cr_assert_str_eq(gb(v->class_bytes[PD_CLASS_II]), "5.50 GB");
+    cr_assert_str_eq(gb(v->class_bytes[0] + v->class_bytes[1]), "282.89 GB");
+    cr_assert_eq(v->class_params[0] + v->class_params[1], INT64_C(282413478103));
+    pd_plan_free(&p);
+}
+
+Test(seed, article_model_cards_and_budgets)
+{
+    struct pd_plan p;
+    plan("seed-v4-flash", 1, &p);
+    const struct pd_role_plan *P = &p.role[PD_ROLE_PREFILL], *D = &p.role[PD_ROLE_DECODE];
+    cr_assert_eq(P->place.slots, 32);
+    cr_assert_eq(D->place.slots, 8);
+    cr_assert_str_eq(gb(P->b.class_i), "34.67 GB");
+    cr_assert_str_eq(gb(D->b.class_i), "8.67 GB");
+    cr_assert_str_eq(gb(P->b.weights), "40.17 GB");
+    cr_assert_str_eq(gb(D->b.weights), "14.17 GB");
+    char r[16];
+    snprintf(r, sizeof r, "%.2f", (double)P->b.weights / (double)D->b.weights);
+    cr_assert_str_eq(r, "2.84");
+    cr_assert_str_eq(gb(P->b.usable), "61.85 GB");
+    cr_assert_str_eq(pd_units_fmt_g(r, sizeof r, P->b.usable, PD_UNITS_GIB, 2), "57.60 GiB");
+    cr_assert_str_eq(gb(P->b.usable - P->b.weights), "21.67 GB");
+    cr_assert_str_eq(gb(D->b.usable - D->b.weights), "47.68 GB");
+    cr_assert_eq(p.p_kv_batch, 180224000);
+    cr_assert_str_eq(gb(P->b.activations), "1.42 GB");
+    int64_t p_total = P->b.weights + p.p_kv_batch + P->b.activations + P->b.runtime;
+    cr_assert_str_eq(gb(p_total), "43.28 GB");
+    cr_assert_str_eq(gb(P->b.usable - p_total), "18.57 GB");
+    cr_assert_str_eq(gb(D->b.activations), "0.03 GB");
+    cr_assert_str_eq(gb(P->kv_need), "1.44 GB");
+    cr_assert_eq(P->seqs_at_max_len, 13);
+    /* decode scenarios: 30 x 16K, 30 x 32K, 30 x 64K, 15 x 64K */
+    const char *kv[] = {"21.63 GB", "43.25 GB", "86.51 GB", "43.25 GB"};
+    const int fits[] = {1, 1, 0, 1};
+    for (int i = 0; i < 4; i++) {
+        cr_assert_str_eq(gb(p.scen[i].kv), kv[i]);
+        cr_assert_eq(p.scen[i].fits, fits[i]);
+    }
+    cr_assert_str_eq(gb(p.scen[0].total), "37.82 GB");
+    cr_assert_str_eq(gb(p.scen[1].total), "59.45 GB");
+    cr_assert_eq((int)(100.0 * (double)p.scen[0].total / (double)D->b.usable + 0.5), 61);
+    cr_assert_eq((int)(100.0 * (double)p.scen[1].total / (double)D->b.usable + 0.5), 96);
+    /* hand-off */
+    cr_assert_eq(p.handoff[0].bytes, 352000000);
+    cr_assert_float_eq(p.handoff[0].rdma_s * 1e3, 20.6, 0.05);
+    cr_assert_str_eq(gb(p.handoff[1].bytes), "5.77 GB");
+    cr_assert_float_eq(p.handoff[1].rdma_s * 1e3, 321.4, 0.05);
+    /* decision tree */
+    cr_assert_str_eq(gb(row(&p, PD_ROLE_PREFILL, 4)->weights), "74.85 GB");
+    cr_assert_eq(row(&p, PD_ROLE_PREFILL, 4)->verdict, PD_V_WEIGHTS_DONT_FIT);
+    cr_assert(row(&p, PD_ROLE_PREFILL, 8)->chosen);
+    cr_assert_str_eq(gb(row(&p, PD_ROLE_PREFILL, 16)->weights), "22.84 GB");
+    cr_assert_eq(row(&p, PD_ROLE_PREFILL, 16)->instances, 2);
+    cr_assert_str_eq(gb(row(&p, PD_ROLE_DECODE, 16)->kv_pool), "36.98 GB");
+    cr_assert_eq(row(&p, PD_ROLE_DECODE, 16)->verdict, PD_V_KV_SHORT);
+    cr_assert(row(&p, PD_ROLE_DECODE, 32)->chosen);
+    cr_assert_str_eq(gb(row(&p, PD_ROLE_DECODE, 32)->kv_pool), "45.65 GB");
+    pd_plan_free(&p);
+}
+
+Test(seed, released_model)
+{
+    struct pd_plan p;
+    plan("deepseek-v4-flash", 1, &p);
+    const struct pd_role_plan *P = &p.role[PD_ROLE_PREFILL], *D = &p.role[PD_ROLE_DECODE];
+    cr_assert_str_eq(gb(p.inv.class_bytes[PD_CLASS_II]), "9.03 GB");
+    cr_assert_str_eq(gb(p.inv.group_bytes[PD_G_ATTENTION][PD_CLASS_II]), "4.61 GB");
+    cr_assert_str_eq(gb(p.inv.group_bytes[PD_G_COMPRESSOR][PD_CLASS_II]), "0.80 GB");
+    cr_assert_str_eq(gb(p.inv.group_bytes[PD_G_MTP][PD_CLASS_II]), "0.17 GB");
+    cr_assert_str_eq(gb(P->b.class_i), "35.48 GB");
+    cr_assert_str_eq(gb(P->b.weights), "44.51 GB");
+    cr_assert_str_eq(gb(D->b.weights), "17.90 GB");
+    cr_assert_float_eq(p.kv.per_token, 3850.25, 1e-9);
+    cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, p.kv.per_seq_fixed, PD_UNITS_GB), "15.50 MB");
+    cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, P->kv_need, PD_UNITS_GB), "141.66 MB");
+    cr_assert_str_eq(gb(D->kv_need), "4.25 GB");
+    cr_assert_eq(D->seqs_at_max_len, 295);
+    cr_assert_eq(D->ctx_at_max_seqs, 358927);
+    cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, p.handoff[0].bytes, PD_UNITS_GB), "46.29 MB");
+    cr_assert_float_eq(p.handoff[0].rdma_s * 1e3, 3.6, 0.05);
+    cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, p.handoff[1].bytes, PD_UNITS_GB), "520.16 MB");
+    cr_assert_float_eq(p.handoff[1].rdma_s * 1e3, 29.9, 0.05);
+    cr_assert(row(&p, PD_ROLE_DECODE, 8)->chosen);
+    cr_assert_str_eq(gb(row(&p, PD_ROLE_DECODE, 8)->kv_pool), "15.31 GB");
+    pd_plan_free(&p);
+    /* the released formats: fp8 with fp4 routed experts */
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    o.quant = "fp8";
+    o.quant_override = "routed_experts=fp4";
+    pd_err e = {0};
+    cr_assert_eq(pd_plan_build(&o, &p, &e), 0, "%s", e.msg);
+    cr_assert_str_eq(gb(p.inv.class_bytes[0] + p.inv.class_bytes[1]), "159.61 GB");
+    pd_plan_free(&p);
+}
