@@ -101,6 +101,25 @@ Test(cli, bad_flags)
     expect_error("plan --checkpoint /nonexistent", "/nonexistent");
 }
 
+Test(cli, malformed_checkpoint_header)
+{
+    char dir[] = "/tmp/pdmoe-ckpt-XXXXXX", path[256], args[512], want[300];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "wb");
+    /* a header length far beyond the file */
+    unsigned char len[8] = {0xff, 0xff, 0, 0, 0, 0, 0, 0};
+    fwrite(len, 1, 8, f);
+    fputs("{}", f);
+    fclose(f);
+    snprintf(args, sizeof args, "plan --model v4-tiny --checkpoint %s --prefill dp=4,tp=1,instances=1 "
+             "--decode dp=4,tp=1,instances=1", dir);
+    snprintf(want, sizeof want, "%s", path);
+    expect_error(args, want);
+    remove(path);
+    rmdir(dir);
+}
+
 Test(cli, bad_config_file)
 {
     char dir[] = "/tmp/pdmoe-cfg-XXXXXX", path[256], args[512];

@@ -1,0 +1,53 @@
+/* Hardware files: presets load with their figures; a bad file names the field. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "plan/hardware.h"
+
+Test(hardware, presets)
+{
+    const char *names[] = {"atlas-800i-a2", "h800", "h100", "h200"};
+    for (size_t i = 0; i < 4; i++) {
+        struct pd_hardware h;
+        pd_err e = {0};
+        cr_assert_eq(pd_hardware_load(names[i], &h, &e), 0, "%s: %s", names[i], e.msg);
+        cr_assert_eq(h.cards_per_node, 8);
+        cr_assert_gt(h.rdma.bandwidth_Bps, h.tcp.bandwidth_Bps);
+    }
+    struct pd_hardware h;
+    pd_err e = {0};
+    cr_assert_eq(pd_hardware_load("hardware/atlas-800i-a2.json", &h, &e), 0, "%s", e.msg);
+    cr_assert_eq(h.card_memory_bytes, INT64_C(68719476736));   /* 64 GiB */
+    cr_assert_eq(h.runtime_prefill_bytes, 1500000000);
+    cr_assert_eq(h.runtime_decode_bytes, 2000000000);
+    cr_assert_float_eq(h.rdma.bandwidth_Bps, 18e9, 1);
+    cr_assert_eq(pd_hardware_load("h200", &h, &e), 0);
+    cr_assert_eq(h.card_memory_bytes, INT64_C(143771) * 1024 * 1024);
+}
+
+static void bad(const char *text, const char *needle)
+{
+    struct pd_hardware h;
+    pd_err e = {0};
+    cr_assert_neq(pd_hardware_parse(text, "hw.json", &h, &e), 0, "accepted %s", text);
+    cr_assert(strstr(e.msg, "hw.json") && strstr(e.msg, needle), "\"%s\" lacks \"%s\"", e.msg, needle);
+}
+
+Test(hardware, bad_files)
+{
+    bad("{", "hw.json:1:");
+    bad("{\"name\":\"x\"}", "missing required field \"cards_per_node\"");
+    bad("{\"name\":\"x\",\"cards_per_node\":0}", "\"cards_per_node\": 0 is out of range");
+    bad("{\"name\":\"x\",\"cards_per_node\":8}", "missing required field \"card\"");
+    bad("{\"name\":\"x\",\"cards_per_node\":8,\"card\":{\"name\":\"c\",\"memory_bytes\":-1}}",
+        "\"card.memory_bytes\": -1 is out of range");
+    bad("{\"name\":\"x\",\"cards_per_node\":8,\"card\":{\"name\":\"c\",\"memory_bytes\":1e9,"
+        "\"memory_bandwidth_Bps\":1e12,\"bf16_flops\":1e14,\"int8_ops\":1e14},\"links\":{}}",
+        "missing required field \"links.intra_node\"");
+    bad("{\"name\":\"x\",\"cards_per_node\":8,\"card\":{\"name\":\"c\",\"memory_bytes\":1e9,"
+        "\"memory_bandwidth_Bps\":1e12,\"bf16_flops\":1e14,\"int8_ops\":1e14},\"links\":{"
+        "\"intra_node\":{\"name\":\"a\",\"bandwidth_Bps\":1e9,\"latency_s\":0},"
+        "\"inter_node_rdma\":{\"name\":\"a\",\"bandwidth_Bps\":\"fast\",\"latency_s\":0}}}",
+        "\"links.inter_node_rdma.bandwidth_Bps\": expected a number");
+}
