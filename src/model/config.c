@@ -199,7 +199,7 @@ static int parse_pdmoe(const char *file, json_t *root, struct pd_model *m, pd_er
                               file, PD_MAX_EXTRA);
         for (size_t i = 0; i < json_array_size(t); i++) {
             json_t *o = json_array_get(t, i);
-            char pfx[48];
+            char pfx[64];
             snprintf(pfx, sizeof pfx, "pdmoe.extra_layer_tensors[%zu].", i);
             struct pd_jsrc ts = {file, pfx};
             struct pd_extra_tensor *xt = &m->extra[i];
