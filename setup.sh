@@ -1,0 +1,16 @@
+#!/bin/sh
+# Installs the Debian packages pdmoe builds with (DESIGN.md) and builds build/pdmoe.
+# Run as root, or with sudo available. Safe to run again.
+set -eu
+PKGS="build-essential pkg-config libjansson-dev libcriterion-dev clang libclang-rt-14-dev"
+missing=""
+for p in $PKGS; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+make -j"$(nproc)"
