@@ -1,0 +1,193 @@
+/* Thread pool: workers sleep on a condition variable between runs; a run publishes (fn, arg,
+ * n_tasks) under the mutex, bumps a generation counter and wakes the workers it needs. Tasks are
+ * claimed with an atomic counter, so which thread runs task i varies, but what task i computes
+ * does not. The caller waits until every woken worker has checked back in, which is also what
+ * makes the tasks' writes visible to it (the mutex orders them). */
+#include "core/threadpool.h"
+
+#include <assert.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+struct worker {
+    pd_pool *pool;
+    int id;            /* 0 .. nthreads - 2 */
+    pthread_t thread;
+};
+
+struct pd_pool {
+    int nthreads;               /* the caller included */
+    int nworkers;               /* threads actually started (nthreads - 1 once created) */
+    struct worker *workers;     /* [nthreads - 1] */
+
+    pthread_mutex_t mu;         /* guards everything below except `next` */
+    pthread_cond_t wake;        /* workers wait here for a new generation or stop */
+    pthread_cond_t done;        /* the caller waits here for pending == 0 */
+    uint64_t gen;               /* bumped once per run */
+    int stop;
+
+    pd_pool_fn fn;              /* the current run */
+    void *arg;
+    int n_tasks;
+    int n_helpers;              /* workers with id < n_helpers take part in the current run */
+    int pending;                /* helpers that have not yet finished the current run */
+    atomic_int next;            /* next unclaimed task */
+
+    pthread_mutex_t run_mu;     /* one run at a time */
+};
+
+/* Set while a thread executes tasks, so a nested pd_pool_run runs inline instead of waiting on
+ * a pool whose threads are all busy with the outer run. */
+static __thread int in_task;
+
+static void claim_and_run(pd_pool *p, pd_pool_fn fn, void *arg, int n_tasks)
+{
+    in_task = 1;
+    for (;;) {
+        int i = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
+        if (i >= n_tasks)
+            break;
+        fn(arg, i);
+    }
+    in_task = 0;
+}
+
+static void *worker_main(void *vw)
+{
+    struct worker *w = vw;
+    pd_pool *p = w->pool;
+    uint64_t seen = 0;
+
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->stop && p->gen == seen)
+            pthread_cond_wait(&p->wake, &p->mu);
+        if (p->stop)
+            break;
+        seen = p->gen;
+        /* A worker not needed for this run goes back to sleep; the caller does not wait for it,
+         * so it may even skip whole generations. */
+        if (w->id >= p->n_helpers)
+            continue;
+        pd_pool_fn fn = p->fn;
+        void *arg = p->arg;
+        int n = p->n_tasks;
+        pthread_mutex_unlock(&p->mu);
+
+        claim_and_run(p, fn, arg, n);
+
+        pthread_mutex_lock(&p->mu);
+        assert(p->pending > 0);
+        if (--p->pending == 0)
+            pthread_cond_signal(&p->done);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+static void stop_workers(pd_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->nworkers; i++)
+        pthread_join(p->workers[i].thread, NULL);
+    p->nworkers = 0;
+}
+
+static void free_pool(pd_pool *p)
+{
+    pthread_mutex_destroy(&p->mu);
+    pthread_mutex_destroy(&p->run_mu);
+    pthread_cond_destroy(&p->wake);
+    pthread_cond_destroy(&p->done);
+    free(p->workers);
+    free(p);
+}
+
+int pd_pool_create(int nthreads, pd_pool **out, pd_err *err)
+{
+    *out = NULL;
+    if (nthreads < 1 || nthreads > PD_POOL_MAX_THREADS)
+        return pd_err_set(err, PD_EINVAL, "thread pool: %d threads (want 1..%d)", nthreads,
+                          PD_POOL_MAX_THREADS);
+    pd_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return pd_err_set(err, PD_ENOMEM, "thread pool: out of memory");
+    p->nthreads = nthreads;
+    p->workers = calloc((size_t)nthreads, sizeof *p->workers);
+    if (!p->workers) {
+        free(p);
+        return pd_err_set(err, PD_ENOMEM, "thread pool: out of memory");
+    }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_mutex_init(&p->run_mu, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    pthread_cond_init(&p->done, NULL);
+    atomic_init(&p->next, 0);
+
+    for (int i = 0; i < nthreads - 1; i++) {
+        struct worker *w = &p->workers[i];
+        w->pool = p;
+        w->id = i;
+        int rc = pthread_create(&w->thread, NULL, worker_main, w);
+        if (rc != 0) {
+            stop_workers(p);
+            free_pool(p);
+            return pd_err_set(err, PD_ENOMEM, "thread pool: cannot start worker %d of %d", i + 1,
+                              nthreads - 1);
+        }
+        p->nworkers++;
+    }
+    *out = p;
+    return 0;
+}
+
+void pd_pool_run(pd_pool *p, int n_tasks, pd_pool_fn fn, void *arg)
+{
+    assert(fn);
+    if (n_tasks <= 0)
+        return;
+    if (!p || p->nworkers == 0 || n_tasks == 1 || in_task) {
+        for (int i = 0; i < n_tasks; i++)
+            fn(arg, i);
+        return;
+    }
+
+    pthread_mutex_lock(&p->run_mu);
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn;
+    p->arg = arg;
+    p->n_tasks = n_tasks;
+    /* The caller takes tasks too, so n_tasks - 1 helpers are enough. */
+    p->n_helpers = n_tasks - 1 < p->nworkers ? n_tasks - 1 : p->nworkers;
+    p->pending = p->n_helpers;
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+    p->gen++;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+
+    claim_and_run(p, fn, arg, n_tasks);
+
+    pthread_mutex_lock(&p->mu);
+    while (p->pending > 0)
+        pthread_cond_wait(&p->done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+    pthread_mutex_unlock(&p->run_mu);
+}
+
+int pd_pool_nthreads(const pd_pool *p)
+{
+    return p ? p->nthreads : 1;
+}
+
+void pd_pool_destroy(pd_pool *p)
+{
+    if (!p)
+        return;
+    stop_workers(p);
+    free_pool(p);
+}

@@ -1,0 +1,35 @@
+/* Thread pool: a fixed set of pthreads that run numbered tasks together with the calling thread.
+ *
+ * Work is described as n_tasks independent tasks; the caller decides what task i covers (always
+ * the same rows, whatever the thread count), so results never depend on how many threads ran
+ * them. Idle workers block on a condition variable: pdmoe runs several processes per core in the
+ * expert-parallel tests, and a spinning worker would steal the core from another rank. */
+#ifndef PD_CORE_THREADPOOL_H
+#define PD_CORE_THREADPOOL_H
+
+#include "core/err.h"
+
+typedef struct pd_pool pd_pool;
+
+/* One task: `task` is in [0, n_tasks). Runs on any thread of the pool, concurrently with others. */
+typedef void (*pd_pool_fn)(void *arg, int task);
+
+#define PD_POOL_MAX_THREADS 256
+
+/* Creates a pool of `nthreads` threads in total: the caller of pd_pool_run plus nthreads - 1
+ * workers (nthreads = 1 makes no worker). Returns 0, PD_EINVAL or PD_ENOMEM. */
+int pd_pool_create(int nthreads, pd_pool **out, pd_err *err);
+
+/* Runs fn(arg, i) exactly once for every i in [0, n_tasks) on the workers and the calling thread
+ * and returns when all have finished. pool = NULL runs the tasks in order on the caller. Runs are
+ * serialised: a second caller waits for the first. A task that calls pd_pool_run again (nested)
+ * runs its inner tasks on its own thread. */
+void pd_pool_run(pd_pool *pool, int n_tasks, pd_pool_fn fn, void *arg);
+
+/* Threads that pd_pool_run uses, the caller included (1 for NULL). */
+int pd_pool_nthreads(const pd_pool *pool);
+
+/* Stops and joins the workers and frees the pool; NULL is a no-op. No run may be in progress. */
+void pd_pool_destroy(pd_pool *pool);
+
+#endif

@@ -1,0 +1,303 @@
+/* W8A8 GEMM front: argument checks, the run-time choice of implementation, the static split of
+ * output rows into pool tasks, and the shared fp32 epilogue (pd_gemm_store). The arithmetic lives
+ * in gemm_ref.c, gemm_avx2.c and gemm_avx512.c. */
+#include "kernels/gemm.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+#include "kernels/gemm_impl.h"
+
+static const char *const kernel_names[PD_KERNEL_COUNT] = {"ref", "avx2", "avx512"};
+
+static const pd_gemm_rows_fn kernel_fns[PD_KERNEL_COUNT] = {
+    pd_gemm_rows_ref,
+    pd_gemm_rows_avx2,
+    pd_gemm_rows_avx512,
+};
+
+/* -1 until resolved; then a pd_kernel. Atomic because pd_gemm may be first called from several
+ * threads at once; they all resolve to the same value. */
+static atomic_int active_kernel = -1;
+
+const char *pd_gemm_kernel_name(pd_kernel k)
+{
+    return (unsigned)k < PD_KERNEL_COUNT ? kernel_names[k] : "?";
+}
+
+int pd_gemm_kernel_parse(const char *name, pd_kernel *k, pd_err *err)
+{
+    for (int i = 0; i < PD_KERNEL_COUNT; i++) {
+        if (name && strcmp(name, kernel_names[i]) == 0) {
+            *k = (pd_kernel)i;
+            return 0;
+        }
+    }
+    return pd_err_set(err, PD_EINVAL, "unknown kernel '%s' (want ref, avx2 or avx512)",
+                      name ? name : "(null)");
+}
+
+int pd_gemm_kernel_supported(pd_kernel k)
+{
+    __builtin_cpu_init();
+    switch (k) {
+    case PD_KERNEL_REF:
+        return 1;
+    case PD_KERNEL_AVX2:
+        return __builtin_cpu_supports("avx2");
+    case PD_KERNEL_AVX512:
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    default:
+        return 0;
+    }
+}
+
+int pd_gemm_kernel_set(pd_kernel k, pd_err *err)
+{
+    if ((unsigned)k >= PD_KERNEL_COUNT)
+        return pd_err_set(err, PD_EINVAL, "kernel %d out of range", (int)k);
+    if (!pd_gemm_kernel_supported(k))
+        return pd_err_set(err, PD_EINVAL, "kernel %s: not supported by this CPU",
+                          kernel_names[k]);
+    atomic_store(&active_kernel, (int)k);
+    return 0;
+}
+
+int pd_gemm_kernel_get(pd_kernel *k, pd_err *err)
+{
+    int cur = atomic_load(&active_kernel);
+    if (cur >= 0) {
+        *k = (pd_kernel)cur;
+        return 0;
+    }
+    const char *env = getenv("PDMOE_KERNEL");
+    pd_kernel pick;
+    if (env && *env) {
+        /* A bad override is an error every time (never cached), not a silent fallback: a
+         * benchmark that asked for avx512 must not quietly measure something else. */
+        if (pd_gemm_kernel_parse(env, &pick, err) < 0)
+            return pd_err_prefix(err, "PDMOE_KERNEL: ");
+        if (!pd_gemm_kernel_supported(pick))
+            return pd_err_set(err, PD_EINVAL, "PDMOE_KERNEL=%s: not supported by this CPU", env);
+    } else if (pd_gemm_kernel_supported(PD_KERNEL_AVX512)) {
+        pick = PD_KERNEL_AVX512;
+    } else if (pd_gemm_kernel_supported(PD_KERNEL_AVX2)) {
+        pick = PD_KERNEL_AVX2;
+    } else {
+        pick = PD_KERNEL_REF;
+    }
+    int expected = -1;
+    atomic_compare_exchange_strong(&active_kernel, &expected, (int)pick);
+    *k = (pd_kernel)atomic_load(&active_kernel);
+    return 0;
+}
+
+/* Output rows per pool task. It depends on the shape only (never on the thread count), and keeps
+ * a task's weight rows (rows * in bytes) within about 256 KiB so that they stay in L2 while every
+ * block of tokens passes over them. A multiple of 8, the GEMV kernels' row block. */
+static int rows_per_task(int in)
+{
+    int rb = (256 * 1024 / in) & ~7;
+    return rb < 8 ? 8 : rb > 64 ? 64 : rb;
+}
+
+#ifdef __SSE2__
+/* Four outputs: y = (as * ws) * (float)acc, or y + that. */
+static inline void store4(__m128 as, const float *ws, const int32_t *acc, float *y, int accum)
+{
+    __m128 v = _mm_mul_ps(_mm_mul_ps(as, _mm_loadu_ps(ws)),
+                          _mm_cvtepi32_ps(_mm_loadu_si128((const __m128i *)acc)));
+    if (accum)
+        v = _mm_add_ps(_mm_loadu_ps(y), v);
+    _mm_storeu_ps(y, v);
+}
+#endif
+
+void pd_gemm_store(const pd_gemm_job *job, int i0, int nu, int o0, int nr, const int32_t *acc,
+                   int ldacc)
+{
+    const float *ws = job->w_scale + o0;
+    for (int u = 0; u < nu; u++) {
+        float as = job->a_scale[pd_gemm_job_tok(job, i0 + u)];
+        float *yr = job->y + (int64_t)(i0 + u) * job->out + o0;
+        const int32_t *ar = acc + (int64_t)u * ldacc;
+#ifdef __SSE2__
+        /* Every output goes through store4, the tail too (via a padded copy), so that however an
+         * implementation cuts its rows into calls, and whatever a compiler with FMA would fuse,
+         * each output sees the same instructions. */
+        const __m128 vas = _mm_set1_ps(as);
+        int r = 0;
+        for (; r + 4 <= nr; r += 4)
+            store4(vas, ws + r, ar + r, yr + r, job->accum);
+        if (r < nr) {
+            float w4[4] = {0}, y4[4] = {0};
+            int32_t a4[4] = {0};
+            memcpy(w4, ws + r, (size_t)(nr - r) * sizeof *w4);
+            memcpy(a4, ar + r, (size_t)(nr - r) * sizeof *a4);
+            memcpy(y4, yr + r, (size_t)(nr - r) * sizeof *y4);
+            store4(vas, w4, a4, y4, job->accum);
+            memcpy(yr + r, y4, (size_t)(nr - r) * sizeof *y4);
+        }
+#else
+        for (int r = 0; r < nr; r++) {
+            float v = as * ws[r] * (float)ar[r];
+            yr[r] = job->accum ? yr[r] + v : v;
+        }
+#endif
+    }
+}
+
+static int check_qmat(const pd_qmat *m, const char *what, pd_err *err)
+{
+    if (!m)
+        return pd_err_set(err, PD_EINVAL, "gemm: %s is NULL", what);
+    if (m->rows < 0 || m->cols < 1)
+        return pd_err_set(err, PD_EINVAL, "gemm: %s has shape [%d, %d]", what, m->rows, m->cols);
+    if (m->cols > PD_GEMM_MAX_IN)
+        return pd_err_set(err, PD_ERANGE, "gemm: %s has %d columns (int32 sums allow %d)", what,
+                          m->cols, PD_GEMM_MAX_IN);
+    if (m->rows > 0 && (!m->q || !m->scale))
+        return pd_err_set(err, PD_EINVAL, "gemm: %s has no data or no scales", what);
+    return 0;
+}
+
+struct plain_run {
+    pd_gemm_job job;
+    pd_gemm_rows_fn fn;
+    int rb;
+};
+
+static void plain_task(void *arg, int task)
+{
+    const struct plain_run *r = arg;
+    int o0 = task * r->rb;
+    int o1 = o0 + r->rb < r->job.out ? o0 + r->rb : r->job.out;
+    r->fn(&r->job, o0, o1);
+}
+
+int pd_gemm(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y, int flags, pd_err *err)
+{
+    int rc;
+    if ((rc = check_qmat(w, "weights", err)) < 0 || (rc = check_qmat(a, "activations", err)) < 0)
+        return rc;
+    if (w->cols != a->cols)
+        return pd_err_set(err, PD_EINVAL, "gemm: weights [%d, %d] do not fit activations [%d, %d]",
+                          w->rows, w->cols, a->rows, a->cols);
+    if (!y && w->rows > 0 && a->rows > 0)
+        return pd_err_set(err, PD_EINVAL, "gemm: output is NULL");
+    pd_kernel k;
+    if ((rc = pd_gemm_kernel_get(&k, err)) < 0)
+        return rc;
+    if (w->rows == 0 || a->rows == 0)
+        return 0;
+
+    struct plain_run r = {
+        .job = {.w = w->q, .w_scale = w->scale, .out = w->rows, .in = w->cols,
+                .a = a->q, .a_scale = a->scale, .tok = NULL, .n = a->rows, .y = y,
+                .accum = (flags & PD_GEMM_ACCUM) != 0},
+        .fn = kernel_fns[k],
+        .rb = rows_per_task(w->cols),
+    };
+    int n_tasks = (w->rows + r.rb - 1) / r.rb;
+    pd_pool_run(pool, n_tasks, plain_task, &r);
+    return 0;
+}
+
+struct grouped_run {
+    const pd_qmat *a;
+    const pd_gemm_group *groups;
+    const int *first_task;   // [n_groups + 1] first task of each group; the last = total
+    int n_groups;
+    int accum;
+    pd_gemm_rows_fn fn;
+};
+
+static void grouped_task(void *arg, int task)
+{
+    const struct grouped_run *r = arg;
+    /* The group whose task range holds `task`: the last g with first_task[g] <= task. */
+    int lo = 0, hi = r->n_groups - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (r->first_task[mid] <= task)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const pd_gemm_group *g = &r->groups[lo];
+    int rb = rows_per_task(g->w.cols);
+    int o0 = (task - r->first_task[lo]) * rb;
+    int o1 = o0 + rb < g->w.rows ? o0 + rb : g->w.rows;
+    pd_gemm_job job = {
+        .w = g->w.q, .w_scale = g->w.scale, .out = g->w.rows, .in = g->w.cols,
+        .a = r->a->q, .a_scale = r->a->scale, .tok = g->rows, .n = g->n, .y = g->y,
+        .accum = r->accum,
+    };
+    r->fn(&job, o0, o1);
+}
+
+int pd_gemm_grouped(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *groups, int n_groups,
+                    int flags, pd_err *err)
+{
+    int rc;
+    if ((rc = check_qmat(a, "activations", err)) < 0)
+        return rc;
+    if (n_groups < 0 || (n_groups > 0 && !groups))
+        return pd_err_set(err, PD_EINVAL, "gemm: %d groups", n_groups);
+    for (int g = 0; g < n_groups; g++) {
+        const pd_gemm_group *gr = &groups[g];
+        if ((rc = check_qmat(&gr->w, "expert weights", err)) < 0)
+            return pd_err_prefix(err, "group %d: ", g);
+        if (gr->w.cols != a->cols)
+            return pd_err_set(err, PD_EINVAL, "gemm: group %d: weights [%d, %d] do not fit "
+                              "activations [%d, %d]", g, gr->w.rows, gr->w.cols, a->rows, a->cols);
+        if (gr->n < 0 || (gr->n > 0 && (!gr->rows || !gr->y)))
+            return pd_err_set(err, PD_EINVAL, "gemm: group %d: %d rows, rows or output NULL", g,
+                              gr->n);
+        for (int j = 0; j < gr->n; j++)
+            if (gr->rows[j] < 0 || gr->rows[j] >= a->rows)
+                return pd_err_set(err, PD_EINVAL, "gemm: group %d: row %d is %d, outside [0, %d)",
+                                  g, j, gr->rows[j], a->rows);
+    }
+    pd_kernel k;
+    if ((rc = pd_gemm_kernel_get(&k, err)) < 0)
+        return rc;
+    if (n_groups == 0)
+        return 0;
+
+    /* Tasks are numbered group by group, each group's row blocks in order: a static split. */
+    int stack_first[257];
+    int *first = n_groups < 257 ? stack_first : malloc(((size_t)n_groups + 1) * sizeof *first);
+    if (!first)
+        return pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %d groups", n_groups);
+    int64_t total = 0;
+    for (int g = 0; g < n_groups; g++) {
+        first[g] = (int)total;
+        const pd_gemm_group *gr = &groups[g];
+        if (gr->n > 0 && gr->w.rows > 0) {
+            int rb = rows_per_task(gr->w.cols);
+            total += (gr->w.rows + rb - 1) / rb;
+        }
+        if (total > 0x7fffffff) {
+            if (first != stack_first)
+                free(first);
+            return pd_err_set(err, PD_ERANGE, "gemm: more than 2^31 tasks in %d groups",
+                              n_groups);
+        }
+    }
+    first[n_groups] = (int)total;
+
+    struct grouped_run r = {
+        .a = a, .groups = groups, .first_task = first, .n_groups = n_groups,
+        .accum = (flags & PD_GEMM_ACCUM) != 0, .fn = kernel_fns[k],
+    };
+    pd_pool_run(pool, (int)total, grouped_task, &r);
+    if (first != stack_first)
+        free(first);
+    return 0;
+}

@@ -1,0 +1,296 @@
+/* AVX-512 VNNI GEMM path, built on vpdpbusd, which multiplies UNSIGNED bytes by SIGNED bytes and
+ * adds groups of four products into int32 lanes.
+ *
+ * Sign handling: the weights are the unsigned operand, flipped on the fly with w ^ 0x80, which is
+ * w + 128 read as a byte in [0, 255]; the activations stay signed. Then
+ *     sum_k (w[k] + 128) * a[k] = sum_k w[k] * a[k] + 128 * sum_k a[k]
+ * so subtracting 128 * (row sum of the activation) gives the exact product for every int8 value,
+ * -128 included. The row sum is per token, computed once per block of tokens; the weights need no
+ * preprocessing (they are used straight from the mmapped checkpoint). vpdpbusd wraps modulo 2^32
+ * rather than saturating, so the offset intermediate may overflow while the final result, which
+ * fits in int32 (PD_GEMM_MAX_IN), is still exact. The alternative sign trick (|a| times
+ * sign(a) * w) costs an extra vpsignb per weight vector per token, which the 4x6 tile below would
+ * pay 24 times per step where the xor is paid 4 times.
+ *
+ * Register tile for T > 1: 4 weight rows x up to 6 tokens = 24 zmm accumulators, 6 activation
+ * vectors, one weight vector and the 0x80 constant: all 32 registers. Each 64-byte weight vector
+ * loaded feeds 6 tokens, each activation vector 4 rows. (Measured on Zen 5 with the weights
+ * streaming from L2: 4x6 sustains ~1.7 vpdpbusd/cycle of the 2 possible; 4x4 ~1.6, 6x4 ~1.4,
+ * 8x3 ~1.1, because every extra weight row is one more stream from L2.) Each vpdpbusd is written
+ * as a one-instruction asm statement on named variables: GCC 12 handles the intrinsic's
+ * read-modify-write accumulator badly (a register copy, often a spill, per instruction, which
+ * halves the throughput), while "+v" keeps every accumulator in its register. Accumulators are
+ * reduced four rows at a time to one 128-bit vector of row sums per token. Decode (one token)
+ * uses 8 rows x 1 token, a memory-bound stream. Reduction tails use masked loads: masked bytes
+ * read as zero, and (0 ^ 0x80) * 0 adds nothing. */
+#include <immintrin.h>
+
+#include "kernels/gemm_impl.h"
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define INLINE static inline __attribute__((always_inline))
+
+enum { MAX_R = 8, MAX_U = 6, GEMM_R = 4, GEMV_R = 8, CHUNK = 64 };
+
+/* The load mask for the last `rem` (< 64) bytes of a row. */
+INLINE AVX512 __mmask64 tail_mask(int rem)
+{
+    return rem >= 64 ? ~0ULL : (1ULL << rem) - 1;
+}
+
+/* c += sum of 4-byte groups of unsigned w times signed a (see the top of the file for the asm). */
+#define DP(c, w, a) __asm__("vpdpbusd %2, %1, %0" : "+v"(c) : "v"(w), "v"(a))
+/* Whole and tail (masked, `m` in scope) 64-byte loads. */
+#define FULL(p) _mm512_loadu_si512(p)
+#define MASKED(p) _mm512_maskz_loadu_epi8(m, p)
+
+/* The 4 x 32-bit sums of 4 vectors: lane r = sum of the 16 lanes of v_r. */
+INLINE AVX512 __m128i reduce4(__m512i v0, __m512i v1, __m512i v2, __m512i v3)
+{
+    /* In each 128-bit chunk: [v0 0+2, v1 0+2, v0 1+3, v1 1+3], likewise for v2, v3. */
+    __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
+    __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(v2, v3), _mm512_unpackhi_epi32(v2, v3));
+    /* In each chunk: [v0, v1, v2, v3] summed over that chunk; then add the four chunks. */
+    __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+    __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* The exact products from offset sums: s - 128 * asum, modulo 2^32 (see the top of the file). */
+INLINE AVX512 void store_sums(__m128i s, int32_t asum, int32_t *acc)
+{
+    __m128i corr = _mm_slli_epi32(_mm_set1_epi32(asum), 7);
+    _mm_storeu_si128((__m128i *)acc, _mm_sub_epi32(s, corr));
+}
+
+/* sum_k a[k] over one activation row (decode), four chains. */
+static AVX512 int32_t row_sum(const int8_t *a, int in)
+{
+    const __m512i ones = _mm512_set1_epi8(1);
+    const __m512i z = _mm512_setzero_si512();
+    __m512i s0 = z, s1 = z, s2 = z, s3 = z, v;
+    int k = 0;
+    for (; k + 256 <= in; k += 256) {
+        v = FULL(a + k);
+        DP(s0, ones, v);
+        v = FULL(a + k + 64);
+        DP(s1, ones, v);
+        v = FULL(a + k + 128);
+        DP(s2, ones, v);
+        v = FULL(a + k + 192);
+        DP(s3, ones, v);
+    }
+    for (; k + 64 <= in; k += 64) {
+        v = FULL(a + k);
+        DP(s0, ones, v);
+    }
+    if (k < in) {
+        __mmask64 m = tail_mask(in - k);
+        v = MASKED(a + k);
+        DP(s0, ones, v);
+    }
+    return _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(s0, s1),
+                                                    _mm512_add_epi32(s2, s3)));
+}
+
+/* asum[u] = sum_k ar[u][k] for u < 6, exact (vpdpbusd with all-ones unsigned bytes). Six
+ * independent chains, so the cost is throughput (and the first touch of these activation rows),
+ * not the 4-cycle latency of one chain. */
+static AVX512 void row_sums(const int8_t *const *ar, int in,
+                            int32_t *asum)   // [6]
+{
+    const __m512i ones = _mm512_set1_epi8(1);
+    const __m512i z = _mm512_setzero_si512();
+    __m512i s0 = z, s1 = z, s2 = z, s3 = z, s4 = z, s5 = z, v;
+#define SUMS(load)                                                                               \
+    v = load(ar[0] + k);                                                                         \
+    DP(s0, ones, v);                                                                             \
+    v = load(ar[1] + k);                                                                         \
+    DP(s1, ones, v);                                                                             \
+    v = load(ar[2] + k);                                                                         \
+    DP(s2, ones, v);                                                                             \
+    v = load(ar[3] + k);                                                                         \
+    DP(s3, ones, v);                                                                             \
+    v = load(ar[4] + k);                                                                         \
+    DP(s4, ones, v);                                                                             \
+    v = load(ar[5] + k);                                                                         \
+    DP(s5, ones, v)
+    int k = 0;
+    for (; k + 64 <= in; k += 64) {
+        SUMS(FULL);
+    }
+    if (k < in) {
+        __mmask64 m = tail_mask(in - k);
+        SUMS(MASKED);
+    }
+#undef SUMS
+    _mm_storeu_si128((__m128i *)asum, reduce4(s0, s1, s2, s3));
+    asum[4] = _mm512_reduce_add_epi32(s4);
+    asum[5] = _mm512_reduce_add_epi32(s5);
+}
+
+/* acc[u * CHUNK + r] = sum_k wr[r][k] * ar[u][k] for r < 4, u < U (U constant once inlined:
+ * the accumulators and instructions of tokens >= U are dead code and vanish). */
+INLINE AVX512 void tile4(const int8_t *const *wr, const int8_t *const *ar, const int32_t *asum,
+                         int in, int U,
+                         int32_t *acc)   // [U, CHUNK]
+{
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i z = _mm512_setzero_si512();
+    __m512i c00 = z, c01 = z, c02 = z, c03 = z, c04 = z, c05 = z;
+    __m512i c10 = z, c11 = z, c12 = z, c13 = z, c14 = z, c15 = z;
+    __m512i c20 = z, c21 = z, c22 = z, c23 = z, c24 = z, c25 = z;
+    __m512i c30 = z, c31 = z, c32 = z, c33 = z, c34 = z, c35 = z;
+    __m512i a0 = z, a1 = z, a2 = z, a3 = z, a4 = z, a5 = z, w;
+    const int8_t *w0 = wr[0], *w1 = wr[1], *w2 = wr[2], *w3 = wr[3];
+
+    /* One weight row against the U activation vectors. */
+#define ROW(r)                                                                                   \
+    DP(c##r##0, w, a0);                                                                          \
+    if (U > 1) DP(c##r##1, w, a1);                                                               \
+    if (U > 2) DP(c##r##2, w, a2);                                                               \
+    if (U > 3) DP(c##r##3, w, a3);                                                               \
+    if (U > 4) DP(c##r##4, w, a4);                                                               \
+    if (U > 5) DP(c##r##5, w, a5)
+#define LOAD_A(load)                                                                             \
+    a0 = load(ar[0] + k);                                                                        \
+    if (U > 1) a1 = load(ar[1] + k);                                                             \
+    if (U > 2) a2 = load(ar[2] + k);                                                             \
+    if (U > 3) a3 = load(ar[3] + k);                                                             \
+    if (U > 4) a4 = load(ar[4] + k);                                                             \
+    if (U > 5) a5 = load(ar[5] + k)
+
+    int k = 0;
+    for (; k + 64 <= in; k += 64) {
+        LOAD_A(FULL);
+        w = _mm512_xor_si512(FULL(w0 + k), flip);
+        ROW(0);
+        w = _mm512_xor_si512(FULL(w1 + k), flip);
+        ROW(1);
+        w = _mm512_xor_si512(FULL(w2 + k), flip);
+        ROW(2);
+        w = _mm512_xor_si512(FULL(w3 + k), flip);
+        ROW(3);
+    }
+    if (k < in) {
+        __mmask64 m = tail_mask(in - k);
+        LOAD_A(MASKED);
+        w = _mm512_xor_si512(MASKED(w0 + k), flip);
+        ROW(0);
+        w = _mm512_xor_si512(MASKED(w1 + k), flip);
+        ROW(1);
+        w = _mm512_xor_si512(MASKED(w2 + k), flip);
+        ROW(2);
+        w = _mm512_xor_si512(MASKED(w3 + k), flip);
+        ROW(3);
+    }
+#undef ROW
+#undef LOAD_A
+
+    store_sums(reduce4(c00, c10, c20, c30), asum[0], acc);
+    if (U > 1) store_sums(reduce4(c01, c11, c21, c31), asum[1], acc + 1 * CHUNK);
+    if (U > 2) store_sums(reduce4(c02, c12, c22, c32), asum[2], acc + 2 * CHUNK);
+    if (U > 3) store_sums(reduce4(c03, c13, c23, c33), asum[3], acc + 3 * CHUNK);
+    if (U > 4) store_sums(reduce4(c04, c14, c24, c34), asum[4], acc + 4 * CHUNK);
+    if (U > 5) store_sums(reduce4(c05, c15, c25, c35), asum[5], acc + 5 * CHUNK);
+}
+
+/* acc[r] = sum_k wr[r][k] * a[k] for r < 8: the decode GEMV. */
+static AVX512 __attribute__((noinline)) void tile8x1(const int8_t *const *wr, const int8_t *a,
+                                                     int32_t asum, int in,
+                                                     int32_t *acc)   // [8]
+{
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i z = _mm512_setzero_si512();
+    __m512i c0 = z, c1 = z, c2 = z, c3 = z, c4 = z, c5 = z, c6 = z, c7 = z, av, w;
+#define ROWS(load)                                                                               \
+    av = load(a + k);                                                                            \
+    w = _mm512_xor_si512(load(wr[0] + k), flip);                                                 \
+    DP(c0, w, av);                                                                               \
+    w = _mm512_xor_si512(load(wr[1] + k), flip);                                                 \
+    DP(c1, w, av);                                                                               \
+    w = _mm512_xor_si512(load(wr[2] + k), flip);                                                 \
+    DP(c2, w, av);                                                                               \
+    w = _mm512_xor_si512(load(wr[3] + k), flip);                                                 \
+    DP(c3, w, av);                                                                               \
+    w = _mm512_xor_si512(load(wr[4] + k), flip);                                                 \
+    DP(c4, w, av);                                                                               \
+    w = _mm512_xor_si512(load(wr[5] + k), flip);                                                 \
+    DP(c5, w, av);                                                                               \
+    w = _mm512_xor_si512(load(wr[6] + k), flip);                                                 \
+    DP(c6, w, av);                                                                               \
+    w = _mm512_xor_si512(load(wr[7] + k), flip);                                                 \
+    DP(c7, w, av)
+    int k = 0;
+    for (; k + 64 <= in; k += 64) {
+        ROWS(FULL);
+    }
+    if (k < in) {
+        __mmask64 m = tail_mask(in - k);
+        ROWS(MASKED);
+    }
+#undef ROWS
+    store_sums(reduce4(c0, c1, c2, c3), asum, acc);
+    store_sums(reduce4(c4, c5, c6, c7), asum, acc + 4);
+}
+#undef FULL
+#undef MASKED
+
+#define INSTANTIATE(U)                                                                           \
+    static AVX512 __attribute__((noinline)) void tile4x##U(                                      \
+        const int8_t *const *wr, const int8_t *const *ar, const int32_t *asum, int in,           \
+        int32_t *acc)                                                                            \
+    {                                                                                            \
+        tile4(wr, ar, asum, in, U, acc);                                                         \
+    }
+INSTANTIATE(2)
+INSTANTIATE(3)
+INSTANTIATE(4)
+INSTANTIATE(5)
+INSTANTIATE(6)
+#undef INSTANTIATE
+
+AVX512 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1)
+{
+    const int in = job->in;
+    /* Tokens outer, rows inner: the task's weight rows (sized by gemm.c to fit L2) are swept once
+     * per block of 6 tokens while those 6 activation rows stay in L1. The int32 results of up to
+     * CHUNK rows are collected before one call to the epilogue. (Software prefetch of the next
+     * block's activations was tried and measured 3% slower: the hardware prefetchers do it.) */
+    for (int i0 = 0; i0 < job->n; i0 += MAX_U) {
+        int nu = job->n - i0 < MAX_U ? job->n - i0 : MAX_U;
+        const int8_t *ar[MAX_U];
+        int32_t asum[MAX_U];
+        /* Past the last token the tiles re-read that token; its results are not stored. */
+        for (int u = 0; u < MAX_U; u++)
+            ar[u] = pd_gemm_job_arow(job, i0 + (u < nu ? u : nu - 1));
+        if (nu == 1)
+            asum[0] = row_sum(ar[0], in);
+        else
+            row_sums(ar, in, asum);
+        int R = nu == 1 ? GEMV_R : GEMM_R;
+        for (int c0 = o0; c0 < o1; c0 += CHUNK) {
+            int c1 = c0 + CHUNK < o1 ? c0 + CHUNK : o1;
+            int32_t acc[MAX_U * CHUNK];   // [nu, CHUNK]
+            for (int o = c0; o < c1; o += R) {
+                int nr = c1 - o < R ? c1 - o : R;
+                /* Past the last row the tile re-reads that row; its results are not stored. */
+                const int8_t *wr[MAX_R];
+                for (int r = 0; r < R; r++)
+                    wr[r] = job->w + (int64_t)(o + (r < nr ? r : nr - 1)) * in;
+                /* Tiles write all R (or 4) lanes per token; CHUNK is a multiple of R, so
+                 * lanes past the last row stay inside acc and are never stored. */
+                int32_t *t = acc + (o - c0);
+                switch (nu) {
+                case 1: tile8x1(wr, ar[0], asum[0], in, t); break;
+                case 2: tile4x2(wr, ar, asum, in, t); break;
+                case 3: tile4x3(wr, ar, asum, in, t); break;
+                case 4: tile4x4(wr, ar, asum, in, t); break;
+                case 5: tile4x5(wr, ar, asum, in, t); break;
+                default: tile4x6(wr, ar, asum, in, t); break;
+                }
+            }
+            pd_gemm_store(job, i0, nu, c0, c1 - c0, acc, CHUNK);
+        }
+    }
+}

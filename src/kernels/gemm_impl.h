@@ -1,0 +1,46 @@
+/* Internal to kernels/: what gemm.c hands to each implementation. An implementation computes the
+ * exact int32 dot products of a rectangle of outputs however it likes and passes each tile to
+ * pd_gemm_store, the one fp32 epilogue, compiled once in gemm.c without target flags so that no
+ * implementation can fuse or reorder it differently. */
+#ifndef PD_KERNELS_GEMM_IMPL_H
+#define PD_KERNELS_GEMM_IMPL_H
+
+#include <stdint.h>
+
+/* One weight matrix applied to a list of activation rows. */
+typedef struct pd_gemm_job {
+    const int8_t *w;        // [out, in]
+    const float *w_scale;   // [out]
+    int out, in;
+    const int8_t *a;        // [T, in] the whole activation matrix
+    const float *a_scale;   // [T]
+    const int32_t *tok;     // [n] activation rows used, in order; NULL = rows 0 .. n-1
+    int n;
+    float *y;               // [n, out]
+    int accum;              // 1: y += result
+} pd_gemm_job;
+
+static inline int pd_gemm_job_tok(const pd_gemm_job *j, int i)
+{
+    return j->tok ? j->tok[i] : i;
+}
+
+static inline const int8_t *pd_gemm_job_arow(const pd_gemm_job *j, int i)
+{
+    return j->a + (int64_t)pd_gemm_job_tok(j, i) * j->in;
+}
+
+/* Computes y[i][o] for every i < job->n and o0 <= o < o1. */
+typedef void (*pd_gemm_rows_fn)(const pd_gemm_job *job, int o0, int o1);
+
+void pd_gemm_rows_ref(const pd_gemm_job *job, int o0, int o1);
+void pd_gemm_rows_avx2(const pd_gemm_job *job, int o0, int o1);
+void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1);
+
+/* The epilogue: for u < nu and r < nr,
+ *   y[i0 + u][o0 + r] (+)= (a_scale[tok(i0 + u)] * w_scale[o0 + r]) * (float)acc[u * ldacc + r] */
+void pd_gemm_store(const pd_gemm_job *job, int i0, int nu, int o0, int nr,
+                   const int32_t *acc,  // [nu, ldacc]
+                   int ldacc);
+
+#endif
