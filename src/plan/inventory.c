@@ -31,7 +31,7 @@ static int grow(struct pd_inventory *inv)
 static enum pd_fmt choose_fmt(const struct builder *b, enum pd_group g, int ndim, int linear,
                               enum pd_fmt native)
 {
-    if (ndim < 2)
+    if (ndim < 2 || linear < 0)
         return native;
     if (b->q->group_fmt[g] != PD_FMT_NONE)
         return b->q->group_fmt[g];
@@ -49,8 +49,11 @@ static void account(struct pd_inventory *inv, const struct pd_tensor *t)
     inv->class_params[t->cls] += params;
 }
 
-/* Adds one tensor (or one per expert when count > 1). `linear` marks a weight matrix of a
- * linear layer, which the quantisation scheme applies to. */
+/* Adds one tensor (or one per expert when count > 1). `linear`: 1 for the weight matrix of a
+ * linear layer (the quantisation scheme applies to it), 0 for another weight matrix (embedding,
+ * head, router, compressor projections: only a preset's quantize_groups or an override
+ * quantises it), -1 for a parameter that keeps its dtype whatever the scheme (mHC mixing
+ * matrices, position biases, the hash-routing table). */
 static int add(struct builder *b, enum pd_group g, enum pd_class cls, int count, int linear,
                enum pd_fmt native, int64_t rows, int64_t cols, const char *fmt, ...)
     __attribute__((format(printf, 9, 10)));
@@ -94,7 +97,7 @@ static int v4_compressor(struct builder *b, enum pd_group gc, const char *who, i
     int coff = ratio == 4 ? 2 : 1;   /* ratio-4 blocks overlap: two projections per token */
     TRY(add(b, gc, PD_CLASS_II, 1, 0, PD_FMT_BF16, coff * head, m->hidden_size, "%scompressor.wkv.weight", who));
     TRY(add(b, gc, PD_CLASS_II, 1, 0, PD_FMT_BF16, coff * head, m->hidden_size, "%scompressor.wgate.weight", who));
-    TRY(add(b, gc, PD_CLASS_II, 1, 0, PD_FMT_F32, ratio, coff * head, "%scompressor.ape", who));
+    TRY(add(b, gc, PD_CLASS_II, 1, -1, PD_FMT_F32, ratio, coff * head, "%scompressor.ape", who));
     TRY(add(b, gc, PD_CLASS_II, 1, 0, PD_FMT_BF16, head, 0, "%scompressor.norm.weight", who));
     return 0;
 }
@@ -110,7 +113,7 @@ static int v4_block(struct builder *b, int layer, int mtp)
     TRY(add(b, gn, PD_CLASS_II, 1, 0, PD_FMT_BF16, H, 0, "ffn_norm.weight"));
     static const char *hcn[] = {"attn", "ffn"};
     for (int i = 0; i < 2; i++) {
-        TRY(add(b, gn, PD_CLASS_II, 1, 0, PD_FMT_F32, mix, hc * H, "hc_%s_fn", hcn[i]));
+        TRY(add(b, gn, PD_CLASS_II, 1, -1, PD_FMT_F32, mix, hc * H, "hc_%s_fn", hcn[i]));
         TRY(add(b, gn, PD_CLASS_II, 1, 0, PD_FMT_F32, mix, 0, "hc_%s_base", hcn[i]));
         TRY(add(b, gn, PD_CLASS_II, 1, 0, PD_FMT_F32, 3, 0, "hc_%s_scale", hcn[i]));
     }
@@ -149,7 +152,7 @@ static int v4_block(struct builder *b, int layer, int mtp)
     const int64_t E = m->n_routed_experts, I = m->moe_intermediate_size;
     TRY(add(b, gr, PD_CLASS_II, 1, 0, PD_FMT_BF16, E, H, "ffn.gate.weight"));
     if (!mtp && layer < m->num_hash_layers)
-        TRY(add(b, gr, PD_CLASS_II, 1, 0, PD_FMT_I64, m->vocab_size, m->n_experts_per_tok, "ffn.gate.tid2eid"));
+        TRY(add(b, gr, PD_CLASS_II, 1, -1, PD_FMT_I64, m->vocab_size, m->n_experts_per_tok, "ffn.gate.tid2eid"));
     else
         TRY(add(b, gr, PD_CLASS_II, 1, 0, PD_FMT_F32, E, 0, "ffn.gate.bias"));
     if (m->n_shared_experts > 0) {
@@ -175,7 +178,7 @@ static int build_v4(struct builder *b, int include_mtp)
     if (!m->tie_word_embeddings)
         TRY(add(b, PD_G_LM_HEAD, PD_CLASS_II, 1, 0, PD_FMT_BF16, m->vocab_size, H, "head.weight"));
     TRY(add(b, PD_G_NORMS_MHC, PD_CLASS_II, 1, 0, PD_FMT_BF16, H, 0, "norm.weight"));
-    TRY(add(b, PD_G_NORMS_MHC, PD_CLASS_II, 1, 0, PD_FMT_F32, hc, hc * H, "hc_head_fn"));
+    TRY(add(b, PD_G_NORMS_MHC, PD_CLASS_II, 1, -1, PD_FMT_F32, hc, hc * H, "hc_head_fn"));
     TRY(add(b, PD_G_NORMS_MHC, PD_CLASS_II, 1, 0, PD_FMT_F32, hc, 0, "hc_head_base"));
     TRY(add(b, PD_G_NORMS_MHC, PD_CLASS_II, 1, 0, PD_FMT_F32, 1, 0, "hc_head_scale"));
     for (int l = 0; l < m->n_layers; l++) {
@@ -193,7 +196,7 @@ static int build_v4(struct builder *b, int include_mtp)
         TRY(add(b, PD_G_MTP, PD_CLASS_II, 1, 0, PD_FMT_BF16, H, 0, "enorm.weight"));
         TRY(add(b, PD_G_MTP, PD_CLASS_II, 1, 0, PD_FMT_BF16, H, 0, "hnorm.weight"));
         TRY(add(b, PD_G_MTP, PD_CLASS_II, 1, 0, PD_FMT_BF16, H, 0, "norm.weight"));
-        TRY(add(b, PD_G_MTP, PD_CLASS_II, 1, 0, PD_FMT_F32, hc, hc * H, "hc_head_fn"));
+        TRY(add(b, PD_G_MTP, PD_CLASS_II, 1, -1, PD_FMT_F32, hc, hc * H, "hc_head_fn"));
         TRY(add(b, PD_G_MTP, PD_CLASS_II, 1, 0, PD_FMT_F32, hc, 0, "hc_head_base"));
         TRY(add(b, PD_G_MTP, PD_CLASS_II, 1, 0, PD_FMT_F32, 1, 0, "hc_head_scale"));
         TRY(v4_block(b, m->n_layers + i, 1));
@@ -366,8 +369,16 @@ int pd_inventory_classify(const struct pd_model *m, const char *name, enum pd_gr
             {"head.weight", PD_G_LM_HEAD}, {"lm_head.weight", PD_G_LM_HEAD},
             {"norm.weight", PD_G_NORMS_MHC}, {"model.norm.weight", PD_G_NORMS_MHC},
         };
+        /* a quantised matrix's scale companion ("head.weight_scale", "head.scale") goes with it */
+        char base[96];
+        snprintf(base, sizeof base, "%s", name);
+        size_t bl = strlen(base);
+        if (bl > 6 && strcmp(base + bl - 6, "_scale") == 0)
+            base[bl - 6] = 0;
+        else if (bl > 6 && strcmp(base + bl - 6, ".scale") == 0)
+            snprintf(base + bl - 6, sizeof base - (bl - 6), ".weight");
         for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
-            if (strcmp(name, top[i].name) == 0) {
+            if (strcmp(base, top[i].name) == 0) {
                 *g = top[i].g;
                 return 0;
             }
