@@ -658,3 +658,14 @@ int pd_bench_kernels(int argc, char **argv)
     pd_pool_destroy(c.pool);
     return rc;
 }
+
+double pd_bench_read_bandwidth(pd_pool *pool, int threads, size_t bytes, int reps)
+{
+    int64_t *buf = xmalloc(bytes);
+    if (!buf)
+        return 0;
+    memset(buf, 1, bytes);
+    double bw = measure_bandwidth(pool, threads, buf, bytes, reps);
+    free(buf);
+    return bw;
+}

@@ -10,6 +10,7 @@ int pd_cli_bench(int argc, char **argv)
     static const struct { const char *name; int (*run)(int, char **); } benches[] = {
         {"plan", pd_bench_plan},
         {"kernels", pd_bench_kernels},
+        {"decode", pd_bench_decode},
     };
     if (argc >= 2)
         for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)

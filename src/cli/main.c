@@ -10,7 +10,9 @@ static const struct {
     const char *help;
 } commands[] = {
     {"plan", pd_cli_plan, "per-card weight placement, memory budget, KV capacity and hand-off of a PD deployment"},
-    {"bench", pd_cli_bench, "benchmarks: plan"},
+    {"gen-model", pd_cli_genmodel, "write a deterministic synthetic checkpoint of a preset (int8 weights, tokenizer)"},
+    {"generate", pd_cli_generate, "run a prompt through the CPU engine and stream the continuation"},
+    {"bench", pd_cli_bench, "benchmarks: plan, kernels"},
 };
 
 static void usage(FILE *f)

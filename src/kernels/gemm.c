@@ -180,6 +180,16 @@ static void plain_task(void *arg, int task)
     r->fn(&r->job, o0, o1);
 }
 
+/* Waking the pool's workers costs tens of microseconds; a product smaller than this many
+ * multiply-adds (about 50 us on one core) runs on the calling thread. The split into tasks is the
+ * same either way, so the result is too. */
+#define PD_GEMM_SERIAL_MACS (INT64_C(1) << 21)
+
+static int small_work(int64_t macs)
+{
+    return macs < PD_GEMM_SERIAL_MACS;
+}
+
 int pd_gemm(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y, int flags, pd_err *err)
 {
     int rc;
@@ -204,7 +214,7 @@ int pd_gemm(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y, int fla
         .rb = rows_per_task(w->cols),
     };
     int n_tasks = (w->rows + r.rb - 1) / r.rb;
-    pd_pool_run(pool, n_tasks, plain_task, &r);
+    pd_pool_run(small_work((int64_t)w->rows * w->cols * a->rows) ? NULL : pool, n_tasks, plain_task, &r);
     return 0;
 }
 
@@ -275,13 +285,14 @@ int pd_gemm_grouped(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *groups
     int *first = n_groups < 257 ? stack_first : malloc(((size_t)n_groups + 1) * sizeof *first);
     if (!first)
         return pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %d groups", n_groups);
-    int64_t total = 0;
+    int64_t total = 0, macs = 0;
     for (int g = 0; g < n_groups; g++) {
         first[g] = (int)total;
         const pd_gemm_group *gr = &groups[g];
         if (gr->n > 0 && gr->w.rows > 0) {
             int rb = rows_per_task(gr->w.cols);
             total += (gr->w.rows + rb - 1) / rb;
+            macs += (int64_t)gr->n * gr->w.rows * gr->w.cols;
         }
         if (total > 0x7fffffff) {
             if (first != stack_first)
@@ -296,7 +307,7 @@ int pd_gemm_grouped(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *groups
         .a = a, .groups = groups, .first_task = first, .n_groups = n_groups,
         .accum = (flags & PD_GEMM_ACCUM) != 0, .fn = kernel_fns[k],
     };
-    pd_pool_run(pool, (int)total, grouped_task, &r);
+    pd_pool_run(small_work(macs) ? NULL : pool, (int)total, grouped_task, &r);
     if (first != stack_first)
         free(first);
     return 0;

@@ -1,0 +1,315 @@
+/* V4 attention for every token of a step (shared/reference/deepseek-v4-architecture.md):
+ *   qr = q_norm(wq_a x);  q = wq_b qr -> [heads, head_dim], each head RMS-scaled, rope on its last
+ *   qk_rope_head_dim dims;  kv = kv_norm(wkv x), rope likewise: the single shared K = V latent.
+ *   Keys of a query at position p: the window (positions p-W+1 .. p) and, in ratio layers, the
+ *   compressed entries of completed blocks (all of them in HCA layers; the indexer's top-k in CSA
+ *   layers). Softmax with a per-head sink in the denominator, scale head_dim^-1/2, V = K, inverse
+ *   rope on the output's rope dims; output projection in o_groups groups, then wo_b.
+ * Projections run on the whole step; the window, compressors, indexer and attention run per
+ * sequence in position order, so each token sees exactly the cache it would see alone. */
+#include "engine/internal.h"
+#include "kernels/quant.h"
+#include "kernels/vec.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct attn_bufs {
+    float *qr, *q, *kv;            /* [T, q_lora], [T, heads*head_dim], [T, head_dim] */
+    float *ckv, *cg;               /* compressor projections [T, coff*head_dim] */
+    float *iq, *iw, *ikv, *ig;     /* indexer query, weights, compressor projections */
+    float *o, *og, *oa, *ogo;      /* attention output, one group's input, wo_a output, one group's output */
+    float *keys;                   /* [window + entries, head_dim] keys of one query, fp32 */
+    float *scores, *iscore;        /* [keys], [entries] */
+    int *sel;                      /* [entries] selected entries */
+};
+
+static void store_bf16(uint16_t *dst, const float *src, int n)
+{
+    for (int i = 0; i < n; i++)
+        dst[i] = pd_f32_to_bf16(src[i]);
+}
+
+static void load_bf16(float *dst, const uint16_t *src, int n)
+{
+    for (int i = 0; i < n; i++)
+        dst[i] = pd_bf16_to_f32(src[i]);
+}
+
+/* Compressor: a token's projections go into the state rows of its block; when the block is
+ * complete, each channel of the entry is a softmax over the block's tokens of (gate + ape)
+ * weighting kv. Ratio 4 overlaps: the entry also covers the previous block through the first
+ * half of the projections (the current block uses the second half). Then RMSNorm and rope at the
+ * block's first position. Returns 1 when an entry was written to `entry`. */
+static int compress_push(const struct pd_compressor_w *c, float *state, const float *kvp, const float *gate,
+                         int64_t pos, const struct pd_rope *rope, float eps, float *entry)
+{
+    const int r = c->ratio, d = c->d, w = c->coff * d, over = c->coff == 2;
+    float *kv = state, *sc = state + (size_t)c->coff * r * w;
+    const int i = (int)(pos % r), row = (over ? r : 0) + i;
+    memcpy(kv + (size_t)row * w, kvp, (size_t)w * sizeof(float));
+    for (int k = 0; k < w; k++)
+        sc[(size_t)row * w + k] = gate[k] + c->ape[(size_t)i * w + k];
+    if (i != r - 1)
+        return 0;
+    const int64_t block = pos / r;
+    const int prev = over && block > 0;
+    for (int ch = 0; ch < d; ch++) {
+        float m = -INFINITY;
+        for (int j = 0; j < r; j++) {
+            float s = sc[(size_t)((over ? r : 0) + j) * w + (over ? d : 0) + ch];
+            m = s > m ? s : m;
+            if (prev)
+                m = sc[(size_t)j * w + ch] > m ? sc[(size_t)j * w + ch] : m;
+        }
+        double num = 0, den = 0;
+        for (int j = 0; j < r; j++) {
+            size_t at = (size_t)((over ? r : 0) + j) * w + (over ? d : 0) + ch;
+            double p = exp(sc[at] - m);
+            num += p * kv[at];
+            den += p;
+            if (prev) {
+                size_t bt = (size_t)j * w + ch;
+                double q = exp(sc[bt] - m);
+                num += q * kv[bt];
+                den += q;
+            }
+        }
+        entry[ch] = (float)(num / den);
+    }
+    if (over) {
+        /* the current block becomes the previous one */
+        memcpy(kv, kv + (size_t)r * w, (size_t)r * w * sizeof(float));
+        memcpy(sc, sc + (size_t)r * w, (size_t)r * w * sizeof(float));
+    }
+    pd_rmsnorm(entry, c->norm, eps, d, entry);
+    pd_rope_apply(rope, entry + d - rope->dim, block * r, 0);
+    return 1;
+}
+
+/* a ranks above b: higher score, or equal score and lower index */
+static int better(const float *score, int a, int b)
+{
+    return score[a] > score[b] || (score[a] == score[b] && a < b);
+}
+
+static void sift_down(int *heap, int n, int i, const float *score)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && better(score, heap[w], heap[l]))
+            w = l;
+        if (r < n && better(score, heap[w], heap[r]))
+            w = r;
+        if (w == i)
+            return;
+        int t = heap[i];
+        heap[i] = heap[w];
+        heap[w] = t;
+        i = w;
+    }
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    return *(const int *)a - *(const int *)b;
+}
+
+/* Indexer: score(entry) = sum_h relu(q_h . k_entry) * w_h; the top-k entries, ties to the
+ * lower index. */
+static int indexer_select(const struct pd_model *m, const struct pd_kvpool *kvp, const struct pd_kvseq *s, int layer,
+                          int64_t n, const float *iq, const float *iw, struct attn_bufs *b)
+{
+    const int ih = m->index_n_heads, id = m->index_head_dim, k = m->index_topk;
+    float key[1024];
+    for (int64_t x = 0; x < n; x++) {
+        load_bf16(key, pd_kv_key(kvp, s, layer, x), id);
+        double sc = 0;
+        for (int h = 0; h < ih; h++) {
+            float dot = pd_dot(iq + (size_t)h * id, key, id);
+            sc += (dot > 0 ? dot : 0) * iw[h];
+        }
+        b->iscore[x] = (float)sc;
+    }
+    /* top-k with a min-heap of the best so far (worst at the root), then the chosen entries in
+     * index order, so the attention sums them in a fixed order */
+    int cnt = 0;
+    for (int64_t x = 0; x < n; x++) {
+        int v = (int)x;
+        if (cnt == k) {
+            if (!better(b->iscore, v, b->sel[0]))
+                continue;
+            b->sel[0] = v;
+            sift_down(b->sel, cnt, 0, b->iscore);
+        } else {
+            int i = cnt++;
+            b->sel[i] = v;
+            while (i > 0 && better(b->iscore, b->sel[(i - 1) / 2], b->sel[i])) {
+                int t = b->sel[i];
+                b->sel[i] = b->sel[(i - 1) / 2];
+                b->sel[(i - 1) / 2] = t;
+                i = (i - 1) / 2;
+            }
+        }
+    }
+    qsort(b->sel, (size_t)cnt, sizeof *b->sel, cmp_int);
+    return cnt;
+}
+
+static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *b, pd_err *e)
+{
+    struct pd_engine *en = st->en;
+    const struct pd_model *m = &en->model;
+    const struct pd_layer_w *L = &en->w.layers[layer];
+    struct pd_seq *seq = st->items[st->item_of[t]].seq;
+    const struct pd_kvpool *kvp = &en->kv;
+    const int hd = m->head_dim, nh = m->n_heads, W = m->sliding_window, r = L->ratio;
+    const struct pd_rope *rope = r ? &en->rope_compress : &en->rope_window;
+    const float eps = (float)m->rms_norm_eps;
+    const int64_t pos = st->pos[t];
+    store_bf16(pd_kv_window(kvp, &seq->kv, layer, pos), b->kv + (size_t)t * hd, hd);
+    float entry[2048];
+    if (r) {
+        int cw = L->cmp.coff * hd;
+        if (compress_push(&L->cmp, pd_kv_state(kvp, &seq->kv, layer, 0), b->ckv + (size_t)t * cw,
+                          b->cg + (size_t)t * cw, pos, &en->rope_compress, eps, entry))
+            store_bf16(pd_kv_entry(kvp, &seq->kv, layer, pos / r), entry, hd);
+        if (r == 4) {
+            int id = m->index_head_dim, iw = L->idx_cmp.coff * id;
+            if (compress_push(&L->idx_cmp, pd_kv_state(kvp, &seq->kv, layer, 1), b->ikv + (size_t)t * iw,
+                              b->ig + (size_t)t * iw, pos, &en->rope_index, eps, entry))
+                store_bf16(pd_kv_key(kvp, &seq->kv, layer, pos / r), entry, id);
+        }
+    }
+    /* keys: window first, then the compressed entries the layer may see */
+    int nk = 0;
+    int64_t first = pos - W + 1 < 0 ? 0 : pos - W + 1;
+    for (int64_t p = first; p <= pos; p++)
+        load_bf16(b->keys + (size_t)nk++ * hd, pd_kv_window(kvp, &seq->kv, layer, p), hd);
+    if (r) {
+        int64_t n = (pos + 1) / r;
+        int ns;
+        if (r == 4 && n > m->index_topk) {
+            ns = indexer_select(m, kvp, &seq->kv, layer, n,
+                                b->iq + (size_t)t * m->index_n_heads * m->index_head_dim,
+                                b->iw + (size_t)t * m->index_n_heads, b);
+        } else {
+            ns = (int)n;
+            for (int i = 0; i < ns; i++)
+                b->sel[i] = i;
+        }
+        for (int i = 0; i < ns; i++)
+            load_bf16(b->keys + (size_t)nk++ * hd, pd_kv_entry(kvp, &seq->kv, layer, b->sel[i]), hd);
+    }
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int h = 0; h < nh; h++) {
+        const float *q = b->q + ((size_t)t * nh + h) * hd;
+        float *o = b->o + ((size_t)t * nh + h) * hd;
+        float mx = L->attn_sink[h];
+        for (int k = 0; k < nk; k++) {
+            b->scores[k] = pd_dot(q, b->keys + (size_t)k * hd, hd) * scale;
+            mx = b->scores[k] > mx ? b->scores[k] : mx;
+        }
+        /* the sink adds exp(sink - max) to the denominator and nothing to the output */
+        double den = exp((double)L->attn_sink[h] - mx);
+        for (int k = 0; k < nk; k++) {
+            b->scores[k] = (float)exp((double)b->scores[k] - mx);
+            den += b->scores[k];
+        }
+        for (int i = 0; i < hd; i++)
+            o[i] = 0;
+        for (int k = 0; k < nk; k++)
+            pd_axpy((float)(b->scores[k] / den), b->keys + (size_t)k * hd, o, hd);
+        pd_rope_apply(rope, o + hd - rope->dim, pos, 1);
+    }
+    (void)e;
+    return 0;
+}
+
+#define LIN(l, in, T, out) \
+    do { if ((rc = pd_linear_fwd(l, en->pool, en->ref, in, T, out, st->qbuf, st->sbuf, e))) goto done; } while (0)
+
+int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
+{
+    struct pd_engine *en = st->en;
+    const struct pd_model *m = &en->model;
+    const struct pd_layer_w *L = &en->w.layers[layer];
+    const int T = st->T, hd = m->head_dim, nh = m->n_heads, ql = m->q_lora_rank, r = L->ratio;
+    const int og = m->o_groups, ol = m->o_lora_rank, gin = nh * hd / og;
+    const float eps = (float)m->rms_norm_eps;
+    const struct pd_rope *rope = r ? &en->rope_compress : &en->rope_window;
+    struct attn_bufs b = {0};
+    int rc = PD_ENOMEM;
+    int64_t max_entries = 0;
+    for (int t = 0; t < T; t++)
+        max_entries = (st->pos[t] + 1) > max_entries ? st->pos[t] + 1 : max_entries;
+    max_entries = r ? max_entries / r + 1 : 1;
+    int cw = r ? L->cmp.coff * hd : 1, ih = m->index_n_heads, id = m->index_head_dim, iwid = r == 4 ? L->idx_cmp.coff * id : 1;
+    if (!(b.qr = pd_scratch(en, 11, (size_t)T * ql * 4, e)) || !(b.q = pd_scratch(en, 12, (size_t)T * nh * hd * 4, e)) ||
+        !(b.kv = pd_scratch(en, 13, (size_t)T * hd * 4, e)) || !(b.o = pd_scratch(en, 14, (size_t)T * nh * hd * 4, e)) ||
+        !(b.og = pd_scratch(en, 15, (size_t)T * gin * 4, e)) || !(b.oa = pd_scratch(en, 16, (size_t)T * og * ol * 4, e)) ||
+        !(b.ogo = pd_scratch(en, 17, (size_t)T * ol * 4, e)) ||
+        !(b.keys = pd_scratch(en, 18, (size_t)(m->sliding_window + max_entries) * hd * 4, e)) ||
+        !(b.scores = pd_scratch(en, 19, (size_t)(m->sliding_window + max_entries) * 4, e)) ||
+        !(b.iscore = pd_scratch(en, 20, (size_t)max_entries * 4, e)) || !(b.sel = pd_scratch(en, 21, (size_t)max_entries * 4, e)) ||
+        !(b.ckv = pd_scratch(en, 22, (size_t)T * cw * 4, e)) || !(b.cg = pd_scratch(en, 23, (size_t)T * cw * 4, e)) ||
+        !(b.ikv = pd_scratch(en, 24, (size_t)T * iwid * 4, e)) || !(b.ig = pd_scratch(en, 25, (size_t)T * iwid * 4, e)) ||
+        !(b.iq = pd_scratch(en, 26, (size_t)T * (r == 4 ? ih * id : 1) * 4, e)) ||
+        !(b.iw = pd_scratch(en, 27, (size_t)T * (r == 4 ? ih : 1) * 4, e)))
+        goto done;
+    LIN(&L->wq_a, st->x, T, b.qr);
+    for (int t = 0; t < T; t++)
+        pd_rmsnorm(b.qr + (size_t)t * ql, L->q_norm, eps, ql, b.qr + (size_t)t * ql);
+    LIN(&L->wq_b, b.qr, T, b.q);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nh; h++) {
+            float *q = b.q + ((size_t)t * nh + h) * hd;
+            pd_rmsnorm(q, NULL, eps, hd, q);
+            pd_rope_apply(rope, q + hd - rope->dim, st->pos[t], 0);
+        }
+    LIN(&L->wkv, st->x, T, b.kv);
+    for (int t = 0; t < T; t++) {
+        float *kv = b.kv + (size_t)t * hd;
+        pd_rmsnorm(kv, L->kv_norm, eps, hd, kv);
+        pd_rope_apply(rope, kv + hd - rope->dim, st->pos[t], 0);
+    }
+    if (r) {
+        LIN(&L->cmp.wkv, st->x, T, b.ckv);
+        LIN(&L->cmp.wgate, st->x, T, b.cg);
+    }
+    if (r == 4) {
+        LIN(&L->idx_wq_b, b.qr, T, b.iq);
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < ih; h++)
+                pd_rope_apply(&en->rope_index, b.iq + ((size_t)t * ih + h) * id + id - en->rope_index.dim, st->pos[t], 0);
+        LIN(&L->idx_weights, st->x, T, b.iw);
+        LIN(&L->idx_cmp.wkv, st->x, T, b.ikv);
+        LIN(&L->idx_cmp.wgate, st->x, T, b.ig);
+    }
+    /* tokens are in item order and, within an item, in position order */
+    for (int t = 0; t < T; t++)
+        if ((rc = attend_token(st, layer, t, &b, e)))
+            goto done;
+    /* grouped low-rank output: group g maps heads [g*nh/og, (g+1)*nh/og) to o_lora values */
+    for (int g = 0; g < og; g++) {
+        struct pd_linear part = L->wo_a;
+        part.out = ol;
+        if (part.q.q) {
+            part.q.q += (size_t)g * ol * gin;
+            part.q.scale += (size_t)g * ol;
+            part.q.rows = ol;
+        } else {
+            part.f += (size_t)g * ol * gin;
+        }
+        for (int t = 0; t < T; t++)
+            memcpy(b.og + (size_t)t * gin, b.o + (size_t)t * nh * hd + (size_t)g * gin, (size_t)gin * 4);
+        LIN(&part, b.og, T, b.ogo);
+        for (int t = 0; t < T; t++)
+            memcpy(b.oa + (size_t)t * og * ol + (size_t)g * ol, b.ogo + (size_t)t * ol, (size_t)ol * 4);
+    }
+    LIN(&L->wo_b, b.oa, T, st->out);
+    rc = 0;
+done:
+    return rc;
+}

@@ -1,0 +1,78 @@
+/* The DeepSeek-V4 forward pass on CPUs, one batch step at a time.
+ *
+ * A step takes several sequences, each with one or more new tokens (a prompt chunk in prefill,
+ * one token in decode), and returns each sequence's next-token logits. Matrix products run on
+ * all the step's tokens together (W8A8 int8 kernels); attention, the compressors and the
+ * indexer run per sequence, token by token in position order, so a token computes exactly the
+ * same thing whether it arrives in a prefill chunk, alone in decode, or beside other sequences:
+ * prefill and decode agree, and results do not depend on batch composition or thread count.
+ *
+ * The step is split so that expert parallelism can take it apart later: pd_engine_attention_half
+ * runs everything a rank does for its own sequences up to the MoE input of a layer, and
+ * pd_engine_moe runs routed experts on whatever token rows it is given. */
+#ifndef PD_ENGINE_ENGINE_H
+#define PD_ENGINE_ENGINE_H
+
+#include <stdint.h>
+
+#include "core/err.h"
+#include "core/threadpool.h"
+#include "engine/kvpool.h"
+#include "engine/weights.h"
+#include "kernels/ops.h"
+#include "model/config.h"
+
+#define PD_ENGINE_SCRATCH 64
+
+struct pd_scratch_buf {
+    void *p;
+    size_t cap;
+};
+
+struct pd_engine {
+    struct pd_model model;
+    struct pd_weights w;
+    struct pd_kvpool kv;
+    pd_pool *pool;
+    int ref;                        /* 1: float reference of the same weights (tests) */
+    struct pd_rope rope_window;     /* window-only layers: rope_theta, no YaRN */
+    struct pd_rope rope_compress;   /* ratio layers and their compressors: compress_rope_theta + YaRN */
+    struct pd_rope rope_index;      /* the indexer's keys and queries */
+    int trace_norms;                /* record per-layer hidden-state RMS of the last step */
+    double *layer_rms;              /* [n_layers] when trace_norms */
+    struct pd_scratch_buf scratch[PD_ENGINE_SCRATCH];
+};
+
+struct pd_engine_opts {
+    const char *dir;                /* checkpoint directory */
+    int threads;                    /* 0: one per core */
+    int max_seqs;                   /* live sequences at once */
+    int64_t kv_bytes;               /* KV pool size; 0: enough for max_seqs x max_model_len */
+    int64_t max_model_len;          /* 0: 4096 */
+    int block_entries;              /* 0: 16 */
+    int ref;
+};
+
+int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err *e);
+void pd_engine_close(struct pd_engine *en);
+
+struct pd_seq {
+    struct pd_kvseq kv;
+    int64_t pos;                    /* tokens processed */
+};
+
+int pd_seq_start(struct pd_engine *en, struct pd_seq *s, pd_err *e);
+void pd_seq_end(struct pd_engine *en, struct pd_seq *s);
+
+struct pd_step_item {
+    struct pd_seq *seq;
+    const int32_t *tokens;          /* [n] new tokens */
+    int n;
+    float *logits;                  /* [vocab] for the last new token, or NULL */
+    float *all_logits;              /* [n, vocab] for every new token, or NULL (tests) */
+};
+
+/* Runs one step. On error no sequence advances. */
+int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items, pd_err *e);
+
+#endif

@@ -1,0 +1,292 @@
+/* Synthetic checkpoints: every tensor of the inventory, generated from a seeded stream per name. */
+#include "engine/genmodel.h"
+#include "kernels/ops.h"
+#include "kernels/quant.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "model/tokenizer.h"
+#include "plan/inventory.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t fnv1a(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+/* Approximately standard normal: the sum of four 16-bit uniforms, centred and scaled (Irwin-Hall):
+ * cheap, and the weights are quantised to int8 anyway. */
+static float normal(uint64_t *s)
+{
+    uint64_t r = splitmix(s);
+    double u = (double)(r & 0xffff) + (double)((r >> 16) & 0xffff) + (double)((r >> 32) & 0xffff) + (double)(r >> 48);
+    return (float)((u - 4 * 32767.5) / (65536.0 * sqrt(4.0 / 12.0)));
+}
+
+static int ends(const char *s, const char *suf)
+{
+    size_t n = strlen(s), k = strlen(suf);
+    return n >= k && strcmp(s + n - k, suf) == 0;
+}
+
+/* Values of one float tensor, by what the tensor is. */
+static void fill(const struct pd_model *m, const char *name, const struct pd_tensor *t, float *v, int64_t n,
+                 uint64_t *rng)
+{
+    const int hc = m->hc_mult;
+    const int64_t in = t->ndim == 2 ? t->shape[1] : t->shape[0];
+    if (ends(name, "norm.weight")) {
+        for (int64_t i = 0; i < n; i++)
+            v[i] = 1.0f;
+    } else if (ends(name, "attn_sink")) {
+        for (int64_t i = 0; i < n; i++)
+            v[i] = 0.0f;
+    } else if (ends(name, "_fn")) {
+        /* mixing logits of about 0.1 for a unit-RMS input */
+        float sd = 0.1f / sqrtf((float)in);
+        for (int64_t i = 0; i < n; i++)
+            v[i] = sd * normal(rng);
+    } else if (ends(name, "_scale") && strstr(name, "hc_")) {
+        for (int64_t i = 0; i < n; i++)
+            v[i] = 1.0f;
+    } else if (ends(name, "_base")) {
+        /* pre ~ 1/hc (a convex combination of the streams), post ~ 1, comb ~ uniform + noise */
+        float pre = -logf((float)(hc > 1 ? hc - 1 : 1));
+        for (int64_t i = 0; i < n; i++)
+            v[i] = i < hc ? pre + 0.2f * normal(rng) : i < 2 * hc ? 0.2f * normal(rng) : 0.5f * normal(rng);
+    } else if (ends(name, "compressor.ape")) {
+        for (int64_t i = 0; i < n; i++)
+            v[i] = 0.1f * normal(rng);
+    } else if (ends(name, "gate.bias")) {
+        for (int64_t i = 0; i < n; i++)
+            v[i] = 0.01f * normal(rng);
+    } else if (strcmp(name, "embed.weight") == 0) {
+        for (int64_t i = 0; i < n; i++)
+            v[i] = normal(rng);
+    } else {
+        /* a weight matrix [out, in]: N(0, 1/in); output projections scaled down by the depth so
+         * the residual streams grow slowly */
+        float sd = 1.0f / sqrtf((float)in);
+        if (ends(name, "wo_b.weight") || ends(name, "w2.weight"))
+            sd /= sqrtf(2.0f * (float)m->n_layers);
+        for (int64_t i = 0; i < n; i++)
+            v[i] = sd * normal(rng);
+    }
+}
+
+struct out_list {
+    struct pd_st_out *t;
+    char **names;
+    void **bufs;
+    size_t n, cap;
+};
+
+static int push(struct out_list *o, const char *name, enum pd_st_dtype dt, const struct pd_tensor *t, int64_t rows,
+                void *data)
+{
+    if (o->n == o->cap) {
+        size_t cap = o->cap ? 2 * o->cap : 1024;
+        struct pd_st_out *x = realloc(o->t, cap * sizeof *x);
+        char **nm = realloc(o->names, cap * sizeof *nm);
+        void **b = realloc(o->bufs, cap * sizeof *b);
+        if (x)
+            o->t = x;
+        if (nm)
+            o->names = nm;
+        if (b)
+            o->bufs = b;
+        if (!x || !nm || !b)
+            return PD_ENOMEM;
+        o->cap = cap;
+    }
+    o->names[o->n] = strdup(name);
+    if (!o->names[o->n])
+        return PD_ENOMEM;
+    struct pd_st_out *x = &o->t[o->n];
+    memset(x, 0, sizeof *x);
+    x->name = o->names[o->n];
+    x->dtype = dt;
+    if (rows >= 0) {
+        x->ndim = 1;
+        x->shape[0] = rows;
+    } else {
+        x->ndim = t->ndim;
+        x->shape[0] = t->shape[0];
+        x->shape[1] = t->shape[1];
+    }
+    x->data = data;
+    o->bufs[o->n++] = data;
+    return 0;
+}
+
+static void out_free(struct out_list *o)
+{
+    for (size_t i = 0; i < o->n; i++) {
+        free(o->names[i]);
+        free(o->bufs[i]);
+    }
+    free(o->t);
+    free(o->names);
+    free(o->bufs);
+}
+
+static int gen_tensor(const struct pd_model *m, const struct pd_tensor *t, const char *name, uint64_t seed,
+                      struct out_list *o, pd_err *e)
+{
+    uint64_t rng = seed ^ fnv1a(name);
+    const int64_t n = t->params;
+    if (t->fmt == PD_FMT_I64) {
+        /* tid2eid [vocab, k]: k distinct experts per token */
+        int64_t *v = malloc((size_t)n * 8);
+        if (!v)
+            return pd_err_set(e, PD_ENOMEM, "gen-model: out of memory");
+        const int k = (int)t->shape[1], E = m->n_routed_experts;
+        for (int64_t r = 0; r < t->shape[0]; r++)
+            for (int j = 0; j < k; j++) {
+                int64_t x;
+                int dup;
+                do {
+                    x = (int64_t)(splitmix(&rng) % (uint64_t)E);
+                    dup = 0;
+                    for (int q = 0; q < j; q++)
+                        dup |= v[r * k + q] == x;
+                } while (dup);
+                v[r * k + j] = x;
+            }
+        return push(o, name, PD_ST_I64, t, -1, v) ? pd_err_set(e, PD_ENOMEM, "gen-model: out of memory") : 0;
+    }
+    float *f = malloc((size_t)n * sizeof *f);
+    if (!f)
+        return pd_err_set(e, PD_ENOMEM, "gen-model: out of memory for %s", name);
+    fill(m, name, t, f, n, &rng);
+    int rc = 0;
+    if (t->fmt == PD_FMT_W8A8) {
+        int rows = (int)t->shape[0], cols = (int)t->shape[1];
+        int8_t *q = malloc((size_t)n);
+        float *s = malloc((size_t)rows * sizeof *s);
+        if (!q || !s) {
+            free(q);
+            free(s);
+            free(f);
+            return pd_err_set(e, PD_ENOMEM, "gen-model: out of memory for %s", name);
+        }
+        pd_quant_weights(f, rows, cols, q, s);
+        free(f);
+        char sname[160];
+        snprintf(sname, sizeof sname, "%s_scale", name);
+        rc = push(o, name, PD_ST_I8, t, -1, q);
+        if (!rc)
+            rc = push(o, sname, PD_ST_F32, t, rows, s);
+        else
+            free(s);
+    } else if (t->fmt == PD_FMT_BF16) {
+        uint16_t *b = malloc((size_t)n * 2);
+        if (!b) {
+            free(f);
+            return pd_err_set(e, PD_ENOMEM, "gen-model: out of memory for %s", name);
+        }
+        for (int64_t i = 0; i < n; i++)
+            b[i] = pd_f32_to_bf16(f[i]);
+        free(f);
+        rc = push(o, name, PD_ST_BF16, t, -1, b);
+    } else if (t->fmt == PD_FMT_F32) {
+        rc = push(o, name, PD_ST_F32, t, -1, f);
+    } else {
+        free(f);
+        return pd_err_set(e, PD_EINVAL, "gen-model: %s: format %s is not generated", name, pd_fmt_name(t->fmt));
+    }
+    return rc ? pd_err_set(e, PD_ENOMEM, "gen-model: out of memory") : 0;
+}
+
+static int write_text(const char *path, const char *text, pd_err *e)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return pd_err_set(e, PD_EIO, "%s: cannot create: %s", path, strerror(errno));
+    size_t n = strlen(text);
+    int bad = fwrite(text, 1, n, f) != n;
+    bad |= fclose(f) != 0;
+    return bad ? pd_err_set(e, PD_EIO, "%s: write failed", path) : 0;
+}
+
+int pd_genmodel(const char *preset, const char *out_dir, uint64_t seed, pd_err *e)
+{
+    struct pd_model m;
+    int rc = pd_model_load(preset, &m, e);
+    if (rc)
+        return rc;
+    if (m.arch != PD_ARCH_DEEPSEEK_V4)
+        return pd_err_set(e, PD_EINVAL, "gen-model: %s is %s; the engine runs deepseek_v4 models", preset,
+                          pd_model_arch_name(m.arch));
+    if (mkdir(out_dir, 0755) && errno != EEXIST)
+        return pd_err_set(e, PD_EIO, "%s: cannot create the directory: %s", out_dir, strerror(errno));
+    struct pd_quant q;
+    struct pd_inventory inv;
+    if ((rc = pd_quant_init(&q, "w8a8", NULL, m.ckpt_scale_ue8m0, e)) ||
+        (rc = pd_inventory_build(&m, &q, 1, &inv, e)))
+        return rc;
+    struct out_list o = {0};
+    char path[512], name[128];
+    for (int i = 0; i < inv.n && !rc; i++)
+        for (int k = 0; k < inv.t[i].count && !rc; k++)
+            rc = gen_tensor(&m, &inv.t[i], pd_inventory_expand_name(&inv.t[i], k, name, sizeof name), seed, &o, e);
+    if (!rc) {
+        snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
+        rc = pd_st_write(path, o.t, o.n, e);
+    }
+    out_free(&o);
+    pd_inventory_free(&inv);
+    if (rc)
+        return rc;
+    /* config.json: the preset as it is, so the planner and the engine read the same config */
+    char *text = NULL;
+    const char *embedded = pd_embedded_find(m.source);
+    if (!embedded) {
+        FILE *f = fopen(m.source, "rb");
+        if (!f)
+            return pd_err_set(e, PD_EIO, "%s: cannot read", m.source);
+        fseek(f, 0, SEEK_END);
+        long n = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        text = calloc((size_t)n + 1, 1);
+        if (!text || fread(text, 1, (size_t)n, f) != (size_t)n) {
+            fclose(f);
+            free(text);
+            return pd_err_set(e, PD_EIO, "%s: cannot read", m.source);
+        }
+        fclose(f);
+    }
+    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    rc = write_text(path, embedded ? embedded : text, e);
+    free(text);
+    if (rc)
+        return rc;
+    /* tokenizer.json: byte-level BPE learnt from the embedded corpus, DeepSeek's special tokens */
+    const char *corpus = pd_embedded_find("models/corpus.txt");
+    static const char *const special[] = {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"};
+    char *json = NULL;
+    /* the corpus supports about a thousand merges; the model may have more rows than tokens */
+    int vocab = m.vocab_size < 1024 ? (int)m.vocab_size : 1024;
+    if ((rc = pd_tok_train(corpus, strlen(corpus), vocab, special, 2, &json, e)))
+        return rc;
+    snprintf(path, sizeof path, "%s/tokenizer.json", out_dir);
+    rc = write_text(path, json, e);
+    free(json);
+    return rc;
+}

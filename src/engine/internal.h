@@ -1,0 +1,33 @@
+/* Shared by the files of the forward pass (engine.c, attention.c, moe.c); not a public API. */
+#ifndef PD_ENGINE_INTERNAL_H
+#define PD_ENGINE_INTERNAL_H
+
+#include "engine/engine.h"
+
+/* One step's tokens and scratch memory. */
+struct pd_step {
+    struct pd_engine *en;
+    struct pd_step_item *items;
+    int n_items;
+    int T;                 /* tokens in the step */
+    int *item_of;          /* [T] which item a token belongs to */
+    int64_t *pos;          /* [T] its position */
+    int32_t *token;        /* [T] its id */
+    float *h;              /* [T, hc, hidden] residual streams */
+    float *x;              /* [T, hidden] sublayer input */
+    float *out;            /* [T, hidden] sublayer output */
+    float *post;           /* [T, hc] */
+    float *comb;           /* [T, hc, hc] */
+    int8_t *qbuf;          /* [T * max_in] quantised activations */
+    float *sbuf;           /* [T] their scales */
+    int max_in;
+};
+
+int pd_attention_layer(struct pd_step *st, int layer, pd_err *e);
+int pd_moe_layer(struct pd_step *st, int layer, pd_err *e);
+
+/* Scratch buffer `slot` of the engine, at least `bytes` long: kept between steps so a decode
+ * step allocates nothing; each call site has its own slot. */
+void *pd_scratch(struct pd_engine *en, int slot, size_t bytes, pd_err *e);
+
+#endif

@@ -1,0 +1,255 @@
+/* Paged KV cache: fixed slots for windows and compressor states, shared blocks for the
+ * compressed entries and indexer keys. Invariants are asserted where they must hold. */
+#include "engine/kvpool.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+static size_t state_bytes(int coff, int ratio, int d)
+{
+    return 2 * (size_t)coff * ratio * (size_t)coff * d * sizeof(float);
+}
+
+int pd_kvpool_init(struct pd_kvpool *p, const struct pd_model *m, int max_seqs, size_t bytes,
+                   int block_entries, pd_err *e)
+{
+    memset(p, 0, sizeof *p);
+    if (m->arch != PD_ARCH_DEEPSEEK_V4)
+        return pd_err_set(e, PD_EINVAL, "KV pool: the engine runs deepseek_v4 models, %s is %s", m->name,
+                          pd_model_arch_name(m->arch));
+    if (max_seqs < 1 || block_entries < 1)
+        return pd_err_set(e, PD_EINVAL, "KV pool: %d sequences, %d entries per block: both must be positive",
+                          max_seqs, block_entries);
+    p->n_layers = m->n_layers;
+    p->window = m->sliding_window;
+    p->head_dim = m->head_dim;
+    p->index_head_dim = m->index_head_dim;
+    p->entry_bytes = 2 * (size_t)m->head_dim;
+    p->key_bytes = 2 * (size_t)(m->index_head_dim > 0 ? m->index_head_dim : 1);
+    p->block_entries = block_entries;
+    p->block_bytes = (size_t)block_entries * p->entry_bytes;
+    p->block_keys = (int)(p->block_bytes / p->key_bytes);
+    p->layer = calloc((size_t)p->n_layers, sizeof *p->layer);
+    if (!p->layer)
+        return pd_err_set(e, PD_ENOMEM, "KV pool: out of memory");
+    size_t off = 0;
+    for (int l = 0; l < p->n_layers; l++) {
+        struct pd_kvlayer *k = &p->layer[l];
+        k->ratio = m->compress_ratio[l];
+        k->coff = k->ratio == 4 ? 2 : 1;
+        k->window_off = off;
+        off += (size_t)p->window * p->entry_bytes;
+        if (k->ratio) {
+            k->state_off = off;
+            off += state_bytes(k->coff, k->ratio, p->head_dim);
+        }
+        if (k->ratio == 4) {
+            k->idx_state_off = off;
+            off += state_bytes(k->coff, k->ratio, p->index_head_dim);
+        }
+    }
+    p->slot_bytes = off;
+    if (bytes < (size_t)max_seqs * p->slot_bytes + p->block_bytes)
+        return pd_err_set(e, PD_EINVAL, "KV pool: %zu bytes cannot hold %d sequences of %zu fixed bytes and one block",
+                          bytes, max_seqs, p->slot_bytes);
+    p->n_slots = max_seqs;
+    p->n_blocks = (int)((bytes - (size_t)max_seqs * p->slot_bytes) / p->block_bytes);
+    p->slots = malloc((size_t)max_seqs * p->slot_bytes);
+    p->blocks = malloc((size_t)p->n_blocks * p->block_bytes);
+    p->slot_free = malloc((size_t)max_seqs * sizeof(int));
+    p->block_free = malloc((size_t)p->n_blocks * sizeof(int));
+    p->block_used = calloc((size_t)p->n_blocks, 1);
+    if (!p->slots || !p->blocks || !p->slot_free || !p->block_free || !p->block_used) {
+        pd_kvpool_free(p);
+        return pd_err_set(e, PD_ENOMEM, "KV pool: out of memory for %zu bytes", bytes);
+    }
+    /* free stacks hand out low indices first */
+    for (int i = 0; i < max_seqs; i++)
+        p->slot_free[i] = max_seqs - 1 - i;
+    for (int i = 0; i < p->n_blocks; i++)
+        p->block_free[i] = p->n_blocks - 1 - i;
+    p->n_slots_free = max_seqs;
+    p->n_blocks_free = p->n_blocks;
+    return 0;
+}
+
+void pd_kvpool_free(struct pd_kvpool *p)
+{
+    free(p->layer);
+    free(p->slots);
+    free(p->blocks);
+    free(p->slot_free);
+    free(p->block_free);
+    free(p->block_used);
+    memset(p, 0, sizeof *p);
+}
+
+double pd_kvpool_bytes_per_token(const struct pd_kvpool *p)
+{
+    double b = 0;
+    for (int l = 0; l < p->n_layers; l++) {
+        const struct pd_kvlayer *k = &p->layer[l];
+        if (k->ratio)
+            b += (double)(p->entry_bytes + (k->ratio == 4 ? p->key_bytes : 0)) / k->ratio;
+    }
+    return b;
+}
+
+size_t pd_kvpool_bytes_per_seq(const struct pd_kvpool *p)
+{
+    return p->slot_bytes;
+}
+
+size_t pd_kvpool_seq_bytes(const struct pd_kvpool *p, const struct pd_kvseq *s)
+{
+    if (s->slot < 0)
+        return 0;
+    size_t b = p->slot_bytes;
+    for (int l = 0; l < p->n_layers; l++)
+        b += (size_t)(s->n_blocks[l] + s->n_kblocks[l]) * p->block_bytes;
+    return b;
+}
+
+int pd_kvseq_alloc(struct pd_kvpool *p, struct pd_kvseq *s, pd_err *e)
+{
+    memset(s, 0, sizeof *s);
+    s->slot = -1;
+    if (p->n_slots_free == 0)
+        return pd_err_set(e, PD_ENOMEM, "KV pool full: all %d sequence slots are in use", p->n_slots);
+    int L = p->n_layers;
+    s->blocks = calloc((size_t)L, sizeof *s->blocks);
+    s->kblocks = calloc((size_t)L, sizeof *s->kblocks);
+    s->n_blocks = calloc((size_t)L * 4, sizeof(int));
+    if (!s->blocks || !s->kblocks || !s->n_blocks) {
+        free(s->blocks);
+        free(s->kblocks);
+        free(s->n_blocks);
+        memset(s, 0, sizeof *s);
+        s->slot = -1;
+        return pd_err_set(e, PD_ENOMEM, "KV pool: out of memory");
+    }
+    s->cap_blocks = s->n_blocks + L;
+    s->n_kblocks = s->n_blocks + 2 * L;
+    s->cap_kblocks = s->n_blocks + 3 * L;
+    s->slot = p->slot_free[--p->n_slots_free];
+    p->live_seqs++;
+    return 0;
+}
+
+static int64_t entries_at(const struct pd_kvlayer *k, int64_t len)
+{
+    return k->ratio ? len / k->ratio : 0;
+}
+
+int pd_kvseq_blocks_needed(const struct pd_kvpool *p, const struct pd_kvseq *s, int64_t len)
+{
+    int64_t need = 0;
+    for (int l = 0; l < p->n_layers; l++) {
+        const struct pd_kvlayer *k = &p->layer[l];
+        int64_t n = entries_at(k, len);
+        int64_t nb = (n + p->block_entries - 1) / p->block_entries;
+        if (nb > s->n_blocks[l])
+            need += nb - s->n_blocks[l];
+        if (k->ratio == 4) {
+            int64_t kb = (n + p->block_keys - 1) / p->block_keys;
+            if (kb > s->n_kblocks[l])
+                need += kb - s->n_kblocks[l];
+        }
+    }
+    return (int)need;
+}
+
+static int push_block(struct pd_kvpool *p, int **list, int *n, int *cap)
+{
+    if (*n == *cap) {
+        int c = *cap ? 2 * *cap : 8;
+        int *x = realloc(*list, (size_t)c * sizeof *x);
+        if (!x)
+            return PD_ENOMEM;
+        *list = x;
+        *cap = c;
+    }
+    assert(p->n_blocks_free > 0);
+    int b = p->block_free[--p->n_blocks_free];
+    assert(!p->block_used[b]);
+    p->block_used[b] = 1;
+    (*list)[(*n)++] = b;
+    return 0;
+}
+
+int pd_kvseq_reserve(struct pd_kvpool *p, struct pd_kvseq *s, int64_t len, pd_err *e)
+{
+    assert(s->slot >= 0);
+    int need = pd_kvseq_blocks_needed(p, s, len);
+    if (need > p->n_blocks_free)
+        return pd_err_set(e, PD_ENOMEM, "KV pool full: %d more blocks needed for %lld tokens, %d free of %d",
+                          need, (long long)len, p->n_blocks_free, p->n_blocks);
+    for (int l = 0; l < p->n_layers; l++) {
+        const struct pd_kvlayer *k = &p->layer[l];
+        int64_t n = entries_at(k, len);
+        while ((int64_t)s->n_blocks[l] * p->block_entries < n)
+            if (push_block(p, &s->blocks[l], &s->n_blocks[l], &s->cap_blocks[l]))
+                return pd_err_set(e, PD_ENOMEM, "KV pool: out of memory");
+        while (k->ratio == 4 && (int64_t)s->n_kblocks[l] * p->block_keys < n)
+            if (push_block(p, &s->kblocks[l], &s->n_kblocks[l], &s->cap_kblocks[l]))
+                return pd_err_set(e, PD_ENOMEM, "KV pool: out of memory");
+    }
+    return 0;
+}
+
+static void give_back(struct pd_kvpool *p, int *list, int n)
+{
+    for (int i = 0; i < n; i++) {
+        int b = list[i];
+        assert(b >= 0 && b < p->n_blocks && p->block_used[b]);
+        p->block_used[b] = 0;
+        p->block_free[p->n_blocks_free++] = b;
+    }
+}
+
+void pd_kvseq_free(struct pd_kvpool *p, struct pd_kvseq *s)
+{
+    if (s->slot < 0)
+        return;
+    for (int l = 0; l < p->n_layers; l++) {
+        give_back(p, s->blocks[l], s->n_blocks[l]);
+        give_back(p, s->kblocks[l], s->n_kblocks[l]);
+        free(s->blocks[l]);
+        free(s->kblocks[l]);
+    }
+    free(s->blocks);
+    free(s->kblocks);
+    free(s->n_blocks);
+    p->slot_free[p->n_slots_free++] = s->slot;
+    p->live_seqs--;
+    assert(p->n_blocks_free <= p->n_blocks && p->n_slots_free <= p->n_slots);
+    /* with no live sequence, every block and slot is back */
+    assert(p->live_seqs > 0 || (p->n_blocks_free == p->n_blocks && p->n_slots_free == p->n_slots));
+    memset(s, 0, sizeof *s);
+    s->slot = -1;
+}
+
+uint16_t *pd_kv_window(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int64_t pos)
+{
+    uint8_t *slot = p->slots + (size_t)s->slot * p->slot_bytes;
+    return (uint16_t *)(slot + p->layer[layer].window_off + (size_t)(pos % p->window) * p->entry_bytes);
+}
+
+float *pd_kv_state(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int indexer)
+{
+    uint8_t *slot = p->slots + (size_t)s->slot * p->slot_bytes;
+    return (float *)(slot + (indexer ? p->layer[layer].idx_state_off : p->layer[layer].state_off));
+}
+
+uint16_t *pd_kv_entry(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int64_t i)
+{
+    int b = s->blocks[layer][i / p->block_entries];
+    return (uint16_t *)(p->blocks + (size_t)b * p->block_bytes + (size_t)(i % p->block_entries) * p->entry_bytes);
+}
+
+uint16_t *pd_kv_key(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int64_t i)
+{
+    int b = s->kblocks[layer][i / p->block_keys];
+    return (uint16_t *)(p->blocks + (size_t)b * p->block_bytes + (size_t)(i % p->block_keys) * p->key_bytes);
+}

@@ -1,0 +1,131 @@
+/* Linear layers (W8A8 or fp32), the engine's weight arena and tensor loading helpers. */
+#include "engine/linear.h"
+#include "kernels/ops.h"
+#include "kernels/quant.h"
+#include "kernels/vec.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void *pd_arena_alloc(struct pd_arena *a, size_t bytes)
+{
+    if (a->n == a->cap) {
+        int cap = a->cap ? 2 * a->cap : 256;
+        void **b = realloc(a->blocks, (size_t)cap * sizeof *b);
+        if (!b)
+            return NULL;
+        a->blocks = b;
+        a->cap = cap;
+    }
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64))
+        return NULL;
+    a->blocks[a->n++] = p;
+    a->bytes += bytes;
+    return p;
+}
+
+void pd_arena_free(struct pd_arena *a)
+{
+    for (int i = 0; i < a->n; i++)
+        free(a->blocks[i]);
+    free(a->blocks);
+    memset(a, 0, sizeof *a);
+}
+
+static int64_t numel_of(const struct pd_st_tensor *t)
+{
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim; d++)
+        n *= t->shape[d];
+    return n;
+}
+
+float *pd_load_f32(const struct pd_st_set *st, struct pd_arena *a, const char *name, int64_t numel, pd_err *e)
+{
+    const struct pd_st_tensor *t = pd_st_set_find(st, name);
+    if (!t) {
+        pd_err_set(e, PD_EFORMAT, "checkpoint: missing tensor \"%s\"", name);
+        return NULL;
+    }
+    if (numel_of(t) != numel) {
+        pd_err_set(e, PD_EFORMAT, "checkpoint: tensor \"%s\" has %lld values, the config needs %lld", name,
+                   (long long)numel_of(t), (long long)numel);
+        return NULL;
+    }
+    float *f = pd_arena_alloc(a, (size_t)numel * sizeof *f);
+    if (!f) {
+        pd_err_set(e, PD_ENOMEM, "checkpoint: out of memory loading \"%s\"", name);
+        return NULL;
+    }
+    if (t->dtype == PD_ST_F32) {
+        memcpy(f, t->data, (size_t)numel * 4);
+    } else if (t->dtype == PD_ST_BF16) {
+        pd_bf16_row(t->data, f, (size_t)numel);
+    } else {
+        pd_err_set(e, PD_EFORMAT, "checkpoint: tensor \"%s\" is %s, expected F32 or BF16", name,
+                   pd_st_dtype_name(t->dtype));
+        return NULL;
+    }
+    return f;
+}
+
+int pd_linear_load(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
+                   int out, int in, pd_err *e)
+{
+    memset(l, 0, sizeof *l);
+    l->out = out;
+    l->in = in;
+    const struct pd_st_tensor *t = pd_st_set_find(st, name);
+    if (!t)
+        return pd_err_set(e, PD_EFORMAT, "checkpoint: missing tensor \"%s\"", name);
+    if (t->ndim != 2 || t->shape[0] != out || t->shape[1] != in)
+        return pd_err_set(e, PD_EFORMAT, "checkpoint: tensor \"%s\" has shape [%lld, %lld], the config needs [%d, %d]",
+                          name, (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0), out, in);
+    if (t->dtype != PD_ST_I8) {
+        l->f = pd_load_f32(st, a, name, (int64_t)out * in, e);
+        return l->f ? 0 : e->code;
+    }
+    char sname[160];
+    snprintf(sname, sizeof sname, "%s_scale", name);
+    /* scales are copied: they are small, and the copy is aligned whatever the file's layout */
+    float *s = pd_load_f32(st, a, sname, out, e);
+    if (!s)
+        return e->code;
+    l->q = (pd_qmat){.q = t->data, .scale = s, .rows = out, .cols = in};
+    return 0;
+}
+
+int pd_linear_fwd(const struct pd_linear *l, pd_pool *pool, int ref, const float *x, int T, float *y,
+                  int8_t *qbuf, float *sbuf, pd_err *e)
+{
+    if (l->f && !ref) {
+        for (int t = 0; t < T; t++)
+            for (int o = 0; o < l->out; o++)
+                y[(size_t)t * l->out + o] = pd_dot(l->f + (size_t)o * l->in, x + (size_t)t * l->in, l->in);
+        return 0;
+    }
+    if (ref) {
+        /* fp32 path: y[t][o] = sum_i w[o][i] x[t][i], double accumulation for the reference */
+        for (int t = 0; t < T; t++)
+            for (int o = 0; o < l->out; o++) {
+                double acc = 0;
+                if (l->f) {
+                    const float *w = l->f + (size_t)o * l->in;
+                    for (int i = 0; i < l->in; i++)
+                        acc += (double)w[i] * x[(size_t)t * l->in + i];
+                } else {
+                    const int8_t *w = l->q.q + (size_t)o * l->in;
+                    for (int i = 0; i < l->in; i++)
+                        acc += (double)w[i] * x[(size_t)t * l->in + i];
+                    acc *= l->q.scale[o];
+                }
+                y[(size_t)t * l->out + o] = (float)acc;
+            }
+        return 0;
+    }
+    pd_quant_rows(x, T, l->in, qbuf, sbuf);
+    pd_qmat a = {.q = qbuf, .scale = sbuf, .rows = T, .cols = l->in};
+    return pd_gemm(pool, &l->q, &a, y, 0, e);
+}

@@ -1,0 +1,46 @@
+/* A linear layer as the engine runs it: W8A8 (int8 weights [out, in] with an fp32 scale per
+ * output row, activations quantised per token) when the checkpoint stores int8, or fp32 when it
+ * stores bf16/fp32 (converted once at load: the router, and any matrix a preset keeps in bf16).
+ * In reference mode (tests) int8 weights are dequantised and multiplied with unquantised float
+ * activations: the float reference of the same weights. */
+#ifndef PD_ENGINE_LINEAR_H
+#define PD_ENGINE_LINEAR_H
+
+#include "core/err.h"
+#include "core/threadpool.h"
+#include "kernels/gemm.h"
+#include "model/safetensors.h"
+
+struct pd_linear {
+    pd_qmat q;        /* int8 weights (q.q != NULL) ... */
+    float *f;         /* ... or fp32 [out, in] */
+    int out, in;
+};
+
+struct pd_arena;
+
+/* Loads `name` (+ `name`_scale when int8) from the checkpoint; shapes are checked against
+ * [out, in]. Converted copies are allocated from the arena. */
+int pd_linear_load(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
+                   int out, int in, pd_err *e);
+
+/* y[t] = W x[t] for t < T.  x: [T, in], y: [T, out]. `qbuf` must hold T*in bytes and
+ * `sbuf` T floats (the quantised activations). ref = 1: float reference. */
+int pd_linear_fwd(const struct pd_linear *l, pd_pool *pool, int ref, const float *x, int T, float *y,
+                  int8_t *qbuf, float *sbuf, pd_err *e);
+
+/* Arena: one growing list of aligned allocations freed together (the engine's converted
+ * weights); counts its bytes. */
+struct pd_arena {
+    void **blocks;
+    int n, cap;
+    size_t bytes;
+};
+void *pd_arena_alloc(struct pd_arena *a, size_t bytes);
+void pd_arena_free(struct pd_arena *a);
+
+/* Loads a vector or matrix of any float dtype (F32, BF16, F16) as fp32 into the arena; checks
+ * the element count. Returns NULL and fills e on failure. */
+float *pd_load_f32(const struct pd_st_set *st, struct pd_arena *a, const char *name, int64_t numel, pd_err *e);
+
+#endif

@@ -1,0 +1,216 @@
+/* V4 MoE for every token of a step:
+ *   s   = sqrt(softplus(x Wg^T))                        router scores, fp32 [experts]
+ *   ids = tid2eid[token] in the first num_hash_layers layers, else top-k of (s + bias)
+ *         (the bias only chooses: ties go to the lower id)
+ *   w   = s[ids] / sum(s[ids]) * routed_scaling_factor    (without the division if !norm_topk_prob)
+ *   y   = sum over ids in increasing id order of w_e * W2_e(silu(min(W1_e x, L)) * clamp(W3_e x, -L, L))
+ *         + shared(x)                                    L = swiglu_limit (0: no clamp)
+ * The experts run as grouped int8 GEMMs over the tokens gathered for each; the combination runs in
+ * a fixed order (by expert id, then the shared expert) so results do not depend on how tokens
+ * were grouped, batched or, later, dispatched across ranks. */
+#include "engine/internal.h"
+#include "kernels/gemm.h"
+#include "kernels/quant.h"
+#include "kernels/vec.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static float swiglu(float g, float u, float limit)
+{
+    if (limit > 0) {
+        g = g < limit ? g : limit;
+        u = u < -limit ? -limit : u > limit ? limit : u;
+    }
+    return pd_silu(g) * u;
+}
+
+/* Chooses each token's experts and weights: ids [T, k] (ascending), w [T, k]. */
+static void route(struct pd_step *st, const struct pd_layer_w *L, int32_t *ids, float *w)
+{
+    const struct pd_model *m = &st->en->model;
+    const int E = m->n_routed_experts, k = m->n_experts_per_tok, H = (int)m->hidden_size;
+    float s[4096], pick[4096];
+    for (int t = 0; t < st->T; t++) {
+        const float *x = st->x + (size_t)t * H;
+        for (int x_ = 0; x_ < E; x_++) {
+            s[x_] = sqrtf(pd_softplus(pd_dot(L->gate.f + (size_t)x_ * H, x, H)));
+        }
+        int32_t *id = ids + (size_t)t * k;
+        if (L->tid2eid) {
+            memcpy(id, L->tid2eid + (size_t)st->token[t] * k, (size_t)k * sizeof *id);
+        } else {
+            for (int x_ = 0; x_ < E; x_++)
+                pick[x_] = s[x_] + (L->gate_bias ? L->gate_bias[x_] : 0);
+            for (int j = 0; j < k; j++) {
+                int best = -1;
+                for (int x_ = 0; x_ < E; x_++)
+                    if (pick[x_] != -INFINITY && (best < 0 || pick[x_] > pick[best]))
+                        best = x_;
+                id[j] = best;
+                pick[best] = -INFINITY;
+            }
+        }
+        /* ascending ids: the combination order */
+        for (int a = 1; a < k; a++)
+            for (int b = a; b > 0 && id[b] < id[b - 1]; b--) {
+                int32_t tmp = id[b];
+                id[b] = id[b - 1];
+                id[b - 1] = tmp;
+            }
+        double sum = 0;
+        for (int j = 0; j < k; j++)
+            sum += s[id[j]];
+        for (int j = 0; j < k; j++) {
+            float v = s[id[j]];
+            if (m->norm_topk_prob)
+                v = (float)(v / sum);
+            w[(size_t)t * k + j] = v * (float)m->routed_scaling_factor;
+        }
+    }
+}
+
+/* One expert FFN on `n` rows of x (float reference path, or a dense expert). */
+static int ffn_rows(struct pd_step *st, const struct pd_expert_w *x_w, const float *x, int n, float *y, pd_err *e)
+{
+    struct pd_engine *en = st->en;
+    const struct pd_model *m = &en->model;
+    const int I = x_w->w1.out;
+    float *g = pd_scratch(en, 28, (size_t)n * I * 4, e), *u = pd_scratch(en, 29, (size_t)n * I * 4, e);
+    int rc = PD_ENOMEM;
+    if (!g || !u)
+        goto out;
+    if ((rc = pd_linear_fwd(&x_w->w1, en->pool, en->ref, x, n, g, st->qbuf, st->sbuf, e)) ||
+        (rc = pd_linear_fwd(&x_w->w3, en->pool, en->ref, x, n, u, st->qbuf, st->sbuf, e)))
+        goto out;
+    for (size_t i = 0; i < (size_t)n * I; i++)
+        g[i] = swiglu(g[i], u[i], (float)m->swiglu_limit);
+    rc = pd_linear_fwd(&x_w->w2, en->pool, en->ref, g, n, y, st->qbuf, st->sbuf, e);
+out:
+    return rc;
+}
+
+/* Routed experts with grouped int8 GEMMs: pair p = (token, slot) of expert ids[p]; the pairs
+ * of one expert are contiguous after sorting, y[p] is the expert's output for the pair. */
+static int experts_grouped(struct pd_step *st, const struct pd_layer_w *L, const int32_t *ids, float *y, pd_err *e)
+{
+    struct pd_engine *en = st->en;
+    const struct pd_model *m = &en->model;
+    const int E = m->n_routed_experts, k = m->n_experts_per_tok, H = (int)m->hidden_size, T = st->T;
+    const int I = (int)m->moe_intermediate_size, P = T * k;
+    int rc = PD_ENOMEM;
+    int *count = calloc((size_t)E + 1, sizeof(int));
+    int32_t *tok = pd_scratch(en, 30, (size_t)P * 4, e), *pair = pd_scratch(en, 31, (size_t)P * 4, e);
+    int32_t *seqrow = pd_scratch(en, 32, (size_t)P * 4, e);
+    float *g = pd_scratch(en, 33, (size_t)P * I * 4, e), *u = pd_scratch(en, 34, (size_t)P * I * 4, e);
+    float *ys = pd_scratch(en, 35, (size_t)P * H * 4, e);
+    int8_t *qi = pd_scratch(en, 36, (size_t)P * I, e);
+    float *si = pd_scratch(en, 37, (size_t)P * 4, e);
+    pd_gemm_group *grp = calloc((size_t)E, sizeof *grp);
+    if (!count || !tok || !pair || !seqrow || !g || !u || !ys || !qi || !si || !grp) {
+        if (!count || !grp)
+            pd_err_set(e, PD_ENOMEM, "engine: out of memory");
+        goto out;
+    }
+    /* counting sort of pairs by expert; within an expert, by token */
+    for (int p = 0; p < P; p++)
+        count[ids[p] + 1]++;
+    for (int x = 0; x < E; x++)
+        count[x + 1] += count[x];
+    int *fill = calloc((size_t)E, sizeof(int));
+    if (!fill) {
+        rc = pd_err_set(e, PD_ENOMEM, "engine: out of memory");
+        goto out;
+    }
+    for (int p = 0; p < P; p++) {
+        int x = ids[p], at = count[x] + fill[x]++;
+        tok[at] = p / k;
+        pair[at] = p;
+        seqrow[at] = at;
+    }
+    free(fill);
+    pd_quant_rows(st->x, T, H, st->qbuf, st->sbuf);
+    pd_qmat a = {.q = st->qbuf, .scale = st->sbuf, .rows = T, .cols = H};
+    int ng = 0;
+    for (int x = 0; x < E; x++) {
+        int n = count[x + 1] - count[x];
+        if (!n)
+            continue;
+        if (!L->experts[x].w1.q.q) {
+            rc = pd_err_set(e, PD_EINVAL, "engine: expert %d is routed to but not held by this process", x);
+            goto out;
+        }
+        grp[ng++] = (pd_gemm_group){.w = L->experts[x].w1.q, .rows = tok + count[x], .n = n, .y = g + (size_t)count[x] * I};
+    }
+    if ((rc = pd_gemm_grouped(en->pool, &a, grp, ng, 0, e)))
+        goto out;
+    for (int i = 0; i < ng; i++) {
+        int x = ids[pair[grp[i].rows - tok]];
+        grp[i].w = L->experts[x].w3.q;
+        grp[i].y = u + (size_t)(grp[i].rows - tok) * I;
+    }
+    if ((rc = pd_gemm_grouped(en->pool, &a, grp, ng, 0, e)))
+        goto out;
+    for (size_t i = 0; i < (size_t)P * I; i++)
+        g[i] = swiglu(g[i], u[i], (float)m->swiglu_limit);
+    pd_quant_rows(g, P, I, qi, si);
+    pd_qmat a2 = {.q = qi, .scale = si, .rows = P, .cols = I};
+    for (int i = 0; i < ng; i++) {
+        int at = (int)(grp[i].rows - tok), x = ids[pair[at]];
+        grp[i].w = L->experts[x].w2.q;
+        grp[i].rows = seqrow + at;
+        grp[i].y = ys + (size_t)at * H;
+    }
+    if ((rc = pd_gemm_grouped(en->pool, &a2, grp, ng, 0, e)))
+        goto out;
+    for (int at = 0; at < P; at++)
+        memcpy(y + (size_t)pair[at] * H, ys + (size_t)at * H, (size_t)H * 4);
+    rc = 0;
+out:
+    free(count);
+    free(grp);
+    return rc;
+}
+
+int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
+{
+    struct pd_engine *en = st->en;
+    const struct pd_model *m = &en->model;
+    const struct pd_layer_w *L = &en->w.layers[layer];
+    const int k = m->n_experts_per_tok, H = (int)m->hidden_size, T = st->T;
+    int rc = PD_ENOMEM;
+    int32_t *ids = pd_scratch(en, 38, (size_t)T * k * 4, e);
+    float *w = pd_scratch(en, 39, (size_t)T * k * 4, e);
+    float *y = pd_scratch(en, 40, (size_t)T * k * H * 4, e);   /* [T, k, H] each pair's expert output */
+    float *sh = pd_scratch(en, 41, (size_t)T * H * 4, e);
+    if (!ids || !w || !y || !sh)
+        goto out;
+    route(st, L, ids, w);
+    if (en->ref) {
+        for (int p = 0; p < T * k; p++)
+            if ((rc = ffn_rows(st, &L->experts[ids[p]], st->x + (size_t)(p / k) * H, 1, y + (size_t)p * H, e)))
+                goto out;
+    } else if ((rc = experts_grouped(st, L, ids, y, e))) {
+        goto out;
+    }
+    if (m->n_shared_experts > 0 && (rc = ffn_rows(st, &L->shared, st->x, T, sh, e)))
+        goto out;
+    for (int t = 0; t < T; t++) {
+        float *o = st->out + (size_t)t * H;
+        for (int i = 0; i < H; i++)
+            o[i] = 0;
+        for (int j = 0; j < k; j++) {
+            const float *yj = y + ((size_t)t * k + j) * H;
+            float wj = w[(size_t)t * k + j];
+            for (int i = 0; i < H; i++)
+                o[i] += wj * yj[i];
+        }
+        if (m->n_shared_experts > 0)
+            for (int i = 0; i < H; i++)
+                o[i] += sh[(size_t)t * H + i];
+    }
+    rc = 0;
+out:
+    return rc;
+}

@@ -1,0 +1,18 @@
+/* Next-token choice: greedy (temperature 0), or temperature + nucleus (top-p) sampling from a
+ * seeded generator, so the same seed gives the same tokens. */
+#ifndef PD_ENGINE_SAMPLER_H
+#define PD_ENGINE_SAMPLER_H
+
+#include <stdint.h>
+
+struct pd_sampler {
+    float temperature;      /* 0: greedy */
+    float top_p;            /* (0, 1]; 1: the whole distribution */
+    uint64_t state;         /* generator state */
+};
+
+void pd_sampler_init(struct pd_sampler *s, float temperature, float top_p, uint64_t seed);
+/* Picks a token from logits[0 .. n); `scratch` holds 2 * n floats. Greedy ties go to the lower id. */
+int32_t pd_sample(struct pd_sampler *s, const float *logits, int n, float *scratch);
+
+#endif

@@ -1,0 +1,68 @@
+/* The weights of a DeepSeek-V4 checkpoint as the engine uses them. int8 matrices point into
+ * the memory-mapped safetensors files; everything else is converted to fp32 once. Names and
+ * shapes are those of pdmoe's inventory (src/plan/inventory.c), int8 matrices with a
+ * `_scale` companion of one fp32 per output row. */
+#ifndef PD_ENGINE_WEIGHTS_H
+#define PD_ENGINE_WEIGHTS_H
+
+#include <stdint.h>
+
+#include "core/err.h"
+#include "engine/linear.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+struct pd_compressor_w {
+    int ratio, coff, d;          /* d = head_dim (attention) or index_head_dim (indexer) */
+    struct pd_linear wkv, wgate; /* [coff*d, hidden] */
+    float *ape;                  /* [ratio, coff*d] learned position bias */
+    float *norm;                 /* [d] */
+};
+
+struct pd_expert_w {
+    struct pd_linear w1, w2, w3; /* w1, w3: [inter, hidden]; w2: [hidden, inter] */
+};
+
+struct pd_layer_w {
+    int ratio;                         /* compress ratio of the layer */
+    float *attn_norm, *ffn_norm;       /* [hidden] */
+    float *hc_attn_fn, *hc_ffn_fn;     /* [(2+hc)*hc, hc*hidden] */
+    float *hc_attn_base, *hc_ffn_base; /* [(2+hc)*hc] */
+    float *hc_attn_scale, *hc_ffn_scale; /* [3] */
+    struct pd_linear wq_a;             /* [q_lora, hidden] */
+    float *q_norm;                     /* [q_lora] */
+    struct pd_linear wq_b;             /* [heads*head_dim, q_lora] */
+    struct pd_linear wkv;              /* [head_dim, hidden] */
+    float *kv_norm;                    /* [head_dim] */
+    struct pd_linear wo_a;             /* [o_groups*o_lora, heads*head_dim/o_groups] */
+    struct pd_linear wo_b;             /* [hidden, o_groups*o_lora] */
+    float *attn_sink;                  /* [heads] */
+    struct pd_compressor_w cmp;        /* ratio > 0 */
+    struct pd_compressor_w idx_cmp;    /* ratio == 4: the indexer's compressor */
+    struct pd_linear idx_wq_b;         /* [index_heads*index_head_dim, q_lora] */
+    struct pd_linear idx_weights;      /* [index_heads, hidden] */
+    struct pd_linear gate;             /* [experts, hidden] fp32 (scores are computed in fp32) */
+    float *gate_bias;                  /* [experts], NULL in hash layers */
+    int32_t *tid2eid;                  /* [vocab, top_k] in hash layers, else NULL */
+    struct pd_expert_w shared;         /* width moe_inter * n_shared */
+    struct pd_expert_w *experts;       /* [experts]; an expert not on this rank has w1.out == 0 */
+};
+
+struct pd_weights {
+    const struct pd_model *m;
+    struct pd_st_set st;               /* the mapped checkpoint */
+    struct pd_arena arena;             /* converted tensors */
+    const void *embed;                 /* bf16 [vocab, hidden], in the mapping */
+    struct pd_linear head;             /* [vocab, hidden] */
+    float *norm;                       /* [hidden] */
+    float *hc_head_fn, *hc_head_base, *hc_head_scale; /* [hc, hc*hidden], [hc], [1] */
+    struct pd_layer_w *layers;         /* [n_layers]; the MTP layer is not loaded */
+};
+
+/* Loads the checkpoint directory `dir` for model m. `has_expert` (NULL = all) selects the routed
+ * experts this process holds (expert parallelism). */
+int pd_weights_load(struct pd_weights *w, const struct pd_model *m, const char *dir,
+                    const unsigned char *has_expert, pd_err *e);
+void pd_weights_free(struct pd_weights *w);
+
+#endif

@@ -1,0 +1,16 @@
+/* Float vector primitives for the parts of the forward pass that are not int8 matrix products
+ * (mHC mixing, the router, attention scores and sums): a dot product and y += a*x, with AVX-512
+ * and AVX2+FMA versions chosen once per process and a portable one beside them. Each version
+ * sums in a fixed order, so a result depends only on its inputs and the CPU, never on the batch
+ * or the thread count. */
+#ifndef PD_KERNELS_VEC_H
+#define PD_KERNELS_VEC_H
+
+float pd_dot(const float *a, const float *b, int n);
+void pd_axpy(float a, const float *x, float *y, int n);   /* y[i] += a * x[i] */
+
+/* Portable versions (the tests' reference). */
+float pd_dot_ref(const float *a, const float *b, int n);
+void pd_axpy_ref(float a, const float *x, float *y, int n);
+
+#endif

@@ -1,0 +1,334 @@
+/* The engine's correctness properties on v4-tiny (window 8, CSA with top-4 indexer, HCA ratio
+ * 16): prefill = decode, causality, thread-count and batch invariance, int8 vs float reference,
+ * bounded activations, and the KV pool's accounting against the planner. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/engine.h"
+#include "engine/genmodel.h"
+#include "engine/sampler.h"
+#include "plan/kvsize.h"
+#include "plan/plan.h"
+
+static char dir[64];
+
+static void make_tiny(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/pdmoe-tiny-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    pd_err e = {0};
+    cr_assert_eq(pd_genmodel("v4-tiny", dir, 7, &e), 0, "%s", e.msg);
+}
+
+static void remove_tiny(void)
+{
+    char p[128];
+    const char *f[] = {"model.safetensors", "config.json", "tokenizer.json"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, f[i]);
+        unlink(p);
+    }
+    rmdir(dir);
+}
+
+static void open_engine(struct pd_engine *en, int threads, int ref)
+{
+    struct pd_engine_opts o = {.dir = dir, .threads = threads, .max_seqs = 4, .max_model_len = 512, .ref = ref};
+    pd_err e = {0};
+    cr_assert_eq(pd_engine_open(en, &o, &e), 0, "%s", e.msg);
+}
+
+/* a prompt long enough for every kind of layer: > window, > 4 x topk CSA entries, 3 HCA blocks */
+static void prompt(int32_t *ids, int n, int salt)
+{
+    for (int i = 0; i < n; i++)
+        ids[i] = (int32_t)((i * 37 + salt * 101 + 11) % 500);
+}
+
+TestSuite(engine, .init = make_tiny, .fini = remove_tiny);
+
+Test(engine, prefill_equals_decode)
+{
+    struct pd_engine en;
+    open_engine(&en, 2, 0);
+    const int N = 50, V = (int)en.model.vocab_size;
+    int32_t ids[64];
+    prompt(ids, N, 1);
+    float *a = malloc((size_t)N * V * 4), *b = malloc((size_t)V * 4);
+    struct pd_seq s1, s2;
+    pd_err e = {0};
+    cr_assert_eq(pd_seq_start(&en, &s1, &e), 0);
+    cr_assert_eq(pd_seq_start(&en, &s2, &e), 0);
+    struct pd_step_item it = {.seq = &s1, .tokens = ids, .n = N, .all_logits = a};
+    cr_assert_eq(pd_engine_step(&en, &it, 1, &e), 0, "%s", e.msg);
+    for (int i = 0; i < N; i++) {
+        struct pd_step_item one = {.seq = &s2, .tokens = ids + i, .n = 1, .logits = b};
+        cr_assert_eq(pd_engine_step(&en, &one, 1, &e), 0, "%s", e.msg);
+        /* the same computation token by token: identical logits at every position */
+        cr_assert_eq(memcmp(a + (size_t)i * V, b, (size_t)V * 4), 0, "position %d differs", i);
+    }
+    cr_assert_eq(s1.pos, N);
+    pd_seq_end(&en, &s1);
+    pd_seq_end(&en, &s2);
+    free(a);
+    free(b);
+    pd_engine_close(&en);
+}
+
+Test(engine, causality)
+{
+    struct pd_engine en;
+    open_engine(&en, 1, 0);
+    const int N = 40, K = 25, V = (int)en.model.vocab_size;
+    int32_t ids[80];
+    prompt(ids, N + K, 2);
+    float *a = malloc((size_t)N * V * 4), *b = malloc((size_t)(N + K) * V * 4);
+    struct pd_seq s1, s2;
+    pd_err e = {0};
+    cr_assert_eq(pd_seq_start(&en, &s1, &e), 0);
+    cr_assert_eq(pd_seq_start(&en, &s2, &e), 0);
+    struct pd_step_item x = {.seq = &s1, .tokens = ids, .n = N, .all_logits = a};
+    struct pd_step_item y = {.seq = &s2, .tokens = ids, .n = N + K, .all_logits = b};
+    cr_assert_eq(pd_engine_step(&en, &x, 1, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_engine_step(&en, &y, 1, &e), 0, "%s", e.msg);
+    /* appending tokens never changes earlier positions (window, compression, indexer included) */
+    cr_assert_eq(memcmp(a, b, (size_t)N * V * 4), 0);
+    pd_seq_end(&en, &s1);
+    pd_seq_end(&en, &s2);
+    free(a);
+    free(b);
+    pd_engine_close(&en);
+}
+
+static void greedy(struct pd_engine *en, struct pd_seq *s, const int32_t *ids, int n, int gen, int32_t *out)
+{
+    const int V = (int)en->model.vocab_size;
+    float *l = malloc((size_t)V * 4);
+    pd_err e = {0};
+    struct pd_step_item it = {.seq = s, .tokens = ids, .n = n, .logits = l};
+    cr_assert_eq(pd_engine_step(en, &it, 1, &e), 0, "%s", e.msg);
+    struct pd_sampler sm;
+    pd_sampler_init(&sm, 0, 1, 0);
+    for (int i = 0; i < gen; i++) {
+        out[i] = pd_sample(&sm, l, V, NULL);
+        it = (struct pd_step_item){.seq = s, .tokens = &out[i], .n = 1, .logits = l};
+        cr_assert_eq(pd_engine_step(en, &it, 1, &e), 0, "%s", e.msg);
+    }
+    free(l);
+}
+
+Test(engine, thread_count_does_not_change_results)
+{
+    int32_t ids[48], t1[20], t3[20];
+    prompt(ids, 48, 3);
+    struct pd_engine en;
+    struct pd_seq s;
+    pd_err e = {0};
+    open_engine(&en, 1, 0);
+    cr_assert_eq(pd_seq_start(&en, &s, &e), 0);
+    greedy(&en, &s, ids, 48, 20, t1);
+    pd_seq_end(&en, &s);
+    pd_engine_close(&en);
+    open_engine(&en, 3, 0);
+    cr_assert_eq(pd_seq_start(&en, &s, &e), 0);
+    greedy(&en, &s, ids, 48, 20, t3);
+    pd_seq_end(&en, &s);
+    pd_engine_close(&en);
+    cr_assert_eq(memcmp(t1, t3, sizeof t1), 0);
+}
+
+Test(engine, batch_invariance)
+{
+    struct pd_engine en;
+    open_engine(&en, 2, 0);
+    const int V = (int)en.model.vocab_size;
+    int32_t p[3][40];
+    for (int i = 0; i < 3; i++)
+        prompt(p[i], 40, 10 + i);
+    /* sequence 0 alone */
+    int32_t alone[12];
+    struct pd_seq s0;
+    pd_err e = {0};
+    cr_assert_eq(pd_seq_start(&en, &s0, &e), 0);
+    greedy(&en, &s0, p[0], 30, 12, alone);
+    pd_seq_end(&en, &s0);
+    /* sequence 0 with two others of different lengths, prefilled and decoded together */
+    struct pd_seq s[3];
+    int lens[3] = {30, 17, 40};
+    float *l = malloc((size_t)3 * V * 4);
+    struct pd_step_item it[3];
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(pd_seq_start(&en, &s[i], &e), 0);
+        it[i] = (struct pd_step_item){.seq = &s[i], .tokens = p[i], .n = lens[i], .logits = l + (size_t)i * V};
+    }
+    cr_assert_eq(pd_engine_step(&en, it, 3, &e), 0, "%s", e.msg);
+    int32_t next[3], together[12];
+    for (int k = 0; k < 12; k++) {
+        for (int i = 0; i < 3; i++) {
+            struct pd_sampler sm;
+            pd_sampler_init(&sm, 0, 1, 0);
+            next[i] = pd_sample(&sm, l + (size_t)i * V, V, NULL);
+            it[i] = (struct pd_step_item){.seq = &s[i], .tokens = &next[i], .n = 1, .logits = l + (size_t)i * V};
+        }
+        together[k] = next[0];
+        cr_assert_eq(pd_engine_step(&en, it, 3, &e), 0, "%s", e.msg);
+    }
+    cr_assert_eq(memcmp(alone, together, sizeof alone), 0);
+    for (int i = 0; i < 3; i++)
+        pd_seq_end(&en, &s[i]);
+    cr_assert_eq(en.kv.n_blocks_free, en.kv.n_blocks, "blocks leaked");
+    free(l);
+    pd_engine_close(&en);
+}
+
+Test(engine, int8_close_to_float_reference)
+{
+    /* W8A8 against the float forward pass of the same int8 weights (unquantised activations):
+     * the logits' cosine similarity stays above 0.99 at every position of a 50-token prompt */
+    struct pd_engine q, f;
+    open_engine(&q, 2, 0);
+    open_engine(&f, 1, 1);
+    const int N = 50, V = (int)q.model.vocab_size;
+    int32_t ids[64];
+    prompt(ids, N, 4);
+    float *a = malloc((size_t)N * V * 4), *b = malloc((size_t)N * V * 4);
+    struct pd_seq sq, sf;
+    pd_err e = {0};
+    cr_assert_eq(pd_seq_start(&q, &sq, &e), 0);
+    cr_assert_eq(pd_seq_start(&f, &sf, &e), 0);
+    struct pd_step_item x = {.seq = &sq, .tokens = ids, .n = N, .all_logits = a};
+    struct pd_step_item y = {.seq = &sf, .tokens = ids, .n = N, .all_logits = b};
+    cr_assert_eq(pd_engine_step(&q, &x, 1, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_engine_step(&f, &y, 1, &e), 0, "%s", e.msg);
+    double worst = 1;
+    for (int t = 0; t < N; t++) {
+        double ab = 0, aa = 0, bb = 0;
+        for (int i = 0; i < V; i++) {
+            double u = a[(size_t)t * V + i], v = b[(size_t)t * V + i];
+            cr_assert(isfinite(u) && isfinite(v));
+            ab += u * v;
+            aa += u * u;
+            bb += v * v;
+        }
+        double c = ab / sqrt(aa * bb);
+        worst = c < worst ? c : worst;
+    }
+    cr_assert_gt(worst, 0.99, "worst cosine similarity %f", worst);
+    pd_seq_end(&q, &sq);
+    pd_seq_end(&f, &sf);
+    free(a);
+    free(b);
+    pd_engine_close(&q);
+    pd_engine_close(&f);
+}
+
+Test(engine, activations_bounded_through_depth)
+{
+    struct pd_engine en;
+    open_engine(&en, 2, 0);
+    en.trace_norms = 1;
+    int32_t ids[64];
+    prompt(ids, 64, 5);
+    float *l = malloc((size_t)en.model.vocab_size * 4);
+    struct pd_seq s;
+    pd_err e = {0};
+    cr_assert_eq(pd_seq_start(&en, &s, &e), 0);
+    struct pd_step_item it = {.seq = &s, .tokens = ids, .n = 64, .logits = l};
+    cr_assert_eq(pd_engine_step(&en, &it, 1, &e), 0, "%s", e.msg);
+    for (int k = 0; k < en.model.n_layers; k++) {
+        cr_assert(isfinite(en.layer_rms[k]));
+        cr_assert(en.layer_rms[k] > 0.1 && en.layer_rms[k] < 10, "layer %d rms %f", k, en.layer_rms[k]);
+    }
+    for (int i = 0; i < en.model.vocab_size; i++)
+        cr_assert(isfinite(l[i]));
+    pd_seq_end(&en, &s);
+    free(l);
+    pd_engine_close(&en);
+}
+
+Test(engine, kv_pool_matches_the_planner)
+{
+    struct pd_engine en;
+    open_engine(&en, 1, 0);
+    struct pd_kv_size k;
+    pd_err e = {0};
+    cr_assert_eq(pd_kv_size_init(&k, &en.model, PD_KV_BF16, 0, 0, &e), 0);
+    cr_assert_float_eq(pd_kvpool_bytes_per_token(&en.kv), k.per_token, 1e-9);
+    cr_assert_eq((int64_t)pd_kvpool_bytes_per_seq(&en.kv), k.per_seq_fixed);
+    /* grown to 256 tokens (whole blocks everywhere), the sequence holds exactly the planner's bytes */
+    int32_t ids[256];
+    prompt(ids, 256, 6);
+    struct pd_seq s;
+    cr_assert_eq(pd_seq_start(&en, &s, &e), 0);
+    struct pd_step_item it = {.seq = &s, .tokens = ids, .n = 256};
+    cr_assert_eq(pd_engine_step(&en, &it, 1, &e), 0, "%s", e.msg);
+    cr_assert_eq((int64_t)pd_kvpool_seq_bytes(&en.kv, &s.kv), pd_kv_seq_bytes(&k, 256));
+    cr_assert_lt(en.kv.n_blocks_free, en.kv.n_blocks);
+    pd_seq_end(&en, &s);
+    cr_assert_eq(en.kv.n_blocks_free, en.kv.n_blocks, "freeing a sequence returns every block");
+    cr_assert_eq(en.kv.n_slots_free, en.kv.n_slots);
+    pd_engine_close(&en);
+}
+
+Test(engine, checkpoint_is_what_the_planner_counts)
+{
+    /* the generated checkpoint's bytes per group and class equal the plan of the preset */
+    struct pd_plan a, b;
+    struct pd_plan_opts o;
+    pd_err e = {0};
+    pd_plan_opts_default(&o);
+    o.model = "v4-tiny";
+    o.role[0] = (struct pd_role_opts){.dp = 4, .tp = 1, .instances = 1};
+    o.role[1] = (struct pd_role_opts){.dp = 4, .tp = 1, .instances = 1};
+    cr_assert_eq(pd_plan_build(&o, &a, &e), 0, "%s", e.msg);
+    o.checkpoint = dir;
+    o.model = NULL;
+    cr_assert_eq(pd_plan_build(&o, &b, &e), 0, "%s", e.msg);
+    cr_assert_eq(b.inv.n_unclassed, 0, "%s", b.inv.unclassed[0]);
+    for (int g = 0; g < PD_G_COUNT; g++)
+        for (int c = 0; c < 2; c++)
+            cr_assert_eq(a.inv.group_bytes[g][c], b.inv.group_bytes[g][c], "group %s", pd_group_name(g));
+    cr_assert_eq(a.role[0].b.class_i, b.role[0].b.class_i);
+    pd_plan_free(&a);
+    pd_plan_free(&b);
+}
+
+Test(engine, gen_model_is_deterministic)
+{
+    char d2[] = "/tmp/pdmoe-tiny2-XXXXXX", p1[128], p2[128];
+    cr_assert_not_null(mkdtemp(d2));
+    pd_err e = {0};
+    cr_assert_eq(pd_genmodel("v4-tiny", d2, 7, &e), 0, "%s", e.msg);
+    const char *f[] = {"model.safetensors", "config.json", "tokenizer.json"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p1, sizeof p1, "%s/%s", dir, f[i]);
+        snprintf(p2, sizeof p2, "%s/%s", d2, f[i]);
+        FILE *x = fopen(p1, "rb"), *y = fopen(p2, "rb");
+        cr_assert(x && y);
+        int cx, cy;
+        long n = 0;
+        do {
+            cx = fgetc(x);
+            cy = fgetc(y);
+            n++;
+        } while (cx == cy && cx != EOF);
+        cr_assert_eq(cx, cy, "%s differs at byte %ld", f[i], n);
+        fclose(x);
+        fclose(y);
+        unlink(p2);
+    }
+    rmdir(d2);
+}
+
+Test(engine, bad_checkpoint_names_the_tensor)
+{
+    struct pd_engine en;
+    struct pd_engine_opts o = {.dir = "/nonexistent-dir", .threads = 1};
+    pd_err e = {0};
+    cr_assert_neq(pd_engine_open(&en, &o, &e), 0);
+    cr_assert(strstr(e.msg, "/nonexistent-dir"), "%s", e.msg);
+}
