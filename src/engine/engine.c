@@ -5,6 +5,7 @@
 #include "kernels/gemm.h"
 #include "kernels/vec.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 
 void *pd_scratch(struct pd_engine *en, int slot, size_t bytes, pd_err *e)
 {
+    assert(slot > 0 && slot < PD_ENGINE_SCRATCH);
     struct pd_scratch_buf *b = &en->scratch[slot];
     if (b->cap < bytes) {
         /* grow by half again: steps of slightly different sizes do not reallocate */
@@ -42,7 +44,7 @@ int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err 
     if (m->qk_rope_head_dim > 512 || (m->index_head_dim && m->qk_rope_head_dim > m->index_head_dim))
         return pd_err_set(e, PD_EINVAL, "%s: qk_rope_head_dim %d must be at most 512 and index_head_dim", o->dir,
                           m->qk_rope_head_dim);
-    if ((rc = pd_weights_load(&en->w, m, o->dir, NULL, e)))
+    if ((rc = pd_weights_load(&en->w, m, o->dir, o->has_expert, e)))
         return rc;
     int64_t max_len = o->max_model_len > 0 ? o->max_model_len : 4096;
     int max_seqs = o->max_seqs > 0 ? o->max_seqs : 16;
@@ -79,7 +81,8 @@ int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err 
                  y->original_max_position_embeddings, y->beta_fast, y->beta_slow);
     en->rope_index = en->rope_compress;
     en->layer_rms = calloc((size_t)m->n_layers, sizeof *en->layer_rms);
-    if (!en->layer_rms) {
+    en->expert_tokens = calloc((size_t)m->n_layers * m->n_routed_experts, sizeof *en->expert_tokens);
+    if (!en->layer_rms || !en->expert_tokens) {
         rc = pd_err_set(e, PD_ENOMEM, "engine: out of memory");
         goto fail;
     }
@@ -95,6 +98,7 @@ void pd_engine_close(struct pd_engine *en)
     pd_kvpool_free(&en->kv);
     pd_weights_free(&en->w);
     free(en->layer_rms);
+    free(en->expert_tokens);
     for (int i = 0; i < PD_ENGINE_SCRATCH; i++)
         free(en->scratch[i].p);
     memset(en, 0, sizeof *en);

@@ -29,6 +29,20 @@ struct pd_scratch_buf {
     size_t cap;
 };
 
+struct pd_engine;
+
+/* Runs the routed experts of one MoE layer for this process's T tokens: y[p] for pair
+ * p = (token p / top_k, slot p % top_k) is expert ids[p] applied to row p / top_k of `a` (the
+ * tokens' quantised activations). The engine does it locally; expert parallelism installs a
+ * function that sends the rows to the ranks holding the experts and brings the outputs back.
+ * Called on every MoE layer of every step, even with T = 0, so all ranks of a group take part
+ * in the same exchanges. */
+typedef int (*pd_experts_fn)(void *ctx, struct pd_engine *en, int layer,
+                             const pd_qmat *a,        /* [T, hidden] */
+                             const int32_t *ids,      /* [T, top_k] ascending per token */
+                             int T, float *y,         /* [T, top_k, hidden] */
+                             pd_err *e);
+
 struct pd_engine {
     struct pd_model model;
     struct pd_weights w;
@@ -41,6 +55,9 @@ struct pd_engine {
     int trace_norms;                /* record per-layer hidden-state RMS of the last step */
     double *layer_rms;              /* [n_layers] when trace_norms */
     struct pd_scratch_buf scratch[PD_ENGINE_SCRATCH];
+    pd_experts_fn experts_fn;       /* NULL: run the experts here */
+    void *experts_ctx;
+    int64_t *expert_tokens;         /* [n_layers][experts] tokens this process ran per expert */
 };
 
 struct pd_engine_opts {
@@ -51,6 +68,7 @@ struct pd_engine_opts {
     int64_t max_model_len;          /* 0: 4096 */
     int block_entries;              /* 0: 16 */
     int ref;
+    const unsigned char *has_expert;  /* [experts] this process holds, NULL = all */
 };
 
 int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err *e);
@@ -72,7 +90,12 @@ struct pd_step_item {
     float *all_logits;              /* [n, vocab] for every new token, or NULL (tests) */
 };
 
-/* Runs one step. On error no sequence advances. */
+/* Runs one step. On error no sequence advances. n_items may be 0: the process still takes part
+ * in every layer's expert exchange (expert parallelism). */
 int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items, pd_err *e);
+
+/* Experts `expert[p]` on rows `row[p]` of `a`, for P pairs: y[p] = expert output [hidden]. */
+int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *row,
+                          const int32_t *expert, int P, float *y, pd_err *e);
 
 #endif

@@ -91,16 +91,20 @@ out:
     return rc;
 }
 
-/* Routed experts with grouped int8 GEMMs: pair p = (token, slot) of expert ids[p]; the pairs
- * of one expert are contiguous after sorting, y[p] is the expert's output for the pair. */
-static int experts_grouped(struct pd_step *st, const struct pd_layer_w *L, const int32_t *ids, float *y, pd_err *e)
+/* Routed experts with grouped int8 GEMMs: pair p runs expert[p] on row[p] of the quantised
+ * activations a; after a counting sort the pairs of one expert are contiguous (in pair order),
+ * and y[p] receives the expert's output. Used on a rank's own tokens, and by expert parallelism
+ * on the rows other ranks send. */
+int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *row,
+                          const int32_t *expert, int P, float *y, pd_err *e)
 {
-    struct pd_engine *en = st->en;
     const struct pd_model *m = &en->model;
-    const int E = m->n_routed_experts, k = m->n_experts_per_tok, H = (int)m->hidden_size, T = st->T;
-    const int I = (int)m->moe_intermediate_size, P = T * k;
+    const struct pd_layer_w *L = &en->w.layers[layer];
+    const int E = m->n_routed_experts, H = (int)m->hidden_size, I = (int)m->moe_intermediate_size;
     int rc = PD_ENOMEM;
-    int *count = calloc((size_t)E + 1, sizeof(int));
+    if (P == 0)
+        return 0;
+    int *count = calloc((size_t)E + 1, sizeof(int)), *fill = calloc((size_t)E, sizeof(int));
     int32_t *tok = pd_scratch(en, 30, (size_t)P * 4, e), *pair = pd_scratch(en, 31, (size_t)P * 4, e);
     int32_t *seqrow = pd_scratch(en, 32, (size_t)P * 4, e);
     float *g = pd_scratch(en, 33, (size_t)P * I * 4, e), *u = pd_scratch(en, 34, (size_t)P * I * 4, e);
@@ -108,57 +112,56 @@ static int experts_grouped(struct pd_step *st, const struct pd_layer_w *L, const
     int8_t *qi = pd_scratch(en, 36, (size_t)P * I, e);
     float *si = pd_scratch(en, 37, (size_t)P * 4, e);
     pd_gemm_group *grp = calloc((size_t)E, sizeof *grp);
-    if (!count || !tok || !pair || !seqrow || !g || !u || !ys || !qi || !si || !grp) {
-        if (!count || !grp)
+    if (!count || !fill || !tok || !pair || !seqrow || !g || !u || !ys || !qi || !si || !grp) {
+        if (!count || !fill || !grp)
             pd_err_set(e, PD_ENOMEM, "engine: out of memory");
         goto out;
     }
-    /* counting sort of pairs by expert; within an expert, by token */
-    for (int p = 0; p < P; p++)
-        count[ids[p] + 1]++;
-    for (int x = 0; x < E; x++)
+    for (int p = 0; p < P; p++) {
+        if (expert[p] < 0 || expert[p] >= E) {
+            rc = pd_err_set(e, PD_EINVAL, "engine: expert %d outside [0, %d)", expert[p], E);
+            goto out;
+        }
+        count[expert[p] + 1]++;
+    }
+    for (int x = 0; x < E; x++) {
+        if (en->expert_tokens)
+            en->expert_tokens[(size_t)layer * E + x] += count[x + 1];
         count[x + 1] += count[x];
-    int *fill = calloc((size_t)E, sizeof(int));
-    if (!fill) {
-        rc = pd_err_set(e, PD_ENOMEM, "engine: out of memory");
-        goto out;
     }
     for (int p = 0; p < P; p++) {
-        int x = ids[p], at = count[x] + fill[x]++;
-        tok[at] = p / k;
+        int x = expert[p], at = count[x] + fill[x]++;
+        tok[at] = row[p];
         pair[at] = p;
         seqrow[at] = at;
     }
-    free(fill);
-    pd_quant_rows(st->x, T, H, st->qbuf, st->sbuf);
-    pd_qmat a = {.q = st->qbuf, .scale = st->sbuf, .rows = T, .cols = H};
     int ng = 0;
     for (int x = 0; x < E; x++) {
         int n = count[x + 1] - count[x];
         if (!n)
             continue;
         if (!L->experts[x].w1.q.q) {
-            rc = pd_err_set(e, PD_EINVAL, "engine: expert %d is routed to but not held by this process", x);
+            rc = pd_err_set(e, PD_EINVAL, "engine: layer %d expert %d is routed to but not held by this process", layer, x);
             goto out;
         }
         grp[ng++] = (pd_gemm_group){.w = L->experts[x].w1.q, .rows = tok + count[x], .n = n, .y = g + (size_t)count[x] * I};
     }
-    if ((rc = pd_gemm_grouped(en->pool, &a, grp, ng, 0, e)))
+    if ((rc = pd_gemm_grouped(en->pool, a, grp, ng, 0, e)))
         goto out;
     for (int i = 0; i < ng; i++) {
-        int x = ids[pair[grp[i].rows - tok]];
-        grp[i].w = L->experts[x].w3.q;
-        grp[i].y = u + (size_t)(grp[i].rows - tok) * I;
+        int at = (int)(grp[i].rows - tok);
+        grp[i].w = L->experts[expert[pair[at]]].w3.q;
+        grp[i].y = u + (size_t)at * I;
     }
-    if ((rc = pd_gemm_grouped(en->pool, &a, grp, ng, 0, e)))
+    if ((rc = pd_gemm_grouped(en->pool, a, grp, ng, 0, e)))
         goto out;
     for (size_t i = 0; i < (size_t)P * I; i++)
         g[i] = swiglu(g[i], u[i], (float)m->swiglu_limit);
     pd_quant_rows(g, P, I, qi, si);
     pd_qmat a2 = {.q = qi, .scale = si, .rows = P, .cols = I};
     for (int i = 0; i < ng; i++) {
-        int at = (int)(grp[i].rows - tok), x = ids[pair[at]];
-        grp[i].w = L->experts[x].w2.q;
+        int at = (int)(grp[i].rows - tok);
+        grp[i].w = L->experts[expert[pair[at]]].w2.q;
         grp[i].rows = seqrow + at;
         grp[i].y = ys + (size_t)at * H;
     }
@@ -169,8 +172,22 @@ static int experts_grouped(struct pd_step *st, const struct pd_layer_w *L, const
     rc = 0;
 out:
     free(count);
+    free(fill);
     free(grp);
     return rc;
+}
+
+/* The routed experts of this process's tokens, here: pair p = (token p / k, slot p % k). */
+static int experts_local(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *ids, int T, float *y,
+                         pd_err *e)
+{
+    const int k = en->model.n_experts_per_tok;
+    int32_t *row = pd_scratch(en, 42, (size_t)T * k * 4 + 4, e);
+    if (!row)
+        return PD_ENOMEM;
+    for (int p = 0; p < T * k; p++)
+        row[p] = p / k;
+    return pd_engine_run_experts(en, layer, a, row, ids, T * k, y, e);
 }
 
 int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
@@ -191,8 +208,14 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
         for (int p = 0; p < T * k; p++)
             if ((rc = ffn_rows(st, &L->experts[ids[p]], st->x + (size_t)(p / k) * H, 1, y + (size_t)p * H, e)))
                 goto out;
-    } else if ((rc = experts_grouped(st, L, ids, y, e))) {
-        goto out;
+    } else {
+        /* activations quantised once, on the rank that owns the token, whoever runs the expert */
+        pd_quant_rows(st->x, T, H, st->qbuf, st->sbuf);
+        pd_qmat a = {.q = st->qbuf, .scale = st->sbuf, .rows = T, .cols = H};
+        rc = en->experts_fn ? en->experts_fn(en->experts_ctx, en, layer, &a, ids, T, y, e)
+                            : experts_local(en, layer, &a, ids, T, y, e);
+        if (rc)
+            goto out;
     }
     if (m->n_shared_experts > 0 && (rc = ffn_rows(st, &L->shared, st->x, T, sh, e)))
         goto out;

@@ -8,12 +8,28 @@
 #define TRY(x) do { int rc_ = (x); if (rc_) return rc_; } while (0)
 #define F32(dst, name, n) do { if (!((dst) = pd_load_f32(&w->st, &w->arena, name, n, e))) return e->code; } while (0)
 
+/* Counts the stored bytes of a checkpoint tensor this process loads, by class: what the
+ * planner's per-card budget must equal. */
+static void acct(struct pd_weights *w, const char *name)
+{
+    const struct pd_st_tensor *t = pd_st_set_find(&w->st, name);
+    if (t)
+        w->loaded_bytes[w->cur_class] += (int64_t)(t->end - t->begin);
+}
+
 static int lin(struct pd_weights *w, struct pd_linear *l, const char *pfx, const char *suffix, int64_t out,
                int64_t in, pd_err *e)
 {
-    char name[160];
+    char name[160], sname[170];
     snprintf(name, sizeof name, "%s%s", pfx, suffix);
-    return pd_linear_load(l, &w->st, &w->arena, name, (int)out, (int)in, e);
+    int rc = pd_linear_load(l, &w->st, &w->arena, name, (int)out, (int)in, e);
+    if (rc == 0) {
+        acct(w, name);
+        snprintf(sname, sizeof sname, "%s_scale", name);
+        if (l->q.q)
+            acct(w, sname);
+    }
+    return rc;
 }
 
 static int vec(struct pd_weights *w, float **dst, const char *pfx, const char *suffix, int64_t n, pd_err *e)
@@ -21,6 +37,8 @@ static int vec(struct pd_weights *w, float **dst, const char *pfx, const char *s
     char name[160];
     snprintf(name, sizeof name, "%s%s", pfx, suffix);
     *dst = pd_load_f32(&w->st, &w->arena, name, n, e);
+    if (*dst)
+        acct(w, name);
     return *dst ? 0 : e->code;
 }
 
@@ -46,14 +64,17 @@ static int expert(struct pd_weights *w, struct pd_expert_w *x, const char *pfx, 
     return 0;
 }
 
-static int layer(struct pd_weights *w, int l, const unsigned char *has_expert, pd_err *e)
+/* One block: layer l ("layers.l.") or, for l >= n_layers, the MTP layer ("mtp.(l - n_layers)."). */
+static int layer(struct pd_weights *w, struct pd_layer_w *L, int l, const unsigned char *has_expert, pd_err *e)
 {
     const struct pd_model *m = w->m;
-    struct pd_layer_w *L = &w->layers[l];
     const int64_t H = m->hidden_size, hc = m->hc_mult, mix = (2 + hc) * hc;
     const int64_t qdim = (int64_t)m->n_heads * m->head_dim;
     char p[64], q[96];
-    snprintf(p, sizeof p, "layers.%d.", l);
+    if (l < m->n_layers)
+        snprintf(p, sizeof p, "layers.%d.", l);
+    else
+        snprintf(p, sizeof p, "mtp.%d.", l - m->n_layers);
     L->ratio = m->compress_ratio[l];
     TRY(vec(w, &L->attn_norm, p, "attn_norm.weight", H, e));
     TRY(vec(w, &L->ffn_norm, p, "ffn_norm.weight", H, e));
@@ -84,11 +105,9 @@ static int layer(struct pd_weights *w, int l, const unsigned char *has_expert, p
     }
     const int64_t E = m->n_routed_experts, I = m->moe_intermediate_size;
     /* the router scores in fp32, whatever the checkpoint stores */
-    snprintf(q, sizeof q, "%sffn.gate.weight", p);
     L->gate.out = (int)E;
     L->gate.in = (int)H;
-    if (!(L->gate.f = pd_load_f32(&w->st, &w->arena, q, E * H, e)))
-        return e->code;
+    TRY(vec(w, &L->gate.f, p, "ffn.gate.weight", E * H, e));
     if (l < m->num_hash_layers) {
         snprintf(q, sizeof q, "%sffn.gate.tid2eid", p);
         const struct pd_st_tensor *t = pd_st_set_find(&w->st, q);
@@ -114,6 +133,7 @@ static int layer(struct pd_weights *w, int l, const unsigned char *has_expert, p
                                   q, (long long)i, (long long)v, (long long)E);
             L->tid2eid[i] = (int32_t)v;
         }
+        acct(w, q);
     } else {
         TRY(vec(w, &L->gate_bias, p, "ffn.gate.bias", E, e));
     }
@@ -125,12 +145,14 @@ static int layer(struct pd_weights *w, int l, const unsigned char *has_expert, p
     if (!L->experts)
         return pd_err_set(e, PD_ENOMEM, "checkpoint: out of memory");
     memset(L->experts, 0, (size_t)E * sizeof *L->experts);
+    w->cur_class = 0;
     for (int x = 0; x < E; x++) {
         if (has_expert && !has_expert[x])
             continue;
         snprintf(q, sizeof q, "%sffn.experts.%d.", p, x);
         TRY(expert(w, &L->experts[x], q, I, e));
     }
+    w->cur_class = 1;
     return 0;
 }
 
@@ -153,27 +175,43 @@ int pd_weights_load(struct pd_weights *w, const struct pd_model *m, const char *
         goto fail;
     }
     w->embed = t->data;
+    w->cur_class = 1;
+    acct(w, "embed.weight");
     w->layers = pd_arena_alloc(&w->arena, (size_t)m->n_layers * sizeof *w->layers);
     if (!w->layers) {
         rc = pd_err_set(e, PD_ENOMEM, "out of memory");
         goto fail;
     }
     memset(w->layers, 0, (size_t)m->n_layers * sizeof *w->layers);
-    if ((rc = pd_linear_load(&w->head, &w->st, &w->arena, m->tie_word_embeddings ? "embed.weight" : "head.weight",
-                             (int)m->vocab_size, (int)H, e)))
+    if (m->tie_word_embeddings)
+        rc = pd_linear_load(&w->head, &w->st, &w->arena, "embed.weight", (int)m->vocab_size, (int)H, e);
+    else
+        rc = lin(w, &w->head, "", "head.weight", m->vocab_size, H, e);
+    if (rc)
         goto fail;
-    if (!(w->norm = pd_load_f32(&w->st, &w->arena, "norm.weight", H, e)) ||
-        !(w->hc_head_fn = pd_load_f32(&w->st, &w->arena, "hc_head_fn", hc * hc * H, e)) ||
-        !(w->hc_head_base = pd_load_f32(&w->st, &w->arena, "hc_head_base", hc, e)) ||
-        !(w->hc_head_scale = pd_load_f32(&w->st, &w->arena, "hc_head_scale", 1, e))) {
-        rc = e->code;
+    if ((rc = vec(w, &w->norm, "", "norm.weight", H, e)) || (rc = vec(w, &w->hc_head_fn, "", "hc_head_fn", hc * hc * H, e)) ||
+        (rc = vec(w, &w->hc_head_base, "", "hc_head_base", hc, e)) ||
+        (rc = vec(w, &w->hc_head_scale, "", "hc_head_scale", 1, e)))
+        goto fail;
+    for (int l = 0; l < m->n_layers && !rc; l++)
+        rc = layer(w, &w->layers[l], l, has_expert, e);
+    /* the MTP layer, when the checkpoint has one: loaded (its bytes count) but not run yet */
+    if (!rc && m->n_mtp_layers > 0 && pd_st_set_find(&w->st, "mtp.0.e_proj.weight")) {
+        struct pd_mtp_w *mt = &w->mtp;
+        w->has_mtp = 1;
+        if (!(rc = lin(w, &mt->e_proj, "mtp.0.", "e_proj.weight", H, H, e)) &&
+            !(rc = lin(w, &mt->h_proj, "mtp.0.", "h_proj.weight", H, H, e)) &&
+            !(rc = vec(w, &mt->enorm, "mtp.0.", "enorm.weight", H, e)) && !(rc = vec(w, &mt->hnorm, "mtp.0.", "hnorm.weight", H, e)) &&
+            !(rc = vec(w, &mt->norm, "mtp.0.", "norm.weight", H, e)) &&
+            !(rc = vec(w, &mt->hc_head_fn, "mtp.0.", "hc_head_fn", hc * hc * H, e)) &&
+            !(rc = vec(w, &mt->hc_head_base, "mtp.0.", "hc_head_base", hc, e)) &&
+            !(rc = vec(w, &mt->hc_head_scale, "mtp.0.", "hc_head_scale", 1, e)))
+            rc = layer(w, &mt->block, m->n_layers, has_expert, e);
+    }
+    if (rc) {
+        pd_err_prefix(e, "%s: ", dir);
         goto fail;
     }
-    for (int l = 0; l < m->n_layers; l++)
-        if ((rc = layer(w, l, has_expert, e))) {
-            pd_err_prefix(e, "%s: ", dir);
-            goto fail;
-        }
     return 0;
 fail:
     pd_weights_free(w);

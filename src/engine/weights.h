@@ -48,6 +48,14 @@ struct pd_layer_w {
     struct pd_expert_w *experts;       /* [experts]; an expert not on this rank has w1.out == 0 */
 };
 
+/* The MTP layer: a block plus its embedding/hidden projections and its own head mixing. */
+struct pd_mtp_w {
+    struct pd_linear e_proj, h_proj;   /* [hidden, hidden] */
+    float *enorm, *hnorm, *norm;       /* [hidden] */
+    float *hc_head_fn, *hc_head_base, *hc_head_scale;
+    struct pd_layer_w block;
+};
+
 struct pd_weights {
     const struct pd_model *m;
     struct pd_st_set st;               /* the mapped checkpoint */
@@ -56,7 +64,11 @@ struct pd_weights {
     struct pd_linear head;             /* [vocab, hidden] */
     float *norm;                       /* [hidden] */
     float *hc_head_fn, *hc_head_base, *hc_head_scale; /* [hc, hc*hidden], [hc], [1] */
-    struct pd_layer_w *layers;         /* [n_layers]; the MTP layer is not loaded */
+    struct pd_layer_w *layers;         /* [n_layers] */
+    struct pd_mtp_w mtp;               /* loaded when the checkpoint has it; not run yet */
+    int has_mtp;
+    int cur_class;                     /* class of the tensors being loaded: 0 = I, 1 = II */
+    int64_t loaded_bytes[2];           /* checkpoint bytes loaded: [0] routed experts, [1] the rest */
 };
 
 /* Loads the checkpoint directory `dir` for model m. `has_expert` (NULL = all) selects the routed

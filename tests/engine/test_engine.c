@@ -293,6 +293,12 @@ Test(engine, checkpoint_is_what_the_planner_counts)
         for (int c = 0; c < 2; c++)
             cr_assert_eq(a.inv.group_bytes[g][c], b.inv.group_bytes[g][c], "group %s", pd_group_name(g));
     cr_assert_eq(a.role[0].b.class_i, b.role[0].b.class_i);
+    /* and the engine loads exactly those bytes: every tensor, the MTP layer's included */
+    struct pd_engine en;
+    open_engine(&en, 1, 0);
+    cr_assert_eq(en.w.loaded_bytes[0], b.inv.class_bytes[PD_CLASS_I]);
+    cr_assert_eq(en.w.loaded_bytes[1], b.inv.class_bytes[PD_CLASS_II]);
+    pd_engine_close(&en);
     pd_plan_free(&a);
     pd_plan_free(&b);
 }
