@@ -1,130 +1,452 @@
-/* `pdmoe generate`: run a prompt through the engine and stream the continuation. */
+/* `pdmoe generate`: run prompts through the engine. One prompt in one process streams its
+ * continuation; several prompts, or --enable-expert-parallel under mpirun, run as a batch in
+ * lockstep (prompt i on rank i mod N) and rank 0 prints each result in prompt order. */
 #include "cli/cli.h"
 #include "core/timing.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "ep/ep.h"
 #include "model/tokenizer.h"
 
 #include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-int pd_cli_generate(int argc, char **argv)
+#define MAX_PROMPTS 64
+
+struct gen_opts {
+    const char *dir;
+    const char *prompt[MAX_PROMPTS];
+    int n_prompts;
+    int64_t max_tokens, seed, threads;
+    double temperature, top_p;
+    int ep, print_ids, report_weights;
+    const char *expert_stats;
+};
+
+/* One sequence of the batch on this rank. */
+struct gen_seq {
+    int prompt;                  /* index of its prompt */
+    int32_t *in;                 /* prompt ids (BOS first) */
+    int n_in;
+    struct pd_seq seq;
+    int32_t out[4096];           /* generated ids */
+    int n_out;
+    int done;
+    uint64_t digest;             /* FNV-1a of every logits vector a token was sampled from */
+    float *logits;
+};
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static int parse(int argc, char **argv, struct gen_opts *o)
 {
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"prompt", 1, 0, 'p'}, {"max-tokens", 1, 0, 'n'}, {"temperature", 1, 0, 't'},
-        {"top-p", 1, 0, 'P'}, {"seed", 1, 0, 's'}, {"threads", 1, 0, 'j'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"top-p", 1, 0, 'P'}, {"seed", 1, 0, 's'}, {"threads", 1, 0, 'j'},
+        {"enable-expert-parallel", 0, 0, 'E'}, {"print-ids", 0, 0, 'I'}, {"report-weights", 0, 0, 'W'},
+        {"expert-stats", 1, 0, 'S'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
-    const char *dir = NULL, *prompt = NULL;
-    int64_t max_tokens = 64, seed = 1, threads = 0;
-    double temperature = 0, top_p = 1;
+    memset(o, 0, sizeof *o);
+    o->max_tokens = 64;
+    o->seed = 1;
+    o->top_p = 1;
     int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case 'm': dir = optarg; break;
-        case 'p': prompt = optarg; break;
-        case 'n': if (pd_cli_int("--max-tokens", optarg, 1, &max_tokens)) return 2; break;
-        case 't': if (pd_cli_double("--temperature", optarg, &temperature)) return 2; break;
-        case 'P': if (pd_cli_double("--top-p", optarg, &top_p)) return 2; break;
-        case 's': if (pd_cli_int("--seed", optarg, 0, &seed)) return 2; break;
-        case 'j': if (pd_cli_int("--threads", optarg, 1, &threads)) return 2; break;
+        case 'm': o->dir = optarg; break;
+        case 'p':
+            if (o->n_prompts == MAX_PROMPTS) {
+                fprintf(stderr, "pdmoe generate: at most %d --prompt\n", MAX_PROMPTS);
+                return 2;
+            }
+            o->prompt[o->n_prompts++] = optarg;
+            break;
+        case 'n': if (pd_cli_int("--max-tokens", optarg, 1, &o->max_tokens)) return 2; break;
+        case 't': if (pd_cli_double("--temperature", optarg, &o->temperature)) return 2; break;
+        case 'P': if (pd_cli_double("--top-p", optarg, &o->top_p)) return 2; break;
+        case 's': if (pd_cli_int("--seed", optarg, 0, &o->seed)) return 2; break;
+        case 'j': if (pd_cli_int("--threads", optarg, 1, &o->threads)) return 2; break;
+        case 'E': o->ep = 1; break;
+        case 'I': o->print_ids = 1; break;
+        case 'W': o->report_weights = 1; break;
+        case 'S': o->expert_stats = optarg; break;
         case 'h':
-            printf("usage: pdmoe generate --model DIR --prompt TEXT [--max-tokens 64] [--temperature 0]\n"
-                   "                      [--top-p 1] [--seed 1] [--threads N]\n"
-                   "Greedy at temperature 0. Prints the text as it is produced, then tokens/s on stderr.\n");
-            return 0;
+            printf("usage: pdmoe generate --model DIR --prompt TEXT [--prompt TEXT ...] [--max-tokens 64]\n"
+                   "       [--temperature 0] [--top-p 1] [--seed 1] [--threads N]\n"
+                   "       [--enable-expert-parallel] [--print-ids] [--report-weights] [--expert-stats FILE]\n"
+                   "Greedy at temperature 0. With one prompt in one process the text streams as it is\n"
+                   "produced; otherwise the prompts run as one batch and each result is printed at the end.\n"
+                   "Under mpirun with --enable-expert-parallel the ranks form an EP group: rank k holds\n"
+                   "experts [k*E/N, (k+1)*E/N), prompt i runs on rank i mod N.\n");
+            return 1;
         default:
             fprintf(stderr, "pdmoe generate: unknown option or missing value: %s\n", argv[optind - 1]);
             return 2;
         }
     }
-    if (!dir || !prompt) {
+    if (!o->dir || !o->n_prompts) {
         fprintf(stderr, "pdmoe generate: --model DIR and --prompt TEXT are required\n");
         return 2;
     }
-    if (temperature < 0 || !(top_p > 0 && top_p <= 1)) {
+    if (o->temperature < 0 || !(o->top_p > 0 && o->top_p <= 1)) {
         fprintf(stderr, "pdmoe generate: --temperature must be >= 0 and --top-p in (0, 1]\n");
         return 2;
     }
-    pd_err e = {0};
-    char path[600];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    struct pd_tok *tok = NULL;
-    if (pd_tok_load(path, &tok, &e)) {
-        fprintf(stderr, "pdmoe generate: %s\n", e.msg);
-        return 1;
+    if (o->max_tokens > 4096) {
+        fprintf(stderr, "pdmoe generate: --max-tokens %lld: at most 4096\n", (long long)o->max_tokens);
+        return 2;
     }
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (pd_tok_encode(tok, prompt, strlen(prompt), &ids, &n, &e)) {
-        fprintf(stderr, "pdmoe generate: --prompt: %s\n", e.msg);
-        pd_tok_free(tok);
-        return 1;
-    }
-    int32_t bos = pd_tok_bos(tok), eos = pd_tok_eos(tok);
-    int32_t *in = malloc((n + 1) * sizeof *in);
-    int np = 0;
-    if (bos >= 0)
-        in[np++] = bos;
-    memcpy(in + np, ids, n * sizeof *ids);
-    np += (int)n;
-    free(ids);
+    return 0;
+}
+
+/* The batch: sequences of this rank, stepped together until every rank's are finished. */
+struct batch {
+    struct gen_opts *o;
     struct pd_engine en;
-    struct pd_engine_opts o = {.dir = dir, .threads = (int)threads, .max_seqs = 1,
-                               .max_model_len = np + max_tokens + 1};
-    int rc = 1;
-    if (pd_engine_open(&en, &o, &e)) {
-        fprintf(stderr, "pdmoe generate: %s\n", e.msg);
-        free(in);
-        pd_tok_free(tok);
-        return 1;
+    struct pd_tok *tok;
+    struct pd_ep ep;
+    int use_mpi, rank, size;
+    struct gen_seq *s;
+    int n;
+    int V, Vs;                  /* model vocabulary, tokenizer vocabulary (sampled ids stay below) */
+    int32_t eos;
+};
+
+static int step_all(struct batch *b, int prefill, pd_err *e)
+{
+    struct pd_step_item *items = calloc((size_t)b->n + 1, sizeof *items);
+    int32_t *next = calloc((size_t)b->n + 1, sizeof *next);
+    int m = 0;
+    for (int i = 0; i < b->n; i++) {
+        struct gen_seq *g = &b->s[i];
+        if (g->done)
+            continue;
+        if (prefill) {
+            items[m++] = (struct pd_step_item){.seq = &g->seq, .tokens = g->in, .n = g->n_in, .logits = g->logits};
+        } else {
+            next[i] = g->out[g->n_out - 1];
+            items[m++] = (struct pd_step_item){.seq = &g->seq, .tokens = &next[i], .n = 1, .logits = g->logits};
+        }
     }
-    const int V = (int)en.model.vocab_size;
-    /* ids past the tokenizer's last token are padding rows of the embedding: never emit them */
-    const int Vs = pd_tok_vocab_size(tok) < V ? pd_tok_vocab_size(tok) : V;
-    float *logits = malloc((size_t)V * sizeof *logits), *scratch = malloc((size_t)V * 2 * sizeof *scratch);
+    int rc = pd_engine_step(&b->en, items, m, e);
+    free(items);
+    free(next);
+    return rc;
+}
+
+/* Fault injection for the tests: PDMOE_FAULT_KILL_RANK=r and PDMOE_FAULT_KILL_STEP=s make rank r
+ * die by SIGKILL before decode step s, as a crashed node would. */
+static void maybe_die(const struct batch *b, int step)
+{
+    const char *r = getenv("PDMOE_FAULT_KILL_RANK"), *s = getenv("PDMOE_FAULT_KILL_STEP");
+    if (r && s && atoi(r) == b->rank && atoi(s) == step)
+        raise(SIGKILL);
+}
+
+static int run_batch(struct batch *b, pd_err *e)
+{
     struct pd_sampler smp;
-    pd_sampler_init(&smp, (float)temperature, (float)top_p, (uint64_t)seed);
-    struct pd_seq seq;
-    if (pd_seq_start(&en, &seq, &e))
-        goto fail;
+    pd_sampler_init(&smp, (float)b->o->temperature, (float)b->o->top_p, (uint64_t)b->o->seed + (uint64_t)b->rank);
+    float *scratch = malloc((size_t)b->V * 2 * sizeof(float));
+    int rc = step_all(b, 1, e);
+    for (int k = 0; !rc; k++) {
+        int active = 0;
+        for (int i = 0; i < b->n; i++) {
+            struct gen_seq *g = &b->s[i];
+            if (g->done)
+                continue;
+            g->digest = fnv(g->digest, g->logits, (size_t)b->V * sizeof(float));
+            int32_t t = pd_sample(&smp, g->logits, b->Vs, scratch);
+            g->out[g->n_out++] = t;
+            if (t == b->eos || g->n_out >= b->o->max_tokens)
+                g->done = 1;
+            else
+                active++;
+        }
+        if (b->use_mpi)
+            MPI_Allreduce(MPI_IN_PLACE, &active, 1, MPI_INT, MPI_SUM, b->ep.comm);
+        if (!active)
+            break;
+        maybe_die(b, k);
+        rc = step_all(b, 0, e);
+    }
+    free(scratch);
+    return rc;
+}
+
+/* Rank 0 prints every sequence, in prompt order: [i] text, ids and logits digest. */
+static void report(struct batch *b)
+{
+    /* per sequence: prompt, count, digest, ids */
+    int64_t *mine = calloc((size_t)b->n * (3 + 4096) + 1, sizeof *mine);
+    int len = 0;
+    for (int i = 0; i < b->n; i++) {
+        const struct gen_seq *g = &b->s[i];
+        mine[len++] = g->prompt;
+        mine[len++] = g->n_out;
+        mine[len++] = (int64_t)g->digest;
+        for (int j = 0; j < g->n_out; j++)
+            mine[len++] = g->out[j];
+    }
+    int64_t *all = mine;
+    int total = len;
+    int *lens = NULL, *dsp = NULL;
+    if (b->use_mpi) {
+        lens = calloc((size_t)b->size, sizeof *lens);
+        dsp = calloc((size_t)b->size, sizeof *dsp);
+        MPI_Gather(&len, 1, MPI_INT, lens, 1, MPI_INT, 0, b->ep.comm);
+        total = 0;
+        for (int r = 0; r < b->size && b->rank == 0; r++) {
+            dsp[r] = total;
+            total += lens[r];
+        }
+        all = b->rank == 0 ? calloc((size_t)total + 1, sizeof *all) : NULL;
+        MPI_Gatherv(mine, len, MPI_INT64_T, all, lens, dsp, MPI_INT64_T, 0, b->ep.comm);
+    }
+    if (b->rank == 0) {
+        for (int want = 0; want < b->o->n_prompts; want++) {
+            for (int at = 0; at < total;) {
+                int prompt = (int)all[at], n = (int)all[at + 1];
+                if (prompt == want) {
+                    int32_t ids[4096];
+                    for (int j = 0; j < n; j++)
+                        ids[j] = (int32_t)all[at + 3 + j];
+                    char *text = NULL;
+                    size_t tl = 0;
+                    printf("[%d] ", want);
+                    if (pd_tok_decode(b->tok, ids, (size_t)n, &text, &tl) == 0) {
+                        fwrite(text, 1, tl, stdout);
+                        free(text);
+                    }
+                    printf("\n");
+                    if (b->o->print_ids) {
+                        printf("[%d] ids", want);
+                        for (int j = 0; j < n; j++)
+                            printf(" %d", ids[j]);
+                        printf("\n[%d] logits-digest %016" PRIx64 "\n", want, (uint64_t)all[at + 2]);
+                    }
+                }
+                at += 3 + n;
+            }
+        }
+        fflush(stdout);
+    }
+    if (all != mine)
+        free(all);
+    free(mine);
+    free(lens);
+    free(dsp);
+}
+
+static void report_weights(struct batch *b)
+{
+    int64_t mine[2] = {b->en.w.loaded_bytes[0], b->en.w.loaded_bytes[1]}, all[2 * 256];
+    if (b->use_mpi)
+        MPI_Gather(mine, 2, MPI_INT64_T, all, 2, MPI_INT64_T, 0, b->ep.comm);
+    else
+        memcpy(all, mine, sizeof mine);
+    for (int r = 0; r < b->size && b->rank == 0; r++)
+        printf("rank %d weights: class I %" PRId64 " bytes, class II %" PRId64 " bytes\n", r, all[2 * r], all[2 * r + 1]);
+}
+
+static int write_stats(struct batch *b, pd_err *e)
+{
+    const struct pd_model *m = &b->en.model;
+    size_t n = (size_t)m->n_layers * m->n_routed_experts;
+    int64_t *sum = calloc(n, sizeof *sum);
+    if (!sum)
+        return pd_err_set(e, PD_ENOMEM, "out of memory");
+    if (b->use_mpi)
+        MPI_Reduce(b->en.expert_tokens, sum, (int)n, MPI_INT64_T, MPI_SUM, 0, b->ep.comm);
+    else
+        memcpy(sum, b->en.expert_tokens, n * sizeof *sum);
+    int rc = 0;
+    if (b->rank == 0) {
+        FILE *f = fopen(b->o->expert_stats, "w");
+        if (!f) {
+            free(sum);
+            return pd_err_set(e, PD_EIO, "--expert-stats %s: cannot create", b->o->expert_stats);
+        }
+        fprintf(f, "{\"model\": \"%s\", \"ranks\": %d, \"experts\": %d, \"tokens_per_expert\": [\n", m->name, b->size,
+                m->n_routed_experts);
+        for (int l = 0; l < m->n_layers; l++) {
+            fprintf(f, "  [");
+            for (int x = 0; x < m->n_routed_experts; x++)
+                fprintf(f, "%s%" PRId64, x ? ", " : "", sum[(size_t)l * m->n_routed_experts + x]);
+            fprintf(f, "]%s\n", l + 1 < m->n_layers ? "," : "");
+        }
+        fprintf(f, "]}\n");
+        if (fclose(f))
+            rc = pd_err_set(e, PD_EIO, "--expert-stats %s: write failed", b->o->expert_stats);
+    }
+    free(sum);
+    return rc;
+}
+
+static int stream_one(struct gen_opts *o, struct batch *b, pd_err *e)
+{
+    struct gen_seq *g = &b->s[0];
+    struct pd_sampler smp;
+    pd_sampler_init(&smp, (float)o->temperature, (float)o->top_p, (uint64_t)o->seed);
+    float *scratch = malloc((size_t)b->V * 2 * sizeof(float));
     double t0 = pd_now_s();
-    struct pd_step_item it = {.seq = &seq, .tokens = in, .n = np, .logits = logits};
-    if (pd_engine_step(&en, &it, 1, &e))
-        goto fail;
+    struct pd_step_item it = {.seq = &g->seq, .tokens = g->in, .n = g->n_in, .logits = g->logits};
+    int rc = pd_engine_step(&b->en, &it, 1, e);
     double t1 = pd_now_s();
     int produced = 0;
-    for (; produced < max_tokens; produced++) {
-        int32_t next = pd_sample(&smp, logits, Vs, scratch);
-        if (next == eos)
+    for (; !rc && produced < o->max_tokens; produced++) {
+        int32_t next = pd_sample(&smp, g->logits, b->Vs, scratch);
+        if (next == b->eos)
             break;
         size_t len;
-        const char *bytes = pd_tok_token_bytes(tok, next, &len);
+        const char *bytes = pd_tok_token_bytes(b->tok, next, &len);
         if (bytes)
             fwrite(bytes, 1, len, stdout);
         fflush(stdout);
-        if (produced + 1 == max_tokens)
+        if (produced + 1 == o->max_tokens) {
+            produced++;
             break;
-        it = (struct pd_step_item){.seq = &seq, .tokens = &next, .n = 1, .logits = logits};
-        if (pd_engine_step(&en, &it, 1, &e))
-            goto fail;
+        }
+        it = (struct pd_step_item){.seq = &g->seq, .tokens = &next, .n = 1, .logits = g->logits};
+        rc = pd_engine_step(&b->en, &it, 1, e);
     }
     double t2 = pd_now_s();
     printf("\n");
-    fprintf(stderr, "prompt: %d tokens, %.1f tokens/s; decode: %d tokens, %.1f tokens/s\n", np, np / (t1 - t0),
-            produced, produced > 1 ? (produced - 1) / (t2 - t1) : 0.0);
-    rc = 0;
-fail:
-    if (rc)
-        fprintf(stderr, "pdmoe generate: %s\n", e.msg);
-    pd_seq_end(&en, &seq);
-    pd_engine_close(&en);
-    free(logits);
+    if (!rc)
+        fprintf(stderr, "prompt: %d tokens, %.1f tokens/s; decode: %d tokens, %.1f tokens/s\n", g->n_in,
+                g->n_in / (t1 - t0), produced, produced > 1 ? (produced - 1) / (t2 - t1) : 0.0);
     free(scratch);
-    free(in);
-    pd_tok_free(tok);
+    return rc;
+}
+
+int pd_cli_generate(int argc, char **argv)
+{
+    struct gen_opts o;
+    int rc = parse(argc, argv, &o);
+    if (rc)
+        return rc == 1 ? 0 : rc;
+    struct batch b = {.o = &o, .size = 1};
+    pd_err e = {0};
+    if (o.ep) {
+        int provided;
+        MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+        b.use_mpi = 1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &b.size);
+    }
+    char path[600];
+    snprintf(path, sizeof path, "%s/tokenizer.json", o.dir);
+    struct pd_model m;
+    rc = 1;
+    if (pd_tok_load(path, &b.tok, &e) || pd_model_load(o.dir, &m, &e))
+        goto out;
+    if (o.ep && pd_ep_init(&b.ep, MPI_COMM_WORLD, &m, &e))
+        goto out;
+    if (o.ep)
+        b.ep.comm = MPI_COMM_WORLD;
+    /* this rank's prompts: i mod N == rank */
+    b.s = calloc(MAX_PROMPTS, sizeof *b.s);
+    int64_t longest = 0;
+    int32_t bos = pd_tok_bos(b.tok);
+    for (int i = 0; i < o.n_prompts; i++) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (pd_tok_encode(b.tok, o.prompt[i], strlen(o.prompt[i]), &ids, &n, &e)) {
+            pd_err_prefix(&e, "--prompt %d: ", i + 1);
+            goto out;
+        }
+        longest = (int64_t)n + 1 > longest ? (int64_t)n + 1 : longest;
+        if (i % b.size != b.rank) {
+            free(ids);
+            continue;
+        }
+        struct gen_seq *g = &b.s[b.n++];
+        g->prompt = i;
+        g->in = malloc((n + 1) * sizeof *g->in);
+        if (bos >= 0)
+            g->in[g->n_in++] = bos;
+        memcpy(g->in + g->n_in, ids, n * sizeof *ids);
+        g->n_in += (int)n;
+        g->digest = 0xcbf29ce484222325ull;
+        free(ids);
+    }
+    int threads = (int)o.threads;
+    if (!threads) {
+        /* share the node's cores between the ranks on it */
+        int cores = (int)sysconf(_SC_NPROCESSORS_ONLN), local = 1;
+        if (o.ep) {
+            MPI_Comm node;
+            MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, b.rank, MPI_INFO_NULL, &node);
+            MPI_Comm_size(node, &local);
+            MPI_Comm_free(&node);
+        }
+        threads = cores / local > 0 ? cores / local : 1;
+    }
+    struct pd_engine_opts eo = {.dir = o.dir, .threads = threads, .max_seqs = b.n > 0 ? b.n : 1,
+                                .max_model_len = longest + o.max_tokens + 1,
+                                .has_expert = o.ep ? b.ep.has_expert : NULL};
+    if (pd_engine_open(&b.en, &eo, &e))
+        goto out;
+    if (o.ep)
+        pd_ep_attach(&b.ep, &b.en);
+    b.V = (int)b.en.model.vocab_size;
+    b.Vs = pd_tok_vocab_size(b.tok) < b.V ? pd_tok_vocab_size(b.tok) : b.V;
+    b.eos = pd_tok_eos(b.tok);
+    for (int i = 0; i < b.n; i++) {
+        b.s[i].logits = malloc((size_t)b.V * sizeof(float));
+        if (pd_seq_start(&b.en, &b.s[i].seq, &e))
+            goto out;
+    }
+    if (o.report_weights)
+        report_weights(&b);
+    if (!o.ep && o.n_prompts == 1 && !o.print_ids) {
+        if (stream_one(&o, &b, &e))
+            goto out;
+    } else {
+        double t0 = pd_now_s();
+        if (run_batch(&b, &e))
+            goto out;
+        report(&b);
+        if (b.rank == 0)
+            fprintf(stderr, "%d sequences on %d rank%s in %.2f s\n", o.n_prompts, b.size, b.size > 1 ? "s" : "",
+                    pd_now_s() - t0);
+    }
+    if (o.expert_stats && write_stats(&b, &e))
+        goto out;
+    rc = 0;
+out:
+    if (rc && b.use_mpi)
+        fprintf(stderr, "pdmoe generate (rank %d of %d): %s\n", b.rank, b.size, e.msg);
+    else if (rc)
+        fprintf(stderr, "pdmoe generate: %s\n", e.msg);
+    for (int i = 0; b.s && i < b.n; i++) {
+        if (b.s[i].seq.kv.blocks)
+            pd_seq_end(&b.en, &b.s[i].seq);
+        free(b.s[i].in);
+        free(b.s[i].logits);
+    }
+    free(b.s);
+    if (b.en.w.layers)
+        pd_engine_close(&b.en);
+    pd_tok_free(b.tok);
+    if (o.ep) {
+        pd_ep_free(&b.ep);
+        if (rc)
+            MPI_Abort(MPI_COMM_WORLD, rc);
+        MPI_Finalize();
+    }
     return rc;
 }

@@ -15,7 +15,7 @@ void *pd_scratch(struct pd_engine *en, int slot, size_t bytes, pd_err *e)
 {
     assert(slot > 0 && slot < PD_ENGINE_SCRATCH);
     struct pd_scratch_buf *b = &en->scratch[slot];
-    if (b->cap < bytes) {
+    if (!b->p || b->cap < bytes) {
         /* grow by half again: steps of slightly different sizes do not reallocate */
         size_t cap = bytes + bytes / 2 + 64;
         void *p = NULL;

@@ -1,0 +1,196 @@
+/* Expert-parallel dispatch and combine with MPI_Alltoallv (see ep.h). */
+#include "ep/ep.h"
+#include "core/timing.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int pd_ep_init(struct pd_ep *ep, MPI_Comm comm, const struct pd_model *m, pd_err *e)
+{
+    memset(ep, 0, sizeof *ep);
+    ep->comm = comm;
+    MPI_Comm_rank(comm, &ep->rank);
+    MPI_Comm_size(comm, &ep->size);
+    ep->n_experts = m->n_routed_experts;
+    ep->top_k = m->n_experts_per_tok;
+    ep->hidden = (int)m->hidden_size;
+    int rc = pd_placement_build(&ep->place, m->n_routed_experts, ep->size, 0, NULL, e);
+    if (rc)
+        return pd_err_prefix(e, "expert parallelism over %d ranks: ", ep->size);
+    int n = ep->size;
+    ep->owner = calloc((size_t)ep->n_experts, sizeof *ep->owner);
+    ep->has_expert = calloc((size_t)ep->n_experts, 1);
+    ep->scnt = calloc((size_t)n * 8, sizeof(int));
+    if (!ep->owner || !ep->has_expert || !ep->scnt) {
+        pd_ep_free(ep);
+        return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
+    }
+    ep->rcnt = ep->scnt + n;
+    ep->sdsp = ep->scnt + 2 * n;
+    ep->rdsp = ep->scnt + 3 * n;
+    ep->sb = ep->scnt + 4 * n;
+    ep->rb = ep->scnt + 5 * n;
+    ep->sbd = ep->scnt + 6 * n;
+    ep->rbd = ep->scnt + 7 * n;
+    for (int k = 0; k < n; k++)
+        for (int s = 0; s < ep->place.slots; s++) {
+            int x = ep->place.map[k * ep->place.slots + s];
+            ep->owner[x] = k;
+            if (k == ep->rank)
+                ep->has_expert[x] = 1;
+        }
+    return 0;
+}
+
+void pd_ep_free(struct pd_ep *ep)
+{
+    pd_placement_free(&ep->place);
+    free(ep->owner);
+    free(ep->has_expert);
+    free(ep->scnt);
+    free(ep->sbuf);
+    free(ep->rbuf);
+    free(ep->out);
+    free(ep->back);
+    free(ep->order);
+    memset(ep, 0, sizeof *ep);
+}
+
+static int grow(void **p, size_t *cap, size_t need, pd_err *e)
+{
+    if (*cap >= need)
+        return 0;
+    size_t c = need + need / 2 + 64;
+    void *q = realloc(*p, c);
+    if (!q)
+        return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory for %zu bytes", need);
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+/* One dispatch record: expert id, the row's scale, the row's int8 values (padded to 4 bytes). */
+static size_t record_bytes(int hidden)
+{
+    return 8 + (((size_t)hidden + 3) & ~(size_t)3);
+}
+
+static int exchange(struct pd_ep *ep, const void *sbuf, const int *sc, const int *sd, void *rbuf, const int *rc,
+                    const int *rd, pd_err *e)
+{
+    int r = MPI_Alltoallv(sbuf, sc, sd, MPI_BYTE, rbuf, rc, rd, MPI_BYTE, ep->comm);
+    if (r != MPI_SUCCESS) {
+        char msg[MPI_MAX_ERROR_STRING];
+        int len;
+        MPI_Error_string(r, msg, &len);
+        return pd_err_set(e, PD_EIO, "expert parallelism: MPI_Alltoallv failed on rank %d: %s", ep->rank, msg);
+    }
+    for (int k = 0; k < ep->size; k++)
+        if (k != ep->rank)
+            ep->bytes_sent += sc[k];
+    return 0;
+}
+
+static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *ids, int T,
+                      float *y, pd_err *e)
+{
+    struct pd_ep *ep = ctx;
+    const int n = ep->size, k = ep->top_k, H = ep->hidden, P = T * k;
+    const size_t rec = record_bytes(H);
+    double t0 = pd_now_s();
+    int rc;
+    /* counts: pairs for each rank, in pair order within a rank */
+    for (int r = 0; r < n; r++)
+        ep->scnt[r] = 0;
+    for (int p = 0; p < P; p++)
+        ep->scnt[ep->owner[ids[p]]]++;
+    if (MPI_Alltoall(ep->scnt, 1, MPI_INT, ep->rcnt, 1, MPI_INT, ep->comm) != MPI_SUCCESS)
+        return pd_err_set(e, PD_EIO, "expert parallelism: MPI_Alltoall of counts failed on rank %d", ep->rank);
+    int R = 0;
+    for (int r = 0; r < n; r++) {
+        ep->sdsp[r] = r ? ep->sdsp[r - 1] + ep->scnt[r - 1] : 0;
+        ep->rdsp[r] = R;
+        R += ep->rcnt[r];
+        ep->sb[r] = ep->scnt[r] * (int)rec;
+        ep->rb[r] = ep->rcnt[r] * (int)rec;
+        ep->sbd[r] = ep->sdsp[r] * (int)rec;
+        ep->rbd[r] = ep->rdsp[r] * (int)rec;
+    }
+    if ((rc = grow((void **)&ep->sbuf, &ep->scap, (size_t)P * rec + 1, e)) ||
+        (rc = grow((void **)&ep->rbuf, &ep->rcap, (size_t)R * rec + 1, e)) ||
+        (rc = grow((void **)&ep->order, &ep->ordcap, ((size_t)P + 1) * sizeof(int), e)))
+        return rc;
+    /* dispatch: pack each pair's record at its rank's next slot */
+    int *cursor = calloc((size_t)n, sizeof(int));
+    if (!cursor)
+        return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
+    for (int p = 0; p < P; p++) {
+        int r = ep->owner[ids[p]], slot = ep->sdsp[r] + cursor[r]++;
+        char *d = ep->sbuf + (size_t)slot * rec;
+        int32_t x = ids[p];
+        int row = p / k;
+        memcpy(d, &x, 4);
+        memcpy(d + 4, &a->scale[row], 4);
+        memcpy(d + 8, a->q + (size_t)row * H, (size_t)H);
+        ep->order[slot] = p;
+    }
+    free(cursor);
+    if ((rc = exchange(ep, ep->sbuf, ep->sb, ep->sbd, ep->rbuf, ep->rb, ep->rbd, e)))
+        return rc;
+    /* the experts held here, on the rows sent to them */
+    double t1 = pd_now_s();
+    int8_t *q = NULL;
+    float *scale = NULL;
+    int32_t *expert = NULL, *row = NULL;
+    if (R > 0) {
+        q = malloc((size_t)R * H);
+        scale = malloc((size_t)R * 4);
+        expert = malloc((size_t)R * 4);
+        row = malloc((size_t)R * 4);
+    }
+    if ((rc = grow((void **)&ep->out, &ep->ocap, (size_t)R * H * 4 + 4, e)) ||
+        (rc = grow((void **)&ep->back, &ep->bcap, (size_t)P * H * 4 + 4, e)) ||
+        (R > 0 && (!q || !scale || !expert || !row))) {
+        free(q);
+        free(scale);
+        free(expert);
+        free(row);
+        return rc ? rc : pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
+    }
+    for (int i = 0; i < R; i++) {
+        const char *s = ep->rbuf + (size_t)i * rec;
+        memcpy(&expert[i], s, 4);
+        memcpy(&scale[i], s + 4, 4);
+        memcpy(q + (size_t)i * H, s + 8, (size_t)H);
+        row[i] = i;
+    }
+    pd_qmat ra = {.q = q, .scale = scale, .rows = R, .cols = H};
+    rc = pd_engine_run_experts(en, layer, &ra, row, expert, R, ep->out, e);
+    free(q);
+    free(scale);
+    free(expert);
+    free(row);
+    if (rc)
+        return rc;
+    double t2 = pd_now_s();
+    /* combine: each output row back to its origin, in the order it came */
+    for (int r = 0; r < n; r++) {
+        ep->sb[r] = ep->rcnt[r] * H * 4;
+        ep->sbd[r] = ep->rdsp[r] * H * 4;
+        ep->rb[r] = ep->scnt[r] * H * 4;
+        ep->rbd[r] = ep->sdsp[r] * H * 4;
+    }
+    if ((rc = exchange(ep, ep->out, ep->sb, ep->sbd, ep->back, ep->rb, ep->rbd, e)))
+        return rc;
+    for (int slot = 0; slot < P; slot++)
+        memcpy(y + (size_t)ep->order[slot] * H, ep->back + (size_t)slot * H, (size_t)H * 4);
+    ep->t_exchange += (t1 - t0) + (pd_now_s() - t2);
+    ep->exchanges++;
+    return 0;
+}
+
+void pd_ep_attach(struct pd_ep *ep, struct pd_engine *en)
+{
+    en->experts_fn = ep_experts;
+    en->experts_ctx = ep;
+}
