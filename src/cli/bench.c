@@ -11,6 +11,7 @@ int pd_cli_bench(int argc, char **argv)
         {"plan", pd_bench_plan},
         {"kernels", pd_bench_kernels},
         {"decode", pd_bench_decode},
+        {"ep", pd_bench_ep},
     };
     if (argc >= 2)
         for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)

@@ -53,6 +53,10 @@ void pd_ep_free(struct pd_ep *ep)
     free(ep->out);
     free(ep->back);
     free(ep->order);
+    free(ep->rq);
+    free(ep->rscale);
+    free(ep->rexpert);
+    free(ep->rrow);
     memset(ep, 0, sizeof *ep);
 }
 
@@ -139,24 +143,16 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
         return rc;
     /* the experts held here, on the rows sent to them */
     double t1 = pd_now_s();
-    int8_t *q = NULL;
-    float *scale = NULL;
-    int32_t *expert = NULL, *row = NULL;
-    if (R > 0) {
-        q = malloc((size_t)R * H);
-        scale = malloc((size_t)R * 4);
-        expert = malloc((size_t)R * 4);
-        row = malloc((size_t)R * 4);
-    }
     if ((rc = grow((void **)&ep->out, &ep->ocap, (size_t)R * H * 4 + 4, e)) ||
         (rc = grow((void **)&ep->back, &ep->bcap, (size_t)P * H * 4 + 4, e)) ||
-        (R > 0 && (!q || !scale || !expert || !row))) {
-        free(q);
-        free(scale);
-        free(expert);
-        free(row);
-        return rc ? rc : pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
-    }
+        (rc = grow((void **)&ep->rq, &ep->rqcap, (size_t)R * H + 4, e)) ||
+        (rc = grow((void **)&ep->rscale, &ep->rscap, (size_t)R * 4 + 4, e)) ||
+        (rc = grow((void **)&ep->rexpert, &ep->recap, (size_t)R * 4 + 4, e)) ||
+        (rc = grow((void **)&ep->rrow, &ep->rrcap, (size_t)R * 4 + 4, e)))
+        return rc;
+    int8_t *q = ep->rq;
+    float *scale = ep->rscale;
+    int32_t *expert = ep->rexpert, *row = ep->rrow;
     for (int i = 0; i < R; i++) {
         const char *s = ep->rbuf + (size_t)i * rec;
         memcpy(&expert[i], s, 4);
@@ -166,12 +162,10 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
     }
     pd_qmat ra = {.q = q, .scale = scale, .rows = R, .cols = H};
     rc = pd_engine_run_experts(en, layer, &ra, row, expert, R, ep->out, e);
-    free(q);
-    free(scale);
-    free(expert);
-    free(row);
     if (rc)
         return rc;
+    if (ep->sync_before_combine)
+        MPI_Barrier(ep->comm);
     double t2 = pd_now_s();
     /* combine: each output row back to its origin, in the order it came */
     for (int r = 0; r < n; r++) {

@@ -33,6 +33,10 @@ struct pd_ep {
     size_t scap, rcap;
     float *out, *back;
     size_t ocap, bcap;
+    int8_t *rq;                    /* received rows unpacked: int8 [R, hidden] */
+    float *rscale;                 /* [R] */
+    int32_t *rexpert, *rrow;       /* [R] */
+    size_t rqcap, rscap, recap, rrcap;
     int *scnt, *rcnt, *sdsp, *rdsp, *sb, *rb, *sbd, *rbd; /* [size] counts and displacements */
     int *order;                    /* send slot -> pair */
     size_t ordcap;
@@ -40,6 +44,8 @@ struct pd_ep {
     double t_exchange;             /* seconds inside the three collectives */
     int64_t bytes_sent;            /* dispatch + combine bytes sent to other ranks */
     int64_t exchanges;             /* MoE layers exchanged */
+    int sync_before_combine;       /* benchmarks: a barrier (not timed) before the combine, so
+                                    * t_exchange leaves out waiting for the slowest rank's experts */
 };
 
 /* A group over `comm` for model m (redundant experts: 0 for now). */

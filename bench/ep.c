@@ -1,0 +1,261 @@
+/* `pdmoe bench ep --ranks 1,2,4 --model DIR`: expert-parallel dispatch + combine per MoE layer for
+ * 1 to 256 tokens per rank, against the same MPI_Alltoallv volumes timed alone, and decode
+ * tokens/s of the model for each group size. The command launches `mpirun -n N pdmoe bench
+ * ep-worker` for each N (oversubscribed on small machines) and prints the workers' rank-0 report. */
+#include "bench.h"
+#include "core/timing.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
+#include "ep/ep.h"
+#include "kernels/quant.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return v[n / 2];
+}
+
+/* Random distinct experts per token, ascending (what the router produces). */
+static void route(int32_t *ids, int T, int k, int E, uint64_t *s)
+{
+    for (int t = 0; t < T; t++) {
+        int32_t *id = ids + (size_t)t * k;
+        for (int j = 0; j < k; j++) {
+            int dup;
+            do {
+                *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+                id[j] = (int32_t)((*s >> 33) % (uint64_t)E);
+                dup = 0;
+                for (int q = 0; q < j; q++)
+                    dup |= id[q] == id[j];
+            } while (dup);
+        }
+        for (int a = 1; a < k; a++)
+            for (int b = a; b > 0 && id[b] < id[b - 1]; b--) {
+                int32_t x = id[b];
+                id[b] = id[b - 1];
+                id[b - 1] = x;
+            }
+    }
+}
+
+static double raw_alltoallv(struct pd_ep *ep, int reps)
+{
+    /* the volumes of the last exchange: counts, dispatch records, combine rows */
+    const int n = ep->size, H = ep->hidden;
+    const int rec = 8 + ((H + 3) & ~3);
+    int *sc = calloc((size_t)n * 4, sizeof(int)), *sd = sc + n, *rc = sc + 2 * n, *rd = sc + 3 * n;
+    size_t pairs = 0;   /* dispatch sends what combine receives and the other way round */
+    for (int r = 0; r < n; r++)
+        pairs += (size_t)ep->scnt[r] + (size_t)ep->rcnt[r];
+    size_t bytes = pairs * (size_t)(rec > 4 * H ? rec : 4 * H) + 64;
+    char *sb = malloc(bytes), *rb = malloc(bytes);
+    double *t = calloc((size_t)reps, sizeof *t);
+    int cnt[256], cnt2[256];
+    for (int i = 0; i < reps; i++) {
+        MPI_Barrier(ep->comm);
+        double t0 = pd_now_s();
+        MPI_Alltoall(cnt, 1, MPI_INT, cnt2, 1, MPI_INT, ep->comm);
+        for (int phase = 0; phase < 2; phase++) {
+            int s = 0, q = 0;
+            for (int r = 0; r < n; r++) {
+                int a = phase ? ep->rcnt[r] * 4 * H : ep->scnt[r] * rec;
+                int b = phase ? ep->scnt[r] * 4 * H : ep->rcnt[r] * rec;
+                sc[r] = a;
+                sd[r] = s;
+                s += a;
+                rc[r] = b;
+                rd[r] = q;
+                q += b;
+            }
+            MPI_Alltoallv(sb, sc, sd, MPI_BYTE, rb, rc, rd, MPI_BYTE, ep->comm);
+        }
+        t[i] = pd_now_s() - t0;
+    }
+    double m = median(t, reps);
+    free(sc);
+    free(sb);
+    free(rb);
+    free(t);
+    return m;
+}
+
+static int worker(const char *dir, int quick)
+{
+    int provided, rank, size;
+    MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    pd_err e = {0};
+    struct pd_model m;
+    struct pd_ep ep;
+    struct pd_engine en;
+    if (pd_model_load(dir, &m, &e) || pd_ep_init(&ep, MPI_COMM_WORLD, &m, &e)) {
+        fprintf(stderr, "bench ep (rank %d): %s\n", rank, e.msg);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN), threads = cores / size > 0 ? cores / size : 1;
+    struct pd_engine_opts o = {.dir = dir, .threads = threads, .max_seqs = 16, .max_model_len = 256,
+                               .has_expert = ep.has_expert};
+    if (pd_engine_open(&en, &o, &e)) {
+        fprintf(stderr, "bench ep (rank %d): %s\n", rank, e.msg);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    pd_ep_attach(&ep, &en);
+    ep.sync_before_combine = 1;
+    const int H = (int)m.hidden_size, k = m.n_experts_per_tok, E = m.n_routed_experts;
+    const int layer = m.num_hash_layers < m.n_layers ? m.num_hash_layers : 0, reps = quick ? 5 : 30;
+    if (rank == 0) {
+        printf("pdmoe bench ep: %s, %d rank%s, %d thread%s each, layer %d (top-%d of %d experts, hidden %d)\n", dir,
+               size, size > 1 ? "s" : "", threads, threads > 1 ? "s" : "", layer, k, E, H);
+        printf("  %10s %16s %14s %14s %14s %10s\n", "tokens/rank", "bytes out/rank", "dispatch+comb", "raw alltoallv",
+               "experts", "overhead");
+    }
+    uint64_t seed = 42 + (uint64_t)rank;
+    for (int T = 1; T <= (quick ? 16 : 256); T *= 4) {
+        float *x = malloc((size_t)T * H * 4), *y = malloc((size_t)T * k * H * 4), *s = malloc((size_t)T * 4);
+        int8_t *q = malloc((size_t)T * H);
+        int32_t *ids = malloc((size_t)T * k * 4);
+        for (size_t i = 0; i < (size_t)T * H; i++)
+            x[i] = (float)((int)(i * 2654435761u % 2001) - 1000) / 1000.0f;
+        pd_quant_rows(x, T, H, q, s);
+        pd_qmat a = {.q = q, .scale = s, .rows = T, .cols = H};
+        double *tx = calloc((size_t)reps, sizeof *tx), *tt = calloc((size_t)reps, sizeof *tt);
+        int64_t sent = 0;
+        for (int i = 0; i < reps; i++) {
+            route(ids, T, k, E, &seed);
+            MPI_Barrier(MPI_COMM_WORLD);
+            double x0 = ep.t_exchange, t0 = pd_now_s();
+            int64_t b0 = ep.bytes_sent;
+            if (en.experts_fn(en.experts_ctx, &en, layer, &a, ids, T, y, &e)) {
+                fprintf(stderr, "bench ep (rank %d): %s\n", rank, e.msg);
+                MPI_Abort(MPI_COMM_WORLD, 1);
+            }
+            tt[i] = pd_now_s() - t0;
+            tx[i] = ep.t_exchange - x0;
+            sent = ep.bytes_sent - b0;
+        }
+        double ex = median(tx, reps), total = median(tt, reps), raw = raw_alltoallv(&ep, reps);
+        double mx[2] = {ex, total}, red[2];
+        MPI_Reduce(mx, red, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+        double rawmax;
+        MPI_Reduce(&raw, &rawmax, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+        if (rank == 0)
+            printf("  %10d %16lld %11.1f us %11.1f us %11.1f us %9.2fx\n", T, (long long)sent, red[0] * 1e6,
+                   rawmax * 1e6, (red[1] - red[0]) * 1e6, rawmax > 0 ? red[0] / rawmax : 0.0);
+        free(x);
+        free(y);
+        free(s);
+        free(q);
+        free(ids);
+        free(tx);
+        free(tt);
+    }
+    /* decode: 16 sequences in all, spread over the ranks */
+    ep.sync_before_combine = 0;
+    const int total = 16, steps = quick ? 4 : 24, prompt = 32, V = (int)m.vocab_size;
+    int mine = total / size + (rank < total % size);
+    struct pd_seq *sq = calloc((size_t)mine + 1, sizeof *sq);
+    struct pd_step_item *it = calloc((size_t)mine + 1, sizeof *it);
+    float *l = malloc((size_t)(mine + 1) * V * 4);
+    int32_t ids[32], *next = calloc((size_t)mine + 1, sizeof *next);
+    for (int i = 0; i < prompt; i++)
+        ids[i] = (i * 131 + 7) % 1000;
+    for (int i = 0; i < mine; i++) {
+        pd_seq_start(&en, &sq[i], &e);
+        it[i] = (struct pd_step_item){.seq = &sq[i], .tokens = ids, .n = prompt, .logits = l + (size_t)i * V};
+    }
+    pd_engine_step(&en, it, mine, &e);
+    struct pd_sampler sm;
+    pd_sampler_init(&sm, 0, 1, 0);
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = pd_now_s();
+    for (int s = 0; s < steps; s++) {
+        for (int i = 0; i < mine; i++) {
+            next[i] = pd_sample(&sm, l + (size_t)i * V, V, NULL);
+            it[i] = (struct pd_step_item){.seq = &sq[i], .tokens = &next[i], .n = 1, .logits = l + (size_t)i * V};
+        }
+        if (pd_engine_step(&en, it, mine, &e)) {
+            fprintf(stderr, "bench ep (rank %d): %s\n", rank, e.msg);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    double dt = pd_now_s() - t0;
+    if (rank == 0)
+        printf("  decode, %d sequences over %d rank%s: %.1f tokens/s (%d steps)\n", total, size, size > 1 ? "s" : "",
+               total * steps / dt, steps);
+    for (int i = 0; i < mine; i++)
+        pd_seq_end(&en, &sq[i]);
+    free(sq);
+    free(it);
+    free(l);
+    free(next);
+    pd_engine_close(&en);
+    pd_ep_free(&ep);
+    MPI_Finalize();
+    return 0;
+}
+
+int pd_bench_ep(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"ranks", 1, 0, 'r'}, {"model", 1, 0, 'm'}, {"quick", 0, 0, 'q'}, {"worker", 0, 0, 'w'}, {0, 0, 0, 0},
+    };
+    const char *ranks = "1,2,4", *dir = "models/mini";
+    int quick = 0, is_worker = 0, c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (c == 'r')
+            ranks = optarg;
+        else if (c == 'm')
+            dir = optarg;
+        else if (c == 'q')
+            quick = 1;
+        else if (c == 'w')
+            is_worker = 1;
+        else {
+            fprintf(stderr, "usage: pdmoe bench ep [--ranks 1,2,4] [--model DIR] [--quick]\n");
+            return 2;
+        }
+    }
+    if (is_worker)
+        return worker(dir, quick);
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        fprintf(stderr, "bench ep: cannot find this program's path\n");
+        return 1;
+    }
+    self[n] = 0;
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", ranks);
+    int rc = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
+        int r = atoi(t);
+        if (r < 1 || r > 64) {
+            fprintf(stderr, "bench ep: --ranks %s: each between 1 and 64\n", ranks);
+            return 2;
+        }
+        char cmd[8192];
+        snprintf(cmd, sizeof cmd,
+                 "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -n %d --oversubscribe '%s' bench ep "
+                 "--worker --model '%s'%s", r, self, dir, quick ? " --quick" : "");
+        fflush(stdout);
+        rc = system(cmd) != 0;
+    }
+    return rc;
+}
