@@ -176,8 +176,11 @@ static int run_batch(struct batch *b, pd_err *e)
             else
                 active++;
         }
-        if (b->use_mpi)
-            MPI_Allreduce(MPI_IN_PLACE, &active, 1, MPI_INT, MPI_SUM, b->ep.comm);
+        if (b->use_mpi) {
+            MPI_Request req;
+            MPI_Iallreduce(MPI_IN_PLACE, &active, 1, MPI_INT, MPI_SUM, b->ep.comm, &req);
+            pd_ep_wait(&req);
+        }
         if (!active)
             break;
         maybe_die(b, k);

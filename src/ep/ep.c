@@ -3,6 +3,9 @@
 #include "core/timing.h"
 
 #include <stdlib.h>
+#include <sched.h>
+#include <sys/prctl.h>
+#include <time.h>
 #include <string.h>
 
 int pd_ep_init(struct pd_ep *ep, MPI_Comm comm, const struct pd_model *m, pd_err *e)
@@ -11,6 +14,8 @@ int pd_ep_init(struct pd_ep *ep, MPI_Comm comm, const struct pd_model *m, pd_err
     ep->comm = comm;
     MPI_Comm_rank(comm, &ep->rank);
     MPI_Comm_size(comm, &ep->size);
+    /* sleeps of a few microseconds should not be stretched by the default 50 us timer slack */
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     ep->n_experts = m->n_routed_experts;
     ep->top_k = m->n_experts_per_tok;
     ep->hidden = (int)m->hidden_size;
@@ -95,6 +100,32 @@ static int exchange(struct pd_ep *ep, const void *sbuf, const int *sc, const int
     return 0;
 }
 
+/* Waits for a non-blocking collective without spinning: 50 us of MPI_Test with sched_yield (a
+ * balanced group is done by then), then sleeps, backing off from 10 us to 200 us. A rank that
+ * arrives early (fewer tokens, or none) sleeps until the slowest rank joins, instead of burning a
+ * core that an oversubscribed peer needs. */
+int pd_ep_wait(MPI_Request *req)
+{
+    double until = pd_now_s() + 50e-6;
+    while (pd_now_s() < until) {
+        int done = 0;
+        int r = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (r != MPI_SUCCESS || done)
+            return r;
+        sched_yield();
+    }
+    long ns = 10000;
+    for (;;) {
+        int done = 0;
+        int r = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (r != MPI_SUCCESS || done)
+            return r;
+        struct timespec ts = {0, ns};
+        nanosleep(&ts, NULL);
+        ns = ns < 200000 ? ns * 2 : 200000;
+    }
+}
+
 static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *ids, int T,
                       float *y, pd_err *e)
 {
@@ -108,7 +139,10 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
         ep->scnt[r] = 0;
     for (int p = 0; p < P; p++)
         ep->scnt[ep->owner[ids[p]]]++;
-    if (MPI_Alltoall(ep->scnt, 1, MPI_INT, ep->rcnt, 1, MPI_INT, ep->comm) != MPI_SUCCESS)
+    /* the counts exchange is where ranks wait for each other: wait asleep */
+    MPI_Request req;
+    if (MPI_Ialltoall(ep->scnt, 1, MPI_INT, ep->rcnt, 1, MPI_INT, ep->comm, &req) != MPI_SUCCESS ||
+        pd_ep_wait(&req) != MPI_SUCCESS)
         return pd_err_set(e, PD_EIO, "expert parallelism: MPI_Alltoall of counts failed on rank %d", ep->rank);
     int R = 0;
     for (int r = 0; r < n; r++) {

@@ -50,6 +50,9 @@ struct pd_ep {
 
 /* A group over `comm` for model m (redundant experts: 0 for now). */
 int pd_ep_init(struct pd_ep *ep, MPI_Comm comm, const struct pd_model *m, pd_err *e);
+/* Waits for a non-blocking MPI operation, sleeping between tests instead of spinning. */
+int pd_ep_wait(MPI_Request *req);
+
 /* Routes the engine's routed experts through the group. */
 void pd_ep_attach(struct pd_ep *ep, struct pd_engine *en);
 void pd_ep_free(struct pd_ep *ep);
