@@ -51,6 +51,19 @@ Test(seed, article_model_weights)
     cr_assert_str_eq(gb(v->class_bytes[PD_CLASS_II]), "5.50 GB");
     cr_assert_str_eq(gb(v->class_bytes[0] + v->class_bytes[1]), "282.89 GB");
     cr_assert_eq(v->class_params[0] + v->class_params[1], INT64_C(282413478103));
+    /* the "why" column: scales add 0.36 GB to the experts; the router's bias is 44 kB; mHC's
+     * mixing matrices alone are 33.8 M parameters */
+    cr_assert_str_eq(gb(v->group_bytes[PD_G_ROUTED_EXPERTS][PD_CLASS_I] - v->class_params[PD_CLASS_I]), "0.36 GB");
+    cr_assert_eq(43 * 256 * 4, 44032);
+    cr_assert_eq(v->group_bytes[PD_G_ROUTER][PD_CLASS_II] - 43 * (256 * 4096 + 4 * 256), 43 * 256 * 4);
+    int64_t fn = 0;
+    for (int i = 0; i < v->n; i++)
+        if (strstr(v->t[i].name, "hc_attn_fn") || strstr(v->t[i].name, "hc_ffn_fn"))
+            fn += v->t[i].params;
+    cr_assert_eq(fn, INT64_C(43) * 2 * 24 * 16384);
+    char m[16];
+    snprintf(m, sizeof m, "%.1f", fn / 1e6);
+    cr_assert_str_eq(m, "33.8");
     pd_plan_free(&p);
 }
 
@@ -80,6 +93,8 @@ Test(seed, article_model_cards_and_budgets)
     cr_assert_str_eq(gb(D->b.activations), "0.03 GB");
     cr_assert_str_eq(gb(P->kv_need), "1.44 GB");
     cr_assert_eq(P->seqs_at_max_len, 13);
+    cr_assert_eq(D->seqs_at_max_len, 31);
+    cr_assert_eq(D->ctx_at_max_seqs, 34585);
     /* decode scenarios: 30 x 16K, 30 x 32K, 30 x 64K, 15 x 64K */
     const char *kv[] = {"21.63 GB", "43.25 GB", "86.51 GB", "43.25 GB"};
     const int fits[] = {1, 1, 0, 1};
@@ -118,6 +133,10 @@ Test(seed, released_model)
     cr_assert_str_eq(gb(p.inv.group_bytes[PD_G_ATTENTION][PD_CLASS_II]), "4.61 GB");
     cr_assert_str_eq(gb(p.inv.group_bytes[PD_G_COMPRESSOR][PD_CLASS_II]), "0.80 GB");
     cr_assert_str_eq(gb(p.inv.group_bytes[PD_G_MTP][PD_CLASS_II]), "0.17 GB");
+    cr_assert_str_eq(gb(p.inv.group_bytes[PD_G_EMBEDDING][PD_CLASS_II] + p.inv.group_bytes[PD_G_LM_HEAD][PD_CLASS_II]),
+                     "2.12 GB");
+    cr_assert_float_eq(p.kv.per_token_kind[PD_KV_CSA], 3759.0, 1e-9);
+    cr_assert_float_eq(p.kv.per_token_kind[PD_KV_HCA], 91.25, 1e-9);
     cr_assert_str_eq(gb(P->b.class_i), "35.48 GB");
     cr_assert_str_eq(gb(P->b.weights), "44.51 GB");
     cr_assert_str_eq(gb(D->b.weights), "17.90 GB");
