@@ -96,10 +96,10 @@ out:
 int pd_bench_decode(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"model", 1, 0, 'm'}, {"threads", 1, 0, 'j'}, {"quick", 0, 0, 'q'}, {0, 0, 0, 0},
+        {"model", 1, 0, 'm'}, {"threads", 1, 0, 'j'}, {"quick", 0, 0, 'q'}, {"steps", 1, 0, 's'}, {0, 0, 0, 0},
     };
     const char *dir = "models/mini";
-    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), quick = 0, c;
+    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), quick = 0, steps = 32, c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -109,12 +109,16 @@ int pd_bench_decode(int argc, char **argv)
             threads = atoi(optarg) > 0 ? atoi(optarg) : 1;
         else if (c == 'q')
             quick = 1;
+        else if (c == 's')
+            steps = atoi(optarg) > 0 && atoi(optarg) < 4000 ? atoi(optarg) : 32;
         else {
-            fprintf(stderr, "usage: pdmoe bench decode [--model DIR] [--threads N] [--quick]\n");
+            fprintf(stderr, "usage: pdmoe bench decode [--model DIR] [--threads N] [--steps N] [--quick]\n");
             return 2;
         }
     }
-    const int prompt = 64, steps = quick ? 4 : 32;
+    const int prompt = 64;
+    if (quick)
+        steps = 4;
     struct pd_engine en;
     struct pd_engine_opts o = {.dir = dir, .threads = threads, .max_seqs = 16, .max_model_len = prompt + steps + 2};
     pd_err e = {0};

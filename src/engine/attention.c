@@ -33,8 +33,7 @@ static void store_bf16(uint16_t *dst, const float *src, int n)
 
 static void load_bf16(float *dst, const uint16_t *src, int n)
 {
-    for (int i = 0; i < n; i++)
-        dst[i] = pd_bf16_to_f32(src[i]);
+    pd_bf16_to_f32_row(src, dst, n);
 }
 
 /* Compressor: a token's projections go into the state rows of its block; when the block is
@@ -212,9 +211,9 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
             mx = b->scores[k] > mx ? b->scores[k] : mx;
         }
         /* the sink adds exp(sink - max) to the denominator and nothing to the output */
-        double den = exp((double)L->attn_sink[h] - mx);
+        double den = expf(L->attn_sink[h] - mx);
         for (int k = 0; k < nk; k++) {
-            b->scores[k] = (float)exp((double)b->scores[k] - mx);
+            b->scores[k] = expf(b->scores[k] - mx);
             den += b->scores[k];
         }
         for (int i = 0; i < hd; i++)

@@ -129,7 +129,7 @@ static void hc_pre(const struct pd_model *m, const float *h, const float *fn, co
     float mix[4 * 64 + 64];
     for (int k = 0; k < mixn; k++)
         mix[k] = pd_dot(fn + (size_t)k * n, h, n) * r;
-    float pre[64];
+    float pre[64] = {0};
     for (int j = 0; j < hc; j++) {
         pre[j] = pd_sigmoid(mix[j] * scale[0] + base[j]) + (float)m->hc_eps;
         post[j] = 2 * pd_sigmoid(mix[hc + j] * scale[1] + base[hc + j]);
@@ -137,29 +137,23 @@ static void hc_pre(const struct pd_model *m, const float *h, const float *fn, co
     for (int k = 0; k < hc * hc; k++)
         comb[k] = mix[2 * hc + k] * scale[2] + base[2 * hc + k];
     pd_sinkhorn(comb, hc, m->hc_sinkhorn_iters, (float)m->hc_eps);
-    for (int i = 0; i < H; i++) {
-        float acc = 0;
-        for (int j = 0; j < hc; j++)
-            acc += pre[j] * h[(size_t)j * H + i];
-        x[i] = acc;
-    }
+    pd_scale(pre[0], h, x, H);
+    for (int j = 1; j < hc; j++)
+        pd_axpy(pre[j], h + (size_t)j * H, x, H);
 }
 
-/* mHC "post": h_k = post_k * out + sum_j comb[j][k] * h_j */
-static void hc_post(const struct pd_model *m, float *h, const float *out, const float *post, const float *comb)
+/* mHC "post": h_k = post_k * out + sum_j comb[j][k] * h_j; tmp holds hc * hidden floats */
+static void hc_post(const struct pd_model *m, float *h, const float *out, const float *post, const float *comb,
+                    float *tmp)
 {
     const int hc = m->hc_mult, H = (int)m->hidden_size;
-    float tmp[64];
-    for (int i = 0; i < H; i++) {
-        for (int k = 0; k < hc; k++) {
-            float acc = post[k] * out[i];
-            for (int j = 0; j < hc; j++)
-                acc += comb[j * hc + k] * h[(size_t)j * H + i];
-            tmp[k] = acc;
-        }
-        for (int k = 0; k < hc; k++)
-            h[(size_t)k * H + i] = tmp[k];
+    for (int k = 0; k < hc; k++) {
+        float *t = tmp + (size_t)k * H;
+        pd_scale(post[k], out, t, H);
+        for (int j = 0; j < hc; j++)
+            pd_axpy(comb[j * hc + k], h + (size_t)j * H, t, H);
     }
+    memcpy(h, tmp, (size_t)hc * H * sizeof(float));
 }
 
 /* One sublayer wrapped in mHC, for every token of the step. */
@@ -178,9 +172,12 @@ static int sublayer(struct pd_step *st, int layer, int ffn, pd_err *e)
     int rc = ffn ? pd_moe_layer(st, layer, e) : pd_attention_layer(st, layer, e);
     if (rc)
         return rc;
+    float *tmp = pd_scratch(en, 48, (size_t)hc * H * sizeof(float), e);
+    if (!tmp)
+        return PD_ENOMEM;
     for (int t = 0; t < st->T; t++)
         hc_post(m, st->h + (size_t)t * hc * H, st->out + (size_t)t * H, st->post + (size_t)t * hc,
-                st->comb + (size_t)t * hc * hc);
+                st->comb + (size_t)t * hc * hc, tmp);
     return 0;
 }
 

@@ -26,7 +26,7 @@ struct pd_step {
 int pd_attention_layer(struct pd_step *st, int layer, pd_err *e);
 int pd_moe_layer(struct pd_step *st, int layer, pd_err *e);
 
-/* Scratch buffer `slot` of the engine (slots: engine.c 1-10, attention.c 11-29,
+/* Scratch buffer `slot` of the engine (slots: engine.c 1-10 and 48, attention.c 11-29,
  * there, moe.c 30-49, expert parallelism 50-63), at least `bytes` long: kept between steps so a decode
  * step allocates nothing; each call site has its own slot. */
 void *pd_scratch(struct pd_engine *en, int slot, size_t bytes, pd_err *e);

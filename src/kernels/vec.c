@@ -109,3 +109,44 @@ void pd_axpy(float a, const float *x, float *y, int n)
     pthread_once(&once, choose);
     axpy_fn(a, x, y, n);
 }
+
+__attribute__((target("avx512f"))) static void bf16_avx512(const uint16_t *src, float *dst, int n)
+{
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i)));
+        _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+    }
+    for (; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        __builtin_memcpy(&dst[i], &u, 4);
+    }
+}
+
+static void bf16_ref(const uint16_t *src, float *dst, int n)
+{
+    for (int i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        __builtin_memcpy(&dst[i], &u, 4);
+    }
+}
+
+static void (*bf16_fn)(const uint16_t *, float *, int);
+static pthread_once_t once_bf16 = PTHREAD_ONCE_INIT;
+
+static void choose_bf16(void)
+{
+    bf16_fn = __builtin_cpu_supports("avx512f") ? bf16_avx512 : bf16_ref;
+}
+
+void pd_bf16_to_f32_row(const uint16_t *src, float *dst, int n)
+{
+    pthread_once(&once_bf16, choose_bf16);
+    bf16_fn(src, dst, n);
+}
+
+void pd_scale(float a, const float *x, float *y, int n)
+{
+    for (int i = 0; i < n; i++)
+        y[i] = a * x[i];
+}

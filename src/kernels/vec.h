@@ -6,8 +6,15 @@
 #ifndef PD_KERNELS_VEC_H
 #define PD_KERNELS_VEC_H
 
+#include <stdint.h>
+
 float pd_dot(const float *a, const float *b, int n);
 void pd_axpy(float a, const float *x, float *y, int n);   /* y[i] += a * x[i] */
+
+/* dst[i] = bf16 src[i] widened to fp32 (exact). */
+void pd_bf16_to_f32_row(const uint16_t *src, float *dst, int n);
+/* y = a * x (n values). */
+void pd_scale(float a, const float *x, float *y, int n);
 
 /* Portable versions (the tests' reference). */
 float pd_dot_ref(const float *a, const float *b, int n);
