@@ -41,7 +41,7 @@ static void load_bf16(float *dst, const uint16_t *src, int n)
  * weighting kv. Ratio 4 overlaps: the entry also covers the previous block through the first
  * half of the projections (the current block uses the second half). Then RMSNorm and rope at the
  * block's first position. Returns 1 when an entry was written to `entry`. */
-static int compress_push(const struct pd_compressor_w *c, float *state, const float *kvp, const float *gate,
+int pd_compress_push(const struct pd_compressor_w *c, float *state, const float *kvp, const float *gate,
                          int64_t pos, const struct pd_rope *rope, float eps, float *entry)
 {
     const int r = c->ratio, d = c->d, w = c->coff * d, over = c->coff == 2;
@@ -131,28 +131,32 @@ static int indexer_select(const struct pd_model *m, const struct pd_kvpool *kvp,
         }
         b->iscore[x] = (float)sc;
     }
-    /* top-k with a min-heap of the best so far (worst at the root), then the chosen entries in
-     * index order, so the attention sums them in a fixed order */
+    return pd_topk(b->iscore, (int)n, k, b->sel);
+}
+
+int pd_topk(const float *score, int n, int k, int *sel)
+{
+    /* a min-heap of the best so far (worst at the root), then the chosen indices in increasing
+     * order, so the attention sums them in a fixed order */
     int cnt = 0;
-    for (int64_t x = 0; x < n; x++) {
-        int v = (int)x;
+    for (int v = 0; v < n; v++) {
         if (cnt == k) {
-            if (!better(b->iscore, v, b->sel[0]))
+            if (!better(score, v, sel[0]))
                 continue;
-            b->sel[0] = v;
-            sift_down(b->sel, cnt, 0, b->iscore);
+            sel[0] = v;
+            sift_down(sel, cnt, 0, score);
         } else {
             int i = cnt++;
-            b->sel[i] = v;
-            while (i > 0 && better(b->iscore, b->sel[(i - 1) / 2], b->sel[i])) {
-                int t = b->sel[i];
-                b->sel[i] = b->sel[(i - 1) / 2];
-                b->sel[(i - 1) / 2] = t;
+            sel[i] = v;
+            while (i > 0 && better(score, sel[(i - 1) / 2], sel[i])) {
+                int t = sel[i];
+                sel[i] = sel[(i - 1) / 2];
+                sel[(i - 1) / 2] = t;
                 i = (i - 1) / 2;
             }
         }
     }
-    qsort(b->sel, (size_t)cnt, sizeof *b->sel, cmp_int);
+    qsort(sel, (size_t)cnt, sizeof *sel, cmp_int);
     return cnt;
 }
 
@@ -171,12 +175,12 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
     float entry[2048];
     if (r) {
         int cw = L->cmp.coff * hd;
-        if (compress_push(&L->cmp, pd_kv_state(kvp, &seq->kv, layer, 0), b->ckv + (size_t)t * cw,
+        if (pd_compress_push(&L->cmp, pd_kv_state(kvp, &seq->kv, layer, 0), b->ckv + (size_t)t * cw,
                           b->cg + (size_t)t * cw, pos, &en->rope_compress, eps, entry))
             store_bf16(pd_kv_entry(kvp, &seq->kv, layer, pos / r), entry, hd);
         if (r == 4) {
             int id = m->index_head_dim, iw = L->idx_cmp.coff * id;
-            if (compress_push(&L->idx_cmp, pd_kv_state(kvp, &seq->kv, layer, 1), b->ikv + (size_t)t * iw,
+            if (pd_compress_push(&L->idx_cmp, pd_kv_state(kvp, &seq->kv, layer, 1), b->ikv + (size_t)t * iw,
                               b->ig + (size_t)t * iw, pos, &en->rope_index, eps, entry))
                 store_bf16(pd_kv_key(kvp, &seq->kv, layer, pos / r), entry, id);
         }

@@ -121,7 +121,7 @@ void pd_seq_end(struct pd_engine *en, struct pd_seq *s)
  *   post = 2 * sigmoid(mix[hc:2hc] * scale[1] + base[hc:2hc])
  *   comb = Sinkhorn(mix[2hc:] * scale[2] + base[2hc:])          (hc x hc)
  *   x    = sum_j pre_j * h_j                                      */
-static void hc_pre(const struct pd_model *m, const float *h, const float *fn, const float *base,
+void pd_mhc_pre(const struct pd_model *m, const float *h, const float *fn, const float *base,
                    const float *scale, float *x, float *post, float *comb)
 {
     const int hc = m->hc_mult, H = (int)m->hidden_size, n = hc * H, mixn = (2 + hc) * hc;
@@ -143,7 +143,7 @@ static void hc_pre(const struct pd_model *m, const float *h, const float *fn, co
 }
 
 /* mHC "post": h_k = post_k * out + sum_j comb[j][k] * h_j; tmp holds hc * hidden floats */
-static void hc_post(const struct pd_model *m, float *h, const float *out, const float *post, const float *comb,
+void pd_mhc_post(const struct pd_model *m, float *h, const float *out, const float *post, const float *comb,
                     float *tmp)
 {
     const int hc = m->hc_mult, H = (int)m->hidden_size;
@@ -165,7 +165,7 @@ static int sublayer(struct pd_step *st, int layer, int ffn, pd_err *e)
     const int H = (int)m->hidden_size, hc = m->hc_mult;
     for (int t = 0; t < st->T; t++) {
         float *x = st->x + (size_t)t * H;
-        hc_pre(m, st->h + (size_t)t * hc * H, ffn ? L->hc_ffn_fn : L->hc_attn_fn, ffn ? L->hc_ffn_base : L->hc_attn_base,
+        pd_mhc_pre(m, st->h + (size_t)t * hc * H, ffn ? L->hc_ffn_fn : L->hc_attn_fn, ffn ? L->hc_ffn_base : L->hc_attn_base,
                ffn ? L->hc_ffn_scale : L->hc_attn_scale, x, st->post + (size_t)t * hc, st->comb + (size_t)t * hc * hc);
         pd_rmsnorm(x, ffn ? L->ffn_norm : L->attn_norm, (float)m->rms_norm_eps, H, x);
     }
@@ -176,7 +176,7 @@ static int sublayer(struct pd_step *st, int layer, int ffn, pd_err *e)
     if (!tmp)
         return PD_ENOMEM;
     for (int t = 0; t < st->T; t++)
-        hc_post(m, st->h + (size_t)t * hc * H, st->out + (size_t)t * H, st->post + (size_t)t * hc,
+        pd_mhc_post(m, st->h + (size_t)t * hc * H, st->out + (size_t)t * H, st->post + (size_t)t * hc,
                 st->comb + (size_t)t * hc * hc, tmp);
     return 0;
 }

@@ -24,6 +24,21 @@ struct pd_step {
 };
 
 int pd_attention_layer(struct pd_step *st, int layer, pd_err *e);
+
+/* The parts of the block, each testable alone (tests/engine/test_parts.c). */
+
+/* mHC "pre" of one token: h [hc, hidden] -> x [hidden], post [hc], comb [hc, hc] (Sinkhorn). */
+void pd_mhc_pre(const struct pd_model *m, const float *h, const float *fn, const float *base, const float *scale,
+                float *x, float *post, float *comb);
+/* mHC "post": h_k = post_k * out + sum_j comb[j][k] * h_j; tmp holds hc * hidden floats. */
+void pd_mhc_post(const struct pd_model *m, float *h, const float *out, const float *post, const float *comb,
+                 float *tmp);
+/* Compressor: one token's projections into the state; returns 1 and the entry (normed, roped at
+ * the block's first position) when the token completes a block. */
+int pd_compress_push(const struct pd_compressor_w *c, float *state, const float *kvp, const float *gate, int64_t pos,
+                     const struct pd_rope *rope, float eps, float *entry);
+/* Indices of the k best scores (ties to the lower index), in increasing index order. */
+int pd_topk(const float *score, int n, int k, int *sel);
 int pd_moe_layer(struct pd_step *st, int layer, pd_err *e);
 
 /* Scratch buffer `slot` of the engine (slots: engine.c 1-10 and 48, attention.c 11-29,
