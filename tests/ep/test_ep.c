@@ -184,3 +184,22 @@ Test(ep, a_dead_rank_ends_the_group)
     cr_assert_neq(rc, 124, "the group hung until the timeout");
     cr_assert(strstr(err, "rank 1") || strstr(err, "signal 9"), "no word of the dead rank: %s", err);
 }
+
+Test(ep, mini_identical_for_1_2_4_ranks)
+{
+    /* v4-flash-mini (256 experts, top-6) when models/mini exists, as in CI */
+    if (access("models/mini/model.safetensors", R_OK) != 0)
+        cr_skip_test("models/mini not generated (./build/pdmoe gen-model --preset v4-flash-mini --out models/mini)");
+    static char want[1 << 16], got[1 << 16];
+    char cmd[2048], err[8192];
+    const char *p = "--prompt Hello --prompt 'The sea froze over' --prompt 'Numbers: 1 2 3' --max-tokens 8 --print-ids "
+                    "--threads 1";
+    snprintf(cmd, sizeof cmd, "%s generate --model models/mini %s", bin(), p);
+    cr_assert_eq(run(cmd, want, sizeof want, err, sizeof err), 0, "%s", err);
+    for (int n = 1; n <= 4; n *= 2) {
+        snprintf(cmd, sizeof cmd, "timeout 300 mpirun -n %d --oversubscribe %s generate --enable-expert-parallel "
+                 "--model models/mini %s", n, bin(), p);
+        cr_assert_eq(run(cmd, got, sizeof got, err, sizeof err), 0, "%s", err);
+        cr_assert_str_eq(got, want, "%d ranks differ from one process", n);
+    }
+}
