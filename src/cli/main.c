@@ -12,6 +12,7 @@ static const struct {
     {"plan", pd_cli_plan, "per-card weight placement, memory budget, KV capacity and hand-off of a PD deployment"},
     {"gen-model", pd_cli_genmodel, "write a deterministic synthetic checkpoint of a preset (int8 weights, tokenizer)"},
     {"generate", pd_cli_generate, "run a prompt through the CPU engine and stream the continuation"},
+    {"serve", pd_cli_serve, "OpenAI-compatible server on the engine (colocated prefill and decode)"},
     {"bench", pd_cli_bench, "benchmarks: plan, kernels"},
 };
 

@@ -1,0 +1,62 @@
+/* `pdmoe serve`: the OpenAI-compatible server on one engine (colocated prefill and decode). */
+#include "cli/cli.h"
+#include "pd/server.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int pd_cli_serve(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"model", 1, 0, 'm'}, {"host", 1, 0, 'H'}, {"port", 1, 0, 'p'}, {"max-num-seqs", 1, 0, 's'},
+        {"max-num-batched-tokens", 1, 0, 'b'}, {"max-model-len", 1, 0, 'l'}, {"threads", 1, 0, 'j'},
+        {"served-model-name", 1, 0, 'n'}, {"api-key", 1, 0, 'k'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+    };
+    struct pd_server_opts o = {.port = 8000};
+    int64_t v;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': o.model_dir = optarg; break;
+        case 'H': o.host = optarg; break;
+        case 'p': if (pd_cli_int("--port", optarg, 0, &v) || v > 65535) return 2; o.port = (int)v; break;
+        case 's': if (pd_cli_int("--max-num-seqs", optarg, 1, &v)) return 2; o.max_num_seqs = (int)v; break;
+        case 'b': if (pd_cli_int("--max-num-batched-tokens", optarg, 1, &v)) return 2; o.max_num_batched_tokens = (int)v; break;
+        case 'l': if (pd_cli_int("--max-model-len", optarg, 1, &v)) return 2; o.max_model_len = (int)v; break;
+        case 'j': if (pd_cli_int("--threads", optarg, 1, &v)) return 2; o.threads = (int)v; break;
+        case 'n': o.served_name = optarg; break;
+        case 'k': o.api_key = optarg; break;
+        case 'h':
+            printf("usage: pdmoe serve --model DIR [--host 127.0.0.1] [--port 8000] [--max-num-seqs 16]\n"
+                   "       [--max-num-batched-tokens 512] [--max-model-len 2048] [--threads N]\n"
+                   "       [--served-model-name NAME] [--api-key KEY]\n"
+                   "OpenAI-compatible: /v1/completions, /v1/chat/completions (stream or not), /v1/models,\n"
+                   "/health, /metrics. Binds 127.0.0.1 unless --host says otherwise. Ctrl-C stops it.\n");
+            return 0;
+        default:
+            fprintf(stderr, "pdmoe serve: unknown option or missing value: %s\n", argv[optind - 1]);
+            return 2;
+        }
+    }
+    if (!o.model_dir) {
+        fprintf(stderr, "pdmoe serve: --model DIR is required\n");
+        return 2;
+    }
+    struct pd_server *s;
+    pd_err e = {0};
+    if (pd_server_create(&o, &s, &e)) {
+        fprintf(stderr, "pdmoe serve: %s\n", e.msg);
+        return 1;
+    }
+    fprintf(stderr, "pdmoe serve: %s on http://%s:%d\n", o.model_dir, o.host ? o.host : "127.0.0.1", pd_server_port(s));
+    int rc = pd_server_run(s, &e);
+    if (rc)
+        fprintf(stderr, "pdmoe serve: %s\n", e.msg);
+    pd_server_destroy(s);
+    fprintf(stderr, "pdmoe serve: stopped\n");
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,261 @@
+/* The OpenAI-compatible server, driven by curl on loopback: the same greedy tokens as
+ * `pdmoe generate`, streaming that adds up to the non-streamed answer, 4xx with OpenAI-style
+ * errors for bad requests, 32 concurrent streams that all complete with every KV block back,
+ * and a client that disconnects cancelling its request. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "engine/genmodel.h"
+#include "pd/server.h"
+
+static char dir[64];
+static struct pd_server *srv;
+static pthread_t loop;
+static int port;
+
+static void *run_loop(void *arg)
+{
+    pd_err e;
+    pd_server_run(srv, &e);
+    return NULL;
+}
+
+static void start(const char *api_key, const char *model_dir, int max_len)
+{
+    pd_err e = {0};
+    struct pd_server_opts o = {.model_dir = model_dir, .port = 0, .threads = 1, .max_num_seqs = 8,
+                               .max_model_len = max_len, .api_key = api_key, .served_name = "tiny"};
+    cr_assert_eq(pd_server_create(&o, &srv, &e), 0, "%s", e.msg);
+    port = pd_server_port(srv);
+    cr_assert_gt(port, 0);
+    pthread_create(&loop, NULL, run_loop, NULL);
+}
+
+static void setup(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/pdmoe-srv-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    pd_err e = {0};
+    cr_assert_eq(pd_genmodel("v4-tiny", dir, 5, &e), 0, "%s", e.msg);
+}
+
+static void teardown(void)
+{
+    if (srv) {
+        pd_server_stop(srv);
+        pthread_join(loop, NULL);
+        pd_server_destroy(srv);
+        srv = NULL;
+    }
+    char p[128];
+    const char *f[] = {"model.safetensors", "config.json", "tokenizer.json"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, f[i]);
+        unlink(p);
+    }
+    rmdir(dir);
+}
+
+TestSuite(server, .init = setup, .fini = teardown, .timeout = 120);
+
+/* curl with a body; returns the HTTP status, the body in out */
+static int curl(const char *path, const char *body, const char *extra, char *out, size_t cap)
+{
+    char cmd[4096], f[] = "/tmp/pdmoe-curl-XXXXXX";
+    int fd = mkstemp(f);
+    close(fd);
+    if (body) {
+        FILE *b = fopen(f, "w");
+        fputs(body, b);
+        fclose(b);
+    }
+    snprintf(cmd, sizeof cmd, "curl -s -N -o %s.out -w '%%{http_code}' %s%s http://127.0.0.1:%d%s", f,
+             body ? "-H 'Content-Type: application/json' --data-binary @" : "", body ? f : "", port, path);
+    if (extra) {
+        strncat(cmd, " ", sizeof cmd - strlen(cmd) - 1);
+        strncat(cmd, extra, sizeof cmd - strlen(cmd) - 1);
+    }
+    FILE *p = popen(cmd, "r");
+    char code[16] = {0};
+    size_t got = fread(code, 1, sizeof code - 1, p);
+    code[got] = 0;
+    pclose(p);
+    char of[64];
+    snprintf(of, sizeof of, "%s.out", f);
+    FILE *o = fopen(of, "rb");
+    size_t n = o ? fread(out, 1, cap - 1, o) : 0;
+    out[n] = 0;
+    if (o)
+        fclose(o);
+    unlink(f);
+    unlink(of);
+    return atoi(code);
+}
+
+static json_t *parse(const char *s)
+{
+    json_error_t je;
+    json_t *j = json_loads(s, 0, &je);
+    cr_assert_not_null(j, "not JSON: %s (%s)", s, je.text);
+    return j;
+}
+
+Test(server, health_models_and_greedy_tokens_equal_generate)
+{
+    start(NULL, dir, 1024);
+    char out[1 << 16];
+    cr_assert_eq(curl("/health", NULL, NULL, out, sizeof out), 200);
+    cr_assert_eq(curl("/v1/models", NULL, NULL, out, sizeof out), 200);
+    json_t *m = parse(out);
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(m, "data"), 0), "id")), "tiny");
+    json_decref(m);
+    cr_assert_eq(curl("/v1/completions",
+                      "{\"model\":\"tiny\",\"prompt\":\"The sea froze\",\"max_tokens\":12,\"temperature\":0,"
+                      "\"return_token_ids\":true}", NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    json_t *ids = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "token_ids");
+    cr_assert_eq(json_array_size(ids), 12);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 12);
+    /* the same request through pdmoe generate */
+    char cmd[512], gen[8192];
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt 'The sea froze' --max-tokens 12 --print-ids --threads 1",
+             getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe", dir);
+    FILE *p = popen(cmd, "r");
+    size_t n = fread(gen, 1, sizeof gen - 1, p);
+    gen[n] = 0;
+    pclose(p);
+    char want[1024] = "[0] ids", *w = want + strlen(want);
+    for (size_t i = 0; i < json_array_size(ids); i++)
+        w += sprintf(w, " %lld", (long long)json_integer_value(json_array_get(ids, i)));
+    cr_assert(strstr(gen, want), "server ids \"%s\" not in generate's output:\n%s", want, gen);
+    json_decref(j);
+}
+
+Test(server, streaming_adds_up_to_the_plain_answer)
+{
+    start(NULL, dir, 1024);
+    char out[1 << 16], plain[1 << 16];
+    const char *body = "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello there\"}],"
+                       "\"max_tokens\":20,\"temperature\":0%s}";
+    char b1[512], b2[512];
+    snprintf(b1, sizeof b1, body, "");
+    snprintf(b2, sizeof b2, body, ",\"stream\":true");
+    cr_assert_eq(curl("/v1/chat/completions", b1, NULL, plain, sizeof plain), 200, "%s", plain);
+    json_t *j = parse(plain);
+    const char *want = json_string_value(
+        json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content"));
+    cr_assert_eq(curl("/v1/chat/completions", b2, NULL, out, sizeof out), 200);
+    /* concatenate the deltas */
+    char got[1 << 14] = "";
+    int chunks = 0, done = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        cr_assert(strncmp(line, "data: ", 6) == 0, "not an SSE data line: %s", line);
+        if (!strcmp(line + 6, "[DONE]")) {
+            done = 1;
+            continue;
+        }
+        json_t *c = parse(line + 6);
+        json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
+        strcat(got, json_string_value(json_object_get(json_object_get(ch, "delta"), "content")));
+        chunks++;
+        json_decref(c);
+    }
+    cr_assert(done, "no [DONE]");
+    cr_assert_geq(chunks, 2);
+    cr_assert_str_eq(got, want);
+    json_decref(j);
+}
+
+static void expect(int code, const char *path, const char *body, const char *extra, const char *param)
+{
+    char out[8192];
+    int got = curl(path, body, extra, out, sizeof out);
+    cr_assert_eq(got, code, "%s %s: %d %s", path, body ? body : "", got, out);
+    json_t *j = parse(out);
+    json_t *err = json_object_get(j, "error");
+    cr_assert(json_is_string(json_object_get(err, "message")), "%s", out);
+    cr_assert(json_is_string(json_object_get(err, "type")), "%s", out);
+    if (param)
+        cr_assert_str_eq(json_string_value(json_object_get(err, "param")), param);
+    json_decref(j);
+}
+
+Test(server, bad_requests_get_4xx_json)
+{
+    start(NULL, dir, 256);
+    expect(400, "/v1/completions", "{\"prompt\": \"x\",", NULL, NULL);
+    expect(400, "/v1/completions", "[1, 2]", NULL, NULL);
+    expect(400, "/v1/completions", "{\"prompt\": 3}", NULL, "prompt");
+    expect(400, "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": \"ten\"}", NULL, "max_tokens");
+    expect(400, "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 0}", NULL, "max_tokens");
+    expect(400, "/v1/completions", "{\"prompt\": \"x\", \"temperature\": 7}", NULL, "temperature");
+    expect(400, "/v1/completions", "{\"prompt\": \"x\", \"stream\": \"yes\"}", NULL, "stream");
+    expect(400, "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 300}", NULL, "max_tokens");
+    expect(400, "/v1/chat/completions", "{\"messages\": []}", NULL, "messages");
+    expect(400, "/v1/chat/completions", "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}", NULL, "messages");
+    expect(404, "/v1/completions", "{\"model\": \"gpt-9\", \"prompt\": \"x\"}", NULL, "model");
+    expect(404, "/v2/everything", NULL, NULL, NULL);
+    expect(405, "/v1/completions", NULL, NULL, NULL);
+}
+
+Test(server, api_key)
+{
+    start("s3cret", dir, 256);
+    char out[8192];
+    expect(401, "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2}", NULL, NULL);
+    cr_assert_eq(curl("/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2}", "-H 'Authorization: Bearer s3cret'",
+                      out, sizeof out), 200, "%s", out);
+}
+
+static int metric(const char *name)
+{
+    char out[1 << 14];
+    cr_assert_eq(curl("/metrics", NULL, NULL, out, sizeof out), 200);
+    char key[128];
+    snprintf(key, sizeof key, "\n%s ", name);
+    char *p = strstr(out, key);
+    cr_assert_not_null(p, "no %s in %s", name, out);
+    return atoi(p + strlen(key));
+}
+
+Test(server, concurrent_streams_complete_and_free_every_block)
+{
+    start(NULL, dir, 1024);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "seq 32 | xargs -P 32 -I{} curl -s -N -o /dev/null -w '%%{http_code}\\n' http://127.0.0.1:%d/v1/completions "
+             "-d '{\"prompt\":\"request {} says hello\",\"max_tokens\":24,\"stream\":true,\"temperature\":0.8,\"seed\":{}}'",
+             port);
+    FILE *p = popen(cmd, "r");
+    char line[64];
+    int ok = 0;
+    while (fgets(line, sizeof line, p))
+        ok += atoi(line) == 200;
+    pclose(p);
+    cr_assert_eq(ok, 32);
+    cr_assert_eq(metric("pdmoe_requests_completed_total"), 32);
+    cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric("pdmoe_num_requests_running"), 0);
+}
+
+Test(server, a_client_that_leaves_cancels_its_request)
+{
+    start(NULL, dir, 4096);
+    char out[8192];
+    /* a long generation; the client gives up after 0.2 s */
+    curl("/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":4000,\"stream\":true,\"ignore_eos\":true}", "--max-time 0.1",
+         out, sizeof out);
+    for (int i = 0; i < 100 && metric("pdmoe_requests_cancelled_total") < 1; i++)
+        usleep(20000);
+    cr_assert_eq(metric("pdmoe_requests_cancelled_total"), 1, "cancelled %d, completed %d, tokens %d",
+                 metric("pdmoe_requests_cancelled_total"), metric("pdmoe_requests_completed_total"),
+                 metric("pdmoe_generation_tokens_total"));
+    cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric("pdmoe_kv_slots_free"), 8);
+}
