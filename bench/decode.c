@@ -96,10 +96,10 @@ out:
 int pd_bench_decode(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"model", 1, 0, 'm'}, {"threads", 1, 0, 'j'}, {"quick", 0, 0, 'q'}, {"steps", 1, 0, 's'}, {0, 0, 0, 0},
+        {"model", 1, 0, 'm'}, {"threads", 1, 0, 'j'}, {"quick", 0, 0, 'q'}, {"steps", 1, 0, 's'}, {"batch", 1, 0, 'b'}, {0, 0, 0, 0},
     };
     const char *dir = "models/mini";
-    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), quick = 0, steps = 32, c;
+    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), quick = 0, steps = 32, only = 0, c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -109,10 +109,12 @@ int pd_bench_decode(int argc, char **argv)
             threads = atoi(optarg) > 0 ? atoi(optarg) : 1;
         else if (c == 'q')
             quick = 1;
+        else if (c == 'b')
+            only = atoi(optarg);
         else if (c == 's')
             steps = atoi(optarg) > 0 && atoi(optarg) < 4000 ? atoi(optarg) : 32;
         else {
-            fprintf(stderr, "usage: pdmoe bench decode [--model DIR] [--threads N] [--steps N] [--quick]\n");
+            fprintf(stderr, "usage: pdmoe bench decode [--model DIR] [--threads N] [--steps N] [--batch 1|16] [--quick]\n");
             return 2;
         }
     }
@@ -135,6 +137,8 @@ int pd_bench_decode(int argc, char **argv)
            en.model.n_experts_per_tok);
     int rc = 0;
     for (int batch = 1; batch <= 16; batch *= 16) {
+        if (only && batch != only)
+            continue;
         double ts;
         if (run(&en, batch, prompt, steps, &ts)) {
             rc = 1;

@@ -1,8 +1,9 @@
-/* Thread pool: workers sleep on a condition variable between runs; a run publishes (fn, arg,
- * n_tasks) under the mutex, bumps a generation counter and wakes the workers it needs. Tasks are
- * claimed with an atomic counter, so which thread runs task i varies, but what task i computes
- * does not. The caller waits until every woken worker has checked back in, which is also what
- * makes the tasks' writes visible to it (the mutex orders them). */
+/* Thread pool: a run publishes (fn, arg, n_tasks) under the mutex and bumps a generation counter;
+ * tasks are claimed with an atomic counter, so which thread runs task i varies, but what task i
+ * computes does not. Between runs a worker first watches the generation for a short while (a
+ * decode step issues dozens of small products back to back, and waking a sleeping thread costs
+ * more than one of them), then sleeps on a condition variable: an idle pool uses no CPU. The
+ * caller likewise watches the count of unfinished helpers briefly before sleeping. */
 #include "core/threadpool.h"
 
 #include <assert.h>
@@ -10,6 +11,22 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
+
+/* How long a thread polls before it sleeps. */
+#define SPIN_NS 50000
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static inline void relax(void)
+{
+    __builtin_ia32_pause();
+}
 
 struct worker {
     pd_pool *pool;
@@ -32,8 +49,10 @@ struct pd_pool {
     void *arg;
     int n_tasks;
     int n_helpers;              /* workers with id < n_helpers take part in the current run */
-    int pending;                /* helpers that have not yet finished the current run */
+    atomic_int pending;         /* helpers that have not yet finished the current run */
     atomic_int next;            /* next unclaimed task */
+    atomic_uint_fast64_t agen;  /* gen, published with release order for polling workers */
+    int sleeping;               /* workers waiting on `wake` */
 
     pthread_mutex_t run_mu;     /* one run at a time */
 };
@@ -62,8 +81,18 @@ static void *worker_main(void *vw)
 
     pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (!p->stop && p->gen == seen)
-            pthread_cond_wait(&p->wake, &p->mu);
+        if (!p->stop && p->gen == seen) {
+            /* poll a little before sleeping: the next run usually comes at once */
+            pthread_mutex_unlock(&p->mu);
+            int64_t until = now_ns() + SPIN_NS;
+            while (atomic_load_explicit(&p->agen, memory_order_acquire) == seen && now_ns() < until)
+                relax();
+            pthread_mutex_lock(&p->mu);
+            p->sleeping++;
+            while (!p->stop && p->gen == seen)
+                pthread_cond_wait(&p->wake, &p->mu);
+            p->sleeping--;
+        }
         if (p->stop)
             break;
         seen = p->gen;
@@ -79,8 +108,8 @@ static void *worker_main(void *vw)
         claim_and_run(p, fn, arg, n);
 
         pthread_mutex_lock(&p->mu);
-        assert(p->pending > 0);
-        if (--p->pending == 0)
+        assert(atomic_load(&p->pending) > 0);
+        if (atomic_fetch_sub(&p->pending, 1) == 1)
             pthread_cond_signal(&p->done);
     }
     pthread_mutex_unlock(&p->mu);
@@ -128,6 +157,8 @@ int pd_pool_create(int nthreads, pd_pool **out, pd_err *err)
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->done, NULL);
     atomic_init(&p->next, 0);
+    atomic_init(&p->pending, 0);
+    atomic_init(&p->agen, 0);
 
     for (int i = 0; i < nthreads - 1; i++) {
         struct worker *w = &p->workers[i];
@@ -164,16 +195,21 @@ void pd_pool_run(pd_pool *p, int n_tasks, pd_pool_fn fn, void *arg)
     p->n_tasks = n_tasks;
     /* The caller takes tasks too, so n_tasks - 1 helpers are enough. */
     p->n_helpers = n_tasks - 1 < p->nworkers ? n_tasks - 1 : p->nworkers;
-    p->pending = p->n_helpers;
+    atomic_store(&p->pending, p->n_helpers);
     atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     p->gen++;
-    pthread_cond_broadcast(&p->wake);
+    atomic_store_explicit(&p->agen, p->gen, memory_order_release);
+    if (p->sleeping)
+        pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
 
     claim_and_run(p, fn, arg, n_tasks);
 
+    int64_t until = now_ns() + SPIN_NS;
+    while (atomic_load(&p->pending) > 0 && now_ns() < until)
+        relax();
     pthread_mutex_lock(&p->mu);
-    while (p->pending > 0)
+    while (atomic_load(&p->pending) > 0)
         pthread_cond_wait(&p->done, &p->mu);
     pthread_mutex_unlock(&p->mu);
     pthread_mutex_unlock(&p->run_mu);

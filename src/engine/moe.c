@@ -26,17 +26,36 @@ static float swiglu(float g, float u, float limit)
     return pd_silu(g) * u;
 }
 
-/* Chooses each token's experts and weights: ids [T, k] (ascending), w [T, k]. */
-static void route(struct pd_step *st, const struct pd_layer_w *L, int32_t *ids, float *w)
+/* Router scores s = sqrt(softplus(x Wg^T)) of every token, experts split over the pool (each
+ * score is one dot product, computed by whichever thread: the same bits). */
+struct score_job {
+    const float *x;            /* [T, hidden] */
+    const float *gate;         /* [experts, hidden] */
+    float *s;                  /* [T, experts] */
+    int T, E, H, per;
+};
+
+static void score_task(void *arg, int task)
+{
+    const struct score_job *j = arg;
+    int lo = task * j->per, hi = lo + j->per < j->E ? lo + j->per : j->E;
+    for (int t = 0; t < j->T; t++)
+        for (int x = lo; x < hi; x++)
+            j->s[(size_t)t * j->E + x] = sqrtf(pd_softplus(pd_dot(j->gate + (size_t)x * j->H, j->x + (size_t)t * j->H, j->H)));
+}
+
+/* Chooses each token's experts and weights: ids [T, k] (ascending), w [T, k]; scores [T, E]. */
+static void route(struct pd_step *st, const struct pd_layer_w *L, int32_t *ids, float *w, float *scores)
 {
     const struct pd_model *m = &st->en->model;
     const int E = m->n_routed_experts, k = m->n_experts_per_tok, H = (int)m->hidden_size;
-    float s[4096], pick[4096];
+    float pick[4096];
+    struct score_job job = {.x = st->x, .gate = L->gate.f, .s = scores, .T = st->T, .E = E, .H = H, .per = 32};
+    /* one task on the calling thread: at decode sizes the pool's hand-off costs more than the
+     * router (the split stays, so a larger batch can use the pool) */
+    pd_pool_run(st->T * E >= 4096 ? st->en->pool : NULL, (E + job.per - 1) / job.per, score_task, &job);
     for (int t = 0; t < st->T; t++) {
-        const float *x = st->x + (size_t)t * H;
-        for (int x_ = 0; x_ < E; x_++) {
-            s[x_] = sqrtf(pd_softplus(pd_dot(L->gate.f + (size_t)x_ * H, x, H)));
-        }
+        const float *s = scores + (size_t)t * E;
         int32_t *id = ids + (size_t)t * k;
         if (L->tid2eid) {
             memcpy(id, L->tid2eid + (size_t)st->token[t] * k, (size_t)k * sizeof *id);
@@ -201,9 +220,10 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
     float *w = pd_scratch(en, 39, (size_t)T * k * 4, e);
     float *y = pd_scratch(en, 40, (size_t)T * k * H * 4, e);   /* [T, k, H] each pair's expert output */
     float *sh = pd_scratch(en, 41, (size_t)T * H * 4, e);
-    if (!ids || !w || !y || !sh)
+    float *scores = pd_scratch(en, 43, (size_t)T * m->n_routed_experts * 4, e);
+    if (!ids || !w || !y || !sh || !scores)
         goto out;
-    route(st, L, ids, w);
+    route(st, L, ids, w, scores);
     if (en->ref) {
         for (int p = 0; p < T * k; p++)
             if ((rc = ffn_rows(st, &L->experts[ids[p]], st->x + (size_t)(p / k) * H, 1, y + (size_t)p * H, e)))

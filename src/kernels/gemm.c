@@ -180,10 +180,10 @@ static void plain_task(void *arg, int task)
     r->fn(&r->job, o0, o1);
 }
 
-/* Waking the pool's workers costs tens of microseconds; a product smaller than this many
- * multiply-adds (about 50 us on one core) runs on the calling thread. The split into tasks is the
- * same either way, so the result is too. */
-#define PD_GEMM_SERIAL_MACS (INT64_C(1) << 21)
+/* A run of the pool costs a few microseconds while its workers are still polling (tens when they
+ * sleep); a product smaller than this many multiply-adds (about 8 us on one core) runs on the
+ * calling thread. The split into tasks is the same either way, so the result is too. */
+#define PD_GEMM_SERIAL_MACS (INT64_C(1) << 18)
 
 static int small_work(int64_t macs)
 {
