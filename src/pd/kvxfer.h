@@ -1,0 +1,144 @@
+/* KV transfer engine: moves a request's KV blocks from a prefill rank (producer) to a decode rank
+ * (consumer) over UCX, decode pulling (DESIGN.md, "PD protocol").
+ *
+ * One engine per process (per rank of an instance): a UCP context and worker (RMA + active
+ * messages + wakeup, so an idle thread sleeps on the worker's event fd instead of spinning), one
+ * registered region (the KV pool, base + length) and a listener on host:port (127.0.0.1 by
+ * default). The same engine can produce and consume.
+ *
+ * Producer: pd_kvx_offer() puts a request's KV (byte runs of the region, in sequence order) under
+ *   a LEASE; the lease is released, through the owner's callback, exactly once: on DONE, on ABORT,
+ *   when the lease expires (lease_ms after the offer or after the last GET_META), or on destroy.
+ * Consumer: pd_kvx_pull() starts a transfer: GET_META -> META (the producer's base address,
+ *   packed rkey and the request's runs) -> one ucp_get_nbx per contiguous piece of the byte stream
+ *   (adjacent runs merged on both sides) into the caller's destination runs -> DONE -> ACK.
+ *   A transfer never hangs: a peer error, a refused connection, an unknown request or the
+ *   timeout (timeout_ms from the pull) ends it FAILED with a reason naming the peer and request.
+ *
+ * Wire protocol: UCX active messages, ids below, payload in the AM data (no AM header), all
+ * integers little-endian:
+ *   GET_META  c->p  u32 version=1, u32 0, u64 request, u64 tag                         (24 B)
+ *   META      p->c  u32 version, i32 status, u64 request, u64 tag, u64 base,
+ *                   u32 rkey_len, u32 n_runs, rkey_len bytes of packed rkey,
+ *                   n_runs x { u64 offset, u64 length }                  (40 B + rkey + 16 n)
+ *   DONE      c->p  as GET_META: the data is in place, release the lease
+ *   ABORT     c->p  as GET_META: the consumer gives up, release the lease
+ *   ACK       p->c  u32 version, i32 status, u64 request, u64 tag, u32 acked id, u32 0 (32 B)
+ * `tag` is the consumer's transfer id, echoed so replies find their transfer. Status:
+ * 0 ok, 1 unknown request (never offered, already released or expired), 2 malformed message.
+ *
+ * Threads: every function may be called from any thread; the engine serialises them with its
+ * own lock. Release callbacks run without that lock held, on the thread that progressed the
+ * engine (so they may call pd_kvx_offer). */
+#ifndef PD_PD_KVXFER_H
+#define PD_PD_KVXFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/err.h"
+
+/* Ordered so that the minimum over the ranks of an instance is the instance's state. */
+enum pd_kvx_state {
+    PD_KVX_FAILED = 0,
+    PD_KVX_BOOTSTRAPPING = 1,  /* connecting; GET_META not yet delivered */
+    PD_KVX_WAITING = 2,        /* GET_META sent, waiting for META */
+    PD_KVX_TRANSFERRING = 3,   /* gets in flight, or DONE sent and waiting for ACK */
+    PD_KVX_DONE = 4,           /* data in place and the producer acknowledged DONE */
+};
+
+enum pd_kvx_am_id {
+    PD_KVX_AM_GET_META = 1,
+    PD_KVX_AM_META = 2,
+    PD_KVX_AM_DONE = 3,
+    PD_KVX_AM_ABORT = 4,
+    PD_KVX_AM_ACK = 5,
+};
+
+enum pd_kvx_status {
+    PD_KVX_ST_OK = 0,
+    PD_KVX_ST_UNKNOWN = 1,
+    PD_KVX_ST_MALFORMED = 2,
+};
+
+/* Why a lease was released (argument of the release callback). */
+enum pd_kvx_release {
+    PD_KVX_REL_DONE = 0,
+    PD_KVX_REL_ABORT = 1,
+    PD_KVX_REL_EXPIRED = 2,
+    PD_KVX_REL_DESTROY = 3,
+};
+
+/* A byte run of an engine's registered region. */
+struct pd_kvx_run {
+    uint64_t off, len;
+};
+
+struct pd_kvx_opts {
+    const char *listen_host;   /* NULL: "127.0.0.1" */
+    int listen_port;           /* 0: ephemeral (see pd_kvx_port), -1: do not listen */
+    void *region;              /* the KV pool; registered with ucp_mem_map */
+    size_t region_len;
+    int lease_ms;              /* producer lease; 0: 30000 */
+    int timeout_ms;            /* consumer transfer timeout; 0: 30000 */
+};
+
+struct pd_kvx_stats {
+    uint64_t gets;             /* ucp_get_nbx calls issued (after merging runs) */
+    uint64_t get_bytes;
+    uint64_t metas_served;     /* META replies sent (producer) */
+    uint64_t released[4];      /* leases released, by enum pd_kvx_release */
+    uint64_t pulls_done, pulls_failed;
+};
+
+typedef void (*pd_kvx_release_fn)(void *arg, uint64_t request, enum pd_kvx_release why);
+
+struct pd_kvx;
+struct pd_kvx_xfer;
+
+int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e);
+/* Closes every endpoint, fails unfinished transfers, releases every lease (PD_KVX_REL_DESTROY),
+ * frees every transfer handle and unmaps the region. */
+void pd_kvx_destroy(struct pd_kvx *x);
+/* The port the listener is bound to (the ephemeral one when opts.listen_port was 0); -1 if none. */
+int pd_kvx_port(const struct pd_kvx *x);
+
+/* Producer: puts `request`'s KV (runs of the region, in sequence order) under a lease; `release`
+ * (may be NULL) is called exactly once when the lease ends. */
+int pd_kvx_offer(struct pd_kvx *x, uint64_t request, const struct pd_kvx_run *runs, int n_runs,
+                 pd_kvx_release_fn release, void *arg, pd_err *e);
+
+/* Consumer: starts pulling `request` from the producer at host:port into `dst` (runs of this
+ * engine's region, in sequence order; their total must equal the producer's). Failures of the
+ * peer are reported by the transfer's state, not here; here only bad arguments. */
+int pd_kvx_pull(struct pd_kvx *x, const char *host, int port, uint64_t request,
+                const struct pd_kvx_run *dst, int n_dst, struct pd_kvx_xfer **t, pd_err *e);
+
+enum pd_kvx_state pd_kvx_state(struct pd_kvx *x, const struct pd_kvx_xfer *t);
+/* 0 when DONE; when FAILED a negative PD_E* code and the reason in e; PD_EINVAL while running. */
+int pd_kvx_result(struct pd_kvx *x, const struct pd_kvx_xfer *t, pd_err *e);
+/* Gets this transfer issued (runs merged), for tests and stats. */
+uint64_t pd_kvx_xfer_gets(struct pd_kvx *x, const struct pd_kvx_xfer *t);
+
+/* Non-blocking: progresses the worker, handles messages, expires leases and timed-out transfers.
+ * Returns the number of events handled (0: nothing happened). */
+int pd_kvx_progress(struct pd_kvx *x);
+/* Blocks (asleep on the worker's event fd) until t is DONE or FAILED or timeout_ms passes
+ * (timeout_ms < 0: no limit besides the transfer's own timeout); returns t's state. With t NULL
+ * it handles events until at least one happened or timeout_ms passed (a producer's serve loop)
+ * and returns PD_KVX_DONE. */
+enum pd_kvx_state pd_kvx_wait(struct pd_kvx *x, struct pd_kvx_xfer *t, int timeout_ms);
+/* Gives up a transfer: it ends FAILED ("aborted") once no get is in flight and the producer is
+ * sent ABORT so it frees the blocks now rather than at lease expiry. */
+void pd_kvx_abort(struct pd_kvx *x, struct pd_kvx_xfer *t);
+/* Frees a transfer handle; an unfinished transfer is aborted first and freed when it ends. */
+void pd_kvx_xfer_free(struct pd_kvx *x, struct pd_kvx_xfer *t);
+
+void pd_kvx_stats(struct pd_kvx *x, struct pd_kvx_stats *s);
+
+/* The overall state of a transfer split over n ranks: the minimum (n = 0: PD_KVX_DONE). */
+enum pd_kvx_state pd_kvx_state_min(const enum pd_kvx_state *s, int n);
+const char *pd_kvx_state_name(enum pd_kvx_state s);
+const char *pd_kvx_release_name(enum pd_kvx_release r);
+
+#endif

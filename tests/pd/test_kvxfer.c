@@ -1,0 +1,551 @@
+/* KV transfer engine: two engines in one process (producer and consumer, each its own UCP
+ * context) on loopback, over UCX_TLS=tcp and over UCX's default transports (shared memory here).
+ * Covers byte-exact delivery of scattered runs, merging of adjacent runs into one get, the lease
+ * (released once on DONE, on ABORT, on expiry), and every failure ending FAILED, never hanging.
+ *
+ * Under `make SAN=1`, UCX's own allocations that outlive ucp_cleanup() can be silenced with
+ * LSAN_OPTIONS=suppressions=tests/pd/lsan.supp. */
+#include <criterion/criterion.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/timing.h"
+#include "pd/kvxfer.h"
+
+#define B 4096   /* one KV block: 16 entries x 2 x 128 bytes */
+
+struct rel {
+    atomic_int count;
+    atomic_int why;
+    uint64_t req;
+};
+
+static void on_release(void *arg, uint64_t req, enum pd_kvx_release why)
+{
+    struct rel *r = arg;
+    r->req = req;
+    atomic_store(&r->why, (int)why);
+    atomic_fetch_add(&r->count, 1);
+}
+
+static void use_tls(const char *tls)
+{
+    if (tls)
+        setenv("UCX_TLS", tls, 1);
+    else
+        unsetenv("UCX_TLS");
+}
+
+static struct pd_kvx *engine(uint8_t *region, size_t len, int listen, int lease_ms,
+                             int timeout_ms)
+{
+    struct pd_kvx_opts o = {
+        .listen_port = listen ? 0 : -1,
+        .region = region,
+        .region_len = len,
+        .lease_ms = lease_ms,
+        .timeout_ms = timeout_ms,
+    };
+    struct pd_kvx *x = NULL;
+    pd_err e = {0};
+    cr_assert_eq(pd_kvx_create(&o, &x, &e), 0, "%s", e.msg);
+    if (listen)
+        cr_assert_gt(pd_kvx_port(x), 0);
+    return x;
+}
+
+/* Progresses both engines from this thread until t ends or `ms` pass. */
+static enum pd_kvx_state pump(struct pd_kvx *p, struct pd_kvx *c, struct pd_kvx_xfer *t, int ms)
+{
+    double end = pd_now_s() + ms / 1000.0;
+    while (pd_now_s() < end) {
+        if (p)
+            pd_kvx_progress(p);
+        pd_kvx_progress(c);
+        enum pd_kvx_state s = pd_kvx_state(c, t);
+        if (s == PD_KVX_FAILED || s == PD_KVX_DONE)
+            return s;
+    }
+    return pd_kvx_state(c, t);
+}
+
+/* A producer's serve loop in its own thread, asleep between events. */
+struct serve {
+    struct pd_kvx *x;
+    atomic_int stop;
+    pthread_t th;
+};
+
+static void *serve_main(void *arg)
+{
+    struct serve *s = arg;
+    while (!atomic_load(&s->stop))
+        pd_kvx_wait(s->x, NULL, 20);
+    return NULL;
+}
+
+static void serve_start(struct serve *s, struct pd_kvx *x)
+{
+    s->x = x;
+    atomic_store(&s->stop, 0);
+    cr_assert_eq(pthread_create(&s->th, NULL, serve_main, s), 0);
+}
+
+static void serve_stop(struct serve *s)
+{
+    atomic_store(&s->stop, 1);
+    pthread_join(s->th, NULL);
+}
+
+static int wait_count(struct pd_kvx *p, struct rel *r, int want, int ms)
+{
+    double end = pd_now_s() + ms / 1000.0;
+    while (atomic_load(&r->count) < want && pd_now_s() < end)
+        if (p)
+            pd_kvx_wait(p, NULL, 10);
+        else
+            usleep(1000);
+    return atomic_load(&r->count);
+}
+
+static void fill(uint8_t *p, size_t n, uint64_t seed)
+{
+    uint64_t s = seed | 1;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        p[i] = (uint8_t)(s >> 32);
+    }
+}
+
+/* Checks that the stream of src runs landed in the dst runs and nothing else of dst changed. */
+static void check_bytes(const uint8_t *src, const struct pd_kvx_run *sr, int ns, const uint8_t *dst,
+                        const struct pd_kvx_run *dr, int nd, size_t dlen, uint8_t untouched)
+{
+    uint8_t *mark = calloc(dlen, 1);
+    size_t total = 0;
+    for (int i = 0; i < ns; i++)
+        total += sr[i].len;
+    uint8_t *stream = malloc(total);
+    size_t k = 0;
+    for (int i = 0; i < ns; i++) {
+        memcpy(stream + k, src + sr[i].off, sr[i].len);
+        k += sr[i].len;
+    }
+    k = 0;
+    for (int j = 0; j < nd; j++) {
+        for (uint64_t b = 0; b < dr[j].len; b++) {
+            size_t at = dr[j].off + b;
+            cr_assert_eq(dst[at], stream[k], "byte %zu of the stream (dst offset %zu)", k, at);
+            mark[at] = 1;
+            k++;
+        }
+    }
+    cr_assert_eq(k, total);
+    for (size_t i = 0; i < dlen; i++)
+        if (!mark[i])
+            cr_assert_eq(dst[i], untouched, "dst byte %zu outside the runs was written", i);
+    free(stream);
+    free(mark);
+}
+
+/* ------------------------------------------------------------------ tests, per transport */
+
+static void byte_exact(const char *tls)
+{
+    use_tls(tls);
+    size_t len = 64 * B;
+    uint8_t *pr = malloc(len), *cr = malloc(len);
+    fill(pr, len, 42);
+    memset(cr, 0xEE, len);
+    struct pd_kvx *p = engine(pr, len, 1, 10000, 10000), *c = engine(cr, len, 0, 10000, 10000);
+    struct serve s;
+    serve_start(&s, p);
+
+    /* Producer: blocks 0-3 given one by one (adjacent: one piece), 5, 7-8, 20; then a
+     * partial run. Consumer: 10-13 in two adjacent runs, 30, 40-42 and a partial run.
+     * Stream boundaries: src 4,5,7,8 blocks (+ tail), dst 4,5,8 (+ tail): 5 gets. */
+    struct pd_kvx_run sr[] = {{0, B}, {B, B}, {2 * B, B}, {3 * B, B}, {5 * B, B},
+                              {7 * B, 2 * B}, {20 * B, B}, {50 * B + 100, 777}};
+    struct pd_kvx_run dr[] = {{10 * B, 2 * B}, {12 * B, 2 * B}, {30 * B, B}, {40 * B, 3 * B},
+                              {60 * B + 3, 777}};
+    struct rel r = {0};
+    pd_err e = {0};
+    cr_assert_eq(pd_kvx_offer(p, 7, sr, 8, on_release, &r, &e), 0, "%s", e.msg);
+    struct pd_kvx_xfer *t = NULL;
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 7, dr, 5, &t, &e), 0, "%s", e.msg);
+    enum pd_kvx_state st = pd_kvx_wait(c, t, 10000);
+    pd_kvx_result(c, t, &e);
+    cr_assert_eq(st, PD_KVX_DONE, "%s: %s", pd_kvx_state_name(st), e.msg);
+    cr_assert_eq(pd_kvx_result(c, t, &e), 0);
+    check_bytes(pr, sr, 8, cr, dr, 5, len, 0xEE);
+    cr_assert_eq(pd_kvx_xfer_gets(c, t), 5);
+    pd_kvx_xfer_free(c, t);
+
+    /* 16 adjacent one-block runs on both sides: a single get. */
+    struct pd_kvx_run s16[16], d16[16];
+    for (int i = 0; i < 16; i++) {
+        s16[i] = (struct pd_kvx_run){(uint64_t)(22 + i) * B, B};
+        d16[i] = (struct pd_kvx_run){(uint64_t)(44 + i) * B, B};
+    }
+    cr_assert_eq(pd_kvx_offer(p, 8, s16, 16, on_release, &r, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 8, d16, 16, &t, &e), 0);
+    cr_assert_eq(pd_kvx_wait(c, t, 10000), PD_KVX_DONE);
+    cr_assert_eq(pd_kvx_xfer_gets(c, t), 1);
+    cr_assert_eq(memcmp(cr + 44 * B, pr + 22 * B, 16 * B), 0);
+    pd_kvx_xfer_free(c, t);
+
+    struct pd_kvx_stats cs;
+    pd_kvx_stats(c, &cs);
+    cr_assert_eq(cs.gets, 6);
+    cr_assert_eq(cs.get_bytes, 8 * B + 777 + 16 * B);
+    cr_assert_eq(cs.pulls_done, 2);
+    cr_assert_eq(wait_count(NULL, &r, 2, 5000), 2);
+    serve_stop(&s);
+    pd_kvx_destroy(c);
+    pd_kvx_destroy(p);
+    free(pr);
+    free(cr);
+}
+
+static void done_releases(const char *tls)
+{
+    use_tls(tls);
+    size_t len = 16 * B;
+    uint8_t *pr = calloc(len, 1), *cr = calloc(len, 1);
+    struct pd_kvx *p = engine(pr, len, 1, 10000, 5000), *c = engine(cr, len, 0, 10000, 5000);
+    struct pd_kvx_run run = {0, 4 * B};
+    struct rel r = {0};
+    pd_err e = {0};
+    cr_assert_eq(pd_kvx_offer(p, 1, &run, 1, on_release, &r, &e), 0, "%s", e.msg);
+    struct pd_kvx_xfer *t;
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 1, &run, 1, &t, &e), 0);
+    cr_assert_eq(pump(p, c, t, 5000), PD_KVX_DONE);
+    /* the release ran before the ACK went out, and never again */
+    for (int i = 0; i < 50; i++)
+        pd_kvx_progress(p);
+    cr_assert_eq(atomic_load(&r.count), 1);
+    cr_assert_eq(atomic_load(&r.why), PD_KVX_REL_DONE);
+    cr_assert_eq(r.req, 1);
+    pd_kvx_xfer_free(c, t);
+    /* released: a second pull of the same request is refused */
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 1, &run, 1, &t, &e), 0);
+    cr_assert_eq(pump(p, c, t, 5000), PD_KVX_FAILED);
+    pd_kvx_xfer_free(c, t);
+    pd_kvx_destroy(c);
+    pd_kvx_destroy(p);
+    cr_assert_eq(atomic_load(&r.count), 1, "destroy must not release a released lease");
+    free(pr);
+    free(cr);
+}
+
+static void abort_releases(const char *tls)
+{
+    use_tls(tls);
+    size_t len = 16 * B;
+    uint8_t *pr = calloc(len, 1), *cr = calloc(len, 1);
+    struct pd_kvx *p = engine(pr, len, 1, 10000, 5000), *c = engine(cr, len, 0, 10000, 5000);
+    struct pd_kvx_run run = {B, 2 * B};
+    struct rel r = {0};
+    pd_err e = {0};
+    cr_assert_eq(pd_kvx_offer(p, 5, &run, 1, on_release, &r, &e), 0, "%s", e.msg);
+    struct pd_kvx_xfer *t;
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 5, &run, 1, &t, &e), 0);
+    pd_kvx_abort(c, t);
+    cr_assert_eq(pump(p, c, t, 5000), PD_KVX_FAILED);
+    cr_assert_neq(pd_kvx_result(c, t, &e), 0);
+    cr_assert(strstr(e.msg, "aborted"), "%s", e.msg);
+    cr_assert(strstr(e.msg, "request 5"), "%s", e.msg);
+    /* the ABORT reaches the producer, which releases the lease once */
+    double end = pd_now_s() + 5;
+    while (atomic_load(&r.count) == 0 && pd_now_s() < end) {
+        pd_kvx_progress(p);
+        pd_kvx_progress(c);
+    }
+    cr_assert_eq(atomic_load(&r.count), 1);
+    cr_assert_eq(atomic_load(&r.why), PD_KVX_REL_ABORT);
+    pd_kvx_xfer_free(c, t);
+    pd_kvx_destroy(c);
+    pd_kvx_destroy(p);
+    cr_assert_eq(atomic_load(&r.count), 1);
+    free(pr);
+    free(cr);
+}
+
+static void lease_expires(const char *tls)
+{
+    use_tls(tls);
+    size_t len = 16 * B;
+    uint8_t *pr = calloc(len, 1), *cr = calloc(len, 1);
+    struct pd_kvx *p = engine(pr, len, 1, 200, 5000), *c = engine(cr, len, 0, 200, 5000);
+    struct pd_kvx_run run = {0, B};
+    struct rel r = {0};
+    pd_err e = {0};
+    double t0 = pd_now_s();
+    cr_assert_eq(pd_kvx_offer(p, 3, &run, 1, on_release, &r, &e), 0, "%s", e.msg);
+    cr_assert_eq(wait_count(p, &r, 1, 3000), 1);
+    double dt = pd_now_s() - t0;
+    cr_assert_geq(dt, 0.2, "released after %.3f s, before the 200 ms lease", dt);
+    cr_assert_lt(dt, 1.0, "released after %.3f s", dt);
+    cr_assert_eq(atomic_load(&r.why), PD_KVX_REL_EXPIRED);
+    struct pd_kvx_xfer *t;
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 3, &run, 1, &t, &e), 0);
+    cr_assert_eq(pump(p, c, t, 5000), PD_KVX_FAILED);
+    pd_kvx_xfer_free(c, t);
+    pd_kvx_destroy(c);
+    pd_kvx_destroy(p);
+    cr_assert_eq(atomic_load(&r.count), 1);
+    free(pr);
+    free(cr);
+}
+
+static void unknown_request(const char *tls)
+{
+    use_tls(tls);
+    size_t len = 16 * B;
+    uint8_t *pr = calloc(len, 1), *cr = calloc(len, 1);
+    struct pd_kvx *p = engine(pr, len, 1, 10000, 5000), *c = engine(cr, len, 0, 10000, 5000);
+    struct serve s;
+    serve_start(&s, p);
+    struct pd_kvx_run run = {0, B};
+    pd_err e = {0};
+    struct pd_kvx_xfer *t;
+    double t0 = pd_now_s();
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 999, &run, 1, &t, &e), 0);
+    cr_assert_eq(pd_kvx_wait(c, t, 10000), PD_KVX_FAILED);
+    cr_assert_lt(pd_now_s() - t0, 4.0, "an unknown request must fail at once, not time out");
+    cr_assert_eq(pd_kvx_result(c, t, &e), PD_EINVAL);
+    cr_assert(strstr(e.msg, "unknown request"), "%s", e.msg);
+    cr_assert(strstr(e.msg, "request 999 from 127.0.0.1:"), "%s", e.msg);
+    pd_kvx_xfer_free(c, t);
+    serve_stop(&s);
+    pd_kvx_destroy(c);
+    pd_kvx_destroy(p);
+    free(pr);
+    free(cr);
+}
+
+static void size_mismatch(const char *tls)
+{
+    use_tls(tls);
+    size_t len = 16 * B;
+    uint8_t *pr = calloc(len, 1), *cr = calloc(len, 1);
+    struct pd_kvx *p = engine(pr, len, 1, 10000, 5000), *c = engine(cr, len, 0, 10000, 5000);
+    struct pd_kvx_run src = {0, 4 * B}, dst = {0, 2 * B};   /* D thinks blocks are half size */
+    struct rel r = {0};
+    pd_err e = {0};
+    cr_assert_eq(pd_kvx_offer(p, 4, &src, 1, on_release, &r, &e), 0, "%s", e.msg);
+    struct pd_kvx_xfer *t;
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 4, &dst, 1, &t, &e), 0);
+    cr_assert_eq(pump(p, c, t, 5000), PD_KVX_FAILED);
+    pd_kvx_result(c, t, &e);
+    cr_assert(strstr(e.msg, "size mismatch"), "%s", e.msg);
+    /* the consumer told the producer, which freed the blocks now rather than at expiry */
+    double end = pd_now_s() + 5;
+    while (atomic_load(&r.count) == 0 && pd_now_s() < end) {
+        pd_kvx_progress(p);
+        pd_kvx_progress(c);
+    }
+    cr_assert_eq(atomic_load(&r.why), PD_KVX_REL_ABORT);
+    cr_assert_eq(pd_kvx_xfer_gets(c, t), 0);
+    pd_kvx_xfer_free(c, t);
+    pd_kvx_destroy(c);
+    pd_kvx_destroy(p);
+    free(pr);
+    free(cr);
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t l = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &l);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static void nobody_listens(const char *tls)
+{
+    use_tls(tls);
+    size_t len = 16 * B;
+    uint8_t *cr = calloc(len, 1);
+    struct pd_kvx *c = engine(cr, len, 0, 10000, 1500);
+    struct pd_kvx_run run = {0, B};
+    pd_err e = {0};
+    struct pd_kvx_xfer *t;
+    int port = free_port();
+    double t0 = pd_now_s();
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", port, 11, &run, 1, &t, &e), 0);
+    cr_assert_eq(pd_kvx_wait(c, t, -1), PD_KVX_FAILED);
+    double dt = pd_now_s() - t0;
+    cr_assert_lt(dt, 1.5 + 0.5, "failed after %.3f s, the timeout is 1.5 s", dt);
+    cr_assert_neq(pd_kvx_result(c, t, &e), 0);
+    char want[64];
+    snprintf(want, sizeof want, "request 11 from 127.0.0.1:%d", port);
+    cr_assert(strstr(e.msg, want), "%s", e.msg);
+    pd_kvx_xfer_free(c, t);
+    pd_kvx_destroy(c);
+    free(cr);
+}
+
+static void producer_dies(const char *tls)
+{
+    use_tls(tls);
+    /* large enough that over tcp the gets are still in flight when the producer goes */
+    size_t len = (size_t)64 << 20;
+    uint8_t *pr = malloc(len), *cr = malloc(len);
+    memset(pr, 1, len);
+    memset(cr, 0, len);
+    struct pd_kvx *p = engine(pr, len, 1, 10000, 3000), *c = engine(cr, len, 0, 10000, 3000);
+    int n = (int)(len / B / 2);
+    struct pd_kvx_run *runs = malloc((size_t)n * sizeof *runs);
+    for (int i = 0; i < n; i++)
+        runs[i] = (struct pd_kvx_run){(uint64_t)i * 2 * B, B};
+    struct rel r = {0};
+    pd_err e = {0};
+    cr_assert_eq(pd_kvx_offer(p, 9, runs, n, on_release, &r, &e), 0, "%s", e.msg);
+    struct pd_kvx_xfer *t;
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 9, runs, n, &t, &e), 0);
+    /* progress both until the consumer holds META (gets posted), then kill the producer */
+    double end = pd_now_s() + 5;
+    while (pd_kvx_state(c, t) < PD_KVX_TRANSFERRING && pd_now_s() < end) {
+        pd_kvx_progress(p);
+        pd_kvx_progress(c);
+    }
+    cr_assert_eq(pd_kvx_state(c, t), PD_KVX_TRANSFERRING);
+    pd_kvx_destroy(p);
+    cr_assert_eq(atomic_load(&r.count), 1);
+    cr_assert_eq(atomic_load(&r.why), PD_KVX_REL_DESTROY);
+    double t0 = pd_now_s();
+    enum pd_kvx_state st = pd_kvx_wait(c, t, 10000);
+    double dt = pd_now_s() - t0;
+    pd_kvx_result(c, t, &e);
+    cr_assert_eq(st, PD_KVX_FAILED, "%s", pd_kvx_state_name(st));
+    cr_assert_lt(dt, 3.5, "failed after %.3f s, the timeout is 3 s", dt);
+    cr_log_info("producer gone (%s): %s after %.3f s", tls ? tls : "default", e.msg, dt);
+    pd_kvx_xfer_free(c, t);
+    pd_kvx_destroy(c);
+    free(runs);
+    free(pr);
+    free(cr);
+}
+
+/* An engine with nothing to do sleeps in poll(); it does not spin. */
+static void idle_sleeps(const char *tls)
+{
+    use_tls(tls);
+    size_t len = 16 * B;
+    uint8_t *pr = calloc(len, 1), *cr = calloc(len, 1);
+    struct pd_kvx *p = engine(pr, len, 1, 10000, 5000), *c = engine(cr, len, 0, 10000, 5000);
+    struct pd_kvx_run run = {0, B};
+    struct rel r = {0};
+    pd_err e = {0};
+    cr_assert_eq(pd_kvx_offer(p, 2, &run, 1, on_release, &r, &e), 0, "%s", e.msg);
+    struct pd_kvx_xfer *t;
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 2, &run, 1, &t, &e), 0);
+    cr_assert_eq(pump(p, c, t, 5000), PD_KVX_DONE);   /* connected: both sides have endpoints */
+    struct rusage a, b;
+    getrusage(RUSAGE_SELF, &a);
+    double t0 = pd_now_s();
+    while (pd_now_s() - t0 < 0.5)
+        pd_kvx_wait(p, NULL, 100);
+    getrusage(RUSAGE_SELF, &b);
+    double cpu = (double)(b.ru_utime.tv_sec - a.ru_utime.tv_sec) +
+                 (double)(b.ru_stime.tv_sec - a.ru_stime.tv_sec) +
+                 1e-6 * (double)(b.ru_utime.tv_usec - a.ru_utime.tv_usec) +
+                 1e-6 * (double)(b.ru_stime.tv_usec - a.ru_stime.tv_usec);
+    cr_assert_lt(cpu, 0.1, "%.3f s of CPU in 0.5 s idle", cpu);
+    pd_kvx_xfer_free(c, t);
+    pd_kvx_destroy(c);
+    pd_kvx_destroy(p);
+    free(pr);
+    free(cr);
+}
+
+#define BOTH(fn)                                               \
+    Test(kvxfer, fn##_tcp, .timeout = 60) { fn("tcp"); }       \
+    Test(kvxfer, fn##_default, .timeout = 60) { fn(NULL); }
+
+BOTH(byte_exact)
+BOTH(done_releases)
+BOTH(abort_releases)
+BOTH(lease_expires)
+BOTH(unknown_request)
+BOTH(size_mismatch)
+BOTH(nobody_listens)
+BOTH(producer_dies)
+BOTH(idle_sleeps)
+
+/* ------------------------------------------------------------------ transport-free */
+
+Test(kvxfer, state_min_over_ranks)
+{
+    cr_assert(PD_KVX_FAILED < PD_KVX_BOOTSTRAPPING && PD_KVX_BOOTSTRAPPING < PD_KVX_WAITING &&
+              PD_KVX_WAITING < PD_KVX_TRANSFERRING && PD_KVX_TRANSFERRING < PD_KVX_DONE);
+    enum pd_kvx_state all_done[] = {PD_KVX_DONE, PD_KVX_DONE, PD_KVX_DONE};
+    cr_assert_eq(pd_kvx_state_min(all_done, 3), PD_KVX_DONE);
+    enum pd_kvx_state mixed[] = {PD_KVX_DONE, PD_KVX_TRANSFERRING, PD_KVX_WAITING, PD_KVX_DONE};
+    cr_assert_eq(pd_kvx_state_min(mixed, 4), PD_KVX_WAITING);
+    enum pd_kvx_state one_failed[] = {PD_KVX_DONE, PD_KVX_FAILED, PD_KVX_BOOTSTRAPPING};
+    cr_assert_eq(pd_kvx_state_min(one_failed, 3), PD_KVX_FAILED);
+    cr_assert_eq(pd_kvx_state_min(NULL, 0), PD_KVX_DONE);
+    cr_assert_str_eq(pd_kvx_state_name(PD_KVX_TRANSFERRING), "TRANSFERRING");
+}
+
+Test(kvxfer, bad_arguments)
+{
+    use_tls("tcp");
+    size_t len = 16 * B;
+    uint8_t *pr = calloc(len, 1);
+    struct pd_kvx *p = engine(pr, len, 1, 10000, 5000);
+    pd_err e = {0};
+    struct pd_kvx_run outside = {15 * B, 2 * B}, ok = {0, B}, empty = {B, 0};
+    cr_assert_eq(pd_kvx_offer(p, 1, &outside, 1, NULL, NULL, &e), PD_EINVAL);
+    cr_assert(strstr(e.msg, "request 1"), "%s", e.msg);
+    cr_assert_eq(pd_kvx_offer(p, 1, &empty, 1, NULL, NULL, &e), PD_EINVAL);
+    cr_assert_eq(pd_kvx_offer(p, 1, &ok, 0, NULL, NULL, &e), PD_EINVAL);
+    cr_assert_eq(pd_kvx_offer(p, 1, &ok, 1, NULL, NULL, &e), 0);
+    cr_assert_eq(pd_kvx_offer(p, 1, &ok, 1, NULL, NULL, &e), PD_EINVAL, "duplicate offer");
+    struct pd_kvx_xfer *t = NULL;
+    cr_assert_eq(pd_kvx_pull(p, "127.0.0.1", pd_kvx_port(p), 1, &outside, 1, &t, &e), PD_EINVAL);
+    cr_assert_null(t);
+    cr_assert_eq(pd_kvx_pull(p, "127.0.0.1", 0, 1, &ok, 1, &t, &e), PD_EINVAL);
+    struct pd_kvx_opts o = {.region = NULL, .region_len = 0};
+    struct pd_kvx *x = NULL;
+    cr_assert_eq(pd_kvx_create(&o, &x, &e), PD_EINVAL);
+    cr_assert_null(x);
+    pd_kvx_destroy(p);   /* releases the held lease (callback NULL) */
+    free(pr);
+}
+
+/* The same engine serves itself: loopback through its own worker. */
+Test(kvxfer, self_pull, .timeout = 60)
+{
+    use_tls(NULL);
+    size_t len = 16 * B;
+    uint8_t *r = malloc(len);
+    fill(r, len, 7);
+    memset(r + 8 * B, 0, 8 * B);
+    struct pd_kvx *x = engine(r, len, 1, 10000, 5000);
+    struct pd_kvx_run src = {0, 4 * B}, dst = {8 * B, 4 * B};
+    pd_err e = {0};
+    cr_assert_eq(pd_kvx_offer(x, 1, &src, 1, NULL, NULL, &e), 0);
+    struct pd_kvx_xfer *t;
+    cr_assert_eq(pd_kvx_pull(x, "127.0.0.1", pd_kvx_port(x), 1, &dst, 1, &t, &e), 0);
+    cr_assert_eq(pd_kvx_wait(x, t, 5000), PD_KVX_DONE);
+    cr_assert_eq(memcmp(r, r + 8 * B, 4 * B), 0);
+    pd_kvx_xfer_free(x, t);
+    pd_kvx_destroy(x);
+    free(r);
+}
