@@ -2,6 +2,8 @@
 #include "cli/cli.h"
 #include "pd/server.h"
 
+#include <jansson.h>
+
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,10 +14,13 @@ int pd_cli_serve(int argc, char **argv)
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"host", 1, 0, 'H'}, {"port", 1, 0, 'p'}, {"max-num-seqs", 1, 0, 's'},
         {"max-num-batched-tokens", 1, 0, 'b'}, {"max-model-len", 1, 0, 'l'}, {"threads", 1, 0, 'j'},
-        {"served-model-name", 1, 0, 'n'}, {"api-key", 1, 0, 'k'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"served-model-name", 1, 0, 'n'}, {"api-key", 1, 0, 'k'}, {"role", 1, 0, 'r'},
+        {"kv-transfer-config", 1, 0, 'K'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
-    struct pd_server_opts o = {.port = 8000};
+    struct pd_server_opts o = {.port = 8000, .handle_signals = 1};
     int64_t v;
+    json_t *kvc = NULL;
+    static char engine_id[64];
     int c;
     optind = 1;
     opterr = 0;
@@ -30,10 +35,51 @@ int pd_cli_serve(int argc, char **argv)
         case 'j': if (pd_cli_int("--threads", optarg, 1, &v)) return 2; o.threads = (int)v; break;
         case 'n': o.served_name = optarg; break;
         case 'k': o.api_key = optarg; break;
+        case 'r':
+            if (!strcmp(optarg, "prefill"))
+                o.role = PD_ROLE_PRODUCER;
+            else if (!strcmp(optarg, "decode"))
+                o.role = PD_ROLE_CONSUMER;
+            else if (!strcmp(optarg, "both"))
+                o.role = PD_ROLE_BOTH;
+            else {
+                fprintf(stderr, "pdmoe serve: --role %s: expected prefill, decode or both\n", optarg);
+                return 2;
+            }
+            break;
+        case 'K': {
+            json_error_t je;
+            kvc = json_loads(optarg, JSON_REJECT_DUPLICATES, &je);
+            const char *role = kvc ? json_string_value(json_object_get(kvc, "kv_role")) : NULL;
+            json_t *port = kvc ? json_object_get(kvc, "kv_port") : NULL;
+            const char *id = kvc ? json_string_value(json_object_get(kvc, "engine_id")) : NULL;
+            if (!kvc || !json_is_object(kvc) || !role || (port && !json_is_integer(port))) {
+                fprintf(stderr, "pdmoe serve: --kv-transfer-config: expected {\"kv_role\": \"kv_producer\"|\"kv_consumer\"|"
+                                "\"kv_both\", \"kv_port\": N, \"engine_id\": \"...\"}%s%s\n",
+                        kvc ? "" : ": ", kvc ? "" : je.text);
+                json_decref(kvc);
+                return 2;
+            }
+            o.role = !strcmp(role, "kv_producer") ? PD_ROLE_PRODUCER : !strcmp(role, "kv_consumer") ? PD_ROLE_CONSUMER
+                     : !strcmp(role, "kv_both") ? PD_ROLE_BOTH : -1;
+            if (o.role < 0) {
+                fprintf(stderr, "pdmoe serve: --kv-transfer-config: kv_role \"%s\" (kv_producer, kv_consumer, kv_both)\n", role);
+                json_decref(kvc);
+                return 2;
+            }
+            o.kv_port = port ? (int)json_integer_value(port) : 0;
+            if (id)
+                snprintf(engine_id, sizeof engine_id, "%s", id);
+            o.engine_id = id ? engine_id : NULL;
+            json_decref(kvc);
+            kvc = NULL;
+            break;
+        }
         case 'h':
             printf("usage: pdmoe serve --model DIR [--host 127.0.0.1] [--port 8000] [--max-num-seqs 16]\n"
                    "       [--max-num-batched-tokens 512] [--max-model-len 2048] [--threads N]\n"
-                   "       [--served-model-name NAME] [--api-key KEY]\n"
+                   "       [--served-model-name NAME] [--api-key KEY] [--role prefill|decode|both]\n"
+                   "       [--kv-transfer-config '{\"kv_role\":\"kv_producer\",\"kv_port\":N,\"engine_id\":\"p0\"}']\n"
                    "OpenAI-compatible: /v1/completions, /v1/chat/completions (stream or not), /v1/models,\n"
                    "/health, /metrics. Binds 127.0.0.1 unless --host says otherwise. Ctrl-C stops it.\n");
             return 0;

@@ -55,12 +55,14 @@ int pd_kvpool_init(struct pd_kvpool *p, const struct pd_model *m, int max_seqs, 
                           bytes, max_seqs, p->slot_bytes);
     p->n_slots = max_seqs;
     p->n_blocks = (int)((bytes - (size_t)max_seqs * p->slot_bytes) / p->block_bytes);
-    p->slots = malloc((size_t)max_seqs * p->slot_bytes);
-    p->blocks = malloc((size_t)p->n_blocks * p->block_bytes);
+    p->region_bytes = (size_t)max_seqs * p->slot_bytes + (size_t)p->n_blocks * p->block_bytes;
+    p->region = malloc(p->region_bytes);
+    p->slots = p->region;
+    p->blocks = p->region ? p->region + (size_t)max_seqs * p->slot_bytes : NULL;
     p->slot_free = malloc((size_t)max_seqs * sizeof(int));
     p->block_free = malloc((size_t)p->n_blocks * sizeof(int));
     p->block_used = calloc((size_t)p->n_blocks, 1);
-    if (!p->slots || !p->blocks || !p->slot_free || !p->block_free || !p->block_used) {
+    if (!p->region || !p->slot_free || !p->block_free || !p->block_used) {
         pd_kvpool_free(p);
         return pd_err_set(e, PD_ENOMEM, "KV pool: out of memory for %zu bytes", bytes);
     }
@@ -77,8 +79,7 @@ int pd_kvpool_init(struct pd_kvpool *p, const struct pd_model *m, int max_seqs, 
 void pd_kvpool_free(struct pd_kvpool *p)
 {
     free(p->layer);
-    free(p->slots);
-    free(p->blocks);
+    free(p->region);
     free(p->slot_free);
     free(p->block_free);
     free(p->block_used);
@@ -252,4 +253,29 @@ uint16_t *pd_kv_key(const struct pd_kvpool *p, const struct pd_kvseq *s, int lay
 {
     int b = s->kblocks[layer][i / p->block_keys];
     return (uint16_t *)(p->blocks + (size_t)b * p->block_bytes + (size_t)(i % p->block_keys) * p->key_bytes);
+}
+
+int pd_kvseq_max_runs(const struct pd_kvpool *p, const struct pd_kvseq *s)
+{
+    int n = 1;
+    for (int l = 0; l < p->n_layers; l++)
+        n += s->n_blocks[l] + s->n_kblocks[l];
+    return n;
+}
+
+int pd_kvseq_runs(const struct pd_kvpool *p, const struct pd_kvseq *s, struct pd_kv_run *runs, int max)
+{
+    assert(s->slot >= 0);
+    if (max < pd_kvseq_max_runs(p, s))
+        return -1;
+    int n = 0;
+    runs[n++] = (struct pd_kv_run){(uint64_t)s->slot * p->slot_bytes, p->slot_bytes};
+    size_t base = (size_t)(p->blocks - p->region);
+    for (int l = 0; l < p->n_layers; l++)
+        for (int b = 0; b < s->n_blocks[l]; b++)
+            runs[n++] = (struct pd_kv_run){base + (uint64_t)s->blocks[l][b] * p->block_bytes, p->block_bytes};
+    for (int l = 0; l < p->n_layers; l++)
+        for (int b = 0; b < s->n_kblocks[l]; b++)
+            runs[n++] = (struct pd_kv_run){base + (uint64_t)s->kblocks[l][b] * p->block_bytes, p->block_bytes};
+    return n;
 }

@@ -37,10 +37,12 @@ struct pd_kvpool {
     size_t block_bytes;
     size_t slot_bytes;                  /* fixed part of a sequence */
     struct pd_kvlayer *layer;           /* [n_layers] */
-    uint8_t *slots;                     /* [n_slots][slot_bytes] */
+    uint8_t *region;                    /* slots then blocks, one allocation (what KV transfer registers) */
+    size_t region_bytes;
+    uint8_t *slots;                     /* [n_slots][slot_bytes], at the start of region */
     int n_slots, n_slots_free;
     int *slot_free;                     /* stack of free slots */
-    uint8_t *blocks;                    /* [n_blocks][block_bytes] */
+    uint8_t *blocks;                    /* [n_blocks][block_bytes], after the slots */
     int n_blocks, n_blocks_free;
     int *block_free;                    /* stack of free blocks */
     unsigned char *block_used;          /* [n_blocks] 1 while owned by a sequence */
@@ -73,6 +75,16 @@ int pd_kvseq_reserve(struct pd_kvpool *p, struct pd_kvseq *s, int64_t len, pd_er
 /* Blocks needed to grow s to `len` tokens (admission control). */
 int pd_kvseq_blocks_needed(const struct pd_kvpool *p, const struct pd_kvseq *s, int64_t len);
 void pd_kvseq_free(struct pd_kvpool *p, struct pd_kvseq *s);
+
+/* A sequence's KV as byte runs of the pool's region, in a fixed order: its slot, then each
+ * layer's entry blocks, then each layer's indexer-key blocks. Two pools of the same model and
+ * block size give sequences of the same length runs of the same lengths: what a KV hand-off
+ * copies one to one. Returns the number of runs (<= max), or -1 if max is too small. */
+struct pd_kv_run {
+    uint64_t off, len;
+};
+int pd_kvseq_runs(const struct pd_kvpool *p, const struct pd_kvseq *s, struct pd_kv_run *runs, int max);
+int pd_kvseq_max_runs(const struct pd_kvpool *p, const struct pd_kvseq *s);
 
 /* Accessors. */
 uint16_t *pd_kv_window(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int64_t pos);

@@ -5,6 +5,7 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "model/tokenizer.h"
+#include "pd/kvxfer.h"
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -52,6 +53,15 @@ struct req {
     long created;                   /* Unix time, for the "created" fields */
     int return_ids;                 /* vLLM's return_token_ids: add the generated ids */
     int ignore_eos;                 /* vLLM's ignore_eos: generate max_tokens whatever is sampled */
+    int remote_decode;              /* producer: keep the KV for a decode instance */
+    int remote_prefill;             /* consumer: pull the KV from a producer */
+    char remote_host[64];
+    int remote_port;
+    uint64_t remote_request;
+    int remote_tokens;              /* the prompt length the producer computed */
+    int32_t forced_first;           /* the producer's first token, or -1 */
+    int leased;                     /* producer: KV under a lease, released by the transfer engine */
+    struct req *lease_next;
 };
 
 struct pd_server {
@@ -70,6 +80,13 @@ struct pd_server {
     int n_running;
     struct req *outbox;
     struct req *live;
+    struct req *leases;             /* producer: requests whose KV waits for a decode instance */
+    struct req *released;           /* leases ended, to be freed by the scheduler */
+    struct pd_kvx *kvx;
+    pthread_t kvx_thread;
+    int kvx_thread_started;
+    uint64_t kv_bytes, kv_pulls, kv_failures, kv_recomputes;
+    double kv_seconds;
     int stop;
     int destroying;
     uint64_t next_id;
@@ -124,6 +141,95 @@ static void finish_running(struct pd_server *s, int i)
     req_unref(s, r);
 }
 
+/* Producer: the transfer engine ended a lease (DONE, ABORT, expiry, destroy): the scheduler frees
+ * the KV. Runs on the thread that progressed the engine. */
+static void on_release(void *arg, uint64_t request, enum pd_kvx_release why)
+{
+    struct pd_server *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (struct req **pp = &s->leases; *pp; pp = &(*pp)->lease_next)
+        if ((*pp)->id == request) {
+            struct req *r = *pp;
+            *pp = r->lease_next;
+            r->lease_next = s->released;
+            s->released = r;
+            pthread_cond_signal(&s->cv);
+            break;
+        }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Producer: the request's KV goes under a lease instead of being freed (s->mu held). */
+static int lease(struct pd_server *s, struct req *r)
+{
+    int max = pd_kvseq_max_runs(&s->en.kv, &r->seq.kv);
+    struct pd_kv_run *runs = malloc((size_t)max * sizeof *runs);
+    if (!runs)
+        return -1;
+    int n = pd_kvseq_runs(&s->en.kv, &r->seq.kv, runs, max);
+    pd_err e;
+    r->leased = 1;
+    r->lease_next = s->leases;
+    s->leases = r;
+    /* struct pd_kv_run and struct pd_kvx_run are the same (offset, length) pairs */
+    int rc = pd_kvx_offer(s->kvx, r->id, (const struct pd_kvx_run *)runs, n, on_release, s, &e);
+    free(runs);
+    if (rc) {
+        s->leases = r->lease_next;
+        r->leased = 0;
+    }
+    return rc;
+}
+
+/* Consumer: pulls the producer's KV into a fresh sequence of this pool; 0 when the sequence now
+ * holds the prompt (s->mu is released while waiting). */
+static int pull(struct pd_server *s, struct req *r)
+{
+    pd_err e = {0};
+    if (!s->kvx || r->remote_tokens != r->n_prompt || pd_kvseq_reserve(&s->en.kv, &r->seq.kv, r->n_prompt, &e))
+        return -1;
+    int max = pd_kvseq_max_runs(&s->en.kv, &r->seq.kv);
+    struct pd_kv_run *dst = malloc((size_t)max * sizeof *dst);
+    int n = dst ? pd_kvseq_runs(&s->en.kv, &r->seq.kv, dst, max) : -1;
+    struct pd_kvx_xfer *t = NULL;
+    double t0 = pd_now_s();
+    int rc = n < 0 || pd_kvx_pull(s->kvx, r->remote_host, r->remote_port, r->remote_request,
+                                  (const struct pd_kvx_run *)dst, n, &t, &e);
+    uint64_t bytes = 0;
+    for (int i = 0; !rc && i < n; i++)
+        bytes += dst[i].len;
+    free(dst);
+    if (rc)
+        return -1;
+    pthread_mutex_unlock(&s->mu);
+    enum pd_kvx_state st = pd_kvx_wait(s->kvx, t, -1);
+    pd_kvx_xfer_free(s->kvx, t);
+    pthread_mutex_lock(&s->mu);
+    s->kv_pulls++;
+    if (st != PD_KVX_DONE) {
+        s->kv_failures++;
+        return -1;
+    }
+    s->kv_bytes += bytes;
+    s->kv_seconds += pd_now_s() - t0;
+    r->seq.pos = r->n_prompt;
+    r->seq.kv.len = r->n_prompt;
+    return 0;
+}
+
+static void *kvx_loop(void *arg)
+{
+    struct pd_server *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        int stop = s->stop;
+        pthread_mutex_unlock(&s->mu);
+        if (stop)
+            return NULL;
+        pd_kvx_wait(s->kvx, NULL, 100);
+    }
+}
+
 static void *scheduler(void *arg)
 {
     struct pd_server *s = arg;
@@ -134,6 +240,15 @@ static void *scheduler(void *arg)
     float *scratch = malloc((size_t)s->V * 2 * sizeof(float));
     pthread_mutex_lock(&s->mu);
     while (!s->stop) {
+        /* leases the transfer engine ended: the KV goes back to the pool */
+        while (s->released) {
+            struct req *r = s->released;
+            s->released = r->lease_next;
+            if (r->started)
+                pd_seq_end(&s->en, &r->seq);
+            r->started = 0;
+            req_unref(s, r);
+        }
         /* drop cancelled requests, free their KV */
         for (int i = 0; i < s->n_running;)
             if (s->running[i]->cancelled) {
@@ -167,6 +282,23 @@ static void *scheduler(void *arg)
                 s->wait_tail = NULL;
             r->started = 1;
             s->running[s->n_running++] = r;
+            if (r->remote_prefill) {
+                /* the producer computed the prompt: pull it; if that fails, recompute it here
+                 * from the token ids and continue with the producer's first token */
+                if (pull(s, r) == 0) {
+                    r->gen[r->n_gen++] = r->forced_first;
+                    r->forced_first = -1;
+                    r->t_first = pd_now_s();
+                    s->tokens_out++;
+                    if (r->n_gen >= r->max_tokens) {
+                        r->finished = 1;
+                        r->finish = "length";
+                    }
+                    outbox_push(s, r);
+                    continue;
+                }
+                s->kv_recomputes++;
+            }
             budget -= r->n_prompt;
         }
         if (s->n_running == 0) {
@@ -177,6 +309,8 @@ static void *scheduler(void *arg)
         int m = 0;
         for (int i = 0; i < s->n_running; i++) {
             struct req *r = s->running[i];
+            if (r->finished)
+                continue;
             in_step[m] = r;
             if (r->seq.pos == 0)
                 items[m] = (struct pd_step_item){.seq = &r->seq, .tokens = r->prompt, .n = r->n_prompt, .logits = r->logits};
@@ -197,7 +331,8 @@ static void *scheduler(void *arg)
                 r->finished = 1;
                 r->finish = "error";
             } else {
-                int32_t t = pd_sample(&r->smp, r->logits, s->Vs, scratch);
+                int32_t t = r->forced_first >= 0 ? r->forced_first : pd_sample(&r->smp, r->logits, s->Vs, scratch);
+                r->forced_first = -1;
                 if (r->n_gen == 0)
                     r->t_first = now;
                 if (t == s->eos && !r->ignore_eos) {
@@ -214,11 +349,18 @@ static void *scheduler(void *arg)
             }
             outbox_push(s, r);
         }
-        for (int i = 0; i < s->n_running;)
-            if (s->running[i]->finished)
+        for (int i = 0; i < s->n_running;) {
+            struct req *r = s->running[i];
+            if (r->finished && r->remote_decode && s->kvx && strcmp(r->finish, "error") && lease(s, r) == 0) {
+                /* the KV stays, under the lease; the scheduler's reference goes with it */
+                s->running[i] = s->running[--s->n_running];
+                continue;
+            }
+            if (r->finished)
                 finish_running(s, i);
             else
                 i++;
+        }
         event_active(s->notify, 0, 0);
     }
     for (int i = s->n_running - 1; i >= 0; i--)
@@ -415,6 +557,15 @@ static void on_notify(evutil_socket_t fd, short what, void *arg)
                 json_t *choice = r->chat ? json_pack("{s:i,s:{s:s,s:s},s:s}", "index", 0, "message", "role", "assistant",
                                                      "content", out, "finish_reason", finish)
                                          : json_pack("{s:i,s:s,s:s}", "index", 0, "text", out, "finish_reason", finish);
+                if (r->remote_decode) {
+                    json_object_set_new(choice, "kv_transfer_params",
+                                        json_pack("{s:b,s:b,s:s,s:I,s:s,s:i,s:i,s:i}", "do_remote_prefill", 1,
+                                                  "do_remote_decode", 0, "remote_engine_id",
+                                                  s->o.engine_id ? s->o.engine_id : "prefill", "remote_request_id",
+                                                  (json_int_t)r->id, "remote_host", s->o.kv_host ? s->o.kv_host : "127.0.0.1",
+                                                  "remote_port", pd_kvx_port(s->kvx), "remote_num_tokens", r->n_prompt,
+                                                  "last_token_id", n > 0 ? r->gen[0] : s->eos));
+                }
                 if (r->return_ids) {
                     json_t *ids = json_array();
                     for (int i = 0; i < n; i++)
@@ -604,6 +755,50 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
         goto out;
     }
     r->max_tokens = (int)max_tokens;
+    r->forced_first = -1;
+    json_t *kv = json_object_get(j, "kv_transfer_params");
+    if (kv && !json_is_null(kv)) {
+        if (!json_is_object(kv)) {
+            send_error(s, h, 400, "invalid_request_error", "kv_transfer_params", "\"kv_transfer_params\" must be an object");
+            free(r->prompt);
+            free(r);
+            r = NULL;
+            goto out;
+        }
+        if (json_is_true(json_object_get(kv, "do_remote_decode"))) {
+            if (s->o.role != PD_ROLE_PRODUCER) {
+                send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
+                           "do_remote_decode asks a prefill (kv_producer) instance; this one is not");
+                free(r->prompt);
+                free(r);
+                r = NULL;
+                goto out;
+            }
+            r->remote_decode = 1;
+        }
+        if (json_is_true(json_object_get(kv, "do_remote_prefill"))) {
+            const char *host = json_string_value(json_object_get(kv, "remote_host"));
+            json_t *port = json_object_get(kv, "remote_port"), *rid = json_object_get(kv, "remote_request_id"),
+                   *nt = json_object_get(kv, "remote_num_tokens"), *last = json_object_get(kv, "last_token_id");
+            if (s->o.role != PD_ROLE_CONSUMER || !host || strlen(host) >= sizeof r->remote_host || !json_is_integer(port) ||
+                !json_is_integer(rid) || !json_is_integer(nt) || !json_is_integer(last) ||
+                json_integer_value(last) < 0 || json_integer_value(last) >= s->V) {
+                send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
+                           s->o.role != PD_ROLE_CONSUMER ? "do_remote_prefill asks a decode (kv_consumer) instance; this one is not"
+                           : "do_remote_prefill needs remote_host, remote_port, remote_request_id, remote_num_tokens and last_token_id");
+                free(r->prompt);
+                free(r);
+                r = NULL;
+                goto out;
+            }
+            r->remote_prefill = 1;
+            snprintf(r->remote_host, sizeof r->remote_host, "%s", host);
+            r->remote_port = (int)json_integer_value(port);
+            r->remote_request = (uint64_t)json_integer_value(rid);
+            r->remote_tokens = (int)json_integer_value(nt);
+            r->forced_first = (int32_t)json_integer_value(last);
+        }
+    }
     r->gen = malloc((size_t)r->max_tokens * sizeof *r->gen);
     r->logits = malloc((size_t)s->V * sizeof(float));
     r->stream = st && json_is_true(st);
@@ -681,9 +876,11 @@ static void on_metrics(struct evhttp_request *h, void *arg)
     struct pd_server *s = arg;
     struct evbuffer *b = evbuffer_new();
     pthread_mutex_lock(&s->mu);
-    int waiting = 0;
+    int waiting = 0, leases = 0;
     for (struct req *r = s->wait_head; r; r = r->next)
         waiting++;
+    for (struct req *r = s->leases; r; r = r->lease_next)
+        leases++;
     evbuffer_add_printf(b,
                         "# HELP pdmoe_requests_total Requests accepted.\n# TYPE pdmoe_requests_total counter\n"
                         "pdmoe_requests_total %llu\n"
@@ -697,11 +894,19 @@ static void on_metrics(struct evhttp_request *h, void *arg)
                         "# TYPE pdmoe_num_requests_waiting gauge\npdmoe_num_requests_waiting %d\n"
                         "# HELP pdmoe_kv_blocks_free KV pool blocks free.\n# TYPE pdmoe_kv_blocks_free gauge\n"
                         "pdmoe_kv_blocks_free %d\n# TYPE pdmoe_kv_blocks_total gauge\npdmoe_kv_blocks_total %d\n"
-                        "# TYPE pdmoe_kv_slots_free gauge\npdmoe_kv_slots_free %d\n",
+                        "# TYPE pdmoe_kv_slots_free gauge\npdmoe_kv_slots_free %d\n"
+                        "# TYPE pdmoe_kv_transfer_bytes_total counter\npdmoe_kv_transfer_bytes_total %llu\n"
+                        "# TYPE pdmoe_kv_transfer_seconds_total counter\npdmoe_kv_transfer_seconds_total %.6f\n"
+                        "# TYPE pdmoe_kv_transfers_total counter\npdmoe_kv_transfers_total %llu\n"
+                        "pdmoe_errors_total{kind=\"kv_transfer\"} %llu\n"
+                        "# TYPE pdmoe_kv_recomputes_total counter\npdmoe_kv_recomputes_total %llu\n"
+                        "# TYPE pdmoe_kv_leases gauge\npdmoe_kv_leases %d\n",
                         (unsigned long long)s->n_requests, (unsigned long long)s->n_completed,
                         (unsigned long long)s->n_cancelled, (unsigned long long)s->n_errors4xx,
                         (unsigned long long)s->tokens_in, (unsigned long long)s->tokens_out, s->ttft_sum, s->n_running,
-                        waiting, s->en.kv.n_blocks_free, s->en.kv.n_blocks, s->en.kv.n_slots_free);
+                        waiting, s->en.kv.n_blocks_free, s->en.kv.n_blocks, s->en.kv.n_slots_free,
+                        (unsigned long long)s->kv_bytes, s->kv_seconds, (unsigned long long)s->kv_pulls,
+                        (unsigned long long)s->kv_failures, (unsigned long long)s->kv_recomputes, leases);
     pthread_mutex_unlock(&s->mu);
     evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Type", "text/plain; version=0.0.4");
     evhttp_send_reply(h, 200, "OK", b);
@@ -751,6 +956,20 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     s->bos = pd_tok_bos(s->tok);
     s->eos = pd_tok_eos(s->tok);
     s->running = calloc((size_t)s->o.max_num_seqs, sizeof *s->running);
+    if (s->o.role != PD_ROLE_BOTH) {
+        struct pd_kvx_opts ko = {.listen_host = "127.0.0.1", .listen_port = s->o.role == PD_ROLE_PRODUCER ? s->o.kv_port : -1,
+                                 .region = s->en.kv.region, .region_len = s->en.kv.region_bytes,
+                                 .lease_ms = s->o.kv_lease_ms, .timeout_ms = s->o.kv_timeout_ms};
+        if ((rc = pd_kvx_create(&ko, &s->kvx, e)))
+            goto fail;
+        if (s->o.role == PD_ROLE_PRODUCER) {
+            if (pthread_create(&s->kvx_thread, NULL, kvx_loop, s)) {
+                rc = pd_err_set(e, PD_ENOMEM, "server: cannot start the KV transfer thread");
+                goto fail;
+            }
+            s->kvx_thread_started = 1;
+        }
+    }
     evthread_use_pthreads();
     /* a client that disconnects must not kill the server with SIGPIPE */
     signal(SIGPIPE, SIG_IGN);
@@ -777,10 +996,12 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl);
     s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port : ((struct sockaddr_in *)&ss)->sin_port);
     s->notify = event_new(s->base, -1, 0, on_notify, s);
-    s->sigint = evsignal_new(s->base, SIGINT, on_signal, s);
-    s->sigterm = evsignal_new(s->base, SIGTERM, on_signal, s);
-    event_add(s->sigint, NULL);
-    event_add(s->sigterm, NULL);
+    if (s->o.handle_signals) {
+        s->sigint = evsignal_new(s->base, SIGINT, on_signal, s);
+        s->sigterm = evsignal_new(s->base, SIGTERM, on_signal, s);
+        event_add(s->sigint, NULL);
+        event_add(s->sigterm, NULL);
+    }
     if (pthread_create(&s->thread, NULL, scheduler, s)) {
         rc = pd_err_set(e, PD_ENOMEM, "server: cannot start the scheduler thread");
         goto fail;
@@ -820,6 +1041,22 @@ void pd_server_destroy(struct pd_server *s)
         pthread_cond_signal(&s->cv);
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->thread, NULL);
+    }
+    if (s->kvx_thread_started) {
+        pthread_mutex_lock(&s->mu);
+        s->stop = 1;
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->kvx_thread, NULL);
+    }
+    /* destroying the transfer engine releases every lease (through on_release) */
+    if (s->kvx)
+        pd_kvx_destroy(s->kvx);
+    while (s->released) {
+        struct req *r = s->released;
+        s->released = r->lease_next;
+        if (r->started)
+            pd_seq_end(&s->en, &r->seq);
+        req_unref(s, r);
     }
     /* clients still waiting get an honest error, not a dropped connection */
     for (struct req *r = s->live, *nx; r; r = nx) {

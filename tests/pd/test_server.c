@@ -13,11 +13,17 @@
 
 #include "engine/genmodel.h"
 #include "pd/server.h"
+#include "util.h"
 
 static char dir[64];
 static struct pd_server *srv;
 static pthread_t loop;
 static int port;
+
+static int curl(const char *path, const char *body, const char *extra, char *out, size_t cap)
+{
+    return curl_port(port, path, body, extra, out, cap);
+}
 
 static void *run_loop(void *arg)
 {
@@ -63,48 +69,6 @@ static void teardown(void)
 }
 
 TestSuite(server, .init = setup, .fini = teardown, .timeout = 120);
-
-/* curl with a body; returns the HTTP status, the body in out */
-static int curl(const char *path, const char *body, const char *extra, char *out, size_t cap)
-{
-    char cmd[4096], f[] = "/tmp/pdmoe-curl-XXXXXX";
-    int fd = mkstemp(f);
-    close(fd);
-    if (body) {
-        FILE *b = fopen(f, "w");
-        fputs(body, b);
-        fclose(b);
-    }
-    snprintf(cmd, sizeof cmd, "curl -s -N -o %s.out -w '%%{http_code}' %s%s http://127.0.0.1:%d%s", f,
-             body ? "-H 'Content-Type: application/json' --data-binary @" : "", body ? f : "", port, path);
-    if (extra) {
-        strncat(cmd, " ", sizeof cmd - strlen(cmd) - 1);
-        strncat(cmd, extra, sizeof cmd - strlen(cmd) - 1);
-    }
-    FILE *p = popen(cmd, "r");
-    char code[16] = {0};
-    size_t got = fread(code, 1, sizeof code - 1, p);
-    code[got] = 0;
-    pclose(p);
-    char of[64];
-    snprintf(of, sizeof of, "%s.out", f);
-    FILE *o = fopen(of, "rb");
-    size_t n = o ? fread(out, 1, cap - 1, o) : 0;
-    out[n] = 0;
-    if (o)
-        fclose(o);
-    unlink(f);
-    unlink(of);
-    return atoi(code);
-}
-
-static json_t *parse(const char *s)
-{
-    json_error_t je;
-    json_t *j = json_loads(s, 0, &je);
-    cr_assert_not_null(j, "not JSON: %s (%s)", s, je.text);
-    return j;
-}
 
 Test(server, health_models_and_greedy_tokens_equal_generate)
 {

@@ -1,0 +1,193 @@
+/* Prefill-decode disaggregation on loopback: a producer (prefill) and a consumer (decode) server,
+ * the KV handed over with UCX, give the same tokens as one colocated server; a failed transfer
+ * falls back to recomputing the prompt from its token ids with no token lost or repeated; a lease
+ * nobody claims expires and frees the producer's blocks; misdirected requests get a 400. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/genmodel.h"
+#include "pd/server.h"
+#include "util.h"
+
+static char dir[64];
+
+struct node {
+    struct pd_server *s;
+    pthread_t loop;
+    int port;
+};
+static struct node P, D, C;
+
+static void *run_loop(void *arg)
+{
+    pd_err e;
+    pd_server_run(((struct node *)arg)->s, &e);
+    return NULL;
+}
+
+static void start(struct node *n, int role, int lease_ms)
+{
+    pd_err e = {0};
+    struct pd_server_opts o = {.model_dir = dir, .port = 0, .threads = 1, .max_num_seqs = 8, .max_model_len = 512,
+                               .served_name = "tiny", .role = role, .kv_port = 0, .engine_id = "t",
+                               .kv_lease_ms = lease_ms, .kv_timeout_ms = 3000};
+    cr_assert_eq(pd_server_create(&o, &n->s, &e), 0, "%s", e.msg);
+    n->port = pd_server_port(n->s);
+    pthread_create(&n->loop, NULL, run_loop, n);
+}
+
+static void stop(struct node *n)
+{
+    if (!n->s)
+        return;
+    pd_server_stop(n->s);
+    pthread_join(n->loop, NULL);
+    pd_server_destroy(n->s);
+    n->s = NULL;
+}
+
+static void setup(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/pdmoe-pd-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    pd_err e = {0};
+    cr_assert_eq(pd_genmodel("v4-tiny", dir, 9, &e), 0, "%s", e.msg);
+}
+
+static void teardown(void)
+{
+    stop(&P);
+    stop(&D);
+    stop(&C);
+    char p[128];
+    const char *f[] = {"model.safetensors", "config.json", "tokenizer.json"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, f[i]);
+        unlink(p);
+    }
+    rmdir(dir);
+}
+
+TestSuite(pd, .init = setup, .fini = teardown, .timeout = 120);
+
+static char *ids_of(const char *json)
+{
+    json_t *j = parse(json);
+    json_t *ids = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "token_ids");
+    char *s = json_dumps(ids, JSON_COMPACT);
+    json_decref(j);
+    return s;
+}
+
+static int metric(int port, const char *name)
+{
+    char out[1 << 14], key[128];
+    cr_assert_eq(curl_port(port, "/metrics", NULL, NULL, out, sizeof out), 200);
+    snprintf(key, sizeof key, "\n%s ", name);
+    char *p = strstr(out, key);
+    cr_assert_not_null(p, "no %s", name);
+    return atoi(p + strlen(key));
+}
+
+/* P then D as the proxy does; returns D's answer. `break_port` sends D to a dead port. */
+static void pd_request(const char *prompt, int max_tokens, int break_port, char *out, size_t cap)
+{
+    char body[2048], pout[8192];
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"%s\",\"max_tokens\":1,\"temperature\":0,\"kv_transfer_params\":{\"do_remote_decode\":true}}",
+             prompt);
+    cr_assert_eq(curl_port(P.port, "/v1/completions", body, NULL, pout, sizeof pout), 200, "%s", pout);
+    json_t *j = parse(pout);
+    json_t *kv = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "kv_transfer_params");
+    cr_assert(json_is_true(json_object_get(kv, "do_remote_prefill")), "%s", pout);
+    if (break_port)
+        json_object_set_new(kv, "remote_port", json_integer(1));
+    char *kvs = json_dumps(kv, JSON_COMPACT);
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"return_token_ids\":true,\"kv_transfer_params\":%s}",
+             prompt, max_tokens, kvs);
+    free(kvs);
+    json_decref(j);
+    cr_assert_eq(curl_port(D.port, "/v1/completions", body, NULL, out, cap), 200, "%s", out);
+}
+
+static void colocated(const char *prompt, int max_tokens, char *out, size_t cap)
+{
+    char body[1024];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"return_token_ids\":true}",
+             prompt, max_tokens);
+    cr_assert_eq(curl_port(C.port, "/v1/completions", body, NULL, out, cap), 200, "%s", out);
+}
+
+Test(pd, same_tokens_as_colocated)
+{
+    start(&P, PD_ROLE_PRODUCER, 0);
+    start(&D, PD_ROLE_CONSUMER, 0);
+    start(&C, PD_ROLE_BOTH, 0);
+    const char *prompts[] = {"Hello", "The sea froze over and the children skated until the sun went down",
+                             "Numbers: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25"};
+    char a[8192], b[8192];
+    for (int i = 0; i < 3; i++) {
+        pd_request(prompts[i], 16, 0, a, sizeof a);
+        colocated(prompts[i], 16, b, sizeof b);
+        char *x = ids_of(a), *y = ids_of(b);
+        cr_assert_str_eq(x, y, "prompt %d: PD %s, colocated %s", i, x, y);
+        free(x);
+        free(y);
+    }
+    cr_assert_eq(metric(D.port, "pdmoe_kv_transfers_total"), 3);
+    cr_assert_eq(metric(D.port, "pdmoe_kv_recomputes_total"), 0);
+    cr_assert_gt(metric(D.port, "pdmoe_kv_transfer_bytes_total"), 0);
+    /* the producer freed every lease once the consumer said DONE */
+    for (int i = 0; i < 100 && metric(P.port, "pdmoe_kv_leases") > 0; i++)
+        usleep(20000);
+    cr_assert_eq(metric(P.port, "pdmoe_kv_leases"), 0);
+    cr_assert_eq(metric(P.port, "pdmoe_kv_blocks_free"), metric(P.port, "pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric(D.port, "pdmoe_kv_blocks_free"), metric(D.port, "pdmoe_kv_blocks_total"));
+}
+
+Test(pd, failed_transfer_recomputes_from_token_ids)
+{
+    start(&P, PD_ROLE_PRODUCER, 500);
+    start(&D, PD_ROLE_CONSUMER, 0);
+    start(&C, PD_ROLE_BOTH, 0);
+    char a[8192], b[8192];
+    const char *prompt = "Once upon a time, in a small town by the sea, there lived an old clockmaker";
+    pd_request(prompt, 20, 1, a, sizeof a);
+    colocated(prompt, 20, b, sizeof b);
+    char *x = ids_of(a), *y = ids_of(b);
+    cr_assert_str_eq(x, y, "after a failed transfer: %s vs %s", x, y);
+    free(x);
+    free(y);
+    cr_assert_eq(metric(D.port, "pdmoe_kv_recomputes_total"), 1);
+    cr_assert_eq(metric(D.port, "pdmoe_errors_total{kind=\"kv_transfer\"}"), 1);
+    /* nobody pulled the producer's KV: its lease expires (500 ms) and the blocks come back */
+    for (int i = 0; i < 200 && metric(P.port, "pdmoe_kv_leases") > 0; i++)
+        usleep(20000);
+    cr_assert_eq(metric(P.port, "pdmoe_kv_leases"), 0);
+    cr_assert_eq(metric(P.port, "pdmoe_kv_blocks_free"), metric(P.port, "pdmoe_kv_blocks_total"));
+}
+
+Test(pd, misdirected_requests)
+{
+    start(&P, PD_ROLE_PRODUCER, 0);
+    start(&D, PD_ROLE_CONSUMER, 0);
+    char out[4096];
+    cr_assert_eq(curl_port(D.port, "/v1/completions", "{\"prompt\":\"x\",\"kv_transfer_params\":{\"do_remote_decode\":true}}",
+                           NULL, out, sizeof out), 400, "%s", out);
+    cr_assert(strstr(out, "kv_producer"), "%s", out);
+    cr_assert_eq(curl_port(P.port, "/v1/completions",
+                           "{\"prompt\":\"x\",\"kv_transfer_params\":{\"do_remote_prefill\":true,\"remote_host\":\"127.0.0.1\"}}",
+                           NULL, out, sizeof out), 400, "%s", out);
+    cr_assert_eq(curl_port(D.port, "/v1/completions",
+                           "{\"prompt\":\"x\",\"kv_transfer_params\":{\"do_remote_prefill\":true,\"remote_host\":\"127.0.0.1\"}}",
+                           NULL, out, sizeof out), 400, "%s", out);
+    cr_assert(strstr(out, "remote_port"), "%s", out);
+    cr_assert_eq(curl_port(D.port, "/v1/completions", "{\"prompt\":\"x\",\"kv_transfer_params\":7}", NULL, out, sizeof out),
+                 400, "%s", out);
+}
