@@ -57,8 +57,9 @@ $(BUILD)/%.o: %.c
 	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
 
 # Tests run from the top of the tree (they read models/ and write to a temporary directory).
+# Under sanitizers, tests/lsan.supp names the leaks of libraries pdmoe does not own (Criterion's runner).
 test: $(BUILD)/pdmoe-tests $(BUILD)/pdmoe
-	PDMOE_BIN=$(BUILD)/pdmoe ./$(BUILD)/pdmoe-tests $(TEST_ARGS)
+	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp PDMOE_BIN=$(BUILD)/pdmoe ./$(BUILD)/pdmoe-tests $(TEST_ARGS)
 
 bench: $(BUILD)/pdmoe
 	./$(BUILD)/pdmoe bench plan

@@ -1,0 +1,72 @@
+/* `pdmoe proxy`: the OpenAI-compatible front of a PD deployment. */
+#include "cli/cli.h"
+#include "proxy/proxy.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int split(const char *flag, char *list, const char **out, int *n)
+{
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (*n == PD_PROXY_MAX_INSTANCES) {
+            fprintf(stderr, "pdmoe proxy: %s: at most %d instances\n", flag, PD_PROXY_MAX_INSTANCES);
+            return -1;
+        }
+        out[(*n)++] = t;
+    }
+    return 0;
+}
+
+int pd_cli_proxy(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"prefill", 1, 0, 'p'}, {"decode", 1, 0, 'd'}, {"host", 1, 0, 'H'}, {"port", 1, 0, 'P'},
+        {"api-key", 1, 0, 'k'}, {"retries", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+    };
+    struct pd_proxy_opts o = {.port = 8000, .handle_signals = 1};
+    static char plist[4096], dlist[4096];
+    int64_t v;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'p':
+            snprintf(plist, sizeof plist, "%s", optarg);
+            if (split("--prefill", plist, o.prefill, &o.n_prefill))
+                return 2;
+            break;
+        case 'd':
+            snprintf(dlist, sizeof dlist, "%s", optarg);
+            if (split("--decode", dlist, o.decode, &o.n_decode))
+                return 2;
+            break;
+        case 'H': o.host = optarg; break;
+        case 'P': if (pd_cli_int("--port", optarg, 0, &v) || v > 65535) return 2; o.port = (int)v; break;
+        case 'k': o.api_key = optarg; break;
+        case 'r': if (pd_cli_int("--retries", optarg, 1, &v)) return 2; o.retries = (int)v; break;
+        case 'h':
+            printf("usage: pdmoe proxy --prefill host:port[,host:port...] --decode host:port[,...] [--port 8000]\n"
+                   "       [--host 127.0.0.1] [--api-key KEY] [--retries 3]\n");
+            return 0;
+        default:
+            fprintf(stderr, "pdmoe proxy: unknown option or missing value: %s\n", argv[optind - 1]);
+            return 2;
+        }
+    }
+    struct pd_proxy *px;
+    pd_err e = {0};
+    if (pd_proxy_create(&o, &px, &e)) {
+        fprintf(stderr, "pdmoe proxy: %s\n", e.msg);
+        return 2;
+    }
+    fprintf(stderr, "pdmoe proxy: http://%s:%d (prefill %d, decode %d instances)\n", o.host ? o.host : "127.0.0.1",
+            pd_proxy_port(px), o.n_prefill, o.n_decode);
+    int rc = pd_proxy_run(px, &e);
+    if (rc)
+        fprintf(stderr, "pdmoe proxy: %s\n", e.msg);
+    pd_proxy_destroy(px);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,627 @@
+/* The PD proxy (see proxy.h): libevent HTTP server for clients, libevent HTTP client towards the
+ * prefill and decode instances, all on one event loop. */
+#include "proxy/proxy.h"
+#include "core/timing.h"
+
+#include <arpa/inet.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct instance {
+    char host[64];
+    int port;
+    int load;                    /* requests in flight through this proxy */
+    uint64_t failures;
+    double down_until;           /* after a failure, others are preferred for a while */
+};
+
+struct pd_proxy {
+    struct pd_proxy_opts o;
+    struct instance p[PD_PROXY_MAX_INSTANCES], d[PD_PROXY_MAX_INSTANCES];
+    int np, nd;
+    struct event_base *base;
+    struct evhttp *http;
+    struct event *sigint, *sigterm;
+    int port;
+    /* metrics */
+    uint64_t requests, completed, retries, cancelled, bad_requests, prefill_failed, decode_failed;
+    double ttft_sum, e2e_sum;
+    uint64_t ttft_n;
+    uint64_t ttft_bucket[8];     /* <= 0.05 0.1 0.25 0.5 1 2.5 5 +Inf seconds */
+};
+
+static const double ttft_le[8] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 1e300};
+
+struct job {
+    struct pd_proxy *px;
+    struct evhttp_request *client;   /* NULL once answered or gone */
+    char path[32];
+    json_t *body;
+    int stream;
+    int pi, di;                      /* chosen instances, -1 before */
+    unsigned tried;                  /* prefill instances tried (bit mask) */
+    int attempts;
+    struct evhttp_request *up;       /* the request in flight upstream, or NULL */
+    struct evhttp_connection *conn;  /* its connection */
+    int up_decode;                   /* it goes to the decode instance */
+    int started;                     /* the client's streamed reply has begun */
+    struct evbuffer *held;           /* a decode error body while streaming */
+    double t0;
+    int got_first;
+};
+
+static void free_conn(evutil_socket_t fd, short what, void *arg)
+{
+    evhttp_connection_free(arg);
+}
+
+/* An upstream connection is freed once its request is over, from the loop rather than from its
+ * own callback (libevent 2.1's free-on-completion misses connections that never connected). */
+static void drop_conn(struct pd_proxy *px, struct evhttp_connection *c)
+{
+    if (c)
+        event_base_once(px->base, -1, EV_TIMEOUT, free_conn, c, &(struct timeval){0, 0});
+}
+
+static void job_free(struct job *j)
+{
+    json_decref(j->body);
+    if (j->held)
+        evbuffer_free(j->held);
+    free(j);
+}
+
+static int parse_hostport(const char *s, struct instance *in)
+{
+    const char *c = strrchr(s, ':');
+    if (!c || c == s || (size_t)(c - s) >= sizeof in->host)
+        return -1;
+    memcpy(in->host, s, (size_t)(c - s));
+    in->host[c - s] = 0;
+    char *end;
+    long p = strtol(c + 1, &end, 10);
+    if (*end || p < 1 || p > 65535)
+        return -1;
+    in->port = (int)p;
+    return 0;
+}
+
+static void reply_json(struct evhttp_request *h, int code, const char *reason, const char *json)
+{
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add(b, json, strlen(json));
+    evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Type", "application/json");
+    evhttp_send_reply(h, code, reason, b);
+    evbuffer_free(b);
+}
+
+static void reply_error(struct evhttp_request *h, int code, const char *type, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void reply_error(struct evhttp_request *h, int code, const char *type, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    json_t *j = json_pack("{s:{s:s,s:s,s:n,s:n}}", "error", "message", msg, "type", type, "param", "code");
+    char *t = json_dumps(j, JSON_COMPACT);
+    reply_json(h, code, code == 400 ? "Bad Request" : code == 401 ? "Unauthorized" : code == 502 ? "Bad Gateway"
+                        : code == 404 ? "Not Found" : "Error", t);
+    free(t);
+    json_decref(j);
+}
+
+/* The client's answer is complete: it no longer needs this job. */
+static void client_done(struct job *j)
+{
+    if (j->client)
+        evhttp_connection_set_closecb(evhttp_request_get_connection(j->client), NULL, NULL);
+    j->client = NULL;
+}
+
+static void send_up(struct job *j, int decode);
+
+/* The least-loaded instance not in `skip`, preferring those that have not failed lately. */
+static int pick(struct instance *in, int n, unsigned skip)
+{
+    double now = pd_now_s();
+    int best = -1;
+    for (int pass = 0; pass < 2 && best < 0; pass++)
+        for (int i = 0; i < n; i++) {
+            if ((skip & (1u << i)) || (pass == 0 && in[i].down_until > now))
+                continue;
+            if (best < 0 || in[i].load < in[best].load)
+                best = i;
+        }
+    return best;
+}
+
+/* The client went away: cancel what runs upstream (the decode instance frees the KV when its
+ * connection closes), free the job. */
+static void on_client_close(struct evhttp_connection *c, void *arg)
+{
+    struct job *j = arg;
+    struct pd_proxy *px = j->px;
+    px->cancelled++;
+    j->client = NULL;
+    if (j->up) {
+        if (j->up_decode)
+            px->d[j->di].load--;
+        else
+            px->p[j->pi].load--;
+        evhttp_cancel_request(j->up);
+        j->up = NULL;
+        drop_conn(px, j->conn);
+        j->conn = NULL;
+    }
+    job_free(j);
+}
+
+static void stream_error(struct job *j, const char *msg)
+{
+    struct evbuffer *b = evbuffer_new();
+    json_t *e = json_pack("{s:{s:s,s:s}}", "error", "message", msg, "type", "server_error");
+    char *t = json_dumps(e, JSON_COMPACT);
+    evbuffer_add_printf(b, "data: %s\n\ndata: [DONE]\n\n", t);
+    free(t);
+    json_decref(e);
+    evhttp_send_reply_chunk(j->client, b);
+    evbuffer_free(b);
+    struct evhttp_request *h = j->client;
+    client_done(j);
+    evhttp_send_reply_end(h);
+}
+
+static void note_ttft(struct pd_proxy *px, double t)
+{
+    px->ttft_sum += t;
+    px->ttft_n++;
+    for (int i = 0; i < 8; i++)
+        if (t <= ttft_le[i])
+            px->ttft_bucket[i]++;
+}
+
+/* Decode answer data as it arrives: relayed to a streaming client. */
+static void on_decode_chunk(struct evhttp_request *r, void *arg)
+{
+    struct job *j = arg;
+    struct evbuffer *in = evhttp_request_get_input_buffer(r);
+    if (!j->client) {
+        evbuffer_drain(in, evbuffer_get_length(in));
+        return;
+    }
+    int code = evhttp_request_get_response_code(r);
+    if (code != 200 || !j->stream) {
+        /* a non-streamed body (or an error): keep it for the end */
+        if (!j->held)
+            j->held = evbuffer_new();
+        evbuffer_add_buffer(j->held, in);
+        return;
+    }
+    if (!j->started) {
+        struct evkeyvalq *hd = evhttp_request_get_output_headers(j->client);
+        evhttp_add_header(hd, "Content-Type", "text/event-stream");
+        evhttp_add_header(hd, "Cache-Control", "no-cache");
+        evhttp_send_reply_start(j->client, 200, "OK");
+        j->started = 1;
+    }
+    if (!j->got_first) {
+        j->got_first = 1;
+        note_ttft(j->px, pd_now_s() - j->t0);
+    }
+    evhttp_send_reply_chunk(j->client, in);
+}
+
+static void on_decode_done(struct evhttp_request *r, void *arg)
+{
+    struct job *j = arg;
+    struct pd_proxy *px = j->px;
+    j->up = NULL;
+    drop_conn(px, j->conn);
+    j->conn = NULL;
+    px->d[j->di].load--;
+    int code = r ? evhttp_request_get_response_code(r) : 0;
+    if (!j->client) {
+        job_free(j);
+        return;
+    }
+    if (j->stream && j->started) {
+        if (code != 200) {
+            px->decode_failed++;
+            px->d[j->di].failures++;
+            stream_error(j, "the decode instance failed during generation");
+        } else {
+            struct evhttp_request *h = j->client;
+            client_done(j);
+            evhttp_send_reply_end(h);
+            px->completed++;
+            px->e2e_sum += pd_now_s() - j->t0;
+        }
+        job_free(j);
+        return;
+    }
+    if (code == 0 || code >= 500) {
+        px->decode_failed++;
+        px->d[j->di].failures++;
+        px->d[j->di].down_until = pd_now_s() + 5;
+        reply_error(j->client, 502, "server_error", "the decode instance %s:%d failed (%s)", px->d[j->di].host,
+                    px->d[j->di].port, code ? "server error" : "no answer");
+    } else {
+        struct evbuffer *b = j->held ? j->held : evbuffer_new();
+        if (r)
+            evbuffer_add_buffer(b, evhttp_request_get_input_buffer(r));
+        evhttp_add_header(evhttp_request_get_output_headers(j->client), "Content-Type", "application/json");
+        evhttp_send_reply(j->client, code, code == 200 ? "OK" : "Error", b);
+        if (!j->held)
+            evbuffer_free(b);
+        if (code == 200) {
+            px->completed++;
+            note_ttft(px, pd_now_s() - j->t0);
+            px->e2e_sum += pd_now_s() - j->t0;
+        }
+    }
+    client_done(j);
+    job_free(j);
+}
+
+static void on_prefill_done(struct evhttp_request *r, void *arg)
+{
+    struct job *j = arg;
+    struct pd_proxy *px = j->px;
+    j->up = NULL;
+    drop_conn(px, j->conn);
+    j->conn = NULL;
+    px->p[j->pi].load--;
+    if (!j->client) {
+        job_free(j);
+        return;
+    }
+    int code = r ? evhttp_request_get_response_code(r) : 0;
+    if (code == 0 || code >= 500) {
+        px->p[j->pi].failures++;
+        px->p[j->pi].down_until = pd_now_s() + 5;
+        /* another prefill instance, a few times; never after a 4xx */
+        if (j->attempts < (px->o.retries > 0 ? px->o.retries : 3) && pick(px->p, px->np, j->tried) >= 0) {
+            px->retries++;
+            send_up(j, 0);
+            return;
+        }
+        px->prefill_failed++;
+        reply_error(j->client, 502, "server_error", "no prefill instance could take the request (%d tried)", j->attempts);
+        client_done(j);
+        job_free(j);
+        return;
+    }
+    struct evbuffer *in = evhttp_request_get_input_buffer(r);
+    size_t n = evbuffer_get_length(in);
+    char *txt = malloc(n + 1);
+    evbuffer_copyout(in, txt, n);
+    txt[n] = 0;
+    if (code != 200) {
+        px->bad_requests++;
+        evhttp_add_header(evhttp_request_get_output_headers(j->client), "Content-Type", "application/json");
+        struct evbuffer *b = evbuffer_new();
+        evbuffer_add(b, txt, n);
+        evhttp_send_reply(j->client, code, "Error", b);
+        evbuffer_free(b);
+        free(txt);
+        client_done(j);
+        job_free(j);
+        return;
+    }
+    json_t *resp = json_loads(txt, 0, NULL);
+    free(txt);
+    json_t *kv = json_object_get(json_array_get(json_object_get(resp, "choices"), 0), "kv_transfer_params");
+    if (!json_is_object(kv)) {
+        json_decref(resp);
+        px->prefill_failed++;
+        reply_error(j->client, 502, "server_error", "the prefill instance %s:%d answered without kv_transfer_params",
+                    px->p[j->pi].host, px->p[j->pi].port);
+        client_done(j);
+        job_free(j);
+        return;
+    }
+    json_object_set(j->body, "kv_transfer_params", kv);
+    json_decref(resp);
+    send_up(j, 1);
+}
+
+static void send_up(struct job *j, int decode)
+{
+    struct pd_proxy *px = j->px;
+    struct instance *in;
+    if (decode) {
+        j->di = pick(px->d, px->nd, 0);
+        in = &px->d[j->di];
+    } else {
+        j->pi = pick(px->p, px->np, j->tried);
+        j->tried |= 1u << j->pi;
+        j->attempts++;
+        in = &px->p[j->pi];
+    }
+    json_t *b = json_deep_copy(j->body);
+    if (!decode) {
+        json_object_set_new(b, "stream", json_false());
+        json_object_set_new(b, "max_tokens", json_integer(1));
+        json_object_del(b, "max_completion_tokens");
+        json_object_set_new(b, "kv_transfer_params", json_pack("{s:b}", "do_remote_decode", 1));
+    }
+    char *txt = json_dumps(b, JSON_COMPACT);
+    json_decref(b);
+    struct evhttp_connection *c = evhttp_connection_base_new(px->base, NULL, in->host, (unsigned short)in->port);
+    j->conn = c;
+    struct evhttp_request *r = evhttp_request_new(decode ? on_decode_done : on_prefill_done, j);
+    if (decode)
+        evhttp_request_set_chunked_cb(r, on_decode_chunk);
+    struct evkeyvalq *hd = evhttp_request_get_output_headers(r);
+    char hostport[96];
+    snprintf(hostport, sizeof hostport, "%s:%d", in->host, in->port);
+    evhttp_add_header(hd, "Host", hostport);
+    evhttp_add_header(hd, "Content-Type", "application/json");
+    evbuffer_add(evhttp_request_get_output_buffer(r), txt, strlen(txt));
+    free(txt);
+    in->load++;
+    j->up = r;
+    j->up_decode = decode;
+    if (evhttp_make_request(c, r, EVHTTP_REQ_POST, j->path) != 0) {
+        /* libevent freed r: the instance failed (the handlers take its load back) */
+        j->up = NULL;
+        if (decode)
+            on_decode_done(NULL, j);
+        else
+            on_prefill_done(NULL, j);
+    }
+}
+
+static int authorised(struct pd_proxy *px, struct evhttp_request *h)
+{
+    if (!px->o.api_key)
+        return 1;
+    const char *a = evhttp_find_header(evhttp_request_get_input_headers(h), "Authorization");
+    char want[300];
+    snprintf(want, sizeof want, "Bearer %s", px->o.api_key);
+    if (a && strcmp(a, want) == 0)
+        return 1;
+    reply_error(h, 401, "invalid_request_error", "missing or wrong API key (Authorization: Bearer ...)");
+    return 0;
+}
+
+static void on_completion(struct evhttp_request *h, void *arg, const char *path)
+{
+    struct pd_proxy *px = arg;
+    if (evhttp_request_get_command(h) != EVHTTP_REQ_POST) {
+        reply_error(h, 405, "invalid_request_error", "use POST");
+        return;
+    }
+    if (!authorised(px, h))
+        return;
+    struct evbuffer *in = evhttp_request_get_input_buffer(h);
+    size_t n = evbuffer_get_length(in);
+    char *txt = malloc(n + 1);
+    evbuffer_copyout(in, txt, n);
+    txt[n] = 0;
+    json_error_t je;
+    json_t *body = json_loads(txt, JSON_REJECT_DUPLICATES, &je);
+    free(txt);
+    json_t *st = body ? json_object_get(body, "stream") : NULL;
+    if (!json_is_object(body) || (st && !json_is_boolean(st))) {
+        px->bad_requests++;
+        reply_error(h, 400, "invalid_request_error", "%s", !body ? je.text : !json_is_object(body)
+                                                               ? "the body must be a JSON object" : "\"stream\" must be a boolean");
+        json_decref(body);
+        return;
+    }
+    json_object_del(body, "kv_transfer_params");
+    struct job *j = calloc(1, sizeof *j);
+    j->px = px;
+    j->client = h;
+    snprintf(j->path, sizeof j->path, "%s", path);
+    j->body = body;
+    j->stream = st && json_is_true(st);
+    j->pi = j->di = -1;
+    j->t0 = pd_now_s();
+    px->requests++;
+    evhttp_connection_set_closecb(evhttp_request_get_connection(h), on_client_close, j);
+    send_up(j, 0);
+}
+
+static void on_completions(struct evhttp_request *h, void *arg)
+{
+    on_completion(h, arg, "/v1/completions");
+}
+
+static void on_chat(struct evhttp_request *h, void *arg)
+{
+    on_completion(h, arg, "/v1/chat/completions");
+}
+
+/* /v1/models: relayed from the first decode instance. */
+struct models_job {
+    struct pd_proxy *px;
+    struct evhttp_request *client;
+    struct evhttp_connection *conn;
+};
+
+static void on_models_done(struct evhttp_request *r, void *arg)
+{
+    struct models_job *m = arg;
+    struct evhttp_request *h = m->client;
+    drop_conn(m->px, m->conn);
+    free(m);
+    if (!r || evhttp_request_get_response_code(r) != 200) {
+        reply_error(h, 502, "server_error", "the decode instance did not list its models");
+        return;
+    }
+    evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Type", "application/json");
+    evhttp_send_reply(h, 200, "OK", evhttp_request_get_input_buffer(r));
+}
+
+static void on_models(struct evhttp_request *h, void *arg)
+{
+    struct pd_proxy *px = arg;
+    if (!authorised(px, h))
+        return;
+    struct evhttp_connection *c = evhttp_connection_base_new(px->base, NULL, px->d[0].host, (unsigned short)px->d[0].port);
+    struct models_job *m = malloc(sizeof *m);
+    *m = (struct models_job){px, h, c};
+    struct evhttp_request *r = evhttp_request_new(on_models_done, m);
+    evhttp_add_header(evhttp_request_get_output_headers(r), "Host", px->d[0].host);
+    if (evhttp_make_request(c, r, EVHTTP_REQ_GET, "/v1/models") != 0) {
+        free(m);
+        drop_conn(px, c);
+        reply_error(h, 502, "server_error", "the decode instance did not list its models");
+    }
+}
+
+static void on_health(struct evhttp_request *h, void *arg)
+{
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "ok\n");
+    evhttp_send_reply(h, 200, "OK", b);
+    evbuffer_free(b);
+}
+
+static void on_metrics(struct evhttp_request *h, void *arg)
+{
+    struct pd_proxy *px = arg;
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b,
+                        "# TYPE pdmoe_proxy_requests_total counter\npdmoe_proxy_requests_total %llu\n"
+                        "# TYPE pdmoe_proxy_completed_total counter\npdmoe_proxy_completed_total %llu\n"
+                        "# TYPE pdmoe_proxy_retries_total counter\npdmoe_proxy_retries_total %llu\n"
+                        "# TYPE pdmoe_proxy_errors_total counter\n"
+                        "pdmoe_proxy_errors_total{kind=\"bad_request\"} %llu\n"
+                        "pdmoe_proxy_errors_total{kind=\"prefill_failed\"} %llu\n"
+                        "pdmoe_proxy_errors_total{kind=\"decode_failed\"} %llu\n"
+                        "pdmoe_proxy_errors_total{kind=\"client_cancelled\"} %llu\n"
+                        "# TYPE pdmoe_proxy_time_to_first_token_seconds histogram\n",
+                        (unsigned long long)px->requests, (unsigned long long)px->completed,
+                        (unsigned long long)px->retries, (unsigned long long)px->bad_requests,
+                        (unsigned long long)px->prefill_failed, (unsigned long long)px->decode_failed,
+                        (unsigned long long)px->cancelled);
+    for (int i = 0; i < 8; i++) {
+        if (i < 7)
+            evbuffer_add_printf(b, "pdmoe_proxy_time_to_first_token_seconds_bucket{le=\"%g\"} %llu\n", ttft_le[i],
+                                (unsigned long long)px->ttft_bucket[i]);
+        else
+            evbuffer_add_printf(b, "pdmoe_proxy_time_to_first_token_seconds_bucket{le=\"+Inf\"} %llu\n",
+                                (unsigned long long)px->ttft_bucket[i]);
+    }
+    evbuffer_add_printf(b, "pdmoe_proxy_time_to_first_token_seconds_sum %.6f\n"
+                           "pdmoe_proxy_time_to_first_token_seconds_count %llu\n"
+                           "# TYPE pdmoe_proxy_instance_load gauge\n",
+                        px->ttft_sum, (unsigned long long)px->ttft_n);
+    for (int i = 0; i < px->np; i++)
+        evbuffer_add_printf(b, "pdmoe_proxy_instance_load{role=\"prefill\",instance=\"%s:%d\"} %d\n", px->p[i].host,
+                            px->p[i].port, px->p[i].load);
+    for (int i = 0; i < px->nd; i++)
+        evbuffer_add_printf(b, "pdmoe_proxy_instance_load{role=\"decode\",instance=\"%s:%d\"} %d\n", px->d[i].host,
+                            px->d[i].port, px->d[i].load);
+    evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Type", "text/plain; version=0.0.4");
+    evhttp_send_reply(h, 200, "OK", b);
+    evbuffer_free(b);
+}
+
+static void on_other(struct evhttp_request *h, void *arg)
+{
+    reply_error(h, 404, "invalid_request_error", "no route %s", evhttp_request_get_uri(h));
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    event_base_loopexit(((struct pd_proxy *)arg)->base, NULL);
+}
+
+int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err *e)
+{
+    if (o->n_prefill < 1 || o->n_decode < 1 || o->n_prefill > PD_PROXY_MAX_INSTANCES || o->n_decode > PD_PROXY_MAX_INSTANCES)
+        return pd_err_set(e, PD_EINVAL, "proxy: --prefill and --decode each need 1 to %d host:port", PD_PROXY_MAX_INSTANCES);
+    struct pd_proxy *px = calloc(1, sizeof *px);
+    if (!px)
+        return pd_err_set(e, PD_ENOMEM, "proxy: out of memory");
+    px->o = *o;
+    for (int i = 0; i < o->n_prefill; i++)
+        if (parse_hostport(o->prefill[i], &px->p[i])) {
+            free(px);
+            return pd_err_set(e, PD_EINVAL, "proxy: --prefill %s: expected host:port", o->prefill[i]);
+        }
+    for (int i = 0; i < o->n_decode; i++)
+        if (parse_hostport(o->decode[i], &px->d[i])) {
+            free(px);
+            return pd_err_set(e, PD_EINVAL, "proxy: --decode %s: expected host:port", o->decode[i]);
+        }
+    px->np = o->n_prefill;
+    px->nd = o->n_decode;
+    signal(SIGPIPE, SIG_IGN);
+    px->base = event_base_new();
+    px->http = px->base ? evhttp_new(px->base) : NULL;
+    if (!px->http) {
+        pd_proxy_destroy(px);
+        return pd_err_set(e, PD_ENOMEM, "proxy: out of memory");
+    }
+    evhttp_set_cb(px->http, "/v1/completions", on_completions, px);
+    evhttp_set_cb(px->http, "/v1/chat/completions", on_chat, px);
+    evhttp_set_cb(px->http, "/v1/models", on_models, px);
+    evhttp_set_cb(px->http, "/health", on_health, px);
+    evhttp_set_cb(px->http, "/metrics", on_metrics, px);
+    evhttp_set_gencb(px->http, on_other, px);
+    evhttp_set_max_body_size(px->http, 8 << 20);
+    const char *host = o->host ? o->host : "127.0.0.1";
+    struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(px->http, host, (uint16_t)o->port);
+    if (!bs) {
+        pd_proxy_destroy(px);
+        return pd_err_set(e, PD_EIO, "proxy: cannot listen on %s:%d", host, o->port);
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl);
+    px->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port : ((struct sockaddr_in *)&ss)->sin_port);
+    if (o->handle_signals) {
+        px->sigint = evsignal_new(px->base, SIGINT, on_signal, px);
+        px->sigterm = evsignal_new(px->base, SIGTERM, on_signal, px);
+        event_add(px->sigint, NULL);
+        event_add(px->sigterm, NULL);
+    }
+    *out = px;
+    return 0;
+}
+
+int pd_proxy_port(const struct pd_proxy *px)
+{
+    return px->port;
+}
+
+int pd_proxy_run(struct pd_proxy *px, pd_err *e)
+{
+    return event_base_dispatch(px->base) < 0 ? pd_err_set(e, PD_EIO, "proxy: event loop failed") : 0;
+}
+
+void pd_proxy_stop(struct pd_proxy *px)
+{
+    event_base_loopexit(px->base, NULL);
+}
+
+void pd_proxy_destroy(struct pd_proxy *px)
+{
+    if (!px)
+        return;
+    if (px->http)
+        evhttp_free(px->http);
+    if (px->sigint)
+        event_free(px->sigint);
+    if (px->sigterm)
+        event_free(px->sigterm);
+    if (px->base)
+        event_base_free(px->base);
+    free(px);
+}

@@ -1,0 +1,187 @@
+/* The PD proxy in front of prefill and decode servers on loopback: the same tokens as a colocated
+ * server, streamed and not; a dead prefill instance is retried elsewhere; a dead decode instance
+ * gives a 502 with a JSON error, never a 200 with an empty body; 4xx from an instance reach the
+ * client unchanged and are not retried. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/genmodel.h"
+#include "pd/server.h"
+#include "proxy/proxy.h"
+#include "util.h"
+
+static char dir[64];
+static struct pd_server *P, *D, *C;
+static struct pd_proxy *X;
+static pthread_t tp, td, tc, tx;
+
+static void *serve(void *arg)
+{
+    pd_err e;
+    pd_server_run(arg, &e);
+    return NULL;
+}
+
+static void *proxy_loop(void *arg)
+{
+    pd_err e;
+    pd_proxy_run(arg, &e);
+    return NULL;
+}
+
+static struct pd_server *server(int role, pthread_t *t)
+{
+    struct pd_server *s;
+    pd_err e = {0};
+    struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 8, .max_model_len = 512,
+                               .served_name = "tiny", .role = role, .kv_timeout_ms = 3000};
+    cr_assert_eq(pd_server_create(&o, &s, &e), 0, "%s", e.msg);
+    pthread_create(t, NULL, serve, s);
+    return s;
+}
+
+static void setup(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/pdmoe-px-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    pd_err e = {0};
+    cr_assert_eq(pd_genmodel("v4-tiny", dir, 11, &e), 0, "%s", e.msg);
+    P = server(PD_ROLE_PRODUCER, &tp);
+    D = server(PD_ROLE_CONSUMER, &td);
+    C = server(PD_ROLE_BOTH, &tc);
+}
+
+static void start_proxy(int dead_prefill_first, int dead_decode)
+{
+    static char p1[32], p2[32], d1[32];
+    snprintf(p1, sizeof p1, "127.0.0.1:%d", 1);   /* nobody listens on port 1 */
+    snprintf(p2, sizeof p2, "127.0.0.1:%d", pd_server_port(P));
+    snprintf(d1, sizeof d1, "127.0.0.1:%d", dead_decode ? 1 : pd_server_port(D));
+    struct pd_proxy_opts o = {.port = 0, .n_prefill = dead_prefill_first ? 2 : 1, .n_decode = 1};
+    o.prefill[0] = dead_prefill_first ? p1 : p2;
+    o.prefill[1] = p2;
+    o.decode[0] = d1;
+    pd_err e = {0};
+    cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
+    pthread_create(&tx, NULL, proxy_loop, X);
+}
+
+static void teardown(void)
+{
+    if (X) {
+        pd_proxy_stop(X);
+        pthread_join(tx, NULL);
+        pd_proxy_destroy(X);
+        X = NULL;
+    }
+    struct pd_server *s[3] = {P, D, C};
+    pthread_t t[3] = {tp, td, tc};
+    for (int i = 0; i < 3; i++) {
+        pd_server_stop(s[i]);
+        pthread_join(t[i], NULL);
+        pd_server_destroy(s[i]);
+    }
+    char p[128];
+    const char *f[] = {"model.safetensors", "config.json", "tokenizer.json"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, f[i]);
+        unlink(p);
+    }
+    rmdir(dir);
+}
+
+TestSuite(proxy, .init = setup, .fini = teardown, .timeout = 120);
+
+static char *field(const char *json, const char *what)
+{
+    json_t *j = parse(json);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    char *s = json_dumps(json_object_get(ch, what), JSON_COMPACT | JSON_ENCODE_ANY);
+    json_decref(j);
+    return s;
+}
+
+static void same_as_colocated(void)
+{
+    const char *body = "{\"model\":\"tiny\",\"prompt\":\"Good morning, good afternoon and good night\","
+                       "\"max_tokens\":16,\"temperature\":0,\"return_token_ids\":true}";
+    char a[8192], b[8192];
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", body, NULL, a, sizeof a), 200, "%s", a);
+    cr_assert_eq(curl_port(pd_server_port(C), "/v1/completions", body, NULL, b, sizeof b), 200, "%s", b);
+    char *x = field(a, "token_ids"), *y = field(b, "token_ids");
+    cr_assert_str_eq(x, y);
+    free(x);
+    free(y);
+    /* streamed chat through the proxy adds up to the colocated plain answer */
+    const char *chat = "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"Why is the sky blue?\"}],"
+                       "\"max_tokens\":16,\"temperature\":0%s}";
+    char c1[512], c2[512];
+    snprintf(c1, sizeof c1, chat, "");
+    snprintf(c2, sizeof c2, chat, ",\"stream\":true");
+    cr_assert_eq(curl_port(pd_server_port(C), "/v1/chat/completions", c1, NULL, b, sizeof b), 200);
+    json_t *j = parse(b);
+    const char *want = json_string_value(
+        json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content"));
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/chat/completions", c2, NULL, a, sizeof a), 200, "%s", a);
+    char got[8192] = "";
+    int done = 0;
+    for (char *line = strtok(a, "\n"); line; line = strtok(NULL, "\n")) {
+        if (!strcmp(line, "data: [DONE]")) {
+            done = 1;
+            continue;
+        }
+        json_t *c = parse(line + 6);
+        strcat(got, json_string_value(json_object_get(json_object_get(json_array_get(json_object_get(c, "choices"), 0),
+                                                                       "delta"), "content")));
+        json_decref(c);
+    }
+    cr_assert(done);
+    cr_assert_str_eq(got, want);
+    json_decref(j);
+}
+
+Test(proxy, same_tokens_as_colocated)
+{
+    start_proxy(0, 0);
+    same_as_colocated();
+}
+
+Test(proxy, dead_prefill_instance_is_retried)
+{
+    start_proxy(1, 0);
+    same_as_colocated();
+    char out[8192];
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/metrics", NULL, NULL, out, sizeof out), 200);
+    cr_assert(strstr(out, "pdmoe_proxy_retries_total 1\n"), "%s", out);
+}
+
+Test(proxy, dead_decode_instance_is_a_502_not_an_empty_200)
+{
+    start_proxy(0, 1);
+    char out[8192];
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":4}", NULL, out,
+                           sizeof out), 502, "%s", out);
+    json_t *j = parse(out);
+    cr_assert(json_is_string(json_object_get(json_object_get(j, "error"), "message")), "%s", out);
+    json_decref(j);
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":4,\"stream\":true}",
+                           NULL, out, sizeof out), 502, "%s", out);
+}
+
+Test(proxy, client_errors_pass_through_unretried)
+{
+    start_proxy(0, 0);
+    char out[8192];
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\": 3}", NULL, out, sizeof out), 400);
+    cr_assert(strstr(out, "\"param\":\"prompt\""), "%s", out);
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", "not json", NULL, out, sizeof out), 400);
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":99999}", NULL, out,
+                           sizeof out), 400, "%s", out);
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/metrics", NULL, NULL, out, sizeof out), 200);
+    cr_assert(strstr(out, "pdmoe_proxy_retries_total 0\n"), "%s", out);
+}
