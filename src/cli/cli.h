@@ -10,6 +10,7 @@ int pd_cli_genmodel(int argc, char **argv);
 int pd_cli_generate(int argc, char **argv);
 int pd_cli_serve(int argc, char **argv);
 int pd_cli_proxy(int argc, char **argv);
+int pd_cli_up(int argc, char **argv);
 
 /* Parses an integer flag value: digits with an optional k (x1000) or K (x1024) suffix, as
  * vLLM reads --max-model-len. Prints "pdmoe: --flag VALUE: ..." and returns -1 on error. */

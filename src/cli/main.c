@@ -13,6 +13,7 @@ static const struct {
     {"gen-model", pd_cli_genmodel, "write a deterministic synthetic checkpoint of a preset (int8 weights, tokenizer)"},
     {"generate", pd_cli_generate, "run a prompt through the CPU engine and stream the continuation"},
     {"serve", pd_cli_serve, "OpenAI-compatible server on the engine (colocated prefill and decode)"},
+    {"up", pd_cli_up, "a local PD cluster in one command: prefill and decode servers and the proxy"},
     {"proxy", pd_cli_proxy, "OpenAI-compatible proxy in front of prefill and decode instances"},
     {"bench", pd_cli_bench, "benchmarks: plan, kernels"},
 };

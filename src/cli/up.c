@@ -1,0 +1,266 @@
+/* `pdmoe up`: a local PD cluster in one command. Generates the model if it is missing, starts the
+ * prefill instances, the decode instances and the proxy as child processes (this same program),
+ * waits until every one answers /health, prints the endpoint, and on Ctrl-C (or SIGTERM) stops
+ * them all and waits for them: nothing is left behind. If any child dies, the others are stopped
+ * and `up` exits non-zero. */
+#include "cli/cli.h"
+#include "engine/genmodel.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_CHILDREN 34
+
+static volatile sig_atomic_t stopping;
+
+static void on_stop(int sig)
+{
+    stopping = 1;
+}
+
+struct child {
+    pid_t pid;
+    char what[48];
+    int port;
+};
+
+static pid_t spawn(const char *self, char *const *args)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        execv(self, args);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* 1 when http://127.0.0.1:port/health answers 200. */
+static int healthy(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int ok = 0;
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+        const char *q = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+        if (write(fd, q, strlen(q)) == (ssize_t)strlen(q)) {
+            char buf[64] = {0};
+            ssize_t n = read(fd, buf, sizeof buf - 1);
+            ok = n > 12 && strncmp(buf + 9, "200", 3) == 0;
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+static void stop_all(struct child *c, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (c[i].pid > 0)
+            kill(c[i].pid, SIGTERM);
+    /* give them 10 s to answer their clients and exit, then kill */
+    for (int t = 0; t < 200; t++) {
+        int alive = 0;
+        for (int i = 0; i < n; i++)
+            if (c[i].pid > 0) {
+                if (waitpid(c[i].pid, NULL, WNOHANG) == c[i].pid)
+                    c[i].pid = 0;
+                else
+                    alive = 1;
+            }
+        if (!alive)
+            return;
+        nanosleep(&(struct timespec){0, 50000000}, NULL);
+    }
+    for (int i = 0; i < n; i++)
+        if (c[i].pid > 0) {
+            kill(c[i].pid, SIGKILL);
+            waitpid(c[i].pid, NULL, 0);
+            c[i].pid = 0;
+        }
+}
+
+/* Instance counts from a plan (pdmoe plan --json): roles[].instances; each instance is one
+ * process here, so dp x tp must be 1 until EP groups run behind the servers. */
+static int read_plan(const char *path, int *np, int *nd)
+{
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    if (!j) {
+        fprintf(stderr, "pdmoe up: --plan %s: %s (line %d)\n", path, je.text, je.line);
+        return -1;
+    }
+    int rc = -1;
+    json_t *roles = json_object_get(j, "roles");
+    if (json_integer_value(json_object_get(j, "plan_version")) != 1 || !json_is_array(roles) || json_array_size(roles) != 2) {
+        fprintf(stderr, "pdmoe up: --plan %s: not a plan_version 1 document from pdmoe plan --json\n", path);
+        goto out;
+    }
+    for (int r = 0; r < 2; r++) {
+        json_t *x = json_array_get(roles, (size_t)r);
+        int inst = (int)json_integer_value(json_object_get(x, "instances"));
+        int ep = (int)json_integer_value(json_object_get(x, "ep_size"));
+        if (inst < 1 || inst > 16) {
+            fprintf(stderr, "pdmoe up: --plan %s: roles[%d].instances %d: this machine runs 1 to 16\n", path, r, inst);
+            goto out;
+        }
+        if (ep != 1) {
+            fprintf(stderr, "pdmoe up: --plan %s: roles[%d] has EP size %d; the servers run one process per instance "
+                            "for now (plan with dp=1,tp=1)\n", path, r, ep);
+            goto out;
+        }
+        *(r ? nd : np) = inst;
+    }
+    rc = 0;
+out:
+    json_decref(j);
+    return rc;
+}
+
+int pd_cli_up(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"model", 1, 0, 'm'}, {"port", 1, 0, 'p'}, {"prefill-instances", 1, 0, 'P'}, {"decode-instances", 1, 0, 'D'},
+        {"threads", 1, 0, 'j'}, {"plan", 1, 0, 'l'}, {"max-model-len", 1, 0, 'L'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+    };
+    const char *model = "models/mini", *plan = NULL;
+    int64_t port = 8000, np = 1, nd = 1, threads = 1, max_len = 2048;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'p': if (pd_cli_int("--port", optarg, 1, &port) || port > 65000) return 2; break;
+        case 'P': if (pd_cli_int("--prefill-instances", optarg, 1, &np) || np > 16) return 2; break;
+        case 'D': if (pd_cli_int("--decode-instances", optarg, 1, &nd) || nd > 16) return 2; break;
+        case 'j': if (pd_cli_int("--threads", optarg, 1, &threads)) return 2; break;
+        case 'L': if (pd_cli_int("--max-model-len", optarg, 16, &max_len)) return 2; break;
+        case 'l': plan = optarg; break;
+        case 'h':
+            printf("usage: pdmoe up [--model models/mini] [--port 8000] [--prefill-instances 1] [--decode-instances 1]\n"
+                   "       [--plan plan.json] [--threads 1] [--max-model-len 2048]\n"
+                   "Starts prefill and decode servers and the proxy on this machine (generating models/mini if it is\n"
+                   "missing), prints the endpoint, and stops everything on Ctrl-C.\n");
+            return 0;
+        default:
+            fprintf(stderr, "pdmoe up: unknown option or missing value: %s\n", argv[optind - 1]);
+            return 2;
+        }
+    }
+    if (plan) {
+        int p = 1, d = 1;
+        if (read_plan(plan, &p, &d))
+            return 2;
+        np = p;
+        nd = d;
+    }
+    char self[4096], path[600];
+    ssize_t sn = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (sn <= 0) {
+        fprintf(stderr, "pdmoe up: cannot find this program's path\n");
+        return 1;
+    }
+    self[sn] = 0;
+    snprintf(path, sizeof path, "%s/model.safetensors", model);
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        if (strcmp(model, "models/mini") != 0) {
+            fprintf(stderr, "pdmoe up: --model %s: no model.safetensors there\n", model);
+            return 2;
+        }
+        fprintf(stderr, "pdmoe up: generating models/mini (v4-flash-mini, about 1 GB)...\n");
+        mkdir("models", 0755);
+        pd_err e = {0};
+        if (pd_genmodel("v4-flash-mini", model, 1, &e)) {
+            fprintf(stderr, "pdmoe up: %s\n", e.msg);
+            return 1;
+        }
+    }
+    struct sigaction sa = {.sa_handler = on_stop};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    struct child ch[MAX_CHILDREN];
+    int n = 0;
+    char sport[16], skv[160], sth[16], slen[16], plist[2048] = "", dlist[2048] = "";
+    snprintf(sth, sizeof sth, "%lld", (long long)threads);
+    snprintf(slen, sizeof slen, "%lld", (long long)max_len);
+    const char *name = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < (r ? nd : np); i++) {
+            int p = (int)port + 1 + n;
+            snprintf(sport, sizeof sport, "%d", p);
+            if (r == 0)
+                snprintf(skv, sizeof skv, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"prefill-%d\"}",
+                         (int)port + 100 + i, i);
+            else
+                snprintf(skv, sizeof skv, "{\"kv_role\":\"kv_consumer\",\"engine_id\":\"decode-%d\"}", i);
+            char *args[] = {self, "serve", "--model", (char *)model, "--port", sport, "--threads", sth, "--max-model-len",
+                            slen, "--served-model-name", (char *)name, "--kv-transfer-config", skv, NULL};
+            ch[n] = (struct child){.pid = spawn(self, args), .port = p};
+            snprintf(ch[n].what, sizeof ch[n].what, "%s instance %d", r ? "decode" : "prefill", i);
+            char hp[32];
+            snprintf(hp, sizeof hp, "%s127.0.0.1:%d", (r ? dlist : plist)[0] ? "," : "", p);
+            strcat(r ? dlist : plist, hp);
+            n++;
+        }
+    snprintf(sport, sizeof sport, "%lld", (long long)port);
+    char *pargs[] = {self, "proxy", "--prefill", plist, "--decode", dlist, "--port", sport, NULL};
+    ch[n] = (struct child){.pid = spawn(self, pargs), .port = (int)port};
+    snprintf(ch[n].what, sizeof ch[n].what, "proxy");
+    n++;
+    /* wait until everything is healthy (or something dies) */
+    int ready = 0, rc = 0;
+    for (int t = 0; t < 1200 && !stopping && !ready; t++) {
+        ready = 1;
+        for (int i = 0; i < n; i++) {
+            int status;
+            if (waitpid(ch[i].pid, &status, WNOHANG) == ch[i].pid) {
+                fprintf(stderr, "pdmoe up: the %s exited before it was ready\n", ch[i].what);
+                ch[i].pid = 0;
+                stopping = 1;
+                rc = 1;
+            }
+            ready &= ch[i].pid > 0 && healthy(ch[i].port);
+        }
+        if (!ready)
+            nanosleep(&(struct timespec){0, 100000000}, NULL);
+    }
+    if (ready && !stopping) {
+        printf("pdmoe up: %lld prefill and %lld decode instance%s of %s behind http://127.0.0.1:%lld/v1 "
+               "(model \"%s\"); Ctrl-C stops everything\n", (long long)np, (long long)nd, nd > 1 ? "s" : "", model,
+               (long long)port, name);
+        fflush(stdout);
+    } else if (!stopping) {
+        fprintf(stderr, "pdmoe up: the cluster did not become healthy in 120 s\n");
+        rc = 1;
+    }
+    while (!stopping) {
+        nanosleep(&(struct timespec){0, 200000000}, NULL);
+        for (int i = 0; i < n; i++) {
+            int status;
+            if (ch[i].pid > 0 && waitpid(ch[i].pid, &status, WNOHANG) == ch[i].pid) {
+                fprintf(stderr, "pdmoe up: the %s exited (status %d); stopping the others\n", ch[i].what, status);
+                ch[i].pid = 0;
+                stopping = 1;
+                rc = 1;
+            }
+        }
+    }
+    stop_all(ch, n);
+    fprintf(stderr, "pdmoe up: stopped\n");
+    return rc;
+}
