@@ -263,7 +263,7 @@ int pd_kvseq_max_runs(const struct pd_kvpool *p, const struct pd_kvseq *s)
     return n;
 }
 
-int pd_kvseq_runs(const struct pd_kvpool *p, const struct pd_kvseq *s, struct pd_kv_run *runs, int max)
+int pd_kvseq_runs(const struct pd_kvpool *p, const struct pd_kvseq *s, int64_t len, struct pd_kv_run *runs, int max)
 {
     assert(s->slot >= 0);
     if (max < pd_kvseq_max_runs(p, s))
@@ -271,11 +271,17 @@ int pd_kvseq_runs(const struct pd_kvpool *p, const struct pd_kvseq *s, struct pd
     int n = 0;
     runs[n++] = (struct pd_kv_run){(uint64_t)s->slot * p->slot_bytes, p->slot_bytes};
     size_t base = (size_t)(p->blocks - p->region);
-    for (int l = 0; l < p->n_layers; l++)
-        for (int b = 0; b < s->n_blocks[l]; b++)
+    for (int l = 0; l < p->n_layers; l++) {
+        int64_t e = entries_at(&p->layer[l], len), nb = (e + p->block_entries - 1) / p->block_entries;
+        assert(nb <= s->n_blocks[l]);
+        for (int b = 0; b < nb; b++)
             runs[n++] = (struct pd_kv_run){base + (uint64_t)s->blocks[l][b] * p->block_bytes, p->block_bytes};
-    for (int l = 0; l < p->n_layers; l++)
-        for (int b = 0; b < s->n_kblocks[l]; b++)
+    }
+    for (int l = 0; l < p->n_layers; l++) {
+        int64_t e = p->layer[l].ratio == 4 ? entries_at(&p->layer[l], len) : 0, nb = (e + p->block_keys - 1) / p->block_keys;
+        assert(nb <= s->n_kblocks[l]);
+        for (int b = 0; b < nb; b++)
             runs[n++] = (struct pd_kv_run){base + (uint64_t)s->kblocks[l][b] * p->block_bytes, p->block_bytes};
+    }
     return n;
 }

@@ -83,7 +83,8 @@ void pd_kvseq_free(struct pd_kvpool *p, struct pd_kvseq *s);
 struct pd_kv_run {
     uint64_t off, len;
 };
-int pd_kvseq_runs(const struct pd_kvpool *p, const struct pd_kvseq *s, struct pd_kv_run *runs, int max);
+/* Only the blocks that hold the first `len` tokens count (a sequence may have reserved more). */
+int pd_kvseq_runs(const struct pd_kvpool *p, const struct pd_kvseq *s, int64_t len, struct pd_kv_run *runs, int max);
 int pd_kvseq_max_runs(const struct pd_kvpool *p, const struct pd_kvseq *s);
 
 /* Accessors. */

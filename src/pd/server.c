@@ -166,7 +166,7 @@ static int lease(struct pd_server *s, struct req *r)
     struct pd_kv_run *runs = malloc((size_t)max * sizeof *runs);
     if (!runs)
         return -1;
-    int n = pd_kvseq_runs(&s->en.kv, &r->seq.kv, runs, max);
+    int n = pd_kvseq_runs(&s->en.kv, &r->seq.kv, r->n_prompt, runs, max);
     pd_err e;
     r->leased = 1;
     r->lease_next = s->leases;
@@ -190,7 +190,7 @@ static int pull(struct pd_server *s, struct req *r)
         return -1;
     int max = pd_kvseq_max_runs(&s->en.kv, &r->seq.kv);
     struct pd_kv_run *dst = malloc((size_t)max * sizeof *dst);
-    int n = dst ? pd_kvseq_runs(&s->en.kv, &r->seq.kv, dst, max) : -1;
+    int n = dst ? pd_kvseq_runs(&s->en.kv, &r->seq.kv, r->n_prompt, dst, max) : -1;
     struct pd_kvx_xfer *t = NULL;
     double t0 = pd_now_s();
     int rc = n < 0 || pd_kvx_pull(s->kvx, r->remote_host, r->remote_port, r->remote_request,
@@ -272,8 +272,9 @@ static void *scheduler(void *arg)
             pd_err e;
             if (pd_seq_start(&s->en, &r->seq, &e))
                 break;
-            int need = pd_kvseq_blocks_needed(&s->en.kv, &r->seq.kv, r->n_prompt + r->max_tokens);
-            if (need > s->en.kv.n_blocks_free) {
+            /* reserve the blocks of the whole future sequence now: a running request never
+             * finds the pool full when it grows (the failure SGLang users report) */
+            if (pd_kvseq_reserve(&s->en.kv, &r->seq.kv, r->n_prompt + r->max_tokens, &e)) {
                 pd_seq_end(&s->en, &r->seq);
                 break;   /* wait until running requests free their blocks */
             }

@@ -185,3 +185,38 @@ Test(proxy, client_errors_pass_through_unretried)
     cr_assert_eq(curl_port(pd_proxy_port(X), "/metrics", NULL, NULL, out, sizeof out), 200);
     cr_assert(strstr(out, "pdmoe_proxy_retries_total 0\n"), "%s", out);
 }
+
+static int metric(int port, const char *name)
+{
+    char out[1 << 14], key[128];
+    cr_assert_eq(curl_port(port, "/metrics", NULL, NULL, out, sizeof out), 200);
+    snprintf(key, sizeof key, "\n%s ", name);
+    char *p = strstr(out, key);
+    cr_assert_not_null(p, "no %s", name);
+    return atoi(p + strlen(key));
+}
+
+Test(proxy, sixty_four_concurrent_streams)
+{
+    start_proxy(0, 0);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "seq 64 | xargs -P 64 -I{} curl -s -N -o /dev/null -w '%%{http_code}\\n' http://127.0.0.1:%d/v1/completions "
+             "-d '{\"prompt\":\"client {} says hello\",\"max_tokens\":16,\"stream\":true,\"temperature\":0.7,\"seed\":{}}'",
+             pd_proxy_port(X));
+    FILE *p = popen(cmd, "r");
+    char line[64];
+    int ok = 0;
+    while (fgets(line, sizeof line, p))
+        ok += atoi(line) == 200;
+    pclose(p);
+    cr_assert_eq(ok, 64);
+    /* every KV block back on the decode instance; the prefill's leases all released */
+    for (int i = 0; i < 100 && metric(pd_server_port(P), "pdmoe_kv_leases") > 0; i++)
+        usleep(20000);
+    cr_assert_eq(metric(pd_server_port(P), "pdmoe_kv_leases"), 0);
+    cr_assert_eq(metric(pd_server_port(P), "pdmoe_kv_blocks_free"), metric(pd_server_port(P), "pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric(pd_server_port(D), "pdmoe_kv_blocks_free"), metric(pd_server_port(D), "pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric(pd_server_port(D), "pdmoe_kv_transfers_total"), 64);
+    cr_assert_eq(metric(pd_server_port(D), "pdmoe_kv_recomputes_total"), 0);
+}
