@@ -12,6 +12,7 @@ int pd_cli_bench(int argc, char **argv)
         {"kernels", pd_bench_kernels},
         {"decode", pd_bench_decode},
         {"ep", pd_bench_ep},
+        {"serve", pd_bench_serve},
     };
     if (argc >= 2)
         for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)

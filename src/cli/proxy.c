@@ -49,7 +49,8 @@ int pd_cli_proxy(int argc, char **argv)
         case 'r': if (pd_cli_int("--retries", optarg, 1, &v)) return 2; o.retries = (int)v; break;
         case 'h':
             printf("usage: pdmoe proxy --prefill host:port[,host:port...] --decode host:port[,...] [--port 8000]\n"
-                   "       [--host 127.0.0.1] [--api-key KEY] [--retries 3]\n");
+                   "       [--host 127.0.0.1] [--api-key KEY] [--retries 3]\n"
+                   "Without --prefill, the --decode instances are colocated servers and the proxy balances them.\n");
             return 0;
         default:
             fprintf(stderr, "pdmoe proxy: unknown option or missing value: %s\n", argv[optind - 1]);

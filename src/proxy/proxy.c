@@ -432,7 +432,8 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
     j->t0 = pd_now_s();
     px->requests++;
     evhttp_connection_set_closecb(evhttp_request_get_connection(h), on_client_close, j);
-    send_up(j, 0);
+    /* without prefill instances the decode instances are colocated servers: no hand-off */
+    send_up(j, px->np == 0);
 }
 
 static void on_completions(struct evhttp_request *h, void *arg)
@@ -544,8 +545,9 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 
 int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err *e)
 {
-    if (o->n_prefill < 1 || o->n_decode < 1 || o->n_prefill > PD_PROXY_MAX_INSTANCES || o->n_decode > PD_PROXY_MAX_INSTANCES)
-        return pd_err_set(e, PD_EINVAL, "proxy: --prefill and --decode each need 1 to %d host:port", PD_PROXY_MAX_INSTANCES);
+    if (o->n_prefill < 0 || o->n_decode < 1 || o->n_prefill > PD_PROXY_MAX_INSTANCES || o->n_decode > PD_PROXY_MAX_INSTANCES)
+        return pd_err_set(e, PD_EINVAL, "proxy: --decode needs 1 to %d host:port (and --prefill at most as many)",
+                          PD_PROXY_MAX_INSTANCES);
     struct pd_proxy *px = calloc(1, sizeof *px);
     if (!px)
         return pd_err_set(e, PD_ENOMEM, "proxy: out of memory");

@@ -7,7 +7,8 @@
  * client gets an error event and [DONE], a non-streaming one a 502 with a JSON error: never a 200
  * with an empty body. A client that disconnects has its decode request cancelled, which frees the
  * KV on the decode instance (the prefill's lease is released when the decode pulled, or expires).
- * Load of an instance = requests in flight through this proxy. */
+ * Load of an instance = requests in flight through this proxy. With no prefill instance the proxy
+ * balances colocated servers (given as --decode): the baseline disaggregation is measured against. */
 #ifndef PD_PROXY_PROXY_H
 #define PD_PROXY_PROXY_H
 
