@@ -1,5 +1,6 @@
 /* `pdmoe serve`: the OpenAI-compatible server on one engine (colocated prefill and decode). */
 #include "cli/cli.h"
+#include "core/units.h"
 #include "pd/server.h"
 
 #include <jansson.h>
@@ -15,7 +16,7 @@ int pd_cli_serve(int argc, char **argv)
         {"model", 1, 0, 'm'}, {"host", 1, 0, 'H'}, {"port", 1, 0, 'p'}, {"max-num-seqs", 1, 0, 's'},
         {"max-num-batched-tokens", 1, 0, 'b'}, {"max-model-len", 1, 0, 'l'}, {"threads", 1, 0, 'j'},
         {"served-model-name", 1, 0, 'n'}, {"api-key", 1, 0, 'k'}, {"role", 1, 0, 'r'},
-        {"kv-transfer-config", 1, 0, 'K'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"kv-transfer-config", 1, 0, 'K'}, {"kv-cache-bytes", 1, 0, 'B'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
     struct pd_server_opts o = {.port = 8000, .handle_signals = 1};
     int64_t v;
@@ -35,6 +36,13 @@ int pd_cli_serve(int argc, char **argv)
         case 'j': if (pd_cli_int("--threads", optarg, 1, &v)) return 2; o.threads = (int)v; break;
         case 'n': o.served_name = optarg; break;
         case 'k': o.api_key = optarg; break;
+        case 'B':
+            if (pd_units_parse(optarg, &v) || v < 1) {
+                fprintf(stderr, "pdmoe serve: --kv-cache-bytes %s: expected bytes, e.g. 2GB or 512MiB\n", optarg);
+                return 2;
+            }
+            o.kv_cache_bytes = v;
+            break;
         case 'r':
             if (!strcmp(optarg, "prefill"))
                 o.role = PD_ROLE_PRODUCER;
@@ -79,6 +87,7 @@ int pd_cli_serve(int argc, char **argv)
             printf("usage: pdmoe serve --model DIR [--host 127.0.0.1] [--port 8000] [--max-num-seqs 16]\n"
                    "       [--max-num-batched-tokens 512] [--max-model-len 2048] [--threads N]\n"
                    "       [--served-model-name NAME] [--api-key KEY] [--role prefill|decode|both]\n"
+                   "       [--kv-cache-bytes B (the KV pool; default: max-num-seqs x max-model-len)]\n"
                    "       [--kv-transfer-config '{\"kv_role\":\"kv_producer\",\"kv_port\":N,\"engine_id\":\"p0\"}']\n"
                    "OpenAI-compatible: /v1/completions, /v1/chat/completions (stream or not), /v1/models,\n"
                    "/health, /metrics. Binds 127.0.0.1 unless --host says otherwise. Ctrl-C stops it.\n");

@@ -143,6 +143,19 @@ static int64_t entries_at(const struct pd_kvlayer *k, int64_t len)
     return k->ratio ? len / k->ratio : 0;
 }
 
+int pd_kvpool_blocks_for(const struct pd_kvpool *p, int64_t len)
+{
+    int64_t need = 0;
+    for (int l = 0; l < p->n_layers; l++) {
+        const struct pd_kvlayer *k = &p->layer[l];
+        int64_t n = entries_at(k, len);
+        need += (n + p->block_entries - 1) / p->block_entries;
+        if (k->ratio == 4)
+            need += (n + p->block_keys - 1) / p->block_keys;
+    }
+    return (int)need;
+}
+
 int pd_kvseq_blocks_needed(const struct pd_kvpool *p, const struct pd_kvseq *s, int64_t len)
 {
     int64_t need = 0;

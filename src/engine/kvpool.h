@@ -72,6 +72,8 @@ size_t pd_kvpool_seq_bytes(const struct pd_kvpool *p, const struct pd_kvseq *s);
 int pd_kvseq_alloc(struct pd_kvpool *p, struct pd_kvseq *s, pd_err *e);
 /* Makes room for entries and keys up to `len` tokens; PD_ENOMEM "KV pool full" if not. */
 int pd_kvseq_reserve(struct pd_kvpool *p, struct pd_kvseq *s, int64_t len, pd_err *e);
+/* Blocks a sequence of `len` tokens holds in all (what admission must find free). */
+int pd_kvpool_blocks_for(const struct pd_kvpool *p, int64_t len);
 /* Blocks needed to grow s to `len` tokens (admission control). */
 int pd_kvseq_blocks_needed(const struct pd_kvpool *p, const struct pd_kvseq *s, int64_t len);
 void pd_kvseq_free(struct pd_kvpool *p, struct pd_kvseq *s);

@@ -755,6 +755,17 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
         r = NULL;
         goto out;
     }
+    /* a request the pool could never hold is refused now rather than left waiting */
+    int need = pd_kvpool_blocks_for(&s->en.kv, r->n_prompt + max_tokens);
+    if (need > s->en.kv.n_blocks) {
+        send_error(s, h, 400, "invalid_request_error", "max_tokens",
+                   "the prompt (%d tokens) and max_tokens (%lld) need %d KV blocks; this server's pool has %d",
+                   r->n_prompt, (long long)max_tokens, need, s->en.kv.n_blocks);
+        free(r->prompt);
+        free(r);
+        r = NULL;
+        goto out;
+    }
     r->max_tokens = (int)max_tokens;
     r->forced_first = -1;
     json_t *kv = json_object_get(j, "kv_transfer_params");
@@ -949,7 +960,7 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     if ((rc = pd_tok_load(path, &s->tok, e)))
         goto fail;
     struct pd_engine_opts eo = {.dir = o->model_dir, .threads = o->threads, .max_seqs = s->o.max_num_seqs,
-                                .max_model_len = s->o.max_model_len};
+                                .max_model_len = s->o.max_model_len, .kv_bytes = o->kv_cache_bytes};
     if ((rc = pd_engine_open(&s->en, &eo, e)))
         goto fail;
     s->V = (int)s->en.model.vocab_size;

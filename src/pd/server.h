@@ -34,6 +34,7 @@ struct pd_server_opts {
     int max_num_batched_tokens;     /* prompt tokens per step; default 512 */
     int max_model_len;              /* default 2048 */
     int threads;                    /* engine threads; 0: all cores */
+    int64_t kv_cache_bytes;         /* KV pool size; 0: max_num_seqs sequences of max_model_len */
     const char *api_key;            /* NULL: no key required */
     /* PD disaggregation (--kv-transfer-config): role, the KV transfer port and this engine's id */
     int role;                       /* PD_ROLE_BOTH (colocated), PD_ROLE_PRODUCER, PD_ROLE_CONSUMER */

@@ -220,3 +220,53 @@ Test(proxy, sixty_four_concurrent_streams)
     cr_assert_eq(metric(pd_server_port(D), "pdmoe_kv_transfers_total"), 64);
     cr_assert_eq(metric(pd_server_port(D), "pdmoe_kv_recomputes_total"), 0);
 }
+
+Test(proxy, a_full_decode_pool_queues_requests_with_correct_tokens)
+{
+    /* a decode instance whose KV pool holds about one request at a time: the others wait in its
+     * queue (admission against prompt + max_tokens) and every answer is still the colocated one */
+    pd_server_stop(D);
+    pthread_join(td, NULL);
+    pd_server_destroy(D);
+    pd_err e = {0};
+    struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 8, .max_model_len = 512,
+                               .served_name = "tiny", .role = PD_ROLE_CONSUMER, .kv_timeout_ms = 3000,
+                               .kv_cache_bytes = 8 * 18432 + 16 * 1024};   /* 8 slots, 16 blocks */
+    cr_assert_eq(pd_server_create(&o, &D, &e), 0, "%s", e.msg);
+    pthread_create(&td, NULL, serve, D);
+    start_proxy(0, 0);
+    char cmd[2048], want[6][8192];
+    for (int i = 0; i < 6; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"model\":\"tiny\",\"prompt\":\"request %d wants a long answer\",\"max_tokens\":150,"
+                 "\"temperature\":0,\"ignore_eos\":true,\"return_token_ids\":true}", i);
+        cr_assert_eq(curl_port(pd_server_port(C), "/v1/completions", body, NULL, want[i], sizeof want[i]), 200);
+    }
+    snprintf(cmd, sizeof cmd,
+             "seq 0 5 | xargs -P 6 -I{} sh -c \"curl -s -o %s/out.{} http://127.0.0.1:%d/v1/completions -d "
+             "'{\\\"model\\\":\\\"tiny\\\",\\\"prompt\\\":\\\"request {} wants a long answer\\\",\\\"max_tokens\\\":150,"
+             "\\\"temperature\\\":0,\\\"ignore_eos\\\":true,\\\"return_token_ids\\\":true}'\"",
+             dir, pd_proxy_port(X));
+    cr_assert_eq(system(cmd), 0);
+    for (int i = 0; i < 6; i++) {
+        char path[128], got[8192];
+        snprintf(path, sizeof path, "%s/out.%d", dir, i);
+        FILE *f = fopen(path, "r");
+        cr_assert_not_null(f);
+        size_t n = fread(got, 1, sizeof got - 1, f);
+        got[n] = 0;
+        fclose(f);
+        unlink(path);
+        char *x = field(got, "token_ids"), *y = field(want[i], "token_ids");
+        cr_assert_str_eq(x, y, "request %d", i);
+        free(x);
+        free(y);
+    }
+    cr_assert_eq(metric(pd_server_port(D), "pdmoe_kv_blocks_free"), metric(pd_server_port(D), "pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric(pd_server_port(D), "pdmoe_kv_blocks_total"), 16);
+    /* one that could never fit is refused, not left waiting */
+    char out[4096];
+    cr_assert_eq(curl_port(pd_server_port(D), "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":400}", NULL, out,
+                           sizeof out), 400, "%s", out);
+    cr_assert(strstr(out, "KV blocks"), "%s", out);
+}
