@@ -10,6 +10,7 @@
 
 #include "engine/engine.h"
 #include "engine/genmodel.h"
+#include "../tmpmodel.h"
 #include "engine/sampler.h"
 #include "plan/kvsize.h"
 #include "plan/plan.h"
@@ -18,21 +19,12 @@ static char dir[64];
 
 static void make_tiny(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/pdmoe-tiny-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    pd_err e = {0};
-    cr_assert_eq(pd_genmodel("v4-tiny", dir, 7, &e), 0, "%s", e.msg);
+    tmp_model("v4-tiny", 7, dir, sizeof dir);
 }
 
 static void remove_tiny(void)
 {
-    char p[128];
-    const char *f[] = {"model.safetensors", "config.json", "tokenizer.json"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, f[i]);
-        unlink(p);
-    }
-    rmdir(dir);
+    rm_model(dir);
 }
 
 static void open_engine(struct pd_engine *en, int threads, int ref)

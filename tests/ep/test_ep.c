@@ -10,16 +10,14 @@
 #include <unistd.h>
 
 #include "engine/genmodel.h"
+#include "../tmpmodel.h"
 #include "plan/plan.h"
 
 static char dir[64];
 
 static void setup(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/pdmoe-ep-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    pd_err e = {0};
-    cr_assert_eq(pd_genmodel("v4-tiny", dir, 3, &e), 0, "%s", e.msg);
+    tmp_model("v4-tiny", 3, dir, sizeof dir);
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
     /* Open MPI leaves its own allocations (some in plugins unloaded at MPI_Finalize, which no
@@ -33,13 +31,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    char p[128];
-    const char *f[] = {"model.safetensors", "config.json", "tokenizer.json"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, f[i]);
-        unlink(p);
-    }
-    rmdir(dir);
+    rm_model(dir);
 }
 
 TestSuite(ep, .init = setup, .fini = teardown, .timeout = 300);

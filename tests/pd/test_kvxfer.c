@@ -473,9 +473,12 @@ static void idle_sleeps(const char *tls)
     free(cr);
 }
 
+/* Each behaviour over TCP alone, over UCX's default choice (shared memory for the gets here)
+ * and over shared memory named explicitly (the engine adds tcp for its control messages). */
 #define BOTH(fn)                                               \
     Test(kvxfer, fn##_tcp, .timeout = 60) { fn("tcp"); }       \
-    Test(kvxfer, fn##_default, .timeout = 60) { fn(NULL); }
+    Test(kvxfer, fn##_default, .timeout = 60) { fn(NULL); }    \
+    Test(kvxfer, fn##_sm, .timeout = 60) { fn("sm,self"); }
 
 BOTH(byte_exact)
 BOTH(done_releases)

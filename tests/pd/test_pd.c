@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "engine/genmodel.h"
+#include "../tmpmodel.h"
 #include "pd/server.h"
 #include "util.h"
 
@@ -53,10 +54,7 @@ static void stop(struct node *n)
 
 static void setup(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/pdmoe-pd-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    pd_err e = {0};
-    cr_assert_eq(pd_genmodel("v4-tiny", dir, 9, &e), 0, "%s", e.msg);
+    tmp_model("v4-tiny", 9, dir, sizeof dir);
 }
 
 static void teardown(void)
@@ -64,13 +62,7 @@ static void teardown(void)
     stop(&P);
     stop(&D);
     stop(&C);
-    char p[128];
-    const char *f[] = {"model.safetensors", "config.json", "tokenizer.json"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, f[i]);
-        unlink(p);
-    }
-    rmdir(dir);
+    rm_model(dir);
 }
 
 TestSuite(pd, .init = setup, .fini = teardown, .timeout = 120);
@@ -86,12 +78,7 @@ static char *ids_of(const char *json)
 
 static int metric(int port, const char *name)
 {
-    char out[1 << 14], key[128];
-    cr_assert_eq(curl_port(port, "/metrics", NULL, NULL, out, sizeof out), 200);
-    snprintf(key, sizeof key, "\n%s ", name);
-    char *p = strstr(out, key);
-    cr_assert_not_null(p, "no %s", name);
-    return atoi(p + strlen(key));
+    return metric_port(port, name);
 }
 
 /* P then D as the proxy does; returns D's answer. `break_port` sends D to a dead port. */

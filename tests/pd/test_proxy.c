@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "engine/genmodel.h"
+#include "../tmpmodel.h"
 #include "pd/server.h"
 #include "proxy/proxy.h"
 #include "util.h"
@@ -47,10 +48,7 @@ static struct pd_server *server(int role, pthread_t *t)
 
 static void setup(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/pdmoe-px-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    pd_err e = {0};
-    cr_assert_eq(pd_genmodel("v4-tiny", dir, 11, &e), 0, "%s", e.msg);
+    tmp_model("v4-tiny", 11, dir, sizeof dir);
     P = server(PD_ROLE_PRODUCER, &tp);
     D = server(PD_ROLE_CONSUMER, &td);
     C = server(PD_ROLE_BOTH, &tc);
@@ -86,13 +84,7 @@ static void teardown(void)
         pthread_join(t[i], NULL);
         pd_server_destroy(s[i]);
     }
-    char p[128];
-    const char *f[] = {"model.safetensors", "config.json", "tokenizer.json"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, f[i]);
-        unlink(p);
-    }
-    rmdir(dir);
+    rm_model(dir);
 }
 
 TestSuite(proxy, .init = setup, .fini = teardown, .timeout = 120);
@@ -188,12 +180,7 @@ Test(proxy, client_errors_pass_through_unretried)
 
 static int metric(int port, const char *name)
 {
-    char out[1 << 14], key[128];
-    cr_assert_eq(curl_port(port, "/metrics", NULL, NULL, out, sizeof out), 200);
-    snprintf(key, sizeof key, "\n%s ", name);
-    char *p = strstr(out, key);
-    cr_assert_not_null(p, "no %s", name);
-    return atoi(p + strlen(key));
+    return metric_port(port, name);
 }
 
 Test(proxy, sixty_four_concurrent_streams)

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "engine/genmodel.h"
+#include "../tmpmodel.h"
 #include "pd/server.h"
 #include "util.h"
 
@@ -45,10 +46,7 @@ static void start(const char *api_key, const char *model_dir, int max_len)
 
 static void setup(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/pdmoe-srv-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    pd_err e = {0};
-    cr_assert_eq(pd_genmodel("v4-tiny", dir, 5, &e), 0, "%s", e.msg);
+    tmp_model("v4-tiny", 5, dir, sizeof dir);
 }
 
 static void teardown(void)
@@ -59,13 +57,7 @@ static void teardown(void)
         pd_server_destroy(srv);
         srv = NULL;
     }
-    char p[128];
-    const char *f[] = {"model.safetensors", "config.json", "tokenizer.json"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, f[i]);
-        unlink(p);
-    }
-    rmdir(dir);
+    rm_model(dir);
 }
 
 TestSuite(server, .init = setup, .fini = teardown, .timeout = 120);
@@ -179,13 +171,7 @@ Test(server, api_key)
 
 static int metric(const char *name)
 {
-    char out[1 << 14];
-    cr_assert_eq(curl("/metrics", NULL, NULL, out, sizeof out), 200);
-    char key[128];
-    snprintf(key, sizeof key, "\n%s ", name);
-    char *p = strstr(out, key);
-    cr_assert_not_null(p, "no %s in %s", name, out);
-    return atoi(p + strlen(key));
+    return metric_port(port, name);
 }
 
 Test(server, concurrent_streams_complete_and_free_every_block)

@@ -11,27 +11,19 @@
 #include <unistd.h>
 
 #include "engine/genmodel.h"
+#include "../tmpmodel.h"
 #include "util.h"
 
 static char dir[64];
 
 static void setup(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/pdmoe-up-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    pd_err e = {0};
-    cr_assert_eq(pd_genmodel("v4-tiny", dir, 13, &e), 0, "%s", e.msg);
+    tmp_model("v4-tiny", 13, dir, sizeof dir);
 }
 
 static void teardown(void)
 {
-    char p[128];
-    const char *f[] = {"model.safetensors", "config.json", "tokenizer.json"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, f[i]);
-        unlink(p);
-    }
-    rmdir(dir);
+    rm_model(dir);
 }
 
 TestSuite(up, .init = setup, .fini = teardown, .timeout = 180);

@@ -52,4 +52,15 @@ static inline json_t *parse(const char *s)
 }
 
 
+/* A counter or gauge of a server's /metrics. */
+static inline int metric_port(int port, const char *name)
+{
+    char out[1 << 14], key[128];
+    cr_assert_eq(curl_port(port, "/metrics", NULL, NULL, out, sizeof out), 200);
+    snprintf(key, sizeof key, "\n%s ", name);
+    char *p = strstr(out, key);
+    cr_assert_not_null(p, "no %s in /metrics", name);
+    return atoi(p + strlen(key));
+}
+
 #endif
