@@ -5,6 +5,7 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "model/tokenizer.h"
+#include "http/http.h"
 #include "pd/kvxfer.h"
 
 #include <event2/buffer.h>
@@ -263,6 +264,8 @@ static void *scheduler(void *arg)
             struct req *r = s->wait_head;
             if (r->cancelled) {
                 s->wait_head = r->next;
+                if (!s->wait_head)
+                    s->wait_tail = NULL;
                 s->n_cancelled++;
                 req_unref(s, r);
                 continue;
@@ -376,21 +379,10 @@ static void *scheduler(void *arg)
 
 /* ---- HTTP side ----------------------------------------------------------------------------- */
 
-static void send_json(struct evhttp_request *h, int code, const char *reason, json_t *j)
-{
-    char *txt = json_dumps(j, JSON_COMPACT);
-    struct evbuffer *b = evbuffer_new();
-    evbuffer_add(b, txt, strlen(txt));
-    evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Type", "application/json");
-    evhttp_send_reply(h, code, reason, b);
-    evbuffer_free(b);
-    free(txt);
-    json_decref(j);
-}
-
 static void send_error(struct pd_server *s, struct evhttp_request *h, int code, const char *type, const char *param,
                        const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
+/* An OpenAI-style error, counted in the metrics when it is the client's. */
 static void send_error(struct pd_server *s, struct evhttp_request *h, int code, const char *type, const char *param,
                        const char *fmt, ...)
 {
@@ -404,9 +396,7 @@ static void send_error(struct pd_server *s, struct evhttp_request *h, int code, 
         s->n_errors4xx++;
         pthread_mutex_unlock(&s->mu);
     }
-    json_t *j = json_pack("{s:{s:s,s:s,s:s?,s:n}}", "error", "message", msg, "type", type, "param", param, "code");
-    send_json(h, code, code == 400 ? "Bad Request" : code == 401 ? "Unauthorized" : code == 404 ? "Not Found"
-                                      : code == 405 ? "Method Not Allowed" : code == 503 ? "Service Unavailable" : "Error", j);
+    pd_http_error(h, code, type, param, "%s", msg);
 }
 
 /* Appends the bytes of the tokens [tokens_sent, n) to r->text and returns the longest prefix that
@@ -515,12 +505,13 @@ static void on_notify(evutil_socket_t fd, short what, void *arg)
     pthread_mutex_lock(&s->mu);
     struct req *list = s->outbox;
     s->outbox = NULL;
-    for (struct req *r = list; r; r = r->next)
-        r->queued = 0;
-    /* snapshots under the lock: tokens below n_gen are final */
+    /* snapshots under the lock: tokens below n_gen are final. An entry leaves the outbox (queued
+     * = 0) only once its link is read: the scheduler may queue it again while the lock is down,
+     * and that rewrites r->next. */
     while (list) {
         struct req *r = list;
         list = r->next;
+        r->queued = 0;
         int n = r->n_gen, finished = r->finished;
         const char *finish = r->finish;
         if (!r->http) {
@@ -573,7 +564,7 @@ static void on_notify(evutil_socket_t fd, short what, void *arg)
                         json_array_append_new(ids, json_integer(r->gen[i]));
                     json_object_set_new(choice, "token_ids", ids);
                 }
-                send_json(r->http, 200, "OK",
+                pd_http_json(r->http, 200,
                           json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", r->created_id, "object",
                                     r->chat ? "chat.completion" : "text_completion", "created", (json_int_t)r->created,
                                     "model", s->name, "choices", choice, "usage", usage(r)));
@@ -607,10 +598,12 @@ static void on_close(struct evhttp_connection *c, void *arg)
         req_unref(s, r);
     }
     pthread_mutex_unlock(&s->mu);
-    /* libevent frees a request whose chunked reply was started only when the reply is ended,
-     * even if its connection is gone (but while the server is being freed, it frees them) */
+    /* A client that left (EOF) leaves its request to us, detached from the connection: libevent
+     * frees it only when the reply ends (while the server is being freed, it frees them itself) */
     if (h && stream && !s->destroying)
         evhttp_send_reply_end(h);
+    else if (h && !s->destroying && !evhttp_request_get_connection(h))
+        evhttp_send_reply(h, 499, "Client Closed Request", NULL);
 }
 
 static json_t *read_body(struct evhttp_request *h, json_error_t *je)
@@ -871,7 +864,7 @@ static void on_models(struct evhttp_request *h, void *arg)
     struct pd_server *s = arg;
     if (!authorised(s, h))
         return;
-    send_json(h, 200, "OK", json_pack("{s:s,s:[{s:s,s:s,s:s,s:i}]}", "object", "list", "data", "id", s->name, "object",
+    pd_http_json(h, 200, json_pack("{s:s,s:[{s:s,s:s,s:s,s:i}]}", "object", "list", "data", "id", s->name, "object",
                                       "model", "owned_by", "pdmoe", "max_model_len", s->o.max_model_len));
 }
 
@@ -998,15 +991,10 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     evhttp_set_cb(s->http, "/metrics", on_metrics, s);
     evhttp_set_gencb(s->http, on_other, s);
     evhttp_set_max_body_size(s->http, 8 << 20);
-    struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(s->http, s->o.host, (uint16_t)s->o.port);
-    if (!bs) {
-        rc = pd_err_set(e, PD_EIO, "server: cannot listen on %s:%d", s->o.host, s->o.port);
+    if ((rc = pd_http_listen(s->http, s->o.host, s->o.port, &s->port, e))) {
+        pd_err_prefix(e, "server: ");
         goto fail;
     }
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl);
-    s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port : ((struct sockaddr_in *)&ss)->sin_port);
     s->notify = event_new(s->base, -1, 0, on_notify, s);
     if (s->o.handle_signals) {
         s->sigint = evsignal_new(s->base, SIGINT, on_signal, s);

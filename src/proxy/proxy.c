@@ -2,6 +2,7 @@
  * prefill and decode instances, all on one event loop. */
 #include "proxy/proxy.h"
 #include "core/timing.h"
+#include "http/http.h"
 
 #include <arpa/inet.h>
 #include <event2/buffer.h>
@@ -94,32 +95,7 @@ static int parse_hostport(const char *s, struct instance *in)
     return 0;
 }
 
-static void reply_json(struct evhttp_request *h, int code, const char *reason, const char *json)
-{
-    struct evbuffer *b = evbuffer_new();
-    evbuffer_add(b, json, strlen(json));
-    evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Type", "application/json");
-    evhttp_send_reply(h, code, reason, b);
-    evbuffer_free(b);
-}
-
-static void reply_error(struct evhttp_request *h, int code, const char *type, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static void reply_error(struct evhttp_request *h, int code, const char *type, const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    json_t *j = json_pack("{s:{s:s,s:s,s:n,s:n}}", "error", "message", msg, "type", type, "param", "code");
-    char *t = json_dumps(j, JSON_COMPACT);
-    reply_json(h, code, code == 400 ? "Bad Request" : code == 401 ? "Unauthorized" : code == 502 ? "Bad Gateway"
-                        : code == 404 ? "Not Found" : "Error", t);
-    free(t);
-    json_decref(j);
-}
+#define reply_error(h, code, type, ...) pd_http_error(h, code, type, NULL, __VA_ARGS__)
 
 /* The client's answer is complete: it no longer needs this job. */
 static void client_done(struct job *j)
@@ -579,15 +555,11 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
     evhttp_set_gencb(px->http, on_other, px);
     evhttp_set_max_body_size(px->http, 8 << 20);
     const char *host = o->host ? o->host : "127.0.0.1";
-    struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(px->http, host, (uint16_t)o->port);
-    if (!bs) {
+    int rc = pd_http_listen(px->http, host, o->port, &px->port, e);
+    if (rc) {
         pd_proxy_destroy(px);
-        return pd_err_set(e, PD_EIO, "proxy: cannot listen on %s:%d", host, o->port);
+        return pd_err_prefix(e, "proxy: ");
     }
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl);
-    px->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port : ((struct sockaddr_in *)&ss)->sin_port);
     if (o->handle_signals) {
         px->sigint = evsignal_new(px->base, SIGINT, on_signal, px);
         px->sigterm = evsignal_new(px->base, SIGTERM, on_signal, px);

@@ -33,15 +33,20 @@ static void *run_loop(void *arg)
     return NULL;
 }
 
-static void start(const char *api_key, const char *model_dir, int max_len)
+static void start_seqs(const char *api_key, const char *model_dir, int max_len, int max_seqs)
 {
     pd_err e = {0};
-    struct pd_server_opts o = {.model_dir = model_dir, .port = 0, .threads = 1, .max_num_seqs = 8,
+    struct pd_server_opts o = {.model_dir = model_dir, .port = 0, .threads = 1, .max_num_seqs = max_seqs,
                                .max_model_len = max_len, .api_key = api_key, .served_name = "tiny"};
     cr_assert_eq(pd_server_create(&o, &srv, &e), 0, "%s", e.msg);
     port = pd_server_port(srv);
     cr_assert_gt(port, 0);
     pthread_create(&loop, NULL, run_loop, NULL);
+}
+
+static void start(const char *api_key, const char *model_dir, int max_len)
+{
+    start_seqs(api_key, model_dir, max_len, 8);
 }
 
 static void setup(void)
@@ -208,4 +213,29 @@ Test(server, a_client_that_leaves_cancels_its_request)
                  metric("pdmoe_generation_tokens_total"));
     cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_total"));
     cr_assert_eq(metric("pdmoe_kv_slots_free"), 8);
+}
+
+/* A request that leaves while it waits for a slot is dropped when its turn comes, and the queue
+ * behind it still works: a later request is answered (it was once appended to the freed one). */
+Test(server, a_request_cancelled_while_waiting_leaves_the_queue_working)
+{
+    start_seqs(NULL, dir, 16384, 1);
+    char cmd[512], out[8192];
+    /* holds the only slot for 1.5 s, then leaves too */
+    snprintf(cmd, sizeof cmd,
+             "curl -s -o /dev/null --max-time 1.5 http://127.0.0.1:%d/v1/completions "
+             "-d '{\"prompt\":\"x\",\"max_tokens\":16000,\"ignore_eos\":true}'", port);
+    FILE *a = popen(cmd, "r");
+    for (int i = 0; i < 200 && metric("pdmoe_num_requests_running") < 1; i++)
+        usleep(10000);
+    cr_assert_eq(metric("pdmoe_num_requests_running"), 1);
+    /* waits behind it, gives up after 0.1 s */
+    curl("/v1/completions", "{\"prompt\":\"y\",\"max_tokens\":4}", "--max-time 0.1", out, sizeof out);
+    cr_assert_eq(metric("pdmoe_num_requests_waiting"), 1);
+    pclose(a);
+    cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"z\",\"max_tokens\":4}", "--max-time 20", out, sizeof out), 200,
+                 "%s", out);
+    cr_assert_eq(metric("pdmoe_requests_cancelled_total"), 2);
+    cr_assert_eq(metric("pdmoe_requests_completed_total"), 1);
+    cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_total"));
 }

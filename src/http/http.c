@@ -1,0 +1,59 @@
+/* HTTP helpers on libevent and jansson (see http.h). */
+#include "http/http.h"
+
+#include <arpa/inet.h>
+#include <event2/buffer.h>
+#include <event2/keyvalq_struct.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int pd_http_listen(struct evhttp *http, const char *host, int port, int *bound, pd_err *e)
+{
+    struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(http, host, (uint16_t)port);
+    if (!bs)
+        return pd_err_set(e, PD_EIO, "cannot listen on %s:%d", host, port);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl);
+    *bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                            : ((struct sockaddr_in *)&ss)->sin_port);
+    return 0;
+}
+
+const char *pd_http_reason(int code)
+{
+    switch (code) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    }
+    return code >= 500 ? "Server Error" : "Error";
+}
+
+void pd_http_json(struct evhttp_request *h, int code, json_t *j)
+{
+    char *txt = json_dumps(j, JSON_COMPACT);
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add(b, txt, strlen(txt));
+    evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Type", "application/json");
+    evhttp_send_reply(h, code, pd_http_reason(code), b);
+    evbuffer_free(b);
+    free(txt);
+    json_decref(j);
+}
+
+void pd_http_error(struct evhttp_request *h, int code, const char *type, const char *param, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    pd_http_json(h, code, json_pack("{s:{s:s,s:s,s:s?,s:n}}", "error", "message", msg, "type", type, "param", param, "code"));
+}

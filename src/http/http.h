@@ -1,0 +1,21 @@
+/* HTTP helpers shared by the servers (pd/) and the proxy (proxy/): listening with the bound port
+ * reported, JSON replies, and OpenAI-style error bodies {"error": {"message", "type", "param",
+ * "code"}}. */
+#ifndef PD_HTTP_HTTP_H
+#define PD_HTTP_HTTP_H
+
+#include <event2/http.h>
+#include <jansson.h>
+
+#include "core/err.h"
+
+/* Binds http to host:port (port 0: ephemeral) and stores the bound port in *bound. */
+int pd_http_listen(struct evhttp *http, const char *host, int port, int *bound, pd_err *e);
+const char *pd_http_reason(int code);
+/* Sends j (compact) with the code; takes ownership of j. */
+void pd_http_json(struct evhttp_request *h, int code, json_t *j);
+/* OpenAI-style error; param may be NULL. */
+void pd_http_error(struct evhttp_request *h, int code, const char *type, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+#endif
