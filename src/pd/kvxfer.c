@@ -10,7 +10,9 @@
  * endpoints are closed only after the messages they delivered have been handled.
  *
  * Invariants (asserted where they must hold):
- *   - a transfer is DONE or FAILED only when no get of it is in flight and its rkey is destroyed;
+ *   - a transfer is DONE only when its gets have landed (their flush completed) and its rkey is
+ *     destroyed; FAILED either the same way, or once its producer's endpoints are closed, so
+ *     that nothing still in flight can write into the destination any more;
  *   - a transfer holds a reference on its outgoing link until it is DONE or FAILED;
  *   - a lease is in exactly one of x->leases (held) or x->released (callback pending). */
 #include "pd/kvxfer.h"
@@ -34,7 +36,7 @@
 #define KVX_DEFAULT_MS 30000
 #define KVX_MSG_SMALL 24      /* GET_META, DONE, ABORT */
 #define KVX_MSG_ACK 32
-#define KVX_META_FIXED 40
+#define KVX_META_FIXED 48
 #define KVX_MAX_RUNS (1 << 22)
 /* How long destroy waits for queued messages (an ABORT, a last ACK) and in-flight gets to
  * drain before it force-closes the endpoints. */
@@ -51,11 +53,17 @@ struct lease {
     enum pd_kvx_release why;  /* set when released */
 };
 
-/* One endpoint: outgoing (we connected to a producer; cached for later pulls) or accepted. */
+/* A connection: outgoing (we connected to a producer; cached for later pulls) or accepted.
+ * An outgoing one has two endpoints to the same producer worker: `ep`, made from the socket
+ * address, which needs TCP to connect (UCX 1.13's only connection manager here) and carries the
+ * first GET_META; `data`, made from the worker address META brings, which may use every
+ * transport both sides have (shared memory on one host, RDMA or TCP between hosts) and carries
+ * the gets and every later message. */
 struct link {
     struct link *next;
     struct pd_kvx *x;
     ucp_ep_h ep;              /* NULL once closed */
+    ucp_ep_h data;            /* outgoing only; NULL until the first META, or once closed */
     int outgoing;
     char host[64];
     int port;
@@ -66,6 +74,7 @@ struct link {
 
 struct pd_kvx_xfer {
     struct pd_kvx_xfer *next;
+    struct pd_kvx *x;
     uint64_t req, tag;
     struct link *peer;
     char host[64];
@@ -75,8 +84,8 @@ struct pd_kvx_xfer {
     enum pd_kvx_state state;
     int meta_ok;              /* META accepted: the producer holds a lease for us */
     int gets_posted, done_sent;
-    int outstanding;          /* gets in flight */
-    ucs_status_t get_status;  /* first error of a completed get */
+    int outstanding;          /* UCX requests in flight: the flush after the gets */
+    ucs_status_t get_status;  /* error of the gets' flush */
     ucp_rkey_h rkey;
     int64_t deadline;
     uint64_t gets;
@@ -116,6 +125,8 @@ struct pd_kvx {
     ucp_mem_h memh;
     void *rkey_buf;
     size_t rkey_len;
+    ucp_address_t *addr;      /* this worker's address, sent in META */
+    size_t addr_len;
     int efd;
     uint8_t *base;
     size_t len;
@@ -362,7 +373,8 @@ static void send_done(void *req, ucs_status_t st, void *user_data)
     ucp_request_free(req);
 }
 
-static void get_done(void *req, ucs_status_t st, void *user_data)
+/* Completion of the flush that follows a transfer's gets: all of them have landed (or failed). */
+static void gets_flushed(void *req, ucs_status_t st, void *user_data)
 {
     struct pd_kvx_xfer *t = user_data;
     assert(t->outstanding > 0);
@@ -370,6 +382,7 @@ static void get_done(void *req, ucs_status_t st, void *user_data)
     if (st != UCS_OK && t->get_status == UCS_OK)
         t->get_status = st;
     ucp_request_free(req);
+    t->x->events++;
 }
 
 static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t st)
@@ -476,7 +489,8 @@ static void send_meta(struct pd_kvx *x, ucp_ep_h ep, int status, uint64_t req, u
 {
     uint32_t n = l ? (uint32_t)l->n : 0;
     uint32_t rk = l ? (uint32_t)x->rkey_len : 0;
-    size_t len = KVX_META_FIXED + rk + 16 * (size_t)n;
+    uint32_t ad = l ? (uint32_t)x->addr_len : 0;
+    size_t len = KVX_META_FIXED + ad + rk + 16 * (size_t)n;
     uint8_t *b = malloc(len);
     if (!b)
         return;
@@ -487,9 +501,13 @@ static void send_meta(struct pd_kvx *x, ucp_ep_h ep, int status, uint64_t req, u
     put64(b + 24, (uint64_t)(uintptr_t)x->base);
     put32(b + 32, rk);
     put32(b + 36, n);
+    put32(b + 40, ad);
+    put32(b + 44, 0);
+    if (ad)
+        memcpy(b + KVX_META_FIXED, x->addr, ad);
     if (rk)
-        memcpy(b + KVX_META_FIXED, x->rkey_buf, rk);
-    uint8_t *p = b + KVX_META_FIXED + rk;
+        memcpy(b + KVX_META_FIXED + ad, x->rkey_buf, rk);
+    uint8_t *p = b + KVX_META_FIXED + ad + rk;
     for (uint32_t i = 0; i < n; i++, p += 16) {
         put64(p, l->runs[i].off);
         put64(p + 8, l->runs[i].len);
@@ -501,24 +519,46 @@ static void send_meta(struct pd_kvx *x, ucp_ep_h ep, int status, uint64_t req, u
 
 /* ---------------------------------------------------------------- handling messages */
 
+/* The data endpoint of an outgoing link, made on the first META from the producer's worker
+ * address (the same for every later META of that producer). */
+static ucs_status_t data_ep(struct pd_kvx *x, struct link *l, const uint8_t *addr, size_t len)
+{
+    if (l->data)
+        return UCS_OK;
+    /* the address is only read during ucp_ep_create; copy it for alignment */
+    ucp_address_t *a = malloc(len);
+    if (!a)
+        return UCS_ERR_NO_MEMORY;
+    memcpy(a, addr, len);
+    ucp_ep_params_t p = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+        .address = a,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = ep_error, .arg = l},
+    };
+    ucs_status_t st = ucp_ep_create(x->w, &p, &l->data);
+    free(a);
+    if (st != UCS_OK)
+        l->data = NULL;
+    return st;
+}
+
+/* One get per piece of the byte stream that is contiguous on both sides, then one flush: the
+ * gets carry no callback (their requests are released at once), so a transfer costs one
+ * completion whatever its number of runs. */
 static void post_gets(struct pd_kvx *x, struct pd_kvx_xfer *t, uint64_t base,
                       const struct pd_kvx_run *src, int ns)
 {
-    ucp_request_param_t p = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                        UCP_OP_ATTR_FIELD_MEMH,
-        .cb.send = get_done,
-        .user_data = t,
-        .memh = x->memh,
-    };
-    /* Walk both byte streams at once: each get covers what is contiguous on both sides. */
+    ucp_ep_h ep = t->peer->data;
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH, .memh = x->memh};
     int i = 0, j = 0;
     uint64_t a = 0, b = 0;
     while (i < ns && j < t->n_dst) {
         uint64_t n = src[i].len - a;
         if (t->dst[j].len - b < n)
             n = t->dst[j].len - b;
-        ucs_status_ptr_t r = ucp_get_nbx(t->peer->ep, x->base + t->dst[j].off + b, n,
+        ucs_status_ptr_t r = ucp_get_nbx(ep, x->base + t->dst[j].off + b, n,
                                          base + src[i].off + a, t->rkey, &p);
         if (UCS_PTR_IS_ERR(r)) {
             xfer_fail(t, PD_EIO, 1, "get of %llu bytes failed: %s", (unsigned long long)n,
@@ -526,7 +566,7 @@ static void post_gets(struct pd_kvx *x, struct pd_kvx_xfer *t, uint64_t base,
             break;
         }
         if (r != NULL)
-            t->outstanding++;
+            ucp_request_free(r);
         t->gets++;
         x->st.gets++;
         x->st.get_bytes += n;
@@ -542,6 +582,17 @@ static void post_gets(struct pd_kvx *x, struct pd_kvx_xfer *t, uint64_t base,
         }
     }
     t->gets_posted = 1;
+    /* even after a failed get: the ones already posted must land before the transfer ends */
+    ucp_request_param_t fp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = gets_flushed,
+        .user_data = t,
+    };
+    ucs_status_ptr_t r = ucp_ep_flush_nbx(ep, &fp);
+    if (UCS_PTR_IS_ERR(r))
+        t->get_status = UCS_PTR_STATUS(r);
+    else if (r != NULL)
+        t->outstanding++;
 }
 
 static void handle_meta(struct pd_kvx *x, const uint8_t *d, size_t len)
@@ -567,19 +618,21 @@ static void handle_meta(struct pd_kvx *x, const uint8_t *d, size_t len)
         return;
     }
     uint64_t base = get64(d + 24);
-    uint32_t rk = get32(d + 32), n = get32(d + 36);
-    if (n == 0 || n > KVX_MAX_RUNS || len != KVX_META_FIXED + (uint64_t)rk + 16 * (uint64_t)n) {
+    uint32_t rk = get32(d + 32), n = get32(d + 36), ad = get32(d + 40);
+    if (n == 0 || n > KVX_MAX_RUNS || ad == 0 ||
+        len != KVX_META_FIXED + (uint64_t)ad + rk + 16 * (uint64_t)n) {
         xfer_fail(t, PD_EFORMAT, 1, "malformed META (%zu bytes, %u runs, %u-byte rkey)", len, n,
                   rk);
         return;
     }
+    const uint8_t *addr = d + KVX_META_FIXED, *rkey = addr + ad;
     struct pd_kvx_run *src = malloc(n * sizeof *src);
     if (!src) {
         xfer_fail(t, PD_ENOMEM, 1, "no memory for %u runs", n);
         return;
     }
     uint64_t total = 0, want = 0;
-    const uint8_t *p = d + KVX_META_FIXED + rk;
+    const uint8_t *p = rkey + rk;
     int overflow = 0;
     for (uint32_t i = 0; i < n; i++, p += 16) {
         src[i].off = get64(p);
@@ -603,7 +656,14 @@ static void handle_meta(struct pd_kvx *x, const uint8_t *d, size_t len)
         free(src);
         return;
     }
-    ucs_status_t st = ucp_ep_rkey_unpack(t->peer->ep, d + KVX_META_FIXED, &t->rkey);
+    ucs_status_t st = data_ep(x, t->peer, addr, ad);
+    if (st != UCS_OK) {
+        xfer_fail(t, PD_EIO, 1, "cannot reach the producer's worker for data: %s",
+                  ucs_status_string(st));
+        free(src);
+        return;
+    }
+    st = ucp_ep_rkey_unpack(t->peer->data, rkey, &t->rkey);
     if (st != UCS_OK) {
         t->rkey = NULL;
         xfer_fail(t, PD_EIO, 1, "cannot unpack the producer's rkey: %s", ucs_status_string(st));
@@ -683,12 +743,26 @@ static int link_alive(const struct link *l)
     return l && l->ep && !l->failed;
 }
 
+/* Messages to a producer go over the data endpoint once there is one: it may be shared memory
+ * where the socket-address endpoint is TCP, and the replies come back the same way. */
+static ucp_ep_h msg_ep(const struct link *l)
+{
+    return l->data ? l->data : l->ep;
+}
+
 /* Moves a transfer on once nothing of it is in flight. */
 static void advance(struct pd_kvx *x, struct pd_kvx_xfer *t)
 {
-    if (is_final(t->state) || t->outstanding)
+    if (is_final(t->state))
         return;
-    if (t->rkey) {
+    if (t->outstanding) {
+        /* In flight on a live endpoint: wait. Once the endpoints are closed nothing can land
+         * any more, but UCX 1.13 does not always complete such requests (a flush waiting on a
+         * peer that died): the transfer ends and its handle stays until they do, or until
+         * destroy. */
+        if (!t->fail_code || t->peer->ep || t->peer->data)
+            return;
+    } else if (t->rkey) {
         ucp_rkey_destroy(t->rkey);
         t->rkey = NULL;
     }
@@ -698,7 +772,7 @@ static void advance(struct pd_kvx *x, struct pd_kvx_xfer *t)
         } else if (t->get_status != UCS_OK) {
             xfer_fail(t, PD_EIO, 1, "get failed: %s", ucs_status_string(t->get_status));
         } else {
-            ucs_status_t st = send_small(x, t->peer->ep, PD_KVX_AM_DONE, t->req, t->tag);
+            ucs_status_t st = send_small(x, msg_ep(t->peer), PD_KVX_AM_DONE, t->req, t->tag);
             if (st != UCS_OK)
                 xfer_fail(t, PD_EIO, 0, "cannot send DONE: %s", ucs_status_string(st));
             t->done_sent = 1;
@@ -708,23 +782,23 @@ static void advance(struct pd_kvx *x, struct pd_kvx_xfer *t)
         return;
     /* ABORT even before META: a producer that is merely slow then frees the blocks now. */
     if (t->send_abort && link_alive(t->peer))
-        send_small(x, t->peer->ep, PD_KVX_AM_ABORT, t->req, t->tag);
+        send_small(x, msg_ep(t->peer), PD_KVX_AM_ABORT, t->req, t->tag);
     t->state = PD_KVX_FAILED;
     x->st.pulls_failed++;
     if (t->peer)
         t->peer->refs--;
 }
 
-static void close_ep(struct pd_kvx *x, struct link *l)
+static void close_one(struct pd_kvx *x, ucp_ep_h *ep)
 {
-    if (!l->ep)
+    if (!*ep)
         return;
-    /* Force: a failed peer cannot confirm a flush; in-flight requests complete with
-     * UCS_ERR_CANCELED (their callbacks run here). */
+    /* Force: a failed peer cannot confirm a flush. In-flight requests are meant to complete
+     * with UCS_ERR_CANCELED here; UCX 1.13 leaves some (see advance()). */
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
-    ucs_status_ptr_t r = ucp_ep_close_nbx(l->ep, &p);
-    l->ep = NULL;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(*ep, &p);
+    *ep = NULL;
     if (r && !UCS_PTR_IS_ERR(r)) {
         struct closing *c = malloc(sizeof *c);
         if (c) {
@@ -735,6 +809,13 @@ static void close_ep(struct pd_kvx *x, struct link *l)
             ucp_request_free(r);
         }
     }
+}
+
+/* Closes both endpoints of a link, the data one (where the rkeys were unpacked) first. */
+static void close_ep(struct pd_kvx *x, struct link *l)
+{
+    close_one(x, &l->data);
+    close_one(x, &l->ep);
 }
 
 /* Destroys the rkeys of idle transfers on l: UCX wants them gone before their endpoint. */
@@ -783,8 +864,8 @@ static int step(struct pd_kvx *x)
         n++;
     }
 
-    /* 2. timeouts: a transfer with gets in flight takes its connection down with it, which
-     * completes the gets (cancelled) so the transfer can end */
+    /* 2. timeouts: a transfer with gets in flight takes its connection down with it, so that
+     * nothing still in flight can land in the destination once it is reported FAILED */
     for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next) {
         if (is_final(t->state) || t->deadline > now)
             continue;
@@ -829,7 +910,11 @@ static int step(struct pd_kvx *x)
         advance(x, t);
         if (t->state != before)
             n++;
-        if (is_final(t->state) && t->free_when_final) {
+        if (is_final(t->state) && t->rkey && t->outstanding == 0) {
+            ucp_rkey_destroy(t->rkey);   /* an abandoned flush finally completed */
+            t->rkey = NULL;
+        }
+        if (is_final(t->state) && t->free_when_final && t->outstanding == 0) {
             *pp = t->next;
             free_xfer(t);
         } else {
@@ -927,11 +1012,36 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
         rc = ucx_fail(e, "reading the UCX configuration", st);
         goto fail;
     }
+    /* The listener and socket-address endpoints need UCX's TCP transport (UCX 1.13 has no
+     * other connection manager here): a transport list that names neither tcp nor all, nor
+     * excludes anything, gets tcp added. The gets still use what the list asked for. */
+    const char *tls = getenv("UCX_TLS");
+    if (tls && *tls && tls[0] != '^' && !strstr(tls, "tcp") && !strstr(tls, "all")) {
+        char more[256];
+        snprintf(more, sizeof more, "%s,tcp", tls);
+        if ((st = ucp_config_modify(cfg, "TLS", more)) != UCS_OK) {
+            ucp_config_release(cfg);
+            rc = ucx_fail(e, "adding tcp to UCX_TLS", st);
+            goto fail;
+        }
+    }
     ucp_params_t cp = {
         .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
         .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
         .mt_workers_shared = 0,
     };
+    /* Every endpoint reports a dead peer (error mode PEER), and UCX 1.13 only offers its
+     * shared-memory transports to such endpoints when they expose their (keepalive-based) error
+     * handling; without this the gets fall back to TCP on one host. Set only when the
+     * transport list may include them: UCX warns about an unused setting otherwise. */
+    if (!tls || !*tls || tls[0] == '^' || strstr(tls, "sm") || strstr(tls, "posix") ||
+        strstr(tls, "sysv") || strstr(tls, "mm") || strstr(tls, "all")) {
+        if ((st = ucp_config_modify(cfg, "MM_ERROR_HANDLING", "y")) != UCS_OK) {
+            ucp_config_release(cfg);
+            rc = ucx_fail(e, "enabling shared-memory error handling", st);
+            goto fail;
+        }
+    }
     st = ucp_init(&cp, cfg, &x->ctx);
     ucp_config_release(cfg);
     if (st != UCS_OK) {
@@ -945,6 +1055,11 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
     if ((st = ucp_worker_create(x->ctx, &wp, &x->w)) != UCS_OK) {
         x->w = NULL;
         rc = ucx_fail(e, "ucp_worker_create", st);
+        goto fail;
+    }
+    if ((st = ucp_worker_get_address(x->w, &x->addr, &x->addr_len)) != UCS_OK) {
+        x->addr = NULL;
+        rc = ucx_fail(e, "ucp_worker_get_address", st);
         goto fail;
     }
     if ((st = ucp_worker_get_efd(x->w, &x->efd)) != UCS_OK) {
@@ -1121,6 +1236,7 @@ int pd_kvx_pull(struct pd_kvx *x, const char *host, int port, uint64_t request,
         free(d);
         return pd_err_set(e, PD_ENOMEM, "%s: no memory", what);
     }
+    t->x = x;
     t->req = request;
     snprintf(t->host, sizeof t->host, "%s", host);
     t->port = port;
@@ -1148,7 +1264,7 @@ int pd_kvx_pull(struct pd_kvx *x, const char *host, int port, uint64_t request,
         xfer_fail(t, PD_EINVAL, 0, "cannot resolve the peer address");
     else if (!l->ep)
         xfer_fail(t, PD_EIO, 0, "cannot connect: %s", ucs_status_string(st));
-    else if ((st = send_small(x, l->ep, PD_KVX_AM_GET_META, request, t->tag)) != UCS_OK)
+    else if ((st = send_small(x, msg_ep(l), PD_KVX_AM_GET_META, request, t->tag)) != UCS_OK)
         xfer_fail(t, PD_EIO, 0, "cannot send GET_META: %s", ucs_status_string(st));
     /* a failure here ends the transfer at once, without waiting for a progress call */
     advance(x, t);
@@ -1215,9 +1331,9 @@ enum pd_kvx_state pd_kvx_wait(struct pd_kvx *x, struct pd_kvx_xfer *t, int timeo
         int64_t wake = next_deadline(x);
         if (wake > end)
             wake = end;
-        /* round up so a deadline is never polled for a few ns in a loop */
+        /* round up, and at least 1 ms, so a deadline is never polled for in a busy loop */
         int64_t ms = (wake - now + 999999) / 1000000;
-        int timeout = wake == INT64_MAX || ms > 1000000 ? 1000000 : (int)ms;
+        int timeout = wake == INT64_MAX || ms > 1000000 ? 1000000 : ms < 1 ? 1 : (int)ms;
         if (st != UCS_OK && timeout > 1)
             timeout = 1;   /* cannot arm: fall back to a short nap, never a busy loop */
         x->sleepers++;
@@ -1253,7 +1369,7 @@ void pd_kvx_xfer_free(struct pd_kvx *x, struct pd_kvx_xfer *t)
         xfer_fail(t, PD_EIO, 1, "aborted: handle freed");
         advance(x, t);
     }
-    if (is_final(t->state)) {
+    if (is_final(t->state) && t->outstanding == 0) {
         struct pd_kvx_xfer **pp = &x->xfers;
         while (*pp != t)
             pp = &(*pp)->next;
@@ -1277,7 +1393,7 @@ static int busy(struct pd_kvx *x)
     if (x->sends_pending || x->inbox)
         return 1;
     for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
-        if (t->outstanding)
+        if (t->outstanding && !is_final(t->state))
             return 1;
     return 0;
 }
@@ -1310,39 +1426,47 @@ void pd_kvx_destroy(struct pd_kvx *x)
             progress_locked(x);
         while (x->closing && pd_now_ns() < end);
     }
-    /* The worker is about to go: whatever UCX did not finish is released with it. */
-    for (struct pd_kvx_xfer *t = x->xfers, *next; t; t = next) {
-        next = t->next;
-        if (t->rkey)
+    /* rkeys live in the worker: they go before it */
+    for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
+        if (t->rkey) {
             ucp_rkey_destroy(t->rkey);
-        free_xfer(t);
-    }
-    x->xfers = NULL;
+            t->rkey = NULL;
+        }
     for (struct closing *c = x->closing, *next; c; c = next) {
         next = c->next;
         ucp_request_free(c->req);
         free(c);
     }
-    for (struct link *l = x->links, *next; l; l = next) {
-        next = l->next;
-        free(l);
-    }
+    x->closing = NULL;
     for (struct msg *m = x->inbox, *next; m; m = next) {
         next = m->next;
         free(m);
     }
+    x->inbox = NULL;
     while (x->leases)
         lease_release(x, x->leases, PD_KVX_REL_DESTROY);
     pthread_mutex_unlock(&x->mu);
     run_releases(x);
     if (x->rkey_buf)
         ucp_rkey_buffer_release(x->rkey_buf);
+    if (x->addr)
+        ucp_worker_release_address(x->w, x->addr);
     if (x->memh)
         ucp_mem_unmap(x->ctx, x->memh);
+    /* Whatever UCX did not finish is released with the worker; callbacks it may still run
+     * touch only the engine, its transfers and links, which are freed after it. */
     if (x->w)
         ucp_worker_destroy(x->w);
     if (x->ctx)
         ucp_cleanup(x->ctx);
+    for (struct pd_kvx_xfer *t = x->xfers, *next; t; t = next) {
+        next = t->next;
+        free_xfer(t);
+    }
+    for (struct link *l = x->links, *next; l; l = next) {
+        next = l->next;
+        free(l);
+    }
     pthread_mutex_destroy(&x->mu);
     free(x);
 }

@@ -15,12 +15,22 @@
  *   A transfer never hangs: a peer error, a refused connection, an unknown request or the
  *   timeout (timeout_ms from the pull) ends it FAILED with a reason naming the peer and request.
  *
+ * Transports: the first GET_META goes over an endpoint connected to host:port (UCX's socket
+ *   address connection needs its TCP transport: a UCX_TLS naming neither tcp nor all gets tcp
+ *   added); the gets and every later message over a second endpoint made from the producer's
+ *   worker address in META, on which UCX picks shared memory on one host, RDMA or TCP between
+ *   hosts. Every endpoint reports a dead peer (UCP_ERR_HANDLING_MODE_PEER); UCX 1.13 offers its
+ *   shared-memory transports to such endpoints only with MM_ERROR_HANDLING=y, which the engine
+ *   sets in its own UCX configuration.
+ *
  * Wire protocol: UCX active messages, ids below, payload in the AM data (no AM header), all
  * integers little-endian:
  *   GET_META  c->p  u32 version=1, u32 0, u64 request, u64 tag                         (24 B)
  *   META      p->c  u32 version, i32 status, u64 request, u64 tag, u64 base,
- *                   u32 rkey_len, u32 n_runs, rkey_len bytes of packed rkey,
- *                   n_runs x { u64 offset, u64 length }                  (40 B + rkey + 16 n)
+ *                   u32 rkey_len, u32 n_runs, u32 addr_len, u32 0,
+ *                   addr_len bytes of the producer's UCP worker address,
+ *                   rkey_len bytes of packed rkey,
+ *                   n_runs x { u64 offset, u64 length }         (48 B + addr + rkey + 16 n)
  *   DONE      c->p  as GET_META: the data is in place, release the lease
  *   ABORT     c->p  as GET_META: the consumer gives up, release the lease
  *   ACK       p->c  u32 version, i32 status, u64 request, u64 tag, u32 acked id, u32 0 (32 B)
@@ -97,8 +107,9 @@ struct pd_kvx;
 struct pd_kvx_xfer;
 
 int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e);
-/* Closes every endpoint, fails unfinished transfers, releases every lease (PD_KVX_REL_DESTROY),
- * frees every transfer handle and unmaps the region. */
+/* Fails unfinished transfers (telling their producers, within a bounded drain), closes every
+ * endpoint, releases every lease (PD_KVX_REL_DESTROY: the callbacks run on the caller's thread,
+ * so it must not hold a lock they take), frees every transfer handle and unmaps the region. */
 void pd_kvx_destroy(struct pd_kvx *x);
 /* The port the listener is bound to (the ephemeral one when opts.listen_port was 0); -1 if none. */
 int pd_kvx_port(const struct pd_kvx *x);
