@@ -24,6 +24,44 @@ struct instance {
     double down_until;           /* after a failure, others are preferred for a while */
 };
 
+/* A Prometheus histogram: cumulative buckets at the bounds le[0..n-1] and +Inf. */
+#define HIST_MAX 12
+struct hist {
+    const char *name, *help;
+    const double *le;
+    int n;
+    uint64_t bucket[HIST_MAX + 1], count;
+    double sum;
+};
+
+static const double le_ttft[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+static const double le_token[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+static const double le_e2e[] = {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+
+static void hist_init(struct hist *h, const char *name, const char *help, const double *le, int n)
+{
+    *h = (struct hist){.name = name, .help = help, .le = le, .n = n};
+}
+
+static void hist_observe(struct hist *h, double v)
+{
+    h->sum += v;
+    h->count++;
+    for (int i = 0; i < h->n; i++)
+        if (v <= h->le[i])
+            h->bucket[i]++;
+    h->bucket[h->n]++;
+}
+
+static void hist_print(struct evbuffer *b, const struct hist *h)
+{
+    evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", h->name, h->help, h->name);
+    for (int i = 0; i < h->n; i++)
+        evbuffer_add_printf(b, "%s_bucket{le=\"%g\"} %llu\n", h->name, h->le[i], (unsigned long long)h->bucket[i]);
+    evbuffer_add_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", h->name,
+                        (unsigned long long)h->bucket[h->n], h->name, h->sum, h->name, (unsigned long long)h->count);
+}
+
 struct pd_proxy {
     struct pd_proxy_opts o;
     struct instance p[PD_PROXY_MAX_INSTANCES], d[PD_PROXY_MAX_INSTANCES];
@@ -34,12 +72,8 @@ struct pd_proxy {
     int port;
     /* metrics */
     uint64_t requests, completed, retries, cancelled, bad_requests, prefill_failed, decode_failed;
-    double ttft_sum, e2e_sum;
-    uint64_t ttft_n;
-    uint64_t ttft_bucket[8];     /* <= 0.05 0.1 0.25 0.5 1 2.5 5 +Inf seconds */
+    struct hist ttft, tpot, itl, e2e;
 };
-
-static const double ttft_le[8] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 1e300};
 
 struct job {
     struct pd_proxy *px;
@@ -57,6 +91,8 @@ struct job {
     struct evbuffer *held;           /* a decode error body while streaming */
     double t0;
     int got_first;
+    double t_first, t_last;          /* the first and the latest streamed chunk */
+    int chunks;                      /* streamed chunks relayed */
 };
 
 static void free_conn(evutil_socket_t fd, short what, void *arg)
@@ -158,13 +194,31 @@ static void stream_error(struct job *j, const char *msg)
     evhttp_send_reply_end(h);
 }
 
-static void note_ttft(struct pd_proxy *px, double t)
+/* A streamed chunk arrived: the first one is the TTFT, the gaps after it inter-token latencies
+ * (measured per chunk, as `vllm bench serve` does). */
+static void note_chunk(struct job *j)
 {
-    px->ttft_sum += t;
-    px->ttft_n++;
-    for (int i = 0; i < 8; i++)
-        if (t <= ttft_le[i])
-            px->ttft_bucket[i]++;
+    double now = pd_now_s();
+    if (!j->got_first) {
+        j->got_first = 1;
+        j->t_first = now;
+        hist_observe(&j->px->ttft, now - j->t0);
+    } else {
+        hist_observe(&j->px->itl, now - j->t_last);
+    }
+    j->t_last = now;
+    j->chunks++;
+}
+
+/* A request completed: its end-to-end latency and, when it streamed two chunks or more, its
+ * time per output token after the first. */
+static void note_done(struct job *j)
+{
+    struct pd_proxy *px = j->px;
+    px->completed++;
+    hist_observe(&px->e2e, pd_now_s() - j->t0);
+    if (j->chunks >= 2)
+        hist_observe(&px->tpot, (j->t_last - j->t_first) / (j->chunks - 1));
 }
 
 /* Decode answer data as it arrives: relayed to a streaming client. */
@@ -191,10 +245,7 @@ static void on_decode_chunk(struct evhttp_request *r, void *arg)
         evhttp_send_reply_start(j->client, 200, "OK");
         j->started = 1;
     }
-    if (!j->got_first) {
-        j->got_first = 1;
-        note_ttft(j->px, pd_now_s() - j->t0);
-    }
+    note_chunk(j);
     evhttp_send_reply_chunk(j->client, in);
 }
 
@@ -220,8 +271,7 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
             struct evhttp_request *h = j->client;
             client_done(j);
             evhttp_send_reply_end(h);
-            px->completed++;
-            px->e2e_sum += pd_now_s() - j->t0;
+            note_done(j);
         }
         job_free(j);
         return;
@@ -241,9 +291,8 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
         if (!j->held)
             evbuffer_free(b);
         if (code == 200) {
-            px->completed++;
-            note_ttft(px, pd_now_s() - j->t0);
-            px->e2e_sum += pd_now_s() - j->t0;
+            hist_observe(&px->ttft, pd_now_s() - j->t0);   /* the whole answer is its first token */
+            note_done(j);
         }
     }
     client_done(j);
@@ -480,24 +529,16 @@ static void on_metrics(struct evhttp_request *h, void *arg)
                         "pdmoe_proxy_errors_total{kind=\"bad_request\"} %llu\n"
                         "pdmoe_proxy_errors_total{kind=\"prefill_failed\"} %llu\n"
                         "pdmoe_proxy_errors_total{kind=\"decode_failed\"} %llu\n"
-                        "pdmoe_proxy_errors_total{kind=\"client_cancelled\"} %llu\n"
-                        "# TYPE pdmoe_proxy_time_to_first_token_seconds histogram\n",
+                        "pdmoe_proxy_errors_total{kind=\"client_cancelled\"} %llu\n",
                         (unsigned long long)px->requests, (unsigned long long)px->completed,
                         (unsigned long long)px->retries, (unsigned long long)px->bad_requests,
                         (unsigned long long)px->prefill_failed, (unsigned long long)px->decode_failed,
                         (unsigned long long)px->cancelled);
-    for (int i = 0; i < 8; i++) {
-        if (i < 7)
-            evbuffer_add_printf(b, "pdmoe_proxy_time_to_first_token_seconds_bucket{le=\"%g\"} %llu\n", ttft_le[i],
-                                (unsigned long long)px->ttft_bucket[i]);
-        else
-            evbuffer_add_printf(b, "pdmoe_proxy_time_to_first_token_seconds_bucket{le=\"+Inf\"} %llu\n",
-                                (unsigned long long)px->ttft_bucket[i]);
-    }
-    evbuffer_add_printf(b, "pdmoe_proxy_time_to_first_token_seconds_sum %.6f\n"
-                           "pdmoe_proxy_time_to_first_token_seconds_count %llu\n"
-                           "# TYPE pdmoe_proxy_instance_load gauge\n",
-                        px->ttft_sum, (unsigned long long)px->ttft_n);
+    hist_print(b, &px->ttft);
+    hist_print(b, &px->tpot);
+    hist_print(b, &px->itl);
+    hist_print(b, &px->e2e);
+    evbuffer_add_printf(b, "# TYPE pdmoe_proxy_instance_load gauge\n");
     for (int i = 0; i < px->np; i++)
         evbuffer_add_printf(b, "pdmoe_proxy_instance_load{role=\"prefill\",instance=\"%s:%d\"} %d\n", px->p[i].host,
                             px->p[i].port, px->p[i].load);
@@ -528,6 +569,13 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
     if (!px)
         return pd_err_set(e, PD_ENOMEM, "proxy: out of memory");
     px->o = *o;
+#define HIST(h, name, help, le) hist_init(&px->h, name, help, le, (int)(sizeof le / sizeof le[0]))
+    HIST(ttft, "pdmoe_proxy_time_to_first_token_seconds", "Time from request to the first streamed token.", le_ttft);
+    HIST(tpot, "pdmoe_proxy_time_per_output_token_seconds", "Per request: time after the first token / (chunks - 1).",
+         le_token);
+    HIST(itl, "pdmoe_proxy_inter_token_latency_seconds", "Gaps between successive streamed chunks.", le_token);
+    HIST(e2e, "pdmoe_proxy_e2e_request_latency_seconds", "Time from request to the end of its answer.", le_e2e);
+#undef HIST
     for (int i = 0; i < o->n_prefill; i++)
         if (parse_hostport(o->prefill[i], &px->p[i])) {
             free(px);

@@ -183,6 +183,27 @@ static int metric(int port, const char *name)
     return metric_port(port, name);
 }
 
+/* A histogram of the proxy's /metrics is well formed (cumulative buckets, +Inf == count); returns
+ * its count. */
+static int histogram(const char *name)
+{
+    char out[1 << 14], key[160];
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/metrics", NULL, NULL, out, sizeof out), 200);
+    snprintf(key, sizeof key, "# TYPE %s histogram\n", name);
+    char *p = strstr(out, key);
+    cr_assert_not_null(p, "no histogram %s in /metrics", name);
+    long prev = 0, v = 0;
+    for (p = strstr(p, "_bucket{le=\""); p && strncmp(p, "_bucket", 7) == 0; p = strstr(p, "\n") + 1 + strlen(name)) {
+        v = atol(strchr(p, '}') + 1);
+        cr_assert_geq(v, prev, "%s: buckets not cumulative", name);
+        prev = v;
+    }
+    snprintf(key, sizeof key, "%s_count", name);
+    int count = metric_port(pd_proxy_port(X), key);
+    cr_assert_eq(v, count, "%s: +Inf bucket %ld, count %d", name, v, count);
+    return count;
+}
+
 Test(proxy, sixty_four_concurrent_streams)
 {
     start_proxy(0, 0);
@@ -206,6 +227,12 @@ Test(proxy, sixty_four_concurrent_streams)
     cr_assert_eq(metric(pd_server_port(D), "pdmoe_kv_blocks_free"), metric(pd_server_port(D), "pdmoe_kv_blocks_total"));
     cr_assert_eq(metric(pd_server_port(D), "pdmoe_kv_transfers_total"), 64);
     cr_assert_eq(metric(pd_server_port(D), "pdmoe_kv_recomputes_total"), 0);
+    /* the latency histograms saw every request; TPOT needs two chunks, ITL one per later chunk */
+    cr_assert_eq(histogram("pdmoe_proxy_time_to_first_token_seconds"), 64);
+    cr_assert_eq(histogram("pdmoe_proxy_e2e_request_latency_seconds"), 64);
+    int tpot = histogram("pdmoe_proxy_time_per_output_token_seconds");
+    cr_assert(tpot > 0 && tpot <= 64, "%d requests with a TPOT", tpot);
+    cr_assert_geq(histogram("pdmoe_proxy_inter_token_latency_seconds"), tpot);
 }
 
 Test(proxy, a_full_decode_pool_queues_requests_with_correct_tokens)
