@@ -1317,6 +1317,7 @@ int pd_kvx_progress(struct pd_kvx *x)
 enum pd_kvx_state pd_kvx_wait(struct pd_kvx *x, struct pd_kvx_xfer *t, int timeout_ms)
 {
     int64_t end = timeout_ms < 0 ? INT64_MAX : pd_now_ns() + (int64_t)timeout_ms * 1000000;
+    int idle_busy = 0;
     pthread_mutex_lock(&x->mu);
     for (;;) {
         int n = progress_locked(x);
@@ -1326,8 +1327,13 @@ enum pd_kvx_state pd_kvx_wait(struct pd_kvx *x, struct pd_kvx_xfer *t, int timeo
         if (now >= end)
             break;
         ucs_status_t st = ucp_worker_arm(x->w);
-        if (st == UCS_ERR_BUSY)
+        /* BUSY: events to progress. But a shared-memory endpoint whose keepalive cannot be sent
+         * (the peer's FIFO full) keeps the worker BUSY without any event: after a run of such
+         * rounds, nap 1 ms instead of spinning a core. */
+        if (st == UCS_ERR_BUSY && (n > 0 || ++idle_busy < 64))
             continue;
+        if (n > 0)
+            idle_busy = 0;
         int64_t wake = next_deadline(x);
         if (wake > end)
             wake = end;
