@@ -9,6 +9,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <event2/thread.h>
 #include <jansson.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -589,6 +590,7 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
     px->np = o->n_prefill;
     px->nd = o->n_decode;
     signal(SIGPIPE, SIG_IGN);
+    evthread_use_pthreads();   /* pd_proxy_stop may come from another thread */
     px->base = event_base_new();
     px->http = px->base ? evhttp_new(px->base) : NULL;
     if (!px->http) {
