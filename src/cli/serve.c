@@ -75,6 +75,20 @@ int pd_cli_serve(int argc, char **argv)
                 json_decref(kvc);
                 return 2;
             }
+            /* how long a producer keeps an unclaimed KV, how long a pull may take */
+            static const char *const ms_keys[2] = {"kv_lease_ms", "kv_timeout_ms"};
+            int *ms_vals[2] = {&o.kv_lease_ms, &o.kv_timeout_ms};
+            for (int k = 0; k < 2; k++) {
+                json_t *ms = json_object_get(kvc, ms_keys[k]);
+                if (ms && (!json_is_integer(ms) || json_integer_value(ms) < 1 || json_integer_value(ms) > 3600000)) {
+                    fprintf(stderr, "pdmoe serve: --kv-transfer-config: %s must be an integer number of "
+                                    "milliseconds in [1, 3600000]\n", ms_keys[k]);
+                    json_decref(kvc);
+                    return 2;
+                }
+                if (ms)
+                    *ms_vals[k] = (int)json_integer_value(ms);
+            }
             o.kv_port = port ? (int)json_integer_value(port) : 0;
             if (id)
                 snprintf(engine_id, sizeof engine_id, "%s", id);
@@ -89,6 +103,8 @@ int pd_cli_serve(int argc, char **argv)
                    "       [--served-model-name NAME] [--api-key KEY] [--role prefill|decode|both]\n"
                    "       [--kv-cache-bytes B (the KV pool; default: max-num-seqs x max-model-len)]\n"
                    "       [--kv-transfer-config '{\"kv_role\":\"kv_producer\",\"kv_port\":N,\"engine_id\":\"p0\"}']\n"
+                   "         (also \"kv_lease_ms\": how long a producer holds a KV nobody pulls, default 30000;\n"
+                   "          \"kv_timeout_ms\": how long a pull may take before the prompt is recomputed)\n"
                    "OpenAI-compatible: /v1/completions, /v1/chat/completions (stream or not), /v1/models,\n"
                    "/health, /metrics. Binds 127.0.0.1 unless --host says otherwise. Ctrl-C stops it.\n");
             return 0;
