@@ -1,0 +1,240 @@
+/* Fault injection with real processes on loopback: a prefill instance killed (SIGKILL) while it
+ * holds requests, and a decode instance killed while prefill instances hold leases for it.
+ * Every client gets either a whole answer or an error (never a hang, never an empty 200); the
+ * surviving instances get every KV block back; the proxy keeps serving. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "engine/genmodel.h"
+#include "../tmpmodel.h"
+#include "proxy/proxy.h"
+#include "util.h"
+
+static char dir[64], logs[64];
+static pid_t pids[4];
+static int n_pids;
+static struct pd_proxy *X;
+static pthread_t tx;
+
+static void setup(void)
+{
+    tmp_model("v4-tiny", 17, dir, sizeof dir);
+    snprintf(logs, sizeof logs, "/tmp/pdmoe-fault-XXXXXX");
+    cr_assert_not_null(mkdtemp(logs));
+}
+
+static void teardown(void)
+{
+    if (X) {
+        pd_proxy_stop(X);
+        pthread_join(tx, NULL);
+        pd_proxy_destroy(X);
+        X = NULL;
+    }
+    for (int i = 0; i < n_pids; i++)
+        if (pids[i] > 0) {
+            kill(pids[i], SIGKILL);
+            waitpid(pids[i], NULL, 0);
+        }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", logs);
+    system(cmd);
+    rm_model(dir);
+}
+
+TestSuite(fault, .init = setup, .fini = teardown, .timeout = 180);
+
+/* Starts `pdmoe serve` with the given role and KV config, returns its HTTP port (read from the
+ * line it prints once it listens). */
+static int spawn(const char *kv_config, pid_t *pid)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char log[128];
+    snprintf(log, sizeof log, "%s/serve-%d.log", logs, n_pids);
+    pid_t p = fork();
+    if (p == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);   /* a test killed by its timeout leaves nothing behind */
+        freopen(log, "w", stderr);
+        execl(bin, bin, "serve", "--model", dir, "--port", "0", "--threads", "1", "--max-num-seqs", "8",
+              "--max-model-len", "512", "--max-num-batched-tokens", "512", "--kv-transfer-config", kv_config,
+              (char *)NULL);
+        _exit(127);
+    }
+    *pid = p;
+    pids[n_pids++] = p;
+    for (int i = 0; i < 300; i++) {
+        FILE *f = fopen(log, "r");
+        char line[512];
+        while (f && fgets(line, sizeof line, f)) {
+            char *at = strstr(line, "http://127.0.0.1:");
+            if (at) {
+                fclose(f);
+                return atoi(at + strlen("http://127.0.0.1:"));
+            }
+        }
+        if (f)
+            fclose(f);
+        usleep(50000);
+    }
+    cr_assert_fail("pdmoe serve (%s) did not start; see %s", kv_config, log);
+    return -1;
+}
+
+static void *proxy_loop(void *arg)
+{
+    pd_err e;
+    pd_proxy_run(arg, &e);
+    return NULL;
+}
+
+static void start_proxy(const int *prefill, int np, int decode)
+{
+    static char hp[3][32];
+    struct pd_proxy_opts o = {.port = 0, .n_prefill = np, .n_decode = 1};
+    for (int i = 0; i < np; i++) {
+        snprintf(hp[i], sizeof hp[i], "127.0.0.1:%d", prefill[i]);
+        o.prefill[i] = hp[i];
+    }
+    snprintf(hp[2], sizeof hp[2], "127.0.0.1:%d", decode);
+    o.decode[0] = hp[2];
+    pd_err e = {0};
+    cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
+    pthread_create(&tx, NULL, proxy_loop, X);
+}
+
+/* n streaming clients through the proxy, in the background; each writes its body and its status
+ * to logs/c<i>.{out,code}. */
+static FILE *load(int n, int max_tokens)
+{
+    char cmd[1024];
+    /* ~300-token prompts: the prefill instances hold them long enough to be killed with work */
+    snprintf(cmd, sizeof cmd,
+             "p=$(printf 'the tide comes in and the tide goes out %%.0s' $(seq 30)); "
+             "seq %d | xargs -P %d -I{} sh -c \"curl -s -N --max-time 60 -o %s/c{}.out -w '%%{http_code}' "
+             "http://127.0.0.1:%d/v1/completions -d '{\\\"prompt\\\":\\\"{} '\\\"\\$p\\\"'\\\",\\\"max_tokens\\\":%d,"
+             "\\\"stream\\\":true,\\\"seed\\\":{}}' > %s/c{}.code\"",
+             n, n, logs, pd_proxy_port(X), max_tokens, logs);
+    return popen(cmd, "r");
+}
+
+/* Each client's outcome: 1 a whole stream ([DONE], no error event), 0 an error (a 5xx or an
+ * error event in the stream); the test fails on anything else (an empty 200, a hang). */
+static int outcome(int i)
+{
+    char path[128], code[16] = "", body[1 << 16] = "";
+    snprintf(path, sizeof path, "%s/c%d.code", logs, i);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    fgets(code, sizeof code, f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/c%d.out", logs, i);
+    f = fopen(path, "r");
+    size_t n = f ? fread(body, 1, sizeof body - 1, f) : 0;
+    body[n] = 0;
+    if (f)
+        fclose(f);
+    int status = atoi(code);
+    cr_assert(status == 200 || status >= 500, "client %d: HTTP %s: %s", i, code, body);
+    if (status >= 500) {
+        cr_assert(strstr(body, "\"error\""), "client %d: %d without a JSON error: %s", i, status, body);
+        return 0;
+    }
+    if (strstr(body, "\"error\""))
+        return 0;
+    cr_assert(strstr(body, "data: [DONE]") && strstr(body, "\"finish_reason\":\""),
+              "client %d: a 200 that is not a whole stream: %s", i, body);
+    return 1;
+}
+
+static int metric(int port, const char *name)
+{
+    return metric_port(port, name);
+}
+
+Test(fault, a_prefill_instance_killed_under_load)
+{
+    pid_t p1, p2, d;
+    int ports[2];
+    ports[0] = spawn("{\"kv_role\":\"kv_producer\",\"engine_id\":\"p1\"}", &p1);
+    ports[1] = spawn("{\"kv_role\":\"kv_producer\",\"engine_id\":\"p2\"}", &p2);
+    int dport = spawn("{\"kv_role\":\"kv_consumer\",\"kv_timeout_ms\":2000}", &d);
+    start_proxy(ports, 2, dport);
+    FILE *l = load(24, 8);
+    /* kill p1 once it holds requests */
+    int busy = 0;
+    for (int i = 0; i < 500 && !busy; i++) {
+        busy = metric(ports[0], "pdmoe_num_requests_running") + metric(ports[0], "pdmoe_num_requests_waiting") > 0;
+        if (!busy)
+            usleep(2000);
+    }
+    cr_assert(busy, "p1 never got work");
+    kill(p1, SIGKILL);
+    waitpid(p1, NULL, 0);
+    pids[0] = -1;
+    char sink[64];
+    while (fgets(sink, sizeof sink, l))
+        ;
+    pclose(l);
+    int whole = 0;
+    for (int i = 1; i <= 24; i++)
+        whole += outcome(i);
+    /* the requests p1 held were retried on p2 (or their KV recomputed on d) */
+    cr_assert_eq(whole, 24, "%d of 24 streams whole", whole);
+    cr_assert_gt(metric(pd_proxy_port(X), "pdmoe_proxy_retries_total") + metric(dport, "pdmoe_kv_recomputes_total"), 0);
+    /* survivors: every block back, no lease left */
+    for (int i = 0; i < 100 && metric(ports[1], "pdmoe_kv_leases") > 0; i++)
+        usleep(20000);
+    cr_assert_eq(metric(ports[1], "pdmoe_kv_leases"), 0);
+    cr_assert_eq(metric(ports[1], "pdmoe_kv_blocks_free"), metric(ports[1], "pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric(dport, "pdmoe_kv_blocks_free"), metric(dport, "pdmoe_kv_blocks_total"));
+    /* and the proxy still serves */
+    char out[8192];
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"after\",\"max_tokens\":4}", NULL, out,
+                           sizeof out), 200, "%s", out);
+}
+
+Test(fault, a_decode_instance_killed_leaves_leases_that_expire)
+{
+    pid_t p, d;
+    int pport = spawn("{\"kv_role\":\"kv_producer\",\"kv_lease_ms\":1000}", &p);
+    int dport = spawn("{\"kv_role\":\"kv_consumer\"}", &d);
+    start_proxy(&pport, 1, dport);
+    /* a prefill asked for a decode instance that will never pull: the lease is held */
+    char out[8192];
+    cr_assert_eq(curl_port(pport, "/v1/completions",
+                           "{\"prompt\":\"held\",\"max_tokens\":4,\"kv_transfer_params\":{\"do_remote_decode\":true}}",
+                           NULL, out, sizeof out), 200, "%s", out);
+    cr_assert_eq(metric(pport, "pdmoe_kv_leases"), 1);
+    cr_assert_lt(metric(pport, "pdmoe_kv_blocks_free"), metric(pport, "pdmoe_kv_blocks_total"));
+    /* the decode instance dies under load */
+    FILE *l = load(8, 200);
+    for (int i = 0; i < 500 && metric(dport, "pdmoe_num_requests_running") == 0; i++)
+        usleep(2000);
+    kill(d, SIGKILL);
+    waitpid(d, NULL, 0);
+    pids[1] = -1;
+    char sink[64];
+    while (fgets(sink, sizeof sink, l))
+        ;
+    pclose(l);
+    int whole = 0;
+    for (int i = 1; i <= 8; i++)
+        whole += outcome(i);
+    cr_assert_lt(whole, 8, "the decode instance died, yet every stream was whole");
+    /* the prefill instance's leases expire: every block comes back */
+    for (int i = 0; i < 200 && metric(pport, "pdmoe_kv_leases") > 0; i++)
+        usleep(20000);
+    cr_assert_eq(metric(pport, "pdmoe_kv_leases"), 0);
+    cr_assert_eq(metric(pport, "pdmoe_kv_blocks_free"), metric(pport, "pdmoe_kv_blocks_total"));
+    /* with no decode instance left, the proxy answers with an error, not a hang */
+    int code = curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"after\",\"max_tokens\":4}", "--max-time 30",
+                         out, sizeof out);
+    cr_assert(code >= 500 && strstr(out, "\"error\""), "HTTP %d: %s", code, out);
+}
