@@ -57,3 +57,17 @@ void pd_http_error(struct evhttp_request *h, int code, const char *type, const c
     va_end(ap);
     pd_http_json(h, code, json_pack("{s:{s:s,s:s,s:s?,s:n}}", "error", "message", msg, "type", type, "param", param, "code"));
 }
+
+void pd_http_text(struct evhttp_request *h, const char *content_type, struct evbuffer *b)
+{
+    evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Type", content_type);
+    evhttp_send_reply(h, 200, "OK", b);
+}
+
+void pd_http_health(struct evhttp_request *h, void *arg)
+{
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "ok\n");
+    pd_http_text(h, "text/plain", b);
+    evbuffer_free(b);
+}

@@ -17,5 +17,9 @@ void pd_http_json(struct evhttp_request *h, int code, json_t *j);
 /* OpenAI-style error; param may be NULL. */
 void pd_http_error(struct evhttp_request *h, int code, const char *type, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+/* The /health handler: 200 "ok" while the loop runs. */
+void pd_http_health(struct evhttp_request *h, void *arg);
+/* Sends b (whose bytes it drains) as a 200 with the content type. */
+void pd_http_text(struct evhttp_request *h, const char *content_type, struct evbuffer *b);
 
 #endif

@@ -868,14 +868,6 @@ static void on_models(struct evhttp_request *h, void *arg)
                                       "model", "owned_by", "pdmoe", "max_model_len", s->o.max_model_len));
 }
 
-static void on_health(struct evhttp_request *h, void *arg)
-{
-    struct evbuffer *b = evbuffer_new();
-    evbuffer_add_printf(b, "ok\n");
-    evhttp_send_reply(h, 200, "OK", b);
-    evbuffer_free(b);
-}
-
 static void on_metrics(struct evhttp_request *h, void *arg)
 {
     struct pd_server *s = arg;
@@ -913,8 +905,7 @@ static void on_metrics(struct evhttp_request *h, void *arg)
                         (unsigned long long)s->kv_bytes, s->kv_seconds, (unsigned long long)s->kv_pulls,
                         (unsigned long long)s->kv_failures, (unsigned long long)s->kv_recomputes, leases);
     pthread_mutex_unlock(&s->mu);
-    evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Type", "text/plain; version=0.0.4");
-    evhttp_send_reply(h, 200, "OK", b);
+    pd_http_text(h, "text/plain; version=0.0.4", b);   /* Prometheus' text format */
     evbuffer_free(b);
 }
 
@@ -988,7 +979,7 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     evhttp_set_cb(s->http, "/v1/completions", on_completions, s);
     evhttp_set_cb(s->http, "/v1/chat/completions", on_chat, s);
     evhttp_set_cb(s->http, "/v1/models", on_models, s);
-    evhttp_set_cb(s->http, "/health", on_health, s);
+    evhttp_set_cb(s->http, "/health", pd_http_health, s);
     evhttp_set_cb(s->http, "/metrics", on_metrics, s);
     evhttp_set_gencb(s->http, on_other, s);
     evhttp_set_max_body_size(s->http, 8 << 20);

@@ -510,14 +510,6 @@ static void on_models(struct evhttp_request *h, void *arg)
     }
 }
 
-static void on_health(struct evhttp_request *h, void *arg)
-{
-    struct evbuffer *b = evbuffer_new();
-    evbuffer_add_printf(b, "ok\n");
-    evhttp_send_reply(h, 200, "OK", b);
-    evbuffer_free(b);
-}
-
 static void on_metrics(struct evhttp_request *h, void *arg)
 {
     struct pd_proxy *px = arg;
@@ -546,8 +538,7 @@ static void on_metrics(struct evhttp_request *h, void *arg)
     for (int i = 0; i < px->nd; i++)
         evbuffer_add_printf(b, "pdmoe_proxy_instance_load{role=\"decode\",instance=\"%s:%d\"} %d\n", px->d[i].host,
                             px->d[i].port, px->d[i].load);
-    evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Type", "text/plain; version=0.0.4");
-    evhttp_send_reply(h, 200, "OK", b);
+    pd_http_text(h, "text/plain; version=0.0.4", b);   /* Prometheus' text format */
     evbuffer_free(b);
 }
 
@@ -600,7 +591,7 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
     evhttp_set_cb(px->http, "/v1/completions", on_completions, px);
     evhttp_set_cb(px->http, "/v1/chat/completions", on_chat, px);
     evhttp_set_cb(px->http, "/v1/models", on_models, px);
-    evhttp_set_cb(px->http, "/health", on_health, px);
+    evhttp_set_cb(px->http, "/health", pd_http_health, px);
     evhttp_set_cb(px->http, "/metrics", on_metrics, px);
     evhttp_set_gencb(px->http, on_other, px);
     evhttp_set_max_body_size(px->http, 8 << 20);

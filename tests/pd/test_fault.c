@@ -153,6 +153,23 @@ static int outcome(int i)
     return 1;
 }
 
+/* Kills spawned process `slot` while the load l runs, waits for its n clients, returns how many
+ * got a whole stream. */
+static int kill_then_finish(int slot, FILE *l, int n)
+{
+    kill(pids[slot], SIGKILL);
+    waitpid(pids[slot], NULL, 0);
+    pids[slot] = -1;
+    char sink[64];
+    while (fgets(sink, sizeof sink, l))
+        ;
+    pclose(l);
+    int whole = 0;
+    for (int i = 1; i <= n; i++)
+        whole += outcome(i);
+    return whole;
+}
+
 static int metric(int port, const char *name)
 {
     return metric_port(port, name);
@@ -175,16 +192,7 @@ Test(fault, a_prefill_instance_killed_under_load)
             usleep(2000);
     }
     cr_assert(busy, "p1 never got work");
-    kill(p1, SIGKILL);
-    waitpid(p1, NULL, 0);
-    pids[0] = -1;
-    char sink[64];
-    while (fgets(sink, sizeof sink, l))
-        ;
-    pclose(l);
-    int whole = 0;
-    for (int i = 1; i <= 24; i++)
-        whole += outcome(i);
+    int whole = kill_then_finish(0, l, 24);
     /* the requests p1 held were retried on p2 (or their KV recomputed on d) */
     cr_assert_eq(whole, 24, "%d of 24 streams whole", whole);
     cr_assert_gt(metric(pd_proxy_port(X), "pdmoe_proxy_retries_total") + metric(dport, "pdmoe_kv_recomputes_total"), 0);
@@ -217,16 +225,7 @@ Test(fault, a_decode_instance_killed_leaves_leases_that_expire)
     FILE *l = load(8, 200);
     for (int i = 0; i < 500 && metric(dport, "pdmoe_num_requests_running") == 0; i++)
         usleep(2000);
-    kill(d, SIGKILL);
-    waitpid(d, NULL, 0);
-    pids[1] = -1;
-    char sink[64];
-    while (fgets(sink, sizeof sink, l))
-        ;
-    pclose(l);
-    int whole = 0;
-    for (int i = 1; i <= 8; i++)
-        whole += outcome(i);
+    int whole = kill_then_finish(1, l, 8);
     cr_assert_lt(whole, 8, "the decode instance died, yet every stream was whole");
     /* the prefill instance's leases expire: every block comes back */
     for (int i = 0; i < 200 && metric(pport, "pdmoe_kv_leases") > 0; i++)
