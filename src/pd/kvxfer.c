@@ -1321,6 +1321,10 @@ enum pd_kvx_state pd_kvx_wait(struct pd_kvx *x, struct pd_kvx_xfer *t, int timeo
     pthread_mutex_lock(&x->mu);
     for (;;) {
         int n = progress_locked(x);
+        /* what this thread progressed may be what another one sleeps for (the server's idle
+         * thread and a pull share the worker): wake them to look */
+        if (n > 0 && x->sleepers)
+            ucp_worker_signal(x->w);
         if (t ? is_final(t->state) : n > 0)
             break;
         int64_t now = pd_now_ns();

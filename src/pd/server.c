@@ -958,14 +958,15 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
                                  .lease_ms = s->o.kv_lease_ms, .timeout_ms = s->o.kv_timeout_ms};
         if ((rc = pd_kvx_create(&ko, &s->kvx, e)))
             goto fail;
-        /* both sides progress their worker when idle: a producer answers pulls; a consumer
-         * drains its peers' keepalives (an unprogressed shared-memory FIFO fills, and then the
-         * producer's worker never goes idle) */
-        if (pthread_create(&s->kvx_thread, NULL, kvx_loop, s)) {
-            rc = pd_err_set(e, PD_ENOMEM, "server: cannot start the KV transfer thread");
-            goto fail;
+        /* a producer progresses its worker when idle, to answer pulls (a consumer progresses
+         * its own while it pulls) */
+        if (s->o.role == PD_ROLE_PRODUCER) {
+            if (pthread_create(&s->kvx_thread, NULL, kvx_loop, s)) {
+                rc = pd_err_set(e, PD_ENOMEM, "server: cannot start the KV transfer thread");
+                goto fail;
+            }
+            s->kvx_thread_started = 1;
         }
-        s->kvx_thread_started = 1;
     }
     evthread_use_pthreads();
     /* a client that disconnects must not kill the server with SIGPIPE */
