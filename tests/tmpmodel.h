@@ -1,9 +1,13 @@
-/* Test helper: a synthetic checkpoint in a fresh temporary directory, and its removal. */
+/* Test helpers: a synthetic checkpoint in a fresh temporary directory, and removing such a
+ * directory. */
 #ifndef PD_TESTS_TMPMODEL_H
 #define PD_TESTS_TMPMODEL_H
 
 #include <criterion/criterion.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "engine/genmodel.h"
@@ -17,15 +21,23 @@ static inline void tmp_model(const char *preset, int seed, char *dir, size_t n)
     cr_assert_eq(pd_genmodel(preset, dir, (uint64_t)seed, &e), 0, "%s", e.msg);
 }
 
+/* Removes dir and the files directly in it (test directories hold no subdirectories). */
+static inline void rm_flat_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+            unlinkat(dirfd(d), de->d_name, 0);
+    closedir(d);
+    rmdir(dir);
+}
+
 static inline void rm_model(const char *dir)
 {
-    char p[160];
-    const char *f[] = {"model.safetensors", "config.json", "tokenizer.json"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, f[i]);
-        unlink(p);
-    }
-    rmdir(dir);
+    rm_flat_dir(dir);
 }
 
 #endif

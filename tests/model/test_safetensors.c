@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../tmpmodel.h"
 #include "model/safetensors.h"
 
 static char dir[] = "/tmp/pd_st_test_XXXXXX";
@@ -18,19 +19,10 @@ static void setup(void)
     cr_assert_not_null(mkdtemp(dir));
 }
 
-/* Every test writes its files directly in dir, so one level of unlink is enough. */
+/* Every test writes its files directly in dir. */
 static void teardown(void)
 {
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
-            unlinkat(dirfd(d), de->d_name, 0);
-    }
-    closedir(d);
-    rmdir(dir);
+    rm_flat_dir(dir);
 }
 
 TestSuite(safetensors, .init = setup, .fini = teardown);

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../tmpmodel.h"
 #include "model/tokenizer.h"
 
 static char dir[] = "/tmp/pd_tok_test_XXXXXX";
@@ -21,18 +22,10 @@ static void setup(void)
     cr_assert_not_null(mkdtemp(dir));
 }
 
+/* Every test writes its files directly in dir. */
 static void teardown(void)
 {
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
-            unlinkat(dirfd(d), de->d_name, 0);
-    }
-    closedir(d);
-    rmdir(dir);
+    rm_flat_dir(dir);
 }
 
 TestSuite(tokenizer, .init = setup, .fini = teardown);

@@ -43,9 +43,7 @@ static void teardown(void)
             kill(pids[i], SIGKILL);
             waitpid(pids[i], NULL, 0);
         }
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", logs);
-    system(cmd);
+    rm_flat_dir(logs);
     rm_model(dir);
 }
 
