@@ -728,9 +728,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     pd_err e;
     if (pd_tok_encode(s->tok, text, strlen(text), &ids, &n, &e)) {
         send_error(s, h, 400, "invalid_request_error", chat ? "messages" : "prompt", "%s", e.msg);
-        free(r);
-        r = NULL;
-        goto out;
+        goto reject;
     }
     r->prompt = malloc((n + 1) * sizeof *r->prompt);
     if (s->bos >= 0)
@@ -743,10 +741,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
         send_error(s, h, 400, "invalid_request_error", "max_tokens",
                    "this model's maximum context length is %d tokens; the prompt has %d and max_tokens asks for %lld",
                    s->o.max_model_len, r->n_prompt, (long long)max_tokens);
-        free(r->prompt);
-        free(r);
-        r = NULL;
-        goto out;
+        goto reject;
     }
     /* a request the pool could never hold is refused now rather than left waiting */
     int need = pd_kvpool_blocks_for(&s->en.kv, r->n_prompt + max_tokens);
@@ -754,10 +749,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
         send_error(s, h, 400, "invalid_request_error", "max_tokens",
                    "the prompt (%d tokens) and max_tokens (%lld) need %d KV blocks; this server's pool has %d",
                    r->n_prompt, (long long)max_tokens, need, s->en.kv.n_blocks);
-        free(r->prompt);
-        free(r);
-        r = NULL;
-        goto out;
+        goto reject;
     }
     r->max_tokens = (int)max_tokens;
     r->forced_first = -1;
@@ -765,19 +757,13 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     if (kv && !json_is_null(kv)) {
         if (!json_is_object(kv)) {
             send_error(s, h, 400, "invalid_request_error", "kv_transfer_params", "\"kv_transfer_params\" must be an object");
-            free(r->prompt);
-            free(r);
-            r = NULL;
-            goto out;
+            goto reject;
         }
         if (json_is_true(json_object_get(kv, "do_remote_decode"))) {
             if (s->o.role != PD_ROLE_PRODUCER) {
                 send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
                            "do_remote_decode asks a prefill (kv_producer) instance; this one is not");
-                free(r->prompt);
-                free(r);
-                r = NULL;
-                goto out;
+                goto reject;
             }
             r->remote_decode = 1;
         }
@@ -791,10 +777,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
                 send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
                            s->o.role != PD_ROLE_CONSUMER ? "do_remote_prefill asks a decode (kv_consumer) instance; this one is not"
                            : "do_remote_prefill needs remote_host, remote_port, remote_request_id, remote_num_tokens and last_token_id");
-                free(r->prompt);
-                free(r);
-                r = NULL;
-                goto out;
+                goto reject;
             }
             r->remote_prefill = 1;
             snprintf(r->remote_host, sizeof r->remote_host, "%s", host);
@@ -844,6 +827,10 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
         evhttp_add_header(hd, "Cache-Control", "no-cache");
         evhttp_send_reply_start(h, 200, "OK");
     }
+    goto out;
+reject:   /* refused after r was allocated: nothing else holds it yet */
+    free(r->prompt);
+    free(r);
 out:
     free(text);
     json_decref(j);
