@@ -1,5 +1,6 @@
 /* Numeric flag values, with errors that name the flag. */
 #include "cli/cli.h"
+#include "core/units.h"
 
 #include <errno.h>
 #include <math.h>
@@ -45,5 +46,83 @@ int pd_cli_double(const char *flag, const char *s, double *out)
         return -1;
     }
     *out = v;
+    return 0;
+}
+
+int pd_cli_model_flag(const char *name, const char *val, struct pd_plan_opts *o, int *units)
+{
+    if (strcmp(name, "model") == 0) {
+        o->model = val;
+    } else if (strcmp(name, "hardware") == 0) {
+        o->hardware = val;
+    } else if (strcmp(name, "gpu-memory-utilization") == 0) {
+        if (pd_cli_double("--gpu-memory-utilization", val, &o->util))
+            return -1;
+    } else if (strcmp(name, "max-model-len") == 0) {
+        if (pd_cli_int("--max-model-len", val, 1, &o->max_model_len))
+            return -1;
+    } else if (strcmp(name, "max-num-batched-tokens") == 0) {
+        if (pd_cli_int("--max-num-batched-tokens", val, 1, &o->max_num_batched_tokens))
+            return -1;
+    } else if (strcmp(name, "max-num-seqs") == 0) {
+        if (pd_cli_int("--max-num-seqs", val, 1, &o->max_num_seqs))
+            return -1;
+    } else if (strcmp(name, "quant") == 0) {
+        o->quant = val;
+    } else if (strcmp(name, "quant-override") == 0) {
+        o->quant_override = val;
+    } else if (strcmp(name, "kv-cache-dtype") == 0) {
+        if (pd_kv_parse_dtype(val, &o->kv_dtype)) {
+            fprintf(stderr, "pdmoe: --kv-cache-dtype %s: expected fp8 or bf16\n", val);
+            return -1;
+        }
+    } else if (strcmp(name, "kv-bytes-per-token") == 0) {
+        if (pd_cli_int("--kv-bytes-per-token", val, 1, &o->kv_bytes_per_token))
+            return -1;
+    } else if (strcmp(name, "mtp") == 0) {
+        if (strcmp(val, "on") && strcmp(val, "off")) {
+            fprintf(stderr, "pdmoe: --mtp %s: expected on or off\n", val);
+            return -1;
+        }
+        o->mtp = strcmp(val, "on") == 0;
+    } else if (strcmp(name, "units") == 0) {
+        if (strcmp(val, "gb") == 0 || strcmp(val, "GB") == 0)
+            *units = PD_UNITS_GB;
+        else if (strcmp(val, "gib") == 0 || strcmp(val, "GiB") == 0)
+            *units = PD_UNITS_GIB;
+        else {
+            fprintf(stderr, "pdmoe: --units %s: expected gb (10^9 bytes) or gib (2^30 bytes)\n", val);
+            return -1;
+        }
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+int pd_cli_workload_flag(const char *name, const char *val, struct pd_workload *w)
+{
+    if (strcmp(name, "isl") == 0)
+        return pd_cli_int("--isl", val, 1, &w->isl) ? -1 : 1;
+    if (strcmp(name, "osl") == 0)
+        return pd_cli_int("--osl", val, 1, &w->osl) ? -1 : 1;
+    if (strcmp(name, "request-rate") == 0) {
+        if (pd_cli_double("--request-rate", val, &w->rate))
+            return -1;
+        if (w->rate < 0) {
+            fprintf(stderr, "pdmoe: --request-rate %s: must not be negative\n", val);
+            return -1;
+        }
+        return 1;
+    }
+    if (strcmp(name, "prefix-cache-hit") == 0) {
+        if (pd_cli_double("--prefix-cache-hit", val, &w->cached))
+            return -1;
+        if (!(w->cached >= 0 && w->cached < 1)) {
+            fprintf(stderr, "pdmoe: --prefix-cache-hit %s: must be in [0, 1)\n", val);
+            return -1;
+        }
+        return 1;
+    }
     return 0;
 }

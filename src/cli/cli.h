@@ -4,6 +4,9 @@
 
 #include <stdint.h>
 
+#include "plan/perf.h"
+#include "plan/plan.h"
+
 int pd_cli_plan(int argc, char **argv);
 int pd_cli_bench(int argc, char **argv);
 int pd_cli_genmodel(int argc, char **argv);
@@ -11,10 +14,19 @@ int pd_cli_generate(int argc, char **argv);
 int pd_cli_serve(int argc, char **argv);
 int pd_cli_proxy(int argc, char **argv);
 int pd_cli_up(int argc, char **argv);
+int pd_cli_validate(int argc, char **argv);
 
 /* Parses an integer flag value: digits with an optional k (x1000) or K (x1024) suffix, as
  * vLLM reads --max-model-len. Prints "pdmoe: --flag VALUE: ..." and returns -1 on error. */
 int pd_cli_int(const char *flag, const char *s, int64_t min, int64_t *out);
 int pd_cli_double(const char *flag, const char *s, double *out);
+
+/* Flags `plan`, `search` and `calibrate` share, by long name without "--": returns 1 when the
+ * flag was one of them and is applied, 0 when it is not one of them, -1 after printing an
+ * error. Model/memory flags: model, hardware, gpu-memory-utilization, max-model-len,
+ * max-num-batched-tokens, max-num-seqs, quant, quant-override, kv-cache-dtype,
+ * kv-bytes-per-token, mtp, units. Workload flags: isl, osl, request-rate, prefix-cache-hit. */
+int pd_cli_model_flag(const char *name, const char *val, struct pd_plan_opts *o, int *units);
+int pd_cli_workload_flag(const char *name, const char *val, struct pd_workload *w);
 
 #endif

@@ -24,6 +24,34 @@ static int link_parse(const char *file, json_t *links, const char *key, struct p
     return 0;
 }
 
+/* Every factor is required and must have a source string: no hidden constants. */
+static int efficiency_parse(const char *file, json_t *root, struct pd_efficiency *f, pd_err *e)
+{
+    json_t *o = json_object_get(root, "efficiency");
+    if (!json_is_object(o))
+        return pd_err_set(e, PD_EINVAL, "%s: missing required field \"efficiency\" (an object)", file);
+    json_t *src = json_object_get(json_object_get(root, "sources"), "efficiency");
+    const struct { const char *key; double *dst, min, max; } f8[] = {
+        {"gemm", &f->gemm, 1e-3, 1}, {"memory", &f->memory, 1e-3, 1}, {"attention", &f->attention, 1e-3, 1},
+        {"a2a_intra", &f->a2a_intra, 1e-3, 1}, {"a2a_inter", &f->a2a_inter, 1e-3, 1},
+        {"a2a_latency_s", &f->a2a_latency_s, 0, 1},
+        {"imbalance_prefill", &f->imbalance[0], 1, 64}, {"imbalance_decode", &f->imbalance[1], 1, 64},
+        {"overlap_prefill", &f->overlap[0], 0, 1}, {"overlap_decode", &f->overlap[1], 0, 1},
+        {"step_prefill_s", &f->step_s[0], 0, 10}, {"step_decode_s", &f->step_s[1], 0, 10},
+        {"token_layer_s", &f->token_layer_s, 0, 1}, {"mtp_acceptance", &f->mtp_acceptance, 0, 1},
+    };
+    struct pd_jsrc s = {file, "efficiency."};
+    for (size_t i = 0; i < sizeof f8 / sizeof f8[0]; i++) {
+        int rc = pd_json_num(&s, o, f8[i].key, 1, 0, f8[i].min, f8[i].max, f8[i].dst, e);
+        if (rc)
+            return rc;
+        if (!json_is_string(json_object_get(src, f8[i].key)))
+            return pd_err_set(e, PD_EINVAL, "%s: field \"sources.efficiency.%s\": every efficiency factor needs its source",
+                              file, f8[i].key);
+    }
+    return 0;
+}
+
 int pd_hardware_parse(const char *text, const char *label, struct pd_hardware *h, pd_err *e)
 {
     memset(h, 0, sizeof *h);
@@ -73,7 +101,7 @@ int pd_hardware_parse(const char *text, const char *label, struct pd_hardware *h
         goto out;
     h->runtime_prefill_bytes = (int64_t)p;
     h->runtime_decode_bytes = (int64_t)d;
-    rc = 0;
+    rc = efficiency_parse(label, root, &h->eff, e);
 out:
     json_decref(root);
     return rc;

@@ -14,6 +14,23 @@ struct pd_link {
     double latency_s;       /* fixed cost per transfer */
 };
 
+/* Efficiency factors of the performance model (src/plan/perf.h): what fraction of a peak the
+ * real kernels reach, and the costs a roofline does not see. Each has its source in the
+ * hardware file's "sources.efficiency" object; `pdmoe calibrate` measures them for a CPU. */
+struct pd_efficiency {
+    double gemm;            /* fraction of the dtype's peak a large GEMM reaches */
+    double memory;          /* fraction of memory bandwidth a weight or KV stream reaches */
+    double attention;       /* fraction of the bf16 peak attention's arithmetic reaches */
+    double a2a_intra;       /* fraction of the intra-node link expert dispatch/combine reaches */
+    double a2a_inter;       /* the same over the inter-node RDMA link */
+    double a2a_latency_s;   /* fixed cost of one dispatch or one combine */
+    double imbalance[2];    /* busiest rank's expert load / mean, prefill and decode */
+    double overlap[2];      /* fraction of communication hidden behind compute, per role */
+    double step_s[2];       /* fixed cost of one forward step (scheduling, launches), per role */
+    double token_layer_s;   /* per token and layer: the non-GEMM kernels (norms, rope, mHC) */
+    double mtp_acceptance;  /* probability the MTP draft token is accepted */
+};
+
 struct pd_hardware {
     char name[64];
     char source[256];
@@ -24,6 +41,7 @@ struct pd_hardware {
     double mem_bw_Bps, bf16_flops, int8_ops, fp8_flops;
     struct pd_link intra, rdma, tcp;
     int64_t runtime_prefill_bytes, runtime_decode_bytes;
+    struct pd_efficiency eff;
 };
 
 int pd_hardware_load(const char *spec, struct pd_hardware *h, pd_err *e);

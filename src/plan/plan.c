@@ -79,7 +79,7 @@ static void activation(const struct pd_plan *p, enum pd_role r, int tp, struct p
     a->total = a->residual + a->working + (a->attention > a->moe ? a->attention : a->moe) + a->indexer + a->logits;
 }
 
-static int role_eval(struct pd_plan *p, enum pd_role r, const struct pd_role_opts *o,
+int pd_plan_role_eval(const struct pd_plan *p, enum pd_role r, const struct pd_role_opts *o,
                      struct pd_role_plan *rp, pd_err *e)
 {
     memset(rp, 0, sizeof *rp);
@@ -176,7 +176,7 @@ static int sweep(struct pd_plan *p, pd_err *e)
                                      .redundant = base->redundant};
             struct pd_role_plan rp;
             pd_err ignore;
-            if (role_eval(p, (enum pd_role)r, &o, &rp, &ignore)) {
+            if (pd_plan_role_eval(p, (enum pd_role)r, &o, &rp, &ignore)) {
                 row->verdict = PD_V_NOT_DIVISIBLE;
                 continue;
             }
@@ -265,7 +265,7 @@ int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e)
         goto fail;
     }
     for (int r = 0; r < 2; r++)
-        if ((rc = role_eval(p, (enum pd_role)r, &o->role[r], &p->role[r], e))) {
+        if ((rc = pd_plan_role_eval(p, (enum pd_role)r, &o->role[r], &p->role[r], e))) {
             pd_err_prefix(e, "--%s: ", pd_role_name((enum pd_role)r));
             goto fail;
         }

@@ -119,6 +119,10 @@ struct pd_plan {
 void pd_plan_opts_default(struct pd_plan_opts *o);
 int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e);
 void pd_plan_free(struct pd_plan *p);
+/* One role's placement and budget for layout o on a built plan (its model, hardware, memory
+ * options); the caller frees rp->place. */
+int pd_plan_role_eval(const struct pd_plan *p, enum pd_role r, const struct pd_role_opts *o,
+                      struct pd_role_plan *rp, pd_err *e);
 
 const char *pd_role_name(enum pd_role r);
 const char *pd_verdict_text(enum pd_verdict v);

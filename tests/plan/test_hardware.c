@@ -1,8 +1,10 @@
 /* Hardware files: presets load with their figures; a bad file names the field. */
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "model/config.h"
 #include "plan/hardware.h"
 
 Test(hardware, presets)
@@ -50,4 +52,39 @@ Test(hardware, bad_files)
         "\"intra_node\":{\"name\":\"a\",\"bandwidth_Bps\":1e9,\"latency_s\":0},"
         "\"inter_node_rdma\":{\"name\":\"a\",\"bandwidth_Bps\":\"fast\",\"latency_s\":0}}}",
         "\"links.inter_node_rdma.bandwidth_Bps\": expected a number");
+}
+
+/* Efficiency factors: required, in range, and each with its source (no hidden constants). */
+static char *edit(const char *from, const char *to)
+{
+    const char *text = pd_embedded_find("hardware/h800.json");
+    cr_assert(text);
+    const char *at = strstr(text, from);
+    cr_assert(at, "\"%s\" not in h800.json", from);
+    char *out = malloc(strlen(text) + strlen(to) + 1);
+    memcpy(out, text, (size_t)(at - text));
+    strcpy(out + (at - text), to);
+    strcat(out, at + strlen(from));
+    return out;
+}
+
+Test(hardware, efficiency_factors)
+{
+    struct pd_hardware h;
+    pd_err e = {0};
+    cr_assert_eq(pd_hardware_load("h800", &h, &e), 0, "%s", e.msg);
+    cr_assert_float_eq(h.eff.gemm, 0.78, 1e-12);
+    cr_assert_float_eq(h.eff.mtp_acceptance, 0.85, 1e-12);
+    char *t = edit("\"efficiency\": {\n    \"gemm\"", "\"efficiencies\": {\n    \"gemm\"");
+    bad(t, "missing required field \"efficiency\"");
+    free(t);
+    t = edit("\"gemm\": \"DeepGEMM", "\"gemm_\": \"DeepGEMM");
+    bad(t, "\"sources.efficiency.gemm\": every efficiency factor needs its source");
+    free(t);
+    t = edit("\"memory\": 0.9,", "\"memory\": 1.5,");
+    bad(t, "\"efficiency.memory\": 1.5 is out of range");
+    free(t);
+    t = edit("\"imbalance_decode\": 1.2,", "");
+    bad(t, "missing required field \"efficiency.imbalance_decode\"");
+    free(t);
 }

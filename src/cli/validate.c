@@ -1,0 +1,67 @@
+/* `pdmoe validate`: the performance model against published deployments. */
+#include "cli/cli.h"
+#include "model/config.h"
+#include "plan/validate.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *help =
+    "usage: pdmoe validate [--cases FILE]\n"
+    "Predicts each published deployment of validation/published.json (or FILE) with the performance\n"
+    "model and prints a Markdown table: published figure, prediction, error, binding resource.\n"
+    "Exit status 0 when every case not declared a known miss is within 25%, 1 otherwise.\n";
+
+int pd_cli_validate(int argc, char **argv)
+{
+    const char *file = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0) {
+            fputs(help, stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--cases") == 0 && i + 1 < argc) {
+            file = argv[++i];
+        } else {
+            fprintf(stderr, "pdmoe validate: unknown option %s (see pdmoe validate --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    pd_err e = {0};
+    char *owned = NULL;
+    const char *text = NULL, *label = file ? file : "validation/published.json";
+    if (file) {
+        FILE *f = fopen(file, "rb");
+        if (!f) {
+            fprintf(stderr, "pdmoe validate: %s: cannot open\n", file);
+            return 1;
+        }
+        owned = malloc(1 << 20);
+        size_t n = owned ? fread(owned, 1, (1 << 20) - 1, f) : 0;
+        fclose(f);
+        if (!owned) {
+            fprintf(stderr, "pdmoe validate: out of memory\n");
+            return 1;
+        }
+        owned[n] = 0;
+        text = owned;
+    } else {
+        text = pd_embedded_find(label);
+    }
+    struct pd_valcase *c;
+    int n, rc = pd_validate_run(text, label, &c, &n, &e);
+    free(owned);
+    if (rc) {
+        fprintf(stderr, "pdmoe validate: %s\n", e.msg);
+        return 1;
+    }
+    char *md = pd_validate_markdown(c, n);
+    int worst = 0;
+    for (int i = 0; i < n; i++)
+        worst |= !c[i].known_miss[0] && (c[i].error > 0.25 || c[i].error < -0.25);
+    if (md)
+        fputs(md, stdout);
+    free(md);
+    free(c);
+    return md ? worst : 1;
+}

@@ -1,0 +1,403 @@
+/* The performance model (perf.h): a step's cost term by term, then TTFT, TPOT and
+ * rate-matched throughput for a workload. docs/perf-model.md derives each formula. */
+#include "plan/perf.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *pd_bound_name(enum pd_bound b)
+{
+    switch (b) {
+    case PD_BOUND_COMPUTE: return "compute";
+    case PD_BOUND_MEMORY: return "memory bandwidth";
+    case PD_BOUND_LINK: return "link";
+    case PD_BOUND_OVERHEAD: return "per-step overhead";
+    case PD_BOUND_CAPACITY: return "memory capacity";
+    }
+    return "?";
+}
+
+void pd_workload_default(struct pd_workload *w)
+{
+    memset(w, 0, sizeof *w);
+    w->isl = 4096;
+    w->osl = 1024;
+}
+
+/* Peak arithmetic rate for weights stored in format f: the card's int8, fp8 or bf16 units;
+ * formats the card has no units for are dequantised to bf16 (fp4 on fp8 hardware: fp8). */
+static double peak_for(const struct pd_hardware *h, enum pd_fmt f)
+{
+    double bf = h->bf16_flops > 0 ? h->bf16_flops : h->int8_ops;
+    switch (f) {
+    case PD_FMT_W8A8: return h->int8_ops > 0 ? h->int8_ops : bf;
+    case PD_FMT_FP8:
+    case PD_FMT_FP4: return h->fp8_flops > 0 ? h->fp8_flops : bf;
+    default: return bf;
+    }
+}
+
+static enum pd_fmt group_fmt(const struct pd_plan *p, enum pd_group g)
+{
+    if (p->inv.from_checkpoint)
+        return PD_FMT_BF16;
+    if (p->quant.group_fmt[g] != PD_FMT_NONE)
+        return p->quant.group_fmt[g];
+    switch (g) {
+    case PD_G_ATTENTION: case PD_G_SHARED_EXPERT: case PD_G_DENSE_FFN: case PD_G_MTP: case PD_G_ROUTED_EXPERTS:
+        return p->quant.linear;
+    default:
+        return PD_FMT_BF16;
+    }
+}
+
+/* One weight group on the roofline: adds its time to the compute or the memory part. */
+static void roofline(const struct pd_plan *p, double flops, double bytes, enum pd_fmt f, struct pd_step *s)
+{
+    const struct pd_efficiency *x = &p->hw.eff;
+    double tc = flops / (peak_for(&p->hw, f) * x->gemm), tm = bytes / (p->hw.mem_bw_Bps * x->memory);
+    if (tc >= tm)
+        s->gemm_compute_s += tc;
+    else
+        s->gemm_memory_s += tm;
+    s->flops += flops;
+    s->bytes += bytes;
+}
+
+/* Attention of one layer for one query at 0-based position `pos`: entries attended and
+ * arithmetic; `kv` gets the bytes a sequence at that position reads once per step. */
+static void attn_token(const struct pd_plan *p, enum pd_role r, int ratio, double pos, double *flops, double *kv)
+{
+    const struct pd_model *m = &p->model;
+    const struct pd_kv_size *k = &p->kv;
+    double n = pos + 1;
+    if (ratio < 0) {                         /* MLA: decode absorbs W_UK/W_UV, prefill expands */
+        *kv = n * (double)k->entry_bytes;
+        *flops = r == PD_ROLE_DECODE
+                     ? 2.0 * m->n_heads * n * (2.0 * m->kv_lora_rank + m->qk_rope_head_dim)
+                     : 2.0 * m->n_heads * n * (m->qk_nope_head_dim + m->qk_rope_head_dim + m->v_head_dim);
+        return;
+    }
+    double win = n < k->window ? n : (double)k->window, att = win, idx = 0;
+    double bytes = win * (double)k->entry_bytes;
+    if (ratio > 0) {
+        double nc = floor(n / ratio);
+        double sel = ratio == 4 && m->index_topk > 0 && nc > m->index_topk ? m->index_topk : nc;
+        att += sel;
+        bytes += sel * (double)k->entry_bytes;
+        if (ratio == 4) {
+            idx = 2.0 * m->index_n_heads * m->index_head_dim * nc;
+            bytes += nc * (double)k->index_key_bytes;
+        }
+    }
+    *kv = bytes;
+    *flops = 4.0 * m->n_heads * m->head_dim * att + idx;   /* QK and PV over one K=V latent */
+}
+
+/* Attention over all layers for `seqs` sequences adding `tokens` each after `ctx`: the
+ * positions are sampled at the midpoints of up to 16 equal slices (exact for <= 16 tokens). */
+static void attention(const struct pd_plan *p, enum pd_role r, int64_t seqs, int64_t tokens, int64_t ctx,
+                      int tp, struct pd_step *s)
+{
+    double flops = 0, kv = 0;
+    int slices = tokens < 16 ? (int)tokens : 16;
+    for (int l = 0; l < p->kv.n; l++) {
+        int dup = 0;
+        for (int j = 0; j < l && !dup; j++)
+            dup = p->kv.ratio[j] == p->kv.ratio[l];
+        if (dup)
+            continue;
+        int same = 0;
+        for (int j = l; j < p->kv.n; j++)
+            same += p->kv.ratio[j] == p->kv.ratio[l];
+        double f = 0, b = 0;
+        for (int i = 0; i < slices; i++) {
+            double pos = ctx + ((double)i + 0.5) * (double)tokens / slices - 0.5, ft, bt;
+            attn_token(p, r, p->kv.ratio[l], pos, &ft, &bt);
+            f += ft * (double)tokens / slices;
+        }
+        double ft;
+        attn_token(p, r, p->kv.ratio[l], (double)(ctx + tokens - 1), &ft, &b);
+        flops += same * f;
+        kv += same * b;     /* the cache is read once per step, whatever the tokens */
+    }
+    flops *= (double)seqs / tp;
+    kv *= (double)seqs / tp;
+    const struct pd_efficiency *x = &p->hw.eff;
+    double tc = flops / (p->hw.bf16_flops * x->attention), tm = kv / (p->hw.mem_bw_Bps * x->memory);
+    s->attn_s = tc > tm ? tc : tm;
+    s->attn_memory_s = tm >= tc ? tm : 0;
+    s->flops += flops;
+    s->bytes += kv;
+}
+
+/* Expert dispatch + combine of one DP rank's tokens, per MoE layer, plus TP all-reduces.
+ * Prefill uses node-deduplicated sends (one copy per remote node, forwarded inside it, as
+ * DeepEP's normal kernels do); decode sends one copy per destination rank (low-latency
+ * kernels). Each token reaches ep * (1 - (1 - 1/ep)^k) distinct ranks on average. */
+static double a2a(const struct pd_plan *p, enum pd_role r, const struct pd_role_plan *rp, double tokens)
+{
+    const struct pd_model *m = &p->model;
+    const struct pd_efficiency *x = &p->hw.eff;
+    const int ep = rp->ep, tp = rp->o.tp, cpn = p->hw.cards_per_node;
+    double t = 0, H = (double)m->hidden_size, k = m->n_experts_per_tok;
+    if (tp > 1)   /* ring all-reduce of the attention and FFN outputs, bf16, every layer */
+        t += 2.0 * m->n_layers * (2.0 * (tp - 1) / tp * tokens * H * 2) / (p->hw.intra.bandwidth_Bps * x->a2a_intra);
+    if (ep <= 1 || p->inv.n_moe_layers == 0)
+        return t;
+    enum pd_fmt f = group_fmt(p, PD_G_ROUTED_EXPERTS);
+    double disp = f == PD_FMT_BF16 || f == PD_FMT_F32 ? 2 * H : H + 4 * ceil(H / 128);
+    double comb = 2 * H, per = disp + comb;
+    double tok = tokens / tp;                         /* each TP rank sends its share */
+    double ranks = ep * (1 - pow(1 - 1.0 / ep, k));   /* distinct ranks a token reaches */
+    double remote = ranks * (ep - 1) / ep;            /* ... other than its own */
+    int nodes = (ep + cpn - 1) / cpn;
+    double intra = 0, inter = 0;
+    if (nodes <= 1) {
+        intra = tok * remote * per;
+    } else {
+        double local_share = (double)(cpn - 1) / (ep - 1);
+        if (r == PD_ROLE_PREFILL) {
+            /* distinct nodes a token reaches: with group-limited routing (n_group groups spread
+             * evenly over the nodes, topk_group chosen) drawn by group, else by expert */
+            double dn;
+            if (m->topk_group > 0 && m->n_group >= nodes && m->n_group % nodes == 0) {
+                int gpn = m->n_group / nodes;
+                double none = 1;     /* C(n_group - gpn, topk_group) / C(n_group, topk_group) */
+                for (int i = 0; i < m->topk_group; i++)
+                    none *= (double)(m->n_group - gpn - i) / (m->n_group - i);
+                dn = nodes * (1 - (none > 0 ? none : 0));
+            } else {
+                dn = nodes * (1 - pow(1 - 1.0 / nodes, k));
+            }
+            inter = tok * dn * (nodes - 1) / nodes * per;
+            intra = tok * remote * per;                /* forwarding inside the node, local sends */
+        } else {
+            inter = tok * remote * (1 - local_share) * per;
+            intra = tok * remote * local_share * per;
+        }
+    }
+    double ti = intra / (p->hw.intra.bandwidth_Bps * x->a2a_intra);
+    double te = inter / (p->hw.rdma.bandwidth_Bps * x->a2a_inter);
+    double layer = (ti > te ? ti : te) * x->imbalance[r] + 2 * x->a2a_latency_s;
+    return t + layer * p->inv.n_moe_layers;
+}
+
+void pd_perf_step(const struct pd_plan *p, enum pd_role r, int64_t seqs, int64_t tokens, int64_t ctx,
+                  struct pd_step *s)
+{
+    const struct pd_role_plan *rp = &p->role[r];
+    const struct pd_inventory *inv = &p->inv;
+    const struct pd_efficiency *x = &p->hw.eff;
+    const int tp = rp->o.tp;
+    memset(s, 0, sizeof *s);
+    double T = (double)seqs * tokens;
+    s->tokens = seqs * tokens;
+    /* class II groups: every token through each matrix; the head only for sampled rows */
+    for (int g = 0; g < PD_G_COUNT; g++) {
+        if (g == PD_G_ROUTED_EXPERTS)
+            continue;
+        double params = (double)inv->group_params[g][PD_CLASS_II], bytes = (double)inv->group_bytes[g][PD_CLASS_II];
+        if (params <= 0)
+            continue;
+        double split = pd_group_tp_split((enum pd_group)g) ? tp : 1;
+        double rows = g == PD_G_EMBEDDING ? 0 : g == PD_G_LM_HEAD && r == PD_ROLE_PREFILL ? (double)seqs : T;
+        if (g == PD_G_EMBEDDING)
+            bytes = T * (double)p->model.hidden_size * 2;    /* a gather of T rows */
+        roofline(p, 2 * rows * params / split, bytes / split, group_fmt(p, (enum pd_group)g), s);
+    }
+    /* routed experts on the busiest card of the group */
+    if (inv->n_experts > 0 && inv->class_params[PD_CLASS_I] > 0) {
+        double E = inv->n_experts, k = p->model.n_experts_per_tok;
+        double per_expert_params = (double)inv->class_params[PD_CLASS_I] / E;
+        double per_expert_bytes = (double)inv->class_bytes[PD_CLASS_I] / E;
+        double pairs = T * k / tp * x->imbalance[r];             /* token-expert pairs on the card */
+        double group_tokens = T * rp->o.dp;
+        double touched = rp->place.slots * (1 - pow(1 - k / E, group_tokens));
+        roofline(p, 2 * pairs * per_expert_params, touched * per_expert_bytes, group_fmt(p, PD_G_ROUTED_EXPERTS), s);
+    }
+    attention(p, r, seqs, tokens, ctx, tp, s);
+    s->a2a_s = a2a(p, r, rp, T);
+    s->overhead_s = x->step_s[r] + x->token_layer_s * T * p->kv.n;
+    double compute = s->gemm_compute_s + s->gemm_memory_s + s->attn_s + s->overhead_s;
+    double hidden = x->overlap[r] * s->a2a_s;
+    s->total_s = compute + s->a2a_s - (hidden < compute ? hidden : compute);
+    double c = s->gemm_compute_s + (s->attn_s - s->attn_memory_s), mem = s->gemm_memory_s + s->attn_memory_s;
+    s->bound = c >= mem && c >= s->a2a_s && c >= s->overhead_s ? PD_BOUND_COMPUTE
+               : mem >= s->a2a_s && mem >= s->overhead_s ? PD_BOUND_MEMORY
+               : s->a2a_s >= s->overhead_s ? PD_BOUND_LINK : PD_BOUND_OVERHEAD;
+}
+
+/* Erlang C: probability an arrival waits in an M/M/c queue with offered load a = lambda*S. */
+static double erlang_c(int c, double a)
+{
+    double term = 1, sum = 1;
+    for (int i = 1; i < c; i++) {
+        term *= a / i;
+        sum += term;
+    }
+    term *= a / c;
+    double last = term * c / (c - a);
+    return last / (sum + last);
+}
+
+static int check_workload(const struct pd_workload *w, pd_err *e)
+{
+    if (w->isl < 1 || w->osl < 1)
+        return pd_err_set(e, PD_EINVAL, "--isl %lld / --osl %lld: both must be at least 1", (long long)w->isl,
+                          (long long)w->osl);
+    if (!(w->cached >= 0 && w->cached < 1))
+        return pd_err_set(e, PD_EINVAL, "prefix cache hit fraction %g: must be in [0, 1)", w->cached);
+    if (w->rate < 0 || w->decode_batch < 0 || w->decode_ctx < 0)
+        return pd_err_set(e, PD_EINVAL, "workload: rate, decode batch and decode context must not be negative");
+    return 0;
+}
+
+void pd_perf_prefill(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f)
+{
+    const struct pd_role_plan *P = &p->role[PD_ROLE_PREFILL];
+    /* the computed part of a prompt in chunks of max-num-batched-tokens */
+    int64_t C = p->o.max_num_batched_tokens, cached = (int64_t)floor((double)w->isl * w->cached);
+    int64_t fresh = w->isl - cached;
+    f->prefill_s = 0;
+    for (int64_t off = cached; off < w->isl; off += C) {
+        struct pd_step s;
+        pd_perf_step(p, PD_ROLE_PREFILL, 1, w->isl - off < C ? w->isl - off : C, off, &s);
+        f->prefill_s += s.total_s;
+    }
+    double rank_tok_s;   /* prompt tokens (cached included) per second of one prefill DP rank */
+    if (fresh <= C) {
+        int64_t seqs = C / fresh;
+        pd_perf_step(p, PD_ROLE_PREFILL, seqs, fresh, cached, &f->prefill_step);
+        rank_tok_s = (double)seqs * w->isl / f->prefill_step.total_s;
+    } else {
+        pd_perf_step(p, PD_ROLE_PREFILL, 1, C, cached, &f->prefill_step);
+        rank_tok_s = (double)w->isl / f->prefill_s;
+    }
+    f->prefill_tok_s_card = rank_tok_s / P->o.tp;
+    f->prefill_req_s = rank_tok_s * P->o.dp * P->o.instances / w->isl;
+    f->prefill_bound = f->prefill_step.bound;
+    f->handoff_s = p->hw.rdma.latency_s + (double)pd_kv_seq_bytes(&p->kv, w->isl) / p->hw.rdma.bandwidth_Bps;
+}
+
+void pd_perf_decode(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f)
+{
+    const struct pd_role_plan *D = &p->role[PD_ROLE_DECODE];
+    /* the batch the KV pool holds at the final context, capped by max-num-seqs */
+    int64_t seq = pd_kv_seq_bytes(&p->kv, w->isl + w->osl);
+    f->batch_cap = D->b.kv_pool > 0 && seq > 0 ? D->b.kv_pool / seq : 0;
+    f->batch = w->decode_batch > 0 ? w->decode_batch
+               : f->batch_cap < p->o.max_num_seqs ? f->batch_cap : p->o.max_num_seqs;
+    int64_t b = f->batch > 0 ? f->batch : 1;
+    int mtp = p->include_mtp ? 1 : 0;
+    int64_t ctx = w->decode_ctx > 0 ? w->decode_ctx : w->isl + w->osl / 2;
+    pd_perf_step(p, PD_ROLE_DECODE, b, 1 + mtp, ctx, &f->decode_step);
+    f->tokens_per_step = 1 + mtp * p->hw.eff.mtp_acceptance;
+    f->tpot_s = f->decode_step.total_s / f->tokens_per_step;
+    f->user_tok_s = 1 / f->tpot_s;
+    double rank_out = (double)b * f->tokens_per_step / f->decode_step.total_s;
+    f->decode_tok_s_card = rank_out / D->o.tp;
+    f->decode_req_s = rank_out * D->o.dp * D->o.instances / w->osl;
+    f->decode_bound = f->batch > 0 && f->batch == f->batch_cap && f->batch < p->o.max_num_seqs && !w->decode_batch
+                          ? PD_BOUND_CAPACITY : f->decode_step.bound;
+}
+
+void pd_perf_combine(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f)
+{
+    const struct pd_role_plan *P = &p->role[PD_ROLE_PREFILL], *D = &p->role[PD_ROLE_DECODE];
+    f->w = *w;
+    f->fits = P->b.fits_weights && D->b.fits_weights && P->b.kv_pool >= pd_kv_seq_bytes(&p->kv, w->isl) &&
+              f->batch >= 1 && f->batch <= f->batch_cap;
+    f->ttft_s = f->prefill_s + f->handoff_s + f->decode_step.total_s;
+    f->req_s = f->prefill_req_s < f->decode_req_s ? f->prefill_req_s : f->decode_req_s;
+    int cards = P->cards + D->cards;
+    f->tok_s_card = cards > 0 ? f->req_s * w->osl / cards : 0;
+    /* queueing before prefill: M/D/c (half the M/M/c wait, Allen-Cunneen with cs = 0) */
+    f->ttft_rate_s = f->ttft_s;
+    if (w->rate > 0) {
+        int c = P->o.dp * P->o.instances;
+        double S = f->prefill_s, a = w->rate * S;
+        f->ttft_rate_s = a >= c ? INFINITY : f->ttft_s + 0.5 * erlang_c(c, a) / (c / S - w->rate);
+    }
+}
+
+int pd_perf_eval(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f, pd_err *e)
+{
+    memset(f, 0, sizeof *f);
+    int rc = check_workload(w, e);
+    if (rc)
+        return rc;
+    pd_perf_prefill(p, w, f);
+    pd_perf_decode(p, w, f);
+    pd_perf_combine(p, w, f);
+    return 0;
+}
+
+static void step_text(FILE *o, const char *name, const struct pd_step *s)
+{
+    fprintf(o, "  %-8s %7lld %10.3f %10.3f %10.3f %10.3f %10.3f %10.3f  %s\n", name, (long long)s->tokens,
+            s->gemm_compute_s * 1e3, s->gemm_memory_s * 1e3, s->attn_s * 1e3, s->a2a_s * 1e3, s->overhead_s * 1e3,
+            s->total_s * 1e3, pd_bound_name(s->bound));
+}
+
+char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *o = open_memstream(&buf, &n);
+    if (!o)
+        return NULL;
+    const struct pd_role_plan *P = &p->role[PD_ROLE_PREFILL], *D = &p->role[PD_ROLE_DECODE];
+    fprintf(o, "Performance (isl %lld, osl %lld tokens%s; efficiency factors from %s, docs/perf-model.md)\n",
+            (long long)f->w.isl, (long long)f->w.osl, f->w.cached > 0 ? ", prefix-cached share given" : "",
+            p->hw.source);
+    fprintf(o, "  one step of one DP rank, ms:\n");
+    fprintf(o, "  %-8s %7s %10s %10s %10s %10s %10s %10s  %s\n", "role", "tokens", "gemm-comp", "gemm-mem",
+            "attention", "a2a", "overhead", "total", "bound");
+    step_text(o, "prefill", &f->prefill_step);
+    step_text(o, "decode", &f->decode_step);
+    fprintf(o, "  TTFT            %10.1f ms  = prefill %.1f ms + KV hand-off %.1f ms (%s) + first decode step %.1f ms\n",
+            f->ttft_s * 1e3, f->prefill_s * 1e3, f->handoff_s * 1e3, p->hw.rdma.name, f->decode_step.total_s * 1e3);
+    if (f->w.rate > 0)
+        fprintf(o, "  TTFT at %.2f req/s %10.1f ms (queueing for %d prefill DP ranks)\n", f->w.rate,
+                f->ttft_rate_s * 1e3, P->o.dp * P->o.instances);
+    fprintf(o, "  TPOT            %10.2f ms  (%.1f tokens/s per user; batch %lld per DP rank, KV room for %lld; "
+               "%.2f tokens per step)\n",
+            f->tpot_s * 1e3, f->user_tok_s, (long long)f->batch, (long long)f->batch_cap, f->tokens_per_step);
+    fprintf(o, "  prefill         %10.0f input tokens/s per card, %.0f per node; %.2f requests/s in all (%s)\n",
+            f->prefill_tok_s_card, f->prefill_tok_s_card * p->hw.cards_per_node, f->prefill_req_s,
+            pd_bound_name(f->prefill_bound));
+    fprintf(o, "  decode          %10.0f output tokens/s per card, %.0f per node; %.2f requests/s in all (%s)\n",
+            f->decode_tok_s_card, f->decode_tok_s_card * p->hw.cards_per_node, f->decode_req_s,
+            pd_bound_name(f->decode_bound));
+    fprintf(o, "  rate-matched    %10.2f requests/s, %.0f output tokens/s per card over %d cards (%s limits)%s\n",
+            f->req_s, f->tok_s_card, P->cards + D->cards, f->prefill_req_s < f->decode_req_s ? "prefill" : "decode",
+            f->fits ? "" : "; DOES NOT FIT");
+    fclose(o);
+    return buf;
+}
+
+static json_t *step_json(const struct pd_step *s)
+{
+    return json_pack("{s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:s}", "tokens", (json_int_t)s->tokens, "gemm_compute_s",
+                     s->gemm_compute_s, "gemm_memory_s", s->gemm_memory_s, "attention_s", s->attn_s, "a2a_s", s->a2a_s,
+                     "overhead_s", s->overhead_s, "total_s", s->total_s, "flops", s->flops, "bytes", s->bytes, "bound",
+                     pd_bound_name(s->bound));
+}
+
+void *pd_perf_json(const struct pd_perf *f)
+{
+    return json_pack("{s:I,s:I,s:f,s:f,s:o,s:o,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:s,s:b}",
+                     "isl", (json_int_t)f->w.isl, "osl", (json_int_t)f->w.osl, "cached", f->w.cached, "rate", f->w.rate,
+                     "prefill_step", step_json(&f->prefill_step), "decode_step", step_json(&f->decode_step),
+                     "prefill_s", f->prefill_s, "handoff_s", f->handoff_s, "ttft_s", f->ttft_s, "ttft_at_rate_s",
+                     isfinite(f->ttft_rate_s) ? f->ttft_rate_s : -1.0, "prefill_tokens_per_s_card",
+                     f->prefill_tok_s_card, "prefill_requests_per_s", f->prefill_req_s, "batch", (json_int_t)f->batch,
+                     "batch_cap", (json_int_t)f->batch_cap, "tokens_per_step", f->tokens_per_step, "tpot_s", f->tpot_s,
+                     "decode_tokens_per_s_card", f->decode_tok_s_card, "decode_requests_per_s", f->decode_req_s,
+                     "requests_per_s", f->req_s, "tokens_per_s_card", f->tok_s_card, "prefill_bound",
+                     pd_bound_name(f->prefill_bound), "decode_bound", pd_bound_name(f->decode_bound), "fits", f->fits);
+}

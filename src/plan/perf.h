@@ -1,0 +1,94 @@
+/* The performance model: how fast a plan's prefill and decode run for a workload.
+ *
+ * One forward step of one data-parallel rank (tp cards) is costed term by term on the card's
+ * roofline, with the hardware file's efficiency factors (struct pd_efficiency):
+ *   gemm       each weight group: max(2 x tokens x params / (peak of its dtype x gemm),
+ *              weight bytes / (bandwidth x memory)); routed experts with the busiest rank's
+ *              load (imbalance) and only the experts the step's tokens reach;
+ *   attention  its real KV reads (sliding window, CSA top-k entries + every indexer key,
+ *              HCA entries, MLA latents) against its arithmetic (bf16 peak x attention);
+ *   a2a        dispatch (dtype of the expert inputs) and combine (bf16) bytes of the distinct
+ *              ranks each token reaches, split into intra-node and inter-node traffic, plus a
+ *              fixed cost per operation; tensor parallelism adds two all-reduces per layer;
+ *   step       the fixed per-step cost and the per-token non-GEMM cost;
+ * then step = compute + comm - min(overlap x comm, compute).
+ * Per workload (isl prompt tokens, osl output tokens): TTFT = chunked prefill of the prompt
+ * + KV hand-off (RDMA) + one decode step; TPOT = decode step / tokens per step (MTP); the
+ * binding resource is the largest term. Formulas and sources: docs/perf-model.md. */
+#ifndef PD_PLAN_PERF_H
+#define PD_PLAN_PERF_H
+
+#include <stdint.h>
+
+#include "core/err.h"
+#include "plan/plan.h"
+
+enum pd_bound { PD_BOUND_COMPUTE, PD_BOUND_MEMORY, PD_BOUND_LINK, PD_BOUND_OVERHEAD, PD_BOUND_CAPACITY };
+
+const char *pd_bound_name(enum pd_bound b);
+
+/* The cost of one forward step of one data-parallel rank. */
+struct pd_step {
+    int64_t tokens;              /* tokens computed in the step (decode: batch x (1 + mtp)) */
+    double gemm_compute_s;       /* arithmetic-bound part of the GEMMs */
+    double gemm_memory_s;        /* weight-streaming part the arithmetic does not cover */
+    double attn_s;               /* attention (max of KV reads and arithmetic) */
+    double attn_memory_s;        /* ... of which KV reads set the time */
+    double a2a_s;                /* expert dispatch + combine (+ TP all-reduce) */
+    double overhead_s;           /* fixed per step + per token and layer */
+    double total_s;
+    double flops, bytes;         /* arithmetic and memory traffic of the step */
+    enum pd_bound bound;
+};
+
+struct pd_workload {
+    int64_t isl, osl;            /* prompt and output tokens per request */
+    double cached;               /* fraction of prompt tokens served from a prefix cache, [0, 1) */
+    int64_t decode_ctx;          /* mean context of a decoding sequence; 0: isl + osl / 2 */
+    int64_t decode_batch;        /* sequences per decode DP rank; 0: as many as fit (max-num-seqs cap) */
+    double rate;                 /* requests/s arriving at the whole deployment; 0: none (queue-free) */
+};
+
+struct pd_perf {
+    struct pd_workload w;
+    /* prefill */
+    struct pd_step prefill_step;       /* one full chunk of max-num-batched-tokens */
+    double prefill_s;                  /* one prompt alone on one DP rank, chunked */
+    double handoff_s;                  /* its KV over the inter-node RDMA link */
+    double ttft_s;                     /* queue-free */
+    double ttft_rate_s;                /* with the queueing delay at w.rate (inf if overloaded) */
+    double prefill_tok_s_card;         /* input tokens/s per card at full chunks */
+    double prefill_req_s;              /* requests/s all prefill instances sustain */
+    /* decode */
+    int64_t batch;                     /* sequences per decode DP rank */
+    int64_t batch_cap;                 /* the most the KV pool (and max-num-seqs) allows */
+    struct pd_step decode_step;        /* at the mean context isl + osl/2 */
+    double tokens_per_step;            /* 1 + mtp acceptance */
+    double tpot_s;
+    double user_tok_s;                 /* 1 / tpot */
+    double decode_tok_s_card;          /* output tokens/s per card */
+    double decode_req_s;               /* requests/s all decode instances sustain */
+    /* the deployment, prefill and decode rate-matched */
+    double req_s;                      /* min of the two */
+    double tok_s_card;                 /* output tokens/s per card of the whole deployment */
+    enum pd_bound prefill_bound, decode_bound;
+    int fits;
+};
+
+void pd_workload_default(struct pd_workload *w);
+/* One step of role r's DP rank: `tokens` new tokens per sequence, `seqs` sequences, each
+ * with `ctx` tokens already cached (decode: tokens = 1 + mtp). */
+void pd_perf_step(const struct pd_plan *p, enum pd_role r, int64_t seqs, int64_t tokens, int64_t ctx,
+                  struct pd_step *s);
+int pd_perf_eval(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *out, pd_err *e);
+/* The three parts of pd_perf_eval, for the search that pairs many prefill and decode layouts
+ * (the workload is not checked): prefill fields, decode fields, then TTFT and rate matching. */
+void pd_perf_prefill(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f);
+void pd_perf_decode(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f);
+void pd_perf_combine(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f);
+
+/* Reports: text lines appended to the plan's, and a JSON object ("perf"). */
+char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f);   /* malloc'ed */
+void *pd_perf_json(const struct pd_perf *f);                            /* a json_t * */
+
+#endif

@@ -1,0 +1,182 @@
+/* Published deployments -> predictions and errors (validate.h). */
+#include "plan/validate.h"
+#include "model/jsonf.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int role_opts(const char *label, json_t *c, const char *key, struct pd_role_opts *r, pd_err *e)
+{
+    json_t *o = json_object_get(c, key);
+    if (!json_is_object(o))
+        return pd_err_set(e, PD_EINVAL, "%s: field \"%s\": expected an object {dp, tp, instances, redundant}", label, key);
+    char pfx[32];
+    snprintf(pfx, sizeof pfx, "%s.", key);
+    struct pd_jsrc s = {label, pfx};
+    int rc;
+    if ((rc = pd_json_i32(&s, o, "dp", 1, 1, 1, 1 << 20, &r->dp, e)) ||
+        (rc = pd_json_i32(&s, o, "tp", 0, 1, 1, 1024, &r->tp, e)) ||
+        (rc = pd_json_i32(&s, o, "instances", 0, 1, 1, 1 << 20, &r->instances, e)) ||
+        (rc = pd_json_i32(&s, o, "redundant", 0, 0, 0, 1 << 20, &r->redundant, e)))
+        return rc;
+    return 0;
+}
+
+/* The largest decode batch keeping at least `min_user` tokens/s per user (user speed falls
+ * as the batch grows), within the KV pool. */
+static int batch_for_speed(const struct pd_plan *p, struct pd_workload *w, double min_user, struct pd_perf *f, pd_err *e)
+{
+    int rc;
+    w->decode_batch = 0;
+    if ((rc = pd_perf_eval(p, w, f, e)))
+        return rc;
+    int64_t lo = 1, hi = f->batch_cap > 0 ? f->batch_cap : 1;
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        w->decode_batch = mid;
+        if ((rc = pd_perf_eval(p, w, f, e)))
+            return rc;
+        if (f->user_tok_s >= min_user)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    w->decode_batch = lo;
+    return pd_perf_eval(p, w, f, e);
+}
+
+static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *e)
+{
+    struct pd_jsrc s = {label, ""};
+    char model[64], hw[64], quant[16], kvdt[16];
+    int rc, mtp = -1;
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    struct pd_workload w;
+    pd_workload_default(&w);
+    double min_user = 0;
+    json_t *jm = json_object_get(c, "mtp");
+    if (jm && !json_is_boolean(jm))
+        return pd_err_set(e, PD_EINVAL, "%s: field \"mtp\": expected true or false", label);
+    if (jm)
+        mtp = json_is_true(jm);
+    if ((rc = pd_json_str(&s, c, "name", 1, "", v->name, sizeof v->name, e)) ||
+        (rc = pd_json_str(&s, c, "source", 1, "", v->source, sizeof v->source, e)) ||
+        (rc = pd_json_str(&s, c, "assumed", 0, "", v->assumed, sizeof v->assumed, e)) ||
+        (rc = pd_json_str(&s, c, "known_miss", 0, "", v->known_miss, sizeof v->known_miss, e)) ||
+        (rc = pd_json_str(&s, c, "metric", 1, "", v->metric, sizeof v->metric, e)) ||
+        (rc = pd_json_num(&s, c, "published", 1, 0, 1e-9, 1e15, &v->published, e)) ||
+        (rc = pd_json_str(&s, c, "model", 1, "", model, sizeof model, e)) ||
+        (rc = pd_json_str(&s, c, "hardware", 1, "", hw, sizeof hw, e)) ||
+        (rc = pd_json_str(&s, c, "quant", 0, "w8a8", quant, sizeof quant, e)) ||
+        (rc = pd_json_str(&s, c, "kv_cache_dtype", 0, "fp8", kvdt, sizeof kvdt, e)) ||
+        (rc = pd_json_i32(&s, c, "nodes", 1, 1, 1, 1 << 20, &o.nodes, e)) ||
+        (rc = pd_json_int(&s, c, "isl", 1, 1, 1, 1 << 30, &w.isl, e)) ||
+        (rc = pd_json_int(&s, c, "osl", 1, 1, 1, 1 << 30, &w.osl, e)) ||
+        (rc = pd_json_num(&s, c, "cached", 0, 0, 0, 0.999, &w.cached, e)) ||
+        (rc = pd_json_int(&s, c, "decode_ctx", 0, 0, 0, 1 << 30, &w.decode_ctx, e)) ||
+        (rc = pd_json_int(&s, c, "decode_batch", 0, 0, 0, 1 << 20, &w.decode_batch, e)) ||
+        (rc = pd_json_num(&s, c, "min_user_tokens_per_s", 0, 0, 0, 1e6, &min_user, e)) ||
+        (rc = pd_json_int(&s, c, "max_num_batched_tokens", 0, 4096, 1, 1 << 30, &o.max_num_batched_tokens, e)) ||
+        (rc = pd_json_int(&s, c, "max_num_seqs", 0, 256, 1, 1 << 20, &o.max_num_seqs, e)) ||
+        (rc = pd_json_int(&s, c, "max_model_len", 0, 8192, 1, 1 << 30, &o.max_model_len, e)) ||
+        (rc = role_opts(label, c, "prefill", &o.role[PD_ROLE_PREFILL], e)) ||
+        (rc = role_opts(label, c, "decode", &o.role[PD_ROLE_DECODE], e)))
+        return rc;
+    if (strcmp(v->metric, "prefill_tokens_per_s_node") && strcmp(v->metric, "decode_tokens_per_s_node"))
+        return pd_err_set(e, PD_EINVAL, "%s: case \"%s\": field \"metric\": expected prefill_tokens_per_s_node or "
+                          "decode_tokens_per_s_node, got \"%s\"", label, v->name, v->metric);
+    if (pd_kv_parse_dtype(kvdt, &o.kv_dtype))
+        return pd_err_set(e, PD_EINVAL, "%s: case \"%s\": field \"kv_cache_dtype\": expected fp8 or bf16", label, v->name);
+    o.model = model;
+    o.hardware = hw;
+    o.quant = quant;
+    o.mtp = mtp;
+    struct pd_plan p;
+    if ((rc = pd_plan_build(&o, &p, e))) {
+        pd_err_prefix(e, "%s: case \"%s\": ", label, v->name);
+        return rc;
+    }
+    rc = min_user > 0 ? batch_for_speed(&p, &w, min_user, &v->perf, e) : pd_perf_eval(&p, &w, &v->perf, e);
+    if (!rc) {
+        int cpn = p.hw.cards_per_node;
+        v->predicted = strcmp(v->metric, "prefill_tokens_per_s_node") == 0 ? v->perf.prefill_tok_s_card * cpn
+                                                                            : v->perf.decode_tok_s_card * cpn;
+        v->error = v->predicted / v->published - 1;
+        snprintf(v->layout, sizeof v->layout, "P %d x EP%d, D %d x EP%d", o.role[0].instances,
+                 o.role[0].dp * o.role[0].tp, o.role[1].instances, o.role[1].dp * o.role[1].tp);
+    }
+    pd_plan_free(&p);
+    return rc;
+}
+
+int pd_validate_run(const char *text, const char *label, struct pd_valcase **out, int *n, pd_err *e)
+{
+    *out = NULL;
+    *n = 0;
+    json_t *root = pd_json_load_str(text, label, e);
+    if (!root)
+        return e ? e->code : PD_EFORMAT;
+    json_t *cases = json_object_get(root, "cases");
+    int rc = 0;
+    if (!json_is_array(cases) || json_array_size(cases) == 0) {
+        rc = pd_err_set(e, PD_EINVAL, "%s: field \"cases\": expected a non-empty array", label);
+        goto out;
+    }
+    *out = calloc(json_array_size(cases), sizeof **out);
+    if (!*out) {
+        rc = pd_err_set(e, PD_ENOMEM, "%s: out of memory", label);
+        goto out;
+    }
+    for (size_t i = 0; i < json_array_size(cases) && !rc; i++) {
+        char where[300];
+        snprintf(where, sizeof where, "%s: cases[%zu]", label, i);
+        rc = run_case(json_array_get(cases, i), where, &(*out)[i], e);
+        *n += rc == 0;
+    }
+    if (rc) {
+        free(*out);
+        *out = NULL;
+        *n = 0;
+    }
+out:
+    json_decref(root);
+    return rc;
+}
+
+char *pd_validate_markdown(const struct pd_valcase *c, int n)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *o = open_memstream(&buf, &len);
+    if (!o)
+        return NULL;
+    fprintf(o, "| case | layout | metric | published | pdmoe | error | binding resource |\n");
+    fprintf(o, "|---|---|---|---:|---:|---:|---|\n");
+    for (int i = 0; i < n; i++) {
+        int pre = strcmp(c[i].metric, "prefill_tokens_per_s_node") == 0;
+        fprintf(o, "| %s%s | %s | %s | %.0f | %.0f | %+.1f%% | %s |\n", c[i].name, c[i].known_miss[0] ? " (known miss)" : "",
+                c[i].layout,
+                pre ? "input tokens/s per node" : "output tokens/s per node", c[i].published, c[i].predicted,
+                100 * c[i].error, pd_bound_name(pre ? c[i].perf.prefill_bound : c[i].perf.decode_bound));
+    }
+    fprintf(o, "\nPer case: the publication, what pdmoe assumed where it is silent, and the model's terms.\n\n");
+    for (int i = 0; i < n; i++) {
+        const struct pd_perf *f = &c[i].perf;
+        int pre = strcmp(c[i].metric, "prefill_tokens_per_s_node") == 0;
+        const struct pd_step *s = pre ? &f->prefill_step : &f->decode_step;
+        fprintf(o, "- **%s**. Source: %s.%s%s%s%s\n", c[i].name, c[i].source, c[i].assumed[0] ? " Assumed: " : "",
+                c[i].assumed, c[i].known_miss[0] ? " **Known miss:** " : "", c[i].known_miss);
+        fprintf(o, "  Step of one DP rank (%lld tokens): GEMM %.2f ms (arithmetic) + %.2f ms (weight reads), "
+                   "attention %.2f ms, dispatch/combine %.2f ms, overhead %.2f ms -> %.2f ms",
+                (long long)s->tokens, s->gemm_compute_s * 1e3, s->gemm_memory_s * 1e3, s->attn_s * 1e3, s->a2a_s * 1e3,
+                s->overhead_s * 1e3, s->total_s * 1e3);
+        if (!pre)
+            fprintf(o, "; batch %lld per GPU, %.1f tokens/s per user", (long long)f->batch, f->user_tok_s);
+        fprintf(o, ".\n");
+    }
+    fclose(o);
+    return buf;
+}

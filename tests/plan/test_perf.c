@@ -1,0 +1,230 @@
+/* The performance model: each term against its formula on hardware whose factors make one
+ * resource bind, the overlap rule, traffic locality, monotonicity, and the validation cases. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/config.h"
+#include "plan/perf.h"
+#include "plan/validate.h"
+
+/* A hardware file with chosen figures; returns its path (static buffer). */
+static const char *hw_file(double bw, double ops, double overlap, double rdma_bw)
+{
+    static char path[64];
+    snprintf(path, sizeof path, "/tmp/pdmoe-hw-XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f,
+            "{\"name\":\"test\",\"cluster_nodes\":8,\"cards_per_node\":8,"
+            "\"card\":{\"name\":\"t\",\"memory_bytes\":1e12,\"memory_bandwidth_Bps\":%g,\"bf16_flops\":%g,"
+            "\"int8_ops\":%g,\"fp8_flops\":%g},"
+            "\"links\":{\"intra_node\":{\"name\":\"i\",\"bandwidth_Bps\":1e11,\"latency_s\":0},"
+            "\"inter_node_rdma\":{\"name\":\"r\",\"bandwidth_Bps\":%g,\"latency_s\":0.001},"
+            "\"inter_node_tcp\":{\"name\":\"t\",\"bandwidth_Bps\":1e9,\"latency_s\":0}},"
+            "\"runtime_overhead_bytes\":{\"prefill\":1e9,\"decode\":1e9},"
+            "\"efficiency\":{\"gemm\":0.5,\"memory\":0.8,\"attention\":0.25,\"a2a_intra\":1,\"a2a_inter\":1,"
+            "\"a2a_latency_s\":0,\"imbalance_prefill\":1,\"imbalance_decode\":1,\"overlap_prefill\":%g,"
+            "\"overlap_decode\":%g,\"step_prefill_s\":0,\"step_decode_s\":0,\"token_layer_s\":0,\"mtp_acceptance\":0.5},"
+            "\"sources\":{\"efficiency\":{\"gemm\":\"t\",\"memory\":\"t\",\"attention\":\"t\",\"a2a_intra\":\"t\","
+            "\"a2a_inter\":\"t\",\"a2a_latency_s\":\"t\",\"imbalance_prefill\":\"t\",\"imbalance_decode\":\"t\","
+            "\"overlap_prefill\":\"t\",\"overlap_decode\":\"t\",\"step_prefill_s\":\"t\",\"step_decode_s\":\"t\","
+            "\"token_layer_s\":\"t\",\"mtp_acceptance\":\"t\"}}}",
+            bw, ops, ops, ops, rdma_bw, overlap, overlap);
+    fclose(f);
+    return path;
+}
+
+static void tiny_plan(struct pd_plan *p, const char *hw, int pdp, int ddp, int mtp)
+{
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    o.model = "v4-tiny";
+    o.hardware = hw;
+    o.quant = "w8a8";
+    o.mtp = mtp;
+    o.max_model_len = 4096;
+    o.max_num_batched_tokens = 256;
+    o.max_num_seqs = 8;
+    o.role[0] = (struct pd_role_opts){.dp = pdp, .tp = 1, .instances = 1};
+    o.role[1] = (struct pd_role_opts){.dp = ddp, .tp = 1, .instances = 1};
+    pd_err e = {0};
+    cr_assert_eq(pd_plan_build(&o, p, &e), 0, "%s", e.msg);
+    unlink(hw);
+}
+
+/* Decode of one sequence on one card with unlimited arithmetic: weight reads (the embedding a
+ * row gather; k of the E experts) plus the KV cache the step reads, at the memory factor. */
+Test(perf, decode_batch1_reads_weights_and_kv)
+{
+    struct pd_plan p;
+    tiny_plan(&p, hw_file(1e11, 1e18, 0, 1e10), 1, 1, 0);
+    struct pd_step s;
+    const int64_t ctx = 3;        /* the step computes position 3: 4 tokens cached after it */
+    pd_perf_step(&p, PD_ROLE_DECODE, 1, 1, ctx, &s);
+    double w = 0;
+    for (int g = 0; g < PD_G_COUNT; g++)
+        if (g != PD_G_EMBEDDING && g != PD_G_ROUTED_EXPERTS)
+            w += (double)p.inv.group_bytes[g][PD_CLASS_II];
+    w += (double)p.model.hidden_size * 2;                                  /* one embedding row */
+    w += (double)p.model.n_experts_per_tok * p.inv.class_bytes[PD_CLASS_I] / p.inv.n_experts;
+    double kv = 0;
+    for (int l = 0; l < p.kv.n; l++) {
+        int n = 4, r = p.kv.ratio[l];
+        kv += (double)(n < p.kv.window ? n : p.kv.window) * p.kv.entry_bytes;
+        if (r > 0)
+            kv += (double)(n / r) * p.kv.entry_bytes + (r == 4 ? (double)(n / r) * p.kv.index_key_bytes : 0);
+    }
+    double bw = 1e11 * 0.8;
+    cr_assert_float_eq(s.gemm_compute_s, 0, 1e-15);
+    cr_assert_float_eq(s.gemm_memory_s, w / bw, 1e-12 * w / bw, "%g vs %g", s.gemm_memory_s, w / bw);
+    cr_assert_float_eq(s.attn_s, kv / bw, 1e-9 * kv / bw, "%g vs %g", s.attn_s, kv / bw);
+    cr_assert_eq(s.a2a_s, 0);                  /* one card: no dispatch */
+    cr_assert_float_eq(s.total_s, s.gemm_memory_s + s.attn_s, 1e-15);
+    cr_assert_eq(s.bound, PD_BOUND_MEMORY);
+    pd_plan_free(&p);
+}
+
+/* A long prefill chunk on a card with (nearly) unlimited bandwidth: 2 x tokens x parameters per
+ * GEMM (the head only for the last row), at the gemm factor of the int8 peak. */
+Test(perf, prefill_chunk_is_gemm_arithmetic)
+{
+    struct pd_plan p;
+    tiny_plan(&p, hw_file(1e15, 1e12, 0, 1e10), 1, 1, 0);
+    struct pd_step s;
+    const int64_t T = 256;
+    pd_perf_step(&p, PD_ROLE_PREFILL, 1, T, 0, &s);
+    double flops = 0;
+    for (int g = 0; g < PD_G_COUNT; g++) {
+        if (g == PD_G_EMBEDDING || g == PD_G_ROUTED_EXPERTS)
+            continue;
+        flops += 2.0 * (g == PD_G_LM_HEAD ? 1 : T) * p.inv.group_params[g][PD_CLASS_II];
+    }
+    flops += 2.0 * T * p.model.n_experts_per_tok * p.inv.class_params[PD_CLASS_I] / p.inv.n_experts;
+    cr_assert_float_eq(s.gemm_compute_s, flops / (1e12 * 0.5), 1e-12 * flops / 5e11);
+    double gather = (double)T * p.model.hidden_size * 2 / (1e15 * 0.8);   /* the embedding rows: bytes only */
+    cr_assert_float_eq(s.gemm_memory_s, gather, 1e-12 * gather);
+    cr_assert_eq(s.bound, PD_BOUND_COMPUTE);
+    pd_plan_free(&p);
+}
+
+/* Communication is hidden up to the compute time and the overlap factor. */
+Test(perf, overlap_hides_communication_up_to_compute)
+{
+    struct pd_step s0, s1;
+    struct pd_plan p0, p1;
+    tiny_plan(&p0, hw_file(1e11, 1e12, 0, 1e8), 1, 16, 0);
+    tiny_plan(&p1, hw_file(1e11, 1e12, 1, 1e8), 1, 16, 0);
+    pd_perf_step(&p0, PD_ROLE_DECODE, 8, 1, 100, &s0);
+    pd_perf_step(&p1, PD_ROLE_DECODE, 8, 1, 100, &s1);
+    double compute = s0.gemm_compute_s + s0.gemm_memory_s + s0.attn_s + s0.overhead_s;
+    cr_assert_gt(s0.a2a_s, 0);
+    cr_assert_float_eq(s0.a2a_s, s1.a2a_s, 1e-15);
+    cr_assert_float_eq(s0.total_s, compute + s0.a2a_s, 1e-12);
+    cr_assert_float_eq(s1.total_s, compute + s1.a2a_s - fmin(s1.a2a_s, compute), 1e-12);
+    pd_plan_free(&p0);
+    pd_plan_free(&p1);
+}
+
+/* An EP group inside one node never touches the inter-node link; one across nodes does. */
+Test(perf, dispatch_crosses_nodes_only_beyond_a_node)
+{
+    double a2a[2][2];
+    const double rdma[2] = {1e9, 1e10};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+            struct pd_plan p;
+            tiny_plan(&p, hw_file(1e11, 1e12, 0, rdma[j]), 1, i ? 16 : 8, 0);
+            struct pd_step s;
+            pd_perf_step(&p, PD_ROLE_DECODE, 4, 1, 10, &s);
+            a2a[i][j] = s.a2a_s;
+            pd_plan_free(&p);
+        }
+    cr_assert_float_eq(a2a[0][0], a2a[0][1], 1e-15, "EP8 in one node depends on RDMA");
+    cr_assert_gt(a2a[1][0], a2a[1][1], "EP16 over two nodes ignores RDMA");
+}
+
+/* The seed's deployment: TPOT and throughput per card grow with the decode batch, TTFT with the
+ * prompt (and includes the hand-off), MTP makes more than one token per step. */
+Test(perf, seed_deployment_is_monotone)
+{
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    struct pd_plan p;
+    pd_err e = {0};
+    cr_assert_eq(pd_plan_build(&o, &p, &e), 0, "%s", e.msg);
+    struct pd_workload w;
+    pd_workload_default(&w);
+    struct pd_perf prev = {0}, f;
+    for (int64_t b = 1; b <= 30; b *= 2) {
+        w.decode_batch = b;
+        cr_assert_eq(pd_perf_eval(&p, &w, &f, &e), 0, "%s", e.msg);
+        cr_assert(f.fits, "batch %lld does not fit", (long long)b);
+        if (b > 1) {
+            cr_assert_gt(f.tpot_s, prev.tpot_s);
+            cr_assert_gt(f.decode_tok_s_card, prev.decode_tok_s_card);
+        }
+        prev = f;
+    }
+    cr_assert_float_eq(f.tokens_per_step, 1 + p.hw.eff.mtp_acceptance, 1e-12);
+    cr_assert_float_eq(f.ttft_s, f.prefill_s + f.handoff_s + f.decode_step.total_s, 1e-12);
+    cr_assert_float_eq(f.handoff_s, p.hw.rdma.latency_s + (double)pd_kv_seq_bytes(&p.kv, w.isl) / p.hw.rdma.bandwidth_Bps,
+                       1e-12);
+    double t1 = f.ttft_s;
+    w.isl *= 4;
+    cr_assert_eq(pd_perf_eval(&p, &w, &f, &e), 0);
+    cr_assert_gt(f.ttft_s, 3 * t1);
+    /* queueing: a rate near the prefill capacity waits; beyond it TTFT is unbounded */
+    w.rate = 0.9 * f.prefill_req_s;
+    cr_assert_eq(pd_perf_eval(&p, &w, &f, &e), 0);
+    cr_assert_gt(f.ttft_rate_s, f.ttft_s);
+    w.rate = 1.1 * f.prefill_req_s;
+    cr_assert_eq(pd_perf_eval(&p, &w, &f, &e), 0);
+    cr_assert(isinf(f.ttft_rate_s));
+    w.isl = 0;
+    cr_assert_neq(pd_perf_eval(&p, &w, &f, &e), 0);
+    cr_assert(strstr(e.msg, "--isl"), "%s", e.msg);
+    pd_plan_free(&p);
+}
+
+/* The published cases of validation/published.json: every one within 25% unless the file
+ * declares it a known miss with its reason (docs/validation.md explains each). */
+Test(perf, published_deployments)
+{
+    struct pd_valcase *c;
+    int n;
+    pd_err e = {0};
+    cr_assert_eq(pd_validate_run(pd_embedded_find("validation/published.json"), "validation/published.json", &c, &n, &e),
+                 0, "%s", e.msg);
+    cr_assert_geq(n, 6);
+    int misses = 0;
+    for (int i = 0; i < n; i++) {
+        if (c[i].known_miss[0]) {
+            misses++;
+            continue;
+        }
+        cr_expect(fabs(c[i].error) <= 0.25, "%s: published %.0f, predicted %.0f (%+.1f%%)", c[i].name, c[i].published,
+                  c[i].predicted, 100 * c[i].error);
+    }
+    cr_assert_leq(misses, 1, "more than one declared miss");
+    free(c);
+}
+
+Test(perf, validation_file_errors)
+{
+    struct pd_valcase *c;
+    int n;
+    pd_err e = {0};
+    cr_assert_neq(pd_validate_run("{\"cases\":[]}", "v.json", &c, &n, &e), 0);
+    cr_assert(strstr(e.msg, "v.json") && strstr(e.msg, "cases"), "%s", e.msg);
+    cr_assert_neq(pd_validate_run("{\"cases\":[{\"name\":\"x\",\"source\":\"s\",\"metric\":\"speed\",\"published\":1,"
+                                  "\"model\":\"v4-tiny\",\"hardware\":\"h800\",\"nodes\":1,\"isl\":8,\"osl\":8,"
+                                  "\"prefill\":{\"dp\":1},\"decode\":{\"dp\":1}}]}",
+                                  "v.json", &c, &n, &e),
+                  0);
+    cr_assert(strstr(e.msg, "cases[0]") && strstr(e.msg, "metric"), "%s", e.msg);
+}
