@@ -14,6 +14,7 @@ int pd_cli_bench(int argc, char **argv)
         {"ep", pd_bench_ep},
         {"serve", pd_bench_serve},
         {"transfer", pd_bench_transfer},
+        {"search", pd_bench_search},
     };
     if (argc >= 2)
         for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)

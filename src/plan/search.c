@@ -1,0 +1,425 @@
+/* Layout search (search.h). Prefill layouts and (decode layout, batch) pairs are costed once
+ * each; a deployment pairs one of each within the card budget, so the pairs cost only the
+ * rate-matching arithmetic. */
+#define _GNU_SOURCE   /* qsort_r */
+#include "plan/search.h"
+#include "core/units.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const int64_t batches[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024};
+
+void pd_search_opts_default(struct pd_search_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    pd_plan_opts_default(&o->base);
+    o->cards = 64;
+    pd_workload_default(&o->w);
+    o->max_tp = 1;
+}
+
+struct cand {                 /* one role layout, costed */
+    struct pd_role_opts o;
+    int cards, slots;
+    int64_t weights, kv_pool;
+    int fits;
+    int64_t batch;            /* decode */
+    struct pd_perf f;         /* the role's fields of the prediction */
+};
+
+struct cands {
+    struct cand *c;
+    int n, cap;
+};
+
+static struct cand *cand_push(struct cands *v)
+{
+    if (v->n == v->cap) {
+        int cap = v->cap ? 2 * v->cap : 256;
+        struct cand *c = realloc(v->c, (size_t)cap * sizeof *c);
+        if (!c)
+            return NULL;
+        v->c = c;
+        v->cap = cap;
+    }
+    struct cand *c = &v->c[v->n++];
+    memset(c, 0, sizeof *c);
+    return c;
+}
+
+/* EP sizes a role may use: a power of two within a node, or whole nodes; TP must divide it. */
+static int ep_ok(int ep, int tp, int cpn)
+{
+    if (ep % tp)
+        return 0;
+    return ep <= cpn ? (cpn % ep == 0 && (ep & (ep - 1)) == 0) : ep % cpn == 0;
+}
+
+/* Redundant experts that make an EP size divide the slots (EPLB-style), none if it divides. */
+static int redundant_for(int experts, int ep)
+{
+    return (ep - experts % ep) % ep;
+}
+
+static int role_cands(struct pd_plan *p, const struct pd_search_opts *so, enum pd_role r, struct cands *v, pd_err *e)
+{
+    const int cpn = p->hw.cards_per_node, E = p->inv.n_experts > 0 ? p->inv.n_experts : 1;
+    for (int tp = 1; tp <= so->max_tp && tp <= cpn; tp *= 2)
+        for (int ep = tp; ep < so->cards; ep++) {
+            if (!ep_ok(ep, tp, cpn))
+                continue;
+            struct pd_role_opts o = {.dp = ep / tp, .tp = tp, .instances = 1, .redundant = redundant_for(E, ep)};
+            if ((E + o.redundant) / ep > E)
+                continue;
+            for (int nb = 0; nb < (r == PD_ROLE_DECODE ? (int)(sizeof batches / sizeof batches[0]) : 1); nb++) {
+                int64_t batch = batches[nb];
+                p->o.max_num_seqs = r == PD_ROLE_DECODE ? batch : so->base.max_num_seqs;
+                struct pd_role_plan rp;
+                int rc = pd_plan_role_eval(p, r, &o, &rp, e);
+                if (rc)
+                    return rc;
+                int64_t seq = pd_kv_seq_bytes(&p->kv, so->w.isl + so->w.osl);
+                int room = r == PD_ROLE_PREFILL ? rp.b.kv_pool >= pd_kv_seq_bytes(&p->kv, so->w.isl)
+                                                : rp.b.kv_pool >= batch * seq;
+                if (r == PD_ROLE_DECODE && nb > 0 && !room) {
+                    pd_placement_free(&rp.place);
+                    break;                       /* larger batches fit even less */
+                }
+                for (int inst = 1; inst * ep < so->cards; inst++) {
+                    struct cand *c = cand_push(v);
+                    if (!c) {
+                        pd_placement_free(&rp.place);
+                        return pd_err_set(e, PD_ENOMEM, "search: out of memory");
+                    }
+                    c->o = o;
+                    c->o.instances = inst;
+                    c->cards = ep * inst;
+                    c->slots = rp.place.slots;
+                    c->weights = rp.b.weights;
+                    c->kv_pool = rp.b.kv_pool;
+                    c->fits = rp.b.fits_weights && room;
+                    c->batch = batch;
+                    struct pd_role_plan keep = p->role[r];
+                    p->role[r] = rp;
+                    p->role[r].o.instances = inst;
+                    p->role[r].cards = c->cards;
+                    struct pd_workload w = so->w;
+                    w.decode_batch = batch;
+                    if (r == PD_ROLE_PREFILL)
+                        pd_perf_prefill(p, &w, &c->f);
+                    else
+                        pd_perf_decode(p, &w, &c->f);
+                    p->role[r] = keep;
+                }
+                pd_placement_free(&rp.place);
+            }
+        }
+    return 0;
+}
+
+static int push_layout(struct pd_search *s, const struct cand *P, const struct cand *D, const struct pd_plan *p)
+{
+    if (s->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 4096;
+        struct pd_layout *l = realloc(s->l, (size_t)cap * sizeof *l);
+        if (!l)
+            return -1;
+        s->l = l;
+        s->cap = cap;
+    }
+    struct pd_layout *l = &s->l[s->n++];
+    memset(l, 0, sizeof *l);
+    l->role[PD_ROLE_PREFILL] = P->o;
+    l->role[PD_ROLE_DECODE] = D->o;
+    l->batch = D->batch;
+    l->cards = P->cards + D->cards;
+    l->experts_per_card[0] = P->slots;
+    l->experts_per_card[1] = D->slots;
+    l->weights[0] = P->weights;
+    l->weights[1] = D->weights;
+    l->kv_pool[0] = P->kv_pool;
+    l->kv_pool[1] = D->kv_pool;
+    const struct pd_workload *w = &s->o.w;
+    l->ttft_s = P->f.prefill_s + P->f.handoff_s + D->f.decode_step.total_s;
+    l->tpot_s = D->f.tpot_s;
+    l->user_tok_s = D->f.user_tok_s;
+    l->prefill_req_s = P->f.prefill_req_s;
+    l->decode_req_s = D->f.decode_req_s;
+    l->req_s = l->prefill_req_s < l->decode_req_s ? l->prefill_req_s : l->decode_req_s;
+    l->tok_s_card = l->req_s * w->osl / l->cards;
+    l->prefill_bound = P->f.prefill_bound;
+    l->decode_bound = D->f.decode_step.bound;
+    l->fits = P->fits && D->fits;
+    l->meets = l->fits && (s->o.ttft_s <= 0 || l->ttft_s <= s->o.ttft_s) && (s->o.tpot_s <= 0 || l->tpot_s <= s->o.tpot_s);
+    (void)p;
+    return 0;
+}
+
+static int by_user_desc(const void *a, const void *b, void *ctx)
+{
+    const struct pd_layout *l = ctx;
+    const struct pd_layout *x = &l[*(const int *)a], *y = &l[*(const int *)b];
+    if (x->user_tok_s != y->user_tok_s)
+        return x->user_tok_s < y->user_tok_s ? 1 : -1;
+    return x->tok_s_card < y->tok_s_card ? 1 : x->tok_s_card > y->tok_s_card ? -1 : 0;
+}
+
+/* The front among fitting layouts: no other fitting layout is at least as fast per user and
+ * strictly better per card. */
+static int pareto(struct pd_search *s)
+{
+    size_t cap = s->n > 0 ? (size_t)s->n : 1;
+    int *idx = malloc(cap * sizeof *idx), m = 0;
+    if (!idx)
+        return -1;
+    for (int i = 0; i < s->n; i++)
+        if (s->l[i].fits)
+            idx[m++] = i;
+    qsort_r(idx, (size_t)m, sizeof *idx, by_user_desc, s->l);
+    double best = -1;
+    s->n_front = 0;
+    for (int i = 0; i < m; i++)
+        if (s->l[idx[i]].tok_s_card > best) {
+            best = s->l[idx[i]].tok_s_card;
+            s->l[idx[i]].pareto = 1;
+            idx[s->n_front++] = idx[i];
+        }
+    for (int i = 0, j = s->n_front - 1; i < j; i++, j--) {   /* ascending tokens/s per user */
+        int t = idx[i];
+        idx[i] = idx[j];
+        idx[j] = t;
+    }
+    s->front = idx;
+    return 0;
+}
+
+static int better(const struct pd_layout *a, const struct pd_layout *b)
+{
+    if (a->tok_s_card != b->tok_s_card)
+        return a->tok_s_card > b->tok_s_card;
+    if (a->user_tok_s != b->user_tok_s)
+        return a->user_tok_s > b->user_tok_s;
+    return a->cards < b->cards;
+}
+
+int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e)
+{
+    memset(s, 0, sizeof *s);
+    s->o = *o;
+    s->best = s->best_any = -1;
+    if (o->cards < 2)
+        return pd_err_set(e, PD_EINVAL, "--cards %d: a PD deployment needs at least 2 cards", o->cards);
+    if (o->max_tp < 1)
+        return pd_err_set(e, PD_EINVAL, "--max-tp %d: must be at least 1", o->max_tp);
+    if (o->ttft_s < 0 || o->tpot_s < 0)
+        return pd_err_set(e, PD_EINVAL, "--ttft-ms / --tpot-ms: must not be negative");
+    int rc;
+    /* the model and hardware: a plan of the smallest layout, its roles replaced per candidate */
+    struct pd_plan_opts base = o->base;
+    base.role[0] = base.role[1] = (struct pd_role_opts){.dp = 1, .tp = 1, .instances = 1};
+    base.sweep = 0;
+    struct pd_hardware hw;
+    if ((rc = pd_hardware_load(base.hardware, &hw, e)))
+        return rc;
+    base.nodes = (o->cards + hw.cards_per_node - 1) / hw.cards_per_node;
+    struct pd_plan p;
+    if ((rc = pd_plan_build(&base, &p, e)))
+        return rc;
+    if (o->w.isl < 1 || o->w.osl < 1 || o->w.isl + o->w.osl > base.max_model_len) {
+        rc = pd_err_set(e, PD_EINVAL, "--isl %lld + --osl %lld: must be at least 1 each and at most --max-model-len %lld",
+                        (long long)o->w.isl, (long long)o->w.osl, (long long)base.max_model_len);
+        pd_plan_free(&p);
+        return rc;
+    }
+    struct cands pc = {0}, dc = {0};
+    if ((rc = role_cands(&p, o, PD_ROLE_PREFILL, &pc, e)) || (rc = role_cands(&p, o, PD_ROLE_DECODE, &dc, e)))
+        goto out;
+    for (int i = 0; i < pc.n; i++)
+        for (int j = 0; j < dc.n; j++) {
+            if (pc.c[i].cards + dc.c[j].cards > o->cards)
+                continue;
+            if (push_layout(s, &pc.c[i], &dc.c[j], &p)) {
+                rc = pd_err_set(e, PD_ENOMEM, "search: out of memory");
+                goto out;
+            }
+        }
+    for (int i = 0; i < s->n; i++) {
+        const struct pd_layout *l = &s->l[i];
+        s->n_fit += l->fits;
+        s->n_meet += l->meets;
+        if (l->fits && (s->best_any < 0 || better(l, &s->l[s->best_any])))
+            s->best_any = i;
+        if (l->meets && (s->best < 0 || better(l, &s->l[s->best])))
+            s->best = i;
+    }
+    if (pareto(s)) {
+        rc = pd_err_set(e, PD_ENOMEM, "search: out of memory");
+        goto out;
+    }
+    /* the chosen layout as a full plan and prediction, for the report and the launch commands */
+    int pick = s->best >= 0 ? s->best : s->best_any;
+    if (pick >= 0) {
+        const struct pd_layout *l = &s->l[pick];
+        struct pd_plan_opts po = base;
+        po.role[0] = l->role[0];
+        po.role[1] = l->role[1];
+        po.max_num_seqs = l->batch;
+        struct pd_workload w = o->w;
+        w.decode_batch = l->batch;
+        if ((rc = pd_plan_build(&po, &s->plan, e)) || (rc = pd_perf_eval(&s->plan, &w, &s->perf, e)))
+            goto out;
+    }
+out:
+    free(pc.c);
+    free(dc.c);
+    pd_plan_free(&p);
+    if (rc)
+        pd_search_free(s);
+    return rc;
+}
+
+void pd_search_free(struct pd_search *s)
+{
+    pd_plan_free(&s->plan);
+    free(s->l);
+    free(s->front);
+    s->l = NULL;
+    s->front = NULL;
+    s->n = s->n_front = 0;
+}
+
+static const char *layout_str(char *buf, size_t n, const struct pd_layout *l)
+{
+    const struct pd_role_opts *P = &l->role[0], *D = &l->role[1];
+    snprintf(buf, n, "P %dx EP%d%s, D %dx EP%d%s", P->instances, P->dp * P->tp, P->tp > 1 ? " (tp>1)" : "",
+             D->instances, D->dp * D->tp, D->tp > 1 ? " (tp>1)" : "");
+    if (P->tp > 1 || D->tp > 1)
+        snprintf(buf, n, "P %dx dp%d tp%d, D %dx dp%d tp%d", P->instances, P->dp, P->tp, D->instances, D->dp, D->tp);
+    return buf;
+}
+
+static void row(FILE *f, const struct pd_layout *l, const char *mark)
+{
+    char b[96];
+    fprintf(f, "  %-2s %-30s %5d %6lld %10.0f %9.1f %9.1f %11.0f %9.3f  %s/%s\n", mark, layout_str(b, sizeof b, l),
+            l->cards, (long long)l->batch, l->ttft_s * 1e3, l->tpot_s * 1e3, l->user_tok_s, l->tok_s_card, l->req_s,
+            pd_bound_name(l->prefill_bound), pd_bound_name(l->decode_bound));
+}
+
+static void header(FILE *f)
+{
+    fprintf(f, "  %-2s %-30s %5s %6s %10s %9s %9s %11s %9s  %s\n", "", "layout (instances x EP size)", "cards", "batch",
+            "TTFT ms", "TPOT ms", "tok/s/usr", "tok/s/card", "req/s", "bound (P/D)");
+}
+
+/* The best fitting layout whose TPOT is within `tpot` (and TTFT within the target, if any). */
+static int best_under(const struct pd_search *s, double tpot)
+{
+    int b = -1;
+    for (int i = 0; i < s->n; i++) {
+        const struct pd_layout *l = &s->l[i];
+        if (l->fits && l->tpot_s <= tpot && (s->o.ttft_s <= 0 || l->ttft_s <= s->o.ttft_s) &&
+            (b < 0 || better(l, &s->l[b])))
+            b = i;
+    }
+    return b;
+}
+
+char *pd_search_text(const struct pd_search *s, int units)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return NULL;
+    const struct pd_plan *p = &s->plan;
+    fprintf(f, "Layout search: %s on %d x %s (%s), isl %lld, osl %lld tokens",
+            p->model.name[0] ? p->model.name : s->o.base.model, s->o.cards, p->hw.card_name[0] ? p->hw.card_name : "?",
+            s->o.base.hardware, (long long)s->o.w.isl, (long long)s->o.w.osl);
+    if (s->o.ttft_s > 0)
+        fprintf(f, ", TTFT <= %.0f ms", s->o.ttft_s * 1e3);
+    if (s->o.tpot_s > 0)
+        fprintf(f, ", TPOT <= %.1f ms", s->o.tpot_s * 1e3);
+    fprintf(f, "\n  %d layouts costed, %d fit in memory, %d meet the targets, %d on the Pareto front\n\n", s->n, s->n_fit,
+            s->n_meet, s->n_front);
+    fprintf(f, "Pareto front (output tokens/s per card vs tokens/s per user; * meets the targets, x misses them)\n");
+    header(f);
+    for (int i = s->n_front - 1; i >= 0; i--) {
+        const struct pd_layout *l = &s->l[s->front[i]];
+        row(f, l, s->front[i] == s->best ? "=>" : l->meets ? "*" : "x");
+    }
+    fprintf(f, "\nBest layout per TPOT target (fitting, TTFT target applied)\n");
+    header(f);
+    static const double tpots[] = {0.01, 0.02, 0.05, 0.1, 0.2};
+    for (size_t i = 0; i < sizeof tpots / sizeof tpots[0]; i++) {
+        int b = best_under(s, tpots[i]);
+        fprintf(f, "  TPOT <= %.0f ms:\n", tpots[i] * 1e3);
+        if (b >= 0)
+            row(f, &s->l[b], "");
+        else
+            fprintf(f, "     none\n");
+    }
+    fprintf(f, "\n");
+    if (s->best >= 0) {
+        char b[96];
+        fprintf(f, "Chosen: %s, batch %lld per decode DP rank (best output tokens/s per card meeting the targets)\n\n",
+                layout_str(b, sizeof b, &s->l[s->best]), (long long)s->l[s->best].batch);
+    } else if (s->best_any >= 0) {
+        char b[96];
+        fprintf(f, "No layout meets the targets; the best fitting layout ignoring them: %s, batch %lld\n\n",
+                layout_str(b, sizeof b, &s->l[s->best_any]), (long long)s->l[s->best_any].batch);
+    } else {
+        fprintf(f, "No layout fits in memory on %d cards.\n", s->o.cards);
+    }
+    if (s->best >= 0 || s->best_any >= 0) {
+        char *t = pd_plan_text(p, units), *q = pd_perf_text(p, &s->perf);
+        if (t)
+            fputs(t, f);
+        if (q)
+            fputs(q, f);
+        free(t);
+        free(q);
+    }
+    fclose(f);
+    return buf;
+}
+
+static json_t *layout_json(const struct pd_layout *l)
+{
+    json_t *roles = json_array();
+    for (int r = 0; r < 2; r++)
+        json_array_append_new(roles, json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:I,s:I}", "role", pd_role_name((enum pd_role)r),
+                                               "dp", l->role[r].dp, "tp", l->role[r].tp, "instances", l->role[r].instances,
+                                               "redundant", l->role[r].redundant, "experts_per_card",
+                                               l->experts_per_card[r], "weights_bytes", (json_int_t)l->weights[r],
+                                               "kv_pool_bytes", (json_int_t)l->kv_pool[r]));
+    return json_pack("{s:o,s:I,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:s,s:b,s:b,s:b}", "roles", roles, "batch",
+                     (json_int_t)l->batch, "cards", l->cards, "ttft_s", l->ttft_s, "tpot_s", l->tpot_s,
+                     "tokens_per_s_user", l->user_tok_s, "tokens_per_s_card", l->tok_s_card, "requests_per_s", l->req_s,
+                     "prefill_requests_per_s", l->prefill_req_s, "decode_requests_per_s", l->decode_req_s,
+                     "prefill_bound", pd_bound_name(l->prefill_bound), "decode_bound", pd_bound_name(l->decode_bound),
+                     "fits", l->fits, "meets", l->meets, "pareto", l->pareto);
+}
+
+char *pd_search_json(const struct pd_search *s)
+{
+    json_t *front = json_array();
+    for (int i = 0; i < s->n_front; i++)
+        json_array_append_new(front, layout_json(&s->l[s->front[i]]));
+    int pick = s->best >= 0 ? s->best : s->best_any;
+    json_t *root = json_pack("{s:i,s:s,s:s,s:i,s:I,s:I,s:f,s:f,s:i,s:i,s:i,s:o,s:o,s:o}", "search_version", 1,
+                             "model", s->o.base.model ? s->o.base.model : "", "hardware", s->o.base.hardware, "cards",
+                             s->o.cards, "isl", (json_int_t)s->o.w.isl, "osl", (json_int_t)s->o.w.osl, "ttft_target_s",
+                             s->o.ttft_s, "tpot_target_s", s->o.tpot_s, "layouts", s->n, "fit", s->n_fit, "meet",
+                             s->n_meet, "front", front, "best", pick >= 0 ? layout_json(&s->l[pick]) : json_null(),
+                             "best_meets_targets", json_boolean(s->best >= 0));
+    if (root && pick >= 0)
+        json_object_set_new(root, "prediction", pd_perf_json(&s->perf));
+    char *out = root ? json_dumps(root, JSON_INDENT(2)) : NULL;
+    json_decref(root);
+    return out;
+}

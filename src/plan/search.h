@@ -1,0 +1,59 @@
+/* Layout search: for a model, hardware and a number of cards, every prefill layout (EP size,
+ * TP size, instances) and decode layout (EP size, TP size, instances, batch per DP rank) that
+ * divides the experts and the cards, each costed by the performance model and rate-matched
+ * (the deployment serves min(prefill requests/s, decode requests/s)); the Pareto front of
+ * output tokens/s per card against tokens/s per user; and the best layout that fits memory and
+ * meets the TTFT and TPOT targets, as aiconfigurator does for Dynamo, with the KV hand-off in
+ * TTFT. */
+#ifndef PD_PLAN_SEARCH_H
+#define PD_PLAN_SEARCH_H
+
+#include <stdint.h>
+
+#include "core/err.h"
+#include "plan/perf.h"
+#include "plan/plan.h"
+
+struct pd_search_opts {
+    struct pd_plan_opts base;    /* model, hardware, memory options; its layouts are ignored */
+    int cards;                   /* cards to spend, P + D <= cards */
+    struct pd_workload w;
+    double ttft_s, tpot_s;       /* targets; 0: none */
+    int max_tp;                  /* largest TP size tried (default 1: EP with DP attention) */
+};
+
+struct pd_layout {
+    struct pd_role_opts role[2];
+    int64_t batch;               /* decode sequences per DP rank */
+    int cards;                   /* P + D cards */
+    int experts_per_card[2];
+    int64_t weights[2], kv_pool[2];   /* bytes on the busiest card of each role */
+    double ttft_s, tpot_s, user_tok_s, tok_s_card, req_s;
+    double prefill_req_s, decode_req_s;
+    enum pd_bound prefill_bound, decode_bound;
+    int fits;                    /* weights fit on both roles, the batch fits D's KV pool */
+    int meets;                   /* fits and meets both targets */
+    int pareto;                  /* on the front of the layouts that fit */
+};
+
+struct pd_search {
+    struct pd_search_opts o;
+    struct pd_plan plan;         /* the model and hardware; its role plans are the best layout's */
+    struct pd_perf perf;         /* the best layout's prediction */
+    struct pd_layout *l;
+    int n, cap;
+    int best;                    /* index in l of the best layout meeting the targets, or -1 */
+    int best_any;                /* the best fitting layout ignoring the targets, or -1 */
+    int *front;                  /* indices of the Pareto front, by tokens/s per user ascending */
+    int n_front;
+    int n_fit, n_meet;
+};
+
+void pd_search_opts_default(struct pd_search_opts *o);
+int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e);
+void pd_search_free(struct pd_search *s);
+
+char *pd_search_text(const struct pd_search *s, int units);   /* malloc'ed */
+char *pd_search_json(const struct pd_search *s);              /* malloc'ed */
+
+#endif

@@ -1,0 +1,153 @@
+/* Layout search: the card budget holds, the front is the Pareto front of the fitting layouts,
+ * the chosen layout is the best that meets the targets, memory verdicts agree with the planner,
+ * and bad options are named. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "plan/search.h"
+
+static void run(struct pd_search_opts *o, struct pd_search *s)
+{
+    pd_err e = {0};
+    cr_assert_eq(pd_search_run(o, s, &e), 0, "%s", e.msg);
+}
+
+static void seed_opts(struct pd_search_opts *o)
+{
+    pd_search_opts_default(o);
+    o->base.max_model_len = 131072;
+    o->cards = 64;
+    o->ttft_s = 2.0;
+    o->tpot_s = 0.05;
+}
+
+Test(search, budget_and_layout_rules)
+{
+    struct pd_search_opts o;
+    struct pd_search s;
+    seed_opts(&o);
+    o.max_tp = 2;
+    run(&o, &s);
+    cr_assert_gt(s.n, 1000);
+    int tp2 = 0;
+    for (int i = 0; i < s.n; i++) {
+        const struct pd_layout *l = &s.l[i];
+        cr_assert_leq(l->cards, 64);
+        for (int r = 0; r < 2; r++) {
+            const struct pd_role_opts *x = &l->role[r];
+            int ep = x->dp * x->tp;
+            cr_assert_eq((256 + x->redundant) % ep, 0, "EP%d with %d redundant", ep, x->redundant);
+            cr_assert(ep <= 8 ? 8 % ep == 0 : ep % 8 == 0, "EP%d neither divides a node nor spans whole nodes", ep);
+            cr_assert_eq(l->experts_per_card[r], (256 + x->redundant) / ep);
+            tp2 |= x->tp == 2;
+        }
+        cr_assert_eq(l->cards, l->role[0].dp * l->role[0].tp * l->role[0].instances +
+                                   l->role[1].dp * l->role[1].tp * l->role[1].instances);
+    }
+    cr_assert(tp2, "--max-tp 2 tried no tp=2 layout");
+    pd_search_free(&s);
+}
+
+/* As the planner says (docs/seed-reproduction.md): EP4 (64 experts per card) does not hold
+ * V4-Flash's weights on a 64 GiB card, EP8 does. */
+Test(search, memory_verdicts_match_the_planner)
+{
+    struct pd_search_opts o;
+    struct pd_search s;
+    seed_opts(&o);
+    run(&o, &s);
+    int ep4 = 0, ep8 = 0;
+    for (int i = 0; i < s.n; i++) {
+        const struct pd_layout *l = &s.l[i];
+        int pep = l->role[0].dp * l->role[0].tp;
+        if (pep == 4) {
+            ep4++;
+            cr_assert_not(l->fits);
+        }
+        if (pep == 8 && l->role[1].dp == 32 && l->batch == 16) {
+            ep8++;
+            cr_assert(l->fits);
+        }
+    }
+    cr_assert_gt(ep4, 0);
+    cr_assert_gt(ep8, 0);
+    pd_search_free(&s);
+}
+
+Test(search, front_is_the_pareto_front)
+{
+    struct pd_search_opts o;
+    struct pd_search s;
+    seed_opts(&o);
+    run(&o, &s);
+    cr_assert_gt(s.n_front, 2);
+    for (int f = 0; f < s.n_front; f++) {
+        const struct pd_layout *a = &s.l[s.front[f]];
+        cr_assert(a->fits && a->pareto);
+        if (f > 0) {   /* ascending per user, so descending per card */
+            cr_assert_gt(a->user_tok_s, s.l[s.front[f - 1]].user_tok_s);
+            cr_assert_lt(a->tok_s_card, s.l[s.front[f - 1]].tok_s_card);
+        }
+    }
+    for (int i = 0; i < s.n; i++) {
+        const struct pd_layout *x = &s.l[i];
+        if (!x->fits)
+            continue;
+        int dominated = 0;
+        for (int f = 0; f < s.n_front; f++) {
+            const struct pd_layout *a = &s.l[s.front[f]];
+            cr_assert_not(x->user_tok_s >= a->user_tok_s && x->tok_s_card > a->tok_s_card,
+                          "layout %d dominates front member %d", i, s.front[f]);
+            dominated |= a->user_tok_s >= x->user_tok_s && a->tok_s_card >= x->tok_s_card;
+        }
+        cr_assert(dominated || x->pareto, "layout %d is neither on the front nor dominated by it", i);
+    }
+    pd_search_free(&s);
+}
+
+Test(search, best_meets_targets_and_is_best)
+{
+    struct pd_search_opts o;
+    struct pd_search s;
+    seed_opts(&o);
+    run(&o, &s);
+    cr_assert_geq(s.best, 0);
+    const struct pd_layout *b = &s.l[s.best];
+    cr_assert(b->meets && b->ttft_s <= o.ttft_s && b->tpot_s <= o.tpot_s);
+    for (int i = 0; i < s.n; i++)
+        if (s.l[i].meets)
+            cr_assert_leq(s.l[i].tok_s_card, b->tok_s_card);
+    /* the chosen layout's full plan and prediction agree with its row */
+    cr_assert_eq(s.plan.role[0].o.dp, b->role[0].dp);
+    cr_assert_eq(s.plan.role[1].o.instances, b->role[1].instances);
+    cr_assert_float_eq(s.perf.tpot_s, b->tpot_s, 1e-9);
+    cr_assert_float_eq(s.perf.ttft_s, b->ttft_s, 1e-9);
+    cr_assert_float_eq(s.perf.tok_s_card, b->tok_s_card, 1e-6 * b->tok_s_card);
+    /* an impossible target: nothing meets it, the best fitting layout is still reported */
+    pd_search_free(&s);
+    o.tpot_s = 1e-6;
+    run(&o, &s);
+    cr_assert_eq(s.best, -1);
+    cr_assert_eq(s.n_meet, 0);
+    cr_assert_geq(s.best_any, 0);
+    pd_search_free(&s);
+}
+
+Test(search, bad_options)
+{
+    struct pd_search_opts o;
+    struct pd_search s;
+    pd_err e = {0};
+    seed_opts(&o);
+    o.cards = 1;
+    cr_assert_neq(pd_search_run(&o, &s, &e), 0);
+    cr_assert(strstr(e.msg, "--cards"), "%s", e.msg);
+    seed_opts(&o);
+    o.w.isl = 200000;
+    cr_assert_neq(pd_search_run(&o, &s, &e), 0);
+    cr_assert(strstr(e.msg, "--max-model-len"), "%s", e.msg);
+    seed_opts(&o);
+    o.base.hardware = "no-such-card";
+    cr_assert_neq(pd_search_run(&o, &s, &e), 0);
+    cr_assert(strstr(e.msg, "no-such-card"), "%s", e.msg);
+}
