@@ -1,6 +1,7 @@
 /* `pdmoe plan`: argument parsing and output of a deployment plan. */
 #include "cli/cli.h"
 #include "core/units.h"
+#include "plan/emit.h"
 #include "plan/plan.h"
 
 #include <getopt.h>
@@ -35,7 +36,15 @@ static const char *help =
     "  --sweep                      add the EP-size decision tree of each role\n"
     "  --inventory                  list every tensor (name, class, group, format, shape, bytes) and exit\n"
     "  --json                       the plan as JSON (plan_version 1)\n"
-    "  --units gb|gib               GB = 10^9 bytes (default) or GiB = 2^30 bytes\n";
+    "  --units gb|gib               GB = 10^9 bytes (default) or GiB = 2^30 bytes\n"
+    "  --emit vllm-ascend|sglang    instead of the plan, the shell script that launches its layout on a real\n"
+    "                               cluster: one server command per instance and node, and the proxy (router);\n"
+    "                               see docs/emit.md\n"
+    "  --hosts H0,H1,...            the nodes' addresses for --emit, in order (default: node0, node1, ...)\n"
+    "  --served-model-path PATH     what the servers load (default: the --checkpoint directory, the Hugging Face\n"
+    "                               repository of a preset, e.g. deepseek-ai/DeepSeek-V4-Flash, else --model)\n"
+    "  --base-port N                HTTP port of the first instance on each node, the next + 10; default 8100\n"
+    "  --proxy-port N               port of the proxy (router), on the first prefill node; default 8000\n";
 
 static int parse_role(const char *flag, const char *s, struct pd_role_opts *r)
 {
@@ -79,8 +88,46 @@ static int parse_bytes(const char *flag, const char *s, int64_t *out)
 
 enum {
     O_MODEL = 256, O_HW, O_CKPT, O_PREFILL, O_DECODE, O_NODES, O_UTIL, O_SEQS, O_LEN, O_BATCH, O_QUANT, O_QOVR,
-    O_KVDT, O_KVB, O_MTP, O_RTP, O_RTD, O_HAND, O_SWEEP, O_INV, O_JSON, O_UNITS, O_HELP
+    O_KVDT, O_KVB, O_MTP, O_RTP, O_RTD, O_HAND, O_SWEEP, O_INV, O_JSON, O_UNITS, O_EMIT, O_HOSTS, O_MPATH,
+    O_BPORT, O_PPORT, O_HELP
 };
+
+/* --hosts a,b,c: a malloc'ed array of pointers into one malloc'ed copy of the list. */
+static int parse_hosts(const char *s, char **copy, const char ***hosts, int *n)
+{
+    *copy = strdup(s);
+    int cap = 1;
+    for (const char *q = s; *q; q++)
+        cap += *q == ',';
+    *hosts = calloc((size_t)cap, sizeof **hosts);
+    if (!*copy || !*hosts) {
+        fprintf(stderr, "pdmoe plan: out of memory\n");
+        return -1;
+    }
+    *n = 0;
+    for (char *t = *copy, *comma;; t = comma + 1) {
+        comma = strchr(t, ',');
+        if (comma)
+            *comma = 0;
+        (*hosts)[(*n)++] = t;
+        if (!comma)
+            break;
+    }
+    return 0;
+}
+
+static int parse_port(const char *flag, const char *s, int *port)
+{
+    int64_t v;
+    if (pd_cli_int(flag, s, 1, &v))
+        return -1;
+    if (v > 65535) {
+        fprintf(stderr, "pdmoe: %s %s: a port is at most 65535\n", flag, s);
+        return -1;
+    }
+    *port = (int)v;
+    return 0;
+}
 
 int pd_cli_plan(int argc, char **argv)
 {
@@ -92,12 +139,22 @@ int pd_cli_plan(int argc, char **argv)
         {"kv-cache-dtype", 1, 0, O_KVDT}, {"kv-bytes-per-token", 1, 0, O_KVB}, {"mtp", 1, 0, O_MTP},
         {"runtime-overhead-prefill", 1, 0, O_RTP}, {"runtime-overhead-decode", 1, 0, O_RTD},
         {"handoff-tokens", 1, 0, O_HAND}, {"sweep", 0, 0, O_SWEEP}, {"inventory", 0, 0, O_INV},
-        {"json", 0, 0, O_JSON}, {"units", 1, 0, O_UNITS}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
+        {"json", 0, 0, O_JSON}, {"units", 1, 0, O_UNITS}, {"emit", 1, 0, O_EMIT}, {"hosts", 1, 0, O_HOSTS},
+        {"served-model-path", 1, 0, O_MPATH}, {"base-port", 1, 0, O_BPORT}, {"proxy-port", 1, 0, O_PPORT},
+        {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
     };
     struct pd_plan_opts o;
     pd_plan_opts_default(&o);
     int json = 0, inventory = 0, units = PD_UNITS_GB, c;
     int64_t v;
+    struct pd_emit_opts eo;
+    pd_emit_opts_default(&eo);
+    enum pd_emit_target target = PD_EMIT_VLLM_ASCEND;
+    const char *emit = NULL, *emit_only = NULL;   /* emit_only: the first flag that needs --emit */
+    char *hosts_copy = NULL;
+    const char **hosts = NULL;
+    int rc = 2;
+    pd_err e = {0};
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -110,31 +167,31 @@ int pd_cli_plan(int argc, char **argv)
             if (strcmp(o.model, "deepseek-v4-flash") == 0)
                 o.model = NULL;   /* the checkpoint's own config.json */
             break;
-        case O_PREFILL: if (parse_role("--prefill", optarg, &o.role[PD_ROLE_PREFILL])) return 2; break;
-        case O_DECODE: if (parse_role("--decode", optarg, &o.role[PD_ROLE_DECODE])) return 2; break;
-        case O_NODES: if (pd_cli_int("--nodes", optarg, 1, &v)) return 2; o.nodes = (int)v; break;
-        case O_UTIL: if (pd_cli_double("--gpu-memory-utilization", optarg, &o.util)) return 2; break;
-        case O_SEQS: if (pd_cli_int("--max-num-seqs", optarg, 1, &o.max_num_seqs)) return 2; break;
-        case O_LEN: if (pd_cli_int("--max-model-len", optarg, 1, &o.max_model_len)) return 2; break;
-        case O_BATCH: if (pd_cli_int("--max-num-batched-tokens", optarg, 1, &o.max_num_batched_tokens)) return 2; break;
+        case O_PREFILL: if (parse_role("--prefill", optarg, &o.role[PD_ROLE_PREFILL])) goto out; break;
+        case O_DECODE: if (parse_role("--decode", optarg, &o.role[PD_ROLE_DECODE])) goto out; break;
+        case O_NODES: if (pd_cli_int("--nodes", optarg, 1, &v)) goto out; o.nodes = (int)v; break;
+        case O_UTIL: if (pd_cli_double("--gpu-memory-utilization", optarg, &o.util)) goto out; break;
+        case O_SEQS: if (pd_cli_int("--max-num-seqs", optarg, 1, &o.max_num_seqs)) goto out; break;
+        case O_LEN: if (pd_cli_int("--max-model-len", optarg, 1, &o.max_model_len)) goto out; break;
+        case O_BATCH: if (pd_cli_int("--max-num-batched-tokens", optarg, 1, &o.max_num_batched_tokens)) goto out; break;
         case O_QUANT: o.quant = optarg; break;
         case O_QOVR: o.quant_override = optarg; break;
         case O_KVDT:
             if (pd_kv_parse_dtype(optarg, &o.kv_dtype)) {
                 fprintf(stderr, "pdmoe: --kv-cache-dtype %s: expected fp8 or bf16\n", optarg);
-                return 2;
+                goto out;
             }
             break;
-        case O_KVB: if (pd_cli_int("--kv-bytes-per-token", optarg, 1, &o.kv_bytes_per_token)) return 2; break;
+        case O_KVB: if (pd_cli_int("--kv-bytes-per-token", optarg, 1, &o.kv_bytes_per_token)) goto out; break;
         case O_MTP:
             if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
                 fprintf(stderr, "pdmoe: --mtp %s: expected on or off\n", optarg);
-                return 2;
+                goto out;
             }
             o.mtp = strcmp(optarg, "on") == 0;
             break;
-        case O_RTP: if (parse_bytes("--runtime-overhead-prefill", optarg, &o.runtime[0])) return 2; break;
-        case O_RTD: if (parse_bytes("--runtime-overhead-decode", optarg, &o.runtime[1])) return 2; break;
+        case O_RTP: if (parse_bytes("--runtime-overhead-prefill", optarg, &o.runtime[0])) goto out; break;
+        case O_RTD: if (parse_bytes("--runtime-overhead-decode", optarg, &o.runtime[1])) goto out; break;
         case O_HAND: {
             char buf[256];
             snprintf(buf, sizeof buf, "%s", optarg);
@@ -142,10 +199,10 @@ int pd_cli_plan(int argc, char **argv)
             for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
                 if (o.n_handoff == 8) {
                     fprintf(stderr, "pdmoe: --handoff-tokens: at most 8 lengths\n");
-                    return 2;
+                    goto out;
                 }
                 if (pd_cli_int("--handoff-tokens", t, 1, &o.handoff_tokens[o.n_handoff++]))
-                    return 2;
+                    goto out;
             }
             break;
         }
@@ -159,26 +216,70 @@ int pd_cli_plan(int argc, char **argv)
                 units = PD_UNITS_GIB;
             else {
                 fprintf(stderr, "pdmoe: --units %s: expected gb (10^9 bytes) or gib (2^30 bytes)\n", optarg);
-                return 2;
+                goto out;
             }
             break;
-        case O_HELP: fputs(help, stdout); return 0;
-        case ':': fprintf(stderr, "pdmoe plan: %s needs a value\n", flag); return 2;
-        default: fprintf(stderr, "pdmoe plan: unknown option %s (see pdmoe plan --help)\n", flag); return 2;
+        case O_EMIT:
+            if (pd_emit_target_parse(optarg, &target, &e)) {
+                fprintf(stderr, "pdmoe plan: %s\n", e.msg);
+                goto out;
+            }
+            emit = optarg;
+            break;
+        case O_HOSTS:
+            free(hosts_copy);
+            free(hosts);
+            if (parse_hosts(optarg, &hosts_copy, &hosts, &eo.n_hosts))
+                goto out;
+            eo.hosts = hosts;
+            emit_only = emit_only ? emit_only : "--hosts";
+            break;
+        case O_MPATH: eo.model_path = optarg; emit_only = emit_only ? emit_only : "--served-model-path"; break;
+        case O_BPORT:
+            if (parse_port("--base-port", optarg, &eo.base_port))
+                goto out;
+            emit_only = emit_only ? emit_only : "--base-port";
+            break;
+        case O_PPORT:
+            if (parse_port("--proxy-port", optarg, &eo.proxy_port))
+                goto out;
+            emit_only = emit_only ? emit_only : "--proxy-port";
+            break;
+        case O_HELP: fputs(help, stdout); rc = 0; goto out;
+        case ':': fprintf(stderr, "pdmoe plan: %s needs a value\n", flag); goto out;
+        default: fprintf(stderr, "pdmoe plan: unknown option %s (see pdmoe plan --help)\n", flag); goto out;
         }
     }
     if (optind < argc) {
         fprintf(stderr, "pdmoe plan: unexpected argument \"%s\" (see pdmoe plan --help)\n", argv[optind]);
-        return 2;
+        goto out;
+    }
+    if (emit_only && !emit) {
+        fprintf(stderr, "pdmoe plan: %s only applies with --emit vllm-ascend|sglang\n", emit_only);
+        goto out;
+    }
+    if (emit && (json || inventory)) {
+        fprintf(stderr, "pdmoe plan: --emit writes a launch script; it does not combine with %s\n",
+                json ? "--json" : "--inventory");
+        goto out;
     }
     struct pd_plan p;
-    pd_err e = {0};
     if (pd_plan_build(&o, &p, &e)) {
         fprintf(stderr, "pdmoe plan: %s\n", e.msg);
-        return 1;
+        rc = 1;
+        goto out;
     }
-    int rc = 0;
-    if (inventory) {
+    rc = 0;
+    if (emit) {
+        char *s = pd_emit(&p, target, &eo, &e);
+        if (!s) {
+            fprintf(stderr, "pdmoe plan: %s\n", e.msg);
+            rc = e.code == PD_EINVAL ? 2 : 1;
+        } else {
+            fputs(s, stdout);
+            free(s);
+        }
+    } else if (inventory) {
         pd_plan_print_inventory(&p, stdout, units);
     } else {
         char *s = json ? pd_plan_json(&p) : pd_plan_text(&p, units);
@@ -193,5 +294,8 @@ int pd_cli_plan(int argc, char **argv)
         }
     }
     pd_plan_free(&p);
+out:
+    free(hosts_copy);
+    free(hosts);
     return rc;
 }

@@ -135,3 +135,39 @@ Test(cli, bad_config_file)
     remove(path);
     rmdir(dir);
 }
+
+/* `pdmoe plan --emit`: the script on stdout, usage errors naming the flag with exit status 2. */
+Test(cli, plan_emit)
+{
+    struct run r;
+    run("plan --emit vllm-ascend", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert_eq(strncmp(r.out, "#!/bin/sh\n", 10), 0);
+    cr_assert(strstr(r.out, "vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"));
+    cr_assert(strstr(r.out, "python3 load_balance_proxy_server_example.py \\\n"));
+
+    run("plan --emit sglang --hosts 10.0.0.1,10.0.0.2,10.0.0.3,10.0.0.4,10.0.0.5,10.0.0.6,10.0.0.7,10.0.0.8 "
+        "--served-model-path /models/v4 --base-port 9000 --proxy-port 9100", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "    --model-path /models/v4 \\\n"));
+    cr_assert(strstr(r.out, "    --prefill http://10.0.0.1:9000 8998 \\\n"));
+    cr_assert(strstr(r.out, "    --decode http://10.0.0.5:9000 \\\n    --host 0.0.0.0 \\\n    --port 9100 &\n"));
+
+    static const struct { const char *args, *msg; } bad[] = {
+        {"plan --emit vllm", "--emit vllm: expected vllm-ascend or sglang"},
+        {"plan --hosts a,b", "--hosts only applies with --emit"},
+        {"plan --served-model-path /m", "--served-model-path only applies with --emit"},
+        {"plan --emit sglang --hosts a,b,c", "--hosts: 3 given but the layout needs 8 nodes"},
+        {"plan --emit sglang --hosts a,,c", "--hosts: host 2 \"\""},
+        {"plan --emit sglang --json", "does not combine with --json"},
+        {"plan --emit sglang --base-port 70000", "--base-port 70000: a port is at most 65535"},
+        {"plan --emit sglang --proxy-port 8100", "ports clash on node0"},
+        {"plan --hardware h200 --prefill dp=8,tp=1,instances=2 --decode dp=16,tp=1,instances=1 --nodes 4 "
+         "--emit vllm-ascend", "not Ascend NPUs (use --emit sglang)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        expect_error(bad[i].args, bad[i].msg);
+        run(bad[i].args, &r);
+        cr_assert_eq(r.status, 2, "pdmoe %s: exit %d", bad[i].args, r.status);
+    }
+}

@@ -1,0 +1,612 @@
+/* Launch scripts from a plan: the node assignment (which instance runs on which cards of which
+ * node, with which ports), then one writer per engine. Every flag name was checked against the
+ * engine's own source or documents, cited beside the code that writes it; docs/emit.md lists
+ * them with the plan field each value comes from. */
+#include "plan/emit.h"
+
+#include <assert.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Ports. Instances sharing a node are `PORT_STEP` apart in every per-node port, so the ports
+ * an engine derives from its own (SGLang opens a few above --port) never meet. */
+#define PORT_STEP 10
+#define VLLM_DP_RPC_PORT 13345   /* vLLM docs/serving/data_parallel_deployment.md */
+#define SGL_DIST_INIT_PORT 5000  /* SGLang docs/advanced_features/pd_disaggregation.md */
+#define SGL_BOOTSTRAP_PORT 8998  /* SGLang server_args.py: disaggregation_bootstrap_port's default */
+
+/* One command: an instance's share of one node. */
+struct part {
+    enum pd_role role;
+    int inst;               /* index within its role */
+    int id;                 /* engine_id: prefill instances first, then decode */
+    int node, head;         /* this node, and the instance's first node */
+    int k, n;               /* node k of the instance's n nodes */
+    int card0, ncards;      /* the cards it uses on this node */
+    int slot;               /* instances before it on its node: ports + PORT_STEP * slot */
+    int dp_start, dp_local; /* its data-parallel ranks on this node */
+};
+
+struct layout {
+    struct part *parts;
+    int n_parts, nodes;
+    int first[2], last[2];  /* nodes of each role */
+    int kv_base, kv_step;   /* vllm-ascend kv_port of instance id: kv_base + kv_step * id */
+};
+
+struct ctx {
+    const struct pd_plan *p;
+    const struct pd_emit_opts *o;
+    struct layout L;
+    const char **host;      /* L.nodes names */
+    char (*placeholder)[16];
+    const char *model;
+    int ascend;
+};
+
+void pd_emit_opts_default(struct pd_emit_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->base_port = 8100;
+    o->proxy_port = 8000;
+}
+
+int pd_emit_target_parse(const char *name, enum pd_emit_target *t, pd_err *e)
+{
+    if (name && strcmp(name, "vllm-ascend") == 0)
+        *t = PD_EMIT_VLLM_ASCEND;
+    else if (name && strcmp(name, "sglang") == 0)
+        *t = PD_EMIT_SGLANG;
+    else
+        return pd_err_set(e, PD_EINVAL, "--emit %s: expected vllm-ascend or sglang", name ? name : "");
+    return 0;
+}
+
+const char *pd_emit_target_name(enum pd_emit_target t)
+{
+    return t == PD_EMIT_SGLANG ? "sglang" : "vllm-ascend";
+}
+
+const char *pd_emit_model_path(const struct pd_plan *p)
+{
+    static const struct { const char *preset, *repo; } hf[] = {
+        {"deepseek-v4-flash", "deepseek-ai/DeepSeek-V4-Flash"},
+        {"seed-v4-flash", "deepseek-ai/DeepSeek-V4-Flash"},   /* the article's description of it */
+        {"deepseek-v3", "deepseek-ai/DeepSeek-V3"},
+    };
+    if (p->o.checkpoint)
+        return p->o.checkpoint;
+    for (size_t i = 0; i < sizeof hf / sizeof hf[0]; i++)
+        if (strcmp(p->model.name, hf[i].preset) == 0)
+            return hf[i].repo;
+    return p->o.model ? p->o.model : p->model.name;
+}
+
+static int layout_build(const struct pd_plan *p, struct layout *L, pd_err *e)
+{
+    int cpn = p->hw.cards_per_node, total = 0, max_cards = 1;
+    memset(L, 0, sizeof *L);
+    for (int r = 0; r < 2; r++) {
+        const struct pd_role_plan *rp = &p->role[r];
+        int cards = rp->o.dp * rp->o.tp;
+        if (cards > cpn && cards % cpn)
+            return pd_err_set(e, PD_EINVAL, "%s instances of %d cards (dp %d x tp %d) would split unevenly over "
+                              "nodes of %d cards: an instance larger than a node must fill whole nodes",
+                              pd_role_name((enum pd_role)r), cards, rp->o.dp, rp->o.tp, cpn);
+        if (cards > cpn && cpn % rp->o.tp)
+            return pd_err_set(e, PD_EINVAL, "%s tp %d does not divide a node's %d cards: a data-parallel rank "
+                              "would straddle two nodes", pd_role_name((enum pd_role)r), rp->o.tp, cpn);
+        total += rp->o.instances * (cards > cpn ? cards / cpn : 1);
+        if (cards > max_cards)
+            max_cards = cards;
+    }
+    L->parts = calloc((size_t)total, sizeof *L->parts);
+    if (!L->parts)
+        return pd_err_set(e, PD_ENOMEM, "emit: out of memory");
+    int node = 0, off = 0, slot = 0, id = 0;
+    for (int r = 0; r < 2; r++) {
+        const struct pd_role_plan *rp = &p->role[r];
+        int cards = rp->o.dp * rp->o.tp;
+        if (off > 0) {   /* decode starts on a node of its own */
+            node++;
+            off = slot = 0;
+        }
+        L->first[r] = node;
+        for (int i = 0; i < rp->o.instances; i++, id++) {
+            if (cards <= cpn) {
+                if (off + cards > cpn) {
+                    node++;
+                    off = slot = 0;
+                }
+                L->parts[L->n_parts++] = (struct part){
+                    .role = (enum pd_role)r, .inst = i, .id = id, .node = node, .head = node, .k = 0, .n = 1,
+                    .card0 = off, .ncards = cards, .slot = slot, .dp_start = 0, .dp_local = rp->o.dp};
+                off += cards;
+                slot++;
+                if (off == cpn) {
+                    node++;
+                    off = slot = 0;
+                }
+            } else {
+                if (off > 0) {
+                    node++;
+                    off = slot = 0;
+                }
+                int n = cards / cpn, local = cpn / rp->o.tp;
+                for (int k = 0; k < n; k++)
+                    L->parts[L->n_parts++] = (struct part){
+                        .role = (enum pd_role)r, .inst = i, .id = id, .node = node + k, .head = node, .k = k, .n = n,
+                        .card0 = 0, .ncards = cpn, .slot = 0, .dp_start = k * local, .dp_local = local};
+                node += n;
+            }
+        }
+        L->last[r] = off > 0 ? node : node - 1;
+    }
+    L->nodes = node + (off > 0);
+    assert(L->n_parts == total);
+    /* vllm-ascend's PD guide: AscendDirectTransport takes ports in [20000, 20000 + 1000 x NPUs per
+     * node), so kv_port must lie above; each instance listens on kv_port + its ranks. The
+     * DeepSeek-V4-Flash tutorial's 30000, 30100, ... satisfies both for 8-card nodes. */
+    L->kv_base = 20000 + 1000 * cpn > 30000 ? 20000 + 1000 * cpn : 30000;
+    L->kv_step = 100 * ((max_cards + 99) / 100);
+    if (L->nodes > p->nodes) {
+        free(L->parts);
+        return pd_err_set(e, PD_ENOFIT, "placing whole instances on nodes of %d cards needs %d nodes but the "
+                          "cluster has %d (--nodes)", cpn, L->nodes, p->nodes);
+    }
+    return 0;
+}
+
+int pd_emit_nodes(const struct pd_plan *p, int *nodes, pd_err *e)
+{
+    struct layout L;
+    int rc = layout_build(p, &L, e);
+    if (rc)
+        return rc;
+    *nodes = L.nodes;
+    free(L.parts);
+    return 0;
+}
+
+/* Ports a part binds on its node: HTTP and the instance's rendezvous port on its first node, the
+ * bootstrap server of an SGLang prefill instance, the kv_port range of a vllm-ascend instance. */
+struct range {
+    int lo, hi;
+    const struct part *x;
+    const char *what;
+};
+
+static int part_ranges(const struct ctx *c, enum pd_emit_target t, const struct part *x, struct range *out)
+{
+    int n = 0, s = PORT_STEP * x->slot, head = x->k == 0;
+    if (head)
+        out[n++] = (struct range){c->o->base_port + s, c->o->base_port + s, x, "HTTP port"};
+    if (t == PD_EMIT_VLLM_ASCEND) {
+        if (head)
+            out[n++] = (struct range){VLLM_DP_RPC_PORT + s, VLLM_DP_RPC_PORT + s, x, "--data-parallel-rpc-port"};
+        int kv = c->L.kv_base + c->L.kv_step * x->id;
+        out[n++] = (struct range){kv, kv + c->L.kv_step - 1, x, "kv_port range"};
+    } else {
+        if (head && x->n > 1)
+            out[n++] = (struct range){SGL_DIST_INIT_PORT + s, SGL_DIST_INIT_PORT + s, x, "--dist-init-addr port"};
+        if (head && x->role == PD_ROLE_PREFILL)
+            out[n++] = (struct range){SGL_BOOTSTRAP_PORT + s, SGL_BOOTSTRAP_PORT + s, x, "bootstrap port"};
+    }
+    return n;
+}
+
+static const char *span(int lo, int hi, char *buf)
+{
+    if (lo == hi)
+        snprintf(buf, 32, "%d", lo);
+    else
+        snprintf(buf, 32, "%d-%d", lo, hi);
+    return buf;
+}
+
+static int check_ports(const struct ctx *c, enum pd_emit_target t, pd_err *e)
+{
+    const struct layout *L = &c->L;
+    struct range *r = malloc(sizeof *r * (size_t)(4 * L->n_parts + 1));
+    if (!r)
+        return pd_err_set(e, PD_ENOMEM, "emit: out of memory");
+    int rc = 0;
+    for (int node = 0; node < L->nodes && !rc; node++) {
+        int n = 0;
+        if (node == 0)
+            r[n++] = (struct range){c->o->proxy_port, c->o->proxy_port, NULL, "port"};
+        for (int i = 0; i < L->n_parts; i++)
+            if (L->parts[i].node == node)
+                n += part_ranges(c, t, &L->parts[i], r + n);
+        for (int i = 0; i < n && !rc; i++) {
+            if (r[i].lo < 1 || r[i].hi > 65535) {
+                rc = pd_err_set(e, PD_EINVAL, "%s %s on %s is outside 1-65535 (see --base-port, --proxy-port)",
+                                r[i].what, span(r[i].lo, r[i].hi, (char[32]){0}), c->host[node]);
+                break;
+            }
+            for (int j = 0; j < i; j++)
+                if (r[i].lo <= r[j].hi && r[j].lo <= r[i].hi) {
+                    char a[64] = "the proxy", b[64] = "the proxy";
+                    if (r[j].x)
+                        snprintf(a, sizeof a, "%s instance %d", pd_role_name(r[j].x->role), r[j].x->inst);
+                    if (r[i].x)
+                        snprintf(b, sizeof b, "%s instance %d", pd_role_name(r[i].x->role), r[i].x->inst);
+                    rc = pd_err_set(e, PD_EINVAL, "ports clash on %s: the %s %s of %s and the %s %s of %s "
+                                    "(see --base-port, --proxy-port)", c->host[node], r[j].what,
+                                    span(r[j].lo, r[j].hi, (char[32]){0}), a, r[i].what,
+                                    span(r[i].lo, r[i].hi, (char[32]){0}), b);
+                    break;
+                }
+        }
+    }
+    free(r);
+    return rc;
+}
+
+static int host_ok(const char *h)
+{
+    size_t n = strlen(h);
+    if (n == 0 || n > 253)
+        return 0;
+    for (const char *s = h; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '.' ||
+              *s == '-' || *s == '_'))
+            return 0;
+    return 1;
+}
+
+static int hosts_build(struct ctx *c, pd_err *e)
+{
+    const struct layout *L = &c->L;
+    c->host = calloc((size_t)L->nodes, sizeof *c->host);
+    if (!c->host)
+        return pd_err_set(e, PD_ENOMEM, "emit: out of memory");
+    if (!c->o->hosts) {
+        c->placeholder = calloc((size_t)L->nodes, sizeof *c->placeholder);
+        if (!c->placeholder)
+            return pd_err_set(e, PD_ENOMEM, "emit: out of memory");
+        for (int i = 0; i < L->nodes; i++) {
+            snprintf(c->placeholder[i], sizeof c->placeholder[i], "node%d", i);
+            c->host[i] = c->placeholder[i];
+        }
+        return 0;
+    }
+    for (int i = 0; i < c->o->n_hosts; i++)
+        if (!c->o->hosts[i] || !host_ok(c->o->hosts[i]))
+            return pd_err_set(e, PD_EINVAL, "--hosts: host %d \"%s\": expected a name or an IPv4 address "
+                              "(letters, digits, '.', '-', '_')", i + 1, c->o->hosts[i] ? c->o->hosts[i] : "");
+    if (c->o->n_hosts < L->nodes)
+        return pd_err_set(e, PD_EINVAL, "--hosts: %d given but the layout needs %d nodes (prefill on nodes %d-%d, "
+                          "decode on nodes %d-%d)", c->o->n_hosts, L->nodes, L->first[0], L->last[0], L->first[1],
+                          L->last[1]);
+    for (int i = 0; i < L->nodes; i++) {
+        for (int j = 0; j < i; j++)
+            if (strcmp(c->o->hosts[i], c->o->hosts[j]) == 0)
+                return pd_err_set(e, PD_EINVAL, "--hosts: %s is listed twice (hosts %d and %d); each node needs "
+                                  "its own", c->o->hosts[i], j + 1, i + 1);
+        c->host[i] = c->o->hosts[i];
+    }
+    return 0;
+}
+
+/* The model path as one shell word. */
+static void sh_word(FILE *f, const char *s)
+{
+    int safe = *s != 0;
+    for (const char *q = s; *q; q++)
+        if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./:@%+=,-", *q))
+            safe = 0;
+    if (safe) {
+        fputs(s, f);
+        return;
+    }
+    fputc('\'', f);
+    for (const char *q = s; *q; q++)
+        if (*q == '\'')
+            fputs("'\\''", f);
+        else
+            fputc(*q, f);
+    fputc('\'', f);
+}
+
+/* One more argument of the command being written: a continuation line. */
+static void arg(FILE *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void arg(FILE *f, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs(" \\\n    ", f);
+    vfprintf(f, fmt, ap);
+    va_end(ap);
+}
+
+static void comment(FILE *f, const struct ctx *c, const struct part *x, const char *note)
+{
+    const struct pd_role_plan *rp = &c->p->role[x->role];
+    fprintf(f, "# %s instance %d on %s (node %d of %d%s): ", pd_role_name(x->role), x->inst, c->host[x->node],
+            x->k + 1, x->n, note);
+    if (x->ncards == 1)
+        fprintf(f, "card %d, ", x->card0);
+    else
+        fprintf(f, "cards %d-%d, ", x->card0, x->card0 + x->ncards - 1);
+    if (x->dp_local == 1)
+        fprintf(f, "dp rank %d of %d", x->dp_start, rp->o.dp);
+    else
+        fprintf(f, "dp ranks %d-%d of %d", x->dp_start, x->dp_start + x->dp_local - 1, rp->o.dp);
+    if (rp->o.tp > 1)
+        fprintf(f, " x tp %d", rp->o.tp);
+    fputc('\n', f);
+}
+
+static void header(FILE *f, const struct ctx *c, enum pd_emit_target t)
+{
+    const struct pd_plan *p = c->p;
+    const struct pd_role_opts *P = &p->role[PD_ROLE_PREFILL].o, *D = &p->role[PD_ROLE_DECODE].o;
+    fprintf(f, "#!/bin/sh\n");
+    fprintf(f, "# %s launch commands from `pdmoe plan --emit %s`:\n", pd_emit_target_name(t), pd_emit_target_name(t));
+    fprintf(f, "# %s on %d nodes of %d %s (%s),\n", p->model.name, c->L.nodes, p->hw.cards_per_node, p->hw.card_name,
+            p->hw.name);
+    fprintf(f, "# prefill %d x (dp %d, tp %d), decode %d x (dp %d, tp %d); model path ", P->instances, P->dp, P->tp,
+            D->instances, D->dp, D->tp);
+    sh_word(f, c->model);
+    fprintf(f, ".\n");
+    for (int r = 0; r < 2; r++)
+        if (!p->role[r].fits)
+            fprintf(f, "# WARNING: the plan says the %s role does not fit in memory (see `pdmoe plan`).\n",
+                    pd_role_name((enum pd_role)r));
+    fprintf(f, "# Copy this file to every node and run `sh FILE HOST` there, HOST being the node's name\n"
+               "# below: it starts that node's servers in the background and waits. The %s listens on\n"
+               "# %s:%d. What each flag comes from and what is left to fill in: pdmoe's docs/emit.md.\n",
+            t == PD_EMIT_SGLANG ? "router" : "proxy", c->host[0], c->o->proxy_port);
+    fprintf(f, "set -e\n");
+    fprintf(f, "host=${1:?usage: sh FILE HOST (%s ... %s)}\n", c->host[0], c->host[c->L.nodes - 1]);
+    fprintf(f, "case \"$host\" in\n");
+    for (int i = 0; i < c->L.nodes; i++)
+        fprintf(f, "%s%s", i ? "|" : "", c->host[i]);
+    fprintf(f, ") ;;\n*) echo \"$0: $host is not a node of this deployment (%s ... %s)\" >&2; exit 2 ;;\nesac\n\n",
+            c->host[0], c->host[c->L.nodes - 1]);
+}
+
+/* vllm-ascend: one `vllm serve` per instance and node in vLLM's internal load-balancing mode
+ * (vLLM docs/serving/data_parallel_deployment.md: the first node serves HTTP, the others run
+ * --headless engines from --data-parallel-start-rank), with vllm-ascend's Mooncake connector. */
+static void vllm_env(FILE *f)
+{
+    fputs("# Environment of vllm-ascend's multi-node PD tutorials (pd_disaggregation_mooncake_multi_node\n"
+          "# and DeepSeek-V4-Flash on Atlas 800 A2), on every node.\n"
+          ": \"${NIC_NAME:?set NIC_NAME to the network interface that connects the nodes, e.g. enp67s0f0np0}\"\n"
+          "local_ip=${LOCAL_IP:-$(hostname -I | awk '{print $1}')}\n"
+          "export HCCL_IF_IP=\"$local_ip\"\n"
+          "export GLOO_SOCKET_IFNAME=\"$NIC_NAME\" TP_SOCKET_IFNAME=\"$NIC_NAME\" HCCL_SOCKET_IFNAME=\"$NIC_NAME\"\n"
+          "export OMP_PROC_BIND=false OMP_NUM_THREADS=10 PYTORCH_NPU_ALLOC_CONF=expandable_segments:True\n"
+          "export HCCL_BUFFSIZE=1024 HCCL_OP_EXPANSION_MODE=AIV TASK_QUEUE_ENABLE=1\n"
+          "export HCCL_EXEC_TIMEOUT=204 HCCL_CONNECT_TIMEOUT=1200\n"
+          "export VLLM_RPC_TIMEOUT=3600000 VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=30000\n\n",
+          f);
+}
+
+static void vllm_part(FILE *f, const struct ctx *c, const struct part *x)
+{
+    const struct pd_plan *p = c->p;
+    const struct pd_role_plan *rp = &p->role[x->role], *P = &p->role[PD_ROLE_PREFILL], *D = &p->role[PD_ROLE_DECODE];
+    int head = x->k == 0, s = PORT_STEP * x->slot, v4 = p->model.arch == PD_ARCH_DEEPSEEK_V4;
+    comment(f, c, x, head ? "" : ", headless");
+    fprintf(f, "if [ \"$host\" = %s ]; then\n  ASCEND_RT_VISIBLE_DEVICES=", c->host[x->node]);
+    for (int i = 0; i < x->ncards; i++)
+        fprintf(f, "%s%d", i ? "," : "", x->card0 + i);
+    fputs(" vllm serve ", f);
+    sh_word(f, c->model);
+    if (head) {
+        arg(f, "--host 0.0.0.0");
+        arg(f, "--port %d", c->o->base_port + s);
+    } else {
+        arg(f, "--headless");
+    }
+    arg(f, "--data-parallel-size %d", rp->o.dp);
+    arg(f, "--data-parallel-size-local %d", x->dp_local);
+    if (!head)
+        arg(f, "--data-parallel-start-rank %d", x->dp_start);
+    arg(f, "--data-parallel-address %s", c->host[x->head]);
+    arg(f, "--data-parallel-rpc-port %d", VLLM_DP_RPC_PORT + s);
+    arg(f, "--tensor-parallel-size %d", rp->o.tp);
+    if (rp->ep > 1)
+        arg(f, "--enable-expert-parallel");
+    arg(f, "--gpu-memory-utilization %g", p->o.util);
+    arg(f, "--max-num-seqs %lld", (long long)p->o.max_num_seqs);
+    arg(f, "--max-model-len %lld", (long long)p->o.max_model_len);
+    arg(f, "--max-num-batched-tokens %lld", (long long)p->o.max_num_batched_tokens);
+    /* The seed's roles (../shared/reference/pd-serving-systems.md), as vllm-ascend's
+     * DeepSeek-V4-Flash tutorial writes them: eager prefill; decode-only graphs and the
+     * recompute scheduler on decode. */
+    if (x->role == PD_ROLE_PREFILL) {
+        arg(f, "--enforce-eager");
+    } else {
+        arg(f, "--compilation-config '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}'");
+        arg(f, "--additional-config '{\"recompute_scheduler_enable\":true}'");
+    }
+    /* V4's window + compressed attention needs vLLM's hybrid KV cache manager, and vllm-ascend's
+     * MooncakeHybridConnector (registered in vllm_ascend/distributed/kv_transfer/__init__.py) to
+     * move such caches; other models use MooncakeConnectorV1 (the DeepSeek PD tutorial). */
+    if (v4)
+        arg(f, "--no-disable-hybrid-kv-cache-manager");
+    arg(f, "--kv-transfer-config '{\"kv_connector\":\"%s\",\"kv_role\":\"%s\",\"kv_port\":\"%d\",\"engine_id\":\"%d\","
+           "\"kv_connector_extra_config\":{\"prefill\":{\"dp_size\":%d,\"tp_size\":%d},"
+           "\"decode\":{\"dp_size\":%d,\"tp_size\":%d}}}'",
+        v4 ? "MooncakeHybridConnector" : "MooncakeConnectorV1",
+        x->role == PD_ROLE_PREFILL ? "kv_producer" : "kv_consumer", c->L.kv_base + c->L.kv_step * x->id, x->id,
+        P->o.dp, P->o.tp, D->o.dp, D->o.tp);
+    fputs(" &\nfi\n\n", f);
+}
+
+/* vllm-ascend's examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py (its
+ * parse_args: --host, --port, --prefiller-hosts/-ports, --decoder-hosts/-ports, nargs="+"):
+ * one entry per instance, its first node and HTTP port. */
+static void vllm_proxy(FILE *f, const struct ctx *c)
+{
+    static const char *const flag[2][2] = {{"--prefiller-hosts", "--prefiller-ports"},
+                                           {"--decoder-hosts", "--decoder-ports"}};
+    fprintf(f, "# proxy on %s: vllm-ascend's examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py\n",
+            c->host[0]);
+    fprintf(f, "if [ \"$host\" = %s ]; then\n  python3 load_balance_proxy_server_example.py", c->host[0]);
+    arg(f, "--host 0.0.0.0");
+    arg(f, "--port %d", c->o->proxy_port);
+    for (int r = 0; r < 2; r++)
+        for (int w = 0; w < 2; w++) {
+            fprintf(f, " \\\n    %s", flag[r][w]);
+            for (int i = 0; i < c->L.n_parts; i++) {
+                const struct part *x = &c->L.parts[i];
+                if (x->role != (enum pd_role)r || x->k)
+                    continue;
+                if (w == 0)
+                    fprintf(f, " %s", c->host[x->node]);
+                else
+                    fprintf(f, " %d", c->o->base_port + PORT_STEP * x->slot);
+            }
+        }
+    fputs(" &\nfi\n\n", f);
+}
+
+/* SGLang: `python3 -m sglang.launch_server` per instance and node. Flag names from SGLang's
+ * python/sglang/srt/server_args.py and docs/advanced_features/pd_disaggregation.md. An instance
+ * of dp x tp cards is one SGLang server of --tp-size dp x tp with DP attention over dp and expert
+ * parallelism over all its cards, as SGLang's DeepSeek deployments run it. */
+static void sgl_env(FILE *f, const struct ctx *c)
+{
+    if (!c->ascend)
+        return;
+    fputs("# SGLang's PD docs, Ascend section: Mooncake on NPUs needs this (and ASCEND_NPU_PHY_ID in the container).\n"
+          "export ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE=true\n\n",
+          f);
+}
+
+/* SGLang's --mem-fraction-static is "the fraction of the memory used for static allocation
+ * (model weights and KV cache memory pool)": the plan's usable memory less activations and
+ * runtime, over the card's capacity, rounded down to 0.01. */
+static double sgl_mem_fraction(const struct pd_role_plan *rp)
+{
+    const struct pd_budget *b = &rp->b;
+    double f = (double)(b->usable - b->activations - b->runtime) / (double)b->capacity;
+    if (f < 0)
+        f = 0;
+    return (double)(long long)(f * 100.0) / 100.0;
+}
+
+static void sgl_part(FILE *f, const struct ctx *c, const struct part *x)
+{
+    const struct pd_plan *p = c->p;
+    const struct pd_role_plan *rp = &p->role[x->role];
+    int s = PORT_STEP * x->slot, cards = rp->o.dp * rp->o.tp, dp = rp->o.dp;
+    comment(f, c, x, "");
+    fprintf(f, "if [ \"$host\" = %s ]; then\n  python3 -m sglang.launch_server", c->host[x->node]);
+    fputs(" \\\n    --model-path ", f);
+    sh_word(f, c->model);
+    arg(f, "--host 0.0.0.0");
+    arg(f, "--port %d", c->o->base_port + s);
+    arg(f, "--disaggregation-mode %s", pd_role_name(x->role));
+    arg(f, "--disaggregation-transfer-backend mooncake");
+    if (x->role == PD_ROLE_PREFILL)
+        arg(f, "--disaggregation-bootstrap-port %d", SGL_BOOTSTRAP_PORT + s);
+    arg(f, "--nnodes %d", x->n);
+    arg(f, "--node-rank %d", x->k);
+    if (x->n > 1)
+        arg(f, "--dist-init-addr %s:%d", c->host[x->head], SGL_DIST_INIT_PORT + s);
+    arg(f, "--tp-size %d", cards);
+    if (dp > 1) {
+        arg(f, "--dp-size %d", dp);
+        arg(f, "--enable-dp-attention");
+    }
+    if (cards > 1) {
+        arg(f, "--ep-size %d", cards);
+        arg(f, "--moe-a2a-backend deepep");
+    }
+    if (x->card0)
+        arg(f, "--base-gpu-id %d", x->card0);
+    arg(f, "--mem-fraction-static %.2f", sgl_mem_fraction(rp));
+    /* Both are instance-wide in SGLang and divided by --dp-size under DP attention
+     * (server_args.py _handle_data_parallelism; the scheduler's per-worker request limit), while
+     * vLLM's --max-num-seqs and --max-num-batched-tokens are per data-parallel rank. */
+    arg(f, "--max-running-requests %lld", (long long)p->o.max_num_seqs * dp);
+    arg(f, "--context-length %lld", (long long)p->o.max_model_len);
+    if (x->role == PD_ROLE_PREFILL)
+        arg(f, "--chunked-prefill-size %lld", (long long)p->o.max_num_batched_tokens * dp);
+    if (c->ascend) {
+        arg(f, "--device npu");
+        arg(f, "--attention-backend ascend");
+    }
+    fputs(" &\nfi\n\n", f);
+}
+
+/* sglang-router (docs/advanced_features/router.md): --prefill URL [BOOTSTRAP_PORT] per prefill
+ * instance, --decode URL per decode instance. */
+static void sgl_router(FILE *f, const struct ctx *c)
+{
+    fprintf(f, "# router on %s: sglang-router, each prefill instance with its bootstrap port\n", c->host[0]);
+    fprintf(f, "if [ \"$host\" = %s ]; then\n  python3 -m sglang_router.launch_router", c->host[0]);
+    arg(f, "--pd-disaggregation");
+    for (int i = 0; i < c->L.n_parts; i++) {
+        const struct part *x = &c->L.parts[i];
+        int s = PORT_STEP * x->slot;
+        if (x->k)
+            continue;
+        if (x->role == PD_ROLE_PREFILL)
+            arg(f, "--prefill http://%s:%d %d", c->host[x->node], c->o->base_port + s, SGL_BOOTSTRAP_PORT + s);
+        else
+            arg(f, "--decode http://%s:%d", c->host[x->node], c->o->base_port + s);
+    }
+    arg(f, "--host 0.0.0.0");
+    arg(f, "--port %d", c->o->proxy_port);
+    fputs(" &\nfi\n\n", f);
+}
+
+char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_emit_opts *o, pd_err *e)
+{
+    struct pd_emit_opts defaults;
+    if (!o) {
+        pd_emit_opts_default(&defaults);
+        o = &defaults;
+    }
+    struct ctx c = {.p = p, .o = o};
+    c.model = o->model_path && *o->model_path ? o->model_path : pd_emit_model_path(p);
+    c.ascend = strstr(p->hw.card_name, "Ascend") != NULL;
+    if (t == PD_EMIT_VLLM_ASCEND && !c.ascend) {
+        pd_err_set(e, PD_EINVAL, "--emit vllm-ascend: %s has %s cards, not Ascend NPUs (use --emit sglang)",
+                   p->hw.name, p->hw.card_name);
+        return NULL;
+    }
+    if (layout_build(p, &c.L, e))
+        return NULL;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = NULL;
+    if (hosts_build(&c, e) || check_ports(&c, t, e))
+        goto done;
+    f = open_memstream(&buf, &len);
+    if (!f) {
+        pd_err_set(e, PD_ENOMEM, "emit: out of memory");
+        goto done;
+    }
+    header(f, &c, t);
+    if (t == PD_EMIT_VLLM_ASCEND)
+        vllm_env(f);
+    else
+        sgl_env(f, &c);
+    for (int i = 0; i < c.L.n_parts; i++)
+        (t == PD_EMIT_VLLM_ASCEND ? vllm_part : sgl_part)(f, &c, &c.L.parts[i]);
+    if (t == PD_EMIT_VLLM_ASCEND)
+        vllm_proxy(f, &c);
+    else
+        sgl_router(f, &c);
+    fputs("wait\n", f);
+    if (fclose(f)) {
+        free(buf);
+        buf = NULL;
+        pd_err_set(e, PD_ENOMEM, "emit: out of memory");
+    }
+done:
+    free(c.L.parts);
+    free(c.host);
+    free(c.placeholder);
+    return buf;
+}

@@ -1,0 +1,47 @@
+/* From a deployment plan to a real cluster: the shell script that starts every prefill and decode
+ * instance of the plan's layout with vllm-ascend (KV cache over Mooncake) or SGLang (PD
+ * disaggregation over Mooncake), one command per instance and node, and the proxy (router) in
+ * front of them. Where each flag comes from, in the plan and in the engines' own documents, and
+ * what a user must still fill in: docs/emit.md.
+ *
+ * Node assignment: prefill instances take the first nodes in order, decode the following ones;
+ * an instance smaller than a node shares it with the next instance of the same role (each gets
+ * its own cards, ports and kv_port); an instance larger than a node spans cards/cards_per_node
+ * whole nodes. */
+#ifndef PD_PLAN_EMIT_H
+#define PD_PLAN_EMIT_H
+
+#include "core/err.h"
+#include "plan/plan.h"
+
+enum pd_emit_target { PD_EMIT_VLLM_ASCEND = 0, PD_EMIT_SGLANG = 1 };
+
+struct pd_emit_opts {
+    const char *const *hosts;   /* n_hosts node addresses, in node order; NULL: node0 ... nodeN-1 */
+    int n_hosts;
+    const char *model_path;     /* what every server loads; NULL: pd_emit_model_path(p) */
+    int base_port;              /* HTTP port of the first instance on a node (the k-th: + 10 k) */
+    int proxy_port;             /* the proxy's (router's) port; it runs on the first prefill node */
+};
+
+/* base_port 8100, proxy_port 8000, placeholder hosts, the default model path. */
+void pd_emit_opts_default(struct pd_emit_opts *o);
+
+/* "vllm-ascend" or "sglang"; PD_EINVAL (message naming --emit) for anything else. */
+int pd_emit_target_parse(const char *name, enum pd_emit_target *t, pd_err *e);
+const char *pd_emit_target_name(enum pd_emit_target t);
+
+/* The model path the servers load by default: the --checkpoint directory, else the Hugging Face
+ * repository of a preset that has one (deepseek-v4-flash and seed-v4-flash:
+ * deepseek-ai/DeepSeek-V4-Flash; deepseek-v3: deepseek-ai/DeepSeek-V3), else the --model argument. */
+const char *pd_emit_model_path(const struct pd_plan *p);
+
+/* Nodes the layout occupies under the assignment above; PD_EINVAL when an instance larger than
+ * a node does not split into whole nodes of whole data-parallel ranks. */
+int pd_emit_nodes(const struct pd_plan *p, int *nodes, pd_err *e);
+
+/* The launch script (#!/bin/sh), malloc'ed; NULL with `e` filled when the layout cannot be
+ * emitted (too few --hosts, an uneven split, clashing ports, vllm-ascend on non-Ascend cards). */
+char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_emit_opts *o, pd_err *e);
+
+#endif

@@ -1,0 +1,689 @@
+/* Launch scripts from a plan (src/plan/emit.c): the seed's vllm-ascend script pinned byte for
+ * byte, SGLang's key lines, instances sharing a node, tp > 1, --hosts and the layouts emit
+ * refuses; and the script run by a real sh against stand-in `vllm` and `python3` programs. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "plan/emit.h"
+
+static void build(struct pd_plan_opts *o, struct pd_plan *p)
+{
+    pd_err e = {0};
+    cr_assert_eq(pd_plan_build(o, p, &e), 0, "%s", e.msg);
+}
+
+static void seed(struct pd_plan *p)
+{
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    build(&o, p);
+}
+
+static char *emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_emit_opts *o)
+{
+    pd_err e = {0};
+    char *s = pd_emit(p, t, o, &e);
+    cr_assert_not_null(s, "%s", e.msg);
+    return s;
+}
+
+static int count(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *q = strstr(s, needle); q; q = strstr(q + 1, needle))
+        n++;
+    return n;
+}
+
+#define HAS(s, needle) cr_assert(strstr((s), (needle)), "missing \"%s\" in:\n%s", (needle), (s))
+#define LACKS(s, needle) cr_assert_null(strstr((s), (needle)), "unexpected \"%s\"", (needle))
+
+/* `pdmoe plan --emit vllm-ascend` with no other flag: the seed's 4 x EP8 prefill on node0-3, the
+ * EP32 decode over node4-7 (node4 serves HTTP, the others are headless), the proxy on node0. */
+static const char seed_vllm_ascend[] =
+    "#!/bin/sh\n"
+    "# vllm-ascend launch commands from `pdmoe plan --emit vllm-ascend`:\n"
+    "# deepseek-v4-flash on 8 nodes of 8 Ascend 910B 64 GB (Atlas 800I A2),\n"
+    "# prefill 4 x (dp 8, tp 1), decode 1 x (dp 32, tp 1); model path deepseek-ai/DeepSeek-V4-Flash.\n"
+    "# Copy this file to every node and run `sh FILE HOST` there, HOST being the node's name\n"
+    "# below: it starts that node's servers in the background and waits. The proxy listens on\n"
+    "# node0:8000. What each flag comes from and what is left to fill in: pdmoe's docs/emit.md.\n"
+    "set -e\n"
+    "host=${1:?usage: sh FILE HOST (node0 ... node7)}\n"
+    "case \"$host\" in\n"
+    "node0|node1|node2|node3|node4|node5|node6|node7) ;;\n"
+    "*) echo \"$0: $host is not a node of this deployment (node0 ... node7)\" >&2; exit 2 ;;\n"
+    "esac\n"
+    "\n"
+    "# Environment of vllm-ascend's multi-node PD tutorials (pd_disaggregation_mooncake_multi_node\n"
+    "# and DeepSeek-V4-Flash on Atlas 800 A2), on every node.\n"
+    ": \"${NIC_NAME:?set NIC_NAME to the network interface that connects the nodes, e.g. "
+        "enp67s0f0np0}\"\n"
+    "local_ip=${LOCAL_IP:-$(hostname -I | awk '{print $1}')}\n"
+    "export HCCL_IF_IP=\"$local_ip\"\n"
+    "export GLOO_SOCKET_IFNAME=\"$NIC_NAME\" TP_SOCKET_IFNAME=\"$NIC_NAME\" "
+        "HCCL_SOCKET_IFNAME=\"$NIC_NAME\"\n"
+    "export OMP_PROC_BIND=false OMP_NUM_THREADS=10 PYTORCH_NPU_ALLOC_CONF=expandable_segments:True\n"
+    "export HCCL_BUFFSIZE=1024 HCCL_OP_EXPANSION_MODE=AIV TASK_QUEUE_ENABLE=1\n"
+    "export HCCL_EXEC_TIMEOUT=204 HCCL_CONNECT_TIMEOUT=1200\n"
+    "export VLLM_RPC_TIMEOUT=3600000 VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=30000\n"
+    "\n"
+    "# prefill instance 0 on node0 (node 1 of 1): cards 0-7, dp ranks 0-7 of 8\n"
+    "if [ \"$host\" = node0 ]; then\n"
+    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+    "    --host 0.0.0.0 \\\n"
+    "    --port 8100 \\\n"
+    "    --data-parallel-size 8 \\\n"
+    "    --data-parallel-size-local 8 \\\n"
+    "    --data-parallel-address node0 \\\n"
+    "    --data-parallel-rpc-port 13345 \\\n"
+    "    --tensor-parallel-size 1 \\\n"
+    "    --enable-expert-parallel \\\n"
+    "    --gpu-memory-utilization 0.9 \\\n"
+    "    --max-num-seqs 30 \\\n"
+    "    --max-model-len 32768 \\\n"
+    "    --max-num-batched-tokens 4096 \\\n"
+    "    --enforce-eager \\\n"
+    "    --no-disable-hybrid-kv-cache-manager \\\n"
+    "    --kv-transfer-config '{\"kv_connector\":\"MooncakeHybridConnector\",\"kv_role\":\"kv_producer\","
+        "\"kv_port\":\"30000\",\"engine_id\":\"0\",\"kv_connector_extra_config\":{\"prefill\":{\"dp_size\":8,"
+        "\"tp_size\":1},\"decode\":{\"dp_size\":32,\"tp_size\":1}}}' &\n"
+    "fi\n"
+    "\n"
+    "# prefill instance 1 on node1 (node 1 of 1): cards 0-7, dp ranks 0-7 of 8\n"
+    "if [ \"$host\" = node1 ]; then\n"
+    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+    "    --host 0.0.0.0 \\\n"
+    "    --port 8100 \\\n"
+    "    --data-parallel-size 8 \\\n"
+    "    --data-parallel-size-local 8 \\\n"
+    "    --data-parallel-address node1 \\\n"
+    "    --data-parallel-rpc-port 13345 \\\n"
+    "    --tensor-parallel-size 1 \\\n"
+    "    --enable-expert-parallel \\\n"
+    "    --gpu-memory-utilization 0.9 \\\n"
+    "    --max-num-seqs 30 \\\n"
+    "    --max-model-len 32768 \\\n"
+    "    --max-num-batched-tokens 4096 \\\n"
+    "    --enforce-eager \\\n"
+    "    --no-disable-hybrid-kv-cache-manager \\\n"
+    "    --kv-transfer-config '{\"kv_connector\":\"MooncakeHybridConnector\",\"kv_role\":\"kv_producer\","
+        "\"kv_port\":\"30100\",\"engine_id\":\"1\",\"kv_connector_extra_config\":{\"prefill\":{\"dp_size\":8,"
+        "\"tp_size\":1},\"decode\":{\"dp_size\":32,\"tp_size\":1}}}' &\n"
+    "fi\n"
+    "\n"
+    "# prefill instance 2 on node2 (node 1 of 1): cards 0-7, dp ranks 0-7 of 8\n"
+    "if [ \"$host\" = node2 ]; then\n"
+    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+    "    --host 0.0.0.0 \\\n"
+    "    --port 8100 \\\n"
+    "    --data-parallel-size 8 \\\n"
+    "    --data-parallel-size-local 8 \\\n"
+    "    --data-parallel-address node2 \\\n"
+    "    --data-parallel-rpc-port 13345 \\\n"
+    "    --tensor-parallel-size 1 \\\n"
+    "    --enable-expert-parallel \\\n"
+    "    --gpu-memory-utilization 0.9 \\\n"
+    "    --max-num-seqs 30 \\\n"
+    "    --max-model-len 32768 \\\n"
+    "    --max-num-batched-tokens 4096 \\\n"
+    "    --enforce-eager \\\n"
+    "    --no-disable-hybrid-kv-cache-manager \\\n"
+    "    --kv-transfer-config '{\"kv_connector\":\"MooncakeHybridConnector\",\"kv_role\":\"kv_producer\","
+        "\"kv_port\":\"30200\",\"engine_id\":\"2\",\"kv_connector_extra_config\":{\"prefill\":{\"dp_size\":8,"
+        "\"tp_size\":1},\"decode\":{\"dp_size\":32,\"tp_size\":1}}}' &\n"
+    "fi\n"
+    "\n"
+    "# prefill instance 3 on node3 (node 1 of 1): cards 0-7, dp ranks 0-7 of 8\n"
+    "if [ \"$host\" = node3 ]; then\n"
+    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+    "    --host 0.0.0.0 \\\n"
+    "    --port 8100 \\\n"
+    "    --data-parallel-size 8 \\\n"
+    "    --data-parallel-size-local 8 \\\n"
+    "    --data-parallel-address node3 \\\n"
+    "    --data-parallel-rpc-port 13345 \\\n"
+    "    --tensor-parallel-size 1 \\\n"
+    "    --enable-expert-parallel \\\n"
+    "    --gpu-memory-utilization 0.9 \\\n"
+    "    --max-num-seqs 30 \\\n"
+    "    --max-model-len 32768 \\\n"
+    "    --max-num-batched-tokens 4096 \\\n"
+    "    --enforce-eager \\\n"
+    "    --no-disable-hybrid-kv-cache-manager \\\n"
+    "    --kv-transfer-config '{\"kv_connector\":\"MooncakeHybridConnector\",\"kv_role\":\"kv_producer\","
+        "\"kv_port\":\"30300\",\"engine_id\":\"3\",\"kv_connector_extra_config\":{\"prefill\":{\"dp_size\":8,"
+        "\"tp_size\":1},\"decode\":{\"dp_size\":32,\"tp_size\":1}}}' &\n"
+    "fi\n"
+    "\n"
+    "# decode instance 0 on node4 (node 1 of 4): cards 0-7, dp ranks 0-7 of 32\n"
+    "if [ \"$host\" = node4 ]; then\n"
+    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+    "    --host 0.0.0.0 \\\n"
+    "    --port 8100 \\\n"
+    "    --data-parallel-size 32 \\\n"
+    "    --data-parallel-size-local 8 \\\n"
+    "    --data-parallel-address node4 \\\n"
+    "    --data-parallel-rpc-port 13345 \\\n"
+    "    --tensor-parallel-size 1 \\\n"
+    "    --enable-expert-parallel \\\n"
+    "    --gpu-memory-utilization 0.9 \\\n"
+    "    --max-num-seqs 30 \\\n"
+    "    --max-model-len 32768 \\\n"
+    "    --max-num-batched-tokens 4096 \\\n"
+    "    --compilation-config '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' \\\n"
+    "    --additional-config '{\"recompute_scheduler_enable\":true}' \\\n"
+    "    --no-disable-hybrid-kv-cache-manager \\\n"
+    "    --kv-transfer-config '{\"kv_connector\":\"MooncakeHybridConnector\",\"kv_role\":\"kv_consumer\","
+        "\"kv_port\":\"30400\",\"engine_id\":\"4\",\"kv_connector_extra_config\":{\"prefill\":{\"dp_size\":8,"
+        "\"tp_size\":1},\"decode\":{\"dp_size\":32,\"tp_size\":1}}}' &\n"
+    "fi\n"
+    "\n"
+    "# decode instance 0 on node5 (node 2 of 4, headless): cards 0-7, dp ranks 8-15 of 32\n"
+    "if [ \"$host\" = node5 ]; then\n"
+    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+    "    --headless \\\n"
+    "    --data-parallel-size 32 \\\n"
+    "    --data-parallel-size-local 8 \\\n"
+    "    --data-parallel-start-rank 8 \\\n"
+    "    --data-parallel-address node4 \\\n"
+    "    --data-parallel-rpc-port 13345 \\\n"
+    "    --tensor-parallel-size 1 \\\n"
+    "    --enable-expert-parallel \\\n"
+    "    --gpu-memory-utilization 0.9 \\\n"
+    "    --max-num-seqs 30 \\\n"
+    "    --max-model-len 32768 \\\n"
+    "    --max-num-batched-tokens 4096 \\\n"
+    "    --compilation-config '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' \\\n"
+    "    --additional-config '{\"recompute_scheduler_enable\":true}' \\\n"
+    "    --no-disable-hybrid-kv-cache-manager \\\n"
+    "    --kv-transfer-config '{\"kv_connector\":\"MooncakeHybridConnector\",\"kv_role\":\"kv_consumer\","
+        "\"kv_port\":\"30400\",\"engine_id\":\"4\",\"kv_connector_extra_config\":{\"prefill\":{\"dp_size\":8,"
+        "\"tp_size\":1},\"decode\":{\"dp_size\":32,\"tp_size\":1}}}' &\n"
+    "fi\n"
+    "\n"
+    "# decode instance 0 on node6 (node 3 of 4, headless): cards 0-7, dp ranks 16-23 of 32\n"
+    "if [ \"$host\" = node6 ]; then\n"
+    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+    "    --headless \\\n"
+    "    --data-parallel-size 32 \\\n"
+    "    --data-parallel-size-local 8 \\\n"
+    "    --data-parallel-start-rank 16 \\\n"
+    "    --data-parallel-address node4 \\\n"
+    "    --data-parallel-rpc-port 13345 \\\n"
+    "    --tensor-parallel-size 1 \\\n"
+    "    --enable-expert-parallel \\\n"
+    "    --gpu-memory-utilization 0.9 \\\n"
+    "    --max-num-seqs 30 \\\n"
+    "    --max-model-len 32768 \\\n"
+    "    --max-num-batched-tokens 4096 \\\n"
+    "    --compilation-config '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' \\\n"
+    "    --additional-config '{\"recompute_scheduler_enable\":true}' \\\n"
+    "    --no-disable-hybrid-kv-cache-manager \\\n"
+    "    --kv-transfer-config '{\"kv_connector\":\"MooncakeHybridConnector\",\"kv_role\":\"kv_consumer\","
+        "\"kv_port\":\"30400\",\"engine_id\":\"4\",\"kv_connector_extra_config\":{\"prefill\":{\"dp_size\":8,"
+        "\"tp_size\":1},\"decode\":{\"dp_size\":32,\"tp_size\":1}}}' &\n"
+    "fi\n"
+    "\n"
+    "# decode instance 0 on node7 (node 4 of 4, headless): cards 0-7, dp ranks 24-31 of 32\n"
+    "if [ \"$host\" = node7 ]; then\n"
+    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+    "    --headless \\\n"
+    "    --data-parallel-size 32 \\\n"
+    "    --data-parallel-size-local 8 \\\n"
+    "    --data-parallel-start-rank 24 \\\n"
+    "    --data-parallel-address node4 \\\n"
+    "    --data-parallel-rpc-port 13345 \\\n"
+    "    --tensor-parallel-size 1 \\\n"
+    "    --enable-expert-parallel \\\n"
+    "    --gpu-memory-utilization 0.9 \\\n"
+    "    --max-num-seqs 30 \\\n"
+    "    --max-model-len 32768 \\\n"
+    "    --max-num-batched-tokens 4096 \\\n"
+    "    --compilation-config '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' \\\n"
+    "    --additional-config '{\"recompute_scheduler_enable\":true}' \\\n"
+    "    --no-disable-hybrid-kv-cache-manager \\\n"
+    "    --kv-transfer-config '{\"kv_connector\":\"MooncakeHybridConnector\",\"kv_role\":\"kv_consumer\","
+        "\"kv_port\":\"30400\",\"engine_id\":\"4\",\"kv_connector_extra_config\":{\"prefill\":{\"dp_size\":8,"
+        "\"tp_size\":1},\"decode\":{\"dp_size\":32,\"tp_size\":1}}}' &\n"
+    "fi\n"
+    "\n"
+    "# proxy on node0: vllm-ascend's examples/disaggregated_prefill_v1/"
+        "load_balance_proxy_server_example.py\n"
+    "if [ \"$host\" = node0 ]; then\n"
+    "  python3 load_balance_proxy_server_example.py \\\n"
+    "    --host 0.0.0.0 \\\n"
+    "    --port 8000 \\\n"
+    "    --prefiller-hosts node0 node1 node2 node3 \\\n"
+    "    --prefiller-ports 8100 8100 8100 8100 \\\n"
+    "    --decoder-hosts node4 \\\n"
+    "    --decoder-ports 8100 &\n"
+    "fi\n"
+    "\n"
+    "wait\n";
+
+Test(plan, emit_vllm_ascend_seed_script)
+{
+    struct pd_plan p;
+    seed(&p);
+    char *s = emit(&p, PD_EMIT_VLLM_ASCEND, NULL);
+    cr_assert_str_eq(s, seed_vllm_ascend);
+    int nodes = 0;
+    pd_err e = {0};
+    cr_assert_eq(pd_emit_nodes(&p, &nodes, &e), 0, "%s", e.msg);
+    cr_assert_eq(nodes, 8);
+    free(s);
+    pd_plan_free(&p);
+}
+
+/* Every --kv-transfer-config is JSON with the fields vllm-ascend reads: one engine_id and kv_port
+ * per instance (shared by the nodes of a multi-node instance), producer on P, consumer on D. */
+Test(plan, emit_vllm_ascend_kv_transfer_config_is_json)
+{
+    struct pd_plan p;
+    seed(&p);
+    char *s = emit(&p, PD_EMIT_VLLM_ASCEND, NULL);
+    const char *key = "--kv-transfer-config '";
+    int n = 0, producers = 0;
+    for (const char *q = strstr(s, key); q; q = strstr(q + 1, key), n++) {
+        const char *a = q + strlen(key), *b = strchr(a, '\'');
+        cr_assert_not_null(b);
+        json_error_t je;
+        json_t *j = json_loadb(a, (size_t)(b - a), 0, &je);
+        cr_assert_not_null(j, "%s", je.text);
+        const char *role = json_string_value(json_object_get(j, "kv_role"));
+        const char *id = json_string_value(json_object_get(j, "engine_id"));
+        const char *port = json_string_value(json_object_get(j, "kv_port"));
+        cr_assert_not_null(role);
+        cr_assert_not_null(id);
+        cr_assert_not_null(port);
+        int inst = n < 4 ? n : 4;   /* commands 0-3: prefill 0-3; 4-7: the decode instance's nodes */
+        cr_assert_eq(atoi(id), inst);
+        cr_assert_eq(atoi(port), 30000 + 100 * inst);
+        cr_assert_str_eq(role, n < 4 ? "kv_producer" : "kv_consumer");
+        producers += n < 4;
+        json_t *x = json_object_get(j, "kv_connector_extra_config");
+        cr_assert_eq(json_integer_value(json_object_get(json_object_get(x, "prefill"), "dp_size")), 8);
+        cr_assert_eq(json_integer_value(json_object_get(json_object_get(x, "decode"), "dp_size")), 32);
+        cr_assert_eq(json_integer_value(json_object_get(json_object_get(x, "decode"), "tp_size")), 1);
+        json_decref(j);
+    }
+    cr_assert_eq(n, 8);
+    cr_assert_eq(producers, 4);
+    free(s);
+    pd_plan_free(&p);
+}
+
+Test(plan, emit_sglang_seed_key_lines)
+{
+    struct pd_plan p;
+    seed(&p);
+    char *s = emit(&p, PD_EMIT_SGLANG, NULL);
+    cr_assert_eq(strncmp(s, "#!/bin/sh\n# sglang launch commands", 34), 0);
+    cr_assert_eq(count(s, "python3 -m sglang.launch_server"), 8);
+    cr_assert_eq(count(s, "--disaggregation-mode prefill"), 4);
+    cr_assert_eq(count(s, "--disaggregation-mode decode"), 4);
+    cr_assert_eq(count(s, "--disaggregation-transfer-backend mooncake"), 8);
+    cr_assert_eq(count(s, "--disaggregation-bootstrap-port 8998"), 4);
+    cr_assert_eq(count(s, "--model-path deepseek-ai/DeepSeek-V4-Flash"), 8);
+    /* one prefill instance: 8 cards, DP attention over 8, EP over 8, on one node */
+    HAS(s, "    --nnodes 1 \\\n    --node-rank 0 \\\n    --tp-size 8 \\\n    --dp-size 8 \\\n"
+           "    --enable-dp-attention \\\n    --ep-size 8 \\\n    --moe-a2a-backend deepep \\\n");
+    /* the decode instance: 4 nodes, rendezvous on its first node */
+    for (int k = 0; k < 4; k++) {
+        char want[256];
+        snprintf(want, sizeof want, "# decode instance 0 on node%d (node %d of 4): cards 0-7, dp ranks %d-%d of 32\n",
+                 4 + k, k + 1, 8 * k, 8 * k + 7);
+        HAS(s, want);
+        snprintf(want, sizeof want, "    --nnodes 4 \\\n    --node-rank %d \\\n    --dist-init-addr node4:5000 \\\n"
+                 "    --tp-size 32 \\\n    --dp-size 32 \\\n    --enable-dp-attention \\\n    --ep-size 32 \\\n", k);
+        HAS(s, want);
+    }
+    /* SGLang's limits are per instance, vLLM's per data-parallel rank */
+    cr_assert_eq(count(s, "--max-running-requests 240"), 4);
+    cr_assert_eq(count(s, "--max-running-requests 960"), 4);
+    cr_assert_eq(count(s, "--chunked-prefill-size 32768"), 4);
+    cr_assert_eq(count(s, "--context-length 32768"), 8);
+    /* weights + KV pool of the plan's card budget over the card's memory */
+    for (int r = 0; r < 2; r++) {
+        const struct pd_budget *b = &p.role[r].b;
+        double f = (double)(b->usable - b->activations - b->runtime) / (double)b->capacity;
+        char want[64];
+        snprintf(want, sizeof want, "--mem-fraction-static %.2f", (double)(long long)(f * 100) / 100);
+        cr_assert_eq(count(s, want), 4, "%s", want);
+        cr_assert(f > 0.8 && f < 0.9, "%f", f);
+    }
+    /* Ascend cards: SGLang's NPU device and Mooncake's Ascend transport */
+    cr_assert_eq(count(s, "--device npu"), 8);
+    HAS(s, "\nexport ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE=true\n");
+    LACKS(s, "--base-gpu-id");
+    HAS(s, "  python3 -m sglang_router.launch_router \\\n    --pd-disaggregation \\\n"
+           "    --prefill http://node0:8100 8998 \\\n    --prefill http://node1:8100 8998 \\\n"
+           "    --prefill http://node2:8100 8998 \\\n    --prefill http://node3:8100 8998 \\\n"
+           "    --decode http://node4:8100 \\\n    --host 0.0.0.0 \\\n    --port 8000 &\nfi\n\nwait\n");
+    free(s);
+    pd_plan_free(&p);
+}
+
+Test(plan, emit_sglang_on_nvidia_has_no_npu_flags)
+{
+    struct pd_plan_opts o;
+    struct pd_plan p;
+    pd_plan_opts_default(&o);
+    o.hardware = "h200";
+    o.nodes = 4;
+    o.role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 8, .tp = 1, .instances = 2};
+    o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 16, .tp = 1, .instances = 1};
+    build(&o, &p);
+    char *s = emit(&p, PD_EMIT_SGLANG, NULL);
+    LACKS(s, "--device npu");
+    LACKS(s, "ASCEND");
+    HAS(s, "--dist-init-addr node2:5000");
+    pd_err e = {0};
+    cr_assert_null(pd_emit(&p, PD_EMIT_VLLM_ASCEND, NULL, &e));
+    cr_assert_eq(e.code, PD_EINVAL);
+    cr_assert(strstr(e.msg, "not Ascend NPUs"), "%s", e.msg);
+    free(s);
+    pd_plan_free(&p);
+}
+
+/* Two prefill instances of 4 cards share node0: card masks, ports 10 apart, their own kv_port. */
+Test(plan, emit_instances_smaller_than_a_node_share_it)
+{
+    struct pd_plan_opts o;
+    struct pd_plan p;
+    pd_plan_opts_default(&o);
+    o.role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 4, .tp = 1, .instances = 2};
+    build(&o, &p);
+    int nodes = 0;
+    pd_err e = {0};
+    cr_assert_eq(pd_emit_nodes(&p, &nodes, &e), 0, "%s", e.msg);
+    cr_assert_eq(nodes, 5);
+
+    char *s = emit(&p, PD_EMIT_VLLM_ASCEND, NULL);
+    HAS(s, "# prefill instance 0 on node0 (node 1 of 1): cards 0-3, dp ranks 0-3 of 4\n"
+           "if [ \"$host\" = node0 ]; then\n"
+           "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+           "    --host 0.0.0.0 \\\n    --port 8100 \\\n");
+    HAS(s, "# prefill instance 1 on node0 (node 1 of 1): cards 4-7, dp ranks 0-3 of 4\n"
+           "if [ \"$host\" = node0 ]; then\n"
+           "  ASCEND_RT_VISIBLE_DEVICES=4,5,6,7 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+           "    --host 0.0.0.0 \\\n    --port 8110 \\\n");
+    HAS(s, "--data-parallel-address node0 \\\n    --data-parallel-rpc-port 13355 \\\n");
+    HAS(s, "\"kv_port\":\"30100\",\"engine_id\":\"1\"");
+    HAS(s, "\"kv_role\":\"kv_consumer\",\"kv_port\":\"30200\",\"engine_id\":\"2\"");
+    HAS(s, "# decode instance 0 on node1 (node 1 of 4): cards 0-7, dp ranks 0-7 of 32\n");
+    HAS(s, "# decode instance 0 on node4 (node 4 of 4, headless): cards 0-7, dp ranks 24-31 of 32\n");
+    HAS(s, "    --prefiller-hosts node0 node0 \\\n    --prefiller-ports 8100 8110 \\\n"
+           "    --decoder-hosts node1 \\\n    --decoder-ports 8100 &\n");
+    /* dp 4 puts 64 experts on a card: the plan says it does not fit, and the script says so */
+    HAS(s, "# WARNING: the plan says the prefill role does not fit in memory");
+    free(s);
+
+    s = emit(&p, PD_EMIT_SGLANG, NULL);
+    HAS(s, "    --port 8110 \\\n    --disaggregation-mode prefill \\\n    --disaggregation-transfer-backend mooncake \\\n"
+           "    --disaggregation-bootstrap-port 9008 \\\n");
+    cr_assert_eq(count(s, "--base-gpu-id 4"), 1);
+    HAS(s, "    --prefill http://node0:8100 8998 \\\n    --prefill http://node0:8110 9008 \\\n"
+           "    --decode http://node1:8100 \\\n");
+    free(s);
+    pd_plan_free(&p);
+}
+
+/* Each node of a 32-card decode instance of tp 4 runs 2 data-parallel ranks of 4 cards. */
+Test(plan, emit_tensor_parallel)
+{
+    struct pd_plan_opts o;
+    struct pd_plan p;
+    pd_plan_opts_default(&o);
+    o.role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 2, .tp = 4, .instances = 4};
+    o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 8, .tp = 4, .instances = 1};
+    build(&o, &p);
+    char *s = emit(&p, PD_EMIT_VLLM_ASCEND, NULL);
+    cr_assert_eq(count(s, "--tensor-parallel-size 4"), 8);
+    cr_assert_eq(count(s, "--data-parallel-size 2 \\\n    --data-parallel-size-local 2 \\\n"), 4);
+    HAS(s, "# decode instance 0 on node7 (node 4 of 4, headless): cards 0-7, dp ranks 6-7 of 8 x tp 4\n");
+    HAS(s, "    --headless \\\n    --data-parallel-size 8 \\\n    --data-parallel-size-local 2 \\\n"
+           "    --data-parallel-start-rank 6 \\\n    --data-parallel-address node4 \\\n");
+    cr_assert_eq(count(s, "\"kv_connector_extra_config\":{\"prefill\":{\"dp_size\":2,\"tp_size\":4},"
+                          "\"decode\":{\"dp_size\":8,\"tp_size\":4}}"), 8);
+    free(s);
+
+    s = emit(&p, PD_EMIT_SGLANG, NULL);
+    cr_assert_eq(count(s, "--tp-size 8 \\\n    --dp-size 2 \\\n    --enable-dp-attention \\\n    --ep-size 8 \\\n"), 4);
+    cr_assert_eq(count(s, "--tp-size 32 \\\n    --dp-size 8 \\\n    --enable-dp-attention \\\n    --ep-size 32 \\\n"), 4);
+    cr_assert_eq(count(s, "--chunked-prefill-size 8192"), 4);
+    cr_assert_eq(count(s, "--max-running-requests 60"), 4);
+    cr_assert_eq(count(s, "--max-running-requests 240"), 4);
+    free(s);
+    pd_plan_free(&p);
+}
+
+Test(plan, emit_hosts)
+{
+    struct pd_plan p;
+    seed(&p);
+    struct pd_emit_opts o;
+    pd_emit_opts_default(&o);
+    pd_err e = {0};
+
+    const char *three[] = {"10.0.0.1", "10.0.0.2", "10.0.0.3"};
+    o.hosts = three;
+    o.n_hosts = 3;
+    cr_assert_null(pd_emit(&p, PD_EMIT_VLLM_ASCEND, &o, &e));
+    cr_assert_eq(e.code, PD_EINVAL);
+    cr_assert_str_eq(e.msg, "--hosts: 3 given but the layout needs 8 nodes (prefill on nodes 0-3, decode on nodes 4-7)");
+
+    /* more hosts than nodes: the extra ones are unused */
+    const char *nine[] = {"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5",
+                          "10.0.0.6", "10.0.0.7", "10.0.0.8", "spare"};
+    o.hosts = nine;
+    o.n_hosts = 9;
+    char *s = emit(&p, PD_EMIT_VLLM_ASCEND, &o);
+    HAS(s, "\n10.0.0.1|10.0.0.2|10.0.0.3|10.0.0.4|10.0.0.5|10.0.0.6|10.0.0.7|10.0.0.8) ;;\n");
+    HAS(s, "# decode instance 0 on 10.0.0.6 (node 2 of 4, headless)");
+    cr_assert_eq(count(s, "--data-parallel-address 10.0.0.5"), 4);
+    HAS(s, "--prefiller-hosts 10.0.0.1 10.0.0.2 10.0.0.3 10.0.0.4 \\\n");
+    HAS(s, "--decoder-hosts 10.0.0.5 \\\n");
+    LACKS(s, "spare");
+    LACKS(s, "node0");
+    free(s);
+    s = emit(&p, PD_EMIT_SGLANG, &o);
+    HAS(s, "--dist-init-addr 10.0.0.5:5000");
+    HAS(s, "--prefill http://10.0.0.4:8100 8998");
+    free(s);
+
+    const char *twice[] = {"a", "b", "c", "d", "e", "f", "g", "a"};
+    o.hosts = twice;
+    o.n_hosts = 8;
+    cr_assert_null(pd_emit(&p, PD_EMIT_SGLANG, &o, &e));
+    cr_assert(strstr(e.msg, "--hosts: a is listed twice"), "%s", e.msg);
+
+    const char *bad[] = {"a", "b;rm", "c", "d", "e", "f", "g", "h"};
+    o.hosts = bad;
+    cr_assert_null(pd_emit(&p, PD_EMIT_SGLANG, &o, &e));
+    cr_assert(strstr(e.msg, "--hosts: host 2 \"b;rm\""), "%s", e.msg);
+
+    const char *empty[] = {"a", "", "c", "d", "e", "f", "g", "h"};
+    o.hosts = empty;
+    cr_assert_null(pd_emit(&p, PD_EMIT_SGLANG, &o, &e));
+    cr_assert(strstr(e.msg, "--hosts: host 2 \"\""), "%s", e.msg);
+    pd_plan_free(&p);
+}
+
+Test(plan, emit_model_path)
+{
+    struct pd_plan_opts o;
+    struct pd_plan p;
+    pd_plan_opts_default(&o);
+    o.model = "deepseek-v3";
+    build(&o, &p);
+    cr_assert_str_eq(pd_emit_model_path(&p), "deepseek-ai/DeepSeek-V3");
+    /* not V4: vllm-ascend's plain Mooncake connector, no hybrid KV cache manager */
+    char *s = emit(&p, PD_EMIT_VLLM_ASCEND, NULL);
+    cr_assert_eq(count(s, "\"kv_connector\":\"MooncakeConnectorV1\""), 8);
+    LACKS(s, "Hybrid");
+    LACKS(s, "hybrid");
+    free(s);
+    pd_plan_free(&p);
+
+    pd_plan_opts_default(&o);
+    o.model = "seed-v4-flash";
+    build(&o, &p);
+    cr_assert_str_eq(pd_emit_model_path(&p), "deepseek-ai/DeepSeek-V4-Flash");
+    struct pd_emit_opts eo;
+    pd_emit_opts_default(&eo);
+    eo.model_path = "/models/DeepSeek V4 Flash w8a8";   /* one shell word, quoted */
+    s = emit(&p, PD_EMIT_SGLANG, &eo);
+    cr_assert_eq(count(s, "--model-path '/models/DeepSeek V4 Flash w8a8' \\\n"), 8);
+    free(s);
+    eo.model_path = "/models/it's";
+    s = emit(&p, PD_EMIT_VLLM_ASCEND, &eo);
+    cr_assert_eq(count(s, " vllm serve '/models/it'\\''s' \\\n"), 8);
+    free(s);
+    pd_plan_free(&p);
+
+    pd_plan_opts_default(&o);
+    o.model = "v4-tiny";
+    o.role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 4, .tp = 1, .instances = 1};
+    o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 8, .tp = 1, .instances = 1};
+    build(&o, &p);
+    cr_assert_str_eq(pd_emit_model_path(&p), "v4-tiny");   /* no published checkpoint: the --model argument */
+    pd_plan_free(&p);
+}
+
+static void refused(struct pd_plan_opts *o, enum pd_emit_target t, const struct pd_emit_opts *eo, int code,
+                    const char *needle)
+{
+    struct pd_plan p;
+    build(o, &p);
+    pd_err e = {0};
+    cr_assert_null(pd_emit(&p, t, eo, &e));
+    cr_assert_eq(e.code, code, "%s", e.msg);
+    cr_assert(strstr(e.msg, needle), "\"%s\" lacks \"%s\"", e.msg, needle);
+    pd_plan_free(&p);
+}
+
+Test(plan, emit_layouts_it_refuses)
+{
+    struct pd_plan_opts o;
+    /* 12 cards would split 8 + 4 over two nodes */
+    pd_plan_opts_default(&o);
+    o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 12, .tp = 1, .instances = 1, .redundant = 8};
+    refused(&o, PD_EMIT_SGLANG, NULL, PD_EINVAL, "decode instances of 12 cards (dp 12 x tp 1) would split unevenly");
+    /* a tp-3 rank would straddle two 8-card nodes */
+    pd_plan_opts_default(&o);
+    o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 8, .tp = 3, .instances = 1, .redundant = 8};
+    refused(&o, PD_EMIT_VLLM_ASCEND, NULL, PD_EINVAL, "decode tp 3 does not divide a node's 8 cards");
+    /* five 6-card prefill instances take a node each: 5 + 4 nodes for 62 cards of 64 */
+    pd_plan_opts_default(&o);
+    o.role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 6, .tp = 1, .instances = 5, .redundant = 2};
+    refused(&o, PD_EMIT_SGLANG, NULL, PD_ENOFIT, "needs 9 nodes but the cluster has 8");
+    /* the proxy on an instance's port */
+    struct pd_emit_opts eo;
+    pd_emit_opts_default(&eo);
+    eo.proxy_port = 8100;
+    pd_plan_opts_default(&o);
+    refused(&o, PD_EMIT_SGLANG, &eo, PD_EINVAL,
+            "ports clash on node0: the port 8100 of the proxy and the HTTP port 8100 of prefill instance 0");
+    eo.proxy_port = 8000;
+    eo.base_port = 65530;   /* the second instance on a node would need 65540 */
+    pd_plan_opts_default(&o);
+    o.role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 4, .tp = 1, .instances = 2};
+    refused(&o, PD_EMIT_VLLM_ASCEND, &eo, PD_EINVAL, "HTTP port 65540 on node0 is outside 1-65535");
+
+    pd_err e = {0};
+    enum pd_emit_target t;
+    cr_assert_eq(pd_emit_target_parse("sglang", &t, &e), 0);
+    cr_assert_eq(t, PD_EMIT_SGLANG);
+    cr_assert_eq(pd_emit_target_parse("vllm-ascend", &t, &e), 0);
+    cr_assert_eq(t, PD_EMIT_VLLM_ASCEND);
+    cr_assert_eq(pd_emit_target_parse("vllm", &t, &e), PD_EINVAL);
+    cr_assert_str_eq(e.msg, "--emit vllm: expected vllm-ascend or sglang");
+}
+
+/* The script as a node runs it: sh dispatches on the host name, starts that node's commands with
+ * each argument intact (the JSON is one word), and refuses a host that is not in the layout. */
+static void write_file(const char *path, const char *text, int mode)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "%s", path);
+    fputs(text, f);
+    fclose(f);
+    chmod(path, (mode_t)mode);
+}
+
+static void slurp(const char *path, char *buf, size_t n)
+{
+    FILE *f = fopen(path, "r");
+    size_t k = f ? fread(buf, 1, n - 1, f) : 0;
+    buf[k] = 0;
+    if (f)
+        fclose(f);
+}
+
+Test(plan, emit_script_runs_under_sh)
+{
+    char dir[] = "/tmp/pdmoe-emit-XXXXXX", path[256], cmd[1024];
+    cr_assert_not_null(mkdtemp(dir));
+    /* Stand-ins append the environment the script set, then one argument per line, to a file of
+     * their own: the servers of a node run concurrently, so they must not share one. */
+    const char *fake = "#!/bin/sh\nexec >>\"$0.out\"\n"
+                       "echo \"ASCEND_RT_VISIBLE_DEVICES=$ASCEND_RT_VISIBLE_DEVICES HCCL_IF_IP=$HCCL_IF_IP "
+                       "HCCL_SOCKET_IFNAME=$HCCL_SOCKET_IFNAME\"\n"
+                       "for a in \"$@\"; do echo \"[$a]\"; done\n";
+    snprintf(path, sizeof path, "%s/vllm", dir);
+    write_file(path, fake, 0755);
+    snprintf(path, sizeof path, "%s/python3", dir);
+    write_file(path, fake, 0755);
+    snprintf(path, sizeof path, "%s/run.sh", dir);
+    write_file(path, seed_vllm_ascend, 0644);
+
+    static char out[1 << 16];
+    char vllm_out[256], py_out[256], err[256];
+    snprintf(vllm_out, sizeof vllm_out, "%s/vllm.out", dir);
+    snprintf(py_out, sizeof py_out, "%s/python3.out", dir);
+    snprintf(err, sizeof err, "%s/err", dir);
+
+    snprintf(cmd, sizeof cmd, "cd %s && PATH=%s:$PATH NIC_NAME=eth9 LOCAL_IP=10.9.9.9 sh run.sh node0 2>err", dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    /* node0 runs prefill instance 0 and the proxy, nothing else */
+    slurp(vllm_out, out, sizeof out);
+    cr_assert_eq(count(out, "ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 HCCL_IF_IP=10.9.9.9 HCCL_SOCKET_IFNAME=eth9\n"), 1,
+                 "%s", out);
+    HAS(out, "\n[--kv-transfer-config]\n[{\"kv_connector\":\"MooncakeHybridConnector\",\"kv_role\":\"kv_producer\","
+             "\"kv_port\":\"30000\",\"engine_id\":\"0\",\"kv_connector_extra_config\":{\"prefill\":{\"dp_size\":8,"
+             "\"tp_size\":1},\"decode\":{\"dp_size\":32,\"tp_size\":1}}}]\n");
+    slurp(py_out, out, sizeof out);
+    cr_assert_eq(count(out, "[load_balance_proxy_server_example.py]"), 1, "%s", out);
+    HAS(out, "\n[--prefiller-hosts]\n[node0]\n[node1]\n[node2]\n[node3]\n[--prefiller-ports]\n[8100]\n");
+    remove(vllm_out);
+    remove(py_out);
+
+    snprintf(cmd, sizeof cmd, "cd %s && PATH=%s:$PATH NIC_NAME=eth9 LOCAL_IP=10.9.9.9 sh run.sh node6 2>err", dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    slurp(vllm_out, out, sizeof out);
+    cr_assert_eq(count(out, "ASCEND_RT_VISIBLE_DEVICES="), 1, "%s", out);
+    HAS(out, "\n[--headless]\n[--data-parallel-size]\n[32]\n[--data-parallel-size-local]\n[8]\n"
+             "[--data-parallel-start-rank]\n[16]\n[--data-parallel-address]\n[node4]\n");
+    cr_assert_neq(access(py_out, F_OK), 0, "the proxy ran on node6");
+    remove(vllm_out);
+
+    snprintf(cmd, sizeof cmd, "cd %s && PATH=%s:$PATH NIC_NAME=eth9 sh run.sh node8 2>err", dir, dir);
+    cr_assert_neq(system(cmd), 0);
+    slurp(err, out, sizeof out);
+    HAS(out, "node8 is not a node of this deployment (node0 ... node7)");
+    snprintf(cmd, sizeof cmd, "cd %s && PATH=%s:$PATH sh run.sh node1 2>err", dir, dir);
+    cr_assert_neq(system(cmd), 0);
+    slurp(err, out, sizeof out);
+    HAS(out, "set NIC_NAME to the network interface");
+    cr_assert_neq(access(vllm_out, F_OK), 0, "a server started without NIC_NAME");
+
+    snprintf(cmd, sizeof cmd, "rm -f %s/vllm %s/python3 %s/run.sh %s/err && rmdir %s", dir, dir, dir, dir, dir);
+    cr_assert_eq(system(cmd), 0);
+}
