@@ -18,4 +18,16 @@ int pd_bench_search(int argc, char **argv);
  * `bytes` (>= 256 MiB to defeat the caches), best of `reps`. */
 double pd_bench_read_bandwidth(pd_pool *pool, int threads, size_t bytes, int reps);
 
+/* The ceilings and kernel rates `pdmoe calibrate` records for `threads` threads: read
+ * bandwidth (bytes/s), core clock (Hz), VNNI peak (int8 ops/s), the decode GEMV's effective
+ * bandwidth on a 59 MB matrix (bytes/s) and the prefill GEMM's int8 ops/s. */
+struct pd_bench_machine {
+    double bw, clock_hz, vnni_peak, gemv_bw, gemm_ops;
+};
+int pd_bench_machine_measure(int threads, int quick, struct pd_bench_machine *m);
+
+/* Best seconds of one contiguous UCX get of `bytes` between two workers of this process
+ * (shared memory or loopback, as UCX_TLS allows), over `reps`; -1 if UCX fails. */
+double pd_bench_ucx_get_time(size_t bytes, int reps);
+
 #endif

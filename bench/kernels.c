@@ -669,3 +669,61 @@ double pd_bench_read_bandwidth(pd_pool *pool, int threads, size_t bytes, int rep
     free(buf);
     return bw;
 }
+
+int pd_bench_machine_measure(int threads, int quick, struct pd_bench_machine *m)
+{
+    memset(m, 0, sizeof *m);
+    pd_pool *pool = NULL;
+    pd_err e = {0};
+    if (threads > 1 && report(pd_pool_create(threads, &pool, &e), &e) < 0)
+        return -1;
+    int rc = -1;
+    m->bw = pd_bench_read_bandwidth(pool, threads, (size_t)(quick ? 128 : 512) << 20, quick ? 2 : 5);
+    m->clock_hz = measure_clock_hz(quick);
+    m->vnni_peak = pd_gemm_kernel_supported(PD_KERNEL_AVX512) ? measure_vnni_peak(pool, threads, quick)
+                                                               : OPS_PER_VPDPBUSD * m->clock_hz * threads;
+    struct gemv_case g = {.out = 4096, .in = 14336, .reps = quick ? 8 : 60, .n_mats = quick ? 2 : 5};
+    size_t per = (size_t)g.out * g.in;
+    g.w = xmalloc(per * g.n_mats);
+    g.ws = xmalloc((size_t)g.out * g.n_mats * sizeof(float));
+    g.x = xmalloc((size_t)g.in * sizeof(float));
+    g.xq = xmalloc((size_t)g.in);
+    g.y = xmalloc((size_t)g.out * sizeof(float));
+    struct gemm_case h = {.out = 2048, .in = 4096, .T = quick ? 64 : 256, .reps = quick ? 3 : 10};
+    h.w = xmalloc((size_t)h.out * h.in);
+    h.ws = xmalloc((size_t)h.out * sizeof(float));
+    h.x = xmalloc((size_t)h.T * h.in * sizeof(float));
+    h.xq = xmalloc((size_t)h.T * h.in);
+    h.xs = xmalloc((size_t)h.T * sizeof(float));
+    h.y = xmalloc((size_t)h.T * h.out * sizeof(float));
+    double s;
+    if (!g.w || !g.ws || !g.x || !g.xq || !g.y || !h.w || !h.ws || !h.x || !h.xq || !h.xs || !h.y)
+        goto done;
+    fill_weights(g.w, per * g.n_mats);
+    fill_floats(g.ws, (size_t)g.out * g.n_mats, 1e-3f, 2e-3f);
+    fill_floats(g.x, (size_t)g.in, -1.0f, 1.0f);
+    fill_weights(h.w, (size_t)h.out * h.in);
+    fill_floats(h.ws, (size_t)h.out, 1e-3f, 2e-3f);
+    fill_floats(h.x, (size_t)h.T * h.in, -1.0f, 1.0f);
+    if (time_gemv(&g, pool, &s) < 0)
+        goto done;
+    m->gemv_bw = ((double)per + (double)g.out * sizeof(float)) / s;
+    if (time_gemm(&h, pool, &s) < 0)
+        goto done;
+    m->gemm_ops = 2.0 * h.out * h.in * h.T / s;
+    rc = 0;
+done:
+    free(g.w);
+    free(g.ws);
+    free(g.x);
+    free(g.xq);
+    free(g.y);
+    free(h.w);
+    free(h.ws);
+    free(h.x);
+    free(h.xq);
+    free(h.xs);
+    free(h.y);
+    pd_pool_destroy(pool);
+    return rc;
+}

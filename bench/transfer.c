@@ -370,3 +370,17 @@ int pd_bench_transfer(int argc, char **argv)
         rc = run_tls("tcp", tokens, n, &k, reps);
     return rc;
 }
+
+double pd_bench_ucx_get_time(size_t bytes, int reps)
+{
+    uint8_t *src = malloc(bytes), *dst = malloc(bytes);
+    double bw = 0;
+    if (src && dst) {
+        memset(src, 7, bytes);
+        memset(dst, 0, bytes);
+        bw = raw_get_bw(src, dst, bytes, bytes, reps, NULL, 0);
+    }
+    free(src);
+    free(dst);
+    return bw > 0 ? (double)bytes / bw : -1;
+}

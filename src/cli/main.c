@@ -15,6 +15,8 @@ static const struct {
     {"serve", pd_cli_serve, "OpenAI-compatible server on the engine (colocated prefill and decode)"},
     {"up", pd_cli_up, "a local PD cluster in one command: prefill and decode servers and the proxy"},
     {"proxy", pd_cli_proxy, "OpenAI-compatible proxy in front of prefill and decode instances"},
+    {"search", pd_cli_search, "layout search: Pareto front of throughput per card vs tokens/s per user, best layout"},
+    {"calibrate", pd_cli_calibrate, "measure this machine for a model: a hardware file for plan/search"},
     {"validate", pd_cli_validate, "the performance model against published deployments (Markdown table)"},
     {"bench", pd_cli_bench, "benchmarks: plan, kernels"},
 };

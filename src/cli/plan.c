@@ -2,9 +2,12 @@
 #include "cli/cli.h"
 #include "core/units.h"
 #include "plan/emit.h"
+#include "plan/html.h"
+#include "plan/perf.h"
 #include "plan/plan.h"
 
 #include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +40,12 @@ static const char *help =
     "  --inventory                  list every tensor (name, class, group, format, shape, bytes) and exit\n"
     "  --json                       the plan as JSON (plan_version 1)\n"
     "  --units gb|gib               GB = 10^9 bytes (default) or GiB = 2^30 bytes\n"
+    "  --isl N, --osl N             add the performance model's prediction for prompts of N and outputs of M\n"
+    "                               tokens: TTFT (prefill + KV hand-off + first step), TPOT, tokens/s per card\n"
+    "                               per role, rate-matched throughput, binding resources (docs/perf-model.md)\n"
+    "  --request-rate R             ... and TTFT with the queueing delay at R requests/s\n"
+    "  --prefix-cache-hit F         ... with a share F of prompt tokens served from a prefix cache\n"
+    "  --html FILE                  also write a self-contained HTML report (memory bars, expert map)\n"
     "  --emit vllm-ascend|sglang    instead of the plan, the shell script that launches its layout on a real\n"
     "                               cluster: one server command per instance and node, and the proxy (router);\n"
     "                               see docs/emit.md\n"
@@ -87,9 +96,8 @@ static int parse_bytes(const char *flag, const char *s, int64_t *out)
 }
 
 enum {
-    O_MODEL = 256, O_HW, O_CKPT, O_PREFILL, O_DECODE, O_NODES, O_UTIL, O_SEQS, O_LEN, O_BATCH, O_QUANT, O_QOVR,
-    O_KVDT, O_KVB, O_MTP, O_RTP, O_RTD, O_HAND, O_SWEEP, O_INV, O_JSON, O_UNITS, O_EMIT, O_HOSTS, O_MPATH,
-    O_BPORT, O_PPORT, O_HELP
+    O_SHARED = 256, O_CKPT, O_PREFILL, O_DECODE, O_NODES, O_RTP, O_RTD, O_HAND, O_SWEEP, O_INV, O_JSON, O_HTML,
+    O_EMIT, O_HOSTS, O_MPATH, O_BPORT, O_PPORT, O_HELP
 };
 
 /* --hosts a,b,c: a malloc'ed array of pointers into one malloc'ed copy of the list. */
@@ -132,20 +140,24 @@ static int parse_port(const char *flag, const char *s, int *port)
 int pd_cli_plan(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"model", 1, 0, O_MODEL}, {"hardware", 1, 0, O_HW}, {"checkpoint", 1, 0, O_CKPT},
+        {"model", 1, 0, O_SHARED}, {"hardware", 1, 0, O_SHARED}, {"checkpoint", 1, 0, O_CKPT},
         {"prefill", 1, 0, O_PREFILL}, {"decode", 1, 0, O_DECODE}, {"nodes", 1, 0, O_NODES},
-        {"gpu-memory-utilization", 1, 0, O_UTIL}, {"max-num-seqs", 1, 0, O_SEQS}, {"max-model-len", 1, 0, O_LEN},
-        {"max-num-batched-tokens", 1, 0, O_BATCH}, {"quant", 1, 0, O_QUANT}, {"quant-override", 1, 0, O_QOVR},
-        {"kv-cache-dtype", 1, 0, O_KVDT}, {"kv-bytes-per-token", 1, 0, O_KVB}, {"mtp", 1, 0, O_MTP},
-        {"runtime-overhead-prefill", 1, 0, O_RTP}, {"runtime-overhead-decode", 1, 0, O_RTD},
+        {"gpu-memory-utilization", 1, 0, O_SHARED}, {"max-num-seqs", 1, 0, O_SHARED}, {"max-model-len", 1, 0, O_SHARED},
+        {"max-num-batched-tokens", 1, 0, O_SHARED}, {"quant", 1, 0, O_SHARED}, {"quant-override", 1, 0, O_SHARED},
+        {"kv-cache-dtype", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED}, {"mtp", 1, 0, O_SHARED},
+        {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED}, {"request-rate", 1, 0, O_SHARED},
+        {"prefix-cache-hit", 1, 0, O_SHARED}, {"html", 1, 0, O_HTML}, {"runtime-overhead-prefill", 1, 0, O_RTP}, {"runtime-overhead-decode", 1, 0, O_RTD},
         {"handoff-tokens", 1, 0, O_HAND}, {"sweep", 0, 0, O_SWEEP}, {"inventory", 0, 0, O_INV},
-        {"json", 0, 0, O_JSON}, {"units", 1, 0, O_UNITS}, {"emit", 1, 0, O_EMIT}, {"hosts", 1, 0, O_HOSTS},
+        {"json", 0, 0, O_JSON}, {"units", 1, 0, O_SHARED}, {"emit", 1, 0, O_EMIT}, {"hosts", 1, 0, O_HOSTS},
         {"served-model-path", 1, 0, O_MPATH}, {"base-port", 1, 0, O_BPORT}, {"proxy-port", 1, 0, O_PPORT},
         {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
     };
     struct pd_plan_opts o;
     pd_plan_opts_default(&o);
-    int json = 0, inventory = 0, units = PD_UNITS_GB, c;
+    int json = 0, inventory = 0, units = PD_UNITS_GB, c, idx = 0, perf = 0;
+    struct pd_workload w;
+    pd_workload_default(&w);
+    const char *html = NULL;
     int64_t v;
     struct pd_emit_opts eo;
     pd_emit_opts_default(&eo);
@@ -157,11 +169,21 @@ int pd_cli_plan(int argc, char **argv)
     pd_err e = {0};
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "", opts, &idx)) != -1) {
         const char *flag = optind > 0 && optind <= argc ? argv[optind - 1] : "";
         switch (c) {
-        case O_MODEL: o.model = optarg; break;
-        case O_HW: o.hardware = optarg; break;
+        case O_SHARED: {
+            const char *name = opts[idx].name;
+            int r = pd_cli_model_flag(name, optarg, &o, &units);
+            if (r == 0) {
+                r = pd_cli_workload_flag(name, optarg, &w);
+                perf |= r > 0;
+            }
+            if (r < 0)
+                goto out;
+            break;
+        }
+        case O_HTML: html = optarg; break;
         case O_CKPT:
             o.checkpoint = optarg;
             if (strcmp(o.model, "deepseek-v4-flash") == 0)
@@ -170,26 +192,6 @@ int pd_cli_plan(int argc, char **argv)
         case O_PREFILL: if (parse_role("--prefill", optarg, &o.role[PD_ROLE_PREFILL])) goto out; break;
         case O_DECODE: if (parse_role("--decode", optarg, &o.role[PD_ROLE_DECODE])) goto out; break;
         case O_NODES: if (pd_cli_int("--nodes", optarg, 1, &v)) goto out; o.nodes = (int)v; break;
-        case O_UTIL: if (pd_cli_double("--gpu-memory-utilization", optarg, &o.util)) goto out; break;
-        case O_SEQS: if (pd_cli_int("--max-num-seqs", optarg, 1, &o.max_num_seqs)) goto out; break;
-        case O_LEN: if (pd_cli_int("--max-model-len", optarg, 1, &o.max_model_len)) goto out; break;
-        case O_BATCH: if (pd_cli_int("--max-num-batched-tokens", optarg, 1, &o.max_num_batched_tokens)) goto out; break;
-        case O_QUANT: o.quant = optarg; break;
-        case O_QOVR: o.quant_override = optarg; break;
-        case O_KVDT:
-            if (pd_kv_parse_dtype(optarg, &o.kv_dtype)) {
-                fprintf(stderr, "pdmoe: --kv-cache-dtype %s: expected fp8 or bf16\n", optarg);
-                goto out;
-            }
-            break;
-        case O_KVB: if (pd_cli_int("--kv-bytes-per-token", optarg, 1, &o.kv_bytes_per_token)) goto out; break;
-        case O_MTP:
-            if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
-                fprintf(stderr, "pdmoe: --mtp %s: expected on or off\n", optarg);
-                goto out;
-            }
-            o.mtp = strcmp(optarg, "on") == 0;
-            break;
         case O_RTP: if (parse_bytes("--runtime-overhead-prefill", optarg, &o.runtime[0])) goto out; break;
         case O_RTD: if (parse_bytes("--runtime-overhead-decode", optarg, &o.runtime[1])) goto out; break;
         case O_HAND: {
@@ -209,16 +211,6 @@ int pd_cli_plan(int argc, char **argv)
         case O_SWEEP: o.sweep = 1; break;
         case O_INV: inventory = 1; break;
         case O_JSON: json = 1; break;
-        case O_UNITS:
-            if (strcmp(optarg, "gb") == 0 || strcmp(optarg, "GB") == 0)
-                units = PD_UNITS_GB;
-            else if (strcmp(optarg, "gib") == 0 || strcmp(optarg, "GiB") == 0)
-                units = PD_UNITS_GIB;
-            else {
-                fprintf(stderr, "pdmoe: --units %s: expected gb (10^9 bytes) or gib (2^30 bytes)\n", optarg);
-                goto out;
-            }
-            break;
         case O_EMIT:
             if (pd_emit_target_parse(optarg, &target, &e)) {
                 fprintf(stderr, "pdmoe plan: %s\n", e.msg);
@@ -269,7 +261,24 @@ int pd_cli_plan(int argc, char **argv)
         rc = 1;
         goto out;
     }
+    struct pd_perf f;
+    if (perf && pd_perf_eval(&p, &w, &f, &e)) {
+        fprintf(stderr, "pdmoe plan: %s\n", e.msg);
+        pd_plan_free(&p);
+        rc = 2;
+        goto out;
+    }
     rc = 0;
+    if (html) {
+        char *page = pd_report_html(&p, perf ? &f : NULL, NULL, units, &e);
+        FILE *hf = page ? fopen(html, "wb") : NULL;
+        if (!page)
+            fprintf(stderr, "pdmoe plan: %s\n", e.msg);
+        else if (!hf || fputs(page, hf) < 0)
+            fprintf(stderr, "pdmoe plan: --html %s: cannot write\n", html);
+        rc = !page || !hf || fclose(hf) ? 1 : 0;
+        free(page);
+    }
     if (emit) {
         char *s = pd_emit(&p, target, &eo, &e);
         if (!s) {
@@ -283,15 +292,27 @@ int pd_cli_plan(int argc, char **argv)
         pd_plan_print_inventory(&p, stdout, units);
     } else {
         char *s = json ? pd_plan_json(&p) : pd_plan_text(&p, units);
-        if (!s) {
+        if (s && json && perf) {   /* the prediction joins the plan document as "perf" */
+            json_t *doc = json_loads(s, 0, NULL);
+            free(s);
+            s = NULL;
+            if (doc && !json_object_set_new(doc, "perf", pd_perf_json(&f)))
+                s = json_dumps(doc, JSON_INDENT(2));
+            json_decref(doc);
+        }
+        char *t = s && perf && !json ? pd_perf_text(&p, &f) : NULL;
+        if (!s || (perf && !json && !t)) {
             fprintf(stderr, "pdmoe plan: out of memory\n");
             rc = 1;
         } else {
             fputs(s, stdout);
+            if (t)
+                fputs(t, stdout);
             if (json)
                 fputc('\n', stdout);
-            free(s);
         }
+        free(s);
+        free(t);
     }
     pd_plan_free(&p);
 out:

@@ -38,7 +38,8 @@ static int efficiency_parse(const char *file, json_t *root, struct pd_efficiency
         {"imbalance_prefill", &f->imbalance[0], 1, 64}, {"imbalance_decode", &f->imbalance[1], 1, 64},
         {"overlap_prefill", &f->overlap[0], 0, 1}, {"overlap_decode", &f->overlap[1], 0, 1},
         {"step_prefill_s", &f->step_s[0], 0, 10}, {"step_decode_s", &f->step_s[1], 0, 10},
-        {"token_layer_s", &f->token_layer_s, 0, 1}, {"mtp_acceptance", &f->mtp_acceptance, 0, 1},
+        {"token_layer_prefill_s", &f->token_layer_s[0], 0, 1},
+        {"token_layer_decode_s", &f->token_layer_s[1], 0, 1}, {"mtp_acceptance", &f->mtp_acceptance, 0, 1},
     };
     struct pd_jsrc s = {file, "efficiency."};
     for (size_t i = 0; i < sizeof f8 / sizeof f8[0]; i++) {

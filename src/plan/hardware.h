@@ -27,7 +27,7 @@ struct pd_efficiency {
     double imbalance[2];    /* busiest rank's expert load / mean, prefill and decode */
     double overlap[2];      /* fraction of communication hidden behind compute, per role */
     double step_s[2];       /* fixed cost of one forward step (scheduling, launches), per role */
-    double token_layer_s;   /* per token and layer: the non-GEMM kernels (norms, rope, mHC) */
+    double token_layer_s[2];  /* per token and layer, per role: the non-GEMM kernels (norms, rope, mHC) */
     double mtp_acceptance;  /* probability the MTP draft token is accepted */
 };
 

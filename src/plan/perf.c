@@ -221,7 +221,7 @@ void pd_perf_step(const struct pd_plan *p, enum pd_role r, int64_t seqs, int64_t
     }
     attention(p, r, seqs, tokens, ctx, tp, s);
     s->a2a_s = a2a(p, r, rp, T);
-    s->overhead_s = x->step_s[r] + x->token_layer_s * T * p->kv.n;
+    s->overhead_s = x->step_s[r] + x->token_layer_s[r] * T * p->kv.n;
     double compute = s->gemm_compute_s + s->gemm_memory_s + s->attn_s + s->overhead_s;
     double hidden = x->overlap[r] * s->a2a_s;
     s->total_s = compute + s->a2a_s - (hidden < compute ? hidden : compute);

@@ -171,3 +171,57 @@ Test(cli, plan_emit)
         cr_assert_eq(r.status, 2, "pdmoe %s: exit %d", bad[i].args, r.status);
     }
 }
+
+/* Issue 6 from the command line: prediction with the plan, the search and its report, the
+ * validation's exit status, and errors that name the flag. */
+Test(cli, perf_search_validate)
+{
+    struct run r;
+    run("plan --isl 4096 --osl 1024 --json", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    json_t *doc = json_loads(r.out, 0, NULL);
+    cr_assert(doc);
+    json_t *perf = json_object_get(doc, "perf");
+    cr_assert(json_is_object(perf));
+    cr_assert_gt(json_number_value(json_object_get(perf, "ttft_s")), 0);
+    cr_assert_gt(json_number_value(json_object_get(perf, "tpot_s")), 0);
+    json_decref(doc);
+    run("plan --isl 4096 --osl 1024", &r);
+    cr_assert(strstr(r.out, "TTFT") && strstr(r.out, "KV hand-off"), "%s", r.out);
+
+    char html[] = "/tmp/pdmoe-search-XXXXXX";
+    int fd = mkstemp(html);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    char args[256];
+    snprintf(args, sizeof args, "search --cards 32 --isl 2048 --osl 256 --ttft-ms 3000 --tpot-ms 40 --json --html %s", html);
+    run(args, &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    doc = json_loads(r.out, 0, NULL);
+    cr_assert(doc, "search --json is not JSON");
+    cr_assert(json_is_true(json_object_get(doc, "best_meets_targets")));
+    json_t *best = json_object_get(doc, "best");
+    cr_assert_leq(json_integer_value(json_object_get(best, "cards")), 32);
+    cr_assert_leq(json_number_value(json_object_get(best, "tpot_s")), 0.040);
+    cr_assert_gt(json_array_size(json_object_get(doc, "front")), 1);
+    json_decref(doc);
+    char page[1 << 16];
+    slurp(html, page, sizeof page);
+    remove(html);
+    cr_assert(strncmp(page, "<!DOCTYPE html>", 15) == 0);
+
+    run("search --cards 32 --emit vllm-ascend", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "vllm serve") && strstr(r.out, "kv_producer") && strstr(r.out, "kv_consumer"));
+
+    run("validate", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "| case |"));
+
+    expect_error("plan --isl 0", "--isl");
+    expect_error("plan --prefix-cache-hit 1.5", "--prefix-cache-hit");
+    expect_error("search --cards 1", "--cards");
+    expect_error("search --tpot-ms -3", "--tpot-ms");
+    expect_error("search --emit slurm", "--emit");
+    expect_error("search --isl 100000 --max-model-len 8192", "--max-model-len");
+}

@@ -1,0 +1,256 @@
+/* `pdmoe calibrate`: measures this machine for a model and writes a hardware file whose card is
+ * one pdmoe process of --threads threads: bandwidth, VNNI peak, the kernels' efficiencies, the
+ * UCX hand-off, and the CPU overheads fitted to real engine steps (plan/calibrate.h). */
+#include "bench/bench.h"
+#include "cli/cli.h"
+#include "core/timing.h"
+#include "engine/engine.h"
+#include "plan/calibrate.h"
+
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *help =
+    "usage: pdmoe calibrate [--model DIR] [--threads N] [--out FILE] [--quick]\n"
+    "Measures this machine for the model in DIR (default models/mini) with N threads per process\n"
+    "(default 1, as pdmoe up runs its servers) and writes a hardware file (default stdout) for\n"
+    "pdmoe plan/search --hardware FILE: memory read bandwidth, int8 VNNI peak, the GEMV's and GEMM's\n"
+    "efficiencies, the UCX hand-off, and the per-step and per-token CPU costs fitted to engine steps.\n";
+
+/* Seconds of one engine step of `seqs` sequences adding `tokens` each after `ctx` cached
+ * tokens (best of `reps`, each on fresh sequences). */
+static int time_step(struct pd_engine *en, int seqs, int tokens, int ctx, int reps, double *best, pd_err *e)
+{
+    const int V = (int)en->model.vocab_size;
+    struct pd_seq *s = calloc((size_t)seqs, sizeof *s);
+    struct pd_step_item *it = calloc((size_t)seqs, sizeof *it);
+    int32_t *ids = malloc((size_t)(ctx + tokens) * 4);
+    float *l = malloc((size_t)seqs * V * 4);
+    int rc = PD_ENOMEM;
+    *best = 1e30;
+    if (!s || !it || !ids || !l)
+        goto out;
+    for (int i = 0; i < ctx + tokens; i++)
+        ids[i] = (i * 131 + 7) % (V > 1000 ? 1000 : V);
+    for (int r = 0; r <= reps; r++) {   /* the first round warms up */
+        for (int b = 0; b < seqs; b++) {
+            if ((rc = pd_seq_start(en, &s[b], e)))
+                goto out;
+            it[b] = (struct pd_step_item){.seq = &s[b], .tokens = ids, .n = ctx, .logits = l + (size_t)b * V};
+        }
+        if (ctx > 0 && (rc = pd_engine_step(en, it, seqs, e)))
+            goto out;
+        for (int b = 0; b < seqs; b++)
+            it[b] = (struct pd_step_item){.seq = &s[b], .tokens = ids + ctx, .n = tokens, .logits = l + (size_t)b * V};
+        double t0 = pd_now_s();
+        if ((rc = pd_engine_step(en, it, seqs, e)))
+            goto out;
+        double t = pd_now_s() - t0;
+        if (r > 0 && t < *best)
+            *best = t;
+        for (int b = 0; b < seqs; b++)
+            pd_seq_end(en, &s[b]);
+    }
+    rc = 0;
+out:
+    free(s);
+    free(it);
+    free(ids);
+    free(l);
+    return rc;
+}
+
+static json_t *hardware_json(const char *cpu, int threads, int cards, double mem, const struct pd_bench_machine *m,
+                             double ucx_bw, double ucx_lat, const struct pd_calib_fit *f, const char *model)
+/* f[0] prefill, f[1] decode */
+{
+    char when[32], tag[128];
+    time_t now = time(NULL);
+    strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", gmtime(&now));
+    snprintf(tag, sizeof tag, "pdmoe calibrate, %s, %d thread%s per process", when, threads, threads > 1 ? "s" : "");
+    char s_bw[512], s_peak[512], s_gemm[512], s_mem[512], s_fit[1024], s_ucx[512];
+    snprintf(s_bw, sizeof s_bw, "%s: the larger of an int64 sum over 512 MiB (best of 5) and the int8 GEMV's stream: "
+             "%.2f GB/s", tag, m->bw / 1e9);
+    snprintf(s_peak, sizeof s_peak, "%s: VPDPBUSD-only loop at %.2f GHz: %.1f Gops/s; fp32 FMA peak taken as a quarter "
+             "(16 lanes x 2 flops vs 16 x 4 x 2 int8 ops per instruction)", tag, m->clock_hz / 1e9, m->vnni_peak / 1e9);
+    snprintf(s_gemm, sizeof s_gemm, "%s: 2048x4096 int8 GEMM over 256 tokens: %.1f Gops/s = %.3f of the VNNI peak", tag,
+             m->gemm_ops / 1e9, m->gemm_ops / m->vnni_peak);
+    snprintf(s_mem, sizeof s_mem, "%s: 4096x14336 int8 GEMV: %.2f GB/s = %.3f of the read bandwidth", tag,
+             m->gemv_bw / 1e9, m->gemv_bw / m->bw);
+    snprintf(s_fit, sizeof s_fit, "%s: fitted to %s's engine steps (prefill of 16-512 tokens: rms error %.1f%%; "
+             "decode of 1-16 sequences at 64 and 512 cached tokens: rms error %.1f%%)", tag, model,
+             100 * f[0].rms_rel, 100 * f[1].rms_rel);
+    snprintf(s_ucx, sizeof s_ucx, "%s: one UCX get between two workers of a process: %.2f GB/s for 64 MiB; latency = 3 "
+             "round trips (GET_META, the get, DONE/ACK) of a 4 KiB get", tag, ucx_bw / 1e9);
+    const char *none = "not used on one CPU process per role (no expert parallelism, no overlap)";
+    json_t *eff = json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "gemm",
+                            m->gemm_ops / m->vnni_peak, "memory", m->gemv_bw / m->bw, "attention", f[0].attention,
+                            "a2a_intra", 1.0, "a2a_inter", 1.0, "a2a_latency_s", 0.0, "imbalance_prefill", 1.0,
+                            "imbalance_decode", 1.0, "overlap_prefill", 0.0, "overlap_decode", 0.0, "step_prefill_s",
+                            f[0].step_s, "step_decode_s", f[1].step_s, "token_layer_prefill_s", f[0].token_layer_s,
+                            "token_layer_decode_s", f[1].token_layer_s, "mtp_acceptance", 0.0);
+    json_t *src = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s}", "gemm", s_gemm, "memory",
+                            s_mem, "attention", s_fit, "a2a_intra", none, "a2a_inter", none, "a2a_latency_s", none,
+                            "imbalance_prefill", none, "imbalance_decode", none, "overlap_prefill", none,
+                            "overlap_decode", none, "step_prefill_s", s_fit, "step_decode_s", s_fit, "token_layer_prefill_s",
+                            s_fit, "token_layer_decode_s", s_fit, "mtp_acceptance", "the engine loads the MTP layer and skips it: no draft tokens");
+    return json_pack(
+        "{s:s,s:s,s:i,s:i,s:{s:s,s:f,s:f,s:f,s:f,s:f},s:{s:{s:s,s:f,s:f},s:{s:s,s:f,s:f},s:{s:s,s:f,s:f}},"
+        "s:{s:f,s:f},s:o,s:{s:s,s:s,s:s,s:s,s:s,s:o}}",
+        "name", "local CPU", "description", tag, "cluster_nodes", 1, "cards_per_node", cards, "card", "name", cpu,
+        "memory_bytes", mem, "memory_bandwidth_Bps", m->bw, "bf16_flops", m->vnni_peak / 4, "int8_ops", m->vnni_peak,
+        "fp8_flops", 0.0, "links", "intra_node", "name", "shared memory (UCX)", "bandwidth_Bps", ucx_bw, "latency_s",
+        ucx_lat, "inter_node_rdma", "name", "UCX between processes of this machine", "bandwidth_Bps", ucx_bw,
+        "latency_s", ucx_lat, "inter_node_tcp", "name", "UCX between processes of this machine", "bandwidth_Bps",
+        ucx_bw, "latency_s", ucx_lat, "runtime_overhead_bytes", "prefill", 2e8, "decode", 2e8, "efficiency", eff,
+        "sources", "memory_bandwidth_Bps", s_bw, "int8_ops", s_peak, "bf16_flops", s_peak, "links", s_ucx,
+        "runtime_overhead_bytes", "pdmoe's assumption: the process, its thread pool and the HTTP front", "efficiency",
+        src);
+}
+
+static void cpu_name(char *out, size_t n)
+{
+    snprintf(out, n, "x86-64 CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "model name", 10) == 0) {
+            char *c = strchr(line, ':');
+            if (c) {
+                c += 2;
+                c[strcspn(c, "\n")] = 0;
+                snprintf(out, n, "%s", c);
+            }
+            break;
+        }
+    if (f)
+        fclose(f);
+}
+
+int pd_cli_calibrate(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"model", 1, 0, 'm'}, {"threads", 1, 0, 'j'}, {"out", 1, 0, 'o'}, {"quick", 0, 0, 'q'}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *dir = "models/mini", *out = NULL;
+    int64_t threads = 1;
+    int quick = 0, c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': dir = optarg; break;
+        case 'j': if (pd_cli_int("--threads", optarg, 1, &threads) || threads > 256) return 2; break;
+        case 'o': out = optarg; break;
+        case 'q': quick = 1; break;
+        case 'h': fputs(help, stdout); return 0;
+        default: fprintf(stderr, "pdmoe calibrate: unknown option %s (see --help)\n", argv[optind - 1]); return 2;
+        }
+    }
+    pd_err e = {0};
+    struct pd_engine en;
+    struct pd_engine_opts eo = {.dir = dir, .threads = (int)threads, .max_seqs = 16, .max_model_len = 1024};
+    if (pd_engine_open(&en, &eo, &e)) {
+        fprintf(stderr, "pdmoe calibrate: %s\n", e.msg);
+        return 1;
+    }
+    fprintf(stderr, "pdmoe calibrate: measuring this machine with %lld thread%s...\n", (long long)threads,
+            threads > 1 ? "s" : "");
+    /* engine steps: prefill at six lengths, decode at five batches and two contexts */
+    struct pd_calib_point pts[] = {
+        {PD_ROLE_PREFILL, 1, 16, 0, 0, 0}, {PD_ROLE_PREFILL, 1, 32, 0, 0, 0}, {PD_ROLE_PREFILL, 1, 64, 0, 0, 0},
+        {PD_ROLE_PREFILL, 1, 128, 0, 0, 0}, {PD_ROLE_PREFILL, 1, 256, 0, 0, 0}, {PD_ROLE_PREFILL, 1, 512, 0, 0, 0},
+        {PD_ROLE_DECODE, 1, 1, 64, 0, 0}, {PD_ROLE_DECODE, 2, 1, 64, 0, 0}, {PD_ROLE_DECODE, 4, 1, 64, 0, 0},
+        {PD_ROLE_DECODE, 8, 1, 64, 0, 0}, {PD_ROLE_DECODE, 16, 1, 64, 0, 0}, {PD_ROLE_DECODE, 1, 1, 512, 0, 0},
+        {PD_ROLE_DECODE, 8, 1, 512, 0, 0},
+    };
+    const int n_pts = (int)(sizeof pts / sizeof pts[0]), n_pre = 6;
+    for (int i = 0; i < n_pts; i++)
+        if (time_step(&en, (int)pts[i].seqs, (int)pts[i].tokens, (int)pts[i].ctx, quick ? 2 : 6, &pts[i].measured_s, &e)) {
+            fprintf(stderr, "pdmoe calibrate: %s\n", e.msg);
+            pd_engine_close(&en);
+            return 1;
+        }
+    struct pd_bench_machine m;
+    if (pd_bench_machine_measure((int)threads, quick, &m)) {
+        pd_engine_close(&en);
+        return 1;
+    }
+    if (m.gemv_bw > m.bw)   /* the GEMV streamed faster than the sum loop: the sum loop undercounted */
+        m.bw = m.gemv_bw;
+    double t_big = pd_bench_ucx_get_time((size_t)64 << 20, quick ? 2 : 5), t_small = pd_bench_ucx_get_time(4096, 20);
+    double ucx_bw = t_big > 0 ? (double)(64 << 20) / t_big : m.bw / 2, ucx_lat = t_small > 0 ? 3 * t_small : 1e-4;
+    pd_engine_close(&en);
+    /* the kernel factors first, then a provisional file to cost the steps and fit the rest */
+    char cpu[128];
+    cpu_name(cpu, sizeof cpu);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int cards = cores / threads > 0 ? (int)(cores / threads) : 1;
+    double mem = (double)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / cards;
+    struct pd_calib_fit f[2] = {{.attention = 1}, {.attention = 1}};
+    char tmp[] = "/tmp/pdmoe-calib-XXXXXX";
+    int fd = mkstemp(tmp);
+    json_t *j = hardware_json(cpu, (int)threads, cards, mem, &m, ucx_bw, ucx_lat, f, dir);
+    int rc = fd < 0 || !j || json_dumpfd(j, fd, JSON_INDENT(2)) ? 1 : 0;
+    json_decref(j);
+    if (fd >= 0)
+        close(fd);
+    struct pd_plan_opts po;
+    pd_plan_opts_default(&po);
+    po.model = dir;
+    po.hardware = tmp;
+    po.mtp = 0;
+    po.kv_dtype = PD_KV_BF16;
+    po.max_model_len = 1024;
+    po.role[0] = po.role[1] = (struct pd_role_opts){.dp = 1, .tp = 1, .instances = 1};
+    po.nodes = 1;
+    struct pd_plan p;
+    if (rc || pd_plan_build(&po, &p, &e) || pd_calib_fit(&p, pts, n_pre, 0, &f[0], &e) ||
+        pd_calib_fit(&p, pts + n_pre, n_pts - n_pre, f[0].attention, &f[1], &e)) {
+        fprintf(stderr, "pdmoe calibrate: %s\n", rc ? "cannot write a temporary file" : e.msg);
+        unlink(tmp);
+        return 1;
+    }
+    pd_plan_free(&p);
+    unlink(tmp);
+    fprintf(stderr, "  read bandwidth %.2f GB/s, VNNI peak %.1f Gops/s, GEMV %.2f of bandwidth, GEMM %.2f of peak\n",
+            m.bw / 1e9, m.vnni_peak / 1e9, m.gemv_bw / m.bw, m.gemm_ops / m.vnni_peak);
+    fprintf(stderr, "  UCX hand-off %.2f GB/s, %.0f us fixed\n", ucx_bw / 1e9, ucx_lat * 1e6);
+    for (int r = 0; r < 2; r++)
+        fprintf(stderr, "  fitted %-7s: %.3f ms per step, %.2f us per token and layer, attention factor %.3f "
+                "(rms error %.1f%%)\n", pd_role_name((enum pd_role)r), f[r].step_s * 1e3, f[r].token_layer_s * 1e6,
+                f[r].attention, 100 * f[r].rms_rel);
+    fprintf(stderr, "  %-8s %5s %7s %5s %12s %12s\n", "step", "seqs", "tokens", "ctx", "measured ms", "model ms");
+    for (int i = 0; i < n_pts; i++)
+        fprintf(stderr, "  %-8s %5lld %7lld %5lld %12.3f %12.3f\n", pd_role_name(pts[i].role), (long long)pts[i].seqs,
+                (long long)pts[i].tokens, (long long)pts[i].ctx, pts[i].measured_s * 1e3, pts[i].fitted_s * 1e3);
+    j = hardware_json(cpu, (int)threads, cards, mem, &m, ucx_bw, ucx_lat, f, dir);
+    char *text = j ? json_dumps(j, JSON_INDENT(2)) : NULL;
+    json_decref(j);
+    if (!text) {
+        fprintf(stderr, "pdmoe calibrate: out of memory\n");
+        return 1;
+    }
+    rc = 0;
+    if (out) {
+        FILE *o = fopen(out, "w");
+        if (!o || fputs(text, o) < 0 || fputc('\n', o) < 0) {
+            fprintf(stderr, "pdmoe calibrate: --out %s: cannot write\n", out);
+            rc = 1;
+        }
+        if (o && fclose(o))
+            rc = 1;
+        if (!rc)
+            fprintf(stderr, "  wrote %s\n", out);
+    } else {
+        puts(text);
+    }
+    free(text);
+    return rc;
+}

@@ -1,0 +1,164 @@
+/* `pdmoe search`: layout search for a card budget, its Pareto front, the best layout, and
+ * optionally its HTML report and launch commands. */
+#include "cli/cli.h"
+#include "core/units.h"
+#include "plan/emit.h"
+#include "plan/html.h"
+#include "plan/search.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *help =
+    "usage: pdmoe search [options]\n"
+    "Enumerates prefill and decode layouts (EP size, TP size, instances, decode batch per DP rank) for a\n"
+    "number of cards, predicts each with the performance model (docs/perf-model.md), rate-matches prefill\n"
+    "and decode, and prints the Pareto front of output tokens/s per card vs tokens/s per user, the best\n"
+    "layout per TPOT target, and the chosen layout's plan and prediction.\n\n"
+    "  --cards N                    cards to spend (prefill + decode), default 64\n"
+    "  --isl N, --osl N             prompt and output tokens per request, default 4096 and 1024\n"
+    "  --ttft-ms X, --tpot-ms X     targets; layouts missing them are marked, the chosen one meets them\n"
+    "  --max-tp N                   largest tensor-parallel size tried (powers of two), default 1\n"
+    "  --prefix-cache-hit F         share of prompt tokens served from a prefix cache, [0, 1)\n"
+    "  --model, --hardware, --gpu-memory-utilization, --max-model-len, --max-num-batched-tokens,\n"
+    "  --quant, --quant-override, --kv-cache-dtype, --kv-bytes-per-token, --mtp, --units\n"
+    "                               as for pdmoe plan (see pdmoe plan --help)\n"
+    "  --json                       the search as JSON (search_version 1)\n"
+    "  --html FILE                  write a self-contained HTML report (memory bars, expert map, Pareto chart)\n"
+    "  --emit vllm-ascend|sglang    print the chosen layout's launch commands instead of the tables\n";
+
+enum { O_SHARED = 256, O_CARDS, O_TTFT, O_TPOT, O_MAXTP, O_JSON, O_HTML, O_EMIT, O_HELP };
+
+static int write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f || fputs(text, f) < 0) {
+        fprintf(stderr, "pdmoe: %s: cannot write\n", path);
+        if (f)
+            fclose(f);
+        return -1;
+    }
+    return fclose(f) ? -1 : 0;
+}
+
+int pd_cli_search(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"model", 1, 0, O_SHARED}, {"hardware", 1, 0, O_SHARED}, {"gpu-memory-utilization", 1, 0, O_SHARED},
+        {"max-model-len", 1, 0, O_SHARED}, {"max-num-batched-tokens", 1, 0, O_SHARED}, {"quant", 1, 0, O_SHARED},
+        {"quant-override", 1, 0, O_SHARED}, {"kv-cache-dtype", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED},
+        {"mtp", 1, 0, O_SHARED}, {"units", 1, 0, O_SHARED}, {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED},
+        {"prefix-cache-hit", 1, 0, O_SHARED}, {"cards", 1, 0, O_CARDS}, {"ttft-ms", 1, 0, O_TTFT},
+        {"tpot-ms", 1, 0, O_TPOT}, {"max-tp", 1, 0, O_MAXTP}, {"json", 0, 0, O_JSON}, {"html", 1, 0, O_HTML},
+        {"emit", 1, 0, O_EMIT}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
+    };
+    struct pd_search_opts o;
+    pd_search_opts_default(&o);
+    o.base.max_model_len = 131072;
+    int json = 0, units = PD_UNITS_GB, c, idx;
+    const char *html = NULL, *emit = NULL;
+    int64_t v;
+    double ms;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", opts, &idx)) != -1) {
+        const char *flag = optind > 0 && optind <= argc ? argv[optind - 1] : "";
+        int r;
+        switch (c) {
+        case O_SHARED:
+            r = pd_cli_model_flag(opts[idx].name, optarg, &o.base, &units);
+            if (r == 0)
+                r = pd_cli_workload_flag(opts[idx].name, optarg, &o.w);
+            if (r < 0)
+                return 2;
+            break;
+        case O_CARDS:
+            if (pd_cli_int("--cards", optarg, 2, &v))
+                return 2;
+            if (v > 4096) {
+                fprintf(stderr, "pdmoe: --cards %s: at most 4096\n", optarg);
+                return 2;
+            }
+            o.cards = (int)v;
+            break;
+        case O_TTFT:
+        case O_TPOT:
+            if (pd_cli_double(c == O_TTFT ? "--ttft-ms" : "--tpot-ms", optarg, &ms))
+                return 2;
+            if (ms <= 0) {
+                fprintf(stderr, "pdmoe: %s %s: must be positive\n", c == O_TTFT ? "--ttft-ms" : "--tpot-ms", optarg);
+                return 2;
+            }
+            *(c == O_TTFT ? &o.ttft_s : &o.tpot_s) = ms / 1e3;
+            break;
+        case O_MAXTP:
+            if (pd_cli_int("--max-tp", optarg, 1, &v))
+                return 2;
+            o.max_tp = v > 64 ? 64 : (int)v;
+            break;
+        case O_JSON: json = 1; break;
+        case O_HTML: html = optarg; break;
+        case O_EMIT: emit = optarg; break;
+        case O_HELP: fputs(help, stdout); return 0;
+        case ':': fprintf(stderr, "pdmoe search: %s needs a value\n", flag); return 2;
+        default: fprintf(stderr, "pdmoe search: unknown option %s (see pdmoe search --help)\n", flag); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "pdmoe search: unexpected argument \"%s\" (see pdmoe search --help)\n", argv[optind]);
+        return 2;
+    }
+    pd_err e = {0};
+    enum pd_emit_target target = PD_EMIT_VLLM_ASCEND;
+    if (emit && pd_emit_target_parse(emit, &target, &e)) {
+        fprintf(stderr, "pdmoe search: %s\n", e.msg);
+        return 2;
+    }
+    struct pd_search s;
+    if (pd_search_run(&o, &s, &e)) {
+        fprintf(stderr, "pdmoe search: %s\n", e.msg);
+        return 1;
+    }
+    int rc = 0, pick = s.best >= 0 ? s.best : s.best_any;
+    if (html) {
+        if (pick < 0) {
+            fprintf(stderr, "pdmoe search: --html %s: no layout fits in memory, nothing to report\n", html);
+            rc = 1;
+        } else {
+            char *page = pd_report_html(&s.plan, &s.perf, &s, units, &e);
+            if (!page) {
+                fprintf(stderr, "pdmoe search: %s\n", e.msg);
+                rc = 1;
+            } else if (write_file(html, page)) {
+                rc = 1;
+            }
+            free(page);
+        }
+    }
+    char *out = NULL;
+    if (emit) {
+        struct pd_emit_opts eo;
+        pd_emit_opts_default(&eo);
+        if (pick < 0)
+            fprintf(stderr, "pdmoe search: --emit: no layout fits in memory on %d cards\n", o.cards);
+        else if (!(out = pd_emit(&s.plan, target, &eo, &e)))
+            fprintf(stderr, "pdmoe search: %s\n", e.msg);
+        rc |= !out;
+    } else {
+        out = json ? pd_search_json(&s) : pd_search_text(&s, units);
+        if (!out) {
+            fprintf(stderr, "pdmoe search: out of memory\n");
+            rc = 1;
+        }
+    }
+    if (out) {
+        fputs(out, stdout);
+        if (json && !emit)
+            fputc('\n', stdout);
+    }
+    free(out);
+    pd_search_free(&s);
+    return rc;
+}

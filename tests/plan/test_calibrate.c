@@ -1,0 +1,59 @@
+/* Calibration fit: steps generated from known overheads and attention factor are recovered;
+ * the factors stay non-negative when the data want otherwise; too few points are refused. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "plan/calibrate.h"
+#include "plan/perf.h"
+
+static void mini_plan(struct pd_plan *p)
+{
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    o.model = "v4-flash-mini";
+    o.hardware = "h800";          /* a real file; its overheads are zeroed below */
+    o.mtp = 0;
+    o.kv_dtype = PD_KV_BF16;
+    o.max_model_len = 4096;
+    o.role[0] = o.role[1] = (struct pd_role_opts){.dp = 1, .tp = 1, .instances = 1};
+    o.nodes = 1;
+    pd_err e = {0};
+    cr_assert_eq(pd_plan_build(&o, p, &e), 0, "%s", e.msg);
+    p->hw.eff.attention = 1;
+    p->hw.eff.step_s[0] = p->hw.eff.step_s[1] = 0;
+    p->hw.eff.token_layer_s[0] = p->hw.eff.token_layer_s[1] = 0;
+}
+
+Test(calibrate, recovers_known_overheads)
+{
+    struct pd_plan p;
+    mini_plan(&p);
+    const double step = 1.5e-3, tok = 40e-6, att = 0.2;
+    struct pd_calib_point pts[5];
+    const int64_t T[5] = {16, 64, 256, 1024, 3000};
+    for (int i = 0; i < 5; i++) {
+        pts[i] = (struct pd_calib_point){.role = PD_ROLE_PREFILL, .seqs = 1, .tokens = T[i], .ctx = 0};
+        struct pd_step s;
+        pd_perf_step(&p, PD_ROLE_PREFILL, 1, T[i], 0, &s);
+        pts[i].measured_s = s.gemm_compute_s + s.gemm_memory_s + step + tok * T[i] * p.kv.n + s.attn_s / att;
+    }
+    struct pd_calib_fit f;
+    pd_err e = {0};
+    cr_assert_eq(pd_calib_fit(&p, pts, 5, 0, &f, &e), 0, "%s", e.msg);
+    cr_assert_float_eq(f.step_s, step, 1e-9);
+    cr_assert_float_eq(f.token_layer_s, tok, 1e-11);
+    cr_assert_float_eq(f.attention, att, 1e-6);
+    cr_assert_lt(f.rms_rel, 1e-9);
+    for (int i = 0; i < 5; i++)
+        cr_assert_float_eq(pts[i].fitted_s, pts[i].measured_s, 1e-12);
+    /* steps faster than the GEMMs alone: no negative overhead, the fit clamps at zero */
+    for (int i = 0; i < 5; i++)
+        pts[i].measured_s *= 0.2;
+    cr_assert_eq(pd_calib_fit(&p, pts, 5, 0.5, &f, &e), 0, "%s", e.msg);
+    cr_assert_geq(f.step_s, 0);
+    cr_assert_geq(f.token_layer_s, 0);
+    cr_assert_float_eq(f.attention, 0.5, 1e-12);
+    cr_assert_neq(pd_calib_fit(&p, pts, 2, 0, &f, &e), 0);
+    cr_assert(strstr(e.msg, "at least 3"), "%s", e.msg);
+    pd_plan_free(&p);
+}
