@@ -68,3 +68,18 @@ int pd_units_parse(const char *s, int64_t *bytes)
     }
     return PD_EINVAL;
 }
+
+const char *pd_units_thousands(char *buf, int64_t v)
+{
+    char tmp[32];
+    int n = snprintf(tmp, sizeof tmp, "%lld", (long long)(v < 0 ? -v : v)), k = 0;
+    if (v < 0)
+        buf[k++] = '-';
+    for (int i = 0; i < n; i++) {
+        buf[k++] = tmp[i];
+        if ((n - i - 1) % 3 == 0 && i != n - 1)
+            buf[k++] = ',';
+    }
+    buf[k] = 0;
+    return buf;
+}

@@ -18,6 +18,9 @@ const char *pd_units_fmt_g(char *buf, size_t n, int64_t bytes, enum pd_units u, 
 double pd_units_g(int64_t bytes, enum pd_units u);
 const char *pd_units_g_name(enum pd_units u);
 
+/* An integer with thousands separators, "-1,234,567"; buf holds at least 32 bytes. */
+const char *pd_units_thousands(char *buf, int64_t v);
+
 /* Parses "44000", "44KB", "44 KiB", "1.5GB", "2GiB" into bytes; returns 0 or PD_EINVAL. */
 int pd_units_parse(const char *s, int64_t *bytes);
 

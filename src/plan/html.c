@@ -36,21 +36,6 @@ static const char *B(char *buf, int64_t bytes, int u)
     return pd_units_fmt(buf, 32, bytes, (enum pd_units)u);
 }
 
-static const char *thousands(char *buf, int64_t v)
-{
-    char tmp[32];
-    int n = snprintf(tmp, sizeof tmp, "%lld", (long long)(v < 0 ? -v : v)), k = 0;
-    if (v < 0)
-        buf[k++] = '-';
-    for (int i = 0; i < n; i++) {
-        buf[k++] = tmp[i];
-        if ((n - i - 1) % 3 == 0 && i != n - 1)
-            buf[k++] = ',';
-    }
-    buf[k] = 0;
-    return buf;
-}
-
 /* A rate or count for a table: whole numbers from 100 up, one decimal below. */
 static const char *num(char *buf, double v)
 {
@@ -162,8 +147,8 @@ static void summary(FILE *f, const struct pd_plan *p, const struct pd_search *s,
     fprintf(f, "; MTP layer %s</td></tr>\n", p->include_mtp ? "loaded" : "not loaded");
     fprintf(f, "<tr><th>Serving options</th><td>gpu-memory-utilization %.2f, max-num-seqs %lld, max-model-len %s "
                "tokens, max-num-batched-tokens %s tokens</td></tr>\n",
-            p->o.util, (long long)p->o.max_num_seqs, thousands(a, p->o.max_model_len),
-            thousands(b, p->o.max_num_batched_tokens));
+            p->o.util, (long long)p->o.max_num_seqs, pd_units_thousands(a, p->o.max_model_len),
+            pd_units_thousands(b, p->o.max_num_batched_tokens));
     fprintf(f, "<tr><th>Units</th><td>%s = %s bytes</td></tr>\n", pd_units_g_name((enum pd_units)u),
             u == PD_UNITS_GIB ? "2<sup>30</sup>" : "10<sup>9</sup>");
     fprintf(f, "<tr><th>Verdict</th><td>prefill card %s; decode card %s</td></tr>\n",
@@ -330,7 +315,7 @@ static void memory_bars(FILE *f, const struct pd_plan *p, int u)
             (long long)P->seqs_at_max_len, (long long)D->seqs_at_max_len);
     fprintf(f, "<tr><td></td><td>longest context for %lld sequences</td><td class=\"n\">%s tokens</td>"
                "<td class=\"n\">%s tokens</td></tr>\n",
-            (long long)p->o.max_num_seqs, thousands(a, P->ctx_at_max_seqs), thousands(b, D->ctx_at_max_seqs));
+            (long long)p->o.max_num_seqs, pd_units_thousands(a, P->ctx_at_max_seqs), pd_units_thousands(b, D->ctx_at_max_seqs));
     fprintf(f, "<tr><td></td><td>verdict</td><td%s>%s</td><td%s>%s</td></tr>\n</table>\n",
             P->fits ? "" : " class=\"bad\"", P->fits ? "fits" : "does not fit", D->fits ? "" : " class=\"bad\"",
             D->fits ? "fits" : "does not fit");
@@ -730,7 +715,7 @@ static void plan_tables(FILE *f, const struct pd_plan *p, int u)
                 continue;
             fprintf(f, "<tr><td>%s</td><td>%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td>",
                     pd_group_title((enum pd_group)g), cl == PD_CLASS_I ? "I" : "II", G(a, x, u),
-                    thousands(b, p->inv.group_params[g][cl]));
+                    pd_units_thousands(b, p->inv.group_params[g][cl]));
             if (cl == PD_CLASS_I) {
                 fprintf(f, "<td class=\"n\">%s</td><td class=\"n\">%s</td></tr>\n", G(a, P->b.class_i, u),
                         G(b, D->b.class_i, u));
@@ -742,16 +727,16 @@ static void plan_tables(FILE *f, const struct pd_plan *p, int u)
         }
     fprintf(f, "<tr><th>class I</th><td></td><td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td>"
                "<td class=\"n\">%s</td></tr>\n",
-            G(a, p->inv.class_bytes[0], u), thousands(b, p->inv.class_params[0]), G(c, P->b.class_i, u),
+            G(a, p->inv.class_bytes[0], u), pd_units_thousands(b, p->inv.class_params[0]), G(c, P->b.class_i, u),
             G(d, D->b.class_i, u));
     fprintf(f, "<tr><th>class II</th><td></td><td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td>"
                "<td class=\"n\">%s</td></tr>\n",
-            G(a, p->inv.class_bytes[1], u), thousands(b, p->inv.class_params[1]), G(c, P->b.class_ii, u),
+            G(a, p->inv.class_bytes[1], u), pd_units_thousands(b, p->inv.class_params[1]), G(c, P->b.class_ii, u),
             G(d, D->b.class_ii, u));
     fprintf(f, "<tr><th>total</th><td></td><td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td>"
                "<td class=\"n\">%s</td></tr>\n</table>\n",
             G(a, p->inv.class_bytes[0] + p->inv.class_bytes[1], u),
-            thousands(b, p->inv.class_params[0] + p->inv.class_params[1]), G(c, P->b.weights, u),
+            pd_units_thousands(b, p->inv.class_params[0] + p->inv.class_params[1]), G(c, P->b.weights, u),
             G(d, D->b.weights, u));
     fprintf(f, "<p class=\"note\">Weights %s%s. One routed expert over all %d MoE layers: %s; class I is the "
                "card holding the most; tensor parallelism splits some class II groups.</p>\n",
@@ -772,7 +757,7 @@ static void plan_tables(FILE *f, const struct pd_plan *p, int u)
     fprintf(f, "<h3>KV cache (%s)</h3>\n", pd_kv_dtype_name(k->dtype));
     if (k->flat_per_token) {
         fprintf(f, "<p>A flat %s B per token, given rather than computed from the architecture.</p>\n",
-                thousands(a, k->flat_per_token));
+                pd_units_thousands(a, k->flat_per_token));
     } else {
         fprintf(f, "<table id=\"kv\">\n<tr><th>layers</th><th>count</th><th>bytes per token</th></tr>\n");
         for (int i = 0; i < PD_KV_KINDS; i++)
@@ -790,7 +775,7 @@ static void plan_tables(FILE *f, const struct pd_plan *p, int u)
             fprintf(f, ", one indexer key %lld B", (long long)k->index_key_bytes);
         fprintf(f, ".</p>\n");
     }
-    fprintf(f, "<p>One sequence of %s tokens: %s.</p>\n", thousands(a, p->o.max_model_len),
+    fprintf(f, "<p>One sequence of %s tokens: %s.</p>\n", pd_units_thousands(a, p->o.max_model_len),
             B(b, pd_kv_seq_bytes(k, p->o.max_model_len), u));
 
     const struct pd_budget *db = &D->b;
@@ -801,7 +786,7 @@ static void plan_tables(FILE *f, const struct pd_plan *p, int u)
         const struct pd_scenario *sc = &p->scen[i];
         fprintf(f, "<tr><td class=\"n\">%lld</td><td class=\"n\">%s tokens</td><td class=\"n\">%s</td>"
                    "<td class=\"n\">%s</td><td class=\"n\">%.0f%%</td><td%s>%s</td></tr>\n",
-                (long long)sc->seqs, thousands(a, sc->ctx), G(b, sc->kv, u), G(c, sc->total, u),
+                (long long)sc->seqs, pd_units_thousands(a, sc->ctx), G(b, sc->kv, u), G(c, sc->total, u),
                 db->usable ? 100.0 * (double)sc->total / (double)db->usable : 0, sc->fits ? "" : " class=\"bad\"",
                 sc->fits ? "fits" : "does not fit");
     }
@@ -812,7 +797,7 @@ static void plan_tables(FILE *f, const struct pd_plan *p, int u)
     for (int i = 0; i < p->n_handoff; i++) {
         const struct pd_handoff *h = &p->handoff[i];
         fprintf(f, "<tr><td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td></tr>\n",
-                thousands(a, h->tokens), B(b, h->bytes, u), ms(c, h->rdma_s), ms(d, h->tcp_s));
+                pd_units_thousands(a, h->tokens), B(b, h->bytes, u), ms(c, h->rdma_s), ms(d, h->tcp_s));
     }
     fprintf(f, "</table>\n<p class=\"note\">RDMA: ");
     esc(f, p->hw.rdma.name);

@@ -12,21 +12,6 @@ static const char *G(char *buf, int64_t bytes, int u)
     return pd_units_fmt_g(buf, 32, bytes, (enum pd_units)u, 2);
 }
 
-static const char *thousands(char *buf, int64_t v)
-{
-    char tmp[32];
-    int n = snprintf(tmp, sizeof tmp, "%lld", (long long)(v < 0 ? -v : v)), k = 0;
-    if (v < 0)
-        buf[k++] = '-';
-    for (int i = 0; i < n; i++) {
-        buf[k++] = tmp[i];
-        if ((n - i - 1) % 3 == 0 && i != n - 1)
-            buf[k++] = ',';
-    }
-    buf[k] = 0;
-    return buf;
-}
-
 static void ranges(FILE *f, const struct pd_placement *pl, int rank)
 {
     /* prints the rank's experts as runs: "0-31" or "0-7, 200" */
@@ -67,12 +52,12 @@ static void text_inventory(FILE *f, const struct pd_plan *p, int u)
             if (!p->inv.group_bytes[g][c])
                 continue;
             fprintf(f, "  %-22s %5s %18s %12s\n", pd_group_title((enum pd_group)g), c == PD_CLASS_I ? "I" : "II",
-                    thousands(a, p->inv.group_params[g][c]), G(b, p->inv.group_bytes[g][c], u));
+                    pd_units_thousands(a, p->inv.group_params[g][c]), G(b, p->inv.group_bytes[g][c], u));
         }
     for (int c = 0; c < 2; c++)
         fprintf(f, "  %-22s %5s %18s %12s\n", c == PD_CLASS_I ? "total class I" : "total class II", "",
-                thousands(a, p->inv.class_params[c]), G(b, p->inv.class_bytes[c], u));
-    fprintf(f, "  %-22s %5s %18s %12s\n", "total", "", thousands(a, p->inv.class_params[0] + p->inv.class_params[1]),
+                pd_units_thousands(a, p->inv.class_params[c]), G(b, p->inv.class_bytes[c], u));
+    fprintf(f, "  %-22s %5s %18s %12s\n", "total", "", pd_units_thousands(a, p->inv.class_params[0] + p->inv.class_params[1]),
             G(b, p->inv.class_bytes[0] + p->inv.class_bytes[1], u));
     if (p->inv.n_unclassed) {
         fprintf(f, "  %d checkpoint tensor(s) could not be classed and are not counted:", p->inv.n_unclassed);
@@ -266,7 +251,7 @@ int pd_plan_print_inventory(const struct pd_plan *p, void *file, int u)
         for (int k = 0; k < t->count; k++)
             fprintf(f, "%-60s %-6s %-16s %-6s %-20s %5d %14s\n", pd_inventory_expand_name(t, k, name, sizeof name),
                     t->cls == PD_CLASS_I ? "I" : "II", pd_group_name((enum pd_group)t->group), pd_fmt_name(t->fmt),
-                    shape, t->layer, thousands(a, t->bytes));
+                    shape, t->layer, pd_units_thousands(a, t->bytes));
     }
     (void)u;
     return 0;
