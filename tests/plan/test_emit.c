@@ -10,19 +10,8 @@
 #include <unistd.h>
 
 #include "plan/emit.h"
+#include "fixture.h"
 
-static void build(struct pd_plan_opts *o, struct pd_plan *p)
-{
-    pd_err e = {0};
-    cr_assert_eq(pd_plan_build(o, p, &e), 0, "%s", e.msg);
-}
-
-static void seed(struct pd_plan *p)
-{
-    struct pd_plan_opts o;
-    pd_plan_opts_default(&o);
-    build(&o, p);
-}
 
 static char *emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_emit_opts *o)
 {
@@ -270,7 +259,7 @@ static const char seed_vllm_ascend[] =
 Test(plan, emit_vllm_ascend_seed_script)
 {
     struct pd_plan p;
-    seed(&p);
+    seed_plan(&p);
     char *s = emit(&p, PD_EMIT_VLLM_ASCEND, NULL);
     cr_assert_str_eq(s, seed_vllm_ascend);
     int nodes = 0;
@@ -286,7 +275,7 @@ Test(plan, emit_vllm_ascend_seed_script)
 Test(plan, emit_vllm_ascend_kv_transfer_config_is_json)
 {
     struct pd_plan p;
-    seed(&p);
+    seed_plan(&p);
     char *s = emit(&p, PD_EMIT_VLLM_ASCEND, NULL);
     const char *key = "--kv-transfer-config '";
     int n = 0, producers = 0;
@@ -322,7 +311,7 @@ Test(plan, emit_vllm_ascend_kv_transfer_config_is_json)
 Test(plan, emit_sglang_seed_key_lines)
 {
     struct pd_plan p;
-    seed(&p);
+    seed_plan(&p);
     char *s = emit(&p, PD_EMIT_SGLANG, NULL);
     cr_assert_eq(strncmp(s, "#!/bin/sh\n# sglang launch commands", 34), 0);
     cr_assert_eq(count(s, "python3 -m sglang.launch_server"), 8);
@@ -467,7 +456,7 @@ Test(plan, emit_tensor_parallel)
 Test(plan, emit_hosts)
 {
     struct pd_plan p;
-    seed(&p);
+    seed_plan(&p);
     struct pd_emit_opts o;
     pd_emit_opts_default(&o);
     pd_err e = {0};

@@ -14,19 +14,8 @@
 
 #include "core/units.h"
 #include "plan/html.h"
+#include "fixture.h"
 
-static void build(struct pd_plan_opts *o, struct pd_plan *p)
-{
-    pd_err e = {0};
-    cr_assert_eq(pd_plan_build(o, p, &e), 0, "%s", e.msg);
-}
-
-static void seed_plan(struct pd_plan *p)
-{
-    struct pd_plan_opts o;
-    pd_plan_opts_default(&o);
-    build(&o, p);
-}
 
 static char *render(const struct pd_plan *p, const struct pd_perf *f, const struct pd_search *s, int u,
                     const char *keep)

@@ -6,12 +6,8 @@
 #include <string.h>
 
 #include "plan/plan.h"
+#include "fixture.h"
 
-static void build(struct pd_plan_opts *o, struct pd_plan *p)
-{
-    pd_err e = {0};
-    cr_assert_eq(pd_plan_build(o, p, &e), 0, "%s", e.msg);
-}
 
 Test(plan, default_is_the_seed_layout)
 {
