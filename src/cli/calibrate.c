@@ -88,15 +88,16 @@ static json_t *hardware_json(const char *cpu, int threads, int cards, double mem
     snprintf(s_ucx, sizeof s_ucx, "%s: one UCX get between two workers of a process: %.2f GB/s for 64 MiB; latency = 3 "
              "round trips (GET_META, the get, DONE/ACK) of a 4 KiB get", tag, ucx_bw / 1e9);
     const char *none = "not used on one CPU process per role (no expert parallelism, no overlap)";
-    json_t *eff = json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "gemm",
+    json_t *eff = json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "gemm",
                             m->gemm_ops / m->vnni_peak, "memory", m->gemv_bw / m->bw, "attention", f[0].attention,
                             "a2a_intra", 1.0, "a2a_inter", 1.0, "a2a_latency_s", 0.0, "imbalance_prefill", 1.0,
-                            "imbalance_decode", 1.0, "overlap_prefill", 0.0, "overlap_decode", 0.0, "step_prefill_s",
+                            "imbalance_decode", 1.0, "imbalance_eplb_prefill", 1.0, "imbalance_eplb_decode", 1.0, "overlap_prefill", 0.0, "overlap_decode", 0.0, "step_prefill_s",
                             f[0].step_s, "step_decode_s", f[1].step_s, "token_layer_prefill_s", f[0].token_layer_s,
                             "token_layer_decode_s", f[1].token_layer_s, "mtp_acceptance", 0.0);
-    json_t *src = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s}", "gemm", s_gemm, "memory",
+    json_t *src = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s}", "gemm", s_gemm, "memory",
                             s_mem, "attention", s_fit, "a2a_intra", none, "a2a_inter", none, "a2a_latency_s", none,
-                            "imbalance_prefill", none, "imbalance_decode", none, "overlap_prefill", none,
+                            "imbalance_prefill", none, "imbalance_decode", none,
+                            "imbalance_eplb_prefill", none, "imbalance_eplb_decode", none, "overlap_prefill", none,
                             "overlap_decode", none, "step_prefill_s", s_fit, "step_decode_s", s_fit, "token_layer_prefill_s",
                             s_fit, "token_layer_decode_s", s_fit, "mtp_acceptance", "the engine loads the MTP layer and skips it: no draft tokens");
     return json_pack(

@@ -36,6 +36,7 @@ static int efficiency_parse(const char *file, json_t *root, struct pd_efficiency
         {"a2a_intra", &f->a2a_intra, 1e-3, 1}, {"a2a_inter", &f->a2a_inter, 1e-3, 1},
         {"a2a_latency_s", &f->a2a_latency_s, 0, 1},
         {"imbalance_prefill", &f->imbalance[0], 1, 64}, {"imbalance_decode", &f->imbalance[1], 1, 64},
+        {"imbalance_eplb_prefill", &f->imbalance_eplb[0], 1, 64}, {"imbalance_eplb_decode", &f->imbalance_eplb[1], 1, 64},
         {"overlap_prefill", &f->overlap[0], 0, 1}, {"overlap_decode", &f->overlap[1], 0, 1},
         {"step_prefill_s", &f->step_s[0], 0, 10}, {"step_decode_s", &f->step_s[1], 0, 10},
         {"token_layer_prefill_s", &f->token_layer_s[0], 0, 1},

@@ -24,7 +24,8 @@ struct pd_efficiency {
     double a2a_intra;       /* fraction of the intra-node link expert dispatch/combine reaches */
     double a2a_inter;       /* the same over the inter-node RDMA link */
     double a2a_latency_s;   /* fixed cost of one dispatch or one combine */
-    double imbalance[2];    /* busiest rank's expert load / mean, prefill and decode */
+    double imbalance[2];    /* busiest rank's expert load / mean, prefill and decode, no redundant experts */
+    double imbalance_eplb[2];  /* the same with redundant experts placed by load (EPLB) */
     double overlap[2];      /* fraction of communication hidden behind compute, per role */
     double step_s[2];       /* fixed cost of one forward step (scheduling, launches), per role */
     double token_layer_s[2];  /* per token and layer, per role: the non-GEMM kernels (norms, rope, mHC) */

@@ -54,6 +54,15 @@ static enum pd_fmt group_fmt(const struct pd_plan *p, enum pd_group g)
     }
 }
 
+/* The busiest rank's expert load over the mean: lower with redundant experts (EPLB); none
+ * when one rank holds every expert. */
+static double imbalance(const struct pd_plan *p, enum pd_role r, const struct pd_role_plan *rp)
+{
+    if (rp->ep <= 1)
+        return 1;
+    return rp->o.redundant > 0 ? p->hw.eff.imbalance_eplb[r] : p->hw.eff.imbalance[r];
+}
+
 /* One weight group on the roofline: adds its time to the compute or the memory part. */
 static void roofline(const struct pd_plan *p, double flops, double bytes, enum pd_fmt f, struct pd_step *s)
 {
@@ -182,7 +191,7 @@ static double a2a(const struct pd_plan *p, enum pd_role r, const struct pd_role_
     }
     double ti = intra / (p->hw.intra.bandwidth_Bps * x->a2a_intra);
     double te = inter / (p->hw.rdma.bandwidth_Bps * x->a2a_inter);
-    double layer = (ti > te ? ti : te) * x->imbalance[r] + 2 * x->a2a_latency_s;
+    double layer = (ti > te ? ti : te) * imbalance(p, r, rp) + 2 * x->a2a_latency_s;
     return t + layer * p->inv.n_moe_layers;
 }
 
@@ -214,7 +223,7 @@ void pd_perf_step(const struct pd_plan *p, enum pd_role r, int64_t seqs, int64_t
         double E = inv->n_experts, k = p->model.n_experts_per_tok;
         double per_expert_params = (double)inv->class_params[PD_CLASS_I] / E;
         double per_expert_bytes = (double)inv->class_bytes[PD_CLASS_I] / E;
-        double pairs = T * k / tp * x->imbalance[r];             /* token-expert pairs on the card */
+        double pairs = T * k / tp * imbalance(p, r, rp);             /* token-expert pairs on the card */
         double group_tokens = T * rp->o.dp;
         double touched = rp->place.slots * (1 - pow(1 - k / E, group_tokens));
         roofline(p, 2 * pairs * per_expert_params, touched * per_expert_bytes, group_fmt(p, PD_G_ROUTED_EXPERTS), s);

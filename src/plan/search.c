@@ -65,6 +65,59 @@ static int redundant_for(int experts, int ep)
     return (ep - experts % ep) % ep;
 }
 
+/* Every instance count and (decode) batch of one role layout o. */
+static int layout_cands(struct pd_plan *p, const struct pd_search_opts *so, enum pd_role r,
+                        const struct pd_role_opts *o, struct cands *v, pd_err *e)
+{
+    const int ep = o->dp * o->tp;
+    for (int nb = 0; nb < (r == PD_ROLE_DECODE ? (int)(sizeof batches / sizeof batches[0]) : 1); nb++) {
+        int64_t batch = batches[nb];
+        p->o.max_num_seqs = r == PD_ROLE_DECODE ? batch : so->base.max_num_seqs;
+        struct pd_role_plan rp;
+        int rc = pd_plan_role_eval(p, r, o, &rp, e);
+        if (rc)
+            return rc;
+        int64_t seq = pd_kv_seq_bytes(&p->kv, so->w.isl + so->w.osl);
+        int room = r == PD_ROLE_PREFILL ? rp.b.kv_pool >= pd_kv_seq_bytes(&p->kv, so->w.isl)
+                                        : rp.b.kv_pool >= batch * seq;
+        if (r == PD_ROLE_DECODE && nb > 0 && !room) {
+            pd_placement_free(&rp.place);
+            break;                       /* larger batches fit even less */
+        }
+        for (int inst = 1; inst * ep < so->cards; inst++) {
+            struct cand *c = cand_push(v);
+            if (!c) {
+                pd_placement_free(&rp.place);
+                return pd_err_set(e, PD_ENOMEM, "search: out of memory");
+            }
+            c->o = *o;
+            c->o.instances = inst;
+            c->cards = ep * inst;
+            c->slots = rp.place.slots;
+            c->weights = rp.b.weights;
+            c->kv_pool = rp.b.kv_pool;
+            c->fits = rp.b.fits_weights && room;
+            c->batch = batch;
+            struct pd_role_plan keep = p->role[r];
+            p->role[r] = rp;
+            p->role[r].o.instances = inst;
+            p->role[r].cards = c->cards;
+            struct pd_workload w = so->w;
+            w.decode_batch = batch;
+            if (r == PD_ROLE_PREFILL)
+                pd_perf_prefill(p, &w, &c->f);
+            else
+                pd_perf_decode(p, &w, &c->f);
+            p->role[r] = keep;
+        }
+        pd_placement_free(&rp.place);
+    }
+    return 0;
+}
+
+/* Every layout of a role: EP sizes by ep_ok, TP sizes up to max_tp, and for each the plain
+ * placement (or the fewest redundant slots that make the EP size divide the experts, placed by
+ * load as EPLB does) and, where that needs none, EPLB with one replica slot per rank. */
 static int role_cands(struct pd_plan *p, const struct pd_search_opts *so, enum pd_role r, struct cands *v, pd_err *e)
 {
     const int cpn = p->hw.cards_per_node, E = p->inv.n_experts > 0 ? p->inv.n_experts : 1;
@@ -72,50 +125,14 @@ static int role_cands(struct pd_plan *p, const struct pd_search_opts *so, enum p
         for (int ep = tp; ep < so->cards; ep++) {
             if (!ep_ok(ep, tp, cpn))
                 continue;
-            struct pd_role_opts o = {.dp = ep / tp, .tp = tp, .instances = 1, .redundant = redundant_for(E, ep)};
-            if ((E + o.redundant) / ep > E)
-                continue;
-            for (int nb = 0; nb < (r == PD_ROLE_DECODE ? (int)(sizeof batches / sizeof batches[0]) : 1); nb++) {
-                int64_t batch = batches[nb];
-                p->o.max_num_seqs = r == PD_ROLE_DECODE ? batch : so->base.max_num_seqs;
-                struct pd_role_plan rp;
-                int rc = pd_plan_role_eval(p, r, &o, &rp, e);
+            int need = redundant_for(E, ep);
+            for (int eplb = 0; eplb < (ep > 1 && need == 0 ? 2 : 1); eplb++) {
+                struct pd_role_opts o = {.dp = ep / tp, .tp = tp, .instances = 1, .redundant = eplb ? ep : need};
+                if ((E + o.redundant) / ep > E)
+                    continue;
+                int rc = layout_cands(p, so, r, &o, v, e);
                 if (rc)
                     return rc;
-                int64_t seq = pd_kv_seq_bytes(&p->kv, so->w.isl + so->w.osl);
-                int room = r == PD_ROLE_PREFILL ? rp.b.kv_pool >= pd_kv_seq_bytes(&p->kv, so->w.isl)
-                                                : rp.b.kv_pool >= batch * seq;
-                if (r == PD_ROLE_DECODE && nb > 0 && !room) {
-                    pd_placement_free(&rp.place);
-                    break;                       /* larger batches fit even less */
-                }
-                for (int inst = 1; inst * ep < so->cards; inst++) {
-                    struct cand *c = cand_push(v);
-                    if (!c) {
-                        pd_placement_free(&rp.place);
-                        return pd_err_set(e, PD_ENOMEM, "search: out of memory");
-                    }
-                    c->o = o;
-                    c->o.instances = inst;
-                    c->cards = ep * inst;
-                    c->slots = rp.place.slots;
-                    c->weights = rp.b.weights;
-                    c->kv_pool = rp.b.kv_pool;
-                    c->fits = rp.b.fits_weights && room;
-                    c->batch = batch;
-                    struct pd_role_plan keep = p->role[r];
-                    p->role[r] = rp;
-                    p->role[r].o.instances = inst;
-                    p->role[r].cards = c->cards;
-                    struct pd_workload w = so->w;
-                    w.decode_batch = batch;
-                    if (r == PD_ROLE_PREFILL)
-                        pd_perf_prefill(p, &w, &c->f);
-                    else
-                        pd_perf_decode(p, &w, &c->f);
-                    p->role[r] = keep;
-                }
-                pd_placement_free(&rp.place);
             }
         }
     return 0;
@@ -292,13 +309,18 @@ void pd_search_free(struct pd_search *s)
     s->n = s->n_front = 0;
 }
 
+/* "P 3x EP8, D 1x EP32 r32": instances x EP size, " r" redundant expert slots, tp when > 1. */
 static const char *layout_str(char *buf, size_t n, const struct pd_layout *l)
 {
-    const struct pd_role_opts *P = &l->role[0], *D = &l->role[1];
-    snprintf(buf, n, "P %dx EP%d%s, D %dx EP%d%s", P->instances, P->dp * P->tp, P->tp > 1 ? " (tp>1)" : "",
-             D->instances, D->dp * D->tp, D->tp > 1 ? " (tp>1)" : "");
-    if (P->tp > 1 || D->tp > 1)
-        snprintf(buf, n, "P %dx dp%d tp%d, D %dx dp%d tp%d", P->instances, P->dp, P->tp, D->instances, D->dp, D->tp);
+    char part[2][40];
+    for (int r = 0; r < 2; r++) {
+        const struct pd_role_opts *x = &l->role[r];
+        int k = x->tp > 1 ? snprintf(part[r], sizeof part[r], "%dx dp%d tp%d", x->instances, x->dp, x->tp)
+                          : snprintf(part[r], sizeof part[r], "%dx EP%d", x->instances, x->dp);
+        if (x->redundant > 0)
+            snprintf(part[r] + k, sizeof part[r] - (size_t)k, " r%d", x->redundant);
+    }
+    snprintf(buf, n, "P %s, D %s", part[0], part[1]);
     return buf;
 }
 
@@ -312,7 +334,7 @@ static void row(FILE *f, const struct pd_layout *l, const char *mark)
 
 static void header(FILE *f)
 {
-    fprintf(f, "  %-2s %-30s %5s %6s %10s %9s %9s %11s %9s  %s\n", "", "layout (instances x EP size)", "cards", "batch",
+    fprintf(f, "  %-2s %-30s %5s %6s %10s %9s %9s %11s %9s  %s\n", "", "layout (x EP size, r redundant)", "cards", "batch",
             "TTFT ms", "TPOT ms", "tok/s/usr", "tok/s/card", "req/s", "bound (P/D)");
 }
 

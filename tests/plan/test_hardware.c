@@ -84,7 +84,7 @@ Test(hardware, efficiency_factors)
     t = edit("\"memory\": 0.9,", "\"memory\": 1.5,");
     bad(t, "\"efficiency.memory\": 1.5 is out of range");
     free(t);
-    t = edit("\"imbalance_decode\": 1.2,", "");
-    bad(t, "missing required field \"efficiency.imbalance_decode\"");
+    t = edit("\"imbalance_eplb_decode\": 1.2,", "");
+    bad(t, "missing required field \"efficiency.imbalance_eplb_decode\"");
     free(t);
 }

@@ -28,10 +28,10 @@ static const char *hw_file(double bw, double ops, double overlap, double rdma_bw
             "\"inter_node_tcp\":{\"name\":\"t\",\"bandwidth_Bps\":1e9,\"latency_s\":0}},"
             "\"runtime_overhead_bytes\":{\"prefill\":1e9,\"decode\":1e9},"
             "\"efficiency\":{\"gemm\":0.5,\"memory\":0.8,\"attention\":0.25,\"a2a_intra\":1,\"a2a_inter\":1,"
-            "\"a2a_latency_s\":0,\"imbalance_prefill\":1,\"imbalance_decode\":1,\"overlap_prefill\":%g,"
+            "\"a2a_latency_s\":0,\"imbalance_prefill\":1,\"imbalance_decode\":1,\"imbalance_eplb_prefill\":1,\"imbalance_eplb_decode\":1,\"overlap_prefill\":%g,"
             "\"overlap_decode\":%g,\"step_prefill_s\":0,\"step_decode_s\":0,\"token_layer_prefill_s\":0,\"token_layer_decode_s\":0,\"mtp_acceptance\":0.5},"
             "\"sources\":{\"efficiency\":{\"gemm\":\"t\",\"memory\":\"t\",\"attention\":\"t\",\"a2a_intra\":\"t\","
-            "\"a2a_inter\":\"t\",\"a2a_latency_s\":\"t\",\"imbalance_prefill\":\"t\",\"imbalance_decode\":\"t\","
+            "\"a2a_inter\":\"t\",\"a2a_latency_s\":\"t\",\"imbalance_prefill\":\"t\",\"imbalance_decode\":\"t\",\"imbalance_eplb_prefill\":\"t\",\"imbalance_eplb_decode\":\"t\","
             "\"overlap_prefill\":\"t\",\"overlap_decode\":\"t\",\"step_prefill_s\":\"t\",\"step_decode_s\":\"t\","
             "\"token_layer_prefill_s\":\"t\",\"token_layer_decode_s\":\"t\",\"mtp_acceptance\":\"t\"}}}",
             bw, ops, ops, ops, rdma_bw, overlap, overlap);
@@ -227,4 +227,36 @@ Test(perf, validation_file_errors)
                                   "v.json", &c, &n, &e),
                   0);
     cr_assert(strstr(e.msg, "cases[0]") && strstr(e.msg, "metric"), "%s", e.msg);
+}
+
+/* Redundant experts (EPLB) lower the busiest rank's load: the seed's decode step with 32
+ * redundant slots has less dispatch/combine than without, by the hardware file's two factors;
+ * a single rank has no imbalance at all. */
+Test(perf, eplb_lowers_the_imbalance)
+{
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    struct pd_plan p0, p1;
+    pd_err e = {0};
+    cr_assert_eq(pd_plan_build(&o, &p0, &e), 0, "%s", e.msg);
+    o.role[PD_ROLE_DECODE].redundant = 32;
+    cr_assert_eq(pd_plan_build(&o, &p1, &e), 0, "%s", e.msg);
+    struct pd_step s0, s1;
+    pd_perf_step(&p0, PD_ROLE_DECODE, 30, 2, 4096, &s0);
+    pd_perf_step(&p1, PD_ROLE_DECODE, 30, 2, 4096, &s1);
+    const struct pd_efficiency *x = &p0.hw.eff;
+    double lat = 2 * x->a2a_latency_s * p0.inv.n_moe_layers;
+    cr_assert_lt(s1.a2a_s, s0.a2a_s);
+    cr_assert_float_eq((s1.a2a_s - lat) / (s0.a2a_s - lat), x->imbalance_eplb[1] / x->imbalance[1], 1e-9);
+    pd_plan_free(&p0);
+    pd_plan_free(&p1);
+    struct pd_plan p;
+    tiny_plan(&p, hw_file(1e11, 1e12, 0, 1e10), 1, 1, 0);
+    p.hw.eff.imbalance[0] = p.hw.eff.imbalance[1] = 3;
+    struct pd_step a, b;
+    pd_perf_step(&p, PD_ROLE_PREFILL, 1, 64, 0, &a);
+    p.hw.eff.imbalance[0] = p.hw.eff.imbalance[1] = 1;
+    pd_perf_step(&p, PD_ROLE_PREFILL, 1, 64, 0, &b);
+    cr_assert_float_eq(a.total_s, b.total_s, 1e-15, "one rank holding every expert has no imbalance");
+    pd_plan_free(&p);
 }
