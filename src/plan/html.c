@@ -624,6 +624,35 @@ static void search_section(FILE *f, const struct pd_search *s)
     fprintf(f, "</table>\n");
 }
 
+/* Every role layout the search tried, with the memory plan's verdict. */
+static void memory_table(FILE *f, const struct pd_search *s, int u)
+{
+    if (s->n_mem == 0)
+        return;
+    fprintf(f, "<h3>What fits in memory</h3>\n<p class=\"note\">Per role layout (instances aside), the busiest "
+               "card; decode's KV pool at batch 1, and the largest batch per DP rank (of isl + osl tokens) whose KV "
+               "fits.</p>\n<table id=\"memory\">\n<tr><th>role</th><th>layout (DP &times; TP, redundant)</th>"
+               "<th>experts per card</th><th>weights</th><th>KV pool</th><th>verdict</th></tr>\n");
+    for (int i = 0; i < s->n_mem; i++) {
+        const struct pd_search_mem *m = &s->mem[i];
+        char w[32], kv[32];
+        fprintf(f, "<tr><td>%s</td><td>DP%d &times; TP%d", pd_role_name(m->role), m->o.dp, m->o.tp);
+        if (m->o.redundant > 0)
+            fprintf(f, ", %d redundant", m->o.redundant);
+        fprintf(f, "</td><td class=\"n\">%d</td><td class=\"n\">%s</td><td class=\"n\">%s</td>",
+                m->experts_per_card, G(w, m->weights, u), G(kv, m->kv_pool, u));
+        if (!m->fits_weights)
+            fprintf(f, "<td class=\"bad\">does not fit (weights)</td></tr>\n");
+        else if (m->max_batch == 0)
+            fprintf(f, "<td class=\"bad\">does not fit (KV)</td></tr>\n");
+        else if (m->role == PD_ROLE_DECODE)
+            fprintf(f, "<td>fits, batch up to %lld</td></tr>\n", (long long)m->max_batch);
+        else
+            fprintf(f, "<td>fits</td></tr>\n");
+    }
+    fprintf(f, "</table>\n");
+}
+
 /* --- 5. the prediction --- */
 
 static void step_row(FILE *f, const char *name, const struct pd_step *st, int u)
@@ -847,8 +876,10 @@ char *pd_report_html(const struct pd_plan *p, const struct pd_perf *pf, const st
     summary(f, p, s, u);
     memory_bars(f, p, u);
     expert_maps(f, p);
-    if (s)
+    if (s) {
         search_section(f, s);
+        memory_table(f, s, u);
+    }
     if (pf)
         perf_section(f, pf, u);
     plan_tables(f, p, u);

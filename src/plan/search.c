@@ -67,9 +67,12 @@ static int redundant_for(int experts, int ep)
 
 /* Every instance count and (decode) batch of one role layout o. */
 static int layout_cands(struct pd_plan *p, const struct pd_search_opts *so, enum pd_role r,
-                        const struct pd_role_opts *o, struct cands *v, pd_err *e)
+                        const struct pd_role_opts *o, struct cands *v, struct pd_search *s, pd_err *e)
 {
     const int ep = o->dp * o->tp;
+    struct pd_search_mem *m = s->n_mem < PD_SEARCH_MAX_MEM ? &s->mem[s->n_mem++] : NULL;
+    if (m)
+        *m = (struct pd_search_mem){.role = r, .o = *o};
     for (int nb = 0; nb < (r == PD_ROLE_DECODE ? (int)(sizeof batches / sizeof batches[0]) : 1); nb++) {
         int64_t batch = batches[nb];
         p->o.max_num_seqs = r == PD_ROLE_DECODE ? batch : so->base.max_num_seqs;
@@ -80,6 +83,14 @@ static int layout_cands(struct pd_plan *p, const struct pd_search_opts *so, enum
         int64_t seq = pd_kv_seq_bytes(&p->kv, so->w.isl + so->w.osl);
         int room = r == PD_ROLE_PREFILL ? rp.b.kv_pool >= pd_kv_seq_bytes(&p->kv, so->w.isl)
                                         : rp.b.kv_pool >= batch * seq;
+        if (m && nb == 0) {
+            m->experts_per_card = rp.place.slots;
+            m->weights = rp.b.weights;
+            m->kv_pool = rp.b.kv_pool;
+            m->fits_weights = rp.b.fits_weights;
+        }
+        if (m && room && rp.b.fits_weights)
+            m->max_batch = batch;
         if (r == PD_ROLE_DECODE && nb > 0 && !room) {
             pd_placement_free(&rp.place);
             break;                       /* larger batches fit even less */
@@ -118,7 +129,8 @@ static int layout_cands(struct pd_plan *p, const struct pd_search_opts *so, enum
 /* Every layout of a role: EP sizes by ep_ok, TP sizes up to max_tp, and for each the plain
  * placement (or the fewest redundant slots that make the EP size divide the experts, placed by
  * load as EPLB does) and, where that needs none, EPLB with one replica slot per rank. */
-static int role_cands(struct pd_plan *p, const struct pd_search_opts *so, enum pd_role r, struct cands *v, pd_err *e)
+static int role_cands(struct pd_plan *p, const struct pd_search_opts *so, enum pd_role r, struct cands *v,
+                      struct pd_search *s, pd_err *e)
 {
     const int cpn = p->hw.cards_per_node, E = p->inv.n_experts > 0 ? p->inv.n_experts : 1;
     for (int tp = 1; tp <= so->max_tp && tp <= cpn; tp *= 2)
@@ -130,7 +142,7 @@ static int role_cands(struct pd_plan *p, const struct pd_search_opts *so, enum p
                 struct pd_role_opts o = {.dp = ep / tp, .tp = tp, .instances = 1, .redundant = eplb ? ep : need};
                 if ((E + o.redundant) / ep > E)
                     continue;
-                int rc = layout_cands(p, so, r, &o, v, e);
+                int rc = layout_cands(p, so, r, &o, v, s, e);
                 if (rc)
                     return rc;
             }
@@ -253,7 +265,7 @@ int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e
         return rc;
     }
     struct cands pc = {0}, dc = {0};
-    if ((rc = role_cands(&p, o, PD_ROLE_PREFILL, &pc, e)) || (rc = role_cands(&p, o, PD_ROLE_DECODE, &dc, e)))
+    if ((rc = role_cands(&p, o, PD_ROLE_PREFILL, &pc, s, e)) || (rc = role_cands(&p, o, PD_ROLE_DECODE, &dc, s, e)))
         goto out;
     for (int i = 0; i < pc.n; i++)
         for (int j = 0; j < dc.n; j++) {
@@ -368,6 +380,30 @@ char *pd_search_text(const struct pd_search *s, int units)
         fprintf(f, ", TPOT <= %.1f ms", s->o.tpot_s * 1e3);
     fprintf(f, "\n  %d layouts costed, %d fit in memory, %d meet the targets, %d on the Pareto front\n\n", s->n, s->n_fit,
             s->n_meet, s->n_front);
+    fprintf(f, "What fits in memory (busiest card; the decode batch is per DP rank, of isl + osl tokens)\n");
+    fprintf(f, "  %-8s %-18s %13s %12s %12s  %s\n", "role", "layout", "experts/card", "weights", "KV pool",
+            "verdict");
+    for (int i = 0; i < s->n_mem; i++) {
+        const struct pd_search_mem *m = &s->mem[i];
+        char lay[40], w[32], kv[32], v[64];
+        int k = m->o.tp > 1 ? snprintf(lay, sizeof lay, "dp%d tp%d", m->o.dp, m->o.tp)
+                            : snprintf(lay, sizeof lay, "EP%d", m->o.dp);
+        if (m->o.redundant > 0)
+            snprintf(lay + k, sizeof lay - (size_t)k, " r%d", m->o.redundant);
+        if (!m->fits_weights)
+            snprintf(v, sizeof v, "does not fit (weights)");
+        else if (m->max_batch == 0)
+            snprintf(v, sizeof v, "does not fit (KV of one %s)", m->role == PD_ROLE_PREFILL ? "prompt" : "sequence");
+        else if (m->role == PD_ROLE_DECODE)
+            snprintf(v, sizeof v, "fits, batch up to %lld%s", (long long)m->max_batch,
+                     m->max_batch == batches[sizeof batches / sizeof batches[0] - 1] ? " (the most tried)" : "");
+        else
+            snprintf(v, sizeof v, "fits");
+        fprintf(f, "  %-8s %-18s %13d %12s %12s  %s\n", pd_role_name(m->role), lay, m->experts_per_card,
+                pd_units_fmt_g(w, sizeof w, m->weights, (enum pd_units)units, 2),
+                pd_units_fmt_g(kv, sizeof kv, m->kv_pool, (enum pd_units)units, 2), v);
+    }
+    fprintf(f, "\n");
     fprintf(f, "Pareto front (output tokens/s per card vs tokens/s per user; * meets the targets, x misses them)\n");
     header(f);
     for (int i = s->n_front - 1; i >= 0; i--) {
@@ -432,6 +468,15 @@ char *pd_search_json(const struct pd_search *s)
     json_t *front = json_array();
     for (int i = 0; i < s->n_front; i++)
         json_array_append_new(front, layout_json(&s->l[s->front[i]]));
+    json_t *mem = json_array();
+    for (int i = 0; i < s->n_mem; i++) {
+        const struct pd_search_mem *m = &s->mem[i];
+        json_array_append_new(mem, json_pack("{s:s,s:i,s:i,s:i,s:i,s:I,s:I,s:b,s:I}", "role", pd_role_name(m->role),
+                                             "dp", m->o.dp, "tp", m->o.tp, "redundant", m->o.redundant,
+                                             "experts_per_card", m->experts_per_card, "weights_bytes",
+                                             (json_int_t)m->weights, "kv_pool_bytes", (json_int_t)m->kv_pool,
+                                             "fits_weights", m->fits_weights, "max_batch", (json_int_t)m->max_batch));
+    }
     int pick = s->best >= 0 ? s->best : s->best_any;
     json_t *root = json_pack("{s:i,s:s,s:s,s:i,s:I,s:I,s:f,s:f,s:i,s:i,s:i,s:o,s:o,s:o}", "search_version", 1,
                              "model", s->o.base.model ? s->o.base.model : "", "hardware", s->o.base.hardware, "cards",
@@ -439,6 +484,8 @@ char *pd_search_json(const struct pd_search *s)
                              s->o.ttft_s, "tpot_target_s", s->o.tpot_s, "layouts", s->n, "fit", s->n_fit, "meet",
                              s->n_meet, "front", front, "best", pick >= 0 ? layout_json(&s->l[pick]) : json_null(),
                              "best_meets_targets", json_boolean(s->best >= 0));
+    if (root)
+        json_object_set_new(root, "memory", mem);
     if (root && pick >= 0)
         json_object_set_new(root, "prediction", pd_perf_json(&s->perf));
     char *out = root ? json_dumps(root, JSON_INDENT(2)) : NULL;

@@ -36,6 +36,18 @@ struct pd_layout {
     int pareto;                  /* on the front of the layouts that fit */
 };
 
+/* What fits, per role layout (instances aside): the verdict the memory plan gives. */
+struct pd_search_mem {
+    enum pd_role role;
+    struct pd_role_opts o;       /* instances = 1 */
+    int experts_per_card;
+    int64_t weights, kv_pool;    /* bytes on the busiest card, decode at batch 1 */
+    int fits_weights;
+    int64_t max_batch;           /* decode: the largest batch tried whose KV fits; prefill: 1 if a prompt fits */
+};
+
+#define PD_SEARCH_MAX_MEM 256
+
 struct pd_search {
     struct pd_search_opts o;
     struct pd_plan plan;         /* the model and hardware; its role plans are the best layout's */
@@ -47,6 +59,8 @@ struct pd_search {
     int *front;                  /* indices of the Pareto front, by tokens/s per user ascending */
     int n_front;
     int n_fit, n_meet;
+    struct pd_search_mem mem[PD_SEARCH_MAX_MEM];
+    int n_mem;
 };
 
 void pd_search_opts_default(struct pd_search_opts *o);

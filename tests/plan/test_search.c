@@ -71,6 +71,25 @@ Test(search, memory_verdicts_match_the_planner)
     }
     cr_assert_gt(ep4, 0);
     cr_assert_gt(ep8, 0);
+    /* the memory table says the same, per role layout */
+    int rows4 = 0, rows8 = 0;
+    for (int i = 0; i < s.n_mem; i++) {
+        const struct pd_search_mem *m = &s.mem[i];
+        if (m->o.dp == 4) {
+            rows4++;
+            cr_assert_not(m->fits_weights);
+            cr_assert_eq(m->max_batch, 0);
+        }
+        if (m->o.dp == 8 && m->o.redundant == 0) {
+            rows8++;
+            cr_assert(m->fits_weights);
+            cr_assert_eq(m->experts_per_card, 32);
+            if (m->role == PD_ROLE_DECODE)   /* 30 sequences of isl + osl fit, as the plan says */
+                cr_assert_geq(m->max_batch, 32);
+        }
+    }
+    cr_assert_eq(rows4, 4);    /* EP4 and EP4 r4, for each role */
+    cr_assert_eq(rows8, 2);
     pd_search_free(&s);
 }
 
