@@ -7,7 +7,7 @@
 #   tests/html/screenshot.sh report.html ... given pages, e.g. from `pdmoe plan --html`
 #
 # Screenshots go to $OUT (default build/html-screenshots). Needs chromium (Debian: apt-get install
-# chromium) and python3 (standard library only, for the PNG check). Not run by CI.
+# chromium) and python3 (standard library only, for the PNG check). .ci/run runs it.
 set -eu
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/html-screenshots}
