@@ -13,6 +13,7 @@ int pd_bench_search(int argc, char **argv);
 #include <stddef.h>
 
 #include "core/threadpool.h"
+#include "engine/engine.h"
 
 /* Memory read bandwidth of this machine in bytes/s: `threads` threads summing a buffer of
  * `bytes` (>= 256 MiB to defeat the caches), best of `reps`. */
@@ -25,6 +26,10 @@ struct pd_bench_machine {
     double bw, clock_hz, vnni_peak, gemv_bw, gemm_ops;
 };
 int pd_bench_machine_measure(int threads, int quick, struct pd_bench_machine *m);
+
+/* Best seconds (*best) of one engine step of `seqs` fresh sequences adding `tokens` each after
+ * `ctx` cached tokens, over `reps` repetitions after a warm-up. */
+int pd_bench_step_time(struct pd_engine *en, int seqs, int tokens, int ctx, int reps, double *best, pd_err *e);
 
 /* Best seconds of one contiguous UCX get of `bytes` between two workers of this process
  * (shared memory or loopback, as UCX_TLS allows), over `reps`; -1 if UCX fails. */

@@ -14,7 +14,11 @@
  * cost from UCX's cost per get. Both sides are progressed from one thread, for the engine and
  * the baselines alike. MB/s = 10^6 bytes/s, best of the repetitions, for UCX_TLS unset (UCX's
  * choice: shared memory on one host) and UCX_TLS=tcp.
- * Options: --quick (fewer sizes and repetitions, under 10 s), --tls LIST (only that UCX_TLS). */
+ * The hand-off's share of TTFT: the same prompt's prefill on the engine (--model, default
+ * models/mini, one thread, as pdmoe up runs it) measured in the same run, TTFT taken as prefill +
+ * hand-off (the first decode step aside); --quick measures the 1K prompt only.
+ * Options: --quick (fewer sizes and repetitions, under 10 s), --tls LIST (only that UCX_TLS),
+ * --model DIR. */
 #include "bench.h"
 
 #include <getopt.h>
@@ -26,6 +30,7 @@
 
 #include "core/timing.h"
 #include "plan/kvsize.h"
+#include "plan/perf.h"
 #include "pd/kvxfer.h"
 
 #define BLOCK 4096
@@ -247,7 +252,7 @@ static struct result engine_bw(struct pd_kvx *p, struct pd_kvx *c, uint64_t *req
 }
 
 static int run_tls(const char *tls, const int64_t *tokens, int n_sizes,
-                   const struct pd_kv_size *k, int reps)
+                   const struct pd_kv_size *k, int reps, const double *prefill_s)
 {
     if (tls)
         setenv("UCX_TLS", tls, 1);
@@ -281,8 +286,8 @@ static int run_tls(const char *tls, const int64_t *tokens, int n_sizes,
         goto out;
     }
     printf("\nUCX_TLS=%s\n", tls ? tls : "(unset: UCX's choice)");
-    printf("%8s %8s %7s %6s %12s %12s %7s %12s %7s\n", "tokens", "KV MiB", "blocks", "gets",
-           "engine MB/s", "1-get MB/s", "ratio", "same-gets", "ratio");
+    printf("%8s %8s %7s %6s %12s %12s %7s %12s %7s %11s %11s %8s\n", "tokens", "KV MiB", "blocks", "gets",
+           "engine MB/s", "1-get MB/s", "ratio", "same-gets", "ratio", "hand-off ms", "prefill ms", "of TTFT");
     uint64_t req = 1;
     double worst = 1e9;
     for (int i = 0; i < n_sizes; i++) {
@@ -312,9 +317,14 @@ static int run_tls(const char *tls, const int64_t *tokens, int n_sizes,
         double ratio = r.bw / raw;
         if (ratio < worst)
             worst = ratio;
-        printf("%8lld %8.1f %7lld %6llu %12.0f %12.0f %7.2f %12.0f %7.2f\n", (long long)tokens[i],
+        double hand = (double)blocks * BLOCK / r.bw;
+        printf("%8lld %8.1f %7lld %6llu %12.0f %12.0f %7.2f %12.0f %7.2f %11.2f", (long long)tokens[i],
                (double)blocks * BLOCK / (1 << 20), (long long)blocks,
-               (unsigned long long)r.gets, r.bw / 1e6, raw / 1e6, ratio, same / 1e6, r.bw / same);
+               (unsigned long long)r.gets, r.bw / 1e6, raw / 1e6, ratio, same / 1e6, r.bw / same, hand * 1e3);
+        if (prefill_s[i] > 0)
+            printf(" %11.0f %7.2f%%\n", prefill_s[i] * 1e3, 100 * hand / (prefill_s[i] + hand));
+        else
+            printf(" %11s %8s\n", "-", "-");
         fflush(stdout);
     }
     printf("lowest ratio %.2f (target >= 0.80)\n", worst);
@@ -330,13 +340,47 @@ out:
     return rc;
 }
 
+/* The same prompt lengths on the seed's deployment (V4-Flash, 910B, RoCE), by the performance
+ * model: where the hand-off's share of TTFT matters is at scale, not on one CPU. */
+static int seed_share(const int64_t *tokens, int n)
+{
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    o.max_model_len = 131072;
+    struct pd_plan p;
+    pd_err e = {0};
+    if (pd_plan_build(&o, &p, &e)) {
+        fprintf(stderr, "bench transfer: %s\n", e.msg);
+        return 1;
+    }
+    printf("\nPredicted for the seed's deployment (deepseek-v4-flash, fp8 KV, P 4 x EP8 on 910B, %s at %.0f GB/s; "
+           "pdmoe plan --isl N):\n", p.hw.rdma.name, p.hw.rdma.bandwidth_Bps / 1e9);
+    printf("%8s %10s %12s %12s %10s %8s\n", "tokens", "KV MB", "hand-off ms", "prefill ms", "TTFT ms", "of TTFT");
+    for (int i = 0; i < n; i++) {
+        struct pd_workload w;
+        pd_workload_default(&w);
+        w.isl = tokens[i];
+        struct pd_perf f;
+        if (pd_perf_eval(&p, &w, &f, &e)) {
+            fprintf(stderr, "bench transfer: %s\n", e.msg);
+            pd_plan_free(&p);
+            return 1;
+        }
+        printf("%8lld %10.1f %12.2f %12.1f %10.1f %7.2f%%\n", (long long)tokens[i],
+               (double)pd_kv_seq_bytes(&p.kv, tokens[i]) / 1e6, f.handoff_s * 1e3, f.prefill_s * 1e3, f.ttft_s * 1e3,
+               100 * f.handoff_s / f.ttft_s);
+    }
+    pd_plan_free(&p);
+    return 0;
+}
+
 int pd_bench_transfer(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"quick", 0, 0, 'q'}, {"tls", 1, 0, 't'}, {0, 0, 0, 0},
+        {"quick", 0, 0, 'q'}, {"tls", 1, 0, 't'}, {"model", 1, 0, 'm'}, {0, 0, 0, 0},
     };
     int quick = 0, c;
-    const char *only = NULL;
+    const char *only = NULL, *dir = "models/mini";
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -344,8 +388,10 @@ int pd_bench_transfer(int argc, char **argv)
             quick = 1;
         else if (c == 't')
             only = optarg;
+        else if (c == 'm')
+            dir = optarg;
         else {
-            fprintf(stderr, "usage: pdmoe bench transfer [--quick] [--tls LIST]\n");
+            fprintf(stderr, "usage: pdmoe bench transfer [--quick] [--tls LIST] [--model DIR]\n");
             return 2;
         }
     }
@@ -360,15 +406,30 @@ int pd_bench_transfer(int argc, char **argv)
     static const int64_t few[] = {1024, 8192, 32768};
     const int64_t *tokens = quick ? few : all;
     int n = quick ? 3 : 6, reps = quick ? 5 : 20;
+    /* the same prompts' prefill on the engine, for the hand-off's share of TTFT */
+    double prefill[6] = {0};
+    struct pd_engine en;
+    struct pd_engine_opts eo = {.dir = dir, .threads = 1, .max_seqs = 1, .max_model_len = tokens[n - 1] + 16};
+    if (pd_engine_open(&en, &eo, &e)) {
+        fprintf(stderr, "bench transfer: %s (the share of TTFT needs the model: pdmoe gen-model --preset "
+                "v4-flash-mini --out models/mini)\n", e.msg);
+        return 1;
+    }
+    for (int i = 0; i < (quick ? 1 : n); i++)
+        if (pd_bench_step_time(&en, 1, (int)tokens[i], 0, 1, &prefill[i], &e)) {
+            fprintf(stderr, "bench transfer: %s\n", e.msg);
+            pd_engine_close(&en);
+            return 1;
+        }
+    pd_engine_close(&en);
     printf("KV hand-off, v4-flash-mini bf16, %d-byte blocks (producer runs of %d, consumer runs "
-           "of %d), loopback, best of %d\n",
-           BLOCK, P_STRIDE - 1, D_STRIDE - 1, reps);
-    if (only)
-        return run_tls(only, tokens, n, &k, reps);
-    int rc = run_tls(NULL, tokens, n, &k, reps);
-    if (!rc)
-        rc = run_tls("tcp", tokens, n, &k, reps);
-    return rc;
+           "of %d), loopback, best of %d; share of TTFT = hand-off / (prefill of the prompt on %s, 1 thread, "
+           "+ hand-off)\n",
+           BLOCK, P_STRIDE - 1, D_STRIDE - 1, reps, dir);
+    int rc = only ? run_tls(only, tokens, n, &k, reps, prefill) : run_tls(NULL, tokens, n, &k, reps, prefill);
+    if (!rc && !only)
+        rc = run_tls("tcp", tokens, n, &k, reps, prefill);
+    return rc ? rc : seed_share(tokens, n);
 }
 
 double pd_bench_ucx_get_time(size_t bytes, int reps)

@@ -22,49 +22,6 @@ static const char *help =
     "pdmoe plan/search --hardware FILE: memory read bandwidth, int8 VNNI peak, the GEMV's and GEMM's\n"
     "efficiencies, the UCX hand-off, and the per-step and per-token CPU costs fitted to engine steps.\n";
 
-/* Seconds of one engine step of `seqs` sequences adding `tokens` each after `ctx` cached
- * tokens (best of `reps`, each on fresh sequences). */
-static int time_step(struct pd_engine *en, int seqs, int tokens, int ctx, int reps, double *best, pd_err *e)
-{
-    const int V = (int)en->model.vocab_size;
-    struct pd_seq *s = calloc((size_t)seqs, sizeof *s);
-    struct pd_step_item *it = calloc((size_t)seqs, sizeof *it);
-    int32_t *ids = malloc((size_t)(ctx + tokens) * 4);
-    float *l = malloc((size_t)seqs * V * 4);
-    int rc = PD_ENOMEM;
-    *best = 1e30;
-    if (!s || !it || !ids || !l)
-        goto out;
-    for (int i = 0; i < ctx + tokens; i++)
-        ids[i] = (i * 131 + 7) % (V > 1000 ? 1000 : V);
-    for (int r = 0; r <= reps; r++) {   /* the first round warms up */
-        for (int b = 0; b < seqs; b++) {
-            if ((rc = pd_seq_start(en, &s[b], e)))
-                goto out;
-            it[b] = (struct pd_step_item){.seq = &s[b], .tokens = ids, .n = ctx, .logits = l + (size_t)b * V};
-        }
-        if (ctx > 0 && (rc = pd_engine_step(en, it, seqs, e)))
-            goto out;
-        for (int b = 0; b < seqs; b++)
-            it[b] = (struct pd_step_item){.seq = &s[b], .tokens = ids + ctx, .n = tokens, .logits = l + (size_t)b * V};
-        double t0 = pd_now_s();
-        if ((rc = pd_engine_step(en, it, seqs, e)))
-            goto out;
-        double t = pd_now_s() - t0;
-        if (r > 0 && t < *best)
-            *best = t;
-        for (int b = 0; b < seqs; b++)
-            pd_seq_end(en, &s[b]);
-    }
-    rc = 0;
-out:
-    free(s);
-    free(it);
-    free(ids);
-    free(l);
-    return rc;
-}
-
 static json_t *hardware_json(const char *cpu, int threads, int cards, double mem, const struct pd_bench_machine *m,
                              double ucx_bw, double ucx_lat, const struct pd_calib_fit *f, const char *model)
 /* f[0] prefill, f[1] decode */
@@ -173,7 +130,7 @@ int pd_cli_calibrate(int argc, char **argv)
     };
     const int n_pts = (int)(sizeof pts / sizeof pts[0]), n_pre = 6;
     for (int i = 0; i < n_pts; i++)
-        if (time_step(&en, (int)pts[i].seqs, (int)pts[i].tokens, (int)pts[i].ctx, quick ? 2 : 6, &pts[i].measured_s, &e)) {
+        if (pd_bench_step_time(&en, (int)pts[i].seqs, (int)pts[i].tokens, (int)pts[i].ctx, quick ? 2 : 6, &pts[i].measured_s, &e)) {
             fprintf(stderr, "pdmoe calibrate: %s\n", e.msg);
             pd_engine_close(&en);
             return 1;
