@@ -22,6 +22,8 @@ static const char *help =
     "  --ttft-ms X, --tpot-ms X     targets; layouts missing them are marked, the chosen one meets them\n"
     "  --max-tp N                   largest tensor-parallel size tried (powers of two), default 1\n"
     "  --prefix-cache-hit F         share of prompt tokens served from a prefix cache, [0, 1)\n"
+    "  --request-rate R             requests/s the deployment must sustain; TTFT then includes the queueing\n"
+    "                               before prefill (M/D/c), and layouts that cannot sustain R miss the targets\n"
     "  --model, --hardware, --gpu-memory-utilization, --max-model-len, --max-num-batched-tokens,\n"
     "  --quant, --quant-override, --kv-cache-dtype, --kv-bytes-per-token, --mtp, --units\n"
     "                               as for pdmoe plan (see pdmoe plan --help)\n"
@@ -50,7 +52,7 @@ int pd_cli_search(int argc, char **argv)
         {"max-model-len", 1, 0, O_SHARED}, {"max-num-batched-tokens", 1, 0, O_SHARED}, {"quant", 1, 0, O_SHARED},
         {"quant-override", 1, 0, O_SHARED}, {"kv-cache-dtype", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED},
         {"mtp", 1, 0, O_SHARED}, {"units", 1, 0, O_SHARED}, {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED},
-        {"prefix-cache-hit", 1, 0, O_SHARED}, {"cards", 1, 0, O_CARDS}, {"ttft-ms", 1, 0, O_TTFT},
+        {"prefix-cache-hit", 1, 0, O_SHARED}, {"request-rate", 1, 0, O_SHARED}, {"cards", 1, 0, O_CARDS}, {"ttft-ms", 1, 0, O_TTFT},
         {"tpot-ms", 1, 0, O_TPOT}, {"max-tp", 1, 0, O_MAXTP}, {"json", 0, 0, O_JSON}, {"html", 1, 0, O_HTML},
         {"emit", 1, 0, O_EMIT}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
     };

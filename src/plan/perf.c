@@ -324,13 +324,16 @@ void pd_perf_combine(const struct pd_plan *p, const struct pd_workload *w, struc
     f->req_s = f->prefill_req_s < f->decode_req_s ? f->prefill_req_s : f->decode_req_s;
     int cards = P->cards + D->cards;
     f->tok_s_card = cards > 0 ? f->req_s * w->osl / cards : 0;
-    /* queueing before prefill: M/D/c (half the M/M/c wait, Allen-Cunneen with cs = 0) */
-    f->ttft_rate_s = f->ttft_s;
-    if (w->rate > 0) {
-        int c = P->o.dp * P->o.instances;
-        double S = f->prefill_s, a = w->rate * S;
-        f->ttft_rate_s = a >= c ? INFINITY : f->ttft_s + 0.5 * erlang_c(c, a) / (c / S - w->rate);
-    }
+    f->ttft_rate_s = f->ttft_s + pd_perf_queue_wait(P->o.dp * P->o.instances, f->prefill_s, w->rate);
+}
+
+double pd_perf_queue_wait(int servers, double service_s, double rate)
+{
+    /* M/D/c: half the M/M/c wait (Allen-Cunneen with a deterministic service, cs = 0) */
+    if (rate <= 0)
+        return 0;
+    double a = rate * service_s;
+    return a >= servers ? INFINITY : 0.5 * erlang_c(servers, a) / (servers / service_s - rate);
 }
 
 int pd_perf_eval(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f, pd_err *e)

@@ -87,6 +87,11 @@ void pd_perf_prefill(const struct pd_plan *p, const struct pd_workload *w, struc
 void pd_perf_decode(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f);
 void pd_perf_combine(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f);
 
+/* Mean wait before prefill when `rate` requests/s arrive at `servers` prefill DP ranks that
+ * each take `service_s` per prompt: M/D/c by Allen-Cunneen (half the Erlang-C wait of M/M/c);
+ * infinite at or past their capacity, 0 without a rate. */
+double pd_perf_queue_wait(int servers, double service_s, double rate);
+
 /* Reports: text lines appended to the plan's, and a JSON object ("perf"). */
 char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f);   /* malloc'ed */
 void *pd_perf_json(const struct pd_perf *f);                            /* a json_t * */

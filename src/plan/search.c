@@ -173,7 +173,8 @@ static int push_layout(struct pd_search *s, const struct cand *P, const struct c
     l->kv_pool[0] = P->kv_pool;
     l->kv_pool[1] = D->kv_pool;
     const struct pd_workload *w = &s->o.w;
-    l->ttft_s = P->f.prefill_s + P->f.handoff_s + D->f.decode_step.total_s;
+    l->ttft_s = P->f.prefill_s + P->f.handoff_s + D->f.decode_step.total_s +
+                pd_perf_queue_wait(P->o.dp * P->o.instances, P->f.prefill_s, w->rate);
     l->tpot_s = D->f.tpot_s;
     l->user_tok_s = D->f.user_tok_s;
     l->prefill_req_s = P->f.prefill_req_s;
@@ -183,7 +184,9 @@ static int push_layout(struct pd_search *s, const struct cand *P, const struct c
     l->prefill_bound = P->f.prefill_bound;
     l->decode_bound = D->f.decode_step.bound;
     l->fits = P->fits && D->fits;
-    l->meets = l->fits && (s->o.ttft_s <= 0 || l->ttft_s <= s->o.ttft_s) && (s->o.tpot_s <= 0 || l->tpot_s <= s->o.tpot_s);
+    /* at a given arrival rate the deployment must sustain it (TTFT above includes the queue) */
+    l->sustains = w->rate <= 0 || l->req_s >= w->rate;
+    l->meets = l->fits && l->sustains && (s->o.ttft_s <= 0 || l->ttft_s <= s->o.ttft_s) && (s->o.tpot_s <= 0 || l->tpot_s <= s->o.tpot_s);
     (void)p;
     return 0;
 }
@@ -356,7 +359,7 @@ static int best_under(const struct pd_search *s, double tpot)
     int b = -1;
     for (int i = 0; i < s->n; i++) {
         const struct pd_layout *l = &s->l[i];
-        if (l->fits && l->tpot_s <= tpot && (s->o.ttft_s <= 0 || l->ttft_s <= s->o.ttft_s) &&
+        if (l->fits && l->sustains && l->tpot_s <= tpot && (s->o.ttft_s <= 0 || l->ttft_s <= s->o.ttft_s) &&
             (b < 0 || better(l, &s->l[b])))
             b = i;
     }
@@ -378,6 +381,8 @@ char *pd_search_text(const struct pd_search *s, int units)
         fprintf(f, ", TTFT <= %.0f ms", s->o.ttft_s * 1e3);
     if (s->o.tpot_s > 0)
         fprintf(f, ", TPOT <= %.1f ms", s->o.tpot_s * 1e3);
+    if (s->o.w.rate > 0)
+        fprintf(f, ", at %.2f requests/s (TTFT with queueing)", s->o.w.rate);
     fprintf(f, "\n  %d layouts costed, %d fit in memory, %d meet the targets, %d on the Pareto front\n\n", s->n, s->n_fit,
             s->n_meet, s->n_front);
     fprintf(f, "What fits in memory (busiest card; the decode batch is per DP rank, of isl + osl tokens)\n");
@@ -410,7 +415,7 @@ char *pd_search_text(const struct pd_search *s, int units)
         const struct pd_layout *l = &s->l[s->front[i]];
         row(f, l, s->front[i] == s->best ? "=>" : l->meets ? "*" : "x");
     }
-    fprintf(f, "\nBest layout per TPOT target (fitting, TTFT target applied)\n");
+    fprintf(f, "\nBest layout per TPOT target (fitting, TTFT target and request rate applied)\n");
     header(f);
     static const double tpots[] = {0.01, 0.02, 0.05, 0.1, 0.2};
     for (size_t i = 0; i < sizeof tpots / sizeof tpots[0]; i++) {

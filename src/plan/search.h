@@ -28,11 +28,12 @@ struct pd_layout {
     int cards;                   /* P + D cards */
     int experts_per_card[2];
     int64_t weights[2], kv_pool[2];   /* bytes on the busiest card of each role */
-    double ttft_s, tpot_s, user_tok_s, tok_s_card, req_s;
+    double ttft_s, tpot_s, user_tok_s, tok_s_card, req_s;   /* ttft_s with the queueing delay at w.rate */
     double prefill_req_s, decode_req_s;
     enum pd_bound prefill_bound, decode_bound;
     int fits;                    /* weights fit on both roles, the batch fits D's KV pool */
-    int meets;                   /* fits and meets both targets */
+    int sustains;                /* serves the workload's request rate (always, without one) */
+    int meets;                   /* fits, sustains the rate, and meets both targets */
     int pareto;                  /* on the front of the layouts that fit */
 };
 

@@ -319,6 +319,7 @@ static void fake_search(struct pd_search *s)
         l->tok_s_card = row[i][7];
         l->fits = (int)row[i][8];
         l->meets = (int)row[i][9];
+        l->sustains = 1;   /* no request rate */
         l->prefill_bound = PD_BOUND_COMPUTE;
         l->decode_bound = PD_BOUND_MEMORY;
     }

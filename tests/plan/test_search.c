@@ -152,6 +152,35 @@ Test(search, best_meets_targets_and_is_best)
     pd_search_free(&s);
 }
 
+/* At a request rate: TTFT includes the queue before prefill, and a layout that cannot serve the
+ * rate never meets the targets. */
+Test(search, request_rate)
+{
+    struct pd_search_opts o;
+    struct pd_search s0, s1;
+    seed_opts(&o);
+    run(&o, &s0);
+    o.w.rate = 60;
+    run(&o, &s1);
+    cr_assert_eq(s0.n, s1.n);
+    int queued = 0;
+    for (int i = 0; i < s1.n; i++) {
+        const struct pd_layout *a = &s0.l[i], *b = &s1.l[i];
+        cr_assert_eq(a->cards, b->cards);
+        cr_assert_geq(b->ttft_s, a->ttft_s);
+        queued += b->ttft_s > a->ttft_s;
+        cr_assert_eq(b->sustains, b->req_s >= 60);
+        if (b->meets)
+            cr_assert(b->sustains && b->ttft_s <= o.ttft_s);
+    }
+    cr_assert_gt(queued, 0);
+    cr_assert_lt(s1.n_meet, s0.n_meet);
+    cr_assert_geq(s1.best, 0);
+    cr_assert_geq(s1.l[s1.best].req_s, 60);
+    pd_search_free(&s0);
+    pd_search_free(&s1);
+}
+
 Test(search, bad_options)
 {
     struct pd_search_opts o;
