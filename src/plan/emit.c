@@ -393,7 +393,8 @@ static void vllm_part(FILE *f, const struct ctx *c, const struct part *x)
     const struct pd_role_plan *rp = &p->role[x->role], *P = &p->role[PD_ROLE_PREFILL], *D = &p->role[PD_ROLE_DECODE];
     int head = x->k == 0, s = PORT_STEP * x->slot, v4 = p->model.arch == PD_ARCH_DEEPSEEK_V4;
     comment(f, c, x, head ? "" : ", headless");
-    fprintf(f, "if [ \"$host\" = %s ]; then\n  ASCEND_RT_VISIBLE_DEVICES=", c->host[x->node]);
+    fprintf(f, "if [ \"$host\" = %s ]; then\n  %sASCEND_RT_VISIBLE_DEVICES=", c->host[x->node],
+            rp->o.redundant > 0 ? "DYNAMIC_EPLB=true " : "");
     for (int i = 0; i < x->ncards; i++)
         fprintf(f, "%s%d", i ? "," : "", x->card0 + i);
     fputs(" vllm serve ", f);
@@ -420,11 +421,19 @@ static void vllm_part(FILE *f, const struct ctx *c, const struct part *x)
     /* The seed's roles (../shared/reference/pd-serving-systems.md), as vllm-ascend's
      * DeepSeek-V4-Flash tutorial writes them: eager prefill; decode-only graphs and the
      * recompute scheduler on decode. */
+    /* Redundant experts: vllm-ascend's (MRv1) dynamic EPLB, an eplb_config in --additional-config
+     * (its EPLB guide; DYNAMIC_EPLB=true is set before the command). */
+    char eplb[160] = "";
+    if (rp->o.redundant > 0)
+        snprintf(eplb, sizeof eplb, "\"eplb_config\":{\"dynamic_eplb\":true,\"eplb_policy_type\":2,"
+                 "\"num_redundant_experts\":%d}", rp->o.redundant);
     if (x->role == PD_ROLE_PREFILL) {
         arg(f, "--enforce-eager");
+        if (eplb[0])
+            arg(f, "--additional-config '{%s}'", eplb);
     } else {
         arg(f, "--compilation-config '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}'");
-        arg(f, "--additional-config '{\"recompute_scheduler_enable\":true}'");
+        arg(f, "--additional-config '{\"recompute_scheduler_enable\":true%s%s}'", eplb[0] ? "," : "", eplb);
     }
     /* V4's window + compressed attention needs vLLM's hybrid KV cache manager, and vllm-ascend's
      * MooncakeHybridConnector (registered in vllm_ascend/distributed/kv_transfer/__init__.py) to
@@ -521,6 +530,10 @@ static void sgl_part(FILE *f, const struct ctx *c, const struct part *x)
         arg(f, "--ep-size %d", cards);
         arg(f, "--moe-a2a-backend deepep");
     }
+    if (rp->o.redundant > 0) {   /* server_args.py: redundant physical experts, rebalanced by EPLB */
+        arg(f, "--ep-num-redundant-experts %d", rp->o.redundant);
+        arg(f, "--enable-eplb");
+    }
     if (x->card0)
         arg(f, "--base-gpu-id %d", x->card0);
     arg(f, "--mem-fraction-static %.2f", sgl_mem_fraction(rp));
@@ -560,6 +573,17 @@ static void sgl_router(FILE *f, const struct ctx *c)
     fputs(" &\nfi\n\n", f);
 }
 
+/* Redundant expert slots need a serving stack that holds them (hardware file field). */
+static int check_redundant(const struct pd_plan *p, pd_err *e)
+{
+    for (int r = 0; r < 2; r++)
+        if (p->role[r].o.redundant > 0 && !p->hw.redundant_experts)
+            return pd_err_set(e, PD_EINVAL, "--%s redundant=%d: %s's serving stack has no redundant experts "
+                              "(hardware file field redundant_experts: %s)", pd_role_name((enum pd_role)r),
+                              p->role[r].o.redundant, p->hw.name, p->hw.source);
+    return 0;
+}
+
 char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_emit_opts *o, pd_err *e)
 {
     struct pd_emit_opts defaults;
@@ -580,7 +604,7 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
     char *buf = NULL;
     size_t len = 0;
     FILE *f = NULL;
-    if (hosts_build(&c, e) || check_ports(&c, t, e))
+    if (hosts_build(&c, e) || check_ports(&c, t, e) || check_redundant(p, e))
         goto done;
     f = open_memstream(&buf, &len);
     if (!f) {

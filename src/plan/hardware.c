@@ -103,6 +103,13 @@ int pd_hardware_parse(const char *text, const char *label, struct pd_hardware *h
         goto out;
     h->runtime_prefill_bytes = (int64_t)p;
     h->runtime_decode_bytes = (int64_t)d;
+    if ((rc = pd_json_bool(&s, root, "redundant_experts", 0, 1, &h->redundant_experts, e)))
+        goto out;
+    if (!h->redundant_experts && !json_is_string(json_object_get(json_object_get(root, "sources"), "redundant_experts"))) {
+        rc = pd_err_set(e, PD_EINVAL, "%s: field \"sources.redundant_experts\": say why the stack has no redundant experts",
+                        label);
+        goto out;
+    }
     rc = efficiency_parse(label, root, &h->eff, e);
 out:
     json_decref(root);

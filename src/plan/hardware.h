@@ -42,6 +42,7 @@ struct pd_hardware {
     double mem_bw_Bps, bf16_flops, int8_ops, fp8_flops;
     struct pd_link intra, rdma, tcp;
     int64_t runtime_prefill_bytes, runtime_decode_bytes;
+    int redundant_experts;  /* the serving stack can hold redundant expert copies (EPLB); default 1 */
     struct pd_efficiency eff;
 };
 

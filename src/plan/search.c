@@ -128,7 +128,8 @@ static int layout_cands(struct pd_plan *p, const struct pd_search_opts *so, enum
 
 /* Every layout of a role: EP sizes by ep_ok, TP sizes up to max_tp, and for each the plain
  * placement (or the fewest redundant slots that make the EP size divide the experts, placed by
- * load as EPLB does) and, where that needs none, EPLB with one replica slot per rank. */
+ * load as EPLB does) and, where that needs none, EPLB with one replica slot per rank; on
+ * hardware whose serving stack has no redundant experts, only EP sizes that divide. */
 static int role_cands(struct pd_plan *p, const struct pd_search_opts *so, enum pd_role r, struct cands *v,
                       struct pd_search *s, pd_err *e)
 {
@@ -138,7 +139,9 @@ static int role_cands(struct pd_plan *p, const struct pd_search_opts *so, enum p
             if (!ep_ok(ep, tp, cpn))
                 continue;
             int need = redundant_for(E, ep);
-            for (int eplb = 0; eplb < (ep > 1 && need == 0 ? 2 : 1); eplb++) {
+            if (need > 0 && !p->hw.redundant_experts)
+                continue;            /* the stack cannot place the slots that would make it divide */
+            for (int eplb = 0; eplb < (ep > 1 && need == 0 && p->hw.redundant_experts ? 2 : 1); eplb++) {
                 struct pd_role_opts o = {.dp = ep / tp, .tp = tp, .instances = 1, .redundant = eplb ? ep : need};
                 if ((E + o.redundant) / ep > E)
                     continue;

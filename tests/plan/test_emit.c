@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "model/config.h"
 #include "plan/emit.h"
 #include "fixture.h"
 
@@ -675,4 +676,49 @@ Test(plan, emit_script_runs_under_sh)
 
     snprintf(cmd, sizeof cmd, "rm -f %s/vllm %s/python3 %s/run.sh %s/err && rmdir %s", dir, dir, dir, dir, dir);
     cr_assert_eq(system(cmd), 0);
+}
+
+/* Redundant experts (EPLB): refused where the stack has none (A2), SGLang's flags on NVIDIA, and
+ * vllm-ascend's dynamic EPLB (env guard + eplb_config merged into the decode's additional config)
+ * on an Ascend card whose stack has them. */
+Test(plan, emit_redundant_experts)
+{
+    struct pd_plan_opts o;
+    struct pd_plan p;
+    pd_plan_opts_default(&o);
+    o.role[PD_ROLE_DECODE].redundant = 32;
+    build(&o, &p);
+    pd_err e = {0};
+    cr_assert_null(pd_emit(&p, PD_EMIT_VLLM_ASCEND, NULL, &e));
+    cr_assert(strstr(e.msg, "--decode redundant=32") && strstr(e.msg, "redundant_experts"), "%s", e.msg);
+    pd_plan_free(&p);
+
+    o.hardware = "h800";
+    build(&o, &p);
+    char *s = emit(&p, PD_EMIT_SGLANG, NULL);
+    cr_assert_eq(count(s, "--ep-num-redundant-experts 32 \\\n    --enable-eplb"), 4);   /* the 4 decode nodes */
+    free(s);
+    pd_plan_free(&p);
+
+    const char *a2 = pd_embedded_find("hardware/atlas-800i-a2.json");
+    const char *at = strstr(a2, "\"redundant_experts\": false");
+    cr_assert(at);
+    char path[] = "/tmp/pdmoe-a3-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "%.*s\"redundant_experts\": true%s", (int)(at - a2), a2, at + strlen("\"redundant_experts\": false"));
+    fclose(f);
+    o.hardware = path;
+    o.role[PD_ROLE_PREFILL].redundant = 8;
+    build(&o, &p);
+    remove(path);
+    s = emit(&p, PD_EMIT_VLLM_ASCEND, NULL);
+    cr_assert_eq(count(s, "DYNAMIC_EPLB=true ASCEND_RT_VISIBLE_DEVICES="), 8);
+    cr_assert_eq(count(s, "--additional-config '{\"eplb_config\":{\"dynamic_eplb\":true,\"eplb_policy_type\":2,"
+                          "\"num_redundant_experts\":8}}'"), 4);
+    cr_assert_eq(count(s, "--additional-config '{\"recompute_scheduler_enable\":true,\"eplb_config\":{\"dynamic_eplb\":"
+                          "true,\"eplb_policy_type\":2,\"num_redundant_experts\":32}}'"), 4);
+    free(s);
+    pd_plan_free(&p);
 }

@@ -55,17 +55,22 @@ Test(hardware, bad_files)
 }
 
 /* Efficiency factors: required, in range, and each with its source (no hidden constants). */
-static char *edit(const char *from, const char *to)
+static char *edit_file(const char *file, const char *from, const char *to)
 {
-    const char *text = pd_embedded_find("hardware/h800.json");
+    const char *text = pd_embedded_find(file);
     cr_assert(text);
     const char *at = strstr(text, from);
-    cr_assert(at, "\"%s\" not in h800.json", from);
+    cr_assert(at, "\"%s\" not in %s", from, file);
     char *out = malloc(strlen(text) + strlen(to) + 1);
     memcpy(out, text, (size_t)(at - text));
     strcpy(out + (at - text), to);
     strcat(out, at + strlen(from));
     return out;
+}
+
+static char *edit(const char *from, const char *to)
+{
+    return edit_file("hardware/h800.json", from, to);
 }
 
 Test(hardware, efficiency_factors)
@@ -83,6 +88,14 @@ Test(hardware, efficiency_factors)
     free(t);
     t = edit("\"memory\": 0.9,", "\"memory\": 1.5,");
     bad(t, "\"efficiency.memory\": 1.5 is out of range");
+    free(t);
+    /* a stack without redundant experts must say why */
+    cr_assert_eq(pd_hardware_load("h800", &h, &e), 0);
+    cr_assert(h.redundant_experts);
+    cr_assert_eq(pd_hardware_load("atlas-800i-a2", &h, &e), 0);
+    cr_assert_not(h.redundant_experts);
+    t = edit_file("hardware/atlas-800i-a2.json", "\"redundant_experts\": \"vllm-ascend", "\"redundant\": \"vllm-ascend");
+    bad(t, "\"sources.redundant_experts\"");
     free(t);
     t = edit("\"imbalance_eplb_decode\": 1.2,", "");
     bad(t, "missing required field \"efficiency.imbalance_eplb_decode\"");

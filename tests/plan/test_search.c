@@ -88,8 +88,22 @@ Test(search, memory_verdicts_match_the_planner)
                 cr_assert_geq(m->max_batch, 32);
         }
     }
-    cr_assert_eq(rows4, 4);    /* EP4 and EP4 r4, for each role */
+    cr_assert_eq(rows4, 2);    /* EP4 for each role: no redundant slots on A2 (hardware file) */
     cr_assert_eq(rows8, 2);
+    for (int i = 0; i < s.n; i++)
+        cr_assert_eq(s.l[i].role[0].redundant + s.l[i].role[1].redundant, 0, "A2's stack has no redundant experts");
+    pd_search_free(&s);
+    /* where the stack has them, every dividing EP size is also tried with EPLB */
+    o.base.hardware = "h800";
+    o.base.model = "deepseek-v3";
+    run(&o, &s);
+    int plain = 0, eplb = 0;
+    for (int i = 0; i < s.n_mem; i++) {
+        plain += s.mem[i].o.dp == 8 && s.mem[i].o.redundant == 0;
+        eplb += s.mem[i].o.dp == 8 && s.mem[i].o.redundant == 8;
+    }
+    cr_assert_eq(plain, 2);
+    cr_assert_eq(eplb, 2);
     pd_search_free(&s);
 }
 
