@@ -25,7 +25,8 @@ LIB_SRC := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
 BENCH_SRC ?= $(shell find bench -name '*.c' | sort)
 CLI_SRC := $(shell find src/cli -name '*.c' | sort) $(BENCH_SRC)
 TEST_SRC := $(shell find tests -name '*.c' ! -path 'tests/fuzz/*' | sort)
-EMBED   := $(sort $(wildcard models/*.json models/*.txt hardware/*.json validation/*.json))
+# hardware/local-*.json are machine measurements (pdmoe calibrate --out), read from disk, never compiled in
+EMBED   := $(sort $(filter-out hardware/local-%,$(wildcard models/*.json models/*.txt hardware/*.json validation/*.json)))
 
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/embedded.o
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)

@@ -141,6 +141,9 @@ int pd_hardware_load(const char *spec, struct pd_hardware *h, pd_err *e)
     if (!text) {
         snprintf(path, sizeof path, "hardware/%s.json", spec);
         text = pd_embedded_find(path);
+        /* a file written by pdmoe calibrate --out hardware/NAME.json is found by NAME too */
+        if (!text && stat(path, &st) == 0 && S_ISREG(st.st_mode))
+            return pd_hardware_load(path, h, e);
     }
     if (!text)
         return pd_err_set(e, PD_EIO, "--hardware %s: no such file or preset (presets: atlas-800i-a2, h800, h100, h200)", spec);
