@@ -1,14 +1,46 @@
-/* `pdmoe serve`: the OpenAI-compatible server on one engine (colocated prefill and decode). */
+/* `pdmoe serve`: the OpenAI-compatible server on one engine (colocated prefill and decode), or,
+ * under mpirun with --enable-expert-parallel, on an EP group whose rank 0 serves HTTP. */
 #include "cli/cli.h"
 #include "core/units.h"
 #include "pd/server.h"
 
 #include <jansson.h>
+#include <mpi.h>
 
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Creates, runs and destroys the server: 0, or 1 after printing why. */
+static int serve(const struct pd_server_opts *o, int64_t dp)
+{
+    if (!o->expert_parallel && dp > 1) {
+        fprintf(stderr, "pdmoe serve: --data-parallel-size %lld needs --enable-expert-parallel (data-parallel "
+                        "attention inside one EP group, under mpirun)\n", (long long)dp);
+        return 2;
+    }
+    struct pd_server *s;
+    pd_err e = {0};
+    if (pd_server_create(o, &s, &e)) {
+        fprintf(stderr, "pdmoe serve: %s\n", e.msg);
+        return 1;
+    }
+    int rank = pd_server_rank(s);
+    if (rank == 0)
+        fprintf(stderr, "pdmoe serve: %s on http://%s:%d%s\n", o->model_dir, o->host ? o->host : "127.0.0.1",
+                pd_server_port(s), o->expert_parallel ? " (rank 0 of the EP group)" : "");
+    int rc = pd_server_run(s, &e);
+    if (rc) {
+        fprintf(stderr, "pdmoe serve%s: %s\n", o->expert_parallel ? " (EP group)" : "", e.msg);
+        if (o->expert_parallel)
+            return 1;   /* the group ends with MPI_Abort: no orderly destroy */
+    }
+    pd_server_destroy(s);
+    if (rank == 0)
+        fprintf(stderr, "pdmoe serve: stopped\n");
+    return rc ? 1 : 0;
+}
 
 int pd_cli_serve(int argc, char **argv)
 {
@@ -16,8 +48,10 @@ int pd_cli_serve(int argc, char **argv)
         {"model", 1, 0, 'm'}, {"host", 1, 0, 'H'}, {"port", 1, 0, 'p'}, {"max-num-seqs", 1, 0, 's'},
         {"max-num-batched-tokens", 1, 0, 'b'}, {"max-model-len", 1, 0, 'l'}, {"threads", 1, 0, 'j'},
         {"served-model-name", 1, 0, 'n'}, {"api-key", 1, 0, 'k'}, {"role", 1, 0, 'r'},
-        {"kv-transfer-config", 1, 0, 'K'}, {"kv-cache-bytes", 1, 0, 'B'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"kv-transfer-config", 1, 0, 'K'}, {"kv-cache-bytes", 1, 0, 'B'}, {"enable-expert-parallel", 0, 0, 'E'},
+        {"data-parallel-size", 1, 0, 'd'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
+    int64_t dp = 0;
     struct pd_server_opts o = {.port = 8000, .handle_signals = 1};
     int64_t v;
     json_t *kvc = NULL;
@@ -35,6 +69,8 @@ int pd_cli_serve(int argc, char **argv)
         case 'l': if (pd_cli_int("--max-model-len", optarg, 1, &v)) return 2; o.max_model_len = (int)v; break;
         case 'j': if (pd_cli_int("--threads", optarg, 1, &v)) return 2; o.threads = (int)v; break;
         case 'n': o.served_name = optarg; break;
+        case 'E': o.expert_parallel = 1; break;
+        case 'd': if (pd_cli_int("--data-parallel-size", optarg, 1, &dp)) return 2; break;
         case 'k': o.api_key = optarg; break;
         case 'B':
             if (pd_units_parse(optarg, &v) || v < 1) {
@@ -102,6 +138,9 @@ int pd_cli_serve(int argc, char **argv)
                    "       [--max-num-batched-tokens 512] [--max-model-len 2048] [--threads N]\n"
                    "       [--served-model-name NAME] [--api-key KEY] [--role prefill|decode|both]\n"
                    "       [--kv-cache-bytes B (the KV pool; default: max-num-seqs x max-model-len)]\n"
+                   "       [--enable-expert-parallel [--data-parallel-size N]] (under mpirun -n N: one EP group,\n"
+                   "         rank 0 serves HTTP; each rank holds 1/N of the experts, its own sequences and\n"
+                   "         KV pool; --max-num-seqs and --kv-cache-bytes are per rank)\n"
                    "       [--kv-transfer-config '{\"kv_role\":\"kv_producer\",\"kv_port\":N,\"engine_id\":\"p0\"}']\n"
                    "         (also \"kv_lease_ms\": how long a producer holds a KV nobody pulls, default 30000;\n"
                    "          \"kv_timeout_ms\": how long a pull may take before the prompt is recomputed)\n"
@@ -117,17 +156,38 @@ int pd_cli_serve(int argc, char **argv)
         fprintf(stderr, "pdmoe serve: --model DIR is required\n");
         return 2;
     }
-    struct pd_server *s;
-    pd_err e = {0};
-    if (pd_server_create(&o, &s, &e)) {
-        fprintf(stderr, "pdmoe serve: %s\n", e.msg);
-        return 1;
+    if (!o.expert_parallel)
+        return serve(&o, dp);
+    if (o.role != PD_ROLE_BOTH) {
+        fprintf(stderr, "pdmoe serve: --enable-expert-parallel runs colocated instances only for now (no "
+                        "--role prefill|decode or kv_producer/kv_consumer)\n");
+        return 2;
     }
-    fprintf(stderr, "pdmoe serve: %s on http://%s:%d\n", o.model_dir, o.host ? o.host : "127.0.0.1", pd_server_port(s));
-    int rc = pd_server_run(s, &e);
-    if (rc)
-        fprintf(stderr, "pdmoe serve: %s\n", e.msg);
-    pd_server_destroy(s);
-    fprintf(stderr, "pdmoe serve: stopped\n");
-    return rc ? 1 : 0;
+    /* mpirun (Open MPI, or any PMI launcher) says so in the environment; a singleton MPI_Init
+     * would silently make a group of one */
+    if (!getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMIX_RANK") && !getenv("PMI_RANK")) {
+        fprintf(stderr, "pdmoe serve: --enable-expert-parallel: run under mpirun (mpirun -n N pdmoe serve "
+                        "--enable-expert-parallel --data-parallel-size N ...)\n");
+        return 2;
+    }
+    int provided = 0, rank = 0, size = 1;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int rc;
+    if (dp && dp != size) {
+        /* every rank sees the same flags: rank 0 says it once, all leave */
+        if (rank == 0)
+            fprintf(stderr, "pdmoe serve: --data-parallel-size %lld: this EP group has %d ranks (mpirun -n); they "
+                            "must be equal\n", (long long)dp, size);
+        rc = 2;
+    } else {
+        rc = serve(&o, size);
+    }
+    if (rc == 1) {
+        /* one rank failed: the others cannot step without it */
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    MPI_Finalize();
+    return rc;
 }

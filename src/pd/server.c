@@ -1,9 +1,10 @@
-/* The colocated inference server (see server.h): HTTP front on libevent, scheduler thread with
- * continuous batching over the engine. */
+/* The inference server (see server.h): HTTP front on libevent, scheduler thread with continuous
+ * batching over the engine, or over an EP group of MPI ranks (the "EP group" section). */
 #include "pd/server.h"
 #include "core/timing.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "ep/ep.h"
 #include "model/tokenizer.h"
 #include "http/http.h"
 #include "pd/kvxfer.h"
@@ -17,6 +18,8 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <arpa/inet.h>
+#include <assert.h>
+#include <unistd.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -63,6 +66,50 @@ struct req {
     int32_t forced_first;           /* the producer's first token, or -1 */
     int leased;                     /* producer: KV under a lease, released by the transfer engine */
     struct req *lease_next;
+    /* EP group: the rank holding the sequence, its reserved blocks, what the next step says */
+    int owner;
+    int ep_blocks;
+    int ep_new;                     /* the owner starts the sequence in the next step */
+    int ep_prefilled;
+};
+
+/* EP group (see server.h). The step message is int32 words: a header {op, n_free, n_items,
+ * n_tokens}, then per freed sequence {id lo, id hi, owner}, per item {id lo, id hi, owner, n,
+ * new, reserve, forced, temperature bits, top_p bits, sampler state lo, hi}, then the items'
+ * tokens in item order. Each rank answers {status, free blocks, free slots, token per item}. */
+enum { EP_OP_STEP = 1, EP_OP_STOP = 2 };
+enum { EP_HDR = 4, EP_FREE_W = 3, EP_ITEM_W = 11, EP_ANS_W = 3 };
+
+struct ep_seq {                     /* a sequence this rank owns */
+    uint64_t id;
+    int used;
+    struct pd_seq seq;
+    struct pd_sampler smp;
+    float *logits;                  /* [vocab] */
+};
+
+struct ep_group {
+    struct pd_ep ep;
+    int rank, size;
+    int ep_ready;
+    struct ep_seq *seqs;            /* [max_num_seqs] */
+    struct pd_step_item *items;     /* [max_num_seqs] */
+    int32_t *item_of;               /* [max_num_seqs] message item of each step item */
+    struct ep_seq **item_seq;       /* [max_num_seqs] its sequence */
+    float *scratch;                 /* [2 * vocab] for the sampler */
+    int32_t *msg;                   /* header + body */
+    size_t msg_cap;                 /* words */
+    int32_t *ans;                   /* this rank's answer */
+    size_t ans_cap;
+    /* rank 0 */
+    int32_t *frees;                 /* pending frees, EP_FREE_W words each */
+    int n_frees, frees_cap;
+    int32_t *all;                   /* gathered answers */
+    size_t all_cap;
+    int *load;                      /* [size] sequences owned */
+    int *acct_blocks, *acct_slots;  /* [size] free after admission's reservations */
+    int *free_blocks, *free_slots;  /* [size] as each rank last reported */
+    int *owned;                     /* [size] sequences each rank has been given */
 };
 
 struct pd_server {
@@ -83,6 +130,8 @@ struct pd_server {
     struct req *live;
     struct req *leases;             /* producer: requests whose KV waits for a decode instance */
     struct req *released;           /* leases ended, to be freed by the scheduler */
+    struct ep_group *g;             /* NULL without expert parallelism */
+    char fatal[512];                /* the EP group cannot step together any more */
     struct pd_kvx *kvx;
     pthread_t kvx_thread;
     int kvx_thread_started;
@@ -132,12 +181,12 @@ static void outbox_push(struct pd_server *s, struct req *r)
     s->outbox = r;
 }
 
+static void seq_release(struct pd_server *s, struct req *r);
+
 static void finish_running(struct pd_server *s, int i)
 {
     struct req *r = s->running[i];
-    if (r->started)
-        pd_seq_end(&s->en, &r->seq);
-    r->started = 0;
+    seq_release(s, r);
     s->running[i] = s->running[--s->n_running];
     req_unref(s, r);
 }
@@ -231,23 +280,345 @@ static void *kvx_loop(void *arg)
     }
 }
 
+/* ---- the EP group ------------------------------------------------------------------------- */
+
+static volatile sig_atomic_t ep_signalled;
+
+static void ep_on_signal(int sig)
+{
+    ep_signalled = 1;
+}
+
+static int grow_words(int32_t **p, size_t *cap, size_t need)
+{
+    if (*cap >= need)
+        return 0;
+    size_t c = need + need / 2 + 64;
+    int32_t *q = realloc(*p, c * sizeof *q);
+    if (!q)
+        return -1;
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+static uint64_t ep_id(const int32_t *w)
+{
+    return (uint64_t)(uint32_t)w[0] | (uint64_t)(uint32_t)w[1] << 32;
+}
+
+static void ep_put_id(int32_t *w, uint64_t id)
+{
+    w[0] = (int32_t)(uint32_t)id;
+    w[1] = (int32_t)(uint32_t)(id >> 32);
+}
+
+static struct ep_seq *ep_find(struct pd_server *s, uint64_t id)
+{
+    for (int i = 0; i < s->o.max_num_seqs; i++)
+        if (s->g->seqs[i].used && s->g->seqs[i].id == id)
+            return &s->g->seqs[i];
+    return NULL;
+}
+
+static size_t ep_msg_words(const int32_t *hdr)
+{
+    return EP_HDR + (size_t)hdr[1] * EP_FREE_W + (size_t)hdr[2] * EP_ITEM_W + (size_t)hdr[3];
+}
+
+/* Every rank: frees and steps the sequences it owns in message `msg`, samples them, and fills
+ * its answer {0, free blocks, free slots, token per item (-1 for other ranks' items)}. With no
+ * item nobody steps; with items every rank steps, with or without sequences of its own, so all
+ * take part in the same expert exchanges. */
+static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
+{
+    struct ep_group *g = s->g;
+    const int n_free = msg[1], n_items = msg[2];
+    const int32_t *fr = msg + EP_HDR, *it = fr + (size_t)n_free * EP_FREE_W, *tok = it + (size_t)n_items * EP_ITEM_W;
+    if (grow_words(&g->ans, &g->ans_cap, EP_ANS_W + (size_t)n_items))
+        return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
+    int32_t *out = g->ans + EP_ANS_W;
+    for (int i = 0; i < n_free; i++) {
+        const int32_t *w = fr + (size_t)i * EP_FREE_W;
+        if (w[2] != g->rank)
+            continue;
+        struct ep_seq *q = ep_find(s, ep_id(w));
+        if (!q)
+            return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d told to free request %llu it does not hold",
+                              g->rank, (unsigned long long)ep_id(w));
+        pd_seq_end(&s->en, &q->seq);
+        q->used = 0;
+    }
+    int m = 0, rc;
+    size_t off = 0;
+    for (int i = 0; i < n_items; i++) {
+        const int32_t *w = it + (size_t)i * EP_ITEM_W, *toks = tok + off;
+        off += (size_t)w[3];
+        out[i] = -1;
+        if (w[2] != g->rank)
+            continue;
+        uint64_t id = ep_id(w);
+        struct ep_seq *q = NULL;
+        if (w[4]) {
+            for (int k = 0; k < s->o.max_num_seqs && !q; k++)
+                if (!g->seqs[k].used)
+                    q = &g->seqs[k];
+            if (!q)
+                return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d has no free sequence for request %llu",
+                                  g->rank, (unsigned long long)id);
+            /* the blocks of the whole future sequence, as rank 0's admission counted them */
+            if ((rc = pd_seq_start(&s->en, &q->seq, e)))
+                return rc;
+            if ((rc = pd_kvseq_reserve(&s->en.kv, &q->seq.kv, w[5], e))) {
+                pd_seq_end(&s->en, &q->seq);
+                return rc;
+            }
+            q->used = 1;
+            q->id = id;
+            memcpy(&q->smp.temperature, &w[7], sizeof(float));
+            memcpy(&q->smp.top_p, &w[8], sizeof(float));
+            q->smp.state = ep_id(w + 9);
+        } else if (!(q = ep_find(s, id))) {
+            return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d told to step request %llu it does not hold",
+                              g->rank, (unsigned long long)id);
+        }
+        g->items[m] = (struct pd_step_item){.seq = &q->seq, .tokens = toks, .n = w[3], .logits = q->logits};
+        g->item_seq[m] = q;
+        g->item_of[m++] = i;
+    }
+    if (n_items > 0 && (rc = pd_engine_step(&s->en, g->items, m, e)))
+        return rc;
+    for (int k = 0; k < m; k++) {
+        const int32_t *w = it + (size_t)g->item_of[k] * EP_ITEM_W;
+        struct ep_seq *q = g->item_seq[k];
+        out[g->item_of[k]] = w[6] >= 0 ? w[6] : pd_sample(&q->smp, q->logits, s->Vs, g->scratch);
+    }
+    g->ans[0] = 0;
+    g->ans[1] = s->en.kv.n_blocks_free;
+    g->ans[2] = s->en.kv.n_slots_free;
+    return 0;
+}
+
+/* A rank other than 0 between steps: asleep in tests of the broadcast (a 2 ms period at most: an
+ * idle group costs nothing, a new step waits at most that long). A signal here waits for rank 0
+ * to end the group, since rank 0 normally has it too, but not longer than 10 s. */
+static int ep_wait_idle(struct pd_server *s, MPI_Request *rq, pd_err *e)
+{
+    long ns = 10000;
+    double signalled_at = 0;
+    for (;;) {
+        int done = 0;
+        if (MPI_Test(rq, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            return pd_err_set(e, PD_EIO, "expert parallelism: rank %d: the step broadcast failed", s->g->rank);
+        if (done)
+            return 0;
+        if (ep_signalled && !signalled_at)
+            signalled_at = pd_now_s();
+        if (signalled_at && pd_now_s() - signalled_at > 10)
+            return pd_err_set(e, PD_EIO, "expert parallelism: rank %d was signalled and rank 0 did not end the group "
+                              "within 10 s", s->g->rank);
+        struct timespec ts = {0, ns};
+        nanosleep(&ts, NULL);
+        ns = ns < 2000000 ? ns * 2 : 2000000;
+    }
+}
+
+/* One round of the group: rank 0 broadcasts g->msg (built by the scheduler), the others receive
+ * it; every rank applies it and rank 0 gathers the answers into g->all, [size][EP_ANS_W + items].
+ * Returns 1 when rank 0 ended the group, 0 after a step, or a negative error. */
+static int ep_round(struct pd_server *s, pd_err *e)
+{
+    struct ep_group *g = s->g;
+    MPI_Request rq;
+    if (g->rank != 0 && grow_words(&g->msg, &g->msg_cap, EP_HDR))
+        return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
+    if (MPI_Ibcast(g->msg, EP_HDR, MPI_INT32_T, 0, g->ep.comm, &rq) != MPI_SUCCESS)
+        return pd_err_set(e, PD_EIO, "expert parallelism: rank %d: the step broadcast failed", g->rank);
+    int rc;
+    if (g->rank && (rc = ep_wait_idle(s, &rq, e)))
+        return rc;
+    if (!g->rank && pd_ep_wait(&rq) != MPI_SUCCESS)
+        return pd_err_set(e, PD_EIO, "expert parallelism: rank 0: the step broadcast failed");
+    if (g->msg[0] == EP_OP_STOP)
+        return 1;
+    size_t words = ep_msg_words(g->msg);
+    if (grow_words(&g->msg, &g->msg_cap, words))
+        return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
+    if (words > EP_HDR && (MPI_Ibcast(g->msg + EP_HDR, (int)(words - EP_HDR), MPI_INT32_T, 0, g->ep.comm, &rq) != MPI_SUCCESS ||
+                           pd_ep_wait(&rq) != MPI_SUCCESS))
+        return pd_err_set(e, PD_EIO, "expert parallelism: rank %d: the step broadcast failed", g->rank);
+    if ((rc = ep_apply(s, g->msg, e)))
+        return pd_err_prefix(e, "rank %d: ", g->rank);
+    int n = EP_ANS_W + g->msg[2];
+    if (g->rank == 0 && grow_words(&g->all, &g->all_cap, (size_t)n * g->size))
+        return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
+    if (MPI_Igather(g->ans, n, MPI_INT32_T, g->all, n, MPI_INT32_T, 0, g->ep.comm, &rq) != MPI_SUCCESS ||
+        pd_ep_wait(&rq) != MPI_SUCCESS)
+        return pd_err_set(e, PD_EIO, "expert parallelism: rank %d: gathering the step's tokens failed", g->rank);
+    return 0;
+}
+
+/* Rank 0 (s->mu held): the rank a new request's sequence goes to: the least-loaded one with a
+ * free sequence and the blocks of the request's whole future (prompt + max_tokens); -1 if no
+ * rank has room now. */
+static int ep_admit(struct pd_server *s, struct req *r)
+{
+    struct ep_group *g = s->g;
+    int need = pd_kvpool_blocks_for(&s->en.kv, r->n_prompt + r->max_tokens), best = -1;
+    for (int k = 0; k < g->size; k++)
+        if (g->acct_slots[k] > 0 && g->acct_blocks[k] >= need && (best < 0 || g->load[k] < g->load[best]))
+            best = k;
+    if (best < 0)
+        return -1;
+    g->acct_slots[best]--;
+    g->acct_blocks[best] -= need;
+    g->load[best]++;
+    g->owned[best]++;
+    r->owner = best;
+    r->ep_blocks = need;
+    r->ep_new = 1;
+    r->ep_prefilled = 0;
+    return 0;
+}
+
+/* Rank 0 (s->mu held): the request's sequence is freed on its owner by the next message (if the
+ * owner ever started it). */
+static void ep_release(struct pd_server *s, struct req *r)
+{
+    struct ep_group *g = s->g;
+    if (!r->ep_new) {
+        if (g->n_frees == g->frees_cap) {
+            int c = g->frees_cap * 2 + 16;
+            int32_t *f = realloc(g->frees, (size_t)c * EP_FREE_W * sizeof *f);
+            assert(f);   /* a few words per request; nothing sensible is left to do without them */
+            g->frees = f;
+            g->frees_cap = c;
+        }
+        int32_t *w = g->frees + (size_t)g->n_frees++ * EP_FREE_W;
+        ep_put_id(w, r->id);
+        w[2] = r->owner;
+    }
+    g->acct_slots[r->owner]++;
+    g->acct_blocks[r->owner] += r->ep_blocks;
+    g->load[r->owner]--;
+    assert(g->load[r->owner] >= 0 && g->acct_slots[r->owner] <= s->en.kv.n_slots);
+}
+
+/* Rank 0 (s->mu held): starts the next message with the pending frees. */
+static int ep_begin(struct pd_server *s, int n_items, int n_tokens)
+{
+    struct ep_group *g = s->g;
+    size_t words = EP_HDR + (size_t)g->n_frees * EP_FREE_W + (size_t)n_items * EP_ITEM_W + (size_t)n_tokens;
+    if (grow_words(&g->msg, &g->msg_cap, words))
+        return -1;
+    g->msg[0] = EP_OP_STEP;
+    g->msg[1] = g->n_frees;
+    g->msg[2] = n_items;
+    g->msg[3] = n_tokens;
+    if (g->n_frees)
+        memcpy(g->msg + EP_HDR, g->frees, (size_t)g->n_frees * EP_FREE_W * sizeof(int32_t));
+    g->n_frees = 0;
+    return 0;
+}
+
+/* Rank 0 (s->mu held): what the ranks reported of their pools after a round. */
+static void ep_account(struct pd_server *s)
+{
+    struct ep_group *g = s->g;
+    int n = EP_ANS_W + g->msg[2];
+    for (int k = 0; k < g->size; k++) {
+        g->free_blocks[k] = g->all[(size_t)k * n + 1];
+        g->free_slots[k] = g->all[(size_t)k * n + 2];
+    }
+}
+
+/* Rank 0, the scheduler (s->mu held; released during the round): the pending frees alone, when
+ * no step would carry them soon. */
+static int ep_flush(struct pd_server *s, pd_err *e)
+{
+    if (!s->g->n_frees)
+        return 0;
+    if (ep_begin(s, 0, 0))
+        return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
+    pthread_mutex_unlock(&s->mu);
+    int rc = ep_round(s, e);
+    pthread_mutex_lock(&s->mu);
+    if (!rc)
+        ep_account(s);
+    return rc;
+}
+
+/* Rank 0 (s->mu held): the group is broken (a rank failed mid-step); nothing can step any more.
+ * The loop stops and pd_server_run reports it; the caller ends the group. */
+static void ep_broken(struct pd_server *s, const pd_err *e)
+{
+    snprintf(s->fatal, sizeof s->fatal, "%s", e->msg[0] ? e->msg : "expert parallelism: the group failed");
+    event_base_loopexit(s->base, NULL);
+}
+
+/* The sequence of a request goes back: to this engine's pool, or to its owner rank's. */
+static void seq_release(struct pd_server *s, struct req *r)
+{
+    if (r->started) {
+        if (s->g)
+            ep_release(s, r);
+        else
+            pd_seq_end(&s->en, &r->seq);
+    }
+    r->started = 0;
+}
+
+/* Rank 0 (s->mu held): the message of a step over requests in_step[0 .. m): the pending frees,
+ * then each request's owner and new tokens (the prompt first, then its last token), and for a
+ * sequence that starts its reservation and sampler. */
+static int ep_build_step(struct pd_server *s, struct req **in_step, int m)
+{
+    int n_tokens = 0;
+    for (int i = 0; i < m; i++)
+        n_tokens += in_step[i]->ep_prefilled ? 1 : in_step[i]->n_prompt;
+    if (ep_begin(s, m, n_tokens))
+        return -1;
+    int32_t *it = s->g->msg + EP_HDR + (size_t)s->g->msg[1] * EP_FREE_W, *tok = it + (size_t)m * EP_ITEM_W;
+    for (int i = 0; i < m; i++, it += EP_ITEM_W) {
+        struct req *r = in_step[i];
+        ep_put_id(it, r->id);
+        it[2] = r->owner;
+        it[3] = r->ep_prefilled ? 1 : r->n_prompt;
+        it[4] = r->ep_new;
+        it[5] = r->n_prompt + r->max_tokens;
+        it[6] = r->forced_first;
+        memcpy(&it[7], &r->smp.temperature, sizeof(float));
+        memcpy(&it[8], &r->smp.top_p, sizeof(float));
+        ep_put_id(it + 9, r->smp.state);
+        if (r->ep_prefilled)
+            *tok++ = r->gen[r->n_gen - 1];
+        else {
+            memcpy(tok, r->prompt, (size_t)r->n_prompt * sizeof *tok);
+            tok += r->n_prompt;
+        }
+        r->ep_new = 0;
+        r->ep_prefilled = 1;
+    }
+    return 0;
+}
+
 static void *scheduler(void *arg)
 {
     struct pd_server *s = arg;
-    const int max_seqs = s->o.max_num_seqs;
+    const int max_seqs = s->o.max_num_seqs * (s->g ? s->g->size : 1);
     struct pd_step_item *items = calloc((size_t)max_seqs, sizeof *items);
-    int32_t *last = calloc((size_t)max_seqs, sizeof *last);
+    int32_t *last = calloc((size_t)max_seqs, sizeof *last), *next = calloc((size_t)max_seqs, sizeof *next);
     struct req **in_step = calloc((size_t)max_seqs, sizeof *in_step);
     float *scratch = malloc((size_t)s->V * 2 * sizeof(float));
+    pd_err e = {0};
+    int rc = 0;
     pthread_mutex_lock(&s->mu);
     while (!s->stop) {
         /* leases the transfer engine ended: the KV goes back to the pool */
         while (s->released) {
             struct req *r = s->released;
             s->released = r->lease_next;
-            if (r->started)
-                pd_seq_end(&s->en, &r->seq);
-            r->started = 0;
+            seq_release(s, r);
             req_unref(s, r);
         }
         /* drop cancelled requests, free their KV */
@@ -272,14 +643,19 @@ static void *scheduler(void *arg)
             }
             if (r->n_prompt > budget && budget < s->o.max_num_batched_tokens)
                 break;   /* next step */
-            pd_err e;
-            if (pd_seq_start(&s->en, &r->seq, &e))
-                break;
-            /* reserve the blocks of the whole future sequence now: a running request never
-             * finds the pool full when it grows (the failure SGLang users report) */
-            if (pd_kvseq_reserve(&s->en.kv, &r->seq.kv, r->n_prompt + r->max_tokens, &e)) {
-                pd_seq_end(&s->en, &r->seq);
-                break;   /* wait until running requests free their blocks */
+            if (s->g) {
+                /* a rank with room takes it; the blocks are counted here and reserved there */
+                if (ep_admit(s, r))
+                    break;
+            } else {
+                if (pd_seq_start(&s->en, &r->seq, &e))
+                    break;
+                /* reserve the blocks of the whole future sequence now: a running request never
+                 * finds the pool full when it grows (the failure SGLang users report) */
+                if (pd_kvseq_reserve(&s->en.kv, &r->seq.kv, r->n_prompt + r->max_tokens, &e)) {
+                    pd_seq_end(&s->en, &r->seq);
+                    break;   /* wait until running requests free their blocks */
+                }
             }
             s->wait_head = r->next;
             if (!s->wait_head)
@@ -306,6 +682,12 @@ static void *scheduler(void *arg)
             budget -= r->n_prompt;
         }
         if (s->n_running == 0) {
+            /* the ranks free what finished before the group goes idle */
+            if (s->g && s->g->n_frees) {
+                if ((rc = ep_flush(s, &e)))
+                    break;
+                continue;
+            }
             pthread_cond_wait(&s->cv, &s->mu);
             continue;
         }
@@ -324,18 +706,33 @@ static void *scheduler(void *arg)
             }
             m++;
         }
+        if (s->g && ep_build_step(s, in_step, m)) {
+            rc = pd_err_set(&e, PD_ENOMEM, "expert parallelism: out of memory for a step");
+            break;
+        }
         pthread_mutex_unlock(&s->mu);
-        pd_err e = {0};
-        int rc = pd_engine_step(&s->en, items, m, &e);
+        /* the next token of each request: sampled here, or by its owner rank */
+        if (s->g) {
+            rc = ep_round(s, &e);
+            for (int i = 0; !rc && i < m; i++)
+                next[i] = s->g->all[(size_t)in_step[i]->owner * (EP_ANS_W + m) + EP_ANS_W + i];
+        } else {
+            rc = pd_engine_step(&s->en, items, m, &e);
+            for (int i = 0; !rc && i < m; i++)
+                next[i] = in_step[i]->forced_first >= 0 ? in_step[i]->forced_first
+                                                        : pd_sample(&in_step[i]->smp, in_step[i]->logits, s->Vs, scratch);
+        }
         double now = pd_now_s();
         pthread_mutex_lock(&s->mu);
+        if (s->g && !rc)
+            ep_account(s);
         for (int i = 0; i < m; i++) {
             struct req *r = in_step[i];
             if (rc) {
                 r->finished = 1;
                 r->finish = "error";
             } else {
-                int32_t t = r->forced_first >= 0 ? r->forced_first : pd_sample(&r->smp, r->logits, s->Vs, scratch);
+                int32_t t = next[i];
                 r->forced_first = -1;
                 if (r->n_gen == 0)
                     r->t_first = now;
@@ -365,13 +762,40 @@ static void *scheduler(void *arg)
             else
                 i++;
         }
+        /* the group's last requests: their blocks are back on every rank before they are answered */
+        if (s->g && !rc && s->n_running == 0)
+            rc = ep_flush(s, &e);
+        event_active(s->notify, 0, 0);
+        if (rc && s->g)
+            break;
+        rc = 0;   /* one process: the step's requests failed, the server goes on */
+    }
+    for (int i = s->n_running - 1; i >= 0; i--) {
+        struct req *r = s->running[i];
+        if (rc && !r->finished) {
+            r->finished = 1;
+            r->finish = "error";
+            outbox_push(s, r);
+        }
+        finish_running(s, i);
+    }
+    if (rc) {
+        /* only the EP group fails here: the ranks cannot step together any more */
+        ep_broken(s, &e);
         event_active(s->notify, 0, 0);
     }
-    for (int i = s->n_running - 1; i >= 0; i--)
-        finish_running(s, i);
     pthread_mutex_unlock(&s->mu);
+    if (s->g && !rc) {
+        /* the end of the group: the other ranks return from pd_server_run */
+        MPI_Request rq;
+        s->g->msg[0] = EP_OP_STOP;
+        s->g->msg[1] = s->g->msg[2] = s->g->msg[3] = 0;
+        if (MPI_Ibcast(s->g->msg, EP_HDR, MPI_INT32_T, 0, s->g->ep.comm, &rq) == MPI_SUCCESS)
+            pd_ep_wait(&rq);
+    }
     free(items);
     free(last);
+    free(next);
     free(in_step);
     free(scratch);
     return NULL;
@@ -865,6 +1289,16 @@ static void on_metrics(struct evhttp_request *h, void *arg)
         waiting++;
     for (struct req *r = s->leases; r; r = r->lease_next)
         leases++;
+    /* an EP group: the ranks' pools summed, and each rank's (what it reported after the last step) */
+    int blocks_free = s->en.kv.n_blocks_free, blocks = s->en.kv.n_blocks, slots_free = s->en.kv.n_slots_free;
+    if (s->g) {
+        blocks_free = slots_free = 0;
+        blocks = s->g->size * s->en.kv.n_blocks;
+        for (int k = 0; k < s->g->size; k++) {
+            blocks_free += s->g->free_blocks[k];
+            slots_free += s->g->free_slots[k];
+        }
+    }
     evbuffer_add_printf(b,
                         "# HELP pdmoe_requests_total Requests accepted.\n# TYPE pdmoe_requests_total counter\n"
                         "pdmoe_requests_total %llu\n"
@@ -888,9 +1322,25 @@ static void on_metrics(struct evhttp_request *h, void *arg)
                         (unsigned long long)s->n_requests, (unsigned long long)s->n_completed,
                         (unsigned long long)s->n_cancelled, (unsigned long long)s->n_errors4xx,
                         (unsigned long long)s->tokens_in, (unsigned long long)s->tokens_out, s->ttft_sum, s->n_running,
-                        waiting, s->en.kv.n_blocks_free, s->en.kv.n_blocks, s->en.kv.n_slots_free,
+                        waiting, blocks_free, blocks, slots_free,
                         (unsigned long long)s->kv_bytes, s->kv_seconds, (unsigned long long)s->kv_pulls,
                         (unsigned long long)s->kv_failures, (unsigned long long)s->kv_recomputes, leases);
+    if (s->g) {
+        evbuffer_add_printf(b, "# TYPE pdmoe_ep_ranks gauge\npdmoe_ep_ranks %d\n"
+                               "# HELP pdmoe_rank_kv_blocks_free KV pool blocks free on each rank of the EP group.\n"
+                               "# TYPE pdmoe_rank_kv_blocks_free gauge\n", s->g->size);
+        for (int k = 0; k < s->g->size; k++)
+            evbuffer_add_printf(b, "pdmoe_rank_kv_blocks_free{rank=\"%d\"} %d\n", k, s->g->free_blocks[k]);
+        evbuffer_add_printf(b, "# TYPE pdmoe_rank_kv_blocks_total gauge\n");
+        for (int k = 0; k < s->g->size; k++)
+            evbuffer_add_printf(b, "pdmoe_rank_kv_blocks_total{rank=\"%d\"} %d\n", k, s->en.kv.n_blocks);
+        evbuffer_add_printf(b, "# TYPE pdmoe_rank_num_requests_running gauge\n");
+        for (int k = 0; k < s->g->size; k++)
+            evbuffer_add_printf(b, "pdmoe_rank_num_requests_running{rank=\"%d\"} %d\n", k, s->g->load[k]);
+        evbuffer_add_printf(b, "# TYPE pdmoe_rank_requests_total counter\n");
+        for (int k = 0; k < s->g->size; k++)
+            evbuffer_add_printf(b, "pdmoe_rank_requests_total{rank=\"%d\"} %d\n", k, s->g->owned[k]);
+    }
     pthread_mutex_unlock(&s->mu);
     pd_http_text(h, "text/plain; version=0.0.4", b);   /* Prometheus' text format */
     evbuffer_free(b);
@@ -905,6 +1355,98 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
     struct pd_server *s = arg;
     event_base_loopexit(s->base, NULL);
+}
+
+/* An EP group over MPI_COMM_WORLD: the expert placement, and the engine threads shared between
+ * the ranks on one node unless told. */
+static int ep_open(struct pd_server *s, struct pd_engine_opts *eo, pd_err *e)
+{
+    int init = 0, level = 0;
+    MPI_Initialized(&init);
+    if (!init)
+        return pd_err_set(e, PD_EINVAL, "server: expert parallelism needs MPI initialised (run under mpirun)");
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_SERIALIZED)
+        return pd_err_set(e, PD_EINVAL, "server: expert parallelism needs MPI_THREAD_SERIALIZED (the scheduler thread "
+                          "makes the MPI calls)");
+    if (s->o.role != PD_ROLE_BOTH)
+        return pd_err_set(e, PD_EINVAL, "server: expert parallelism runs colocated instances only (kv_both) for now");
+    struct ep_group *g = s->g = calloc(1, sizeof *g);
+    if (!g)
+        return pd_err_set(e, PD_ENOMEM, "server: out of memory");
+    struct pd_model m;
+    int rc;
+    if ((rc = pd_model_load(s->o.model_dir, &m, e)) || (rc = pd_ep_init(&g->ep, MPI_COMM_WORLD, &m, e)))
+        return rc;
+    g->ep_ready = 1;
+    g->rank = g->ep.rank;
+    g->size = g->ep.size;
+    eo->has_expert = g->ep.has_expert;
+    if (!eo->threads) {
+        int cores = (int)sysconf(_SC_NPROCESSORS_ONLN), local = 1;
+        MPI_Comm node;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g->rank, MPI_INFO_NULL, &node);
+        MPI_Comm_size(node, &local);
+        MPI_Comm_free(&node);
+        eo->threads = cores / local > 0 ? cores / local : 1;
+    }
+    return 0;
+}
+
+/* The group's buffers, once the engine is open; rank 0 starts with every rank's pool full. */
+static int ep_setup(struct pd_server *s, pd_err *e)
+{
+    struct ep_group *g = s->g;
+    const int n = s->o.max_num_seqs;
+    pd_ep_attach(&g->ep, &s->en);
+    g->seqs = calloc((size_t)n, sizeof *g->seqs);
+    g->items = calloc((size_t)n, sizeof *g->items);
+    g->item_of = calloc((size_t)n, sizeof *g->item_of);
+    g->item_seq = calloc((size_t)n, sizeof *g->item_seq);
+    g->scratch = malloc((size_t)s->V * 2 * sizeof(float));
+    g->load = calloc((size_t)g->size * 6, sizeof(int));
+    if (!g->seqs || !g->items || !g->item_of || !g->item_seq || !g->scratch || !g->load ||
+        grow_words(&g->msg, &g->msg_cap, EP_HDR))
+        return pd_err_set(e, PD_ENOMEM, "server: out of memory");
+    for (int i = 0; i < n; i++)
+        if (!(g->seqs[i].logits = malloc((size_t)s->V * sizeof(float))))
+            return pd_err_set(e, PD_ENOMEM, "server: out of memory");
+    g->acct_blocks = g->load + g->size;
+    g->acct_slots = g->load + 2 * g->size;
+    g->free_blocks = g->load + 3 * g->size;
+    g->free_slots = g->load + 4 * g->size;
+    g->owned = g->load + 5 * g->size;
+    for (int k = 0; k < g->size; k++) {
+        g->acct_blocks[k] = g->free_blocks[k] = s->en.kv.n_blocks;
+        g->acct_slots[k] = g->free_slots[k] = s->en.kv.n_slots;
+    }
+    return 0;
+}
+
+static void ep_close(struct pd_server *s)
+{
+    struct ep_group *g = s->g;
+    if (!g)
+        return;
+    for (int i = 0; g->seqs && i < s->o.max_num_seqs; i++) {
+        if (g->seqs[i].used)
+            pd_seq_end(&s->en, &g->seqs[i].seq);
+        free(g->seqs[i].logits);
+    }
+    free(g->seqs);
+    free(g->items);
+    free(g->item_of);
+    free(g->item_seq);
+    free(g->scratch);
+    free(g->load);
+    free(g->msg);
+    free(g->ans);
+    free(g->all);
+    free(g->frees);
+    if (g->ep_ready)
+        pd_ep_free(&g->ep);
+    free(g);
+    s->g = NULL;
 }
 
 int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_err *e)
@@ -932,13 +1474,28 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
         goto fail;
     struct pd_engine_opts eo = {.dir = o->model_dir, .threads = o->threads, .max_seqs = s->o.max_num_seqs,
                                 .max_model_len = s->o.max_model_len, .kv_bytes = o->kv_cache_bytes};
+    if (o->expert_parallel && (rc = ep_open(s, &eo, e)))
+        goto fail;
     if ((rc = pd_engine_open(&s->en, &eo, e)))
         goto fail;
     s->V = (int)s->en.model.vocab_size;
     s->Vs = pd_tok_vocab_size(s->tok) < s->V ? pd_tok_vocab_size(s->tok) : s->V;
     s->bos = pd_tok_bos(s->tok);
     s->eos = pd_tok_eos(s->tok);
-    s->running = calloc((size_t)s->o.max_num_seqs, sizeof *s->running);
+    if (s->g && (rc = ep_setup(s, e)))
+        goto fail;
+    if (s->g && s->g->rank != 0) {
+        /* the other ranks of the group: no HTTP, no scheduler; pd_server_run takes the steps */
+        if (o->handle_signals) {
+            struct sigaction sa = {.sa_handler = ep_on_signal};
+            sigaction(SIGINT, &sa, NULL);
+            sigaction(SIGTERM, &sa, NULL);
+        }
+        *out = s;
+        return 0;
+    }
+    /* an EP group runs up to max_num_seqs sequences on each rank */
+    s->running = calloc((size_t)s->o.max_num_seqs * (s->g ? s->g->size : 1), sizeof *s->running);
     if (s->o.role != PD_ROLE_BOTH) {
         struct pd_kvx_opts ko = {.listen_host = "127.0.0.1", .listen_port = s->o.role == PD_ROLE_PRODUCER ? s->o.kv_port : -1,
                                  .region = s->en.kv.region, .region_len = s->en.kv.region_bytes,
@@ -999,16 +1556,31 @@ int pd_server_port(const struct pd_server *s)
     return s->port;
 }
 
+int pd_server_rank(const struct pd_server *s)
+{
+    return s->g ? s->g->rank : 0;
+}
+
 int pd_server_run(struct pd_server *s, pd_err *e)
 {
+    if (s->g && s->g->rank != 0) {
+        int rc;
+        while ((rc = ep_round(s, e)) == 0)
+            ;
+        return rc < 0 ? rc : 0;
+    }
     if (event_base_dispatch(s->base) < 0)
         return pd_err_set(e, PD_EIO, "server: event loop failed");
-    return 0;
+    pthread_mutex_lock(&s->mu);
+    int rc = s->fatal[0] ? pd_err_set(e, PD_EIO, "server: %s", s->fatal) : 0;
+    pthread_mutex_unlock(&s->mu);
+    return rc;
 }
 
 void pd_server_stop(struct pd_server *s)
 {
-    event_base_loopexit(s->base, NULL);
+    if (s->base)
+        event_base_loopexit(s->base, NULL);
 }
 
 void pd_server_destroy(struct pd_server *s)
@@ -1083,6 +1655,7 @@ void pd_server_destroy(struct pd_server *s)
         event_free(s->sigterm);
     if (s->base)
         event_base_free(s->base);
+    ep_close(s);
     if (s->en.w.layers)
         pd_engine_close(&s->en);
     pd_tok_free(s->tok);

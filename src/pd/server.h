@@ -17,7 +17,21 @@
  *
  * Threads: the event loop owns the HTTP side; the scheduler thread owns the engine. They meet
  * under one mutex: a queue of waiting requests one way, a list of requests with new output the
- * other way (the loop is woken with event_active). */
+ * other way (the loop is woken with event_active).
+ *
+ * Expert parallelism (expert_parallel, under mpirun): the instance is one EP group over
+ * MPI_COMM_WORLD. Every rank opens the engine with its slice of the routed experts and its own KV
+ * pool; rank 0 alone runs the HTTP front and the scheduler. The scheduler gives each new sequence
+ * to the least-loaded rank (its owner: the sequence's KV lives there only) and broadcasts every
+ * step to the ranks: the sequences to free, then per sequence its owner, its new token ids and,
+ * when it starts, its sampling parameters. Each rank steps its own sequences with the experts
+ * exchanged over MPI (a rank with none still joins every exchange), samples them with the
+ * request's sampler (so the tokens equal one process's), and rank 0 gathers the tokens and each
+ * rank's free KV. Between steps the other ranks sleep in a non-blocking broadcast's test; the
+ * MPI calls are made by the scheduler thread (MPI_THREAD_SERIALIZED). Destroying rank 0's server
+ * broadcasts the end of the group. The caller initialises MPI before pd_server_create and
+ * finalises it after pd_server_destroy; if pd_server_run fails on any rank the group can no
+ * longer step together and the caller ends it (MPI_Abort). */
 #ifndef PD_PD_SERVER_H
 #define PD_PD_SERVER_H
 
@@ -43,6 +57,7 @@ struct pd_server_opts {
     const char *engine_id;
     int kv_lease_ms, kv_timeout_ms; /* 0: 30000 */
     int handle_signals;             /* SIGINT/SIGTERM stop the loop (the command line's server) */
+    int expert_parallel;            /* one EP group over MPI_COMM_WORLD (MPI initialised by the caller) */
 };
 
 enum { PD_ROLE_BOTH = 0, PD_ROLE_PRODUCER = 1, PD_ROLE_CONSUMER = 2 };
@@ -51,8 +66,11 @@ struct pd_server;
 
 int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_err *e);
 int pd_server_port(const struct pd_server *s);
+/* This process's rank in its EP group (0 without expert parallelism): only rank 0 serves HTTP. */
+int pd_server_rank(const struct pd_server *s);
 /* Runs the event loop until pd_server_stop (from another thread) or, with handle_signals, SIGINT
- * or SIGTERM. */
+ * or SIGTERM. On an EP rank other than 0: takes the steps rank 0 broadcasts until it ends the
+ * group (with handle_signals, a SIGINT or SIGTERM here waits for rank 0's end, at most 10 s). */
 int pd_server_run(struct pd_server *s, pd_err *e);
 void pd_server_stop(struct pd_server *s);
 void pd_server_destroy(struct pd_server *s);

@@ -1,0 +1,365 @@
+/* `pdmoe serve` as an EP group (mpirun -n 2, real processes on loopback): concurrent greedy
+ * requests of different lengths give the same tokens as one plain process, the sequences spread
+ * over both ranks and every rank's KV pool is full again afterwards; an idle group does not spin;
+ * Ctrl-C or SIGTERM on rank 0 ends every rank cleanly; a rank that dies ends the group instead of
+ * hanging it or its clients; bad flag combinations are one-line errors naming the flag. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/genmodel.h"
+#include "../tmpmodel.h"
+#include "util.h"
+
+static char dir[64], log_path[96];
+static pid_t group, single;
+static int base_port;
+
+static const char *bin(void)
+{
+    return getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+}
+
+static void setup(void)
+{
+    tmp_model("v4-tiny", 17, dir, sizeof dir);
+    snprintf(log_path, sizeof log_path, "%s/serve.log", dir);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    /* as in tests/ep: Open MPI's own allocations are not pdmoe's leaks */
+    const char *asan = getenv("ASAN_OPTIONS");
+    char opts[512];
+    snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan && *asan ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+    base_port = 19300 + (getpid() % 400) * 4;
+}
+
+static int wait_exit(pid_t pid, double seconds, int *status)
+{
+    for (double t = 0; t < seconds; t += 0.05) {
+        if (waitpid(pid, status, WNOHANG) == pid)
+            return 1;
+        usleep(50000);
+    }
+    return 0;
+}
+
+static void teardown(void)
+{
+    int st;
+    pid_t *ps[2] = {&group, &single};
+    for (int i = 0; i < 2; i++)
+        if (*ps[i] > 0) {
+            kill(-*ps[i], SIGTERM);
+            if (!wait_exit(*ps[i], 15, &st)) {
+                kill(-*ps[i], SIGKILL);
+                waitpid(*ps[i], &st, 0);
+            }
+            *ps[i] = 0;
+        }
+    rm_model(dir);
+}
+
+TestSuite(server_ep, .init = setup, .fini = teardown, .timeout = 240);
+
+/* Starts argv in its own process group (a terminal's Ctrl-C reaches the whole group), output to
+ * the log; with `port`, waits until /health answers. */
+static pid_t launch(char *const *argv, int port)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+        if (!freopen(log_path, "w", stderr) || !freopen("/dev/null", "w", stdout))
+            _exit(126);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    setpgid(pid, pid);
+    char out[256];
+    for (int i = 0; port && i < 600; i++) {
+        if (curl_port(port, "/health", NULL, NULL, out, sizeof out) == 200)
+            return pid;
+        int st;
+        cr_assert_neq(waitpid(pid, &st, WNOHANG), pid, "the server exited before it was healthy (status %d)", st);
+        usleep(100000);
+    }
+    cr_assert(!port, "the server on port %d did not become healthy", port);
+    return pid;
+}
+
+static pid_t start_group(int port)
+{
+    char sp[16];
+    snprintf(sp, sizeof sp, "%d", port);
+    char *argv[] = {"mpirun", "-n", "2", "--oversubscribe", (char *)bin(), "serve", "--model", dir,
+                    "--enable-expert-parallel", "--data-parallel-size", "2", "--port", sp, "--threads", "1",
+                    "--max-num-seqs", "4", "--max-model-len", "512", "--served-model-name", "tiny", NULL};
+    return launch(argv, port);
+}
+
+static pid_t start_single(int port)
+{
+    char sp[16];
+    snprintf(sp, sizeof sp, "%d", port);
+    char *argv[] = {(char *)bin(), "serve", "--model", dir, "--port", sp, "--threads", "1", "--max-num-seqs", "8",
+                    "--max-model-len", "512", "--served-model-name", "tiny", NULL};
+    return launch(argv, port);
+}
+
+/* The pids of the group's ranks listening on `port` (from their MPI environment): pid[rank]. */
+static void rank_pids(int port, pid_t pid[2])
+{
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "pgrep -f -- '-[-]port %d( |$)'", port);
+    FILE *p = popen(cmd, "r");
+    pid[0] = pid[1] = 0;
+    int x;
+    while (fscanf(p, "%d", &x) == 1) {
+        char path[64], env[1 << 15];
+        snprintf(path, sizeof path, "/proc/%d/environ", x);
+        FILE *f = fopen(path, "rb");
+        if (!f)
+            continue;
+        size_t n = fread(env, 1, sizeof env - 1, f);
+        fclose(f);
+        for (size_t i = 0; i < n; i += strlen(env + i) + 1) {
+            env[n] = 0;
+            if (!strncmp(env + i, "OMPI_COMM_WORLD_RANK=", 21) && atoi(env + i + 21) >= 0 && atoi(env + i + 21) < 2)
+                pid[atoi(env + i + 21)] = x;
+        }
+    }
+    pclose(p);
+    cr_assert(pid[0] > 0 && pid[1] > 0, "ranks of port %d not found (%d, %d)", port, pid[0], pid[1]);
+}
+
+static int processes_on(int port)
+{
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "pgrep -f -- '-[-]port %d( |$)' | wc -l", port);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    if (fscanf(p, "%d", &n) != 1)
+        n = -1;
+    pclose(p);
+    return n;
+}
+
+/* CPU seconds a process has used. */
+static double cpu_seconds(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    char *p = strrchr(buf, ')');
+    unsigned long ut = 0, st = 0;
+    /* fields after the command: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
+    cr_assert_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st), 2);
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static int labelled(int port, const char *name, int rank)
+{
+    char out[1 << 14], key[128];
+    cr_assert_eq(curl_port(port, "/metrics", NULL, NULL, out, sizeof out), 200);
+    snprintf(key, sizeof key, "\n%s{rank=\"%d\"} ", name, rank);
+    char *p = strstr(out, key);
+    cr_assert_not_null(p, "no %s for rank %d in /metrics:\n%s", key + 1, rank, out);
+    return atoi(p + strlen(key));
+}
+
+#define N_REQ 6
+
+struct call {
+    int port, code;
+    char body[512];
+    char out[1 << 14];
+};
+
+static void *call_thread(void *arg)
+{
+    struct call *c = arg;
+    c->code = curl_port(c->port, "/v1/completions", c->body, "--max-time 120", c->out, sizeof c->out);
+    return NULL;
+}
+
+/* The same N_REQ greedy requests, all at once, to the server on `port`: their token ids. */
+static void run_requests(int port, char *ids[N_REQ])
+{
+    static const char *const prompts[N_REQ] = {
+        "Hello", "The sea froze over and the children skated until the sun went down", "x",
+        "Numbers: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16", "def add(a, b):", "Once upon a time, in a small town"};
+    static const int max_tokens[N_REQ] = {24, 8, 40, 16, 3, 30};
+    static struct call c[N_REQ];
+    pthread_t t[N_REQ];
+    for (int i = 0; i < N_REQ; i++) {
+        c[i].port = port;
+        snprintf(c[i].body, sizeof c[i].body,
+                 "{\"model\":\"tiny\",\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,"
+                 "\"return_token_ids\":true}", prompts[i], max_tokens[i]);
+        pthread_create(&t[i], NULL, call_thread, &c[i]);
+    }
+    for (int i = 0; i < N_REQ; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < N_REQ; i++) {
+        cr_assert_eq(c[i].code, 200, "request %d on port %d: %d %s", i, port, c[i].code, c[i].out);
+        json_t *j = parse(c[i].out);
+        json_t *a = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "token_ids");
+        cr_assert_eq((int)json_array_size(a), max_tokens[i], "request %d: %s", i, c[i].out);
+        ids[i] = json_dumps(a, JSON_COMPACT);
+        json_decref(j);
+    }
+}
+
+Test(server_ep, two_ranks_give_the_tokens_of_one_process_and_free_every_block)
+{
+    int pg = base_port, ps = base_port + 1;
+    single = start_single(ps);
+    group = start_group(pg);
+    char *want[N_REQ], *got[N_REQ];
+    run_requests(ps, want);
+    run_requests(pg, got);
+    for (int i = 0; i < N_REQ; i++) {
+        cr_assert_str_eq(got[i], want[i], "request %d: EP group %s, one process %s", i, got[i], want[i]);
+        free(want[i]);
+        free(got[i]);
+    }
+    /* both ranks held sequences; every rank's pool is full again, the sum too */
+    cr_assert_gt(labelled(pg, "pdmoe_rank_requests_total", 0), 0);
+    cr_assert_gt(labelled(pg, "pdmoe_rank_requests_total", 1), 0);
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(labelled(pg, "pdmoe_rank_kv_blocks_free", k), labelled(pg, "pdmoe_rank_kv_blocks_total", k),
+                     "rank %d", k);
+        cr_assert_eq(labelled(pg, "pdmoe_rank_num_requests_running", k), 0);
+    }
+    cr_assert_eq(metric_port(pg, "pdmoe_kv_blocks_free"), metric_port(pg, "pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric_port(pg, "pdmoe_kv_slots_free"), 8);
+    cr_assert_eq(metric_port(pg, "pdmoe_requests_completed_total"), N_REQ);
+    /* idle: the ranks sleep (each well under 10% of a core over 2 s) */
+    pid_t r[2];
+    rank_pids(pg, r);
+    double c0[2] = {cpu_seconds(r[0]), cpu_seconds(r[1])};
+    sleep(2);
+    for (int k = 0; k < 2; k++) {
+        double used = cpu_seconds(r[k]) - c0[k];
+        cr_assert_lt(used, 0.2, "idle rank %d used %.2f s of CPU in 2 s", k, used);
+    }
+    /* Ctrl-C in a terminal reaches mpirun and every rank: the group ends, nothing is left */
+    kill(-group, SIGINT);
+    int st;
+    cr_assert(wait_exit(group, 30, &st), "the group did not end within 30 s of Ctrl-C");
+    group = 0;
+    cr_assert_eq(processes_on(pg), 0);
+}
+
+Test(server_ep, sigterm_on_rank_0_ends_every_rank_cleanly)
+{
+    int pg = base_port + 2;
+    group = start_group(pg);
+    char out[8192];
+    cr_assert_eq(curl_port(pg, "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":4}", NULL, out, sizeof out), 200,
+                 "%s", out);
+    pid_t r[2];
+    rank_pids(pg, r);
+    kill(r[0], SIGTERM);
+    int st;
+    cr_assert(wait_exit(group, 30, &st), "the group did not end within 30 s of SIGTERM on rank 0");
+    group = 0;
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "mpirun ended with status %d", st);
+    cr_assert_eq(processes_on(pg), 0);
+}
+
+Test(server_ep, a_dead_rank_ends_the_group_and_its_clients)
+{
+    int pg = base_port + 3;
+    group = start_group(pg);
+    /* a long generation in flight when rank 1 dies */
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "curl -s -N --max-time 100 -o /dev/null -w '%%{http_code}' http://127.0.0.1:%d/v1/completions "
+             "-d '{\"prompt\":\"x\",\"max_tokens\":400,\"ignore_eos\":true,\"stream\":true}'", pg);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    FILE *client = popen(cmd, "r");
+    for (int i = 0; i < 200 && metric_port(pg, "pdmoe_num_requests_running") < 1; i++)
+        usleep(10000);
+    pid_t r[2];
+    rank_pids(pg, r);
+    kill(r[1], SIGKILL);
+    int st;
+    cr_assert(wait_exit(group, 30, &st), "the group hung after rank 1 died");
+    group = 0;
+    cr_assert(!(WIFEXITED(st) && WEXITSTATUS(st) == 0), "the group exited 0 although rank 1 died");
+    pclose(client);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    cr_assert_lt(t1.tv_sec - t0.tv_sec, 60, "the client waited %ld s", (long)(t1.tv_sec - t0.tv_sec));
+    cr_assert_eq(processes_on(pg), 0);
+    FILE *f = fopen(log_path, "r");
+    char log[1 << 15];
+    size_t n = fread(log, 1, sizeof log - 1, f);
+    log[n] = 0;
+    fclose(f);
+    cr_assert(strstr(log, "rank 1") || strstr(log, "signal 9"), "no word of the dead rank:\n%s", log);
+}
+
+/* Runs a command line; its exit status and stderr. */
+static int run(const char *cmd, char *err, size_t cap)
+{
+    char full[2048];
+    snprintf(full, sizeof full, "%s 2>%s >/dev/null", cmd, log_path);
+    int st = system(full);
+    FILE *f = fopen(log_path, "r");
+    size_t n = f ? fread(err, 1, cap - 1, f) : 0;
+    err[n] = 0;
+    if (f)
+        fclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* The first line of `err` that is pdmoe's (mpirun adds its own banners). */
+static void expect_one_line(const char *err, const char *flag)
+{
+    const char *p = strstr(err, "pdmoe serve: ");
+    cr_assert_not_null(p, "no pdmoe error in:\n%s", err);
+    cr_assert_null(strstr(p + 1, "pdmoe serve: "), "more than one error line:\n%s", err);
+    const char *nl = strchr(p, '\n');
+    char line[512];
+    snprintf(line, sizeof line, "%.*s", nl ? (int)(nl - p) : (int)strlen(p), p);
+    cr_assert(strstr(line, flag), "\"%s\" does not name %s", line, flag);
+}
+
+Test(server_ep, bad_flag_combinations_are_one_line_errors)
+{
+    char cmd[1024], err[1 << 14];
+    /* without mpirun */
+    snprintf(cmd, sizeof cmd, "env -u OMPI_COMM_WORLD_SIZE -u PMIX_RANK -u PMI_RANK %s serve --model %s "
+             "--enable-expert-parallel --port %d", bin(), dir, base_port);
+    cr_assert_eq(run(cmd, err, sizeof err), 2, "%s", err);
+    expect_one_line(err, "--enable-expert-parallel");
+    cr_assert(strstr(err, "mpirun"), "%s", err);
+    /* the group's size differs from --data-parallel-size */
+    snprintf(cmd, sizeof cmd, "timeout 60 mpirun -n 2 --oversubscribe %s serve --model %s --enable-expert-parallel "
+             "--data-parallel-size 3 --port %d", bin(), dir, base_port);
+    int rc = run(cmd, err, sizeof err);
+    cr_assert(rc != 0 && rc != 124, "exit %d: %s", rc, err);
+    expect_one_line(err, "--data-parallel-size 3");
+    /* data parallelism without expert parallelism */
+    snprintf(cmd, sizeof cmd, "%s serve --model %s --data-parallel-size 2 --port %d", bin(), dir, base_port);
+    cr_assert_eq(run(cmd, err, sizeof err), 2, "%s", err);
+    expect_one_line(err, "--enable-expert-parallel");
+    /* an EP group with a PD role: not yet */
+    snprintf(cmd, sizeof cmd, "timeout 60 mpirun -n 2 --oversubscribe %s serve --model %s --enable-expert-parallel "
+             "--kv-transfer-config '{\"kv_role\":\"kv_producer\"}' --port %d", bin(), dir, base_port);
+    rc = run(cmd, err, sizeof err);
+    cr_assert(rc != 0 && rc != 124, "exit %d: %s", rc, err);
+    cr_assert(strstr(err, "--enable-expert-parallel"), "%s", err);
+}
