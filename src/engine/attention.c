@@ -121,14 +121,13 @@ static int indexer_select(const struct pd_model *m, const struct pd_kvpool *kvp,
                           int64_t n, const float *iq, const float *iw, struct attn_bufs *b)
 {
     const int ih = m->index_n_heads, id = m->index_head_dim, k = m->index_topk;
-    float key[1024];
+    float key[1024], dot[256];
     for (int64_t x = 0; x < n; x++) {
         load_bf16(key, pd_kv_key(kvp, s, layer, x), id);
+        pd_dot_rows(iq, (size_t)id, key, id, ih, dot);
         double sc = 0;
-        for (int h = 0; h < ih; h++) {
-            float dot = pd_dot(iq + (size_t)h * id, key, id);
-            sc += (dot > 0 ? dot : 0) * iw[h];
-        }
+        for (int h = 0; h < ih; h++)
+            sc += (dot[h] > 0 ? dot[h] : 0) * iw[h];
         b->iscore[x] = (float)sc;
     }
     return pd_topk(b->iscore, (int)n, k, b->sel);
@@ -168,7 +167,8 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
     struct pd_seq *seq = st->items[st->item_of[t]].seq;
     const struct pd_kvpool *kvp = &en->kv;
     const int hd = m->head_dim, nh = m->n_heads, W = m->sliding_window, r = L->ratio;
-    const struct pd_rope *rope = r ? &en->rope_compress : &en->rope_window;
+    const int rd = m->qk_rope_head_dim;
+    const float *cs = (r ? st->cs_compress : st->cs_window) + (size_t)t * rd;
     const float eps = (float)m->rms_norm_eps;
     const int64_t pos = st->pos[t];
     store_bf16(pd_kv_window(kvp, &seq->kv, layer, pos), b->kv + (size_t)t * hd, hd);
@@ -210,8 +210,9 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
         const float *q = b->q + ((size_t)t * nh + h) * hd;
         float *o = b->o + ((size_t)t * nh + h) * hd;
         float mx = L->attn_sink[h];
+        pd_dot_rows(b->keys, (size_t)hd, q, hd, nk, b->scores);
         for (int k = 0; k < nk; k++) {
-            b->scores[k] = pd_dot(q, b->keys + (size_t)k * hd, hd) * scale;
+            b->scores[k] *= scale;
             mx = b->scores[k] > mx ? b->scores[k] : mx;
         }
         /* the sink adds exp(sink - max) to the denominator and nothing to the output */
@@ -220,11 +221,12 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
             b->scores[k] = expf(b->scores[k] - mx);
             den += b->scores[k];
         }
+        for (int k = 0; k < nk; k++)
+            b->scores[k] = (float)(b->scores[k] / den);
         for (int i = 0; i < hd; i++)
             o[i] = 0;
-        for (int k = 0; k < nk; k++)
-            pd_axpy((float)(b->scores[k] / den), b->keys + (size_t)k * hd, o, hd);
-        pd_rope_apply(rope, o + hd - rope->dim, pos, 1);
+        pd_axpy_rows(b->scores, b->keys, (size_t)hd, nk, o, hd);
+        pd_rope_apply_cs(cs, rd, o + hd - rd, 1);
     }
     (void)e;
     return 0;
@@ -241,7 +243,8 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
     const int T = st->T, hd = m->head_dim, nh = m->n_heads, ql = m->q_lora_rank, r = L->ratio;
     const int og = m->o_groups, ol = m->o_lora_rank, gin = nh * hd / og;
     const float eps = (float)m->rms_norm_eps;
-    const struct pd_rope *rope = r ? &en->rope_compress : &en->rope_window;
+    const int rd = m->qk_rope_head_dim;
+    const float *cs = r ? st->cs_compress : st->cs_window;
     struct attn_bufs b = {0};
     int rc = PD_ENOMEM;
     int64_t max_entries = 0;
@@ -269,13 +272,13 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         for (int h = 0; h < nh; h++) {
             float *q = b.q + ((size_t)t * nh + h) * hd;
             pd_rmsnorm(q, NULL, eps, hd, q);
-            pd_rope_apply(rope, q + hd - rope->dim, st->pos[t], 0);
+            pd_rope_apply_cs(cs + (size_t)t * rd, rd, q + hd - rd, 0);
         }
     LIN(&L->wkv, st->x, T, b.kv);
     for (int t = 0; t < T; t++) {
         float *kv = b.kv + (size_t)t * hd;
         pd_rmsnorm(kv, L->kv_norm, eps, hd, kv);
-        pd_rope_apply(rope, kv + hd - rope->dim, st->pos[t], 0);
+        pd_rope_apply_cs(cs + (size_t)t * rd, rd, kv + hd - rd, 0);
     }
     if (r) {
         LIN(&L->cmp.wkv, st->x, T, b.ckv);
@@ -285,7 +288,7 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         LIN(&L->idx_wq_b, b.qr, T, b.iq);
         for (int t = 0; t < T; t++)
             for (int h = 0; h < ih; h++)
-                pd_rope_apply(&en->rope_index, b.iq + ((size_t)t * ih + h) * id + id - en->rope_index.dim, st->pos[t], 0);
+                pd_rope_apply_cs(st->cs_index + (size_t)t * rd, rd, b.iq + ((size_t)t * ih + h) * id + id - rd, 0);
         LIN(&L->idx_weights, st->x, T, b.iw);
         LIN(&L->idx_cmp.wkv, st->x, T, b.ikv);
         LIN(&L->idx_cmp.wgate, st->x, T, b.ig);

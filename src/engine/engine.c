@@ -127,8 +127,9 @@ void pd_mhc_pre(const struct pd_model *m, const float *h, const float *fn, const
     const int hc = m->hc_mult, H = (int)m->hidden_size, n = hc * H, mixn = (2 + hc) * hc;
     float r = (float)(1.0 / sqrt((double)pd_dot(h, h, n) / n + m->rms_norm_eps));
     float mix[4 * 64 + 64];
+    pd_dot_rows(fn, (size_t)n, h, n, mixn, mix);
     for (int k = 0; k < mixn; k++)
-        mix[k] = pd_dot(fn + (size_t)k * n, h, n) * r;
+        mix[k] *= r;
     float pre[64] = {0};
     for (int j = 0; j < hc; j++) {
         pre[j] = pd_sigmoid(mix[j] * scale[0] + base[j]) + (float)m->hc_eps;
@@ -188,11 +189,10 @@ static int head(struct pd_step *st, float *x, int t, float *logits, pd_err *e)
     const struct pd_model *m = &en->model;
     const int H = (int)m->hidden_size, hc = m->hc_mult, n = hc * H;
     const float *h = st->h + (size_t)t * n;
-    float r = (float)(1.0 / sqrt((double)pd_dot(h, h, n) / n + m->rms_norm_eps)), pre[64];
-    for (int j = 0; j < hc; j++) {
-        float mix = pd_dot(en->w.hc_head_fn + (size_t)j * n, h, n) * r;
-        pre[j] = pd_sigmoid(mix * en->w.hc_head_scale[0] + en->w.hc_head_base[j]) + (float)m->hc_eps;
-    }
+    float r = (float)(1.0 / sqrt((double)pd_dot(h, h, n) / n + m->rms_norm_eps)), pre[64], mix[64];
+    pd_dot_rows(en->w.hc_head_fn, (size_t)n, h, n, hc, mix);
+    for (int j = 0; j < hc; j++)
+        pre[j] = pd_sigmoid(mix[j] * r * en->w.hc_head_scale[0] + en->w.hc_head_base[j]) + (float)m->hc_eps;
     for (int i = 0; i < H; i++) {
         float acc = 0;
         for (int j = 0; j < hc; j++)
@@ -249,7 +249,12 @@ int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items
     st.comb = pd_scratch(en, 8, (size_t)T * hc * hc * sizeof(float), e);
     st.qbuf = pd_scratch(en, 9, (size_t)T * st.max_in, e);
     st.sbuf = pd_scratch(en, 10, (size_t)T * sizeof(float), e);
-    if (!st.item_of || !st.pos || !st.token || !st.h || !st.x || !st.out || !st.post || !st.comb || !st.qbuf || !st.sbuf)
+    const int rd = m->qk_rope_head_dim;
+    st.cs_window = pd_scratch(en, 44, (size_t)T * rd * sizeof(float), e);
+    st.cs_compress = pd_scratch(en, 45, (size_t)T * rd * sizeof(float), e);
+    st.cs_index = pd_scratch(en, 46, (size_t)T * rd * sizeof(float), e);
+    if (!st.item_of || !st.pos || !st.token || !st.h || !st.x || !st.out || !st.post || !st.comb || !st.qbuf || !st.sbuf ||
+        !st.cs_window || !st.cs_compress || !st.cs_index)
         goto out;
     /* embedding, copied into the hc streams */
     for (int i = 0, t = 0; i < n_items; i++)
@@ -261,6 +266,9 @@ int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items
             pd_bf16_row((const char *)en->w.embed + (size_t)st.token[t] * H * 2, h, (size_t)H);
             for (int j = 1; j < hc; j++)
                 memcpy(h + (size_t)j * H, h, (size_t)H * sizeof(float));
+            pd_rope_cs(&en->rope_window, st.pos[t], st.cs_window + (size_t)t * rd);
+            pd_rope_cs(&en->rope_compress, st.pos[t], st.cs_compress + (size_t)t * rd);
+            pd_rope_cs(&en->rope_index, st.pos[t], st.cs_index + (size_t)t * rd);
         }
     for (int l = 0; l < m->n_layers; l++) {
         if ((rc = sublayer(&st, l, 0, e)) || (rc = sublayer(&st, l, 1, e)))

@@ -18,6 +18,9 @@ struct pd_step {
     float *out;            /* [T, hidden] sublayer output */
     float *post;           /* [T, hc] */
     float *comb;           /* [T, hc, hc] */
+    float *cs_window;      /* [T, rope dim] cos/sin pairs at each token's position (pd_rope_cs) */
+    float *cs_compress;    /*   for en->rope_window, rope_compress and rope_index: computed once per */
+    float *cs_index;       /*   step, applied to every head of every layer */
     int8_t *qbuf;          /* [T * max_in] quantised activations */
     float *sbuf;           /* [T] their scales */
     int max_in;
@@ -41,7 +44,7 @@ int pd_compress_push(const struct pd_compressor_w *c, float *state, const float 
 int pd_topk(const float *score, int n, int k, int *sel);
 int pd_moe_layer(struct pd_step *st, int layer, pd_err *e);
 
-/* Scratch buffer `slot` of the engine (slots: engine.c 1-10 and 48, attention.c 11-29,
+/* Scratch buffer `slot` of the engine (slots: engine.c 1-10, 44-46 and 48, attention.c 11-29,
  * there, moe.c 30-49, expert parallelism 50-63), at least `bytes` long: kept between steps so a decode
  * step allocates nothing; each call site has its own slot. */
 void *pd_scratch(struct pd_engine *en, int slot, size_t bytes, pd_err *e);

@@ -39,9 +39,12 @@ static void score_task(void *arg, int task)
 {
     const struct score_job *j = arg;
     int lo = task * j->per, hi = lo + j->per < j->E ? lo + j->per : j->E;
-    for (int t = 0; t < j->T; t++)
+    for (int t = 0; t < j->T; t++) {
+        float *s = j->s + (size_t)t * j->E;
+        pd_dot_rows(j->gate + (size_t)lo * j->H, (size_t)j->H, j->x + (size_t)t * j->H, j->H, hi - lo, s + lo);
         for (int x = lo; x < hi; x++)
-            j->s[(size_t)t * j->E + x] = sqrtf(pd_softplus(pd_dot(j->gate + (size_t)x * j->H, j->x + (size_t)t * j->H, j->H)));
+            s[x] = sqrtf(pd_softplus(s[x]));
+    }
 }
 
 /* Chooses each token's experts and weights: ids [T, k] (ascending), w [T, k]; scores [T, E]. */

@@ -74,17 +74,30 @@ void pd_rope_init(struct pd_rope *r, int dim, double theta, double yarn_factor, 
     }
 }
 
-void pd_rope_apply(const struct pd_rope *r, float *x, int64_t pos, int inverse)
+void pd_rope_cs(const struct pd_rope *r, int64_t pos, float *cs)
 {
     for (int i = 0; i < r->dim / 2; i++) {
         double a = (double)pos * r->freq[i];
-        float c = (float)cos(a), s = (float)sin(a);
-        if (inverse)
-            s = -s;
+        cs[2 * i] = (float)cos(a);
+        cs[2 * i + 1] = (float)sin(a);
+    }
+}
+
+void pd_rope_apply_cs(const float *cs, int dim, float *x, int inverse)
+{
+    for (int i = 0; i < dim / 2; i++) {
+        float c = cs[2 * i], s = inverse ? -cs[2 * i + 1] : cs[2 * i + 1];
         float x0 = x[2 * i], x1 = x[2 * i + 1];
         x[2 * i] = x0 * c - x1 * s;
         x[2 * i + 1] = x0 * s + x1 * c;
     }
+}
+
+void pd_rope_apply(const struct pd_rope *r, float *x, int64_t pos, int inverse)
+{
+    float cs[512];
+    pd_rope_cs(r, pos, cs);
+    pd_rope_apply_cs(cs, r->dim, x, inverse);
 }
 
 void pd_softmax(float *x, int n)

@@ -27,6 +27,11 @@ void pd_rope_init(struct pd_rope *r, int dim, double theta, double yarn_factor, 
                   double beta_fast, double beta_slow);
 /* Rotates x[0 .. dim) by position pos; inverse = 1 rotates by -pos. */
 void pd_rope_apply(const struct pd_rope *r, float *x, int64_t pos, int inverse);
+/* The same in two halves, for a position whose rotation is applied to many vectors (every head
+ * of a token): cs[2i], cs[2i + 1] = cos, sin of pos * freq[i] (dim values), then the rotation.
+ * pd_rope_apply_cs(cs, ...) after pd_rope_cs(r, pos, cs) gives pd_rope_apply's bits. */
+void pd_rope_cs(const struct pd_rope *r, int64_t pos, float *cs);
+void pd_rope_apply_cs(const float *cs, int dim, float *x, int inverse);
 
 /* In-place softmax over n values. */
 void pd_softmax(float *x, int n);

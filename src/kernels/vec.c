@@ -1,8 +1,10 @@
-/* Dot product and axpy: portable, AVX2+FMA and AVX-512 versions, chosen at first use. */
+/* Dot product and axpy, one row or many: portable, AVX2+FMA and AVX-512 versions, chosen at first
+ * use. */
 #include "kernels/vec.h"
 
 #include <immintrin.h>
 #include <pthread.h>
+#include <stdatomic.h>
 
 float pd_dot_ref(const float *a, const float *b, int n)
 {
@@ -49,16 +51,13 @@ __attribute__((target("avx2,fma"))) static void axpy_avx2(float a, const float *
         y[i] += a * x[i];
 }
 
-__attribute__((target("avx512f"))) static float dot_avx512(const float *a, const float *b, int n)
+#define AVX512 __attribute__((target("avx512f")))
+#define INLINE static inline __attribute__((always_inline))
+
+/* The end of an AVX-512 dot product: the two chains added, their 16 lanes summed in order, the
+ * scalar tail from i. One function for dot_avx512 and dot_rows_avx512, so both round alike. */
+INLINE AVX512 float dot_finish(__m512 s0, __m512 s1, const float *a, const float *b, int i, int n)
 {
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
-    }
-    for (; i + 16 <= n; i += 16)
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
     float l[16];
     _mm512_storeu_ps(l, _mm512_add_ps(s0, s1));
     float t = 0;
@@ -69,45 +68,186 @@ __attribute__((target("avx512f"))) static float dot_avx512(const float *a, const
     return t;
 }
 
-__attribute__((target("avx512f"))) static void axpy_avx512(float a, const float *x, float *y, int n)
+/* The main loop's length: chunks of 32, then at most one of 16. */
+INLINE int dot_body(int n)
+{
+    return n / 16 * 16;
+}
+
+AVX512 static float dot_avx512(const float *a, const float *b, int n)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i + 16 <= n; i += 16)
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    return dot_finish(s0, s1, a, b, i, n);
+}
+
+/* y[r] = dot_avx512(w + r * ld, x, n), four rows at a time: the same operations per row in the
+ * same order (so the same bits), with eight independent chains instead of two. */
+AVX512 static void dot_rows_avx512(const float *w, size_t ld, const float *x, int n, int rows, float *y)
+{
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        const float *w0 = w + r * ld, *w1 = w0 + ld, *w2 = w1 + ld, *w3 = w2 + ld;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
+        int i = 0;
+        for (; i + 32 <= n; i += 32) {
+            __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + i), x0, a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + i + 16), x1, a1);
+            b0 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + i), x0, b0);
+            b1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + i + 16), x1, b1);
+            c0 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + i), x0, c0);
+            c1 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + i + 16), x1, c1);
+            d0 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + i), x0, d0);
+            d1 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + i + 16), x1, d1);
+        }
+        if (i < dot_body(n)) {
+            __m512 x0 = _mm512_loadu_ps(x + i);
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + i), x0, a0);
+            b0 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + i), x0, b0);
+            c0 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + i), x0, c0);
+            d0 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + i), x0, d0);
+            i += 16;
+        }
+        /* x is the dot's second operand in dot_avx512 too: a[i] * b[i] = w[i] * x[i] */
+        y[r] = dot_finish(a0, a1, w0, x, i, n);
+        y[r + 1] = dot_finish(b0, b1, w1, x, i, n);
+        y[r + 2] = dot_finish(c0, c1, w2, x, i, n);
+        y[r + 3] = dot_finish(d0, d1, w3, x, i, n);
+    }
+    for (; r < rows; r++)
+        y[r] = dot_avx512(w + r * ld, x, n);
+}
+
+/* The tail of an AVX-512 axpy (one function for both callers, as dot_finish). */
+INLINE AVX512 void axpy_tail(float a, const float *x, float *y, int i, int n)
+{
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+
+AVX512 static void axpy_avx512(float a, const float *x, float *y, int n)
 {
     __m512 va = _mm512_set1_ps(a);
     int i = 0;
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
-    for (; i < n; i++)
-        y[i] += a * x[i];
+    axpy_tail(a, x, y, i, n);
 }
 
-static float (*dot_fn)(const float *, const float *, int);
-static void (*axpy_fn)(float, const float *, float *, int);
+/* y += a[k] * x[k] for k = 0, 1, ... rows - 1 in order, x[k] = x + k * ld: axpy_avx512 row after
+ * row (the same fused multiply-adds in the same order per element), with up to 128 values of y
+ * held in registers across the rows instead of loaded and stored for each. */
+AVX512 static void axpy_rows_avx512(const float *a, const float *x, size_t ld, int rows, float *y, int n)
+{
+    int i = 0;
+    for (; i + 128 <= n; i += 128) {
+        __m512 y0 = _mm512_loadu_ps(y + i), y1 = _mm512_loadu_ps(y + i + 16), y2 = _mm512_loadu_ps(y + i + 32),
+               y3 = _mm512_loadu_ps(y + i + 48), y4 = _mm512_loadu_ps(y + i + 64), y5 = _mm512_loadu_ps(y + i + 80),
+               y6 = _mm512_loadu_ps(y + i + 96), y7 = _mm512_loadu_ps(y + i + 112);
+        for (int k = 0; k < rows; k++) {
+            const float *xk = x + k * ld + i;
+            __m512 va = _mm512_set1_ps(a[k]);
+            y0 = _mm512_fmadd_ps(va, _mm512_loadu_ps(xk), y0);
+            y1 = _mm512_fmadd_ps(va, _mm512_loadu_ps(xk + 16), y1);
+            y2 = _mm512_fmadd_ps(va, _mm512_loadu_ps(xk + 32), y2);
+            y3 = _mm512_fmadd_ps(va, _mm512_loadu_ps(xk + 48), y3);
+            y4 = _mm512_fmadd_ps(va, _mm512_loadu_ps(xk + 64), y4);
+            y5 = _mm512_fmadd_ps(va, _mm512_loadu_ps(xk + 80), y5);
+            y6 = _mm512_fmadd_ps(va, _mm512_loadu_ps(xk + 96), y6);
+            y7 = _mm512_fmadd_ps(va, _mm512_loadu_ps(xk + 112), y7);
+        }
+        _mm512_storeu_ps(y + i, y0);
+        _mm512_storeu_ps(y + i + 16, y1);
+        _mm512_storeu_ps(y + i + 32, y2);
+        _mm512_storeu_ps(y + i + 48, y3);
+        _mm512_storeu_ps(y + i + 64, y4);
+        _mm512_storeu_ps(y + i + 80, y5);
+        _mm512_storeu_ps(y + i + 96, y6);
+        _mm512_storeu_ps(y + i + 112, y7);
+    }
+    for (; i + 16 <= n; i += 16) {
+        __m512 y0 = _mm512_loadu_ps(y + i);
+        for (int k = 0; k < rows; k++)
+            y0 = _mm512_fmadd_ps(_mm512_set1_ps(a[k]), _mm512_loadu_ps(x + k * ld + i), y0);
+        _mm512_storeu_ps(y + i, y0);
+    }
+    if (i < n)
+        for (int k = 0; k < rows; k++)
+            axpy_tail(a[k], x + k * ld, y, i, n);
+}
 
+/* Row-by-row versions for the paths without a multi-row one. */
+static void dot_rows_by_one(const float *w, size_t ld, const float *x, int n, int rows, float *y);
+static void axpy_rows_by_one(const float *a, const float *x, size_t ld, int rows, float *y, int n);
+
+struct vec_fns {
+    float (*dot)(const float *, const float *, int);
+    void (*axpy)(float, const float *, float *, int);
+    void (*dot_rows)(const float *, size_t, const float *, int, int, float *);
+    void (*axpy_rows)(const float *, const float *, size_t, int, float *, int);
+};
+
+static struct vec_fns fns;
+/* Set once `fns` is filled: the calls on the decode path (thousands per token) test this flag
+ * instead of calling pthread_once through the PLT each time. */
+static atomic_int fns_ready;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void choose(void)
 {
-    if (__builtin_cpu_supports("avx512f")) {
-        dot_fn = dot_avx512;
-        axpy_fn = axpy_avx512;
-    } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        dot_fn = dot_avx2;
-        axpy_fn = axpy_avx2;
-    } else {
-        dot_fn = pd_dot_ref;
-        axpy_fn = pd_axpy_ref;
-    }
+    if (__builtin_cpu_supports("avx512f"))
+        fns = (struct vec_fns){dot_avx512, axpy_avx512, dot_rows_avx512, axpy_rows_avx512};
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        fns = (struct vec_fns){dot_avx2, axpy_avx2, dot_rows_by_one, axpy_rows_by_one};
+    else
+        fns = (struct vec_fns){pd_dot_ref, pd_axpy_ref, dot_rows_by_one, axpy_rows_by_one};
+    atomic_store_explicit(&fns_ready, 1, memory_order_release);
+}
+
+static inline const struct vec_fns *vec(void)
+{
+    if (!atomic_load_explicit(&fns_ready, memory_order_acquire))
+        pthread_once(&once, choose);
+    return &fns;
+}
+
+static void dot_rows_by_one(const float *w, size_t ld, const float *x, int n, int rows, float *y)
+{
+    for (int r = 0; r < rows; r++)
+        y[r] = fns.dot(w + r * ld, x, n);
+}
+
+static void axpy_rows_by_one(const float *a, const float *x, size_t ld, int rows, float *y, int n)
+{
+    for (int k = 0; k < rows; k++)
+        fns.axpy(a[k], x + k * ld, y, n);
 }
 
 float pd_dot(const float *a, const float *b, int n)
 {
-    pthread_once(&once, choose);
-    return dot_fn(a, b, n);
+    return vec()->dot(a, b, n);
 }
 
 void pd_axpy(float a, const float *x, float *y, int n)
 {
-    pthread_once(&once, choose);
-    axpy_fn(a, x, y, n);
+    vec()->axpy(a, x, y, n);
+}
+
+void pd_dot_rows(const float *w, size_t ld, const float *x, int n, int rows, float *y)
+{
+    vec()->dot_rows(w, ld, x, n, rows, y);
+}
+
+void pd_axpy_rows(const float *a, const float *x, size_t ld, int rows, float *y, int n)
+{
+    vec()->axpy_rows(a, x, ld, rows, y, n);
 }
 
 __attribute__((target("avx512f"))) static void bf16_avx512(const uint16_t *src, float *dst, int n)
@@ -132,16 +272,19 @@ static void bf16_ref(const uint16_t *src, float *dst, int n)
 }
 
 static void (*bf16_fn)(const uint16_t *, float *, int);
+static atomic_int bf16_ready;
 static pthread_once_t once_bf16 = PTHREAD_ONCE_INIT;
 
 static void choose_bf16(void)
 {
     bf16_fn = __builtin_cpu_supports("avx512f") ? bf16_avx512 : bf16_ref;
+    atomic_store_explicit(&bf16_ready, 1, memory_order_release);
 }
 
 void pd_bf16_to_f32_row(const uint16_t *src, float *dst, int n)
 {
-    pthread_once(&once_bf16, choose_bf16);
+    if (!atomic_load_explicit(&bf16_ready, memory_order_acquire))
+        pthread_once(&once_bf16, choose_bf16);
     bf16_fn(src, dst, n);
 }
 

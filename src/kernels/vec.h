@@ -6,10 +6,16 @@
 #ifndef PD_KERNELS_VEC_H
 #define PD_KERNELS_VEC_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 float pd_dot(const float *a, const float *b, int n);
 void pd_axpy(float a, const float *x, float *y, int n);   /* y[i] += a * x[i] */
+
+/* y[r] = pd_dot(w + r * ld, x, n) for r < rows, bit for bit, faster (several rows at once). */
+void pd_dot_rows(const float *w, size_t ld, const float *x, int n, int rows, float *y);
+/* pd_axpy(a[k], x + k * ld, y, n) for k = 0 .. rows - 1 in order, bit for bit, faster. */
+void pd_axpy_rows(const float *a, const float *x, size_t ld, int rows, float *y, int n);
 
 /* dst[i] = bf16 src[i] widened to fp32 (exact). */
 void pd_bf16_to_f32_row(const uint16_t *src, float *dst, int n);

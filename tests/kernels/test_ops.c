@@ -1,11 +1,74 @@
 /* The small float operations: Sinkhorn gives a doubly stochastic matrix, rope and its inverse
  * cancel, YaRN keeps high frequencies and divides low ones by the factor, bf16 rounds to
- * nearest even. */
+ * nearest even; the multi-row dot and axpy and the two-part rope give the bits of the one-row
+ * and one-part versions that they replace on the decode path. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <string.h>
 
 #include "engine/sampler.h"
 #include "kernels/ops.h"
+#include "kernels/vec.h"
+
+static float wave(int i)
+{
+    return sinf((float)i * 0.7f) * (1.0f + (float)(i % 13));
+}
+
+Test(ops, dot_rows_same_bits_as_dot)
+{
+    /* odd and even lengths around the 16- and 32-wide chunks, row counts around the 4-row block,
+     * a leading dimension larger than the length */
+    static float w[37 * 301], x[301], y[37];
+    for (int i = 0; i < 37 * 301; i++)
+        w[i] = wave(i);
+    for (int i = 0; i < 301; i++)
+        x[i] = wave(3 * i + 1);
+    const int ns[] = {1, 15, 16, 17, 31, 32, 33, 48, 64, 128, 200, 301};
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (int rows = 0; rows <= 37; rows += rows < 9 ? 1 : 7) {
+            pd_dot_rows(w, 301, x, ns[a], rows, y);
+            for (int r = 0; r < rows; r++) {
+                float d = pd_dot(w + (size_t)r * 301, x, ns[a]);
+                cr_assert(memcmp(&d, &y[r], 4) == 0, "n %d row %d of %d: %a vs %a", ns[a], r, rows, y[r], d);
+            }
+        }
+}
+
+Test(ops, axpy_rows_same_bits_as_axpy)
+{
+    static float x[23 * 290], a[23], y1[290], y2[290];
+    for (int i = 0; i < 23 * 290; i++)
+        x[i] = wave(i);
+    for (int k = 0; k < 23; k++)
+        a[k] = wave(7 * k + 2) / 9;
+    const int ns[] = {1, 15, 16, 17, 100, 127, 128, 129, 256, 290};
+    for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++)
+        for (int rows = 0; rows <= 23; rows += 5) {
+            for (int i = 0; i < 290; i++)
+                y1[i] = y2[i] = wave(i + 5);
+            pd_axpy_rows(a, x, 290, rows, y1, ns[c]);
+            for (int k = 0; k < rows; k++)
+                pd_axpy(a[k], x + (size_t)k * 290, y2, ns[c]);
+            cr_assert(memcmp(y1, y2, sizeof y1) == 0, "n %d, %d rows", ns[c], rows);
+        }
+}
+
+Test(ops, rope_in_two_parts_same_bits)
+{
+    struct pd_rope r;
+    pd_rope_init(&r, 64, 160000, 4, 16384, 32, 1);
+    float cs[64], x[64], y[64];
+    for (int64_t pos = 0; pos < 5000; pos += 377)
+        for (int inv = 0; inv < 2; inv++) {
+            for (int i = 0; i < 64; i++)
+                x[i] = y[i] = wave(i + (int)pos);
+            pd_rope_apply(&r, x, pos, inv);
+            pd_rope_cs(&r, pos, cs);
+            pd_rope_apply_cs(cs, 64, y, inv);
+            cr_assert(memcmp(x, y, sizeof x) == 0, "pos %lld inverse %d", (long long)pos, inv);
+        }
+}
 
 Test(ops, sinkhorn_doubly_stochastic)
 {
