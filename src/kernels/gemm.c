@@ -248,6 +248,11 @@ static void grouped_task(void *arg, int task)
         .a = r->a->q, .a_scale = r->a->scale, .tok = g->rows, .n = g->n, .y = g->y,
         .accum = r->accum,
     };
+    /* the next group's weights, which this thread likely reads next: prefetched past the end */
+    if (lo + 1 < r->n_groups && r->groups[lo + 1].w.cols == g->w.cols && r->groups[lo + 1].n > 0) {
+        job.w_next = r->groups[lo + 1].w.q;
+        job.next_out = r->groups[lo + 1].w.rows;
+    }
     r->fn(&job, o0, o1);
 }
 

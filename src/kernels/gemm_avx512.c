@@ -21,7 +21,8 @@
  * read-modify-write accumulator badly (a register copy, often a spill, per instruction, which
  * halves the throughput), while "+v" keeps every accumulator in its register. Accumulators are
  * reduced four rows at a time to one 128-bit vector of row sums per token. Decode (one token)
- * uses 8 rows x 1 token, a memory-bound stream. Reduction tails use masked loads: masked bytes
+ * uses 8 rows x 1 token, a memory-bound stream (with software prefetch on short rows: see
+ * tile8x1_short). Reduction tails use masked loads: masked bytes
  * read as zero, and (0 ^ 0x80) * 0 adds nothing. */
 #include <immintrin.h>
 
@@ -31,6 +32,13 @@
 #define INLINE static inline __attribute__((always_inline))
 
 enum { MAX_R = 8, MAX_U = 6, GEMM_R = 4, GEMV_R = 8, CHUNK = 64 };
+
+/* Decode on rows of at most PF_MAX_IN bytes (tile8x1_short) prefetches about PF_BYTES ahead of
+ * the tile computed (measured on the expert matrices of a 512-wide model: 8 KiB beats 4, 12, 16
+ * and 32). Longer rows are long streams that the hardware prefetchers follow by themselves;
+ * prefetching them too measured slower (0.73 instead of 0.94 of the bandwidth on a 14336-wide
+ * GEMV). */
+enum { PF_BYTES = 8192, PF_MAX_IN = 2048 };
 
 /* The load mask for the last `rem` (< 64) bytes of a row. */
 INLINE AVX512 __mmask64 tail_mask(int rem)
@@ -195,13 +203,10 @@ INLINE AVX512 void tile4(const int8_t *const *wr, const int8_t *const *ar, const
     if (U > 5) store_sums(reduce4(c05, c15, c25, c35), asum[5], acc + 5 * CHUNK);
 }
 
-/* acc[r] = sum_k wr[r][k] * a[k] for r < 8: the decode GEMV. `pf` (NULL: none) is the start of
- * 8 * in bytes that the next tiles will read, prefetched linearly, 8 lines per step: the rows of a
- * tile are short (a few hundred bytes in a 512-wide model), too short for the hardware
- * prefetchers to detect eight interleaved streams before they end, so without this every tile
- * starts with a full memory latency. */
+/* acc[r] = sum_k wr[r][k] * a[k] for r < 8: the decode GEMV on long rows (more than PF_MAX_IN
+ * bytes), 64 bytes of each row in turn: eight streams, which the hardware prefetchers follow. */
 static AVX512 __attribute__((noinline)) void tile8x1(const int8_t *const *wr, const int8_t *a,
-                                                     int32_t asum, int in, const int8_t *pf,
+                                                     int32_t asum, int in,
                                                      int32_t *acc)   // [8]
 {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
@@ -226,22 +231,54 @@ static AVX512 __attribute__((noinline)) void tile8x1(const int8_t *const *wr, co
     w = _mm512_xor_si512(load(wr[7] + k), flip);                                                 \
     DP(c7, w, av)
     int k = 0;
-    if (pf) {
-        for (; k + 64 <= in; k += 64) {
-            for (int j = 0; j < 8; j++)
-                _mm_prefetch((const char *)pf + 8 * k + 64 * j, _MM_HINT_T0);
-            ROWS(FULL);
-        }
-    } else {
-        for (; k + 64 <= in; k += 64) {
-            ROWS(FULL);
-        }
+    for (; k + 64 <= in; k += 64) {
+        ROWS(FULL);
     }
     if (k < in) {
         __mmask64 m = tail_mask(in - k);
         ROWS(MASKED);
     }
 #undef ROWS
+    store_sums(reduce4(c0, c1, c2, c3), asum, acc);
+    store_sums(reduce4(c4, c5, c6, c7), asum, acc + 4);
+}
+
+/* The same on short rows (a few hundred bytes, as in a 512-wide model), each row read to its end
+ * before the next: the tile's rows, contiguous in memory, are one linear stream. Reading them
+ * side by side as tile8x1 does measured 23 GB/s on the expert matrices of such a model against
+ * 29 in this order (the int32 sums are exact in any order: same results); on 14336-byte rows it
+ * is the other way round (0.92 of the bandwidth side by side, 0.8 in turn). `pf` (NULL: none) is
+ * the start of the 8 * in bytes that a later tile reads, prefetched in the same order: rows this
+ * short end before the hardware prefetchers have caught on, and without it the kernel ran at
+ * half the speed. */
+static AVX512 __attribute__((noinline)) void tile8x1_short(const int8_t *const *wr, const int8_t *a,
+                                                           int32_t asum, int in, const int8_t *pf,
+                                                           int32_t *acc)   // [8]
+{
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i z = _mm512_setzero_si512();
+    __m512i c0 = z, c1 = z, c2 = z, c3 = z, c4 = z, c5 = z, c6 = z, c7 = z, av, w;
+    const int kf = in & ~63;
+    const __mmask64 m = tail_mask(in - kf);
+#define ROW(r)                                                                                   \
+    {                                                                                            \
+        const int8_t *wp = wr[r];                                                                \
+        if (pf)                                                                                  \
+            for (int k = 0; k < in; k += 64)                                                     \
+                _mm_prefetch((const char *)pf + (r) * in + k, _MM_HINT_T0);                      \
+        for (int k = 0; k < kf; k += 64) {                                                       \
+            av = FULL(a + k);                                                                    \
+            w = _mm512_xor_si512(FULL(wp + k), flip);                                            \
+            DP(c##r, w, av);                                                                     \
+        }                                                                                        \
+        if (kf < in) {                                                                           \
+            av = MASKED(a + kf);                                                                 \
+            w = _mm512_xor_si512(MASKED(wp + kf), flip);                                         \
+            DP(c##r, w, av);                                                                     \
+        }                                                                                        \
+    }
+    ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7)
+#undef ROW
     store_sums(reduce4(c0, c1, c2, c3), asum, acc);
     store_sums(reduce4(c4, c5, c6, c7), asum, acc + 4);
 }
@@ -262,20 +299,18 @@ INSTANTIATE(5)
 INSTANTIATE(6)
 #undef INSTANTIATE
 
-/* Decode prefetch distance: about PF_BYTES ahead of the tile computed (measured on a 512-wide
- * model: 16 KiB beats 4, 8 and 32), for rows of at most PF_MAX_IN bytes. Longer rows are long
- * streams that the hardware prefetchers follow by themselves; prefetching them too measured
- * slower (0.73 instead of 0.94 of the bandwidth on a 14336-wide GEMV). */
-enum { PF_BYTES = 16384, PF_MAX_IN = 2048 };
-
-/* Where tile8x1 at row o prefetches: a whole tile, the distance in rows, within the matrix (its
- * rows are contiguous); NULL when the rows are long or the matrix ends. */
+/* Where tile8x1_short at row o prefetches: a whole tile, the distance in rows on, within the matrix (its
+ * rows are contiguous) or past its end in the next one (job->w_next); NULL when the rows are long
+ * or there is nothing more to read. */
 static inline const int8_t *pf_at(const pd_gemm_job *job, int o)
 {
     if (job->in > PF_MAX_IN)
         return NULL;
     int ahead = (PF_BYTES / job->in + GEMV_R - 1) / GEMV_R * GEMV_R;
-    return o + ahead + GEMV_R <= job->out ? job->w + (int64_t)(o + ahead) * job->in : NULL;
+    if (o + ahead + GEMV_R <= job->out)
+        return job->w + (int64_t)(o + ahead) * job->in;
+    int at = o + ahead - job->out;   /* row of the next matrix */
+    return job->w_next && at >= 0 && at + GEMV_R <= job->next_out ? job->w_next + (int64_t)at * job->in : NULL;
 }
 
 AVX512 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1)
@@ -284,7 +319,12 @@ AVX512 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1)
     /* Tokens outer, rows inner: the task's weight rows (sized by gemm.c to fit L2) are swept once
      * per block of 6 tokens while those 6 activation rows stay in L1. The int32 results of up to
      * CHUNK rows are collected before one call to the epilogue. (Software prefetch of the next
-     * block's activations was tried and measured 3% slower: the hardware prefetchers do it.) */
+     * block's activations was tried and measured 3% slower: the hardware prefetchers do it.)
+     * The weight scales of the rows are prefetched first: a routed expert's are cold, and the
+     * epilogue would otherwise wait a memory latency for them after every chunk (measured: most
+     * of the epilogue's time in decode). */
+    for (int o = o0; o < o1; o += 16)
+        _mm_prefetch((const char *)(job->w_scale + o), _MM_HINT_T0);
     for (int i0 = 0; i0 < job->n; i0 += MAX_U) {
         int nu = job->n - i0 < MAX_U ? job->n - i0 : MAX_U;
         const int8_t *ar[MAX_U];
@@ -310,7 +350,12 @@ AVX512 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1)
                  * lanes past the last row stay inside acc and are never stored. */
                 int32_t *t = acc + (o - c0);
                 switch (nu) {
-                case 1: tile8x1(wr, ar[0], asum[0], in, pf_at(job, o), t); break;
+                case 1:
+                    if (in > PF_MAX_IN)
+                        tile8x1(wr, ar[0], asum[0], in, t);
+                    else
+                        tile8x1_short(wr, ar[0], asum[0], in, pf_at(job, o), t);
+                    break;
                 case 2: tile4x2(wr, ar, asum, in, t); break;
                 case 3: tile4x3(wr, ar, asum, in, t); break;
                 case 4: tile4x4(wr, ar, asum, in, t); break;

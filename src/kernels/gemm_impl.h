@@ -18,6 +18,8 @@ typedef struct pd_gemm_job {
     int n;
     float *y;               // [n, out]
     int accum;              // 1: y += result
+    const int8_t *w_next;   // [next_out, in] the weights read after these (a hint for prefetching), or NULL
+    int next_out;
 } pd_gemm_job;
 
 static inline int pd_gemm_job_tok(const pd_gemm_job *j, int i)
