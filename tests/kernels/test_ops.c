@@ -129,6 +129,23 @@ Test(ops, sampler)
     struct pd_sampler g;
     pd_sampler_init(&g, 0, 1, 0);
     cr_assert_eq(pd_sample(&g, l, 6, scratch), 1);   /* ties go to the lower id */
+    /* long enough for the vector pass: the first of equal maxima, NaN never wins except at 0 */
+    float v[19];
+    for (int i = 0; i < 19; i++)
+        v[i] = (float)(i % 7);
+    cr_assert_eq(pd_sample(&g, v, 19, NULL), 6);
+    v[2] = NAN;
+    v[17] = 9;
+    cr_assert_eq(pd_sample(&g, v, 19, NULL), 17);
+    v[18] = 9;
+    cr_assert_eq(pd_sample(&g, v, 19, NULL), 17);
+    v[0] = NAN;
+    cr_assert_eq(pd_sample(&g, v, 19, NULL), 0);
+    for (int i = 0; i < 19; i++)
+        v[i] = -INFINITY;
+    v[11] = -0.0f;
+    v[13] = 0.0f;
+    cr_assert_eq(pd_sample(&g, v, 19, NULL), 11);
     struct pd_sampler a, b;
     pd_sampler_init(&a, 1.0f, 1.0f, 42);
     pd_sampler_init(&b, 1.0f, 1.0f, 42);
