@@ -3,6 +3,7 @@
  * deepseek-v4-architecture.md; every step here names the one it implements. */
 #include "engine/internal.h"
 #include "kernels/gemm.h"
+#include "kernels/quant.h"
 #include "kernels/vec.h"
 
 #include <assert.h>
@@ -170,6 +171,8 @@ static int sublayer(struct pd_step *st, int layer, int ffn, pd_err *e)
                ffn ? L->hc_ffn_scale : L->hc_attn_scale, x, st->post + (size_t)t * hc, st->comb + (size_t)t * hc * hc);
         pd_rmsnorm(x, ffn ? L->ffn_norm : L->attn_norm, (float)m->rms_norm_eps, H, x);
     }
+    if (!en->ref)
+        pd_quant_rows(st->x, st->T, H, (int8_t *)st->xq.q, (float *)st->xq.scale);
     int rc = ffn ? pd_moe_layer(st, layer, e) : pd_attention_layer(st, layer, e);
     if (rc)
         return rc;
@@ -249,12 +252,15 @@ int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items
     st.comb = pd_scratch(en, 8, (size_t)T * hc * hc * sizeof(float), e);
     st.qbuf = pd_scratch(en, 9, (size_t)T * st.max_in, e);
     st.sbuf = pd_scratch(en, 10, (size_t)T * sizeof(float), e);
+    int8_t *xq = pd_scratch(en, 47, (size_t)T * H, e);
+    float *xs = pd_scratch(en, 49, (size_t)T * sizeof(float), e);
+    st.xq = (pd_qmat){.q = xq, .scale = xs, .rows = T, .cols = H};
     const int rd = m->qk_rope_head_dim;
     st.cs_window = pd_scratch(en, 44, (size_t)T * rd * sizeof(float), e);
     st.cs_compress = pd_scratch(en, 45, (size_t)T * rd * sizeof(float), e);
     st.cs_index = pd_scratch(en, 46, (size_t)T * rd * sizeof(float), e);
     if (!st.item_of || !st.pos || !st.token || !st.h || !st.x || !st.out || !st.post || !st.comb || !st.qbuf || !st.sbuf ||
-        !st.cs_window || !st.cs_compress || !st.cs_index)
+        !st.cs_window || !st.cs_compress || !st.cs_index || !xq || !xs)
         goto out;
     /* embedding, copied into the hc streams */
     for (int i = 0, t = 0; i < n_items; i++)

@@ -21,6 +21,8 @@ struct pd_step {
     float *cs_window;      /* [T, rope dim] cos/sin pairs at each token's position (pd_rope_cs) */
     float *cs_compress;    /*   for en->rope_window, rope_compress and rope_index: computed once per */
     float *cs_index;       /*   step, applied to every head of every layer */
+    pd_qmat xq;            /* x quantised per token ([T, hidden] int8, [T] scales): the input of
+                              the sublayer's int8 matrices, quantised once for all of them */
     int8_t *qbuf;          /* [T * max_in] quantised activations */
     float *sbuf;           /* [T] their scales */
     int max_in;
@@ -44,7 +46,7 @@ int pd_compress_push(const struct pd_compressor_w *c, float *state, const float 
 int pd_topk(const float *score, int n, int k, int *sel);
 int pd_moe_layer(struct pd_step *st, int layer, pd_err *e);
 
-/* Scratch buffer `slot` of the engine (slots: engine.c 1-10, 44-46 and 48, attention.c 11-29,
+/* Scratch buffer `slot` of the engine (slots: engine.c 1-10, 44-47, 48 and 49, attention.c 11-29,
  * there, moe.c 30-49, expert parallelism 50-63), at least `bytes` long: kept between steps so a decode
  * step allocates nothing; each call site has its own slot. */
 void *pd_scratch(struct pd_engine *en, int slot, size_t bytes, pd_err *e);

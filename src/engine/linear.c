@@ -4,6 +4,7 @@
 #include "kernels/quant.h"
 #include "kernels/vec.h"
 
+#include <assert.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,4 +151,13 @@ int pd_linear_fwd(const struct pd_linear *l, pd_pool *pool, int ref, const float
     pd_quant_rows(x, T, l->in, qbuf, sbuf);
     pd_qmat a = {.q = qbuf, .scale = sbuf, .rows = T, .cols = l->in};
     return pd_gemm(pool, &l->q, &a, y, 0, e);
+}
+
+int pd_linear_fwd_q(const struct pd_linear *l, pd_pool *pool, int ref, const float *x, const pd_qmat *xq, int T,
+                    float *y, pd_err *e)
+{
+    if (l->f || ref)
+        return pd_linear_fwd(l, pool, ref, x, T, y, NULL, NULL, e);
+    assert(xq->rows == T && xq->cols == l->in);
+    return pd_gemm(pool, &l->q, xq, y, 0, e);
 }

@@ -29,6 +29,12 @@ int pd_linear_load(struct pd_linear *l, const struct pd_st_set *st, struct pd_ar
 int pd_linear_fwd(const struct pd_linear *l, pd_pool *pool, int ref, const float *x, int T, float *y,
                   int8_t *qbuf, float *sbuf, pd_err *e);
 
+/* The same with x already quantised (xq, from pd_quant_rows of x): several matrices applied to one
+ * input quantise it once. Uses xq only for int8 weights outside reference mode (where x is used,
+ * as by pd_linear_fwd); never touches a quantisation buffer. */
+int pd_linear_fwd_q(const struct pd_linear *l, pd_pool *pool, int ref, const float *x, const pd_qmat *xq, int T,
+                    float *y, pd_err *e);
+
 /* Arena: one growing list of aligned allocations freed together (the engine's converted
  * weights); counts its bytes. */
 struct pd_arena {

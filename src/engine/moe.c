@@ -93,8 +93,10 @@ static void route(struct pd_step *st, const struct pd_layer_w *L, int32_t *ids, 
     }
 }
 
-/* One expert FFN on `n` rows of x (float reference path, or a dense expert). */
-static int ffn_rows(struct pd_step *st, const struct pd_expert_w *x_w, const float *x, int n, float *y, pd_err *e)
+/* One expert FFN on `n` rows of x (float reference path, or a dense expert); xq: x quantised, or
+ * NULL to quantise it here. */
+static int ffn_rows(struct pd_step *st, const struct pd_expert_w *x_w, const float *x, const pd_qmat *xq, int n,
+                    float *y, pd_err *e)
 {
     struct pd_engine *en = st->en;
     const struct pd_model *m = &en->model;
@@ -103,8 +105,14 @@ static int ffn_rows(struct pd_step *st, const struct pd_expert_w *x_w, const flo
     int rc = PD_ENOMEM;
     if (!g || !u)
         goto out;
-    if ((rc = pd_linear_fwd(&x_w->w1, en->pool, en->ref, x, n, g, st->qbuf, st->sbuf, e)) ||
-        (rc = pd_linear_fwd(&x_w->w3, en->pool, en->ref, x, n, u, st->qbuf, st->sbuf, e)))
+    pd_qmat q = {.q = st->qbuf, .scale = st->sbuf, .rows = n, .cols = x_w->w1.in};
+    if (!xq) {
+        if (!en->ref)
+            pd_quant_rows(x, n, x_w->w1.in, st->qbuf, st->sbuf);
+        xq = &q;
+    }
+    if ((rc = pd_linear_fwd_q(&x_w->w1, en->pool, en->ref, x, xq, n, g, e)) ||
+        (rc = pd_linear_fwd_q(&x_w->w3, en->pool, en->ref, x, xq, n, u, e)))
         goto out;
     for (size_t i = 0; i < (size_t)n * I; i++)
         g[i] = swiglu(g[i], u[i], (float)m->swiglu_limit);
@@ -229,18 +237,17 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
     route(st, L, ids, w, scores);
     if (en->ref) {
         for (int p = 0; p < T * k; p++)
-            if ((rc = ffn_rows(st, &L->experts[ids[p]], st->x + (size_t)(p / k) * H, 1, y + (size_t)p * H, e)))
+            if ((rc = ffn_rows(st, &L->experts[ids[p]], st->x + (size_t)(p / k) * H, NULL, 1, y + (size_t)p * H, e)))
                 goto out;
     } else {
-        /* activations quantised once, on the rank that owns the token, whoever runs the expert */
-        pd_quant_rows(st->x, T, H, st->qbuf, st->sbuf);
-        pd_qmat a = {.q = st->qbuf, .scale = st->sbuf, .rows = T, .cols = H};
-        rc = en->experts_fn ? en->experts_fn(en->experts_ctx, en, layer, &a, ids, T, y, e)
-                            : experts_local(en, layer, &a, ids, T, y, e);
+        /* activations quantised once (st->xq), on the rank that owns the token, whoever runs the
+         * expert */
+        rc = en->experts_fn ? en->experts_fn(en->experts_ctx, en, layer, &st->xq, ids, T, y, e)
+                            : experts_local(en, layer, &st->xq, ids, T, y, e);
         if (rc)
             goto out;
     }
-    if (m->n_shared_experts > 0 && (rc = ffn_rows(st, &L->shared, st->x, T, sh, e)))
+    if (m->n_shared_experts > 0 && (rc = ffn_rows(st, &L->shared, st->x, &st->xq, T, sh, e)))
         goto out;
     for (int t = 0; t < T; t++) {
         float *o = st->out + (size_t)t * H;
