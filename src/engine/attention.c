@@ -209,20 +209,15 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
     for (int h = 0; h < nh; h++) {
         const float *q = b->q + ((size_t)t * nh + h) * hd;
         float *o = b->o + ((size_t)t * nh + h) * hd;
-        float mx = L->attn_sink[h];
         pd_dot_rows(b->keys, (size_t)hd, q, hd, nk, b->scores);
-        for (int k = 0; k < nk; k++) {
-            b->scores[k] *= scale;
-            mx = b->scores[k] > mx ? b->scores[k] : mx;
-        }
+        float mx = pd_scale_max(b->scores, nk, scale, L->attn_sink[h]);
         /* the sink adds exp(sink - max) to the denominator and nothing to the output */
         double den = expf(L->attn_sink[h] - mx);
         for (int k = 0; k < nk; k++) {
             b->scores[k] = expf(b->scores[k] - mx);
             den += b->scores[k];
         }
-        for (int k = 0; k < nk; k++)
-            b->scores[k] = (float)(b->scores[k] / den);
+        pd_div_d(b->scores, nk, den);
         for (int i = 0; i < hd; i++)
             o[i] = 0;
         pd_axpy_rows(b->scores, b->keys, (size_t)hd, nk, o, hd);

@@ -183,6 +183,54 @@ AVX512 static void axpy_rows_avx512(const float *a, const float *x, size_t ld, i
             axpy_tail(a[k], x + k * ld, y, i, n);
 }
 
+/* x[i] *= s, and the largest of m and the products (x > m picks; a NaN never wins unless m is). */
+static float scale_max_ref(float *x, int n, float s, float m)
+{
+    for (int i = 0; i < n; i++) {
+        x[i] *= s;
+        m = x[i] > m ? x[i] : m;
+    }
+    return m;
+}
+
+/* max_ps(v, acc) returns acc when v is NaN (or equal): the scalar test's choice lane by lane;
+ * which of +0 and -0 is kept may differ, which no caller can see (they subtract it). */
+AVX512 static float scale_max_avx512(float *x, int n, float s, float m)
+{
+    int i = 0;
+    if (n >= 16) {
+        const __m512 vs = _mm512_set1_ps(s);
+        __m512 acc = _mm512_set1_ps(m);
+        for (; i + 16 <= n; i += 16) {
+            __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), vs);
+            _mm512_storeu_ps(x + i, v);
+            acc = _mm512_max_ps(v, acc);
+        }
+        float l[16];
+        _mm512_storeu_ps(l, acc);
+        for (int k = 0; k < 16; k++)
+            m = l[k] > m ? l[k] : m;
+    }
+    return scale_max_ref(x + i, n - i, s, m);
+}
+
+/* x[i] = (float)(x[i] / d) in double precision: IEEE division and rounding, the same bits in
+ * every version. */
+static void div_d_ref(float *x, int n, double d)
+{
+    for (int i = 0; i < n; i++)
+        x[i] = (float)(x[i] / d);
+}
+
+AVX512 static void div_d_avx512(float *x, int n, double d)
+{
+    const __m512d vd = _mm512_set1_pd(d);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm512_cvtpd_ps(_mm512_div_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + i)), vd)));
+    div_d_ref(x + i, n - i, d);
+}
+
 /* Row-by-row versions for the paths without a multi-row one. */
 static void dot_rows_by_one(const float *w, size_t ld, const float *x, int n, int rows, float *y);
 static void axpy_rows_by_one(const float *a, const float *x, size_t ld, int rows, float *y, int n);
@@ -192,6 +240,8 @@ struct vec_fns {
     void (*axpy)(float, const float *, float *, int);
     void (*dot_rows)(const float *, size_t, const float *, int, int, float *);
     void (*axpy_rows)(const float *, const float *, size_t, int, float *, int);
+    float (*scale_max)(float *, int, float, float);
+    void (*div_d)(float *, int, double);
 };
 
 static struct vec_fns fns;
@@ -203,11 +253,12 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static void choose(void)
 {
     if (__builtin_cpu_supports("avx512f"))
-        fns = (struct vec_fns){dot_avx512, axpy_avx512, dot_rows_avx512, axpy_rows_avx512};
+        fns = (struct vec_fns){dot_avx512, axpy_avx512, dot_rows_avx512, axpy_rows_avx512, scale_max_avx512,
+                               div_d_avx512};
     else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        fns = (struct vec_fns){dot_avx2, axpy_avx2, dot_rows_by_one, axpy_rows_by_one};
+        fns = (struct vec_fns){dot_avx2, axpy_avx2, dot_rows_by_one, axpy_rows_by_one, scale_max_ref, div_d_ref};
     else
-        fns = (struct vec_fns){pd_dot_ref, pd_axpy_ref, dot_rows_by_one, axpy_rows_by_one};
+        fns = (struct vec_fns){pd_dot_ref, pd_axpy_ref, dot_rows_by_one, axpy_rows_by_one, scale_max_ref, div_d_ref};
     atomic_store_explicit(&fns_ready, 1, memory_order_release);
 }
 
@@ -248,6 +299,16 @@ void pd_dot_rows(const float *w, size_t ld, const float *x, int n, int rows, flo
 void pd_axpy_rows(const float *a, const float *x, size_t ld, int rows, float *y, int n)
 {
     vec()->axpy_rows(a, x, ld, rows, y, n);
+}
+
+float pd_scale_max(float *x, int n, float s, float m)
+{
+    return vec()->scale_max(x, n, s, m);
+}
+
+void pd_div_d(float *x, int n, double d)
+{
+    vec()->div_d(x, n, d);
 }
 
 __attribute__((target("avx512f"))) static void bf16_avx512(const uint16_t *src, float *dst, int n)

@@ -17,6 +17,12 @@ void pd_dot_rows(const float *w, size_t ld, const float *x, int n, int rows, flo
 /* pd_axpy(a[k], x + k * ld, y, n) for k = 0 .. rows - 1 in order, bit for bit, faster. */
 void pd_axpy_rows(const float *a, const float *x, size_t ld, int rows, float *y, int n);
 
+/* x[i] *= s for i < n; returns the largest of m and the new x[i] as the loop
+ * "m = x[i] > m ? x[i] : m" would (up to the sign of a zero maximum). */
+float pd_scale_max(float *x, int n, float s, float m);
+/* x[i] = (float)(x[i] / d), the division in double. */
+void pd_div_d(float *x, int n, double d);
+
 /* dst[i] = bf16 src[i] widened to fp32 (exact). */
 void pd_bf16_to_f32_row(const uint16_t *src, float *dst, int n);
 /* y = a * x (n values). */

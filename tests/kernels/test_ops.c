@@ -54,6 +54,34 @@ Test(ops, axpy_rows_same_bits_as_axpy)
         }
 }
 
+Test(ops, softmax_steps_same_bits_as_scalar_loops)
+{
+    static float x[300], y[300];
+    for (int n = 0; n <= 300; n += n < 40 ? 1 : 37) {
+        for (int i = 0; i < n; i++)
+            x[i] = y[i] = wave(5 * i + n) * 3;
+        float m = -2.5f, s = 0.088388f;
+        for (int i = 0; i < n; i++) {
+            x[i] *= s;
+            m = x[i] > m ? x[i] : m;
+        }
+        float m2 = pd_scale_max(y, n, s, -2.5f);
+        cr_assert(memcmp(x, y, (size_t)n * 4) == 0 && m == m2, "scale_max n %d: %a vs %a", n, m2, m);
+        double d = 7.123456789;
+        for (int i = 0; i < n; i++)
+            x[i] = (float)(x[i] / d);
+        pd_div_d(y, n, d);
+        cr_assert(memcmp(x, y, (size_t)n * 4) == 0, "div_d n %d", n);
+    }
+    /* a NaN never wins; a NaN start is kept */
+    float v[20];
+    for (int i = 0; i < 20; i++)
+        v[i] = (float)i;
+    v[19] = NAN;
+    cr_assert_eq(pd_scale_max(v, 20, 1, 0), 18.0f);
+    cr_assert(isnan(pd_scale_max(v, 19, 1, NAN)));
+}
+
 Test(ops, rope_in_two_parts_same_bits)
 {
     struct pd_rope r;
