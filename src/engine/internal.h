@@ -45,6 +45,9 @@ int pd_compress_push(const struct pd_compressor_w *c, float *state, const float 
 /* Indices of the k best scores (ties to the lower index), in increasing index order. */
 int pd_topk(const float *score, int n, int k, int *sel);
 int pd_moe_layer(struct pd_step *st, int layer, pd_err *e);
+/* The router's choice for one token (non-hash layers): id [k] = the top k of sqrt(softplus(z)) +
+ * gate_bias (ties to the lower id, in choice order); s [E] gets the scores of at least those. */
+void pd_moe_choose(const struct pd_layer_w *L, int E, int k, const float *z, float *s, int32_t *id);
 
 /* Scratch buffer `slot` of the engine (slots: engine.c 1-10, 44-47, 48 and 49, attention.c 11-29,
  * there, moe.c 30-49, expert parallelism 50-63), at least `bytes` long: kept between steps so a decode

@@ -14,6 +14,7 @@
 #include "kernels/vec.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,12 +27,12 @@ static float swiglu(float g, float u, float limit)
     return pd_silu(g) * u;
 }
 
-/* Router scores s = sqrt(softplus(x Wg^T)) of every token, experts split over the pool (each
- * score is one dot product, computed by whichever thread: the same bits). */
+/* Router logits z = x Wg^T of every token, experts split over the pool (each logit is one dot
+ * product, computed by whichever thread: the same bits). */
 struct score_job {
     const float *x;            /* [T, hidden] */
     const float *gate;         /* [experts, hidden] */
-    float *s;                  /* [T, experts] */
+    float *z;                  /* [T, experts] */
     int T, E, H, per;
 };
 
@@ -39,40 +40,135 @@ static void score_task(void *arg, int task)
 {
     const struct score_job *j = arg;
     int lo = task * j->per, hi = lo + j->per < j->E ? lo + j->per : j->E;
-    for (int t = 0; t < j->T; t++) {
-        float *s = j->s + (size_t)t * j->E;
-        pd_dot_rows(j->gate + (size_t)lo * j->H, (size_t)j->H, j->x + (size_t)t * j->H, j->H, hi - lo, s + lo);
-        for (int x = lo; x < hi; x++)
-            s[x] = sqrtf(pd_softplus(s[x]));
+    for (int t = 0; t < j->T; t++)
+        pd_dot_rows(j->gate + (size_t)lo * j->H, (size_t)j->H, j->x + (size_t)t * j->H, j->H, hi - lo,
+                    j->z + (size_t)t * j->E + lo);
+}
+
+/* The score of a logit: s = sqrt(softplus(z)). */
+static float score_of(float z)
+{
+    return sqrtf(pd_softplus(z));
+}
+
+/* Bounds on score_of without calling it: its values at knots z_i = -16 + i/32 (i < SP_N, up to
+ * 20), computed once. score_of is increasing, so z_i <= z < z_i+1 bounds it by the knots' values,
+ * widened by SP_SLACK (relative, ~80 float ulps) for the rounding of expf/log1pf/sqrtf, which
+ * could make the computed function fall a few ulps short of monotonic. The router needs exact
+ * scores only for the experts that can still make the top-k (and for the k chosen): computing
+ * all 256 took 17 ns each, 2.4% of a decode step of v4-flash-mini. */
+enum { SP_PER = 32, SP_N = 36 * SP_PER + 1 };
+#define SP_LO (-16.0f)
+#define SP_SLACK 1e-5f
+static float sp_val[SP_N];
+static pthread_once_t sp_once = PTHREAD_ONCE_INIT;
+
+static float sp_knot(int i)
+{
+    return SP_LO + (float)i / SP_PER;   /* exact: multiples of 1/32 below 32 in magnitude */
+}
+
+static void sp_init(void)
+{
+    for (int i = 0; i < SP_N; i++)
+        sp_val[i] = score_of(sp_knot(i));
+}
+
+/* lo <= score_of(z) <= hi, for z <= 20 (not NaN). */
+static void score_bounds(float z, float *lo, float *hi)
+{
+    if (z < SP_LO) {
+        *lo = 0;
+        *hi = sp_val[0] * (1 + SP_SLACK);
+        return;
+    }
+    int i = (int)((z - SP_LO) * SP_PER);
+    i = i < 0 ? 0 : i > SP_N - 2 ? SP_N - 2 : i;
+    while (i > 0 && z < sp_knot(i))
+        i--;
+    while (i < SP_N - 2 && z >= sp_knot(i + 1))
+        i++;
+    *lo = sp_val[i] * (1 - SP_SLACK);
+    *hi = sp_val[i + 1] * (1 + SP_SLACK);
+}
+
+/* The top k of p[0..n): the largest not yet taken, ties to the lower index, -inf never;
+ * sel[j] = -1 when none is left. Overwrites p. */
+static void take_topk(float *p, int n, int k, int32_t *sel)
+{
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int i = 0; i < n; i++)
+            if (p[i] != -INFINITY && (best < 0 || p[i] > p[best]))
+                best = i;
+        sel[j] = best;
+        if (best >= 0)
+            p[best] = -INFINITY;
     }
 }
 
-/* Chooses each token's experts and weights: ids [T, k] (ascending), w [T, k]; scores [T, E]. */
+/* A token's experts (id [k], k <= E <= 4096) from its logits z [E]; s[x] (which may be z) becomes
+ * the exact score of at least every chosen expert. The choice is the top k of s + bias over all experts; only an
+ * expert whose upper bound reaches the k-th largest lower bound can be in it, so only those are
+ * scored exactly and compared (in index order: ties go to the lower id, as over all of them). */
+void pd_moe_choose(const struct pd_layer_w *L, int E, int k, const float *z, float *s, int32_t *id)
+{
+    float up[4096], lo_top[64], p[4096];
+    int cand[4096], nc = 0, nt = 0, exact = k > 64;
+    for (int x = 0; x < E && !exact; x++) {
+        float b = L->gate_bias ? L->gate_bias[x] : 0, lo, hi;
+        if (z[x] != z[x] || b != b) {
+            exact = 1;   /* NaN: the comparison over every expert decides, as it always did */
+            break;
+        }
+        if (z[x] > 20)
+            lo = hi = score_of(z[x]);
+        else
+            score_bounds(z[x], &lo, &hi);
+        up[x] = hi + b;   /* >= s + b: rounding is monotonic */
+        float l = lo + b;
+        /* the k largest lower bounds so far, decreasing */
+        int at = nt < k ? nt++ : k;
+        for (; at > 0 && lo_top[at - 1] < l; at--)
+            if (at < k)
+                lo_top[at] = lo_top[at - 1];
+        if (at < k)
+            lo_top[at] = l;
+    }
+    if (!exact && !(nt == k && lo_top[k - 1] > -INFINITY))
+        exact = 1;
+    for (int x = 0; x < E; x++)
+        if (exact || up[x] >= lo_top[k - 1]) {
+            s[x] = score_of(z[x]);
+            p[nc] = s[x] + (L->gate_bias ? L->gate_bias[x] : 0);
+            cand[nc++] = x;
+        }
+    int32_t sel[4096];
+    take_topk(p, nc, k, sel);
+    for (int j = 0; j < k; j++)
+        id[j] = sel[j] < 0 ? -1 : cand[sel[j]];
+}
+
+/* Chooses each token's experts and weights: ids [T, k] (ascending), w [T, k]; scores [T, E]
+ * (logits in, scores of at least the chosen experts out). */
 static void route(struct pd_step *st, const struct pd_layer_w *L, int32_t *ids, float *w, float *scores)
 {
     const struct pd_model *m = &st->en->model;
     const int E = m->n_routed_experts, k = m->n_experts_per_tok, H = (int)m->hidden_size;
-    float pick[4096];
-    struct score_job job = {.x = st->x, .gate = L->gate.f, .s = scores, .T = st->T, .E = E, .H = H, .per = 32};
+    struct score_job job = {.x = st->x, .gate = L->gate.f, .z = scores, .T = st->T, .E = E, .H = H, .per = 32};
+    pthread_once(&sp_once, sp_init);
     /* one task on the calling thread: at decode sizes the pool's hand-off costs more than the
      * router (the split stays, so a larger batch can use the pool) */
     pd_pool_run(st->T * E >= 4096 ? st->en->pool : NULL, (E + job.per - 1) / job.per, score_task, &job);
     for (int t = 0; t < st->T; t++) {
-        const float *s = scores + (size_t)t * E;
+        float *s = scores + (size_t)t * E;
         int32_t *id = ids + (size_t)t * k;
         if (L->tid2eid) {
             memcpy(id, L->tid2eid + (size_t)st->token[t] * k, (size_t)k * sizeof *id);
+            for (int j = 0; j < k; j++)
+                s[id[j]] = score_of(s[id[j]]);
         } else {
-            for (int x_ = 0; x_ < E; x_++)
-                pick[x_] = s[x_] + (L->gate_bias ? L->gate_bias[x_] : 0);
-            for (int j = 0; j < k; j++) {
-                int best = -1;
-                for (int x_ = 0; x_ < E; x_++)
-                    if (pick[x_] != -INFINITY && (best < 0 || pick[x_] > pick[best]))
-                        best = x_;
-                id[j] = best;
-                pick[best] = -INFINITY;
-            }
+            pd_moe_choose(L, E, k, s, s, id);
         }
         /* ascending ids: the combination order */
         for (int a = 1; a < k; a++)

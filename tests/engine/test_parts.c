@@ -1,10 +1,11 @@
 /* The parts of the V4 block alone: mHC pre and post, the compressors (overlapping and not), the
- * indexer's top-k. */
+ * indexer's top-k, the router's choice. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
 
 #include "engine/internal.h"
+#include "kernels/ops.h"
 
 static struct pd_model small(int hc, int H)
 {
@@ -167,4 +168,60 @@ Test(parts, indexer_topk)
         cr_assert_eq(sel[i], want[i]);
     cr_assert_eq(pd_topk(s, 3, 8, sel), 3);
     cr_assert(sel[0] == 0 && sel[1] == 1 && sel[2] == 2);
+}
+
+/* The router's choice as first written: every score exact, k passes over all experts. */
+static void choose_plain(const float *z, const float *bias, int E, int k, float *s, int32_t *id)
+{
+    float pick[512];
+    for (int x = 0; x < E; x++) {
+        s[x] = sqrtf(pd_softplus(z[x]));
+        pick[x] = s[x] + (bias ? bias[x] : 0);
+    }
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int x = 0; x < E; x++)
+            if (pick[x] != -INFINITY && (best < 0 || pick[x] > pick[best]))
+                best = x;
+        id[j] = best;
+        pick[best] = -INFINITY;
+    }
+}
+
+Test(parts, router_choice_same_as_scoring_every_expert)
+{
+    enum { E = 256, K = 6 };
+    static float z[E], z2[E], bias[E], s1[E], s2[E];
+    struct pd_layer_w L;
+    memset(&L, 0, sizeof L);
+    uint64_t r = 12345;
+    for (int trial = 0; trial < 3000; trial++) {
+        int kind = trial % 6;
+        for (int x = 0; x < E; x++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            float u = (float)(r >> 40) / (float)(1 << 24);   /* [0, 1) */
+            /* spread logits, a few far out (the table's ends), and crowds of equal or nearly
+             * equal values at the top (ties and near-ties at the threshold) */
+            z[x] = kind == 0 ? 8 * u - 4 : kind == 1 ? 60 * u - 30 : kind == 2 ? (float)(x % 3) : kind == 3 ? 1.0f + 1e-6f * (float)(x % 7) : kind == 4 ? 20.0f + (float)(x % 2) * 1e-5f : -17 - u;
+            bias[x] = kind == 5 ? 0 : (trial & 1) ? 0.01f * (float)((x * 7) % 5) : 0;
+        }
+        L.gate_bias = (trial % 12 < 6) ? bias : NULL;
+        int32_t id1[K], id2[K];
+        choose_plain(z, L.gate_bias, E, K, s1, id1);
+        memcpy(z2, z, sizeof z);
+        pd_moe_choose(&L, E, K, z2, s2, id2);
+        for (int j = 0; j < K; j++) {
+            cr_assert_eq(id1[j], id2[j], "trial %d (kind %d) choice %d: %d vs %d", trial, kind, j, id2[j], id1[j]);
+            cr_assert(memcmp(&s1[id1[j]], &s2[id2[j]], 4) == 0, "trial %d: score of %d", trial, id1[j]);
+        }
+    }
+    /* in place (s = z), as route() calls it */
+    for (int x = 0; x < E; x++)
+        z[x] = sinf((float)x);
+    int32_t a[K], b[K];
+    choose_plain(z, NULL, E, K, s1, a);
+    L.gate_bias = NULL;
+    pd_moe_choose(&L, E, K, z, z, b);
+    for (int j = 0; j < K; j++)
+        cr_assert(a[j] == b[j] && memcmp(&s1[a[j]], &z[b[j]], 4) == 0);
 }
