@@ -140,7 +140,8 @@ int pd_cli_serve(int argc, char **argv)
                    "       [--kv-cache-bytes B (the KV pool; default: max-num-seqs x max-model-len)]\n"
                    "       [--enable-expert-parallel [--data-parallel-size N]] (under mpirun -n N: one EP group,\n"
                    "         rank 0 serves HTTP; each rank holds 1/N of the experts, its own sequences and\n"
-                   "         KV pool; --max-num-seqs and --kv-cache-bytes are per rank)\n"
+                   "         KV pool; --max-num-seqs and --kv-cache-bytes are per rank; a kv_producer's\n"
+                   "         rank k listens on kv_port + k)\n"
                    "       [--kv-transfer-config '{\"kv_role\":\"kv_producer\",\"kv_port\":N,\"engine_id\":\"p0\"}']\n"
                    "         (also \"kv_lease_ms\": how long a producer holds a KV nobody pulls, default 30000;\n"
                    "          \"kv_timeout_ms\": how long a pull may take before the prompt is recomputed)\n"
@@ -158,11 +159,6 @@ int pd_cli_serve(int argc, char **argv)
     }
     if (!o.expert_parallel)
         return serve(&o, dp);
-    if (o.role != PD_ROLE_BOTH) {
-        fprintf(stderr, "pdmoe serve: --enable-expert-parallel runs colocated instances only for now (no "
-                        "--role prefill|decode or kv_producer/kv_consumer)\n");
-        return 2;
-    }
     /* mpirun (Open MPI, or any PMI launcher) says so in the environment; a singleton MPI_Init
      * would silently make a group of one */
     if (!getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMIX_RANK") && !getenv("PMI_RANK")) {

@@ -1,8 +1,9 @@
 /* `pdmoe up`: a local PD cluster in one command. Generates the model if it is missing, starts the
- * prefill instances, the decode instances and the proxy as child processes (this same program),
- * waits until every one answers /health, prints the endpoint, and on Ctrl-C (or SIGTERM) stops
- * them all and waits for them: nothing is left behind. If any child dies, the others are stopped
- * and `up` exits non-zero. */
+ * prefill instances, the decode instances and the proxy as child processes (this same program;
+ * an instance of EP size N > 1 as `mpirun -n N pdmoe serve --enable-expert-parallel`, its rank k
+ * moving KV on kv_port + k), waits until every one answers /health, prints the endpoint, and on
+ * Ctrl-C (or SIGTERM) stops them all and waits for them: nothing is left behind. If any child
+ * dies, the others are stopped and `up` exits non-zero. */
 #include "cli/cli.h"
 #include "engine/genmodel.h"
 
@@ -22,6 +23,7 @@
 #include <unistd.h>
 
 #define MAX_CHILDREN 34
+#define MAX_EP 8        /* ranks of one instance on this machine (mpirun --oversubscribe) */
 
 static volatile sig_atomic_t stopping;
 
@@ -36,11 +38,12 @@ struct child {
     int port;
 };
 
-static pid_t spawn(const char *self, char *const *args)
+/* Runs args[0] (a path, or a name looked up in PATH). */
+static pid_t spawn(char *const *args)
 {
     pid_t pid = fork();
     if (pid == 0) {
-        execv(self, args);
+        execvp(args[0], args);
         _exit(127);
     }
     return pid;
@@ -93,9 +96,9 @@ static void stop_all(struct child *c, int n)
         }
 }
 
-/* Instance counts from a plan (pdmoe plan --json): roles[].instances; each instance is one
- * process here, so dp x tp must be 1 until EP groups run behind the servers. */
-static int read_plan(const char *path, int *np, int *nd)
+/* Instance counts and EP sizes from a plan (pdmoe plan --json): roles[].instances and
+ * roles[].ep_size (tensor parallelism is not run here: tp must be 1). */
+static int read_plan(const char *path, int *np, int *nd, int *ep)
 {
     json_error_t je;
     json_t *j = json_load_file(path, 0, &je);
@@ -112,17 +115,19 @@ static int read_plan(const char *path, int *np, int *nd)
     for (int r = 0; r < 2; r++) {
         json_t *x = json_array_get(roles, (size_t)r);
         int inst = (int)json_integer_value(json_object_get(x, "instances"));
-        int ep = (int)json_integer_value(json_object_get(x, "ep_size"));
+        int size = (int)json_integer_value(json_object_get(x, "ep_size"));
+        json_t *tp = json_object_get(x, "tensor_parallel_size");
         if (inst < 1 || inst > 16) {
             fprintf(stderr, "pdmoe up: --plan %s: roles[%d].instances %d: this machine runs 1 to 16\n", path, r, inst);
             goto out;
         }
-        if (ep != 1) {
-            fprintf(stderr, "pdmoe up: --plan %s: roles[%d] has EP size %d; the servers run one process per instance "
-                            "for now (plan with dp=1,tp=1)\n", path, r, ep);
+        if (size < 1 || size > MAX_EP || (tp && json_integer_value(tp) != 1)) {
+            fprintf(stderr, "pdmoe up: --plan %s: roles[%d] has EP size %d, TP %lld; this machine runs EP 1 to %d "
+                            "with tp=1\n", path, r, size, tp ? (long long)json_integer_value(tp) : 1LL, MAX_EP);
             goto out;
         }
         *(r ? nd : np) = inst;
+        ep[r] = size;
     }
     rc = 0;
 out:
@@ -134,10 +139,11 @@ int pd_cli_up(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"port", 1, 0, 'p'}, {"prefill-instances", 1, 0, 'P'}, {"decode-instances", 1, 0, 'D'},
-        {"threads", 1, 0, 'j'}, {"plan", 1, 0, 'l'}, {"max-model-len", 1, 0, 'L'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"threads", 1, 0, 'j'}, {"plan", 1, 0, 'l'}, {"max-model-len", 1, 0, 'L'}, {"prefill-ep", 1, 0, 'e'},
+        {"decode-ep", 1, 0, 'f'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
     const char *model = "models/mini", *plan = NULL;
-    int64_t port = 8000, np = 1, nd = 1, threads = 1, max_len = 2048;
+    int64_t port = 8000, np = 1, nd = 1, threads = 1, max_len = 2048, ep_flag[2] = {1, 1};
     int c;
     optind = 1;
     opterr = 0;
@@ -150,20 +156,32 @@ int pd_cli_up(int argc, char **argv)
         case 'j': if (pd_cli_int("--threads", optarg, 1, &threads)) return 2; break;
         case 'L': if (pd_cli_int("--max-model-len", optarg, 16, &max_len)) return 2; break;
         case 'l': plan = optarg; break;
+        case 'e':
+        case 'f':
+            if (pd_cli_int(c == 'e' ? "--prefill-ep" : "--decode-ep", optarg, 1, &ep_flag[c == 'f']))
+                return 2;
+            if (ep_flag[c == 'f'] > MAX_EP) {
+                fprintf(stderr, "pdmoe up: %s %lld: this machine runs EP groups of 1 to %d ranks\n",
+                        c == 'e' ? "--prefill-ep" : "--decode-ep", (long long)ep_flag[c == 'f'], MAX_EP);
+                return 2;
+            }
+            break;
         case 'h':
             printf("usage: pdmoe up [--model models/mini] [--port 8000] [--prefill-instances 1] [--decode-instances 1]\n"
-                   "       [--plan plan.json] [--threads 1] [--max-model-len 2048]\n"
+                   "       [--prefill-ep 1] [--decode-ep 1] [--plan plan.json] [--threads 1] [--max-model-len 2048]\n"
                    "Starts prefill and decode servers and the proxy on this machine (generating models/mini if it is\n"
-                   "missing), prints the endpoint, and stops everything on Ctrl-C.\n");
+                   "missing), prints the endpoint, and stops everything on Ctrl-C. An instance of EP size N > 1 is an\n"
+                   "EP group of N ranks under mpirun (--threads is per rank).\n");
             return 0;
         default:
             fprintf(stderr, "pdmoe up: unknown option or missing value: %s\n", argv[optind - 1]);
             return 2;
         }
     }
+    int ep[2] = {(int)ep_flag[0], (int)ep_flag[1]};
     if (plan) {
         int p = 1, d = 1;
-        if (read_plan(plan, &p, &d))
+        if (read_plan(plan, &p, &d, ep))
             return 2;
         np = p;
         nd = d;
@@ -195,7 +213,7 @@ int pd_cli_up(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     struct child ch[MAX_CHILDREN];
     int n = 0;
-    char sport[16], skv[160], sth[16], slen[16], plist[2048] = "", dlist[2048] = "";
+    char sport[16], skv[160], sth[16], slen[16], sep[16], plist[2048] = "", dlist[2048] = "";
     snprintf(sth, sizeof sth, "%lld", (long long)threads);
     snprintf(slen, sizeof slen, "%lld", (long long)max_len);
     const char *name = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
@@ -203,15 +221,36 @@ int pd_cli_up(int argc, char **argv)
         for (int i = 0; i < (r ? nd : np); i++) {
             int p = (int)port + 1 + n;
             snprintf(sport, sizeof sport, "%d", p);
+            /* prefill instance i: its ranks' KV listeners on port + 100 + MAX_EP i + rank */
             if (r == 0)
                 snprintf(skv, sizeof skv, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"prefill-%d\"}",
-                         (int)port + 100 + i, i);
+                         (int)port + 100 + MAX_EP * i, i);
             else
                 snprintf(skv, sizeof skv, "{\"kv_role\":\"kv_consumer\",\"engine_id\":\"decode-%d\"}", i);
-            char *args[] = {self, "serve", "--model", (char *)model, "--port", sport, "--threads", sth, "--max-model-len",
-                            slen, "--served-model-name", (char *)name, "--kv-transfer-config", skv, NULL};
-            ch[n] = (struct child){.pid = spawn(self, args), .port = p};
-            snprintf(ch[n].what, sizeof ch[n].what, "%s instance %d", r ? "decode" : "prefill", i);
+            snprintf(sep, sizeof sep, "%d", ep[r]);
+            char *a[32];
+            int k = 0;
+            if (ep[r] > 1) {
+                a[k++] = "mpirun";
+                a[k++] = "-n";
+                a[k++] = sep;
+                a[k++] = "--oversubscribe";   /* more ranks than cores on a small machine */
+                if (geteuid() == 0)
+                    a[k++] = "--allow-run-as-root";
+            }
+            char *serve[] = {self, "serve", "--model", (char *)model, "--port", sport, "--threads", sth, "--max-model-len",
+                             slen, "--served-model-name", (char *)name, "--kv-transfer-config", skv};
+            for (size_t j = 0; j < sizeof serve / sizeof *serve; j++)
+                a[k++] = serve[j];
+            if (ep[r] > 1) {
+                a[k++] = "--enable-expert-parallel";
+                a[k++] = "--data-parallel-size";
+                a[k++] = sep;
+            }
+            a[k] = NULL;
+            ch[n] = (struct child){.pid = spawn(a), .port = p};
+            snprintf(ch[n].what, sizeof ch[n].what, "%s instance %d%s", r ? "decode" : "prefill", i,
+                     ep[r] > 1 ? " (EP group)" : "");
             char hp[32];
             snprintf(hp, sizeof hp, "%s127.0.0.1:%d", (r ? dlist : plist)[0] ? "," : "", p);
             strcat(r ? dlist : plist, hp);
@@ -219,7 +258,7 @@ int pd_cli_up(int argc, char **argv)
         }
     snprintf(sport, sizeof sport, "%lld", (long long)port);
     char *pargs[] = {self, "proxy", "--prefill", plist, "--decode", dlist, "--port", sport, NULL};
-    ch[n] = (struct child){.pid = spawn(self, pargs), .port = (int)port};
+    ch[n] = (struct child){.pid = spawn(pargs), .port = (int)port};
     snprintf(ch[n].what, sizeof ch[n].what, "proxy");
     n++;
     /* wait until everything is healthy (or something dies) */
@@ -240,9 +279,9 @@ int pd_cli_up(int argc, char **argv)
             nanosleep(&(struct timespec){0, 100000000}, NULL);
     }
     if (ready && !stopping) {
-        printf("pdmoe up: %lld prefill and %lld decode instance%s of %s behind http://127.0.0.1:%lld/v1 "
-               "(model \"%s\"); Ctrl-C stops everything\n", (long long)np, (long long)nd, nd > 1 ? "s" : "", model,
-               (long long)port, name);
+        printf("pdmoe up: %lld prefill (EP %d) and %lld decode (EP %d) instance%s of %s behind http://127.0.0.1:%lld/v1 "
+               "(model \"%s\"); Ctrl-C stops everything\n", (long long)np, ep[0], (long long)nd, ep[1],
+               nd > 1 ? "s" : "", model, (long long)port, name);
         fflush(stdout);
     } else if (!stopping) {
         fprintf(stderr, "pdmoe up: the cluster did not become healthy in 120 s\n");

@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <arpa/inet.h>
 #include <assert.h>
+#include <errno.h>
 #include <unistd.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -71,14 +72,33 @@ struct req {
     int ep_blocks;
     int ep_new;                     /* the owner starts the sequence in the next step */
     int ep_prefilled;
+    int ep_pulling;                 /* consumer: the owner pulls the KV in the next round */
 };
 
-/* EP group (see server.h). The step message is int32 words: a header {op, n_free, n_items,
- * n_tokens}, then per freed sequence {id lo, id hi, owner}, per item {id lo, id hi, owner, n,
- * new, reserve, forced, temperature bits, top_p bits, sampler state lo, hi}, then the items'
- * tokens in item order. Each rank answers {status, free blocks, free slots, token per item}. */
+/* EP group (see server.h). A round's message is int32 words: a header {op, n_free, n_lease,
+ * n_pull, n_items, n_tokens}, then
+ *   per freed sequence  {id lo, id hi, owner};
+ *   per lease (producer: the KV waits for a decode instance)  {id lo, id hi, owner, tokens};
+ *   per pull (consumer: the owner starts the sequence and pulls its KV)  {id lo, id hi, owner,
+ *     reserve, prompt tokens, remote port, remote request lo, hi, temperature bits, top_p bits,
+ *     sampler state lo, hi, remote host (64 bytes)};
+ *   per item  {id lo, id hi, owner, n, new, reserve, forced, temperature bits, top_p bits,
+ *     sampler state lo, hi};
+ *   the items' tokens in item order.
+ * Each rank answers {status, free blocks, free slots, n released, per pull {ok, bytes}, per item
+ * its token (-1: another rank's), the ids of the leases it released, 2 words each}. */
 enum { EP_OP_STEP = 1, EP_OP_STOP = 2 };
-enum { EP_HDR = 4, EP_FREE_W = 3, EP_ITEM_W = 11, EP_ANS_W = 3 };
+enum { EP_HDR = 6, EP_FREE_W = 3, EP_LEASE_W = 4, EP_PULL_W = 28, EP_ITEM_W = 11, EP_ANS_W = 4 };
+
+struct ep_msg {                     /* a message's sections */
+    int n_free, n_lease, n_pull, n_items, n_tokens;
+    const int32_t *fr, *ls, *pl, *it, *tok;
+};
+
+struct ep_list {                    /* rank 0: entries for the next message */
+    int32_t *w;
+    int n, cap, width;
+};
 
 struct ep_seq {                     /* a sequence this rank owns */
     uint64_t id;
@@ -101,15 +121,20 @@ struct ep_group {
     size_t msg_cap;                 /* words */
     int32_t *ans;                   /* this rank's answer */
     size_t ans_cap;
+    int *kv_ports;                  /* [size] producer: each rank's KV listener (rank 0 knows them) */
+    pthread_mutex_t rel_mu;         /* leases the transfer engine released, for the next round */
+    int64_t *released;              /* [max_num_seqs] */
+    int n_released;
     /* rank 0 */
-    int32_t *frees;                 /* pending frees, EP_FREE_W words each */
-    int n_frees, frees_cap;
+    struct ep_list frees, leases, pulls;
+    struct req **pull_req;          /* [size * max_num_seqs] the request of each pending pull */
     int32_t *all;                   /* gathered answers */
     size_t all_cap;
     int *load;                      /* [size] sequences owned */
     int *acct_blocks, *acct_slots;  /* [size] free after admission's reservations */
     int *free_blocks, *free_slots;  /* [size] as each rank last reported */
     int *owned;                     /* [size] sequences each rank has been given */
+    int last;                       /* the rank given the last one */
 };
 
 struct pd_server {
@@ -321,25 +346,131 @@ static struct ep_seq *ep_find(struct pd_server *s, uint64_t id)
     return NULL;
 }
 
-static size_t ep_msg_words(const int32_t *hdr)
+static void ep_parse(const int32_t *msg, struct ep_msg *m)
 {
-    return EP_HDR + (size_t)hdr[1] * EP_FREE_W + (size_t)hdr[2] * EP_ITEM_W + (size_t)hdr[3];
+    m->n_free = msg[1];
+    m->n_lease = msg[2];
+    m->n_pull = msg[3];
+    m->n_items = msg[4];
+    m->n_tokens = msg[5];
+    m->fr = msg + EP_HDR;
+    m->ls = m->fr + (size_t)m->n_free * EP_FREE_W;
+    m->pl = m->ls + (size_t)m->n_lease * EP_LEASE_W;
+    m->it = m->pl + (size_t)m->n_pull * EP_PULL_W;
+    m->tok = m->it + (size_t)m->n_items * EP_ITEM_W;
 }
 
-/* Every rank: frees and steps the sequences it owns in message `msg`, samples them, and fills
- * its answer {0, free blocks, free slots, token per item (-1 for other ranks' items)}. With no
- * item nobody steps; with items every rank steps, with or without sequences of its own, so all
- * take part in the same expert exchanges. */
+static size_t ep_msg_words(const int32_t *msg)
+{
+    struct ep_msg m;
+    ep_parse(msg, &m);
+    return (size_t)(m.tok - msg) + (size_t)m.n_tokens;
+}
+
+/* Words of each rank's answer to a message (the same on every rank: max_num_seqs is). */
+static int ep_answer_words(const struct pd_server *s, const struct ep_msg *m)
+{
+    return EP_ANS_W + 2 * m->n_pull + m->n_items + 2 * s->o.max_num_seqs;
+}
+
+/* Producer, any rank: the transfer engine ended a lease; the sequence is freed by the next round
+ * (the thread that steps the engine owns the pool). */
+static void ep_on_release(void *arg, uint64_t request, enum pd_kvx_release why)
+{
+    struct pd_server *s = arg;
+    pthread_mutex_lock(&s->g->rel_mu);
+    assert(s->g->n_released < s->o.max_num_seqs);
+    s->g->released[s->g->n_released++] = (int64_t)request;
+    pthread_mutex_unlock(&s->g->rel_mu);
+}
+
+/* A sequence slot of this rank for request id, started with the sampler of words w[0..3]
+ * (temperature bits, top_p bits, state lo, hi) and `reserve` tokens of KV. */
+static int ep_start(struct pd_server *s, uint64_t id, int reserve, const int32_t *w, struct ep_seq **out, pd_err *e)
+{
+    struct ep_group *g = s->g;
+    struct ep_seq *q = NULL;
+    for (int k = 0; k < s->o.max_num_seqs && !q; k++)
+        if (!g->seqs[k].used)
+            q = &g->seqs[k];
+    if (!q)
+        return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d has no free sequence for request %llu", g->rank,
+                          (unsigned long long)id);
+    /* the blocks of the whole future sequence, as rank 0's admission counted them */
+    int rc;
+    if ((rc = pd_seq_start(&s->en, &q->seq, e)))
+        return rc;
+    if ((rc = pd_kvseq_reserve(&s->en.kv, &q->seq.kv, reserve, e))) {
+        pd_seq_end(&s->en, &q->seq);
+        return rc;
+    }
+    q->used = 1;
+    q->id = id;
+    memcpy(&q->smp.temperature, &w[0], sizeof(float));
+    memcpy(&q->smp.top_p, &w[1], sizeof(float));
+    q->smp.state = ep_id(w + 2);
+    *out = q;
+    return 0;
+}
+
+/* Consumer, the owner rank: pulls a request's prompt KV from the producer rank named in the pull
+ * entry into sequence q; the bytes moved, or -1 if the transfer failed (the sequence then stays
+ * empty and its prompt is recomputed from the token ids). */
+static int64_t ep_pull(struct pd_server *s, struct ep_seq *q, const int32_t *w)
+{
+    const int n_prompt = w[4];
+    char host[65];
+    memcpy(host, w + 12, 64);
+    host[64] = 0;
+    int max = pd_kvseq_max_runs(&s->en.kv, &q->seq.kv);
+    struct pd_kv_run *dst = malloc((size_t)max * sizeof *dst);
+    int n = dst ? pd_kvseq_runs(&s->en.kv, &q->seq.kv, n_prompt, dst, max) : -1;
+    struct pd_kvx_xfer *t = NULL;
+    pd_err e = {0};
+    int64_t bytes = 0;
+    for (int i = 0; i < n; i++)
+        bytes += (int64_t)dst[i].len;
+    int rc = !s->kvx || n < 0 || pd_kvx_pull(s->kvx, host, w[5], ep_id(w + 6), (const struct pd_kvx_run *)dst, n, &t, &e);
+    free(dst);
+    if (rc)
+        return -1;
+    enum pd_kvx_state st = pd_kvx_wait(s->kvx, t, -1);
+    pd_kvx_xfer_free(s->kvx, t);
+    if (st != PD_KVX_DONE)
+        return -1;
+    q->seq.pos = n_prompt;
+    q->seq.kv.len = n_prompt;
+    return bytes;
+}
+
+/* Every rank: applies a round's message to the sequences it owns (frees, leases, pulls, then the
+ * step), samples them, and fills its answer (see the message's layout). With no item nobody
+ * steps; with items every rank steps, with or without sequences of its own, so all take part in
+ * the same expert exchanges. */
 static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
 {
     struct ep_group *g = s->g;
-    const int n_free = msg[1], n_items = msg[2];
-    const int32_t *fr = msg + EP_HDR, *it = fr + (size_t)n_free * EP_FREE_W, *tok = it + (size_t)n_items * EP_ITEM_W;
-    if (grow_words(&g->ans, &g->ans_cap, EP_ANS_W + (size_t)n_items))
+    struct ep_msg m;
+    ep_parse(msg, &m);
+    const int A = ep_answer_words(s, &m);
+    if (grow_words(&g->ans, &g->ans_cap, (size_t)A))
         return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
-    int32_t *out = g->ans + EP_ANS_W;
-    for (int i = 0; i < n_free; i++) {
-        const int32_t *w = fr + (size_t)i * EP_FREE_W;
+    int32_t *pulled = g->ans + EP_ANS_W, *out = pulled + 2 * m.n_pull, *rel = out + m.n_items;
+    int n_rel = 0, rc;
+    /* leases the transfer engine ended since the last round */
+    pthread_mutex_lock(&g->rel_mu);
+    for (int i = 0; i < g->n_released; i++) {
+        struct ep_seq *q = ep_find(s, (uint64_t)g->released[i]);
+        if (q) {
+            pd_seq_end(&s->en, &q->seq);
+            q->used = 0;
+        }
+        ep_put_id(rel + 2 * n_rel++, (uint64_t)g->released[i]);
+    }
+    g->n_released = 0;
+    pthread_mutex_unlock(&g->rel_mu);
+    for (int i = 0; i < m.n_free; i++) {
+        const int32_t *w = m.fr + (size_t)i * EP_FREE_W;
         if (w[2] != g->rank)
             continue;
         struct ep_seq *q = ep_find(s, ep_id(w));
@@ -349,10 +480,44 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         pd_seq_end(&s->en, &q->seq);
         q->used = 0;
     }
-    int m = 0, rc;
+    for (int i = 0; i < m.n_lease; i++) {
+        const int32_t *w = m.ls + (size_t)i * EP_LEASE_W;
+        if (w[2] != g->rank)
+            continue;
+        struct ep_seq *q = ep_find(s, ep_id(w));
+        if (!q)
+            return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d told to lease request %llu it does not hold",
+                              g->rank, (unsigned long long)ep_id(w));
+        int max = pd_kvseq_max_runs(&s->en.kv, &q->seq.kv);
+        struct pd_kv_run *runs = malloc((size_t)max * sizeof *runs);
+        int n = runs ? pd_kvseq_runs(&s->en.kv, &q->seq.kv, w[3], runs, max) : -1;
+        pd_err le;
+        /* struct pd_kv_run and struct pd_kvx_run are the same (offset, length) pairs */
+        if (!s->kvx || n < 0 ||
+            pd_kvx_offer(s->kvx, q->id, (const struct pd_kvx_run *)runs, n, ep_on_release, s, &le)) {
+            /* no lease: the blocks come back now, and rank 0 hears of it as of a release */
+            pd_seq_end(&s->en, &q->seq);
+            q->used = 0;
+            ep_put_id(rel + 2 * n_rel++, q->id);
+        }
+        free(runs);
+    }
+    for (int i = 0; i < m.n_pull; i++) {
+        const int32_t *w = m.pl + (size_t)i * EP_PULL_W;
+        pulled[2 * i] = pulled[2 * i + 1] = 0;
+        if (w[2] != g->rank)
+            continue;
+        struct ep_seq *q;
+        if ((rc = ep_start(s, ep_id(w), w[3], w + 8, &q, e)))
+            return rc;
+        int64_t bytes = ep_pull(s, q, w);
+        pulled[2 * i] = bytes >= 0;
+        pulled[2 * i + 1] = bytes > INT32_MAX ? INT32_MAX : (int32_t)(bytes > 0 ? bytes : 0);
+    }
+    int k = 0;
     size_t off = 0;
-    for (int i = 0; i < n_items; i++) {
-        const int32_t *w = it + (size_t)i * EP_ITEM_W, *toks = tok + off;
+    for (int i = 0; i < m.n_items; i++) {
+        const int32_t *w = m.it + (size_t)i * EP_ITEM_W, *toks = m.tok + off;
         off += (size_t)w[3];
         out[i] = -1;
         if (w[2] != g->rank)
@@ -360,42 +525,29 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         uint64_t id = ep_id(w);
         struct ep_seq *q = NULL;
         if (w[4]) {
-            for (int k = 0; k < s->o.max_num_seqs && !q; k++)
-                if (!g->seqs[k].used)
-                    q = &g->seqs[k];
-            if (!q)
-                return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d has no free sequence for request %llu",
-                                  g->rank, (unsigned long long)id);
-            /* the blocks of the whole future sequence, as rank 0's admission counted them */
-            if ((rc = pd_seq_start(&s->en, &q->seq, e)))
+            if ((rc = ep_start(s, id, w[5], w + 7, &q, e)))
                 return rc;
-            if ((rc = pd_kvseq_reserve(&s->en.kv, &q->seq.kv, w[5], e))) {
-                pd_seq_end(&s->en, &q->seq);
-                return rc;
-            }
-            q->used = 1;
-            q->id = id;
-            memcpy(&q->smp.temperature, &w[7], sizeof(float));
-            memcpy(&q->smp.top_p, &w[8], sizeof(float));
-            q->smp.state = ep_id(w + 9);
         } else if (!(q = ep_find(s, id))) {
             return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d told to step request %llu it does not hold",
                               g->rank, (unsigned long long)id);
         }
-        g->items[m] = (struct pd_step_item){.seq = &q->seq, .tokens = toks, .n = w[3], .logits = q->logits};
-        g->item_seq[m] = q;
-        g->item_of[m++] = i;
+        g->items[k] = (struct pd_step_item){.seq = &q->seq, .tokens = toks, .n = w[3], .logits = q->logits};
+        g->item_seq[k] = q;
+        g->item_of[k++] = i;
     }
-    if (n_items > 0 && (rc = pd_engine_step(&s->en, g->items, m, e)))
+    if (m.n_items > 0 && (rc = pd_engine_step(&s->en, g->items, k, e)))
         return rc;
-    for (int k = 0; k < m; k++) {
-        const int32_t *w = it + (size_t)g->item_of[k] * EP_ITEM_W;
-        struct ep_seq *q = g->item_seq[k];
-        out[g->item_of[k]] = w[6] >= 0 ? w[6] : pd_sample(&q->smp, q->logits, s->Vs, g->scratch);
+    for (int j = 0; j < k; j++) {
+        const int32_t *w = m.it + (size_t)g->item_of[j] * EP_ITEM_W;
+        struct ep_seq *q = g->item_seq[j];
+        out[g->item_of[j]] = w[6] >= 0 ? w[6] : pd_sample(&q->smp, q->logits, s->Vs, g->scratch);
     }
+    for (int i = n_rel; i < s->o.max_num_seqs; i++)
+        rel[2 * i] = rel[2 * i + 1] = 0;
     g->ans[0] = 0;
     g->ans[1] = s->en.kv.n_blocks_free;
     g->ans[2] = s->en.kv.n_slots_free;
+    g->ans[3] = n_rel;
     return 0;
 }
 
@@ -424,14 +576,12 @@ static int ep_wait_idle(struct pd_server *s, MPI_Request *rq, pd_err *e)
 }
 
 /* One round of the group: rank 0 broadcasts g->msg (built by the scheduler), the others receive
- * it; every rank applies it and rank 0 gathers the answers into g->all, [size][EP_ANS_W + items].
- * Returns 1 when rank 0 ended the group, 0 after a step, or a negative error. */
+ * it; every rank applies it and rank 0 gathers the answers into g->all, [size][answer words].
+ * Returns 1 when rank 0 ended the group, 0 after a round, or a negative error. */
 static int ep_round(struct pd_server *s, pd_err *e)
 {
     struct ep_group *g = s->g;
     MPI_Request rq;
-    if (g->rank != 0 && grow_words(&g->msg, &g->msg_cap, EP_HDR))
-        return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
     if (MPI_Ibcast(g->msg, EP_HDR, MPI_INT32_T, 0, g->ep.comm, &rq) != MPI_SUCCESS)
         return pd_err_set(e, PD_EIO, "expert parallelism: rank %d: the step broadcast failed", g->rank);
     int rc;
@@ -449,7 +599,9 @@ static int ep_round(struct pd_server *s, pd_err *e)
         return pd_err_set(e, PD_EIO, "expert parallelism: rank %d: the step broadcast failed", g->rank);
     if ((rc = ep_apply(s, g->msg, e)))
         return pd_err_prefix(e, "rank %d: ", g->rank);
-    int n = EP_ANS_W + g->msg[2];
+    struct ep_msg m;
+    ep_parse(g->msg, &m);
+    int n = ep_answer_words(s, &m);
     if (g->rank == 0 && grow_words(&g->all, &g->all_cap, (size_t)n * g->size))
         return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
     if (MPI_Igather(g->ans, n, MPI_INT32_T, g->all, n, MPI_INT32_T, 0, g->ep.comm, &rq) != MPI_SUCCESS ||
@@ -459,21 +611,24 @@ static int ep_round(struct pd_server *s, pd_err *e)
 }
 
 /* Rank 0 (s->mu held): the rank a new request's sequence goes to: the least-loaded one with a
- * free sequence and the blocks of the request's whole future (prompt + max_tokens); -1 if no
- * rank has room now. */
+ * free sequence and the blocks of the request's whole future (prompt + max_tokens), ties going
+ * round-robin (so one request at a time still uses every rank); -1 if no rank has room now. */
 static int ep_admit(struct pd_server *s, struct req *r)
 {
     struct ep_group *g = s->g;
     int need = pd_kvpool_blocks_for(&s->en.kv, r->n_prompt + r->max_tokens), best = -1;
-    for (int k = 0; k < g->size; k++)
+    for (int j = 1; j <= g->size; j++) {
+        int k = (g->last + j) % g->size;
         if (g->acct_slots[k] > 0 && g->acct_blocks[k] >= need && (best < 0 || g->load[k] < g->load[best]))
             best = k;
+    }
     if (best < 0)
         return -1;
     g->acct_slots[best]--;
     g->acct_blocks[best] -= need;
     g->load[best]++;
     g->owned[best]++;
+    g->last = best;
     r->owner = best;
     r->ep_blocks = need;
     r->ep_new = 1;
@@ -481,70 +636,168 @@ static int ep_admit(struct pd_server *s, struct req *r)
     return 0;
 }
 
-/* Rank 0 (s->mu held): the request's sequence is freed on its owner by the next message (if the
- * owner ever started it). */
-static void ep_release(struct pd_server *s, struct req *r)
+/* Rank 0: room for one more entry of a pending list. */
+static int32_t *ep_push(struct ep_list *l)
+{
+    if (l->n == l->cap) {
+        int c = l->cap * 2 + 16;
+        int32_t *w = realloc(l->w, (size_t)c * (size_t)l->width * sizeof *w);
+        assert(w);   /* a few words per request; nothing sensible is left to do without them */
+        l->w = w;
+        l->cap = c;
+    }
+    return l->w + (size_t)l->n++ * (size_t)l->width;
+}
+
+/* Rank 0 (s->mu held): a rank's sequence is gone (freed or its lease released): count its room. */
+static void ep_forget(struct pd_server *s, struct req *r)
 {
     struct ep_group *g = s->g;
-    if (!r->ep_new) {
-        if (g->n_frees == g->frees_cap) {
-            int c = g->frees_cap * 2 + 16;
-            int32_t *f = realloc(g->frees, (size_t)c * EP_FREE_W * sizeof *f);
-            assert(f);   /* a few words per request; nothing sensible is left to do without them */
-            g->frees = f;
-            g->frees_cap = c;
-        }
-        int32_t *w = g->frees + (size_t)g->n_frees++ * EP_FREE_W;
-        ep_put_id(w, r->id);
-        w[2] = r->owner;
-    }
     g->acct_slots[r->owner]++;
     g->acct_blocks[r->owner] += r->ep_blocks;
     g->load[r->owner]--;
     assert(g->load[r->owner] >= 0 && g->acct_slots[r->owner] <= s->en.kv.n_slots);
 }
 
-/* Rank 0 (s->mu held): starts the next message with the pending frees. */
-static int ep_begin(struct pd_server *s, int n_items, int n_tokens)
+/* Rank 0 (s->mu held): the request's sequence is freed on its owner by the next message (if the
+ * owner ever started it). */
+static void ep_release(struct pd_server *s, struct req *r)
 {
-    struct ep_group *g = s->g;
-    size_t words = EP_HDR + (size_t)g->n_frees * EP_FREE_W + (size_t)n_items * EP_ITEM_W + (size_t)n_tokens;
-    if (grow_words(&g->msg, &g->msg_cap, words))
-        return -1;
-    g->msg[0] = EP_OP_STEP;
-    g->msg[1] = g->n_frees;
-    g->msg[2] = n_items;
-    g->msg[3] = n_tokens;
-    if (g->n_frees)
-        memcpy(g->msg + EP_HDR, g->frees, (size_t)g->n_frees * EP_FREE_W * sizeof(int32_t));
-    g->n_frees = 0;
+    if (!r->ep_new) {
+        int32_t *w = ep_push(&s->g->frees);
+        ep_put_id(w, r->id);
+        w[2] = r->owner;
+    }
+    ep_forget(s, r);
+}
+
+/* Rank 0 (s->mu held): producer: the request's KV goes under a lease on its owner rank with the
+ * next message; the owner reports when the transfer engine releases it. */
+static int ep_lease(struct pd_server *s, struct req *r)
+{
+    int32_t *w = ep_push(&s->g->leases);
+    ep_put_id(w, r->id);
+    w[2] = r->owner;
+    w[3] = r->n_prompt;
+    r->leased = 1;
+    r->lease_next = s->leases;
+    s->leases = r;
     return 0;
 }
 
-/* Rank 0 (s->mu held): what the ranks reported of their pools after a round. */
-static void ep_account(struct pd_server *s)
+/* Rank 0 (s->mu held): consumer: the owner rank starts the sequence and pulls its prompt's KV in
+ * the next round. */
+static void ep_pull_later(struct pd_server *s, struct req *r)
 {
     struct ep_group *g = s->g;
-    int n = EP_ANS_W + g->msg[2];
+    int32_t *w = ep_push(&g->pulls);
+    memset(w, 0, EP_PULL_W * sizeof *w);
+    ep_put_id(w, r->id);
+    w[2] = r->owner;
+    w[3] = r->n_prompt + r->max_tokens;
+    w[4] = r->n_prompt;
+    w[5] = r->remote_port;
+    ep_put_id(w + 6, r->remote_request);
+    memcpy(&w[8], &r->smp.temperature, sizeof(float));
+    memcpy(&w[9], &r->smp.top_p, sizeof(float));
+    ep_put_id(w + 10, r->smp.state);
+    memcpy(w + 12, r->remote_host, strlen(r->remote_host));
+    g->pull_req[g->pulls.n - 1] = r;
+    r->ep_new = 0;   /* the pull starts it */
+    r->ep_pulling = 1;
+}
+
+/* Rank 0 (s->mu held): starts the next message with the pending frees, leases and pulls. */
+static int ep_begin(struct pd_server *s, int n_items, int n_tokens)
+{
+    struct ep_group *g = s->g;
+    size_t words = EP_HDR + (size_t)g->frees.n * EP_FREE_W + (size_t)g->leases.n * EP_LEASE_W +
+                   (size_t)g->pulls.n * EP_PULL_W + (size_t)n_items * EP_ITEM_W + (size_t)n_tokens;
+    if (grow_words(&g->msg, &g->msg_cap, words))
+        return -1;
+    int32_t *h = g->msg, *w = h + EP_HDR;
+    h[0] = EP_OP_STEP;
+    h[1] = g->frees.n;
+    h[2] = g->leases.n;
+    h[3] = g->pulls.n;
+    h[4] = n_items;
+    h[5] = n_tokens;
+    struct ep_list *l[3] = {&g->frees, &g->leases, &g->pulls};
+    for (int i = 0; i < 3; i++) {
+        if (l[i]->n)
+            memcpy(w, l[i]->w, (size_t)l[i]->n * (size_t)l[i]->width * sizeof *w);
+        w += (size_t)l[i]->n * (size_t)l[i]->width;
+        l[i]->n = 0;
+    }
+    return 0;
+}
+
+/* Rank 0 (s->mu held) after a round: what the ranks reported: their pools, the leases they
+ * released, the pulls they made. */
+static void ep_account(struct pd_server *s, double seconds)
+{
+    struct ep_group *g = s->g;
+    struct ep_msg m;
+    ep_parse(g->msg, &m);
+    int A = ep_answer_words(s, &m);
     for (int k = 0; k < g->size; k++) {
-        g->free_blocks[k] = g->all[(size_t)k * n + 1];
-        g->free_slots[k] = g->all[(size_t)k * n + 2];
+        const int32_t *a = g->all + (size_t)k * A, *rel = a + EP_ANS_W + 2 * m.n_pull + m.n_items;
+        g->free_blocks[k] = a[1];
+        g->free_slots[k] = a[2];
+        for (int j = 0; j < a[3]; j++) {
+            uint64_t id = ep_id(rel + 2 * j);
+            for (struct req **pp = &s->leases; *pp; pp = &(*pp)->lease_next)
+                if ((*pp)->id == id) {
+                    struct req *r = *pp;
+                    *pp = r->lease_next;
+                    r->leased = 0;
+                    r->started = 0;
+                    ep_forget(s, r);
+                    req_unref(s, r);
+                    break;
+                }
+        }
+    }
+    for (int i = 0; i < m.n_pull; i++) {
+        struct req *r = g->pull_req[i];
+        const int32_t *a = g->all + (size_t)r->owner * A + EP_ANS_W + 2 * i;
+        r->ep_pulling = 0;
+        s->kv_pulls++;
+        if (!a[0]) {
+            /* recompute: the owner prefills the prompt from its token ids, then the producer's
+             * first token follows */
+            s->kv_failures++;
+            s->kv_recomputes++;
+            r->ep_prefilled = 0;
+            continue;
+        }
+        s->kv_bytes += (uint64_t)a[1];
+        s->kv_seconds += seconds;
+        r->ep_prefilled = 1;
+        r->gen[r->n_gen++] = r->forced_first;
+        r->forced_first = -1;
+        r->t_first = pd_now_s();
+        s->tokens_out++;
+        if (r->n_gen >= r->max_tokens) {
+            r->finished = 1;
+            r->finish = "length";
+        }
+        outbox_push(s, r);
     }
 }
 
-/* Rank 0, the scheduler (s->mu held; released during the round): the pending frees alone, when
- * no step would carry them soon. */
+/* Rank 0, the scheduler (s->mu held; released during the round): a round without a step, for
+ * the pending frees, leases and pulls, or to hear of released leases. */
 static int ep_flush(struct pd_server *s, pd_err *e)
 {
-    if (!s->g->n_frees)
-        return 0;
     if (ep_begin(s, 0, 0))
         return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
     pthread_mutex_unlock(&s->mu);
+    double t0 = pd_now_s();
     int rc = ep_round(s, e);
     pthread_mutex_lock(&s->mu);
     if (!rc)
-        ep_account(s);
+        ep_account(s, pd_now_s() - t0);
     return rc;
 }
 
@@ -568,9 +821,17 @@ static void seq_release(struct pd_server *s, struct req *r)
     r->started = 0;
 }
 
+/* Rank 0, after a step's round: the token rank `owner` gave item i. */
+static int32_t ep_token(const struct pd_server *s, int owner, int i)
+{
+    struct ep_msg m;
+    ep_parse(s->g->msg, &m);
+    return s->g->all[(size_t)owner * ep_answer_words(s, &m) + EP_ANS_W + 2 * m.n_pull + i];
+}
+
 /* Rank 0 (s->mu held): the message of a step over requests in_step[0 .. m): the pending frees,
- * then each request's owner and new tokens (the prompt first, then its last token), and for a
- * sequence that starts its reservation and sampler. */
+ * leases and pulls, then each request's owner and new tokens (the prompt first, then its last
+ * token), and for a sequence that starts its reservation and sampler. */
 static int ep_build_step(struct pd_server *s, struct req **in_step, int m)
 {
     int n_tokens = 0;
@@ -578,7 +839,9 @@ static int ep_build_step(struct pd_server *s, struct req **in_step, int m)
         n_tokens += in_step[i]->ep_prefilled ? 1 : in_step[i]->n_prompt;
     if (ep_begin(s, m, n_tokens))
         return -1;
-    int32_t *it = s->g->msg + EP_HDR + (size_t)s->g->msg[1] * EP_FREE_W, *tok = it + (size_t)m * EP_ITEM_W;
+    struct ep_msg mm;
+    ep_parse(s->g->msg, &mm);
+    int32_t *it = (int32_t *)mm.it, *tok = (int32_t *)mm.tok;
     for (int i = 0; i < m; i++, it += EP_ITEM_W) {
         struct req *r = in_step[i];
         ep_put_id(it, r->id);
@@ -662,6 +925,11 @@ static void *scheduler(void *arg)
                 s->wait_tail = NULL;
             r->started = 1;
             s->running[s->n_running++] = r;
+            if (r->remote_prefill && s->g) {
+                /* its owner rank pulls the KV in the next round (or recomputes it) */
+                ep_pull_later(s, r);
+                continue;
+            }
             if (r->remote_prefill) {
                 /* the producer computed the prompt: pull it; if that fails, recompute it here
                  * from the token ids and continue with the producer's first token */
@@ -683,8 +951,21 @@ static void *scheduler(void *arg)
         }
         if (s->n_running == 0) {
             /* the ranks free what finished before the group goes idle */
-            if (s->g && s->g->n_frees) {
+            if (s->g && (s->g->frees.n || s->g->leases.n || s->g->pulls.n)) {
                 if ((rc = ep_flush(s, &e)))
+                    break;
+                continue;
+            }
+            if (s->g && s->leases) {
+                /* leases out on the ranks: every 20 ms a round asks which ended */
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += 20000000;
+                if (ts.tv_nsec >= 1000000000) {
+                    ts.tv_sec++;
+                    ts.tv_nsec -= 1000000000;
+                }
+                if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT && !s->stop && (rc = ep_flush(s, &e)))
                     break;
                 continue;
             }
@@ -695,7 +976,7 @@ static void *scheduler(void *arg)
         int m = 0;
         for (int i = 0; i < s->n_running; i++) {
             struct req *r = s->running[i];
-            if (r->finished)
+            if (r->finished || r->ep_pulling)
                 continue;
             in_step[m] = r;
             if (r->seq.pos == 0)
@@ -712,10 +993,11 @@ static void *scheduler(void *arg)
         }
         pthread_mutex_unlock(&s->mu);
         /* the next token of each request: sampled here, or by its owner rank */
+        double t0 = pd_now_s();
         if (s->g) {
             rc = ep_round(s, &e);
             for (int i = 0; !rc && i < m; i++)
-                next[i] = s->g->all[(size_t)in_step[i]->owner * (EP_ANS_W + m) + EP_ANS_W + i];
+                next[i] = ep_token(s, in_step[i]->owner, i);
         } else {
             rc = pd_engine_step(&s->en, items, m, &e);
             for (int i = 0; !rc && i < m; i++)
@@ -725,7 +1007,7 @@ static void *scheduler(void *arg)
         double now = pd_now_s();
         pthread_mutex_lock(&s->mu);
         if (s->g && !rc)
-            ep_account(s);
+            ep_account(s, now - t0);
         for (int i = 0; i < m; i++) {
             struct req *r = in_step[i];
             if (rc) {
@@ -752,7 +1034,8 @@ static void *scheduler(void *arg)
         }
         for (int i = 0; i < s->n_running;) {
             struct req *r = s->running[i];
-            if (r->finished && r->remote_decode && s->kvx && strcmp(r->finish, "error") && lease(s, r) == 0) {
+            if (r->finished && r->remote_decode && s->kvx && strcmp(r->finish, "error") &&
+                (s->g ? ep_lease(s, r) : lease(s, r)) == 0) {
                 /* the KV stays, under the lease; the scheduler's reference goes with it */
                 s->running[i] = s->running[--s->n_running];
                 continue;
@@ -763,7 +1046,9 @@ static void *scheduler(void *arg)
                 i++;
         }
         /* the group's last requests: their blocks are back on every rank before they are answered */
-        if (s->g && !rc && s->n_running == 0)
+        /* leases go out before P answers (D pulls right after), and the group's last requests
+         * have their blocks back on every rank before they are answered */
+        if (s->g && !rc && (s->g->leases.n || (s->n_running == 0 && s->g->frees.n)))
             rc = ep_flush(s, &e);
         event_active(s->notify, 0, 0);
         if (rc && s->g)
@@ -788,8 +1073,8 @@ static void *scheduler(void *arg)
     if (s->g && !rc) {
         /* the end of the group: the other ranks return from pd_server_run */
         MPI_Request rq;
+        memset(s->g->msg, 0, EP_HDR * sizeof *s->g->msg);
         s->g->msg[0] = EP_OP_STOP;
-        s->g->msg[1] = s->g->msg[2] = s->g->msg[3] = 0;
         if (MPI_Ibcast(s->g->msg, EP_HDR, MPI_INT32_T, 0, s->g->ep.comm, &rq) == MPI_SUCCESS)
             pd_ep_wait(&rq);
     }
@@ -979,7 +1264,7 @@ static void on_notify(evutil_socket_t fd, short what, void *arg)
                                                   "do_remote_decode", 0, "remote_engine_id",
                                                   s->o.engine_id ? s->o.engine_id : "prefill", "remote_request_id",
                                                   (json_int_t)r->id, "remote_host", s->o.kv_host ? s->o.kv_host : "127.0.0.1",
-                                                  "remote_port", pd_kvx_port(s->kvx), "remote_num_tokens", r->n_prompt,
+                                                  "remote_port", s->g ? s->g->kv_ports[r->owner] : pd_kvx_port(s->kvx), "remote_num_tokens", r->n_prompt,
                                                   "last_token_id", n > 0 ? r->gen[0] : s->eos));
                 }
                 if (r->return_ids) {
@@ -1369,8 +1654,6 @@ static int ep_open(struct pd_server *s, struct pd_engine_opts *eo, pd_err *e)
     if (level < MPI_THREAD_SERIALIZED)
         return pd_err_set(e, PD_EINVAL, "server: expert parallelism needs MPI_THREAD_SERIALIZED (the scheduler thread "
                           "makes the MPI calls)");
-    if (s->o.role != PD_ROLE_BOTH)
-        return pd_err_set(e, PD_EINVAL, "server: expert parallelism runs colocated instances only (kv_both) for now");
     struct ep_group *g = s->g = calloc(1, sizeof *g);
     if (!g)
         return pd_err_set(e, PD_ENOMEM, "server: out of memory");
@@ -1404,8 +1687,14 @@ static int ep_setup(struct pd_server *s, pd_err *e)
     g->item_of = calloc((size_t)n, sizeof *g->item_of);
     g->item_seq = calloc((size_t)n, sizeof *g->item_seq);
     g->scratch = malloc((size_t)s->V * 2 * sizeof(float));
-    g->load = calloc((size_t)g->size * 6, sizeof(int));
-    if (!g->seqs || !g->items || !g->item_of || !g->item_seq || !g->scratch || !g->load ||
+    g->load = calloc((size_t)g->size * 7, sizeof(int));
+    g->released = calloc((size_t)n, sizeof *g->released);
+    g->pull_req = calloc((size_t)n * (size_t)g->size, sizeof *g->pull_req);
+    pthread_mutex_init(&g->rel_mu, NULL);
+    g->frees.width = EP_FREE_W;
+    g->leases.width = EP_LEASE_W;
+    g->pulls.width = EP_PULL_W;
+    if (!g->seqs || !g->items || !g->item_of || !g->item_seq || !g->scratch || !g->load || !g->released || !g->pull_req ||
         grow_words(&g->msg, &g->msg_cap, EP_HDR))
         return pd_err_set(e, PD_ENOMEM, "server: out of memory");
     for (int i = 0; i < n; i++)
@@ -1416,6 +1705,8 @@ static int ep_setup(struct pd_server *s, pd_err *e)
     g->free_blocks = g->load + 3 * g->size;
     g->free_slots = g->load + 4 * g->size;
     g->owned = g->load + 5 * g->size;
+    g->kv_ports = g->load + 6 * g->size;
+    g->last = g->size - 1;   /* the first sequence goes to rank 0 */
     for (int k = 0; k < g->size; k++) {
         g->acct_blocks[k] = g->free_blocks[k] = s->en.kv.n_blocks;
         g->acct_slots[k] = g->free_slots[k] = s->en.kv.n_slots;
@@ -1442,7 +1733,13 @@ static void ep_close(struct pd_server *s)
     free(g->msg);
     free(g->ans);
     free(g->all);
-    free(g->frees);
+    free(g->frees.w);
+    free(g->leases.w);
+    free(g->pulls.w);
+    free(g->released);
+    free(g->pull_req);
+    if (g->load)
+        pthread_mutex_destroy(&g->rel_mu);
     if (g->ep_ready)
         pd_ep_free(&g->ep);
     free(g);
@@ -1484,6 +1781,30 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     s->eos = pd_tok_eos(s->tok);
     if (s->g && (rc = ep_setup(s, e)))
         goto fail;
+    if (s->o.role != PD_ROLE_BOTH) {
+        /* each rank of an EP group moves the KV of its own sequences: its own transfer engine
+         * over its own pool, a producer rank k listening on kv_port + k */
+        int listen = s->o.role != PD_ROLE_PRODUCER ? -1 : s->g && s->o.kv_port ? s->o.kv_port + s->g->rank : s->o.kv_port;
+        struct pd_kvx_opts ko = {.listen_host = "127.0.0.1", .listen_port = listen,
+                                 .region = s->en.kv.region, .region_len = s->en.kv.region_bytes,
+                                 .lease_ms = s->o.kv_lease_ms, .timeout_ms = s->o.kv_timeout_ms};
+        if ((rc = pd_kvx_create(&ko, &s->kvx, e)))
+            goto fail;
+        if (s->g) {
+            /* rank 0 names the owner rank's port in kv_transfer_params */
+            int port = pd_kvx_port(s->kvx);
+            MPI_Gather(&port, 1, MPI_INT, s->g->kv_ports, 1, MPI_INT, 0, s->g->ep.comm);
+        }
+        /* a producer progresses its worker when idle, to answer pulls (a consumer progresses
+         * its own while it pulls) */
+        if (s->o.role == PD_ROLE_PRODUCER) {
+            if (pthread_create(&s->kvx_thread, NULL, kvx_loop, s)) {
+                rc = pd_err_set(e, PD_ENOMEM, "server: cannot start the KV transfer thread");
+                goto fail;
+            }
+            s->kvx_thread_started = 1;
+        }
+    }
     if (s->g && s->g->rank != 0) {
         /* the other ranks of the group: no HTTP, no scheduler; pd_server_run takes the steps */
         if (o->handle_signals) {
@@ -1496,22 +1817,6 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     }
     /* an EP group runs up to max_num_seqs sequences on each rank */
     s->running = calloc((size_t)s->o.max_num_seqs * (s->g ? s->g->size : 1), sizeof *s->running);
-    if (s->o.role != PD_ROLE_BOTH) {
-        struct pd_kvx_opts ko = {.listen_host = "127.0.0.1", .listen_port = s->o.role == PD_ROLE_PRODUCER ? s->o.kv_port : -1,
-                                 .region = s->en.kv.region, .region_len = s->en.kv.region_bytes,
-                                 .lease_ms = s->o.kv_lease_ms, .timeout_ms = s->o.kv_timeout_ms};
-        if ((rc = pd_kvx_create(&ko, &s->kvx, e)))
-            goto fail;
-        /* a producer progresses its worker when idle, to answer pulls (a consumer progresses
-         * its own while it pulls) */
-        if (s->o.role == PD_ROLE_PRODUCER) {
-            if (pthread_create(&s->kvx_thread, NULL, kvx_loop, s)) {
-                rc = pd_err_set(e, PD_ENOMEM, "server: cannot start the KV transfer thread");
-                goto fail;
-            }
-            s->kvx_thread_started = 1;
-        }
-    }
     evthread_use_pthreads();
     /* a client that disconnects must not kill the server with SIGPIPE */
     signal(SIGPIPE, SIG_IGN);

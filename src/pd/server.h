@@ -27,7 +27,12 @@
  * when it starts, its sampling parameters. Each rank steps its own sequences with the experts
  * exchanged over MPI (a rank with none still joins every exchange), samples them with the
  * request's sampler (so the tokens equal one process's), and rank 0 gathers the tokens and each
- * rank's free KV. Between steps the other ranks sleep in a non-blocking broadcast's test; the
+ * rank's free KV. With a PD role every rank has its own KV transfer engine over its own pool: a
+ * producer rank k listens on kv_port + k and leases the KV of the sequences it owns, rank 0
+ * answering kv_transfer_params with the owner rank's port (the ranks report released leases in
+ * their answers; while leases are out and nothing runs, rank 0 asks every 20 ms); a consumer's
+ * owner rank pulls the KV itself, or the prompt is recomputed there from its token ids.
+ * Between steps the other ranks sleep in a non-blocking broadcast's test; the
  * MPI calls are made by the scheduler thread (MPI_THREAD_SERIALIZED). Destroying rank 0's server
  * broadcasts the end of the group. The caller initialises MPI before pd_server_create and
  * finalises it after pd_server_destroy; if pd_server_run fails on any rank the group can no
@@ -52,7 +57,8 @@ struct pd_server_opts {
     const char *api_key;            /* NULL: no key required */
     /* PD disaggregation (--kv-transfer-config): role, the KV transfer port and this engine's id */
     int role;                       /* PD_ROLE_BOTH (colocated), PD_ROLE_PRODUCER, PD_ROLE_CONSUMER */
-    int kv_port;                    /* producer: where decode instances pull from (0: ephemeral) */
+    int kv_port;                    /* producer: where decode instances pull from (0: ephemeral);
+                                     * EP rank k: kv_port + k */
     const char *kv_host;            /* producer: the host decode instances should use (127.0.0.1) */
     const char *engine_id;
     int kv_lease_ms, kv_timeout_ms; /* 0: 30000 */

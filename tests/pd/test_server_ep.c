@@ -2,7 +2,9 @@
  * requests of different lengths give the same tokens as one plain process, the sequences spread
  * over both ranks and every rank's KV pool is full again afterwards; an idle group does not spin;
  * Ctrl-C or SIGTERM on rank 0 ends every rank cleanly; a rank that dies ends the group instead of
- * hanging it or its clients; bad flag combinations are one-line errors naming the flag. */
+ * hanging it or its clients; bad flag combinations are one-line errors naming the flag; between a
+ * prefill and a decode EP group the KV goes from the owner rank of one to the owner rank of the
+ * other (or is recomputed when that fails) with the tokens of one process and every pool freed. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -19,7 +21,7 @@
 #include "util.h"
 
 static char dir[64], log_path[96];
-static pid_t group, single;
+static pid_t group, single, group2;
 static int base_port;
 
 static const char *bin(void)
@@ -54,8 +56,8 @@ static int wait_exit(pid_t pid, double seconds, int *status)
 static void teardown(void)
 {
     int st;
-    pid_t *ps[2] = {&group, &single};
-    for (int i = 0; i < 2; i++)
+    pid_t *ps[3] = {&group, &single, &group2};
+    for (int i = 0; i < 3; i++)
         if (*ps[i] > 0) {
             kill(-*ps[i], SIGTERM);
             if (!wait_exit(*ps[i], 15, &st)) {
@@ -94,14 +96,21 @@ static pid_t launch(char *const *argv, int port)
     return pid;
 }
 
-static pid_t start_group(int port)
+/* An EP group of 2 on `port`; kv: a --kv-transfer-config or NULL (colocated). */
+static pid_t start_group_kv(int port, const char *kv)
 {
     char sp[16];
     snprintf(sp, sizeof sp, "%d", port);
     char *argv[] = {"mpirun", "-n", "2", "--oversubscribe", (char *)bin(), "serve", "--model", dir,
                     "--enable-expert-parallel", "--data-parallel-size", "2", "--port", sp, "--threads", "1",
-                    "--max-num-seqs", "4", "--max-model-len", "512", "--served-model-name", "tiny", NULL};
+                    "--max-num-seqs", "4", "--max-model-len", "512", "--served-model-name", "tiny",
+                    kv ? "--kv-transfer-config" : NULL, (char *)kv, NULL};
     return launch(argv, port);
+}
+
+static pid_t start_group(int port)
+{
+    return start_group_kv(port, NULL);
 }
 
 static pid_t start_single(int port)
@@ -356,10 +365,77 @@ Test(server_ep, bad_flag_combinations_are_one_line_errors)
     snprintf(cmd, sizeof cmd, "%s serve --model %s --data-parallel-size 2 --port %d", bin(), dir, base_port);
     cr_assert_eq(run(cmd, err, sizeof err), 2, "%s", err);
     expect_one_line(err, "--enable-expert-parallel");
-    /* an EP group with a PD role: not yet */
-    snprintf(cmd, sizeof cmd, "timeout 60 mpirun -n 2 --oversubscribe %s serve --model %s --enable-expert-parallel "
-             "--kv-transfer-config '{\"kv_role\":\"kv_producer\"}' --port %d", bin(), dir, base_port);
-    rc = run(cmd, err, sizeof err);
-    cr_assert(rc != 0 && rc != 124, "exit %d: %s", rc, err);
-    cr_assert(strstr(err, "--enable-expert-parallel"), "%s", err);
+}
+
+/* P then D as the proxy does, each an EP group of 2; `broken` sends D to a dead KV port. D's
+ * token ids. */
+static char *pd_request(int P, int D, const char *prompt, int max_tokens, int broken)
+{
+    char body[2048], out[1 << 14];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":1,\"temperature\":0,"
+             "\"kv_transfer_params\":{\"do_remote_decode\":true}}", prompt);
+    cr_assert_eq(curl_port(P, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    json_t *kv = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "kv_transfer_params");
+    cr_assert(json_is_true(json_object_get(kv, "do_remote_prefill")), "%s", out);
+    if (broken)
+        json_object_set_new(kv, "remote_port", json_integer(1));
+    char *kvs = json_dumps(kv, JSON_COMPACT);
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,"
+             "\"return_token_ids\":true,\"kv_transfer_params\":%s}", prompt, max_tokens, kvs);
+    free(kvs);
+    json_decref(j);
+    cr_assert_eq(curl_port(D, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    j = parse(out);
+    char *ids = json_dumps(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "token_ids"), JSON_COMPACT);
+    json_decref(j);
+    return ids;
+}
+
+static char *colocated_ids(int port, const char *prompt, int max_tokens)
+{
+    char body[1024], out[1 << 14];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,"
+             "\"return_token_ids\":true}", prompt, max_tokens);
+    cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    char *ids = json_dumps(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "token_ids"), JSON_COMPACT);
+    json_decref(j);
+    return ids;
+}
+
+Test(server_ep, pd_between_ep_groups_pulls_from_the_owner_rank_or_recomputes)
+{
+    int P = base_port, D = base_port + 1, C = base_port + 2;
+    char kvp[160];
+    snprintf(kvp, sizeof kvp, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"p\",\"kv_lease_ms\":800}",
+             base_port + 3);
+    group = start_group_kv(P, kvp);
+    group2 = start_group_kv(D, "{\"kv_role\":\"kv_consumer\",\"engine_id\":\"d\",\"kv_timeout_ms\":3000}");
+    single = start_single(C);
+    const char *prompts[] = {"Hello", "The sea froze over and the children skated until the sun went down", "x"};
+    for (int i = 0; i < 3; i++) {
+        /* the third goes to a dead port: D's owner rank recomputes the prompt from its ids */
+        char *a = pd_request(P, D, prompts[i], 10 + 4 * i, i == 2), *b = colocated_ids(C, prompts[i], 10 + 4 * i);
+        cr_assert_str_eq(a, b, "prompt %d: PD between EP groups %s, one process %s", i, a, b);
+        free(a);
+        free(b);
+    }
+    cr_assert_eq(metric_port(D, "pdmoe_kv_transfers_total"), 3);
+    cr_assert_eq(metric_port(D, "pdmoe_kv_recomputes_total"), 1);
+    cr_assert_gt(metric_port(D, "pdmoe_kv_transfer_bytes_total"), 0);
+    for (int k = 0; k < 2; k++) {
+        cr_assert_gt(labelled(P, "pdmoe_rank_requests_total", k), 0, "prefill rank %d", k);
+        cr_assert_gt(labelled(D, "pdmoe_rank_requests_total", k), 0, "decode rank %d", k);
+    }
+    /* DONE frees two leases at once; the unclaimed one expires after 800 ms */
+    for (int i = 0; i < 200 && metric_port(P, "pdmoe_kv_leases") > 0; i++)
+        usleep(20000);
+    cr_assert_eq(metric_port(P, "pdmoe_kv_leases"), 0);
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(labelled(P, "pdmoe_rank_kv_blocks_free", k), labelled(P, "pdmoe_rank_kv_blocks_total", k),
+                     "prefill rank %d", k);
+        cr_assert_eq(labelled(D, "pdmoe_rank_kv_blocks_free", k), labelled(D, "pdmoe_rank_kv_blocks_total", k),
+                     "decode rank %d", k);
+    }
 }

@@ -1,5 +1,6 @@
-/* pdmoe up as a user runs it: the whole local cluster (prefill, decode, proxy: real processes)
- * gives the same greedy tokens as one colocated process, the openai-style endpoint works, and
+/* pdmoe up as a user runs it: the whole local cluster (prefill, decode, proxy: real processes;
+ * with --prefill-ep/--decode-ep 2 each instance an EP group under mpirun) gives the same greedy
+ * tokens as one colocated process, every KV pool (every rank's) is full again afterwards, and
  * SIGINT stops every process it started. */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -15,6 +16,7 @@
 #include "util.h"
 
 static char dir[64];
+static pid_t up_pid;   /* a cluster still running when a test fails */
 
 static void setup(void)
 {
@@ -23,23 +25,47 @@ static void setup(void)
 
 static void teardown(void)
 {
+    if (up_pid > 0) {
+        kill(up_pid, SIGINT);
+        waitpid(up_pid, NULL, 0);
+        up_pid = 0;
+    }
     rm_model(dir);
 }
 
-TestSuite(up, .init = setup, .fini = teardown, .timeout = 180);
-
-Test(up, cluster_matches_colocated_and_stops_cleanly)
+static int labelled(int port, const char *name, int rank)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    const int port = 18500 + (getpid() % 300) * 3;
+    char out[1 << 14], key[128];
+    cr_assert_eq(curl_port(port, "/metrics", NULL, NULL, out, sizeof out), 200);
+    snprintf(key, sizeof key, "\n%s{rank=\"%d\"} ", name, rank);
+    char *p = strstr(out, key);
+    cr_assert_not_null(p, "no %s for rank %d in /metrics of port %d", key + 1, rank, port);
+    return atoi(p + strlen(key));
+}
+
+TestSuite(up, .init = setup, .fini = teardown, .timeout = 240);
+
+/* Starts pdmoe up (EP size `ep` on both sides) on `port`; its pid once it says it is ready. */
+static pid_t start_up(const char *bin, int port, int ep)
+{
     char out[256];
     snprintf(out, sizeof out, "%s/up.out", dir);
+    if (ep > 1) {
+        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+        /* as in tests/ep: Open MPI's own allocations are not pdmoe's leaks */
+        const char *asan = getenv("ASAN_OPTIONS");
+        char opts[512];
+        snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan && *asan ? ":" : "");
+        setenv("ASAN_OPTIONS", opts, 1);
+    }
     pid_t up = fork();
     if (up == 0) {
-        char sp[16];
+        char sp[16], se[16];
         snprintf(sp, sizeof sp, "%d", port);
+        snprintf(se, sizeof se, "%d", ep);
         freopen(out, "w", stdout);
-        execl(bin, bin, "up", "--model", dir, "--port", sp, (char *)NULL);
+        execl(bin, bin, "up", "--model", dir, "--port", sp, "--prefill-ep", se, "--decode-ep", se, (char *)NULL);
         _exit(127);
     }
     int ready = 0;
@@ -53,7 +79,36 @@ Test(up, cluster_matches_colocated_and_stops_cleanly)
         if (!ready)
             usleep(100000);
     }
+    up_pid = up;
     cr_assert(ready, "pdmoe up did not become ready");
+    return up;
+}
+
+/* Ctrl-C: everything stops, nothing is left on the cluster's ports. */
+static void stop_up(pid_t up, int port)
+{
+    kill(up, SIGINT);
+    int status;
+    cr_assert_eq(waitpid(up, &status, 0), up);
+    up_pid = 0;
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "pdmoe up exited with %d", status);
+    char cmd[256];
+    for (int p = port; p <= port + 2; p++) {
+        /* "-[-]port" matches the children's "--port N" but not this pgrep's own command line */
+        snprintf(cmd, sizeof cmd, "pgrep -f -- '-[-]port %d( |$)' | wc -l", p);
+        FILE *f = popen(cmd, "r");
+        int left = -1;
+        cr_assert_eq(fscanf(f, "%d", &left), 1);
+        pclose(f);
+        cr_assert_eq(left, 0, "%d processes left behind on port %d", left, p);
+    }
+}
+
+Test(up, cluster_matches_colocated_and_stops_cleanly)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const int port = 18500 + (getpid() % 300) * 3;
+    pid_t up = start_up(bin, port, 1);
     char a[8192];
     const char *name = strrchr(dir, '/') + 1;
     char body[512];
@@ -75,16 +130,74 @@ Test(up, cluster_matches_colocated_and_stops_cleanly)
     gen[n] = 0;
     pclose(p);
     cr_assert(strstr(gen, want), "through pdmoe up: \"%s\"; colocated:\n%s", want, gen);
-    /* Ctrl-C: everything stops */
-    kill(up, SIGINT);
-    int status;
-    cr_assert_eq(waitpid(up, &status, 0), up);
-    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "pdmoe up exited with %d", status);
-    /* "-[-]port" matches the children's "--port N" but not this pgrep's own command line */
-    snprintf(cmd, sizeof cmd, "pgrep -f -- '-[-]port %d( |$)' | wc -l", port);
-    p = popen(cmd, "r");
-    int left = -1;
-    cr_assert_eq(fscanf(p, "%d", &left), 1);
-    pclose(p);
-    cr_assert_eq(left, 0, "%d processes left behind", left);
+    stop_up(up, port);
+}
+
+Test(up, ep_groups_on_both_sides_match_colocated_and_free_every_rank)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const int port = 19900 + (getpid() % 300) * 3;
+    pid_t up = start_up(bin, port, 2);
+    const char *name = strrchr(dir, '/') + 1;
+    const char *prompts[] = {"The quick brown fox", "Once upon a time, in a small town by the sea", "x",
+                             "Numbers: 1 2 3 4 5 6 7 8 9 10 11 12"};
+    for (int i = 0; i < 4; i++) {
+        char a[8192], body[512];
+        snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,"
+                 "\"return_token_ids\":true}", name, prompts[i], 6 + 3 * i);
+        cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, a, sizeof a), 200, "%s", a);
+        json_t *j = parse(a);
+        json_t *ids = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "token_ids");
+        cr_assert_gt((int)json_array_size(ids), 0, "%s", a);
+        char want[1024] = "ids", *w = want + strlen(want);
+        for (size_t k = 0; k < json_array_size(ids); k++)
+            w += sprintf(w, " %lld", (long long)json_integer_value(json_array_get(ids, k)));
+        json_decref(j);
+        /* one colocated process, the same request */
+        char cmd[512], gen[8192];
+        snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '%s' --max-tokens %d --print-ids --threads 1", bin,
+                 dir, prompts[i], 6 + 3 * i);
+        FILE *p = popen(cmd, "r");
+        size_t n = fread(gen, 1, sizeof gen - 1, p);
+        gen[n] = 0;
+        pclose(p);
+        char *x = strstr(gen, "[0] ids");
+        cr_assert(x && !strncmp(x + 4, want, strlen(want)) && (x[4 + strlen(want)] == '\n'),
+                  "prompt %d through pdmoe up (EP 2 + EP 2): \"%s\"; colocated:\n%s", i, want, gen);
+    }
+    /* every prompt's KV went from a prefill rank to a decode rank (no recompute), and both
+     * groups used both ranks */
+    const int P = port + 1, D = port + 2;
+    cr_assert_eq(metric_port(D, "pdmoe_kv_transfers_total"), 4);
+    cr_assert_eq(metric_port(D, "pdmoe_kv_recomputes_total"), 0);
+    for (int k = 0; k < 2; k++) {
+        cr_assert_gt(labelled(P, "pdmoe_rank_requests_total", k), 0, "prefill rank %d", k);
+        cr_assert_gt(labelled(D, "pdmoe_rank_requests_total", k), 0, "decode rank %d", k);
+    }
+    /* the producer's leases end on DONE; then every pool of every rank is full */
+    for (int i = 0; i < 100 && metric_port(P, "pdmoe_kv_leases") > 0; i++)
+        usleep(20000);
+    cr_assert_eq(metric_port(P, "pdmoe_kv_leases"), 0);
+    for (int i = 0; i < 50 && metric_port(P, "pdmoe_kv_blocks_free") < metric_port(P, "pdmoe_kv_blocks_total"); i++)
+        usleep(20000);
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(labelled(P, "pdmoe_rank_kv_blocks_free", k), labelled(P, "pdmoe_rank_kv_blocks_total", k),
+                     "prefill rank %d", k);
+        cr_assert_eq(labelled(D, "pdmoe_rank_kv_blocks_free", k), labelled(D, "pdmoe_rank_kv_blocks_total", k),
+                     "decode rank %d", k);
+    }
+    stop_up(up, port);
+}
+
+Test(up, ep_sizes_this_machine_cannot_run_are_refused)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char cmd[512], err[4096];
+    snprintf(cmd, sizeof cmd, "%s up --model %s --decode-ep 9 2>&1 >/dev/null", bin, dir);
+    FILE *p = popen(cmd, "r");
+    size_t n = fread(err, 1, sizeof err - 1, p);
+    err[n] = 0;
+    int st = pclose(p);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, err);
+    cr_assert(strstr(err, "--decode-ep 9"), "%s", err);
 }
