@@ -925,12 +925,15 @@ static void *scheduler(void *arg)
                 s->wait_tail = NULL;
             r->started = 1;
             s->running[s->n_running++] = r;
-            if (r->remote_prefill && s->g) {
+            if (r->remote_prefill && s->g && r->remote_tokens == r->n_prompt && s->kvx) {
                 /* its owner rank pulls the KV in the next round (or recomputes it) */
                 ep_pull_later(s, r);
                 continue;
             }
-            if (r->remote_prefill) {
+            if (r->remote_prefill && s->g) {
+                /* the producer computed another prompt length: recompute it here */
+                s->kv_recomputes++;
+            } else if (r->remote_prefill) {
                 /* the producer computed the prompt: pull it; if that fails, recompute it here
                  * from the token ids and continue with the producer's first token */
                 if (pull(s, r) == 0) {
