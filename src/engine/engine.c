@@ -139,9 +139,7 @@ void pd_mhc_pre(const struct pd_model *m, const float *h, const float *fn, const
     for (int k = 0; k < hc * hc; k++)
         comb[k] = mix[2 * hc + k] * scale[2] + base[2 * hc + k];
     pd_sinkhorn(comb, hc, m->hc_sinkhorn_iters, (float)m->hc_eps);
-    pd_scale(pre[0], h, x, H);
-    for (int j = 1; j < hc; j++)
-        pd_axpy(pre[j], h + (size_t)j * H, x, H);
+    pd_scale_axpys(pre[0], h, pre + 1, h + H, (size_t)H, hc - 1, x, H);
 }
 
 /* mHC "post": h_k = post_k * out + sum_j comb[j][k] * h_j; tmp holds hc * hidden floats */
@@ -150,10 +148,10 @@ void pd_mhc_post(const struct pd_model *m, float *h, const float *out, const flo
 {
     const int hc = m->hc_mult, H = (int)m->hidden_size;
     for (int k = 0; k < hc; k++) {
-        float *t = tmp + (size_t)k * H;
-        pd_scale(post[k], out, t, H);
+        float c[64];
         for (int j = 0; j < hc; j++)
-            pd_axpy(comb[j * hc + k], h + (size_t)j * H, t, H);
+            c[j] = comb[j * hc + k];
+        pd_scale_axpys(post[k], out, c, h, (size_t)H, hc, tmp + (size_t)k * H, H);
     }
     memcpy(h, tmp, (size_t)hc * H * sizeof(float));
 }

@@ -241,9 +241,31 @@ AVX512 static void div_d_avx512(float *x, int n, double d)
     div_d_ref(x + i, n - i, d);
 }
 
+/* y = a * x, then y += b[j] * z[j] for j < nz in order: pd_scale then pd_axpy row after row,
+ * with y in registers (the same multiply, then the same fused multiply-adds, per element). */
+AVX512 static void scale_axpys_avx512(float a, const float *x, const float *b, const float *z, size_t ldz, int nz,
+                                      float *y, int n)
+{
+    const __m512 va = _mm512_set1_ps(a);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 t = _mm512_mul_ps(va, _mm512_loadu_ps(x + i));
+        for (int j = 0; j < nz; j++)
+            t = _mm512_fmadd_ps(_mm512_set1_ps(b[j]), _mm512_loadu_ps(z + j * ldz + i), t);
+        _mm512_storeu_ps(y + i, t);
+    }
+    if (i < n) {
+        pd_scale(a, x + i, y + i, n - i);
+        for (int j = 0; j < nz; j++)
+            axpy_tail(b[j], z + j * ldz, y, i, n);
+    }
+}
+
 /* Row-by-row versions for the paths without a multi-row one. */
 static void dot_rows_by_one(const float *w, size_t ld, const float *x, int n, int rows, float *y);
 static void axpy_rows_by_one(const float *a, const float *x, size_t ld, int rows, float *y, int n);
+static void scale_axpys_by_one(float a, const float *x, const float *b, const float *z, size_t ldz, int nz, float *y,
+                               int n);
 
 struct vec_fns {
     float (*dot)(const float *, const float *, int);
@@ -252,6 +274,7 @@ struct vec_fns {
     void (*axpy_rows)(const float *, const float *, size_t, int, float *, int);
     float (*scale_max)(float *, int, float, float);
     void (*div_d)(float *, int, double);
+    void (*scale_axpys)(float, const float *, const float *, const float *, size_t, int, float *, int);
 };
 
 static struct vec_fns fns;
@@ -264,11 +287,13 @@ static void choose(void)
 {
     if (__builtin_cpu_supports("avx512f"))
         fns = (struct vec_fns){dot_avx512, axpy_avx512, dot_rows_avx512, axpy_rows_avx512, scale_max_avx512,
-                               div_d_avx512};
+                               div_d_avx512, scale_axpys_avx512};
     else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        fns = (struct vec_fns){dot_avx2, axpy_avx2, dot_rows_by_one, axpy_rows_by_one, scale_max_ref, div_d_ref};
+        fns = (struct vec_fns){dot_avx2, axpy_avx2, dot_rows_by_one, axpy_rows_by_one, scale_max_ref, div_d_ref,
+                               scale_axpys_by_one};
     else
-        fns = (struct vec_fns){pd_dot_ref, pd_axpy_ref, dot_rows_by_one, axpy_rows_by_one, scale_max_ref, div_d_ref};
+        fns = (struct vec_fns){pd_dot_ref, pd_axpy_ref, dot_rows_by_one, axpy_rows_by_one, scale_max_ref, div_d_ref,
+                               scale_axpys_by_one};
     atomic_store_explicit(&fns_ready, 1, memory_order_release);
 }
 
@@ -289,6 +314,14 @@ static void axpy_rows_by_one(const float *a, const float *x, size_t ld, int rows
 {
     for (int k = 0; k < rows; k++)
         fns.axpy(a[k], x + k * ld, y, n);
+}
+
+static void scale_axpys_by_one(float a, const float *x, const float *b, const float *z, size_t ldz, int nz, float *y,
+                               int n)
+{
+    pd_scale(a, x, y, n);
+    for (int j = 0; j < nz; j++)
+        fns.axpy(b[j], z + j * ldz, y, n);
 }
 
 float pd_dot(const float *a, const float *b, int n)
@@ -319,6 +352,11 @@ float pd_scale_max(float *x, int n, float s, float m)
 void pd_div_d(float *x, int n, double d)
 {
     vec()->div_d(x, n, d);
+}
+
+void pd_scale_axpys(float a, const float *x, const float *b, const float *z, size_t ldz, int nz, float *y, int n)
+{
+    vec()->scale_axpys(a, x, b, z, ldz, nz, y, n);
 }
 
 __attribute__((target("avx512f"))) static void bf16_avx512(const uint16_t *src, float *dst, int n)

@@ -23,6 +23,10 @@ float pd_scale_max(float *x, int n, float s, float m);
 /* x[i] = (float)(x[i] / d), the division in double. */
 void pd_div_d(float *x, int n, double d);
 
+/* pd_scale(a, x, y, n), then pd_axpy(b[j], z + j * ldz, y, n) for j = 0 .. nz - 1, bit for bit,
+ * in one pass over y. */
+void pd_scale_axpys(float a, const float *x, const float *b, const float *z, size_t ldz, int nz, float *y, int n);
+
 /* dst[i] = bf16 src[i] widened to fp32 (exact). */
 void pd_bf16_to_f32_row(const uint16_t *src, float *dst, int n);
 /* y = a * x (n values). */

@@ -54,6 +54,24 @@ Test(ops, axpy_rows_same_bits_as_axpy)
         }
 }
 
+Test(ops, scale_axpys_same_bits_as_scale_then_axpy)
+{
+    static float x[300], z[5 * 300], y1[300], y2[300];
+    float b[5] = {0.3f, -1.25f, 2.5e-3f, 7.0f, -0.001f};
+    for (int i = 0; i < 5 * 300; i++)
+        z[i] = wave(i);
+    for (int i = 0; i < 300; i++)
+        x[i] = wave(11 * i + 3);
+    for (int n = 1; n <= 300; n += n < 40 ? 1 : 29)
+        for (int nz = 0; nz <= 5; nz++) {
+            pd_scale(0.77f, x, y1, n);
+            for (int j = 0; j < nz; j++)
+                pd_axpy(b[j], z + (size_t)j * 300, y1, n);
+            pd_scale_axpys(0.77f, x, b, z, 300, nz, y2, n);
+            cr_assert(memcmp(y1, y2, (size_t)n * 4) == 0, "n %d, %d rows", n, nz);
+        }
+}
+
 Test(ops, softmax_steps_same_bits_as_scalar_loops)
 {
     static float x[300], y[300];
