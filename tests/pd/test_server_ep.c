@@ -96,16 +96,24 @@ static pid_t launch(char *const *argv, int port)
     return pid;
 }
 
-/* An EP group of 2 on `port`; kv: a --kv-transfer-config or NULL (colocated). */
-static pid_t start_group_kv(int port, const char *kv)
+/* An EP group of `ranks` on `port`, `seqs` sequences per rank; kv: a --kv-transfer-config or
+ * NULL (colocated). */
+static pid_t start_group_of(int port, int ranks, int seqs, const char *kv)
 {
-    char sp[16];
+    char sp[16], sn[16], ss[16];
     snprintf(sp, sizeof sp, "%d", port);
-    char *argv[] = {"mpirun", "-n", "2", "--oversubscribe", (char *)bin(), "serve", "--model", dir,
-                    "--enable-expert-parallel", "--data-parallel-size", "2", "--port", sp, "--threads", "1",
-                    "--max-num-seqs", "4", "--max-model-len", "512", "--served-model-name", "tiny",
+    snprintf(sn, sizeof sn, "%d", ranks);
+    snprintf(ss, sizeof ss, "%d", seqs);
+    char *argv[] = {"mpirun", "-n", sn, "--oversubscribe", (char *)bin(), "serve", "--model", dir,
+                    "--enable-expert-parallel", "--data-parallel-size", sn, "--port", sp, "--threads", "1",
+                    "--max-num-seqs", ss, "--max-model-len", "512", "--served-model-name", "tiny",
                     kv ? "--kv-transfer-config" : NULL, (char *)kv, NULL};
     return launch(argv, port);
+}
+
+static pid_t start_group_kv(int port, const char *kv)
+{
+    return start_group_of(port, 2, 4, kv);
 }
 
 static pid_t start_group(int port)
@@ -269,6 +277,32 @@ Test(server_ep, two_ranks_give_the_tokens_of_one_process_and_free_every_block)
     cr_assert(wait_exit(group, 30, &st), "the group did not end within 30 s of Ctrl-C");
     group = 0;
     cr_assert_eq(processes_on(pg), 0);
+}
+
+Test(server_ep, four_ranks_of_one_sequence_each_queue_the_rest_and_give_the_same_tokens)
+{
+    /* 6 requests, 4 ranks that each hold one sequence: two wait for a rank to free its slot */
+    int pg = base_port, ps = base_port + 1;
+    single = start_single(ps);
+    group = start_group_of(pg, 4, 1, NULL);
+    char *want[N_REQ], *got[N_REQ];
+    run_requests(ps, want);
+    run_requests(pg, got);
+    for (int i = 0; i < N_REQ; i++) {
+        cr_assert_str_eq(got[i], want[i], "request %d: EP group of 4 %s, one process %s", i, got[i], want[i]);
+        free(want[i]);
+        free(got[i]);
+    }
+    int total = 0;
+    for (int k = 0; k < 4; k++) {
+        int n = labelled(pg, "pdmoe_rank_requests_total", k);
+        cr_assert_gt(n, 0, "rank %d held no sequence", k);
+        total += n;
+        cr_assert_eq(labelled(pg, "pdmoe_rank_kv_blocks_free", k), labelled(pg, "pdmoe_rank_kv_blocks_total", k),
+                     "rank %d", k);
+    }
+    cr_assert_eq(total, N_REQ);
+    cr_assert_eq(metric_port(pg, "pdmoe_kv_slots_free"), 4);
 }
 
 Test(server_ep, sigterm_on_rank_0_ends_every_rank_cleanly)
