@@ -213,10 +213,11 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
         float mx = pd_scale_max(b->scores, nk, scale, L->attn_sink[h]);
         /* the sink adds exp(sink - max) to the denominator and nothing to the output */
         double den = expf(L->attn_sink[h] - mx);
-        for (int k = 0; k < nk; k++) {
-            b->scores[k] = expf(b->scores[k] - mx);
+        for (int k = 0; k < nk; k++)
+            b->scores[k] -= mx;
+        pd_expf_rows(b->scores, b->scores, nk);
+        for (int k = 0; k < nk; k++)
             den += b->scores[k];
-        }
         pd_div_d(b->scores, nk, den);
         for (int i = 0; i < hd; i++)
             o[i] = 0;

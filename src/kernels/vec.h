@@ -27,6 +27,9 @@ void pd_div_d(float *x, int n, double d);
  * in one pass over y. */
 void pd_scale_axpys(float a, const float *x, const float *b, const float *z, size_t ldz, int nz, float *y, int n);
 
+/* y[i] = expf(x[i]) for i < n, bit for bit (x == y allowed). */
+void pd_expf_rows(const float *x, float *y, int n);
+
 /* dst[i] = bf16 src[i] widened to fp32 (exact). */
 void pd_bf16_to_f32_row(const uint16_t *src, float *dst, int n);
 /* y = a * x (n values). */

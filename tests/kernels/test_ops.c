@@ -72,6 +72,28 @@ Test(ops, scale_axpys_same_bits_as_scale_then_axpy)
         }
 }
 
+Test(ops, expf_rows_same_bits_as_expf)
+{
+    static float x[4099], y[4099];
+    uint32_t r = 7;
+    for (int i = 0; i < 4099; i++) {
+        r = r * 1664525u + 1013904223u;
+        x[i] = i % 3 == 0 ? (float)(r >> 8) / (float)(1 << 24) * 200 - 110   /* spans both ends */
+               : i % 3 == 1 ? -(float)(r >> 8) / (float)(1 << 24) * 30 : (float)(r >> 8) / (float)(1 << 24) - 0.5f;
+    }
+    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 88.0f, 88.7f, 89.0f, -103.0f, -103.5f, -104.0f,
+                             -150.0f, 1e-30f, -1e-30f, 0x1.04845ep+5f};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+        x[100 + 9 * i] = special[i];
+    pd_expf_rows(x, y, 4099);
+    for (int i = 0; i < 4099; i++) {
+        float e = expf(x[i]);
+        cr_assert(memcmp(&e, &y[i], 4) == 0 || (isnan(e) && isnan(y[i])), "expf(%a): %a vs %a", x[i], y[i], e);
+    }
+    pd_expf_rows(x, x, 4099);   /* in place */
+    cr_assert(memcmp(x, y, sizeof x) == 0);
+}
+
 Test(ops, softmax_steps_same_bits_as_scalar_loops)
 {
     static float x[300], y[300];
