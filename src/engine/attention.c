@@ -11,6 +11,7 @@
 #include "kernels/quant.h"
 #include "kernels/vec.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,8 +189,14 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
     /* keys: window first, then the compressed entries the layer may see */
     int nk = 0;
     int64_t first = pos - W + 1 < 0 ? 0 : pos - W + 1;
-    for (int64_t p = first; p <= pos; p++)
-        load_bf16(b->keys + (size_t)nk++ * hd, pd_kv_window(kvp, &seq->kv, layer, p), hd);
+    /* the window is a ring of W entries of hd values: positions first .. pos are at most two runs */
+    assert(kvp->entry_bytes == 2 * (size_t)hd);
+    for (int64_t p = first; p <= pos;) {
+        int64_t run = W - p % W < pos + 1 - p ? W - p % W : pos + 1 - p;
+        load_bf16(b->keys + (size_t)nk * hd, pd_kv_window(kvp, &seq->kv, layer, p), (int)(run * hd));
+        nk += (int)run;
+        p += run;
+    }
     if (r) {
         int64_t n = (pos + 1) / r;
         int ns;
