@@ -244,19 +244,20 @@ int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, con
     int rc = PD_ENOMEM;
     if (P == 0)
         return 0;
-    int *count = calloc((size_t)E + 1, sizeof(int)), *fill = calloc((size_t)E, sizeof(int));
-    int32_t *tok = pd_scratch(en, 30, (size_t)P * 4, e), *pair = pd_scratch(en, 31, (size_t)P * 4, e);
+    /* slot 30: the groups, then tok [P], then the counting sort's count [E + 1] and fill [E] */
+    char *base = pd_scratch(en, 30, (size_t)E * sizeof(pd_gemm_group) + ((size_t)P + 2 * (size_t)E + 1) * 4, e);
+    pd_gemm_group *grp = (pd_gemm_group *)base;
+    int32_t *tok = base ? (int32_t *)(base + (size_t)E * sizeof *grp) : NULL;
+    int *count = base ? tok + P : NULL, *fill = base ? count + E + 1 : NULL;
+    int32_t *pair = pd_scratch(en, 31, (size_t)P * 4, e);
     int32_t *seqrow = pd_scratch(en, 32, (size_t)P * 4, e);
     float *g = pd_scratch(en, 33, (size_t)P * I * 4, e), *u = pd_scratch(en, 34, (size_t)P * I * 4, e);
     float *ys = pd_scratch(en, 35, (size_t)P * H * 4, e);
     int8_t *qi = pd_scratch(en, 36, (size_t)P * I, e);
     float *si = pd_scratch(en, 37, (size_t)P * 4, e);
-    pd_gemm_group *grp = calloc((size_t)E, sizeof *grp);
-    if (!count || !fill || !tok || !pair || !seqrow || !g || !u || !ys || !qi || !si || !grp) {
-        if (!count || !fill || !grp)
-            pd_err_set(e, PD_ENOMEM, "engine: out of memory");
+    if (!base || !pair || !seqrow || !g || !u || !ys || !qi || !si)
         goto out;
-    }
+    memset(count, 0, (2 * (size_t)E + 1) * sizeof *count);
     for (int p = 0; p < P; p++) {
         if (expert[p] < 0 || expert[p] >= E) {
             rc = pd_err_set(e, PD_EINVAL, "engine: expert %d outside [0, %d)", expert[p], E);
@@ -310,9 +311,6 @@ int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, con
         memcpy(y + (size_t)pair[at] * H, ys + (size_t)at * H, (size_t)H * 4);
     rc = 0;
 out:
-    free(count);
-    free(fill);
-    free(grp);
     return rc;
 }
 
