@@ -2,9 +2,12 @@
  * with --prefill-ep/--decode-ep 2 each instance an EP group under mpirun) gives the same greedy
  * tokens as one colocated process, every KV pool (every rank's) is full again afterwards, and
  * SIGINT stops every process it started. */
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,4 +203,38 @@ Test(up, ep_sizes_this_machine_cannot_run_are_refused)
     int st = pclose(p);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, err);
     cr_assert(strstr(err, "--decode-ep 9"), "%s", err);
+}
+
+/* Leaves a connection in TIME_WAIT on the server's side of 127.0.0.1:port, as a prefill instance
+ * that closed its KV connections first leaves its kv_port to the next cluster. */
+static void time_wait_on(int port)
+{
+    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(bind(l, (struct sockaddr *)&a, sizeof a), 0, "port %d busy", port);
+    cr_assert_eq(listen(l, 1), 0);
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_eq(connect(c, (struct sockaddr *)&a, sizeof a), 0);
+    int s = accept(l, NULL, NULL);
+    cr_assert_geq(s, 0);
+    close(s);   /* the server side closes first: its end waits in TIME_WAIT */
+    usleep(50000);
+    close(c);
+    close(l);
+}
+
+Test(up, a_new_cluster_binds_the_kv_port_the_last_one_left_in_time_wait)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const int port = 17000 + (getpid() % 300) * 3;
+    time_wait_on(port + 100);   /* prefill instance 0's kv_port */
+    pid_t up = start_up(bin, port, 1);
+    char a[8192];
+    const char *name = strrchr(dir, '/') + 1;
+    char body[256];
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"hi\",\"max_tokens\":3}", name);
+    cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, a, sizeof a), 200, "%s", a);
+    stop_up(up, port);
 }
