@@ -356,20 +356,9 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
     }
     if (m->n_shared_experts > 0 && (rc = ffn_rows(st, &L->shared, st->x, &st->xq, T, sh, e)))
         goto out;
-    for (int t = 0; t < T; t++) {
-        float *o = st->out + (size_t)t * H;
-        for (int i = 0; i < H; i++)
-            o[i] = 0;
-        for (int j = 0; j < k; j++) {
-            const float *yj = y + ((size_t)t * k + j) * H;
-            float wj = w[(size_t)t * k + j];
-            for (int i = 0; i < H; i++)
-                o[i] += wj * yj[i];
-        }
-        if (m->n_shared_experts > 0)
-            for (int i = 0; i < H; i++)
-                o[i] += sh[(size_t)t * H + i];
-    }
+    for (int t = 0; t < T; t++)
+        pd_weighted_sum(w + (size_t)t * k, y + (size_t)t * k * H, (size_t)H, k,
+                        m->n_shared_experts > 0 ? sh + (size_t)t * H : NULL, st->out + (size_t)t * H, H);
     rc = 0;
 out:
     return rc;

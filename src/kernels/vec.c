@@ -331,6 +331,39 @@ static int expf_check(void)
     return 1;
 }
 
+/* y = 0, then y += a[j] * x[j] for j < rows (each product rounded, then added: no fused
+ * multiply-add), then y += z when z is not NULL. */
+static void weighted_sum_ref(const float *a, const float *x, size_t ld, int rows, const float *z, float *y, int n)
+{
+    for (int i = 0; i < n; i++)
+        y[i] = 0;
+    for (int j = 0; j < rows; j++)
+        for (int i = 0; i < n; i++)
+            y[i] += a[j] * x[j * ld + i];
+    if (z)
+        for (int i = 0; i < n; i++)
+            y[i] += z[i];
+}
+
+/* The same sixteen values at a time, y in registers. fp-contract=off: GCC would otherwise fuse the
+ * multiply and the add, which rounds once instead of twice (other bits). */
+AVX512 __attribute__((optimize("fp-contract=off"))) static void weighted_sum_avx512(const float *a, const float *x,
+                                                                                   size_t ld, int rows,
+                                                                                   const float *z, float *y, int n)
+{
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 t = _mm512_setzero_ps();
+        for (int j = 0; j < rows; j++)
+            t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_set1_ps(a[j]), _mm512_loadu_ps(x + j * ld + i)));
+        if (z)
+            t = _mm512_add_ps(t, _mm512_loadu_ps(z + i));
+        _mm512_storeu_ps(y + i, t);
+    }
+    if (i < n)
+        weighted_sum_ref(a, x + i, ld, rows, z ? z + i : NULL, y + i, n - i);
+}
+
 /* Row-by-row versions for the paths without a multi-row one. */
 static void dot_rows_by_one(const float *w, size_t ld, const float *x, int n, int rows, float *y);
 static void axpy_rows_by_one(const float *a, const float *x, size_t ld, int rows, float *y, int n);
@@ -346,6 +379,7 @@ struct vec_fns {
     void (*div_d)(float *, int, double);
     void (*scale_axpys)(float, const float *, const float *, const float *, size_t, int, float *, int);
     void (*expf_rows)(const float *, float *, int);
+    void (*weighted_sum)(const float *, const float *, size_t, int, const float *, float *, int);
 };
 
 static struct vec_fns fns;
@@ -358,13 +392,13 @@ static void choose(void)
 {
     if (__builtin_cpu_supports("avx512f"))
         fns = (struct vec_fns){dot_avx512, axpy_avx512, dot_rows_avx512, axpy_rows_avx512, scale_max_avx512,
-                               div_d_avx512, scale_axpys_avx512, expf_ref};
+                               div_d_avx512, scale_axpys_avx512, expf_ref, weighted_sum_avx512};
     else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         fns = (struct vec_fns){dot_avx2, axpy_avx2, dot_rows_by_one, axpy_rows_by_one, scale_max_ref, div_d_ref,
-                               scale_axpys_by_one, expf_ref};
+                               scale_axpys_by_one, expf_ref, weighted_sum_ref};
     else
         fns = (struct vec_fns){pd_dot_ref, pd_axpy_ref, dot_rows_by_one, axpy_rows_by_one, scale_max_ref, div_d_ref,
-                               scale_axpys_by_one, expf_ref};
+                               scale_axpys_by_one, expf_ref, weighted_sum_ref};
     if (__builtin_cpu_supports("avx512f")) {
         for (int i = 0; i < 32; i++) {
             double v = exp2((double)i / 32);
@@ -442,6 +476,11 @@ void pd_scale_axpys(float a, const float *x, const float *b, const float *z, siz
 void pd_expf_rows(const float *x, float *y, int n)
 {
     vec()->expf_rows(x, y, n);
+}
+
+void pd_weighted_sum(const float *a, const float *x, size_t ld, int rows, const float *z, float *y, int n)
+{
+    vec()->weighted_sum(a, x, ld, rows, z, y, n);
 }
 
 __attribute__((target("avx512f"))) static void bf16_avx512(const uint16_t *src, float *dst, int n)

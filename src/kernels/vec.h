@@ -30,6 +30,11 @@ void pd_scale_axpys(float a, const float *x, const float *b, const float *z, siz
 /* y[i] = expf(x[i]) for i < n, bit for bit (x == y allowed). */
 void pd_expf_rows(const float *x, float *y, int n);
 
+/* y[i] = sum over j < rows of a[j] * x[j * ld + i], summed in j order from 0 with each product
+ * rounded (no fused multiply-add), plus z[i] last when z is not NULL; the same bits in every
+ * version. */
+void pd_weighted_sum(const float *a, const float *x, size_t ld, int rows, const float *z, float *y, int n);
+
 /* dst[i] = bf16 src[i] widened to fp32 (exact). */
 void pd_bf16_to_f32_row(const uint16_t *src, float *dst, int n);
 /* y = a * x (n values). */

@@ -94,6 +94,35 @@ Test(ops, expf_rows_same_bits_as_expf)
     cr_assert(memcmp(x, y, sizeof x) == 0);
 }
 
+Test(ops, weighted_sum_same_bits_as_scalar_loop)
+{
+    static float x[7 * 301], y1[301], y2[301], z[301];
+    float a[7];
+    for (int i = 0; i < 7 * 301; i++)
+        x[i] = wave(i) * 1e-3f;
+    for (int i = 0; i < 301; i++)
+        z[i] = wave(13 * i);
+    for (int j = 0; j < 7; j++)
+        a[j] = wave(j + 40) / 5;
+    for (int n = 1; n <= 301; n += n < 40 ? 1 : 31)
+        for (int rows = 0; rows <= 7; rows++)
+            for (int withz = 0; withz < 2; withz++) {
+                for (int i = 0; i < n; i++) {
+                    /* volatile: the products rounded before the sum, as the engine's loop was */
+                    volatile float acc = 0;
+                    for (int j = 0; j < rows; j++) {
+                        volatile float p = a[j] * x[j * 301 + i];
+                        acc = acc + p;
+                    }
+                    if (withz)
+                        acc = acc + z[i];
+                    y1[i] = acc;
+                }
+                pd_weighted_sum(a, x, 301, rows, withz ? z : NULL, y2, n);
+                cr_assert(memcmp(y1, y2, (size_t)n * 4) == 0, "n %d, %d rows, z %d", n, rows, withz);
+            }
+}
+
 Test(ops, softmax_steps_same_bits_as_scalar_loops)
 {
     static float x[300], y[300];
