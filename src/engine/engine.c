@@ -194,12 +194,7 @@ static int head(struct pd_step *st, float *x, int t, float *logits, pd_err *e)
     pd_dot_rows(en->w.hc_head_fn, (size_t)n, h, n, hc, mix);
     for (int j = 0; j < hc; j++)
         pre[j] = pd_sigmoid(mix[j] * r * en->w.hc_head_scale[0] + en->w.hc_head_base[j]) + (float)m->hc_eps;
-    for (int i = 0; i < H; i++) {
-        float acc = 0;
-        for (int j = 0; j < hc; j++)
-            acc += pre[j] * h[(size_t)j * H + i];
-        x[i] = acc;
-    }
+    pd_weighted_sum(pre, h, (size_t)H, hc, NULL, x, H);
     pd_rmsnorm(x, en->w.norm, (float)m->rms_norm_eps, H, x);
     return pd_linear_fwd(&en->w.head, en->pool, en->ref, x, 1, logits, st->qbuf, st->sbuf, e);
 }

@@ -36,8 +36,8 @@ void pd_bf16_row(const void *src, float *dst, size_t n)
 void pd_rmsnorm(const float *x, const float *w, float eps, int n, float *y)
 {
     float r = (float)(1.0 / sqrt((double)pd_dot(x, x, n) / n + eps));
-    for (int i = 0; i < n; i++)
-        y[i] = x[i] * r * (w ? w[i] : 1.0f);
+    /* x * r * 1 is x * r exactly: without a weight the second product is skipped */
+    pd_scale_mul(r, x, w, y, n);
 }
 
 static double correction_dim(double rot, int dim, double base, int64_t max_len)

@@ -526,3 +526,42 @@ void pd_scale(float a, const float *x, float *y, int n)
     for (int i = 0; i < n; i++)
         y[i] = a * x[i];
 }
+
+/* y = (x * a) * w, or x * a without w. */
+static void scale_mul_ref(float a, const float *x, const float *w, float *y, int n)
+{
+    if (w)
+        for (int i = 0; i < n; i++)
+            y[i] = x[i] * a * w[i];
+    else
+        for (int i = 0; i < n; i++)
+            y[i] = x[i] * a;
+}
+
+AVX512 static void scale_mul_avx512(float a, const float *x, const float *w, float *y, int n)
+{
+    const __m512 va = _mm512_set1_ps(a);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), va);
+        _mm512_storeu_ps(y + i, w ? _mm512_mul_ps(v, _mm512_loadu_ps(w + i)) : v);
+    }
+    scale_mul_ref(a, x + i, w ? w + i : NULL, y + i, n - i);
+}
+
+static void (*scale_mul_fn)(float, const float *, const float *, float *, int);
+static atomic_int scale_mul_ready;
+static pthread_once_t once_scale_mul = PTHREAD_ONCE_INIT;
+
+static void choose_scale_mul(void)
+{
+    scale_mul_fn = __builtin_cpu_supports("avx512f") ? scale_mul_avx512 : scale_mul_ref;
+    atomic_store_explicit(&scale_mul_ready, 1, memory_order_release);
+}
+
+void pd_scale_mul(float a, const float *x, const float *w, float *y, int n)
+{
+    if (!atomic_load_explicit(&scale_mul_ready, memory_order_acquire))
+        pthread_once(&once_scale_mul, choose_scale_mul);
+    scale_mul_fn(a, x, w, y, n);
+}

@@ -39,6 +39,9 @@ void pd_weighted_sum(const float *a, const float *x, size_t ld, int rows, const 
 void pd_bf16_to_f32_row(const uint16_t *src, float *dst, int n);
 /* y = a * x (n values). */
 void pd_scale(float a, const float *x, float *y, int n);
+/* y[i] = x[i] * a * w[i] (the first product rounded first), or x[i] * a when w is NULL; y == x
+ * allowed. */
+void pd_scale_mul(float a, const float *x, const float *w, float *y, int n);
 
 /* Portable versions (the tests' reference). */
 float pd_dot_ref(const float *a, const float *b, int n);

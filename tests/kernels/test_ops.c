@@ -123,6 +123,24 @@ Test(ops, weighted_sum_same_bits_as_scalar_loop)
             }
 }
 
+Test(ops, scale_mul_same_bits_as_scalar_loop)
+{
+    static float x[301], w[301], y[301];
+    for (int i = 0; i < 301; i++) {
+        x[i] = wave(i);
+        w[i] = wave(3 * i + 7) / 3;
+    }
+    for (int n = 1; n <= 301; n += n < 40 ? 1 : 31)
+        for (int withw = 0; withw < 2; withw++) {
+            pd_scale_mul(0.377f, x, withw ? w : NULL, y, n);
+            for (int i = 0; i < n; i++) {
+                volatile float p = x[i] * 0.377f;
+                float want = withw ? p * w[i] : p;
+                cr_assert(memcmp(&want, &y[i], 4) == 0, "n %d, i %d, w %d", n, i, withw);
+            }
+        }
+}
+
 Test(ops, softmax_steps_same_bits_as_scalar_loops)
 {
     static float x[300], y[300];
