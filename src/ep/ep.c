@@ -87,7 +87,13 @@ static size_t record_bytes(int hidden)
 static int exchange(struct pd_ep *ep, const void *sbuf, const int *sc, const int *sd, void *rbuf, const int *rc,
                     const int *rd, pd_err *e)
 {
-    int r = MPI_Alltoallv(sbuf, sc, sd, MPI_BYTE, rbuf, rc, rd, MPI_BYTE, ep->comm);
+    /* non-blocking, waited for asleep: a blocking MPI_Alltoallv polls, and a rank that polls
+     * while its peer still runs its experts takes the core that peer needs when ranks outnumber
+     * cores (a whole PD cluster on one small machine) */
+    MPI_Request req;
+    int r = MPI_Ialltoallv(sbuf, sc, sd, MPI_BYTE, rbuf, rc, rd, MPI_BYTE, ep->comm, &req);
+    if (r == MPI_SUCCESS)
+        r = pd_ep_wait(&req);
     if (r != MPI_SUCCESS) {
         char msg[MPI_MAX_ERROR_STRING];
         int len;
