@@ -237,9 +237,6 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
 
 #define LIN(l, in, T, out) \
     do { if ((rc = pd_linear_fwd(l, en->pool, en->ref, in, T, out, st->qbuf, st->sbuf, e))) goto done; } while (0)
-/* The same for an input quantised once for several matrices (xq: in quantised). */
-#define LINQ(l, in, xq, T, out) \
-    do { if ((rc = pd_linear_fwd_q(l, en->pool, en->ref, in, xq, T, out, e))) goto done; } while (0)
 
 int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
 {
@@ -270,40 +267,37 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         !(b.iq = pd_scratch(en, 26, (size_t)T * (r == 4 ? ih * id : 1) * 4, e)) ||
         !(b.iw = pd_scratch(en, 27, (size_t)T * (r == 4 ? ih : 1) * 4, e)))
         goto done;
-    LINQ(&L->wq_a, st->x, &st->xq, T, b.qr);
+    /* every projection of the sublayer input x in one product (the kernel streams from one
+     * matrix into the next), then those of q_lora's qr in another */
+    const struct pd_linear *lx[7] = {&L->wq_a, &L->wkv, &L->cmp.wkv, &L->cmp.wgate, &L->idx_weights,
+                                     &L->idx_cmp.wkv, &L->idx_cmp.wgate};
+    float *yx[7] = {b.qr, b.kv, b.ckv, b.cg, b.iw, b.ikv, b.ig};
+    if ((rc = pd_linear_fwd_many(lx, yx, r == 4 ? 7 : r ? 4 : 2, en->pool, en->ref, st->x, &st->xq, T, e)))
+        goto done;
     for (int t = 0; t < T; t++)
         pd_rmsnorm(b.qr + (size_t)t * ql, L->q_norm, eps, ql, b.qr + (size_t)t * ql);
-    /* qr quantised once for wq_b and the indexer's idx_wq_b; the LINQ calls between them leave
-     * st->qbuf alone */
     pd_qmat qrq = {.q = st->qbuf, .scale = st->sbuf, .rows = T, .cols = ql};
     if (!en->ref)
         pd_quant_rows(b.qr, T, ql, st->qbuf, st->sbuf);
-    LINQ(&L->wq_b, b.qr, &qrq, T, b.q);
+    const struct pd_linear *lq[2] = {&L->wq_b, &L->idx_wq_b};
+    float *yq[2] = {b.q, b.iq};
+    if ((rc = pd_linear_fwd_many(lq, yq, r == 4 ? 2 : 1, en->pool, en->ref, b.qr, &qrq, T, e)))
+        goto done;
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nh; h++) {
             float *q = b.q + ((size_t)t * nh + h) * hd;
             pd_rmsnorm(q, NULL, eps, hd, q);
             pd_rope_apply_cs(cs + (size_t)t * rd, rd, q + hd - rd, 0);
         }
-    LINQ(&L->wkv, st->x, &st->xq, T, b.kv);
     for (int t = 0; t < T; t++) {
         float *kv = b.kv + (size_t)t * hd;
         pd_rmsnorm(kv, L->kv_norm, eps, hd, kv);
         pd_rope_apply_cs(cs + (size_t)t * rd, rd, kv + hd - rd, 0);
     }
-    if (r) {
-        LINQ(&L->cmp.wkv, st->x, &st->xq, T, b.ckv);
-        LINQ(&L->cmp.wgate, st->x, &st->xq, T, b.cg);
-    }
-    if (r == 4) {
-        LINQ(&L->idx_wq_b, b.qr, &qrq, T, b.iq);
+    if (r == 4)
         for (int t = 0; t < T; t++)
             for (int h = 0; h < ih; h++)
                 pd_rope_apply_cs(st->cs_index + (size_t)t * rd, rd, b.iq + ((size_t)t * ih + h) * id + id - rd, 0);
-        LINQ(&L->idx_weights, st->x, &st->xq, T, b.iw);
-        LINQ(&L->idx_cmp.wkv, st->x, &st->xq, T, b.ikv);
-        LINQ(&L->idx_cmp.wgate, st->x, &st->xq, T, b.ig);
-    }
     /* tokens are in item order and, within an item, in position order */
     for (int t = 0; t < T; t++)
         if ((rc = attend_token(st, layer, t, &b, e)))

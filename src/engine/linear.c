@@ -161,3 +161,29 @@ int pd_linear_fwd_q(const struct pd_linear *l, pd_pool *pool, int ref, const flo
     assert(xq->rows == T && xq->cols == l->in);
     return pd_gemm(pool, &l->q, xq, y, 0, e);
 }
+
+int pd_linear_fwd_many(const struct pd_linear *const *l, float *const *y, int n, pd_pool *pool, int ref,
+                       const float *x, const pd_qmat *xq, int T, pd_err *e)
+{
+    enum { MAX_MANY = 16, MAX_T = 64 };
+    int grouped = !ref && n <= MAX_MANY && T <= MAX_T;
+    for (int i = 0; i < n && grouped; i++)
+        grouped = l[i]->q.q && !l[i]->f;
+    if (!grouped) {
+        for (int i = 0; i < n; i++) {
+            int rc = pd_linear_fwd_q(l[i], pool, ref, x, xq, T, y[i], e);
+            if (rc)
+                return rc;
+        }
+        return 0;
+    }
+    int32_t rows[MAX_T];
+    pd_gemm_group g[MAX_MANY];
+    for (int t = 0; t < T; t++)
+        rows[t] = t;
+    for (int i = 0; i < n; i++) {
+        assert(xq->rows == T && xq->cols == l[i]->in);
+        g[i] = (pd_gemm_group){.w = l[i]->q, .rows = rows, .n = T, .y = y[i]};
+    }
+    return pd_gemm_grouped(pool, xq, g, n, 0, e);
+}

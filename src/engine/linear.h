@@ -35,6 +35,12 @@ int pd_linear_fwd(const struct pd_linear *l, pd_pool *pool, int ref, const float
 int pd_linear_fwd_q(const struct pd_linear *l, pd_pool *pool, int ref, const float *x, const pd_qmat *xq, int T,
                     float *y, pd_err *e);
 
+/* y[i] = l[i] x for i < n: several layers sharing one input (x, quantised as xq). When all are
+ * int8 (outside reference mode) and T <= 64 they run as one grouped product, which the kernel
+ * streams from one matrix into the next; otherwise as pd_linear_fwd_q each. Same results. */
+int pd_linear_fwd_many(const struct pd_linear *const *l, float *const *y, int n, pd_pool *pool, int ref,
+                       const float *x, const pd_qmat *xq, int T, pd_err *e);
+
 /* Arena: one growing list of aligned allocations freed together (the engine's converted
  * weights); counts its bytes. */
 struct pd_arena {

@@ -222,8 +222,9 @@ static int ffn_rows(struct pd_step *st, const struct pd_expert_w *x_w, const flo
             pd_quant_rows(x, n, x_w->w1.in, st->qbuf, st->sbuf);
         xq = &q;
     }
-    if ((rc = pd_linear_fwd_q(&x_w->w1, en->pool, en->ref, x, xq, n, g, e)) ||
-        (rc = pd_linear_fwd_q(&x_w->w3, en->pool, en->ref, x, xq, n, u, e)))
+    const struct pd_linear *l13[2] = {&x_w->w1, &x_w->w3};
+    float *y13[2] = {g, u};
+    if ((rc = pd_linear_fwd_many(l13, y13, 2, en->pool, en->ref, x, xq, n, e)))
         goto out;
     swiglu_rows(g, u, (size_t)n * I, (float)m->swiglu_limit);
     rc = pd_linear_fwd(&x_w->w2, en->pool, en->ref, g, n, y, st->qbuf, st->sbuf, e);
