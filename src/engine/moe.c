@@ -246,9 +246,9 @@ int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, con
     if (P == 0)
         return 0;
     /* slot 30: the groups, then tok [P], then the counting sort's count [E + 1] and fill [E] */
-    char *base = pd_scratch(en, 30, (size_t)E * sizeof(pd_gemm_group) + ((size_t)P + 2 * (size_t)E + 1) * 4, e);
-    pd_gemm_group *grp = (pd_gemm_group *)base;
-    int32_t *tok = base ? (int32_t *)(base + (size_t)E * sizeof *grp) : NULL;
+    char *base = pd_scratch(en, 30, 2 * (size_t)E * sizeof(pd_gemm_group) + ((size_t)P + 2 * (size_t)E + 1) * 4, e);
+    pd_gemm_group *grp = (pd_gemm_group *)base;   /* [2 * E] */
+    int32_t *tok = base ? (int32_t *)(base + 2 * (size_t)E * sizeof *grp) : NULL;
     int *count = base ? tok + P : NULL, *fill = base ? count + E + 1 : NULL;
     int32_t *pair = pd_scratch(en, 31, (size_t)P * 4, e);
     int32_t *seqrow = pd_scratch(en, 32, (size_t)P * 4, e);
@@ -286,25 +286,21 @@ int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, con
             rc = pd_err_set(e, PD_EINVAL, "engine: layer %d expert %d is routed to but not held by this process", layer, x);
             goto out;
         }
-        grp[ng++] = (pd_gemm_group){.w = L->experts[x].w1.q, .rows = tok + count[x], .n = n, .y = g + (size_t)count[x] * I};
+        /* w1 and w3 of each expert one after the other, all in one grouped product: the kernel
+         * streams from one matrix into the next */
+        grp[2 * ng] = (pd_gemm_group){.w = L->experts[x].w1.q, .rows = tok + count[x], .n = n, .y = g + (size_t)count[x] * I};
+        grp[2 * ng + 1] = (pd_gemm_group){.w = L->experts[x].w3.q, .rows = tok + count[x], .n = n, .y = u + (size_t)count[x] * I};
+        ng++;
     }
-    if ((rc = pd_gemm_grouped(en->pool, a, grp, ng, 0, e)))
-        goto out;
-    for (int i = 0; i < ng; i++) {
-        int at = (int)(grp[i].rows - tok);
-        grp[i].w = L->experts[expert[pair[at]]].w3.q;
-        grp[i].y = u + (size_t)at * I;
-    }
-    if ((rc = pd_gemm_grouped(en->pool, a, grp, ng, 0, e)))
+    if ((rc = pd_gemm_grouped(en->pool, a, grp, 2 * ng, 0, e)))
         goto out;
     swiglu_rows(g, u, (size_t)P * I, (float)m->swiglu_limit);
     pd_quant_rows(g, P, I, qi, si);
     pd_qmat a2 = {.q = qi, .scale = si, .rows = P, .cols = I};
     for (int i = 0; i < ng; i++) {
-        int at = (int)(grp[i].rows - tok);
-        grp[i].w = L->experts[expert[pair[at]]].w2.q;
-        grp[i].rows = seqrow + at;
-        grp[i].y = ys + (size_t)at * H;
+        int at = (int)(grp[2 * i].rows - tok);
+        grp[i] = (pd_gemm_group){.w = L->experts[expert[pair[at]]].w2.q, .rows = seqrow + at, .n = grp[2 * i].n,
+                                 .y = ys + (size_t)at * H};
     }
     if ((rc = pd_gemm_grouped(en->pool, &a2, grp, ng, 0, e)))
         goto out;
