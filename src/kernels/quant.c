@@ -13,6 +13,9 @@
 #ifdef __SSE4_1__
 #include <smmintrin.h>
 #endif
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 static float row_absmax(const float *x, int n)
 {
@@ -70,8 +73,58 @@ static void quant_row(const float *x, int n, int8_t *q, float *scale)
     }
 }
 
+#if defined(__x86_64__)
+/* The same rule sixteen values at a time (AVX-512: the same IEEE max, divide, round to nearest
+ * even and clamp, so the same bytes), for the CPUs that have it: a decode step quantises ~30k
+ * values, ~1% of it with four lanes. */
+__attribute__((target("avx512f"))) static void quant_row_avx512(const float *x, int n, int8_t *q, float *scale)
+{
+    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+    __m512 m = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        m = _mm512_max_ps(m, _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(x + i), abs_mask)));
+    float amax = _mm512_reduce_max_ps(m);
+    for (; i < n; i++) {
+        float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    float s = amax / 127.0f;
+    *scale = s;
+    if (s == 0.0f) {
+        for (i = 0; i < n; i++)
+            q[i] = 0;
+        return;
+    }
+    const __m512 vs = _mm512_set1_ps(s), hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m512 f = _mm512_div_ps(_mm512_loadu_ps(x + i), vs);
+        f = _mm512_roundscale_ps(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        f = _mm512_max_ps(_mm512_min_ps(f, hi), lo);
+        _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(f)));
+    }
+    for (; i < n; i++) {
+        float v = rintf(x[i] / s);
+        v = v > 127.0f ? 127.0f : v;
+        v = v < -127.0f ? -127.0f : v;
+        q[i] = (int8_t)v;
+    }
+}
+#endif
+
 void pd_quant_rows(const float *x, int rows, int cols, int8_t *q, float *scales)
 {
+#if defined(__x86_64__)
+    /* 0 unknown, 1 no, 2 yes (every thread that finds it unknown stores the same answer) */
+    static _Atomic int avx512;
+    if (!avx512)
+        avx512 = __builtin_cpu_supports("avx512f") ? 2 : 1;
+    if (avx512 == 2) {
+        for (int r = 0; r < rows; r++)
+            quant_row_avx512(x + (size_t)r * cols, cols, q + (size_t)r * cols, &scales[r]);
+        return;
+    }
+#endif
     for (int r = 0; r < rows; r++)
         quant_row(x + (size_t)r * cols, cols, q + (size_t)r * cols, &scales[r]);
 }
