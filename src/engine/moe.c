@@ -107,29 +107,30 @@ static void score_bounds(float z, float *lo, float *hi)
     *hi = sp_val[i + 1] * (1 + SP_SLACK);
 }
 
-/* The top k of p[0..n): the largest not yet taken, ties to the lower index, -inf never;
- * sel[j] = -1 when none is left. Overwrites p. */
-static void take_topk(float *p, int n, int k, int32_t *sel)
+/* The top k of the values p[0..n) of experts c[0..n): the largest not yet taken, ties to the
+ * lower index, -inf never; id[j] = c[i] of the j-th, -1 when none is left. Overwrites p. */
+static void take_topk(float *p, const int *c, int n, int k, int32_t *id)
 {
     for (int j = 0; j < k; j++) {
         int best = -1;
         for (int i = 0; i < n; i++)
             if (p[i] != -INFINITY && (best < 0 || p[i] > p[best]))
                 best = i;
-        sel[j] = best;
+        id[j] = best < 0 ? -1 : c[best];
         if (best >= 0)
             p[best] = -INFINITY;
     }
 }
 
 /* A token's experts (id [k], k <= E <= 4096) from its logits z [E]; s[x] (which may be z) becomes
- * the exact score of at least every chosen expert. The choice is the top k of s + bias over all experts; only an
- * expert whose upper bound reaches the k-th largest lower bound can be in it, so only those are
- * scored exactly and compared (in index order: ties go to the lower id, as over all of them). */
+ * the exact score of at least every chosen expert. The choice is the top k of s + bias over all
+ * experts; only an expert whose upper bound reaches the k-th largest lower bound can be in it, so
+ * only those are scored exactly and compared (in index order: ties go to the lower id, as over
+ * all of them). */
 void pd_moe_choose(const struct pd_layer_w *L, int E, int k, const float *z, float *s, int32_t *id)
 {
     float up[4096], lo_top[64], p[4096];
-    int cand[4096], nc = 0, nt = 0, exact = k > 64;
+    int cand[4096], nc = 0, nt = 0, exact = k < 1 || k > 64;
     for (int x = 0; x < E && !exact; x++) {
         float b = L->gate_bias ? L->gate_bias[x] : 0, lo, hi;
         if (z[x] != z[x] || b != b) {
@@ -158,10 +159,7 @@ void pd_moe_choose(const struct pd_layer_w *L, int E, int k, const float *z, flo
             p[nc] = s[x] + (L->gate_bias ? L->gate_bias[x] : 0);
             cand[nc++] = x;
         }
-    int32_t sel[4096];
-    take_topk(p, nc, k, sel);
-    for (int j = 0; j < k; j++)
-        id[j] = sel[j] < 0 ? -1 : cand[sel[j]];
+    take_topk(p, cand, nc, k, id);
 }
 
 /* Chooses each token's experts and weights: ids [T, k] (ascending), w [T, k]; scores [T, E]
@@ -180,8 +178,14 @@ static void route(struct pd_step *st, const struct pd_layer_w *L, int32_t *ids, 
         int32_t *id = ids + (size_t)t * k;
         if (L->tid2eid) {
             memcpy(id, L->tid2eid + (size_t)st->token[t] * k, (size_t)k * sizeof *id);
-            for (int j = 0; j < k; j++)
-                s[id[j]] = score_of(s[id[j]]);
+            /* only the k chosen are scored, each once (an id may repeat) */
+            for (int j = 0; j < k; j++) {
+                int seen = 0;
+                for (int i = 0; i < j; i++)
+                    seen |= id[i] == id[j];
+                if (!seen)
+                    s[id[j]] = score_of(s[id[j]]);
+            }
         } else {
             pd_moe_choose(L, E, k, s, s, id);
         }

@@ -22,8 +22,8 @@
  * halves the throughput), while "+v" keeps every accumulator in its register. Accumulators are
  * reduced four rows at a time to one 128-bit vector of row sums per token. Decode (one token)
  * uses 8 rows x 1 token, a memory-bound stream (with software prefetch on short rows: see
- * tile8x1_short). Reduction tails use masked loads: masked bytes
- * read as zero, and (0 ^ 0x80) * 0 adds nothing. */
+ * tile8x1_short). Reduction tails use masked loads: masked bytes read as zero, and
+ * (0 ^ 0x80) * 0 adds nothing. */
 #include <immintrin.h>
 
 #include "kernels/gemm_impl.h"
@@ -299,9 +299,9 @@ INSTANTIATE(5)
 INSTANTIATE(6)
 #undef INSTANTIATE
 
-/* Where tile8x1_short at row o prefetches: a whole tile, the distance in rows on, within the matrix (its
- * rows are contiguous) or past its end in the next one (job->w_next); NULL when the rows are long
- * or there is nothing more to read. */
+/* Where tile8x1_short at row o prefetches: a whole tile, the distance in rows on, within the
+ * matrix (its rows are contiguous) or past its end in the next one (job->w_next); NULL when the
+ * rows are long or there is nothing more to read. */
 static inline const int8_t *pf_at(const pd_gemm_job *job, int o)
 {
     if (job->in > PF_MAX_IN)
