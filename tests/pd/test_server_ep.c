@@ -23,6 +23,7 @@
 static char dir[64], log_path[96];
 static pid_t group, single, group2;
 static int base_port;
+static const char *group_max_len = "512";   /* --max-model-len of the EP groups */
 
 static const char *bin(void)
 {
@@ -106,7 +107,7 @@ static pid_t start_group_of(int port, int ranks, int seqs, const char *kv)
     snprintf(ss, sizeof ss, "%d", seqs);
     char *argv[] = {"mpirun", "-n", sn, "--oversubscribe", (char *)bin(), "serve", "--model", dir,
                     "--enable-expert-parallel", "--data-parallel-size", sn, "--port", sp, "--threads", "1",
-                    "--max-num-seqs", ss, "--max-model-len", "512", "--served-model-name", "tiny",
+                    "--max-num-seqs", ss, "--max-model-len", (char *)group_max_len, "--served-model-name", "tiny",
                     kv ? "--kv-transfer-config" : NULL, (char *)kv, NULL};
     return launch(argv, port);
 }
@@ -303,6 +304,32 @@ Test(server_ep, four_ranks_of_one_sequence_each_queue_the_rest_and_give_the_same
     }
     cr_assert_eq(total, N_REQ);
     cr_assert_eq(metric_port(pg, "pdmoe_kv_slots_free"), 4);
+}
+
+Test(server_ep, a_client_that_leaves_frees_its_kv_on_the_owner_rank)
+{
+    int pg = base_port + 2;
+    group_max_len = "16384";
+    group = start_group(pg);
+    char out[8192];
+    /* two long generations, one per rank; both clients give up after 0.3 s */
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "for i in 1 2; do curl -s -o /dev/null --max-time 0.3 http://127.0.0.1:%d/v1/completions "
+             "-d '{\"prompt\":\"x\",\"max_tokens\":16000,\"stream\":true,\"ignore_eos\":true}' & done; wait", pg);
+    cr_assert_eq(system(cmd), 0);
+    for (int i = 0; i < 200 && metric_port(pg, "pdmoe_requests_cancelled_total") < 2; i++)
+        usleep(20000);
+    cr_assert_eq(metric_port(pg, "pdmoe_requests_cancelled_total"), 2);
+    cr_assert_eq(labelled(pg, "pdmoe_rank_requests_total", 0), 1);
+    cr_assert_eq(labelled(pg, "pdmoe_rank_requests_total", 1), 1);
+    for (int i = 0; i < 100 && metric_port(pg, "pdmoe_kv_blocks_free") < metric_port(pg, "pdmoe_kv_blocks_total"); i++)
+        usleep(20000);
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(labelled(pg, "pdmoe_rank_kv_blocks_free", k), labelled(pg, "pdmoe_rank_kv_blocks_total", k),
+                     "rank %d", k);
+    /* and the group still serves */
+    cr_assert_eq(curl_port(pg, "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":4}", NULL, out, sizeof out), 200,
+                 "%s", out);
 }
 
 Test(server_ep, sigterm_on_rank_0_ends_every_rank_cleanly)
