@@ -96,9 +96,28 @@ static void stop_all(struct child *c, int n)
         }
 }
 
-/* Instance counts and EP sizes from a plan (pdmoe plan --json): roles[].instances and
- * roles[].ep_size (tensor parallelism is not run here: tp must be 1). */
-static int read_plan(const char *path, int *np, int *nd, int *ep)
+/* What a plan (pdmoe plan --json) sets for the instances: counts, EP sizes (tp must be 1), the KV
+ * pool of each rank (roles[].budget.kv_pool_bytes) and the scheduler limits (options). */
+struct up_plan {
+    int instances[2], ep[2];
+    int64_t kv_pool[2];
+    int64_t max_num_seqs, max_model_len, max_num_batched_tokens;
+};
+
+static int plan_int(const char *path, json_t *o, const char *where, const char *key, int64_t min, int64_t max,
+                    int64_t *out)
+{
+    json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max) {
+        fprintf(stderr, "pdmoe up: --plan %s: field \"%s%s\": expected an integer in [%lld, %lld]\n", path, where, key,
+                (long long)min, (long long)max);
+        return -1;
+    }
+    *out = json_integer_value(v);
+    return 0;
+}
+
+static int read_plan(const char *path, struct up_plan *u)
 {
     json_error_t je;
     json_t *j = json_load_file(path, 0, &je);
@@ -107,32 +126,64 @@ static int read_plan(const char *path, int *np, int *nd, int *ep)
         return -1;
     }
     int rc = -1;
-    json_t *roles = json_object_get(j, "roles");
-    if (json_integer_value(json_object_get(j, "plan_version")) != 1 || !json_is_array(roles) || json_array_size(roles) != 2) {
+    json_t *roles = json_object_get(j, "roles"), *opt = json_object_get(j, "options");
+    if (json_integer_value(json_object_get(j, "plan_version")) != 1 || !json_is_array(roles) ||
+        json_array_size(roles) != 2 || !json_is_object(opt)) {
         fprintf(stderr, "pdmoe up: --plan %s: not a plan_version 1 document from pdmoe plan --json\n", path);
         goto out;
     }
+    if (plan_int(path, opt, "options.", "max_num_seqs", 1, 4096, &u->max_num_seqs) ||
+        plan_int(path, opt, "options.", "max_model_len", 16, 1 << 24, &u->max_model_len) ||
+        plan_int(path, opt, "options.", "max_num_batched_tokens", 1, 1 << 24, &u->max_num_batched_tokens))
+        goto out;
     for (int r = 0; r < 2; r++) {
         json_t *x = json_array_get(roles, (size_t)r);
-        int inst = (int)json_integer_value(json_object_get(x, "instances"));
-        int size = (int)json_integer_value(json_object_get(x, "ep_size"));
+        char where[48];
+        int64_t inst, size, kv;
+        snprintf(where, sizeof where, "roles[%d].", r);
         json_t *tp = json_object_get(x, "tensor_parallel_size");
-        if (inst < 1 || inst > 16) {
-            fprintf(stderr, "pdmoe up: --plan %s: roles[%d].instances %d: this machine runs 1 to 16\n", path, r, inst);
+        if (plan_int(path, x, where, "instances", 1, 16, &inst))
+            goto out;
+        if (plan_int(path, x, where, "ep_size", 1, 1 << 20, &size))
+            goto out;
+        if (size > MAX_EP || (tp && json_integer_value(tp) != 1)) {
+            fprintf(stderr, "pdmoe up: --plan %s: roles[%d] has EP size %lld, TP %lld; this machine runs EP 1 to %d "
+                            "with tp=1\n", path, r, (long long)size, tp ? (long long)json_integer_value(tp) : 1LL, MAX_EP);
             goto out;
         }
-        if (size < 1 || size > MAX_EP || (tp && json_integer_value(tp) != 1)) {
-            fprintf(stderr, "pdmoe up: --plan %s: roles[%d] has EP size %d, TP %lld; this machine runs EP 1 to %d "
-                            "with tp=1\n", path, r, size, tp ? (long long)json_integer_value(tp) : 1LL, MAX_EP);
+        snprintf(where, sizeof where, "roles[%d].budget.", r);
+        if (plan_int(path, json_object_get(x, "budget"), where, "kv_pool_bytes", 1, INT64_MAX, &kv))
             goto out;
-        }
-        *(r ? nd : np) = inst;
-        ep[r] = size;
+        u->instances[r] = (int)inst;
+        u->ep[r] = (int)size;
+        u->kv_pool[r] = kv;
     }
     rc = 0;
 out:
     json_decref(j);
     return rc;
+}
+
+/* Every rank's KV pool is allocated in full and the weights are mapped once (page cache shared by
+ * the ranks): both must fit in this machine's memory, with a tenth left for everything else. */
+static int plan_fits(const char *path, const struct up_plan *u, const char *model)
+{
+    char f[600];
+    struct stat st;
+    snprintf(f, sizeof f, "%s/model.safetensors", model);
+    double need = stat(f, &st) == 0 ? (double)st.st_size : 0;
+    for (int r = 0; r < 2; r++)
+        need += (double)u->instances[r] * u->ep[r] * (double)u->kv_pool[r];
+    double have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (need > 0.9 * have) {
+        fprintf(stderr, "pdmoe up: --plan %s: its KV pools (prefill %d x %d ranks x %.2f GB, decode %d x %d x %.2f GB) "
+                        "and the model need %.2f GB; this machine has %.2f GB: plan for it (pdmoe calibrate --out "
+                        "hardware/local-cpu.json, then pdmoe plan --hardware local-cpu ...)\n",
+                path, u->instances[0], u->ep[0], u->kv_pool[0] / 1e9, u->instances[1], u->ep[1], u->kv_pool[1] / 1e9,
+                need / 1e9, have / 1e9);
+        return -1;
+    }
+    return 0;
 }
 
 int pd_cli_up(int argc, char **argv)
@@ -171,7 +222,9 @@ int pd_cli_up(int argc, char **argv)
                    "       [--prefill-ep 1] [--decode-ep 1] [--plan plan.json] [--threads 1] [--max-model-len 2048]\n"
                    "Starts prefill and decode servers and the proxy on this machine (generating models/mini if it is\n"
                    "missing), prints the endpoint, and stops everything on Ctrl-C. An instance of EP size N > 1 is an\n"
-                   "EP group of N ranks under mpirun (--threads is per rank).\n");
+                   "EP group of N ranks under mpirun (--threads is per rank). With --plan (pdmoe plan --json), the\n"
+                   "plan's instances, EP sizes, per-rank KV pool (budget.kv_pool_bytes), max-num-seqs, max-model-len and\n"
+                   "max-num-batched-tokens, refused if the pools and the model do not fit this machine's memory.\n");
             return 0;
         default:
             fprintf(stderr, "pdmoe up: unknown option or missing value: %s\n", argv[optind - 1]);
@@ -179,12 +232,16 @@ int pd_cli_up(int argc, char **argv)
         }
     }
     int ep[2] = {(int)ep_flag[0], (int)ep_flag[1]};
+    struct up_plan u;
+    memset(&u, 0, sizeof u);
     if (plan) {
-        int p = 1, d = 1;
-        if (read_plan(plan, &p, &d, ep))
+        if (read_plan(plan, &u) || plan_fits(plan, &u, model))
             return 2;
-        np = p;
-        nd = d;
+        np = u.instances[0];
+        nd = u.instances[1];
+        ep[0] = u.ep[0];
+        ep[1] = u.ep[1];
+        max_len = u.max_model_len;
     }
     char self[4096], path[600];
     ssize_t sn = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -249,6 +306,15 @@ int pd_cli_up(int argc, char **argv)
                 a[k++] = "--enable-expert-parallel";
                 a[k++] = "--data-parallel-size";
                 a[k++] = sep;
+            }
+            char skvb[32], sseqs[32], sbatch[32];
+            if (plan) {   /* the plan's pool and limits, per rank */
+                snprintf(skvb, sizeof skvb, "%lld", (long long)u.kv_pool[r]);
+                snprintf(sseqs, sizeof sseqs, "%lld", (long long)u.max_num_seqs);
+                snprintf(sbatch, sizeof sbatch, "%lld", (long long)u.max_num_batched_tokens);
+                char *more[] = {"--kv-cache-bytes", skvb, "--max-num-seqs", sseqs, "--max-num-batched-tokens", sbatch};
+                for (size_t j = 0; j < sizeof more / sizeof *more; j++)
+                    a[k++] = more[j];
             }
             a[k] = NULL;
             ch[n] = (struct child){.pid = spawn(a), .port = p};

@@ -1606,13 +1606,16 @@ static void on_metrics(struct evhttp_request *h, void *arg)
                         "# TYPE pdmoe_kv_transfers_total counter\npdmoe_kv_transfers_total %llu\n"
                         "pdmoe_errors_total{kind=\"kv_transfer\"} %llu\n"
                         "# TYPE pdmoe_kv_recomputes_total counter\npdmoe_kv_recomputes_total %llu\n"
-                        "# TYPE pdmoe_kv_leases gauge\npdmoe_kv_leases %d\n",
+                        "# TYPE pdmoe_kv_leases gauge\npdmoe_kv_leases %d\n"
+                        "# HELP pdmoe_kv_pool_bytes Bytes of one rank's KV pool (slots and blocks).\n"
+                        "# TYPE pdmoe_kv_pool_bytes gauge\npdmoe_kv_pool_bytes %zu\n",
                         (unsigned long long)s->n_requests, (unsigned long long)s->n_completed,
                         (unsigned long long)s->n_cancelled, (unsigned long long)s->n_errors4xx,
                         (unsigned long long)s->tokens_in, (unsigned long long)s->tokens_out, s->ttft_sum, s->n_running,
                         waiting, blocks_free, blocks, slots_free,
                         (unsigned long long)s->kv_bytes, s->kv_seconds, (unsigned long long)s->kv_pulls,
-                        (unsigned long long)s->kv_failures, (unsigned long long)s->kv_recomputes, leases);
+                        (unsigned long long)s->kv_failures, (unsigned long long)s->kv_recomputes, leases,
+                        s->en.kv.region_bytes);
     if (s->g) {
         evbuffer_add_printf(b, "# TYPE pdmoe_ep_ranks gauge\npdmoe_ep_ranks %d\n"
                                "# HELP pdmoe_rank_kv_blocks_free KV pool blocks free on each rank of the EP group.\n"

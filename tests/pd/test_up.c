@@ -48,8 +48,9 @@ static int labelled(int port, const char *name, int rank)
 
 TestSuite(up, .init = setup, .fini = teardown, .timeout = 240);
 
-/* Starts pdmoe up (EP size `ep` on both sides) on `port`; its pid once it says it is ready. */
-static pid_t start_up(const char *bin, int port, int ep)
+/* Starts pdmoe up on `port` (EP size `ep` on both sides, or the layout of `plan` when not NULL);
+ * its pid once it says it is ready. */
+static pid_t start_up_plan(const char *bin, int port, int ep, const char *plan)
 {
     char out[256];
     snprintf(out, sizeof out, "%s/up.out", dir);
@@ -68,7 +69,10 @@ static pid_t start_up(const char *bin, int port, int ep)
         snprintf(sp, sizeof sp, "%d", port);
         snprintf(se, sizeof se, "%d", ep);
         freopen(out, "w", stdout);
-        execl(bin, bin, "up", "--model", dir, "--port", sp, "--prefill-ep", se, "--decode-ep", se, (char *)NULL);
+        if (plan)
+            execl(bin, bin, "up", "--model", dir, "--port", sp, "--plan", plan, (char *)NULL);
+        else
+            execl(bin, bin, "up", "--model", dir, "--port", sp, "--prefill-ep", se, "--decode-ep", se, (char *)NULL);
         _exit(127);
     }
     int ready = 0;
@@ -85,6 +89,11 @@ static pid_t start_up(const char *bin, int port, int ep)
     up_pid = up;
     cr_assert(ready, "pdmoe up did not become ready");
     return up;
+}
+
+static pid_t start_up(const char *bin, int port, int ep)
+{
+    return start_up_plan(bin, port, ep, NULL);
 }
 
 /* Ctrl-C: everything stops, nothing is left on the cluster's ports. */
@@ -237,4 +246,88 @@ Test(up, a_new_cluster_binds_the_kv_port_the_last_one_left_in_time_wait)
     snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"hi\",\"max_tokens\":3}", name);
     cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, a, sizeof a), 200, "%s", a);
     stop_up(up, port);
+}
+
+/* A card of `card_bytes` with no runtime overhead: plans whose KV pools are what the card leaves. */
+static void write_hw(const char *path, double card_bytes)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "{\"name\":\"test\",\"cluster_nodes\":1,\"cards_per_node\":4,"
+               "\"card\":{\"name\":\"t\",\"memory_bytes\":%.0f,\"memory_bandwidth_Bps\":1e10,\"bf16_flops\":1e11,"
+               "\"int8_ops\":4e11},\"links\":{\"intra_node\":{\"name\":\"i\",\"bandwidth_Bps\":1e10,\"latency_s\":0},"
+               "\"inter_node_rdma\":{\"name\":\"r\",\"bandwidth_Bps\":1e10,\"latency_s\":0},"
+               "\"inter_node_tcp\":{\"name\":\"t\",\"bandwidth_Bps\":1e9,\"latency_s\":0}},"
+               "\"runtime_overhead_bytes\":{\"prefill\":0,\"decode\":0},"
+               "\"efficiency\":{\"gemm\":1,\"memory\":1,\"attention\":1,\"a2a_intra\":1,\"a2a_inter\":1,"
+               "\"a2a_latency_s\":0,\"imbalance_prefill\":1,\"imbalance_decode\":1,\"imbalance_eplb_prefill\":1,"
+               "\"imbalance_eplb_decode\":1,\"overlap_prefill\":0,\"overlap_decode\":0,\"step_prefill_s\":0,"
+               "\"step_decode_s\":0,\"token_layer_prefill_s\":0,\"token_layer_decode_s\":0,\"mtp_acceptance\":0},"
+               "\"sources\":{\"efficiency\":{\"gemm\":\"t\",\"memory\":\"t\",\"attention\":\"t\",\"a2a_intra\":\"t\","
+               "\"a2a_inter\":\"t\",\"a2a_latency_s\":\"t\",\"imbalance_prefill\":\"t\",\"imbalance_decode\":\"t\","
+               "\"imbalance_eplb_prefill\":\"t\",\"imbalance_eplb_decode\":\"t\",\"overlap_prefill\":\"t\","
+               "\"overlap_decode\":\"t\",\"step_prefill_s\":\"t\",\"step_decode_s\":\"t\",\"token_layer_prefill_s\":\"t\","
+               "\"token_layer_decode_s\":\"t\",\"mtp_acceptance\":\"t\"}}}", card_bytes);
+    fclose(f);
+}
+
+static int64_t metric(int port, const char *name)
+{
+    char out[1 << 14], key[128];
+    cr_assert_eq(curl_port(port, "/metrics", NULL, NULL, out, sizeof out), 200);
+    snprintf(key, sizeof key, "\n%s ", name);
+    char *p = strstr(out, key);
+    cr_assert_not_null(p, "no %s in /metrics of port %d", name, port);
+    return atoll(p + strlen(key));
+}
+
+/* pdmoe up --plan: the instances get the plan's layout, their KV pools the plan's budget (each
+ * rank's pool is the plan's kv_pool_bytes, to a block) and its max-num-seqs; a plan whose pools do
+ * not fit this machine's memory is refused, naming the plan. */
+Test(up, plan_sizes_the_instances_and_their_kv_pools)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char hw[128], plan[128], cmd[1024];
+    snprintf(hw, sizeof hw, "%s/hw.json", dir);
+    snprintf(plan, sizeof plan, "%s/plan.json", dir);
+    write_hw(hw, 4e8);
+    snprintf(cmd, sizeof cmd, "%s plan --model %s --hardware %s --nodes 1 --prefill dp=1,tp=1,instances=1 "
+             "--decode dp=2,tp=1,instances=1 --mtp off --kv-cache-dtype bf16 --max-num-seqs 3 --max-model-len 256 "
+             "--max-num-batched-tokens 64 --json > %s", bin, dir, hw, plan);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    json_error_t je;
+    json_t *doc = json_load_file(plan, 0, &je);
+    cr_assert(doc, "%s", je.text);
+    int64_t pool[2];
+    for (int r = 0; r < 2; r++)
+        pool[r] = json_integer_value(json_object_get(json_object_get(json_array_get(json_object_get(doc, "roles"),
+                                                                                      (size_t)r), "budget"),
+                                                     "kv_pool_bytes"));
+    json_decref(doc);
+    cr_assert(pool[0] > 100000000 && pool[1] > 100000000, "pools %lld %lld", (long long)pool[0], (long long)pool[1]);
+    const int port = 18500 + (getpid() % 300) * 3;
+    pid_t up = start_up_plan(bin, port, 1, plan);
+    for (int r = 0; r < 2; r++) {
+        int64_t got = metric(port + 1 + r, "pdmoe_kv_pool_bytes");
+        cr_assert(got <= pool[r] && got > pool[r] - (1 << 20), "%s pool %lld bytes, the plan's %lld",
+                  r ? "decode" : "prefill", (long long)got, (long long)pool[r]);
+    }
+    cr_assert_eq(metric(port + 1, "pdmoe_kv_slots_free"), 3);        /* max-num-seqs of the prefill rank */
+    cr_assert_eq(metric(port + 2, "pdmoe_kv_slots_free"), 2 * 3);    /* both ranks of the decode group */
+    char a[4096], body[256];
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"The sea\",\"max_tokens\":4,\"temperature\":0}",
+             strrchr(dir, '/') + 1);
+    cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, a, sizeof a), 200, "%s", a);
+    stop_up(up, port);
+    /* a plan for cards far larger than this machine */
+    write_hw(hw, 2e12);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(cmd, sizeof cmd, "%s up --model %s --plan %s 2>&1 >/dev/null", bin, dir, plan);
+    FILE *p = popen(cmd, "r");
+    char err[2048];
+    size_t n = fread(err, 1, sizeof err - 1, p);
+    err[n] = 0;
+    int st = pclose(p);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, err);
+    cr_assert(strstr(err, plan) && strstr(err, "this machine has"), "%s", err);
 }
