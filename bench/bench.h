@@ -28,8 +28,11 @@ struct pd_bench_machine {
 int pd_bench_machine_measure(int threads, int quick, struct pd_bench_machine *m);
 
 /* Best seconds (*best) of one engine step of `seqs` fresh sequences adding `tokens` each after
- * `ctx` cached tokens, over `reps` repetitions after a warm-up. */
-int pd_bench_step_time(struct pd_engine *en, int seqs, int tokens, int ctx, int reps, double *best, pd_err *e);
+ * `ctx` cached tokens, over `reps` repetitions after a warm-up; with steps > 1 the mean of that
+ * many consecutive steps (a decode in its steady state). Sequence b reads the token ids of `text`
+ * (n_text of them, wrapping) from offset 211 b, or synthetic ids if text is NULL. */
+int pd_bench_step_time(struct pd_engine *en, int seqs, int tokens, int ctx, int steps, const int32_t *text,
+                       size_t n_text, int reps, double *best, pd_err *e);
 
 /* Best seconds of one contiguous UCX get of `bytes` between two workers of this process
  * (shared memory or loopback, as UCX_TLS allows), over `reps`; -1 if UCX fails. */

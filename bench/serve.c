@@ -4,12 +4,14 @@
  * and inter-token latency percentiles and throughput. --long-every N --long-input-len L makes every
  * Nth request a long prompt: the mixed workload where disaggregation should protect decode. */
 #include "bench.h"
+#include "model/config.h"
 #include "core/timing.h"
 
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <ctype.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -32,7 +34,10 @@ struct bench_run {
     int port;
     const char *model;
     int input_len, output_len, long_every, long_input_len, n;
-    double rate;
+    double rate, temperature;
+    int text;                    /* prompts from the English corpus instead of ten repeated words */
+    const char **words;          /* the corpus's words (letters and apostrophes), when text */
+    int *word_len, n_words;
     struct sreq *r;
     int finished;
     uint64_t rng;
@@ -91,12 +96,19 @@ static void send_one(evutil_socket_t fd, short what, void *arg)
     struct bench_run *b = q->run;
     int len = q->long_prompt ? b->long_input_len : b->input_len;
     static const char *words[] = {"the", "sea", "clock", "bread", "river", "morning", "town", "light", "winter", "gear"};
-    size_t cap = (size_t)len * 10 + 512;
+    size_t cap = (size_t)len * 40 + 512;
     char *body = malloc(cap + 256), *p = body;
     p += sprintf(p, "{\"model\":\"%s\",\"prompt\":\"request %d:", b->model, q->id);
-    for (int i = 0; i < len; i++)
-        p += sprintf(p, " %s", words[(i * 7 + q->id) % 10]);
-    sprintf(p, "\",\"max_tokens\":%d,\"ignore_eos\":true,\"stream\":true,\"temperature\":0}", b->output_len);
+    for (int i = 0; i < len; i++) {
+        if (b->text) {   /* request id's own window of the text, wrapping */
+            int w = (int)(((size_t)q->id * 53 + (size_t)i) % (size_t)b->n_words);
+            p += sprintf(p, " %.*s", b->word_len[w] < 32 ? b->word_len[w] : 32, b->words[w]);
+        } else {
+            p += sprintf(p, " %s", words[(i * 7 + q->id) % 10]);
+        }
+    }
+    sprintf(p, "\",\"max_tokens\":%d,\"ignore_eos\":true,\"stream\":true,\"temperature\":%g}", b->output_len,
+            b->temperature);
     q->conn = evhttp_connection_base_new(b->base, NULL, b->host, (unsigned short)b->port);
     evhttp_connection_set_timeout(q->conn, 600);
     struct evhttp_request *h = evhttp_request_new(on_done, q);
@@ -130,7 +142,7 @@ static void report(const char *what, double *v, int n)
     double s = 0;
     for (int i = 0; i < n; i++)
         s += v[i];
-    printf("  %-26s mean %8.1f  p50 %8.1f  p90 %8.1f  p99 %8.1f  (ms, %d samples)\n", what, n ? s / n * 1e3 : NAN,
+    printf("  %-26s mean %8.2f  p50 %8.2f  p90 %8.2f  p99 %8.2f  (ms, %d samples)\n", what, n ? s / n * 1e3 : NAN,
            pct(v, n, 50) * 1e3, pct(v, n, 90) * 1e3, pct(v, n, 99) * 1e3, n);
 }
 
@@ -139,7 +151,7 @@ int pd_bench_serve(int argc, char **argv)
     static const struct option opts[] = {
         {"url", 1, 0, 'u'}, {"model", 1, 0, 'm'}, {"request-rate", 1, 0, 'r'}, {"input-len", 1, 0, 'i'},
         {"output-len", 1, 0, 'o'}, {"num-prompts", 1, 0, 'n'}, {"seed", 1, 0, 's'}, {"long-every", 1, 0, 'e'},
-        {"long-input-len", 1, 0, 'L'}, {0, 0, 0, 0},
+        {"long-input-len", 1, 0, 'L'}, {"prompts", 1, 0, 'p'}, {"temperature", 1, 0, 't'}, {0, 0, 0, 0},
     };
     struct bench_run b = {.model = "mini", .input_len = 64, .output_len = 32, .n = 32, .rate = INFINITY, .rng = 1};
     const char *url = "http://127.0.0.1:8000";
@@ -157,10 +169,20 @@ int pd_bench_serve(int argc, char **argv)
         case 's': b.rng = (uint64_t)atoll(optarg) + 1; break;
         case 'e': b.long_every = atoi(optarg); break;
         case 'L': b.long_input_len = atoi(optarg); break;
+        case 't': b.temperature = atof(optarg); break;
+        case 'p':
+            if (strcmp(optarg, "words") && strcmp(optarg, "text")) {
+                fprintf(stderr, "bench serve: --prompts %s: expected words or text\n", optarg);
+                return 2;
+            }
+            b.text = strcmp(optarg, "text") == 0;
+            break;
         default:
             fprintf(stderr, "usage: pdmoe bench serve [--url http://127.0.0.1:8000] [--model mini] [--request-rate R|inf]\n"
                             "       [--input-len 64] [--output-len 32] [--num-prompts 32] [--seed 0]\n"
-                            "       [--long-every N --long-input-len L]\n");
+                            "       [--long-every N --long-input-len L] [--prompts words|text] [--temperature 0]\n"
+                            "--prompts words (default): ten words repeated; text: each request its own window of an\n"
+                            "English text (models/corpus.txt), so that expert routing is a real prompt's\n");
             return 2;
         }
     }
@@ -168,6 +190,32 @@ int pd_bench_serve(int argc, char **argv)
         b.output_len < 1 || !(b.rate > 0)) {
         fprintf(stderr, "bench serve: --url must be http://host:port; sizes and rate positive\n");
         return 2;
+    }
+    if (!(b.temperature >= 0 && b.temperature <= 2)) {
+        fprintf(stderr, "bench serve: --temperature: expected a number in [0, 2]\n");
+        return 2;
+    }
+    if (b.text) {
+        const char *t = pd_embedded_find("models/corpus.txt");
+        size_t n = t ? strlen(t) : 0;
+        b.words = malloc((n / 2 + 1) * sizeof *b.words);
+        b.word_len = malloc((n / 2 + 1) * sizeof *b.word_len);
+        for (size_t i = 0; t && b.words && b.word_len && i < n;) {
+            while (i < n && !isalpha((unsigned char)t[i]))
+                i++;
+            size_t j = i;
+            while (j < n && (isalpha((unsigned char)t[j]) || t[j] == '\''))
+                j++;
+            if (j > i) {
+                b.words[b.n_words] = t + i;
+                b.word_len[b.n_words++] = (int)(j - i);
+            }
+            i = j;
+        }
+        if (b.n_words == 0) {
+            fprintf(stderr, "bench serve: --prompts text: no embedded corpus\n");
+            return 1;
+        }
     }
     b.base = event_base_new();
     b.r = calloc((size_t)b.n, sizeof *b.r);
@@ -227,6 +275,8 @@ int pd_bench_serve(int argc, char **argv)
     free(tpot_s);
     free(itl);
     free(b.r);
+    free(b.words);
+    free(b.word_len);
     event_base_free(b.base);
     return ok == b.n ? 0 : 1;
 }

@@ -416,7 +416,7 @@ int pd_bench_transfer(int argc, char **argv)
         return 1;
     }
     for (int i = 0; i < (quick ? 1 : n); i++)
-        if (pd_bench_step_time(&en, 1, (int)tokens[i], 0, 1, &prefill[i], &e)) {
+        if (pd_bench_step_time(&en, 1, (int)tokens[i], 0, 1, NULL, 0, 1, &prefill[i], &e)) {
             fprintf(stderr, "bench transfer: %s\n", e.msg);
             pd_engine_close(&en);
             return 1;

@@ -5,6 +5,8 @@
 #include "cli/cli.h"
 #include "core/timing.h"
 #include "engine/engine.h"
+#include "model/config.h"
+#include "model/tokenizer.h"
 #include "plan/calibrate.h"
 
 #include <getopt.h>
@@ -37,8 +39,9 @@ static json_t *hardware_json(const char *cpu, int threads, int cards, double mem
              "(16 lanes x 2 flops vs 16 x 4 x 2 int8 ops per instruction)", tag, m->clock_hz / 1e9, m->vnni_peak / 1e9);
     snprintf(s_gemm, sizeof s_gemm, "%s: 2048x4096 int8 GEMM over 256 tokens: %.1f Gops/s = %.3f of the VNNI peak", tag,
              m->gemm_ops / 1e9, m->gemm_ops / m->vnni_peak);
-    snprintf(s_mem, sizeof s_mem, "%s: 4096x14336 int8 GEMV: %.2f GB/s = %.3f of the read bandwidth", tag,
-             m->gemv_bw / 1e9, m->gemv_bw / m->bw);
+    snprintf(s_mem, sizeof s_mem, "%s: fitted to the decode steps (the small expert matrices' stream); a "
+             "4096x14336 int8 GEMV reaches %.2f GB/s = %.3f of the read bandwidth", tag, m->gemv_bw / 1e9,
+             m->gemv_bw / m->bw);
     snprintf(s_fit, sizeof s_fit, "%s: fitted to %s's engine steps (prefill of 16-512 tokens: rms error %.1f%%; "
              "decode of 1-16 sequences at 64 and 512 cached tokens: rms error %.1f%%)", tag, model,
              100 * f[0].rms_rel, 100 * f[1].rms_rel);
@@ -46,7 +49,7 @@ static json_t *hardware_json(const char *cpu, int threads, int cards, double mem
              "round trips (GET_META, the get, DONE/ACK) of a 4 KiB get", tag, ucx_bw / 1e9);
     const char *none = "not used on one CPU process per role (no expert parallelism, no overlap)";
     json_t *eff = json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "gemm",
-                            m->gemm_ops / m->vnni_peak, "memory", m->gemv_bw / m->bw, "attention", f[0].attention,
+                            m->gemm_ops / m->vnni_peak, "memory", f[1].memory, "attention", f[0].attention,
                             "a2a_intra", 1.0, "a2a_inter", 1.0, "a2a_latency_s", 0.0, "imbalance_prefill", 1.0,
                             "imbalance_decode", 1.0, "imbalance_eplb_prefill", 1.0, "imbalance_eplb_decode", 1.0, "overlap_prefill", 0.0, "overlap_decode", 0.0, "step_prefill_s",
                             f[0].step_s, "step_decode_s", f[1].step_s, "token_layer_prefill_s", f[0].token_layer_s,
@@ -120,6 +123,21 @@ int pd_cli_calibrate(int argc, char **argv)
     }
     fprintf(stderr, "pdmoe calibrate: measuring this machine with %lld thread%s...\n", (long long)threads,
             threads > 1 ? "s" : "");
+    /* the steps read English text (the embedded corpus, through the model's own tokenizer), so
+     * their routing is a real prompt's, not one token repeated */
+    int32_t *words = NULL;
+    size_t n_words = 0;
+    struct pd_tok *tok = NULL;
+    char tpath[600];
+    const char *corpus = pd_embedded_find("models/corpus.txt");
+    snprintf(tpath, sizeof tpath, "%s/tokenizer.json", dir);
+    if (!corpus || pd_tok_load(tpath, &tok, &e) || pd_tok_encode(tok, corpus, strlen(corpus), &words, &n_words, &e)) {
+        fprintf(stderr, "pdmoe calibrate: %s\n", corpus ? e.msg : "no embedded corpus");
+        pd_tok_free(tok);
+        pd_engine_close(&en);
+        return 1;
+    }
+    pd_tok_free(tok);
     /* engine steps: prefill at six lengths, decode at five batches and two contexts */
     struct pd_calib_point pts[] = {
         {PD_ROLE_PREFILL, 1, 16, 0, 0, 0}, {PD_ROLE_PREFILL, 1, 32, 0, 0, 0}, {PD_ROLE_PREFILL, 1, 64, 0, 0, 0},
@@ -130,11 +148,15 @@ int pd_cli_calibrate(int argc, char **argv)
     };
     const int n_pts = (int)(sizeof pts / sizeof pts[0]), n_pre = 6;
     for (int i = 0; i < n_pts; i++)
-        if (pd_bench_step_time(&en, (int)pts[i].seqs, (int)pts[i].tokens, (int)pts[i].ctx, quick ? 2 : 6, &pts[i].measured_s, &e)) {
+        if (pd_bench_step_time(&en, (int)pts[i].seqs, (int)pts[i].tokens, (int)pts[i].ctx,
+                               pts[i].role == PD_ROLE_DECODE ? 16 : 1, words, n_words,
+                               quick ? 2 : 6, &pts[i].measured_s, &e)) {
             fprintf(stderr, "pdmoe calibrate: %s\n", e.msg);
             pd_engine_close(&en);
+            free(words);
             return 1;
         }
+    free(words);
     struct pd_bench_machine m;
     if (pd_bench_machine_measure((int)threads, quick, &m)) {
         pd_engine_close(&en);
@@ -151,7 +173,8 @@ int pd_cli_calibrate(int argc, char **argv)
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int cards = cores / threads > 0 ? (int)(cores / threads) : 1;
     double mem = (double)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / cards;
-    struct pd_calib_fit f[2] = {{.attention = 1}, {.attention = 1}};
+    const double gemv = m.gemv_bw / m.bw;   /* the memory factor until the decode fit replaces it */
+    struct pd_calib_fit f[2] = {{.attention = 1, .memory = gemv}, {.attention = 1, .memory = gemv}};
     char tmp[] = "/tmp/pdmoe-calib-XXXXXX";
     int fd = mkstemp(tmp);
     json_t *j = hardware_json(cpu, (int)threads, cards, mem, &m, ucx_bw, ucx_lat, f, dir);
@@ -181,9 +204,9 @@ int pd_cli_calibrate(int argc, char **argv)
             m.bw / 1e9, m.vnni_peak / 1e9, m.gemv_bw / m.bw, m.gemm_ops / m.vnni_peak);
     fprintf(stderr, "  UCX hand-off %.2f GB/s, %.0f us fixed\n", ucx_bw / 1e9, ucx_lat * 1e6);
     for (int r = 0; r < 2; r++)
-        fprintf(stderr, "  fitted %-7s: %.3f ms per step, %.2f us per token and layer, attention factor %.3f "
+        fprintf(stderr, "  fitted %-7s: %.3f ms per step, %.2f us per token and layer, %s factor %.3f "
                 "(rms error %.1f%%)\n", pd_role_name((enum pd_role)r), f[r].step_s * 1e3, f[r].token_layer_s * 1e6,
-                f[r].attention, 100 * f[r].rms_rel);
+                r ? "memory" : "attention", r ? f[r].memory : f[r].attention, 100 * f[r].rms_rel);
     fprintf(stderr, "  %-8s %5s %7s %5s %12s %12s\n", "step", "seqs", "tokens", "ctx", "measured ms", "model ms");
     for (int i = 0; i < n_pts; i++)
         fprintf(stderr, "  %-8s %5lld %7lld %5lld %12.3f %12.3f\n", pd_role_name(pts[i].role), (long long)pts[i].seqs,

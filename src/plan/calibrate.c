@@ -1,5 +1,6 @@
-/* Non-negative least squares over three unknowns (calibrate.h): the unconstrained solution of
- * the normal equations, else the best over every subset of unknowns fixed at zero. */
+/* Non-negative least squares over three unknowns (calibrate.h): the best over every subset of
+ * unknowns left free (the others at zero) whose normal equations give no negative value. The
+ * third unknown is a factor's excess cost d = 1/factor - 1 >= 0. */
 #include "plan/calibrate.h"
 #include "plan/perf.h"
 
@@ -52,20 +53,23 @@ int pd_calib_fit(const struct pd_plan *p, struct pd_calib_point *pts, int n, dou
     for (int i = 0; i < n; i++) {
         struct pd_step s;
         pd_perf_step(p, pts[i].role, pts[i].seqs, pts[i].tokens, pts[i].ctx, &s);
-        G[i] = s.gemm_compute_s + s.gemm_memory_s;
         X[i][0] = 1;
         X[i][1] = (double)(pts[i].seqs * pts[i].tokens) * p->kv.n;
-        X[i][2] = s.attn_s;
-        y[i] = pts[i].measured_s - G[i];
-        if (attention > 0) {      /* a fixed factor: its time is known, not a column */
-            G[i] += X[i][2] / attention;
-            y[i] -= X[i][2] / attention;
-            X[i][2] = 0;
+        if (attention > 0) {      /* decode: attention known, the weight stream's factor fitted */
+            G[i] = s.gemm_compute_s + s.attn_s / attention;
+            X[i][2] = s.gemm_memory_s * p->hw.eff.memory;
+        } else {                  /* prefill: the GEMMs known, attention's factor fitted */
+            G[i] = s.gemm_compute_s + s.gemm_memory_s;
+            X[i][2] = s.attn_s;
         }
+        /* the factor is at most 1 (no kernel beats the peak): its column's coefficient 1/factor
+         * is 1 + d with d >= 0, the "1" moved into the known part */
+        G[i] += X[i][2];
+        y[i] = pts[i].measured_s - G[i];
     }
     /* relative errors matter: weight each row by 1 / measured */
     double best_err = INFINITY, best[3] = {0, 0, 0};
-    for (int mask = 1; mask < (attention > 0 ? 4 : 8); mask++) {
+    for (int mask = 1; mask < 8; mask++) {
         int idx[3], k = 0;
         for (int j = 0; j < 3; j++)
             if (mask >> j & 1)
@@ -102,7 +106,9 @@ int pd_calib_fit(const struct pd_plan *p, struct pd_calib_point *pts, int n, dou
         return pd_err_set(e, PD_EINVAL, "calibrate: the measurements admit no non-negative fit");
     f->step_s = best[0];
     f->token_layer_s = best[1];
-    f->attention = attention > 0 ? attention : best[2] > 1 ? 1 / best[2] : 1;
+    double factor = 1 / (1 + best[2]);
+    f->attention = attention > 0 ? attention : factor;
+    f->memory = attention > 0 ? factor : p->hw.eff.memory;
     for (int i = 0; i < n; i++)
         pts[i].fitted_s = G[i] + best[0] * X[i][0] + best[1] * X[i][1] + best[2] * X[i][2];
     f->rms_rel = sqrt(best_err / n);

@@ -57,3 +57,27 @@ Test(calibrate, recovers_known_overheads)
     cr_assert(strstr(e.msg, "at least 3"), "%s", e.msg);
     pd_plan_free(&p);
 }
+
+/* The decode fit: attention fixed at the prefill's factor, the weight stream's factor fitted. */
+Test(calibrate, decode_fit_recovers_the_memory_factor)
+{
+    struct pd_plan p;
+    mini_plan(&p);
+    const double step = 0.7e-3, tok = 2e-6, att = 0.25, mem = 0.55, m0 = p.hw.eff.memory;
+    struct pd_calib_point pts[6];
+    const int64_t B[6] = {1, 2, 4, 8, 16, 32};
+    for (int i = 0; i < 6; i++) {
+        pts[i] = (struct pd_calib_point){.role = PD_ROLE_DECODE, .seqs = B[i], .tokens = 1, .ctx = 100};
+        struct pd_step s;
+        pd_perf_step(&p, PD_ROLE_DECODE, B[i], 1, 100, &s);
+        pts[i].measured_s = s.gemm_compute_s + s.gemm_memory_s * m0 / mem + s.attn_s / att + step + tok * B[i] * p.kv.n;
+    }
+    struct pd_calib_fit f;
+    pd_err e = {0};
+    cr_assert_eq(pd_calib_fit(&p, pts, 6, att, &f, &e), 0, "%s", e.msg);
+    cr_assert_float_eq(f.memory, mem, 1e-9);
+    cr_assert_float_eq(f.step_s, step, 1e-12);
+    cr_assert_float_eq(f.token_layer_s, tok, 1e-13);
+    cr_assert_float_eq(f.attention, att, 1e-15);
+    pd_plan_free(&p);
+}
