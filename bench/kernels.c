@@ -485,6 +485,58 @@ static int bench_ceilings(struct ctx *c)
     return 0;
 }
 
+/* The buffers of a GEMV case (n_mats matrices of out x in, filled) and of a GEMM case; 0 or -1. */
+static int gemv_case_alloc(struct gemv_case *g)
+{
+    size_t per = (size_t)g->out * g->in;
+    g->w = xmalloc(per * g->n_mats);
+    g->ws = xmalloc((size_t)g->out * g->n_mats * sizeof(float));
+    g->x = xmalloc((size_t)g->in * sizeof(float));
+    g->xq = xmalloc((size_t)g->in);
+    g->y = xmalloc((size_t)g->out * sizeof(float));
+    if (!g->w || !g->ws || !g->x || !g->xq || !g->y)
+        return -1;
+    fill_weights(g->w, per * g->n_mats);
+    fill_floats(g->ws, (size_t)g->out * g->n_mats, 1e-3f, 2e-3f);
+    fill_floats(g->x, (size_t)g->in, -1.0f, 1.0f);
+    return 0;
+}
+
+static void gemv_case_free(struct gemv_case *g)
+{
+    free(g->w);
+    free(g->ws);
+    free(g->x);
+    free(g->xq);
+    free(g->y);
+}
+
+static int gemm_case_alloc(struct gemm_case *g)
+{
+    g->w = xmalloc((size_t)g->out * g->in);
+    g->ws = xmalloc((size_t)g->out * sizeof(float));
+    g->x = xmalloc((size_t)g->T * g->in * sizeof(float));
+    g->xq = xmalloc((size_t)g->T * g->in);
+    g->xs = xmalloc((size_t)g->T * sizeof(float));
+    g->y = xmalloc((size_t)g->T * g->out * sizeof(float));
+    if (!g->w || !g->ws || !g->x || !g->xq || !g->xs || !g->y)
+        return -1;
+    fill_weights(g->w, (size_t)g->out * g->in);
+    fill_floats(g->ws, (size_t)g->out, 1e-3f, 2e-3f);
+    fill_floats(g->x, (size_t)g->T * g->in, -1.0f, 1.0f);
+    return 0;
+}
+
+static void gemm_case_free(struct gemm_case *g)
+{
+    free(g->w);
+    free(g->ws);
+    free(g->x);
+    free(g->xq);
+    free(g->xs);
+    free(g->y);
+}
+
 static int bench_gemv(struct ctx *c)
 {
     struct gemv_case g = {.out = 4096, .in = 14336, .reps = c->o.quick ? 8 : 300};
@@ -492,16 +544,8 @@ static int bench_gemv(struct ctx *c)
     /* Enough matrices that the set is >= 256 MiB (8x L3), so every call reads from DRAM. */
     g.n_mats = c->o.quick ? 2 : (int)((((size_t)256 << 20) + per - 1) / per);
     int rc = -1;
-    g.w = xmalloc(per * g.n_mats);
-    g.ws = xmalloc((size_t)g.out * g.n_mats * sizeof(float));
-    g.x = xmalloc((size_t)g.in * sizeof(float));
-    g.xq = xmalloc((size_t)g.in);
-    g.y = xmalloc((size_t)g.out * sizeof(float));
-    if (!g.w || !g.ws || !g.x || !g.xq || !g.y)
+    if (gemv_case_alloc(&g))
         goto done;
-    fill_weights(g.w, per * g.n_mats);
-    fill_floats(g.ws, (size_t)g.out * g.n_mats, 1e-3f, 2e-3f);
-    fill_floats(g.x, (size_t)g.in, -1.0f, 1.0f);
     double bytes = (double)per + (double)g.out * sizeof(float);
     printf("\n2. Decode GEMV, out %d x in %d int8 (%.1f MB), T = 1, rotating over %d matrices "
            "(%.0f MiB)\n", g.out, g.in, bytes / 1e6, g.n_mats, (double)per * g.n_mats / (1 << 20));
@@ -520,11 +564,7 @@ static int bench_gemv(struct ctx *c)
     }
     rc = 0;
 done:
-    free(g.w);
-    free(g.ws);
-    free(g.x);
-    free(g.xq);
-    free(g.y);
+    gemv_case_free(&g);
     return rc;
 }
 
@@ -533,17 +573,8 @@ static int bench_gemm(struct ctx *c)
     struct gemm_case g = {.out = 2048, .in = 4096, .T = c->o.quick ? 64 : 512,
                           .reps = c->o.quick ? 3 : 25};
     int rc = -1;
-    g.w = xmalloc((size_t)g.out * g.in);
-    g.ws = xmalloc((size_t)g.out * sizeof(float));
-    g.x = xmalloc((size_t)g.T * g.in * sizeof(float));
-    g.xq = xmalloc((size_t)g.T * g.in);
-    g.xs = xmalloc((size_t)g.T * sizeof(float));
-    g.y = xmalloc((size_t)g.T * g.out * sizeof(float));
-    if (!g.w || !g.ws || !g.x || !g.xq || !g.xs || !g.y)
+    if (gemm_case_alloc(&g))
         goto done;
-    fill_weights(g.w, (size_t)g.out * g.in);
-    fill_floats(g.ws, (size_t)g.out, 1e-3f, 2e-3f);
-    fill_floats(g.x, (size_t)g.T * g.in, -1.0f, 1.0f);
     double ops = 2.0 * g.out * g.in * g.T;
     printf("\n3. Prefill GEMM, out %d x in %d, %d tokens (%.2f G int8 ops)\n", g.out, g.in, g.T,
            ops / 1e9);
@@ -574,12 +605,7 @@ static int bench_gemm(struct ctx *c)
     }
     rc = 0;
 done:
-    free(g.w);
-    free(g.ws);
-    free(g.x);
-    free(g.xq);
-    free(g.xs);
-    free(g.y);
+    gemm_case_free(&g);
     return rc;
 }
 
@@ -683,28 +709,11 @@ int pd_bench_machine_measure(int threads, int quick, struct pd_bench_machine *m)
     m->vnni_peak = pd_gemm_kernel_supported(PD_KERNEL_AVX512) ? measure_vnni_peak(pool, threads, quick)
                                                                : OPS_PER_VPDPBUSD * m->clock_hz * threads;
     struct gemv_case g = {.out = 4096, .in = 14336, .reps = quick ? 8 : 60, .n_mats = quick ? 2 : 5};
-    size_t per = (size_t)g.out * g.in;
-    g.w = xmalloc(per * g.n_mats);
-    g.ws = xmalloc((size_t)g.out * g.n_mats * sizeof(float));
-    g.x = xmalloc((size_t)g.in * sizeof(float));
-    g.xq = xmalloc((size_t)g.in);
-    g.y = xmalloc((size_t)g.out * sizeof(float));
     struct gemm_case h = {.out = 2048, .in = 4096, .T = quick ? 64 : 256, .reps = quick ? 3 : 10};
-    h.w = xmalloc((size_t)h.out * h.in);
-    h.ws = xmalloc((size_t)h.out * sizeof(float));
-    h.x = xmalloc((size_t)h.T * h.in * sizeof(float));
-    h.xq = xmalloc((size_t)h.T * h.in);
-    h.xs = xmalloc((size_t)h.T * sizeof(float));
-    h.y = xmalloc((size_t)h.T * h.out * sizeof(float));
+    size_t per = (size_t)g.out * g.in;
     double s;
-    if (!g.w || !g.ws || !g.x || !g.xq || !g.y || !h.w || !h.ws || !h.x || !h.xq || !h.xs || !h.y)
+    if (gemv_case_alloc(&g) || gemm_case_alloc(&h))
         goto done;
-    fill_weights(g.w, per * g.n_mats);
-    fill_floats(g.ws, (size_t)g.out * g.n_mats, 1e-3f, 2e-3f);
-    fill_floats(g.x, (size_t)g.in, -1.0f, 1.0f);
-    fill_weights(h.w, (size_t)h.out * h.in);
-    fill_floats(h.ws, (size_t)h.out, 1e-3f, 2e-3f);
-    fill_floats(h.x, (size_t)h.T * h.in, -1.0f, 1.0f);
     if (time_gemv(&g, pool, &s) < 0)
         goto done;
     m->gemv_bw = ((double)per + (double)g.out * sizeof(float)) / s;
@@ -713,17 +722,8 @@ int pd_bench_machine_measure(int threads, int quick, struct pd_bench_machine *m)
     m->gemm_ops = 2.0 * h.out * h.in * h.T / s;
     rc = 0;
 done:
-    free(g.w);
-    free(g.ws);
-    free(g.x);
-    free(g.xq);
-    free(g.y);
-    free(h.w);
-    free(h.ws);
-    free(h.x);
-    free(h.xq);
-    free(h.xs);
-    free(h.y);
+    gemv_case_free(&g);
+    gemm_case_free(&h);
     pd_pool_destroy(pool);
     return rc;
 }

@@ -206,6 +206,21 @@ static void outbox_push(struct pd_server *s, struct req *r)
     s->outbox = r;
 }
 
+/* The producer's first token becomes the request's first generated token once its KV is here
+ * (pulled, or recomputed from the token ids), and the client hears of it. */
+static void take_producer_token(struct pd_server *s, struct req *r)
+{
+    r->gen[r->n_gen++] = r->forced_first;
+    r->forced_first = -1;
+    r->t_first = pd_now_s();
+    s->tokens_out++;
+    if (r->n_gen >= r->max_tokens) {
+        r->finished = 1;
+        r->finish = "length";
+    }
+    outbox_push(s, r);
+}
+
 static void seq_release(struct pd_server *s, struct req *r);
 
 static void finish_running(struct pd_server *s, int i)
@@ -774,15 +789,7 @@ static void ep_account(struct pd_server *s, double seconds)
         s->kv_bytes += (uint64_t)a[1];
         s->kv_seconds += seconds;
         r->ep_prefilled = 1;
-        r->gen[r->n_gen++] = r->forced_first;
-        r->forced_first = -1;
-        r->t_first = pd_now_s();
-        s->tokens_out++;
-        if (r->n_gen >= r->max_tokens) {
-            r->finished = 1;
-            r->finish = "length";
-        }
-        outbox_push(s, r);
+        take_producer_token(s, r);
     }
 }
 
@@ -937,15 +944,7 @@ static void *scheduler(void *arg)
                 /* the producer computed the prompt: pull it; if that fails, recompute it here
                  * from the token ids and continue with the producer's first token */
                 if (pull(s, r) == 0) {
-                    r->gen[r->n_gen++] = r->forced_first;
-                    r->forced_first = -1;
-                    r->t_first = pd_now_s();
-                    s->tokens_out++;
-                    if (r->n_gen >= r->max_tokens) {
-                        r->finished = 1;
-                        r->finish = "length";
-                    }
-                    outbox_push(s, r);
+                    take_producer_token(s, r);
                     continue;
                 }
                 s->kv_recomputes++;
