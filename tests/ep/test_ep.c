@@ -18,15 +18,7 @@ static char dir[64];
 static void setup(void)
 {
     tmp_model("v4-tiny", 3, dir, sizeof dir);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    /* Open MPI leaves its own allocations (some in plugins unloaded at MPI_Finalize, which no
-     * suppression can name) to the process's end: under AddressSanitizer the MPI ranks skip leak
-     * detection; the single-process tests keep it for pdmoe's own code. */
-    const char *asan = getenv("ASAN_OPTIONS");
-    char opts[512];
-    snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan && *asan ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
+    mpi_test_env();
 }
 
 static void teardown(void)

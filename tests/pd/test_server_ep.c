@@ -34,13 +34,7 @@ static void setup(void)
 {
     tmp_model("v4-tiny", 17, dir, sizeof dir);
     snprintf(log_path, sizeof log_path, "%s/serve.log", dir);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    /* as in tests/ep: Open MPI's own allocations are not pdmoe's leaks */
-    const char *asan = getenv("ASAN_OPTIONS");
-    char opts[512];
-    snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan && *asan ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
+    mpi_test_env();
     base_port = 19300 + (getpid() % 400) * 4;
 }
 

@@ -54,15 +54,8 @@ static pid_t start_up_plan(const char *bin, int port, int ep, const char *plan)
 {
     char out[256];
     snprintf(out, sizeof out, "%s/up.out", dir);
-    if (ep > 1) {
-        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-        /* as in tests/ep: Open MPI's own allocations are not pdmoe's leaks */
-        const char *asan = getenv("ASAN_OPTIONS");
-        char opts[512];
-        snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan && *asan ? ":" : "");
-        setenv("ASAN_OPTIONS", opts, 1);
-    }
+    if (ep > 1 || plan)
+        mpi_test_env();
     pid_t up = fork();
     if (up == 0) {
         char sp[16], se[16];
