@@ -141,7 +141,7 @@ Test(up, cluster_matches_colocated_and_stops_cleanly)
 Test(up, ep_groups_on_both_sides_match_colocated_and_free_every_rank)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    const int port = 19900 + (getpid() % 300) * 3;
+    const int port = 23200 + (getpid() % 300) * 3;   /* kv ports up to port + 110: clear of tests/pd's other ranges */
     pid_t up = start_up(bin, port, 2);
     const char *name = strrchr(dir, '/') + 1;
     const char *prompts[] = {"The quick brown fox", "Once upon a time, in a small town by the sea", "x",
@@ -298,7 +298,7 @@ Test(up, plan_sizes_the_instances_and_their_kv_pools)
                                                      "kv_pool_bytes"));
     json_decref(doc);
     cr_assert(pool[0] > 100000000 && pool[1] > 100000000, "pools %lld %lld", (long long)pool[0], (long long)pool[1]);
-    const int port = 18500 + (getpid() % 300) * 3;
+    const int port = 24500 + (getpid() % 300) * 3;
     pid_t up = start_up_plan(bin, port, 1, plan);
     for (int r = 0; r < 2; r++) {
         int64_t got = metric(port + 1 + r, "pdmoe_kv_pool_bytes");
