@@ -167,7 +167,7 @@ int pd_cli_calibrate(int argc, char **argv)
     double t_big = pd_bench_ucx_get_time((size_t)64 << 20, quick ? 2 : 5), t_small = pd_bench_ucx_get_time(4096, 20);
     double ucx_bw = t_big > 0 ? (double)(64 << 20) / t_big : m.bw / 2, ucx_lat = t_small > 0 ? 3 * t_small : 1e-4;
     pd_engine_close(&en);
-    /* the kernel factors first, then a provisional file to cost the steps and fit the rest */
+    /* the kernel factors first, then a provisional description to cost the steps and fit the rest */
     char cpu[128];
     cpu_name(cpu, sizeof cpu);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -175,31 +175,38 @@ int pd_cli_calibrate(int argc, char **argv)
     double mem = (double)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / cards;
     const double gemv = m.gemv_bw / m.bw;   /* the memory factor until the decode fit replaces it */
     struct pd_calib_fit f[2] = {{.attention = 1, .memory = gemv}, {.attention = 1, .memory = gemv}};
-    char tmp[] = "/tmp/pdmoe-calib-XXXXXX";
-    int fd = mkstemp(tmp);
     json_t *j = hardware_json(cpu, (int)threads, cards, mem, &m, ucx_bw, ucx_lat, f, dir);
-    int rc = fd < 0 || !j || json_dumpfd(j, fd, JSON_INDENT(2)) ? 1 : 0;
+    char *desc = j ? json_dumps(j, 0) : NULL;
     json_decref(j);
-    if (fd >= 0)
-        close(fd);
+    struct pd_hardware hw;
+    int rc = desc ? pd_hardware_parse(desc, "calibrate's measurements", &hw, &e)
+                  : pd_err_set(&e, PD_ENOMEM, "out of memory");
+    free(desc);
+    if (rc) {
+        fprintf(stderr, "pdmoe calibrate: %s\n", e.msg);
+        return 1;
+    }
     struct pd_plan_opts po;
     pd_plan_opts_default(&po);
     po.model = dir;
-    po.hardware = tmp;
+    po.hw = &hw;
     po.mtp = 0;
     po.kv_dtype = PD_KV_BF16;
     po.max_model_len = 1024;
     po.role[0] = po.role[1] = (struct pd_role_opts){.dp = 1, .tp = 1, .instances = 1};
     po.nodes = 1;
     struct pd_plan p;
-    if (rc || pd_plan_build(&po, &p, &e) || pd_calib_fit(&p, pts, n_pre, 0, &f[0], &e) ||
-        pd_calib_fit(&p, pts + n_pre, n_pts - n_pre, f[0].attention, &f[1], &e)) {
-        fprintf(stderr, "pdmoe calibrate: %s\n", rc ? "cannot write a temporary file" : e.msg);
-        unlink(tmp);
+    if (pd_plan_build(&po, &p, &e)) {
+        fprintf(stderr, "pdmoe calibrate: %s\n", e.msg);
         return 1;
     }
+    rc = pd_calib_fit(&p, pts, n_pre, 0, &f[0], &e) ||
+         pd_calib_fit(&p, pts + n_pre, n_pts - n_pre, f[0].attention, &f[1], &e);
     pd_plan_free(&p);
-    unlink(tmp);
+    if (rc) {
+        fprintf(stderr, "pdmoe calibrate: %s\n", e.msg);
+        return 1;
+    }
     fprintf(stderr, "  read bandwidth %.2f GB/s, VNNI peak %.1f Gops/s, GEMV %.2f of bandwidth, GEMM %.2f of peak\n",
             m.bw / 1e9, m.vnni_peak / 1e9, m.gemv_bw / m.bw, m.gemm_ops / m.vnni_peak);
     fprintf(stderr, "  UCX hand-off %.2f GB/s, %.0f us fixed\n", ucx_bw / 1e9, ucx_lat * 1e6);

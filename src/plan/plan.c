@@ -228,7 +228,11 @@ int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e)
     if (rc)
         return rc;
     const char *model = o->model ? o->model : o->checkpoint;
-    if ((rc = pd_model_load(model, &p->model, e)) || (rc = pd_hardware_load(o->hardware, &p->hw, e)))
+    if ((rc = pd_model_load(model, &p->model, e)))
+        return rc;
+    if (o->hw)
+        p->hw = *o->hw;
+    else if ((rc = pd_hardware_load(o->hardware, &p->hw, e)))
         return rc;
     if (o->checkpoint && o->checkpoint[0]) {
         struct pd_st_set set;

@@ -27,6 +27,7 @@ struct pd_role_opts {
 struct pd_plan_opts {
     const char *model;       /* preset, .json or checkpoint dir */
     const char *hardware;
+    const struct pd_hardware *hw;  /* when set, this description instead of loading `hardware` */
     const char *checkpoint;  /* inventory from these safetensors headers */
     struct pd_role_opts role[2];
     double util;             /* gpu-memory-utilization, (0, 1] */

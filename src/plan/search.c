@@ -257,10 +257,13 @@ int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e
     struct pd_plan_opts base = o->base;
     base.role[0] = base.role[1] = (struct pd_role_opts){.dp = 1, .tp = 1, .instances = 1};
     base.sweep = 0;
-    struct pd_hardware hw;
-    if ((rc = pd_hardware_load(base.hardware, &hw, e)))
-        return rc;
-    base.nodes = (o->cards + hw.cards_per_node - 1) / hw.cards_per_node;
+    struct pd_hardware hw;   /* loaded once for every plan built below */
+    if (!base.hw) {
+        if ((rc = pd_hardware_load(base.hardware, &hw, e)))
+            return rc;
+        base.hw = &hw;
+    }
+    base.nodes = (o->cards + base.hw->cards_per_node - 1) / base.hw->cards_per_node;
     struct pd_plan p;
     if ((rc = pd_plan_build(&base, &p, e)))
         return rc;
