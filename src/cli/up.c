@@ -268,9 +268,6 @@ int pd_cli_up(int argc, char **argv)
     struct sigaction sa = {.sa_handler = on_stop};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    /* a prefill instance's KV listener may have been the first to close its connections (TIME_WAIT
-     * on its port); a cluster started again at once must still bind there (unless told otherwise) */
-    setenv("UCX_CM_REUSEADDR", "y", 0);
     struct child ch[MAX_CHILDREN];
     int n = 0;
     char sport[16], skv[160], sth[16], slen[16], sep[16], plist[2048] = "", dlist[2048] = "";

@@ -1042,6 +1042,14 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
             goto fail;
         }
     }
+    /* A listener whose port a previous process left in TIME_WAIT (it closed its connections
+     * first) must still bind there, as a server restarted at once does; UCX_CM_REUSEADDR set by
+     * the user wins. */
+    if (!getenv("UCX_CM_REUSEADDR") && (st = ucp_config_modify(cfg, "CM_REUSEADDR", "y")) != UCS_OK) {
+        ucp_config_release(cfg);
+        rc = ucx_fail(e, "letting the listener reuse its port", st);
+        goto fail;
+    }
     st = ucp_init(&cp, cfg, &x->ctx);
     ucp_config_release(cfg);
     if (st != UCS_OK) {
