@@ -32,12 +32,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    if (X) {
-        pd_proxy_stop(X);
-        pthread_join(tx, NULL);
-        pd_proxy_destroy(X);
-        X = NULL;
-    }
+    proxy_shutdown(&X, tx);
     for (int i = 0; i < n_pids; i++)
         if (pids[i] > 0) {
             kill(pids[i], SIGKILL);

@@ -71,12 +71,7 @@ static void start_proxy(int dead_prefill_first, int dead_decode)
 
 static void teardown(void)
 {
-    if (X) {
-        pd_proxy_stop(X);
-        pthread_join(tx, NULL);
-        pd_proxy_destroy(X);
-        X = NULL;
-    }
+    proxy_shutdown(&X, tx);
     struct pd_server *s[3] = {P, D, C};
     pthread_t t[3] = {tp, td, tc};
     for (int i = 0; i < 3; i++) {

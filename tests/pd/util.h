@@ -7,7 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <unistd.h>
+
+#include "proxy/proxy.h"
 
 /* curl with a body; returns the HTTP status, the body in out */
 static inline int curl_port(int port, const char *path, const char *body, const char *extra, char *out, size_t cap)
@@ -61,6 +64,17 @@ static inline int metric_port(int port, const char *name)
     char *p = strstr(out, key);
     cr_assert_not_null(p, "no %s in /metrics", name);
     return atoi(p + strlen(key));
+}
+
+/* Stops a proxy whose event loop runs on thread t, waits for the thread, frees it; *x = NULL. */
+static inline void proxy_shutdown(struct pd_proxy **x, pthread_t t)
+{
+    if (!*x)
+        return;
+    pd_proxy_stop(*x);
+    pthread_join(t, NULL);
+    pd_proxy_destroy(*x);
+    *x = NULL;
 }
 
 #endif
