@@ -5,7 +5,8 @@ set -eu
 PKGS="build-essential pkg-config libjansson-dev libcriterion-dev clang libclang-rt-14-dev libopenmpi-dev openmpi-bin libevent-dev curl libucx-dev tidy"
 missing=""
 for p in $PKGS; do
-  dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+  # "install ok installed", not just known to dpkg (a removed package keeps its config files)
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing="$missing $p"
 done
 if [ -n "$missing" ]; then
   SUDO=""
