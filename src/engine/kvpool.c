@@ -60,17 +60,17 @@ int pd_kvpool_init(struct pd_kvpool *p, const struct pd_model *m, int max_seqs, 
     p->slots = p->region;
     p->blocks = p->region ? p->region + (size_t)max_seqs * p->slot_bytes : NULL;
     p->slot_free = malloc((size_t)max_seqs * sizeof(int));
-    p->block_free = malloc((size_t)p->n_blocks * sizeof(int));
-    p->block_used = calloc((size_t)p->n_blocks, 1);
-    if (!p->region || !p->slot_free || !p->block_free || !p->block_used) {
+    size_t words = ((size_t)p->n_blocks + 63) / 64;
+    p->block_used = calloc(words, sizeof *p->block_used);
+    if (!p->region || !p->slot_free || !p->block_used) {
         pd_kvpool_free(p);
         return pd_err_set(e, PD_ENOMEM, "KV pool: out of memory for %zu bytes", bytes);
     }
-    /* free stacks hand out low indices first */
+    /* the free stack hands out low slots first; the bits past the last block read as used */
     for (int i = 0; i < max_seqs; i++)
         p->slot_free[i] = max_seqs - 1 - i;
-    for (int i = 0; i < p->n_blocks; i++)
-        p->block_free[i] = p->n_blocks - 1 - i;
+    if (p->n_blocks % 64)
+        p->block_used[words - 1] = ~0ull << (p->n_blocks % 64);
     p->n_slots_free = max_seqs;
     p->n_blocks_free = p->n_blocks;
     return 0;
@@ -79,11 +79,22 @@ int pd_kvpool_init(struct pd_kvpool *p, const struct pd_model *m, int max_seqs, 
 void pd_kvpool_free(struct pd_kvpool *p)
 {
     free(p->layer);
-    free(p->region);
+    if (!p->region_lent)
+        free(p->region);
     free(p->slot_free);
-    free(p->block_free);
     free(p->block_used);
     memset(p, 0, sizeof *p);
+}
+
+void pd_kvpool_move(struct pd_kvpool *p, void *region)
+{
+    assert(p->live_seqs == 0);
+    if (!p->region_lent)
+        free(p->region);
+    p->region = region;
+    p->region_lent = 1;
+    p->slots = p->region;
+    p->blocks = p->region + (size_t)p->n_slots * p->slot_bytes;
 }
 
 double pd_kvpool_bytes_per_token(const struct pd_kvpool *p)
@@ -174,7 +185,57 @@ int pd_kvseq_blocks_needed(const struct pd_kvpool *p, const struct pd_kvseq *s, 
     return (int)need;
 }
 
-static int push_block(struct pd_kvpool *p, int **list, int *n, int *cap)
+static int block_is_used(const struct pd_kvpool *p, int64_t b)
+{
+    return (int)(p->block_used[b >> 6] >> (b & 63) & 1);
+}
+
+/* The first block of the lowest extent of n free blocks, or -1. Whole used or whole free words
+ * are stepped over at once. */
+static int64_t free_extent(const struct pd_kvpool *p, int64_t n)
+{
+    int64_t start = p->block_low, len = 0;
+    for (int64_t b = p->block_low; b < p->n_blocks;) {
+        uint64_t w = p->block_used[b >> 6];
+        if ((b & 63) == 0 && (w == ~0ull || w == 0)) {
+            if (w) {
+                len = 0;
+                start = b + 64;
+            } else if ((len += 64) >= n) {
+                return start;
+            }
+            b += 64;
+            continue;
+        }
+        if (w >> (b & 63) & 1) {
+            len = 0;
+            start = b + 1;
+        } else if (++len >= n) {
+            return start;
+        }
+        b++;
+    }
+    return -1;
+}
+
+/* The lowest free block at or above *at (there is one: the caller counted them). */
+static int take_block(struct pd_kvpool *p, int64_t *at)
+{
+    int64_t b = *at;
+    while (block_is_used(p, b)) {
+        uint64_t w = p->block_used[b >> 6] >> (b & 63);
+        b += w == ~0ull >> (b & 63) ? 64 - (b & 63) : 1;
+    }
+    assert(b < p->n_blocks);
+    p->block_used[b >> 6] |= 1ull << (b & 63);
+    p->n_blocks_free--;
+    if (b == p->block_low)
+        p->block_low++;
+    *at = b + 1;
+    return (int)b;
+}
+
+static int push_block(struct pd_kvpool *p, int **list, int *n, int *cap, int64_t *at)
 {
     if (*n == *cap) {
         int c = *cap ? 2 * *cap : 8;
@@ -184,11 +245,7 @@ static int push_block(struct pd_kvpool *p, int **list, int *n, int *cap)
         *list = x;
         *cap = c;
     }
-    assert(p->n_blocks_free > 0);
-    int b = p->block_free[--p->n_blocks_free];
-    assert(!p->block_used[b]);
-    p->block_used[b] = 1;
-    (*list)[(*n)++] = b;
+    (*list)[(*n)++] = take_block(p, at);
     return 0;
 }
 
@@ -199,27 +256,45 @@ int pd_kvseq_reserve(struct pd_kvpool *p, struct pd_kvseq *s, int64_t len, pd_er
     if (need > p->n_blocks_free)
         return pd_err_set(e, PD_ENOMEM, "KV pool full: %d more blocks needed for %lld tokens, %d free of %d",
                           need, (long long)len, p->n_blocks_free, p->n_blocks);
+    if (need == 0)
+        return 0;
+    /* one extent if the pool has one, else the lowest free blocks: ascending either way */
+    int64_t at = free_extent(p, need);
+    if (at < 0)
+        at = p->block_low;
     for (int l = 0; l < p->n_layers; l++) {
         const struct pd_kvlayer *k = &p->layer[l];
         int64_t n = entries_at(k, len);
         while ((int64_t)s->n_blocks[l] * p->block_entries < n)
-            if (push_block(p, &s->blocks[l], &s->n_blocks[l], &s->cap_blocks[l]))
+            if (push_block(p, &s->blocks[l], &s->n_blocks[l], &s->cap_blocks[l], &at))
                 return pd_err_set(e, PD_ENOMEM, "KV pool: out of memory");
         while (k->ratio == 4 && (int64_t)s->n_kblocks[l] * p->block_keys < n)
-            if (push_block(p, &s->kblocks[l], &s->n_kblocks[l], &s->cap_kblocks[l]))
+            if (push_block(p, &s->kblocks[l], &s->n_kblocks[l], &s->cap_kblocks[l], &at))
                 return pd_err_set(e, PD_ENOMEM, "KV pool: out of memory");
     }
     return 0;
+}
+
+int pd_kvseq_reserve_prompt(struct pd_kvpool *p, struct pd_kvseq *s, int64_t prompt, int64_t total, pd_err *e)
+{
+    int need = pd_kvseq_blocks_needed(p, s, total);
+    if (need > p->n_blocks_free)
+        return pd_err_set(e, PD_ENOMEM, "KV pool full: %d more blocks needed for %lld tokens, %d free of %d",
+                          need, (long long)total, p->n_blocks_free, p->n_blocks);
+    int rc = pd_kvseq_reserve(p, s, prompt < total ? prompt : total, e);
+    return rc ? rc : pd_kvseq_reserve(p, s, total, e);
 }
 
 static void give_back(struct pd_kvpool *p, int *list, int n)
 {
     for (int i = 0; i < n; i++) {
         int b = list[i];
-        assert(b >= 0 && b < p->n_blocks && p->block_used[b]);
-        p->block_used[b] = 0;
-        p->block_free[p->n_blocks_free++] = b;
+        assert(b >= 0 && b < p->n_blocks && block_is_used(p, b));
+        p->block_used[b >> 6] &= ~(1ull << (b & 63));
+        if (b < p->block_low)
+            p->block_low = b;
     }
+    p->n_blocks_free += n;
 }
 
 void pd_kvseq_free(struct pd_kvpool *p, struct pd_kvseq *s)
@@ -285,15 +360,14 @@ int pd_kvseq_runs(const struct pd_kvpool *p, const struct pd_kvseq *s, int64_t l
     runs[n++] = (struct pd_kv_run){(uint64_t)s->slot * p->slot_bytes, p->slot_bytes};
     size_t base = (size_t)(p->blocks - p->region);
     for (int l = 0; l < p->n_layers; l++) {
-        int64_t e = entries_at(&p->layer[l], len), nb = (e + p->block_entries - 1) / p->block_entries;
-        assert(nb <= s->n_blocks[l]);
+        const struct pd_kvlayer *k = &p->layer[l];
+        int64_t e = entries_at(k, len);
+        int64_t nb = (e + p->block_entries - 1) / p->block_entries;
+        int64_t nk = k->ratio == 4 ? (e + p->block_keys - 1) / p->block_keys : 0;
+        assert(nb <= s->n_blocks[l] && nk <= s->n_kblocks[l]);
         for (int b = 0; b < nb; b++)
             runs[n++] = (struct pd_kv_run){base + (uint64_t)s->blocks[l][b] * p->block_bytes, p->block_bytes};
-    }
-    for (int l = 0; l < p->n_layers; l++) {
-        int64_t e = p->layer[l].ratio == 4 ? entries_at(&p->layer[l], len) : 0, nb = (e + p->block_keys - 1) / p->block_keys;
-        assert(nb <= s->n_kblocks[l]);
-        for (int b = 0; b < nb; b++)
+        for (int b = 0; b < nk; b++)
             runs[n++] = (struct pd_kv_run){base + (uint64_t)s->kblocks[l][b] * p->block_bytes, p->block_bytes};
     }
     return n;

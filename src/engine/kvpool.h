@@ -8,9 +8,12 @@
  *   growing, in blocks from a shared pool: the compressed entries of each ratio layer and the
  *     indexer keys of each CSA layer, `block_entries` entries (or keys) per block.
  * A slot's size and the pool's marginal bytes per token are derived from this layout and equal
- * what `pdmoe plan` computes for the same config (tests/engine/test_kvpool.c). Freeing a
- * sequence returns its slot and every block; the pool asserts that its free lists never hold
- * a block twice and that all blocks are back when no sequence is live. */
+ * what `pdmoe plan` computes for the same config (tests/engine/test_engine.c). Freeing a
+ * sequence returns its slot and every block; the pool asserts that it never frees a block twice
+ * and that all blocks are back when no sequence is live.
+ * Blocks are handed out in ascending address order, from the lowest free extent that holds a
+ * whole reservation when there is one: a sequence's blocks then lie in one piece in the order
+ * pd_kvseq_runs lists them, and a KV hand-off copies them with one get instead of one per block. */
 #ifndef PD_ENGINE_KVPOOL_H
 #define PD_ENGINE_KVPOOL_H
 
@@ -38,14 +41,15 @@ struct pd_kvpool {
     size_t slot_bytes;                  /* fixed part of a sequence */
     struct pd_kvlayer *layer;           /* [n_layers] */
     uint8_t *region;                    /* slots then blocks, one allocation (what KV transfer registers) */
+    int region_lent;                    /* the region belongs to someone else (pd_kvpool_move) */
     size_t region_bytes;
     uint8_t *slots;                     /* [n_slots][slot_bytes], at the start of region */
     int n_slots, n_slots_free;
     int *slot_free;                     /* stack of free slots */
     uint8_t *blocks;                    /* [n_blocks][block_bytes], after the slots */
     int n_blocks, n_blocks_free;
-    int *block_free;                    /* stack of free blocks */
-    unsigned char *block_used;          /* [n_blocks] 1 while owned by a sequence */
+    uint64_t *block_used;               /* bitmap [n_blocks]: 1 while owned by a sequence (and past the end) */
+    int block_low;                      /* no free block below it */
     int live_seqs;
 };
 
@@ -62,6 +66,9 @@ struct pd_kvseq {
 int pd_kvpool_init(struct pd_kvpool *p, const struct pd_model *m, int max_seqs, size_t bytes,
                    int block_entries, pd_err *e);
 void pd_kvpool_free(struct pd_kvpool *p);
+/* Moves an empty pool to `region` (region_bytes long, owned by the caller and outliving the
+ * pool's use): a KV transfer engine's own memory, which a peer reads directly. */
+void pd_kvpool_move(struct pd_kvpool *p, void *region);
 
 /* Geometry: what one sequence costs. */
 double pd_kvpool_bytes_per_token(const struct pd_kvpool *p);   /* marginal, long sequences */
@@ -70,16 +77,21 @@ size_t pd_kvpool_bytes_per_seq(const struct pd_kvpool *p);     /* the fixed slot
 size_t pd_kvpool_seq_bytes(const struct pd_kvpool *p, const struct pd_kvseq *s);
 
 int pd_kvseq_alloc(struct pd_kvpool *p, struct pd_kvseq *s, pd_err *e);
-/* Makes room for entries and keys up to `len` tokens; PD_ENOMEM "KV pool full" if not. */
+/* Makes room for entries and keys up to `len` tokens; PD_ENOMEM "KV pool full" if not (and
+ * then nothing is taken). */
 int pd_kvseq_reserve(struct pd_kvpool *p, struct pd_kvseq *s, int64_t len, pd_err *e);
+/* The same for a request's whole future, `total` tokens, taking the blocks of its first `prompt`
+ * tokens first: the part a KV hand-off copies lies in one piece wherever the pool has room for it,
+ * the blocks only decoding fills come after it. */
+int pd_kvseq_reserve_prompt(struct pd_kvpool *p, struct pd_kvseq *s, int64_t prompt, int64_t total, pd_err *e);
 /* Blocks a sequence of `len` tokens holds in all (what admission must find free). */
 int pd_kvpool_blocks_for(const struct pd_kvpool *p, int64_t len);
 /* Blocks needed to grow s to `len` tokens (admission control). */
 int pd_kvseq_blocks_needed(const struct pd_kvpool *p, const struct pd_kvseq *s, int64_t len);
 void pd_kvseq_free(struct pd_kvpool *p, struct pd_kvseq *s);
 
-/* A sequence's KV as byte runs of the pool's region, in a fixed order: its slot, then each
- * layer's entry blocks, then each layer's indexer-key blocks. Two pools of the same model and
+/* A sequence's KV as byte runs of the pool's region, in a fixed order: its slot, then for each
+ * layer its entry blocks and its indexer-key blocks (the order reserve takes them in). Two pools of the same model and
  * block size give sequences of the same length runs of the same lengths: what a KV hand-off
  * copies one to one. Returns the number of runs (<= max), or -1 if max is too small. */
 struct pd_kv_run {

@@ -400,8 +400,9 @@ static void ep_on_release(void *arg, uint64_t request, enum pd_kvx_release why)
 }
 
 /* A sequence slot of this rank for request id, started with the sampler of words w[0..3]
- * (temperature bits, top_p bits, state lo, hi) and `reserve` tokens of KV. */
-static int ep_start(struct pd_server *s, uint64_t id, int reserve, const int32_t *w, struct ep_seq **out, pd_err *e)
+ * (temperature bits, top_p bits, state lo, hi) and `reserve` tokens of KV, its `prompt` first. */
+static int ep_start(struct pd_server *s, uint64_t id, int prompt, int reserve, const int32_t *w, struct ep_seq **out,
+                    pd_err *e)
 {
     struct ep_group *g = s->g;
     struct ep_seq *q = NULL;
@@ -415,7 +416,7 @@ static int ep_start(struct pd_server *s, uint64_t id, int reserve, const int32_t
     int rc;
     if ((rc = pd_seq_start(&s->en, &q->seq, e)))
         return rc;
-    if ((rc = pd_kvseq_reserve(&s->en.kv, &q->seq.kv, reserve, e))) {
+    if ((rc = pd_kvseq_reserve_prompt(&s->en.kv, &q->seq.kv, prompt, reserve, e))) {
         pd_seq_end(&s->en, &q->seq);
         return rc;
     }
@@ -523,7 +524,7 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         if (w[2] != g->rank)
             continue;
         struct ep_seq *q;
-        if ((rc = ep_start(s, ep_id(w), w[3], w + 8, &q, e)))
+        if ((rc = ep_start(s, ep_id(w), w[4], w[3], w + 8, &q, e)))
             return rc;
         int64_t bytes = ep_pull(s, q, w);
         pulled[2 * i] = bytes >= 0;
@@ -540,7 +541,7 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         uint64_t id = ep_id(w);
         struct ep_seq *q = NULL;
         if (w[4]) {
-            if ((rc = ep_start(s, id, w[5], w + 7, &q, e)))
+            if ((rc = ep_start(s, id, w[3], w[5], w + 7, &q, e)))
                 return rc;
         } else if (!(q = ep_find(s, id))) {
             return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d told to step request %llu it does not hold",
@@ -921,8 +922,9 @@ static void *scheduler(void *arg)
                 if (pd_seq_start(&s->en, &r->seq, &e))
                     break;
                 /* reserve the blocks of the whole future sequence now: a running request never
-                 * finds the pool full when it grows (the failure SGLang users report) */
-                if (pd_kvseq_reserve(&s->en.kv, &r->seq.kv, r->n_prompt + r->max_tokens, &e)) {
+                 * finds the pool full when it grows (the failure SGLang users report); the
+                 * prompt's first, in one piece for a hand-off */
+                if (pd_kvseq_reserve_prompt(&s->en.kv, &r->seq.kv, r->n_prompt, r->n_prompt + r->max_tokens, &e)) {
                     pd_seq_end(&s->en, &r->seq);
                     break;   /* wait until running requests free their blocks */
                 }
