@@ -10,10 +10,13 @@
  * endpoints are closed only after the messages they delivered have been handled.
  *
  * Invariants (asserted where they must hold):
- *   - a transfer is DONE only when its gets have landed (their flush completed) and its rkey is
- *     destroyed; FAILED either the same way, or once its producer's endpoints are closed, so
- *     that nothing still in flight can write into the destination any more;
+ *   - a transfer is DONE only when its gets have landed (their flush completed) and it gave back
+ *     its reference on the link's rkey; FAILED either the same way, or once its producer's
+ *     endpoints are closed, so that nothing still in flight can write into the destination any
+ *     more;
  *   - a transfer holds a reference on its outgoing link until it is DONE or FAILED;
+ *   - a link's rkey (unpacked once, shared by its transfers) is destroyed when the link and the
+ *     last transfer flushing on it have let it go, before the link is freed;
  *   - a lease is in exactly one of x->leases (held) or x->released (callback pending). */
 #include "pd/kvxfer.h"
 
@@ -70,6 +73,12 @@ struct link {
     int failed;               /* the error handler fired */
     ucs_status_t status;
     int refs;                 /* unfinished transfers using it */
+    /* the producer's rkey, unpacked once (rkey_get): the link holds a reference while
+     * link_rkey_ref, each transfer one from its META until its gets are flushed */
+    ucp_rkey_h rkey;
+    int rkey_refs, link_rkey_ref;
+    uint8_t *rkey_packed;
+    size_t rkey_packed_len;
 };
 
 struct pd_kvx_xfer {
@@ -544,6 +553,65 @@ static ucs_status_t data_ep(struct pd_kvx *x, struct link *l, const uint8_t *add
     return st;
 }
 
+/* The producer's rkey for a transfer on l, unpacked on the first META only: unpacking a
+ * shared-memory rkey attaches the producer's segment, which per transfer would cost a new
+ * mapping and a page fault for every page read. A producer's region and its key never change,
+ * so a META whose key differs from the first is refused. */
+static ucp_rkey_h rkey_get(struct link *l, const uint8_t *packed, size_t len, ucs_status_t *st)
+{
+    if (l->rkey && (len != l->rkey_packed_len || memcmp(packed, l->rkey_packed, len) != 0)) {
+        *st = UCS_ERR_INVALID_PARAM;
+        return NULL;
+    }
+    if (!l->rkey) {
+        if (l->rkey_refs > 0) {
+            /* transfers still flushing on the old key of a dropped link: no new one */
+            *st = UCS_ERR_NOT_CONNECTED;
+            return NULL;
+        }
+        uint8_t *copy = malloc(len);
+        if (!copy) {
+            *st = UCS_ERR_NO_MEMORY;
+            return NULL;
+        }
+        if ((*st = ucp_ep_rkey_unpack(l->data, packed, &l->rkey)) != UCS_OK) {
+            l->rkey = NULL;
+            free(copy);
+            return NULL;
+        }
+        memcpy(copy, packed, len);
+        l->x->st.rkeys_unpacked++;
+        l->rkey_packed = copy;
+        l->rkey_packed_len = len;
+        l->rkey_refs = 1;
+        l->link_rkey_ref = 1;
+    }
+    l->rkey_refs++;
+    *st = UCS_OK;
+    return l->rkey;
+}
+
+static void rkey_put(struct link *l)
+{
+    assert(l->rkey_refs > 0);
+    if (--l->rkey_refs == 0) {
+        ucp_rkey_destroy(l->rkey);
+        l->rkey = NULL;
+        free(l->rkey_packed);
+        l->rkey_packed = NULL;
+        l->rkey_packed_len = 0;
+    }
+}
+
+/* A transfer gives its reference back. */
+static void xfer_rkey_put(struct pd_kvx_xfer *t)
+{
+    if (t->rkey) {
+        rkey_put(t->peer);
+        t->rkey = NULL;
+    }
+}
+
 /* One get per piece of the byte stream that is contiguous on both sides, then one flush: the
  * gets carry no callback (their requests are released at once), so a transfer costs one
  * completion whatever its number of runs. */
@@ -663,10 +731,10 @@ static void handle_meta(struct pd_kvx *x, const uint8_t *d, size_t len)
         free(src);
         return;
     }
-    st = ucp_ep_rkey_unpack(t->peer->data, rkey, &t->rkey);
-    if (st != UCS_OK) {
-        t->rkey = NULL;
-        xfer_fail(t, PD_EIO, 1, "cannot unpack the producer's rkey: %s", ucs_status_string(st));
+    t->rkey = rkey_get(t->peer, rkey, rk, &st);
+    if (!t->rkey) {
+        xfer_fail(t, PD_EIO, 1, "cannot use the producer's rkey: %s", st == UCS_ERR_INVALID_PARAM ?
+                  "it differs from the one this connection started with" : ucs_status_string(st));
         free(src);
         return;
     }
@@ -762,9 +830,8 @@ static void advance(struct pd_kvx *x, struct pd_kvx_xfer *t)
          * destroy. */
         if (!t->fail_code || t->peer->ep || t->peer->data)
             return;
-    } else if (t->rkey) {
-        ucp_rkey_destroy(t->rkey);
-        t->rkey = NULL;
+    } else {
+        xfer_rkey_put(t);
     }
     if (!t->fail_code && t->gets_posted && !t->done_sent) {
         if (!link_alive(t->peer)) {
@@ -818,14 +885,17 @@ static void close_ep(struct pd_kvx *x, struct link *l)
     close_one(x, &l->ep);
 }
 
-/* Destroys the rkeys of idle transfers on l: UCX wants them gone before their endpoint. */
+/* Gives back the references of idle transfers on l and the link's own: UCX wants rkeys gone
+ * before their endpoint (transfers still flushing give theirs back when the flush completes). */
 static void drop_idle_rkeys(struct pd_kvx *x, struct link *l)
 {
     for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
-        if (t->peer == l && t->rkey && t->outstanding == 0) {
-            ucp_rkey_destroy(t->rkey);
-            t->rkey = NULL;
-        }
+        if (t->peer == l && t->outstanding == 0)
+            xfer_rkey_put(t);
+    if (l->link_rkey_ref) {
+        l->link_rkey_ref = 0;
+        rkey_put(l);
+    }
 }
 
 static int64_t next_deadline(struct pd_kvx *x)
@@ -910,10 +980,8 @@ static int step(struct pd_kvx *x)
         advance(x, t);
         if (t->state != before)
             n++;
-        if (is_final(t->state) && t->rkey && t->outstanding == 0) {
-            ucp_rkey_destroy(t->rkey);   /* an abandoned flush finally completed */
-            t->rkey = NULL;
-        }
+        if (is_final(t->state) && t->outstanding == 0)
+            xfer_rkey_put(t);   /* an abandoned flush finally completed */
         if (is_final(t->state) && t->free_when_final && t->outstanding == 0) {
             *pp = t->next;
             free_xfer(t);
@@ -925,7 +993,7 @@ static int step(struct pd_kvx *x)
     /* 6. closed endpoints nobody refers to */
     for (struct link **pp = &x->links; *pp;) {
         struct link *l = *pp;
-        if (!l->ep && l->refs == 0) {
+        if (!l->ep && l->refs == 0 && l->rkey_refs == 0) {
             *pp = l->next;
             free(l);
         } else {
@@ -950,9 +1018,7 @@ static int step(struct pd_kvx *x)
 /* Progresses UCX until it is idle, then acts. Lock held. */
 static int progress_locked(struct pd_kvx *x)
 {
-    int n = 0;
-    while (ucp_worker_progress(x->w))
-        n++;
+    int n = (int)ucp_worker_progress(x->w);
     n += step(x);
     /* Another thread asleep on the fd may have been waiting for what we just consumed. */
     if (n && x->sleepers)
@@ -988,7 +1054,7 @@ static int ucx_fail(pd_err *e, const char *what, ucs_status_t st)
 int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
 {
     *out = NULL;
-    if (!o->region || o->region_len == 0)
+    if (o->region_len == 0)
         return pd_err_set(e, PD_EINVAL, "kvxfer: no region to register");
     if (o->listen_port < -1 || o->listen_port > 65535)
         return pd_err_set(e, PD_EINVAL, "kvxfer: listen port %d out of range", o->listen_port);
@@ -1092,14 +1158,24 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
         }
     }
     ucp_mem_map_params_t mp = {
-        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS,
         .address = o->region,
         .length = o->region_len,
+        .flags = o->region ? 0 : UCP_MEM_MAP_ALLOCATE,
     };
     if ((st = ucp_mem_map(x->ctx, &mp, &x->memh)) != UCS_OK) {
         x->memh = NULL;
-        rc = ucx_fail(e, "registering the KV region", st);
+        rc = ucx_fail(e, o->region ? "registering the KV region" : "allocating the KV region", st);
         goto fail;
+    }
+    if (!o->region) {
+        ucp_mem_attr_t ma = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
+        if ((st = ucp_mem_query(x->memh, &ma)) != UCS_OK || ma.length < o->region_len) {
+            rc = ucx_fail(e, "querying the allocated KV region", st != UCS_OK ? st : UCS_ERR_NO_MEMORY);
+            goto fail;
+        }
+        x->base = ma.address;
     }
     if ((st = ucp_rkey_pack(x->ctx, x->memh, &x->rkey_buf, &x->rkey_len)) != UCS_OK) {
         x->rkey_buf = NULL;
@@ -1139,6 +1215,11 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
 fail:
     pd_kvx_destroy(x);
     return rc;
+}
+
+void *pd_kvx_region(const struct pd_kvx *x)
+{
+    return x->base;
 }
 
 int pd_kvx_port(const struct pd_kvx *x)
@@ -1446,10 +1527,9 @@ void pd_kvx_destroy(struct pd_kvx *x)
     }
     /* rkeys live in the worker: they go before it */
     for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
-        if (t->rkey) {
-            ucp_rkey_destroy(t->rkey);
-            t->rkey = NULL;
-        }
+        xfer_rkey_put(t);
+    for (struct link *l = x->links; l; l = l->next)
+        drop_idle_rkeys(x, l);
     for (struct closing *c = x->closing, *next; c; c = next) {
         next = c->next;
         ucp_request_free(c->req);

@@ -87,7 +87,12 @@ struct pd_kvx_run {
 struct pd_kvx_opts {
     const char *listen_host;   /* NULL: "127.0.0.1" */
     int listen_port;           /* 0: ephemeral (see pd_kvx_port), -1: do not listen */
-    void *region;              /* the KV pool; registered with ucp_mem_map */
+    void *region;              /* the KV pool; registered with ucp_mem_map. NULL: the engine
+                                * allocates region_len bytes itself with UCX (ucp_mem_map
+                                * ALLOCATE, as ucx_perftest does): shared memory that a peer on
+                                * the same host maps and reads with one copy, where UCX reaches
+                                * ordinary memory only by a get emulated over messages (two
+                                * copies, the producer's CPU in the loop); see pd_kvx_region() */
     size_t region_len;
     int lease_ms;              /* producer lease; 0: 30000 */
     int timeout_ms;            /* consumer transfer timeout; 0: 30000 */
@@ -99,6 +104,7 @@ struct pd_kvx_stats {
     uint64_t metas_served;     /* META replies sent (producer) */
     uint64_t released[4];      /* leases released, by enum pd_kvx_release */
     uint64_t pulls_done, pulls_failed;
+    uint64_t rkeys_unpacked;   /* producers' rkeys unpacked (consumer): once per connection */
 };
 
 typedef void (*pd_kvx_release_fn)(void *arg, uint64_t request, enum pd_kvx_release why);
@@ -111,6 +117,9 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e);
  * endpoint, releases every lease (PD_KVX_REL_DESTROY: the callbacks run on the caller's thread,
  * so it must not hold a lock they take), frees every transfer handle and unmaps the region. */
 void pd_kvx_destroy(struct pd_kvx *x);
+/* The registered region (the one the engine allocated when opts.region was NULL); it lives
+ * until pd_kvx_destroy. */
+void *pd_kvx_region(const struct pd_kvx *x);
 /* The port the listener is bound to (the ephemeral one when opts.listen_port was 0); -1 if none. */
 int pd_kvx_port(const struct pd_kvx *x);
 

@@ -157,14 +157,20 @@ static void check_bytes(const uint8_t *src, const struct pd_kvx_run *sr, int ns,
 
 /* ------------------------------------------------------------------ tests, per transport */
 
-static void byte_exact(const char *tls)
+/* With own_memory, each engine allocates its region (as a server's KV pool is allocated). */
+static void byte_exact_in(const char *tls, int own_memory)
 {
     use_tls(tls);
     size_t len = 64 * B;
-    uint8_t *pr = malloc(len), *cr = malloc(len);
+    uint8_t *pr = own_memory ? NULL : malloc(len), *cr = own_memory ? NULL : malloc(len);
+    struct pd_kvx *p = engine(pr, len, 1, 10000, 10000), *c = engine(cr, len, 0, 10000, 10000);
+    if (own_memory) {
+        pr = pd_kvx_region(p);
+        cr = pd_kvx_region(c);
+        cr_assert(pr && cr && pr != cr);
+    }
     fill(pr, len, 42);
     memset(cr, 0xEE, len);
-    struct pd_kvx *p = engine(pr, len, 1, 10000, 10000), *c = engine(cr, len, 0, 10000, 10000);
     struct serve s;
     serve_start(&s, p);
 
@@ -206,12 +212,25 @@ static void byte_exact(const char *tls)
     cr_assert_eq(cs.gets, 6);
     cr_assert_eq(cs.get_bytes, 8 * B + 777 + 16 * B);
     cr_assert_eq(cs.pulls_done, 2);
+    cr_assert_eq(cs.rkeys_unpacked, 1, "the second pull reuses the producer's rkey");
     cr_assert_eq(wait_count(NULL, &r, 2, 5000), 2);
     serve_stop(&s);
     pd_kvx_destroy(c);
     pd_kvx_destroy(p);
-    free(pr);
-    free(cr);
+    if (!own_memory) {
+        free(pr);
+        free(cr);
+    }
+}
+
+static void byte_exact(const char *tls)
+{
+    byte_exact_in(tls, 0);
+}
+
+static void byte_exact_engine_memory(const char *tls)
+{
+    byte_exact_in(tls, 1);
 }
 
 static void done_releases(const char *tls)
@@ -565,6 +584,7 @@ static void idle_sleeps(const char *tls)
     Test(kvxfer, fn##_sm, .timeout = 60) { fn("sm,self"); }
 
 BOTH(byte_exact)
+BOTH(byte_exact_engine_memory)
 BOTH(done_releases)
 BOTH(abort_releases)
 BOTH(lease_expires)
