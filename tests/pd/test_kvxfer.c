@@ -59,6 +59,31 @@ static struct pd_kvx *engine(uint8_t *region, size_t len, int listen, int lease_
     return x;
 }
 
+/* A producer (listening) and a consumer engine over zeroed regions of `len` bytes each. */
+struct pair {
+    uint8_t *pr, *cr;
+    struct pd_kvx *p, *c;
+};
+
+static void pair_open(struct pair *x, const char *tls, size_t len, int lease_ms, int timeout_ms)
+{
+    use_tls(tls);
+    x->pr = calloc(len, 1);
+    x->cr = calloc(len, 1);
+    cr_assert(x->pr && x->cr);
+    x->p = engine(x->pr, len, 1, lease_ms, timeout_ms);
+    x->c = engine(x->cr, len, 0, lease_ms, timeout_ms);
+}
+
+/* Destroys what is left (a test that destroyed one sets it NULL) and frees the regions. */
+static void pair_close(struct pair *x)
+{
+    pd_kvx_destroy(x->c);
+    pd_kvx_destroy(x->p);
+    free(x->pr);
+    free(x->cr);
+}
+
 /* Progresses both engines from this thread until t ends or `ms` pass. */
 static enum pd_kvx_state pump(struct pd_kvx *p, struct pd_kvx *c, struct pd_kvx_xfer *t, int ms)
 {
@@ -235,10 +260,9 @@ static void byte_exact_engine_memory(const char *tls)
 
 static void done_releases(const char *tls)
 {
-    use_tls(tls);
-    size_t len = 16 * B;
-    uint8_t *pr = calloc(len, 1), *cr = calloc(len, 1);
-    struct pd_kvx *p = engine(pr, len, 1, 10000, 5000), *c = engine(cr, len, 0, 10000, 5000);
+    struct pair x;
+    pair_open(&x, tls, 16 * B, 10000, 5000);
+    struct pd_kvx *p = x.p, *c = x.c;
     struct pd_kvx_run run = {0, 4 * B};
     struct rel r = {0};
     pd_err e = {0};
@@ -257,19 +281,15 @@ static void done_releases(const char *tls)
     cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 1, &run, 1, &t, &e), 0);
     cr_assert_eq(pump(p, c, t, 5000), PD_KVX_FAILED);
     pd_kvx_xfer_free(c, t);
-    pd_kvx_destroy(c);
-    pd_kvx_destroy(p);
+    pair_close(&x);
     cr_assert_eq(atomic_load(&r.count), 1, "destroy must not release a released lease");
-    free(pr);
-    free(cr);
 }
 
 static void abort_releases(const char *tls)
 {
-    use_tls(tls);
-    size_t len = 16 * B;
-    uint8_t *pr = calloc(len, 1), *cr = calloc(len, 1);
-    struct pd_kvx *p = engine(pr, len, 1, 10000, 5000), *c = engine(cr, len, 0, 10000, 5000);
+    struct pair x;
+    pair_open(&x, tls, 16 * B, 10000, 5000);
+    struct pd_kvx *p = x.p, *c = x.c;
     struct pd_kvx_run run = {B, 2 * B};
     struct rel r = {0};
     pd_err e = {0};
@@ -290,19 +310,15 @@ static void abort_releases(const char *tls)
     cr_assert_eq(atomic_load(&r.count), 1);
     cr_assert_eq(atomic_load(&r.why), PD_KVX_REL_ABORT);
     pd_kvx_xfer_free(c, t);
-    pd_kvx_destroy(c);
-    pd_kvx_destroy(p);
+    pair_close(&x);
     cr_assert_eq(atomic_load(&r.count), 1);
-    free(pr);
-    free(cr);
 }
 
 static void lease_expires(const char *tls)
 {
-    use_tls(tls);
-    size_t len = 16 * B;
-    uint8_t *pr = calloc(len, 1), *cr = calloc(len, 1);
-    struct pd_kvx *p = engine(pr, len, 1, 200, 5000), *c = engine(cr, len, 0, 200, 5000);
+    struct pair x;
+    pair_open(&x, tls, 16 * B, 200, 5000);
+    struct pd_kvx *p = x.p, *c = x.c;
     struct pd_kvx_run run = {0, B};
     struct rel r = {0};
     pd_err e = {0};
@@ -317,19 +333,15 @@ static void lease_expires(const char *tls)
     cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 3, &run, 1, &t, &e), 0);
     cr_assert_eq(pump(p, c, t, 5000), PD_KVX_FAILED);
     pd_kvx_xfer_free(c, t);
-    pd_kvx_destroy(c);
-    pd_kvx_destroy(p);
+    pair_close(&x);
     cr_assert_eq(atomic_load(&r.count), 1);
-    free(pr);
-    free(cr);
 }
 
 static void unknown_request(const char *tls)
 {
-    use_tls(tls);
-    size_t len = 16 * B;
-    uint8_t *pr = calloc(len, 1), *cr = calloc(len, 1);
-    struct pd_kvx *p = engine(pr, len, 1, 10000, 5000), *c = engine(cr, len, 0, 10000, 5000);
+    struct pair x;
+    pair_open(&x, tls, 16 * B, 10000, 5000);
+    struct pd_kvx *p = x.p, *c = x.c;
     struct serve s;
     serve_start(&s, p);
     struct pd_kvx_run run = {0, B};
@@ -344,18 +356,14 @@ static void unknown_request(const char *tls)
     cr_assert(strstr(e.msg, "request 999 from 127.0.0.1:"), "%s", e.msg);
     pd_kvx_xfer_free(c, t);
     serve_stop(&s);
-    pd_kvx_destroy(c);
-    pd_kvx_destroy(p);
-    free(pr);
-    free(cr);
+    pair_close(&x);
 }
 
 static void size_mismatch(const char *tls)
 {
-    use_tls(tls);
-    size_t len = 16 * B;
-    uint8_t *pr = calloc(len, 1), *cr = calloc(len, 1);
-    struct pd_kvx *p = engine(pr, len, 1, 10000, 5000), *c = engine(cr, len, 0, 10000, 5000);
+    struct pair x;
+    pair_open(&x, tls, 16 * B, 10000, 5000);
+    struct pd_kvx *p = x.p, *c = x.c;
     struct pd_kvx_run src = {0, 4 * B}, dst = {0, 2 * B};   /* D thinks blocks are half size */
     struct rel r = {0};
     pd_err e = {0};
@@ -374,10 +382,7 @@ static void size_mismatch(const char *tls)
     cr_assert_eq(atomic_load(&r.why), PD_KVX_REL_ABORT);
     cr_assert_eq(pd_kvx_xfer_gets(c, t), 0);
     pd_kvx_xfer_free(c, t);
-    pd_kvx_destroy(c);
-    pd_kvx_destroy(p);
-    free(pr);
-    free(cr);
+    pair_close(&x);
 }
 
 static int free_port(void)
@@ -417,13 +422,12 @@ static void nobody_listens(const char *tls)
 
 static void producer_dies(const char *tls)
 {
-    use_tls(tls);
     /* large enough that over tcp the gets are still in flight when the producer goes */
     size_t len = (size_t)64 << 20;
-    uint8_t *pr = malloc(len), *cr = malloc(len);
-    memset(pr, 1, len);
-    memset(cr, 0, len);
-    struct pd_kvx *p = engine(pr, len, 1, 10000, 3000), *c = engine(cr, len, 0, 10000, 3000);
+    struct pair x;
+    pair_open(&x, tls, len, 10000, 3000);
+    struct pd_kvx *p = x.p, *c = x.c;
+    memset(x.pr, 1, len);
     int n = (int)(len / B / 2);
     struct pd_kvx_run *runs = malloc((size_t)n * sizeof *runs);
     for (int i = 0; i < n; i++)
@@ -441,6 +445,7 @@ static void producer_dies(const char *tls)
     }
     cr_assert_eq(pd_kvx_state(c, t), PD_KVX_TRANSFERRING);
     pd_kvx_destroy(p);
+    x.p = NULL;
     cr_assert_eq(atomic_load(&r.count), 1);
     cr_assert_eq(atomic_load(&r.why), PD_KVX_REL_DESTROY);
     double t0 = pd_now_s();
@@ -451,20 +456,17 @@ static void producer_dies(const char *tls)
     cr_assert_lt(dt, 3.5, "failed after %.3f s, the timeout is 3 s", dt);
     cr_log_info("producer gone (%s): %s after %.3f s", tls ? tls : "default", e.msg, dt);
     pd_kvx_xfer_free(c, t);
-    pd_kvx_destroy(c);
     free(runs);
-    free(pr);
-    free(cr);
+    pair_close(&x);
 }
 
 /* A producer that accepted nothing and answers nothing (hung, not dead): the pull ends FAILED
  * at its timeout; a handle freed while unfinished is aborted and reclaimed. */
 static void producer_hung(const char *tls)
 {
-    use_tls(tls);
-    size_t len = 16 * B;
-    uint8_t *pr = calloc(len, 1), *cr = calloc(len, 1);
-    struct pd_kvx *p = engine(pr, len, 1, 10000, 5000), *c = engine(cr, len, 0, 10000, 800);
+    struct pair x;
+    pair_open(&x, tls, 16 * B, 10000, 800);
+    struct pd_kvx *p = x.p, *c = x.c;
     struct pd_kvx_run run = {0, B};
     pd_err e = {0};
     cr_assert_eq(pd_kvx_offer(p, 6, &run, 1, NULL, NULL, &e), 0, "%s", e.msg);
@@ -480,10 +482,7 @@ static void producer_hung(const char *tls)
     cr_assert_eq(pd_kvx_result(c, t, &e), PD_EIO);
     cr_assert(strstr(e.msg, "timed out"), "%s", e.msg);
     pd_kvx_xfer_free(c, t);
-    pd_kvx_destroy(c);
-    pd_kvx_destroy(p);
-    free(pr);
-    free(cr);
+    pair_close(&x);
 }
 
 /* Two threads pull through one consumer engine at once, both asleep in pd_kvx_wait() on the
@@ -514,12 +513,13 @@ static void *pull_main(void *arg)
 
 static void concurrent_pulls(const char *tls)
 {
-    use_tls(tls);
     enum { N = 20 };
     size_t len = 2 * N * B;
-    uint8_t *pr = malloc(len), *cr = calloc(len, 1);
+    struct pair x;
+    pair_open(&x, tls, len, 10000, 10000);
+    uint8_t *pr = x.pr, *cr = x.cr;
+    struct pd_kvx *p = x.p, *c = x.c;
     fill(pr, len, 3);
-    struct pd_kvx *p = engine(pr, len, 1, 10000, 10000), *c = engine(cr, len, 0, 10000, 10000);
     struct rel r = {0};
     pd_err e = {0};
     for (uint64_t id = 0; id < 2 * N; id++) {
@@ -538,19 +538,15 @@ static void concurrent_pulls(const char *tls)
     cr_assert_eq(memcmp(pr, cr, len), 0);
     cr_assert_eq(wait_count(NULL, &r, 2 * N, 5000), 2 * N);
     serve_stop(&s);
-    pd_kvx_destroy(c);
-    pd_kvx_destroy(p);
-    free(pr);
-    free(cr);
+    pair_close(&x);
 }
 
 /* An engine with nothing to do sleeps in poll(); it does not spin. */
 static void idle_sleeps(const char *tls)
 {
-    use_tls(tls);
-    size_t len = 16 * B;
-    uint8_t *pr = calloc(len, 1), *cr = calloc(len, 1);
-    struct pd_kvx *p = engine(pr, len, 1, 10000, 5000), *c = engine(cr, len, 0, 10000, 5000);
+    struct pair x;
+    pair_open(&x, tls, 16 * B, 10000, 5000);
+    struct pd_kvx *p = x.p, *c = x.c;
     struct pd_kvx_run run = {0, B};
     struct rel r = {0};
     pd_err e = {0};
@@ -570,10 +566,7 @@ static void idle_sleeps(const char *tls)
                  1e-6 * (double)(b.ru_stime.tv_usec - a.ru_stime.tv_usec);
     cr_assert_lt(cpu, 0.1, "%.3f s of CPU in 0.5 s idle", cpu);
     pd_kvx_xfer_free(c, t);
-    pd_kvx_destroy(c);
-    pd_kvx_destroy(p);
-    free(pr);
-    free(cr);
+    pair_close(&x);
 }
 
 /* Each behaviour over TCP alone, over UCX's default choice (shared memory for the gets here)
