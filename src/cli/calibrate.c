@@ -9,24 +9,33 @@
 #include "model/tokenizer.h"
 #include "plan/calibrate.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <netinet/in.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 static const char *help =
-    "usage: pdmoe calibrate [--model DIR] [--threads N] [--out FILE] [--quick]\n"
+    "usage: pdmoe calibrate [--model DIR] [--threads N] [--out FILE] [--quick] [--port P]\n"
     "Measures this machine for the model in DIR (default models/mini) with N threads per process\n"
     "(default 1, as pdmoe up runs its servers) and writes a hardware file (default stdout) for\n"
     "pdmoe plan/search --hardware FILE: memory read bandwidth, int8 VNNI peak, the GEMV's and GEMM's\n"
-    "efficiencies, the UCX hand-off, and the per-step and per-token CPU costs fitted to engine steps.\n";
+    "efficiencies, the UCX hand-off, the per-step and per-token CPU costs fitted to engine steps, and\n"
+    "the PD path's fixed cost per request, timed through a `pdmoe up` it starts on 127.0.0.1 at the\n"
+    "first free ports from P (default 8400: P, P+1, P+2 and P+100).\n";
 
+/* f[0] prefill, f[1] decode; request_s with how it was measured (NULL: not yet) */
 static json_t *hardware_json(const char *cpu, int threads, int cards, double mem, const struct pd_bench_machine *m,
-                             double ucx_bw, double ucx_lat, const struct pd_calib_fit *f, const char *model)
-/* f[0] prefill, f[1] decode */
+                             double ucx_bw, double ucx_lat, const struct pd_calib_fit *f, const char *model,
+                             double request_s, const char *request_src)
 {
     char when[32], tag[128];
     time_t now = time(NULL);
@@ -48,13 +57,15 @@ static json_t *hardware_json(const char *cpu, int threads, int cards, double mem
     snprintf(s_ucx, sizeof s_ucx, "%s: one UCX get between two workers of a process: %.2f GB/s for 64 MiB; latency = 3 "
              "round trips (GET_META, the get, DONE/ACK) of a 4 KiB get", tag, ucx_bw / 1e9);
     const char *none = "not used on one CPU process per role (no expert parallelism, no overlap)";
-    json_t *eff = json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "gemm",
+    json_t *eff = json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "request_s",
+                            request_s, "gemm",
                             m->gemm_ops / m->vnni_peak, "memory", f[1].memory, "attention", f[0].attention,
                             "a2a_intra", 1.0, "a2a_inter", 1.0, "a2a_latency_s", 0.0, "imbalance_prefill", 1.0,
                             "imbalance_decode", 1.0, "imbalance_eplb_prefill", 1.0, "imbalance_eplb_decode", 1.0, "overlap_prefill", 0.0, "overlap_decode", 0.0, "step_prefill_s",
                             f[0].step_s, "step_decode_s", f[1].step_s, "token_layer_prefill_s", f[0].token_layer_s,
                             "token_layer_decode_s", f[1].token_layer_s, "mtp_acceptance", 0.0);
-    json_t *src = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s}", "gemm", s_gemm, "memory",
+    json_t *src = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s}", "request_s",
+                            request_src ? request_src : "not measured yet", "gemm", s_gemm, "memory",
                             s_mem, "attention", s_fit, "a2a_intra", none, "a2a_inter", none, "a2a_latency_s", none,
                             "imbalance_prefill", none, "imbalance_decode", none,
                             "imbalance_eplb_prefill", none, "imbalance_eplb_decode", none, "overlap_prefill", none,
@@ -72,6 +83,133 @@ static json_t *hardware_json(const char *cpu, int threads, int cards, double mem
         "sources", "memory_bandwidth_Bps", s_bw, "int8_ops", s_peak, "bf16_flops", s_peak, "links", s_ucx,
         "runtime_overhead_bytes", "pdmoe's assumption: the process, its thread pool and the HTTP front", "efficiency",
         src);
+}
+
+/* ------------------------------------------------------------------ the PD path's cost per request */
+
+static int port_free(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+/* The first port p from `from` (steps of 7) with p, p+1, p+2 and p+100 free: pdmoe up's proxy,
+ * prefill, decode and KV listener; 0 if none. */
+static int free_ports(int from)
+{
+    for (int p = from; p < from + 7 * 64 && p + 100 < 65536; p += 7)
+        if (port_free(p) && port_free(p + 1) && port_free(p + 2) && port_free(p + 100))
+            return p;
+    return 0;
+}
+
+/* Seconds from connecting to the first streamed token of one completion of `prompt` through the
+ * proxy at 127.0.0.1:port (what `pdmoe bench serve` calls TTFT); < 0 on failure, with e set. */
+static double ttft_once(int port, const char *prompt, pd_err *e)
+{
+    json_t *b = json_pack("{s:s,s:i,s:b,s:f}", "prompt", prompt, "max_tokens", 2, "stream", 1, "temperature", 0.0);
+    char *body = b ? json_dumps(b, JSON_COMPACT) : NULL;
+    json_decref(b);
+    char head[256];
+    int hn = body ? snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: "
+                             "application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", port, strlen(body)) : 0;
+    double t0 = pd_now_s(), first = -1;
+    int fd = body ? socket(AF_INET, SOCK_STREAM, 0) : -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {30, 0};
+    char buf[65536];
+    size_t got = 0;
+    if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0 &&
+        connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && write(fd, head, (size_t)hn) == hn &&
+        write(fd, body, strlen(body)) == (ssize_t)strlen(body)) {
+        ssize_t n;
+        while ((n = read(fd, buf + got, sizeof buf - 1 - got)) > 0) {
+            got += (size_t)n;
+            buf[got] = 0;
+            const char *h = strstr(buf, "\r\n\r\n");
+            if (first < 0 && h && strstr(h, "\"text\""))
+                first = pd_now_s() - t0;
+            if (got == sizeof buf - 1)
+                got = 0;   /* only the first chunk matters; drain the rest */
+        }
+        if (first >= 0 && strncmp(buf, "HTTP/1.1 200", 12) != 0 && strstr(buf, "HTTP/1.1 ") == buf)
+            first = -1;
+    }
+    if (first < 0)
+        pd_err_set(e, PD_EIO, "a completion through pdmoe up at 127.0.0.1:%d gave no streamed token%s%.200s", port,
+                   got ? ": " : "", got ? buf : "");
+    if (fd >= 0)
+        close(fd);
+    free(body);
+    return first;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Starts `pdmoe up` (this binary) for the model in dir at a free port from `from`, streams `n`
+ * completions of `prompt` one at a time (after one to warm up) and stops it: the median TTFT. */
+static int measure_ttft(const char *dir, int threads, int from, const char *prompt, int n, double *median, pd_err *e)
+{
+    int port = free_ports(from);
+    if (!port)
+        return pd_err_set(e, PD_EIO, "no free ports for pdmoe up from %d (--port)", from);
+    char self[4096], sport[16], sth[16];
+    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (k <= 0)
+        return pd_err_set(e, PD_EIO, "cannot find this binary (/proc/self/exe)");
+    self[k] = 0;
+    snprintf(sport, sizeof sport, "%d", port);
+    snprintf(sth, sizeof sth, "%d", threads);
+    pid_t pid = fork();
+    if (pid < 0)
+        return pd_err_set(e, PD_EIO, "cannot start pdmoe up");
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        if (null >= 0) {
+            dup2(null, 1);
+            dup2(null, 2);
+        }
+        execl(self, self, "up", "--model", dir, "--port", sport, "--threads", sth, (char *)NULL);
+        _exit(127);
+    }
+    double *t = calloc((size_t)n, sizeof *t);
+    int rc = t ? 0 : pd_err_set(e, PD_ENOMEM, "out of memory");
+    /* healthy once a completion streams: pdmoe up waits for every server before the proxy serves */
+    double end = pd_now_s() + 120;
+    pd_err quiet = {0};
+    while (!rc && ttft_once(port, prompt, &quiet) < 0) {
+        if (waitpid(pid, NULL, WNOHANG) == pid) {
+            pid = 0;
+            rc = pd_err_set(e, PD_EIO, "pdmoe up --port %d exited before it served (%s)", port, quiet.msg);
+        } else if (pd_now_s() > end) {
+            rc = pd_err_set(e, PD_EIO, "pdmoe up --port %d did not serve within 120 s (%s)", port, quiet.msg);
+        } else {
+            usleep(200000);
+        }
+    }
+    for (int i = 0; !rc && i < n; i++)
+        if ((t[i] = ttft_once(port, prompt, e)) < 0)
+            rc = e->code ? e->code : PD_EIO;
+    if (pid > 0) {
+        kill(pid, SIGINT);
+        waitpid(pid, NULL, 0);
+    }
+    if (!rc) {
+        qsort(t, (size_t)n, sizeof *t, cmp_double);
+        *median = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+    }
+    free(t);
+    return rc;
 }
 
 static void cpu_name(char *out, size_t n)
@@ -97,10 +235,10 @@ int pd_cli_calibrate(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"threads", 1, 0, 'j'}, {"out", 1, 0, 'o'}, {"quick", 0, 0, 'q'}, {"help", 0, 0, 'h'},
-        {0, 0, 0, 0},
+        {"port", 1, 0, 'p'}, {0, 0, 0, 0},
     };
     const char *dir = "models/mini", *out = NULL;
-    int64_t threads = 1;
+    int64_t threads = 1, port = 8400;
     int quick = 0, c;
     optind = 1;
     opterr = 0;
@@ -110,6 +248,7 @@ int pd_cli_calibrate(int argc, char **argv)
         case 'j': if (pd_cli_int("--threads", optarg, 1, &threads) || threads > 256) return 2; break;
         case 'o': out = optarg; break;
         case 'q': quick = 1; break;
+        case 'p': if (pd_cli_int("--port", optarg, 1, &port) || port > 65000) return 2; break;
         case 'h': fputs(help, stdout); return 0;
         default: fprintf(stderr, "pdmoe calibrate: unknown option %s (see --help)\n", argv[optind - 1]); return 2;
         }
@@ -131,12 +270,25 @@ int pd_cli_calibrate(int argc, char **argv)
     char tpath[600];
     const char *corpus = pd_embedded_find("models/corpus.txt");
     snprintf(tpath, sizeof tpath, "%s/tokenizer.json", dir);
-    if (!corpus || pd_tok_load(tpath, &tok, &e) || pd_tok_encode(tok, corpus, strlen(corpus), &words, &n_words, &e)) {
+    /* the request timed through pdmoe up: the corpus's first sentence or so, cut at a space */
+    char prompt[200];
+    size_t plen = corpus ? strlen(corpus) : 0;
+    plen = plen < sizeof prompt - 1 ? plen : sizeof prompt - 1;
+    while (corpus && plen > 1 && corpus[plen] != ' ' && corpus[plen] != 0)
+        plen--;
+    snprintf(prompt, sizeof prompt, "%.*s", (int)plen, corpus ? corpus : "");
+    int32_t *pids = NULL;
+    size_t n_pids = 0;
+    if (!corpus || pd_tok_load(tpath, &tok, &e) || pd_tok_encode(tok, corpus, strlen(corpus), &words, &n_words, &e) ||
+        pd_tok_encode(tok, prompt, strlen(prompt), &pids, &n_pids, &e)) {
         fprintf(stderr, "pdmoe calibrate: %s\n", corpus ? e.msg : "no embedded corpus");
         pd_tok_free(tok);
+        free(words);
         pd_engine_close(&en);
         return 1;
     }
+    int64_t prompt_tokens = (int64_t)n_pids + (pd_tok_bos(tok) >= 0);   /* as the server counts it */
+    free(pids);
     pd_tok_free(tok);
     /* engine steps: prefill at six lengths, decode at five batches and two contexts */
     struct pd_calib_point pts[] = {
@@ -175,7 +327,7 @@ int pd_cli_calibrate(int argc, char **argv)
     double mem = (double)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / cards;
     const double gemv = m.gemv_bw / m.bw;   /* the memory factor until the decode fit replaces it */
     struct pd_calib_fit f[2] = {{.attention = 1, .memory = gemv}, {.attention = 1, .memory = gemv}};
-    json_t *j = hardware_json(cpu, (int)threads, cards, mem, &m, ucx_bw, ucx_lat, f, dir);
+    json_t *j = hardware_json(cpu, (int)threads, cards, mem, &m, ucx_bw, ucx_lat, f, dir, 0, NULL);
     char *desc = j ? json_dumps(j, 0) : NULL;
     json_decref(j);
     struct pd_hardware hw;
@@ -218,7 +370,42 @@ int pd_cli_calibrate(int argc, char **argv)
     for (int i = 0; i < n_pts; i++)
         fprintf(stderr, "  %-8s %5lld %7lld %5lld %12.3f %12.3f\n", pd_role_name(pts[i].role), (long long)pts[i].seqs,
                 (long long)pts[i].tokens, (long long)pts[i].ctx, pts[i].measured_s * 1e3, pts[i].fitted_s * 1e3);
-    j = hardware_json(cpu, (int)threads, cards, mem, &m, ucx_bw, ucx_lat, f, dir);
+    /* what the model leaves out of a request's TTFT: a short prompt through the real PD path,
+     * minus the model's own terms for it (request_s still 0) */
+    double ttft = 0, model_ttft = 0, request_s = 0;
+    char s_req[512];
+    j = hardware_json(cpu, (int)threads, cards, mem, &m, ucx_bw, ucx_lat, f, dir, 0, NULL);
+    desc = j ? json_dumps(j, 0) : NULL;
+    json_decref(j);
+    rc = desc ? pd_hardware_parse(desc, "calibrate's fit", &hw, &e) : pd_err_set(&e, PD_ENOMEM, "out of memory");
+    free(desc);
+    /* as pdmoe up serves it: one sequence at a time in the decode step that follows */
+    po.max_num_seqs = 1;
+    struct pd_workload w;
+    pd_workload_default(&w);
+    w.isl = prompt_tokens;
+    w.osl = 2;
+    struct pd_perf pf;
+    if (!rc && !(rc = pd_plan_build(&po, &p, &e))) {
+        rc = pd_perf_eval(&p, &w, &pf, &e);
+        model_ttft = pf.ttft_s;
+        pd_plan_free(&p);
+    }
+    if (!rc) {
+        fprintf(stderr, "  timing %d requests of %lld tokens through pdmoe up...\n", quick ? 5 : 9, (long long)prompt_tokens);
+        rc = measure_ttft(dir, (int)threads, (int)port, prompt, quick ? 5 : 9, &ttft, &e);
+    }
+    if (rc) {
+        fprintf(stderr, "pdmoe calibrate: %s\n", e.msg);
+        return 1;
+    }
+    request_s = ttft > model_ttft ? ttft - model_ttft : 0;
+    snprintf(s_req, sizeof s_req, "pdmoe calibrate: median TTFT of %d streamed completions of a %lld-token prompt "
+             "through pdmoe up (%.2f ms) minus the model's prefill, hand-off and first decode step for it (%.2f ms)",
+             quick ? 5 : 9, (long long)prompt_tokens, ttft * 1e3, model_ttft * 1e3);
+    fprintf(stderr, "  PD path per request: %.2f ms (TTFT %.2f ms through pdmoe up, %.2f ms of it modelled)\n",
+            request_s * 1e3, ttft * 1e3, model_ttft * 1e3);
+    j = hardware_json(cpu, (int)threads, cards, mem, &m, ucx_bw, ucx_lat, f, dir, request_s, s_req);
     char *text = j ? json_dumps(j, JSON_INDENT(2)) : NULL;
     json_decref(j);
     if (!text) {

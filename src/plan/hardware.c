@@ -41,6 +41,7 @@ static int efficiency_parse(const char *file, json_t *root, struct pd_efficiency
         {"step_prefill_s", &f->step_s[0], 0, 10}, {"step_decode_s", &f->step_s[1], 0, 10},
         {"token_layer_prefill_s", &f->token_layer_s[0], 0, 1},
         {"token_layer_decode_s", &f->token_layer_s[1], 0, 1}, {"mtp_acceptance", &f->mtp_acceptance, 0, 1},
+        {"request_s", &f->request_s, 0, 10},
     };
     struct pd_jsrc s = {file, "efficiency."};
     for (size_t i = 0; i < sizeof f8 / sizeof f8[0]; i++) {

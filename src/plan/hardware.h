@@ -30,6 +30,9 @@ struct pd_efficiency {
     double step_s[2];       /* fixed cost of one forward step (scheduling, launches), per role */
     double token_layer_s[2];  /* per token and layer, per role: the non-GEMM kernels (norms, rope, mHC) */
     double mtp_acceptance;  /* probability the MTP draft token is accepted */
+    double request_s;       /* fixed cost of one request on the PD path beyond its steps and hand-off:
+                             * the proxy, the HTTP exchanges with prefill and decode, tokenisation,
+                             * admission, the transfer's control messages (part of TTFT) */
 };
 
 struct pd_hardware {

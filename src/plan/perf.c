@@ -320,7 +320,8 @@ void pd_perf_combine(const struct pd_plan *p, const struct pd_workload *w, struc
     f->w = *w;
     f->fits = P->b.fits_weights && D->b.fits_weights && P->b.kv_pool >= pd_kv_seq_bytes(&p->kv, w->isl) &&
               f->batch >= 1 && f->batch <= f->batch_cap;
-    f->ttft_s = f->prefill_s + f->handoff_s + f->decode_step.total_s;
+    f->request_s = p->hw.eff.request_s;
+    f->ttft_s = f->request_s + f->prefill_s + f->handoff_s + f->decode_step.total_s;
     f->req_s = f->prefill_req_s < f->decode_req_s ? f->prefill_req_s : f->decode_req_s;
     int cards = P->cards + D->cards;
     f->tok_s_card = cards > 0 ? f->req_s * w->osl / cards : 0;
@@ -371,8 +372,9 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
             "attention", "a2a", "overhead", "total", "bound");
     step_text(o, "prefill", &f->prefill_step);
     step_text(o, "decode", &f->decode_step);
-    fprintf(o, "  TTFT            %10.1f ms  = prefill %.1f ms + KV hand-off %.1f ms (%s) + first decode step %.1f ms\n",
-            f->ttft_s * 1e3, f->prefill_s * 1e3, f->handoff_s * 1e3, p->hw.rdma.name, f->decode_step.total_s * 1e3);
+    fprintf(o, "  TTFT            %10.1f ms  = request %.1f ms + prefill %.1f ms + KV hand-off %.1f ms (%s) + first decode "
+            "step %.1f ms\n", f->ttft_s * 1e3, f->request_s * 1e3, f->prefill_s * 1e3, f->handoff_s * 1e3,
+            p->hw.rdma.name, f->decode_step.total_s * 1e3);
     if (f->w.rate > 0)
         fprintf(o, "  TTFT at %.2f req/s %10.1f ms (queueing for %d prefill DP ranks)\n", f->w.rate,
                 f->ttft_rate_s * 1e3, P->o.dp * P->o.instances);
@@ -402,10 +404,10 @@ static json_t *step_json(const struct pd_step *s)
 
 void *pd_perf_json(const struct pd_perf *f)
 {
-    return json_pack("{s:I,s:I,s:f,s:f,s:o,s:o,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:s,s:b}",
+    return json_pack("{s:I,s:I,s:f,s:f,s:o,s:o,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:s,s:b}",
                      "isl", (json_int_t)f->w.isl, "osl", (json_int_t)f->w.osl, "cached", f->w.cached, "rate", f->w.rate,
                      "prefill_step", step_json(&f->prefill_step), "decode_step", step_json(&f->decode_step),
-                     "prefill_s", f->prefill_s, "handoff_s", f->handoff_s, "ttft_s", f->ttft_s, "ttft_at_rate_s",
+                     "request_s", f->request_s, "prefill_s", f->prefill_s, "handoff_s", f->handoff_s, "ttft_s", f->ttft_s, "ttft_at_rate_s",
                      isfinite(f->ttft_rate_s) ? f->ttft_rate_s : -1.0, "prefill_tokens_per_s_card",
                      f->prefill_tok_s_card, "prefill_requests_per_s", f->prefill_req_s, "batch", (json_int_t)f->batch,
                      "batch_cap", (json_int_t)f->batch_cap, "tokens_per_step", f->tokens_per_step, "tpot_s", f->tpot_s,

@@ -55,6 +55,7 @@ struct pd_perf {
     struct pd_step prefill_step;       /* one full chunk of max-num-batched-tokens */
     double prefill_s;                  /* one prompt alone on one DP rank, chunked */
     double handoff_s;                  /* its KV over the inter-node RDMA link */
+    double request_s;                  /* the PD path's fixed cost per request (hardware file) */
     double ttft_s;                     /* queue-free */
     double ttft_rate_s;                /* with the queueing delay at w.rate (inf if overloaded) */
     double prefill_tok_s_card;         /* input tokens/s per card at full chunks */

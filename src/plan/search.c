@@ -176,7 +176,7 @@ static int push_layout(struct pd_search *s, const struct cand *P, const struct c
     l->kv_pool[0] = P->kv_pool;
     l->kv_pool[1] = D->kv_pool;
     const struct pd_workload *w = &s->o.w;
-    l->ttft_s = P->f.prefill_s + P->f.handoff_s + D->f.decode_step.total_s +
+    l->ttft_s = p->hw.eff.request_s + P->f.prefill_s + P->f.handoff_s + D->f.decode_step.total_s +
                 pd_perf_queue_wait(P->o.dp * P->o.instances, P->f.prefill_s, w->rate);
     l->tpot_s = D->f.tpot_s;
     l->user_tok_s = D->f.user_tok_s;

@@ -255,12 +255,12 @@ static void write_hw(const char *path, double card_bytes)
                "\"efficiency\":{\"gemm\":1,\"memory\":1,\"attention\":1,\"a2a_intra\":1,\"a2a_inter\":1,"
                "\"a2a_latency_s\":0,\"imbalance_prefill\":1,\"imbalance_decode\":1,\"imbalance_eplb_prefill\":1,"
                "\"imbalance_eplb_decode\":1,\"overlap_prefill\":0,\"overlap_decode\":0,\"step_prefill_s\":0,"
-               "\"step_decode_s\":0,\"token_layer_prefill_s\":0,\"token_layer_decode_s\":0,\"mtp_acceptance\":0},"
+               "\"step_decode_s\":0,\"token_layer_prefill_s\":0,\"token_layer_decode_s\":0,\"mtp_acceptance\":0,\"request_s\":0},"
                "\"sources\":{\"efficiency\":{\"gemm\":\"t\",\"memory\":\"t\",\"attention\":\"t\",\"a2a_intra\":\"t\","
                "\"a2a_inter\":\"t\",\"a2a_latency_s\":\"t\",\"imbalance_prefill\":\"t\",\"imbalance_decode\":\"t\","
                "\"imbalance_eplb_prefill\":\"t\",\"imbalance_eplb_decode\":\"t\",\"overlap_prefill\":\"t\","
                "\"overlap_decode\":\"t\",\"step_prefill_s\":\"t\",\"step_decode_s\":\"t\",\"token_layer_prefill_s\":\"t\","
-               "\"token_layer_decode_s\":\"t\",\"mtp_acceptance\":\"t\"}}}", card_bytes);
+               "\"token_layer_decode_s\":\"t\",\"mtp_acceptance\":\"t\",\"request_s\":\"t\"}}}", card_bytes);
     fclose(f);
 }
 

@@ -80,7 +80,11 @@ Test(hardware, efficiency_factors)
     cr_assert_eq(pd_hardware_load("h800", &h, &e), 0, "%s", e.msg);
     cr_assert_float_eq(h.eff.gemm, 0.78, 1e-12);
     cr_assert_float_eq(h.eff.mtp_acceptance, 0.85, 1e-12);
-    char *t = edit("\"efficiency\": {\n    \"gemm\"", "\"efficiencies\": {\n    \"gemm\"");
+    cr_assert_float_eq(h.eff.request_s, 0.005, 1e-12);
+    char *t = edit("\"request_s\": 0.005", "\"request_s_\": 0.005");
+    bad(t, "\"efficiency.request_s\"");
+    free(t);
+    t = edit("\"efficiency\": {\n    \"gemm\"", "\"efficiencies\": {\n    \"gemm\"");
     bad(t, "missing required field \"efficiency\"");
     free(t);
     t = edit("\"gemm\": \"DeepGEMM", "\"gemm_\": \"DeepGEMM");

@@ -29,11 +29,11 @@ static const char *hw_file(double bw, double ops, double overlap, double rdma_bw
             "\"runtime_overhead_bytes\":{\"prefill\":1e9,\"decode\":1e9},"
             "\"efficiency\":{\"gemm\":0.5,\"memory\":0.8,\"attention\":0.25,\"a2a_intra\":1,\"a2a_inter\":1,"
             "\"a2a_latency_s\":0,\"imbalance_prefill\":1,\"imbalance_decode\":1,\"imbalance_eplb_prefill\":1,\"imbalance_eplb_decode\":1,\"overlap_prefill\":%g,"
-            "\"overlap_decode\":%g,\"step_prefill_s\":0,\"step_decode_s\":0,\"token_layer_prefill_s\":0,\"token_layer_decode_s\":0,\"mtp_acceptance\":0.5},"
+            "\"overlap_decode\":%g,\"step_prefill_s\":0,\"step_decode_s\":0,\"token_layer_prefill_s\":0,\"token_layer_decode_s\":0,\"mtp_acceptance\":0.5,\"request_s\":0.004},"
             "\"sources\":{\"efficiency\":{\"gemm\":\"t\",\"memory\":\"t\",\"attention\":\"t\",\"a2a_intra\":\"t\","
             "\"a2a_inter\":\"t\",\"a2a_latency_s\":\"t\",\"imbalance_prefill\":\"t\",\"imbalance_decode\":\"t\",\"imbalance_eplb_prefill\":\"t\",\"imbalance_eplb_decode\":\"t\","
             "\"overlap_prefill\":\"t\",\"overlap_decode\":\"t\",\"step_prefill_s\":\"t\",\"step_decode_s\":\"t\","
-            "\"token_layer_prefill_s\":\"t\",\"token_layer_decode_s\":\"t\",\"mtp_acceptance\":\"t\"}}}",
+            "\"token_layer_prefill_s\":\"t\",\"token_layer_decode_s\":\"t\",\"mtp_acceptance\":\"t\",\"request_s\":\"t\"}}}",
             bw, ops, ops, ops, rdma_bw, overlap, overlap);
     fclose(f);
     return path;
@@ -171,7 +171,7 @@ Test(perf, seed_deployment_is_monotone)
         prev = f;
     }
     cr_assert_float_eq(f.tokens_per_step, 1 + p.hw.eff.mtp_acceptance, 1e-12);
-    cr_assert_float_eq(f.ttft_s, f.prefill_s + f.handoff_s + f.decode_step.total_s, 1e-12);
+    cr_assert_float_eq(f.ttft_s, p.hw.eff.request_s + f.prefill_s + f.handoff_s + f.decode_step.total_s, 1e-12);
     cr_assert_float_eq(f.handoff_s, p.hw.rdma.latency_s + (double)pd_kv_seq_bytes(&p.kv, w.isl) / p.hw.rdma.bandwidth_Bps,
                        1e-12);
     double t1 = f.ttft_s;
