@@ -190,30 +190,32 @@ static int block_is_used(const struct pd_kvpool *p, int64_t b)
     return (int)(p->block_used[b >> 6] >> (b & 63) & 1);
 }
 
-/* The first block of the lowest extent of n free blocks, or -1. Whole used or whole free words
- * are stepped over at once. */
+/* The first block of the lowest extent of n free blocks, or -1. Runs of used and of free blocks
+ * are stepped over a word at a time (count-trailing-zeros within a word), so a scan costs one
+ * step per word or per run, not per block. */
 static int64_t free_extent(const struct pd_kvpool *p, int64_t n)
 {
-    int64_t start = p->block_low, len = 0;
+    int64_t start = -1;
     for (int64_t b = p->block_low; b < p->n_blocks;) {
-        uint64_t w = p->block_used[b >> 6];
-        if ((b & 63) == 0 && (w == ~0ull || w == 0)) {
-            if (w) {
-                len = 0;
-                start = b + 64;
-            } else if ((len += 64) >= n) {
-                return start;
+        int bit = (int)(b & 63);
+        uint64_t valid = ~0ull >> bit;   /* the word's blocks from b on, shifted down to bit 0 */
+        uint64_t used = (p->block_used[b >> 6] >> bit) & valid;
+        if (start < 0) {   /* looking for a free block */
+            uint64_t free_bits = ~used & valid;
+            if (!free_bits) {
+                b += 64 - bit;
+                continue;
             }
-            b += 64;
+            b += __builtin_ctzll(free_bits);
+            start = b;
             continue;
         }
-        if (w >> (b & 63) & 1) {
-            len = 0;
-            start = b + 1;
-        } else if (++len >= n) {
+        /* in a free run: up to the next used block (the bits past the pool's end read as used) */
+        b += used ? __builtin_ctzll(used) : 64 - bit;
+        if (b - start >= n)
             return start;
-        }
-        b++;
+        if (used)
+            start = -1;
     }
     return -1;
 }
@@ -222,11 +224,17 @@ static int64_t free_extent(const struct pd_kvpool *p, int64_t n)
 static int take_block(struct pd_kvpool *p, int64_t *at)
 {
     int64_t b = *at;
-    while (block_is_used(p, b)) {
-        uint64_t w = p->block_used[b >> 6] >> (b & 63);
-        b += w == ~0ull >> (b & 63) ? 64 - (b & 63) : 1;
+    for (;;) {
+        assert(b < p->n_blocks);
+        int bit = (int)(b & 63);
+        uint64_t free_bits = ~(p->block_used[b >> 6] >> bit) & (~0ull >> bit);
+        if (free_bits) {
+            b += __builtin_ctzll(free_bits);
+            break;
+        }
+        b += 64 - bit;
     }
-    assert(b < p->n_blocks);
+    assert(b < p->n_blocks && !block_is_used(p, b));
     p->block_used[b >> 6] |= 1ull << (b & 63);
     p->n_blocks_free--;
     if (b == p->block_low)
