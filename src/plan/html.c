@@ -687,9 +687,10 @@ static void perf_section(FILE *f, const struct pd_perf *pf, int u)
         fprintf(f, "</td></tr>\n");                                                                                  \
     } while (0)
     R("TTFT (queue-free)", "%s", ms(a, pf->ttft_s));
+    R("&nbsp;&nbsp;the PD path's fixed cost per request", "%s", ms(a, pf->request_s));
     R("&nbsp;&nbsp;prefill of the prompt (chunked, one DP rank)", "%s", ms(a, pf->prefill_s));
     R("&nbsp;&nbsp;KV hand-off (RDMA)", "%s", ms(a, pf->handoff_s));
-    R("&nbsp;&nbsp;first decode step", "%s", ms(a, pf->ttft_s - pf->prefill_s - pf->handoff_s));
+    R("&nbsp;&nbsp;first decode step", "%s", ms(a, pf->ttft_s - pf->request_s - pf->prefill_s - pf->handoff_s));
     if (w->rate > 0)
         R("TTFT with queueing at the arrival rate", "%s", isfinite(pf->ttft_rate_s) ? ms(a, pf->ttft_rate_s) : "overloaded");
     R("TPOT", "%s", ms(a, pf->tpot_s));
