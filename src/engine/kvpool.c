@@ -190,32 +190,32 @@ static int block_is_used(const struct pd_kvpool *p, int64_t b)
     return (int)(p->block_used[b >> 6] >> (b & 63) & 1);
 }
 
-/* The first block of the lowest extent of n free blocks, or -1. Runs of used and of free blocks
- * are stepped over a word at a time (count-trailing-zeros within a word), so a scan costs one
- * step per word or per run, not per block. */
+/* The first block at or after b that is used (used = 1) or free (used = 0), else n_blocks. Runs
+ * are stepped over a word at a time (count trailing zeros), so a scan costs one step per word or
+ * per run, not per block; the bits past the pool's end read as used. */
+static int64_t next_block(const struct pd_kvpool *p, int64_t b, int used)
+{
+    while (b < p->n_blocks) {
+        int bit = (int)(b & 63);
+        uint64_t w = p->block_used[b >> 6] >> bit;
+        uint64_t hits = (used ? w : ~w) & (~0ull >> bit);
+        if (hits) {
+            b += __builtin_ctzll(hits);
+            return b < p->n_blocks ? b : p->n_blocks;
+        }
+        b += 64 - bit;
+    }
+    return p->n_blocks;
+}
+
+/* The first block of the lowest extent of n free blocks, or -1. */
 static int64_t free_extent(const struct pd_kvpool *p, int64_t n)
 {
-    int64_t start = -1;
-    for (int64_t b = p->block_low; b < p->n_blocks;) {
-        int bit = (int)(b & 63);
-        uint64_t valid = ~0ull >> bit;   /* the word's blocks from b on, shifted down to bit 0 */
-        uint64_t used = (p->block_used[b >> 6] >> bit) & valid;
-        if (start < 0) {   /* looking for a free block */
-            uint64_t free_bits = ~used & valid;
-            if (!free_bits) {
-                b += 64 - bit;
-                continue;
-            }
-            b += __builtin_ctzll(free_bits);
-            start = b;
-            continue;
-        }
-        /* in a free run: up to the next used block (the bits past the pool's end read as used) */
-        b += used ? __builtin_ctzll(used) : 64 - bit;
-        if (b - start >= n)
-            return start;
-        if (used)
-            start = -1;
+    for (int64_t b = next_block(p, p->block_low, 0); b < p->n_blocks; b = next_block(p, b, 0)) {
+        int64_t end = next_block(p, b, 1);
+        if (end - b >= n)
+            return b;
+        b = end;
     }
     return -1;
 }
@@ -223,17 +223,7 @@ static int64_t free_extent(const struct pd_kvpool *p, int64_t n)
 /* The lowest free block at or above *at (there is one: the caller counted them). */
 static int take_block(struct pd_kvpool *p, int64_t *at)
 {
-    int64_t b = *at;
-    for (;;) {
-        assert(b < p->n_blocks);
-        int bit = (int)(b & 63);
-        uint64_t free_bits = ~(p->block_used[b >> 6] >> bit) & (~0ull >> bit);
-        if (free_bits) {
-            b += __builtin_ctzll(free_bits);
-            break;
-        }
-        b += 64 - bit;
-    }
+    int64_t b = next_block(p, *at, 0);
     assert(b < p->n_blocks && !block_is_used(p, b));
     p->block_used[b >> 6] |= 1ull << (b & 63);
     p->n_blocks_free--;
@@ -257,13 +247,22 @@ static int push_block(struct pd_kvpool *p, int **list, int *n, int *cap, int64_t
     return 0;
 }
 
+/* 1, with the error, when `need` more blocks (for `len` tokens) are not free. */
+static int no_room(const struct pd_kvpool *p, int need, int64_t len, pd_err *e)
+{
+    if (need <= p->n_blocks_free)
+        return 0;
+    pd_err_set(e, PD_ENOMEM, "KV pool full: %d more blocks needed for %lld tokens, %d free of %d", need, (long long)len,
+               p->n_blocks_free, p->n_blocks);
+    return 1;
+}
+
 int pd_kvseq_reserve(struct pd_kvpool *p, struct pd_kvseq *s, int64_t len, pd_err *e)
 {
     assert(s->slot >= 0);
     int need = pd_kvseq_blocks_needed(p, s, len);
-    if (need > p->n_blocks_free)
-        return pd_err_set(e, PD_ENOMEM, "KV pool full: %d more blocks needed for %lld tokens, %d free of %d",
-                          need, (long long)len, p->n_blocks_free, p->n_blocks);
+    if (no_room(p, need, len, e))
+        return PD_ENOMEM;
     if (need == 0)
         return 0;
     /* one extent if the pool has one, else the lowest free blocks: ascending either way */
@@ -285,10 +284,8 @@ int pd_kvseq_reserve(struct pd_kvpool *p, struct pd_kvseq *s, int64_t len, pd_er
 
 int pd_kvseq_reserve_prompt(struct pd_kvpool *p, struct pd_kvseq *s, int64_t prompt, int64_t total, pd_err *e)
 {
-    int need = pd_kvseq_blocks_needed(p, s, total);
-    if (need > p->n_blocks_free)
-        return pd_err_set(e, PD_ENOMEM, "KV pool full: %d more blocks needed for %lld tokens, %d free of %d",
-                          need, (long long)total, p->n_blocks_free, p->n_blocks);
+    if (no_room(p, pd_kvseq_blocks_needed(p, s, total), total, e))
+        return PD_ENOMEM;
     int rc = pd_kvseq_reserve(p, s, prompt < total ? prompt : total, e);
     return rc ? rc : pd_kvseq_reserve(p, s, total, e);
 }

@@ -563,12 +563,7 @@ static ucp_rkey_h rkey_get(struct link *l, const uint8_t *packed, size_t len, uc
         *st = UCS_ERR_INVALID_PARAM;
         return NULL;
     }
-    if (!l->rkey) {
-        if (l->rkey_refs > 0) {
-            /* transfers still flushing on the old key of a dropped link: no new one */
-            *st = UCS_ERR_NOT_CONNECTED;
-            return NULL;
-        }
+    if (!l->rkey) {   /* then no reference is left either */
         uint8_t *copy = malloc(len);
         if (!copy) {
             *st = UCS_ERR_NO_MEMORY;
@@ -1015,7 +1010,7 @@ static int step(struct pd_kvx *x)
     return n;
 }
 
-/* Progresses UCX until it is idle, then acts. Lock held. */
+/* Progresses UCX once, then acts. Lock held. */
 static int progress_locked(struct pd_kvx *x)
 {
     int n = (int)ucp_worker_progress(x->w);
@@ -1528,8 +1523,6 @@ void pd_kvx_destroy(struct pd_kvx *x)
     /* rkeys live in the worker: they go before it */
     for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
         xfer_rkey_put(t);
-    for (struct link *l = x->links; l; l = l->next)
-        drop_idle_rkeys(x, l);
     for (struct closing *c = x->closing, *next; c; c = next) {
         next = c->next;
         ucp_request_free(c->req);
