@@ -270,8 +270,7 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Median of n timings (sorts them): robust to the odd slow run on a shared machine. */
-static double median(double *t, int n)
+double pd_bench_median(double *t, int n)
 {
     qsort(t, (size_t)n, sizeof *t, cmp_double);
     return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
@@ -307,7 +306,7 @@ static int time_gemv(struct gemv_case *g, pd_pool *pool, double *sec)
         if (i >= 0)
             t[i] = pd_now_s() - t0;
     }
-    *sec = median(t, g->reps);
+    *sec = pd_bench_median(t, g->reps);
     return 0;
 }
 
@@ -336,7 +335,7 @@ static int time_gemm(struct gemm_case *g, pd_pool *pool, double *sec)
         if (i >= 0)
             t[i] = pd_now_s() - t0;
     }
-    *sec = median(t, g->reps);
+    *sec = pd_bench_median(t, g->reps);
     return 0;
 }
 
@@ -367,7 +366,7 @@ static int time_moe(struct moe_case *m, pd_pool *pool, double *sec)
         if (i >= 0)
             t[i] = pd_now_s() - t0;
     }
-    *sec = median(t, m->reps);
+    *sec = pd_bench_median(t, m->reps);
     return 0;
 }
 

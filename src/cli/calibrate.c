@@ -150,15 +150,9 @@ static double ttft_once(int port, const char *prompt, pd_err *e)
     return first;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Starts `pdmoe up` (this binary) for the model in dir at a free port from `from`, streams `n`
  * completions of `prompt` one at a time (after one to warm up) and stops it: the median TTFT. */
-static int measure_ttft(const char *dir, int threads, int from, const char *prompt, int n, double *median, pd_err *e)
+static int measure_ttft(const char *dir, int threads, int from, const char *prompt, int n, double *median_s, pd_err *e)
 {
     int port = free_ports(from);
     if (!port)
@@ -204,10 +198,8 @@ static int measure_ttft(const char *dir, int threads, int from, const char *prom
         kill(pid, SIGINT);
         waitpid(pid, NULL, 0);
     }
-    if (!rc) {
-        qsort(t, (size_t)n, sizeof *t, cmp_double);
-        *median = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
-    }
+    if (!rc)
+        *median_s = pd_bench_median(t, n);
     free(t);
     return rc;
 }
@@ -354,8 +346,8 @@ int pd_cli_calibrate(int argc, char **argv)
     }
     rc = pd_calib_fit(&p, pts, n_pre, 0, &f[0], &e) ||
          pd_calib_fit(&p, pts + n_pre, n_pts - n_pre, f[0].attention, &f[1], &e);
-    pd_plan_free(&p);
     if (rc) {
+        pd_plan_free(&p);
         fprintf(stderr, "pdmoe calibrate: %s\n", e.msg);
         return 1;
     }
@@ -374,23 +366,23 @@ int pd_cli_calibrate(int argc, char **argv)
      * minus the model's own terms for it (request_s still 0) */
     double ttft = 0, model_ttft = 0, request_s = 0;
     char s_req[512];
-    j = hardware_json(cpu, (int)threads, cards, mem, &m, ucx_bw, ucx_lat, f, dir, 0, NULL);
-    desc = j ? json_dumps(j, 0) : NULL;
-    json_decref(j);
-    rc = desc ? pd_hardware_parse(desc, "calibrate's fit", &hw, &e) : pd_err_set(&e, PD_ENOMEM, "out of memory");
-    free(desc);
-    /* as pdmoe up serves it: one sequence at a time in the decode step that follows */
-    po.max_num_seqs = 1;
+    /* the plan the fit used, with the fitted factors (the ones hardware_json writes from f), and
+     * as pdmoe up serves: one sequence at a time in the decode step that follows */
+    p.hw.eff.attention = f[0].attention;
+    p.hw.eff.memory = f[1].memory;
+    for (int r = 0; r < 2; r++) {
+        p.hw.eff.step_s[r] = f[r].step_s;
+        p.hw.eff.token_layer_s[r] = f[r].token_layer_s;
+    }
+    p.o.max_num_seqs = 1;
     struct pd_workload w;
     pd_workload_default(&w);
     w.isl = prompt_tokens;
     w.osl = 2;
     struct pd_perf pf;
-    if (!rc && !(rc = pd_plan_build(&po, &p, &e))) {
-        rc = pd_perf_eval(&p, &w, &pf, &e);
-        model_ttft = pf.ttft_s;
-        pd_plan_free(&p);
-    }
+    rc = pd_perf_eval(&p, &w, &pf, &e);
+    model_ttft = pf.ttft_s;
+    pd_plan_free(&p);
     if (!rc) {
         fprintf(stderr, "  timing %d requests of %lld tokens through pdmoe up...\n", quick ? 5 : 9, (long long)prompt_tokens);
         rc = measure_ttft(dir, (int)threads, (int)port, prompt, quick ? 5 : 9, &ttft, &e);
