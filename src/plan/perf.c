@@ -277,7 +277,7 @@ void pd_perf_prefill(const struct pd_plan *p, const struct pd_workload *w, struc
         pd_perf_step(p, PD_ROLE_PREFILL, 1, w->isl - off < C ? w->isl - off : C, off, &s);
         f->prefill_s += s.total_s;
     }
-    double rank_tok_s;   /* prompt tokens (cached included) per second of one prefill DP rank */
+    double rank_tok_s;
     if (fresh <= C) {
         int64_t seqs = C / fresh;
         pd_perf_step(p, PD_ROLE_PREFILL, seqs, fresh, cached, &f->prefill_step);
@@ -287,7 +287,8 @@ void pd_perf_prefill(const struct pd_plan *p, const struct pd_workload *w, struc
         rank_tok_s = (double)w->isl / f->prefill_s;
     }
     f->prefill_tok_s_card = rank_tok_s / P->o.tp;
-    f->prefill_req_s = rank_tok_s * P->o.dp * P->o.instances / w->isl;
+    f->prefill_rank_tok_s = rank_tok_s;
+    pd_perf_instances(f, PD_ROLE_PREFILL, P->o.dp, P->o.instances, w);
     f->prefill_bound = f->prefill_step.bound;
     f->handoff_s = p->hw.rdma.latency_s + (double)pd_kv_seq_bytes(&p->kv, w->isl) / p->hw.rdma.bandwidth_Bps;
 }
@@ -307,9 +308,9 @@ void pd_perf_decode(const struct pd_plan *p, const struct pd_workload *w, struct
     f->tokens_per_step = 1 + mtp * p->hw.eff.mtp_acceptance;
     f->tpot_s = f->decode_step.total_s / f->tokens_per_step;
     f->user_tok_s = 1 / f->tpot_s;
-    double rank_out = (double)b * f->tokens_per_step / f->decode_step.total_s;
-    f->decode_tok_s_card = rank_out / D->o.tp;
-    f->decode_req_s = rank_out * D->o.dp * D->o.instances / w->osl;
+    f->decode_rank_out_s = (double)b * f->tokens_per_step / f->decode_step.total_s;
+    f->decode_tok_s_card = f->decode_rank_out_s / D->o.tp;
+    pd_perf_instances(f, PD_ROLE_DECODE, D->o.dp, D->o.instances, w);
     f->decode_bound = f->batch > 0 && f->batch == f->batch_cap && f->batch < p->o.max_num_seqs && !w->decode_batch
                           ? PD_BOUND_CAPACITY : f->decode_step.bound;
 }
@@ -321,11 +322,30 @@ void pd_perf_combine(const struct pd_plan *p, const struct pd_workload *w, struc
     f->fits = P->b.fits_weights && D->b.fits_weights && P->b.kv_pool >= pd_kv_seq_bytes(&p->kv, w->isl) &&
               f->batch >= 1 && f->batch <= f->batch_cap;
     f->request_s = p->hw.eff.request_s;
-    f->ttft_s = f->request_s + f->prefill_s + f->handoff_s + f->decode_step.total_s;
-    f->req_s = f->prefill_req_s < f->decode_req_s ? f->prefill_req_s : f->decode_req_s;
-    int cards = P->cards + D->cards;
-    f->tok_s_card = cards > 0 ? f->req_s * w->osl / cards : 0;
-    f->ttft_rate_s = f->ttft_s + pd_perf_queue_wait(P->o.dp * P->o.instances, f->prefill_s, w->rate);
+    struct pd_match m = pd_perf_match(f->request_s, f, f, P->o.dp * P->o.instances, P->cards + D->cards, w);
+    f->ttft_s = m.ttft_s;
+    f->ttft_rate_s = m.ttft_rate_s;
+    f->req_s = m.req_s;
+    f->tok_s_card = m.tok_s_card;
+}
+
+void pd_perf_instances(struct pd_perf *f, enum pd_role r, int dp, int instances, const struct pd_workload *w)
+{
+    if (r == PD_ROLE_PREFILL)
+        f->prefill_req_s = f->prefill_rank_tok_s * dp * instances / w->isl;
+    else
+        f->decode_req_s = f->decode_rank_out_s * dp * instances / w->osl;
+}
+
+struct pd_match pd_perf_match(double request_s, const struct pd_perf *pre, const struct pd_perf *dec, int servers,
+                              int cards, const struct pd_workload *w)
+{
+    struct pd_match m;
+    m.ttft_s = request_s + pre->prefill_s + pre->handoff_s + dec->decode_step.total_s;
+    m.ttft_rate_s = m.ttft_s + pd_perf_queue_wait(servers, pre->prefill_s, w->rate);
+    m.req_s = pre->prefill_req_s < dec->decode_req_s ? pre->prefill_req_s : dec->decode_req_s;
+    m.tok_s_card = cards > 0 ? m.req_s * w->osl / cards : 0;
+    return m;
 }
 
 double pd_perf_queue_wait(int servers, double service_s, double rate)

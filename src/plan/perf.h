@@ -59,6 +59,7 @@ struct pd_perf {
     double ttft_s;                     /* queue-free */
     double ttft_rate_s;                /* with the queueing delay at w.rate (inf if overloaded) */
     double prefill_tok_s_card;         /* input tokens/s per card at full chunks */
+    double prefill_rank_tok_s;         /* prompt tokens (cached included) per second of one prefill DP rank */
     double prefill_req_s;              /* requests/s all prefill instances sustain */
     /* decode */
     int64_t batch;                     /* sequences per decode DP rank */
@@ -68,6 +69,7 @@ struct pd_perf {
     double tpot_s;
     double user_tok_s;                 /* 1 / tpot */
     double decode_tok_s_card;          /* output tokens/s per card */
+    double decode_rank_out_s;          /* output tokens per second of one decode DP rank */
     double decode_req_s;               /* requests/s all decode instances sustain */
     /* the deployment, prefill and decode rate-matched */
     double req_s;                      /* min of the two */
@@ -87,6 +89,20 @@ int pd_perf_eval(const struct pd_plan *p, const struct pd_workload *w, struct pd
 void pd_perf_prefill(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f);
 void pd_perf_decode(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f);
 void pd_perf_combine(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f);
+/* The role's requests/s (prefill_req_s or decode_req_s) of f, from its per-rank rate, for
+ * `instances` instances of `dp` DP ranks: the search costs a role layout once for every count. */
+void pd_perf_instances(struct pd_perf *f, enum pd_role r, int dp, int instances, const struct pd_workload *w);
+
+/* TTFT and rate matching of a prefill and a decode layout (pd_perf_combine's, and each layout
+ * of the search): prefill fields from pre, decode fields from dec, `servers` prefill DP ranks
+ * in all, `cards` cards in all. */
+struct pd_match {
+    double ttft_s;                     /* queue-free */
+    double ttft_rate_s;                /* with the queue before prefill at w->rate */
+    double req_s, tok_s_card;
+};
+struct pd_match pd_perf_match(double request_s, const struct pd_perf *pre, const struct pd_perf *dec, int servers,
+                              int cards, const struct pd_workload *w);
 
 /* Mean wait before prefill when `rate` requests/s arrive at `servers` prefill DP ranks that
  * each take `service_s` per prompt: M/D/c by Allen-Cunneen (half the Erlang-C wait of M/M/c);

@@ -95,6 +95,17 @@ static int layout_cands(struct pd_plan *p, const struct pd_search_opts *so, enum
             pd_placement_free(&rp.place);
             break;                       /* larger batches fit even less */
         }
+        /* the step costs do not depend on the instance count, only the requests/s do */
+        struct pd_workload w = so->w;
+        w.decode_batch = batch;
+        struct pd_perf f;
+        struct pd_role_plan keep = p->role[r];
+        p->role[r] = rp;
+        if (r == PD_ROLE_PREFILL)
+            pd_perf_prefill(p, &w, &f);
+        else
+            pd_perf_decode(p, &w, &f);
+        p->role[r] = keep;
         for (int inst = 1; inst * ep < so->cards; inst++) {
             struct cand *c = cand_push(v);
             if (!c) {
@@ -109,17 +120,8 @@ static int layout_cands(struct pd_plan *p, const struct pd_search_opts *so, enum
             c->kv_pool = rp.b.kv_pool;
             c->fits = rp.b.fits_weights && room;
             c->batch = batch;
-            struct pd_role_plan keep = p->role[r];
-            p->role[r] = rp;
-            p->role[r].o.instances = inst;
-            p->role[r].cards = c->cards;
-            struct pd_workload w = so->w;
-            w.decode_batch = batch;
-            if (r == PD_ROLE_PREFILL)
-                pd_perf_prefill(p, &w, &c->f);
-            else
-                pd_perf_decode(p, &w, &c->f);
-            p->role[r] = keep;
+            c->f = f;
+            pd_perf_instances(&c->f, r, o->dp, inst, &w);
         }
         pd_placement_free(&rp.place);
     }
@@ -176,21 +178,21 @@ static int push_layout(struct pd_search *s, const struct cand *P, const struct c
     l->kv_pool[0] = P->kv_pool;
     l->kv_pool[1] = D->kv_pool;
     const struct pd_workload *w = &s->o.w;
-    l->ttft_s = p->hw.eff.request_s + P->f.prefill_s + P->f.handoff_s + D->f.decode_step.total_s +
-                pd_perf_queue_wait(P->o.dp * P->o.instances, P->f.prefill_s, w->rate);
+    /* TTFT includes the queue before prefill at the arrival rate */
+    struct pd_match m = pd_perf_match(p->hw.eff.request_s, &P->f, &D->f, P->o.dp * P->o.instances, l->cards, w);
+    l->ttft_s = m.ttft_rate_s;
     l->tpot_s = D->f.tpot_s;
     l->user_tok_s = D->f.user_tok_s;
     l->prefill_req_s = P->f.prefill_req_s;
     l->decode_req_s = D->f.decode_req_s;
-    l->req_s = l->prefill_req_s < l->decode_req_s ? l->prefill_req_s : l->decode_req_s;
-    l->tok_s_card = l->req_s * w->osl / l->cards;
+    l->req_s = m.req_s;
+    l->tok_s_card = m.tok_s_card;
     l->prefill_bound = P->f.prefill_bound;
     l->decode_bound = D->f.decode_step.bound;
     l->fits = P->fits && D->fits;
     /* at a given arrival rate the deployment must sustain it (TTFT above includes the queue) */
     l->sustains = w->rate <= 0 || l->req_s >= w->rate;
     l->meets = l->fits && l->sustains && (s->o.ttft_s <= 0 || l->ttft_s <= s->o.ttft_s) && (s->o.tpot_s <= 0 || l->tpot_s <= s->o.tpot_s);
-    (void)p;
     return 0;
 }
 
