@@ -303,10 +303,10 @@ static int reserve_measured(struct pool *p, struct pd_kvseq *s, int64_t tokens, 
     }
     if (s->slot < 0)
         return -1;
-    int max = pd_kvseq_max_runs(&p->kv, s);
-    *r = malloc((size_t)max * sizeof **r);
+    int n;
     /* struct pd_kv_run and struct pd_kvx_run are the same (offset, length) pairs */
-    return *r ? pd_kvseq_runs(&p->kv, s, tokens, (struct pd_kv_run *)*r, max) : -1;
+    *r = (struct pd_kvx_run *)pd_kvseq_runs_alloc(&p->kv, s, tokens, &n, NULL);
+    return *r ? n : -1;
 }
 
 /* The pieces contiguous on both sides, as the engine cuts the byte stream. */

@@ -377,3 +377,16 @@ int pd_kvseq_runs(const struct pd_kvpool *p, const struct pd_kvseq *s, int64_t l
     }
     return n;
 }
+
+struct pd_kv_run *pd_kvseq_runs_alloc(const struct pd_kvpool *p, const struct pd_kvseq *s, int64_t len, int *n,
+                                      uint64_t *bytes)
+{
+    int max = pd_kvseq_max_runs(p, s);
+    struct pd_kv_run *runs = malloc((size_t)max * sizeof *runs);
+    *n = runs ? pd_kvseq_runs(p, s, len, runs, max) : 0;
+    if (bytes)
+        *bytes = 0;
+    for (int i = 0; bytes && i < *n; i++)
+        *bytes += runs[i].len;
+    return runs;
+}

@@ -100,6 +100,10 @@ struct pd_kv_run {
 /* Only the blocks that hold the first `len` tokens count (a sequence may have reserved more). */
 int pd_kvseq_runs(const struct pd_kvpool *p, const struct pd_kvseq *s, int64_t len, struct pd_kv_run *runs, int max);
 int pd_kvseq_max_runs(const struct pd_kvpool *p, const struct pd_kvseq *s);
+/* The same runs in a malloc'ed array (NULL when out of memory), their count in *n and, if bytes
+ * is not NULL, their total length in *bytes. */
+struct pd_kv_run *pd_kvseq_runs_alloc(const struct pd_kvpool *p, const struct pd_kvseq *s, int64_t len, int *n,
+                                      uint64_t *bytes);
 
 /* Accessors. */
 uint16_t *pd_kv_window(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int64_t pos);

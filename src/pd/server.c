@@ -65,7 +65,6 @@ struct req {
     uint64_t remote_request;
     int remote_tokens;              /* the prompt length the producer computed */
     int32_t forced_first;           /* the producer's first token, or -1 */
-    int leased;                     /* producer: KV under a lease, released by the transfer engine */
     struct req *lease_next;
     /* EP group: the rank holding the sequence, its reserved blocks, what the next step says */
     int owner;
@@ -131,7 +130,7 @@ struct ep_group {
     int32_t *all;                   /* gathered answers */
     size_t all_cap;
     int *load;                      /* [size] sequences owned */
-    int *acct_blocks, *acct_slots;  /* [size] free after admission's reservations */
+    int *acct_blocks;               /* [size] free after admission's reservations (free slots: n_slots - load) */
     int *free_blocks, *free_slots;  /* [size] as each rank last reported */
     int *owned;                     /* [size] sequences each rank has been given */
     int last;                       /* the rank given the last one */
@@ -249,25 +248,54 @@ static void on_release(void *arg, uint64_t request, enum pd_kvx_release why)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Producer: puts the KV of q's first `len` tokens under a lease for request id; 0 or -1. */
+static int seq_offer(struct pd_server *s, struct pd_seq *q, uint64_t id, int len, pd_kvx_release_fn release)
+{
+    int n;
+    struct pd_kv_run *runs = pd_kvseq_runs_alloc(&s->en.kv, &q->kv, len, &n, NULL);
+    pd_err e;
+    /* struct pd_kv_run and struct pd_kvx_run are the same (offset, length) pairs */
+    int rc = !s->kvx || !runs || pd_kvx_offer(s->kvx, id, (const struct pd_kvx_run *)runs, n, release, s, &e);
+    free(runs);
+    return rc ? -1 : 0;
+}
+
+/* Consumer: pulls the producer's KV of `len` prompt tokens (request rid at host:port) into q,
+ * whose blocks are reserved; the bytes moved, -1 if no transfer started, -2 if it failed (q then
+ * holds nothing usable). With mu, that lock is released while waiting. */
+static int64_t seq_pull(struct pd_server *s, struct pd_seq *q, const char *host, int port, uint64_t rid, int len,
+                        pthread_mutex_t *mu)
+{
+    int n;
+    uint64_t bytes;
+    struct pd_kv_run *dst = pd_kvseq_runs_alloc(&s->en.kv, &q->kv, len, &n, &bytes);
+    struct pd_kvx_xfer *t = NULL;
+    pd_err e = {0};
+    int rc = !s->kvx || !dst || pd_kvx_pull(s->kvx, host, port, rid, (const struct pd_kvx_run *)dst, n, &t, &e);
+    free(dst);
+    if (rc)
+        return -1;
+    if (mu)
+        pthread_mutex_unlock(mu);
+    enum pd_kvx_state st = pd_kvx_wait(s->kvx, t, -1);
+    pd_kvx_xfer_free(s->kvx, t);
+    if (mu)
+        pthread_mutex_lock(mu);
+    if (st != PD_KVX_DONE)
+        return -2;
+    q->pos = len;
+    q->kv.len = len;
+    return (int64_t)bytes;
+}
+
 /* Producer: the request's KV goes under a lease instead of being freed (s->mu held). */
 static int lease(struct pd_server *s, struct req *r)
 {
-    int max = pd_kvseq_max_runs(&s->en.kv, &r->seq.kv);
-    struct pd_kv_run *runs = malloc((size_t)max * sizeof *runs);
-    if (!runs)
-        return -1;
-    int n = pd_kvseq_runs(&s->en.kv, &r->seq.kv, r->n_prompt, runs, max);
-    pd_err e;
-    r->leased = 1;
     r->lease_next = s->leases;
     s->leases = r;
-    /* struct pd_kv_run and struct pd_kvx_run are the same (offset, length) pairs */
-    int rc = pd_kvx_offer(s->kvx, r->id, (const struct pd_kvx_run *)runs, n, on_release, s, &e);
-    free(runs);
-    if (rc) {
+    int rc = seq_offer(s, &r->seq, r->id, r->n_prompt, on_release);
+    if (rc)
         s->leases = r->lease_next;
-        r->leased = 0;
-    }
     return rc;
 }
 
@@ -278,32 +306,17 @@ static int pull(struct pd_server *s, struct req *r)
     pd_err e = {0};
     if (!s->kvx || r->remote_tokens != r->n_prompt || pd_kvseq_reserve(&s->en.kv, &r->seq.kv, r->n_prompt, &e))
         return -1;
-    int max = pd_kvseq_max_runs(&s->en.kv, &r->seq.kv);
-    struct pd_kv_run *dst = malloc((size_t)max * sizeof *dst);
-    int n = dst ? pd_kvseq_runs(&s->en.kv, &r->seq.kv, r->n_prompt, dst, max) : -1;
-    struct pd_kvx_xfer *t = NULL;
     double t0 = pd_now_s();
-    int rc = n < 0 || pd_kvx_pull(s->kvx, r->remote_host, r->remote_port, r->remote_request,
-                                  (const struct pd_kvx_run *)dst, n, &t, &e);
-    uint64_t bytes = 0;
-    for (int i = 0; !rc && i < n; i++)
-        bytes += dst[i].len;
-    free(dst);
-    if (rc)
+    int64_t bytes = seq_pull(s, &r->seq, r->remote_host, r->remote_port, r->remote_request, r->n_prompt, &s->mu);
+    if (bytes == -1)
         return -1;
-    pthread_mutex_unlock(&s->mu);
-    enum pd_kvx_state st = pd_kvx_wait(s->kvx, t, -1);
-    pd_kvx_xfer_free(s->kvx, t);
-    pthread_mutex_lock(&s->mu);
     s->kv_pulls++;
-    if (st != PD_KVX_DONE) {
+    if (bytes < 0) {
         s->kv_failures++;
         return -1;
     }
-    s->kv_bytes += bytes;
+    s->kv_bytes += (uint64_t)bytes;
     s->kv_seconds += pd_now_s() - t0;
-    r->seq.pos = r->n_prompt;
-    r->seq.kv.len = r->n_prompt;
     return 0;
 }
 
@@ -399,6 +412,17 @@ static void ep_on_release(void *arg, uint64_t request, enum pd_kvx_release why)
     pthread_mutex_unlock(&s->g->rel_mu);
 }
 
+/* Starts seq with the blocks of `total` tokens reserved, its prompt's first (a running request
+ * never finds the pool full when it grows, the failure SGLang users report; the prompt's blocks
+ * lie in one piece for a hand-off); on failure seq is ended. */
+static int seq_start_reserved(struct pd_engine *en, struct pd_seq *seq, int64_t prompt, int64_t total, pd_err *e)
+{
+    int rc = pd_seq_start(en, seq, e);
+    if (!rc && (rc = pd_kvseq_reserve_prompt(&en->kv, &seq->kv, prompt, total, e)))
+        pd_seq_end(en, seq);
+    return rc;
+}
+
 /* A sequence slot of this rank for request id, started with the sampler of words w[0..3]
  * (temperature bits, top_p bits, state lo, hi) and `reserve` tokens of KV, its `prompt` first. */
 static int ep_start(struct pd_server *s, uint64_t id, int prompt, int reserve, const int32_t *w, struct ep_seq **out,
@@ -413,13 +437,9 @@ static int ep_start(struct pd_server *s, uint64_t id, int prompt, int reserve, c
         return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d has no free sequence for request %llu", g->rank,
                           (unsigned long long)id);
     /* the blocks of the whole future sequence, as rank 0's admission counted them */
-    int rc;
-    if ((rc = pd_seq_start(&s->en, &q->seq, e)))
+    int rc = seq_start_reserved(&s->en, &q->seq, prompt, reserve, e);
+    if (rc)
         return rc;
-    if ((rc = pd_kvseq_reserve_prompt(&s->en.kv, &q->seq.kv, prompt, reserve, e))) {
-        pd_seq_end(&s->en, &q->seq);
-        return rc;
-    }
     q->used = 1;
     q->id = id;
     memcpy(&q->smp.temperature, &w[0], sizeof(float));
@@ -438,25 +458,8 @@ static int64_t ep_pull(struct pd_server *s, struct ep_seq *q, const int32_t *w)
     char host[65];
     memcpy(host, w + 12, 64);
     host[64] = 0;
-    int max = pd_kvseq_max_runs(&s->en.kv, &q->seq.kv);
-    struct pd_kv_run *dst = malloc((size_t)max * sizeof *dst);
-    int n = dst ? pd_kvseq_runs(&s->en.kv, &q->seq.kv, n_prompt, dst, max) : -1;
-    struct pd_kvx_xfer *t = NULL;
-    pd_err e = {0};
-    int64_t bytes = 0;
-    for (int i = 0; i < n; i++)
-        bytes += (int64_t)dst[i].len;
-    int rc = !s->kvx || n < 0 || pd_kvx_pull(s->kvx, host, w[5], ep_id(w + 6), (const struct pd_kvx_run *)dst, n, &t, &e);
-    free(dst);
-    if (rc)
-        return -1;
-    enum pd_kvx_state st = pd_kvx_wait(s->kvx, t, -1);
-    pd_kvx_xfer_free(s->kvx, t);
-    if (st != PD_KVX_DONE)
-        return -1;
-    q->seq.pos = n_prompt;
-    q->seq.kv.len = n_prompt;
-    return bytes;
+    int64_t bytes = seq_pull(s, &q->seq, host, w[5], ep_id(w + 6), n_prompt, NULL);
+    return bytes < 0 ? -1 : bytes;
 }
 
 /* Every rank: applies a round's message to the sequences it owns (frees, leases, pulls, then the
@@ -504,19 +507,12 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         if (!q)
             return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d told to lease request %llu it does not hold",
                               g->rank, (unsigned long long)ep_id(w));
-        int max = pd_kvseq_max_runs(&s->en.kv, &q->seq.kv);
-        struct pd_kv_run *runs = malloc((size_t)max * sizeof *runs);
-        int n = runs ? pd_kvseq_runs(&s->en.kv, &q->seq.kv, w[3], runs, max) : -1;
-        pd_err le;
-        /* struct pd_kv_run and struct pd_kvx_run are the same (offset, length) pairs */
-        if (!s->kvx || n < 0 ||
-            pd_kvx_offer(s->kvx, q->id, (const struct pd_kvx_run *)runs, n, ep_on_release, s, &le)) {
+        if (seq_offer(s, &q->seq, q->id, w[3], ep_on_release)) {
             /* no lease: the blocks come back now, and rank 0 hears of it as of a release */
             pd_seq_end(&s->en, &q->seq);
             q->used = 0;
             ep_put_id(rel + 2 * n_rel++, q->id);
         }
-        free(runs);
     }
     for (int i = 0; i < m.n_pull; i++) {
         const int32_t *w = m.pl + (size_t)i * EP_PULL_W;
@@ -635,12 +631,11 @@ static int ep_admit(struct pd_server *s, struct req *r)
     int need = pd_kvpool_blocks_for(&s->en.kv, r->n_prompt + r->max_tokens), best = -1;
     for (int j = 1; j <= g->size; j++) {
         int k = (g->last + j) % g->size;
-        if (g->acct_slots[k] > 0 && g->acct_blocks[k] >= need && (best < 0 || g->load[k] < g->load[best]))
+        if (g->load[k] < s->en.kv.n_slots && g->acct_blocks[k] >= need && (best < 0 || g->load[k] < g->load[best]))
             best = k;
     }
     if (best < 0)
         return -1;
-    g->acct_slots[best]--;
     g->acct_blocks[best] -= need;
     g->load[best]++;
     g->owned[best]++;
@@ -669,10 +664,9 @@ static int32_t *ep_push(struct ep_list *l)
 static void ep_forget(struct pd_server *s, struct req *r)
 {
     struct ep_group *g = s->g;
-    g->acct_slots[r->owner]++;
     g->acct_blocks[r->owner] += r->ep_blocks;
     g->load[r->owner]--;
-    assert(g->load[r->owner] >= 0 && g->acct_slots[r->owner] <= s->en.kv.n_slots);
+    assert(g->load[r->owner] >= 0);
 }
 
 /* Rank 0 (s->mu held): the request's sequence is freed on its owner by the next message (if the
@@ -695,7 +689,6 @@ static int ep_lease(struct pd_server *s, struct req *r)
     ep_put_id(w, r->id);
     w[2] = r->owner;
     w[3] = r->n_prompt;
-    r->leased = 1;
     r->lease_next = s->leases;
     s->leases = r;
     return 0;
@@ -766,7 +759,6 @@ static void ep_account(struct pd_server *s, double seconds)
                 if ((*pp)->id == id) {
                     struct req *r = *pp;
                     *pp = r->lease_next;
-                    r->leased = 0;
                     r->started = 0;
                     ep_forget(s, r);
                     req_unref(s, r);
@@ -919,15 +911,8 @@ static void *scheduler(void *arg)
                 if (ep_admit(s, r))
                     break;
             } else {
-                if (pd_seq_start(&s->en, &r->seq, &e))
-                    break;
-                /* reserve the blocks of the whole future sequence now: a running request never
-                 * finds the pool full when it grows (the failure SGLang users report); the
-                 * prompt's first, in one piece for a hand-off */
-                if (pd_kvseq_reserve_prompt(&s->en.kv, &r->seq.kv, r->n_prompt, r->n_prompt + r->max_tokens, &e)) {
-                    pd_seq_end(&s->en, &r->seq);
+                if (seq_start_reserved(&s->en, &r->seq, r->n_prompt, r->n_prompt + r->max_tokens, &e))
                     break;   /* wait until running requests free their blocks */
-                }
             }
             s->wait_head = r->next;
             if (!s->wait_head)
@@ -1049,7 +1034,6 @@ static void *scheduler(void *arg)
             else
                 i++;
         }
-        /* the group's last requests: their blocks are back on every rank before they are answered */
         /* leases go out before P answers (D pulls right after), and the group's last requests
          * have their blocks back on every rank before they are answered */
         if (s->g && !rc && (s->g->leases.n || (s->n_running == 0 && s->g->frees.n)))
@@ -1501,7 +1485,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
         }
     }
     r->gen = malloc((size_t)r->max_tokens * sizeof *r->gen);
-    r->logits = malloc((size_t)s->V * sizeof(float));
+    r->logits = s->g ? NULL : malloc((size_t)s->V * sizeof(float));   /* a group's ranks have their own */
     r->stream = st && json_is_true(st);
     r->chat = chat;
     r->srv = s;
@@ -1694,7 +1678,7 @@ static int ep_setup(struct pd_server *s, pd_err *e)
     g->item_of = calloc((size_t)n, sizeof *g->item_of);
     g->item_seq = calloc((size_t)n, sizeof *g->item_seq);
     g->scratch = malloc((size_t)s->V * 2 * sizeof(float));
-    g->load = calloc((size_t)g->size * 7, sizeof(int));
+    g->load = calloc((size_t)g->size * 6, sizeof(int));
     g->released = calloc((size_t)n, sizeof *g->released);
     g->pull_req = calloc((size_t)n * (size_t)g->size, sizeof *g->pull_req);
     pthread_mutex_init(&g->rel_mu, NULL);
@@ -1708,15 +1692,14 @@ static int ep_setup(struct pd_server *s, pd_err *e)
         if (!(g->seqs[i].logits = malloc((size_t)s->V * sizeof(float))))
             return pd_err_set(e, PD_ENOMEM, "server: out of memory");
     g->acct_blocks = g->load + g->size;
-    g->acct_slots = g->load + 2 * g->size;
-    g->free_blocks = g->load + 3 * g->size;
-    g->free_slots = g->load + 4 * g->size;
-    g->owned = g->load + 5 * g->size;
-    g->kv_ports = g->load + 6 * g->size;
+    g->free_blocks = g->load + 2 * g->size;
+    g->free_slots = g->load + 3 * g->size;
+    g->owned = g->load + 4 * g->size;
+    g->kv_ports = g->load + 5 * g->size;
     g->last = g->size - 1;   /* the first sequence goes to rank 0 */
     for (int k = 0; k < g->size; k++) {
         g->acct_blocks[k] = g->free_blocks[k] = s->en.kv.n_blocks;
-        g->acct_slots[k] = g->free_slots[k] = s->en.kv.n_slots;
+        g->free_slots[k] = s->en.kv.n_slots;
     }
     return 0;
 }
