@@ -294,10 +294,10 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         pd_rmsnorm(kv, L->kv_norm, eps, hd, kv);
         pd_rope_apply_cs(cs + (size_t)t * rd, rd, kv + hd - rd, 0);
     }
-    if (r == 4)
+    if (r == 4)   /* the indexer's rope (en->rope_index) is the compressor's */
         for (int t = 0; t < T; t++)
             for (int h = 0; h < ih; h++)
-                pd_rope_apply_cs(st->cs_index + (size_t)t * rd, rd, b.iq + ((size_t)t * ih + h) * id + id - rd, 0);
+                pd_rope_apply_cs(st->cs_compress + (size_t)t * rd, rd, b.iq + ((size_t)t * ih + h) * id + id - rd, 0);
     /* tokens are in item order and, within an item, in position order */
     for (int t = 0; t < T; t++)
         if ((rc = attend_token(st, layer, t, &b, e)))

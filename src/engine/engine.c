@@ -251,9 +251,8 @@ int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items
     const int rd = m->qk_rope_head_dim;
     st.cs_window = pd_scratch(en, 44, (size_t)T * rd * sizeof(float), e);
     st.cs_compress = pd_scratch(en, 45, (size_t)T * rd * sizeof(float), e);
-    st.cs_index = pd_scratch(en, 46, (size_t)T * rd * sizeof(float), e);
     if (!st.item_of || !st.pos || !st.token || !st.h || !st.x || !st.out || !st.post || !st.comb || !st.qbuf || !st.sbuf ||
-        !st.cs_window || !st.cs_compress || !st.cs_index || !xq || !xs)
+        !st.cs_window || !st.cs_compress || !xq || !xs)
         goto out;
     /* embedding, copied into the hc streams */
     for (int i = 0, t = 0; i < n_items; i++)
@@ -267,7 +266,6 @@ int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items
                 memcpy(h + (size_t)j * H, h, (size_t)H * sizeof(float));
             pd_rope_cs(&en->rope_window, st.pos[t], st.cs_window + (size_t)t * rd);
             pd_rope_cs(&en->rope_compress, st.pos[t], st.cs_compress + (size_t)t * rd);
-            pd_rope_cs(&en->rope_index, st.pos[t], st.cs_index + (size_t)t * rd);
         }
     for (int l = 0; l < m->n_layers; l++) {
         if ((rc = sublayer(&st, l, 0, e)) || (rc = sublayer(&st, l, 1, e)))

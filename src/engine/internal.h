@@ -19,8 +19,8 @@ struct pd_step {
     float *post;           /* [T, hc] */
     float *comb;           /* [T, hc, hc] */
     float *cs_window;      /* [T, rope dim] cos/sin pairs at each token's position (pd_rope_cs) */
-    float *cs_compress;    /*   for en->rope_window, rope_compress and rope_index: computed once per */
-    float *cs_index;       /*   step, applied to every head of every layer */
+    float *cs_compress;    /*   for en->rope_window and rope_compress (rope_index is a copy of it):
+                              computed once per step, applied to every head of every layer */
     pd_qmat xq;            /* x quantised per token ([T, hidden] int8, [T] scales): the input of
                               the sublayer's int8 matrices, quantised once for all of them */
     int8_t *qbuf;          /* [T * max_in] quantised activations */

@@ -220,12 +220,10 @@ static int ffn_rows(struct pd_step *st, const struct pd_expert_w *x_w, const flo
     int rc = PD_ENOMEM;
     if (!g || !u)
         goto out;
+    /* xq is NULL only on the float reference path, which does not read it */
     pd_qmat q = {.q = st->qbuf, .scale = st->sbuf, .rows = n, .cols = x_w->w1.in};
-    if (!xq) {
-        if (!en->ref)
-            pd_quant_rows(x, n, x_w->w1.in, st->qbuf, st->sbuf);
+    if (!xq)
         xq = &q;
-    }
     const struct pd_linear *l13[2] = {&x_w->w1, &x_w->w3};
     float *y13[2] = {g, u};
     if ((rc = pd_linear_fwd_many(l13, y13, 2, en->pool, en->ref, x, xq, n, e)))

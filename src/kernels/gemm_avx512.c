@@ -299,14 +299,17 @@ INSTANTIATE(5)
 INSTANTIATE(6)
 #undef INSTANTIATE
 
-/* Where tile8x1_short at row o prefetches: a whole tile, the distance in rows on, within the
- * matrix (its rows are contiguous) or past its end in the next one (job->w_next); NULL when the
- * rows are long or there is nothing more to read. */
-static inline const int8_t *pf_at(const pd_gemm_job *job, int o)
+/* Rows tile8x1_short prefetches ahead (short rows, in <= PF_MAX_IN): about PF_BYTES, whole tiles. */
+static inline int pf_ahead(int in)
 {
-    if (job->in > PF_MAX_IN)
-        return NULL;
-    int ahead = (PF_BYTES / job->in + GEMV_R - 1) / GEMV_R * GEMV_R;
+    return (PF_BYTES / in + GEMV_R - 1) / GEMV_R * GEMV_R;
+}
+
+/* Where tile8x1_short at row o prefetches: a whole tile, `ahead` rows on, within the matrix (its
+ * rows are contiguous) or past its end in the next one (job->w_next); NULL when there is nothing
+ * more to read. */
+static inline const int8_t *pf_at(const pd_gemm_job *job, int o, int ahead)
+{
     if (o + ahead + GEMV_R <= job->out)
         return job->w + (int64_t)(o + ahead) * job->in;
     int at = o + ahead - job->out;   /* row of the next matrix */
@@ -315,7 +318,7 @@ static inline const int8_t *pf_at(const pd_gemm_job *job, int o)
 
 AVX512 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1)
 {
-    const int in = job->in;
+    const int in = job->in, ahead = in <= PF_MAX_IN ? pf_ahead(in) : 0;
     /* Tokens outer, rows inner: the task's weight rows (sized by gemm.c to fit L2) are swept once
      * per block of 6 tokens while those 6 activation rows stay in L1. The int32 results of up to
      * CHUNK rows are collected before one call to the epilogue. (Software prefetch of the next
@@ -354,7 +357,7 @@ AVX512 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1)
                     if (in > PF_MAX_IN)
                         tile8x1(wr, ar[0], asum[0], in, t);
                     else
-                        tile8x1_short(wr, ar[0], asum[0], in, pf_at(job, o), t);
+                        tile8x1_short(wr, ar[0], asum[0], in, pf_at(job, o, ahead), t);
                     break;
                 case 2: tile4x2(wr, ar, asum, in, t); break;
                 case 3: tile4x3(wr, ar, asum, in, t); break;
