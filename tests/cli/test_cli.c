@@ -40,13 +40,15 @@ static void run(const char *args, struct run *r)
     remove(err);
 }
 
-static void expect_error(const char *args, const char *needle)
+/* Runs pdmoe with args, expects a one-line error containing needle; returns the exit status. */
+static int expect_error(const char *args, const char *needle)
 {
     struct run r;
     run(args, &r);
     cr_assert_neq(r.status, 0, "pdmoe %s exited 0", args);
     cr_assert(strstr(r.err, needle), "pdmoe %s: stderr \"%s\" lacks \"%s\"", args, r.err, needle);
     cr_assert_eq(strchr(r.err, '\n'), r.err + strlen(r.err) - 1, "more than one line: %s", r.err);
+    return r.status;
 }
 
 Test(cli, plan_default_runs)
@@ -166,9 +168,8 @@ Test(cli, plan_emit)
          "--emit vllm-ascend", "not Ascend NPUs (use --emit sglang)"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        expect_error(bad[i].args, bad[i].msg);
-        run(bad[i].args, &r);
-        cr_assert_eq(r.status, 2, "pdmoe %s: exit %d", bad[i].args, r.status);
+        int status = expect_error(bad[i].args, bad[i].msg);
+        cr_assert_eq(status, 2, "pdmoe %s: exit %d", bad[i].args, status);
     }
 }
 

@@ -153,18 +153,6 @@ static void rank_pids(int port, pid_t pid[2])
     cr_assert(pid[0] > 0 && pid[1] > 0, "ranks of port %d not found (%d, %d)", port, pid[0], pid[1]);
 }
 
-static int processes_on(int port)
-{
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "pgrep -f -- '-[-]port %d( |$)' | wc -l", port);
-    FILE *p = popen(cmd, "r");
-    int n = -1;
-    if (fscanf(p, "%d", &n) != 1)
-        n = -1;
-    pclose(p);
-    return n;
-}
-
 /* CPU seconds a process has used. */
 static double cpu_seconds(pid_t pid)
 {
@@ -180,16 +168,6 @@ static double cpu_seconds(pid_t pid)
     /* fields after the command: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
     cr_assert_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st), 2);
     return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
-static int labelled(int port, const char *name, int rank)
-{
-    char out[1 << 14], key[128];
-    cr_assert_eq(curl_port(port, "/metrics", NULL, NULL, out, sizeof out), 200);
-    snprintf(key, sizeof key, "\n%s{rank=\"%d\"} ", name, rank);
-    char *p = strstr(out, key);
-    cr_assert_not_null(p, "no %s for rank %d in /metrics:\n%s", key + 1, rank, out);
-    return atoi(p + strlen(key));
 }
 
 #define N_REQ 6

@@ -36,16 +36,6 @@ static void teardown(void)
     rm_model(dir);
 }
 
-static int labelled(int port, const char *name, int rank)
-{
-    char out[1 << 14], key[128];
-    cr_assert_eq(curl_port(port, "/metrics", NULL, NULL, out, sizeof out), 200);
-    snprintf(key, sizeof key, "\n%s{rank=\"%d\"} ", name, rank);
-    char *p = strstr(out, key);
-    cr_assert_not_null(p, "no %s for rank %d in /metrics of port %d", key + 1, rank, port);
-    return atoi(p + strlen(key));
-}
-
 TestSuite(up, .init = setup, .fini = teardown, .timeout = 240);
 
 /* Starts pdmoe up on `port` (EP size `ep` on both sides, or the layout of `plan` when not NULL);
@@ -97,14 +87,8 @@ static void stop_up(pid_t up, int port)
     cr_assert_eq(waitpid(up, &status, 0), up);
     up_pid = 0;
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "pdmoe up exited with %d", status);
-    char cmd[256];
     for (int p = port; p <= port + 2; p++) {
-        /* "-[-]port" matches the children's "--port N" but not this pgrep's own command line */
-        snprintf(cmd, sizeof cmd, "pgrep -f -- '-[-]port %d( |$)' | wc -l", p);
-        FILE *f = popen(cmd, "r");
-        int left = -1;
-        cr_assert_eq(fscanf(f, "%d", &left), 1);
-        pclose(f);
+        int left = processes_on(p);
         cr_assert_eq(left, 0, "%d processes left behind on port %d", left, p);
     }
 }
@@ -264,16 +248,6 @@ static void write_hw(const char *path, double card_bytes)
     fclose(f);
 }
 
-static int64_t metric(int port, const char *name)
-{
-    char out[1 << 14], key[128];
-    cr_assert_eq(curl_port(port, "/metrics", NULL, NULL, out, sizeof out), 200);
-    snprintf(key, sizeof key, "\n%s ", name);
-    char *p = strstr(out, key);
-    cr_assert_not_null(p, "no %s in /metrics of port %d", name, port);
-    return atoll(p + strlen(key));
-}
-
 /* pdmoe up --plan: the instances get the plan's layout, their KV pools the plan's budget (each
  * rank's pool is the plan's kv_pool_bytes, to a block) and its max-num-seqs; a plan whose pools do
  * not fit this machine's memory is refused, naming the plan. */
@@ -301,12 +275,12 @@ Test(up, plan_sizes_the_instances_and_their_kv_pools)
     const int port = 24500 + (getpid() % 300) * 3;
     pid_t up = start_up_plan(bin, port, 1, plan);
     for (int r = 0; r < 2; r++) {
-        int64_t got = metric(port + 1 + r, "pdmoe_kv_pool_bytes");
+        int64_t got = metric_key(port + 1 + r, "pdmoe_kv_pool_bytes");
         cr_assert(got <= pool[r] && got > pool[r] - (1 << 20), "%s pool %lld bytes, the plan's %lld",
                   r ? "decode" : "prefill", (long long)got, (long long)pool[r]);
     }
-    cr_assert_eq(metric(port + 1, "pdmoe_kv_slots_free"), 3);        /* max-num-seqs of the prefill rank */
-    cr_assert_eq(metric(port + 2, "pdmoe_kv_slots_free"), 2 * 3);    /* both ranks of the decode group */
+    cr_assert_eq(metric_key(port + 1, "pdmoe_kv_slots_free"), 3);        /* max-num-seqs of the prefill rank */
+    cr_assert_eq(metric_key(port + 2, "pdmoe_kv_slots_free"), 2 * 3);    /* both ranks of the decode group */
     char a[4096], body[256];
     snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"The sea\",\"max_tokens\":4,\"temperature\":0}",
              strrchr(dir, '/') + 1);

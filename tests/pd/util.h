@@ -55,15 +55,43 @@ static inline json_t *parse(const char *s)
 }
 
 
-/* A counter or gauge of a server's /metrics. */
+/* A counter or gauge of a server's /metrics; `key` is its name with any labels. */
+static inline int64_t metric_key(int port, const char *key)
+{
+    char out[1 << 14], k[192];
+    cr_assert_eq(curl_port(port, "/metrics", NULL, NULL, out, sizeof out), 200);
+    snprintf(k, sizeof k, "\n%s ", key);
+    char *p = strstr(out, k);
+    cr_assert_not_null(p, "no %s in /metrics of port %d", key, port);
+    return atoll(p + strlen(k));
+}
+
 static inline int metric_port(int port, const char *name)
 {
-    char out[1 << 14], key[128];
-    cr_assert_eq(curl_port(port, "/metrics", NULL, NULL, out, sizeof out), 200);
-    snprintf(key, sizeof key, "\n%s ", name);
-    char *p = strstr(out, key);
-    cr_assert_not_null(p, "no %s in /metrics", name);
-    return atoi(p + strlen(key));
+    return (int)metric_key(port, name);
+}
+
+/* The same for one rank of an EP group ({rank="N"}). */
+static inline int labelled(int port, const char *name, int rank)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s{rank=\"%d\"}", name, rank);
+    return (int)metric_key(port, key);
+}
+
+/* Processes whose command line has `--port N` (-1 if pgrep cannot be run). */
+static inline int processes_on(int port)
+{
+    char cmd[160];
+    /* "-[-]port" matches the servers' "--port N" but not this pgrep's own command line */
+    snprintf(cmd, sizeof cmd, "pgrep -f -- '-[-]port %d( |$)' | wc -l", port);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    if (!p || fscanf(p, "%d", &n) != 1)
+        n = -1;
+    if (p)
+        pclose(p);
+    return n;
 }
 
 /* Stops a proxy whose event loop runs on thread t, waits for the thread, frees it; *x = NULL. */
