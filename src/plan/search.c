@@ -145,8 +145,6 @@ static int role_cands(struct pd_plan *p, const struct pd_search_opts *so, enum p
                 continue;            /* the stack cannot place the slots that would make it divide */
             for (int eplb = 0; eplb < (ep > 1 && need == 0 && p->hw.redundant_experts ? 2 : 1); eplb++) {
                 struct pd_role_opts o = {.dp = ep / tp, .tp = tp, .instances = 1, .redundant = eplb ? ep : need};
-                if ((E + o.redundant) / ep > E)
-                    continue;
                 int rc = layout_cands(p, so, r, &o, v, s, e);
                 if (rc)
                     return rc;
