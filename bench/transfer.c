@@ -143,11 +143,17 @@ static void raw_close(struct raw_side *c, struct raw_side *p, ucp_ep_h ep)
     }
 }
 
-/* Best bandwidth (bytes/s) of one contiguous get of `bytes`, over `reps` repetitions, between
- * two regions of `len` bytes; with pieces (n > 0) the same bytes as n gets of the given (src
- * offset, dst offset, length). */
-static double raw_get_bw(size_t len, size_t bytes, int reps, const struct piece *pc, int n)
+/* Best bandwidth (bytes/s) of one contiguous get of `bytes`, over `reps` repetitions; with
+ * pieces (n > 0) the same bytes as n gets of the given (src offset, dst offset, length). Each
+ * side's region is as long as the gets reach. */
+static double raw_get_bw(size_t bytes, int reps, const struct piece *pc, int n)
 {
+    size_t len = bytes;
+    for (int j = 0; j < n; j++) {
+        uint64_t end = (pc[j].src > pc[j].dst ? pc[j].src : pc[j].dst) + pc[j].len;
+        if (end > len)
+            len = end;
+    }
     struct raw_side p = {0}, c = {0};
     double best = 0;
     ucp_ep_h ep = NULL;
@@ -407,9 +413,9 @@ static int run_tls(const char *tls, const int64_t *tokens, int n_sizes, const st
         int rr = reps * (bytes >= 13000000 ? 1 : bytes < 1300000 ? 10 : (int)(13000000 / bytes));
         if (ns > 0 && nd == ns && (pc = malloc((size_t)(ns + nd) * sizeof *pc))) {
             r = engine_bw(p, c, &req, sr, ns, dr, nd, bytes, rr);
-            raw = raw_get_bw(P.kv.region_bytes, bytes, rr, NULL, 0);
+            raw = raw_get_bw(bytes, rr, NULL, 0);
             /* the engine's gets, issued by hand: what UCX itself costs per piece */
-            same = raw_get_bw(P.kv.region_bytes, bytes, rr, pc, both_sides(sr, ns, dr, nd, pc));
+            same = raw_get_bw(bytes, rr, pc, both_sides(sr, ns, dr, nd, pc));
         }
         free(sr);
         free(dr);
@@ -542,6 +548,6 @@ int pd_bench_transfer(int argc, char **argv)
 
 double pd_bench_ucx_get_time(size_t bytes, int reps)
 {
-    double bw = raw_get_bw(bytes, bytes, reps, NULL, 0);
+    double bw = raw_get_bw(bytes, reps, NULL, 0);
     return bw > 0 ? (double)bytes / bw : -1;
 }
