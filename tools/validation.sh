@@ -90,6 +90,7 @@ done
     echo "Reading: the calibration's steps and bench serve's prompts are both English text, each sequence its own, so"
     echo "their expert routing is alike (bench serve's default prompts repeat ten words: they route to few experts and"
     echo "reuse cached expert weights, and run faster than this prediction). The published-deployment table's one"
-    echo "declared miss is explained in its row."
+    echo "declared miss, a production average rather than a capacity, is explained in its row; DeepSeek's profile of"
+    echo "the same layout is the capacity figure the model is checked against."
 } > "$OUT"
 echo "wrote $OUT"

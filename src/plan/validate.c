@@ -56,7 +56,7 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
     pd_plan_opts_default(&o);
     struct pd_workload w;
     pd_workload_default(&w);
-    double min_user = 0;
+    double min_user = 0, imbalance = 0;
     json_t *jm = json_object_get(c, "mtp");
     if (jm && !json_is_boolean(jm))
         return pd_err_set(e, PD_EINVAL, "%s: field \"mtp\": expected true or false", label);
@@ -79,6 +79,7 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
         (rc = pd_json_int(&s, c, "decode_ctx", 0, 0, 0, 1 << 30, &w.decode_ctx, e)) ||
         (rc = pd_json_int(&s, c, "decode_batch", 0, 0, 0, 1 << 20, &w.decode_batch, e)) ||
         (rc = pd_json_num(&s, c, "min_user_tokens_per_s", 0, 0, 0, 1e6, &min_user, e)) ||
+        (rc = pd_json_num(&s, c, "imbalance", 0, 0, 1, 64, &imbalance, e)) ||
         (rc = pd_json_int(&s, c, "max_num_batched_tokens", 0, 4096, 1, 1 << 30, &o.max_num_batched_tokens, e)) ||
         (rc = pd_json_int(&s, c, "max_num_seqs", 0, 256, 1, 1 << 20, &o.max_num_seqs, e)) ||
         (rc = pd_json_int(&s, c, "max_model_len", 0, 8192, 1, 1 << 30, &o.max_model_len, e)) ||
@@ -99,6 +100,12 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
         pd_err_prefix(e, "%s: case \"%s\": ", label, v->name);
         return rc;
     }
+    /* A publication that states its expert load (a profile with balanced routing) replaces
+     * the hardware file's assumed imbalance for both roles. */
+    for (int r = 0; r < 2 && imbalance > 0; r++)
+        p.hw.eff.imbalance[r] = p.hw.eff.imbalance_eplb[r] = imbalance;
+    v->imbalance = imbalance;
+    v->cached = w.cached;
     rc = min_user > 0 ? batch_for_speed(&p, &w, min_user, &v->perf, e) : pd_perf_eval(&p, &w, &v->perf, e);
     if (!rc) {
         int cpn = p.hw.cards_per_node;
@@ -175,7 +182,14 @@ char *pd_validate_markdown(const struct pd_valcase *c, int n)
                 s->overhead_s * 1e3, s->total_s * 1e3);
         if (!pre)
             fprintf(o, "; batch %lld per GPU, %.1f tokens/s per user", (long long)f->batch, f->user_tok_s);
+        if (c[i].imbalance > 0)
+            fprintf(o, "; busiest/mean expert load %.2f as published", c[i].imbalance);
         fprintf(o, ".\n");
+        if (pre && c[i].cached > 0)
+            fprintf(o, "  Computed (uncached) tokens per node: published %.0f x (1 - %.3f) = %.0f, predicted %.0f: "
+                       "the publication runs at %.2f of the predicted capacity.\n",
+                    c[i].published, c[i].cached, c[i].published * (1 - c[i].cached),
+                    c[i].predicted * (1 - c[i].cached), c[i].published / c[i].predicted);
     }
     fclose(o);
     return buf;

@@ -15,6 +15,8 @@ struct pd_valcase {
     char known_miss[512];     /* why a case cannot be met, when the file says so */
     char metric[64];          /* prefill_tokens_per_s_node or decode_tokens_per_s_node */
     double published, predicted, error;   /* error = predicted / published - 1 */
+    double imbalance;         /* the case's busiest/mean expert load; 0: the hardware file's */
+    double cached;            /* fraction of the prompt served from a prefix cache */
     struct pd_perf perf;
     char layout[128];         /* "P 1 x EP32, D 1 x EP144" */
 };

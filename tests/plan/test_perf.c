@@ -200,7 +200,7 @@ Test(perf, published_deployments)
     pd_err e = {0};
     cr_assert_eq(pd_validate_run(pd_embedded_find("validation/published.json"), "validation/published.json", &c, &n, &e),
                  0, "%s", e.msg);
-    cr_assert_geq(n, 6);
+    cr_assert_geq(n, 8);
     int misses = 0;
     for (int i = 0; i < n; i++) {
         if (c[i].known_miss[0]) {
@@ -227,6 +227,35 @@ Test(perf, validation_file_errors)
                                   "v.json", &c, &n, &e),
                   0);
     cr_assert(strstr(e.msg, "cases[0]") && strstr(e.msg, "metric"), "%s", e.msg);
+}
+
+/* A case's published expert load replaces the hardware file's assumed imbalance: DeepSeek's
+ * profile at EP32 with balanced routing (1.0) runs faster than the same layout under the
+ * assumed residual imbalance after EPLB (h800: 1.3), and a load below 1 is refused by name. */
+Test(perf, validation_case_imbalance)
+{
+    const char *fmt = "{\"cases\":[{\"name\":\"p\",\"source\":\"s\",\"metric\":\"prefill_tokens_per_s_node\","
+                      "\"published\":62713,\"model\":\"deepseek-v3\",\"hardware\":\"h800\",\"quant\":\"fp8\","
+                      "\"kv_cache_dtype\":\"bf16\",\"nodes\":22,\"isl\":4096,\"osl\":1024,"
+                      "\"max_num_batched_tokens\":16384,\"prefill\":{\"dp\":32,\"redundant\":32},"
+                      "\"decode\":{\"dp\":144,\"redundant\":32}%s}]}";
+    char text[1024];
+    struct pd_valcase *c;
+    int n;
+    pd_err e = {0};
+    double pred[2];
+    const char *extra[2] = {"", ",\"imbalance\":1.0"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(text, sizeof text, fmt, extra[i]);
+        cr_assert_eq(pd_validate_run(text, "v.json", &c, &n, &e), 0, "%s", e.msg);
+        pred[i] = c[0].predicted;
+        cr_assert_eq(c[0].imbalance, i ? 1.0 : 0.0);
+        free(c);
+    }
+    cr_assert_gt(pred[1], pred[0] * 1.1, "balanced %.0f vs assumed imbalance %.0f", pred[1], pred[0]);
+    snprintf(text, sizeof text, fmt, ",\"imbalance\":0.5");
+    cr_assert_neq(pd_validate_run(text, "v.json", &c, &n, &e), 0);
+    cr_assert(strstr(e.msg, "v.json") && strstr(e.msg, "imbalance"), "%s", e.msg);
 }
 
 /* Redundant experts (EPLB) lower the busiest rank's load: the seed's decode step with 32
