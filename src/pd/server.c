@@ -84,10 +84,12 @@ struct req {
  *   per item  {id lo, id hi, owner, n, new, reserve, forced, temperature bits, top_p bits,
  *     sampler state lo, hi};
  *   the items' tokens in item order.
- * Each rank answers {status, free blocks, free slots, n released, per pull {ok, bytes}, per item
+ * Each rank answers {status, free blocks, free slots, n released, per pull {ok, bytes lo, hi,
+ * microseconds the pull took}, per item
  * its token (-1: another rank's), the ids of the leases it released, 2 words each}. */
 enum { EP_OP_STEP = 1, EP_OP_STOP = 2 };
-enum { EP_HDR = 6, EP_FREE_W = 3, EP_LEASE_W = 4, EP_PULL_W = 28, EP_ITEM_W = 11, EP_ANS_W = 4 };
+enum { EP_HDR = 6, EP_FREE_W = 3, EP_LEASE_W = 4, EP_PULL_W = 28, EP_ITEM_W = 11, EP_ANS_W = 4,
+       EP_PULLED_W = 4 };
 
 struct ep_msg {                     /* a message's sections */
     int n_free, n_lease, n_pull, n_items, n_tokens;
@@ -398,7 +400,7 @@ static size_t ep_msg_words(const int32_t *msg)
 /* Words of each rank's answer to a message (the same on every rank: max_num_seqs is). */
 static int ep_answer_words(const struct pd_server *s, const struct ep_msg *m)
 {
-    return EP_ANS_W + 2 * m->n_pull + m->n_items + 2 * s->o.max_num_seqs;
+    return EP_ANS_W + EP_PULLED_W * m->n_pull + m->n_items + 2 * s->o.max_num_seqs;
 }
 
 /* Producer, any rank: the transfer engine ended a lease; the sequence is freed by the next round
@@ -474,7 +476,7 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
     const int A = ep_answer_words(s, &m);
     if (grow_words(&g->ans, &g->ans_cap, (size_t)A))
         return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
-    int32_t *pulled = g->ans + EP_ANS_W, *out = pulled + 2 * m.n_pull, *rel = out + m.n_items;
+    int32_t *pulled = g->ans + EP_ANS_W, *out = pulled + EP_PULLED_W * m.n_pull, *rel = out + m.n_items;
     int n_rel = 0, rc;
     /* leases the transfer engine ended since the last round */
     pthread_mutex_lock(&g->rel_mu);
@@ -516,15 +518,19 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
     }
     for (int i = 0; i < m.n_pull; i++) {
         const int32_t *w = m.pl + (size_t)i * EP_PULL_W;
-        pulled[2 * i] = pulled[2 * i + 1] = 0;
+        int32_t *p = pulled + EP_PULLED_W * i;
+        memset(p, 0, EP_PULLED_W * sizeof *p);
         if (w[2] != g->rank)
             continue;
         struct ep_seq *q;
         if ((rc = ep_start(s, ep_id(w), w[4], w[3], w + 8, &q, e)))
             return rc;
+        double t0 = pd_now_s();
         int64_t bytes = ep_pull(s, q, w);
-        pulled[2 * i] = bytes >= 0;
-        pulled[2 * i + 1] = bytes > INT32_MAX ? INT32_MAX : (int32_t)(bytes > 0 ? bytes : 0);
+        double us = (pd_now_s() - t0) * 1e6;
+        p[0] = bytes >= 0;
+        ep_put_id(p + 1, bytes > 0 ? (uint64_t)bytes : 0);
+        p[3] = us < INT32_MAX ? (int32_t)us : INT32_MAX;
     }
     int k = 0;
     size_t off = 0;
@@ -743,14 +749,14 @@ static int ep_begin(struct pd_server *s, int n_items, int n_tokens)
 
 /* Rank 0 (s->mu held) after a round: what the ranks reported: their pools, the leases they
  * released, the pulls they made. */
-static void ep_account(struct pd_server *s, double seconds)
+static void ep_account(struct pd_server *s)
 {
     struct ep_group *g = s->g;
     struct ep_msg m;
     ep_parse(g->msg, &m);
     int A = ep_answer_words(s, &m);
     for (int k = 0; k < g->size; k++) {
-        const int32_t *a = g->all + (size_t)k * A, *rel = a + EP_ANS_W + 2 * m.n_pull + m.n_items;
+        const int32_t *a = g->all + (size_t)k * A, *rel = a + EP_ANS_W + EP_PULLED_W * m.n_pull + m.n_items;
         g->free_blocks[k] = a[1];
         g->free_slots[k] = a[2];
         for (int j = 0; j < a[3]; j++) {
@@ -768,7 +774,7 @@ static void ep_account(struct pd_server *s, double seconds)
     }
     for (int i = 0; i < m.n_pull; i++) {
         struct req *r = g->pull_req[i];
-        const int32_t *a = g->all + (size_t)r->owner * A + EP_ANS_W + 2 * i;
+        const int32_t *a = g->all + (size_t)r->owner * A + EP_ANS_W + EP_PULLED_W * i;
         r->ep_pulling = 0;
         s->kv_pulls++;
         if (!a[0]) {
@@ -779,8 +785,8 @@ static void ep_account(struct pd_server *s, double seconds)
             r->ep_prefilled = 0;
             continue;
         }
-        s->kv_bytes += (uint64_t)a[1];
-        s->kv_seconds += seconds;
+        s->kv_bytes += ep_id(a + 1);
+        s->kv_seconds += a[3] * 1e-6;
         r->ep_prefilled = 1;
         take_producer_token(s, r);
     }
@@ -793,11 +799,10 @@ static int ep_flush(struct pd_server *s, pd_err *e)
     if (ep_begin(s, 0, 0))
         return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
     pthread_mutex_unlock(&s->mu);
-    double t0 = pd_now_s();
     int rc = ep_round(s, e);
     pthread_mutex_lock(&s->mu);
     if (!rc)
-        ep_account(s, pd_now_s() - t0);
+        ep_account(s);
     return rc;
 }
 
@@ -826,7 +831,7 @@ static int32_t ep_token(const struct pd_server *s, int owner, int i)
 {
     struct ep_msg m;
     ep_parse(s->g->msg, &m);
-    return s->g->all[(size_t)owner * ep_answer_words(s, &m) + EP_ANS_W + 2 * m.n_pull + i];
+    return s->g->all[(size_t)owner * ep_answer_words(s, &m) + EP_ANS_W + EP_PULLED_W * m.n_pull + i];
 }
 
 /* Rank 0 (s->mu held): the message of a step over requests in_step[0 .. m): the pending frees,
@@ -982,7 +987,6 @@ static void *scheduler(void *arg)
         }
         pthread_mutex_unlock(&s->mu);
         /* the next token of each request: sampled here, or by its owner rank */
-        double t0 = pd_now_s();
         if (s->g) {
             rc = ep_round(s, &e);
             for (int i = 0; !rc && i < m; i++)
@@ -996,7 +1000,7 @@ static void *scheduler(void *arg)
         double now = pd_now_s();
         pthread_mutex_lock(&s->mu);
         if (s->g && !rc)
-            ep_account(s, now - t0);
+            ep_account(s);
         for (int i = 0; i < m; i++) {
             struct req *r = in_step[i];
             if (rc) {
@@ -1906,6 +1910,13 @@ void pd_server_destroy(struct pd_server *s)
         s->released = r->lease_next;
         if (r->started)
             pd_seq_end(&s->en, &r->seq);
+        req_unref(s, r);
+    }
+    /* EP rank 0 holds the requests whose KV is under a lease on an owner rank; the owners'
+     * engines end those leases as the group shuts down */
+    while (s->leases) {
+        struct req *r = s->leases;
+        s->leases = r->lease_next;
         req_unref(s, r);
     }
     /* clients still waiting get an honest error, not a dropped connection */
