@@ -21,7 +21,7 @@ static double time_plans(const struct pd_plan_opts *o, int n, int with_json)
                 exit(1);
             }
             if (with_json)
-                free(pd_plan_json(&p));
+                free(pd_plan_json(&p, NULL));
             pd_plan_free(&p);
         }
         double t = (pd_now_s() - t0) / n;

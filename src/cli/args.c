@@ -49,6 +49,18 @@ int pd_cli_double(const char *flag, const char *s, double *out)
     return 0;
 }
 
+int pd_cli_write_file(const char *cmd, const char *flag, const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    size_t n = strlen(text);
+    int bad = !f || fputs(text, f) < 0 || ((n == 0 || text[n - 1] != '\n') && fputc('\n', f) < 0);
+    if (f && fclose(f))
+        bad = 1;
+    if (bad)
+        fprintf(stderr, "pdmoe %s: %s %s: cannot write: %s\n", cmd, flag, path, strerror(errno));
+    return bad ? -1 : 0;
+}
+
 int pd_cli_model_flag(const char *name, const char *val, struct pd_plan_opts *o, int *units)
 {
     if (strcmp(name, "model") == 0) {

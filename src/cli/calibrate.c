@@ -406,14 +406,9 @@ int pd_cli_calibrate(int argc, char **argv)
     }
     rc = 0;
     if (out) {
-        FILE *o = fopen(out, "w");
-        if (!o || fputs(text, o) < 0 || fputc('\n', o) < 0) {
-            fprintf(stderr, "pdmoe calibrate: --out %s: cannot write\n", out);
+        if (pd_cli_write_file("calibrate", "--out", out, text))
             rc = 1;
-        }
-        if (o && fclose(o))
-            rc = 1;
-        if (!rc)
+        else
             fprintf(stderr, "  wrote %s\n", out);
     } else {
         puts(text);

@@ -23,6 +23,10 @@ int pd_cli_calibrate(int argc, char **argv);
 int pd_cli_int(const char *flag, const char *s, int64_t min, int64_t *out);
 int pd_cli_double(const char *flag, const char *s, double *out);
 
+/* Writes text to path, ending it with a newline if it has none (flag names it in the error:
+ * "pdmoe CMD: FLAG PATH: cannot write: why"); 0 or -1. */
+int pd_cli_write_file(const char *cmd, const char *flag, const char *path, const char *text);
+
 /* Flags `plan`, `search` and `calibrate` share, by long name without "--": returns 1 when the
  * flag was one of them and is applied, 0 when it is not one of them, -1 after printing an
  * error. Model/memory flags: model, hardware, gpu-memory-utilization, max-model-len,

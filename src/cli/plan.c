@@ -7,7 +7,6 @@
 #include "plan/plan.h"
 
 #include <getopt.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -272,12 +271,9 @@ int pd_cli_plan(int argc, char **argv)
     rc = 0;
     if (html) {
         char *page = pd_report_html(&p, perf ? &f : NULL, NULL, units, &e);
-        FILE *hf = page ? fopen(html, "wb") : NULL;
         if (!page)
             fprintf(stderr, "pdmoe plan: %s\n", e.msg);
-        else if (!hf || fputs(page, hf) < 0)
-            fprintf(stderr, "pdmoe plan: --html %s: cannot write\n", html);
-        rc = !page || !hf || fclose(hf) ? 1 : 0;
+        rc = !page || pd_cli_write_file("plan", "--html", html, page) ? 1 : 0;
         free(page);
     }
     if (emit) {
@@ -292,15 +288,7 @@ int pd_cli_plan(int argc, char **argv)
     } else if (inventory) {
         pd_plan_print_inventory(&p, stdout, units);
     } else {
-        char *s = json ? pd_plan_json(&p) : pd_plan_text(&p, units);
-        if (s && json && perf) {   /* the prediction joins the plan document as "perf" */
-            json_t *doc = json_loads(s, 0, NULL);
-            free(s);
-            s = NULL;
-            if (doc && !json_object_set_new(doc, "perf", pd_perf_json(&f)))
-                s = json_dumps(doc, JSON_INDENT(2));
-            json_decref(doc);
-        }
+        char *s = json ? pd_plan_json(&p, perf ? &f : NULL) : pd_plan_text(&p, units);
         char *t = s && perf && !json ? pd_perf_text(&p, &f) : NULL;
         if (!s || (perf && !json && !t)) {
             fprintf(stderr, "pdmoe plan: out of memory\n");

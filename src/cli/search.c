@@ -33,18 +33,6 @@ static const char *help =
 
 enum { O_SHARED = 256, O_CARDS, O_TTFT, O_TPOT, O_MAXTP, O_JSON, O_HTML, O_EMIT, O_HELP };
 
-static int write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "wb");
-    if (!f || fputs(text, f) < 0) {
-        fprintf(stderr, "pdmoe: %s: cannot write\n", path);
-        if (f)
-            fclose(f);
-        return -1;
-    }
-    return fclose(f) ? -1 : 0;
-}
-
 int pd_cli_search(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -133,7 +121,7 @@ int pd_cli_search(int argc, char **argv)
             if (!page) {
                 fprintf(stderr, "pdmoe search: %s\n", e.msg);
                 rc = 1;
-            } else if (write_file(html, page)) {
+            } else if (pd_cli_write_file("search", "--html", html, page)) {
                 rc = 1;
             }
             free(page);

@@ -130,7 +130,9 @@ const char *pd_verdict_text(enum pd_verdict v);
 
 /* Reports: text tables for a terminal, and the versioned JSON document. */
 char *pd_plan_text(const struct pd_plan *p, int units);    /* malloc'ed */
-char *pd_plan_json(const struct pd_plan *p);                /* malloc'ed */
+struct pd_perf;
+/* With f, the document carries the prediction as "perf". */
+char *pd_plan_json(const struct pd_plan *p, const struct pd_perf *f);   /* malloc'ed */
 /* Every tensor of the inventory, one per line (routed experts expanded). */
 int pd_plan_print_inventory(const struct pd_plan *p, void *file, int units);
 

@@ -1,6 +1,7 @@
 /* Plan reports: aligned text tables for a terminal and the versioned JSON document. */
 #include "plan/plan.h"
 #include "core/units.h"
+#include "plan/perf.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -291,7 +292,7 @@ static json_t *role_json(const struct pd_role_plan *rp)
                      "experts_per_card", rp->place.slots, "expert_placement", ranks, "budget", budget_json(rp));
 }
 
-char *pd_plan_json(const struct pd_plan *p)
+char *pd_plan_json(const struct pd_plan *p, const struct pd_perf *f)
 {
     char q[128];
     json_t *groups = json_array();
@@ -355,8 +356,10 @@ char *pd_plan_json(const struct pd_plan *p)
         "roles", role_json(&p->role[0]), role_json(&p->role[1]),
         "prefill_kv_batch_rule_bytes", (json_int_t)p->p_kv_batch,
         "decode_scenarios", scen, "handoff", hand, "sweep", sw);
-    if (!root)
+    if (!root || (f && json_object_set_new(root, "perf", pd_perf_json(f)))) {
+        json_decref(root);
         return NULL;
+    }
     char *s = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(root);
     return s;

@@ -51,18 +51,14 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
 {
     struct pd_jsrc s = {label, ""};
     char model[64], hw[64], quant[16], kvdt[16];
-    int rc, mtp = -1;
+    int rc, mtp;
     struct pd_plan_opts o;
     pd_plan_opts_default(&o);
     struct pd_workload w;
     pd_workload_default(&w);
     double min_user = 0, imbalance = 0;
-    json_t *jm = json_object_get(c, "mtp");
-    if (jm && !json_is_boolean(jm))
-        return pd_err_set(e, PD_EINVAL, "%s: field \"mtp\": expected true or false", label);
-    if (jm)
-        mtp = json_is_true(jm);
-    if ((rc = pd_json_str(&s, c, "name", 1, "", v->name, sizeof v->name, e)) ||
+    if ((rc = pd_json_bool(&s, c, "mtp", 0, -1, &mtp, e)) ||
+        (rc = pd_json_str(&s, c, "name", 1, "", v->name, sizeof v->name, e)) ||
         (rc = pd_json_str(&s, c, "source", 1, "", v->source, sizeof v->source, e)) ||
         (rc = pd_json_str(&s, c, "assumed", 0, "", v->assumed, sizeof v->assumed, e)) ||
         (rc = pd_json_str(&s, c, "known_miss", 0, "", v->known_miss, sizeof v->known_miss, e)) ||

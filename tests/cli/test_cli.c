@@ -225,4 +225,6 @@ Test(cli, perf_search_validate)
     expect_error("search --tpot-ms -3", "--tpot-ms");
     expect_error("search --emit slurm", "--emit");
     expect_error("search --isl 100000 --max-model-len 8192", "--max-model-len");
+    expect_error("search --cards 32 --html /nonexistent-dir/r.html", "--html /nonexistent-dir/r.html: cannot write");
+    expect_error("plan --html /nonexistent-dir/r.html", "--html /nonexistent-dir/r.html: cannot write");
 }

@@ -47,7 +47,7 @@ Test(plan, json_document)
     pd_plan_opts_default(&o);
     o.sweep = 1;
     build(&o, &p);
-    char *s = pd_plan_json(&p);
+    char *s = pd_plan_json(&p, NULL);
     cr_assert_not_null(s);
     json_error_t je;
     json_t *root = json_loads(s, 0, &je);
