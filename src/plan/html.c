@@ -605,15 +605,7 @@ static void search_section(FILE *f, const struct pd_search *s)
     for (int i = 0; i < nt; i++) {
         if (i && fabs(t[i] - t[i - 1]) < 1e-12)
             continue;
-        int k = -1;
-        for (int j = 0; j < s->n; j++) {
-            const struct pd_layout *l = &s->l[j];
-            if (!l->fits || !l->sustains || !(l->tpot_s <= t[i]) || (s->o.ttft_s > 0 && !(l->ttft_s <= s->o.ttft_s)))
-                continue;
-            if (k < 0 || l->tok_s_card > s->l[k].tok_s_card ||
-                (l->tok_s_card == s->l[k].tok_s_card && l->user_tok_s > s->l[k].user_tok_s))
-                k = j;
-        }
+        int k = pd_search_best_under(s, t[i]);
         snprintf(tgt, sizeof tgt, "TPOT &le; %s%s%s", ms(a, t[i]), s->o.ttft_s > 0 ? ", TTFT &le; " : "",
                  s->o.ttft_s > 0 ? ms(b, s->o.ttft_s) : "");
         if (k >= 0)

@@ -360,7 +360,7 @@ static void header(FILE *f)
 }
 
 /* The best fitting layout whose TPOT is within `tpot` (and TTFT within the target, if any). */
-static int best_under(const struct pd_search *s, double tpot)
+int pd_search_best_under(const struct pd_search *s, double tpot)
 {
     int b = -1;
     for (int i = 0; i < s->n; i++) {
@@ -425,7 +425,7 @@ char *pd_search_text(const struct pd_search *s, int units)
     header(f);
     static const double tpots[] = {0.01, 0.02, 0.05, 0.1, 0.2};
     for (size_t i = 0; i < sizeof tpots / sizeof tpots[0]; i++) {
-        int b = best_under(s, tpots[i]);
+        int b = pd_search_best_under(s, tpots[i]);
         fprintf(f, "  TPOT <= %.0f ms:\n", tpots[i] * 1e3);
         if (b >= 0)
             row(f, &s->l[b], "");

@@ -67,6 +67,9 @@ struct pd_search {
 void pd_search_opts_default(struct pd_search_opts *o);
 int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e);
 void pd_search_free(struct pd_search *s);
+/* The layout with the most output tokens/s per card (then per user, then fewest cards) that fits,
+ * sustains the request rate, meets the TTFT target and has a TPOT <= tpot; -1 if none. */
+int pd_search_best_under(const struct pd_search *s, double tpot);
 
 char *pd_search_text(const struct pd_search *s, int units);   /* malloc'ed */
 char *pd_search_json(const struct pd_search *s);              /* malloc'ed */
