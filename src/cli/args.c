@@ -88,6 +88,8 @@ int pd_cli_model_flag(const char *name, const char *val, struct pd_plan_opts *o,
             fprintf(stderr, "pdmoe: --kv-cache-dtype %s: expected fp8 or bf16\n", val);
             return -1;
         }
+    } else if (strcmp(name, "expert-stats") == 0) {
+        o->expert_stats = val;
     } else if (strcmp(name, "kv-bytes-per-token") == 0) {
         if (pd_cli_int("--kv-bytes-per-token", val, 1, &o->kv_bytes_per_token))
             return -1;

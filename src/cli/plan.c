@@ -34,6 +34,8 @@ static const char *help =
     "  --kv-cache-dtype fp8|bf16    default fp8 (as vLLM stores V4's cache)\n"
     "  --kv-bytes-per-token N       a flat KV size instead of the architecture's (the seed uses 44000)\n"
     "  --mtp on|off                 load the MTP layer (default: on when the model has one)\n"
+    "  --expert-stats FILE          tokens routed per layer and expert (pdmoe generate --expert-stats): the\n"
+    "                               prediction's MoE imbalance measured on each placement, not the hardware file's\n"
     "  --runtime-overhead-prefill B, --runtime-overhead-decode B   bytes, e.g. 1.5GB or 2GiB\n"
     "  --handoff-tokens N,N,...     prompt lengths for the KV hand-off table; default 8000,131072\n"
     "  --sweep                      add the EP-size decision tree of each role\n"
@@ -145,7 +147,7 @@ int pd_cli_plan(int argc, char **argv)
         {"gpu-memory-utilization", 1, 0, O_SHARED}, {"max-num-seqs", 1, 0, O_SHARED}, {"max-model-len", 1, 0, O_SHARED},
         {"max-num-batched-tokens", 1, 0, O_SHARED}, {"quant", 1, 0, O_SHARED}, {"quant-override", 1, 0, O_SHARED},
         {"kv-cache-dtype", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED}, {"mtp", 1, 0, O_SHARED},
-        {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED}, {"request-rate", 1, 0, O_SHARED},
+        {"expert-stats", 1, 0, O_SHARED}, {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED}, {"request-rate", 1, 0, O_SHARED},
         {"prefix-cache-hit", 1, 0, O_SHARED}, {"html", 1, 0, O_HTML}, {"runtime-overhead-prefill", 1, 0, O_RTP}, {"runtime-overhead-decode", 1, 0, O_RTD},
         {"handoff-tokens", 1, 0, O_HAND}, {"sweep", 0, 0, O_SWEEP}, {"inventory", 0, 0, O_INV},
         {"json", 0, 0, O_JSON}, {"units", 1, 0, O_SHARED}, {"emit", 1, 0, O_EMIT}, {"hosts", 1, 0, O_HOSTS},

@@ -658,7 +658,7 @@ static void step_row(FILE *f, const char *name, const struct pd_step *st, int u)
             G(m, (int64_t)st->bytes, u), pd_bound_name(st->bound));
 }
 
-static void perf_section(FILE *f, const struct pd_perf *pf, int u)
+static void perf_section(FILE *f, const struct pd_plan *p, const struct pd_perf *pf, int u)
 {
     char a[32], b[32];
     const struct pd_workload *w = &pf->w;
@@ -696,6 +696,9 @@ static void perf_section(FILE *f, const struct pd_perf *pf, int u)
     R("requests/s: prefill / decode / deployment", "%s / %s / %s requests/s", num(a, pf->prefill_req_s),
       num(b, pf->decode_req_s), num(c, pf->req_s));
     R("binding resource: prefill / decode", "%s / %s", pd_bound_name(pf->prefill_bound), pd_bound_name(pf->decode_bound));
+    R("MoE load, busiest rank / mean: prefill / decode", "%.2f / %.2f (%s)", pf->prefill_step.imbalance,
+      pf->decode_step.imbalance, p->role[0].imbalance > 0 || p->role[1].imbalance > 0
+                                     ? "measured on the placements from --expert-stats" : "the hardware file's");
 #undef R
     fprintf(f, "</table>\n");
     fprintf(f, "<h3>One forward step of one DP rank</h3>\n<table id=\"steps\">\n<tr><th>step</th><th>tokens</th>"
@@ -874,7 +877,7 @@ char *pd_report_html(const struct pd_plan *p, const struct pd_perf *pf, const st
         memory_table(f, s, u);
     }
     if (pf)
-        perf_section(f, pf, u);
+        perf_section(f, p, pf, u);
     plan_tables(f, p, u);
     fprintf(f, "<p class=\"note\">Written by pdmoe (plan version %d).</p>\n</body>\n</html>\n", PD_PLAN_VERSION);
     int bad = ferror(f);

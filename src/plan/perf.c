@@ -60,6 +60,8 @@ static double imbalance(const struct pd_plan *p, enum pd_role r, const struct pd
 {
     if (rp->ep <= 1)
         return 1;
+    if (rp->imbalance > 0)
+        return rp->imbalance;
     return rp->o.redundant > 0 ? p->hw.eff.imbalance_eplb[r] : p->hw.eff.imbalance[r];
 }
 
@@ -205,6 +207,7 @@ void pd_perf_step(const struct pd_plan *p, enum pd_role r, int64_t seqs, int64_t
     memset(s, 0, sizeof *s);
     double T = (double)seqs * tokens;
     s->tokens = seqs * tokens;
+    s->imbalance = imbalance(p, r, rp);
     /* class II groups: every token through each matrix; the head only for sampled rows */
     for (int g = 0; g < PD_G_COUNT; g++) {
         if (g == PD_G_ROUTED_EXPERTS)
@@ -223,7 +226,7 @@ void pd_perf_step(const struct pd_plan *p, enum pd_role r, int64_t seqs, int64_t
         double E = inv->n_experts, k = p->model.n_experts_per_tok;
         double per_expert_params = (double)inv->class_params[PD_CLASS_I] / E;
         double per_expert_bytes = (double)inv->class_bytes[PD_CLASS_I] / E;
-        double pairs = T * k / tp * imbalance(p, r, rp);             /* token-expert pairs on the card */
+        double pairs = T * k / tp * s->imbalance;             /* token-expert pairs on the card */
         double group_tokens = T * rp->o.dp;
         double touched = rp->place.slots * (1 - pow(1 - k / E, group_tokens));
         roofline(p, 2 * pairs * per_expert_params, touched * per_expert_bytes, group_fmt(p, PD_G_ROUTED_EXPERTS), s);
@@ -392,6 +395,14 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
             "attention", "a2a", "overhead", "total", "bound");
     step_text(o, "prefill", &f->prefill_step);
     step_text(o, "decode", &f->decode_step);
+    for (int r = 0; r < 2; r++) {
+        const struct pd_role_plan *rp = &p->role[r];
+        fprintf(o, "%s %.2f (%s)", r ? ", decode" : "  MoE load, busiest rank / mean: prefill",
+                r ? f->decode_step.imbalance : f->prefill_step.imbalance,
+                rp->ep <= 1 ? "one rank" : rp->imbalance > 0 ? "measured on its placement from --expert-stats"
+                : rp->o.redundant > 0 ? "hardware file, with redundant experts" : "hardware file");
+    }
+    fputc('\n', o);
     fprintf(o, "  TTFT            %10.1f ms  = request %.1f ms + prefill %.1f ms + KV hand-off %.1f ms (%s) + first decode "
             "step %.1f ms\n", f->ttft_s * 1e3, f->request_s * 1e3, f->prefill_s * 1e3, f->handoff_s * 1e3,
             p->hw.rdma.name, f->decode_step.total_s * 1e3);
@@ -416,10 +427,10 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
 
 static json_t *step_json(const struct pd_step *s)
 {
-    return json_pack("{s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:s}", "tokens", (json_int_t)s->tokens, "gemm_compute_s",
+    return json_pack("{s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:s}", "tokens", (json_int_t)s->tokens, "gemm_compute_s",
                      s->gemm_compute_s, "gemm_memory_s", s->gemm_memory_s, "attention_s", s->attn_s, "a2a_s", s->a2a_s,
-                     "overhead_s", s->overhead_s, "total_s", s->total_s, "flops", s->flops, "bytes", s->bytes, "bound",
-                     pd_bound_name(s->bound));
+                     "overhead_s", s->overhead_s, "total_s", s->total_s, "flops", s->flops, "bytes", s->bytes,
+                     "expert_imbalance", s->imbalance, "bound", pd_bound_name(s->bound));
 }
 
 void *pd_perf_json(const struct pd_perf *f)

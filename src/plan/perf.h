@@ -38,6 +38,7 @@ struct pd_step {
     double overhead_s;           /* fixed per step + per token and layer */
     double total_s;
     double flops, bytes;         /* arithmetic and memory traffic of the step */
+    double imbalance;            /* busiest rank's expert load / mean applied to the experts and a2a */
     enum pd_bound bound;
 };
 

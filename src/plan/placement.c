@@ -106,3 +106,34 @@ int64_t pd_placement_rank_bytes(const struct pd_placement *p, int rank, const in
         b += expert_bytes[p->map[rank * p->slots + s]];
     return b;
 }
+
+double pd_placement_imbalance(const struct pd_placement *p, const double *load, int n_layers)
+{
+    int E = p->n_experts, *copies = calloc((size_t)E, sizeof *copies);
+    if (!copies)
+        return 0;
+    for (int i = 0; i < p->ep * p->slots; i++)
+        copies[p->map[i]]++;
+    double sum = 0;
+    int counted = 0;
+    for (int l = 0; l < n_layers; l++) {
+        const double *x = load + (size_t)l * E;
+        double total = 0, busiest = 0;
+        for (int i = 0; i < E; i++)
+            total += x[i];
+        if (total <= 0)
+            continue;
+        for (int k = 0; k < p->ep; k++) {
+            double r = 0;
+            for (int s = 0; s < p->slots; s++) {
+                int i = p->map[k * p->slots + s];
+                r += x[i] / copies[i];
+            }
+            busiest = r > busiest ? r : busiest;
+        }
+        sum += busiest / (total / p->ep);
+        counted++;
+    }
+    free(copies);
+    return counted ? sum / counted : 0;
+}

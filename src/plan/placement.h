@@ -23,6 +23,10 @@ int pd_placement_build(struct pd_placement *p, int n_experts, int ep, int redund
 void pd_placement_free(struct pd_placement *p);
 /* Rank holding expert e's primary copy. */
 int pd_placement_owner(const struct pd_placement *p, int expert);
+/* The busiest rank's expert load over the mean, averaged over layers: load is [n_layers]
+ * [n_experts] tokens routed, an expert's replicas share its load evenly; layers without tokens
+ * count for nothing. 0 when no layer has any. */
+double pd_placement_imbalance(const struct pd_placement *p, const double *load, int n_layers);
 /* Bytes of class I weights on a rank: sum of expert_bytes[] over its slots. */
 int64_t pd_placement_rank_bytes(const struct pd_placement *p, int rank, const int64_t *expert_bytes);
 

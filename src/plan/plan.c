@@ -1,6 +1,7 @@
 /* Building a plan: inventory -> placement -> per-card budgets -> KV capacity, scenarios,
  * hand-off times and the EP-size sweep. */
 #include "plan/plan.h"
+#include "model/jsonf.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -79,6 +80,61 @@ static void activation(const struct pd_plan *p, enum pd_role r, int tp, struct p
     a->total = a->residual + a->working + (a->attention > a->moe ? a->attention : a->moe) + a->indexer + a->logits;
 }
 
+/* --expert-stats: {"tokens_per_expert": [[tokens routed to each expert] per layer]}, as
+ * `pdmoe generate --expert-stats` writes it; the model's routed experts per layer. */
+static int load_expert_stats(struct pd_plan *p, const char *path, pd_err *e)
+{
+    json_t *root = pd_json_load_file(path, e);
+    if (!root)
+        return e ? e->code : PD_EFORMAT;
+    json_t *rows = json_object_get(root, "tokens_per_expert");
+    int E = p->inv.n_experts, rc = 0;
+    size_t L = json_is_array(rows) ? json_array_size(rows) : 0;
+    double total = 0;
+    if (E < 1) {
+        rc = pd_err_set(e, PD_EINVAL, "--expert-stats %s: the model has no routed experts", path);
+        goto out;
+    }
+    if (L == 0 || L > 4096) {
+        rc = pd_err_set(e, PD_EINVAL, "--expert-stats %s: field \"tokens_per_expert\": expected an array of 1 to 4096 "
+                        "layers, each the tokens routed to each expert", path);
+        goto out;
+    }
+    p->expert_load = calloc((L + 1) * (size_t)E, sizeof *p->expert_load);
+    if (!p->expert_load) {
+        rc = pd_err_set(e, PD_ENOMEM, "--expert-stats %s: out of memory", path);
+        goto out;
+    }
+    double *sum = p->expert_load + L * (size_t)E;
+    for (size_t l = 0; l < L; l++) {
+        json_t *row = json_array_get(rows, l);
+        if (!json_is_array(row) || json_array_size(row) != (size_t)E) {
+            rc = pd_err_set(e, PD_EINVAL, "--expert-stats %s: field \"tokens_per_expert[%zu]\": expected %d numbers "
+                            "(the model's routed experts)", path, l, E);
+            goto out;
+        }
+        for (int x = 0; x < E; x++) {
+            json_t *v = json_array_get(row, (size_t)x);
+            double t = json_is_number(v) ? json_number_value(v) : -1;
+            if (!(t >= 0) || !isfinite(t)) {
+                rc = pd_err_set(e, PD_EINVAL, "--expert-stats %s: field \"tokens_per_expert[%zu][%d]\": expected a "
+                                "number >= 0", path, l, x);
+                goto out;
+            }
+            p->expert_load[l * (size_t)E + (size_t)x] = t;
+            sum[x] += t;
+            total += t;
+        }
+    }
+    if (total <= 0)
+        rc = pd_err_set(e, PD_EINVAL, "--expert-stats %s: field \"tokens_per_expert\": no token routed in any layer",
+                        path);
+    p->n_load_layers = (int)L;
+out:
+    json_decref(root);
+    return rc;
+}
+
 int pd_plan_role_eval(const struct pd_plan *p, enum pd_role r, const struct pd_role_opts *o,
                      struct pd_role_plan *rp, pd_err *e)
 {
@@ -87,9 +143,12 @@ int pd_plan_role_eval(const struct pd_plan *p, enum pd_role r, const struct pd_r
     rp->o = *o;
     rp->ep = o->dp * o->tp;
     rp->cards = rp->ep * o->instances;
-    int rc = pd_placement_build(&rp->place, p->inv.n_experts, rp->ep, o->redundant, NULL, e);
+    const double *sum = p->expert_load ? p->expert_load + (size_t)p->n_load_layers * p->inv.n_experts : NULL;
+    int rc = pd_placement_build(&rp->place, p->inv.n_experts, rp->ep, o->redundant, sum, e);
     if (rc)
         return rc;
+    if (p->expert_load)
+        rp->imbalance = pd_placement_imbalance(&rp->place, p->expert_load, p->n_load_layers);
     rp->class_i_min = INT64_MAX;
     for (int k = 0; k < rp->ep; k++) {
         int64_t b = pd_placement_rank_bytes(&rp->place, k, p->inv.expert_bytes);
@@ -257,6 +316,8 @@ int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e)
     int64_t flat = o->kv_bytes_per_token > 0 ? o->kv_bytes_per_token : p->model.kv_bytes_per_token;
     if ((rc = pd_kv_size_init(&p->kv, &p->model, o->kv_dtype, p->include_mtp, flat, e)))
         goto fail;
+    if (o->expert_stats && (rc = load_expert_stats(p, o->expert_stats, e)))
+        goto fail;
     p->nodes = o->nodes > 0 ? o->nodes : p->hw.cluster_nodes;
     p->cards_total = p->nodes * p->hw.cards_per_node;
     for (int r = 0; r < 2; r++)
@@ -289,4 +350,6 @@ void pd_plan_free(struct pd_plan *p)
     for (int r = 0; r < 2; r++)
         pd_placement_free(&p->role[r].place);
     pd_inventory_free(&p->inv);
+    free(p->expert_load);
+    p->expert_load = NULL;
 }

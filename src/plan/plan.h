@@ -41,6 +41,8 @@ struct pd_plan_opts {
     int mtp;                     /* -1: when the model has MTP layers; 0 or 1 */
     int64_t runtime[2];          /* -1: the hardware file's default */
     int nodes;                   /* 0: the hardware file's cluster_nodes */
+    const char *expert_stats;    /* tokens routed per layer and expert (pdmoe generate --expert-stats):
+                                    each placement's MoE imbalance measured instead of assumed */
     int sweep;
     int n_handoff;
     int64_t handoff_tokens[8];
@@ -74,6 +76,8 @@ struct pd_role_plan {
     int64_t seqs_at_max_len;            /* sequences of max-model-len the pool holds */
     int64_t ctx_at_max_seqs;            /* longest context for max-num-seqs sequences */
     int fits;                           /* weights fit and at least one max-model-len sequence */
+    double imbalance;                   /* busiest rank's expert load / mean on this placement,
+                                           measured from expert_stats; 0 without them */
 };
 
 struct pd_scenario {
@@ -105,6 +109,8 @@ struct pd_plan {
     struct pd_inventory inv;
     struct pd_kv_size kv;
     int include_mtp;
+    double *expert_load;           /* [n_load_layers][inv.n_experts] tokens, then their sum per expert */
+    int n_load_layers;
     int nodes, cards_total, cards_used;
     struct pd_role_plan role[2];
     int64_t p_kv_batch;            /* max-num-batched-tokens x KV per token: the seed's P peak */

@@ -289,3 +289,69 @@ Test(perf, eplb_lowers_the_imbalance)
     cr_assert_float_eq(a.total_s, b.total_s, 1e-15, "one rank holding every expert has no imbalance");
     pd_plan_free(&p);
 }
+
+/* --expert-stats: each placement's imbalance is measured from the routed tokens instead of the
+ * hardware file's assumption (1.0 here), it scales the experts and dispatch/combine, and a bad
+ * file is an error naming the field. v4-tiny: 16 routed experts, decode at EP4. */
+static const char *stats_file(const char *rows)
+{
+    static char path[64];
+    snprintf(path, sizeof path, "/tmp/pdmoe-stats-XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "{\"model\": \"t\", \"tokens_per_expert\": [%s]}\n", rows);
+    fclose(f);
+    return path;
+}
+
+Test(perf, expert_stats_set_the_imbalance)
+{
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    o.model = "v4-tiny";
+    o.hardware = hw_file(1e12, 1e15, 0, 5e10);
+    o.max_model_len = 4096;
+    o.max_num_batched_tokens = 256;
+    o.max_num_seqs = 8;
+    o.role[0] = (struct pd_role_opts){.dp = 2, .tp = 1, .instances = 1};
+    o.role[1] = (struct pd_role_opts){.dp = 4, .tp = 1, .instances = 1};
+    struct pd_plan p[2];
+    struct pd_step s[2];
+    pd_err e = {0};
+    /* expert 0 takes 13 of 28 tokens: decode rank 0 (experts 0-3) holds 16, the mean is 7 */
+    const char *rows[2] = {"[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0], [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]",
+                           "[13,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]"};
+    for (int i = 0; i < 2; i++) {
+        o.expert_stats = stats_file(rows[i]);
+        cr_assert_eq(pd_plan_build(&o, &p[i], &e), 0, "%s", e.msg);
+        unlink(o.expert_stats);
+        pd_perf_step(&p[i], PD_ROLE_DECODE, 8, 1, 512, &s[i]);
+    }
+    unlink(o.hardware);
+    cr_assert_float_eq(p[0].role[PD_ROLE_DECODE].imbalance, 1.0, 1e-12);
+    cr_assert_float_eq(s[0].imbalance, 1.0, 1e-12);
+    cr_assert_float_eq(p[1].role[PD_ROLE_DECODE].imbalance, 16.0 / 7, 1e-12);
+    cr_assert_float_eq(p[1].role[PD_ROLE_PREFILL].imbalance, 20.0 / 14, 1e-12);   /* EP2: 20 of 28 */
+    cr_assert_float_eq(s[1].imbalance, 16.0 / 7, 1e-12);
+    cr_assert_gt(s[1].a2a_s, s[0].a2a_s * 2);
+    for (int i = 0; i < 2; i++)
+        pd_plan_free(&p[i]);
+
+    /* errors name the file's field */
+    struct {
+        const char *rows, *msg;
+    } bad[] = {{"[1,2,3]", "tokens_per_expert[0]\": expected 16 numbers"},
+               {"[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], [1,-1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]", "tokens_per_expert[1][1]\""},
+               {"[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]", "no token routed"}};
+    o.hardware = "h100";
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        o.expert_stats = stats_file(bad[i].rows);
+        cr_assert_neq(pd_plan_build(&o, &p[0], &e), 0);
+        cr_assert(strstr(e.msg, o.expert_stats) && strstr(e.msg, bad[i].msg), "%s", e.msg);
+        unlink(o.expert_stats);
+    }
+    o.expert_stats = "/nonexistent/stats.json";
+    cr_assert_neq(pd_plan_build(&o, &p[0], &e), 0);
+    cr_assert(strstr(e.msg, "/nonexistent/stats.json"), "%s", e.msg);
+}

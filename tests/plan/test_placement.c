@@ -86,3 +86,26 @@ Test(placement, replicas_follow_load)
     cr_assert(on1);
     pd_placement_free(&p);
 }
+
+/* The measured imbalance: the busiest rank's tokens over the mean, averaged over layers that
+ * saw tokens; replicas (placed on the hottest experts by total load) share an expert's load. */
+Test(placement, imbalance_from_routed_tokens)
+{
+    struct pd_placement p;
+    pd_err e = {0};
+    const double load[3][4] = {{3, 1, 1, 1}, {1, 1, 1, 1}, {0, 0, 0, 0}};
+    cr_assert_eq(pd_placement_build(&p, 4, 2, 0, NULL, &e), 0, "%s", e.msg);
+    /* layer 0: ranks {0,1} hold 4 and 2 tokens, mean 3; layer 1 even; layer 2 has none */
+    cr_assert_float_eq(pd_placement_imbalance(&p, &load[0][0], 3), (4.0 / 3 + 1) / 2, 1e-12);
+    cr_assert_eq(pd_placement_imbalance(&p, &load[2][0], 1), 0);
+    pd_placement_free(&p);
+    /* two replicas by total load {4, 2, 2, 2}: expert 0 onto rank 1, expert 2 onto rank 0;
+     * each rank then carries half of 0 and of 2: layer 0 is 3 and 3 */
+    const double total[4] = {4, 2, 2, 2};
+    cr_assert_eq(pd_placement_build(&p, 4, 2, 2, total, &e), 0, "%s", e.msg);
+    const int want[6] = {0, 1, 2, 2, 3, 0};
+    for (int i = 0; i < 6; i++)
+        cr_assert_eq(p.map[i], want[i], "slot %d", i);
+    cr_assert_float_eq(pd_placement_imbalance(&p, &load[0][0], 2), 1.0, 1e-12);
+    pd_placement_free(&p);
+}
