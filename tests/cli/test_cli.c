@@ -227,4 +227,22 @@ Test(cli, perf_search_validate)
     expect_error("search --isl 100000 --max-model-len 8192", "--max-model-len");
     expect_error("search --cards 32 --html /nonexistent-dir/r.html", "--html /nonexistent-dir/r.html: cannot write");
     expect_error("plan --html /nonexistent-dir/r.html", "--html /nonexistent-dir/r.html: cannot write");
+    expect_error("plan --expert-stats /nonexistent-dir/s.json", "/nonexistent-dir/s.json");
+
+    /* measured expert load: one layer, expert 0 hot, at the seed's decode EP32 */
+    char stats[] = "/tmp/pdmoe-stats-XXXXXX";
+    fd = mkstemp(stats);
+    cr_assert_geq(fd, 0);
+    FILE *sf = fdopen(fd, "w");
+    fprintf(sf, "{\"tokens_per_expert\": [[");
+    for (int x = 0; x < 256; x++)
+        fprintf(sf, "%s%d", x ? "," : "", x ? 1 : 65);
+    fprintf(sf, "]]}\n");
+    fclose(sf);
+    snprintf(args, sizeof args, "plan --isl 1024 --osl 256 --expert-stats %s", stats);
+    run(args, &r);
+    remove(stats);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    /* decode EP32: rank 0 holds experts 0-7, 72 of 320 tokens; the mean is 10 */
+    cr_assert(strstr(r.out, "decode 7.20 (measured on its placement from --expert-stats)"), "%s", r.out);
 }
