@@ -15,6 +15,63 @@ int pd_placement_owner(const struct pd_placement *p, int expert)
     return (int)r;
 }
 
+/* Replicas placed by load, as EPLB does within pdmoe's fixed primaries: each goes to the expert
+ * with the most tokens per copy that some rank with room lacks (ties: lower id), onto the rank
+ * with room that lacks it and carries the fewest tokens (an expert's copies share its tokens;
+ * ties: fewer slots used, lower rank). A hot expert may so get several replicas. Every rank with
+ * room lacks some expert (slots <= experts), so all R are placed; -1 only without memory. */
+static int replicas_by_load(struct pd_placement *p, int *used, const double *load)
+{
+    int E = p->n_experts, ep = p->ep, S = p->slots;
+    int *copies = calloc((size_t)E, sizeof *copies);
+    char *holds = calloc((size_t)ep * (size_t)E, 1), *full = calloc((size_t)E, 1);
+    double *rank = malloc((size_t)ep * sizeof *rank);
+    if (!copies || !holds || !full || !rank) {
+        free(copies);
+        free(holds);
+        free(full);
+        free(rank);
+        return -1;
+    }
+    for (int k = 0; k < ep; k++)
+        for (int s = 0; s < used[k]; s++) {
+            copies[p->map[k * S + s]]++;
+            holds[(size_t)k * E + p->map[k * S + s]] = 1;
+        }
+    for (int placed = 0; placed < p->redundant; placed++) {
+        for (int k = 0; k < ep; k++) {
+            rank[k] = 0;
+            for (int s = 0; s < used[k]; s++)
+                rank[k] += load[p->map[k * S + s]] / copies[p->map[k * S + s]];
+        }
+        /* the expert with the most tokens per copy that a rank with room lacks; an expert every
+         * rank with room holds stays so (ranks only fill up) */
+        int bx, bk;
+        for (;;) {
+            bx = -1;
+            for (int x = 0; x < E; x++)
+                if (!full[x] && (bx < 0 || load[x] / copies[x] > load[bx] / copies[bx]))
+                    bx = x;
+            bk = -1;
+            for (int k = 0; k < ep; k++)
+                if (used[k] < S && !holds[(size_t)k * E + bx] &&
+                    (bk < 0 || rank[k] < rank[bk] || (rank[k] == rank[bk] && used[k] < used[bk])))
+                    bk = k;
+            if (bk >= 0)
+                break;
+            full[bx] = 1;
+        }
+        p->map[bk * S + used[bk]++] = bx;
+        holds[(size_t)bk * E + bx] = 1;
+        copies[bx]++;
+    }
+    free(copies);
+    free(holds);
+    free(full);
+    free(rank);
+    return 0;
+}
+
 int pd_placement_build(struct pd_placement *p, int n_experts, int ep, int redundant,
                        const double *load, pd_err *e)
 {
@@ -42,10 +99,8 @@ int pd_placement_build(struct pd_placement *p, int n_experts, int ep, int redund
     p->slots = slots;
     p->map = malloc((size_t)ep * (size_t)slots * sizeof *p->map);
     int *used = calloc((size_t)ep, sizeof *used);
-    int *order = malloc((size_t)n_experts * sizeof *order);
-    if (!p->map || !used || !order) {
+    if (!p->map || !used) {
         free(used);
-        free(order);
         pd_placement_free(p);
         return pd_err_set(e, PD_ENOMEM, "placement: out of memory");
     }
@@ -54,42 +109,39 @@ int pd_placement_build(struct pd_placement *p, int n_experts, int ep, int redund
         for (int x = lo; x < hi; x++)
             p->map[k * slots + used[k]++] = x;
     }
-    /* replicas: hottest first (stable by id), each to the emptiest rank that lacks it */
-    for (int i = 0; i < n_experts; i++)
-        order[i] = i;
-    if (load)
-        for (int i = 1; i < n_experts; i++)
-            for (int j = i; j > 0 && load[order[j]] > load[order[j - 1]]; j--) {
-                int t = order[j];
-                order[j] = order[j - 1];
-                order[j - 1] = t;
-            }
-    int placed = 0;
-    for (int i = 0; placed < redundant && i < redundant + 2 * n_experts; i++) {
-        int x = order[i % n_experts], best = -1;
-        for (int k = 0; k < ep; k++) {
-            if (used[k] >= slots)
-                continue;
-            int has = 0;
-            for (int s = 0; s < used[k]; s++)
-                has |= p->map[k * slots + s] == x;
-            if (!has && (best < 0 || used[k] < used[best]))
-                best = k;
+    if (load) {
+        if (replicas_by_load(p, used, load)) {
+            free(used);
+            pd_placement_free(p);
+            return pd_err_set(e, PD_ENOMEM, "placement: out of memory");
         }
-        if (best < 0)
-            continue;   /* every rank with room holds x already: try the next expert */
-        p->map[best * slots + used[best]++] = x;
-        placed++;
+    } else {
+        /* replicas by expert id, each to the emptiest rank that lacks it */
+        int placed = 0;
+        for (int i = 0; placed < redundant && i < redundant + 2 * n_experts; i++) {
+            int x = i % n_experts, best = -1;
+            for (int k = 0; k < ep; k++) {
+                if (used[k] >= slots)
+                    continue;
+                int has = 0;
+                for (int s = 0; s < used[k]; s++)
+                    has |= p->map[k * slots + s] == x;
+                if (!has && (best < 0 || used[k] < used[best]))
+                    best = k;
+            }
+            if (best < 0)
+                continue;   /* every rank with room holds x already: try the next expert */
+            p->map[best * slots + used[best]++] = x;
+            placed++;
+        }
     }
     for (int k = 0; k < ep; k++)
         if (used[k] != slots) {
             free(used);
-            free(order);
             pd_placement_free(p);
             return pd_err_set(e, PD_EINVAL, "placement: cannot fill %d slots per rank without duplicate experts", slots);
         }
     free(used);
-    free(order);
     return 0;
 }
 

@@ -1,7 +1,8 @@
 /* Expert placement in one expert-parallel group of `ep` ranks: without redundancy rank k
  * holds experts [k*E/ep, (k+1)*E/ep); with R redundant experts every rank holds (E+R)/ep
- * slots: its contiguous primaries, then replicas, hottest expert first when a load is given
- * (by expert id otherwise), never two copies of one expert on the same rank. */
+ * slots: its contiguous primaries, then replicas: with a load, of the expert with the most
+ * tokens per copy onto the least-loaded rank lacking it (a hot expert may get several), by
+ * expert id onto the emptiest rank otherwise; never two copies of one expert on one rank. */
 #ifndef PD_PLAN_PLACEMENT_H
 #define PD_PLAN_PLACEMENT_H
 

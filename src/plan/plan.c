@@ -80,6 +80,16 @@ static void activation(const struct pd_plan *p, enum pd_role r, int tp, struct p
     a->total = a->residual + a->working + (a->attention > a->moe ? a->attention : a->moe) + a->indexer + a->logits;
 }
 
+/* Placing each layer's replicas is the costly part of a measured imbalance and depends only on
+ * the EP size and the redundant experts, which the search's role layouts share. */
+struct pd_imbalance_memo {
+    int n, cap;
+    struct {
+        int ep, redundant;
+        double imbalance;
+    } *v;
+};
+
 /* --expert-stats: {"tokens_per_expert": [[tokens routed to each expert] per layer]}, as
  * `pdmoe generate --expert-stats` writes it; the model's routed experts per layer. */
 static int load_expert_stats(struct pd_plan *p, const char *path, pd_err *e)
@@ -101,7 +111,8 @@ static int load_expert_stats(struct pd_plan *p, const char *path, pd_err *e)
         goto out;
     }
     p->expert_load = calloc((L + 1) * (size_t)E, sizeof *p->expert_load);
-    if (!p->expert_load) {
+    p->imbalance_memo = calloc(1, sizeof *p->imbalance_memo);
+    if (!p->expert_load || !p->imbalance_memo) {
         rc = pd_err_set(e, PD_ENOMEM, "--expert-stats %s: out of memory", path);
         goto out;
     }
@@ -135,6 +146,59 @@ out:
     return rc;
 }
 
+/* With redundant experts: each layer's replicas placed for that layer's load, as EPLB places
+ * them, and the layers averaged. */
+static int layer_imbalance(const struct pd_plan *p, struct pd_role_plan *rp, pd_err *e)
+{
+    int E = p->inv.n_experts, n = 0, rc;
+    double sum = 0;
+    for (int l = 0; l < p->n_load_layers; l++) {
+        const double *x = p->expert_load + (size_t)l * E;
+        struct pd_placement q;
+        if ((rc = pd_placement_build(&q, E, rp->ep, rp->o.redundant, x, e)))
+            return rc;
+        double f = pd_placement_imbalance(&q, x, 1);
+        pd_placement_free(&q);
+        if (f > 0) {
+            sum += f;
+            n++;
+        }
+    }
+    rp->imbalance = n ? sum / n : 0;
+    return 0;
+}
+
+/* The role's MoE imbalance from --expert-stats: on its one placement without redundant experts,
+ * per layer with them (layer_imbalance); memoised per EP size and redundancy. */
+static int measured_imbalance(const struct pd_plan *p, struct pd_role_plan *rp, pd_err *e)
+{
+    struct pd_imbalance_memo *m = p->imbalance_memo;
+    for (int i = 0; i < m->n; i++)
+        if (m->v[i].ep == rp->ep && m->v[i].redundant == rp->o.redundant) {
+            rp->imbalance = m->v[i].imbalance;
+            return 0;
+        }
+    if (m->n == m->cap) {
+        int cap = m->cap ? 2 * m->cap : 16;
+        void *v = realloc(m->v, (size_t)cap * sizeof *m->v);
+        if (!v)
+            return pd_err_set(e, PD_ENOMEM, "--expert-stats: out of memory");
+        m->v = v;
+        m->cap = cap;
+    }
+    int rc = 0;
+    if (rp->o.redundant)
+        rc = layer_imbalance(p, rp, e);
+    else
+        rp->imbalance = pd_placement_imbalance(&rp->place, p->expert_load, p->n_load_layers);
+    if (!rc) {
+        m->v[m->n].ep = rp->ep;
+        m->v[m->n].redundant = rp->o.redundant;
+        m->v[m->n++].imbalance = rp->imbalance;
+    }
+    return rc;
+}
+
 int pd_plan_role_eval(const struct pd_plan *p, enum pd_role r, const struct pd_role_opts *o,
                      struct pd_role_plan *rp, pd_err *e)
 {
@@ -147,8 +211,10 @@ int pd_plan_role_eval(const struct pd_plan *p, enum pd_role r, const struct pd_r
     int rc = pd_placement_build(&rp->place, p->inv.n_experts, rp->ep, o->redundant, sum, e);
     if (rc)
         return rc;
-    if (p->expert_load)
-        rp->imbalance = pd_placement_imbalance(&rp->place, p->expert_load, p->n_load_layers);
+    if (p->expert_load && (rc = measured_imbalance(p, rp, e))) {
+        pd_placement_free(&rp->place);
+        return rc;
+    }
     rp->class_i_min = INT64_MAX;
     for (int k = 0; k < rp->ep; k++) {
         int64_t b = pd_placement_rank_bytes(&rp->place, k, p->inv.expert_bytes);
@@ -352,4 +418,8 @@ void pd_plan_free(struct pd_plan *p)
     pd_inventory_free(&p->inv);
     free(p->expert_load);
     p->expert_load = NULL;
+    if (p->imbalance_memo)
+        free(p->imbalance_memo->v);
+    free(p->imbalance_memo);
+    p->imbalance_memo = NULL;
 }

@@ -111,6 +111,7 @@ struct pd_plan {
     int include_mtp;
     double *expert_load;           /* [n_load_layers][inv.n_experts] tokens, then their sum per expert */
     int n_load_layers;
+    struct pd_imbalance_memo *imbalance_memo;   /* measured imbalance per (EP size, redundant) */
     int nodes, cards_total, cards_used;
     struct pd_role_plan role[2];
     int64_t p_kv_batch;            /* max-num-batched-tokens x KV per token: the seed's P peak */

@@ -338,6 +338,17 @@ Test(perf, expert_stats_set_the_imbalance)
     for (int i = 0; i < 2; i++)
         pd_plan_free(&p[i]);
 
+    /* four redundant experts, placed for the layer's load as EPLB does: three more copies of
+     * expert 0 (one per rank) and one of expert 4 on rank 0; ranks carry 6.75, 6.75, 7.25, 7.25 */
+    o.hardware = "h100";
+    o.role[1].redundant = 4;
+    o.expert_stats = stats_file(rows[1]);
+    cr_assert_eq(pd_plan_build(&o, &p[0], &e), 0, "%s", e.msg);
+    unlink(o.expert_stats);
+    cr_assert_float_eq(p[0].role[PD_ROLE_DECODE].imbalance, 7.25 / 7, 1e-12);
+    pd_plan_free(&p[0]);
+    o.role[1].redundant = 0;
+
     /* errors name the file's field */
     struct {
         const char *rows, *msg;

@@ -109,3 +109,20 @@ Test(placement, imbalance_from_routed_tokens)
     cr_assert_float_eq(pd_placement_imbalance(&p, &load[0][0], 2), 1.0, 1e-12);
     pd_placement_free(&p);
 }
+
+/* With a load the replicas balance it: one expert with 40 of 47 tokens gets a copy on every rank
+ * (three replicas), each onto the least-loaded rank that lacks it, and the last replica goes to
+ * the next expert that the one rank with room lacks. */
+Test(placement, a_hot_expert_gets_several_replicas)
+{
+    struct pd_placement p;
+    pd_err e = {0};
+    const double load[8] = {40, 1, 1, 1, 1, 1, 1, 1};
+    cr_assert_eq(pd_placement_build(&p, 8, 4, 4, load, &e), 0, "%s", e.msg);
+    const int want[12] = {0, 1, 2, 2, 3, 0, 4, 5, 0, 6, 7, 0};
+    for (int i = 0; i < 12; i++)
+        cr_assert_eq(p.map[i], want[i], "slot %d", i);
+    /* ranks carry 11.5, 11.5, 12 and 12 tokens, the mean is 11.75 */
+    cr_assert_float_eq(pd_placement_imbalance(&p, load, 1), 12 / 11.75, 1e-12);
+    pd_placement_free(&p);
+}
