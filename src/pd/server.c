@@ -87,7 +87,7 @@ struct req {
  * Each rank answers {status, free blocks, free slots, n released, per pull {ok, bytes lo, hi,
  * microseconds the pull took}, per item
  * its token (-1: another rank's), the ids of the leases it released, 2 words each}. */
-enum { EP_OP_STEP = 1, EP_OP_STOP = 2 };
+enum { EP_OP_STEP = 1, EP_OP_STOP = 2, EP_OP_STATS = 3 };   /* STATS: the ranks sum their expert counts to rank 0 */
 enum { EP_HDR = 6, EP_FREE_W = 3, EP_LEASE_W = 4, EP_PULL_W = 28, EP_ITEM_W = 11, EP_ANS_W = 4,
        EP_PULLED_W = 4 };
 
@@ -173,6 +173,12 @@ struct pd_server {
     /* metrics */
     uint64_t n_requests, n_completed, n_cancelled, n_errors4xx, tokens_out, tokens_in;
     double ttft_sum;
+    /* GET /expert_stats: the requests wait while the scheduler, which owns the engine, collects
+     * the tokens each expert ran (an EP group's ranks summed) into stats_sum */
+    struct evhttp_request **stats_wait;
+    int n_stats_wait, cap_stats_wait;
+    int64_t *stats_sum;             /* [n_layers][routed experts] */
+    enum { STATS_NONE, STATS_WANTED, STATS_READY } stats_state;
 };
 
 /* ---- request lifetime ---------------------------------------------------------------------- */
@@ -609,6 +615,14 @@ static int ep_round(struct pd_server *s, pd_err *e)
         return pd_err_set(e, PD_EIO, "expert parallelism: rank 0: the step broadcast failed");
     if (g->msg[0] == EP_OP_STOP)
         return 1;
+    if (g->msg[0] == EP_OP_STATS) {
+        int n = s->en.model.n_layers * s->en.model.n_routed_experts;
+        if (MPI_Ireduce(s->en.expert_tokens, g->rank ? NULL : s->stats_sum, n, MPI_INT64_T, MPI_SUM, 0, g->ep.comm,
+                        &rq) != MPI_SUCCESS ||
+            pd_ep_wait(&rq) != MPI_SUCCESS)
+            return pd_err_set(e, PD_EIO, "expert parallelism: rank %d: summing the expert counts failed", g->rank);
+        return 0;
+    }
     size_t words = ep_msg_words(g->msg);
     if (grow_words(&g->msg, &g->msg_cap, words))
         return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
@@ -870,6 +884,28 @@ static int ep_build_step(struct pd_server *s, struct req **in_step, int m)
     return 0;
 }
 
+/* The scheduler (s->mu held): the tokens each expert ran, for the waiting GET /expert_stats
+ * requests; an EP group's ranks sum theirs in a round of their own. Nonzero if that round failed. */
+static int collect_expert_stats(struct pd_server *s, pd_err *e)
+{
+    int rc = 0;
+    if (s->g) {
+        memset(s->g->msg, 0, EP_HDR * sizeof *s->g->msg);
+        s->g->msg[0] = EP_OP_STATS;
+        pthread_mutex_unlock(&s->mu);
+        rc = ep_round(s, e);
+        pthread_mutex_lock(&s->mu);
+    } else {
+        memcpy(s->stats_sum, s->en.expert_tokens,
+               (size_t)s->en.model.n_layers * s->en.model.n_routed_experts * sizeof *s->stats_sum);
+    }
+    if (!rc) {
+        s->stats_state = STATS_READY;
+        event_active(s->notify, 0, 0);
+    }
+    return rc;
+}
+
 static void *scheduler(void *arg)
 {
     struct pd_server *s = arg;
@@ -882,6 +918,8 @@ static void *scheduler(void *arg)
     int rc = 0;
     pthread_mutex_lock(&s->mu);
     while (!s->stop) {
+        if (s->stats_state == STATS_WANTED && (rc = collect_expert_stats(s, &e)))
+            break;
         /* leases the transfer engine ended: the KV goes back to the pool */
         while (s->released) {
             struct req *r = s->released;
@@ -1199,11 +1237,34 @@ static void answered(struct pd_server *s, struct req *r)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* The loop (s->mu held): answers the GET /expert_stats requests once the counts are in. */
+static void answer_expert_stats(struct pd_server *s)
+{
+    if (s->stats_state != STATS_READY)
+        return;
+    const struct pd_model *m = &s->en.model;
+    json_t *rows = json_array();
+    for (int l = 0; l < m->n_layers; l++) {
+        json_t *row = json_array();
+        for (int x = 0; x < m->n_routed_experts; x++)
+            json_array_append_new(row, json_integer(s->stats_sum[(size_t)l * m->n_routed_experts + x]));
+        json_array_append_new(rows, row);
+    }
+    json_t *doc = json_pack("{s:s,s:i,s:i,s:o}", "model", s->name, "ranks", s->g ? s->g->size : 1, "experts",
+                            m->n_routed_experts, "tokens_per_expert", rows);
+    for (int i = 0; i < s->n_stats_wait; i++)
+        pd_http_json(s->stats_wait[i], 200, json_incref(doc));
+    json_decref(doc);
+    s->n_stats_wait = 0;
+    s->stats_state = STATS_NONE;
+}
+
 /* The loop's side of the outbox: stream new text, or answer finished requests. */
 static void on_notify(evutil_socket_t fd, short what, void *arg)
 {
     struct pd_server *s = arg;
     pthread_mutex_lock(&s->mu);
+    answer_expert_stats(s);
     struct req *list = s->outbox;
     s->outbox = NULL;
     /* snapshots under the lock: tokens below n_gen are final. An entry leaves the outbox (queued
@@ -1556,6 +1617,37 @@ static void on_models(struct evhttp_request *h, void *arg)
                                       "model", "owned_by", "pdmoe", "max_model_len", s->o.max_model_len));
 }
 
+/* GET /expert_stats: the tokens each routed expert ran in each layer since the server started
+ * (every rank of an EP group), as `pdmoe generate --expert-stats` writes them and `pdmoe plan
+ * --expert-stats` reads them. The scheduler collects them between steps; on_notify answers. */
+static void on_expert_stats(struct evhttp_request *h, void *arg)
+{
+    struct pd_server *s = arg;
+    if (evhttp_request_get_command(h) != EVHTTP_REQ_GET) {
+        send_error(s, h, 405, "invalid_request_error", NULL, "use GET");
+        return;
+    }
+    if (!authorised(s, h))
+        return;
+    pthread_mutex_lock(&s->mu);
+    if (s->n_stats_wait == s->cap_stats_wait) {
+        int cap = s->cap_stats_wait ? 2 * s->cap_stats_wait : 8;
+        void *w = realloc(s->stats_wait, (size_t)cap * sizeof *s->stats_wait);
+        if (!w) {
+            pthread_mutex_unlock(&s->mu);
+            send_error(s, h, 503, "server_error", NULL, "out of memory");
+            return;
+        }
+        s->stats_wait = w;
+        s->cap_stats_wait = cap;
+    }
+    s->stats_wait[s->n_stats_wait++] = h;
+    if (s->stats_state == STATS_NONE)
+        s->stats_state = STATS_WANTED;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void on_metrics(struct evhttp_request *h, void *arg)
 {
     struct pd_server *s = arg;
@@ -1814,12 +1906,13 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     }
     /* an EP group runs up to max_num_seqs sequences on each rank */
     s->running = calloc((size_t)s->o.max_num_seqs * (s->g ? s->g->size : 1), sizeof *s->running);
+    s->stats_sum = calloc((size_t)s->en.model.n_layers * s->en.model.n_routed_experts + 1, sizeof *s->stats_sum);
     evthread_use_pthreads();
     /* a client that disconnects must not kill the server with SIGPIPE */
     signal(SIGPIPE, SIG_IGN);
     s->base = event_base_new();
     s->http = s->base ? evhttp_new(s->base) : NULL;
-    if (!s->running || !s->http) {
+    if (!s->running || !s->stats_sum || !s->http) {
         rc = pd_err_set(e, PD_ENOMEM, "server: out of memory");
         goto fail;
     }
@@ -1828,6 +1921,7 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     evhttp_set_cb(s->http, "/v1/models", on_models, s);
     evhttp_set_cb(s->http, "/health", pd_http_health, s);
     evhttp_set_cb(s->http, "/metrics", on_metrics, s);
+    evhttp_set_cb(s->http, "/expert_stats", on_expert_stats, s);
     evhttp_set_gencb(s->http, on_other, s);
     evhttp_set_max_body_size(s->http, 8 << 20);
     if ((rc = pd_http_listen(s->http, s->o.host, s->o.port, &s->port, e))) {
@@ -1935,8 +2029,12 @@ void pd_server_destroy(struct pd_server *s)
             answered(s, r);
         }
     }
+    for (int i = 0; i < s->n_stats_wait; i++)
+        send_error(s, s->stats_wait[i], 503, "server_error", NULL, "the server is shutting down");
+    int waited = s->n_stats_wait;
+    s->n_stats_wait = 0;
     /* let the loop write those answers out (at most 200 ms) */
-    if (s->live && s->base) {
+    if ((s->live || waited) && s->base) {
         struct timeval tv = {0, 200000};
         event_base_loopexit(s->base, &tv);
         event_base_dispatch(s->base);
@@ -1969,6 +2067,8 @@ void pd_server_destroy(struct pd_server *s)
         pd_engine_close(&s->en);
     pd_tok_free(s->tok);
     free(s->running);
+    free(s->stats_wait);
+    free(s->stats_sum);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);

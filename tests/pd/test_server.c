@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include "engine/genmodel.h"
+#include "model/config.h"
+#include "plan/plan.h"
 #include "../tmpmodel.h"
 #include "pd/server.h"
 #include "util.h"
@@ -238,4 +240,79 @@ Test(server, a_request_cancelled_while_waiting_leaves_the_queue_working)
     cr_assert_eq(metric("pdmoe_requests_cancelled_total"), 2);
     cr_assert_eq(metric("pdmoe_requests_completed_total"), 1);
     cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_total"));
+}
+
+/* GET /expert_stats: every token through every MoE layer counted top-k times, in the format
+ * `pdmoe plan --expert-stats` reads; GET only; parallel readers all answered. */
+Test(server, expert_stats_count_every_token_and_feed_the_planner)
+{
+    start(NULL, dir, 1024);
+    struct pd_model m;
+    pd_err e = {0};
+    cr_assert_eq(pd_model_load(dir, &m, &e), 0, "%s", e.msg);
+    static char out[1 << 16];
+    cr_assert_eq(curl("/expert_stats", NULL, NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    json_t *rows = json_object_get(j, "tokens_per_expert");
+    cr_assert_eq(json_array_size(rows), (size_t)m.n_layers);
+    cr_assert_eq(json_integer_value(json_object_get(j, "experts")), m.n_routed_experts);
+    for (int l = 0; l < m.n_layers; l++)
+        for (int x = 0; x < m.n_routed_experts; x++)
+            cr_assert_eq(json_integer_value(json_array_get(json_array_get(rows, (size_t)l), (size_t)x)), 0);
+    json_decref(j);
+    /* two requests: their prompts and all generated tokens but the last go through the model */
+    const char *body[2] = {"{\"prompt\":\"The sea froze over\",\"max_tokens\":7,\"ignore_eos\":true}",
+                           "{\"prompt\":\"and the children skated\",\"max_tokens\":3,\"ignore_eos\":true}"};
+    long long through = 0;
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(curl("/v1/completions", body[i], NULL, out, sizeof out), 200, "%s", out);
+        j = parse(out);
+        json_t *u = json_object_get(j, "usage");
+        through += json_integer_value(json_object_get(u, "prompt_tokens")) +
+                   json_integer_value(json_object_get(u, "completion_tokens")) - 1;
+        json_decref(j);
+    }
+    cr_assert_eq(curl("/expert_stats", NULL, NULL, out, sizeof out), 200, "%s", out);
+    j = parse(out);
+    rows = json_object_get(j, "tokens_per_expert");
+    for (int l = 0; l < m.n_layers; l++) {
+        long long sum = 0;
+        for (int x = 0; x < m.n_routed_experts; x++)
+            sum += json_integer_value(json_array_get(json_array_get(rows, (size_t)l), (size_t)x));
+        cr_assert_eq(sum, through * m.n_experts_per_tok, "layer %d: %lld token-expert pairs, want %lld", l, sum,
+                     through * m.n_experts_per_tok);
+    }
+    json_decref(j);
+    /* the planner takes the answer as it is */
+    char stats[] = "/tmp/pdmoe-stats-XXXXXX";
+    int fd = mkstemp(stats);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, out, strlen(out)), (ssize_t)strlen(out));
+    close(fd);
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    o.model = dir;
+    o.hardware = "h100";
+    o.max_model_len = 1024;
+    o.role[0] = (struct pd_role_opts){.dp = 2, .tp = 1, .instances = 1};
+    o.role[1] = (struct pd_role_opts){.dp = 4, .tp = 1, .instances = 1};
+    o.expert_stats = stats;
+    struct pd_plan p;
+    int rc = pd_plan_build(&o, &p, &e);
+    remove(stats);
+    cr_assert_eq(rc, 0, "%s", e.msg);
+    cr_assert_geq(p.role[1].imbalance, 1.0);
+    pd_plan_free(&p);
+    /* GET only; eight readers at once all get the counts */
+    expect(405, "/expert_stats", "{}", NULL, NULL);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "seq 8 | xargs -P 8 -I{} curl -s -o /dev/null -w '%%{http_code}\\n' "
+             "http://127.0.0.1:%d/expert_stats", port);
+    FILE *pp = popen(cmd, "r");
+    char line[64];
+    int ok = 0;
+    while (fgets(line, sizeof line, pp))
+        ok += atoi(line) == 200;
+    pclose(pp);
+    cr_assert_eq(ok, 8);
 }

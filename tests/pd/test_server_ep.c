@@ -226,6 +226,20 @@ Test(server_ep, two_ranks_give_the_tokens_of_one_process_and_free_every_block)
         free(want[i]);
         free(got[i]);
     }
+    /* the tokens each expert ran, summed over the ranks, are the one process's */
+    char a[1 << 16], b[1 << 16];
+    cr_assert_eq(curl_port(pg, "/expert_stats", NULL, NULL, a, sizeof a), 200, "%s", a);
+    cr_assert_eq(curl_port(ps, "/expert_stats", NULL, NULL, b, sizeof b), 200, "%s", b);
+    json_t *ja = parse(a), *jb = parse(b);
+    cr_assert_eq(json_integer_value(json_object_get(ja, "ranks")), 2);
+    char *ra = json_dumps(json_object_get(ja, "tokens_per_expert"), JSON_COMPACT),
+         *rb = json_dumps(json_object_get(jb, "tokens_per_expert"), JSON_COMPACT);
+    cr_assert_str_eq(ra, rb, "EP group %s, one process %s", ra, rb);
+    cr_assert(strstr(ra, "[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]") == NULL, "a layer without tokens: %s", ra);
+    free(ra);
+    free(rb);
+    json_decref(ja);
+    json_decref(jb);
     /* both ranks held sequences; every rank's pool is full again, the sum too */
     cr_assert_gt(labelled(pg, "pdmoe_rank_requests_total", 0), 0);
     cr_assert_gt(labelled(pg, "pdmoe_rank_requests_total", 1), 0);
