@@ -623,16 +623,18 @@ static void memory_table(FILE *f, const struct pd_search *s, int u)
         return;
     fprintf(f, "<h3>What fits in memory</h3>\n<p class=\"note\">Per role layout (instances aside), the busiest "
                "card; decode's KV pool at batch 1, and the largest batch per DP rank (of isl + osl tokens) whose KV "
-               "fits.</p>\n<table id=\"memory\">\n<tr><th>role</th><th>layout (DP &times; TP, redundant)</th>"
-               "<th>experts per card</th><th>weights</th><th>KV pool</th><th>verdict</th></tr>\n");
+               "fits; the MoE load is the busiest rank's expert load over the mean (%s).</p>\n<table id=\"memory\">\n"
+               "<tr><th>role</th><th>layout (DP &times; TP, redundant)</th><th>experts per card</th><th>weights</th>"
+               "<th>KV pool</th><th>MoE load</th><th>verdict</th></tr>\n",
+            s->plan.expert_load ? "measured from --expert-stats" : "the hardware file's");
     for (int i = 0; i < s->n_mem; i++) {
         const struct pd_search_mem *m = &s->mem[i];
         char w[32], kv[32];
         fprintf(f, "<tr><td>%s</td><td>DP%d &times; TP%d", pd_role_name(m->role), m->o.dp, m->o.tp);
         if (m->o.redundant > 0)
             fprintf(f, ", %d redundant", m->o.redundant);
-        fprintf(f, "</td><td class=\"n\">%d</td><td class=\"n\">%s</td><td class=\"n\">%s</td>",
-                m->experts_per_card, G(w, m->weights, u), G(kv, m->kv_pool, u));
+        fprintf(f, "</td><td class=\"n\">%d</td><td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%.2f</td>",
+                m->experts_per_card, G(w, m->weights, u), G(kv, m->kv_pool, u), m->imbalance);
         if (!m->fits_weights)
             fprintf(f, "<td class=\"bad\">does not fit (weights)</td></tr>\n");
         else if (m->max_batch == 0)

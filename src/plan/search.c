@@ -106,6 +106,8 @@ static int layout_cands(struct pd_plan *p, const struct pd_search_opts *so, enum
         else
             pd_perf_decode(p, &w, &f);
         p->role[r] = keep;
+        if (m && nb == 0)
+            m->imbalance = r == PD_ROLE_PREFILL ? f.prefill_step.imbalance : f.decode_step.imbalance;
         for (int inst = 1; inst * ep < so->cards; inst++) {
             struct cand *c = cand_push(v);
             if (!c) {
@@ -391,9 +393,10 @@ char *pd_search_text(const struct pd_search *s, int units)
         fprintf(f, ", at %.2f requests/s (TTFT with queueing)", s->o.w.rate);
     fprintf(f, "\n  %d layouts costed, %d fit in memory, %d meet the targets, %d on the Pareto front\n\n", s->n, s->n_fit,
             s->n_meet, s->n_front);
-    fprintf(f, "What fits in memory (busiest card; the decode batch is per DP rank, of isl + osl tokens)\n");
-    fprintf(f, "  %-8s %-18s %13s %12s %12s  %s\n", "role", "layout", "experts/card", "weights", "KV pool",
-            "verdict");
+    fprintf(f, "What fits in memory (busiest card; the decode batch is per DP rank, of isl + osl tokens; MoE load:\n"
+               "busiest rank / mean, %s)\n", s->plan.expert_load ? "measured from --expert-stats" : "the hardware file's");
+    fprintf(f, "  %-8s %-18s %13s %12s %12s %9s  %s\n", "role", "layout", "experts/card", "weights", "KV pool",
+            "MoE load", "verdict");
     for (int i = 0; i < s->n_mem; i++) {
         const struct pd_search_mem *m = &s->mem[i];
         char lay[40], w[32], kv[32], v[64];
@@ -410,9 +413,9 @@ char *pd_search_text(const struct pd_search *s, int units)
                      m->max_batch == batches[sizeof batches / sizeof batches[0] - 1] ? " (the most tried)" : "");
         else
             snprintf(v, sizeof v, "fits");
-        fprintf(f, "  %-8s %-18s %13d %12s %12s  %s\n", pd_role_name(m->role), lay, m->experts_per_card,
+        fprintf(f, "  %-8s %-18s %13d %12s %12s %9.2f  %s\n", pd_role_name(m->role), lay, m->experts_per_card,
                 pd_units_fmt_g(w, sizeof w, m->weights, (enum pd_units)units, 2),
-                pd_units_fmt_g(kv, sizeof kv, m->kv_pool, (enum pd_units)units, 2), v);
+                pd_units_fmt_g(kv, sizeof kv, m->kv_pool, (enum pd_units)units, 2), m->imbalance, v);
     }
     fprintf(f, "\n");
     fprintf(f, "Pareto front (output tokens/s per card vs tokens/s per user; * meets the targets, x misses them)\n");
@@ -482,11 +485,12 @@ char *pd_search_json(const struct pd_search *s)
     json_t *mem = json_array();
     for (int i = 0; i < s->n_mem; i++) {
         const struct pd_search_mem *m = &s->mem[i];
-        json_array_append_new(mem, json_pack("{s:s,s:i,s:i,s:i,s:i,s:I,s:I,s:b,s:I}", "role", pd_role_name(m->role),
+        json_array_append_new(mem, json_pack("{s:s,s:i,s:i,s:i,s:i,s:I,s:I,s:b,s:I,s:f}", "role", pd_role_name(m->role),
                                              "dp", m->o.dp, "tp", m->o.tp, "redundant", m->o.redundant,
                                              "experts_per_card", m->experts_per_card, "weights_bytes",
                                              (json_int_t)m->weights, "kv_pool_bytes", (json_int_t)m->kv_pool,
-                                             "fits_weights", m->fits_weights, "max_batch", (json_int_t)m->max_batch));
+                                             "fits_weights", m->fits_weights, "max_batch", (json_int_t)m->max_batch,
+                                             "expert_imbalance", m->imbalance));
     }
     int pick = s->best >= 0 ? s->best : s->best_any;
     json_t *root = json_pack("{s:i,s:s,s:s,s:i,s:I,s:I,s:f,s:f,s:i,s:i,s:i,s:o,s:o,s:o}", "search_version", 1,

@@ -45,6 +45,7 @@ struct pd_search_mem {
     int64_t weights, kv_pool;    /* bytes on the busiest card, decode at batch 1 */
     int fits_weights;
     int64_t max_batch;           /* decode: the largest batch tried whose KV fits; prefill: 1 if a prompt fits */
+    double imbalance;            /* busiest rank's expert load / mean its steps are costed with */
 };
 
 #define PD_SEARCH_MAX_MEM 256

@@ -2,7 +2,10 @@
  * the chosen layout is the best that meets the targets, memory verdicts agree with the planner,
  * and bad options are named. */
 #include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "plan/search.h"
 
@@ -212,4 +215,41 @@ Test(search, bad_options)
     o.base.hardware = "no-such-card";
     cr_assert_neq(pd_search_run(&o, &s, &e), 0);
     cr_assert(strstr(e.msg, "no-such-card"), "%s", e.msg);
+}
+
+/* With --expert-stats every role layout is costed with the imbalance measured on its placement
+ * (reported in the memory table): the seed's search over V4-Flash with expert 0 taking 65 of 320
+ * tokens in the one layer given, so an EP size's first rank holds 65 + (256/ep - 1) tokens. */
+Test(search, measured_imbalance_per_role_layout)
+{
+    char path[] = "/tmp/pdmoe-stats-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "{\"tokens_per_expert\": [[");
+    for (int x = 0; x < 256; x++)
+        fprintf(f, "%s%d", x ? "," : "", x ? 1 : 65);
+    fprintf(f, "]]}\n");
+    fclose(f);
+    struct pd_search_opts o;
+    struct pd_search s;
+    seed_opts(&o);
+    o.base.expert_stats = path;
+    run(&o, &s);
+    remove(path);
+    int seen = 0;
+    for (int i = 0; i < s.n_mem; i++) {
+        const struct pd_search_mem *m = &s.mem[i];
+        int ep = m->o.dp * m->o.tp;
+        if (m->o.redundant == 0) {
+            double want = (65.0 + 256 / ep - 1) / (320.0 / ep);
+            cr_assert_float_eq(m->imbalance, ep == 1 ? 1.0 : want, 1e-9, "EP%d: %f, want %f", ep, m->imbalance, want);
+            seen++;
+        } else {
+            /* replicas of expert 0 take some of its load */
+            cr_assert_lt(m->imbalance, (65.0 + 256 / ep - 1) / (320.0 / ep), "EP%d r%d", ep, m->o.redundant);
+        }
+    }
+    cr_assert_geq(seen, 4);
+    pd_search_free(&s);
 }
