@@ -510,6 +510,166 @@ static void on_models(struct evhttp_request *h, void *arg)
     }
 }
 
+/* GET /expert_stats[?role=prefill|decode]: every instance's expert counts (of the role, or of
+ * both), summed: the file `pdmoe plan --expert-stats` reads, for the whole deployment. */
+struct stats_job {
+    struct pd_proxy *px;
+    struct evhttp_request *client;
+    const char *role;                /* NULL: both */
+    int pending, instances, n_layers, experts;
+    int64_t *sum;                    /* [n_layers][experts], from the first answer on */
+    char why[256];                   /* the first failure */
+};
+
+struct stats_call {
+    struct stats_job *j;
+    struct evhttp_connection *conn;
+    char where[128];
+};
+
+static void stats_fail(struct stats_job *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void stats_fail(struct stats_job *j, const char *fmt, ...)
+{
+    if (j->why[0])
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(j->why, sizeof j->why, fmt, ap);
+    va_end(ap);
+}
+
+/* Adds one instance's answer to the sum. */
+static void stats_add(struct stats_job *j, const char *where, struct evbuffer *b)
+{
+    size_t n = evbuffer_get_length(b);
+    json_t *doc = json_loadb((const char *)evbuffer_pullup(b, -1), n, 0, NULL);
+    json_t *rows = json_object_get(doc, "tokens_per_expert");
+    size_t L = json_is_array(rows) ? json_array_size(rows) : 0;
+    json_t *row0 = json_array_get(rows, 0);
+    size_t E = json_is_array(row0) ? json_array_size(row0) : 0;
+    if (L == 0 || E == 0 || (j->sum && (L != (size_t)j->n_layers || E != (size_t)j->experts))) {
+        stats_fail(j, "%s answered /expert_stats with %zu layers of %zu experts%s", where, L, E,
+                   j->sum ? ", unlike the other instances" : "");
+        json_decref(doc);
+        return;
+    }
+    if (!j->sum) {
+        j->sum = calloc(L * E, sizeof *j->sum);
+        if (!j->sum) {
+            stats_fail(j, "out of memory");
+            json_decref(doc);
+            return;
+        }
+        j->n_layers = (int)L;
+        j->experts = (int)E;
+    }
+    for (size_t l = 0; l < L; l++) {
+        json_t *row = json_array_get(rows, l);
+        if (json_array_size(row) != E) {
+            stats_fail(j, "%s answered /expert_stats with rows of different lengths", where);
+            break;
+        }
+        for (size_t x = 0; x < E; x++)
+            j->sum[l * E + x] += json_integer_value(json_array_get(row, x));
+    }
+    j->instances++;
+    json_decref(doc);
+}
+
+static void stats_answer(struct stats_job *j)
+{
+    if (j->why[0]) {
+        reply_error(j->client, 502, "server_error", "%s", j->why);
+    } else {
+        json_t *rows = json_array();
+        for (int l = 0; l < j->n_layers; l++) {
+            json_t *row = json_array();
+            for (int x = 0; x < j->experts; x++)
+                json_array_append_new(row, json_integer(j->sum[(size_t)l * j->experts + x]));
+            json_array_append_new(rows, row);
+        }
+        pd_http_json(j->client, 200, json_pack("{s:s,s:i,s:i,s:o}", "role", j->role ? j->role : "prefill+decode",
+                                               "instances", j->instances, "experts", j->experts, "tokens_per_expert",
+                                               rows));
+    }
+    free(j->sum);
+    free(j);
+}
+
+static void on_stats_done(struct evhttp_request *r, void *arg)
+{
+    struct stats_call *c = arg;
+    struct stats_job *j = c->j;
+    drop_conn(j->px, c->conn);
+    if (!r || evhttp_request_get_response_code(r) != 200)
+        stats_fail(j, "%s did not answer /expert_stats", c->where);
+    else
+        stats_add(j, c->where, evhttp_request_get_input_buffer(r));
+    free(c);
+    if (--j->pending == 0)
+        stats_answer(j);
+}
+
+static void on_expert_stats(struct evhttp_request *h, void *arg)
+{
+    struct pd_proxy *px = arg;
+    if (evhttp_request_get_command(h) != EVHTTP_REQ_GET) {
+        reply_error(h, 405, "invalid_request_error", "use GET");
+        return;
+    }
+    if (!authorised(px, h))
+        return;
+    struct evkeyvalq q;
+    const char *query = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(h)), *role = NULL;
+    if (query && evhttp_parse_query_str(query, &q) == 0) {
+        const char *v = evhttp_find_header(&q, "role");
+        role = !v ? NULL : !strcmp(v, "prefill") ? "prefill" : !strcmp(v, "decode") ? "decode" : "";
+        evhttp_clear_headers(&q);
+    }
+    if (role && !role[0]) {
+        pd_http_error(h, 400, "invalid_request_error", "role", "role: expected prefill or decode");
+        return;
+    }
+    struct stats_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        reply_error(h, 503, "server_error", "out of memory");
+        return;
+    }
+    *j = (struct stats_job){.px = px, .client = h, .role = role, .pending = 1};
+    for (int r = 0; r < 2; r++) {
+        if (role && strcmp(role, r ? "decode" : "prefill"))
+            continue;
+        struct instance *in = r ? px->d : px->p;
+        for (int i = 0; i < (r ? px->nd : px->np); i++) {
+            struct stats_call *c = calloc(1, sizeof *c);
+            struct evhttp_connection *conn = c ? evhttp_connection_base_new(px->base, NULL, in[i].host,
+                                                                            (unsigned short)in[i].port) : NULL;
+            struct evhttp_request *up = conn ? evhttp_request_new(on_stats_done, c) : NULL;
+            if (!up) {
+                stats_fail(j, "out of memory");
+                drop_conn(px, conn);
+                free(c);
+                continue;
+            }
+            *c = (struct stats_call){j, conn, ""};
+            snprintf(c->where, sizeof c->where, "the %s instance %.63s:%d", r ? "decode" : "prefill", in[i].host,
+                     in[i].port);
+            evhttp_add_header(evhttp_request_get_output_headers(up), "Host", in[i].host);
+            j->pending++;
+            if (evhttp_make_request(conn, up, EVHTTP_REQ_GET, "/expert_stats") != 0) {
+                /* libevent has freed the request */
+                j->pending--;
+                stats_fail(j, "%s did not answer /expert_stats", c->where);
+                drop_conn(px, conn);
+                free(c);
+            }
+        }
+    }
+    if (--j->pending == 0)
+        stats_answer(j);
+}
+
 static void on_metrics(struct evhttp_request *h, void *arg)
 {
     struct pd_proxy *px = arg;
@@ -593,6 +753,7 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
     evhttp_set_cb(px->http, "/v1/models", on_models, px);
     evhttp_set_cb(px->http, "/health", pd_http_health, px);
     evhttp_set_cb(px->http, "/metrics", on_metrics, px);
+    evhttp_set_cb(px->http, "/expert_stats", on_expert_stats, px);
     evhttp_set_gencb(px->http, on_other, px);
     evhttp_set_max_body_size(px->http, 8 << 20);
     const char *host = o->host ? o->host : "127.0.0.1";

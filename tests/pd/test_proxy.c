@@ -138,6 +138,61 @@ Test(proxy, same_tokens_as_colocated)
     same_as_colocated();
 }
 
+/* The tokens_per_expert rows of a GET /expert_stats answer, compact. */
+static char *stats_rows(int port, const char *path)
+{
+    static char out[1 << 16];
+    cr_assert_eq(curl_port(port, path, NULL, NULL, out, sizeof out), 200, "%s: %s", path, out);
+    json_t *j = parse(out);
+    char *rows = json_dumps(json_object_get(j, "tokens_per_expert"), JSON_COMPACT);
+    json_decref(j);
+    return rows;
+}
+
+/* GET /expert_stats through the proxy: a role's instances or both, summed; a bad role is a 400
+ * naming it, a dead instance a 502 naming it. */
+Test(proxy, expert_stats_of_the_deployment)
+{
+    start_proxy(0, 0);
+    same_as_colocated();
+    int x = pd_proxy_port(X);
+    char *pre = stats_rows(pd_server_port(P), "/expert_stats"), *dec = stats_rows(pd_server_port(D), "/expert_stats");
+    char *xp = stats_rows(x, "/expert_stats?role=prefill"), *xd = stats_rows(x, "/expert_stats?role=decode"),
+         *xb = stats_rows(x, "/expert_stats");
+    cr_assert_str_eq(xp, pre);
+    cr_assert_str_eq(xd, dec);
+    cr_assert_str_neq(pre, dec, "prefill and decode ran the same tokens?");
+    json_t *a = json_loads(pre, 0, NULL), *b = json_loads(dec, 0, NULL), *both = json_loads(xb, 0, NULL);
+    for (size_t l = 0; l < json_array_size(a); l++)
+        for (size_t e = 0; e < json_array_size(json_array_get(a, l)); e++)
+            cr_assert_eq(json_integer_value(json_array_get(json_array_get(both, l), e)),
+                         json_integer_value(json_array_get(json_array_get(a, l), e)) +
+                             json_integer_value(json_array_get(json_array_get(b, l), e)),
+                         "layer %zu expert %zu", l, e);
+    json_decref(a);
+    json_decref(b);
+    json_decref(both);
+    free(pre);
+    free(dec);
+    free(xp);
+    free(xd);
+    free(xb);
+    char out[8192];
+    cr_assert_eq(curl_port(x, "/expert_stats?role=both", NULL, NULL, out, sizeof out), 400, "%s", out);
+    cr_assert(strstr(out, "\"param\":\"role\""), "%s", out);
+    cr_assert_eq(curl_port(x, "/expert_stats", "{}", NULL, out, sizeof out), 405, "%s", out);
+}
+
+Test(proxy, expert_stats_name_a_dead_instance)
+{
+    start_proxy(0, 1);
+    char out[8192];
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/expert_stats", NULL, NULL, out, sizeof out), 502, "%s", out);
+    cr_assert(strstr(out, "the decode instance 127.0.0.1:1 did not answer"), "%s", out);
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/expert_stats?role=prefill", NULL, NULL, out, sizeof out), 200, "%s",
+                 out);
+}
+
 Test(proxy, dead_prefill_instance_is_retried)
 {
     start_proxy(1, 0);
