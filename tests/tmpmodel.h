@@ -22,6 +22,20 @@ static inline void tmp_model(const char *preset, int seed, char *dir, size_t n)
     cr_assert_eq(pd_genmodel(preset, dir, (uint64_t)seed, &e), 0, "%s", e.msg);
 }
 
+/* An --expert-stats file of one layer: `experts` experts, expert 0 with `hot` tokens, the others
+ * with one each; the path is written over the template `path` ("/tmp/...-XXXXXX"). */
+static inline void tmp_expert_stats(char *path, int experts, int hot)
+{
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "{\"tokens_per_expert\": [[");
+    for (int x = 0; x < experts; x++)
+        fprintf(f, "%s%d", x ? "," : "", x ? 1 : hot);
+    fprintf(f, "]]}\n");
+    fclose(f);
+}
+
 /* Removes dir and the files directly in it (test directories hold no subdirectories). */
 static inline void rm_flat_dir(const char *dir)
 {

@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../tmpmodel.h"
+
 struct run {
     int status;
     char out[1 << 16];
@@ -231,14 +233,7 @@ Test(cli, perf_search_validate)
 
     /* measured expert load: one layer, expert 0 hot, at the seed's decode EP32 */
     char stats[] = "/tmp/pdmoe-stats-XXXXXX";
-    fd = mkstemp(stats);
-    cr_assert_geq(fd, 0);
-    FILE *sf = fdopen(fd, "w");
-    fprintf(sf, "{\"tokens_per_expert\": [[");
-    for (int x = 0; x < 256; x++)
-        fprintf(sf, "%s%d", x ? "," : "", x ? 1 : 65);
-    fprintf(sf, "]]}\n");
-    fclose(sf);
+    tmp_expert_stats(stats, 256, 65);
     snprintf(args, sizeof args, "plan --isl 1024 --osl 256 --expert-stats %s", stats);
     run(args, &r);
     remove(stats);

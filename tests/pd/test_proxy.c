@@ -262,12 +262,7 @@ Test(proxy, sixty_four_concurrent_streams)
              "seq 64 | xargs -P 64 -I{} curl -s -N -o /dev/null -w '%%{http_code}\\n' http://127.0.0.1:%d/v1/completions "
              "-d '{\"prompt\":\"client {} says hello\",\"max_tokens\":16,\"stream\":true,\"temperature\":0.7,\"seed\":{}}'",
              pd_proxy_port(X));
-    FILE *p = popen(cmd, "r");
-    char line[64];
-    int ok = 0;
-    while (fgets(line, sizeof line, p))
-        ok += atoi(line) == 200;
-    pclose(p);
+    int ok = count_200(cmd);
     cr_assert_eq(ok, 64);
     /* every KV block back on the decode instance; the prefill's leases all released */
     for (int i = 0; i < 100 && metric(pd_server_port(P), "pdmoe_kv_leases") > 0; i++)

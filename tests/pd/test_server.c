@@ -189,12 +189,7 @@ Test(server, concurrent_streams_complete_and_free_every_block)
              "seq 32 | xargs -P 32 -I{} curl -s -N -o /dev/null -w '%%{http_code}\\n' http://127.0.0.1:%d/v1/completions "
              "-d '{\"prompt\":\"request {} says hello\",\"max_tokens\":24,\"stream\":true,\"temperature\":0.8,\"seed\":{}}'",
              port);
-    FILE *p = popen(cmd, "r");
-    char line[64];
-    int ok = 0;
-    while (fgets(line, sizeof line, p))
-        ok += atoi(line) == 200;
-    pclose(p);
+    int ok = count_200(cmd);
     cr_assert_eq(ok, 32);
     cr_assert_eq(metric("pdmoe_requests_completed_total"), 32);
     cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_total"));
@@ -308,11 +303,6 @@ Test(server, expert_stats_count_every_token_and_feed_the_planner)
     char cmd[512];
     snprintf(cmd, sizeof cmd, "seq 8 | xargs -P 8 -I{} curl -s -o /dev/null -w '%%{http_code}\\n' "
              "http://127.0.0.1:%d/expert_stats", port);
-    FILE *pp = popen(cmd, "r");
-    char line[64];
-    int ok = 0;
-    while (fgets(line, sizeof line, pp))
-        ok += atoi(line) == 200;
-    pclose(pp);
+    int ok = count_200(cmd);
     cr_assert_eq(ok, 8);
 }

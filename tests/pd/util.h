@@ -12,6 +12,19 @@
 
 #include "proxy/proxy.h"
 
+/* Runs a shell pipeline that prints one HTTP status per line; how many were 200. */
+static inline int count_200(const char *cmd)
+{
+    FILE *p = popen(cmd, "r");
+    char line[64];
+    int ok = 0;
+    while (p && fgets(line, sizeof line, p))
+        ok += atoi(line) == 200;
+    if (p)
+        pclose(p);
+    return ok;
+}
+
 /* curl with a body; returns the HTTP status, the body in out */
 static inline int curl_port(int port, const char *path, const char *body, const char *extra, char *out, size_t cap)
 {

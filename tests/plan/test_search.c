@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "plan/search.h"
+#include "../tmpmodel.h"
 
 static void run(struct pd_search_opts *o, struct pd_search *s)
 {
@@ -223,14 +224,7 @@ Test(search, bad_options)
 Test(search, measured_imbalance_per_role_layout)
 {
     char path[] = "/tmp/pdmoe-stats-XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    FILE *f = fdopen(fd, "w");
-    fprintf(f, "{\"tokens_per_expert\": [[");
-    for (int x = 0; x < 256; x++)
-        fprintf(f, "%s%d", x ? "," : "", x ? 1 : 65);
-    fprintf(f, "]]}\n");
-    fclose(f);
+    tmp_expert_stats(path, 256, 65);
     struct pd_search_opts o;
     struct pd_search s;
     seed_opts(&o);
