@@ -71,3 +71,15 @@ void pd_http_health(struct evhttp_request *h, void *arg)
     pd_http_text(h, "text/plain", b);
     evbuffer_free(b);
 }
+
+json_t *pd_http_json_counts(const int64_t *v, int rows, int cols)
+{
+    json_t *t = json_array();
+    for (int r = 0; r < rows; r++) {
+        json_t *row = json_array();
+        for (int c = 0; c < cols; c++)
+            json_array_append_new(row, json_integer(v[(size_t)r * cols + c]));
+        json_array_append_new(t, row);
+    }
+    return t;
+}

@@ -6,6 +6,7 @@
 
 #include <event2/http.h>
 #include <jansson.h>
+#include <stdint.h>
 
 #include "core/err.h"
 
@@ -19,6 +20,8 @@ void pd_http_error(struct evhttp_request *h, int code, const char *type, const c
     __attribute__((format(printf, 5, 6)));
 /* The /health handler: 200 "ok" while the loop runs. */
 void pd_http_health(struct evhttp_request *h, void *arg);
+/* A [rows][cols] table of counts as an array of arrays (the tokens_per_expert of /expert_stats). */
+json_t *pd_http_json_counts(const int64_t *v, int rows, int cols);
 /* Sends b (whose bytes it drains) as a 200 with the content type. */
 void pd_http_text(struct evhttp_request *h, const char *content_type, struct evbuffer *b);
 

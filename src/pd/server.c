@@ -1243,15 +1243,9 @@ static void answer_expert_stats(struct pd_server *s)
     if (s->stats_state != STATS_READY)
         return;
     const struct pd_model *m = &s->en.model;
-    json_t *rows = json_array();
-    for (int l = 0; l < m->n_layers; l++) {
-        json_t *row = json_array();
-        for (int x = 0; x < m->n_routed_experts; x++)
-            json_array_append_new(row, json_integer(s->stats_sum[(size_t)l * m->n_routed_experts + x]));
-        json_array_append_new(rows, row);
-    }
     json_t *doc = json_pack("{s:s,s:i,s:i,s:o}", "model", s->name, "ranks", s->g ? s->g->size : 1, "experts",
-                            m->n_routed_experts, "tokens_per_expert", rows);
+                            m->n_routed_experts, "tokens_per_expert",
+                            pd_http_json_counts(s->stats_sum, m->n_layers, m->n_routed_experts));
     for (int i = 0; i < s->n_stats_wait; i++)
         pd_http_json(s->stats_wait[i], 200, json_incref(doc));
     json_decref(doc);

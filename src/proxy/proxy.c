@@ -582,16 +582,9 @@ static void stats_answer(struct stats_job *j)
     if (j->why[0]) {
         reply_error(j->client, 502, "server_error", "%s", j->why);
     } else {
-        json_t *rows = json_array();
-        for (int l = 0; l < j->n_layers; l++) {
-            json_t *row = json_array();
-            for (int x = 0; x < j->experts; x++)
-                json_array_append_new(row, json_integer(j->sum[(size_t)l * j->experts + x]));
-            json_array_append_new(rows, row);
-        }
         pd_http_json(j->client, 200, json_pack("{s:s,s:i,s:i,s:o}", "role", j->role ? j->role : "prefill+decode",
                                                "instances", j->instances, "experts", j->experts, "tokens_per_expert",
-                                               rows));
+                                               pd_http_json_counts(j->sum, j->n_layers, j->experts)));
     }
     free(j->sum);
     free(j);
