@@ -90,6 +90,8 @@ int pd_cli_model_flag(const char *name, const char *val, struct pd_plan_opts *o,
         }
     } else if (strcmp(name, "expert-stats") == 0) {
         o->expert_stats = val;
+    } else if (strcmp(name, "expert-stats-prefill") == 0 || strcmp(name, "expert-stats-decode") == 0) {
+        o->expert_stats_role[strcmp(name, "expert-stats-prefill") == 0 ? PD_ROLE_PREFILL : PD_ROLE_DECODE] = val;
     } else if (strcmp(name, "kv-bytes-per-token") == 0) {
         if (pd_cli_int("--kv-bytes-per-token", val, 1, &o->kv_bytes_per_token))
             return -1;

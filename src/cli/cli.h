@@ -31,7 +31,7 @@ int pd_cli_write_file(const char *cmd, const char *flag, const char *path, const
  * flag was one of them and is applied, 0 when it is not one of them, -1 after printing an
  * error. Model/memory flags: model, hardware, gpu-memory-utilization, max-model-len,
  * max-num-batched-tokens, max-num-seqs, quant, quant-override, kv-cache-dtype,
- * kv-bytes-per-token, mtp, expert-stats, units. Workload flags: isl, osl, request-rate, prefix-cache-hit. */
+ * kv-bytes-per-token, mtp, expert-stats(-prefill|-decode), units. Workload flags: isl, osl, request-rate, prefix-cache-hit. */
 int pd_cli_model_flag(const char *name, const char *val, struct pd_plan_opts *o, int *units);
 int pd_cli_workload_flag(const char *name, const char *val, struct pd_workload *w);
 

@@ -36,6 +36,8 @@ static const char *help =
     "  --mtp on|off                 load the MTP layer (default: on when the model has one)\n"
     "  --expert-stats FILE          tokens routed per layer and expert (pdmoe generate --expert-stats): the\n"
     "                               prediction's MoE imbalance measured on each placement, not the hardware file's\n"
+    "  --expert-stats-prefill FILE, --expert-stats-decode FILE   the same for one role (e.g. the proxy's\n"
+    "                               GET /expert_stats?role=prefill and ?role=decode)\n"
     "  --runtime-overhead-prefill B, --runtime-overhead-decode B   bytes, e.g. 1.5GB or 2GiB\n"
     "  --handoff-tokens N,N,...     prompt lengths for the KV hand-off table; default 8000,131072\n"
     "  --sweep                      add the EP-size decision tree of each role\n"
@@ -147,7 +149,8 @@ int pd_cli_plan(int argc, char **argv)
         {"gpu-memory-utilization", 1, 0, O_SHARED}, {"max-num-seqs", 1, 0, O_SHARED}, {"max-model-len", 1, 0, O_SHARED},
         {"max-num-batched-tokens", 1, 0, O_SHARED}, {"quant", 1, 0, O_SHARED}, {"quant-override", 1, 0, O_SHARED},
         {"kv-cache-dtype", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED}, {"mtp", 1, 0, O_SHARED},
-        {"expert-stats", 1, 0, O_SHARED}, {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED}, {"request-rate", 1, 0, O_SHARED},
+        {"expert-stats", 1, 0, O_SHARED}, {"expert-stats-prefill", 1, 0, O_SHARED},
+        {"expert-stats-decode", 1, 0, O_SHARED}, {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED}, {"request-rate", 1, 0, O_SHARED},
         {"prefix-cache-hit", 1, 0, O_SHARED}, {"html", 1, 0, O_HTML}, {"runtime-overhead-prefill", 1, 0, O_RTP}, {"runtime-overhead-decode", 1, 0, O_RTD},
         {"handoff-tokens", 1, 0, O_HAND}, {"sweep", 0, 0, O_SWEEP}, {"inventory", 0, 0, O_INV},
         {"json", 0, 0, O_JSON}, {"units", 1, 0, O_SHARED}, {"emit", 1, 0, O_EMIT}, {"hosts", 1, 0, O_HOSTS},

@@ -25,7 +25,8 @@ static const char *help =
     "  --request-rate R             requests/s the deployment must sustain; TTFT then includes the queueing\n"
     "                               before prefill (M/D/c), and layouts that cannot sustain R miss the targets\n"
     "  --model, --hardware, --gpu-memory-utilization, --max-model-len, --max-num-batched-tokens,\n"
-    "  --quant, --quant-override, --kv-cache-dtype, --kv-bytes-per-token, --mtp, --expert-stats, --units\n"
+    "  --quant, --quant-override, --kv-cache-dtype, --kv-bytes-per-token, --mtp, --expert-stats,\n"
+    "  --expert-stats-prefill, --expert-stats-decode, --units\n"
     "                               as for pdmoe plan (see pdmoe plan --help)\n"
     "  --json                       the search as JSON (search_version 1)\n"
     "  --html FILE                  write a self-contained HTML report (memory bars, expert map, Pareto chart)\n"
@@ -39,7 +40,8 @@ int pd_cli_search(int argc, char **argv)
         {"model", 1, 0, O_SHARED}, {"hardware", 1, 0, O_SHARED}, {"gpu-memory-utilization", 1, 0, O_SHARED},
         {"max-model-len", 1, 0, O_SHARED}, {"max-num-batched-tokens", 1, 0, O_SHARED}, {"quant", 1, 0, O_SHARED},
         {"quant-override", 1, 0, O_SHARED}, {"kv-cache-dtype", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED},
-        {"mtp", 1, 0, O_SHARED}, {"expert-stats", 1, 0, O_SHARED}, {"units", 1, 0, O_SHARED}, {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED},
+        {"mtp", 1, 0, O_SHARED}, {"expert-stats", 1, 0, O_SHARED}, {"expert-stats-prefill", 1, 0, O_SHARED},
+        {"expert-stats-decode", 1, 0, O_SHARED}, {"units", 1, 0, O_SHARED}, {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED},
         {"prefix-cache-hit", 1, 0, O_SHARED}, {"request-rate", 1, 0, O_SHARED}, {"cards", 1, 0, O_CARDS}, {"ttft-ms", 1, 0, O_TTFT},
         {"tpot-ms", 1, 0, O_TPOT}, {"max-tp", 1, 0, O_MAXTP}, {"json", 0, 0, O_JSON}, {"html", 1, 0, O_HTML},
         {"emit", 1, 0, O_EMIT}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},

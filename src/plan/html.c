@@ -626,7 +626,7 @@ static void memory_table(FILE *f, const struct pd_search *s, int u)
                "fits; the MoE load is the busiest rank's expert load over the mean (%s).</p>\n<table id=\"memory\">\n"
                "<tr><th>role</th><th>layout (DP &times; TP, redundant)</th><th>experts per card</th><th>weights</th>"
                "<th>KV pool</th><th>MoE load</th><th>verdict</th></tr>\n",
-            s->plan.expert_load ? "measured from --expert-stats" : "the hardware file's");
+            s->plan.load[0] || s->plan.load[1] ? "measured from the expert stats where given" : "the hardware file's");
     for (int i = 0; i < s->n_mem; i++) {
         const struct pd_search_mem *m = &s->mem[i];
         char w[32], kv[32];
@@ -700,7 +700,7 @@ static void perf_section(FILE *f, const struct pd_plan *p, const struct pd_perf 
     R("binding resource: prefill / decode", "%s / %s", pd_bound_name(pf->prefill_bound), pd_bound_name(pf->decode_bound));
     R("MoE load, busiest rank / mean: prefill / decode", "%.2f / %.2f (%s)", pf->prefill_step.imbalance,
       pf->decode_step.imbalance, p->role[0].imbalance > 0 || p->role[1].imbalance > 0
-                                     ? "measured on the placements from --expert-stats" : "the hardware file's");
+                                     ? "measured on the placements from the expert stats" : "the hardware file's");
 #undef R
     fprintf(f, "</table>\n");
     fprintf(f, "<h3>One forward step of one DP rank</h3>\n<table id=\"steps\">\n<tr><th>step</th><th>tokens</th>"

@@ -399,7 +399,7 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
         const struct pd_role_plan *rp = &p->role[r];
         fprintf(o, "%s %.2f (%s)", r ? ", decode" : "  MoE load, busiest rank / mean: prefill",
                 r ? f->decode_step.imbalance : f->prefill_step.imbalance,
-                rp->ep <= 1 ? "one rank" : rp->imbalance > 0 ? "measured on its placement from --expert-stats"
+                rp->ep <= 1 ? "one rank" : rp->imbalance > 0 ? "measured on its placement from the expert stats"
                 : rp->o.redundant > 0 ? "hardware file, with redundant experts" : "hardware file");
     }
     fputc('\n', o);

@@ -80,20 +80,36 @@ static void activation(const struct pd_plan *p, enum pd_role r, int tp, struct p
     a->total = a->residual + a->working + (a->attention > a->moe ? a->attention : a->moe) + a->indexer + a->logits;
 }
 
-/* Placing each layer's replicas is the costly part of a measured imbalance and depends only on
- * the EP size and the redundant experts, which the search's role layouts share. */
-struct pd_imbalance_memo {
+/* A role's expert counts: [layers][experts] tokens, then their sum per expert; and, since placing
+ * each layer's replicas is the costly part of a measured imbalance and depends only on the EP size
+ * and the redundant experts, which the search's role layouts share, the imbalances so far. */
+struct pd_expert_load {
+    char path[512];
+    double *tokens;
+    int layers, experts;
     int n, cap;
     struct {
         int ep, redundant;
         double imbalance;
-    } *v;
+    } *memo;
 };
 
-/* --expert-stats: {"tokens_per_expert": [[tokens routed to each expert] per layer]}, as
- * `pdmoe generate --expert-stats` writes it; the model's routed experts per layer. */
-static int load_expert_stats(struct pd_plan *p, const char *path, pd_err *e)
+static void expert_load_free(struct pd_expert_load *x)
 {
+    if (!x)
+        return;
+    free(x->tokens);
+    free(x->memo);
+    free(x);
+}
+
+/* {"tokens_per_expert": [[tokens routed to each expert] per layer]}, as `pdmoe generate
+ * --expert-stats` writes it and GET /expert_stats answers it; the model's routed experts per
+ * layer. flag names the option in errors. */
+static int load_expert_stats(const struct pd_plan *p, const char *flag, const char *path, struct pd_expert_load **out,
+                             pd_err *e)
+{
+    *out = NULL;
     json_t *root = pd_json_load_file(path, e);
     if (!root)
         return e ? e->code : PD_EFORMAT;
@@ -101,63 +117,90 @@ static int load_expert_stats(struct pd_plan *p, const char *path, pd_err *e)
     int E = p->inv.n_experts, rc = 0;
     size_t L = json_is_array(rows) ? json_array_size(rows) : 0;
     double total = 0;
+    struct pd_expert_load *x = NULL;
     if (E < 1) {
-        rc = pd_err_set(e, PD_EINVAL, "--expert-stats %s: the model has no routed experts", path);
+        rc = pd_err_set(e, PD_EINVAL, "%s %s: the model has no routed experts", flag, path);
         goto out;
     }
     if (L == 0 || L > 4096) {
-        rc = pd_err_set(e, PD_EINVAL, "--expert-stats %s: field \"tokens_per_expert\": expected an array of 1 to 4096 "
-                        "layers, each the tokens routed to each expert", path);
+        rc = pd_err_set(e, PD_EINVAL, "%s %s: field \"tokens_per_expert\": expected an array of 1 to 4096 "
+                        "layers, each the tokens routed to each expert", flag, path);
         goto out;
     }
-    p->expert_load = calloc((L + 1) * (size_t)E, sizeof *p->expert_load);
-    p->imbalance_memo = calloc(1, sizeof *p->imbalance_memo);
-    if (!p->expert_load || !p->imbalance_memo) {
-        rc = pd_err_set(e, PD_ENOMEM, "--expert-stats %s: out of memory", path);
+    x = calloc(1, sizeof *x);
+    if (x)
+        x->tokens = calloc((L + 1) * (size_t)E, sizeof *x->tokens);
+    if (!x || !x->tokens) {
+        rc = pd_err_set(e, PD_ENOMEM, "%s %s: out of memory", flag, path);
         goto out;
     }
-    double *sum = p->expert_load + L * (size_t)E;
-    for (size_t l = 0; l < L; l++) {
+    snprintf(x->path, sizeof x->path, "%s", path);
+    x->layers = (int)L;
+    x->experts = E;
+    double *sum = x->tokens + L * (size_t)E;
+    for (size_t l = 0; l < L && !rc; l++) {
         json_t *row = json_array_get(rows, l);
         if (!json_is_array(row) || json_array_size(row) != (size_t)E) {
-            rc = pd_err_set(e, PD_EINVAL, "--expert-stats %s: field \"tokens_per_expert[%zu]\": expected %d numbers "
-                            "(the model's routed experts)", path, l, E);
-            goto out;
+            rc = pd_err_set(e, PD_EINVAL, "%s %s: field \"tokens_per_expert[%zu]\": expected %d numbers "
+                            "(the model's routed experts)", flag, path, l, E);
+            break;
         }
-        for (int x = 0; x < E; x++) {
-            json_t *v = json_array_get(row, (size_t)x);
+        for (int i = 0; i < E; i++) {
+            json_t *v = json_array_get(row, (size_t)i);
             double t = json_is_number(v) ? json_number_value(v) : -1;
             if (!(t >= 0) || !isfinite(t)) {
-                rc = pd_err_set(e, PD_EINVAL, "--expert-stats %s: field \"tokens_per_expert[%zu][%d]\": expected a "
-                                "number >= 0", path, l, x);
-                goto out;
+                rc = pd_err_set(e, PD_EINVAL, "%s %s: field \"tokens_per_expert[%zu][%d]\": expected a "
+                                "number >= 0", flag, path, l, i);
+                break;
             }
-            p->expert_load[l * (size_t)E + (size_t)x] = t;
-            sum[x] += t;
+            x->tokens[l * (size_t)E + (size_t)i] = t;
+            sum[i] += t;
             total += t;
         }
     }
-    if (total <= 0)
-        rc = pd_err_set(e, PD_EINVAL, "--expert-stats %s: field \"tokens_per_expert\": no token routed in any layer",
+    if (!rc && total <= 0)
+        rc = pd_err_set(e, PD_EINVAL, "%s %s: field \"tokens_per_expert\": no token routed in any layer", flag,
                         path);
-    p->n_load_layers = (int)L;
 out:
     json_decref(root);
+    if (rc)
+        expert_load_free(x);
+    else
+        *out = x;
     return rc;
+}
+
+/* The expert stats of o: one file for both roles, or one per role (which may be the same). */
+static int load_role_stats(struct pd_plan *p, const struct pd_plan_opts *o, pd_err *e)
+{
+    static const char *const flag[2] = {"--expert-stats-prefill", "--expert-stats-decode"};
+    for (int r = 0; r < 2; r++) {
+        const char *path = o->expert_stats_role[r] ? o->expert_stats_role[r] : o->expert_stats;
+        if (!path)
+            continue;
+        if (r == 1 && p->load[0] && !strcmp(p->load[0]->path, path)) {
+            p->load[1] = p->load[0];
+            continue;
+        }
+        int rc = load_expert_stats(p, o->expert_stats_role[r] ? flag[r] : "--expert-stats", path, &p->load[r], e);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 /* With redundant experts: each layer's replicas placed for that layer's load, as EPLB places
  * them, and the layers averaged. */
-static int layer_imbalance(const struct pd_plan *p, struct pd_role_plan *rp, pd_err *e)
+static int layer_imbalance(const struct pd_expert_load *x, struct pd_role_plan *rp, pd_err *e)
 {
-    int E = p->inv.n_experts, n = 0, rc;
+    int n = 0, rc;
     double sum = 0;
-    for (int l = 0; l < p->n_load_layers; l++) {
-        const double *x = p->expert_load + (size_t)l * E;
+    for (int l = 0; l < x->layers; l++) {
+        const double *t = x->tokens + (size_t)l * x->experts;
         struct pd_placement q;
-        if ((rc = pd_placement_build(&q, E, rp->ep, rp->o.redundant, x, e)))
+        if ((rc = pd_placement_build(&q, x->experts, rp->ep, rp->o.redundant, t, e)))
             return rc;
-        double f = pd_placement_imbalance(&q, x, 1);
+        double f = pd_placement_imbalance(&q, t, 1);
         pd_placement_free(&q);
         if (f > 0) {
             sum += f;
@@ -168,33 +211,32 @@ static int layer_imbalance(const struct pd_plan *p, struct pd_role_plan *rp, pd_
     return 0;
 }
 
-/* The role's MoE imbalance from --expert-stats: on its one placement without redundant experts,
- * per layer with them (layer_imbalance); memoised per EP size and redundancy. */
-static int measured_imbalance(const struct pd_plan *p, struct pd_role_plan *rp, pd_err *e)
+/* The role's MoE imbalance from its expert counts: on its one placement without redundant
+ * experts, per layer with them (layer_imbalance); memoised per EP size and redundancy. */
+static int measured_imbalance(struct pd_expert_load *x, struct pd_role_plan *rp, pd_err *e)
 {
-    struct pd_imbalance_memo *m = p->imbalance_memo;
-    for (int i = 0; i < m->n; i++)
-        if (m->v[i].ep == rp->ep && m->v[i].redundant == rp->o.redundant) {
-            rp->imbalance = m->v[i].imbalance;
+    for (int i = 0; i < x->n; i++)
+        if (x->memo[i].ep == rp->ep && x->memo[i].redundant == rp->o.redundant) {
+            rp->imbalance = x->memo[i].imbalance;
             return 0;
         }
-    if (m->n == m->cap) {
-        int cap = m->cap ? 2 * m->cap : 16;
-        void *v = realloc(m->v, (size_t)cap * sizeof *m->v);
+    if (x->n == x->cap) {
+        int cap = x->cap ? 2 * x->cap : 16;
+        void *v = realloc(x->memo, (size_t)cap * sizeof *x->memo);
         if (!v)
             return pd_err_set(e, PD_ENOMEM, "--expert-stats: out of memory");
-        m->v = v;
-        m->cap = cap;
+        x->memo = v;
+        x->cap = cap;
     }
     int rc = 0;
     if (rp->o.redundant)
-        rc = layer_imbalance(p, rp, e);
+        rc = layer_imbalance(x, rp, e);
     else
-        rp->imbalance = pd_placement_imbalance(&rp->place, p->expert_load, p->n_load_layers);
+        rp->imbalance = pd_placement_imbalance(&rp->place, x->tokens, x->layers);
     if (!rc) {
-        m->v[m->n].ep = rp->ep;
-        m->v[m->n].redundant = rp->o.redundant;
-        m->v[m->n++].imbalance = rp->imbalance;
+        x->memo[x->n].ep = rp->ep;
+        x->memo[x->n].redundant = rp->o.redundant;
+        x->memo[x->n++].imbalance = rp->imbalance;
     }
     return rc;
 }
@@ -207,11 +249,12 @@ int pd_plan_role_eval(const struct pd_plan *p, enum pd_role r, const struct pd_r
     rp->o = *o;
     rp->ep = o->dp * o->tp;
     rp->cards = rp->ep * o->instances;
-    const double *sum = p->expert_load ? p->expert_load + (size_t)p->n_load_layers * p->inv.n_experts : NULL;
+    struct pd_expert_load *x = p->load[r];
+    const double *sum = x ? x->tokens + (size_t)x->layers * x->experts : NULL;
     int rc = pd_placement_build(&rp->place, p->inv.n_experts, rp->ep, o->redundant, sum, e);
     if (rc)
         return rc;
-    if (p->expert_load && (rc = measured_imbalance(p, rp, e))) {
+    if (x && (rc = measured_imbalance(x, rp, e))) {
         pd_placement_free(&rp->place);
         return rc;
     }
@@ -382,7 +425,7 @@ int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e)
     int64_t flat = o->kv_bytes_per_token > 0 ? o->kv_bytes_per_token : p->model.kv_bytes_per_token;
     if ((rc = pd_kv_size_init(&p->kv, &p->model, o->kv_dtype, p->include_mtp, flat, e)))
         goto fail;
-    if (o->expert_stats && (rc = load_expert_stats(p, o->expert_stats, e)))
+    if ((rc = load_role_stats(p, o, e)))
         goto fail;
     p->nodes = o->nodes > 0 ? o->nodes : p->hw.cluster_nodes;
     p->cards_total = p->nodes * p->hw.cards_per_node;
@@ -416,10 +459,8 @@ void pd_plan_free(struct pd_plan *p)
     for (int r = 0; r < 2; r++)
         pd_placement_free(&p->role[r].place);
     pd_inventory_free(&p->inv);
-    free(p->expert_load);
-    p->expert_load = NULL;
-    if (p->imbalance_memo)
-        free(p->imbalance_memo->v);
-    free(p->imbalance_memo);
-    p->imbalance_memo = NULL;
+    if (p->load[1] != p->load[0])
+        expert_load_free(p->load[1]);
+    expert_load_free(p->load[0]);
+    p->load[0] = p->load[1] = NULL;
 }

@@ -41,8 +41,10 @@ struct pd_plan_opts {
     int mtp;                     /* -1: when the model has MTP layers; 0 or 1 */
     int64_t runtime[2];          /* -1: the hardware file's default */
     int nodes;                   /* 0: the hardware file's cluster_nodes */
-    const char *expert_stats;    /* tokens routed per layer and expert (pdmoe generate --expert-stats):
-                                    each placement's MoE imbalance measured instead of assumed */
+    const char *expert_stats;    /* tokens routed per layer and expert (pdmoe generate --expert-stats,
+                                    GET /expert_stats): each placement's MoE imbalance measured instead
+                                    of assumed, for both roles */
+    const char *expert_stats_role[2];   /* the same for one role, in place of expert_stats */
     int sweep;
     int n_handoff;
     int64_t handoff_tokens[8];
@@ -109,9 +111,8 @@ struct pd_plan {
     struct pd_inventory inv;
     struct pd_kv_size kv;
     int include_mtp;
-    double *expert_load;           /* [n_load_layers][inv.n_experts] tokens, then their sum per expert */
-    int n_load_layers;
-    struct pd_imbalance_memo *imbalance_memo;   /* measured imbalance per (EP size, redundant) */
+    struct pd_expert_load *load[2];   /* each role's counts from the expert stats; NULL: none (the
+                                         two may be one) */
     int nodes, cards_total, cards_used;
     struct pd_role_plan role[2];
     int64_t p_kv_batch;            /* max-num-batched-tokens x KV per token: the seed's P peak */

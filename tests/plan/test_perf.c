@@ -365,4 +365,34 @@ Test(perf, expert_stats_set_the_imbalance)
     o.expert_stats = "/nonexistent/stats.json";
     cr_assert_neq(pd_plan_build(&o, &p[0], &e), 0);
     cr_assert(strstr(e.msg, "/nonexistent/stats.json"), "%s", e.msg);
+
+    /* one file per role: prefill's even, decode's with the hot expert; one file for both is
+     * read once; a bad role file is named with its flag */
+    o.expert_stats = NULL;
+    char even[64], hot[64];
+    snprintf(even, sizeof even, "%s", stats_file(rows[0]));
+    snprintf(hot, sizeof hot, "%s", stats_file(rows[1]));
+    o.expert_stats_role[0] = even;
+    o.expert_stats_role[1] = hot;
+    cr_assert_eq(pd_plan_build(&o, &p[0], &e), 0, "%s", e.msg);
+    cr_assert_float_eq(p[0].role[PD_ROLE_PREFILL].imbalance, 1.0, 1e-12);
+    cr_assert_float_eq(p[0].role[PD_ROLE_DECODE].imbalance, 16.0 / 7, 1e-12);
+    cr_assert_neq(p[0].load[0], p[0].load[1]);
+    pd_plan_free(&p[0]);
+    o.expert_stats_role[0] = hot;
+    cr_assert_eq(pd_plan_build(&o, &p[0], &e), 0, "%s", e.msg);
+    cr_assert_eq(p[0].load[0], p[0].load[1]);
+    cr_assert_float_eq(p[0].role[PD_ROLE_PREFILL].imbalance, 20.0 / 14, 1e-12);
+    pd_plan_free(&p[0]);
+    o.expert_stats_role[0] = "/nonexistent/prefill.json";
+    cr_assert_neq(pd_plan_build(&o, &p[0], &e), 0);
+    cr_assert(strstr(e.msg, "/nonexistent/prefill.json"), "%s", e.msg);
+    unlink(even);
+    unlink(hot);
+    o.expert_stats_role[0] = o.expert_stats_role[1] = NULL;
+    snprintf(even, sizeof even, "%s", stats_file("[1,2]"));
+    o.expert_stats_role[1] = even;
+    cr_assert_neq(pd_plan_build(&o, &p[0], &e), 0);
+    cr_assert(strstr(e.msg, "--expert-stats-decode") && strstr(e.msg, even), "%s", e.msg);
+    unlink(even);
 }
