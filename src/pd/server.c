@@ -269,11 +269,13 @@ static int seq_offer(struct pd_server *s, struct pd_seq *q, uint64_t id, int len
 }
 
 /* Consumer: pulls the producer's KV of `len` prompt tokens (request rid at host:port) into q,
- * whose blocks are reserved; the bytes moved, -1 if no transfer started, -2 if it failed (q then
- * holds nothing usable). With mu, that lock is released while waiting. */
+ * whose blocks are reserved; the bytes moved and the seconds the pull took (*seconds), -1 if no
+ * transfer started, -2 if it failed (q then holds nothing usable). With mu, that lock is released
+ * while waiting. */
 static int64_t seq_pull(struct pd_server *s, struct pd_seq *q, const char *host, int port, uint64_t rid, int len,
-                        pthread_mutex_t *mu)
+                        pthread_mutex_t *mu, double *seconds)
 {
+    double t0 = pd_now_s();
     int n;
     uint64_t bytes;
     struct pd_kv_run *dst = pd_kvseq_runs_alloc(&s->en.kv, &q->kv, len, &n, &bytes);
@@ -293,6 +295,7 @@ static int64_t seq_pull(struct pd_server *s, struct pd_seq *q, const char *host,
         return -2;
     q->pos = len;
     q->kv.len = len;
+    *seconds = pd_now_s() - t0;
     return (int64_t)bytes;
 }
 
@@ -314,8 +317,9 @@ static int pull(struct pd_server *s, struct req *r)
     pd_err e = {0};
     if (!s->kvx || r->remote_tokens != r->n_prompt || pd_kvseq_reserve(&s->en.kv, &r->seq.kv, r->n_prompt, &e))
         return -1;
-    double t0 = pd_now_s();
-    int64_t bytes = seq_pull(s, &r->seq, r->remote_host, r->remote_port, r->remote_request, r->n_prompt, &s->mu);
+    double seconds;
+    int64_t bytes = seq_pull(s, &r->seq, r->remote_host, r->remote_port, r->remote_request, r->n_prompt, &s->mu,
+                             &seconds);
     if (bytes == -1)
         return -1;
     s->kv_pulls++;
@@ -324,7 +328,7 @@ static int pull(struct pd_server *s, struct req *r)
         return -1;
     }
     s->kv_bytes += (uint64_t)bytes;
-    s->kv_seconds += pd_now_s() - t0;
+    s->kv_seconds += seconds;
     return 0;
 }
 
@@ -458,15 +462,15 @@ static int ep_start(struct pd_server *s, uint64_t id, int prompt, int reserve, c
 }
 
 /* Consumer, the owner rank: pulls a request's prompt KV from the producer rank named in the pull
- * entry into sequence q; the bytes moved, or -1 if the transfer failed (the sequence then stays
- * empty and its prompt is recomputed from the token ids). */
-static int64_t ep_pull(struct pd_server *s, struct ep_seq *q, const int32_t *w)
+ * entry into sequence q; the bytes moved and the seconds taken, or -1 if the transfer failed (the
+ * sequence then stays empty and its prompt is recomputed from the token ids). */
+static int64_t ep_pull(struct pd_server *s, struct ep_seq *q, const int32_t *w, double *seconds)
 {
     const int n_prompt = w[4];
     char host[65];
     memcpy(host, w + 12, 64);
     host[64] = 0;
-    int64_t bytes = seq_pull(s, &q->seq, host, w[5], ep_id(w + 6), n_prompt, NULL);
+    int64_t bytes = seq_pull(s, &q->seq, host, w[5], ep_id(w + 6), n_prompt, NULL, seconds);
     return bytes < 0 ? -1 : bytes;
 }
 
@@ -531,12 +535,11 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         struct ep_seq *q;
         if ((rc = ep_start(s, ep_id(w), w[4], w[3], w + 8, &q, e)))
             return rc;
-        double t0 = pd_now_s();
-        int64_t bytes = ep_pull(s, q, w);
-        double us = (pd_now_s() - t0) * 1e6;
+        double seconds = 0;
+        int64_t bytes = ep_pull(s, q, w, &seconds);
         p[0] = bytes >= 0;
         ep_put_id(p + 1, bytes > 0 ? (uint64_t)bytes : 0);
-        p[3] = us < INT32_MAX ? (int32_t)us : INT32_MAX;
+        p[3] = seconds * 1e6 < INT32_MAX ? (int32_t)(seconds * 1e6) : INT32_MAX;
     }
     int k = 0;
     size_t off = 0;
@@ -1900,6 +1903,7 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     }
     /* an EP group runs up to max_num_seqs sequences on each rank */
     s->running = calloc((size_t)s->o.max_num_seqs * (s->g ? s->g->size : 1), sizeof *s->running);
+    /* one more than the counts: a model without routed experts still gets a buffer */
     s->stats_sum = calloc((size_t)s->en.model.n_layers * s->en.model.n_routed_experts + 1, sizeof *s->stats_sum);
     evthread_use_pthreads();
     /* a client that disconnects must not kill the server with SIGPIPE */
