@@ -472,6 +472,22 @@ static void on_chat(struct evhttp_request *h, void *arg)
     on_completion(h, arg, "/v1/chat/completions");
 }
 
+/* GET `path` from an instance: the connection (drop_conn it once done), or NULL when the request
+ * could not be sent (cb is then never called). */
+static struct evhttp_connection *get_from(struct pd_proxy *px, const struct instance *in, const char *path,
+                                          void (*cb)(struct evhttp_request *, void *), void *arg)
+{
+    struct evhttp_connection *c = evhttp_connection_base_new(px->base, NULL, in->host, (unsigned short)in->port);
+    struct evhttp_request *r = c ? evhttp_request_new(cb, arg) : NULL;
+    if (r) {
+        evhttp_add_header(evhttp_request_get_output_headers(r), "Host", in->host);
+        if (evhttp_make_request(c, r, EVHTTP_REQ_GET, path) == 0)
+            return c;   /* on failure libevent has freed r */
+    }
+    drop_conn(px, c);
+    return NULL;
+}
+
 /* /v1/models: relayed from the first decode instance. */
 struct models_job {
     struct pd_proxy *px;
@@ -498,14 +514,13 @@ static void on_models(struct evhttp_request *h, void *arg)
     struct pd_proxy *px = arg;
     if (!authorised(px, h))
         return;
-    struct evhttp_connection *c = evhttp_connection_base_new(px->base, NULL, px->d[0].host, (unsigned short)px->d[0].port);
     struct models_job *m = malloc(sizeof *m);
-    *m = (struct models_job){px, h, c};
-    struct evhttp_request *r = evhttp_request_new(on_models_done, m);
-    evhttp_add_header(evhttp_request_get_output_headers(r), "Host", px->d[0].host);
-    if (evhttp_make_request(c, r, EVHTTP_REQ_GET, "/v1/models") != 0) {
+    if (m) {
+        *m = (struct models_job){px, h, NULL};
+        m->conn = get_from(px, &px->d[0], "/v1/models", on_models_done, m);
+    }
+    if (!m || !m->conn) {
         free(m);
-        drop_conn(px, c);
         reply_error(h, 502, "server_error", "the decode instance did not list its models");
     }
 }
@@ -636,27 +651,19 @@ static void on_expert_stats(struct evhttp_request *h, void *arg)
         struct instance *in = r ? px->d : px->p;
         for (int i = 0; i < (r ? px->nd : px->np); i++) {
             struct stats_call *c = calloc(1, sizeof *c);
-            struct evhttp_connection *conn = c ? evhttp_connection_base_new(px->base, NULL, in[i].host,
-                                                                            (unsigned short)in[i].port) : NULL;
-            struct evhttp_request *up = conn ? evhttp_request_new(on_stats_done, c) : NULL;
-            if (!up) {
+            if (!c) {
                 stats_fail(j, "out of memory");
-                drop_conn(px, conn);
+                continue;
+            }
+            c->j = j;
+            snprintf(c->where, sizeof c->where, "the %s instance %.63s:%d", r ? "decode" : "prefill", in[i].host,
+                     in[i].port);
+            if (!(c->conn = get_from(px, &in[i], "/expert_stats", on_stats_done, c))) {
+                stats_fail(j, "%s did not answer /expert_stats", c->where);
                 free(c);
                 continue;
             }
-            *c = (struct stats_call){j, conn, ""};
-            snprintf(c->where, sizeof c->where, "the %s instance %.63s:%d", r ? "decode" : "prefill", in[i].host,
-                     in[i].port);
-            evhttp_add_header(evhttp_request_get_output_headers(up), "Host", in[i].host);
             j->pending++;
-            if (evhttp_make_request(conn, up, EVHTTP_REQ_GET, "/expert_stats") != 0) {
-                /* libevent has freed the request */
-                j->pending--;
-                stats_fail(j, "%s did not answer /expert_stats", c->where);
-                drop_conn(px, conn);
-                free(c);
-            }
         }
     }
     if (--j->pending == 0)
