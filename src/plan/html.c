@@ -626,7 +626,7 @@ static void memory_table(FILE *f, const struct pd_search *s, int u)
                "fits; the MoE load is the busiest rank's expert load over the mean (%s).</p>\n<table id=\"memory\">\n"
                "<tr><th>role</th><th>layout (DP &times; TP, redundant)</th><th>experts per card</th><th>weights</th>"
                "<th>KV pool</th><th>MoE load</th><th>verdict</th></tr>\n",
-            s->plan.load[0] || s->plan.load[1] ? "measured from the expert stats where given" : "the hardware file's");
+            pd_search_load_source(s));
     for (int i = 0; i < s->n_mem; i++) {
         const struct pd_search_mem *m = &s->mem[i];
         char w[32], kv[32];

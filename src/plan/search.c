@@ -374,6 +374,11 @@ int pd_search_best_under(const struct pd_search *s, double tpot)
     return b;
 }
 
+const char *pd_search_load_source(const struct pd_search *s)
+{
+    return s->plan.load[0] || s->plan.load[1] ? "measured from the expert stats where given" : "the hardware file's";
+}
+
 char *pd_search_text(const struct pd_search *s, int units)
 {
     char *buf = NULL;
@@ -394,8 +399,7 @@ char *pd_search_text(const struct pd_search *s, int units)
     fprintf(f, "\n  %d layouts costed, %d fit in memory, %d meet the targets, %d on the Pareto front\n\n", s->n, s->n_fit,
             s->n_meet, s->n_front);
     fprintf(f, "What fits in memory (busiest card; the decode batch is per DP rank, of isl + osl tokens; MoE load:\n"
-               "busiest rank / mean, %s)\n",
-            s->plan.load[0] || s->plan.load[1] ? "measured from the expert stats where given" : "the hardware file's");
+               "busiest rank / mean, %s)\n", pd_search_load_source(s));
     fprintf(f, "  %-8s %-18s %13s %12s %12s %9s  %s\n", "role", "layout", "experts/card", "weights", "KV pool",
             "MoE load", "verdict");
     for (int i = 0; i < s->n_mem; i++) {

@@ -71,6 +71,8 @@ void pd_search_free(struct pd_search *s);
 /* The layout with the most output tokens/s per card (then per user, then fewest cards) that fits,
  * sustains the request rate, meets the TTFT target and has a TPOT <= tpot; -1 if none. */
 int pd_search_best_under(const struct pd_search *s, double tpot);
+/* Where the memory table's MoE load comes from: the expert stats, or the hardware file. */
+const char *pd_search_load_source(const struct pd_search *s);
 
 char *pd_search_text(const struct pd_search *s, int units);   /* malloc'ed */
 char *pd_search_json(const struct pd_search *s);              /* malloc'ed */
