@@ -22,18 +22,26 @@ static inline void tmp_model(const char *preset, int seed, char *dir, size_t n)
     cr_assert_eq(pd_genmodel(preset, dir, (uint64_t)seed, &e), 0, "%s", e.msg);
 }
 
-/* An --expert-stats file of one layer: `experts` experts, expert 0 with `hot` tokens, the others
- * with one each; the path is written over the template `path` ("/tmp/...-XXXXXX"). */
-static inline void tmp_expert_stats(char *path, int experts, int hot)
+/* An --expert-stats file whose tokens_per_expert holds `rows` (JSON arrays, comma-separated);
+ * the path is written over the template `path` ("/tmp/...-XXXXXX"). */
+static inline void tmp_stats_rows(char *path, const char *rows)
 {
     int fd = mkstemp(path);
     cr_assert_geq(fd, 0);
     FILE *f = fdopen(fd, "w");
-    fprintf(f, "{\"tokens_per_expert\": [[");
-    for (int x = 0; x < experts; x++)
-        fprintf(f, "%s%d", x ? "," : "", x ? 1 : hot);
-    fprintf(f, "]]}\n");
+    fprintf(f, "{\"tokens_per_expert\": [%s]}\n", rows);
     fclose(f);
+}
+
+/* One layer: `experts` experts, expert 0 with `hot` tokens, the others with one each. */
+static inline void tmp_expert_stats(char *path, int experts, int hot)
+{
+    char row[8192];
+    int n = snprintf(row, sizeof row, "[%d", hot);
+    for (int x = 1; x < experts && n < (int)sizeof row - 8; x++)
+        n += snprintf(row + n, sizeof row - (size_t)n, ",1");
+    snprintf(row + n, sizeof row - (size_t)n, "]");
+    tmp_stats_rows(path, row);
 }
 
 /* Removes dir and the files directly in it (test directories hold no subdirectories). */

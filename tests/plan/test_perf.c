@@ -10,6 +10,7 @@
 #include "model/config.h"
 #include "plan/perf.h"
 #include "plan/validate.h"
+#include "../tmpmodel.h"
 
 /* A hardware file with chosen figures; returns its path (static buffer). */
 static const char *hw_file(double bw, double ops, double overlap, double rdma_bw)
@@ -297,11 +298,7 @@ static const char *stats_file(const char *rows)
 {
     static char path[64];
     snprintf(path, sizeof path, "/tmp/pdmoe-stats-XXXXXX");
-    int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    FILE *f = fdopen(fd, "w");
-    fprintf(f, "{\"model\": \"t\", \"tokens_per_expert\": [%s]}\n", rows);
-    fclose(f);
+    tmp_stats_rows(path, rows);
     return path;
 }
 
