@@ -74,16 +74,39 @@ bench: $(BUILD)/pdmoe
 clean:
 	rm -rf build build-san
 
--include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD) build-fuzz -name '*.d' 2>/dev/null)
 
-# libFuzzer harness for the safetensors reader (clang); `make fuzz FUZZ_SECONDS=30`.
+# libFuzzer harnesses: every tests/fuzz/fuzz_NAME.c is a target linked against the whole library,
+# built with clang in build-fuzz/ (instrumented for coverage, AddressSanitizer and UBSan); its seeds
+# live in tests/fuzz/seeds/NAME/ (the repo's corpus) and what it finds goes to build-fuzz/corpus/NAME.
+# `make fuzz FUZZ_SECONDS=30` runs each target for that long; a crash, leak or timeout fails.
 FUZZ_SECONDS ?= 20
-FUZZ_SRC := src/model/safetensors.c src/core/err.c
-fuzz: build-fuzz/fuzz_safetensors
-	mkdir -p build-fuzz/corpus
-	./build-fuzz/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -max_len=4096 build-fuzz/corpus tests/fuzz/seeds
+FUZZ_TIMEOUT ?= 10
+FUZZ_NAMES := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BINS  := $(FUZZ_NAMES:%=build-fuzz/fuzz_%)
+FUZZ_CFLAGS := -std=gnu11 -g -O1 -march=x86-64-v2 -Isrc -I. -Ibuild-fuzz/gen $(PKG_CFLAGS) -pthread \
+               -fsanitize=address,undefined -fno-sanitize-recover=undefined -Wno-unused-command-line-argument
+FUZZ_LIB_OBJ := $(LIB_SRC:%.c=build-fuzz/%.o) build-fuzz/gen/embedded.o
 
-build-fuzz/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c $(FUZZ_SRC)
-	@mkdir -p build-fuzz
-	clang -std=gnu11 -g -O1 -Isrc $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined -o $@ $^ $(PKG_LIBS)
-.PHONY: fuzz
+fuzz: $(FUZZ_BINS)
+	@set -e; for t in $(FUZZ_NAMES); do \
+	  echo "== fuzz $$t for $(FUZZ_SECONDS) s"; mkdir -p build-fuzz/corpus/$$t tests/fuzz/seeds/$$t; \
+	  ./build-fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=$(FUZZ_TIMEOUT) -max_len=8192 \
+	      -print_final_stats=0 build-fuzz/corpus/$$t tests/fuzz/seeds/$$t; done
+fuzz-build: $(FUZZ_BINS)
+
+build-fuzz/gen/embedded.c: tools/embed.sh $(EMBED)
+	@mkdir -p $(dir $@)
+	sh tools/embed.sh $(EMBED) > $@
+
+build-fuzz/%.o: %.c
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c -o $@ $<
+
+build-fuzz/libpdmoe.a: $(FUZZ_LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c build-fuzz/libpdmoe.a
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< build-fuzz/libpdmoe.a $(PKG_LIBS) -lm
+.PHONY: fuzz fuzz-build
