@@ -115,6 +115,23 @@ void pd_softmax(float *x, int n)
         x[i] *= inv;
 }
 
+/* Sinkhorn as DeepSeek's hc_split_sinkhorn computes it (kernel.py):
+ *   M = softmax_rows(M) + eps;  M_ij /= (sum_i M_ij + eps)
+ *   repeat iters - 1 times:  M_ij /= (sum_j M_ij + eps);  M_ij /= (sum_i M_ij + eps)
+ * so iters row normalisations (the softmax the first) and iters column normalisations, the
+ * columns last: the columns sum to 1 within eps, the rows to about 1. */
+static void sinkhorn_divide(float *m, int n, int cols, float eps)
+{
+    for (int i = 0; i < n; i++) {
+        float s = 0;
+        for (int j = 0; j < n; j++)
+            s += cols ? m[j * n + i] : m[i * n + j];
+        s += eps;
+        for (int j = 0; j < n; j++)
+            *(cols ? &m[j * n + i] : &m[i * n + j]) /= s;
+    }
+}
+
 void pd_sinkhorn(float *m, int n, int iters, float eps)
 {
     for (int r = 0; r < n; r++) {
@@ -122,16 +139,10 @@ void pd_sinkhorn(float *m, int n, int iters, float eps)
         for (int c = 0; c < n; c++)
             m[r * n + c] += eps;
     }
-    /* normalisation `it` divides columns when odd, rows when even */
+    sinkhorn_divide(m, n, 1, eps);
     for (int it = 1; it < iters; it++) {
-        int cols = it % 2;
-        for (int i = 0; i < n; i++) {
-            float s = eps;
-            for (int j = 0; j < n; j++)
-                s += cols ? m[j * n + i] : m[i * n + j];
-            for (int j = 0; j < n; j++)
-                *(cols ? &m[j * n + i] : &m[i * n + j]) /= s;
-        }
+        sinkhorn_divide(m, n, 0, eps);
+        sinkhorn_divide(m, n, 1, eps);
     }
 }
 

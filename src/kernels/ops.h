@@ -36,9 +36,9 @@ void pd_rope_apply_cs(const float *cs, int dim, float *x, int inverse);
 /* In-place softmax over n values. */
 void pd_softmax(float *x, int n);
 
-/* DeepSeek's mHC combination: m is n x n (row-major) logits -> softmax over each row, + eps,
- * then alternately divide by column sums and row sums, `iters` normalisations in all
- * (the softmax counts as the first row normalisation). */
+/* DeepSeek's mHC combination (hc_split_sinkhorn): m is n x n (row-major) logits -> softmax over
+ * each row, + eps, divide by column sums (+ eps), then iters - 1 times by row sums and by column
+ * sums (each + eps): iters row and iters column normalisations, the softmax the first row one. */
 void pd_sinkhorn(float *m, int n, int iters, float eps);
 
 static inline float pd_sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }

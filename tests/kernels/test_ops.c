@@ -203,6 +203,30 @@ Test(ops, sinkhorn_doubly_stochastic)
     }
 }
 
+/* DeepSeek's hc_split_sinkhorn (kernel.py): softmax over rows + eps, divide by column sums + eps,
+ * then iters - 1 times rows then columns. Values worked by hand on a 2 x 2 whose softmax rows are
+ * [1/4 3/4] and [1/2 1/2]: one column normalisation gives [1/3 3/5; 2/3 2/5]; a row then a column
+ * normalisation more gives [4/11 12/19; 7/11 7/19]. */
+Test(ops, sinkhorn_follows_the_official_order_and_count)
+{
+    const float ln3 = logf(3.0f);
+    float one[4] = {0, ln3, 0, 0}, two[4] = {0, ln3, 0, 0};
+    pd_sinkhorn(one, 2, 1, 0.0f);
+    const float want1[4] = {1.0f / 3, 3.0f / 5, 2.0f / 3, 2.0f / 5};
+    pd_sinkhorn(two, 2, 2, 0.0f);
+    const float want2[4] = {4.0f / 11, 12.0f / 19, 7.0f / 11, 7.0f / 19};
+    for (int i = 0; i < 4; i++) {
+        cr_assert_float_eq(one[i], want1[i], 1e-6, "iters 1, entry %d: %g, want %g", i, one[i], want1[i]);
+        cr_assert_float_eq(two[i], want2[i], 1e-6, "iters 2, entry %d: %g, want %g", i, two[i], want2[i]);
+    }
+    /* eps: added after the softmax, and to each sum it divides by: zeros with eps 0.5 give
+     * softmax 1/2 + 0.5 = 1, then 1 / (2 + 0.5) */
+    float z[4] = {0, 0, 0, 0};
+    pd_sinkhorn(z, 2, 1, 0.5f);
+    for (int i = 0; i < 4; i++)
+        cr_assert_float_eq(z[i], 0.4f, 1e-7, "entry %d: %g", i, z[i]);
+}
+
 Test(ops, rope_inverse_and_yarn)
 {
     struct pd_rope r;
