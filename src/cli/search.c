@@ -48,7 +48,6 @@ int pd_cli_search(int argc, char **argv)
     };
     struct pd_search_opts o;
     pd_search_opts_default(&o);
-    o.base.max_model_len = 131072;
     int json = 0, units = PD_UNITS_GB, c, idx;
     const char *html = NULL, *emit = NULL;
     int64_t v;
@@ -133,6 +132,7 @@ int pd_cli_search(int argc, char **argv)
     if (emit) {
         struct pd_emit_opts eo;
         pd_emit_opts_default(&eo);
+        eo.command = "pdmoe search";
         if (pick < 0)
             fprintf(stderr, "pdmoe search: --emit: no layout fits in memory on %d cards\n", o.cards);
         else if (!(out = pd_emit(&s.plan, target, &eo, &e)))

@@ -3,6 +3,7 @@
  * engine's own source or documents, cited beside the code that writes it; docs/emit.md lists
  * them with the plan field each value comes from. */
 #include "plan/emit.h"
+#include "core/units.h"
 
 #include <assert.h>
 #include <stdarg.h>
@@ -345,17 +346,14 @@ static void header(FILE *f, const struct ctx *c, enum pd_emit_target t)
     const struct pd_plan *p = c->p;
     const struct pd_role_opts *P = &p->role[PD_ROLE_PREFILL].o, *D = &p->role[PD_ROLE_DECODE].o;
     fprintf(f, "#!/bin/sh\n");
-    fprintf(f, "# %s launch commands from `pdmoe plan --emit %s`:\n", pd_emit_target_name(t), pd_emit_target_name(t));
+    fprintf(f, "# %s launch commands from `%s --emit %s`:\n", pd_emit_target_name(t),
+            c->o->command ? c->o->command : "pdmoe plan", pd_emit_target_name(t));
     fprintf(f, "# %s on %d nodes of %d %s (%s),\n", p->model.name, c->L.nodes, p->hw.cards_per_node, p->hw.card_name,
             p->hw.name);
     fprintf(f, "# prefill %d x (dp %d, tp %d), decode %d x (dp %d, tp %d); model path ", P->instances, P->dp, P->tp,
             D->instances, D->dp, D->tp);
     sh_word(f, c->model);
     fprintf(f, ".\n");
-    for (int r = 0; r < 2; r++)
-        if (!p->role[r].fits)
-            fprintf(f, "# WARNING: the plan says the %s role does not fit in memory (see `pdmoe plan`).\n",
-                    pd_role_name((enum pd_role)r));
     fprintf(f, "# Copy this file to every node and run `sh FILE HOST` there, HOST being the node's name\n"
                "# below: it starts that node's servers in the background and waits. The %s listens on\n"
                "# %s:%d. What each flag comes from and what is left to fill in: pdmoe's docs/emit.md.\n",
@@ -367,6 +365,25 @@ static void header(FILE *f, const struct ctx *c, enum pd_emit_target t)
         fprintf(f, "%s%s", i ? "|" : "", c->host[i]);
     fprintf(f, ") ;;\n*) echo \"$0: $host is not a node of this deployment (%s ... %s)\" >&2; exit 2 ;;\nesac\n\n",
             c->host[0], c->host[c->L.nodes - 1]);
+}
+
+/* The --max-num-seqs a role's servers get: the plan's, lowered to the sequences of max-model-len
+ * the role's KV pool holds, so that every sequence the server admits fits (the plan's third
+ * verdict, plan.h); pd_emit refuses a role that holds none. */
+static int64_t role_max_num_seqs(const struct pd_plan *p, enum pd_role r)
+{
+    const struct pd_role_plan *rp = &p->role[r];
+    return rp->seqs_at_max_len < p->o.max_num_seqs ? rp->seqs_at_max_len : p->o.max_num_seqs;
+}
+
+/* A comment above a role's servers when its --max-num-seqs was lowered. */
+static void max_num_seqs_note(FILE *f, const struct pd_plan *p, enum pd_role r)
+{
+    int64_t n = role_max_num_seqs(p, r);
+    if (n < p->o.max_num_seqs)
+        fprintf(f, "# %lld sequences per data-parallel rank, not the plan's --max-num-seqs %lld: %lld of max-model-len\n"
+                   "# %lld fit this %s card's KV pool (pdmoe plan: \"sequences of max-model-len that fit\")\n",
+                (long long)n, (long long)p->o.max_num_seqs, (long long)n, (long long)p->o.max_model_len, pd_role_name(r));
 }
 
 /* vllm-ascend: one `vllm serve` per instance and node in vLLM's internal load-balancing mode
@@ -393,6 +410,7 @@ static void vllm_part(FILE *f, const struct ctx *c, const struct part *x)
     const struct pd_role_plan *rp = &p->role[x->role], *P = &p->role[PD_ROLE_PREFILL], *D = &p->role[PD_ROLE_DECODE];
     int head = x->k == 0, s = PORT_STEP * x->slot, v4 = p->model.arch == PD_ARCH_DEEPSEEK_V4;
     comment(f, c, x, head ? "" : ", headless");
+    max_num_seqs_note(f, p, x->role);
     fprintf(f, "if [ \"$host\" = %s ]; then\n  %sASCEND_RT_VISIBLE_DEVICES=", c->host[x->node],
             rp->o.redundant > 0 ? "DYNAMIC_EPLB=true " : "");
     for (int i = 0; i < x->ncards; i++)
@@ -415,7 +433,7 @@ static void vllm_part(FILE *f, const struct ctx *c, const struct part *x)
     if (rp->ep > 1)
         arg(f, "--enable-expert-parallel");
     arg(f, "--gpu-memory-utilization %g", p->o.util);
-    arg(f, "--max-num-seqs %lld", (long long)p->o.max_num_seqs);
+    arg(f, "--max-num-seqs %lld", (long long)role_max_num_seqs(p, x->role));
     arg(f, "--max-model-len %lld", (long long)p->o.max_model_len);
     arg(f, "--max-num-batched-tokens %lld", (long long)p->o.max_num_batched_tokens);
     /* The seed's roles (../shared/reference/pd-serving-systems.md), as vllm-ascend's
@@ -508,6 +526,7 @@ static void sgl_part(FILE *f, const struct ctx *c, const struct part *x)
     const struct pd_role_plan *rp = &p->role[x->role];
     int s = PORT_STEP * x->slot, cards = rp->o.dp * rp->o.tp, dp = rp->o.dp;
     comment(f, c, x, "");
+    max_num_seqs_note(f, c->p, x->role);
     fprintf(f, "if [ \"$host\" = %s ]; then\n  python3 -m sglang.launch_server", c->host[x->node]);
     fputs(" \\\n    --model-path ", f);
     sh_word(f, c->model);
@@ -540,7 +559,7 @@ static void sgl_part(FILE *f, const struct ctx *c, const struct part *x)
     /* Both are instance-wide in SGLang and divided by --dp-size under DP attention
      * (server_args.py _handle_data_parallelism; the scheduler's per-worker request limit), while
      * vLLM's --max-num-seqs and --max-num-batched-tokens are per data-parallel rank. */
-    arg(f, "--max-running-requests %lld", (long long)p->o.max_num_seqs * dp);
+    arg(f, "--max-running-requests %lld", (long long)role_max_num_seqs(p, x->role) * dp);
     arg(f, "--context-length %lld", (long long)p->o.max_model_len);
     if (x->role == PD_ROLE_PREFILL)
         arg(f, "--chunked-prefill-size %lld", (long long)p->o.max_num_batched_tokens * dp);
@@ -571,6 +590,23 @@ static void sgl_router(FILE *f, const struct ctx *c)
     arg(f, "--host 0.0.0.0");
     arg(f, "--port %d", c->o->proxy_port);
     fputs(" &\nfi\n\n", f);
+}
+
+/* Each role's KV pool must hold at least one sequence of max-model-len. */
+static int check_fits(const struct pd_plan *p, pd_err *e)
+{
+    for (int r = 0; r < 2; r++) {
+        const struct pd_role_plan *rp = &p->role[r];
+        char over[40];
+        if (!rp->b.fits_weights)
+            return pd_err_set(e, PD_EINVAL, "%s: the weights do not fit a card (%s over its usable memory); "
+                              "nothing to launch", pd_role_name((enum pd_role)r),
+                              pd_units_fmt(over, sizeof over, -rp->b.kv_pool, PD_UNITS_GB));
+        if (!rp->fits)
+            return pd_err_set(e, PD_EINVAL, "%s: not one sequence of --max-model-len %lld fits a card's KV pool; "
+                              "lower --max-model-len", pd_role_name((enum pd_role)r), (long long)p->o.max_model_len);
+    }
+    return 0;
 }
 
 /* Redundant expert slots need a serving stack that holds them (hardware file field). */
@@ -604,7 +640,7 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
     char *buf = NULL;
     size_t len = 0;
     FILE *f = NULL;
-    if (hosts_build(&c, e) || check_ports(&c, t, e) || check_redundant(p, e))
+    if (hosts_build(&c, e) || check_ports(&c, t, e) || check_redundant(p, e) || check_fits(p, e))
         goto done;
     f = open_memstream(&buf, &len);
     if (!f) {

@@ -22,6 +22,7 @@ struct pd_emit_opts {
     const char *model_path;     /* what every server loads; NULL: pd_emit_model_path(p) */
     int base_port;              /* HTTP port of the first instance on a node (the k-th: + 10 k) */
     int proxy_port;             /* the proxy's (router's) port; it runs on the first prefill node */
+    const char *command;        /* the pdmoe command named in the script's header; NULL: "pdmoe plan" */
 };
 
 /* base_port 8100, proxy_port 8000, placeholder hosts, the default model path. */

@@ -151,9 +151,14 @@ static void summary(FILE *f, const struct pd_plan *p, const struct pd_search *s,
             pd_units_thousands(b, p->o.max_num_batched_tokens));
     fprintf(f, "<tr><th>Units</th><td>%s = %s bytes</td></tr>\n", pd_units_g_name((enum pd_units)u),
             u == PD_UNITS_GIB ? "2<sup>30</sup>" : "10<sup>9</sup>");
-    fprintf(f, "<tr><th>Verdict</th><td>prefill card %s; decode card %s</td></tr>\n",
-            p->role[0].fits ? "fits" : "<span class=\"bad\">does not fit</span>",
-            p->role[1].fits ? "fits" : "<span class=\"bad\">does not fit</span>");
+    for (int r = 0; r < 2; r++) {
+        const struct pd_role_plan *rp = &p->role[r];
+        fprintf(f, "%s%s card: %s", r ? "; " : "<tr><th>Verdict</th><td>", r ? "decode" : "prefill",
+                rp->fits_max_num_seqs ? "max-num-seqs sequences of max-model-len fit"
+                : rp->fits ? "<span class=\"bad\">one max-model-len sequence fits, not max-num-seqs of them</span>"
+                : "<span class=\"bad\">does not fit</span>");
+    }
+    fprintf(f, "</td></tr>\n");
     if (s) {
         fprintf(f, "<tr><th>Search</th><td>%d cards; prompts of %lld tokens, %lld output tokens; targets: TTFT ",
                 s->o.cards, (long long)s->o.w.isl, (long long)s->o.w.osl);
@@ -316,9 +321,17 @@ static void memory_bars(FILE *f, const struct pd_plan *p, int u)
     fprintf(f, "<tr><td></td><td>longest context for %lld sequences</td><td class=\"n\">%s tokens</td>"
                "<td class=\"n\">%s tokens</td></tr>\n",
             (long long)p->o.max_num_seqs, pd_units_thousands(a, P->ctx_at_max_seqs), pd_units_thousands(b, D->ctx_at_max_seqs));
-    fprintf(f, "<tr><td></td><td>verdict</td><td%s>%s</td><td%s>%s</td></tr>\n</table>\n",
+    /* the three verdicts of plan.h, as the text report names them */
+    fprintf(f, "<tr><td></td><td>verdict: weights fit</td><td%s>%s</td><td%s>%s</td></tr>\n",
+            P->b.fits_weights ? "" : " class=\"bad\"", P->b.fits_weights ? "yes" : "no",
+            D->b.fits_weights ? "" : " class=\"bad\"", D->b.fits_weights ? "yes" : "no");
+    fprintf(f, "<tr><td></td><td>verdict: one max-model-len sequence</td><td%s>%s</td><td%s>%s</td></tr>\n",
             P->fits ? "" : " class=\"bad\"", P->fits ? "fits" : "does not fit", D->fits ? "" : " class=\"bad\"",
             D->fits ? "fits" : "does not fit");
+    fprintf(f, "<tr><td></td><td>verdict: %lld of them (max-num-seqs)</td><td%s>%s</td><td%s>%s</td></tr>\n</table>\n",
+            (long long)p->o.max_num_seqs, P->fits_max_num_seqs ? "" : " class=\"bad\"",
+            P->fits_max_num_seqs ? "fit" : "do not fit", D->fits_max_num_seqs ? "" : " class=\"bad\"",
+            D->fits_max_num_seqs ? "fit" : "do not fit");
     fprintf(f, "<p class=\"note\">Prefill KV by the seed's rule, max-num-batched-tokens &times; KV per token: %s; "
                "a prompt of max-model-len needs %s while it is prefilled in chunks and until decode has pulled it.</p>\n",
             B(a, p->p_kv_batch, u), B(b, P->kv_need, u));
@@ -622,8 +635,8 @@ static void memory_table(FILE *f, const struct pd_search *s, int u)
     if (s->n_mem == 0)
         return;
     fprintf(f, "<h3>What fits in memory</h3>\n<p class=\"note\">Per role layout (instances aside), the busiest "
-               "card; decode's KV pool at batch 1, and the largest batch per DP rank (of isl + osl tokens) whose KV "
-               "fits; the MoE load is the busiest rank's expert load over the mean (%s).</p>\n<table id=\"memory\">\n"
+               "card; decode's KV pool at batch 1, and the largest batch per DP rank (sequences of max-model-len, as "
+               "--max-num-seqs admits them) whose KV fits; the MoE load is the busiest rank's expert load over the mean (%s).</p>\n<table id=\"memory\">\n"
                "<tr><th>role</th><th>layout (DP &times; TP, redundant)</th><th>experts per card</th><th>weights</th>"
                "<th>KV pool</th><th>MoE load</th><th>verdict</th></tr>\n",
             pd_search_load_source(s));

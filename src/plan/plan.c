@@ -285,6 +285,7 @@ int pd_plan_role_eval(const struct pd_plan *p, enum pd_role r, const struct pd_r
     rp->seqs_at_max_len = b->kv_pool > 0 && seq > 0 ? b->kv_pool / seq : 0;
     rp->ctx_at_max_seqs = b->kv_pool > 0 ? pd_kv_max_context(&p->kv, b->kv_pool, p->o.max_num_seqs) : 0;
     rp->fits = b->fits_weights && rp->seqs_at_max_len >= 1;
+    rp->fits_max_num_seqs = b->fits_weights && rp->seqs_at_max_len >= p->o.max_num_seqs;
     return 0;
 }
 

@@ -77,7 +77,12 @@ struct pd_role_plan {
     int64_t kv_need;                    /* P: one max-model-len prompt; D: max-num-seqs of them */
     int64_t seqs_at_max_len;            /* sequences of max-model-len the pool holds */
     int64_t ctx_at_max_seqs;            /* longest context for max-num-seqs sequences */
-    int fits;                           /* weights fit and at least one max-model-len sequence */
+    /* Three verdicts, each stricter than the one before: the weights fit (b.fits_weights); they
+     * do and the pool holds one sequence of max-model-len (fits); they do and it holds
+     * max-num-seqs of them, so every sequence the role admits can grow to max-model-len
+     * (fits_max_num_seqs). */
+    int fits;
+    int fits_max_num_seqs;
     double imbalance;                   /* busiest rank's expert load / mean on this placement,
                                            measured from expert_stats; 0 without them */
 };

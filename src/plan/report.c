@@ -153,7 +153,13 @@ static void text_budget(FILE *f, const struct pd_plan *p, int u)
             (long long)D->seqs_at_max_len);
     snprintf(t, sizeof t, "longest context for %lld sequences", (long long)p->o.max_num_seqs);
     fprintf(f, "  %-36s %14lld %14lld\n", t, (long long)P->ctx_at_max_seqs, (long long)D->ctx_at_max_seqs);
-    fprintf(f, "  %-36s %14s %14s\n", "verdict", P->fits ? "fits" : "DOES NOT FIT", D->fits ? "fits" : "DOES NOT FIT");
+    /* three verdicts, so none reads as more than it checks (plan.h) */
+    fprintf(f, "  %-36s %14s %14s\n", "verdict: weights fit", P->b.fits_weights ? "yes" : "NO",
+            D->b.fits_weights ? "yes" : "NO");
+    fprintf(f, "  %-36s %14s %14s\n", "verdict: one max-model-len sequence", P->fits ? "fits" : "DOES NOT FIT",
+            D->fits ? "fits" : "DOES NOT FIT");
+    snprintf(t, sizeof t, "verdict: %lld of them (max-num-seqs)", (long long)p->o.max_num_seqs);
+    fprintf(f, "  %-36s %14s %14s\n", t, P->fits_max_num_seqs ? "fit" : "DO NOT FIT", D->fits_max_num_seqs ? "fit" : "DO NOT FIT");
     fprintf(f, "  prefill KV by the seed's rule, max-num-batched-tokens x KV/token: %s; a prompt of max-model-len\n"
                "  needs %s while it is prefilled in chunks and until decode has pulled it.\n\n",
             pd_units_fmt(a, 40, p->p_kv_batch, (enum pd_units)u), pd_units_fmt(b, 40, P->kv_need, (enum pd_units)u));
@@ -203,10 +209,13 @@ static void text_sweep(FILE *f, const struct pd_plan *p, int u)
         }
         fprintf(f, "  %-8s %5d %5d %10d %13d %12s %12s %12s  %s%s\n", pd_role_name(s->role), s->dp, s->ep,
                 s->instances, s->experts_per_card, G(a, s->weights, u), G(b, s->kv_pool, u), G(c, s->kv_need, u),
-                pd_verdict_text(s->verdict), s->chosen ? "  <- chosen" : "");
+                pd_verdict_text(s->verdict), s->chosen ? "  <- sweep's pick" : "");
     }
-    fprintf(f, "  chosen: prefill, the smallest EP group that fits (most instances); decode, the smallest whose KV\n"
-               "  room holds max-num-seqs x max-model-len.\n\n");
+    /* the picks are the sweep's rule, not the layout the tables above plan: say both */
+    fprintf(f, "  sweep's pick: prefill, the smallest EP group that fits (most instances); decode, the smallest whose\n"
+               "  KV room holds max-num-seqs x max-model-len. The plan above is the layout given (prefill EP%d x %d,\n"
+               "  decode EP%d x %d); plan a pick with --prefill/--decode dp=N,instances=M.\n\n",
+            p->role[0].ep, p->role[0].o.instances, p->role[1].ep, p->role[1].o.instances);
 }
 
 char *pd_plan_text(const struct pd_plan *p, int u)
@@ -264,7 +273,7 @@ static json_t *budget_json(const struct pd_role_plan *rp)
 {
     const struct pd_budget *b = &rp->b;
     const struct pd_activation *a = &rp->act;
-    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:I,s:I,s:I,s:I,s:I,s:b}",
+    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:I,s:I,s:I,s:I,s:I,s:b,s:b}",
                      "capacity_bytes", (json_int_t)b->capacity, "usable_bytes", (json_int_t)b->usable,
                      "class_i_bytes", (json_int_t)b->class_i, "class_ii_bytes", (json_int_t)b->class_ii,
                      "weights_bytes", (json_int_t)b->weights,
@@ -274,7 +283,8 @@ static json_t *budget_json(const struct pd_role_plan *rp)
                      "logits_bytes", (json_int_t)a->logits, "total_bytes", (json_int_t)a->total,
                      "runtime_bytes", (json_int_t)b->runtime, "kv_pool_bytes", (json_int_t)b->kv_pool,
                      "kv_need_bytes", (json_int_t)rp->kv_need, "seqs_at_max_model_len", (json_int_t)rp->seqs_at_max_len,
-                     "max_context_at_max_num_seqs", (json_int_t)rp->ctx_at_max_seqs, "fits", rp->fits);
+                     "max_context_at_max_num_seqs", (json_int_t)rp->ctx_at_max_seqs, "fits", rp->fits,
+                     "fits_max_num_seqs", rp->fits_max_num_seqs);
 }
 
 static json_t *role_json(const struct pd_role_plan *rp)

@@ -80,9 +80,10 @@ static int layout_cands(struct pd_plan *p, const struct pd_search_opts *so, enum
         int rc = pd_plan_role_eval(p, r, o, &rp, e);
         if (rc)
             return rc;
-        int64_t seq = pd_kv_seq_bytes(&p->kv, so->w.isl + so->w.osl);
-        int room = r == PD_ROLE_PREFILL ? rp.b.kv_pool >= pd_kv_seq_bytes(&p->kv, so->w.isl)
-                                        : rp.b.kv_pool >= batch * seq;
+        /* room as the plan's verdicts judge it (plan.h): every sequence a role admits may grow to
+         * max-model-len, so a decode batch is the sequences of max-model-len its pool holds (the
+         * batch becomes the emitted --max-num-seqs), and a prefill rank holds one such prompt */
+        int room = r == PD_ROLE_PREFILL ? rp.fits : rp.fits_max_num_seqs;
         if (m && nb == 0) {
             m->experts_per_card = rp.place.slots;
             m->weights = rp.b.weights;
@@ -398,8 +399,9 @@ char *pd_search_text(const struct pd_search *s, int units)
         fprintf(f, ", at %.2f requests/s (TTFT with queueing)", s->o.w.rate);
     fprintf(f, "\n  %d layouts costed, %d fit in memory, %d meet the targets, %d on the Pareto front\n\n", s->n, s->n_fit,
             s->n_meet, s->n_front);
-    fprintf(f, "What fits in memory (busiest card; the decode batch is per DP rank, of isl + osl tokens; MoE load:\n"
-               "busiest rank / mean, %s)\n", pd_search_load_source(s));
+    fprintf(f, "What fits in memory (busiest card; the decode batch is per DP rank, of sequences of max-model-len\n"
+               "%lld tokens, as --max-num-seqs admits them; MoE load: busiest rank / mean, %s)\n",
+            (long long)s->o.base.max_model_len, pd_search_load_source(s));
     fprintf(f, "  %-8s %-18s %13s %12s %12s %9s  %s\n", "role", "layout", "experts/card", "weights", "KV pool",
             "MoE load", "verdict");
     for (int i = 0; i < s->n_mem; i++) {

@@ -389,9 +389,16 @@ Test(plan, emit_instances_smaller_than_a_node_share_it)
     struct pd_plan p;
     pd_plan_opts_default(&o);
     o.role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 4, .tp = 1, .instances = 2};
+    /* dp 4 puts 64 int8 experts on a card: the weights do not fit, and emit refuses to launch it */
+    build(&o, &p);
+    pd_err e = {0};
+    cr_assert_null(pd_emit(&p, PD_EMIT_VLLM_ASCEND, NULL, &e));
+    cr_assert(strstr(e.msg, "prefill: the weights do not fit a card (21.20 GB over its usable memory)"), "%s", e.msg);
+    pd_plan_free(&p);
+    /* with FP4 routed experts they do */
+    o.quant_override = "routed_experts=fp4";
     build(&o, &p);
     int nodes = 0;
-    pd_err e = {0};
     cr_assert_eq(pd_emit_nodes(&p, &nodes, &e), 0, "%s", e.msg);
     cr_assert_eq(nodes, 5);
 
@@ -411,8 +418,6 @@ Test(plan, emit_instances_smaller_than_a_node_share_it)
     HAS(s, "# decode instance 0 on node4 (node 4 of 4, headless): cards 0-7, dp ranks 24-31 of 32\n");
     HAS(s, "    --prefiller-hosts node0 node0 \\\n    --prefiller-ports 8100 8110 \\\n"
            "    --decoder-hosts node1 \\\n    --decoder-ports 8100 &\n");
-    /* dp 4 puts 64 experts on a card: the plan says it does not fit, and the script says so */
-    HAS(s, "# WARNING: the plan says the prefill role does not fit in memory");
     free(s);
 
     s = emit(&p, PD_EMIT_SGLANG, NULL);
@@ -512,6 +517,8 @@ Test(plan, emit_model_path)
     struct pd_plan p;
     pd_plan_opts_default(&o);
     o.model = "deepseek-v3";
+    o.quant_override = "routed_experts=fp4";   /* so that V3's weights fit 910B cards */
+    o.role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 16, .tp = 1, .instances = 2};
     build(&o, &p);
     cr_assert_str_eq(pd_emit_model_path(&p), "deepseek-ai/DeepSeek-V3");
     /* not V4: vllm-ascend's plain Mooncake connector, no hybrid KV cache manager */

@@ -19,7 +19,6 @@ static void run(struct pd_search_opts *o, struct pd_search *s)
 static void seed_opts(struct pd_search_opts *o)
 {
     pd_search_opts_default(o);
-    o->base.max_model_len = 131072;
     o->cards = 64;
     o->ttft_s = 2.0;
     o->tpot_s = 0.05;
@@ -88,7 +87,7 @@ Test(search, memory_verdicts_match_the_planner)
             rows8++;
             cr_assert(m->fits_weights);
             cr_assert_eq(m->experts_per_card, 32);
-            if (m->role == PD_ROLE_DECODE)   /* 30 sequences of isl + osl fit, as the plan says */
+            if (m->role == PD_ROLE_DECODE)   /* 108 sequences of max-model-len fit, as the plan says */
                 cr_assert_geq(m->max_batch, 32);
         }
     }
