@@ -45,6 +45,9 @@ struct ctx {
     char (*placeholder)[16];
     const char *model;
     int ascend;
+    int w8a8;               /* the plan's linear layers are W8A8: an int8 (msmodelslim) checkpoint */
+    int model_var;          /* the servers load "$MODEL_PATH", which the script requires */
+    int vllm;               /* the target is vllm-ascend (else SGLang) */
 };
 
 void pd_emit_opts_default(struct pd_emit_opts *o)
@@ -293,6 +296,17 @@ static int hosts_build(struct ctx *c, pd_err *e)
 }
 
 /* The model path as one shell word. */
+static void sh_word(FILE *f, const char *s);
+
+/* The model argument of every server: the path, or "$MODEL_PATH" when the script requires one. */
+static void model_word(FILE *f, const struct ctx *c)
+{
+    if (c->model_var)
+        fputs("\"$MODEL_PATH\"", f);
+    else
+        sh_word(f, c->model);
+}
+
 static void sh_word(FILE *f, const char *s)
 {
     int safe = *s != 0;
@@ -352,7 +366,10 @@ static void header(FILE *f, const struct ctx *c, enum pd_emit_target t)
             p->hw.name);
     fprintf(f, "# prefill %d x (dp %d, tp %d), decode %d x (dp %d, tp %d); model path ", P->instances, P->dp, P->tp,
             D->instances, D->dp, D->tp);
-    sh_word(f, c->model);
+    if (c->model_var)
+        fprintf(f, "$MODEL_PATH\n# (a W8A8 conversion of %s)", c->model);
+    else
+        sh_word(f, c->model);
     fprintf(f, ".\n");
     fprintf(f, "# Copy this file to every node and run `sh FILE HOST` there, HOST being the node's name\n"
                "# below: it starts that node's servers in the background and waits. The %s listens on\n"
@@ -416,7 +433,7 @@ static void vllm_part(FILE *f, const struct ctx *c, const struct part *x)
     for (int i = 0; i < x->ncards; i++)
         fprintf(f, "%s%d", i ? "," : "", x->card0 + i);
     fputs(" vllm serve ", f);
-    sh_word(f, c->model);
+    model_word(f, c);
     if (head) {
         arg(f, "--host 0.0.0.0");
         arg(f, "--port %d", c->o->base_port + s);
@@ -432,6 +449,8 @@ static void vllm_part(FILE *f, const struct ctx *c, const struct part *x)
     arg(f, "--tensor-parallel-size %d", rp->o.tp);
     if (rp->ep > 1)
         arg(f, "--enable-expert-parallel");
+    if (c->w8a8)   /* vllm-ascend's quantization guide: msmodelslim's W8A8 checkpoints */
+        arg(f, "--quantization ascend");
     arg(f, "--gpu-memory-utilization %g", p->o.util);
     arg(f, "--max-num-seqs %lld", (long long)role_max_num_seqs(p, x->role));
     arg(f, "--max-model-len %lld", (long long)p->o.max_model_len);
@@ -529,7 +548,7 @@ static void sgl_part(FILE *f, const struct ctx *c, const struct part *x)
     max_num_seqs_note(f, c->p, x->role);
     fprintf(f, "if [ \"$host\" = %s ]; then\n  python3 -m sglang.launch_server", c->host[x->node]);
     fputs(" \\\n    --model-path ", f);
-    sh_word(f, c->model);
+    model_word(f, c);
     arg(f, "--host 0.0.0.0");
     arg(f, "--port %d", c->o->base_port + s);
     arg(f, "--disaggregation-mode %s", pd_role_name(x->role));
@@ -565,6 +584,8 @@ static void sgl_part(FILE *f, const struct ctx *c, const struct part *x)
         arg(f, "--chunked-prefill-size %lld", (long long)p->o.max_num_batched_tokens * dp);
     if (c->ascend) {
         arg(f, "--device npu");
+        if (c->w8a8)   /* SGLang's Ascend examples load msmodelslim checkpoints so */
+            arg(f, "--quantization modelslim");
         arg(f, "--attention-backend ascend");
     }
     fputs(" &\nfi\n\n", f);
@@ -590,6 +611,36 @@ static void sgl_router(FILE *f, const struct ctx *c)
     arg(f, "--host 0.0.0.0");
     arg(f, "--port %d", c->o->proxy_port);
     fputs(" &\nfi\n\n", f);
+}
+
+/* A W8A8 plan on Ascend loads an int8 checkpoint nobody can name for the user: the script
+ * requires MODEL_PATH, and says where the known ones come from. */
+static void model_env(FILE *f, const struct ctx *c)
+{
+    int v4flash = strstr(c->model, "DeepSeek-V4-Flash") != NULL;
+    fprintf(f, "# The plan is W8A8: the servers load an int8 conversion of %s (msmodelslim's\n"
+               "# output%s), with %s.\n", c->model,
+            v4flash ? "; vllm-ascend's DeepSeek-V4-Flash tutorial downloads DeepSeek-V4-Flash-w8a8-mtp" : "",
+            c->vllm ? "--quantization ascend" : "--quantization modelslim");
+    fprintf(f, ": \"${MODEL_PATH:?set MODEL_PATH to the W8A8 (msmodelslim) checkpoint of %s%s}\"\n\n", c->model,
+            v4flash ? ", e.g. DeepSeek-V4-Flash-w8a8-mtp" : "");
+}
+
+/* Cards without FP8 units cannot load FP8 or FP4 weights (the hardware file says which). */
+static int check_formats(const struct pd_plan *p, pd_err *e)
+{
+    if (p->hw.fp8_flops > 0 || p->inv.from_checkpoint)
+        return 0;
+    int low = p->quant.linear == PD_FMT_FP8 || p->quant.linear == PD_FMT_FP4;
+    for (int g = 0; g < PD_G_COUNT; g++)
+        low |= p->quant.group_fmt[g] == PD_FMT_FP8 || p->quant.group_fmt[g] == PD_FMT_FP4;
+    if (low) {
+        char q[96];
+        return pd_err_set(e, PD_EINVAL, "%s: %s cards have no FP8/FP4 units (hardware file field fp8_flops: 0), so "
+                          "they cannot serve %s weights; plan with --quant w8a8", p->hw.name, p->hw.card_name,
+                          pd_quant_describe(&p->quant, q, sizeof q));
+    }
+    return 0;
 }
 
 /* Each role's KV pool must hold at least one sequence of max-model-len. */
@@ -630,6 +681,9 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
     struct ctx c = {.p = p, .o = o};
     c.model = o->model_path && *o->model_path ? o->model_path : pd_emit_model_path(p);
     c.ascend = strstr(p->hw.card_name, "Ascend") != NULL;
+    c.vllm = t == PD_EMIT_VLLM_ASCEND;
+    c.w8a8 = c.ascend && !p->inv.from_checkpoint && p->quant.linear == PD_FMT_W8A8;
+    c.model_var = c.w8a8 && !(o->model_path && *o->model_path);
     if (t == PD_EMIT_VLLM_ASCEND && !c.ascend) {
         pd_err_set(e, PD_EINVAL, "--emit vllm-ascend: %s has %s cards, not Ascend NPUs (use --emit sglang)",
                    p->hw.name, p->hw.card_name);
@@ -640,7 +694,8 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
     char *buf = NULL;
     size_t len = 0;
     FILE *f = NULL;
-    if (hosts_build(&c, e) || check_ports(&c, t, e) || check_redundant(p, e) || check_fits(p, e))
+    if (hosts_build(&c, e) || check_ports(&c, t, e) || check_redundant(p, e) || check_fits(p, e) ||
+        check_formats(p, e))
         goto done;
     f = open_memstream(&buf, &len);
     if (!f) {
@@ -652,6 +707,8 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
         vllm_env(f);
     else
         sgl_env(f, &c);
+    if (c.model_var)
+        model_env(f, &c);
     for (int i = 0; i < c.L.n_parts; i++)
         (t == PD_EMIT_VLLM_ASCEND ? vllm_part : sgl_part)(f, &c, &c.L.parts[i]);
     if (t == PD_EMIT_VLLM_ASCEND)

@@ -147,13 +147,16 @@ Test(cli, plan_emit)
     run("plan --emit vllm-ascend", &r);
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert_eq(strncmp(r.out, "#!/bin/sh\n", 10), 0);
-    cr_assert(strstr(r.out, "vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"));
+    cr_assert(strstr(r.out, "vllm serve \"$MODEL_PATH\" \\\n    --host 0.0.0.0"));
+    cr_assert(strstr(r.out, "    --quantization ascend \\\n"));
     cr_assert(strstr(r.out, "python3 load_balance_proxy_server_example.py \\\n"));
 
     run("plan --emit sglang --hosts 10.0.0.1,10.0.0.2,10.0.0.3,10.0.0.4,10.0.0.5,10.0.0.6,10.0.0.7,10.0.0.8 "
         "--served-model-path /models/v4 --base-port 9000 --proxy-port 9100", &r);
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert(strstr(r.out, "    --model-path /models/v4 \\\n"));
+    cr_assert(strstr(r.out, "    --quantization modelslim \\\n"));
+    cr_assert_null(strstr(r.out, "MODEL_PATH"), "a path was given: the script needs no MODEL_PATH");
     cr_assert(strstr(r.out, "    --prefill http://10.0.0.1:9000 8998 \\\n"));
     cr_assert(strstr(r.out, "    --decode http://10.0.0.5:9000 \\\n    --host 0.0.0.0 \\\n    --port 9100 &\n"));
 

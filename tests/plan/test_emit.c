@@ -39,7 +39,8 @@ static const char seed_vllm_ascend[] =
     "#!/bin/sh\n"
     "# vllm-ascend launch commands from `pdmoe plan --emit vllm-ascend`:\n"
     "# deepseek-v4-flash on 8 nodes of 8 Ascend 910B 64 GB (Atlas 800I A2),\n"
-    "# prefill 4 x (dp 8, tp 1), decode 1 x (dp 32, tp 1); model path deepseek-ai/DeepSeek-V4-Flash.\n"
+    "# prefill 4 x (dp 8, tp 1), decode 1 x (dp 32, tp 1); model path $MODEL_PATH\n"
+    "# (a W8A8 conversion of deepseek-ai/DeepSeek-V4-Flash).\n"
     "# Copy this file to every node and run `sh FILE HOST` there, HOST being the node's name\n"
     "# below: it starts that node's servers in the background and waits. The proxy listens on\n"
     "# node0:8000. What each flag comes from and what is left to fill in: pdmoe's docs/emit.md.\n"
@@ -63,9 +64,15 @@ static const char seed_vllm_ascend[] =
     "export HCCL_EXEC_TIMEOUT=204 HCCL_CONNECT_TIMEOUT=1200\n"
     "export VLLM_RPC_TIMEOUT=3600000 VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=30000\n"
     "\n"
+    "# The plan is W8A8: the servers load an int8 conversion of deepseek-ai/DeepSeek-V4-Flash (msmodelslim's\n"
+    "# output; vllm-ascend's DeepSeek-V4-Flash tutorial downloads DeepSeek-V4-Flash-w8a8-mtp), with "
+        "--quantization ascend.\n"
+    ": \"${MODEL_PATH:?set MODEL_PATH to the W8A8 (msmodelslim) checkpoint of deepseek-ai/DeepSeek-V4-Flash, e.g. "
+        "DeepSeek-V4-Flash-w8a8-mtp}\"\n"
+    "\n"
     "# prefill instance 0 on node0 (node 1 of 1): cards 0-7, dp ranks 0-7 of 8\n"
     "if [ \"$host\" = node0 ]; then\n"
-    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve \"$MODEL_PATH\" \\\n"
     "    --host 0.0.0.0 \\\n"
     "    --port 8100 \\\n"
     "    --data-parallel-size 8 \\\n"
@@ -74,6 +81,7 @@ static const char seed_vllm_ascend[] =
     "    --data-parallel-rpc-port 13345 \\\n"
     "    --tensor-parallel-size 1 \\\n"
     "    --enable-expert-parallel \\\n"
+    "    --quantization ascend \\\n"
     "    --gpu-memory-utilization 0.9 \\\n"
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
@@ -87,7 +95,7 @@ static const char seed_vllm_ascend[] =
     "\n"
     "# prefill instance 1 on node1 (node 1 of 1): cards 0-7, dp ranks 0-7 of 8\n"
     "if [ \"$host\" = node1 ]; then\n"
-    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve \"$MODEL_PATH\" \\\n"
     "    --host 0.0.0.0 \\\n"
     "    --port 8100 \\\n"
     "    --data-parallel-size 8 \\\n"
@@ -96,6 +104,7 @@ static const char seed_vllm_ascend[] =
     "    --data-parallel-rpc-port 13345 \\\n"
     "    --tensor-parallel-size 1 \\\n"
     "    --enable-expert-parallel \\\n"
+    "    --quantization ascend \\\n"
     "    --gpu-memory-utilization 0.9 \\\n"
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
@@ -109,7 +118,7 @@ static const char seed_vllm_ascend[] =
     "\n"
     "# prefill instance 2 on node2 (node 1 of 1): cards 0-7, dp ranks 0-7 of 8\n"
     "if [ \"$host\" = node2 ]; then\n"
-    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve \"$MODEL_PATH\" \\\n"
     "    --host 0.0.0.0 \\\n"
     "    --port 8100 \\\n"
     "    --data-parallel-size 8 \\\n"
@@ -118,6 +127,7 @@ static const char seed_vllm_ascend[] =
     "    --data-parallel-rpc-port 13345 \\\n"
     "    --tensor-parallel-size 1 \\\n"
     "    --enable-expert-parallel \\\n"
+    "    --quantization ascend \\\n"
     "    --gpu-memory-utilization 0.9 \\\n"
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
@@ -131,7 +141,7 @@ static const char seed_vllm_ascend[] =
     "\n"
     "# prefill instance 3 on node3 (node 1 of 1): cards 0-7, dp ranks 0-7 of 8\n"
     "if [ \"$host\" = node3 ]; then\n"
-    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve \"$MODEL_PATH\" \\\n"
     "    --host 0.0.0.0 \\\n"
     "    --port 8100 \\\n"
     "    --data-parallel-size 8 \\\n"
@@ -140,6 +150,7 @@ static const char seed_vllm_ascend[] =
     "    --data-parallel-rpc-port 13345 \\\n"
     "    --tensor-parallel-size 1 \\\n"
     "    --enable-expert-parallel \\\n"
+    "    --quantization ascend \\\n"
     "    --gpu-memory-utilization 0.9 \\\n"
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
@@ -153,7 +164,7 @@ static const char seed_vllm_ascend[] =
     "\n"
     "# decode instance 0 on node4 (node 1 of 4): cards 0-7, dp ranks 0-7 of 32\n"
     "if [ \"$host\" = node4 ]; then\n"
-    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve \"$MODEL_PATH\" \\\n"
     "    --host 0.0.0.0 \\\n"
     "    --port 8100 \\\n"
     "    --data-parallel-size 32 \\\n"
@@ -162,6 +173,7 @@ static const char seed_vllm_ascend[] =
     "    --data-parallel-rpc-port 13345 \\\n"
     "    --tensor-parallel-size 1 \\\n"
     "    --enable-expert-parallel \\\n"
+    "    --quantization ascend \\\n"
     "    --gpu-memory-utilization 0.9 \\\n"
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
@@ -176,7 +188,7 @@ static const char seed_vllm_ascend[] =
     "\n"
     "# decode instance 0 on node5 (node 2 of 4, headless): cards 0-7, dp ranks 8-15 of 32\n"
     "if [ \"$host\" = node5 ]; then\n"
-    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve \"$MODEL_PATH\" \\\n"
     "    --headless \\\n"
     "    --data-parallel-size 32 \\\n"
     "    --data-parallel-size-local 8 \\\n"
@@ -185,6 +197,7 @@ static const char seed_vllm_ascend[] =
     "    --data-parallel-rpc-port 13345 \\\n"
     "    --tensor-parallel-size 1 \\\n"
     "    --enable-expert-parallel \\\n"
+    "    --quantization ascend \\\n"
     "    --gpu-memory-utilization 0.9 \\\n"
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
@@ -199,7 +212,7 @@ static const char seed_vllm_ascend[] =
     "\n"
     "# decode instance 0 on node6 (node 3 of 4, headless): cards 0-7, dp ranks 16-23 of 32\n"
     "if [ \"$host\" = node6 ]; then\n"
-    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve \"$MODEL_PATH\" \\\n"
     "    --headless \\\n"
     "    --data-parallel-size 32 \\\n"
     "    --data-parallel-size-local 8 \\\n"
@@ -208,6 +221,7 @@ static const char seed_vllm_ascend[] =
     "    --data-parallel-rpc-port 13345 \\\n"
     "    --tensor-parallel-size 1 \\\n"
     "    --enable-expert-parallel \\\n"
+    "    --quantization ascend \\\n"
     "    --gpu-memory-utilization 0.9 \\\n"
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
@@ -222,7 +236,7 @@ static const char seed_vllm_ascend[] =
     "\n"
     "# decode instance 0 on node7 (node 4 of 4, headless): cards 0-7, dp ranks 24-31 of 32\n"
     "if [ \"$host\" = node7 ]; then\n"
-    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+    "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve \"$MODEL_PATH\" \\\n"
     "    --headless \\\n"
     "    --data-parallel-size 32 \\\n"
     "    --data-parallel-size-local 8 \\\n"
@@ -231,6 +245,7 @@ static const char seed_vllm_ascend[] =
     "    --data-parallel-rpc-port 13345 \\\n"
     "    --tensor-parallel-size 1 \\\n"
     "    --enable-expert-parallel \\\n"
+    "    --quantization ascend \\\n"
     "    --gpu-memory-utilization 0.9 \\\n"
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
@@ -320,7 +335,10 @@ Test(plan, emit_sglang_seed_key_lines)
     cr_assert_eq(count(s, "--disaggregation-mode decode"), 4);
     cr_assert_eq(count(s, "--disaggregation-transfer-backend mooncake"), 8);
     cr_assert_eq(count(s, "--disaggregation-bootstrap-port 8998"), 4);
-    cr_assert_eq(count(s, "--model-path deepseek-ai/DeepSeek-V4-Flash"), 8);
+    /* a W8A8 plan on Ascend: msmodelslim's checkpoint, which the script requires by name */
+    cr_assert_eq(count(s, "--model-path \"$MODEL_PATH\""), 8);
+    cr_assert_eq(count(s, "    --quantization modelslim \\\n"), 8);
+    HAS(s, ": \"${MODEL_PATH:?set MODEL_PATH to the W8A8 (msmodelslim) checkpoint of deepseek-ai/DeepSeek-V4-Flash");
     /* one prefill instance: 8 cards, DP attention over 8, EP over 8, on one node */
     HAS(s, "    --nnodes 1 \\\n    --node-rank 0 \\\n    --tp-size 8 \\\n    --dp-size 8 \\\n"
            "    --enable-dp-attention \\\n    --ep-size 8 \\\n    --moe-a2a-backend deepep \\\n");
@@ -395,8 +413,8 @@ Test(plan, emit_instances_smaller_than_a_node_share_it)
     cr_assert_null(pd_emit(&p, PD_EMIT_VLLM_ASCEND, NULL, &e));
     cr_assert(strstr(e.msg, "prefill: the weights do not fit a card (21.20 GB over its usable memory)"), "%s", e.msg);
     pd_plan_free(&p);
-    /* with FP4 routed experts they do */
-    o.quant_override = "routed_experts=fp4";
+    /* v4-flash-mini's do, on the same layout */
+    o.model = "v4-flash-mini";
     build(&o, &p);
     int nodes = 0;
     cr_assert_eq(pd_emit_nodes(&p, &nodes, &e), 0, "%s", e.msg);
@@ -405,11 +423,11 @@ Test(plan, emit_instances_smaller_than_a_node_share_it)
     char *s = emit(&p, PD_EMIT_VLLM_ASCEND, NULL);
     HAS(s, "# prefill instance 0 on node0 (node 1 of 1): cards 0-3, dp ranks 0-3 of 4\n"
            "if [ \"$host\" = node0 ]; then\n"
-           "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+           "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3 vllm serve \"$MODEL_PATH\" \\\n"
            "    --host 0.0.0.0 \\\n    --port 8100 \\\n");
     HAS(s, "# prefill instance 1 on node0 (node 1 of 1): cards 4-7, dp ranks 0-3 of 4\n"
            "if [ \"$host\" = node0 ]; then\n"
-           "  ASCEND_RT_VISIBLE_DEVICES=4,5,6,7 vllm serve deepseek-ai/DeepSeek-V4-Flash \\\n"
+           "  ASCEND_RT_VISIBLE_DEVICES=4,5,6,7 vllm serve \"$MODEL_PATH\" \\\n"
            "    --host 0.0.0.0 \\\n    --port 8110 \\\n");
     HAS(s, "--data-parallel-address node0 \\\n    --data-parallel-rpc-port 13355 \\\n");
     HAS(s, "\"kv_port\":\"30100\",\"engine_id\":\"1\"");
@@ -517,8 +535,7 @@ Test(plan, emit_model_path)
     struct pd_plan p;
     pd_plan_opts_default(&o);
     o.model = "deepseek-v3";
-    o.quant_override = "routed_experts=fp4";   /* so that V3's weights fit 910B cards */
-    o.role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 16, .tp = 1, .instances = 2};
+    o.role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 32, .tp = 1, .instances = 1};   /* fits 910B cards */
     build(&o, &p);
     cr_assert_str_eq(pd_emit_model_path(&p), "deepseek-ai/DeepSeek-V3");
     /* not V4: vllm-ascend's plain Mooncake connector, no hybrid KV cache manager */
@@ -551,6 +568,23 @@ Test(plan, emit_model_path)
     o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 8, .tp = 1, .instances = 1};
     build(&o, &p);
     cr_assert_str_eq(pd_emit_model_path(&p), "v4-tiny");   /* no published checkpoint: the --model argument */
+    pd_plan_free(&p);
+}
+
+/* 910B has no FP8/FP4 units (hardware file): a plan in the release's formats is not launched there. */
+Test(plan, emit_refuses_fp8_on_ascend)
+{
+    struct pd_plan_opts o;
+    struct pd_plan p;
+    pd_plan_opts_default(&o);
+    o.quant = "fp8";
+    build(&o, &p);
+    pd_err e = {0};
+    for (int t = 0; t < 2; t++) {
+        cr_assert_null(pd_emit(&p, t ? PD_EMIT_SGLANG : PD_EMIT_VLLM_ASCEND, NULL, &e));
+        cr_assert(strstr(e.msg, "Ascend 910B 64 GB cards have no FP8/FP4 units (hardware file field fp8_flops: 0), so "
+                                "they cannot serve fp8 weights; plan with --quant w8a8"), "%s", e.msg);
+    }
     pd_plan_free(&p);
 }
 
@@ -647,12 +681,15 @@ Test(plan, emit_script_runs_under_sh)
     snprintf(py_out, sizeof py_out, "%s/python3.out", dir);
     snprintf(err, sizeof err, "%s/err", dir);
 
-    snprintf(cmd, sizeof cmd, "cd %s && PATH=%s:$PATH NIC_NAME=eth9 LOCAL_IP=10.9.9.9 sh run.sh node0 2>err", dir, dir);
+    snprintf(cmd, sizeof cmd, "cd %s && PATH=%s:$PATH NIC_NAME=eth9 LOCAL_IP=10.9.9.9 MODEL_PATH='/w8a8 ckpt' sh run.sh "
+             "node0 2>err", dir, dir);
     cr_assert_eq(system(cmd), 0);
     /* node0 runs prefill instance 0 and the proxy, nothing else */
     slurp(vllm_out, out, sizeof out);
     cr_assert_eq(count(out, "ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 HCCL_IF_IP=10.9.9.9 HCCL_SOCKET_IFNAME=eth9\n"), 1,
                  "%s", out);
+    HAS(out, "HCCL_SOCKET_IFNAME=eth9\n[serve]\n[/w8a8 ckpt]\n[--host]\n");   /* one word, however it is spelt */
+    HAS(out, "\n[--quantization]\n[ascend]\n");
     HAS(out, "\n[--kv-transfer-config]\n[{\"kv_connector\":\"MooncakeHybridConnector\",\"kv_role\":\"kv_producer\","
              "\"kv_port\":\"30000\",\"engine_id\":\"0\",\"kv_connector_extra_config\":{\"prefill\":{\"dp_size\":8,"
              "\"tp_size\":1},\"decode\":{\"dp_size\":32,\"tp_size\":1}}}]\n");
@@ -662,7 +699,8 @@ Test(plan, emit_script_runs_under_sh)
     remove(vllm_out);
     remove(py_out);
 
-    snprintf(cmd, sizeof cmd, "cd %s && PATH=%s:$PATH NIC_NAME=eth9 LOCAL_IP=10.9.9.9 sh run.sh node6 2>err", dir, dir);
+    snprintf(cmd, sizeof cmd, "cd %s && PATH=%s:$PATH NIC_NAME=eth9 LOCAL_IP=10.9.9.9 MODEL_PATH=/m sh run.sh node6 2>err",
+             dir, dir);
     cr_assert_eq(system(cmd), 0);
     slurp(vllm_out, out, sizeof out);
     cr_assert_eq(count(out, "ASCEND_RT_VISIBLE_DEVICES="), 1, "%s", out);
@@ -680,6 +718,11 @@ Test(plan, emit_script_runs_under_sh)
     slurp(err, out, sizeof out);
     HAS(out, "set NIC_NAME to the network interface");
     cr_assert_neq(access(vllm_out, F_OK), 0, "a server started without NIC_NAME");
+    snprintf(cmd, sizeof cmd, "cd %s && PATH=%s:$PATH NIC_NAME=eth9 sh run.sh node1 2>err", dir, dir);
+    cr_assert_neq(system(cmd), 0);
+    slurp(err, out, sizeof out);
+    HAS(out, "set MODEL_PATH to the W8A8 (msmodelslim) checkpoint");
+    cr_assert_neq(access(vllm_out, F_OK), 0, "a server started without MODEL_PATH");
 
     snprintf(cmd, sizeof cmd, "rm -f %s/vllm %s/python3 %s/run.sh %s/err && rmdir %s", dir, dir, dir, dir, dir);
     cr_assert_eq(system(cmd), 0);
