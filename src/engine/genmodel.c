@@ -228,7 +228,7 @@ static int write_text(const char *path, const char *text, pd_err *e)
 int pd_genmodel(const char *preset, const char *out_dir, uint64_t seed, pd_err *e)
 {
     struct pd_model m;
-    int rc = pd_model_load(preset, &m, e);
+    int rc = pd_model_load_as("--preset", preset, &m, e);
     if (rc)
         return rc;
     if (m.arch != PD_ARCH_DEEPSEEK_V4)

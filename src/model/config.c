@@ -369,10 +369,15 @@ static void stem(const char *path, char *out, size_t n)
 
 int pd_model_load(const char *spec, struct pd_model *m, pd_err *e)
 {
+    return pd_model_load_as("--model", spec, m, e);
+}
+
+int pd_model_load_as(const char *flag, const char *spec, struct pd_model *m, pd_err *e)
+{
     char path[512], name[64];
     struct stat st;
     if (!spec || !*spec)
-        return pd_err_set(e, PD_EINVAL, "--model: empty model name");
+        return pd_err_set(e, PD_EINVAL, "%s: empty model name", flag);
     if (stat(spec, &st) == 0) {
         if (S_ISDIR(st.st_mode)) {
             snprintf(path, sizeof path, "%s/config.json", spec);
@@ -403,14 +408,16 @@ int pd_model_load(const char *spec, struct pd_model *m, pd_err *e)
         char list[256] = "";
         for (int i = 0; pd_embedded_path(i); i++) {
             const char *p = pd_embedded_path(i);
-            if (strncmp(p, "models/", 7) == 0) {
+            size_t n = strlen(p);
+            /* presets are models/NAME.json; models/ also holds data such as the corpus */
+            if (strncmp(p, "models/", 7) == 0 && n > 5 && strcmp(p + n - 5, ".json") == 0) {
                 char s[64];
                 stem(p, s, sizeof s);
                 if (strlen(list) + strlen(s) + 3 < sizeof list)
                     strcat(strcat(list, list[0] ? ", " : ""), s);
             }
         }
-        return pd_err_set(e, PD_EIO, "--model %s: no such file, directory or preset (presets: %s)", spec, list);
+        return pd_err_set(e, PD_EIO, "%s %s: no such file, directory or preset (presets: %s)", flag, spec, list);
     }
     int rc = pd_model_parse(text, path, m, e);
     if (rc == 0)

@@ -100,6 +100,8 @@ struct pd_model {
 
 /* Loads a model by preset name, .json path or checkpoint directory. */
 int pd_model_load(const char *spec, struct pd_model *m, pd_err *e);
+/* The same, errors naming `flag` (e.g. "--preset") instead of --model. */
+int pd_model_load_as(const char *flag, const char *spec, struct pd_model *m, pd_err *e);
 /* Parses config.json text; `label` names it in errors. */
 int pd_model_parse(const char *text, const char *label, struct pd_model *m, pd_err *e);
 

@@ -141,6 +141,19 @@ Test(cli, bad_config_file)
 }
 
 /* `pdmoe plan --emit`: the script on stdout, usage errors naming the flag with exit status 2. */
+/* A preset that does not exist: the error names the flag the user typed and lists models only
+ * (models/ also embeds the calibration corpus, which is no model). */
+Test(cli, unknown_preset_names_its_flag)
+{
+    expect_error("gen-model --preset nosuch --out /tmp/pdmoe-never-written",
+                 "--preset nosuch: no such file, directory or preset (presets: deepseek-v3, deepseek-v4-flash, "
+                 "seed-v4-flash, v4-flash-mini, v4-tiny)");
+    expect_error("plan --model nosuch", "--model nosuch: no such file, directory or preset (presets: deepseek-v3,");
+    struct run r;
+    run("plan --model nosuch", &r);
+    cr_assert_null(strstr(r.err, "corpus"), "%s", r.err);
+}
+
 Test(cli, plan_emit)
 {
     struct run r;
