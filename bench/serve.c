@@ -1,8 +1,12 @@
-/* `pdmoe bench serve --url URL ...`: load against an OpenAI-compatible endpoint, like
- * `vllm bench serve`: Poisson arrivals at --request-rate (inf: all at once), synthetic prompts of
- * about --input-len tokens, --output-len tokens each (ignore_eos), streamed; reports TTFT, TPOT
- * and inter-token latency percentiles and throughput. --long-every N --long-input-len L makes every
- * Nth request a long prompt: the mixed workload where disaggregation should protect decode. */
+/* `pdmoe bench serve --base-url URL ...`: load against an OpenAI-compatible endpoint, like
+ * `vllm bench serve` and with its flag names: Poisson arrivals at --request-rate (inf: all at
+ * once), at most --max-concurrency requests in flight (a request arriving beyond it waits for one
+ * to finish: with rate inf, the closed loop of C clients), synthetic prompts of about
+ * --random-input-len tokens, --random-output-len tokens each (ignore_eos), streamed; reports TTFT,
+ * TPOT and inter-token latency percentiles and throughput (text, or --json). --long-every N
+ * --long-input-len L makes every Nth request a long prompt: the mixed workload where
+ * disaggregation should protect decode. An endpoint that cannot be reached is an error naming it,
+ * before any request is sent. */
 #include "bench.h"
 #include "model/config.h"
 #include "core/timing.h"
@@ -11,8 +15,14 @@
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <arpa/inet.h>
 #include <ctype.h>
+#include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,7 +51,12 @@ struct bench_run {
     struct sreq *r;
     int finished;
     uint64_t rng;
+    int max_concurrency;         /* 0: no limit */
+    int in_flight, peak_in_flight;
+    int *pending, n_pending, next_pending;   /* arrived beyond max_concurrency, in arrival order */
 };
+
+static void send_now(struct sreq *q);
 
 static double urand(struct bench_run *b)
 {
@@ -83,17 +98,34 @@ static void on_chunk(struct evhttp_request *h, void *arg)
 static void on_done(struct evhttp_request *h, void *arg)
 {
     struct sreq *q = arg;
+    struct bench_run *b = q->run;
     q->done = 1;
     q->ok = h && evhttp_request_get_response_code(h) == 200 && q->chunks > 0;
-    event_base_once(q->run->base, -1, EV_TIMEOUT, free_conn, q->conn, &(struct timeval){0, 0});
-    if (++q->run->finished == q->run->n)
-        event_base_loopexit(q->run->base, NULL);
+    event_base_once(b->base, -1, EV_TIMEOUT, free_conn, q->conn, &(struct timeval){0, 0});
+    b->in_flight--;
+    if (b->next_pending < b->n_pending)
+        send_now(&b->r[b->pending[b->next_pending++]]);
+    if (++b->finished == b->n)
+        event_base_loopexit(b->base, NULL);
 }
 
+/* A request's arrival: sent now, or queued while max_concurrency are in flight. */
 static void send_one(evutil_socket_t fd, short what, void *arg)
 {
     struct sreq *q = arg;
     struct bench_run *b = q->run;
+    if (b->max_concurrency > 0 && b->in_flight >= b->max_concurrency) {
+        b->pending[b->n_pending++] = q->id;
+        return;
+    }
+    send_now(q);
+}
+
+static void send_now(struct sreq *q)
+{
+    struct bench_run *b = q->run;
+    if (++b->in_flight > b->peak_in_flight)
+        b->peak_in_flight = b->in_flight;
     int len = q->long_prompt ? b->long_input_len : b->input_len;
     static const char *words[] = {"the", "sea", "clock", "bread", "river", "morning", "town", "light", "winter", "gear"};
     size_t cap = (size_t)len * 40 + 512;
@@ -136,65 +168,156 @@ static double pct(double *v, int n, double p)
     return v[i < 0 ? 0 : i >= n ? n - 1 : i];
 }
 
-static void report(const char *what, double *v, int n)
+/* One metric's line (text) or object (added to doc under key, in ms); none without samples. */
+static void report(const char *what, const char *key, double *v, int n, json_t *doc)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_d);
     double s = 0;
     for (int i = 0; i < n; i++)
         s += v[i];
-    printf("  %-26s mean %8.2f  p50 %8.2f  p90 %8.2f  p99 %8.2f  (ms, %d samples)\n", what, n ? s / n * 1e3 : NAN,
+    if (doc) {
+        json_object_set_new(doc, key, n ? json_pack("{s:f,s:f,s:f,s:f,s:i}", "mean_ms", s / n * 1e3, "p50_ms",
+                                                    pct(v, n, 50) * 1e3, "p90_ms", pct(v, n, 90) * 1e3, "p99_ms",
+                                                    pct(v, n, 99) * 1e3, "samples", n)
+                                        : json_null());
+        return;
+    }
+    if (n == 0) {
+        printf("  %-26s no samples\n", what);
+        return;
+    }
+    printf("  %-26s mean %8.2f  p50 %8.2f  p90 %8.2f  p99 %8.2f  (ms, %d samples)\n", what, s / n * 1e3,
            pct(v, n, 50) * 1e3, pct(v, n, 90) * 1e3, pct(v, n, 99) * 1e3, n);
+}
+
+static const char serve_usage[] =
+    "usage: pdmoe bench serve [--base-url http://127.0.0.1:8000] [--model mini] [--request-rate R|inf]\n"
+    "       [--max-concurrency C] [--random-input-len 64] [--random-output-len 32] [--num-prompts 32]\n"
+    "       [--seed 0] [--long-every N --long-input-len L] [--prompts words|text] [--temperature 0] [--json]\n"
+    "vllm bench serve's names; --url, --input-len and --output-len are accepted for the first three.\n"
+    "--max-concurrency C: at most C requests in flight (with --request-rate inf, C clients each sending its\n"
+    "next request when the last one ends). --prompts words (default): ten words repeated; text: each request\n"
+    "its own window of an English text (models/corpus.txt), so that expert routing is a real prompt's.\n";
+
+/* A whole-number flag in [lo, hi]; 2 (usage error, message printed) otherwise. */
+static int serve_int(const char *flag, const char *v, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "pdmoe bench serve: %s %s: expected a whole number in [%ld, %ld]\n", flag, v, lo, hi);
+        return 2;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+/* 0 when a TCP connection to host:port opens; else an error naming the URL and the cause. */
+static int reachable(const char *url, const char *host, int port)
+{
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    int rc = getaddrinfo(host, ps, &hints, &ai);
+    if (rc) {
+        fprintf(stderr, "pdmoe bench serve: --base-url %s: %s\n", url, gai_strerror(rc));
+        return -1;
+    }
+    int err = ECONNREFUSED;
+    for (struct addrinfo *a = ai; a; a = a->ai_next) {
+        int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+            close(fd);
+            freeaddrinfo(ai);
+            return 0;
+        }
+        err = errno;
+        if (fd >= 0)
+            close(fd);
+    }
+    freeaddrinfo(ai);
+    fprintf(stderr, "pdmoe bench serve: --base-url %s: cannot connect: %s\n", url, strerror(err));
+    return -1;
 }
 
 int pd_bench_serve(int argc, char **argv)
 {
+    enum { O_URL = 256, O_MODEL, O_RATE, O_IN, O_OUT, O_N, O_SEED, O_LONG_EVERY, O_LONG_IN, O_PROMPTS, O_TEMP,
+           O_CONC, O_JSON, O_HELP };
     static const struct option opts[] = {
-        {"url", 1, 0, 'u'}, {"model", 1, 0, 'm'}, {"request-rate", 1, 0, 'r'}, {"input-len", 1, 0, 'i'},
-        {"output-len", 1, 0, 'o'}, {"num-prompts", 1, 0, 'n'}, {"seed", 1, 0, 's'}, {"long-every", 1, 0, 'e'},
-        {"long-input-len", 1, 0, 'L'}, {"prompts", 1, 0, 'p'}, {"temperature", 1, 0, 't'}, {0, 0, 0, 0},
+        {"base-url", 1, 0, O_URL}, {"url", 1, 0, O_URL}, {"model", 1, 0, O_MODEL}, {"request-rate", 1, 0, O_RATE},
+        {"random-input-len", 1, 0, O_IN}, {"input-len", 1, 0, O_IN}, {"random-output-len", 1, 0, O_OUT},
+        {"output-len", 1, 0, O_OUT}, {"num-prompts", 1, 0, O_N}, {"seed", 1, 0, O_SEED},
+        {"long-every", 1, 0, O_LONG_EVERY}, {"long-input-len", 1, 0, O_LONG_IN}, {"prompts", 1, 0, O_PROMPTS},
+        {"temperature", 1, 0, O_TEMP}, {"max-concurrency", 1, 0, O_CONC}, {"json", 0, 0, O_JSON},
+        {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
     };
     struct bench_run b = {.model = "mini", .input_len = 64, .output_len = 32, .n = 32, .rate = INFINITY, .rng = 1};
     const char *url = "http://127.0.0.1:8000";
-    int c;
+    int c, json = 0, seed = 0, idx = 0;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", opts, &idx)) != -1) {
+        const char *arg = optind > 0 && optind <= argc ? argv[optind - 1] : "";
+        char flag[40];
+        snprintf(flag, sizeof flag, "--%s", c >= 256 ? opts[idx].name : "");
+        int bad = 0;
+        char *end;
         switch (c) {
-        case 'u': url = optarg; break;
-        case 'm': b.model = optarg; break;
-        case 'r': b.rate = strcmp(optarg, "inf") ? atof(optarg) : INFINITY; break;
-        case 'i': b.input_len = atoi(optarg); break;
-        case 'o': b.output_len = atoi(optarg); break;
-        case 'n': b.n = atoi(optarg); break;
-        case 's': b.rng = (uint64_t)atoll(optarg) + 1; break;
-        case 'e': b.long_every = atoi(optarg); break;
-        case 'L': b.long_input_len = atoi(optarg); break;
-        case 't': b.temperature = atof(optarg); break;
-        case 'p':
+        case O_URL: url = optarg; break;
+        case O_MODEL: b.model = optarg; break;
+        case O_RATE:
+            b.rate = strcmp(optarg, "inf") ? strtod(optarg, &end) : INFINITY;
+            if (strcmp(optarg, "inf") && (*end || end == optarg || !(b.rate > 0) || !isfinite(b.rate))) {
+                fprintf(stderr, "pdmoe bench serve: --request-rate %s: expected a positive number or inf\n", optarg);
+                return 2;
+            }
+            break;
+        case O_IN: bad = serve_int(flag, optarg, 1, 1 << 20, &b.input_len); break;
+        case O_OUT: bad = serve_int(flag, optarg, 1, 1 << 20, &b.output_len); break;
+        case O_N: bad = serve_int(flag, optarg, 1, 100000, &b.n); break;
+        case O_SEED: bad = serve_int(flag, optarg, 0, 1 << 30, &seed); b.rng = (uint64_t)seed + 1; break;
+        case O_LONG_EVERY: bad = serve_int(flag, optarg, 1, 100000, &b.long_every); break;
+        case O_LONG_IN: bad = serve_int(flag, optarg, 1, 1 << 20, &b.long_input_len); break;
+        case O_CONC: bad = serve_int(flag, optarg, 1, 100000, &b.max_concurrency); break;
+        case O_TEMP:
+            b.temperature = strtod(optarg, &end);
+            if (*end || end == optarg || !(b.temperature >= 0 && b.temperature <= 2)) {
+                fprintf(stderr, "pdmoe bench serve: --temperature %s: expected a number in [0, 2]\n", optarg);
+                return 2;
+            }
+            break;
+        case O_PROMPTS:
             if (strcmp(optarg, "words") && strcmp(optarg, "text")) {
-                fprintf(stderr, "bench serve: --prompts %s: expected words or text\n", optarg);
+                fprintf(stderr, "pdmoe bench serve: --prompts %s: expected words or text\n", optarg);
                 return 2;
             }
             b.text = strcmp(optarg, "text") == 0;
             break;
-        default:
-            fprintf(stderr, "usage: pdmoe bench serve [--url http://127.0.0.1:8000] [--model mini] [--request-rate R|inf]\n"
-                            "       [--input-len 64] [--output-len 32] [--num-prompts 32] [--seed 0]\n"
-                            "       [--long-every N --long-input-len L] [--prompts words|text] [--temperature 0]\n"
-                            "--prompts words (default): ten words repeated; text: each request its own window of an\n"
-                            "English text (models/corpus.txt), so that expert routing is a real prompt's\n");
-            return 2;
+        case O_JSON: json = 1; break;
+        case 'h':
+        case O_HELP: fputs(serve_usage, stdout); return 0;
+        case ':': fprintf(stderr, "pdmoe bench serve: %s needs a value\n", arg); return 2;
+        default: fprintf(stderr, "pdmoe bench serve: unknown option %s (see pdmoe bench serve --help)\n", arg); return 2;
         }
+        if (bad)
+            return 2;
     }
-    if (sscanf(url, "http://%63[^:]:%d", b.host, &b.port) != 2 || b.n < 1 || b.n > 100000 || b.input_len < 1 ||
-        b.output_len < 1 || !(b.rate > 0)) {
-        fprintf(stderr, "bench serve: --url must be http://host:port; sizes and rate positive\n");
+    if (optind < argc) {
+        fprintf(stderr, "pdmoe bench serve: unexpected argument \"%s\" (see pdmoe bench serve --help)\n", argv[optind]);
         return 2;
     }
-    if (!(b.temperature >= 0 && b.temperature <= 2)) {
-        fprintf(stderr, "bench serve: --temperature: expected a number in [0, 2]\n");
+    if (sscanf(url, "http://%63[^:/]:%d", b.host, &b.port) != 2 || b.port < 1 || b.port > 65535) {
+        fprintf(stderr, "pdmoe bench serve: --base-url %s: expected http://HOST:PORT\n", url);
         return 2;
     }
+    if (b.long_every && !b.long_input_len) {
+        fprintf(stderr, "pdmoe bench serve: --long-every %d needs --long-input-len\n", b.long_every);
+        return 2;
+    }
+    if (reachable(url, b.host, b.port))
+        return 1;
     if (b.text) {
         const char *t = pd_embedded_find("models/corpus.txt");
         size_t n = t ? strlen(t) : 0;
@@ -219,6 +342,11 @@ int pd_bench_serve(int argc, char **argv)
     }
     b.base = event_base_new();
     b.r = calloc((size_t)b.n, sizeof *b.r);
+    b.pending = calloc((size_t)b.n, sizeof *b.pending);
+    if (!b.base || !b.r || !b.pending) {
+        fprintf(stderr, "pdmoe bench serve: out of memory for %d requests\n", b.n);
+        return 1;
+    }
     double t = 0;
     for (int i = 0; i < b.n; i++) {
         b.r[i] = (struct sreq){.run = &b, .id = i, .long_prompt = b.long_every > 0 && i % b.long_every == b.long_every - 1};
@@ -256,25 +384,53 @@ int pd_bench_serve(int argc, char **argv)
     }
     char rate[32];
     snprintf(rate, sizeof rate, isfinite(b.rate) ? "%.2f" : "inf", b.rate);
-    printf("pdmoe bench serve: %s, %d requests (%d ok) at %s req/s (Poisson), %d input / %d output tokens", url, b.n,
-           ok, rate, b.input_len, b.output_len);
-    if (b.long_every)
-        printf(", every %dth prompt %d tokens", b.long_every, b.long_input_len);
-    printf("\n  duration %.2f s, request throughput %.2f req/s, output throughput %.1f tokens/s\n", dur, ok / dur,
-           tokens / dur);
-    report("TTFT", ttft, nt);
-    report("TPOT", tpot, nt);
-    report("ITL (between chunks)", itl, n_itl);
-    if (b.long_every) {
-        report("TTFT, long prompts", ttft_l, nl);
-        report("TPOT, short requests", tpot_s, ns);
+    json_t *doc = json ? json_object() : NULL;
+    if (doc) {
+        json_object_set_new(doc, "base_url", json_string(url));
+        json_object_set_new(doc, "requests", json_integer(b.n));
+        json_object_set_new(doc, "completed", json_integer(ok));
+        json_object_set_new(doc, "failed", json_integer(b.n - ok));
+        json_object_set_new(doc, "request_rate", isfinite(b.rate) ? json_real(b.rate) : json_string("inf"));
+        json_object_set_new(doc, "max_concurrency", b.max_concurrency ? json_integer(b.max_concurrency) : json_null());
+        json_object_set_new(doc, "peak_in_flight", json_integer(b.peak_in_flight));
+        json_object_set_new(doc, "random_input_len", json_integer(b.input_len));
+        json_object_set_new(doc, "random_output_len", json_integer(b.output_len));
+        json_object_set_new(doc, "duration_s", json_real(dur));
+        json_object_set_new(doc, "request_throughput", json_real(ok / dur));
+        json_object_set_new(doc, "output_throughput", json_real(tokens / dur));
+    } else {
+        printf("pdmoe bench serve: %s, %d requests (%d ok, %d failed) at %s req/s (Poisson)", url, b.n, ok, b.n - ok,
+               rate);
+        if (b.max_concurrency)
+            printf(", at most %d in flight (peak %d)", b.max_concurrency, b.peak_in_flight);
+        printf(", %d input / %d output tokens", b.input_len, b.output_len);
+        if (b.long_every)
+            printf(", every %dth prompt %d tokens", b.long_every, b.long_input_len);
+        printf("\n  duration %.2f s, request throughput %.2f req/s, output throughput %.1f tokens/s\n", dur, ok / dur,
+               tokens / dur);
     }
+    report("TTFT", "ttft", ttft, nt, doc);
+    report("TPOT", "tpot", tpot, nt, doc);
+    report("ITL (between chunks)", "itl", itl, n_itl, doc);
+    if (b.long_every) {
+        report("TTFT, long prompts", "ttft_long", ttft_l, nl, doc);
+        report("TPOT, short requests", "tpot_short", tpot_s, ns, doc);
+    }
+    if (doc) {
+        char *out = json_dumps(doc, JSON_INDENT(2));
+        puts(out);
+        free(out);
+        json_decref(doc);
+    }
+    if (ok < b.n)
+        fprintf(stderr, "pdmoe bench serve: %d of %d requests failed (no 200 with streamed tokens)\n", b.n - ok, b.n);
     free(ttft);
     free(tpot);
     free(ttft_l);
     free(tpot_s);
     free(itl);
     free(b.r);
+    free(b.pending);
     free(b.words);
     free(b.word_len);
     event_base_free(b.base);

@@ -1,0 +1,87 @@
+/* `pdmoe bench serve` against a real server: vLLM's flag names, --max-concurrency holding the
+ * requests in flight to C, --json, and an endpoint that cannot be reached named as such instead
+ * of tables of nan. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "../tmpmodel.h"
+#include "pd/server.h"
+
+static char dir[64];
+static struct pd_server *srv;
+static pthread_t loop;
+
+static void *run_loop(void *arg)
+{
+    pd_err e;
+    pd_server_run(srv, &e);
+    return NULL;
+}
+
+/* Runs pdmoe with args; its stdout in out, stderr in err; returns the exit status. */
+static int run(const char *args, char *out, size_t n_out, char *err, size_t n_err)
+{
+    const char *bin = getenv("PDMOE_BIN");
+    char cmd[1024], fo[] = "/tmp/pdmoe-bs-out-XXXXXX", fe[] = "/tmp/pdmoe-bs-err-XXXXXX";
+    int a = mkstemp(fo), b = mkstemp(fe);
+    cr_assert(a >= 0 && b >= 0);
+    snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s", bin ? bin : "build/pdmoe", args, fo, fe);
+    int st = system(cmd);
+    FILE *f = fopen(fo, "r");
+    out[fread(out, 1, n_out - 1, f)] = 0;
+    fclose(f);
+    f = fopen(fe, "r");
+    err[fread(err, 1, n_err - 1, f)] = 0;
+    fclose(f);
+    remove(fo);
+    remove(fe);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+Test(bench_serve, max_concurrency_and_json, .timeout = 120)
+{
+    tmp_model("v4-tiny", 5, dir, sizeof dir);
+    pd_err e = {0};
+    struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 8, .max_model_len = 256,
+                               .served_name = "tiny"};
+    cr_assert_eq(pd_server_create(&o, &srv, &e), 0, "%s", e.msg);
+    pthread_create(&loop, NULL, run_loop, NULL);
+    char args[512], out[8192], err[2048];
+    snprintf(args, sizeof args, "bench serve --base-url http://127.0.0.1:%d --model tiny --num-prompts 7 "
+             "--max-concurrency 2 --random-input-len 8 --random-output-len 4 --json", pd_server_port(srv));
+    int rc = run(args, out, sizeof out, err, sizeof err);
+    pd_server_stop(srv);
+    pthread_join(loop, NULL);
+    pd_server_destroy(srv);
+    rm_model(dir);
+    cr_assert_eq(rc, 0, "%s\n%s", out, err);
+    json_error_t je;
+    json_t *j = json_loads(out, 0, &je);
+    cr_assert_not_null(j, "not JSON (%s): %s", je.text, out);
+    cr_assert_eq(json_integer_value(json_object_get(j, "completed")), 7);
+    cr_assert_eq(json_integer_value(json_object_get(j, "failed")), 0);
+    /* seven requests arriving at once, two at a time */
+    cr_assert_eq(json_integer_value(json_object_get(j, "peak_in_flight")), 2);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "ttft"), "samples")), 7);
+    cr_assert_eq(json_integer_value(json_object_get(j, "random_output_len")), 4);
+    json_decref(j);
+}
+
+Test(bench_serve, unreachable_url_and_bad_flags)
+{
+    char out[8192], err[2048];
+    cr_assert_eq(run("bench serve --base-url http://127.0.0.1:1 --num-prompts 2", out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "--base-url http://127.0.0.1:1: cannot connect: Connection refused"), "%s", err);
+    cr_assert_null(strstr(out, "nan"), "%s", out);
+    cr_assert_eq(run("bench serve --bogus", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "unknown option --bogus"), "%s", err);
+    cr_assert_eq(run("bench serve --random-output-len 0", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--random-output-len 0: expected a whole number"), "%s", err);
+    cr_assert_eq(run("bench serve --help", out, sizeof out, err, sizeof err), 0);
+    cr_assert(strstr(out, "usage: pdmoe bench serve"), "%s", out);
+}
