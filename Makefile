@@ -50,6 +50,17 @@ $(BUILD)/gen/embedded.c: tools/embed.sh $(EMBED)
 	@mkdir -p $(dir $@)
 	sh tools/embed.sh $(EMBED) > $@
 
+# The version and the commit built, rewritten only when they change (so main.o is rebuilt then).
+PDMOE_VERSION := 0.5
+$(BUILD)/gen/version.h: FORCE
+	@mkdir -p $(dir $@)
+	@printf '#define PDMOE_VERSION "%s"\n#define PDMOE_COMMIT "%s"\n' $(PDMOE_VERSION) \
+	    "$$(git describe --always --dirty 2>/dev/null || echo unknown)" > $@.tmp
+	@cmp -s $@.tmp $@ && rm $@.tmp || mv $@.tmp $@
+$(BUILD)/src/cli/main.o: $(BUILD)/gen/version.h
+.PHONY: FORCE
+FORCE:
+
 $(BUILD)/gen/embedded.o: $(BUILD)/gen/embedded.c
 	$(CC) $(CFLAGS) -c -o $@ $<
 

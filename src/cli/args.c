@@ -3,6 +3,7 @@
 #include "core/units.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,16 @@ static const char *sep(const char *flag)
 {
     size_t n = strlen(flag);
     return n && flag[n - 1] == '=' ? "" : " ";
+}
+
+int pd_cli_bad_flag(const char *cmd, int c, int argc, char **argv)
+{
+    const char *flag = optind > 0 && optind <= argc ? argv[optind - 1] : "?";
+    if (c == ':')
+        fprintf(stderr, "pdmoe %s: %s needs a value\n", cmd, flag);
+    else
+        fprintf(stderr, "pdmoe %s: unknown option %s (see pdmoe %s --help)\n", cmd, flag, cmd);
+    return 2;
 }
 
 int pd_cli_int(const char *flag, const char *s, int64_t min, int64_t *out)

@@ -234,7 +234,7 @@ int pd_cli_calibrate(int argc, char **argv)
     int quick = 0, c;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': dir = optarg; break;
         case 'j': if (pd_cli_int("--threads", optarg, 1, &threads) || threads > 256) return 2; break;
@@ -242,7 +242,7 @@ int pd_cli_calibrate(int argc, char **argv)
         case 'q': quick = 1; break;
         case 'p': if (pd_cli_int("--port", optarg, 1, &port) || port > 65000) return 2; break;
         case 'h': fputs(help, stdout); return 0;
-        default: fprintf(stderr, "pdmoe calibrate: unknown option %s (see --help)\n", argv[optind - 1]); return 2;
+        default: return pd_cli_bad_flag("calibrate", c, argc, argv);
         }
     }
     pd_err e = {0};

@@ -23,6 +23,11 @@ int pd_cli_calibrate(int argc, char **argv);
 int pd_cli_int(const char *flag, const char *s, int64_t min, int64_t *out);
 int pd_cli_double(const char *flag, const char *s, double *out);
 
+/* What a subcommand's getopt_long loop (optstring starting with ":") does not know: c == ':' is a
+ * flag missing its value, anything else an unknown flag. Prints "pdmoe CMD: ..." naming the
+ * flag as typed and returns 2, the usage-error exit status. */
+int pd_cli_bad_flag(const char *cmd, int c, int argc, char **argv);
+
 /* Writes text to path, ending it with a newline if it has none (flag names it in the error:
  * "pdmoe CMD: FLAG PATH: cannot write: why"); 0 or -1. */
 int pd_cli_write_file(const char *cmd, const char *flag, const char *path, const char *text);

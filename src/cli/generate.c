@@ -64,7 +64,7 @@ static int parse(int argc, char **argv, struct gen_opts *o)
     int c;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': o->dir = optarg; break;
         case 'p':
@@ -91,10 +91,9 @@ static int parse(int argc, char **argv, struct gen_opts *o)
                    "produced; otherwise the prompts run as one batch and each result is printed at the end.\n"
                    "Under mpirun with --enable-expert-parallel the ranks form an EP group: rank k holds\n"
                    "experts [k*E/N, (k+1)*E/N), prompt i runs on rank i mod N.\n");
-            return 1;
+            return 1;   /* done: pd_cli_generate exits 0 */
         default:
-            fprintf(stderr, "pdmoe generate: unknown option or missing value: %s\n", argv[optind - 1]);
-            return 2;
+            return pd_cli_bad_flag("generate", c, argc, argv);
         }
     }
     if (!o->dir || !o->n_prompts) {

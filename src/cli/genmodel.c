@@ -17,7 +17,7 @@ int pd_cli_genmodel(int argc, char **argv)
     int c;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'p': preset = optarg; break;
         case 'o': out = optarg; break;
@@ -28,8 +28,7 @@ int pd_cli_genmodel(int argc, char **argv)
                    "synthetic checkpoint of the preset (default v4-flash-mini) for the engine.\n");
             return 0;
         default:
-            fprintf(stderr, "pdmoe gen-model: unknown option or missing value: %s\n", argv[optind - 1]);
-            return 2;
+            return pd_cli_bad_flag("gen-model", c, argc, argv);
         }
     }
     if (!out) {

@@ -1,5 +1,6 @@
 /* pdmoe: one program, subcommands. This file only dispatches. */
 #include "cli/cli.h"
+#include "version.h"   /* build/gen: PDMOE_VERSION and the commit it was built from */
 
 #include <stdio.h>
 #include <string.h>
@@ -18,14 +19,15 @@ static const struct {
     {"search", pd_cli_search, "layout search: Pareto front of throughput per card vs tokens/s per user, best layout"},
     {"calibrate", pd_cli_calibrate, "measure this machine for a model: a hardware file for plan/search"},
     {"validate", pd_cli_validate, "the performance model against published deployments (Markdown table)"},
-    {"bench", pd_cli_bench, "benchmarks: plan, kernels"},
+    {"bench", pd_cli_bench, "benchmarks, each against a reference measured in the same run (pdmoe bench --help)"},
 };
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: pdmoe COMMAND [options]   (pdmoe COMMAND --help for its options)\n\ncommands:\n");
+    fprintf(f, "usage: pdmoe COMMAND [options]   (pdmoe COMMAND --help for its options; pdmoe --version)\n\n"
+               "commands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].help);
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
 }
 
 int main(int argc, char **argv)
@@ -33,6 +35,10 @@ int main(int argc, char **argv)
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0) {
+        printf("pdmoe %s (commit %s)\n", PDMOE_VERSION, PDMOE_COMMIT);
+        return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (strcmp(argv[1], commands[i].name) == 0)

@@ -174,8 +174,7 @@ int pd_cli_plan(int argc, char **argv)
     pd_err e = {0};
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, &idx)) != -1) {
-        const char *flag = optind > 0 && optind <= argc ? argv[optind - 1] : "";
+    while ((c = getopt_long(argc, argv, ":h", opts, &idx)) != -1) {
         switch (c) {
         case O_SHARED: {
             const char *name = opts[idx].name;
@@ -242,9 +241,9 @@ int pd_cli_plan(int argc, char **argv)
                 goto out;
             emit_only = emit_only ? emit_only : "--proxy-port";
             break;
+        case 'h':
         case O_HELP: fputs(help, stdout); rc = 0; goto out;
-        case ':': fprintf(stderr, "pdmoe plan: %s needs a value\n", flag); goto out;
-        default: fprintf(stderr, "pdmoe plan: unknown option %s (see pdmoe plan --help)\n", flag); goto out;
+        default: rc = pd_cli_bad_flag("plan", c, argc, argv); goto out;
         }
     }
     if (optind < argc) {

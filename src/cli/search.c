@@ -54,8 +54,7 @@ int pd_cli_search(int argc, char **argv)
     double ms;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, &idx)) != -1) {
-        const char *flag = optind > 0 && optind <= argc ? argv[optind - 1] : "";
+    while ((c = getopt_long(argc, argv, ":h", opts, &idx)) != -1) {
         int r;
         switch (c) {
         case O_SHARED:
@@ -92,9 +91,9 @@ int pd_cli_search(int argc, char **argv)
         case O_JSON: json = 1; break;
         case O_HTML: html = optarg; break;
         case O_EMIT: emit = optarg; break;
+        case 'h':
         case O_HELP: fputs(help, stdout); return 0;
-        case ':': fprintf(stderr, "pdmoe search: %s needs a value\n", flag); return 2;
-        default: fprintf(stderr, "pdmoe search: unknown option %s (see pdmoe search --help)\n", flag); return 2;
+        default: return pd_cli_bad_flag("search", c, argc, argv);
         }
     }
     if (optind < argc) {

@@ -17,11 +17,14 @@ int pd_cli_validate(int argc, char **argv)
 {
     const char *file = NULL;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(help, stdout);
             return 0;
         } else if (strcmp(argv[i], "--cases") == 0 && i + 1 < argc) {
             file = argv[++i];
+        } else if (strcmp(argv[i], "--cases") == 0) {
+            fprintf(stderr, "pdmoe validate: --cases needs a value\n");
+            return 2;
         } else {
             fprintf(stderr, "pdmoe validate: unknown option %s (see pdmoe validate --help)\n", argv[i]);
             return 2;

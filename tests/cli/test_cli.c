@@ -154,6 +154,36 @@ Test(cli, unknown_preset_names_its_flag)
     cr_assert_null(strstr(r.err, "corpus"), "%s", r.err);
 }
 
+/* One CLI: every subcommand answers -h and --help with its usage on stdout and exit 0, names an
+ * unknown flag or a flag missing its value with exit 2; pdmoe --version names the build. */
+Test(cli, help_and_unknown_flags_everywhere)
+{
+    static const char *const cmds[] = {"plan", "gen-model", "generate", "search", "calibrate", "validate"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char args[128], want[64];
+        struct run r;
+        snprintf(want, sizeof want, "usage: pdmoe %s", cmds[i]);
+        for (int h = 0; h < 2; h++) {
+            snprintf(args, sizeof args, "%s %s", cmds[i], h ? "--help" : "-h");
+            run(args, &r);
+            cr_assert_eq(r.status, 0, "pdmoe %s exited %d: %s", args, r.status, r.err);
+            cr_assert(strstr(r.out, want), "pdmoe %s: no usage on stdout: %s", args, r.out);
+        }
+        snprintf(args, sizeof args, "%s --no-such-flag", cmds[i]);
+        char msg[128];
+        snprintf(msg, sizeof msg, "pdmoe %s: unknown option --no-such-flag (see pdmoe %s --help)", cmds[i], cmds[i]);
+        cr_assert_eq(expect_error(args, msg), 2);
+    }
+    cr_assert_eq(expect_error("plan --model", "pdmoe plan: --model needs a value"), 2);
+    cr_assert_eq(expect_error("generate --prompt", "pdmoe generate: --prompt needs a value"), 2);
+    cr_assert_eq(expect_error("validate --cases", "pdmoe validate: --cases needs a value"), 2);
+    struct run r;
+    run("--version", &r);
+    cr_assert_eq(r.status, 0);
+    cr_assert_eq(strncmp(r.out, "pdmoe 0.", 8), 0, "%s", r.out);
+    cr_assert(strstr(r.out, "(commit "), "%s", r.out);
+}
+
 Test(cli, plan_emit)
 {
     struct run r;
