@@ -180,7 +180,8 @@ static void summary(FILE *f, const struct pd_plan *p, const struct pd_search *s,
 
 /* bars of BAR_H px, BAR_GAP apart (room for a warning line under each), below a line naming the
  * usable and capacity marks; the axis under the last bar's warning line */
-enum { BAR_X = 110, BAR_W = 720, BAR_H = 30, BAR_GAP = 30, BAR_TOP = 20, BAR_AXIS = BAR_TOP + 2 * BAR_H + BAR_GAP + 30 };
+enum { BAR_X = 110, BAR_W = 720, BAR_H = 30, BAR_GAP = 30, BAR_TOP = 20, BAR_AXIS = BAR_TOP + 2 * BAR_H + BAR_GAP + 30,
+       BAR_RIGHT = 80 /* room right of the bars for the "capacity" mark's label */ };
 
 struct seg {
     const char *cls, *label;
@@ -221,7 +222,7 @@ static void memory_bars(FILE *f, const struct pd_plan *p, int u)
             G(a, p->role[0].b.capacity, u), p->o.util, G(b, p->role[0].b.usable, u));
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"membars\" width=\"%d\" height=\"%d\" "
                "viewBox=\"0 0 %d %d\" role=\"img\" aria-label=\"memory of one prefill and one decode card\">\n",
-            BAR_X + BAR_W + 30, height, BAR_X + BAR_W + 30, height);
+            BAR_X + BAR_W + BAR_RIGHT, height, BAR_X + BAR_W + BAR_RIGHT, height);
     fprintf(f, "<defs><pattern id=\"overhatch\" width=\"8\" height=\"8\" patternUnits=\"userSpaceOnUse\" "
                "patternTransform=\"rotate(45)\"><rect width=\"4\" height=\"8\" fill=\"#d62728\" "
                "fill-opacity=\"0.75\"/></pattern></defs>\n");
@@ -605,19 +606,9 @@ static void search_section(FILE *f, const struct pd_search *s)
     if (s->best_any >= 0 && s->best_any < s->n)
         layout_row(f, &s->l[s->best_any], "none (the most output tokens/s per card that fits)", s->best < 0);
     /* the front read at common TPOT targets, the TTFT target held */
-    double t[8] = {0.010, 0.020, 0.030, 0.050, 0.100};
-    int nt = 5;
-    if (s->o.tpot_s > 0)
-        t[nt++] = s->o.tpot_s;
-    for (int i = 1; i < nt; i++) /* sort, few entries */
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            double x = t[j];
-            t[j] = t[j - 1];
-            t[j - 1] = x;
-        }
+    double t[PD_SEARCH_MAX_TPOTS];
+    int nt = pd_search_tpot_targets(s, t);
     for (int i = 0; i < nt; i++) {
-        if (i && fabs(t[i] - t[i - 1]) < 1e-12)
-            continue;
         int k = pd_search_best_under(s, t[i]);
         snprintf(tgt, sizeof tgt, "TPOT &le; %s%s%s", ms(a, t[i]), s->o.ttft_s > 0 ? ", TTFT &le; " : "",
                  s->o.ttft_s > 0 ? ms(b, s->o.ttft_s) : "");
@@ -669,7 +660,7 @@ static void step_row(FILE *f, const char *name, const struct pd_step *st, int u)
                "<td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td>"
                "<td class=\"n\">%s</td><td class=\"n\">%.2f TFLOP</td><td class=\"n\">%s</td><td>%s</td></tr>\n",
             name, (long long)st->tokens, ms(a, st->gemm_compute_s), ms(b, st->gemm_memory_s), ms(c, st->attn_s),
-            ms(d, st->attn_memory_s), ms(g, st->a2a_s), ms(h, st->overhead_s), ms(k, st->total_s), st->flops / 1e12,
+            ms(d, st->attn_kv_read_s), ms(g, st->a2a_s), ms(h, st->overhead_s), ms(k, st->total_s), st->flops / 1e12,
             G(m, (int64_t)st->bytes, u), pd_bound_name(st->bound));
 }
 
@@ -717,7 +708,7 @@ static void perf_section(FILE *f, const struct pd_plan *p, const struct pd_perf 
 #undef R
     fprintf(f, "</table>\n");
     fprintf(f, "<h3>One forward step of one DP rank</h3>\n<table id=\"steps\">\n<tr><th>step</th><th>tokens</th>"
-               "<th>GEMM compute</th><th>GEMM memory</th><th>attention</th><th>of which KV reads</th>"
+               "<th>GEMM compute</th><th>GEMM memory</th><th>attention</th><th>KV reads alone</th>"
                "<th>all-to-all</th><th>overhead</th><th>total</th><th>arithmetic</th><th>memory traffic</th>"
                "<th>bound</th></tr>\n");
     step_row(f, "prefill (one full chunk)", &pf->prefill_step, u);

@@ -141,6 +141,7 @@ static void attention(const struct pd_plan *p, enum pd_role r, int64_t seqs, int
     double tc = flops / (p->hw.bf16_flops * x->attention), tm = kv / (p->hw.mem_bw_Bps * x->memory);
     s->attn_s = tc > tm ? tc : tm;
     s->attn_memory_s = tm >= tc ? tm : 0;
+    s->attn_kv_read_s = tm;
     s->flops += flops;
     s->bytes += kv;
 }

@@ -33,7 +33,8 @@ struct pd_step {
     double gemm_compute_s;       /* arithmetic-bound part of the GEMMs */
     double gemm_memory_s;        /* weight-streaming part the arithmetic does not cover */
     double attn_s;               /* attention (max of KV reads and arithmetic) */
-    double attn_memory_s;        /* ... of which KV reads set the time */
+    double attn_memory_s;        /* ... of which KV reads set the time (0 when arithmetic does) */
+    double attn_kv_read_s;       /* the KV reads alone: bytes / (bandwidth x memory efficiency) */
     double a2a_s;                /* expert dispatch + combine (+ TP all-reduce) */
     double overhead_s;           /* fixed per step + per token and layer */
     double total_s;

@@ -363,6 +363,26 @@ static void header(FILE *f)
 }
 
 /* The best fitting layout whose TPOT is within `tpot` (and TTFT within the target, if any). */
+int pd_search_tpot_targets(const struct pd_search *s, double t[PD_SEARCH_MAX_TPOTS])
+{
+    static const double common[] = {0.010, 0.020, 0.030, 0.050, 0.100, 0.200};
+    int n = 0;
+    for (size_t i = 0; i < sizeof common / sizeof common[0]; i++)
+        t[n++] = common[i];
+    int dup = 0;
+    for (int i = 0; i < n; i++)
+        dup |= fabs(t[i] - s->o.tpot_s) < 1e-9;
+    if (s->o.tpot_s > 0 && !dup)
+        t[n++] = s->o.tpot_s;
+    for (int i = 1; i < n; i++)   /* insertion sort: a handful of entries */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    return n;
+}
+
 int pd_search_best_under(const struct pd_search *s, double tpot)
 {
     int b = -1;
@@ -433,10 +453,11 @@ char *pd_search_text(const struct pd_search *s, int units)
     }
     fprintf(f, "\nBest layout per TPOT target (fitting, TTFT target and request rate applied)\n");
     header(f);
-    static const double tpots[] = {0.01, 0.02, 0.05, 0.1, 0.2};
-    for (size_t i = 0; i < sizeof tpots / sizeof tpots[0]; i++) {
+    double tpots[PD_SEARCH_MAX_TPOTS];
+    int nt = pd_search_tpot_targets(s, tpots);
+    for (int i = 0; i < nt; i++) {
         int b = pd_search_best_under(s, tpots[i]);
-        fprintf(f, "  TPOT <= %.0f ms:\n", tpots[i] * 1e3);
+        fprintf(f, "  TPOT <= %.1f ms:\n", tpots[i] * 1e3);
         if (b >= 0)
             row(f, &s->l[b], "");
         else

@@ -71,6 +71,11 @@ void pd_search_free(struct pd_search *s);
 /* The layout with the most output tokens/s per card (then per user, then fewest cards) that fits,
  * sustains the request rate, meets the TTFT target and has a TPOT <= tpot; -1 if none. */
 int pd_search_best_under(const struct pd_search *s, double tpot);
+/* The TPOT targets the "best layout per TPOT target" tables read the front at, in seconds,
+ * ascending: 10, 20, 30, 50, 100 and 200 ms and the search's own TPOT target; returns how many
+ * (at most PD_SEARCH_MAX_TPOTS). The text and the HTML report list the same. */
+#define PD_SEARCH_MAX_TPOTS 8
+int pd_search_tpot_targets(const struct pd_search *s, double t[PD_SEARCH_MAX_TPOTS]);
 /* Where the memory table's MoE load comes from: the expert stats, or the hardware file. */
 const char *pd_search_load_source(const struct pd_search *s);
 

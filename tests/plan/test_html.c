@@ -4,6 +4,7 @@
  *
  * PDMOE_HTML_OUT=dir keeps the pages this suite renders (seed.html, search.html, over.html) for
  * tests/html/screenshot.sh; PDMOE_REQUIRE_TIDY=1 turns a missing tidy into a failure. */
+#define _GNU_SOURCE   /* memmem */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -450,4 +451,68 @@ Test(plan, html_tidy_finds_no_error)
     tidy_clean(h, "seed");
     free(h);
     pd_plan_free(&p);
+}
+
+/* A real search's report agrees with its text: the same TPOT targets with the same layouts (the
+ * text once read 10/20/50/100/200 ms, the report 10/20/30/50/100); the "capacity" mark's label
+ * fits inside the memory drawing; the KV reads of a decode step are shown even when arithmetic
+ * sets the attention time (they read 0.0 ms then). */
+Test(plan, html_search_report_agrees_with_the_text)
+{
+    struct pd_search_opts o;
+    struct pd_search s;
+    pd_search_opts_default(&o);
+    o.ttft_s = 2.0;
+    o.tpot_s = 0.05;
+    pd_err e = {0};
+    cr_assert_eq(pd_search_run(&o, &s, &e), 0, "%s", e.msg);
+    char *text = pd_search_text(&s, PD_UNITS_GB);
+    char *h = render(&s.plan, &s.perf, &s, PD_UNITS_GB, NULL);
+    char *best = section(h, "<table id=\"best\">", "</table>");
+    double t[PD_SEARCH_MAX_TPOTS];
+    int nt = pd_search_tpot_targets(&s, t);
+    cr_assert_eq(nt, 6);   /* 10 20 30 50 100 200 ms, the 50 ms target among them */
+    for (int i = 0; i < nt; i++) {
+        char want_t[64], want_h[96];
+        snprintf(want_t, sizeof want_t, "  TPOT <= %.1f ms:\n", t[i] * 1e3);
+        cr_assert(strstr(text, want_t), "the text lacks %s", want_t);
+        snprintf(want_h, sizeof want_h, "<td>TPOT &le; %.1f ms, TTFT &le; 2000.0 ms</td>", t[i] * 1e3);
+        const char *row = strstr(best, want_h);
+        cr_assert(row, "the report lacks %s", want_h);
+        int k = pd_search_best_under(&s, t[i]);
+        const char *text_row = strstr(text, want_t) + strlen(want_t);
+        if (k < 0) {
+            cr_assert_eq(strncmp(text_row, "     none\n", 10), 0);
+            cr_assert_eq(strncmp(row + strlen(want_h), "<td colspan=\"8\">no layout", 25), 0);
+        } else {
+            char card[32];   /* the row's output tokens/s per card, as both print it */
+            snprintf(card, sizeof card, "%.0f", s.l[k].tok_s_card);
+            const char *eol = strchr(text_row, '\n'), *eor = strstr(row, "</tr>");
+            cr_assert(memmem(text_row, (size_t)(eol - text_row), card, strlen(card)), "text %.*s lacks %s",
+                      (int)(eol - text_row), text_row, card);
+            cr_assert(memmem(row, (size_t)(eor - row), card, strlen(card)), "report row lacks %s", card);
+        }
+    }
+    free(best);
+    /* the capacity label: about 7 px a character at the drawing's 12 px font, inside the svg */
+    char *svg = section(h, "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"membars\"", ">");
+    double width = attr(svg, "width");
+    free(svg);
+    const char *cap = strstr(h, ">capacity</text>");
+    cr_assert_not_null(cap);
+    const char *tag = cap;
+    while (tag > h && strncmp(tag, "<text", 5))
+        tag--;
+    cr_assert_geq(width - attr(tag, "x"), 8 * 7, "\"capacity\" at x %.1f of a %.0f px drawing", attr(tag, "x"), width);
+    /* KV reads alone in the steps table: nonzero for decode, the perf model's own figure */
+    char *steps = section(h, "<table id=\"steps\">", "</table>");
+    cr_assert_gt(s.perf.decode_step.attn_kv_read_s, 0);
+    char want[64];
+    snprintf(want, sizeof want, "<td class=\"n\">%.1f ms</td>", s.perf.decode_step.attn_kv_read_s * 1e3);
+    const char *dec = strstr(steps, "decode (mean context)");
+    cr_assert(dec && strstr(dec, want), "no %s in %s", want, dec ? dec : steps);
+    free(steps);
+    free(h);
+    free(text);
+    pd_search_free(&s);
 }
