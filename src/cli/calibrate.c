@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -34,14 +35,15 @@ static const char *help =
 
 /* f[0] prefill, f[1] decode; request_s with how it was measured (NULL: not yet) */
 static json_t *hardware_json(const char *cpu, int threads, int cards, double mem, const struct pd_bench_machine *m,
-                             double ucx_bw, double ucx_lat, const struct pd_calib_fit *f, const char *model,
-                             double request_s, const char *request_src)
+                             double ucx_bw, double ucx_lat, const struct pd_calib_fit *f,
+                             const struct pd_calib_rounds *fr, const char *model, double request_s,
+                             const char *request_src)
 {
     char when[32], tag[128];
     time_t now = time(NULL);
     strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", gmtime(&now));
     snprintf(tag, sizeof tag, "pdmoe calibrate, %s, %d thread%s per process", when, threads, threads > 1 ? "s" : "");
-    char s_bw[512], s_peak[512], s_gemm[512], s_mem[512], s_fit[1024], s_ucx[512];
+    char s_bw[512], s_peak[512], s_gemm[512], s_mem[512], s_fit[1536], s_ucx[512];
     snprintf(s_bw, sizeof s_bw, "%s: the larger of an int64 sum over 512 MiB (best of 5) and the int8 GEMV's stream: "
              "%.2f GB/s", tag, m->bw / 1e9);
     snprintf(s_peak, sizeof s_peak, "%s: VPDPBUSD-only loop at %.2f GHz: %.1f Gops/s; fp32 FMA peak taken as a quarter "
@@ -51,9 +53,16 @@ static json_t *hardware_json(const char *cpu, int threads, int cards, double mem
     snprintf(s_mem, sizeof s_mem, "%s: fitted to the decode steps (the small expert matrices' stream); a "
              "4096x14336 int8 GEMV reaches %.2f GB/s = %.3f of the read bandwidth", tag, m->gemv_bw / 1e9,
              m->gemv_bw / m->bw);
-    snprintf(s_fit, sizeof s_fit, "%s: fitted to %s's engine steps (prefill of 16-512 tokens: rms error %.1f%%; "
-             "decode of 1-16 sequences at 64 and 512 cached tokens: rms error %.1f%%)", tag, model,
-             100 * f[0].rms_rel, 100 * f[1].rms_rel);
+    int len = snprintf(s_fit, sizeof s_fit, "%s: fitted to %s's engine steps (prefill of 16-512 tokens: rms error "
+                       "%.1f%%; decode of 1-16 sequences at 64 and 512 cached tokens: rms error %.1f%%)", tag, model,
+                       100 * f[0].rms_rel, 100 * f[1].rms_rel);
+    if (fr)
+        snprintf(s_fit + len, sizeof s_fit - (size_t)len, ", each step's fastest of %d rounds; the rounds fitted alone "
+                 "range over prefill %.3f-%.3f ms per step, %.2f-%.2f us per token and layer, attention %.3f-%.3f; "
+                 "decode %.3f-%.3f ms, %.2f-%.2f us, memory %.3f-%.3f", fr[0].rounds, fr[0].lo.step_s * 1e3,
+                 fr[0].hi.step_s * 1e3, fr[0].lo.token_layer_s * 1e6, fr[0].hi.token_layer_s * 1e6, fr[0].lo.attention,
+                 fr[0].hi.attention, fr[1].lo.step_s * 1e3, fr[1].hi.step_s * 1e3, fr[1].lo.token_layer_s * 1e6,
+                 fr[1].hi.token_layer_s * 1e6, fr[1].lo.memory, fr[1].hi.memory);
     snprintf(s_ucx, sizeof s_ucx, "%s: one UCX get between two workers of a process: %.2f GB/s for 64 MiB; latency = 3 "
              "round trips (GET_META, the get, DONE/ACK) of a 4 KiB get", tag, ucx_bw / 1e9);
     const char *none = "not used on one CPU process per role (no expert parallelism, no overlap)";
@@ -223,6 +232,44 @@ static void cpu_name(char *out, size_t n)
         fclose(f);
 }
 
+/* What to do when the measurements cannot determine the model: the load they were taken under. */
+static const char *busy_advice(void)
+{
+    static char buf[256];
+    double load = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &load) != 1)
+            load = -1;
+        fclose(f);
+    }
+    snprintf(buf, sizeof buf, "the machine was busy (load average %.2f on %ld cores): run pdmoe calibrate when no "
+             "other process uses these cores, without --quick for more rounds", load, sysconf(_SC_NPROCESSORS_ONLN));
+    return buf;
+}
+
+/* Why a role's fit is not written: the factors its rounds could not determine. */
+static void undetermined(const struct pd_calib_rounds *r, enum pd_role role, char *buf, size_t n)
+{
+    static const char *const name[2][3] = {{"per-step cost", "per-token cost", "attention factor"},
+                                           {"per-step cost", "per-token cost", "memory factor"}};
+    size_t len = (size_t)snprintf(buf, n, "%s: ", pd_role_name(role));
+    if (r->fit.rms_rel > PD_CALIB_MAX_RMS) {
+        snprintf(buf + len, n - len, "the model misses its steps by %.0f%% (rms) even on their fastest times",
+                 100 * r->fit.rms_rel);
+        return;
+    }
+    if (r->fitted < 2) {
+        snprintf(buf + len, n - len, "only %d of %d rounds could be used (%d not slowed by other work)", r->fitted,
+                 r->rounds, r->kept);
+        return;
+    }
+    for (int k = 0; k < 3 && len < n; k++)
+        if (r->undetermined >> k & 1)
+            len += (size_t)snprintf(buf + len, n - len, "%s%s moves a step by up to %.0f%% between rounds",
+                                    buf[len - 2] == ':' ? "" : "; ", name[role][k], 100 * r->moved[k]);
+}
+
 int pd_cli_calibrate(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -291,26 +338,30 @@ int pd_cli_calibrate(int argc, char **argv)
         {PD_ROLE_DECODE, 8, 1, 512, 0, 0},
     };
     const int n_pts = (int)(sizeof pts / sizeof pts[0]), n_pre = 6;
-    for (int i = 0; i < n_pts; i++)
-        if (pd_bench_step_time(&en, (int)pts[i].seqs, (int)pts[i].tokens, (int)pts[i].ctx,
-                               pts[i].role == PD_ROLE_DECODE ? 16 : 1, words, n_words,
-                               quick ? 2 : 6, &pts[i].measured_s, &e)) {
-            fprintf(stderr, "pdmoe calibrate: %s\n", e.msg);
-            pd_engine_close(&en);
-            free(words);
-            return 1;
-        }
-    free(words);
+    /* rounds of every step, until the fits are stable (plan/calibrate.h): at least min_rounds,
+     * at most max_rounds */
+    const int min_rounds = 3, max_rounds = quick ? 6 : 8, reps = quick ? 1 : 2;
+    double t[8 * 13];
+    int rounds = 0;
+    struct pd_calib_rounds fr[2];
     struct pd_bench_machine m;
     if (pd_bench_machine_measure((int)threads, quick, &m)) {
         pd_engine_close(&en);
+        free(words);
         return 1;
     }
     if (m.gemv_bw > m.bw)   /* the GEMV streamed faster than the sum loop: the sum loop undercounted */
         m.bw = m.gemv_bw;
     double t_big = pd_bench_ucx_get_time((size_t)64 << 20, quick ? 2 : 5), t_small = pd_bench_ucx_get_time(4096, 20);
-    double ucx_bw = t_big > 0 ? (double)(64 << 20) / t_big : m.bw / 2, ucx_lat = t_small > 0 ? 3 * t_small : 1e-4;
-    pd_engine_close(&en);
+    if (!(t_big > 0) || !(t_small > 0)) {
+        fprintf(stderr, "pdmoe calibrate: UCX could not move data between two workers of this process (a get of %s "
+                "failed), so the hand-off is not measured; check UCX_TLS and that UCX's shared-memory or TCP transports "
+                "load (ucx_info -d)\n", t_big > 0 ? "4 KiB" : "64 MiB");
+        pd_engine_close(&en);
+        free(words);
+        return 1;
+    }
+    double ucx_bw = (double)(64 << 20) / t_big, ucx_lat = 3 * t_small;
     /* the kernel factors first, then a provisional description to cost the steps and fit the rest */
     char cpu[128];
     cpu_name(cpu, sizeof cpu);
@@ -319,7 +370,7 @@ int pd_cli_calibrate(int argc, char **argv)
     double mem = (double)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / cards;
     const double gemv = m.gemv_bw / m.bw;   /* the memory factor until the decode fit replaces it */
     struct pd_calib_fit f[2] = {{.attention = 1, .memory = gemv}, {.attention = 1, .memory = gemv}};
-    json_t *j = hardware_json(cpu, (int)threads, cards, mem, &m, ucx_bw, ucx_lat, f, dir, 0, NULL);
+    json_t *j = hardware_json(cpu, (int)threads, cards, mem, &m, ucx_bw, ucx_lat, f, NULL, dir, 0, NULL);
     char *desc = j ? json_dumps(j, 0) : NULL;
     json_decref(j);
     struct pd_hardware hw;
@@ -328,6 +379,8 @@ int pd_cli_calibrate(int argc, char **argv)
     free(desc);
     if (rc) {
         fprintf(stderr, "pdmoe calibrate: %s\n", e.msg);
+        pd_engine_close(&en);
+        free(words);
         return 1;
     }
     struct pd_plan_opts po;
@@ -342,22 +395,74 @@ int pd_cli_calibrate(int argc, char **argv)
     struct pd_plan p;
     if (pd_plan_build(&po, &p, &e)) {
         fprintf(stderr, "pdmoe calibrate: %s\n", e.msg);
+        pd_engine_close(&en);
+        free(words);
         return 1;
     }
-    rc = pd_calib_fit(&p, pts, n_pre, 0, &f[0], &e) ||
-         pd_calib_fit(&p, pts + n_pre, n_pts - n_pre, f[0].attention, &f[1], &e);
+    /* the steps, round after round, until every fitted factor is determined */
+    for (;;) {
+        for (int i = 0; i < n_pts; i++)
+            if (pd_bench_step_time(&en, (int)pts[i].seqs, (int)pts[i].tokens, (int)pts[i].ctx,
+                                   pts[i].role == PD_ROLE_DECODE ? 16 : 1, words, n_words, reps,
+                                   &t[rounds * n_pts + i], &e)) {
+                fprintf(stderr, "pdmoe calibrate: %s\n", e.msg);
+                pd_plan_free(&p);
+                pd_engine_close(&en);
+                free(words);
+                return 1;
+            }
+        rounds++;
+        if (rounds < min_rounds)
+            continue;
+        double tp[8 * 6], td[8 * 7];   /* each role's times, round-major */
+        for (int k = 0; k < rounds; k++) {
+            memcpy(tp + k * n_pre, t + k * n_pts, n_pre * sizeof *t);
+            memcpy(td + k * (n_pts - n_pre), t + k * n_pts + n_pre, (size_t)(n_pts - n_pre) * sizeof *t);
+        }
+        rc = pd_calib_fit_rounds(&p, pts, n_pre, tp, rounds, 0, &fr[0], &e) ||
+             pd_calib_fit_rounds(&p, pts + n_pre, n_pts - n_pre, td, rounds, fr[0].fit.attention, &fr[1], &e);
+        if (rounds == max_rounds || (!rc && !fr[0].undetermined && !fr[1].undetermined))
+            break;
+        if (rc)
+            fprintf(stderr, "  round %d: no fit yet (%s), measuring again\n", rounds, e.msg);
+        else
+            fprintf(stderr, "  round %d: the rounds' fits disagree by up to %.0f%% of a step, measuring again\n", rounds,
+                    100 * fmax(fr[0].spread, fr[1].spread));
+    }
+    free(words);
+    pd_engine_close(&en);
     if (rc) {
         pd_plan_free(&p);
-        fprintf(stderr, "pdmoe calibrate: %s\n", e.msg);
+        fprintf(stderr, "pdmoe calibrate: nothing written: after %d rounds %s; %s\n", rounds, e.msg, busy_advice());
         return 1;
     }
+    if (fr[0].undetermined || fr[1].undetermined) {
+        char why[2][256] = {"", ""};
+        for (int r = 0; r < 2; r++)
+            if (fr[r].undetermined)
+                undetermined(&fr[r], (enum pd_role)r, why[r], sizeof why[r]);
+        fprintf(stderr, "pdmoe calibrate: nothing written: after %d rounds the steps do not determine the model (%s%s%s), "
+                "so any value written would be noise; %s\n", rounds, why[0], why[0][0] && why[1][0] ? "; " : "", why[1],
+                busy_advice());
+        pd_plan_free(&p);
+        return 1;
+    }
+    f[0] = fr[0].fit;
+    f[1] = fr[1].fit;
     fprintf(stderr, "  read bandwidth %.2f GB/s, VNNI peak %.1f Gops/s, GEMV %.2f of bandwidth, GEMM %.2f of peak\n",
             m.bw / 1e9, m.vnni_peak / 1e9, m.gemv_bw / m.bw, m.gemm_ops / m.vnni_peak);
-    fprintf(stderr, "  UCX hand-off %.2f GB/s, %.0f us fixed\n", ucx_bw / 1e9, ucx_lat * 1e6);
-    for (int r = 0; r < 2; r++)
-        fprintf(stderr, "  fitted %-7s: %.3f ms per step, %.2f us per token and layer, %s factor %.3f "
-                "(rms error %.1f%%)\n", pd_role_name((enum pd_role)r), f[r].step_s * 1e3, f[r].token_layer_s * 1e6,
-                r ? "memory" : "attention", r ? f[r].memory : f[r].attention, 100 * f[r].rms_rel);
+    fprintf(stderr, "  UCX hand-off %.2f GB/s, %.1f us fixed\n", ucx_bw / 1e9, ucx_lat * 1e6);
+    fprintf(stderr, "  steps in %d rounds (prefill %d and decode %d not slowed by other work); each fit on the fastest "
+            "time of every step, its range over the rounds fitted alone:\n", rounds, fr[0].kept, fr[1].kept);
+    for (int r = 0; r < 2; r++) {
+        const struct pd_calib_rounds *x = &fr[r];
+        double v = r ? f[r].memory : f[r].attention, lo = r ? x->lo.memory : x->lo.attention,
+               hi = r ? x->hi.memory : x->hi.attention;
+        fprintf(stderr, "  fitted %-7s: %.3f ms per step (%.3f-%.3f), %.2f us per token and layer (%.2f-%.2f), %s "
+                "factor %.3f (%.3f-%.3f); rms error %.1f%%\n", pd_role_name((enum pd_role)r), f[r].step_s * 1e3,
+                x->lo.step_s * 1e3, x->hi.step_s * 1e3, f[r].token_layer_s * 1e6, x->lo.token_layer_s * 1e6,
+                x->hi.token_layer_s * 1e6, r ? "memory" : "attention", v, lo, hi, 100 * f[r].rms_rel);
+    }
     fprintf(stderr, "  %-8s %5s %7s %5s %12s %12s\n", "step", "seqs", "tokens", "ctx", "measured ms", "model ms");
     for (int i = 0; i < n_pts; i++)
         fprintf(stderr, "  %-8s %5lld %7lld %5lld %12.3f %12.3f\n", pd_role_name(pts[i].role), (long long)pts[i].seqs,
@@ -391,13 +496,20 @@ int pd_cli_calibrate(int argc, char **argv)
         fprintf(stderr, "pdmoe calibrate: %s\n", e.msg);
         return 1;
     }
+    /* when the model's own terms already reach the measured TTFT, the data show no fixed cost on
+     * top of them: 0, and said so (not a bare 0.00) */
     request_s = ttft > model_ttft ? ttft - model_ttft : 0;
     snprintf(s_req, sizeof s_req, "pdmoe calibrate: median TTFT of %d streamed completions of a %lld-token prompt "
-             "through pdmoe up (%.2f ms) minus the model's prefill, hand-off and first decode step for it (%.2f ms)",
-             quick ? 5 : 9, (long long)prompt_tokens, ttft * 1e3, model_ttft * 1e3);
-    fprintf(stderr, "  PD path per request: %.2f ms (TTFT %.2f ms through pdmoe up, %.2f ms of it modelled)\n",
-            request_s * 1e3, ttft * 1e3, model_ttft * 1e3);
-    j = hardware_json(cpu, (int)threads, cards, mem, &m, ucx_bw, ucx_lat, f, dir, request_s, s_req);
+             "through pdmoe up (%.2f ms) minus the model's prefill, hand-off and first decode step for it (%.2f ms)%s",
+             quick ? 5 : 9, (long long)prompt_tokens, ttft * 1e3, model_ttft * 1e3,
+             request_s > 0 ? "" : ": the model's terms reach the measured TTFT, so no fixed cost is added");
+    if (request_s > 0)
+        fprintf(stderr, "  PD path per request: %.2f ms (TTFT %.2f ms through pdmoe up, %.2f ms of it modelled)\n",
+                request_s * 1e3, ttft * 1e3, model_ttft * 1e3);
+    else
+        fprintf(stderr, "  PD path per request: none beyond the model (TTFT %.2f ms through pdmoe up, the model's terms "
+                "%.2f ms: %.0f%% of it)\n", ttft * 1e3, model_ttft * 1e3, 100 * model_ttft / ttft);
+    j = hardware_json(cpu, (int)threads, cards, mem, &m, ucx_bw, ucx_lat, f, fr, dir, request_s, s_req);
     char *text = j ? json_dumps(j, JSON_INDENT(2)) : NULL;
     json_decref(j);
     if (!text) {

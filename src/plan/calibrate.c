@@ -1,10 +1,12 @@
 /* Non-negative least squares over three unknowns (calibrate.h): the best over every subset of
- * unknowns left free (the others at zero) whose normal equations give no negative value. The
+ * unknowns left free (the others at zero, the empty subset included) whose normal equations
+ * give no negative value. The
  * third unknown is a factor's excess cost d = 1/factor - 1 >= 0. */
 #include "plan/calibrate.h"
 #include "plan/perf.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Solves the k x k system a x = b (k <= 3) by Gaussian elimination; -1 if singular. */
@@ -41,35 +43,44 @@ static int solve(int k, double a[3][3], double b[3], double x[3])
     return 0;
 }
 
+/* The known part G of a step's time and the regressors of its three unknowns (calibrate.h):
+ * measured = G + step_s x X[0] + token_layer_s x X[1] + d x X[2], d = 1 / factor - 1 >= 0. */
+static void regressors(const struct pd_plan *p, const struct pd_calib_point *pt, double attention, double *G,
+                       double X[3])
+{
+    struct pd_step s;
+    pd_perf_step(p, pt->role, pt->seqs, pt->tokens, pt->ctx, &s);
+    X[0] = 1;
+    X[1] = (double)(pt->seqs * pt->tokens) * p->kv.n;
+    if (attention > 0) {      /* decode: attention known, the weight stream's factor fitted */
+        *G = s.gemm_compute_s + s.attn_s / attention;
+        X[2] = s.gemm_memory_s * p->hw.eff.memory;
+    } else {                  /* prefill: the GEMMs known, attention's factor fitted */
+        *G = s.gemm_compute_s + s.gemm_memory_s;
+        X[2] = s.attn_s;
+    }
+    /* the factor is at most 1 (no kernel beats the peak): its column's coefficient 1/factor is
+     * 1 + d with d >= 0, the "1" moved into the known part */
+    *G += X[2];
+}
+
 int pd_calib_fit(const struct pd_plan *p, struct pd_calib_point *pts, int n, double attention,
                  struct pd_calib_fit *f, pd_err *e)
 {
     memset(f, 0, sizeof *f);
     if (n < 3)
-        return pd_err_set(e, PD_EINVAL, "calibrate: %d measurements, at least 3 needed", n);
+        return pd_err_set(e, PD_EINVAL, "%d measurements, at least 3 needed", n);
     double X[64][3], y[64], G[64];
     if (n > 64)
         n = 64;
     for (int i = 0; i < n; i++) {
-        struct pd_step s;
-        pd_perf_step(p, pts[i].role, pts[i].seqs, pts[i].tokens, pts[i].ctx, &s);
-        X[i][0] = 1;
-        X[i][1] = (double)(pts[i].seqs * pts[i].tokens) * p->kv.n;
-        if (attention > 0) {      /* decode: attention known, the weight stream's factor fitted */
-            G[i] = s.gemm_compute_s + s.attn_s / attention;
-            X[i][2] = s.gemm_memory_s * p->hw.eff.memory;
-        } else {                  /* prefill: the GEMMs known, attention's factor fitted */
-            G[i] = s.gemm_compute_s + s.gemm_memory_s;
-            X[i][2] = s.attn_s;
-        }
-        /* the factor is at most 1 (no kernel beats the peak): its column's coefficient 1/factor
-         * is 1 + d with d >= 0, the "1" moved into the known part */
-        G[i] += X[i][2];
+        regressors(p, &pts[i], attention, &G[i], X[i]);
         y[i] = pts[i].measured_s - G[i];
     }
     /* relative errors matter: weight each row by 1 / measured */
     double best_err = INFINITY, best[3] = {0, 0, 0};
-    for (int mask = 1; mask < 8; mask++) {
+    /* mask 0, every unknown at its bound, is always feasible: a non-negative fit always exists */
+    for (int mask = 0; mask < 8; mask++) {
         int idx[3], k = 0;
         for (int j = 0; j < 3; j++)
             if (mask >> j & 1)
@@ -83,7 +94,7 @@ int pd_calib_fit(const struct pd_plan *p, struct pd_calib_point *pts, int n, dou
                     a[r][c] += w * X[i][idx[r]] * X[i][idx[c]];
             }
         }
-        if (solve(k, a, b, x))
+        if (k && solve(k, a, b, x))
             continue;
         int neg = 0;
         for (int r = 0; r < k; r++)
@@ -103,7 +114,8 @@ int pd_calib_fit(const struct pd_plan *p, struct pd_calib_point *pts, int n, dou
         }
     }
     if (!isfinite(best_err))
-        return pd_err_set(e, PD_EINVAL, "calibrate: the measurements admit no non-negative fit");
+        return pd_err_set(e, PD_EINVAL, "the %s steps' times are not positive finite numbers",
+                          attention > 0 ? "decode" : "prefill");
     f->step_s = best[0];
     f->token_layer_s = best[1];
     double factor = 1 / (1 + best[2]);
@@ -112,5 +124,106 @@ int pd_calib_fit(const struct pd_plan *p, struct pd_calib_point *pts, int n, dou
     for (int i = 0; i < n; i++)
         pts[i].fitted_s = G[i] + best[0] * X[i][0] + best[1] * X[i][1] + best[2] * X[i][2];
     f->rms_rel = sqrt(best_err / n);
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* A fit's coefficient of unknown k (its factor as d = 1 / factor - 1 for k = 2). */
+static double coef(const struct pd_calib_fit *f, int k, double attention)
+{
+    return k == 0 ? f->step_s : k == 1 ? f->token_layer_s : 1 / (attention > 0 ? f->memory : f->attention) - 1;
+}
+
+int pd_calib_fit_rounds(const struct pd_plan *p, struct pd_calib_point *pts, int n, const double *t, int rounds,
+                        double attention, struct pd_calib_rounds *r, pd_err *e)
+{
+    memset(r, 0, sizeof *r);
+    r->rounds = rounds;
+    r->undetermined = 7;
+    if (n < 3 || n > 64 || rounds < 1)
+        return pd_err_set(e, PD_EINVAL, "%d points in %d rounds; 3 to 64 points and a round needed", n, rounds);
+    double fastest[64], ratio[64];
+    for (int i = 0; i < n; i++) {
+        fastest[i] = INFINITY;
+        for (int k = 0; k < rounds; k++)
+            fastest[i] = fmin(fastest[i], t[k * n + i]);
+        if (!(fastest[i] > 0))
+            return pd_err_set(e, PD_EINVAL, "step %d was not measured (%g s)", i, fastest[i]);
+    }
+    /* busy rounds out; the fit on the fastest time of each point */
+    int keep[64] = {0};
+    for (int k = 0; k < rounds && k < 64; k++) {
+        for (int i = 0; i < n; i++)
+            ratio[i] = t[k * n + i] / fastest[i];
+        qsort(ratio, (size_t)n, sizeof *ratio, cmp_double);
+        double med = ratio[n / 2];
+        if (med <= PD_CALIB_BUSY) {
+            keep[k] = 1;
+            r->kept++;
+            r->slowest = fmax(r->slowest, med);
+        }
+    }
+    for (int i = 0; i < n; i++)
+        pts[i].measured_s = fastest[i];
+    int rc = pd_calib_fit(p, pts, n, attention, &r->fit, e);
+    if (rc)
+        return rc;
+    /* each kept round on its own: the range of every factor, and of the times it predicts */
+    struct pd_calib_point own[64];
+    double pred_lo[64], pred_hi[64];
+    for (int k = 0; k < rounds && k < 64; k++) {
+        if (!keep[k])
+            continue;
+        for (int i = 0; i < n; i++) {
+            own[i] = pts[i];
+            own[i].measured_s = t[k * n + i];
+        }
+        struct pd_calib_fit f;
+        pd_err ignore;
+        if (pd_calib_fit(p, own, n, attention, &f, &ignore))
+            continue;
+        for (int i = 0; i < n; i++) {
+            pred_lo[i] = r->fitted ? fmin(pred_lo[i], own[i].fitted_s) : own[i].fitted_s;
+            pred_hi[i] = r->fitted ? fmax(pred_hi[i], own[i].fitted_s) : own[i].fitted_s;
+        }
+        if (r->fitted++ == 0) {
+            r->lo = r->hi = f;
+            continue;
+        }
+        r->lo.step_s = fmin(r->lo.step_s, f.step_s), r->hi.step_s = fmax(r->hi.step_s, f.step_s);
+        r->lo.token_layer_s = fmin(r->lo.token_layer_s, f.token_layer_s);
+        r->hi.token_layer_s = fmax(r->hi.token_layer_s, f.token_layer_s);
+        r->lo.attention = fmin(r->lo.attention, f.attention), r->hi.attention = fmax(r->hi.attention, f.attention);
+        r->lo.memory = fmin(r->lo.memory, f.memory), r->hi.memory = fmax(r->hi.memory, f.memory);
+        r->lo.rms_rel = fmin(r->lo.rms_rel, f.rms_rel), r->hi.rms_rel = fmax(r->hi.rms_rel, f.rms_rel);
+    }
+    if (r->fitted < 2)
+        return 0;   /* nothing to compare: undetermined */
+    r->undetermined = 0;
+    for (int i = 0; i < n; i++)
+        r->spread = fmax(r->spread, (pred_hi[i] - pred_lo[i]) / pts[i].measured_s);
+    for (int k = 0; k < 3; k++) {
+        double span = fabs(coef(&r->hi, k, attention) - coef(&r->lo, k, attention));
+        for (int i = 0; i < n; i++) {
+            double G, X[3];
+            regressors(p, &pts[i], attention, &G, X);
+            r->moved[k] = fmax(r->moved[k], span * X[k] / pts[i].measured_s);
+        }
+        if (r->moved[k] > PD_CALIB_DETERMINED)
+            r->undetermined |= 1 << k;
+    }
+    /* factors that trade against each other (a step's fixed and per-token costs, say) can each
+     * swing while the times they predict hold: the fit is determined when those times are */
+    if (r->spread <= PD_CALIB_DETERMINED)
+        r->undetermined = 0;
+    else if (!r->undetermined)
+        r->undetermined = 7;
+    if (r->fit.rms_rel > PD_CALIB_MAX_RMS)   /* the model does not describe these steps at all */
+        r->undetermined = 7;
     return 0;
 }

@@ -37,4 +37,34 @@ struct pd_calib_fit {
 int pd_calib_fit(const struct pd_plan *p, struct pd_calib_point *pts, int n, double attention,
                  struct pd_calib_fit *f, pd_err *e);
 
+/* The same points measured in several rounds, t[round * n + point] seconds (a round measures
+ * every point once, so a burst of load slows a round, not one point's every sample).
+ *   - A round whose median slowdown over each point's fastest time exceeds PD_CALIB_BUSY is a
+ *     busy round and is left out; the fit is made on each point's fastest time over the rounds
+ *     kept (load only ever adds time), and each kept round is also fitted on its own.
+ *   - How well the data determine the model: `spread`, the largest share of a step's measured
+ *     time by which the kept rounds' own fits disagree on that step's time. Above
+ *     PD_CALIB_DETERMINED the fit is undetermined, and bit k of `undetermined` names the factors
+ *     whose own range moves some step by more than that (moved[k]; k: 0 per-step cost, 1
+ *     per-token cost, 2 the role's factor), all three if none does alone. Factors that trade
+ *     against each other while the times they predict agree leave the fit determined.
+ * Fewer than 2 kept rounds, or kept rounds none of which can be fitted, leave everything
+ * undetermined, and so does a fit on the fastest times whose rms error exceeds PD_CALIB_MAX_RMS
+ * (the model does not describe those steps). Fills pts[i].measured_s with the fastest time and
+ * pts[i].fitted_s. */
+#define PD_CALIB_BUSY 1.15
+#define PD_CALIB_DETERMINED 0.10
+#define PD_CALIB_MAX_RMS 0.20
+struct pd_calib_rounds {
+    struct pd_calib_fit fit;      /* on the fastest times */
+    struct pd_calib_fit lo, hi;   /* each factor's range over the kept rounds' own fits */
+    int rounds, kept, fitted;     /* rounds measured, not busy, and fitted on their own */
+    double slowest;               /* the largest median slowdown of a kept round, e.g. 1.04 */
+    double spread;
+    double moved[3];
+    int undetermined;
+};
+int pd_calib_fit_rounds(const struct pd_plan *p, struct pd_calib_point *pts, int n, const double *t, int rounds,
+                        double attention, struct pd_calib_rounds *r, pd_err *e);
+
 #endif

@@ -81,3 +81,62 @@ Test(calibrate, decode_fit_recovers_the_memory_factor)
     cr_assert_float_eq(f.attention, att, 1e-15);
     pd_plan_free(&p);
 }
+
+/* Rounds: a busy round (everything 40% slower) is left out and does not move the fit; rounds that
+ * agree determine every factor; rounds whose per-step cost disagrees leave it undetermined, with
+ * the share of a step it moves. */
+Test(calibrate, rounds_drop_busy_rounds_and_flag_what_they_cannot_determine)
+{
+    struct pd_plan p;
+    mini_plan(&p);
+    const double step = 1.5e-3, tok = 40e-6, att = 0.2;
+    enum { N = 5, R = 4 };
+    const int64_t T[N] = {16, 64, 256, 1024, 3000};
+    struct pd_calib_point pts[N];
+    double clean[N], t[R * N];
+    for (int i = 0; i < N; i++) {
+        pts[i] = (struct pd_calib_point){.role = PD_ROLE_PREFILL, .seqs = 1, .tokens = T[i], .ctx = 0};
+        struct pd_step s;
+        pd_perf_step(&p, PD_ROLE_PREFILL, 1, T[i], 0, &s);
+        clean[i] = s.gemm_compute_s + s.gemm_memory_s + step + tok * T[i] * p.kv.n + s.attn_s / att;
+    }
+    /* rounds 0, 1, 3 within 1% of the truth, round 2 busy */
+    for (int k = 0; k < R; k++)
+        for (int i = 0; i < N; i++)
+            t[k * N + i] = clean[i] * (k == 2 ? 1.4 : 1 + 0.01 * ((i + k) % 2));
+    struct pd_calib_rounds r;
+    pd_err e = {0};
+    cr_assert_eq(pd_calib_fit_rounds(&p, pts, N, t, R, 0, &r, &e), 0, "%s", e.msg);
+    cr_assert_eq(r.rounds, R);
+    cr_assert_eq(r.kept, 3, "the busy round was kept");
+    cr_assert_eq(r.fitted, 3);
+    cr_assert_float_eq(r.fit.step_s, step, 1e-9);
+    cr_assert_float_eq(r.fit.token_layer_s, tok, 1e-11);
+    cr_assert_float_eq(r.fit.attention, att, 1e-6);
+    cr_assert_eq(r.undetermined, 0, "moved %g %g %g", r.moved[0], r.moved[1], r.moved[2]);
+    cr_assert_leq(r.lo.step_s, r.hi.step_s);
+    for (int i = 0; i < N; i++)
+        cr_assert_float_eq(pts[i].measured_s, clean[i], clean[i] * 1e-12);   /* the fastest of each */
+
+    /* the small steps' fixed cost swinging between rounds by 8 ms: the per-step cost is not
+     * determined, and the range moves the 16-token step by far more than 10% */
+    for (int k = 0; k < R; k++)
+        for (int i = 0; i < N; i++)
+            t[k * N + i] = clean[i] + (k % 2 ? 8e-3 : 0);
+    cr_assert_eq(pd_calib_fit_rounds(&p, pts, N, t, R, 0, &r, &e), 0, "%s", e.msg);
+    cr_assert(r.undetermined & 1, "moved %g", r.moved[0]);
+    cr_assert_gt(r.moved[0], PD_CALIB_DETERMINED);
+
+    /* times the model cannot describe (the 256-token step ten times slower): undetermined */
+    for (int k = 0; k < R; k++)
+        for (int i = 0; i < N; i++)
+            t[k * N + i] = clean[i] * (i == 2 ? 10 : 1);
+    cr_assert_eq(pd_calib_fit_rounds(&p, pts, N, t, R, 0, &r, &e), 0, "%s", e.msg);
+    cr_assert_gt(r.fit.rms_rel, PD_CALIB_MAX_RMS);
+    cr_assert_eq(r.undetermined, 7);
+
+    /* one round: nothing to compare, so nothing determined */
+    cr_assert_eq(pd_calib_fit_rounds(&p, pts, N, t, 1, 0, &r, &e), 0, "%s", e.msg);
+    cr_assert_eq(r.undetermined, 7);
+    pd_plan_free(&p);
+}
