@@ -1379,12 +1379,7 @@ static json_t *read_body(struct evhttp_request *h, json_error_t *je)
 
 static int authorised(struct pd_server *s, struct evhttp_request *h)
 {
-    if (!s->o.api_key)
-        return 1;
-    const char *a = evhttp_find_header(evhttp_request_get_input_headers(h), "Authorization");
-    char want[300];
-    snprintf(want, sizeof want, "Bearer %s", s->o.api_key);
-    if (a && strcmp(a, want) == 0)
+    if (pd_http_authorised(h, s->o.api_key))
         return 1;
     send_error(s, h, 401, "invalid_request_error", NULL, "missing or wrong API key (Authorization: Bearer ...)");
     return 0;

@@ -362,6 +362,12 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
     send_up(j, 1);
 }
 
+/* The key the instances want: their own, or the one clients give this proxy. */
+static const char *backend_key(const struct pd_proxy *px)
+{
+    return px->o.backend_api_key ? px->o.backend_api_key : px->o.api_key;
+}
+
 static void send_up(struct job *j, int decode)
 {
     struct pd_proxy *px = j->px;
@@ -386,20 +392,27 @@ static void send_up(struct job *j, int decode)
     json_decref(b);
     struct evhttp_connection *c = evhttp_connection_base_new(px->base, NULL, in->host, (unsigned short)in->port);
     j->conn = c;
-    struct evhttp_request *r = evhttp_request_new(decode ? on_decode_done : on_prefill_done, j);
-    if (decode)
-        evhttp_request_set_chunked_cb(r, on_decode_chunk);
-    struct evkeyvalq *hd = evhttp_request_get_output_headers(r);
-    char hostport[96];
-    snprintf(hostport, sizeof hostport, "%s:%d", in->host, in->port);
-    evhttp_add_header(hd, "Host", hostport);
-    evhttp_add_header(hd, "Content-Type", "application/json");
-    evbuffer_add(evhttp_request_get_output_buffer(r), txt, strlen(txt));
+    struct evhttp_request *r = c ? evhttp_request_new(decode ? on_decode_done : on_prefill_done, j) : NULL;
+    /* a request that cannot be built (out of memory) fails as an instance that refused it */
+    int bad = !txt || !r;
+    if (r) {
+        if (decode)
+            evhttp_request_set_chunked_cb(r, on_decode_chunk);
+        struct evkeyvalq *hd = evhttp_request_get_output_headers(r);
+        char hostport[96];
+        snprintf(hostport, sizeof hostport, "%s:%d", in->host, in->port);
+        evhttp_add_header(hd, "Host", hostport);
+        evhttp_add_header(hd, "Content-Type", "application/json");
+        bad = bad || pd_http_add_key(r, backend_key(px)) ||
+              evbuffer_add(evhttp_request_get_output_buffer(r), txt, strlen(txt));
+        if (bad)
+            evhttp_request_free(r);
+    }
     free(txt);
     in->load++;
     j->up = r;
     j->up_decode = decode;
-    if (evhttp_make_request(c, r, EVHTTP_REQ_POST, j->path) != 0) {
+    if (bad || evhttp_make_request(c, r, EVHTTP_REQ_POST, j->path) != 0) {
         /* libevent freed r: the instance failed (the handlers take its load back) */
         j->up = NULL;
         if (decode)
@@ -411,12 +424,7 @@ static void send_up(struct job *j, int decode)
 
 static int authorised(struct pd_proxy *px, struct evhttp_request *h)
 {
-    if (!px->o.api_key)
-        return 1;
-    const char *a = evhttp_find_header(evhttp_request_get_input_headers(h), "Authorization");
-    char want[300];
-    snprintf(want, sizeof want, "Bearer %s", px->o.api_key);
-    if (a && strcmp(a, want) == 0)
+    if (pd_http_authorised(h, px->o.api_key))
         return 1;
     reply_error(h, 401, "invalid_request_error", "missing or wrong API key (Authorization: Bearer ...)");
     return 0;
@@ -481,7 +489,9 @@ static struct evhttp_connection *get_from(struct pd_proxy *px, const struct inst
     struct evhttp_request *r = c ? evhttp_request_new(cb, arg) : NULL;
     if (r) {
         evhttp_add_header(evhttp_request_get_output_headers(r), "Host", in->host);
-        if (evhttp_make_request(c, r, EVHTTP_REQ_GET, path) == 0)
+        if (pd_http_add_key(r, backend_key(px)))
+            evhttp_request_free(r);
+        else if (evhttp_make_request(c, r, EVHTTP_REQ_GET, path) == 0)
             return c;   /* on failure libevent has freed r */
     }
     drop_conn(px, c);
