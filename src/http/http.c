@@ -38,12 +38,20 @@ const char *pd_http_reason(int code)
 
 void pd_http_json(struct evhttp_request *h, int code, json_t *j)
 {
-    char *txt = json_dumps(j, JSON_COMPACT);
+    /* j is NULL when building it ran out of memory: the client still gets an answer */
+    static const char oom[] = "{\"error\":{\"message\":\"out of memory building the answer\",\"type\":"
+                              "\"server_error\",\"param\":null,\"code\":null}}";
+    char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (!txt)
+        code = 500;
     struct evbuffer *b = evbuffer_new();
-    evbuffer_add(b, txt, strlen(txt));
     evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Type", "application/json");
-    evhttp_send_reply(h, code, pd_http_reason(code), b);
-    evbuffer_free(b);
+    if (b && evbuffer_add(b, txt ? txt : oom, txt ? strlen(txt) : sizeof oom - 1) == 0)
+        evhttp_send_reply(h, code, pd_http_reason(code), b);
+    else
+        evhttp_send_error(h, 500, "out of memory");
+    if (b)
+        evbuffer_free(b);
     free(txt);
     json_decref(j);
 }

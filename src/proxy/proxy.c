@@ -442,12 +442,18 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
     struct evbuffer *in = evhttp_request_get_input_buffer(h);
     size_t n = evbuffer_get_length(in);
     char *txt = malloc(n + 1);
+    if (!txt) {
+        reply_error(h, 503, "server_error", "out of memory for a body of %zu bytes", n);
+        return;
+    }
     evbuffer_copyout(in, txt, n);
     txt[n] = 0;
     json_error_t je;
     json_t *body = json_loads(txt, JSON_REJECT_DUPLICATES, &je);
     free(txt);
     json_t *st = body ? json_object_get(body, "stream") : NULL;
+    if (json_is_null(st))
+        st = NULL;   /* unset, as the servers read it */
     if (!json_is_object(body) || (st && !json_is_boolean(st))) {
         px->bad_requests++;
         reply_error(h, 400, "invalid_request_error", "%s", !body ? je.text : !json_is_object(body)
@@ -457,6 +463,11 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
     }
     json_object_del(body, "kv_transfer_params");
     struct job *j = calloc(1, sizeof *j);
+    if (!j) {
+        json_decref(body);
+        reply_error(h, 503, "server_error", "out of memory for the request");
+        return;
+    }
     j->px = px;
     j->client = h;
     snprintf(j->path, sizeof j->path, "%s", path);
