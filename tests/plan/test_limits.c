@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "model/config.h"
+#include "model/jsonf.h"
 #include "plan/hardware.h"
 #include "plan/inventory.h"
 #include "plan/perf.h"
@@ -132,4 +133,21 @@ Test(limits, expert_counts_that_sum_to_inf_are_refused)
     }
     unlink(stats);
     cr_assert(strstr(e.msg, stats) && strstr(e.msg, "tokens_per_expert[0][0]"), "%s", e.msg);
+}
+
+/* A file that cannot be parsed is a format error with its line, even when its own text says
+ * "unable to open" (it was once taken for an I/O error by that phrase; found by fuzzing). */
+Test(limits, a_syntax_error_is_not_an_io_error)
+{
+    char path[] = "/tmp/pdmoe-stats-XXXXXX";
+    tmp_stats_rows(path, "\"unable to open\n");   /* jansson: unexpected newline near '"unable to open' */
+    pd_err e = {0};
+    cr_assert_null(pd_json_load_file(path, &e));
+    cr_assert_eq(e.code, PD_EFORMAT, "%d: %s", e.code, e.msg);
+    char want[64];
+    snprintf(want, sizeof want, "%s:1:", path);
+    cr_assert(strstr(e.msg, want), "%s", e.msg);
+    unlink(path);
+    cr_assert_null(pd_json_load_file(path, &e));
+    cr_assert_eq(e.code, PD_EIO, "%d: %s", e.code, e.msg);
 }
