@@ -47,7 +47,15 @@ int pd_cli_proxy(int argc, char **argv)
         case 'P': if (pd_cli_int("--port", optarg, 0, &v) || v > 65535) return 2; o.port = (int)v; break;
         case 'k': o.api_key = optarg; break;
         case 'b': o.backend_api_key = optarg; break;
-        case 'r': if (pd_cli_int("--retries", optarg, 1, &v)) return 2; o.retries = (int)v; break;
+        case 'r':
+            if (pd_cli_int("--retries", optarg, 1, &v))
+                return 2;
+            if (v > PD_PROXY_MAX_INSTANCES) {   /* each retry goes to another prefill instance */
+                fprintf(stderr, "pdmoe proxy: --retries %s: at most %d\n", optarg, PD_PROXY_MAX_INSTANCES);
+                return 2;
+            }
+            o.retries = (int)v;
+            break;
         case 'h':
             printf("usage: pdmoe proxy --prefill host:port[,host:port...] --decode host:port[,...] [--port 8000]\n"
                    "       [--host 127.0.0.1] [--api-key KEY] [--backend-api-key KEY]\n"
