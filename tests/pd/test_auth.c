@@ -6,7 +6,12 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include "engine/genmodel.h"
@@ -151,4 +156,66 @@ Test(auth, a_pd_deployment_with_keys_everywhere_answers)
     cr_assert_eq(with_key(port, "/v1/completions", "backend-key", out, sizeof out), 401, "%s", out);
     /* the instances still refuse a client without their key */
     cr_assert_eq(with_key(pd_server_port(D), "/v1/completions", "front-key", out, sizeof out), 401, "%s", out);
+}
+
+/* A free loopback port (bound and released: another process may take it in between, rarely). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t n = sizeof a;
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    getsockname(fd, (struct sockaddr *)&a, &n);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static pid_t spawn(char *const argv[])
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        freopen("/dev/null", "w", stderr);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static void wait_health(int port)
+{
+    char out[256];
+    for (int i = 0; i < 300 && curl_port(port, "/health", NULL, NULL, out, sizeof out) != 200; i++)
+        usleep(50000);
+    cr_assert_eq(curl_port(port, "/health", NULL, NULL, out, sizeof out), 200, "nothing answers on port %d", port);
+}
+
+/* The programs as `pdmoe up --api-key K` starts them: `pdmoe serve --api-key K` behind `pdmoe
+ * proxy --api-key K`, which sends K on to the server. */
+Test(auth, pdmoe_serve_and_proxy_with_one_key)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char sp[16], pp[16], dec[32];
+    snprintf(sp, sizeof sp, "%d", free_port());
+    snprintf(pp, sizeof pp, "%d", free_port());
+    snprintf(dec, sizeof dec, "127.0.0.1:%s", sp);
+    char *serve[] = {(char *)bin, "serve", "--model", dir, "--port", sp, "--threads", "1", "--max-model-len", "256",
+                     "--served-model-name", "tiny", "--api-key", long_key, NULL};
+    char *proxy[] = {(char *)bin, "proxy", "--decode", dec, "--port", pp, "--api-key", long_key, NULL};
+    pid_t s = spawn(serve), x = spawn(proxy);
+    wait_health(atoi(sp));
+    wait_health(atoi(pp));
+    char out[8192], part[300];
+    snprintf(part, sizeof part, "%.*s", 292, long_key);
+    int ok = with_key(atoi(pp), "/v1/completions", long_key, out, sizeof out);
+    int no = with_key(atoi(pp), "/v1/completions", part, out, sizeof out);
+    int direct = with_key(atoi(sp), "/v1/completions", NULL, out, sizeof out);
+    kill(x, SIGTERM);
+    kill(s, SIGTERM);
+    waitpid(x, NULL, 0);
+    waitpid(s, NULL, 0);
+    cr_assert_eq(ok, 200);
+    cr_assert_eq(no, 401);
+    cr_assert_eq(direct, 401);
 }
