@@ -107,6 +107,10 @@ int pd_http_add_key(struct evhttp_request *r, const char *key)
 void pd_http_health(struct evhttp_request *h, void *arg)
 {
     struct evbuffer *b = evbuffer_new();
+    if (!b) {
+        evhttp_send_error(h, 503, "out of memory");
+        return;
+    }
     evbuffer_add_printf(b, "ok\n");
     pd_http_text(h, "text/plain", b);
     evbuffer_free(b);

@@ -921,6 +921,12 @@ static void *scheduler(void *arg)
     pd_err e = {0};
     int rc = 0;
     pthread_mutex_lock(&s->mu);
+    if (!items || !last || !next || !in_step || !scratch) {
+        /* nothing can step: the loop stops and pd_server_run reports it */
+        snprintf(s->fatal, sizeof s->fatal, "out of memory for the scheduler of %d sequences", max_seqs);
+        event_base_loopexit(s->base, NULL);
+        s->stop = 1;
+    }
     while (!s->stop) {
         if (s->stats_state == STATS_WANTED && (rc = collect_expert_stats(s, &e)))
             break;
@@ -1724,6 +1730,10 @@ static void on_metrics(struct evhttp_request *h, void *arg)
 {
     struct pd_server *s = arg;
     struct evbuffer *b = evbuffer_new();
+    if (!b) {
+        send_error(s, h, 503, "server_error", NULL, "out of memory for the metrics");
+        return;
+    }
     pthread_mutex_lock(&s->mu);
     int waiting = 0, leases = 0;
     for (struct req *r = s->wait_head; r; r = r->next)

@@ -331,6 +331,13 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
     struct evbuffer *in = evhttp_request_get_input_buffer(r);
     size_t n = evbuffer_get_length(in);
     char *txt = malloc(n + 1);
+    if (!txt) {
+        px->prefill_failed++;
+        reply_error(j->client, 503, "server_error", "out of memory for the prefill's answer of %zu bytes", n);
+        client_done(j);
+        job_free(j);
+        return;
+    }
     evbuffer_copyout(in, txt, n);
     txt[n] = 0;
     if (code != 200) {
@@ -695,6 +702,10 @@ static void on_metrics(struct evhttp_request *h, void *arg)
 {
     struct pd_proxy *px = arg;
     struct evbuffer *b = evbuffer_new();
+    if (!b) {
+        reply_error(h, 503, "server_error", "out of memory for the metrics");
+        return;
+    }
     evbuffer_add_printf(b,
                         "# TYPE pdmoe_proxy_requests_total counter\npdmoe_proxy_requests_total %llu\n"
                         "# TYPE pdmoe_proxy_completed_total counter\npdmoe_proxy_completed_total %llu\n"
