@@ -591,7 +591,7 @@ static void stats_add(struct stats_job *j, const char *where, struct evbuffer *b
     size_t L = json_is_array(rows) ? json_array_size(rows) : 0;
     json_t *row0 = json_array_get(rows, 0);
     size_t E = json_is_array(row0) ? json_array_size(row0) : 0;
-    if (L == 0 || E == 0 || (j->sum && (L != (size_t)j->n_layers || E != (size_t)j->experts))) {
+    if (L == 0 || E == 0 || L > 4096 || E > 65536 || (j->sum && (L != (size_t)j->n_layers || E != (size_t)j->experts))) {
         stats_fail(j, "%s answered /expert_stats with %zu layers of %zu experts%s", where, L, E,
                    j->sum ? ", unlike the other instances" : "");
         json_decref(doc);
@@ -613,8 +613,15 @@ static void stats_add(struct stats_job *j, const char *where, struct evbuffer *b
             stats_fail(j, "%s answered /expert_stats with rows of different lengths", where);
             break;
         }
-        for (size_t x = 0; x < E; x++)
-            j->sum[l * E + x] += json_integer_value(json_array_get(row, x));
+        for (size_t x = 0; x < E && !j->why[0]; x++) {
+            json_t *v = json_array_get(row, x);
+            int64_t *t = &j->sum[l * E + x];
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || __builtin_add_overflow(*t, json_integer_value(v), t))
+                stats_fail(j, "%s answered /expert_stats with tokens_per_expert[%zu][%zu] not a count (an integer >= 0 "
+                           "whose sum over the instances fits 64 bits)", where, l, x);
+        }
+        if (j->why[0])
+            break;
     }
     j->instances++;
     json_decref(doc);

@@ -287,3 +287,99 @@ Test(hostile, a_token_with_a_nul_byte_is_carried_byte_for_byte)
     cr_assert(memcmp(got, want, nwant) == 0);
     pd_tok_free(tok);
 }
+
+/* A fake instance: answers every request on its port with `body` (200, JSON) until stopped. */
+struct fake {
+    int fd, port, stop;
+    const char *body;
+    pthread_t t;
+};
+
+static void *fake_loop(void *arg)
+{
+    struct fake *f = arg;
+    for (;;) {
+        int c = accept(f->fd, NULL, NULL);
+        if (c < 0 || f->stop) {
+            if (c >= 0)
+                close(c);
+            return NULL;
+        }
+        char req[4096];
+        size_t n = 0;
+        ssize_t got;
+        while (n < sizeof req - 1 && (got = read(c, req + n, sizeof req - 1 - n)) > 0) {
+            n += (size_t)got;
+            req[n] = 0;
+            if (strstr(req, "\r\n\r\n"))
+                break;
+        }
+        char head[256];
+        int k = snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                         "Connection: close\r\n\r\n", strlen(f->body));
+        if (write(c, head, (size_t)k) == k && write(c, f->body, strlen(f->body)) < 0)
+            k = 0;
+        close(c);
+    }
+}
+
+static void fake_start(struct fake *f, const char *body)
+{
+    f->fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t n = sizeof a;
+    cr_assert_eq(bind(f->fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(f->fd, 16), 0);
+    getsockname(f->fd, (struct sockaddr *)&a, &n);
+    f->port = ntohs(a.sin_port);
+    f->body = body;
+    f->stop = 0;
+    pthread_create(&f->t, NULL, fake_loop, f);
+}
+
+static void fake_stop(struct fake *f)
+{
+    f->stop = 1;
+    shutdown(f->fd, SHUT_RDWR);
+    pthread_join(f->t, NULL);
+    close(f->fd);
+}
+
+static void *proxy_loop(void *arg)
+{
+    pd_err e;
+    pd_proxy_run(arg, &e);
+    return NULL;
+}
+
+/* The proxy sums the instances' /expert_stats: counts that are not counts (negative, not
+ * integers) or whose sum passes 64 bits are a 502 naming the cell, not a wrapped negative total. */
+Test(hostile, expert_counts_from_instances_are_checked_before_they_are_summed)
+{
+    const char *bodies[] = {"{\"tokens_per_expert\":[[9223372036854775807,1]]}", "{\"tokens_per_expert\":[[5,-3]]}",
+                            "{\"tokens_per_expert\":[[5,2.5]]}", "{\"tokens_per_expert\":[[5,\"7\"]]}"};
+    const char *cell[] = {"tokens_per_expert[0][0]", "tokens_per_expert[0][1]", "tokens_per_expert[0][1]",
+                          "tokens_per_expert[0][1]"};
+    for (int i = 0; i < 4; i++) {
+        struct fake f;
+        fake_start(&f, bodies[i]);
+        static char a[32];
+        snprintf(a, sizeof a, "127.0.0.1:%d", f.port);
+        /* the same fake as a prefill and a decode instance: its counts are summed twice */
+        struct pd_proxy_opts o = {.port = 0, .n_prefill = 1, .n_decode = 1};
+        o.prefill[0] = a;
+        o.decode[0] = a;
+        struct pd_proxy *x;
+        pd_err e = {0};
+        cr_assert_eq(pd_proxy_create(&o, &x, &e), 0, "%s", e.msg);
+        pthread_t t;
+        pthread_create(&t, NULL, proxy_loop, x);
+        char out[4096];
+        int code = curl_port(pd_proxy_port(x), "/expert_stats", NULL, NULL, out, sizeof out);
+        proxy_shutdown(&x, t);
+        fake_stop(&f);
+        cr_assert_eq(code, 502, "%s: %d %s", bodies[i], code, out);
+        cr_assert(strstr(out, cell[i]) && strstr(out, "not a count"), "%s: %s", bodies[i], out);
+    }
+}
