@@ -195,7 +195,15 @@ int pd_cli_plan(int argc, char **argv)
             break;
         case O_PREFILL: if (parse_role("--prefill", optarg, &o.role[PD_ROLE_PREFILL])) goto out; break;
         case O_DECODE: if (parse_role("--decode", optarg, &o.role[PD_ROLE_DECODE])) goto out; break;
-        case O_NODES: if (pd_cli_int("--nodes", optarg, 1, &v)) goto out; o.nodes = (int)v; break;
+        case O_NODES:
+            if (pd_cli_int("--nodes", optarg, 1, &v))
+                goto out;
+            if (v > 1 << 20) {   /* as a hardware file's cluster_nodes */
+                fprintf(stderr, "pdmoe: --nodes %s: at most %d\n", optarg, 1 << 20);
+                goto out;
+            }
+            o.nodes = (int)v;
+            break;
         case O_RTP: if (parse_bytes("--runtime-overhead-prefill", optarg, &o.runtime[0])) goto out; break;
         case O_RTD: if (parse_bytes("--runtime-overhead-decode", optarg, &o.runtime[1])) goto out; break;
         case O_HAND: {

@@ -23,7 +23,7 @@ int pd_cli_proxy(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"prefill", 1, 0, 'p'}, {"decode", 1, 0, 'd'}, {"host", 1, 0, 'H'}, {"port", 1, 0, 'P'},
-        {"api-key", 1, 0, 'k'}, {"retries", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"api-key", 1, 0, 'k'}, {"backend-api-key", 1, 0, 'b'}, {"retries", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
     struct pd_proxy_opts o = {.port = 8000, .handle_signals = 1};
     static char plist[4096], dlist[4096];
@@ -46,10 +46,21 @@ int pd_cli_proxy(int argc, char **argv)
         case 'H': o.host = optarg; break;
         case 'P': if (pd_cli_int("--port", optarg, 0, &v) || v > 65535) return 2; o.port = (int)v; break;
         case 'k': o.api_key = optarg; break;
-        case 'r': if (pd_cli_int("--retries", optarg, 1, &v)) return 2; o.retries = (int)v; break;
+        case 'b': o.backend_api_key = optarg; break;
+        case 'r':
+            if (pd_cli_int("--retries", optarg, 1, &v))
+                return 2;
+            if (v > PD_PROXY_MAX_INSTANCES) {   /* each retry goes to another prefill instance */
+                fprintf(stderr, "pdmoe proxy: --retries %s: at most %d\n", optarg, PD_PROXY_MAX_INSTANCES);
+                return 2;
+            }
+            o.retries = (int)v;
+            break;
         case 'h':
             printf("usage: pdmoe proxy --prefill host:port[,host:port...] --decode host:port[,...] [--port 8000]\n"
-                   "       [--host 127.0.0.1] [--api-key KEY] [--retries 3]\n"
+                   "       [--host 127.0.0.1] [--api-key KEY] [--backend-api-key KEY]\n"
+                   "       [--retries 3]\n"
+                   "The instances are sent --backend-api-key, or --api-key without it.\n"
                    "Without --prefill, the --decode instances are colocated servers and the proxy balances them.\n");
             return 0;
         default:

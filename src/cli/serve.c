@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,21 @@ static int serve(const struct pd_server_opts *o, int64_t dp)
     return rc ? 1 : 0;
 }
 
+/* An integer flag that goes into an int: at least min, at most INT_MAX (4294967297 must not
+ * become 1). */
+static int int_flag(const char *flag, const char *s, int64_t min, int *out)
+{
+    int64_t v;
+    if (pd_cli_int(flag, s, min, &v))
+        return -1;
+    if (v > INT_MAX) {
+        fprintf(stderr, "pdmoe serve: %s %s: at most %d\n", flag, s, INT_MAX);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
 int pd_cli_serve(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -64,10 +80,10 @@ int pd_cli_serve(int argc, char **argv)
         case 'm': o.model_dir = optarg; break;
         case 'H': o.host = optarg; break;
         case 'p': if (pd_cli_int("--port", optarg, 0, &v) || v > 65535) return 2; o.port = (int)v; break;
-        case 's': if (pd_cli_int("--max-num-seqs", optarg, 1, &v)) return 2; o.max_num_seqs = (int)v; break;
-        case 'b': if (pd_cli_int("--max-num-batched-tokens", optarg, 1, &v)) return 2; o.max_num_batched_tokens = (int)v; break;
-        case 'l': if (pd_cli_int("--max-model-len", optarg, 1, &v)) return 2; o.max_model_len = (int)v; break;
-        case 'j': if (pd_cli_int("--threads", optarg, 1, &v)) return 2; o.threads = (int)v; break;
+        case 's': if (int_flag("--max-num-seqs", optarg, 1, &o.max_num_seqs)) return 2; break;
+        case 'b': if (int_flag("--max-num-batched-tokens", optarg, 1, &o.max_num_batched_tokens)) return 2; break;
+        case 'l': if (int_flag("--max-model-len", optarg, 1, &o.max_model_len)) return 2; break;
+        case 'j': if (int_flag("--threads", optarg, 1, &o.threads)) return 2; break;
         case 'n': o.served_name = optarg; break;
         case 'E': o.expert_parallel = 1; break;
         case 'd': if (pd_cli_int("--data-parallel-size", optarg, 1, &dp)) return 2; break;

@@ -38,12 +38,20 @@ const char *pd_http_reason(int code)
 
 void pd_http_json(struct evhttp_request *h, int code, json_t *j)
 {
-    char *txt = json_dumps(j, JSON_COMPACT);
+    /* j is NULL when building it ran out of memory: the client still gets an answer */
+    static const char oom[] = "{\"error\":{\"message\":\"out of memory building the answer\",\"type\":"
+                              "\"server_error\",\"param\":null,\"code\":null}}";
+    char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (!txt)
+        code = 500;
     struct evbuffer *b = evbuffer_new();
-    evbuffer_add(b, txt, strlen(txt));
     evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Type", "application/json");
-    evhttp_send_reply(h, code, pd_http_reason(code), b);
-    evbuffer_free(b);
+    if (b && evbuffer_add(b, txt ? txt : oom, txt ? strlen(txt) : sizeof oom - 1) == 0)
+        evhttp_send_reply(h, code, pd_http_reason(code), b);
+    else
+        evhttp_send_error(h, 500, "out of memory");
+    if (b)
+        evbuffer_free(b);
     free(txt);
     json_decref(j);
 }
@@ -64,9 +72,45 @@ void pd_http_text(struct evhttp_request *h, const char *content_type, struct evb
     evhttp_send_reply(h, 200, "OK", b);
 }
 
+int pd_http_authorised(struct evhttp_request *h, const char *key)
+{
+    if (!key)
+        return 1;
+    const char *a = evhttp_find_header(evhttp_request_get_input_headers(h), "Authorization");
+    static const char bearer[] = "Bearer ";
+    if (!a || strncmp(a, bearer, sizeof bearer - 1))
+        return 0;
+    a += sizeof bearer - 1;
+    size_t na = strlen(a), nk = strlen(key);
+    /* every byte of the key is compared, whatever the header holds: its length and the first
+     * difference leave no trace in the time taken */
+    volatile unsigned char diff = na != nk;
+    for (size_t i = 0; i < nk; i++)
+        diff |= (unsigned char)key[i] ^ (unsigned char)(i < na ? a[i] : 0);
+    return diff == 0;
+}
+
+int pd_http_add_key(struct evhttp_request *r, const char *key)
+{
+    if (!key)
+        return 0;
+    size_t n = strlen(key) + sizeof "Bearer ";
+    char *v = malloc(n);
+    if (!v)
+        return PD_ENOMEM;
+    snprintf(v, n, "Bearer %s", key);
+    int rc = evhttp_add_header(evhttp_request_get_output_headers(r), "Authorization", v);
+    free(v);
+    return rc ? PD_ENOMEM : 0;
+}
+
 void pd_http_health(struct evhttp_request *h, void *arg)
 {
     struct evbuffer *b = evbuffer_new();
+    if (!b) {
+        evhttp_send_error(h, 503, "out of memory");
+        return;
+    }
     evbuffer_add_printf(b, "ok\n");
     pd_http_text(h, "text/plain", b);
     evbuffer_free(b);

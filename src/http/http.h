@@ -18,6 +18,13 @@ void pd_http_json(struct evhttp_request *h, int code, json_t *j);
 /* OpenAI-style error; param may be NULL. */
 void pd_http_error(struct evhttp_request *h, int code, const char *type, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+/* Whether h carries "Authorization: Bearer <key>" with the whole key (key NULL: every request
+ * is). The comparison takes the same time whatever the header holds, so a client cannot find the
+ * key a byte at a time; it sends nothing (the caller answers 401 its own way). */
+int pd_http_authorised(struct evhttp_request *h, const char *key);
+/* Adds "Authorization: Bearer <key>" to an outgoing request's headers (key NULL: nothing);
+ * PD_ENOMEM if it cannot. */
+int pd_http_add_key(struct evhttp_request *r, const char *key);
 /* The /health handler: 200 "ok" while the loop runs. */
 void pd_http_health(struct evhttp_request *h, void *arg);
 /* A [rows][cols] table of counts as an array of arrays (the tokens_per_expert of /expert_stats). */

@@ -10,7 +10,8 @@ json_t *pd_json_load_file(const char *path, pd_err *e)
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
-        if (je.line <= 0 || strstr(je.text, "unable to open"))
+        /* by jansson's error code: a syntax error's text may itself say "unable to open" */
+        if (json_error_code(&je) == json_error_cannot_open_file)
             pd_err_set(e, PD_EIO, "%s: %s", path, je.text);
         else
             pd_err_set(e, PD_EFORMAT, "%s:%d:%d: %s", path, je.line, je.column, je.text);

@@ -20,6 +20,7 @@
 #include <arpa/inet.h>
 #include <assert.h>
 #include <errno.h>
+#include <limits.h>
 #include <unistd.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -920,6 +921,12 @@ static void *scheduler(void *arg)
     pd_err e = {0};
     int rc = 0;
     pthread_mutex_lock(&s->mu);
+    if (!items || !last || !next || !in_step || !scratch) {
+        /* nothing can step: the loop stops and pd_server_run reports it */
+        snprintf(s->fatal, sizeof s->fatal, "out of memory for the scheduler of %d sequences", max_seqs);
+        event_base_loopexit(s->base, NULL);
+        s->stop = 1;
+    }
     while (!s->stop) {
         if (s->stats_state == STATS_WANTED && (rc = collect_expert_stats(s, &e)))
             break;
@@ -1141,29 +1148,35 @@ static void send_error(struct pd_server *s, struct evhttp_request *h, int code, 
     pd_http_error(h, code, type, param, "%s", msg);
 }
 
-/* Appends the bytes of the tokens [tokens_sent, n) to r->text and returns the longest prefix that
- * is complete UTF-8 (invalid bytes become U+FFFD) in *out, keeping an incomplete tail for later. */
-static size_t take_utf8(struct pd_server *s, struct req *r, int n, int final, char *out, size_t cap)
+/* Appends the bytes of the tokens [tokens_sent, n) to r->text and returns in *out (malloc'ed,
+ * *len bytes, which may include 0x00: a token's bytes are carried as they are) the longest prefix
+ * that is complete UTF-8, invalid bytes becoming U+FFFD, keeping an incomplete tail for later
+ * unless `final`. PD_ENOMEM (nothing taken, the tokens stay for a later call) if memory runs out. */
+static int take_utf8(struct pd_server *s, struct req *r, int n, int final, char **out, size_t *len)
 {
     for (; r->tokens_sent < n; r->tokens_sent++) {
-        size_t len;
-        const char *b = pd_tok_token_bytes(s->tok, r->gen[r->tokens_sent], &len);
+        size_t tl;
+        const char *b = pd_tok_token_bytes(s->tok, r->gen[r->tokens_sent], &tl);
         if (!b)
             continue;
-        if (r->text_len + len > r->text_cap) {
-            size_t c = (r->text_len + len) * 2 + 64;
+        if (tl > r->text_cap - r->text_len) {
+            size_t c = (r->text_len + tl) * 2 + 64;
             char *x = realloc(r->text, c);
             if (!x)
-                break;
+                return PD_ENOMEM;
             r->text = x;
             r->text_cap = c;
         }
-        memcpy(r->text + r->text_len, b, len);
-        r->text_len += len;
+        memcpy(r->text + r->text_len, b, tl);
+        r->text_len += tl;
     }
+    /* each byte becomes at most 3 (U+FFFD); text_len is below the cap of a buffer already held */
+    char *o_buf = malloc(r->text_len * 3 + 1);
+    if (!o_buf)
+        return PD_ENOMEM;
     size_t i = 0, o = 0;
     const unsigned char *t = (const unsigned char *)r->text;
-    while (i < r->text_len && o + 4 < cap) {
+    while (i < r->text_len) {
         unsigned c = t[i];
         size_t need = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
         int ok = need > 0 && (need == 1 || c >= 0xc2) && !(c > 0xf4);
@@ -1183,19 +1196,24 @@ static size_t take_utf8(struct pd_server *s, struct req *r, int n, int final, ch
         if (ok && need == 4 && ((c == 0xf0 && t[i + 1] < 0x90) || (c == 0xf4 && t[i + 1] >= 0x90)))
             ok = 0;
         if (ok) {
-            memcpy(out + o, t + i, need);
+            memcpy(o_buf + o, t + i, need);
             o += need;
             i += need;
         } else {
-            memcpy(out + o, "\xef\xbf\xbd", 3);
+            memcpy(o_buf + o, "\xef\xbf\xbd", 3);
             o += 3;
             i += 1;
         }
     }
-    memmove(r->text, r->text + i, r->text_len - i);
-    r->text_len -= i;
-    out[o] = 0;
-    return o;
+    /* (no text yet, as when the first token sampled is EOS: r->text is NULL, nothing to move) */
+    if (i > 0) {
+        memmove(r->text, r->text + i, r->text_len - i);
+        r->text_len -= i;
+    }
+    o_buf[o] = 0;
+    *out = o_buf;
+    *len = o;
+    return 0;
 }
 
 static json_t *usage(const struct req *r)
@@ -1204,27 +1222,32 @@ static json_t *usage(const struct req *r)
                      r->n_prompt + r->n_gen);
 }
 
-static json_t *chunk(struct pd_server *s, const struct req *r, const char *text, const char *finish)
+/* A streamed chunk carrying len bytes of text (a counted JSON string: a 0x00 byte is sent escaped). */
+static json_t *chunk(struct pd_server *s, const struct req *r, const char *text, size_t len, const char *finish)
 {
     json_t *choice;
     if (r->chat)
-        choice = json_pack("{s:i,s:{s:s},s:o}", "index", 0, "delta", "content", text, "finish_reason",
+        choice = json_pack("{s:i,s:{s:s%},s:o}", "index", 0, "delta", "content", text, len, "finish_reason",
                            finish ? json_string(finish) : json_null());
     else
-        choice = json_pack("{s:i,s:s,s:o}", "index", 0, "text", text, "finish_reason",
+        choice = json_pack("{s:i,s:s%,s:o}", "index", 0, "text", text, len, "finish_reason",
                            finish ? json_string(finish) : json_null());
     return json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", r->created_id, "object",
                      r->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)r->created, "model",
                      s->name, "choices", choice);
 }
 
+/* One SSE event; an event that cannot be built (out of memory) goes as an error event. */
 static void send_sse(struct evhttp_request *h, json_t *j)
 {
-    char *txt = json_dumps(j, JSON_COMPACT);
+    char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
     struct evbuffer *b = evbuffer_new();
-    evbuffer_add_printf(b, "data: %s\n\n", txt);
-    evhttp_send_reply_chunk(h, b);
-    evbuffer_free(b);
+    if (b) {
+        evbuffer_add_printf(b, "data: %s\n\n",
+                            txt ? txt : "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}");
+        evhttp_send_reply_chunk(h, b);
+        evbuffer_free(b);
+    }
     free(txt);
     json_decref(j);
 }
@@ -1278,20 +1301,23 @@ static void on_notify(evutil_socket_t fd, short what, void *arg)
             continue;
         }
         pthread_mutex_unlock(&s->mu);
-        size_t cap = (size_t)(n - r->tokens_sent + 1) * 64 + r->text_len * 3 + 64;
-        char *out = malloc(cap);
+        char *out = NULL;
+        size_t len = 0;
+        int oom = 0;
+        if (r->stream || (finished && strcmp(finish, "error")))
+            oom = take_utf8(s, r, n, finished, &out, &len) != 0;
         if (r->stream) {
-            take_utf8(s, r, n, finished, out, cap);
-            if (out[0])
-                send_sse(r->http, chunk(s, r, out, NULL));
+            if (len)
+                send_sse(r->http, chunk(s, r, out, len, NULL));
             if (finished) {
                 struct evhttp_request *h = r->http;
-                if (!strcmp(finish, "error")) {
-                    json_t *err = json_pack("{s:{s:s,s:s}}", "error", "message", "the engine failed during generation",
+                if (oom || !strcmp(finish, "error")) {
+                    json_t *err = json_pack("{s:{s:s,s:s}}", "error", "message",
+                                            oom ? "out of memory for the generated text" : "the engine failed during generation",
                                             "type", "server_error");
                     send_sse(r->http, err);
                 } else {
-                    send_sse(r->http, chunk(s, r, "", finish));
+                    send_sse(r->http, chunk(s, r, "", 0, finish));
                 }
                 struct evbuffer *b = evbuffer_new();
                 evbuffer_add_printf(b, "data: [DONE]\n\n");
@@ -1303,11 +1329,12 @@ static void on_notify(evutil_socket_t fd, short what, void *arg)
         } else if (finished) {
             if (!strcmp(finish, "error")) {
                 send_error(s, r->http, 500, "server_error", NULL, "the engine failed during generation");
+            } else if (oom) {
+                send_error(s, r->http, 503, "server_error", NULL, "out of memory for the generated text");
             } else {
-                take_utf8(s, r, n, 1, out, cap);
-                json_t *choice = r->chat ? json_pack("{s:i,s:{s:s,s:s},s:s}", "index", 0, "message", "role", "assistant",
-                                                     "content", out, "finish_reason", finish)
-                                         : json_pack("{s:i,s:s,s:s}", "index", 0, "text", out, "finish_reason", finish);
+                json_t *choice = r->chat ? json_pack("{s:i,s:{s:s,s:s%},s:s}", "index", 0, "message", "role", "assistant",
+                                                     "content", out, len, "finish_reason", finish)
+                                         : json_pack("{s:i,s:s%,s:s}", "index", 0, "text", out, len, "finish_reason", finish);
                 if (r->remote_decode) {
                     json_object_set_new(choice, "kv_transfer_params",
                                         json_pack("{s:b,s:b,s:s,s:I,s:s,s:i,s:i,s:i}", "do_remote_prefill", 1,
@@ -1365,11 +1392,22 @@ static void on_close(struct evhttp_connection *c, void *arg)
         evhttp_send_reply(h, 499, "Client Closed Request", NULL);
 }
 
+/* A field of a request, NULL when absent or null (as OpenAI clients send unset options). */
+static json_t *present(json_t *j, const char *key)
+{
+    json_t *v = json_object_get(j, key);
+    return json_is_null(v) ? NULL : v;
+}
+
 static json_t *read_body(struct evhttp_request *h, json_error_t *je)
 {
     struct evbuffer *in = evhttp_request_get_input_buffer(h);
     size_t n = evbuffer_get_length(in);
     char *buf = malloc(n + 1);
+    if (!buf) {
+        snprintf(je->text, sizeof je->text, "out of memory for a body of %zu bytes", n);
+        return NULL;
+    }
     evbuffer_copyout(in, buf, n);
     buf[n] = 0;
     json_t *j = json_loadb(buf, n, JSON_REJECT_DUPLICATES, je);
@@ -1379,12 +1417,7 @@ static json_t *read_body(struct evhttp_request *h, json_error_t *je)
 
 static int authorised(struct pd_server *s, struct evhttp_request *h)
 {
-    if (!s->o.api_key)
-        return 1;
-    const char *a = evhttp_find_header(evhttp_request_get_input_headers(h), "Authorization");
-    char want[300];
-    snprintf(want, sizeof want, "Bearer %s", s->o.api_key);
-    if (a && strcmp(a, want) == 0)
+    if (pd_http_authorised(h, s->o.api_key))
         return 1;
     send_error(s, h, 401, "invalid_request_error", NULL, "missing or wrong API key (Authorization: Bearer ...)");
     return 0;
@@ -1399,6 +1432,8 @@ static int chat_prompt(struct pd_server *s, struct evhttp_request *h, json_t *ms
     }
     size_t cap = 256, len = 0;
     char *p = malloc(cap);
+    if (!p)
+        goto oom;
     p[0] = 0;
     for (size_t i = 0; i < json_array_size(msgs); i++) {
         json_t *m = json_array_get(msgs, i);
@@ -1414,14 +1449,22 @@ static int chat_prompt(struct pd_server *s, struct evhttp_request *h, json_t *ms
         const char *tag = !strcmp(role, "user") ? "<｜User｜>" : !strcmp(role, "assistant") ? "<｜Assistant｜>" : "";
         size_t need = len + strlen(tag) + strlen(content) + 64;
         if (need > cap) {
+            char *x = realloc(p, need * 2);
+            if (!x) {
+                free(p);
+                goto oom;
+            }
+            p = x;
             cap = need * 2;
-            p = realloc(p, cap);
         }
         len += (size_t)sprintf(p + len, "%s%s", tag, content);
     }
     strcat(p, "<｜Assistant｜>");
     *out = p;
     return 0;
+oom:
+    send_error(s, h, 503, "server_error", "messages", "out of memory for the chat's prompt");
+    return -1;
 }
 
 static void on_completion(struct evhttp_request *h, void *arg, int chat)
@@ -1442,10 +1485,8 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
         return;
     }
     const char *model = json_string_value(json_object_get(j, "model"));
-    json_t *mt = json_object_get(j, "max_tokens"), *tp = json_object_get(j, "temperature"),
-           *pp = json_object_get(j, "top_p"), *st = json_object_get(j, "stream"), *sd = json_object_get(j, "seed");
-    if (!mt)
-        mt = json_object_get(j, "max_completion_tokens");
+    json_t *mt = present(j, "max_tokens"), *mct = present(j, "max_completion_tokens"), *tp = present(j, "temperature"),
+           *pp = present(j, "top_p"), *st = present(j, "stream"), *sd = present(j, "seed");
     char *text = NULL;
     struct req *r = NULL;
     if (json_object_get(j, "model") && !model) {
@@ -1457,19 +1498,35 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
                    model, s->name);
         goto out;
     }
-    if ((mt && (!json_is_integer(mt) || json_integer_value(mt) < 1)) || (tp && (!json_is_number(tp) ||
-        json_number_value(tp) < 0 || json_number_value(tp) > 2)) || (pp && (!json_is_number(pp) ||
-        json_number_value(pp) <= 0 || json_number_value(pp) > 1)) || (st && !json_is_boolean(st)) ||
-        (sd && !json_is_integer(sd))) {
-        const char *bad = mt && (!json_is_integer(mt) || json_integer_value(mt) < 1) ? "max_tokens"
-                          : tp && (!json_is_number(tp) || json_number_value(tp) < 0 || json_number_value(tp) > 2) ? "temperature"
-                          : pp && (!json_is_number(pp) || json_number_value(pp) <= 0 || json_number_value(pp) > 1) ? "top_p"
-                          : st && !json_is_boolean(st) ? "stream" : "seed";
+    /* every field that sizes or steers the generation is checked here, before it is used */
+    static const char *const flags[] = {"stream", "return_token_ids", "ignore_eos"};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        json_t *v = present(j, flags[i]);
+        if (v && !json_is_boolean(v)) {
+            send_error(s, h, 400, "invalid_request_error", flags[i], "\"%s\" must be a boolean", flags[i]);
+            goto out;
+        }
+    }
+    const char *bad = mt && (!json_is_integer(mt) || json_integer_value(mt) < 1) ? "max_tokens"
+                      : mct && (!json_is_integer(mct) || json_integer_value(mct) < 1) ? "max_completion_tokens"
+                      : tp && (!json_is_number(tp) || json_number_value(tp) < 0 || json_number_value(tp) > 2) ? "temperature"
+                      : pp && (!json_is_number(pp) || json_number_value(pp) <= 0 || json_number_value(pp) > 1) ? "top_p"
+                      : sd && !json_is_integer(sd) ? "seed" : NULL;
+    if (bad) {
         send_error(s, h, 400, "invalid_request_error", bad,
-                   "\"%s\": max_tokens is an integer >= 1, temperature a number in [0, 2], top_p in (0, 1], stream a "
-                   "boolean, seed an integer", bad);
+                   "\"%s\": max_tokens and max_completion_tokens are integers >= 1, temperature a number in [0, 2], "
+                   "top_p in (0, 1], seed an integer", bad);
         goto out;
     }
+    if (mt && mct && json_integer_value(mt) != json_integer_value(mct)) {
+        send_error(s, h, 400, "invalid_request_error", "max_completion_tokens",
+                   "\"max_tokens\" (%lld) and \"max_completion_tokens\" (%lld) differ; send one",
+                   (long long)json_integer_value(mt), (long long)json_integer_value(mct));
+        goto out;
+    }
+    const char *mt_name = mt || !mct ? "max_tokens" : "max_completion_tokens";   /* the one errors name */
+    if (!mt)
+        mt = mct;
     if (chat) {
         if (chat_prompt(s, h, json_object_get(j, "messages"), &text))
             goto out;
@@ -1480,34 +1537,52 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
             goto out;
         }
         text = strdup(json_string_value(p));
+        if (!text) {
+            send_error(s, h, 503, "server_error", NULL, "out of memory for the prompt");
+            goto out;
+        }
     }
     r = calloc(1, sizeof *r);
+    if (!r) {
+        send_error(s, h, 503, "server_error", NULL, "out of memory for the request");
+        goto out;
+    }
     size_t n = 0;
     int32_t *ids = NULL;
     pd_err e;
-    if (pd_tok_encode(s->tok, text, strlen(text), &ids, &n, &e)) {
-        send_error(s, h, 400, "invalid_request_error", chat ? "messages" : "prompt", "%s", e.msg);
+    int rc = pd_tok_encode(s->tok, text, strlen(text), &ids, &n, &e);
+    if (rc) {
+        send_error(s, h, rc == PD_ENOMEM ? 503 : 400, rc == PD_ENOMEM ? "server_error" : "invalid_request_error",
+                   chat ? "messages" : "prompt", "%s", e.msg);
         goto reject;
     }
-    r->prompt = malloc((n + 1) * sizeof *r->prompt);
+    /* (a prompt is at most the 8 MiB body in tokens: it fits an int, checked all the same) */
+    r->prompt = n < INT_MAX - 1 ? malloc((n + 1) * sizeof *r->prompt) : NULL;
+    if (!r->prompt) {
+        free(ids);
+        send_error(s, h, 503, "server_error", NULL, "out of memory for the prompt's %zu tokens", n);
+        goto reject;
+    }
     if (s->bos >= 0)
         r->prompt[r->n_prompt++] = s->bos;
-    memcpy(r->prompt + r->n_prompt, ids, n * sizeof *ids);
+    if (n)
+        memcpy(r->prompt + r->n_prompt, ids, n * sizeof *ids);
     r->n_prompt += (int)n;
     free(ids);
     int64_t max_tokens = mt ? json_integer_value(mt) : 16;
-    if (r->n_prompt + max_tokens > s->o.max_model_len) {
-        send_error(s, h, 400, "invalid_request_error", "max_tokens",
-                   "this model's maximum context length is %d tokens; the prompt has %d and max_tokens asks for %lld",
-                   s->o.max_model_len, r->n_prompt, (long long)max_tokens);
+    /* compared as max_model_len - prompt: a max_tokens near INT64_MAX must not wrap the sum */
+    if (max_tokens > (int64_t)s->o.max_model_len - r->n_prompt) {
+        send_error(s, h, 400, "invalid_request_error", mt_name,
+                   "this model's maximum context length is %d tokens; the prompt has %d and %s asks for %lld",
+                   s->o.max_model_len, r->n_prompt, mt_name, (long long)max_tokens);
         goto reject;
     }
     /* a request the pool could never hold is refused now rather than left waiting */
     int need = pd_kvpool_blocks_for(&s->en.kv, r->n_prompt + max_tokens);
     if (need > s->en.kv.n_blocks) {
-        send_error(s, h, 400, "invalid_request_error", "max_tokens",
-                   "the prompt (%d tokens) and max_tokens (%lld) need %d KV blocks; this server's pool has %d",
-                   r->n_prompt, (long long)max_tokens, need, s->en.kv.n_blocks);
+        send_error(s, h, 400, "invalid_request_error", mt_name,
+                   "the prompt (%d tokens) and %s (%lld) need %d KV blocks; this server's pool has %d",
+                   r->n_prompt, mt_name, (long long)max_tokens, need, s->en.kv.n_blocks);
         goto reject;
     }
     r->max_tokens = (int)max_tokens;
@@ -1548,6 +1623,12 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     }
     r->gen = malloc((size_t)r->max_tokens * sizeof *r->gen);
     r->logits = s->g ? NULL : malloc((size_t)s->V * sizeof(float));   /* a group's ranks have their own */
+    if (!r->gen || (!s->g && !r->logits)) {
+        free(r->gen);
+        free(r->logits);
+        send_error(s, h, 503, "server_error", NULL, "out of memory for a request of %d tokens", r->max_tokens);
+        goto reject;
+    }
     r->stream = st && json_is_true(st);
     r->chat = chat;
     r->srv = s;
@@ -1649,6 +1730,10 @@ static void on_metrics(struct evhttp_request *h, void *arg)
 {
     struct pd_server *s = arg;
     struct evbuffer *b = evbuffer_new();
+    if (!b) {
+        send_error(s, h, 503, "server_error", NULL, "out of memory for the metrics");
+        return;
+    }
     pthread_mutex_lock(&s->mu);
     int waiting = 0, leases = 0;
     for (struct req *r = s->wait_head; r; r = r->next)

@@ -78,7 +78,8 @@ int pd_hardware_parse(const char *text, const char *label, struct pd_hardware *h
     if ((rc = pd_json_str(&cs, card, "name", 1, "", h->card_name, sizeof h->card_name, e)) ||
         (rc = pd_json_num(&cs, card, "memory_bytes", 1, 0, 1, 1e15, &mem, e)) ||
         (rc = pd_json_num(&cs, card, "memory_bandwidth_Bps", 1, 0, 1, 1e15, &h->mem_bw_Bps, e)) ||
-        (rc = pd_json_num(&cs, card, "bf16_flops", 1, 0, 0, 1e18, &h->bf16_flops, e)) ||
+        /* the predictions divide by it (attention runs in bf16 on every card): 0 would give inf */
+        (rc = pd_json_num(&cs, card, "bf16_flops", 1, 0, 1, 1e18, &h->bf16_flops, e)) ||
         (rc = pd_json_num(&cs, card, "int8_ops", 1, 0, 0, 1e18, &h->int8_ops, e)) ||
         (rc = pd_json_num(&cs, card, "fp8_flops", 0, 0, 0, 1e18, &h->fp8_flops, e)))
         goto out;

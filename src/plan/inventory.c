@@ -13,6 +13,7 @@ struct builder {
     unsigned quantize_mask;   /* groups the scheme also covers (the model's quantize_groups) */
     int layer;
     const char *prefix;       /* "layers.3." */
+    pd_err *e;
 };
 
 static int grow(struct pd_inventory *inv)
@@ -40,13 +41,27 @@ static enum pd_fmt choose_fmt(const struct builder *b, enum pd_group g, int ndim
     return native;
 }
 
-static void account(struct pd_inventory *inv, const struct pd_tensor *t)
+/* Adds t's bytes and parameters to the totals; PD_ERANGE if a total would pass PD_INV_MAX_BYTES
+ * (each term is checked first, so no product or sum here can overflow). */
+static int account(struct pd_inventory *inv, const struct pd_tensor *t)
 {
-    int64_t bytes = t->bytes * t->count, params = t->params * t->count;
+    int64_t bytes, params;
+    if (t->bytes < 0 || t->params < 0 || t->count < 0 || __builtin_mul_overflow(t->bytes, (int64_t)t->count, &bytes) ||
+        __builtin_mul_overflow(t->params, (int64_t)t->count, &params) ||
+        bytes > PD_INV_MAX_BYTES - inv->class_bytes[t->cls] || params > PD_INV_MAX_BYTES - inv->class_params[t->cls])
+        return PD_ERANGE;
     inv->group_bytes[t->group][t->cls] += bytes;
     inv->group_params[t->group][t->cls] += params;
     inv->class_bytes[t->cls] += bytes;
     inv->class_params[t->cls] += params;
+    return 0;
+}
+
+static int too_large(struct builder *b, const struct pd_tensor *t)
+{
+    return pd_err_set(b->e, PD_ERANGE, "%s: the model is too large: at tensor %s (%lld x %lld, %d of it) its weights "
+                      "pass 2^50 bytes or parameters; check the sizes", b->m->source, t->name, (long long)t->shape[0],
+                      (long long)t->shape[1], t->count);
 }
 
 /* Adds one tensor (or one per expert when count > 1). `linear`: 1 for the weight matrix of a
@@ -73,14 +88,18 @@ static int add(struct builder *b, enum pd_group g, enum pd_class cls, int count,
     t->ndim = cols > 0 ? 2 : 1;
     t->shape[0] = rows;
     t->shape[1] = cols > 0 ? cols : 0;
-    t->params = rows * (cols > 0 ? cols : 1);
+    t->count = count;
+    /* the config's fields are each in range, their products need not be: 2^50 parameters at
+     * most 8 bytes each keeps pd_fmt_bytes inside int64 */
+    if (rows < 0 || __builtin_mul_overflow(rows, cols > 0 ? cols : 1, &t->params) || t->params > PD_INV_MAX_BYTES)
+        return too_large(b, t);
     t->fmt = choose_fmt(b, g, t->ndim, linear, native);
     t->bytes = pd_fmt_bytes(t->fmt, t->ndim, t->shape, b->q);
-    t->count = count;
     t->layer = (int16_t)b->layer;
     t->group = (uint8_t)g;
     t->cls = (uint8_t)cls;
-    account(b->inv, t);
+    if (account(b->inv, t))
+        return too_large(b, t);
     if (cls == PD_CLASS_I)
         for (int e = 0; e < b->inv->n_experts; e++)
             b->inv->expert_bytes[e] += t->bytes;
@@ -296,7 +315,7 @@ int pd_inventory_build(const struct pd_model *m, const struct pd_quant *q, int i
 {
     if (start(m, inv))
         return pd_err_set(e, PD_ENOMEM, "inventory: out of memory");
-    struct builder b = {.m = m, .q = q, .inv = inv};
+    struct builder b = {.m = m, .q = q, .inv = inv, .e = e};
     for (int i = 0; i < m->n_quantize_groups; i++) {
         enum pd_group g;
         if (pd_group_parse(m->quantize_groups[i], &g)) {
@@ -317,7 +336,7 @@ int pd_inventory_build(const struct pd_model *m, const struct pd_quant *q, int i
     int rc = m->arch == PD_ARCH_DEEPSEEK_V4 ? build_v4(&b, include_mtp) : build_v3(&b, include_mtp);
     if (rc) {
         pd_inventory_free(inv);
-        return pd_err_set(e, rc, "inventory: out of memory");
+        return rc == PD_ENOMEM ? pd_err_set(e, rc, "inventory: out of memory") : rc;   /* add() said what */
     }
     for (int l = 0; l < m->n_layers + (include_mtp ? m->n_mtp_layers : 0); l++)
         inv->n_moe_layers += pd_model_is_moe_layer(m, l);
@@ -449,14 +468,18 @@ int pd_inventory_from_checkpoint(const struct pd_model *m, const struct pd_st_se
             for (int d = 0; d < st->ndim; d++)
                 t->params *= st->shape[d];
             t->shape[0] = st->ndim > 0 ? st->shape[0] : 1;
-            t->shape[1] = st->ndim > 1 ? t->params / st->shape[0] : 0;
+            t->shape[1] = st->ndim > 1 && st->shape[0] > 0 ? t->params / st->shape[0] : 0;   /* (an empty tensor has 0 rows) */
             t->fmt = PD_FMT_RAW;
             t->bytes = (int64_t)(st->end - st->begin);
             t->count = 1;
             t->layer = (int16_t)layer;
             t->group = (uint8_t)g;
             t->cls = (uint8_t)c;
-            account(inv, t);
+            if (account(inv, t)) {
+                pd_err_set(e, PD_ERANGE, "checkpoint: too large: at tensor %s its weights pass 2^50 bytes", st->name);
+                pd_inventory_free(inv);
+                return PD_ERANGE;
+            }
             if (c == PD_CLASS_I) {
                 inv->expert_bytes[expert] += t->bytes;
                 seen[layer] = 1;

@@ -32,6 +32,11 @@ struct pd_tensor {
 };
 
 #define PD_INV_MAX_UNCLASSED 16
+/* The most bytes (and parameters) a model description may come to: 2^50 (1.1 PB), hundreds of
+ * times the largest released model, so that every total and the planner's products of them stay
+ * far inside int64. A config.json within each field's range can still ask for more (65,536
+ * experts of 2^20 x 2^20): pd_inventory_build refuses it with PD_ERANGE. */
+#define PD_INV_MAX_BYTES (INT64_C(1) << 50)
 
 struct pd_inventory {
     struct pd_tensor *t;
@@ -47,7 +52,8 @@ struct pd_inventory {
     char unclassed[PD_INV_MAX_UNCLASSED][96];
 };
 
-/* From the model description; include_mtp = 0 leaves the MTP layers out. */
+/* From the model description; include_mtp = 0 leaves the MTP layers out. PD_ERANGE, naming the
+ * model's file and the tensor, when the sizes add up to more than PD_INV_MAX_BYTES. */
 int pd_inventory_build(const struct pd_model *m, const struct pd_quant *q, int include_mtp,
                        struct pd_inventory *inv, pd_err *e);
 /* From a checkpoint's headers: each tensor counted by its stored bytes. */

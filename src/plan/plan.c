@@ -148,9 +148,10 @@ static int load_expert_stats(const struct pd_plan *p, const char *flag, const ch
         for (int i = 0; i < E; i++) {
             json_t *v = json_array_get(row, (size_t)i);
             double t = json_is_number(v) ? json_number_value(v) : -1;
-            if (!(t >= 0) || !isfinite(t)) {
+            /* at most 2^53 (exact in a double): the sums over experts and layers stay finite */
+            if (!(t >= 0) || !(t <= 0x1p53)) {
                 rc = pd_err_set(e, PD_EINVAL, "%s %s: field \"tokens_per_expert[%zu][%d]\": expected a "
-                                "number >= 0", flag, path, l, i);
+                                "number in [0, 2^53]", flag, path, l, i);
                 break;
             }
             x->tokens[l * (size_t)E + (size_t)i] = t;

@@ -331,6 +331,13 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
     struct evbuffer *in = evhttp_request_get_input_buffer(r);
     size_t n = evbuffer_get_length(in);
     char *txt = malloc(n + 1);
+    if (!txt) {
+        px->prefill_failed++;
+        reply_error(j->client, 503, "server_error", "out of memory for the prefill's answer of %zu bytes", n);
+        client_done(j);
+        job_free(j);
+        return;
+    }
     evbuffer_copyout(in, txt, n);
     txt[n] = 0;
     if (code != 200) {
@@ -362,6 +369,12 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
     send_up(j, 1);
 }
 
+/* The key the instances want: their own, or the one clients give this proxy. */
+static const char *backend_key(const struct pd_proxy *px)
+{
+    return px->o.backend_api_key ? px->o.backend_api_key : px->o.api_key;
+}
+
 static void send_up(struct job *j, int decode)
 {
     struct pd_proxy *px = j->px;
@@ -386,20 +399,27 @@ static void send_up(struct job *j, int decode)
     json_decref(b);
     struct evhttp_connection *c = evhttp_connection_base_new(px->base, NULL, in->host, (unsigned short)in->port);
     j->conn = c;
-    struct evhttp_request *r = evhttp_request_new(decode ? on_decode_done : on_prefill_done, j);
-    if (decode)
-        evhttp_request_set_chunked_cb(r, on_decode_chunk);
-    struct evkeyvalq *hd = evhttp_request_get_output_headers(r);
-    char hostport[96];
-    snprintf(hostport, sizeof hostport, "%s:%d", in->host, in->port);
-    evhttp_add_header(hd, "Host", hostport);
-    evhttp_add_header(hd, "Content-Type", "application/json");
-    evbuffer_add(evhttp_request_get_output_buffer(r), txt, strlen(txt));
+    struct evhttp_request *r = c ? evhttp_request_new(decode ? on_decode_done : on_prefill_done, j) : NULL;
+    /* a request that cannot be built (out of memory) fails as an instance that refused it */
+    int bad = !txt || !r;
+    if (r) {
+        if (decode)
+            evhttp_request_set_chunked_cb(r, on_decode_chunk);
+        struct evkeyvalq *hd = evhttp_request_get_output_headers(r);
+        char hostport[96];
+        snprintf(hostport, sizeof hostport, "%s:%d", in->host, in->port);
+        evhttp_add_header(hd, "Host", hostport);
+        evhttp_add_header(hd, "Content-Type", "application/json");
+        bad = bad || pd_http_add_key(r, backend_key(px)) ||
+              evbuffer_add(evhttp_request_get_output_buffer(r), txt, strlen(txt));
+        if (bad)
+            evhttp_request_free(r);
+    }
     free(txt);
     in->load++;
     j->up = r;
     j->up_decode = decode;
-    if (evhttp_make_request(c, r, EVHTTP_REQ_POST, j->path) != 0) {
+    if (bad || evhttp_make_request(c, r, EVHTTP_REQ_POST, j->path) != 0) {
         /* libevent freed r: the instance failed (the handlers take its load back) */
         j->up = NULL;
         if (decode)
@@ -411,12 +431,7 @@ static void send_up(struct job *j, int decode)
 
 static int authorised(struct pd_proxy *px, struct evhttp_request *h)
 {
-    if (!px->o.api_key)
-        return 1;
-    const char *a = evhttp_find_header(evhttp_request_get_input_headers(h), "Authorization");
-    char want[300];
-    snprintf(want, sizeof want, "Bearer %s", px->o.api_key);
-    if (a && strcmp(a, want) == 0)
+    if (pd_http_authorised(h, px->o.api_key))
         return 1;
     reply_error(h, 401, "invalid_request_error", "missing or wrong API key (Authorization: Bearer ...)");
     return 0;
@@ -434,12 +449,18 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
     struct evbuffer *in = evhttp_request_get_input_buffer(h);
     size_t n = evbuffer_get_length(in);
     char *txt = malloc(n + 1);
+    if (!txt) {
+        reply_error(h, 503, "server_error", "out of memory for a body of %zu bytes", n);
+        return;
+    }
     evbuffer_copyout(in, txt, n);
     txt[n] = 0;
     json_error_t je;
     json_t *body = json_loads(txt, JSON_REJECT_DUPLICATES, &je);
     free(txt);
     json_t *st = body ? json_object_get(body, "stream") : NULL;
+    if (json_is_null(st))
+        st = NULL;   /* unset, as the servers read it */
     if (!json_is_object(body) || (st && !json_is_boolean(st))) {
         px->bad_requests++;
         reply_error(h, 400, "invalid_request_error", "%s", !body ? je.text : !json_is_object(body)
@@ -449,6 +470,11 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
     }
     json_object_del(body, "kv_transfer_params");
     struct job *j = calloc(1, sizeof *j);
+    if (!j) {
+        json_decref(body);
+        reply_error(h, 503, "server_error", "out of memory for the request");
+        return;
+    }
     j->px = px;
     j->client = h;
     snprintf(j->path, sizeof j->path, "%s", path);
@@ -481,7 +507,9 @@ static struct evhttp_connection *get_from(struct pd_proxy *px, const struct inst
     struct evhttp_request *r = c ? evhttp_request_new(cb, arg) : NULL;
     if (r) {
         evhttp_add_header(evhttp_request_get_output_headers(r), "Host", in->host);
-        if (evhttp_make_request(c, r, EVHTTP_REQ_GET, path) == 0)
+        if (pd_http_add_key(r, backend_key(px)))
+            evhttp_request_free(r);
+        else if (evhttp_make_request(c, r, EVHTTP_REQ_GET, path) == 0)
             return c;   /* on failure libevent has freed r */
     }
     drop_conn(px, c);
@@ -563,7 +591,7 @@ static void stats_add(struct stats_job *j, const char *where, struct evbuffer *b
     size_t L = json_is_array(rows) ? json_array_size(rows) : 0;
     json_t *row0 = json_array_get(rows, 0);
     size_t E = json_is_array(row0) ? json_array_size(row0) : 0;
-    if (L == 0 || E == 0 || (j->sum && (L != (size_t)j->n_layers || E != (size_t)j->experts))) {
+    if (L == 0 || E == 0 || L > 4096 || E > 65536 || (j->sum && (L != (size_t)j->n_layers || E != (size_t)j->experts))) {
         stats_fail(j, "%s answered /expert_stats with %zu layers of %zu experts%s", where, L, E,
                    j->sum ? ", unlike the other instances" : "");
         json_decref(doc);
@@ -585,8 +613,15 @@ static void stats_add(struct stats_job *j, const char *where, struct evbuffer *b
             stats_fail(j, "%s answered /expert_stats with rows of different lengths", where);
             break;
         }
-        for (size_t x = 0; x < E; x++)
-            j->sum[l * E + x] += json_integer_value(json_array_get(row, x));
+        for (size_t x = 0; x < E && !j->why[0]; x++) {
+            json_t *v = json_array_get(row, x);
+            int64_t *t = &j->sum[l * E + x];
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || __builtin_add_overflow(*t, json_integer_value(v), t))
+                stats_fail(j, "%s answered /expert_stats with tokens_per_expert[%zu][%zu] not a count (an integer >= 0 "
+                           "whose sum over the instances fits 64 bits)", where, l, x);
+        }
+        if (j->why[0])
+            break;
     }
     j->instances++;
     json_decref(doc);
@@ -674,6 +709,10 @@ static void on_metrics(struct evhttp_request *h, void *arg)
 {
     struct pd_proxy *px = arg;
     struct evbuffer *b = evbuffer_new();
+    if (!b) {
+        reply_error(h, 503, "server_error", "out of memory for the metrics");
+        return;
+    }
     evbuffer_add_printf(b,
                         "# TYPE pdmoe_proxy_requests_total counter\npdmoe_proxy_requests_total %llu\n"
                         "# TYPE pdmoe_proxy_completed_total counter\npdmoe_proxy_completed_total %llu\n"

@@ -23,7 +23,8 @@ struct pd_proxy_opts {
     int n_decode;
     const char *host;                              /* default 127.0.0.1 */
     int port;                                      /* 0: ephemeral */
-    const char *api_key;
+    const char *api_key;                           /* clients must send it; NULL: none */
+    const char *backend_api_key;                   /* sent to the instances; NULL: api_key */
     int retries;                                   /* prefill attempts; 0: 3 */
     int handle_signals;
 };

@@ -1,0 +1,385 @@
+/* The server under hostile or unlucky requests: numbers that would overflow what they size are
+ * refused with a 400 naming the field and the server goes on serving; a first sampled token that
+ * is EOS gives an empty "stop" answer (it once called memmove(NULL, ..., 0), which UBSan aborts);
+ * a token whose bytes hold 0x00 reaches the client byte for byte, in the plain answer, in the
+ * streamed chunks and in return_token_ids alike (the text was once cut at the NUL). */
+#include <criterion/criterion.h>
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "engine/genmodel.h"
+#include "model/tokenizer.h"
+#include "../tmpmodel.h"
+#include "pd/server.h"
+#include "util.h"
+
+static char dir[64];
+static struct pd_server *srv;
+static pthread_t loop;
+static int port;
+
+static void *run_loop(void *arg)
+{
+    pd_err e;
+    pd_server_run(srv, &e);
+    return NULL;
+}
+
+static void setup(void)
+{
+    tmp_model("v4-tiny", 7, dir, sizeof dir);
+    pd_err e = {0};
+    struct pd_server_opts o = {.model_dir = dir, .port = 0, .threads = 1, .max_num_seqs = 4,
+                               .max_model_len = 512, .served_name = "tiny"};
+    cr_assert_eq(pd_server_create(&o, &srv, &e), 0, "%s", e.msg);
+    port = pd_server_port(srv);
+    pthread_create(&loop, NULL, run_loop, NULL);
+}
+
+static void teardown(void)
+{
+    pd_server_stop(srv);
+    pthread_join(loop, NULL);
+    pd_server_destroy(srv);
+    rm_model(dir);
+}
+
+TestSuite(hostile, .init = setup, .fini = teardown, .timeout = 240);
+
+/* POST body to path over a plain socket (many requests per test: no process per request); the
+ * status, and the answer's body (malloc'ed, NUL-terminated) in *out. */
+static int post(const char *path, const char *body, char **out)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    char head[256];
+    int n = snprintf(head, sizeof head,
+                     "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n", path, strlen(body));
+    cr_assert_eq(write(fd, head, (size_t)n), n);
+    cr_assert_eq(write(fd, body, strlen(body)), (ssize_t)strlen(body));
+    size_t len = 0, cap = 1 << 14;
+    char *buf = malloc(cap);
+    ssize_t got;
+    while ((got = read(fd, buf + len, cap - len - 1)) > 0) {
+        len += (size_t)got;
+        if (cap - len < 4096)
+            buf = realloc(buf, cap *= 2);
+    }
+    close(fd);
+    buf[len] = 0;
+    int code = 0;
+    cr_assert_eq(sscanf(buf, "HTTP/1.1 %d", &code), 1, "no status line: %s", buf);
+    char *b = strstr(buf, "\r\n\r\n");
+    cr_assert_not_null(b);
+    *out = strdup(b + 4);
+    free(buf);
+    return code;
+}
+
+static void refused(const char *body, const char *param)
+{
+    char *out;
+    int code = post(strstr(body, "\"messages\"") ? "/v1/chat/completions" : "/v1/completions", body, &out);
+    cr_assert_eq(code, 400, "%s: %d %s", body, code, out);
+    json_t *j = parse(out);
+    json_t *err = json_object_get(j, "error");
+    cr_assert(json_is_string(json_object_get(err, "message")), "%s", out);
+    cr_assert_str_eq(json_string_value(json_object_get(err, "param")), param, "%s: %s", body, out);
+    json_decref(j);
+    free(out);
+}
+
+Test(hostile, numbers_that_would_overflow_are_refused_and_the_server_lives)
+{
+    refused("{\"prompt\":\"x\",\"max_tokens\":9223372036854775807}", "max_tokens");
+    refused("{\"prompt\":\"x\",\"max_tokens\":9223372036854775806}", "max_tokens");
+    refused("{\"prompt\":\"x\",\"max_tokens\":2147483647}", "max_tokens");
+    refused("{\"prompt\":\"x\",\"max_tokens\":4294967297}", "max_tokens");
+    refused("{\"prompt\":\"x\",\"max_tokens\":-9223372036854775807}", "max_tokens");
+    refused("{\"prompt\":\"x\",\"max_completion_tokens\":9223372036854775807}", "max_completion_tokens");
+    refused("{\"prompt\":\"x\",\"max_completion_tokens\":0}", "max_completion_tokens");
+    refused("{\"prompt\":\"x\",\"max_tokens\":4,\"max_completion_tokens\":9223372036854775807}", "max_completion_tokens");
+    refused("{\"prompt\":\"x\",\"temperature\":-0.5}", "temperature");
+    refused("{\"prompt\":\"x\",\"temperature\":1e308}", "temperature");
+    refused("{\"prompt\":\"x\",\"top_p\":0}", "top_p");
+    refused("{\"prompt\":\"x\",\"top_p\":1.0000001}", "top_p");
+    refused("{\"prompt\":\"x\",\"seed\":1.5}", "seed");
+    refused("{\"prompt\":\"x\",\"seed\":\"7\"}", "seed");
+    refused("{\"prompt\":\"x\",\"ignore_eos\":\"yes\"}", "ignore_eos");
+    refused("{\"prompt\":\"x\",\"return_token_ids\":1}", "return_token_ids");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":9223372036854775807}", "max_tokens");
+    /* the server is alive and the extreme seeds are just seeds; null is an option left unset */
+    char *out;
+    const char *ok[] = {"{\"prompt\":\"x\",\"max_tokens\":3,\"seed\":-9223372036854775807}",
+                        "{\"prompt\":\"x\",\"max_tokens\":3,\"seed\":9223372036854775807}",
+                        "{\"prompt\":\"x\",\"max_tokens\":3,\"max_completion_tokens\":3,\"seed\":null,\"top_p\":null}",
+                        "{\"prompt\":\"x\",\"max_tokens\":null,\"max_completion_tokens\":200,\"temperature\":0}"};
+    for (int i = 0; i < 4; i++) {
+        int code = post("/v1/completions", ok[i], &out);
+        cr_assert_eq(code, 200, "%s: %d %s", ok[i], code, out);
+        free(out);
+    }
+}
+
+/* The seed in [0, limit) whose completion of `body_fmt` (one %d for the seed) first satisfies
+ * want(answer), or -1; the answer stays in *out. */
+static int find_seed(const char *body_fmt, int limit, int (*want)(json_t *), json_t **out)
+{
+    char body[512];
+    for (int seed = 0; seed < limit; seed++) {
+        snprintf(body, sizeof body, body_fmt, seed);
+        char *txt;
+        int code = post("/v1/completions", body, &txt);
+        cr_assert_eq(code, 200, "%s: %d %s", body, code, txt);
+        json_error_t je;
+        json_t *j = json_loads(txt, JSON_ALLOW_NUL, &je);
+        cr_assert_not_null(j, "not JSON: %s (%s)", txt, je.text);
+        free(txt);
+        if (want(j)) {
+            *out = j;
+            return seed;
+        }
+        json_decref(j);
+    }
+    return -1;
+}
+
+static json_t *choice(json_t *j)
+{
+    return json_array_get(json_object_get(j, "choices"), 0);
+}
+
+static int stopped_at_once(json_t *j)
+{
+    return json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")) == 0;
+}
+
+Test(hostile, a_first_token_that_is_eos_is_an_empty_stop)
+{
+    json_t *j;
+    int seed = find_seed("{\"prompt\":\"x\",\"max_tokens\":1,\"temperature\":2,\"seed\":%d}", 20000, stopped_at_once, &j);
+    cr_assert_geq(seed, 0, "no seed below 20000 samples EOS first");
+    cr_assert_str_eq(json_string_value(json_object_get(choice(j), "text")), "");
+    cr_assert_str_eq(json_string_value(json_object_get(choice(j), "finish_reason")), "stop");
+    json_decref(j);
+    /* streamed: a final chunk, [DONE], no text */
+    char body[256], out[8192];
+    snprintf(body, sizeof body, "{\"prompt\":\"x\",\"max_tokens\":1,\"temperature\":2,\"seed\":%d,\"stream\":true}", seed);
+    cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    cr_assert(strstr(out, "\"finish_reason\":\"stop\""), "%s", out);
+    cr_assert(strstr(out, "data: [DONE]"), "%s", out);
+    cr_assert_null(strstr(out, "\"text\":\"x"), "%s", out);
+}
+
+static int32_t nul_id;
+
+static int has_nul_token(json_t *j)
+{
+    json_t *ids = json_object_get(choice(j), "token_ids");
+    for (size_t i = 0; i < json_array_size(ids); i++)
+        if (json_integer_value(json_array_get(ids, i)) == nul_id)
+            return 1;
+    return 0;
+}
+
+/* The text a client gets for generated bytes b[0..n): each well-formed UTF-8 sequence as it is,
+ * each other byte as U+FFFD (Unicode's table of well-formed byte sequences, 3-7). */
+static size_t as_utf8(const unsigned char *b, size_t n, char *out)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned c = b[i];
+        size_t len = c <= 0x7f ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+        unsigned lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80, hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+        int ok = len > 0 && i + len <= n;
+        for (size_t k = 1; ok && k < len; k++)
+            ok = k == 1 ? b[i + 1] >= lo && b[i + 1] <= hi : b[i + k] >= 0x80 && b[i + k] <= 0xbf;
+        if (ok) {
+            memcpy(out + o, b + i, len);
+            o += len;
+            i += len;
+        } else {
+            memcpy(out + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i++;
+        }
+    }
+    return o;
+}
+
+Test(hostile, a_token_with_a_nul_byte_is_carried_byte_for_byte)
+{
+    struct pd_tok *tok;
+    pd_err e = {0};
+    char path[128];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    cr_assert_eq(pd_tok_load(path, &tok, &e), 0, "%s", e.msg);
+    int32_t *one;
+    size_t n1;
+    cr_assert_eq(pd_tok_encode(tok, "\0", 1, &one, &n1, &e), 0, "%s", e.msg);
+    cr_assert_eq(n1, 1);
+    nul_id = one[0];
+    free(one);
+    const char *fmt = "{\"prompt\":\"x\",\"max_tokens\":48,\"temperature\":2,\"ignore_eos\":true,"
+                      "\"return_token_ids\":true,\"seed\":%d}";
+    json_t *j;
+    int seed = find_seed(fmt, 2000, has_nul_token, &j);
+    cr_assert_geq(seed, 0, "no seed below 2000 samples token %d (byte 0x00)", nul_id);
+    /* the ids' bytes, and the text they make */
+    json_t *ids = json_object_get(choice(j), "token_ids");
+    int32_t id[48];
+    size_t n = json_array_size(ids);
+    for (size_t i = 0; i < n; i++)
+        id[i] = (int32_t)json_integer_value(json_array_get(ids, i));
+    char *bytes, want[48 * 64 * 3];
+    size_t nbytes;
+    cr_assert_eq(pd_tok_decode(tok, id, n, &bytes, &nbytes), 0);
+    size_t nwant = as_utf8((const unsigned char *)bytes, nbytes, want);
+    cr_assert_not_null(memchr(want, 0, nwant));
+    free(bytes);
+    /* the plain answer: all of it, the 0x00 included */
+    json_t *text = json_object_get(choice(j), "text");
+    cr_assert_eq(json_string_length(text), nwant, "text of %zu bytes, the ids make %zu", json_string_length(text), nwant);
+    cr_assert(memcmp(json_string_value(text), want, nwant) == 0);
+    json_decref(j);
+    /* as it is on the wire: \u0000 */
+    char body[512], *raw;
+    snprintf(body, sizeof body, fmt, seed);
+    cr_assert_eq(post("/v1/completions", body, &raw), 200);
+    cr_assert(strstr(raw, "\\u0000"), "%s", raw);
+    free(raw);
+    /* streamed with the same seed: the chunks add up to the same bytes */
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"x\",\"max_tokens\":48,\"temperature\":2,\"ignore_eos\":true,\"seed\":%d,\"stream\":true}", seed);
+    static char out[1 << 18];
+    cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    char got[sizeof want];
+    size_t ngot = 0;
+    int done = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        cr_assert(strncmp(line, "data: ", 6) == 0, "not an SSE data line: %s", line);
+        if (!strcmp(line + 6, "[DONE]")) {
+            done = 1;
+            continue;
+        }
+        json_error_t je;
+        json_t *c = json_loads(line + 6, JSON_ALLOW_NUL, &je);
+        cr_assert_not_null(c, "%s: %s", line, je.text);
+        json_t *t = json_object_get(choice(c), "text");
+        cr_assert(json_is_string(t), "%s", line);
+        cr_assert_leq(ngot + json_string_length(t), sizeof got);
+        memcpy(got + ngot, json_string_value(t), json_string_length(t));
+        ngot += json_string_length(t);
+        json_decref(c);
+    }
+    cr_assert(done);
+    cr_assert_eq(ngot, nwant, "streamed %zu bytes, the ids make %zu", ngot, nwant);
+    cr_assert(memcmp(got, want, nwant) == 0);
+    pd_tok_free(tok);
+}
+
+/* A fake instance: answers every request on its port with `body` (200, JSON) until stopped. */
+struct fake {
+    int fd, port, stop;
+    const char *body;
+    pthread_t t;
+};
+
+static void *fake_loop(void *arg)
+{
+    struct fake *f = arg;
+    for (;;) {
+        int c = accept(f->fd, NULL, NULL);
+        if (c < 0 || f->stop) {
+            if (c >= 0)
+                close(c);
+            return NULL;
+        }
+        char req[4096];
+        size_t n = 0;
+        ssize_t got;
+        while (n < sizeof req - 1 && (got = read(c, req + n, sizeof req - 1 - n)) > 0) {
+            n += (size_t)got;
+            req[n] = 0;
+            if (strstr(req, "\r\n\r\n"))
+                break;
+        }
+        char head[256];
+        int k = snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                         "Connection: close\r\n\r\n", strlen(f->body));
+        if (write(c, head, (size_t)k) == k && write(c, f->body, strlen(f->body)) < 0)
+            k = 0;
+        close(c);
+    }
+}
+
+static void fake_start(struct fake *f, const char *body)
+{
+    f->fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t n = sizeof a;
+    cr_assert_eq(bind(f->fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(f->fd, 16), 0);
+    getsockname(f->fd, (struct sockaddr *)&a, &n);
+    f->port = ntohs(a.sin_port);
+    f->body = body;
+    f->stop = 0;
+    pthread_create(&f->t, NULL, fake_loop, f);
+}
+
+static void fake_stop(struct fake *f)
+{
+    f->stop = 1;
+    shutdown(f->fd, SHUT_RDWR);
+    pthread_join(f->t, NULL);
+    close(f->fd);
+}
+
+static void *proxy_loop(void *arg)
+{
+    pd_err e;
+    pd_proxy_run(arg, &e);
+    return NULL;
+}
+
+/* The proxy sums the instances' /expert_stats: counts that are not counts (negative, not
+ * integers) or whose sum passes 64 bits are a 502 naming the cell, not a wrapped negative total. */
+Test(hostile, expert_counts_from_instances_are_checked_before_they_are_summed)
+{
+    const char *bodies[] = {"{\"tokens_per_expert\":[[9223372036854775807,1]]}", "{\"tokens_per_expert\":[[5,-3]]}",
+                            "{\"tokens_per_expert\":[[5,2.5]]}", "{\"tokens_per_expert\":[[5,\"7\"]]}"};
+    const char *cell[] = {"tokens_per_expert[0][0]", "tokens_per_expert[0][1]", "tokens_per_expert[0][1]",
+                          "tokens_per_expert[0][1]"};
+    for (int i = 0; i < 4; i++) {
+        struct fake f;
+        fake_start(&f, bodies[i]);
+        static char a[32];
+        snprintf(a, sizeof a, "127.0.0.1:%d", f.port);
+        /* the same fake as a prefill and a decode instance: its counts are summed twice */
+        struct pd_proxy_opts o = {.port = 0, .n_prefill = 1, .n_decode = 1};
+        o.prefill[0] = a;
+        o.decode[0] = a;
+        struct pd_proxy *x;
+        pd_err e = {0};
+        cr_assert_eq(pd_proxy_create(&o, &x, &e), 0, "%s", e.msg);
+        pthread_t t;
+        pthread_create(&t, NULL, proxy_loop, x);
+        char out[4096];
+        int code = curl_port(pd_proxy_port(x), "/expert_stats", NULL, NULL, out, sizeof out);
+        proxy_shutdown(&x, t);
+        fake_stop(&f);
+        cr_assert_eq(code, 502, "%s: %d %s", bodies[i], code, out);
+        cr_assert(strstr(out, cell[i]) && strstr(out, "not a count"), "%s: %s", bodies[i], out);
+    }
+}
