@@ -33,15 +33,28 @@ static inline void tmp_stats_rows(char *path, const char *rows)
     fclose(f);
 }
 
-/* One layer: `experts` experts, expert 0 with `hot` tokens, the others with one each. */
-static inline void tmp_expert_stats(char *path, int experts, int hot)
+/* `layers` rows each `row` (a JSON array), as a model of that many layers reads them. */
+static inline void tmp_stats_layers(char *path, const char *row, int layers)
+{
+    size_t cap = (strlen(row) + 2) * (size_t)layers + 1, n = 0;
+    char *rows = malloc(cap);
+    cr_assert_not_null(rows);
+    rows[0] = 0;
+    for (int l = 0; l < layers; l++)
+        n += (size_t)snprintf(rows + n, cap - n, "%s%s", l ? ", " : "", row);
+    tmp_stats_rows(path, rows);
+    free(rows);
+}
+
+/* Every one of `layers` layers: `experts` experts, expert 0 with `hot` tokens, the others one each. */
+static inline void tmp_expert_stats(char *path, int layers, int experts, int hot)
 {
     char row[8192];
     int n = snprintf(row, sizeof row, "[%d", hot);
     for (int x = 1; x < experts && n < (int)sizeof row - 8; x++)
         n += snprintf(row + n, sizeof row - (size_t)n, ",1");
     snprintf(row + n, sizeof row - (size_t)n, "]");
-    tmp_stats_rows(path, row);
+    tmp_stats_layers(path, row, layers);
 }
 
 /* Removes dir and the files directly in it (test directories hold no subdirectories). */

@@ -423,11 +423,12 @@ int pd_cli_calibrate(int argc, char **argv)
              pd_calib_fit_rounds(&p, pts + n_pre, n_pts - n_pre, td, rounds, fr[0].fit.attention, &fr[1], &e);
         if (rounds == max_rounds || (!rc && !fr[0].undetermined && !fr[1].undetermined))
             break;
-        if (rc)
-            fprintf(stderr, "  round %d: no fit yet (%s), measuring again\n", rounds, e.msg);
-        else
-            fprintf(stderr, "  round %d: the rounds' fits disagree by up to %.0f%% of a step, measuring again\n", rounds,
-                    100 * fmax(fr[0].spread, fr[1].spread));
+        char why[2][256] = {"", ""};
+        for (int r = 0; !rc && r < 2; r++)
+            if (fr[r].undetermined)
+                undetermined(&fr[r], (enum pd_role)r, why[r], sizeof why[r]);
+        fprintf(stderr, "  round %d: not determined yet (%s%s%s), measuring again\n", rounds, rc ? e.msg : why[0],
+                why[0][0] && why[1][0] ? "; " : "", why[1]);
     }
     free(words);
     pd_engine_close(&en);

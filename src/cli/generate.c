@@ -282,8 +282,8 @@ static int write_stats(struct batch *b, pd_err *e)
             free(sum);
             return pd_err_set(e, PD_EIO, "--expert-stats %s: cannot create", b->o->expert_stats);
         }
-        fprintf(f, "{\"model\": \"%s\", \"ranks\": %d, \"experts\": %d, \"tokens_per_expert\": [\n", m->name, b->size,
-                m->n_routed_experts);
+        fprintf(f, "{\"model\": \"%s\", \"model_type\": \"%s\", \"ranks\": %d, \"experts\": %d, "
+                "\"tokens_per_expert\": [\n", m->name, pd_model_arch_name(m->arch), b->size, m->n_routed_experts);
         for (int l = 0; l < m->n_layers; l++) {
             fprintf(f, "  [");
             for (int x = 0; x < m->n_routed_experts; x++)

@@ -1269,7 +1269,8 @@ static void answer_expert_stats(struct pd_server *s)
     if (s->stats_state != STATS_READY)
         return;
     const struct pd_model *m = &s->en.model;
-    json_t *doc = json_pack("{s:s,s:i,s:i,s:o}", "model", s->name, "ranks", s->g ? s->g->size : 1, "experts",
+    json_t *doc = json_pack("{s:s,s:s,s:i,s:i,s:o}", "model", s->name, "model_type", pd_model_arch_name(m->arch),
+                            "ranks", s->g ? s->g->size : 1, "experts",
                             m->n_routed_experts, "tokens_per_expert",
                             pd_http_json_counts(s->stats_sum, m->n_layers, m->n_routed_experts));
     for (int i = 0; i < s->n_stats_wait; i++)

@@ -104,8 +104,10 @@ static void expert_load_free(struct pd_expert_load *x)
 }
 
 /* {"tokens_per_expert": [[tokens routed to each expert] per layer]}, as `pdmoe generate
- * --expert-stats` writes it and GET /expert_stats answers it; the model's routed experts per
- * layer. flag names the option in errors. */
+ * --expert-stats` writes it and GET /expert_stats answers it: one row per layer of the model
+ * (num_hidden_layers; a dense layer's row is zeros), the model's routed experts in each. Counts
+ * from another model are refused by the field that shows it: the row count, "experts" and
+ * "model_type" when the file has them. flag names the option in errors. */
 static int load_expert_stats(const struct pd_plan *p, const char *flag, const char *path, struct pd_expert_load **out,
                              pd_err *e)
 {
@@ -125,6 +127,25 @@ static int load_expert_stats(const struct pd_plan *p, const char *flag, const ch
     if (L == 0 || L > 4096) {
         rc = pd_err_set(e, PD_EINVAL, "%s %s: field \"tokens_per_expert\": expected an array of 1 to 4096 "
                         "layers, each the tokens routed to each expert", flag, path);
+        goto out;
+    }
+    json_t *mt = json_object_get(root, "model_type"), *xe = json_object_get(root, "experts");
+    const char *arch = pd_model_arch_name(p->model.arch);
+    if (mt && (!json_is_string(mt) || strcmp(json_string_value(mt), arch))) {
+        rc = pd_err_set(e, PD_EINVAL, "%s %s: field \"model_type\": %s, but %s is %s: counts from another model",
+                        flag, path, json_is_string(mt) ? json_string_value(mt) : "not a string", p->model.name, arch);
+        goto out;
+    }
+    if (xe && (!json_is_integer(xe) || json_integer_value(xe) != E)) {
+        rc = pd_err_set(e, PD_EINVAL, "%s %s: field \"experts\": %lld, but %s has %d routed experts: counts from "
+                        "another model", flag, path, json_is_integer(xe) ? (long long)json_integer_value(xe) : -1LL,
+                        p->model.name, E);
+        goto out;
+    }
+    if (L != (size_t)p->model.n_layers) {
+        rc = pd_err_set(e, PD_EINVAL, "%s %s: field \"tokens_per_expert\": %zu layers, but %s has %d "
+                        "(num_hidden_layers): counts from another model", flag, path, L, p->model.name,
+                        p->model.n_layers);
         goto out;
     }
     x = calloc(1, sizeof *x);

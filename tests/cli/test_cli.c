@@ -277,13 +277,22 @@ Test(cli, perf_search_validate)
     expect_error("plan --html /nonexistent-dir/r.html", "--html /nonexistent-dir/r.html: cannot write");
     expect_error("plan --expert-stats /nonexistent-dir/s.json", "/nonexistent-dir/s.json");
 
-    /* measured expert load: one layer, expert 0 hot, at the seed's decode EP32 */
+    /* measured expert load: expert 0 hot in every layer, at the seed's decode EP32 */
     char stats[] = "/tmp/pdmoe-stats-XXXXXX";
-    tmp_expert_stats(stats, 256, 65);
+    tmp_expert_stats(stats, 43, 256, 65);
     snprintf(args, sizeof args, "plan --isl 1024 --osl 256 --expert-stats %s", stats);
     run(args, &r);
     remove(stats);
     cr_assert_eq(r.status, 0, "%s", r.err);
     /* decode EP32: rank 0 holds experts 0-7, 72 of 320 tokens; the mean is 10 */
     cr_assert(strstr(r.out, "decode 7.20 (measured on its placement from the expert stats)"), "%s", r.out);
+    /* models/mini's counts (8 layers of 256 experts) are not V4-Flash's (43 layers) */
+    snprintf(stats, sizeof stats, "/tmp/pdmoe-stats-XXXXXX");
+    tmp_expert_stats(stats, 8, 256, 65);
+    snprintf(args, sizeof args, "plan --isl 1024 --osl 256 --expert-stats %s", stats);
+    char want[256];
+    snprintf(want, sizeof want, "--expert-stats %s: field \"tokens_per_expert\": 8 layers, but deepseek-v4-flash has 43 "
+             "(num_hidden_layers): counts from another model", stats);
+    expect_error(args, want);
+    remove(stats);
 }

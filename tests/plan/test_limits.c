@@ -113,7 +113,7 @@ Test(limits, expert_counts_that_sum_to_inf_are_refused)
     for (int x = 2; x < 16; x++)
         n += snprintf(row + n, sizeof row - (size_t)n, ",1");
     snprintf(row + n, sizeof row - (size_t)n, "]");
-    tmp_stats_rows(stats, row);
+    tmp_stats_layers(stats, row, 4);   /* v4-tiny's 4 layers */
     struct pd_plan_opts o;
     pd_plan_opts_default(&o);
     o.model = "v4-tiny";

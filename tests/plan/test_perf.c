@@ -317,8 +317,9 @@ Test(perf, expert_stats_set_the_imbalance)
     struct pd_step s[2];
     pd_err e = {0};
     /* expert 0 takes 13 of 28 tokens: decode rank 0 (experts 0-3) holds 16, the mean is 7 */
-    const char *rows[2] = {"[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0], [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]",
-                           "[13,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]"};
+    /* v4-tiny's 4 layers: an empty layer counts for nothing */
+    const char *rows[2] = {"[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0], [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], [0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0], [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]",
+                           "[13,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], [13,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], [13,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], [13,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]"};
     for (int i = 0; i < 2; i++) {
         o.expert_stats = stats_file(rows[i]);
         cr_assert_eq(pd_plan_build(&o, &p[i], &e), 0, "%s", e.msg);
@@ -349,15 +350,33 @@ Test(perf, expert_stats_set_the_imbalance)
     /* errors name the file's field */
     struct {
         const char *rows, *msg;
-    } bad[] = {{"[1,2,3]", "tokens_per_expert[0]\": expected 16 numbers"},
-               {"[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], [1,-1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]", "tokens_per_expert[1][1]\""},
-               {"[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]", "no token routed"}};
+    } bad[] = {{"[1,2,3], [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]", "tokens_per_expert[0]\": expected 16 numbers"},
+               {"[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], [1,-1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]", "tokens_per_expert[1][1]\""},
+               {"[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0], [0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0], [0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0], [0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]", "no token routed"},
+               /* counts from another model: a layer short, or its own "experts" / "model_type" */
+               {"[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]", "field \"tokens_per_expert\": 3 layers, but v4-tiny has 4 (num_hidden_layers): counts "
+                              "from another model"}};
     o.hardware = "h100";
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         o.expert_stats = stats_file(bad[i].rows);
         cr_assert_neq(pd_plan_build(&o, &p[0], &e), 0);
         cr_assert(strstr(e.msg, o.expert_stats) && strstr(e.msg, bad[i].msg), "%s", e.msg);
         unlink(o.expert_stats);
+    }
+    static const struct { const char *head, *msg; } other[] = {
+        {"\"model_type\": \"deepseek_v3\"", "field \"model_type\": deepseek_v3, but v4-tiny is deepseek_v4"},
+        {"\"experts\": 256", "field \"experts\": 256, but v4-tiny has 16 routed experts"}};
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
+        char path[] = "/tmp/pdmoe-stats-XXXXXX";
+        int fd = mkstemp(path);
+        FILE *f = fdopen(fd, "w");
+        const char *ones = "[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]";
+        fprintf(f, "{%s, \"tokens_per_expert\": [%s, %s, %s, %s]}\n", other[i].head, ones, ones, ones, ones);
+        fclose(f);
+        o.expert_stats = path;
+        cr_assert_neq(pd_plan_build(&o, &p[0], &e), 0);
+        cr_assert(strstr(e.msg, path) && strstr(e.msg, other[i].msg), "%s", e.msg);
+        unlink(path);
     }
     o.expert_stats = "/nonexistent/stats.json";
     cr_assert_neq(pd_plan_build(&o, &p[0], &e), 0);

@@ -223,7 +223,7 @@ Test(search, bad_options)
 Test(search, measured_imbalance_per_role_layout)
 {
     char path[] = "/tmp/pdmoe-stats-XXXXXX";
-    tmp_expert_stats(path, 256, 65);
+    tmp_expert_stats(path, 43, 256, 65);   /* V4-Flash: 43 layers */
     struct pd_search_opts o;
     struct pd_search s;
     seed_opts(&o);
