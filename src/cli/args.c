@@ -90,7 +90,7 @@ int pd_cli_model_flag(const char *name, const char *val, struct pd_plan_opts *o,
     } else if (strcmp(name, "max-num-seqs") == 0) {
         if (pd_cli_int("--max-num-seqs", val, 1, &o->max_num_seqs))
             return -1;
-    } else if (strcmp(name, "quant") == 0) {
+    } else if (strcmp(name, "quant") == 0 || strcmp(name, "quantization") == 0) {   /* vLLM's name, and ours */
         o->quant = val;
     } else if (strcmp(name, "quant-override") == 0) {
         o->quant_override = val;

@@ -27,7 +27,7 @@ static const char *help =
     "  --max-num-seqs N             sequences per data-parallel rank; default 30\n"
     "  --max-model-len N            tokens per sequence; default 32768 (k = 1000, K = 1024 allowed)\n"
     "  --max-num-batched-tokens N   tokens in one prefill step; default 4096\n"
-    "  --quant w8a8|fp8|fp4|bf16    format of linear-layer weights; default w8a8\n"
+    "  --quantization w8a8|fp8|fp4|bf16   format of linear-layer weights (vLLM's name; --quant too); default w8a8\n"
     "  --quant-override G=F,...     per-group format, e.g. routed_experts=fp4 (groups: embedding, lm_head,\n"
     "                               attention, compressor_indexer, shared_expert, dense_ffn, router, norms_mhc,\n"
     "                               mtp, routed_experts)\n"
@@ -147,7 +147,8 @@ int pd_cli_plan(int argc, char **argv)
         {"model", 1, 0, O_SHARED}, {"hardware", 1, 0, O_SHARED}, {"checkpoint", 1, 0, O_CKPT},
         {"prefill", 1, 0, O_PREFILL}, {"decode", 1, 0, O_DECODE}, {"nodes", 1, 0, O_NODES},
         {"gpu-memory-utilization", 1, 0, O_SHARED}, {"max-num-seqs", 1, 0, O_SHARED}, {"max-model-len", 1, 0, O_SHARED},
-        {"max-num-batched-tokens", 1, 0, O_SHARED}, {"quant", 1, 0, O_SHARED}, {"quant-override", 1, 0, O_SHARED},
+        {"max-num-batched-tokens", 1, 0, O_SHARED}, {"quant", 1, 0, O_SHARED}, {"quantization", 1, 0, O_SHARED},
+        {"quant-override", 1, 0, O_SHARED},
         {"kv-cache-dtype", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED}, {"mtp", 1, 0, O_SHARED},
         {"expert-stats", 1, 0, O_SHARED}, {"expert-stats-prefill", 1, 0, O_SHARED},
         {"expert-stats-decode", 1, 0, O_SHARED}, {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED}, {"request-rate", 1, 0, O_SHARED},

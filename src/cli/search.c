@@ -25,7 +25,7 @@ static const char *help =
     "  --request-rate R             requests/s the deployment must sustain; TTFT then includes the queueing\n"
     "                               before prefill (M/D/c), and layouts that cannot sustain R miss the targets\n"
     "  --model, --hardware, --gpu-memory-utilization, --max-model-len, --max-num-batched-tokens,\n"
-    "  --quant, --quant-override, --kv-cache-dtype, --kv-bytes-per-token, --mtp, --expert-stats,\n"
+    "  --quantization (--quant), --quant-override, --kv-cache-dtype, --kv-bytes-per-token, --mtp, --expert-stats,\n"
     "  --expert-stats-prefill, --expert-stats-decode, --units\n"
     "                               as for pdmoe plan (see pdmoe plan --help)\n"
     "  --json                       the search as JSON (search_version 1)\n"
@@ -38,7 +38,7 @@ int pd_cli_search(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"model", 1, 0, O_SHARED}, {"hardware", 1, 0, O_SHARED}, {"gpu-memory-utilization", 1, 0, O_SHARED},
-        {"max-model-len", 1, 0, O_SHARED}, {"max-num-batched-tokens", 1, 0, O_SHARED}, {"quant", 1, 0, O_SHARED},
+        {"max-model-len", 1, 0, O_SHARED}, {"max-num-batched-tokens", 1, 0, O_SHARED}, {"quant", 1, 0, O_SHARED}, {"quantization", 1, 0, O_SHARED},
         {"quant-override", 1, 0, O_SHARED}, {"kv-cache-dtype", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED},
         {"mtp", 1, 0, O_SHARED}, {"expert-stats", 1, 0, O_SHARED}, {"expert-stats-prefill", 1, 0, O_SHARED},
         {"expert-stats-decode", 1, 0, O_SHARED}, {"units", 1, 0, O_SHARED}, {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED},
