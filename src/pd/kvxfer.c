@@ -22,6 +22,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -1075,6 +1076,41 @@ static int ucx_fail(pd_err *e, const char *what, ucs_status_t st)
     return pd_err_set(e, PD_EIO, "kvxfer: %s: %s", what, ucs_status_string(st));
 }
 
+/* The network interface carrying address `host` (its name in dev), or "" for a wildcard address
+ * (0.0.0.0, ::), which names no interface. */
+static int net_device_of(const char *host, char *dev, size_t cap, pd_err *e)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    int rc = resolve(host, 0, 1, &ss, &sl, e);
+    if (rc)
+        return rc;
+    const void *want = ss.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+                                                : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
+    size_t wlen = ss.ss_family == AF_INET6 ? sizeof(struct in6_addr) : sizeof(struct in_addr);
+    static const uint8_t zero[sizeof(struct in6_addr)];
+    dev[0] = 0;
+    if (memcmp(want, zero, wlen) == 0)
+        return 0;
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0)
+        return pd_err_set(e, PD_EIO, "kvxfer: getifaddrs: %s", strerror(errno));
+    for (struct ifaddrs *i = ifs; i && !dev[0]; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != ss.ss_family)
+            continue;
+        const void *have = ss.ss_family == AF_INET6
+                               ? (const void *)&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr
+                               : (const void *)&((struct sockaddr_in *)i->ifa_addr)->sin_addr;
+        if (memcmp(want, have, wlen) == 0)
+            snprintf(dev, cap, "%s", i->ifa_name);
+    }
+    freeifaddrs(ifs);
+    if (!dev[0])
+        return pd_err_set(e, PD_EINVAL, "kvxfer: no network interface of this machine has the address %s",
+                          host);
+    return 0;
+}
+
 int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
 {
     *out = NULL;
@@ -1139,6 +1175,21 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
         ucp_config_release(cfg);
         rc = ucx_fail(e, "letting the listener reuse its port", st);
         goto fail;
+    }
+    /* UCX's TCP transport listens on every network interface (besides the listener below): keep
+     * its network transports to the interface carrying our address, so the process is reachable
+     * there only. UCX_NET_DEVICES set by the user wins (to add an RDMA device, say). */
+    char dev[64];
+    if (!getenv("UCX_NET_DEVICES")) {
+        if ((rc = net_device_of(o->listen_host ? o->listen_host : "127.0.0.1", dev, sizeof dev, e))) {
+            ucp_config_release(cfg);
+            goto fail;
+        }
+        if (dev[0] && (st = ucp_config_modify(cfg, "NET_DEVICES", dev)) != UCS_OK) {
+            ucp_config_release(cfg);
+            rc = ucx_fail(e, "restricting UCX to the listener's interface", st);
+            goto fail;
+        }
     }
     st = ucp_init(&cp, cfg, &x->ctx);
     ucp_config_release(cfg);

@@ -98,7 +98,11 @@ struct pd_kvx_run {
 };
 
 struct pd_kvx_opts {
-    const char *listen_host;   /* NULL: "127.0.0.1" */
+    const char *listen_host;   /* NULL: "127.0.0.1". Also where the process is reachable when it
+                                * does not listen: UCX's network transports (whose TCP one opens
+                                * a listening socket per interface) are kept to the interface
+                                * carrying this address, unless it is a wildcard or the user set
+                                * UCX_NET_DEVICES (to add an RDMA device, say) */
     int listen_port;           /* 0: ephemeral (see pd_kvx_port), -1: do not listen */
     void *region;              /* the KV pool; registered with ucp_mem_map. NULL: the engine
                                 * allocates region_len bytes itself with UCX (ucp_mem_map

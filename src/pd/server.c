@@ -1958,8 +1958,9 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
          * over its own pool, a producer rank k listening on kv_port + k */
         int listen = s->o.role != PD_ROLE_PRODUCER ? -1 : s->g && s->o.kv_port ? s->o.kv_port + s->g->rank : s->o.kv_port;
         /* the transfer engine allocates the pool's memory, so a peer on this host reads it
-         * directly (kvxfer.h); the pool is still empty */
-        struct pd_kvx_opts ko = {.listen_host = "127.0.0.1", .listen_port = listen,
+         * directly (kvxfer.h); the pool is still empty. It binds, and keeps UCX, to the
+         * configured address: nothing listens elsewhere */
+        struct pd_kvx_opts ko = {.listen_host = s->o.kv_host ? s->o.kv_host : s->o.host, .listen_port = listen,
                                  .region_len = s->en.kv.region_bytes,
                                  .lease_ms = s->o.kv_lease_ms, .timeout_ms = s->o.kv_timeout_ms};
         if ((rc = pd_kvx_create(&ko, &s->kvx, e)))

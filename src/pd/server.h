@@ -63,7 +63,9 @@ struct pd_server_opts {
     int role;                       /* PD_ROLE_BOTH (colocated), PD_ROLE_PRODUCER, PD_ROLE_CONSUMER */
     int kv_port;                    /* producer: where decode instances pull from (0: ephemeral);
                                      * EP rank k: kv_port + k */
-    const char *kv_host;            /* producer: the host decode instances should use (127.0.0.1) */
+    const char *kv_host;            /* the address the KV transfer engine binds (and UCX's transports
+                                     * keep to), which a producer tells decode instances; NULL: host
+                                     * (127.0.0.1 in kv_transfer_params when host is a wildcard) */
     const char *engine_id;
     int kv_lease_ms, kv_timeout_ms; /* 0: 30000 */
     int handle_signals;             /* SIGINT/SIGTERM stop the loop (the command line's server) */

@@ -729,6 +729,12 @@ Test(kvxfer, bad_arguments)
     struct pd_kvx *x = NULL;
     cr_assert_eq(pd_kvx_create(&o, &x, &e), PD_EINVAL);
     cr_assert_null(x);
+    /* an address no interface of this machine has (TEST-NET-3): no listener, a clear error */
+    o = (struct pd_kvx_opts){.listen_host = "203.0.113.7", .listen_port = 0, .region_len = len};
+    unsetenv("UCX_NET_DEVICES");
+    cr_assert_eq(pd_kvx_create(&o, &x, &e), PD_EINVAL);
+    cr_assert_null(x);
+    cr_assert(strstr(e.msg, "no network interface of this machine has the address 203.0.113.7"), "%s", e.msg);
     pd_kvx_destroy(p);   /* releases the held lease (callback NULL) */
     free(pr);
 }

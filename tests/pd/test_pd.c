@@ -13,6 +13,7 @@
 #include "engine/genmodel.h"
 #include "../tmpmodel.h"
 #include "pd/server.h"
+#include "sockets.h"
 #include "util.h"
 
 static char dir[64];
@@ -253,6 +254,26 @@ Test(pd, another_clients_transfer_params_are_refused)
     for (int i = 0; i < 100 && metric(D.port, "pdmoe_kv_blocks_free") != metric(D.port, "pdmoe_kv_blocks_total"); i++)
         usleep(20000);
     cr_assert_eq(metric(D.port, "pdmoe_kv_blocks_free"), metric(D.port, "pdmoe_kv_blocks_total"));
+}
+
+/* Item 7 of issue 12: a producer and a consumer bound to 127.0.0.1 listen there only: HTTP, the
+ * KV listener and UCX's own transport listeners (which opened one on every interface). */
+Test(pd, every_listener_is_on_the_configured_address)
+{
+    start(&P, PD_ROLE_PRODUCER, 0);
+    start(&D, PD_ROLE_CONSUMER, 0);
+    char out[8192];
+    pd_request("Hello", 4, 0, out, sizeof out);   /* the consumer's UCX is up and connected */
+    char list[4096], want[64];
+    int elsewhere;
+    int n = sock_listening(getpid(), "127.0.0.1", list, sizeof list, &elsewhere);
+    cr_assert_eq(elsewhere, 0, "listening elsewhere than 127.0.0.1:\n%s", list);
+    int ports[] = {P.port, D.port};
+    for (int i = 0; i < 2; i++) {
+        snprintf(want, sizeof want, "tcp 127.0.0.1:%d\n", ports[i]);
+        cr_assert(strstr(list, want), "no HTTP listener on port %d:\n%s", ports[i], list);
+    }
+    cr_assert_geq(n, 3, "HTTP twice and the KV listener at least:\n%s", list);
 }
 
 Test(pd, misdirected_requests)
