@@ -18,6 +18,7 @@
 
 #include "engine/genmodel.h"
 #include "../tmpmodel.h"
+#include "sockets.h"
 #include "util.h"
 
 static char dir[64], log_path[96];
@@ -591,5 +592,30 @@ Test(server_ep, another_clients_transfer_params_are_refused_by_the_owner_rank)
                      "prefill rank %d", k);
         cr_assert_eq(labelled(D, "pdmoe_rank_kv_blocks_free", k), labelled(D, "pdmoe_rank_kv_blocks_total", k),
                      "decode rank %d", k);
+    }
+}
+
+/* Item 7 of issue 12: every rank of a prefill and of a decode EP group bound to 127.0.0.1 listens
+ * there only (HTTP, its KV listener, UCX's transports, Open MPI's TCP transport), after a pull. */
+Test(server_ep, every_rank_listens_on_the_configured_address_only)
+{
+    int P = base_port, D = base_port + 1;
+    char kvp[160];
+    snprintf(kvp, sizeof kvp, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"p\"}", base_port + 3);
+    group = start_group_kv(P, kvp);
+    group2 = start_group_kv(D, "{\"kv_role\":\"kv_consumer\",\"engine_id\":\"d\",\"kv_timeout_ms\":3000}");
+    free(pd_request(P, D, "Hello", 4, 0));
+    cr_assert_eq(metric_port(D, "pdmoe_kv_recomputes_total"), 0);
+    int ports[2] = {P, D};
+    for (int g = 0; g < 2; g++) {
+        pid_t pid[2];
+        rank_pids(ports[g], pid);
+        for (int k = 0; k < 2; k++) {
+            char list[4096];
+            int elsewhere, n = sock_listening(pid[k], "127.0.0.1", list, sizeof list, &elsewhere);
+            cr_assert_eq(elsewhere, 0, "%s rank %d (pid %d) listens elsewhere than 127.0.0.1:\n%s",
+                         g ? "decode" : "prefill", k, pid[k], list);
+            cr_assert_gt(n, 0, "rank %d of port %d: no listener found at all", k, ports[g]);
+        }
     }
 }
