@@ -291,6 +291,12 @@ Test(pd, misdirected_requests)
                            "{\"prompt\":\"x\",\"kv_transfer_params\":{\"do_remote_prefill\":true,\"remote_host\":\"127.0.0.1\"}}",
                            NULL, out, sizeof out), 400, "%s", out);
     cr_assert(strstr(out, "remote_port"), "%s", out);
+    /* the old form of the id, a small integer anyone could guess, is refused by name */
+    cr_assert_eq(curl_port(D.port, "/v1/completions",
+                           "{\"prompt\":\"x\",\"kv_transfer_params\":{\"do_remote_prefill\":true,\"remote_host\":\"127.0.0.1\","
+                           "\"remote_port\":9,\"remote_request_id\":3,\"remote_num_tokens\":2,\"last_token_id\":1}}",
+                           NULL, out, sizeof out), 400, "%s", out);
+    cr_assert(strstr(out, "remote_request_id must be the 32-hex-digit string"), "%s", out);
     cr_assert_eq(curl_port(D.port, "/v1/completions", "{\"prompt\":\"x\",\"kv_transfer_params\":7}", NULL, out, sizeof out),
                  400, "%s", out);
 }
