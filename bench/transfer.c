@@ -348,10 +348,11 @@ static struct result engine_bw(struct pd_kvx *p, struct pd_kvx *c, uint64_t *req
     pd_err e = {0};
     for (int i = 0; i <= reps; i++) {   /* the first one connects and warms up */
         uint64_t id = (*req)++;
+        struct pd_kvx_key key;
         struct pd_kvx_xfer *t = NULL;
         double t0 = pd_now_s();
-        if (pd_kvx_offer(p, id, src, ns, NULL, NULL, &e) ||
-            pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), id, dst, nd, &t, &e)) {
+        if (pd_kvx_key_new(&key, id, &e) || pd_kvx_offer(p, &key, id, src, ns, NULL, NULL, &e) ||
+            pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), &key, dst, nd, &t, &e)) {
             fprintf(stderr, "bench transfer: %s\n", e.msg);
             return res;
         }

@@ -182,6 +182,12 @@ int pd_cli_serve(int argc, char **argv)
                         "--enable-expert-parallel --data-parallel-size N ...)\n");
         return 2;
     }
+    /* Open MPI 4.1's TCP transport listens on every interface whatever btl_tcp_if_include says;
+     * a group whose ranks share one machine needs only shared memory between them, so it goes
+     * without (the user's OMPI_MCA_btl wins) and no rank listens beyond --host. */
+    const char *world = getenv("OMPI_COMM_WORLD_SIZE"), *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (world && local && !strcmp(world, local) && !getenv("OMPI_MCA_btl"))
+        setenv("OMPI_MCA_btl", "self,vader", 1);
     int provided = 0, rank = 0, size = 1;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -21,6 +21,8 @@
 #include "pd/kvxfer.h"
 
 #include <assert.h>
+#include <errno.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -29,17 +31,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 
 #include <ucp/api/ucp.h>
 
 #include "core/timing.h"
 
-#define KVX_VERSION 1
+#define KVX_VERSION 2
 #define KVX_DEFAULT_MS 30000
-#define KVX_MSG_SMALL 24      /* GET_META, DONE, ABORT */
-#define KVX_MSG_ACK 32
-#define KVX_META_FIXED 48
+#define KVX_MSG_SMALL 40      /* GET_META, DONE, ABORT */
+#define KVX_MSG_ACK 24
+#define KVX_META_FIXED 40
 #define KVX_MAX_RUNS (1 << 22)
 /* How long destroy waits for queued messages (an ABORT, a last ACK) and in-flight gets to
  * drain before it force-closes the endpoints. */
@@ -47,7 +50,10 @@
 
 struct lease {
     struct lease *next;
-    uint64_t req;
+    struct pd_kvx_key key;
+    uint64_t owner;           /* the offerer's number, for its callback */
+    int claimed;              /* a GET_META with the key claimed it: only that pull goes on */
+    uint64_t claim_tag;       /* the claimant's transfer tag */
     struct pd_kvx_run *runs;  /* merged, in sequence order */
     int n;
     int64_t deadline;         /* ns, pd_now_ns() clock */
@@ -84,7 +90,8 @@ struct link {
 struct pd_kvx_xfer {
     struct pd_kvx_xfer *next;
     struct pd_kvx *x;
-    uint64_t req, tag;
+    struct pd_kvx_key key;
+    uint64_t tag;
     struct link *peer;
     char host[64];
     int port;
@@ -101,6 +108,7 @@ struct pd_kvx_xfer {
     int fail_code;            /* != 0: failing; becomes FAILED when nothing is in flight */
     int send_abort;           /* tell the producer to drop the lease when failing */
     int free_when_final;
+    int refused;              /* the producer refused the key (unknown or refused) */
     char reason[400];
 };
 
@@ -269,8 +277,11 @@ static void xfer_fail(struct pd_kvx_xfer *t, int code, int send_abort, const cha
         return;
     t->fail_code = code;
     t->send_abort = send_abort;
-    int n = snprintf(t->reason, sizeof t->reason, "kvxfer: request %llu from %s:%d: ",
-                     (unsigned long long)t->req, t->host, t->port);
+    /* the id's first 8 digits name the transfer; the rest of the secret stays out of messages */
+    char id[PD_KVX_ID_HEX];
+    pd_kvx_id_format(&t->key, id);
+    int n = snprintf(t->reason, sizeof t->reason, "kvxfer: transfer %.8s... from %s:%d: ", id,
+                     t->host, t->port);
     if (n < 0 || (size_t)n >= sizeof t->reason)
         return;
     va_list ap;
@@ -287,10 +298,10 @@ static struct pd_kvx_xfer *find_xfer(struct pd_kvx *x, uint64_t tag)
     return NULL;
 }
 
-static struct lease *find_lease(struct pd_kvx *x, uint64_t req)
+static struct lease *find_lease(struct pd_kvx *x, const uint8_t id[16])
 {
     for (struct lease *l = x->leases; l; l = l->next)
-        if (l->req == req)
+        if (memcmp(l->key.id, id, sizeof l->key.id) == 0)
             return l;
     return NULL;
 }
@@ -318,7 +329,7 @@ static void run_releases(struct pd_kvx *x)
     while (l) {
         struct lease *next = l->next;
         if (l->cb)
-            l->cb(l->arg, l->req, l->why);
+            l->cb(l->arg, l->owner, l->why);
         free(l->runs);
         free(l);
         l = next;
@@ -468,32 +479,31 @@ static ucs_status_t send_msg(struct pd_kvx *x, ucp_ep_h ep, unsigned id, uint64_
     return UCS_OK;
 }
 
-static ucs_status_t send_small(struct pd_kvx *x, ucp_ep_h ep, unsigned id, uint64_t req,
-                               uint64_t tag)
+static ucs_status_t send_small(struct pd_kvx *x, ucp_ep_h ep, unsigned id,
+                               const struct pd_kvx_key *key, uint64_t tag)
 {
     uint8_t b[KVX_MSG_SMALL];
     put32(b, KVX_VERSION);
     put32(b + 4, 0);
-    put64(b + 8, req);
-    put64(b + 16, tag);
+    put64(b + 8, tag);
+    memcpy(b + 16, key->id, sizeof key->id);
+    put64(b + 32, key->hash);
     return send_msg(x, ep, id, tag, b, sizeof b);
 }
 
-static void send_ack(struct pd_kvx *x, ucp_ep_h ep, int status, uint64_t req, uint64_t tag,
-                     unsigned acked)
+static void send_ack(struct pd_kvx *x, ucp_ep_h ep, int status, uint64_t tag, unsigned acked)
 {
     uint8_t b[KVX_MSG_ACK];
     put32(b, KVX_VERSION);
     put32(b + 4, (uint32_t)status);
-    put64(b + 8, req);
-    put64(b + 16, tag);
-    put32(b + 24, acked);
-    put32(b + 28, 0);
+    put64(b + 8, tag);
+    put32(b + 16, acked);
+    put32(b + 20, 0);
     /* A lost ACK only costs the consumer its timeout; nothing to undo here. */
     send_msg(x, ep, PD_KVX_AM_ACK, 0, b, sizeof b);
 }
 
-static void send_meta(struct pd_kvx *x, ucp_ep_h ep, int status, uint64_t req, uint64_t tag,
+static void send_meta(struct pd_kvx *x, ucp_ep_h ep, int status, uint64_t tag,
                       const struct lease *l)
 {
     uint32_t n = l ? (uint32_t)l->n : 0;
@@ -505,13 +515,12 @@ static void send_meta(struct pd_kvx *x, ucp_ep_h ep, int status, uint64_t req, u
         return;
     put32(b, KVX_VERSION);
     put32(b + 4, (uint32_t)status);
-    put64(b + 8, req);
-    put64(b + 16, tag);
-    put64(b + 24, (uint64_t)(uintptr_t)x->base);
-    put32(b + 32, rk);
-    put32(b + 36, n);
-    put32(b + 40, ad);
-    put32(b + 44, 0);
+    put64(b + 8, tag);
+    put64(b + 16, (uint64_t)(uintptr_t)x->base);
+    put32(b + 24, rk);
+    put32(b + 28, n);
+    put32(b + 32, ad);
+    put32(b + 36, 0);
     if (ad)
         memcpy(b + KVX_META_FIXED, x->addr, ad);
     if (rk)
@@ -662,7 +671,7 @@ static void handle_meta(struct pd_kvx *x, const uint8_t *d, size_t len)
 {
     if (len < KVX_META_FIXED)
         return;
-    struct pd_kvx_xfer *t = find_xfer(x, get64(d + 16));
+    struct pd_kvx_xfer *t = find_xfer(x, get64(d + 8));
     if (!t || is_final(t->state) || t->fail_code || t->meta_ok)
         return;
     int status = (int)get32(d + 4);
@@ -671,17 +680,27 @@ static void handle_meta(struct pd_kvx *x, const uint8_t *d, size_t len)
                   KVX_VERSION);
         return;
     }
+    /* Refusals send no ABORT: the lease, if any, is not ours to end. */
     if (status == PD_KVX_ST_UNKNOWN) {
+        t->refused = 1;
         xfer_fail(t, PD_EINVAL, 0,
-                  "unknown request id at the producer (never offered, released or expired)");
+                  "unknown transfer id at the producer (never offered, already pulled, released "
+                  "or expired)");
+        return;
+    }
+    if (status == PD_KVX_ST_REFUSED) {
+        t->refused = 1;
+        xfer_fail(t, PD_EINVAL, 0,
+                  "the producer refused the transfer: its prompt differs from this request's, or "
+                  "another pull claimed it");
         return;
     }
     if (status != PD_KVX_ST_OK) {
         xfer_fail(t, PD_EFORMAT, 0, "producer rejected GET_META (status %d)", status);
         return;
     }
-    uint64_t base = get64(d + 24);
-    uint32_t rk = get32(d + 32), n = get32(d + 36), ad = get32(d + 40);
+    uint64_t base = get64(d + 16);
+    uint32_t rk = get32(d + 24), n = get32(d + 28), ad = get32(d + 32);
     if (n == 0 || n > KVX_MAX_RUNS || ad == 0 ||
         len != KVX_META_FIXED + (uint64_t)ad + rk + 16 * (uint64_t)n) {
         xfer_fail(t, PD_EFORMAT, 1, "malformed META (%zu bytes, %u runs, %u-byte rkey)", len, n,
@@ -742,9 +761,9 @@ static void handle_ack(struct pd_kvx *x, const uint8_t *d, size_t len)
 {
     if (len < KVX_MSG_ACK)
         return;
-    struct pd_kvx_xfer *t = find_xfer(x, get64(d + 16));
+    struct pd_kvx_xfer *t = find_xfer(x, get64(d + 8));
     if (!t || is_final(t->state) || t->fail_code || !t->done_sent ||
-        get32(d + 24) != PD_KVX_AM_DONE)
+        get32(d + 16) != PD_KVX_AM_DONE)
         return;
     if ((int)get32(d + 4) != PD_KVX_ST_OK) {
         /* The lease ended before DONE: the blocks may have been reused while we read them. */
@@ -777,26 +796,37 @@ static void handle_msg(struct pd_kvx *x, struct msg *m, int64_t now)
     /* Producer side: GET_META, DONE, ABORT; all need somewhere to reply. */
     if (!m->reply_ep)
         return;
-    if (m->len < KVX_MSG_SMALL || get32(d) != KVX_VERSION) {
-        uint64_t req = m->len >= 16 ? get64(d + 8) : 0, tag = m->len >= 24 ? get64(d + 16) : 0;
+    if (m->len != KVX_MSG_SMALL || get32(d) != KVX_VERSION) {
+        uint64_t tag = m->len >= 16 ? get64(d + 8) : 0;
         if (m->id == PD_KVX_AM_GET_META)
-            send_meta(x, m->reply_ep, PD_KVX_ST_MALFORMED, req, tag, NULL);
+            send_meta(x, m->reply_ep, PD_KVX_ST_MALFORMED, tag, NULL);
         else
-            send_ack(x, m->reply_ep, PD_KVX_ST_MALFORMED, req, tag, m->id);
+            send_ack(x, m->reply_ep, PD_KVX_ST_MALFORMED, tag, m->id);
         return;
     }
-    uint64_t req = get64(d + 8), tag = get64(d + 16);
-    struct lease *l = find_lease(x, req);
+    uint64_t tag = get64(d + 8), hash = get64(d + 32);
+    struct lease *l = find_lease(x, d + 16);
+    /* Only the key's holder, with the prompt the lease was made for, and only one pull: anything
+     * else is refused and the lease stays as it was (with its claimant, on its clock). */
+    int status = !l ? PD_KVX_ST_UNKNOWN : l->key.hash != hash ? PD_KVX_ST_REFUSED : PD_KVX_ST_OK;
     if (m->id == PD_KVX_AM_GET_META) {
-        /* A claimed lease gets a fresh term so a slow transfer is not cut off mid-way. */
-        if (l)
+        if (status == PD_KVX_ST_OK && l->claimed)
+            status = PD_KVX_ST_REFUSED;
+        if (status == PD_KVX_ST_OK) {
+            /* the claimed lease gets a fresh term so a slow transfer is not cut off mid-way */
+            l->claimed = 1;
+            l->claim_tag = tag;
             l->deadline = now + x->lease_ns;
-        send_meta(x, m->reply_ep, l ? PD_KVX_ST_OK : PD_KVX_ST_UNKNOWN, req, tag, l);
+        }
+        send_meta(x, m->reply_ep, status, tag, status == PD_KVX_ST_OK ? l : NULL);
         return;
     }
-    if (l)
+    /* DONE needs the claim; ABORT may come before META (a consumer giving up early) */
+    if (status == PD_KVX_ST_OK && (l->claimed ? l->claim_tag != tag : m->id == PD_KVX_AM_DONE))
+        status = PD_KVX_ST_REFUSED;
+    if (status == PD_KVX_ST_OK)
         lease_release(x, l, m->id == PD_KVX_AM_DONE ? PD_KVX_REL_DONE : PD_KVX_REL_ABORT);
-    send_ack(x, m->reply_ep, l ? PD_KVX_ST_OK : PD_KVX_ST_UNKNOWN, req, tag, m->id);
+    send_ack(x, m->reply_ep, status, tag, m->id);
 }
 
 /* ---------------------------------------------------------------- state machine */
@@ -834,7 +864,7 @@ static void advance(struct pd_kvx *x, struct pd_kvx_xfer *t)
         } else if (t->get_status != UCS_OK) {
             xfer_fail(t, PD_EIO, 1, "get failed: %s", ucs_status_string(t->get_status));
         } else {
-            ucs_status_t st = send_small(x, msg_ep(t->peer), PD_KVX_AM_DONE, t->req, t->tag);
+            ucs_status_t st = send_small(x, msg_ep(t->peer), PD_KVX_AM_DONE, &t->key, t->tag);
             if (st != UCS_OK)
                 xfer_fail(t, PD_EIO, 0, "cannot send DONE: %s", ucs_status_string(st));
             t->done_sent = 1;
@@ -844,7 +874,7 @@ static void advance(struct pd_kvx *x, struct pd_kvx_xfer *t)
         return;
     /* ABORT even before META: a producer that is merely slow then frees the blocks now. */
     if (t->send_abort && link_alive(t->peer))
-        send_small(x, msg_ep(t->peer), PD_KVX_AM_ABORT, t->req, t->tag);
+        send_small(x, msg_ep(t->peer), PD_KVX_AM_ABORT, &t->key, t->tag);
     t->state = PD_KVX_FAILED;
     x->st.pulls_failed++;
     if (t->peer)
@@ -1046,6 +1076,41 @@ static int ucx_fail(pd_err *e, const char *what, ucs_status_t st)
     return pd_err_set(e, PD_EIO, "kvxfer: %s: %s", what, ucs_status_string(st));
 }
 
+/* The network interface carrying address `host` (its name in dev), or "" for a wildcard address
+ * (0.0.0.0, ::), which names no interface. */
+static int net_device_of(const char *host, char *dev, size_t cap, pd_err *e)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    int rc = resolve(host, 0, 1, &ss, &sl, e);
+    if (rc)
+        return rc;
+    const void *want = ss.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+                                                : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
+    size_t wlen = ss.ss_family == AF_INET6 ? sizeof(struct in6_addr) : sizeof(struct in_addr);
+    static const uint8_t zero[sizeof(struct in6_addr)];
+    dev[0] = 0;
+    if (memcmp(want, zero, wlen) == 0)
+        return 0;
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0)
+        return pd_err_set(e, PD_EIO, "kvxfer: getifaddrs: %s", strerror(errno));
+    for (struct ifaddrs *i = ifs; i && !dev[0]; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != ss.ss_family)
+            continue;
+        const void *have = ss.ss_family == AF_INET6
+                               ? (const void *)&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr
+                               : (const void *)&((struct sockaddr_in *)i->ifa_addr)->sin_addr;
+        if (memcmp(want, have, wlen) == 0)
+            snprintf(dev, cap, "%s", i->ifa_name);
+    }
+    freeifaddrs(ifs);
+    if (!dev[0])
+        return pd_err_set(e, PD_EINVAL, "kvxfer: no network interface of this machine has the address %s",
+                          host);
+    return 0;
+}
+
 int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
 {
     *out = NULL;
@@ -1110,6 +1175,21 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
         ucp_config_release(cfg);
         rc = ucx_fail(e, "letting the listener reuse its port", st);
         goto fail;
+    }
+    /* UCX's TCP transport listens on every network interface (besides the listener below): keep
+     * its network transports to the interface carrying our address, so the process is reachable
+     * there only. UCX_NET_DEVICES set by the user wins (to add an RDMA device, say). */
+    char dev[64];
+    if (!getenv("UCX_NET_DEVICES")) {
+        if ((rc = net_device_of(o->listen_host ? o->listen_host : "127.0.0.1", dev, sizeof dev, e))) {
+            ucp_config_release(cfg);
+            goto fail;
+        }
+        if (dev[0] && (st = ucp_config_modify(cfg, "NET_DEVICES", dev)) != UCS_OK) {
+            ucp_config_release(cfg);
+            rc = ucx_fail(e, "restricting UCX to the listener's interface", st);
+            goto fail;
+        }
     }
     st = ucp_init(&cp, cfg, &x->ctx);
     ucp_config_release(cfg);
@@ -1222,12 +1302,69 @@ int pd_kvx_port(const struct pd_kvx *x)
     return x->port;
 }
 
-int pd_kvx_offer(struct pd_kvx *x, uint64_t request, const struct pd_kvx_run *runs, int n_runs,
-                 pd_kvx_release_fn release, void *arg, pd_err *e)
+int pd_kvx_key_new(struct pd_kvx_key *k, uint64_t hash, pd_err *e)
+{
+    /* 16 bytes from the urandom pool: getrandom returns them whole once the pool is up, and
+     * blocks (not fails) before that */
+    ssize_t n;
+    do
+        n = getrandom(k->id, sizeof k->id, 0);
+    while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof k->id)
+        return pd_err_set(e, PD_EIO, "kvxfer: getrandom: %s", n < 0 ? strerror(errno) : "short read");
+    k->hash = hash;
+    return 0;
+}
+
+uint64_t pd_kvx_hash_tokens(const int32_t *ids, int n)
+{
+    uint64_t h = 14695981039346656037ULL;
+    for (int i = 0; i < n; i++)
+        for (int b = 0; b < 4; b++) {
+            h ^= (uint8_t)((uint32_t)ids[i] >> (8 * b));
+            h *= 1099511628211ULL;
+        }
+    return h;
+}
+
+void pd_kvx_id_format(const struct pd_kvx_key *k, char out[PD_KVX_ID_HEX])
+{
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < sizeof k->id; i++) {
+        out[2 * i] = hex[k->id[i] >> 4];
+        out[2 * i + 1] = hex[k->id[i] & 15];
+    }
+    out[2 * sizeof k->id] = 0;
+}
+
+static int hex_digit(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+int pd_kvx_id_parse(const char *s, struct pd_kvx_key *k)
+{
+    uint8_t id[sizeof k->id];
+    if (!s || strlen(s) != 2 * sizeof id)
+        return PD_EINVAL;
+    for (size_t i = 0; i < sizeof id; i++) {
+        int hi = hex_digit(s[2 * i]), lo = hex_digit(s[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return PD_EINVAL;
+        id[i] = (uint8_t)(hi << 4 | lo);
+    }
+    memcpy(k->id, id, sizeof id);
+    return 0;
+}
+
+int pd_kvx_offer(struct pd_kvx *x, const struct pd_kvx_key *key, uint64_t owner_id,
+                 const struct pd_kvx_run *runs, int n_runs, pd_kvx_release_fn release, void *arg,
+                 pd_err *e)
 {
     uint64_t total;
     char what[64];
-    snprintf(what, sizeof what, "kvxfer: offer of request %llu", (unsigned long long)request);
+    snprintf(what, sizeof what, "kvxfer: offer of request %llu", (unsigned long long)owner_id);
     if (check_runs(runs, n_runs, x->len, &total, what, e))
         return e ? e->code : PD_EINVAL;
     struct lease *l = calloc(1, sizeof *l);
@@ -1237,13 +1374,14 @@ int pd_kvx_offer(struct pd_kvx *x, uint64_t request, const struct pd_kvx_run *ru
         free(r);
         return pd_err_set(e, PD_ENOMEM, "%s: no memory", what);
     }
-    l->req = request;
+    l->key = *key;
+    l->owner = owner_id;
     l->n = merge_runs(runs, n_runs, r);
     l->runs = r;
     l->cb = release;
     l->arg = arg;
     pthread_mutex_lock(&x->mu);
-    if (find_lease(x, request)) {
+    if (find_lease(x, key->id)) {
         pthread_mutex_unlock(&x->mu);
         free(r);
         free(l);
@@ -1301,13 +1439,13 @@ static struct link *get_link(struct pd_kvx *x, const char *host, int port, ucs_s
     return l;
 }
 
-int pd_kvx_pull(struct pd_kvx *x, const char *host, int port, uint64_t request,
+int pd_kvx_pull(struct pd_kvx *x, const char *host, int port, const struct pd_kvx_key *key,
                 const struct pd_kvx_run *dst, int n_dst, struct pd_kvx_xfer **out, pd_err *e)
 {
     *out = NULL;
-    char what[128];
-    snprintf(what, sizeof what, "kvxfer: request %llu from %s:%d", (unsigned long long)request,
-             host ? host : "?", port);
+    char what[128], id[PD_KVX_ID_HEX];
+    pd_kvx_id_format(key, id);
+    snprintf(what, sizeof what, "kvxfer: transfer %.8s... from %s:%d", id, host ? host : "?", port);
     if (!host || strlen(host) >= sizeof ((struct link *)0)->host || port <= 0 || port > 65535)
         return pd_err_set(e, PD_EINVAL, "%s: bad peer address", what);
     uint64_t total;
@@ -1321,7 +1459,7 @@ int pd_kvx_pull(struct pd_kvx *x, const char *host, int port, uint64_t request,
         return pd_err_set(e, PD_ENOMEM, "%s: no memory", what);
     }
     t->x = x;
-    t->req = request;
+    t->key = *key;
     snprintf(t->host, sizeof t->host, "%s", host);
     t->port = port;
     t->dst = d;
@@ -1348,7 +1486,7 @@ int pd_kvx_pull(struct pd_kvx *x, const char *host, int port, uint64_t request,
         xfer_fail(t, PD_EINVAL, 0, "cannot resolve the peer address");
     else if (!l->ep)
         xfer_fail(t, PD_EIO, 0, "cannot connect: %s", ucs_status_string(st));
-    else if ((st = send_small(x, msg_ep(l), PD_KVX_AM_GET_META, request, t->tag)) != UCS_OK)
+    else if ((st = send_small(x, msg_ep(l), PD_KVX_AM_GET_META, key, t->tag)) != UCS_OK)
         xfer_fail(t, PD_EIO, 0, "cannot send GET_META: %s", ucs_status_string(st));
     /* a failure here ends the transfer at once, without waiting for a progress call */
     advance(x, t);
@@ -1374,11 +1512,18 @@ int pd_kvx_result(struct pd_kvx *x, const struct pd_kvx_xfer *t, pd_err *e)
     if (t->state == PD_KVX_FAILED)
         rc = pd_err_set(e, t->fail_code, "%s", t->reason);
     else if (t->state != PD_KVX_DONE)
-        rc = pd_err_set(e, PD_EINVAL, "kvxfer: request %llu from %s:%d: still %s",
-                        (unsigned long long)t->req, t->host, t->port,
+        rc = pd_err_set(e, PD_EINVAL, "kvxfer: transfer from %s:%d: still %s", t->host, t->port,
                         pd_kvx_state_name(t->state));
     pthread_mutex_unlock(&x->mu);
     return rc;
+}
+
+int pd_kvx_refused(struct pd_kvx *x, const struct pd_kvx_xfer *t)
+{
+    pthread_mutex_lock(&x->mu);
+    int r = t->state == PD_KVX_FAILED && t->refused;
+    pthread_mutex_unlock(&x->mu);
+    return r;
 }
 
 uint64_t pd_kvx_xfer_gets(struct pd_kvx *x, const struct pd_kvx_xfer *t)

@@ -23,19 +23,31 @@
  *   shared-memory transports to such endpoints only with MM_ERROR_HANDLING=y, which the engine
  *   sets in its own UCX configuration.
  *
+ * Keys: a lease is found by a key {id, hash}. The id is 128 bits from getrandom(2), the secret a
+ *   puller must present (a server's request numbers are sequential: anyone could guess them). The
+ *   hash is the consumer's hash of the prompt's token ids (pd_kvx_hash_tokens): it binds the lease
+ *   to its content, so that whoever holds an id cannot attach the KV to another prompt. The hash
+ *   is no secret and need not resist a crafted collision: it is never shown to clients, and to
+ *   craft one for a prompt you must know that prompt, whose KV you can then compute yourself.
+ *   A lease is handed to one pull: the first GET_META that presents its key claims it; any other
+ *   (a second pull, a wrong hash) is refused and leaves the lease with its claimant; once DONE
+ *   the key is dead.
+ *
  * Wire protocol: UCX active messages, ids below, payload in the AM data (no AM header), all
  * integers little-endian:
- *   GET_META  c->p  u32 version=1, u32 0, u64 request, u64 tag                         (24 B)
- *   META      p->c  u32 version, i32 status, u64 request, u64 tag, u64 base,
+ *   GET_META  c->p  u32 version=2, u32 0, u64 tag, u8 id[16], u64 hash                  (40 B)
+ *   META      p->c  u32 version, i32 status, u64 tag, u64 base,
  *                   u32 rkey_len, u32 n_runs, u32 addr_len, u32 0,
  *                   addr_len bytes of the producer's UCP worker address,
  *                   rkey_len bytes of packed rkey,
- *                   n_runs x { u64 offset, u64 length }         (48 B + addr + rkey + 16 n)
+ *                   n_runs x { u64 offset, u64 length }         (40 B + addr + rkey + 16 n)
  *   DONE      c->p  as GET_META: the data is in place, release the lease
  *   ABORT     c->p  as GET_META: the consumer gives up, release the lease
- *   ACK       p->c  u32 version, i32 status, u64 request, u64 tag, u32 acked id, u32 0 (32 B)
+ *   ACK       p->c  u32 version, i32 status, u64 tag, u32 acked id, u32 0              (24 B)
  * `tag` is the consumer's transfer id, echoed so replies find their transfer. Status:
- * 0 ok, 1 unknown request (never offered, already released or expired), 2 malformed message.
+ * 0 ok, 1 unknown id (never offered, already pulled or released, expired), 2 malformed message,
+ * 3 refused (the id is held but the hash differs, or another pull claimed the lease). DONE and
+ * ABORT act only for the pull that claimed the lease (same key and tag).
  *
  * Threads: every function may be called from any thread; the engine serialises them with its
  * own lock. Release callbacks run without that lock held, on the thread that progressed the
@@ -69,6 +81,7 @@ enum pd_kvx_status {
     PD_KVX_ST_OK = 0,
     PD_KVX_ST_UNKNOWN = 1,
     PD_KVX_ST_MALFORMED = 2,
+    PD_KVX_ST_REFUSED = 3,
 };
 
 /* Why a lease was released (argument of the release callback). */
@@ -85,7 +98,11 @@ struct pd_kvx_run {
 };
 
 struct pd_kvx_opts {
-    const char *listen_host;   /* NULL: "127.0.0.1" */
+    const char *listen_host;   /* NULL: "127.0.0.1". Also where the process is reachable when it
+                                * does not listen: UCX's network transports (whose TCP one opens
+                                * a listening socket per interface) are kept to the interface
+                                * carrying this address, unless it is a wildcard or the user set
+                                * UCX_NET_DEVICES (to add an RDMA device, say) */
     int listen_port;           /* 0: ephemeral (see pd_kvx_port), -1: do not listen */
     void *region;              /* the KV pool; registered with ucp_mem_map. NULL: the engine
                                 * allocates region_len bytes itself with UCX (ucp_mem_map
@@ -107,7 +124,25 @@ struct pd_kvx_stats {
     uint64_t rkeys_unpacked;   /* producers' rkeys unpacked (consumer): once per connection */
 };
 
-typedef void (*pd_kvx_release_fn)(void *arg, uint64_t request, enum pd_kvx_release why);
+/* A lease's key (see "Keys" above). */
+struct pd_kvx_key {
+    uint8_t id[16];            /* 128 random bits */
+    uint64_t hash;             /* pd_kvx_hash_tokens of the prompt */
+};
+
+#define PD_KVX_ID_HEX 33       /* an id as 32 lowercase hex digits and a NUL */
+
+/* A fresh key for content `hash`: the id from getrandom(2). */
+int pd_kvx_key_new(struct pd_kvx_key *k, uint64_t hash, pd_err *e);
+/* 64-bit FNV-1a of the ids' little-endian bytes. */
+uint64_t pd_kvx_hash_tokens(const int32_t *ids, int n);
+void pd_kvx_id_format(const struct pd_kvx_key *k, char out[PD_KVX_ID_HEX]);
+/* Sets k's id from exactly 32 hex digits (either case); PD_EINVAL otherwise, k untouched. */
+int pd_kvx_id_parse(const char *s, struct pd_kvx_key *k);
+
+/* `owner_id` is the offerer's own number for the lease (a server's request id), given back here;
+ * it never goes on the wire. */
+typedef void (*pd_kvx_release_fn)(void *arg, uint64_t owner_id, enum pd_kvx_release why);
 
 struct pd_kvx;
 struct pd_kvx_xfer;
@@ -123,20 +158,25 @@ void *pd_kvx_region(const struct pd_kvx *x);
 /* The port the listener is bound to (the ephemeral one when opts.listen_port was 0); -1 if none. */
 int pd_kvx_port(const struct pd_kvx *x);
 
-/* Producer: puts `request`'s KV (runs of the region, in sequence order) under a lease; `release`
- * (may be NULL) is called exactly once when the lease ends. */
-int pd_kvx_offer(struct pd_kvx *x, uint64_t request, const struct pd_kvx_run *runs, int n_runs,
-                 pd_kvx_release_fn release, void *arg, pd_err *e);
+/* Producer: puts a request's KV (runs of the region, in sequence order) under a lease found by
+ * `key` (an id already under a lease is refused); `release` (may be NULL) is called exactly once,
+ * with owner_id, when the lease ends. */
+int pd_kvx_offer(struct pd_kvx *x, const struct pd_kvx_key *key, uint64_t owner_id,
+                 const struct pd_kvx_run *runs, int n_runs, pd_kvx_release_fn release, void *arg,
+                 pd_err *e);
 
-/* Consumer: starts pulling `request` from the producer at host:port into `dst` (runs of this
- * engine's region, in sequence order; their total must equal the producer's). Failures of the
- * peer are reported by the transfer's state, not here; here only bad arguments. */
-int pd_kvx_pull(struct pd_kvx *x, const char *host, int port, uint64_t request,
+/* Consumer: starts pulling the lease `key` from the producer at host:port into `dst` (runs of
+ * this engine's region, in sequence order; their total must equal the producer's). Failures of
+ * the peer are reported by the transfer's state, not here; here only bad arguments. */
+int pd_kvx_pull(struct pd_kvx *x, const char *host, int port, const struct pd_kvx_key *key,
                 const struct pd_kvx_run *dst, int n_dst, struct pd_kvx_xfer **t, pd_err *e);
 
 enum pd_kvx_state pd_kvx_state(struct pd_kvx *x, const struct pd_kvx_xfer *t);
 /* 0 when DONE; when FAILED a negative PD_E* code and the reason in e; PD_EINVAL while running. */
 int pd_kvx_result(struct pd_kvx *x, const struct pd_kvx_xfer *t, pd_err *e);
+/* 1 when t FAILED because the producer refused its key (status unknown or refused): the pull
+ * was not entitled to that KV, which a server reports to its client rather than recomputing. */
+int pd_kvx_refused(struct pd_kvx *x, const struct pd_kvx_xfer *t);
 /* Gets this transfer issued (runs merged), for tests and stats. */
 uint64_t pd_kvx_xfer_gets(struct pd_kvx *x, const struct pd_kvx_xfer *t);
 

@@ -60,11 +60,13 @@ struct req {
     int return_ids;                 /* vLLM's return_token_ids: add the generated ids */
     int ignore_eos;                 /* vLLM's ignore_eos: generate max_tokens whatever is sampled */
     int remote_decode;              /* producer: keep the KV for a decode instance */
+    struct pd_kvx_key key;          /* producer: the lease's key, remote_request_id in the answer */
     int remote_prefill;             /* consumer: pull the KV from a producer */
     char remote_host[64];
     int remote_port;
-    uint64_t remote_request;
+    struct pd_kvx_key remote_key;   /* consumer: remote_request_id and the hash of our prompt */
     int remote_tokens;              /* the prompt length the producer computed */
+    int reply_started;              /* a stream's 200 went out (deferred while a pull may refuse) */
     int32_t forced_first;           /* the producer's first token, or -1 */
     struct req *lease_next;
     /* EP group: the rank holding the sequence, its reserved blocks, what the next step says */
@@ -78,18 +80,19 @@ struct req {
 /* EP group (see server.h). A round's message is int32 words: a header {op, n_free, n_lease,
  * n_pull, n_items, n_tokens}, then
  *   per freed sequence  {id lo, id hi, owner};
- *   per lease (producer: the KV waits for a decode instance)  {id lo, id hi, owner, tokens};
+ *   per lease (producer: the KV waits for a decode instance)  {id lo, id hi, owner, tokens,
+ *     transfer key: id (16 bytes), prompt hash lo, hi};
  *   per pull (consumer: the owner starts the sequence and pulls its KV)  {id lo, id hi, owner,
- *     reserve, prompt tokens, remote port, remote request lo, hi, temperature bits, top_p bits,
- *     sampler state lo, hi, remote host (64 bytes)};
+ *     reserve, prompt tokens, remote port, prompt hash lo, hi, temperature bits, top_p bits,
+ *     sampler state lo, hi, remote host (64 bytes), remote transfer id (16 bytes)};
  *   per item  {id lo, id hi, owner, n, new, reserve, forced, temperature bits, top_p bits,
  *     sampler state lo, hi};
  *   the items' tokens in item order.
- * Each rank answers {status, free blocks, free slots, n released, per pull {ok, bytes lo, hi,
- * microseconds the pull took}, per item
+ * Each rank answers {status, free blocks, free slots, n released, per pull {1 pulled / 0 failed /
+ * -1 refused by the producer, bytes lo, hi, microseconds the pull took}, per item
  * its token (-1: another rank's), the ids of the leases it released, 2 words each}. */
 enum { EP_OP_STEP = 1, EP_OP_STOP = 2, EP_OP_STATS = 3 };   /* STATS: the ranks sum their expert counts to rank 0 */
-enum { EP_HDR = 6, EP_FREE_W = 3, EP_LEASE_W = 4, EP_PULL_W = 28, EP_ITEM_W = 11, EP_ANS_W = 4,
+enum { EP_HDR = 6, EP_FREE_W = 3, EP_LEASE_W = 10, EP_PULL_W = 32, EP_ITEM_W = 11, EP_ANS_W = 4,
        EP_PULLED_W = 4 };
 
 struct ep_msg {                     /* a message's sections */
@@ -229,6 +232,17 @@ static void take_producer_token(struct pd_server *s, struct req *r)
     outbox_push(s, r);
 }
 
+/* Consumer: the producer refused the request's transfer parameters: the client gets a 4xx, no
+ * token; the caller ends its sequence. */
+static void refuse(struct pd_server *s, struct req *r)
+{
+    r->finished = 1;
+    r->finish = "refused";
+    outbox_push(s, r);
+    /* answered now: no step may follow to wake the loop */
+    event_active(s->notify, 0, 0);
+}
+
 static void seq_release(struct pd_server *s, struct req *r);
 
 static void finish_running(struct pd_server *s, int i)
@@ -257,24 +271,33 @@ static void on_release(void *arg, uint64_t request, enum pd_kvx_release why)
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Producer: puts the KV of q's first `len` tokens under a lease for request id; 0 or -1. */
-static int seq_offer(struct pd_server *s, struct pd_seq *q, uint64_t id, int len, pd_kvx_release_fn release)
+/* Producer: puts the KV of q's first `len` tokens under a lease with `key` for request id (given
+ * back to `release`); 0 or -1. */
+static int seq_offer(struct pd_server *s, struct pd_seq *q, const struct pd_kvx_key *key, uint64_t id, int len,
+                     pd_kvx_release_fn release)
 {
     int n;
     struct pd_kv_run *runs = pd_kvseq_runs_alloc(&s->en.kv, &q->kv, len, &n, NULL);
     pd_err e;
     /* struct pd_kv_run and struct pd_kvx_run are the same (offset, length) pairs */
-    int rc = !s->kvx || !runs || pd_kvx_offer(s->kvx, id, (const struct pd_kvx_run *)runs, n, release, s, &e);
+    int rc = !s->kvx || !runs || pd_kvx_offer(s->kvx, key, id, (const struct pd_kvx_run *)runs, n, release, s, &e);
     free(runs);
     return rc ? -1 : 0;
 }
 
-/* Consumer: pulls the producer's KV of `len` prompt tokens (request rid at host:port) into q,
- * whose blocks are reserved; the bytes moved and the seconds the pull took (*seconds), -1 if no
- * transfer started, -2 if it failed (q then holds nothing usable). With mu, that lock is released
- * while waiting. */
-static int64_t seq_pull(struct pd_server *s, struct pd_seq *q, const char *host, int port, uint64_t rid, int len,
-                        pthread_mutex_t *mu, double *seconds)
+enum { PULL_NONE = -1, PULL_FAILED = -2, PULL_REFUSED = -3 };
+
+/* The 4xx a decode request gets when the producer refuses its transfer parameters. */
+#define REFUSED_MSG                                                                                      \
+    "the prefill instance refused the KV transfer: remote_request_id is unknown, expired or already " \
+    "pulled, or this prompt is not the one it prefilled"
+
+/* Consumer: pulls the producer's KV of `len` prompt tokens (lease `key` at host:port) into q,
+ * whose blocks are reserved; the bytes moved and the seconds the pull took (*seconds), PULL_NONE
+ * if no transfer started, PULL_FAILED if it failed, PULL_REFUSED if the producer refused the key
+ * (q then holds nothing usable). With mu, that lock is released while waiting. */
+static int64_t seq_pull(struct pd_server *s, struct pd_seq *q, const char *host, int port, const struct pd_kvx_key *key,
+                        int len, pthread_mutex_t *mu, double *seconds)
 {
     double t0 = pd_now_s();
     int n;
@@ -282,51 +305,62 @@ static int64_t seq_pull(struct pd_server *s, struct pd_seq *q, const char *host,
     struct pd_kv_run *dst = pd_kvseq_runs_alloc(&s->en.kv, &q->kv, len, &n, &bytes);
     struct pd_kvx_xfer *t = NULL;
     pd_err e = {0};
-    int rc = !s->kvx || !dst || pd_kvx_pull(s->kvx, host, port, rid, (const struct pd_kvx_run *)dst, n, &t, &e);
+    int rc = !s->kvx || !dst || pd_kvx_pull(s->kvx, host, port, key, (const struct pd_kvx_run *)dst, n, &t, &e);
     free(dst);
     if (rc)
-        return -1;
+        return PULL_NONE;
     if (mu)
         pthread_mutex_unlock(mu);
     enum pd_kvx_state st = pd_kvx_wait(s->kvx, t, -1);
+    int refused = pd_kvx_refused(s->kvx, t);
     pd_kvx_xfer_free(s->kvx, t);
     if (mu)
         pthread_mutex_lock(mu);
     if (st != PD_KVX_DONE)
-        return -2;
+        return refused ? PULL_REFUSED : PULL_FAILED;
     q->pos = len;
     q->kv.len = len;
     *seconds = pd_now_s() - t0;
     return (int64_t)bytes;
 }
 
+/* Producer: the request's key: 128 random bits bound to its prompt. */
+static int new_key(struct req *r)
+{
+    pd_err e;
+    return pd_kvx_key_new(&r->key, pd_kvx_hash_tokens(r->prompt, r->n_prompt), &e);
+}
+
 /* Producer: the request's KV goes under a lease instead of being freed (s->mu held). */
 static int lease(struct pd_server *s, struct req *r)
 {
+    if (new_key(r))
+        return -1;
     r->lease_next = s->leases;
     s->leases = r;
-    int rc = seq_offer(s, &r->seq, r->id, r->n_prompt, on_release);
+    int rc = seq_offer(s, &r->seq, &r->key, r->id, r->n_prompt, on_release);
     if (rc)
         s->leases = r->lease_next;
     return rc;
 }
 
 /* Consumer: pulls the producer's KV into a fresh sequence of this pool; 0 when the sequence now
- * holds the prompt (s->mu is released while waiting). */
+ * holds the prompt, PULL_REFUSED when the producer refused the request's key, another negative
+ * value when the prompt is to be recomputed (s->mu is released while waiting). */
 static int pull(struct pd_server *s, struct req *r)
 {
     pd_err e = {0};
     if (!s->kvx || r->remote_tokens != r->n_prompt || pd_kvseq_reserve(&s->en.kv, &r->seq.kv, r->n_prompt, &e))
-        return -1;
+        return PULL_NONE;
     double seconds;
-    int64_t bytes = seq_pull(s, &r->seq, r->remote_host, r->remote_port, r->remote_request, r->n_prompt, &s->mu,
+    int64_t bytes = seq_pull(s, &r->seq, r->remote_host, r->remote_port, &r->remote_key, r->n_prompt, &s->mu,
                              &seconds);
-    if (bytes == -1)
-        return -1;
+    if (bytes == PULL_NONE)
+        return PULL_NONE;
     s->kv_pulls++;
     if (bytes < 0) {
         s->kv_failures++;
-        return -1;
+        return (int)bytes;
     }
     s->kv_bytes += (uint64_t)bytes;
     s->kv_seconds += seconds;
@@ -463,16 +497,19 @@ static int ep_start(struct pd_server *s, uint64_t id, int prompt, int reserve, c
 }
 
 /* Consumer, the owner rank: pulls a request's prompt KV from the producer rank named in the pull
- * entry into sequence q; the bytes moved and the seconds taken, or -1 if the transfer failed (the
- * sequence then stays empty and its prompt is recomputed from the token ids). */
+ * entry into sequence q; the bytes moved and the seconds taken, PULL_REFUSED if the producer
+ * refused the key, or PULL_FAILED (the sequence then stays empty; its prompt is recomputed from
+ * the token ids, unless refused). */
 static int64_t ep_pull(struct pd_server *s, struct ep_seq *q, const int32_t *w, double *seconds)
 {
     const int n_prompt = w[4];
     char host[65];
     memcpy(host, w + 12, 64);
     host[64] = 0;
-    int64_t bytes = seq_pull(s, &q->seq, host, w[5], ep_id(w + 6), n_prompt, NULL, seconds);
-    return bytes < 0 ? -1 : bytes;
+    struct pd_kvx_key key = {.hash = ep_id(w + 6)};
+    memcpy(key.id, w + 28, sizeof key.id);
+    int64_t bytes = seq_pull(s, &q->seq, host, w[5], &key, n_prompt, NULL, seconds);
+    return bytes == PULL_REFUSED ? PULL_REFUSED : bytes < 0 ? PULL_FAILED : bytes;
 }
 
 /* Every rank: applies a round's message to the sequences it owns (frees, leases, pulls, then the
@@ -520,7 +557,9 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         if (!q)
             return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d told to lease request %llu it does not hold",
                               g->rank, (unsigned long long)ep_id(w));
-        if (seq_offer(s, &q->seq, q->id, w[3], ep_on_release)) {
+        struct pd_kvx_key key = {.hash = ep_id(w + 8)};
+        memcpy(key.id, w + 4, sizeof key.id);
+        if (seq_offer(s, &q->seq, &key, q->id, w[3], ep_on_release)) {
             /* no lease: the blocks come back now, and rank 0 hears of it as of a release */
             pd_seq_end(&s->en, &q->seq);
             q->used = 0;
@@ -538,7 +577,7 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
             return rc;
         double seconds = 0;
         int64_t bytes = ep_pull(s, q, w, &seconds);
-        p[0] = bytes >= 0;
+        p[0] = bytes >= 0 ? 1 : bytes == PULL_REFUSED ? -1 : 0;
         ep_put_id(p + 1, bytes > 0 ? (uint64_t)bytes : 0);
         p[3] = seconds * 1e6 < INT32_MAX ? (int32_t)(seconds * 1e6) : INT32_MAX;
     }
@@ -709,10 +748,14 @@ static void ep_release(struct pd_server *s, struct req *r)
  * next message; the owner reports when the transfer engine releases it. */
 static int ep_lease(struct pd_server *s, struct req *r)
 {
+    if (new_key(r))
+        return -1;
     int32_t *w = ep_push(&s->g->leases);
     ep_put_id(w, r->id);
     w[2] = r->owner;
     w[3] = r->n_prompt;
+    memcpy(w + 4, r->key.id, sizeof r->key.id);
+    ep_put_id(w + 8, r->key.hash);
     r->lease_next = s->leases;
     s->leases = r;
     return 0;
@@ -730,11 +773,12 @@ static void ep_pull_later(struct pd_server *s, struct req *r)
     w[3] = r->n_prompt + r->max_tokens;
     w[4] = r->n_prompt;
     w[5] = r->remote_port;
-    ep_put_id(w + 6, r->remote_request);
+    ep_put_id(w + 6, r->remote_key.hash);
     memcpy(&w[8], &r->smp.temperature, sizeof(float));
     memcpy(&w[9], &r->smp.top_p, sizeof(float));
     ep_put_id(w + 10, r->smp.state);
     memcpy(w + 12, r->remote_host, strlen(r->remote_host));
+    memcpy(w + 28, r->remote_key.id, sizeof r->remote_key.id);
     g->pull_req[g->pulls.n - 1] = r;
     r->ep_new = 0;   /* the pull starts it */
     r->ep_pulling = 1;
@@ -795,6 +839,12 @@ static void ep_account(struct pd_server *s)
         const int32_t *a = g->all + (size_t)r->owner * A + EP_ANS_W + EP_PULLED_W * i;
         r->ep_pulling = 0;
         s->kv_pulls++;
+        if (a[0] < 0) {
+            /* not this request's KV: refused, not recomputed; the owner frees the sequence */
+            s->kv_failures++;
+            refuse(s, r);
+            continue;
+        }
         if (!a[0]) {
             /* recompute: the owner prefills the prompt from its token ids, then the producer's
              * first token follows */
@@ -982,9 +1032,16 @@ static void *scheduler(void *arg)
                 s->kv_recomputes++;
             } else if (r->remote_prefill) {
                 /* the producer computed the prompt: pull it; if that fails, recompute it here
-                 * from the token ids and continue with the producer's first token */
-                if (pull(s, r) == 0) {
+                 * from the token ids and continue with the producer's first token. A refused key
+                 * is no failure to make up for: the request is refused. */
+                int pulled = pull(s, r);
+                if (pulled == 0) {
                     take_producer_token(s, r);
+                    continue;
+                }
+                if (pulled == PULL_REFUSED) {
+                    refuse(s, r);
+                    finish_running(s, s->n_running - 1);
                     continue;
                 }
                 s->kv_recomputes++;
@@ -1280,6 +1337,25 @@ static void answer_expert_stats(struct pd_server *s)
     s->stats_state = STATS_NONE;
 }
 
+/* A stream's 200 and headers, before its first chunk. */
+static void start_stream(struct req *r)
+{
+    struct evkeyvalq *hd = evhttp_request_get_output_headers(r->http);
+    evhttp_add_header(hd, "Content-Type", "text/event-stream");
+    evhttp_add_header(hd, "Cache-Control", "no-cache");
+    evhttp_send_reply_start(r->http, 200, "OK");
+    r->reply_started = 1;
+}
+
+/* Producer: the address decode instances pull from: kv_host, else the KV listener's (--host),
+ * loopback when that is a wildcard. */
+static const char *kv_advertised_host(const struct pd_server *s)
+{
+    if (s->o.kv_host)
+        return s->o.kv_host;
+    return strcmp(s->o.host, "0.0.0.0") && strcmp(s->o.host, "::") ? s->o.host : "127.0.0.1";
+}
+
 /* The loop's side of the outbox: stream new text, or answer finished requests. */
 static void on_notify(evutil_socket_t fd, short what, void *arg)
 {
@@ -1305,9 +1381,15 @@ static void on_notify(evutil_socket_t fd, short what, void *arg)
         char *out = NULL;
         size_t len = 0;
         int oom = 0;
-        if (r->stream || (finished && strcmp(finish, "error")))
+        if (finished && !strcmp(finish, "refused")) {
+            /* only a pull refuses, before any token: a stream's 200 is still deferred */
+            assert(!r->reply_started);
+            send_error(s, r->http, 403, "invalid_request_error", "kv_transfer_params", REFUSED_MSG);
+            answered(s, r);
+        } else if (r->stream) {
+            if (!r->reply_started)
+                start_stream(r);
             oom = take_utf8(s, r, n, finished, &out, &len) != 0;
-        if (r->stream) {
             if (len)
                 send_sse(r->http, chunk(s, r, out, len, NULL));
             if (finished) {
@@ -1328,6 +1410,8 @@ static void on_notify(evutil_socket_t fd, short what, void *arg)
                 evhttp_send_reply_end(h);
             }
         } else if (finished) {
+            if (strcmp(finish, "error"))
+                oom = take_utf8(s, r, n, finished, &out, &len) != 0;
             if (!strcmp(finish, "error")) {
                 send_error(s, r->http, 500, "server_error", NULL, "the engine failed during generation");
             } else if (oom) {
@@ -1337,11 +1421,13 @@ static void on_notify(evutil_socket_t fd, short what, void *arg)
                                                      "content", out, len, "finish_reason", finish)
                                          : json_pack("{s:i,s:s%,s:s}", "index", 0, "text", out, len, "finish_reason", finish);
                 if (r->remote_decode) {
+                    char rid[PD_KVX_ID_HEX];
+                    pd_kvx_id_format(&r->key, rid);
                     json_object_set_new(choice, "kv_transfer_params",
-                                        json_pack("{s:b,s:b,s:s,s:I,s:s,s:i,s:i,s:i}", "do_remote_prefill", 1,
+                                        json_pack("{s:b,s:b,s:s,s:s,s:s,s:i,s:i,s:i}", "do_remote_prefill", 1,
                                                   "do_remote_decode", 0, "remote_engine_id",
                                                   s->o.engine_id ? s->o.engine_id : "prefill", "remote_request_id",
-                                                  (json_int_t)r->id, "remote_host", s->o.kv_host ? s->o.kv_host : "127.0.0.1",
+                                                  rid, "remote_host", kv_advertised_host(s),
                                                   "remote_port", s->g ? s->g->kv_ports[r->owner] : pd_kvx_port(s->kvx), "remote_num_tokens", r->n_prompt,
                                                   "last_token_id", n > 0 ? r->gen[0] : s->eos));
                 }
@@ -1360,7 +1446,7 @@ static void on_notify(evutil_socket_t fd, short what, void *arg)
         }
         free(out);
         pthread_mutex_lock(&s->mu);
-        if (finished) {
+        if (finished && strcmp(finish, "refused")) {
             s->n_completed++;
             if (r->t_first > 0)
                 s->ttft_sum += r->t_first - r->t_arrival;
@@ -1607,17 +1693,24 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
             json_t *port = json_object_get(kv, "remote_port"), *rid = json_object_get(kv, "remote_request_id"),
                    *nt = json_object_get(kv, "remote_num_tokens"), *last = json_object_get(kv, "last_token_id");
             if (s->o.role != PD_ROLE_CONSUMER || !host || strlen(host) >= sizeof r->remote_host || !json_is_integer(port) ||
-                !json_is_integer(rid) || !json_is_integer(nt) || !json_is_integer(last) ||
+                !rid || !json_is_integer(nt) || !json_is_integer(last) ||
                 json_integer_value(last) < 0 || json_integer_value(last) >= s->V) {
                 send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
                            s->o.role != PD_ROLE_CONSUMER ? "do_remote_prefill asks a decode (kv_consumer) instance; this one is not"
                            : "do_remote_prefill needs remote_host, remote_port, remote_request_id, remote_num_tokens and last_token_id");
                 goto reject;
             }
+            if (pd_kvx_id_parse(json_string_value(rid), &r->remote_key)) {
+                send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
+                           "kv_transfer_params.remote_request_id must be the 32-hex-digit string the prefill instance "
+                           "answered");
+                goto reject;
+            }
+            /* the producer hands its KV over only for the prompt it prefilled */
+            r->remote_key.hash = pd_kvx_hash_tokens(r->prompt, r->n_prompt);
             r->remote_prefill = 1;
             snprintf(r->remote_host, sizeof r->remote_host, "%s", host);
             r->remote_port = (int)json_integer_value(port);
-            r->remote_request = (uint64_t)json_integer_value(rid);
             r->remote_tokens = (int)json_integer_value(nt);
             r->forced_first = (int32_t)json_integer_value(last);
         }
@@ -1662,12 +1755,9 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     /* libevent stops reading a connection while its request is answered, so it would not see
      * the client leave; reading on lets the close callback cancel the request */
     bufferevent_enable(evhttp_connection_get_bufferevent(conn), EV_READ);
-    if (r->stream) {
-        struct evkeyvalq *hd = evhttp_request_get_output_headers(h);
-        evhttp_add_header(hd, "Content-Type", "text/event-stream");
-        evhttp_add_header(hd, "Cache-Control", "no-cache");
-        evhttp_send_reply_start(h, 200, "OK");
-    }
+    /* a stream that pulls KV answers once the pull is through: a refused one gets a 4xx */
+    if (r->stream && !r->remote_prefill)
+        start_stream(r);
     goto out;
 reject:   /* refused after r was allocated: nothing else holds it yet */
     free(r->prompt);
@@ -1955,8 +2045,9 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
          * over its own pool, a producer rank k listening on kv_port + k */
         int listen = s->o.role != PD_ROLE_PRODUCER ? -1 : s->g && s->o.kv_port ? s->o.kv_port + s->g->rank : s->o.kv_port;
         /* the transfer engine allocates the pool's memory, so a peer on this host reads it
-         * directly (kvxfer.h); the pool is still empty */
-        struct pd_kvx_opts ko = {.listen_host = "127.0.0.1", .listen_port = listen,
+         * directly (kvxfer.h); the pool is still empty. It binds, and keeps UCX, to the
+         * configured address: nothing listens elsewhere */
+        struct pd_kvx_opts ko = {.listen_host = s->o.kv_host ? s->o.kv_host : s->o.host, .listen_port = listen,
                                  .region_len = s->en.kv.region_bytes,
                                  .lease_ms = s->o.kv_lease_ms, .timeout_ms = s->o.kv_timeout_ms};
         if ((rc = pd_kvx_create(&ko, &s->kvx, e)))

@@ -8,7 +8,11 @@
  * keeping the request's KV under a lease; a consumer (decode) instance given those parameters
  * pulls the KV over UCX (src/pd/kvxfer.h), then decodes from the last token. If the pull fails,
  * the consumer prefills the prompt itself from its token ids (recompute) and continues with the
- * producer's first token: the client sees no duplicated or lost token.
+ * producer's first token: the client sees no duplicated or lost token. remote_request_id is the
+ * lease's key: 32 hex digits of 128 random bits, good for one pull of the prompt the producer
+ * computed (the consumer presents the hash of its own prompt's token ids). A pull the producer
+ * refuses (an unknown, expired or already pulled id, another prompt) is not recomputed: the
+ * client gets a 403 and the lease stays with its owner.
  *
  * Endpoints: GET /health, GET /v1/models, GET /metrics (Prometheus text), POST /v1/completions
  * and POST /v1/chat/completions, streaming (server-sent events) or not. Requests are validated
@@ -59,7 +63,9 @@ struct pd_server_opts {
     int role;                       /* PD_ROLE_BOTH (colocated), PD_ROLE_PRODUCER, PD_ROLE_CONSUMER */
     int kv_port;                    /* producer: where decode instances pull from (0: ephemeral);
                                      * EP rank k: kv_port + k */
-    const char *kv_host;            /* producer: the host decode instances should use (127.0.0.1) */
+    const char *kv_host;            /* the address the KV transfer engine binds (and UCX's transports
+                                     * keep to), which a producer tells decode instances; NULL: host
+                                     * (127.0.0.1 in kv_transfer_params when host is a wildcard) */
     const char *engine_id;
     int kv_lease_ms, kv_timeout_ms; /* 0: 30000 */
     int handle_signals;             /* SIGINT/SIGTERM stop the loop (the command line's server) */

@@ -18,6 +18,9 @@
 #include "pd/kvxfer.h"
 
 #define B 4096   /* one KV block: 16 entries x 2 x 128 bytes */
+/* A lease key made from a small number (the id's first byte, and the hash): tests pick ids that
+ * real keys (pd_kvx_key_new) would never repeat. */
+#define K(n) (&(struct pd_kvx_key){.id = {(uint8_t)(n), (uint8_t)((n) >> 8)}, .hash = (n)})
 
 struct rel {
     atomic_int count;
@@ -208,9 +211,9 @@ static void byte_exact_in(const char *tls, int own_memory)
                               {60 * B + 3, 777}};
     struct rel r = {0};
     pd_err e = {0};
-    cr_assert_eq(pd_kvx_offer(p, 7, sr, 8, on_release, &r, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kvx_offer(p, K(7), 7, sr, 8, on_release, &r, &e), 0, "%s", e.msg);
     struct pd_kvx_xfer *t = NULL;
-    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 7, dr, 5, &t, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), K(7), dr, 5, &t, &e), 0, "%s", e.msg);
     enum pd_kvx_state st = pd_kvx_wait(c, t, 10000);
     pd_kvx_result(c, t, &e);
     cr_assert_eq(st, PD_KVX_DONE, "%s: %s", pd_kvx_state_name(st), e.msg);
@@ -225,8 +228,8 @@ static void byte_exact_in(const char *tls, int own_memory)
         s16[i] = (struct pd_kvx_run){(uint64_t)(22 + i) * B, B};
         d16[i] = (struct pd_kvx_run){(uint64_t)(44 + i) * B, B};
     }
-    cr_assert_eq(pd_kvx_offer(p, 8, s16, 16, on_release, &r, &e), 0, "%s", e.msg);
-    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 8, d16, 16, &t, &e), 0);
+    cr_assert_eq(pd_kvx_offer(p, K(8), 8, s16, 16, on_release, &r, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), K(8), d16, 16, &t, &e), 0);
     cr_assert_eq(pd_kvx_wait(c, t, 10000), PD_KVX_DONE);
     cr_assert_eq(pd_kvx_xfer_gets(c, t), 1);
     cr_assert_eq(memcmp(cr + 44 * B, pr + 22 * B, 16 * B), 0);
@@ -266,9 +269,9 @@ static void done_releases(const char *tls)
     struct pd_kvx_run run = {0, 4 * B};
     struct rel r = {0};
     pd_err e = {0};
-    cr_assert_eq(pd_kvx_offer(p, 1, &run, 1, on_release, &r, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kvx_offer(p, K(1), 1, &run, 1, on_release, &r, &e), 0, "%s", e.msg);
     struct pd_kvx_xfer *t;
-    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 1, &run, 1, &t, &e), 0);
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), K(1), &run, 1, &t, &e), 0);
     cr_assert_eq(pump(p, c, t, 5000), PD_KVX_DONE);
     /* the release ran before the ACK went out, and never again */
     for (int i = 0; i < 50; i++)
@@ -278,7 +281,7 @@ static void done_releases(const char *tls)
     cr_assert_eq(r.req, 1);
     pd_kvx_xfer_free(c, t);
     /* released: a second pull of the same request is refused */
-    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 1, &run, 1, &t, &e), 0);
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), K(1), &run, 1, &t, &e), 0);
     cr_assert_eq(pump(p, c, t, 5000), PD_KVX_FAILED);
     pd_kvx_xfer_free(c, t);
     pair_close(&x);
@@ -293,14 +296,14 @@ static void abort_releases(const char *tls)
     struct pd_kvx_run run = {B, 2 * B};
     struct rel r = {0};
     pd_err e = {0};
-    cr_assert_eq(pd_kvx_offer(p, 5, &run, 1, on_release, &r, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kvx_offer(p, K(5), 5, &run, 1, on_release, &r, &e), 0, "%s", e.msg);
     struct pd_kvx_xfer *t;
-    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 5, &run, 1, &t, &e), 0);
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), K(5), &run, 1, &t, &e), 0);
     pd_kvx_abort(c, t);
     cr_assert_eq(pump(p, c, t, 5000), PD_KVX_FAILED);
     cr_assert_neq(pd_kvx_result(c, t, &e), 0);
     cr_assert(strstr(e.msg, "aborted"), "%s", e.msg);
-    cr_assert(strstr(e.msg, "request 5"), "%s", e.msg);
+    cr_assert(strstr(e.msg, "transfer 05000000..."), "%s", e.msg);
     /* the ABORT reaches the producer, which releases the lease once */
     double end = pd_now_s() + 5;
     while (atomic_load(&r.count) == 0 && pd_now_s() < end) {
@@ -323,14 +326,14 @@ static void lease_expires(const char *tls)
     struct rel r = {0};
     pd_err e = {0};
     double t0 = pd_now_s();
-    cr_assert_eq(pd_kvx_offer(p, 3, &run, 1, on_release, &r, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kvx_offer(p, K(3), 3, &run, 1, on_release, &r, &e), 0, "%s", e.msg);
     cr_assert_eq(wait_count(p, &r, 1, 3000), 1);
     double dt = pd_now_s() - t0;
     cr_assert_geq(dt, 0.2, "released after %.3f s, before the 200 ms lease", dt);
     cr_assert_lt(dt, 1.0, "released after %.3f s", dt);
     cr_assert_eq(atomic_load(&r.why), PD_KVX_REL_EXPIRED);
     struct pd_kvx_xfer *t;
-    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 3, &run, 1, &t, &e), 0);
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), K(3), &run, 1, &t, &e), 0);
     cr_assert_eq(pump(p, c, t, 5000), PD_KVX_FAILED);
     pd_kvx_xfer_free(c, t);
     pair_close(&x);
@@ -348,12 +351,13 @@ static void unknown_request(const char *tls)
     pd_err e = {0};
     struct pd_kvx_xfer *t;
     double t0 = pd_now_s();
-    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 999, &run, 1, &t, &e), 0);
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), K(999), &run, 1, &t, &e), 0);
     cr_assert_eq(pd_kvx_wait(c, t, 10000), PD_KVX_FAILED);
     cr_assert_lt(pd_now_s() - t0, 4.0, "an unknown request must fail at once, not time out");
     cr_assert_eq(pd_kvx_result(c, t, &e), PD_EINVAL);
-    cr_assert(strstr(e.msg, "unknown request"), "%s", e.msg);
-    cr_assert(strstr(e.msg, "request 999 from 127.0.0.1:"), "%s", e.msg);
+    cr_assert(strstr(e.msg, "unknown transfer id"), "%s", e.msg);
+    cr_assert(strstr(e.msg, "transfer e7030000... from 127.0.0.1:"), "%s", e.msg);
+    cr_assert(pd_kvx_refused(c, t));
     pd_kvx_xfer_free(c, t);
     serve_stop(&s);
     pair_close(&x);
@@ -367,9 +371,9 @@ static void size_mismatch(const char *tls)
     struct pd_kvx_run src = {0, 4 * B}, dst = {0, 2 * B};   /* D thinks blocks are half size */
     struct rel r = {0};
     pd_err e = {0};
-    cr_assert_eq(pd_kvx_offer(p, 4, &src, 1, on_release, &r, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kvx_offer(p, K(4), 4, &src, 1, on_release, &r, &e), 0, "%s", e.msg);
     struct pd_kvx_xfer *t;
-    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 4, &dst, 1, &t, &e), 0);
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), K(4), &dst, 1, &t, &e), 0);
     cr_assert_eq(pump(p, c, t, 5000), PD_KVX_FAILED);
     pd_kvx_result(c, t, &e);
     cr_assert(strstr(e.msg, "size mismatch"), "%s", e.msg);
@@ -407,13 +411,13 @@ static void nobody_listens(const char *tls)
     struct pd_kvx_xfer *t;
     int port = free_port();
     double t0 = pd_now_s();
-    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", port, 11, &run, 1, &t, &e), 0);
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", port, K(11), &run, 1, &t, &e), 0);
     cr_assert_eq(pd_kvx_wait(c, t, -1), PD_KVX_FAILED);
     double dt = pd_now_s() - t0;
     cr_assert_lt(dt, 1.5 + 0.5, "failed after %.3f s, the timeout is 1.5 s", dt);
     cr_assert_neq(pd_kvx_result(c, t, &e), 0);
     char want[64];
-    snprintf(want, sizeof want, "request 11 from 127.0.0.1:%d", port);
+    snprintf(want, sizeof want, "transfer 0b000000... from 127.0.0.1:%d", port);
     cr_assert(strstr(e.msg, want), "%s", e.msg);
     pd_kvx_xfer_free(c, t);
     pd_kvx_destroy(c);
@@ -434,9 +438,9 @@ static void producer_dies(const char *tls)
         runs[i] = (struct pd_kvx_run){(uint64_t)i * 2 * B, B};
     struct rel r = {0};
     pd_err e = {0};
-    cr_assert_eq(pd_kvx_offer(p, 9, runs, n, on_release, &r, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kvx_offer(p, K(9), 9, runs, n, on_release, &r, &e), 0, "%s", e.msg);
     struct pd_kvx_xfer *t;
-    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 9, runs, n, &t, &e), 0);
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), K(9), runs, n, &t, &e), 0);
     /* progress both until the consumer holds META (gets posted), then kill the producer */
     double end = pd_now_s() + 5;
     while (pd_kvx_state(c, t) < PD_KVX_TRANSFERRING && pd_now_s() < end) {
@@ -469,11 +473,11 @@ static void producer_hung(const char *tls)
     struct pd_kvx *p = x.p, *c = x.c;
     struct pd_kvx_run run = {0, B};
     pd_err e = {0};
-    cr_assert_eq(pd_kvx_offer(p, 6, &run, 1, NULL, NULL, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kvx_offer(p, K(6), 6, &run, 1, NULL, NULL, &e), 0, "%s", e.msg);
     struct pd_kvx_xfer *t, *u;
     double t0 = pd_now_s();
-    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 6, &run, 1, &t, &e), 0);
-    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 6, &run, 1, &u, &e), 0);
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), K(6), &run, 1, &t, &e), 0);
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), K(6), &run, 1, &u, &e), 0);
     pd_kvx_xfer_free(c, u);
     cr_assert_eq(pd_kvx_wait(c, t, -1), PD_KVX_FAILED);
     double dt = pd_now_s() - t0;
@@ -503,7 +507,7 @@ static void *pull_main(void *arg)
         struct pd_kvx_run d = {id * B, B};
         struct pd_kvx_xfer *t;
         pd_err e = {0};
-        if (pd_kvx_pull(q->c, "127.0.0.1", q->port, id, &d, 1, &t, &e) == 0 &&
+        if (pd_kvx_pull(q->c, "127.0.0.1", q->port, K(id), &d, 1, &t, &e) == 0 &&
             pd_kvx_wait(q->c, t, 10000) == PD_KVX_DONE)
             q->done++;
         pd_kvx_xfer_free(q->c, t);
@@ -524,7 +528,7 @@ static void concurrent_pulls(const char *tls)
     pd_err e = {0};
     for (uint64_t id = 0; id < 2 * N; id++) {
         struct pd_kvx_run s = {id * B, B};
-        cr_assert_eq(pd_kvx_offer(p, id, &s, 1, on_release, &r, &e), 0, "%s", e.msg);
+        cr_assert_eq(pd_kvx_offer(p, K(id), id, &s, 1, on_release, &r, &e), 0, "%s", e.msg);
     }
     struct serve s;
     serve_start(&s, p);
@@ -550,9 +554,9 @@ static void idle_sleeps(const char *tls)
     struct pd_kvx_run run = {0, B};
     struct rel r = {0};
     pd_err e = {0};
-    cr_assert_eq(pd_kvx_offer(p, 2, &run, 1, on_release, &r, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kvx_offer(p, K(2), 2, &run, 1, on_release, &r, &e), 0, "%s", e.msg);
     struct pd_kvx_xfer *t;
-    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), 2, &run, 1, &t, &e), 0);
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), K(2), &run, 1, &t, &e), 0);
     cr_assert_eq(pump(p, c, t, 5000), PD_KVX_DONE);   /* connected: both sides have endpoints */
     struct rusage a, b;
     getrusage(RUSAGE_SELF, &a);
@@ -566,6 +570,77 @@ static void idle_sleeps(const char *tls)
                  1e-6 * (double)(b.ru_stime.tv_usec - a.ru_stime.tv_usec);
     cr_assert_lt(cpu, 0.1, "%.3f s of CPU in 0.5 s idle", cpu);
     pd_kvx_xfer_free(c, t);
+    pair_close(&x);
+}
+
+/* Pulls with a key the lease was not made for: the right id with another prompt's hash, and a
+ * claimed lease pulled again, are refused (no bytes move, no ABORT ends the lease); a forged ABORT
+ * ends nothing; the owner of the key still pulls, once: after DONE the id is dead. */
+static void wrong_keys_are_refused(const char *tls)
+{
+    struct pair x;
+    pair_open(&x, tls, 16 * B, 10000, 5000);
+    struct pd_kvx *p = x.p, *c = x.c;
+    fill(x.pr, 16 * B, 5);
+    memset(x.cr, 0xEE, 16 * B);
+    struct pd_kvx_run src = {0, 2 * B}, dst = {4 * B, 2 * B};
+    struct rel r = {0};
+    pd_err e = {0};
+    struct pd_kvx_key key, forged;
+    cr_assert_eq(pd_kvx_key_new(&key, 0x1234, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kvx_offer(p, &key, 77, &src, 1, on_release, &r, &e), 0, "%s", e.msg);
+    struct serve s;
+    serve_start(&s, p);
+
+    forged = key;
+    forged.hash ^= 1;   /* another prompt of the same length */
+    struct pd_kvx_xfer *t, *u;
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), &forged, &dst, 1, &t, &e), 0);
+    cr_assert_eq(pd_kvx_wait(c, t, 10000), PD_KVX_FAILED);
+    cr_assert_eq(pd_kvx_result(c, t, &e), PD_EINVAL);
+    cr_assert(strstr(e.msg, "refused"), "%s", e.msg);
+    cr_assert(pd_kvx_refused(c, t));
+    pd_kvx_xfer_free(c, t);
+    for (size_t i = 0; i < 2 * B; i++)
+        cr_assert_eq(x.cr[4 * B + i], 0xEE, "a refused pull wrote byte %zu", i);
+    cr_assert_eq(atomic_load(&r.count), 0, "a refused pull ended the lease");
+    /* a forged pull given up at once sends ABORT with the forged key: it ends nothing */
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), &forged, &dst, 1, &t, &e), 0);
+    pd_kvx_abort(c, t);
+    cr_assert_eq(pd_kvx_wait(c, t, 10000), PD_KVX_FAILED);
+    pd_kvx_xfer_free(c, t);
+    for (int i = 0; i < 50; i++)
+        pd_kvx_wait(c, NULL, 2);
+    cr_assert_eq(atomic_load(&r.count), 0, "a forged ABORT ended the lease");
+
+    /* the owner pulls; a second pull while it holds the claim, and one after DONE, are refused */
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), &key, &dst, 1, &t, &e), 0);
+    cr_assert_eq(pd_kvx_wait(c, t, 10000), PD_KVX_DONE);
+    cr_assert_eq(memcmp(x.cr + 4 * B, x.pr, 2 * B), 0);
+    cr_assert_eq(wait_count(NULL, &r, 1, 5000), 1);
+    cr_assert_eq(r.req, 77);
+    cr_assert_eq(atomic_load(&r.why), PD_KVX_REL_DONE);
+    pd_kvx_xfer_free(c, t);
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), &key, &dst, 1, &u, &e), 0);
+    cr_assert_eq(pd_kvx_wait(c, u, 10000), PD_KVX_FAILED);
+    cr_assert(pd_kvx_refused(c, u));
+    pd_kvx_xfer_free(c, u);
+
+    /* a second offer: two pulls at once, one gets it */
+    struct pd_kvx_key k2;
+    cr_assert_eq(pd_kvx_key_new(&k2, 99, &e), 0, "%s", e.msg);
+    cr_assert(memcmp(k2.id, key.id, sizeof key.id) != 0);
+    cr_assert_eq(pd_kvx_offer(p, &k2, 78, &src, 1, on_release, &r, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), &k2, &dst, 1, &t, &e), 0);
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), &k2, &dst, 1, &u, &e), 0);
+    enum pd_kvx_state a = pd_kvx_wait(c, t, 10000), b = pd_kvx_wait(c, u, 10000);
+    cr_assert((a == PD_KVX_DONE) + (b == PD_KVX_DONE) == 1, "%s and %s", pd_kvx_state_name(a),
+              pd_kvx_state_name(b));
+    cr_assert(pd_kvx_refused(c, a == PD_KVX_DONE ? u : t));
+    pd_kvx_xfer_free(c, t);
+    pd_kvx_xfer_free(c, u);
+    cr_assert_eq(wait_count(NULL, &r, 2, 5000), 2);
+    serve_stop(&s);
     pair_close(&x);
 }
 
@@ -588,8 +663,35 @@ BOTH(producer_dies)
 BOTH(idle_sleeps)
 BOTH(producer_hung)
 BOTH(concurrent_pulls)
+BOTH(wrong_keys_are_refused)
 
 /* ------------------------------------------------------------------ transport-free */
+
+Test(kvxfer, keys_are_random_and_round_trip_as_hex)
+{
+    struct pd_kvx_key a, b, c = {.hash = 5};
+    pd_err e = {0};
+    cr_assert_eq(pd_kvx_key_new(&a, 1, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kvx_key_new(&b, 1, &e), 0, "%s", e.msg);
+    cr_assert(memcmp(a.id, b.id, sizeof a.id) != 0, "two keys share an id");
+    char hex[PD_KVX_ID_HEX];
+    pd_kvx_id_format(&a, hex);
+    cr_assert_eq(strlen(hex), 32);
+    cr_assert_eq(pd_kvx_id_parse(hex, &c), 0);
+    cr_assert_eq(memcmp(c.id, a.id, sizeof a.id), 0);
+    cr_assert_eq(c.hash, 5, "parsing sets the id only");
+    const char *bad[] = {"", "7", "0123456789abcdef0123456789abcdeg", "0123456789abcdef0123456789abcdef0",
+                         "0123456789abcdef0123456789abcde"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        cr_assert_eq(pd_kvx_id_parse(bad[i], &c), PD_EINVAL, "%s", bad[i]);
+    cr_assert_eq(pd_kvx_id_parse("0123456789ABCDEF0123456789abcdef", &c), 0);
+    cr_assert_eq(c.id[0], 0x01);
+    cr_assert_eq(c.id[7], 0xef);
+    /* the hash sees every token and its order */
+    int32_t t1[] = {1, 2, 3}, t2[] = {1, 3, 2};
+    cr_assert_neq(pd_kvx_hash_tokens(t1, 3), pd_kvx_hash_tokens(t2, 3));
+    cr_assert_neq(pd_kvx_hash_tokens(t1, 3), pd_kvx_hash_tokens(t1, 2));
+}
 
 Test(kvxfer, state_min_over_ranks)
 {
@@ -613,20 +715,26 @@ Test(kvxfer, bad_arguments)
     struct pd_kvx *p = engine(pr, len, 1, 10000, 5000);
     pd_err e = {0};
     struct pd_kvx_run outside = {15 * B, 2 * B}, ok = {0, B}, empty = {B, 0};
-    cr_assert_eq(pd_kvx_offer(p, 1, &outside, 1, NULL, NULL, &e), PD_EINVAL);
+    cr_assert_eq(pd_kvx_offer(p, K(1), 1, &outside, 1, NULL, NULL, &e), PD_EINVAL);
     cr_assert(strstr(e.msg, "request 1"), "%s", e.msg);
-    cr_assert_eq(pd_kvx_offer(p, 1, &empty, 1, NULL, NULL, &e), PD_EINVAL);
-    cr_assert_eq(pd_kvx_offer(p, 1, &ok, 0, NULL, NULL, &e), PD_EINVAL);
-    cr_assert_eq(pd_kvx_offer(p, 1, &ok, 1, NULL, NULL, &e), 0);
-    cr_assert_eq(pd_kvx_offer(p, 1, &ok, 1, NULL, NULL, &e), PD_EINVAL, "duplicate offer");
+    cr_assert_eq(pd_kvx_offer(p, K(1), 1, &empty, 1, NULL, NULL, &e), PD_EINVAL);
+    cr_assert_eq(pd_kvx_offer(p, K(1), 1, &ok, 0, NULL, NULL, &e), PD_EINVAL);
+    cr_assert_eq(pd_kvx_offer(p, K(1), 1, &ok, 1, NULL, NULL, &e), 0);
+    cr_assert_eq(pd_kvx_offer(p, K(1), 1, &ok, 1, NULL, NULL, &e), PD_EINVAL, "duplicate offer");
     struct pd_kvx_xfer *t = NULL;
-    cr_assert_eq(pd_kvx_pull(p, "127.0.0.1", pd_kvx_port(p), 1, &outside, 1, &t, &e), PD_EINVAL);
+    cr_assert_eq(pd_kvx_pull(p, "127.0.0.1", pd_kvx_port(p), K(1), &outside, 1, &t, &e), PD_EINVAL);
     cr_assert_null(t);
-    cr_assert_eq(pd_kvx_pull(p, "127.0.0.1", 0, 1, &ok, 1, &t, &e), PD_EINVAL);
+    cr_assert_eq(pd_kvx_pull(p, "127.0.0.1", 0, K(1), &ok, 1, &t, &e), PD_EINVAL);
     struct pd_kvx_opts o = {.region = NULL, .region_len = 0};
     struct pd_kvx *x = NULL;
     cr_assert_eq(pd_kvx_create(&o, &x, &e), PD_EINVAL);
     cr_assert_null(x);
+    /* an address no interface of this machine has (TEST-NET-3): no listener, a clear error */
+    o = (struct pd_kvx_opts){.listen_host = "203.0.113.7", .listen_port = 0, .region_len = len};
+    unsetenv("UCX_NET_DEVICES");
+    cr_assert_eq(pd_kvx_create(&o, &x, &e), PD_EINVAL);
+    cr_assert_null(x);
+    cr_assert(strstr(e.msg, "no network interface of this machine has the address 203.0.113.7"), "%s", e.msg);
     pd_kvx_destroy(p);   /* releases the held lease (callback NULL) */
     free(pr);
 }
@@ -642,9 +750,9 @@ Test(kvxfer, self_pull, .timeout = 60)
     struct pd_kvx *x = engine(r, len, 1, 10000, 5000);
     struct pd_kvx_run src = {0, 4 * B}, dst = {8 * B, 4 * B};
     pd_err e = {0};
-    cr_assert_eq(pd_kvx_offer(x, 1, &src, 1, NULL, NULL, &e), 0);
+    cr_assert_eq(pd_kvx_offer(x, K(1), 1, &src, 1, NULL, NULL, &e), 0);
     struct pd_kvx_xfer *t;
-    cr_assert_eq(pd_kvx_pull(x, "127.0.0.1", pd_kvx_port(x), 1, &dst, 1, &t, &e), 0);
+    cr_assert_eq(pd_kvx_pull(x, "127.0.0.1", pd_kvx_port(x), K(1), &dst, 1, &t, &e), 0);
     cr_assert_eq(pd_kvx_wait(x, t, 5000), PD_KVX_DONE);
     cr_assert_eq(memcmp(r, r + 8 * B, 4 * B), 0);
     pd_kvx_xfer_free(x, t);

@@ -13,6 +13,7 @@
 #include "engine/genmodel.h"
 #include "../tmpmodel.h"
 #include "pd/server.h"
+#include "sockets.h"
 #include "util.h"
 
 static char dir[64];
@@ -160,6 +161,121 @@ Test(pd, failed_transfer_recomputes_from_token_ids)
     cr_assert_eq(metric(P.port, "pdmoe_kv_blocks_free"), metric(P.port, "pdmoe_kv_blocks_total"));
 }
 
+static int prompt_tokens(const char *prompt)
+{
+    char body[1024], out[4096];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":1}", prompt);
+    cr_assert_eq(curl_port(C.port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    int n = (int)json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens"));
+    json_decref(j);
+    return n;
+}
+
+/* D's answer (status, body in out) to `prompt` with the transfer parameters kv, `stream` or not. */
+static int decode_with(const char *prompt, json_t *kv, int stream, char *out, size_t cap)
+{
+    char body[2048];
+    char *kvs = json_dumps(kv, JSON_COMPACT);
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"%s\",\"max_tokens\":12,\"temperature\":0,\"return_token_ids\":true,\"stream\":%s,"
+             "\"kv_transfer_params\":%s}",
+             prompt, stream ? "true" : "false", kvs);
+    free(kvs);
+    return curl_port(D.port, "/v1/completions", body, NULL, out, cap);
+}
+
+/* The attack of issue 12: another client sends D the victim's transfer parameters (or guesses
+ * them: request ids were sequential) with a prompt of the same length, to be handed the victim's
+ * KV. It gets a 4xx, streaming or not, nobody's KV moves, and the victim's own decode still pulls
+ * its KV and gives the colocated tokens. */
+Test(pd, another_clients_transfer_params_are_refused)
+{
+    start(&P, PD_ROLE_PRODUCER, 0);
+    start(&D, PD_ROLE_CONSUMER, 0);
+    start(&C, PD_ROLE_BOTH, 0);
+    const char *victim = "one two three four five six seven eight", *thief = NULL;
+    const char *others[] = {"eight seven six five four three two one", "one two three four five six seven nine",
+                            "one two three four five six seven eighs", "two one three four five six seven eight",
+                            "one two three four five six seven eigh", "one two three four five six sevens eight",
+                            "one two three four five six seven eightt", "one two three four five six seven eigth"};
+    int n_victim = prompt_tokens(victim);
+    for (size_t i = 0; i < sizeof others / sizeof *others && !thief; i++)
+        if (prompt_tokens(others[i]) == n_victim)
+            thief = others[i];
+    cr_assert(thief, "the test needs another prompt of %d tokens", n_victim);
+    char body[1024], out[8192], want[8192];
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"%s\",\"max_tokens\":1,\"temperature\":0,\"kv_transfer_params\":{\"do_remote_decode\":true}}",
+             victim);
+    cr_assert_eq(curl_port(P.port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    json_t *kv = json_incref(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "kv_transfer_params"));
+    json_decref(j);
+    json_t *rid = json_object_get(kv, "remote_request_id");
+
+    /* the victim's parameters, verbatim, with the thief's prompt */
+    for (int stream = 0; stream < 2; stream++) {
+        int code = decode_with(thief, kv, stream, out, sizeof out);
+        cr_assert(code >= 400 && code < 500, "stream %d: %d %s", stream, code, out);
+        cr_assert(strstr(out, "kv_transfer_params"), "%s", out);
+    }
+    /* a guessed id: the next one of a sequence, or one digit off a random one */
+    json_t *guess = json_deep_copy(kv);
+    if (json_is_integer(rid)) {
+        json_object_set_new(guess, "remote_request_id", json_integer(json_integer_value(rid)));
+    } else {
+        char g[64];
+        snprintf(g, sizeof g, "%s", json_string_value(rid));
+        g[0] = g[0] == '0' ? '1' : '0';
+        json_object_set_new(guess, "remote_request_id", json_string(g));
+    }
+    int code = decode_with(victim, guess, 0, out, sizeof out);
+    cr_assert(code >= 400 && code < 500, "guessed id: %d %s", code, out);
+    json_decref(guess);
+    cr_assert_eq(metric(D.port, "pdmoe_kv_transfer_bytes_total"), 0, "a refused pull moved bytes");
+    cr_assert_eq(metric(P.port, "pdmoe_kv_leases"), 1, "the lease must stay with its owner");
+
+    /* the victim decodes from its own KV: the colocated tokens */
+    cr_assert_eq(decode_with(victim, kv, 0, out, sizeof out), 200, "%s", out);
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":12,\"temperature\":0,\"return_token_ids\":true}",
+             victim);
+    cr_assert_eq(curl_port(C.port, "/v1/completions", body, NULL, want, sizeof want), 200, "%s", want);
+    char *x = ids_of(out), *y = ids_of(want);
+    cr_assert_str_eq(x, y, "victim after the attack: %s, colocated %s", x, y);
+    free(x);
+    free(y);
+    cr_assert_gt(metric(D.port, "pdmoe_kv_transfer_bytes_total"), 0);
+    cr_assert_eq(metric(D.port, "pdmoe_kv_recomputes_total"), 0);
+    /* pulled once: the id is dead now */
+    code = decode_with(victim, kv, 0, out, sizeof out);
+    cr_assert(code >= 400 && code < 500, "second pull: %d %s", code, out);
+    json_decref(kv);
+    for (int i = 0; i < 100 && metric(D.port, "pdmoe_kv_blocks_free") != metric(D.port, "pdmoe_kv_blocks_total"); i++)
+        usleep(20000);
+    cr_assert_eq(metric(D.port, "pdmoe_kv_blocks_free"), metric(D.port, "pdmoe_kv_blocks_total"));
+}
+
+/* Item 7 of issue 12: a producer and a consumer bound to 127.0.0.1 listen there only: HTTP, the
+ * KV listener and UCX's own transport listeners (which opened one on every interface). */
+Test(pd, every_listener_is_on_the_configured_address)
+{
+    start(&P, PD_ROLE_PRODUCER, 0);
+    start(&D, PD_ROLE_CONSUMER, 0);
+    char out[8192];
+    pd_request("Hello", 4, 0, out, sizeof out);   /* the consumer's UCX is up and connected */
+    char list[4096], want[64];
+    int elsewhere;
+    int n = sock_listening(getpid(), "127.0.0.1", list, sizeof list, &elsewhere);
+    cr_assert_eq(elsewhere, 0, "listening elsewhere than 127.0.0.1:\n%s", list);
+    int ports[] = {P.port, D.port};
+    for (int i = 0; i < 2; i++) {
+        snprintf(want, sizeof want, "tcp 127.0.0.1:%d\n", ports[i]);
+        cr_assert(strstr(list, want), "no HTTP listener on port %d:\n%s", ports[i], list);
+    }
+    cr_assert_geq(n, 3, "HTTP twice and the KV listener at least:\n%s", list);
+}
+
 Test(pd, misdirected_requests)
 {
     start(&P, PD_ROLE_PRODUCER, 0);
@@ -175,6 +291,12 @@ Test(pd, misdirected_requests)
                            "{\"prompt\":\"x\",\"kv_transfer_params\":{\"do_remote_prefill\":true,\"remote_host\":\"127.0.0.1\"}}",
                            NULL, out, sizeof out), 400, "%s", out);
     cr_assert(strstr(out, "remote_port"), "%s", out);
+    /* the old form of the id, a small integer anyone could guess, is refused by name */
+    cr_assert_eq(curl_port(D.port, "/v1/completions",
+                           "{\"prompt\":\"x\",\"kv_transfer_params\":{\"do_remote_prefill\":true,\"remote_host\":\"127.0.0.1\","
+                           "\"remote_port\":9,\"remote_request_id\":3,\"remote_num_tokens\":2,\"last_token_id\":1}}",
+                           NULL, out, sizeof out), 400, "%s", out);
+    cr_assert(strstr(out, "remote_request_id must be the 32-hex-digit string"), "%s", out);
     cr_assert_eq(curl_port(D.port, "/v1/completions", "{\"prompt\":\"x\",\"kv_transfer_params\":7}", NULL, out, sizeof out),
                  400, "%s", out);
 }

@@ -18,6 +18,7 @@
 
 #include "engine/genmodel.h"
 #include "../tmpmodel.h"
+#include "sockets.h"
 #include "util.h"
 
 static char dir[64], log_path[96];
@@ -496,5 +497,125 @@ Test(server_ep, pd_between_ep_groups_pulls_from_the_owner_rank_or_recomputes)
                      "prefill rank %d", k);
         cr_assert_eq(labelled(D, "pdmoe_rank_kv_blocks_free", k), labelled(D, "pdmoe_rank_kv_blocks_total", k),
                      "decode rank %d", k);
+    }
+}
+
+/* D's answer (status, body in out) to `prompt` with the transfer parameters kv. */
+static int decode_with(int D, const char *prompt, json_t *kv, char *out, size_t cap)
+{
+    char body[2048];
+    char *kvs = json_dumps(kv, JSON_COMPACT);
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":10,\"temperature\":0,\"ignore_eos\":true,"
+             "\"return_token_ids\":true,\"kv_transfer_params\":%s}", prompt, kvs);
+    free(kvs);
+    return curl_port(D, "/v1/completions", body, NULL, out, cap);
+}
+
+static int prompt_tokens(int port, const char *prompt)
+{
+    char body[1024], out[4096];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":1}", prompt);
+    cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    int n = (int)json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens"));
+    json_decref(j);
+    return n;
+}
+
+/* The attack of issue 12 between EP groups (the lease on the producer's owner rank, the pull by
+ * the consumer's owner rank): another client's prompt of the same length with the victim's
+ * transfer parameters, or a guessed id, gets a 4xx and moves no KV; the victim's own decode gets
+ * the tokens of one process; a second pull of the same id is refused; every rank's pool is full
+ * again. */
+Test(server_ep, another_clients_transfer_params_are_refused_by_the_owner_rank)
+{
+    int P = base_port, D = base_port + 1, C = base_port + 2;
+    char kvp[160];
+    snprintf(kvp, sizeof kvp, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"p\"}", base_port + 3);
+    group = start_group_kv(P, kvp);
+    group2 = start_group_kv(D, "{\"kv_role\":\"kv_consumer\",\"engine_id\":\"d\",\"kv_timeout_ms\":3000}");
+    single = start_single(C);
+    const char *victim = "one two three four five six seven eight", *thief = NULL;
+    const char *others[] = {"eight seven six five four three two one", "one two three four five six seven nine",
+                            "one two three four five six seven eighs", "two one three four five six seven eight",
+                            "one two three four five six seven eigh", "one two three four five six sevens eight"};
+    int n_victim = prompt_tokens(C, victim);
+    for (size_t i = 0; i < sizeof others / sizeof *others && !thief; i++)
+        if (prompt_tokens(C, others[i]) == n_victim)
+            thief = others[i];
+    cr_assert(thief, "the test needs another prompt of %d tokens", n_victim);
+    char body[1024], out[1 << 14];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":1,\"temperature\":0,"
+             "\"kv_transfer_params\":{\"do_remote_decode\":true}}", victim);
+    cr_assert_eq(curl_port(P, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    json_t *kv = json_incref(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "kv_transfer_params"));
+    json_decref(j);
+
+    int code = decode_with(D, thief, kv, out, sizeof out);
+    cr_assert(code >= 400 && code < 500, "the victim's parameters with another prompt: %d %s", code, out);
+    json_t *guess = json_deep_copy(kv), *rid = json_object_get(kv, "remote_request_id");
+    if (!json_is_string(rid)) {
+        json_object_set_new(guess, "remote_request_id", json_integer(json_integer_value(rid)));
+    } else {
+        char g[64];
+        snprintf(g, sizeof g, "%s", json_string_value(rid));
+        g[0] = g[0] == '0' ? '1' : '0';
+        json_object_set_new(guess, "remote_request_id", json_string(g));
+    }
+    code = decode_with(D, victim, guess, out, sizeof out);
+    cr_assert(code >= 400 && code < 500, "a guessed id: %d %s", code, out);
+    json_decref(guess);
+    cr_assert_eq(metric_port(D, "pdmoe_kv_transfer_bytes_total"), 0, "a refused pull moved bytes");
+    cr_assert_eq(metric_port(P, "pdmoe_kv_leases"), 1, "the lease must stay with its owner");
+
+    cr_assert_eq(decode_with(D, victim, kv, out, sizeof out), 200, "%s", out);
+    j = parse(out);
+    char *a = json_dumps(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "token_ids"), JSON_COMPACT);
+    json_decref(j);
+    char *b = colocated_ids(C, victim, 10);
+    cr_assert_str_eq(a, b, "the victim after the attack: %s, one process %s", a, b);
+    free(a);
+    free(b);
+    cr_assert_gt(metric_port(D, "pdmoe_kv_transfer_bytes_total"), 0);
+    cr_assert_eq(metric_port(D, "pdmoe_kv_recomputes_total"), 0);
+    code = decode_with(D, victim, kv, out, sizeof out);
+    cr_assert(code >= 400 && code < 500, "a second pull: %d %s", code, out);
+    json_decref(kv);
+    for (int i = 0; i < 200 && metric_port(P, "pdmoe_kv_leases") > 0; i++)
+        usleep(20000);
+    cr_assert_eq(metric_port(P, "pdmoe_kv_leases"), 0);
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < 100 && labelled(D, "pdmoe_rank_kv_blocks_free", k) != labelled(D, "pdmoe_rank_kv_blocks_total", k); i++)
+            usleep(20000);
+        cr_assert_eq(labelled(P, "pdmoe_rank_kv_blocks_free", k), labelled(P, "pdmoe_rank_kv_blocks_total", k),
+                     "prefill rank %d", k);
+        cr_assert_eq(labelled(D, "pdmoe_rank_kv_blocks_free", k), labelled(D, "pdmoe_rank_kv_blocks_total", k),
+                     "decode rank %d", k);
+    }
+}
+
+/* Item 7 of issue 12: every rank of a prefill and of a decode EP group bound to 127.0.0.1 listens
+ * there only (HTTP, its KV listener, UCX's transports, Open MPI's TCP transport), after a pull. */
+Test(server_ep, every_rank_listens_on_the_configured_address_only)
+{
+    int P = base_port, D = base_port + 1;
+    char kvp[160];
+    snprintf(kvp, sizeof kvp, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"p\"}", base_port + 3);
+    group = start_group_kv(P, kvp);
+    group2 = start_group_kv(D, "{\"kv_role\":\"kv_consumer\",\"engine_id\":\"d\",\"kv_timeout_ms\":3000}");
+    free(pd_request(P, D, "Hello", 4, 0));
+    cr_assert_eq(metric_port(D, "pdmoe_kv_recomputes_total"), 0);
+    int ports[2] = {P, D};
+    for (int g = 0; g < 2; g++) {
+        pid_t pid[2];
+        rank_pids(ports[g], pid);
+        for (int k = 0; k < 2; k++) {
+            char list[4096];
+            int elsewhere, n = sock_listening(pid[k], "127.0.0.1", list, sizeof list, &elsewhere);
+            cr_assert_eq(elsewhere, 0, "%s rank %d (pid %d) listens elsewhere than 127.0.0.1:\n%s",
+                         g ? "decode" : "prefill", k, pid[k], list);
+            cr_assert_gt(n, 0, "rank %d of port %d: no listener found at all", k, ports[g]);
+        }
     }
 }
