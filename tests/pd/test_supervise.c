@@ -36,8 +36,9 @@ static void teardown(void)
 
 TestSuite(supervise, .init = setup, .fini = teardown, .timeout = 120);
 
-/* pdmoe up on `port` with 1 prefill and 1 decode instance; its stderr in logs/up.err. */
-static void start_up(int port)
+/* pdmoe up on `port` with 1 prefill and 1 decode instance (and --api-key key unless NULL); its
+ * stderr in logs/up.err. */
+static void start_up(int port, const char *key)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
     char out[128], err[128];
@@ -49,7 +50,11 @@ static void start_up(int port)
         snprintf(sp, sizeof sp, "%d", port);
         freopen(out, "w", stdout);
         freopen(err, "w", stderr);
-        execl(bin, bin, "up", "--model", dir, "--port", sp, "--max-model-len", "1024", (char *)NULL);
+        if (key)
+            execl(bin, bin, "up", "--model", dir, "--port", sp, "--max-model-len", "1024", "--api-key", key,
+                  (char *)NULL);
+        else
+            execl(bin, bin, "up", "--model", dir, "--port", sp, "--max-model-len", "1024", (char *)NULL);
         _exit(127);
     }
     up_pid = up;
@@ -150,7 +155,7 @@ static int file_has(const char *path, const char *what)
 Test(supervise, a_killed_prefill_instance_is_restarted_and_costs_only_its_requests)
 {
     const int port = 26000 + (getpid() % 300) * 3, P = port + 1;
-    start_up(port);
+    start_up(port, NULL);
     pid_t victim = pid_on(P);
     cr_assert_gt(victim, 0, "no process with --port %d", P);
     FILE *l = load(port, 12, "the tide comes in and the tide goes out", 16);
@@ -195,7 +200,7 @@ Test(supervise, a_killed_prefill_instance_is_restarted_and_costs_only_its_reques
 Test(supervise, ctrl_c_ends_live_streams_with_an_error_and_done)
 {
     const int port = 27900 + (getpid() % 300) * 3;   /* kv port + 100: clear of the test above */
-    start_up(port);
+    start_up(port, NULL);
     FILE *l = load(port, 6, "stream", 900);
     /* every stream has begun */
     int begun = 0;
@@ -222,4 +227,22 @@ Test(supervise, ctrl_c_ends_live_streams_with_an_error_and_done)
     cr_assert_lt(whole, 6, "every stream finished before Ctrl-C: the test stopped nothing in flight");
     for (int p = port; p <= port + 2; p++)
         cr_assert_eq(processes_on(p), 0, "a process left behind on port %d", p);
+}
+
+/* --api-key: the proxy and every instance up started refuse a request without the key. */
+Test(supervise, api_key_protects_the_proxy_and_every_instance)
+{
+    const int port = 28900 + (getpid() % 300) * 3;   /* its kv port + 100: clear of the tests above */
+    start_up(port, "s3cret-key");
+    char out[8192];
+    const char *body = "{\"prompt\":\"hi\",\"max_tokens\":2}";
+    for (int p = port; p <= port + 2; p++) {
+        cr_assert_eq(curl_port(p, "/v1/completions", body, NULL, out, sizeof out), 401, "port %d: %s", p, out);
+        cr_assert(strstr(out, "API key"), "port %d: %s", p, out);
+        cr_assert_eq(curl_port(p, "/v1/completions", body, "-H 'Authorization: Bearer s3cret-kez'", out, sizeof out),
+                     401, "port %d: %s", p, out);
+    }
+    for (int p = port + 1; p <= port + 2; p++)
+        cr_assert_eq(curl_port(p, "/v1/models", NULL, "-H 'Authorization: Bearer s3cret-key'", out, sizeof out), 200,
+                     "port %d: %s", p, out);
 }
