@@ -253,10 +253,11 @@ int pd_cli_up(int argc, char **argv)
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"port", 1, 0, 'p'}, {"prefill-instances", 1, 0, 'P'}, {"decode-instances", 1, 0, 'D'},
         {"threads", 1, 0, 'j'}, {"plan", 1, 0, 'l'}, {"max-model-len", 1, 0, 'L'}, {"prefill-ep", 1, 0, 'e'},
-        {"decode-ep", 1, 0, 'f'}, {"api-key", 1, 0, 'k'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"decode-ep", 1, 0, 'f'}, {"api-key", 1, 0, 'k'}, {"kv-lease-ms", 1, 0, 'K'},
+        {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
     const char *model = "models/mini", *plan = NULL, *key = NULL;
-    int64_t port = 8000, np = 1, nd = 1, threads = 1, max_len = 2048, ep_flag[2] = {1, 1};
+    int64_t port = 8000, np = 1, nd = 1, threads = 1, max_len = 2048, ep_flag[2] = {1, 1}, lease_ms = 0;
     int c;
     optind = 1;
     opterr = 0;
@@ -269,6 +270,7 @@ int pd_cli_up(int argc, char **argv)
         case 'j': if (pd_cli_int("--threads", optarg, 1, &threads)) return 2; break;
         case 'L': if (pd_cli_int("--max-model-len", optarg, 16, &max_len)) return 2; break;
         case 'l': plan = optarg; break;
+        case 'K': if (pd_cli_int("--kv-lease-ms", optarg, 100, &lease_ms) || lease_ms > 3600000) return 2; break;
         case 'k':
             if (!optarg[0]) {
                 fprintf(stderr, "pdmoe up: --api-key: empty key\n");
@@ -289,11 +291,12 @@ int pd_cli_up(int argc, char **argv)
         case 'h':
             printf("usage: pdmoe up [--model models/mini] [--port 8000] [--prefill-instances 1] [--decode-instances 1]\n"
                    "       [--prefill-ep 1] [--decode-ep 1] [--plan plan.json] [--threads 1] [--max-model-len 2048]\n"
-                   "       [--api-key KEY]\n"
+                   "       [--api-key KEY] [--kv-lease-ms 30000]\n"
                    "Starts prefill and decode servers and the proxy on this machine (generating models/mini if it is\n"
                    "missing), prints the endpoint, and stops everything on Ctrl-C. A process that dies is started again\n"
                    "(backoff 0.5 s to 30 s; pdmoe_restarts_total in the proxy's /metrics). --api-key: every request to\n"
-                   "the proxy and to each instance needs \"Authorization: Bearer KEY\". An instance of EP size N > 1 is an\n"
+                   "the proxy and to each instance needs \"Authorization: Bearer KEY\". --kv-lease-ms: how long a prefill\n"
+                   "instance keeps a prompt's KV for a decode instance that has not pulled it. An instance of EP size N > 1 is an\n"
                    "EP group of N ranks under mpirun (--threads is per rank). With --plan (pdmoe plan --json), the\n"
                    "plan's instances, EP sizes, per-rank KV pool (budget.kv_pool_bytes), max-num-seqs, max-model-len and\n"
                    "max-num-batched-tokens, refused if the pools and the model do not fit this machine's memory.\n");
@@ -349,8 +352,10 @@ int pd_cli_up(int argc, char **argv)
         return 1;
     }
     snprintf(mfile, sizeof mfile, "%s/restarts.prom", mdir);
-    char sport[16], skv[160], sth[16], slen[16], sep[16], plist[2048] = "", dlist[2048] = "";
+    char sport[16], skv[200], slease[40] = "", sth[16], slen[16], sep[16], plist[2048] = "", dlist[2048] = "";
     snprintf(sth, sizeof sth, "%lld", (long long)threads);
+    if (lease_ms)
+        snprintf(slease, sizeof slease, ",\"kv_lease_ms\":%lld", (long long)lease_ms);
     snprintf(slen, sizeof slen, "%lld", (long long)max_len);
     const char *name = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
     for (int r = 0; r < 2; r++)
@@ -359,8 +364,8 @@ int pd_cli_up(int argc, char **argv)
             snprintf(sport, sizeof sport, "%d", p);
             /* prefill instance i: its ranks' KV listeners on port + 100 + MAX_EP i + rank */
             if (r == 0)
-                snprintf(skv, sizeof skv, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"prefill-%d\"}",
-                         (int)port + 100 + MAX_EP * i, i);
+                snprintf(skv, sizeof skv, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"prefill-%d\"%s}",
+                         (int)port + 100 + MAX_EP * i, i, slease);
             else
                 snprintf(skv, sizeof skv, "{\"kv_role\":\"kv_consumer\",\"engine_id\":\"decode-%d\"}", i);
             snprintf(sep, sizeof sep, "%d", ep[r]);
