@@ -10,8 +10,9 @@
  * ports after a backoff (0.5 s doubling to 30 s; back to 0.5 s once it has lived 30 s), while the
  * proxy routes around it. The restart counts go to a Prometheus text file that the proxy appends
  * to its /metrics (pdmoe_restarts_total{role,instance}): one scrape endpoint for the cluster, kept
- * across a restart of the proxy itself, and no endpoint of its own for `up` to protect. A child
- * that dies before the cluster was first ready stops everything (a bad flag would only die again). */
+ * across a restart of the proxy itself, and no endpoint of its own for `up` to protect. Before the
+ * cluster is first ready, a child that dies is started again at once, three times at most, then
+ * stops everything (a bad flag would only die again). */
 #include "cli/cli.h"
 #include "engine/genmodel.h"
 
@@ -44,6 +45,7 @@ static void on_stop(int sig)
 #define MAX_ARGS 40
 #define BACKOFF_MIN_S 0.5
 #define BACKOFF_MAX_S 30.0
+#define START_TRIES 3     /* starts of a child before the cluster is first ready */
 
 struct child {
     pid_t pid;                 /* 0 while dead */
@@ -427,11 +429,23 @@ int pd_cli_up(int argc, char **argv)
         ready = 1;
         for (int i = 0; i < n; i++) {
             int status;
-            if (waitpid(ch[i].pid, &status, WNOHANG) == ch[i].pid) {
-                fprintf(stderr, "pdmoe up: the %s exited before it was ready\n", ch[i].what);
-                ch[i].pid = 0;
-                stopping = 1;
-                rc = 1;
+            if (ch[i].pid > 0 && waitpid(ch[i].pid, &status, WNOHANG) == ch[i].pid) {
+                char how[96];
+                describe(status, how, sizeof how);
+                if (ch[i].restarts < START_TRIES - 1) {
+                    /* a start can fail for a passing reason (two mpiruns starting at the same moment race
+                     * for Open MPI's session directory); a bad flag fails every time */
+                    ch[i].restarts++;
+                    write_metrics(mfile, ch, n);
+                    fprintf(stderr, "pdmoe up: the %s %s before it was ready; starting it again\n", ch[i].what, how);
+                    spawn(&ch[i]);
+                } else {
+                    fprintf(stderr, "pdmoe up: the %s %s before it was ready (%d tries)\n", ch[i].what, how,
+                            START_TRIES);
+                    ch[i].pid = 0;
+                    stopping = 1;
+                    rc = 1;
+                }
             }
             ready &= ch[i].pid > 0 && healthy(ch[i].port);
         }
