@@ -179,7 +179,9 @@ Test(supervise, a_killed_prefill_instance_is_restarted_and_costs_only_its_reques
     int back = 0;
     for (int i = 0; i < 300 && !back; i++) {
         pid_t now = pid_on(P);
-        back = now > 0 && now != victim && metric_key(port, key) == 1;
+        char h[64];
+        back = now > 0 && now != victim && curl_port(P, "/health", NULL, NULL, h, sizeof h) == 200 &&
+               metric_key(port, key) == 1;
         if (!back)
             usleep(100000);
     }
