@@ -550,7 +550,7 @@ static struct evhttp_connection *get_from(struct pd_proxy *px, const struct inst
     return NULL;
 }
 
-/* /v1/models: relayed from the first decode instance. */
+/* /v1/models: relayed from a decode instance (one that is up). */
 struct models_job {
     struct pd_proxy *px;
     struct evhttp_request *client;
@@ -579,7 +579,7 @@ static void on_models(struct evhttp_request *h, void *arg)
     struct models_job *m = malloc(sizeof *m);
     if (m) {
         *m = (struct models_job){px, h, NULL};
-        m->conn = get_from(px, &px->d[0], "/v1/models", 0, on_models_done, m);
+        m->conn = get_from(px, &px->d[pick(px->d, px->nd, 0)], "/v1/models", 0, on_models_done, m);
     }
     if (!m || !m->conn) {
         free(m);

@@ -1,6 +1,7 @@
 /* pdmoe up supervises its cluster: a prefill instance SIGKILLed under load costs only the
  * requests it held (every stream ends whole, or with an error event and [DONE]), is started again
- * on its ports and serves, its restart counted in the proxy's /metrics and logged; and Ctrl-C
+ * on its ports and serves, its restart counted in the proxy's /metrics and logged; so is a killed
+ * proxy; --api-key guards the proxy and every instance; and Ctrl-C
  * ends the streams in flight with an error event and [DONE], never a bare cut. */
 #include <criterion/criterion.h>
 #include <signal.h>
@@ -72,11 +73,12 @@ static void start_up(int port, const char *key)
     cr_assert(ready, "pdmoe up did not become ready; see %s", err);
 }
 
-/* The pid of the process whose command line has `--port N` (0 if none). */
-static pid_t pid_on(int port)
+/* The pid of `pdmoe serve|proxy ... --port N` (what: "serve" or "proxy"; `up` has --port too), 0
+ * if none. */
+static pid_t pid_on(const char *what, int port)
 {
     char cmd[160];
-    snprintf(cmd, sizeof cmd, "pgrep -f -- '-[-]port %d( |$)'", port);
+    snprintf(cmd, sizeof cmd, "pgrep -f -- ' %s .*-[-]port %d( |$)'", what, port);
     FILE *p = popen(cmd, "r");
     int pid = 0;
     if (!p || fscanf(p, "%d", &pid) != 1)
@@ -152,11 +154,11 @@ static int file_has(const char *path, const char *what)
     return strstr(buf, what) != NULL;
 }
 
-Test(supervise, a_killed_prefill_instance_is_restarted_and_costs_only_its_requests)
+Test(supervise, a_killed_prefill_instance_is_restarted_and_costs_only_its_requests_and_so_is_the_proxy)
 {
     const int port = 26000 + (getpid() % 300) * 3, P = port + 1;
     start_up(port, NULL);
-    pid_t victim = pid_on(P);
+    pid_t victim = pid_on("serve", P);
     cr_assert_gt(victim, 0, "no process with --port %d", P);
     FILE *l = load(port, 12, "the tide comes in and the tide goes out", 16);
     /* kill the prefill instance once it has work: the rest of its share is still in flight */
@@ -178,7 +180,7 @@ Test(supervise, a_killed_prefill_instance_is_restarted_and_costs_only_its_reques
     snprintf(key, sizeof key, "pdmoe_proxy_instance_up{role=\"prefill\",instance=\"127.0.0.1:%d\"}", P);
     int back = 0;
     for (int i = 0; i < 300 && !back; i++) {
-        pid_t now = pid_on(P);
+        pid_t now = pid_on("serve", P);
         char h[64];
         back = now > 0 && now != victim && curl_port(P, "/health", NULL, NULL, h, sizeof h) == 200 &&
                metric_key(port, key) == 1;
@@ -196,6 +198,18 @@ Test(supervise, a_killed_prefill_instance_is_restarted_and_costs_only_its_reques
     snprintf(err, sizeof err, "%s/up.err", logs);
     cr_assert(file_has(err, "prefill instance 0 (port") && file_has(err, "was killed by signal 9"),
               "the death is not in up's log %s", err);
+    /* the proxy too comes back, and still reports the restarts before its own */
+    pid_t px = pid_on("proxy", port);
+    cr_assert_gt(px, 0);
+    kill(px, SIGKILL);
+    int code = 0;
+    for (int i = 0; i < 300 && code != 200; i++) {
+        usleep(100000);
+        code = pid_on("proxy", port) != px ? curl_port(port, "/v1/completions", body, NULL, out, sizeof out) : 0;
+    }
+    cr_assert_eq(code, 200, "no answer from a restarted proxy in 30 s: %s", out);
+    cr_assert_eq(metric_key(port, "pdmoe_restarts_total{role=\"proxy\",instance=\"0\"}"), 1);
+    cr_assert_eq(metric_key(port, "pdmoe_restarts_total{role=\"prefill\",instance=\"0\"}"), 1);
     cr_assert_eq(waitpid(up_pid, NULL, WNOHANG), 0, "pdmoe up exited");
 }
 
