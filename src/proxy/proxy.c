@@ -165,10 +165,13 @@ static void client_done(struct job *j)
 static void send_up(struct job *j, int decode);
 
 /* A request to `in` failed, or its /health check did: no requests while others are up, and the
- * next check after a backoff that doubles with each failure. */
-static void eject(struct instance *in)
+ * next check after a backoff that doubles with each failed check (the requests that fail while it
+ * is out, when no instance is up, leave its schedule alone). */
+static void eject(struct instance *in, int by_probe)
 {
     in->failures++;
+    if (!in->up && !by_probe)
+        return;
     if (in->up)
         in->ejections++;
     in->up = 0;
@@ -177,6 +180,13 @@ static void eject(struct instance *in)
         b *= 2;
     in->strikes++;
     in->probe_at = pd_now_s() + (b < BACKOFF_MAX_S ? b : BACKOFF_MAX_S);
+}
+
+/* `in` answered (a request, or its /health check): it is up again. */
+static void admit(struct instance *in)
+{
+    in->up = 1;
+    in->strikes = 0;
 }
 
 /* The least-loaded instance not in `skip`, among those up if any is (else among all: one may have
@@ -302,13 +312,15 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
     j->conn = NULL;
     px->d[j->di].load--;
     int code = r ? evhttp_request_get_response_code(r) : 0;
+    if (code > 0 && code < 500)
+        admit(&px->d[j->di]);
     if (!j->client) {
         job_free(j);
         return;
     }
     if ((code == 0 || code >= 500) && !j->started) {
         /* nothing has reached the client: another decode instance takes the request */
-        eject(&px->d[j->di]);
+        eject(&px->d[j->di], 0);
         if (pick(px->d, px->nd, j->dtried) >= 0) {
             px->retries++;
             if (j->held)
@@ -320,7 +332,7 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
     if (j->stream && j->started) {
         if (code != 200) {
             px->decode_failed++;
-            eject(&px->d[j->di]);
+            eject(&px->d[j->di], 0);
             stream_error(j, "the decode instance failed during generation");
         } else {
             struct evhttp_request *h = j->client;
@@ -366,7 +378,7 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
     }
     int code = r ? evhttp_request_get_response_code(r) : 0;
     if (code == 0 || code >= 500) {
-        eject(&px->p[j->pi]);
+        eject(&px->p[j->pi], 0);
         /* another prefill instance, a few times; never after a 4xx */
         if (j->attempts < (px->o.retries > 0 ? px->o.retries : 3) && pick(px->p, px->np, j->tried) >= 0) {
             px->retries++;
@@ -379,6 +391,7 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
         job_free(j);
         return;
     }
+    admit(&px->p[j->pi]);
     struct evbuffer *in = evhttp_request_get_input_buffer(r);
     size_t n = evbuffer_get_length(in);
     char *txt = malloc(n + 1);
@@ -746,11 +759,10 @@ static void on_probe_done(struct evhttp_request *r, void *arg)
     drop_conn(px, in->probe);
     in->probe = NULL;
     if (r && evhttp_request_get_response_code(r) == 200) {
-        in->up = 1;
-        in->strikes = 0;
+        admit(in);
         in->probe_at = pd_now_s() + health_interval_s(px);
     } else {
-        eject(in);
+        eject(in, 1);
     }
 }
 
@@ -764,7 +776,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
             if (in->probe || now < in->probe_at)
                 continue;
             if (!(in->probe = get_from(px, in, "/health", 1, on_probe_done, in)))
-                eject(in);
+                eject(in, 1);
         }
 }
 
