@@ -298,10 +298,11 @@ int pd_cli_up(int argc, char **argv)
                    "missing), prints the endpoint, and stops everything on Ctrl-C. A process that dies is started again\n"
                    "(backoff 0.5 s to 30 s; pdmoe_restarts_total in the proxy's /metrics). --api-key: every request to\n"
                    "the proxy and to each instance needs \"Authorization: Bearer KEY\". --kv-lease-ms: how long a prefill\n"
-                   "instance keeps a prompt's KV for a decode instance that has not pulled it. An instance of EP size N > 1 is an\n"
-                   "EP group of N ranks under mpirun (--threads is per rank). With --plan (pdmoe plan --json), the\n"
-                   "plan's instances, EP sizes, per-rank KV pool (budget.kv_pool_bytes), max-num-seqs, max-model-len and\n"
-                   "max-num-batched-tokens, refused if the pools and the model do not fit this machine's memory.\n");
+                   "instance keeps a prompt's KV for a decode instance that has not pulled it. An instance of EP size\n"
+                   "N > 1 is an EP group of N ranks under mpirun (--threads is per rank). With --plan (pdmoe plan\n"
+                   "--json), the plan's instances, EP sizes, per-rank KV pool (budget.kv_pool_bytes), max-num-seqs,\n"
+                   "max-model-len and max-num-batched-tokens, refused if the pools and the model do not fit this\n"
+                   "machine's memory.\n");
             return 0;
         default:
             fprintf(stderr, "pdmoe up: unknown option or missing value: %s\n", argv[optind - 1]);
