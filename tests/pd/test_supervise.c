@@ -37,9 +37,9 @@ static void teardown(void)
 
 TestSuite(supervise, .init = setup, .fini = teardown, .timeout = 120);
 
-/* pdmoe up on `port` with 1 prefill and 1 decode instance (and --api-key key unless NULL); its
- * stderr in logs/up.err. */
-static void start_up(int port, const char *key)
+/* pdmoe up on `port` with 1 prefill and 1 decode instance and the flags in `extra` (NULL-ended,
+ * or NULL); its stderr in logs/up.err. */
+static void start_up(int port, const char *const *extra)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
     char out[128], err[128];
@@ -51,11 +51,10 @@ static void start_up(int port, const char *key)
         snprintf(sp, sizeof sp, "%d", port);
         freopen(out, "w", stdout);
         freopen(err, "w", stderr);
-        if (key)
-            execl(bin, bin, "up", "--model", dir, "--port", sp, "--max-model-len", "1024", "--api-key", key,
-                  (char *)NULL);
-        else
-            execl(bin, bin, "up", "--model", dir, "--port", sp, "--max-model-len", "1024", (char *)NULL);
+        const char *a[24] = {bin, "up", "--model", dir, "--port", sp, "--max-model-len", "1024"};
+        for (int k = 0; extra && extra[k] && k < 15; k++)
+            a[8 + k] = extra[k];
+        execv(bin, (char *const *)a);
         _exit(127);
     }
     up_pid = up;
@@ -245,11 +244,13 @@ Test(supervise, ctrl_c_ends_live_streams_with_an_error_and_done)
         cr_assert_eq(processes_on(p), 0, "a process left behind on port %d", p);
 }
 
-/* --api-key: the proxy and every instance up started refuse a request without the key. */
-Test(supervise, api_key_protects_the_proxy_and_every_instance)
+/* --api-key: the proxy and every instance up started refuse a request without the key;
+ * --kv-lease-ms reaches the prefill instance. */
+Test(supervise, api_key_protects_the_proxy_and_every_instance_and_the_lease_is_set)
 {
     const int port = 28900 + (getpid() % 300) * 3;   /* its kv port + 100: clear of the tests above */
-    start_up(port, "s3cret-key");
+    const char *flags[] = {"--api-key", "s3cret-key", "--kv-lease-ms", "800", NULL};
+    start_up(port, flags);
     char out[8192];
     const char *body = "{\"prompt\":\"hi\",\"max_tokens\":2}";
     for (int p = port; p <= port + 2; p++) {
@@ -261,4 +262,11 @@ Test(supervise, api_key_protects_the_proxy_and_every_instance)
     for (int p = port + 1; p <= port + 2; p++)
         cr_assert_eq(curl_port(p, "/v1/models", NULL, "-H 'Authorization: Bearer s3cret-key'", out, sizeof out), 200,
                      "port %d: %s", p, out);
+    /* a prefill for a decode instance that never pulls: its lease ends after 0.8 s, not 30 s */
+    cr_assert_eq(curl_port(port + 1, "/v1/completions", "{\"prompt\":\"held\",\"max_tokens\":1,"
+                           "\"kv_transfer_params\":{\"do_remote_decode\":true}}", "-H 'Authorization: Bearer s3cret-key'",
+                           out, sizeof out), 200, "%s", out);
+    cr_assert_eq(metric_port(port + 1, "pdmoe_kv_leases"), 1);
+    usleep(2000000);
+    cr_assert_eq(metric_port(port + 1, "pdmoe_kv_leases"), 0);
 }
