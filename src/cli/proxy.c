@@ -22,9 +22,9 @@ static int split(const char *flag, char *list, const char **out, int *n)
 int pd_cli_proxy(int argc, char **argv)
 {
     static const struct option opts[] = {
+        {"metrics-file", 1, 0, 'M'}, {"health-interval-ms", 1, 0, 'i'},
         {"prefill", 1, 0, 'p'}, {"decode", 1, 0, 'd'}, {"host", 1, 0, 'H'}, {"port", 1, 0, 'P'},
-        {"api-key", 1, 0, 'k'}, {"retries", 1, 0, 'r'}, {"metrics-file", 1, 0, 'M'}, {"health-interval-ms", 1, 0, 'i'},
-        {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"api-key", 1, 0, 'k'}, {"retries", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
     struct pd_proxy_opts o = {.port = 8000, .handle_signals = 1};
     static char plist[4096], dlist[4096];
@@ -44,23 +44,23 @@ int pd_cli_proxy(int argc, char **argv)
             if (split("--decode", dlist, o.decode, &o.n_decode))
                 return 2;
             break;
-        case 'H': o.host = optarg; break;
-        case 'P': if (pd_cli_int("--port", optarg, 0, &v) || v > 65535) return 2; o.port = (int)v; break;
-        case 'k': o.api_key = optarg; break;
-        case 'r': if (pd_cli_int("--retries", optarg, 1, &v)) return 2; o.retries = (int)v; break;
         case 'M': o.metrics_file = optarg; break;
         case 'i':
             if (pd_cli_int("--health-interval-ms", optarg, 10, &v) || v > 3600000)
                 return 2;
             o.health_interval_ms = (int)v;
             break;
+        case 'H': o.host = optarg; break;
+        case 'P': if (pd_cli_int("--port", optarg, 0, &v) || v > 65535) return 2; o.port = (int)v; break;
+        case 'k': o.api_key = optarg; break;
+        case 'r': if (pd_cli_int("--retries", optarg, 1, &v)) return 2; o.retries = (int)v; break;
         case 'h':
             printf("usage: pdmoe proxy --prefill host:port[,host:port...] --decode host:port[,...] [--port 8000]\n"
-                   "       [--host 127.0.0.1] [--api-key KEY] [--retries 3] [--health-interval-ms 1000]\n"
-                   "       [--metrics-file FILE]\n"
-                   "Without --prefill, the --decode instances are colocated servers and the proxy balances them.\n"
-                   "Each instance's /health is checked every --health-interval-ms; a failed one gets no requests until\n"
-                   "it answers again. --metrics-file: Prometheus text added to /metrics (pdmoe up's restart counts).\n");
+                   "       [--host 127.0.0.1] [--api-key KEY] [--retries 3]\n"
+                   "Without --prefill, the --decode instances are colocated servers and the proxy balances them.\n");
+            printf("--health-interval-ms 1000: how often each instance's /health is checked; a failed one gets no\n"
+                   "requests until it answers again. --metrics-file FILE: Prometheus text added to /metrics (pdmoe up's\n"
+                   "restart counts).\n");
             return 0;
         default:
             fprintf(stderr, "pdmoe proxy: unknown option or missing value: %s\n", argv[optind - 1]);
