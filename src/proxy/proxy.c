@@ -80,8 +80,9 @@ struct pd_proxy {
     int np, nd;
     struct event_base *base;
     struct evhttp *http;
-    struct event *sigint, *sigterm, *stop, *tick;
+    struct event *sigint, *sigterm;
     int port;
+    struct event *stop, *tick;       /* pd_proxy_stop's graceful stop, the health checks */
     int stopping;                    /* draining: new requests get a 503 */
     struct job *jobs;                /* every completion in flight */
     /* metrics */
@@ -838,6 +839,14 @@ static void on_metrics(struct evhttp_request *h, void *arg)
     hist_print(b, &px->tpot);
     hist_print(b, &px->itl);
     hist_print(b, &px->e2e);
+    /* what pdmoe up reports (its restarts): it rewrites the file whole, by rename */
+    FILE *f = px->o.metrics_file ? fopen(px->o.metrics_file, "r") : NULL;
+    if (f) {
+        char line[512];
+        while (fgets(line, sizeof line, f))
+            evbuffer_add(b, line, strlen(line));
+        fclose(f);
+    }
     evbuffer_add_printf(b, "# TYPE pdmoe_proxy_instance_up gauge\n");
     for (int r = 0; r < 2; r++)
         for (int i = 0; i < (r ? px->nd : px->np); i++) {
@@ -859,14 +868,6 @@ static void on_metrics(struct evhttp_request *h, void *arg)
     for (int i = 0; i < px->nd; i++)
         evbuffer_add_printf(b, "pdmoe_proxy_instance_load{role=\"decode\",instance=\"%s:%d\"} %d\n", px->d[i].host,
                             px->d[i].port, px->d[i].load);
-    /* what pdmoe up reports (its restarts): it rewrites the file whole, by rename */
-    FILE *f = px->o.metrics_file ? fopen(px->o.metrics_file, "r") : NULL;
-    if (f) {
-        char line[512];
-        while (fgets(line, sizeof line, f))
-            evbuffer_add(b, line, strlen(line));
-        fclose(f);
-    }
     pd_http_text(h, "text/plain; version=0.0.4", b);   /* Prometheus' text format */
     evbuffer_free(b);
 }
@@ -931,6 +932,12 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
         pd_proxy_destroy(px);
         return pd_err_prefix(e, "proxy: ");
     }
+    if (o->handle_signals) {
+        px->sigint = evsignal_new(px->base, SIGINT, on_signal, px);
+        px->sigterm = evsignal_new(px->base, SIGTERM, on_signal, px);
+        event_add(px->sigint, NULL);
+        event_add(px->sigterm, NULL);
+    }
     /* every instance starts up (requests find the dead ones) and is first checked an interval on */
     for (int r = 0; r < 2; r++)
         for (int i = 0; i < (r ? px->nd : px->np); i++) {
@@ -944,12 +951,6 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
     if (!px->stop || !px->tick || event_add(px->tick, &(struct timeval){0, 100000})) {
         pd_proxy_destroy(px);
         return pd_err_set(e, PD_ENOMEM, "proxy: out of memory");
-    }
-    if (o->handle_signals) {
-        px->sigint = evsignal_new(px->base, SIGINT, on_signal, px);
-        px->sigterm = evsignal_new(px->base, SIGTERM, on_signal, px);
-        event_add(px->sigint, NULL);
-        event_add(px->sigterm, NULL);
     }
     *out = px;
     return 0;
