@@ -35,10 +35,10 @@ struct pd_proxy_opts {
     int port;                                      /* 0: ephemeral */
     const char *api_key;
     int retries;                                   /* prefill attempts; 0: 3 */
-    int handle_signals;
     int health_interval_ms;                        /* active /health checks; 0: 1000 */
     const char *metrics_file;                      /* Prometheus text appended to /metrics (pdmoe up's
                                                       restarts), read at each scrape; NULL: none */
+    int handle_signals;
 };
 
 struct pd_proxy;
