@@ -7,9 +7,9 @@ int pd_bench_kernels(int argc, char **argv);
 int pd_bench_decode(int argc, char **argv);
 int pd_bench_ep(int argc, char **argv);
 int pd_bench_serve(int argc, char **argv);
+int pd_bench_soak(int argc, char **argv);
 int pd_bench_transfer(int argc, char **argv);
 int pd_bench_search(int argc, char **argv);
-int pd_bench_soak(int argc, char **argv);
 
 #include <stddef.h>
 

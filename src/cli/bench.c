@@ -13,9 +13,9 @@ int pd_cli_bench(int argc, char **argv)
         {"decode", pd_bench_decode},
         {"ep", pd_bench_ep},
         {"serve", pd_bench_serve},
+        {"soak", pd_bench_soak},
         {"transfer", pd_bench_transfer},
         {"search", pd_bench_search},
-        {"soak", pd_bench_soak},
     };
     if (argc >= 2)
         for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)
