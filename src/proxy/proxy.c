@@ -212,6 +212,10 @@ static void on_client_close(struct evhttp_connection *c, void *arg)
     struct job *j = arg;
     struct pd_proxy *px = j->px;
     px->cancelled++;
+    /* libevent detaches an unanswered request from a connection the client closed and leaves it to
+     * us (evhttp_connection_incoming_fail): free it, or every client that hangs up leaks one */
+    if (evhttp_request_get_connection(j->client) == NULL)
+        evhttp_request_free(j->client);
     j->client = NULL;
     if (j->up) {
         if (j->up_decode)
