@@ -7,6 +7,7 @@ int pd_bench_kernels(int argc, char **argv);
 int pd_bench_decode(int argc, char **argv);
 int pd_bench_ep(int argc, char **argv);
 int pd_bench_serve(int argc, char **argv);
+int pd_bench_soak(int argc, char **argv);
 int pd_bench_transfer(int argc, char **argv);
 int pd_bench_search(int argc, char **argv);
 

@@ -13,6 +13,7 @@ int pd_cli_bench(int argc, char **argv)
         {"decode", pd_bench_decode},
         {"ep", pd_bench_ep},
         {"serve", pd_bench_serve},
+        {"soak", pd_bench_soak},
         {"transfer", pd_bench_transfer},
         {"search", pd_bench_search},
     };

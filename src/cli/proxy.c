@@ -22,6 +22,7 @@ static int split(const char *flag, char *list, const char **out, int *n)
 int pd_cli_proxy(int argc, char **argv)
 {
     static const struct option opts[] = {
+        {"metrics-file", 1, 0, 'M'}, {"health-interval-ms", 1, 0, 'i'},
         {"prefill", 1, 0, 'p'}, {"decode", 1, 0, 'd'}, {"host", 1, 0, 'H'}, {"port", 1, 0, 'P'},
         {"api-key", 1, 0, 'k'}, {"backend-api-key", 1, 0, 'b'}, {"retries", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
@@ -43,6 +44,12 @@ int pd_cli_proxy(int argc, char **argv)
             if (split("--decode", dlist, o.decode, &o.n_decode))
                 return 2;
             break;
+        case 'M': o.metrics_file = optarg; break;
+        case 'i':
+            if (pd_cli_int("--health-interval-ms", optarg, 10, &v) || v > 3600000)
+                return 2;
+            o.health_interval_ms = (int)v;
+            break;
         case 'H': o.host = optarg; break;
         case 'P': if (pd_cli_int("--port", optarg, 0, &v) || v > 65535) return 2; o.port = (int)v; break;
         case 'k': o.api_key = optarg; break;
@@ -62,6 +69,9 @@ int pd_cli_proxy(int argc, char **argv)
                    "       [--retries 3]\n"
                    "The instances are sent --backend-api-key, or --api-key without it.\n"
                    "Without --prefill, the --decode instances are colocated servers and the proxy balances them.\n");
+            printf("--health-interval-ms 1000: how often each instance's /health is checked; a failed one gets no\n"
+                   "requests until it answers again. --metrics-file FILE: Prometheus text added to /metrics (pdmoe up's\n"
+                   "restart counts).\n");
             return 0;
         default:
             fprintf(stderr, "pdmoe proxy: unknown option or missing value: %s\n", argv[optind - 1]);

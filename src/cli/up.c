@@ -2,8 +2,17 @@
  * prefill instances, the decode instances and the proxy as child processes (this same program;
  * an instance of EP size N > 1 as `mpirun -n N pdmoe serve --enable-expert-parallel`, its rank k
  * moving KV on kv_port + k), waits until every one answers /health, prints the endpoint, and on
- * Ctrl-C (or SIGTERM) stops them all and waits for them: nothing is left behind. If any child
- * dies, the others are stopped and `up` exits non-zero. */
+ * Ctrl-C (or SIGTERM) stops them all and waits for them: nothing is left behind. The proxy goes
+ * first, so it ends the streams in flight with an error event and [DONE] before the instances go.
+ *
+ * Once the cluster is up, `up` supervises it: a child that dies (an instance, an EP group's
+ * mpirun, the proxy) is logged with its exit status or signal and started again on the same
+ * ports after a backoff (0.5 s doubling to 30 s; back to 0.5 s once it has lived 30 s), while the
+ * proxy routes around it. The restart counts go to a Prometheus text file that the proxy appends
+ * to its /metrics (pdmoe_restarts_total{role,instance}): one scrape endpoint for the cluster, kept
+ * across a restart of the proxy itself, and no endpoint of its own for `up` to protect. Before the
+ * cluster is first ready, a child that dies is started again at once, three times at most, then
+ * stops everything (a bad flag would only die again). */
 #include "cli/cli.h"
 #include "engine/genmodel.h"
 
@@ -16,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -32,21 +42,75 @@ static void on_stop(int sig)
     stopping = 1;
 }
 
+#define MAX_ARGS 40
+#define BACKOFF_MIN_S 0.5
+#define BACKOFF_MAX_S 30.0
+#define START_TRIES 3     /* starts of a child before the cluster is first ready */
+
 struct child {
-    pid_t pid;
+    pid_t pid;                 /* 0 while dead */
     char what[48];
-    int port;
+    const char *role;          /* "prefill", "decode", "proxy" */
+    int instance, port;
+    char *argv[MAX_ARGS];      /* owned copies, NULL-terminated: what a restart runs again */
+    int restarts;
+    double started, backoff, restart_at;
 };
 
-/* Runs args[0] (a path, or a name looked up in PATH). */
-static pid_t spawn(char *const *args)
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* Runs c's command (argv[0] a path, or a name looked up in PATH) in a process group of its own,
+ * so that a Ctrl-C in the terminal reaches `up` alone and the shutdown goes in order; the child
+ * gets SIGTERM if `up` dies. */
+static void spawn(struct child *c)
 {
     pid_t pid = fork();
     if (pid == 0) {
-        execvp(args[0], args);
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        execvp(c->argv[0], c->argv);
         _exit(127);
     }
-    return pid;
+    c->pid = pid;
+    c->started = now_s();
+}
+
+static void set_args(struct child *c, char **a, int n)
+{
+    for (int i = 0; i < n; i++)
+        c->argv[i] = strdup(a[i]);
+    c->argv[n] = NULL;
+}
+
+/* "exited with status N" or "was killed by signal N (name)" */
+static void describe(int status, char *out, size_t cap)
+{
+    if (WIFSIGNALED(status))
+        snprintf(out, cap, "was killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
+    else
+        snprintf(out, cap, "exited with status %d", WEXITSTATUS(status));
+}
+
+/* The restart counts, in Prometheus' text format, for the proxy's /metrics: written whole to a
+ * temporary file and renamed, so the proxy never reads half of it. */
+static void write_metrics(const char *path, const struct child *c, int n)
+{
+    char tmp[640];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return;
+    fprintf(f, "# HELP pdmoe_restarts_total Processes pdmoe up started again after they died.\n"
+               "# TYPE pdmoe_restarts_total counter\n");
+    for (int i = 0; i < n; i++)
+        fprintf(f, "pdmoe_restarts_total{role=\"%s\",instance=\"%d\"} %d\n", c[i].role, c[i].instance, c[i].restarts);
+    if (fclose(f) == 0)
+        rename(tmp, path);
 }
 
 /* 1 when http://127.0.0.1:port/health answers 200. */
@@ -191,10 +255,11 @@ int pd_cli_up(int argc, char **argv)
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"port", 1, 0, 'p'}, {"prefill-instances", 1, 0, 'P'}, {"decode-instances", 1, 0, 'D'},
         {"threads", 1, 0, 'j'}, {"plan", 1, 0, 'l'}, {"max-model-len", 1, 0, 'L'}, {"prefill-ep", 1, 0, 'e'},
-        {"decode-ep", 1, 0, 'f'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"decode-ep", 1, 0, 'f'}, {"api-key", 1, 0, 'k'}, {"kv-lease-ms", 1, 0, 'K'},
+        {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
-    const char *model = "models/mini", *plan = NULL;
-    int64_t port = 8000, np = 1, nd = 1, threads = 1, max_len = 2048, ep_flag[2] = {1, 1};
+    const char *model = "models/mini", *plan = NULL, *key = NULL;
+    int64_t port = 8000, np = 1, nd = 1, threads = 1, max_len = 2048, ep_flag[2] = {1, 1}, lease_ms = 0;
     int c;
     optind = 1;
     opterr = 0;
@@ -207,6 +272,14 @@ int pd_cli_up(int argc, char **argv)
         case 'j': if (pd_cli_int("--threads", optarg, 1, &threads)) return 2; break;
         case 'L': if (pd_cli_int("--max-model-len", optarg, 16, &max_len)) return 2; break;
         case 'l': plan = optarg; break;
+        case 'K': if (pd_cli_int("--kv-lease-ms", optarg, 100, &lease_ms) || lease_ms > 3600000) return 2; break;
+        case 'k':
+            if (!optarg[0]) {
+                fprintf(stderr, "pdmoe up: --api-key: empty key\n");
+                return 2;
+            }
+            key = optarg;
+            break;
         case 'e':
         case 'f':
             if (pd_cli_int(c == 'e' ? "--prefill-ep" : "--decode-ep", optarg, 1, &ep_flag[c == 'f']))
@@ -220,11 +293,16 @@ int pd_cli_up(int argc, char **argv)
         case 'h':
             printf("usage: pdmoe up [--model models/mini] [--port 8000] [--prefill-instances 1] [--decode-instances 1]\n"
                    "       [--prefill-ep 1] [--decode-ep 1] [--plan plan.json] [--threads 1] [--max-model-len 2048]\n"
+                   "       [--api-key KEY] [--kv-lease-ms 30000]\n"
                    "Starts prefill and decode servers and the proxy on this machine (generating models/mini if it is\n"
-                   "missing), prints the endpoint, and stops everything on Ctrl-C. An instance of EP size N > 1 is an\n"
-                   "EP group of N ranks under mpirun (--threads is per rank). With --plan (pdmoe plan --json), the\n"
-                   "plan's instances, EP sizes, per-rank KV pool (budget.kv_pool_bytes), max-num-seqs, max-model-len and\n"
-                   "max-num-batched-tokens, refused if the pools and the model do not fit this machine's memory.\n");
+                   "missing), prints the endpoint, and stops everything on Ctrl-C. A process that dies is started again\n"
+                   "(backoff 0.5 s to 30 s; pdmoe_restarts_total in the proxy's /metrics). --api-key: every request to\n"
+                   "the proxy and to each instance needs \"Authorization: Bearer KEY\". --kv-lease-ms: how long a prefill\n"
+                   "instance keeps a prompt's KV for a decode instance that has not pulled it. An instance of EP size\n"
+                   "N > 1 is an EP group of N ranks under mpirun (--threads is per rank). With --plan (pdmoe plan\n"
+                   "--json), the plan's instances, EP sizes, per-rank KV pool (budget.kv_pool_bytes), max-num-seqs,\n"
+                   "max-model-len and max-num-batched-tokens, refused if the pools and the model do not fit this\n"
+                   "machine's memory.\n");
             return 0;
         default:
             fprintf(stderr, "pdmoe up: unknown option or missing value: %s\n", argv[optind - 1]);
@@ -269,9 +347,18 @@ int pd_cli_up(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     struct child ch[MAX_CHILDREN];
+    memset(ch, 0, sizeof ch);
     int n = 0;
-    char sport[16], skv[160], sth[16], slen[16], sep[16], plist[2048] = "", dlist[2048] = "";
+    char mdir[] = "/tmp/pdmoe-up-XXXXXX", mfile[64];
+    if (!mkdtemp(mdir)) {
+        fprintf(stderr, "pdmoe up: cannot create a directory in /tmp: %s\n", strerror(errno));
+        return 1;
+    }
+    snprintf(mfile, sizeof mfile, "%s/restarts.prom", mdir);
+    char sport[16], skv[200], slease[40] = "", sth[16], slen[16], sep[16], plist[2048] = "", dlist[2048] = "";
     snprintf(sth, sizeof sth, "%lld", (long long)threads);
+    if (lease_ms)
+        snprintf(slease, sizeof slease, ",\"kv_lease_ms\":%lld", (long long)lease_ms);
     snprintf(slen, sizeof slen, "%lld", (long long)max_len);
     const char *name = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
     for (int r = 0; r < 2; r++)
@@ -280,12 +367,12 @@ int pd_cli_up(int argc, char **argv)
             snprintf(sport, sizeof sport, "%d", p);
             /* prefill instance i: its ranks' KV listeners on port + 100 + MAX_EP i + rank */
             if (r == 0)
-                snprintf(skv, sizeof skv, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"prefill-%d\"}",
-                         (int)port + 100 + MAX_EP * i, i);
+                snprintf(skv, sizeof skv, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"prefill-%d\"%s}",
+                         (int)port + 100 + MAX_EP * i, i, slease);
             else
                 snprintf(skv, sizeof skv, "{\"kv_role\":\"kv_consumer\",\"engine_id\":\"decode-%d\"}", i);
             snprintf(sep, sizeof sep, "%d", ep[r]);
-            char *a[32];
+            char *a[MAX_ARGS];
             int k = 0;
             if (ep[r] > 1) {
                 a[k++] = "mpirun";
@@ -313,8 +400,13 @@ int pd_cli_up(int argc, char **argv)
                 for (size_t j = 0; j < sizeof more / sizeof *more; j++)
                     a[k++] = more[j];
             }
-            a[k] = NULL;
-            ch[n] = (struct child){.pid = spawn(a), .port = p};
+            if (key) {
+                a[k++] = "--api-key";
+                a[k++] = (char *)key;
+            }
+            ch[n] = (struct child){.port = p, .role = r ? "decode" : "prefill", .instance = i};
+            set_args(&ch[n], a, k);
+            spawn(&ch[n]);
             snprintf(ch[n].what, sizeof ch[n].what, "%s instance %d%s", r ? "decode" : "prefill", i,
                      ep[r] > 1 ? " (EP group)" : "");
             char hp[32];
@@ -323,9 +415,14 @@ int pd_cli_up(int argc, char **argv)
             n++;
         }
     snprintf(sport, sizeof sport, "%lld", (long long)port);
-    char *pargs[] = {self, "proxy", "--prefill", plist, "--decode", dlist, "--port", sport, NULL};
-    ch[n] = (struct child){.pid = spawn(pargs), .port = (int)port};
+    char *pargs[] = {self, "proxy", "--prefill", plist, "--decode", dlist, "--port", sport, "--metrics-file", mfile,
+                     "--api-key", (char *)key};
+    const int proxy = n;
+    ch[n] = (struct child){.port = (int)port, .role = "proxy"};
+    set_args(&ch[n], pargs, key ? 12 : 10);
     snprintf(ch[n].what, sizeof ch[n].what, "proxy");
+    write_metrics(mfile, ch, n + 1);
+    spawn(&ch[n]);
     n++;
     /* wait until everything is healthy (or something dies) */
     int ready = 0, rc = 0;
@@ -333,11 +430,23 @@ int pd_cli_up(int argc, char **argv)
         ready = 1;
         for (int i = 0; i < n; i++) {
             int status;
-            if (waitpid(ch[i].pid, &status, WNOHANG) == ch[i].pid) {
-                fprintf(stderr, "pdmoe up: the %s exited before it was ready\n", ch[i].what);
-                ch[i].pid = 0;
-                stopping = 1;
-                rc = 1;
+            if (ch[i].pid > 0 && waitpid(ch[i].pid, &status, WNOHANG) == ch[i].pid) {
+                char how[96];
+                describe(status, how, sizeof how);
+                if (ch[i].restarts < START_TRIES - 1) {
+                    /* a start can fail for a passing reason (two mpiruns starting at the same moment race
+                     * for Open MPI's session directory); a bad flag fails every time */
+                    ch[i].restarts++;
+                    write_metrics(mfile, ch, n);
+                    fprintf(stderr, "pdmoe up: the %s %s before it was ready; starting it again\n", ch[i].what, how);
+                    spawn(&ch[i]);
+                } else {
+                    fprintf(stderr, "pdmoe up: the %s %s before it was ready (%d tries)\n", ch[i].what, how,
+                            START_TRIES);
+                    ch[i].pid = 0;
+                    stopping = 1;
+                    rc = 1;
+                }
             }
             ready &= ch[i].pid > 0 && healthy(ch[i].port);
         }
@@ -353,19 +462,41 @@ int pd_cli_up(int argc, char **argv)
         fprintf(stderr, "pdmoe up: the cluster did not become healthy in 120 s\n");
         rc = 1;
     }
+    for (int i = 0; i < n; i++)
+        ch[i].backoff = BACKOFF_MIN_S;
+    /* supervise: reap the dead, start them again when their backoff is over */
     while (!stopping) {
-        nanosleep(&(struct timespec){0, 200000000}, NULL);
-        for (int i = 0; i < n; i++) {
+        nanosleep(&(struct timespec){0, 100000000}, NULL);
+        double now = now_s();
+        for (int i = 0; i < n && !stopping; i++) {
             int status;
             if (ch[i].pid > 0 && waitpid(ch[i].pid, &status, WNOHANG) == ch[i].pid) {
-                fprintf(stderr, "pdmoe up: the %s exited (status %d); stopping the others\n", ch[i].what, status);
+                char how[96];
+                describe(status, how, sizeof how);
+                if (now - ch[i].started >= BACKOFF_MAX_S)
+                    ch[i].backoff = BACKOFF_MIN_S;   /* it had been running well */
                 ch[i].pid = 0;
-                stopping = 1;
-                rc = 1;
+                ch[i].restart_at = now + ch[i].backoff;
+                fprintf(stderr, "pdmoe up: the %s (port %d) %s; restarting it in %.1f s\n", ch[i].what, ch[i].port, how,
+                        ch[i].backoff);
+                ch[i].backoff = ch[i].backoff * 2 < BACKOFF_MAX_S ? ch[i].backoff * 2 : BACKOFF_MAX_S;
+            } else if (ch[i].pid == 0 && now >= ch[i].restart_at) {
+                ch[i].restarts++;
+                write_metrics(mfile, ch, n);
+                spawn(&ch[i]);
+                fprintf(stderr, "pdmoe up: restarted the %s (restart %d, pid %d)\n", ch[i].what, ch[i].restarts,
+                        (int)ch[i].pid);
             }
         }
     }
+    /* the proxy first: it answers the streams in flight while the instances still run */
+    stop_all(&ch[proxy], 1);
     stop_all(ch, n);
+    for (int i = 0; i < n; i++)
+        for (int k = 0; ch[i].argv[k]; k++)
+            free(ch[i].argv[k]);
+    unlink(mfile);
+    rmdir(mdir);
     fprintf(stderr, "pdmoe up: stopped\n");
     return rc;
 }

@@ -17,13 +17,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+struct pd_proxy;
+
 struct instance {
+    struct pd_proxy *px;
     char host[64];
     int port;
     int load;                    /* requests in flight through this proxy */
-    uint64_t failures;
-    double down_until;           /* after a failure, others are preferred for a while */
+    uint64_t failures, ejections;
+    int up;                      /* admitted: gets requests while any instance is up */
+    int strikes;                 /* failures since it was last admitted: the backoff's exponent */
+    double probe_at;             /* the next /health check */
+    struct evhttp_connection *probe;   /* the check in flight, or NULL */
 };
+
+#define BACKOFF_MIN_S 0.5
+#define BACKOFF_MAX_S 30.0
 
 /* A Prometheus histogram: cumulative buckets at the bounds le[0..n-1] and +Inf. */
 #define HIST_MAX 12
@@ -63,6 +72,8 @@ static void hist_print(struct evbuffer *b, const struct hist *h)
                         (unsigned long long)h->bucket[h->n], h->name, h->sum, h->name, (unsigned long long)h->count);
 }
 
+struct job;
+
 struct pd_proxy {
     struct pd_proxy_opts o;
     struct instance p[PD_PROXY_MAX_INSTANCES], d[PD_PROXY_MAX_INSTANCES];
@@ -71,6 +82,9 @@ struct pd_proxy {
     struct evhttp *http;
     struct event *sigint, *sigterm;
     int port;
+    struct event *stop, *tick;       /* pd_proxy_stop's graceful stop, the health checks */
+    int stopping;                    /* draining: new requests get a 503 */
+    struct job *jobs;                /* every completion in flight */
     /* metrics */
     uint64_t requests, completed, retries, cancelled, bad_requests, prefill_failed, decode_failed;
     struct hist ttft, tpot, itl, e2e;
@@ -78,12 +92,13 @@ struct pd_proxy {
 
 struct job {
     struct pd_proxy *px;
+    struct job *prev, *next;         /* px->jobs */
     struct evhttp_request *client;   /* NULL once answered or gone */
     char path[32];
     json_t *body;
     int stream;
     int pi, di;                      /* chosen instances, -1 before */
-    unsigned tried;                  /* prefill instances tried (bit mask) */
+    unsigned tried, dtried;          /* prefill, decode instances tried (bit masks) */
     int attempts;
     struct evhttp_request *up;       /* the request in flight upstream, or NULL */
     struct evhttp_connection *conn;  /* its connection */
@@ -111,6 +126,12 @@ static void drop_conn(struct pd_proxy *px, struct evhttp_connection *c)
 
 static void job_free(struct job *j)
 {
+    if (j->prev)
+        j->prev->next = j->next;
+    else
+        j->px->jobs = j->next;
+    if (j->next)
+        j->next->prev = j->prev;
     json_decref(j->body);
     if (j->held)
         evbuffer_free(j->held);
@@ -144,14 +165,39 @@ static void client_done(struct job *j)
 
 static void send_up(struct job *j, int decode);
 
-/* The least-loaded instance not in `skip`, preferring those that have not failed lately. */
+/* A request to `in` failed, or its /health check did: no requests while others are up, and the
+ * next check after a backoff that doubles with each failed check (the requests that fail while it
+ * is out, when no instance is up, leave its schedule alone). */
+static void eject(struct instance *in, int by_probe)
+{
+    in->failures++;
+    if (!in->up && !by_probe)
+        return;
+    if (in->up)
+        in->ejections++;
+    in->up = 0;
+    double b = BACKOFF_MIN_S;
+    for (int k = 0; k < in->strikes && b < BACKOFF_MAX_S; k++)
+        b *= 2;
+    in->strikes++;
+    in->probe_at = pd_now_s() + (b < BACKOFF_MAX_S ? b : BACKOFF_MAX_S);
+}
+
+/* `in` answered (a request, or its /health check): it is up again. */
+static void admit(struct instance *in)
+{
+    in->up = 1;
+    in->strikes = 0;
+}
+
+/* The least-loaded instance not in `skip`, among those up if any is (else among all: one may have
+ * come back since its last check). */
 static int pick(struct instance *in, int n, unsigned skip)
 {
-    double now = pd_now_s();
     int best = -1;
     for (int pass = 0; pass < 2 && best < 0; pass++)
         for (int i = 0; i < n; i++) {
-            if ((skip & (1u << i)) || (pass == 0 && in[i].down_until > now))
+            if ((skip & (1u << i)) || (pass == 0 && !in[i].up))
                 continue;
             if (best < 0 || in[i].load < in[best].load)
                 best = i;
@@ -166,6 +212,10 @@ static void on_client_close(struct evhttp_connection *c, void *arg)
     struct job *j = arg;
     struct pd_proxy *px = j->px;
     px->cancelled++;
+    /* libevent detaches an unanswered request from a connection the client closed and leaves it to
+     * us (evhttp_connection_incoming_fail): free it, or every client that hangs up leaks one */
+    if (evhttp_request_get_connection(j->client) == NULL)
+        evhttp_request_free(j->client);
     j->client = NULL;
     if (j->up) {
         if (j->up_decode)
@@ -180,8 +230,16 @@ static void on_client_close(struct evhttp_connection *c, void *arg)
     job_free(j);
 }
 
+/* Ends a streaming client's answer with an error event and [DONE] (starting it if need be). */
 static void stream_error(struct job *j, const char *msg)
 {
+    if (!j->started) {
+        struct evkeyvalq *hd = evhttp_request_get_output_headers(j->client);
+        evhttp_add_header(hd, "Content-Type", "text/event-stream");
+        evhttp_add_header(hd, "Cache-Control", "no-cache");
+        evhttp_send_reply_start(j->client, 200, "OK");
+        j->started = 1;
+    }
     struct evbuffer *b = evbuffer_new();
     json_t *e = json_pack("{s:{s:s,s:s}}", "error", "message", msg, "type", "server_error");
     char *t = json_dumps(e, JSON_COMPACT);
@@ -259,14 +317,27 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
     j->conn = NULL;
     px->d[j->di].load--;
     int code = r ? evhttp_request_get_response_code(r) : 0;
+    if (code > 0 && code < 500)
+        admit(&px->d[j->di]);
     if (!j->client) {
         job_free(j);
         return;
     }
+    if ((code == 0 || code >= 500) && !j->started) {
+        /* nothing has reached the client: another decode instance takes the request */
+        eject(&px->d[j->di], 0);
+        if (pick(px->d, px->nd, j->dtried) >= 0) {
+            px->retries++;
+            if (j->held)
+                evbuffer_drain(j->held, evbuffer_get_length(j->held));
+            send_up(j, 1);
+            return;
+        }
+    }
     if (j->stream && j->started) {
         if (code != 200) {
             px->decode_failed++;
-            px->d[j->di].failures++;
+            eject(&px->d[j->di], 0);
             stream_error(j, "the decode instance failed during generation");
         } else {
             struct evhttp_request *h = j->client;
@@ -279,8 +350,6 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
     }
     if (code == 0 || code >= 500) {
         px->decode_failed++;
-        px->d[j->di].failures++;
-        px->d[j->di].down_until = pd_now_s() + 5;
         reply_error(j->client, 502, "server_error", "the decode instance %s:%d failed (%s)", px->d[j->di].host,
                     px->d[j->di].port, code ? "server error" : "no answer");
     } else {
@@ -314,8 +383,7 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
     }
     int code = r ? evhttp_request_get_response_code(r) : 0;
     if (code == 0 || code >= 500) {
-        px->p[j->pi].failures++;
-        px->p[j->pi].down_until = pd_now_s() + 5;
+        eject(&px->p[j->pi], 0);
         /* another prefill instance, a few times; never after a 4xx */
         if (j->attempts < (px->o.retries > 0 ? px->o.retries : 3) && pick(px->p, px->np, j->tried) >= 0) {
             px->retries++;
@@ -328,6 +396,7 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
         job_free(j);
         return;
     }
+    admit(&px->p[j->pi]);
     struct evbuffer *in = evhttp_request_get_input_buffer(r);
     size_t n = evbuffer_get_length(in);
     char *txt = malloc(n + 1);
@@ -380,7 +449,8 @@ static void send_up(struct job *j, int decode)
     struct pd_proxy *px = j->px;
     struct instance *in;
     if (decode) {
-        j->di = pick(px->d, px->nd, 0);
+        j->di = pick(px->d, px->nd, j->dtried);
+        j->dtried |= 1u << j->di;
         in = &px->d[j->di];
     } else {
         j->pi = pick(px->p, px->np, j->tried);
@@ -446,6 +516,10 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
     }
     if (!authorised(px, h))
         return;
+    if (px->stopping) {
+        reply_error(h, 503, "server_error", "the proxy is shutting down");
+        return;
+    }
     struct evbuffer *in = evhttp_request_get_input_buffer(h);
     size_t n = evbuffer_get_length(in);
     char *txt = malloc(n + 1);
@@ -482,6 +556,10 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
     j->stream = st && json_is_true(st);
     j->pi = j->di = -1;
     j->t0 = pd_now_s();
+    j->next = px->jobs;
+    if (px->jobs)
+        px->jobs->prev = j;
+    px->jobs = j;
     px->requests++;
     evhttp_connection_set_closecb(evhttp_request_get_connection(h), on_client_close, j);
     /* without prefill instances the decode instances are colocated servers: no hand-off */
@@ -501,9 +579,11 @@ static void on_chat(struct evhttp_request *h, void *arg)
 /* GET `path` from an instance: the connection (drop_conn it once done), or NULL when the request
  * could not be sent (cb is then never called). */
 static struct evhttp_connection *get_from(struct pd_proxy *px, const struct instance *in, const char *path,
-                                          void (*cb)(struct evhttp_request *, void *), void *arg)
+                                          int timeout_s, void (*cb)(struct evhttp_request *, void *), void *arg)
 {
     struct evhttp_connection *c = evhttp_connection_base_new(px->base, NULL, in->host, (unsigned short)in->port);
+    if (c && timeout_s > 0)
+        evhttp_connection_set_timeout(c, timeout_s);
     struct evhttp_request *r = c ? evhttp_request_new(cb, arg) : NULL;
     if (r) {
         evhttp_add_header(evhttp_request_get_output_headers(r), "Host", in->host);
@@ -516,7 +596,7 @@ static struct evhttp_connection *get_from(struct pd_proxy *px, const struct inst
     return NULL;
 }
 
-/* /v1/models: relayed from the first decode instance. */
+/* /v1/models: relayed from a decode instance (one that is up). */
 struct models_job {
     struct pd_proxy *px;
     struct evhttp_request *client;
@@ -545,7 +625,7 @@ static void on_models(struct evhttp_request *h, void *arg)
     struct models_job *m = malloc(sizeof *m);
     if (m) {
         *m = (struct models_job){px, h, NULL};
-        m->conn = get_from(px, &px->d[0], "/v1/models", on_models_done, m);
+        m->conn = get_from(px, &px->d[pick(px->d, px->nd, 0)], "/v1/models", 0, on_models_done, m);
     }
     if (!m || !m->conn) {
         free(m);
@@ -693,7 +773,7 @@ static void on_expert_stats(struct evhttp_request *h, void *arg)
             c->j = j;
             snprintf(c->where, sizeof c->where, "the %s instance %.63s:%d", r ? "decode" : "prefill", in[i].host,
                      in[i].port);
-            if (!(c->conn = get_from(px, &in[i], "/expert_stats", on_stats_done, c))) {
+            if (!(c->conn = get_from(px, &in[i], "/expert_stats", 0, on_stats_done, c))) {
                 stats_fail(j, "%s did not answer /expert_stats", c->where);
                 free(c);
                 continue;
@@ -703,6 +783,78 @@ static void on_expert_stats(struct evhttp_request *h, void *arg)
     }
     if (--j->pending == 0)
         stats_answer(j);
+}
+
+static double health_interval_s(const struct pd_proxy *px)
+{
+    return (px->o.health_interval_ms > 0 ? px->o.health_interval_ms : 1000) / 1e3;
+}
+
+/* Active health checks: GET /health of each instance, every health_interval_ms while it is up,
+ * at its backoff's end while it is ejected; 1 s to answer. */
+static void on_probe_done(struct evhttp_request *r, void *arg)
+{
+    struct instance *in = arg;
+    struct pd_proxy *px = in->px;
+    drop_conn(px, in->probe);
+    in->probe = NULL;
+    if (r && evhttp_request_get_response_code(r) == 200) {
+        admit(in);
+        in->probe_at = pd_now_s() + health_interval_s(px);
+    } else {
+        eject(in, 1);
+    }
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    struct pd_proxy *px = arg;
+    double now = pd_now_s();
+    for (int r = 0; r < 2 && !px->stopping; r++)
+        for (int i = 0; i < (r ? px->nd : px->np); i++) {
+            struct instance *in = r ? &px->d[i] : &px->p[i];
+            if (in->probe || now < in->probe_at)
+                continue;
+            if (!(in->probe = get_from(px, in, "/health", 1, on_probe_done, in)))
+                eject(in, 1);
+        }
+}
+
+static void on_drained(evutil_socket_t fd, short what, void *arg)
+{
+    event_base_loopbreak(((struct pd_proxy *)arg)->base);
+}
+
+/* The graceful stop: every completion in flight is answered (an error event and [DONE] for a
+ * stream, a 503 otherwise) and its upstream request cancelled; the loop goes on a moment so the
+ * answers reach their clients, then ends. */
+static void on_stop(evutil_socket_t fd, short what, void *arg)
+{
+    struct pd_proxy *px = arg;
+    if (px->stopping)
+        return;
+    px->stopping = 1;
+    while (px->jobs) {
+        struct job *j = px->jobs;
+        if (j->up) {
+            if (j->up_decode)
+                px->d[j->di].load--;
+            else
+                px->p[j->pi].load--;
+            evhttp_cancel_request(j->up);
+            j->up = NULL;
+            drop_conn(px, j->conn);
+            j->conn = NULL;
+        }
+        if (j->client && j->stream)
+            stream_error(j, "the proxy is shutting down");
+        else if (j->client) {
+            reply_error(j->client, 503, "server_error", "the proxy is shutting down");
+            client_done(j);
+        }
+        job_free(j);
+    }
+    event_base_once(px->base, -1, EV_TIMEOUT, on_drained, px, &(struct timeval){0, 300000});
 }
 
 static void on_metrics(struct evhttp_request *h, void *arg)
@@ -730,6 +882,28 @@ static void on_metrics(struct evhttp_request *h, void *arg)
     hist_print(b, &px->tpot);
     hist_print(b, &px->itl);
     hist_print(b, &px->e2e);
+    /* what pdmoe up reports (its restarts): it rewrites the file whole, by rename */
+    FILE *f = px->o.metrics_file ? fopen(px->o.metrics_file, "r") : NULL;
+    if (f) {
+        char line[512];
+        while (fgets(line, sizeof line, f))
+            evbuffer_add(b, line, strlen(line));
+        fclose(f);
+    }
+    evbuffer_add_printf(b, "# TYPE pdmoe_proxy_instance_up gauge\n");
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < (r ? px->nd : px->np); i++) {
+            const struct instance *in = r ? &px->d[i] : &px->p[i];
+            evbuffer_add_printf(b, "pdmoe_proxy_instance_up{role=\"%s\",instance=\"%s:%d\"} %d\n",
+                                r ? "decode" : "prefill", in->host, in->port, in->up);
+        }
+    evbuffer_add_printf(b, "# TYPE pdmoe_proxy_instance_ejections_total counter\n");
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < (r ? px->nd : px->np); i++) {
+            const struct instance *in = r ? &px->d[i] : &px->p[i];
+            evbuffer_add_printf(b, "pdmoe_proxy_instance_ejections_total{role=\"%s\",instance=\"%s:%d\"} %llu\n",
+                                r ? "decode" : "prefill", in->host, in->port, (unsigned long long)in->ejections);
+        }
     evbuffer_add_printf(b, "# TYPE pdmoe_proxy_instance_load gauge\n");
     for (int i = 0; i < px->np; i++)
         evbuffer_add_printf(b, "pdmoe_proxy_instance_load{role=\"prefill\",instance=\"%s:%d\"} %d\n", px->p[i].host,
@@ -748,7 +922,7 @@ static void on_other(struct evhttp_request *h, void *arg)
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
-    event_base_loopexit(((struct pd_proxy *)arg)->base, NULL);
+    on_stop(-1, 0, arg);
 }
 
 int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err *e)
@@ -807,6 +981,20 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
         event_add(px->sigint, NULL);
         event_add(px->sigterm, NULL);
     }
+    /* every instance starts up (requests find the dead ones) and is first checked an interval on */
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < (r ? px->nd : px->np); i++) {
+            struct instance *in = r ? &px->d[i] : &px->p[i];
+            in->px = px;
+            in->up = 1;
+            in->probe_at = pd_now_s() + health_interval_s(px);
+        }
+    px->stop = event_new(px->base, -1, 0, on_stop, px);
+    px->tick = event_new(px->base, -1, EV_PERSIST, on_tick, px);
+    if (!px->stop || !px->tick || event_add(px->tick, &(struct timeval){0, 100000})) {
+        pd_proxy_destroy(px);
+        return pd_err_set(e, PD_ENOMEM, "proxy: out of memory");
+    }
     *out = px;
     return 0;
 }
@@ -823,7 +1011,7 @@ int pd_proxy_run(struct pd_proxy *px, pd_err *e)
 
 void pd_proxy_stop(struct pd_proxy *px)
 {
-    event_base_loopexit(px->base, NULL);
+    event_active(px->stop, 0, 0);
 }
 
 void pd_proxy_destroy(struct pd_proxy *px)
@@ -836,6 +1024,16 @@ void pd_proxy_destroy(struct pd_proxy *px)
         event_free(px->sigint);
     if (px->sigterm)
         event_free(px->sigterm);
+    if (px->stop)
+        event_free(px->stop);
+    if (px->tick)
+        event_free(px->tick);
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < (r ? px->nd : px->np); i++) {
+            struct instance *in = r ? &px->d[i] : &px->p[i];
+            if (in->probe)
+                evhttp_connection_free(in->probe);   /* its pending request and callback with it */
+        }
     if (px->base)
         event_base_free(px->base);
     free(px);

@@ -8,7 +8,17 @@
  * with an empty body. A client that disconnects has its decode request cancelled, which frees the
  * KV on the decode instance (the prefill's lease is released when the decode pulled, or expires).
  * Load of an instance = requests in flight through this proxy. With no prefill instance the proxy
- * balances colocated servers (given as --decode): the baseline disaggregation is measured against. */
+ * balances colocated servers (given as --decode): the baseline disaggregation is measured against.
+ *
+ * Dead instances: each one is checked with GET /health (every health_interval_ms, a 1 s timeout)
+ * and after any failure of a request (no connection, no answer, a 5xx). A failure ejects it: it
+ * gets no requests while others are up, and is probed again after a backoff (0.5 s doubling to
+ * 30 s) until /health answers, which admits it back. A decode instance that fails before the client
+ * has received any of the answer is replaced by another decode instance not tried yet (it pulls the
+ * prefill's KV if the lease still holds, or recomputes the prompt from its token ids); once the
+ * answer has begun, a streaming client gets an error event and [DONE]. pd_proxy_stop (and SIGINT,
+ * SIGTERM) ends every stream in flight with an error event and [DONE], answers every other request
+ * in flight with a 503, and only then leaves the loop: a client never sees a bare cut. */
 #ifndef PD_PROXY_PROXY_H
 #define PD_PROXY_PROXY_H
 
@@ -26,6 +36,9 @@ struct pd_proxy_opts {
     const char *api_key;                           /* clients must send it; NULL: none */
     const char *backend_api_key;                   /* sent to the instances; NULL: api_key */
     int retries;                                   /* prefill attempts; 0: 3 */
+    int health_interval_ms;                        /* active /health checks; 0: 1000 */
+    const char *metrics_file;                      /* Prometheus text appended to /metrics (pdmoe up's
+                                                      restarts), read at each scrape; NULL: none */
     int handle_signals;
 };
 
@@ -34,6 +47,7 @@ struct pd_proxy;
 int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err *e);
 int pd_proxy_port(const struct pd_proxy *p);
 int pd_proxy_run(struct pd_proxy *p, pd_err *e);
+/* From any thread: the graceful stop above; pd_proxy_run returns once it is done. */
 void pd_proxy_stop(struct pd_proxy *p);
 void pd_proxy_destroy(struct pd_proxy *p);
 

@@ -18,7 +18,7 @@
 #include "util.h"
 
 static char dir[64], logs[64];
-static pid_t pids[4];
+static pid_t pids[5];
 static int n_pids;
 static struct pd_proxy *X;
 static pthread_t tx;
@@ -87,19 +87,25 @@ static void *proxy_loop(void *arg)
     return NULL;
 }
 
-static void start_proxy(const int *prefill, int np, int decode)
+static void start_proxy_n(const int *prefill, int np, const int *decode, int nd)
 {
-    static char hp[3][32];
-    struct pd_proxy_opts o = {.port = 0, .n_prefill = np, .n_decode = 1};
-    for (int i = 0; i < np; i++) {
-        snprintf(hp[i], sizeof hp[i], "127.0.0.1:%d", prefill[i]);
-        o.prefill[i] = hp[i];
+    static char hp[4][32];
+    struct pd_proxy_opts o = {.port = 0, .n_prefill = np, .n_decode = nd};
+    for (int i = 0; i < np + nd; i++) {
+        snprintf(hp[i], sizeof hp[i], "127.0.0.1:%d", i < np ? prefill[i] : decode[i - np]);
+        if (i < np)
+            o.prefill[i] = hp[i];
+        else
+            o.decode[i - np] = hp[i];
     }
-    snprintf(hp[2], sizeof hp[2], "127.0.0.1:%d", decode);
-    o.decode[0] = hp[2];
     pd_err e = {0};
     cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
     pthread_create(&tx, NULL, proxy_loop, X);
+}
+
+static void start_proxy(const int *prefill, int np, int decode)
+{
+    start_proxy_n(prefill, np, &decode, 1);
 }
 
 /* n streaming clients through the proxy, in the background; each writes its body and its status
@@ -230,4 +236,38 @@ Test(fault, a_decode_instance_killed_leaves_leases_that_expire)
     int code = curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"after\",\"max_tokens\":4}", "--max-time 30",
                          out, sizeof out);
     cr_assert(code >= 500 && strstr(out, "\"error\""), "HTTP %d: %s", code, out);
+}
+
+/* Two decode instances, one dead: the proxy sends the requests that meet it to the other one
+ * (nothing had reached their clients yet), then stops sending it any (its /health fails). */
+Test(fault, a_dead_decode_instance_is_routed_around)
+{
+    pid_t p, d1, d2;
+    int pport = spawn("{\"kv_role\":\"kv_producer\",\"engine_id\":\"p\"}", &p);
+    int dports[2];
+    dports[0] = spawn("{\"kv_role\":\"kv_consumer\",\"engine_id\":\"d1\"}", &d1);
+    dports[1] = spawn("{\"kv_role\":\"kv_consumer\",\"engine_id\":\"d2\"}", &d2);
+    start_proxy_n(&pport, 1, dports, 2);
+    kill(d2, SIGKILL);
+    waitpid(d2, NULL, 0);
+    pids[2] = -1;
+    FILE *l = load(24, 8);
+    char sink[64];
+    while (fgets(sink, sizeof sink, l))
+        ;
+    pclose(l);
+    int whole = 0;
+    for (int i = 1; i <= 24; i++)
+        whole += outcome(i);
+    cr_assert_eq(whole, 24, "%d of 24 streams whole with one of two decode instances dead", whole);
+    /* the prefill's leases were all pulled (by the live decode instance), every block is back */
+    for (int i = 0; i < 100 && metric(pport, "pdmoe_kv_leases") > 0; i++)
+        usleep(20000);
+    cr_assert_eq(metric(pport, "pdmoe_kv_leases"), 0);
+    cr_assert_eq(metric(dports[0], "pdmoe_kv_blocks_free"), metric(dports[0], "pdmoe_kv_blocks_total"));
+    char key[128];
+    snprintf(key, sizeof key, "pdmoe_proxy_instance_up{role=\"decode\",instance=\"127.0.0.1:%d\"}", dports[1]);
+    cr_assert_eq(metric_key(pd_proxy_port(X), key), 0);
+    snprintf(key, sizeof key, "pdmoe_proxy_instance_up{role=\"decode\",instance=\"127.0.0.1:%d\"}", dports[0]);
+    cr_assert_eq(metric_key(pd_proxy_port(X), key), 1);
 }

@@ -1,14 +1,21 @@
 /* The PD proxy in front of prefill and decode servers on loopback: the same tokens as a colocated
  * server, streamed and not; a dead prefill instance is retried elsewhere; a dead decode instance
  * gives a 502 with a JSON error, never a 200 with an empty body; 4xx from an instance reach the
- * client unchanged and are not retried. */
+ * client unchanged and are not retried; an instance that does not answer /health is taken out and
+ * back in once it does. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/lsan_interface.h>
+#endif
 
 #include "engine/genmodel.h"
 #include "../tmpmodel.h"
@@ -328,4 +335,100 @@ Test(proxy, a_full_decode_pool_queues_requests_with_correct_tokens)
     cr_assert_eq(curl_port(pd_server_port(D), "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":400}", NULL, out,
                            sizeof out), 400, "%s", out);
     cr_assert(strstr(out, "KV blocks"), "%s", out);
+}
+
+/* A free port on 127.0.0.1 (bound, read, closed). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t n = sizeof a;
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &n), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+Test(proxy, an_instance_is_taken_out_while_its_health_fails_and_back_once_it_answers)
+{
+    int late = free_port();
+    char p1[32], d1[32], d2[32], key[128], out[8192];
+    snprintf(p1, sizeof p1, "127.0.0.1:%d", pd_server_port(P));
+    snprintf(d1, sizeof d1, "127.0.0.1:%d", late);
+    snprintf(d2, sizeof d2, "127.0.0.1:%d", pd_server_port(D));
+    struct pd_proxy_opts o = {.port = 0, .n_prefill = 1, .n_decode = 2, .health_interval_ms = 50};
+    o.prefill[0] = p1;
+    o.decode[0] = d1;
+    o.decode[1] = d2;
+    pd_err e = {0};
+    cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
+    pthread_create(&tx, NULL, proxy_loop, X);
+    snprintf(key, sizeof key, "pdmoe_proxy_instance_up{role=\"decode\",instance=\"%s\"}", d1);
+    int out_of_it = 0;
+    for (int i = 0; i < 100 && !out_of_it; i++) {
+        out_of_it = metric_key(pd_proxy_port(X), key) == 0;
+        if (!out_of_it)
+            usleep(20000);
+    }
+    cr_assert(out_of_it, "nothing listens on %s, yet it is still up after 2 s", d1);
+    /* no request goes to it meanwhile: every one is a 200 at once, none retried */
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", NULL, out,
+                               sizeof out), 200, "%s", out);
+    cr_assert_eq(metric_key(pd_proxy_port(X), "pdmoe_proxy_retries_total"), 0);
+    /* it comes to life: the next check (backoff 0.5 s doubling) takes it back */
+    struct pd_server *L;
+    pthread_t tl;
+    struct pd_server_opts so = {.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 512,
+                                .served_name = "tiny", .role = PD_ROLE_CONSUMER, .port = late};
+    cr_assert_eq(pd_server_create(&so, &L, &e), 0, "%s", e.msg);
+    pthread_create(&tl, NULL, serve, L);
+    int back = 0;
+    for (int i = 0; i < 500 && !back; i++) {
+        back = metric_key(pd_proxy_port(X), key) == 1;
+        if (!back)
+            usleep(20000);
+    }
+    char ej[160];
+    snprintf(ej, sizeof ej, "pdmoe_proxy_instance_ejections_total{role=\"decode\",instance=\"%s\"}", d1);
+    int ejections = (int)metric_key(pd_proxy_port(X), ej);
+    proxy_shutdown(&X, tx);
+    pd_server_stop(L);
+    pthread_join(tl, NULL);
+    pd_server_destroy(L);
+    cr_assert(back, "%s answers /health, yet it is not taken back in 10 s", d1);
+    cr_assert_eq(ejections, 1);
+}
+
+/* Clients that hang up before their answer (in the prefill, or mid-stream) cost the proxy nothing:
+ * under the sanitizers, a request libevent left to the proxy and never freed is a leak at exit. */
+Test(proxy, clients_that_hang_up_leave_nothing_behind)
+{
+    start_proxy(0, 0);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "seq 12 | xargs -P 12 -I{} curl -s -N -m 0.%%d -o /dev/null http://127.0.0.1:%d/v1/completions "
+             "-d '{\"prompt\":\"hang up {}\",\"max_tokens\":400,\"ignore_eos\":true,\"stream\":true}'", pd_proxy_port(X));
+    for (int t = 1; t <= 3; t++) {
+        char c[600];
+        snprintf(c, sizeof c, cmd, t);
+        cr_assert_neq(system(c), -1);
+    }
+    const char *cancelled = "pdmoe_proxy_errors_total{kind=\"client_cancelled\"}";
+    int px = pd_proxy_port(X), settled = 0;
+    for (int i = 0; i < 100 && !settled; i++) {
+        settled = metric_key(px, cancelled) + metric_key(px, "pdmoe_proxy_completed_total") == 36;
+        if (!settled)
+            usleep(20000);
+    }
+    cr_assert(settled, "of 36 requests, %d cancelled and %d completed", (int)metric_key(px, cancelled),
+              (int)metric_key(px, "pdmoe_proxy_completed_total"));
+    cr_assert_gt(metric_key(px, cancelled), 0, "no client hung up before its answer ended");
+    char out[8192];
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", NULL, out,
+                           sizeof out), 200, "%s", out);
+#ifdef __SANITIZE_ADDRESS__
+    proxy_shutdown(&X, tx);
+    cr_assert_eq(__lsan_do_recoverable_leak_check(), 0, "the proxy leaked (LeakSanitizer's report above)");
+#endif
 }

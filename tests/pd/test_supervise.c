@@ -1,0 +1,272 @@
+/* pdmoe up supervises its cluster: a prefill instance SIGKILLed under load costs only the
+ * requests it held (every stream ends whole, or with an error event and [DONE]), is started again
+ * on its ports and serves, its restart counted in the proxy's /metrics and logged; so is a killed
+ * proxy; --api-key guards the proxy and every instance; and Ctrl-C
+ * ends the streams in flight with an error event and [DONE], never a bare cut. */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../tmpmodel.h"
+#include "util.h"
+
+static char dir[64], logs[64];
+static pid_t up_pid;
+
+static void setup(void)
+{
+    tmp_model("v4-tiny", 19, dir, sizeof dir);
+    snprintf(logs, sizeof logs, "/tmp/pdmoe-sup-XXXXXX");
+    cr_assert_not_null(mkdtemp(logs));
+}
+
+static void teardown(void)
+{
+    if (up_pid > 0) {
+        kill(up_pid, SIGINT);
+        waitpid(up_pid, NULL, 0);
+        up_pid = 0;
+    }
+    rm_flat_dir(logs);
+    rm_model(dir);
+}
+
+TestSuite(supervise, .init = setup, .fini = teardown, .timeout = 120);
+
+/* pdmoe up on `port` with 1 prefill and 1 decode instance and the flags in `extra` (NULL-ended,
+ * or NULL); its stderr in logs/up.err. */
+static void start_up(int port, const char *const *extra)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char out[128], err[128];
+    snprintf(out, sizeof out, "%s/up.out", logs);
+    snprintf(err, sizeof err, "%s/up.err", logs);
+    pid_t up = fork();
+    if (up == 0) {
+        char sp[16];
+        snprintf(sp, sizeof sp, "%d", port);
+        freopen(out, "w", stdout);
+        freopen(err, "w", stderr);
+        const char *a[24] = {bin, "up", "--model", dir, "--port", sp, "--max-model-len", "1024"};
+        for (int k = 0; extra && extra[k] && k < 15; k++)
+            a[8 + k] = extra[k];
+        execv(bin, (char *const *)a);
+        _exit(127);
+    }
+    up_pid = up;
+    int ready = 0;
+    for (int i = 0; i < 600 && !ready; i++) {
+        FILE *f = fopen(out, "r");
+        char line[512] = "";
+        if (f) {
+            ready = fgets(line, sizeof line, f) && strstr(line, "Ctrl-C");
+            fclose(f);
+        }
+        if (!ready)
+            usleep(100000);
+    }
+    cr_assert(ready, "pdmoe up did not become ready; see %s", err);
+}
+
+/* The pid of `pdmoe serve|proxy ... --port N` (what: "serve" or "proxy"; `up` has --port too), 0
+ * if none. */
+static pid_t pid_on(const char *what, int port)
+{
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "pgrep -f -- ' %s .*-[-]port %d( |$)'", what, port);
+    FILE *p = popen(cmd, "r");
+    int pid = 0;
+    if (!p || fscanf(p, "%d", &pid) != 1)
+        pid = 0;
+    if (p)
+        pclose(p);
+    return pid;
+}
+
+/* n streaming clients through the proxy on `port`, in the background; each writes its body and
+ * its status to logs/c<i>.{out,code}. */
+static FILE *load(int port, int n, const char *prompt_words, int max_tokens)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "p=$(printf '%s %%.0s' $(seq 30)); "
+             "seq %d | xargs -P %d -I{} sh -c \"curl -s -N --max-time 60 -o %s/c{}.out -w '%%{http_code}' "
+             "http://127.0.0.1:%d/v1/completions -d '{\\\"prompt\\\":\\\"{} '\\\"\\$p\\\"'\\\",\\\"max_tokens\\\":%d,"
+             "\\\"ignore_eos\\\":true,\\\"stream\\\":true,\\\"seed\\\":{}}' > %s/c{}.code\"",
+             prompt_words, n, n, logs, port, max_tokens, logs);
+    return popen(cmd, "r");
+}
+
+static void wait_load(FILE *l)
+{
+    char sink[64];
+    while (fgets(sink, sizeof sink, l))
+        ;
+    pclose(l);
+}
+
+/* Client i's outcome: 1 a whole stream, 0 an error that reached it (a 5xx with a JSON error, or
+ * an error event followed by [DONE]); a stream cut without an error, or without [DONE], fails. */
+static int outcome(int i)
+{
+    char path[128], code[16] = "", body[1 << 16] = "";
+    snprintf(path, sizeof path, "%s/c%d.code", logs, i);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    fgets(code, sizeof code, f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/c%d.out", logs, i);
+    f = fopen(path, "r");
+    size_t n = f ? fread(body, 1, sizeof body - 1, f) : 0;
+    body[n] = 0;
+    if (f)
+        fclose(f);
+    int status = atoi(code);
+    cr_assert(status == 200 || status >= 500, "client %d: HTTP %s: %s", i, code, body);
+    if (status >= 500) {
+        cr_assert(strstr(body, "\"error\""), "client %d: %d without a JSON error: %s", i, status, body);
+        return 0;
+    }
+    size_t len = strlen(body);
+    static const char done[] = "data: [DONE]\n\n";
+    cr_assert(len >= sizeof done - 1 && !strcmp(body + len - (sizeof done - 1), done),
+              "client %d: a stream cut without [DONE] (%zu bytes): ...%s", i, len, body + (len > 300 ? len - 300 : 0));
+    if (strstr(body, "data: {\"error\""))
+        return 0;
+    cr_assert(strstr(body, "\"finish_reason\":\"length\""), "client %d: [DONE] without an error or a finish: %s", i,
+              body);
+    return 1;
+}
+
+static int file_has(const char *path, const char *what)
+{
+    char buf[1 << 15];
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    buf[n] = 0;
+    if (f)
+        fclose(f);
+    return strstr(buf, what) != NULL;
+}
+
+Test(supervise, a_killed_prefill_instance_is_restarted_and_costs_only_its_requests_and_so_is_the_proxy)
+{
+    const int port = 26000 + (getpid() % 300) * 3, P = port + 1;
+    start_up(port, NULL);
+    pid_t victim = pid_on("serve", P);
+    cr_assert_gt(victim, 0, "no process with --port %d", P);
+    FILE *l = load(port, 12, "the tide comes in and the tide goes out", 16);
+    /* kill the prefill instance once it has work: the rest of its share is still in flight */
+    int busy = 0;
+    for (int i = 0; i < 2000 && !busy; i++) {
+        busy = metric_port(P, "pdmoe_requests_total") > 0;
+        if (!busy)
+            usleep(2000);
+    }
+    cr_assert(busy, "the prefill instance never got a request");
+    kill(victim, SIGKILL);
+    wait_load(l);
+    int whole = 0;
+    for (int i = 1; i <= 12; i++)
+        whole += outcome(i);
+    cr_log_info("%d of 12 streams whole after the prefill instance died", whole);
+    /* it comes back on its port, a new process, and the proxy takes it back */
+    char key[128];
+    snprintf(key, sizeof key, "pdmoe_proxy_instance_up{role=\"prefill\",instance=\"127.0.0.1:%d\"}", P);
+    int back = 0;
+    for (int i = 0; i < 300 && !back; i++) {
+        pid_t now = pid_on("serve", P);
+        char h[64];
+        back = now > 0 && now != victim && curl_port(P, "/health", NULL, NULL, h, sizeof h) == 200 &&
+               metric_key(port, key) == 1;
+        if (!back)
+            usleep(100000);
+    }
+    cr_assert(back, "the prefill instance was not restarted and taken back in 30 s");
+    char body[256], out[8192];
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"after\",\"max_tokens\":4}", strrchr(dir, '/') + 1);
+    cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    cr_assert_gt(metric_port(P, "pdmoe_requests_total"), 0, "the restarted instance served nothing");
+    cr_assert_eq(metric_key(port, "pdmoe_restarts_total{role=\"prefill\",instance=\"0\"}"), 1);
+    cr_assert_eq(metric_key(port, "pdmoe_restarts_total{role=\"decode\",instance=\"0\"}"), 0);
+    char err[128];
+    snprintf(err, sizeof err, "%s/up.err", logs);
+    cr_assert(file_has(err, "prefill instance 0 (port") && file_has(err, "was killed by signal 9"),
+              "the death is not in up's log %s", err);
+    /* the proxy too comes back, and still reports the restarts before its own */
+    pid_t px = pid_on("proxy", port);
+    cr_assert_gt(px, 0);
+    kill(px, SIGKILL);
+    int code = 0;
+    for (int i = 0; i < 300 && code != 200; i++) {
+        usleep(100000);
+        code = pid_on("proxy", port) != px ? curl_port(port, "/v1/completions", body, NULL, out, sizeof out) : 0;
+    }
+    cr_assert_eq(code, 200, "no answer from a restarted proxy in 30 s: %s", out);
+    cr_assert_eq(metric_key(port, "pdmoe_restarts_total{role=\"proxy\",instance=\"0\"}"), 1);
+    cr_assert_eq(metric_key(port, "pdmoe_restarts_total{role=\"prefill\",instance=\"0\"}"), 1);
+    cr_assert_eq(waitpid(up_pid, NULL, WNOHANG), 0, "pdmoe up exited");
+}
+
+Test(supervise, ctrl_c_ends_live_streams_with_an_error_and_done)
+{
+    const int port = 27900 + (getpid() % 300) * 3;   /* kv port + 100: clear of the test above */
+    start_up(port, NULL);
+    FILE *l = load(port, 6, "stream", 900);
+    /* every stream has begun */
+    int begun = 0;
+    for (int i = 0; i < 1000 && begun < 6; i++) {
+        begun = 0;
+        for (int c = 1; c <= 6; c++) {
+            char path[128];
+            snprintf(path, sizeof path, "%s/c%d.out", logs, c);
+            begun += file_has(path, "\"text\"");
+        }
+        if (begun < 6)
+            usleep(10000);
+    }
+    cr_assert_eq(begun, 6, "only %d of 6 streams began", begun);
+    kill(up_pid, SIGINT);
+    int status;
+    cr_assert_eq(waitpid(up_pid, &status, 0), up_pid);
+    up_pid = 0;
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "pdmoe up exited with %d", status);
+    wait_load(l);
+    int whole = 0;
+    for (int i = 1; i <= 6; i++)
+        whole += outcome(i);
+    cr_assert_lt(whole, 6, "every stream finished before Ctrl-C: the test stopped nothing in flight");
+    for (int p = port; p <= port + 2; p++)
+        cr_assert_eq(processes_on(p), 0, "a process left behind on port %d", p);
+}
+
+/* --api-key: the proxy and every instance up started refuse a request without the key;
+ * --kv-lease-ms reaches the prefill instance. */
+Test(supervise, api_key_protects_the_proxy_and_every_instance_and_the_lease_is_set)
+{
+    const int port = 28900 + (getpid() % 300) * 3;   /* its kv port + 100: clear of the tests above */
+    const char *flags[] = {"--api-key", "s3cret-key", "--kv-lease-ms", "800", NULL};
+    start_up(port, flags);
+    char out[8192];
+    const char *body = "{\"prompt\":\"hi\",\"max_tokens\":2}";
+    for (int p = port; p <= port + 2; p++) {
+        cr_assert_eq(curl_port(p, "/v1/completions", body, NULL, out, sizeof out), 401, "port %d: %s", p, out);
+        cr_assert(strstr(out, "API key"), "port %d: %s", p, out);
+        cr_assert_eq(curl_port(p, "/v1/completions", body, "-H 'Authorization: Bearer s3cret-kez'", out, sizeof out),
+                     401, "port %d: %s", p, out);
+    }
+    for (int p = port + 1; p <= port + 2; p++)
+        cr_assert_eq(curl_port(p, "/v1/models", NULL, "-H 'Authorization: Bearer s3cret-key'", out, sizeof out), 200,
+                     "port %d: %s", p, out);
+    /* a prefill for a decode instance that never pulls: its lease ends after 0.8 s, not 30 s */
+    cr_assert_eq(curl_port(port + 1, "/v1/completions", "{\"prompt\":\"held\",\"max_tokens\":1,"
+                           "\"kv_transfer_params\":{\"do_remote_decode\":true}}", "-H 'Authorization: Bearer s3cret-key'",
+                           out, sizeof out), 200, "%s", out);
+    cr_assert_eq(metric_port(port + 1, "pdmoe_kv_leases"), 1);
+    usleep(2000000);
+    cr_assert_eq(metric_port(port + 1, "pdmoe_kv_leases"), 0);
+}
