@@ -262,6 +262,9 @@ Test(supervise, api_key_protects_the_proxy_and_every_instance_and_the_lease_is_s
     for (int p = port + 1; p <= port + 2; p++)
         cr_assert_eq(curl_port(p, "/v1/models", NULL, "-H 'Authorization: Bearer s3cret-key'", out, sizeof out), 200,
                      "port %d: %s", p, out);
+    /* the whole key through the proxy, which passes it on to both instances */
+    cr_assert_eq(curl_port(port, "/v1/completions", body, "-H 'Authorization: Bearer s3cret-key'", out, sizeof out), 200,
+                 "through the proxy: %s", out);
     /* a prefill for a decode instance that never pulls: its lease ends after 0.8 s, not 30 s */
     cr_assert_eq(curl_port(port + 1, "/v1/completions", "{\"prompt\":\"held\",\"max_tokens\":1,"
                            "\"kv_transfer_params\":{\"do_remote_decode\":true}}", "-H 'Authorization: Bearer s3cret-key'",
