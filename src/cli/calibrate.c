@@ -57,8 +57,8 @@ static json_t *hardware_json(const char *cpu, int threads, int cards, double mem
                        "%.1f%%; decode of 1-16 sequences at 64 and 512 cached tokens: rms error %.1f%%)", tag, model,
                        100 * f[0].rms_rel, 100 * f[1].rms_rel);
     if (fr)
-        snprintf(s_fit + len, sizeof s_fit - (size_t)len, ", each step's fastest of %d rounds; the rounds fitted alone "
-                 "range over prefill %.3f-%.3f ms per step, %.2f-%.2f us per token and layer, attention %.3f-%.3f; "
+        snprintf(s_fit + len, sizeof s_fit - (size_t)len, ", each step's fastest of %d rounds; with each round left out in "
+                 "turn the fit ranges over prefill %.3f-%.3f ms per step, %.2f-%.2f us per token and layer, attention %.3f-%.3f; "
                  "decode %.3f-%.3f ms, %.2f-%.2f us, memory %.3f-%.3f", fr[0].rounds, fr[0].lo.step_s * 1e3,
                  fr[0].hi.step_s * 1e3, fr[0].lo.token_layer_s * 1e6, fr[0].hi.token_layer_s * 1e6, fr[0].lo.attention,
                  fr[0].hi.attention, fr[1].lo.step_s * 1e3, fr[1].hi.step_s * 1e3, fr[1].lo.token_layer_s * 1e6,
@@ -454,7 +454,8 @@ int pd_cli_calibrate(int argc, char **argv)
             m.bw / 1e9, m.vnni_peak / 1e9, m.gemv_bw / m.bw, m.gemm_ops / m.vnni_peak);
     fprintf(stderr, "  UCX hand-off %.2f GB/s, %.1f us fixed\n", ucx_bw / 1e9, ucx_lat * 1e6);
     fprintf(stderr, "  steps in %d rounds (prefill %d and decode %d not slowed by other work); each fit on the fastest "
-            "time of every step, its range over the rounds fitted alone:\n", rounds, fr[0].kept, fr[1].kept);
+            "time of every step, in brackets its range with each round left out in turn:\n", rounds, fr[0].kept,
+            fr[1].kept);
     for (int r = 0; r < 2; r++) {
         const struct pd_calib_rounds *x = &fr[r];
         double v = r ? f[r].memory : f[r].attention, lo = r ? x->lo.memory : x->lo.attention,

@@ -173,7 +173,8 @@ int pd_calib_fit_rounds(const struct pd_plan *p, struct pd_calib_point *pts, int
     int rc = pd_calib_fit(p, pts, n, attention, &r->fit, e);
     if (rc)
         return rc;
-    /* each kept round on its own: the range of every factor, and of the times it predicts */
+    /* leave each kept round out in turn (a jackknife): the fit on the other rounds' fastest times
+     * gives the range of every factor, and of the times it predicts */
     struct pd_calib_point own[64];
     double pred_lo[64], pred_hi[64];
     for (int k = 0; k < rounds && k < 64; k++) {
@@ -181,7 +182,10 @@ int pd_calib_fit_rounds(const struct pd_plan *p, struct pd_calib_point *pts, int
             continue;
         for (int i = 0; i < n; i++) {
             own[i] = pts[i];
-            own[i].measured_s = t[k * n + i];
+            own[i].measured_s = INFINITY;
+            for (int j = 0; j < rounds; j++)
+                if (j != k)
+                    own[i].measured_s = fmin(own[i].measured_s, t[j * n + i]);
         }
         struct pd_calib_fit f;
         pd_err ignore;

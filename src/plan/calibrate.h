@@ -41,14 +41,15 @@ int pd_calib_fit(const struct pd_plan *p, struct pd_calib_point *pts, int n, dou
  * every point once, so a burst of load slows a round, not one point's every sample).
  *   - A round whose median slowdown over each point's fastest time exceeds PD_CALIB_BUSY is a
  *     busy round and is left out; the fit is made on each point's fastest time over the rounds
- *     kept (load only ever adds time), and each kept round is also fitted on its own.
+ *     (load only ever adds time), and again with each kept round left out in turn (a
+ *     jackknife: does any one round carry the fit?).
  *   - How well the data determine the model: `spread`, the largest share of a step's measured
- *     time by which the kept rounds' own fits disagree on that step's time. Above
+ *     time by which those leave-one-out fits disagree on that step's time. Above
  *     PD_CALIB_DETERMINED the fit is undetermined, and bit k of `undetermined` names the factors
  *     whose own range moves some step by more than that (moved[k]; k: 0 per-step cost, 1
  *     per-token cost, 2 the role's factor), all three if none does alone. Factors that trade
  *     against each other while the times they predict agree leave the fit determined.
- * Fewer than 2 kept rounds, or kept rounds none of which can be fitted, leave everything
+ * Fewer than 2 kept rounds, or fewer than 2 leave-one-out fits, leave everything
  * undetermined, and so does a fit on the fastest times whose rms error exceeds PD_CALIB_MAX_RMS
  * (the model does not describe those steps). Fills pts[i].measured_s with the fastest time and
  * pts[i].fitted_s. */
@@ -57,8 +58,8 @@ int pd_calib_fit(const struct pd_plan *p, struct pd_calib_point *pts, int n, dou
 #define PD_CALIB_MAX_RMS 0.20
 struct pd_calib_rounds {
     struct pd_calib_fit fit;      /* on the fastest times */
-    struct pd_calib_fit lo, hi;   /* each factor's range over the kept rounds' own fits */
-    int rounds, kept, fitted;     /* rounds measured, not busy, and fitted on their own */
+    struct pd_calib_fit lo, hi;   /* each factor's range over the leave-one-out fits */
+    int rounds, kept, fitted;     /* rounds measured, not busy, and leave-one-out fits made */
     double slowest;               /* the largest median slowdown of a kept round, e.g. 1.04 */
     double spread;
     double moved[3];
