@@ -23,9 +23,9 @@ int pd_cli_proxy(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"prefill", 1, 0, 'p'}, {"decode", 1, 0, 'd'}, {"host", 1, 0, 'H'}, {"port", 1, 0, 'P'},
-        {"api-key", 1, 0, 'k'}, {"retries", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"api-key", 1, 0, 'k'}, {"retries", 1, 0, 'r'}, {"help", 0, 0, 'h'}, PD_CLI_HTTP_OPTIONS, {0, 0, 0, 0},
     };
-    struct pd_proxy_opts o = {.port = 8000, .handle_signals = 1};
+    struct pd_proxy_opts o = {.port = 8000, .handle_signals = 1, .http = {.log = pd_cli_log, .log_arg = "proxy"}};
     static char plist[4096], dlist[4096];
     int64_t v;
     int c;
@@ -50,11 +50,18 @@ int pd_cli_proxy(int argc, char **argv)
         case 'h':
             printf("usage: pdmoe proxy --prefill host:port[,host:port...] --decode host:port[,...] [--port 8000]\n"
                    "       [--host 127.0.0.1] [--api-key KEY] [--retries 3]\n"
-                   "Without --prefill, the --decode instances are colocated servers and the proxy balances them.\n");
+                   "%s"
+                   "Without --prefill, the --decode instances are colocated servers and the proxy balances them.\n",
+                   pd_cli_http_help);
             return 0;
-        default:
-            fprintf(stderr, "pdmoe proxy: unknown option or missing value: %s\n", argv[optind - 1]);
+        default: {
+            int r = pd_cli_http_flag(c, optarg, &o.http);
+            if (r > 0)
+                break;
+            if (r == 0)
+                fprintf(stderr, "pdmoe proxy: unknown option or missing value: %s\n", argv[optind - 1]);
             return 2;
+        }
         }
     }
     struct pd_proxy *px;

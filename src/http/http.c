@@ -9,19 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int pd_http_listen(struct evhttp *http, const char *host, int port, int *bound, pd_err *e)
-{
-    struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(http, host, (uint16_t)port);
-    if (!bs)
-        return pd_err_set(e, PD_EIO, "cannot listen on %s:%d", host, port);
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl);
-    *bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                            : ((struct sockaddr_in *)&ss)->sin_port);
-    return 0;
-}
-
 const char *pd_http_reason(int code)
 {
     switch (code) {

@@ -13,6 +13,7 @@
 #define PD_PROXY_PROXY_H
 
 #include "core/err.h"
+#include "http/front.h"
 
 #define PD_PROXY_MAX_INSTANCES 32
 
@@ -26,6 +27,7 @@ struct pd_proxy_opts {
     const char *api_key;
     int retries;                                   /* prefill attempts; 0: 3 */
     int handle_signals;
+    struct pd_http_limits http;                    /* client connections: cap, timeouts, sizes (0: defaults) */
 };
 
 struct pd_proxy;
