@@ -25,9 +25,14 @@ const char *pd_http_reason(int code)
 
 void pd_http_json(struct evhttp_request *h, int code, json_t *j)
 {
-    char *txt = json_dumps(j, JSON_COMPACT);
+    char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (!txt) {
+        code = 500;
+        txt = strdup("{\"error\":{\"message\":\"the answer could not be built (out of memory)\",\"type\":\"server_error\","
+                     "\"param\":null,\"code\":null}}");
+    }
     struct evbuffer *b = evbuffer_new();
-    evbuffer_add(b, txt, strlen(txt));
+    evbuffer_add(b, txt ? txt : "", txt ? strlen(txt) : 0);
     evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Type", "application/json");
     evhttp_send_reply(h, code, pd_http_reason(code), b);
     evbuffer_free(b);
@@ -42,6 +47,14 @@ void pd_http_error(struct evhttp_request *h, int code, const char *type, const c
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* a message quoting the client's bytes (a path, a value) may not be UTF-8, which JSON needs,
+     * or may be cut inside a character */
+    json_t *valid = json_string(msg);
+    if (!valid)
+        for (char *c = msg; *c; c++)
+            if ((unsigned char)*c >= 0x80)
+                *c = '?';
+    json_decref(valid);
     pd_http_json(h, code, json_pack("{s:{s:s,s:s,s:s?,s:n}}", "error", "message", msg, "type", type, "param", param, "code"));
 }
 

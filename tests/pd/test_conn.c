@@ -116,6 +116,7 @@ static double read_until_close(int fd, double limit, char *out, size_t cap)
 {
     double t0 = pd_now_s();
     size_t n = 0;
+    out[0] = 0;
     for (;;) {
         double left = limit - (pd_now_s() - t0);
         if (left <= 0)
@@ -130,6 +131,7 @@ static double read_until_close(int fd, double limit, char *out, size_t cap)
         size_t k = (size_t)r < cap - 1 - n ? (size_t)r : cap - 1 - n;
         memcpy(out + n, buf, k);
         n += k;
+        out[n] = 0;
     }
     out[n] = 0;
     return pd_now_s() - t0;
@@ -417,6 +419,9 @@ static void refusals(int port)
     cr_assert_eq(raw_request(port, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n",
                              body, sizeof body), 413);
     assert_json_error(body, "over 4096 bytes");
+    /* a path that is not UTF-8, quoted in the error */
+    cr_assert_eq(raw_request(port, "GET /nowher\x9b\xc9x=%zz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", body, sizeof body), 404);
+    assert_json_error(body, "no route /nowher??x=%zz");
     /* and the server still answers */
     cr_assert_eq(curl_port(port, "/health", NULL, NULL, body, sizeof body), 200);
 }
