@@ -9,9 +9,11 @@
 #define _GNU_SOURCE
 #include "http/front.h"
 #include "core/timing.h"
+#include "http/http.h"
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/http_struct.h>
 #include <event2/listener.h>
 #include <event2/util.h>
 #include <errno.h>
@@ -326,11 +328,10 @@ static void on_fix(evutil_socket_t fd, short what, void *arg)
     if (c->state == BUSY || c->fixed)
         return;
     struct evbuffer *out = bufferevent_get_output(c->bev);
-    char head[13] = {0};
-    if (evbuffer_copyout(out, head, 12) != 12 || memcmp(head, "HTTP/1.", 7))
-        return;
-    int code = atoi(head + 9);
-    if (code < 400)
+    char head[32] = {0};
+    int code = 0;
+    /* the status line echoes the request's version, whatever it was */
+    if (evbuffer_copyout(out, head, sizeof head - 1) < 12 || sscanf(head, "HTTP/%*d.%*d %d", &code) != 1 || code < 400)
         return;   /* 100 Continue */
     const struct pd_http_limits *l = &c->f->lim;
     char msg[256];
@@ -501,6 +502,14 @@ static void on_route(struct evhttp_request *h, void *arg)
     if (c) {
         arm(c, BUSY);
         evhttp_request_set_on_complete_cb(h, on_reply_done, c);
+    }
+    if (h->major != 1 || (h->minor != 0 && h->minor != 1)) {
+        /* libevent 2.1 takes HTTP/0.x and HTTP/1.x of any minor, and echoes it in the status line */
+        h->major = 1;
+        h->minor = 1;
+        evhttp_add_header(evhttp_request_get_output_headers(h), "Connection", "close");
+        pd_http_error(h, 505, "invalid_request_error", NULL, "HTTP version not supported: HTTP/1.0 or HTTP/1.1 only");
+        return;
     }
     r->cb(h, r->arg);
 }

@@ -419,6 +419,10 @@ static void refusals(int port)
     cr_assert_eq(raw_request(port, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n",
                              body, sizeof body), 413);
     assert_json_error(body, "over 4096 bytes");
+    /* versions libevent parses but HTTP/1.x does not know */
+    cr_assert_eq(raw_request(port, "GET /health HTTP/0.1\r\nHost: x\r\n\r\n", body, sizeof body), 505);
+    assert_json_error(body, "HTTP/1.0 or HTTP/1.1 only");
+    cr_assert_eq(raw_request(port, "GET /health HTTP/1.7\r\nHost: x\r\n\r\n", body, sizeof body), 505);
     /* a path that is not UTF-8, quoted in the error */
     cr_assert_eq(raw_request(port, "GET /nowher\x9b\xc9x=%zz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", body, sizeof body), 404);
     assert_json_error(body, "no route /nowher??x=%zz");
