@@ -1193,7 +1193,8 @@ static size_t take_utf8(struct pd_server *s, struct req *r, int n, int final, ch
             i += 1;
         }
     }
-    memmove(r->text, r->text + i, r->text_len - i);
+    if (i)   /* r->text is still NULL when no token had bytes */
+        memmove(r->text, r->text + i, r->text_len - i);
     r->text_len -= i;
     out[o] = 0;
     return o;
