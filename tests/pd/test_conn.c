@@ -6,6 +6,7 @@
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -162,20 +163,34 @@ static void assert_json_error(const char *body, const char *want)
     json_decref(j);
 }
 
-/* utime + stime of a process, in clock ticks */
-static long cpu_ticks(pid_t pid)
+/* utime + stime of a process from its open /proc/PID/stat, in clock ticks */
+static long cpu_ticks_fd(int fd)
 {
-    char path[64], buf[2048];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f);
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
+    char buf[2048];
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    cr_assert_gt(n, 0);
     buf[n] = 0;
     char *p = strrchr(buf, ')');   /* the command name may hold spaces */
     long ut = 0, st = 0;
     cr_assert_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &ut, &st), 2);
     return ut + st;
+}
+
+static int stat_fd(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY);
+    cr_assert_geq(fd, 0);
+    return fd;
+}
+
+static long cpu_ticks(pid_t pid)
+{
+    int fd = stat_fd(pid);
+    long t = cpu_ticks_fd(fd);
+    close(fd);
+    return t;
 }
 
 /* `pdmoe ARGS... --port 0` under an open-file limit of nofile; the port it prints. */
@@ -440,4 +455,67 @@ Test(conn, proxy_oversized_and_malformed_requests_get_json_errors)
 {
     struct pd_http_limits l = {.max_body_bytes = 4096, .max_header_bytes = 2048}, open = {0};
     refusals(start_proxy(&l, start_server(&open)));
+}
+
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static int log_lines;
+static char last_log[512];
+
+static void count_log(void *arg, const char *line)
+{
+    pthread_mutex_lock(&log_mu);
+    log_lines++;
+    snprintf(last_log, sizeof last_log, "%s", line);
+    pthread_mutex_unlock(&log_mu);
+}
+
+static int open_fds(void)
+{
+    FILE *p = popen("ls /proc/self/fd | wc -l", "r");
+    int n = 0;
+    cr_assert(p && fscanf(p, "%d", &n) == 1);
+    pclose(p);
+    return n;
+}
+
+/* Descriptors run out below the connection cap (the cap was set under a higher limit): accept()
+ * fails with EMFILE and the server pauses instead of retrying at once (libevent's listener alone
+ * spins at 100% CPU), says so once, and serves again once descriptors are free. */
+Test(conn, out_of_descriptors_pauses_accept_without_spinning_and_logs_once)
+{
+    struct pd_http_limits l = {.max_connections = 900, .log = count_log};
+    int port = start_server(&l);
+    int self = stat_fd(getpid());
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = (rlim_t)open_fds() + 24;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    int fds[64], n = 0;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    /* clients until this process has no descriptor left; the last ones wait in the backlog */
+    while (n < 64) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0)
+            break;
+        cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+        fds[n++] = fd;
+        usleep(5000);
+    }
+    cr_assert_lt(n, 64, "the descriptor limit was never reached");
+    usleep(300000);
+    long t0 = cpu_ticks_fd(self);
+    usleep(1000000);
+    long used = cpu_ticks_fd(self) - t0;
+    cr_assert_leq(used, sysconf(_SC_CLK_TCK) / 10, "%ld ticks of CPU in one second out of descriptors", used);
+    pthread_mutex_lock(&log_mu);
+    int lines = log_lines;
+    pthread_mutex_unlock(&log_mu);
+    cr_assert_eq(lines, 1, "%d log lines for one episode (%s)", lines, last_log);
+    cr_assert(strstr(last_log, "Too many open files"), "%s", last_log);
+    for (int i = 0; i < n; i++)
+        close(fds[i]);
+    close(self);
+    char body[4096];
+    cr_assert_eq(raw_request(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", body, sizeof body), 200);
 }
