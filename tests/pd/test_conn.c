@@ -519,3 +519,29 @@ Test(conn, out_of_descriptors_pauses_accept_without_spinning_and_logs_once)
     char body[4096];
     cr_assert_eq(raw_request(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", body, sizeof body), 200);
 }
+
+/* The flags are in both commands' --help, and a bad value is refused naming the flag. */
+Test(conn, serve_and_proxy_flags_are_documented_and_checked)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    static const char *const cmds[] = {"serve", "proxy"};
+    for (int k = 0; k < 2; k++) {
+        char cmd[512], out[8192];
+        snprintf(cmd, sizeof cmd, "%s %s --help 2>&1", bin, cmds[k]);
+        FILE *p = popen(cmd, "r");
+        size_t n = fread(out, 1, sizeof out - 1, p);
+        out[n] = 0;
+        cr_assert_eq(pclose(p), 0);
+        static const char *const flags[] = {"--max-connections", "--idle-timeout", "--header-timeout", "--body-timeout",
+                                            "--max-header-bytes", "--max-body-bytes"};
+        for (int i = 0; i < 6; i++)
+            cr_assert(strstr(out, flags[i]), "%s --help does not mention %s", cmds[k], flags[i]);
+        snprintf(cmd, sizeof cmd, "%s %s --header-timeout 0 --model %s --decode 127.0.0.1:1 2>&1", bin, cmds[k], dir);
+        p = popen(cmd, "r");
+        n = fread(out, 1, sizeof out - 1, p);
+        out[n] = 0;
+        int st = pclose(p);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "%s: %s", cmds[k], out);
+        cr_assert(strstr(out, "--header-timeout 0: expected seconds"), "%s", out);
+    }
+}
