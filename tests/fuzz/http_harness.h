@@ -34,7 +34,7 @@
         } \
     } while (0)
 
-#define HANG_S 10.0
+#define HANG_S 5.0   /* under make fuzz's -timeout=10 */
 
 /* small deadlines: an input that is not a whole request is closed within 50 ms */
 static const struct pd_http_limits fuzz_limits = {.max_connections = 64, .idle_timeout_ms = 50,
