@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +47,7 @@ struct conn {
     int line_start;                           /* header scan: the last byte ended a line */
     int fix_pending, fixed;                   /* libevent's own error page to rewrite */
     double since;                             /* when the state began */
+    double progress;                          /* BUSY: when the answer last reached the socket */
     struct event *timer, *fix;
     struct evbuffer_cb_entry *in_cb, *out_cb;
     void (*closecb)(struct evhttp_connection *, void *);
@@ -256,13 +258,11 @@ static void arm(struct conn *c, enum conn_state s)
     const struct pd_http_limits *l = &c->f->lim;
     c->state = s;
     c->since = pd_now_s();
-    int ms = s == WAIT ? l->idle_timeout_ms : s == HEAD ? l->header_timeout_ms : s == BODY ? l->body_timeout_ms : 0;
-    if (ms) {
-        struct timeval tv = ms_tv(ms);
-        evtimer_add(c->timer, &tv);
-    } else {
-        evtimer_del(c->timer);
-    }
+    c->progress = c->since;
+    /* BUSY: a check of the answer's progress every idle timeout */
+    int ms = s == HEAD ? l->header_timeout_ms : s == BODY ? l->body_timeout_ms : l->idle_timeout_ms;
+    struct timeval tv = ms_tv(ms);
+    evtimer_add(c->timer, &tv);
 }
 
 /* Request bytes from offset `from`: the first empty line ends the headers (evhttp accepts CRLF
@@ -313,6 +313,8 @@ static void on_input(struct evbuffer *b, const struct evbuffer_cb_info *info, vo
 static void on_output(struct evbuffer *b, const struct evbuffer_cb_info *info, void *arg)
 {
     struct conn *c = arg;
+    if (info->n_deleted)
+        c->progress = pd_now_s();
     if (info->n_added && c->state != BUSY && !c->fixed && !c->fix_pending) {
         c->fix_pending = 1;
         event_active(c->fix, EV_TIMEOUT, 0);
@@ -390,11 +392,32 @@ static void on_close(struct evhttp_connection *evcon, void *arg)
     conn_drop(c);
 }
 
+/* The socket's send buffer has room (the client reads what it is sent). */
+static int writable(int fd)
+{
+    struct pollfd p = {fd, POLLOUT, 0};
+    return poll(&p, 1, 0) == 1 && (p.revents & POLLOUT);
+}
+
+/* A deadline: a request not whole in time, an idle connection, or an answer its client has not
+ * read for the idle timeout (the send buffer full, nothing written since). A busy loop may have
+ * written nothing lately for its own reasons, hence the look at the socket rather than a write
+ * timeout on the bufferevent (libevent fires those even when the socket is writable). */
 static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     struct conn *c = arg;
-    if (c->state == BUSY || !c->evcon)
+    if (!c->evcon)
         return;
+    if (c->state == BUSY) {
+        const struct pd_http_limits *l = &c->f->lim;
+        int stalled = evbuffer_get_length(bufferevent_get_output(c->bev)) > 0 &&
+                      pd_now_s() - c->progress >= l->idle_timeout_ms / 1000.0 && !writable(c->fd);
+        if (!stalled) {
+            struct timeval tv = ms_tv(l->idle_timeout_ms);
+            evtimer_add(c->timer, &tv);
+            return;
+        }
+    }
     c->f->st.timed_out++;
     evhttp_connection_free(c->evcon);   /* on_close drops c */
 }
@@ -422,9 +445,6 @@ static struct bufferevent *on_bev(struct event_base *base, void *arg)
     bufferevent_incref(bev);   /* until on_attach has seen evhttp take it */
     c->in_cb = evbuffer_add_cb(bufferevent_get_input(bev), on_input, c);
     c->out_cb = evbuffer_add_cb(bufferevent_get_output(bev), on_output, c);
-    /* a reply its client does not read; reading has its own deadlines (arm) */
-    struct timeval wt = ms_tv(f->lim.idle_timeout_ms);
-    bufferevent_set_timeouts(bev, NULL, &wt);
     c->next = f->conns;
     if (f->conns)
         f->conns->prev = c;

@@ -358,10 +358,10 @@ static void long_answers(int port)
     cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 4000);
     json_decref(j);
     /* the property is only shown if the answers outlast the timeouts */
-    cr_assert(ts > 0.3 && tp > 0.3, "answers took %.2f s and %.2f s, not 3 times the 0.1 s timeouts", ts, tp);
+    cr_assert(ts > 0.15 && tp > 0.15, "answers took %.2f s and %.2f s, not 3 times the 50 ms timeouts", ts, tp);
 }
 
-static const struct pd_http_limits quicker = {.idle_timeout_ms = 100, .header_timeout_ms = 100, .body_timeout_ms = 100};
+static const struct pd_http_limits quicker = {.idle_timeout_ms = 50, .header_timeout_ms = 50, .body_timeout_ms = 50};
 
 Test(conn, a_long_stream_and_a_long_generation_outlive_the_timeouts)
 {
