@@ -240,11 +240,24 @@ static int check_response(struct answer *a, size_t *at, int final)
 /* Sends the input to port and checks what comes back (see the top of this file). */
 static void fuzz_exchange(int port, const uint8_t *data, size_t size)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    CHECK(fd >= 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    int fd = -1;
+    /* this process makes thousands of loopback connections a minute: a local port may be short */
+    for (int tries = 0; fd < 0; tries++) {
+        fd = socket(AF_INET, SOCK_STREAM, 0);
+        CHECK(fd >= 0);
+        if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0)
+            break;
+        int err = errno;
+        close(fd);
+        fd = -1;
+        if ((err != EADDRNOTAVAIL && err != EINTR && err != EAGAIN) || tries == 100) {
+            fprintf(stderr, "harness: connect to port %d: %s\n", port, strerror(err));
+            abort();
+        }
+        usleep(10000);
+    }
     struct answer a = {0};
     size_t sent = 0, at = 0;
     double t0 = pd_now_s();
