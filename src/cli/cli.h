@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 
+#include "http/front.h"
 #include "plan/perf.h"
 #include "plan/plan.h"
 
@@ -39,5 +40,19 @@ int pd_cli_write_file(const char *cmd, const char *flag, const char *path, const
  * kv-bytes-per-token, mtp, expert-stats(-prefill|-decode), units. Workload flags: isl, osl, request-rate, prefix-cache-hit. */
 int pd_cli_model_flag(const char *name, const char *val, struct pd_plan_opts *o, int *units);
 int pd_cli_workload_flag(const char *name, const char *val, struct pd_workload *w);
+
+/* The connection flags of `serve` and `proxy` (--max-connections, --idle-timeout, --header-timeout,
+ * --body-timeout, --max-header-bytes, --max-body-bytes): PD_CLI_HTTP_OPTIONS goes in a getopt_long
+ * table, pd_cli_http_flag(opt, optarg, limits) applies one (1), says it is not one of them (0) or
+ * prints why its value is wrong (-1); pd_cli_http_help is their --help lines. */
+enum { PD_CLI_OPT_HTTP = 1000 };
+#define PD_CLI_HTTP_OPTIONS \
+    {"max-connections", 1, 0, PD_CLI_OPT_HTTP + 0}, {"idle-timeout", 1, 0, PD_CLI_OPT_HTTP + 1}, \
+    {"header-timeout", 1, 0, PD_CLI_OPT_HTTP + 2}, {"body-timeout", 1, 0, PD_CLI_OPT_HTTP + 3}, \
+    {"max-header-bytes", 1, 0, PD_CLI_OPT_HTTP + 4}, {"max-body-bytes", 1, 0, PD_CLI_OPT_HTTP + 5}
+int pd_cli_http_flag(int opt, const char *val, struct pd_http_limits *l);
+extern const char pd_cli_http_help[];
+/* A pd_http_limits log callback: "pdmoe CMD: line" on stderr, cmd being the subcommand's name. */
+void pd_cli_log(void *cmd, const char *line);
 
 #endif

@@ -24,9 +24,10 @@ int pd_cli_proxy(int argc, char **argv)
     static const struct option opts[] = {
         {"metrics-file", 1, 0, 'M'}, {"health-interval-ms", 1, 0, 'i'},
         {"prefill", 1, 0, 'p'}, {"decode", 1, 0, 'd'}, {"host", 1, 0, 'H'}, {"port", 1, 0, 'P'},
-        {"api-key", 1, 0, 'k'}, {"backend-api-key", 1, 0, 'b'}, {"retries", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"api-key", 1, 0, 'k'}, {"backend-api-key", 1, 0, 'b'}, {"retries", 1, 0, 'r'}, {"help", 0, 0, 'h'},
+        PD_CLI_HTTP_OPTIONS, {0, 0, 0, 0},
     };
-    struct pd_proxy_opts o = {.port = 8000, .handle_signals = 1};
+    struct pd_proxy_opts o = {.port = 8000, .handle_signals = 1, .http = {.log = pd_cli_log, .log_arg = "proxy"}};
     static char plist[4096], dlist[4096];
     int64_t v;
     int c;
@@ -67,15 +68,22 @@ int pd_cli_proxy(int argc, char **argv)
             printf("usage: pdmoe proxy --prefill host:port[,host:port...] --decode host:port[,...] [--port 8000]\n"
                    "       [--host 127.0.0.1] [--api-key KEY] [--backend-api-key KEY]\n"
                    "       [--retries 3]\n"
+                   "%s"
                    "The instances are sent --backend-api-key, or --api-key without it.\n"
-                   "Without --prefill, the --decode instances are colocated servers and the proxy balances them.\n");
+                   "Without --prefill, the --decode instances are colocated servers and the proxy balances them.\n",
+                   pd_cli_http_help);
             printf("--health-interval-ms 1000: how often each instance's /health is checked; a failed one gets no\n"
                    "requests until it answers again. --metrics-file FILE: Prometheus text added to /metrics (pdmoe up's\n"
                    "restart counts).\n");
             return 0;
-        default:
-            fprintf(stderr, "pdmoe proxy: unknown option or missing value: %s\n", argv[optind - 1]);
+        default: {
+            int r = pd_cli_http_flag(c, optarg, &o.http);
+            if (r > 0)
+                break;
+            if (r == 0)
+                fprintf(stderr, "pdmoe proxy: unknown option or missing value: %s\n", argv[optind - 1]);
             return 2;
+        }
         }
     }
     struct pd_proxy *px;

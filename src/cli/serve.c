@@ -65,10 +65,10 @@ int pd_cli_serve(int argc, char **argv)
         {"max-num-batched-tokens", 1, 0, 'b'}, {"max-model-len", 1, 0, 'l'}, {"threads", 1, 0, 'j'},
         {"served-model-name", 1, 0, 'n'}, {"api-key", 1, 0, 'k'}, {"role", 1, 0, 'r'},
         {"kv-transfer-config", 1, 0, 'K'}, {"kv-cache-bytes", 1, 0, 'B'}, {"enable-expert-parallel", 0, 0, 'E'},
-        {"data-parallel-size", 1, 0, 'd'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"data-parallel-size", 1, 0, 'd'}, {"help", 0, 0, 'h'}, PD_CLI_HTTP_OPTIONS, {0, 0, 0, 0},
     };
     int64_t dp = 0;
-    struct pd_server_opts o = {.port = 8000, .handle_signals = 1};
+    struct pd_server_opts o = {.port = 8000, .handle_signals = 1, .http = {.log = pd_cli_log, .log_arg = "serve"}};
     int64_t v;
     json_t *kvc = NULL;
     static char engine_id[64];
@@ -161,12 +161,19 @@ int pd_cli_serve(int argc, char **argv)
                    "       [--kv-transfer-config '{\"kv_role\":\"kv_producer\",\"kv_port\":N,\"engine_id\":\"p0\"}']\n"
                    "         (also \"kv_lease_ms\": how long a producer holds a KV nobody pulls, default 30000;\n"
                    "          \"kv_timeout_ms\": how long a pull may take before the prompt is recomputed)\n"
+                   "%s"
                    "OpenAI-compatible: /v1/completions, /v1/chat/completions (stream or not), /v1/models,\n"
-                   "/health, /metrics. Binds 127.0.0.1 unless --host says otherwise. Ctrl-C stops it.\n");
+                   "/health, /metrics. Binds 127.0.0.1 unless --host says otherwise. Ctrl-C stops it.\n",
+                   pd_cli_http_help);
             return 0;
-        default:
-            fprintf(stderr, "pdmoe serve: unknown option or missing value: %s\n", argv[optind - 1]);
+        default: {
+            int r = pd_cli_http_flag(c, optarg, &o.http);
+            if (r > 0)
+                break;
+            if (r == 0)
+                fprintf(stderr, "pdmoe serve: unknown option or missing value: %s\n", argv[optind - 1]);
             return 2;
+        }
         }
     }
     if (!o.model_dir) {

@@ -9,19 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int pd_http_listen(struct evhttp *http, const char *host, int port, int *bound, pd_err *e)
-{
-    struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(http, host, (uint16_t)port);
-    if (!bs)
-        return pd_err_set(e, PD_EIO, "cannot listen on %s:%d", host, port);
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl);
-    *bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                            : ((struct sockaddr_in *)&ss)->sin_port);
-    return 0;
-}
-
 const char *pd_http_reason(int code)
 {
     switch (code) {
@@ -63,6 +50,14 @@ void pd_http_error(struct evhttp_request *h, int code, const char *type, const c
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* a message quoting the client's bytes (a path, a value) may not be UTF-8, which JSON needs,
+     * or may be cut inside a character */
+    json_t *valid = json_string(msg);
+    if (!valid)
+        for (char *c = msg; *c; c++)
+            if ((unsigned char)*c >= 0x80)
+                *c = '?';
+    json_decref(valid);
     pd_http_json(h, code, json_pack("{s:{s:s,s:s,s:s?,s:n}}", "error", "message", msg, "type", type, "param", param, "code"));
 }
 

@@ -1,6 +1,5 @@
-/* HTTP helpers shared by the servers (pd/) and the proxy (proxy/): listening with the bound port
- * reported, JSON replies, and OpenAI-style error bodies {"error": {"message", "type", "param",
- * "code"}}. */
+/* HTTP helpers shared by the servers (pd/) and the proxy (proxy/): JSON replies and OpenAI-style
+ * error bodies {"error": {"message", "type", "param", "code"}}. Listening is http/front.h. */
 #ifndef PD_HTTP_HTTP_H
 #define PD_HTTP_HTTP_H
 
@@ -10,8 +9,6 @@
 
 #include "core/err.h"
 
-/* Binds http to host:port (port 0: ephemeral) and stores the bound port in *bound. */
-int pd_http_listen(struct evhttp *http, const char *host, int port, int *bound, pd_err *e);
 const char *pd_http_reason(int code);
 /* Sends j (compact) with the code; takes ownership of j. */
 void pd_http_json(struct evhttp_request *h, int code, json_t *j);

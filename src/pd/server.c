@@ -6,6 +6,7 @@
 #include "engine/sampler.h"
 #include "ep/ep.h"
 #include "model/tokenizer.h"
+#include "http/front.h"
 #include "http/http.h"
 #include "pd/kvxfer.h"
 
@@ -171,7 +172,7 @@ struct pd_server {
     int destroying;
     uint64_t next_id;
     struct event_base *base;
-    struct evhttp *http;
+    struct pd_http_front *front;
     struct event *notify, *sigint, *sigterm;
     int port;
     /* metrics */
@@ -1313,7 +1314,7 @@ static void send_sse(struct evhttp_request *h, json_t *j)
  * side's reference goes (s->mu is not held). */
 static void answered(struct pd_server *s, struct req *r)
 {
-    evhttp_connection_set_closecb(evhttp_request_get_connection(r->http), NULL, NULL);
+    pd_http_set_closecb(r->http, NULL, NULL);
     pthread_mutex_lock(&s->mu);
     r->http = NULL;
     req_unref(s, r);
@@ -1751,7 +1752,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     struct evhttp_connection *conn = evhttp_request_get_connection(h);
-    evhttp_connection_set_closecb(conn, on_close, r);
+    pd_http_set_closecb(h, on_close, r);
     /* libevent stops reading a connection while its request is answered, so it would not see
      * the client leave; reading on lets the close callback cancel the request */
     bufferevent_enable(evhttp_connection_get_bufferevent(conn), EV_READ);
@@ -1887,6 +1888,7 @@ static void on_metrics(struct evhttp_request *h, void *arg)
             evbuffer_add_printf(b, "pdmoe_rank_requests_total{rank=\"%d\"} %d\n", k, s->g->owned[k]);
     }
     pthread_mutex_unlock(&s->mu);
+    pd_http_front_metrics(s->front, b);
     pd_http_text(h, "text/plain; version=0.0.4", b);   /* Prometheus' text format */
     evbuffer_free(b);
 }
@@ -2086,23 +2088,24 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     /* a client that disconnects must not kill the server with SIGPIPE */
     signal(SIGPIPE, SIG_IGN);
     s->base = event_base_new();
-    s->http = s->base ? evhttp_new(s->base) : NULL;
-    if (!s->running || !s->stats_sum || !s->http) {
+    if (!s->running || !s->stats_sum || !s->base) {
         rc = pd_err_set(e, PD_ENOMEM, "server: out of memory");
         goto fail;
     }
-    evhttp_set_cb(s->http, "/v1/completions", on_completions, s);
-    evhttp_set_cb(s->http, "/v1/chat/completions", on_chat, s);
-    evhttp_set_cb(s->http, "/v1/models", on_models, s);
-    evhttp_set_cb(s->http, "/health", pd_http_health, s);
-    evhttp_set_cb(s->http, "/metrics", on_metrics, s);
-    evhttp_set_cb(s->http, "/expert_stats", on_expert_stats, s);
-    evhttp_set_gencb(s->http, on_other, s);
-    evhttp_set_max_body_size(s->http, 8 << 20);
-    if ((rc = pd_http_listen(s->http, s->o.host, s->o.port, &s->port, e))) {
+    if ((rc = pd_http_front_new(s->base, &s->o.http, s->o.host, s->o.port, &s->front, e))) {
         pd_err_prefix(e, "server: ");
         goto fail;
     }
+    s->port = pd_http_front_port(s->front);
+    static const struct { const char *path; void (*cb)(struct evhttp_request *, void *); } routes[] = {
+        {"/v1/completions", on_completions}, {"/v1/chat/completions", on_chat}, {"/v1/models", on_models},
+        {"/health", pd_http_health}, {"/metrics", on_metrics}, {"/expert_stats", on_expert_stats}, {NULL, on_other},
+    };
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (pd_http_front_route(s->front, routes[i].path, routes[i].cb, s)) {
+            rc = pd_err_set(e, PD_ENOMEM, "server: out of memory");
+            goto fail;
+        }
     s->notify = event_new(s->base, -1, 0, on_notify, s);
     if (s->o.handle_signals) {
         s->sigint = evsignal_new(s->base, SIGINT, on_signal, s);
@@ -2216,8 +2219,7 @@ void pd_server_destroy(struct pd_server *s)
     }
     /* open connections next: their close callbacks drop the HTTP side's references */
     s->destroying = 1;
-    if (s->http)
-        evhttp_free(s->http);
+    pd_http_front_free(s->front);
     /* then the scheduler's references of requests that never started, and the outbox's */
     while (s->wait_head) {
         struct req *r = s->wait_head;

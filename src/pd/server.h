@@ -47,6 +47,7 @@
 #include <stdint.h>
 
 #include "core/err.h"
+#include "http/front.h"
 
 struct pd_server_opts {
     const char *model_dir;
@@ -70,6 +71,7 @@ struct pd_server_opts {
     int kv_lease_ms, kv_timeout_ms; /* 0: 30000 */
     int handle_signals;             /* SIGINT/SIGTERM stop the loop (the command line's server) */
     int expert_parallel;            /* one EP group over MPI_COMM_WORLD (MPI initialised by the caller) */
+    struct pd_http_limits http;     /* connections: cap, timeouts, request sizes (0: defaults) */
 };
 
 enum { PD_ROLE_BOTH = 0, PD_ROLE_PRODUCER = 1, PD_ROLE_CONSUMER = 2 };

@@ -2,6 +2,7 @@
  * prefill and decode instances, all on one event loop. */
 #include "proxy/proxy.h"
 #include "core/timing.h"
+#include "http/front.h"
 #include "http/http.h"
 
 #include <arpa/inet.h>
@@ -79,7 +80,7 @@ struct pd_proxy {
     struct instance p[PD_PROXY_MAX_INSTANCES], d[PD_PROXY_MAX_INSTANCES];
     int np, nd;
     struct event_base *base;
-    struct evhttp *http;
+    struct pd_http_front *front;
     struct event *sigint, *sigterm;
     int port;
     struct event *stop, *tick;       /* pd_proxy_stop's graceful stop, the health checks */
@@ -159,7 +160,7 @@ static int parse_hostport(const char *s, struct instance *in)
 static void client_done(struct job *j)
 {
     if (j->client)
-        evhttp_connection_set_closecb(evhttp_request_get_connection(j->client), NULL, NULL);
+        pd_http_set_closecb(j->client, NULL, NULL);
     j->client = NULL;
 }
 
@@ -561,7 +562,7 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
         px->jobs->prev = j;
     px->jobs = j;
     px->requests++;
-    evhttp_connection_set_closecb(evhttp_request_get_connection(h), on_client_close, j);
+    pd_http_set_closecb(h, on_client_close, j);
     /* without prefill instances the decode instances are colocated servers: no hand-off */
     send_up(j, px->np == 0);
 }
@@ -911,6 +912,7 @@ static void on_metrics(struct evhttp_request *h, void *arg)
     for (int i = 0; i < px->nd; i++)
         evbuffer_add_printf(b, "pdmoe_proxy_instance_load{role=\"decode\",instance=\"%s:%d\"} %d\n", px->d[i].host,
                             px->d[i].port, px->d[i].load);
+    pd_http_front_metrics(px->front, b);
     pd_http_text(h, "text/plain; version=0.0.4", b);   /* Prometheus' text format */
     evbuffer_free(b);
 }
@@ -956,25 +958,26 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
     signal(SIGPIPE, SIG_IGN);
     evthread_use_pthreads();   /* pd_proxy_stop may come from another thread */
     px->base = event_base_new();
-    px->http = px->base ? evhttp_new(px->base) : NULL;
-    if (!px->http) {
+    if (!px->base) {
         pd_proxy_destroy(px);
         return pd_err_set(e, PD_ENOMEM, "proxy: out of memory");
     }
-    evhttp_set_cb(px->http, "/v1/completions", on_completions, px);
-    evhttp_set_cb(px->http, "/v1/chat/completions", on_chat, px);
-    evhttp_set_cb(px->http, "/v1/models", on_models, px);
-    evhttp_set_cb(px->http, "/health", pd_http_health, px);
-    evhttp_set_cb(px->http, "/metrics", on_metrics, px);
-    evhttp_set_cb(px->http, "/expert_stats", on_expert_stats, px);
-    evhttp_set_gencb(px->http, on_other, px);
-    evhttp_set_max_body_size(px->http, 8 << 20);
     const char *host = o->host ? o->host : "127.0.0.1";
-    int rc = pd_http_listen(px->http, host, o->port, &px->port, e);
+    int rc = pd_http_front_new(px->base, &o->http, host, o->port, &px->front, e);
     if (rc) {
         pd_proxy_destroy(px);
         return pd_err_prefix(e, "proxy: ");
     }
+    px->port = pd_http_front_port(px->front);
+    static const struct { const char *path; void (*cb)(struct evhttp_request *, void *); } routes[] = {
+        {"/v1/completions", on_completions}, {"/v1/chat/completions", on_chat}, {"/v1/models", on_models},
+        {"/health", pd_http_health}, {"/metrics", on_metrics}, {"/expert_stats", on_expert_stats}, {NULL, on_other},
+    };
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (pd_http_front_route(px->front, routes[i].path, routes[i].cb, px)) {
+            pd_proxy_destroy(px);
+            return pd_err_set(e, PD_ENOMEM, "proxy: out of memory");
+        }
     if (o->handle_signals) {
         px->sigint = evsignal_new(px->base, SIGINT, on_signal, px);
         px->sigterm = evsignal_new(px->base, SIGTERM, on_signal, px);
@@ -1018,8 +1021,7 @@ void pd_proxy_destroy(struct pd_proxy *px)
 {
     if (!px)
         return;
-    if (px->http)
-        evhttp_free(px->http);
+    pd_http_front_free(px->front);
     if (px->sigint)
         event_free(px->sigint);
     if (px->sigterm)

@@ -23,6 +23,7 @@
 #define PD_PROXY_PROXY_H
 
 #include "core/err.h"
+#include "http/front.h"
 
 #define PD_PROXY_MAX_INSTANCES 32
 
@@ -40,6 +41,7 @@ struct pd_proxy_opts {
     const char *metrics_file;                      /* Prometheus text appended to /metrics (pdmoe up's
                                                       restarts), read at each scrape; NULL: none */
     int handle_signals;
+    struct pd_http_limits http;                    /* client connections: cap, timeouts, sizes (0: defaults) */
 };
 
 struct pd_proxy;

@@ -1,0 +1,70 @@
+/* The listening side of an HTTP server (pd/ and proxy/ alike): an evhttp whose connections are
+ * counted, capped and timed, so that clients cannot starve it of file descriptors or of its loop.
+ *
+ * - At most max_connections connections (never more than the open-file limit leaves room for).
+ *   At the cap, a connection idle for a second or more is closed to make room; if none is, the
+ *   new one gets a 503 with a JSON error body (written here, outside evhttp) and is closed.
+ * - A connection with no request in progress is closed after idle_timeout_ms; a request's line
+ *   and headers must arrive within header_timeout_ms of its first byte, its body within
+ *   body_timeout_ms of the end of its headers. Once a handler has the request no read deadline
+ *   applies (a generation may take minutes; a client that leaves is seen by the close callback);
+ *   a reply the client does not read for idle_timeout_ms closes the connection.
+ * - accept() failing for lack of descriptors (EMFILE, ENFILE) pauses accepting for 100 ms rather
+ *   than retrying at once (libevent's listener would spin), logged once per episode.
+ * - libevent 2.1 answers malformed, oversized (413) or unsupported requests itself with an HTML
+ *   page before any handler runs (2.2's evhttp_set_errorcb is not in Debian 12's 2.1.12): such an
+ *   answer is rewritten at the connection's output into the OpenAI-style JSON error body.
+ *
+ * Handlers are registered through the front (it must see each request reach its handler and its
+ * reply end), and a handler that wants to hear of its client leaving uses pd_http_set_closecb,
+ * never evhttp_connection_set_closecb (the front holds each connection's close callback). */
+#ifndef PD_HTTP_FRONT_H
+#define PD_HTTP_FRONT_H
+
+#include <event2/event.h>
+#include <event2/http.h>
+#include <stdint.h>
+
+#include "core/err.h"
+
+/* 0 in any field: its default. */
+struct pd_http_limits {
+    int max_connections;            /* default 1024 */
+    int idle_timeout_ms;            /* default 60000 */
+    int header_timeout_ms;          /* default 30000 */
+    int body_timeout_ms;            /* default 30000 */
+    int64_t max_header_bytes;       /* request line and headers; default 65536 */
+    int64_t max_body_bytes;         /* default 8 MiB */
+    /* events an operator should see (descriptors exhausted), one line each; NULL: none */
+    void (*log)(void *arg, const char *line);
+    void *log_arg;
+};
+
+/* Counters for /metrics. */
+struct pd_http_stats {
+    int connections;                /* open now */
+    int max_connections;            /* the cap in force */
+    uint64_t rejected;              /* 503 at the cap */
+    uint64_t evicted;               /* idle connections closed to make room */
+    uint64_t timed_out;             /* closed by the idle, header or body deadline */
+    uint64_t accept_paused;         /* accept() failed for lack of descriptors */
+};
+
+struct pd_http_front;
+
+/* An evhttp on base listening on host:port (port 0: ephemeral). */
+int pd_http_front_new(struct event_base *base, const struct pd_http_limits *lim, const char *host, int port,
+                      struct pd_http_front **out, pd_err *e);
+/* cb answers requests for path (exact match), or every other path when path is NULL. */
+int pd_http_front_route(struct pd_http_front *f, const char *path, void (*cb)(struct evhttp_request *, void *),
+                        void *arg);
+int pd_http_front_port(const struct pd_http_front *f);
+void pd_http_front_stats(const struct pd_http_front *f, struct pd_http_stats *st);
+/* The same as Prometheus text (pdmoe_http_*), appended to b. */
+void pd_http_front_metrics(const struct pd_http_front *f, struct evbuffer *b);
+/* Closes every connection (their close callbacks run), the listener and the evhttp. */
+void pd_http_front_free(struct pd_http_front *f);
+/* Calls cb(connection, arg) if h's connection closes before cb is replaced; cb NULL: no call. */
+void pd_http_set_closecb(struct evhttp_request *h, void (*cb)(struct evhttp_connection *, void *), void *arg);
+
+#endif

@@ -1,0 +1,547 @@
+/* Connections cannot starve the server or the proxy: idle connections beyond the open-file limit
+ * leave /health answering and the process idle; half-sent headers and bodies, idle keep-alives
+ * and a slowloris are closed at their deadlines while others are served; over the connection cap
+ * a 503 with a JSON body; libevent's own 400/413 answers carry JSON bodies; a stream or a long
+ * generation outlives every timeout. */
+#include <criterion/criterion.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../tmpmodel.h"
+#include "core/timing.h"
+#include "pd/server.h"
+#include "proxy/proxy.h"
+#include "util.h"
+
+static char dir[64];
+static struct pd_server *srv;
+static struct pd_proxy *px;
+static pthread_t t_srv, t_px;
+static pid_t child = -1;
+
+static void *run_server(void *arg)
+{
+    pd_err e;
+    pd_server_run(arg, &e);
+    return NULL;
+}
+
+static void *run_proxy(void *arg)
+{
+    pd_err e;
+    pd_proxy_run(arg, &e);
+    return NULL;
+}
+
+static void setup(void)
+{
+    tmp_model("v4-tiny", 7, dir, sizeof dir);
+}
+
+static void teardown(void)
+{
+    proxy_shutdown(&px, t_px);
+    if (srv) {
+        pd_server_stop(srv);
+        pthread_join(t_srv, NULL);
+        pd_server_destroy(srv);
+        srv = NULL;
+    }
+    if (child > 0) {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+        child = -1;
+    }
+    rm_model(dir);
+}
+
+TestSuite(conn, .init = setup, .fini = teardown, .timeout = 120);
+
+/* timeouts small enough for a test: idle 0.6 s, header and body 0.3 s */
+static const struct pd_http_limits quick = {.idle_timeout_ms = 600, .header_timeout_ms = 300, .body_timeout_ms = 300};
+
+static int start_server(const struct pd_http_limits *lim)
+{
+    pd_err e = {0};
+    struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 4096,
+                               .served_name = "tiny", .http = *lim};
+    cr_assert_eq(pd_server_create(&o, &srv, &e), 0, "%s", e.msg);
+    pthread_create(&t_srv, NULL, run_server, srv);
+    return pd_server_port(srv);
+}
+
+/* A proxy with the server as its colocated (decode) instance. */
+static int start_proxy(const struct pd_http_limits *lim, int server_port)
+{
+    static char d[32];
+    snprintf(d, sizeof d, "127.0.0.1:%d", server_port);
+    pd_err e = {0};
+    struct pd_proxy_opts o = {.decode = {d}, .n_decode = 1, .http = *lim};
+    cr_assert_eq(pd_proxy_create(&o, &px, &e), 0, "%s", e.msg);
+    pthread_create(&t_px, NULL, run_proxy, px);
+    return pd_proxy_port(px);
+}
+
+static int dial(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0, "socket: %s", strerror(errno));
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "connect: %s", strerror(errno));
+    return fd;
+}
+
+static void say(int fd, const char *s)
+{
+    cr_assert_eq(send(fd, s, strlen(s), MSG_NOSIGNAL), (ssize_t)strlen(s));
+}
+
+/* Reads until the peer closes or `limit` seconds pass; returns the seconds waited (the limit if
+ * the connection is still open), the bytes read in out. */
+static double read_until_close(int fd, double limit, char *out, size_t cap)
+{
+    double t0 = pd_now_s();
+    size_t n = 0;
+    out[0] = 0;
+    for (;;) {
+        double left = limit - (pd_now_s() - t0);
+        if (left <= 0)
+            return limit;
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, (int)(left * 1000) + 1) <= 0)
+            continue;
+        char buf[4096];
+        ssize_t r = recv(fd, buf, sizeof buf, 0);
+        if (r <= 0)
+            break;
+        size_t k = (size_t)r < cap - 1 - n ? (size_t)r : cap - 1 - n;
+        memcpy(out + n, buf, k);
+        n += k;
+        out[n] = 0;
+    }
+    out[n] = 0;
+    return pd_now_s() - t0;
+}
+
+/* One request on a fresh connection: the status, the body (after the blank line) in body. */
+static int raw_request(int port, const char *req, char *body, size_t cap)
+{
+    int fd = dial(port);
+    say(fd, req);
+    char out[1 << 16];
+    read_until_close(fd, 10, out, sizeof out);
+    close(fd);
+    int code = 0;
+    sscanf(out, "HTTP/1.%*d %d", &code);
+    const char *b = strstr(out, "\r\n\r\n");
+    snprintf(body, cap, "%s", b ? b + 4 : "");
+    return code;
+}
+
+/* The body is an OpenAI-style error whose message contains `want`. */
+static void assert_json_error(const char *body, const char *want)
+{
+    json_t *j = parse(body);
+    const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+    cr_assert_not_null(msg, "no error.message in %s", body);
+    cr_assert(strstr(msg, want), "error \"%s\" does not say \"%s\"", msg, want);
+    json_decref(j);
+}
+
+/* utime + stime of a process from its open /proc/PID/stat, in clock ticks */
+static long cpu_ticks_fd(int fd)
+{
+    char buf[2048];
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    cr_assert_gt(n, 0);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');   /* the command name may hold spaces */
+    long ut = 0, st = 0;
+    cr_assert_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &ut, &st), 2);
+    return ut + st;
+}
+
+static int stat_fd(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY);
+    cr_assert_geq(fd, 0);
+    return fd;
+}
+
+static long cpu_ticks(pid_t pid)
+{
+    int fd = stat_fd(pid);
+    long t = cpu_ticks_fd(fd);
+    close(fd);
+    return t;
+}
+
+/* `pdmoe ARGS... --port 0` under an open-file limit of nofile; the port it prints. */
+static int spawn_limited(int nofile, const char *const *args)
+{
+    int pfd[2];
+    cr_assert_eq(pipe(pfd), 0);
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    child = fork();
+    cr_assert_geq(child, 0);
+    if (child == 0) {
+        struct rlimit rl = {(rlim_t)nofile, (rlim_t)nofile};
+        setrlimit(RLIMIT_NOFILE, &rl);
+        dup2(pfd[1], 2);
+        close(pfd[0]);
+        close(pfd[1]);
+        const char *argv[32] = {bin};
+        int n = 1;
+        for (; args[n - 1]; n++)
+            argv[n] = args[n - 1];
+        argv[n++] = "--port";
+        argv[n++] = "0";
+        argv[n] = NULL;
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    close(pfd[1]);
+    char log[4096] = "";
+    size_t n = 0;
+    const char *at = NULL;
+    double t0 = pd_now_s();
+    while (!(at = strstr(log, "http://127.0.0.1:")) || !strchr(at, '\n')) {
+        struct pollfd p = {pfd[0], POLLIN, 0};
+        cr_assert(pd_now_s() - t0 < 30, "no address printed: %s", log);
+        if (poll(&p, 1, 1000) <= 0)
+            continue;
+        ssize_t r = read(pfd[0], log + n, sizeof log - 1 - n);
+        cr_assert_gt(r, 0, "the process ended: %s", log);
+        n += (size_t)r;
+        log[n] = 0;
+    }
+    close(pfd[0]);
+    return atoi(at + strlen("http://127.0.0.1:"));
+}
+
+/* 150 idle connections to a process allowed 128 descriptors (the issue's case): /health answers
+ * at once (200, or a 503 with a JSON error), the process stays idle rather than spinning on
+ * accept(), and once the idle ones have waited a second /health gets a 200. */
+static void idle_flood(int port)
+{
+    int fds[150];
+    for (int i = 0; i < 150; i++)
+        fds[i] = dial(port);
+    usleep(300000);
+    char body[4096];
+    int code = raw_request(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", body, sizeof body);
+    cr_assert(code == 200 || code == 503, "/health with 150 idle connections: %d", code);
+    if (code == 503)
+        assert_json_error(body, "connections open");
+    long t0 = cpu_ticks(child);
+    usleep(1000000);
+    long used = cpu_ticks(child) - t0;
+    cr_assert_leq(used, sysconf(_SC_CLK_TCK) / 10, "%ld ticks of CPU in one idle second (%ld a second)", used,
+                  sysconf(_SC_CLK_TCK));
+    usleep(300000);
+    code = raw_request(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", body, sizeof body);
+    cr_assert_eq(code, 200, "/health after the idle connections waited: %d %s", code, body);
+    for (int i = 0; i < 150; i++)
+        close(fds[i]);
+}
+
+Test(conn, serve_idle_connections_over_the_fd_limit_leave_health_answering)
+{
+    const char *args[] = {"serve", "--model", dir, "--threads", "1", NULL};
+    idle_flood(spawn_limited(128, args));
+}
+
+Test(conn, proxy_idle_connections_over_the_fd_limit_leave_health_answering)
+{
+    const char *args[] = {"proxy", "--decode", "127.0.0.1:1", NULL};
+    idle_flood(spawn_limited(128, args));
+}
+
+/* Half a header, half a body, an idle keep-alive and a slowloris trickling its headers are each
+ * closed at their deadline; meanwhile requests on other connections are answered at once. */
+static void deadlines(int port)
+{
+    char out[4096];
+    int half_header = dial(port), half_body = dial(port), idle = dial(port), loris = dial(port);
+    say(half_header, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: applic");
+    say(half_body, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":");
+    double t0 = pd_now_s();
+    /* the slowloris sends a byte every 50 ms: never silent, but its headers never end */
+    const char *drip = "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    double loris_closed = 0;
+    for (const char *p = drip; *p && !loris_closed; p++) {
+        if (send(loris, p, 1, MSG_NOSIGNAL) != 1 || read_until_close(loris, 0.05, out, sizeof out) < 0.05)
+            loris_closed = pd_now_s() - t0;
+        if (p - drip == 10) {
+            /* others are served while it drips */
+            double t = pd_now_s();
+            cr_assert_eq(curl_port(port, "/health", NULL, "-m 2", out, sizeof out), 200);
+            cr_assert_lt(pd_now_s() - t, 1.0);
+        }
+    }
+    cr_assert(loris_closed > 0.2 && loris_closed < 1.5, "slowloris closed after %.2f s (header deadline 0.3 s)",
+              loris_closed);
+    read_until_close(half_header, 3, out, sizeof out);
+    double h = pd_now_s() - t0;
+    read_until_close(half_body, 3, out, sizeof out);
+    double b = pd_now_s() - t0;
+    read_until_close(idle, 3, out, sizeof out);
+    double i = pd_now_s() - t0;
+    cr_assert(h < 1.5 && b < 1.5, "half header closed after %.2f s, half body after %.2f s (deadlines 0.3 s)", h, b);
+    cr_assert(i > 0.5 && i < 2, "the idle connection closed after %.2f s (idle timeout 0.6 s)", i);
+    close(half_header);
+    close(half_body);
+    close(idle);
+    close(loris);
+}
+
+Test(conn, serve_closes_half_requests_idle_connections_and_a_slowloris)
+{
+    deadlines(start_server(&quick));
+}
+
+Test(conn, proxy_closes_half_requests_idle_connections_and_a_slowloris)
+{
+    struct pd_http_limits slow = {0};
+    deadlines(start_proxy(&quick, start_server(&slow)));
+}
+
+/* A keep-alive connection goes back to the idle deadline after its answer. */
+Test(conn, keep_alive_connection_is_closed_after_the_idle_timeout)
+{
+    int port = start_server(&quick);
+    int fd = dial(port);
+    say(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    char out[4096];
+    double t = read_until_close(fd, 3, out, sizeof out);
+    cr_assert(strstr(out, "200 OK") && strstr(out, "ok"), "%s", out);
+    cr_assert(t > 0.5 && t < 2, "the idle keep-alive closed after %.2f s (idle timeout 0.6 s)", t);
+    close(fd);
+}
+
+/* Streamed and not, a generation lasting several times every timeout is delivered whole,
+ * directly and through the proxy. */
+static void long_answers(int port)
+{
+    static char out[1 << 22];
+    const char *stream = "{\"prompt\":\"x\",\"max_tokens\":4000,\"ignore_eos\":true,\"stream\":true,\"temperature\":0}";
+    const char *plain = "{\"prompt\":\"x\",\"max_tokens\":4000,\"ignore_eos\":true,\"temperature\":0}";
+    double t0 = pd_now_s();
+    cr_assert_eq(curl_port(port, "/v1/completions", stream, NULL, out, sizeof out), 200);
+    double ts = pd_now_s() - t0;
+    int chunks = 0;
+    for (const char *p = out; (p = strstr(p, "data: {")); p++)
+        chunks++;
+    cr_assert(strstr(out, "data: [DONE]"), "the stream was cut after %d chunks, %.2f s", chunks, ts);
+    cr_assert(strstr(out, "\"finish_reason\":\"length\""), "no finish_reason length in the stream's end");
+    t0 = pd_now_s();
+    cr_assert_eq(curl_port(port, "/v1/completions", plain, NULL, out, sizeof out), 200, "%.300s", out);
+    double tp = pd_now_s() - t0;
+    json_t *j = parse(out);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 4000);
+    json_decref(j);
+    /* the property is only shown if the answers outlast the timeouts */
+    cr_assert(ts > 0.15 && tp > 0.15, "answers took %.2f s and %.2f s, not 3 times the 50 ms timeouts", ts, tp);
+}
+
+static const struct pd_http_limits quicker = {.idle_timeout_ms = 50, .header_timeout_ms = 50, .body_timeout_ms = 50};
+
+Test(conn, a_long_stream_and_a_long_generation_outlive_the_timeouts)
+{
+    long_answers(start_server(&quicker));
+}
+
+Test(conn, through_the_proxy_a_long_stream_and_generation_outlive_the_timeouts)
+{
+    long_answers(start_proxy(&quicker, start_server(&quicker)));
+}
+
+/* Three connections allowed: a fourth (the others fresh) gets a 503 with a JSON error; once they
+ * have been idle a second, one is closed to make room. */
+static void cap(int port)
+{
+    int fds[3];
+    for (int i = 0; i < 3; i++)
+        fds[i] = dial(port);
+    usleep(100000);
+    char body[4096];
+    int code = raw_request(port, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", body, sizeof body);
+    cr_assert_eq(code, 503, "%d %s", code, body);
+    assert_json_error(body, "3 connections open");
+    usleep(1200000);
+    code = raw_request(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", body, sizeof body);
+    cr_assert_eq(code, 200, "%d %s", code, body);
+    int closed = 0;
+    for (int i = 0; i < 3; i++) {
+        char out[64];
+        closed += read_until_close(fds[i], 0.01, out, sizeof out) < 0.01;
+        close(fds[i]);
+    }
+    cr_assert_eq(closed, 1, "%d idle connections closed for the new one", closed);
+}
+
+Test(conn, serve_over_the_connection_cap_answers_503_json_then_evicts_an_idle_one)
+{
+    struct pd_http_limits l = {.max_connections = 3};
+    cap(start_server(&l));
+}
+
+Test(conn, proxy_over_the_connection_cap_answers_503_json_then_evicts_an_idle_one)
+{
+    struct pd_http_limits l = {.max_connections = 3}, open = {0};
+    cap(start_proxy(&l, start_server(&open)));
+}
+
+/* What libevent refuses before any handler runs comes back as a JSON error too. */
+static void refusals(int port)
+{
+    char body[4096], big[8192];
+    memset(big, 'a', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    char *req = malloc(sizeof big + 256);
+    snprintf(req, sizeof big + 256, "{\"prompt\":\"%s\"}", big);
+    cr_assert_eq(curl_port(port, "/v1/completions", req, NULL, body, sizeof body), 413, "%s", body);
+    assert_json_error(body, "over 4096 bytes");
+    snprintf(req, sizeof big + 256, "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: %s\r\n\r\n", big);
+    cr_assert_eq(raw_request(port, req, body, sizeof body), 400);
+    assert_json_error(body, "at most 2048 bytes");
+    free(req);
+    cr_assert_eq(raw_request(port, "NONSENSE\r\n\r\n", body, sizeof body), 400);
+    assert_json_error(body, "malformed");
+    cr_assert_eq(raw_request(port, "BREW /health HTTP/1.1\r\nHost: x\r\n\r\n", body, sizeof body), 501);
+    assert_json_error(body, "method");
+    cr_assert_eq(raw_request(port, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+                             body, sizeof body), 413);
+    assert_json_error(body, "chunked");
+    /* Content-Length beyond the limit is refused before any body byte */
+    cr_assert_eq(raw_request(port, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n",
+                             body, sizeof body), 413);
+    assert_json_error(body, "over 4096 bytes");
+    /* versions libevent parses but HTTP/1.x does not know */
+    cr_assert_eq(raw_request(port, "GET /health HTTP/0.1\r\nHost: x\r\n\r\n", body, sizeof body), 505);
+    assert_json_error(body, "HTTP/1.0 or HTTP/1.1 only");
+    cr_assert_eq(raw_request(port, "GET /health HTTP/1.7\r\nHost: x\r\n\r\n", body, sizeof body), 505);
+    /* a path that is not UTF-8, quoted in the error */
+    cr_assert_eq(raw_request(port, "GET /nowher\x9b\xc9x=%zz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", body, sizeof body), 404);
+    assert_json_error(body, "no route /nowher??x=%zz");
+    /* and the server still answers */
+    cr_assert_eq(curl_port(port, "/health", NULL, NULL, body, sizeof body), 200);
+}
+
+Test(conn, serve_oversized_and_malformed_requests_get_json_errors)
+{
+    struct pd_http_limits l = {.max_body_bytes = 4096, .max_header_bytes = 2048};
+    refusals(start_server(&l));
+}
+
+Test(conn, proxy_oversized_and_malformed_requests_get_json_errors)
+{
+    struct pd_http_limits l = {.max_body_bytes = 4096, .max_header_bytes = 2048}, open = {0};
+    refusals(start_proxy(&l, start_server(&open)));
+}
+
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static int log_lines;
+static char last_log[512];
+
+static void count_log(void *arg, const char *line)
+{
+    pthread_mutex_lock(&log_mu);
+    log_lines++;
+    snprintf(last_log, sizeof last_log, "%s", line);
+    pthread_mutex_unlock(&log_mu);
+}
+
+static int open_fds(void)
+{
+    FILE *p = popen("ls /proc/self/fd | wc -l", "r");
+    int n = 0;
+    cr_assert(p && fscanf(p, "%d", &n) == 1);
+    pclose(p);
+    return n;
+}
+
+/* Descriptors run out below the connection cap (the cap was set under a higher limit): accept()
+ * fails with EMFILE and the server pauses instead of retrying at once (libevent's listener alone
+ * spins at 100% CPU), says so once, and serves again once descriptors are free. */
+Test(conn, out_of_descriptors_pauses_accept_without_spinning_and_logs_once)
+{
+    struct pd_http_limits l = {.max_connections = 900, .log = count_log};
+    int port = start_server(&l);
+    int self = stat_fd(getpid());
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = (rlim_t)open_fds() + 24;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    int fds[64], n = 0;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    /* clients until this process has no descriptor left; the last ones wait in the backlog */
+    while (n < 64) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0)
+            break;
+        cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+        fds[n++] = fd;
+        usleep(5000);
+    }
+    cr_assert_lt(n, 64, "the descriptor limit was never reached");
+    usleep(300000);
+    long t0 = cpu_ticks_fd(self);
+    usleep(1000000);
+    long used = cpu_ticks_fd(self) - t0;
+    cr_assert_leq(used, sysconf(_SC_CLK_TCK) / 10, "%ld ticks of CPU in one second out of descriptors", used);
+    pthread_mutex_lock(&log_mu);
+    int lines = log_lines;
+    pthread_mutex_unlock(&log_mu);
+    cr_assert_eq(lines, 1, "%d log lines for one episode (%s)", lines, last_log);
+    cr_assert(strstr(last_log, "Too many open files"), "%s", last_log);
+    for (int i = 0; i < n; i++)
+        close(fds[i]);
+    close(self);
+    char body[4096];
+    cr_assert_eq(raw_request(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", body, sizeof body), 200);
+}
+
+/* The flags are in both commands' --help, and a bad value is refused naming the flag. */
+Test(conn, serve_and_proxy_flags_are_documented_and_checked)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    static const char *const cmds[] = {"serve", "proxy"};
+    for (int k = 0; k < 2; k++) {
+        char cmd[512], out[8192];
+        snprintf(cmd, sizeof cmd, "%s %s --help 2>&1", bin, cmds[k]);
+        FILE *p = popen(cmd, "r");
+        size_t n = fread(out, 1, sizeof out - 1, p);
+        out[n] = 0;
+        cr_assert_eq(pclose(p), 0);
+        static const char *const flags[] = {"--max-connections", "--idle-timeout", "--header-timeout", "--body-timeout",
+                                            "--max-header-bytes", "--max-body-bytes"};
+        for (int i = 0; i < 6; i++)
+            cr_assert(strstr(out, flags[i]), "%s --help does not mention %s", cmds[k], flags[i]);
+        snprintf(cmd, sizeof cmd, "%s %s --header-timeout 0 --model %s --decode 127.0.0.1:1 2>&1", bin, cmds[k], dir);
+        p = popen(cmd, "r");
+        n = fread(out, 1, sizeof out - 1, p);
+        out[n] = 0;
+        int st = pclose(p);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "%s: %s", cmds[k], out);
+        cr_assert(strstr(out, "--header-timeout 0: expected seconds"), "%s", out);
+    }
+}
