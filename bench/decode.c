@@ -2,6 +2,7 @@
  * weight bytes a token reads divided by its time, as a fraction of this machine's read
  * bandwidth measured in the same run (the roofline of a memory-bound decode). */
 #include "bench.h"
+#include "cli/cli.h"
 #include "core/timing.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
@@ -102,7 +103,7 @@ int pd_bench_decode(int argc, char **argv)
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), quick = 0, steps = 32, only = 0, c;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
         if (c == 'm')
             dir = optarg;
         else if (c == 'j')
@@ -113,10 +114,8 @@ int pd_bench_decode(int argc, char **argv)
             only = atoi(optarg);
         else if (c == 's')
             steps = atoi(optarg) > 0 && atoi(optarg) < 4000 ? atoi(optarg) : 32;
-        else {
-            fprintf(stderr, "usage: pdmoe bench decode [--model DIR] [--threads N] [--steps N] [--batch 1|16] [--quick]\n");
-            return 2;
-        }
+        else
+            return pd_cli_bad_flag("bench decode", c, argc, argv);
     }
     const int prompt = 64;
     if (quick)

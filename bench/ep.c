@@ -3,6 +3,7 @@
  * tokens/s of the model for each group size. The command launches `mpirun -n N pdmoe bench
  * ep-worker` for each N (oversubscribed on small machines) and prints the workers' rank-0 report. */
 #include "bench.h"
+#include "cli/cli.h"
 #include "core/timing.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
@@ -220,7 +221,7 @@ int pd_bench_ep(int argc, char **argv)
     int quick = 0, is_worker = 0, c;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
         if (c == 'r')
             ranks = optarg;
         else if (c == 'm')
@@ -229,10 +230,8 @@ int pd_bench_ep(int argc, char **argv)
             quick = 1;
         else if (c == 'w')
             is_worker = 1;
-        else {
-            fprintf(stderr, "usage: pdmoe bench ep [--ranks 1,2,4] [--model DIR] [--quick]\n");
-            return 2;
-        }
+        else
+            return pd_cli_bad_flag("bench ep", c, argc, argv);
     }
     if (is_worker)
         return worker(dir, quick);

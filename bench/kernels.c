@@ -418,7 +418,8 @@ static int parse_opts(int argc, char **argv, struct opts *o)
             }
             o->threads = (int)v;
         } else {
-            fprintf(stderr, "usage: pdmoe bench kernels [--threads N] [--quick]\n");
+            fprintf(stderr, "pdmoe bench kernels: %s %s (see pdmoe bench kernels --help)\n",
+                    strcmp(argv[i], "--threads") ? "unknown option" : "needs a value:", argv[i]);
             return -1;
         }
     }

@@ -33,7 +33,12 @@ static double time_plans(const struct pd_plan_opts *o, int n, int with_json)
 
 int pd_bench_plan(int argc, char **argv)
 {
-    int n = argc > 1 && strcmp(argv[1], "--quick") == 0 ? 20 : 200;
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--quick")) {
+            fprintf(stderr, "pdmoe bench plan: unknown option %s (see pdmoe bench plan --help)\n", argv[i]);
+            return 2;
+        }
+    int n = argc > 1 ? 20 : 200;
     const double target = 1e-3;
     struct pd_plan_opts o;
     pd_plan_opts_default(&o);

@@ -40,7 +40,12 @@ static const char *write_stats(char *path, int layers, int experts)
 
 int pd_bench_search(int argc, char **argv)
 {
-    int reps = argc > 1 && strcmp(argv[1], "--quick") == 0 ? 1 : 5;
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--quick")) {
+            fprintf(stderr, "pdmoe bench search: unknown option %s (see pdmoe bench search --help)\n", argv[i]);
+            return 2;
+        }
+    int reps = argc > 1 ? 1 : 5;
     const double target = 1.0;
     char stats[] = "/tmp/pdmoe-bench-stats-XXXXXX";
     const char *measured = write_stats(stats, 58, 256);

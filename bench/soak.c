@@ -17,6 +17,7 @@
  * --seconds T (60), --model DIR (default: a v4-tiny model generated in /tmp and removed after),
  * --port P (first of the cluster's ports, 27500), --json. */
 #include "bench.h"
+#include "cli/cli.h"
 
 #include "core/timing.h"
 #include "engine/genmodel.h"
@@ -289,7 +290,7 @@ int pd_bench_soak(int argc, char **argv)
     int c;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
         char *end = NULL;
         switch (c) {
         case 'q': streams = 4; seconds = 8; break;
@@ -321,8 +322,7 @@ int pd_bench_soak(int argc, char **argv)
                    "[--json]\n");
             return 0;
         default:
-            fprintf(stderr, "pdmoe bench soak: unknown option or missing value: %s\n", argv[optind - 1]);
-            return 2;
+            return pd_cli_bad_flag("bench soak", c, argc, argv);
         }
     }
     char tmp[] = "/tmp/pdmoe-soak-XXXXXX", mdir[64] = "";

@@ -25,6 +25,7 @@
  * Options: --quick (fewer sizes and repetitions, under 10 s), --tls LIST (only that UCX_TLS),
  * --model DIR. */
 #include "bench.h"
+#include "cli/cli.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -499,17 +500,15 @@ int pd_bench_transfer(int argc, char **argv)
     const char *only = NULL, *dir = "models/mini";
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
         if (c == 'q')
             quick = 1;
         else if (c == 't')
             only = optarg;
         else if (c == 'm')
             dir = optarg;
-        else {
-            fprintf(stderr, "usage: pdmoe bench transfer [--quick] [--tls LIST] [--model DIR]\n");
-            return 2;
-        }
+        else
+            return pd_cli_bad_flag("bench transfer", c, argc, argv);
     }
     struct pd_model m;
     pd_err e = {0};

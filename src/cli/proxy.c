@@ -33,7 +33,7 @@ int pd_cli_proxy(int argc, char **argv)
     int c;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'p':
             snprintf(plist, sizeof plist, "%s", optarg);
@@ -81,7 +81,7 @@ int pd_cli_proxy(int argc, char **argv)
             if (r > 0)
                 break;
             if (r == 0)
-                fprintf(stderr, "pdmoe proxy: unknown option or missing value: %s\n", argv[optind - 1]);
+                return pd_cli_bad_flag("proxy", c, argc, argv);
             return 2;
         }
         }

@@ -75,7 +75,7 @@ int pd_cli_serve(int argc, char **argv)
     int c;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': o.model_dir = optarg; break;
         case 'H': o.host = optarg; break;
@@ -171,7 +171,7 @@ int pd_cli_serve(int argc, char **argv)
             if (r > 0)
                 break;
             if (r == 0)
-                fprintf(stderr, "pdmoe serve: unknown option or missing value: %s\n", argv[optind - 1]);
+                return pd_cli_bad_flag("serve", c, argc, argv);
             return 2;
         }
         }

@@ -263,7 +263,7 @@ int pd_cli_up(int argc, char **argv)
     int c;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
         case 'p': if (pd_cli_int("--port", optarg, 1, &port) || port > 65000) return 2; break;
@@ -305,8 +305,7 @@ int pd_cli_up(int argc, char **argv)
                    "machine's memory.\n");
             return 0;
         default:
-            fprintf(stderr, "pdmoe up: unknown option or missing value: %s\n", argv[optind - 1]);
-            return 2;
+            return pd_cli_bad_flag("up", c, argc, argv);
         }
     }
     int ep[2] = {(int)ep_flag[0], (int)ep_flag[1]};

@@ -158,7 +158,10 @@ Test(cli, unknown_preset_names_its_flag)
  * unknown flag or a flag missing its value with exit 2; pdmoe --version names the build. */
 Test(cli, help_and_unknown_flags_everywhere)
 {
-    static const char *const cmds[] = {"plan", "gen-model", "generate", "search", "calibrate", "validate"};
+    static const char *const cmds[] = {"plan",      "gen-model",   "generate",     "search",      "calibrate",
+                                       "validate",  "serve",       "up",           "proxy",       "bench plan",
+                                       "bench kernels", "bench decode", "bench ep", "bench serve", "bench soak",
+                                       "bench transfer", "bench search"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char args[128], want[64];
         struct run r;
@@ -177,6 +180,19 @@ Test(cli, help_and_unknown_flags_everywhere)
     cr_assert_eq(expect_error("plan --model", "pdmoe plan: --model needs a value"), 2);
     cr_assert_eq(expect_error("generate --prompt", "pdmoe generate: --prompt needs a value"), 2);
     cr_assert_eq(expect_error("validate --cases", "pdmoe validate: --cases needs a value"), 2);
+    cr_assert_eq(expect_error("serve --port", "pdmoe serve: --port needs a value"), 2);
+    cr_assert_eq(expect_error("bench nosuch", "pdmoe bench: unknown benchmark \"nosuch\""), 2);
+    {   /* pdmoe bench --help lists every benchmark */
+        struct run b;
+        run("bench --help", &b);
+        cr_assert_eq(b.status, 0);
+        static const char *const all[] = {"plan", "kernels", "decode", "ep", "serve", "soak", "transfer", "search"};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+            char line[32];
+            snprintf(line, sizeof line, "\n  %-9s ", all[i]);
+            cr_assert(strstr(b.out, line), "bench --help lacks %s: %s", all[i], b.out);
+        }
+    }
     struct run r;
     run("--version", &r);
     cr_assert_eq(r.status, 0);
