@@ -64,7 +64,8 @@ int pd_cli_serve(int argc, char **argv)
         {"model", 1, 0, 'm'}, {"host", 1, 0, 'H'}, {"port", 1, 0, 'p'}, {"max-num-seqs", 1, 0, 's'},
         {"max-num-batched-tokens", 1, 0, 'b'}, {"max-model-len", 1, 0, 'l'}, {"threads", 1, 0, 'j'},
         {"served-model-name", 1, 0, 'n'}, {"api-key", 1, 0, 'k'}, {"role", 1, 0, 'r'},
-        {"kv-transfer-config", 1, 0, 'K'}, {"kv-cache-bytes", 1, 0, 'B'}, {"enable-expert-parallel", 0, 0, 'E'},
+        {"kv-transfer-config", 1, 0, 'K'}, {"kv-cache-bytes", 1, 0, 'B'},
+        {"kv-cache-memory-bytes", 1, 0, 'B'}, {"enable-expert-parallel", 0, 0, 'E'},
         {"data-parallel-size", 1, 0, 'd'}, {"help", 0, 0, 'h'}, PD_CLI_HTTP_OPTIONS, {0, 0, 0, 0},
     };
     int64_t dp = 0;
@@ -90,7 +91,7 @@ int pd_cli_serve(int argc, char **argv)
         case 'k': o.api_key = optarg; break;
         case 'B':
             if (pd_units_parse(optarg, &v) || v < 1) {
-                fprintf(stderr, "pdmoe serve: --kv-cache-bytes %s: expected bytes, e.g. 2GB or 512MiB\n", optarg);
+                fprintf(stderr, "pdmoe serve: --kv-cache-memory-bytes %s: expected bytes, e.g. 2GB or 512MiB\n", optarg);
                 return 2;
             }
             o.kv_cache_bytes = v;
@@ -153,7 +154,8 @@ int pd_cli_serve(int argc, char **argv)
             printf("usage: pdmoe serve --model DIR [--host 127.0.0.1] [--port 8000] [--max-num-seqs 16]\n"
                    "       [--max-num-batched-tokens 512] [--max-model-len 2048] [--threads N]\n"
                    "       [--served-model-name NAME] [--api-key KEY] [--role prefill|decode|both]\n"
-                   "       [--kv-cache-bytes B (the KV pool; default: max-num-seqs x max-model-len)]\n"
+                   "       [--kv-cache-memory-bytes B (vLLM's name, or --kv-cache-bytes: the KV pool; default:\n"
+                   "         max-num-seqs x max-model-len)]\n"
                    "       [--enable-expert-parallel [--data-parallel-size N]] (under mpirun -n N: one EP group,\n"
                    "         rank 0 serves HTTP; each rank holds 1/N of the experts, its own sequences and\n"
                    "         KV pool; --max-num-seqs and --kv-cache-bytes are per rank; a kv_producer's\n"

@@ -52,6 +52,7 @@ struct child {
     char what[48];
     const char *role;          /* "prefill", "decode", "proxy" */
     int instance, port;
+    const char *host;          /* where /health is asked: the proxy's --host; NULL: 127.0.0.1 */
     char *argv[MAX_ARGS];      /* owned copies, NULL-terminated: what a restart runs again */
     int restarts;
     double started, backoff, restart_at;
@@ -113,12 +114,14 @@ static void write_metrics(const char *path, const struct child *c, int n)
         rename(tmp, path);
 }
 
-/* 1 when http://127.0.0.1:port/health answers 200. */
-static int healthy(int port)
+/* 1 when http://host:port/health answers 200. */
+static int healthy(const char *host, int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    /* a wildcard (or unparsable) address is reached on loopback */
+    if (!host || inet_pton(AF_INET, host, &a.sin_addr) != 1 || a.sin_addr.s_addr == htonl(INADDR_ANY))
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     int ok = 0;
     if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
         const char *q = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
@@ -256,10 +259,16 @@ int pd_cli_up(int argc, char **argv)
         {"model", 1, 0, 'm'}, {"port", 1, 0, 'p'}, {"prefill-instances", 1, 0, 'P'}, {"decode-instances", 1, 0, 'D'},
         {"threads", 1, 0, 'j'}, {"plan", 1, 0, 'l'}, {"max-model-len", 1, 0, 'L'}, {"prefill-ep", 1, 0, 'e'},
         {"decode-ep", 1, 0, 'f'}, {"api-key", 1, 0, 'k'}, {"kv-lease-ms", 1, 0, 'K'},
+        {"host", 1, 0, 'H'}, {"max-num-seqs", 1, 0, 'S'}, {"max-num-batched-tokens", 1, 0, 'T'},
+        {"kv-cache-memory-bytes", 1, 0, 'B'}, {"kv-cache-bytes", 1, 0, 'B'}, {"served-model-name", 1, 0, 'N'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
     const char *model = "models/mini", *plan = NULL, *key = NULL;
     int64_t port = 8000, np = 1, nd = 1, threads = 1, max_len = 2048, ep_flag[2] = {1, 1}, lease_ms = 0;
+    /* engine flags passed on to every instance as given (serve checks them); the plan's own
+     * values forbid them with --plan */
+    const char *host = "127.0.0.1", *seqs_flag = NULL, *batched_flag = NULL, *kvbytes_flag = NULL, *served = NULL;
+    int64_t checked;
     int c;
     optind = 1;
     opterr = 0;
@@ -272,6 +281,15 @@ int pd_cli_up(int argc, char **argv)
         case 'j': if (pd_cli_int("--threads", optarg, 1, &threads)) return 2; break;
         case 'L': if (pd_cli_int("--max-model-len", optarg, 16, &max_len)) return 2; break;
         case 'l': plan = optarg; break;
+        case 'H': host = optarg; break;
+        case 'S': if (pd_cli_int("--max-num-seqs", optarg, 1, &checked)) return 2; seqs_flag = optarg; break;
+        case 'T':
+            if (pd_cli_int("--max-num-batched-tokens", optarg, 1, &checked))
+                return 2;
+            batched_flag = optarg;
+            break;
+        case 'B': kvbytes_flag = optarg; break;
+        case 'N': served = optarg; break;
         case 'K': if (pd_cli_int("--kv-lease-ms", optarg, 100, &lease_ms) || lease_ms > 3600000) return 2; break;
         case 'k':
             if (!optarg[0]) {
@@ -293,7 +311,10 @@ int pd_cli_up(int argc, char **argv)
         case 'h':
             printf("usage: pdmoe up [--model models/mini] [--port 8000] [--prefill-instances 1] [--decode-instances 1]\n"
                    "       [--prefill-ep 1] [--decode-ep 1] [--plan plan.json] [--threads 1] [--max-model-len 2048]\n"
-                   "       [--api-key KEY] [--kv-lease-ms 30000]\n"
+                   "       [--api-key KEY] [--kv-lease-ms 30000] [--host 127.0.0.1] [--max-num-seqs N]\n"
+                   "       [--max-num-batched-tokens N] [--kv-cache-memory-bytes B] [--served-model-name NAME]\n"
+                   "--host: the proxy's address (the instances stay on 127.0.0.1, reached by the proxy only). The\n"
+                   "engine flags go to every instance, as pdmoe serve reads them (not with --plan, which sets them).\n"
                    "Starts prefill and decode servers and the proxy on this machine (generating models/mini if it is\n"
                    "missing), prints the endpoint, and stops everything on Ctrl-C. A process that dies is started again\n"
                    "(backoff 0.5 s to 30 s; pdmoe_restarts_total in the proxy's /metrics). --api-key: every request to\n"
@@ -307,6 +328,11 @@ int pd_cli_up(int argc, char **argv)
         default:
             return pd_cli_bad_flag("up", c, argc, argv);
         }
+    }
+    if (plan && (seqs_flag || batched_flag || kvbytes_flag)) {
+        fprintf(stderr, "pdmoe up: %s: --plan %s sets it; give one or the other\n",
+                seqs_flag ? "--max-num-seqs" : batched_flag ? "--max-num-batched-tokens" : "--kv-cache-memory-bytes", plan);
+        return 2;
     }
     int ep[2] = {(int)ep_flag[0], (int)ep_flag[1]};
     struct up_plan u;
@@ -359,7 +385,7 @@ int pd_cli_up(int argc, char **argv)
     if (lease_ms)
         snprintf(slease, sizeof slease, ",\"kv_lease_ms\":%lld", (long long)lease_ms);
     snprintf(slen, sizeof slen, "%lld", (long long)max_len);
-    const char *name = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
+    const char *name = served ? served : strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
     for (int r = 0; r < 2; r++)
         for (int i = 0; i < (r ? nd : np); i++) {
             int p = (int)port + 1 + n;
@@ -399,6 +425,13 @@ int pd_cli_up(int argc, char **argv)
                 for (size_t j = 0; j < sizeof more / sizeof *more; j++)
                     a[k++] = more[j];
             }
+            const char *pass[][2] = {{"--max-num-seqs", seqs_flag}, {"--max-num-batched-tokens", batched_flag},
+                                     {"--kv-cache-memory-bytes", kvbytes_flag}};
+            for (size_t j = 0; j < sizeof pass / sizeof pass[0]; j++)
+                if (pass[j][1]) {
+                    a[k++] = (char *)pass[j][0];
+                    a[k++] = (char *)pass[j][1];
+                }
             if (key) {
                 a[k++] = "--api-key";
                 a[k++] = (char *)key;
@@ -415,10 +448,10 @@ int pd_cli_up(int argc, char **argv)
         }
     snprintf(sport, sizeof sport, "%lld", (long long)port);
     char *pargs[] = {self, "proxy", "--prefill", plist, "--decode", dlist, "--port", sport, "--metrics-file", mfile,
-                     "--api-key", (char *)key};
+                     "--host", (char *)host, "--api-key", (char *)key};
     const int proxy = n;
-    ch[n] = (struct child){.port = (int)port, .role = "proxy"};
-    set_args(&ch[n], pargs, key ? 12 : 10);
+    ch[n] = (struct child){.port = (int)port, .role = "proxy", .host = host};
+    set_args(&ch[n], pargs, key ? 14 : 12);
     snprintf(ch[n].what, sizeof ch[n].what, "proxy");
     write_metrics(mfile, ch, n + 1);
     spawn(&ch[n]);
@@ -447,15 +480,15 @@ int pd_cli_up(int argc, char **argv)
                     rc = 1;
                 }
             }
-            ready &= ch[i].pid > 0 && healthy(ch[i].port);
+            ready &= ch[i].pid > 0 && healthy(ch[i].host, ch[i].port);
         }
         if (!ready)
             nanosleep(&(struct timespec){0, 100000000}, NULL);
     }
     if (ready && !stopping) {
-        printf("pdmoe up: %lld prefill (EP %d) and %lld decode (EP %d) instance%s of %s behind http://127.0.0.1:%lld/v1 "
+        printf("pdmoe up: %lld prefill (EP %d) and %lld decode (EP %d) instance%s of %s behind http://%s:%lld/v1 "
                "(model \"%s\"); Ctrl-C stops everything\n", (long long)np, ep[0], (long long)nd, ep[1],
-               nd > 1 ? "s" : "", model, (long long)port, name);
+               nd > 1 ? "s" : "", model, host, (long long)port, name);
         fflush(stdout);
     } else if (!stopping) {
         fprintf(stderr, "pdmoe up: the cluster did not become healthy in 120 s\n");

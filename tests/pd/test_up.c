@@ -298,3 +298,53 @@ Test(up, plan_sizes_the_instances_and_their_kv_pools)
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, err);
     cr_assert(strstr(err, plan) && strstr(err, "this machine has"), "%s", err);
 }
+
+/* vLLM's engine flags on pdmoe up reach every instance (--max-num-seqs 3: three KV slots each;
+ * --kv-cache-memory-bytes: the pool; --served-model-name through the proxy); --host is the
+ * proxy's; with --plan, which sets them, they are refused by name. */
+Test(up, engine_flags_reach_every_instance)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const int port = 26300 + (getpid() % 300) * 3;
+    char out[256], sp[16];
+    snprintf(out, sizeof out, "%s/up.out", dir);
+    snprintf(sp, sizeof sp, "%d", port);
+    pid_t up = fork();
+    if (up == 0) {
+        freopen(out, "w", stdout);
+        execl(bin, bin, "up", "--model", dir, "--port", sp, "--host", "127.0.0.1", "--max-num-seqs", "3",
+              "--kv-cache-memory-bytes", "64MiB", "--served-model-name", "tiny-x", (char *)NULL);
+        _exit(127);
+    }
+    up_pid = up;
+    int ready = 0;
+    for (int i = 0; i < 600 && !ready; i++) {
+        FILE *f = fopen(out, "r");
+        char line[512] = "";
+        if (f) {
+            ready = fgets(line, sizeof line, f) && strstr(line, "Ctrl-C");
+            fclose(f);
+        }
+        if (!ready)
+            usleep(100000);
+    }
+    cr_assert(ready, "pdmoe up did not become ready");
+    for (int p = port + 1; p <= port + 2; p++) {
+        cr_assert_eq(metric_port(p, "pdmoe_kv_slots_free"), 3, "port %d", p);
+        cr_assert_leq(metric_key(p, "pdmoe_kv_pool_bytes"), (int64_t)64 << 20, "port %d", p);
+    }
+    char a[8192];
+    cr_assert_eq(curl_port(port, "/v1/models", NULL, NULL, a, sizeof a), 200, "%s", a);
+    cr_assert(strstr(a, "\"tiny-x\""), "%s", a);
+    const char *body = "{\"model\":\"tiny-x\",\"prompt\":\"The sea\",\"max_tokens\":3,\"temperature\":0}";
+    cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, a, sizeof a), 200, "%s", a);
+    stop_up(up, port);
+
+    char cmd[1024], err[512];
+    snprintf(cmd, sizeof cmd, "%s up --model %s --plan /nonexistent.json --max-num-seqs 3 2>&1", bin, dir);
+    FILE *f = popen(cmd, "r");
+    size_t n = fread(err, 1, sizeof err - 1, f);
+    err[n] = 0;
+    cr_assert_eq(WEXITSTATUS(pclose(f)), 2, "%s", err);
+    cr_assert(strstr(err, "--max-num-seqs: --plan /nonexistent.json sets it"), "%s", err);
+}
