@@ -155,7 +155,7 @@ static int gen_tensor(const struct pd_model *m, const struct pd_tensor *t, const
         /* tid2eid [vocab, k]: k distinct experts per token */
         int64_t *v = malloc((size_t)n * 8);
         if (!v)
-            return pd_err_set(e, PD_ENOMEM, "gen-model: out of memory");
+            return pd_err_set(e, PD_ENOMEM, "out of memory");
         const int k = (int)t->shape[1], E = m->n_routed_experts;
         for (int64_t r = 0; r < t->shape[0]; r++)
             for (int j = 0; j < k; j++) {
@@ -169,11 +169,11 @@ static int gen_tensor(const struct pd_model *m, const struct pd_tensor *t, const
                 } while (dup);
                 v[r * k + j] = x;
             }
-        return push(o, name, PD_ST_I64, t, -1, v) ? pd_err_set(e, PD_ENOMEM, "gen-model: out of memory") : 0;
+        return push(o, name, PD_ST_I64, t, -1, v) ? pd_err_set(e, PD_ENOMEM, "out of memory") : 0;
     }
     float *f = malloc((size_t)n * sizeof *f);
     if (!f)
-        return pd_err_set(e, PD_ENOMEM, "gen-model: out of memory for %s", name);
+        return pd_err_set(e, PD_ENOMEM, "out of memory for %s", name);
     fill(m, name, t, f, n, &rng);
     int rc = 0;
     if (t->fmt == PD_FMT_W8A8) {
@@ -184,7 +184,7 @@ static int gen_tensor(const struct pd_model *m, const struct pd_tensor *t, const
             free(q);
             free(s);
             free(f);
-            return pd_err_set(e, PD_ENOMEM, "gen-model: out of memory for %s", name);
+            return pd_err_set(e, PD_ENOMEM, "out of memory for %s", name);
         }
         pd_quant_weights(f, rows, cols, q, s);
         free(f);
@@ -199,7 +199,7 @@ static int gen_tensor(const struct pd_model *m, const struct pd_tensor *t, const
         uint16_t *b = malloc((size_t)n * 2);
         if (!b) {
             free(f);
-            return pd_err_set(e, PD_ENOMEM, "gen-model: out of memory for %s", name);
+            return pd_err_set(e, PD_ENOMEM, "out of memory for %s", name);
         }
         for (int64_t i = 0; i < n; i++)
             b[i] = pd_f32_to_bf16(f[i]);
@@ -209,9 +209,9 @@ static int gen_tensor(const struct pd_model *m, const struct pd_tensor *t, const
         rc = push(o, name, PD_ST_F32, t, -1, f);
     } else {
         free(f);
-        return pd_err_set(e, PD_EINVAL, "gen-model: %s: format %s is not generated", name, pd_fmt_name(t->fmt));
+        return pd_err_set(e, PD_EINVAL, "%s: format %s is not generated", name, pd_fmt_name(t->fmt));
     }
-    return rc ? pd_err_set(e, PD_ENOMEM, "gen-model: out of memory") : 0;
+    return rc ? pd_err_set(e, PD_ENOMEM, "out of memory") : 0;
 }
 
 static int write_text(const char *path, const char *text, pd_err *e)
@@ -232,7 +232,7 @@ int pd_genmodel(const char *preset, const char *out_dir, uint64_t seed, pd_err *
     if (rc)
         return rc;
     if (m.arch != PD_ARCH_DEEPSEEK_V4)
-        return pd_err_set(e, PD_EINVAL, "gen-model: %s is %s; the engine runs deepseek_v4 models", preset,
+        return pd_err_set(e, PD_EINVAL, "%s is %s; the engine runs deepseek_v4 models", preset,
                           pd_model_arch_name(m.arch));
     if (mkdir(out_dir, 0755) && errno != EEXIST)
         return pd_err_set(e, PD_EIO, "%s: cannot create the directory: %s", out_dir, strerror(errno));

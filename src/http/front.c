@@ -618,8 +618,9 @@ int pd_http_front_new(struct event_base *base, const struct pd_http_limits *lim,
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     if (!f->full_ev || getsockname(lfd, (struct sockaddr *)&ss, &sl)) {
+        int err = f->full_ev ? errno : ENOMEM;
         pd_http_front_free(f);
-        return pd_err_set(e, PD_EIO, "cannot listen on %s:%d", host, port);
+        return pd_err_set(e, PD_EIO, "cannot listen on %s:%d: %s", host, port, strerror(err));
     }
     f->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                              : ((struct sockaddr_in *)&ss)->sin_port);

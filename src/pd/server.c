@@ -1911,14 +1911,14 @@ static int ep_open(struct pd_server *s, struct pd_engine_opts *eo, pd_err *e)
     int init = 0, level = 0;
     MPI_Initialized(&init);
     if (!init)
-        return pd_err_set(e, PD_EINVAL, "server: expert parallelism needs MPI initialised (run under mpirun)");
+        return pd_err_set(e, PD_EINVAL, "expert parallelism needs MPI initialised (run under mpirun)");
     MPI_Query_thread(&level);
     if (level < MPI_THREAD_SERIALIZED)
-        return pd_err_set(e, PD_EINVAL, "server: expert parallelism needs MPI_THREAD_SERIALIZED (the scheduler thread "
+        return pd_err_set(e, PD_EINVAL, "expert parallelism needs MPI_THREAD_SERIALIZED (the scheduler thread "
                           "makes the MPI calls)");
     struct ep_group *g = s->g = calloc(1, sizeof *g);
     if (!g)
-        return pd_err_set(e, PD_ENOMEM, "server: out of memory");
+        return pd_err_set(e, PD_ENOMEM, "out of memory");
     struct pd_model m;
     int rc;
     if ((rc = pd_model_load(s->o.model_dir, &m, e)) || (rc = pd_ep_init(&g->ep, MPI_COMM_WORLD, &m, e)))
@@ -1958,10 +1958,10 @@ static int ep_setup(struct pd_server *s, pd_err *e)
     g->pulls.width = EP_PULL_W;
     if (!g->seqs || !g->items || !g->item_of || !g->item_seq || !g->scratch || !g->load || !g->released || !g->pull_req ||
         grow_words(&g->msg, &g->msg_cap, EP_HDR))
-        return pd_err_set(e, PD_ENOMEM, "server: out of memory");
+        return pd_err_set(e, PD_ENOMEM, "out of memory");
     for (int i = 0; i < n; i++)
         if (!(g->seqs[i].logits = malloc((size_t)s->V * sizeof(float))))
-            return pd_err_set(e, PD_ENOMEM, "server: out of memory");
+            return pd_err_set(e, PD_ENOMEM, "out of memory");
     g->acct_blocks = g->load + g->size;
     g->free_blocks = g->load + 2 * g->size;
     g->free_slots = g->load + 3 * g->size;
@@ -2011,7 +2011,7 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
 {
     struct pd_server *s = calloc(1, sizeof *s);
     if (!s)
-        return pd_err_set(e, PD_ENOMEM, "server: out of memory");
+        return pd_err_set(e, PD_ENOMEM, "out of memory");
     s->o = *o;
     if (!s->o.host)
         s->o.host = "127.0.0.1";
@@ -2064,7 +2064,7 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
          * its own while it pulls) */
         if (s->o.role == PD_ROLE_PRODUCER) {
             if (pthread_create(&s->kvx_thread, NULL, kvx_loop, s)) {
-                rc = pd_err_set(e, PD_ENOMEM, "server: cannot start the KV transfer thread");
+                rc = pd_err_set(e, PD_ENOMEM, "cannot start the KV transfer thread");
                 goto fail;
             }
             s->kvx_thread_started = 1;
@@ -2089,13 +2089,11 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     signal(SIGPIPE, SIG_IGN);
     s->base = event_base_new();
     if (!s->running || !s->stats_sum || !s->base) {
-        rc = pd_err_set(e, PD_ENOMEM, "server: out of memory");
+        rc = pd_err_set(e, PD_ENOMEM, "out of memory");
         goto fail;
     }
-    if ((rc = pd_http_front_new(s->base, &s->o.http, s->o.host, s->o.port, &s->front, e))) {
-        pd_err_prefix(e, "server: ");
+    if ((rc = pd_http_front_new(s->base, &s->o.http, s->o.host, s->o.port, &s->front, e)))
         goto fail;
-    }
     s->port = pd_http_front_port(s->front);
     static const struct { const char *path; void (*cb)(struct evhttp_request *, void *); } routes[] = {
         {"/v1/completions", on_completions}, {"/v1/chat/completions", on_chat}, {"/v1/models", on_models},
@@ -2103,7 +2101,7 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (pd_http_front_route(s->front, routes[i].path, routes[i].cb, s)) {
-            rc = pd_err_set(e, PD_ENOMEM, "server: out of memory");
+            rc = pd_err_set(e, PD_ENOMEM, "out of memory");
             goto fail;
         }
     s->notify = event_new(s->base, -1, 0, on_notify, s);
@@ -2114,7 +2112,7 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
         event_add(s->sigterm, NULL);
     }
     if (pthread_create(&s->thread, NULL, scheduler, s)) {
-        rc = pd_err_set(e, PD_ENOMEM, "server: cannot start the scheduler thread");
+        rc = pd_err_set(e, PD_ENOMEM, "cannot start the scheduler thread");
         goto fail;
     }
     s->thread_started = 1;
@@ -2144,9 +2142,9 @@ int pd_server_run(struct pd_server *s, pd_err *e)
         return rc < 0 ? rc : 0;
     }
     if (event_base_dispatch(s->base) < 0)
-        return pd_err_set(e, PD_EIO, "server: event loop failed");
+        return pd_err_set(e, PD_EIO, "event loop failed");
     pthread_mutex_lock(&s->mu);
-    int rc = s->fatal[0] ? pd_err_set(e, PD_EIO, "server: %s", s->fatal) : 0;
+    int rc = s->fatal[0] ? pd_err_set(e, PD_EIO, "%s", s->fatal) : 0;
     pthread_mutex_unlock(&s->mu);
     return rc;
 }

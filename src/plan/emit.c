@@ -108,7 +108,7 @@ static int layout_build(const struct pd_plan *p, struct layout *L, pd_err *e)
     }
     L->parts = calloc((size_t)total, sizeof *L->parts);
     if (!L->parts)
-        return pd_err_set(e, PD_ENOMEM, "emit: out of memory");
+        return pd_err_set(e, PD_ENOMEM, "out of memory");
     int node = 0, off = 0, slot = 0, id = 0;
     for (int r = 0; r < 2; r++) {
         const struct pd_role_plan *rp = &p->role[r];
@@ -215,7 +215,7 @@ static int check_ports(const struct ctx *c, enum pd_emit_target t, pd_err *e)
     const struct layout *L = &c->L;
     struct range *r = malloc(sizeof *r * (size_t)(4 * L->n_parts + 1));
     if (!r)
-        return pd_err_set(e, PD_ENOMEM, "emit: out of memory");
+        return pd_err_set(e, PD_ENOMEM, "out of memory");
     int rc = 0;
     for (int node = 0; node < L->nodes && !rc; node++) {
         int n = 0;
@@ -266,11 +266,11 @@ static int hosts_build(struct ctx *c, pd_err *e)
     const struct layout *L = &c->L;
     c->host = calloc((size_t)L->nodes, sizeof *c->host);
     if (!c->host)
-        return pd_err_set(e, PD_ENOMEM, "emit: out of memory");
+        return pd_err_set(e, PD_ENOMEM, "out of memory");
     if (!c->o->hosts) {
         c->placeholder = calloc((size_t)L->nodes, sizeof *c->placeholder);
         if (!c->placeholder)
-            return pd_err_set(e, PD_ENOMEM, "emit: out of memory");
+            return pd_err_set(e, PD_ENOMEM, "out of memory");
         for (int i = 0; i < L->nodes; i++) {
             snprintf(c->placeholder[i], sizeof c->placeholder[i], "node%d", i);
             c->host[i] = c->placeholder[i];
@@ -699,7 +699,7 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
         goto done;
     f = open_memstream(&buf, &len);
     if (!f) {
-        pd_err_set(e, PD_ENOMEM, "emit: out of memory");
+        pd_err_set(e, PD_ENOMEM, "out of memory");
         goto done;
     }
     header(f, &c, t);
@@ -719,7 +719,7 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
     if (fclose(f)) {
         free(buf);
         buf = NULL;
-        pd_err_set(e, PD_ENOMEM, "emit: out of memory");
+        pd_err_set(e, PD_ENOMEM, "out of memory");
     }
 done:
     free(c.L.parts);

@@ -113,7 +113,7 @@ static int layout_cands(struct pd_plan *p, const struct pd_search_opts *so, enum
             struct cand *c = cand_push(v);
             if (!c) {
                 pd_placement_free(&rp.place);
-                return pd_err_set(e, PD_ENOMEM, "search: out of memory");
+                return pd_err_set(e, PD_ENOMEM, "out of memory");
             }
             c->o = *o;
             c->o.instances = inst;
@@ -284,7 +284,7 @@ int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e
             if (pc.c[i].cards + dc.c[j].cards > o->cards)
                 continue;
             if (push_layout(s, &pc.c[i], &dc.c[j], &p)) {
-                rc = pd_err_set(e, PD_ENOMEM, "search: out of memory");
+                rc = pd_err_set(e, PD_ENOMEM, "out of memory");
                 goto out;
             }
         }
@@ -298,7 +298,7 @@ int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e
             s->best = i;
     }
     if (pareto(s)) {
-        rc = pd_err_set(e, PD_ENOMEM, "search: out of memory");
+        rc = pd_err_set(e, PD_ENOMEM, "out of memory");
         goto out;
     }
     /* the chosen layout as a full plan and prediction, for the report and the launch commands */

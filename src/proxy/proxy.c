@@ -930,11 +930,11 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err *e)
 {
     if (o->n_prefill < 0 || o->n_decode < 1 || o->n_prefill > PD_PROXY_MAX_INSTANCES || o->n_decode > PD_PROXY_MAX_INSTANCES)
-        return pd_err_set(e, PD_EINVAL, "proxy: --decode needs 1 to %d host:port (and --prefill at most as many)",
+        return pd_err_set(e, PD_EINVAL, "--decode needs 1 to %d host:port (and --prefill at most as many)",
                           PD_PROXY_MAX_INSTANCES);
     struct pd_proxy *px = calloc(1, sizeof *px);
     if (!px)
-        return pd_err_set(e, PD_ENOMEM, "proxy: out of memory");
+        return pd_err_set(e, PD_ENOMEM, "out of memory");
     px->o = *o;
 #define HIST(h, name, help, le) hist_init(&px->h, name, help, le, (int)(sizeof le / sizeof le[0]))
     HIST(ttft, "pdmoe_proxy_time_to_first_token_seconds", "Time from request to the first streamed token.", le_ttft);
@@ -946,12 +946,12 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
     for (int i = 0; i < o->n_prefill; i++)
         if (parse_hostport(o->prefill[i], &px->p[i])) {
             free(px);
-            return pd_err_set(e, PD_EINVAL, "proxy: --prefill %s: expected host:port", o->prefill[i]);
+            return pd_err_set(e, PD_EINVAL, "--prefill %s: expected host:port", o->prefill[i]);
         }
     for (int i = 0; i < o->n_decode; i++)
         if (parse_hostport(o->decode[i], &px->d[i])) {
             free(px);
-            return pd_err_set(e, PD_EINVAL, "proxy: --decode %s: expected host:port", o->decode[i]);
+            return pd_err_set(e, PD_EINVAL, "--decode %s: expected host:port", o->decode[i]);
         }
     px->np = o->n_prefill;
     px->nd = o->n_decode;
@@ -960,13 +960,13 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
     px->base = event_base_new();
     if (!px->base) {
         pd_proxy_destroy(px);
-        return pd_err_set(e, PD_ENOMEM, "proxy: out of memory");
+        return pd_err_set(e, PD_ENOMEM, "out of memory");
     }
     const char *host = o->host ? o->host : "127.0.0.1";
     int rc = pd_http_front_new(px->base, &o->http, host, o->port, &px->front, e);
     if (rc) {
         pd_proxy_destroy(px);
-        return pd_err_prefix(e, "proxy: ");
+        return rc;
     }
     px->port = pd_http_front_port(px->front);
     static const struct { const char *path; void (*cb)(struct evhttp_request *, void *); } routes[] = {
@@ -976,7 +976,7 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (pd_http_front_route(px->front, routes[i].path, routes[i].cb, px)) {
             pd_proxy_destroy(px);
-            return pd_err_set(e, PD_ENOMEM, "proxy: out of memory");
+            return pd_err_set(e, PD_ENOMEM, "out of memory");
         }
     if (o->handle_signals) {
         px->sigint = evsignal_new(px->base, SIGINT, on_signal, px);
@@ -996,7 +996,7 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
     px->tick = event_new(px->base, -1, EV_PERSIST, on_tick, px);
     if (!px->stop || !px->tick || event_add(px->tick, &(struct timeval){0, 100000})) {
         pd_proxy_destroy(px);
-        return pd_err_set(e, PD_ENOMEM, "proxy: out of memory");
+        return pd_err_set(e, PD_ENOMEM, "out of memory");
     }
     *out = px;
     return 0;
@@ -1009,7 +1009,7 @@ int pd_proxy_port(const struct pd_proxy *px)
 
 int pd_proxy_run(struct pd_proxy *px, pd_err *e)
 {
-    return event_base_dispatch(px->base) < 0 ? pd_err_set(e, PD_EIO, "proxy: event loop failed") : 0;
+    return event_base_dispatch(px->base) < 0 ? pd_err_set(e, PD_EIO, "event loop failed") : 0;
 }
 
 void pd_proxy_stop(struct pd_proxy *px)
