@@ -1,7 +1,11 @@
-/* Regex matcher for the tokenizer's Split patterns: parses a pattern into a node tree and matches
- * it by backtracking with explicit continuations. The supported syntax is in regex.h. */
+/* Regex matcher for the tokenizer's Split patterns: parses a pattern into a node tree (which
+ * defines the syntax and its errors, regex.h), writes the tree out as a PCRE2 pattern over code
+ * points and matches with PCRE2's JIT under match and depth limits. The tree also drives a
+ * backtracking reference matcher (pd_rx_find_ref) that tests and the benchmark compare with. */
 #include "model/regex.h"
 
+#define PCRE2_CODE_UNIT_WIDTH 32
+#include <pcre2.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +68,11 @@ struct pd_rx {
     struct rx_set *sets;
     size_t ns, scap;
     int root;
+    pcre2_code *re;              /* the tree as a PCRE2 pattern (32-bit code units, no UTF) */
+    pcre2_match_context *mctx;   /* the match and depth limits */
+    int jit;                     /* re is JIT-compiled */
+    char *label, *field;         /* named in a match error */
+    char *pattern;               /* the source (truncated), named in a match error */
 };
 
 void pd_rx_free(struct pd_rx *rx)
@@ -76,6 +85,11 @@ void pd_rx_free(struct pd_rx *rx)
         free(rx->sets[i].it);
     free(rx->nodes);
     free(rx->sets);
+    pcre2_code_free(rx->re);
+    pcre2_match_context_free(rx->mctx);
+    free(rx->label);
+    free(rx->field);
+    free(rx->pattern);
     free(rx);
 }
 
@@ -654,6 +668,9 @@ static long rx_weight(const struct pd_rx *rx, int n)
     return w > RX_MAX_WEIGHT ? RX_MAX_WEIGHT + 1 : w;
 }
 
+static int rx_to_pcre2(struct pd_rx *rx, const char *pat, size_t len, const char *label,
+                       const char *field, pd_err *e);
+
 struct pd_rx *pd_rx_compile(const char *pat, size_t len, const char *label, const char *field,
                              pd_err *e)
 {
@@ -676,8 +693,330 @@ struct pd_rx *pd_rx_compile(const char *pat, size_t len, const char *label, cons
         return NULL;
     }
     p.rx->root = root;
+    if (rx_to_pcre2(p.rx, pat, len, label, field, e)) {
+        pd_rx_free(p.rx);
+        return NULL;
+    }
     return p.rx;
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * The tree as a PCRE2 pattern. Matching runs on code points (32-bit code units without UTF, so
+ * the invalid-byte code points above U+10FFFF are characters PCRE2 files under no category, as
+ * here), with PCRE2_UCP for \p{..}. Everything is written out explicitly: literals as \x{..},
+ * every group as (?:..), \s as the White_Space list, \w as [\p{L}\p{M}\p{N}\p{Pc}], \d as \p{N},
+ * line anchors as lookarounds, so no PCRE2 option or default changes what a pattern means.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Matching gives up past this many backtracking steps (one find), or this nesting depth in
+ * the interpreter (the JIT is bounded by its 32 KiB stack instead). Tokenizer patterns take a
+ * few steps per character; catastrophic ones hit the limit in well under a second. */
+#define RX_MATCH_LIMIT 10000000u
+#define RX_DEPTH_LIMIT 10000u
+/* PCRE2 caps a counted repeat at this many; longer repeats of a set are written as several. */
+#define RX_PCRE2_MAX_REPEAT 65535
+
+struct emit {
+    uint32_t *s;
+    size_t n, cap;
+    int oom;
+};
+
+static void em_str(struct emit *m, const char *t)
+{
+    size_t l = strlen(t);
+    if (GROW(m->s, m->cap, m->n + l + 1)) {
+        m->oom = 1;
+        return;
+    }
+    for (size_t i = 0; i < l; i++)
+        m->s[m->n++] = (unsigned char)t[i];
+}
+
+static void em_cp(struct emit *m, uint32_t cp)
+{
+    char b[24];
+    snprintf(b, sizeof b, "\\x{%x}", cp);
+    em_str(m, b);
+}
+
+static const char ws_class[] =
+    "\\x{9}-\\x{d}\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}"
+    "\\x{205f}\\x{3000}";
+static const char word_class[] = "\\p{L}\\p{M}\\p{N}\\p{Pc}";
+
+/* A negated \s or \w item cannot sit in a class with others (PCRE2 has no nested classes). */
+static int item_is_complex(const struct rx_item *it)
+{
+    return it->feat && it->neg && (it->feat & (PD_UC_SPACE | PD_UC_WORD));
+}
+
+/* The inside of a class for the simple items of a set. */
+static void em_items(struct emit *m, const struct rx_set *st)
+{
+    static const struct { uint16_t feat; const char *name; } props[] = {
+        {PD_UC_L, "L"}, {PD_UC_LU, "Lu"}, {PD_UC_LL, "Ll"}, {PD_UC_M, "M"}, {PD_UC_N, "N"},
+        {PD_UC_P, "P"}, {PD_UC_S, "S"}, {PD_UC_Z, "Z"}, {PD_UC_C, "C"},
+    };
+    for (int i = 0; i < st->n; i++) {
+        const struct rx_item *it = &st->it[i];
+        if (item_is_complex(it))
+            continue;
+        if (!it->feat) {
+            em_cp(m, it->lo);
+            if (it->hi != it->lo) {
+                em_str(m, "-");
+                em_cp(m, it->hi);
+            }
+        } else if (it->feat == PD_UC_SPACE) {
+            em_str(m, ws_class);
+        } else if (it->feat == PD_UC_WORD) {
+            em_str(m, word_class);
+        } else {
+            for (size_t k = 0; k < sizeof props / sizeof *props; k++) {
+                if (it->feat == props[k].feat) {
+                    em_str(m, it->neg ? "\\P{" : "\\p{");
+                    em_str(m, props[k].name);
+                    em_str(m, "}");
+                }
+            }
+        }
+    }
+}
+
+/* One set as a single-character PCRE2 item. */
+static void em_set(struct emit *m, const struct rx_set *st)
+{
+    int simple = 0, complex = 0;
+    for (int i = 0; i < st->n; i++) {
+        if (item_is_complex(&st->it[i]))
+            complex++;
+        else
+            simple++;
+    }
+    if (st->icase)
+        em_str(m, "(?i:");
+    if (!complex) {
+        em_str(m, st->neg ? "[^" : "[");
+        em_items(m, st);
+        em_str(m, "]");
+    } else {
+        /* the union of classes as alternatives; a negated set is any character that is none */
+        em_str(m, st->neg ? "(?:(?!" : "(?:");
+        int first = 1;
+        if (simple) {
+            em_str(m, "[");
+            em_items(m, st);
+            em_str(m, "]");
+            first = 0;
+        }
+        for (int i = 0; i < st->n; i++) {
+            if (!item_is_complex(&st->it[i]))
+                continue;
+            em_str(m, first ? "[^" : "|[^");
+            em_str(m, st->it[i].feat == PD_UC_SPACE ? ws_class : word_class);
+            em_str(m, "]");
+            first = 0;
+        }
+        em_str(m, st->neg ? ")(?s:.))" : ")");
+    }
+    if (st->icase)
+        em_str(m, ")");
+}
+
+static void em_count(struct emit *m, int min, int max)
+{
+    char b[48];
+    if (min == 0 && max < 0)
+        snprintf(b, sizeof b, "*");
+    else if (min == 1 && max < 0)
+        snprintf(b, sizeof b, "+");
+    else if (max < 0)
+        snprintf(b, sizeof b, "{%d,}", min);
+    else if (min == max)
+        snprintf(b, sizeof b, "{%d}", min);
+    else
+        snprintf(b, sizeof b, "{%d,%d}", min, max);
+    em_str(m, b);
+}
+
+static void em_node(struct emit *m, const struct pd_rx *rx, int n)
+{
+    const struct rx_node *nd = &rx->nodes[n];
+    switch (nd->op) {
+    case RX_SET:
+        em_set(m, &rx->sets[nd->set]);
+        break;
+    case RX_REPSET: {
+        /* a run of one set splits into consecutive greedy runs without changing what it
+         * matches or which match is preferred */
+        const struct rx_set *st = &rx->sets[nd->set];
+        int min = nd->min, max = nd->max, cap = RX_PCRE2_MAX_REPEAT;
+        while (min > cap) {
+            em_set(m, st);
+            em_count(m, cap, cap);
+            min -= cap;
+            if (max >= 0)
+                max -= cap;
+        }
+        while (max > cap) {
+            em_set(m, st);
+            em_count(m, min, cap);
+            max -= cap;
+            min = 0;
+        }
+        em_set(m, st);
+        em_count(m, min, max);
+        break;
+    }
+    case RX_SEQ:
+        em_str(m, "(?:");
+        for (int j = 0; j < nd->nkid; j++)
+            em_node(m, rx, nd->kid[j]);
+        em_str(m, ")");
+        break;
+    case RX_ALT:
+        em_str(m, "(?:");
+        for (int j = 0; j < nd->nkid; j++) {
+            if (j)
+                em_str(m, "|");
+            em_node(m, rx, nd->kid[j]);
+        }
+        em_str(m, ")");
+        break;
+    case RX_REP:
+        em_str(m, "(?:");
+        em_node(m, rx, nd->kid[0]);
+        em_str(m, ")");
+        em_count(m, nd->min, nd->max);
+        break;
+    case RX_LOOK:
+        em_str(m, nd->neg ? "(?!" : "(?=");
+        em_node(m, rx, nd->kid[0]);
+        em_str(m, ")");
+        break;
+    default:
+        em_str(m, nd->as == AS_BOL   ? "(?<![^\\x{a}])"
+                  : nd->as == AS_EOL ? "(?![^\\x{a}])"
+                  : nd->as == AS_BOS ? "\\A"
+                  : nd->as == AS_EOS ? "\\z"
+                                     : "(?=\\x{a}?\\z)");
+        break;
+    }
+}
+
+static int rx_to_pcre2(struct pd_rx *rx, const char *pat, size_t len, const char *label,
+                       const char *field, pd_err *e)
+{
+    struct emit m = {0};
+    em_node(&m, rx, rx->root);
+    int shown = len > 200 ? 200 : (int)len;
+    rx->label = strdup(label);
+    rx->field = strdup(field);
+    rx->pattern = malloc((size_t)shown + 4);
+    rx->mctx = pcre2_match_context_create(NULL);
+    if (m.oom || !rx->label || !rx->field || !rx->pattern || !rx->mctx) {
+        free(m.s);
+        return pd_err_set(e, PD_ENOMEM, "%s: field \"%s\": out of memory compiling regex", label,
+                          field);
+    }
+    snprintf(rx->pattern, (size_t)shown + 4, "%.*s%s", shown, pat, len > 200 ? "..." : "");
+    int code;
+    PCRE2_SIZE at;
+    rx->re = pcre2_compile((PCRE2_SPTR)m.s, m.n, PCRE2_UCP, &code, &at, NULL);
+    free(m.s);
+    if (!rx->re) {
+        PCRE2_UCHAR msg[160];
+        char ascii[160];
+        int k = pcre2_get_error_message(code, msg, 160);
+        for (int i = 0; i < k && i < 159; i++)
+            ascii[i] = (char)msg[i];
+        ascii[k > 0 ? (k < 159 ? k : 159) : 0] = 0;
+        return pd_err_set(e, PD_EFORMAT, "%s: field \"%s\": regex /%s/ is not accepted by PCRE2: "
+                          "%s", label, field, rx->pattern, ascii);
+    }
+    rx->jit = pcre2_jit_compile(rx->re, PCRE2_JIT_COMPLETE) == 0;
+    pcre2_set_match_limit(rx->mctx, RX_MATCH_LIMIT);
+    pcre2_set_depth_limit(rx->mctx, RX_DEPTH_LIMIT);
+    return 0;
+}
+
+struct pd_rx_scratch {
+    pcre2_match_data *md;
+};
+
+void pd_rx_scratch_free(struct pd_rx_scratch *s)
+{
+    if (!s)
+        return;
+    pcre2_match_data_free(s->md);
+    free(s);
+}
+
+int pd_rx_find(const struct pd_rx *rx, struct pd_rx_scratch **scratch, const uint32_t *cp,
+               size_t beg, size_t end, size_t from, size_t *ms, size_t *me, pd_err *e)
+{
+    if (from >= end)
+        return 0;
+    struct pd_rx_scratch *s = *scratch;
+    if (!s) {
+        s = calloc(1, sizeof *s);
+        if (s)
+            s->md = pcre2_match_data_create(1, NULL);
+        if (!s || !s->md) {
+            pd_rx_scratch_free(s);
+            return pd_err_set(e, PD_ENOMEM, "%s: field \"%s\": out of memory matching regex",
+                              rx->label, rx->field);
+        }
+        *scratch = s;
+    }
+    int rc = rx->jit ? pcre2_jit_match(rx->re, cp + beg, end - beg, from - beg, 0, s->md,
+                                       rx->mctx)
+                     : pcre2_match(rx->re, cp + beg, end - beg, from - beg, 0, s->md, rx->mctx);
+    if (rc == PCRE2_ERROR_NOMATCH)
+        return 0;
+    if (rc < 0) {
+        const char *what;
+        char lim[64];
+        switch (rc) {
+        case PCRE2_ERROR_MATCHLIMIT:
+            what = "match limit";
+            snprintf(lim, sizeof lim, "%u backtracking steps", RX_MATCH_LIMIT);
+            break;
+        case PCRE2_ERROR_DEPTHLIMIT:
+            what = "depth limit";
+            snprintf(lim, sizeof lim, "%u nested backtracking points", RX_DEPTH_LIMIT);
+            break;
+        case PCRE2_ERROR_JIT_STACKLIMIT:
+            what = "JIT stack limit";
+            snprintf(lim, sizeof lim, "32 KiB");
+            break;
+        case PCRE2_ERROR_NOMEMORY:
+        case PCRE2_ERROR_HEAPLIMIT:
+            what = "heap limit";
+            snprintf(lim, sizeof lim, "PCRE2's default");
+            break;
+        default:
+            what = "error";
+            snprintf(lim, sizeof lim, "PCRE2 code %d", rc);
+            break;
+        }
+        return pd_err_set(e, PD_EINVAL, "%s: field \"%s\": regex /%s/ hit its %s (%s) on a "
+                          "%zu-character piece of the text: the pattern backtracks "
+                          "catastrophically on this input", rx->label, rx->field, rx->pattern,
+                          what, lim, end - beg);
+    }
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
+    if (beg + ov[0] >= end)
+        return 0;   /* an empty match at the end, where the reference never looks */
+    *ms = beg + ov[0];
+    *me = beg + ov[1];
+    return 1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The reference matcher: backtracking with explicit continuations over the tree.
+ * ------------------------------------------------------------------------------------------- */
 
 struct rx_ctx {
     const struct pd_rx *rx;
@@ -799,8 +1138,8 @@ static ptrdiff_t rx_node(const struct rx_ctx *c, int n, size_t i, const struct r
 }
 
 /* Leftmost match in cp[beg..end) starting at or after `from`. */
-int pd_rx_find(const struct pd_rx *rx, const uint32_t *cp, size_t beg, size_t end, size_t from,
-               size_t *ms, size_t *me)
+int pd_rx_find_ref(const struct pd_rx *rx, const uint32_t *cp, size_t beg, size_t end,
+                   size_t from, size_t *ms, size_t *me)
 {
     struct rx_ctx c = {rx, cp, beg, end};
     for (size_t s = from; s < end; s++) {

@@ -194,6 +194,7 @@ struct work {
     struct mark *mk;
     size_t nmk, mkcap;
     char *nb;                /* a rebuilt text (ByteLevel add_prefix_space) */
+    struct pd_rx_scratch *rs;
     /* BPE */
     struct sym { int32_t id, prev, next; } *sym;
     size_t symcap;
@@ -213,6 +214,7 @@ static void work_free(struct work *w)
     free(w->q);
     free(w->mk);
     free(w->nb);
+    pd_rx_scratch_free(w->rs);
     free(w->sym);
     free(w->heap);
     free(w->tmp);
@@ -255,12 +257,16 @@ static int push_mark(struct work *w, size_t a, size_t b, int m)
 }
 
 /* Splits one piece the way HF's Split does: the pattern's matches and the gaps between them,
- * then the behavior decides what becomes a piece. Empty matches are skipped. */
-static int split_piece(struct work *w, const struct pstep *st, size_t a, size_t b)
+ * then the behavior decides what becomes a piece. Empty matches are skipped. Errors are
+ * PD_ENOMEM (e not set) or the matcher's (e set). */
+static int split_piece(struct work *w, const struct pstep *st, size_t a, size_t b, pd_err *e)
 {
     w->nmk = 0;
     size_t pos = a, from = a, ms, me;
-    while (from < b && pd_rx_find(st->rx, w->cp, a, b, from, &ms, &me)) {
+    int found;
+    while (from < b && (found = pd_rx_find(st->rx, &w->rs, w->cp, a, b, from, &ms, &me, e))) {
+        if (found < 0)
+            return found;
         if (me == ms) {
             from = ms + 1;
             continue;
@@ -324,12 +330,13 @@ static int split_piece(struct work *w, const struct pstep *st, size_t a, size_t 
     return 0;
 }
 
-static int split_all(struct work *w, const struct pstep *st)
+static int split_all(struct work *w, const struct pstep *st, pd_err *e)
 {
     w->nq = 0;
     for (size_t i = 0; i < w->np; i++) {
-        if (split_piece(w, st, w->p[i].a, w->p[i].b))
-            return PD_ENOMEM;
+        int rc = split_piece(w, st, w->p[i].a, w->p[i].b, e);
+        if (rc)
+            return rc;
     }
     struct piece *t = w->p;
     size_t tc = w->pcap;
@@ -384,24 +391,28 @@ static int prefix_spaces(struct work *w)
 }
 
 /* Runs the steps over s[0..len): afterwards w->p[0..np) are the pieces, as code point ranges
- * over w->cp/w->off of w->s (which is s, or a rebuilt copy). */
+ * over w->cp/w->off of w->s (which is s, or a rebuilt copy). Errors: PD_ENOMEM with e set to
+ * "label: out of memory", or a Split regex's error. */
 static int pretokenize(struct work *w, const struct pstep *steps, int n_steps, const uint8_t *s,
-                       size_t len)
+                       size_t len, const char *label, pd_err *e)
 {
     if (work_decode(w, s, len))
-        return PD_ENOMEM;
+        return pd_err_set(e, PD_ENOMEM, "%s: out of memory pre-tokenizing", label);
     w->np = 0;
     if (w->ncp) {
         if (GROW(w->p, w->pcap, 1))
-            return PD_ENOMEM;
+            return pd_err_set(e, PD_ENOMEM, "%s: out of memory pre-tokenizing", label);
         w->p[w->np++] = (struct piece){0, w->ncp};
     }
     for (int i = 0; i < n_steps; i++) {
         const struct pstep *st = &steps[i];
         if (st->kind == ST_BYTELEVEL && st->add_prefix_space && prefix_spaces(w))
-            return PD_ENOMEM;
-        if (st->rx && split_all(w, st))
-            return PD_ENOMEM;
+            return pd_err_set(e, PD_ENOMEM, "%s: out of memory pre-tokenizing", label);
+        int rc = st->rx ? split_all(w, st, e) : 0;
+        if (rc == PD_ENOMEM)
+            return pd_err_set(e, rc, "%s: out of memory pre-tokenizing", label);
+        if (rc)
+            return rc;
     }
     return 0;
 }
@@ -1245,11 +1256,12 @@ static int bpe_piece(const struct pd_tok *t, struct work *w, const uint8_t *s, s
 static int encode_segment(const struct pd_tok *t, struct work *w, const uint8_t *s, size_t n,
                           pd_err *e)
 {
-    if (pretokenize(w, t->steps, t->n_steps, s, n))
-        return pd_err_set(e, PD_ENOMEM, "%s: out of memory encoding", t->label);
+    int rc = pretokenize(w, t->steps, t->n_steps, s, n, t->label, e);
+    if (rc)
+        return rc;
     for (size_t i = 0; i < w->np; i++) {
         size_t a = w->off[w->p[i].a], b = w->off[w->p[i].b];
-        int rc = bpe_piece(t, w, w->s + a, b - a, e);
+        rc = bpe_piece(t, w, w->s + a, b - a, e);
         if (rc)
             return rc == PD_ENOMEM ? pd_err_set(e, rc, "%s: out of memory encoding", t->label)
                                    : rc;
@@ -1458,16 +1470,16 @@ int pd_tok_regex_split(const char *pattern, const char *label, const char *text,
     if (!st.rx)
         return e ? e->code : PD_EFORMAT;
     struct work w = {0};
-    int rc = pretokenize(&w, &st, 1, (const uint8_t *)text, len);
-    size_t *b = rc ? NULL : malloc((w.np + 1) * sizeof *b);
-    if (b) {
+    int rc = pretokenize(&w, &st, 1, (const uint8_t *)text, len, label, e);
+    size_t *b = NULL;
+    if (!rc && !(b = malloc((w.np + 1) * sizeof *b)))
+        rc = pd_err_set(e, PD_ENOMEM, "%s: out of memory", label);
+    if (!rc) {
         for (size_t i = 0; i < w.np; i++)
             b[i] = w.off[w.p[i].a];
         b[w.np] = w.np ? w.off[w.p[w.np - 1].b] : 0;
         *bounds = b;
         *n = w.np;
-    } else {
-        rc = pd_err_set(e, PD_ENOMEM, "%s: out of memory", label);
     }
     work_free(&w);
     pd_rx_free(st.rx);
@@ -1742,7 +1754,8 @@ static int word_merge(struct trainer *tr, int32_t w, int32_t a, int32_t b, int32
 
 /* Pre-tokenizes the training text (specials removed) and counts distinct words. */
 static int count_words(struct trainer *tr, struct work *wk, const struct pstep *st,
-                       const uint8_t *s, size_t len, const char *const *special, int n_special)
+                       const uint8_t *s, size_t len, const char *const *special, int n_special,
+                       const char *label, pd_err *e)
 {
     size_t pos = 0;
     while (pos < len) {
@@ -1758,8 +1771,9 @@ static int count_words(struct trainer *tr, struct work *wk, const struct pstep *
                 ms = i, me = i + best;
         }
         if (ms > pos) {
-            if (pretokenize(wk, st, 1, s + pos, ms - pos))
-                return PD_ENOMEM;
+            int rc = pretokenize(wk, st, 1, s + pos, ms - pos, label, e);
+            if (rc)
+                return rc;
             for (size_t i = 0; i < wk->np; i++) {
                 size_t a = wk->off[wk->p[i].a], b = wk->off[wk->p[i].b];
                 if (word_add(tr, wk->s + a, b - a))
@@ -2052,7 +2066,7 @@ int pd_tok_train(const char *text, size_t len, int vocab_size, const char *const
         }
     }
     if (!rc)
-        rc = count_words(&tr, &wk, &st, (const uint8_t *)text, len, special, n_special);
+        rc = count_words(&tr, &wk, &st, (const uint8_t *)text, len, special, n_special, label, e);
     work_free(&wk);
     pd_rx_free(st.rx);
     if (!rc)

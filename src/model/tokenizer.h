@@ -25,8 +25,9 @@
  * added tokens to their content. Bytes are returned as they are: a token may end inside a UTF-8
  * sequence, so streaming callers concatenate bytes rather than validating each token.
  *
- * Split regexes run on model/regex.h (its syntax and errors), with the Unicode classes of
- * model/unicode.h. */
+ * Split regexes run on model/regex.h (its syntax, errors and limits: a pattern that backtracks
+ * catastrophically on a text makes pd_tok_encode fail, PD_EINVAL naming the file, the field and
+ * the limit); the word tests of added tokens use model/unicode.h's classes. */
 #ifndef PD_MODEL_TOKENIZER_H
 #define PD_MODEL_TOKENIZER_H
 

@@ -1,6 +1,8 @@
-/* Unicode classes for the tokenizer's regexes and word tests: the general category, White_Space
- * and word-character bits of a code point, simple case mapping, and UTF-8 decoding in which an
- * invalid byte is a code point of its own.
+/* Unicode classes for the tokenizer: the general category, White_Space and word-character bits
+ * of a code point, simple case mapping, and UTF-8 decoding in which an invalid byte is a code
+ * point of its own. The tokenizer's word tests (added tokens' single_word, lstrip, rstrip) and
+ * the reference regex matcher use them; the Split matcher itself uses PCRE2's tables (regex.h
+ * says where the two differ).
  *
  * Unicode categories (Unicode 14, as glibc 2.36): exact for U+0000-U+00FF (a table), for \p{N}
  * (a table of the 130 number ranges above U+00FF), for White_Space (\s: 25 code points), for
