@@ -15,6 +15,7 @@ int pd_cli_bench(int argc, char **argv)
         {"serve", pd_bench_serve},
         {"transfer", pd_bench_transfer},
         {"search", pd_bench_search},
+        {"tokenizer", pd_bench_tokenizer},
     };
     if (argc >= 2)
         for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)

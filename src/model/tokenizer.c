@@ -195,6 +195,7 @@ struct work {
     size_t nmk, mkcap;
     char *nb;                /* a rebuilt text (ByteLevel add_prefix_space) */
     struct pd_rx_scratch *rs;
+    int ref;                 /* Split on the reference matcher (pd_tok_set_reference_matcher) */
     /* BPE */
     struct sym { int32_t id, prev, next; } *sym;
     size_t symcap;
@@ -264,7 +265,9 @@ static int split_piece(struct work *w, const struct pstep *st, size_t a, size_t 
     w->nmk = 0;
     size_t pos = a, from = a, ms, me;
     int found;
-    while (from < b && (found = pd_rx_find(st->rx, &w->rs, w->cp, a, b, from, &ms, &me, e))) {
+    while (from < b && (found = w->ref ? pd_rx_find_ref(st->rx, w->cp, a, b, from, &ms, &me)
+                                       : pd_rx_find(st->rx, &w->rs, w->cp, a, b, from, &ms, &me,
+                                                    e))) {
         if (found < 0)
             return found;
         if (me == ms) {
@@ -474,6 +477,7 @@ struct pd_tok {
     int32_t bos, eos;
     size_t max_bytes;
     char label[160];         /* the file, for encode-time errors */
+    int use_ref;             /* pd_tok_set_reference_matcher */
 };
 
 static int ferr(pd_err *e, int code, const char *label, const char *field, const char *fmt, ...)
@@ -1330,6 +1334,7 @@ static int find_added(const struct pd_tok *t, const uint8_t *s, size_t len, size
 static int encode_work(const struct pd_tok *t, struct work *w, const char *text, size_t len,
                        pd_err *e)
 {
+    w->ref = t->use_ref;
     const uint8_t *s = (const uint8_t *)text;
     size_t pos = 0;
     while (pos < len) {
@@ -1438,6 +1443,11 @@ int pd_tok_decode(const struct pd_tok *t, const int32_t *ids, size_t n, char **o
 size_t pd_tok_max_token_bytes(const struct pd_tok *t)
 {
     return t->max_bytes;
+}
+
+void pd_tok_set_reference_matcher(struct pd_tok *t, int on)
+{
+    t->use_ref = on != 0;
 }
 
 int32_t pd_tok_vocab_size(const struct pd_tok *t)

@@ -63,6 +63,11 @@ int pd_tok_decode_one(const struct pd_tok *t, int32_t id, char *buf, size_t cap)
 const char *pd_tok_token_bytes(const struct pd_tok *t, int32_t id, size_t *len);
 size_t pd_tok_max_token_bytes(const struct pd_tok *t);
 
+/* Tests and benchmarks: on = 1 runs the Split regexes of encoding on the backtracking reference
+ * matcher (regex.h's pd_rx_find_ref: no limits, exponential time on some patterns), 0 on PCRE2
+ * (the default). Call it before the tokenizer is shared between threads. */
+void pd_tok_set_reference_matcher(struct pd_tok *t, int on);
+
 /* One more than the largest id in the vocab or the added tokens (ids may have gaps). */
 int32_t pd_tok_vocab_size(const struct pd_tok *t);
 /* Id of an added token's content, or of a vocab token as written in the file ("Ġthe");
