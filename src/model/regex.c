@@ -143,6 +143,24 @@ struct rxp {
     int nesting;
 };
 
+/* The pattern as errors show it: its first 200 bytes, control characters as \xHH so that the
+ * message stays one line (DeepSeek-V3's patterns hold a literal CR and LF). out has
+ * RX_SHOWN bytes. */
+#define RX_SHOWN (200 * 4 + 4)
+
+static void rx_show(const char *s, size_t n, char *out)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n && i < 200; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 || c == 0x7F)
+            k += (size_t)snprintf(out + k, RX_SHOWN - k, "\\x%02X", c);
+        else
+            out[k++] = (char)c;
+    }
+    snprintf(out + k, RX_SHOWN - k, "%s", n > 200 ? "..." : "");
+}
+
 static int rxp_fail(struct rxp *p, size_t at, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
@@ -155,9 +173,11 @@ static int rxp_fail(struct rxp *p, size_t at, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    int shown = p->n > 200 ? 200 : (int)p->n;
-    p->rc = pd_err_set(p->e, PD_EFORMAT, "%s: field \"%s\": %s at offset %zu of regex /%.*s/%s",
-                       p->label, p->field, what, at, shown, p->s, p->n > 200 ? "..." : "");
+    char shown[RX_SHOWN], what_shown[RX_SHOWN];
+    rx_show(p->s, p->n, shown);
+    rx_show(what, strlen(what), what_shown);
+    p->rc = pd_err_set(p->e, PD_EFORMAT, "%s: field \"%s\": %s at offset %zu of regex /%s/",
+                       p->label, p->field, what_shown, at, shown);
     return -1;
 }
 
@@ -393,8 +413,9 @@ static int rxp_class(struct rxp *p)
         first = 0;
         if (c == '[' || (c == '&' && p->i + 1 < p->n && p->s[p->i + 1] == '&')) {
             free(it);
-            return rxp_fail(p, p->i, "unsupported regex construct \"%.2s\" (nested class, "
-                            "POSIX bracket or intersection)", p->s + p->i);
+            return rxp_fail(p, p->i, "unsupported regex construct \"%.*s\" (nested class, "
+                            "POSIX bracket or intersection)", p->i + 1 < p->n ? 2 : 1,
+                            p->s + p->i);
         }
         struct rx_item item;
         uint32_t lo;
@@ -910,17 +931,16 @@ static int rx_to_pcre2(struct pd_rx *rx, const char *pat, size_t len, const char
 {
     struct emit m = {0};
     em_node(&m, rx, rx->root);
-    int shown = len > 200 ? 200 : (int)len;
     rx->label = strdup(label);
     rx->field = strdup(field);
-    rx->pattern = malloc((size_t)shown + 4);
+    rx->pattern = malloc(RX_SHOWN);
     rx->mctx = pcre2_match_context_create(NULL);
     if (m.oom || !rx->label || !rx->field || !rx->pattern || !rx->mctx) {
         free(m.s);
         return pd_err_set(e, PD_ENOMEM, "%s: field \"%s\": out of memory compiling regex", label,
                           field);
     }
-    snprintf(rx->pattern, (size_t)shown + 4, "%.*s%s", shown, pat, len > 200 ? "..." : "");
+    rx_show(pat, len, rx->pattern);
     int code;
     PCRE2_SIZE at;
     rx->re = pcre2_compile((PCRE2_SPTR)m.s, m.n, PCRE2_UCP, &code, &at, NULL);

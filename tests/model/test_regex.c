@@ -197,3 +197,28 @@ Test(regex, repeats_longer_than_one_pcre2_quantifier)
     }
     free(cp);
 }
+
+Test(regex, errors_are_one_line)
+{
+    /* found by fuzz_regex: a pattern's control characters (DeepSeek-V3's hold CR and LF) were
+     * copied into the message as they are */
+    pd_err e = {0};
+    cr_assert_null(pd_rx_compile("a\r\n(", 4, "t.json", "p", &e));
+    cr_assert_str_eq(e.msg, "t.json: field \"p\": unbalanced parenthesis at offset 3 of regex "
+                     "/a\\x0D\\x0A(/");
+    cr_assert_null(pd_rx_compile("(?\n)", 4, "t.json", "p", &e));
+    cr_assert_null(strchr(e.msg, '\n'), "%s", e.msg);
+}
+
+Test(regex, a_bracket_ending_a_class_is_read_within_the_pattern)
+{
+    /* found by fuzz_regex: the error quoted two bytes from a '[' that was the pattern's last */
+    char *pat = malloc(2);
+    cr_assert_not_null(pat);
+    memcpy(pat, "[[", 2);   /* not NUL-terminated: only len bytes are the pattern */
+    pd_err e = {0};
+    cr_assert_null(pd_rx_compile(pat, 2, "t.json", "p", &e));
+    cr_assert_str_eq(e.msg, "t.json: field \"p\": unsupported regex construct \"[\" (nested "
+                     "class, POSIX bracket or intersection) at offset 1 of regex /[[/");
+    free(pat);
+}
