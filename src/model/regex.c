@@ -723,8 +723,8 @@ struct pd_rx *pd_rx_compile(const char *pat, size_t len, const char *label, cons
 
 /* ---------------------------------------------------------------------------------------------
  * The tree as a PCRE2 pattern. Matching runs on code points (32-bit code units without UTF, so
- * the invalid-byte code points above U+10FFFF are characters PCRE2 files under no category, as
- * here), with PCRE2_UCP for \p{..}. Everything is written out explicitly: literals as \x{..},
+ * the invalid-byte code points above U+10FFFF are characters PCRE2 treats as unassigned: in no
+ * category but C), with PCRE2_UCP for \p{..}. Everything is written out explicitly: literals as \x{..},
  * every group as (?:..), \s as the White_Space list, \w as [\p{L}\p{M}\p{N}\p{Pc}], \d as \p{N},
  * line anchors as lookarounds, so no PCRE2 option or default changes what a pattern means.
  * ------------------------------------------------------------------------------------------- */

@@ -31,6 +31,11 @@ static int changes_text(json_t *x)
     }
     if (!json_is_object(x))
         return 0;
+    /* ByteLevel's add_prefix_space defaults to true, as in HF */
+    json_t *type = json_object_get(x, "type");
+    if (json_is_string(type) && !strcmp(json_string_value(type), "ByteLevel") &&
+        !json_is_false(json_object_get(x, "add_prefix_space")))
+        return 1;
     const char *k;
     json_t *v;
     json_object_foreach(x, k, v) {

@@ -1091,3 +1091,13 @@ Test(tokenizer, long_runs_stay_within_the_limits, .timeout = 60)
     }
     free(s);
 }
+
+Test(tokenizer, json_syntax_errors_are_one_line)
+{
+    /* found by fuzz_tokenizer: jansson quotes the text near the error, a newline included */
+    struct pd_tok *t = NULL;
+    pd_err e = {0};
+    cr_assert_eq(pd_tok_parse("{\"a\": \"\\\n\"}", "t.json", &t, &e), PD_EFORMAT);
+    cr_assert_null(t);
+    cr_assert(!strncmp(e.msg, "t.json", 6) && !strchr(e.msg, '\n'), "%s", e.msg);
+}
