@@ -104,9 +104,10 @@ int pd_bench_tokenizer(int argc, char **argv)
         }
     }
     if (!as_json)
-        printf("pdmoe bench tokenizer: encode of %.2f MB (the corpus x %zu), best of %d alternated; "
-               "target new/old >= 0.90\n  %-24s %12s %12s %9s %8s %10s\n", len / 1e6, copies,
-               reps, "pre-tokenizer", "PCRE2 MB/s", "old MB/s", "new/old", "ids", "tokens");
+        printf("pdmoe bench tokenizer: encode of %.2f MB (the corpus x %zu), best of %d "
+               "alternated; target new/old >= 0.90\n  %-24s %12s %12s %9s %8s %10s\n",
+               len / 1e6, copies, reps, "pre-tokenizer", "PCRE2 MB/s", "old MB/s", "new/old",
+               "ids", "tokens");
     else
         printf("{\"bench\": \"tokenizer\", \"text_bytes\": %zu, \"target_ratio\": 0.9, "
                "\"results\": [", len);

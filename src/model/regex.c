@@ -263,8 +263,8 @@ static int prop_feat(const char *name, size_t n)
         {"L", PD_UC_L}, {"Letter", PD_UC_L}, {"Lu", PD_UC_LU}, {"Uppercase_Letter", PD_UC_LU},
         {"Ll", PD_UC_LL}, {"Lowercase_Letter", PD_UC_LL}, {"M", PD_UC_M}, {"Mark", PD_UC_M},
         {"Combining_Mark", PD_UC_M}, {"N", PD_UC_N}, {"Number", PD_UC_N}, {"P", PD_UC_P},
-        {"Punctuation", PD_UC_P}, {"S", PD_UC_S}, {"Symbol", PD_UC_S}, {"Z", PD_UC_Z}, {"Separator", PD_UC_Z},
-        {"C", PD_UC_C}, {"Other", PD_UC_C},
+        {"Punctuation", PD_UC_P}, {"S", PD_UC_S}, {"Symbol", PD_UC_S}, {"Z", PD_UC_Z},
+        {"Separator", PD_UC_Z}, {"C", PD_UC_C}, {"Other", PD_UC_C},
     };
     for (size_t i = 0; i < sizeof props / sizeof *props; i++) {
         if (strlen(props[i].name) == n && !memcmp(props[i].name, name, n))
@@ -724,9 +724,10 @@ struct pd_rx *pd_rx_compile(const char *pat, size_t len, const char *label, cons
 /* ---------------------------------------------------------------------------------------------
  * The tree as a PCRE2 pattern. Matching runs on code points (32-bit code units without UTF, so
  * the invalid-byte code points above U+10FFFF are characters PCRE2 treats as unassigned: in no
- * category but C), with PCRE2_UCP for \p{..}. Everything is written out explicitly: literals as \x{..},
- * every group as (?:..), \s as the White_Space list, \w as [\p{L}\p{M}\p{N}\p{Pc}], \d as \p{N},
- * line anchors as lookarounds, so no PCRE2 option or default changes what a pattern means.
+ * category but C), with PCRE2_UCP for \p{..}. Everything is written out explicitly: literals
+ * as \x{..}, every group as (?:..), \s as the White_Space list, \w as [\p{L}\p{M}\p{N}\p{Pc}],
+ * \d as \p{N}, line anchors as lookarounds, so no PCRE2 option or default changes what a
+ * pattern means.
  * ------------------------------------------------------------------------------------------- */
 
 /* Matching gives up past this many backtracking steps (one find), or this nesting depth in

@@ -24,7 +24,11 @@
  * GPT-2, cl100k, Qwen2 and DeepSeek-V3 patterns; they differ, PCRE2 being Unicode's, on \p{P}
  * and \p{S} apart (789 code points above U+00FF that unicode.h calls S), \p{Lu} and \p{Ll}
  * (titlecase and modifier letters: 31 and 205) and \p{C} (which includes the invalid-byte code
- * points here). Case-insensitive matching is PCRE2's Unicode simple case folding. */
+ * points here). Case-insensitive matching is PCRE2's Unicode simple case folding. Two more
+ * differences from the reference matcher are known, on patterns no tokenizer uses: an iteration
+ * of a counted group that matches empty ends the repetition, as in Perl ((?:|a){0,2} on "aa"
+ * matches "", where the reference matched "aa"), and (?i:...) leaves \p{Lu} and \p{Ll} as
+ * they are. */
 #ifndef PD_MODEL_REGEX_H
 #define PD_MODEL_REGEX_H
 
@@ -50,7 +54,8 @@ void pd_rx_scratch_free(struct pd_rx_scratch *s);
  * there is one, else 0 (an empty match at `end` counts as none). ^ and \A see beg as the start
  * of text, $ and \z see end as its end. A pattern that backtracks past its limits on this text
  * is PD_EINVAL with e naming the file (the label), the field and the limit; out of memory is
- * PD_ENOMEM. Time is bounded by the limits, whatever the pattern and the text. */
+ * PD_ENOMEM. The backtracking of one call is bounded by the limits, whatever the pattern and
+ * the text. */
 int pd_rx_find(const struct pd_rx *rx, struct pd_rx_scratch **scratch, const uint32_t *cp,
                size_t beg, size_t end, size_t from, size_t *ms, size_t *me, pd_err *e);
 
