@@ -69,7 +69,6 @@ struct pd_rx {
     size_t ns, scap;
     int root;
     pcre2_code *re;              /* the tree as a PCRE2 pattern (32-bit code units, no UTF) */
-    pcre2_match_context *mctx;   /* the match and depth limits */
     int jit;                     /* re is JIT-compiled */
     char *label, *field;         /* named in a match error */
     char *pattern;               /* the source (truncated), named in a match error */
@@ -86,7 +85,6 @@ void pd_rx_free(struct pd_rx *rx)
     free(rx->nodes);
     free(rx->sets);
     pcre2_code_free(rx->re);
-    pcre2_match_context_free(rx->mctx);
     free(rx->label);
     free(rx->field);
     free(rx->pattern);
@@ -730,10 +728,13 @@ struct pd_rx *pd_rx_compile(const char *pat, size_t len, const char *label, cons
  * pattern means.
  * ------------------------------------------------------------------------------------------- */
 
-/* Matching gives up past this many backtracking steps (one find), or this nesting depth in
- * the interpreter (the JIT is bounded by its 32 KiB stack instead). Tokenizer patterns take a
- * few steps per character; catastrophic ones hit the limit in well under a second. */
+/* A find gives up past RX_MATCH_LIMIT + RX_STEPS_PER_CHAR backtracking steps per character
+ * searched, or past this nesting depth in the interpreter (the JIT is bounded by its 32 KiB
+ * stack instead). Tokenizer patterns backtrack at most a few steps per character (\s*[\r\n]+
+ * gives back a whole run of spaces once), so long texts stay within; catastrophic patterns hit
+ * the limit within ~0.1 s. */
 #define RX_MATCH_LIMIT 10000000u
+#define RX_STEPS_PER_CHAR 16u
 #define RX_DEPTH_LIMIT 10000u
 /* PCRE2 caps a counted repeat at this many; longer repeats of a set are written as several. */
 #define RX_PCRE2_MAX_REPEAT 65535
@@ -935,8 +936,7 @@ static int rx_to_pcre2(struct pd_rx *rx, const char *pat, size_t len, const char
     rx->label = strdup(label);
     rx->field = strdup(field);
     rx->pattern = malloc(RX_SHOWN);
-    rx->mctx = pcre2_match_context_create(NULL);
-    if (m.oom || !rx->label || !rx->field || !rx->pattern || !rx->mctx) {
+    if (m.oom || !rx->label || !rx->field || !rx->pattern) {
         free(m.s);
         return pd_err_set(e, PD_ENOMEM, "%s: field \"%s\": out of memory compiling regex", label,
                           field);
@@ -957,13 +957,12 @@ static int rx_to_pcre2(struct pd_rx *rx, const char *pat, size_t len, const char
                           "%s", label, field, rx->pattern, ascii);
     }
     rx->jit = pcre2_jit_compile(rx->re, PCRE2_JIT_COMPLETE) == 0;
-    pcre2_set_match_limit(rx->mctx, RX_MATCH_LIMIT);
-    pcre2_set_depth_limit(rx->mctx, RX_DEPTH_LIMIT);
     return 0;
 }
 
 struct pd_rx_scratch {
     pcre2_match_data *md;
+    pcre2_match_context *mctx;   /* the limits, the match limit set for each find */
 };
 
 void pd_rx_scratch_free(struct pd_rx_scratch *s)
@@ -971,6 +970,7 @@ void pd_rx_scratch_free(struct pd_rx_scratch *s)
     if (!s)
         return;
     pcre2_match_data_free(s->md);
+    pcre2_match_context_free(s->mctx);
     free(s);
 }
 
@@ -982,18 +982,24 @@ int pd_rx_find(const struct pd_rx *rx, struct pd_rx_scratch **scratch, const uin
     struct pd_rx_scratch *s = *scratch;
     if (!s) {
         s = calloc(1, sizeof *s);
-        if (s)
+        if (s) {
             s->md = pcre2_match_data_create(1, NULL);
-        if (!s || !s->md) {
+            s->mctx = pcre2_match_context_create(NULL);
+        }
+        if (!s || !s->md || !s->mctx) {
             pd_rx_scratch_free(s);
             return pd_err_set(e, PD_ENOMEM, "%s: field \"%s\": out of memory matching regex",
                               rx->label, rx->field);
         }
+        pcre2_set_depth_limit(s->mctx, RX_DEPTH_LIMIT);
         *scratch = s;
     }
+    size_t steps = RX_MATCH_LIMIT + RX_STEPS_PER_CHAR * (end - from);
+    uint32_t limit = steps > UINT32_MAX ? UINT32_MAX : (uint32_t)steps;
+    pcre2_set_match_limit(s->mctx, limit);
     int rc = rx->jit ? pcre2_jit_match(rx->re, cp + beg, end - beg, from - beg, 0, s->md,
-                                       rx->mctx)
-                     : pcre2_match(rx->re, cp + beg, end - beg, from - beg, 0, s->md, rx->mctx);
+                                       s->mctx)
+                     : pcre2_match(rx->re, cp + beg, end - beg, from - beg, 0, s->md, s->mctx);
     if (rc == PCRE2_ERROR_NOMATCH)
         return 0;
     if (rc < 0) {
@@ -1002,7 +1008,7 @@ int pd_rx_find(const struct pd_rx *rx, struct pd_rx_scratch **scratch, const uin
         switch (rc) {
         case PCRE2_ERROR_MATCHLIMIT:
             what = "match limit";
-            snprintf(lim, sizeof lim, "%u backtracking steps", RX_MATCH_LIMIT);
+            snprintf(lim, sizeof lim, "%u backtracking steps", limit);
             break;
         case PCRE2_ERROR_DEPTHLIMIT:
             what = "depth limit";

@@ -15,10 +15,11 @@
  *
  * Matching is leftmost-first and greedy, as Oniguruma (which HF uses) does. The parsed tree is
  * written out as an explicit PCRE2 pattern and run by PCRE2's JIT (libpcre2-32, code points as
- * code units) under a match limit of 10^7 backtracking steps per find: a pattern that backtracks
- * catastrophically on a text, such as (?:a||){40}\z on a run of a's, is an error naming the file,
- * the field and the limit within ~0.1 s instead of running for ever. A text of n characters
- * costs at most n finds, each within the limit.
+ * code units) under a match limit of 10^7 backtracking steps per find plus 16 per character
+ * searched (so long legitimate texts stay within it): a pattern that backtracks catastrophically
+ * on a text, such as (?:a||){40}\z on a run of a's, is an error naming the file, the field and
+ * the limit within ~0.1 s instead of running for ever. A text of n characters costs at most n
+ * finds, each within its limit.
  * Categories come from PCRE2's Unicode tables (Unicode 14, as glibc 2.36's in model/unicode.h).
  * Over every code point the two agree on L, M, N, Z, \s, \w, [\p{P}\p{S}] and every class of the
  * GPT-2, cl100k, Qwen2 and DeepSeek-V3 patterns; they differ, PCRE2 being Unicode's, on \p{P}

@@ -1068,14 +1068,15 @@ Test(tokenizer, catastrophic_patterns_finish, .timeout = 20)
 
 Test(tokenizer, long_runs_stay_within_the_limits, .timeout = 60)
 {
-    /* 1 MB runs of one kind of character then an 'x', where the real patterns take their
-     * longest matches and lookaheads: no limit is hit and the pieces are what the patterns say. */
-    size_t len = 1000000;
+    /* 3 MB runs of one kind of character then an 'x', where the real patterns take their
+     * longest matches and give back whole runs (cl100k's \s*[\r\n]+ on spaces): no limit is
+     * hit and the pieces are what the patterns say. */
+    size_t len = 3000000;
     char *s = malloc(len + 2);
     cr_assert_not_null(s);
     static const struct { const char *re; char c; size_t pieces; } cases[] = {
         {gpt2_re, 'a', 1}, {gpt2_re, ' ', 2}, {gpt2_re, '1', 2}, {gpt2_re, '!', 2},
-        {cl100k_re, 'a', 1}, {cl100k_re, ' ', 2}, {cl100k_re, '1', 333335}, {cl100k_re, '\n', 2},
+        {cl100k_re, 'a', 1}, {cl100k_re, ' ', 2}, {cl100k_re, '1', 1000001}, {cl100k_re, '\n', 2},
         {ds_main_re, 'a', 1}, {ds_main_re, ' ', 2}, {ds_main_re, '!', 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -1085,7 +1086,7 @@ Test(tokenizer, long_runs_stay_within_the_limits, .timeout = 60)
         pd_err e = {0};
         cr_assert_eq(pd_tok_regex_split(cases[i].re, "test", s, len + 1, &b, &n, &e), 0, "%s",
                      e.msg);
-        cr_assert_eq(n, cases[i].pieces, "/%s/ on 1 MB of 0x%02x: %zu pieces", cases[i].re,
+        cr_assert_eq(n, cases[i].pieces, "/%s/ on 3 MB of 0x%02x: %zu pieces", cases[i].re,
                      cases[i].c, n);
         free(b);
     }
@@ -1100,4 +1101,22 @@ Test(tokenizer, json_syntax_errors_are_one_line)
     cr_assert_eq(pd_tok_parse("{\"a\": \"\\\n\"}", "t.json", &t, &e), PD_EFORMAT);
     cr_assert_null(t);
     cr_assert(!strncmp(e.msg, "t.json", 6) && !strchr(e.msg, '\n'), "%s", e.msg);
+}
+
+Test(tokenizer, a_space_run_longer_than_the_base_limit, .timeout = 60)
+{
+    /* cl100k's \s*[\r\n]+ takes a whole run of spaces and gives it back one by one: 12 million
+     * steps on 12 MB of spaces, past the fixed part of the match limit (10^7); the limit grows
+     * with the text searched, so a long legitimate text never hits it */
+    size_t len = 12000000;
+    char *s = malloc(len + 1);
+    cr_assert_not_null(s);
+    memset(s, ' ', len);
+    s[len] = 'x';
+    size_t *b, n;
+    pd_err e = {0};
+    cr_assert_eq(pd_tok_regex_split(cl100k_re, "test", s, len + 1, &b, &n, &e), 0, "%s", e.msg);
+    cr_assert(n == 2 && b[1] == len - 1, "%zu pieces", n);
+    free(b);
+    free(s);
 }
