@@ -141,22 +141,22 @@ struct rxp {
     int nesting;
 };
 
-/* The pattern as errors show it: its first 200 bytes, control characters as \xHH so that the
- * message stays one line (DeepSeek-V3's patterns hold a literal CR and LF). out has
- * RX_SHOWN bytes. */
-#define RX_SHOWN (200 * 4 + 4)
+/* The pattern as errors show it: at most 200 bytes of it, control characters as \xHH so that
+ * the message stays one line (DeepSeek-V3's patterns hold a literal CR and LF), "..." if cut.
+ * out has RX_SHOWN bytes. */
+#define RX_SHOWN 208
 
 static void rx_show(const char *s, size_t n, char *out)
 {
-    size_t k = 0;
-    for (size_t i = 0; i < n && i < 200; i++) {
+    size_t k = 0, i = 0;
+    for (; i < n && k + 4 <= 200; i++) {
         unsigned char c = (unsigned char)s[i];
         if (c < 0x20 || c == 0x7F)
             k += (size_t)snprintf(out + k, RX_SHOWN - k, "\\x%02X", c);
         else
             out[k++] = (char)c;
     }
-    snprintf(out + k, RX_SHOWN - k, "%s", n > 200 ? "..." : "");
+    snprintf(out + k, RX_SHOWN - k, "%s", i < n ? "..." : "");
 }
 
 static int rxp_fail(struct rxp *p, size_t at, const char *fmt, ...)
@@ -1028,10 +1028,9 @@ int pd_rx_find(const struct pd_rx *rx, struct pd_rx_scratch **scratch, const uin
             snprintf(lim, sizeof lim, "PCRE2 code %d", rc);
             break;
         }
-        return pd_err_set(e, PD_EINVAL, "%s: field \"%s\": regex /%s/ hit its %s (%s) on a "
-                          "%zu-character piece of the text: the pattern backtracks "
-                          "catastrophically on this input", rx->label, rx->field, rx->pattern,
-                          what, lim, end - beg);
+        return pd_err_set(e, PD_EINVAL, "%s: field \"%s\": the regex hit its %s (%s) on a "
+                          "%zu-character piece of the text, backtracking catastrophically on "
+                          "it: /%s/", rx->label, rx->field, what, lim, end - beg, rx->pattern);
     }
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
     if (beg + ov[0] >= end)

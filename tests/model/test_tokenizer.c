@@ -2,8 +2,10 @@
  * tokenizer.json (worked out by hand in the comments), the Split patterns of GPT-2, cl100k and
  * DeepSeek-V3 on tricky inputs (expected pieces checked against Python's `regex` module), the
  * DeepSeek-V3 pre-tokenizer sequence end to end, added tokens, round trips with a trained
- * tokenizer, the trainer's determinism and size, and one test per kind of bad file. Files are
- * written into a fresh mkdtemp directory that the fixture removes. */
+ * tokenizer, the trainer's determinism and size, one test per kind of bad file, the ids of the
+ * real pre-tokenizers on a varied text against those of the matcher before PCRE2, and
+ * catastrophic patterns and long runs against the regex limits. Files are written into a fresh
+ * mkdtemp directory that the fixture removes. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <jansson.h>
