@@ -1,7 +1,7 @@
 # pdmoe build. `make` builds build/pdmoe; `make test` builds and runs the Criterion suite;
 # `make SAN=1 test` does the same under AddressSanitizer + UBSan in build-san/.
 CC      ?= cc
-PKGS    := jansson ompi-c libevent libevent_pthreads ucx
+PKGS    := jansson ompi-c libevent libevent_pthreads ucx libpcre2-32
 SAN     ?= 0
 
 ifeq ($(SAN),1)

@@ -24,6 +24,8 @@ static const struct {
     {"transfer", pd_bench_transfer, "[--quick] [--tls LIST] [--model DIR]",
      "the KV hand-off against one contiguous UCX get of the same bytes, and its share of TTFT"},
     {"search", pd_bench_search, "[--quick]", "layout search speed against the 1 s target"},
+    {"tokenizer", pd_bench_tokenizer, "[--quick] [--json] [--tokenizer FILE]",
+     "tokenizer encode speed on PCRE2 against the reference backtracking matcher, ids compared"},
 };
 enum { N_BENCHES = sizeof benches / sizeof benches[0] };
 

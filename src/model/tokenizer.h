@@ -25,30 +25,9 @@
  * added tokens to their content. Bytes are returned as they are: a token may end inside a UTF-8
  * sequence, so streaming callers concatenate bytes rather than validating each token.
  *
- * Split regexes run on a small backtracking matcher (leftmost-first, greedy, as Oniguruma which
- * HF uses): alternation, groups (...) (?:...) (?i:...), lookahead (?=...) (?!...), quantifiers
- * * + ? {m} {m,} {m,n} {,n} (unbounded ones only on a single character or class), classes with
- * ranges and negation, . ^ $ (line anchors, as in Ruby syntax) \A \z \Z, escapes \s \S \d \D
- * \w \W \r \n \t \f \v \e \a \xHH \x{H..} \uHHHH and \p{..} \P{..} for L Lu Ll M N P S Z C (also
- * spelled Letter, Mark, Number, Punctuation, Symbol, Separator, Other). Anything else (\b,
- * backreferences, lookbehind, lazy or possessive quantifiers, nested classes, inline flags) is
- * an error naming the file, the field and the construct, as are patterns whose worst-case
- * recursion would be deep (groups nested over 32 levels, large counted repeats of groups).
- * Invalid UTF-8 bytes are matched as code points of their own that belong to no category
- * (they fall in [^\s\p{L}\p{N}] and never in \p{P}), so any byte string splits and round-trips.
- *
- * Unicode categories (Unicode 14, as glibc 2.36): exact for U+0000-U+00FF (a table), for \p{N}
- * (a table of the 130 number ranges above U+00FF), for White_Space (\s: 25 code points), for
- * format and private-use characters (category C) and for the 130 circled/squared letters
- * (category S). Above U+00FF the rest comes from glibc's C.UTF-8 wide-character classes through
- * a private locale_t (the global locale is untouched): "combining" -> M (equal to Unicode's M),
- * iswalpha -> L, iswpunct -> S. So above U+00FF, \p{P} and \p{S} are not told apart:
- * punctuation there reports as S. The patterns these tokenizers use only ever name
- * [\p{P}\p{S}] together, which is then exact (checked against Python's `regex` module on random
- * code points from all planes: no difference for the GPT-2, cl100k, Qwen2 and DeepSeek-V3
- * patterns). \p{Lu}/\p{Ll} are iswupper/iswlower; \d is \p{N} (Oniguruma's is Nd only); \w is
- * L, M, N and the Pc characters. Unassigned code points are C.
- * Case-insensitive matching compares towlower and towupper (simple case folding). */
+ * Split regexes run on model/regex.h (its syntax, errors and limits: a pattern that backtracks
+ * catastrophically on a text makes pd_tok_encode fail, PD_EINVAL naming the file, the field and
+ * the limit); the word tests of added tokens use model/unicode.h's classes. */
 #ifndef PD_MODEL_TOKENIZER_H
 #define PD_MODEL_TOKENIZER_H
 
@@ -83,6 +62,11 @@ int pd_tok_decode_one(const struct pd_tok *t, int32_t id, char *buf, size_t cap)
 /* The same bytes without copying (valid until pd_tok_free); NULL if id has no token. */
 const char *pd_tok_token_bytes(const struct pd_tok *t, int32_t id, size_t *len);
 size_t pd_tok_max_token_bytes(const struct pd_tok *t);
+
+/* Tests and benchmarks: on = 1 runs the Split regexes of encoding on the backtracking reference
+ * matcher (regex.h's pd_rx_find_ref: no limits, exponential time on some patterns), 0 on PCRE2
+ * (the default). Call it before the tokenizer is shared between threads. */
+void pd_tok_set_reference_matcher(struct pd_tok *t, int on);
 
 /* One more than the largest id in the vocab or the added tokens (ids may have gaps). */
 int32_t pd_tok_vocab_size(const struct pd_tok *t);

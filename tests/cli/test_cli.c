@@ -161,7 +161,7 @@ Test(cli, help_and_unknown_flags_everywhere)
     static const char *const cmds[] = {"plan",      "gen-model",   "generate",     "search",      "calibrate",
                                        "validate",  "serve",       "up",           "proxy",       "bench plan",
                                        "bench kernels", "bench decode", "bench ep", "bench serve", "bench soak",
-                                       "bench transfer", "bench search"};
+                                       "bench transfer", "bench search", "bench tokenizer"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char args[128], want[64];
         struct run r;
@@ -186,7 +186,8 @@ Test(cli, help_and_unknown_flags_everywhere)
         struct run b;
         run("bench --help", &b);
         cr_assert_eq(b.status, 0);
-        static const char *const all[] = {"plan", "kernels", "decode", "ep", "serve", "soak", "transfer", "search"};
+        static const char *const all[] = {"plan", "kernels", "decode", "ep", "serve", "soak", "transfer", "search",
+                                          "tokenizer"};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
             char line[32];
             snprintf(line, sizeof line, "\n  %-9s ", all[i]);

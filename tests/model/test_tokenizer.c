@@ -2,8 +2,10 @@
  * tokenizer.json (worked out by hand in the comments), the Split patterns of GPT-2, cl100k and
  * DeepSeek-V3 on tricky inputs (expected pieces checked against Python's `regex` module), the
  * DeepSeek-V3 pre-tokenizer sequence end to end, added tokens, round trips with a trained
- * tokenizer, the trainer's determinism and size, and one test per kind of bad file. Files are
- * written into a fresh mkdtemp directory that the fixture removes. */
+ * tokenizer, the trainer's determinism and size, one test per kind of bad file, the ids of the
+ * real pre-tokenizers on a varied text against those of the matcher before PCRE2, and
+ * catastrophic patterns and long runs against the regex limits. Files are written into a fresh
+ * mkdtemp directory that the fixture removes. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <jansson.h>
@@ -13,6 +15,7 @@
 #include <unistd.h>
 
 #include "../tmpmodel.h"
+#include "bench/tokenizer_corpus.h"
 #include "model/tokenizer.h"
 
 static char dir[] = "/tmp/pd_tok_test_XXXXXX";
@@ -910,4 +913,212 @@ Test(tokenizer, split_behaviors)
         free(ids);
         pd_tok_free(t);
     }
+}
+
+/* ---- the real pre-tokenizers on a varied text: the ids of the backtracking matcher ---------- */
+
+/* FNV-1a over the ids (as 4 little-endian bytes each). */
+static uint64_t ids_hash(const int32_t *ids, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        for (int k = 0; k < 4; k++)
+            h = (h ^ (((uint32_t)ids[i] >> (8 * k)) & 0xFF)) * 0x100000001b3ull;
+    }
+    return h;
+}
+
+static uint64_t text_hash(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+    return h;
+}
+
+Test(tokenizer, real_pretokenizers_keep_their_ids)
+{
+    /* The trained tokenizer of the corpus under the GPT-2, cl100k and DeepSeek-V3
+     * pre-tokenizers, encoding the corpus plus invalid bytes. The hashes and counts were taken
+     * from the backtracking matcher that preceded PCRE2 (commit de953bc): the same text gives
+     * the same ids, and training (which splits with the cl100k-style pattern) the same file. */
+    static const struct { const char *name; uint64_t hash; size_t n; } want[] = {
+        {"gpt2", 0x60f92acd6f1216b7ull, 1526},
+        {"cl100k", 0x299ef7c5df711855ull, 1426},
+        {"deepseek-v3", 0xbf9335582bea353eull, 1448},
+    };
+    const uint64_t want_json = 0x74cb55077d821df4ull;
+    static const char bad[] = " a\xff\xfe" "b c\xe4\xb8 x\xc0\xaf\xed\xa0\x80y\x80";
+    char *text = malloc(sizeof pd_tok_corpus + sizeof bad);
+    cr_assert_not_null(text);
+    size_t len = sizeof pd_tok_corpus - 1;
+    memcpy(text, pd_tok_corpus, len);
+    memcpy(text + len, bad, sizeof bad - 1);
+    len += sizeof bad - 1;
+    char *json;
+    pd_err e = {0};
+    cr_assert_eq(pd_tok_train(pd_tok_corpus, sizeof pd_tok_corpus - 1, 1000, ds_special, 2,
+                              &json, &e), 0, "%s", e.msg);
+    uint64_t jh = text_hash(json);
+    json_error_t je;
+    json_t *doc = json_loads(json, 0, &je);
+    free(json);
+    cr_assert_not_null(doc);
+    json_t *pre[3] = {
+        bytelevel_step(0, 1),
+        json_pack("{s:s, s:[o,o]}", "type", "Sequence", "pretokenizers", split_step(cl100k_re),
+                  bytelevel_step(0, 0)),
+        json_pack("{s:s, s:[o,o,o,o]}", "type", "Sequence", "pretokenizers",
+                  split_step(ds_num_re), split_step(ds_cjk_re), split_step(ds_main_re),
+                  bytelevel_step(0, 0)),
+    };
+    cr_assert_eq(jh, want_json, "the trained tokenizer.json differs: hash 0x%016llx",
+                 (unsigned long long)jh);
+    for (int i = 0; i < 3; i++) {
+        json_object_set_new(doc, "pre_tokenizer", pre[i]);
+        struct pd_tok *t = load_json(doc);
+        int32_t *ids;
+        size_t n, ol;
+        char *out;
+        encode_ok(t, text, len, &ids, &n);
+        uint64_t h = ids_hash(ids, n);
+        cr_assert(h == want[i].hash && n == want[i].n, "%s: %zu ids, hash 0x%016llx: the ids "
+                  "differ from the backtracking matcher's", want[i].name, n,
+                  (unsigned long long)h);
+        cr_assert_eq(pd_tok_decode(t, ids, n, &out, &ol), 0);
+        cr_assert(ol == len && !memcmp(out, text, len), "%s: decode(encode(text)) != text",
+                  want[i].name);
+        free(out);
+        free(ids);
+        pd_tok_free(t);
+    }
+    json_decref(doc);
+    free(text);
+}
+
+/* ---- catastrophic backtracking: bounded time, exact pieces or a clear error --------------- */
+
+/* A tokenizer.json whose vocab is the 256 bytes (id = byte + 3) and whose pre_tokenizer is one
+ * Split step with `re`, then ByteLevel. */
+static json_t *bytes_doc(const char *re)
+{
+    json_t *vocab = json_object();
+    for (int b = 0; b < 256; b++) {
+        char s[8] = {0};
+        uint32_t cp = pd_tok_byte_to_cp((uint8_t)b);
+        if (cp < 0x80) {
+            s[0] = (char)cp;
+        } else {
+            s[0] = (char)(0xC0 | (cp >> 6));
+            s[1] = (char)(0x80 | (cp & 0x3F));
+        }
+        json_object_set_new(vocab, s, json_integer(b + 3));
+    }
+    json_t *pre = json_pack("{s:s, s:[o,o]}", "type", "Sequence", "pretokenizers",
+                            split_step(re), bytelevel_step(0, 0));
+    return tok_doc(vocab, json_array(), pre, NULL);
+}
+
+Test(tokenizer, catastrophic_patterns_finish, .timeout = 20)
+{
+    /* Each takes exponential time to backtrack on a run of 'a's with no match; the old matcher
+     * ran for ever on them. Now each gives its exact pieces or an error naming the file, the
+     * field and the limit, in well under a second. */
+    char text[80];
+    memset(text, 'a', 60);
+    strcpy(text + 60, "!");
+    static const struct { const char *re; size_t cut; } found[] = {
+        {"(?:a|aa){0,500}c", 0},               /* no match: one piece */
+        {"(?:a|a){1,60}b", 0},
+        {"(?:(?:a|b|ab){0,20}){0,20}c", 0},
+        {"(?:a?){40}a{40}", 60},               /* a^60 then "!" */
+    };
+    for (size_t i = 0; i < sizeof found / sizeof *found; i++) {
+        size_t *b, n;
+        pd_err e = {0};
+        cr_assert_eq(pd_tok_regex_split(found[i].re, "test", text, 61, &b, &n, &e), 0, "/%s/: %s",
+                     found[i].re, e.msg);
+        size_t want = found[i].cut ? 2 : 1;
+        cr_assert_eq(n, want, "/%s/: %zu pieces", found[i].re, n);
+        if (found[i].cut)
+            cr_assert_eq(b[1], found[i].cut, "/%s/: first piece ends at %zu", found[i].re, b[1]);
+        free(b);
+    }
+    static const char *const limited[] = {"(?:a||){40}\\z", "(?:\\p{L}|\\w|a){1,40}\\z"};
+    for (size_t i = 0; i < sizeof limited / sizeof *limited; i++) {
+        json_t *doc = bytes_doc(limited[i]);
+        struct pd_tok *t = load_json(doc);
+        json_decref(doc);
+        int32_t *ids = NULL;
+        size_t n = 0;
+        pd_err e = {0};
+        int rc = pd_tok_encode(t, text, 61, &ids, &n, &e);
+        cr_assert_lt(rc, 0, "/%s/ encoded", limited[i]);
+        cr_assert_null(ids);
+        cr_assert_not_null(strstr(e.msg, dir), "no file named: %s", e.msg);
+        cr_assert_not_null(strstr(e.msg, "field \"pre_tokenizer.pretokenizers[0].pattern.Regex\""),
+                           "no field named: %s", e.msg);
+        cr_assert_not_null(strstr(e.msg, "limit ("), "no limit named: %s", e.msg);
+        pd_tok_free(t);
+    }
+    /* the unbounded classics are refused when the file is read */
+    json_t *doc = bytes_doc("(a+)+$");
+    expect_bad(doc, "a group may only be repeated a bounded number of times");
+    doc = bytes_doc("(a|aa)*c");
+    expect_bad(doc, "a group may only be repeated a bounded number of times");
+}
+
+Test(tokenizer, long_runs_stay_within_the_limits, .timeout = 60)
+{
+    /* 3 MB runs of one kind of character then an 'x', where the real patterns take their
+     * longest matches and give back whole runs (cl100k's \s*[\r\n]+ on spaces): no limit is
+     * hit and the pieces are what the patterns say. */
+    size_t len = 3000000;
+    char *s = malloc(len + 2);
+    cr_assert_not_null(s);
+    static const struct { const char *re; char c; size_t pieces; } cases[] = {
+        {gpt2_re, 'a', 1}, {gpt2_re, ' ', 2}, {gpt2_re, '1', 2}, {gpt2_re, '!', 2},
+        {cl100k_re, 'a', 1}, {cl100k_re, ' ', 2}, {cl100k_re, '1', 1000001}, {cl100k_re, '\n', 2},
+        {ds_main_re, 'a', 1}, {ds_main_re, ' ', 2}, {ds_main_re, '!', 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        memset(s, cases[i].c, len);
+        s[len] = 'x';   /* so a space run ends in a lookahead that fails once */
+        size_t *b, n;
+        pd_err e = {0};
+        cr_assert_eq(pd_tok_regex_split(cases[i].re, "test", s, len + 1, &b, &n, &e), 0, "%s",
+                     e.msg);
+        cr_assert_eq(n, cases[i].pieces, "/%s/ on 3 MB of 0x%02x: %zu pieces", cases[i].re,
+                     cases[i].c, n);
+        free(b);
+    }
+    free(s);
+}
+
+Test(tokenizer, json_syntax_errors_are_one_line)
+{
+    /* found by fuzz_tokenizer: jansson quotes the text near the error, a newline included */
+    struct pd_tok *t = NULL;
+    pd_err e = {0};
+    cr_assert_eq(pd_tok_parse("{\"a\": \"\\\n\"}", "t.json", &t, &e), PD_EFORMAT);
+    cr_assert_null(t);
+    cr_assert(!strncmp(e.msg, "t.json", 6) && !strchr(e.msg, '\n'), "%s", e.msg);
+}
+
+Test(tokenizer, a_space_run_longer_than_the_base_limit, .timeout = 60)
+{
+    /* cl100k's \s*[\r\n]+ takes a whole run of spaces and gives it back one by one: 12 million
+     * steps on 12 MB of spaces, past the fixed part of the match limit (10^7); the limit grows
+     * with the text searched, so a long legitimate text never hits it */
+    size_t len = 12000000;
+    char *s = malloc(len + 1);
+    cr_assert_not_null(s);
+    memset(s, ' ', len);
+    s[len] = 'x';
+    size_t *b, n;
+    pd_err e = {0};
+    cr_assert_eq(pd_tok_regex_split(cl100k_re, "test", s, len + 1, &b, &n, &e), 0, "%s", e.msg);
+    cr_assert(n == 2 && b[1] == len - 1, "%zu pieces", n);
+    free(b);
+    free(s);
 }
