@@ -1,0 +1,727 @@
+/* The HTTP side of an inference server (see server.h): requests in (validation, the chat
+ * template, tokenisation, admission limits) and answers out (JSON, server-sent events, errors),
+ * /v1/models, /metrics and /expert_stats. Runs on the event-loop thread. */
+#include "pd/server_int.h"
+
+
+/* An OpenAI-style error, counted in the metrics when it is the client's. */
+void pd_srv_send_error(struct pd_server *s, struct evhttp_request *h, int code, const char *type, const char *param,
+                       const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (code >= 400 && code < 500) {
+        pthread_mutex_lock(&s->mu);
+        s->n_errors4xx++;
+        pthread_mutex_unlock(&s->mu);
+    }
+    pd_http_error(h, code, type, param, "%s", msg);
+}
+
+/* Appends the bytes of the tokens [tokens_sent, n) to r->text and returns in *out (malloc'ed,
+ * *len bytes, which may include 0x00: a token's bytes are carried as they are) the longest prefix
+ * that is complete UTF-8, invalid bytes becoming U+FFFD, keeping an incomplete tail for later
+ * unless `final`. PD_ENOMEM (nothing taken, the tokens stay for a later call) if memory runs out. */
+static int take_utf8(struct pd_server *s, struct req *r, int n, int final, char **out, size_t *len)
+{
+    for (; r->tokens_sent < n; r->tokens_sent++) {
+        size_t tl;
+        const char *b = pd_tok_token_bytes(s->tok, r->gen[r->tokens_sent], &tl);
+        if (!b)
+            continue;
+        if (tl > r->text_cap - r->text_len) {
+            size_t c = (r->text_len + tl) * 2 + 64;
+            char *x = realloc(r->text, c);
+            if (!x)
+                return PD_ENOMEM;
+            r->text = x;
+            r->text_cap = c;
+        }
+        memcpy(r->text + r->text_len, b, tl);
+        r->text_len += tl;
+    }
+    /* each byte becomes at most 3 (U+FFFD); text_len is below the cap of a buffer already held */
+    char *o_buf = malloc(r->text_len * 3 + 1);
+    if (!o_buf)
+        return PD_ENOMEM;
+    size_t i = 0, o = 0;
+    const unsigned char *t = (const unsigned char *)r->text;
+    while (i < r->text_len) {
+        unsigned c = t[i];
+        size_t need = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+        int ok = need > 0 && (need == 1 || c >= 0xc2) && !(c > 0xf4);
+        if (ok && i + need > r->text_len) {
+            /* incomplete sequence: wait for the next token unless this is the end */
+            int valid_so_far = 1;
+            for (size_t k = 1; i + k < r->text_len; k++)
+                valid_so_far &= (t[i + k] & 0xc0) == 0x80;
+            if (valid_so_far && !final)
+                break;
+            ok = 0;
+        }
+        for (size_t k = 1; ok && k < need; k++)
+            ok = (t[i + k] & 0xc0) == 0x80;
+        if (ok && need == 3 && ((c == 0xe0 && t[i + 1] < 0xa0) || (c == 0xed && t[i + 1] >= 0xa0)))
+            ok = 0;
+        if (ok && need == 4 && ((c == 0xf0 && t[i + 1] < 0x90) || (c == 0xf4 && t[i + 1] >= 0x90)))
+            ok = 0;
+        if (ok) {
+            memcpy(o_buf + o, t + i, need);
+            o += need;
+            i += need;
+        } else {
+            memcpy(o_buf + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i += 1;
+        }
+    }
+    /* (no text yet, as when the first token sampled is EOS: r->text is NULL, nothing to move) */
+    if (i > 0) {
+        memmove(r->text, r->text + i, r->text_len - i);
+        r->text_len -= i;
+    }
+    o_buf[o] = 0;
+    *out = o_buf;
+    *len = o;
+    return 0;
+}
+
+static json_t *usage(const struct req *r)
+{
+    return json_pack("{s:i,s:i,s:i}", "prompt_tokens", r->n_prompt, "completion_tokens", r->n_gen, "total_tokens",
+                     r->n_prompt + r->n_gen);
+}
+
+/* A streamed chunk carrying len bytes of text (a counted JSON string: a 0x00 byte is sent escaped). */
+static json_t *chunk(struct pd_server *s, const struct req *r, const char *text, size_t len, const char *finish)
+{
+    json_t *choice;
+    if (r->chat)
+        choice = json_pack("{s:i,s:{s:s%},s:o}", "index", 0, "delta", "content", text, len, "finish_reason",
+                           finish ? json_string(finish) : json_null());
+    else
+        choice = json_pack("{s:i,s:s%,s:o}", "index", 0, "text", text, len, "finish_reason",
+                           finish ? json_string(finish) : json_null());
+    return json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", r->created_id, "object",
+                     r->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)r->created, "model",
+                     s->name, "choices", choice);
+}
+
+/* One SSE event; an event that cannot be built (out of memory) goes as an error event. */
+void pd_srv_send_sse(struct evhttp_request *h, json_t *j)
+{
+    char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    struct evbuffer *b = evbuffer_new();
+    if (b) {
+        evbuffer_add_printf(b, "data: %s\n\n",
+                            txt ? txt : "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}");
+        evhttp_send_reply_chunk(h, b);
+        evbuffer_free(b);
+    }
+    free(txt);
+    json_decref(j);
+}
+
+/* The answer is complete: the connection's close no longer concerns this request, and the HTTP
+ * side's reference goes (s->mu is not held). */
+void pd_srv_answered(struct pd_server *s, struct req *r)
+{
+    pd_http_set_closecb(r->http, NULL, NULL);
+    pthread_mutex_lock(&s->mu);
+    r->http = NULL;
+    pd_srv_req_unref(s, r);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The loop (s->mu held): answers the GET /expert_stats requests once the counts are in. */
+static void answer_expert_stats(struct pd_server *s)
+{
+    if (s->stats_state != STATS_READY)
+        return;
+    const struct pd_model *m = &s->en.model;
+    json_t *doc = json_pack("{s:s,s:s,s:i,s:i,s:o}", "model", s->name, "model_type", pd_model_arch_name(m->arch),
+                            "ranks", s->g ? s->g->size : 1, "experts",
+                            m->n_routed_experts, "tokens_per_expert",
+                            pd_http_json_counts(s->stats_sum, m->n_layers, m->n_routed_experts));
+    for (int i = 0; i < s->n_stats_wait; i++)
+        pd_http_json(s->stats_wait[i], 200, json_incref(doc));
+    json_decref(doc);
+    s->n_stats_wait = 0;
+    s->stats_state = STATS_NONE;
+}
+
+/* A stream's 200 and headers, before its first chunk. */
+static void start_stream(struct req *r)
+{
+    struct evkeyvalq *hd = evhttp_request_get_output_headers(r->http);
+    evhttp_add_header(hd, "Content-Type", "text/event-stream");
+    evhttp_add_header(hd, "Cache-Control", "no-cache");
+    evhttp_send_reply_start(r->http, 200, "OK");
+    r->reply_started = 1;
+}
+
+/* Producer: the address decode instances pull from: kv_host, else the KV listener's (--host),
+ * loopback when that is a wildcard. */
+static const char *kv_advertised_host(const struct pd_server *s)
+{
+    if (s->o.kv_host)
+        return s->o.kv_host;
+    return strcmp(s->o.host, "0.0.0.0") && strcmp(s->o.host, "::") ? s->o.host : "127.0.0.1";
+}
+
+/* The loop's side of the outbox: stream new text, or answer finished requests. */
+static void on_notify(evutil_socket_t fd, short what, void *arg)
+{
+    struct pd_server *s = arg;
+    pthread_mutex_lock(&s->mu);
+    answer_expert_stats(s);
+    struct req *list = s->outbox;
+    s->outbox = NULL;
+    /* snapshots under the lock: tokens below n_gen are final. An entry leaves the outbox (queued
+     * = 0) only once its link is read: the scheduler may queue it again while the lock is down,
+     * and that rewrites r->next. */
+    while (list) {
+        struct req *r = list;
+        list = r->next;
+        r->queued = 0;
+        int n = r->n_gen, finished = r->finished;
+        const char *finish = r->finish;
+        if (!r->http) {
+            pd_srv_req_unref(s, r);
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+        char *out = NULL;
+        size_t len = 0;
+        int oom = 0;
+        if (finished && !strcmp(finish, "refused")) {
+            /* only a pull refuses, before any token: a stream's 200 is still deferred */
+            assert(!r->reply_started);
+            pd_srv_send_error(s, r->http, 403, "invalid_request_error", "kv_transfer_params", REFUSED_MSG);
+            pd_srv_answered(s, r);
+        } else if (r->stream) {
+            if (!r->reply_started)
+                start_stream(r);
+            oom = take_utf8(s, r, n, finished, &out, &len) != 0;
+            if (len)
+                pd_srv_send_sse(r->http, chunk(s, r, out, len, NULL));
+            if (finished) {
+                struct evhttp_request *h = r->http;
+                if (oom || !strcmp(finish, "error")) {
+                    json_t *err = json_pack("{s:{s:s,s:s}}", "error", "message",
+                                            oom ? "out of memory for the generated text" : "the engine failed during generation",
+                                            "type", "server_error");
+                    pd_srv_send_sse(r->http, err);
+                } else {
+                    pd_srv_send_sse(r->http, chunk(s, r, "", 0, finish));
+                }
+                struct evbuffer *b = evbuffer_new();
+                evbuffer_add_printf(b, "data: [DONE]\n\n");
+                evhttp_send_reply_chunk(h, b);
+                evbuffer_free(b);
+                pd_srv_answered(s, r);
+                evhttp_send_reply_end(h);
+            }
+        } else if (finished) {
+            if (strcmp(finish, "error"))
+                oom = take_utf8(s, r, n, finished, &out, &len) != 0;
+            if (!strcmp(finish, "error")) {
+                pd_srv_send_error(s, r->http, 500, "server_error", NULL, "the engine failed during generation");
+            } else if (oom) {
+                pd_srv_send_error(s, r->http, 503, "server_error", NULL, "out of memory for the generated text");
+            } else {
+                json_t *choice = r->chat ? json_pack("{s:i,s:{s:s,s:s%},s:s}", "index", 0, "message", "role", "assistant",
+                                                     "content", out, len, "finish_reason", finish)
+                                         : json_pack("{s:i,s:s%,s:s}", "index", 0, "text", out, len, "finish_reason", finish);
+                if (r->remote_decode) {
+                    char rid[PD_KVX_ID_HEX];
+                    pd_kvx_id_format(&r->key, rid);
+                    json_object_set_new(choice, "kv_transfer_params",
+                                        json_pack("{s:b,s:b,s:s,s:s,s:s,s:i,s:i,s:i}", "do_remote_prefill", 1,
+                                                  "do_remote_decode", 0, "remote_engine_id",
+                                                  s->o.engine_id ? s->o.engine_id : "prefill", "remote_request_id",
+                                                  rid, "remote_host", kv_advertised_host(s),
+                                                  "remote_port", s->g ? s->g->kv_ports[r->owner] : pd_kvx_port(s->kvx), "remote_num_tokens", r->n_prompt,
+                                                  "last_token_id", n > 0 ? r->gen[0] : s->eos));
+                }
+                if (r->return_ids) {
+                    json_t *ids = json_array();
+                    for (int i = 0; i < n; i++)
+                        json_array_append_new(ids, json_integer(r->gen[i]));
+                    json_object_set_new(choice, "token_ids", ids);
+                }
+                pd_http_json(r->http, 200,
+                          json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", r->created_id, "object",
+                                    r->chat ? "chat.completion" : "text_completion", "created", (json_int_t)r->created,
+                                    "model", s->name, "choices", choice, "usage", usage(r)));
+            }
+            pd_srv_answered(s, r);
+        }
+        free(out);
+        pthread_mutex_lock(&s->mu);
+        if (finished && strcmp(finish, "refused")) {
+            s->n_completed++;
+            if (r->t_first > 0)
+                s->ttft_sum += r->t_first - r->t_arrival;
+        }
+        pd_srv_req_unref(s, r);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* A client that goes away before its answer cancels its request; the scheduler frees its KV. */
+static void on_close(struct evhttp_connection *c, void *arg)
+{
+    struct req *r = arg;
+    struct pd_server *s = r->srv;
+    pthread_mutex_lock(&s->mu);
+    struct evhttp_request *h = r->http;
+    int stream = r->stream;
+    if (h) {
+        r->http = NULL;
+        r->cancelled = 1;
+        pthread_cond_signal(&s->cv);
+        pd_srv_req_unref(s, r);
+    }
+    pthread_mutex_unlock(&s->mu);
+    /* A client that left (EOF) leaves its request to us, detached from the connection: libevent
+     * frees it only when the reply ends (while the server is being freed, it frees them itself) */
+    if (h && stream && !s->destroying)
+        evhttp_send_reply_end(h);
+    else if (h && !s->destroying && !evhttp_request_get_connection(h))
+        evhttp_send_reply(h, 499, "Client Closed Request", NULL);
+}
+
+/* A field of a request, NULL when absent or null (as OpenAI clients send unset options). */
+static json_t *present(json_t *j, const char *key)
+{
+    json_t *v = json_object_get(j, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+static json_t *read_body(struct evhttp_request *h, json_error_t *je)
+{
+    struct evbuffer *in = evhttp_request_get_input_buffer(h);
+    size_t n = evbuffer_get_length(in);
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        snprintf(je->text, sizeof je->text, "out of memory for a body of %zu bytes", n);
+        return NULL;
+    }
+    evbuffer_copyout(in, buf, n);
+    buf[n] = 0;
+    json_t *j = json_loadb(buf, n, JSON_REJECT_DUPLICATES, je);
+    free(buf);
+    return j;
+}
+
+static int authorised(struct pd_server *s, struct evhttp_request *h)
+{
+    if (pd_http_authorised(h, s->o.api_key))
+        return 1;
+    pd_srv_send_error(s, h, 401, "invalid_request_error", NULL, "missing or wrong API key (Authorization: Bearer ...)");
+    return 0;
+}
+
+/* Builds the prompt text of a chat: DeepSeek's template, messages in order. */
+static int chat_prompt(struct pd_server *s, struct evhttp_request *h, json_t *msgs, char **out)
+{
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
+        pd_srv_send_error(s, h, 400, "invalid_request_error", "messages", "\"messages\" must be a non-empty array");
+        return -1;
+    }
+    size_t cap = 256, len = 0;
+    char *p = malloc(cap);
+    if (!p)
+        goto oom;
+    p[0] = 0;
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        json_t *m = json_array_get(msgs, i);
+        const char *role = json_string_value(json_object_get(m, "role"));
+        const char *content = json_string_value(json_object_get(m, "content"));
+        if (!json_is_object(m) || !role || !content ||
+            (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant"))) {
+            free(p);
+            pd_srv_send_error(s, h, 400, "invalid_request_error", "messages",
+                       "\"messages[%zu]\" needs \"role\" (system, user or assistant) and a string \"content\"", i);
+            return -1;
+        }
+        const char *tag = !strcmp(role, "user") ? "<｜User｜>" : !strcmp(role, "assistant") ? "<｜Assistant｜>" : "";
+        size_t need = len + strlen(tag) + strlen(content) + 64;
+        if (need > cap) {
+            char *x = realloc(p, need * 2);
+            if (!x) {
+                free(p);
+                goto oom;
+            }
+            p = x;
+            cap = need * 2;
+        }
+        len += (size_t)sprintf(p + len, "%s%s", tag, content);
+    }
+    strcat(p, "<｜Assistant｜>");
+    *out = p;
+    return 0;
+oom:
+    pd_srv_send_error(s, h, 503, "server_error", "messages", "out of memory for the chat's prompt");
+    return -1;
+}
+
+static void on_completion(struct evhttp_request *h, void *arg, int chat)
+{
+    struct pd_server *s = arg;
+    if (evhttp_request_get_command(h) != EVHTTP_REQ_POST) {
+        pd_srv_send_error(s, h, 405, "invalid_request_error", NULL, "use POST");
+        return;
+    }
+    if (!authorised(s, h))
+        return;
+    json_error_t je;
+    json_t *j = read_body(h, &je);
+    if (!j || !json_is_object(j)) {
+        pd_srv_send_error(s, h, 400, "invalid_request_error", NULL, "the body is not a JSON object: %s",
+                   j ? "wrong type" : je.text);
+        json_decref(j);
+        return;
+    }
+    const char *model = json_string_value(json_object_get(j, "model"));
+    json_t *mt = present(j, "max_tokens"), *mct = present(j, "max_completion_tokens"), *tp = present(j, "temperature"),
+           *pp = present(j, "top_p"), *st = present(j, "stream"), *sd = present(j, "seed");
+    char *text = NULL;
+    struct req *r = NULL;
+    if (json_object_get(j, "model") && !model) {
+        pd_srv_send_error(s, h, 400, "invalid_request_error", "model", "\"model\" must be a string");
+        goto out;
+    }
+    if (model && strcmp(model, s->name)) {
+        pd_srv_send_error(s, h, 404, "invalid_request_error", "model", "the model \"%s\" does not exist; this server serves \"%s\"",
+                   model, s->name);
+        goto out;
+    }
+    /* every field that sizes or steers the generation is checked here, before it is used */
+    static const char *const flags[] = {"stream", "return_token_ids", "ignore_eos"};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        json_t *v = present(j, flags[i]);
+        if (v && !json_is_boolean(v)) {
+            pd_srv_send_error(s, h, 400, "invalid_request_error", flags[i], "\"%s\" must be a boolean", flags[i]);
+            goto out;
+        }
+    }
+    const char *bad = mt && (!json_is_integer(mt) || json_integer_value(mt) < 1) ? "max_tokens"
+                      : mct && (!json_is_integer(mct) || json_integer_value(mct) < 1) ? "max_completion_tokens"
+                      : tp && (!json_is_number(tp) || json_number_value(tp) < 0 || json_number_value(tp) > 2) ? "temperature"
+                      : pp && (!json_is_number(pp) || json_number_value(pp) <= 0 || json_number_value(pp) > 1) ? "top_p"
+                      : sd && !json_is_integer(sd) ? "seed" : NULL;
+    if (bad) {
+        pd_srv_send_error(s, h, 400, "invalid_request_error", bad,
+                   "\"%s\": max_tokens and max_completion_tokens are integers >= 1, temperature a number in [0, 2], "
+                   "top_p in (0, 1], seed an integer", bad);
+        goto out;
+    }
+    if (mt && mct && json_integer_value(mt) != json_integer_value(mct)) {
+        pd_srv_send_error(s, h, 400, "invalid_request_error", "max_completion_tokens",
+                   "\"max_tokens\" (%lld) and \"max_completion_tokens\" (%lld) differ; send one",
+                   (long long)json_integer_value(mt), (long long)json_integer_value(mct));
+        goto out;
+    }
+    const char *mt_name = mt || !mct ? "max_tokens" : "max_completion_tokens";   /* the one errors name */
+    if (!mt)
+        mt = mct;
+    if (chat) {
+        if (chat_prompt(s, h, json_object_get(j, "messages"), &text))
+            goto out;
+    } else {
+        json_t *p = json_object_get(j, "prompt");
+        if (!json_is_string(p)) {
+            pd_srv_send_error(s, h, 400, "invalid_request_error", "prompt", "\"prompt\" must be a string");
+            goto out;
+        }
+        text = strdup(json_string_value(p));
+        if (!text) {
+            pd_srv_send_error(s, h, 503, "server_error", NULL, "out of memory for the prompt");
+            goto out;
+        }
+    }
+    r = calloc(1, sizeof *r);
+    if (!r) {
+        pd_srv_send_error(s, h, 503, "server_error", NULL, "out of memory for the request");
+        goto out;
+    }
+    size_t n = 0;
+    int32_t *ids = NULL;
+    pd_err e;
+    int rc = pd_tok_encode(s->tok, text, strlen(text), &ids, &n, &e);
+    if (rc) {
+        pd_srv_send_error(s, h, rc == PD_ENOMEM ? 503 : 400, rc == PD_ENOMEM ? "server_error" : "invalid_request_error",
+                   chat ? "messages" : "prompt", "%s", e.msg);
+        goto reject;
+    }
+    /* (a prompt is at most the 8 MiB body in tokens: it fits an int, checked all the same) */
+    r->prompt = n < INT_MAX - 1 ? malloc((n + 1) * sizeof *r->prompt) : NULL;
+    if (!r->prompt) {
+        free(ids);
+        pd_srv_send_error(s, h, 503, "server_error", NULL, "out of memory for the prompt's %zu tokens", n);
+        goto reject;
+    }
+    if (s->bos >= 0)
+        r->prompt[r->n_prompt++] = s->bos;
+    if (n)
+        memcpy(r->prompt + r->n_prompt, ids, n * sizeof *ids);
+    r->n_prompt += (int)n;
+    free(ids);
+    int64_t max_tokens = mt ? json_integer_value(mt) : 16;
+    /* compared as max_model_len - prompt: a max_tokens near INT64_MAX must not wrap the sum */
+    if (max_tokens > (int64_t)s->o.max_model_len - r->n_prompt) {
+        pd_srv_send_error(s, h, 400, "invalid_request_error", mt_name,
+                   "this model's maximum context length is %d tokens; the prompt has %d and %s asks for %lld",
+                   s->o.max_model_len, r->n_prompt, mt_name, (long long)max_tokens);
+        goto reject;
+    }
+    /* a request the pool could never hold is refused now rather than left waiting */
+    int need = pd_kvpool_blocks_for(&s->en.kv, r->n_prompt + max_tokens);
+    if (need > s->en.kv.n_blocks) {
+        pd_srv_send_error(s, h, 400, "invalid_request_error", mt_name,
+                   "the prompt (%d tokens) and %s (%lld) need %d KV blocks; this server's pool has %d",
+                   r->n_prompt, mt_name, (long long)max_tokens, need, s->en.kv.n_blocks);
+        goto reject;
+    }
+    r->max_tokens = (int)max_tokens;
+    r->forced_first = -1;
+    json_t *kv = json_object_get(j, "kv_transfer_params");
+    if (kv && !json_is_null(kv)) {
+        if (!json_is_object(kv)) {
+            pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params", "\"kv_transfer_params\" must be an object");
+            goto reject;
+        }
+        if (json_is_true(json_object_get(kv, "do_remote_decode"))) {
+            if (s->o.role != PD_ROLE_PRODUCER) {
+                pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
+                           "do_remote_decode asks a prefill (kv_producer) instance; this one is not");
+                goto reject;
+            }
+            r->remote_decode = 1;
+        }
+        if (json_is_true(json_object_get(kv, "do_remote_prefill"))) {
+            const char *host = json_string_value(json_object_get(kv, "remote_host"));
+            json_t *port = json_object_get(kv, "remote_port"), *rid = json_object_get(kv, "remote_request_id"),
+                   *nt = json_object_get(kv, "remote_num_tokens"), *last = json_object_get(kv, "last_token_id");
+            if (s->o.role != PD_ROLE_CONSUMER || !host || strlen(host) >= sizeof r->remote_host || !json_is_integer(port) ||
+                !rid || !json_is_integer(nt) || !json_is_integer(last) ||
+                json_integer_value(last) < 0 || json_integer_value(last) >= s->V) {
+                pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
+                           s->o.role != PD_ROLE_CONSUMER ? "do_remote_prefill asks a decode (kv_consumer) instance; this one is not"
+                           : "do_remote_prefill needs remote_host, remote_port, remote_request_id, remote_num_tokens and last_token_id");
+                goto reject;
+            }
+            if (pd_kvx_id_parse(json_string_value(rid), &r->remote_key)) {
+                pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
+                           "kv_transfer_params.remote_request_id must be the 32-hex-digit string the prefill instance "
+                           "answered");
+                goto reject;
+            }
+            /* the producer hands its KV over only for the prompt it prefilled */
+            r->remote_key.hash = pd_kvx_hash_tokens(r->prompt, r->n_prompt);
+            r->remote_prefill = 1;
+            snprintf(r->remote_host, sizeof r->remote_host, "%s", host);
+            r->remote_port = (int)json_integer_value(port);
+            r->remote_tokens = (int)json_integer_value(nt);
+            r->forced_first = (int32_t)json_integer_value(last);
+        }
+    }
+    r->gen = malloc((size_t)r->max_tokens * sizeof *r->gen);
+    r->logits = s->g ? NULL : malloc((size_t)s->V * sizeof(float));   /* a group's ranks have their own */
+    if (!r->gen || (!s->g && !r->logits)) {
+        free(r->gen);
+        free(r->logits);
+        pd_srv_send_error(s, h, 503, "server_error", NULL, "out of memory for a request of %d tokens", r->max_tokens);
+        goto reject;
+    }
+    r->stream = st && json_is_true(st);
+    r->chat = chat;
+    r->srv = s;
+    r->http = h;
+    r->t_arrival = pd_now_s();
+    r->created = (long)time(NULL);
+    r->return_ids = json_is_true(json_object_get(j, "return_token_ids"));
+    r->ignore_eos = json_is_true(json_object_get(j, "ignore_eos"));
+    pd_sampler_init(&r->smp, tp ? (float)json_number_value(tp) : 1.0f, pp ? (float)json_number_value(pp) : 1.0f,
+                    sd ? (uint64_t)json_integer_value(sd) : (uint64_t)r->t_arrival);
+    pthread_mutex_lock(&s->mu);
+    r->id = ++s->next_id;
+    snprintf(r->created_id, sizeof r->created_id, "%s-%llu", chat ? "chatcmpl" : "cmpl", (unsigned long long)r->id);
+    r->refs = 2;   /* the scheduler and the HTTP side */
+    s->n_requests++;
+    s->tokens_in += (uint64_t)r->n_prompt;
+    r->live_next = s->live;
+    if (s->live)
+        s->live->live_prev = r;
+    s->live = r;
+    if (s->wait_tail)
+        s->wait_tail->next = r;
+    else
+        s->wait_head = r;
+    s->wait_tail = r;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    struct evhttp_connection *conn = evhttp_request_get_connection(h);
+    pd_http_set_closecb(h, on_close, r);
+    /* libevent stops reading a connection while its request is pd_srv_answered, so it would not see
+     * the client leave; reading on lets the close callback cancel the request */
+    bufferevent_enable(evhttp_connection_get_bufferevent(conn), EV_READ);
+    /* a stream that pulls KV answers once the pull is through: a refused one gets a 4xx */
+    if (r->stream && !r->remote_prefill)
+        start_stream(r);
+    goto out;
+reject:   /* refused after r was allocated: nothing else holds it yet */
+    free(r->prompt);
+    free(r);
+out:
+    free(text);
+    json_decref(j);
+}
+
+static void on_completions(struct evhttp_request *h, void *arg)
+{
+    on_completion(h, arg, 0);
+}
+
+static void on_chat(struct evhttp_request *h, void *arg)
+{
+    on_completion(h, arg, 1);
+}
+
+static void on_models(struct evhttp_request *h, void *arg)
+{
+    struct pd_server *s = arg;
+    if (!authorised(s, h))
+        return;
+    pd_http_json(h, 200, json_pack("{s:s,s:[{s:s,s:s,s:s,s:i}]}", "object", "list", "data", "id", s->name, "object",
+                                      "model", "owned_by", "pdmoe", "max_model_len", s->o.max_model_len));
+}
+
+/* GET /expert_stats: the tokens each routed expert ran in each layer since the server started
+ * (every rank of an EP group), as `pdmoe generate --expert-stats` writes them and `pdmoe plan
+ * --expert-stats` reads them. The scheduler collects them between steps; on_notify answers. */
+static void on_expert_stats(struct evhttp_request *h, void *arg)
+{
+    struct pd_server *s = arg;
+    if (evhttp_request_get_command(h) != EVHTTP_REQ_GET) {
+        pd_srv_send_error(s, h, 405, "invalid_request_error", NULL, "use GET");
+        return;
+    }
+    if (!authorised(s, h))
+        return;
+    pthread_mutex_lock(&s->mu);
+    if (s->n_stats_wait == s->cap_stats_wait) {
+        int cap = s->cap_stats_wait ? 2 * s->cap_stats_wait : 8;
+        void *w = realloc(s->stats_wait, (size_t)cap * sizeof *s->stats_wait);
+        if (!w) {
+            pthread_mutex_unlock(&s->mu);
+            pd_srv_send_error(s, h, 503, "server_error", NULL, "out of memory");
+            return;
+        }
+        s->stats_wait = w;
+        s->cap_stats_wait = cap;
+    }
+    s->stats_wait[s->n_stats_wait++] = h;
+    if (s->stats_state == STATS_NONE)
+        s->stats_state = STATS_WANTED;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void on_metrics(struct evhttp_request *h, void *arg)
+{
+    struct pd_server *s = arg;
+    struct evbuffer *b = evbuffer_new();
+    if (!b) {
+        pd_srv_send_error(s, h, 503, "server_error", NULL, "out of memory for the metrics");
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    int waiting = 0, leases = 0;
+    for (struct req *r = s->wait_head; r; r = r->next)
+        waiting++;
+    for (struct req *r = s->leases; r; r = r->lease_next)
+        leases++;
+    /* an EP group: the ranks' pools summed, and each rank's (what it reported after the last step) */
+    int blocks_free = s->en.kv.n_blocks_free, blocks = s->en.kv.n_blocks, slots_free = s->en.kv.n_slots_free;
+    if (s->g) {
+        blocks_free = slots_free = 0;
+        blocks = s->g->size * s->en.kv.n_blocks;
+        for (int k = 0; k < s->g->size; k++) {
+            blocks_free += s->g->free_blocks[k];
+            slots_free += s->g->free_slots[k];
+        }
+    }
+    evbuffer_add_printf(b,
+                        "# HELP pdmoe_requests_total Requests accepted.\n# TYPE pdmoe_requests_total counter\n"
+                        "pdmoe_requests_total %llu\n"
+                        "# TYPE pdmoe_requests_completed_total counter\npdmoe_requests_completed_total %llu\n"
+                        "# TYPE pdmoe_requests_cancelled_total counter\npdmoe_requests_cancelled_total %llu\n"
+                        "# TYPE pdmoe_errors_total counter\npdmoe_errors_total{kind=\"4xx\"} %llu\n"
+                        "# TYPE pdmoe_prompt_tokens_total counter\npdmoe_prompt_tokens_total %llu\n"
+                        "# TYPE pdmoe_generation_tokens_total counter\npdmoe_generation_tokens_total %llu\n"
+                        "# TYPE pdmoe_time_to_first_token_seconds_sum counter\npdmoe_time_to_first_token_seconds_sum %.6f\n"
+                        "# TYPE pdmoe_num_requests_running gauge\npdmoe_num_requests_running %d\n"
+                        "# TYPE pdmoe_num_requests_waiting gauge\npdmoe_num_requests_waiting %d\n"
+                        "# HELP pdmoe_kv_blocks_free KV pool blocks free.\n# TYPE pdmoe_kv_blocks_free gauge\n"
+                        "pdmoe_kv_blocks_free %d\n# TYPE pdmoe_kv_blocks_total gauge\npdmoe_kv_blocks_total %d\n"
+                        "# TYPE pdmoe_kv_slots_free gauge\npdmoe_kv_slots_free %d\n"
+                        "# TYPE pdmoe_kv_transfer_bytes_total counter\npdmoe_kv_transfer_bytes_total %llu\n"
+                        "# TYPE pdmoe_kv_transfer_seconds_total counter\npdmoe_kv_transfer_seconds_total %.6f\n"
+                        "# TYPE pdmoe_kv_transfers_total counter\npdmoe_kv_transfers_total %llu\n"
+                        "pdmoe_errors_total{kind=\"kv_transfer\"} %llu\n"
+                        "# TYPE pdmoe_kv_recomputes_total counter\npdmoe_kv_recomputes_total %llu\n"
+                        "# TYPE pdmoe_kv_leases gauge\npdmoe_kv_leases %d\n"
+                        "# HELP pdmoe_kv_pool_bytes Bytes of one rank's KV pool (slots and blocks).\n"
+                        "# TYPE pdmoe_kv_pool_bytes gauge\npdmoe_kv_pool_bytes %zu\n",
+                        (unsigned long long)s->n_requests, (unsigned long long)s->n_completed,
+                        (unsigned long long)s->n_cancelled, (unsigned long long)s->n_errors4xx,
+                        (unsigned long long)s->tokens_in, (unsigned long long)s->tokens_out, s->ttft_sum, s->n_running,
+                        waiting, blocks_free, blocks, slots_free,
+                        (unsigned long long)s->kv_bytes, s->kv_seconds, (unsigned long long)s->kv_pulls,
+                        (unsigned long long)s->kv_failures, (unsigned long long)s->kv_recomputes, leases,
+                        s->en.kv.region_bytes);
+    if (s->g) {
+        evbuffer_add_printf(b, "# TYPE pdmoe_ep_ranks gauge\npdmoe_ep_ranks %d\n"
+                               "# HELP pdmoe_rank_kv_blocks_free KV pool blocks free on each rank of the EP group.\n"
+                               "# TYPE pdmoe_rank_kv_blocks_free gauge\n", s->g->size);
+        for (int k = 0; k < s->g->size; k++)
+            evbuffer_add_printf(b, "pdmoe_rank_kv_blocks_free{rank=\"%d\"} %d\n", k, s->g->free_blocks[k]);
+        evbuffer_add_printf(b, "# TYPE pdmoe_rank_kv_blocks_total gauge\n");
+        for (int k = 0; k < s->g->size; k++)
+            evbuffer_add_printf(b, "pdmoe_rank_kv_blocks_total{rank=\"%d\"} %d\n", k, s->en.kv.n_blocks);
+        evbuffer_add_printf(b, "# TYPE pdmoe_rank_num_requests_running gauge\n");
+        for (int k = 0; k < s->g->size; k++)
+            evbuffer_add_printf(b, "pdmoe_rank_num_requests_running{rank=\"%d\"} %d\n", k, s->g->load[k]);
+        evbuffer_add_printf(b, "# TYPE pdmoe_rank_requests_total counter\n");
+        for (int k = 0; k < s->g->size; k++)
+            evbuffer_add_printf(b, "pdmoe_rank_requests_total{rank=\"%d\"} %d\n", k, s->g->owned[k]);
+    }
+    pthread_mutex_unlock(&s->mu);
+    pd_http_front_metrics(s->front, b);
+    pd_http_text(h, "text/plain; version=0.0.4", b);   /* Prometheus' text format */
+    evbuffer_free(b);
+}
+
+static void on_other(struct evhttp_request *h, void *arg)
+{
+    pd_srv_send_error(arg, h, 404, "invalid_request_error", NULL, "no route %s", evhttp_request_get_uri(h));
+}
+
+int pd_srv_api_install(struct pd_server *s)
+{
+    static const struct { const char *path; void (*cb)(struct evhttp_request *, void *); } routes[] = {
+        {"/v1/completions", on_completions}, {"/v1/chat/completions", on_chat}, {"/v1/models", on_models},
+        {"/health", pd_http_health}, {"/metrics", on_metrics}, {"/expert_stats", on_expert_stats}, {NULL, on_other},
+    };
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (pd_http_front_route(s->front, routes[i].path, routes[i].cb, s))
+            return -1;
+    s->notify = event_new(s->base, -1, 0, on_notify, s);
+    return s->notify ? 0 : -1;
+}

@@ -1,0 +1,651 @@
+/* The EP group of an inference server (see server.h, "Expert parallelism"): the round message
+ * rank 0 broadcasts, what every rank does with it, and rank 0's accounts of the ranks' sequences,
+ * KV and leases. */
+#include "pd/server_int.h"
+
+static volatile sig_atomic_t ep_signalled;
+
+void pd_srv_ep_on_signal(int sig)
+{
+    ep_signalled = 1;
+}
+
+static int grow_words(int32_t **p, size_t *cap, size_t need)
+{
+    if (*cap >= need)
+        return 0;
+    size_t c = need + need / 2 + 64;
+    int32_t *q = realloc(*p, c * sizeof *q);
+    if (!q)
+        return -1;
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+static uint64_t ep_id(const int32_t *w)
+{
+    return (uint64_t)(uint32_t)w[0] | (uint64_t)(uint32_t)w[1] << 32;
+}
+
+static void ep_put_id(int32_t *w, uint64_t id)
+{
+    w[0] = (int32_t)(uint32_t)id;
+    w[1] = (int32_t)(uint32_t)(id >> 32);
+}
+
+static struct ep_seq *ep_find(struct pd_server *s, uint64_t id)
+{
+    for (int i = 0; i < s->o.max_num_seqs; i++)
+        if (s->g->seqs[i].used && s->g->seqs[i].id == id)
+            return &s->g->seqs[i];
+    return NULL;
+}
+
+static void ep_parse(const int32_t *msg, struct ep_msg *m)
+{
+    m->n_free = msg[1];
+    m->n_lease = msg[2];
+    m->n_pull = msg[3];
+    m->n_items = msg[4];
+    m->n_tokens = msg[5];
+    m->fr = msg + EP_HDR;
+    m->ls = m->fr + (size_t)m->n_free * EP_FREE_W;
+    m->pl = m->ls + (size_t)m->n_lease * EP_LEASE_W;
+    m->it = m->pl + (size_t)m->n_pull * EP_PULL_W;
+    m->tok = m->it + (size_t)m->n_items * EP_ITEM_W;
+}
+
+static size_t ep_msg_words(const int32_t *msg)
+{
+    struct ep_msg m;
+    ep_parse(msg, &m);
+    return (size_t)(m.tok - msg) + (size_t)m.n_tokens;
+}
+
+/* Words of each rank's answer to a message (the same on every rank: max_num_seqs is). */
+static int ep_answer_words(const struct pd_server *s, const struct ep_msg *m)
+{
+    return EP_ANS_W + EP_PULLED_W * m->n_pull + m->n_items + 2 * s->o.max_num_seqs;
+}
+
+/* Producer, any rank: the transfer engine ended a lease; the sequence is freed by the next round
+ * (the thread that steps the engine owns the pool). */
+static void ep_on_release(void *arg, uint64_t request, enum pd_kvx_release why)
+{
+    struct pd_server *s = arg;
+    pthread_mutex_lock(&s->g->rel_mu);
+    assert(s->g->n_released < s->o.max_num_seqs);
+    s->g->released[s->g->n_released++] = (int64_t)request;
+    pthread_mutex_unlock(&s->g->rel_mu);
+}
+
+/* Starts seq with the blocks of `total` tokens reserved, its prompt's first (a running request
+ * never finds the pool full when it grows, the failure SGLang users report; the prompt's blocks
+ * lie in one piece for a hand-off); on failure seq is ended. */
+int pd_srv_seq_start_reserved(struct pd_engine *en, struct pd_seq *seq, int64_t prompt, int64_t total, pd_err *e)
+{
+    int rc = pd_seq_start(en, seq, e);
+    if (!rc && (rc = pd_kvseq_reserve_prompt(&en->kv, &seq->kv, prompt, total, e)))
+        pd_seq_end(en, seq);
+    return rc;
+}
+
+/* A sequence slot of this rank for request id, started with the sampler of words w[0..3]
+ * (temperature bits, top_p bits, state lo, hi) and `reserve` tokens of KV, its `prompt` first. */
+static int ep_start(struct pd_server *s, uint64_t id, int prompt, int reserve, const int32_t *w, struct ep_seq **out,
+                    pd_err *e)
+{
+    struct ep_group *g = s->g;
+    struct ep_seq *q = NULL;
+    for (int k = 0; k < s->o.max_num_seqs && !q; k++)
+        if (!g->seqs[k].used)
+            q = &g->seqs[k];
+    if (!q)
+        return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d has no free sequence for request %llu", g->rank,
+                          (unsigned long long)id);
+    /* the blocks of the whole future sequence, as rank 0's admission counted them */
+    int rc = pd_srv_seq_start_reserved(&s->en, &q->seq, prompt, reserve, e);
+    if (rc)
+        return rc;
+    q->used = 1;
+    q->id = id;
+    memcpy(&q->smp.temperature, &w[0], sizeof(float));
+    memcpy(&q->smp.top_p, &w[1], sizeof(float));
+    q->smp.state = ep_id(w + 2);
+    *out = q;
+    return 0;
+}
+
+/* Consumer, the owner rank: pulls a request's prompt KV from the producer rank named in the pull
+ * entry into sequence q; the bytes moved and the seconds taken, PULL_REFUSED if the producer
+ * refused the key, or PULL_FAILED (the sequence then stays empty; its prompt is recomputed from
+ * the token ids, unless refused). */
+static int64_t ep_pull(struct pd_server *s, struct ep_seq *q, const int32_t *w, double *seconds)
+{
+    const int n_prompt = w[4];
+    char host[65];
+    memcpy(host, w + 12, 64);
+    host[64] = 0;
+    struct pd_kvx_key key = {.hash = ep_id(w + 6)};
+    memcpy(key.id, w + 28, sizeof key.id);
+    int64_t bytes = pd_srv_seq_pull(s, &q->seq, host, w[5], &key, n_prompt, NULL, seconds);
+    return bytes == PULL_REFUSED ? PULL_REFUSED : bytes < 0 ? PULL_FAILED : bytes;
+}
+
+/* Every rank: applies a round's message to the sequences it owns (frees, leases, pulls, then the
+ * step), samples them, and fills its answer (see the message's layout). With no item nobody
+ * steps; with items every rank steps, with or without sequences of its own, so all take part in
+ * the same expert exchanges. */
+static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
+{
+    struct ep_group *g = s->g;
+    struct ep_msg m;
+    ep_parse(msg, &m);
+    const int A = ep_answer_words(s, &m);
+    if (grow_words(&g->ans, &g->ans_cap, (size_t)A))
+        return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
+    int32_t *pulled = g->ans + EP_ANS_W, *out = pulled + EP_PULLED_W * m.n_pull, *rel = out + m.n_items;
+    int n_rel = 0, rc;
+    /* leases the transfer engine ended since the last round */
+    pthread_mutex_lock(&g->rel_mu);
+    for (int i = 0; i < g->n_released; i++) {
+        struct ep_seq *q = ep_find(s, (uint64_t)g->released[i]);
+        if (q) {
+            pd_seq_end(&s->en, &q->seq);
+            q->used = 0;
+        }
+        ep_put_id(rel + 2 * n_rel++, (uint64_t)g->released[i]);
+    }
+    g->n_released = 0;
+    pthread_mutex_unlock(&g->rel_mu);
+    for (int i = 0; i < m.n_free; i++) {
+        const int32_t *w = m.fr + (size_t)i * EP_FREE_W;
+        if (w[2] != g->rank)
+            continue;
+        struct ep_seq *q = ep_find(s, ep_id(w));
+        if (!q)
+            return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d told to free request %llu it does not hold",
+                              g->rank, (unsigned long long)ep_id(w));
+        pd_seq_end(&s->en, &q->seq);
+        q->used = 0;
+    }
+    for (int i = 0; i < m.n_lease; i++) {
+        const int32_t *w = m.ls + (size_t)i * EP_LEASE_W;
+        if (w[2] != g->rank)
+            continue;
+        struct ep_seq *q = ep_find(s, ep_id(w));
+        if (!q)
+            return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d told to lease request %llu it does not hold",
+                              g->rank, (unsigned long long)ep_id(w));
+        struct pd_kvx_key key = {.hash = ep_id(w + 8)};
+        memcpy(key.id, w + 4, sizeof key.id);
+        if (pd_srv_seq_offer(s, &q->seq, &key, q->id, w[3], ep_on_release)) {
+            /* no lease: the blocks come back now, and rank 0 hears of it as of a release */
+            pd_seq_end(&s->en, &q->seq);
+            q->used = 0;
+            ep_put_id(rel + 2 * n_rel++, q->id);
+        }
+    }
+    for (int i = 0; i < m.n_pull; i++) {
+        const int32_t *w = m.pl + (size_t)i * EP_PULL_W;
+        int32_t *p = pulled + EP_PULLED_W * i;
+        memset(p, 0, EP_PULLED_W * sizeof *p);
+        if (w[2] != g->rank)
+            continue;
+        struct ep_seq *q;
+        if ((rc = ep_start(s, ep_id(w), w[4], w[3], w + 8, &q, e)))
+            return rc;
+        double seconds = 0;
+        int64_t bytes = ep_pull(s, q, w, &seconds);
+        p[0] = bytes >= 0 ? 1 : bytes == PULL_REFUSED ? -1 : 0;
+        ep_put_id(p + 1, bytes > 0 ? (uint64_t)bytes : 0);
+        p[3] = seconds * 1e6 < INT32_MAX ? (int32_t)(seconds * 1e6) : INT32_MAX;
+    }
+    int k = 0;
+    size_t off = 0;
+    for (int i = 0; i < m.n_items; i++) {
+        const int32_t *w = m.it + (size_t)i * EP_ITEM_W, *toks = m.tok + off;
+        off += (size_t)w[3];
+        out[i] = -1;
+        if (w[2] != g->rank)
+            continue;
+        uint64_t id = ep_id(w);
+        struct ep_seq *q = NULL;
+        if (w[4]) {
+            if ((rc = ep_start(s, id, w[3], w[5], w + 7, &q, e)))
+                return rc;
+        } else if (!(q = ep_find(s, id))) {
+            return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d told to step request %llu it does not hold",
+                              g->rank, (unsigned long long)id);
+        }
+        g->items[k] = (struct pd_step_item){.seq = &q->seq, .tokens = toks, .n = w[3], .logits = q->logits};
+        g->item_seq[k] = q;
+        g->item_of[k++] = i;
+    }
+    if (m.n_items > 0 && (rc = pd_engine_step(&s->en, g->items, k, e)))
+        return rc;
+    for (int j = 0; j < k; j++) {
+        const int32_t *w = m.it + (size_t)g->item_of[j] * EP_ITEM_W;
+        struct ep_seq *q = g->item_seq[j];
+        out[g->item_of[j]] = w[6] >= 0 ? w[6] : pd_sample(&q->smp, q->logits, s->Vs, g->scratch);
+    }
+    for (int i = n_rel; i < s->o.max_num_seqs; i++)
+        rel[2 * i] = rel[2 * i + 1] = 0;
+    g->ans[0] = 0;
+    g->ans[1] = s->en.kv.n_blocks_free;
+    g->ans[2] = s->en.kv.n_slots_free;
+    g->ans[3] = n_rel;
+    return 0;
+}
+
+/* A rank other than 0 between steps: asleep in tests of the broadcast (a 2 ms period at most: an
+ * idle group costs nothing, a new step waits at most that long). A signal here waits for rank 0
+ * to end the group, since rank 0 normally has it too, but not longer than 10 s. */
+static int ep_wait_idle(struct pd_server *s, MPI_Request *rq, pd_err *e)
+{
+    long ns = 10000;
+    double signalled_at = 0;
+    for (;;) {
+        int done = 0;
+        if (MPI_Test(rq, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            return pd_err_set(e, PD_EIO, "expert parallelism: rank %d: the step broadcast failed", s->g->rank);
+        if (done)
+            return 0;
+        if (ep_signalled && !signalled_at)
+            signalled_at = pd_now_s();
+        if (signalled_at && pd_now_s() - signalled_at > 10)
+            return pd_err_set(e, PD_EIO, "expert parallelism: rank %d was signalled and rank 0 did not end the group "
+                              "within 10 s", s->g->rank);
+        struct timespec ts = {0, ns};
+        nanosleep(&ts, NULL);
+        ns = ns < 2000000 ? ns * 2 : 2000000;
+    }
+}
+
+/* One round of the group: rank 0 broadcasts g->msg (built by the scheduler), the others receive
+ * it; every rank applies it and rank 0 gathers the answers into g->all, [size][answer words].
+ * Returns 1 when rank 0 ended the group, 0 after a round, or a negative error. */
+int pd_srv_ep_round(struct pd_server *s, pd_err *e)
+{
+    struct ep_group *g = s->g;
+    MPI_Request rq;
+    if (MPI_Ibcast(g->msg, EP_HDR, MPI_INT32_T, 0, g->ep.comm, &rq) != MPI_SUCCESS)
+        return pd_err_set(e, PD_EIO, "expert parallelism: rank %d: the step broadcast failed", g->rank);
+    int rc;
+    if (g->rank && (rc = ep_wait_idle(s, &rq, e)))
+        return rc;
+    if (!g->rank && pd_ep_wait(&rq) != MPI_SUCCESS)
+        return pd_err_set(e, PD_EIO, "expert parallelism: rank 0: the step broadcast failed");
+    if (g->msg[0] == EP_OP_STOP)
+        return 1;
+    if (g->msg[0] == EP_OP_STATS) {
+        int n = s->en.model.n_layers * s->en.model.n_routed_experts;
+        if (MPI_Ireduce(s->en.expert_tokens, g->rank ? NULL : s->stats_sum, n, MPI_INT64_T, MPI_SUM, 0, g->ep.comm,
+                        &rq) != MPI_SUCCESS ||
+            pd_ep_wait(&rq) != MPI_SUCCESS)
+            return pd_err_set(e, PD_EIO, "expert parallelism: rank %d: summing the expert counts failed", g->rank);
+        return 0;
+    }
+    size_t words = ep_msg_words(g->msg);
+    if (grow_words(&g->msg, &g->msg_cap, words))
+        return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
+    if (words > EP_HDR && (MPI_Ibcast(g->msg + EP_HDR, (int)(words - EP_HDR), MPI_INT32_T, 0, g->ep.comm, &rq) != MPI_SUCCESS ||
+                           pd_ep_wait(&rq) != MPI_SUCCESS))
+        return pd_err_set(e, PD_EIO, "expert parallelism: rank %d: the step broadcast failed", g->rank);
+    if ((rc = ep_apply(s, g->msg, e)))
+        return pd_err_prefix(e, "rank %d: ", g->rank);
+    struct ep_msg m;
+    ep_parse(g->msg, &m);
+    int n = ep_answer_words(s, &m);
+    if (g->rank == 0 && grow_words(&g->all, &g->all_cap, (size_t)n * g->size))
+        return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
+    if (MPI_Igather(g->ans, n, MPI_INT32_T, g->all, n, MPI_INT32_T, 0, g->ep.comm, &rq) != MPI_SUCCESS ||
+        pd_ep_wait(&rq) != MPI_SUCCESS)
+        return pd_err_set(e, PD_EIO, "expert parallelism: rank %d: gathering the step's tokens failed", g->rank);
+    return 0;
+}
+
+/* Rank 0 (s->mu held): the rank a new request's sequence goes to: the least-loaded one with a
+ * free sequence and the blocks of the request's whole future (prompt + max_tokens), ties going
+ * round-robin (so one request at a time still uses every rank); -1 if no rank has room now. */
+int pd_srv_ep_admit(struct pd_server *s, struct req *r)
+{
+    struct ep_group *g = s->g;
+    int need = pd_kvpool_blocks_for(&s->en.kv, r->n_prompt + r->max_tokens), best = -1;
+    for (int j = 1; j <= g->size; j++) {
+        int k = (g->last + j) % g->size;
+        if (g->load[k] < s->en.kv.n_slots && g->acct_blocks[k] >= need && (best < 0 || g->load[k] < g->load[best]))
+            best = k;
+    }
+    if (best < 0)
+        return -1;
+    g->acct_blocks[best] -= need;
+    g->load[best]++;
+    g->owned[best]++;
+    g->last = best;
+    r->owner = best;
+    r->ep_blocks = need;
+    r->ep_new = 1;
+    r->ep_prefilled = 0;
+    return 0;
+}
+
+/* Rank 0: room for one more entry of a pending list. */
+static int32_t *ep_push(struct ep_list *l)
+{
+    if (l->n == l->cap) {
+        int c = l->cap * 2 + 16;
+        int32_t *w = realloc(l->w, (size_t)c * (size_t)l->width * sizeof *w);
+        assert(w);   /* a few words per request; nothing sensible is left to do without them */
+        l->w = w;
+        l->cap = c;
+    }
+    return l->w + (size_t)l->n++ * (size_t)l->width;
+}
+
+/* Rank 0 (s->mu held): a rank's sequence is gone (freed or its lease released): count its room. */
+static void ep_forget(struct pd_server *s, struct req *r)
+{
+    struct ep_group *g = s->g;
+    g->acct_blocks[r->owner] += r->ep_blocks;
+    g->load[r->owner]--;
+    assert(g->load[r->owner] >= 0);
+}
+
+/* Rank 0 (s->mu held): the request's sequence is freed on its owner by the next message (if the
+ * owner ever started it). */
+void pd_srv_ep_release(struct pd_server *s, struct req *r)
+{
+    if (!r->ep_new) {
+        int32_t *w = ep_push(&s->g->frees);
+        ep_put_id(w, r->id);
+        w[2] = r->owner;
+    }
+    ep_forget(s, r);
+}
+
+/* Rank 0 (s->mu held): producer: the request's KV goes under a lease on its owner rank with the
+ * next message; the owner reports when the transfer engine releases it. */
+int pd_srv_ep_lease(struct pd_server *s, struct req *r)
+{
+    if (pd_srv_new_key(r))
+        return -1;
+    int32_t *w = ep_push(&s->g->leases);
+    ep_put_id(w, r->id);
+    w[2] = r->owner;
+    w[3] = r->n_prompt;
+    memcpy(w + 4, r->key.id, sizeof r->key.id);
+    ep_put_id(w + 8, r->key.hash);
+    r->lease_next = s->leases;
+    s->leases = r;
+    return 0;
+}
+
+/* Rank 0 (s->mu held): consumer: the owner rank starts the sequence and pulls its prompt's KV in
+ * the next round. */
+void pd_srv_ep_pull_later(struct pd_server *s, struct req *r)
+{
+    struct ep_group *g = s->g;
+    int32_t *w = ep_push(&g->pulls);
+    memset(w, 0, EP_PULL_W * sizeof *w);
+    ep_put_id(w, r->id);
+    w[2] = r->owner;
+    w[3] = r->n_prompt + r->max_tokens;
+    w[4] = r->n_prompt;
+    w[5] = r->remote_port;
+    ep_put_id(w + 6, r->remote_key.hash);
+    memcpy(&w[8], &r->smp.temperature, sizeof(float));
+    memcpy(&w[9], &r->smp.top_p, sizeof(float));
+    ep_put_id(w + 10, r->smp.state);
+    memcpy(w + 12, r->remote_host, strlen(r->remote_host));
+    memcpy(w + 28, r->remote_key.id, sizeof r->remote_key.id);
+    g->pull_req[g->pulls.n - 1] = r;
+    r->ep_new = 0;   /* the pull starts it */
+    r->ep_pulling = 1;
+}
+
+/* Rank 0 (s->mu held): starts the next message with the pending frees, leases and pulls. */
+static int ep_begin(struct pd_server *s, int n_items, int n_tokens)
+{
+    struct ep_group *g = s->g;
+    size_t words = EP_HDR + (size_t)g->frees.n * EP_FREE_W + (size_t)g->leases.n * EP_LEASE_W +
+                   (size_t)g->pulls.n * EP_PULL_W + (size_t)n_items * EP_ITEM_W + (size_t)n_tokens;
+    if (grow_words(&g->msg, &g->msg_cap, words))
+        return -1;
+    int32_t *h = g->msg, *w = h + EP_HDR;
+    h[0] = EP_OP_STEP;
+    h[1] = g->frees.n;
+    h[2] = g->leases.n;
+    h[3] = g->pulls.n;
+    h[4] = n_items;
+    h[5] = n_tokens;
+    struct ep_list *l[3] = {&g->frees, &g->leases, &g->pulls};
+    for (int i = 0; i < 3; i++) {
+        if (l[i]->n)
+            memcpy(w, l[i]->w, (size_t)l[i]->n * (size_t)l[i]->width * sizeof *w);
+        w += (size_t)l[i]->n * (size_t)l[i]->width;
+        l[i]->n = 0;
+    }
+    return 0;
+}
+
+/* Rank 0 (s->mu held) after a round: what the ranks reported: their pools, the leases they
+ * released, the pulls they made. */
+void pd_srv_ep_account(struct pd_server *s)
+{
+    struct ep_group *g = s->g;
+    struct ep_msg m;
+    ep_parse(g->msg, &m);
+    int A = ep_answer_words(s, &m);
+    for (int k = 0; k < g->size; k++) {
+        const int32_t *a = g->all + (size_t)k * A, *rel = a + EP_ANS_W + EP_PULLED_W * m.n_pull + m.n_items;
+        g->free_blocks[k] = a[1];
+        g->free_slots[k] = a[2];
+        for (int j = 0; j < a[3]; j++) {
+            uint64_t id = ep_id(rel + 2 * j);
+            for (struct req **pp = &s->leases; *pp; pp = &(*pp)->lease_next)
+                if ((*pp)->id == id) {
+                    struct req *r = *pp;
+                    *pp = r->lease_next;
+                    r->started = 0;
+                    ep_forget(s, r);
+                    pd_srv_req_unref(s, r);
+                    break;
+                }
+        }
+    }
+    for (int i = 0; i < m.n_pull; i++) {
+        struct req *r = g->pull_req[i];
+        const int32_t *a = g->all + (size_t)r->owner * A + EP_ANS_W + EP_PULLED_W * i;
+        r->ep_pulling = 0;
+        s->kv_pulls++;
+        if (a[0] < 0) {
+            /* not this request's KV: refused, not recomputed; the owner frees the sequence */
+            s->kv_failures++;
+            pd_srv_refuse(s, r);
+            continue;
+        }
+        if (!a[0]) {
+            /* recompute: the owner prefills the prompt from its token ids, then the producer's
+             * first token follows */
+            s->kv_failures++;
+            s->kv_recomputes++;
+            r->ep_prefilled = 0;
+            continue;
+        }
+        s->kv_bytes += ep_id(a + 1);
+        s->kv_seconds += a[3] * 1e-6;
+        r->ep_prefilled = 1;
+        pd_srv_take_producer_token(s, r);
+    }
+}
+
+/* Rank 0, the scheduler (s->mu held; released during the round): a round without a step, for
+ * the pending frees, leases and pulls, or to hear of released leases. */
+int pd_srv_ep_flush(struct pd_server *s, pd_err *e)
+{
+    if (ep_begin(s, 0, 0))
+        return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
+    pthread_mutex_unlock(&s->mu);
+    int rc = pd_srv_ep_round(s, e);
+    pthread_mutex_lock(&s->mu);
+    if (!rc)
+        pd_srv_ep_account(s);
+    return rc;
+}
+
+/* Rank 0 (s->mu held): the group is broken (a rank failed mid-step); nothing can step any more.
+ * The loop stops and pd_server_run reports it; the caller ends the group. */
+void pd_srv_ep_broken(struct pd_server *s, const pd_err *e)
+{
+    snprintf(s->fatal, sizeof s->fatal, "%s", e->msg[0] ? e->msg : "expert parallelism: the group failed");
+    event_base_loopexit(s->base, NULL);
+}
+
+/* Rank 0, after a step's round: the token rank `owner` gave item i. */
+int32_t pd_srv_ep_token(const struct pd_server *s, int owner, int i)
+{
+    struct ep_msg m;
+    ep_parse(s->g->msg, &m);
+    return s->g->all[(size_t)owner * ep_answer_words(s, &m) + EP_ANS_W + EP_PULLED_W * m.n_pull + i];
+}
+
+/* Rank 0 (s->mu held): the message of a step over requests in_step[0 .. m): the pending frees,
+ * leases and pulls, then each request's owner and new tokens (the prompt first, then its last
+ * token), and for a sequence that starts its reservation and sampler. */
+int pd_srv_ep_build_step(struct pd_server *s, struct req **in_step, int m)
+{
+    int n_tokens = 0;
+    for (int i = 0; i < m; i++)
+        n_tokens += in_step[i]->ep_prefilled ? 1 : in_step[i]->n_prompt;
+    if (ep_begin(s, m, n_tokens))
+        return -1;
+    struct ep_msg mm;
+    ep_parse(s->g->msg, &mm);
+    int32_t *it = (int32_t *)mm.it, *tok = (int32_t *)mm.tok;
+    for (int i = 0; i < m; i++, it += EP_ITEM_W) {
+        struct req *r = in_step[i];
+        ep_put_id(it, r->id);
+        it[2] = r->owner;
+        it[3] = r->ep_prefilled ? 1 : r->n_prompt;
+        it[4] = r->ep_new;
+        it[5] = r->n_prompt + r->max_tokens;
+        it[6] = r->forced_first;
+        memcpy(&it[7], &r->smp.temperature, sizeof(float));
+        memcpy(&it[8], &r->smp.top_p, sizeof(float));
+        ep_put_id(it + 9, r->smp.state);
+        if (r->ep_prefilled)
+            *tok++ = r->gen[r->n_gen - 1];
+        else {
+            memcpy(tok, r->prompt, (size_t)r->n_prompt * sizeof *tok);
+            tok += r->n_prompt;
+        }
+        r->ep_new = 0;
+        r->ep_prefilled = 1;
+    }
+    return 0;
+}
+
+/* An EP group over MPI_COMM_WORLD: the expert placement, and the engine threads shared between
+ * the ranks on one node unless told. */
+int pd_srv_ep_open(struct pd_server *s, struct pd_engine_opts *eo, pd_err *e)
+{
+    int init = 0, level = 0;
+    MPI_Initialized(&init);
+    if (!init)
+        return pd_err_set(e, PD_EINVAL, "expert parallelism needs MPI initialised (run under mpirun)");
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_SERIALIZED)
+        return pd_err_set(e, PD_EINVAL, "expert parallelism needs MPI_THREAD_SERIALIZED (the scheduler thread "
+                          "makes the MPI calls)");
+    struct ep_group *g = s->g = calloc(1, sizeof *g);
+    if (!g)
+        return pd_err_set(e, PD_ENOMEM, "out of memory");
+    struct pd_model m;
+    int rc;
+    if ((rc = pd_model_load(s->o.model_dir, &m, e)) || (rc = pd_ep_init(&g->ep, MPI_COMM_WORLD, &m, e)))
+        return rc;
+    g->ep_ready = 1;
+    g->rank = g->ep.rank;
+    g->size = g->ep.size;
+    eo->has_expert = g->ep.has_expert;
+    if (!eo->threads) {
+        int cores = (int)sysconf(_SC_NPROCESSORS_ONLN), local = 1;
+        MPI_Comm node;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g->rank, MPI_INFO_NULL, &node);
+        MPI_Comm_size(node, &local);
+        MPI_Comm_free(&node);
+        eo->threads = cores / local > 0 ? cores / local : 1;
+    }
+    return 0;
+}
+
+/* The group's buffers, once the engine is open; rank 0 starts with every rank's pool full. */
+int pd_srv_ep_setup(struct pd_server *s, pd_err *e)
+{
+    struct ep_group *g = s->g;
+    const int n = s->o.max_num_seqs;
+    pd_ep_attach(&g->ep, &s->en);
+    g->seqs = calloc((size_t)n, sizeof *g->seqs);
+    g->items = calloc((size_t)n, sizeof *g->items);
+    g->item_of = calloc((size_t)n, sizeof *g->item_of);
+    g->item_seq = calloc((size_t)n, sizeof *g->item_seq);
+    g->scratch = malloc((size_t)s->V * 2 * sizeof(float));
+    g->load = calloc((size_t)g->size * 6, sizeof(int));
+    g->released = calloc((size_t)n, sizeof *g->released);
+    g->pull_req = calloc((size_t)n * (size_t)g->size, sizeof *g->pull_req);
+    pthread_mutex_init(&g->rel_mu, NULL);
+    g->frees.width = EP_FREE_W;
+    g->leases.width = EP_LEASE_W;
+    g->pulls.width = EP_PULL_W;
+    if (!g->seqs || !g->items || !g->item_of || !g->item_seq || !g->scratch || !g->load || !g->released || !g->pull_req ||
+        grow_words(&g->msg, &g->msg_cap, EP_HDR))
+        return pd_err_set(e, PD_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++)
+        if (!(g->seqs[i].logits = malloc((size_t)s->V * sizeof(float))))
+            return pd_err_set(e, PD_ENOMEM, "out of memory");
+    g->acct_blocks = g->load + g->size;
+    g->free_blocks = g->load + 2 * g->size;
+    g->free_slots = g->load + 3 * g->size;
+    g->owned = g->load + 4 * g->size;
+    g->kv_ports = g->load + 5 * g->size;
+    g->last = g->size - 1;   /* the first sequence goes to rank 0 */
+    for (int k = 0; k < g->size; k++) {
+        g->acct_blocks[k] = g->free_blocks[k] = s->en.kv.n_blocks;
+        g->free_slots[k] = s->en.kv.n_slots;
+    }
+    return 0;
+}
+
+void pd_srv_ep_close(struct pd_server *s)
+{
+    struct ep_group *g = s->g;
+    if (!g)
+        return;
+    for (int i = 0; g->seqs && i < s->o.max_num_seqs; i++) {
+        if (g->seqs[i].used)
+            pd_seq_end(&s->en, &g->seqs[i].seq);
+        free(g->seqs[i].logits);
+    }
+    free(g->seqs);
+    free(g->items);
+    free(g->item_of);
+    free(g->item_seq);
+    free(g->scratch);
+    free(g->load);
+    free(g->msg);
+    free(g->ans);
+    free(g->all);
+    free(g->frees.w);
+    free(g->leases.w);
+    free(g->pulls.w);
+    free(g->released);
+    free(g->pull_req);
+    if (g->load)
+        pthread_mutex_destroy(&g->rel_mu);
+    if (g->ep_ready)
+        pd_ep_free(&g->ep);
+    free(g);
+    s->g = NULL;
+}
