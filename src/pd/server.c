@@ -637,15 +637,7 @@ void pd_server_destroy(struct pd_server *s)
         struct evhttp_request *h = r->http;
         if (!h)
             continue;
-        if (r->stream) {
-            pd_srv_send_sse(h, json_pack("{s:{s:s,s:s}}", "error", "message", "the server is shutting down", "type",
-                                  "server_error"));
-            pd_srv_answered(s, r);
-            evhttp_send_reply_end(h);
-        } else {
-            pd_srv_send_error(s, h, 503, "server_error", NULL, "the server is shutting down");
-            pd_srv_answered(s, r);
-        }
+        pd_srv_answer_shutdown(s, r);
     }
     for (int i = 0; i < s->n_stats_wait; i++)
         pd_srv_send_error(s, s->stats_wait[i], 503, "server_error", NULL, "the server is shutting down");

@@ -232,6 +232,9 @@ void pd_srv_send_error(struct pd_server *s, struct evhttp_request *h, int code, 
                        const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 void pd_srv_send_sse(struct evhttp_request *h, json_t *j);
 void pd_srv_answered(struct pd_server *s, struct req *r);
+/* A request the server stops before it ends: a stream already answering gets an error event and
+ * [DONE], any other request a 503; the HTTP side lets go of it. */
+void pd_srv_answer_shutdown(struct pd_server *s, struct req *r);
 /* Registers the HTTP routes on s->front and creates s->notify (the scheduler's wake-up). */
 int pd_srv_api_install(struct pd_server *s);
 

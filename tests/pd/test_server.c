@@ -212,6 +212,41 @@ Test(server, a_client_that_leaves_cancels_its_request)
     cr_assert_eq(metric("pdmoe_kv_slots_free"), 8);
 }
 
+/* A server stopped mid-stream ends the stream with an error event and [DONE], never a bare cut. */
+struct stopped_stream {
+    char out[1 << 16];
+    int rc;
+};
+
+static void *stream_long(void *arg)
+{
+    struct stopped_stream *x = arg;
+    x->rc = curl("/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":4000,\"stream\":true,\"ignore_eos\":true}",
+                 "--max-time 30", x->out, sizeof x->out);
+    return NULL;
+}
+
+Test(server, a_stream_the_server_stops_ends_with_an_error_and_done)
+{
+    start(NULL, dir, 4096);
+    static struct stopped_stream x;
+    pthread_t t;
+    pthread_create(&t, NULL, stream_long, &x);
+    for (int i = 0; i < 250 && metric("pdmoe_generation_tokens_total") < 5; i++)
+        usleep(20000);
+    cr_assert_geq(metric("pdmoe_generation_tokens_total"), 5, "the stream never started");
+    pd_server_stop(srv);
+    pthread_join(loop, NULL);
+    pd_server_destroy(srv);
+    srv = NULL;
+    pthread_join(t, NULL);
+    cr_assert_eq(x.rc, 200, "%s", x.out);
+    const char *err = strstr(x.out, "the server is shutting down");
+    cr_assert_not_null(err, "no error event: %.300s", x.out + (strlen(x.out) > 300 ? strlen(x.out) - 300 : 0));
+    const char *done = strstr(err, "data: [DONE]");
+    cr_assert_not_null(done, "no [DONE] after the error event: %s", err);
+}
+
 /* A request that leaves while it waits for a slot is dropped when its turn comes, and the queue
  * behind it still works: a later request is answered (it was once appended to the freed one). */
 Test(server, a_request_cancelled_while_waiting_leaves_the_queue_working)
