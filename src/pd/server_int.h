@@ -73,7 +73,7 @@ struct req {
     int remote_port;
     struct pd_kvx_key remote_key;   /* consumer: remote_request_id and the hash of our prompt */
     int remote_tokens;              /* the prompt length the producer computed */
-    int reply_started;              /* a stream's 200 went out (deferred while a pull may pd_srv_refuse) */
+    int reply_started;              /* a stream's 200 went out (deferred while a pull may be refused) */
     int32_t forced_first;           /* the producer's first token, or -1 */
     struct req *lease_next;
     /* EP group: the rank holding the sequence, its reserved blocks, what the next step says */
