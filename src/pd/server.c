@@ -19,6 +19,11 @@ void pd_srv_req_unref(struct pd_server *s, struct req *r)
     free(r->gen);
     free(r->logits);
     free(r->text);
+    for (int i = 0; i < r->n_stop; i++)
+        free(r->stop[i]);
+    free(r->stop);
+    free(r->stop_ids);
+    free(r->held);
     free(r);
 }
 
@@ -255,8 +260,8 @@ static void *scheduler(void *arg)
         }
         /* drop cancelled requests, free their KV */
         for (int i = 0; i < s->n_running;)
-            if (s->running[i]->cancelled) {
-                s->n_cancelled++;
+            if (s->running[i]->cancelled || s->running[i]->stop_wanted) {
+                s->n_cancelled += s->running[i]->cancelled;   /* a stop string ended the other */
                 finish_running(s, i);
             } else {
                 i++;
@@ -382,7 +387,10 @@ static void *scheduler(void *arg)
                 r->forced_first = -1;
                 if (r->n_gen == 0)
                     r->t_first = now;
-                if (t == s->eos && !r->ignore_eos) {
+                int stop_id = 0;   /* vLLM's stop_token_ids end the generation whatever ignore_eos says */
+                for (int k = 0; k < r->n_stop_ids && !stop_id; k++)
+                    stop_id = t == r->stop_ids[k];
+                if ((t == s->eos && !r->ignore_eos) || stop_id) {
                     r->finished = 1;
                     r->finish = "stop";
                 } else {

@@ -1,6 +1,7 @@
 /* The HTTP side of an inference server (see server.h): requests in (validation, the chat
  * template, tokenisation, admission limits) and answers out (JSON, server-sent events, errors),
  * /v1/models, /metrics and /expert_stats. Runs on the event-loop thread. */
+#define _GNU_SOURCE   /* memmem */
 #include "pd/server_int.h"
 
 
@@ -153,14 +154,92 @@ static void answer_expert_stats(struct pd_server *s)
     s->stats_state = STATS_NONE;
 }
 
-/* A stream's 200 and headers, before its first chunk. */
-static void start_stream(struct req *r)
+/* A stream's 200 and headers, before its first chunk; a chat's first chunk names the role, as
+ * OpenAI's and vLLM's do (delta {"role": "assistant", "content": ""}). */
+static void start_stream(struct pd_server *s, struct req *r)
 {
     struct evkeyvalq *hd = evhttp_request_get_output_headers(r->http);
     evhttp_add_header(hd, "Content-Type", "text/event-stream");
     evhttp_add_header(hd, "Cache-Control", "no-cache");
     evhttp_send_reply_start(r->http, 200, "OK");
     r->reply_started = 1;
+    if (r->chat) {
+        json_t *c = chunk(s, r, "", 0, NULL);
+        json_t *delta = json_object_get(json_array_get(json_object_get(c, "choices"), 0), "delta");
+        if (delta)
+            json_object_set_new(delta, "role", json_string("assistant"));
+        pd_srv_send_sse(r->http, c);
+    }
+}
+
+/* The end of a stream: the last chunk with its finish reason (and, with include_usage, a chunk
+ * with the usage and no choice), or an error event; then [DONE]. */
+static void end_stream(struct pd_server *s, struct req *r, const char *finish, const char *error)
+{
+    struct evhttp_request *h = r->http;
+    if (error) {
+        pd_srv_send_sse(h, json_pack("{s:{s:s,s:s}}", "error", "message", error, "type", "server_error"));
+    } else {
+        pd_srv_send_sse(h, chunk(s, r, "", 0, finish));
+        if (r->include_usage)
+            pd_srv_send_sse(h, json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", r->created_id, "object",
+                                         r->chat ? "chat.completion.chunk" : "text_completion", "created",
+                                         (json_int_t)r->created, "model", s->name, "choices", "usage", usage(r)));
+    }
+    struct evbuffer *b = evbuffer_new();
+    if (b) {
+        evbuffer_add_printf(b, "data: [DONE]\n\n");
+        evhttp_send_reply_chunk(h, b);
+        evbuffer_free(b);
+    }
+    pd_srv_answered(s, r);
+    evhttp_send_reply_end(h);
+}
+
+/* Appends len bytes of new text to what the request holds back; PD_ENOMEM if it cannot. */
+static int hold(struct req *r, const char *text, size_t len)
+{
+    if (len > r->held_cap - r->held_len) {
+        size_t cap = (r->held_len + len) * 2 + 64;
+        char *x = realloc(r->held, cap);
+        if (!x)
+            return PD_ENOMEM;
+        r->held = x;
+        r->held_cap = cap;
+    }
+    if (len)
+        memcpy(r->held + r->held_len, text, len);
+    r->held_len += len;
+    return 0;
+}
+
+/* Stop strings in the held text: 1 when one is found, *ready then the bytes before the earliest;
+ * else *ready is what may be sent now: everything once the generation is over (or without stop
+ * strings), otherwise all but the last stop_max - 1 bytes (a stop string may still start there),
+ * cut at a character's start. Text already scanned is scanned again only where a stop string
+ * could straddle the new text. */
+static int stop_scan(struct req *r, int final, size_t *ready)
+{
+    size_t from = r->stop_scanned + 1 > r->stop_max ? r->stop_scanned + 1 - r->stop_max : 0, best = SIZE_MAX;
+    for (int i = 0; i < r->n_stop; i++) {
+        size_t len = strlen(r->stop[i]);
+        if (r->held_len < from + len)
+            continue;
+        const char *at = memmem(r->held + from, r->held_len - from, r->stop[i], len);
+        if (at && (size_t)(at - r->held) < best)
+            best = (size_t)(at - r->held);
+    }
+    r->stop_scanned = r->held_len;
+    if (best != SIZE_MAX) {
+        *ready = best;
+        return 1;
+    }
+    size_t keep = final || !r->n_stop ? 0 : r->stop_max - 1;
+    size_t n = r->held_len > keep ? r->held_len - keep : 0;
+    while (n > 0 && n < r->held_len && ((unsigned char)r->held[n] & 0xC0) == 0x80)
+        n--;
+    *ready = n;
+    return 0;
 }
 
 /* Producer: the address decode instances pull from: kv_host, else the KV listener's (--host),
@@ -171,6 +250,38 @@ static const char *kv_advertised_host(const struct pd_server *s)
         return s->o.kv_host;
     return strcmp(s->o.host, "0.0.0.0") && strcmp(s->o.host, "::") ? s->o.host : "127.0.0.1";
 }
+
+/* A whole (non-streamed) answer: the text, its finish reason, the producer's transfer parameters,
+ * the token ids when asked for; n tokens were generated. */
+static void answer_whole(struct pd_server *s, struct req *r, const char *text, size_t len, const char *finish, int n)
+{
+    json_t *choice = r->chat ? json_pack("{s:i,s:{s:s,s:s%},s:s}", "index", 0, "message", "role", "assistant",
+                                         "content", text ? text : "", len, "finish_reason", finish)
+                             : json_pack("{s:i,s:s%,s:s}", "index", 0, "text", text ? text : "", len, "finish_reason",
+                                         finish);
+    if (choice && r->remote_decode) {
+        char rid[PD_KVX_ID_HEX];
+        pd_kvx_id_format(&r->key, rid);
+        json_object_set_new(choice, "kv_transfer_params",
+                            json_pack("{s:b,s:b,s:s,s:s,s:s,s:i,s:i,s:i}", "do_remote_prefill", 1, "do_remote_decode", 0,
+                                      "remote_engine_id", s->o.engine_id ? s->o.engine_id : "prefill",
+                                      "remote_request_id", rid, "remote_host", kv_advertised_host(s), "remote_port",
+                                      s->g ? s->g->kv_ports[r->owner] : pd_kvx_port(s->kvx), "remote_num_tokens",
+                                      r->n_prompt, "last_token_id", n > 0 ? r->gen[0] : s->eos));
+    }
+    if (choice && r->return_ids) {
+        json_t *ids = json_array();
+        for (int i = 0; i < n; i++)
+            json_array_append_new(ids, json_integer(r->gen[i]));
+        json_object_set_new(choice, "token_ids", ids);
+    }
+    pd_http_json(r->http, 200,
+                 choice ? json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", r->created_id, "object",
+                                    r->chat ? "chat.completion" : "text_completion", "created", (json_int_t)r->created,
+                                    "model", s->name, "choices", choice, "usage", usage(r))
+                        : NULL);
+}
+
 
 /* The loop's side of the outbox: stream new text, or answer finished requests. */
 static void on_notify(evutil_socket_t fd, short what, void *arg)
@@ -196,73 +307,60 @@ static void on_notify(evutil_socket_t fd, short what, void *arg)
         pthread_mutex_unlock(&s->mu);
         char *out = NULL;
         size_t len = 0;
-        int oom = 0;
+        int oom = 0, done = finished;
         if (finished && !strcmp(finish, "refused")) {
             /* only a pull refuses, before any token: a stream's 200 is still deferred */
             assert(!r->reply_started);
             pd_srv_send_error(s, r->http, 403, "invalid_request_error", "kv_transfer_params", REFUSED_MSG);
             pd_srv_answered(s, r);
-        } else if (r->stream) {
-            if (!r->reply_started)
-                start_stream(r);
-            oom = take_utf8(s, r, n, finished, &out, &len) != 0;
-            if (len)
-                pd_srv_send_sse(r->http, chunk(s, r, out, len, NULL));
-            if (finished) {
-                struct evhttp_request *h = r->http;
-                if (oom || !strcmp(finish, "error")) {
-                    json_t *err = json_pack("{s:{s:s,s:s}}", "error", "message",
-                                            oom ? "out of memory for the generated text" : "the engine failed during generation",
-                                            "type", "server_error");
-                    pd_srv_send_sse(r->http, err);
-                } else {
-                    pd_srv_send_sse(r->http, chunk(s, r, "", 0, finish));
-                }
-                struct evbuffer *b = evbuffer_new();
-                evbuffer_add_printf(b, "data: [DONE]\n\n");
-                evhttp_send_reply_chunk(h, b);
-                evbuffer_free(b);
-                pd_srv_answered(s, r);
-                evhttp_send_reply_end(h);
-            }
-        } else if (finished) {
-            if (strcmp(finish, "error"))
-                oom = take_utf8(s, r, n, finished, &out, &len) != 0;
-            if (!strcmp(finish, "error")) {
-                pd_srv_send_error(s, r->http, 500, "server_error", NULL, "the engine failed during generation");
-            } else if (oom) {
-                pd_srv_send_error(s, r->http, 503, "server_error", NULL, "out of memory for the generated text");
+        } else if (finished && !strcmp(finish, "error")) {
+            if (r->stream) {
+                if (!r->reply_started)
+                    start_stream(s, r);
+                end_stream(s, r, NULL, "the engine failed during generation");
             } else {
-                json_t *choice = r->chat ? json_pack("{s:i,s:{s:s,s:s%},s:s}", "index", 0, "message", "role", "assistant",
-                                                     "content", out, len, "finish_reason", finish)
-                                         : json_pack("{s:i,s:s%,s:s}", "index", 0, "text", out, len, "finish_reason", finish);
-                if (r->remote_decode) {
-                    char rid[PD_KVX_ID_HEX];
-                    pd_kvx_id_format(&r->key, rid);
-                    json_object_set_new(choice, "kv_transfer_params",
-                                        json_pack("{s:b,s:b,s:s,s:s,s:s,s:i,s:i,s:i}", "do_remote_prefill", 1,
-                                                  "do_remote_decode", 0, "remote_engine_id",
-                                                  s->o.engine_id ? s->o.engine_id : "prefill", "remote_request_id",
-                                                  rid, "remote_host", kv_advertised_host(s),
-                                                  "remote_port", s->g ? s->g->kv_ports[r->owner] : pd_kvx_port(s->kvx), "remote_num_tokens", r->n_prompt,
-                                                  "last_token_id", n > 0 ? r->gen[0] : s->eos));
-                }
-                if (r->return_ids) {
-                    json_t *ids = json_array();
-                    for (int i = 0; i < n; i++)
-                        json_array_append_new(ids, json_integer(r->gen[i]));
-                    json_object_set_new(choice, "token_ids", ids);
-                }
-                pd_http_json(r->http, 200,
-                          json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", r->created_id, "object",
-                                    r->chat ? "chat.completion" : "text_completion", "created", (json_int_t)r->created,
-                                    "model", s->name, "choices", choice, "usage", usage(r)));
+                pd_srv_send_error(s, r->http, 500, "server_error", NULL, "the engine failed during generation");
+                pd_srv_answered(s, r);
             }
-            pd_srv_answered(s, r);
+        } else {
+            /* the new text joins what is held back; a stop string in it ends the answer there */
+            oom = take_utf8(s, r, n, finished, &out, &len) != 0 || hold(r, out, len);
+            size_t ready = 0;
+            int hit = !oom && stop_scan(r, finished, &ready);
+            if (hit) {
+                done = 1;
+                finish = "stop";
+            }
+            if (r->stream) {
+                if (!r->reply_started)
+                    start_stream(s, r);
+                if (ready && !oom)
+                    pd_srv_send_sse(r->http, chunk(s, r, r->held, ready, NULL));
+                if (!oom) {
+                    memmove(r->held, r->held + ready, r->held_len - ready);
+                    r->held_len -= ready;
+                    r->stop_scanned = r->stop_scanned > ready ? r->stop_scanned - ready : 0;
+                }
+                if (done || oom)
+                    end_stream(s, r, oom ? NULL : finish, oom ? "out of memory for the generated text" : NULL);
+            } else if (done || oom) {
+                if (oom)
+                    pd_srv_send_error(s, r->http, 503, "server_error", NULL, "out of memory for the generated text");
+                else
+                    answer_whole(s, r, r->held, ready, finish, n);
+                pd_srv_answered(s, r);
+            }
+            done |= oom;
+            if ((hit || oom) && !finished) {   /* the scheduler ends the sequence and frees its KV */
+                pthread_mutex_lock(&s->mu);
+                r->stop_wanted = 1;
+                pthread_cond_signal(&s->cv);
+                pthread_mutex_unlock(&s->mu);
+            }
         }
         free(out);
         pthread_mutex_lock(&s->mu);
-        if (finished && strcmp(finish, "refused")) {
+        if (done && strcmp(finish, "refused")) {
             s->n_completed++;
             if (r->t_first > 0)
                 s->ttft_sum += r->t_first - r->t_arrival;
@@ -370,6 +468,112 @@ oom:
     return -1;
 }
 
+/* The fields pdmoe knows but implements only at their neutral value: any other is a 400 naming it. */
+static int unsupported_values(struct pd_server *s, struct evhttp_request *h, json_t *j, int chat)
+{
+    json_t *n = present(j, "n"), *lp = present(j, "logprobs"), *tlp = present(j, "top_logprobs");
+    if (n && (!json_is_integer(n) || json_integer_value(n) != 1)) {
+        pd_srv_send_error(s, h, 400, "invalid_request_error", "n", "\"n\": only 1 choice per request is supported");
+        return -1;
+    }
+    /* chat: a boolean; completions: the number of alternatives, where 0 still asks for the chosen token's */
+    if (lp && !json_is_false(lp)) {
+        pd_srv_send_error(s, h, 400, "invalid_request_error", "logprobs", "\"logprobs\" is not supported%s",
+                          chat ? " (send false or leave it out)" : " (leave it out)");
+        return -1;
+    }
+    if (tlp && !(json_is_integer(tlp) && json_integer_value(tlp) == 0)) {
+        pd_srv_send_error(s, h, 400, "invalid_request_error", "top_logprobs", "\"top_logprobs\" is not supported");
+        return -1;
+    }
+    static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
+    for (int i = 0; i < 2; i++) {
+        json_t *v = present(j, penalties[i]);
+        if (v && !(json_is_number(v) && json_number_value(v) == 0)) {
+            pd_srv_send_error(s, h, 400, "invalid_request_error", penalties[i], "\"%s\": only 0 is supported",
+                              penalties[i]);
+            return -1;
+        }
+    }
+    json_t *u = present(j, "user");
+    if (u && !json_is_string(u)) {
+        pd_srv_send_error(s, h, 400, "invalid_request_error", "user", "\"user\" must be a string");
+        return -1;
+    }
+    return 0;
+}
+
+/* stop (a string or up to 16 strings of 1 to 256 bytes), vLLM's stop_token_ids (up to 64 token
+ * ids) and stream_options {"include_usage": bool} (with stream only), into r. */
+static int stop_params(struct pd_server *s, struct evhttp_request *h, json_t *j, struct req *r, int stream)
+{
+    json_t *stop = present(j, "stop"), *ids = present(j, "stop_token_ids"), *so = present(j, "stream_options");
+    size_t ns = !stop ? 0 : json_is_string(stop) ? 1 : json_is_array(stop) ? json_array_size(stop) : 17;
+    for (size_t i = 0; i < ns && ns <= 16; i++) {
+        json_t *x = json_is_string(stop) ? stop : json_array_get(stop, i);
+        if (!json_is_string(x) || json_string_length(x) < 1 || json_string_length(x) > 256)
+            ns = 17;
+    }
+    if (ns > 16) {
+        pd_srv_send_error(s, h, 400, "invalid_request_error", "stop",
+                          "\"stop\" must be a string or an array of at most 16 strings of 1 to 256 bytes");
+        return -1;
+    }
+    if (ns) {
+        r->stop = calloc(ns, sizeof *r->stop);
+        for (size_t i = 0; r->stop && i < ns; i++) {
+            json_t *x = json_is_string(stop) ? stop : json_array_get(stop, i);
+            size_t len = json_string_length(x);
+            if (!(r->stop[r->n_stop] = malloc(len + 1)))
+                break;
+            memcpy(r->stop[r->n_stop], json_string_value(x), len + 1);
+            r->n_stop++;
+            r->stop_max = len > r->stop_max ? len : r->stop_max;
+        }
+        if ((size_t)r->n_stop != ns) {
+            pd_srv_send_error(s, h, 503, "server_error", NULL, "out of memory for the stop strings");
+            return -1;
+        }
+    }
+    if (ids) {
+        size_t n = json_is_array(ids) ? json_array_size(ids) : 65;
+        for (size_t i = 0; i < n && n <= 64; i++) {
+            json_t *x = json_array_get(ids, i);
+            if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= s->V)
+                n = 65;
+        }
+        if (n > 64) {
+            pd_srv_send_error(s, h, 400, "invalid_request_error", "stop_token_ids",
+                              "\"stop_token_ids\" must be an array of at most 64 token ids below %d", s->V);
+            return -1;
+        }
+        if (n && !(r->stop_ids = malloc(n * sizeof *r->stop_ids))) {
+            pd_srv_send_error(s, h, 503, "server_error", NULL, "out of memory for the stop token ids");
+            return -1;
+        }
+        for (size_t i = 0; i < n; i++)
+            r->stop_ids[r->n_stop_ids++] = (int32_t)json_integer_value(json_array_get(ids, i));
+    }
+    if (so) {
+        const char *key;
+        json_t *v;
+        if (!json_is_object(so) || !stream) {
+            pd_srv_send_error(s, h, 400, "invalid_request_error", "stream_options",
+                              "\"stream_options\" must be an object, and only with \"stream\": true");
+            return -1;
+        }
+        json_object_foreach(so, key, v) {
+            if (strcmp(key, "include_usage") || !json_is_boolean(v)) {
+                pd_srv_send_error(s, h, 400, "invalid_request_error", "stream_options",
+                                  "stream_options: only \"include_usage\" (a boolean) is supported, not \"%s\"", key);
+                return -1;
+            }
+            r->include_usage = json_is_true(v);
+        }
+    }
+    return 0;
+}
+
 static void on_completion(struct evhttp_request *h, void *arg, int chat)
 {
     struct pd_server *s = arg;
@@ -401,6 +605,26 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
                    model, s->name);
         goto out;
     }
+    /* OpenAI's and vLLM's fields: each one implemented, or refused by name, never accepted and dropped */
+    static const char *const known[] = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens",
+                                        "temperature", "top_p", "seed", "stream", "stream_options", "stop",
+                                        "stop_token_ids", "ignore_eos", "return_token_ids", "kv_transfer_params",
+                                        "user", "n", "logprobs", "top_logprobs", "presence_penalty",
+                                        "frequency_penalty"};
+    const char *key;
+    json_t *val;
+    json_object_foreach(j, key, val) {
+        size_t k = 0;
+        while (k < sizeof known / sizeof known[0] && strcmp(key, known[k]))
+            k++;
+        if (k == sizeof known / sizeof known[0]) {
+            pd_srv_send_error(s, h, 400, "invalid_request_error", key, "unsupported parameter \"%s\": this server "
+                              "does not implement it", key);
+            goto out;
+        }
+    }
+    if (unsupported_values(s, h, j, chat))
+        goto out;
     /* every field that sizes or steers the generation is checked here, before it is used */
     static const char *const flags[] = {"stream", "return_token_ids", "ignore_eos"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
@@ -490,6 +714,8 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     }
     r->max_tokens = (int)max_tokens;
     r->forced_first = -1;
+    if (stop_params(s, h, j, r, st && json_is_true(st)))
+        goto reject;
     json_t *kv = json_object_get(j, "kv_transfer_params");
     if (kv && !json_is_null(kv)) {
         if (!json_is_object(kv)) {
@@ -573,10 +799,14 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     bufferevent_enable(evhttp_connection_get_bufferevent(conn), EV_READ);
     /* a stream that pulls KV answers once the pull is through: a refused one gets a 4xx */
     if (r->stream && !r->remote_prefill)
-        start_stream(r);
+        start_stream(s, r);
     goto out;
 reject:   /* refused after r was allocated: nothing else holds it yet */
     free(r->prompt);
+    for (int i = 0; i < r->n_stop; i++)
+        free(r->stop[i]);
+    free(r->stop);
+    free(r->stop_ids);
     free(r);
 out:
     free(text);

@@ -82,6 +82,16 @@ struct req {
     int ep_new;                     /* the owner starts the sequence in the next step */
     int ep_prefilled;
     int ep_pulling;                 /* consumer: the owner pulls the KV in the next round */
+    /* OpenAI's stop and stream_options, vLLM's stop_token_ids */
+    char **stop;                    /* [n_stop] strings that end the text (not included) */
+    int n_stop;
+    size_t stop_max;                /* the longest, in bytes */
+    int32_t *stop_ids;              /* [n_stop_ids] tokens that end the generation (not included) */
+    int n_stop_ids;
+    char *held;                     /* text taken but not yet sent: a stop string may start in it */
+    size_t held_len, held_cap, stop_scanned;
+    int stop_wanted;                /* the HTTP side found a stop string: the scheduler ends it */
+    int include_usage;              /* stream_options.include_usage: a last chunk with the usage */
 };
 
 /* EP group (see server.h). A round's message is int32 words: a header {op, n_free, n_lease,

@@ -464,6 +464,7 @@ static void send_up(struct job *j, int decode)
         json_object_set_new(b, "stream", json_false());
         json_object_set_new(b, "max_tokens", json_integer(1));
         json_object_del(b, "max_completion_tokens");
+        json_object_del(b, "stream_options");   /* the prefill's answer is not streamed */
         json_object_set_new(b, "kv_transfer_params", json_pack("{s:b}", "do_remote_decode", 1));
     }
     char *txt = json_dumps(b, JSON_COMPACT);

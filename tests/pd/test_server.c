@@ -341,3 +341,153 @@ Test(server, expert_stats_count_every_token_and_feed_the_planner)
     int ok = count_200(cmd);
     cr_assert_eq(ok, 8);
 }
+
+/* The SSE events of a stream: the deltas' text concatenated (both APIs), the last choice's
+ * finish_reason, whether [DONE] came last, and the last event as JSON (the caller frees it). */
+struct sse {
+    char text[1 << 14];
+    char finish[16];
+    int done, events, role_first;
+    json_t *last;
+};
+
+static void read_sse(char *out, struct sse *x)
+{
+    memset(x, 0, sizeof *x);
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        cr_assert(strncmp(line, "data: ", 6) == 0, "not an SSE data line: %s", line);
+        cr_assert_not(x->done, "an event after [DONE]: %s", line);
+        if (!strcmp(line + 6, "[DONE]")) {
+            x->done = 1;
+            continue;
+        }
+        json_t *c = parse(line + 6);
+        json_t *ch = json_array_get(json_object_get(c, "choices"), 0), *d = json_object_get(ch, "delta");
+        if (x->events++ == 0)
+            x->role_first = json_is_string(json_object_get(d, "role"));
+        const char *t = json_string_value(d ? json_object_get(d, "content") : json_object_get(ch, "text"));
+        if (t)
+            strcat(x->text, t);
+        if (json_is_string(json_object_get(ch, "finish_reason")))
+            snprintf(x->finish, sizeof x->finish, "%s", json_string_value(json_object_get(ch, "finish_reason")));
+        json_decref(x->last);
+        x->last = c;
+    }
+}
+
+/* OpenAI's stop: the text ends before the first stop string, streamed or not, with finish_reason
+ * "stop", the generation stops there and its KV comes back; vLLM's stop_token_ids end it at the
+ * token; stream_options.include_usage adds a usage chunk before [DONE]; a chat stream names the
+ * role first. Checked against a plain greedy run of the same prompt. */
+Test(server, stop_strings_stop_token_ids_and_usage_in_the_stream)
+{
+    start(NULL, dir, 1024);
+    char out[1 << 16];
+    cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"The sea and the river\",\"max_tokens\":40,\"temperature\":0,"
+                      "\"ignore_eos\":true,\"return_token_ids\":true}", NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    const char *full = json_string_value(json_object_get(ch, "text"));
+    size_t fl = strlen(full);
+    cr_assert_gt(fl, 12, "%s", full);
+    /* a stop string of 2 to 3 whole characters from the middle of the text */
+    size_t a = fl / 2;
+    while (a > 0 && ((unsigned char)full[a] & 0xC0) == 0x80)
+        a--;
+    size_t b = a + 1;
+    for (int chars = 0; b < fl && chars < 2; b++)
+        if (((unsigned char)full[b] & 0xC0) != 0x80)
+            chars++;
+    while (b < fl && ((unsigned char)full[b] & 0xC0) == 0x80)
+        b++;
+    char stop[64], esc[256];
+    snprintf(stop, sizeof stop, "%.*s", (int)(b - a), full + a);
+    size_t want_len = (size_t)(strstr(full, stop) - full);
+    char *dumped = json_dumps(json_string(stop), JSON_ENCODE_ANY);
+    snprintf(esc, sizeof esc, "%s", dumped);
+    free(dumped);
+    char body[1024];
+    for (int stream = 0; stream < 2; stream++) {
+        snprintf(body, sizeof body, "{\"prompt\":\"The sea and the river\",\"max_tokens\":40,\"temperature\":0,"
+                 "\"ignore_eos\":true,\"stop\":[\"never-in-this-text\",%s]%s}", esc,
+                 stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
+        cr_assert_eq(curl("/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+        if (!stream) {
+            json_t *k = parse(out);
+            json_t *c = json_array_get(json_object_get(k, "choices"), 0);
+            cr_assert_str_eq(json_string_value(json_object_get(c, "finish_reason")), "stop");
+            const char *t = json_string_value(json_object_get(c, "text"));
+            cr_assert_eq(strlen(t), want_len, "stop %s: \"%s\" of \"%s\"", esc, t, full);
+            cr_assert_eq(strncmp(t, full, want_len), 0);
+            json_decref(k);
+        } else {
+            struct sse x;
+            read_sse(out, &x);
+            cr_assert(x.done, "no [DONE]");
+            cr_assert_str_eq(x.finish, "stop");
+            cr_assert_eq(strlen(x.text), want_len, "stop %s: \"%s\" of \"%s\"", esc, x.text, full);
+            cr_assert_eq(strncmp(x.text, full, want_len), 0);
+            /* the usage chunk, last: no choice, the tokens counted */
+            cr_assert_eq(json_array_size(json_object_get(x.last, "choices")), 0);
+            json_t *u = json_object_get(x.last, "usage");
+            cr_assert_gt(json_integer_value(json_object_get(u, "completion_tokens")), 0);
+            cr_assert_lt(json_integer_value(json_object_get(u, "completion_tokens")), 40, "the generation went on");
+            json_decref(x.last);
+        }
+    }
+    for (int i = 0; i < 100 && metric("pdmoe_kv_blocks_free") != metric("pdmoe_kv_blocks_total"); i++)
+        usleep(20000);
+    cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric("pdmoe_requests_cancelled_total"), 0, "a stop string counted as a cancellation");
+
+    /* stop_token_ids: the third token ends the generation, which keeps the two before it */
+    json_t *ids = json_object_get(ch, "token_ids");
+    long long third = json_integer_value(json_array_get(ids, 2));
+    int first = 0;   /* the first position that token holds */
+    while (json_integer_value(json_array_get(ids, (size_t)first)) != third)
+        first++;
+    snprintf(body, sizeof body, "{\"prompt\":\"The sea and the river\",\"max_tokens\":40,\"temperature\":0,"
+             "\"ignore_eos\":true,\"return_token_ids\":true,\"stop_token_ids\":[%lld]}", third);
+    cr_assert_eq(curl("/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    json_t *k = parse(out);
+    json_t *c = json_array_get(json_object_get(k, "choices"), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(c, "finish_reason")), "stop");
+    cr_assert_eq(json_array_size(json_object_get(c, "token_ids")), (size_t)first);
+    json_decref(k);
+    json_decref(j);
+
+    /* a chat stream names the role in its first chunk */
+    cr_assert_eq(curl("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":3,"
+                      "\"stream\":true}", NULL, out, sizeof out), 200, "%s", out);
+    struct sse x;
+    read_sse(out, &x);
+    cr_assert(x.role_first, "the first chunk has no role");
+    cr_assert(x.done);
+    json_decref(x.last);
+}
+
+/* The parameters pdmoe does not implement are refused by name, never accepted and dropped. */
+Test(server, unimplemented_parameters_are_refused_by_name)
+{
+    start(NULL, dir, 256);
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"n\":2}", NULL, "n");
+    expect(400, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", NULL,
+           "logprobs");
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"logprobs\":0}", NULL, "logprobs");
+    expect(400, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":3}",
+           NULL, "top_logprobs");
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"presence_penalty\":0.5}", NULL, "presence_penalty");
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"frequency_penalty\":-1}", NULL, "frequency_penalty");
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"5\":10}}", NULL, "logit_bias");
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"echo\":true}", NULL, "echo");
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true}}", NULL, "stream_options");
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"stream\":true,\"stream_options\":{\"continuous\":true}}", NULL,
+           "stream_options");
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"stop\":[\"\"]}", NULL, "stop");
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"stop\":7}", NULL, "stop");
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"stop_token_ids\":[-1]}", NULL, "stop_token_ids");
+    /* their neutral values are accepted */
+    char out[8192];
+    cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2,\"n\":1,\"presence_penalty\":0,"
+                      "\"frequency_penalty\":0,\"user\":\"u\",\"logprobs\":null}", NULL, out, sizeof out), 200, "%s", out);
+}
