@@ -3,6 +3,7 @@
  * points and matches with PCRE2's JIT under match and depth limits. The tree also drives a
  * backtracking reference matcher (pd_rx_find_ref) that tests and the benchmark compare with. */
 #include "model/regex.h"
+#include "core/grow.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 32
 #include <pcre2.h>
@@ -13,25 +14,6 @@
 
 #include "model/unicode.h"
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return 0;
-    size_t c = *cap ? *cap : 16;
-    while (c < need) {
-        if (c > SIZE_MAX / 2 / elem)
-            return PD_ENOMEM;
-        c *= 2;
-    }
-    void *q = realloc(*p, c * elem);
-    if (!q)
-        return PD_ENOMEM;
-    *p = q;
-    *cap = c;
-    return 0;
-}
-
-#define GROW(arr, cap, need) grow((void **)&(arr), &(cap), (need), sizeof *(arr))
 
 enum { RX_SET, RX_SEQ, RX_ALT, RX_REPSET, RX_REP, RX_LOOK, RX_ASSERT };
 enum { AS_BOL, AS_EOL, AS_BOS, AS_EOS, AS_EOSNL };
@@ -190,7 +172,7 @@ static int rxp_oom(struct rxp *p)
 static int rx_new_node(struct rxp *p, int op)
 {
     struct pd_rx *rx = p->rx;
-    if (GROW(rx->nodes, rx->ncap, rx->nn + 1))
+    if (PD_GROW(rx->nodes, rx->ncap, rx->nn + 1))
         return rxp_oom(p);
     memset(&rx->nodes[rx->nn], 0, sizeof rx->nodes[0]);
     rx->nodes[rx->nn].op = (uint8_t)op;
@@ -213,7 +195,7 @@ static int rx_add_kid(struct rxp *p, int node, int kid)
 static int rx_set_node(struct rxp *p, struct rx_item *it, int n, int neg)
 {
     struct pd_rx *rx = p->rx;
-    if (GROW(rx->sets, rx->scap, rx->ns + 1)) {
+    if (PD_GROW(rx->sets, rx->scap, rx->ns + 1)) {
         free(it);
         return rxp_oom(p);
     }
@@ -442,7 +424,7 @@ static int rxp_class(struct rxp *p)
                 item.hi = hi;
             }
         }
-        if (GROW(it, cap, n + 1)) {
+        if (PD_GROW(it, cap, n + 1)) {
             free(it);
             return rxp_oom(p);
         }
@@ -748,7 +730,7 @@ struct emit {
 static void em_str(struct emit *m, const char *t)
 {
     size_t l = strlen(t);
-    if (GROW(m->s, m->cap, m->n + l + 1)) {
+    if (PD_GROW(m->s, m->cap, m->n + l + 1)) {
         m->oom = 1;
         return;
     }

@@ -3,6 +3,7 @@
  * decoder, and the BPE trainer that writes the tokenizer.json of synthetic checkpoints.
  * The supported format and every approximation are described in tokenizer.h. */
 #include "model/tokenizer.h"
+#include "core/grow.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -91,25 +92,6 @@ static ptrdiff_t bl_decode(const char *s, size_t n, char *out)
  * Growable buffers
  * ------------------------------------------------------------------------------------------- */
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return 0;
-    size_t c = *cap ? *cap : 16;
-    while (c < need) {
-        if (c > SIZE_MAX / 2 / elem)
-            return PD_ENOMEM;
-        c *= 2;
-    }
-    void *q = realloc(*p, c * elem);
-    if (!q)
-        return PD_ENOMEM;
-    *p = q;
-    *cap = c;
-    return 0;
-}
-
-#define GROW(arr, cap, need) grow((void **)&(arr), &(cap), (need), sizeof *(arr))
 
 struct sbuf {
     char *p;
@@ -118,7 +100,7 @@ struct sbuf {
 
 static int sb_add(struct sbuf *b, const void *s, size_t n)
 {
-    if (GROW(b->p, b->cap, b->n + n + 1))
+    if (PD_GROW(b->p, b->cap, b->n + n + 1))
         return PD_ENOMEM;
     memcpy(b->p + b->n, s, n);
     b->n += n;
@@ -224,7 +206,7 @@ static void work_free(struct work *w)
 
 static int work_decode(struct work *w, const uint8_t *s, size_t len)
 {
-    if (GROW(w->cp, w->cpcap, len + 1) || GROW(w->off, w->offcap, len + 1))
+    if (PD_GROW(w->cp, w->cpcap, len + 1) || PD_GROW(w->off, w->offcap, len + 1))
         return PD_ENOMEM;
     size_t i = 0, n = 0;
     while (i < len) {
@@ -243,7 +225,7 @@ static int push_piece(struct work *w, size_t a, size_t b)
 {
     if (a >= b)
         return 0;
-    if (GROW(w->q, w->qcap, w->nq + 1))
+    if (PD_GROW(w->q, w->qcap, w->nq + 1))
         return PD_ENOMEM;
     w->q[w->nq++] = (struct piece){a, b};
     return 0;
@@ -251,7 +233,7 @@ static int push_piece(struct work *w, size_t a, size_t b)
 
 static int push_mark(struct work *w, size_t a, size_t b, int m)
 {
-    if (GROW(w->mk, w->mkcap, w->nmk + 1))
+    if (PD_GROW(w->mk, w->mkcap, w->nmk + 1))
         return PD_ENOMEM;
     w->mk[w->nmk++] = (struct mark){a, b, m};
     return 0;
@@ -403,7 +385,7 @@ static int pretokenize(struct work *w, const struct pstep *steps, int n_steps, c
         return pd_err_set(e, PD_ENOMEM, "%s: out of memory pre-tokenizing", label);
     w->np = 0;
     if (w->ncp) {
-        if (GROW(w->p, w->pcap, 1))
+        if (PD_GROW(w->p, w->pcap, 1))
             return pd_err_set(e, PD_ENOMEM, "%s: out of memory pre-tokenizing", label);
         w->p[w->np++] = (struct piece){0, w->ncp};
     }
@@ -1153,7 +1135,7 @@ int pd_tok_parse(const char *json_text, const char *label, struct pd_tok **t, pd
 
 static int out_push(struct work *w, int32_t id)
 {
-    if (GROW(w->out, w->outcap, w->nout + 1))
+    if (PD_GROW(w->out, w->outcap, w->nout + 1))
         return PD_ENOMEM;
     w->out[w->nout++] = id;
     return 0;
@@ -1166,7 +1148,7 @@ static int hless(const struct hent *a, const struct hent *b)
 
 static int heap_push(struct work *w, struct hent h)
 {
-    if (GROW(w->heap, w->hcap, w->hn + 1))
+    if (PD_GROW(w->heap, w->hcap, w->hn + 1))
         return PD_ENOMEM;
     size_t i = w->hn++;
     while (i > 0) {
@@ -1228,7 +1210,7 @@ static int bpe_piece(const struct pd_tok *t, struct work *w, const uint8_t *s, s
         return pd_err_set(e, PD_ERANGE, "%s: a pre-tokenized piece of %zu bytes is too long",
                           t->label, n);
     if (t->ignore_merges) {
-        if (GROW(w->tmp, w->tmpcap, 2 * n))
+        if (PD_GROW(w->tmp, w->tmpcap, 2 * n))
             return PD_ENOMEM;
         size_t k = 0;
         for (size_t i = 0; i < n; i++) {
@@ -1239,7 +1221,7 @@ static int bpe_piece(const struct pd_tok *t, struct work *w, const uint8_t *s, s
         if (id >= 0)
             return out_push(w, id);
     }
-    if (GROW(w->sym, w->symcap, n))
+    if (PD_GROW(w->sym, w->symcap, n))
         return PD_ENOMEM;
     for (size_t i = 0; i < n; i++)
         w->sym[i] = (struct sym){t->byte_id[s[i]], (int32_t)i - 1, i + 1 < n ? (int32_t)i + 1 : -1};
@@ -1610,7 +1592,7 @@ static int word_add(struct trainer *tr, const uint8_t *s, size_t n)
             return 0;
         }
     }
-    if (tr->nw >= INT32_MAX || GROW(tr->words, tr->wcap, tr->nw + 1))
+    if (tr->nw >= INT32_MAX || PD_GROW(tr->words, tr->wcap, tr->nw + 1))
         return PD_ENOMEM;
     struct tword *w = &tr->words[tr->nw];
     memset(w, 0, sizeof *w);
@@ -1677,7 +1659,7 @@ static int pair_add(struct trainer *tr, int32_t a, int32_t b, int64_t delta, int
     }
     if (tr->iter && p->touch != tr->iter) {
         p->touch = tr->iter;
-        if (GROW(tr->touched, tr->touchcap, tr->ntouched + 1))
+        if (PD_GROW(tr->touched, tr->touchcap, tr->ntouched + 1))
             return PD_ENOMEM;
         tr->touched[tr->ntouched++] = p->key;
     }
@@ -1692,7 +1674,7 @@ static int theap_before(const struct theap *x, const struct theap *y)
 
 static int theap_push(struct trainer *tr, int64_t count, uint64_t key)
 {
-    if (GROW(tr->heap, tr->hcap, tr->hn + 1))
+    if (PD_GROW(tr->heap, tr->hcap, tr->hn + 1))
         return PD_ENOMEM;
     struct theap h = {count, key};
     size_t i = tr->hn++;
@@ -1876,7 +1858,7 @@ static int learn(struct trainer *tr, int vocab_size, pd_err *e)
         }
         if (!p->done) {
             p->done = 1;
-            if (GROW(tr->merges, tr->mcap, tr->nmerges + 1)) {
+            if (PD_GROW(tr->merges, tr->mcap, tr->nmerges + 1)) {
                 rc = PD_ENOMEM;
                 break;
             }

@@ -945,20 +945,10 @@ static void on_other(struct evhttp_request *h, void *arg)
 
 void pd_srv_answer_shutdown(struct pd_server *s, struct req *r)
 {
-    struct evhttp_request *h = r->http;
     if (r->stream && r->reply_started) {
-        pd_srv_send_sse(h, json_pack("{s:{s:s,s:s}}", "error", "message", "the server is shutting down", "type",
-                                     "server_error"));
-        struct evbuffer *b = evbuffer_new();
-        if (b) {
-            evbuffer_add_printf(b, "data: [DONE]\n\n");
-            evhttp_send_reply_chunk(h, b);
-            evbuffer_free(b);
-        }
-        pd_srv_answered(s, r);
-        evhttp_send_reply_end(h);
+        end_stream(s, r, NULL, "the server is shutting down");
     } else {   /* nothing sent yet (a stream waiting for its KV pull has no 200 yet either) */
-        pd_srv_send_error(s, h, 503, "server_error", NULL, "the server is shutting down");
+        pd_srv_send_error(s, r->http, 503, "server_error", NULL, "the server is shutting down");
         pd_srv_answered(s, r);
     }
 }

@@ -125,6 +125,21 @@ static void drop_conn(struct pd_proxy *px, struct evhttp_connection *c)
         event_base_once(px->base, -1, EV_TIMEOUT, free_conn, c, &(struct timeval){0, 0});
 }
 
+/* A job's request to an instance, if one is under way: cancelled, its load and connection given back. */
+static void cancel_upstream(struct pd_proxy *px, struct job *j)
+{
+    if (!j->up)
+        return;
+    if (j->up_decode)
+        px->d[j->di].load--;
+    else
+        px->p[j->pi].load--;
+    evhttp_cancel_request(j->up);
+    j->up = NULL;
+    drop_conn(px, j->conn);
+    j->conn = NULL;
+}
+
 static void job_free(struct job *j)
 {
     if (j->prev)
@@ -218,16 +233,7 @@ static void on_client_close(struct evhttp_connection *c, void *arg)
     if (evhttp_request_get_connection(j->client) == NULL)
         evhttp_request_free(j->client);
     j->client = NULL;
-    if (j->up) {
-        if (j->up_decode)
-            px->d[j->di].load--;
-        else
-            px->p[j->pi].load--;
-        evhttp_cancel_request(j->up);
-        j->up = NULL;
-        drop_conn(px, j->conn);
-        j->conn = NULL;
-    }
+    cancel_upstream(px, j);
     job_free(j);
 }
 
@@ -838,16 +844,7 @@ static void on_stop(evutil_socket_t fd, short what, void *arg)
     px->stopping = 1;
     while (px->jobs) {
         struct job *j = px->jobs;
-        if (j->up) {
-            if (j->up_decode)
-                px->d[j->di].load--;
-            else
-                px->p[j->pi].load--;
-            evhttp_cancel_request(j->up);
-            j->up = NULL;
-            drop_conn(px, j->conn);
-            j->conn = NULL;
-        }
+        cancel_upstream(px, j);
         if (j->client && j->stream)
             stream_error(j, "the proxy is shutting down");
         else if (j->client) {

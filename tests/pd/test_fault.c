@@ -127,20 +127,9 @@ static FILE *load(int n, int max_tokens)
  * error event in the stream); the test fails on anything else (an empty 200, a hang). */
 static int outcome(int i)
 {
-    char path[128], code[16] = "", body[1 << 16] = "";
-    snprintf(path, sizeof path, "%s/c%d.code", logs, i);
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f);
-    fgets(code, sizeof code, f);
-    fclose(f);
-    snprintf(path, sizeof path, "%s/c%d.out", logs, i);
-    f = fopen(path, "r");
-    size_t n = f ? fread(body, 1, sizeof body - 1, f) : 0;
-    body[n] = 0;
-    if (f)
-        fclose(f);
-    int status = atoi(code);
-    cr_assert(status == 200 || status >= 500, "client %d: HTTP %s: %s", i, code, body);
+    static char body[1 << 16];
+    int status = client_answer(logs, i, body, sizeof body);
+    cr_assert(status == 200 || status >= 500, "client %d: HTTP %d: %s", i, status, body);
     if (status >= 500) {
         cr_assert(strstr(body, "\"error\""), "client %d: %d without a JSON error: %s", i, status, body);
         return 0;

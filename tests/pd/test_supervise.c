@@ -58,17 +58,7 @@ static void start_up(int port, const char *const *extra)
         _exit(127);
     }
     up_pid = up;
-    int ready = 0;
-    for (int i = 0; i < 600 && !ready; i++) {
-        FILE *f = fopen(out, "r");
-        char line[512] = "";
-        if (f) {
-            ready = fgets(line, sizeof line, f) && strstr(line, "Ctrl-C");
-            fclose(f);
-        }
-        if (!ready)
-            usleep(100000);
-    }
+    int ready = up_wait_ready(out);
     cr_assert(ready, "pdmoe up did not become ready; see %s", err);
 }
 
@@ -113,20 +103,9 @@ static void wait_load(FILE *l)
  * an error event followed by [DONE]); a stream cut without an error, or without [DONE], fails. */
 static int outcome(int i)
 {
-    char path[128], code[16] = "", body[1 << 16] = "";
-    snprintf(path, sizeof path, "%s/c%d.code", logs, i);
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f);
-    fgets(code, sizeof code, f);
-    fclose(f);
-    snprintf(path, sizeof path, "%s/c%d.out", logs, i);
-    f = fopen(path, "r");
-    size_t n = f ? fread(body, 1, sizeof body - 1, f) : 0;
-    body[n] = 0;
-    if (f)
-        fclose(f);
-    int status = atoi(code);
-    cr_assert(status == 200 || status >= 500, "client %d: HTTP %s: %s", i, code, body);
+    static char body[1 << 16];
+    int status = client_answer(logs, i, body, sizeof body);
+    cr_assert(status == 200 || status >= 500, "client %d: HTTP %d: %s", i, status, body);
     if (status >= 500) {
         cr_assert(strstr(body, "\"error\""), "client %d: %d without a JSON error: %s", i, status, body);
         return 0;

@@ -58,17 +58,7 @@ static pid_t start_up_plan(const char *bin, int port, int ep, const char *plan)
             execl(bin, bin, "up", "--model", dir, "--port", sp, "--prefill-ep", se, "--decode-ep", se, (char *)NULL);
         _exit(127);
     }
-    int ready = 0;
-    for (int i = 0; i < 600 && !ready; i++) {
-        FILE *f = fopen(out, "r");
-        char line[512] = "";
-        if (f) {
-            ready = fgets(line, sizeof line, f) && strstr(line, "Ctrl-C");
-            fclose(f);
-        }
-        if (!ready)
-            usleep(100000);
-    }
+    int ready = up_wait_ready(out);
     up_pid = up;
     cr_assert(ready, "pdmoe up did not become ready");
     return up;
@@ -317,17 +307,7 @@ Test(up, engine_flags_reach_every_instance)
         _exit(127);
     }
     up_pid = up;
-    int ready = 0;
-    for (int i = 0; i < 600 && !ready; i++) {
-        FILE *f = fopen(out, "r");
-        char line[512] = "";
-        if (f) {
-            ready = fgets(line, sizeof line, f) && strstr(line, "Ctrl-C");
-            fclose(f);
-        }
-        if (!ready)
-            usleep(100000);
-    }
+    int ready = up_wait_ready(out);
     cr_assert(ready, "pdmoe up did not become ready");
     for (int p = port + 1; p <= port + 2; p++) {
         cr_assert_eq(metric_port(p, "pdmoe_kv_slots_free"), 3, "port %d", p);

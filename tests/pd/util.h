@@ -118,4 +118,41 @@ static inline void proxy_shutdown(struct pd_proxy **x, pthread_t t)
     *x = NULL;
 }
 
+/* 1 once `pdmoe up`'s standard output (redirected to out) says it is ready, 0 after 60 s. */
+static inline int up_wait_ready(const char *out)
+{
+    for (int i = 0; i < 600; i++) {
+        FILE *f = fopen(out, "r");
+        char line[512] = "";
+        int ready = 0;
+        if (f) {
+            ready = fgets(line, sizeof line, f) && strstr(line, "Ctrl-C");
+            fclose(f);
+        }
+        if (ready)
+            return 1;
+        usleep(100000);
+    }
+    return 0;
+}
+
+/* Client i's answer as a load test wrote it (logs/cI.code, logs/cI.out): its HTTP status, its body. */
+static inline int client_answer(const char *logs, int i, char *body, size_t cap)
+{
+    char path[128], code[16] = "";
+    snprintf(path, sizeof path, "%s/c%d.code", logs, i);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "no %s", path);
+    if (!fgets(code, sizeof code, f))
+        code[0] = 0;
+    fclose(f);
+    snprintf(path, sizeof path, "%s/c%d.out", logs, i);
+    f = fopen(path, "r");
+    size_t n = f ? fread(body, 1, cap - 1, f) : 0;
+    body[n] = 0;
+    if (f)
+        fclose(f);
+    return atoi(code);
+}
+
 #endif
