@@ -460,10 +460,23 @@ int pd_cli_calibrate(int argc, char **argv)
         const struct pd_calib_rounds *x = &fr[r];
         double v = r ? f[r].memory : f[r].attention, lo = r ? x->lo.memory : x->lo.attention,
                hi = r ? x->hi.memory : x->hi.attention;
-        fprintf(stderr, "  fitted %-7s: %.3f ms per step (%.3f-%.3f), %.2f us per token and layer (%.2f-%.2f), %s "
-                "factor %.3f (%.3f-%.3f); rms error %.1f%%\n", pd_role_name((enum pd_role)r), f[r].step_s * 1e3,
-                x->lo.step_s * 1e3, x->hi.step_s * 1e3, f[r].token_layer_s * 1e6, x->lo.token_layer_s * 1e6,
-                x->hi.token_layer_s * 1e6, r ? "memory" : "attention", v, lo, hi, 100 * f[r].rms_rel);
+        /* a cost the fit put at its bound reads as such, with what the rounds still allow, not as a
+         * measured 0.000 */
+        char step[96], per_tok[96];
+        if (f[r].step_s > 0)
+            snprintf(step, sizeof step, "%.3f ms per step (%.3f-%.3f)", f[r].step_s * 1e3, x->lo.step_s * 1e3,
+                     x->hi.step_s * 1e3);
+        else
+            snprintf(step, sizeof step, "no cost per step beyond the model's (at most %.3f ms)", x->hi.step_s * 1e3);
+        if (f[r].token_layer_s > 0)
+            snprintf(per_tok, sizeof per_tok, "%.2f us per token and layer (%.2f-%.2f)", f[r].token_layer_s * 1e6,
+                     x->lo.token_layer_s * 1e6, x->hi.token_layer_s * 1e6);
+        else
+            snprintf(per_tok, sizeof per_tok, "no cost per token and layer beyond the model's (at most %.2f us)",
+                     x->hi.token_layer_s * 1e6);
+        fprintf(stderr, "  fitted %-7s: %s, %s, %s factor %.3f (%.3f-%.3f%s); rms error %.1f%%\n",
+                pd_role_name((enum pd_role)r), step, per_tok, r ? "memory" : "attention", v, lo, hi,
+                v >= 1 ? ", at its bound: no slower than the roofline" : "", 100 * f[r].rms_rel);
     }
     fprintf(stderr, "  %-8s %5s %7s %5s %12s %12s\n", "step", "seqs", "tokens", "ctx", "measured ms", "model ms");
     for (int i = 0; i < n_pts; i++)
