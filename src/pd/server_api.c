@@ -336,7 +336,7 @@ static void on_notify(evutil_socket_t fd, short what, void *arg)
                     start_stream(s, r);
                 if (ready && !oom)
                     pd_srv_send_sse(r->http, chunk(s, r, r->held, ready, NULL));
-                if (!oom) {
+                if (!oom && ready) {   /* (nothing held yet, r->held may be NULL) */
                     memmove(r->held, r->held + ready, r->held_len - ready);
                     r->held_len -= ready;
                     r->stop_scanned = r->stop_scanned > ready ? r->stop_scanned - ready : 0;

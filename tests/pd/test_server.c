@@ -403,9 +403,11 @@ Test(server, stop_strings_stop_token_ids_and_usage_in_the_stream)
     char stop[64], esc[256];
     snprintf(stop, sizeof stop, "%.*s", (int)(b - a), full + a);
     size_t want_len = (size_t)(strstr(full, stop) - full);
-    char *dumped = json_dumps(json_string(stop), JSON_ENCODE_ANY);
+    json_t *js = json_string(stop);
+    char *dumped = json_dumps(js, JSON_ENCODE_ANY);
     snprintf(esc, sizeof esc, "%s", dumped);
     free(dumped);
+    json_decref(js);
     char body[1024];
     for (int stream = 0; stream < 2; stream++) {
         /* max_tokens far beyond the stop: the generation must end at the stop, not run on */
