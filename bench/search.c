@@ -12,19 +12,24 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Expert-load counts for --expert-stats: `layers` x `experts`, log-normal (sigma 1) from a
- * fixed seed, the skew of a real router's load; the file's path, or NULL. */
-static const char *write_stats(char *path, int layers, int experts)
+/* Expert-load counts for --expert-stats, as a server writes them for DeepSeek-V3: one row per layer
+ * (`layers`), the first `dense` (dense FFN layers) empty, the others `experts` counts log-normal
+ * (sigma 1) from a fixed seed, the skew of a real router's load; the file's path, or NULL. */
+static const char *write_stats(char *path, int layers, int dense, int experts)
 {
     int fd = mkstemp(path);
     FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (!f)
         return NULL;
     uint64_t x = 42;
-    fprintf(f, "{\"tokens_per_expert\": [");
+    fprintf(f, "{\"model_type\": \"deepseek_v3\", \"experts\": %d, \"tokens_per_expert\": [", experts);
     for (int l = 0; l < layers; l++) {
         fprintf(f, "%s[", l ? ", " : "");
         for (int i = 0; i < experts; i++) {
+            if (l < dense) {
+                fprintf(f, "%s0", i ? "," : "");
+                continue;
+            }
             double g = -6;
             for (int k = 0; k < 12; k++) {
                 x = x * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -48,7 +53,7 @@ int pd_bench_search(int argc, char **argv)
     int reps = argc > 1 ? 1 : 5;
     const double target = 1.0;
     char stats[] = "/tmp/pdmoe-bench-stats-XXXXXX";
-    const char *measured = write_stats(stats, 58, 256);
+    const char *measured = write_stats(stats, 61, 3, 256);   /* V3: 61 layers, the first 3 dense */
     if (!measured) {
         fprintf(stderr, "bench search: cannot write %s\n", stats);
         return 1;
@@ -58,7 +63,7 @@ int pd_bench_search(int argc, char **argv)
         {"deepseek-v4-flash, 64 x 910B, tp up to 8", "deepseek-v4-flash", "atlas-800i-a2", NULL, 64, 8},
         {"deepseek-v3, 64 x H800", "deepseek-v3", "h800", NULL, 64, 1},
         {"deepseek-v3, 256 x H800", "deepseek-v3", "h800", NULL, 256, 1},
-        {"deepseek-v3, 256 x H800, --expert-stats (58 layers)", "deepseek-v3", "h800", measured, 256, 1},
+        {"deepseek-v3, 256 x H800, --expert-stats (58 MoE layers)", "deepseek-v3", "h800", measured, 256, 1},
     };
     printf("pdmoe bench search: best of %d searches each; isl 4096, osl 1024; target %.0f s per search\n", reps, target);
     printf("  %-50s %9s %9s %11s %11s\n", "case", "layouts", "ms", "us/layout", "of target");
