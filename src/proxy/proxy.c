@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -570,6 +571,10 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
     px->jobs = j;
     px->requests++;
     pd_http_set_closecb(h, on_client_close, j);
+    /* libevent stops reading a connection while its request is being answered, so a client that
+     * hangs up would be seen only at the next write (a request queued upstream could wait long for
+     * one); reading on lets the close callback cancel the upstream work at once, as the servers do */
+    bufferevent_enable(evhttp_connection_get_bufferevent(evhttp_request_get_connection(h)), EV_READ);
     /* without prefill instances the decode instances are colocated servers: no hand-off */
     send_up(j, px->np == 0);
 }
