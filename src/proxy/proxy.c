@@ -429,7 +429,7 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
         job_free(j);
         return;
     }
-    json_t *resp = json_loads(txt, 0, NULL);
+    json_t *resp = json_loads(txt, JSON_ALLOW_NUL, NULL);   /* a token may carry 0x00, sent as \\u0000 */
     free(txt);
     json_t *kv = json_object_get(json_array_get(json_object_get(resp, "choices"), 0), "kv_transfer_params");
     if (!json_is_object(kv)) {

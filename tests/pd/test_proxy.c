@@ -20,6 +20,7 @@
 #include "engine/genmodel.h"
 #include "../tmpmodel.h"
 #include "pd/server.h"
+#include "model/tokenizer.h"
 #include "proxy/proxy.h"
 #include "util.h"
 
@@ -444,4 +445,41 @@ Test(proxy, clients_that_hang_up_leave_nothing_behind)
     proxy_shutdown(&X, tx);
     cr_assert_eq(__lsan_do_recoverable_leak_check(), 0, "the proxy leaked (LeakSanitizer's report above)");
 #endif
+}
+
+/* A prefill whose first token carries a 0x00 byte answers with "\u0000" in its text: the proxy
+ * must still read its kv_transfer_params (it parsed the answer without JSON_ALLOW_NUL and gave a
+ * 502 "answered without kv_transfer_params"). The seed is found on the colocated server, whose
+ * first token equals the prefill's for the same request. */
+Test(proxy, a_first_token_with_a_nul_byte_goes_through)
+{
+    start_proxy(0, 0);
+    struct pd_tok *tok;
+    pd_err e = {0};
+    char path[128];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    cr_assert_eq(pd_tok_load(path, &tok, &e), 0, "%s", e.msg);
+    int32_t *one;
+    size_t n1;
+    cr_assert_eq(pd_tok_encode(tok, "\0", 1, &one, &n1, &e), 0, "%s", e.msg);
+    cr_assert_eq(n1, 1);
+    int32_t nul = one[0];
+    free(one);
+    pd_tok_free(tok);
+    const char *fmt = "{\"prompt\":\"x\",\"max_tokens\":%d,\"temperature\":2,\"return_token_ids\":true,\"seed\":%d}";
+    char body[256], out[8192];
+    int seed = -1;
+    for (int s = 0; s < 6000 && seed < 0; s++) {
+        snprintf(body, sizeof body, fmt, 1, s);
+        cr_assert_eq(curl_port(pd_server_port(C), "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+        json_t *j = parse(out);
+        json_t *ids = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "token_ids");
+        if (json_integer_value(json_array_get(ids, 0)) == nul)
+            seed = s;
+        json_decref(j);
+    }
+    cr_assert_geq(seed, 0, "no seed below 6000 samples token %d (byte 0x00) first", nul);
+    snprintf(body, sizeof body, fmt, 3, seed);
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    cr_assert(strstr(out, "\\u0000"), "%s", out);
 }
