@@ -346,7 +346,7 @@ static void on_fix(evutil_socket_t fd, short what, void *arg)
         snprintf(msg, sizeof msg, "malformed HTTP request: request line, headers (at most %lld bytes) or chunked body",
                  (long long)l->max_header_bytes);
     else if (code == 501)
-        snprintf(msg, sizeof msg, "the HTTP method is not implemented");
+        snprintf(msg, sizeof msg, "unknown HTTP method: this server answers GET and POST");
     else if (code == 417)
         snprintf(msg, sizeof msg, "Expect: only 100-continue is understood");
     else
