@@ -3,6 +3,7 @@
  * /v1/models, /metrics and /expert_stats. Runs on the event-loop thread. */
 #define _GNU_SOURCE   /* memmem */
 #include "pd/server_int.h"
+#include "core/grow.h"
 
 
 /* An OpenAI-style error, counted in the metrics when it is the client's. */
@@ -22,32 +23,28 @@ void pd_srv_send_error(struct pd_server *s, struct evhttp_request *h, int code, 
     pd_http_error(h, code, type, param, "%s", msg);
 }
 
-/* Appends the bytes of the tokens [tokens_sent, n) to r->text and returns in *out (malloc'ed,
- * *len bytes, which may include 0x00: a token's bytes are carried as they are) the longest prefix
- * that is complete UTF-8, invalid bytes becoming U+FFFD, keeping an incomplete tail for later
- * unless `final`. PD_ENOMEM (nothing taken, the tokens stay for a later call) if memory runs out. */
-static int take_utf8(struct pd_server *s, struct req *r, int n, int final, char **out, size_t *len)
+/* Appends the bytes of the tokens [tokens_sent, n) to r->text, and moves its longest prefix that
+ * is complete UTF-8 onto r->held (which may then hold 0x00: a token's bytes are carried as they
+ * are), invalid bytes becoming U+FFFD, keeping an incomplete tail for later unless `final`.
+ * PD_ENOMEM if memory runs out. */
+static int take_utf8(struct pd_server *s, struct req *r, int n, int final)
 {
     for (; r->tokens_sent < n; r->tokens_sent++) {
         size_t tl;
         const char *b = pd_tok_token_bytes(s->tok, r->gen[r->tokens_sent], &tl);
         if (!b)
             continue;
-        if (tl > r->text_cap - r->text_len) {
-            size_t c = (r->text_len + tl) * 2 + 64;
-            char *x = realloc(r->text, c);
-            if (!x)
-                return PD_ENOMEM;
-            r->text = x;
-            r->text_cap = c;
-        }
+        if (PD_GROW(r->text, r->text_cap, r->text_len + tl))
+            return PD_ENOMEM;
         memcpy(r->text + r->text_len, b, tl);
         r->text_len += tl;
     }
-    /* each byte becomes at most 3 (U+FFFD); text_len is below the cap of a buffer already held */
-    char *o_buf = malloc(r->text_len * 3 + 1);
-    if (!o_buf)
+    if (r->text_len == 0)   /* nothing yet (the first token sampled may be EOS): r->text is NULL */
+        return 0;
+    /* each byte becomes at most 3 (U+FFFD) */
+    if (PD_GROW(r->held, r->held_cap, r->held_len + r->text_len * 3))
         return PD_ENOMEM;
+    char *o_buf = r->held + r->held_len;
     size_t i = 0, o = 0;
     const unsigned char *t = (const unsigned char *)r->text;
     while (i < r->text_len) {
@@ -79,14 +76,9 @@ static int take_utf8(struct pd_server *s, struct req *r, int n, int final, char 
             i += 1;
         }
     }
-    /* (no text yet, as when the first token sampled is EOS: r->text is NULL, nothing to move) */
-    if (i > 0) {
-        memmove(r->text, r->text + i, r->text_len - i);
-        r->text_len -= i;
-    }
-    o_buf[o] = 0;
-    *out = o_buf;
-    *len = o;
+    memmove(r->text, r->text + i, r->text_len - i);
+    r->text_len -= i;
+    r->held_len += o;
     return 0;
 }
 
@@ -196,23 +188,6 @@ static void end_stream(struct pd_server *s, struct req *r, const char *finish, c
     evhttp_send_reply_end(h);
 }
 
-/* Appends len bytes of new text to what the request holds back; PD_ENOMEM if it cannot. */
-static int hold(struct req *r, const char *text, size_t len)
-{
-    if (len > r->held_cap - r->held_len) {
-        size_t cap = (r->held_len + len) * 2 + 64;
-        char *x = realloc(r->held, cap);
-        if (!x)
-            return PD_ENOMEM;
-        r->held = x;
-        r->held_cap = cap;
-    }
-    if (len)
-        memcpy(r->held + r->held_len, text, len);
-    r->held_len += len;
-    return 0;
-}
-
 /* Stop strings in the held text: 1 when one is found, *ready then the bytes before the earliest;
  * else *ready is what may be sent now: everything once the generation is over (or without stop
  * strings), otherwise all but the last stop_max - 1 bytes (a stop string may still start there),
@@ -305,8 +280,6 @@ static void on_notify(evutil_socket_t fd, short what, void *arg)
             continue;
         }
         pthread_mutex_unlock(&s->mu);
-        char *out = NULL;
-        size_t len = 0;
         int oom = 0, done = finished;
         if (finished && !strcmp(finish, "refused")) {
             /* only a pull refuses, before any token: a stream's 200 is still deferred */
@@ -324,7 +297,7 @@ static void on_notify(evutil_socket_t fd, short what, void *arg)
             }
         } else {
             /* the new text joins what is held back; a stop string in it ends the answer there */
-            oom = take_utf8(s, r, n, finished, &out, &len) != 0 || hold(r, out, len);
+            oom = take_utf8(s, r, n, finished) != 0;
             size_t ready = 0;
             int hit = !oom && stop_scan(r, finished, &ready);
             if (hit) {
@@ -358,7 +331,6 @@ static void on_notify(evutil_socket_t fd, short what, void *arg)
                 pthread_mutex_unlock(&s->mu);
             }
         }
-        free(out);
         pthread_mutex_lock(&s->mu);
         if (done && strcmp(finish, "refused")) {
             s->n_completed++;
