@@ -16,14 +16,10 @@
 #include <string.h>
 
 /* GPT-2's pattern is ByteLevel's own (use_regex) */
-static const char cl100k_re[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}|"
-    " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-static const char ds_num_re[] = "\\p{N}{1,3}";
-static const char ds_cjk_re[] = "[一-龥\u3040-ゟ゠-ヿ]+";
-static const char ds_main_re[] =
-    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
-    "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+";
+static const char cl100k_re[] = PD_RE_CL100K;
+static const char ds_num_re[] = PD_RE_DS_NUM;
+static const char ds_cjk_re[] = PD_RE_DS_CJK;
+static const char ds_main_re[] = PD_RE_DS_MAIN;
 
 static json_t *split(const char *re)
 {

@@ -75,4 +75,19 @@ static const char pd_tok_corpus[] =
     "'''quotes''' \"double\" ‘single’ “curly” «guillemets» „low“ ‹›  … ... —"
     "— –– -- ___ *** ### !!! ??? ¿¡\n";
 
+/* The Split patterns of the pre-tokenizers in use, as their tokenizer.json files have them:
+ * GPT-2's (ByteLevel's own), cl100k's, and DeepSeek-V3's three (CR and LF literal). */
+#define PD_RE_GPT2 \
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+#define PD_RE_CL100K \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}|" \
+    " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define PD_RE_DS_NUM \
+    "\\p{N}{1,3}"
+#define PD_RE_DS_CJK \
+    "[一-龥\u3040-ゟ゠-ヿ]+"
+#define PD_RE_DS_MAIN \
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?" \
+    "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
+
 #endif

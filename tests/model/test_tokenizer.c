@@ -124,17 +124,12 @@ static void expect_split_n(const char *pattern, const char *text, size_t len, co
 #define SPLIT(pat, text, ...) \
     expect_split_n(pat, text, strlen(text), (const char *[]){__VA_ARGS__, NULL})
 
-static const char gpt2_re[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-static const char cl100k_re[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}|"
-    " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char gpt2_re[] = PD_RE_GPT2;
+static const char cl100k_re[] = PD_RE_CL100K;
 /* DeepSeek-V3's three Split patterns, as its tokenizer.json has them (CR and LF literal). */
-static const char ds_num_re[] = "\\p{N}{1,3}";
-static const char ds_cjk_re[] = "[一-龥\u3040-ゟ゠-ヿ]+";
-static const char ds_main_re[] =
-    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
-    "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+";
+static const char ds_num_re[] = PD_RE_DS_NUM;
+static const char ds_cjk_re[] = PD_RE_DS_CJK;
+static const char ds_main_re[] = PD_RE_DS_MAIN;
 
 static json_t *split_step(const char *re)
 {

@@ -219,17 +219,8 @@ static size_t as_utf8(const unsigned char *b, size_t n, char *out)
 
 Test(hostile, a_token_with_a_nul_byte_is_carried_byte_for_byte)
 {
-    struct pd_tok *tok;
-    pd_err e = {0};
-    char path[128];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    cr_assert_eq(pd_tok_load(path, &tok, &e), 0, "%s", e.msg);
-    int32_t *one;
-    size_t n1;
-    cr_assert_eq(pd_tok_encode(tok, "\0", 1, &one, &n1, &e), 0, "%s", e.msg);
-    cr_assert_eq(n1, 1);
-    nul_id = one[0];
-    free(one);
+    struct pd_tok *tok = tok_of(dir);
+    nul_id = nul_token_id(tok);
     const char *fmt = "{\"prompt\":\"x\",\"max_tokens\":48,\"temperature\":2,\"ignore_eos\":true,"
                       "\"return_token_ids\":true,\"seed\":%d}";
     json_t *j;

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include "model/tokenizer.h"
 #include "proxy/proxy.h"
 
 /* Runs a shell pipeline that prints one HTTP status per line; how many were 200. */
@@ -154,6 +155,30 @@ static inline int client_answer(const char *logs, int i, char *body, size_t cap)
     if (f)
         fclose(f);
     return atoi(code);
+}
+
+/* The tokenizer of the model in dir (the caller frees it). */
+static inline struct pd_tok *tok_of(const char *dir)
+{
+    struct pd_tok *tok;
+    pd_err e = {0};
+    char path[256];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    cr_assert_eq(pd_tok_load(path, &tok, &e), 0, "%s", e.msg);
+    return tok;
+}
+
+/* The id of the token that is the byte 0x00. */
+static inline int32_t nul_token_id(struct pd_tok *tok)
+{
+    int32_t *one, id;
+    size_t n;
+    pd_err e = {0};
+    cr_assert_eq(pd_tok_encode(tok, "\0", 1, &one, &n, &e), 0, "%s", e.msg);
+    cr_assert_eq(n, 1);
+    id = one[0];
+    free(one);
+    return id;
 }
 
 #endif
