@@ -270,6 +270,17 @@ static void undetermined(const struct pd_calib_rounds *r, enum pd_role role, cha
                                     buf[len - 2] == ':' ? "" : "; ", name[role][k], 100 * r->moved[k]);
 }
 
+/* Both roles' undetermined factors, "; "-joined, into buf. */
+static const char *undetermined_both(const struct pd_calib_rounds fr[2], char *buf, size_t n)
+{
+    char why[2][256] = {"", ""};
+    for (int r = 0; r < 2; r++)
+        if (fr[r].undetermined)
+            undetermined(&fr[r], (enum pd_role)r, why[r], sizeof why[r]);
+    snprintf(buf, n, "%s%s%s", why[0], why[0][0] && why[1][0] ? "; " : "", why[1]);
+    return buf;
+}
+
 int pd_cli_calibrate(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -341,7 +352,7 @@ int pd_cli_calibrate(int argc, char **argv)
     /* rounds of every step, until the fits are stable (plan/calibrate.h): at least min_rounds,
      * at most max_rounds */
     const int min_rounds = 3, max_rounds = quick ? 6 : 8, reps = quick ? 1 : 2;
-    double t[8 * 13];
+    double tp[8 * 6], td[8 * 7];   /* each role's times, round-major */
     int rounds = 0;
     struct pd_calib_rounds fr[2];
     struct pd_bench_machine m;
@@ -404,7 +415,8 @@ int pd_cli_calibrate(int argc, char **argv)
         for (int i = 0; i < n_pts; i++)
             if (pd_bench_step_time(&en, (int)pts[i].seqs, (int)pts[i].tokens, (int)pts[i].ctx,
                                    pts[i].role == PD_ROLE_DECODE ? 16 : 1, words, n_words, reps,
-                                   &t[rounds * n_pts + i], &e)) {
+                                   i < n_pre ? &tp[rounds * n_pre + i] : &td[rounds * (n_pts - n_pre) + i - n_pre],
+                                   &e)) {
                 fprintf(stderr, "pdmoe calibrate: %s\n", e.msg);
                 pd_plan_free(&p);
                 pd_engine_close(&en);
@@ -414,21 +426,13 @@ int pd_cli_calibrate(int argc, char **argv)
         rounds++;
         if (rounds < min_rounds)
             continue;
-        double tp[8 * 6], td[8 * 7];   /* each role's times, round-major */
-        for (int k = 0; k < rounds; k++) {
-            memcpy(tp + k * n_pre, t + k * n_pts, n_pre * sizeof *t);
-            memcpy(td + k * (n_pts - n_pre), t + k * n_pts + n_pre, (size_t)(n_pts - n_pre) * sizeof *t);
-        }
         rc = pd_calib_fit_rounds(&p, pts, n_pre, tp, rounds, 0, &fr[0], &e) ||
              pd_calib_fit_rounds(&p, pts + n_pre, n_pts - n_pre, td, rounds, fr[0].fit.attention, &fr[1], &e);
         if (rounds == max_rounds || (!rc && !fr[0].undetermined && !fr[1].undetermined))
             break;
-        char why[2][256] = {"", ""};
-        for (int r = 0; !rc && r < 2; r++)
-            if (fr[r].undetermined)
-                undetermined(&fr[r], (enum pd_role)r, why[r], sizeof why[r]);
-        fprintf(stderr, "  round %d: not determined yet (%s%s%s), measuring again\n", rounds, rc ? e.msg : why[0],
-                why[0][0] && why[1][0] ? "; " : "", why[1]);
+        char why[520];
+        fprintf(stderr, "  round %d: not determined yet (%s), measuring again\n", rounds,
+                rc ? e.msg : undetermined_both(fr, why, sizeof why));
     }
     free(words);
     pd_engine_close(&en);
@@ -438,12 +442,9 @@ int pd_cli_calibrate(int argc, char **argv)
         return 1;
     }
     if (fr[0].undetermined || fr[1].undetermined) {
-        char why[2][256] = {"", ""};
-        for (int r = 0; r < 2; r++)
-            if (fr[r].undetermined)
-                undetermined(&fr[r], (enum pd_role)r, why[r], sizeof why[r]);
-        fprintf(stderr, "pdmoe calibrate: nothing written: after %d rounds the steps do not determine the model (%s%s%s), "
-                "so any value written would be noise; %s\n", rounds, why[0], why[0][0] && why[1][0] ? "; " : "", why[1],
+        char why[520];
+        fprintf(stderr, "pdmoe calibrate: nothing written: after %d rounds the steps do not determine the model (%s), "
+                "so any value written would be noise; %s\n", rounds, undetermined_both(fr, why, sizeof why),
                 busy_advice());
         pd_plan_free(&p);
         return 1;

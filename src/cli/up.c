@@ -14,6 +14,7 @@
  * cluster is first ready, a child that dies is started again at once, three times at most, then
  * stops everything (a bad flag would only die again). */
 #include "cli/cli.h"
+#include "core/timing.h"
 #include "engine/genmodel.h"
 
 #include <arpa/inet.h>
@@ -58,13 +59,6 @@ struct child {
     double started, backoff, restart_at;
 };
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec / 1e9;
-}
-
 /* Runs c's command (argv[0] a path, or a name looked up in PATH) in a process group of its own,
  * so that a Ctrl-C in the terminal reaches `up` alone and the shutdown goes in order; the child
  * gets SIGTERM if `up` dies. */
@@ -78,7 +72,7 @@ static void spawn(struct child *c)
         _exit(127);
     }
     c->pid = pid;
-    c->started = now_s();
+    c->started = pd_now_s();
 }
 
 static void set_args(struct child *c, char **a, int n)
@@ -499,7 +493,7 @@ int pd_cli_up(int argc, char **argv)
     /* supervise: reap the dead, start them again when their backoff is over */
     while (!stopping) {
         nanosleep(&(struct timespec){0, 100000000}, NULL);
-        double now = now_s();
+        double now = pd_now_s();
         for (int i = 0; i < n && !stopping; i++) {
             int status;
             if (ch[i].pid > 0 && waitpid(ch[i].pid, &status, WNOHANG) == ch[i].pid) {

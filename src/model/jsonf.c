@@ -5,6 +5,15 @@
 #include <math.h>
 #include <string.h>
 
+/* jansson quotes the text near a syntax error as it is: control characters become spaces so
+ * that every loader's message stays one line. */
+static void one_line(pd_err *e)
+{
+    for (char *c = e ? e->msg : NULL; c && *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7F)
+            *c = ' ';
+}
+
 json_t *pd_json_load_file(const char *path, pd_err *e)
 {
     json_error_t je;
@@ -15,6 +24,7 @@ json_t *pd_json_load_file(const char *path, pd_err *e)
             pd_err_set(e, PD_EIO, "%s: %s", path, je.text);
         else
             pd_err_set(e, PD_EFORMAT, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+        one_line(e);
         return NULL;
     }
     if (!json_is_object(root)) {
@@ -31,6 +41,7 @@ json_t *pd_json_load_str(const char *text, const char *label, pd_err *e)
     json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
         pd_err_set(e, PD_EFORMAT, "%s:%d:%d: %s", label, je.line, je.column, je.text);
+        one_line(e);
         return NULL;
     }
     if (!json_is_object(root)) {

@@ -1098,25 +1098,12 @@ static int from_json(json_t *root, const char *label, struct pd_tok **out, pd_er
     return 0;
 }
 
-/* jansson quotes the text near a syntax error as it is: control characters become spaces so
- * that the message stays one line. */
-static int json_error(pd_err *e)
-{
-    if (!e)
-        return PD_EFORMAT;
-    for (char *c = e->msg; *c; c++) {
-        if ((unsigned char)*c < 0x20 || *c == 0x7F)
-            *c = ' ';
-    }
-    return e->code;
-}
-
 int pd_tok_load(const char *path, struct pd_tok **t, pd_err *e)
 {
     *t = NULL;
     json_t *root = pd_json_load_file(path, e);
     if (!root)
-        return json_error(e);
+        return e ? e->code : PD_EFORMAT;
     return from_json(root, path, t, e);
 }
 
@@ -1125,7 +1112,7 @@ int pd_tok_parse(const char *json_text, const char *label, struct pd_tok **t, pd
     *t = NULL;
     json_t *root = pd_json_load_str(json_text, label, e);
     if (!root)
-        return json_error(e);
+        return e ? e->code : PD_EFORMAT;
     return from_json(root, label, t, e);
 }
 

@@ -209,18 +209,19 @@ int pd_calib_fit_rounds(const struct pd_plan *p, struct pd_calib_point *pts, int
     if (r->fitted < 2)
         return 0;   /* nothing to compare: undetermined */
     r->undetermined = 0;
-    for (int i = 0; i < n; i++)
+    double span[3];
+    for (int k = 0; k < 3; k++)
+        span[k] = fabs(coef(&r->hi, k, attention) - coef(&r->lo, k, attention));
+    for (int i = 0; i < n; i++) {
+        double G, X[3];
+        regressors(p, &pts[i], attention, &G, X);   /* each step costed once */
         r->spread = fmax(r->spread, (pred_hi[i] - pred_lo[i]) / pts[i].measured_s);
-    for (int k = 0; k < 3; k++) {
-        double span = fabs(coef(&r->hi, k, attention) - coef(&r->lo, k, attention));
-        for (int i = 0; i < n; i++) {
-            double G, X[3];
-            regressors(p, &pts[i], attention, &G, X);
-            r->moved[k] = fmax(r->moved[k], span * X[k] / pts[i].measured_s);
-        }
+        for (int k = 0; k < 3; k++)
+            r->moved[k] = fmax(r->moved[k], span[k] * X[k] / pts[i].measured_s);
+    }
+    for (int k = 0; k < 3; k++)
         if (r->moved[k] > PD_CALIB_DETERMINED)
             r->undetermined |= 1 << k;
-    }
     /* factors that trade against each other (a step's fixed and per-token costs, say) can each
      * swing while the times they predict hold: the fit is determined when those times are */
     if (r->spread <= PD_CALIB_DETERMINED)

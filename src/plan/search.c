@@ -90,7 +90,7 @@ static int layout_cands(struct pd_plan *p, const struct pd_search_opts *so, enum
             m->kv_pool = rp.b.kv_pool;
             m->fits_weights = rp.b.fits_weights;
         }
-        if (m && room && rp.b.fits_weights)
+        if (m && room)   /* room: the verdicts of plan.h, the weights' included */
             m->max_batch = batch;
         if (r == PD_ROLE_DECODE && nb > 0 && !room) {
             pd_placement_free(&rp.place);
@@ -121,7 +121,7 @@ static int layout_cands(struct pd_plan *p, const struct pd_search_opts *so, enum
             c->slots = rp.place.slots;
             c->weights = rp.b.weights;
             c->kv_pool = rp.b.kv_pool;
-            c->fits = rp.b.fits_weights && room;
+            c->fits = room;
             c->batch = batch;
             c->f = f;
             pd_perf_instances(&c->f, r, o->dp, inst, &w);
