@@ -142,17 +142,9 @@ int64_t pd_srv_seq_pull(struct pd_server *s, struct pd_seq *q, const char *host,
 }
 
 /* Producer: the request's key: 128 random bits bound to its prompt. */
-int pd_srv_new_key(struct req *r)
-{
-    pd_err e;
-    return pd_kvx_key_new(&r->key, pd_kvx_hash_tokens(r->prompt, r->n_prompt), &e);
-}
-
 /* Producer: the request's KV goes under a lease instead of being freed (s->mu held). */
 static int lease(struct pd_server *s, struct req *r)
 {
-    if (pd_srv_new_key(r))
-        return -1;
     r->lease_next = s->leases;
     s->leases = r;
     int rc = pd_srv_seq_offer(s, &r->seq, &r->key, r->id, r->n_prompt, on_release);

@@ -701,6 +701,12 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
                 goto reject;
             }
             r->remote_decode = 1;
+            /* the lease's key: made here, off the scheduler's lock (getrandom and a pass over the prompt) */
+            pd_err ke;
+            if (pd_kvx_key_new(&r->key, pd_kvx_hash_tokens(r->prompt, r->n_prompt), &ke)) {
+                pd_srv_send_error(s, h, 503, "server_error", NULL, "%s", ke.msg);
+                goto reject;
+            }
         }
         if (json_is_true(json_object_get(kv, "do_remote_prefill"))) {
             const char *host = json_string_value(json_object_get(kv, "remote_host"));

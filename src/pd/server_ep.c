@@ -2,25 +2,13 @@
  * rank 0 broadcasts, what every rank does with it, and rank 0's accounts of the ranks' sequences,
  * KV and leases. */
 #include "pd/server_int.h"
+#include "core/grow.h"
 
 static volatile sig_atomic_t ep_signalled;
 
 void pd_srv_ep_on_signal(int sig)
 {
     ep_signalled = 1;
-}
-
-static int grow_words(int32_t **p, size_t *cap, size_t need)
-{
-    if (*cap >= need)
-        return 0;
-    size_t c = need + need / 2 + 64;
-    int32_t *q = realloc(*p, c * sizeof *q);
-    if (!q)
-        return -1;
-    *p = q;
-    *cap = c;
-    return 0;
 }
 
 static uint64_t ep_id(const int32_t *w)
@@ -118,9 +106,9 @@ static int ep_start(struct pd_server *s, uint64_t id, int prompt, int reserve, c
 }
 
 /* Consumer, the owner rank: pulls a request's prompt KV from the producer rank named in the pull
- * entry into sequence q; the bytes moved and the seconds taken, PULL_REFUSED if the producer
- * refused the key, or PULL_FAILED (the sequence then stays empty; its prompt is recomputed from
- * the token ids, unless refused). */
+ * entry into sequence q; the bytes moved and the seconds taken, or pd_srv_seq_pull's negative
+ * codes (the sequence then stays empty; its prompt is recomputed from the token ids, unless
+ * PULL_REFUSED). */
 static int64_t ep_pull(struct pd_server *s, struct ep_seq *q, const int32_t *w, double *seconds)
 {
     const int n_prompt = w[4];
@@ -129,8 +117,7 @@ static int64_t ep_pull(struct pd_server *s, struct ep_seq *q, const int32_t *w, 
     host[64] = 0;
     struct pd_kvx_key key = {.hash = ep_id(w + 6)};
     memcpy(key.id, w + 28, sizeof key.id);
-    int64_t bytes = pd_srv_seq_pull(s, &q->seq, host, w[5], &key, n_prompt, NULL, seconds);
-    return bytes == PULL_REFUSED ? PULL_REFUSED : bytes < 0 ? PULL_FAILED : bytes;
+    return pd_srv_seq_pull(s, &q->seq, host, w[5], &key, n_prompt, NULL, seconds);
 }
 
 /* Every rank: applies a round's message to the sequences it owns (frees, leases, pulls, then the
@@ -143,7 +130,7 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
     struct ep_msg m;
     ep_parse(msg, &m);
     const int A = ep_answer_words(s, &m);
-    if (grow_words(&g->ans, &g->ans_cap, (size_t)A))
+    if (PD_GROW(g->ans, g->ans_cap, (size_t)A))
         return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
     int32_t *pulled = g->ans + EP_ANS_W, *out = pulled + EP_PULLED_W * m.n_pull, *rel = out + m.n_items;
     int n_rel = 0, rc;
@@ -288,7 +275,7 @@ int pd_srv_ep_round(struct pd_server *s, pd_err *e)
         return 0;
     }
     size_t words = ep_msg_words(g->msg);
-    if (grow_words(&g->msg, &g->msg_cap, words))
+    if (PD_GROW(g->msg, g->msg_cap, words))
         return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
     if (words > EP_HDR && (MPI_Ibcast(g->msg + EP_HDR, (int)(words - EP_HDR), MPI_INT32_T, 0, g->ep.comm, &rq) != MPI_SUCCESS ||
                            pd_ep_wait(&rq) != MPI_SUCCESS))
@@ -298,7 +285,7 @@ int pd_srv_ep_round(struct pd_server *s, pd_err *e)
     struct ep_msg m;
     ep_parse(g->msg, &m);
     int n = ep_answer_words(s, &m);
-    if (g->rank == 0 && grow_words(&g->all, &g->all_cap, (size_t)n * g->size))
+    if (g->rank == 0 && PD_GROW(g->all, g->all_cap, (size_t)n * g->size))
         return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
     if (MPI_Igather(g->ans, n, MPI_INT32_T, g->all, n, MPI_INT32_T, 0, g->ep.comm, &rq) != MPI_SUCCESS ||
         pd_ep_wait(&rq) != MPI_SUCCESS)
@@ -369,8 +356,6 @@ void pd_srv_ep_release(struct pd_server *s, struct req *r)
  * next message; the owner reports when the transfer engine releases it. */
 int pd_srv_ep_lease(struct pd_server *s, struct req *r)
 {
-    if (pd_srv_new_key(r))
-        return -1;
     int32_t *w = ep_push(&s->g->leases);
     ep_put_id(w, r->id);
     w[2] = r->owner;
@@ -411,7 +396,7 @@ static int ep_begin(struct pd_server *s, int n_items, int n_tokens)
     struct ep_group *g = s->g;
     size_t words = EP_HDR + (size_t)g->frees.n * EP_FREE_W + (size_t)g->leases.n * EP_LEASE_W +
                    (size_t)g->pulls.n * EP_PULL_W + (size_t)n_items * EP_ITEM_W + (size_t)n_tokens;
-    if (grow_words(&g->msg, &g->msg_cap, words))
+    if (PD_GROW(g->msg, g->msg_cap, words))
         return -1;
     int32_t *h = g->msg, *w = h + EP_HDR;
     h[0] = EP_OP_STEP;
@@ -600,7 +585,7 @@ int pd_srv_ep_setup(struct pd_server *s, pd_err *e)
     g->leases.width = EP_LEASE_W;
     g->pulls.width = EP_PULL_W;
     if (!g->seqs || !g->items || !g->item_of || !g->item_seq || !g->scratch || !g->load || !g->released || !g->pull_req ||
-        grow_words(&g->msg, &g->msg_cap, EP_HDR))
+        PD_GROW(g->msg, g->msg_cap, EP_HDR))
         return pd_err_set(e, PD_ENOMEM, "out of memory");
     for (int i = 0; i < n; i++)
         if (!(g->seqs[i].logits = malloc((size_t)s->V * sizeof(float))))

@@ -218,7 +218,6 @@ int pd_srv_seq_offer(struct pd_server *s, struct pd_seq *q, const struct pd_kvx_
                      pd_kvx_release_fn release);
 int64_t pd_srv_seq_pull(struct pd_server *s, struct pd_seq *q, const char *host, int port, const struct pd_kvx_key *key,
                         int len, pthread_mutex_t *mu, double *seconds);
-int pd_srv_new_key(struct req *r);
 
 /* ---- server_ep.c ---- */
 void pd_srv_ep_on_signal(int sig);
