@@ -337,8 +337,7 @@ static void on_fix(evutil_socket_t fd, short what, void *arg)
         return;   /* 100 Continue */
     const struct pd_http_limits *l = &c->f->lim;
     char msg[256];
-    const char *reason = code == 413 ? "Payload Too Large" : code == 400 ? "Bad Request" : code == 501 ? "Not Implemented"
-                         : code == 417 ? "Expectation Failed" : "Error";
+    const char *reason = pd_http_reason(code);
     if (code == 413)
         snprintf(msg, sizeof msg, "the request body is over %lld bytes, this server's limit (or its chunked encoding "
                  "is malformed)", (long long)l->max_body_bytes);
@@ -546,6 +545,11 @@ void pd_http_set_closecb(struct evhttp_request *h, void (*cb)(struct evhttp_conn
     } else {
         evhttp_connection_set_closecb(evcon, cb, arg);
     }
+    /* libevent stops reading a connection while its request is answered, so a client that leaves
+     * would be seen only at the next write (a request waiting upstream or in a queue could wait
+     * long for one); reading on lets cb run as soon as the client goes */
+    if (cb)
+        bufferevent_enable(evhttp_connection_get_bufferevent(evcon), EV_READ);
 }
 
 /* ---- the front ----------------------------------------------------------------------------- */
@@ -652,12 +656,6 @@ int pd_http_front_port(const struct pd_http_front *f)
     return f->port;
 }
 
-void pd_http_front_stats(const struct pd_http_front *f, struct pd_http_stats *st)
-{
-    *st = f->st;
-    st->connections = f->n_conns;
-    st->max_connections = f->cap;
-}
 
 void pd_http_front_metrics(const struct pd_http_front *f, struct evbuffer *b)
 {

@@ -42,8 +42,6 @@ struct pd_http_limits {
 
 /* Counters for /metrics. */
 struct pd_http_stats {
-    int connections;                /* open now */
-    int max_connections;            /* the cap in force */
     uint64_t rejected;              /* 503 at the cap */
     uint64_t evicted;               /* idle connections closed to make room */
     uint64_t timed_out;             /* closed by the idle, header or body deadline */
@@ -59,12 +57,12 @@ int pd_http_front_new(struct event_base *base, const struct pd_http_limits *lim,
 int pd_http_front_route(struct pd_http_front *f, const char *path, void (*cb)(struct evhttp_request *, void *),
                         void *arg);
 int pd_http_front_port(const struct pd_http_front *f);
-void pd_http_front_stats(const struct pd_http_front *f, struct pd_http_stats *st);
-/* The same as Prometheus text (pdmoe_http_*), appended to b. */
+/* The connections open, the cap and the counters above as Prometheus text (pdmoe_http_*), appended to b. */
 void pd_http_front_metrics(const struct pd_http_front *f, struct evbuffer *b);
 /* Closes every connection (their close callbacks run), the listener and the evhttp. */
 void pd_http_front_free(struct pd_http_front *f);
-/* Calls cb(connection, arg) if h's connection closes before cb is replaced; cb NULL: no call. */
+/* Calls cb(connection, arg) as soon as h's connection closes (the connection is read while h is
+ * answered, to see the client go), unless cb is replaced first; cb NULL: no call. */
 void pd_http_set_closecb(struct evhttp_request *h, void (*cb)(struct evhttp_connection *, void *), void *arg);
 
 #endif

@@ -17,6 +17,10 @@ const char *pd_http_reason(int code)
     case 401: return "Unauthorized";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 413: return "Payload Too Large";
+    case 417: return "Expectation Failed";
+    case 501: return "Not Implemented";
+    case 505: return "HTTP Version Not Supported";
     case 502: return "Bad Gateway";
     case 503: return "Service Unavailable";
     }

@@ -770,11 +770,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     s->wait_tail = r;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    struct evhttp_connection *conn = evhttp_request_get_connection(h);
-    pd_http_set_closecb(h, on_close, r);
-    /* libevent stops reading a connection while its request is answered, so it would not see
-     * the client leave; reading on lets the close callback cancel the request */
-    bufferevent_enable(evhttp_connection_get_bufferevent(conn), EV_READ);
+    pd_http_set_closecb(h, on_close, r);   /* a client that leaves cancels its request */
     /* a stream that pulls KV answers once the pull is through: a refused one gets a 4xx */
     if (r->stream && !r->remote_prefill)
         start_stream(s, r);

@@ -238,16 +238,22 @@ static void on_client_close(struct evhttp_connection *c, void *arg)
     job_free(j);
 }
 
+/* A streaming client's 200 and headers, once. */
+static void stream_start(struct job *j)
+{
+    if (j->started)
+        return;
+    struct evkeyvalq *hd = evhttp_request_get_output_headers(j->client);
+    evhttp_add_header(hd, "Content-Type", "text/event-stream");
+    evhttp_add_header(hd, "Cache-Control", "no-cache");
+    evhttp_send_reply_start(j->client, 200, "OK");
+    j->started = 1;
+}
+
 /* Ends a streaming client's answer with an error event and [DONE] (starting it if need be). */
 static void stream_error(struct job *j, const char *msg)
 {
-    if (!j->started) {
-        struct evkeyvalq *hd = evhttp_request_get_output_headers(j->client);
-        evhttp_add_header(hd, "Content-Type", "text/event-stream");
-        evhttp_add_header(hd, "Cache-Control", "no-cache");
-        evhttp_send_reply_start(j->client, 200, "OK");
-        j->started = 1;
-    }
+    stream_start(j);
     struct evbuffer *b = evbuffer_new();
     json_t *e = json_pack("{s:{s:s,s:s}}", "error", "message", msg, "type", "server_error");
     char *t = json_dumps(e, JSON_COMPACT);
@@ -305,13 +311,7 @@ static void on_decode_chunk(struct evhttp_request *r, void *arg)
         evbuffer_add_buffer(j->held, in);
         return;
     }
-    if (!j->started) {
-        struct evkeyvalq *hd = evhttp_request_get_output_headers(j->client);
-        evhttp_add_header(hd, "Content-Type", "text/event-stream");
-        evhttp_add_header(hd, "Cache-Control", "no-cache");
-        evhttp_send_reply_start(j->client, 200, "OK");
-        j->started = 1;
-    }
+    stream_start(j);
     note_chunk(j);
     evhttp_send_reply_chunk(j->client, in);
 }
@@ -570,11 +570,7 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
         px->jobs->prev = j;
     px->jobs = j;
     px->requests++;
-    pd_http_set_closecb(h, on_client_close, j);
-    /* libevent stops reading a connection while its request is being answered, so a client that
-     * hangs up would be seen only at the next write (a request queued upstream could wait long for
-     * one); reading on lets the close callback cancel the upstream work at once, as the servers do */
-    bufferevent_enable(evhttp_connection_get_bufferevent(evhttp_request_get_connection(h)), EV_READ);
+    pd_http_set_closecb(h, on_client_close, j);   /* a client that hangs up cancels the upstream work */
     /* without prefill instances the decode instances are colocated servers: no hand-off */
     send_up(j, px->np == 0);
 }
