@@ -8,6 +8,7 @@
  * disaggregation should protect decode. An endpoint that cannot be reached is an error naming it,
  * before any request is sent. */
 #include "bench.h"
+#include "cli/cli.h"
 #include "model/config.h"
 #include "core/timing.h"
 
@@ -259,7 +260,6 @@ int pd_bench_serve(int argc, char **argv)
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":h", opts, &idx)) != -1) {
-        const char *arg = optind > 0 && optind <= argc ? argv[optind - 1] : "";
         char flag[40];
         snprintf(flag, sizeof flag, "--%s", c >= 256 ? opts[idx].name : "");
         int bad = 0;
@@ -298,8 +298,7 @@ int pd_bench_serve(int argc, char **argv)
         case O_JSON: json = 1; break;
         case 'h':
         case O_HELP: fputs(serve_usage, stdout); return 0;
-        case ':': fprintf(stderr, "pdmoe bench serve: %s needs a value\n", arg); return 2;
-        default: fprintf(stderr, "pdmoe bench serve: unknown option %s (see pdmoe bench serve --help)\n", arg); return 2;
+        default: return pd_cli_bad_flag("bench serve", c, argc, argv);
         }
         if (bad)
             return 2;

@@ -187,12 +187,9 @@ static int http_get(int port, const char *path, char *out, size_t cap)
     return code;
 }
 
-/* The value of `key` (a metric's name with its labels) in port's /metrics; -1 if absent. */
-static double metric(int port, const char *key)
+/* The value of `key` (a metric's name with its labels) in a /metrics text; -1 if absent. */
+static double metric(const char *buf, const char *key)
 {
-    static char buf[1 << 16];
-    if (http_get(port, "/metrics", buf, sizeof buf) != 200)
-        return -1;
     char k[256];
     snprintf(k, sizeof k, "\n%s ", key);
     char *p = strstr(buf, k);
@@ -282,7 +279,7 @@ int pd_bench_soak(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"quick", 0, 0, 'q'}, {"streams", 1, 0, 'n'}, {"seconds", 1, 0, 't'}, {"model", 1, 0, 'm'},
-        {"port", 1, 0, 'p'}, {"json", 0, 0, 'j'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"port", 1, 0, 'p'}, {"json", 0, 0, 'j'}, {0, 0, 0, 0},   /* --help: pdmoe bench's */
     };
     int streams = 16, port = 27500, as_json = 0;
     double seconds = 60;
@@ -317,10 +314,6 @@ int pd_bench_soak(int argc, char **argv)
             }
             break;
         case 'j': as_json = 1; break;
-        case 'h':
-            printf("usage: pdmoe bench soak [--quick] [--streams 16] [--seconds 60] [--model DIR] [--port 27500] "
-                   "[--json]\n");
-            return 0;
         default:
             return pd_cli_bad_flag("bench soak", c, argc, argv);
         }
@@ -437,8 +430,13 @@ int pd_bench_soak(int argc, char **argv)
     for (double wait_until = pd_now_s() + 15; pd_now_s() < wait_until; sleep_s(0.2)) {
         leaked_blocks = leases = 0;
         for (int k = 1; k < N_PROC; k++) {
-            leaked_blocks += metric(port + k, "pdmoe_kv_blocks_total") - metric(port + k, "pdmoe_kv_blocks_free");
-            leases += metric(port + k, "pdmoe_kv_leases");
+            static char m[1 << 16];   /* one /metrics read per instance for its three figures */
+            if (http_get(port + k, "/metrics", m, sizeof m) != 200) {
+                leaked_blocks = leases = -1;
+                break;
+            }
+            leaked_blocks += metric(m, "pdmoe_kv_blocks_total") - metric(m, "pdmoe_kv_blocks_free");
+            leases += metric(m, "pdmoe_kv_leases");
         }
         if (leaked_blocks == 0 && leases == 0)
             break;
