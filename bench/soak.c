@@ -160,33 +160,6 @@ static void *client_loop(void *arg)
     return NULL;
 }
 
-/* GET path on 127.0.0.1:port into out (the body); the HTTP status, 0 if none. */
-static int http_get(int port, const char *path, char *out, size_t cap)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    struct timeval tv = {5, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    char req[256];
-    int rn = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
-    size_t len = 0;
-    out[0] = 0;
-    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && write(fd, req, (size_t)rn) == rn) {
-        ssize_t r;
-        while (len + 1 < cap && (r = read(fd, out + len, cap - len - 1)) > 0)
-            len += (size_t)r;
-        out[len] = 0;
-    }
-    if (fd >= 0)
-        close(fd);
-    int code = len > 12 ? atoi(out + 9) : 0;
-    char *b = strstr(out, "\r\n\r\n");
-    if (b)
-        memmove(out, b + 4, strlen(b + 4) + 1);
-    return code;
-}
-
 /* The value of `key` (a metric's name with its labels) in a /metrics text; -1 if absent. */
 static double metric(const char *buf, const char *key)
 {
@@ -200,7 +173,7 @@ static double metric(const char *buf, const char *key)
 static double metric_sum(int port, const char *name)
 {
     static char buf[1 << 16];
-    if (http_get(port, "/metrics", buf, sizeof buf) != 200)
+    if (pd_cli_http_get(NULL, port, "/metrics", buf, sizeof buf) != 200)
         return -1;
     double sum = 0;
     size_t n = strlen(name);
@@ -421,7 +394,7 @@ int pd_bench_soak(int argc, char **argv)
         back = 1;
         for (int k = 1; k < N_PROC; k++) {
             char b[64];
-            back &= http_get(port + k, "/health", b, sizeof b) == 200;
+            back &= pd_cli_http_get(NULL, port + k, "/health", b, sizeof b) == 200;
         }
         if (!back)
             sleep_s(0.1);
@@ -431,7 +404,7 @@ int pd_bench_soak(int argc, char **argv)
         leaked_blocks = leases = 0;
         for (int k = 1; k < N_PROC; k++) {
             static char m[1 << 16];   /* one /metrics read per instance for its three figures */
-            if (http_get(port + k, "/metrics", m, sizeof m) != 200) {
+            if (pd_cli_http_get(NULL, port + k, "/metrics", m, sizeof m) != 200) {
                 leaked_blocks = leases = -1;
                 break;
             }

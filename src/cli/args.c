@@ -8,6 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <sys/time.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 
 /* "--prefill dp=" is followed by its value directly, "--nodes" by a space */
 static const char *sep(const char *flag)
@@ -24,6 +29,34 @@ int pd_cli_bad_flag(const char *cmd, int c, int argc, char **argv)
     else
         fprintf(stderr, "pdmoe %s: unknown option %s (see pdmoe %s --help)\n", cmd, flag, cmd);
     return 2;
+}
+
+int pd_cli_http_get(const char *host, int port, const char *path, char *out, size_t cap)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    if (!host || inet_pton(AF_INET, host, &a.sin_addr) != 1 || a.sin_addr.s_addr == htonl(INADDR_ANY))
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {5, 0};
+    if (fd >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char req[256];
+    int rn = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+    size_t len = 0;
+    out[0] = 0;
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && write(fd, req, (size_t)rn) == rn) {
+        ssize_t r;
+        while (len + 1 < cap && (r = read(fd, out + len, cap - len - 1)) > 0)
+            len += (size_t)r;
+        out[len] = 0;
+    }
+    if (fd >= 0)
+        close(fd);
+    int code = len > 12 ? atoi(out + 9) : 0;
+    char *b = strstr(out, "\r\n\r\n");
+    if (b)
+        memmove(out, b + 4, strlen(b + 4) + 1);
+    return code;
 }
 
 int pd_cli_int(const char *flag, const char *s, int64_t min, int64_t *out)

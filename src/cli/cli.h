@@ -29,6 +29,11 @@ int pd_cli_double(const char *flag, const char *s, double *out);
  * flag as typed and returns 2, the usage-error exit status. */
 int pd_cli_bad_flag(const char *cmd, int c, int argc, char **argv);
 
+/* GET path from host:port (host NULL, a wildcard or not an IPv4 address: 127.0.0.1) over
+ * HTTP/1.0, at most 5 s; the body into out (cap bytes, NUL-ended) and the HTTP status, 0 if none:
+ * the one small client `up` and the benchmarks use to ask /health and /metrics. */
+int pd_cli_http_get(const char *host, int port, const char *path, char *out, size_t cap);
+
 /* Writes text to path, ending it with a newline if it has none (flag names it in the error:
  * "pdmoe CMD: FLAG PATH: cannot write: why"); 0 or -1. */
 int pd_cli_write_file(const char *cmd, const char *flag, const char *path, const char *text);

@@ -111,23 +111,8 @@ static void write_metrics(const char *path, const struct child *c, int n)
 /* 1 when http://host:port/health answers 200. */
 static int healthy(const char *host, int port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    /* a wildcard (or unparsable) address is reached on loopback */
-    if (!host || inet_pton(AF_INET, host, &a.sin_addr) != 1 || a.sin_addr.s_addr == htonl(INADDR_ANY))
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int ok = 0;
-    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
-        const char *q = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-        if (write(fd, q, strlen(q)) == (ssize_t)strlen(q)) {
-            char buf[64] = {0};
-            ssize_t n = read(fd, buf, sizeof buf - 1);
-            ok = n > 12 && strncmp(buf + 9, "200", 3) == 0;
-        }
-    }
-    if (fd >= 0)
-        close(fd);
-    return ok;
+    char b[64];
+    return pd_cli_http_get(host, port, "/health", b, sizeof b) == 200;
 }
 
 static void stop_all(struct child *c, int n)
