@@ -382,24 +382,26 @@ static int pretokenize(struct work *w, const struct pstep *steps, int n_steps, c
                        size_t len, const char *label, pd_err *e)
 {
     if (work_decode(w, s, len))
-        return pd_err_set(e, PD_ENOMEM, "%s: out of memory pre-tokenizing", label);
+        goto oom;
     w->np = 0;
     if (w->ncp) {
         if (PD_GROW(w->p, w->pcap, 1))
-            return pd_err_set(e, PD_ENOMEM, "%s: out of memory pre-tokenizing", label);
+            goto oom;
         w->p[w->np++] = (struct piece){0, w->ncp};
     }
     for (int i = 0; i < n_steps; i++) {
         const struct pstep *st = &steps[i];
         if (st->kind == ST_BYTELEVEL && st->add_prefix_space && prefix_spaces(w))
-            return pd_err_set(e, PD_ENOMEM, "%s: out of memory pre-tokenizing", label);
+            goto oom;
         int rc = st->rx ? split_all(w, st, e) : 0;
         if (rc == PD_ENOMEM)
-            return pd_err_set(e, rc, "%s: out of memory pre-tokenizing", label);
+            goto oom;
         if (rc)
             return rc;
     }
     return 0;
+oom:
+    return pd_err_set(e, PD_ENOMEM, "%s: out of memory pre-tokenizing", label);
 }
 
 static void steps_free(struct pstep *st, int n)

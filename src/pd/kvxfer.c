@@ -681,18 +681,12 @@ static void handle_meta(struct pd_kvx *x, const uint8_t *d, size_t len)
         return;
     }
     /* Refusals send no ABORT: the lease, if any, is not ours to end. */
-    if (status == PD_KVX_ST_UNKNOWN) {
+    if (status == PD_KVX_ST_UNKNOWN || status == PD_KVX_ST_REFUSED) {
         t->refused = 1;
-        xfer_fail(t, PD_EINVAL, 0,
-                  "unknown transfer id at the producer (never offered, already pulled, released "
-                  "or expired)");
-        return;
-    }
-    if (status == PD_KVX_ST_REFUSED) {
-        t->refused = 1;
-        xfer_fail(t, PD_EINVAL, 0,
-                  "the producer refused the transfer: its prompt differs from this request's, or "
-                  "another pull claimed it");
+        xfer_fail(t, PD_EINVAL, 0, "%s", status == PD_KVX_ST_UNKNOWN
+                  ? "unknown transfer id at the producer (never offered, already pulled, released or expired)"
+                  : "the producer refused the transfer: its prompt differs from this request's, or another pull "
+                    "claimed it");
         return;
     }
     if (status != PD_KVX_ST_OK) {
