@@ -27,6 +27,20 @@ const char *pd_http_reason(int code)
     return code >= 500 ? "Server Error" : "Error";
 }
 
+int pd_http_read_json(struct evbuffer *b, size_t flags, json_t **out, json_error_t *je)
+{
+    size_t n = evbuffer_get_length(b);
+    const char *p = n ? (const char *)evbuffer_pullup(b, -1) : "";
+    *out = NULL;
+    if (!p) {
+        if (je)
+            snprintf(je->text, sizeof je->text, "out of memory for a body of %zu bytes", n);
+        return PD_ENOMEM;
+    }
+    *out = json_loadb(p, n, flags, je);
+    return *out ? 0 : PD_EFORMAT;
+}
+
 void pd_http_json(struct evhttp_request *h, int code, json_t *j)
 {
     /* j is NULL when building it ran out of memory: the client still gets an answer */

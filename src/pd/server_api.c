@@ -372,22 +372,6 @@ static json_t *present(json_t *j, const char *key)
     return json_is_null(v) ? NULL : v;
 }
 
-static json_t *read_body(struct evhttp_request *h, json_error_t *je)
-{
-    struct evbuffer *in = evhttp_request_get_input_buffer(h);
-    size_t n = evbuffer_get_length(in);
-    char *buf = malloc(n + 1);
-    if (!buf) {
-        snprintf(je->text, sizeof je->text, "out of memory for a body of %zu bytes", n);
-        return NULL;
-    }
-    evbuffer_copyout(in, buf, n);
-    buf[n] = 0;
-    json_t *j = json_loadb(buf, n, JSON_REJECT_DUPLICATES, je);
-    free(buf);
-    return j;
-}
-
 static int authorised(struct pd_server *s, struct evhttp_request *h)
 {
     if (pd_http_authorised(h, s->o.api_key))
@@ -556,7 +540,8 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     if (!authorised(s, h))
         return;
     json_error_t je;
-    json_t *j = read_body(h, &je);
+    json_t *j;
+    pd_http_read_json(evhttp_request_get_input_buffer(h), JSON_REJECT_DUPLICATES, &j, &je);
     if (!j || !json_is_object(j)) {
         pd_srv_send_error(s, h, 400, "invalid_request_error", NULL, "the body is not a JSON object: %s",
                    j ? "wrong type" : je.text);

@@ -406,31 +406,23 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
     }
     admit(&px->p[j->pi]);
     struct evbuffer *in = evhttp_request_get_input_buffer(r);
-    size_t n = evbuffer_get_length(in);
-    char *txt = malloc(n + 1);
-    if (!txt) {
-        px->prefill_failed++;
-        reply_error(j->client, 503, "server_error", "out of memory for the prefill's answer of %zu bytes", n);
-        client_done(j);
-        job_free(j);
-        return;
-    }
-    evbuffer_copyout(in, txt, n);
-    txt[n] = 0;
-    if (code != 200) {
+    if (code != 200) {   /* the instance's 4xx, passed on as it is */
         px->bad_requests++;
         evhttp_add_header(evhttp_request_get_output_headers(j->client), "Content-Type", "application/json");
-        struct evbuffer *b = evbuffer_new();
-        evbuffer_add(b, txt, n);
-        evhttp_send_reply(j->client, code, "Error", b);
-        evbuffer_free(b);
-        free(txt);
+        evhttp_send_reply(j->client, code, "Error", in);
         client_done(j);
         job_free(j);
         return;
     }
-    json_t *resp = json_loads(txt, JSON_ALLOW_NUL, NULL);   /* a token may carry 0x00, sent as \\u0000 */
-    free(txt);
+    json_t *resp;
+    if (pd_http_read_json(in, JSON_ALLOW_NUL, &resp, NULL) == PD_ENOMEM) {   /* a token may carry 0x00: \u0000 */
+        px->prefill_failed++;
+        reply_error(j->client, 503, "server_error", "out of memory for the prefill's answer of %zu bytes",
+                    evbuffer_get_length(in));
+        client_done(j);
+        job_free(j);
+        return;
+    }
     json_t *kv = json_object_get(json_array_get(json_object_get(resp, "choices"), 0), "kv_transfer_params");
     if (!json_is_object(kv)) {
         json_decref(resp);
@@ -529,18 +521,12 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
         reply_error(h, 503, "server_error", "the proxy is shutting down");
         return;
     }
-    struct evbuffer *in = evhttp_request_get_input_buffer(h);
-    size_t n = evbuffer_get_length(in);
-    char *txt = malloc(n + 1);
-    if (!txt) {
-        reply_error(h, 503, "server_error", "out of memory for a body of %zu bytes", n);
+    json_error_t je;
+    json_t *body;
+    if (pd_http_read_json(evhttp_request_get_input_buffer(h), JSON_REJECT_DUPLICATES, &body, &je) == PD_ENOMEM) {
+        reply_error(h, 503, "server_error", "%s", je.text);
         return;
     }
-    evbuffer_copyout(in, txt, n);
-    txt[n] = 0;
-    json_error_t je;
-    json_t *body = json_loads(txt, JSON_REJECT_DUPLICATES, &je);
-    free(txt);
     json_t *st = body ? json_object_get(body, "stream") : NULL;
     if (json_is_null(st))
         st = NULL;   /* unset, as the servers read it */
@@ -674,8 +660,8 @@ static void stats_fail(struct stats_job *j, const char *fmt, ...)
 /* Adds one instance's answer to the sum. */
 static void stats_add(struct stats_job *j, const char *where, struct evbuffer *b)
 {
-    size_t n = evbuffer_get_length(b);
-    json_t *doc = json_loadb((const char *)evbuffer_pullup(b, -1), n, 0, NULL);
+    json_t *doc;
+    pd_http_read_json(b, 0, &doc, NULL);
     json_t *rows = json_object_get(doc, "tokens_per_expert");
     size_t L = json_is_array(rows) ? json_array_size(rows) : 0;
     json_t *row0 = json_array_get(rows, 0);
