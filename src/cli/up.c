@@ -232,6 +232,24 @@ static int plan_fits(const char *path, const struct up_plan *u, const char *mode
     return 0;
 }
 
+/* 1 when child c (running) has died, how it ended in how. */
+static int reaped(struct child *c, char *how, size_t n)
+{
+    int status;
+    if (c->pid <= 0 || waitpid(c->pid, &status, WNOHANG) != c->pid)
+        return 0;
+    describe(status, how, n);
+    return 1;
+}
+
+/* Starts dead child c again, counted in the restarts file of all n children. */
+static void restart(struct child *c, const char *mfile, struct child *all, int n)
+{
+    c->restarts++;
+    write_metrics(mfile, all, n);
+    spawn(c);
+}
+
 int pd_cli_up(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -440,17 +458,13 @@ int pd_cli_up(int argc, char **argv)
     for (int t = 0; t < 1200 && !stopping && !ready; t++) {
         ready = 1;
         for (int i = 0; i < n; i++) {
-            int status;
-            if (ch[i].pid > 0 && waitpid(ch[i].pid, &status, WNOHANG) == ch[i].pid) {
-                char how[96];
-                describe(status, how, sizeof how);
+            char how[96];
+            if (reaped(&ch[i], how, sizeof how)) {
                 if (ch[i].restarts < START_TRIES - 1) {
                     /* a start can fail for a passing reason (two mpiruns starting at the same moment race
                      * for Open MPI's session directory); a bad flag fails every time */
-                    ch[i].restarts++;
-                    write_metrics(mfile, ch, n);
                     fprintf(stderr, "pdmoe up: the %s %s before it was ready; starting it again\n", ch[i].what, how);
-                    spawn(&ch[i]);
+                    restart(&ch[i], mfile, ch, n);
                 } else {
                     fprintf(stderr, "pdmoe up: the %s %s before it was ready (%d tries)\n", ch[i].what, how,
                             START_TRIES);
@@ -480,10 +494,8 @@ int pd_cli_up(int argc, char **argv)
         nanosleep(&(struct timespec){0, 100000000}, NULL);
         double now = pd_now_s();
         for (int i = 0; i < n && !stopping; i++) {
-            int status;
-            if (ch[i].pid > 0 && waitpid(ch[i].pid, &status, WNOHANG) == ch[i].pid) {
-                char how[96];
-                describe(status, how, sizeof how);
+            char how[96];
+            if (reaped(&ch[i], how, sizeof how)) {
                 if (now - ch[i].started >= BACKOFF_MAX_S)
                     ch[i].backoff = BACKOFF_MIN_S;   /* it had been running well */
                 ch[i].pid = 0;
@@ -492,9 +504,7 @@ int pd_cli_up(int argc, char **argv)
                         ch[i].backoff);
                 ch[i].backoff = ch[i].backoff * 2 < BACKOFF_MAX_S ? ch[i].backoff * 2 : BACKOFF_MAX_S;
             } else if (ch[i].pid == 0 && now >= ch[i].restart_at) {
-                ch[i].restarts++;
-                write_metrics(mfile, ch, n);
-                spawn(&ch[i]);
+                restart(&ch[i], mfile, ch, n);
                 fprintf(stderr, "pdmoe up: restarted the %s (restart %d, pid %d)\n", ch[i].what, ch[i].restarts,
                         (int)ch[i].pid);
             }
