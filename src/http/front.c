@@ -195,12 +195,14 @@ static void on_linger(evutil_socket_t fd, short what, void *arg)
 static void refuse(struct pd_http_front *f, int fd)
 {
     f->st.rejected++;
-    char body[320], msg[800];
-    snprintf(body, sizeof body, "{\"error\":{\"message\":\"the server has %d connections open, its limit "
-             "(--max-connections); try again later\",\"type\":\"server_error\",\"param\":null,\"code\":null}}",
+    char why[160], msg[800];
+    snprintf(why, sizeof why, "the server has %d connections open, its limit (--max-connections); try again later",
              f->n_conns);
+    char *body = pd_http_error_body("server_error", NULL, why);
     int n = snprintf(msg, sizeof msg, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                     "Content-Length: %zu\r\nRetry-After: 1\r\nConnection: close\r\n\r\n%s", strlen(body), body);
+                     "Content-Length: %zu\r\nRetry-After: 1\r\nConnection: close\r\n\r\n%s",
+                     body ? strlen(body) : 0, body ? body : "");
+    free(body);
     ssize_t w = send(fd, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)w;   /* a fresh socket's send buffer takes it; if not, the client sees the close */
     shutdown(fd, SHUT_WR);
@@ -350,10 +352,7 @@ static void on_fix(evutil_socket_t fd, short what, void *arg)
         snprintf(msg, sizeof msg, "Expect: only 100-continue is understood");
     else
         snprintf(msg, sizeof msg, "the request was refused (%d)", code);
-    json_t *j = json_pack("{s:{s:s,s:s,s:n,s:n}}", "error", "message", msg, "type", "invalid_request_error", "param",
-                          "code");
-    char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    json_decref(j);
+    char *txt = pd_http_error_body("invalid_request_error", NULL, msg);
     if (!txt)
         return;
     c->fixed = 1;

@@ -61,6 +61,31 @@ void pd_http_json(struct evhttp_request *h, int code, json_t *j)
     json_decref(j);
 }
 
+/* {"error": {"message", "type", "param", "code"}}, or NULL if memory runs out */
+static json_t *error_json(const char *type, const char *param, const char *message)
+{
+    /* a message quoting the client's bytes (a path, a value) may not be UTF-8, which JSON needs,
+     * or may be cut inside a character */
+    json_t *m = json_string(message);
+    if (!m) {
+        char *copy = strdup(message);
+        for (char *c = copy; c && *c; c++)
+            if ((unsigned char)*c >= 0x80)
+                *c = '?';
+        m = copy ? json_string(copy) : NULL;
+        free(copy);
+    }
+    return m ? json_pack("{s:{s:o,s:s,s:s?,s:n}}", "error", "message", m, "type", type, "param", param, "code") : NULL;
+}
+
+char *pd_http_error_body(const char *type, const char *param, const char *message)
+{
+    json_t *j = error_json(type, param, message);
+    char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    return txt;
+}
+
 void pd_http_error(struct evhttp_request *h, int code, const char *type, const char *param, const char *fmt, ...)
 {
     char msg[512];
@@ -68,15 +93,7 @@ void pd_http_error(struct evhttp_request *h, int code, const char *type, const c
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    /* a message quoting the client's bytes (a path, a value) may not be UTF-8, which JSON needs,
-     * or may be cut inside a character */
-    json_t *valid = json_string(msg);
-    if (!valid)
-        for (char *c = msg; *c; c++)
-            if ((unsigned char)*c >= 0x80)
-                *c = '?';
-    json_decref(valid);
-    pd_http_json(h, code, json_pack("{s:{s:s,s:s,s:s?,s:n}}", "error", "message", msg, "type", type, "param", param, "code"));
+    pd_http_json(h, code, error_json(type, param, msg));
 }
 
 void pd_http_text(struct evhttp_request *h, const char *content_type, struct evbuffer *b)

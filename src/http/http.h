@@ -15,6 +15,9 @@ const char *pd_http_reason(int code);
 int pd_http_read_json(struct evbuffer *b, size_t flags, json_t **out, json_error_t *je);
 /* Sends j (compact) with the code; takes ownership of j. */
 void pd_http_json(struct evhttp_request *h, int code, json_t *j);
+/* The body of an OpenAI-style error, {"error": {"message", "type", "param", "code"}}, compact JSON
+ * (malloc'ed; NULL if memory runs out); a message that is not UTF-8 has its high bytes as '?'. */
+char *pd_http_error_body(const char *type, const char *param, const char *message);
 /* OpenAI-style error; param may be NULL. */
 void pd_http_error(struct evhttp_request *h, int code, const char *type, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));

@@ -255,11 +255,9 @@ static void stream_error(struct job *j, const char *msg)
 {
     stream_start(j);
     struct evbuffer *b = evbuffer_new();
-    json_t *e = json_pack("{s:{s:s,s:s}}", "error", "message", msg, "type", "server_error");
-    char *t = json_dumps(e, JSON_COMPACT);
-    evbuffer_add_printf(b, "data: %s\n\ndata: [DONE]\n\n", t);
+    char *t = pd_http_error_body("server_error", NULL, msg);
+    evbuffer_add_printf(b, "data: %s\n\ndata: [DONE]\n\n", t ? t : "{\"error\":{\"message\":\"out of memory\"}}");
     free(t);
-    json_decref(e);
     evhttp_send_reply_chunk(j->client, b);
     evbuffer_free(b);
     struct evhttp_request *h = j->client;
