@@ -26,20 +26,6 @@ static struct pd_proxy *X;
 static pthread_t tp, td, tx;
 static char long_key[401];
 
-static void *serve(void *arg)
-{
-    pd_err e;
-    pd_server_run(arg, &e);
-    return NULL;
-}
-
-static void *proxy_loop(void *arg)
-{
-    pd_err e;
-    pd_proxy_run(arg, &e);
-    return NULL;
-}
-
 static struct pd_server *server(int role, const char *key, pthread_t *t)
 {
     struct pd_server *s;
@@ -47,7 +33,7 @@ static struct pd_server *server(int role, const char *key, pthread_t *t)
     struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 256,
                                .served_name = "tiny", .role = role, .kv_timeout_ms = 3000, .api_key = key};
     cr_assert_eq(pd_server_create(&o, &s, &e), 0, "%s", e.msg);
-    pthread_create(t, NULL, serve, s);
+    pthread_create(t, NULL, run_server, s);
     return s;
 }
 
@@ -63,7 +49,7 @@ static void start_proxy(const char *key, const char *backend_key, int pd)
     o.decode[0] = d1;
     pd_err e = {0};
     cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
-    pthread_create(&tx, NULL, proxy_loop, X);
+    pthread_create(&tx, NULL, run_proxy, X);
 }
 
 static void setup(void)

@@ -33,20 +33,6 @@ static struct pd_proxy *px;
 static pthread_t t_srv, t_px;
 static pid_t child = -1;
 
-static void *run_server(void *arg)
-{
-    pd_err e;
-    pd_server_run(arg, &e);
-    return NULL;
-}
-
-static void *run_proxy(void *arg)
-{
-    pd_err e;
-    pd_proxy_run(arg, &e);
-    return NULL;
-}
-
 static void setup(void)
 {
     tmp_model("v4-tiny", 7, dir, sizeof dir);

@@ -80,13 +80,6 @@ static int spawn(const char *kv_config, pid_t *pid)
     return -1;
 }
 
-static void *proxy_loop(void *arg)
-{
-    pd_err e;
-    pd_proxy_run(arg, &e);
-    return NULL;
-}
-
 static void start_proxy_n(const int *prefill, int np, const int *decode, int nd)
 {
     static char hp[4][32];
@@ -100,7 +93,7 @@ static void start_proxy_n(const int *prefill, int np, const int *decode, int nd)
     }
     pd_err e = {0};
     cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
-    pthread_create(&tx, NULL, proxy_loop, X);
+    pthread_create(&tx, NULL, run_proxy, X);
 }
 
 static void start_proxy(const int *prefill, int np, int decode)

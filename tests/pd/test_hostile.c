@@ -337,13 +337,6 @@ static void fake_stop(struct fake *f)
     close(f->fd);
 }
 
-static void *proxy_loop(void *arg)
-{
-    pd_err e;
-    pd_proxy_run(arg, &e);
-    return NULL;
-}
-
 /* The proxy sums the instances' /expert_stats: counts that are not counts (negative, not
  * integers) or whose sum passes 64 bits are a 502 naming the cell, not a wrapped negative total. */
 Test(hostile, expert_counts_from_instances_are_checked_before_they_are_summed)
@@ -365,7 +358,7 @@ Test(hostile, expert_counts_from_instances_are_checked_before_they_are_summed)
         pd_err e = {0};
         cr_assert_eq(pd_proxy_create(&o, &x, &e), 0, "%s", e.msg);
         pthread_t t;
-        pthread_create(&t, NULL, proxy_loop, x);
+        pthread_create(&t, NULL, run_proxy, x);
         char out[4096];
         int code = curl_port(pd_proxy_port(x), "/expert_stats", NULL, NULL, out, sizeof out);
         proxy_shutdown(&x, t);

@@ -29,20 +29,6 @@ static struct pd_server *P, *D, *C;
 static struct pd_proxy *X;
 static pthread_t tp, td, tc, tx;
 
-static void *serve(void *arg)
-{
-    pd_err e;
-    pd_server_run(arg, &e);
-    return NULL;
-}
-
-static void *proxy_loop(void *arg)
-{
-    pd_err e;
-    pd_proxy_run(arg, &e);
-    return NULL;
-}
-
 static struct pd_server *server(int role, pthread_t *t)
 {
     struct pd_server *s;
@@ -50,7 +36,7 @@ static struct pd_server *server(int role, pthread_t *t)
     struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 8, .max_model_len = 512,
                                .served_name = "tiny", .role = role, .kv_timeout_ms = 3000};
     cr_assert_eq(pd_server_create(&o, &s, &e), 0, "%s", e.msg);
-    pthread_create(t, NULL, serve, s);
+    pthread_create(t, NULL, run_server, s);
     return s;
 }
 
@@ -74,7 +60,7 @@ static void start_proxy(int dead_prefill_first, int dead_decode)
     o.decode[0] = d1;
     pd_err e = {0};
     cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
-    pthread_create(&tx, NULL, proxy_loop, X);
+    pthread_create(&tx, NULL, run_proxy, X);
 }
 
 static void teardown(void)
@@ -300,7 +286,7 @@ Test(proxy, a_full_decode_pool_queues_requests_with_correct_tokens)
                                .served_name = "tiny", .role = PD_ROLE_CONSUMER, .kv_timeout_ms = 3000,
                                .kv_cache_bytes = 8 * 18432 + 16 * 1024};   /* 8 slots, 16 blocks */
     cr_assert_eq(pd_server_create(&o, &D, &e), 0, "%s", e.msg);
-    pthread_create(&td, NULL, serve, D);
+    pthread_create(&td, NULL, run_server, D);
     start_proxy(0, 0);
     char cmd[2048], want[6][8192];
     for (int i = 0; i < 6; i++) {
@@ -364,7 +350,7 @@ Test(proxy, an_instance_is_taken_out_while_its_health_fails_and_back_once_it_ans
     o.decode[1] = d2;
     pd_err e = {0};
     cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
-    pthread_create(&tx, NULL, proxy_loop, X);
+    pthread_create(&tx, NULL, run_proxy, X);
     snprintf(key, sizeof key, "pdmoe_proxy_instance_up{role=\"decode\",instance=\"%s\"}", d1);
     int out_of_it = 0;
     for (int i = 0; i < 100 && !out_of_it; i++) {
@@ -384,7 +370,7 @@ Test(proxy, an_instance_is_taken_out_while_its_health_fails_and_back_once_it_ans
     struct pd_server_opts so = {.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 512,
                                 .served_name = "tiny", .role = PD_ROLE_CONSUMER, .port = late};
     cr_assert_eq(pd_server_create(&so, &L, &e), 0, "%s", e.msg);
-    pthread_create(&tl, NULL, serve, L);
+    pthread_create(&tl, NULL, run_server, L);
     int back = 0;
     for (int i = 0; i < 500 && !back; i++) {
         back = metric_key(pd_proxy_port(X), key) == 1;

@@ -11,7 +11,23 @@
 #include <unistd.h>
 
 #include "model/tokenizer.h"
+#include "pd/server.h"
 #include "proxy/proxy.h"
+
+/* Thread bodies: a server's or a proxy's event loop until it is stopped. */
+static inline void *run_server(void *arg)
+{
+    pd_err e;
+    pd_server_run(arg, &e);
+    return NULL;
+}
+
+static inline void *run_proxy(void *arg)
+{
+    pd_err e;
+    pd_proxy_run(arg, &e);
+    return NULL;
+}
 
 /* Runs a shell pipeline that prints one HTTP status per line; how many were 200. */
 static inline int count_200(const char *cmd)
