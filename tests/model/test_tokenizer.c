@@ -143,6 +143,24 @@ static json_t *bytelevel_step(int add_prefix_space, int use_regex)
                      add_prefix_space, "trim_offsets", 1, "use_regex", use_regex);
 }
 
+/* A vocab of the 256 byte-level characters, id = byte + 3. */
+static json_t *byte_vocab(void)
+{
+    json_t *vocab = json_object();
+    for (int b = 0; b < 256; b++) {
+        char s[8] = {0};
+        uint32_t cp = pd_tok_byte_to_cp((uint8_t)b);   /* below U+0800: one or two UTF-8 bytes */
+        if (cp < 0x80) {
+            s[0] = (char)cp;
+        } else {
+            s[0] = (char)(0xC0 | (cp >> 6));
+            s[1] = (char)(0x80 | (cp & 0x3F));
+        }
+        json_object_set_new(vocab, s, json_integer(b + 3));
+    }
+    return vocab;
+}
+
 /* A tokenizer.json around a vocab, merges and pre_tokenizer (all taken over). */
 static json_t *tok_doc(json_t *vocab, json_t *merges, json_t *pre, json_t *added)
 {
@@ -487,18 +505,7 @@ Test(tokenizer, deepseek_v3_sequence_end_to_end)
     /* Bytes 0..255 plus tokens whose merges would cross the Split boundaries if a step were
      * missing: "1234" must stay 123|4 (\p{N}{1,3}), "a中" must stay a|中 (the CJK split)
      * although the merge "a ä" (a + first byte of 中) has the best rank. */
-    json_t *vocab = json_object();
-    for (int b = 0; b < 256; b++) {
-        char s[8] = {0};
-        uint32_t cp = pd_tok_byte_to_cp((uint8_t)b);
-        if (cp < 0x80) {
-            s[0] = (char)cp;
-        } else {
-            s[0] = (char)(0xC0 | (cp >> 6));
-            s[1] = (char)(0x80 | (cp & 0x3F));
-        }
-        json_object_set_new(vocab, s, json_integer(b + 3));
-    }
+    json_t *vocab = byte_vocab();
     /* 中 = E4 B8 AD -> byte-level "ä¸Ń" */
     static const char *more[] = {"aä", "12", "123", "1234", "ä¸", "ä¸Ń", "Ġ1"};
     for (int i = 0; i < 7; i++)
@@ -997,18 +1004,7 @@ Test(tokenizer, real_pretokenizers_keep_their_ids)
  * Split step with `re`, then ByteLevel. */
 static json_t *bytes_doc(const char *re)
 {
-    json_t *vocab = json_object();
-    for (int b = 0; b < 256; b++) {
-        char s[8] = {0};
-        uint32_t cp = pd_tok_byte_to_cp((uint8_t)b);
-        if (cp < 0x80) {
-            s[0] = (char)cp;
-        } else {
-            s[0] = (char)(0xC0 | (cp >> 6));
-            s[1] = (char)(0x80 | (cp & 0x3F));
-        }
-        json_object_set_new(vocab, s, json_integer(b + 3));
-    }
+    json_t *vocab = byte_vocab();
     json_t *pre = json_pack("{s:s, s:[o,o]}", "type", "Sequence", "pretokenizers",
                             split_step(re), bytelevel_step(0, 0));
     return tok_doc(vocab, json_array(), pre, NULL);
