@@ -21,18 +21,6 @@ static const char ds_num_re[] = PD_RE_DS_NUM;
 static const char ds_cjk_re[] = PD_RE_DS_CJK;
 static const char ds_main_re[] = PD_RE_DS_MAIN;
 
-static json_t *split(const char *re)
-{
-    return json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", "Regex", re,
-                     "behavior", "Isolated", "invert", 0);
-}
-
-static json_t *bytelevel(int use_regex)
-{
-    return json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 0,
-                     "trim_offsets", 1, "use_regex", use_regex);
-}
-
 /* Seconds of encoding text on the reference matcher (ref = 1) or PCRE2; the ids in *ids. */
 static double time_encode(struct pd_tok *t, int ref, const char *text, size_t len, int32_t **ids,
                           size_t *n, pd_err *e)
@@ -113,12 +101,12 @@ int pd_bench_tokenizer(int argc, char **argv)
         if (file) {
             rc = pd_tok_load(file, &t, &e);
         } else {
-            json_t *pre = c == 0 ? bytelevel(1)
-                        : c == 1 ? json_pack("{s:s, s:[o,o]}", "type", "Sequence",
-                                             "pretokenizers", split(cl100k_re), bytelevel(0))
-                                 : json_pack("{s:s, s:[o,o,o,o]}", "type", "Sequence",
-                                             "pretokenizers", split(ds_num_re), split(ds_cjk_re),
-                                             split(ds_main_re), bytelevel(0));
+            json_t *pre = c == 0 ? pd_tok_bytelevel_step(0, 1)
+                        : c == 1 ? json_pack("{s:s, s:[o,o]}", "type", "Sequence", "pretokenizers",
+                                             pd_tok_split_step(cl100k_re), pd_tok_bytelevel_step(0, 0))
+                                 : json_pack("{s:s, s:[o,o,o,o]}", "type", "Sequence", "pretokenizers",
+                                             pd_tok_split_step(ds_num_re), pd_tok_split_step(ds_cjk_re),
+                                             pd_tok_split_step(ds_main_re), pd_tok_bytelevel_step(0, 0));
             json_object_set_new(doc, "pre_tokenizer", pre);
             char *s = json_dumps(doc, 0);
             rc = s ? pd_tok_parse(s, names[c], &t, &e) : pd_err_set(&e, PD_ENOMEM, "out of memory");

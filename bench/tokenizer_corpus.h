@@ -5,6 +5,8 @@
 #ifndef PD_BENCH_TOKENIZER_CORPUS_H
 #define PD_BENCH_TOKENIZER_CORPUS_H
 
+#include <jansson.h>
+
 static const char pd_tok_corpus[] =
     "The quick brown fox jumps over the lazy dog. It's 3:45 p.m.; they're late, aren't they? I'L"
     "L SAY IT'S FINE.\n"
@@ -89,5 +91,19 @@ static const char pd_tok_corpus[] =
 #define PD_RE_DS_MAIN \
     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?" \
     "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
+
+/* The pre_tokenizer steps of a tokenizer.json built around these patterns: a Split that isolates
+ * each match, and ByteLevel. */
+static inline json_t *pd_tok_split_step(const char *re)
+{
+    return json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", "Regex", re,
+                     "behavior", "Isolated", "invert", 0);
+}
+
+static inline json_t *pd_tok_bytelevel_step(int add_prefix_space, int use_regex)
+{
+    return json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space",
+                     add_prefix_space, "trim_offsets", 1, "use_regex", use_regex);
+}
 
 #endif

@@ -131,18 +131,6 @@ static const char ds_num_re[] = PD_RE_DS_NUM;
 static const char ds_cjk_re[] = PD_RE_DS_CJK;
 static const char ds_main_re[] = PD_RE_DS_MAIN;
 
-static json_t *split_step(const char *re)
-{
-    return json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", "Regex", re,
-                     "behavior", "Isolated", "invert", 0);
-}
-
-static json_t *bytelevel_step(int add_prefix_space, int use_regex)
-{
-    return json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space",
-                     add_prefix_space, "trim_offsets", 1, "use_regex", use_regex);
-}
-
 /* A vocab of the 256 byte-level characters, id = byte + 3. */
 static json_t *byte_vocab(void)
 {
@@ -185,7 +173,7 @@ static json_t *handwritten(void)
     json_t *merges = json_pack("[s,s,s,s,s,s,s,s,s]", "h e", "he l", "l l", "hel l", "hell o",
                                "Ġ w", "o r", "Ġw or", "l d");
     json_t *added = json_pack("[{s:i, s:s, s:b}]", "id", 19, "content", "<|end|>", "special", 1);
-    return tok_doc(vocab, merges, bytelevel_step(0, 1), added);
+    return tok_doc(vocab, merges, pd_tok_bytelevel_step(0, 1), added);
 }
 
 /* A deterministic pseudo-text with prose, code, digits, newlines and some non-ASCII. */
@@ -306,7 +294,7 @@ Test(tokenizer, handwritten_add_prefix_space)
     /* ByteLevel add_prefix_space: each segment between added tokens gets a leading space (the
      * decoded text keeps it, as HF's does) */
     json_t *doc = handwritten();
-    json_object_set_new(doc, "pre_tokenizer", bytelevel_step(1, 1));
+    json_object_set_new(doc, "pre_tokenizer", pd_tok_bytelevel_step(1, 1));
     struct pd_tok *t = load_json(doc);
     json_decref(doc);
     int32_t *ids;
@@ -355,7 +343,7 @@ Test(tokenizer, merges_as_pairs_and_ignore_merges)
     json_t *vocab = json_pack("{s:i, s:i, s:i, s:i, s:i}", "a", 0, "b", 1, "c", 2, "ab", 3,
                               "abc", 4);
     json_t *merges = json_pack("[[s,s]]", "a", "b");
-    json_t *doc = tok_doc(vocab, merges, bytelevel_step(0, 1), NULL);
+    json_t *doc = tok_doc(vocab, merges, pd_tok_bytelevel_step(0, 1), NULL);
     struct pd_tok *t = load_json(doc);
     expect_ids(t, "abc", IDS(3, 2));
     pd_tok_free(t);
@@ -385,7 +373,7 @@ Test(tokenizer, added_token_lstrip_rstrip_single_word)
                               "id", 256, "content", "<mask>", "lstrip", 1, "rstrip", 1, "id",
                               257, "content", "cat", "single_word", 1, "id", 258, "content",
                               "<x>", "id", 259, "content", "<x>y");
-    json_t *doc = tok_doc(vocab, json_array(), bytelevel_step(0, 1), added);
+    json_t *doc = tok_doc(vocab, json_array(), pd_tok_bytelevel_step(0, 1), added);
     struct pd_tok *t = load_json(doc);
     json_decref(doc);
     expect_ids(t, "a", IDS('a'));
@@ -513,8 +501,8 @@ Test(tokenizer, deepseek_v3_sequence_end_to_end)
     json_t *merges = json_pack("[s,s,s,s,s,s,s]", "a ä", "1 2", "12 3", "123 4", "ä ¸", "ä¸ Ń",
                                "Ġ 1");
     json_t *pre = json_pack("{s:s, s:[o,o,o,o]}", "type", "Sequence", "pretokenizers",
-                            split_step(ds_num_re), split_step(ds_cjk_re),
-                            split_step(ds_main_re), bytelevel_step(0, 0));
+                            pd_tok_split_step(ds_num_re), pd_tok_split_step(ds_cjk_re),
+                            pd_tok_split_step(ds_main_re), pd_tok_bytelevel_step(0, 0));
     json_t *added = json_pack("[{s:i,s:s,s:b},{s:i,s:s,s:b},{s:i,s:s,s:b}]", "id", 0, "content",
                               ds_special[0], "special", 1, "id", 1, "content", ds_special[1],
                               "special", 1, "id", 2, "content", "<｜▁pad▁｜>", "special", 1);
@@ -838,12 +826,12 @@ Test(tokenizer, bad_unsupported_regex)
         json_t *doc = handwritten();
         json_object_set_new(doc, "pre_tokenizer",
                             json_pack("{s:s, s:[o,o]}", "type", "Sequence", "pretokenizers",
-                                      split_step(cases[i].re), bytelevel_step(0, 0)));
+                                      pd_tok_split_step(cases[i].re), pd_tok_bytelevel_step(0, 0)));
         expect_bad(doc, "field \"pre_tokenizer.pretokenizers[0].pattern.Regex\"");
         doc = handwritten();
         json_object_set_new(doc, "pre_tokenizer",
                             json_pack("{s:s, s:[o,o]}", "type", "Sequence", "pretokenizers",
-                                      split_step(cases[i].re), bytelevel_step(0, 0)));
+                                      pd_tok_split_step(cases[i].re), pd_tok_bytelevel_step(0, 0)));
         expect_bad(doc, cases[i].want);
     }
 }
@@ -854,12 +842,12 @@ Test(tokenizer, bad_pipeline_pieces)
     json_object_set_new(doc, "pre_tokenizer", json_pack("{s:s}", "type", "Whitespace"));
     expect_bad(doc, "field \"pre_tokenizer.type\": pre-tokenizer \"Whitespace\" is not supported");
     doc = handwritten();
-    json_object_set_new(doc, "pre_tokenizer", split_step("\\s+"));
+    json_object_set_new(doc, "pre_tokenizer", pd_tok_split_step("\\s+"));
     expect_bad(doc, "field \"pre_tokenizer\": a ByteLevel step is required");
     doc = handwritten();
     json_object_set_new(doc, "pre_tokenizer",
                         json_pack("{s:s, s:[o,o]}", "type", "Sequence", "pretokenizers",
-                                  bytelevel_step(0, 0), split_step("\\s+")));
+                                  pd_tok_bytelevel_step(0, 0), pd_tok_split_step("\\s+")));
     expect_bad(doc, "field \"pre_tokenizer.pretokenizers[0]\": ByteLevel must be the last");
     doc = handwritten();
     json_object_set_new(doc, "normalizer", json_pack("{s:s}", "type", "Lowercase"));
@@ -902,7 +890,7 @@ Test(tokenizer, split_behaviors)
                                  "String", "-", "behavior", cases[i].behavior, "invert",
                                  cases[i].invert);
         json_t *pre = json_pack("{s:s, s:[o,o]}", "type", "Sequence", "pretokenizers", step,
-                                bytelevel_step(0, 0));
+                                pd_tok_bytelevel_step(0, 0));
         json_t *doc = tok_doc(vocab, json_pack("[s,s]", "- a", "- -"), pre, NULL);
         struct pd_tok *t = load_json(doc);
         json_decref(doc);
@@ -967,12 +955,12 @@ Test(tokenizer, real_pretokenizers_keep_their_ids)
     free(json);
     cr_assert_not_null(doc);
     json_t *pre[3] = {
-        bytelevel_step(0, 1),
-        json_pack("{s:s, s:[o,o]}", "type", "Sequence", "pretokenizers", split_step(cl100k_re),
-                  bytelevel_step(0, 0)),
+        pd_tok_bytelevel_step(0, 1),
+        json_pack("{s:s, s:[o,o]}", "type", "Sequence", "pretokenizers", pd_tok_split_step(cl100k_re),
+                  pd_tok_bytelevel_step(0, 0)),
         json_pack("{s:s, s:[o,o,o,o]}", "type", "Sequence", "pretokenizers",
-                  split_step(ds_num_re), split_step(ds_cjk_re), split_step(ds_main_re),
-                  bytelevel_step(0, 0)),
+                  pd_tok_split_step(ds_num_re), pd_tok_split_step(ds_cjk_re), pd_tok_split_step(ds_main_re),
+                  pd_tok_bytelevel_step(0, 0)),
     };
     cr_assert_eq(jh, want_json, "the trained tokenizer.json differs: hash 0x%016llx",
                  (unsigned long long)jh);
@@ -1006,7 +994,7 @@ static json_t *bytes_doc(const char *re)
 {
     json_t *vocab = byte_vocab();
     json_t *pre = json_pack("{s:s, s:[o,o]}", "type", "Sequence", "pretokenizers",
-                            split_step(re), bytelevel_step(0, 0));
+                            pd_tok_split_step(re), pd_tok_bytelevel_step(0, 0));
     return tok_doc(vocab, json_array(), pre, NULL);
 }
 
