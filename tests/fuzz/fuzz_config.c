@@ -11,20 +11,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tests/fuzz/fuzz.h"
 #include "model/config.h"
 #include "plan/hardware.h"
 #include "plan/perf.h"
 #include "plan/plan.h"
-
-#define CHECK(c) \
-    do { \
-        if (!(c)) { \
-            fprintf(stderr, "fuzz_config: %s failed (line %d)\n", #c, __LINE__); \
-            abort(); \
-        } \
-    } while (0)
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* A failure: a known code and one line that starts with the file's label. */
 static void failed(int rc, const pd_err *e, const char *label)

@@ -11,18 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tests/fuzz/fuzz.h"
 #include "plan/perf.h"
 #include "plan/plan.h"
-
-#define CHECK(c) \
-    do { \
-        if (!(c)) { \
-            fprintf(stderr, "fuzz_expert_stats: %s failed (line %d)\n", #c, __LINE__); \
-            abort(); \
-        } \
-    } while (0)
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -8,8 +8,6 @@
 static int port;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 static void *run_proxy(void *arg)
 {
     pd_err e;

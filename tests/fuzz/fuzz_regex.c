@@ -8,16 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/fuzz/fuzz.h"
 #include "model/regex.h"
 #include "model/unicode.h"
-
-#define CHECK(c) \
-    do { \
-        if (!(c)) \
-            abort(); \
-    } while (0)
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static const char prefix[] = "fuzz.json: field \"pattern\": ";
 

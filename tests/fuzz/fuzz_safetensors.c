@@ -6,15 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/fuzz/fuzz.h"
 #include "model/safetensors.h"
-
-#define CHECK(c) \
-    do { \
-        if (!(c)) \
-            abort(); \
-    } while (0)
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -10,15 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/fuzz/fuzz.h"
 #include "model/tokenizer.h"
-
-#define CHECK(c) \
-    do { \
-        if (!(c)) \
-            abort(); \
-    } while (0)
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* Does any object in x ask for text to be dropped or added? */
 static int changes_text(json_t *x)

@@ -22,17 +22,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "tests/fuzz/fuzz.h"
 #include "core/timing.h"
 #include "engine/genmodel.h"
 #include "pd/server.h"
-
-#define CHECK(c) \
-    do { \
-        if (!(c)) { \
-            fprintf(stderr, "harness: %s failed (line %d)\n", #c, __LINE__); \
-            abort(); \
-        } \
-    } while (0)
 
 #define HANG_S 5.0   /* under make fuzz's -timeout=10 */
 
