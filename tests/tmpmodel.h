@@ -5,6 +5,7 @@
 
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,15 +23,24 @@ static inline void tmp_model(const char *preset, int seed, char *dir, size_t n)
     cr_assert_eq(pd_genmodel(preset, dir, (uint64_t)seed, &e), 0, "%s", e.msg);
 }
 
-/* An --expert-stats file whose tokens_per_expert holds `rows` (JSON arrays, comma-separated);
- * the path is written over the template `path` ("/tmp/...-XXXXXX"). */
-static inline void tmp_stats_rows(char *path, const char *rows)
+/* A file holding `text`; its path is written over the template `path` ("/tmp/...-XXXXXX"). */
+static inline void tmp_text(char *path, const char *text)
 {
     int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    FILE *f = fdopen(fd, "w");
-    fprintf(f, "{\"tokens_per_expert\": [%s]}\n", rows);
-    fclose(f);
+    cr_assert_geq(fd, 0, "%s: %s", path, strerror(errno));
+    cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text), "%s", path);
+    close(fd);
+}
+
+/* An --expert-stats file whose tokens_per_expert holds `rows` (JSON arrays, comma-separated). */
+static inline void tmp_stats_rows(char *path, const char *rows)
+{
+    size_t cap = strlen(rows) + 32;
+    char *text = malloc(cap);
+    cr_assert_not_null(text);
+    snprintf(text, cap, "{\"tokens_per_expert\": [%s]}\n", rows);
+    tmp_text(path, text);
+    free(text);
 }
 
 /* `layers` rows each `row` (a JSON array), as a model of that many layers reads them. */

@@ -315,10 +315,7 @@ Test(server, expert_stats_count_every_token_and_feed_the_planner)
     json_decref(j);
     /* the planner takes the answer as it is */
     char stats[] = "/tmp/pdmoe-stats-XXXXXX";
-    int fd = mkstemp(stats);
-    cr_assert_geq(fd, 0);
-    cr_assert_eq(write(fd, out, strlen(out)), (ssize_t)strlen(out));
-    close(fd);
+    tmp_text(stats, out);
     struct pd_plan_opts o;
     pd_plan_opts_default(&o);
     o.model = dir;

@@ -89,10 +89,7 @@ Test(limits, a_model_too_large_overall_is_refused_by_name)
               "%s", e.msg);
     /* and through the planner, from a file */
     char path[] = "/tmp/pdmoe-big-XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    cr_assert_eq(write(fd, t, strlen(t)), (ssize_t)strlen(t));
-    close(fd);
+    tmp_text(path, t);
     struct pd_plan_opts o;
     pd_plan_opts_default(&o);
     o.model = path;
