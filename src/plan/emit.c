@@ -47,7 +47,6 @@ struct ctx {
     int ascend;
     int w8a8;               /* the plan's linear layers are W8A8: an int8 (msmodelslim) checkpoint */
     int model_var;          /* the servers load "$MODEL_PATH", which the script requires */
-    int vllm;               /* the target is vllm-ascend (else SGLang) */
 };
 
 void pd_emit_opts_default(struct pd_emit_opts *o)
@@ -295,18 +294,7 @@ static int hosts_build(struct ctx *c, pd_err *e)
     return 0;
 }
 
-/* The model path as one shell word. */
-static void sh_word(FILE *f, const char *s);
-
-/* The model argument of every server: the path, or "$MODEL_PATH" when the script requires one. */
-static void model_word(FILE *f, const struct ctx *c)
-{
-    if (c->model_var)
-        fputs("\"$MODEL_PATH\"", f);
-    else
-        sh_word(f, c->model);
-}
-
+/* s as one shell word (quoted when it must be). */
 static void sh_word(FILE *f, const char *s)
 {
     int safe = *s != 0;
@@ -324,6 +312,15 @@ static void sh_word(FILE *f, const char *s)
         else
             fputc(*q, f);
     fputc('\'', f);
+}
+
+/* The model argument of every server: the path, or "$MODEL_PATH" when the script requires one. */
+static void model_word(FILE *f, const struct ctx *c)
+{
+    if (c->model_var)
+        fputs("\"$MODEL_PATH\"", f);
+    else
+        sh_word(f, c->model);
 }
 
 /* One more argument of the command being written: a continuation line. */
@@ -615,13 +612,13 @@ static void sgl_router(FILE *f, const struct ctx *c)
 
 /* A W8A8 plan on Ascend loads an int8 checkpoint nobody can name for the user: the script
  * requires MODEL_PATH, and says where the known ones come from. */
-static void model_env(FILE *f, const struct ctx *c)
+static void model_env(FILE *f, const struct ctx *c, enum pd_emit_target t)
 {
     int v4flash = strstr(c->model, "DeepSeek-V4-Flash") != NULL;
     fprintf(f, "# The plan is W8A8: the servers load an int8 conversion of %s (msmodelslim's\n"
                "# output%s), with %s.\n", c->model,
             v4flash ? "; vllm-ascend's DeepSeek-V4-Flash tutorial downloads DeepSeek-V4-Flash-w8a8-mtp" : "",
-            c->vllm ? "--quantization ascend" : "--quantization modelslim");
+            t == PD_EMIT_VLLM_ASCEND ? "--quantization ascend" : "--quantization modelslim");
     fprintf(f, ": \"${MODEL_PATH:?set MODEL_PATH to the W8A8 (msmodelslim) checkpoint of %s%s}\"\n\n", c->model,
             v4flash ? ", e.g. DeepSeek-V4-Flash-w8a8-mtp" : "");
 }
@@ -681,7 +678,6 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
     struct ctx c = {.p = p, .o = o};
     c.model = o->model_path && *o->model_path ? o->model_path : pd_emit_model_path(p);
     c.ascend = strstr(p->hw.card_name, "Ascend") != NULL;
-    c.vllm = t == PD_EMIT_VLLM_ASCEND;
     c.w8a8 = c.ascend && !p->inv.from_checkpoint && p->quant.linear == PD_FMT_W8A8;
     c.model_var = c.w8a8 && !(o->model_path && *o->model_path);
     if (t == PD_EMIT_VLLM_ASCEND && !c.ascend) {
@@ -708,7 +704,7 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
     else
         sgl_env(f, &c);
     if (c.model_var)
-        model_env(f, &c);
+        model_env(f, &c, t);
     for (int i = 0; i < c.L.n_parts; i++)
         (t == PD_EMIT_VLLM_ASCEND ? vllm_part : sgl_part)(f, &c, &c.L.parts[i]);
     if (t == PD_EMIT_VLLM_ASCEND)
