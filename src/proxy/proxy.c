@@ -23,6 +23,7 @@ struct pd_proxy;
 
 struct instance {
     struct pd_proxy *px;
+    const char *role;            /* "prefill" or "decode" */
     char host[64];
     int port;
     int load;                    /* requests in flight through this proxy */
@@ -91,6 +92,12 @@ struct pd_proxy {
     uint64_t requests, completed, retries, cancelled, bad_requests, prefill_failed, decode_failed;
     struct hist ttft, tpot, itl, e2e;
 };
+
+/* The k-th of all instances, the prefill ones first (k < np + nd). */
+static struct instance *nth(struct pd_proxy *px, int k)
+{
+    return k < px->np ? &px->p[k] : &px->d[k - px->np];
+}
 
 struct job {
     struct pd_proxy *px;
@@ -753,26 +760,23 @@ static void on_expert_stats(struct evhttp_request *h, void *arg)
         return;
     }
     *j = (struct stats_job){.px = px, .client = h, .role = role, .pending = 1};
-    for (int r = 0; r < 2; r++) {
-        if (role && strcmp(role, r ? "decode" : "prefill"))
+    for (int k = 0; k < px->np + px->nd; k++) {
+        struct instance *in = nth(px, k);
+        if (role && strcmp(role, in->role))
             continue;
-        struct instance *in = r ? px->d : px->p;
-        for (int i = 0; i < (r ? px->nd : px->np); i++) {
-            struct stats_call *c = calloc(1, sizeof *c);
-            if (!c) {
-                stats_fail(j, "out of memory");
-                continue;
-            }
-            c->j = j;
-            snprintf(c->where, sizeof c->where, "the %s instance %.63s:%d", r ? "decode" : "prefill", in[i].host,
-                     in[i].port);
-            if (!(c->conn = get_from(px, &in[i], "/expert_stats", 0, on_stats_done, c))) {
-                stats_fail(j, "%s did not answer /expert_stats", c->where);
-                free(c);
-                continue;
-            }
-            j->pending++;
+        struct stats_call *c = calloc(1, sizeof *c);
+        if (!c) {
+            stats_fail(j, "out of memory");
+            continue;
         }
+        c->j = j;
+        snprintf(c->where, sizeof c->where, "the %s instance %.63s:%d", in->role, in->host, in->port);
+        if (!(c->conn = get_from(px, in, "/expert_stats", 0, on_stats_done, c))) {
+            stats_fail(j, "%s did not answer /expert_stats", c->where);
+            free(c);
+            continue;
+        }
+        j->pending++;
     }
     if (--j->pending == 0)
         stats_answer(j);
@@ -803,14 +807,13 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct pd_proxy *px = arg;
     double now = pd_now_s();
-    for (int r = 0; r < 2 && !px->stopping; r++)
-        for (int i = 0; i < (r ? px->nd : px->np); i++) {
-            struct instance *in = r ? &px->d[i] : &px->p[i];
-            if (in->probe || now < in->probe_at)
-                continue;
-            if (!(in->probe = get_from(px, in, "/health", 1, on_probe_done, in)))
-                eject(in, 1);
-        }
+    for (int k = 0; k < px->np + px->nd && !px->stopping; k++) {
+        struct instance *in = nth(px, k);
+        if (in->probe || now < in->probe_at)
+            continue;
+        if (!(in->probe = get_from(px, in, "/health", 1, on_probe_done, in)))
+            eject(in, 1);
+    }
 }
 
 static void on_drained(evutil_socket_t fd, short what, void *arg)
@@ -874,27 +877,17 @@ static void on_metrics(struct evhttp_request *h, void *arg)
             evbuffer_add(b, line, strlen(line));
         fclose(f);
     }
-    evbuffer_add_printf(b, "# TYPE pdmoe_proxy_instance_up gauge\n");
-    for (int r = 0; r < 2; r++)
-        for (int i = 0; i < (r ? px->nd : px->np); i++) {
-            const struct instance *in = r ? &px->d[i] : &px->p[i];
-            evbuffer_add_printf(b, "pdmoe_proxy_instance_up{role=\"%s\",instance=\"%s:%d\"} %d\n",
-                                r ? "decode" : "prefill", in->host, in->port, in->up);
+    static const char *const names[] = {"up", "ejections_total", "load"};
+    static const char *const types[] = {"gauge", "counter", "gauge"};
+    for (int m = 0; m < 3; m++) {
+        evbuffer_add_printf(b, "# TYPE pdmoe_proxy_instance_%s %s\n", names[m], types[m]);
+        for (int k = 0; k < px->np + px->nd; k++) {
+            const struct instance *in = nth(px, k);
+            long long v = m == 0 ? in->up : m == 1 ? (long long)in->ejections : in->load;
+            evbuffer_add_printf(b, "pdmoe_proxy_instance_%s{role=\"%s\",instance=\"%s:%d\"} %lld\n", names[m],
+                                in->role, in->host, in->port, v);
         }
-    evbuffer_add_printf(b, "# TYPE pdmoe_proxy_instance_ejections_total counter\n");
-    for (int r = 0; r < 2; r++)
-        for (int i = 0; i < (r ? px->nd : px->np); i++) {
-            const struct instance *in = r ? &px->d[i] : &px->p[i];
-            evbuffer_add_printf(b, "pdmoe_proxy_instance_ejections_total{role=\"%s\",instance=\"%s:%d\"} %llu\n",
-                                r ? "decode" : "prefill", in->host, in->port, (unsigned long long)in->ejections);
-        }
-    evbuffer_add_printf(b, "# TYPE pdmoe_proxy_instance_load gauge\n");
-    for (int i = 0; i < px->np; i++)
-        evbuffer_add_printf(b, "pdmoe_proxy_instance_load{role=\"prefill\",instance=\"%s:%d\"} %d\n", px->p[i].host,
-                            px->p[i].port, px->p[i].load);
-    for (int i = 0; i < px->nd; i++)
-        evbuffer_add_printf(b, "pdmoe_proxy_instance_load{role=\"decode\",instance=\"%s:%d\"} %d\n", px->d[i].host,
-                            px->d[i].port, px->d[i].load);
+    }
     pd_http_front_metrics(px->front, b);
     pd_http_text(h, "text/plain; version=0.0.4", b);   /* Prometheus' text format */
     evbuffer_free(b);
@@ -968,13 +961,13 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
         event_add(px->sigterm, NULL);
     }
     /* every instance starts up (requests find the dead ones) and is first checked an interval on */
-    for (int r = 0; r < 2; r++)
-        for (int i = 0; i < (r ? px->nd : px->np); i++) {
-            struct instance *in = r ? &px->d[i] : &px->p[i];
-            in->px = px;
-            in->up = 1;
-            in->probe_at = pd_now_s() + health_interval_s(px);
-        }
+    for (int k = 0; k < px->np + px->nd; k++) {
+        struct instance *in = nth(px, k);
+        in->px = px;
+        in->role = k < px->np ? "prefill" : "decode";
+        in->up = 1;
+        in->probe_at = pd_now_s() + health_interval_s(px);
+    }
     px->stop = event_new(px->base, -1, 0, on_stop, px);
     px->tick = event_new(px->base, -1, EV_PERSIST, on_tick, px);
     if (!px->stop || !px->tick || event_add(px->tick, &(struct timeval){0, 100000})) {
@@ -1013,12 +1006,11 @@ void pd_proxy_destroy(struct pd_proxy *px)
         event_free(px->stop);
     if (px->tick)
         event_free(px->tick);
-    for (int r = 0; r < 2; r++)
-        for (int i = 0; i < (r ? px->nd : px->np); i++) {
-            struct instance *in = r ? &px->d[i] : &px->p[i];
-            if (in->probe)
-                evhttp_connection_free(in->probe);   /* its pending request and callback with it */
-        }
+    for (int k = 0; k < px->np + px->nd; k++) {
+        struct instance *in = nth(px, k);
+        if (in->probe)
+            evhttp_connection_free(in->probe);   /* its pending request and callback with it */
+    }
     if (px->base)
         event_base_free(px->base);
     free(px);
