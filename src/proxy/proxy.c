@@ -321,6 +321,29 @@ static void on_decode_chunk(struct evhttp_request *r, void *arg)
     evhttp_send_reply_chunk(j->client, in);
 }
 
+/* How many times a request may be prefilled (--retries, default 3). */
+static int max_attempts(const struct pd_proxy *px)
+{
+    return px->o.retries > 0 ? px->o.retries : 3;
+}
+
+/* A decode instance's 403 that names kv_transfer_params: the prefill instance refused the pull of
+ * the KV this proxy handed over (with prefill instances the proxy writes those parameters itself,
+ * so the handoff, not the client, is at fault). */
+static int handoff_lost(struct job *j, struct evhttp_request *r)
+{
+    struct evbuffer *b = j->held && evbuffer_get_length(j->held) ? j->held
+                       : r                                         ? evhttp_request_get_input_buffer(r)
+                                                                   : NULL;
+    json_t *e = NULL;
+    if (!b || pd_http_read_json(b, 0, &e, NULL))
+        return 0;
+    const char *param = json_string_value(json_object_get(json_object_get(e, "error"), "param"));
+    int lost = param && strcmp(param, "kv_transfer_params") == 0;
+    json_decref(e);
+    return lost;
+}
+
 static void on_decode_done(struct evhttp_request *r, void *arg)
 {
     struct job *j = arg;
@@ -334,6 +357,17 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
         admit(&px->d[j->di]);
     if (!j->client) {
         job_free(j);
+        return;
+    }
+    if (code == 403 && px->np > 0 && !j->started && j->attempts < max_attempts(px) && handoff_lost(j, r)) {
+        /* the prefill instance no longer holds the request's KV (it restarted, or the lease expired
+         * while the decode queued): nothing has reached the client, so the request is prefilled
+         * again, on any instance */
+        px->retries++;
+        if (j->held)
+            evbuffer_drain(j->held, evbuffer_get_length(j->held));
+        j->tried = j->dtried = 0;
+        send_up(j, 0);
         return;
     }
     if ((code == 0 || code >= 500) && !j->started) {
@@ -398,7 +432,7 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
     if (code == 0 || code >= 500) {
         eject(&px->p[j->pi], 0);
         /* another prefill instance, a few times; never after a 4xx */
-        if (j->attempts < (px->o.retries > 0 ? px->o.retries : 3) && pick(px->p, px->np, j->tried) >= 0) {
+        if (j->attempts < max_attempts(px) && pick(px->p, px->np, j->tried) >= 0) {
             px->retries++;
             send_up(j, 0);
             return;

@@ -3,7 +3,10 @@
  * kv_transfer_params {"do_remote_decode": true}; it retries another prefill instance when one
  * fails (connection refused, 5xx; never on a 4xx, which goes back to the client as it is); then it
  * sends the original request plus the prefill's kv_transfer_params to the least-loaded decode
- * instance and relays its answer, streamed or not. If the decode instance fails, a streaming
+ * instance and relays its answer, streamed or not. A decode instance's 403 naming
+ * kv_transfer_params (the prefill instance no longer holds the KV: it restarted, or the lease
+ * expired while the decode queued) is not passed on: the request is prefilled again, within
+ * --retries prefills. If the decode instance fails, a streaming
  * client gets an error event and [DONE], a non-streaming one a 502 with a JSON error: never a 200
  * with an empty body. A client that disconnects has its decode request cancelled, which frees the
  * KV on the decode instance (the prefill's lease is released when the decode pulled, or expires).

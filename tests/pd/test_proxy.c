@@ -19,6 +19,7 @@
 
 #include "engine/genmodel.h"
 #include "../tmpmodel.h"
+#include "core/timing.h"
 #include "pd/server.h"
 #include "model/tokenizer.h"
 #include "proxy/proxy.h"
@@ -459,4 +460,50 @@ Test(proxy, a_first_token_with_a_nul_byte_goes_through)
     snprintf(body, sizeof body, fmt, 3, seed);
     cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
     cr_assert(strstr(out, "\\u0000"), "%s", out);
+}
+
+/* The prefill instance lost the KV it leased (here: the lease expired while the only decode slot
+ * was busy; in the field: the instance restarted) and the decode instance's pull is refused with
+ * a 403 naming kv_transfer_params. Nothing has reached the client and the proxy wrote those
+ * parameters itself: it prefills the request again rather than pass the 403 on. */
+Test(proxy, a_lost_kv_handoff_is_prefilled_again)
+{
+    struct pd_server *s[2] = {P, D};
+    pthread_t t[2] = {tp, td};
+    for (int i = 0; i < 2; i++) {
+        pd_server_stop(s[i]);
+        pthread_join(t[i], NULL);
+        pd_server_destroy(s[i]);
+    }
+    pd_err e = {0};
+    struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 8, .max_model_len = 2048,
+                               .served_name = "tiny", .role = PD_ROLE_PRODUCER, .kv_timeout_ms = 3000,
+                               .kv_lease_ms = 500};
+    cr_assert_eq(pd_server_create(&o, &P, &e), 0, "%s", e.msg);
+    pthread_create(&tp, NULL, run_server, P);
+    o.role = PD_ROLE_CONSUMER;
+    o.max_num_seqs = 1;   /* one sequence at a time: the proxy's request waits behind the busy one */
+    cr_assert_eq(pd_server_create(&o, &D, &e), 0, "%s", e.msg);
+    pthread_create(&td, NULL, run_server, D);
+    start_proxy(0, 0);
+    const char *body = "{\"model\":\"tiny\",\"prompt\":\"a handoff that is lost once\",\"max_tokens\":8,"
+                       "\"temperature\":0,\"return_token_ids\":true}";
+    char want[8192], got[8192], cmd[1024];
+    cr_assert_eq(curl_port(pd_server_port(C), "/v1/completions", body, NULL, want, sizeof want), 200, "%s", want);
+    /* the decode instance's only slot busy for well over the lease: 16 requests of 2000 tokens queued */
+    snprintf(cmd, sizeof cmd, "seq 16 | xargs -P 16 -I{} curl -s -o /dev/null http://127.0.0.1:%d/v1/completions "
+             "-d '{\"prompt\":\"busy {}\",\"max_tokens\":2000,\"ignore_eos\":true}' &", pd_server_port(D));
+    cr_assert_eq(system(cmd), 0);
+    double t0 = pd_now_s();
+    while (metric_key(pd_server_port(D), "pdmoe_num_requests_waiting") < 15 && pd_now_s() - t0 < 10)
+        usleep(10000);
+    cr_assert_geq(metric_key(pd_server_port(D), "pdmoe_num_requests_waiting"), 15);
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", body, NULL, got, sizeof got), 200, "%s", got);
+    char *x = field(got, "token_ids"), *y = field(want, "token_ids");
+    cr_assert_str_eq(x, y);
+    free(x);
+    free(y);
+    /* the scenario happened: the decode instance refused one pull, and the request was prefilled twice */
+    cr_assert_geq(metric_key(pd_server_port(D), "pdmoe_errors_total{kind=\"4xx\"}"), 1);
+    cr_assert_geq(metric_key(pd_server_port(P), "pdmoe_requests_total"), 2);
 }
