@@ -1,6 +1,7 @@
 /* `pdmoe serve`: the OpenAI-compatible server on one engine (colocated prefill and decode), or,
  * under mpirun with --enable-expert-parallel, on an EP group whose rank 0 serves HTTP. */
 #include "cli/cli.h"
+#include "core/net.h"
 #include "core/units.h"
 #include "pd/server.h"
 
@@ -72,7 +73,7 @@ int pd_cli_serve(int argc, char **argv)
     struct pd_server_opts o = {.port = 8000, .handle_signals = 1, .http = {.log = pd_cli_log, .log_arg = "serve"}};
     int64_t v;
     json_t *kvc = NULL;
-    static char engine_id[64];
+    static char engine_id[64], kv_host[64];
     int c;
     optind = 1;
     opterr = 0;
@@ -142,6 +143,36 @@ int pd_cli_serve(int argc, char **argv)
                 if (ms)
                     *ms_vals[k] = (int)json_integer_value(ms);
             }
+            /* kv_host: the address this process's KV listener binds and advertises (each rank of
+             * a group spanning hosts names its own, mpirun's app contexts giving each its flags) */
+            json_t *kh = json_object_get(kvc, "kv_host");
+            if (kh && (!json_is_string(kh) || !json_string_length(kh) || json_string_length(kh) >= sizeof kv_host)) {
+                fprintf(stderr, "pdmoe serve: --kv-transfer-config: kv_host must be an address or host name of 1 to "
+                                "%zu characters\n", sizeof kv_host - 1);
+                json_decref(kvc);
+                return 2;
+            }
+            if (kh) {
+                snprintf(kv_host, sizeof kv_host, "%s", json_string_value(kh));
+                o.kv_host = kv_host;
+            }
+            /* a key pdmoe does not read is refused, not dropped (vLLM's kv_connector and its
+             * extra config configure another engine) */
+            const char *key;
+            json_t *val;
+            json_object_foreach(kvc, key, val) {
+                static const char *const known[] = {"kv_role", "kv_port", "kv_host", "engine_id", "kv_lease_ms",
+                                                    "kv_timeout_ms"};
+                size_t k = 0;
+                while (k < sizeof known / sizeof *known && strcmp(key, known[k]))
+                    k++;
+                if (k == sizeof known / sizeof *known) {
+                    fprintf(stderr, "pdmoe serve: --kv-transfer-config: \"%s\" is not a key pdmoe reads (kv_role, "
+                                    "kv_port, kv_host, engine_id, kv_lease_ms, kv_timeout_ms)\n", key);
+                    json_decref(kvc);
+                    return 2;
+                }
+            }
             o.kv_port = port ? (int)json_integer_value(port) : 0;
             if (id)
                 snprintf(engine_id, sizeof engine_id, "%s", id);
@@ -161,7 +192,8 @@ int pd_cli_serve(int argc, char **argv)
                    "         KV pool; --max-num-seqs and --kv-cache-bytes are per rank; a kv_producer's\n"
                    "         rank k listens on kv_port + k)\n"
                    "       [--kv-transfer-config '{\"kv_role\":\"kv_producer\",\"kv_port\":N,\"engine_id\":\"p0\"}']\n"
-                   "         (also \"kv_lease_ms\": how long a producer holds a KV nobody pulls, default 30000;\n"
+                   "         (also \"kv_host\": the address the KV listener binds and decode instances pull\n"
+                   "          from, default --host; \"kv_lease_ms\": how long a producer holds a KV nobody pulls, default 30000;\n"
                    "          \"kv_timeout_ms\": how long a pull may take before the prompt is recomputed)\n"
                    "%s"
                    "OpenAI-compatible: /v1/completions, /v1/chat/completions (stream or not), /v1/models,\n"
@@ -197,6 +229,28 @@ int pd_cli_serve(int argc, char **argv)
     const char *world = getenv("OMPI_COMM_WORLD_SIZE"), *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     if (world && local && !strcmp(world, local) && !getenv("OMPI_MCA_btl"))
         setenv("OMPI_MCA_btl", "self,vader", 1);
+    /* A group spanning hosts: each rank keeps Open MPI's TCP transport to the network of the
+     * interface carrying its own address (--host, which mpirun's app contexts give each rank), so
+     * the ranks meet on the cluster's network and nowhere else (Open MPI matches interfaces by
+     * network: a /32 of the address itself matches none). The user's setting wins. */
+    int spans = world && local && strcmp(world, local);
+    if (spans && (!o.host || !strncmp(o.host, "127.", 4) || !strcmp(o.host, "localhost") || !strcmp(o.host, "::1"))) {
+        fprintf(stderr, "pdmoe serve: this EP group spans hosts (%s ranks, %s on this one): --host must be this rank's "
+                        "address on the cluster's network, not %s (each rank its own, through mpirun's app contexts: "
+                        "mpirun -n 1 --host A pdmoe serve --host A ... : -n 1 --host B pdmoe serve --host B ...)\n",
+                world, local, o.host ? o.host : "the default 127.0.0.1");
+        return 2;
+    }
+    if (spans && !getenv("OMPI_MCA_btl_tcp_if_include") && !getenv("OMPI_MCA_btl_tcp_if_exclude")) {
+        struct pd_net_iface f;
+        pd_err e = {0};
+        if (pd_net_iface_of(o.host, "pdmoe serve: --host", &f, &e)) {
+            fprintf(stderr, "%s\n", e.msg);
+            return 2;
+        }
+        if (f.cidr[0])
+            setenv("OMPI_MCA_btl_tcp_if_include", f.cidr, 1);
+    }
     int provided = 0, rank = 0, size = 1;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -19,10 +19,10 @@
  *     last transfer flushing on it have let it go, before the link is freed;
  *   - a lease is in exactly one of x->leases (held) or x->released (callback pending). */
 #include "pd/kvxfer.h"
+#include "core/net.h"
 
 #include <assert.h>
 #include <errno.h>
-#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -1070,41 +1070,6 @@ static int ucx_fail(pd_err *e, const char *what, ucs_status_t st)
     return pd_err_set(e, PD_EIO, "kvxfer: %s: %s", what, ucs_status_string(st));
 }
 
-/* The network interface carrying address `host` (its name in dev), or "" for a wildcard address
- * (0.0.0.0, ::), which names no interface. */
-static int net_device_of(const char *host, char *dev, size_t cap, pd_err *e)
-{
-    struct sockaddr_storage ss;
-    socklen_t sl;
-    int rc = resolve(host, 0, 1, &ss, &sl, e);
-    if (rc)
-        return rc;
-    const void *want = ss.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
-                                                : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
-    size_t wlen = ss.ss_family == AF_INET6 ? sizeof(struct in6_addr) : sizeof(struct in_addr);
-    static const uint8_t zero[sizeof(struct in6_addr)];
-    dev[0] = 0;
-    if (memcmp(want, zero, wlen) == 0)
-        return 0;
-    struct ifaddrs *ifs = NULL;
-    if (getifaddrs(&ifs) != 0)
-        return pd_err_set(e, PD_EIO, "kvxfer: getifaddrs: %s", strerror(errno));
-    for (struct ifaddrs *i = ifs; i && !dev[0]; i = i->ifa_next) {
-        if (!i->ifa_addr || i->ifa_addr->sa_family != ss.ss_family)
-            continue;
-        const void *have = ss.ss_family == AF_INET6
-                               ? (const void *)&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr
-                               : (const void *)&((struct sockaddr_in *)i->ifa_addr)->sin_addr;
-        if (memcmp(want, have, wlen) == 0)
-            snprintf(dev, cap, "%s", i->ifa_name);
-    }
-    freeifaddrs(ifs);
-    if (!dev[0])
-        return pd_err_set(e, PD_EINVAL, "kvxfer: no network interface of this machine has the address %s",
-                          host);
-    return 0;
-}
-
 int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
 {
     *out = NULL;
@@ -1173,13 +1138,13 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
     /* UCX's TCP transport listens on every network interface (besides the listener below): keep
      * its network transports to the interface carrying our address, so the process is reachable
      * there only. UCX_NET_DEVICES set by the user wins (to add an RDMA device, say). */
-    char dev[64];
     if (!getenv("UCX_NET_DEVICES")) {
-        if ((rc = net_device_of(o->listen_host ? o->listen_host : "127.0.0.1", dev, sizeof dev, e))) {
+        struct pd_net_iface dev;
+        if ((rc = pd_net_iface_of(o->listen_host ? o->listen_host : "127.0.0.1", "kvxfer: listen address", &dev, e))) {
             ucp_config_release(cfg);
             goto fail;
         }
-        if (dev[0] && (st = ucp_config_modify(cfg, "NET_DEVICES", dev)) != UCS_OK) {
+        if (dev.name[0] && (st = ucp_config_modify(cfg, "NET_DEVICES", dev.name)) != UCS_OK) {
             ucp_config_release(cfg);
             rc = ucx_fail(e, "restricting UCX to the listener's interface", st);
             goto fail;

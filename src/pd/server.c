@@ -167,6 +167,7 @@ static int pull(struct pd_server *s, struct req *r)
     if (bytes == PULL_NONE)
         return PULL_NONE;
     s->kv_pulls++;
+    pd_srv_count_pull(s, r->remote_host, r->remote_port, 0, bytes, seconds);
     if (bytes < 0) {
         s->kv_failures++;
         return (int)bytes;
@@ -507,6 +508,10 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
             /* rank 0 names the owner rank's port in kv_transfer_params */
             int port = pd_kvx_port(s->kvx);
             MPI_Gather(&port, 1, MPI_INT, s->g->kv_ports, 1, MPI_INT, 0, s->g->ep.comm);
+            /* and its address: the ranks of a group spanning hosts each advertise their own */
+            char host[sizeof *s->g->kv_hosts] = {0};
+            snprintf(host, sizeof host, "%s", pd_srv_kv_host(s));
+            MPI_Gather(host, (int)sizeof host, MPI_CHAR, s->g->kv_hosts, (int)sizeof host, MPI_CHAR, 0, s->g->ep.comm);
         }
         /* a producer progresses its worker when idle, to answer pulls (a consumer progresses
          * its own while it pulls) */

@@ -217,9 +217,33 @@ static int stop_scan(struct req *r, int final, size_t *ready)
     return 0;
 }
 
-/* Producer: the address decode instances pull from: kv_host, else the KV listener's (--host),
- * loopback when that is a wildcard. */
-static const char *kv_advertised_host(const struct pd_server *s)
+void pd_srv_count_pull(struct pd_server *s, const char *host, int port, int rank, int64_t bytes, double seconds)
+{
+    struct kv_peer *p = NULL;
+    for (int i = 0; i < s->n_kv_peers && !p; i++)
+        if (s->kv_peers[i].port == port && s->kv_peers[i].rank == rank && !strcmp(s->kv_peers[i].host, host))
+            p = &s->kv_peers[i];
+    if (!p && s->n_kv_peers < PD_KV_PEERS) {
+        p = &s->kv_peers[s->n_kv_peers++];
+        snprintf(p->host, sizeof p->host, "%s", host);
+        p->port = port;
+        p->rank = rank;
+    }
+    if (!p) {
+        p = &s->kv_peers[PD_KV_PEERS];
+        snprintf(p->host, sizeof p->host, "other");
+        p->port = p->rank = -1;
+    }
+    p->pulls++;
+    if (bytes < 0) {
+        p->failures++;
+        return;
+    }
+    p->bytes += (uint64_t)bytes;
+    p->seconds += seconds;
+}
+
+const char *pd_srv_kv_host(const struct pd_server *s)
 {
     if (s->o.kv_host)
         return s->o.kv_host;
@@ -240,7 +264,7 @@ static void answer_whole(struct pd_server *s, struct req *r, const char *text, s
         json_object_set_new(choice, "kv_transfer_params",
                             json_pack("{s:b,s:b,s:s,s:s,s:s,s:i,s:i,s:i}", "do_remote_prefill", 1, "do_remote_decode", 0,
                                       "remote_engine_id", s->o.engine_id ? s->o.engine_id : "prefill",
-                                      "remote_request_id", rid, "remote_host", kv_advertised_host(s), "remote_port",
+                                      "remote_request_id", rid, "remote_host", s->g ? s->g->kv_hosts[r->owner] : pd_srv_kv_host(s), "remote_port",
                                       s->g ? s->g->kv_ports[r->owner] : pd_kvx_port(s->kvx), "remote_num_tokens",
                                       r->n_prompt, "last_token_id", n > 0 ? r->gen[0] : s->eos));
     }
@@ -875,6 +899,29 @@ static void on_metrics(struct evhttp_request *h, void *arg)
                         (unsigned long long)s->kv_bytes, s->kv_seconds, (unsigned long long)s->kv_pulls,
                         (unsigned long long)s->kv_failures, (unsigned long long)s->kv_recomputes, leases,
                         s->en.kv.region_bytes);
+    if (s->n_kv_peers) {
+        static const char *const peer_metric[4] = {"transfers", "transfer_failures", "transfer_bytes",
+                                                   "transfer_seconds"};
+        for (int m = 0; m < 4; m++) {
+            evbuffer_add_printf(b, "# TYPE pdmoe_kv_peer_%s_total counter\n", peer_metric[m]);
+            for (int i = 0; i <= PD_KV_PEERS; i++) {
+                if (i == s->n_kv_peers)
+                    i = PD_KV_PEERS;   /* the "other" row, when used */
+                const struct kv_peer *p = &s->kv_peers[i];
+                if (!p->pulls)
+                    continue;
+                char peer[80];
+                snprintf(peer, sizeof peer, p->port < 0 ? "%s" : "%s:%d", p->host, p->port);
+                evbuffer_add_printf(b, "pdmoe_kv_peer_%s_total{peer=\"%s\",rank=\"%d\"} ", peer_metric[m], peer,
+                                    p->rank < 0 ? 0 : p->rank);
+                if (m == 3)
+                    evbuffer_add_printf(b, "%.6f\n", p->seconds);
+                else
+                    evbuffer_add_printf(b, "%llu\n", (unsigned long long)(m == 0 ? p->pulls : m == 1 ? p->failures
+                                                                                                  : p->bytes));
+            }
+        }
+    }
     if (s->g) {
         evbuffer_add_printf(b, "# TYPE pdmoe_ep_ranks gauge\npdmoe_ep_ranks %d\n"
                                "# HELP pdmoe_rank_kv_blocks_free KV pool blocks free on each rank of the EP group.\n"

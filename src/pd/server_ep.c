@@ -445,6 +445,8 @@ void pd_srv_ep_account(struct pd_server *s)
         const int32_t *a = g->all + (size_t)r->owner * A + EP_ANS_W + EP_PULLED_W * i;
         r->ep_pulling = 0;
         s->kv_pulls++;
+        pd_srv_count_pull(s, r->remote_host, r->remote_port, r->owner, a[0] > 0 ? (int64_t)ep_id(a + 1) : -1,
+                          a[3] * 1e-6);
         if (a[0] < 0) {
             /* not this request's KV: refused, not recomputed; the owner frees the sequence */
             s->kv_failures++;
@@ -580,11 +582,13 @@ int pd_srv_ep_setup(struct pd_server *s, pd_err *e)
     g->load = calloc((size_t)g->size * 6, sizeof(int));
     g->released = calloc((size_t)n, sizeof *g->released);
     g->pull_req = calloc((size_t)n * (size_t)g->size, sizeof *g->pull_req);
+    g->kv_hosts = calloc((size_t)g->size, sizeof *g->kv_hosts);
     pthread_mutex_init(&g->rel_mu, NULL);
     g->frees.width = EP_FREE_W;
     g->leases.width = EP_LEASE_W;
     g->pulls.width = EP_PULL_W;
     if (!g->seqs || !g->items || !g->item_of || !g->item_seq || !g->scratch || !g->load || !g->released || !g->pull_req ||
+        !g->kv_hosts ||
         PD_GROW(g->msg, g->msg_cap, EP_HDR))
         return pd_err_set(e, PD_ENOMEM, "out of memory");
     for (int i = 0; i < n; i++)
@@ -627,6 +631,7 @@ void pd_srv_ep_close(struct pd_server *s)
     free(g->pulls.w);
     free(g->released);
     free(g->pull_req);
+    free(g->kv_hosts);
     if (g->load)
         pthread_mutex_destroy(&g->rel_mu);
     if (g->ep_ready)

@@ -144,6 +144,8 @@ struct ep_group {
     int32_t *ans;                   /* this rank's answer */
     size_t ans_cap;
     int *kv_ports;                  /* [size] producer: each rank's KV listener (rank 0 knows them) */
+    char (*kv_hosts)[64];           /* [size] producer: each rank's advertised KV address (rank 0
+                                     * knows them; ranks on several hosts each name their own) */
     pthread_mutex_t rel_mu;         /* leases the transfer engine released, for the next round */
     int64_t *released;              /* [max_num_seqs] */
     int n_released;
@@ -158,6 +160,8 @@ struct ep_group {
     int *owned;                     /* [size] sequences each rank has been given */
     int last;                       /* the rank given the last one */
 };
+
+#define PD_KV_PEERS 64   /* consumer: (producer address, rank) pairs counted apart */
 
 struct pd_server {
     struct pd_server_opts o;
@@ -184,6 +188,16 @@ struct pd_server {
     int kvx_thread_started;
     uint64_t kv_bytes, kv_pulls, kv_failures, kv_recomputes;
     double kv_seconds;
+    /* consumer: pulls by producer address and by the rank that made them, so an operator (and
+     * the cluster test) sees which hosts each hand-off crossed; the first PD_KV_PEERS pairs each
+     * get a row, later ones are summed under peer="other" */
+    struct kv_peer {
+        char host[64];
+        int port, rank;
+        uint64_t pulls, failures, bytes;
+        double seconds;
+    } kv_peers[PD_KV_PEERS + 1];
+    int n_kv_peers;
     int stop;
     int destroying;
     uint64_t next_id;
@@ -237,6 +251,11 @@ int pd_srv_ep_setup(struct pd_server *s, pd_err *e);
 void pd_srv_ep_close(struct pd_server *s);
 
 /* ---- server_api.c ---- */
+/* Producer: the address decode instances pull this process's KV from: kv_host, else --host,
+ * loopback when that is a wildcard. */
+const char *pd_srv_kv_host(const struct pd_server *s);
+/* Consumer: counts one pull from host:port by rank (bytes < 0: it failed). */
+void pd_srv_count_pull(struct pd_server *s, const char *host, int port, int rank, int64_t bytes, double seconds);
 void pd_srv_send_error(struct pd_server *s, struct evhttp_request *h, int code, const char *type, const char *param,
                        const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 void pd_srv_send_sse(struct evhttp_request *h, json_t *j);
