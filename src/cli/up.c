@@ -15,10 +15,13 @@
  * stops everything (a bad flag would only die again). */
 #include "cli/cli.h"
 #include "core/timing.h"
+#include "core/net.h"
 #include "engine/genmodel.h"
+#include "plan/launch.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <netinet/in.h>
@@ -43,18 +46,17 @@ static void on_stop(int sig)
     stopping = 1;
 }
 
-#define MAX_ARGS 40
 #define BACKOFF_MIN_S 0.5
 #define BACKOFF_MAX_S 30.0
 #define START_TRIES 3     /* starts of a child before the cluster is first ready */
 
 struct child {
     pid_t pid;                 /* 0 while dead */
-    char what[48];
+    char what[128];
     const char *role;          /* "prefill", "decode", "proxy" */
     int instance, port;
     const char *host;          /* where /health is asked: the proxy's --host; NULL: 127.0.0.1 */
-    char *argv[MAX_ARGS];      /* owned copies, NULL-terminated: what a restart runs again */
+    char **argv;               /* owned, NULL-terminated: what a restart runs again */
     int restarts;
     double started, backoff, restart_at;
 };
@@ -77,9 +79,9 @@ static void spawn(struct child *c)
 
 static void set_args(struct child *c, char **a, int n)
 {
-    for (int i = 0; i < n; i++)
+    c->argv = calloc((size_t)n + 1, sizeof *c->argv);
+    for (int i = 0; c->argv && i < n; i++)
         c->argv[i] = strdup(a[i]);
-    c->argv[n] = NULL;
 }
 
 /* "exited with status N" or "was killed by signal N (name)" */
@@ -163,7 +165,7 @@ static int plan_int(const char *path, json_t *o, const char *where, const char *
     return 0;
 }
 
-static int read_plan(const char *path, struct up_plan *u)
+static int read_plan(const char *path, struct up_plan *u, int on_hosts)
 {
     json_error_t je;
     json_t *j = json_load_file(path, 0, &je);
@@ -192,9 +194,10 @@ static int read_plan(const char *path, struct up_plan *u)
             goto out;
         if (plan_int(path, x, where, "ep_size", 1, 1 << 20, &size))
             goto out;
-        if (size > MAX_EP || (tp && json_integer_value(tp) != 1)) {
-            fprintf(stderr, "pdmoe up: --plan %s: roles[%d] has EP size %lld, TP %lld; this machine runs EP 1 to %d "
-                            "with tp=1\n", path, r, (long long)size, tp ? (long long)json_integer_value(tp) : 1LL, MAX_EP);
+        if ((!on_hosts && size > MAX_EP) || (tp && json_integer_value(tp) != 1)) {
+            fprintf(stderr, "pdmoe up: --plan %s: roles[%d] has EP size %lld, TP %lld; pdmoe runs tp=1%s\n", path, r,
+                    (long long)size, tp ? (long long)json_integer_value(tp) : 1LL,
+                    on_hosts ? "" : ", and EP 1 to 8 on one machine (more across hosts: --hosts)");
             goto out;
         }
         snprintf(where, sizeof where, "roles[%d].budget.", r);
@@ -208,6 +211,159 @@ static int read_plan(const char *path, struct up_plan *u)
 out:
     json_decref(j);
     return rc;
+}
+
+#define MAX_HOSTS 256
+
+/* --hosts H0,H1,...: the nodes' addresses in node order (the plan's node map numbers them), each
+ * where that node's servers bind and are reached. */
+static int parse_hosts(const char *arg, char **hosts, int *n)
+{
+    static char buf[8192];
+    if (strlen(arg) >= sizeof buf) {
+        fprintf(stderr, "pdmoe up: --hosts: longer than %zu characters\n", sizeof buf - 1);
+        return -1;
+    }
+    snprintf(buf, sizeof buf, "%s", arg);
+    *n = 0;
+    for (char *save = NULL, *h = strtok_r(buf, ",", &save); h; h = strtok_r(NULL, ",", &save)) {
+        size_t len = strlen(h);
+        int ok = len > 0 && len < 64;
+        for (const char *q = h; *q; q++)
+            ok &= (*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9') || *q == '.' ||
+                  *q == '-' || *q == ':' || *q == '_';
+        if (!ok || *n == MAX_HOSTS) {
+            fprintf(stderr, "pdmoe up: --hosts: host %d \"%s\": %s\n", *n + 1, h,
+                    *n == MAX_HOSTS ? "more than 256 hosts" : "expected an address or host name (letters, digits, '.', "
+                                                            "'-', ':', '_'; under 64 characters)");
+            return -1;
+        }
+        for (int i = 0; i < *n; i++)
+            if (!strcmp(hosts[i], h)) {
+                fprintf(stderr, "pdmoe up: --hosts: %s is listed twice (hosts %d and %d); each node needs its own\n", h,
+                        i + 1, *n + 1);
+                return -1;
+            }
+        hosts[(*n)++] = h;
+    }
+    if (!*n) {
+        fprintf(stderr, "pdmoe up: --hosts: no host given\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* The plan's node map ("node_map": which nodes, and how many ranks on each, every instance
+ * runs on) on the --hosts: instance i's group g on hosts[nodes[g]]. */
+static int read_node_map(const char *path, char **hosts, int nhosts, struct pd_launch_inst *inst, int *n)
+{
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je), *map = j ? json_object_get(j, "node_map") : NULL;
+    int rc = -1, top = -1;
+    if (!json_is_array(map) || !json_array_size(map) || json_array_size(map) > MAX_CHILDREN - 1) {
+        fprintf(stderr, "pdmoe up: --plan %s: no \"node_map\" of 1 to %d instances (write the plan with this "
+                        "pdmoe's plan --json)\n", path, MAX_CHILDREN - 1);
+        goto out;
+    }
+    size_t i;
+    json_t *x;
+    json_array_foreach(map, i, x) {
+        const char *role = json_string_value(json_object_get(x, "role"));
+        json_t *nodes = json_object_get(x, "nodes"), *ranks = json_object_get(x, "ranks"),
+               *in = json_object_get(x, "instance");
+        size_t g = json_array_size(nodes);
+        if (!role || (strcmp(role, "prefill") && strcmp(role, "decode")) || !json_is_integer(in) || !g ||
+            g > PD_LAUNCH_MAX_HOSTS || json_array_size(ranks) != g) {
+            fprintf(stderr, "pdmoe up: --plan %s: node_map[%zu]: expected {\"role\": \"prefill\"|\"decode\", "
+                            "\"instance\": N, \"nodes\": [...], \"ranks\": [...]} with 1 to %d nodes\n", path, i,
+                    PD_LAUNCH_MAX_HOSTS);
+            goto out;
+        }
+        struct pd_launch_inst *d = &inst[i];
+        *d = (struct pd_launch_inst){.role = strcmp(role, "prefill") != 0, .inst = (int)json_integer_value(in),
+                                     .n_groups = (int)g};
+        for (size_t k = 0; k < g; k++) {
+            json_t *nd = json_array_get(nodes, k), *rk = json_array_get(ranks, k);
+            if (!json_is_integer(nd) || json_integer_value(nd) < 0 || json_integer_value(nd) >= 1 << 20 ||
+                !json_is_integer(rk) || json_integer_value(rk) < 1 || json_integer_value(rk) > 1024) {
+                fprintf(stderr, "pdmoe up: --plan %s: node_map[%zu]: nodes and ranks must be node numbers and rank "
+                                "counts (1 to 1024)\n", path, i);
+                goto out;
+            }
+            int node = (int)json_integer_value(nd);
+            if (node > top)
+                top = node;
+            d->group[k] = (struct pd_launch_group){.host = node < nhosts ? hosts[node] : NULL,
+                                                   .ranks = (int)json_integer_value(rk)};
+            d->ranks += d->group[k].ranks;
+        }
+    }
+    if (top >= nhosts) {
+        fprintf(stderr, "pdmoe up: --hosts: %d given but the plan's node map uses %d nodes (--plan %s)\n", nhosts,
+                top + 1, path);
+        goto out;
+    }
+    *n = (int)json_array_size(map);
+    rc = 0;
+out:
+    json_decref(j);
+    return rc;
+}
+
+/* Every host the instances use that is not this one must take a process from Open MPI's
+ * launcher (ssh, or the plm_rsh_agent the user set): tried on each, at the same time, within
+ * 20 s; the hosts that refuse are named. 0 when all answer. */
+static int reachable(const struct pd_launch_inst *inst, int n)
+{
+    const char *h[MAX_HOSTS];
+    pid_t pid[MAX_HOSTS];
+    int nh = 0, bad = 0;
+    for (int i = 0; i < n; i++)
+        for (int g = 0; g < inst[i].n_groups; g++) {
+            const char *x = inst[i].group[g].host;
+            int seen = !x || pd_net_is_local(x);
+            for (int k = 0; k < nh && !seen; k++)
+                seen = !strcmp(h[k], x);
+            if (!seen && nh < MAX_HOSTS)
+                h[nh++] = x;
+        }
+    for (int k = 0; k < nh; k++) {
+        pid[k] = fork();
+        if (pid[k] == 0) {
+            char hs[80];
+            snprintf(hs, sizeof hs, "%s:1", h[k]);
+            int null = open("/dev/null", O_WRONLY);
+            if (null >= 0) {
+                dup2(null, 1);
+                dup2(null, 2);
+            }
+            setpgid(0, 0);
+            if (geteuid() == 0)
+                execlp("mpirun", "mpirun", "--allow-run-as-root", "--host", hs, "-n", "1", "true", (char *)NULL);
+            else
+                execlp("mpirun", "mpirun", "--host", hs, "-n", "1", "true", (char *)NULL);
+            _exit(127);
+        }
+    }
+    double until = pd_now_s() + 20;
+    for (int k = 0; k < nh; k++) {
+        int status = 0;
+        pid_t w = 0;
+        while (pid[k] > 0 && (w = waitpid(pid[k], &status, WNOHANG)) == 0 && pd_now_s() < until)
+            nanosleep(&(struct timespec){0, 20000000}, NULL);
+        if (pid[k] > 0 && w == 0) {
+            kill(-pid[k], SIGKILL);
+            waitpid(pid[k], &status, 0);
+            fprintf(stderr, "pdmoe up: --hosts: host %s is unreachable: Open MPI's launcher (mpirun --host %s) did not "
+                            "start a process there within 20 s\n", h[k], h[k]);
+            bad = 1;
+        } else if (pid[k] < 0 || !WIFEXITED(status) || WEXITSTATUS(status)) {
+            fprintf(stderr, "pdmoe up: --hosts: host %s is unreachable: Open MPI's launcher (mpirun --host %s -n 1 "
+                            "true) failed there (check ssh to it, or OMPI_MCA_plm_rsh_agent)\n", h[k], h[k]);
+            bad = 1;
+        }
+    }
+    return bad;
 }
 
 /* Every rank's KV pool is allocated in full and the weights are mapped once (page cache shared by
@@ -258,9 +414,12 @@ int pd_cli_up(int argc, char **argv)
         {"decode-ep", 1, 0, 'f'}, {"api-key", 1, 0, 'k'}, {"kv-lease-ms", 1, 0, 'K'},
         {"host", 1, 0, 'H'}, {"max-num-seqs", 1, 0, 'S'}, {"max-num-batched-tokens", 1, 0, 'T'},
         {"kv-cache-memory-bytes", 1, 0, 'B'}, {"kv-cache-bytes", 1, 0, 'B'}, {"served-model-name", 1, 0, 'N'},
+        {"hosts", 1, 0, 'O'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
     const char *model = "models/mini", *plan = NULL, *key = NULL;
+    char *hosts[MAX_HOSTS];
+    int nhosts = 0;
     int64_t port = 8000, np = 1, nd = 1, threads = 1, max_len = 2048, ep_flag[2] = {1, 1}, lease_ms = 0;
     /* engine flags passed on to every instance as given (serve checks them); the plan's own
      * values forbid them with --plan */
@@ -287,6 +446,10 @@ int pd_cli_up(int argc, char **argv)
             break;
         case 'B': kvbytes_flag = optarg; break;
         case 'N': served = optarg; break;
+        case 'O':
+            if (parse_hosts(optarg, hosts, &nhosts))
+                return 2;
+            break;
         case 'K': if (pd_cli_int("--kv-lease-ms", optarg, 100, &lease_ms) || lease_ms > 3600000) return 2; break;
         case 'k':
             if (!optarg[0]) {
@@ -326,6 +489,11 @@ int pd_cli_up(int argc, char **argv)
             return pd_cli_bad_flag("up", c, argc, argv);
         }
     }
+    if (nhosts && !plan) {
+        fprintf(stderr, "pdmoe up: --hosts needs --plan plan.json (pdmoe plan --json): its node map places each "
+                        "instance and EP rank on a host, as pdmoe plan --emit does\n");
+        return 2;
+    }
     if (plan && (seqs_flag || batched_flag || kvbytes_flag)) {
         fprintf(stderr, "pdmoe up: %s: --plan %s sets it; give one or the other\n",
                 seqs_flag ? "--max-num-seqs" : batched_flag ? "--max-num-batched-tokens" : "--kv-cache-memory-bytes", plan);
@@ -335,7 +503,7 @@ int pd_cli_up(int argc, char **argv)
     struct up_plan u;
     memset(&u, 0, sizeof u);
     if (plan) {
-        if (read_plan(plan, &u) || plan_fits(plan, &u, model))
+        if (read_plan(plan, &u, nhosts > 0) || (!nhosts && plan_fits(plan, &u, model)))
             return 2;
         np = u.instances[0];
         nd = u.instances[1];
@@ -377,72 +545,79 @@ int pd_cli_up(int argc, char **argv)
         return 1;
     }
     snprintf(mfile, sizeof mfile, "%s/restarts.prom", mdir);
-    char sport[16], skv[200], slease[40] = "", sth[16], slen[16], sep[16], plist[2048] = "", dlist[2048] = "";
+    char sport[16], sth[16], slen[16], plist[4096] = "", dlist[4096] = "";
     snprintf(sth, sizeof sth, "%lld", (long long)threads);
-    if (lease_ms)
-        snprintf(slease, sizeof slease, ",\"kv_lease_ms\":%lld", (long long)lease_ms);
     snprintf(slen, sizeof slen, "%lld", (long long)max_len);
     const char *name = served ? served : strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
-    for (int r = 0; r < 2; r++)
-        for (int i = 0; i < (r ? nd : np); i++) {
-            int p = (int)port + 1 + n;
-            snprintf(sport, sizeof sport, "%d", p);
-            /* prefill instance i: its ranks' KV listeners on port + 100 + MAX_EP i + rank */
-            if (r == 0)
-                snprintf(skv, sizeof skv, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"prefill-%d\"%s}",
-                         (int)port + 100 + MAX_EP * i, i, slease);
-            else
-                snprintf(skv, sizeof skv, "{\"kv_role\":\"kv_consumer\",\"engine_id\":\"decode-%d\"}", i);
-            snprintf(sep, sizeof sep, "%d", ep[r]);
-            char *a[MAX_ARGS];
-            int k = 0;
-            if (ep[r] > 1) {
-                a[k++] = "mpirun";
-                a[k++] = "-n";
-                a[k++] = sep;
-                a[k++] = "--oversubscribe";   /* more ranks than cores on a small machine */
-                if (geteuid() == 0)
-                    a[k++] = "--allow-run-as-root";
-            }
-            char *serve[] = {self, "serve", "--model", (char *)model, "--port", sport, "--threads", sth, "--max-model-len",
-                             slen, "--served-model-name", (char *)name, "--kv-transfer-config", skv};
-            for (size_t j = 0; j < sizeof serve / sizeof *serve; j++)
-                a[k++] = serve[j];
-            if (ep[r] > 1) {
-                a[k++] = "--enable-expert-parallel";
-                a[k++] = "--data-parallel-size";
-                a[k++] = sep;
-            }
-            char skvb[32], sseqs[32], sbatch[32];
-            if (plan) {   /* the plan's pool and limits, per rank */
-                snprintf(skvb, sizeof skvb, "%lld", (long long)u.kv_pool[r]);
-                snprintf(sseqs, sizeof sseqs, "%lld", (long long)u.max_num_seqs);
-                snprintf(sbatch, sizeof sbatch, "%lld", (long long)u.max_num_batched_tokens);
-                char *more[] = {"--kv-cache-bytes", skvb, "--max-num-seqs", sseqs, "--max-num-batched-tokens", sbatch};
-                for (size_t j = 0; j < sizeof more / sizeof *more; j++)
-                    a[k++] = more[j];
-            }
-            const char *pass[][2] = {{"--max-num-seqs", seqs_flag}, {"--max-num-batched-tokens", batched_flag},
-                                     {"--kv-cache-memory-bytes", kvbytes_flag}};
-            for (size_t j = 0; j < sizeof pass / sizeof pass[0]; j++)
-                if (pass[j][1]) {
-                    a[k++] = (char *)pass[j][0];
-                    a[k++] = (char *)pass[j][1];
-                }
-            if (key) {
-                a[k++] = "--api-key";
-                a[k++] = (char *)key;
-            }
-            ch[n] = (struct child){.port = p, .role = r ? "decode" : "prefill", .instance = i};
-            set_args(&ch[n], a, k);
-            spawn(&ch[n]);
-            snprintf(ch[n].what, sizeof ch[n].what, "%s instance %d%s", r ? "decode" : "prefill", i,
-                     ep[r] > 1 ? " (EP group)" : "");
-            char hp[32];
-            snprintf(hp, sizeof hp, "%s127.0.0.1:%d", (r ? dlist : plist)[0] ? "," : "", p);
-            strcat(r ? dlist : plist, hp);
-            n++;
+    /* the instances: where each one's ranks run (the plan's node map on --hosts, else this
+     * machine), their ports, and their command lines (plan/launch.h, which --emit pdmoe prints) */
+    int ni = 0;
+    struct pd_launch_inst *inst = calloc(MAX_CHILDREN, sizeof *inst);
+    if (!inst) {
+        fprintf(stderr, "pdmoe up: out of memory\n");
+        return 1;
+    }
+    if (nhosts) {
+        if (read_node_map(plan, hosts, nhosts, inst, &ni))
+            return 2;
+    } else {
+        for (int r = 0; r < 2; r++)
+            for (int i = 0; i < (r ? nd : np); i++)
+                inst[ni++] = (struct pd_launch_inst){.role = r, .inst = i, .n_groups = 1, .ranks = ep[r],
+                                                     .group = {{.host = NULL, .ranks = ep[r]}}};
+    }
+    pd_err pe = {0};
+    if (pd_launch_ports(inst, ni, (int)port, &pe)) {
+        fprintf(stderr, "pdmoe up: %s\n", pe.msg);
+        return 2;
+    }
+    if (nhosts && reachable(inst, ni))
+        return 2;
+    char skvb[2][32], sseqs[32], sbatch[32];
+    for (int i = 0; i < ni; i++) {
+        const struct pd_launch_inst *x = &inst[i];
+        struct pd_launch_opts lo = {.pdmoe = self, .model = model, .served_name = name, .api_key = key,
+                                    .threads = sth, .max_model_len = slen, .lease_ms = (int)lease_ms,
+                                    .allow_run_as_root = geteuid() == 0, .oversubscribe = 1,
+                                    .remote = x->group[0].host && !pd_net_is_local(x->group[0].host)};
+        int e = 0;
+        if (plan) {   /* the plan's pool and limits, per rank */
+            snprintf(skvb[x->role], sizeof skvb[x->role], "%lld", (long long)u.kv_pool[x->role]);
+            snprintf(sseqs, sizeof sseqs, "%lld", (long long)u.max_num_seqs);
+            snprintf(sbatch, sizeof sbatch, "%lld", (long long)u.max_num_batched_tokens);
+            const char *more[] = {"--kv-cache-bytes", skvb[x->role], "--max-num-seqs", sseqs, "--max-num-batched-tokens",
+                                  sbatch};
+            for (size_t j = 0; j < sizeof more / sizeof *more; j++)
+                lo.extra[e++] = more[j];
         }
+        const char *pass[][2] = {{"--max-num-seqs", seqs_flag}, {"--max-num-batched-tokens", batched_flag},
+                                 {"--kv-cache-memory-bytes", kvbytes_flag}};
+        for (size_t j = 0; j < sizeof pass / sizeof pass[0]; j++)
+            if (pass[j][1]) {
+                lo.extra[e++] = pass[j][0];
+                lo.extra[e++] = pass[j][1];
+            }
+        ch[n] = (struct child){.port = x->port, .role = x->role ? "decode" : "prefill", .instance = x->inst,
+                               .host = x->group[0].host};
+        if (!(ch[n].argv = pd_launch_argv(x, &lo))) {
+            fprintf(stderr, "pdmoe up: out of memory\n");
+            return 1;
+        }
+        spawn(&ch[n]);
+        snprintf(ch[n].what, sizeof ch[n].what, "%s instance %d (%s%s:%d)", x->role ? "decode" : "prefill", x->inst,
+                 x->ranks > 1 ? "EP group, rank 0 on " : "", x->group[0].host ? x->group[0].host : "127.0.0.1",
+                 x->port);
+        char hp[96];
+        snprintf(hp, sizeof hp, "%s%s:%d", (x->role ? dlist : plist)[0] ? "," : "",
+                 x->group[0].host ? x->group[0].host : "127.0.0.1", x->port);
+        if (strlen(x->role ? dlist : plist) + strlen(hp) >= sizeof plist) {
+            fprintf(stderr, "pdmoe up: too many instances for the proxy's command line\n");
+            return 2;
+        }
+        strcat(x->role ? dlist : plist, hp);
+        n++;
+    }
+    free(inst);
     snprintf(sport, sizeof sport, "%lld", (long long)port);
     char *pargs[] = {self, "proxy", "--prefill", plist, "--decode", dlist, "--port", sport, "--metrics-file", mfile,
                      "--host", (char *)host, "--api-key", (char *)key};
@@ -500,7 +675,7 @@ int pd_cli_up(int argc, char **argv)
                     ch[i].backoff = BACKOFF_MIN_S;   /* it had been running well */
                 ch[i].pid = 0;
                 ch[i].restart_at = now + ch[i].backoff;
-                fprintf(stderr, "pdmoe up: the %s (port %d) %s; restarting it in %.1f s\n", ch[i].what, ch[i].port, how,
+                fprintf(stderr, "pdmoe up: the %s %s; restarting it in %.1f s\n", ch[i].what, how,
                         ch[i].backoff);
                 ch[i].backoff = ch[i].backoff * 2 < BACKOFF_MAX_S ? ch[i].backoff * 2 : BACKOFF_MAX_S;
             } else if (ch[i].pid == 0 && now >= ch[i].restart_at) {
@@ -514,8 +689,7 @@ int pd_cli_up(int argc, char **argv)
     stop_all(&ch[proxy], 1);
     stop_all(ch, n);
     for (int i = 0; i < n; i++)
-        for (int k = 0; ch[i].argv[k]; k++)
-            free(ch[i].argv[k]);
+        pd_launch_argv_free(ch[i].argv);
     unlink(mfile);
     rmdir(mdir);
     fprintf(stderr, "pdmoe up: stopped\n");

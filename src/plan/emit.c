@@ -3,6 +3,7 @@
  * engine's own source or documents, cited beside the code that writes it; docs/emit.md lists
  * them with the plan field each value comes from. */
 #include "plan/emit.h"
+#include "plan/nodes.h"
 #include "core/units.h"
 
 #include <assert.h>
@@ -18,29 +19,10 @@
 #define SGL_DIST_INIT_PORT 5000  /* SGLang docs/advanced_features/pd_disaggregation.md */
 #define SGL_BOOTSTRAP_PORT 8998  /* SGLang server_args.py: disaggregation_bootstrap_port's default */
 
-/* One command: an instance's share of one node. */
-struct part {
-    enum pd_role role;
-    int inst;               /* index within its role */
-    int id;                 /* engine_id: prefill instances first, then decode */
-    int node, head;         /* this node, and the instance's first node */
-    int k, n;               /* node k of the instance's n nodes */
-    int card0, ncards;      /* the cards it uses on this node */
-    int slot;               /* instances before it on its node: ports + PORT_STEP * slot */
-    int dp_start, dp_local; /* its data-parallel ranks on this node */
-};
-
-struct layout {
-    struct part *parts;
-    int n_parts, nodes;
-    int first[2], last[2];  /* nodes of each role */
-    int kv_base, kv_step;   /* vllm-ascend kv_port of instance id: kv_base + kv_step * id */
-};
-
 struct ctx {
     const struct pd_plan *p;
     const struct pd_emit_opts *o;
-    struct layout L;
+    struct pd_node_layout L;
     const char **host;      /* L.nodes names */
     char (*placeholder)[16];
     const char *model;
@@ -87,101 +69,15 @@ const char *pd_emit_model_path(const struct pd_plan *p)
     return p->o.model ? p->o.model : p->model.name;
 }
 
-static int layout_build(const struct pd_plan *p, struct layout *L, pd_err *e)
-{
-    int cpn = p->hw.cards_per_node, total = 0, max_cards = 1;
-    memset(L, 0, sizeof *L);
-    for (int r = 0; r < 2; r++) {
-        const struct pd_role_plan *rp = &p->role[r];
-        int cards = rp->o.dp * rp->o.tp;
-        if (cards > cpn && cards % cpn)
-            return pd_err_set(e, PD_EINVAL, "%s instances of %d cards (dp %d x tp %d) would split unevenly over "
-                              "nodes of %d cards: an instance larger than a node must fill whole nodes",
-                              pd_role_name((enum pd_role)r), cards, rp->o.dp, rp->o.tp, cpn);
-        if (cards > cpn && cpn % rp->o.tp)
-            return pd_err_set(e, PD_EINVAL, "%s tp %d does not divide a node's %d cards: a data-parallel rank "
-                              "would straddle two nodes", pd_role_name((enum pd_role)r), rp->o.tp, cpn);
-        total += rp->o.instances * (cards > cpn ? cards / cpn : 1);
-        if (cards > max_cards)
-            max_cards = cards;
-    }
-    L->parts = calloc((size_t)total, sizeof *L->parts);
-    if (!L->parts)
-        return pd_err_set(e, PD_ENOMEM, "out of memory");
-    int node = 0, off = 0, slot = 0, id = 0;
-    for (int r = 0; r < 2; r++) {
-        const struct pd_role_plan *rp = &p->role[r];
-        int cards = rp->o.dp * rp->o.tp;
-        if (off > 0) {   /* decode starts on a node of its own */
-            node++;
-            off = slot = 0;
-        }
-        L->first[r] = node;
-        for (int i = 0; i < rp->o.instances; i++, id++) {
-            if (cards <= cpn) {
-                if (off + cards > cpn) {
-                    node++;
-                    off = slot = 0;
-                }
-                L->parts[L->n_parts++] = (struct part){
-                    .role = (enum pd_role)r, .inst = i, .id = id, .node = node, .head = node, .k = 0, .n = 1,
-                    .card0 = off, .ncards = cards, .slot = slot, .dp_start = 0, .dp_local = rp->o.dp};
-                off += cards;
-                slot++;
-                if (off == cpn) {
-                    node++;
-                    off = slot = 0;
-                }
-            } else {
-                if (off > 0) {
-                    node++;
-                    off = slot = 0;
-                }
-                int n = cards / cpn, local = cpn / rp->o.tp;
-                for (int k = 0; k < n; k++)
-                    L->parts[L->n_parts++] = (struct part){
-                        .role = (enum pd_role)r, .inst = i, .id = id, .node = node + k, .head = node, .k = k, .n = n,
-                        .card0 = 0, .ncards = cpn, .slot = 0, .dp_start = k * local, .dp_local = local};
-                node += n;
-            }
-        }
-        L->last[r] = off > 0 ? node : node - 1;
-    }
-    L->nodes = node + (off > 0);
-    assert(L->n_parts == total);
-    /* vllm-ascend's PD guide: AscendDirectTransport takes ports in [20000, 20000 + 1000 x NPUs per
-     * node), so kv_port must lie above; each instance listens on kv_port + its ranks. The
-     * DeepSeek-V4-Flash tutorial's 30000, 30100, ... satisfies both for 8-card nodes. */
-    L->kv_base = 20000 + 1000 * cpn > 30000 ? 20000 + 1000 * cpn : 30000;
-    L->kv_step = 100 * ((max_cards + 99) / 100);
-    if (L->nodes > p->nodes) {
-        free(L->parts);
-        return pd_err_set(e, PD_ENOFIT, "placing whole instances on nodes of %d cards needs %d nodes but the "
-                          "cluster has %d (--nodes)", cpn, L->nodes, p->nodes);
-    }
-    return 0;
-}
-
-int pd_emit_nodes(const struct pd_plan *p, int *nodes, pd_err *e)
-{
-    struct layout L;
-    int rc = layout_build(p, &L, e);
-    if (rc)
-        return rc;
-    *nodes = L.nodes;
-    free(L.parts);
-    return 0;
-}
-
 /* Ports a part binds on its node: HTTP and the instance's rendezvous port on its first node, the
  * bootstrap server of an SGLang prefill instance, the kv_port range of a vllm-ascend instance. */
 struct range {
     int lo, hi;
-    const struct part *x;
+    const struct pd_node_part *x;
     const char *what;
 };
 
-static int part_ranges(const struct ctx *c, enum pd_emit_target t, const struct part *x, struct range *out)
+static int part_ranges(const struct ctx *c, enum pd_emit_target t, const struct pd_node_part *x, struct range *out)
 {
     int n = 0, s = PORT_STEP * x->slot, head = x->k == 0;
     if (head)
@@ -211,7 +107,7 @@ static const char *span(int lo, int hi, char *buf)
 
 static int check_ports(const struct ctx *c, enum pd_emit_target t, pd_err *e)
 {
-    const struct layout *L = &c->L;
+    const struct pd_node_layout *L = &c->L;
     struct range *r = malloc(sizeof *r * (size_t)(4 * L->n_parts + 1));
     if (!r)
         return pd_err_set(e, PD_ENOMEM, "out of memory");
@@ -262,7 +158,7 @@ static int host_ok(const char *h)
 
 static int hosts_build(struct ctx *c, pd_err *e)
 {
-    const struct layout *L = &c->L;
+    const struct pd_node_layout *L = &c->L;
     c->host = calloc((size_t)L->nodes, sizeof *c->host);
     if (!c->host)
         return pd_err_set(e, PD_ENOMEM, "out of memory");
@@ -334,7 +230,7 @@ static void arg(FILE *f, const char *fmt, ...)
     va_end(ap);
 }
 
-static void comment(FILE *f, const struct ctx *c, const struct part *x, const char *note)
+static void comment(FILE *f, const struct ctx *c, const struct pd_node_part *x, const char *note)
 {
     const struct pd_role_plan *rp = &c->p->role[x->role];
     fprintf(f, "# %s instance %d on %s (node %d of %d%s): ", pd_role_name(x->role), x->inst, c->host[x->node],
@@ -418,7 +314,7 @@ static void vllm_env(FILE *f)
           f);
 }
 
-static void vllm_part(FILE *f, const struct ctx *c, const struct part *x)
+static void vllm_part(FILE *f, const struct ctx *c, const struct pd_node_part *x)
 {
     const struct pd_plan *p = c->p;
     const struct pd_role_plan *rp = &p->role[x->role], *P = &p->role[PD_ROLE_PREFILL], *D = &p->role[PD_ROLE_DECODE];
@@ -499,7 +395,7 @@ static void vllm_proxy(FILE *f, const struct ctx *c)
         for (int w = 0; w < 2; w++) {
             fprintf(f, " \\\n    %s", flag[r][w]);
             for (int i = 0; i < c->L.n_parts; i++) {
-                const struct part *x = &c->L.parts[i];
+                const struct pd_node_part *x = &c->L.parts[i];
                 if (x->role != (enum pd_role)r || x->k)
                     continue;
                 if (w == 0)
@@ -536,7 +432,7 @@ static double sgl_mem_fraction(const struct pd_role_plan *rp)
     return (double)(long long)(f * 100.0) / 100.0;
 }
 
-static void sgl_part(FILE *f, const struct ctx *c, const struct part *x)
+static void sgl_part(FILE *f, const struct ctx *c, const struct pd_node_part *x)
 {
     const struct pd_plan *p = c->p;
     const struct pd_role_plan *rp = &p->role[x->role];
@@ -596,7 +492,7 @@ static void sgl_router(FILE *f, const struct ctx *c)
     fprintf(f, "if [ \"$host\" = %s ]; then\n  python3 -m sglang_router.launch_router", c->host[0]);
     arg(f, "--pd-disaggregation");
     for (int i = 0; i < c->L.n_parts; i++) {
-        const struct part *x = &c->L.parts[i];
+        const struct pd_node_part *x = &c->L.parts[i];
         int s = PORT_STEP * x->slot;
         if (x->k)
             continue;
@@ -685,7 +581,7 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
                    p->hw.name, p->hw.card_name);
         return NULL;
     }
-    if (layout_build(p, &c.L, e))
+    if (pd_nodes_build(p, &c.L, e))
         return NULL;
     char *buf = NULL;
     size_t len = 0;

@@ -37,10 +37,6 @@ const char *pd_emit_target_name(enum pd_emit_target t);
  * deepseek-ai/DeepSeek-V4-Flash; deepseek-v3: deepseek-ai/DeepSeek-V3), else the --model argument. */
 const char *pd_emit_model_path(const struct pd_plan *p);
 
-/* Nodes the layout occupies under the assignment above; PD_EINVAL when an instance larger than
- * a node does not split into whole nodes of whole data-parallel ranks. */
-int pd_emit_nodes(const struct pd_plan *p, int *nodes, pd_err *e);
-
 /* The launch script (#!/bin/sh), malloc'ed; NULL with `e` filled when the layout cannot be
  * emitted (too few --hosts, an uneven split, clashing ports, vllm-ascend on non-Ascend cards). */
 char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_emit_opts *o, pd_err *e);

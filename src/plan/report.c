@@ -1,6 +1,7 @@
 /* Plan reports: aligned text tables for a terminal and the versioned JSON document. */
 #include "plan/plan.h"
 #include "core/units.h"
+#include "plan/nodes.h"
 #include "plan/perf.h"
 
 #include <jansson.h>
@@ -366,6 +367,12 @@ char *pd_plan_json(const struct pd_plan *p, const struct pd_perf *f)
         "roles", role_json(&p->role[0]), role_json(&p->role[1]),
         "prefill_kv_batch_rule_bytes", (json_int_t)p->p_kv_batch,
         "decode_scenarios", scen, "handoff", hand, "sweep", sw);
+    /* the node map every launcher follows (plan/nodes.h), when the layout splits into nodes */
+    json_t *map = root ? pd_nodes_json(p) : NULL;
+    if (map && json_object_set_new(root, "node_map", map)) {
+        json_decref(root);
+        return NULL;
+    }
     if (!root || (f && json_object_set_new(root, "perf", pd_perf_json(f)))) {
         json_decref(root);
         return NULL;

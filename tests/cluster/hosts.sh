@@ -6,6 +6,7 @@
 #   cluster_up 4              hosts h1..h4; HOST_ADDR[1..4], HOST_NS[1..4]; an EXIT trap removes all
 #   on 2 CMD ARGS...          runs CMD on host 2
 #   cluster_kill 3            SIGKILLs every process of host 3 (a host lost)
+#   cluster_host_down 3       the launcher cannot reach host 3 until cluster_host_back 3
 #   cluster_down              kills every process of every host, deletes the namespaces (and so the links)
 # mpirun reaches the hosts through tests/cluster/netns-rsh (OMPI_MCA_plm_rsh_agent, exported here),
 # which reads the address -> namespace map from $CLUSTER_DIR/hosts.
@@ -69,8 +70,24 @@ on() {
     ip netns exec "${HOST_NS[$i]}" unshare --uts sh -c 'hostname "$0"; exec "$@"' "h$i" "$@"
 }
 
+# on_exec I CMD...: the same, replacing this shell, so `( on_exec 1 pdmoe up ... ) &` makes $! the
+# pid of CMD itself (a signal to $! reaches it)
+on_exec() {
+    local i=$1
+    shift
+    exec ip netns exec "${HOST_NS[$i]}" unshare --uts sh -c 'hostname "$0"; exec "$@"' "h$i" "$@"
+}
+
 cluster_kill() {
     ip netns pids "${HOST_NS[$1]}" | xargs -r kill -9 2>/dev/null || true
+}
+
+# cluster_host_down I / cluster_host_back I: while down, the launcher cannot reach host I
+cluster_host_down() {
+    touch "$CLUSTER_DIR/hosts.down-${HOST_ADDR[$1]}"
+}
+cluster_host_back() {
+    rm -f "$CLUSTER_DIR/hosts.down-${HOST_ADDR[$1]}"
 }
 
 # the veth of host I, as the bridge namespace sees it (for tc)

@@ -11,6 +11,7 @@
 
 #include "model/config.h"
 #include "plan/emit.h"
+#include "plan/nodes.h"
 #include "fixture.h"
 
 

@@ -1,0 +1,143 @@
+/* pdmoe's instance command lines (launch.h). */
+#define _GNU_SOURCE   /* vasprintf */
+#include "plan/launch.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int pd_launch_ports(struct pd_launch_inst *x, int n, int base_port, pd_err *e)
+{
+    int step = 8;
+    for (int i = 0; i < n; i++)
+        if (x[i].role == 0 && x[i].ranks > step)
+            step = (x[i].ranks + 7) / 8 * 8;
+    int prefill = 0, top = base_port;
+    for (int i = 0; i < n; i++) {
+        x[i].port = base_port + 1 + i;
+        x[i].kv_port = x[i].role == 0 ? base_port + 100 + step * prefill++ : 0;
+        if (x[i].port > top)
+            top = x[i].port;
+        if (x[i].kv_port + x[i].ranks - 1 > top)
+            top = x[i].kv_port + x[i].ranks - 1;
+    }
+    if (top > 65535)
+        return pd_err_set(e, PD_EINVAL, "--port %d: the instances' ports would reach %d, above 65535", base_port, top);
+    return 0;
+}
+
+struct argv {
+    char **a;
+    int n, cap, oom;
+};
+
+static void add(struct argv *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add(struct argv *v, const char *fmt, ...)
+{
+    if (v->oom)
+        return;
+    if (v->n + 2 > v->cap) {
+        int cap = v->cap ? 2 * v->cap : 64;
+        char **a = realloc(v->a, (size_t)cap * sizeof *a);
+        if (!a) {
+            v->oom = 1;
+            return;
+        }
+        v->a = a;
+        v->cap = cap;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    if (vasprintf(&v->a[v->n], fmt, ap) < 0)
+        v->oom = 1;
+    else
+        v->a[++v->n] = NULL;
+    va_end(ap);
+}
+
+/* One app context's `pdmoe serve ...`: the ranks on host h. */
+static void serve_args(struct argv *v, const struct pd_launch_inst *x, const struct pd_launch_opts *o, const char *h)
+{
+    add(v, "%s", o->pdmoe);
+    add(v, "serve");
+    add(v, "--model");
+    add(v, "%s", o->model);
+    if (h) {
+        add(v, "--host");
+        add(v, "%s", h);
+    }
+    add(v, "--port");
+    add(v, "%d", x->port);
+    add(v, "--threads");
+    add(v, "%s", o->threads);
+    add(v, "--max-model-len");
+    add(v, "%s", o->max_model_len);
+    add(v, "--served-model-name");
+    add(v, "%s", o->served_name);
+    add(v, "--kv-transfer-config");
+    char lease[40] = "", host[300] = "";
+    if (o->lease_ms && x->role == 0)
+        snprintf(lease, sizeof lease, ",\"kv_lease_ms\":%d", o->lease_ms);
+    if (h)
+        snprintf(host, sizeof host, ",\"kv_host\":\"%s\"", h);
+    if (x->role == 0)
+        add(v, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"prefill-%d\"%s%s}", x->kv_port, x->inst,
+            host, lease);
+    else
+        add(v, "{\"kv_role\":\"kv_consumer\",\"engine_id\":\"decode-%d\"%s}", x->inst, host);
+    if (x->ranks > 1) {
+        add(v, "--enable-expert-parallel");
+        add(v, "--data-parallel-size");
+        add(v, "%d", x->ranks);
+    }
+    for (int i = 0; i < 8 && o->extra[i]; i++)
+        add(v, "%s", o->extra[i]);
+    if (o->api_key) {
+        add(v, "--api-key");
+        add(v, "%s", o->api_key);
+    }
+}
+
+char **pd_launch_argv(const struct pd_launch_inst *x, const struct pd_launch_opts *o)
+{
+    struct argv v = {0};
+    if (x->ranks > 1 || o->remote) {
+        add(&v, "mpirun");
+        if (x->group[0].host) {
+            /* each host's slots, so mpirun places the app contexts in order */
+            char hosts[PD_LAUNCH_MAX_HOSTS * 72] = "";
+            size_t len = 0;
+            for (int g = 0; g < x->n_groups; g++)
+                len += (size_t)snprintf(hosts + len, sizeof hosts - len, "%s%s:%d", g ? "," : "", x->group[g].host,
+                                        x->group[g].ranks);
+            add(&v, "--host");
+            add(&v, "%s", hosts);
+        }
+        if (o->oversubscribe)
+            add(&v, "--oversubscribe");
+        if (o->allow_run_as_root)
+            add(&v, "--allow-run-as-root");
+        for (int g = 0; g < x->n_groups; g++) {
+            if (g)
+                add(&v, ":");
+            add(&v, "-n");
+            add(&v, "%d", x->group[g].ranks);
+            serve_args(&v, x, o, x->group[g].host);
+        }
+    } else {
+        serve_args(&v, x, o, x->group[0].host);
+    }
+    if (v.oom) {
+        pd_launch_argv_free(v.a);
+        return NULL;
+    }
+    return v.a;
+}
+
+void pd_launch_argv_free(char **argv)
+{
+    for (int i = 0; argv && argv[i]; i++)
+        free(argv[i]);
+    free(argv);
+}
