@@ -405,8 +405,9 @@ static struct result engine_bw(struct pd_kvx *p, struct pd_kvx *c, uint64_t *req
     return res;
 }
 
+/* One UCX_TLS setting's table; with `out` (--json) its rows go there instead of stdout. */
 static int run_tls(const char *tls, const int64_t *tokens, int n_sizes, const struct pd_model *m, int reps,
-                   const double *prefill_s)
+                   const double *prefill_s, json_t *out)
 {
     if (tls)
         setenv("UCX_TLS", tls, 1);
@@ -414,15 +415,19 @@ static int run_tls(const char *tls, const int64_t *tokens, int n_sizes, const st
         unsetenv("UCX_TLS");
     struct pool P = {0}, D = {0};
     struct pd_kvx *p = NULL, *c = NULL;
+    json_t *rows = NULL;
     int rc = 1;
     pd_err e = {0};
     if (pool_open(&P, m, 1, NULL, 0, &p, &e) || pool_open(&D, m, 2, NULL, -1, &c, &e)) {
         fprintf(stderr, "bench transfer: %s\n", e.msg);
         goto out;
     }
-    printf("\nUCX_TLS=%s\n", tls ? tls : "(unset: UCX's choice)");
-    printf("%8s %8s %7s %6s %12s %12s %7s %12s %7s %11s %11s %8s\n", "tokens", "KV MiB", "runs", "gets",
-           "engine MB/s", "1-get MB/s", "ratio", "same-gets", "ratio", "hand-off ms", "prefill ms", "of TTFT");
+    rows = out ? json_array() : NULL;
+    if (!out) {
+        printf("\nUCX_TLS=%s\n", tls ? tls : "(unset: UCX's choice)");
+        printf("%8s %8s %7s %6s %12s %12s %7s %12s %7s %11s %11s %8s\n", "tokens", "KV MiB", "runs", "gets",
+               "engine MB/s", "1-get MB/s", "ratio", "same-gets", "ratio", "hand-off ms", "prefill ms", "of TTFT");
+    }
     uint64_t req = 1;
     double worst = 1e9;
     for (int i = 0; i < n_sizes; i++) {
@@ -460,20 +465,37 @@ static int run_tls(const char *tls, const int64_t *tokens, int n_sizes, const st
         if (ratio < worst)
             worst = ratio;
         double hand = (double)bytes / r.bw;
-        printf("%8lld %8.1f %7d %6llu %12.0f %12.0f %7.2f %12.0f %7.2f %11.2f", (long long)tokens[i],
-               (double)bytes / (1 << 20), ns, (unsigned long long)r.gets, r.bw / 1e6, raw / 1e6, ratio,
-               same / 1e6, r.bw / same, hand * 1e3);
-        if (prefill_s[i] > 0)
-            printf(" %11.0f %7.2f%%\n", prefill_s[i] * 1e3, 100 * hand / (prefill_s[i] + hand));
-        else
-            printf(" %11s %8s\n", "-", "-");
-        fflush(stdout);
+        if (out) {
+            json_array_append_new(rows, json_pack("{s:I, s:I, s:i, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:o, s:o}",
+                                                  "tokens", (json_int_t)tokens[i], "bytes", (json_int_t)bytes,
+                                                  "runs", ns, "gets", (json_int_t)r.gets, "engine_MBps", r.bw / 1e6,
+                                                  "one_get_MBps", raw / 1e6, "ratio", ratio, "same_gets_MBps",
+                                                  same / 1e6, "same_gets_ratio", r.bw / same, "handoff_s", hand,
+                                                  "prefill_s", prefill_s[i] > 0 ? json_real(prefill_s[i]) : json_null(),
+                                                  "share_of_ttft", prefill_s[i] > 0
+                                                      ? json_real(hand / (prefill_s[i] + hand)) : json_null()));
+        } else {
+            printf("%8lld %8.1f %7d %6llu %12.0f %12.0f %7.2f %12.0f %7.2f %11.2f", (long long)tokens[i],
+                   (double)bytes / (1 << 20), ns, (unsigned long long)r.gets, r.bw / 1e6, raw / 1e6, ratio,
+                   same / 1e6, r.bw / same, hand * 1e3);
+            if (prefill_s[i] > 0)
+                printf(" %11.0f %7.2f%%\n", prefill_s[i] * 1e3, 100 * hand / (prefill_s[i] + hand));
+            else
+                printf(" %11s %8s\n", "-", "-");
+            fflush(stdout);
+        }
         churn(&P, 200);
         churn(&D, 200);
     }
-    printf("lowest ratio %.2f (target >= 0.80)\n", worst);
+    if (out)
+        json_array_append_new(out, json_pack("{s:s, s:o, s:f, s:f}", "ucx_tls", tls ? tls : "", "rows", rows,
+                                             "lowest_ratio", worst, "target_ratio", 0.8));
+    else
+        printf("lowest ratio %.2f (target >= 0.80)\n", worst);
+    rows = NULL;
     rc = 0;
 out:
+    json_decref(rows);
     /* the pools first: their memory is the engines' */
     pool_close(&P);
     pool_close(&D);
@@ -484,7 +506,7 @@ out:
 
 /* The same prompt lengths on the seed's deployment (V4-Flash, 910B, RoCE), by the performance
  * model: where the hand-off's share of TTFT matters is at scale, not on one CPU. */
-static int seed_share(const int64_t *tokens, int n)
+static int seed_share(const int64_t *tokens, int n, json_t *out)
 {
     struct pd_plan_opts o;
     pd_plan_opts_default(&o);
@@ -495,9 +517,12 @@ static int seed_share(const int64_t *tokens, int n)
         fprintf(stderr, "bench transfer: %s\n", e.msg);
         return 1;
     }
-    printf("\nPredicted for the seed's deployment (deepseek-v4-flash, fp8 KV, P 4 x EP8 on 910B, %s at %.0f GB/s; "
-           "pdmoe plan --isl N):\n", p.hw.rdma.name, p.hw.rdma.bandwidth_Bps / 1e9);
-    printf("%8s %10s %12s %12s %10s %8s\n", "tokens", "KV MB", "hand-off ms", "prefill ms", "TTFT ms", "of TTFT");
+    json_t *rows = out ? json_array() : NULL;
+    if (!out) {
+        printf("\nPredicted for the seed's deployment (deepseek-v4-flash, fp8 KV, P 4 x EP8 on 910B, %s at %.0f GB/s; "
+               "pdmoe plan --isl N):\n", p.hw.rdma.name, p.hw.rdma.bandwidth_Bps / 1e9);
+        printf("%8s %10s %12s %12s %10s %8s\n", "tokens", "KV MB", "hand-off ms", "prefill ms", "TTFT ms", "of TTFT");
+    }
     for (int i = 0; i < n; i++) {
         struct pd_workload w;
         pd_workload_default(&w);
@@ -506,12 +531,23 @@ static int seed_share(const int64_t *tokens, int n)
         if (pd_perf_eval(&p, &w, &f, &e)) {
             fprintf(stderr, "bench transfer: %s\n", e.msg);
             pd_plan_free(&p);
+            json_decref(rows);
             return 1;
+        }
+        if (rows) {
+            json_array_append_new(rows, json_pack("{s:I, s:I, s:f, s:f, s:f, s:f}", "tokens", (json_int_t)tokens[i],
+                                                  "bytes", (json_int_t)pd_kv_seq_bytes(&p.kv, tokens[i]), "handoff_s",
+                                                  f.handoff_s, "prefill_s", f.prefill_s, "ttft_s", f.ttft_s,
+                                                  "share_of_ttft", f.handoff_s / f.ttft_s));
+            continue;
         }
         printf("%8lld %10.1f %12.2f %12.1f %10.1f %7.2f%%\n", (long long)tokens[i],
                (double)pd_kv_seq_bytes(&p.kv, tokens[i]) / 1e6, f.handoff_s * 1e3, f.prefill_s * 1e3, f.ttft_s * 1e3,
                100 * f.handoff_s / f.ttft_s);
     }
+    if (rows)
+        json_object_set_new(out, "seed_predicted", json_pack("{s:s, s:f, s:o}", "link", p.hw.rdma.name,
+                                                             "bandwidth_Bps", p.hw.rdma.bandwidth_Bps, "rows", rows));
     pd_plan_free(&p);
     return 0;
 }
@@ -1155,10 +1191,6 @@ int pd_bench_transfer(int argc, char **argv)
         fprintf(stderr, "pdmoe bench transfer: %s applies only with --serve\n", serve_flag);
         return 2;
     }
-    if (json && !serve && !peer) {
-        fprintf(stderr, "pdmoe bench transfer: --json applies only with --serve or --peer\n");
-        return 2;
-    }
     if ((serve && parse_hostport("--serve", serve, host, sizeof host, &port)) ||
         (peer && parse_hostport("--peer", peer, host, sizeof host, &port)))
         return 2;
@@ -1194,14 +1226,27 @@ int pd_bench_transfer(int argc, char **argv)
             return 1;
         }
     pd_engine_close(&en);
-    printf("KV hand-off, v4-flash-mini bf16, 16-entry blocks of two KV pools ~70%% full after a history of "
-           "requests, loopback, best of %d to %d (small hand-offs more); runs = the sequence's slot and blocks; share of TTFT = hand-off / "
-           "(prefill of the prompt on %s, 1 thread, + hand-off)\n",
-           reps, 10 * reps, dir);
-    int rc = only ? run_tls(only, tokens, n, &m, reps, prefill) : run_tls(NULL, tokens, n, &m, reps, prefill);
+    json_t *doc = json ? json_pack("{s:s, s:s, s:i, s:i, s:s, s:o}", "mode", "single-process", "model",
+                                   "v4-flash-mini", "reps_min", reps, "reps_max", 10 * reps, "prefill_model", dir,
+                                   "runs", json_array()) : NULL;
+    if (!doc)
+        printf("KV hand-off, v4-flash-mini bf16, 16-entry blocks of two KV pools ~70%% full after a history of "
+               "requests, loopback, best of %d to %d (small hand-offs more); runs = the sequence's slot and blocks; share of TTFT = hand-off / "
+               "(prefill of the prompt on %s, 1 thread, + hand-off)\n",
+               reps, 10 * reps, dir);
+    json_t *runs = doc ? json_object_get(doc, "runs") : NULL;
+    int rc = only ? run_tls(only, tokens, n, &m, reps, prefill, runs) : run_tls(NULL, tokens, n, &m, reps, prefill, runs);
     if (!rc && !only)
-        rc = run_tls("tcp", tokens, n, &m, reps, prefill);
-    return rc ? rc : seed_share(tokens, n);
+        rc = run_tls("tcp", tokens, n, &m, reps, prefill, runs);
+    if (!rc)
+        rc = seed_share(tokens, n, doc);
+    if (doc && !rc) {
+        char *text = json_dumps(doc, JSON_INDENT(2));
+        puts(text);
+        free(text);
+    }
+    json_decref(doc);
+    return rc;
 }
 
 double pd_bench_ucx_get_time(size_t bytes, int reps)

@@ -22,7 +22,7 @@ static const struct {
     {"soak", pd_bench_soak, "[--quick] [--streams 16] [--seconds 60] [--model DIR] [--port 27500] [--json]",
      "pdmoe up under streaming load with hang-ups and SIGKILLed instances: cut streams and leaks must be 0"},
     {"transfer", pd_bench_transfer,
-     "[--quick] [--tls LIST] [--model DIR]\n"
+     "[--quick] [--tls LIST] [--model DIR] [--json]\n"
      "       pdmoe bench transfer --serve HOST:PORT [--timeout S] [--tls LIST] [--json]   (producer, one host)\n"
      "       pdmoe bench transfer --peer HOST:PORT [--tokens N,N,...] [--reps N] [--tls LIST] [--json]   (consumer)",
      "the KV hand-off against one contiguous UCX get of the same bytes, and its share of TTFT; or across hosts"},

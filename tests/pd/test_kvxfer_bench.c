@@ -1,7 +1,8 @@
 /* `pdmoe bench transfer --serve` and `--peer`: the KV hand-off between two processes (on two
  * hosts in tests/cluster/shaped_link.sh; here on loopback, over UCX_TLS=tcp as between hosts).
  * The consumer's results and the producer's lease counts agree, the producer exits by itself
- * (after bye, or after --timeout with nobody there), and a consumer with no producer fails fast. */
+ * (after bye, or after --timeout with nobody there), and a consumer with no producer fails fast.
+ * The single-process run's --json carries the same tables as its text. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <netinet/in.h>
@@ -161,6 +162,33 @@ Test(kvxfer, bench_peer_without_producer, .timeout = 60)
     char want[128];
     snprintf(want, sizeof want, "--peer %s: cannot connect to", peer);
     cr_assert(file_has(ce, want), "stderr lacks \"%s\"", want);
+    remove(co);
+    remove(ce);
+}
+
+Test(kvxfer, bench_single_process_json, .timeout = 120)
+{
+    char co[] = "/tmp/pdmoe-kvb-co-XXXXXX", ce[] = "/tmp/pdmoe-kvb-ce-XXXXXX";
+    close(mkstemp(co));
+    close(mkstemp(ce));
+    pid_t c = spawn(co, ce, (char *const[]){"pdmoe", "bench", "transfer", "--quick", "--tls", "tcp", "--json", NULL});
+    cr_assert_eq(wait_exit(c, 100), 0, "bench transfer --quick --json failed");
+    json_error_t je;
+    json_t *d = json_load_file(co, 0, &je);
+    cr_assert(d, "not JSON: %s", je.text);
+    cr_assert_str_eq(json_string_value(json_object_get(d, "mode")), "single-process");
+    json_t *runs = json_object_get(d, "runs");
+    cr_assert_eq(json_array_size(runs), 1, "--tls tcp: one table");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(runs, 0), "ucx_tls")), "tcp");
+    json_t *rows = json_object_get(json_array_get(runs, 0), "rows");
+    cr_assert_eq(json_array_size(rows), 3, "--quick: 1K, 8K and 32K tokens");
+    for (size_t i = 0; i < 3; i++)
+        cr_assert_gt(json_real_value(json_object_get(json_array_get(rows, i), "engine_MBps")), 0);
+    /* --quick measures the 1K prompt's prefill only */
+    cr_assert_gt(json_real_value(json_object_get(json_array_get(rows, 0), "prefill_s")), 0);
+    cr_assert(json_is_null(json_object_get(json_array_get(rows, 1), "prefill_s")));
+    cr_assert_eq(json_array_size(json_object_get(json_object_get(d, "seed_predicted"), "rows")), 3);
+    json_decref(d);
     remove(co);
     remove(ce);
 }
