@@ -12,6 +12,10 @@ PORT=${PDMOE_VALIDATION_PORT:-8300}
 [ -f models/mini/model.safetensors ] || "$B" gen-model --preset v4-flash-mini --out models/mini >/dev/null
 T=$(mktemp -d)
 UP=
+# The shaped-link section (tests/cluster/shaped_link.sh) needs root and network namespaces: kept
+# from the current file as it is, to the end or the next section
+KEEP=$T/shaped-link.md
+[ -f "$OUT" ] && awk '/^## The KV hand-off across a shaped link/ { k = 1 } /^## / && !/shaped link/ { k = 0 } k' "$OUT" > "$KEEP" || : > "$KEEP"
 cleanup() {
     [ -n "$UP" ] && kill -INT "$UP" 2>/dev/null && wait "$UP" 2>/dev/null
     rm -rf "$T"
@@ -92,5 +96,9 @@ done
     echo "reuse cached expert weights, and run faster than this prediction). The published-deployment table's one"
     echo "declared miss, a production average rather than a capacity, is explained in its row; DeepSeek's profile of"
     echo "the same layout is the capacity figure the model is checked against."
+    if [ -s "$KEEP" ]; then
+        echo
+        cat "$KEEP"
+    fi
 } > "$OUT"
 echo "wrote $OUT"

@@ -21,8 +21,11 @@ static const struct {
      "load against an OpenAI-compatible endpoint, as vllm bench serve"},
     {"soak", pd_bench_soak, "[--quick] [--streams 16] [--seconds 60] [--model DIR] [--port 27500] [--json]",
      "pdmoe up under streaming load with hang-ups and SIGKILLed instances: cut streams and leaks must be 0"},
-    {"transfer", pd_bench_transfer, "[--quick] [--tls LIST] [--model DIR]",
-     "the KV hand-off against one contiguous UCX get of the same bytes, and its share of TTFT"},
+    {"transfer", pd_bench_transfer,
+     "[--quick] [--tls LIST] [--model DIR] [--json]\n"
+     "       pdmoe bench transfer --serve HOST:PORT [--timeout S] [--tls LIST] [--json]   (producer, one host)\n"
+     "       pdmoe bench transfer --peer HOST:PORT [--tokens N,N,...] [--reps N] [--tls LIST] [--json]   (consumer)",
+     "the KV hand-off against one contiguous UCX get of the same bytes, and its share of TTFT; or across hosts"},
     {"search", pd_bench_search, "[--quick]", "layout search speed against the 1 s target"},
     {"tokenizer", pd_bench_tokenizer, "[--quick] [--json] [--tokenizer FILE]",
      "tokenizer encode speed on PCRE2 against the reference backtracking matcher, ids compared"},

@@ -182,6 +182,23 @@ Test(cli, help_and_unknown_flags_everywhere)
     cr_assert_eq(expect_error("validate --cases", "pdmoe validate: --cases needs a value"), 2);
     cr_assert_eq(expect_error("serve --port", "pdmoe serve: --port needs a value"), 2);
     cr_assert_eq(expect_error("bench nosuch", "pdmoe bench: unknown benchmark \"nosuch\""), 2);
+    {   /* bench transfer's two-process flags: each misuse named */
+        static const struct { const char *args, *msg; } bad[] = {
+            {"bench transfer --serve nohost", "--serve nohost: expected HOST:PORT"},
+            {"bench transfer --peer 127.0.0.1:0", "--peer 127.0.0.1:0: expected HOST:PORT"},
+            {"bench transfer --peer :9000", "--peer :9000: expected HOST:PORT"},
+            {"bench transfer --serve 127.0.0.1:9000 --peer 127.0.0.1:9001", "--serve and --peer exclude each other"},
+            {"bench transfer --tokens 1024", "--tokens applies only with --peer"},
+            {"bench transfer --serve 127.0.0.1:9000 --reps 3", "--reps applies only with --peer"},
+            {"bench transfer --peer 127.0.0.1:9000 --timeout 3", "--timeout applies only with --serve"},
+            {"bench transfer --peer 127.0.0.1:9000 --quick", "--quick applies only to the single-process run"},
+            {"bench transfer --peer 127.0.0.1:9000 --tokens 1024,x", "--tokens x"},
+            {"bench transfer --peer 127.0.0.1:9000 --reps 65", "--reps 65: at most 64"},
+            {"bench transfer --serve", "--serve needs a value"},
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+            cr_assert_eq(expect_error(bad[i].args, bad[i].msg), 2, "%s", bad[i].args);
+    }
     {   /* pdmoe bench --help lists every benchmark */
         struct run b;
         run("bench --help", &b);
