@@ -32,7 +32,7 @@ LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/embedded.o
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all test bench clean
+.PHONY: all test test-cluster bench clean
 all: $(BUILD)/pdmoe
 
 $(BUILD)/libpdmoe.a: $(LIB_OBJ)
@@ -78,6 +78,13 @@ $(MINI): | $(BUILD)/pdmoe
 # Under sanitizers, tests/lsan.supp names the leaks of libraries pdmoe does not own (Criterion's runner).
 test: $(BUILD)/pdmoe-tests $(BUILD)/pdmoe $(MINI)
 	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp PDMOE_BIN=$(BUILD)/pdmoe ./$(BUILD)/pdmoe-tests $(TEST_ARGS)
+
+# Several hosts: network namespaces of this machine as hosts (root and iproute2; tests/cluster/).
+# The seed's cluster shape across four hosts under one `pdmoe up --hosts`, then the KV hand-off
+# over a shaped link against the performance model.
+test-cluster: $(BUILD)/pdmoe $(MINI)
+	bash tests/cluster/run.sh
+	bash tests/cluster/shaped_link.sh
 
 bench: $(BUILD)/pdmoe
 	./$(BUILD)/pdmoe bench plan
