@@ -473,6 +473,7 @@ int pd_cli_up(int argc, char **argv)
                    "       [--prefill-ep 1] [--decode-ep 1] [--plan plan.json] [--threads 1] [--max-model-len 2048]\n"
                    "       [--api-key KEY] [--kv-lease-ms 30000] [--host 127.0.0.1] [--max-num-seqs N]\n"
                    "       [--max-num-batched-tokens N] [--kv-cache-memory-bytes B] [--served-model-name NAME]\n"
+                   "       [--plan plan.json --hosts H0,H1,...]\n"
                    "--host: the proxy's address (the instances stay on 127.0.0.1, reached by the proxy only). The\n"
                    "engine flags go to every instance, as pdmoe serve reads them (not with --plan, which sets them).\n"
                    "Starts prefill and decode servers and the proxy on this machine (generating models/mini if it is\n"
@@ -483,7 +484,10 @@ int pd_cli_up(int argc, char **argv)
                    "N > 1 is an EP group of N ranks under mpirun (--threads is per rank). With --plan (pdmoe plan\n"
                    "--json), the plan's instances, EP sizes, per-rank KV pool (budget.kv_pool_bytes), max-num-seqs,\n"
                    "max-model-len and max-num-batched-tokens, refused if the pools and the model do not fit this\n"
-                   "machine's memory.\n");
+                   "machine's memory. With --hosts (several hosts; the nodes' addresses in node order), the plan's\n"
+                   "node map puts each instance and EP rank on its host, every process binding its host's address;\n"
+                   "each instance is started on its first host by mpirun (ssh, or OMPI_MCA_plm_rsh_agent), the\n"
+                   "proxy here; a host the launcher cannot reach is refused by name.\n");
             return 0;
         default:
             return pd_cli_bad_flag("up", c, argc, argv);

@@ -452,6 +452,18 @@ static char *pd_request(int P, int D, const char *prompt, int max_tokens, int br
     return ids;
 }
 
+/* The samples of a per-peer counter for one peer (host:port), summed over the ranks that pulled. */
+static int peer_sum(int port, const char *name, const char *peer)
+{
+    char out[1 << 15], key[160];
+    cr_assert_eq(curl_port(port, "/metrics", NULL, NULL, out, sizeof out), 200);
+    snprintf(key, sizeof key, "\n%s{peer=\"%s\",rank=\"", name, peer);
+    int sum = 0;
+    for (char *p = strstr(out, key); p; p = strstr(p + 1, key))
+        sum += atoi(strchr(p, '}') + 2);
+    return sum;
+}
+
 static char *colocated_ids(int port, const char *prompt, int max_tokens)
 {
     char body[1024], out[1 << 14];
@@ -484,6 +496,18 @@ Test(server_ep, pd_between_ep_groups_pulls_from_the_owner_rank_or_recomputes)
     cr_assert_eq(metric_port(D, "pdmoe_kv_transfers_total"), 3);
     cr_assert_eq(metric_port(D, "pdmoe_kv_recomputes_total"), 1);
     cr_assert_gt(metric_port(D, "pdmoe_kv_transfer_bytes_total"), 0);
+    /* by peer: the two good pulls went to the owner ranks' listeners (kv_port + owner), the third
+     * to the dead port, and failed there */
+    char peer[64];
+    int good = 0;
+    for (int k = 0; k < 2; k++) {
+        snprintf(peer, sizeof peer, "127.0.0.1:%d", base_port + 3 + k);
+        good += peer_sum(D, "pdmoe_kv_peer_transfers_total", peer);
+        cr_assert_eq(peer_sum(D, "pdmoe_kv_peer_transfer_failures_total", peer), 0);
+    }
+    cr_assert_eq(good, 2);
+    cr_assert_eq(peer_sum(D, "pdmoe_kv_peer_transfers_total", "127.0.0.1:1"), 1);
+    cr_assert_eq(peer_sum(D, "pdmoe_kv_peer_transfer_failures_total", "127.0.0.1:1"), 1);
     for (int k = 0; k < 2; k++) {
         cr_assert_gt(labelled(P, "pdmoe_rank_requests_total", k), 0, "prefill rank %d", k);
         cr_assert_gt(labelled(D, "pdmoe_rank_requests_total", k), 0, "decode rank %d", k);

@@ -174,7 +174,7 @@ Test(supervise, a_killed_prefill_instance_is_restarted_and_costs_only_its_reques
     cr_assert_eq(metric_key(port, "pdmoe_restarts_total{role=\"decode\",instance=\"0\"}"), 0);
     char err[128];
     snprintf(err, sizeof err, "%s/up.err", logs);
-    cr_assert(file_has(err, "prefill instance 0 (port") && file_has(err, "was killed by signal 9"),
+    cr_assert(file_has(err, "prefill instance 0 (127.0.0.1:") && file_has(err, "was killed by signal 9"),
               "the death is not in up's log %s", err);
     /* the proxy too comes back, and still reports the restarts before its own */
     pid_t px = pid_on("proxy", port);
