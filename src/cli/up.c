@@ -561,9 +561,10 @@ int pd_cli_up(int argc, char **argv)
         fprintf(stderr, "pdmoe up: out of memory\n");
         return 1;
     }
+    int failed = 0;
     if (nhosts) {
         if (read_node_map(plan, hosts, nhosts, inst, &ni))
-            return 2;
+            failed = 2;
     } else {
         for (int r = 0; r < 2; r++)
             for (int i = 0; i < (r ? nd : np); i++)
@@ -571,14 +572,13 @@ int pd_cli_up(int argc, char **argv)
                                                      .group = {{.host = NULL, .ranks = ep[r]}}};
     }
     pd_err pe = {0};
-    if (pd_launch_ports(inst, ni, (int)port, &pe)) {
-        fprintf(stderr, "pdmoe up: %s\n", pe.msg);
-        return 2;
+    if (!failed && (pd_launch_ports(inst, ni, (int)port, &pe) || (nhosts && reachable(inst, ni)))) {
+        if (pe.msg[0])
+            fprintf(stderr, "pdmoe up: %s\n", pe.msg);
+        failed = 2;
     }
-    if (nhosts && reachable(inst, ni))
-        return 2;
     char skvb[2][32], sseqs[32], sbatch[32];
-    for (int i = 0; i < ni; i++) {
+    for (int i = 0; i < ni && !failed; i++) {
         const struct pd_launch_inst *x = &inst[i];
         struct pd_launch_opts lo = {.pdmoe = self, .model = model, .served_name = name, .api_key = key,
                                     .threads = sth, .max_model_len = slen, .lease_ms = (int)lease_ms,
@@ -601,27 +601,36 @@ int pd_cli_up(int argc, char **argv)
                 lo.extra[e++] = pass[j][0];
                 lo.extra[e++] = pass[j][1];
             }
-        ch[n] = (struct child){.port = x->port, .role = x->role ? "decode" : "prefill", .instance = x->inst,
-                               .host = x->group[0].host};
-        if (!(ch[n].argv = pd_launch_argv(x, &lo))) {
-            fprintf(stderr, "pdmoe up: out of memory\n");
-            return 1;
-        }
-        spawn(&ch[n]);
-        snprintf(ch[n].what, sizeof ch[n].what, "%s instance %d (%s%s:%d)", x->role ? "decode" : "prefill", x->inst,
-                 x->ranks > 1 ? "EP group, rank 0 on " : "", x->group[0].host ? x->group[0].host : "127.0.0.1",
-                 x->port);
         char hp[96];
         snprintf(hp, sizeof hp, "%s%s:%d", (x->role ? dlist : plist)[0] ? "," : "",
                  x->group[0].host ? x->group[0].host : "127.0.0.1", x->port);
         if (strlen(x->role ? dlist : plist) + strlen(hp) >= sizeof plist) {
             fprintf(stderr, "pdmoe up: too many instances for the proxy's command line\n");
-            return 2;
+            failed = 2;
+            break;
         }
         strcat(x->role ? dlist : plist, hp);
+        ch[n] = (struct child){.port = x->port, .role = x->role ? "decode" : "prefill", .instance = x->inst,
+                               .host = x->group[0].host};
+        if (!(ch[n].argv = pd_launch_argv(x, &lo))) {
+            fprintf(stderr, "pdmoe up: out of memory\n");
+            failed = 1;
+            break;
+        }
+        spawn(&ch[n]);
+        snprintf(ch[n].what, sizeof ch[n].what, "%s instance %d (%s%s:%d)", x->role ? "decode" : "prefill", x->inst,
+                 x->ranks > 1 ? "EP group, rank 0 on " : "", x->group[0].host ? x->group[0].host : "127.0.0.1",
+                 x->port);
         n++;
     }
     free(inst);
+    if (failed) {   /* nothing half-started is left behind */
+        stop_all(ch, n);
+        for (int i = 0; i < n; i++)
+            pd_launch_argv_free(ch[i].argv);
+        rmdir(mdir);
+        return failed;
+    }
     snprintf(sport, sizeof sport, "%lld", (long long)port);
     char *pargs[] = {self, "proxy", "--prefill", plist, "--decode", dlist, "--port", sport, "--metrics-file", mfile,
                      "--host", (char *)host, "--api-key", (char *)key};
