@@ -1230,8 +1230,9 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
         };
         if ((st = ucp_listener_create(x->w, &lp, &x->listener)) != UCS_OK) {
             x->listener = NULL;
-            rc = pd_err_set(e, PD_EIO, "kvxfer: cannot listen on %s:%d: %s", host,
-                            o->listen_port, ucs_status_string(st));
+            /* UCX says "Device is busy" for the socket's EADDRINUSE */
+            rc = pd_err_set(e, PD_EIO, "kvxfer: cannot listen on %s:%d: %s", host, o->listen_port,
+                            st == UCS_ERR_BUSY ? "Address already in use" : ucs_status_string(st));
             goto fail;
         }
         ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};

@@ -735,6 +735,13 @@ Test(kvxfer, bad_arguments)
     cr_assert_eq(pd_kvx_create(&o, &x, &e), PD_EINVAL);
     cr_assert_null(x);
     cr_assert(strstr(e.msg, "203.0.113.7: no network interface of this host"), "%s", e.msg);
+    /* a port another listener holds: said as the socket says it, host and port named */
+    o = (struct pd_kvx_opts){.listen_host = "127.0.0.1", .listen_port = pd_kvx_port(p), .region_len = len};
+    cr_assert_neq(pd_kvx_create(&o, &x, &e), 0);
+    cr_assert_null(x);
+    char want[96];
+    snprintf(want, sizeof want, "cannot listen on 127.0.0.1:%d: Address already in use", pd_kvx_port(p));
+    cr_assert(strstr(e.msg, want), "%s", e.msg);
     pd_kvx_destroy(p);   /* releases the held lease (callback NULL) */
     free(pr);
 }
