@@ -3,6 +3,7 @@
  * engine's own source or documents, cited beside the code that writes it; docs/emit.md lists
  * them with the plan field each value comes from. */
 #include "plan/emit.h"
+#include "plan/emit_sh.h"
 #include "plan/nodes.h"
 #include "core/units.h"
 
@@ -18,18 +19,6 @@
 #define VLLM_DP_RPC_PORT 13345   /* vLLM docs/serving/data_parallel_deployment.md */
 #define SGL_DIST_INIT_PORT 5000  /* SGLang docs/advanced_features/pd_disaggregation.md */
 #define SGL_BOOTSTRAP_PORT 8998  /* SGLang server_args.py: disaggregation_bootstrap_port's default */
-
-struct ctx {
-    const struct pd_plan *p;
-    const struct pd_emit_opts *o;
-    struct pd_node_layout L;
-    const char **host;      /* L.nodes names */
-    char (*placeholder)[16];
-    const char *model;
-    int ascend;
-    int w8a8;               /* the plan's linear layers are W8A8: an int8 (msmodelslim) checkpoint */
-    int model_var;          /* the servers load "$MODEL_PATH", which the script requires */
-};
 
 void pd_emit_opts_default(struct pd_emit_opts *o)
 {
@@ -77,7 +66,7 @@ struct range {
     const char *what;
 };
 
-static int part_ranges(const struct ctx *c, enum pd_emit_target t, const struct pd_node_part *x, struct range *out)
+static int part_ranges(const struct pd_emit_ctx *c, enum pd_emit_target t, const struct pd_node_part *x, struct range *out)
 {
     int n = 0, s = PORT_STEP * x->slot, head = x->k == 0;
     if (head)
@@ -105,7 +94,7 @@ static const char *span(int lo, int hi, char *buf)
     return buf;
 }
 
-static int check_ports(const struct ctx *c, enum pd_emit_target t, pd_err *e)
+static int check_ports(const struct pd_emit_ctx *c, enum pd_emit_target t, pd_err *e)
 {
     const struct pd_node_layout *L = &c->L;
     struct range *r = malloc(sizeof *r * (size_t)(4 * L->n_parts + 1));
@@ -156,7 +145,7 @@ static int host_ok(const char *h)
     return 1;
 }
 
-static int hosts_build(struct ctx *c, pd_err *e)
+static int hosts_build(struct pd_emit_ctx *c, pd_err *e)
 {
     const struct pd_node_layout *L = &c->L;
     c->host = calloc((size_t)L->nodes, sizeof *c->host);
@@ -190,8 +179,7 @@ static int hosts_build(struct ctx *c, pd_err *e)
     return 0;
 }
 
-/* s as one shell word (quoted when it must be). */
-static void sh_word(FILE *f, const char *s)
+void pd_emit_sh_word(FILE *f, const char *s)
 {
     int safe = *s != 0;
     for (const char *q = s; *q; q++)
@@ -211,12 +199,12 @@ static void sh_word(FILE *f, const char *s)
 }
 
 /* The model argument of every server: the path, or "$MODEL_PATH" when the script requires one. */
-static void model_word(FILE *f, const struct ctx *c)
+static void model_word(FILE *f, const struct pd_emit_ctx *c)
 {
     if (c->model_var)
         fputs("\"$MODEL_PATH\"", f);
     else
-        sh_word(f, c->model);
+        pd_emit_sh_word(f, c->model);
 }
 
 /* One more argument of the command being written: a continuation line. */
@@ -230,7 +218,7 @@ static void arg(FILE *f, const char *fmt, ...)
     va_end(ap);
 }
 
-static void comment(FILE *f, const struct ctx *c, const struct pd_node_part *x, const char *note)
+static void comment(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_part *x, const char *note)
 {
     const struct pd_role_plan *rp = &c->p->role[x->role];
     fprintf(f, "# %s instance %d on %s (node %d of %d%s): ", pd_role_name(x->role), x->inst, c->host[x->node],
@@ -248,7 +236,7 @@ static void comment(FILE *f, const struct ctx *c, const struct pd_node_part *x, 
     fputc('\n', f);
 }
 
-static void header(FILE *f, const struct ctx *c, enum pd_emit_target t)
+void pd_emit_header(FILE *f, const struct pd_emit_ctx *c, enum pd_emit_target t)
 {
     const struct pd_plan *p = c->p;
     const struct pd_role_opts *P = &p->role[PD_ROLE_PREFILL].o, *D = &p->role[PD_ROLE_DECODE].o;
@@ -262,7 +250,7 @@ static void header(FILE *f, const struct ctx *c, enum pd_emit_target t)
     if (c->model_var)
         fprintf(f, "$MODEL_PATH\n# (a W8A8 conversion of %s)", c->model);
     else
-        sh_word(f, c->model);
+        pd_emit_sh_word(f, c->model);
     fprintf(f, ".\n");
     fprintf(f, "# Copy this file to every node and run `sh FILE HOST` there, HOST being the node's name\n"
                "# below: it starts that node's servers in the background and waits. The %s listens on\n"
@@ -314,7 +302,7 @@ static void vllm_env(FILE *f)
           f);
 }
 
-static void vllm_part(FILE *f, const struct ctx *c, const struct pd_node_part *x)
+static void vllm_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_part *x)
 {
     const struct pd_plan *p = c->p;
     const struct pd_role_plan *rp = &p->role[x->role], *P = &p->role[PD_ROLE_PREFILL], *D = &p->role[PD_ROLE_DECODE];
@@ -382,7 +370,7 @@ static void vllm_part(FILE *f, const struct ctx *c, const struct pd_node_part *x
 /* vllm-ascend's examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py (its
  * parse_args: --host, --port, --prefiller-hosts/-ports, --decoder-hosts/-ports, nargs="+"):
  * one entry per instance, its first node and HTTP port. */
-static void vllm_proxy(FILE *f, const struct ctx *c)
+static void vllm_proxy(FILE *f, const struct pd_emit_ctx *c)
 {
     static const char *const flag[2][2] = {{"--prefiller-hosts", "--prefiller-ports"},
                                            {"--decoder-hosts", "--decoder-ports"}};
@@ -411,7 +399,7 @@ static void vllm_proxy(FILE *f, const struct ctx *c)
  * python/sglang/srt/server_args.py and docs/advanced_features/pd_disaggregation.md. An instance
  * of dp x tp cards is one SGLang server of --tp-size dp x tp with DP attention over dp and expert
  * parallelism over all its cards, as SGLang's DeepSeek deployments run it. */
-static void sgl_env(FILE *f, const struct ctx *c)
+static void sgl_env(FILE *f, const struct pd_emit_ctx *c)
 {
     if (!c->ascend)
         return;
@@ -432,7 +420,7 @@ static double sgl_mem_fraction(const struct pd_role_plan *rp)
     return (double)(long long)(f * 100.0) / 100.0;
 }
 
-static void sgl_part(FILE *f, const struct ctx *c, const struct pd_node_part *x)
+static void sgl_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_part *x)
 {
     const struct pd_plan *p = c->p;
     const struct pd_role_plan *rp = &p->role[x->role];
@@ -486,7 +474,7 @@ static void sgl_part(FILE *f, const struct ctx *c, const struct pd_node_part *x)
 
 /* sglang-router (docs/advanced_features/router.md): --prefill URL [BOOTSTRAP_PORT] per prefill
  * instance, --decode URL per decode instance. */
-static void sgl_router(FILE *f, const struct ctx *c)
+static void sgl_router(FILE *f, const struct pd_emit_ctx *c)
 {
     fprintf(f, "# router on %s: sglang-router, each prefill instance with its bootstrap port\n", c->host[0]);
     fprintf(f, "if [ \"$host\" = %s ]; then\n  python3 -m sglang_router.launch_router", c->host[0]);
@@ -508,7 +496,7 @@ static void sgl_router(FILE *f, const struct ctx *c)
 
 /* A W8A8 plan on Ascend loads an int8 checkpoint nobody can name for the user: the script
  * requires MODEL_PATH, and says where the known ones come from. */
-static void model_env(FILE *f, const struct ctx *c, enum pd_emit_target t)
+static void model_env(FILE *f, const struct pd_emit_ctx *c, enum pd_emit_target t)
 {
     int v4flash = strstr(c->model, "DeepSeek-V4-Flash") != NULL;
     fprintf(f, "# The plan is W8A8: the servers load an int8 conversion of %s (msmodelslim's\n"
@@ -536,8 +524,7 @@ static int check_formats(const struct pd_plan *p, pd_err *e)
     return 0;
 }
 
-/* Each role's KV pool must hold at least one sequence of max-model-len. */
-static int check_fits(const struct pd_plan *p, pd_err *e)
+int pd_emit_check_fits(const struct pd_plan *p, pd_err *e)
 {
     for (int r = 0; r < 2; r++) {
         const struct pd_role_plan *rp = &p->role[r];
@@ -571,7 +558,7 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
         pd_emit_opts_default(&defaults);
         o = &defaults;
     }
-    struct ctx c = {.p = p, .o = o};
+    struct pd_emit_ctx c = {.p = p, .o = o};
     c.model = o->model_path && *o->model_path ? o->model_path : pd_emit_model_path(p);
     c.ascend = strstr(p->hw.card_name, "Ascend") != NULL;
     c.w8a8 = c.ascend && !p->inv.from_checkpoint && p->quant.linear == PD_FMT_W8A8;
@@ -586,7 +573,7 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
     char *buf = NULL;
     size_t len = 0;
     FILE *f = NULL;
-    if (hosts_build(&c, e) || check_ports(&c, t, e) || check_redundant(p, e) || check_fits(p, e) ||
+    if (hosts_build(&c, e) || check_ports(&c, t, e) || check_redundant(p, e) || pd_emit_check_fits(p, e) ||
         check_formats(p, e))
         goto done;
     f = open_memstream(&buf, &len);
@@ -594,7 +581,7 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
         pd_err_set(e, PD_ENOMEM, "out of memory");
         goto done;
     }
-    header(f, &c, t);
+    pd_emit_header(f, &c, t);
     if (t == PD_EMIT_VLLM_ASCEND)
         vllm_env(f);
     else
