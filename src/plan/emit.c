@@ -1,7 +1,7 @@
 /* Launch scripts from a plan: the node assignment (which instance runs on which cards of which
- * node, with which ports), then one writer per engine. Every flag name was checked against the
- * engine's own source or documents, cited beside the code that writes it; docs/emit.md lists
- * them with the plan field each value comes from. */
+ * node, with which ports), then one writer per engine (pdmoe's own in emit_pdmoe.c). Every flag
+ * name was checked against the engine's own source or documents, cited beside the code that
+ * writes it; docs/emit.md lists them with the plan field each value comes from. */
 #include "plan/emit.h"
 #include "plan/emit_sh.h"
 #include "plan/nodes.h"
@@ -25,22 +25,24 @@ void pd_emit_opts_default(struct pd_emit_opts *o)
     memset(o, 0, sizeof *o);
     o->base_port = 8100;
     o->proxy_port = 8000;
+    o->threads = 1;
 }
+
+static const char *const target_names[] = {"vllm-ascend", "sglang", "pdmoe"};   /* by enum pd_emit_target */
 
 int pd_emit_target_parse(const char *name, enum pd_emit_target *t, pd_err *e)
 {
-    if (name && strcmp(name, "vllm-ascend") == 0)
-        *t = PD_EMIT_VLLM_ASCEND;
-    else if (name && strcmp(name, "sglang") == 0)
-        *t = PD_EMIT_SGLANG;
-    else
-        return pd_err_set(e, PD_EINVAL, "--emit %s: expected vllm-ascend or sglang", name ? name : "");
-    return 0;
+    for (int i = 0; name && i < 3; i++)
+        if (strcmp(name, target_names[i]) == 0) {
+            *t = (enum pd_emit_target)i;
+            return 0;
+        }
+    return pd_err_set(e, PD_EINVAL, "--emit %s: expected vllm-ascend, sglang or pdmoe", name ? name : "");
 }
 
 const char *pd_emit_target_name(enum pd_emit_target t)
 {
-    return t == PD_EMIT_SGLANG ? "sglang" : "vllm-ascend";
+    return target_names[t];
 }
 
 const char *pd_emit_model_path(const struct pd_plan *p)
@@ -252,10 +254,10 @@ void pd_emit_header(FILE *f, const struct pd_emit_ctx *c, enum pd_emit_target t)
     else
         pd_emit_sh_word(f, c->model);
     fprintf(f, ".\n");
-    fprintf(f, "# Copy this file to every node and run `sh FILE HOST` there, HOST being the node's name\n"
-               "# below: it starts that node's servers in the background and waits. The %s listens on\n"
-               "# %s:%d. What each flag comes from and what is left to fill in: pdmoe's docs/emit.md.\n",
-            t == PD_EMIT_SGLANG ? "router" : "proxy", c->host[0], c->o->proxy_port);
+}
+
+void pd_emit_dispatch(FILE *f, const struct pd_emit_ctx *c)
+{
     fprintf(f, "set -e\n");
     fprintf(f, "host=${1:?usage: sh FILE HOST (%s ... %s)}\n", c->host[0], c->host[c->L.nodes - 1]);
     fprintf(f, "case \"$host\" in\n");
@@ -551,6 +553,19 @@ static int check_redundant(const struct pd_plan *p, pd_err *e)
     return 0;
 }
 
+int pd_emit_layout(struct pd_emit_ctx *c, pd_err *e)
+{
+    int rc = pd_nodes_build(c->p, &c->L, e);
+    return rc ? rc : hosts_build(c, e);
+}
+
+void pd_emit_ctx_free(struct pd_emit_ctx *c)
+{
+    pd_nodes_free(&c->L);
+    free(c->host);
+    free(c->placeholder);
+}
+
 char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_emit_opts *o, pd_err *e)
 {
     struct pd_emit_opts defaults;
@@ -558,6 +573,8 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
         pd_emit_opts_default(&defaults);
         o = &defaults;
     }
+    if (t == PD_EMIT_PDMOE)
+        return pd_emit_pdmoe(p, o, e);
     struct pd_emit_ctx c = {.p = p, .o = o};
     c.model = o->model_path && *o->model_path ? o->model_path : pd_emit_model_path(p);
     c.ascend = strstr(p->hw.card_name, "Ascend") != NULL;
@@ -568,12 +585,10 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
                    p->hw.name, p->hw.card_name);
         return NULL;
     }
-    if (pd_nodes_build(p, &c.L, e))
-        return NULL;
     char *buf = NULL;
     size_t len = 0;
     FILE *f = NULL;
-    if (hosts_build(&c, e) || check_ports(&c, t, e) || check_redundant(p, e) || pd_emit_check_fits(p, e) ||
+    if (pd_emit_layout(&c, e) || check_ports(&c, t, e) || check_redundant(p, e) || pd_emit_check_fits(p, e) ||
         check_formats(p, e))
         goto done;
     f = open_memstream(&buf, &len);
@@ -582,6 +597,11 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
         goto done;
     }
     pd_emit_header(f, &c, t);
+    fprintf(f, "# Copy this file to every node and run `sh FILE HOST` there, HOST being the node's name\n"
+               "# below: it starts that node's servers in the background and waits. The %s listens on\n"
+               "# %s:%d. What each flag comes from and what is left to fill in: pdmoe's docs/emit.md.\n",
+            t == PD_EMIT_SGLANG ? "router" : "proxy", c.host[0], o->proxy_port);
+    pd_emit_dispatch(f, &c);
     if (t == PD_EMIT_VLLM_ASCEND)
         vllm_env(f);
     else
@@ -601,8 +621,6 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
         pd_err_set(e, PD_ENOMEM, "out of memory");
     }
 done:
-    free(c.L.parts);
-    free(c.host);
-    free(c.placeholder);
+    pd_emit_ctx_free(&c);
     return buf;
 }
