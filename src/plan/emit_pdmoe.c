@@ -26,6 +26,9 @@ static int model_path(const struct pd_plan *p, const struct pd_emit_opts *o, con
     else
         return pd_err_set(e, PD_EINVAL, "--emit pdmoe: %s is a preset, not a checkpoint directory pdmoe serve can "
                           "load; name the directory with --served-model-path", p->model.name);
+    for (const char *q = *out; *q; q++)   /* the path also goes into the script's comments */
+        if ((unsigned char)*q < 0x20)
+            return pd_err_set(e, PD_EINVAL, "--emit pdmoe: the model path has a control character");
     return 0;
 }
 
@@ -116,20 +119,20 @@ static void instance(FILE *f, const struct pd_launch_inst *x, char *const *argv)
 }
 
 /* What the script is, after the common header: the up command with the same command lines. */
-static void about(FILE *f, const struct pd_emit_ctx *c)
+static void about(FILE *f, const struct pd_emit_ctx *c, const char *threads)
 {
     fputs("# The command lines of `pdmoe up --model ", f);
     pd_emit_sh_word(f, c->model);
     fputs(" --plan plan.json --hosts ", f);
     for (int i = 0; i < c->L.nodes; i++)
         fprintf(f, "%s%s", i ? "," : "", c->host[i]);
-    fprintf(f, "\n# --host %s --port %d --threads %d` (src/plan/launch.c), to start by hand. Copy this file to\n"
+    fprintf(f, "\n# --host %s --port %d --threads %s` (src/plan/launch.c), to start by hand. Copy this file to\n"
                "# every host and run `sh FILE HOST` there, HOST being the host's name below: it starts the\n"
                "# instances whose first host it is in the background and waits. An EP group spanning hosts is\n"
                "# one mpirun on its first host, which starts the other hosts' ranks through Open MPI's\n"
                "# launcher (ssh, or OMPI_MCA_plm_rsh_agent). The proxy listens on %s:%d. Every host needs\n"
                "# pdmoe on its PATH and the model at this path: pdmoe's docs/emit.md.\n",
-            c->host[0], c->o->proxy_port, c->o->threads, c->host[0], c->o->proxy_port);
+            c->host[0], c->o->proxy_port, threads, c->host[0], c->o->proxy_port);
 }
 
 char *pd_emit_pdmoe(const struct pd_plan *p, const struct pd_emit_opts *o, pd_err *e)
@@ -155,7 +158,7 @@ char *pd_emit_pdmoe(const struct pd_plan *p, const struct pd_emit_opts *o, pd_er
     snprintf(threads, sizeof threads, "%d", o->threads > 0 ? o->threads : 1);
     snprintf(max_len, sizeof max_len, "%lld", (long long)p->o.max_model_len);
     pd_emit_header(f, &c, PD_EMIT_PDMOE);
-    about(f, &c);
+    about(f, &c, threads);
     pd_emit_dispatch(f, &c);
     int oom = 0;
     for (int i = 0; i < n && !oom; i++) {

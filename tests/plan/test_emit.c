@@ -1078,6 +1078,9 @@ Test(plan, emit_pdmoe_refuses_and_model_paths)
     cr_assert_eq(count(s, "    --model /data/mini \\\n    --host "), 4);
     cr_assert_eq(count(s, "    --served-model-name mini \\\n"), 4);
     free(s);
+    o.model_path = "/data/mini\nrm -rf /";   /* quoted in the commands, but not in the header's comment */
+    cr_assert_null(pd_emit(&p, PD_EMIT_PDMOE, &o, &e));
+    cr_assert_str_eq(e.msg, "--emit pdmoe: the model path has a control character");
     pd_plan_free(&p);
     char dir[] = "/tmp/pdmoe-emit-model-XXXXXX", path[256];
     cr_assert_not_null(mkdtemp(dir));
