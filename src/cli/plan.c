@@ -50,14 +50,19 @@ static const char *help =
     "  --request-rate R             ... and TTFT with the queueing delay at R requests/s\n"
     "  --prefix-cache-hit F         ... with a share F of prompt tokens served from a prefix cache\n"
     "  --html FILE                  also write a self-contained HTML report (memory bars, expert map)\n"
-    "  --emit vllm-ascend|sglang    instead of the plan, the shell script that launches its layout on a real\n"
-    "                               cluster: one server command per instance and node, and the proxy (router);\n"
-    "                               see docs/emit.md\n"
+    "  --emit vllm-ascend|sglang|pdmoe   instead of the plan, the shell script that launches its layout on a\n"
+    "                               real cluster: one server command per instance and node, and the proxy\n"
+    "                               (router); pdmoe: on CPU hosts, the command lines pdmoe up --plan --hosts runs,\n"
+    "                               one per instance (an EP group across hosts is one mpirun); see docs/emit.md\n"
     "  --hosts H0,H1,...            the nodes' addresses for --emit, in order (default: node0, node1, ...)\n"
     "  --served-model-path PATH     what the servers load (default: the --checkpoint directory, the Hugging Face\n"
-    "                               repository of a preset, e.g. deepseek-ai/DeepSeek-V4-Flash, else --model)\n"
+    "                               repository of a preset, e.g. deepseek-ai/DeepSeek-V4-Flash, else --model;\n"
+    "                               pdmoe: a local directory, --checkpoint, --model DIR, or models/mini for\n"
+    "                               v4-flash-mini)\n"
     "  --base-port N                HTTP port of the first instance on each node, the next + 10; default 8100\n"
-    "  --proxy-port N               port of the proxy (router), on the first prefill node; default 8000\n";
+    "                               (not pdmoe's: its ports follow --proxy-port, as pdmoe up --port)\n"
+    "  --proxy-port N               port of the proxy (router), on the first prefill node; default 8000\n"
+    "  --threads N                  --emit pdmoe: threads of every rank (pdmoe up --threads); default 1\n";
 
 static int parse_role(const char *flag, const char *s, struct pd_role_opts *r)
 {
@@ -101,7 +106,7 @@ static int parse_bytes(const char *flag, const char *s, int64_t *out)
 
 enum {
     O_SHARED = 256, O_CKPT, O_PREFILL, O_DECODE, O_NODES, O_RTP, O_RTD, O_HAND, O_SWEEP, O_INV, O_JSON, O_HTML,
-    O_EMIT, O_HOSTS, O_MPATH, O_BPORT, O_PPORT, O_HELP
+    O_EMIT, O_HOSTS, O_MPATH, O_BPORT, O_PPORT, O_THREADS, O_HELP
 };
 
 /* --hosts a,b,c: a malloc'ed array of pointers into one malloc'ed copy of the list. */
@@ -156,7 +161,7 @@ int pd_cli_plan(int argc, char **argv)
         {"handoff-tokens", 1, 0, O_HAND}, {"sweep", 0, 0, O_SWEEP}, {"inventory", 0, 0, O_INV},
         {"json", 0, 0, O_JSON}, {"units", 1, 0, O_SHARED}, {"emit", 1, 0, O_EMIT}, {"hosts", 1, 0, O_HOSTS},
         {"served-model-path", 1, 0, O_MPATH}, {"base-port", 1, 0, O_BPORT}, {"proxy-port", 1, 0, O_PPORT},
-        {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
+        {"threads", 1, 0, O_THREADS}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
     };
     struct pd_plan_opts o;
     pd_plan_opts_default(&o);
@@ -169,6 +174,7 @@ int pd_cli_plan(int argc, char **argv)
     pd_emit_opts_default(&eo);
     enum pd_emit_target target = PD_EMIT_VLLM_ASCEND;
     const char *emit = NULL, *emit_only = NULL;   /* emit_only: the first flag that needs --emit */
+    const char *base_port = NULL, *threads = NULL;   /* the flags of some targets only */
     char *hosts_copy = NULL;
     const char **hosts = NULL;
     int rc = 2;
@@ -244,11 +250,23 @@ int pd_cli_plan(int argc, char **argv)
             if (parse_port("--base-port", optarg, &eo.base_port))
                 goto out;
             emit_only = emit_only ? emit_only : "--base-port";
+            base_port = optarg;
             break;
         case O_PPORT:
             if (parse_port("--proxy-port", optarg, &eo.proxy_port))
                 goto out;
             emit_only = emit_only ? emit_only : "--proxy-port";
+            break;
+        case O_THREADS:
+            if (pd_cli_int("--threads", optarg, 1, &v))
+                goto out;
+            if (v > 4096) {
+                fprintf(stderr, "pdmoe plan: --threads %s: at most 4096\n", optarg);
+                goto out;
+            }
+            eo.threads = (int)v;
+            emit_only = emit_only ? emit_only : "--threads";
+            threads = optarg;
             break;
         case 'h':
         case O_HELP: fputs(help, stdout); rc = 0; goto out;
@@ -260,7 +278,16 @@ int pd_cli_plan(int argc, char **argv)
         goto out;
     }
     if (emit_only && !emit) {
-        fprintf(stderr, "pdmoe plan: %s only applies with --emit vllm-ascend|sglang\n", emit_only);
+        fprintf(stderr, "pdmoe plan: %s only applies with --emit vllm-ascend|sglang|pdmoe\n", emit_only);
+        goto out;
+    }
+    if (emit && target == PD_EMIT_PDMOE && base_port) {
+        fprintf(stderr, "pdmoe plan: --base-port %s does not apply to --emit pdmoe: its ports follow --proxy-port "
+                        "(the proxy on it, instance n on it + 1 + n, KV from it + 100), as pdmoe up --port\n", base_port);
+        goto out;
+    }
+    if (emit && target != PD_EMIT_PDMOE && threads) {
+        fprintf(stderr, "pdmoe plan: --threads %s only applies with --emit pdmoe\n", threads);
         goto out;
     }
     if (emit && (json || inventory)) {

@@ -30,7 +30,7 @@ static const char *help =
     "                               as for pdmoe plan (see pdmoe plan --help)\n"
     "  --json                       the search as JSON (search_version 1)\n"
     "  --html FILE                  write a self-contained HTML report (memory bars, expert map, Pareto chart)\n"
-    "  --emit vllm-ascend|sglang    print the chosen layout's launch commands instead of the tables\n";
+    "  --emit vllm-ascend|sglang|pdmoe   print the chosen layout's launch commands instead of the tables\n";
 
 enum { O_SHARED = 256, O_CARDS, O_TTFT, O_TPOT, O_MAXTP, O_JSON, O_HTML, O_EMIT, O_HELP };
 

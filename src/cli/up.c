@@ -77,13 +77,6 @@ static void spawn(struct child *c)
     c->started = pd_now_s();
 }
 
-static void set_args(struct child *c, char **a, int n)
-{
-    c->argv = calloc((size_t)n + 1, sizeof *c->argv);
-    for (int i = 0; c->argv && i < n; i++)
-        c->argv[i] = strdup(a[i]);
-}
-
 /* "exited with status N" or "was killed by signal N (name)" */
 static void describe(int status, char *out, size_t cap)
 {
@@ -549,10 +542,10 @@ int pd_cli_up(int argc, char **argv)
         return 1;
     }
     snprintf(mfile, sizeof mfile, "%s/restarts.prom", mdir);
-    char sport[16], sth[16], slen[16], plist[4096] = "", dlist[4096] = "";
+    char sth[16], slen[16];
     snprintf(sth, sizeof sth, "%lld", (long long)threads);
     snprintf(slen, sizeof slen, "%lld", (long long)max_len);
-    const char *name = served ? served : strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
+    const char *name = served ? served : pd_launch_served_name(model);
     /* the instances: where each one's ranks run (the plan's node map on --hosts, else this
      * machine), their ports, and their command lines (plan/launch.h, which --emit pdmoe prints) */
     int ni = 0;
@@ -577,23 +570,16 @@ int pd_cli_up(int argc, char **argv)
             fprintf(stderr, "pdmoe up: %s\n", pe.msg);
         failed = 2;
     }
-    char skvb[2][32], sseqs[32], sbatch[32];
     for (int i = 0; i < ni && !failed; i++) {
         const struct pd_launch_inst *x = &inst[i];
         struct pd_launch_opts lo = {.pdmoe = self, .model = model, .served_name = name, .api_key = key,
                                     .threads = sth, .max_model_len = slen, .lease_ms = (int)lease_ms,
                                     .allow_run_as_root = geteuid() == 0, .oversubscribe = 1,
                                     .remote = x->group[0].host && !pd_net_is_local(x->group[0].host)};
+        if (plan)   /* the plan's pool and limits, per rank */
+            lo.plan = (struct pd_launch_limits){.kv_cache_bytes = u.kv_pool[x->role], .max_num_seqs = u.max_num_seqs,
+                                                .max_num_batched_tokens = u.max_num_batched_tokens};
         int e = 0;
-        if (plan) {   /* the plan's pool and limits, per rank */
-            snprintf(skvb[x->role], sizeof skvb[x->role], "%lld", (long long)u.kv_pool[x->role]);
-            snprintf(sseqs, sizeof sseqs, "%lld", (long long)u.max_num_seqs);
-            snprintf(sbatch, sizeof sbatch, "%lld", (long long)u.max_num_batched_tokens);
-            const char *more[] = {"--kv-cache-bytes", skvb[x->role], "--max-num-seqs", sseqs, "--max-num-batched-tokens",
-                                  sbatch};
-            for (size_t j = 0; j < sizeof more / sizeof *more; j++)
-                lo.extra[e++] = more[j];
-        }
         const char *pass[][2] = {{"--max-num-seqs", seqs_flag}, {"--max-num-batched-tokens", batched_flag},
                                  {"--kv-cache-memory-bytes", kvbytes_flag}};
         for (size_t j = 0; j < sizeof pass / sizeof pass[0]; j++)
@@ -601,15 +587,6 @@ int pd_cli_up(int argc, char **argv)
                 lo.extra[e++] = pass[j][0];
                 lo.extra[e++] = pass[j][1];
             }
-        char hp[96];
-        snprintf(hp, sizeof hp, "%s%s:%d", (x->role ? dlist : plist)[0] ? "," : "",
-                 x->group[0].host ? x->group[0].host : "127.0.0.1", x->port);
-        if (strlen(x->role ? dlist : plist) + strlen(hp) >= sizeof plist) {
-            fprintf(stderr, "pdmoe up: too many instances for the proxy's command line\n");
-            failed = 2;
-            break;
-        }
-        strcat(x->role ? dlist : plist, hp);
         ch[n] = (struct child){.port = x->port, .role = x->role ? "decode" : "prefill", .instance = x->inst,
                                .host = x->group[0].host};
         if (!(ch[n].argv = pd_launch_argv(x, &lo))) {
@@ -623,6 +600,16 @@ int pd_cli_up(int argc, char **argv)
                  x->port);
         n++;
     }
+    /* the proxy, in front of every instance's first host and port (plan/launch.h) */
+    struct pd_launch_proxy po = {.pdmoe = self, .host = host, .port = (int)port, .metrics_file = mfile, .api_key = key};
+    const int proxy = n;
+    if (!failed) {
+        ch[n] = (struct child){.port = (int)port, .role = "proxy", .host = host};
+        if (!(ch[n].argv = pd_launch_proxy_argv(inst, ni, &po))) {
+            fprintf(stderr, "pdmoe up: out of memory\n");
+            failed = 1;
+        }
+    }
     free(inst);
     if (failed) {   /* nothing half-started is left behind */
         stop_all(ch, n);
@@ -631,12 +618,6 @@ int pd_cli_up(int argc, char **argv)
         rmdir(mdir);
         return failed;
     }
-    snprintf(sport, sizeof sport, "%lld", (long long)port);
-    char *pargs[] = {self, "proxy", "--prefill", plist, "--decode", dlist, "--port", sport, "--metrics-file", mfile,
-                     "--host", (char *)host, "--api-key", (char *)key};
-    const int proxy = n;
-    ch[n] = (struct child){.port = (int)port, .role = "proxy", .host = host};
-    set_args(&ch[n], pargs, key ? 14 : 12);
     snprintf(ch[n].what, sizeof ch[n].what, "proxy");
     write_metrics(mfile, ch, n + 1);
     spawn(&ch[n]);

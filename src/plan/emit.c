@@ -1,8 +1,9 @@
 /* Launch scripts from a plan: the node assignment (which instance runs on which cards of which
- * node, with which ports), then one writer per engine. Every flag name was checked against the
- * engine's own source or documents, cited beside the code that writes it; docs/emit.md lists
- * them with the plan field each value comes from. */
+ * node, with which ports), then one writer per engine (pdmoe's own in emit_pdmoe.c). Every flag
+ * name was checked against the engine's own source or documents, cited beside the code that
+ * writes it; docs/emit.md lists them with the plan field each value comes from. */
 #include "plan/emit.h"
+#include "plan/emit_sh.h"
 #include "plan/nodes.h"
 #include "core/units.h"
 
@@ -19,39 +20,29 @@
 #define SGL_DIST_INIT_PORT 5000  /* SGLang docs/advanced_features/pd_disaggregation.md */
 #define SGL_BOOTSTRAP_PORT 8998  /* SGLang server_args.py: disaggregation_bootstrap_port's default */
 
-struct ctx {
-    const struct pd_plan *p;
-    const struct pd_emit_opts *o;
-    struct pd_node_layout L;
-    const char **host;      /* L.nodes names */
-    char (*placeholder)[16];
-    const char *model;
-    int ascend;
-    int w8a8;               /* the plan's linear layers are W8A8: an int8 (msmodelslim) checkpoint */
-    int model_var;          /* the servers load "$MODEL_PATH", which the script requires */
-};
-
 void pd_emit_opts_default(struct pd_emit_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->base_port = 8100;
     o->proxy_port = 8000;
+    o->threads = 1;
 }
+
+static const char *const target_names[] = {"vllm-ascend", "sglang", "pdmoe"};   /* by enum pd_emit_target */
 
 int pd_emit_target_parse(const char *name, enum pd_emit_target *t, pd_err *e)
 {
-    if (name && strcmp(name, "vllm-ascend") == 0)
-        *t = PD_EMIT_VLLM_ASCEND;
-    else if (name && strcmp(name, "sglang") == 0)
-        *t = PD_EMIT_SGLANG;
-    else
-        return pd_err_set(e, PD_EINVAL, "--emit %s: expected vllm-ascend or sglang", name ? name : "");
-    return 0;
+    for (int i = 0; name && i < 3; i++)
+        if (strcmp(name, target_names[i]) == 0) {
+            *t = (enum pd_emit_target)i;
+            return 0;
+        }
+    return pd_err_set(e, PD_EINVAL, "--emit %s: expected vllm-ascend, sglang or pdmoe", name ? name : "");
 }
 
 const char *pd_emit_target_name(enum pd_emit_target t)
 {
-    return t == PD_EMIT_SGLANG ? "sglang" : "vllm-ascend";
+    return target_names[t];
 }
 
 const char *pd_emit_model_path(const struct pd_plan *p)
@@ -77,7 +68,7 @@ struct range {
     const char *what;
 };
 
-static int part_ranges(const struct ctx *c, enum pd_emit_target t, const struct pd_node_part *x, struct range *out)
+static int part_ranges(const struct pd_emit_ctx *c, enum pd_emit_target t, const struct pd_node_part *x, struct range *out)
 {
     int n = 0, s = PORT_STEP * x->slot, head = x->k == 0;
     if (head)
@@ -105,7 +96,7 @@ static const char *span(int lo, int hi, char *buf)
     return buf;
 }
 
-static int check_ports(const struct ctx *c, enum pd_emit_target t, pd_err *e)
+static int check_ports(const struct pd_emit_ctx *c, enum pd_emit_target t, pd_err *e)
 {
     const struct pd_node_layout *L = &c->L;
     struct range *r = malloc(sizeof *r * (size_t)(4 * L->n_parts + 1));
@@ -156,7 +147,7 @@ static int host_ok(const char *h)
     return 1;
 }
 
-static int hosts_build(struct ctx *c, pd_err *e)
+static int hosts_build(struct pd_emit_ctx *c, pd_err *e)
 {
     const struct pd_node_layout *L = &c->L;
     c->host = calloc((size_t)L->nodes, sizeof *c->host);
@@ -190,8 +181,7 @@ static int hosts_build(struct ctx *c, pd_err *e)
     return 0;
 }
 
-/* s as one shell word (quoted when it must be). */
-static void sh_word(FILE *f, const char *s)
+void pd_emit_sh_word(FILE *f, const char *s)
 {
     int safe = *s != 0;
     for (const char *q = s; *q; q++)
@@ -211,12 +201,12 @@ static void sh_word(FILE *f, const char *s)
 }
 
 /* The model argument of every server: the path, or "$MODEL_PATH" when the script requires one. */
-static void model_word(FILE *f, const struct ctx *c)
+static void model_word(FILE *f, const struct pd_emit_ctx *c)
 {
     if (c->model_var)
         fputs("\"$MODEL_PATH\"", f);
     else
-        sh_word(f, c->model);
+        pd_emit_sh_word(f, c->model);
 }
 
 /* One more argument of the command being written: a continuation line. */
@@ -230,7 +220,7 @@ static void arg(FILE *f, const char *fmt, ...)
     va_end(ap);
 }
 
-static void comment(FILE *f, const struct ctx *c, const struct pd_node_part *x, const char *note)
+static void comment(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_part *x, const char *note)
 {
     const struct pd_role_plan *rp = &c->p->role[x->role];
     fprintf(f, "# %s instance %d on %s (node %d of %d%s): ", pd_role_name(x->role), x->inst, c->host[x->node],
@@ -248,7 +238,7 @@ static void comment(FILE *f, const struct ctx *c, const struct pd_node_part *x, 
     fputc('\n', f);
 }
 
-static void header(FILE *f, const struct ctx *c, enum pd_emit_target t)
+void pd_emit_header(FILE *f, const struct pd_emit_ctx *c, enum pd_emit_target t)
 {
     const struct pd_plan *p = c->p;
     const struct pd_role_opts *P = &p->role[PD_ROLE_PREFILL].o, *D = &p->role[PD_ROLE_DECODE].o;
@@ -262,12 +252,12 @@ static void header(FILE *f, const struct ctx *c, enum pd_emit_target t)
     if (c->model_var)
         fprintf(f, "$MODEL_PATH\n# (a W8A8 conversion of %s)", c->model);
     else
-        sh_word(f, c->model);
+        pd_emit_sh_word(f, c->model);
     fprintf(f, ".\n");
-    fprintf(f, "# Copy this file to every node and run `sh FILE HOST` there, HOST being the node's name\n"
-               "# below: it starts that node's servers in the background and waits. The %s listens on\n"
-               "# %s:%d. What each flag comes from and what is left to fill in: pdmoe's docs/emit.md.\n",
-            t == PD_EMIT_SGLANG ? "router" : "proxy", c->host[0], c->o->proxy_port);
+}
+
+void pd_emit_dispatch(FILE *f, const struct pd_emit_ctx *c)
+{
     fprintf(f, "set -e\n");
     fprintf(f, "host=${1:?usage: sh FILE HOST (%s ... %s)}\n", c->host[0], c->host[c->L.nodes - 1]);
     fprintf(f, "case \"$host\" in\n");
@@ -314,7 +304,7 @@ static void vllm_env(FILE *f)
           f);
 }
 
-static void vllm_part(FILE *f, const struct ctx *c, const struct pd_node_part *x)
+static void vllm_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_part *x)
 {
     const struct pd_plan *p = c->p;
     const struct pd_role_plan *rp = &p->role[x->role], *P = &p->role[PD_ROLE_PREFILL], *D = &p->role[PD_ROLE_DECODE];
@@ -382,7 +372,7 @@ static void vllm_part(FILE *f, const struct ctx *c, const struct pd_node_part *x
 /* vllm-ascend's examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py (its
  * parse_args: --host, --port, --prefiller-hosts/-ports, --decoder-hosts/-ports, nargs="+"):
  * one entry per instance, its first node and HTTP port. */
-static void vllm_proxy(FILE *f, const struct ctx *c)
+static void vllm_proxy(FILE *f, const struct pd_emit_ctx *c)
 {
     static const char *const flag[2][2] = {{"--prefiller-hosts", "--prefiller-ports"},
                                            {"--decoder-hosts", "--decoder-ports"}};
@@ -411,7 +401,7 @@ static void vllm_proxy(FILE *f, const struct ctx *c)
  * python/sglang/srt/server_args.py and docs/advanced_features/pd_disaggregation.md. An instance
  * of dp x tp cards is one SGLang server of --tp-size dp x tp with DP attention over dp and expert
  * parallelism over all its cards, as SGLang's DeepSeek deployments run it. */
-static void sgl_env(FILE *f, const struct ctx *c)
+static void sgl_env(FILE *f, const struct pd_emit_ctx *c)
 {
     if (!c->ascend)
         return;
@@ -432,7 +422,7 @@ static double sgl_mem_fraction(const struct pd_role_plan *rp)
     return (double)(long long)(f * 100.0) / 100.0;
 }
 
-static void sgl_part(FILE *f, const struct ctx *c, const struct pd_node_part *x)
+static void sgl_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_part *x)
 {
     const struct pd_plan *p = c->p;
     const struct pd_role_plan *rp = &p->role[x->role];
@@ -486,7 +476,7 @@ static void sgl_part(FILE *f, const struct ctx *c, const struct pd_node_part *x)
 
 /* sglang-router (docs/advanced_features/router.md): --prefill URL [BOOTSTRAP_PORT] per prefill
  * instance, --decode URL per decode instance. */
-static void sgl_router(FILE *f, const struct ctx *c)
+static void sgl_router(FILE *f, const struct pd_emit_ctx *c)
 {
     fprintf(f, "# router on %s: sglang-router, each prefill instance with its bootstrap port\n", c->host[0]);
     fprintf(f, "if [ \"$host\" = %s ]; then\n  python3 -m sglang_router.launch_router", c->host[0]);
@@ -508,7 +498,7 @@ static void sgl_router(FILE *f, const struct ctx *c)
 
 /* A W8A8 plan on Ascend loads an int8 checkpoint nobody can name for the user: the script
  * requires MODEL_PATH, and says where the known ones come from. */
-static void model_env(FILE *f, const struct ctx *c, enum pd_emit_target t)
+static void model_env(FILE *f, const struct pd_emit_ctx *c, enum pd_emit_target t)
 {
     int v4flash = strstr(c->model, "DeepSeek-V4-Flash") != NULL;
     fprintf(f, "# The plan is W8A8: the servers load an int8 conversion of %s (msmodelslim's\n"
@@ -536,8 +526,7 @@ static int check_formats(const struct pd_plan *p, pd_err *e)
     return 0;
 }
 
-/* Each role's KV pool must hold at least one sequence of max-model-len. */
-static int check_fits(const struct pd_plan *p, pd_err *e)
+int pd_emit_check_fits(const struct pd_plan *p, pd_err *e)
 {
     for (int r = 0; r < 2; r++) {
         const struct pd_role_plan *rp = &p->role[r];
@@ -564,6 +553,19 @@ static int check_redundant(const struct pd_plan *p, pd_err *e)
     return 0;
 }
 
+int pd_emit_layout(struct pd_emit_ctx *c, pd_err *e)
+{
+    int rc = pd_nodes_build(c->p, &c->L, e);
+    return rc ? rc : hosts_build(c, e);
+}
+
+void pd_emit_ctx_free(struct pd_emit_ctx *c)
+{
+    pd_nodes_free(&c->L);
+    free(c->host);
+    free(c->placeholder);
+}
+
 char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_emit_opts *o, pd_err *e)
 {
     struct pd_emit_opts defaults;
@@ -571,7 +573,9 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
         pd_emit_opts_default(&defaults);
         o = &defaults;
     }
-    struct ctx c = {.p = p, .o = o};
+    if (t == PD_EMIT_PDMOE)
+        return pd_emit_pdmoe(p, o, e);
+    struct pd_emit_ctx c = {.p = p, .o = o};
     c.model = o->model_path && *o->model_path ? o->model_path : pd_emit_model_path(p);
     c.ascend = strstr(p->hw.card_name, "Ascend") != NULL;
     c.w8a8 = c.ascend && !p->inv.from_checkpoint && p->quant.linear == PD_FMT_W8A8;
@@ -581,12 +585,10 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
                    p->hw.name, p->hw.card_name);
         return NULL;
     }
-    if (pd_nodes_build(p, &c.L, e))
-        return NULL;
     char *buf = NULL;
     size_t len = 0;
     FILE *f = NULL;
-    if (hosts_build(&c, e) || check_ports(&c, t, e) || check_redundant(p, e) || check_fits(p, e) ||
+    if (pd_emit_layout(&c, e) || check_ports(&c, t, e) || check_redundant(p, e) || pd_emit_check_fits(p, e) ||
         check_formats(p, e))
         goto done;
     f = open_memstream(&buf, &len);
@@ -594,7 +596,12 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
         pd_err_set(e, PD_ENOMEM, "out of memory");
         goto done;
     }
-    header(f, &c, t);
+    pd_emit_header(f, &c, t);
+    fprintf(f, "# Copy this file to every node and run `sh FILE HOST` there, HOST being the node's name\n"
+               "# below: it starts that node's servers in the background and waits. The %s listens on\n"
+               "# %s:%d. What each flag comes from and what is left to fill in: pdmoe's docs/emit.md.\n",
+            t == PD_EMIT_SGLANG ? "router" : "proxy", c.host[0], o->proxy_port);
+    pd_emit_dispatch(f, &c);
     if (t == PD_EMIT_VLLM_ASCEND)
         vllm_env(f);
     else
@@ -614,8 +621,6 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
         pd_err_set(e, PD_ENOMEM, "out of memory");
     }
 done:
-    free(c.L.parts);
-    free(c.host);
-    free(c.placeholder);
+    pd_emit_ctx_free(&c);
     return buf;
 }

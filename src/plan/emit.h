@@ -1,8 +1,10 @@
 /* From a deployment plan to a real cluster: the shell script that starts every prefill and decode
  * instance of the plan's layout with vllm-ascend (KV cache over Mooncake) or SGLang (PD
  * disaggregation over Mooncake), one command per instance and node, and the proxy (router) in
- * front of them. Where each flag comes from, in the plan and in the engines' own documents, and
- * what a user must still fill in: docs/emit.md.
+ * front of them; or with pdmoe itself on CPU hosts (target pdmoe): the very command lines
+ * `pdmoe up --plan plan.json --hosts ...` runs (plan/launch.h), one per instance on its first
+ * host, an EP group spanning hosts being one mpirun. Where each flag comes from, in the plan and
+ * in the engines' own documents, and what a user must still fill in: docs/emit.md.
  *
  * Node assignment: prefill instances take the first nodes in order, decode the following ones;
  * an instance smaller than a node shares it with the next instance of the same role (each gets
@@ -14,21 +16,23 @@
 #include "core/err.h"
 #include "plan/plan.h"
 
-enum pd_emit_target { PD_EMIT_VLLM_ASCEND = 0, PD_EMIT_SGLANG = 1 };
+enum pd_emit_target { PD_EMIT_VLLM_ASCEND = 0, PD_EMIT_SGLANG = 1, PD_EMIT_PDMOE = 2 };
 
 struct pd_emit_opts {
     const char *const *hosts;   /* n_hosts node addresses, in node order; NULL: node0 ... nodeN-1 */
     int n_hosts;
-    const char *model_path;     /* what every server loads; NULL: pd_emit_model_path(p) */
-    int base_port;              /* HTTP port of the first instance on a node (the k-th: + 10 k) */
-    int proxy_port;             /* the proxy's (router's) port; it runs on the first prefill node */
+    const char *model_path;     /* what every server loads; NULL: pd_emit_model_path(p) (pdmoe: below) */
+    int base_port;              /* HTTP port of the first instance on a node (the k-th: + 10 k); not pdmoe's */
+    int proxy_port;             /* the proxy's (router's) port; it runs on the first prefill node. pdmoe:
+                                 * also the base of every port (pd_launch_ports, as pdmoe up --port) */
+    int threads;                /* pdmoe: --threads of every rank (as pdmoe up --threads) */
     const char *command;        /* the pdmoe command named in the script's header; NULL: "pdmoe plan" */
 };
 
-/* base_port 8100, proxy_port 8000, placeholder hosts, the default model path. */
+/* base_port 8100, proxy_port 8000, threads 1, placeholder hosts, the default model path. */
 void pd_emit_opts_default(struct pd_emit_opts *o);
 
-/* "vllm-ascend" or "sglang"; PD_EINVAL (message naming --emit) for anything else. */
+/* "vllm-ascend", "sglang" or "pdmoe"; PD_EINVAL (message naming --emit) for anything else. */
 int pd_emit_target_parse(const char *name, enum pd_emit_target *t, pd_err *e);
 const char *pd_emit_target_name(enum pd_emit_target t);
 
@@ -38,7 +42,12 @@ const char *pd_emit_target_name(enum pd_emit_target t);
 const char *pd_emit_model_path(const struct pd_plan *p);
 
 /* The launch script (#!/bin/sh), malloc'ed; NULL with `e` filled when the layout cannot be
- * emitted (too few --hosts, an uneven split, clashing ports, vllm-ascend on non-Ascend cards). */
+ * emitted (too few --hosts, an uneven split, clashing ports, vllm-ascend on non-Ascend cards;
+ * for pdmoe: tp > 1, redundant experts, a preset with no local checkpoint and no model_path).
+ *
+ * pdmoe's servers load a local checkpoint directory, the same path on every host: model_path,
+ * else the plan's --checkpoint, else its --model when that is a directory, else models/mini for
+ * the v4-flash-mini preset (where pdmoe up generates it). */
 char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_emit_opts *o, pd_err *e);
 
 #endif

@@ -1,5 +1,5 @@
 /* pdmoe's instance command lines (launch.h). */
-#define _GNU_SOURCE   /* vasprintf */
+#define _GNU_SOURCE   /* vasprintf, open_memstream */
 #include "plan/launch.h"
 
 #include <stdarg.h>
@@ -9,6 +9,9 @@
 
 int pd_launch_ports(struct pd_launch_inst *x, int n, int base_port, pd_err *e)
 {
+    if (n > 99)   /* HTTP ports base + 1 ... base + n stay below the KV ports from base + 100 */
+        return pd_err_set(e, PD_EINVAL, "%d instances: their HTTP ports (--port %d + 1 ...) would reach the KV "
+                          "ports (from --port + 100); at most 99", n, base_port);
     int step = 8;
     for (int i = 0; i < n; i++)
         if (x[i].role == 0 && x[i].ranks > step)
@@ -91,6 +94,18 @@ static void serve_args(struct argv *v, const struct pd_launch_inst *x, const str
         add(v, "--data-parallel-size");
         add(v, "%d", x->ranks);
     }
+    if (o->plan.kv_cache_bytes) {
+        add(v, "--kv-cache-bytes");
+        add(v, "%lld", (long long)o->plan.kv_cache_bytes);
+    }
+    if (o->plan.max_num_seqs) {
+        add(v, "--max-num-seqs");
+        add(v, "%lld", (long long)o->plan.max_num_seqs);
+    }
+    if (o->plan.max_num_batched_tokens) {
+        add(v, "--max-num-batched-tokens");
+        add(v, "%lld", (long long)o->plan.max_num_batched_tokens);
+    }
     for (int i = 0; i < 8 && o->extra[i]; i++)
         add(v, "%s", o->extra[i]);
     if (o->api_key) {
@@ -140,4 +155,61 @@ void pd_launch_argv_free(char **argv)
     for (int i = 0; argv && argv[i]; i++)
         free(argv[i]);
     free(argv);
+}
+
+const char *pd_launch_served_name(const char *model)
+{
+    const char *slash = strrchr(model, '/');
+    return slash ? slash + 1 : model;
+}
+
+/* "H:P,H:P,..." of the instances of one role; NULL when out of memory. */
+static char *endpoints(const struct pd_launch_inst *x, int n, int role)
+{
+    char *s = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&s, &len);
+    if (!f)
+        return NULL;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (x[i].role == role)
+            fprintf(f, "%s%s:%d", k++ ? "," : "", x[i].group[0].host ? x[i].group[0].host : "127.0.0.1", x[i].port);
+    if (fclose(f)) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+char **pd_launch_proxy_argv(const struct pd_launch_inst *x, int n, const struct pd_launch_proxy *o)
+{
+    struct argv v = {0};
+    char *list[2] = {endpoints(x, n, 0), endpoints(x, n, 1)};
+    v.oom = !list[0] || !list[1];
+    add(&v, "%s", o->pdmoe);
+    add(&v, "proxy");
+    add(&v, "--prefill");
+    add(&v, "%s", list[0]);
+    add(&v, "--decode");
+    add(&v, "%s", list[1]);
+    add(&v, "--port");
+    add(&v, "%d", o->port);
+    if (o->metrics_file) {
+        add(&v, "--metrics-file");
+        add(&v, "%s", o->metrics_file);
+    }
+    add(&v, "--host");
+    add(&v, "%s", o->host);
+    if (o->api_key) {
+        add(&v, "--api-key");
+        add(&v, "%s", o->api_key);
+    }
+    free(list[0]);
+    free(list[1]);
+    if (v.oom) {
+        pd_launch_argv_free(v.a);
+        return NULL;
+    }
+    return v.a;
 }

@@ -34,11 +34,22 @@ struct pd_launch_inst {
     int port, kv_port;  /* HTTP on group[0].host; producer rank k's KV listener on kv_port + k */
 };
 
+/* What a plan sets for the ranks of one role (pdmoe plan --json: roles[r].budget.kv_pool_bytes,
+ * options.max_num_seqs, options.max_num_batched_tokens), each per rank; 0: not passed. The one
+ * list of plan flags both launchers write: `up --plan` reads the numbers from the plan's JSON,
+ * `plan --emit pdmoe` from struct pd_plan. */
+struct pd_launch_limits {
+    int64_t kv_cache_bytes;    /* --kv-cache-bytes: the role's KV pool */
+    int64_t max_num_seqs;      /* --max-num-seqs */
+    int64_t max_num_batched_tokens;   /* --max-num-batched-tokens */
+};
+
 struct pd_launch_opts {
     const char *pdmoe;         /* the program: a path, or "pdmoe" */
     const char *model, *served_name, *api_key;   /* api_key NULL: none */
     const char *threads, *max_model_len;         /* as given on the command line */
     int lease_ms;              /* 0: the server's default */
+    struct pd_launch_limits plan;
     const char *extra[8];      /* more "--flag", "value" pairs for every instance, NULL-terminated */
     int allow_run_as_root;     /* mpirun --allow-run-as-root (pdmoe up as root) */
     int oversubscribe;         /* mpirun --oversubscribe: more ranks than cores */
@@ -48,12 +59,28 @@ struct pd_launch_opts {
 };
 
 /* Fills the ports of n instances (prefill first, in order) from base_port; PD_EINVAL naming
- * --port when one would pass 65535. */
+ * --port when one would pass 65535, or for more than 99 instances (HTTP would meet KV). */
 int pd_launch_ports(struct pd_launch_inst *x, int n, int base_port, pd_err *e);
 
 /* The argv of instance x (NULL-terminated; the array and its strings malloc'ed:
  * pd_launch_argv_free); NULL when out of memory. */
 char **pd_launch_argv(const struct pd_launch_inst *x, const struct pd_launch_opts *o);
 void pd_launch_argv_free(char **argv);
+
+/* The name the instances serve when none is given: the model directory's last component. */
+const char *pd_launch_served_name(const char *model);
+
+struct pd_launch_proxy {
+    const char *pdmoe;         /* the program */
+    const char *host;          /* --host: the address the proxy binds */
+    int port;
+    const char *metrics_file;  /* --metrics-file (pdmoe up's restart counts); NULL: none */
+    const char *api_key;       /* NULL: none */
+};
+
+/* The proxy's argv in front of n instances: `pdmoe proxy --prefill H:P,... --decode H:P,...`, each
+ * instance by its first host (127.0.0.1 when NULL) and HTTP port. Malloc'ed as pd_launch_argv's;
+ * NULL when out of memory. */
+char **pd_launch_proxy_argv(const struct pd_launch_inst *x, int n, const struct pd_launch_proxy *o);
 
 #endif

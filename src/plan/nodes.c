@@ -73,7 +73,7 @@ int pd_nodes_build(const struct pd_plan *p, struct pd_node_layout *L, pd_err *e)
     L->kv_base = 20000 + 1000 * cpn > 30000 ? 20000 + 1000 * cpn : 30000;
     L->kv_step = 100 * ((max_cards + 99) / 100);
     if (L->nodes > p->nodes) {
-        free(L->parts);
+        pd_nodes_free(L);
         return pd_err_set(e, PD_ENOFIT, "placing whole instances on nodes of %d cards needs %d nodes but the "
                           "cluster has %d (--nodes)", cpn, L->nodes, p->nodes);
     }

@@ -237,8 +237,18 @@ Test(cli, plan_emit)
     cr_assert(strstr(r.out, "    --prefill http://10.0.0.1:9000 8998 \\\n"));
     cr_assert(strstr(r.out, "    --decode http://10.0.0.5:9000 \\\n    --host 0.0.0.0 \\\n    --port 9100 &\n"));
 
+    /* pdmoe: 4 prefill EP8 groups on one host each, the EP32 decode group one mpirun over 4 hosts */
+    run("plan --model v4-flash-mini --emit pdmoe --hosts h0,h1,h2,h3,h4,h5,h6,h7 --proxy-port 9000 --threads 4", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "if [ \"$host\" = h3 ]; then\n  mpirun \\\n    --host h3:8 \\\n    -n 8 pdmoe serve \\\n"
+                            "    --model models/mini \\\n    --host h3 \\\n    --port 9004 \\\n    --threads 4 \\\n"),
+              "%s", r.out);
+    cr_assert(strstr(r.out, "  mpirun \\\n    --host h4:8,h5:8,h6:8,h7:8 \\\n    -n 8 pdmoe serve \\\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "  pdmoe proxy \\\n    --prefill h0:9001,h1:9002,h2:9003,h3:9004 \\\n    --decode h4:9005 \\\n"
+                            "    --port 9000 \\\n    --host h0 &\n"), "%s", r.out);
+
     static const struct { const char *args, *msg; } bad[] = {
-        {"plan --emit vllm", "--emit vllm: expected vllm-ascend or sglang"},
+        {"plan --emit vllm", "--emit vllm: expected vllm-ascend, sglang or pdmoe"},
         {"plan --hosts a,b", "--hosts only applies with --emit"},
         {"plan --served-model-path /m", "--served-model-path only applies with --emit"},
         {"plan --emit sglang --hosts a,b,c", "--hosts: 3 given but the layout needs 8 nodes"},
@@ -248,6 +258,12 @@ Test(cli, plan_emit)
         {"plan --emit sglang --proxy-port 8100", "ports clash on node0"},
         {"plan --hardware h200 --prefill dp=8,tp=1,instances=2 --decode dp=16,tp=1,instances=1 --nodes 4 "
          "--emit vllm-ascend", "not Ascend NPUs (use --emit sglang)"},
+        {"plan --emit pdmoe", "--emit pdmoe: deepseek-v4-flash is a preset, not a checkpoint directory"},
+        {"plan --emit pdmoe --served-model-path /m --decode dp=8,tp=4,instances=1",
+         "--emit pdmoe: --decode tp=4: pdmoe runs tensor parallel 1 only"},
+        {"plan --model v4-flash-mini --emit pdmoe --base-port 9000", "--base-port 9000 does not apply to --emit pdmoe"},
+        {"plan --emit sglang --threads 4", "--threads 4 only applies with --emit pdmoe"},
+        {"plan --threads 4", "--threads only applies with --emit"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int status = expect_error(bad[i].args, bad[i].msg);

@@ -14,7 +14,9 @@
 #      the same tokens again;
 #   5. Ctrl-C to `pdmoe up` leaves no process in any namespace;
 #   6. a host nobody can reach, and a port already taken on a host, stop `pdmoe up` with an error
-#      naming that host (and port).
+#      naming that host (and port);
+#   7. the same layout started by hand: `pdmoe plan --emit pdmoe`'s script, `sh launch.sh HOST` on
+#      each host, serves the same tokens (hosts 2 and 4 start nothing: their group's mpirun does).
 # Needs root and iproute2; every namespace and link is removed on exit, pass or fail.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -210,4 +212,29 @@ grep -q "cannot listen on ${A[3]}:$DECODE: Address already in use" "$T/port.log"
     grep -q "decode instance 0 (EP group, rank 0 on ${A[3]}:$DECODE) .*before it was ready" "$T/port.log" ||
     fail "port taken: $(cat "$T/port.log")"
 ok "port taken: $(grep -m1 'cannot listen' "$T/port.log")"
+
+# ---- 7. the same layout from pdmoe plan --emit pdmoe, started by hand on each host
+$B plan --model "$M" --hardware "$T/hw.json" --nodes 4 --prefill dp=2,instances=1 --decode dp=2,instances=1 \
+    --max-model-len 2048 --max-num-seqs 8 --kv-cache-dtype bf16 --mtp off --emit pdmoe --hosts "$HOSTS" \
+    --proxy-port $PORT > "$T/launch.sh"
+mkdir -p "$T/bin"
+ln -sf "$B" "$T/bin/pdmoe"   # the script runs pdmoe from PATH, on every host
+for i in 1 2 3 4; do
+    ( export PATH="$T/bin:$PATH"; on_exec $i sh "$T/launch.sh" "${A[$i]}" ) > "$T/launch-h$i.log" 2>&1 &
+done
+for p in "${PROMPTS[@]}"; do
+    want=$($B generate --model "$M" --prompt "$p" --max-tokens 12 --print-ids --threads 1 2>/dev/null |
+           sed -n 's/^\[0\] ids //p')
+    got=""
+    for _ in $(seq 120); do   # the first one waits for the servers to load
+        got=$(complete "$p" 2>/dev/null) && [ "$got" = "$want" ] && break
+        sleep 0.5
+    done
+    [ -n "$want" ] && [ "$got" = "$want" ] || fail "emitted script, \"$p\": cluster $got, pdmoe generate $want"
+done
+for i in 2 4; do
+    grep -q "nothing to start here" "$T/launch-h$i.log" || fail "host $i: $(cat "$T/launch-h$i.log")"
+done
+ok "pdmoe plan --emit pdmoe's script on each host: ${#PROMPTS[@]} prompts, tokens equal pdmoe generate's"
+{ for i in 1 2 3 4; do cluster_kill $i; done; wait; } 2>/dev/null   # (not bash's report of each one killed)
 echo "test-cluster: passed"

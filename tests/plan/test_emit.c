@@ -1,7 +1,10 @@
-/* Launch scripts from a plan (src/plan/emit.c): the seed's vllm-ascend script pinned byte for
- * byte, SGLang's key lines, instances sharing a node, tp > 1, --hosts and the layouts emit
- * refuses; and the script run by a real sh against stand-in `vllm` and `python3` programs. */
+/* Launch scripts from a plan (src/plan/emit.c, emit_pdmoe.c): the seed's vllm-ascend script
+ * pinned byte for byte, SGLang's key lines, instances sharing a node, tp > 1, --hosts and the
+ * layouts emit refuses; the scripts run by a real sh against stand-in `vllm` and `python3`
+ * programs; pdmoe's script on four CPU hosts, whose words are the argv `pdmoe up --plan --hosts`
+ * builds from the plan's JSON. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +14,8 @@
 
 #include "model/config.h"
 #include "plan/emit.h"
+#include "plan/hardware.h"
+#include "plan/launch.h"
 #include "plan/nodes.h"
 #include "fixture.h"
 
@@ -635,8 +640,10 @@ Test(plan, emit_layouts_it_refuses)
     cr_assert_eq(t, PD_EMIT_SGLANG);
     cr_assert_eq(pd_emit_target_parse("vllm-ascend", &t, &e), 0);
     cr_assert_eq(t, PD_EMIT_VLLM_ASCEND);
+    cr_assert_eq(pd_emit_target_parse("pdmoe", &t, &e), 0);
+    cr_assert_eq(t, PD_EMIT_PDMOE);
     cr_assert_eq(pd_emit_target_parse("vllm", &t, &e), PD_EINVAL);
-    cr_assert_str_eq(e.msg, "--emit vllm: expected vllm-ascend or sglang");
+    cr_assert_str_eq(e.msg, "--emit vllm: expected vllm-ascend, sglang or pdmoe");
 }
 
 /* The script as a node runs it: sh dispatches on the host name, starts that node's commands with
@@ -770,6 +777,326 @@ Test(plan, emit_redundant_experts)
                           "\"num_redundant_experts\":8}}'"), 4);
     cr_assert_eq(count(s, "--additional-config '{\"recompute_scheduler_enable\":true,\"eplb_config\":{\"dynamic_eplb\":"
                           "true,\"eplb_policy_type\":2,\"num_redundant_experts\":32}}'"), 4);
+    free(s);
+    pd_plan_free(&p);
+}
+
+/* --- pdmoe on CPU hosts --- */
+
+/* The seed's shape on four one-card CPU hosts, as tests/cluster/run.sh plans it: v4-flash-mini,
+ * prefill 1 x dp 2 and decode 1 x dp 2, each EP group across two hosts. */
+static void cpu_plan(struct pd_plan *p, struct pd_hardware *hw, int decode_tp)
+{
+    pd_err e = {0};
+    cr_assert_eq(pd_hardware_load("h100", hw, &e), 0, "%s", e.msg);
+    snprintf(hw->name, sizeof hw->name, "4 CPU hosts");
+    snprintf(hw->card_name, sizeof hw->card_name, "CPU");
+    hw->cluster_nodes = 4;
+    hw->cards_per_node = decode_tp > 1 ? decode_tp : 1;
+    hw->card_memory_bytes = 1600000000;
+    hw->runtime_prefill_bytes = hw->runtime_decode_bytes = 200000000;
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    o.model = "v4-flash-mini";
+    o.hw = hw;
+    o.max_model_len = 2048;
+    o.max_num_seqs = 8;
+    o.kv_dtype = PD_KV_BF16;
+    o.mtp = 0;
+    o.role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 2, .tp = 1, .instances = 1};
+    o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 2, .tp = decode_tp, .instances = 1};
+    build(&o, p);
+}
+
+static const char *const four_hosts[] = {"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"};
+
+static char *emit_pdmoe(const struct pd_plan *p, const char *model_path)
+{
+    struct pd_emit_opts o;
+    pd_emit_opts_default(&o);
+    o.hosts = four_hosts;
+    o.n_hosts = 4;
+    o.model_path = model_path;
+    return emit(p, PD_EMIT_PDMOE, &o);
+}
+
+/* Each EP group is one mpirun on its first host, one app context per host, every rank on its own
+ * host's address (HTTP and KV listener); the other host of a group starts nothing; the proxy on
+ * the first prefill host; the plan's pool and limits on every rank. */
+Test(plan, emit_pdmoe_four_cpu_hosts)
+{
+    struct pd_hardware hw;
+    struct pd_plan p;
+    cpu_plan(&p, &hw, 1);
+    char *s = emit_pdmoe(&p, NULL);
+    const char *top = "#!/bin/sh\n# pdmoe launch commands from `pdmoe plan --emit pdmoe`:\n"
+                      "# v4-flash-mini on 4 nodes of 1 CPU (4 CPU hosts),\n"
+                      "# prefill 1 x (dp 2, tp 1), decode 1 x (dp 2, tp 1); model path models/mini.\n";
+    cr_assert_eq(strncmp(s, top, strlen(top)), 0, "%s", s);
+    HAS(s, "# The command lines of `pdmoe up --model models/mini --plan plan.json --hosts "
+           "10.0.0.1,10.0.0.2,10.0.0.3,10.0.0.4\n# --host 10.0.0.1 --port 8000 --threads 1`");
+    HAS(s, "\n10.0.0.1|10.0.0.2|10.0.0.3|10.0.0.4) ;;\n");
+    HAS(s, "if [ \"$host\" = 10.0.0.1 ]; then\n  mpirun \\\n    --host 10.0.0.1:1,10.0.0.2:1 \\\n"
+           "    -n 1 pdmoe serve \\\n    --model models/mini \\\n    --host 10.0.0.1 \\\n    --port 8001 \\\n"
+           "    --threads 1 \\\n    --max-model-len 2048 \\\n    --served-model-name mini \\\n"
+           "    --kv-transfer-config '{\"kv_role\":\"kv_producer\",\"kv_port\":8100,\"engine_id\":\"prefill-0\","
+           "\"kv_host\":\"10.0.0.1\"}' \\\n    --enable-expert-parallel \\\n    --data-parallel-size 2 \\\n");
+    HAS(s, "    : -n 1 pdmoe serve \\\n    --model models/mini \\\n    --host 10.0.0.2 \\\n    --port 8001 \\\n");
+    HAS(s, "--kv-transfer-config '{\"kv_role\":\"kv_producer\",\"kv_port\":8100,\"engine_id\":\"prefill-0\","
+           "\"kv_host\":\"10.0.0.2\"}'");
+    HAS(s, "if [ \"$host\" = 10.0.0.3 ]; then\n  mpirun \\\n    --host 10.0.0.3:1,10.0.0.4:1 \\\n"
+           "    -n 1 pdmoe serve \\\n    --model models/mini \\\n    --host 10.0.0.3 \\\n    --port 8002 \\\n");
+    HAS(s, "    : -n 1 pdmoe serve \\\n    --model models/mini \\\n    --host 10.0.0.4 \\\n    --port 8002 \\\n");
+    HAS(s, "--kv-transfer-config '{\"kv_role\":\"kv_consumer\",\"engine_id\":\"decode-0\",\"kv_host\":\"10.0.0.3\"}'");
+    HAS(s, "--kv-transfer-config '{\"kv_role\":\"kv_consumer\",\"engine_id\":\"decode-0\",\"kv_host\":\"10.0.0.4\"}'");
+    HAS(s, "# 10.0.0.2: rank 1 of prefill instance 0, started by its mpirun on 10.0.0.1\n");
+    HAS(s, "# 10.0.0.4: rank 1 of decode instance 0, started by its mpirun on 10.0.0.3\n");
+    cr_assert_eq(count(s, "  mpirun \\\n"), 2);
+    cr_assert_eq(count(s, "if [ \"$host\" = 10.0.0.2 ]; then\n  echo "), 1);
+    for (int r = 0; r < 2; r++) {   /* the role's KV pool, per rank, on both ranks */
+        char want[64];
+        snprintf(want, sizeof want, "    --kv-cache-bytes %lld \\\n", (long long)p.role[r].b.kv_pool);
+        cr_assert_eq(count(s, want), 2, "%s", want);
+        cr_assert_gt(p.role[r].b.kv_pool, 0);
+    }
+    cr_assert_eq(count(s, "    --max-num-seqs 8 \\\n"), 4);
+    cr_assert_eq(count(s, "    --max-num-batched-tokens 4096"), 4);
+    HAS(s, "# proxy on 10.0.0.1, in front of every instance's first host and HTTP port\n"
+           "if [ \"$host\" = 10.0.0.1 ]; then\n  pdmoe proxy \\\n    --prefill 10.0.0.1:8001 \\\n"
+           "    --decode 10.0.0.3:8002 \\\n    --port 8000 \\\n    --host 10.0.0.1 &\nfi\n\nwait\n");
+    /* what only pdmoe up adds: its local mpirun flags, its restart-count file */
+    LACKS(s, "--oversubscribe");
+    LACKS(s, "--allow-run-as-root");
+    LACKS(s, "--metrics-file");
+    free(s);
+    pd_plan_free(&p);
+}
+
+/* --- the script as sh runs it --- */
+
+/* A stand-in program that records its name and arguments, one invocation per file in $OUT. */
+static const char recorder[] = "#!/bin/sh\n{ basename \"$0\"; printf '[%s]\\n' \"$@\"; } > \"$OUT/$(basename \"$0\").$$\"\n";
+
+/* The invocations recorded in dir/out, each file's text, moved out of the way (n of them). */
+static int recorded(const char *dir, char **got, int cap)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/out", dir);
+    DIR *d = opendir(path);
+    cr_assert_not_null(d, "%s", path);
+    int n = 0;
+    for (struct dirent *x; (x = readdir(d));) {
+        if (x->d_name[0] == '.')
+            continue;
+        cr_assert_lt(n, cap);
+        snprintf(path, sizeof path, "%s/out/%s", dir, x->d_name);
+        got[n] = calloc(1, 1 << 16);
+        slurp(path, got[n++], 1 << 16);
+        remove(path);
+    }
+    closedir(d);
+    return n;
+}
+
+/* argv as the recorder writes it. */
+static char *as_recorded(char *const *argv)
+{
+    char *s = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&s, &len);
+    fprintf(f, "%s\n", argv[0]);
+    for (int i = 1; argv[i]; i++)
+        fprintf(f, "[%s]\n", argv[i]);
+    fclose(f);
+    return s;
+}
+
+/* Runs `sh launch.sh host` in dir with the recorders first on PATH; its exit status. */
+static int run_on(const char *dir, const char *host)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "cd %s && PATH=%s:$PATH OUT=%s/out sh launch.sh %s 2>err", dir, dir, dir, host);
+    return system(cmd);
+}
+
+/* The argv `pdmoe up --plan plan.json --hosts 10.0.0.1,...` builds, as src/cli/up.c does: the
+ * instances from the plan JSON's node map on the hosts, their ports from the proxy's, the plan's
+ * pool and limits from the JSON's roles[].budget and options; run from each instance's first host
+ * (one rank: no mpirun). n instances, the proxy last. */
+static int up_argv(const struct pd_plan *p, const char *model, char ***argv)
+{
+    char *text = pd_plan_json(p, NULL);
+    json_error_t je;
+    json_t *j = json_loads(text, 0, &je), *map = json_object_get(j, "node_map");
+    cr_assert(json_is_array(map), "%s", je.text);
+    free(text);
+    int n = (int)json_array_size(map);
+    struct pd_launch_inst *inst = calloc((size_t)n, sizeof *inst);
+    size_t i, k;
+    json_t *x, *nd;
+    json_array_foreach(map, i, x) {
+        const char *role = json_string_value(json_object_get(x, "role"));
+        inst[i] = (struct pd_launch_inst){.role = strcmp(role, "prefill") != 0,
+                                          .inst = (int)json_integer_value(json_object_get(x, "instance"))};
+        json_array_foreach(json_object_get(x, "nodes"), k, nd) {
+            int ranks = (int)json_integer_value(json_array_get(json_object_get(x, "ranks"), k));
+            inst[i].group[inst[i].n_groups++] = (struct pd_launch_group){
+                .host = four_hosts[json_integer_value(nd)], .ranks = ranks};
+            inst[i].ranks += ranks;
+        }
+    }
+    pd_err e = {0};
+    cr_assert_eq(pd_launch_ports(inst, n, 8000, &e), 0, "%s", e.msg);
+    json_t *opt = json_object_get(j, "options"), *roles = json_object_get(j, "roles");
+    char len[32];
+    snprintf(len, sizeof len, "%lld", (long long)json_integer_value(json_object_get(opt, "max_model_len")));
+    const char *slash = strrchr(model, '/');
+    for (int m = 0; m < n; m++) {
+        json_t *budget = json_object_get(json_array_get(roles, (size_t)inst[m].role), "budget");
+        struct pd_launch_opts lo = {
+            .pdmoe = "pdmoe", .model = model, .served_name = slash ? slash + 1 : model, .threads = "1",
+            .max_model_len = len,
+            .plan = {.kv_cache_bytes = json_integer_value(json_object_get(budget, "kv_pool_bytes")),
+                     .max_num_seqs = json_integer_value(json_object_get(opt, "max_num_seqs")),
+                     .max_num_batched_tokens = json_integer_value(json_object_get(opt, "max_num_batched_tokens"))}};
+        argv[m] = pd_launch_argv(&inst[m], &lo);
+        cr_assert_not_null(argv[m]);
+    }
+    /* up's proxy, spelt out rather than built: every instance's first host and port */
+    static char *proxy[] = {"pdmoe", "proxy", "--prefill", "10.0.0.1:8001", "--decode", "10.0.0.3:8002",
+                            "--port", "8000", "--host", "10.0.0.1", NULL};
+    argv[n] = proxy;
+    json_decref(j);
+    free(inst);
+    return n;
+}
+
+/* One layout, two launchers: on each host, sh starts exactly the argv up builds from the plan's
+ * JSON for the instances whose first host it is (a model path sh must quote, to prove each word
+ * arrives whole), the proxy on the first; the other hosts start nothing; an unknown host is
+ * refused; and sh -n accepts the script. */
+Test(plan, emit_pdmoe_words_are_the_argv_of_up)
+{
+    struct pd_hardware hw;
+    struct pd_plan p;
+    cpu_plan(&p, &hw, 1);
+    const char *model = "/srv/pdmoe models/it's mini";
+    char *s = emit_pdmoe(&p, model);
+    HAS(s, "    --model '/srv/pdmoe models/it'\\''s mini' \\\n");
+    HAS(s, "    --served-model-name 'it'\\''s mini' \\\n");
+
+    char dir[] = "/tmp/pdmoe-emit-pdmoe-XXXXXX", path[256], cmd[512];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/out", dir);
+    cr_assert_eq(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/mpirun", dir);
+    write_file(path, recorder, 0755);
+    snprintf(path, sizeof path, "%s/pdmoe", dir);
+    write_file(path, recorder, 0755);
+    snprintf(path, sizeof path, "%s/launch.sh", dir);
+    write_file(path, s, 0644);
+    snprintf(cmd, sizeof cmd, "sh -n %s", path);
+    cr_assert_eq(system(cmd), 0, "sh -n refuses the script");
+
+    char **want[8] = {0};
+    int n = up_argv(&p, model, want);
+    cr_assert_eq(n, 2);
+    /* host -> the commands it starts: prefill + proxy, nothing, decode, nothing */
+    const int starts[4][3] = {{0, 2, -1}, {-1}, {1, -1}, {-1}};
+    for (int h = 0; h < 4; h++) {
+        cr_assert_eq(run_on(dir, four_hosts[h]), 0, "sh launch.sh %s failed", four_hosts[h]);
+        char *got[8];
+        int ng = recorded(dir, got, 8), nw = 0;
+        for (int w = 0; starts[h][w] >= 0; w++, nw++) {
+            char *text = as_recorded(want[starts[h][w]]);
+            int found = 0;
+            for (int g = 0; g < ng && !found; g++)
+                found = got[g] && strcmp(got[g], text) == 0;
+            cr_assert(found, "%s did not start:\n%s\n(it started %d commands, the first:\n%s)", four_hosts[h], text,
+                      ng, ng ? got[0] : "");
+            free(text);
+        }
+        cr_assert_eq(ng, nw, "%s started %d commands, not %d", four_hosts[h], ng, nw);
+        for (int g = 0; g < ng; g++)
+            free(got[g]);
+    }
+    char err[4096];
+    snprintf(path, sizeof path, "%s/err", dir);
+    slurp(path, err, sizeof err);
+    HAS(err, "10.0.0.4 runs rank 1 of decode instance 0, which the mpirun on 10.0.0.3 starts: nothing to start here");
+    cr_assert_neq(run_on(dir, "10.0.0.9"), 0);
+    slurp(path, err, sizeof err);
+    HAS(err, "10.0.0.9 is not a node of this deployment (10.0.0.1 ... 10.0.0.4)");
+
+    for (int m = 0; m < n; m++)
+        pd_launch_argv_free(want[m]);
+    snprintf(cmd, sizeof cmd, "rm -f %s/mpirun %s/pdmoe %s/launch.sh %s/err && rmdir %s/out %s", dir, dir, dir, dir,
+             dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    free(s);
+    pd_plan_free(&p);
+}
+
+/* What pdmoe cannot launch: tensor parallel (either role), redundant experts, a preset with no
+ * checkpoint directory; the model path rules. */
+Test(plan, emit_pdmoe_refuses_and_model_paths)
+{
+    struct pd_hardware hw;
+    struct pd_plan p;
+    pd_err e = {0};
+    cpu_plan(&p, &hw, 2);   /* decode dp 2 x tp 2 on two 2-card hosts */
+    struct pd_emit_opts o;
+    pd_emit_opts_default(&o);
+    cr_assert_null(pd_emit(&p, PD_EMIT_PDMOE, &o, &e));
+    cr_assert_eq(e.code, PD_EINVAL);
+    cr_assert_str_eq(e.msg, "--emit pdmoe: --decode tp=2: pdmoe runs tensor parallel 1 only (an instance is dp EP "
+                            "ranks, each with whole attention and dense layers); plan with --decode tp=1");
+    pd_plan_free(&p);
+
+    struct pd_plan_opts po;
+    pd_plan_opts_default(&po);
+    po.role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 2, .tp = 4, .instances = 4};
+    po.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 8, .tp = 4, .instances = 1};
+    o.model_path = "/m";
+    refused(&po, PD_EMIT_PDMOE, &o, PD_EINVAL, "--emit pdmoe: --prefill tp=4: pdmoe runs tensor parallel 1 only");
+    pd_plan_opts_default(&po);
+    po.role[PD_ROLE_DECODE].redundant = 32;
+    refused(&po, PD_EMIT_PDMOE, &o, PD_EINVAL, "--emit pdmoe: --decode redundant=32: pdmoe serve holds no redundant");
+    /* the seed's model is a preset: nothing on disk for pdmoe serve */
+    o.model_path = NULL;
+    pd_plan_opts_default(&po);
+    refused(&po, PD_EMIT_PDMOE, &o, PD_EINVAL, "--emit pdmoe: deepseek-v4-flash is a preset, not a checkpoint "
+                                               "directory pdmoe serve can load; name the directory with "
+                                               "--served-model-path");
+
+    /* v4-flash-mini: models/mini; --model DIR: DIR; --served-model-path wins */
+    cpu_plan(&p, &hw, 1);
+    char *s = emit_pdmoe(&p, NULL);
+    cr_assert_eq(count(s, "    --model models/mini \\\n"), 4);
+    free(s);
+    s = emit_pdmoe(&p, "/data/mini");
+    cr_assert_eq(count(s, "    --model /data/mini \\\n    --host "), 4);
+    cr_assert_eq(count(s, "    --served-model-name mini \\\n"), 4);
+    free(s);
+    o.model_path = "/data/mini\nrm -rf /";   /* quoted in the commands, but not in the header's comment */
+    cr_assert_null(pd_emit(&p, PD_EMIT_PDMOE, &o, &e));
+    cr_assert_str_eq(e.msg, "--emit pdmoe: the model path has a control character");
+    pd_plan_free(&p);
+    char dir[] = "/tmp/pdmoe-emit-model-XXXXXX", path[256];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    write_file(path, pd_embedded_find("models/v4-flash-mini.json"), 0644);
+    pd_plan_opts_default(&po);
+    po.model = dir;
+    po.role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 8, .tp = 1, .instances = 1};
+    po.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 8, .tp = 1, .instances = 1};
+    build(&po, &p);
+    remove(path);
+    rmdir(dir);
+    s = emit(&p, PD_EMIT_PDMOE, NULL);
+    char want[128];
+    snprintf(want, sizeof want, "    --model %s \\\n", dir);
+    cr_assert_eq(count(s, want), 2, "%s", want);
     free(s);
     pd_plan_free(&p);
 }
