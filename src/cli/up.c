@@ -193,6 +193,13 @@ static int read_plan(const char *path, struct up_plan *u, int on_hosts)
                     on_hosts ? "" : ", and EP 1 to 8 on one machine (more across hosts: --hosts)");
             goto out;
         }
+        /* redundant experts (EPLB's replicas) are a plan the engine cannot run: refused, not dropped */
+        json_t *red = json_object_get(x, "redundant_experts");
+        if (json_integer_value(red) > 0) {
+            fprintf(stderr, "pdmoe up: --plan %s: roles[%d] has %lld redundant experts; pdmoe serve places each expert "
+                            "once (plan with redundant=0)\n", path, r, (long long)json_integer_value(red));
+            goto out;
+        }
         snprintf(where, sizeof where, "roles[%d].budget.", r);
         if (plan_int(path, json_object_get(x, "budget"), where, "kv_pool_bytes", 1, INT64_MAX, &kv))
             goto out;

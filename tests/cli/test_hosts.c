@@ -87,6 +87,17 @@ Test(hosts, up_refuses_bad_hosts, .init = write_plan, .fini = drop_plan)
     refused("up --hosts '10.0.0.1,a b'", "--hosts: host 2 \"a b\": expected an address or host name");
     snprintf(args, sizeof args, "up --model models/mini --plan %s --hosts 127.0.0.1", plan_path);
     refused(args, "--hosts: 1 given but the plan's node map uses 2 nodes");
+    /* a plan with EPLB's redundant experts: pdmoe serve has none, so up refuses it rather than
+     * running another layout than the plan's */
+    char red[128];
+    snprintf(red, sizeof red, "%s.red", plan_path);
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    snprintf(args, sizeof args, "%s plan --model models/mini --hardware h100 --nodes 2 --prefill dp=2,instances=1 "
+             "--decode dp=2,instances=1,redundant=2 --mtp off --max-model-len 2048 --json > %s", bin, red);
+    cr_assert_eq(system(args), 0);
+    snprintf(args, sizeof args, "up --model models/mini --plan %s", red);
+    refused(args, "roles[1] has 2 redundant experts; pdmoe serve places each expert once");
+    remove(red);
     /* a plan written before node maps */
     json_error_t je;
     json_t *j = json_load_file(plan_path, 0, &je);
