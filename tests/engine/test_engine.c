@@ -179,41 +179,72 @@ Test(engine, batch_invariance)
 
 Test(engine, int8_close_to_float_reference)
 {
-    /* W8A8 against the float forward pass of the same int8 weights (unquantised activations):
-     * the logits' cosine similarity stays above 0.99 at every position of a 50-token prompt */
+    /* W8A8 against the float forward pass of the same int8 weights (unquantised activations),
+     * token by token through a 50-token prompt. Where both chose the same experts in every layer,
+     * the logits' cosine similarity stays above 0.99. Where the scores of two experts are within
+     * the int8 noise of each other, the paths may choose differently, a step change of a few
+     * percent at that token: there above 0.95 (the lowest seen on v4-tiny, seeds 1 to 11, is
+     * 0.972), and at most a quarter of the positions. */
     struct pd_engine q, f;
     open_engine(&q, 2, 0);
     open_engine(&f, 1, 1);
     const int N = 50, V = (int)q.model.vocab_size;
+    const size_t nE = (size_t)q.model.n_layers * q.model.n_routed_experts;
     int32_t ids[64];
     prompt(ids, N, 4);
-    float *a = malloc((size_t)N * V * 4), *b = malloc((size_t)N * V * 4);
+    float *a = malloc((size_t)V * 4), *b = malloc((size_t)V * 4);
+    int64_t *uq = calloc(nE, 8), *uf = calloc(nE, 8);
     struct pd_seq sq, sf;
     pd_err e = {0};
     cr_assert_eq(pd_seq_start(&q, &sq, &e), 0);
     cr_assert_eq(pd_seq_start(&f, &sf, &e), 0);
-    struct pd_step_item x = {.seq = &sq, .tokens = ids, .n = N, .all_logits = a};
-    struct pd_step_item y = {.seq = &sf, .tokens = ids, .n = N, .all_logits = b};
-    cr_assert_eq(pd_engine_step(&q, &x, 1, &e), 0, "%s", e.msg);
-    cr_assert_eq(pd_engine_step(&f, &y, 1, &e), 0, "%s", e.msg);
-    double worst = 1;
+    double worst_same = 1, worst_flip = 1;
+    int flips = 0;
     for (int t = 0; t < N; t++) {
+        struct pd_step_item x = {.seq = &sq, .tokens = ids + t, .n = 1, .logits = a};
+        struct pd_step_item y = {.seq = &sf, .tokens = ids + t, .n = 1, .logits = b};
+        cr_assert_eq(pd_engine_step(&q, &x, 1, &e), 0, "%s", e.msg);
+        cr_assert_eq(pd_engine_step(&f, &y, 1, &e), 0, "%s", e.msg);
+        /* the experts this token ran in each layer: the counts' increments of this step */
+        int same = 1;
+        for (size_t i = 0; i < nE; i++) {
+            same &= q.expert_tokens[i] - uq[i] == f.expert_tokens[i] - uf[i];
+            uq[i] = q.expert_tokens[i];
+            uf[i] = f.expert_tokens[i];
+        }
         double ab = 0, aa = 0, bb = 0;
         for (int i = 0; i < V; i++) {
-            double u = a[(size_t)t * V + i], v = b[(size_t)t * V + i];
+            double u = a[i], v = b[i];
             cr_assert(isfinite(u) && isfinite(v));
             ab += u * v;
             aa += u * u;
             bb += v * v;
         }
         double c = ab / sqrt(aa * bb);
-        worst = c < worst ? c : worst;
+        if (same) {
+            worst_same = c < worst_same ? c : worst_same;
+        } else {
+            worst_flip = c < worst_flip ? c : worst_flip;
+            flips++;
+        }
     }
-    cr_assert_gt(worst, 0.99, "worst cosine similarity %f", worst);
+    cr_assert_gt(worst_same, 0.99, "worst cosine similarity %f where the experts agree", worst_same);
+    cr_assert_gt(worst_flip, 0.95, "worst cosine similarity %f where an expert choice differs", worst_flip);
+    cr_assert_leq(flips, N / 4, "%d of %d positions chose other experts", flips, N);
+    /* both paths counted every (token, layer, expert) they ran */
+    int64_t nq = 0, nf = 0;
+    for (size_t i = 0; i < nE; i++) {
+        nq += uq[i];
+        nf += uf[i];
+    }
+    cr_assert_eq(nq, (int64_t)N * q.model.n_layers * q.model.n_experts_per_tok);
+    cr_assert_eq(nf, nq);
     pd_seq_end(&q, &sq);
     pd_seq_end(&f, &sf);
     free(a);
     free(b);
+    free(uq);
+    free(uf);
     pd_engine_close(&q);
     pd_engine_close(&f);
 }
