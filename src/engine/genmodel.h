@@ -7,7 +7,9 @@
  * hidden state stays bounded through every layer: linear weights ~ N(0, 1/in), output
  * projections further by 1/sqrt(2 * layers); mHC mixing weights small, with biases that make
  * the streams a convex combination (pre weights ~ 1/hc, post ~ 1, comb ~ uniform + noise);
- * norms 1; the hash-routing table a fixed random choice of distinct experts per token. */
+ * norm gains, attention sinks and mHC scales spread around 1, 0 and 1 rather than fixed there, so
+ * every term acts (ranges in genmodel.c); the hash-routing table a fixed random choice of
+ * distinct experts per token. */
 #ifndef PD_ENGINE_GENMODEL_H
 #define PD_ENGINE_GENMODEL_H
 

@@ -342,9 +342,12 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
         goto out;
     route(st, L, ids, w, scores);
     if (en->ref) {
-        for (int p = 0; p < T * k; p++)
+        for (int p = 0; p < T * k; p++) {
+            if (en->expert_tokens)
+                en->expert_tokens[(size_t)layer * m->n_routed_experts + ids[p]]++;
             if ((rc = ffn_rows(st, &L->experts[ids[p]], st->x + (size_t)(p / k) * H, NULL, 1, y + (size_t)p * H, e)))
                 goto out;
+        }
     } else {
         /* activations quantised once (st->xq), on the rank that owns the token, whoever runs the
          * expert */

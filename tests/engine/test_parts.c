@@ -49,6 +49,63 @@ Test(parts, mhc_pre_weights_and_sinkhorn)
     }
 }
 
+Test(parts, mhc_pre_scales_multiply_their_mixing_values)
+{
+    /* scale[0] multiplies the pre logits, scale[1] the post logits, scale[2] the comb logits,
+     * each after the RMS normalisation of the streams: checked against the equations of
+     * shared/reference with mixing weights and scales away from 0 and 1 */
+    enum { HC = 4, H = 8, MIX = (2 + HC) * HC };
+    struct pd_model m = small(HC, H);
+    float h[HC * H], fn[MIX * HC * H], base[MIX], scale[3] = {0.6f, 1.7f, 2.5f}, x[H], post[HC], comb[HC * HC];
+    for (int i = 0; i < HC * H; i++)
+        h[i] = (float)(i % 7) - 2.5f;
+    for (int i = 0; i < MIX * HC * H; i++)
+        fn[i] = 0.05f * (float)((i * 7) % 11 - 5);
+    for (int i = 0; i < MIX; i++)
+        base[i] = 0.1f * (float)(i % 5) - 0.2f;
+    pd_mhc_pre(&m, h, fn, base, scale, x, post, comb);
+    double ss = 0;
+    for (int i = 0; i < HC * H; i++)
+        ss += (double)h[i] * h[i];
+    const double r = 1.0 / sqrt(ss / (HC * H) + m.rms_norm_eps);
+    double mix[MIX];
+    for (int k = 0; k < MIX; k++) {
+        double d = 0;
+        for (int i = 0; i < HC * H; i++)
+            d += (double)fn[(size_t)k * HC * H + i] * h[i];
+        mix[k] = d * r;
+    }
+    float want_comb[HC * HC];
+    for (int k = 0; k < HC * HC; k++)
+        want_comb[k] = (float)(mix[2 * HC + k] * scale[2] + base[2 * HC + k]);
+    pd_sinkhorn(want_comb, HC, m.hc_sinkhorn_iters, (float)m.hc_eps);
+    for (int k = 0; k < HC * HC; k++)
+        cr_assert_float_eq(comb[k], want_comb[k], 1e-5, "comb[%d] %g, want %g", k, comb[k], want_comb[k]);
+    double pre[HC];
+    for (int j = 0; j < HC; j++) {
+        pre[j] = 1 / (1 + exp(-(mix[j] * scale[0] + base[j]))) + m.hc_eps;
+        double want_post = 2 / (1 + exp(-(mix[HC + j] * scale[1] + base[HC + j])));
+        cr_assert_float_eq(post[j], want_post, 1e-5, "post[%d] %g, want %g", j, post[j], want_post);
+    }
+    for (int i = 0; i < H; i++) {
+        double want = 0;
+        for (int j = 0; j < HC; j++)
+            want += pre[j] * h[j * H + i];
+        cr_assert_float_eq(x[i], want, 1e-4, "x[%d] %g, want %g", i, x[i], want);
+    }
+    /* and the scales act: with all three at 1 every output moves */
+    float one[3] = {1, 1, 1}, x1[H], post1[HC], comb1[HC * HC];
+    pd_mhc_pre(&m, h, fn, base, one, x1, post1, comb1);
+    for (int j = 0; j < HC; j++)
+        cr_assert(fabsf(post1[j] - post[j]) > 1e-4, "post[%d] does not see scale[1]", j);
+    double dx = 0, dc = 0;
+    for (int i = 0; i < H; i++)
+        dx += fabs(x1[i] - x[i]);
+    for (int k = 0; k < HC * HC; k++)
+        dc += fabs(comb1[k] - comb[k]);
+    cr_assert(dx > 1e-3 && dc > 1e-3, "x moved %g, comb %g", dx, dc);
+}
+
 Test(parts, mhc_post)
 {
     enum { HC = 4, H = 8 };
