@@ -506,4 +506,33 @@ Test(proxy, a_lost_kv_handoff_is_prefilled_again)
     /* the scenario happened: the decode instance refused one pull, and the request was prefilled twice */
     cr_assert_geq(metric_key(pd_server_port(D), "pdmoe_errors_total{kind=\"4xx\"}"), 1);
     cr_assert_geq(metric_key(pd_server_port(P), "pdmoe_requests_total"), 2);
+    /* the same for a client that streams: the refusal comes before anything was sent, so the proxy
+     * prefills again and the stream carries the whole answer, with no error event */
+    int64_t refused = metric_key(pd_server_port(D), "pdmoe_errors_total{kind=\"4xx\"}");
+    cr_assert_eq(system(cmd), 0);   /* the decode slot busy again */
+    t0 = pd_now_s();
+    while (metric_key(pd_server_port(D), "pdmoe_num_requests_waiting") < 15 && pd_now_s() - t0 < 10)
+        usleep(10000);
+    cr_assert_geq(metric_key(pd_server_port(D), "pdmoe_num_requests_waiting"), 15);
+    const char *sbody = "{\"model\":\"tiny\",\"prompt\":\"a handoff that is lost once\",\"max_tokens\":8,"
+                        "\"temperature\":0,\"stream\":true}";
+    char sse[16384], text[4096] = "";
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", sbody, NULL, sse, sizeof sse), 200, "%s", sse);
+    cr_assert_null(strstr(sse, "\"error\""), "%s", sse);
+    int done = 0;
+    for (char *line = strtok(sse, "\n"); line; line = strtok(NULL, "\n")) {
+        if (!strcmp(line, "data: [DONE]")) {
+            done = 1;
+            continue;
+        }
+        json_t *c = parse(line + 6);
+        strcat(text, json_string_value(json_object_get(json_array_get(json_object_get(c, "choices"), 0), "text")));
+        json_decref(c);
+    }
+    cr_assert(done);
+    json_t *w = parse(want);
+    cr_assert_str_eq(text, json_string_value(json_object_get(json_array_get(json_object_get(w, "choices"), 0), "text")));
+    json_decref(w);
+    cr_assert_gt(metric_key(pd_server_port(D), "pdmoe_errors_total{kind=\"4xx\"}"), refused,
+                 "the streamed request's hand-off was not lost: the scenario did not happen");
 }
