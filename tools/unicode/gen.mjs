@@ -2,9 +2,10 @@
 // code points with equal PD_UC_* bits, the simple lower and upper case mappings, and what changed
 // since Unicode 14.0.0 (the version of PCRE2 10.42's tables, Debian 12's: model/regex.c adds
 // these code points to PCRE2's \p{..} rather than writing out whole classes). The data is the
-// Unicode Character Database of the version Hugging Face's tokenizers matches with: Oniguruma
-// 6.9.10 in the npm package tokenizers 0.23.2, Unicode 16.0.0 (found by probing it with code
-// points new in 15.0, 15.1, 16.0 and 17.0; tests/tokenizer/compare.mjs checks the ids).
+// Unicode Character Database of the version Hugging Face's tokenizers matches with: Oniguruma (the
+// onig crate 6.5.3) in the npm package tokenizers 0.23.2, Unicode 16.0.0 (found by probing its
+// Split pre-tokenizer with code points new in 15.0, 15.1, 16.0 and 17.0: those of 16.0 are in
+// their classes, those of 17.0 are not; tests/tokenizer/compare.mjs checks the ids).
 //   cd tools/unicode && npm install && node gen.mjs > ../../src/model/unicode_tables.h
 import { readFileSync } from 'node:fs';
 
