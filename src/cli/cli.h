@@ -18,6 +18,7 @@ int pd_cli_up(int argc, char **argv);
 int pd_cli_validate(int argc, char **argv);
 int pd_cli_search(int argc, char **argv);
 int pd_cli_calibrate(int argc, char **argv);
+int pd_cli_tokenize(int argc, char **argv);
 
 /* Parses an integer flag value: digits with an optional k (x1000) or K (x1024) suffix, as
  * vLLM reads --max-model-len. Prints "pdmoe: --flag VALUE: ..." and returns -1 on error. */

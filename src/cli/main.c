@@ -19,6 +19,7 @@ static const struct {
     {"search", pd_cli_search, "layout search: Pareto front of throughput per card vs tokens/s per user, best layout"},
     {"calibrate", pd_cli_calibrate, "measure this machine for a model: a hardware file for plan/search"},
     {"validate", pd_cli_validate, "the performance model against published deployments (Markdown table)"},
+    {"tokenize", pd_cli_tokenize, "the ids a tokenizer.json gives a text (to compare with Hugging Face's)"},
     {"bench", pd_cli_bench, "benchmarks, each against a reference measured in the same run (pdmoe bench --help)"},
 };
 

@@ -675,8 +675,6 @@ static int rx_to_pcre2(struct pd_rx *rx, const char *pat, size_t len, const char
 struct pd_rx *pd_rx_compile(const char *pat, size_t len, const char *label, const char *field,
                              pd_err *e)
 {
-    if (pd_uc_init(label, e))
-        return NULL;
     struct rxp p = {.s = pat, .n = len, .label = label, .field = field, .e = e};
     p.rx = calloc(1, sizeof *p.rx);
     if (!p.rx) {
@@ -703,11 +701,10 @@ struct pd_rx *pd_rx_compile(const char *pat, size_t len, const char *label, cons
 
 /* ---------------------------------------------------------------------------------------------
  * The tree as a PCRE2 pattern. Matching runs on code points (32-bit code units without UTF, so
- * the invalid-byte code points above U+10FFFF are characters PCRE2 treats as unassigned: in no
- * category but C), with PCRE2_UCP for \p{..}. Everything is written out explicitly: literals
- * as \x{..}, every group as (?:..), \s as the White_Space list, \w as [\p{L}\p{M}\p{N}\p{Pc}],
- * \d as \p{N}, line anchors as lookarounds, so no PCRE2 option or default changes what a
- * pattern means.
+ * the invalid-byte code points above U+10FFFF are characters too), with PCRE2_UCP. Everything is
+ * written out explicitly: literals as \x{..}, every group as (?:..), every class from
+ * unicode.h's tables (em_props), line anchors as lookarounds, so no PCRE2 option, default or
+ * Unicode version changes what a pattern means.
  * ------------------------------------------------------------------------------------------- */
 
 /* A find gives up past RX_MATCH_LIMIT + RX_STEPS_PER_CHAR backtracking steps per character
@@ -725,6 +722,7 @@ struct emit {
     uint32_t *s;
     size_t n, cap;
     int oom;
+    int base;   /* PCRE2's tables are unicode.h's base version (pcre2_tables_are_base) */
 };
 
 static void em_str(struct emit *m, const char *t)
@@ -745,86 +743,115 @@ static void em_cp(struct emit *m, uint32_t cp)
     em_str(m, b);
 }
 
-static const char ws_class[] =
-    "\\x{9}-\\x{d}\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}"
-    "\\x{205f}\\x{3000}";
-static const char word_class[] = "\\p{L}\\p{M}\\p{N}\\p{Pc}";
-
-/* A negated \s or \w item cannot sit in a class with others (PCRE2 has no nested classes). */
-static int item_is_complex(const struct rx_item *it)
+/* The code points whose unicode.h bits meet mask (none of them if neg), as class ranges: the
+ * classes are unicode.h's (Unicode 16.0.0), not PCRE2's own tables (Debian 12's are Unicode
+ * 14). The invalid-byte code points have no bits. */
+static void em_feat(struct emit *m, uint16_t mask, int neg)
 {
-    return it->feat && it->neg && (it->feat & (PD_UC_SPACE | PD_UC_WORD));
+    uint32_t start, next;
+    uint16_t f, nf;
+    for (size_t i = 0; pd_uc_run(i, &start, &f); i++) {
+        if (((f & mask) != 0) == neg)
+            continue;
+        /* merge the following runs that are in too */
+        while (pd_uc_run(i + 1, &next, &nf) && ((nf & mask) != 0) != neg)
+            i++;
+        uint32_t end = pd_uc_run(i + 1, &next, &nf) ? next - 1 : 0x10FFFF;
+        em_cp(m, start);
+        if (end != start) {
+            em_str(m, "-");
+            em_cp(m, end);
+        }
+    }
+    if (neg) {
+        em_cp(m, PD_UC_BADCP);
+        em_str(m, "-");
+        em_cp(m, PD_UC_BADCP + 255);
+    }
 }
 
-/* The inside of a class for the simple items of a set. */
-static void em_items(struct emit *m, const struct rx_set *st)
+/* PCRE2's Unicode tables are unicode.h's base version (PCRE2 10.42's, Debian 12's, are 14.0.0):
+ * then a class is written as PCRE2's \p{..} plus the code points that joined it since, which
+ * PCRE2 matches by table lookup plus a few dozen ranges rather than scanning ~700 ranges. */
+static int pcre2_tables_are_base(void)
 {
-    static const struct { uint16_t feat; const char *name; } props[] = {
-        {PD_UC_L, "L"}, {PD_UC_LU, "Lu"}, {PD_UC_LL, "Ll"}, {PD_UC_M, "M"}, {PD_UC_N, "N"},
-        {PD_UC_P, "P"}, {PD_UC_S, "S"}, {PD_UC_Z, "Z"}, {PD_UC_C, "C"},
+    PCRE2_UCHAR v[32];   /* 32-bit code units */
+    if (pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, v) <= 0)
+        return 0;
+    const char *b = pd_uc_gain_base();
+    size_t i = 0;
+    for (; b[i] && i < 31; i++)
+        if (v[i] != (PCRE2_UCHAR)(unsigned char)b[i])
+            return 0;
+    return v[i] == 0;
+}
+
+static int rx_explicit_classes;
+
+void pd_rx_set_explicit_classes(int on)
+{
+    rx_explicit_classes = on;
+}
+
+/* The code points of the plain (not negated) properties mask, for a class. */
+static void em_props(struct emit *m, uint16_t mask, int base)
+{
+    static const struct { uint16_t feat; const char *pcre2; } props[] = {
+        {PD_UC_L, "\\p{L}"}, {PD_UC_LU, "\\p{Lu}"}, {PD_UC_LL, "\\p{Ll}"}, {PD_UC_M, "\\p{M}"},
+        {PD_UC_N, "\\p{N}"}, {PD_UC_P, "\\p{P}"}, {PD_UC_S, "\\p{S}"}, {PD_UC_Z, "\\p{Z}"},
+        {PD_UC_WORD, "\\p{L}\\p{M}\\p{N}\\p{Pc}"},
     };
+    if (!base) {
+        em_feat(m, mask, 0);
+        return;
+    }
+    uint16_t own = 0;   /* the bits PCRE2's \p{..} stand for */
+    for (size_t k = 0; k < sizeof props / sizeof *props; k++) {
+        if (mask & props[k].feat) {
+            em_str(m, props[k].pcre2);
+            own |= props[k].feat;
+        }
+    }
+    uint32_t lo, hi;
+    uint16_t bits;
+    for (size_t i = 0; pd_uc_gain(i, &lo, &hi, &bits); i++) {
+        if (!(bits & own))
+            continue;
+        em_cp(m, lo);
+        if (hi != lo) {
+            em_str(m, "-");
+            em_cp(m, hi);
+        }
+    }
+    if (mask & ~own)   /* \s and \p{C}: written out */
+        em_feat(m, mask & ~own, 0);
+}
+
+/* One set as a single-character PCRE2 class: its literal ranges, the code points of its plain
+ * properties and of each negated one. */
+static void em_set(struct emit *m, const struct rx_set *st)
+{
+    if (st->icase)
+        em_str(m, "(?i:");
+    em_str(m, st->neg ? "[^" : "[");
+    uint16_t mask = 0;
     for (int i = 0; i < st->n; i++) {
         const struct rx_item *it = &st->it[i];
-        if (item_is_complex(it))
-            continue;
         if (!it->feat) {
             em_cp(m, it->lo);
             if (it->hi != it->lo) {
                 em_str(m, "-");
                 em_cp(m, it->hi);
             }
-        } else if (it->feat == PD_UC_SPACE) {
-            em_str(m, ws_class);
-        } else if (it->feat == PD_UC_WORD) {
-            em_str(m, word_class);
+        } else if (it->neg) {
+            em_feat(m, it->feat, 1);
         } else {
-            for (size_t k = 0; k < sizeof props / sizeof *props; k++) {
-                if (it->feat == props[k].feat) {
-                    em_str(m, it->neg ? "\\P{" : "\\p{");
-                    em_str(m, props[k].name);
-                    em_str(m, "}");
-                }
-            }
+            mask |= it->feat;
         }
     }
-}
-
-/* One set as a single-character PCRE2 item. */
-static void em_set(struct emit *m, const struct rx_set *st)
-{
-    int simple = 0, complex = 0;
-    for (int i = 0; i < st->n; i++) {
-        if (item_is_complex(&st->it[i]))
-            complex++;
-        else
-            simple++;
-    }
-    if (st->icase)
-        em_str(m, "(?i:");
-    if (!complex) {
-        em_str(m, st->neg ? "[^" : "[");
-        em_items(m, st);
-        em_str(m, "]");
-    } else {
-        /* the union of classes as alternatives; a negated set is any character that is none */
-        em_str(m, st->neg ? "(?:(?!" : "(?:");
-        int first = 1;
-        if (simple) {
-            em_str(m, "[");
-            em_items(m, st);
-            em_str(m, "]");
-            first = 0;
-        }
-        for (int i = 0; i < st->n; i++) {
-            if (!item_is_complex(&st->it[i]))
-                continue;
-            em_str(m, first ? "[^" : "|[^");
-            em_str(m, st->it[i].feat == PD_UC_SPACE ? ws_class : word_class);
-            em_str(m, "]");
-            first = 0;
-        }
-        em_str(m, st->neg ? ")(?s:.))" : ")");
-    }
+    if (mask)
+        em_props(m, mask, m->base);
+    em_str(m, "]");
     if (st->icase)
         em_str(m, ")");
 }
@@ -913,7 +940,7 @@ static void em_node(struct emit *m, const struct pd_rx *rx, int n)
 static int rx_to_pcre2(struct pd_rx *rx, const char *pat, size_t len, const char *label,
                        const char *field, pd_err *e)
 {
-    struct emit m = {0};
+    struct emit m = {.base = !rx_explicit_classes && pcre2_tables_are_base()};
     em_node(&m, rx, rx->root);
     rx->label = strdup(label);
     rx->field = strdup(field);

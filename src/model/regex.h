@@ -10,8 +10,9 @@
  * classes, inline flags) is an error naming the file, the field and the construct, as are
  * patterns whose worst-case recursion would be deep (groups nested over 32 levels, large counted
  * repeats of groups). \s is White_Space, \d is \p{N} (Oniguruma's is Nd only), \w is L, M, N and
- * Pc. Invalid UTF-8 bytes are matched as code points of their own that belong to no category but
- * C (they fall in [^\s\p{L}\p{N}] and never in \p{P}), so any byte string splits and round-trips.
+ * Pc. Invalid UTF-8 bytes are matched as code points of their own that belong to no category
+ * (they fall in [^\s\p{L}\p{N}] and \P{C}, never in \p{P} or \p{C}), so any byte string splits
+ * and round-trips.
  *
  * Matching is leftmost-first and greedy, as Oniguruma (which HF uses) does. The parsed tree is
  * written out as an explicit PCRE2 pattern and run by PCRE2's JIT (libpcre2-32, code points as
@@ -20,16 +21,18 @@
  * on a text, such as (?:a||){40}\z on a run of a's, is an error naming the file, the field and
  * the limit within ~0.1 s instead of running for ever. A text of n characters costs at most n
  * finds, each within its limit.
- * Categories come from PCRE2's Unicode tables (Unicode 14, as glibc 2.36's in model/unicode.h).
- * Over every code point the two agree on L, M, N, Z, \s, \w, [\p{P}\p{S}] and every class of the
- * GPT-2, cl100k, Qwen2 and DeepSeek-V3 patterns; they differ, PCRE2 being Unicode's, on \p{P}
- * and \p{S} apart (789 code points above U+00FF that unicode.h calls S), \p{Lu} and \p{Ll}
- * (titlecase and modifier letters: 31 and 205) and \p{C} (which includes the invalid-byte code
- * points here). Case-insensitive matching is PCRE2's Unicode simple case folding. Two more
- * differences from the reference matcher are known, on patterns no tokenizer uses: an iteration
- * of a counted group that matches empty ends the repetition, as in Perl ((?:|a){0,2} on "aa"
- * matches "", where the reference matched "aa"), and (?i:...) leaves \p{Lu} and \p{Ll} as
- * they are. */
+ * Categories are model/unicode.h's (Unicode 16.0.0, as HF's tokenizers): the classes are written
+ * out for PCRE2 from its tables, so PCRE2's own Unicode tables do not decide them. When those are
+ * Unicode 14.0.0 (PCRE2 10.42, Debian 12) a class is PCRE2's \p{..} plus the code points that
+ * joined it since (fast: a table lookup and a few dozen ranges); with other PCRE2 tables it is
+ * every range of unicode.h (exact, slower on non-ASCII text). Either way PCRE2 and the reference
+ * matcher agree on every class over every code point (tests/model/test_regex.c). \p{C} holds
+ * no invalid-byte code point and \P{C} all of them. Three differences from the reference matcher
+ * are known, on patterns no tokenizer uses: case-insensitive matching is PCRE2's Unicode simple
+ * case folding, from its own tables (the reference's is unicode.h's, Unicode 16.0.0); an
+ * iteration of a counted group that matches empty ends the repetition, as in Perl ((?:|a){0,2}
+ * on "aa" matches "", where the reference matched "aa"); and (?i:...) leaves \p{Lu} and \p{Ll}
+ * as they are when they are PCRE2's \p{..}. */
 #ifndef PD_MODEL_REGEX_H
 #define PD_MODEL_REGEX_H
 
@@ -65,5 +68,11 @@ int pd_rx_find(const struct pd_rx *rx, struct pd_rx_scratch **scratch, const uin
  * never run it on untrusted input. */
 int pd_rx_find_ref(const struct pd_rx *rx, const uint32_t *cp, size_t beg, size_t end,
                    size_t from, size_t *ms, size_t *me);
+
+/* Tests: on = 1 makes the regexes compiled afterwards write every class out as code point ranges
+ * from unicode.h, as when PCRE2's Unicode tables are not unicode.h's base version (regex.c); 0
+ * (the default) uses PCRE2's \p{..} plus the code points that joined since, when they are. Not
+ * thread-safe: call it before compiling. */
+void pd_rx_set_explicit_classes(int on);
 
 #endif

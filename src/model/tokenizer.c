@@ -1050,9 +1050,7 @@ static void find_bos_eos(struct pd_tok *t, json_t *root)
 static int parse_root(struct pd_tok *t, json_t *root, const char *label, pd_err *e)
 {
     bl_init();
-    int rc = pd_uc_init(label, e);
-    if (rc)
-        return rc;
+    int rc;
     json_t *model = json_object_get(root, "model");
     if (!json_is_object(model))
         return ferr(e, PD_EFORMAT, label, "model", "expected an object");

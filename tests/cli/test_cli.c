@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "../tmpmodel.h"
+#include "model/tokenizer.h"
 
 struct run {
     int status;
@@ -345,4 +346,72 @@ Test(cli, perf_search_validate)
              "(num_hidden_layers): counts from another model", stats);
     expect_error(args, want);
     remove(stats);
+}
+
+Test(cli, tokenize_prints_the_ids_of_the_encoder)
+{
+    /* pdmoe tokenize's ids are pd_tok_encode's, as text, JSON and JSON lines */
+    const char *tok = "models/mini/tokenizer.json", *text = "Hello, world! \xe4\xbd\xa0\xe5\xa5\xbd 12345";
+    struct pd_tok *t;
+    pd_err e = {0};
+    cr_assert_eq(pd_tok_load(tok, &t, &e), 0, "%s", e.msg);
+    int32_t *ids;
+    size_t n;
+    cr_assert_eq(pd_tok_encode(t, text, strlen(text), &ids, &n, &e), 0, "%s", e.msg);
+    cr_assert_gt(n, 1);
+    char want[4096] = "", want_json[4096] = "[";
+    for (size_t i = 0; i < n; i++) {
+        snprintf(want + strlen(want), sizeof want - strlen(want), i ? " %d" : "%d", ids[i]);
+        snprintf(want_json + strlen(want_json), sizeof want_json - strlen(want_json),
+                 i ? ",%d" : "%d", ids[i]);
+    }
+    strcat(want, "\n");
+    strcat(want_json, "]\n");
+    struct run r;
+    char args[512];
+    snprintf(args, sizeof args, "tokenize --tokenizer %s --text '%s'", tok, text);
+    run(args, &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert_str_eq(r.out, want);
+    snprintf(args, sizeof args, "tokenize --tokenizer %s --json --text '%s'", tok, text);
+    run(args, &r);
+    cr_assert_str_eq(r.out, want_json);
+    char path[] = "/tmp/pdmoe-jsonl-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "\"%s\"\n\"\"\n\"%s\"", text, text);   /* the last line without its newline */
+    fclose(f);
+    snprintf(args, sizeof args, "tokenize --tokenizer %s --jsonl %s", tok, path);
+    run(args, &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    char want_lines[2 * sizeof want_json + 8];
+    snprintf(want_lines, sizeof want_lines, "%s[]\n%s", want_json, want_json);
+    cr_assert_str_eq(r.out, want_lines);
+    f = fopen(path, "w");
+    fputs("\"ok\"\n42\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "tokenize --tokenizer %s --jsonl %s", tok, path);
+    char needle[256];
+    snprintf(needle, sizeof needle, "--jsonl %s: line 2: expected a JSON string", path);
+    cr_assert_eq(expect_error(args, needle), 1);
+    remove(path);
+    free(ids);
+    pd_tok_free(t);
+}
+
+Test(cli, tokenize_bad_flags)
+{
+    cr_assert_eq(expect_error("tokenize --text hi", "--tokenizer FILE is required"), 2);
+    cr_assert_eq(expect_error("tokenize --tokenizer models/mini/tokenizer.json",
+                              "give one of --text, --file and --jsonl"), 2);
+    cr_assert_eq(expect_error("tokenize --tokenizer models/mini/tokenizer.json --text a --file b",
+                              "give one of --text, --file and --jsonl"), 2);
+    cr_assert_eq(expect_error("tokenize --tokenizer models/mini/tokenizer.json --text",
+                              "--text needs a value"), 2);
+    cr_assert_eq(expect_error("tokenize --tokenizer /nonexistent.json --text a",
+                              "--tokenizer /nonexistent.json"), 1);
+    cr_assert_eq(expect_error("tokenize --tokenizer models/mini/tokenizer.json --file /nonexistent",
+                              "--file /nonexistent: cannot read"), 1);
+    cr_assert_eq(expect_error("tokenize --tokenize x", "unknown option --tokenize"), 2);
 }

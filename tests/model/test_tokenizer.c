@@ -456,6 +456,22 @@ Test(tokenizer, split_deepseek_v3_patterns)
     SPLIT(ds_main_re, "e\xcc\x81t\xc3\xa9", "e\xcc\x81t\xc3\xa9");   /* a combining mark: \p{M} */
 }
 
+Test(tokenizer, split_code_points_new_in_unicode_15_and_16)
+{
+    /* HF's tokenizers (Oniguruma, npm tokenizers 0.23.2) has Unicode 16.0 classes: a space
+     * joins a letter new in 15.0-16.0 ([^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+) and a symbol
+     * ( ?[\p{P}\p{S}]+), but not a code point unassigned in 16.0 (new in 17.0). With glibc's and
+     * PCRE2's Unicode 14, the space of all but the last stood alone. */
+    SPLIT(ds_main_re, "a \xf0\xae\xaf\xb0", "a", " \xf0\xae\xaf\xb0"); /* U+2EBF0, 15.1 */
+    SPLIT(ds_main_re, "a \xf0\xb1\x8d\x90", "a", " \xf0\xb1\x8d\x90"); /* U+31350, 15.0 */
+    SPLIT(ds_main_re, "a \xf0\x9f\xab\xa9", "a", " \xf0\x9f\xab\xa9"); /* U+1FAE9, an emoji, 16.0 */
+    SPLIT(ds_main_re, "a \xf0\x9f\xa9\xb5", "a", " \xf0\x9f\xa9\xb5"); /* U+1FA75, an emoji, 15.0 */
+    SPLIT(ds_main_re, "a \xe2\xbf\xbc", "a", " \xe2\xbf\xbc"); /* U+2FFC, So, 15.1 */
+    SPLIT(ds_main_re, "a \xf0\x9f\xab\xaa", "a", " ", "\xf0\x9f\xab\xaa"); /* U+1FAEA, 17.0 */
+    SPLIT(ds_num_re, "x\xf0\x90\xb5\x80\xf0\x90\xb5\x81y", "x",
+          "\xf0\x90\xb5\x80\xf0\x90\xb5\x81", "y");   /* Garay digits, Nd, 16.0 */
+}
+
 Test(tokenizer, split_invalid_utf8_bytes)
 {
     /* each invalid byte is a code point of its own in no category: it joins punctuation-like

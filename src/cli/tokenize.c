@@ -1,0 +1,146 @@
+/* `pdmoe tokenize`: the ids a tokenizer.json gives a text, as pdmoe encodes it (no BOS added),
+ * to compare with other implementations (tests/tokenizer/compare.mjs runs Hugging Face's). */
+#include "cli/cli.h"
+#include "model/tokenizer.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *help =
+    "usage: pdmoe tokenize --tokenizer FILE (--text TEXT | --file FILE | --jsonl FILE) [--json]\n"
+    "Prints the ids FILE's tokenizer gives a text (no BOS added): the ids separated by spaces, or\n"
+    "a JSON array with --json. --file tokenizes a whole file as one text; --jsonl reads one JSON\n"
+    "string per line and prints one JSON array of ids per line (- reads standard input).\n";
+
+/* The whole of path (- for standard input), NUL-ended, its length in *len; NULL if unreadable. */
+static char *read_all(const char *path, size_t *len)
+{
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n - 1, f);
+        if (n < cap - 1)
+            break;
+        char *nb = realloc(buf, cap * 2);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+        } else {
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    int bad = ferror(f);
+    if (f != stdin)
+        fclose(f);
+    if (!buf || bad) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+static int print_ids(const struct pd_tok *t, const char *text, size_t len, int as_json,
+                     const char *what)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    pd_err e = {0};
+    if (pd_tok_encode(t, text, len, &ids, &n, &e)) {
+        fprintf(stderr, "pdmoe tokenize: %s: %s\n", what, e.msg);
+        return 1;
+    }
+    if (as_json)
+        putchar('[');
+    for (size_t i = 0; i < n; i++)
+        printf(i ? (as_json ? ",%d" : " %d") : "%d", ids[i]);
+    puts(as_json ? "]" : "");
+    free(ids);
+    return 0;
+}
+
+int pd_cli_tokenize(int argc, char **argv)
+{
+    const char *tok = NULL, *text = NULL, *file = NULL, *jsonl = NULL;
+    int as_json = 0;
+    for (int i = 1; i < argc; i++) {
+        const char **val = !strcmp(argv[i], "--tokenizer") ? &tok
+                           : !strcmp(argv[i], "--text")    ? &text
+                           : !strcmp(argv[i], "--file")    ? &file
+                           : !strcmp(argv[i], "--jsonl")   ? &jsonl
+                                                           : NULL;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(help, stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--json")) {
+            as_json = 1;
+        } else if (!val) {
+            fprintf(stderr, "pdmoe tokenize: unknown option %s (see pdmoe tokenize --help)\n",
+                    argv[i]);
+            return 2;
+        } else if (i + 1 >= argc) {
+            fprintf(stderr, "pdmoe tokenize: %s needs a value\n", argv[i]);
+            return 2;
+        } else {
+            *val = argv[++i];
+        }
+    }
+    if (!tok) {
+        fprintf(stderr, "pdmoe tokenize: --tokenizer FILE is required\n");
+        return 2;
+    }
+    if ((text != NULL) + (file != NULL) + (jsonl != NULL) != 1) {
+        fprintf(stderr, "pdmoe tokenize: give one of --text, --file and --jsonl\n");
+        return 2;
+    }
+    struct pd_tok *t;
+    pd_err e = {0};
+    if (pd_tok_load(tok, &t, &e)) {
+        fprintf(stderr, "pdmoe tokenize: --tokenizer %s\n", e.msg);
+        return 1;
+    }
+    int rc = 0;
+    if (text) {
+        rc = print_ids(t, text, strlen(text), as_json, "--text");
+    } else {
+        const char *path = file ? file : jsonl, *flag = file ? "--file" : "--jsonl";
+        size_t len;
+        char *buf = read_all(path, &len);
+        if (!buf) {
+            fprintf(stderr, "pdmoe tokenize: %s %s: cannot read\n", flag, path);
+            rc = 1;
+        } else if (file) {
+            rc = print_ids(t, buf, len, as_json, "--file");
+        } else {
+            size_t line = 0;
+            for (char *s = buf, *nl; !rc && *s; s = nl + 1) {
+                nl = strchr(s, '\n');
+                if (!nl)
+                    nl = s + strlen(s) - 1;
+                line++;
+                json_error_t je;
+                json_t *j = json_loadb(s, (size_t)(nl - s + 1), JSON_DECODE_ANY | JSON_ALLOW_NUL,
+                                       &je);
+                char what[64 + 4096];
+                snprintf(what, sizeof what, "--jsonl %s: line %zu", path, line);
+                if (!json_is_string(j)) {
+                    fprintf(stderr, "pdmoe tokenize: %s: expected a JSON string\n", what);
+                    rc = 1;
+                } else {
+                    rc = print_ids(t, json_string_value(j), json_string_length(j), 1, what);
+                }
+                json_decref(j);
+            }
+        }
+        free(buf);
+    }
+    pd_tok_free(t);
+    return rc;
+}
