@@ -529,8 +529,8 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
             f->fits ? "" : "; DOES NOT FIT");
     if (f->w.concurrency > 0) {
         const struct pd_closed *c = &f->closed;
-        fprintf(o, "  closed loop, %lld clients (each sends its next request when its last one finishes; %s limits):\n",
-                (long long)f->w.concurrency, pd_closed_limit_name(c->limit));
+        fprintf(o, "  closed loop, %lld client%s (each sends its next request when its last one finishes; %s limits):\n",
+                (long long)f->w.concurrency, f->w.concurrency == 1 ? "" : "s", pd_closed_limit_name(c->limit));
         fprintf(o, "    TTFT          %10.1f ms  (%.1f ms of it waiting for %s)\n", c->ttft_s * 1e3, c->wait_s * 1e3,
                 c->limit == PD_CLOSED_DECODE_SLOTS ? "a decode slot" : "prefill");
         fprintf(o, "    TPOT          %10.2f ms  (batch %.2f per decode DP rank of %lld slots)\n", c->tpot_s * 1e3,

@@ -375,7 +375,7 @@ Test(cli, plan_concurrency)
         run(args, &r);
         cr_assert_eq(r.status, 0, "%s", r.err);
         char want[64];
-        snprintf(want, sizeof want, "closed loop, %d clients", C);
+        snprintf(want, sizeof want, "closed loop, %d client%s (", C, C == 1 ? "" : "s");
         cr_assert(strstr(r.out, want) && strstr(r.out, "= TTFT + (osl - 1) x TPOT"), "%s", r.out);
     }
     snprintf(args, sizeof args, "%s --json", layout);
