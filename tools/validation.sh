@@ -3,8 +3,16 @@
 # validation/published.json, and against pdmoe's own engine on this machine (calibrate, then
 # predict TTFT and TPOT of models/mini under `pdmoe up` and measure them with `pdmoe bench serve`).
 # Usage: tools/validation.sh [OUT]   (default docs/validation.md; about two minutes)
+#        tools/validation.sh --closed-loop [OUT]   only the closed-loop section (calibrate, pdmoe up,
+#        bench serve --max-concurrency C for C = 1, 2, 4; about two minutes, most of it calibrate),
+#        replacing that section of OUT and keeping the rest as it is
 set -eu
 cd "$(dirname "$0")/.."
+CLOSED_ONLY=0
+if [ "${1:-}" = "--closed-loop" ]; then
+    CLOSED_ONLY=1
+    shift
+fi
 OUT=${1:-docs/validation.md}
 B=./build/pdmoe
 PORT=${PDMOE_VALIDATION_PORT:-8300}
@@ -27,9 +35,10 @@ metric() { curl -sf "http://127.0.0.1:$1/metrics" | awk -v k="$2" '$1 == k { pri
 p50() { grep "^  $1 " "$2" | head -1 | sed 's/.* p50 *\([0-9.]*\).*/\1/'; }
 err() { awk -v p="$1" -v m="$2" 'BEGIN { printf "%+.1f%%", (p / m - 1) * 100 }'; }
 
-"$B" validate > "$T/published.md" || true
+[ $CLOSED_ONLY = 1 ] || "$B" validate > "$T/published.md" || true
 "$B" calibrate --model models/mini --threads 1 --out "$T/local-cpu.json" 2> "$T/calibrate.log"
 
+: > "$T/up.log"
 "$B" up --model models/mini --port "$PORT" > "$T/up.log" 2>&1 &
 UP=$!
 i=0
@@ -40,7 +49,12 @@ until grep -q "Ctrl-C stops everything" "$T/up.log"; do   # printed once every s
 done
 
 ROWS=
-for w in "48 64" "192 64" "576 32"; do
+OPEN="48 64|192 64|576 32"
+[ $CLOSED_ONLY = 0 ] || OPEN=
+IFS='|'
+set -f
+for w in $OPEN; do
+    unset IFS
     set -- $w
     before=$(metric $((PORT + 1)) pdmoe_prompt_tokens_total)
     reqs_before=$(metric $((PORT + 1)) pdmoe_requests_total)
@@ -59,6 +73,94 @@ for w in "48 64" "192 64" "576 32"; do
     ROWS="$ROWS| $isl / $2 | $pt | $mt | $(err "$pt" "$mt") | $pp | $mp | $(err "$pp" "$mp") |
 "
 done
+unset IFS
+set +f
+
+# Closed loop: C clients, each sending its next request when its last one finishes (bench serve
+# --request-rate inf --max-concurrency C), against plan --concurrency C with the decode server's own
+# max-num-seqs (pdmoe serve's default, 16). Means, as the model predicts means.
+mean() { grep "^  $1 " "$2" | head -1 | sed 's/.* mean *\([0-9.]*\).*/\1/'; }
+CROWS=
+for C in 1 2 4; do
+    before=$(metric $((PORT + 1)) pdmoe_prompt_tokens_total)
+    reqs_before=$(metric $((PORT + 1)) pdmoe_requests_total)
+    "$B" bench serve --url "http://127.0.0.1:$PORT" --model mini --request-rate inf --max-concurrency "$C" \
+        --input-len 48 --output-len 64 --num-prompts $((16 * C)) --prompts text > "$T/closed.txt"
+    after=$(metric $((PORT + 1)) pdmoe_prompt_tokens_total)
+    reqs_after=$(metric $((PORT + 1)) pdmoe_requests_total)
+    isl=$(( (after - before) / (reqs_after - reqs_before) ))
+    "$B" plan --model models/mini --hardware "$T/local-cpu.json" --nodes 1 --prefill dp=1,tp=1,instances=1 \
+        --decode dp=1,tp=1,instances=1 --mtp off --kv-cache-dtype bf16 --max-num-batched-tokens 512 \
+        --max-num-seqs 16 --max-model-len 2048 --isl "$isl" --osl 64 --concurrency "$C" --json > "$T/plan.json"
+    sed -n '/"closed_loop"/,$p' "$T/plan.json" > "$T/closed.json"
+    pt=$(awk -v s="$(num ttft_s "$T/closed.json")" 'BEGIN { printf "%.1f", s * 1000 }')
+    pp=$(awk -v s="$(num tpot_s "$T/closed.json")" 'BEGIN { printf "%.2f", s * 1000 }')
+    po=$(awk -v s="$(num output_tokens_per_s "$T/closed.json")" 'BEGIN { printf "%.1f", s }')
+    pb=$(awk -v s="$(num batch "$T/closed.json")" 'BEGIN { printf "%.2f", s }')
+    lim=$(grep -o '"limit": "[^"]*"' "$T/closed.json" | sed 's/.*: "//; s/"//')
+    mt=$(mean TTFT "$T/closed.txt")
+    mp=$(mean TPOT "$T/closed.txt")
+    mo=$(grep -o 'output throughput [0-9.]*' "$T/closed.txt" | sed 's/.* //')
+    CROWS="$CROWS| $C | $isl / 64 | $pb ($lim) | $pt | $mt | $(err "$pt" "$mt") | $pp | $mp | $(err "$pp" "$mp") | $po | $mo | $(err "$po" "$mo") |
+"
+done
+
+{
+    echo "## Closed loop on this machine (\`bench serve --max-concurrency C\` against \`plan --concurrency C\`)"
+    echo
+    if [ $CLOSED_ONLY = 1 ]; then
+        echo "Measured $(date -u +%Y-%m-%d) (commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)) by"
+        echo "\`tools/validation.sh --closed-loop\`, which calibrates again for this section alone:"
+        echo
+        echo '```'
+        sed 's/^  //' "$T/calibrate.log" | grep -E '^(fitted|PD path)'
+        echo '```'
+        echo
+        echo "The same \`pdmoe up\` (one prefill and one decode server, one thread each, and the proxy);"
+    else
+        echo "The same \`pdmoe up\` and calibrated hardware file;"
+    fi
+    echo "C clients, each sending its next request when its last one finishes: \`pdmoe bench serve --request-rate inf"
+    echo "--max-concurrency C --input-len 48 --output-len 64 --num-prompts 16C --prompts text\`, against \`pdmoe plan"
+    echo "... --max-num-seqs 16 --isl N --osl 64 --concurrency C --json\` (its \`closed_loop\` object; 16 is the decode"
+    echo "server's max-num-seqs; N counted by the prefill server's /metrics). Means, not medians: the model's figures"
+    echo "are the steady state's means. Output tokens/s is the whole run's (bench serve's duration includes the first"
+    echo "requests' ramp and the last ones' drain). Batch: the model's mean decode batch a decoding request runs with,"
+    echo "and what limits the cycle (the clients alone, prefill's capacity, or the decode slots)."
+    echo
+    echo "| C | prompt / output tokens | batch predicted | TTFT predicted ms | TTFT measured ms | error | TPOT predicted ms | TPOT measured ms | error | output tok/s predicted | measured | error |"
+    echo "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    printf "%s" "$CROWS"
+    echo
+    echo "Reading: one client is within 20% on all three figures (its TTFT is the open-loop rows' one request at a"
+    echo "time). From C = 2 on, TPOT stays within 20% but the measured TTFT grows with C while the model's hardly"
+    echo "moves, so the model's throughput is more than 20% high at C = 2 and 4: this section misses its target there."
+    echo "The time is spent in the prefill server. In runs by hand on 2026-12-02 (not by this script) its own arrival to"
+    echo "first token (\`pdmoe_time_to_first_token_seconds_sum\` of its /metrics) went from 78-85 ms at C = 1 to 100 ms"
+    echo "at C = 2 and 155 ms at C = 4, while the decode server's stayed under 2 ms; a busy loop on the second core moved"
+    echo "one client's TTFT by 5 ms only; and two clients started half a cycle apart (two \`bench serve"
+    echo "--max-concurrency 1\`) measured as two started together (TTFT 108 ms, TPOT 2.79 ms, 452 tokens/s). The model's"
+    echo "prefill queue is a deterministic loop's, which waits only at prefill's capacity (here busy a third to two"
+    echo "thirds of the time); the engine's prefill server steps every prompt that has arrived in one step, so a prompt"
+    echo "that arrives during a prefill waits for it, and prompts that arrive together share a step and finish"
+    echo "together. A closed network's queue for prefill (mean value analysis) would wait below capacity too (by hand,"
+    echo "about 40 ms at C = 4 here), still short of what was measured; it is not in the model."
+} > "$T/closed.md"
+
+if [ $CLOSED_ONLY = 1 ]; then
+    # the section replaced in place (or put before the shaped-link section, else at the end)
+    [ -f "$OUT" ] || { echo "validation: $OUT does not exist; run tools/validation.sh first" >&2; exit 1; }
+    awk -v f="$T/closed.md" '
+        function put() { while ((getline l < f) > 0) print l; print ""; done = 1 }
+        /^## Closed loop on this machine/ { put(); skip = 1; next }
+        skip && /^## / { skip = 0 }
+        !done && /^## The KV hand-off across a shaped link/ { put() }
+        !skip { print }
+        END { if (!done) { print ""; put() } }' "$OUT" > "$T/out.md"
+    cp "$T/out.md" "$OUT"
+    echo "wrote the closed-loop section of $OUT"
+    exit 0
+fi
 
 {
     echo "# Validation of the performance model"
@@ -96,6 +198,8 @@ done
     echo "reuse cached expert weights, and run faster than this prediction). The published-deployment table's one"
     echo "declared miss, a production average rather than a capacity, is explained in its row; DeepSeek's profile of"
     echo "the same layout is the capacity figure the model is checked against."
+    echo
+    cat "$T/closed.md"
     if [ -s "$KEEP" ]; then
         echo
         cat "$KEEP"

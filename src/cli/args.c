@@ -175,6 +175,15 @@ int pd_cli_workload_flag(const char *name, const char *val, struct pd_workload *
         }
         return 1;
     }
+    if (strcmp(name, "concurrency") == 0) {
+        if (pd_cli_int("--concurrency", val, 1, &w->concurrency))
+            return -1;
+        if (w->concurrency > 1000000) {
+            fprintf(stderr, "pdmoe: --concurrency %s: at most 1000000 clients\n", val);
+            return -1;
+        }
+        return 1;
+    }
     if (strcmp(name, "prefix-cache-hit") == 0) {
         if (pd_cli_double("--prefix-cache-hit", val, &w->cached))
             return -1;

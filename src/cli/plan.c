@@ -48,6 +48,9 @@ static const char *help =
     "                               tokens: TTFT (prefill + KV hand-off + first step), TPOT, tokens/s per card\n"
     "                               per role, rate-matched throughput, binding resources (docs/perf-model.md)\n"
     "  --request-rate R             ... and TTFT with the queueing delay at R requests/s\n"
+    "  --concurrency C              ... and a closed loop of C clients, each sending its next request when its\n"
+    "                               last one finishes (vLLM's --max-concurrency at an infinite rate): TTFT, TPOT\n"
+    "                               at the batch C implies, requests and output tokens/s; not with --request-rate\n"
     "  --prefix-cache-hit F         ... with a share F of prompt tokens served from a prefix cache\n"
     "  --html FILE                  also write a self-contained HTML report (memory bars, expert map)\n"
     "  --emit vllm-ascend|sglang|pdmoe   instead of the plan, the shell script that launches its layout on a\n"
@@ -157,7 +160,7 @@ int pd_cli_plan(int argc, char **argv)
         {"kv-cache-dtype", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED}, {"mtp", 1, 0, O_SHARED},
         {"expert-stats", 1, 0, O_SHARED}, {"expert-stats-prefill", 1, 0, O_SHARED},
         {"expert-stats-decode", 1, 0, O_SHARED}, {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED}, {"request-rate", 1, 0, O_SHARED},
-        {"prefix-cache-hit", 1, 0, O_SHARED}, {"html", 1, 0, O_HTML}, {"runtime-overhead-prefill", 1, 0, O_RTP}, {"runtime-overhead-decode", 1, 0, O_RTD},
+        {"concurrency", 1, 0, O_SHARED}, {"prefix-cache-hit", 1, 0, O_SHARED}, {"html", 1, 0, O_HTML}, {"runtime-overhead-prefill", 1, 0, O_RTP}, {"runtime-overhead-decode", 1, 0, O_RTD},
         {"handoff-tokens", 1, 0, O_HAND}, {"sweep", 0, 0, O_SWEEP}, {"inventory", 0, 0, O_INV},
         {"json", 0, 0, O_JSON}, {"units", 1, 0, O_SHARED}, {"emit", 1, 0, O_EMIT}, {"hosts", 1, 0, O_HOSTS},
         {"served-model-path", 1, 0, O_MPATH}, {"base-port", 1, 0, O_BPORT}, {"proxy-port", 1, 0, O_PPORT},

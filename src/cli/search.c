@@ -24,6 +24,9 @@ static const char *help =
     "  --prefix-cache-hit F         share of prompt tokens served from a prefix cache, [0, 1)\n"
     "  --request-rate R             requests/s the deployment must sustain; TTFT then includes the queueing\n"
     "                               before prefill (M/D/c), and layouts that cannot sustain R miss the targets\n"
+    "  --concurrency C              instead, a closed loop of C clients (each sends its next request when its last\n"
+    "                               one finishes): every layout's TTFT, TPOT and throughput at the batch C implies,\n"
+    "                               the decode batch being its slots per DP rank (--max-num-seqs); not with --request-rate\n"
     "  --model, --hardware, --gpu-memory-utilization, --max-model-len, --max-num-batched-tokens,\n"
     "  --quantization (--quant), --quant-override, --kv-cache-dtype, --kv-bytes-per-token, --mtp, --expert-stats,\n"
     "  --expert-stats-prefill, --expert-stats-decode, --units\n"
@@ -42,7 +45,7 @@ int pd_cli_search(int argc, char **argv)
         {"quant-override", 1, 0, O_SHARED}, {"kv-cache-dtype", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED},
         {"mtp", 1, 0, O_SHARED}, {"expert-stats", 1, 0, O_SHARED}, {"expert-stats-prefill", 1, 0, O_SHARED},
         {"expert-stats-decode", 1, 0, O_SHARED}, {"units", 1, 0, O_SHARED}, {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED},
-        {"prefix-cache-hit", 1, 0, O_SHARED}, {"request-rate", 1, 0, O_SHARED}, {"cards", 1, 0, O_CARDS}, {"ttft-ms", 1, 0, O_TTFT},
+        {"prefix-cache-hit", 1, 0, O_SHARED}, {"request-rate", 1, 0, O_SHARED}, {"concurrency", 1, 0, O_SHARED}, {"cards", 1, 0, O_CARDS}, {"ttft-ms", 1, 0, O_TTFT},
         {"tpot-ms", 1, 0, O_TPOT}, {"max-tp", 1, 0, O_MAXTP}, {"json", 0, 0, O_JSON}, {"html", 1, 0, O_HTML},
         {"emit", 1, 0, O_EMIT}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
     };

@@ -264,8 +264,11 @@ static int check_workload(const struct pd_workload *w, pd_err *e)
                           (long long)w->osl);
     if (!(w->cached >= 0 && w->cached < 1))
         return pd_err_set(e, PD_EINVAL, "prefix cache hit fraction %g: must be in [0, 1)", w->cached);
-    if (w->rate < 0 || w->decode_batch < 0 || w->decode_ctx < 0)
-        return pd_err_set(e, PD_EINVAL, "workload: rate, decode batch and decode context must not be negative");
+    if (w->rate < 0 || w->decode_batch < 0 || w->decode_ctx < 0 || w->concurrency < 0)
+        return pd_err_set(e, PD_EINVAL, "workload: rate, decode batch, decode context and concurrency must not be negative");
+    if (w->rate > 0 && w->concurrency > 0)
+        return pd_err_set(e, PD_EINVAL, "--request-rate and --concurrency: an open loop (requests arrive at a rate) or a "
+                                        "closed loop (C clients), not both");
     return 0;
 }
 
@@ -361,6 +364,101 @@ double pd_perf_queue_wait(int servers, double service_s, double rate)
     return a >= servers ? INFINITY : 0.5 * erlang_c(servers, a) / (servers / service_s - rate);
 }
 
+const char *pd_closed_limit_name(enum pd_closed_limit l)
+{
+    switch (l) {
+    case PD_CLOSED_CLIENTS: return "clients";
+    case PD_CLOSED_PREFILL: return "prefill capacity";
+    case PD_CLOSED_DECODE_SLOTS: return "decode slots";
+    }
+    return "?";
+}
+
+/* The decode step at a fractional batch: linear between the integer batches around it. */
+static double step_at(double b, double (*step)(void *, int64_t), void *ctx)
+{
+    int64_t lo = (int64_t)floor(b);
+    double t = step(ctx, lo);
+    return b > (double)lo ? t + (b - (double)lo) * (step(ctx, lo + 1) - t) : t;
+}
+
+/* The right side of the closed loop's batch equation at batch b (below). */
+static double closed_next(double b, double C, double S, double B, int64_t osl, double pre_s, double prefill_req_s,
+                          double tokens_per_step, double (*step)(void *, int64_t), void *ctx)
+{
+    double st = step_at(b, step, ctx), rd = st + (double)(osl - 1) * st / tokens_per_step;
+    double x = fmin(fmin(C / (pre_s + rd), prefill_req_s), S * B / rd);
+    return fmin(B, 1 + (C - 1) * rd * x / (C * S));
+}
+
+/* The closed loop. C clients; S_d = decode DP ranks with B slots each (max-num-seqs, capped by
+ * the KV pool); R_p = request + prefill + hand-off (queue-free); X_p = prefill's requests/s;
+ * step(b) = the decode step at a mean batch b per rank; tps = tokens per step (MTP).
+ *
+ *   TPOT(b) = step(b) / tps
+ *   R_d(b)  = step(b) + (osl - 1) x TPOT(b)       a request's time in a decode slot: the first
+ *                                                 step gives the first token, each later token a TPOT
+ *   X(b)    = min( C / (R_p + R_d(b)),  X_p,  S_d x B / R_d(b) )    requests/s
+ *   cycle   = C / X(b)                            (Little's law over the whole loop)
+ *   wait    = cycle - R_p - R_d(b)                (0 unless prefill or the decode slots bind)
+ *   b       = min( B, 1 + (C - 1) x R_d(b) / (cycle x S_d) )
+ *             the request itself plus its rank's share of the other C - 1 clients' time in decode
+ *   TTFT    = R_p + wait + step(b),   cycle = TTFT + (osl - 1) x TPOT(b)
+ *   output tokens/s = C x osl / cycle,  requests/s = C / cycle
+ *
+ * The fixed point in b is found by bisection on [1, B]: the right side is continuous (step is
+ * interpolated between integer batches) and lies in [1, B]. C = 1 gives b = 1, no wait, and the
+ * open loop's queue-free TTFT and TPOT. Prefill's wait is that of a deterministic closed loop:
+ * none until C / cycle would pass X_p, then the cycle stretches to C / X_p. Clients beyond the
+ * decode slots (when S_d x B / R_d binds) wait for a slot; the wait is in their TTFT. */
+void pd_perf_closed(int64_t clients, int64_t osl, double pre_s, double prefill_req_s, int ranks, int64_t slots,
+                    double tokens_per_step, double (*step)(void *ctx, int64_t b), void *ctx, int cards,
+                    struct pd_closed *out)
+{
+    /* C clients never fill more than C slots of a rank: the batch stays within the step table */
+    const double C = (double)clients, S = ranks > 0 ? ranks : 1;
+    const double B = slots > clients ? C : slots > 1 ? (double)slots : 1;
+    double lo = 1, hi = B, b;
+    if (clients <= 1 || B <= 1) {
+        b = 1;
+    } else if (closed_next(B, C, S, B, osl, pre_s, prefill_req_s, tokens_per_step, step, ctx) >= B) {
+        b = B;                                   /* every slot busy */
+    } else {
+        for (int it = 0; it < 64 && hi - lo > 1e-9; it++) {
+            b = 0.5 * (lo + hi);
+            if (closed_next(b, C, S, B, osl, pre_s, prefill_req_s, tokens_per_step, step, ctx) > b)
+                lo = b;
+            else
+                hi = b;
+        }
+        b = 0.5 * (lo + hi);
+    }
+    double st = step_at(b, step, ctx), tpot = st / tokens_per_step, rd = st + (double)(osl - 1) * tpot;
+    double xc = C / (pre_s + rd), xd = S * B / rd, x = fmin(fmin(xc, prefill_req_s), xd);
+    out->batch = b;
+    out->tpot_s = tpot;
+    out->cycle_s = C / x;
+    out->limit = x >= xc ? PD_CLOSED_CLIENTS : prefill_req_s <= xd ? PD_CLOSED_PREFILL : PD_CLOSED_DECODE_SLOTS;
+    out->wait_s = out->limit == PD_CLOSED_CLIENTS ? 0 : fmax(0, out->cycle_s - pre_s - rd);
+    out->ttft_s = pre_s + out->wait_s + st;
+    out->req_s = x;
+    out->tok_s = x * (double)osl;
+    out->tok_s_card = cards > 0 ? out->tok_s / cards : 0;
+}
+
+struct decode_ctx {
+    const struct pd_plan *p;
+    int64_t tokens, ctx;
+};
+
+static double decode_step_s(void *ctx, int64_t b)
+{
+    const struct decode_ctx *d = ctx;
+    struct pd_step s;
+    pd_perf_step(d->p, PD_ROLE_DECODE, b, d->tokens, d->ctx, &s);
+    return s.total_s;
+}
+
 int pd_perf_eval(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f, pd_err *e)
 {
     memset(f, 0, sizeof *f);
@@ -370,6 +468,13 @@ int pd_perf_eval(const struct pd_plan *p, const struct pd_workload *w, struct pd
     pd_perf_prefill(p, w, f);
     pd_perf_decode(p, w, f);
     pd_perf_combine(p, w, f);
+    if (w->concurrency > 0) {
+        const struct pd_role_plan *D = &p->role[PD_ROLE_DECODE];
+        struct decode_ctx d = {p, 1 + (p->include_mtp ? 1 : 0), w->decode_ctx > 0 ? w->decode_ctx : w->isl + w->osl / 2};
+        pd_perf_closed(w->concurrency, w->osl, f->request_s + f->prefill_s + f->handoff_s, f->prefill_req_s,
+                       D->o.dp * D->o.instances, f->batch, f->tokens_per_step, decode_step_s, &d,
+                       p->role[PD_ROLE_PREFILL].cards + D->cards, &f->closed);
+    }
     return 0;
 }
 
@@ -422,6 +527,18 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
     fprintf(o, "  rate-matched    %10.2f requests/s, %.0f output tokens/s per card over %d cards (%s limits)%s\n",
             f->req_s, f->tok_s_card, P->cards + D->cards, f->prefill_req_s < f->decode_req_s ? "prefill" : "decode",
             f->fits ? "" : "; DOES NOT FIT");
+    if (f->w.concurrency > 0) {
+        const struct pd_closed *c = &f->closed;
+        fprintf(o, "  closed loop, %lld client%s (each sends its next request when its last one finishes; %s limits):\n",
+                (long long)f->w.concurrency, f->w.concurrency == 1 ? "" : "s", pd_closed_limit_name(c->limit));
+        fprintf(o, "    TTFT          %10.1f ms  (%.1f ms of it waiting for %s)\n", c->ttft_s * 1e3, c->wait_s * 1e3,
+                c->limit == PD_CLOSED_DECODE_SLOTS ? "a decode slot" : "prefill");
+        fprintf(o, "    TPOT          %10.2f ms  (batch %.2f per decode DP rank of %lld slots)\n", c->tpot_s * 1e3,
+                c->batch, (long long)(f->batch > 1 ? f->batch : 1));
+        fprintf(o, "    cycle         %10.1f ms  = TTFT + (osl - 1) x TPOT\n", c->cycle_s * 1e3);
+        fprintf(o, "    throughput    %10.2f requests/s, %.1f output tokens/s (%.1f per card)\n", c->req_s, c->tok_s,
+                c->tok_s_card);
+    }
     fclose(o);
     return buf;
 }
@@ -434,9 +551,22 @@ static json_t *step_json(const struct pd_step *s)
                      "expert_imbalance", s->imbalance, "bound", pd_bound_name(s->bound));
 }
 
+static json_t *closed_json(const struct pd_perf *f)
+{
+    const struct pd_closed *c = &f->closed;
+    if (f->w.concurrency <= 0)
+        return json_null();
+    if (!isfinite(c->cycle_s))
+        return json_pack("{s:I,s:n}", "concurrency", (json_int_t)f->w.concurrency, "cycle_s");
+    return json_pack("{s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:s}", "concurrency", (json_int_t)f->w.concurrency,
+                     "batch", c->batch, "wait_s", c->wait_s, "ttft_s", c->ttft_s, "tpot_s", c->tpot_s, "cycle_s",
+                     c->cycle_s, "requests_per_s", c->req_s, "output_tokens_per_s", c->tok_s,
+                     "output_tokens_per_s_card", c->tok_s_card, "limit", pd_closed_limit_name(c->limit));
+}
+
 void *pd_perf_json(const struct pd_perf *f)
 {
-    return json_pack("{s:I,s:I,s:f,s:f,s:o,s:o,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:s,s:b}",
+    json_t *j = json_pack("{s:I,s:I,s:f,s:f,s:o,s:o,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:s,s:b}",
                      "isl", (json_int_t)f->w.isl, "osl", (json_int_t)f->w.osl, "cached", f->w.cached, "rate", f->w.rate,
                      "prefill_step", step_json(&f->prefill_step), "decode_step", step_json(&f->decode_step),
                      "request_s", f->request_s, "prefill_s", f->prefill_s, "handoff_s", f->handoff_s, "ttft_s", f->ttft_s, "ttft_at_rate_s",
@@ -446,4 +576,7 @@ void *pd_perf_json(const struct pd_perf *f)
                      "decode_tokens_per_s_card", f->decode_tok_s_card, "decode_requests_per_s", f->decode_req_s,
                      "requests_per_s", f->req_s, "tokens_per_s_card", f->tok_s_card, "prefill_bound",
                      pd_bound_name(f->prefill_bound), "decode_bound", pd_bound_name(f->decode_bound), "fits", f->fits);
+    if (j)
+        json_object_set_new(j, "closed_loop", closed_json(f));
+    return j;
 }

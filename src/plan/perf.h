@@ -49,7 +49,24 @@ struct pd_workload {
     int64_t decode_ctx;          /* mean context of a decoding sequence; 0: isl + osl / 2 */
     int64_t decode_batch;        /* sequences per decode DP rank; 0: as many as fit (max-num-seqs cap) */
     double rate;                 /* requests/s arriving at the whole deployment; 0: none (queue-free) */
+    int64_t concurrency;         /* closed loop: clients, each sending its next request when its last one
+                                    finishes; 0: open loop (exclusive with rate) */
 };
+
+/* A closed loop of C clients (pd_perf_closed): the steady state's figures. */
+enum pd_closed_limit { PD_CLOSED_CLIENTS, PD_CLOSED_PREFILL, PD_CLOSED_DECODE_SLOTS };
+struct pd_closed {
+    double batch;                /* mean sequences per decode DP rank a decoding request runs with */
+    double wait_s;               /* mean wait before prefill (its queue) or for a decode slot */
+    double ttft_s;               /* request + wait + prefill + hand-off + first decode step at batch */
+    double tpot_s;               /* at batch */
+    double cycle_s;              /* ttft_s + (osl - 1) x tpot_s: one request of one client */
+    double req_s;                /* C / cycle_s, the whole deployment */
+    double tok_s;                /* C x osl / cycle_s output tokens/s, the whole deployment */
+    double tok_s_card;
+    enum pd_closed_limit limit;  /* what sets the cycle: the clients alone, prefill's capacity, decode's slots */
+};
+const char *pd_closed_limit_name(enum pd_closed_limit l);
 
 struct pd_perf {
     struct pd_workload w;
@@ -78,6 +95,7 @@ struct pd_perf {
     double tok_s_card;                 /* output tokens/s per card of the whole deployment */
     enum pd_bound prefill_bound, decode_bound;
     int fits;
+    struct pd_closed closed;           /* w.concurrency > 0: the closed loop's steady state */
 };
 
 void pd_workload_default(struct pd_workload *w);
@@ -110,6 +128,15 @@ struct pd_match pd_perf_match(double request_s, const struct pd_perf *pre, const
  * each take `service_s` per prompt: M/D/c by Allen-Cunneen (half the Erlang-C wait of M/M/c);
  * infinite at or past their capacity, 0 without a rate. */
 double pd_perf_queue_wait(int servers, double service_s, double rate);
+
+/* The closed loop of `clients` clients over a deployment whose requests spend pre_s (request +
+ * prefill + hand-off) before decode, whose prefill sustains prefill_req_s requests/s, and whose
+ * `ranks` decode DP ranks hold up to `slots` sequences each; step(ctx, b) is the decode step of
+ * one rank at an integer batch b, 1 <= b <= min(slots, clients). The equations: perf.c and
+ * docs/perf-model.md. */
+void pd_perf_closed(int64_t clients, int64_t osl, double pre_s, double prefill_req_s, int ranks, int64_t slots,
+                    double tokens_per_step, double (*step)(void *ctx, int64_t b), void *ctx, int cards,
+                    struct pd_closed *out);
 
 /* Reports: text lines appended to the plan's, and a JSON object ("perf"). */
 char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f);   /* malloc'ed */

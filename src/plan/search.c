@@ -29,12 +29,21 @@ struct cand {                 /* one role layout, costed */
     int fits;
     int64_t batch;            /* decode */
     struct pd_perf f;         /* the role's fields of the prediction */
+    const double *steps;      /* closed loop, decode: the step of one DP rank at batch b (steps[b], b >= 1) */
 };
 
 struct cands {
     struct cand *c;
     int n, cap;
+    double **steps;           /* the closed loop's step tables, one per decode role layout */
+    int n_steps;
 };
+
+/* A closed loop's decode step at batch b, from its role layout's table. */
+static double table_step(void *ctx, int64_t b)
+{
+    return ((const double *)ctx)[b];
+}
 
 static struct cand *cand_push(struct cands *v)
 {
@@ -73,6 +82,9 @@ static int layout_cands(struct pd_plan *p, const struct pd_search_opts *so, enum
     struct pd_search_mem *m = s->n_mem < PD_SEARCH_MAX_MEM ? &s->mem[s->n_mem++] : NULL;
     if (m)
         *m = (struct pd_search_mem){.role = r, .o = *o};
+    double *steps = NULL;     /* closed loop: the decode step at every batch a pairing may run */
+    const int64_t n_steps = so->w.concurrency < batches[sizeof batches / sizeof batches[0] - 1]
+                                ? so->w.concurrency : batches[sizeof batches / sizeof batches[0] - 1];
     for (int nb = 0; nb < (r == PD_ROLE_DECODE ? (int)(sizeof batches / sizeof batches[0]) : 1); nb++) {
         int64_t batch = batches[nb];
         p->o.max_num_seqs = r == PD_ROLE_DECODE ? batch : so->base.max_num_seqs;
@@ -106,9 +118,29 @@ static int layout_cands(struct pd_plan *p, const struct pd_search_opts *so, enum
             pd_perf_prefill(p, &w, &f);
         else
             pd_perf_decode(p, &w, &f);
-        p->role[r] = keep;
         if (m && nb == 0)
             m->imbalance = r == PD_ROLE_PREFILL ? f.prefill_step.imbalance : f.decode_step.imbalance;
+        if (r == PD_ROLE_DECODE && nb == 0 && n_steps > 0) {
+            double **t = realloc(v->steps, (size_t)(v->n_steps + 1) * sizeof *t);
+            steps = malloc((size_t)(n_steps + 1) * sizeof *steps);
+            if (t)
+                v->steps = t;
+            if (!t || !steps) {
+                free(steps);
+                p->role[r] = keep;
+                pd_placement_free(&rp.place);
+                return pd_err_set(e, PD_ENOMEM, "out of memory");
+            }
+            v->steps[v->n_steps++] = steps;
+            steps[0] = 0;
+            for (int64_t b = 1; b <= n_steps; b++) {
+                struct pd_step st;
+                pd_perf_step(p, PD_ROLE_DECODE, b, 1 + (p->include_mtp ? 1 : 0),
+                             w.decode_ctx > 0 ? w.decode_ctx : w.isl + w.osl / 2, &st);
+                steps[b] = st.total_s;
+            }
+        }
+        p->role[r] = keep;
         for (int inst = 1; inst * ep < so->cards; inst++) {
             struct cand *c = cand_push(v);
             if (!c) {
@@ -124,6 +156,7 @@ static int layout_cands(struct pd_plan *p, const struct pd_search_opts *so, enum
             c->fits = room;
             c->batch = batch;
             c->f = f;
+            c->steps = steps;
             pd_perf_instances(&c->f, r, o->dp, inst, &w);
         }
         pd_placement_free(&rp.place);
@@ -193,6 +226,19 @@ static int push_layout(struct pd_search *s, const struct cand *P, const struct c
     l->fits = P->fits && D->fits;
     /* at a given arrival rate the deployment must sustain it (TTFT above includes the queue) */
     l->sustains = w->rate <= 0 || l->req_s >= w->rate;
+    if (w->concurrency > 0 && D->steps) {
+        /* a closed loop of C clients: its TTFT, TPOT and throughput at the batch C implies
+         * (pd_perf_closed), D's batch being the slots (max-num-seqs) of each DP rank */
+        struct pd_closed c;
+        pd_perf_closed(w->concurrency, w->osl, p->hw.eff.request_s + P->f.prefill_s + P->f.handoff_s,
+                       P->f.prefill_req_s, D->o.dp * D->o.instances, D->batch, D->f.tokens_per_step, table_step,
+                       (void *)D->steps, l->cards, &c);
+        l->ttft_s = c.ttft_s;
+        l->tpot_s = c.tpot_s;
+        l->user_tok_s = 1 / c.tpot_s;
+        l->req_s = c.req_s;
+        l->tok_s_card = c.tok_s_card;
+    }
     l->meets = l->fits && l->sustains && (s->o.ttft_s <= 0 || l->ttft_s <= s->o.ttft_s) && (s->o.tpot_s <= 0 || l->tpot_s <= s->o.tpot_s);
     return 0;
 }
@@ -255,6 +301,11 @@ int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e
         return pd_err_set(e, PD_EINVAL, "--max-tp %d: must be at least 1", o->max_tp);
     if (o->ttft_s < 0 || o->tpot_s < 0)
         return pd_err_set(e, PD_EINVAL, "--ttft-ms / --tpot-ms: must not be negative");
+    if (o->w.rate > 0 && o->w.concurrency > 0)
+        return pd_err_set(e, PD_EINVAL, "--request-rate and --concurrency: an open loop (requests arrive at a rate) or a "
+                                        "closed loop (C clients), not both");
+    if (o->w.concurrency < 0)
+        return pd_err_set(e, PD_EINVAL, "--concurrency %lld: must be at least 1", (long long)o->w.concurrency);
     int rc;
     /* the model and hardware: a plan of the smallest layout, its roles replaced per candidate */
     struct pd_plan_opts base = o->base;
@@ -317,6 +368,9 @@ int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e
 out:
     free(pc.c);
     free(dc.c);
+    for (int i = 0; i < dc.n_steps; i++)
+        free(dc.steps[i]);
+    free(dc.steps);
     pd_plan_free(&p);
     if (rc)
         pd_search_free(s);
@@ -417,6 +471,9 @@ char *pd_search_text(const struct pd_search *s, int units)
         fprintf(f, ", TPOT <= %.1f ms", s->o.tpot_s * 1e3);
     if (s->o.w.rate > 0)
         fprintf(f, ", at %.2f requests/s (TTFT with queueing)", s->o.w.rate);
+    if (s->o.w.concurrency > 0)
+        fprintf(f, ", closed loop of %lld clients (TTFT, TPOT, tokens/s and requests/s at the batch they imply; "
+                   "the batch column: decode slots per DP rank)", (long long)s->o.w.concurrency);
     fprintf(f, "\n  %d layouts costed, %d fit in memory, %d meet the targets, %d on the Pareto front\n\n", s->n, s->n_fit,
             s->n_meet, s->n_front);
     fprintf(f, "What fits in memory (busiest card; the decode batch is per DP rank, of sequences of max-model-len\n"
@@ -529,6 +586,8 @@ char *pd_search_json(const struct pd_search *s)
                              "best_meets_targets", json_boolean(s->best >= 0));
     if (root)
         json_object_set_new(root, "memory", mem);
+    if (root)
+        json_object_set_new(root, "concurrency", s->o.w.concurrency > 0 ? json_integer(s->o.w.concurrency) : json_null());
     if (root && pick >= 0)
         json_object_set_new(root, "prediction", pd_perf_json(&s->perf));
     char *out = root ? json_dumps(root, JSON_INDENT(2)) : NULL;

@@ -414,4 +414,58 @@ Test(cli, tokenize_bad_flags)
     cr_assert_eq(expect_error("tokenize --tokenizer models/mini/tokenizer.json --file /nonexistent",
                               "--file /nonexistent: cannot read"), 1);
     cr_assert_eq(expect_error("tokenize --tokenize x", "unknown option --tokenize"), 2);
+
+/* plan --concurrency: the JSON's closed-loop figures satisfy the cycle equation, the text prints
+ * the same, search takes the flag, and bad values are refused naming the flag. */
+Test(cli, plan_concurrency)
+{
+    const char *layout = "plan --model v4-tiny --nodes 1 --prefill dp=1,tp=1,instances=1 --decode dp=2,tp=1,instances=1 "
+                         "--isl 300 --osl 64";
+    char args[512];
+    struct run r;
+    for (int C = 1; C <= 64; C *= 4) {
+        snprintf(args, sizeof args, "%s --concurrency %d --json", layout, C);
+        run(args, &r);
+        cr_assert_eq(r.status, 0, "%s", r.err);
+        json_t *doc = json_loads(r.out, 0, NULL);
+        cr_assert(doc);
+        json_t *c = json_object_get(json_object_get(doc, "perf"), "closed_loop");
+        cr_assert(json_is_object(c), "%s", r.out);
+        cr_assert_eq(json_integer_value(json_object_get(c, "concurrency")), C);
+        double ttft = json_number_value(json_object_get(c, "ttft_s")), tpot = json_number_value(json_object_get(c, "tpot_s"));
+        double tok = json_number_value(json_object_get(c, "output_tokens_per_s"));
+        double req = json_number_value(json_object_get(c, "requests_per_s"));
+        cr_assert_gt(ttft, 0);
+        cr_assert_float_eq(tok, C * 64 / (ttft + 63 * tpot), 1e-9 * tok, "C %d: %g vs %g", C, tok, C * 64 / (ttft + 63 * tpot));
+        cr_assert_float_eq(req, C / (ttft + 63 * tpot), 1e-9 * req);
+        json_decref(doc);
+        snprintf(args, sizeof args, "%s --concurrency %d", layout, C);
+        run(args, &r);
+        cr_assert_eq(r.status, 0, "%s", r.err);
+        char want[64];
+        snprintf(want, sizeof want, "closed loop, %d client%s (", C, C == 1 ? "" : "s");
+        cr_assert(strstr(r.out, want) && strstr(r.out, "= TTFT + (osl - 1) x TPOT"), "%s", r.out);
+    }
+    snprintf(args, sizeof args, "%s --json", layout);
+    run(args, &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "\"closed_loop\": null"), "%s", r.out);
+    run("search --model v4-tiny --cards 8 --isl 300 --osl 64 --concurrency 16 --json", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    json_t *doc = json_loads(r.out, 0, NULL);
+    cr_assert(doc);
+    cr_assert_eq(json_integer_value(json_object_get(doc, "concurrency")), 16);
+    json_t *best = json_object_get(doc, "best"), *c = json_object_get(json_object_get(doc, "prediction"), "closed_loop");
+    cr_assert(json_is_object(c), "%s", r.out);
+    /* the chosen layout's figures are its full prediction's */
+    cr_assert_float_eq(json_number_value(json_object_get(best, "ttft_s")), json_number_value(json_object_get(c, "ttft_s")), 1e-9);
+    cr_assert_float_eq(json_number_value(json_object_get(best, "tpot_s")), json_number_value(json_object_get(c, "tpot_s")), 1e-12);
+    cr_assert_float_eq(json_number_value(json_object_get(best, "tokens_per_s_card")),
+                       json_number_value(json_object_get(c, "output_tokens_per_s_card")), 1e-6);
+    json_decref(doc);
+    expect_error("plan --isl 300 --osl 64 --concurrency 0", "--concurrency 0: must be at least 1");
+    expect_error("plan --isl 300 --osl 64 --concurrency many", "--concurrency many: expected an integer");
+    expect_error("plan --isl 300 --osl 64 --concurrency 4 --request-rate 2", "--request-rate and --concurrency");
+    expect_error("search --concurrency 4 --request-rate 2", "--request-rate and --concurrency");
+    expect_error("search --concurrency -1", "--concurrency -1: must be at least 1");
 }

@@ -412,3 +412,126 @@ Test(perf, expert_stats_set_the_imbalance)
     cr_assert(strstr(e.msg, "--expert-stats-decode") && strstr(e.msg, even), "%s", e.msg);
     unlink(even);
 }
+
+/* The prediction of plan p for isl/osl: a closed loop of C clients (0: none), decode batch
+ * (0: max-num-seqs). */
+static void eval_closed(const struct pd_plan *p, int64_t isl, int64_t osl, int64_t C, int64_t batch, struct pd_perf *f)
+{
+    struct pd_workload w;
+    pd_workload_default(&w);
+    w.isl = isl;
+    w.osl = osl;
+    w.concurrency = C;
+    w.decode_batch = batch;
+    pd_err e = {0};
+    cr_assert_eq(pd_perf_eval(p, &w, f, &e), 0, "%s", e.msg);
+}
+
+/* The closed loop's own equations on its output: the cycle is TTFT + (osl - 1) x TPOT, Little's
+ * law gives the throughput, and the batch is the fixed point of the request itself plus its
+ * rank's share of the other clients' time in decode (perf.c). */
+static void assert_closed_equations(const struct pd_plan *p, const struct pd_perf *f, int64_t C)
+{
+    const struct pd_closed *c = &f->closed;
+    const double osl = (double)f->w.osl, S = p->role[PD_ROLE_DECODE].o.dp * p->role[PD_ROLE_DECODE].o.instances;
+    cr_assert_float_eq(c->cycle_s, c->ttft_s + (osl - 1) * c->tpot_s, 1e-12 * c->cycle_s);
+    cr_assert_float_eq(c->req_s * c->cycle_s, (double)C, 1e-9 * C);
+    cr_assert_float_eq(c->tok_s, (double)C * osl / c->cycle_s, 1e-9 * c->tok_s);
+    double pre = f->request_s + f->prefill_s + f->handoff_s, step = c->tpot_s * f->tokens_per_step;
+    cr_assert_float_eq(c->ttft_s, pre + c->wait_s + step, 1e-12 * c->ttft_s);
+    double rd = step + (osl - 1) * c->tpot_s;
+    double want = fmin((double)f->batch, 1 + (C - 1) * rd / (c->cycle_s * S));
+    cr_assert_float_eq(c->batch, want, 1e-6 * want, "C %lld: batch %g, fixed point %g", (long long)C, c->batch, want);
+    cr_assert_geq(c->wait_s, 0);
+}
+
+/* One client: the open loop's queue-free TTFT and TPOT at decode batch 1, nothing waits, and
+ * one request per cycle (MTP on: the first token is the first decode step's). */
+Test(perf, closed_loop_one_client_is_batch1)
+{
+    struct pd_plan p;
+    tiny_plan(&p, hw_file(1e11, 1e12, 0, 1e10), 1, 1, 1);
+    struct pd_perf open, closed;
+    eval_closed(&p, 512, 128, 0, 1, &open);
+    eval_closed(&p, 512, 128, 1, 0, &closed);
+    const struct pd_closed *c = &closed.closed;
+    cr_assert_eq(c->batch, 1);
+    cr_assert_eq(c->wait_s, 0);
+    cr_assert_float_eq(c->ttft_s, open.ttft_s, 1e-12 * open.ttft_s, "%g vs %g", c->ttft_s, open.ttft_s);
+    cr_assert_float_eq(c->tpot_s, open.tpot_s, 1e-12 * open.tpot_s, "%g vs %g", c->tpot_s, open.tpot_s);
+    cr_assert_float_eq(c->cycle_s, open.ttft_s + 127 * open.tpot_s, 1e-12 * c->cycle_s);
+    cr_assert_float_eq(c->tok_s, 128 / c->cycle_s, 1e-9 * c->tok_s);
+    cr_assert_eq(c->limit, PD_CLOSED_CLIENTS);
+    assert_closed_equations(&p, &closed, 1);
+    pd_plan_free(&p);
+}
+
+/* Throughput grows with the clients and stops at decode's capacity with every slot busy
+ * (short prompts: prefill is not the bottleneck): the open loop's decode requests/s at
+ * batch max-num-seqs; clients beyond the slots wait, in their TTFT. */
+Test(perf, closed_loop_saturates_at_the_decode_slots)
+{
+    struct pd_plan p;
+    tiny_plan(&p, hw_file(1e11, 1e12, 0, 1e10), 1, 2, 0);
+    const int64_t slots = p.o.max_num_seqs;   /* 8 per decode DP rank, 2 ranks */
+    struct pd_perf full, f;
+    eval_closed(&p, 16, 256, 0, slots, &full);
+    double last = 0, last_batch = 0;
+    for (int64_t C = 1; C <= 64; C++) {
+        eval_closed(&p, 16, 256, C, 0, &f);
+        assert_closed_equations(&p, &f, C);
+        cr_assert_geq(f.closed.tok_s, last * (1 - 1e-12), "C %lld: %g after %g", (long long)C, f.closed.tok_s, last);
+        cr_assert_geq(f.closed.batch, last_batch - 1e-9);
+        cr_assert_leq(f.closed.batch, (double)slots);
+        cr_assert_leq(f.closed.req_s, full.decode_req_s * (1 + 1e-9));
+        last = f.closed.tok_s;
+        last_batch = f.closed.batch;
+    }
+    cr_assert_eq(f.closed.limit, PD_CLOSED_DECODE_SLOTS);
+    cr_assert_float_eq(f.closed.batch, (double)slots, 1e-9);
+    cr_assert_float_eq(f.closed.req_s, full.decode_req_s, 1e-9 * full.decode_req_s);
+    cr_assert_float_eq(f.closed.tpot_s, full.tpot_s, 1e-12 * full.tpot_s);
+    /* 64 clients, 16 slots: the cycle is the 64 clients over decode's capacity, the rest a wait */
+    cr_assert_float_eq(f.closed.cycle_s, 64 / full.decode_req_s, 1e-9 * f.closed.cycle_s);
+    cr_assert_float_eq(f.closed.wait_s, f.closed.cycle_s - (f.request_s + f.prefill_s + f.handoff_s) - 256 * full.tpot_s,
+                       1e-9 * f.closed.cycle_s);
+    cr_assert_gt(f.closed.wait_s, 0);
+    eval_closed(&p, 16, 256, 2, 0, &f);
+    cr_assert_eq(f.closed.limit, PD_CLOSED_CLIENTS);
+    cr_assert_eq(f.closed.wait_s, 0);
+    pd_plan_free(&p);
+}
+
+/* Long prompts and short outputs: prefill saturates first; the cycle stretches to C / prefill's
+ * requests/s and the difference is the wait before prefill, in TTFT. */
+Test(perf, closed_loop_queues_for_prefill)
+{
+    struct pd_plan p;
+    tiny_plan(&p, hw_file(1e11, 1e12, 0, 1e10), 1, 2, 0);
+    struct pd_perf f;
+    eval_closed(&p, 2048, 8, 64, 0, &f);
+    assert_closed_equations(&p, &f, 64);
+    cr_assert_eq(f.closed.limit, PD_CLOSED_PREFILL);
+    cr_assert_float_eq(f.closed.req_s, f.prefill_req_s, 1e-12 * f.prefill_req_s);
+    cr_assert_float_eq(f.closed.cycle_s, 64 / f.prefill_req_s, 1e-9 * f.closed.cycle_s);
+    cr_assert_gt(f.closed.wait_s, 0);
+    cr_assert_lt(f.closed.batch, (double)p.o.max_num_seqs);
+    pd_plan_free(&p);
+}
+
+Test(perf, closed_loop_refuses_a_rate)
+{
+    struct pd_plan p;
+    tiny_plan(&p, hw_file(1e11, 1e12, 0, 1e10), 1, 1, 0);
+    struct pd_workload w;
+    pd_workload_default(&w);
+    w.isl = 64;
+    w.osl = 8;
+    w.concurrency = 4;
+    w.rate = 2;
+    struct pd_perf f;
+    pd_err e = {0};
+    cr_assert_eq(pd_perf_eval(&p, &w, &f, &e), PD_EINVAL);
+    cr_assert(strstr(e.msg, "--request-rate") && strstr(e.msg, "--concurrency"), "%s", e.msg);
+    pd_plan_free(&p);
+}
