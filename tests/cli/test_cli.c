@@ -414,6 +414,7 @@ Test(cli, tokenize_bad_flags)
     cr_assert_eq(expect_error("tokenize --tokenizer models/mini/tokenizer.json --file /nonexistent",
                               "--file /nonexistent: cannot read"), 1);
     cr_assert_eq(expect_error("tokenize --tokenize x", "unknown option --tokenize"), 2);
+}
 
 /* plan --concurrency: the JSON's closed-loop figures satisfy the cycle equation, the text prints
  * the same, search takes the flag, and bad values are refused naming the flag. */
