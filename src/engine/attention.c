@@ -26,17 +26,6 @@ struct attn_bufs {
     int *sel;                      /* [entries] selected entries */
 };
 
-static void store_bf16(uint16_t *dst, const float *src, int n)
-{
-    for (int i = 0; i < n; i++)
-        dst[i] = pd_f32_to_bf16(src[i]);
-}
-
-static void load_bf16(float *dst, const uint16_t *src, int n)
-{
-    pd_bf16_to_f32_row(src, dst, n);
-}
-
 /* Compressor: a token's projections go into the state rows of its block; when the block is
  * complete, each channel of the entry is a softmax over the block's tokens of (gate + ape)
  * weighting kv. Ratio 4 overlaps: the entry also covers the previous block through the first
@@ -124,7 +113,7 @@ static int indexer_select(const struct pd_model *m, const struct pd_kvpool *kvp,
     const int ih = m->index_n_heads, id = m->index_head_dim, k = m->index_topk;
     float key[1024], dot[256];
     for (int64_t x = 0; x < n; x++) {
-        load_bf16(key, pd_kv_key(kvp, s, layer, x), id);
+        pd_kv_get_key(kvp, key, pd_kv_key(kvp, s, layer, x));
         pd_dot_rows(iq, (size_t)id, key, id, ih, dot);
         double sc = 0;
         for (int h = 0; h < ih; h++)
@@ -172,28 +161,34 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
     const float *cs = (r ? st->cs_compress : st->cs_window) + (size_t)t * rd;
     const float eps = (float)m->rms_norm_eps;
     const int64_t pos = st->pos[t];
-    store_bf16(pd_kv_window(kvp, &seq->kv, layer, pos), b->kv + (size_t)t * hd, hd);
+    pd_kv_put_entry(kvp, pd_kv_window(kvp, &seq->kv, layer, pos), b->kv + (size_t)t * hd);
     float entry[2048];
     if (r) {
         int cw = L->cmp.coff * hd;
         if (pd_compress_push(&L->cmp, pd_kv_state(kvp, &seq->kv, layer, 0), b->ckv + (size_t)t * cw,
                           b->cg + (size_t)t * cw, pos, &en->rope_compress, eps, entry))
-            store_bf16(pd_kv_entry(kvp, &seq->kv, layer, pos / r), entry, hd);
+            pd_kv_put_entry(kvp, pd_kv_entry(kvp, &seq->kv, layer, pos / r), entry);
         if (r == 4) {
             int id = m->index_head_dim, iw = L->idx_cmp.coff * id;
             if (pd_compress_push(&L->idx_cmp, pd_kv_state(kvp, &seq->kv, layer, 1), b->ikv + (size_t)t * iw,
                               b->ig + (size_t)t * iw, pos, &en->rope_index, eps, entry))
-                store_bf16(pd_kv_key(kvp, &seq->kv, layer, pos / r), entry, id);
+                pd_kv_put_key(kvp, pd_kv_key(kvp, &seq->kv, layer, pos / r), entry);
         }
     }
     /* keys: window first, then the compressed entries the layer may see */
     int nk = 0;
     int64_t first = pos - W + 1 < 0 ? 0 : pos - W + 1;
-    /* the window is a ring of W entries of hd values: positions first .. pos are at most two runs */
-    assert(kvp->entry_bytes == 2 * (size_t)hd);
+    /* the window is a ring of W entries: positions first .. pos are at most two runs, each read
+     * at once in bf16 */
     for (int64_t p = first; p <= pos;) {
         int64_t run = W - p % W < pos + 1 - p ? W - p % W : pos + 1 - p;
-        load_bf16(b->keys + (size_t)nk * hd, pd_kv_window(kvp, &seq->kv, layer, p), (int)(run * hd));
+        if (kvp->dtype == PD_KV_BF16) {
+            assert(kvp->entry_bytes == 2 * (size_t)hd);
+            pd_bf16_to_f32_row(pd_kv_window(kvp, &seq->kv, layer, p), b->keys + (size_t)nk * hd, (int)(run * hd));
+        } else {
+            for (int64_t k = 0; k < run; k++)
+                pd_kv_get_entry(kvp, b->keys + (size_t)(nk + k) * hd, pd_kv_window(kvp, &seq->kv, layer, p + k));
+        }
         nk += (int)run;
         p += run;
     }
@@ -210,7 +205,7 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
                 b->sel[i] = i;
         }
         for (int i = 0; i < ns; i++)
-            load_bf16(b->keys + (size_t)nk++ * hd, pd_kv_entry(kvp, &seq->kv, layer, b->sel[i]), hd);
+            pd_kv_get_entry(kvp, b->keys + (size_t)nk++ * hd, pd_kv_entry(kvp, &seq->kv, layer, b->sel[i]));
     }
     const float scale = 1.0f / sqrtf((float)hd);
     for (int h = 0; h < nh; h++) {
