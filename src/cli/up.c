@@ -414,7 +414,7 @@ int pd_cli_up(int argc, char **argv)
         {"decode-ep", 1, 0, 'f'}, {"api-key", 1, 0, 'k'}, {"kv-lease-ms", 1, 0, 'K'},
         {"host", 1, 0, 'H'}, {"max-num-seqs", 1, 0, 'S'}, {"max-num-batched-tokens", 1, 0, 'T'},
         {"kv-cache-memory-bytes", 1, 0, 'B'}, {"kv-cache-bytes", 1, 0, 'B'}, {"served-model-name", 1, 0, 'N'},
-        {"hosts", 1, 0, 'O'},
+        {"hosts", 1, 0, 'O'}, {"kv-cache-dtype", 1, 0, 'd'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
     const char *model = "models/mini", *plan = NULL, *key = NULL;
@@ -424,6 +424,8 @@ int pd_cli_up(int argc, char **argv)
     /* engine flags passed on to every instance as given (serve checks them); the plan's own
      * values forbid them with --plan */
     const char *host = "127.0.0.1", *seqs_flag = NULL, *batched_flag = NULL, *kvbytes_flag = NULL, *served = NULL;
+    const char *dtype_flag = NULL;
+    enum pd_kv_dtype dtype;
     int64_t checked;
     int c;
     optind = 1;
@@ -445,6 +447,7 @@ int pd_cli_up(int argc, char **argv)
             batched_flag = optarg;
             break;
         case 'B': kvbytes_flag = optarg; break;
+        case 'd': if (pd_cli_kv_dtype("up", optarg, &dtype)) return 2; dtype_flag = optarg; break;
         case 'N': served = optarg; break;
         case 'O':
             if (parse_hosts(optarg, hosts, &nhosts))
@@ -473,7 +476,7 @@ int pd_cli_up(int argc, char **argv)
                    "       [--prefill-ep 1] [--decode-ep 1] [--plan plan.json] [--threads 1] [--max-model-len 2048]\n"
                    "       [--api-key KEY] [--kv-lease-ms 30000] [--host 127.0.0.1] [--max-num-seqs N]\n"
                    "       [--max-num-batched-tokens N] [--kv-cache-memory-bytes B] [--served-model-name NAME]\n"
-                   "       [--plan plan.json --hosts H0,H1,...]\n"
+                   "       [--kv-cache-dtype bf16|fp8] [--plan plan.json --hosts H0,H1,...]\n"
                    "--host: the proxy's address (the instances stay on 127.0.0.1, reached by the proxy only). The\n"
                    "engine flags go to every instance, as pdmoe serve reads them (not with --plan, which sets them).\n"
                    "Starts prefill and decode servers and the proxy on this machine (generating models/mini if it is\n"
@@ -588,7 +591,7 @@ int pd_cli_up(int argc, char **argv)
                                                 .max_num_batched_tokens = u.max_num_batched_tokens};
         int e = 0;
         const char *pass[][2] = {{"--max-num-seqs", seqs_flag}, {"--max-num-batched-tokens", batched_flag},
-                                 {"--kv-cache-memory-bytes", kvbytes_flag}};
+                                 {"--kv-cache-memory-bytes", kvbytes_flag}, {"--kv-cache-dtype", dtype_flag}};
         for (size_t j = 0; j < sizeof pass / sizeof pass[0]; j++)
             if (pass[j][1]) {
                 lo.extra[e++] = pass[j][0];

@@ -303,7 +303,8 @@ Test(up, engine_flags_reach_every_instance)
     if (up == 0) {
         freopen(out, "w", stdout);
         execl(bin, bin, "up", "--model", dir, "--port", sp, "--host", "127.0.0.1", "--max-num-seqs", "3",
-              "--kv-cache-memory-bytes", "64MiB", "--served-model-name", "tiny-x", (char *)NULL);
+              "--kv-cache-memory-bytes", "64MiB", "--served-model-name", "tiny-x", "--kv-cache-dtype", "fp8",
+              (char *)NULL);
         _exit(127);
     }
     up_pid = up;
@@ -312,6 +313,8 @@ Test(up, engine_flags_reach_every_instance)
     for (int p = port + 1; p <= port + 2; p++) {
         cr_assert_eq(metric_port(p, "pdmoe_kv_slots_free"), 3, "port %d", p);
         cr_assert_leq(metric_key(p, "pdmoe_kv_pool_bytes"), (int64_t)64 << 20, "port %d", p);
+        /* v4-tiny's fp8 entry: round_up(nope + 2 rope + nope/64 scales, 8) bytes */
+        cr_assert_gt(metric_key(p, "pdmoe_kv_entry_bytes{dtype=\"fp8\"}"), 0, "port %d", p);
     }
     char a[8192];
     cr_assert_eq(curl_port(port, "/v1/models", NULL, NULL, a, sizeof a), 200, "%s", a);
