@@ -15,6 +15,7 @@
 #include "engine/sampler.h"
 #include "plan/kvsize.h"
 #include "plan/plan.h"
+#include "kernels/fp4.h"
 #include "kernels/ops.h"
 #include "model/config.h"
 #include "model/safetensors.h"
@@ -330,6 +331,37 @@ Test(engine, fp8_kv_pool_matches_the_planner)
     kv_pool_matches_the_planner(PD_KV_FP8);
 }
 
+/* The indexer keys the engine stores are FP4-simulated as the official code's are: each one is
+ * a fixed point of the FP4 rounding (random bf16 values almost never are) */
+Test(engine, indexer_keys_are_on_the_fp4_grid)
+{
+    struct pd_engine en;
+    open_engine(&en, 1, 0);
+    int32_t ids[64];
+    prompt(ids, 64, 2);
+    struct pd_seq s;
+    pd_err e = {0};
+    cr_assert_eq(pd_seq_start(&en, &s, &e), 0);
+    struct pd_step_item it = {.seq = &s, .tokens = ids, .n = 64};
+    cr_assert_eq(pd_engine_step(&en, &it, 1, &e), 0, "%s", e.msg);
+    const int id = en.model.index_head_dim, blk = id < PD_FP4_BLOCK ? id : PD_FP4_BLOCK;
+    int keys = 0;
+    for (int l = 0; l < en.model.n_layers; l++) {
+        if (en.model.compress_ratio[l] != 4)
+            continue;
+        for (int k = 0; k < 64 / 4; k++, keys++) {
+            float x[1024], y[1024];
+            pd_kv_get_key(&en.kv, x, pd_kv_key(&en.kv, &s.kv, l, k));
+            memcpy(y, x, (size_t)id * sizeof *x);
+            pd_fp4_simulate(y, id, blk);
+            cr_assert_eq(memcmp(x, y, (size_t)id * sizeof *x), 0, "layer %d key %d is off the FP4 grid", l, k);
+        }
+    }
+    cr_assert_gt(keys, 0);
+    pd_seq_end(&en, &s);
+    pd_engine_close(&en);
+}
+
 static double cosine(const float *a, const float *b, int n)
 {
     double ab = 0, aa = 0, bb = 0;
@@ -342,8 +374,11 @@ static double cosine(const float *a, const float *b, int n)
 }
 
 /* fp8 KV changes the numbers a little (e4m3 keeps 3 mantissa bits of the non-rope values), the
- * computation not at all: logits close to bf16's at every position, and in fp8 prefill still
- * equals decode (every token reads the same quantized cache either way) */
+ * computation not at all: logits close to bf16's, and in fp8 prefill still equals decode (every
+ * token reads the same quantized cache either way). On v4-tiny (a 16-value indexer picking 4
+ * entries) a small change upstream can flip one of the FP4-rounded indexer's picks, so a few
+ * positions move more: the mean is held to 0.99 here, every position to 0.99 on v4-flash-mini
+ * (tests/engine/test_mini.c). */
 Test(engine, fp8_kv_is_close_to_bf16_and_prefill_equals_decode)
 {
     struct pd_engine a, b;
@@ -374,7 +409,8 @@ Test(engine, fp8_kv_is_close_to_bf16_and_prefill_equals_decode)
         cr_assert_eq(memcmp(lb + (size_t)i * V, one, (size_t)V * 4), 0, "fp8: position %d differs in decode", i);
     }
     cr_log_info("fp8 vs bf16 KV, v4-tiny, %d positions: logits cosine min %.5f mean %.5f", N, worst, sum / N);
-    cr_assert_geq(worst, 0.99, "logits cosine %f", worst);
+    cr_assert_geq(sum / N, 0.99, "mean logits cosine %f", sum / N);
+    cr_assert_geq(worst, 0.95, "logits cosine %f", worst);
     cr_assert_lt(same, N, "fp8 KV changed no logit: is it quantizing?");
     pd_seq_end(&a, &sa);
     pd_seq_end(&b, &sb);
