@@ -42,6 +42,7 @@ struct pd_launch_limits {
     int64_t kv_cache_bytes;    /* --kv-cache-bytes: the role's KV pool */
     int64_t max_num_seqs;      /* --max-num-seqs */
     int64_t max_num_batched_tokens;   /* --max-num-batched-tokens */
+    const char *kv_cache_dtype;       /* --kv-cache-dtype: the dtype the pool was sized for; NULL: none */
 };
 
 struct pd_launch_opts {
