@@ -279,7 +279,7 @@ int pd_bxfer_pool_open(struct pool *p, const struct pd_model *m, unsigned seed, 
 {
     memset(p, 0, sizeof *p);
     p->rng = seed;
-    if (pd_kvpool_init(&p->kv, m, POOL_SEQS, POOL_BYTES, 16, e))
+    if (pd_kvpool_init(&p->kv, m, PD_KV_BF16, POOL_SEQS, POOL_BYTES, 16, e))
         return -1;
     struct pd_kvx_opts o = {.listen_host = host, .listen_port = listen_port, .region_len = p->kv.region_bytes};
     if (pd_kvx_create(&o, x, e))

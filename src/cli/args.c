@@ -59,6 +59,19 @@ int pd_cli_http_get(const char *host, int port, const char *path, char *out, siz
     return code;
 }
 
+int pd_cli_kv_dtype(const char *cmd, const char *s, enum pd_kv_dtype *out)
+{
+    if (strcmp(s, "bf16") == 0)
+        *out = PD_KV_BF16;
+    else if (strcmp(s, "fp8") == 0)
+        *out = PD_KV_FP8;
+    else {
+        fprintf(stderr, "pdmoe %s: --kv-cache-dtype %s: expected bf16 or fp8\n", cmd, s);
+        return -1;
+    }
+    return 0;
+}
+
 int pd_cli_int(const char *flag, const char *s, int64_t min, int64_t *out)
 {
     char *end;

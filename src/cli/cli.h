@@ -24,6 +24,9 @@ int pd_cli_tokenize(int argc, char **argv);
  * vLLM reads --max-model-len. Prints "pdmoe: --flag VALUE: ..." and returns -1 on error. */
 int pd_cli_int(const char *flag, const char *s, int64_t min, int64_t *out);
 int pd_cli_double(const char *flag, const char *s, double *out);
+/* --kv-cache-dtype of the engine: bf16 or fp8, nothing else. Prints "pdmoe CMD: ..." and
+ * returns -1 on error. */
+int pd_cli_kv_dtype(const char *cmd, const char *s, enum pd_kv_dtype *out);
 
 /* What a subcommand's getopt_long loop (optstring starting with ":") does not know: c == ':' is a
  * flag missing its value, anything else an unknown flag. Prints "pdmoe CMD: ..." naming the

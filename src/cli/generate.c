@@ -26,6 +26,7 @@ struct gen_opts {
     double temperature, top_p;
     int ep, print_ids, report_weights;
     const char *expert_stats;
+    enum pd_kv_dtype kv_dtype;
 };
 
 /* One sequence of the batch on this rank. */
@@ -55,7 +56,7 @@ static int parse(int argc, char **argv, struct gen_opts *o)
         {"model", 1, 0, 'm'}, {"prompt", 1, 0, 'p'}, {"max-tokens", 1, 0, 'n'}, {"temperature", 1, 0, 't'},
         {"top-p", 1, 0, 'P'}, {"seed", 1, 0, 's'}, {"threads", 1, 0, 'j'},
         {"enable-expert-parallel", 0, 0, 'E'}, {"print-ids", 0, 0, 'I'}, {"report-weights", 0, 0, 'W'},
-        {"expert-stats", 1, 0, 'S'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"expert-stats", 1, 0, 'S'}, {"kv-cache-dtype", 1, 0, 'K'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
     memset(o, 0, sizeof *o);
     o->max_tokens = 64;
@@ -83,10 +84,13 @@ static int parse(int argc, char **argv, struct gen_opts *o)
         case 'I': o->print_ids = 1; break;
         case 'W': o->report_weights = 1; break;
         case 'S': o->expert_stats = optarg; break;
+        case 'K': if (pd_cli_kv_dtype("generate", optarg, &o->kv_dtype)) return 2; break;
         case 'h':
             printf("usage: pdmoe generate --model DIR --prompt TEXT [--prompt TEXT ...] [--max-tokens 64]\n"
                    "       [--temperature 0] [--top-p 1] [--seed 1] [--threads N]\n"
                    "       [--enable-expert-parallel] [--print-ids] [--report-weights] [--expert-stats FILE]\n"
+                   "       [--kv-cache-dtype bf16|fp8] (the KV cache's entries: bf16, the default, or fp8 as\n"
+                   "         DeepSeek-V4 is deployed: e4m3 non-rope values with a power-of-two scale per 64)\n"
                    "Greedy at temperature 0. With one prompt in one process the text streams as it is\n"
                    "produced; otherwise the prompts run as one batch and each result is printed at the end.\n"
                    "Under mpirun with --enable-expert-parallel the ranks form an EP group: rank k holds\n"
@@ -398,7 +402,7 @@ int pd_cli_generate(int argc, char **argv)
         threads = cores / local > 0 ? cores / local : 1;
     }
     struct pd_engine_opts eo = {.dir = o.dir, .threads = threads, .max_seqs = b.n > 0 ? b.n : 1,
-                                .max_model_len = longest + o.max_tokens + 1,
+                                .max_model_len = longest + o.max_tokens + 1, .kv_dtype = o.kv_dtype,
                                 .has_expert = o.ep ? b.ep.has_expert : NULL};
     if (pd_engine_open(&b.en, &eo, &e))
         goto out;

@@ -143,6 +143,7 @@ struct up_plan {
     int instances[2], ep[2];
     int64_t kv_pool[2];
     int64_t max_num_seqs, max_model_len, max_num_batched_tokens;
+    char kv_cache_dtype[8];         /* options.kv_cache_dtype: what the pools were sized for */
 };
 
 static int plan_int(const char *path, json_t *o, const char *where, const char *key, int64_t min, int64_t max,
@@ -177,6 +178,12 @@ static int read_plan(const char *path, struct up_plan *u, int on_hosts)
         plan_int(path, opt, "options.", "max_model_len", 16, 1 << 24, &u->max_model_len) ||
         plan_int(path, opt, "options.", "max_num_batched_tokens", 1, 1 << 24, &u->max_num_batched_tokens))
         goto out;
+    const char *dt = json_string_value(json_object_get(opt, "kv_cache_dtype"));
+    if (!dt || (strcmp(dt, "bf16") && strcmp(dt, "fp8"))) {
+        fprintf(stderr, "pdmoe up: --plan %s: field \"options.kv_cache_dtype\": expected \"bf16\" or \"fp8\"\n", path);
+        goto out;
+    }
+    snprintf(u->kv_cache_dtype, sizeof u->kv_cache_dtype, "%s", dt);
     for (int r = 0; r < 2; r++) {
         json_t *x = json_array_get(roles, (size_t)r);
         char where[48];
@@ -414,7 +421,7 @@ int pd_cli_up(int argc, char **argv)
         {"decode-ep", 1, 0, 'f'}, {"api-key", 1, 0, 'k'}, {"kv-lease-ms", 1, 0, 'K'},
         {"host", 1, 0, 'H'}, {"max-num-seqs", 1, 0, 'S'}, {"max-num-batched-tokens", 1, 0, 'T'},
         {"kv-cache-memory-bytes", 1, 0, 'B'}, {"kv-cache-bytes", 1, 0, 'B'}, {"served-model-name", 1, 0, 'N'},
-        {"hosts", 1, 0, 'O'},
+        {"hosts", 1, 0, 'O'}, {"kv-cache-dtype", 1, 0, 'd'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
     const char *model = "models/mini", *plan = NULL, *key = NULL;
@@ -424,6 +431,8 @@ int pd_cli_up(int argc, char **argv)
     /* engine flags passed on to every instance as given (serve checks them); the plan's own
      * values forbid them with --plan */
     const char *host = "127.0.0.1", *seqs_flag = NULL, *batched_flag = NULL, *kvbytes_flag = NULL, *served = NULL;
+    const char *dtype_flag = NULL;
+    enum pd_kv_dtype dtype;
     int64_t checked;
     int c;
     optind = 1;
@@ -445,6 +454,7 @@ int pd_cli_up(int argc, char **argv)
             batched_flag = optarg;
             break;
         case 'B': kvbytes_flag = optarg; break;
+        case 'd': if (pd_cli_kv_dtype("up", optarg, &dtype)) return 2; dtype_flag = optarg; break;
         case 'N': served = optarg; break;
         case 'O':
             if (parse_hosts(optarg, hosts, &nhosts))
@@ -473,7 +483,7 @@ int pd_cli_up(int argc, char **argv)
                    "       [--prefill-ep 1] [--decode-ep 1] [--plan plan.json] [--threads 1] [--max-model-len 2048]\n"
                    "       [--api-key KEY] [--kv-lease-ms 30000] [--host 127.0.0.1] [--max-num-seqs N]\n"
                    "       [--max-num-batched-tokens N] [--kv-cache-memory-bytes B] [--served-model-name NAME]\n"
-                   "       [--plan plan.json --hosts H0,H1,...]\n"
+                   "       [--kv-cache-dtype bf16|fp8] [--plan plan.json --hosts H0,H1,...]\n"
                    "--host: the proxy's address (the instances stay on 127.0.0.1, reached by the proxy only). The\n"
                    "engine flags go to every instance, as pdmoe serve reads them (not with --plan, which sets them).\n"
                    "Starts prefill and decode servers and the proxy on this machine (generating models/mini if it is\n"
@@ -483,8 +493,8 @@ int pd_cli_up(int argc, char **argv)
                    "instance keeps a prompt's KV for a decode instance that has not pulled it. An instance of EP size\n"
                    "N > 1 is an EP group of N ranks under mpirun (--threads is per rank). With --plan (pdmoe plan\n"
                    "--json), the plan's instances, EP sizes, per-rank KV pool (budget.kv_pool_bytes), max-num-seqs,\n"
-                   "max-model-len and max-num-batched-tokens, refused if the pools and the model do not fit this\n"
-                   "machine's memory. With --hosts (several hosts; the nodes' addresses in node order), the plan's\n"
+                   "max-model-len, max-num-batched-tokens and KV cache dtype, refused if the pools and the model do\n"
+                   "not fit this machine's memory. With --hosts (several hosts; the nodes' addresses in node order), the plan's\n"
                    "node map puts each instance and EP rank on its host, every process binding its host's address;\n"
                    "each instance is started on its first host by mpirun (ssh, or OMPI_MCA_plm_rsh_agent), the\n"
                    "proxy here; a host the launcher cannot reach is refused by name.\n");
@@ -498,9 +508,10 @@ int pd_cli_up(int argc, char **argv)
                         "instance and EP rank on a host, as pdmoe plan --emit does\n");
         return 2;
     }
-    if (plan && (seqs_flag || batched_flag || kvbytes_flag)) {
+    if (plan && (seqs_flag || batched_flag || kvbytes_flag || dtype_flag)) {
         fprintf(stderr, "pdmoe up: %s: --plan %s sets it; give one or the other\n",
-                seqs_flag ? "--max-num-seqs" : batched_flag ? "--max-num-batched-tokens" : "--kv-cache-memory-bytes", plan);
+                seqs_flag ? "--max-num-seqs" : batched_flag ? "--max-num-batched-tokens"
+                : kvbytes_flag ? "--kv-cache-memory-bytes" : "--kv-cache-dtype", plan);
         return 2;
     }
     int ep[2] = {(int)ep_flag[0], (int)ep_flag[1]};
@@ -585,10 +596,11 @@ int pd_cli_up(int argc, char **argv)
                                     .remote = x->group[0].host && !pd_net_is_local(x->group[0].host)};
         if (plan)   /* the plan's pool and limits, per rank */
             lo.plan = (struct pd_launch_limits){.kv_cache_bytes = u.kv_pool[x->role], .max_num_seqs = u.max_num_seqs,
-                                                .max_num_batched_tokens = u.max_num_batched_tokens};
+                                                .max_num_batched_tokens = u.max_num_batched_tokens,
+                                                .kv_cache_dtype = u.kv_cache_dtype};
         int e = 0;
         const char *pass[][2] = {{"--max-num-seqs", seqs_flag}, {"--max-num-batched-tokens", batched_flag},
-                                 {"--kv-cache-memory-bytes", kvbytes_flag}};
+                                 {"--kv-cache-memory-bytes", kvbytes_flag}, {"--kv-cache-dtype", dtype_flag}};
         for (size_t j = 0; j < sizeof pass / sizeof pass[0]; j++)
             if (pass[j][1]) {
                 lo.extra[e++] = pass[j][0];

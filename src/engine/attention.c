@@ -5,9 +5,14 @@
  *   compressed entries of completed blocks (all of them in HCA layers; the indexer's top-k in CSA
  *   layers). Softmax with a per-head sink in the denominator, scale head_dim^-1/2, V = K, inverse
  *   rope on the output's rope dims; output projection in o_groups groups, then wo_b.
+ * The indexer (CSA layers) works in the official code's low precision: its queries and keys
+ * rotated by a Hadamard matrix and rounded through FP4 (kernels/fp4.h), its head weights scaled
+ * by index_head_dim^-1/2 * index_n_heads^-1/2.
  * Projections run on the whole step; the window, compressors, indexer and attention run per
  * sequence in position order, so each token sees exactly the cache it would see alone. */
 #include "engine/internal.h"
+#include "kernels/fp4.h"
+#include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "kernels/vec.h"
 
@@ -26,15 +31,16 @@ struct attn_bufs {
     int *sel;                      /* [entries] selected entries */
 };
 
-static void store_bf16(uint16_t *dst, const float *src, int n)
+/* An indexer query head or key as the official code has it: bf16, Hadamard-rotated, bf16 again,
+ * then FP4-simulated in blocks of 32 (of all its values when it has fewer: toy models only). */
+void pd_indexer_lowp(float *x, int id)
 {
-    for (int i = 0; i < n; i++)
-        dst[i] = pd_f32_to_bf16(src[i]);
-}
-
-static void load_bf16(float *dst, const uint16_t *src, int n)
-{
-    pd_bf16_to_f32_row(src, dst, n);
+    for (int i = 0; i < id; i++)
+        x[i] = pd_bf16_to_f32(pd_f32_to_bf16(x[i]));
+    pd_hadamard(x, id);
+    for (int i = 0; i < id; i++)
+        x[i] = pd_bf16_to_f32(pd_f32_to_bf16(x[i]));
+    pd_fp4_simulate(x, id, id < PD_FP4_BLOCK ? id : PD_FP4_BLOCK);
 }
 
 /* Compressor: a token's projections go into the state rows of its block; when the block is
@@ -116,19 +122,23 @@ static int cmp_int(const void *a, const void *b)
     return *(const int *)a - *(const int *)b;
 }
 
-/* Indexer: score(entry) = sum_h relu(q_h . k_entry) * w_h; the top-k entries, ties to the
- * lower index. */
+/* Indexer: score(entry) = sum_h relu(q_h . k_entry) * w_h * index_head_dim^-1/2 *
+ * index_n_heads^-1/2 (the official weight scale: it leaves the order, and so the choice, as it
+ * was, but keeps the scores' magnitude); the top-k entries, ties to the lower index. */
 static int indexer_select(const struct pd_model *m, const struct pd_kvpool *kvp, const struct pd_kvseq *s, int layer,
                           int64_t n, const float *iq, const float *iw, struct attn_bufs *b)
 {
     const int ih = m->index_n_heads, id = m->index_head_dim, k = m->index_topk;
-    float key[1024], dot[256];
+    float key[1024], dot[256], w[256];
+    const float wscale = pd_indexer_weight_scale(m);
+    for (int h = 0; h < ih; h++)
+        w[h] = iw[h] * wscale;
     for (int64_t x = 0; x < n; x++) {
-        load_bf16(key, pd_kv_key(kvp, s, layer, x), id);
+        pd_kv_get_key(kvp, key, pd_kv_key(kvp, s, layer, x));
         pd_dot_rows(iq, (size_t)id, key, id, ih, dot);
         double sc = 0;
         for (int h = 0; h < ih; h++)
-            sc += (dot[h] > 0 ? dot[h] : 0) * iw[h];
+            sc += (dot[h] > 0 ? dot[h] : 0) * w[h];
         b->iscore[x] = (float)sc;
     }
     return pd_topk(b->iscore, (int)n, k, b->sel);
@@ -172,28 +182,36 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
     const float *cs = (r ? st->cs_compress : st->cs_window) + (size_t)t * rd;
     const float eps = (float)m->rms_norm_eps;
     const int64_t pos = st->pos[t];
-    store_bf16(pd_kv_window(kvp, &seq->kv, layer, pos), b->kv + (size_t)t * hd, hd);
+    pd_kv_put_entry(kvp, pd_kv_window(kvp, &seq->kv, layer, pos), b->kv + (size_t)t * hd);
     float entry[2048];
     if (r) {
         int cw = L->cmp.coff * hd;
         if (pd_compress_push(&L->cmp, pd_kv_state(kvp, &seq->kv, layer, 0), b->ckv + (size_t)t * cw,
                           b->cg + (size_t)t * cw, pos, &en->rope_compress, eps, entry))
-            store_bf16(pd_kv_entry(kvp, &seq->kv, layer, pos / r), entry, hd);
+            pd_kv_put_entry(kvp, pd_kv_entry(kvp, &seq->kv, layer, pos / r), entry);
         if (r == 4) {
             int id = m->index_head_dim, iw = L->idx_cmp.coff * id;
             if (pd_compress_push(&L->idx_cmp, pd_kv_state(kvp, &seq->kv, layer, 1), b->ikv + (size_t)t * iw,
-                              b->ig + (size_t)t * iw, pos, &en->rope_index, eps, entry))
-                store_bf16(pd_kv_key(kvp, &seq->kv, layer, pos / r), entry, id);
+                              b->ig + (size_t)t * iw, pos, &en->rope_index, eps, entry)) {
+                pd_indexer_lowp(entry, id);
+                pd_kv_put_key(kvp, pd_kv_key(kvp, &seq->kv, layer, pos / r), entry);
+            }
         }
     }
     /* keys: window first, then the compressed entries the layer may see */
     int nk = 0;
     int64_t first = pos - W + 1 < 0 ? 0 : pos - W + 1;
-    /* the window is a ring of W entries of hd values: positions first .. pos are at most two runs */
-    assert(kvp->entry_bytes == 2 * (size_t)hd);
+    /* the window is a ring of W entries: positions first .. pos are at most two runs, each read
+     * at once in bf16 */
     for (int64_t p = first; p <= pos;) {
         int64_t run = W - p % W < pos + 1 - p ? W - p % W : pos + 1 - p;
-        load_bf16(b->keys + (size_t)nk * hd, pd_kv_window(kvp, &seq->kv, layer, p), (int)(run * hd));
+        if (kvp->dtype == PD_KV_BF16) {
+            assert(kvp->entry_bytes == 2 * (size_t)hd);
+            pd_bf16_to_f32_row(pd_kv_window(kvp, &seq->kv, layer, p), b->keys + (size_t)nk * hd, (int)(run * hd));
+        } else {
+            for (int64_t k = 0; k < run; k++)
+                pd_kv_get_entry(kvp, b->keys + (size_t)(nk + k) * hd, pd_kv_window(kvp, &seq->kv, layer, p + k));
+        }
         nk += (int)run;
         p += run;
     }
@@ -210,7 +228,7 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
                 b->sel[i] = i;
         }
         for (int i = 0; i < ns; i++)
-            load_bf16(b->keys + (size_t)nk++ * hd, pd_kv_entry(kvp, &seq->kv, layer, b->sel[i]), hd);
+            pd_kv_get_entry(kvp, b->keys + (size_t)nk++ * hd, pd_kv_entry(kvp, &seq->kv, layer, b->sel[i]));
     }
     const float scale = 1.0f / sqrtf((float)hd);
     for (int h = 0; h < nh; h++) {
@@ -296,8 +314,11 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
     }
     if (r == 4)   /* the indexer's rope (en->rope_index) is the compressor's */
         for (int t = 0; t < T; t++)
-            for (int h = 0; h < ih; h++)
-                pd_rope_apply_cs(st->cs_compress + (size_t)t * rd, rd, b.iq + ((size_t)t * ih + h) * id + id - rd, 0);
+            for (int h = 0; h < ih; h++) {
+                float *iq = b.iq + ((size_t)t * ih + h) * id;
+                pd_rope_apply_cs(st->cs_compress + (size_t)t * rd, rd, iq + id - rd, 0);
+                pd_indexer_lowp(iq, id);
+            }
     /* tokens are in item order and, within an item, in position order */
     for (int t = 0; t < T; t++)
         if ((rc = attend_token(st, layer, t, &b, e)))

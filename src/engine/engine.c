@@ -45,6 +45,9 @@ int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err 
     if (m->qk_rope_head_dim > 512 || (m->index_head_dim && m->qk_rope_head_dim > m->index_head_dim))
         return pd_err_set(e, PD_EINVAL, "%s: qk_rope_head_dim %d must be at most 512 and index_head_dim", o->dir,
                           m->qk_rope_head_dim);
+    if (m->index_head_dim > 0 && (m->index_head_dim & (m->index_head_dim - 1)))
+        return pd_err_set(e, PD_EINVAL, "%s: index_head_dim %d must be a power of two (the indexer's Hadamard rotation)",
+                          o->dir, m->index_head_dim);
     if ((rc = pd_weights_load(&en->w, m, o->dir, o->has_expert, e)))
         return rc;
     int64_t max_len = o->max_model_len > 0 ? o->max_model_len : 4096;
@@ -53,25 +56,28 @@ int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err 
     size_t bytes = (size_t)o->kv_bytes;
     if (!bytes) {
         /* room for every sequence at max_model_len, plus two blocks per layer of slack */
+        size_t eb, kb;
+        pd_kvpool_entry_bytes(m, o->kv_dtype, &eb, &kb);
         double per_tok = 0;
         for (int l = 0; l < m->n_layers; l++) {
             int r = m->compress_ratio[l];
             if (r)
-                per_tok += (double)(2 * m->head_dim + (r == 4 ? 2 * m->index_head_dim : 0)) / r;
+                per_tok += (double)(eb + (r == 4 ? kb : 0)) / r;
         }
         size_t slot = 0;
         for (int l = 0; l < m->n_layers; l++) {
             int r = m->compress_ratio[l], coff = r == 4 ? 2 : 1;
-            slot += (size_t)m->sliding_window * 2 * m->head_dim;
+            slot += (size_t)m->sliding_window * eb;
             if (r)
                 slot += 2 * (size_t)coff * r * coff * m->head_dim * 4;
             if (r == 4)
                 slot += 2 * (size_t)coff * r * coff * m->index_head_dim * 4;
         }
+        /* the pool may round a block up to whole keys: count the slack at twice the blocks asked */
         bytes = (size_t)max_seqs * (slot + (size_t)(per_tok * (double)max_len) +
-                                    (size_t)m->n_layers * 2 * (size_t)block * 2 * m->head_dim);
+                                    (size_t)m->n_layers * 2 * (size_t)(2 * block) * eb);
     }
-    if ((rc = pd_kvpool_init(&en->kv, m, max_seqs, bytes, block, e)))
+    if ((rc = pd_kvpool_init(&en->kv, m, o->kv_dtype, max_seqs, bytes, block, e)))
         goto fail;
     int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads > 1 && (rc = pd_pool_create(threads, &en->pool, e)))

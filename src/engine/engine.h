@@ -67,6 +67,7 @@ struct pd_engine_opts {
     int64_t kv_bytes;               /* KV pool size; 0: enough for max_seqs x max_model_len */
     int64_t max_model_len;          /* 0: 4096 */
     int block_entries;              /* 0: 16 */
+    enum pd_kv_dtype kv_dtype;      /* the KV cache's entries: PD_KV_BF16 (0, the default) or PD_KV_FP8 */
     int ref;
     const unsigned char *has_expert;  /* [experts] this process holds, NULL = all */
 };

@@ -4,6 +4,8 @@
 
 #include "engine/engine.h"
 
+#include <math.h>
+
 /* One step's tokens and scratch memory. */
 struct pd_step {
     struct pd_engine *en;
@@ -42,6 +44,14 @@ void pd_mhc_post(const struct pd_model *m, float *h, const float *out, const flo
  * the block's first position) when the token completes a block. */
 int pd_compress_push(const struct pd_compressor_w *c, float *state, const float *kvp, const float *gate, int64_t pos,
                      const struct pd_rope *rope, float eps, float *entry);
+/* The indexer's low precision on one query head or key of id values (a power of two): bf16,
+ * Hadamard rotation, FP4 simulation (kernels/fp4.h). */
+void pd_indexer_lowp(float *x, int id);
+/* The indexer's head-weight scale: index_head_dim^-1/2 * index_n_heads^-1/2. */
+static inline float pd_indexer_weight_scale(const struct pd_model *m)
+{
+    return (float)(1.0 / sqrt((double)m->index_head_dim) / sqrt((double)m->index_n_heads));
+}
 /* Indices of the k best scores (ties to the lower index), in increasing index order. */
 int pd_topk(const float *score, int n, int k, int *sel);
 int pd_moe_layer(struct pd_step *st, int layer, pd_err *e);

@@ -1,6 +1,9 @@
 /* Paged KV cache: fixed slots for windows and compressor states, shared blocks for the
  * compressed entries and indexer keys. Invariants are asserted where they must hold. */
 #include "engine/kvpool.h"
+#include "kernels/fp8.h"
+#include "kernels/ops.h"
+#include "kernels/vec.h"
 
 #include <assert.h>
 #include <stdlib.h>
@@ -11,8 +14,31 @@ static size_t state_bytes(int coff, int ratio, int d)
     return 2 * (size_t)coff * ratio * (size_t)coff * d * sizeof(float);
 }
 
-int pd_kvpool_init(struct pd_kvpool *p, const struct pd_model *m, int max_seqs, size_t bytes,
-                   int block_entries, pd_err *e)
+void pd_kvpool_entry_bytes(const struct pd_model *m, enum pd_kv_dtype dtype, size_t *entry, size_t *key)
+{
+    size_t hd = (size_t)m->head_dim, rope = (size_t)m->qk_rope_head_dim, nope = hd - rope;
+    size_t id = (size_t)(m->index_head_dim > 0 ? m->index_head_dim : 1);
+    if (dtype == PD_KV_FP8) {
+        *entry = (nope + 2 * rope + (nope + 63) / 64 + 7) / 8 * 8;
+        *key = id + 4;
+    } else {
+        *entry = 2 * hd;
+        *key = 2 * id;
+    }
+}
+
+static size_t gcd(size_t a, size_t b)
+{
+    while (b) {
+        size_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+int pd_kvpool_init(struct pd_kvpool *p, const struct pd_model *m, enum pd_kv_dtype dtype, int max_seqs,
+                   size_t bytes, int block_entries, pd_err *e)
 {
     memset(p, 0, sizeof *p);
     if (m->arch != PD_ARCH_DEEPSEEK_V4)
@@ -25,11 +51,17 @@ int pd_kvpool_init(struct pd_kvpool *p, const struct pd_model *m, int max_seqs, 
     p->window = m->sliding_window;
     p->head_dim = m->head_dim;
     p->index_head_dim = m->index_head_dim;
-    p->entry_bytes = 2 * (size_t)m->head_dim;
-    p->key_bytes = 2 * (size_t)(m->index_head_dim > 0 ? m->index_head_dim : 1);
+    p->rope_dim = m->qk_rope_head_dim;
+    p->dtype = dtype;
+    pd_kvpool_entry_bytes(m, dtype, &p->entry_bytes, &p->key_bytes);
+    /* a block holds whole keys as well as whole entries: round the entries up to a multiple of
+     * key_bytes / gcd(entry_bytes, key_bytes) (1 in bf16, where a key is a quarter entry) */
+    size_t step = p->key_bytes / gcd(p->entry_bytes, p->key_bytes);
+    block_entries = (int)(((size_t)block_entries + step - 1) / step * step);
     p->block_entries = block_entries;
     p->block_bytes = (size_t)block_entries * p->entry_bytes;
     p->block_keys = (int)(p->block_bytes / p->key_bytes);
+    assert((size_t)p->block_keys * p->key_bytes == p->block_bytes);
     p->layer = calloc((size_t)p->n_layers, sizeof *p->layer);
     if (!p->layer)
         return pd_err_set(e, PD_ENOMEM, "KV pool: out of memory");
@@ -324,10 +356,10 @@ void pd_kvseq_free(struct pd_kvpool *p, struct pd_kvseq *s)
     s->slot = -1;
 }
 
-uint16_t *pd_kv_window(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int64_t pos)
+void *pd_kv_window(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int64_t pos)
 {
     uint8_t *slot = p->slots + (size_t)s->slot * p->slot_bytes;
-    return (uint16_t *)(slot + p->layer[layer].window_off + (size_t)(pos % p->window) * p->entry_bytes);
+    return slot + p->layer[layer].window_off + (size_t)(pos % p->window) * p->entry_bytes;
 }
 
 float *pd_kv_state(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int indexer)
@@ -336,16 +368,103 @@ float *pd_kv_state(const struct pd_kvpool *p, const struct pd_kvseq *s, int laye
     return (float *)(slot + (indexer ? p->layer[layer].idx_state_off : p->layer[layer].state_off));
 }
 
-uint16_t *pd_kv_entry(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int64_t i)
+void *pd_kv_entry(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int64_t i)
 {
     int b = s->blocks[layer][i / p->block_entries];
-    return (uint16_t *)(p->blocks + (size_t)b * p->block_bytes + (size_t)(i % p->block_entries) * p->entry_bytes);
+    return p->blocks + (size_t)b * p->block_bytes + (size_t)(i % p->block_entries) * p->entry_bytes;
 }
 
-uint16_t *pd_kv_key(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int64_t i)
+void *pd_kv_key(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int64_t i)
 {
     int b = s->kblocks[layer][i / p->block_keys];
-    return (uint16_t *)(p->blocks + (size_t)b * p->block_bytes + (size_t)(i % p->block_keys) * p->key_bytes);
+    return p->blocks + (size_t)b * p->block_bytes + (size_t)(i % p->block_keys) * p->key_bytes;
+}
+
+/* bf16 values through memcpy: an fp8 entry's rope part need not be 2-aligned in general */
+static void put_bf16(uint8_t *dst, const float *src, int n)
+{
+    for (int i = 0; i < n; i++) {
+        uint16_t b = pd_f32_to_bf16(src[i]);
+        memcpy(dst + 2 * (size_t)i, &b, 2);
+    }
+}
+
+static void get_bf16(float *dst, const uint8_t *src, int n)
+{
+    for (int i = 0; i < n; i++) {
+        uint16_t b;
+        memcpy(&b, src + 2 * (size_t)i, 2);
+        dst[i] = pd_bf16_to_f32(b);
+    }
+}
+
+/* The official code's activations are bf16 when it quantizes them: round first, as it does. */
+static void round_bf16(const float *src, float *dst, int n)
+{
+    for (int i = 0; i < n; i++)
+        dst[i] = pd_bf16_to_f32(pd_f32_to_bf16(src[i]));
+}
+
+void pd_kv_put_entry(const struct pd_kvpool *p, void *dst, const float *src)
+{
+    uint8_t *d = dst;
+    const int hd = p->head_dim, rope = p->rope_dim, nope = hd - rope;
+    if (p->dtype != PD_KV_FP8) {
+        put_bf16(d, src, hd);
+        return;
+    }
+    float x[2048];
+    assert(nope <= 2048);
+    round_bf16(src, x, nope);
+    int ns = (nope + 63) / 64;
+    pd_fp8_quant_blocks(x, nope, 64, d, d + nope + 2 * (size_t)rope);
+    put_bf16(d + nope, src + nope, rope);
+    size_t used = (size_t)nope + 2 * (size_t)rope + (size_t)ns;
+    memset(d + used, 0, p->entry_bytes - used);
+}
+
+void pd_kv_get_entry(const struct pd_kvpool *p, float *dst, const void *src)
+{
+    const uint8_t *s = src;
+    const int hd = p->head_dim, rope = p->rope_dim, nope = hd - rope;
+    if (p->dtype != PD_KV_FP8) {
+        pd_bf16_to_f32_row(src, dst, hd);
+        return;
+    }
+    pd_fp8_dequant_blocks(s, s + nope + 2 * (size_t)rope, nope, 64, dst);
+    get_bf16(dst + nope, s + nope, rope);
+}
+
+void pd_kv_put_key(const struct pd_kvpool *p, void *dst, const float *src)
+{
+    uint8_t *d = dst;
+    const int id = p->index_head_dim;
+    if (p->dtype != PD_KV_FP8) {
+        put_bf16(d, src, id);
+        return;
+    }
+    /* one power-of-two scale for the whole key, kept as fp32 (4 bytes) */
+    float x[1024];
+    assert(id <= 1024);
+    round_bf16(src, x, id);
+    uint8_t sb;
+    pd_fp8_quant_blocks(x, id, id, d, &sb);
+    float s = pd_ue8m0_value(sb);
+    memcpy(d + id, &s, 4);
+}
+
+void pd_kv_get_key(const struct pd_kvpool *p, float *dst, const void *src)
+{
+    const uint8_t *s = src;
+    const int id = p->index_head_dim;
+    if (p->dtype != PD_KV_FP8) {
+        pd_bf16_to_f32_row(src, dst, id);
+        return;
+    }
+    float sc;
+    memcpy(&sc, s + id, 4);
+    for (int i = 0; i < id; i++)
+        dst[i] = pd_e4m3_decode(s[i]) * sc;
 }
 
 int pd_kvseq_max_runs(const struct pd_kvpool *p, const struct pd_kvseq *s)

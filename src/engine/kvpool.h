@@ -1,14 +1,22 @@
 /* The KV cache of DeepSeek-V4 sequences, paged as serving engines do.
  *
- * What a sequence keeps (docs/memory-model.md, "KV cache"), in bf16 like the planner's
- * `--kv-cache-dtype bf16`:
+ * What a sequence keeps (docs/memory-model.md, "KV cache"), in the planner's
+ * `--kv-cache-dtype` (bf16 or fp8):
  *   fixed, one slot per sequence: for every layer the sliding window (a ring of `window`
- *     entries of head_dim values) and, for ratio layers, the compressor state (kv and score
+ *     entries) and, for ratio layers, the compressor state (kv and score
  *     rows, fp32 [coff*ratio, coff*d] each; a CSA layer also the indexer's compressor);
  *   growing, in blocks from a shared pool: the compressed entries of each ratio layer and the
  *     indexer keys of each CSA layer, `block_entries` entries (or keys) per block.
+ * An entry (window, CSA, HCA) is head_dim values: bf16, or fp8 as V4 is deployed (the planner's
+ * 584 B for V4-Flash): [nope e4m3 codes][rope bf16 values][one ue8m0 scale byte per 64 nope
+ * values][zeros up to a multiple of 8], quantized as the official code does (kernels/fp8.h).
+ * An indexer key is index_head_dim values: bf16, or fp8 [index_head_dim e4m3 codes][fp32
+ * power-of-two scale]. Writers and readers go through pd_kv_put/pd_kv_get.
  * A slot's size and the pool's marginal bytes per token are derived from this layout and equal
- * what `pdmoe plan` computes for the same config (tests/engine/test_engine.c). Freeing a
+ * what `pdmoe plan` computes for the same config and dtype (tests/engine/test_engine.c); so do a
+ * sequence's bytes whenever its blocks are full. In fp8 the entries per block are rounded up
+ * until a block holds whole indexer keys too (16 -> 17 for the mini model, 33 for V4-Flash), so
+ * no key block carries padding the planner does not count. Freeing a
  * sequence returns its slot and every block; the pool asserts that it never frees a block twice
  * and that all blocks are back when no sequence is live.
  * Blocks are handed out in ascending address order, from the lowest free extent that holds a
@@ -22,6 +30,7 @@
 
 #include "core/err.h"
 #include "model/config.h"
+#include "plan/kvsize.h"
 
 struct pd_kvlayer {
     int ratio;                 /* 0: window only; 4: CSA (with indexer); else HCA */
@@ -33,8 +42,9 @@ struct pd_kvlayer {
 
 struct pd_kvpool {
     int n_layers;
-    int window, head_dim, index_head_dim;
-    size_t entry_bytes, key_bytes;      /* bf16 head_dim and index_head_dim values */
+    int window, head_dim, index_head_dim, rope_dim;
+    enum pd_kv_dtype dtype;
+    size_t entry_bytes, key_bytes;      /* one entry (head_dim values), one indexer key */
     int block_entries;                  /* entries per block */
     int block_keys;                     /* indexer keys per block (same block size) */
     size_t block_bytes;
@@ -62,9 +72,11 @@ struct pd_kvseq {
     int *n_kblocks, *cap_kblocks;
 };
 
-/* A pool for `max_seqs` sequences and `bytes` in all (slots + blocks). */
-int pd_kvpool_init(struct pd_kvpool *p, const struct pd_model *m, int max_seqs, size_t bytes,
-                   int block_entries, pd_err *e);
+/* A pool for `max_seqs` sequences and `bytes` in all (slots + blocks), entries in `dtype`. */
+int pd_kvpool_init(struct pd_kvpool *p, const struct pd_model *m, enum pd_kv_dtype dtype, int max_seqs,
+                   size_t bytes, int block_entries, pd_err *e);
+/* The bytes of one entry and one indexer key of model m in dtype (what the planner counts). */
+void pd_kvpool_entry_bytes(const struct pd_model *m, enum pd_kv_dtype dtype, size_t *entry, size_t *key);
 void pd_kvpool_free(struct pd_kvpool *p);
 /* Moves an empty pool to `region` (region_bytes long, owned by the caller and outliving the
  * pool's use): a KV transfer engine's own memory, which a peer reads directly. */
@@ -105,10 +117,18 @@ int pd_kvseq_max_runs(const struct pd_kvpool *p, const struct pd_kvseq *s);
 struct pd_kv_run *pd_kvseq_runs_alloc(const struct pd_kvpool *p, const struct pd_kvseq *s, int64_t len, int *n,
                                       uint64_t *bytes);
 
-/* Accessors. */
-uint16_t *pd_kv_window(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int64_t pos);
+/* Accessors: where an entry (window or compressed) or a key lies, in the pool's format. */
+void *pd_kv_window(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int64_t pos);
 float *pd_kv_state(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int indexer);
-uint16_t *pd_kv_entry(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int64_t i);
-uint16_t *pd_kv_key(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int64_t i);
+void *pd_kv_entry(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int64_t i);
+void *pd_kv_key(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int64_t i);
+
+/* An entry of head_dim fp32 values into the pool's format at dst, and back (fp8: quantized as
+ * the official code does, the values first rounded to bf16 as its activations are). */
+void pd_kv_put_entry(const struct pd_kvpool *p, void *dst, const float *src);
+void pd_kv_get_entry(const struct pd_kvpool *p, float *dst, const void *src);
+/* The same for an indexer key of index_head_dim values. */
+void pd_kv_put_key(const struct pd_kvpool *p, void *dst, const float *src);
+void pd_kv_get_key(const struct pd_kvpool *p, float *dst, const void *src);
 
 #endif

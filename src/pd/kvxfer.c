@@ -149,6 +149,7 @@ struct pd_kvx {
     size_t len;
     int port;
     int64_t lease_ns, timeout_ns;
+    int kv_dtype;             /* the region's KV format, sent in META (opts.kv_dtype) */
     struct lease *leases, *released;
     struct link *links;
     struct pd_kvx_xfer *xfers;
@@ -520,7 +521,7 @@ static void send_meta(struct pd_kvx *x, ucp_ep_h ep, int status, uint64_t tag,
     put32(b + 24, rk);
     put32(b + 28, n);
     put32(b + 32, ad);
-    put32(b + 36, 0);
+    put32(b + 36, (uint32_t)x->kv_dtype);
     if (ad)
         memcpy(b + KVX_META_FIXED, x->addr, ad);
     if (rk)
@@ -667,6 +668,11 @@ static void post_gets(struct pd_kvx *x, struct pd_kvx_xfer *t, uint64_t base,
         t->outstanding++;
 }
 
+static const char *kv_dtype_name(uint32_t d)
+{
+    return d == 0 ? "bf16" : d == 1 ? "fp8" : "an unknown format";
+}
+
 static void handle_meta(struct pd_kvx *x, const uint8_t *d, size_t len)
 {
     if (len < KVX_META_FIXED)
@@ -694,7 +700,14 @@ static void handle_meta(struct pd_kvx *x, const uint8_t *d, size_t len)
         return;
     }
     uint64_t base = get64(d + 16);
-    uint32_t rk = get32(d + 24), n = get32(d + 28), ad = get32(d + 32);
+    uint32_t rk = get32(d + 24), n = get32(d + 28), ad = get32(d + 32), dt = get32(d + 36);
+    if (dt != (uint32_t)x->kv_dtype) {
+        /* the same prompt's KV in another format: nothing to copy; the lease is ours to end */
+        t->meta_ok = 1;
+        xfer_fail(t, PD_EINVAL, 1, "KV cache dtype mismatch: the producer stores %s, this instance %s "
+                  "(--kv-cache-dtype must be the same on both)", kv_dtype_name(dt), kv_dtype_name((uint32_t)x->kv_dtype));
+        return;
+    }
     if (n == 0 || n > KVX_MAX_RUNS || ad == 0 ||
         len != KVX_META_FIXED + (uint64_t)ad + rk + 16 * (uint64_t)n) {
         xfer_fail(t, PD_EFORMAT, 1, "malformed META (%zu bytes, %u runs, %u-byte rkey)", len, n,
@@ -1086,6 +1099,7 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
     x->port = -1;
     x->efd = -1;
     x->lease_ns = (int64_t)(o->lease_ms > 0 ? o->lease_ms : KVX_DEFAULT_MS) * 1000000;
+    x->kv_dtype = o->kv_dtype;
     x->timeout_ns = (int64_t)(o->timeout_ms > 0 ? o->timeout_ms : KVX_DEFAULT_MS) * 1000000;
     x->inbox_tail = &x->inbox;
     x->next_tag = 1;

@@ -37,7 +37,7 @@
  * integers little-endian:
  *   GET_META  c->p  u32 version=2, u32 0, u64 tag, u8 id[16], u64 hash                  (40 B)
  *   META      p->c  u32 version, i32 status, u64 tag, u64 base,
- *                   u32 rkey_len, u32 n_runs, u32 addr_len, u32 0,
+ *                   u32 rkey_len, u32 n_runs, u32 addr_len, u32 kv_dtype,
  *                   addr_len bytes of the producer's UCP worker address,
  *                   rkey_len bytes of packed rkey,
  *                   n_runs x { u64 offset, u64 length }         (40 B + addr + rkey + 16 n)
@@ -48,6 +48,8 @@
  * 0 ok, 1 unknown id (never offered, already pulled or released, expired), 2 malformed message,
  * 3 refused (the id is held but the hash differs, or another pull claimed the lease). DONE and
  * ABORT act only for the pull that claimed the lease (same key and tag).
+ * kv_dtype is the producer's KV cache format (opts.kv_dtype: 0 bf16, 1 fp8): a consumer whose
+ * own differs fails the pull naming both, before any byte moves (the runs would differ too).
  *
  * Threads: every function may be called from any thread; the engine serialises them with its
  * own lock. Release callbacks run without that lock held, on the thread that progressed the
@@ -113,6 +115,8 @@ struct pd_kvx_opts {
     size_t region_len;
     int lease_ms;              /* producer lease; 0: 30000 */
     int timeout_ms;            /* consumer transfer timeout; 0: 30000 */
+    int kv_dtype;              /* the region's KV format (enum pd_kv_dtype: 0 bf16, 1 fp8), sent
+                                * in META and checked by the consumer */
 };
 
 struct pd_kvx_stats {

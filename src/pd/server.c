@@ -130,6 +130,10 @@ int64_t pd_srv_seq_pull(struct pd_server *s, struct pd_seq *q, const char *host,
         pthread_mutex_unlock(mu);
     enum pd_kvx_state st = pd_kvx_wait(s->kvx, t, -1);
     int refused = pd_kvx_refused(s->kvx, t);
+    /* why a pull failed (a dead producer, a KV cache dtype that differs...) is worth a line: the
+     * request goes on, recomputed here, and only the counters would tell otherwise */
+    if (st != PD_KVX_DONE && s->o.http.log && pd_kvx_result(s->kvx, t, &e))
+        s->o.http.log(s->o.http.log_arg, e.msg);
     pd_kvx_xfer_free(s->kvx, t);
     if (mu)
         pthread_mutex_lock(mu);
@@ -480,7 +484,8 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     if ((rc = pd_tok_load(path, &s->tok, e)))
         goto fail;
     struct pd_engine_opts eo = {.dir = o->model_dir, .threads = o->threads, .max_seqs = s->o.max_num_seqs,
-                                .max_model_len = s->o.max_model_len, .kv_bytes = o->kv_cache_bytes};
+                                .max_model_len = s->o.max_model_len, .kv_bytes = o->kv_cache_bytes,
+                                .kv_dtype = o->kv_dtype};
     if (o->expert_parallel && (rc = pd_srv_ep_open(s, &eo, e)))
         goto fail;
     if ((rc = pd_engine_open(&s->en, &eo, e)))
@@ -500,7 +505,8 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
          * configured address: nothing listens elsewhere */
         struct pd_kvx_opts ko = {.listen_host = s->o.kv_host ? s->o.kv_host : s->o.host, .listen_port = listen,
                                  .region_len = s->en.kv.region_bytes,
-                                 .lease_ms = s->o.kv_lease_ms, .timeout_ms = s->o.kv_timeout_ms};
+                                 .lease_ms = s->o.kv_lease_ms, .timeout_ms = s->o.kv_timeout_ms,
+                                 .kv_dtype = (int)s->o.kv_dtype};
         if ((rc = pd_kvx_create(&ko, &s->kvx, e)))
             goto fail;
         pd_kvpool_move(&s->en.kv, pd_kvx_region(s->kvx));

@@ -48,6 +48,7 @@
 
 #include "core/err.h"
 #include "http/front.h"
+#include "plan/kvsize.h"
 
 struct pd_server_opts {
     const char *model_dir;
@@ -59,6 +60,8 @@ struct pd_server_opts {
     int max_model_len;              /* default 2048 */
     int threads;                    /* engine threads; 0: all cores */
     int64_t kv_cache_bytes;         /* KV pool size; 0: max_num_seqs sequences of max_model_len */
+    enum pd_kv_dtype kv_dtype;      /* the KV cache's entries (PD_KV_BF16, the default, or PD_KV_FP8);
+                                     * a KV hand-off between different dtypes is refused */
     const char *api_key;            /* NULL: no key required */
     /* PD disaggregation (--kv-transfer-config): role, the KV transfer port and this engine's id */
     int role;                       /* PD_ROLE_BOTH (colocated), PD_ROLE_PRODUCER, PD_ROLE_CONSUMER */

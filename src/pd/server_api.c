@@ -891,14 +891,16 @@ static void on_metrics(struct evhttp_request *h, void *arg)
                         "# TYPE pdmoe_kv_recomputes_total counter\npdmoe_kv_recomputes_total %llu\n"
                         "# TYPE pdmoe_kv_leases gauge\npdmoe_kv_leases %d\n"
                         "# HELP pdmoe_kv_pool_bytes Bytes of one rank's KV pool (slots and blocks).\n"
-                        "# TYPE pdmoe_kv_pool_bytes gauge\npdmoe_kv_pool_bytes %zu\n",
+                        "# TYPE pdmoe_kv_pool_bytes gauge\npdmoe_kv_pool_bytes %zu\n"
+                        "# HELP pdmoe_kv_entry_bytes Bytes of one KV entry (--kv-cache-dtype: bf16 or fp8).\n"
+                        "# TYPE pdmoe_kv_entry_bytes gauge\npdmoe_kv_entry_bytes{dtype=\"%s\"} %zu\n",
                         (unsigned long long)s->n_requests, (unsigned long long)s->n_completed,
                         (unsigned long long)s->n_cancelled, (unsigned long long)s->n_errors4xx,
                         (unsigned long long)s->tokens_in, (unsigned long long)s->tokens_out, s->ttft_sum, s->n_running,
                         waiting, blocks_free, blocks, slots_free,
                         (unsigned long long)s->kv_bytes, s->kv_seconds, (unsigned long long)s->kv_pulls,
                         (unsigned long long)s->kv_failures, (unsigned long long)s->kv_recomputes, leases,
-                        s->en.kv.region_bytes);
+                        s->en.kv.region_bytes, pd_kv_dtype_name(s->en.kv.dtype), s->en.kv.entry_bytes);
     if (s->n_kv_peers) {
         static const char *const peer_metric[4] = {"transfers", "transfer_failures", "transfer_bytes",
                                                    "transfer_seconds"};

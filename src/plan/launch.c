@@ -106,7 +106,11 @@ static void serve_args(struct argv *v, const struct pd_launch_inst *x, const str
         add(v, "--max-num-batched-tokens");
         add(v, "%lld", (long long)o->plan.max_num_batched_tokens);
     }
-    for (int i = 0; i < 8 && o->extra[i]; i++)
+    if (o->plan.kv_cache_dtype) {
+        add(v, "--kv-cache-dtype");
+        add(v, "%s", o->plan.kv_cache_dtype);
+    }
+    for (int i = 0; i < (int)(sizeof o->extra / sizeof o->extra[0]) && o->extra[i]; i++)
         add(v, "%s", o->extra[i]);
     if (o->api_key) {
         add(v, "--api-key");

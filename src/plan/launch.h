@@ -42,6 +42,7 @@ struct pd_launch_limits {
     int64_t kv_cache_bytes;    /* --kv-cache-bytes: the role's KV pool */
     int64_t max_num_seqs;      /* --max-num-seqs */
     int64_t max_num_batched_tokens;   /* --max-num-batched-tokens */
+    const char *kv_cache_dtype;       /* --kv-cache-dtype: the dtype the pool was sized for; NULL: none */
 };
 
 struct pd_launch_opts {
@@ -50,7 +51,7 @@ struct pd_launch_opts {
     const char *threads, *max_model_len;         /* as given on the command line */
     int lease_ms;              /* 0: the server's default */
     struct pd_launch_limits plan;
-    const char *extra[8];      /* more "--flag", "value" pairs for every instance, NULL-terminated */
+    const char *extra[10];      /* more "--flag", "value" pairs for every instance, NULL-terminated */
     int allow_run_as_root;     /* mpirun --allow-run-as-root (pdmoe up as root) */
     int oversubscribe;         /* mpirun --oversubscribe: more ranks than cores */
     int remote;                /* the instance's first host is not where this runs: even one rank

@@ -3,10 +3,13 @@
  * one piece, in the order pd_kvseq_runs lists them, whenever the pool has a free extent that
  * holds them, even after a long history of sequences of mixed lengths coming and going. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/kvpool.h"
+#include "kernels/ops.h"
+#include "plan/kvsize.h"
 #include "model/config.h"
 
 #define SEQS 48
@@ -20,10 +23,10 @@ static void open_pool(void)
     cr_assert_eq(pd_model_load("v4-flash-mini", &model, &e), 0, "%s", e.msg);
     /* room for 48 slots and 3001 blocks: 3001 is not a multiple of the bitmap's 64 */
     struct pd_kvpool probe;
-    cr_assert_eq(pd_kvpool_init(&probe, &model, 1, 1 << 20, 16, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kvpool_init(&probe, &model, PD_KV_BF16, 1, 1 << 20, 16, &e), 0, "%s", e.msg);
     size_t bytes = SEQS * probe.slot_bytes + 3001 * probe.block_bytes;
     pd_kvpool_free(&probe);
-    cr_assert_eq(pd_kvpool_init(&pool, &model, SEQS, bytes, 16, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kvpool_init(&pool, &model, PD_KV_BF16, SEQS, bytes, 16, &e), 0, "%s", e.msg);
     cr_assert_eq(pool.n_blocks, 3001);
 }
 
@@ -141,4 +144,130 @@ Test(kvpool, churn_keeps_ownership_and_prompts_in_one_piece)
         pd_kvseq_free(&pool, &live[--n_live]);
     cr_assert_eq(pool.n_blocks_free, pool.n_blocks);
     cr_assert_eq(pool.n_slots_free, pool.n_slots);
+}
+
+/* fp8 entries as V4 is deployed: the planner's bytes, and values back within e4m3's precision. */
+static void fp8_pool(const char *model_name, struct pd_model *m, struct pd_kvpool *p, int seqs, size_t blocks)
+{
+    pd_err e = {0};
+    cr_assert_eq(pd_model_load(model_name, m, &e), 0, "%s", e.msg);
+    struct pd_kvpool probe;
+    cr_assert_eq(pd_kvpool_init(&probe, m, PD_KV_FP8, 1, 1 << 22, 16, &e), 0, "%s", e.msg);
+    size_t bytes = (size_t)seqs * probe.slot_bytes + blocks * probe.block_bytes;
+    pd_kvpool_free(&probe);
+    cr_assert_eq(pd_kvpool_init(p, m, PD_KV_FP8, seqs, bytes, 16, &e), 0, "%s", e.msg);
+}
+
+Test(kvpool_fp8, v4_flash_entries_are_the_planners_584_bytes)
+{
+    struct pd_model m;
+    pd_err e = {0};
+    cr_assert_eq(pd_model_load("deepseek-v4-flash", &m, &e), 0, "%s", e.msg);
+    size_t entry, key;
+    pd_kvpool_entry_bytes(&m, PD_KV_FP8, &entry, &key);
+    cr_assert_eq(entry, 584);   /* 448 e4m3 + 64 bf16 + 7 scales + 1 pad */
+    cr_assert_eq(key, 132);     /* 128 e4m3 + fp32 scale */
+    pd_kvpool_entry_bytes(&m, PD_KV_BF16, &entry, &key);
+    cr_assert_eq(entry, 1024);
+    cr_assert_eq(key, 256);
+}
+
+static int64_t lcm(int64_t a, int64_t b)
+{
+    int64_t g = a, h = b;
+    while (h) {
+        int64_t t = g % h;
+        g = h;
+        h = t;
+    }
+    return a / g * b;
+}
+
+Test(kvpool_fp8, a_full_sequence_holds_the_planners_bytes)
+{
+    /* for either dtype: the fixed slot and the marginal bytes per token are the plan's, and a
+     * sequence whose every block is full holds exactly pd_kv_seq_bytes */
+    for (int d = 0; d < 2; d++) {
+        struct pd_model m;
+        struct pd_kvpool p;
+        pd_err e = {0};
+        cr_assert_eq(pd_model_load("v4-flash-mini", &m, &e), 0, "%s", e.msg);
+        struct pd_kv_size k;
+        cr_assert_eq(pd_kv_size_init(&k, &m, (enum pd_kv_dtype)d, 0, 0, &e), 0);
+        struct pd_kvpool probe;
+        cr_assert_eq(pd_kvpool_init(&probe, &m, (enum pd_kv_dtype)d, 1, 1 << 22, 16, &e), 0, "%s", e.msg);
+        /* the shortest length at which every entry and key block is full */
+        int64_t len = 1;
+        for (int l = 0; l < m.n_layers; l++) {
+            int r = m.compress_ratio[l];
+            int64_t a = r ? (int64_t)r * probe.block_entries : 1, b = r == 4 ? 4 * (int64_t)probe.block_keys : 1;
+            len = lcm(lcm(len, a), b);
+        }
+        size_t bytes = probe.slot_bytes + (size_t)pd_kvpool_blocks_for(&probe, len) * probe.block_bytes;
+        pd_kvpool_free(&probe);
+        cr_assert_eq(pd_kvpool_init(&p, &m, (enum pd_kv_dtype)d, 1, bytes, 16, &e), 0, "%s", e.msg);
+        cr_assert_eq((int64_t)p.entry_bytes, k.entry_bytes);
+        cr_assert_eq((int64_t)p.key_bytes, k.index_key_bytes);
+        cr_assert_eq((int64_t)pd_kvpool_bytes_per_seq(&p), k.per_seq_fixed);
+        cr_assert_float_eq(pd_kvpool_bytes_per_token(&p), k.per_token, 1e-9);
+        struct pd_kvseq s;
+        cr_assert_eq(pd_kvseq_alloc(&p, &s, &e), 0);
+        cr_assert_eq(pd_kvseq_reserve(&p, &s, len, &e), 0, "%s", e.msg);
+        cr_assert_eq((int64_t)pd_kvpool_seq_bytes(&p, &s), pd_kv_seq_bytes(&k, len), "%s at %lld tokens",
+                     pd_kv_dtype_name((enum pd_kv_dtype)d), (long long)len);
+        pd_kvseq_free(&p, &s);
+        pd_kvpool_free(&p);
+    }
+}
+
+Test(kvpool_fp8, an_entry_comes_back_within_e4m3_precision)
+{
+    struct pd_model m;
+    struct pd_kvpool p;
+    fp8_pool("v4-flash-mini", &m, &p, 1, 4);
+    const int hd = p.head_dim, rope = p.rope_dim, nope = hd - rope, id = p.index_head_dim;
+    cr_assert_eq(p.entry_bytes, 168);   /* 96 e4m3 + 32 bf16 + 2 scales, padded to 8 */
+    uint8_t buf[1024];
+    float x[512], y[512];
+    srand(3);
+    for (int trial = 0; trial < 200; trial++) {
+        /* magnitudes over several binades, some tiny values that fall to e4m3's subnormals */
+        for (int i = 0; i < hd; i++)
+            x[i] = ((float)rand() / RAND_MAX - 0.5f) * ldexpf(1.0f, rand() % 12 - 6) * (i % 17 == 0 ? 1e-3f : 1);
+        memset(buf, 0xAB, sizeof buf);
+        pd_kv_put_entry(&p, buf, x);
+        pd_kv_get_entry(&p, y, buf);
+        for (int b = 0; b * 64 < nope; b++) {
+            int n = nope - b * 64 < 64 ? nope - b * 64 : 64;
+            float amax = 0;
+            for (int i = 0; i < n; i++)
+                amax = fmaxf(amax, fabsf(pd_bf16_to_f32(pd_f32_to_bf16(x[b * 64 + i]))));
+            float s = ldexpf(1.0f, (int)buf[nope + 2 * rope + b] - 127);
+            cr_assert(amax / s <= 448 && amax / s > 224, "block %d: amax %g, scale %g", b, amax, s);
+            for (int i = 0; i < n; i++) {
+                /* the bf16 value, then e4m3: half an ulp of 3 mantissa bits (2^-4 relative) or
+                 * half the subnormal step (2^-10 of the scale) */
+                float xb = pd_bf16_to_f32(pd_f32_to_bf16(x[b * 64 + i])), err = fabsf(y[b * 64 + i] - xb);
+                cr_assert(err <= fmaxf(fabsf(xb) * 0x1p-4f, s * 0x1p-10f), "value %d: %g back as %g", b * 64 + i,
+                          xb, y[b * 64 + i]);
+            }
+        }
+        for (int i = nope; i < hd; i++)
+            cr_assert_eq(y[i], pd_bf16_to_f32(pd_f32_to_bf16(x[i])), "rope value %d is bf16", i);
+        for (size_t i = (size_t)nope + 2 * rope + 2; i < p.entry_bytes; i++)
+            cr_assert_eq(buf[i], 0, "padding byte %zu", i);
+        cr_assert_eq(buf[p.entry_bytes], 0xAB, "the entry stays in its %zu bytes", p.entry_bytes);
+        /* an indexer key: one scale for all its values */
+        memset(buf, 0xAB, sizeof buf);
+        pd_kv_put_key(&p, buf, x);
+        pd_kv_get_key(&p, y, buf);
+        float s;
+        memcpy(&s, buf + id, 4);
+        for (int i = 0; i < id; i++) {
+            float xb = pd_bf16_to_f32(pd_f32_to_bf16(x[i]));
+            cr_assert(fabsf(y[i] - xb) <= fmaxf(fabsf(xb) * 0x1p-4f, s * 0x1p-10f), "key value %d", i);
+        }
+        cr_assert_eq(buf[p.key_bytes], 0xAB);
+    }
+    pd_kvpool_free(&p);
 }

@@ -282,3 +282,20 @@ Test(parts, router_choice_same_as_scoring_every_expert)
     for (int j = 0; j < K; j++)
         cr_assert(a[j] == b[j] && memcmp(&s1[a[j]], &z[b[j]], 4) == 0);
 }
+
+/* The indexer's weight scale, index_head_dim^-1/2 * index_n_heads^-1/2: 1/sqrt(128 * 64) for
+ * V4-Flash; and a query or key through the indexer's low precision lies on the FP4 grid of its
+ * blocks after the Hadamard rotation (checked on one hand-made vector). */
+Test(parts, indexer_weight_scale_and_low_precision)
+{
+    struct pd_model m;
+    pd_err e = {0};
+    cr_assert_eq(pd_model_load("deepseek-v4-flash", &m, &e), 0, "%s", e.msg);
+    cr_assert_float_eq(pd_indexer_weight_scale(&m), 1 / sqrt(128.0 * 64.0), 1e-9);
+    /* x = e_0 * 4: rotated, every value is 4 / sqrt(32) = 0.7071..; bf16 0.70703125; the block's
+     * scale 2^ceil(log2(0.707 / 6)) = 1/8: 5.656 -> 6 -> 0.75 */
+    float x[32] = {4};
+    pd_indexer_lowp(x, 32);
+    for (int i = 0; i < 32; i++)
+        cr_assert_eq(x[i], 0.75f, "value %d: %g", i, x[i]);
+}

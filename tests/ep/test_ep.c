@@ -107,6 +107,21 @@ Test(ep, identical_tokens_and_logits_several_batches)
                              9);
 }
 
+/* fp8 KV: every rank quantizes its own sequences' cache the same way, so 2 ranks still give one
+ * process's tokens and logits; and the flag takes effect (the logits differ from bf16's) */
+Test(ep, fp8_kv_identical_for_1_and_2_ranks)
+{
+    static char bf16[1 << 16], want[1 << 16], got[1 << 16];
+    const char *p = "--prompt 'Once upon a time, in a small town by the sea' --prompt x";
+    char fp8[256];
+    snprintf(fp8, sizeof fp8, "%s --kv-cache-dtype fp8", p);
+    generate(0, p, bf16, sizeof bf16);
+    generate(0, fp8, want, sizeof want);
+    cr_assert_str_neq(want, bf16, "--kv-cache-dtype fp8 changed nothing");
+    generate(2, fp8, got, sizeof got);
+    cr_assert_str_eq(got, want, "2 ranks differ from one process with fp8 KV");
+}
+
 Test(ep, experts_without_tokens_are_covered)
 {
     /* a short run leaves some experts of some layers without a token: the exchange must cope */

@@ -389,6 +389,39 @@ static void size_mismatch(const char *tls)
     pair_close(&x);
 }
 
+/* A bf16 producer and an fp8 consumer (the same byte counts here, so only the dtype check can
+ * stop it): the pull fails naming both dtypes, copies nothing, and the producer's lease ends. */
+static void dtype_mismatch(const char *tls)
+{
+    struct pair x;
+    use_tls(tls);
+    x.pr = calloc(16 * B, 1);
+    x.cr = calloc(16 * B, 1);
+    x.p = engine(x.pr, 16 * B, 1, 10000, 5000);
+    struct pd_kvx_opts o = {.listen_port = -1, .region = x.cr, .region_len = 16 * B, .lease_ms = 10000,
+                            .timeout_ms = 5000, .kv_dtype = 1};
+    pd_err e = {0};
+    cr_assert_eq(pd_kvx_create(&o, &x.c, &e), 0, "%s", e.msg);
+    struct pd_kvx *p = x.p, *c = x.c;
+    struct pd_kvx_run src = {0, 4 * B}, dst = {0, 4 * B};
+    struct rel r = {0};
+    cr_assert_eq(pd_kvx_offer(p, K(5), 5, &src, 1, on_release, &r, &e), 0, "%s", e.msg);
+    struct pd_kvx_xfer *t;
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), K(5), &dst, 1, &t, &e), 0);
+    cr_assert_eq(pump(p, c, t, 5000), PD_KVX_FAILED);
+    pd_kvx_result(c, t, &e);
+    cr_assert(strstr(e.msg, "KV cache dtype mismatch: the producer stores bf16, this instance fp8"), "%s", e.msg);
+    double end = pd_now_s() + 5;
+    while (atomic_load(&r.count) == 0 && pd_now_s() < end) {
+        pd_kvx_progress(p);
+        pd_kvx_progress(c);
+    }
+    cr_assert_eq(atomic_load(&r.why), PD_KVX_REL_ABORT);
+    cr_assert_eq(pd_kvx_xfer_gets(c, t), 0);
+    pd_kvx_xfer_free(c, t);
+    pair_close(&x);
+}
+
 static int free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -658,6 +691,7 @@ BOTH(abort_releases)
 BOTH(lease_expires)
 BOTH(unknown_request)
 BOTH(size_mismatch)
+BOTH(dtype_mismatch)
 BOTH(nobody_listens)
 BOTH(producer_dies)
 BOTH(idle_sleeps)

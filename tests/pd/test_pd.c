@@ -32,15 +32,30 @@ static void *run_loop(void *arg)
     return NULL;
 }
 
-static void start(struct node *n, int role, int lease_ms)
+/* the last pull failure a consumer logged */
+static char logged[512];
+
+static void log_line(void *arg, const char *line)
+{
+    (void)arg;
+    snprintf(logged, sizeof logged, "%s", line);
+}
+
+static void start_kv(struct node *n, int role, int lease_ms, enum pd_kv_dtype kv)
 {
     pd_err e = {0};
     struct pd_server_opts o = {.model_dir = dir, .port = 0, .threads = 1, .max_num_seqs = 8, .max_model_len = 512,
                                .served_name = "tiny", .role = role, .kv_port = 0, .engine_id = "t",
-                               .kv_lease_ms = lease_ms, .kv_timeout_ms = 3000};
+                               .kv_lease_ms = lease_ms, .kv_timeout_ms = 3000, .kv_dtype = kv,
+                               .http = {.log = log_line}};
     cr_assert_eq(pd_server_create(&o, &n->s, &e), 0, "%s", e.msg);
     n->port = pd_server_port(n->s);
     pthread_create(&n->loop, NULL, run_loop, n);
+}
+
+static void start(struct node *n, int role, int lease_ms)
+{
+    start_kv(n, role, lease_ms, PD_KV_BF16);
 }
 
 static void stop(struct node *n)
@@ -159,6 +174,47 @@ Test(pd, failed_transfer_recomputes_from_token_ids)
         usleep(20000);
     cr_assert_eq(metric(P.port, "pdmoe_kv_leases"), 0);
     cr_assert_eq(metric(P.port, "pdmoe_kv_blocks_free"), metric(P.port, "pdmoe_kv_blocks_total"));
+}
+
+/* fp8 KV on both sides: the hand-off moves the quantized entries as they are, so decode gives
+ * what one fp8 process gives */
+Test(pd, fp8_same_tokens_as_colocated_fp8)
+{
+    start_kv(&P, PD_ROLE_PRODUCER, 0, PD_KV_FP8);
+    start_kv(&D, PD_ROLE_CONSUMER, 0, PD_KV_FP8);
+    start_kv(&C, PD_ROLE_BOTH, 0, PD_KV_FP8);
+    const char *prompts[] = {"The sea froze over and the children skated until the sun went down",
+                             "Numbers: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25"};
+    char a[8192], b[8192];
+    for (int i = 0; i < 2; i++) {
+        pd_request(prompts[i], 16, 0, a, sizeof a);
+        colocated(prompts[i], 16, b, sizeof b);
+        char *x = ids_of(a), *y = ids_of(b);
+        cr_assert_str_eq(x, y, "prompt %d: PD %s, colocated %s", i, x, y);
+        free(x);
+        free(y);
+    }
+    cr_assert_eq(metric(D.port, "pdmoe_kv_transfers_total"), 2);
+    cr_assert_eq(metric(D.port, "pdmoe_kv_recomputes_total"), 0);
+}
+
+/* A bf16 producer and an fp8 consumer: the pull fails naming both dtypes (nothing is copied),
+ * and the consumer recomputes the prompt in its own dtype as after any failed pull */
+Test(pd, a_kv_dtype_mismatch_is_refused_by_name)
+{
+    start_kv(&P, PD_ROLE_PRODUCER, 0, PD_KV_BF16);
+    start_kv(&D, PD_ROLE_CONSUMER, 0, PD_KV_FP8);
+    logged[0] = 0;
+    char a[8192];
+    pd_request("Hello there, general", 4, 0, a, sizeof a);
+    cr_assert_eq(metric(D.port, "pdmoe_kv_recomputes_total"), 1);
+    cr_assert_eq(metric(D.port, "pdmoe_errors_total{kind=\"kv_transfer\"}"), 1);
+    cr_assert(strstr(logged, "KV cache dtype mismatch: the producer stores bf16, this instance fp8"), "logged: %s",
+              logged);
+    /* the consumer told the producer, which freed the blocks */
+    for (int i = 0; i < 200 && metric(P.port, "pdmoe_kv_leases") > 0; i++)
+        usleep(20000);
+    cr_assert_eq(metric(P.port, "pdmoe_kv_leases"), 0);
 }
 
 static int prompt_tokens(const char *prompt)

@@ -239,7 +239,8 @@ static void write_hw(const char *path, double card_bytes)
 }
 
 /* pdmoe up --plan: the instances get the plan's layout, their KV pools the plan's budget (each
- * rank's pool is the plan's kv_pool_bytes, to a block) and its max-num-seqs; a plan whose pools do
+ * rank's pool is the plan's kv_pool_bytes, to a block), its max-num-seqs and the KV cache dtype
+ * the pools were sized for (fp8 here); a plan whose pools do
  * not fit this machine's memory is refused, naming the plan. */
 Test(up, plan_sizes_the_instances_and_their_kv_pools)
 {
@@ -249,7 +250,7 @@ Test(up, plan_sizes_the_instances_and_their_kv_pools)
     snprintf(plan, sizeof plan, "%s/plan.json", dir);
     write_hw(hw, 4e8);
     snprintf(cmd, sizeof cmd, "%s plan --model %s --hardware %s --nodes 1 --prefill dp=1,tp=1,instances=1 "
-             "--decode dp=2,tp=1,instances=1 --mtp off --kv-cache-dtype bf16 --max-num-seqs 3 --max-model-len 256 "
+             "--decode dp=2,tp=1,instances=1 --mtp off --kv-cache-dtype fp8 --max-num-seqs 3 --max-model-len 256 "
              "--max-num-batched-tokens 64 --json > %s", bin, dir, hw, plan);
     cr_assert_eq(system(cmd), 0, "%s", cmd);
     json_error_t je;
@@ -269,6 +270,8 @@ Test(up, plan_sizes_the_instances_and_their_kv_pools)
         cr_assert(got <= pool[r] && got > pool[r] - (1 << 20), "%s pool %lld bytes, the plan's %lld",
                   r ? "decode" : "prefill", (long long)got, (long long)pool[r]);
     }
+    for (int r = 0; r < 2; r++)   /* the dtype the plan sized the pools for */
+        cr_assert_gt(metric_key(port + 1 + r, "pdmoe_kv_entry_bytes{dtype=\"fp8\"}"), 0);
     cr_assert_eq(metric_key(port + 1, "pdmoe_kv_slots_free"), 3);        /* max-num-seqs of the prefill rank */
     cr_assert_eq(metric_key(port + 2, "pdmoe_kv_slots_free"), 2 * 3);    /* both ranks of the decode group */
     char a[4096], body[256];
@@ -303,7 +306,8 @@ Test(up, engine_flags_reach_every_instance)
     if (up == 0) {
         freopen(out, "w", stdout);
         execl(bin, bin, "up", "--model", dir, "--port", sp, "--host", "127.0.0.1", "--max-num-seqs", "3",
-              "--kv-cache-memory-bytes", "64MiB", "--served-model-name", "tiny-x", (char *)NULL);
+              "--kv-cache-memory-bytes", "64MiB", "--served-model-name", "tiny-x", "--kv-cache-dtype", "fp8",
+              (char *)NULL);
         _exit(127);
     }
     up_pid = up;
@@ -312,6 +316,8 @@ Test(up, engine_flags_reach_every_instance)
     for (int p = port + 1; p <= port + 2; p++) {
         cr_assert_eq(metric_port(p, "pdmoe_kv_slots_free"), 3, "port %d", p);
         cr_assert_leq(metric_key(p, "pdmoe_kv_pool_bytes"), (int64_t)64 << 20, "port %d", p);
+        /* v4-tiny's fp8 entry: round_up(nope + 2 rope + nope/64 scales, 8) bytes */
+        cr_assert_gt(metric_key(p, "pdmoe_kv_entry_bytes{dtype=\"fp8\"}"), 0, "port %d", p);
     }
     char a[8192];
     cr_assert_eq(curl_port(port, "/v1/models", NULL, NULL, a, sizeof a), 200, "%s", a);
@@ -327,4 +333,10 @@ Test(up, engine_flags_reach_every_instance)
     err[n] = 0;
     cr_assert_eq(WEXITSTATUS(pclose(f)), 2, "%s", err);
     cr_assert(strstr(err, "--max-num-seqs: --plan /nonexistent.json sets it"), "%s", err);
+    snprintf(cmd, sizeof cmd, "%s up --model %s --plan /nonexistent.json --kv-cache-dtype fp8 2>&1", bin, dir);
+    f = popen(cmd, "r");
+    n = fread(err, 1, sizeof err - 1, f);
+    err[n] = 0;
+    cr_assert_eq(WEXITSTATUS(pclose(f)), 2, "%s", err);
+    cr_assert(strstr(err, "--kv-cache-dtype: --plan /nonexistent.json sets it"), "%s", err);
 }

@@ -861,6 +861,8 @@ Test(plan, emit_pdmoe_four_cpu_hosts)
     }
     cr_assert_eq(count(s, "    --max-num-seqs 8 \\\n"), 4);
     cr_assert_eq(count(s, "    --max-num-batched-tokens 4096"), 4);
+    /* the dtype the pools were sized for (this plan's bf16) */
+    cr_assert_eq(count(s, "    --kv-cache-dtype bf16"), 4);
     HAS(s, "# proxy on 10.0.0.1, in front of every instance's first host and HTTP port\n"
            "if [ \"$host\" = 10.0.0.1 ]; then\n  pdmoe proxy \\\n    --prefill 10.0.0.1:8001 \\\n"
            "    --decode 10.0.0.3:8002 \\\n    --port 8000 \\\n    --host 10.0.0.1 &\nfi\n\nwait\n");
@@ -958,7 +960,8 @@ static int up_argv(const struct pd_plan *p, const char *model, char ***argv)
             .max_model_len = len,
             .plan = {.kv_cache_bytes = json_integer_value(json_object_get(budget, "kv_pool_bytes")),
                      .max_num_seqs = json_integer_value(json_object_get(opt, "max_num_seqs")),
-                     .max_num_batched_tokens = json_integer_value(json_object_get(opt, "max_num_batched_tokens"))}};
+                     .max_num_batched_tokens = json_integer_value(json_object_get(opt, "max_num_batched_tokens")),
+                     .kv_cache_dtype = json_string_value(json_object_get(opt, "kv_cache_dtype"))}};
         argv[m] = pd_launch_argv(&inst[m], &lo);
         cr_assert_not_null(argv[m]);
     }

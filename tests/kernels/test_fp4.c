@@ -1,0 +1,64 @@
+/* The indexer's low precision (kernels/fp4.h): e2m1 codes and their rounding, the FP4 block
+ * simulation and the Hadamard rotation, on values computed by hand. */
+#include <criterion/criterion.h>
+#include <math.h>
+
+#include "kernels/fp4.h"
+
+Test(fp4, e2m1_codes_and_rounding)
+{
+    const float mag[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+    for (int c = 0; c < 16; c++) {
+        float v = pd_e2m1_decode((uint8_t)c);
+        cr_assert_eq(fabsf(v), mag[c & 7], "code %d", c);
+        cr_assert_eq(pd_e2m1_encode(v), c == 8 ? 8 : c, "code %d round-trips", c);
+    }
+    /* midpoints go to the even code: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2,
+     * 3.5 -> 4, 5 -> 4; off the midpoints to the nearest; beyond 6 saturates */
+    const float in[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 0.3f, 2.6f, 5.1f, 7.0f, 1e9f, -2.5f, -5.5f};
+    const float out[] = {0, 1, 1, 2, 2, 4, 4, 0.5f, 3, 6, 6, 6, -2, -6};
+    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
+        cr_assert_eq(pd_e2m1_decode(pd_e2m1_encode(in[i])), out[i], "%g -> %g", in[i], pd_e2m1_decode(pd_e2m1_encode(in[i])));
+}
+
+Test(fp4, block_simulation)
+{
+    /* a block of 32 with amax 3: scale 2^ceil(log2(3/6)) = 1/2; x/s = 6, 2.4, 2.5, 3.5, 0.2:
+     * rounded 6, 2, 2, 4, 0; back 3, 1, 1, 2, 0 */
+    float x[64] = {3.0f, 1.2f, 1.25f, 1.75f, 0.1f};
+    /* a second block whose amax 0.7 gives 2^ceil(log2(0.1167)) = 1/8: 0.7 -> 5.6 -> 6 -> 0.75,
+     * 0.3 -> 2.4 -> 2 -> 0.25 */
+    x[32] = 0.7f;
+    x[33] = -0.3f;
+    pd_fp4_simulate(x, 64, 32);
+    const float want[5] = {3, 1, 1, 2, 0};
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(x[i], want[i], "value %d: %g", i, x[i]);
+    cr_assert_eq(x[32], 0.75f);
+    cr_assert_eq(x[33], -0.25f);
+    cr_assert_eq(x[63], 0.0f);
+}
+
+Test(fp4, hadamard_rotation)
+{
+    /* H4 (Sylvester) / 2: rows ++++, +-+-, ++--, +--+ */
+    float x[4] = {1, 2, 3, 4};
+    pd_hadamard(x, 4);
+    cr_assert_float_eq(x[0], 5.0f, 1e-6);
+    cr_assert_float_eq(x[1], -1.0f, 1e-6);
+    cr_assert_float_eq(x[2], -2.0f, 1e-6);
+    cr_assert_float_eq(x[3], 0.0f, 1e-6);
+    /* a unit vector spreads evenly; twice is the identity (H/sqrt(n) is symmetric, orthogonal) */
+    float e[128] = {0}, y[128];
+    e[5] = 1;
+    pd_hadamard(e, 128);
+    for (int i = 0; i < 128; i++) {
+        cr_assert_float_eq(fabsf(e[i]), 1 / sqrtf(128), 1e-7);
+        y[i] = e[i];
+    }
+    cr_assert_float_eq(y[0], 1 / sqrtf(128), 1e-7);
+    cr_assert_float_eq(y[1], -1 / sqrtf(128), 1e-7);   /* row 1 is +-+-...: column 5 is odd */
+    pd_hadamard(y, 128);
+    for (int i = 0; i < 128; i++)
+        cr_assert_float_eq(y[i], i == 5 ? 1.0f : 0.0f, 1e-6);
+}
