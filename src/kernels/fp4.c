@@ -5,30 +5,34 @@
 #include <assert.h>
 #include <math.h>
 
+/* The 8 magnitudes of e2m1 (1 sign, 2 exponent, 1 mantissa bits; bias 1; code 1 the subnormal
+ * 0.5), by code. */
+static const float e2m1_mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
 float pd_e2m1_decode(uint8_t c)
 {
-    int e = c >> 1 & 3, m = c & 1;
-    float v = e == 0 ? 0.5f * m : ldexpf(1.0f + 0.5f * m, e - 1);
+    float v = e2m1_mag[c & 7];
     return c & 8 ? -v : v;
 }
 
 uint8_t pd_e2m1_encode(float x)
 {
+    /* midpoints between consecutive magnitudes: above mid[c] the value rounds past code c */
+    static const float mid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
     uint8_t sign = signbit(x) ? 8 : 0;
     float a = fabsf(x);
     if (isnan(x))
         return 0;
     if (a >= PD_E2M1_MAX)
         return sign | 7;
-    /* the nearest of the 8 magnitudes; on a tie the even code (the lower one when they tie at
-     * a midpoint, since codes ascend with magnitude and adjacent codes differ in parity) */
-    int best = 0;
-    for (int c = 1; c < 8; c++) {
-        float d = fabsf(pd_e2m1_decode((uint8_t)c) - a), db = fabsf(pd_e2m1_decode((uint8_t)best) - a);
-        if (d < db || (d == db && c % 2 == 0))
-            best = c;
-    }
-    return sign | (uint8_t)best;
+    int c = 0;
+    while (c < 7 && a > mid[c])
+        c++;
+    /* exactly at a midpoint: the even code of the two (codes ascend with magnitude and
+     * adjacent codes differ in parity) */
+    if (c < 7 && a == mid[c] && c % 2)
+        c++;
+    return sign | (uint8_t)c;
 }
 
 void pd_fp4_simulate(float *x, int n, int block)

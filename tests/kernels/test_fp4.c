@@ -62,3 +62,27 @@ Test(fp4, hadamard_rotation)
     for (int i = 0; i < 128; i++)
         cr_assert_float_eq(y[i], i == 5 ? 1.0f : 0.0f, 1e-6);
 }
+
+/* The encoder (a table of midpoints) against the definition, nearest of the 8 magnitudes and the
+ * even code on a tie, on every multiple of 2^-12 in [-8, 8] and every midpoint's neighbours. */
+Test(fp4, e2m1_encode_is_the_nearest_magnitude)
+{
+    const float mag[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+    for (int k = -8 * 4096; k <= 8 * 4096; k++) {
+        float x = (float)k / 4096.0f, a = fabsf(x);
+        int best = 0;
+        for (int c = 1; c < 8; c++) {
+            float d = fabsf(mag[c] - a), db = fabsf(mag[best] - a);
+            if (d < db || (d == db && c % 2 == 0))
+                best = c;
+        }
+        int want = (signbit(x) ? 8 : 0) | best;
+        cr_assert_eq(pd_e2m1_encode(x), want, "%.6f: code %d, want %d", x, pd_e2m1_encode(x), want);
+    }
+    const float mid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+    for (int i = 0; i < 7; i++) {
+        float below = nextafterf(mid[i], 0), above = nextafterf(mid[i], 10);
+        cr_assert_eq(pd_e2m1_decode(pd_e2m1_encode(below)), mag[i], "just below %g", mid[i]);
+        cr_assert_eq(pd_e2m1_decode(pd_e2m1_encode(above)), mag[i + 1], "just above %g", mid[i]);
+    }
+}
