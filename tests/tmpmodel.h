@@ -7,12 +7,25 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "engine/genmodel.h"
+
+/* The cosine of two logit vectors of n values (in double). */
+static inline double cosine(const float *a, const float *b, int n)
+{
+    double ab = 0, aa = 0, bb = 0;
+    for (int i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+        bb += (double)b[i] * b[i];
+    }
+    return ab / sqrt(aa * bb);
+}
 
 /* Writes preset `preset` (seed `seed`) into a new /tmp directory whose path goes to dir. */
 static inline void tmp_model(const char *preset, int seed, char *dir, size_t n)

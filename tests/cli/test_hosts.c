@@ -11,10 +11,15 @@
 
 static char plan_path[] = "/tmp/pdmoe-hosts-plan-XXXXXX";
 
+static const char *pdmoe_bin(void)
+{
+    return getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+}
+
 /* pdmoe ARGS: its exit status, its stderr in err */
 static int pdmoe(const char *args, char *err, size_t cap)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     char cmd[2048], ef[] = "/tmp/pdmoe-hosts-err-XXXXXX";
     int fd = mkstemp(ef);
     cr_assert(fd >= 0);
@@ -42,7 +47,7 @@ static void refused(const char *args, const char *needle)
 /* a plan of mini on H100 nodes: prefill EP2 on node 0, decode EP2 on node 1 (its own node) */
 static void write_plan(void)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     int fd = mkstemp(plan_path);
     cr_assert(fd >= 0);
     close(fd);
@@ -60,7 +65,7 @@ static void drop_plan(void)
 
 Test(hosts, the_plans_json_carries_its_node_map)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     char cmd[256];
     snprintf(cmd, sizeof cmd, "%s plan --json", bin);
     FILE *p = popen(cmd, "r");
@@ -91,7 +96,7 @@ Test(hosts, up_refuses_bad_hosts, .init = write_plan, .fini = drop_plan)
      * running another layout than the plan's */
     char red[128];
     snprintf(red, sizeof red, "%s.red", plan_path);
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     snprintf(args, sizeof args, "%s plan --model models/mini --hardware h100 --nodes 2 --prefill dp=2,instances=1 "
              "--decode dp=2,instances=1,redundant=2 --mtp off --max-model-len 2048 --json > %s", bin, red);
     cr_assert_eq(system(args), 0);

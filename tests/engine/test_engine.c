@@ -362,17 +362,6 @@ Test(engine, indexer_keys_are_on_the_fp4_grid)
     pd_engine_close(&en);
 }
 
-static double cosine(const float *a, const float *b, int n)
-{
-    double ab = 0, aa = 0, bb = 0;
-    for (int i = 0; i < n; i++) {
-        ab += (double)a[i] * b[i];
-        aa += (double)a[i] * a[i];
-        bb += (double)b[i] * b[i];
-    }
-    return ab / sqrt(aa * bb);
-}
-
 /* fp8 KV changes the numbers a little (e4m3 keeps 3 mantissa bits of the non-rope values), the
  * computation not at all: logits close to bf16's, and in fp8 prefill still equals decode (every
  * token reads the same quantized cache either way). On v4-tiny (a 16-value indexer picking 4

@@ -11,6 +11,7 @@
 
 #include "engine/engine.h"
 #include "engine/genmodel.h"
+#include "../tmpmodel.h"
 
 Test(mini, activations_bounded_through_depth, .timeout = 600)
 {
@@ -56,17 +57,6 @@ Test(mini, activations_bounded_through_depth, .timeout = 600)
         }
         rmdir(dir);
     }
-}
-
-static double cosine(const float *a, const float *b, int n)
-{
-    double ab = 0, aa = 0, bb = 0;
-    for (int i = 0; i < n; i++) {
-        ab += (double)a[i] * b[i];
-        aa += (double)a[i] * a[i];
-        bb += (double)b[i] * b[i];
-    }
-    return ab / sqrt(aa * bb);
 }
 
 /* fp8 KV (as V4 is deployed) against bf16 KV on v4-flash-mini: a 300-token prompt (past the

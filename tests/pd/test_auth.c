@@ -144,19 +144,6 @@ Test(auth, a_pd_deployment_with_keys_everywhere_answers)
     cr_assert_eq(with_key(pd_server_port(D), "/v1/completions", "front-key", out, sizeof out), 401, "%s", out);
 }
 
-/* A free loopback port (bound and released: another process may take it in between, rarely). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t n = sizeof a;
-    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    getsockname(fd, (struct sockaddr *)&a, &n);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 static pid_t spawn(char *const argv[])
 {
     pid_t pid = fork();

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "util.h"
 #include "core/timing.h"
 #include "pd/kvxfer.h"
 
@@ -420,17 +421,6 @@ static void dtype_mismatch(const char *tls)
     cr_assert_eq(pd_kvx_xfer_gets(c, t), 0);
     pd_kvx_xfer_free(c, t);
     pair_close(&x);
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    socklen_t l = sizeof a;
-    getsockname(fd, (struct sockaddr *)&a, &l);
-    close(fd);
-    return ntohs(a.sin_port);
 }
 
 static void nobody_listens(const char *tls)

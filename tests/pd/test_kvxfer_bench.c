@@ -14,23 +14,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "util.h"
 #include "core/timing.h"
 
 static const char *bin(void)
 {
     const char *b = getenv("PDMOE_BIN");
     return b ? b : "build/pdmoe";
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    socklen_t l = sizeof a;
-    getsockname(fd, (struct sockaddr *)&a, &l);
-    close(fd);
-    return ntohs(a.sin_port);
 }
 
 /* pdmoe ARGS... with stdout and stderr to the given files; its pid. */

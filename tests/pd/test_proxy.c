@@ -325,19 +325,6 @@ Test(proxy, a_full_decode_pool_queues_requests_with_correct_tokens)
     cr_assert(strstr(out, "KV blocks"), "%s", out);
 }
 
-/* A free port on 127.0.0.1 (bound, read, closed). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t n = sizeof a;
-    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &n), 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 Test(proxy, an_instance_is_taken_out_while_its_health_fails_and_back_once_it_answers)
 {
     int late = free_port();

@@ -9,10 +9,25 @@
 #include <string.h>
 #include <pthread.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "model/tokenizer.h"
 #include "pd/server.h"
 #include "proxy/proxy.h"
+
+/* A free port on 127.0.0.1 (bound, read, closed: another process may take it in between, rarely). */
+static inline int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t n = sizeof a;
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &n), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
 
 /* Thread bodies: a server's or a proxy's event loop until it is stopped. */
 static inline void *run_server(void *arg)
