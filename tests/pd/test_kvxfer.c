@@ -186,6 +186,25 @@ static void check_bytes(const uint8_t *src, const struct pd_kvx_run *sr, int ns,
 
 /* ------------------------------------------------------------------ tests, per transport */
 
+/* Pull t fails with a message containing `want`, moving nothing; the consumer tells the
+ * producer, whose lease ends by ABORT now rather than at expiry. Frees t. */
+static void fails_and_aborts(struct pd_kvx *p, struct pd_kvx *c, struct pd_kvx_xfer *t, struct rel *r,
+                             const char *want)
+{
+    pd_err e = {0};
+    cr_assert_eq(pump(p, c, t, 5000), PD_KVX_FAILED);
+    pd_kvx_result(c, t, &e);
+    cr_assert(strstr(e.msg, want), "%s", e.msg);
+    double end = pd_now_s() + 5;
+    while (atomic_load(&r->count) == 0 && pd_now_s() < end) {
+        pd_kvx_progress(p);
+        pd_kvx_progress(c);
+    }
+    cr_assert_eq(atomic_load(&r->why), PD_KVX_REL_ABORT);
+    cr_assert_eq(pd_kvx_xfer_gets(c, t), 0);
+    pd_kvx_xfer_free(c, t);
+}
+
 /* With own_memory, each engine allocates its region (as a server's KV pool is allocated). */
 static void byte_exact_in(const char *tls, int own_memory)
 {
@@ -375,18 +394,7 @@ static void size_mismatch(const char *tls)
     cr_assert_eq(pd_kvx_offer(p, K(4), 4, &src, 1, on_release, &r, &e), 0, "%s", e.msg);
     struct pd_kvx_xfer *t;
     cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), K(4), &dst, 1, &t, &e), 0);
-    cr_assert_eq(pump(p, c, t, 5000), PD_KVX_FAILED);
-    pd_kvx_result(c, t, &e);
-    cr_assert(strstr(e.msg, "size mismatch"), "%s", e.msg);
-    /* the consumer told the producer, which freed the blocks now rather than at expiry */
-    double end = pd_now_s() + 5;
-    while (atomic_load(&r.count) == 0 && pd_now_s() < end) {
-        pd_kvx_progress(p);
-        pd_kvx_progress(c);
-    }
-    cr_assert_eq(atomic_load(&r.why), PD_KVX_REL_ABORT);
-    cr_assert_eq(pd_kvx_xfer_gets(c, t), 0);
-    pd_kvx_xfer_free(c, t);
+    fails_and_aborts(p, c, t, &r, "size mismatch");
     pair_close(&x);
 }
 
@@ -409,17 +417,7 @@ static void dtype_mismatch(const char *tls)
     cr_assert_eq(pd_kvx_offer(p, K(5), 5, &src, 1, on_release, &r, &e), 0, "%s", e.msg);
     struct pd_kvx_xfer *t;
     cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), K(5), &dst, 1, &t, &e), 0);
-    cr_assert_eq(pump(p, c, t, 5000), PD_KVX_FAILED);
-    pd_kvx_result(c, t, &e);
-    cr_assert(strstr(e.msg, "KV cache dtype mismatch: the producer stores bf16, this instance fp8"), "%s", e.msg);
-    double end = pd_now_s() + 5;
-    while (atomic_load(&r.count) == 0 && pd_now_s() < end) {
-        pd_kvx_progress(p);
-        pd_kvx_progress(c);
-    }
-    cr_assert_eq(atomic_load(&r.why), PD_KVX_REL_ABORT);
-    cr_assert_eq(pd_kvx_xfer_gets(c, t), 0);
-    pd_kvx_xfer_free(c, t);
+    fails_and_aborts(p, c, t, &r, "KV cache dtype mismatch: the producer stores bf16, this instance fp8");
     pair_close(&x);
 }
 

@@ -127,15 +127,11 @@ static void colocated(const char *prompt, int max_tokens, char *out, size_t cap)
     cr_assert_eq(curl_port(C.port, "/v1/completions", body, NULL, out, cap), 200, "%s", out);
 }
 
-Test(pd, same_tokens_as_colocated)
+/* Each prompt through P and D gives the ids C gives (16 tokens, greedy). */
+static void pd_equals_colocated(const char *const *prompts, int n)
 {
-    start(&P, PD_ROLE_PRODUCER, 0);
-    start(&D, PD_ROLE_CONSUMER, 0);
-    start(&C, PD_ROLE_BOTH, 0);
-    const char *prompts[] = {"Hello", "The sea froze over and the children skated until the sun went down",
-                             "Numbers: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25"};
     char a[8192], b[8192];
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < n; i++) {
         pd_request(prompts[i], 16, 0, a, sizeof a);
         colocated(prompts[i], 16, b, sizeof b);
         char *x = ids_of(a), *y = ids_of(b);
@@ -143,6 +139,16 @@ Test(pd, same_tokens_as_colocated)
         free(x);
         free(y);
     }
+}
+
+Test(pd, same_tokens_as_colocated)
+{
+    start(&P, PD_ROLE_PRODUCER, 0);
+    start(&D, PD_ROLE_CONSUMER, 0);
+    start(&C, PD_ROLE_BOTH, 0);
+    const char *prompts[] = {"Hello", "The sea froze over and the children skated until the sun went down",
+                             "Numbers: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25"};
+    pd_equals_colocated(prompts, 3);
     cr_assert_eq(metric(D.port, "pdmoe_kv_transfers_total"), 3);
     cr_assert_eq(metric(D.port, "pdmoe_kv_recomputes_total"), 0);
     cr_assert_gt(metric(D.port, "pdmoe_kv_transfer_bytes_total"), 0);
@@ -185,15 +191,7 @@ Test(pd, fp8_same_tokens_as_colocated_fp8)
     start_kv(&C, PD_ROLE_BOTH, 0, PD_KV_FP8);
     const char *prompts[] = {"The sea froze over and the children skated until the sun went down",
                              "Numbers: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25"};
-    char a[8192], b[8192];
-    for (int i = 0; i < 2; i++) {
-        pd_request(prompts[i], 16, 0, a, sizeof a);
-        colocated(prompts[i], 16, b, sizeof b);
-        char *x = ids_of(a), *y = ids_of(b);
-        cr_assert_str_eq(x, y, "prompt %d: PD %s, colocated %s", i, x, y);
-        free(x);
-        free(y);
-    }
+    pd_equals_colocated(prompts, 2);
     cr_assert_eq(metric(D.port, "pdmoe_kv_transfers_total"), 2);
     cr_assert_eq(metric(D.port, "pdmoe_kv_recomputes_total"), 0);
 }
