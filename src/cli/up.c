@@ -345,10 +345,13 @@ static int reachable(const struct pd_launch_inst *inst, int n)
                 dup2(null, 2);
             }
             setpgid(0, 0);
-            if (geteuid() == 0)
-                execlp("mpirun", "mpirun", "--allow-run-as-root", "--host", hs, "-n", "1", "true", (char *)NULL);
-            else
-                execlp("mpirun", "mpirun", "--host", hs, "-n", "1", "true", (char *)NULL);
+            char *a[8] = {"mpirun", "--host", hs, "-n", "1"};
+            int na = 5;
+            if (geteuid() == 0)   /* Open MPI refuses root without it */
+                a[na++] = "--allow-run-as-root";
+            a[na++] = "true";
+            a[na] = NULL;
+            execvp("mpirun", a);
             _exit(127);
         }
     }

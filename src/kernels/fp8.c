@@ -5,6 +5,13 @@
 #include <math.h>
 #include <string.h>
 
+static float f32_of(uint32_t b)
+{
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
 static uint32_t f32_bits(float f)
 {
     uint32_t u;
@@ -49,9 +56,9 @@ float pd_e4m3_decode(uint8_t c)
     if (e == 15 && m == 7)
         v = NAN;
     else if (e == 0)
-        v = ldexpf((float)m, -9);
-    else
-        v = ldexpf(1.0f + (float)m / 8, e - 7);
+        v = (float)m * 0x1p-9f;
+    else   /* the same exponent and 3 mantissa bits, as fp32 (bias 7 -> 127): no ldexpf per value */
+        v = f32_of((uint32_t)(e + 120) << 23 | (uint32_t)m << 20);
     return c & 0x80 ? -v : v;
 }
 
