@@ -80,6 +80,11 @@ uint8_t pd_ue8m0_scale(float amax, float fmax, float floor)
 
 float pd_ue8m0_value(uint8_t b)
 {
+    /* e8m0 (torch's float8_e8m0fnu, safetensors F8_E8M0) has no sign, no mantissa and no
+     * zero: 0xFF is its NaN, every other byte the power 2^(b - 127), 2^-127 being subnormal in
+     * fp32 and still exact */
+    if (b == 0xFF)
+        return NAN;
     return ldexpf(1.0f, (int)b - 127);
 }
 

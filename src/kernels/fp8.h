@@ -25,7 +25,7 @@ float pd_e4m3_decode(uint8_t c);
  * whose largest value is fmax (448 for e4m3, 6 for e2m1): 127 + ceil(log2(max(amax, floor) / fmax)).
  * floor is the official kernel's lower bound on amax (1e-4 for fp8). */
 uint8_t pd_ue8m0_scale(float amax, float fmax, float floor);
-float pd_ue8m0_value(uint8_t b);   /* 2^(b - 127) */
+float pd_ue8m0_value(uint8_t b);   /* 2^(b - 127); 255 is NaN */
 
 /* n values -> n e4m3 codes with one power-of-two scale per `block` values (the last block may be
  * shorter); scales[(n + block - 1) / block] get the ue8m0 bytes. */
