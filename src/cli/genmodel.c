@@ -10,10 +10,11 @@
 int pd_cli_genmodel(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"preset", 1, 0, 'p'}, {"out", 1, 0, 'o'}, {"seed", 1, 0, 's'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"preset", 1, 0, 'p'}, {"out", 1, 0, 'o'}, {"seed", 1, 0, 's'}, {"format", 1, 0, 'f'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
     const char *preset = "v4-flash-mini", *out = NULL;
     int64_t seed = 1;
+    enum pd_gen_format fmt = PD_GEN_W8A8;
     int c;
     optind = 1;
     opterr = 0;
@@ -22,10 +23,27 @@ int pd_cli_genmodel(int argc, char **argv)
         case 'p': preset = optarg; break;
         case 'o': out = optarg; break;
         case 's': if (pd_cli_int("--seed", optarg, 0, &seed)) return 2; break;
+        case 'f':
+            if (strcmp(optarg, "w8a8") == 0)
+                fmt = PD_GEN_W8A8;
+            else if (strcmp(optarg, "release") == 0)
+                fmt = PD_GEN_RELEASE;
+            else if (strcmp(optarg, "release-w8a8") == 0)
+                fmt = PD_GEN_RELEASE_W8A8;
+            else {
+                fprintf(stderr, "pdmoe gen-model: --format \"%s\": expected w8a8, release or release-w8a8\n", optarg);
+                return 2;
+            }
+            break;
         case 'h':
-            printf("usage: pdmoe gen-model [--preset NAME|FILE] --out DIR [--seed N]\n"
+            printf("usage: pdmoe gen-model [--preset NAME|FILE] --out DIR [--seed N] [--format w8a8|release|release-w8a8]\n"
                    "Writes DIR/config.json, DIR/model.safetensors (W8A8) and DIR/tokenizer.json: a deterministic\n"
-                   "synthetic checkpoint of the preset (default v4-flash-mini) for the engine.\n");
+                   "synthetic checkpoint of the preset (default v4-flash-mini) for the engine.\n"
+                   "--format release writes the same model in DeepSeek's released format instead: FP8 e4m3\n"
+                   "matrices with ue8m0 [128, 128] block scales, FP4 e2m1 routed experts with a ue8m0 scale\n"
+                   "per 1 x 32, sharded model-0000K-of-0000N.safetensors with model.safetensors.index.json.\n"
+                   "The release holds the draws rounded onto its FP8/FP4 grid; --format release-w8a8 writes\n"
+                   "that rounded model in the W8A8 layout (what the engine makes of the release at load).\n");
             return 0;
         default:
             return pd_cli_bad_flag("gen-model", c, argc, argv);
@@ -37,11 +55,12 @@ int pd_cli_genmodel(int argc, char **argv)
     }
     pd_err e = {0};
     double t0 = pd_now_s();
-    if (pd_genmodel(preset, out, (uint64_t)seed, &e)) {
+    if (pd_genmodel_fmt(preset, out, (uint64_t)seed, fmt, &e)) {
         fprintf(stderr, "pdmoe gen-model: %s\n", e.msg);
         return 1;
     }
-    fprintf(stderr, "pdmoe gen-model: wrote %s (%s, seed %lld) in %.1f s\n", out, preset, (long long)seed,
+    fprintf(stderr, "pdmoe gen-model: wrote %s (%s, seed %lld, %s) in %.1f s\n", out, preset, (long long)seed,
+            fmt == PD_GEN_RELEASE ? "release format" : fmt == PD_GEN_RELEASE_W8A8 ? "release's values, w8a8" : "w8a8",
             pd_now_s() - t0);
     return 0;
 }

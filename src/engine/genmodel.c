@@ -1,5 +1,6 @@
 /* Synthetic checkpoints: every tensor of the inventory, generated from a seeded stream per name. */
 #include "engine/genmodel.h"
+#include "engine/release.h"
 #include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "model/config.h"
@@ -8,6 +9,7 @@
 #include "plan/inventory.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,7 +168,7 @@ static void out_free(struct out_list *o)
 }
 
 static int gen_tensor(const struct pd_model *m, const struct pd_tensor *t, const char *name, uint64_t seed,
-                      struct out_list *o, pd_err *e)
+                      enum pd_gen_format gfmt, struct out_list *o, pd_err *e)
 {
     uint64_t rng = seed ^ fnv1a(name);
     const int64_t n = t->params;
@@ -195,6 +197,18 @@ static int gen_tensor(const struct pd_model *m, const struct pd_tensor *t, const
         return pd_err_set(e, PD_ENOMEM, "out of memory for %s", name);
     fill(m, name, t, f, n, &rng);
     int rc = 0;
+    /* The release and release-w8a8 layouts: a matrix the release stores in FP8 (FP4 for routed
+     * experts) is drawn onto that format's grid, so both hold the same model and loading either
+     * gives the engine the same int8 weights. (The default layout keeps the draws as they are.) */
+    if (gfmt != PD_GEN_W8A8 && (t->fmt == PD_FMT_W8A8 || t->fmt == PD_FMT_FP8 || t->fmt == PD_FMT_FP4)) {
+        enum pd_release_fmt rf = t->group == PD_G_ROUTED_EXPERTS ? PD_RELEASE_FP4 : PD_RELEASE_FP8;
+        if ((rc = pd_release_round(rf, f, (int)t->shape[0], (int)t->shape[1]))) {
+            free(f);
+            return rc == PD_ENOMEM ? pd_err_set(e, rc, "out of memory for %s", name)
+                                   : pd_err_set(e, rc, "%s: %lld columns cannot be packed two per byte", name,
+                                                (long long)t->shape[1]);
+        }
+    }
     if (t->fmt == PD_FMT_W8A8) {
         int rows = (int)t->shape[0], cols = (int)t->shape[1];
         int8_t *q = malloc((size_t)n);
@@ -214,6 +228,42 @@ static int gen_tensor(const struct pd_model *m, const struct pd_tensor *t, const
             rc = push(o, sname, PD_ST_F32, t, rows, s);
         else
             free(s);
+    } else if (t->fmt == PD_FMT_FP8 || t->fmt == PD_FMT_FP4) {
+        /* the release's formats: e4m3 with ue8m0 [128, 128] block scales, or e2m1 two per byte
+         * with a ue8m0 scale per 1 x 32 (engine/release.h) */
+        enum pd_release_fmt rf = t->fmt == PD_FMT_FP8 ? PD_RELEASE_FP8 : PD_RELEASE_FP4;
+        int rows = (int)t->shape[0], cols = (int)t->shape[1];
+        int64_t sr, sc;
+        pd_release_scale_shape(rf, rows, cols, &sr, &sc);
+        if (rf == PD_RELEASE_FP4 && cols % 2) {
+            free(f);
+            return pd_err_set(e, PD_EINVAL, "%s: %d columns cannot be packed two per byte", name, cols);
+        }
+        size_t qbytes = rf == PD_RELEASE_FP8 ? (size_t)n : (size_t)rows * (size_t)(cols / 2);
+        uint8_t *q = malloc(qbytes), *sb = malloc((size_t)(sr * sc));
+        if (!q || !sb) {
+            free(q);
+            free(sb);
+            free(f);
+            return pd_err_set(e, PD_ENOMEM, "out of memory for %s", name);
+        }
+        if (rf == PD_RELEASE_FP8)
+            pd_release_fp8_encode(f, rows, cols, q, sb);
+        else
+            pd_release_fp4_encode(f, rows, cols, q, sb);
+        free(f);
+        char sname[160];
+        pd_release_scale_name(name, sname, sizeof sname);
+        struct pd_tensor qt = *t, st = *t;
+        if (rf == PD_RELEASE_FP4)
+            qt.shape[1] = cols / 2;
+        st.shape[0] = sr;
+        st.shape[1] = sc;
+        rc = push(o, name, rf == PD_RELEASE_FP8 ? PD_ST_F8_E4M3 : PD_ST_I8, &qt, -1, q);
+        if (!rc)
+            rc = push(o, sname, PD_ST_F8_E8M0, &st, -1, sb);
+        else
+            free(sb);
     } else if (t->fmt == PD_FMT_BF16) {
         uint16_t *b = malloc((size_t)n * 2);
         if (!b) {
@@ -244,7 +294,85 @@ static int write_text(const char *path, const char *text, pd_err *e)
     return bad ? pd_err_set(e, PD_EIO, "%s: write failed", path) : 0;
 }
 
+static uint64_t out_bytes(const struct pd_st_out *t)
+{
+    uint64_t n = pd_st_dtype_size(t->dtype);
+    for (int d = 0; d < t->ndim; d++)
+        n *= (uint64_t)t->shape[d];
+    return n;
+}
+
+/* The release's shards: about 4 files of similar size, cut at tensor boundaries and named as
+ * Hugging Face names them, with model.safetensors.index.json mapping every tensor to its file. */
+static int write_shards(const char *dir, const struct out_list *o, pd_err *e)
+{
+    enum { SHARDS = 4 };
+    uint64_t total = 0;
+    for (size_t i = 0; i < o->n; i++)
+        total += out_bytes(&o->t[i]);
+    json_t *root = json_object(), *map = json_object(), *meta = json_object();
+    if (!root || !map || !meta) {
+        json_decref(root);
+        json_decref(map);
+        json_decref(meta);
+        return pd_err_set(e, PD_ENOMEM, "out of memory");
+    }
+    json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
+    json_object_set_new(root, "metadata", meta);
+    json_object_set_new(root, "weight_map", map);
+    /* the cut points first, so every name carries the count of files */
+    size_t cut[SHARDS + 1] = {0};
+    int nshards = 0;
+    uint64_t acc = 0;
+    for (size_t i = 0; i < o->n; i++) {
+        acc += out_bytes(&o->t[i]);
+        if (acc * SHARDS >= total * (uint64_t)(nshards + 1) && nshards < SHARDS - 1 && i + 1 < o->n)
+            cut[++nshards] = i + 1;
+    }
+    cut[++nshards] = o->n;
+    int rc = 0;
+    char file[64], path[600];
+    for (int k = 0; k < nshards && !rc; k++) {
+        snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", k + 1, nshards);
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+        for (size_t i = cut[k]; i < cut[k + 1]; i++)
+            json_object_set_new(map, o->t[i].name, json_string(file));
+        rc = pd_st_write(path, o->t + cut[k], cut[k + 1] - cut[k], e);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (!rc && json_dump_file(root, path, JSON_INDENT(2) | JSON_SORT_KEYS))
+        rc = pd_err_set(e, PD_EIO, "%s: cannot write", path);
+    json_decref(root);
+    return rc;
+}
+
+/* The preset's config.json as the release ships it: with its quantization_config (FP8 e4m3,
+ * ue8m0 scales, [128, 128] blocks) added when the preset has none. */
+static char *release_config(const char *text)
+{
+    if (strstr(text, "\"quantization_config\""))
+        return strdup(text);
+    static const char qc[] = "\n  \"quantization_config\": {\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", "
+                             "\"quant_method\": \"fp8\", \"scale_fmt\": \"ue8m0\", \"weight_block_size\": [128, 128]},";
+    const char *brace = strchr(text, '{');
+    if (!brace)
+        return NULL;
+    size_t head = (size_t)(brace + 1 - text), n = strlen(text);
+    char *out = malloc(n + sizeof qc);
+    if (!out)
+        return NULL;
+    memcpy(out, text, head);
+    memcpy(out + head, qc, sizeof qc - 1);
+    memcpy(out + head + sizeof qc - 1, text + head, n - head + 1);
+    return out;
+}
+
 int pd_genmodel(const char *preset, const char *out_dir, uint64_t seed, pd_err *e)
+{
+    return pd_genmodel_fmt(preset, out_dir, seed, PD_GEN_W8A8, e);
+}
+
+int pd_genmodel_fmt(const char *preset, const char *out_dir, uint64_t seed, enum pd_gen_format fmt, pd_err *e)
 {
     struct pd_model m;
     int rc = pd_model_load_as("--preset", preset, &m, e);
@@ -257,15 +385,19 @@ int pd_genmodel(const char *preset, const char *out_dir, uint64_t seed, pd_err *
         return pd_err_set(e, PD_EIO, "%s: cannot create the directory: %s", out_dir, strerror(errno));
     struct pd_quant q;
     struct pd_inventory inv;
-    if ((rc = pd_quant_init(&q, "w8a8", NULL, m.ckpt_scale_ue8m0, e)) ||
+    /* the release: FP8 matrices wherever the default format has int8 ones, FP4 routed experts */
+    if ((rc = fmt == PD_GEN_RELEASE ? pd_quant_init(&q, "fp8", "routed_experts=fp4", 1, e)
+                                     : pd_quant_init(&q, "w8a8", NULL, m.ckpt_scale_ue8m0, e)) ||
         (rc = pd_inventory_build(&m, &q, 1, &inv, e)))
         return rc;
     struct out_list o = {0};
     char path[512], name[128];
     for (int i = 0; i < inv.n && !rc; i++)
         for (int k = 0; k < inv.t[i].count && !rc; k++)
-            rc = gen_tensor(&m, &inv.t[i], pd_inventory_expand_name(&inv.t[i], k, name, sizeof name), seed, &o, e);
-    if (!rc) {
+            rc = gen_tensor(&m, &inv.t[i], pd_inventory_expand_name(&inv.t[i], k, name, sizeof name), seed, fmt, &o, e);
+    if (!rc && fmt == PD_GEN_RELEASE) {
+        rc = write_shards(out_dir, &o, e);
+    } else if (!rc) {
         snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
         rc = pd_st_write(path, o.t, o.n, e);
     }
@@ -292,6 +424,14 @@ int pd_genmodel(const char *preset, const char *out_dir, uint64_t seed, pd_err *
         fclose(f);
     }
     snprintf(path, sizeof path, "%s/config.json", out_dir);
+    if (fmt == PD_GEN_RELEASE) {
+        char *rel = release_config(embedded ? embedded : text);
+        free(text);
+        if (!rel)
+            return pd_err_set(e, PD_EFORMAT, "%s: cannot add quantization_config", m.source);
+        text = rel;
+        embedded = NULL;
+    }
     rc = write_text(path, embedded ? embedded : text, e);
     free(text);
     if (rc)

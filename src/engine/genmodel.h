@@ -19,4 +19,19 @@
 
 int pd_genmodel(const char *preset, const char *out_dir, uint64_t seed, pd_err *e);
 
+/* The same fp32 draws (per tensor name and seed) in one of three layouts:
+ *   PD_GEN_W8A8          the default above: one model.safetensors;
+ *   PD_GEN_RELEASE       DeepSeek's released format (engine/release.h): every matrix the default
+ *                        stores int8 stored FP8 e4m3 + ue8m0 "X.scale" [ceil(out/128), ceil(in/128)],
+ *                        routed experts FP4 e2m1 two per byte (I8) + ue8m0 "X.scale" [out, in/32],
+ *                        the rest as the default; sharded into model-0000K-of-0000N.safetensors
+ *                        with model.safetensors.index.json, and config.json with the release's
+ *                        quantization_config;
+ *   PD_GEN_RELEASE_W8A8  the release's model (its FP8/FP4 values) in the default layout: what
+ *                        the engine makes of the release at load, so the two give the same tokens.
+ * The release cannot hold the draws themselves (FP4 keeps 15 values per block of 32), so its
+ * model is PD_GEN_W8A8's with every FP8/FP4 matrix rounded onto the release's grid. */
+enum pd_gen_format { PD_GEN_W8A8, PD_GEN_RELEASE, PD_GEN_RELEASE_W8A8 };
+int pd_genmodel_fmt(const char *preset, const char *out_dir, uint64_t seed, enum pd_gen_format fmt, pd_err *e);
+
 #endif

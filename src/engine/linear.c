@@ -1,5 +1,6 @@
 /* Linear layers (W8A8 or fp32), the engine's weight arena and tensor loading helpers. */
 #include "engine/linear.h"
+#include "engine/release.h"
 #include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "kernels/vec.h"
@@ -102,6 +103,21 @@ int pd_linear_load(struct pd_linear *l, const struct pd_st_set *st, struct pd_ar
     const struct pd_st_tensor *t = pd_st_set_find(st, name);
     if (!t)
         return pd_err_set(e, PD_EFORMAT, "checkpoint: missing tensor \"%s\"", name);
+    /* DeepSeek's release (FP8 blocks, FP4 experts): converted to int8 per output row here */
+    struct pd_release_mat rm;
+    int rc = pd_release_find(st, name, out, in, &rm, e);
+    if (rc)
+        return rc;
+    if (rm.fmt != PD_RELEASE_NONE) {
+        int8_t *q = pd_arena_alloc(a, (size_t)out * in);
+        float *s = pd_arena_alloc(a, (size_t)out * sizeof *s);
+        if (!q || !s)
+            return pd_err_set(e, PD_ENOMEM, "checkpoint: out of memory converting \"%s\"", name);
+        if ((rc = pd_release_to_int8(&rm, q, s, e)))
+            return rc;
+        l->q = (pd_qmat){.q = q, .scale = s, .rows = out, .cols = in};
+        return 0;
+    }
     if (t->ndim != 2 || t->shape[0] != out || t->shape[1] != in)
         return pd_err_set(e, PD_EFORMAT, "checkpoint: tensor \"%s\" has shape [%lld, %lld], the config needs [%d, %d]",
                           name, (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0), out, in);

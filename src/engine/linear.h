@@ -20,7 +20,8 @@ struct pd_linear {
 struct pd_arena;
 
 /* Loads `name` (+ `name`_scale when int8) from the checkpoint; shapes are checked against
- * [out, in]. Converted copies are allocated from the arena. */
+ * [out, in]. A release FP8/FP4 matrix (+ its ".scale", engine/release.h) becomes int8 with one
+ * scale per row. Converted copies are allocated from the arena. */
 int pd_linear_load(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
                    int out, int in, pd_err *e);
 

@@ -1,5 +1,6 @@
 /* Loading a V4 checkpoint into struct pd_weights, checking every shape against the config. */
 #include "engine/weights.h"
+#include "engine/release.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,8 +27,10 @@ static int lin(struct pd_weights *w, struct pd_linear *l, const char *pfx, const
     if (rc == 0) {
         acct(w, name);
         snprintf(sname, sizeof sname, "%s_scale", name);
-        if (l->q.q)
+        if (l->q.q) {
             acct(w, sname);
+            acct(w, pd_release_scale_name(name, sname, sizeof sname));   /* the release's FP8/FP4 scale */
+        }
     }
     return rc;
 }

@@ -1,7 +1,10 @@
 /* The weights of a DeepSeek-V4 checkpoint as the engine uses them. int8 matrices point into
  * the memory-mapped safetensors files; everything else is converted to fp32 once. Names and
  * shapes are those of pdmoe's inventory (src/plan/inventory.c), int8 matrices with a
- * `_scale` companion of one fp32 per output row. */
+ * `_scale` companion of one fp32 per output row. DeepSeek's released format (FP8 matrices and
+ * FP4 routed experts with ue8m0 ".scale" companions, engine/release.h) loads too: those
+ * matrices are converted to int8 per output row at load, into the arena. loaded_bytes counts
+ * the checkpoint's stored bytes (weights and scales) either way. */
 #ifndef PD_ENGINE_WEIGHTS_H
 #define PD_ENGINE_WEIGHTS_H
 
