@@ -11,6 +11,7 @@
 int pd_cli_plan(int argc, char **argv);
 int pd_cli_bench(int argc, char **argv);
 int pd_cli_genmodel(int argc, char **argv);
+int pd_cli_convert(int argc, char **argv);
 int pd_cli_generate(int argc, char **argv);
 int pd_cli_serve(int argc, char **argv);
 int pd_cli_proxy(int argc, char **argv);

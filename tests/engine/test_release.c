@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "../tmpmodel.h"
+#include "engine/convert.h"
 #include "engine/engine.h"
 #include "engine/genmodel.h"
 #include "kernels/quant.h"
@@ -339,4 +340,179 @@ Test(release, bad_inputs_name_the_file_and_the_tensor)
     cr_assert_eq(unlink(path), 0);
     refused(d, "model-00003-of-00004.safetensors", d);
     rm_model(d);
+}
+
+/* --- pdmoe convert: release -> W8A8 --- */
+
+static void convert_to(char *out, size_t n, struct pd_convert_stats *st)
+{
+    snprintf(out, n, "/tmp/pdmoe-converted-XXXXXX");
+    cr_assert_not_null(mkdtemp(out));
+    struct pd_convert_opts o = {.in_dir = rel, .out_dir = out};
+    pd_err e = {0};
+    cr_assert_eq(pd_convert(&o, st, &e), 0, "%s", e.msg);
+}
+
+Test(release, converted_gives_the_releases_tokens_and_bytes)
+{
+    /* convert writes the int8 the engine makes of the release at load: the same logits to the
+     * bit, so the same tokens; and plan --checkpoint on it counts what the engine loads */
+    char out[64];
+    struct pd_convert_stats st;
+    convert_to(out, sizeof out, &st);
+    cr_assert_eq(st.shards, 4);
+    cr_assert_eq(st.converted, 4);
+    cr_assert_eq(st.skipped, 0);
+    cr_assert_gt(st.matrices, 0);
+    cr_assert_lt(st.max_rel_err, 0.5 / 127 * 1.0001, "an int8 row rounds within half a step of its max: %g",
+                 st.max_rel_err);
+    struct pd_st_set s;
+    pd_err e = {0};
+    cr_assert_eq(pd_st_open_dir(out, 0, &s, &e), 0, "%s", e.msg);
+    const struct pd_st_tensor *w = pd_st_set_find(&s, "layers.1.ffn.experts.3.w1.weight");
+    const struct pd_st_tensor *sc = pd_st_set_find(&s, "layers.1.ffn.experts.3.w1.weight_scale");
+    cr_assert(w && sc);
+    cr_assert_eq(w->dtype, PD_ST_I8);
+    cr_assert_eq(w->shape[1], 64, "unpacked to [32, 64]");
+    cr_assert_eq(sc->dtype, PD_ST_F32);
+    cr_assert_null(pd_st_set_find(&s, "layers.1.ffn.experts.3.w1.scale"));
+    pd_st_close_dir(&s);
+
+    struct pd_engine r, c;
+    open_dir(&r, rel, 0);
+    open_dir(&c, out, 0);
+    const int G = 12, V = (int)r.model.vocab_size;
+    float *lr = malloc((size_t)G * V * 4), *lc = malloc((size_t)G * V * 4);
+    int32_t ids[20], a[12], b[12];
+    for (int i = 0; i < 20; i++)
+        ids[i] = (int32_t)((i * 71 + 3) % 500);
+    greedy(&r, ids, 20, G, a, lr);
+    greedy(&c, ids, 20, G, b, lc);
+    cr_assert_eq(memcmp(a, b, sizeof a), 0, "the converted checkpoint chose other tokens");
+    cr_assert_eq(memcmp(lr, lc, (size_t)G * V * 4), 0, "the converted checkpoint's logits differ");
+    free(lr);
+    free(lc);
+    pd_engine_close(&r);
+
+    struct pd_plan p;
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    o.checkpoint = out;
+    o.role[0] = (struct pd_role_opts){.dp = 4, .tp = 1, .instances = 1};
+    o.role[1] = (struct pd_role_opts){.dp = 4, .tp = 1, .instances = 1};
+    cr_assert_eq(pd_plan_build(&o, &p, &e), 0, "%s", e.msg);
+    cr_assert_eq(p.inv.n_unclassed, 0, "%s", p.inv.unclassed[0]);
+    cr_assert_eq(c.w.loaded_bytes[0], p.inv.class_bytes[PD_CLASS_I]);
+    cr_assert_eq(c.w.loaded_bytes[1], p.inv.class_bytes[PD_CLASS_II]);
+    pd_plan_free(&p);
+    pd_engine_close(&c);
+    rm_model(out);
+}
+
+Test(release, convert_restarts_per_shard)
+{
+    /* a second run verifies and keeps every shard; a damaged shard (one int8 byte changed) fails
+     * its verification and is converted again; a leftover .partial is replaced */
+    char out[64], path[256];
+    struct pd_convert_stats st;
+    convert_to(out, sizeof out, &st);
+    struct pd_convert_opts o = {.in_dir = rel, .out_dir = out};
+    pd_err e = {0};
+    cr_assert_eq(pd_convert(&o, &st, &e), 0, "%s", e.msg);
+    cr_assert_eq(st.skipped, 4);
+    cr_assert_eq(st.converted, 0);
+
+    snprintf(path, sizeof path, "%s/model-00002-of-00004.safetensors", out);
+    struct pd_st_file f;
+    cr_assert_eq(pd_st_open(path, PD_ST_HEADER_ONLY, &f, &e), 0, "%s", e.msg);
+    uint64_t at = 0;
+    for (size_t i = 0; i < f.n && !at; i++)
+        if (f.tensors[i].dtype == PD_ST_I8)
+            at = 8 + f.header_len + f.tensors[i].begin + 5;
+    pd_st_close(&f);
+    cr_assert_neq(at, 0);
+    FILE *fp = fopen(path, "r+b");
+    cr_assert_not_null(fp);
+    fseek(fp, (long)at, SEEK_SET);
+    int ch = fgetc(fp);
+    fseek(fp, (long)at, SEEK_SET);
+    fputc((ch + 64) & 255, fp);
+    fclose(fp);
+    snprintf(path, sizeof path, "%s/model-00003-of-00004.safetensors.partial", out);
+    fp = fopen(path, "wb");
+    fputs("interrupted", fp);
+    fclose(fp);
+
+    cr_assert_eq(pd_convert(&o, &st, &e), 0, "%s", e.msg);
+    cr_assert_eq(st.converted, 1, "the damaged shard is converted again");
+    cr_assert_eq(st.skipped, 3);
+    cr_assert_neq(access(path, F_OK), 0, "no .partial left");
+    cr_assert_eq(pd_convert(&o, &st, &e), 0, "%s", e.msg);
+    cr_assert_eq(st.skipped, 4, "the reconverted shard verifies");
+    rm_model(out);
+}
+
+Test(release, convert_refuses_bad_inputs_by_file_and_tensor)
+{
+    char d[64], out[64];
+    struct pd_convert_stats st;
+    pd_err e = {0};
+    mutated_copy(d, sizeof d, "layers.2.attn.wo_a.scale", NULL, PD_ST_F32, 0, 0);
+    snprintf(out, sizeof out, "/tmp/pdmoe-converted-XXXXXX");
+    cr_assert_not_null(mkdtemp(out));
+    struct pd_convert_opts o = {.in_dir = d, .out_dir = out};
+    cr_assert_neq(pd_convert(&o, &st, &e), 0);
+    cr_assert(strstr(e.msg, "layers.2.attn.wo_a.scale") && strstr(e.msg, "-of-0000"), "%s", e.msg);
+    rm_model(d);
+    /* NaN scales (e8m0 byte 255) in one expert */
+    mutated_copy(d, sizeof d, NULL, NULL, PD_ST_F32, 0, 0);
+    o.in_dir = d;
+    struct pd_st_set s;
+    cr_assert_eq(pd_st_open_dir(d, 0, &s, &e), 0, "%s", e.msg);
+    const char *victim = "layers.3.ffn.experts.2.w3.scale";
+    char fpath[256] = "";
+    uint64_t at = 0;
+    for (size_t i = 0; i < s.nfiles; i++) {
+        const struct pd_st_tensor *t = pd_st_find(&s.files[i], victim);
+        if (t) {
+            snprintf(fpath, sizeof fpath, "%s", s.files[i].path);
+            at = 8 + s.files[i].header_len + t->begin;
+        }
+    }
+    pd_st_close_dir(&s);
+    FILE *fp = fopen(fpath, "r+b");
+    cr_assert_not_null(fp, "%s", victim);
+    fseek(fp, (long)at, SEEK_SET);
+    for (int i = 0; i < 64; i++)
+        fputc(255, fp);
+    fclose(fp);
+    cr_assert_neq(pd_convert(&o, &st, &e), 0);
+    cr_assert(strstr(e.msg, "layers.3.ffn.experts.2.w3.weight") && strstr(e.msg, "NaN"), "%s", e.msg);
+    rm_model(d);
+    rm_model(out);
+    /* a quantization other than w8a8 is refused by the CLI (tests/cli) */
+}
+
+Test(release, convert_cli_refuses_what_it_does_not_do)
+{
+    /* the command line: an unimplemented --quantization is refused by name, flags are required */
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char cmd[512], buf[512];
+    struct { const char *args, *want; } c[] = {
+        {"--checkpoint %s --quantization int4 --out /tmp/pdmoe-never", "--quantization \"int4\""},
+        {"--checkpoint %s --out /tmp/pdmoe-never", "--quantization w8a8"},
+        {"--checkpoint %s --quantization w8a8 --out %s", "checkpoint's own directory"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        char args[256];
+        snprintf(args, sizeof args, c[i].args, rel, rel);
+        snprintf(cmd, sizeof cmd, "%s convert %s 2>&1", bin, args);
+        FILE *p = popen(cmd, "r");
+        cr_assert_not_null(p);
+        size_t n = fread(buf, 1, sizeof buf - 1, p);
+        buf[n] = 0;
+        int st = pclose(p);
+        cr_assert_neq(st, 0, "%s succeeded", cmd);
+        cr_assert(strstr(buf, c[i].want), "%s: \"%s\" lacks %s", cmd, buf, c[i].want);
+    }
 }
