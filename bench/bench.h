@@ -11,6 +11,7 @@ int pd_bench_soak(int argc, char **argv);
 int pd_bench_transfer(int argc, char **argv);
 int pd_bench_search(int argc, char **argv);
 int pd_bench_tokenizer(int argc, char **argv);
+int pd_bench_convert(int argc, char **argv);
 
 #include <stddef.h>
 

@@ -26,6 +26,8 @@ static const struct {
      "       pdmoe bench transfer --serve HOST:PORT [--timeout S] [--tls LIST] [--json]   (producer, one host)\n"
      "       pdmoe bench transfer --peer HOST:PORT [--tokens N,N,...] [--reps N] [--tls LIST] [--json]   (consumer)",
      "the KV hand-off against one contiguous UCX get of the same bytes, and its share of TTFT; or across hosts"},
+    {"convert", pd_bench_convert, "[--checkpoint DIR | --preset P] [--quick] [--json]",
+     "pdmoe convert of a release checkpoint against memcpy bandwidth, its peak RSS, FP4->int8 options' errors"},
     {"search", pd_bench_search, "[--quick]", "layout search speed against the 1 s target"},
     {"tokenizer", pd_bench_tokenizer, "[--quick] [--json] [--tokenizer FILE]",
      "tokenizer encode speed on PCRE2 against the reference backtracking matcher, ids compared"},

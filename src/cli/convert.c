@@ -90,13 +90,26 @@ int pd_cli_convert(int argc, char **argv)
         return 1;
     }
     double el = pd_now_s() - b.t0;
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
+    /* VmHWM: this process's own peak since exec (getrusage's ru_maxrss can carry the peak of
+     * the process that started it across exec) */
+    double hwm_kib = -1;
+    FILE *sf = fopen("/proc/self/status", "r");
+    char line[256];
+    while (sf && fgets(line, sizeof line, sf))
+        if (sscanf(line, "VmHWM: %lf kB", &hwm_kib) == 1)
+            break;
+    if (sf)
+        fclose(sf);
+    if (hwm_kib < 0) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        hwm_kib = (double)ru.ru_maxrss;
+    }
     fprintf(stderr,
             "pdmoe convert: wrote %s: %d shards (%d converted, %d kept from an earlier run), %lld tensors, %lld matrices "
             "to int8, %.3f GB read, %.3f GB written in %.1f s (%.3f GB/s); max row error %.4f of the row's max |w|; "
             "peak RSS %.1f MiB\n",
             out, st.shards, st.converted, st.skipped, (long long)st.tensors, (long long)st.matrices, st.in_bytes / 1e9,
-            st.out_bytes / 1e9, el, el > 0 ? st.in_bytes / 1e9 / el : 0, st.max_rel_err, ru.ru_maxrss / 1024.0);
+            st.out_bytes / 1e9, el, el > 0 ? st.in_bytes / 1e9 / el : 0, st.max_rel_err, hwm_kib / 1024.0);
     return 0;
 }
