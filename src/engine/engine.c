@@ -48,7 +48,7 @@ int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err 
     if (m->index_head_dim > 0 && (m->index_head_dim & (m->index_head_dim - 1)))
         return pd_err_set(e, PD_EINVAL, "%s: index_head_dim %d must be a power of two (the indexer's Hadamard rotation)",
                           o->dir, m->index_head_dim);
-    if ((rc = pd_weights_load(&en->w, m, o->dir, o->has_expert, e)))
+    if ((rc = pd_weights_load_ref(&en->w, m, o->dir, o->has_expert, o->ref, e)))
         return rc;
     int64_t max_len = o->max_model_len > 0 ? o->max_model_len : 4096;
     int max_seqs = o->max_seqs > 0 ? o->max_seqs : 16;

@@ -97,6 +97,12 @@ static void prefault(const void *p, size_t n)
 int pd_linear_load(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
                    int out, int in, pd_err *e)
 {
+    return pd_linear_load_ref(l, st, a, name, out, in, 0, e);
+}
+
+int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
+                       int out, int in, int ref, pd_err *e)
+{
     memset(l, 0, sizeof *l);
     l->out = out;
     l->in = in;
@@ -108,6 +114,15 @@ int pd_linear_load(struct pd_linear *l, const struct pd_st_set *st, struct pd_ar
     int rc = pd_release_find(st, name, out, in, &rm, e);
     if (rc)
         return rc;
+    if (rm.fmt != PD_RELEASE_NONE && ref) {
+        float *f = pd_arena_alloc(a, (size_t)out * in * sizeof *f);
+        if (!f)
+            return pd_err_set(e, PD_ENOMEM, "checkpoint: out of memory decoding \"%s\"", name);
+        for (int r = 0; r < out; r++)
+            pd_release_decode_row(rm.fmt, rm.w->data, rm.s->data, out, in, r, f + (size_t)r * in);
+        l->f = f;
+        return 0;
+    }
     if (rm.fmt != PD_RELEASE_NONE) {
         int8_t *q = pd_arena_alloc(a, (size_t)out * in);
         float *s = pd_arena_alloc(a, (size_t)out * sizeof *s);

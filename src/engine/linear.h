@@ -24,6 +24,10 @@ struct pd_arena;
  * scale per row. Converted copies are allocated from the arena. */
 int pd_linear_load(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
                    int out, int in, pd_err *e);
+/* The same; with ref = 1 a release FP8/FP4 matrix is kept as its exact fp32 values (l->f): the
+ * float reference of the release itself rather than of its int8 conversion. */
+int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
+                       int out, int in, int ref, pd_err *e);
 
 /* y[t] = W x[t] for t < T.  x: [T, in], y: [T, out]. `qbuf` must hold T*in bytes and
  * `sbuf` T floats (the quantised activations). ref = 1: float reference. */

@@ -23,14 +23,13 @@ static int lin(struct pd_weights *w, struct pd_linear *l, const char *pfx, const
 {
     char name[160], sname[170];
     snprintf(name, sizeof name, "%s%s", pfx, suffix);
-    int rc = pd_linear_load(l, &w->st, &w->arena, name, (int)out, (int)in, e);
+    int rc = pd_linear_load_ref(l, &w->st, &w->arena, name, (int)out, (int)in, w->ref, e);
     if (rc == 0) {
         acct(w, name);
         snprintf(sname, sizeof sname, "%s_scale", name);
-        if (l->q.q) {
+        if (l->q.q)
             acct(w, sname);
-            acct(w, pd_release_scale_name(name, sname, sizeof sname));   /* the release's FP8/FP4 scale */
-        }
+        acct(w, pd_release_scale_name(name, sname, sizeof sname));   /* the release's FP8/FP4 scale, if any */
     }
     return rc;
 }
@@ -162,8 +161,15 @@ static int layer(struct pd_weights *w, struct pd_layer_w *L, int l, const unsign
 int pd_weights_load(struct pd_weights *w, const struct pd_model *m, const char *dir,
                     const unsigned char *has_expert, pd_err *e)
 {
+    return pd_weights_load_ref(w, m, dir, has_expert, 0, e);
+}
+
+int pd_weights_load_ref(struct pd_weights *w, const struct pd_model *m, const char *dir,
+                        const unsigned char *has_expert, int ref, pd_err *e)
+{
     memset(w, 0, sizeof *w);
     w->m = m;
+    w->ref = ref;
     if (m->arch != PD_ARCH_DEEPSEEK_V4)
         return pd_err_set(e, PD_EINVAL, "%s: the engine runs deepseek_v4 models, this is %s", dir,
                           pd_model_arch_name(m->arch));
@@ -187,7 +193,7 @@ int pd_weights_load(struct pd_weights *w, const struct pd_model *m, const char *
     }
     memset(w->layers, 0, (size_t)m->n_layers * sizeof *w->layers);
     if (m->tie_word_embeddings)
-        rc = pd_linear_load(&w->head, &w->st, &w->arena, "embed.weight", (int)m->vocab_size, (int)H, e);
+        rc = pd_linear_load_ref(&w->head, &w->st, &w->arena, "embed.weight", (int)m->vocab_size, (int)H, ref, e);
     else
         rc = lin(w, &w->head, "", "head.weight", m->vocab_size, H, e);
     if (rc)

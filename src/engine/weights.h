@@ -71,6 +71,7 @@ struct pd_weights {
     struct pd_mtp_w mtp;               /* loaded when the checkpoint has it; not run yet */
     int has_mtp;
     int cur_class;                     /* class of the tensors being loaded: 0 = I, 1 = II */
+    int ref;                           /* release matrices kept fp32 (the float reference) */
     int64_t loaded_bytes[2];           /* checkpoint bytes loaded: [0] routed experts, [1] the rest */
 };
 
@@ -78,6 +79,10 @@ struct pd_weights {
  * experts this process holds (expert parallelism). */
 int pd_weights_load(struct pd_weights *w, const struct pd_model *m, const char *dir,
                     const unsigned char *has_expert, pd_err *e);
+/* The same; ref = 1 (the engine's float reference) keeps a release's FP8/FP4 matrices as their
+ * exact fp32 values instead of converting them to int8. */
+int pd_weights_load_ref(struct pd_weights *w, const struct pd_model *m, const char *dir,
+                        const unsigned char *has_expert, int ref, pd_err *e);
 void pd_weights_free(struct pd_weights *w);
 
 #endif
