@@ -615,8 +615,19 @@ static int open_index(const char *dir, const char *idx, int flags, struct pd_st_
         assert((size_t)json_integer_value(v) == s->nfiles);
         rc = pd_st_open(path, flags, &s->files[s->nfiles], e);
         free(path);
-        if (rc)
+        if (rc) {
+            /* say which tensor needed it: the first the index maps to this shard */
+            const char *tn;
+            json_t *tv;
+            json_object_foreach(wm, tn, tv) {
+                if (strcmp(json_string_value(tv), name) == 0) {
+                    size_t k = strlen(e->msg);
+                    snprintf(e->msg + k, sizeof e->msg - k, " (the shard %s names for tensor \"%s\")", idx, shown(nm, tn));
+                    break;
+                }
+            }
             goto out;
+        }
         s->nfiles++;
     }
 

@@ -350,7 +350,7 @@ Test(release, bad_inputs_name_the_file_and_the_tensor)
     mutated_copy(d, sizeof d, NULL, NULL, PD_ST_F32, 0, 0);
     snprintf(path, sizeof path, "%s/model-00003-of-00004.safetensors", d);
     cr_assert_eq(unlink(path), 0);
-    refused(d, "model-00003-of-00004.safetensors", d);
+    refused(d, "model-00003-of-00004.safetensors", "for tensor \"");
     rm_model(d);
 }
 
