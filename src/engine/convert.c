@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { CHUNK = 4 << 20 };
+enum { CHUNK = 4 << 20, DROP_EVERY = 32 << 20 };
 
 /* One output of a shard: a tensor copied, or a release matrix converted into two tensors
  * (int8 weight [out, in], then fp32 weight_scale [out]). */
@@ -34,6 +34,16 @@ static void drop(const void *p, size_t n)
     uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a0 = (uintptr_t)p & ~(pg - 1);
     uintptr_t a1 = ((uintptr_t)p + n + pg - 1) & ~(pg - 1);
     (void)madvise((void *)a0, a1 - a0, MADV_DONTNEED);
+}
+
+/* Drops every page of every source shard this process has resident: done after each tensor
+ * once enough source bytes have passed, it bounds what the mapping holds whatever the per-range
+ * drops miss (the kernel maps pages around each fault, scales are read across rows). */
+static void drop_all(const struct pd_st_set *set)
+{
+    for (size_t i = 0; i < set->nfiles; i++)
+        if (set->files[i].map)
+            (void)madvise(set->files[i].map, set->files[i].file_size, MADV_DONTNEED);
 }
 
 static const char *base_name(const char *path)
@@ -205,7 +215,7 @@ static const uint8_t *src_row(const struct pd_release_mat *m, int r)
 }
 
 /* Checks item x as stored in fd at data offset base + x->off against its source. */
-static int verify_item(int fd, uint64_t base, const struct item *x, const char *path, float *row, int8_t *q, float *scales,
+static int verify_item(int fd, uint64_t base, const struct item *x, const char *path, float *row, float *scales,
                        char *chunk, double *max_rel, pd_err *e)
 {
     if (x->rm.fmt == PD_RELEASE_NONE) {
@@ -226,20 +236,26 @@ static int verify_item(int fd, uint64_t base, const struct item *x, const char *
     if (pread_all(fd, scales, (size_t)m->out * 4, soff))
         return pd_err_set(e, PD_EIO, "%s: cannot read back tensor \"%s\"", path, x->scale_name);
     int per = rows_per_drop(m);
+    /* the int8 rows come back in blocks of up to CHUNK bytes, one pread each */
+    const int blk = CHUNK / m->in > 0 ? CHUNK / m->in : 1;
     for (int r = 0; r < m->out; r++) {
         pd_release_decode_row(m->fmt, m->w->data, m->s->data, m->out, m->in, r, row);
-        if (pread_all(fd, q, (size_t)m->in, qoff + (uint64_t)r * m->in))
-            return pd_err_set(e, PD_EIO, "%s: cannot read back tensor \"%s\"", path, x->src->name);
+        if (r % blk == 0) {
+            int nr = m->out - r < blk ? m->out - r : blk;
+            if (pread_all(fd, chunk, (size_t)nr * m->in, qoff + (uint64_t)r * m->in))
+                return pd_err_set(e, PD_EIO, "%s: cannot read back tensor \"%s\"", path, x->src->name);
+        }
+        const int8_t *qr = (const int8_t *)chunk + (size_t)(r % blk) * m->in;
         float s = scales[r], amax = 0, err = 0;
         if (!(s >= 0) || !isfinite(s))
             return pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" row %d has scale %g", path, x->scale_name, r, s);
         for (int c = 0; c < m->in; c++) {
-            float d = fabsf((float)q[c] * s - row[c]);
+            float d = fabsf((float)qr[c] * s - row[c]);
             amax = fmaxf(amax, fabsf(row[c]));
             err = fmaxf(err, d);
-            if (q[c] == -128 || d > s * 0.5f * (1 + 1e-5f) + 1e-30f)
+            if (qr[c] == -128 || d > s * 0.5f * (1 + 1e-5f) + 1e-30f)
                 return pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" row %d column %d: %d x %g does not round %g", path,
-                                  x->src->name, r, c, q[c], s, row[c]);
+                                  x->src->name, r, c, qr[c], s, row[c]);
         }
         if (amax > 0 && err / amax > *max_rel)
             *max_rel = err / amax;
@@ -378,10 +394,16 @@ static int convert_shard(const struct pd_convert_opts *o, const struct pd_st_set
         int fd = open(path, O_RDONLY);
         int rc = fd < 0;
         double mr = st->max_rel_err;
+        uint64_t since = 0;
         for (size_t i = 0; i < n && !rc; i++) {
             pd_err ve = {0};
-            rc = verify_item(fd, start, &it[i], path, bf->row, bf->q, bf->scales, bf->chunk, &mr, &ve);
+            rc = verify_item(fd, start, &it[i], path, bf->row, bf->scales, bf->chunk, &mr, &ve);
+            if ((since += src_bytes(&it[i])) >= DROP_EVERY) {
+                drop_all(set);
+                since = 0;
+            }
         }
+        drop_all(set);
         if (fd >= 0)
             close(fd);
         if (!rc) {
@@ -412,8 +434,13 @@ static int convert_shard(const struct pd_convert_opts *o, const struct pd_st_set
     wput(&w, h, hlen);
     free(h);
     int rc = 0;
+    uint64_t since = 0;
     for (size_t i = 0; i < n && !rc && !w.err; i++) {
         rc = write_item(&w, &it[i], bf->row, bf->q, bf->scales, e);
+        if ((since += src_bytes(&it[i])) >= DROP_EVERY) {
+            drop_all(set);
+            since = 0;
+        }
         st->tensors += it[i].rm.fmt == PD_RELEASE_NONE ? 1 : 2;
         st->matrices += it[i].rm.fmt != PD_RELEASE_NONE;
         pg->done += src_bytes(&it[i]);
@@ -428,8 +455,16 @@ static int convert_shard(const struct pd_convert_opts *o, const struct pd_st_set
     char *vchunk = malloc(CHUNK);
     if (!rc && !vchunk)
         rc = pd_err_set(e, PD_ENOMEM, "%s: out of memory", part);
-    for (size_t i = 0; i < n && !rc; i++)
-        rc = verify_item(fd, 8 + hlen, &it[i], part, bf->row, bf->q, bf->scales, vchunk, &st->max_rel_err, e);
+    drop_all(set);
+    since = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        rc = verify_item(fd, 8 + hlen, &it[i], part, bf->row, bf->scales, vchunk, &st->max_rel_err, e);
+        if ((since += src_bytes(&it[i])) >= DROP_EVERY) {
+            drop_all(set);
+            since = 0;
+        }
+    }
+    drop_all(set);
     free(vchunk);
     if (!rc && fsync(fd))
         rc = pd_err_set(e, PD_EIO, "%s: fsync: %s", part, strerror(errno));
