@@ -528,3 +528,74 @@ Test(release, convert_cli_refuses_what_it_does_not_do)
         cr_assert(strstr(buf, c[i].want), "%s: \"%s\" lacks %s", cmd, buf, c[i].want);
     }
 }
+
+Test(release, convert_memory_does_not_grow_with_the_checkpoint, .timeout = 300)
+{
+    /* A 544 MiB checkpoint (a 512 MiB bf16 tensor to copy, a 32 MiB FP8 matrix to convert; the
+     * data sparse, so writing it costs nothing): `pdmoe convert` peaks at a quarter of it at most
+     * (it reports its VmHWM; about 35 MiB measured without sanitizers). */
+    char d[64], out[64], path[256];
+    snprintf(d, sizeof d, "/tmp/pdmoe-big-release-XXXXXX");
+    cr_assert_not_null(mkdtemp(d));
+    const int64_t R = 2048, C = 16384, BR = 16384, BC = 16384;   /* FP8 [R, C]; bf16 [BR, BC] */
+    const uint64_t nscale = (uint64_t)(R / 128) * (C / 128), nfp8 = (uint64_t)R * C, nbf = (uint64_t)BR * BC * 2;
+    char hdr[1024];
+    int hl = snprintf(hdr, sizeof hdr,
+                      "{\"big.scale\":{\"dtype\":\"F8_E8M0\",\"shape\":[%lld,%lld],\"data_offsets\":[0,%llu]},"
+                      "\"big.weight\":{\"dtype\":\"F8_E4M3\",\"shape\":[%lld,%lld],\"data_offsets\":[%llu,%llu]},"
+                      "\"emb.weight\":{\"dtype\":\"BF16\",\"shape\":[%lld,%lld],\"data_offsets\":[%llu,%llu]}}",
+                      (long long)(R / 128), (long long)(C / 128), (unsigned long long)nscale, (long long)R, (long long)C,
+                      (unsigned long long)nscale, (unsigned long long)(nscale + nfp8), (long long)BR, (long long)BC,
+                      (unsigned long long)(nscale + nfp8), (unsigned long long)(nscale + nfp8 + nbf));
+    while (hl % 8)
+        hdr[hl++] = ' ';
+    snprintf(path, sizeof path, "%s/model.safetensors", d);
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    uint64_t le = (uint64_t)hl;
+    cr_assert_eq(fwrite(&le, 8, 1, f), 1);
+    cr_assert_eq(fwrite(hdr, 1, (size_t)hl, f), (size_t)hl);
+    for (uint64_t i = 0; i < nscale; i++)
+        fputc(127 - 8, f);   /* scale 2^-8 */
+    /* the FP8 values: one row of nonzero codes per 64, the rest (and the bf16 tensor) sparse zeros */
+    for (int64_t r = 0; r < R; r += 64) {
+        fseek(f, (long)(8 + hl + nscale + (uint64_t)r * C), SEEK_SET);
+        for (int64_t c = 0; c < C; c++)
+            fputc((int)((r + c * 7) % 0x7E), f);
+    }
+    cr_assert_eq(fclose(f), 0);
+    cr_assert_eq(truncate(path, (off_t)(8 + hl + nscale + nfp8 + nbf)), 0);
+    snprintf(path, sizeof path, "%s/config.json", d);
+    f = fopen(path, "w");
+    fputs("{\"quantization_config\": {\"quant_method\": \"fp8\"}}\n", f);
+    fclose(f);
+
+    snprintf(out, sizeof out, "/tmp/pdmoe-big-converted-XXXXXX");
+    cr_assert_not_null(mkdtemp(out));
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char cmd[512], line[1024];
+    snprintf(cmd, sizeof cmd, "%s convert --checkpoint %s --quantization w8a8 --out %s 2>&1", bin, d, out);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    double rss = -1;
+    while (fgets(line, sizeof line, p)) {
+        const char *k = strstr(line, "peak RSS ");
+        if (k)
+            rss = atof(k + 9);
+    }
+    cr_assert_eq(pclose(p), 0, "%s failed", cmd);
+    double total_mib = (double)(8 + hl + nscale + nfp8 + nbf) / 1048576.0;
+    cr_log_info("convert of a %.0f MiB checkpoint: peak RSS %.1f MiB", total_mib, rss);
+    cr_assert_gt(rss, 0, "no peak RSS reported");
+    cr_assert_lt(rss, total_mib / 4, "peak RSS %.1f MiB for a %.0f MiB checkpoint", rss, total_mib);
+    /* and it converted: the matrix is int8 with a scale per row */
+    struct pd_st_set s;
+    pd_err e = {0};
+    cr_assert_eq(pd_st_open_dir(out, PD_ST_HEADER_ONLY, &s, &e), 0, "%s", e.msg);
+    const struct pd_st_tensor *w = pd_st_set_find(&s, "big.weight"), *sc = pd_st_set_find(&s, "big.weight_scale");
+    cr_assert(w && sc && w->dtype == PD_ST_I8 && sc->shape[0] == R);
+    cr_assert_null(pd_st_set_find(&s, "big.scale"));
+    pd_st_close_dir(&s);
+    rm_model(d);
+    rm_model(out);
+}
