@@ -249,14 +249,17 @@ static int verify_item(int fd, uint64_t base, const struct item *x, const char *
         float s = scales[r], amax = 0, err = 0;
         if (!(s >= 0) || !isfinite(s))
             return pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" row %d has scale %g", path, x->scale_name, r, s);
+        const float tol = s * 0.5f * (1 + 1e-5f) + 1e-30f;
+        int bad = -1;
         for (int c = 0; c < m->in; c++) {
-            float d = fabsf((float)qr[c] * s - row[c]);
-            amax = fmaxf(amax, fabsf(row[c]));
-            err = fmaxf(err, d);
-            if (qr[c] == -128 || d > s * 0.5f * (1 + 1e-5f) + 1e-30f)
-                return pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" row %d column %d: %d x %g does not round %g", path,
-                                  x->src->name, r, c, qr[c], s, row[c]);
+            float d = fabsf((float)qr[c] * s - row[c]), a = fabsf(row[c]);
+            amax = a > amax ? a : amax;
+            err = d > err ? d : err;
+            bad = bad < 0 && (qr[c] == -128 || !(d <= tol)) ? c : bad;
         }
+        if (bad >= 0)
+            return pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" row %d column %d: %d x %g does not round %g", path,
+                              x->src->name, r, bad, qr[bad], s, row[bad]);
         if (amax > 0 && err / amax > *max_rel)
             *max_rel = err / amax;
         if ((r + 1) % per == 0 || r + 1 == m->out) {

@@ -5,6 +5,7 @@
 #include "kernels/quant.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,10 +73,24 @@ void pd_release_fp4_encode(const float *w, int out, int in, uint8_t *q, uint8_t 
     }
 }
 
+/* The decoders' values by code, filled once from pd_e4m3_decode and pd_e2m1_decode (the one
+ * decoder of each format): a table lookup per value in the loops below. */
+static float e4m3_tab[256], e2m1_tab[16];
+static pthread_once_t tab_once = PTHREAD_ONCE_INIT;
+
+static void tab_init(void)
+{
+    for (int c = 0; c < 256; c++)
+        e4m3_tab[c] = pd_e4m3_decode((uint8_t)c);
+    for (int c = 0; c < 16; c++)
+        e2m1_tab[c] = pd_e2m1_decode((uint8_t)c);
+}
+
 void pd_release_decode_row(enum pd_release_fmt f, const uint8_t *q, const uint8_t *s, int out, int in, int r,
                            float *row)
 {
     (void)out;
+    pthread_once(&tab_once, tab_init);
     if (f == PD_RELEASE_FP8) {
         const int B = PD_RELEASE_FP8_BLOCK, sc = (in + B - 1) / B;
         const uint8_t *qr = q + (size_t)r * in, *sr = s + (size_t)(r / B) * sc;
@@ -83,7 +98,7 @@ void pd_release_decode_row(enum pd_release_fmt f, const uint8_t *q, const uint8_
             float sv = pd_ue8m0_value(sr[c0 / B]);
             int c1 = c0 + B < in ? c0 + B : in;
             for (int c = c0; c < c1; c++)
-                row[c] = pd_e4m3_decode(qr[c]) * sv;
+                row[c] = e4m3_tab[qr[c]] * sv;
         }
     } else {
         const int G = PD_RELEASE_FP4_BLOCK, sc = (in + G - 1) / G;
@@ -93,8 +108,8 @@ void pd_release_decode_row(enum pd_release_fmt f, const uint8_t *q, const uint8_
             int c1 = c0 + G < in ? c0 + G : in;
             /* byte j holds column 2j in its low nibble, 2j + 1 in its high one */
             for (int c = c0; c < c1; c += 2) {
-                row[c] = pd_e2m1_decode(qr[c / 2] & 15) * sv;
-                row[c + 1] = pd_e2m1_decode(qr[c / 2] >> 4) * sv;
+                row[c] = e2m1_tab[qr[c / 2] & 15] * sv;
+                row[c + 1] = e2m1_tab[qr[c / 2] >> 4] * sv;
             }
         }
     }
