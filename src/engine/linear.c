@@ -55,7 +55,7 @@ float *pd_load_f32(const struct pd_st_set *st, struct pd_arena *a, const char *n
         return NULL;
     }
     if (numel_of(t) != numel) {
-        pd_err_set(e, PD_EFORMAT, "checkpoint: tensor \"%s\" has %lld values, the config needs %lld", name,
+        pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" has %lld values, the config needs %lld", pd_st_set_path_of(st, t), name,
                    (long long)numel_of(t), (long long)numel);
         return NULL;
     }
@@ -69,7 +69,7 @@ float *pd_load_f32(const struct pd_st_set *st, struct pd_arena *a, const char *n
     } else if (t->dtype == PD_ST_BF16) {
         pd_bf16_row(t->data, f, (size_t)numel);
     } else {
-        pd_err_set(e, PD_EFORMAT, "checkpoint: tensor \"%s\" is %s, expected F32 or BF16", name,
+        pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" is %s, expected F32 or BF16", pd_st_set_path_of(st, t), name,
                    pd_st_dtype_name(t->dtype));
         return NULL;
     }
@@ -134,8 +134,8 @@ int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct p
         return 0;
     }
     if (t->ndim != 2 || t->shape[0] != out || t->shape[1] != in)
-        return pd_err_set(e, PD_EFORMAT, "checkpoint: tensor \"%s\" has shape [%lld, %lld], the config needs [%d, %d]",
-                          name, (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0), out, in);
+        return pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" has shape [%lld, %lld], the config needs [%d, %d]",
+                          pd_st_set_path_of(st, t), name, (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0), out, in);
     if (t->dtype != PD_ST_I8) {
         l->f = pd_load_f32(st, a, name, (int64_t)out * in, e);
         return l->f ? 0 : e->code;

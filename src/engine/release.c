@@ -115,15 +115,6 @@ void pd_release_decode_row(enum pd_release_fmt f, const uint8_t *q, const uint8_
     }
 }
 
-/* The file holding tensor t of the set, for error messages. */
-static const char *file_of(const struct pd_st_set *st, const struct pd_st_tensor *t)
-{
-    for (size_t i = 0; i < st->nfiles; i++)
-        if (t >= st->files[i].tensors && t < st->files[i].tensors + st->files[i].n)
-            return st->files[i].path;
-    return "checkpoint";
-}
-
 static int shape_is(const struct pd_st_tensor *t, int64_t a, int64_t b)
 {
     return t->ndim == 2 && t->shape[0] == a && t->shape[1] == b;
@@ -149,7 +140,7 @@ int pd_release_find(const struct pd_st_set *st, const char *name, int out, int i
     m->s = s;
     m->out = out;
     m->in = in;
-    const char *wf = file_of(st, w);
+    const char *wf = pd_st_set_path_of(st, w);
     if (m->fmt == PD_RELEASE_FP8 && !shape_is(w, out, in))
         return pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" (F8_E4M3) has shape [%lld, %lld], the config needs [%d, %d]",
                           wf, name, (long long)w->shape[0], (long long)(w->ndim > 1 ? w->shape[1] : 0), out, in);
@@ -163,11 +154,11 @@ int pd_release_find(const struct pd_st_set *st, const char *name, int out, int i
     int64_t sr, sc;
     pd_release_scale_shape(m->fmt, out, in, &sr, &sc);
     if (s->dtype != PD_ST_F8_E8M0)
-        return pd_err_set(e, PD_EFORMAT, "%s: scale tensor \"%s\" is %s, expected F8_E8M0", file_of(st, s), sname,
+        return pd_err_set(e, PD_EFORMAT, "%s: scale tensor \"%s\" is %s, expected F8_E8M0", pd_st_set_path_of(st, s), sname,
                           pd_st_dtype_name(s->dtype));
     if (!shape_is(s, sr, sc))
         return pd_err_set(e, PD_EFORMAT, "%s: scale tensor \"%s\" has shape [%lld, %lld], %s [%d, %d] needs [%lld, %lld]",
-                          file_of(st, s), sname, (long long)s->shape[0], (long long)(s->ndim > 1 ? s->shape[1] : 0),
+                          pd_st_set_path_of(st, s), sname, (long long)s->shape[0], (long long)(s->ndim > 1 ? s->shape[1] : 0),
                           name, out, in, (long long)sr, (long long)sc);
     return 0;
 }

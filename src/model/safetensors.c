@@ -811,3 +811,11 @@ out:
     free(js);
     return rc;
 }
+
+const char *pd_st_set_path_of(const struct pd_st_set *s, const struct pd_st_tensor *t)
+{
+    for (size_t i = 0; i < s->nfiles; i++)
+        if (t >= s->files[i].tensors && t < s->files[i].tensors + s->files[i].n)
+            return s->files[i].path;
+    return "checkpoint";
+}

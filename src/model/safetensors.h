@@ -69,6 +69,8 @@ struct pd_st_set {
 int pd_st_open_dir(const char *dir, int flags, struct pd_st_set *s, pd_err *e);
 void pd_st_close_dir(struct pd_st_set *s);
 const struct pd_st_tensor *pd_st_set_find(const struct pd_st_set *s, const char *name);
+/* The path of the file holding t (a tensor of s), for messages; "checkpoint" if none does. */
+const char *pd_st_set_path_of(const struct pd_st_set *s, const struct pd_st_tensor *t);
 
 /* Writing: tensors are written in the given order with contiguous offsets. */
 struct pd_st_out {

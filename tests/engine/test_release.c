@@ -346,6 +346,10 @@ Test(release, bad_inputs_name_the_file_and_the_tensor)
     mutated_copy(d, sizeof d, NULL, "layers.3.ffn.experts.1.w1.weight", PD_ST_I8, 32, 64);
     refused(d, "layers.3.ffn.experts.1.w1.weight", "the config needs [32, 32]");
     rm_model(d);
+    /* a norm of the wrong dtype (an F8 gain where the release has bf16) */
+    mutated_copy(d, sizeof d, NULL, "layers.1.attn_norm.weight", PD_ST_F8_E4M3, 64, 1);
+    refused(d, "layers.1.attn_norm.weight\" is F8_E4M3, expected F32 or BF16", "-of-0000");
+    rm_model(d);
     /* a shard named by the index missing */
     mutated_copy(d, sizeof d, NULL, NULL, PD_ST_F32, 0, 0);
     snprintf(path, sizeof path, "%s/model-00003-of-00004.safetensors", d);
