@@ -11,7 +11,7 @@ static const struct {
     const char *help;
 } commands[] = {
     {"plan", pd_cli_plan, "per-card weight placement, memory budget, KV capacity and hand-off of a PD deployment"},
-    {"gen-model", pd_cli_genmodel, "write a deterministic synthetic checkpoint of a preset (int8 weights, tokenizer)"},
+    {"gen-model", pd_cli_genmodel, "write a deterministic synthetic checkpoint of a preset (int8 weights, or the release's FP8/FP4)"},
     {"convert", pd_cli_convert, "DeepSeek's released FP8/FP4 checkpoint to the engine's W8A8 layout, shard by shard"},
     {"generate", pd_cli_generate, "run a prompt through the CPU engine and stream the continuation"},
     {"serve", pd_cli_serve, "OpenAI-compatible server on the engine (colocated prefill and decode)"},
