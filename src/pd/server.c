@@ -483,6 +483,8 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     int rc;
     if ((rc = pd_tok_load(path, &s->tok, e)))
         goto fail;
+    if ((rc = pd_chat_format_of(o->model_dir, &s->chat, e)))
+        goto fail;
     struct pd_engine_opts eo = {.dir = o->model_dir, .threads = o->threads, .max_seqs = s->o.max_num_seqs,
                                 .max_model_len = s->o.max_model_len, .kv_bytes = o->kv_cache_bytes,
                                 .kv_dtype = o->kv_dtype};
