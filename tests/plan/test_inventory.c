@@ -174,3 +174,30 @@ Test(inventory, from_checkpoint_headers)
     free(names);
     pd_inventory_free(&inv);
 }
+
+/* W4A8 (msModelSlim's per-channel int4 routed experts, the rest W8A8) of V4-Flash with its MTP
+ * layer, as Eco-Tech/gdydems publish DeepSeek-V4-Flash-w4a8-mtp: every expert matrix is int4
+ * packed two per byte with one fp32 scale per output row, everything else is byte for byte the
+ * W8A8 inventory, and the whole comes to the "about 151 GB" its users report. */
+Test(inventory, v4_flash_w4a8_bytes)
+{
+    struct pd_model m;
+    struct pd_inventory w4, w8;
+    build("deepseek-v4-flash", "w4a8", NULL, 1, &m, &w4);
+    build("deepseek-v4-flash", "w8a8", NULL, 1, &m, &w8);
+    /* w1, w3 [2048, 4096]: 2048 x 2048 + 4 x 2048; w2 [4096, 2048]: 4096 x 1024 + 4 x 4096 */
+    int64_t one = 2 * (2048 * 2048 + 4 * 2048) + (4096 * 1024 + 4 * 4096);
+    cr_assert_eq(w4.n_moe_layers, 44);
+    cr_assert_eq(w4.expert_bytes[0], 44 * one);
+    cr_assert_eq(w4.class_bytes[PD_CLASS_I], INT64_C(256) * 44 * one);
+    cr_assert_eq(w4.class_bytes[PD_CLASS_II], w8.class_bytes[PD_CLASS_II]);
+    for (int i = 0; i < w4.n; i++)
+        if (w4.t[i].cls == PD_CLASS_I)
+            cr_assert_eq(w4.t[i].fmt, PD_FMT_W4A8, "%s", w4.t[i].name);
+        else if (w4.t[i].ndim == 2 && w4.t[i].group == PD_G_ATTENTION)
+            cr_assert_eq(w4.t[i].fmt, w8.t[i].fmt, "%s", w4.t[i].name);
+    int64_t total = w4.class_bytes[PD_CLASS_I] + w4.class_bytes[PD_CLASS_II];
+    cr_assert(total > INT64_C(150000000000) && total < INT64_C(152000000000), "%lld bytes", (long long)total);
+    pd_inventory_free(&w4);
+    pd_inventory_free(&w8);
+}
