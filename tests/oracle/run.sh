@@ -18,9 +18,11 @@ ids() {   # ids N VOCAB SEED: N token ids drawn with a fixed seed
   "$PY" -c "import random,sys; r=random.Random($3); print(','.join(str(r.randrange($2)) for _ in range($1)))"
 }
 fail=0
-for seed in 1 2 3; do
+# ORACLE_SEEDS and ORACLE_SPARSE=0 shorten a run by hand (a bisection); CI runs the defaults
+for seed in ${ORACLE_SEEDS:-1 2 3}; do
   m="$T/dense-$seed"
   ./build/pdmoe gen-model --preset tests/oracle/dense.json --out "$m" --seed "$seed" 2>/dev/null
+  "$PY" tests/oracle/sharpen.py "$m"   # mHC comb logits of std 4: the Sinkhorn count shows
   # seed 2 runs its prompt in prefill chunks of 5 tokens, the others in one step
   chunk=$([ "$seed" = 2 ] && echo 5 || echo 0)
   checks=()
@@ -29,12 +31,21 @@ for seed in 1 2 3; do
         --kv-cache-dtype "$kv" --out "$T/ref-$kv-$seed.bin"
     all=$(head -1 "$T/ref-$kv-$seed.bin" | "$PY" -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["ids"])))')
     ./build/oracle-dump --model "$m" --ids "$all" --mode w8a8 --kv-cache-dtype "$kv" --out "$T/w8a8-$kv-$seed.bin"
-    checks+=(--check "$T/ref-$kv-$seed.bin=0.99999" --check "$T/w8a8-$kv-$seed.bin=0.999:nogreedy")
+    # bf16: the engine stores what the oracle rounds, so only float32 against float64 remains
+    # (1 - cos ~1e-10 measured): 1e-8 is asked, tighter than the 1e-5, so that a small
+    # equation error shows (half the Sinkhorn rounds: 2e-6); fp8 adds rounding flips of e4m3
+    # values near a midpoint (up to 1.5e-7 measured): the 0.99999
+    min=$([ "$kv" = bf16 ] && echo 0.99999999 || echo 0.99999)
+    checks+=(--check "$T/ref-$kv-$seed.bin=$min" --check "$T/w8a8-$kv-$seed.bin=0.999:nogreedy")
   done
   echo "-- dense checkpoint, seed $seed"
   "$PY" tests/oracle/compare.py --model "$m" "${checks[@]}" || fail=1
 done
 # the sparse presets: reported, not asserted (a near-tie may flip a choice either way)
+if [ "${ORACLE_SPARSE:-1}" = 0 ]; then
+  [ "$fail" = 0 ] && echo "tests/oracle/run.sh: the engine agrees with the oracle on every dense checkpoint"
+  exit "$fail"
+fi
 ./build/pdmoe gen-model --preset v4-tiny --out "$T/tiny" --seed 7 2>/dev/null
 ./build/oracle-dump --model "$T/tiny" --ids "$(ids 96 512 4)" --steps 16 --mode ref --out "$T/tiny-ref.bin"
 all=$(head -1 "$T/tiny-ref.bin" | "$PY" -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["ids"])))')
