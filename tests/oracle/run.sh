@@ -12,6 +12,7 @@ PY=${PYTHON:-python3}
 "$PY" -c 'import numpy' 2>/dev/null || PY=/usr/bin/python3   # Debian's python3-numpy
 "$PY" -c 'import numpy' || { echo "tests/oracle/run.sh: numpy is needed (apt-get install python3-numpy)" >&2; exit 1; }
 make -s build/pdmoe build/oracle-dump
+"$PY" tests/oracle/selftest.py   # the oracle's own pieces against values worked by hand
 T=$(mktemp -d /tmp/pdmoe-oracle-XXXXXX)
 trap 'rm -rf "$T"' EXIT
 ids() {   # ids N VOCAB SEED: N token ids drawn with a fixed seed
