@@ -17,7 +17,9 @@ wo_a's int8 weights written as fp32 (tests/oracle/dequant.py): the same weights,
 B's W8A8 isolates what quantising wo_a's activations costs. The weight rounding of the head and the
 compressor alone (no activation quantisation) is the oracle on A against the oracle on B.
 
-  tests/oracle/precision.py [--seeds 1,2,3] [--tokens 64]   (build/pdmoe and build/oracle-dump)"""
+  tests/oracle/precision.py [--seeds 1,2,3] [--tokens 64] [--preset FILE]
+(build/pdmoe and build/oracle-dump). --preset models/v4-tiny.json measures the same on a sparse
+preset (not sharpened), where the indexer chooses and an error can flip a choice."""
 import argparse
 import json
 import os
@@ -46,8 +48,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--preset", default=os.path.join(HERE, "dense.json"))
     o = ap.parse_args()
-    with open(os.path.join(HERE, "dense.json")) as f:
+    dense = os.path.samefile(o.preset, os.path.join(HERE, "dense.json"))
+    with open(o.preset) as f:
         preset = json.load(f)
     rows = {}   # label -> list of (cosines, argmax agreements)
 
@@ -70,7 +74,8 @@ def main():
                 d = dirs[name] = os.path.join(T, f"{name}-{seed}")
                 run("./build/pdmoe", "gen-model", "--preset", os.path.join(T, f"{name}.json"), "--out", d,
                     "--seed", str(seed))
-                run(sys.executable, os.path.join(HERE, "sharpen.py"), d)
+                if dense:
+                    run(sys.executable, os.path.join(HERE, "sharpen.py"), d)
             dirs["wo_a"] = os.path.join(T, f"woa-{seed}")
             run(sys.executable, os.path.join(HERE, "dequant.py"), dirs["B"], dirs["wo_a"], "attn.wo_a")
 
@@ -88,7 +93,8 @@ def main():
             add("engine W8A8, C (+ compressor and indexer projections int8)", dump("C", "w8a8"), ref)
             add("engine W8A8, A (today's presets: both)", dump("A", "w8a8"), ref)
             add("oracle on A (int8 weights of head and compressor, float activations)", ref_a, ref)
-    print(f"| against the oracle on B ({o.tokens} positions x seeds {o.seeds}) | 1 - cos median | 1 - cos max | "
+    print(f"| {os.path.basename(o.preset)}: against the oracle on B ({o.tokens} positions x seeds {o.seeds}) "
+          f"| 1 - cos median | 1 - cos max | "
           f"argmax agrees |")
     print("|---|---|---|---|")
     for label, runs in rows.items():
