@@ -1,11 +1,13 @@
 #!/bin/bash
 # The engine against a float64 oracle of DeepSeek-V4's official forward (tools/oracle/v4_oracle.py;
-# docs/validation.md). Asserts, on dense checkpoints (tests/oracle/dense.json: every expert active,
-# the indexer keeps every entry, so no near-tie can flip a choice), three seeds, both KV cache
-# dtypes: the float reference mode at cosine >= 0.99999 with the oracle at every position and the
-# same greedy ids for 16 steps; W8A8 at cosine >= 0.999 on the same tokens. Then reports, without
-# asserting, the sparse presets v4-tiny and v4-flash-mini (models/mini), with the router and
-# indexer margins where a position differs. Needs build/oracle-dump, build/pdmoe and numpy.
+# docs/validation.md), after the oracle's self-test. Asserts, on dense checkpoints
+# (tests/oracle/dense.json: every expert active, the indexer keeps every entry, so no near-tie can
+# flip a choice; sharpened by sharpen.py so that the Sinkhorn count and, on seed 4, the SwiGLU
+# clamp act), four seeds, both KV cache dtypes: the float reference mode within 1 - cos 1e-8 (bf16
+# cache) or 1e-5 (fp8) of the oracle at every position with the same greedy ids for 16 steps; W8A8
+# at cosine >= 0.999 on the same tokens (reported on seed 4). Then reports, without asserting, the
+# sparse presets v4-tiny and v4-flash-mini (models/mini), with the router and indexer margins
+# where a position differs. Needs build/oracle-dump, build/pdmoe and numpy; about a minute.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
@@ -20,10 +22,15 @@ ids() {   # ids N VOCAB SEED: N token ids drawn with a fixed seed
 }
 fail=0
 # ORACLE_SEEDS and ORACLE_SPARSE=0 shorten a run by hand (a bisection); CI runs the defaults
-for seed in ${ORACLE_SEEDS:-1 2 3}; do
+for seed in ${ORACLE_SEEDS:-1 2 3 4}; do
   m="$T/dense-$seed"
   ./build/pdmoe gen-model --preset tests/oracle/dense.json --out "$m" --seed "$seed" 2>/dev/null
-  "$PY" tests/oracle/sharpen.py "$m"   # mHC comb logits of std 4: the Sinkhorn count shows
+  # mHC comb logits of std 4, so the Sinkhorn count shows; seed 4 also with expert gate and up
+  # values 8x larger, so the SwiGLU clamp acts (on about one value in eight). Its FFN activations
+  # then span two decades, which one int8 scale per token resolves worse (W8A8 cosine down to
+  # 0.998): there W8A8 is reported, not asserted
+  gain=$([ "$seed" = 4 ] && echo 8 || echo 1)
+  "$PY" tests/oracle/sharpen.py "$m" --swiglu-gain "$gain"
   # seed 2 runs its prompt in prefill chunks of 5 tokens, the others in one step
   chunk=$([ "$seed" = 2 ] && echo 5 || echo 0)
   checks=()
@@ -37,10 +44,15 @@ for seed in ${ORACLE_SEEDS:-1 2 3}; do
     # equation error shows (half the Sinkhorn rounds: 2e-6); fp8 adds rounding flips of e4m3
     # values near a midpoint (up to 1.5e-7 measured): the issue's 0.99999
     min=$([ "$kv" = bf16 ] && echo 0.99999999 || echo 0.99999)
-    checks+=(--check "$T/ref-$kv-$seed.bin=$min" --check "$T/w8a8-$kv-$seed.bin=0.999:nogreedy")
+    checks+=(--check "$T/ref-$kv-$seed.bin=$min")
+    if [ "$gain" = 1 ]; then
+      checks+=(--check "$T/w8a8-$kv-$seed.bin=0.999:nogreedy")
+    else
+      checks+=(--report "$T/w8a8-$kv-$seed.bin")
+    fi
   done
-  echo "-- dense checkpoint, seed $seed"
-  "$PY" tests/oracle/compare.py --model "$m" "${checks[@]}" || fail=1
+  echo "-- dense checkpoint, seed $seed$([ "$gain" = 1 ] || echo ", SwiGLU gain $gain")"
+  "$PY" tests/oracle/compare.py --model "$m" --flag-cos 0.999 "${checks[@]}" || fail=1
 done
 # the sparse presets: reported, not asserted (a near-tie may flip a choice either way)
 if [ "${ORACLE_SPARSE:-1}" = 0 ]; then
