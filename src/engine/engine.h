@@ -9,7 +9,12 @@
  *
  * The step is split so that expert parallelism can take it apart later: pd_engine_attention_half
  * runs everything a rank does for its own sequences up to the MoE input of a layer, and
- * pd_engine_moe runs routed experts on whatever token rows it is given. */
+ * pd_engine_moe runs routed experts on whatever token rows it is given.
+ *
+ * The equations are those of DeepSeek's official inference code for V4-Flash (model.py and
+ * kernel.py at commit 0825add4 of the Mockingjay1316/deepseek-v4-flash-spark mirror); where the
+ * engine differs on purpose (arithmetic, W8A8, KV cache dtype, tie order, ...) is listed in
+ * docs/architecture.md, and tests/oracle/run.sh compares it with a float64 port of that code. */
 #ifndef PD_ENGINE_ENGINE_H
 #define PD_ENGINE_ENGINE_H
 
