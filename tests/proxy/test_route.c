@@ -48,7 +48,7 @@ Test(route, a_shared_prefix_goes_back_to_the_instance_that_has_it)
     enum pd_route_why why;
     /* four different system prompts land on the instances with the most room, spreading out */
     int home[4];
-    char sys[4][32];
+    char sys[4][48];
     for (int s = 0; s < 4; s++) {
         snprintf(sys[s], sizeof sys[s], "system prompt number %d. ", s);
         struct pd_route_key k = key(sys[s], 800, s, 1000);
