@@ -8,6 +8,7 @@
 
 #include "../tmpmodel.h"
 #include "engine/engine.h"
+#include "engine/genmodel.h"
 #include "engine/sampler.h"
 #include "engine/spec.h"
 
@@ -276,6 +277,66 @@ static void spec_equals_plain(const char *d, int min_accept)
 Test(spec, greedy_speculation_equals_plain_decoding)
 {
     spec_equals_plain(dir, 0);
+}
+
+/* The same on a model whose draft agrees often (gen-model --mtp-agreement): drafts are accepted
+ * at every position of a round, so the roll back after partial acceptance is exercised. */
+Test(spec, greedy_speculation_with_accepted_drafts_equals_plain_decoding)
+{
+    char d2[64];
+    snprintf(d2, sizeof d2, "/tmp/pdmoe-test-XXXXXX");
+    cr_assert_not_null(mkdtemp(d2));
+    pd_err e = {0};
+    cr_assert_eq(pd_genmodel_agree("v4-tiny", d2, 3, 0.7, &e), 0, "%s", e.msg);
+    spec_equals_plain(d2, 200);
+    rm_model(d2);
+}
+
+/* gen-model --mtp-agreement R: the first draft is accepted at about rate R, the second at
+ * about R^2 (unconditionally). */
+Test(spec, agreement_model_accepts_at_about_the_rate)
+{
+    static const double rates[] = {0.3, 0.8};
+    for (int ri = 0; ri < 2; ri++) {
+        const double R = rates[ri];
+        char d2[64];
+        snprintf(d2, sizeof d2, "/tmp/pdmoe-test-XXXXXX");
+        cr_assert_not_null(mkdtemp(d2));
+        pd_err e = {0};
+        cr_assert_eq(pd_genmodel_agree("v4-tiny", d2, 5, R, &e), 0, "%s", e.msg);
+        struct pd_engine en;
+        open_mtp(&en, d2, 1);
+        const int V = (int)en.model.vocab_size;
+        struct pd_sampler smp;
+        pd_sampler_init(&smp, 0, 1, 1);
+        struct pd_spec_stats st = {0};
+        float *lg = malloc((size_t)V * sizeof(float));
+        for (int pi = 0; pi < 3; pi++) {
+            int32_t ids[P];
+            prompt(ids, P, 20 + pi);
+            struct pd_seq s;
+            struct pd_spec_seq sp, *ss = &sp;
+            cr_assert_eq(pd_seq_start(&en, &s, &e), 0);
+            pd_spec_init(&sp, &s, &smp);
+            const int32_t *pr = ids;
+            int pn = P;
+            cr_assert_eq(pd_spec_prefill(&en, &ss, &pr, &pn, &lg, 1, &e), 0, "%s", e.msg);
+            cr_assert_eq(pd_spec_push(&sp, greedy_of(lg, V), &e), 0);
+            for (int n = 1; n < 300; n += sp.n_out) {
+                sp.k = 2;
+                cr_assert_eq(pd_spec_round(&en, &ss, 1, V, &st, &e), 0, "%s", e.msg);
+            }
+            pd_spec_free(&sp);
+            pd_seq_end(&en, &s);
+        }
+        double a1 = (double)st.accepted_per_pos[0] / st.drafted_per_pos[0];
+        double a2 = (double)st.accepted_per_pos[1] / st.drafted_per_pos[1];
+        cr_assert_float_eq(a1, R, 0.1, "rate %g: first drafts accepted at %g", R, a1);
+        cr_assert_float_eq(a2, R * R, 0.12, "rate %g: second drafts accepted at %g", R, a2);
+        free(lg);
+        pd_engine_close(&en);
+        rm_model(d2);
+    }
 }
 
 /* For target p and draft q over 6 tokens, the output of accept-or-resample is distributed as p
