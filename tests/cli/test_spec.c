@@ -149,3 +149,28 @@ Test(spec_cli, a_checkpoint_without_mtp_weights_is_refused_naming_it)
     refused("{\"method\":\"mtp\",\"num_speculative_tokens\":1}", "", d2, d2);
     rm_model(d2);
 }
+
+Test(spec_cli, serve_and_up_check_the_config_and_refuse_what_is_not_supported)
+{
+    struct out r;
+    char args[1024];
+    snprintf(args, sizeof args, "serve --model %s --speculative-config '{\"method\":\"ngram\",\"num_speculative_tokens\":2}'",
+             dir);
+    pdmoe(args, &r);
+    cr_assert_eq(r.status, 2);
+    cr_assert(strstr(r.err, "method \"ngram\""), "%s", r.err);
+    snprintf(args, sizeof args, "serve --model %s --port 0 --role decode "
+             "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":2}'", dir);
+    pdmoe(args, &r);
+    cr_assert_neq(r.status, 0);
+    cr_assert(strstr(r.err, "--speculative-config") && strstr(r.err, "PD"), "%s", r.err);
+    snprintf(args, sizeof args, "up --model %s --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":2}'",
+             dir);
+    pdmoe(args, &r);
+    cr_assert_eq(r.status, 2);
+    cr_assert(strstr(r.err, "--speculative-config") && strstr(r.err, "disaggregation"), "%s", r.err);
+    snprintf(args, sizeof args, "up --model %s --speculative-config '{\"method\":\"mtp\",\"extra\":1}'", dir);
+    pdmoe(args, &r);
+    cr_assert_eq(r.status, 2);
+    cr_assert(strstr(r.err, "key \"extra\""), "%s", r.err);
+}
