@@ -225,13 +225,13 @@ static int sublayer(struct pd_step *st, int layer, int ffn, pd_err *e)
     return 0;
 }
 
-/* Output head: mHC pre-weights (sigmoid, no Sinkhorn) sum the streams, then norm, then lm_head.
- * The main model uses its own hc_head_* and norm, the MTP layer its own; both share lm_head. */
-static int head(struct pd_step *st, float *x, int t, const float *fn, const float *base, const float *scale,
-                const float *norm, float *logits, pd_err *e)
+/* Output head, its input: mHC pre-weights (sigmoid, no Sinkhorn) sum the streams of token t,
+ * then norm, into x; lm_head follows (step_outputs). The main model uses its own hc_head_* and
+ * norm, the MTP layer its own; both share lm_head. */
+static void head_input(struct pd_step *st, int t, const float *fn, const float *base, const float *scale,
+                       const float *norm, float *x)
 {
-    struct pd_engine *en = st->en;
-    const struct pd_model *m = &en->model;
+    const struct pd_model *m = &st->en->model;
     const int H = (int)m->hidden_size, hc = m->hc_mult, n = hc * H;
     const float *h = st->h + (size_t)t * n;
     float r = (float)(1.0 / sqrt((double)pd_dot(h, h, n) / n + m->rms_norm_eps)), pre[64], mix[64];
@@ -240,7 +240,6 @@ static int head(struct pd_step *st, float *x, int t, const float *fn, const floa
         pre[j] = pd_sigmoid(mix[j] * r * scale[0] + base[j]) + (float)m->hc_eps;
     pd_weighted_sum(pre, h, (size_t)H, hc, NULL, x, H);
     pd_rmsnorm(x, norm, (float)m->rms_norm_eps, H, x);
-    return pd_linear_fwd(&en->w.head, en->pool, en->ref, x, 1, logits, st->qbuf, st->sbuf, e);
 }
 
 static int max_in(const struct pd_model *m)
@@ -321,27 +320,47 @@ static int step_setup(struct pd_engine *en, struct pd_step *st, int mtp, pd_err 
     return 0;
 }
 
-/* Hidden states and logits of every item, through the head given. */
+/* Hidden states and logits of every item, through the head given: the head's inputs of every
+ * token that wants logits gathered into st->x (free once the blocks are done), lm_head on all of
+ * them in one product (a row's result does not depend on the rows beside it), then each row
+ * copied to where its item wants it. */
 static int step_outputs(struct pd_step *st, const float *fn, const float *base, const float *scale, const float *norm,
                         pd_err *e)
 {
-    const struct pd_model *m = &st->en->model;
-    const size_t hcH = (size_t)m->hc_mult * m->hidden_size;
+    struct pd_engine *en = st->en;
+    const struct pd_model *m = &en->model;
+    const int H = (int)m->hidden_size, V = (int)m->vocab_size;
+    const size_t hcH = (size_t)m->hc_mult * H;
+    float **dst = pd_scratch(en, 69, (size_t)st->T * sizeof *dst, e);
+    if (!dst)
+        return PD_ENOMEM;
+    int n = 0;
     for (int i = 0, t = 0; i < st->n_items; i++) {
         struct pd_step_item *it = &st->items[i];
         if (it->hidden)
             memcpy(it->hidden, st->h + (size_t)t * hcH, (size_t)it->n * hcH * sizeof(float));
         for (int k = 0; k < it->n; k++, t++) {
-            float *dst = it->all_logits ? it->all_logits + (size_t)k * m->vocab_size
-                         : k == it->n - 1 ? it->logits : NULL;
-            if (!dst)
+            float *d = it->all_logits ? it->all_logits + (size_t)k * V : k == it->n - 1 ? it->logits : NULL;
+            if (!d)
                 continue;
-            int rc = head(st, st->x, t, fn, base, scale, norm, dst, e);
-            if (rc)
-                return rc;
-            if (it->logits && it->all_logits && k == it->n - 1)
-                memcpy(it->logits, dst, (size_t)m->vocab_size * sizeof(float));
+            head_input(st, t, fn, base, scale, norm, st->x + (size_t)n * H);
+            dst[n++] = d;
         }
+    }
+    if (!n)
+        return 0;
+    float *lg = pd_scratch(en, 46, (size_t)n * V * sizeof(float), e);
+    if (!lg)
+        return PD_ENOMEM;
+    int rc = pd_linear_fwd(&en->w.head, en->pool, en->ref, st->x, n, lg, st->qbuf, st->sbuf, e);
+    if (rc)
+        return rc;
+    for (int r = 0; r < n; r++)
+        memcpy(dst[r], lg + (size_t)r * V, (size_t)V * sizeof(float));
+    for (int i = 0; i < st->n_items; i++) {
+        struct pd_step_item *it = &st->items[i];
+        if (it->logits && it->all_logits)
+            memcpy(it->logits, it->all_logits + (size_t)(it->n - 1) * V, (size_t)V * sizeof(float));
     }
     return 0;
 }
