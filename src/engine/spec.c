@@ -16,9 +16,12 @@ void pd_spec_free(struct pd_spec_seq *ss)
 {
     free(ss->hid);
     free(ss->tok);
+    free(ss->buf);
     ss->hid = NULL;
     ss->tok = NULL;
+    ss->buf = NULL;
     ss->n = ss->n_tok = ss->cap = 0;
+    ss->buf_cap = 0;
 }
 
 static int grow(struct pd_spec_seq *ss, int n, size_t row, pd_err *e)
@@ -197,15 +200,23 @@ int pd_spec_round(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int
         }
         kmax = s->k > kmax ? s->k : kmax;
         b[i].p = s->seq->pos;
-        b[i].dlog = malloc((size_t)V * sizeof(float));
-        b[i].g[0] = malloc((size_t)s->n * row * sizeof(float));
-        b[i].g[1] = malloc(row * sizeof(float));
-        b[i].vlog = malloc((size_t)(s->k + 1) * V * sizeof(float));
-        b[i].vhid = malloc((size_t)(s->k + 1) * row * sizeof(float));
-        if (!b[i].dlog || !b[i].g[0] || !b[i].g[1] || !b[i].vlog || !b[i].vhid) {
-            rc = pd_err_set(e, PD_ENOMEM, "speculative decoding: out of memory");
-            goto out;
+        /* the round's buffers, kept in the sequence between rounds (a decode step allocates
+         * nothing once they are grown) */
+        size_t need = (size_t)V + (size_t)s->n * row + row + (size_t)(s->k + 1) * (V + row);
+        if (need > s->buf_cap) {
+            float *x = realloc(s->buf, need * sizeof(float));
+            if (!x) {
+                rc = pd_err_set(e, PD_ENOMEM, "speculative decoding: out of memory");
+                goto out;
+            }
+            s->buf = x;
+            s->buf_cap = need;
         }
+        b[i].dlog = s->buf;
+        b[i].g[0] = b[i].dlog + V;
+        b[i].g[1] = b[i].g[0] + (size_t)s->n * row;
+        b[i].vlog = b[i].g[1] + row;
+        b[i].vhid = b[i].vlog + (size_t)(s->k + 1) * V;
     }
     /* draft: d_j from the MTP layer at position p+j-2 (the first step also runs every position
      * it has not run yet: those are exact and stay; the later ones are recorded for undo) */
@@ -256,13 +267,6 @@ int pd_spec_round(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int
         s->n = s->n_tok = keep + a + 1;
     }
 out:
-    for (int i = 0; b && i < n_seqs; i++) {
-        free(b[i].dlog);
-        free(b[i].g[0]);
-        free(b[i].g[1]);
-        free(b[i].vlog);
-        free(b[i].vhid);
-    }
     free(b);
     free(items);
     free(scr);

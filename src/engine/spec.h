@@ -52,6 +52,8 @@ struct pd_spec_seq {
     int n_out;
     float *out_logits;             /* [PD_SPEC_MAX_K + 1, vocab] or NULL: the main model's logits each
                                       out token was chosen from (what plain decoding samples from) */
+    float *buf;                    /* a round's logits and hidden states, kept between rounds */
+    size_t buf_cap;                /* floats */
 };
 
 void pd_spec_init(struct pd_spec_seq *ss, struct pd_seq *seq, struct pd_sampler *smp);
