@@ -53,7 +53,8 @@ int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err 
     if (o->mtp && !en->w.has_mtp) {
         pd_weights_free(&en->w);
         return pd_err_set(e, PD_EINVAL, "%s: MTP asked for, but the checkpoint has no MTP layer (%s)", o->dir,
-                          m->n_mtp_layers ? "no tensor mtp.0.e_proj.weight" : "num_nextn_predict_layers is 0");
+                          m->dspark ? "its draft is DSpark (dspark_* fields), which the engine does not run"
+                          : m->n_mtp_layers ? "no tensor mtp.0.e_proj.weight" : "num_nextn_predict_layers is 0");
     }
     if (o->mtp && o->has_expert) {
         pd_weights_free(&en->w);

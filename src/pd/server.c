@@ -565,6 +565,8 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     int rc;
     if ((rc = pd_tok_load(path, &s->tok, e)))
         goto fail;
+    if ((rc = pd_chat_format_of(o->model_dir, &s->chat, e)))
+        goto fail;
     if (o->spec_k && (o->expert_parallel || o->role != PD_ROLE_BOTH)) {
         /* EP: the MTP layer's experts are not placed across the group; PD: the decode side needs
          * the MTP layer's KV of the prompt, which the hand-off does not carry */

@@ -13,6 +13,7 @@
 #include "engine/sampler.h"
 #include "engine/spec.h"
 #include "ep/ep.h"
+#include "model/chat.h"
 #include "model/tokenizer.h"
 #include "http/front.h"
 #include "http/http.h"
@@ -172,6 +173,7 @@ struct pd_server {
     struct pd_tok *tok;
     int V, Vs;
     int32_t bos, eos;
+    enum pd_chat_format chat;       /* how a chat's messages become the prompt (model/chat.h) */
     pthread_t thread;
     int thread_started;
     pthread_mutex_t mu;
