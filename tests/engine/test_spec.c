@@ -201,7 +201,7 @@ Test(spec, mtp_step_is_exact_across_chunks_and_rollback)
 
 /* Greedy speculation through pd_spec_round, three prompts batched, k = 1, 2, 3: the ids equal
  * plain decoding's, and so do the logits every token was chosen from. */
-static void spec_equals_plain(const char *d, int min_accept)
+static void spec_equals_plain_t(const char *d, int min_accept, float temperature, float top_p)
 {
     struct pd_engine en;
     open_mtp(&en, d, 1);
@@ -219,7 +219,7 @@ static void spec_equals_plain(const char *d, int min_accept)
         struct pd_seq s[3];
         struct pd_spec_seq sp[3], *ss[3];
         struct pd_sampler smp;
-        pd_sampler_init(&smp, 0, 1, 1);
+        pd_sampler_init(&smp, temperature, top_p, 1);
         struct pd_spec_stats st = {0};
         pd_err e = {0};
         const int32_t *pr[3];
@@ -274,6 +274,11 @@ static void spec_equals_plain(const char *d, int min_accept)
     pd_engine_close(&en);
 }
 
+static void spec_equals_plain(const char *d, int min_accept)
+{
+    spec_equals_plain_t(d, min_accept, 0, 1);
+}
+
 Test(spec, greedy_speculation_equals_plain_decoding)
 {
     spec_equals_plain(dir, 0);
@@ -289,6 +294,20 @@ Test(spec, greedy_speculation_with_accepted_drafts_equals_plain_decoding)
     pd_err e = {0};
     cr_assert_eq(pd_genmodel_agree("v4-tiny", d2, 3, 0.7, &e), 0, "%s", e.msg);
     spec_equals_plain(d2, 200);
+    rm_model(d2);
+}
+
+/* The sampling path (temperature > 0: the sampler's distribution, accept with probability p(d),
+ * resample from the residual) with a nucleus so small that it keeps only the top token: p is a
+ * point mass, so the output is greedy decoding's, exactly, whatever the draws. */
+Test(spec, sampling_path_with_a_point_mass_target_equals_plain_decoding)
+{
+    char d2[64];
+    snprintf(d2, sizeof d2, "/tmp/pdmoe-test-XXXXXX");
+    cr_assert_not_null(mkdtemp(d2));
+    pd_err e = {0};
+    cr_assert_eq(pd_genmodel_agree("v4-tiny", d2, 3, 0.7, &e), 0, "%s", e.msg);
+    spec_equals_plain_t(d2, 200, 0.7f, 1e-6f);
     rm_model(d2);
 }
 
