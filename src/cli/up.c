@@ -14,6 +14,7 @@
  * cluster is first ready, a child that dies is started again at once, three times at most, then
  * stops everything (a bad flag would only die again). */
 #include "cli/cli.h"
+#include "engine/spec.h"
 #include "proxy/route.h"
 #include "core/timing.h"
 #include "core/net.h"
@@ -426,6 +427,7 @@ int pd_cli_up(int argc, char **argv)
         {"host", 1, 0, 'H'}, {"max-num-seqs", 1, 0, 'S'}, {"max-num-batched-tokens", 1, 0, 'T'},
         {"kv-cache-memory-bytes", 1, 0, 'B'}, {"kv-cache-bytes", 1, 0, 'B'}, {"served-model-name", 1, 0, 'N'},
         {"hosts", 1, 0, 'O'}, {"kv-cache-dtype", 1, 0, 'd'}, {"policy", 1, 0, 'y'},
+        {"speculative-config", 1, 0, 'X'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
     const char *model = "models/mini", *plan = NULL, *key = NULL, *policy = NULL;
@@ -468,6 +470,20 @@ int pd_cli_up(int argc, char **argv)
             }
             policy = optarg;
             break;
+        }
+        case 'X': {
+            /* checked, then refused: up runs prefill and decode instances, and a decode instance
+             * would need the MTP layer's KV of the prompt, which the hand-off does not carry */
+            pd_err se = {0};
+            int k;
+            if (pd_spec_config_parse(optarg, &k, &se)) {
+                fprintf(stderr, "pdmoe up: %s\n", se.msg);
+                return 2;
+            }
+            fprintf(stderr, "pdmoe up: --speculative-config: speculative decoding with prefill/decode disaggregation "
+                            "is not supported yet (the KV hand-off does not carry the MTP layer's KV); use pdmoe serve "
+                            "--speculative-config\n");
+            return 2;
         }
         case 'O':
             if (parse_hosts(optarg, hosts, &nhosts))

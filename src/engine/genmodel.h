@@ -18,5 +18,8 @@
 #include "core/err.h"
 
 int pd_genmodel(const char *preset, const char *out_dir, uint64_t seed, pd_err *e);
+/* The same with an MTP draft that agrees with the main model's greedy next token at about rate
+ * mtp_agreement in [0, 1] by construction (genmodel.c says how); < 0: the plain synthetic model. */
+int pd_genmodel_agree(const char *preset, const char *out_dir, uint64_t seed, double mtp_agreement, pd_err *e);
 
 #endif

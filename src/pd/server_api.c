@@ -920,6 +920,24 @@ static void on_metrics(struct evhttp_request *h, void *arg)
             }
         }
     }
+    if (s->o.spec_k) {
+        /* vLLM's spec_decode counters: drafts, drafted tokens, accepted tokens (in all and at each
+         * position of a round) */
+        const struct pd_spec_stats *a = &s->spec_stats;
+        evbuffer_add_printf(b,
+                            "# HELP pdmoe_spec_decode_num_drafts_total Verify steps that carried MTP drafts.\n"
+                            "# TYPE pdmoe_spec_decode_num_drafts_total counter\npdmoe_spec_decode_num_drafts_total %lld\n"
+                            "# TYPE pdmoe_spec_decode_num_draft_tokens_total counter\n"
+                            "pdmoe_spec_decode_num_draft_tokens_total %lld\n"
+                            "# TYPE pdmoe_spec_decode_num_accepted_tokens_total counter\n"
+                            "pdmoe_spec_decode_num_accepted_tokens_total %lld\n"
+                            "# HELP pdmoe_spec_decode_num_accepted_tokens_per_pos_total Drafts accepted at each "
+                            "position of a round.\n# TYPE pdmoe_spec_decode_num_accepted_tokens_per_pos_total counter\n",
+                            (long long)a->drafts, (long long)a->draft_tokens, (long long)a->accepted);
+        for (int j = 0; j < s->o.spec_k; j++)
+            evbuffer_add_printf(b, "pdmoe_spec_decode_num_accepted_tokens_per_pos_total{position=\"%d\"} %lld\n", j,
+                                (long long)a->accepted_per_pos[j]);
+    }
     if (s->g) {
         evbuffer_add_printf(b, "# TYPE pdmoe_ep_ranks gauge\npdmoe_ep_ranks %d\n"
                                "# HELP pdmoe_rank_kv_blocks_free KV pool blocks free on each rank of the EP group.\n"
