@@ -24,7 +24,7 @@ LDLIBS  := $(PKG_LIBS) -lm -pthread $(SANFLAGS)
 LIB_SRC := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
 BENCH_SRC ?= $(shell find bench -name '*.c' | sort)
 CLI_SRC := $(shell find src/cli -name '*.c' | sort) $(BENCH_SRC)
-TEST_SRC := $(shell find tests -name '*.c' ! -path 'tests/fuzz/*' | sort)
+TEST_SRC := $(shell find tests -name '*.c' ! -path 'tests/fuzz/*' ! -path 'tests/oracle/*' | sort)
 # hardware/local-*.json are machine measurements (pdmoe calibrate --out), read from disk, never compiled in
 EMBED   := $(sort $(filter-out hardware/local-%,$(wildcard models/*.json models/*.txt hardware/*.json validation/*.json)))
 
@@ -44,6 +44,10 @@ $(BUILD)/pdmoe: $(CLI_OBJ) $(BUILD)/libpdmoe.a
 
 $(BUILD)/pdmoe-tests: $(TEST_OBJ) $(BUILD)/libpdmoe.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(shell pkg-config --libs criterion)
+
+# The engine's logits for the float64 oracle of DeepSeek's official forward (tests/oracle/run.sh).
+$(BUILD)/oracle-dump: $(BUILD)/tests/oracle/dump.o $(BUILD)/libpdmoe.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # Preset models and hardware files are compiled in, so `pdmoe plan` works from any directory.
 $(BUILD)/gen/embedded.c: tools/embed.sh $(EMBED)

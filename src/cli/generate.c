@@ -5,6 +5,7 @@
 #include "core/timing.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "engine/spec.h"
 #include "ep/ep.h"
 #include "model/tokenizer.h"
 
@@ -27,6 +28,7 @@ struct gen_opts {
     int ep, print_ids, report_weights;
     const char *expert_stats;
     enum pd_kv_dtype kv_dtype;
+    int spec_k;                  /* --speculative-config: MTP drafts per step, 0: off */
 };
 
 /* One sequence of the batch on this rank. */
@@ -35,6 +37,7 @@ struct gen_seq {
     int32_t *in;                 /* prompt ids (BOS first) */
     int n_in;
     struct pd_seq seq;
+    struct pd_spec_seq spec;     /* with --speculative-config */
     int32_t out[4096];           /* generated ids */
     int n_out;
     int done;
@@ -56,7 +59,8 @@ static int parse(int argc, char **argv, struct gen_opts *o)
         {"model", 1, 0, 'm'}, {"prompt", 1, 0, 'p'}, {"max-tokens", 1, 0, 'n'}, {"temperature", 1, 0, 't'},
         {"top-p", 1, 0, 'P'}, {"seed", 1, 0, 's'}, {"threads", 1, 0, 'j'},
         {"enable-expert-parallel", 0, 0, 'E'}, {"print-ids", 0, 0, 'I'}, {"report-weights", 0, 0, 'W'},
-        {"expert-stats", 1, 0, 'S'}, {"kv-cache-dtype", 1, 0, 'K'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"expert-stats", 1, 0, 'S'}, {"kv-cache-dtype", 1, 0, 'K'}, {"speculative-config", 1, 0, 'X'},
+        {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
     memset(o, 0, sizeof *o);
     o->max_tokens = 64;
@@ -85,16 +89,27 @@ static int parse(int argc, char **argv, struct gen_opts *o)
         case 'W': o->report_weights = 1; break;
         case 'S': o->expert_stats = optarg; break;
         case 'K': if (pd_cli_kv_dtype("generate", optarg, &o->kv_dtype)) return 2; break;
+        case 'X': {
+            pd_err e = {0};
+            if (pd_spec_config_parse(optarg, &o->spec_k, &e)) {
+                fprintf(stderr, "pdmoe generate: %s\n", e.msg);
+                return 2;
+            }
+            break;
+        }
         case 'h':
             printf("usage: pdmoe generate --model DIR --prompt TEXT [--prompt TEXT ...] [--max-tokens 64]\n"
                    "       [--temperature 0] [--top-p 1] [--seed 1] [--threads N]\n"
                    "       [--enable-expert-parallel] [--print-ids] [--report-weights] [--expert-stats FILE]\n"
                    "       [--kv-cache-dtype bf16|fp8] (the KV cache's entries: bf16, the default, or fp8 as\n"
                    "         DeepSeek-V4 is deployed: e4m3 non-rope values with a power-of-two scale per 64)\n"
+                   "       [--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":K}'] (speculative\n"
+                   "         decoding with the checkpoint's MTP layer, K = 1..%d drafts per step; the output is\n"
+                   "         what plain decoding gives: the same ids at temperature 0, the same distribution above)\n"
                    "Greedy at temperature 0. With one prompt in one process the text streams as it is\n"
                    "produced; otherwise the prompts run as one batch and each result is printed at the end.\n"
                    "Under mpirun with --enable-expert-parallel the ranks form an EP group: rank k holds\n"
-                   "experts [k*E/N, (k+1)*E/N), prompt i runs on rank i mod N.\n");
+                   "experts [k*E/N, (k+1)*E/N), prompt i runs on rank i mod N.\n", PD_SPEC_MAX_K);
             return 1;   /* done: pd_cli_generate exits 0 */
         default:
             return pd_cli_bad_flag("generate", c, argc, argv);
@@ -106,6 +121,11 @@ static int parse(int argc, char **argv, struct gen_opts *o)
     }
     if (o->temperature < 0 || !(o->top_p > 0 && o->top_p <= 1)) {
         fprintf(stderr, "pdmoe generate: --temperature must be >= 0 and --top-p in (0, 1]\n");
+        return 2;
+    }
+    if (o->spec_k && o->ep) {
+        fprintf(stderr, "pdmoe generate: --speculative-config with --enable-expert-parallel is not supported yet "
+                "(the MTP layer's experts are not placed across the EP group)\n");
         return 2;
     }
     if (o->max_tokens > 4096) {
@@ -190,6 +210,109 @@ static int run_batch(struct batch *b, pd_err *e)
         rc = step_all(b, 0, e);
     }
     free(scratch);
+    return rc;
+}
+
+/* Appends a round's tokens to g, stopping at EOS or --max-tokens; streams them when `stream`. */
+static void take(struct batch *b, struct gen_seq *g, const int32_t *t, const float *logits, int n, int stream)
+{
+    for (int j = 0; j < n && !g->done; j++) {
+        g->digest = fnv(g->digest, logits + (size_t)j * b->V, (size_t)b->V * sizeof(float));
+        g->out[g->n_out++] = t[j];
+        if (t[j] == b->eos || g->n_out >= b->o->max_tokens)
+            g->done = 1;
+        if (stream && t[j] != b->eos) {
+            size_t len;
+            const char *bytes = pd_tok_token_bytes(b->tok, t[j], &len);
+            if (bytes)
+                fwrite(bytes, 1, len, stdout);
+            fflush(stdout);
+        }
+    }
+}
+
+/* Speculative decoding (engine/spec.h): the prompts in one step, then rounds of MTP drafts and
+ * one verify step for every live sequence together. Prints the acceptance statistics. */
+static int run_spec(struct batch *b, int stream, pd_err *e)
+{
+    struct pd_sampler smp;
+    pd_sampler_init(&smp, (float)b->o->temperature, (float)b->o->top_p, (uint64_t)b->o->seed + (uint64_t)b->rank);
+    struct pd_spec_stats st = {0};
+    float *scratch = malloc((size_t)b->V * 2 * sizeof(float));
+    float *rl = malloc((size_t)b->n * (PD_SPEC_MAX_K + 1) * b->V * sizeof(float));
+    struct pd_spec_seq **ss = calloc((size_t)b->n + 1, sizeof *ss);
+    const int32_t **pr = calloc((size_t)b->n + 1, sizeof *pr);
+    int *pn = calloc((size_t)b->n + 1, sizeof *pn);
+    float **lg = calloc((size_t)b->n + 1, sizeof *lg);
+    int rc = 0;
+    if (!scratch || !rl || !ss || !pr || !pn || !lg) {
+        rc = pd_err_set(e, PD_ENOMEM, "out of memory");
+        goto out;
+    }
+    double t0 = pd_now_s();
+    for (int i = 0; i < b->n; i++) {
+        struct gen_seq *g = &b->s[i];
+        pd_spec_init(&g->spec, &g->seq, &smp);
+        g->spec.out_logits = rl + (size_t)i * (PD_SPEC_MAX_K + 1) * b->V;
+        ss[i] = &g->spec;
+        pr[i] = g->in;
+        pn[i] = g->n_in;
+        lg[i] = g->logits;
+    }
+    if ((rc = pd_spec_prefill(&b->en, ss, pr, pn, lg, b->n, e)))
+        goto out;
+    for (int i = 0; i < b->n; i++) {
+        struct gen_seq *g = &b->s[i];
+        int32_t t = pd_sample(&smp, g->logits, b->Vs, scratch);
+        take(b, g, &t, g->logits, 1, stream);
+        if ((rc = pd_spec_push(&g->spec, t, e)))
+            goto out;
+    }
+    double t1 = pd_now_s();
+    for (;;) {
+        int m = 0;
+        for (int i = 0; i < b->n; i++) {
+            struct gen_seq *g = &b->s[i];
+            if (g->done)
+                continue;
+            /* no drafts past --max-tokens: a round yields at most k + 1 */
+            int left = (int)b->o->max_tokens - g->n_out;
+            g->spec.k = b->o->spec_k < left - 1 ? b->o->spec_k : left - 1;
+            ss[m++] = &g->spec;
+        }
+        if (!m)
+            break;
+        if ((rc = pd_spec_round(&b->en, ss, m, b->Vs, &st, e)))
+            goto out;
+        for (int i = 0; i < b->n; i++) {
+            struct gen_seq *g = &b->s[i];
+            if (!g->done)
+                take(b, g, g->spec.out, g->spec.out_logits, g->spec.n_out, stream);
+        }
+    }
+    double t2 = pd_now_s();
+    if (stream) {
+        printf("\n");
+        const struct gen_seq *g = &b->s[0];
+        fprintf(stderr, "prompt: %d tokens, %.1f tokens/s; decode: %d tokens, %.1f tokens/s\n", g->n_in,
+                g->n_in / (t1 - t0), g->n_out, g->n_out > 1 ? (g->n_out - 1) / (t2 - t1) : 0.0);
+    }
+    fprintf(stderr, "speculative decoding (mtp, %d draft%s): acceptance per position", b->o->spec_k,
+            b->o->spec_k > 1 ? "s" : "");
+    for (int j = 0; j < b->o->spec_k; j++)
+        fprintf(stderr, " %.3f", st.drafted_per_pos[j] ? (double)st.accepted_per_pos[j] / st.drafted_per_pos[j] : 0.0);
+    fprintf(stderr, "; mean accepted length %.3f drafts; %.3f tokens per step (%lld steps)\n",
+            st.drafts ? (double)st.accepted / st.drafts : 0.0, st.steps ? (double)st.emitted / st.steps : 0.0,
+            (long long)st.steps);
+out:
+    for (int i = 0; i < b->n; i++)
+        pd_spec_free(&b->s[i].spec);
+    free(scratch);
+    free(rl);
+    free(ss);
+    free(pr);
+    free(pn);
+    free(lg);
     return rc;
 }
 
@@ -402,8 +525,8 @@ int pd_cli_generate(int argc, char **argv)
         threads = cores / local > 0 ? cores / local : 1;
     }
     struct pd_engine_opts eo = {.dir = o.dir, .threads = threads, .max_seqs = b.n > 0 ? b.n : 1,
-                                .max_model_len = longest + o.max_tokens + 1, .kv_dtype = o.kv_dtype,
-                                .has_expert = o.ep ? b.ep.has_expert : NULL};
+                                .max_model_len = longest + o.max_tokens + 1 + o.spec_k, .kv_dtype = o.kv_dtype,
+                                .has_expert = o.ep ? b.ep.has_expert : NULL, .mtp = o.spec_k > 0};
     if (pd_engine_open(&b.en, &eo, &e))
         goto out;
     if (o.ep)
@@ -418,12 +541,15 @@ int pd_cli_generate(int argc, char **argv)
     }
     if (o.report_weights)
         report_weights(&b);
-    if (!o.ep && o.n_prompts == 1 && !o.print_ids) {
+    if (o.spec_k && !o.ep && o.n_prompts == 1 && !o.print_ids) {
+        if (run_spec(&b, 1, &e))
+            goto out;
+    } else if (!o.ep && o.n_prompts == 1 && !o.print_ids) {
         if (stream_one(&o, &b, &e))
             goto out;
     } else {
         double t0 = pd_now_s();
-        if (run_batch(&b, &e))
+        if (o.spec_k ? run_spec(&b, 0, &e) : run_batch(&b, &e))
             goto out;
         report(&b);
         if (b.rank == 0)

@@ -25,9 +25,13 @@ int pd_cli_proxy(int argc, char **argv)
         {"metrics-file", 1, 0, 'M'}, {"health-interval-ms", 1, 0, 'i'},
         {"prefill", 1, 0, 'p'}, {"decode", 1, 0, 'd'}, {"host", 1, 0, 'H'}, {"port", 1, 0, 'P'},
         {"api-key", 1, 0, 'k'}, {"backend-api-key", 1, 0, 'b'}, {"retries", 1, 0, 'r'}, {"help", 0, 0, 'h'},
+        {"policy", 1, 0, 'y'}, {"cache-threshold", 1, 0, 'c'}, {"balance-abs-threshold", 1, 0, 'a'},
+        {"balance-rel-threshold", 1, 0, 'l'}, {"max-tree-size", 1, 0, 't'},
         PD_CLI_HTTP_OPTIONS, {0, 0, 0, 0},
     };
-    struct pd_proxy_opts o = {.port = 8000, .handle_signals = 1, .http = {.log = pd_cli_log, .log_arg = "proxy"}};
+    struct pd_proxy_opts o = {.port = 8000, .handle_signals = 1, .http = {.log = pd_cli_log, .log_arg = "proxy"},
+                              .route = {.policy = PD_ROUTE_CACHE_AWARE, .cache_threshold = 0.3, .balance_abs = 64,
+                                        .balance_rel = 1.5}};
     static char plist[4096], dlist[4096];
     int64_t v;
     int c;
@@ -46,6 +50,30 @@ int pd_cli_proxy(int argc, char **argv)
                 return 2;
             break;
         case 'M': o.metrics_file = optarg; break;
+        case 'y':
+            if (pd_route_policy_parse(optarg, &o.route.policy)) {
+                fprintf(stderr, "pdmoe proxy: --policy %s: expected cache_aware or least_loaded\n", optarg);
+                return 2;
+            }
+            break;
+        case 'c':
+            if (pd_cli_double("--cache-threshold", optarg, &o.route.cache_threshold))
+                return 2;
+            break;
+        case 'a':
+            if (pd_cli_int("--balance-abs-threshold", optarg, 0, &v) || v > 1000000)
+                return 2;
+            o.route.balance_abs = (int)v;
+            break;
+        case 'l':
+            if (pd_cli_double("--balance-rel-threshold", optarg, &o.route.balance_rel))
+                return 2;
+            break;
+        case 't':
+            if (pd_cli_int("--max-tree-size", optarg, PD_ROUTE_CHUNK, &v))
+                return 2;
+            o.route.max_bytes = (size_t)v;
+            break;
         case 'i':
             if (pd_cli_int("--health-interval-ms", optarg, 10, &v) || v > 3600000)
                 return 2;
@@ -72,6 +100,13 @@ int pd_cli_proxy(int argc, char **argv)
                    "The instances are sent --backend-api-key, or --api-key without it.\n"
                    "Without --prefill, the --decode instances are colocated servers and the proxy balances them.\n",
                    pd_cli_http_help);
+            printf("--policy cache_aware|least_loaded (cache_aware): which instance prefills a request: the one most\n"
+                   "likely to hold its prompt's prefix in its KV cache (the prompt bytes routed to each are indexed),\n"
+                   "unless the loads are imbalanced (in flight: max - min > --balance-abs-threshold 64 and max >\n"
+                   "--balance-rel-threshold 1.5 x min), and only if that prefix is more than --cache-threshold 0.3 of\n"
+                   "the prompt (else the instance with the least indexed); least_loaded: the fewest in flight.\n"
+                   "--max-tree-size 16777216: prompt bytes indexed per instance (least recently used out first).\n"
+                   "Decode instances are always chosen least-loaded.\n");
             printf("--health-interval-ms 1000: how often each instance's /health is checked; a failed one gets no\n"
                    "requests until it answers again. --metrics-file FILE: Prometheus text added to /metrics (pdmoe up's\n"
                    "restart counts).\n");

@@ -1,6 +1,7 @@
 /* `pdmoe serve`: the OpenAI-compatible server on one engine (colocated prefill and decode), or,
  * under mpirun with --enable-expert-parallel, on an EP group whose rank 0 serves HTTP. */
 #include "cli/cli.h"
+#include "engine/spec.h"
 #include "core/net.h"
 #include "core/units.h"
 #include "pd/server.h"
@@ -67,7 +68,8 @@ int pd_cli_serve(int argc, char **argv)
         {"served-model-name", 1, 0, 'n'}, {"api-key", 1, 0, 'k'}, {"role", 1, 0, 'r'},
         {"kv-transfer-config", 1, 0, 'K'}, {"kv-cache-bytes", 1, 0, 'B'},
         {"kv-cache-memory-bytes", 1, 0, 'B'}, {"enable-expert-parallel", 0, 0, 'E'},
-        {"data-parallel-size", 1, 0, 'd'}, {"kv-cache-dtype", 1, 0, 'D'}, {"help", 0, 0, 'h'}, PD_CLI_HTTP_OPTIONS, {0, 0, 0, 0},
+        {"data-parallel-size", 1, 0, 'd'}, {"kv-cache-dtype", 1, 0, 'D'}, {"speculative-config", 1, 0, 'X'},
+        {"help", 0, 0, 'h'}, PD_CLI_HTTP_OPTIONS, {0, 0, 0, 0},
     };
     int64_t dp = 0;
     struct pd_server_opts o = {.port = 8000, .handle_signals = 1, .http = {.log = pd_cli_log, .log_arg = "serve"}};
@@ -91,6 +93,14 @@ int pd_cli_serve(int argc, char **argv)
         case 'd': if (pd_cli_int("--data-parallel-size", optarg, 1, &dp)) return 2; break;
         case 'k': o.api_key = optarg; break;
         case 'D': if (pd_cli_kv_dtype("serve", optarg, &o.kv_dtype)) return 2; break;
+        case 'X': {
+            pd_err se = {0};
+            if (pd_spec_config_parse(optarg, &o.spec_k, &se)) {
+                fprintf(stderr, "pdmoe serve: %s\n", se.msg);
+                return 2;
+            }
+            break;
+        }
         case 'B':
             if (pd_units_parse(optarg, &v) || v < 1) {
                 fprintf(stderr, "pdmoe serve: --kv-cache-memory-bytes %s: expected bytes, e.g. 2GB or 512MiB\n", optarg);
@@ -189,7 +199,9 @@ int pd_cli_serve(int argc, char **argv)
                    "       [--kv-cache-memory-bytes B (vLLM's name, or --kv-cache-bytes: the KV pool; default:\n"
                    "         max-num-seqs x max-model-len)]\n"
                    "       [--kv-cache-dtype bf16|fp8] (the KV cache's entries, default bf16; fp8 as DeepSeek-V4\n"
-                   "         is deployed; a prefill and a decode instance must use the same)\n"
+                   "         is deployed; a prefill and a decode instance must use the same)\n"                   "       [--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":K}'] (MTP\n"
+                   "         speculative decoding, K = 1..8; colocated only: refused with --role prefill|decode and\n"
+                   "         --enable-expert-parallel; /metrics counts drafts and accepted tokens per position)\n"
                    "       [--enable-expert-parallel [--data-parallel-size N]] (under mpirun -n N: one EP group,\n"
                    "         rank 0 serves HTTP; each rank holds 1/N of the experts, its own sequences and\n"
                    "         KV pool; --max-num-seqs and --kv-cache-bytes are per rank; a kv_producer's\n"

@@ -1,6 +1,7 @@
 /* `pdmoe tokenize`: the ids a tokenizer.json gives a text, as pdmoe encodes it (no BOS added),
  * to compare with other implementations (tests/tokenizer/compare.mjs runs Hugging Face's). */
 #include "cli/cli.h"
+#include "model/chat.h"
 #include "model/tokenizer.h"
 
 #include <jansson.h>
@@ -12,7 +13,10 @@ static const char *help =
     "usage: pdmoe tokenize --tokenizer FILE (--text TEXT | --file FILE | --jsonl FILE) [--json]\n"
     "Prints the ids FILE's tokenizer gives a text (no BOS added): the ids separated by spaces, or\n"
     "a JSON array with --json. --file tokenizes a whole file as one text; --jsonl reads one JSON\n"
-    "string per line and prints one JSON array of ids per line (- reads standard input).\n";
+    "string per line and prints one JSON array of ids per line (- reads standard input).\n"
+    "--chat DIR: each --jsonl line is a chat's \"messages\" array instead; it is rendered as checkpoint\n"
+    "DIR's chat format (DeepSeek-V3's chat_template or DeepSeek-V4's encoding: see pdmoe serve), BOS text\n"
+    "first, and printed as one JSON object per line: {\"text\": the prompt, \"ids\": its ids}.\n";
 
 /* The whole of path (- for standard input), NUL-ended, its length in *len; NULL if unreadable. */
 static char *read_all(const char *path, size_t *len)
@@ -66,15 +70,56 @@ static int print_ids(const struct pd_tok *t, const char *text, size_t len, int a
     return 0;
 }
 
+/* One chat (a "messages" array) rendered in format f: {"text": ..., "ids": [...]}. */
+static int print_chat(const struct pd_tok *t, enum pd_chat_format f, json_t *msgs, const char *what)
+{
+    size_t n = json_array_size(msgs);
+    if (!json_is_array(msgs) || !n) {
+        fprintf(stderr, "pdmoe tokenize: %s: expected a non-empty JSON array of messages\n", what);
+        return 1;
+    }
+    struct pd_chat_msg m[256];
+    if (n > sizeof m / sizeof m[0]) {
+        fprintf(stderr, "pdmoe tokenize: %s: at most %zu messages\n", what, sizeof m / sizeof m[0]);
+        return 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_array_get(msgs, i);
+        m[i].role = json_string_value(json_object_get(x, "role"));
+        m[i].content = json_string_value(json_object_get(x, "content"));
+    }
+    char *text;
+    size_t len;
+    int32_t *ids = NULL;
+    size_t nid = 0;
+    pd_err e = {0};
+    if (pd_chat_render(f, m, n, 1, &text, &len, &e) || pd_tok_encode(t, text, len, &ids, &nid, &e)) {
+        fprintf(stderr, "pdmoe tokenize: %s: %s\n", what, e.msg);
+        return 1;
+    }
+    json_t *o = json_pack("{s:s%,s:[]}", "text", text, len, "ids");
+    for (size_t i = 0; o && i < nid; i++)
+        json_array_append_new(json_object_get(o, "ids"), json_integer(ids[i]));
+    char *line = o ? json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
+    if (line)
+        puts(line);
+    free(line);
+    json_decref(o);
+    free(ids);
+    free(text);
+    return line ? 0 : 1;
+}
+
 int pd_cli_tokenize(int argc, char **argv)
 {
-    const char *tok = NULL, *text = NULL, *file = NULL, *jsonl = NULL;
+    const char *tok = NULL, *text = NULL, *file = NULL, *jsonl = NULL, *chat = NULL;
     int as_json = 0;
     for (int i = 1; i < argc; i++) {
         const char **val = !strcmp(argv[i], "--tokenizer") ? &tok
                            : !strcmp(argv[i], "--text")    ? &text
                            : !strcmp(argv[i], "--file")    ? &file
                            : !strcmp(argv[i], "--jsonl")   ? &jsonl
+                           : !strcmp(argv[i], "--chat")    ? &chat
                                                            : NULL;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(help, stdout);
@@ -100,8 +145,17 @@ int pd_cli_tokenize(int argc, char **argv)
         fprintf(stderr, "pdmoe tokenize: give one of --text, --file and --jsonl\n");
         return 2;
     }
-    struct pd_tok *t;
+    if (chat && !jsonl) {
+        fprintf(stderr, "pdmoe tokenize: --chat reads the chats from --jsonl\n");
+        return 2;
+    }
+    enum pd_chat_format format = PD_CHAT_DSV4;
     pd_err e = {0};
+    if (chat && pd_chat_format_of(chat, &format, &e)) {
+        fprintf(stderr, "pdmoe tokenize: --chat %s\n", e.msg);
+        return 1;
+    }
+    struct pd_tok *t;
     if (pd_tok_load(tok, &t, &e)) {
         fprintf(stderr, "pdmoe tokenize: --tokenizer %s\n", e.msg);
         return 1;
@@ -130,7 +184,9 @@ int pd_cli_tokenize(int argc, char **argv)
                                        &je);
                 char what[64 + 4096];
                 snprintf(what, sizeof what, "--jsonl %s: line %zu", path, line);
-                if (!json_is_string(j)) {
+                if (chat) {
+                    rc = print_chat(t, format, j, what);
+                } else if (!json_is_string(j)) {
                     fprintf(stderr, "pdmoe tokenize: %s: expected a JSON string\n", what);
                     rc = 1;
                 } else {

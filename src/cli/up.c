@@ -14,6 +14,8 @@
  * cluster is first ready, a child that dies is started again at once, three times at most, then
  * stops everything (a bad flag would only die again). */
 #include "cli/cli.h"
+#include "engine/spec.h"
+#include "proxy/route.h"
 #include "core/timing.h"
 #include "core/net.h"
 #include "engine/genmodel.h"
@@ -424,10 +426,11 @@ int pd_cli_up(int argc, char **argv)
         {"decode-ep", 1, 0, 'f'}, {"api-key", 1, 0, 'k'}, {"kv-lease-ms", 1, 0, 'K'},
         {"host", 1, 0, 'H'}, {"max-num-seqs", 1, 0, 'S'}, {"max-num-batched-tokens", 1, 0, 'T'},
         {"kv-cache-memory-bytes", 1, 0, 'B'}, {"kv-cache-bytes", 1, 0, 'B'}, {"served-model-name", 1, 0, 'N'},
-        {"hosts", 1, 0, 'O'}, {"kv-cache-dtype", 1, 0, 'd'},
+        {"hosts", 1, 0, 'O'}, {"kv-cache-dtype", 1, 0, 'd'}, {"policy", 1, 0, 'y'},
+        {"speculative-config", 1, 0, 'X'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
-    const char *model = "models/mini", *plan = NULL, *key = NULL;
+    const char *model = "models/mini", *plan = NULL, *key = NULL, *policy = NULL;
     char *hosts[MAX_HOSTS];
     int nhosts = 0;
     int64_t port = 8000, np = 1, nd = 1, threads = 1, max_len = 2048, ep_flag[2] = {1, 1}, lease_ms = 0;
@@ -459,6 +462,29 @@ int pd_cli_up(int argc, char **argv)
         case 'B': kvbytes_flag = optarg; break;
         case 'd': if (pd_cli_kv_dtype("up", optarg, &dtype)) return 2; dtype_flag = optarg; break;
         case 'N': served = optarg; break;
+        case 'y': {
+            enum pd_route_policy p;
+            if (pd_route_policy_parse(optarg, &p)) {
+                fprintf(stderr, "pdmoe up: --policy %s: expected cache_aware or least_loaded\n", optarg);
+                return 2;
+            }
+            policy = optarg;
+            break;
+        }
+        case 'X': {
+            /* checked, then refused: up runs prefill and decode instances, and a decode instance
+             * would need the MTP layer's KV of the prompt, which the hand-off does not carry */
+            pd_err se = {0};
+            int k;
+            if (pd_spec_config_parse(optarg, &k, &se)) {
+                fprintf(stderr, "pdmoe up: %s\n", se.msg);
+                return 2;
+            }
+            fprintf(stderr, "pdmoe up: --speculative-config: speculative decoding with prefill/decode disaggregation "
+                            "is not supported yet (the KV hand-off does not carry the MTP layer's KV); use pdmoe serve "
+                            "--speculative-config\n");
+            return 2;
+        }
         case 'O':
             if (parse_hosts(optarg, hosts, &nhosts))
                 return 2;
@@ -486,7 +512,9 @@ int pd_cli_up(int argc, char **argv)
                    "       [--prefill-ep 1] [--decode-ep 1] [--plan plan.json] [--threads 1] [--max-model-len 2048]\n"
                    "       [--api-key KEY] [--kv-lease-ms 30000] [--host 127.0.0.1] [--max-num-seqs N]\n"
                    "       [--max-num-batched-tokens N] [--kv-cache-memory-bytes B] [--served-model-name NAME]\n"
-                   "       [--kv-cache-dtype bf16|fp8] [--plan plan.json --hosts H0,H1,...]\n"
+                   "       [--kv-cache-dtype bf16|fp8] [--policy cache_aware|least_loaded]\n"
+                   "       [--plan plan.json --hosts H0,H1,...]\n"
+                   "--policy: how the proxy picks the instance that prefills (pdmoe proxy --help; cache_aware by default).\n"
                    "--host: the proxy's address (the instances stay on 127.0.0.1, reached by the proxy only). The\n"
                    "engine flags go to every instance, as pdmoe serve reads them (not with --plan, which sets them).\n"
                    "Starts prefill and decode servers and the proxy on this machine (generating models/mini if it is\n"
@@ -623,7 +651,8 @@ int pd_cli_up(int argc, char **argv)
         n++;
     }
     /* the proxy, in front of every instance's first host and port (plan/launch.h) */
-    struct pd_launch_proxy po = {.pdmoe = self, .host = host, .port = (int)port, .metrics_file = mfile, .api_key = key};
+    struct pd_launch_proxy po = {.pdmoe = self, .host = host, .port = (int)port, .metrics_file = mfile, .api_key = key,
+                                 .policy = policy};
     const int proxy = n;
     if (!failed) {
         ch[n] = (struct child){.port = (int)port, .role = "proxy", .host = host};

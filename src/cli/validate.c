@@ -61,7 +61,7 @@ int pd_cli_validate(int argc, char **argv)
     char *md = pd_validate_markdown(c, n);
     int worst = 0;
     for (int i = 0; i < n; i++)
-        worst |= !c[i].known_miss[0] && (c[i].error > 0.25 || c[i].error < -0.25);
+        worst |= !c[i].known_miss[0] && !c[i].pending[0] && (c[i].error > 0.25 || c[i].error < -0.25);
     if (md)
         fputs(md, stdout);
     free(md);

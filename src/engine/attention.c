@@ -94,6 +94,22 @@ int pd_compress_push(const struct pd_compressor_w *c, float *state, const float 
     return 1;
 }
 
+/* Saves in u the state rows pd_compress_push writes for position pos: its kv and score rows and,
+ * when pos ends a block of an overlapping compressor, the previous-block half it shifts into. */
+static int compress_save(struct pd_kvundo *u, const struct pd_compressor_w *c, float *state, int64_t pos)
+{
+    const int r = c->ratio, w = c->coff * c->d, over = c->coff == 2;
+    float *kv = state, *sc = state + (size_t)c->coff * r * w;
+    const int i = (int)(pos % r), row = (over ? r : 0) + i;
+    if (pd_kvundo_save(u, pos, kv + (size_t)row * w, (size_t)w * sizeof(float)) ||
+        pd_kvundo_save(u, pos, sc + (size_t)row * w, (size_t)w * sizeof(float)))
+        return PD_ENOMEM;
+    if (over && i == r - 1 &&
+        (pd_kvundo_save(u, pos, kv, (size_t)r * w * sizeof(float)) || pd_kvundo_save(u, pos, sc, (size_t)r * w * sizeof(float))))
+        return PD_ENOMEM;
+    return 0;
+}
+
 /* a ranks above b: higher score, or equal score and lower index */
 static int better(const float *score, int a, int b)
 {
@@ -174,14 +190,21 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
 {
     struct pd_engine *en = st->en;
     const struct pd_model *m = &en->model;
-    const struct pd_layer_w *L = &en->w.layers[layer];
-    struct pd_seq *seq = st->items[st->item_of[t]].seq;
+    const struct pd_layer_w *L = pd_layer_weights(en, layer);
+    const struct pd_step_item *it = &st->items[st->item_of[t]];
+    struct pd_seq *seq = it->seq;
     const struct pd_kvpool *kvp = &en->kv;
     const int hd = m->head_dim, nh = m->n_heads, W = m->sliding_window, r = L->ratio;
     const int rd = m->qk_rope_head_dim;
     const float *cs = (r ? st->cs_compress : st->cs_window) + (size_t)t * rd;
     const float eps = (float)m->rms_norm_eps;
     const int64_t pos = st->pos[t];
+    /* a speculative token: what it overwrites in the slot goes to the undo log first (kvpool.h) */
+    struct pd_kvundo *u = it->undo ? (layer < m->n_layers ? &seq->undo : &seq->mtp_undo) : NULL;
+    if (u && (pd_kvundo_save(u, pos, pd_kv_window(kvp, &seq->kv, layer, pos), kvp->entry_bytes) ||
+              (r && compress_save(u, &L->cmp, pd_kv_state(kvp, &seq->kv, layer, 0), pos)) ||
+              (r == 4 && compress_save(u, &L->idx_cmp, pd_kv_state(kvp, &seq->kv, layer, 1), pos))))
+        return pd_err_set(e, PD_ENOMEM, "engine: out of memory for the undo log");
     pd_kv_put_entry(kvp, pd_kv_window(kvp, &seq->kv, layer, pos), b->kv + (size_t)t * hd);
     float entry[2048];
     if (r) {
@@ -249,7 +272,6 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
         pd_axpy_rows(b->scores, b->keys, (size_t)hd, nk, o, hd);
         pd_rope_apply_cs(cs, rd, o + hd - rd, 1);
     }
-    (void)e;
     return 0;
 }
 
@@ -260,7 +282,7 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
 {
     struct pd_engine *en = st->en;
     const struct pd_model *m = &en->model;
-    const struct pd_layer_w *L = &en->w.layers[layer];
+    const struct pd_layer_w *L = pd_layer_weights(en, layer);
     const int T = st->T, hd = m->head_dim, nh = m->n_heads, ql = m->q_lora_rank, r = L->ratio;
     const int og = m->o_groups, ol = m->o_lora_rank, gin = nh * hd / og;
     const float eps = (float)m->rms_norm_eps;

@@ -50,6 +50,19 @@ int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err 
                           o->dir, m->index_head_dim);
     if ((rc = pd_weights_load_ref(&en->w, m, o->dir, o->has_expert, o->ref, e)))
         return rc;
+    if (o->mtp && !en->w.has_mtp) {
+        pd_weights_free(&en->w);
+        return pd_err_set(e, PD_EINVAL, "%s: MTP asked for, but the checkpoint has no MTP layer (%s)", o->dir,
+                          m->dspark ? "its draft is DSpark (dspark_* fields), which the engine does not run"
+                          : m->n_mtp_layers ? "no tensor mtp.0.e_proj.weight" : "num_nextn_predict_layers is 0");
+    }
+    if (o->mtp && o->has_expert) {
+        pd_weights_free(&en->w);
+        return pd_err_set(e, PD_EINVAL, "%s: MTP with expert parallelism is not supported yet (the MTP layer's experts "
+                          "are not placed across the group)", o->dir);
+    }
+    en->mtp = o->mtp;
+    const int nl = m->n_layers + (en->mtp ? 1 : 0);   /* KV layers: the MTP layer's is the last */
     int64_t max_len = o->max_model_len > 0 ? o->max_model_len : 4096;
     int max_seqs = o->max_seqs > 0 ? o->max_seqs : 16;
     int block = o->block_entries > 0 ? o->block_entries : 16;
@@ -59,13 +72,13 @@ int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err 
         size_t eb, kb;
         pd_kvpool_entry_bytes(m, o->kv_dtype, &eb, &kb);
         double per_tok = 0;
-        for (int l = 0; l < m->n_layers; l++) {
+        for (int l = 0; l < nl; l++) {
             int r = m->compress_ratio[l];
             if (r)
                 per_tok += (double)(eb + (r == 4 ? kb : 0)) / r;
         }
         size_t slot = 0;
-        for (int l = 0; l < m->n_layers; l++) {
+        for (int l = 0; l < nl; l++) {
             int r = m->compress_ratio[l], coff = r == 4 ? 2 : 1;
             slot += (size_t)m->sliding_window * eb;
             if (r)
@@ -75,9 +88,9 @@ int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err 
         }
         /* the pool may round a block up to whole keys: count the slack at twice the blocks asked */
         bytes = (size_t)max_seqs * (slot + (size_t)(per_tok * (double)max_len) +
-                                    (size_t)m->n_layers * 2 * (size_t)(2 * block) * eb);
+                                    (size_t)nl * 2 * (size_t)(2 * block) * eb);
     }
-    if ((rc = pd_kvpool_init(&en->kv, m, o->kv_dtype, max_seqs, bytes, block, e)))
+    if ((rc = pd_kvpool_init_layers(&en->kv, m, nl, o->kv_dtype, max_seqs, bytes, block, e)))
         goto fail;
     int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads > 1 && (rc = pd_pool_create(threads, &en->pool, e)))
@@ -88,7 +101,7 @@ int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err 
                  y->original_max_position_embeddings, y->beta_fast, y->beta_slow);
     en->rope_index = en->rope_compress;
     en->layer_rms = calloc((size_t)m->n_layers, sizeof *en->layer_rms);
-    en->expert_tokens = calloc((size_t)m->n_layers * m->n_routed_experts, sizeof *en->expert_tokens);
+    en->expert_tokens = calloc((size_t)nl * m->n_routed_experts, sizeof *en->expert_tokens);
     if (!en->layer_rms || !en->expert_tokens) {
         rc = pd_err_set(e, PD_ENOMEM, "engine: out of memory");
         goto fail;
@@ -114,13 +127,37 @@ void pd_engine_close(struct pd_engine *en)
 int pd_seq_start(struct pd_engine *en, struct pd_seq *s, pd_err *e)
 {
     s->pos = 0;
+    s->mtp_pos = 0;
+    memset(&s->undo, 0, sizeof s->undo);
+    memset(&s->mtp_undo, 0, sizeof s->mtp_undo);
     return pd_kvseq_alloc(&en->kv, &s->kv, e);
 }
 
 void pd_seq_end(struct pd_engine *en, struct pd_seq *s)
 {
     pd_kvseq_free(&en->kv, &s->kv);
+    pd_kvundo_free(&s->undo);
+    pd_kvundo_free(&s->mtp_undo);
     s->pos = 0;
+    s->mtp_pos = 0;
+}
+
+int pd_engine_rollback(struct pd_engine *en, struct pd_seq *s, int64_t len, int64_t mtp_len, pd_err *e)
+{
+    if (len > s->pos || mtp_len > s->mtp_pos || len < 0 || mtp_len < 0)
+        return pd_err_set(e, PD_EINVAL, "engine rollback: to %lld / %lld tokens, the sequence has %lld / %lld",
+                          (long long)len, (long long)mtp_len, (long long)s->pos, (long long)s->mtp_pos);
+    /* every dropped position must have run with undo on: the logs begin at or before it */
+    if ((len < s->pos && (s->undo.n == 0 || s->undo.from > len)) ||
+        (mtp_len < s->mtp_pos && (s->mtp_undo.n == 0 || s->mtp_undo.from > mtp_len)))
+        return pd_err_set(e, PD_EINVAL, "engine rollback: a dropped token was not run with undo on");
+    pd_kvundo_rollback(&s->undo, len);
+    pd_kvundo_rollback(&s->mtp_undo, mtp_len);
+    s->pos = len;
+    s->mtp_pos = mtp_len;
+    s->kv.len = len;
+    (void)en;
+    return 0;
 }
 
 /* mHC "pre": the 2*hc + hc*hc mixing values of one token, then
@@ -167,7 +204,7 @@ static int sublayer(struct pd_step *st, int layer, int ffn, pd_err *e)
 {
     struct pd_engine *en = st->en;
     const struct pd_model *m = &en->model;
-    const struct pd_layer_w *L = &en->w.layers[layer];
+    const struct pd_layer_w *L = pd_layer_weights(en, layer);
     const int H = (int)m->hidden_size, hc = m->hc_mult;
     for (int t = 0; t < st->T; t++) {
         float *x = st->x + (size_t)t * H;
@@ -189,20 +226,21 @@ static int sublayer(struct pd_step *st, int layer, int ffn, pd_err *e)
     return 0;
 }
 
-/* Output head: mHC pre-weights (sigmoid, no Sinkhorn) sum the streams, then norm, then lm_head. */
-static int head(struct pd_step *st, float *x, int t, float *logits, pd_err *e)
+/* Output head, its input: mHC pre-weights (sigmoid, no Sinkhorn) sum the streams of token t,
+ * then norm, into x; lm_head follows (step_outputs). The main model uses its own hc_head_* and
+ * norm, the MTP layer its own; both share lm_head. */
+static void head_input(struct pd_step *st, int t, const float *fn, const float *base, const float *scale,
+                       const float *norm, float *x)
 {
-    struct pd_engine *en = st->en;
-    const struct pd_model *m = &en->model;
+    const struct pd_model *m = &st->en->model;
     const int H = (int)m->hidden_size, hc = m->hc_mult, n = hc * H;
     const float *h = st->h + (size_t)t * n;
     float r = (float)(1.0 / sqrt((double)pd_dot(h, h, n) / n + m->rms_norm_eps)), pre[64], mix[64];
-    pd_dot_rows(en->w.hc_head_fn, (size_t)n, h, n, hc, mix);
+    pd_dot_rows(fn, (size_t)n, h, n, hc, mix);
     for (int j = 0; j < hc; j++)
-        pre[j] = pd_sigmoid(mix[j] * r * en->w.hc_head_scale[0] + en->w.hc_head_base[j]) + (float)m->hc_eps;
+        pre[j] = pd_sigmoid(mix[j] * r * scale[0] + base[j]) + (float)m->hc_eps;
     pd_weighted_sum(pre, h, (size_t)H, hc, NULL, x, H);
-    pd_rmsnorm(x, en->w.norm, (float)m->rms_norm_eps, H, x);
-    return pd_linear_fwd(&en->w.head, en->pool, en->ref, x, 1, logits, st->qbuf, st->sbuf, e);
+    pd_rmsnorm(x, norm, (float)m->rms_norm_eps, H, x);
 }
 
 static int max_in(const struct pd_model *m)
@@ -215,12 +253,13 @@ static int max_in(const struct pd_model *m)
     return (int)x;
 }
 
-int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items, pd_err *e)
+/* Checks the items and reserves KV for their new tokens (positions from seq->pos, or seq->mtp_pos
+ * in the MTP step): on failure nothing has advanced. Fills st->T. */
+static int step_check(struct pd_engine *en, struct pd_step *st, int mtp, pd_err *e)
 {
     const struct pd_model *m = &en->model;
-    const int H = (int)m->hidden_size, hc = m->hc_mult;
-    struct pd_step st = {.en = en, .items = items, .n_items = n_items};
-    for (int i = 0; i < n_items; i++) {
+    struct pd_step_item *items = st->items;
+    for (int i = 0; i < st->n_items; i++) {
         if (items[i].n < 1)
             return pd_err_set(e, PD_EINVAL, "engine step: item %d has no tokens", i);
         for (int k = 0; k < items[i].n; k++)
@@ -230,52 +269,122 @@ int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items
         for (int j = 0; j < i; j++)
             if (items[j].seq == items[i].seq)
                 return pd_err_set(e, PD_EINVAL, "engine step: a sequence appears twice in one step");
-        st.T += items[i].n;
+        if (mtp && !items[i].hidden_in)
+            return pd_err_set(e, PD_EINVAL, "engine MTP step: item %d has no hidden_in", i);
+        st->T += items[i].n;
     }
-    /* KV for the new tokens first: on failure nothing has advanced */
-    for (int i = 0; i < n_items; i++) {
-        int rc = pd_kvseq_reserve(&en->kv, &items[i].seq->kv, items[i].seq->pos + items[i].n, e);
+    for (int i = 0; i < st->n_items; i++) {
+        const struct pd_seq *q = items[i].seq;
+        int64_t end = mtp ? q->mtp_pos + items[i].n : q->pos + items[i].n;
+        if (en->mtp)   /* the pool's layers share one reservation: the longer of the two */
+            end = end > (mtp ? q->pos : q->mtp_pos) ? end : (mtp ? q->pos : q->mtp_pos);
+        int rc = pd_kvseq_reserve(&en->kv, &items[i].seq->kv, end, e);
         if (rc)
             return rc;
     }
-    const int T = st.T;
-    st.max_in = max_in(m);
-    int rc = PD_ENOMEM;
-    st.item_of = pd_scratch(en, 1, (size_t)T * sizeof(int), e);
-    st.pos = pd_scratch(en, 2, (size_t)T * sizeof(int64_t), e);
-    st.token = pd_scratch(en, 3, (size_t)T * sizeof(int32_t), e);
-    st.h = pd_scratch(en, 4, (size_t)T * hc * H * sizeof(float), e);
-    st.x = pd_scratch(en, 5, (size_t)T * H * sizeof(float), e);
-    st.out = pd_scratch(en, 6, (size_t)T * H * sizeof(float), e);
-    st.post = pd_scratch(en, 7, (size_t)T * hc * sizeof(float), e);
-    st.comb = pd_scratch(en, 8, (size_t)T * hc * hc * sizeof(float), e);
-    st.qbuf = pd_scratch(en, 9, (size_t)T * st.max_in, e);
-    st.sbuf = pd_scratch(en, 10, (size_t)T * sizeof(float), e);
+    return 0;
+}
+
+/* The step's scratch memory, and each token's item, position and rope. */
+static int step_setup(struct pd_engine *en, struct pd_step *st, int mtp, pd_err *e)
+{
+    const struct pd_model *m = &en->model;
+    const int H = (int)m->hidden_size, hc = m->hc_mult, T = st->T;
+    st->max_in = max_in(m);
+    st->item_of = pd_scratch(en, 1, (size_t)T * sizeof(int), e);
+    st->pos = pd_scratch(en, 2, (size_t)T * sizeof(int64_t), e);
+    st->token = pd_scratch(en, 3, (size_t)T * sizeof(int32_t), e);
+    st->h = pd_scratch(en, 4, (size_t)T * hc * H * sizeof(float), e);
+    st->x = pd_scratch(en, 5, (size_t)T * H * sizeof(float), e);
+    st->out = pd_scratch(en, 6, (size_t)T * H * sizeof(float), e);
+    st->post = pd_scratch(en, 7, (size_t)T * hc * sizeof(float), e);
+    st->comb = pd_scratch(en, 8, (size_t)T * hc * hc * sizeof(float), e);
+    st->qbuf = pd_scratch(en, 9, (size_t)T * st->max_in, e);
+    st->sbuf = pd_scratch(en, 10, (size_t)T * sizeof(float), e);
     int8_t *xq = pd_scratch(en, 47, (size_t)T * H, e);
     float *xs = pd_scratch(en, 49, (size_t)T * sizeof(float), e);
-    st.xq = (pd_qmat){.q = xq, .scale = xs, .rows = T, .cols = H};
+    st->xq = (pd_qmat){.q = xq, .scale = xs, .rows = T, .cols = H};
     const int rd = m->qk_rope_head_dim;
-    st.cs_window = pd_scratch(en, 44, (size_t)T * rd * sizeof(float), e);
-    st.cs_compress = pd_scratch(en, 45, (size_t)T * rd * sizeof(float), e);
-    if (!st.item_of || !st.pos || !st.token || !st.h || !st.x || !st.out || !st.post || !st.comb || !st.qbuf || !st.sbuf ||
-        !st.cs_window || !st.cs_compress || !xq || !xs)
-        goto out;
-    /* embedding, copied into the hc streams */
-    for (int i = 0, t = 0; i < n_items; i++)
-        for (int k = 0; k < items[i].n; k++, t++) {
-            st.item_of[t] = i;
-            st.pos[t] = items[i].seq->pos + k;
-            st.token[t] = items[i].tokens[k];
-            float *h = st.h + (size_t)t * hc * H;
-            pd_bf16_row((const char *)en->w.embed + (size_t)st.token[t] * H * 2, h, (size_t)H);
-            for (int j = 1; j < hc; j++)
-                memcpy(h + (size_t)j * H, h, (size_t)H * sizeof(float));
-            pd_rope_cs(&en->rope_window, st.pos[t], st.cs_window + (size_t)t * rd);
-            pd_rope_cs(&en->rope_compress, st.pos[t], st.cs_compress + (size_t)t * rd);
+    st->cs_window = pd_scratch(en, 44, (size_t)T * rd * sizeof(float), e);
+    st->cs_compress = pd_scratch(en, 45, (size_t)T * rd * sizeof(float), e);
+    if (!st->item_of || !st->pos || !st->token || !st->h || !st->x || !st->out || !st->post || !st->comb || !st->qbuf ||
+        !st->sbuf || !st->cs_window || !st->cs_compress || !xq || !xs)
+        return PD_ENOMEM;
+    for (int i = 0, t = 0; i < st->n_items; i++)
+        for (int k = 0; k < st->items[i].n; k++, t++) {
+            st->item_of[t] = i;
+            st->pos[t] = (mtp ? st->items[i].seq->mtp_pos : st->items[i].seq->pos) + k;
+            st->token[t] = st->items[i].tokens[k];
+            pd_rope_cs(&en->rope_window, st->pos[t], st->cs_window + (size_t)t * rd);
+            pd_rope_cs(&en->rope_compress, st->pos[t], st->cs_compress + (size_t)t * rd);
         }
+    return 0;
+}
+
+/* Hidden states and logits of every item, through the head given: the head's inputs of every
+ * token that wants logits gathered into st->x (free once the blocks are done), lm_head on all of
+ * them in one product (a row's result does not depend on the rows beside it), then each row
+ * copied to where its item wants it. */
+static int step_outputs(struct pd_step *st, const float *fn, const float *base, const float *scale, const float *norm,
+                        pd_err *e)
+{
+    struct pd_engine *en = st->en;
+    const struct pd_model *m = &en->model;
+    const int H = (int)m->hidden_size, V = (int)m->vocab_size;
+    const size_t hcH = (size_t)m->hc_mult * H;
+    float **dst = pd_scratch(en, 69, (size_t)st->T * sizeof *dst, e);
+    if (!dst)
+        return PD_ENOMEM;
+    int n = 0;
+    for (int i = 0, t = 0; i < st->n_items; i++) {
+        struct pd_step_item *it = &st->items[i];
+        if (it->hidden)
+            memcpy(it->hidden, st->h + (size_t)t * hcH, (size_t)it->n * hcH * sizeof(float));
+        for (int k = 0; k < it->n; k++, t++) {
+            float *d = it->all_logits ? it->all_logits + (size_t)k * V : k == it->n - 1 ? it->logits : NULL;
+            if (!d)
+                continue;
+            head_input(st, t, fn, base, scale, norm, st->x + (size_t)n * H);
+            dst[n++] = d;
+        }
+    }
+    if (!n)
+        return 0;
+    float *lg = pd_scratch(en, 46, (size_t)n * V * sizeof(float), e);
+    if (!lg)
+        return PD_ENOMEM;
+    int rc = pd_linear_fwd(&en->w.head, en->pool, en->ref, st->x, n, lg, st->qbuf, st->sbuf, e);
+    if (rc)
+        return rc;
+    for (int r = 0; r < n; r++)
+        memcpy(dst[r], lg + (size_t)r * V, (size_t)V * sizeof(float));
+    for (int i = 0; i < st->n_items; i++) {
+        struct pd_step_item *it = &st->items[i];
+        if (it->logits && it->all_logits)
+            memcpy(it->logits, it->all_logits + (size_t)(it->n - 1) * V, (size_t)V * sizeof(float));
+    }
+    return 0;
+}
+
+int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items, pd_err *e)
+{
+    const struct pd_model *m = &en->model;
+    const int H = (int)m->hidden_size, hc = m->hc_mult;
+    struct pd_step st = {.en = en, .items = items, .n_items = n_items};
+    int rc = step_check(en, &st, 0, e);
+    if (rc || (rc = step_setup(en, &st, 0, e)))
+        return rc;
+    const int T = st.T;
+    /* embedding, copied into the hc streams */
+    for (int t = 0; t < T; t++) {
+        float *h = st.h + (size_t)t * hc * H;
+        pd_bf16_row((const char *)en->w.embed + (size_t)st.token[t] * H * 2, h, (size_t)H);
+        for (int j = 1; j < hc; j++)
+            memcpy(h + (size_t)j * H, h, (size_t)H * sizeof(float));
+    }
     for (int l = 0; l < m->n_layers; l++) {
         if ((rc = sublayer(&st, l, 0, e)) || (rc = sublayer(&st, l, 1, e)))
-            goto out;
+            return rc;
         if (en->trace_norms) {
             double ss = 0;
             for (size_t i = 0; i < (size_t)T * hc * H; i++)
@@ -283,23 +392,65 @@ int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items
             en->layer_rms[l] = sqrt(ss / ((double)T * hc * H));
         }
     }
-    for (int i = 0, t = 0; i < n_items; i++) {
-        for (int k = 0; k < items[i].n; k++, t++) {
-            float *dst = items[i].all_logits ? items[i].all_logits + (size_t)k * m->vocab_size
-                         : k == items[i].n - 1 ? items[i].logits : NULL;
-            if (!dst)
-                continue;
-            if ((rc = head(&st, st.x, t, dst, e)))
-                goto out;
-            if (items[i].logits && items[i].all_logits && k == items[i].n - 1)
-                memcpy(items[i].logits, dst, (size_t)m->vocab_size * sizeof(float));
-        }
-    }
+    if ((rc = step_outputs(&st, en->w.hc_head_fn, en->w.hc_head_base, en->w.hc_head_scale, en->w.norm, e)))
+        return rc;
     for (int i = 0; i < n_items; i++) {
         items[i].seq->pos += items[i].n;
         items[i].seq->kv.len = items[i].seq->pos;
     }
-    rc = 0;
-out:
-    return rc;
+    return 0;
+}
+
+/* The MTP draft forward, as DeepSeek-V4's official code defines it (inference/model.py, MTPBlock
+ * and Transformer.forward with return_h). At position i, with h_i [hc, hidden] the hidden state
+ * after the last block (every stream, before the head) and tok_{i+1} the next token:
+ *   e     = enorm(embed(tok_{i+1}))                                  [hidden]
+ *   x_j   = hnorm(h_i[j])                  for each stream j         [hc, hidden]
+ *   g_j   = e_proj(e) + h_proj(x_j)        (e_proj(e) broadcast over the streams)
+ *   g'    = Block_{n_layers}(g)            a whole V4 block (mHC, attention with its own KV and
+ *                                          compress_ratio[n_layers], MoE) at position i
+ *   logits = head(g'; mtp.hc_head_fn/base/scale, mtp.norm)  the shared lm_head: predicts tok_{i+2}
+ * For k > 1 draft tokens the one MTP layer is applied again (as vLLM does for DeepSeek MTP): at
+ * position i+1 h is the MTP layer's own output g' at i and the token its own draft. */
+int pd_engine_mtp_step(struct pd_engine *en, struct pd_step_item *items, int n_items, pd_err *e)
+{
+    const struct pd_model *m = &en->model;
+    const struct pd_mtp_w *mt = &en->w.mtp;
+    const int H = (int)m->hidden_size, hc = m->hc_mult;
+    const float eps = (float)m->rms_norm_eps;
+    if (!en->mtp)
+        return pd_err_set(e, PD_EINVAL, "engine MTP step: the engine was opened without MTP");
+    struct pd_step st = {.en = en, .items = items, .n_items = n_items};
+    int rc = step_check(en, &st, 1, e);
+    if (rc || (rc = step_setup(en, &st, 1, e)))
+        return rc;
+    const int T = st.T;
+    float *ein = pd_scratch(en, 64, (size_t)T * H * sizeof(float), e);
+    float *ep = pd_scratch(en, 65, (size_t)T * H * sizeof(float), e);
+    float *xn = pd_scratch(en, 66, (size_t)T * hc * H * sizeof(float), e);
+    int8_t *qb = pd_scratch(en, 67, (size_t)T * hc * H, e);
+    float *sb = pd_scratch(en, 68, (size_t)T * hc * sizeof(float), e);
+    if (!ein || !ep || !xn || !qb || !sb)
+        return PD_ENOMEM;
+    for (int i = 0, t = 0; i < n_items; i++)
+        for (int k = 0; k < items[i].n; k++, t++) {
+            float *x = ein + (size_t)t * H;
+            pd_bf16_row((const char *)en->w.embed + (size_t)st.token[t] * H * 2, x, (size_t)H);
+            pd_rmsnorm(x, mt->enorm, eps, H, x);
+            const float *h = items[i].hidden_in + (size_t)k * hc * H;
+            for (int j = 0; j < hc; j++)
+                pd_rmsnorm(h + (size_t)j * H, mt->hnorm, eps, H, xn + ((size_t)t * hc + j) * H);
+        }
+    if ((rc = pd_linear_fwd(&mt->e_proj, en->pool, en->ref, ein, T, ep, qb, sb, e)) ||
+        (rc = pd_linear_fwd(&mt->h_proj, en->pool, en->ref, xn, T * hc, st.h, qb, sb, e)))
+        return rc;
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < hc; j++)
+            pd_axpy(1.0f, ep + (size_t)t * H, st.h + ((size_t)t * hc + j) * H, H);
+    if ((rc = sublayer(&st, m->n_layers, 0, e)) || (rc = sublayer(&st, m->n_layers, 1, e)) ||
+        (rc = step_outputs(&st, mt->hc_head_fn, mt->hc_head_base, mt->hc_head_scale, mt->norm, e)))
+        return rc;
+    for (int i = 0; i < n_items; i++)
+        items[i].seq->mtp_pos += items[i].n;
+    return 0;
 }

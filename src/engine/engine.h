@@ -9,7 +9,12 @@
  *
  * The step is split so that expert parallelism can take it apart later: pd_engine_attention_half
  * runs everything a rank does for its own sequences up to the MoE input of a layer, and
- * pd_engine_moe runs routed experts on whatever token rows it is given. */
+ * pd_engine_moe runs routed experts on whatever token rows it is given.
+ *
+ * The equations are those of DeepSeek's official inference code for V4-Flash (model.py and
+ * kernel.py at commit 0825add4 of the Mockingjay1316/deepseek-v4-flash-spark mirror); where the
+ * engine differs on purpose (arithmetic, W8A8, KV cache dtype, tie order, ...) is listed in
+ * docs/architecture.md, and tests/oracle/run.sh compares it with a float64 port of that code. */
 #ifndef PD_ENGINE_ENGINE_H
 #define PD_ENGINE_ENGINE_H
 
@@ -22,7 +27,7 @@
 #include "kernels/ops.h"
 #include "model/config.h"
 
-#define PD_ENGINE_SCRATCH 64
+#define PD_ENGINE_SCRATCH 70
 
 struct pd_scratch_buf {
     void *p;
@@ -57,7 +62,8 @@ struct pd_engine {
     struct pd_scratch_buf scratch[PD_ENGINE_SCRATCH];
     pd_experts_fn experts_fn;       /* NULL: run the experts here */
     void *experts_ctx;
-    int64_t *expert_tokens;         /* [n_layers][experts] tokens this process ran per expert */
+    int64_t *expert_tokens;         /* [n_layers (+1 with MTP)][experts] tokens this process ran per expert */
+    int mtp;                        /* the MTP layer runs (pd_engine_mtp_step); its KV is pool layer n_layers */
 };
 
 struct pd_engine_opts {
@@ -70,6 +76,7 @@ struct pd_engine_opts {
     enum pd_kv_dtype kv_dtype;      /* the KV cache's entries: PD_KV_BF16 (0, the default) or PD_KV_FP8 */
     int ref;
     const unsigned char *has_expert;  /* [experts] this process holds, NULL = all */
+    int mtp;                        /* run the checkpoint's MTP layer: its KV is one more pool layer */
 };
 
 int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err *e);
@@ -78,6 +85,8 @@ void pd_engine_close(struct pd_engine *en);
 struct pd_seq {
     struct pd_kvseq kv;
     int64_t pos;                    /* tokens processed */
+    int64_t mtp_pos;                /* positions the MTP layer has processed (its KV holds 0 .. mtp_pos-1) */
+    struct pd_kvundo undo, mtp_undo;  /* the main layers', the MTP layer's (kvpool.h) */
 };
 
 int pd_seq_start(struct pd_engine *en, struct pd_seq *s, pd_err *e);
@@ -89,11 +98,30 @@ struct pd_step_item {
     int n;
     float *logits;                  /* [vocab] for the last new token, or NULL */
     float *all_logits;              /* [n, vocab] for every new token, or NULL (tests) */
+    float *hidden;                  /* [n, hc, hidden] out: the residual streams after the last block,
+                                       before the head (what the MTP layer reads), or NULL */
+    const float *hidden_in;         /* pd_engine_mtp_step only: [n, hc, hidden] the hidden state at each
+                                       position (the main model's, or the MTP layer's own) */
+    int undo;                       /* record what the step overwrites so pd_engine_rollback can drop
+                                       its tokens (speculative decoding) */
 };
 
 /* Runs one step. On error no sequence advances. n_items may be 0: the process still takes part
  * in every layer's expert exchange (expert parallelism). */
 int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items, pd_err *e);
+
+/* The MTP draft forward (DeepSeek-V4's MTPBlock), for item i at the MTP positions
+ * seq->mtp_pos .. +n-1: tokens[j] is the token at position mtp_pos + j + 1 and hidden_in[j] the
+ * hidden state at position mtp_pos + j; logits (all_logits) predict the token after tokens[j]
+ * (equations in engine.c); hidden gets the MTP block's output streams. Advances seq->mtp_pos.
+ * Needs en->mtp. */
+int pd_engine_mtp_step(struct pd_engine *en, struct pd_step_item *items, int n_items, pd_err *e);
+
+/* Drops the main model's tokens at positions >= len and the MTP layer's at positions >= mtp_len
+ * (each at least where its undo log began: every dropped token ran with undo on), restoring the
+ * slot bytes they overwrote (kvpool.h says why that is exact); clears both undo logs, so the
+ * tokens kept are final. The blocks stay reserved. PD_EINVAL if a dropped token was not logged. */
+int pd_engine_rollback(struct pd_engine *en, struct pd_seq *s, int64_t len, int64_t mtp_len, pd_err *e);
 
 /* Experts `expert[p]` on rows `row[p]` of `a`, for P pairs: y[p] = expert output [hidden]. */
 int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *row,

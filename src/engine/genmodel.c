@@ -167,8 +167,87 @@ static void out_free(struct out_list *o)
     free(o->bufs);
 }
 
+/* A draft that agrees with the main model at a chosen rate (--mtp-agreement R), by construction.
+ * Over the tokenizer's ids [2, Vs) (past BOS and EOS) f is one seeded cycle through all of them
+ * (Sattolo's shuffle: greedy decoding visits every id before it repeats), and a set S of tokens
+ * is drawn with probability R each. With x_v the embedding of
+ * v in its first hidden - 1 dims (N(0, 1) each) and its last dim a flag (4 for v outside S, else 0):
+ *   main model:  head row f(v) = x_v / sqrt(hidden) (flag dim 0), rows of other ids small; the
+ *                blocks' output projections (wo_b, w2) scaled by 1/20, so the hidden state after
+ *                the last block stays close to the embedding and the greedy next token of v is
+ *                f(v) (x_v . x_v ~ hidden beats x_w . x_v ~ sqrt(hidden) for every other w);
+ *   MTP layer:   e_proj = identity on the first hidden - 1 dims plus the flag dim mapped onto
+ *                x_{f^-1(2)} (the direction of head row 2); h_proj scaled by 1/100. At position i
+ *                the draft reads e = enorm(embed(tok_{i+1})): for tok_{i+1} in S it is x_{tok_{i+1}}
+ *                and the draft is f(tok_{i+1}), the main model's next greedy token; outside S the
+ *                flag (4 x hidden against hidden) makes it token 2, wrong unless f(tok_{i+1}) = 2.
+ * So the first draft is accepted at about rate R (the fraction of the tokens visited that lie in
+ * S), the j-th about R^j. The rest of the checkpoint is the seeded synthetic one. */
+struct agree {
+    double rate;                 /* R; < 0: off */
+    uint64_t seed;
+    int vs;                      /* the tokenizer's ids */
+    int32_t *finv;               /* [vs] f^-1 over [2, vs) */
+};
+
+static int agree_in_s(const struct agree *a, int32_t v)
+{
+    uint64_t st = a->seed ^ (0x5bd1e995ull * (uint64_t)(v + 1));
+    return (double)(splitmix(&st) >> 11) / 9007199254740992.0 < a->rate;
+}
+
+/* x_v: hidden - 1 normal values from the token's own stream, then the flag. */
+static void agree_row(const struct agree *a, int32_t v, float *x, int H)
+{
+    uint64_t st = a->seed ^ fnv1a("embed.weight") ^ (0x9e3779b97f4a7c15ull * (uint64_t)(v + 1));
+    for (int i = 0; i < H - 1; i++)
+        x[i] = normal(&st);
+    x[H - 1] = v >= 2 && v < a->vs && !agree_in_s(a, v) ? 4.0f : 0.0f;
+}
+
+/* The tensors the construction sets (the others as fill made them). */
+static void agree_fill(const struct agree *a, const struct pd_model *m, const char *name, float *v, int64_t n)
+{
+    const int H = (int)m->hidden_size;
+    if (strcmp(name, "embed.weight") == 0) {
+        for (int64_t r = 0; r < m->vocab_size; r++)
+            agree_row(a, (int32_t)r, v + r * H, H);
+    } else if (strcmp(name, "head.weight") == 0) {
+        const float c = 1.0f / sqrtf((float)H);
+        for (int64_t r = 0; r < m->vocab_size; r++) {
+            float *row = v + r * H;
+            if (r >= 2 && r < a->vs) {
+                agree_row(a, a->finv[r], row, H);
+                for (int i = 0; i < H - 1; i++)
+                    row[i] *= c;
+            } else {
+                for (int i = 0; i < H - 1; i++)
+                    row[i] *= 0.1f;
+            }
+            row[H - 1] = 0;
+        }
+    } else if (strstr(name, "e_proj.weight")) {
+        float *x = malloc((size_t)H * sizeof *x);
+        if (!x)
+            return;   /* keeps fill's values: the acceptance measured shows it */
+        agree_row(a, a->finv[2], x, H);
+        memset(v, 0, (size_t)n * sizeof *v);
+        for (int i = 0; i < H - 1; i++) {
+            v[(int64_t)i * H + i] = 1;
+            v[(int64_t)i * H + H - 1] = x[i];
+        }
+        free(x);
+    } else if (strstr(name, "h_proj.weight")) {
+        for (int64_t i = 0; i < n; i++)
+            v[i] *= 0.01f;
+    } else if (ends(name, "wo_b.weight") || ends(name, "w2.weight")) {
+        for (int64_t i = 0; i < n; i++)
+            v[i] *= 0.05f;
+    }
+}
+
 static int gen_tensor(const struct pd_model *m, const struct pd_tensor *t, const char *name, uint64_t seed,
-                      enum pd_gen_format gfmt, struct out_list *o, pd_err *e)
+                      const struct agree *ag, enum pd_gen_format gfmt, struct out_list *o, pd_err *e)
 {
     uint64_t rng = seed ^ fnv1a(name);
     const int64_t n = t->params;
@@ -196,6 +275,8 @@ static int gen_tensor(const struct pd_model *m, const struct pd_tensor *t, const
     if (!f)
         return pd_err_set(e, PD_ENOMEM, "out of memory for %s", name);
     fill(m, name, t, f, n, &rng);
+    if (ag)
+        agree_fill(ag, m, name, f, n);
     int rc = 0;
     /* The release and release-w8a8 layouts: a matrix the release stores in FP8 (FP4 for routed
      * experts) is drawn onto that format's grid, so both hold the same model and loading either
@@ -369,15 +450,34 @@ static char *release_config(const char *text)
 
 int pd_genmodel(const char *preset, const char *out_dir, uint64_t seed, pd_err *e)
 {
-    return pd_genmodel_fmt(preset, out_dir, seed, PD_GEN_W8A8, e);
+    return pd_genmodel_opts(preset, out_dir, seed, PD_GEN_W8A8, -1, e);
+}
+
+int pd_genmodel_agree(const char *preset, const char *out_dir, uint64_t seed, double mtp_agreement, pd_err *e)
+{
+    return pd_genmodel_opts(preset, out_dir, seed, PD_GEN_W8A8, mtp_agreement, e);
 }
 
 int pd_genmodel_fmt(const char *preset, const char *out_dir, uint64_t seed, enum pd_gen_format fmt, pd_err *e)
+{
+    return pd_genmodel_opts(preset, out_dir, seed, fmt, -1, e);
+}
+
+int pd_genmodel_opts(const char *preset, const char *out_dir, uint64_t seed, enum pd_gen_format fmt,
+                     double mtp_agreement, pd_err *e)
 {
     struct pd_model m;
     int rc = pd_model_load_as("--preset", preset, &m, e);
     if (rc)
         return rc;
+    struct agree ag = {.rate = mtp_agreement, .seed = seed, .vs = m.vocab_size < 1024 ? (int)m.vocab_size : 1024};
+    if (mtp_agreement >= 0) {
+        if (mtp_agreement > 1)
+            return pd_err_set(e, PD_EINVAL, "--mtp-agreement %g: a rate in [0, 1]", mtp_agreement);
+        if (m.n_mtp_layers < 1 || m.tie_word_embeddings || ag.vs < 8 || m.hidden_size < 16)
+            return pd_err_set(e, PD_EINVAL, "--mtp-agreement: preset %s needs an MTP layer, an untied head, at least 8 "
+                              "token ids and 16 hidden dims", preset);
+    }
     if (m.arch != PD_ARCH_DEEPSEEK_V4)
         return pd_err_set(e, PD_EINVAL, "%s is %s; the engine runs deepseek_v4 models", preset,
                           pd_model_arch_name(m.arch));
@@ -392,9 +492,32 @@ int pd_genmodel_fmt(const char *preset, const char *out_dir, uint64_t seed, enum
         return rc;
     struct out_list o = {0};
     char path[512], name[128];
+    int32_t *cyc = NULL;
+    if (mtp_agreement >= 0) {
+        /* f: the cycle cyc[0] -> cyc[1] -> ... -> cyc[N-1] -> cyc[0] over [2, vs) */
+        const int N = ag.vs - 2;
+        ag.finv = malloc((size_t)ag.vs * sizeof *ag.finv);
+        cyc = malloc((size_t)N * sizeof *cyc);
+        if (!ag.finv || !cyc)
+            rc = pd_err_set(e, PD_ENOMEM, "out of memory");
+        uint64_t st = seed ^ 0x243f6a8885a308d3ull;
+        for (int i = 0; !rc && i < N; i++)
+            cyc[i] = 2 + i;
+        for (int i = N - 1; !rc && i > 0; i--) {
+            int j = (int)(splitmix(&st) % (uint64_t)i);   /* Sattolo: j < i, one cycle */
+            int32_t t = cyc[i];
+            cyc[i] = cyc[j];
+            cyc[j] = t;
+        }
+        for (int i = 0; !rc && i < N; i++)
+            ag.finv[cyc[(i + 1) % N]] = cyc[i];
+    }
     for (int i = 0; i < inv.n && !rc; i++)
         for (int k = 0; k < inv.t[i].count && !rc; k++)
-            rc = gen_tensor(&m, &inv.t[i], pd_inventory_expand_name(&inv.t[i], k, name, sizeof name), seed, fmt, &o, e);
+            rc = gen_tensor(&m, &inv.t[i], pd_inventory_expand_name(&inv.t[i], k, name, sizeof name), seed,
+                            ag.finv ? &ag : NULL, fmt, &o, e);
+    free(ag.finv);
+    free(cyc);
     if (!rc && fmt == PD_GEN_RELEASE) {
         rc = write_shards(out_dir, &o, e);
     } else if (!rc) {

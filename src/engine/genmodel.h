@@ -18,6 +18,9 @@
 #include "core/err.h"
 
 int pd_genmodel(const char *preset, const char *out_dir, uint64_t seed, pd_err *e);
+/* The same with an MTP draft that agrees with the main model's greedy next token at about rate
+ * mtp_agreement in [0, 1] by construction (genmodel.c says how); < 0: the plain synthetic model. */
+int pd_genmodel_agree(const char *preset, const char *out_dir, uint64_t seed, double mtp_agreement, pd_err *e);
 
 /* The same fp32 draws (per tensor name and seed) in one of three layouts:
  *   PD_GEN_W8A8          the default above: one model.safetensors;
@@ -33,5 +36,8 @@ int pd_genmodel(const char *preset, const char *out_dir, uint64_t seed, pd_err *
  * model is PD_GEN_W8A8's with every FP8/FP4 matrix rounded onto the release's grid. */
 enum pd_gen_format { PD_GEN_W8A8, PD_GEN_RELEASE, PD_GEN_RELEASE_W8A8 };
 int pd_genmodel_fmt(const char *preset, const char *out_dir, uint64_t seed, enum pd_gen_format fmt, pd_err *e);
+/* Both options: layout fmt, and an agreeing MTP draft when mtp_agreement >= 0. */
+int pd_genmodel_opts(const char *preset, const char *out_dir, uint64_t seed, enum pd_gen_format fmt,
+                     double mtp_agreement, pd_err *e);
 
 #endif

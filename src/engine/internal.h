@@ -30,6 +30,13 @@ struct pd_step {
     int max_in;
 };
 
+/* The weights of block `layer`: layers[layer], or the MTP layer's block for layer == n_layers
+ * (its KV is layer n_layers of the pool). */
+static inline const struct pd_layer_w *pd_layer_weights(const struct pd_engine *en, int layer)
+{
+    return layer < en->model.n_layers ? &en->w.layers[layer] : &en->w.mtp.block;
+}
+
 int pd_attention_layer(struct pd_step *st, int layer, pd_err *e);
 
 /* The parts of the block, each testable alone (tests/engine/test_parts.c). */
@@ -59,8 +66,8 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e);
  * gate_bias (ties to the lower id, in choice order); s [E] gets the scores of at least those. */
 void pd_moe_choose(const struct pd_layer_w *L, int E, int k, const float *z, float *s, int32_t *id);
 
-/* Scratch buffer `slot` of the engine (slots: engine.c 1-10 and 44-49, attention.c 11-29, moe.c
- * 30-43, expert parallelism 50-63), at least `bytes` long: kept between steps so a decode step
+/* Scratch buffer `slot` of the engine (slots: engine.c 1-10 and 44-49 (46: the step's logits), attention.c 11-29, moe.c
+ * 30-43, expert parallelism 50-63, the MTP step 64-68, the head's rows 69), at least `bytes` long: kept between steps so a decode step
  * allocates nothing; each call site has its own slot. */
 void *pd_scratch(struct pd_engine *en, int slot, size_t bytes, pd_err *e);
 

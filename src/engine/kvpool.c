@@ -40,14 +40,21 @@ static size_t gcd(size_t a, size_t b)
 int pd_kvpool_init(struct pd_kvpool *p, const struct pd_model *m, enum pd_kv_dtype dtype, int max_seqs,
                    size_t bytes, int block_entries, pd_err *e)
 {
+    return pd_kvpool_init_layers(p, m, m->n_layers, dtype, max_seqs, bytes, block_entries, e);
+}
+
+int pd_kvpool_init_layers(struct pd_kvpool *p, const struct pd_model *m, int n_layers, enum pd_kv_dtype dtype,
+                          int max_seqs, size_t bytes, int block_entries, pd_err *e)
+{
     memset(p, 0, sizeof *p);
+    assert(n_layers >= m->n_layers && n_layers <= pd_model_total_layers(m));
     if (m->arch != PD_ARCH_DEEPSEEK_V4)
         return pd_err_set(e, PD_EINVAL, "KV pool: the engine runs deepseek_v4 models, %s is %s", m->name,
                           pd_model_arch_name(m->arch));
     if (max_seqs < 1 || block_entries < 1)
         return pd_err_set(e, PD_EINVAL, "KV pool: %d sequences, %d entries per block: both must be positive",
                           max_seqs, block_entries);
-    p->n_layers = m->n_layers;
+    p->n_layers = n_layers;
     p->window = m->sliding_window;
     p->head_dim = m->head_dim;
     p->index_head_dim = m->index_head_dim;
@@ -508,4 +515,54 @@ struct pd_kv_run *pd_kvseq_runs_alloc(const struct pd_kvpool *p, const struct pd
     for (int i = 0; bytes && i < *n; i++)
         *bytes += runs[i].len;
     return runs;
+}
+
+/* The undo log: records of (position, address, the bytes there before the write), appended in
+ * write order; rolled back newest first. */
+int pd_kvundo_save(struct pd_kvundo *u, int64_t pos, void *addr, size_t len)
+{
+    if (u->n == 0 || pos < u->from)
+        u->from = pos;
+    if (u->n == u->cap) {
+        int c = u->cap ? 2 * u->cap : 64;
+        struct pd_kvundo_rec *r = realloc(u->rec, (size_t)c * sizeof *r);
+        if (!r)
+            return PD_ENOMEM;
+        u->rec = r;
+        u->cap = c;
+    }
+    if (u->used + len > u->dcap) {
+        size_t c = (u->used + len) * 2 + 4096;
+        uint8_t *d = realloc(u->data, c);
+        if (!d)
+            return PD_ENOMEM;
+        u->data = d;
+        u->dcap = c;
+    }
+    memcpy(u->data + u->used, addr, len);
+    u->rec[u->n++] = (struct pd_kvundo_rec){.addr = addr, .len = len, .pos = pos, .off = u->used};
+    u->used += len;
+    return 0;
+}
+
+void pd_kvundo_rollback(struct pd_kvundo *u, int64_t pos)
+{
+    for (int i = u->n - 1; i >= 0; i--)
+        if (u->rec[i].pos >= pos)
+            memcpy(u->rec[i].addr, u->data + u->rec[i].off, u->rec[i].len);
+    pd_kvundo_clear(u);
+}
+
+void pd_kvundo_clear(struct pd_kvundo *u)
+{
+    u->n = 0;
+    u->used = 0;
+    u->from = 0;
+}
+
+void pd_kvundo_free(struct pd_kvundo *u)
+{
+    free(u->rec);
+    free(u->data);
+    memset(u, 0, sizeof *u);
 }

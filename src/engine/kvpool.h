@@ -75,6 +75,10 @@ struct pd_kvseq {
 /* A pool for `max_seqs` sequences and `bytes` in all (slots + blocks), entries in `dtype`. */
 int pd_kvpool_init(struct pd_kvpool *p, const struct pd_model *m, enum pd_kv_dtype dtype, int max_seqs,
                    size_t bytes, int block_entries, pd_err *e);
+/* The same with `n_layers` layers (m->n_layers, or one more for the MTP layer, whose slot and
+ * blocks are laid out as a layer's of ratio compress_ratio[m->n_layers]). */
+int pd_kvpool_init_layers(struct pd_kvpool *p, const struct pd_model *m, int n_layers, enum pd_kv_dtype dtype,
+                          int max_seqs, size_t bytes, int block_entries, pd_err *e);
 /* The bytes of one entry and one indexer key of model m in dtype (what the planner counts). */
 void pd_kvpool_entry_bytes(const struct pd_model *m, enum pd_kv_dtype dtype, size_t *entry, size_t *key);
 void pd_kvpool_free(struct pd_kvpool *p);
@@ -130,5 +134,43 @@ void pd_kv_get_entry(const struct pd_kvpool *p, float *dst, const void *src);
 /* The same for an indexer key of index_head_dim values. */
 void pd_kv_put_key(const struct pd_kvpool *p, void *dst, const float *src);
 void pd_kv_get_key(const struct pd_kvpool *p, float *dst, const void *src);
+
+/* Undo log of a sequence's speculative tokens (MTP verification and drafting).
+ *
+ * A step run with undo on saves, before every write into the sequence's fixed slot, the bytes it
+ * is about to overwrite, tagged with the token position that writes them: the window ring row of
+ * the position (one entry) and the compressor state rows the position writes (its kv and score
+ * rows; on a ratio-4 block boundary also the whole previous-block half the state shifts into).
+ * pd_kvundo_rollback(pos) copies back every record of position >= pos, newest first.
+ *
+ * Why this is exact: a layer's slot bytes are written only by its own tokens, in position order,
+ * so for every byte the oldest record of a rejected position holds the value it had after the
+ * last accepted position wrote it; restoring newest first leaves that value. The records of
+ * kept positions are dropped (their writes stand). The compressed entries and indexer keys in
+ * blocks are not saved: entry b is written by position b*ratio + ratio - 1 before any query
+ * reads it and is visible only to queries at that position or later, so after a roll back to
+ * length len the entries a rejected position emitted are beyond every later query's count
+ * ((pos + 1) / ratio) until the position that rewrites them runs again. Blocks stay reserved
+ * (a request reserves its whole future up front anyway). */
+struct pd_kvundo_rec {
+    void *addr;
+    size_t len, off;                    /* off: the saved bytes in data */
+    int64_t pos;
+};
+
+struct pd_kvundo {
+    struct pd_kvundo_rec *rec;
+    int n, cap;
+    uint8_t *data;
+    size_t used, dcap;
+    int64_t from;                       /* lowest position recorded (valid when n > 0) */
+};
+
+/* Saves the len bytes at addr, about to be written by position pos: PD_ENOMEM when out of memory. */
+int pd_kvundo_save(struct pd_kvundo *u, int64_t pos, void *addr, size_t len);
+/* Restores every byte written by positions >= pos since the log was last cleared, then clears it. */
+void pd_kvundo_rollback(struct pd_kvundo *u, int64_t pos);
+void pd_kvundo_clear(struct pd_kvundo *u);
+void pd_kvundo_free(struct pd_kvundo *u);
 
 #endif

@@ -242,7 +242,7 @@ int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, con
                           const int32_t *expert, int P, float *y, pd_err *e)
 {
     const struct pd_model *m = &en->model;
-    const struct pd_layer_w *L = &en->w.layers[layer];
+    const struct pd_layer_w *L = pd_layer_weights(en, layer);
     const int E = m->n_routed_experts, H = (int)m->hidden_size, I = (int)m->moe_intermediate_size;
     int rc = PD_ENOMEM;
     if (P == 0)
@@ -330,7 +330,7 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
 {
     struct pd_engine *en = st->en;
     const struct pd_model *m = &en->model;
-    const struct pd_layer_w *L = &en->w.layers[layer];
+    const struct pd_layer_w *L = pd_layer_weights(en, layer);
     const int k = m->n_experts_per_tok, H = (int)m->hidden_size, T = st->T;
     int rc = PD_ENOMEM;
     int32_t *ids = pd_scratch(en, 38, (size_t)T * k * 4, e);

@@ -14,7 +14,7 @@ void pd_sampler_init(struct pd_sampler *s, float temperature, float top_p, uint6
     s->state = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
 }
 
-static double uniform(struct pd_sampler *s)
+double pd_sampler_uniform(struct pd_sampler *s)
 {
     /* xorshift64*: 53 random bits in [0, 1) */
     uint64_t x = s->state;
@@ -83,11 +83,56 @@ int32_t pd_sample(struct pd_sampler *s, const float *logits, int n, float *scrat
     int keep = 0;
     while (keep < n && (keep == 0 || mass < s->top_p * sum))
         mass += c[keep++].p;
-    double u = uniform(s) * mass, acc = 0;
+    double u = pd_sampler_uniform(s) * mass, acc = 0;
     for (int k = 0; k < keep; k++) {
         acc += c[k].p;
         if (u < acc)
             return c[k].id;
     }
     return c[keep - 1].id;
+}
+
+void pd_sampler_probs(const struct pd_sampler *s, const float *logits, int n, float *p, float *scratch)
+{
+    int best = argmax(logits, n);
+    for (int i = 0; i < n; i++)
+        p[i] = 0;
+    if (s->temperature <= 0) {
+        p[best] = 1;
+        return;
+    }
+    /* the same candidates, order and nucleus as pd_sample */
+    struct cand *c = (struct cand *)scratch;
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        c[i].p = (float)exp((logits[i] - logits[best]) / s->temperature);
+        c[i].id = i;
+        sum += c[i].p;
+    }
+    qsort(c, (size_t)n, sizeof *c, by_prob);
+    double mass = 0;
+    int keep = 0;
+    while (keep < n && (keep == 0 || mass < s->top_p * sum))
+        mass += c[keep++].p;
+    for (int k = 0; k < keep; k++)
+        p[c[k].id] = (float)(c[k].p / mass);
+}
+
+int32_t pd_sample_weights(struct pd_sampler *s, const float *w, int n)
+{
+    double sum = 0;
+    int last = 0;
+    for (int i = 0; i < n; i++)
+        if (w[i] > 0) {
+            sum += w[i];
+            last = i;
+        }
+    double u = pd_sampler_uniform(s) * sum, acc = 0;
+    for (int i = 0; i < n; i++)
+        if (w[i] > 0) {
+            acc += w[i];
+            if (u < acc)
+                return i;
+        }
+    return last;
 }

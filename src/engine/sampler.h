@@ -15,4 +15,13 @@ void pd_sampler_init(struct pd_sampler *s, float temperature, float top_p, uint6
 /* Picks a token from logits[0 .. n); `scratch` holds 2 * n floats. Greedy ties go to the lower id. */
 int32_t pd_sample(struct pd_sampler *s, const float *logits, int n, float *scratch);
 
+/* The distribution pd_sample draws from: p[i] for i < n (temperature and nucleus applied, zero
+ * outside the nucleus, summing to 1); at temperature 0 a point mass on the greedy token.
+ * `scratch` holds 2 * n floats. */
+void pd_sampler_probs(const struct pd_sampler *s, const float *logits, int n, float *p, float *scratch);
+/* A uniform draw in [0, 1) from the sampler's generator. */
+double pd_sampler_uniform(struct pd_sampler *s);
+/* A token drawn from the weights w[0 .. n) (not necessarily normalised, not all zero). */
+int32_t pd_sample_weights(struct pd_sampler *s, const float *w, int n);
+
 #endif

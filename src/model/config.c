@@ -137,6 +137,49 @@ static int parse_quant_config(const char *file, json_t *root, struct pd_model *m
     return 0;
 }
 
+/* DSpark (config.h): its stages are the compress_ratios entries past num_hidden_layers, one per
+ * target layer (the legacy num_nextn_predict_layers, 1 in DeepSeek-V4-Flash-0731, is superseded),
+ * each window-only. A config naming only some of the dspark_* fields, or another geometry, is
+ * refused by field rather than read as a different draft. */
+static int parse_dspark(const struct pd_jsrc *src, json_t *root, struct pd_model *m, pd_err *e)
+{
+    const char *file = src->file;
+    json_t *t = json_object_get(root, "dspark_target_layer_ids");
+    int any = t || json_object_get(root, "dspark_markov_rank") || json_object_get(root, "dspark_block_size");
+    if (!any)
+        return 0;
+    int rc;
+    if ((rc = pd_json_i32(src, root, "dspark_markov_rank", 1, 0, 1, 1 << 16, &m->dspark_markov_rank, e)) ||
+        (rc = pd_json_i32(src, root, "dspark_block_size", 1, 0, 1, 64, &m->dspark_block_size, e)))
+        return rc;
+    size_t n = json_is_array(t) ? json_array_size(t) : 0;
+    if (n < 1 || n > sizeof m->dspark_target_layer / sizeof m->dspark_target_layer[0])
+        return pd_err_set(e, PD_EINVAL, "%s: field \"dspark_target_layer_ids\": expected an array of 1 to 8 layer ids",
+                          file);
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(t, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= m->n_layers)
+            return pd_err_set(e, PD_EINVAL, "%s: field \"dspark_target_layer_ids[%zu]\": expected a layer id in [0, %d)",
+                              file, i, m->n_layers);
+        m->dspark_target_layer[i] = (int)json_integer_value(v);
+    }
+    json_t *a = json_object_get(root, "compress_ratios");
+    size_t stages = json_is_array(a) && json_array_size(a) > (size_t)m->n_layers ? json_array_size(a) - (size_t)m->n_layers : 0;
+    if (stages != n)
+        return pd_err_set(e, PD_EINVAL, "%s: field \"compress_ratios\": %zu entries past num_hidden_layers (DSpark stages), "
+                          "expected one per dspark_target_layer_ids entry (%zu)", file, stages, n);
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(a, (size_t)m->n_layers + i);
+        if (!json_is_integer(v) || json_integer_value(v) != 0)
+            return pd_err_set(e, PD_EINVAL, "%s: field \"compress_ratios[%zu]\": a DSpark stage is window-only (0)", file,
+                              (size_t)m->n_layers + i);
+    }
+    m->dspark = 1;
+    m->dspark_n_targets = (int)n;
+    m->n_mtp_layers = (int)n;
+    return 0;
+}
+
 static int parse_compress_ratios(const char *file, json_t *root, struct pd_model *m, pd_err *e)
 {
     json_t *a = json_object_get(root, "compress_ratios");
@@ -291,7 +334,7 @@ int pd_model_parse(const char *text, const char *label, struct pd_model *m, pd_e
         I32("o_groups", 1, 0, 1, 4096, &m->o_groups);
         I32("o_lora_rank", 1, 0, 1, 1 << 20, &m->o_lora_rank);
         I32("sliding_window", 1, 0, 1, 1 << 20, &m->sliding_window);
-        if ((rc = parse_compress_ratios(label, root, m, e)))
+        if ((rc = parse_dspark(&src, root, m, e)) || (rc = parse_compress_ratios(label, root, m, e)))
             goto out;
         int need_index = 0;
         for (int i = 0; i < pd_model_total_layers(m); i++)

@@ -89,6 +89,15 @@ struct pd_model {
     int ckpt_scale_ue8m0;          /* scale_fmt ue8m0: 1-byte block scales, else fp32 */
     int ckpt_block[2];             /* weight_block_size */
 
+    /* DSpark (DeepSeek-V4-Flash-0731): block-wise speculative decoding whose draft is
+     * n_mtp_layers window-only V4 blocks ("stages", stored as mtp.N and replacing the MTP layer)
+     * fed by the hidden states of the target layers dspark_target_layer_ids, with a low-rank
+     * Markov head and a confidence head; all 0 without dspark_* fields */
+    int dspark;                    /* the config declares a DSpark draft */
+    int dspark_n_targets;          /* len(dspark_target_layer_ids) = stages */
+    int dspark_target_layer[8];
+    int dspark_markov_rank, dspark_block_size;
+
     /* pdmoe extensions */
     char description[512];
     int64_t kv_bytes_per_token;    /* > 0: a flat figure instead of the architecture's */

@@ -1,4 +1,4 @@
-/* Regex matcher for the tokenizer's Split patterns (model/tokenizer.c): compiles a pattern and
+/* Regex matcher for the tokenizer's Split patterns (model/tok_pretok.c): compiles a pattern and
  * finds its leftmost match in an array of code points (model/unicode.h's, invalid bytes included).
  *
  * Syntax (this module's own, parsed here): alternation, groups (...) (?:...) (?i:...), lookahead

@@ -1,5 +1,9 @@
 /* KV transfer engine on UCX (protocol and message formats in kvxfer.h).
  *
+ * Files: this one, the public API, leases and transfers' bookkeeping; kvx_wire.c, the messages
+ * (sent, and handled once taken from the inbox); kvx_progress.c, UCX's callbacks and the state
+ * machine (step()); what they share is kvx_internal.h.
+ *
  * Owns: the UCP context, worker, listener and endpoints of one process; the registered KV region
  * and its packed rkey; the producer's leases; the consumer's transfers.
  *
@@ -18,15 +22,12 @@
  *   - a link's rkey (unpacked once, shared by its transfers) is destroyed when the link and the
  *     last transfer flushing on it have let it go, before the link is freed;
  *   - a lease is in exactly one of x->leases (held) or x->released (callback pending). */
-#include "pd/kvxfer.h"
-#include "core/net.h"
+#include "pd/kvx_internal.h"
 
 #include <assert.h>
 #include <errno.h>
 #include <netdb.h>
-#include <netinet/in.h>
 #include <poll.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,168 +35,9 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 
-#include <ucp/api/ucp.h>
-
-#include "core/timing.h"
-
-#define KVX_VERSION 2
-#define KVX_DEFAULT_MS 30000
-#define KVX_MSG_SMALL 40      /* GET_META, DONE, ABORT */
-#define KVX_MSG_ACK 24
-#define KVX_META_FIXED 40
-#define KVX_MAX_RUNS (1 << 22)
-/* How long destroy waits for queued messages (an ABORT, a last ACK) and in-flight gets to
- * drain before it force-closes the endpoints. */
-#define KVX_DRAIN_NS 1000000000LL
-
-struct lease {
-    struct lease *next;
-    struct pd_kvx_key key;
-    uint64_t owner;           /* the offerer's number, for its callback */
-    int claimed;              /* a GET_META with the key claimed it: only that pull goes on */
-    uint64_t claim_tag;       /* the claimant's transfer tag */
-    struct pd_kvx_run *runs;  /* merged, in sequence order */
-    int n;
-    int64_t deadline;         /* ns, pd_now_ns() clock */
-    pd_kvx_release_fn cb;
-    void *arg;
-    enum pd_kvx_release why;  /* set when released */
-};
-
-/* A connection: outgoing (we connected to a producer; cached for later pulls) or accepted.
- * An outgoing one has two endpoints to the same producer worker: `ep`, made from the socket
- * address, which needs TCP to connect (UCX 1.13's only connection manager here) and carries the
- * first GET_META; `data`, made from the worker address META brings, which may use every
- * transport both sides have (shared memory on one host, RDMA or TCP between hosts) and carries
- * the gets and every later message. */
-struct link {
-    struct link *next;
-    struct pd_kvx *x;
-    ucp_ep_h ep;              /* NULL once closed */
-    ucp_ep_h data;            /* outgoing only; NULL until the first META, or once closed */
-    int outgoing;
-    char host[64];
-    int port;
-    int failed;               /* the error handler fired */
-    ucs_status_t status;
-    int refs;                 /* unfinished transfers using it */
-    /* the producer's rkey, unpacked once (rkey_get): the link holds a reference while
-     * link_rkey_ref, each transfer one from its META until its gets are flushed */
-    ucp_rkey_h rkey;
-    int rkey_refs, link_rkey_ref;
-    uint8_t *rkey_packed;
-    size_t rkey_packed_len;
-};
-
-struct pd_kvx_xfer {
-    struct pd_kvx_xfer *next;
-    struct pd_kvx *x;
-    struct pd_kvx_key key;
-    uint64_t tag;
-    struct link *peer;
-    char host[64];
-    int port;
-    struct pd_kvx_run *dst;   /* merged */
-    int n_dst;
-    enum pd_kvx_state state;
-    int meta_ok;              /* META accepted: the producer holds a lease for us */
-    int gets_posted, done_sent;
-    int outstanding;          /* UCX requests in flight: the flush after the gets */
-    ucs_status_t get_status;  /* error of the gets' flush */
-    ucp_rkey_h rkey;
-    int64_t deadline;
-    uint64_t gets;
-    int fail_code;            /* != 0: failing; becomes FAILED when nothing is in flight */
-    int send_abort;           /* tell the producer to drop the lease when failing */
-    int free_when_final;
-    int refused;              /* the producer refused the key (unknown or refused) */
-    char reason[400];
-};
-
-/* A received active message, copied out of UCX's buffer. */
-struct msg {
-    struct msg *next;
-    unsigned id;
-    ucp_ep_h reply_ep;
-    size_t len;
-    uint8_t data[];
-};
-
-/* A message being sent: the buffer must live until UCX completes the send. */
-struct sendop {
-    struct pd_kvx *x;
-    unsigned id;
-    uint64_t tag;
-    uint8_t data[];
-};
-
-struct closing {
-    struct closing *next;
-    void *req;
-};
-
-struct pd_kvx {
-    pthread_mutex_t mu;
-    ucp_context_h ctx;
-    ucp_worker_h w;
-    ucp_listener_h listener;
-    ucp_mem_h memh;
-    void *rkey_buf;
-    size_t rkey_len;
-    ucp_address_t *addr;      /* this worker's address, sent in META */
-    size_t addr_len;
-    int efd;
-    uint8_t *base;
-    size_t len;
-    int port;
-    int64_t lease_ns, timeout_ns;
-    int kv_dtype;             /* the region's KV format, sent in META (opts.kv_dtype) */
-    struct lease *leases, *released;
-    struct link *links;
-    struct pd_kvx_xfer *xfers;
-    struct msg *inbox, **inbox_tail;
-    struct closing *closing;
-    uint64_t next_tag;
-    int sends_pending;
-    int sleepers;             /* threads asleep in poll() on efd */
-    int destroying;
-    int events;               /* bumped by callbacks, read by step() */
-    struct pd_kvx_stats st;
-};
-
-/* ---------------------------------------------------------------- little-endian packing */
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 /* ---------------------------------------------------------------- small helpers */
 
-static int is_final(enum pd_kvx_state s)
+int kvx_is_final(enum pd_kvx_state s)
 {
     return s == PD_KVX_FAILED || s == PD_KVX_DONE;
 }
@@ -234,7 +76,7 @@ enum pd_kvx_state pd_kvx_state_min(const enum pd_kvx_state *s, int n)
 
 /* Merges runs that continue each other (and drops empty ones) so each contiguous piece of the
  * byte stream costs one get. Returns the merged count; out may be `in` (merging in place). */
-static int merge_runs(const struct pd_kvx_run *in, int n, struct pd_kvx_run *out)
+int kvx_merge_runs(const struct pd_kvx_run *in, int n, struct pd_kvx_run *out)
 {
     int m = 0;
     for (int i = 0; i < n; i++) {
@@ -267,14 +109,11 @@ static int check_runs(const struct pd_kvx_run *r, int n, size_t len, uint64_t *t
     return 0;
 }
 
-static void xfer_fail(struct pd_kvx_xfer *t, int code, int send_abort, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-/* Marks t failing (the first reason wins); it becomes FAILED in advance() once nothing of it
+/* Marks t failing (the first reason wins); it becomes FAILED in kvx_advance() once nothing of it
  * is in flight. */
-static void xfer_fail(struct pd_kvx_xfer *t, int code, int send_abort, const char *fmt, ...)
+void kvx_xfer_fail(struct pd_kvx_xfer *t, int code, int send_abort, const char *fmt, ...)
 {
-    if (t->fail_code || is_final(t->state))
+    if (t->fail_code || kvx_is_final(t->state))
         return;
     t->fail_code = code;
     t->send_abort = send_abort;
@@ -291,7 +130,7 @@ static void xfer_fail(struct pd_kvx_xfer *t, int code, int send_abort, const cha
     va_end(ap);
 }
 
-static struct pd_kvx_xfer *find_xfer(struct pd_kvx *x, uint64_t tag)
+struct pd_kvx_xfer *kvx_find_xfer(struct pd_kvx *x, uint64_t tag)
 {
     for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
         if (t->tag == tag)
@@ -299,7 +138,7 @@ static struct pd_kvx_xfer *find_xfer(struct pd_kvx *x, uint64_t tag)
     return NULL;
 }
 
-static struct lease *find_lease(struct pd_kvx *x, const uint8_t id[16])
+struct lease *kvx_find_lease(struct pd_kvx *x, const uint8_t id[16])
 {
     for (struct lease *l = x->leases; l; l = l->next)
         if (memcmp(l->key.id, id, sizeof l->key.id) == 0)
@@ -308,7 +147,7 @@ static struct lease *find_lease(struct pd_kvx *x, const uint8_t id[16])
 }
 
 /* Moves a held lease to the released list; its callback runs later without the lock. */
-static void lease_release(struct pd_kvx *x, struct lease *l, enum pd_kvx_release why)
+void kvx_lease_release(struct pd_kvx *x, struct lease *l, enum pd_kvx_release why)
 {
     struct lease **pp = &x->leases;
     while (*pp != l)
@@ -337,726 +176,6 @@ static void run_releases(struct pd_kvx *x)
     }
 }
 
-/* ---------------------------------------------------------------- UCX callbacks */
-
-static ucs_status_t am_recv(struct pd_kvx *x, unsigned id, void *data, size_t length,
-                            const ucp_am_recv_param_t *param)
-{
-    /* Every sender forces the eager protocol; a rendezvous message is not ours. */
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
-        return UCS_ERR_UNSUPPORTED;
-    struct msg *m = malloc(sizeof *m + length);
-    if (!m)
-        return UCS_OK;   /* dropped: the peer's timeout or the lease expiry covers it */
-    m->next = NULL;
-    m->id = id;
-    m->reply_ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : NULL;
-    m->len = length;
-    memcpy(m->data, data, length);
-    *x->inbox_tail = m;
-    x->inbox_tail = &m->next;
-    x->events++;
-    return UCS_OK;
-}
-
-#define AM_HANDLER(name, ID)                                                                  \
-    static ucs_status_t name(void *arg, const void *header, size_t header_length, void *data, \
-                             size_t length, const ucp_am_recv_param_t *param)                 \
-    {                                                                                         \
-        return am_recv(arg, ID, data, length, param);                                         \
-    }
-AM_HANDLER(am_get_meta, PD_KVX_AM_GET_META)
-AM_HANDLER(am_meta, PD_KVX_AM_META)
-AM_HANDLER(am_done, PD_KVX_AM_DONE)
-AM_HANDLER(am_abort, PD_KVX_AM_ABORT)
-AM_HANDLER(am_ack, PD_KVX_AM_ACK)
-
-static void on_sent(struct pd_kvx *x, unsigned id, uint64_t tag, ucs_status_t st)
-{
-    x->events++;
-    if (id != PD_KVX_AM_GET_META)
-        return;
-    struct pd_kvx_xfer *t = find_xfer(x, tag);
-    if (!t || is_final(t->state))
-        return;
-    if (st != UCS_OK)
-        xfer_fail(t, PD_EIO, 0, "GET_META not delivered: %s", ucs_status_string(st));
-    else if (t->state == PD_KVX_BOOTSTRAPPING)
-        t->state = PD_KVX_WAITING;
-}
-
-static void send_done(void *req, ucs_status_t st, void *user_data)
-{
-    struct sendop *s = user_data;
-    s->x->sends_pending--;
-    on_sent(s->x, s->id, s->tag, st);
-    free(s);
-    ucp_request_free(req);
-}
-
-/* Completion of the flush that follows a transfer's gets: all of them have landed (or failed). */
-static void gets_flushed(void *req, ucs_status_t st, void *user_data)
-{
-    struct pd_kvx_xfer *t = user_data;
-    assert(t->outstanding > 0);
-    t->outstanding--;
-    if (st != UCS_OK && t->get_status == UCS_OK)
-        t->get_status = st;
-    ucp_request_free(req);
-    t->x->events++;
-}
-
-static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t st)
-{
-    struct link *l = arg;
-    if (!l->failed) {
-        l->failed = 1;
-        l->status = st;
-    }
-    l->x->events++;
-}
-
-static void on_conn_request(ucp_conn_request_h cr, void *arg)
-{
-    struct pd_kvx *x = arg;
-    struct link *l = x->destroying ? NULL : calloc(1, sizeof *l);
-    if (!l) {
-        ucp_listener_reject(x->listener, cr);
-        return;
-    }
-    l->x = x;
-    ucp_ep_params_t p = {
-        .field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-        .conn_request = cr,
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = ep_error, .arg = l},
-    };
-    if (ucp_ep_create(x->w, &p, &l->ep) != UCS_OK) {
-        free(l);
-        return;
-    }
-    l->next = x->links;
-    x->links = l;
-    x->events++;
-}
-
-/* ---------------------------------------------------------------- sending */
-
-/* Sends one message (copied); returns 0 or the UCX error. Completion reaches on_sent(). */
-static ucs_status_t send_msg(struct pd_kvx *x, ucp_ep_h ep, unsigned id, uint64_t tag,
-                             const uint8_t *buf, size_t len)
-{
-    struct sendop *s = malloc(sizeof *s + len);
-    if (!s)
-        return UCS_ERR_NO_MEMORY;
-    s->x = x;
-    s->id = id;
-    s->tag = tag;
-    memcpy(s->data, buf, len);
-    /* Requests ask for the reply endpoint; eager only, so the receiver always gets the bytes
-     * in its callback (no rendezvous descriptor to fetch). */
-    uint32_t flags = UCP_AM_SEND_FLAG_EAGER;
-    if (id == PD_KVX_AM_GET_META || id == PD_KVX_AM_DONE || id == PD_KVX_AM_ABORT)
-        flags |= UCP_AM_SEND_FLAG_REPLY;
-    ucp_request_param_t p = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                        UCP_OP_ATTR_FIELD_FLAGS,
-        .cb.send = send_done,
-        .user_data = s,
-        .flags = flags,
-    };
-    ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, NULL, 0, s->data, len, &p);
-    if (r == NULL) {
-        free(s);
-        on_sent(x, id, tag, UCS_OK);
-        return UCS_OK;
-    }
-    if (UCS_PTR_IS_ERR(r)) {
-        free(s);
-        return UCS_PTR_STATUS(r);
-    }
-    x->sends_pending++;
-    return UCS_OK;
-}
-
-static ucs_status_t send_small(struct pd_kvx *x, ucp_ep_h ep, unsigned id,
-                               const struct pd_kvx_key *key, uint64_t tag)
-{
-    uint8_t b[KVX_MSG_SMALL];
-    put32(b, KVX_VERSION);
-    put32(b + 4, 0);
-    put64(b + 8, tag);
-    memcpy(b + 16, key->id, sizeof key->id);
-    put64(b + 32, key->hash);
-    return send_msg(x, ep, id, tag, b, sizeof b);
-}
-
-static void send_ack(struct pd_kvx *x, ucp_ep_h ep, int status, uint64_t tag, unsigned acked)
-{
-    uint8_t b[KVX_MSG_ACK];
-    put32(b, KVX_VERSION);
-    put32(b + 4, (uint32_t)status);
-    put64(b + 8, tag);
-    put32(b + 16, acked);
-    put32(b + 20, 0);
-    /* A lost ACK only costs the consumer its timeout; nothing to undo here. */
-    send_msg(x, ep, PD_KVX_AM_ACK, 0, b, sizeof b);
-}
-
-static void send_meta(struct pd_kvx *x, ucp_ep_h ep, int status, uint64_t tag,
-                      const struct lease *l)
-{
-    uint32_t n = l ? (uint32_t)l->n : 0;
-    uint32_t rk = l ? (uint32_t)x->rkey_len : 0;
-    uint32_t ad = l ? (uint32_t)x->addr_len : 0;
-    size_t len = KVX_META_FIXED + ad + rk + 16 * (size_t)n;
-    uint8_t *b = malloc(len);
-    if (!b)
-        return;
-    put32(b, KVX_VERSION);
-    put32(b + 4, (uint32_t)status);
-    put64(b + 8, tag);
-    put64(b + 16, (uint64_t)(uintptr_t)x->base);
-    put32(b + 24, rk);
-    put32(b + 28, n);
-    put32(b + 32, ad);
-    put32(b + 36, (uint32_t)x->kv_dtype);
-    if (ad)
-        memcpy(b + KVX_META_FIXED, x->addr, ad);
-    if (rk)
-        memcpy(b + KVX_META_FIXED + ad, x->rkey_buf, rk);
-    uint8_t *p = b + KVX_META_FIXED + ad + rk;
-    for (uint32_t i = 0; i < n; i++, p += 16) {
-        put64(p, l->runs[i].off);
-        put64(p + 8, l->runs[i].len);
-    }
-    if (send_msg(x, ep, PD_KVX_AM_META, 0, b, len) == UCS_OK && l)
-        x->st.metas_served++;
-    free(b);
-}
-
-/* ---------------------------------------------------------------- handling messages */
-
-/* The data endpoint of an outgoing link, made on the first META from the producer's worker
- * address (the same for every later META of that producer). */
-static ucs_status_t data_ep(struct pd_kvx *x, struct link *l, const uint8_t *addr, size_t len)
-{
-    if (l->data)
-        return UCS_OK;
-    /* the address is only read during ucp_ep_create; copy it for alignment */
-    ucp_address_t *a = malloc(len);
-    if (!a)
-        return UCS_ERR_NO_MEMORY;
-    memcpy(a, addr, len);
-    ucp_ep_params_t p = {
-        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-        .address = a,
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = ep_error, .arg = l},
-    };
-    ucs_status_t st = ucp_ep_create(x->w, &p, &l->data);
-    free(a);
-    if (st != UCS_OK)
-        l->data = NULL;
-    return st;
-}
-
-/* The producer's rkey for a transfer on l, unpacked on the first META only: unpacking a
- * shared-memory rkey attaches the producer's segment, which per transfer would cost a new
- * mapping and a page fault for every page read. A producer's region and its key never change,
- * so a META whose key differs from the first is refused. */
-static ucp_rkey_h rkey_get(struct link *l, const uint8_t *packed, size_t len, ucs_status_t *st)
-{
-    if (l->rkey && (len != l->rkey_packed_len || memcmp(packed, l->rkey_packed, len) != 0)) {
-        *st = UCS_ERR_INVALID_PARAM;
-        return NULL;
-    }
-    if (!l->rkey) {   /* then no reference is left either */
-        uint8_t *copy = malloc(len);
-        if (!copy) {
-            *st = UCS_ERR_NO_MEMORY;
-            return NULL;
-        }
-        if ((*st = ucp_ep_rkey_unpack(l->data, packed, &l->rkey)) != UCS_OK) {
-            l->rkey = NULL;
-            free(copy);
-            return NULL;
-        }
-        memcpy(copy, packed, len);
-        l->x->st.rkeys_unpacked++;
-        l->rkey_packed = copy;
-        l->rkey_packed_len = len;
-        l->rkey_refs = 1;
-        l->link_rkey_ref = 1;
-    }
-    l->rkey_refs++;
-    *st = UCS_OK;
-    return l->rkey;
-}
-
-static void rkey_put(struct link *l)
-{
-    assert(l->rkey_refs > 0);
-    if (--l->rkey_refs == 0) {
-        ucp_rkey_destroy(l->rkey);
-        l->rkey = NULL;
-        free(l->rkey_packed);
-        l->rkey_packed = NULL;
-        l->rkey_packed_len = 0;
-    }
-}
-
-/* A transfer gives its reference back. */
-static void xfer_rkey_put(struct pd_kvx_xfer *t)
-{
-    if (t->rkey) {
-        rkey_put(t->peer);
-        t->rkey = NULL;
-    }
-}
-
-/* One get per piece of the byte stream that is contiguous on both sides, then one flush: the
- * gets carry no callback (their requests are released at once), so a transfer costs one
- * completion whatever its number of runs. */
-static void post_gets(struct pd_kvx *x, struct pd_kvx_xfer *t, uint64_t base,
-                      const struct pd_kvx_run *src, int ns)
-{
-    ucp_ep_h ep = t->peer->data;
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH, .memh = x->memh};
-    int i = 0, j = 0;
-    uint64_t a = 0, b = 0;
-    while (i < ns && j < t->n_dst) {
-        uint64_t n = src[i].len - a;
-        if (t->dst[j].len - b < n)
-            n = t->dst[j].len - b;
-        ucs_status_ptr_t r = ucp_get_nbx(ep, x->base + t->dst[j].off + b, n,
-                                         base + src[i].off + a, t->rkey, &p);
-        if (UCS_PTR_IS_ERR(r)) {
-            xfer_fail(t, PD_EIO, 1, "get of %llu bytes failed: %s", (unsigned long long)n,
-                      ucs_status_string(UCS_PTR_STATUS(r)));
-            break;
-        }
-        if (r != NULL)
-            ucp_request_free(r);
-        t->gets++;
-        x->st.gets++;
-        x->st.get_bytes += n;
-        a += n;
-        b += n;
-        if (a == src[i].len) {
-            i++;
-            a = 0;
-        }
-        if (b == t->dst[j].len) {
-            j++;
-            b = 0;
-        }
-    }
-    t->gets_posted = 1;
-    /* even after a failed get: the ones already posted must land before the transfer ends */
-    ucp_request_param_t fp = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-        .cb.send = gets_flushed,
-        .user_data = t,
-    };
-    ucs_status_ptr_t r = ucp_ep_flush_nbx(ep, &fp);
-    if (UCS_PTR_IS_ERR(r))
-        t->get_status = UCS_PTR_STATUS(r);
-    else if (r != NULL)
-        t->outstanding++;
-}
-
-static const char *kv_dtype_name(uint32_t d)
-{
-    return d == 0 ? "bf16" : d == 1 ? "fp8" : "an unknown format";
-}
-
-static void handle_meta(struct pd_kvx *x, const uint8_t *d, size_t len)
-{
-    if (len < KVX_META_FIXED)
-        return;
-    struct pd_kvx_xfer *t = find_xfer(x, get64(d + 8));
-    if (!t || is_final(t->state) || t->fail_code || t->meta_ok)
-        return;
-    int status = (int)get32(d + 4);
-    if (get32(d) != KVX_VERSION) {
-        xfer_fail(t, PD_EFORMAT, 1, "META of protocol version %u (want %d)", get32(d),
-                  KVX_VERSION);
-        return;
-    }
-    /* Refusals send no ABORT: the lease, if any, is not ours to end. */
-    if (status == PD_KVX_ST_UNKNOWN || status == PD_KVX_ST_REFUSED) {
-        t->refused = 1;
-        xfer_fail(t, PD_EINVAL, 0, "%s", status == PD_KVX_ST_UNKNOWN
-                  ? "unknown transfer id at the producer (never offered, already pulled, released or expired)"
-                  : "the producer refused the transfer: its prompt differs from this request's, or another pull "
-                    "claimed it");
-        return;
-    }
-    if (status != PD_KVX_ST_OK) {
-        xfer_fail(t, PD_EFORMAT, 0, "producer rejected GET_META (status %d)", status);
-        return;
-    }
-    uint64_t base = get64(d + 16);
-    uint32_t rk = get32(d + 24), n = get32(d + 28), ad = get32(d + 32), dt = get32(d + 36);
-    if (dt != (uint32_t)x->kv_dtype) {
-        /* the same prompt's KV in another format: nothing to copy; the lease is ours to end */
-        t->meta_ok = 1;
-        xfer_fail(t, PD_EINVAL, 1, "KV cache dtype mismatch: the producer stores %s, this instance %s "
-                  "(--kv-cache-dtype must be the same on both)", kv_dtype_name(dt), kv_dtype_name((uint32_t)x->kv_dtype));
-        return;
-    }
-    if (n == 0 || n > KVX_MAX_RUNS || ad == 0 ||
-        len != KVX_META_FIXED + (uint64_t)ad + rk + 16 * (uint64_t)n) {
-        xfer_fail(t, PD_EFORMAT, 1, "malformed META (%zu bytes, %u runs, %u-byte rkey)", len, n,
-                  rk);
-        return;
-    }
-    const uint8_t *addr = d + KVX_META_FIXED, *rkey = addr + ad;
-    struct pd_kvx_run *src = malloc(n * sizeof *src);
-    if (!src) {
-        xfer_fail(t, PD_ENOMEM, 1, "no memory for %u runs", n);
-        return;
-    }
-    uint64_t total = 0, want = 0;
-    const uint8_t *p = rkey + rk;
-    int overflow = 0;
-    for (uint32_t i = 0; i < n; i++, p += 16) {
-        src[i].off = get64(p);
-        src[i].len = get64(p + 8);
-        overflow |= total + src[i].len < total;
-        total += src[i].len;
-    }
-    for (int j = 0; j < t->n_dst; j++)
-        want += t->dst[j].len;
-    t->meta_ok = 1;
-    if (overflow) {
-        xfer_fail(t, PD_EFORMAT, 1, "malformed META (run lengths overflow)");
-        free(src);
-        return;
-    }
-    if (total != want) {
-        xfer_fail(t, PD_EINVAL, 1,
-                  "size mismatch: the producer holds %llu bytes, the destination runs %llu "
-                  "(different block sizes?)",
-                  (unsigned long long)total, (unsigned long long)want);
-        free(src);
-        return;
-    }
-    ucs_status_t st = data_ep(x, t->peer, addr, ad);
-    if (st != UCS_OK) {
-        xfer_fail(t, PD_EIO, 1, "cannot reach the producer's worker for data: %s",
-                  ucs_status_string(st));
-        free(src);
-        return;
-    }
-    t->rkey = rkey_get(t->peer, rkey, rk, &st);
-    if (!t->rkey) {
-        xfer_fail(t, PD_EIO, 1, "cannot use the producer's rkey: %s", st == UCS_ERR_INVALID_PARAM ?
-                  "it differs from the one this connection started with" : ucs_status_string(st));
-        free(src);
-        return;
-    }
-    t->state = PD_KVX_TRANSFERRING;
-    post_gets(x, t, base, src, (int)merge_runs(src, (int)n, src));
-    free(src);
-}
-
-static void handle_ack(struct pd_kvx *x, const uint8_t *d, size_t len)
-{
-    if (len < KVX_MSG_ACK)
-        return;
-    struct pd_kvx_xfer *t = find_xfer(x, get64(d + 8));
-    if (!t || is_final(t->state) || t->fail_code || !t->done_sent ||
-        get32(d + 16) != PD_KVX_AM_DONE)
-        return;
-    if ((int)get32(d + 4) != PD_KVX_ST_OK) {
-        /* The lease ended before DONE: the blocks may have been reused while we read them. */
-        xfer_fail(t, PD_EIO, 0, "the producer no longer held the lease at DONE (expired?)");
-        return;
-    }
-    assert(t->outstanding == 0 && t->rkey == NULL);
-    t->state = PD_KVX_DONE;
-    x->st.pulls_done++;
-    t->peer->refs--;
-}
-
-static void handle_msg(struct pd_kvx *x, struct msg *m, int64_t now)
-{
-    /* A dying engine answers nothing: its leases end with PD_KVX_REL_DESTROY, so a DONE
-     * acknowledged now would vouch for blocks the owner is about to reuse. */
-    if (x->destroying)
-        return;
-    const uint8_t *d = m->data;
-    switch (m->id) {
-    case PD_KVX_AM_META:
-        handle_meta(x, d, m->len);
-        return;
-    case PD_KVX_AM_ACK:
-        handle_ack(x, d, m->len);
-        return;
-    default:
-        break;
-    }
-    /* Producer side: GET_META, DONE, ABORT; all need somewhere to reply. */
-    if (!m->reply_ep)
-        return;
-    if (m->len != KVX_MSG_SMALL || get32(d) != KVX_VERSION) {
-        uint64_t tag = m->len >= 16 ? get64(d + 8) : 0;
-        if (m->id == PD_KVX_AM_GET_META)
-            send_meta(x, m->reply_ep, PD_KVX_ST_MALFORMED, tag, NULL);
-        else
-            send_ack(x, m->reply_ep, PD_KVX_ST_MALFORMED, tag, m->id);
-        return;
-    }
-    uint64_t tag = get64(d + 8), hash = get64(d + 32);
-    struct lease *l = find_lease(x, d + 16);
-    /* Only the key's holder, with the prompt the lease was made for, and only one pull: anything
-     * else is refused and the lease stays as it was (with its claimant, on its clock). */
-    int status = !l ? PD_KVX_ST_UNKNOWN : l->key.hash != hash ? PD_KVX_ST_REFUSED : PD_KVX_ST_OK;
-    if (m->id == PD_KVX_AM_GET_META) {
-        if (status == PD_KVX_ST_OK && l->claimed)
-            status = PD_KVX_ST_REFUSED;
-        if (status == PD_KVX_ST_OK) {
-            /* the claimed lease gets a fresh term so a slow transfer is not cut off mid-way */
-            l->claimed = 1;
-            l->claim_tag = tag;
-            l->deadline = now + x->lease_ns;
-        }
-        send_meta(x, m->reply_ep, status, tag, status == PD_KVX_ST_OK ? l : NULL);
-        return;
-    }
-    /* DONE needs the claim; ABORT may come before META (a consumer giving up early) */
-    if (status == PD_KVX_ST_OK && (l->claimed ? l->claim_tag != tag : m->id == PD_KVX_AM_DONE))
-        status = PD_KVX_ST_REFUSED;
-    if (status == PD_KVX_ST_OK)
-        lease_release(x, l, m->id == PD_KVX_AM_DONE ? PD_KVX_REL_DONE : PD_KVX_REL_ABORT);
-    send_ack(x, m->reply_ep, status, tag, m->id);
-}
-
-/* ---------------------------------------------------------------- state machine */
-
-static int link_alive(const struct link *l)
-{
-    return l && l->ep && !l->failed;
-}
-
-/* Messages to a producer go over the data endpoint once there is one: it may be shared memory
- * where the socket-address endpoint is TCP, and the replies come back the same way. */
-static ucp_ep_h msg_ep(const struct link *l)
-{
-    return l->data ? l->data : l->ep;
-}
-
-/* Moves a transfer on once nothing of it is in flight. */
-static void advance(struct pd_kvx *x, struct pd_kvx_xfer *t)
-{
-    if (is_final(t->state))
-        return;
-    if (t->outstanding) {
-        /* In flight on a live endpoint: wait. Once the endpoints are closed nothing can land
-         * any more, but UCX 1.13 does not always complete such requests (a flush waiting on a
-         * peer that died): the transfer ends and its handle stays until they do, or until
-         * destroy. */
-        if (!t->fail_code || t->peer->ep || t->peer->data)
-            return;
-    } else {
-        xfer_rkey_put(t);
-    }
-    if (!t->fail_code && t->gets_posted && !t->done_sent) {
-        if (!link_alive(t->peer)) {
-            xfer_fail(t, PD_EIO, 0, "connection lost before DONE");
-        } else if (t->get_status != UCS_OK) {
-            xfer_fail(t, PD_EIO, 1, "get failed: %s", ucs_status_string(t->get_status));
-        } else {
-            ucs_status_t st = send_small(x, msg_ep(t->peer), PD_KVX_AM_DONE, &t->key, t->tag);
-            if (st != UCS_OK)
-                xfer_fail(t, PD_EIO, 0, "cannot send DONE: %s", ucs_status_string(st));
-            t->done_sent = 1;
-        }
-    }
-    if (!t->fail_code)
-        return;
-    /* ABORT even before META: a producer that is merely slow then frees the blocks now. */
-    if (t->send_abort && link_alive(t->peer))
-        send_small(x, msg_ep(t->peer), PD_KVX_AM_ABORT, &t->key, t->tag);
-    t->state = PD_KVX_FAILED;
-    x->st.pulls_failed++;
-    if (t->peer)
-        t->peer->refs--;
-}
-
-static void close_one(struct pd_kvx *x, ucp_ep_h *ep)
-{
-    if (!*ep)
-        return;
-    /* Force: a failed peer cannot confirm a flush. In-flight requests are meant to complete
-     * with UCS_ERR_CANCELED here; UCX 1.13 leaves some (see advance()). */
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                             .flags = UCP_EP_CLOSE_FLAG_FORCE};
-    ucs_status_ptr_t r = ucp_ep_close_nbx(*ep, &p);
-    *ep = NULL;
-    if (r && !UCS_PTR_IS_ERR(r)) {
-        struct closing *c = malloc(sizeof *c);
-        if (c) {
-            c->req = r;
-            c->next = x->closing;
-            x->closing = c;
-        } else {
-            ucp_request_free(r);
-        }
-    }
-}
-
-/* Closes both endpoints of a link, the data one (where the rkeys were unpacked) first. */
-static void close_ep(struct pd_kvx *x, struct link *l)
-{
-    close_one(x, &l->data);
-    close_one(x, &l->ep);
-}
-
-/* Gives back the references of idle transfers on l and the link's own: UCX wants rkeys gone
- * before their endpoint (transfers still flushing give theirs back when the flush completes). */
-static void drop_idle_rkeys(struct pd_kvx *x, struct link *l)
-{
-    for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
-        if (t->peer == l && t->outstanding == 0)
-            xfer_rkey_put(t);
-    if (l->link_rkey_ref) {
-        l->link_rkey_ref = 0;
-        rkey_put(l);
-    }
-}
-
-static int64_t next_deadline(struct pd_kvx *x)
-{
-    int64_t d = INT64_MAX;
-    for (struct lease *l = x->leases; l; l = l->next)
-        if (l->deadline < d)
-            d = l->deadline;
-    for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
-        if (!is_final(t->state) && t->deadline < d)
-            d = t->deadline;
-    return d;
-}
-
-static void free_xfer(struct pd_kvx_xfer *t)
-{
-    free(t->dst);
-    free(t);
-}
-
-/* Acts on everything the callbacks recorded, then on the clocks. Returns the work done. */
-static int step(struct pd_kvx *x)
-{
-    int n = x->events;
-    x->events = 0;
-    int64_t now = pd_now_ns();
-
-    /* 1. messages, before any endpoint they came on is closed */
-    while (x->inbox) {
-        struct msg *m = x->inbox;
-        x->inbox = m->next;
-        if (!x->inbox)
-            x->inbox_tail = &x->inbox;
-        handle_msg(x, m, now);
-        free(m);
-        n++;
-    }
-
-    /* 2. timeouts: a transfer with gets in flight takes its connection down with it, so that
-     * nothing still in flight can land in the destination once it is reported FAILED */
-    for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next) {
-        if (is_final(t->state) || t->deadline > now)
-            continue;
-        if (!t->fail_code) {
-            xfer_fail(t, PD_EIO, 1, "timed out after %lld ms in state %s",
-                      (long long)(x->timeout_ns / 1000000), pd_kvx_state_name(t->state));
-            n++;
-        }
-        if (t->outstanding && t->peer && !t->peer->failed) {
-            t->peer->failed = 1;
-            t->peer->status = UCS_ERR_TIMED_OUT;
-        }
-    }
-
-    /* 3. failed endpoints */
-    for (struct link *l = x->links; l; l = l->next) {
-        if (!l->failed || !l->ep)
-            continue;
-        if (l->outgoing)
-            for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
-                if (t->peer == l && !is_final(t->state))
-                    xfer_fail(t, PD_EIO, 0, "connection failed: %s",
-                              ucs_status_string(l->status));
-        drop_idle_rkeys(x, l);
-        close_ep(x, l);
-        n++;
-    }
-
-    /* 4. leases past their deadline */
-    for (struct lease *l = x->leases, *next; l; l = next) {
-        next = l->next;
-        if (l->deadline <= now) {
-            lease_release(x, l, PD_KVX_REL_EXPIRED);
-            n++;
-        }
-    }
-
-    /* 5. transfers; then handles given up by their owner */
-    for (struct pd_kvx_xfer **pp = &x->xfers; *pp;) {
-        struct pd_kvx_xfer *t = *pp;
-        enum pd_kvx_state before = t->state;
-        advance(x, t);
-        if (t->state != before)
-            n++;
-        if (is_final(t->state) && t->outstanding == 0)
-            xfer_rkey_put(t);   /* an abandoned flush finally completed */
-        if (is_final(t->state) && t->free_when_final && t->outstanding == 0) {
-            *pp = t->next;
-            free_xfer(t);
-        } else {
-            pp = &t->next;
-        }
-    }
-
-    /* 6. closed endpoints nobody refers to */
-    for (struct link **pp = &x->links; *pp;) {
-        struct link *l = *pp;
-        if (!l->ep && l->refs == 0 && l->rkey_refs == 0) {
-            *pp = l->next;
-            free(l);
-        } else {
-            pp = &l->next;
-        }
-    }
-
-    /* 7. finished endpoint closes */
-    for (struct closing **pp = &x->closing; *pp;) {
-        struct closing *c = *pp;
-        if (ucp_request_check_status(c->req) != UCS_INPROGRESS) {
-            ucp_request_free(c->req);
-            *pp = c->next;
-            free(c);
-        } else {
-            pp = &c->next;
-        }
-    }
-    return n;
-}
-
-/* Progresses UCX once, then acts. Lock held. */
-static int progress_locked(struct pd_kvx *x)
-{
-    int n = (int)ucp_worker_progress(x->w);
-    n += step(x);
-    /* Another thread asleep on the fd may have been waiting for what we just consumed. */
-    if (n && x->sleepers)
-        ucp_worker_signal(x->w);
-    return n;
-}
 
 /* ---------------------------------------------------------------- public API */
 
@@ -1188,22 +307,9 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
         rc = ucx_fail(e, "ucp_worker_get_efd", st);
         goto fail;
     }
-    ucp_am_recv_callback_t cbs[] = {am_get_meta, am_meta, am_done, am_abort, am_ack};
-    unsigned ids[] = {PD_KVX_AM_GET_META, PD_KVX_AM_META, PD_KVX_AM_DONE, PD_KVX_AM_ABORT,
-                      PD_KVX_AM_ACK};
-    for (int i = 0; i < 5; i++) {
-        ucp_am_handler_param_t hp = {
-            .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
-                          UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
-            .id = ids[i],
-            .flags = UCP_AM_FLAG_WHOLE_MSG,
-            .cb = cbs[i],
-            .arg = x,
-        };
-        if ((st = ucp_worker_set_am_recv_handler(x->w, &hp)) != UCS_OK) {
-            rc = ucx_fail(e, "ucp_worker_set_am_recv_handler", st);
-            goto fail;
-        }
+    if ((st = kvx_set_am_handlers(x)) != UCS_OK) {
+        rc = ucx_fail(e, "ucp_worker_set_am_recv_handler", st);
+        goto fail;
     }
     ucp_mem_map_params_t mp = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
@@ -1240,7 +346,7 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
             .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR |
                           UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
             .sockaddr = {.addr = (struct sockaddr *)&ss, .addrlen = sl},
-            .conn_handler = {.cb = on_conn_request, .arg = x},
+            .conn_handler = {.cb = kvx_on_conn_request, .arg = x},
         };
         if ((st = ucp_listener_create(x->w, &lp, &x->listener)) != UCS_OK) {
             x->listener = NULL;
@@ -1350,12 +456,12 @@ int pd_kvx_offer(struct pd_kvx *x, const struct pd_kvx_key *key, uint64_t owner_
     }
     l->key = *key;
     l->owner = owner_id;
-    l->n = merge_runs(runs, n_runs, r);
+    l->n = kvx_merge_runs(runs, n_runs, r);
     l->runs = r;
     l->cb = release;
     l->arg = arg;
     pthread_mutex_lock(&x->mu);
-    if (find_lease(x, key->id)) {
+    if (kvx_find_lease(x, key->id)) {
         pthread_mutex_unlock(&x->mu);
         free(r);
         free(l);
@@ -1376,7 +482,7 @@ static struct link *get_link(struct pd_kvx *x, const char *host, int port, ucs_s
                              int *resolve_failed)
 {
     for (struct link *l = x->links; l; l = l->next)
-        if (l->outgoing && link_alive(l) && l->port == port && strcmp(l->host, host) == 0)
+        if (l->outgoing && kvx_link_alive(l) && l->port == port && strcmp(l->host, host) == 0)
             return l;
     struct link *l = calloc(1, sizeof *l);
     if (!l)
@@ -1402,7 +508,7 @@ static struct link *get_link(struct pd_kvx *x, const char *host, int port, ucs_s
         .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
         .sockaddr = {.addr = (struct sockaddr *)&ss, .addrlen = sl},
         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = ep_error, .arg = l},
+        .err_handler = {.cb = kvx_ep_error, .arg = l},
     };
     *st = ucp_ep_create(x->w, &p, &l->ep);
     if (*st != UCS_OK) {
@@ -1437,7 +543,7 @@ int pd_kvx_pull(struct pd_kvx *x, const char *host, int port, const struct pd_kv
     snprintf(t->host, sizeof t->host, "%s", host);
     t->port = port;
     t->dst = d;
-    t->n_dst = merge_runs(dst, n_dst, d);
+    t->n_dst = kvx_merge_runs(dst, n_dst, d);
     t->state = PD_KVX_BOOTSTRAPPING;
 
     pthread_mutex_lock(&x->mu);
@@ -1451,19 +557,19 @@ int pd_kvx_pull(struct pd_kvx *x, const char *host, int port, const struct pd_kv
     if (!l) {
         x->xfers = t->next;
         pthread_mutex_unlock(&x->mu);
-        free_xfer(t);
+        kvx_free_xfer(t);
         return pd_err_set(e, PD_ENOMEM, "%s: no memory", what);
     }
     t->peer = l;
     l->refs++;
     if (unresolved)
-        xfer_fail(t, PD_EINVAL, 0, "cannot resolve the peer address");
+        kvx_xfer_fail(t, PD_EINVAL, 0, "cannot resolve the peer address");
     else if (!l->ep)
-        xfer_fail(t, PD_EIO, 0, "cannot connect: %s", ucs_status_string(st));
-    else if ((st = send_small(x, msg_ep(l), PD_KVX_AM_GET_META, key, t->tag)) != UCS_OK)
-        xfer_fail(t, PD_EIO, 0, "cannot send GET_META: %s", ucs_status_string(st));
+        kvx_xfer_fail(t, PD_EIO, 0, "cannot connect: %s", ucs_status_string(st));
+    else if ((st = kvx_send_small(x, kvx_msg_ep(l), PD_KVX_AM_GET_META, key, t->tag)) != UCS_OK)
+        kvx_xfer_fail(t, PD_EIO, 0, "cannot send GET_META: %s", ucs_status_string(st));
     /* a failure here ends the transfer at once, without waiting for a progress call */
-    advance(x, t);
+    kvx_advance(x, t);
     if (x->sleepers)
         ucp_worker_signal(x->w);
     pthread_mutex_unlock(&x->mu);
@@ -1511,7 +617,7 @@ uint64_t pd_kvx_xfer_gets(struct pd_kvx *x, const struct pd_kvx_xfer *t)
 int pd_kvx_progress(struct pd_kvx *x)
 {
     pthread_mutex_lock(&x->mu);
-    int n = progress_locked(x);
+    int n = kvx_progress_locked(x);
     pthread_mutex_unlock(&x->mu);
     run_releases(x);
     return n;
@@ -1523,12 +629,12 @@ enum pd_kvx_state pd_kvx_wait(struct pd_kvx *x, struct pd_kvx_xfer *t, int timeo
     int idle_busy = 0;
     pthread_mutex_lock(&x->mu);
     for (;;) {
-        int n = progress_locked(x);
+        int n = kvx_progress_locked(x);
         /* what this thread progressed may be what another one sleeps for (the server's idle
          * thread and a pull share the worker): wake them to look */
         if (n > 0 && x->sleepers)
             ucp_worker_signal(x->w);
-        if (t ? is_final(t->state) : n > 0)
+        if (t ? kvx_is_final(t->state) : n > 0)
             break;
         int64_t now = pd_now_ns();
         if (now >= end)
@@ -1541,7 +647,7 @@ enum pd_kvx_state pd_kvx_wait(struct pd_kvx *x, struct pd_kvx_xfer *t, int timeo
             continue;
         if (n > 0)
             idle_busy = 0;
-        int64_t wake = next_deadline(x);
+        int64_t wake = kvx_next_deadline(x);
         if (wake > end)
             wake = end;
         /* round up, and at least 1 ms, so a deadline is never polled for in a busy loop */
@@ -1566,8 +672,8 @@ enum pd_kvx_state pd_kvx_wait(struct pd_kvx *x, struct pd_kvx_xfer *t, int timeo
 void pd_kvx_abort(struct pd_kvx *x, struct pd_kvx_xfer *t)
 {
     pthread_mutex_lock(&x->mu);
-    xfer_fail(t, PD_EIO, 1, "aborted by the caller");
-    advance(x, t);
+    kvx_xfer_fail(t, PD_EIO, 1, "aborted by the caller");
+    kvx_advance(x, t);
     if (x->sleepers)
         ucp_worker_signal(x->w);
     pthread_mutex_unlock(&x->mu);
@@ -1578,16 +684,16 @@ void pd_kvx_xfer_free(struct pd_kvx *x, struct pd_kvx_xfer *t)
     if (!t)
         return;
     pthread_mutex_lock(&x->mu);
-    if (!is_final(t->state)) {
-        xfer_fail(t, PD_EIO, 1, "aborted: handle freed");
-        advance(x, t);
+    if (!kvx_is_final(t->state)) {
+        kvx_xfer_fail(t, PD_EIO, 1, "aborted: handle freed");
+        kvx_advance(x, t);
     }
-    if (is_final(t->state) && t->outstanding == 0) {
+    if (kvx_is_final(t->state) && t->outstanding == 0) {
         struct pd_kvx_xfer **pp = &x->xfers;
         while (*pp != t)
             pp = &(*pp)->next;
         *pp = t->next;
-        free_xfer(t);
+        kvx_free_xfer(t);
     } else {
         t->free_when_final = 1;
     }
@@ -1606,7 +712,7 @@ static int busy(struct pd_kvx *x)
     if (x->sends_pending || x->inbox)
         return 1;
     for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
-        if (t->outstanding && !is_final(t->state))
+        if (t->outstanding && !kvx_is_final(t->state))
             return 1;
     return 0;
 }
@@ -1621,27 +727,27 @@ void pd_kvx_destroy(struct pd_kvx *x)
         /* Unfinished transfers fail now (telling their producers, while the links are up);
          * then a bounded drain lets those ABORTs, last ACKs and in-flight gets complete. */
         for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
-            if (!is_final(t->state))
-                xfer_fail(t, PD_EIO, 1, "the transfer engine was destroyed");
+            if (!kvx_is_final(t->state))
+                kvx_xfer_fail(t, PD_EIO, 1, "the transfer engine was destroyed");
         int64_t end = pd_now_ns() + KVX_DRAIN_NS;
         do
-            progress_locked(x);
+            kvx_progress_locked(x);
         while (busy(x) && pd_now_ns() < end);
         if (x->listener)
             ucp_listener_destroy(x->listener);
         x->listener = NULL;
         for (struct link *l = x->links; l; l = l->next) {
-            drop_idle_rkeys(x, l);
-            close_ep(x, l);
+            kvx_drop_idle_rkeys(x, l);
+            kvx_close_ep(x, l);
         }
         end = pd_now_ns() + KVX_DRAIN_NS;
         do
-            progress_locked(x);
+            kvx_progress_locked(x);
         while (x->closing && pd_now_ns() < end);
     }
     /* rkeys live in the worker: they go before it */
     for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
-        xfer_rkey_put(t);
+        kvx_xfer_rkey_put(t);
     for (struct closing *c = x->closing, *next; c; c = next) {
         next = c->next;
         ucp_request_free(c->req);
@@ -1654,7 +760,7 @@ void pd_kvx_destroy(struct pd_kvx *x)
     }
     x->inbox = NULL;
     while (x->leases)
-        lease_release(x, x->leases, PD_KVX_REL_DESTROY);
+        kvx_lease_release(x, x->leases, PD_KVX_REL_DESTROY);
     pthread_mutex_unlock(&x->mu);
     run_releases(x);
     if (x->rkey_buf)
@@ -1671,7 +777,7 @@ void pd_kvx_destroy(struct pd_kvx *x)
         ucp_cleanup(x->ctx);
     for (struct pd_kvx_xfer *t = x->xfers, *next; t; t = next) {
         next = t->next;
-        free_xfer(t);
+        kvx_free_xfer(t);
     }
     for (struct link *l = x->links, *next; l; l = next) {
         next = l->next;

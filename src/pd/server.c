@@ -15,6 +15,7 @@ void pd_srv_req_unref(struct pd_server *s, struct req *r)
         s->live = r->live_next;
     if (r->live_next)
         r->live_next->live_prev = r->live_prev;
+    pd_spec_free(&r->spec);
     free(r->prompt);
     free(r->gen);
     free(r->logits);
@@ -228,6 +229,63 @@ static int collect_expert_stats(struct pd_server *s, pd_err *e)
     return rc;
 }
 
+/* --speculative-config: the new requests' prompts in one step (their hidden states kept for the
+ * MTP layer), then one speculative round (engine/spec.h) for the others together, each verify item
+ * k+1 tokens (k lowered so no request drafts past its max_tokens). Request i's tokens go to
+ * tp[i][0 .. nt[i]); next[i] holds a prefilled request's first. */
+static int spec_step(struct pd_server *s, struct req **in, int m, int32_t *next, const int32_t **tp, int *nt,
+                     struct pd_spec_stats *st, float *scratch, pd_err *e)
+{
+    struct pd_spec_seq **pre = calloc((size_t)m + 1, sizeof *pre), **dec = calloc((size_t)m + 1, sizeof *dec);
+    const int32_t **pr = calloc((size_t)m + 1, sizeof *pr);
+    int *pn = calloc((size_t)m + 1, sizeof *pn);
+    float **lg = calloc((size_t)m + 1, sizeof *lg);
+    int rc = 0, np = 0, nd = 0;
+    if (!pre || !dec || !pr || !pn || !lg) {
+        rc = pd_err_set(e, PD_ENOMEM, "speculative decoding: out of memory for a step");
+        goto out;
+    }
+    for (int i = 0; i < m; i++) {
+        struct req *r = in[i];
+        if (r->seq.pos == 0) {
+            pd_spec_init(&r->spec, &r->seq, &r->smp);
+            pre[np] = &r->spec;
+            pr[np] = r->prompt;
+            pn[np] = r->n_prompt;
+            lg[np++] = r->logits;
+        } else {
+            int left = r->max_tokens - r->n_gen - 1;
+            r->spec.k = s->o.spec_k < left ? s->o.spec_k : left > 0 ? left : 0;
+            dec[nd++] = &r->spec;
+        }
+    }
+    if (np && (rc = pd_spec_prefill(&s->en, pre, pr, pn, lg, np, e)))
+        goto out;
+    if (nd && (rc = pd_spec_round(&s->en, dec, nd, s->Vs, st, e)))
+        goto out;
+    for (int i = 0; i < m; i++) {
+        struct req *r = in[i];
+        if (r->spec.n_tok < r->spec.n) {
+            /* just prefilled: its first token, which the next round verifies first */
+            next[i] = pd_sample(&r->smp, r->logits, s->Vs, scratch);
+            if ((rc = pd_spec_push(&r->spec, next[i], e)))
+                goto out;
+            tp[i] = &next[i];
+            nt[i] = 1;
+        } else {
+            tp[i] = r->spec.out;
+            nt[i] = r->spec.n_out;
+        }
+    }
+out:
+    free(pre);
+    free(dec);
+    free(pr);
+    free(pn);
+    free(lg);
+    return rc;
+}
+
 static void *scheduler(void *arg)
 {
     struct pd_server *s = arg;
@@ -236,10 +294,12 @@ static void *scheduler(void *arg)
     int32_t *last = calloc((size_t)max_seqs, sizeof *last), *next = calloc((size_t)max_seqs, sizeof *next);
     struct req **in_step = calloc((size_t)max_seqs, sizeof *in_step);
     float *scratch = malloc((size_t)s->V * 2 * sizeof(float));
+    const int32_t **tp = calloc((size_t)max_seqs, sizeof *tp);   /* each request's new tokens */
+    int *nt = calloc((size_t)max_seqs, sizeof *nt);
     pd_err e = {0};
     int rc = 0;
     pthread_mutex_lock(&s->mu);
-    if (!items || !last || !next || !in_step || !scratch) {
+    if (!items || !last || !next || !in_step || !scratch || !tp || !nt) {
         /* nothing can step: the loop stops and pd_server_run reports it */
         snprintf(s->fatal, sizeof s->fatal, "out of memory for the scheduler of %d sequences", max_seqs);
         event_base_loopexit(s->base, NULL);
@@ -359,8 +419,16 @@ static void *scheduler(void *arg)
             break;
         }
         pthread_mutex_unlock(&s->mu);
-        /* the next token of each request: sampled here, or by its owner rank */
-        if (s->g) {
+        /* the next token of each request: sampled here, or by its owner rank; with
+         * --speculative-config one to k+1 tokens */
+        struct pd_spec_stats sst = {0};
+        for (int i = 0; i < m; i++) {
+            tp[i] = &next[i];
+            nt[i] = 1;
+        }
+        if (s->o.spec_k) {
+            rc = spec_step(s, in_step, m, next, tp, nt, &sst, scratch, &e);
+        } else if (s->g) {
             rc = pd_srv_ep_round(s, &e);
             for (int i = 0; !rc && i < m; i++)
                 next[i] = pd_srv_ep_token(s, in_step[i]->owner, i);
@@ -374,13 +442,25 @@ static void *scheduler(void *arg)
         pthread_mutex_lock(&s->mu);
         if (s->g && !rc)
             pd_srv_ep_account(s);
+        if (!rc) {
+            struct pd_spec_stats *a = &s->spec_stats;
+            a->drafts += sst.drafts;
+            a->draft_tokens += sst.draft_tokens;
+            a->accepted += sst.accepted;
+            a->emitted += sst.emitted;
+            a->steps += sst.steps;
+            for (int j = 0; j < PD_SPEC_MAX_K; j++) {
+                a->drafted_per_pos[j] += sst.drafted_per_pos[j];
+                a->accepted_per_pos[j] += sst.accepted_per_pos[j];
+            }
+        }
         for (int i = 0; i < m; i++) {
             struct req *r = in_step[i];
             if (rc) {
                 r->finished = 1;
                 r->finish = "error";
-            } else {
-                int32_t t = next[i];
+            } else for (int j = 0; j < nt[i] && !r->finished; j++) {
+                int32_t t = tp[i][j];
                 r->forced_first = -1;
                 if (r->n_gen == 0)
                     r->t_first = now;
@@ -451,6 +531,8 @@ static void *scheduler(void *arg)
     free(next);
     free(in_step);
     free(scratch);
+    free(tp);
+    free(nt);
     return NULL;
 }
 
@@ -483,9 +565,23 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     int rc;
     if ((rc = pd_tok_load(path, &s->tok, e)))
         goto fail;
+    if ((rc = pd_chat_format_of(o->model_dir, &s->chat, e)))
+        goto fail;
+    if (o->spec_k && (o->expert_parallel || o->role != PD_ROLE_BOTH)) {
+        /* EP: the MTP layer's experts are not placed across the group; PD: the decode side needs
+         * the MTP layer's KV of the prompt, which the hand-off does not carry */
+        rc = pd_err_set(e, PD_EINVAL, "--speculative-config with %s is not supported yet",
+                        o->expert_parallel ? "--enable-expert-parallel" : "a prefill or decode role (PD)");
+        goto fail;
+    }
+    if (o->spec_k < 0 || o->spec_k > PD_SPEC_MAX_K) {
+        rc = pd_err_set(e, PD_EINVAL, "--speculative-config: num_speculative_tokens %d is outside [1, %d]", o->spec_k,
+                        PD_SPEC_MAX_K);
+        goto fail;
+    }
     struct pd_engine_opts eo = {.dir = o->model_dir, .threads = o->threads, .max_seqs = s->o.max_num_seqs,
-                                .max_model_len = s->o.max_model_len, .kv_bytes = o->kv_cache_bytes,
-                                .kv_dtype = o->kv_dtype};
+                                .max_model_len = s->o.max_model_len + o->spec_k, .kv_bytes = o->kv_cache_bytes,
+                                .kv_dtype = o->kv_dtype, .mtp = o->spec_k > 0};
     if (o->expert_parallel && (rc = pd_srv_ep_open(s, &eo, e)))
         goto fail;
     if ((rc = pd_engine_open(&s->en, &eo, e)))

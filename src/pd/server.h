@@ -75,6 +75,8 @@ struct pd_server_opts {
     int handle_signals;             /* SIGINT/SIGTERM stop the loop (the command line's server) */
     int expert_parallel;            /* one EP group over MPI_COMM_WORLD (MPI initialised by the caller) */
     struct pd_http_limits http;     /* connections: cap, timeouts, request sizes (0: defaults) */
+    int spec_k;                     /* --speculative-config: MTP drafts per decode step (engine/spec.h),
+                                     * 0: off; colocated, one process only (refused with EP and PD) */
 };
 
 enum { PD_ROLE_BOTH = 0, PD_ROLE_PRODUCER = 1, PD_ROLE_CONSUMER = 2 };

@@ -404,48 +404,44 @@ static int authorised(struct pd_server *s, struct evhttp_request *h)
     return 0;
 }
 
-/* Builds the prompt text of a chat: DeepSeek's template, messages in order. */
+/* Builds the prompt text of a chat in the checkpoint's format (model/chat.h), without the BOS (the
+ * prompt's first id is added as for every request). A message's field other than role and
+ * content (tool_calls, name, ...) is refused by name: pdmoe does not implement them. */
 static int chat_prompt(struct pd_server *s, struct evhttp_request *h, json_t *msgs, char **out)
 {
-    if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
+    size_t n = json_array_size(msgs);
+    if (!json_is_array(msgs) || n == 0) {
         pd_srv_send_error(s, h, 400, "invalid_request_error", "messages", "\"messages\" must be a non-empty array");
         return -1;
     }
-    size_t cap = 256, len = 0;
-    char *p = malloc(cap);
-    if (!p)
-        goto oom;
-    p[0] = 0;
-    for (size_t i = 0; i < json_array_size(msgs); i++) {
-        json_t *m = json_array_get(msgs, i);
-        const char *role = json_string_value(json_object_get(m, "role"));
-        const char *content = json_string_value(json_object_get(m, "content"));
-        if (!json_is_object(m) || !role || !content ||
-            (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant"))) {
-            free(p);
-            pd_srv_send_error(s, h, 400, "invalid_request_error", "messages",
-                       "\"messages[%zu]\" needs \"role\" (system, user or assistant) and a string \"content\"", i);
-            return -1;
-        }
-        const char *tag = !strcmp(role, "user") ? "<｜User｜>" : !strcmp(role, "assistant") ? "<｜Assistant｜>" : "";
-        size_t need = len + strlen(tag) + strlen(content) + 64;
-        if (need > cap) {
-            char *x = realloc(p, need * 2);
-            if (!x) {
-                free(p);
-                goto oom;
-            }
-            p = x;
-            cap = need * 2;
-        }
-        len += (size_t)sprintf(p + len, "%s%s", tag, content);
+    struct pd_chat_msg *m = calloc(n, sizeof *m);
+    if (!m) {
+        pd_srv_send_error(s, h, 503, "server_error", "messages", "out of memory for the chat's prompt");
+        return -1;
     }
-    strcat(p, "<｜Assistant｜>");
-    *out = p;
-    return 0;
-oom:
-    pd_srv_send_error(s, h, 503, "server_error", "messages", "out of memory for the chat's prompt");
-    return -1;
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_array_get(msgs, i), *v;
+        const char *k;
+        json_object_foreach(x, k, v) {
+            if (strcmp(k, "role") && strcmp(k, "content")) {
+                pd_srv_send_error(s, h, 400, "invalid_request_error", "messages",
+                                  "\"messages[%zu]\": \"%s\" is not supported (a message has \"role\" and \"content\")",
+                                  i, k);
+                free(m);
+                return -1;
+            }
+        }
+        m[i].role = json_string_value(json_object_get(x, "role"));
+        m[i].content = json_string_value(json_object_get(x, "content"));
+    }
+    pd_err e = {0};
+    size_t len;
+    int rc = pd_chat_render(s->chat, m, n, 0, out, &len, &e);
+    free(m);
+    if (rc)
+        pd_srv_send_error(s, h, rc == PD_ENOMEM ? 503 : 400, rc == PD_ENOMEM ? "server_error" : "invalid_request_error",
+                          "messages", "%s", e.msg);
+    return rc ? -1 : 0;
 }
 
 /* The fields pdmoe knows but implements only at their neutral value: any other is a 400 naming it. */
@@ -923,6 +919,24 @@ static void on_metrics(struct evhttp_request *h, void *arg)
                                                                                                   : p->bytes));
             }
         }
+    }
+    if (s->o.spec_k) {
+        /* vLLM's spec_decode counters: drafts, drafted tokens, accepted tokens (in all and at each
+         * position of a round) */
+        const struct pd_spec_stats *a = &s->spec_stats;
+        evbuffer_add_printf(b,
+                            "# HELP pdmoe_spec_decode_num_drafts_total Verify steps that carried MTP drafts.\n"
+                            "# TYPE pdmoe_spec_decode_num_drafts_total counter\npdmoe_spec_decode_num_drafts_total %lld\n"
+                            "# TYPE pdmoe_spec_decode_num_draft_tokens_total counter\n"
+                            "pdmoe_spec_decode_num_draft_tokens_total %lld\n"
+                            "# TYPE pdmoe_spec_decode_num_accepted_tokens_total counter\n"
+                            "pdmoe_spec_decode_num_accepted_tokens_total %lld\n"
+                            "# HELP pdmoe_spec_decode_num_accepted_tokens_per_pos_total Drafts accepted at each "
+                            "position of a round.\n# TYPE pdmoe_spec_decode_num_accepted_tokens_per_pos_total counter\n",
+                            (long long)a->drafts, (long long)a->draft_tokens, (long long)a->accepted);
+        for (int j = 0; j < s->o.spec_k; j++)
+            evbuffer_add_printf(b, "pdmoe_spec_decode_num_accepted_tokens_per_pos_total{position=\"%d\"} %lld\n", j,
+                                (long long)a->accepted_per_pos[j]);
     }
     if (s->g) {
         evbuffer_add_printf(b, "# TYPE pdmoe_ep_ranks gauge\npdmoe_ep_ranks %d\n"

@@ -11,7 +11,9 @@
 #include "core/timing.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "engine/spec.h"
 #include "ep/ep.h"
+#include "model/chat.h"
 #include "model/tokenizer.h"
 #include "http/front.h"
 #include "http/http.h"
@@ -49,6 +51,7 @@ struct req {
     struct pd_sampler smp;
     /* scheduler side */
     struct pd_seq seq;
+    struct pd_spec_seq spec;        /* --speculative-config: the MTP layer's pending inputs */
     int started;
     int32_t *gen;                   /* [max_tokens] generated ids; entries below n_gen are final */
     int n_gen;
@@ -170,6 +173,7 @@ struct pd_server {
     struct pd_tok *tok;
     int V, Vs;
     int32_t bos, eos;
+    enum pd_chat_format chat;       /* how a chat's messages become the prompt (model/chat.h) */
     pthread_t thread;
     int thread_started;
     pthread_mutex_t mu;
@@ -207,6 +211,7 @@ struct pd_server {
     int port;
     /* metrics */
     uint64_t n_requests, n_completed, n_cancelled, n_errors4xx, tokens_out, tokens_in;
+    struct pd_spec_stats spec_stats;   /* speculative decoding's counters (/metrics) */
     double ttft_sum;
     /* GET /expert_stats: the requests wait while the scheduler, which owns the engine, collects
      * the tokens each expert ran (an EP group's ranks summed) into stats_sum */

@@ -496,17 +496,24 @@ static void sgl_router(FILE *f, const struct pd_emit_ctx *c)
     fputs(" &\nfi\n\n", f);
 }
 
-/* A W8A8 plan on Ascend loads an int8 checkpoint nobody can name for the user: the script
- * requires MODEL_PATH, and says where the known ones come from. */
+/* A W8A8 (or W4A8) plan on Ascend loads an int8 checkpoint nobody can name for the user: the
+ * script requires MODEL_PATH, and says where the known ones come from. */
 static void model_env(FILE *f, const struct pd_emit_ctx *c, enum pd_emit_target t)
 {
     int v4flash = strstr(c->model, "DeepSeek-V4-Flash") != NULL;
-    fprintf(f, "# The plan is W8A8: the servers load an int8 conversion of %s (msmodelslim's\n"
-               "# output%s), with %s.\n", c->model,
-            v4flash ? "; vllm-ascend's DeepSeek-V4-Flash tutorial downloads DeepSeek-V4-Flash-w8a8-mtp" : "",
-            t == PD_EMIT_VLLM_ASCEND ? "--quantization ascend" : "--quantization modelslim");
-    fprintf(f, ": \"${MODEL_PATH:?set MODEL_PATH to the W8A8 (msmodelslim) checkpoint of %s%s}\"\n\n", c->model,
-            v4flash ? ", e.g. DeepSeek-V4-Flash-w8a8-mtp" : "");
+    const char *q = c->w4a8 ? "W4A8" : "W8A8";
+    if (c->w4a8)
+        fprintf(f, "# The plan is W4A8: the servers load an int8 conversion of %s with int4 routed experts\n"
+                   "# (msmodelslim's output%s), with %s.\n", c->model,
+                v4flash ? "; ModelScope's DeepSeek-V4-Flash-w4a8-mtp is one" : "",
+                t == PD_EMIT_VLLM_ASCEND ? "--quantization ascend" : "--quantization modelslim");
+    else
+        fprintf(f, "# The plan is W8A8: the servers load an int8 conversion of %s (msmodelslim's\n"
+                   "# output%s), with %s.\n", c->model,
+                v4flash ? "; vllm-ascend's DeepSeek-V4-Flash tutorial downloads DeepSeek-V4-Flash-w8a8-mtp" : "",
+                t == PD_EMIT_VLLM_ASCEND ? "--quantization ascend" : "--quantization modelslim");
+    fprintf(f, ": \"${MODEL_PATH:?set MODEL_PATH to the %s (msmodelslim) checkpoint of %s%s%s}\"\n\n", q, c->model,
+            v4flash ? ", e.g. DeepSeek-V4-Flash-" : "", v4flash ? (c->w4a8 ? "w4a8-mtp" : "w8a8-mtp") : "");
 }
 
 /* Cards without FP8 units cannot load FP8 or FP4 weights (the hardware file says which). */
@@ -579,6 +586,7 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
     c.model = o->model_path && *o->model_path ? o->model_path : pd_emit_model_path(p);
     c.ascend = strstr(p->hw.card_name, "Ascend") != NULL;
     c.w8a8 = c.ascend && !p->inv.from_checkpoint && p->quant.linear == PD_FMT_W8A8;
+    c.w4a8 = c.w8a8 && p->quant.group_fmt[PD_G_ROUTED_EXPERTS] == PD_FMT_W4A8;
     c.model_var = c.w8a8 && !(o->model_path && *o->model_path);
     if (t == PD_EMIT_VLLM_ASCEND && !c.ascend) {
         pd_err_set(e, PD_EINVAL, "--emit vllm-ascend: %s has %s cards, not Ascend NPUs (use --emit sglang)",

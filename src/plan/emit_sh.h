@@ -17,6 +17,7 @@ struct pd_emit_ctx {
     const char *model;
     int ascend;
     int w8a8;               /* the plan's linear layers are W8A8: an int8 (msmodelslim) checkpoint */
+    int w4a8;               /* ... with int4 routed experts (msmodelslim's W4A8) */
     int model_var;          /* the servers load "$MODEL_PATH", which the script requires */
 };
 

@@ -186,6 +186,40 @@ static int v4_block(struct builder *b, int layer, int mtp)
     return 0;
 }
 
+/* The DSpark draft (config.h) as DeepSeek-V4-Flash-0731 stores it under mtp.N: each stage a
+ * window-only V4 block; stage 0 also the projection of the target layers' hidden states
+ * (main_proj [H, H x targets], quantised like the other linear layers, and main_norm); the last
+ * stage the output norm and mHC head, the Markov head (markov_w1 and markov_w2, both
+ * [vocab, rank]) and the confidence head (proj [1, H + rank]). Names and shapes as vLLM's
+ * deepseek_v4/nvidia/dspark.py loads them; the heads' bf16 is what makes the release's
+ * "166.9 GB" (fp32 would make it 167.0: tests/plan/test_inventory.c). */
+static int v4_dspark(struct builder *b)
+{
+    const struct pd_model *m = b->m;
+    const int64_t H = m->hidden_size, hc = m->hc_mult, r = m->dspark_markov_rank;
+    char prefix[32];
+    for (int i = 0; i < m->n_mtp_layers; i++) {
+        snprintf(prefix, sizeof prefix, "mtp.%d.", i);
+        b->prefix = prefix;
+        b->layer = m->n_layers + i;
+        if (i == 0) {
+            TRY(add(b, PD_G_MTP, PD_CLASS_II, 1, 1, PD_FMT_BF16, H, H * m->dspark_n_targets, "main_proj.weight"));
+            TRY(add(b, PD_G_MTP, PD_CLASS_II, 1, 0, PD_FMT_BF16, H, 0, "main_norm.weight"));
+        }
+        TRY(v4_block(b, m->n_layers + i, 1));
+        if (i == m->n_mtp_layers - 1) {
+            TRY(add(b, PD_G_MTP, PD_CLASS_II, 1, 0, PD_FMT_BF16, H, 0, "norm.weight"));
+            TRY(add(b, PD_G_MTP, PD_CLASS_II, 1, -1, PD_FMT_F32, hc, hc * H, "hc_head_fn"));
+            TRY(add(b, PD_G_MTP, PD_CLASS_II, 1, 0, PD_FMT_F32, hc, 0, "hc_head_base"));
+            TRY(add(b, PD_G_MTP, PD_CLASS_II, 1, 0, PD_FMT_F32, 1, 0, "hc_head_scale"));
+            TRY(add(b, PD_G_MTP, PD_CLASS_II, 1, 0, PD_FMT_BF16, m->vocab_size, r, "markov_head.markov_w1.weight"));
+            TRY(add(b, PD_G_MTP, PD_CLASS_II, 1, 0, PD_FMT_BF16, m->vocab_size, r, "markov_head.markov_w2.weight"));
+            TRY(add(b, PD_G_MTP, PD_CLASS_II, 1, 0, PD_FMT_BF16, 1, H + r, "confidence_head.proj.weight"));
+        }
+    }
+    return 0;
+}
+
 static int build_v4(struct builder *b, int include_mtp)
 {
     const struct pd_model *m = b->m;
@@ -206,6 +240,8 @@ static int build_v4(struct builder *b, int include_mtp)
         b->layer = l;
         TRY(v4_block(b, l, 0));
     }
+    if (m->dspark)
+        return include_mtp ? v4_dspark(b) : 0;
     for (int i = 0; include_mtp && i < m->n_mtp_layers; i++) {
         snprintf(prefix, sizeof prefix, "mtp.%d.", i);
         b->prefix = prefix;

@@ -209,6 +209,10 @@ char **pd_launch_proxy_argv(const struct pd_launch_inst *x, int n, const struct 
         add(&v, "--api-key");
         add(&v, "%s", o->api_key);
     }
+    if (o->policy) {
+        add(&v, "--policy");
+        add(&v, "%s", o->policy);
+    }
     free(list[0]);
     free(list[1]);
     if (v.oom) {

@@ -77,6 +77,7 @@ struct pd_launch_proxy {
     int port;
     const char *metrics_file;  /* --metrics-file (pdmoe up's restart counts); NULL: none */
     const char *api_key;       /* NULL: none */
+    const char *policy;        /* --policy (cache_aware, least_loaded); NULL: the proxy's default */
 };
 
 /* The proxy's argv in front of n instances: `pdmoe proxy --prefill H:P,... --decode H:P,...`, each

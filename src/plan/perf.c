@@ -28,12 +28,14 @@ void pd_workload_default(struct pd_workload *w)
 }
 
 /* Peak arithmetic rate for weights stored in format f: the card's int8, fp8 or bf16 units;
- * formats the card has no units for are dequantised to bf16 (fp4 on fp8 hardware: fp8). */
+ * formats the card has no units for are dequantised to bf16 (fp4 on fp8 hardware: fp8; w4a8's
+ * int4 weights are widened to int8 and multiply int8 activations). */
 static double peak_for(const struct pd_hardware *h, enum pd_fmt f)
 {
     double bf = h->bf16_flops > 0 ? h->bf16_flops : h->int8_ops;
     switch (f) {
-    case PD_FMT_W8A8: return h->int8_ops > 0 ? h->int8_ops : bf;
+    case PD_FMT_W8A8:
+    case PD_FMT_W4A8: return h->int8_ops > 0 ? h->int8_ops : bf;
     case PD_FMT_FP8:
     case PD_FMT_FP4: return h->fp8_flops > 0 ? h->fp8_flops : bf;
     default: return bf;

@@ -44,7 +44,7 @@ int pd_group_tp_split(enum pd_group g)
 }
 
 static const char *fmt_names[PD_FMT_COUNT] = {"fp32", "bf16", "fp16", "int64", "int32",
-                                              "w8a8", "fp8", "fp4", "raw"};
+                                              "w8a8", "fp8", "fp4", "w4a8", "raw"};
 
 const char *pd_fmt_name(enum pd_fmt f)
 {
@@ -53,7 +53,7 @@ const char *pd_fmt_name(enum pd_fmt f)
 
 int pd_fmt_parse(const char *s, enum pd_fmt *f)
 {
-    static const enum pd_fmt ok[] = {PD_FMT_W8A8, PD_FMT_FP8, PD_FMT_FP4, PD_FMT_BF16, PD_FMT_F32};
+    static const enum pd_fmt ok[] = {PD_FMT_W8A8, PD_FMT_W4A8, PD_FMT_FP8, PD_FMT_FP4, PD_FMT_BF16, PD_FMT_F32};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
         if (strcmp(s, fmt_names[ok[i]]) == 0) {
             *f = ok[i];
@@ -71,7 +71,7 @@ int64_t pd_fmt_scale_bytes(enum pd_fmt f, int ndim, const int64_t *shape, const 
 {
     int64_t rows = ndim >= 2 ? shape[0] : 1, cols = ndim >= 2 ? shape[1] : shape[0];
     switch (f) {
-    case PD_FMT_W8A8: return 4 * rows;
+    case PD_FMT_W8A8: case PD_FMT_W4A8: return 4 * rows;
     case PD_FMT_FP8: return (int64_t)q->fp8_scale_bytes * cdiv(rows, q->fp8_block) * cdiv(cols, q->fp8_block);
     case PD_FMT_FP4: return rows * cdiv(cols, 32);
     default: return 0;
@@ -89,7 +89,7 @@ int64_t pd_fmt_bytes(enum pd_fmt f, int ndim, const int64_t *shape, const struct
     case PD_FMT_BF16: case PD_FMT_F16: return 2 * n;
     case PD_FMT_I64: return 8 * n;
     case PD_FMT_W8A8: case PD_FMT_FP8: return n + pd_fmt_scale_bytes(f, ndim, shape, q);
-    case PD_FMT_FP4: return rows * cdiv(cols, 2) + pd_fmt_scale_bytes(f, ndim, shape, q);
+    case PD_FMT_FP4: case PD_FMT_W4A8: return rows * cdiv(cols, 2) + pd_fmt_scale_bytes(f, ndim, shape, q);
     default: return 0;
     }
 }
@@ -102,7 +102,11 @@ int pd_quant_init(struct pd_quant *q, const char *scheme, const char *overrides,
     q->fp8_block = 128;
     q->fp8_scale_bytes = ue8m0_scales ? 1 : 4;
     if (pd_fmt_parse(scheme, &q->linear) || q->linear == PD_FMT_F32)
-        return pd_err_set(e, PD_EINVAL, "--quant %s: unknown scheme (w8a8, fp8, fp4, bf16)", scheme);
+        return pd_err_set(e, PD_EINVAL, "--quant %s: unknown scheme (w8a8, w4a8, fp8, fp4, bf16)", scheme);
+    if (q->linear == PD_FMT_W4A8) {      /* routed experts int4, the rest W8A8 (quant.h) */
+        q->linear = PD_FMT_W8A8;
+        q->group_fmt[PD_G_ROUTED_EXPERTS] = PD_FMT_W4A8;
+    }
     if (!overrides || !*overrides)
         return 0;
     char buf[256];
@@ -119,7 +123,7 @@ int pd_quant_init(struct pd_quant *q, const char *scheme, const char *overrides,
                               "--quant-override: unknown group \"%s\" (embedding, lm_head, attention, compressor_indexer, shared_expert, dense_ffn, router, norms_mhc, mtp, routed_experts)",
                               tok);
         if (pd_fmt_parse(eq + 1, &f))
-            return pd_err_set(e, PD_EINVAL, "--quant-override %s: unknown format \"%s\" (w8a8, fp8, fp4, bf16, fp32)",
+            return pd_err_set(e, PD_EINVAL, "--quant-override %s: unknown format \"%s\" (w8a8, w4a8, fp8, fp4, bf16, fp32)",
                               tok, eq + 1);
         q->group_fmt[g] = f;
     }

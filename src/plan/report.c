@@ -47,7 +47,7 @@ static void text_inventory(FILE *f, const struct pd_plan *p, int u)
 {
     char a[40], b[40];
     fprintf(f, "Weights of the whole model (%s%s)\n", p->inv.from_checkpoint ? "from the checkpoint's headers" : "from the config",
-            p->include_mtp ? ", MTP layer included" : "");
+            !p->include_mtp ? "" : p->model.dspark ? ", DSpark draft included" : ", MTP layer included");
     fprintf(f, "  %-22s %5s %18s %12s\n", "group", "class", "parameters", "bytes");
     for (int c = 0; c < 2; c++)
         for (int g = 0; g < PD_G_COUNT; g++) {
@@ -231,7 +231,9 @@ char *pd_plan_text(const struct pd_plan *p, int u)
             p->hw.name, p->nodes, p->hw.cards_per_node, p->hw.card_name);
     fprintf(f, "  weights %s, KV cache %s, %s; %s = %s bytes\n\n",
             p->inv.from_checkpoint ? "as stored in the checkpoint" : pd_quant_describe(&p->quant, q, sizeof q),
-            pd_kv_dtype_name(p->kv.dtype), p->include_mtp ? "MTP layer loaded" : "no MTP layer",
+            pd_kv_dtype_name(p->kv.dtype),
+            !p->include_mtp ? "no MTP layer" : p->model.dspark ? "DSpark draft loaded (its stages count as MTP layers)"
+                                                               : "MTP layer loaded",
             pd_units_g_name((enum pd_units)u), u == PD_UNITS_GIB ? "2^30" : "10^9");
     text_layout(f, p);
     text_inventory(f, p, u);

@@ -47,17 +47,49 @@ static int batch_for_speed(const struct pd_plan *p, struct pd_workload *w, doubl
     return pd_perf_eval(p, w, f, e);
 }
 
+static int is_metric(const char *m)
+{
+    static const char *const ok[] = {"prefill_tokens_per_s_node", "decode_tokens_per_s_node", "output_tokens_per_s",
+                                     "user_tokens_per_s"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        if (strcmp(m, ok[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* A pending case: its model, hardware and quantisation must exist (a typo is an error, not a
+ * silent skip); nothing is predicted. */
+static int check_pending(const char *label, struct pd_valcase *v, const char *model, const char *hw,
+                         const char *quant, const char *qovr, pd_err *e)
+{
+    struct pd_model m;
+    struct pd_hardware h;
+    struct pd_quant q;
+    int rc;
+    if ((rc = pd_model_load(model, &m, e)) || (rc = pd_hardware_load(hw, &h, e)) ||
+        (rc = pd_quant_init(&q, quant, qovr, 1, e))) {
+        pd_err_prefix(e, "%s: case \"%s\": ", label, v->name);
+        return rc;
+    }
+    v->predicted = v->error = NAN;
+    return 0;
+}
+
 static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *e)
 {
     struct pd_jsrc s = {label, ""};
-    char model[64], hw[64], quant[16], kvdt[16];
+    char model[64], hw[64], quant[16], qovr[128], kvdt[16];
     int rc, mtp;
     struct pd_plan_opts o;
     pd_plan_opts_default(&o);
     struct pd_workload w;
     pd_workload_default(&w);
     double min_user = 0, imbalance = 0;
+    struct pd_role_opts agg = {0};
+    json_t *aggj = json_object_get(c, "aggregated");
     if ((rc = pd_json_bool(&s, c, "mtp", 0, -1, &mtp, e)) ||
+        (rc = pd_json_str(&s, c, "pending", 0, "", v->pending, sizeof v->pending, e)) ||
+        (rc = pd_json_int(&s, c, "concurrency", 0, 0, 0, 1 << 24, &w.concurrency, e)) ||
         (rc = pd_json_str(&s, c, "name", 1, "", v->name, sizeof v->name, e)) ||
         (rc = pd_json_str(&s, c, "source", 1, "", v->source, sizeof v->source, e)) ||
         (rc = pd_json_str(&s, c, "assumed", 0, "", v->assumed, sizeof v->assumed, e)) ||
@@ -67,6 +99,7 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
         (rc = pd_json_str(&s, c, "model", 1, "", model, sizeof model, e)) ||
         (rc = pd_json_str(&s, c, "hardware", 1, "", hw, sizeof hw, e)) ||
         (rc = pd_json_str(&s, c, "quant", 0, "w8a8", quant, sizeof quant, e)) ||
+        (rc = pd_json_str(&s, c, "quant_override", 0, "", qovr, sizeof qovr, e)) ||
         (rc = pd_json_str(&s, c, "kv_cache_dtype", 0, "fp8", kvdt, sizeof kvdt, e)) ||
         (rc = pd_json_i32(&s, c, "nodes", 1, 1, 1, 1 << 20, &o.nodes, e)) ||
         (rc = pd_json_int(&s, c, "isl", 1, 1, 1, 1 << 30, &w.isl, e)) ||
@@ -78,18 +111,41 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
         (rc = pd_json_num(&s, c, "imbalance", 0, 0, 1, 64, &imbalance, e)) ||
         (rc = pd_json_int(&s, c, "max_num_batched_tokens", 0, 4096, 1, 1 << 30, &o.max_num_batched_tokens, e)) ||
         (rc = pd_json_int(&s, c, "max_num_seqs", 0, 256, 1, 1 << 20, &o.max_num_seqs, e)) ||
-        (rc = pd_json_int(&s, c, "max_model_len", 0, 8192, 1, 1 << 30, &o.max_model_len, e)) ||
-        (rc = role_opts(label, c, "prefill", &o.role[PD_ROLE_PREFILL], e)) ||
-        (rc = role_opts(label, c, "decode", &o.role[PD_ROLE_DECODE], e)))
+        (rc = pd_json_int(&s, c, "max_model_len", 0, 8192, 1, 1 << 30, &o.max_model_len, e)))
         return rc;
-    if (strcmp(v->metric, "prefill_tokens_per_s_node") && strcmp(v->metric, "decode_tokens_per_s_node"))
-        return pd_err_set(e, PD_EINVAL, "%s: case \"%s\": field \"metric\": expected prefill_tokens_per_s_node or "
-                          "decode_tokens_per_s_node, got \"%s\"", label, v->name, v->metric);
+    v->concurrency = w.concurrency;
+    if (!is_metric(v->metric))
+        return pd_err_set(e, PD_EINVAL, "%s: case \"%s\": field \"metric\": expected prefill_tokens_per_s_node, "
+                          "decode_tokens_per_s_node, output_tokens_per_s or user_tokens_per_s, got \"%s\"", label,
+                          v->name, v->metric);
+    if (strcmp(v->metric, "output_tokens_per_s") == 0 && w.concurrency <= 0)
+        return pd_err_set(e, PD_EINVAL, "%s: case \"%s\": metric output_tokens_per_s is the closed loop's: field "
+                          "\"concurrency\" (clients) is required", label, v->name);
     if (pd_kv_parse_dtype(kvdt, &o.kv_dtype))
         return pd_err_set(e, PD_EINVAL, "%s: case \"%s\": field \"kv_cache_dtype\": expected fp8 or bf16", label, v->name);
+    if (aggj) {
+        /* colocated prefill and decode: recorded as published, not modelled (yet) */
+        if (!v->pending[0])
+            return pd_err_set(e, PD_EINVAL, "%s: case \"%s\": field \"aggregated\": the performance model has no "
+                              "aggregated layouts yet; say why the case waits for them in field \"pending\"", label,
+                              v->name);
+        if ((rc = role_opts(label, c, "aggregated", &agg, e)))
+            return rc;
+        snprintf(v->layout, sizeof v->layout, "aggregated %d x DP%d TP%d (EP%d)", agg.instances, agg.dp, agg.tp,
+                 agg.dp * agg.tp);
+        return check_pending(label, v, model, hw, quant, qovr, e);
+    }
+    if ((rc = role_opts(label, c, "prefill", &o.role[PD_ROLE_PREFILL], e)) ||
+        (rc = role_opts(label, c, "decode", &o.role[PD_ROLE_DECODE], e)))
+        return rc;
+    snprintf(v->layout, sizeof v->layout, "P %d x EP%d, D %d x EP%d", o.role[0].instances,
+             o.role[0].dp * o.role[0].tp, o.role[1].instances, o.role[1].dp * o.role[1].tp);
+    if (v->pending[0])
+        return check_pending(label, v, model, hw, quant, qovr, e);
     o.model = model;
     o.hardware = hw;
     o.quant = quant;
+    o.quant_override = qovr[0] ? qovr : NULL;
     o.mtp = mtp;
     struct pd_plan p;
     if ((rc = pd_plan_build(&o, &p, e))) {
@@ -105,11 +161,16 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
     rc = min_user > 0 ? batch_for_speed(&p, &w, min_user, &v->perf, e) : pd_perf_eval(&p, &w, &v->perf, e);
     if (!rc) {
         int cpn = p.hw.cards_per_node;
-        v->predicted = strcmp(v->metric, "prefill_tokens_per_s_node") == 0 ? v->perf.prefill_tok_s_card * cpn
-                                                                            : v->perf.decode_tok_s_card * cpn;
+        const struct pd_perf *f = &v->perf;
+        if (strcmp(v->metric, "prefill_tokens_per_s_node") == 0)
+            v->predicted = f->prefill_tok_s_card * cpn;
+        else if (strcmp(v->metric, "decode_tokens_per_s_node") == 0)
+            v->predicted = f->decode_tok_s_card * cpn;
+        else if (strcmp(v->metric, "output_tokens_per_s") == 0)
+            v->predicted = f->closed.tok_s;
+        else   /* user_tokens_per_s: at the closed loop's batch, else at the case's decode batch */
+            v->predicted = w.concurrency > 0 ? 1 / f->closed.tpot_s : f->user_tok_s;
         v->error = v->predicted / v->published - 1;
-        snprintf(v->layout, sizeof v->layout, "P %d x EP%d, D %d x EP%d", o.role[0].instances,
-                 o.role[0].dp * o.role[0].tp, o.role[1].instances, o.role[1].dp * o.role[1].tp);
     }
     pd_plan_free(&p);
     return rc;
@@ -149,6 +210,17 @@ out:
     return rc;
 }
 
+static const char *metric_title(const char *m)
+{
+    if (strcmp(m, "prefill_tokens_per_s_node") == 0)
+        return "input tokens/s per node";
+    if (strcmp(m, "decode_tokens_per_s_node") == 0)
+        return "output tokens/s per node";
+    if (strcmp(m, "output_tokens_per_s") == 0)
+        return "output tokens/s, whole deployment";
+    return "output tokens/s per user";
+}
+
 char *pd_validate_markdown(const struct pd_valcase *c, int n)
 {
     char *buf = NULL;
@@ -160,9 +232,13 @@ char *pd_validate_markdown(const struct pd_valcase *c, int n)
     fprintf(o, "|---|---|---|---:|---:|---:|---|\n");
     for (int i = 0; i < n; i++) {
         int pre = strcmp(c[i].metric, "prefill_tokens_per_s_node") == 0;
+        if (c[i].pending[0]) {
+            fprintf(o, "| %s (pending) | %s | %s | %.0f | - | - | - |\n", c[i].name, c[i].layout, metric_title(c[i].metric),
+                    c[i].published);
+            continue;
+        }
         fprintf(o, "| %s%s | %s | %s | %.0f | %.0f | %+.1f%% | %s |\n", c[i].name, c[i].known_miss[0] ? " (known miss)" : "",
-                c[i].layout,
-                pre ? "input tokens/s per node" : "output tokens/s per node", c[i].published, c[i].predicted,
+                c[i].layout, metric_title(c[i].metric), c[i].published, c[i].predicted,
                 100 * c[i].error, pd_bound_name(pre ? c[i].perf.prefill_bound : c[i].perf.decode_bound));
     }
     fprintf(o, "\nPer case: the publication, what pdmoe assumed where it is silent, and the model's terms.\n\n");
@@ -172,6 +248,10 @@ char *pd_validate_markdown(const struct pd_valcase *c, int n)
         const struct pd_step *s = pre ? &f->prefill_step : &f->decode_step;
         fprintf(o, "- **%s**. Source: %s.%s%s%s%s\n", c[i].name, c[i].source, c[i].assumed[0] ? " Assumed: " : "",
                 c[i].assumed, c[i].known_miss[0] ? " **Known miss:** " : "", c[i].known_miss);
+        if (c[i].pending[0]) {
+            fprintf(o, "  **Pending:** %s\n", c[i].pending);
+            continue;
+        }
         fprintf(o, "  Step of one DP rank (%lld tokens): GEMM %.2f ms (arithmetic) + %.2f ms (weight reads), "
                    "attention %.2f ms, dispatch/combine %.2f ms, overhead %.2f ms -> %.2f ms",
                 (long long)s->tokens, s->gemm_compute_s * 1e3, s->gemm_memory_s * 1e3, s->attn_s * 1e3, s->a2a_s * 1e3,

@@ -1,7 +1,14 @@
 /* Validation of the performance model against published deployments
  * (validation/published.json, compiled in): each case's layout and workload as published,
  * the published figure, pdmoe's prediction and the relative error. docs/validation.md is
- * this module's Markdown output (tools/validation.sh regenerates it). */
+ * this module's Markdown output (tools/validation.sh regenerates it).
+ *
+ * Metrics: input tokens/s per node in prefill, output tokens/s per node in decode (the roles of
+ * a disaggregated layout at capacity), output tokens/s of the whole deployment under a closed
+ * loop of `concurrency` clients, and output tokens/s of one user. A case whose publication the
+ * model cannot express yet says why in "pending" (an aggregated layout, given as "aggregated":
+ * {dp, tp, instances}, is only accepted so): its names are checked, nothing is predicted, and it
+ * counts neither for nor against the 25% target. */
 #ifndef PD_PLAN_VALIDATE_H
 #define PD_PLAN_VALIDATE_H
 
@@ -10,15 +17,18 @@
 
 struct pd_valcase {
     char name[160];
-    char source[512];
-    char assumed[512];
+    char source[768];
+    char assumed[768];
     char known_miss[512];     /* why a case cannot be met, when the file says so */
-    char metric[64];          /* prefill_tokens_per_s_node or decode_tokens_per_s_node */
-    double published, predicted, error;   /* error = predicted / published - 1 */
+    char pending[768];        /* why the model cannot predict the case yet; "" when it can */
+    char metric[64];          /* prefill_tokens_per_s_node, decode_tokens_per_s_node,
+                                 output_tokens_per_s or user_tokens_per_s */
+    double published, predicted, error;   /* error = predicted / published - 1 (NaN when pending) */
+    int64_t concurrency;      /* closed-loop clients; 0: open loop */
     double imbalance;         /* the case's busiest/mean expert load; 0: the hardware file's */
     double cached;            /* fraction of the prompt served from a prefix cache */
     struct pd_perf perf;
-    char layout[128];         /* "P 1 x EP32, D 1 x EP144" */
+    char layout[128];         /* "P 1 x EP32, D 1 x EP144", or "aggregated 1 x DP16 TP16 (EP16)" */
 };
 
 /* Runs every case of a validation file's text; *out is malloc'ed ([*n]). */

@@ -88,8 +88,11 @@ struct pd_proxy {
     struct event *stop, *tick;       /* pd_proxy_stop's graceful stop, the health checks */
     int stopping;                    /* draining: new requests get a 503 */
     struct job *jobs;                /* every completion in flight */
+    struct pd_route *route;          /* who prefills: the prefill instances, or the colocated ones */
     /* metrics */
     uint64_t requests, completed, retries, cancelled, bad_requests, prefill_failed, decode_failed;
+    uint64_t routed[PD_ROUTE_N_WHY];                 /* prefill choices, by reason */
+    uint64_t route_chunks, route_matched;            /* prompt chunks routed, and matched where they went */
     struct hist ttft, tpot, itl, e2e;
 };
 
@@ -105,6 +108,7 @@ struct job {
     struct evhttp_request *client;   /* NULL once answered or gone */
     char path[32];
     json_t *body;
+    struct pd_route_key key;         /* the prompt's chunk hashes (route.h) */
     int stream;
     int pi, di;                      /* chosen instances, -1 before */
     unsigned tried, dtried;          /* prefill, decode instances tried (bit masks) */
@@ -157,6 +161,7 @@ static void job_free(struct job *j)
     if (j->next)
         j->next->prev = j->prev;
     json_decref(j->body);
+    pd_route_key_free(&j->key);
     if (j->held)
         evbuffer_free(j->held);
     free(j);
@@ -192,9 +197,14 @@ static void send_up(struct job *j, int decode);
 /* A request to `in` failed, or its /health check did: no requests while others are up, and the
  * next check after a backoff that doubles with each failed check (the requests that fail while it
  * is out, when no instance is up, leave its schedule alone). */
+static int routed_index(const struct instance *in);
+
 static void eject(struct instance *in, int by_probe)
 {
     in->failures++;
+    int r = routed_index(in);
+    if (r >= 0)
+        pd_route_forget(in->px->route, r);   /* it may come back restarted, its cache empty */
     if (!in->up && !by_probe)
         return;
     if (in->up)
@@ -212,6 +222,46 @@ static void admit(struct instance *in)
 {
     in->up = 1;
     in->strikes = 0;
+}
+
+/* The instances that prefill (route.h indexes them): the prefill ones, or the colocated servers. */
+static struct instance *routed(struct pd_proxy *px, int *n)
+{
+    *n = px->np ? px->np : px->nd;
+    return px->np ? px->p : px->d;
+}
+
+/* in's index among the routed instances, or -1. */
+static int routed_index(const struct instance *in)
+{
+    int n;
+    const struct instance *r = routed(in->px, &n);
+    return in >= r && in < r + n ? (int)(in - r) : -1;
+}
+
+/* The routed instance for j (see route.h), not in `skip`, among those up if any is (else among
+ * all, as pick does). */
+static int pick_routed(struct job *j, unsigned skip)
+{
+    int n, load[PD_PROXY_MAX_INSTANCES];
+    struct instance *in = routed(j->px, &n);
+    unsigned up = 0, all = 0;
+    for (int i = 0; i < n; i++) {
+        load[i] = in[i].load;
+        if (!(skip & (1u << i))) {
+            all |= 1u << i;
+            up |= (unsigned)(in[i].up != 0) << i;
+        }
+    }
+    enum pd_route_why why;
+    size_t matched;
+    int i = pd_route_pick(j->px->route, &j->key, load, up ? up : all, &why, &matched);
+    j->px->routed[why]++;
+    j->px->route_chunks += j->key.n;
+    j->px->route_matched += matched;
+    if (pd_route_insert(j->px->route, i, &j->key))
+        pd_route_forget(j->px->route, i);   /* out of memory: predict nothing rather than half */
+    return i;
 }
 
 /* The least-loaded instance not in `skip`, among those up if any is (else among all: one may have
@@ -488,11 +538,11 @@ static void send_up(struct job *j, int decode)
     struct pd_proxy *px = j->px;
     struct instance *in;
     if (decode) {
-        j->di = pick(px->d, px->nd, j->dtried);
+        j->di = px->np ? pick(px->d, px->nd, j->dtried) : pick_routed(j, j->dtried);
         j->dtried |= 1u << j->di;
         in = &px->d[j->di];
     } else {
-        j->pi = pick(px->p, px->np, j->tried);
+        j->pi = pick_routed(j, j->tried);
         j->tried |= 1u << j->pi;
         j->attempts++;
         in = &px->p[j->pi];
@@ -547,6 +597,25 @@ static int authorised(struct pd_proxy *px, struct evhttp_request *h)
     return 0;
 }
 
+/* The bytes routing goes by (route.h): a completion's "prompt" (a string as it is, ids or a list as
+ * JSON), a chat's "messages" as JSON, compact, in the client's order (a later turn of a chat
+ * repeats the earlier messages, so their text starts it). Requests the servers will refuse are
+ * routed on what they have; the servers say what is wrong. */
+static int prompt_key(json_t *body, struct pd_route_key *k)
+{
+    json_t *p = json_object_get(body, "prompt");
+    if (json_is_string(p))
+        return pd_route_key_make(json_string_value(p), json_string_length(p), k);
+    if (!p)
+        p = json_object_get(body, "messages");
+    char *txt = p ? json_dumps(p, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    if (p && !txt)
+        return PD_ENOMEM;
+    int rc = pd_route_key_make(txt ? txt : "", txt ? strlen(txt) : 0, k);
+    free(txt);
+    return rc;
+}
+
 static void on_completion(struct evhttp_request *h, void *arg, const char *path)
 {
     struct pd_proxy *px = arg;
@@ -578,6 +647,10 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
     }
     json_object_del(body, "kv_transfer_params");
     struct job *j = calloc(1, sizeof *j);
+    if (j && prompt_key(body, &j->key)) {
+        free(j);
+        j = NULL;
+    }
     if (!j) {
         json_decref(body);
         reply_error(h, 503, "server_error", "out of memory for the request");
@@ -899,6 +972,19 @@ static void on_metrics(struct evhttp_request *h, void *arg)
                         (unsigned long long)px->retries, (unsigned long long)px->bad_requests,
                         (unsigned long long)px->prefill_failed, (unsigned long long)px->decode_failed,
                         (unsigned long long)px->cancelled);
+    evbuffer_add_printf(b, "# TYPE pdmoe_proxy_routed_total counter\n");
+    for (int w = 0; w < PD_ROUTE_N_WHY; w++)
+        evbuffer_add_printf(b, "pdmoe_proxy_routed_total{policy=\"%s\",reason=\"%s\"} %llu\n",
+                            pd_route_policy_name(px->o.route.policy), pd_route_why_name((enum pd_route_why)w),
+                            (unsigned long long)px->routed[w]);
+    evbuffer_add_printf(b,
+                        "# HELP pdmoe_proxy_route_prompt_bytes_total Prompt bytes routed, in whole %d-byte chunks.\n"
+                        "# TYPE pdmoe_proxy_route_prompt_bytes_total counter\npdmoe_proxy_route_prompt_bytes_total %llu\n"
+                        "# HELP pdmoe_proxy_route_matched_bytes_total Of those, the bytes whose prefix the routing "
+                        "index expected on the chosen instance.\n"
+                        "# TYPE pdmoe_proxy_route_matched_bytes_total counter\npdmoe_proxy_route_matched_bytes_total %llu\n",
+                        PD_ROUTE_CHUNK, (unsigned long long)px->route_chunks * PD_ROUTE_CHUNK,
+                        (unsigned long long)px->route_matched * PD_ROUTE_CHUNK);
     hist_print(b, &px->ttft);
     hist_print(b, &px->tpot);
     hist_print(b, &px->itl);
@@ -965,6 +1051,14 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
         }
     px->np = o->n_prefill;
     px->nd = o->n_decode;
+    if (!o->route.balance_rel)   /* unset: SGLang's router's defaults */
+        px->o.route = (struct pd_route_opts){.policy = o->route.policy, .cache_threshold = 0.3, .balance_abs = 64,
+                                             .balance_rel = 1.5, .max_bytes = o->route.max_bytes};
+    int rrc = pd_route_create(px->np ? px->np : px->nd, &px->o.route, &px->route, e);
+    if (rrc) {
+        free(px);
+        return rrc;
+    }
     signal(SIGPIPE, SIG_IGN);
     evthread_use_pthreads();   /* pd_proxy_stop may come from another thread */
     px->base = event_base_new();
@@ -1047,5 +1141,6 @@ void pd_proxy_destroy(struct pd_proxy *px)
     }
     if (px->base)
         event_base_free(px->base);
+    pd_route_free(px->route);
     free(px);
 }

@@ -12,6 +12,10 @@
  * KV on the decode instance (the prefill's lease is released when the decode pulled, or expires).
  * Load of an instance = requests in flight through this proxy. With no prefill instance the proxy
  * balances colocated servers (given as --decode): the baseline disaggregation is measured against.
+ * Which instance prefills (a prefill instance, or a colocated server) follows `route`'s policy,
+ * by default cache-aware (proxy/route.h: the instance most likely to hold the prompt's prefix in
+ * its KV cache, unless the loads are imbalanced); decode instances are chosen least-loaded (they
+ * receive the KV, they do not prefill).
  *
  * Dead instances: each one is checked with GET /health (every health_interval_ms, a 1 s timeout)
  * and after any failure of a request (no connection, no answer, a 5xx). A failure ejects it: it
@@ -27,6 +31,7 @@
 
 #include "core/err.h"
 #include "http/front.h"
+#include "proxy/route.h"
 
 #define PD_PROXY_MAX_INSTANCES 32
 
@@ -45,6 +50,7 @@ struct pd_proxy_opts {
                                                       restarts), read at each scrape; NULL: none */
     int handle_signals;
     struct pd_http_limits http;                    /* client connections: cap, timeouts, sizes (0: defaults) */
+    struct pd_route_opts route;                    /* who prefills; all 0: cache_aware with SGLang's thresholds */
 };
 
 struct pd_proxy;

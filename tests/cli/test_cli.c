@@ -147,8 +147,8 @@ Test(cli, bad_config_file)
 Test(cli, unknown_preset_names_its_flag)
 {
     expect_error("gen-model --preset nosuch --out /tmp/pdmoe-never-written",
-                 "--preset nosuch: no such file, directory or preset (presets: deepseek-v3, deepseek-v4-flash, "
-                 "seed-v4-flash, v4-flash-mini, v4-tiny)");
+                 "--preset nosuch: no such file, directory or preset (presets: deepseek-v3, deepseek-v4-flash-0731, "
+                 "deepseek-v4-flash, seed-v4-flash, v4-flash-mini, v4-tiny)");
     expect_error("plan --model nosuch", "--model nosuch: no such file, directory or preset (presets: deepseek-v3,");
     struct run r;
     run("plan --model nosuch", &r);

@@ -32,6 +32,14 @@ static void remove_tiny(void)
     rm_model(dir);
 }
 
+static void open_engine_mtp(struct pd_engine *en, int threads, int ref, enum pd_kv_dtype kv, int mtp)
+{
+    struct pd_engine_opts o = {.dir = dir, .threads = threads, .max_seqs = 4, .max_model_len = 512, .ref = ref,
+                               .kv_dtype = kv, .mtp = mtp};
+    pd_err e = {0};
+    cr_assert_eq(pd_engine_open(en, &o, &e), 0, "%s", e.msg);
+}
+
 static void open_engine_kv(struct pd_engine *en, int threads, int ref, enum pd_kv_dtype kv)
 {
     struct pd_engine_opts o = {.dir = dir, .threads = threads, .max_seqs = 4, .max_model_len = 512, .ref = ref,
@@ -284,13 +292,16 @@ Test(engine, activations_bounded_through_depth)
     pd_engine_close(&en);
 }
 
-static void kv_pool_matches_the_planner(enum pd_kv_dtype d)
+/* With MTP on the pool holds the MTP layer as one more layer, as the plan's default (--mtp on)
+ * counts it; without, the plan of --mtp off. */
+static void kv_pool_matches_the_planner(enum pd_kv_dtype d, int mtp)
 {
     struct pd_engine en;
-    open_engine_kv(&en, 1, 0, d);
+    open_engine_mtp(&en, 1, 0, d, mtp);
+    cr_assert_eq(en.kv.n_layers, en.model.n_layers + mtp);
     struct pd_kv_size k;
     pd_err e = {0};
-    cr_assert_eq(pd_kv_size_init(&k, &en.model, d, 0, 0, &e), 0);
+    cr_assert_eq(pd_kv_size_init(&k, &en.model, d, mtp, 0, &e), 0);
     cr_assert_eq((int64_t)en.kv.entry_bytes, k.entry_bytes);
     cr_assert_float_eq(pd_kvpool_bytes_per_token(&en.kv), k.per_token, 1e-9);
     cr_assert_eq((int64_t)pd_kvpool_bytes_per_seq(&en.kv), k.per_seq_fixed);
@@ -323,12 +334,22 @@ static void kv_pool_matches_the_planner(enum pd_kv_dtype d)
 
 Test(engine, kv_pool_matches_the_planner)
 {
-    kv_pool_matches_the_planner(PD_KV_BF16);
+    kv_pool_matches_the_planner(PD_KV_BF16, 0);
 }
 
 Test(engine, fp8_kv_pool_matches_the_planner)
 {
-    kv_pool_matches_the_planner(PD_KV_FP8);
+    kv_pool_matches_the_planner(PD_KV_FP8, 0);
+}
+
+Test(engine, kv_pool_with_mtp_matches_the_planner)
+{
+    kv_pool_matches_the_planner(PD_KV_BF16, 1);
+}
+
+Test(engine, fp8_kv_pool_with_mtp_matches_the_planner)
+{
+    kv_pool_matches_the_planner(PD_KV_FP8, 1);
 }
 
 /* The indexer keys the engine stores are FP4-simulated as the official code's are: each one is

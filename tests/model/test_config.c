@@ -166,6 +166,44 @@ Test(config, compress_ratios_checked)
     expect_error(x, 1, "\"num_experts_per_tok\": 40 is out of range [1, 16]");
 }
 
+/* DSpark (DeepSeek-V4-Flash-0731): the stages are the compress_ratios entries past the layers,
+ * one per target layer, window-only; a partial or different geometry is refused by field. */
+Test(config, dspark_checked)
+{
+    const char *base =
+        "{\"model_type\":\"deepseek_v4\",\"vocab_size\":512,\"hidden_size\":64,\"num_hidden_layers\":2,"
+        "\"num_attention_heads\":4,\"head_dim\":32,\"qk_rope_head_dim\":16,\"q_lora_rank\":32,\"o_lora_rank\":32,"
+        "\"o_groups\":2,\"sliding_window\":8,\"n_routed_experts\":16,\"num_experts_per_tok\":4,"
+        "\"moe_intermediate_size\":32,\"hc_mult\":4,\"num_nextn_predict_layers\":1,%s}";
+    char text[2048];
+    struct pd_model m;
+    pd_err e = {0};
+    snprintf(text, sizeof text, base,
+             "\"compress_ratios\":[0,0,0,0],\"dspark_target_layer_ids\":[0,1],\"dspark_markov_rank\":8,"
+             "\"dspark_block_size\":5");
+    cr_assert_eq(pd_model_parse(text, "cfg.json", &m, &e), 0, "%s", e.msg);
+    cr_assert(m.dspark);
+    cr_assert_eq(m.n_mtp_layers, 2);   /* the stages, not the legacy num_nextn_predict_layers */
+    cr_assert_eq(m.dspark_target_layer[1], 1);
+    snprintf(text, sizeof text, base,
+             "\"compress_ratios\":[0,0,0],\"dspark_target_layer_ids\":[0,1],\"dspark_markov_rank\":8,"
+             "\"dspark_block_size\":5");
+    expect_error(text, 1, "\"compress_ratios\": 1 entries past num_hidden_layers (DSpark stages), expected one per");
+    snprintf(text, sizeof text, base,
+             "\"compress_ratios\":[0,0,0,4],\"dspark_target_layer_ids\":[0,1],\"dspark_markov_rank\":8,"
+             "\"dspark_block_size\":5");
+    expect_error(text, 1, "\"compress_ratios[3]\": a DSpark stage is window-only");
+    snprintf(text, sizeof text, base, "\"compress_ratios\":[0,0,0,0],\"dspark_target_layer_ids\":[0,1],\"dspark_block_size\":5");
+    expect_error(text, 1, "missing required field \"dspark_markov_rank\"");
+    snprintf(text, sizeof text, base,
+             "\"compress_ratios\":[0,0,0,0],\"dspark_target_layer_ids\":[0,5],\"dspark_markov_rank\":8,"
+             "\"dspark_block_size\":5");
+    expect_error(text, 1, "\"dspark_target_layer_ids[1]\": expected a layer id in [0, 2)");
+    cr_assert_eq(pd_model_load("deepseek-v4-flash-0731", &m, &e), 0, "%s", e.msg);
+    cr_assert(m.dspark && m.n_mtp_layers == 3 && m.dspark_target_layer[0] == 40 && m.dspark_target_layer[2] == 42);
+    cr_assert_eq(m.compress_ratio[45], 0);
+}
+
 Test(config, missing_file_and_unknown_preset)
 {
     struct pd_model m;

@@ -523,3 +523,69 @@ Test(proxy, a_lost_kv_handoff_is_prefilled_again)
     cr_assert_gt(metric_key(pd_server_port(D), "pdmoe_errors_total{kind=\"4xx\"}"), refused,
                  "the streamed request's hand-off was not lost: the scenario did not happen");
 }
+
+/* Routing through a proxy over two colocated servers: with cache_aware, every request of a shared
+ * system prompt goes to one server and the two prompts to different ones; with least_loaded (one
+ * request at a time: equal loads) every request goes to the first server. The proxy's metrics
+ * count the choices by reason and the matched bytes. */
+static void route_run(enum pd_route_policy policy, int *home, int64_t counts[2][2])
+{
+    pthread_t t2;
+    struct pd_server *C2 = server(PD_ROLE_BOTH, &t2);
+    static char c1[32], c2[32];
+    snprintf(c1, sizeof c1, "127.0.0.1:%d", pd_server_port(C));
+    snprintf(c2, sizeof c2, "127.0.0.1:%d", pd_server_port(C2));
+    struct pd_proxy_opts o = {.port = 0, .n_decode = 2, .route = {.policy = policy}};
+    o.decode[0] = c1;
+    o.decode[1] = c2;
+    pd_err e = {0};
+    cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
+    pthread_create(&tx, NULL, run_proxy, X);
+    int port = pd_proxy_port(X), ports[2] = {pd_server_port(C), pd_server_port(C2)};
+    const char *sys[2] = {"You are a careful assistant who answers in French, briefly, with sources. ",
+                          "Tu es un assistant qui repond en anglais, longuement, sans jamais citer. "};
+    for (int r = 0; r < 4; r++)
+        for (int s = 0; s < 2; s++) {
+            int64_t before[2];
+            for (int i = 0; i < 2; i++)
+                before[i] = metric_key(ports[i], "pdmoe_requests_total");
+            char body[512], out[4096];
+            snprintf(body, sizeof body, "{\"prompt\":\"%s%s question %d\",\"max_tokens\":2}", sys[s], sys[s], r);
+            cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+            for (int i = 0; i < 2; i++)
+                counts[s][i] += metric_key(ports[i], "pdmoe_requests_total") - before[i];
+            if (r == 0)
+                home[s] = metric_key(ports[0], "pdmoe_requests_total") > before[0] ? 0 : 1;
+        }
+    char key[160];
+    snprintf(key, sizeof key, "pdmoe_proxy_routed_total{policy=\"%s\",reason=\"%s\"}", pd_route_policy_name(policy),
+             policy == PD_ROUTE_CACHE_AWARE ? "prefix" : "least_loaded");
+    cr_expect_eq(metric_key(port, key), policy == PD_ROUTE_CACHE_AWARE ? 6 : 8, "%s", key);
+    int64_t matched = metric_key(port, "pdmoe_proxy_route_matched_bytes_total");
+    if (policy == PD_ROUTE_CACHE_AWARE)
+        cr_expect_geq(matched, 6 * 2 * 64, "matched %lld bytes: each repeat matches its two system prompts",
+                      (long long)matched);
+    proxy_shutdown(&X, tx);
+    pd_server_stop(C2);
+    pthread_join(t2, NULL);
+    pd_server_destroy(C2);
+}
+
+Test(proxy, cache_aware_routing_keeps_a_shared_prefix_on_one_instance)
+{
+    int home[2];
+    int64_t counts[2][2] = {{0}};
+    route_run(PD_ROUTE_CACHE_AWARE, home, counts);
+    cr_expect_neq(home[0], home[1], "the two system prompts went to the same server");
+    for (int s = 0; s < 2; s++)
+        cr_expect_eq(counts[s][home[s]], 4, "system prompt %d: %lld of 4 requests on its server", s,
+                     (long long)counts[s][home[s]]);
+}
+
+Test(proxy, least_loaded_routing_ignores_the_prefix)
+{
+    int home[2];
+    int64_t counts[2][2] = {{0}};
+    route_run(PD_ROUTE_LEAST_LOADED, home, counts);
+    cr_expect_eq(counts[0][0] + counts[1][0], 8, "one request at a time, equal loads: the first server each time");
+}

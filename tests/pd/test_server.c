@@ -12,7 +12,9 @@
 #include <unistd.h>
 
 #include "engine/genmodel.h"
+#include "model/chat.h"
 #include "model/config.h"
+#include "model/tokenizer.h"
 #include "plan/plan.h"
 #include "../tmpmodel.h"
 #include "pd/server.h"
@@ -471,6 +473,15 @@ Test(server, unimplemented_parameters_are_refused_by_name)
 {
     start(NULL, dir, 256);
     expect(400, "/v1/completions", "{\"prompt\":\"x\",\"n\":2}", NULL, "n");
+    /* a message's fields other than role and content: tool calls, names */
+    char msg[8192];
+    cr_assert_eq(curl("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":"
+                      "\"assistant\",\"content\":\"\",\"tool_calls\":[]}]}", NULL, msg, sizeof msg), 400, "%s", msg);
+    cr_expect(strstr(msg, "messages[1]") && strstr(msg, "tool_calls"), "%s", msg);
+    expect(400, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":\"bob\"}]}", NULL,
+           "messages");
+    expect(400, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+           "\"chat_template_kwargs\":{\"thinking\":true}}", NULL, "chat_template_kwargs");
     expect(400, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", NULL,
            "logprobs");
     expect(400, "/v1/completions", "{\"prompt\":\"x\",\"logprobs\":0}", NULL, "logprobs");
@@ -490,4 +501,30 @@ Test(server, unimplemented_parameters_are_refused_by_name)
     char out[8192];
     cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2,\"n\":1,\"presence_penalty\":0,"
                       "\"frequency_penalty\":0,\"user\":\"u\",\"logprobs\":null}", NULL, out, sizeof out), 200, "%s", out);
+}
+
+/* A chat's prompt is the checkpoint's format: a synthetic V4 checkpoint has no chat_template, so
+ * DeepSeek-V4's encoding (model/chat.h): BOS + system + <｜User｜>...<｜Assistant｜></think>, the
+ * earlier assistant turn closed with EOS; its prompt_tokens count that text's ids. */
+Test(server, a_chats_prompt_is_deepseek_v4s_encoding)
+{
+    start(NULL, dir, 256);
+    char out[8192];
+    cr_assert_eq(curl("/v1/chat/completions", "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                      "{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"Hello.\"},"
+                      "{\"role\":\"user\",\"content\":\"Bye\"}],\"max_tokens\":1}", NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    int64_t got = json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens"));
+    json_decref(j);
+    struct pd_tok *t = tok_of(dir);
+    const char *want = "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi<｜Assistant｜></think>Hello.<｜end▁of▁sentence｜>"
+                       "<｜User｜>Bye<｜Assistant｜></think>";
+    int32_t *ids;
+    size_t n;
+    pd_err e = {0};
+    cr_assert_eq(pd_tok_encode(t, want, strlen(want), &ids, &n, &e), 0, "%s", e.msg);
+    cr_expect_eq(ids[0], pd_tok_bos(t), "the BOS text is the BOS token");
+    cr_expect_eq(got, (int64_t)n, "prompt_tokens %lld, the V4 encoding's text has %zu ids", (long long)got, n);
+    free(ids);
+    pd_tok_free(t);
 }

@@ -577,6 +577,25 @@ Test(plan, emit_model_path)
     pd_plan_free(&p);
 }
 
+/* A W4A8 plan asks for the W4A8 checkpoint (int4 routed experts), not the W8A8 one. */
+Test(plan, emit_w4a8_names_its_checkpoint)
+{
+    struct pd_plan_opts o;
+    struct pd_plan p;
+    pd_plan_opts_default(&o);
+    o.quant = "w4a8";
+    build(&o, &p);
+    for (int t = 0; t < 2; t++) {
+        char *s = emit(&p, t ? PD_EMIT_SGLANG : PD_EMIT_VLLM_ASCEND, NULL);
+        cr_assert(strstr(s, "# The plan is W4A8:"), "%s", s);
+        cr_assert(strstr(s, "set MODEL_PATH to the W4A8 (msmodelslim) checkpoint of deepseek-ai/DeepSeek-V4-Flash, e.g. "
+                            "DeepSeek-V4-Flash-w4a8-mtp}"), "%s", s);
+        LACKS(s, "w8a8-mtp");
+        free(s);
+    }
+    pd_plan_free(&p);
+}
+
 /* 910B has no FP8/FP4 units (hardware file): a plan in the release's formats is not launched there. */
 Test(plan, emit_refuses_fp8_on_ascend)
 {

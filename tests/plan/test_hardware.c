@@ -28,6 +28,28 @@ Test(hardware, presets)
     cr_assert_eq(h.card_memory_bytes, INT64_C(143771) * 1024 * 1024);
 }
 
+/* The A3 counts dies as SGLang and vLLM-Ascend do (16 NPUs of 64 GiB on 8 cards of 128 GB, no
+ * FP8 units, redundant experts allowed); the B200 is nvidia-smi's 183,359 MiB with the
+ * datasheet's dense rates. */
+Test(hardware, a3_and_b200)
+{
+    struct pd_hardware h;
+    pd_err e = {0};
+    cr_assert_eq(pd_hardware_load("atlas-800i-a3", &h, &e), 0, "%s", e.msg);
+    cr_assert_eq(h.cards_per_node, 16);
+    cr_assert_eq(h.card_memory_bytes * h.cards_per_node, INT64_C(8) * 128 << 30);
+    cr_assert_eq(h.fp8_flops, 0);
+    cr_assert(h.redundant_experts);
+    cr_assert_float_eq(h.int8_ops, 2 * h.bf16_flops, 1);
+    cr_assert_eq(pd_hardware_load("b200", &h, &e), 0, "%s", e.msg);
+    cr_assert_eq(h.cards_per_node, 8);
+    cr_assert_eq(h.card_memory_bytes, INT64_C(183359) * 1024 * 1024);
+    cr_assert_float_eq(h.fp8_flops, 4.5e15, 1);
+    cr_assert_float_eq(h.mem_bw_Bps, 7.7e12, 1);
+    cr_assert_neq(pd_hardware_load("b300", &h, &e), 0);
+    cr_assert(strstr(e.msg, "atlas-800i-a3") && strstr(e.msg, "b200"), "%s", e.msg);
+}
+
 static void bad(const char *text, const char *needle)
 {
     struct pd_hardware h;

@@ -174,3 +174,98 @@ Test(inventory, from_checkpoint_headers)
     free(names);
     pd_inventory_free(&inv);
 }
+
+/* W4A8 (msModelSlim's per-channel int4 routed experts, the rest W8A8) of V4-Flash with its MTP
+ * layer, as Eco-Tech/gdydems publish DeepSeek-V4-Flash-w4a8-mtp: every expert matrix is int4
+ * packed two per byte with one fp32 scale per output row, everything else is byte for byte the
+ * W8A8 inventory, and the whole comes to the "about 151 GB" its users report. */
+Test(inventory, v4_flash_w4a8_bytes)
+{
+    struct pd_model m;
+    struct pd_inventory w4, w8;
+    build("deepseek-v4-flash", "w4a8", NULL, 1, &m, &w4);
+    build("deepseek-v4-flash", "w8a8", NULL, 1, &m, &w8);
+    /* w1, w3 [2048, 4096]: 2048 x 2048 + 4 x 2048; w2 [4096, 2048]: 4096 x 1024 + 4 x 4096 */
+    int64_t one = 2 * (2048 * 2048 + 4 * 2048) + (4096 * 1024 + 4 * 4096);
+    cr_assert_eq(w4.n_moe_layers, 44);
+    cr_assert_eq(w4.expert_bytes[0], 44 * one);
+    cr_assert_eq(w4.class_bytes[PD_CLASS_I], INT64_C(256) * 44 * one);
+    cr_assert_eq(w4.class_bytes[PD_CLASS_II], w8.class_bytes[PD_CLASS_II]);
+    for (int i = 0; i < w4.n; i++)
+        if (w4.t[i].cls == PD_CLASS_I)
+            cr_assert_eq(w4.t[i].fmt, PD_FMT_W4A8, "%s", w4.t[i].name);
+        else if (w4.t[i].ndim == 2 && w4.t[i].group == PD_G_ATTENTION)
+            cr_assert_eq(w4.t[i].fmt, w8.t[i].fmt, "%s", w4.t[i].name);
+    int64_t total = w4.class_bytes[PD_CLASS_I] + w4.class_bytes[PD_CLASS_II];
+    cr_assert(total > INT64_C(150000000000) && total < INT64_C(152000000000), "%lld bytes", (long long)total);
+    pd_inventory_free(&w4);
+    pd_inventory_free(&w8);
+}
+
+/* DeepSeek-V4-Flash-0731: the V4-Flash layers plus a DSpark draft of three window-only stages
+ * (mtp.0-2) with the target-state projection on the first and the Markov and confidence heads on
+ * the last, in place of the MTP layer. In the released formats it comes to the "about 166.9 GB"
+ * and "304B" parameters of the release: here, part by part against V4-Flash's own inventory. */
+Test(inventory, v4_flash_0731_dspark)
+{
+    struct pd_model m, m0;
+    struct pd_inventory d, f;
+    build("deepseek-v4-flash-0731", "fp8", "routed_experts=fp4", 1, &m, &d);
+    build("deepseek-v4-flash", "fp8", "routed_experts=fp4", 1, &m0, &f);
+    cr_assert(m.dspark);
+    cr_assert_eq(m.n_mtp_layers, 3);
+    cr_assert_eq(m.dspark_markov_rank, 256);
+    cr_assert_eq(d.n_moe_layers, 46);
+    /* one V4-Flash MTP stage's block: the MTP layer without its e/h projections, norms and head */
+    int64_t block = 0, mtp_extra = 0, main_proj = -1, w1 = -1, w2 = -1, conf = -1;
+    for (int i = 0; i < f.n; i++) {
+        const struct pd_tensor *t = &f.t[i];
+        if (t->layer != 43)
+            continue;
+        int head = strstr(t->name, "e_proj") || strstr(t->name, "h_proj") || strstr(t->name, "enorm") ||
+                   strstr(t->name, "hnorm") || strcmp(t->name, "mtp.0.norm.weight") == 0 || strstr(t->name, "hc_head");
+        if (head)
+            mtp_extra += t->bytes * t->count;
+        else
+            block += t->bytes * t->count;
+    }
+    int stages[3] = {0};
+    for (int i = 0; i < d.n; i++) {
+        const struct pd_tensor *t = &d.t[i];
+        cr_assert_null(strstr(t->name, "e_proj"), "%s", t->name);
+        if (t->layer >= 43) {
+            stages[t->layer - 43]++;
+            cr_assert_eq(t->group == PD_G_MTP || t->group == PD_G_ROUTED_EXPERTS, 1, "%s", t->name);
+            cr_assert_null(strstr(t->name, "compressor"), "%s: a stage is window-only", t->name);
+        }
+        if (strcmp(t->name, "mtp.0.main_proj.weight") == 0) {
+            cr_assert_eq(t->shape[0], 4096);
+            cr_assert_eq(t->shape[1], 3 * 4096);
+            main_proj = t->bytes;
+        }
+        if (strcmp(t->name, "mtp.2.markov_head.markov_w1.weight") == 0)
+            w1 = t->bytes;
+        if (strcmp(t->name, "mtp.2.markov_head.markov_w2.weight") == 0)
+            w2 = t->bytes;
+        if (strcmp(t->name, "mtp.2.confidence_head.proj.weight") == 0)
+            conf = t->bytes;
+    }
+    cr_assert(stages[0] > 0 && stages[1] > 0 && stages[2] > 0);
+    /* fp8 with one ue8m0 scale per 128 x 128 block */
+    cr_assert_eq(main_proj, 4096 * 12288 + 32 * 96);
+    cr_assert_eq(w1, INT64_C(2) * 129280 * 256);
+    cr_assert_eq(w2, INT64_C(2) * 129280 * 256);
+    cr_assert_eq(conf, 2 * (4096 + 256));
+    int64_t td = d.class_bytes[0] + d.class_bytes[1], tf = f.class_bytes[0] + f.class_bytes[1];
+    /* three blocks for one; main_proj and main_norm; the last stage's norm and hc head are the
+     * MTP layer's, which also had e/h projections and norms (2 x fp8 [4096, 4096], 2 x bf16
+     * [4096]) the draft has not */
+    int64_t eh = 2 * (INT64_C(4096) * 4096 + 32 * 32) + 2 * 2 * 4096;
+    cr_assert_gt(mtp_extra, eh);
+    cr_assert_eq(td, tf + 2 * block + main_proj + 2 * 4096 - eh + w1 + w2 + conf);
+    cr_assert(td > INT64_C(166850000000) && td < INT64_C(166950000000), "%lld bytes", (long long)td);
+    int64_t params = d.class_params[0] + d.class_params[1];
+    cr_assert(params > INT64_C(303500000000) && params < INT64_C(304500000000), "%lld parameters", (long long)params);
+    pd_inventory_free(&d);
+    pd_inventory_free(&f);
+}

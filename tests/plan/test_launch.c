@@ -72,3 +72,22 @@ Test(launch, one_rank_runs_bare_here_and_under_mpirun_elsewhere)
     cr_assert(!strncmp(s, want, strlen(want)), "%s", s);
     pd_launch_argv_free(a);
 }
+
+Test(launch, the_proxy_in_front_of_every_instance_with_its_policy)
+{
+    struct pd_launch_inst x[3] = {{.role = 0, .port = 8001, .group = {{"10.0.0.1", 1}}},
+                                  {.role = 1, .port = 8002, .group = {{"10.0.0.2", 1}}},
+                                  {.role = 1, .port = 8003}};
+    struct pd_launch_proxy o = {.pdmoe = "pdmoe", .host = "0.0.0.0", .port = 8000, .policy = "least_loaded"};
+    char **a = pd_launch_proxy_argv(x, 3, &o), s[1024];
+    cr_assert(a);
+    joined(a, s, sizeof s);
+    cr_expect_str_eq(s, "pdmoe proxy --prefill 10.0.0.1:8001 --decode 10.0.0.2:8002,127.0.0.1:8003 --port 8000 "
+                        "--host 0.0.0.0 --policy least_loaded");
+    pd_launch_argv_free(a);
+    o.policy = NULL;   /* the proxy's default, cache_aware: no flag */
+    a = pd_launch_proxy_argv(x, 3, &o);
+    joined(a, s, sizeof s);
+    cr_expect(!strstr(s, "--policy"), "%s", s);
+    pd_launch_argv_free(a);
+}

@@ -193,7 +193,8 @@ Test(perf, seed_deployment_is_monotone)
 }
 
 /* The published cases of validation/published.json: every one within 25% unless the file
- * declares it a known miss with its reason (docs/validation.md explains each). */
+ * declares it a known miss with its reason (docs/validation.md explains each), or pending (the
+ * model cannot express it yet) with its reason and no prediction. */
 Test(perf, published_deployments)
 {
     struct pd_valcase *c;
@@ -202,17 +203,67 @@ Test(perf, published_deployments)
     cr_assert_eq(pd_validate_run(pd_embedded_find("validation/published.json"), "validation/published.json", &c, &n, &e),
                  0, "%s", e.msg);
     cr_assert_geq(n, 8);
-    int misses = 0;
+    int misses = 0, pending_v4 = 0;
     for (int i = 0; i < n; i++) {
         if (c[i].known_miss[0]) {
             misses++;
+            continue;
+        }
+        if (c[i].pending[0]) {
+            cr_expect(isnan(c[i].predicted) && strlen(c[i].pending) > 100, "%s", c[i].name);
+            pending_v4 += strstr(c[i].name, "DeepSeek-V4-Flash") != NULL;
             continue;
         }
         cr_expect(fabs(c[i].error) <= 0.25, "%s: published %.0f, predicted %.0f (%+.1f%%)", c[i].name, c[i].published,
                   c[i].predicted, 100 * c[i].error);
     }
     cr_assert_leq(misses, 1, "more than one declared miss");
+    cr_assert_eq(pending_v4, 4, "the SGLang CI (A3), Lambda H100 and B200, and LMSYS H200 cases");
     free(c);
+}
+
+/* A case the model cannot express waits with its reason: an aggregated layout without
+ * "pending" is refused by name, a pending case still names a real model and hardware (a typo is
+ * an error), and the closed-loop metrics are the closed loop's figures. */
+Test(perf, validation_pending_and_closed_loop)
+{
+    struct pd_valcase *c;
+    int n;
+    pd_err e = {0};
+    const char *head = "{\"cases\":[{\"name\":\"x\",\"source\":\"s\",\"published\":100,\"model\":\"v4-tiny\","
+                       "\"isl\":64,\"osl\":16,\"nodes\":1,";
+    char text[1024];
+    snprintf(text, sizeof text, "%s\"metric\":\"output_tokens_per_s\",\"concurrency\":4,\"hardware\":\"h100\","
+             "\"aggregated\":{\"dp\":8}}]}", head);
+    cr_assert_neq(pd_validate_run(text, "v.json", &c, &n, &e), 0);
+    cr_assert(strstr(e.msg, "cases[0]") && strstr(e.msg, "\"aggregated\"") && strstr(e.msg, "\"pending\""), "%s", e.msg);
+    snprintf(text, sizeof text, "%s\"metric\":\"output_tokens_per_s\",\"concurrency\":4,\"hardware\":\"b300\","
+             "\"aggregated\":{\"dp\":8},\"pending\":\"why\"}]}", head);
+    cr_assert_neq(pd_validate_run(text, "v.json", &c, &n, &e), 0);
+    cr_assert(strstr(e.msg, "b300"), "%s", e.msg);
+    snprintf(text, sizeof text, "%s\"metric\":\"output_tokens_per_s\",\"concurrency\":4,\"hardware\":\"b200\","
+             "\"aggregated\":{\"dp\":8},\"pending\":\"why\"}]}", head);
+    cr_assert_eq(pd_validate_run(text, "v.json", &c, &n, &e), 0, "%s", e.msg);
+    cr_assert(isnan(c[0].predicted) && strcmp(c[0].pending, "why") == 0);
+    char *md = pd_validate_markdown(c, n);
+    cr_assert(strstr(md, "| x (pending) | aggregated 1 x DP8 TP1 (EP8) |") && strstr(md, "**Pending:** why"), "%s", md);
+    free(md);
+    free(c);
+    snprintf(text, sizeof text, "%s\"metric\":\"output_tokens_per_s\",\"hardware\":\"h100\","
+             "\"prefill\":{\"dp\":2},\"decode\":{\"dp\":2}}]}", head);
+    cr_assert_neq(pd_validate_run(text, "v.json", &c, &n, &e), 0);
+    cr_assert(strstr(e.msg, "\"concurrency\""), "%s", e.msg);
+    const char *metric[2] = {"output_tokens_per_s", "user_tokens_per_s"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(text, sizeof text, "%s\"metric\":\"%s\",\"concurrency\":4,\"hardware\":\"h100\","
+                 "\"prefill\":{\"dp\":2},\"decode\":{\"dp\":2}}]}", head, metric[i]);
+        cr_assert_eq(pd_validate_run(text, "v.json", &c, &n, &e), 0, "%s", e.msg);
+        const struct pd_closed *cl = &c[0].perf.closed;
+        cr_assert_gt(cl->tok_s, 0);
+        cr_assert_float_eq(c[0].predicted, i == 0 ? cl->tok_s : 1 / cl->tpot_s, 1e-9 * c[0].predicted);
+        cr_assert_float_eq(c[0].error, c[0].predicted / 100 - 1, 1e-12);
+        free(c);
+    }
 }
 
 Test(perf, validation_file_errors)

@@ -2,6 +2,7 @@
  * add up, the JSON document, and bad layouts. */
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -144,4 +145,40 @@ Test(plan, units_in_text)
     free(gb);
     free(gib);
     pd_plan_free(&p);
+}
+
+/* V4-Flash W4A8 runs on one node of 8 x Ascend 910B4 32 GB (Alauda AI's inference guide: one
+ * instance, TP8 + expert parallelism, vLLM-Ascend): the planner agrees that its weights fit eight
+ * 32 GiB cards with room for KV, and that W8A8's do not. */
+Test(plan, w4a8_fits_eight_910b4)
+{
+    struct pd_hardware hw;
+    pd_err e = {0};
+    cr_assert_eq(pd_hardware_load("atlas-800i-a2", &hw, &e), 0, "%s", e.msg);
+    snprintf(hw.card_name, sizeof hw.card_name, "Ascend 910B4 32 GB");
+    hw.card_memory_bytes = INT64_C(32) << 30;   /* npu-smi: 32768 MB */
+    const char *quant[2] = {"w4a8", "w8a8"};
+    for (int i = 0; i < 2; i++) {
+        struct pd_plan_opts o;
+        struct pd_plan p;
+        pd_plan_opts_default(&o);
+        o.hw = &hw;
+        o.nodes = 2;
+        o.quant = quant[i];
+        o.max_model_len = 32768;
+        o.max_num_seqs = 4;
+        o.role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 1, .tp = 8, .instances = 1};
+        o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 1, .tp = 8, .instances = 1};
+        build(&o, &p);
+        const struct pd_role_plan *d = &p.role[PD_ROLE_DECODE];
+        if (i == 0) {
+            cr_assert(d->b.fits_weights && d->fits, "w4a8: weights %lld, usable %lld", (long long)d->b.weights,
+                      (long long)d->b.usable);
+            cr_assert_gt(d->b.kv_pool, 0);
+        } else {
+            cr_assert_not(d->b.fits_weights, "w8a8: weights %lld, usable %lld", (long long)d->b.weights,
+                          (long long)d->b.usable);
+        }
+        pd_plan_free(&p);
+    }
 }

@@ -26,6 +26,17 @@ Test(quant, bytes_per_format)
     int64_t odd[2] = {129, 257};
     cr_assert_eq(pd_fmt_bytes(PD_FMT_FP8, 2, odd, &q), 129 * 257 + 2 * 3);
     cr_assert_eq(pd_fmt_bytes(PD_FMT_FP4, 2, odd, &q), 129 * 129 + 129 * 9);
+    /* int4 packed two per byte + one fp32 scale per output row (msModelSlim W4A8 per channel) */
+    cr_assert_eq(pd_fmt_bytes(PD_FMT_W4A8, 2, w2, &q), 4096 * 1024 + 4 * 4096);
+    cr_assert_eq(pd_fmt_bytes(PD_FMT_W4A8, 2, odd, &q), 129 * 129 + 4 * 129);
+    /* the scheme: routed experts w4a8, every other matrix w8a8 */
+    char buf[64];
+    cr_assert_eq(pd_quant_init(&q, "w4a8", NULL, 1, &e), 0, "%s", e.msg);
+    cr_assert_eq(q.linear, PD_FMT_W8A8);
+    cr_assert_eq(q.group_fmt[PD_G_ROUTED_EXPERTS], PD_FMT_W4A8);
+    cr_assert_str_eq(pd_quant_describe(&q, buf, sizeof buf), "w8a8 (routed_experts=w4a8)");
+    cr_assert_eq(pd_quant_init(&q, "w4a8", "routed_experts=w8a8", 1, &e), 0, "%s", e.msg);
+    cr_assert_eq(q.group_fmt[PD_G_ROUTED_EXPERTS], PD_FMT_W8A8);
     /* fp32 block scales when the checkpoint does not use ue8m0 */
     cr_assert_eq(pd_quant_init(&q, "fp8", NULL, 0, &e), 0);
     cr_assert_eq(pd_fmt_bytes(PD_FMT_FP8, 2, wq_b, &q), 32768 * 1024 + 4 * 256 * 8);

@@ -1,0 +1,160 @@
+/* Chat messages -> prompt text (see chat.h for both formats, stated once). */
+#include "model/chat.h"
+#include "core/grow.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BOS "<｜begin▁of▁sentence｜>"
+#define EOS "<｜end▁of▁sentence｜>"
+#define USER "<｜User｜>"
+#define ASSISTANT "<｜Assistant｜>"
+#define THINK_END "</think>"
+
+/* DeepSeek-V3's chat_template as its tokenizer_config.json holds it: 2,301 bytes whose 64-bit
+ * FNV-1a is this (the template itself is DeepSeek's; pdmoe keeps only its fingerprint). */
+#define DSV3_TEMPLATE_LEN 2301
+#define DSV3_TEMPLATE_FNV 0xebe3604156dc466aull
+
+const char *pd_chat_format_name(enum pd_chat_format f)
+{
+    return f == PD_CHAT_DSV3 ? "DeepSeek-V3 chat_template" : "DeepSeek-V4 encoding (chat mode)";
+}
+
+static uint64_t fnv1a(const char *s, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull;
+    return h;
+}
+
+int pd_chat_format_of(const char *dir, enum pd_chat_format *f, pd_err *e)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    *f = PD_CHAT_DSV4;
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return 0;   /* none: V4's encoding, as V4 releases ship no template */
+    fclose(fp);
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return pd_err_set(e, PD_EFORMAT, "%s: %s", path, root ? "not a JSON object" : je.text);
+    }
+    json_t *t = json_object_get(root, "chat_template");
+    int rc = 0;
+    if (t && !json_is_null(t)) {
+        if (json_is_string(t) && json_string_length(t) == DSV3_TEMPLATE_LEN &&
+            fnv1a(json_string_value(t), json_string_length(t)) == DSV3_TEMPLATE_FNV)
+            *f = PD_CHAT_DSV3;
+        else
+            rc = pd_err_set(e, PD_EFORMAT,
+                            "%s: field \"chat_template\": not a template pdmoe renders (it renders DeepSeek-V3's "
+                            "chat_template, recognised byte for byte, and DeepSeek-V4's encoding, used when there "
+                            "is no chat_template); pdmoe does not run arbitrary Jinja",
+                            path);
+    }
+    json_decref(root);
+    return rc;
+}
+
+struct buf {
+    char *p;
+    size_t n, cap;
+    int oom;
+};
+
+static void put(struct buf *b, const char *s)
+{
+    size_t k = strlen(s);
+    if (b->oom || PD_GROW(b->p, b->cap, b->n + k + 1)) {
+        b->oom = 1;
+        return;
+    }
+    memcpy(b->p + b->n, s, k + 1);
+    b->n += k;
+}
+
+static int role_is(const struct pd_chat_msg *m, const char *r)
+{
+    return !strcmp(m->role, r);
+}
+
+/* DeepSeek-V4, chat mode (chat.h). */
+static void render_v4(struct buf *b, const struct pd_chat_msg *m, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (role_is(&m[i], "system")) {
+            put(b, m[i].content);
+        } else if (role_is(&m[i], "assistant")) {
+            put(b, m[i].content);
+            put(b, EOS);
+        } else {
+            put(b, USER);
+            put(b, m[i].content);
+            while (i + 1 < n && role_is(&m[i + 1], "user")) {   /* one user turn, its parts joined */
+                put(b, "\n\n");
+                put(b, m[++i].content);
+            }
+            if (i + 1 == n || role_is(&m[i + 1], "assistant")) {
+                put(b, ASSISTANT);
+                put(b, THINK_END);
+            }
+        }
+    }
+}
+
+/* DeepSeek-V3's chat_template with add_generation_prompt (chat.h). */
+static void render_v3(struct buf *b, const struct pd_chat_msg *m, size_t n)
+{
+    int first = 1;
+    for (size_t i = 0; i < n; i++)
+        if (role_is(&m[i], "system")) {
+            if (!first)
+                put(b, "\n\n");
+            put(b, m[i].content);
+            first = 0;
+        }
+    for (size_t i = 0; i < n; i++) {
+        if (role_is(&m[i], "user")) {
+            put(b, USER);
+            put(b, m[i].content);
+        } else if (role_is(&m[i], "assistant")) {
+            put(b, ASSISTANT);
+            put(b, m[i].content);
+            put(b, EOS);
+        }
+    }
+    put(b, ASSISTANT);
+}
+
+int pd_chat_render(enum pd_chat_format f, const struct pd_chat_msg *m, size_t n, int with_bos, char **out,
+                   size_t *len, pd_err *e)
+{
+    *out = NULL;
+    *len = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!m[i].role || !m[i].content ||
+            (!role_is(&m[i], "system") && !role_is(&m[i], "user") && !role_is(&m[i], "assistant")))
+            return pd_err_set(e, PD_EINVAL,
+                              "\"messages[%zu]\" needs \"role\" (system, user or assistant) and a string \"content\"",
+                              i);
+    struct buf b = {0};
+    put(&b, with_bos ? BOS : "");
+    if (f == PD_CHAT_DSV3)
+        render_v3(&b, m, n);
+    else
+        render_v4(&b, m, n);
+    if (b.oom) {
+        free(b.p);
+        return pd_err_set(e, PD_ENOMEM, "out of memory for the chat's prompt");
+    }
+    *out = b.p;
+    *len = b.n;
+    return 0;
+}

@@ -1,0 +1,47 @@
+/* A chat's messages as the prompt text a DeepSeek checkpoint expects (the OpenAI chat API's
+ * "messages" -> text the tokenizer encodes), in one of the two formats DeepSeek publishes:
+ *
+ *   PD_CHAT_DSV4: DeepSeek-V4's encoding (encoding/encoding_dsv4.py beside the release; V4's
+ *     tokenizer_config.json has no chat_template), in its "chat" mode (no thinking):
+ *       BOS, then each message in order: system -> its content; user -> "<｜User｜>" + content
+ *       (consecutive user messages are one, their contents joined by "\n\n"); assistant ->
+ *       content + EOS; after a user message that is last or followed by an assistant,
+ *       "<｜Assistant｜></think>" (the thinking block closed at once).
+ *   PD_CHAT_DSV3: DeepSeek-V3's chat_template (its tokenizer_config.json), as Jinja renders it with
+ *     add_generation_prompt: BOS, every system message's content (joined by "\n\n") first, then
+ *     user -> "<｜User｜>" + content; assistant -> "<｜Assistant｜>" + content + EOS; and
+ *     "<｜Assistant｜>" at the end. Recognised only when the checkpoint's template is that one
+ *     byte for byte; CI checks the rendering against @huggingface/jinja on the real template
+ *     (tests/tokenizer/chat.mjs).
+ * Roles are system, user and assistant, contents strings; tool calls, tool results and thinking
+ * mode are refused by the caller (pdmoe does not implement them). BOS/EOS are
+ * "<｜begin▁of▁sentence｜>" / "<｜end▁of▁sentence｜>". */
+#ifndef PD_MODEL_CHAT_H
+#define PD_MODEL_CHAT_H
+
+#include <stddef.h>
+
+#include "core/err.h"
+
+enum pd_chat_format { PD_CHAT_DSV4, PD_CHAT_DSV3 };
+
+struct pd_chat_msg {
+    const char *role;      /* "system", "user" or "assistant" */
+    const char *content;
+};
+
+const char *pd_chat_format_name(enum pd_chat_format f);
+
+/* The format of the checkpoint in dir: DeepSeek-V3's template when dir/tokenizer_config.json's
+ * "chat_template" is it; DeepSeek-V4's encoding when there is no chat_template (or no
+ * tokenizer_config.json). Any other template is an error naming the file and the field: pdmoe
+ * does not run arbitrary Jinja, and would rather refuse than guess. */
+int pd_chat_format_of(const char *dir, enum pd_chat_format *f, pd_err *e);
+
+/* The prompt text of n messages in format f, with the BOS text first when with_bos (the server
+ * adds the BOS id itself). Malloc'ed into *out, its length in *len. A message with another role
+ * is an error naming "messages[i]". */
+int pd_chat_render(enum pd_chat_format f, const struct pd_chat_msg *m, size_t n, int with_bos, char **out,
+                   size_t *len, pd_err *e);
+
+#endif

@@ -1,0 +1,113 @@
+/* A chat's prompt text (model/chat.h): DeepSeek-V4's encoding in chat mode, exactly as
+ * encoding_dsv4.py's rules give it (written out here by hand from those rules), DeepSeek-V3's
+ * template (checked against Jinja itself in CI: tests/tokenizer/chat.mjs), and which format a
+ * checkpoint directory gets. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/chat.h"
+
+#define B "<｜begin▁of▁sentence｜>"
+#define E "<｜end▁of▁sentence｜>"
+#define U "<｜User｜>"
+#define A "<｜Assistant｜>"
+
+static void expect(enum pd_chat_format f, const struct pd_chat_msg *m, size_t n, const char *want)
+{
+    char *out;
+    size_t len;
+    pd_err e = {0};
+    cr_assert_eq(pd_chat_render(f, m, n, 1, &out, &len, &e), 0, "%s", e.msg);
+    cr_expect_str_eq(out, want);
+    cr_expect_eq(len, strlen(want));
+    free(out);
+    /* without BOS: the same text minus its first token's text */
+    cr_assert_eq(pd_chat_render(f, m, n, 0, &out, &len, &e), 0, "%s", e.msg);
+    cr_expect_str_eq(out, want + strlen(B));
+    free(out);
+}
+
+#define M(...) ((const struct pd_chat_msg[]){__VA_ARGS__})
+#define N(...) (sizeof((const struct pd_chat_msg[]){__VA_ARGS__}) / sizeof(struct pd_chat_msg))
+#define CHECK(f, want, ...) expect(f, M(__VA_ARGS__), N(__VA_ARGS__), want)
+
+Test(chat, deepseek_v4_chat_mode)
+{
+    enum pd_chat_format f = PD_CHAT_DSV4;
+    /* the encoding's README example, in chat mode: the thinking block closed at once */
+    CHECK(f, B "You are a helpful assistant." U "What is 2+2?" A "</think>",
+          {"system", "You are a helpful assistant."}, {"user", "What is 2+2?"});
+    /* multi-turn: an assistant turn ends with EOS and gets no prefix of its own */
+    CHECK(f, B U "hi" A "</think>" "hello!" E U "and then?" A "</think>",
+          {"user", "hi"}, {"assistant", "hello!"}, {"user", "and then?"});
+    /* consecutive user messages are one user turn, joined by a blank line */
+    CHECK(f, B "sys" U "one\n\ntwo" A "</think>", {"system", "sys"}, {"user", "one"}, {"user", "two"});
+    /* a user followed by a system message gets no generation prefix; the system text stands bare */
+    CHECK(f, B U "q" "be brief" U "q2" A "</think>", {"user", "q"}, {"system", "be brief"}, {"user", "q2"});
+    /* a last assistant message is closed: nothing is appended after its EOS */
+    CHECK(f, B U "q" A "</think>" "a" E, {"user", "q"}, {"assistant", "a"});
+    /* empty contents are empty */
+    CHECK(f, B U A "</think>", {"user", ""});
+}
+
+Test(chat, deepseek_v3_template)
+{
+    enum pd_chat_format f = PD_CHAT_DSV3;
+    /* system messages go first, wherever they are, joined by a blank line */
+    CHECK(f, B "s1\n\ns2" U "q" A "a" E U "q2" A, {"system", "s1"}, {"user", "q"}, {"assistant", "a"},
+          {"system", "s2"}, {"user", "q2"});
+    CHECK(f, B U "q" A, {"user", "q"});
+    /* the generation prompt even after an assistant message (add_generation_prompt) */
+    CHECK(f, B U "q" A "a" E A, {"user", "q"}, {"assistant", "a"});
+}
+
+Test(chat, other_roles_are_refused_by_message)
+{
+    char *out;
+    size_t len;
+    pd_err e = {0};
+    struct pd_chat_msg m[2] = {{"user", "q"}, {"tool", "42"}};
+    cr_expect_eq(pd_chat_render(PD_CHAT_DSV4, m, 2, 1, &out, &len, &e), PD_EINVAL);
+    cr_expect(strstr(e.msg, "messages[1]"), "%s", e.msg);
+    m[1] = (struct pd_chat_msg){"assistant", NULL};
+    cr_expect_eq(pd_chat_render(PD_CHAT_DSV3, m, 2, 1, &out, &len, &e), PD_EINVAL);
+    cr_expect(strstr(e.msg, "messages[1]"), "%s", e.msg);
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+Test(chat, a_checkpoints_format_and_an_unknown_template_refused_by_file_and_field)
+{
+    char dir[] = "/tmp/pdmoe-chat-XXXXXX", path[128];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    enum pd_chat_format f = PD_CHAT_DSV3;
+    pd_err e = {0};
+    /* no tokenizer_config.json, or one without a chat_template (V4's): V4's encoding */
+    cr_expect_eq(pd_chat_format_of(dir, &f, &e), 0, "%s", e.msg);
+    cr_expect_eq(f, PD_CHAT_DSV4);
+    write_file(path, "{\"add_bos_token\": false, \"tokenizer_class\": \"PreTrainedTokenizerFast\"}");
+    f = PD_CHAT_DSV3;
+    cr_expect_eq(pd_chat_format_of(dir, &f, &e), 0, "%s", e.msg);
+    cr_expect_eq(f, PD_CHAT_DSV4);
+    /* a template pdmoe does not know (here ChatML's): refused, never guessed */
+    write_file(path, "{\"chat_template\": \"{% for m in messages %}<|im_start|>{{ m.role }}\\n{{ m.content }}"
+                     "<|im_end|>\\n{% endfor %}\"}");
+    cr_expect_eq(pd_chat_format_of(dir, &f, &e), PD_EFORMAT);
+    cr_expect(strstr(e.msg, path) && strstr(e.msg, "\"chat_template\""), "%s", e.msg);
+    /* a broken file is named */
+    write_file(path, "{\"chat_template\": ");
+    cr_expect_eq(pd_chat_format_of(dir, &f, &e), PD_EFORMAT);
+    cr_expect(strstr(e.msg, path), "%s", e.msg);
+    unlink(path);
+    rmdir(dir);
+}
