@@ -519,6 +519,15 @@ Test(release, convert_cli_refuses_what_it_does_not_do)
         {"--checkpoint %s --out /tmp/pdmoe-never", "--quantization w8a8"},
         {"--checkpoint %s --quantization w8a8 --out %s", "checkpoint's own directory"},
     };
+    /* gen-model's --format: a layout it does not write is refused by name */
+    snprintf(cmd, sizeof cmd, "%s gen-model --preset v4-tiny --format fp16 --out /tmp/pdmoe-never 2>&1", bin);
+    FILE *g = popen(cmd, "r");
+    cr_assert_not_null(g);
+    size_t gn = fread(buf, 1, sizeof buf - 1, g);
+    buf[gn] = 0;
+    cr_assert_neq(pclose(g), 0, "%s succeeded", cmd);
+    cr_assert(strstr(buf, "--format \"fp16\": expected w8a8, release or release-w8a8"), "%s", buf);
+    cr_assert_neq(access("/tmp/pdmoe-never", F_OK), 0, "nothing written");
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         char args[256];
         snprintf(args, sizeof args, c[i].args, rel, rel);
