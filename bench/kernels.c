@@ -329,7 +329,7 @@ static int mm_onednn(void *arg, int rep, pd_err *e)
 static int mm_quant(void *arg, int rep, pd_err *e)
 {
     struct mm_case *g = arg;
-    pd_quant_rows(g->x, g->T, g->in, g->xq, g->xs);
+    pd_quant_rows_pool(g->pool, g->x, g->T, g->in, g->xq, g->xs);
     return 0;
 }
 
@@ -348,7 +348,7 @@ static int mm_case_alloc(struct mm_case *g)
     fill_weights(g->w, per * g->n_mats);
     fill_floats(g->ws, (size_t)g->out * g->n_mats, 1e-3f, 2e-3f);
     fill_floats(g->x, (size_t)g->T * g->in, -1.0f, 1.0f);
-    pd_quant_rows(g->x, g->T, g->in, g->xq, g->xs);
+    pd_quant_rows_pool(g->pool, g->x, g->T, g->in, g->xq, g->xs);
     return 0;
 }
 
@@ -620,12 +620,14 @@ static int bench_gemm_shape(struct ctx *c, int out, int in)
         say(c, " | oneDNN %7.1f Gops/s: pdmoe %.2fx\n", ops / sd / 1e9, sd / s);
         json_t *shape = json_pack("{s:i, s:i, s:i}", "out", g.out, "in", g.in, "tokens", g.T);
         add_case(c, "gemm", shape, i, ops / s, ops / sd);
+        double sq;
+        if (time_median(mm_quant, &g, 1, g.reps, &sq) < 0)
+            goto done;
+        say(c, "      activation quantisation (fp32 -> int8 per token, on the same threads, not in the "
+            "times above): %.3f ms = %.3f of the GEMM\n", sq * 1e3, sq / s);
+        json_object_set_new(json_array_get(c->cases, json_array_size(c->cases) - 1), "quant_ms",
+                            json_real(sq * 1e3));
     }
-    double sq;
-    if (time_median(mm_quant, &g, 1, g.reps, &sq) < 0)
-        goto done;
-    say(c, "   activation quantisation (fp32 -> int8 per token, 1 thread, not in the times above): "
-        "%.2f ms\n", sq * 1e3);
     if (c->k == PD_KERNEL_AVX512 && pd_gemm_kernel_supported(PD_KERNEL_AVX2) && !c->o.quick) {
         /* The path CPUs without VNNI take, for reference. */
         pd_err e = {0};
