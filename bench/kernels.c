@@ -147,20 +147,29 @@ static double measure_vnni_peak(pd_pool *pool, int threads, int quick)
 enum { BW_STREAMS = 8 };
 
 /* Unsigned sums (the values wrap; only the loads matter) of BW_STREAMS equal parts of p[0, n),
- * read side by side, 64 bytes of each in turn. */
+ * read side by side, 64 bytes of each in turn. The eight accumulators are named variables: as an
+ * array GCC kept them on the stack, and the loop measured store forwarding, not memory. */
+#define STREAMS8(ADD)                                                                            \
+    ADD(s0, q0 + i); ADD(s1, q1 + i); ADD(s2, q2 + i); ADD(s3, q3 + i);                           \
+    ADD(s4, q4 + i); ADD(s5, q5 + i); ADD(s6, q6 + i); ADD(s7, q7 + i)
+#define STREAM_PTRS                                                                              \
+    const int64_t *q0 = p, *q1 = q0 + per, *q2 = q1 + per, *q3 = q2 + per, *q4 = q3 + per,       \
+                  *q5 = q4 + per, *q6 = q5 + per, *q7 = q6 + per
+
 __attribute__((target("avx512f"))) static uint64_t sum_avx512(const int64_t *p, size_t n)
 {
     size_t per = n / BW_STREAMS & ~(size_t)7;   /* int64s per stream, whole 64-byte vectors */
-    __m512i s[BW_STREAMS];
-    for (int j = 0; j < BW_STREAMS; j++)
-        s[j] = _mm512_setzero_si512();
-    for (size_t i = 0; i < per; i += 8)
-        for (int j = 0; j < BW_STREAMS; j++)
-            s[j] = _mm512_add_epi64(s[j], _mm512_loadu_si512(p + j * per + i));
-    for (int j = 1; j < BW_STREAMS; j++)
-        s[0] = _mm512_add_epi64(s[0], s[j]);
+    STREAM_PTRS;
+    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+#define ADD512(s, q) s = _mm512_add_epi64(s, _mm512_loadu_si512(q))
+    for (size_t i = 0; i < per; i += 8) {
+        STREAMS8(ADD512);
+    }
+#undef ADD512
+    s0 = _mm512_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)),
+                          _mm512_add_epi64(_mm512_add_epi64(s4, s5), _mm512_add_epi64(s6, s7)));
     uint64_t lanes[8], sum = 0;
-    _mm512_storeu_si512(lanes, s[0]);
+    _mm512_storeu_si512(lanes, s0);
     for (int j = 0; j < 8; j++)
         sum += lanes[j];
     for (size_t i = BW_STREAMS * per; i < n; i++)
@@ -171,19 +180,19 @@ __attribute__((target("avx512f"))) static uint64_t sum_avx512(const int64_t *p, 
 __attribute__((target("avx2"))) static uint64_t sum_avx2(const int64_t *p, size_t n)
 {
     size_t per = n / BW_STREAMS & ~(size_t)7;
-    __m256i s[BW_STREAMS];
-    for (int j = 0; j < BW_STREAMS; j++)
-        s[j] = _mm256_setzero_si256();
-    for (size_t i = 0; i < per; i += 8)
-        for (int j = 0; j < BW_STREAMS; j++) {
-            const int64_t *q = p + j * per + i;
-            s[j] = _mm256_add_epi64(s[j], _mm256_loadu_si256((const __m256i *)q));
-            s[j] = _mm256_add_epi64(s[j], _mm256_loadu_si256((const __m256i *)(q + 4)));
-        }
-    for (int j = 1; j < BW_STREAMS; j++)
-        s[0] = _mm256_add_epi64(s[0], s[j]);
+    STREAM_PTRS;
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+#define ADD256(s, q)                                                                             \
+    s = _mm256_add_epi64(s, _mm256_loadu_si256((const __m256i *)(q)));                           \
+    s = _mm256_add_epi64(s, _mm256_loadu_si256((const __m256i *)(q) + 1))
+    for (size_t i = 0; i < per; i += 8) {
+        STREAMS8(ADD256);
+    }
+#undef ADD256
+    s0 = _mm256_add_epi64(_mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3)),
+                          _mm256_add_epi64(_mm256_add_epi64(s4, s5), _mm256_add_epi64(s6, s7)));
     uint64_t lanes[4], sum = 0;
-    _mm256_storeu_si256((__m256i *)lanes, s[0]);
+    _mm256_storeu_si256((__m256i *)lanes, s0);
     for (int j = 0; j < 4; j++)
         sum += lanes[j];
     for (size_t i = BW_STREAMS * per; i < n; i++)
@@ -194,16 +203,20 @@ __attribute__((target("avx2"))) static uint64_t sum_avx2(const int64_t *p, size_
 static uint64_t sum_scalar(const int64_t *p, size_t n)
 {
     size_t per = n / BW_STREAMS;
-    uint64_t s[BW_STREAMS] = {0}, sum = 0;
-    for (size_t i = 0; i < per; i++)
-        for (int j = 0; j < BW_STREAMS; j++)
-            s[j] += (uint64_t)p[j * per + i];
-    for (int j = 0; j < BW_STREAMS; j++)
-        sum += s[j];
+    STREAM_PTRS;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+#define ADD64(s, q) s += (uint64_t)*(q)
+    for (size_t i = 0; i < per; i++) {
+        STREAMS8(ADD64);
+    }
+#undef ADD64
+    uint64_t sum = s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7;
     for (size_t i = BW_STREAMS * per; i < n; i++)
         sum += (uint64_t)p[i];
     return sum;
 }
+#undef STREAMS8
+#undef STREAM_PTRS
 
 enum bw_isa { BW_SCALAR, BW_AVX2, BW_AVX512 };
 
