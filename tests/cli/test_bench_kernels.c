@@ -92,3 +92,14 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
     json_decref(doc);
     free(out);
 }
+
+/* --cpu-time times the calling thread only: with more threads it is refused by name. */
+Test(bench_kernels, cpu_time_refuses_threads)
+{
+    int st;
+    char *out = run_out("bench kernels --cpu-time --threads 2 2>&1", &st);
+    cr_assert_eq(st, 2, "exit %d: %s", st, out);
+    cr_assert(strstr(out, "pdmoe bench kernels: --cpu-time times the calling thread only: it needs "
+                          "--threads 1, got --threads 2"), "%s", out);
+    free(out);
+}
