@@ -780,8 +780,8 @@ int pd_bench_kernels(int argc, char **argv)
     c.ceilings = json_array();
     c.cases = json_array();
 
-    say(&c, "pdmoe bench kernels: kernel %s, threads 1 and %d, oneDNN %s as the anchor%s\n",
-        pd_gemm_kernel_name(c.k), N, pd_onednn_version(),
+    say(&c, "pdmoe bench kernels: kernel %s, threads 1%s%.0d, oneDNN %s as the anchor%s\n",
+        pd_gemm_kernel_name(c.k), N > 1 ? " and " : "", N > 1 ? N : 0, pd_onednn_version(),
         c.o.quick ? ", --quick (small sizes: ratios are indicative only)" : "");
     if (c.o.cpu_time)
         say(&c, "Times are the calling thread's CPU time (--cpu-time): other jobs' time slices left out.\n");
