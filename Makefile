@@ -19,6 +19,9 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
 CFLAGS  := -std=gnu11 $(OPT) -march=x86-64-v2 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
            -pthread -Isrc -I. -I$(BUILD)/gen $(PKG_CFLAGS) $(SANFLAGS) $(EXTRA_CFLAGS)
 LDLIBS  := $(PKG_LIBS) -lm -pthread $(SANFLAGS)
+# oneDNN (libdnnl-dev, OpenMP build): the benchmarks' same-run anchor (bench/onednn.c), linked into
+# the CLI (which holds the benchmarks) and the tests, never into libpdmoe.a, the engine.
+ANCHOR_LIBS := -ldnnl -lgomp
 
 # Every .c under src/ except the command-line front is library code.
 LIB_SRC := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
@@ -40,10 +43,10 @@ $(BUILD)/libpdmoe.a: $(LIB_OBJ)
 	ar rcs $@ $^
 
 $(BUILD)/pdmoe: $(CLI_OBJ) $(BUILD)/libpdmoe.a
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(ANCHOR_LIBS)
 
-$(BUILD)/pdmoe-tests: $(TEST_OBJ) $(BUILD)/libpdmoe.a
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(shell pkg-config --libs criterion)
+$(BUILD)/pdmoe-tests: $(TEST_OBJ) $(BUILD)/bench/onednn.o $(BUILD)/libpdmoe.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(ANCHOR_LIBS) $(shell pkg-config --libs criterion)
 
 # The engine's logits for the float64 oracle of DeepSeek's official forward (tests/oracle/run.sh).
 $(BUILD)/oracle-dump: $(BUILD)/tests/oracle/dump.o $(BUILD)/libpdmoe.a

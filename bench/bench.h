@@ -23,8 +23,10 @@ int pd_bench_convert(int argc, char **argv);
 double pd_bench_read_bandwidth(pd_pool *pool, int threads, size_t bytes, int reps);
 
 /* The ceilings and kernel rates `pdmoe calibrate` records for `threads` threads: read
- * bandwidth (bytes/s), core clock (Hz), VNNI peak (int8 ops/s), the decode GEMV's effective
- * bandwidth on a 59 MB matrix (bytes/s) and the prefill GEMM's int8 ops/s. */
+ * bandwidth (bytes/s, several streams per thread), the nominal core clock the kernel reports
+ * (Hz, /proc/cpuinfo; 0 if unknown), the VNNI peak (int8 ops/s, an instruction probe), the decode
+ * GEMV's effective bandwidth on a 59 MB matrix (bytes/s) and the prefill GEMM's int8 ops/s (both on
+ * int8 activations, quantisation excluded). */
 struct pd_bench_machine {
     double bw, clock_hz, vnni_peak, gemv_bw, gemm_ops;
 };

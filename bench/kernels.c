@@ -1,31 +1,31 @@
-/* `pdmoe bench kernels`: int8 kernel throughput, each figure set against a ceiling measured in the
- * same run on this machine:
- *   1. memory read bandwidth (int64 sum over a buffer far larger than L3) and core clock, and the
- *      VNNI peak (a long run of independent vpdpbusd);
+/* `pdmoe bench kernels`: int8 kernel throughput, each figure set against anchors measured in the
+ * same run on this machine, nothing compiled in:
+ *   1. ceilings: memory read bandwidth with several independent streams per thread (1 and N
+ *      threads), and the VNNI peak from an instruction probe (independent vpdpbusd chains);
  *   2. decode GEMV 4096x14336, DRAM-bound (rotating over >= 256 MiB of weights): GB/s vs bandwidth;
- *   3. prefill GEMM 2048x4096 x 512 tokens: int8 ops/s vs the VNNI peak;
+ *   3. prefill GEMM 2048x4096 and 4096x14336, 512 tokens: int8 ops/s vs the VNNI peak;
  *   4. MoE grouped GEMM, 64 experts, 8 used per token, 2048x4096 each, 512 tokens;
- * plus llama.cpp q8_0 figures measured on this machine kind, and our ratio to them.
- * argv follows main(): argv[0] is the command name; options --threads N, --quick. */
+ * and every kernel case against oneDNN's int8 matmul (bench/onednn.h) at the same shape, threads
+ * and data types (s8 x s8, fp32 out with per-channel scales), timed right after pdmoe's.
+ * argv follows main(): argv[0] is the command name; options --threads N, --quick, --json,
+ * --cpu-time (1 thread, timed by the thread's CPU time). */
 #include "bench/bench.h"
 
 #include <immintrin.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include <jansson.h>
+
+#include "bench/onednn.h"
 #include "core/threadpool.h"
 #include "core/timing.h"
 #include "kernels/gemm.h"
 #include "kernels/quant.h"
-
-/* llama.cpp q8_0 (test-backend-ops perf) on this machine kind: the baseline to beat. */
-#define LLAMA_GEMV_US_1T 3168.0
-#define LLAMA_GEMV_US_2T 2255.0
-#define LLAMA_GEMM_GOPS_1T 118.0
-#define LLAMA_GEMM_GOPS_2T 171.0
-#define LLAMA_MOE_GOPS_1T 52.0
 
 /* int8 ops (multiply + add) in one 512-bit vpdpbusd: 16 lanes x 4 byte products. */
 #define OPS_PER_VPDPBUSD 128.0
@@ -33,6 +33,8 @@
 struct opts {
     int threads;
     int quick;
+    int json;
+    int cpu_time;
 };
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -73,19 +75,24 @@ static void *xmalloc(size_t n)
     return p;
 }
 
-/* ---- clock and VNNI peak ---------------------------------------------------------------- */
+/* ---- clocks ---------------------------------------------------------------------------- */
 
-/* 10 dependent adds per iteration: 10 cycles per iteration on any core that adds in 1 cycle. */
-static void add_chain(uint64_t iters)
+/* With --cpu-time (one thread only) every interval is the calling thread's CPU time rather than
+ * wall time: on a machine shared with other jobs, the time slices others take then drop out of
+ * both the kernels and the ceilings. (pdmoe's and oneDNN's 1-thread runs both compute on the
+ * calling thread.) */
+static int use_cpu_time;
+
+static double now_s(void)
 {
-    uint64_t x = 0;
-    __asm__ volatile("1:\n\t"
-                     "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
-                     "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
-                     "dec %1\n\t"
-                     "jnz 1b\n\t"
-                     : "+r"(x), "+r"(iters));
+    if (!use_cpu_time)
+        return pd_now_s();
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
+
+/* ---- VNNI peak ------------------------------------------------------------------------- */
 
 /* 16 independent vpdpbusd per iteration, more than latency x throughput on any current core. */
 __attribute__((target("avx512f,avx512vnni"))) static void vnni_chain(uint64_t iters)
@@ -111,18 +118,20 @@ __attribute__((target("avx512f,avx512vnni"))) static void vnni_chain(uint64_t it
           "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
 }
 
-static double measure_clock_hz(int quick)
+/* The nominal clock the kernel reports (/proc/cpuinfo "cpu MHz" of the first CPU), in Hz, or 0:
+ * for labels only. A timed dependent-add chain is not used: cores that fuse or eliminate adds read
+ * it as 19 GHz. */
+static double nominal_clock_hz(void)
 {
-    uint64_t iters = quick ? 10000000 : 40000000;
-    double best = 1e30;
-    add_chain(iters / 4);   /* let the core reach its running clock */
-    for (int rep = 0; rep < 3; rep++) {
-        double t0 = pd_now_s();
-        add_chain(iters);
-        double dt = pd_now_s() - t0;
-        best = dt < best ? dt : best;
-    }
-    return 10.0 * (double)iters / best;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[256];
+    double mhz = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "cpu MHz", 7) == 0 && sscanf(strchr(line, ':') + 1, "%lf", &mhz) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return mhz * 1e6;
 }
 
 struct vnni_run {
@@ -143,9 +152,9 @@ static double measure_vnni_peak(pd_pool *pool, int threads, int quick)
     double best = 1e30;
     vnni_task(&r, 0);
     for (int rep = 0; rep < 5; rep++) {
-        double t0 = pd_now_s();
+        double t0 = now_s();
         pd_pool_run(threads > 1 ? pool : NULL, n_tasks, vnni_task, &r);
-        double dt = pd_now_s() - t0;
+        double dt = now_s() - t0;
         best = dt < best ? dt : best;
     }
     return (double)n_tasks * (double)r.iters * 16.0 * OPS_PER_VPDPBUSD / best;
@@ -153,60 +162,81 @@ static double measure_vnni_peak(pd_pool *pool, int threads, int quick)
 
 /* ---- memory bandwidth ------------------------------------------------------------------- */
 
-/* Unsigned sums: the values wrap, and only the loads matter. */
+/* Independent streams per thread: one stream keeps too few lines in flight and read about 25%
+ * under what the GEMV itself streams; eight side by side reach the machine's limit. */
+enum { BW_STREAMS = 8 };
+
+/* Unsigned sums (the values wrap; only the loads matter) of BW_STREAMS equal parts of p[0, n),
+ * read side by side, 64 bytes of each in turn. The eight accumulators are named variables: as an
+ * array GCC kept them on the stack, and the loop measured store forwarding, not memory. */
+#define STREAMS8(ADD)                                                                            \
+    ADD(s0, q0 + i); ADD(s1, q1 + i); ADD(s2, q2 + i); ADD(s3, q3 + i);                           \
+    ADD(s4, q4 + i); ADD(s5, q5 + i); ADD(s6, q6 + i); ADD(s7, q7 + i)
+#define STREAM_PTRS                                                                              \
+    const int64_t *q0 = p, *q1 = q0 + per, *q2 = q1 + per, *q3 = q2 + per, *q4 = q3 + per,       \
+                  *q5 = q4 + per, *q6 = q5 + per, *q7 = q6 + per
+
 __attribute__((target("avx512f"))) static uint64_t sum_avx512(const int64_t *p, size_t n)
 {
-    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
-    size_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        s0 = _mm512_add_epi64(s0, _mm512_load_si512(p + i));
-        s1 = _mm512_add_epi64(s1, _mm512_load_si512(p + i + 8));
-        s2 = _mm512_add_epi64(s2, _mm512_load_si512(p + i + 16));
-        s3 = _mm512_add_epi64(s3, _mm512_load_si512(p + i + 24));
+    size_t per = n / BW_STREAMS & ~(size_t)7;   /* int64s per stream, whole 64-byte vectors */
+    STREAM_PTRS;
+    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+#define ADD512(s, q) s = _mm512_add_epi64(s, _mm512_loadu_si512(q))
+    for (size_t i = 0; i < per; i += 8) {
+        STREAMS8(ADD512);
     }
-    uint64_t lanes[8], s = 0;
-    _mm512_storeu_si512(lanes, _mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
+#undef ADD512
+    s0 = _mm512_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)),
+                          _mm512_add_epi64(_mm512_add_epi64(s4, s5), _mm512_add_epi64(s6, s7)));
+    uint64_t lanes[8], sum = 0;
+    _mm512_storeu_si512(lanes, s0);
     for (int j = 0; j < 8; j++)
-        s += lanes[j];
-    for (; i < n; i++)
-        s += (uint64_t)p[i];
-    return s;
+        sum += lanes[j];
+    for (size_t i = BW_STREAMS * per; i < n; i++)
+        sum += (uint64_t)p[i];
+    return sum;
 }
 
 __attribute__((target("avx2"))) static uint64_t sum_avx2(const int64_t *p, size_t n)
 {
-    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_add_epi64(s0, _mm256_load_si256((const __m256i *)(p + i)));
-        s1 = _mm256_add_epi64(s1, _mm256_load_si256((const __m256i *)(p + i + 4)));
-        s2 = _mm256_add_epi64(s2, _mm256_load_si256((const __m256i *)(p + i + 8)));
-        s3 = _mm256_add_epi64(s3, _mm256_load_si256((const __m256i *)(p + i + 12)));
+    size_t per = n / BW_STREAMS & ~(size_t)7;
+    STREAM_PTRS;
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+#define ADD256(s, q)                                                                             \
+    s = _mm256_add_epi64(s, _mm256_loadu_si256((const __m256i *)(q)));                           \
+    s = _mm256_add_epi64(s, _mm256_loadu_si256((const __m256i *)(q) + 1))
+    for (size_t i = 0; i < per; i += 8) {
+        STREAMS8(ADD256);
     }
-    uint64_t lanes[4], s = 0;
-    _mm256_storeu_si256((__m256i *)lanes,
-                        _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3)));
+#undef ADD256
+    s0 = _mm256_add_epi64(_mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3)),
+                          _mm256_add_epi64(_mm256_add_epi64(s4, s5), _mm256_add_epi64(s6, s7)));
+    uint64_t lanes[4], sum = 0;
+    _mm256_storeu_si256((__m256i *)lanes, s0);
     for (int j = 0; j < 4; j++)
-        s += lanes[j];
-    for (; i < n; i++)
-        s += (uint64_t)p[i];
-    return s;
+        sum += lanes[j];
+    for (size_t i = BW_STREAMS * per; i < n; i++)
+        sum += (uint64_t)p[i];
+    return sum;
 }
 
 static uint64_t sum_scalar(const int64_t *p, size_t n)
 {
-    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    size_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        s0 += (uint64_t)p[i];
-        s1 += (uint64_t)p[i + 1];
-        s2 += (uint64_t)p[i + 2];
-        s3 += (uint64_t)p[i + 3];
+    size_t per = n / BW_STREAMS;
+    STREAM_PTRS;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+#define ADD64(s, q) s += (uint64_t)*(q)
+    for (size_t i = 0; i < per; i++) {
+        STREAMS8(ADD64);
     }
-    for (; i < n; i++)
-        s0 += (uint64_t)p[i];
-    return s0 + s1 + s2 + s3;
+#undef ADD64
+    uint64_t sum = s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7;
+    for (size_t i = BW_STREAMS * per; i < n; i++)
+        sum += (uint64_t)p[i];
+    return sum;
 }
+#undef STREAMS8
+#undef STREAM_PTRS
 
 enum bw_isa { BW_SCALAR, BW_AVX2, BW_AVX512 };
 
@@ -228,13 +258,13 @@ static void bw_task(void *arg, int task)
 {
     struct bw_run *r = arg;
     size_t i0 = (size_t)task * r->chunk;
-    size_t n = i0 + r->chunk <= r->n ? r->chunk : r->n - i0;
+    size_t n = i0 >= r->n ? 0 : i0 + r->chunk <= r->n ? r->chunk : r->n - i0;
     r->sums[task] = r->isa == BW_AVX512 ? sum_avx512(r->buf + i0, n)
                     : r->isa == BW_AVX2 ? sum_avx2(r->buf + i0, n)
                                         : sum_scalar(r->buf + i0, n);
 }
 
-/* Bytes/s reading `bytes` with `threads` threads, best of `reps`. */
+/* Bytes/s reading `bytes` with `threads` threads (64 tasks of BW_STREAMS streams), best of `reps`. */
 static double measure_bandwidth(pd_pool *pool, int threads, const int64_t *buf, size_t bytes,
                                 int reps)
 {
@@ -242,9 +272,9 @@ static double measure_bandwidth(pd_pool *pool, int threads, const int64_t *buf, 
     r.chunk = (r.n + 63) / 64;
     double best = 1e30;
     for (int rep = 0; rep < reps; rep++) {
-        double t0 = pd_now_s();
+        double t0 = now_s();
         pd_pool_run(threads > 1 ? pool : NULL, 64, bw_task, &r);
-        double dt = pd_now_s() - t0;
+        double dt = now_s() - t0;
         best = dt < best ? dt : best;
     }
     uint64_t check = 0;
@@ -255,7 +285,7 @@ static double measure_bandwidth(pd_pool *pool, int threads, const int64_t *buf, 
     return (double)bytes / best;
 }
 
-/* ---- the kernels ------------------------------------------------------------------------ */
+/* ---- timing ----------------------------------------------------------------------------- */
 
 static int report(int rc, const pd_err *e)
 {
@@ -278,65 +308,106 @@ double pd_bench_median(double *t, int n)
 
 #define MAX_REPS 400
 
-struct gemv_case {
-    int out, in, n_mats, reps;
-    int8_t *w;        // [n_mats, out, in]
-    float *ws;        // [n_mats, out]
-    float *x;         // [in]
-    int8_t *xq;       // [in]
-    float xs;
-    float *y;         // [out]
-};
+/* One timed call: rep counts from 0 (warm-up calls included). 0 or a PD_E* code. */
+typedef int (*timed_fn)(void *arg, int rep, pd_err *e);
 
-/* Median seconds per GEMV (activation quantisation included), rotating over the matrices. */
-static int time_gemv(struct gemv_case *g, pd_pool *pool, double *sec)
+/* Median seconds of `reps` calls after `warm` warm-up calls. */
+static int time_median(timed_fn fn, void *arg, int warm, int reps, double *sec)
 {
     pd_err e = {0};
-    size_t per = (size_t)g->out * g->in;
     double t[MAX_REPS];
-    for (int i = -g->n_mats; i < g->reps; i++) {   /* one warm-up pass over every matrix */
-        int m = (i + g->n_mats) % g->n_mats;
-        double t0 = pd_now_s();
-        pd_quant_rows(g->x, 1, g->in, g->xq, &g->xs);
-        pd_qmat W = {g->w + m * per, g->ws + (size_t)m * g->out, g->out, g->in};
-        pd_qmat X = {g->xq, &g->xs, 1, g->in};
-        int rc = pd_gemm(pool, &W, &X, g->y, 0, &e);
+    for (int i = -warm; i < reps; i++) {
+        double t0 = now_s();
+        int rc = fn(arg, i + warm, &e);
         if (rc < 0)
             return report(rc, &e);
         if (i >= 0)
-            t[i] = pd_now_s() - t0;
+            t[i] = now_s() - t0;
     }
-    *sec = pd_bench_median(t, g->reps);
+    *sec = pd_bench_median(t, reps);
     return 0;
 }
 
-struct gemm_case {
-    int out, in, T, reps;
-    int8_t *w;     // [out, in]
-    float *ws;     // [out]
-    float *x;      // [T, in]
-    int8_t *xq;    // [T, in]
-    float *xs;     // [T]
-    float *y;      // [T, out]
+/* ---- the cases -------------------------------------------------------------------------- */
+
+/* A product of T activation rows by n_mats weight matrices of out x in, used in turn (n_mats > 1:
+ * a set larger than the caches, so every call reads its weights from DRAM). */
+struct mm_case {
+    int out, in, T, n_mats, reps;
+    int8_t *w;              // [n_mats, out, in]
+    float *ws;              // [n_mats, out]
+    float *x;               // [T, in]
+    int8_t *xq;             // [T, in]
+    float *xs;              // [T]
+    float *y;               // [T, out]
+    pd_pool *pool;          /* the threads pdmoe runs on */
+    pd_onednn_mm **dnn;     // [n_mats] oneDNN's primitives, or NULL
 };
 
-/* Median seconds per GEMM (activation quantisation included), after one warm-up. */
-static int time_gemm(struct gemm_case *g, pd_pool *pool, double *sec)
+static int mm_pdmoe(void *arg, int rep, pd_err *e)
+{
+    struct mm_case *g = arg;
+    int m = rep % g->n_mats;
+    pd_qmat W = {g->w + (size_t)m * g->out * g->in, g->ws + (size_t)m * g->out, g->out, g->in};
+    pd_qmat X = {g->xq, g->xs, g->T, g->in};
+    return pd_gemm(g->pool, &W, &X, g->y, 0, e);
+}
+
+static int mm_onednn(void *arg, int rep, pd_err *e)
+{
+    struct mm_case *g = arg;
+    return pd_onednn_mm_run(g->dnn[rep % g->n_mats], g->xq, g->y, e);
+}
+
+static int mm_quant(void *arg, int rep, pd_err *e)
+{
+    struct mm_case *g = arg;
+    pd_quant_rows_pool(g->pool, g->x, g->T, g->in, g->xq, g->xs);
+    return 0;
+}
+
+static int mm_case_alloc(struct mm_case *g)
+{
+    size_t per = (size_t)g->out * g->in;
+    g->w = xmalloc(per * g->n_mats);
+    g->ws = xmalloc((size_t)g->out * g->n_mats * sizeof(float));
+    g->x = xmalloc((size_t)g->T * g->in * sizeof(float));
+    g->xq = xmalloc((size_t)g->T * g->in);
+    g->xs = xmalloc((size_t)g->T * sizeof(float));
+    g->y = xmalloc((size_t)g->T * g->out * sizeof(float));
+    g->dnn = calloc((size_t)g->n_mats, sizeof *g->dnn);
+    if (!g->w || !g->ws || !g->x || !g->xq || !g->xs || !g->y || !g->dnn)
+        return -1;
+    fill_weights(g->w, per * g->n_mats);
+    fill_floats(g->ws, (size_t)g->out * g->n_mats, 1e-3f, 2e-3f);
+    fill_floats(g->x, (size_t)g->T * g->in, -1.0f, 1.0f);
+    pd_quant_rows_pool(g->pool, g->x, g->T, g->in, g->xq, g->xs);
+    return 0;
+}
+
+/* oneDNN's primitives for every matrix (weights reordered now, outside the timing). */
+static int mm_case_onednn(struct mm_case *g)
 {
     pd_err e = {0};
-    double t[MAX_REPS];
-    for (int i = -1; i < g->reps; i++) {
-        double t0 = pd_now_s();
-        pd_quant_rows(g->x, g->T, g->in, g->xq, g->xs);
-        pd_qmat W = {g->w, g->ws, g->out, g->in}, X = {g->xq, g->xs, g->T, g->in};
-        int rc = pd_gemm(pool, &W, &X, g->y, 0, &e);
-        if (rc < 0)
-            return report(rc, &e);
-        if (i >= 0)
-            t[i] = pd_now_s() - t0;
-    }
-    *sec = pd_bench_median(t, g->reps);
+    for (int m = 0; m < g->n_mats; m++)
+        if (report(pd_onednn_mm_create(g->T, g->out, g->in, g->w + (size_t)m * g->out * g->in,
+                                       g->ws + (size_t)m * g->out, PD_ONEDNN_F32, &g->dnn[m], &e),
+                   &e) < 0)
+            return -1;
     return 0;
+}
+
+static void mm_case_free(struct mm_case *g)
+{
+    for (int m = 0; g->dnn && m < g->n_mats; m++)
+        pd_onednn_mm_free(g->dnn[m]);
+    free(g->dnn);
+    free(g->w);
+    free(g->ws);
+    free(g->x);
+    free(g->xq);
+    free(g->xs);
+    free(g->y);
 }
 
 struct moe_case {
@@ -349,24 +420,32 @@ struct moe_case {
     int32_t *rows;        // [E, T] tokens routed to each expert
     float *y;             // [T * topk, out] outputs, expert by expert
     pd_gemm_group *g;     // [E]
+    pd_pool *pool;
+    int8_t *xg;           // [T * topk, in] each expert's tokens gathered, expert by expert (oneDNN)
+    pd_onednn_mm **dnn;   // [E] one primitive per expert with tokens, else NULL
 };
 
-/* Median seconds per grouped GEMM (activation quantisation included), after one warm-up. */
-static int time_moe(struct moe_case *m, pd_pool *pool, double *sec)
+static int moe_pdmoe(void *arg, int rep, pd_err *e)
 {
-    pd_err e = {0};
-    double t[MAX_REPS];
-    for (int i = -1; i < m->reps; i++) {
-        double t0 = pd_now_s();
-        pd_quant_rows(m->x, m->T, m->in, m->xq, m->xs);
-        pd_qmat X = {m->xq, m->xs, m->T, m->in};
-        int rc = pd_gemm_grouped(pool, &X, m->g, m->E, 0, &e);
+    struct moe_case *m = arg;
+    pd_qmat X = {m->xq, m->xs, m->T, m->in};
+    return pd_gemm_grouped(m->pool, &X, m->g, m->E, 0, e);
+}
+
+/* oneDNN has no grouped matmul: one call per expert on its gathered tokens (gathered before the
+ * timing, which favours oneDNN). */
+static int moe_onednn(void *arg, int rep, pd_err *e)
+{
+    struct moe_case *m = arg;
+    size_t off = 0;
+    for (int x = 0; x < m->E; x++) {
+        if (m->g[x].n == 0)
+            continue;
+        int rc = pd_onednn_mm_run(m->dnn[x], m->xg + off * m->in, m->g[x].y, e);
         if (rc < 0)
-            return report(rc, &e);
-        if (i >= 0)
-            t[i] = pd_now_s() - t0;
+            return rc;
+        off += (size_t)m->g[x].n;
     }
-    *sec = pd_bench_median(t, m->reps);
     return 0;
 }
 
@@ -396,6 +475,8 @@ static void route(struct moe_case *m)
             .n = n[e],
             .y = m->y + off * m->out,
         };
+        for (int j = 0; j < n[e]; j++)
+            memcpy(m->xg + (off + j) * m->in, m->xq + (size_t)m->g[e].rows[j] * m->in, (size_t)m->in);
         off += n[e];
     }
     free(n);
@@ -405,9 +486,16 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 {
     o->threads = 2;
     o->quick = 0;
+    o->json = 0;
+    o->cpu_time = 0;
+    int threads_set = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             o->quick = 1;
+        } else if (strcmp(argv[i], "--json") == 0) {
+            o->json = 1;
+        } else if (strcmp(argv[i], "--cpu-time") == 0) {
+            o->cpu_time = 1;
         } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
             char *end;
             long v = strtol(argv[++i], &end, 10);
@@ -417,16 +505,25 @@ static int parse_opts(int argc, char **argv, struct opts *o)
                 return -1;
             }
             o->threads = (int)v;
+            threads_set = 1;
         } else {
             fprintf(stderr, "pdmoe bench kernels: %s %s (see pdmoe bench kernels --help)\n",
                     strcmp(argv[i], "--threads") ? "unknown option" : "needs a value:", argv[i]);
             return -1;
         }
     }
+    if (o->cpu_time && threads_set && o->threads != 1) {
+        fprintf(stderr, "pdmoe bench kernels: --cpu-time times the calling thread only: it needs "
+                "--threads 1, got --threads %d\n", o->threads);
+        return -1;
+    }
+    if (o->cpu_time)
+        o->threads = 1;
     return 0;
 }
 
-/* What every section needs: the pool, the thread counts measured (1 and N) and the ceilings. */
+/* What every section needs: the pool, the thread counts measured (1 and N), the ceilings and the
+ * JSON document's cases. */
 struct ctx {
     struct opts o;
     pd_pool *pool;    /* N threads; NULL when N = 1 */
@@ -434,6 +531,7 @@ struct ctx {
     int tcount[2], nt;
     double bw[2];     /* bytes/s per thread count */
     double peak[2];   /* int8 ops/s per thread count */
+    json_t *ceilings, *cases;
 };
 
 static pd_pool *pool_for(const struct ctx *c, int i)
@@ -446,6 +544,17 @@ static const char *plural(int n)
     return n > 1 ? "s" : " ";
 }
 
+/* The human-readable report: on stdout, or nowhere with --json (which prints the document only). */
+__attribute__((format(printf, 2, 3))) static void say(const struct ctx *c, const char *fmt, ...)
+{
+    if (c->o.json)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+}
+
 static int bench_ceilings(struct ctx *c)
 {
     size_t bytes = (size_t)(c->o.quick ? 128 : 512) << 20;
@@ -454,159 +563,137 @@ static int bench_ceilings(struct ctx *c)
     if (!buf)
         return -1;
     memset(buf, 1, bytes);
-    printf("1. Machine ceilings\n");
+    say(c, "1. Machine ceilings\n");
     for (int i = 0; i < c->nt; i++) {
         c->bw[i] = measure_bandwidth(pool_for(c, i), c->tcount[i], buf, bytes, reps);
-        printf("   memory read bandwidth, %d thread%s: %7.2f GB/s (int64 sum over %zu MiB, %s "
-               "loads, best of %d)\n", c->tcount[i], plural(c->tcount[i]), c->bw[i] / 1e9,
-               bytes >> 20, (const char *[]){"scalar", "AVX2", "AVX-512"}[bw_isa()], reps);
+        say(c, "   memory read bandwidth, %d thread%s: %7.2f GB/s (%d streams per task, int64 sum "
+            "over %zu MiB, %s loads, best of %d)\n", c->tcount[i], plural(c->tcount[i]),
+            c->bw[i] / 1e9, BW_STREAMS, bytes >> 20,
+            (const char *[]){"scalar", "AVX2", "AVX-512"}[bw_isa()], reps);
     }
     free(buf);
 
-    double hz = measure_clock_hz(c->o.quick);
-    printf("   core clock (dependent add chain): %.2f GHz\n", hz / 1e9);
-    printf("   assumed VNNI peak: one 512-bit VPDPBUSD per cycle per core = 16 lanes x 4 int8 "
-           "MACs x 2 ops = %.0f ops/cycle/core = %.0f Gops/s per core at this clock\n",
-           OPS_PER_VPDPBUSD, OPS_PER_VPDPBUSD * hz / 1e9);
-    if (!pd_gemm_kernel_supported(PD_KERNEL_AVX512)) {
-        for (int i = 0; i < c->nt; i++)
-            c->peak[i] = OPS_PER_VPDPBUSD * hz * c->tcount[i];
-        printf("   no AVX-512 VNNI here: the ratios below use the assumed peak\n");
-        return 0;
-    }
+    double hz = nominal_clock_hz();
     for (int i = 0; i < c->nt; i++) {
-        c->peak[i] = measure_vnni_peak(pool_for(c, i), c->tcount[i], c->o.quick);
-        printf("   measured VNNI peak, %d thread%s: %7.1f Gops/s = %.0f ops/cycle/core "
-               "(%.2f VPDPBUSD zmm per cycle per core)\n", c->tcount[i], plural(c->tcount[i]),
-               c->peak[i] / 1e9, c->peak[i] / hz / c->tcount[i],
-               c->peak[i] / hz / c->tcount[i] / OPS_PER_VPDPBUSD);
+        if (pd_gemm_kernel_supported(PD_KERNEL_AVX512)) {
+            c->peak[i] = measure_vnni_peak(pool_for(c, i), c->tcount[i], c->o.quick);
+            say(c, "   VNNI peak, %d thread%s: %7.1f Gops/s (16 independent VPDPBUSD zmm chains per "
+                "thread; %.0f int8 ops each)", c->tcount[i], plural(c->tcount[i]), c->peak[i] / 1e9,
+                OPS_PER_VPDPBUSD);
+            if (hz > 0)
+                say(c, " = %.2f VPDPBUSD per cycle per core at the nominal %.2f GHz",
+                    c->peak[i] / hz / c->tcount[i] / OPS_PER_VPDPBUSD, hz / 1e9);
+            say(c, "\n");
+        } else {
+            c->peak[i] = 0;
+            say(c, "   no AVX-512 VNNI here: no VNNI peak; ratios against oneDNN only\n");
+        }
+        json_array_append_new(c->ceilings, json_pack("{s:i, s:f, s:f}", "threads", c->tcount[i],
+                                                     "read_GBps", c->bw[i] / 1e9,
+                                                     "vnni_peak_gops", c->peak[i] / 1e9));
     }
-    printf("   the ratios below use the measured peak\n");
     return 0;
 }
 
-/* The buffers of a GEMV case (n_mats matrices of out x in, filled) and of a GEMM case; 0 or -1. */
-static int gemv_case_alloc(struct gemv_case *g)
+/* One case's JSON object (GOPS: 10^9 int8 multiply-adds x 2 per second, the "GFLOPS" of int8). */
+static void add_case(struct ctx *c, const char *kind, json_t *shape, int i, double pd_ops,
+                     double dnn_ops)
 {
-    size_t per = (size_t)g->out * g->in;
-    g->w = xmalloc(per * g->n_mats);
-    g->ws = xmalloc((size_t)g->out * g->n_mats * sizeof(float));
-    g->x = xmalloc((size_t)g->in * sizeof(float));
-    g->xq = xmalloc((size_t)g->in);
-    g->y = xmalloc((size_t)g->out * sizeof(float));
-    if (!g->w || !g->ws || !g->x || !g->xq || !g->y)
-        return -1;
-    fill_weights(g->w, per * g->n_mats);
-    fill_floats(g->ws, (size_t)g->out * g->n_mats, 1e-3f, 2e-3f);
-    fill_floats(g->x, (size_t)g->in, -1.0f, 1.0f);
-    return 0;
-}
-
-static void gemv_case_free(struct gemv_case *g)
-{
-    free(g->w);
-    free(g->ws);
-    free(g->x);
-    free(g->xq);
-    free(g->y);
-}
-
-static int gemm_case_alloc(struct gemm_case *g)
-{
-    g->w = xmalloc((size_t)g->out * g->in);
-    g->ws = xmalloc((size_t)g->out * sizeof(float));
-    g->x = xmalloc((size_t)g->T * g->in * sizeof(float));
-    g->xq = xmalloc((size_t)g->T * g->in);
-    g->xs = xmalloc((size_t)g->T * sizeof(float));
-    g->y = xmalloc((size_t)g->T * g->out * sizeof(float));
-    if (!g->w || !g->ws || !g->x || !g->xq || !g->xs || !g->y)
-        return -1;
-    fill_weights(g->w, (size_t)g->out * g->in);
-    fill_floats(g->ws, (size_t)g->out, 1e-3f, 2e-3f);
-    fill_floats(g->x, (size_t)g->T * g->in, -1.0f, 1.0f);
-    return 0;
-}
-
-static void gemm_case_free(struct gemm_case *g)
-{
-    free(g->w);
-    free(g->ws);
-    free(g->x);
-    free(g->xq);
-    free(g->xs);
-    free(g->y);
+    json_t *o = json_pack("{s:s, s:o, s:i, s:f, s:f, s:f}", "kind", kind, "shape", shape,
+                          "threads", c->tcount[i], "pdmoe_gflops", pd_ops / 1e9,
+                          "onednn_gflops", dnn_ops / 1e9, "pdmoe_over_onednn", pd_ops / dnn_ops);
+    if (c->peak[i] > 0)
+        json_object_set_new(o, "pdmoe_of_vnni_peak", json_real(pd_ops / c->peak[i]));
+    json_array_append_new(c->cases, o);
 }
 
 static int bench_gemv(struct ctx *c)
 {
-    struct gemv_case g = {.out = 4096, .in = 14336, .reps = c->o.quick ? 8 : 300};
+    struct mm_case g = {.out = 4096, .in = 14336, .T = 1, .reps = c->o.quick ? 8 : 300};
     size_t per = (size_t)g.out * g.in;
     /* Enough matrices that the set is >= 256 MiB (8x L3), so every call reads from DRAM. */
     g.n_mats = c->o.quick ? 2 : (int)((((size_t)256 << 20) + per - 1) / per);
     int rc = -1;
-    if (gemv_case_alloc(&g))
+    if (mm_case_alloc(&g) || mm_case_onednn(&g))
         goto done;
-    double bytes = (double)per + (double)g.out * sizeof(float);
-    printf("\n2. Decode GEMV, out %d x in %d int8 (%.1f MB), T = 1, rotating over %d matrices "
-           "(%.0f MiB)\n", g.out, g.in, bytes / 1e6, g.n_mats, (double)per * g.n_mats / (1 << 20));
+    double bytes = (double)per + (double)g.out * sizeof(float), ops = 2.0 * per;
+    say(c, "\n2. Decode GEMV, out %d x in %d int8 (%.1f MB), T = 1, rotating over %d matrices "
+        "(%.0f MiB)\n", g.out, g.in, bytes / 1e6, g.n_mats, (double)per * g.n_mats / (1 << 20));
     for (int i = 0; i < c->nt; i++) {
-        double s;
-        if (time_gemv(&g, pool_for(c, i), &s) < 0)
+        double s, sd;
+        g.pool = pool_for(c, i);
+        pd_onednn_threads(c->tcount[i]);
+        if (time_median(mm_pdmoe, &g, g.n_mats, g.reps, &s) < 0 ||
+            time_median(mm_onednn, &g, g.n_mats, g.reps, &sd) < 0)
             goto done;
         double gbs = bytes / s / 1e9;
-        printf("   %d thread%s: %8.1f us  %6.2f GB/s  = %.2f of measured bandwidth (target >= 0.80)",
-               c->tcount[i], plural(c->tcount[i]), s * 1e6, gbs, gbs * 1e9 / c->bw[i]);
-        if (c->tcount[i] <= 2) {
-            double llama = c->tcount[i] == 1 ? LLAMA_GEMV_US_1T : LLAMA_GEMV_US_2T;
-            printf("  | llama.cpp q8_0 %.0f us: %.2fx", llama, llama / (s * 1e6));
-        }
-        printf("\n");
+        say(c, "   %d thread%s: %8.1f us  %6.2f GB/s  = %.2f of the read bandwidth | oneDNN %8.1f us: "
+            "pdmoe %.2fx\n", c->tcount[i], plural(c->tcount[i]), s * 1e6, gbs, gbs * 1e9 / c->bw[i],
+            sd * 1e6, sd / s);
+        json_t *shape = json_pack("{s:i, s:i, s:i}", "out", g.out, "in", g.in, "tokens", 1);
+        add_case(c, "gemv", shape, i, ops / s, ops / sd);
+        json_object_set_new(json_array_get(c->cases, json_array_size(c->cases) - 1),
+                            "pdmoe_of_bandwidth", json_real(bytes / s / c->bw[i]));
     }
     rc = 0;
 done:
-    gemv_case_free(&g);
+    mm_case_free(&g);
+    return rc;
+}
+
+static int bench_gemm_shape(struct ctx *c, int out, int in)
+{
+    struct mm_case g = {.out = out, .in = in, .T = c->o.quick ? 64 : 512, .n_mats = 1,
+                        .reps = c->o.quick ? 3 : 15};
+    int rc = -1;
+    if (mm_case_alloc(&g) || mm_case_onednn(&g))
+        goto done;
+    double ops = 2.0 * g.out * g.in * g.T;
+    say(c, "\n3. Prefill GEMM, out %d x in %d, %d tokens (%.2f G int8 ops)\n", g.out, g.in, g.T,
+        ops / 1e9);
+    for (int i = 0; i < c->nt; i++) {
+        double s, sd;
+        g.pool = pool_for(c, i);
+        pd_onednn_threads(c->tcount[i]);
+        if (time_median(mm_pdmoe, &g, 1, g.reps, &s) < 0 ||
+            time_median(mm_onednn, &g, 1, g.reps, &sd) < 0)
+            goto done;
+        say(c, "   %d thread%s: %8.2f ms  %7.1f Gops/s", c->tcount[i], plural(c->tcount[i]), s * 1e3,
+            ops / s / 1e9);
+        if (c->peak[i] > 0)
+            say(c, " = %.2f of the VNNI peak", ops / s / c->peak[i]);
+        say(c, " | oneDNN %7.1f Gops/s: pdmoe %.2fx\n", ops / sd / 1e9, sd / s);
+        json_t *shape = json_pack("{s:i, s:i, s:i}", "out", g.out, "in", g.in, "tokens", g.T);
+        add_case(c, "gemm", shape, i, ops / s, ops / sd);
+        double sq;
+        if (time_median(mm_quant, &g, 1, g.reps, &sq) < 0)
+            goto done;
+        say(c, "      activation quantisation (fp32 -> int8 per token, on the same threads, not in the "
+            "times above): %.3f ms = %.3f of the GEMM\n", sq * 1e3, sq / s);
+        json_object_set_new(json_array_get(c->cases, json_array_size(c->cases) - 1), "quant_ms",
+                            json_real(sq * 1e3));
+    }
+    if (c->k == PD_KERNEL_AVX512 && pd_gemm_kernel_supported(PD_KERNEL_AVX2) && !c->o.quick) {
+        /* The path CPUs without VNNI take, for reference. */
+        pd_err e = {0};
+        double s;
+        g.pool = NULL;
+        pd_gemm_kernel_set(PD_KERNEL_AVX2, &e);
+        int r2 = time_median(mm_pdmoe, &g, 1, 3, &s);
+        pd_gemm_kernel_set(c->k, &e);
+        if (r2 < 0)
+            goto done;
+        say(c, "   (avx2 kernel, 1 thread:  %8.2f ms  %7.1f Gops/s)\n", s * 1e3, ops / s / 1e9);
+    }
+    rc = 0;
+done:
+    mm_case_free(&g);
     return rc;
 }
 
 static int bench_gemm(struct ctx *c)
 {
-    struct gemm_case g = {.out = 2048, .in = 4096, .T = c->o.quick ? 64 : 512,
-                          .reps = c->o.quick ? 3 : 25};
-    int rc = -1;
-    if (gemm_case_alloc(&g))
-        goto done;
-    double ops = 2.0 * g.out * g.in * g.T;
-    printf("\n3. Prefill GEMM, out %d x in %d, %d tokens (%.2f G int8 ops)\n", g.out, g.in, g.T,
-           ops / 1e9);
-    for (int i = 0; i < c->nt; i++) {
-        double s;
-        if (time_gemm(&g, pool_for(c, i), &s) < 0)
-            goto done;
-        double gops = ops / s / 1e9;
-        printf("   %d thread%s: %8.2f ms  %7.1f Gops/s  = %.2f of VNNI peak (target >= 0.50)",
-               c->tcount[i], plural(c->tcount[i]), s * 1e3, gops, gops * 1e9 / c->peak[i]);
-        if (c->tcount[i] <= 2) {
-            double llama = c->tcount[i] == 1 ? LLAMA_GEMM_GOPS_1T : LLAMA_GEMM_GOPS_2T;
-            printf("  | llama.cpp q8_0 %.0f GFLOPS: %.2fx (target >= 1.2x)", llama, gops / llama);
-        }
-        printf("\n");
-    }
-    if (c->k == PD_KERNEL_AVX512 && pd_gemm_kernel_supported(PD_KERNEL_AVX2)) {
-        /* The path CPUs without VNNI take, for reference. */
-        pd_err e = {0};
-        double s;
-        pd_gemm_kernel_set(PD_KERNEL_AVX2, &e);
-        int r2 = time_gemm(&g, NULL, &s);
-        pd_gemm_kernel_set(c->k, &e);
-        if (r2 < 0)
-            goto done;
-        printf("   (avx2 kernel, 1 thread:  %8.2f ms  %7.1f Gops/s = %.2fx llama.cpp)\n", s * 1e3,
-               ops / s / 1e9, ops / s / 1e9 / LLAMA_GEMM_GOPS_1T);
-    }
-    rc = 0;
-done:
-    gemm_case_free(&g);
-    return rc;
+    return bench_gemm_shape(c, 2048, 4096) < 0 || bench_gemm_shape(c, 4096, 14336) < 0 ? -1 : 0;
 }
 
 static int bench_moe(struct ctx *c)
@@ -615,6 +702,7 @@ static int bench_moe(struct ctx *c)
                          .in = 4096, .T = c->o.quick ? 64 : 512, .reps = c->o.quick ? 1 : 7};
     size_t per = (size_t)m.out * m.in;
     int rc = -1;
+    pd_err e = {0};
     m.w = xmalloc(per * m.E);
     m.ws = xmalloc((size_t)m.E * m.out * sizeof(float));
     m.x = xmalloc((size_t)m.T * m.in * sizeof(float));
@@ -623,30 +711,46 @@ static int bench_moe(struct ctx *c)
     m.rows = xmalloc((size_t)m.E * m.T * sizeof(int32_t));
     m.y = xmalloc((size_t)m.T * m.topk * m.out * sizeof(float));
     m.g = xmalloc((size_t)m.E * sizeof *m.g);
-    if (!m.w || !m.ws || !m.x || !m.xq || !m.xs || !m.rows || !m.y || !m.g)
+    m.xg = xmalloc((size_t)m.T * m.topk * m.in);
+    m.dnn = calloc((size_t)m.E, sizeof *m.dnn);
+    if (!m.w || !m.ws || !m.x || !m.xq || !m.xs || !m.rows || !m.y || !m.g || !m.xg || !m.dnn)
         goto done;
     fill_weights(m.w, per * m.E);
     fill_floats(m.ws, (size_t)m.E * m.out, 1e-3f, 2e-3f);
     fill_floats(m.x, (size_t)m.T * m.in, -1.0f, 1.0f);
+    pd_quant_rows(m.x, m.T, m.in, m.xq, m.xs);
     route(&m);
-    double ops = 2.0 * m.out * m.in * (double)m.T * m.topk;
-    printf("\n4. MoE grouped GEMM, %d experts of out %d x in %d (%.0f MiB), %d used per token, "
-           "%d tokens (%.1f G int8 ops)\n", m.E, m.out, m.in, (double)per * m.E / (1 << 20),
-           m.topk, m.T, ops / 1e9);
-    for (int i = 0; i < c->nt; i++) {
-        double s;
-        if (time_moe(&m, pool_for(c, i), &s) < 0)
+    for (int x = 0; x < m.E; x++)
+        if (m.g[x].n > 0 &&
+            report(pd_onednn_mm_create(m.g[x].n, m.out, m.in, m.g[x].w.q, m.g[x].w.scale,
+                                       PD_ONEDNN_F32, &m.dnn[x], &e), &e) < 0)
             goto done;
-        double gops = ops / s / 1e9;
-        printf("   %d thread%s: %8.2f ms  %7.1f Gops/s  = %.2f of VNNI peak", c->tcount[i],
-               plural(c->tcount[i]), s * 1e3, gops, gops * 1e9 / c->peak[i]);
-        if (c->tcount[i] == 1)
-            printf("  | llama.cpp q8_0 %.0f GFLOPS: %.2fx (target >= 2x)", LLAMA_MOE_GOPS_1T,
-                   gops / LLAMA_MOE_GOPS_1T);
-        printf("\n");
+    double ops = 2.0 * m.out * m.in * (double)m.T * m.topk;
+    say(c, "\n4. MoE grouped GEMM, %d experts of out %d x in %d (%.0f MiB), %d used per token, "
+        "%d tokens (%.1f G int8 ops); oneDNN: one matmul per expert on its gathered tokens\n", m.E,
+        m.out, m.in, (double)per * m.E / (1 << 20), m.topk, m.T, ops / 1e9);
+    for (int i = 0; i < c->nt; i++) {
+        double s, sd;
+        m.pool = pool_for(c, i);
+        pd_onednn_threads(c->tcount[i]);
+        if (time_median(moe_pdmoe, &m, 1, m.reps, &s) < 0 ||
+            time_median(moe_onednn, &m, 1, m.reps, &sd) < 0)
+            goto done;
+        say(c, "   %d thread%s: %8.2f ms  %7.1f Gops/s", c->tcount[i], plural(c->tcount[i]), s * 1e3,
+            ops / s / 1e9);
+        if (c->peak[i] > 0)
+            say(c, " = %.2f of the VNNI peak", ops / s / c->peak[i]);
+        say(c, " | oneDNN %7.1f Gops/s: pdmoe %.2fx\n", ops / sd / 1e9, sd / s);
+        json_t *shape = json_pack("{s:i, s:i, s:i, s:i, s:i}", "out", m.out, "in", m.in,
+                                  "tokens", m.T, "experts", m.E, "per_token", m.topk);
+        add_case(c, "moe", shape, i, ops / s, ops / sd);
     }
     rc = 0;
 done:
+    for (int x = 0; m.dnn && x < m.E; x++)
+        pd_onednn_mm_free(m.dnn[x]);
+    free(m.dnn);
+    free(m.xg);
     free(m.w);
     free(m.ws);
     free(m.x);
@@ -666,21 +770,38 @@ int pd_bench_kernels(int argc, char **argv)
     pd_err e = {0};
     if (report(pd_gemm_kernel_get(&c.k, &e), &e) < 0)
         return 1;
+    use_cpu_time = c.o.cpu_time;
     int N = c.o.threads;
     if (N > 1 && report(pd_pool_create(N, &c.pool, &e), &e) < 0)
         return 1;
     c.tcount[0] = 1;
     c.tcount[1] = N;
     c.nt = N > 1 ? 2 : 1;
+    c.ceilings = json_array();
+    c.cases = json_array();
 
-    printf("pdmoe bench kernels: kernel %s, threads 1 and %d%s\n", pd_gemm_kernel_name(c.k), N,
-           c.o.quick ? ", --quick (small sizes: ratios are indicative only)" : "");
-    printf("Kernel times are medians over repeated calls and include the per-token activation\n"
-           "quantisation (fp32 in, fp32 out).\n\n");
+    say(&c, "pdmoe bench kernels: kernel %s, threads 1%s%.0d, oneDNN %s as the anchor%s\n",
+        pd_gemm_kernel_name(c.k), N > 1 ? " and " : "", N > 1 ? N : 0, pd_onednn_version(),
+        c.o.quick ? ", --quick (small sizes: ratios are indicative only)" : "");
+    if (c.o.cpu_time)
+        say(&c, "Times are the calling thread's CPU time (--cpu-time): other jobs' time slices left out.\n");
+    say(&c, "Kernel times are medians over repeated calls on int8 activations quantised beforehand\n"
+        "(int8 in, fp32 out with per-channel scales), pdmoe's and oneDNN's alike, one after the other.\n\n");
     double t0 = pd_now_s();
     int rc = bench_ceilings(&c) < 0 || bench_gemv(&c) < 0 || bench_gemm(&c) < 0 ||
              bench_moe(&c) < 0;
-    printf("\n(%.1f s)\n", pd_now_s() - t0);
+    if (!rc && c.o.json) {
+        json_t *doc = json_pack("{s:s, s:s, s:s, s:b, s:b, s:O, s:O}", "bench", "kernels", "kernel",
+                                pd_gemm_kernel_name(c.k), "onednn", pd_onednn_version(),
+                                "quick", c.o.quick, "cpu_time", c.o.cpu_time, "ceilings", c.ceilings, "cases", c.cases);
+        char *txt = json_dumps(doc, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
+        printf("%s\n", txt);
+        free(txt);
+        json_decref(doc);
+    }
+    say(&c, "\n(%.1f s)\n", pd_now_s() - t0);
+    json_decref(c.ceilings);
+    json_decref(c.cases);
     pd_pool_destroy(c.pool);
     return rc;
 }
@@ -705,25 +826,27 @@ int pd_bench_machine_measure(int threads, int quick, struct pd_bench_machine *m)
         return -1;
     int rc = -1;
     m->bw = pd_bench_read_bandwidth(pool, threads, (size_t)(quick ? 128 : 512) << 20, quick ? 2 : 5);
-    m->clock_hz = measure_clock_hz(quick);
+    m->clock_hz = nominal_clock_hz();
     m->vnni_peak = pd_gemm_kernel_supported(PD_KERNEL_AVX512) ? measure_vnni_peak(pool, threads, quick)
                                                                : OPS_PER_VPDPBUSD * m->clock_hz * threads;
-    struct gemv_case g = {.out = 4096, .in = 14336, .reps = quick ? 8 : 60, .n_mats = quick ? 2 : 5};
-    struct gemm_case h = {.out = 2048, .in = 4096, .T = quick ? 64 : 256, .reps = quick ? 3 : 10};
+    struct mm_case g = {.out = 4096, .in = 14336, .T = 1, .reps = quick ? 8 : 60, .n_mats = quick ? 2 : 5,
+                        .pool = pool};
+    struct mm_case h = {.out = 2048, .in = 4096, .T = quick ? 64 : 256, .reps = quick ? 3 : 10,
+                        .n_mats = 1, .pool = pool};
     size_t per = (size_t)g.out * g.in;
     double s;
-    if (gemv_case_alloc(&g) || gemm_case_alloc(&h))
+    if (mm_case_alloc(&g) || mm_case_alloc(&h))
         goto done;
-    if (time_gemv(&g, pool, &s) < 0)
+    if (time_median(mm_pdmoe, &g, g.n_mats, g.reps, &s) < 0)
         goto done;
     m->gemv_bw = ((double)per + (double)g.out * sizeof(float)) / s;
-    if (time_gemm(&h, pool, &s) < 0)
+    if (time_median(mm_pdmoe, &h, 1, h.reps, &s) < 0)
         goto done;
     m->gemm_ops = 2.0 * h.out * h.in * h.T / s;
     rc = 0;
 done:
-    gemv_case_free(&g);
-    gemm_case_free(&h);
+    mm_case_free(&g);
+    mm_case_free(&h);
     pd_pool_destroy(pool);
     return rc;
 }

@@ -11,8 +11,8 @@ static const struct {
     const char *flags, *what;
 } benches[] = {
     {"plan", pd_bench_plan, "[--quick]", "planning speed: the seed's plan and its sweep against the 1 ms target"},
-    {"kernels", pd_bench_kernels, "[--threads N] [--quick]",
-     "int8 GEMV/GEMM and the MoE grouped GEMM against this machine's bandwidth and VNNI peak"},
+    {"kernels", pd_bench_kernels, "[--threads N | --cpu-time] [--quick] [--json]",
+     "int8 GEMV/GEMM and the MoE grouped GEMM against oneDNN, this machine's bandwidth and VNNI peak"},
     {"decode", pd_bench_decode, "[--model DIR] [--threads N] [--steps N] [--batch 1|16] [--quick]",
      "the engine's decode tokens/s against the bandwidth roofline"},
     {"ep", pd_bench_ep, "[--ranks 1,2,4] [--model DIR] [--quick]",

@@ -318,7 +318,7 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         pd_rmsnorm(b.qr + (size_t)t * ql, L->q_norm, eps, ql, b.qr + (size_t)t * ql);
     pd_qmat qrq = {.q = st->qbuf, .scale = st->sbuf, .rows = T, .cols = ql};
     if (!en->ref)
-        pd_quant_rows(b.qr, T, ql, st->qbuf, st->sbuf);
+        pd_quant_rows_pool(en->pool, b.qr, T, ql, st->qbuf, st->sbuf);
     const struct pd_linear *lq[2] = {&L->wq_b, &L->idx_wq_b};
     float *yq[2] = {b.q, b.iq};
     if ((rc = pd_linear_fwd_many(lq, yq, r == 4 ? 2 : 1, en->pool, en->ref, b.qr, &qrq, T, e)))

@@ -213,7 +213,7 @@ static int sublayer(struct pd_step *st, int layer, int ffn, pd_err *e)
         pd_rmsnorm(x, ffn ? L->ffn_norm : L->attn_norm, (float)m->rms_norm_eps, H, x);
     }
     if (!en->ref)
-        pd_quant_rows(st->x, st->T, H, (int8_t *)st->xq.q, (float *)st->xq.scale);
+        pd_quant_rows_pool(en->pool, st->x, st->T, H, (int8_t *)st->xq.q, (float *)st->xq.scale);
     int rc = ffn ? pd_moe_layer(st, layer, e) : pd_attention_layer(st, layer, e);
     if (rc)
         return rc;

@@ -179,7 +179,7 @@ int pd_linear_fwd(const struct pd_linear *l, pd_pool *pool, int ref, const float
             }
         return 0;
     }
-    pd_quant_rows(x, T, l->in, qbuf, sbuf);
+    pd_quant_rows_pool(pool, x, T, l->in, qbuf, sbuf);
     pd_qmat a = {.q = qbuf, .scale = sbuf, .rows = T, .cols = l->in};
     return pd_gemm(pool, &l->q, &a, y, 0, e);
 }

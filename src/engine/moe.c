@@ -297,7 +297,7 @@ int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, con
     if ((rc = pd_gemm_grouped(en->pool, a, grp, 2 * ng, 0, e)))
         goto out;
     swiglu_rows(g, u, (size_t)P * I, (float)m->swiglu_limit);
-    pd_quant_rows(g, P, I, qi, si);
+    pd_quant_rows_pool(en->pool, g, P, I, qi, si);
     pd_qmat a2 = {.q = qi, .scale = si, .rows = P, .cols = I};
     for (int i = 0; i < ng; i++) {
         int at = (int)(grp[2 * i].rows - tok);

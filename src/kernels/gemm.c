@@ -97,12 +97,14 @@ int pd_gemm_kernel_get(pd_kernel *k, pd_err *err)
     return 0;
 }
 
-/* Output rows per pool task. It depends on the shape only (never on the thread count), and keeps
- * a task's weight rows (rows * in bytes) within about 256 KiB so that they stay in L2 while every
- * block of tokens passes over them. A multiple of 8, the GEMV kernels' row block. */
-static int rows_per_task(int in)
+/* Output rows per pool task. It depends on the shape and the kernel only (never on the thread
+ * count), and keeps the weight bytes a task reads per pass over the tokens (rows * in, or
+ * rows * PD_GEMM_KBLOCK for the K-blocked AVX-512 kernel) within about 256 KiB, so that they stay
+ * in L2 while every block of tokens passes over them. A multiple of 8, the GEMV kernels' row block. */
+static int rows_per_task(int in, pd_kernel k)
 {
-    int rb = (256 * 1024 / in) & ~7;
+    int bytes = k == PD_KERNEL_AVX512 && in > PD_GEMM_KBLOCK ? PD_GEMM_KBLOCK : in;
+    int rb = (256 * 1024 / bytes) & ~7;
     return rb < 8 ? 8 : rb > 64 ? 64 : rb;
 }
 
@@ -211,7 +213,7 @@ int pd_gemm(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y, int fla
                 .a = a->q, .a_scale = a->scale, .tok = NULL, .n = a->rows, .y = y,
                 .accum = (flags & PD_GEMM_ACCUM) != 0},
         .fn = kernel_fns[k],
-        .rb = rows_per_task(w->cols),
+        .rb = rows_per_task(w->cols, k),
     };
     int n_tasks = (w->rows + r.rb - 1) / r.rb;
     pd_pool_run(small_work((int64_t)w->rows * w->cols * a->rows) ? NULL : pool, n_tasks, plain_task, &r);
@@ -224,6 +226,7 @@ struct grouped_run {
     const int *first_task;   // [n_groups + 1] first task of each group; the last = total
     int n_groups;
     int accum;
+    pd_kernel k;
     pd_gemm_rows_fn fn;
 };
 
@@ -240,7 +243,7 @@ static void grouped_task(void *arg, int task)
             hi = mid - 1;
     }
     const pd_gemm_group *g = &r->groups[lo];
-    int rb = rows_per_task(g->w.cols);
+    int rb = rows_per_task(g->w.cols, r->k);
     int o0 = (task - r->first_task[lo]) * rb;
     int o1 = o0 + rb < g->w.rows ? o0 + rb : g->w.rows;
     pd_gemm_job job = {
@@ -295,7 +298,7 @@ int pd_gemm_grouped(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *groups
         first[g] = (int)total;
         const pd_gemm_group *gr = &groups[g];
         if (gr->n > 0 && gr->w.rows > 0) {
-            int rb = rows_per_task(gr->w.cols);
+            int rb = rows_per_task(gr->w.cols, k);
             total += (gr->w.rows + rb - 1) / rb;
             macs += (int64_t)gr->n * gr->w.rows * gr->w.cols;
         }
@@ -310,7 +313,7 @@ int pd_gemm_grouped(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *groups
 
     struct grouped_run r = {
         .a = a, .groups = groups, .first_task = first, .n_groups = n_groups,
-        .accum = (flags & PD_GEMM_ACCUM) != 0, .fn = kernel_fns[k],
+        .accum = (flags & PD_GEMM_ACCUM) != 0, .k = k, .fn = kernel_fns[k],
     };
     pd_pool_run(small_work(macs) ? NULL : pool, (int)total, grouped_task, &r);
     if (first != stack_first)

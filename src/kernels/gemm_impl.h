@@ -7,6 +7,12 @@
 
 #include <stdint.h>
 
+/* Reduction bytes per K block of the AVX-512 GEMM (gemm_avx512.c); gemm.c sizes that kernel's
+ * row blocks by it. A multiple of 64. */
+#ifndef PD_GEMM_KBLOCK
+#define PD_GEMM_KBLOCK 4096
+#endif
+
 /* One weight matrix applied to a list of activation rows. */
 typedef struct pd_gemm_job {
     const int8_t *w;        // [out, in]

@@ -129,6 +129,40 @@ void pd_quant_rows(const float *x, int rows, int cols, int8_t *q, float *scales)
         quant_row(x + (size_t)r * cols, cols, q + (size_t)r * cols, &scales[r]);
 }
 
+/* Rows per pool task: a block's size depends only on the row length (about 64 KiB of floats). */
+static int quant_block_rows(int cols)
+{
+    int b = 16384 / (cols > 0 ? cols : 1);
+    return b < 1 ? 1 : b;
+}
+
+struct quant_run {
+    const float *x;
+    int rows, cols, block;
+    int8_t *q;
+    float *scales;
+};
+
+static void quant_task(void *arg, int task)
+{
+    const struct quant_run *r = arg;
+    int r0 = task * r->block, n = r->rows - r0 < r->block ? r->rows - r0 : r->block;
+    pd_quant_rows(r->x + (size_t)r0 * r->cols, n, r->cols, r->q + (size_t)r0 * r->cols, r->scales + r0);
+}
+
+void pd_quant_rows_pool(pd_pool *pool, const float *x, int rows, int cols, int8_t *q, float *scales)
+{
+    if (rows <= 0)
+        return;
+    if (!pool || (int64_t)rows * cols < PD_QUANT_SERIAL_VALUES) {
+        pd_quant_rows(x, rows, cols, q, scales);
+        return;
+    }
+    struct quant_run r = {.x = x, .rows = rows, .cols = cols, .block = quant_block_rows(cols), .q = q,
+                          .scales = scales};
+    pd_pool_run(pool, (rows + r.block - 1) / r.block, quant_task, &r);
+}
+
 void pd_quant_weights(const float *w, int out, int in, int8_t *q, float *scales)
 {
     pd_quant_rows(w, out, in, q, scales);

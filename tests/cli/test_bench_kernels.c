@@ -1,0 +1,105 @@
+/* `pdmoe bench kernels --json`: one document on stdout with the same-run ceilings and, for every
+ * GEMM and MoE case at 1 and 2 threads, pdmoe's and oneDNN's rates side by side. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+/* stdout of `pdmoe args` (malloc'd) and its exit status. */
+static char *run_out(const char *args, int *status)
+{
+    const char *bin = getenv("PDMOE_BIN");
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s %s", bin ? bin : "build/pdmoe", args);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    size_t k;
+    while ((k = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+        n += k;
+        if (n + 1 == cap)
+            buf = realloc(buf, cap *= 2);
+    }
+    buf[n] = 0;
+    int st = pclose(p);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    return buf;
+}
+
+static int positive(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    return json_is_number(v) && isfinite(json_number_value(v)) && json_number_value(v) > 0;
+}
+
+Test(bench_kernels, json_has_both_rates_for_every_case)
+{
+    int st;
+    char *out = run_out("bench kernels --quick --json --threads 2", &st);
+    cr_assert_eq(st, 0, "exit %d: %s", st, out);
+    json_error_t je;
+    json_t *doc = json_loads(out, 0, &je);   /* the whole of stdout is the document */
+    cr_assert_not_null(doc, "%s: %s", je.text, out);
+    cr_assert_not_null(json_string_value(json_object_get(doc, "onednn")), "no oneDNN version");
+
+    json_t *ceil = json_object_get(doc, "ceilings");
+    cr_assert_eq(json_array_size(ceil), 2);
+    for (int i = 0; i < 2; i++) {
+        json_t *c = json_array_get(ceil, (size_t)i);
+        cr_assert_eq(json_integer_value(json_object_get(c, "threads")), i + 1);
+        cr_assert(positive(c, "read_GBps"), "ceiling %d has no bandwidth", i);
+    }
+
+    /* expected: gemm 2048x4096 and 4096x14336, moe; each at 1 and 2 threads */
+    int seen[3][2] = {{0}};
+    json_t *cases = json_object_get(doc, "cases");
+    cr_assert(json_is_array(cases));
+    for (size_t i = 0; i < json_array_size(cases); i++) {
+        json_t *c = json_array_get(cases, i);
+        const char *kind = json_string_value(json_object_get(c, "kind"));
+        json_t *shape = json_object_get(c, "shape");
+        cr_assert_not_null(kind);
+        cr_assert(json_is_object(shape), "case %zu: no shape", i);
+        int t = (int)json_integer_value(json_object_get(c, "threads"));
+        cr_assert(t == 1 || t == 2, "case %zu: threads %d", i, t);
+        cr_assert(positive(c, "pdmoe_gflops") && positive(c, "onednn_gflops"),
+                  "case %zu (%s): missing or non-positive rates", i, kind);
+        double ratio = json_number_value(json_object_get(c, "pdmoe_over_onednn"));
+        double want = json_number_value(json_object_get(c, "pdmoe_gflops")) /
+                      json_number_value(json_object_get(c, "onednn_gflops"));
+        cr_assert(fabs(ratio - want) <= 1e-3 * want, "case %zu: ratio %g, rates give %g", i, ratio, want);
+        int out_ = (int)json_integer_value(json_object_get(shape, "out"));
+        int in = (int)json_integer_value(json_object_get(shape, "in"));
+        cr_assert_gt(json_integer_value(json_object_get(shape, "tokens")), 0);
+        int slot = !strcmp(kind, "gemm") && out_ == 2048 && in == 4096    ? 0
+                   : !strcmp(kind, "gemm") && out_ == 4096 && in == 14336 ? 1
+                   : !strcmp(kind, "moe")                                 ? 2
+                                                                          : -1;
+        if (slot == 2)
+            cr_assert_gt(json_integer_value(json_object_get(shape, "experts")), 0);
+        if (slot >= 0)
+            seen[slot][t - 1]++;
+        else
+            cr_assert_str_eq(kind, "gemv", "case %zu: unexpected kind", i);
+    }
+    for (int s = 0; s < 3; s++)
+        for (int t = 0; t < 2; t++)
+            cr_assert_eq(seen[s][t], 1, "case %d at %d threads: %d objects", s, t + 1, seen[s][t]);
+    json_decref(doc);
+    free(out);
+}
+
+/* --cpu-time times the calling thread only: with more threads it is refused by name. */
+Test(bench_kernels, cpu_time_refuses_threads)
+{
+    int st;
+    char *out = run_out("bench kernels --cpu-time --threads 2 2>&1", &st);
+    cr_assert_eq(st, 2, "exit %d: %s", st, out);
+    cr_assert(strstr(out, "pdmoe bench kernels: --cpu-time times the calling thread only: it needs "
+                          "--threads 1, got --threads 2"), "%s", out);
+    free(out);
+}
