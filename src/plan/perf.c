@@ -139,9 +139,9 @@ static void attention(const struct pd_plan *p, enum pd_role r, int64_t seqs, int
     kv *= (double)seqs / tp;
     const struct pd_efficiency *x = &p->hw.eff;
     double tc = flops / (p->hw.bf16_flops * x->attention), tm = kv / (p->hw.mem_bw_Bps * x->memory);
-    s->attn_s = tc > tm ? tc : tm;
-    s->attn_memory_s = tm >= tc ? tm : 0;
-    s->attn_kv_read_s = tm;
+    s->attn_s += tc > tm ? tc : tm;        /* added: a mixed step has a decode and a prefill part */
+    s->attn_memory_s += tm >= tc ? tm : 0;
+    s->attn_kv_read_s += tm;
     s->flops += flops;
     s->bytes += kv;
 }
@@ -201,13 +201,23 @@ static double a2a(const struct pd_plan *p, enum pd_role r, const struct pd_role_
 void pd_perf_step(const struct pd_plan *p, enum pd_role r, int64_t seqs, int64_t tokens, int64_t ctx,
                   struct pd_step *s)
 {
+    struct pd_step_part part = {seqs, tokens, ctx};
+    static const struct pd_step_part none;
+    pd_perf_step_mixed(p, r, r == PD_ROLE_DECODE ? &part : &none, r == PD_ROLE_PREFILL ? &part : &none, s);
+}
+
+void pd_perf_step_mixed(const struct pd_plan *p, enum pd_role r, const struct pd_step_part *dec,
+                        const struct pd_step_part *pre, struct pd_step *s)
+{
     const struct pd_role_plan *rp = &p->role[r];
     const struct pd_inventory *inv = &p->inv;
     const struct pd_efficiency *x = &p->hw.eff;
     const int tp = rp->o.tp;
     memset(s, 0, sizeof *s);
-    double T = (double)seqs * tokens;
-    s->tokens = seqs * tokens;
+    double T = (double)dec->seqs * dec->tokens + (double)pre->seqs * pre->tokens;
+    s->tokens = dec->seqs * dec->tokens + pre->seqs * pre->tokens;
+    /* the LM head runs on every decode token and on the last position of each prompt */
+    double head_rows = (double)dec->seqs * dec->tokens + (double)pre->seqs;
     s->imbalance = imbalance(p, r, rp);
     /* class II groups: every token through each matrix; the head only for sampled rows */
     for (int g = 0; g < PD_G_COUNT; g++) {
@@ -217,7 +227,7 @@ void pd_perf_step(const struct pd_plan *p, enum pd_role r, int64_t seqs, int64_t
         if (params <= 0)
             continue;
         double split = pd_group_tp_split((enum pd_group)g) ? tp : 1;
-        double rows = g == PD_G_EMBEDDING ? 0 : g == PD_G_LM_HEAD && r == PD_ROLE_PREFILL ? (double)seqs : T;
+        double rows = g == PD_G_EMBEDDING ? 0 : g == PD_G_LM_HEAD ? head_rows : T;
         if (g == PD_G_EMBEDDING)
             bytes = T * (double)p->model.hidden_size * 2;    /* a gather of T rows */
         roofline(p, 2 * rows * params / split, bytes / split, group_fmt(p, (enum pd_group)g), s);
@@ -232,7 +242,10 @@ void pd_perf_step(const struct pd_plan *p, enum pd_role r, int64_t seqs, int64_t
         double touched = rp->place.slots * (1 - pow(1 - k / E, group_tokens));
         roofline(p, 2 * pairs * per_expert_params, touched * per_expert_bytes, group_fmt(p, PD_G_ROUTED_EXPERTS), s);
     }
-    attention(p, r, seqs, tokens, ctx, tp, s);
+    if (dec->seqs > 0 && dec->tokens > 0)
+        attention(p, PD_ROLE_DECODE, dec->seqs, dec->tokens, dec->ctx, tp, s);
+    if (pre->seqs > 0 && pre->tokens > 0)
+        attention(p, PD_ROLE_PREFILL, pre->seqs, pre->tokens, pre->ctx, tp, s);
     s->a2a_s = a2a(p, r, rp, T);
     s->overhead_s = x->step_s[r] + x->token_layer_s[r] * T * p->kv.n;
     double compute = s->gemm_compute_s + s->gemm_memory_s + s->attn_s + s->overhead_s;
@@ -465,6 +478,10 @@ int pd_perf_eval(const struct pd_plan *p, const struct pd_workload *w, struct pd
     int rc = check_workload(w, e);
     if (rc)
         return rc;
+    if (p->o.aggregated) {
+        pd_perf_agg(p, w, f);
+        return 0;
+    }
     pd_perf_prefill(p, w, f);
     pd_perf_decode(p, w, f);
     pd_perf_combine(p, w, f);
@@ -477,6 +494,8 @@ int pd_perf_eval(const struct pd_plan *p, const struct pd_workload *w, struct pd
     }
     return 0;
 }
+
+static void closed_text(FILE *o, const struct pd_perf *f);
 
 static void step_text(FILE *o, const char *name, const struct pd_step *s)
 {
@@ -499,7 +518,7 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
     fprintf(o, "  one step of one DP rank, ms:\n");
     fprintf(o, "  %-8s %7s %10s %10s %10s %10s %10s %10s  %s\n", "role", "tokens", "gemm-comp", "gemm-mem",
             "attention", "a2a", "overhead", "total", "bound");
-    step_text(o, "prefill", &f->prefill_step);
+    step_text(o, f->aggregated ? "mixed" : "prefill", &f->prefill_step);
     step_text(o, "decode", &f->decode_step);
     for (int r = 0; r < 2; r++) {
         const struct pd_role_plan *rp = &p->role[r];
@@ -509,6 +528,12 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
                 : rp->o.redundant > 0 ? "hardware file, with redundant experts" : "hardware file");
     }
     fputc('\n', o);
+    if (f->aggregated) {
+        pd_perf_agg_text(p, f, o);
+        closed_text(o, f);
+        fclose(o);
+        return buf;
+    }
     fprintf(o, "  TTFT            %10.1f ms  = request %.1f ms + prefill %.1f ms + KV hand-off %.1f ms (%s) + first decode "
             "step %.1f ms\n", f->ttft_s * 1e3, f->request_s * 1e3, f->prefill_s * 1e3, f->handoff_s * 1e3,
             p->hw.rdma.name, f->decode_step.total_s * 1e3);
@@ -527,6 +552,13 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
     fprintf(o, "  rate-matched    %10.2f requests/s, %.0f output tokens/s per card over %d cards (%s limits)%s\n",
             f->req_s, f->tok_s_card, P->cards + D->cards, f->prefill_req_s < f->decode_req_s ? "prefill" : "decode",
             f->fits ? "" : "; DOES NOT FIT");
+    closed_text(o, f);
+    fclose(o);
+    return buf;
+}
+
+static void closed_text(FILE *o, const struct pd_perf *f)
+{
     if (f->w.concurrency > 0) {
         const struct pd_closed *c = &f->closed;
         fprintf(o, "  closed loop, %lld client%s (each sends its next request when its last one finishes; %s limits):\n",
@@ -539,8 +571,6 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
         fprintf(o, "    throughput    %10.2f requests/s, %.1f output tokens/s (%.1f per card)\n", c->req_s, c->tok_s,
                 c->tok_s_card);
     }
-    fclose(o);
-    return buf;
 }
 
 static json_t *step_json(const struct pd_step *s)
@@ -578,5 +608,15 @@ void *pd_perf_json(const struct pd_perf *f)
                      pd_bound_name(f->prefill_bound), "decode_bound", pd_bound_name(f->decode_bound), "fits", f->fits);
     if (j)
         json_object_set_new(j, "closed_loop", closed_json(f));
+    if (j && f->aggregated) {
+        const struct pd_agg *a = &f->agg;
+        json_object_set_new(j, "aggregated",
+                            json_pack("{s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:b}", "batch", (json_int_t)a->batch, "chunk_tokens",
+                                      (json_int_t)a->chunk, "chunks_per_prompt", (json_int_t)a->chunks, "mixed_step_s",
+                                      a->mixed_step.total_s, "decode_step_s", a->decode_step.total_s, "chunk_share",
+                                      a->chunk_share, "mean_step_s", a->step_s, "fed", a->fed));
+    } else if (j) {
+        json_object_set_new(j, "aggregated", json_null());
+    }
     return j;
 }
