@@ -43,8 +43,6 @@ void pd_perf_agg_at(const struct pd_plan *p, const struct pd_workload *w, int64_
     const int64_t ctx = w->decode_ctx > 0 ? w->decode_ctx : w->isl + w->osl / 2;
     int64_t seq = pd_kv_seq_bytes(&p->kv, w->isl + w->osl);
     a->batch_cap = D->b.kv_pool > 0 && seq > 0 ? D->b.kv_pool / seq : 0;
-    if (a->batch_cap > p->o.max_num_seqs)
-        a->batch_cap = p->o.max_num_seqs;
     a->batch = b;
     struct pd_step_part dec = {b, k, ctx}, none = {0, 0, 0};
     pd_perf_step_mixed(p, PD_ROLE_DECODE, &dec, &none, &a->decode_step);
@@ -81,18 +79,21 @@ void pd_perf_agg_at(const struct pd_plan *p, const struct pd_workload *w, int64_
     a->rank_req_s = x < a->prefill_rank_req_s ? x : a->prefill_rank_req_s;
 }
 
-/* The batch an aggregated plan runs by default: w->decode_batch, else the largest that fits the
- * KV pool and max-num-seqs, leaves room for a chunk, and is fed (phi <= 1); at least 1. */
-static int64_t agg_batch(const struct pd_plan *p, const struct pd_workload *w)
+int64_t pd_perf_agg_slots(const struct pd_plan *p, const struct pd_workload *w)
 {
-    if (w->decode_batch > 0)
-        return w->decode_batch;
     struct pd_agg a;
     pd_perf_agg_at(p, w, 1, &a);
-    int64_t hi = a.batch_cap, k = 1 + (p->include_mtp ? 1 : 0);
-    if (hi > (p->o.max_num_batched_tokens - 1) / k)
-        hi = (p->o.max_num_batched_tokens - 1) / k;
-    int64_t lo = 1;
+    int64_t n = w->decode_batch > 0 ? w->decode_batch : a.batch_cap < p->o.max_num_seqs ? a.batch_cap : p->o.max_num_seqs;
+    const int64_t k = 1 + (p->include_mtp ? 1 : 0);
+    if (n > (p->o.max_num_batched_tokens - 1) / k)
+        n = (p->o.max_num_batched_tokens - 1) / k;
+    return n > 1 ? n : 1;
+}
+
+int64_t pd_perf_agg_batch(const struct pd_plan *p, const struct pd_workload *w)
+{
+    int64_t lo = 1, hi = pd_perf_agg_slots(p, w);
+    struct pd_agg a;
     while (lo < hi) {            /* phi grows with b: bisect for the largest fed batch */
         int64_t mid = lo + (hi - lo + 1) / 2;
         pd_perf_agg_at(p, w, mid, &a);
@@ -110,7 +111,8 @@ void pd_perf_agg(const struct pd_plan *p, const struct pd_workload *w, struct pd
     struct pd_agg *a = &f->agg;
     f->w = *w;
     f->aggregated = 1;
-    pd_perf_agg_at(p, w, agg_batch(p, w), a);
+    const int64_t slots = pd_perf_agg_slots(p, w);
+    pd_perf_agg_at(p, w, pd_perf_agg_batch(p, w), a);
     const int ranks = D->o.dp * D->o.instances, cards = D->cards;
     const double tps = 1 + (p->include_mtp ? 1 : 0) * p->hw.eff.mtp_acceptance;
     f->prefill_step = a->mixed_step;
@@ -136,12 +138,12 @@ void pd_perf_agg(const struct pd_plan *p, const struct pd_workload *w, struct pd
     f->prefill_bound = a->mixed_step.bound;
     f->decode_bound = a->batch == a->batch_cap && !w->decode_batch && a->batch < p->o.max_num_seqs
                           ? PD_BOUND_CAPACITY : a->decode_step.bound;
-    f->fits = D->b.fits_weights && a->batch >= 1 && a->batch <= a->batch_cap && a->chunk >= 1;
+    f->fits = D->b.fits_weights && a->batch >= 1 && slots <= a->batch_cap && a->chunk >= 1;
     if (w->concurrency > 0) {
         struct pd_agg_curve c;
-        int64_t n = w->concurrency < a->batch ? w->concurrency : a->batch;
+        int64_t n = w->concurrency < slots ? w->concurrency : slots;
         if (pd_perf_agg_curve(p, w, n, &c) == 0) {
-            pd_perf_agg_closed(&c, w->concurrency, w->osl, f->request_s, ranks, a->batch, cards, &f->closed);
+            pd_perf_agg_closed(&c, w->concurrency, w->osl, f->request_s, ranks, slots, cards, &f->closed);
             pd_perf_agg_curve_free(&c);
         } else {
             f->closed.cycle_s = INFINITY;

@@ -169,9 +169,16 @@ void pd_perf_closed(int64_t clients, int64_t osl, double pre_s, double prefill_r
                     struct pd_closed *out);
 
 /* Aggregated instances (agg.c). pd_perf_agg fills f for a plan whose o.aggregated is set (both
- * roles the colocated layout): the pd_agg at w->decode_batch (0: as many as fit), then TTFT,
+ * roles the colocated layout): the pd_agg at pd_perf_agg_batch, then TTFT,
  * TPOT, requests/s and tokens/s per card in f's shared fields, and the closed loop. */
 void pd_perf_agg(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f);
+/* The slots of an aggregated DP rank: w->decode_batch, else the sequences its KV pool holds at
+ * isl + osl capped by max-num-seqs; at most the batch that leaves a prompt token in a step. */
+int64_t pd_perf_agg_slots(const struct pd_plan *p, const struct pd_workload *w);
+/* The batch a saturated aggregated rank runs at: the largest within its slots that the chunks
+ * keep fed (phi <= 1; past it the batch drains to where prompts completing match prompts
+ * prefilled); at least 1. */
+int64_t pd_perf_agg_batch(const struct pd_plan *p, const struct pd_workload *w);
 /* One rank's aggregated figures at decode batch b (the search costs each layout once). */
 void pd_perf_agg_at(const struct pd_plan *p, const struct pd_workload *w, int64_t b, struct pd_agg *a);
 /* The aggregated closed loop's inputs, per integer batch b = 1..n of one rank: the mean step,

@@ -365,10 +365,8 @@ int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e
         struct pd_plan_opts po = base;
         po.aggregated = 1;
         po.role[PD_ROLE_DECODE] = l->o;
-        po.max_num_seqs = l->batch;
-        struct pd_workload w = o->w;
-        w.decode_batch = l->batch;
-        if ((rc = pd_plan_build(&po, &s->plan, e)) || (rc = pd_perf_eval(&s->plan, &w, &s->perf, e)))
+        po.max_num_seqs = l->batch;   /* the slots: pd_perf_agg runs the batch its chunks feed */
+        if ((rc = pd_plan_build(&po, &s->plan, e)) || (rc = pd_perf_eval(&s->plan, &o->w, &s->perf, e)))
             goto out;
     } else if (!s->chose_agg && pick >= 0) {
         const struct pd_layout *l = &s->l[pick];

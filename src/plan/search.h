@@ -57,7 +57,8 @@ struct pd_search_mem {
  * prefill), at a decode batch per DP rank (the emitted --max-num-seqs). */
 struct pd_agg_layout {
     struct pd_role_opts o;
-    int64_t batch;
+    int64_t batch;               /* max-num-seqs per DP rank: the slots */
+    int64_t run_batch;           /* open loop: the batch it runs at, the largest its chunks feed */
     int cards, experts_per_card;
     int64_t weights, kv_pool;    /* bytes on the busiest card */
     int64_t chunk;               /* prompt tokens per mixed step at this batch */

@@ -67,10 +67,13 @@ static int agg_layout(struct pd_plan *p, const struct pd_search_opts *so, const 
         q.o.max_num_seqs = batch;
         q.role[PD_ROLE_PREFILL] = q.role[PD_ROLE_DECODE] = rp;
         q.role[PD_ROLE_PREFILL].role = PD_ROLE_PREFILL;
+        /* max-num-seqs is the batch; the rank runs at the largest batch within it that its chunks
+         * feed (pd_perf_agg_batch), as pdmoe plan --aggregated --max-num-seqs predicts it */
         struct pd_workload w = so->w;
-        w.decode_batch = batch;
+        w.decode_batch = 0;
         struct pd_agg a;
-        pd_perf_agg_at(&q, &w, batch, &a);
+        pd_perf_agg_at(&q, &w, pd_perf_agg_batch(&q, &w), &a);
+        w.decode_batch = batch;
         if (so->w.concurrency > 0) {      /* the closed loop's curve up to this batch (the slots) */
             pd_perf_agg_curve_free(&curve);
             int64_t n = so->w.concurrency < batch ? so->w.concurrency : batch;
@@ -103,6 +106,7 @@ static int agg_layout(struct pd_plan *p, const struct pd_search_opts *so, const 
             l->req_s = a.rank_req_s * ranks;
             l->tok_s_card = l->req_s * (double)so->w.osl / l->cards;
             l->fits = room && a.chunk >= 1 && a.batch_cap >= batch;
+            l->run_batch = a.batch;
             l->sustains = so->w.rate <= 0 || l->req_s >= so->w.rate;
             if (so->w.concurrency > 0) {
                 struct pd_closed c;
