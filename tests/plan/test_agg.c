@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "plan/perf.h"
+#include "plan/html.h"
 #include "plan/search.h"
 #include "fixture.h"
 
@@ -269,4 +270,26 @@ Test(agg, search_compares_both)
         cr_assert_float_eq(s.perf.tok_s_card, want_tok, 1e-9 * want_tok);
         pd_search_free(&s);
     }
+}
+
+/* The HTML report says the same as the text: both kinds' best and the winner. */
+Test(agg, html_compares_both)
+{
+    struct pd_search_opts o;
+    pd_search_opts_default(&o);
+    o.cards = 16;
+    o.ttft_s = 2.0;
+    o.tpot_s = 0.05;
+    struct pd_search s;
+    pd_err e = {0};
+    cr_assert_eq(pd_search_run(&o, &s, &e), 0, "%s", e.msg);
+    struct pd_search_verdict v = pd_search_compare(&s);
+    cr_assert(v.agg >= 0 && v.disagg >= 0);
+    char *page = pd_report_html(&s.plan, &s.perf, &s, 0, &e);
+    cr_assert(page, "%s", e.msg);
+    char want[128];
+    snprintf(want, sizeof want, "<b>%s wins</b>: %.2f&times;", v.agg_wins ? "Aggregated" : "Disaggregated", v.ratio);
+    cr_assert(strstr(page, "<table id=\"compare\">") && strstr(page, want), "no comparison \"%s\"", want);
+    free(page);
+    pd_search_free(&s);
 }
