@@ -395,64 +395,108 @@ static double step_at(double b, double (*step)(void *, int64_t), void *ctx)
     return b > (double)lo ? t + (b - (double)lo) * (step(ctx, lo + 1) - t) : t;
 }
 
-/* The right side of the closed loop's batch equation at batch b (below). */
-static double closed_next(double b, double C, double S, double B, int64_t osl, double pre_s, double prefill_req_s,
-                          double tokens_per_step, double (*step)(void *, int64_t), void *ctx)
+/* The closed loop's requests/s at batch b, with prefill's queue (below): x, and the time in
+ * prefill with its queue (rpre) and in decode (rd). */
+struct closed_in {
+    double C, S, B, Sp, pre_s, prefill_s, prefill_req_s, tokens_per_step;
+    int64_t osl;
+    double (*step)(void *, int64_t);
+    void *ctx;
+};
+
+static double closed_x(const struct closed_in *in, double b, double *rpre, double *rd)
 {
-    double st = step_at(b, step, ctx), rd = st + (double)(osl - 1) * st / tokens_per_step;
-    double x = fmin(fmin(C / (pre_s + rd), prefill_req_s), S * B / rd);
-    return fmin(B, 1 + (C - 1) * rd * x / (C * S));
+    const double st = step_at(b, in->step, in->ctx), s = in->C > 1 ? (in->C - 1) / in->C : 0, P = in->prefill_s;
+    *rd = st + (double)(in->osl - 1) * st / in->tokens_per_step;
+    const double A = in->pre_s - P + *rd, xd = in->S * in->B / *rd, cap = fmin(in->prefill_req_s, xd);
+    /* the clients' loop: u = R_pre solves Sp u^2 + (Sp (A - P) - C P s) u - Sp P A = 0, from
+     * u = P (1 + s q), q = x u / Sp, x = C / (A + u) */
+    double u = P;
+    if (P > 0 && s > 0) {
+        double beta = in->Sp * (A - P) - in->C * P * s;
+        u = (-beta + sqrt(beta * beta + 4 * in->Sp * in->Sp * P * A)) / (2 * in->Sp);
+    }
+    double x = in->C / (A + u);
+    if (x > cap) {           /* prefill's capacity or the decode slots bind: the queue at that x */
+        x = cap;
+        double rho = x * P * s / in->Sp;
+        u = rho < 1 ? P / (1 - rho) : INFINITY;
+    }
+    *rpre = u;
+    return x;
+}
+
+/* The right side of the closed loop's batch equation at batch b (below). */
+static double closed_next(const struct closed_in *in, double b)
+{
+    double rpre, rd, x = closed_x(in, b, &rpre, &rd);
+    return fmin(in->B, 1 + (in->C - 1) * rd * x / (in->C * in->S));
 }
 
 /* The closed loop. C clients; S_d = decode DP ranks with B slots each (max-num-seqs, capped by
- * the KV pool); R_p = request + prefill + hand-off (queue-free); X_p = prefill's requests/s;
- * step(b) = the decode step at a mean batch b per rank; tps = tokens per step (MTP).
+ * the KV pool); S_p prefill DP ranks, each prefilling one prompt in P; R_p = request + P +
+ * hand-off (queue-free); X_p = prefill's requests/s; step(b) = the decode step at a mean batch b
+ * per rank; tps = tokens per step (MTP).
  *
  *   TPOT(b) = step(b) / tps
  *   R_d(b)  = step(b) + (osl - 1) x TPOT(b)       a request's time in a decode slot: the first
  *                                                 step gives the first token, each later token a TPOT
- *   X(b)    = min( C / (R_p + R_d(b)),  X_p,  S_d x B / R_d(b) )    requests/s
+ *   R_pre   = P x (1 + (C - 1) / C x Q_p)         time in prefill: an arriving prompt waits for
+ *                                                 the share of the queue the other C - 1 clients
+ *                                                 leave at its prefill rank (mean value analysis,
+ *                                                 Schweitzer), Q_p = X x R_pre / S_p per rank
+ *   X(b)    = min( C / (R_p - P + R_pre + R_d(b)),  X_p,  S_d x B / R_d(b) )    requests/s
  *   cycle   = C / X(b)                            (Little's law over the whole loop)
- *   wait    = cycle - R_p - R_d(b)                (0 unless prefill or the decode slots bind)
+ *   wait    = cycle - R_p - R_d(b)                the prefill queue, and where prefill's capacity
+ *                                                 or the decode slots bind, the rest of the cycle
+ *   limit   = the decode slots if they bind, prefill if X >= 0.99 X_p, else the clients
  *   b       = min( B, 1 + (C - 1) x R_d(b) / (cycle x S_d) )
  *             the request itself plus its rank's share of the other C - 1 clients' time in decode
  *   TTFT    = R_p + wait + step(b),   cycle = TTFT + (osl - 1) x TPOT(b)
  *   output tokens/s = C x osl / cycle,  requests/s = C / cycle
  *
- * The fixed point in b is found by bisection on [1, B]: the right side is continuous (step is
- * interpolated between integer batches) and lies in [1, B]. C = 1 gives b = 1, no wait, and the
- * open loop's queue-free TTFT and TPOT. Prefill's wait is that of a deterministic closed loop:
- * none until C / cycle would pass X_p, then the cycle stretches to C / X_p. Clients beyond the
- * decode slots (when S_d x B / R_d binds) wait for a slot; the wait is in their TTFT. */
-void pd_perf_closed(int64_t clients, int64_t osl, double pre_s, double prefill_req_s, int ranks, int64_t slots,
-                    double tokens_per_step, double (*step)(void *ctx, int64_t b), void *ctx, int cards,
-                    struct pd_closed *out)
+ * For a given b the clients' loop gives R_pre in closed form (a quadratic, closed_x); the fixed
+ * point in b is found by bisection on [1, B]: the right side is continuous (step is interpolated
+ * between integer batches) and lies in [1, B]. C = 1 gives b = 1, no wait, and the open loop's
+ * queue-free TTFT and TPOT. Below prefill's capacity prompts that arrive together wait for each
+ * other (the queue a deterministic loop leaves out); at it the cycle stretches to C / X_p.
+ * Clients beyond the decode slots (when S_d x B / R_d binds) wait for a slot; the wait is in
+ * their TTFT. */
+void pd_perf_closed(int64_t clients, int64_t osl, double pre_s, double prefill_s, int prefill_ranks,
+                    double prefill_req_s, int ranks, int64_t slots, double tokens_per_step,
+                    double (*step)(void *ctx, int64_t b), void *ctx, int cards, struct pd_closed *out)
 {
     /* C clients never fill more than C slots of a rank: the batch stays within the step table */
     const double C = (double)clients, S = ranks > 0 ? ranks : 1;
     const double B = slots > clients ? C : slots > 1 ? (double)slots : 1;
+    const struct closed_in in = {C, S, B, prefill_ranks > 0 ? prefill_ranks : 1, pre_s, prefill_s, prefill_req_s,
+                                 tokens_per_step, osl, step, ctx};
     double lo = 1, hi = B, b;
     if (clients <= 1 || B <= 1) {
         b = 1;
-    } else if (closed_next(B, C, S, B, osl, pre_s, prefill_req_s, tokens_per_step, step, ctx) >= B) {
+    } else if (closed_next(&in, B) >= B) {
         b = B;                                   /* every slot busy */
     } else {
         for (int it = 0; it < 64 && hi - lo > 1e-9; it++) {
             b = 0.5 * (lo + hi);
-            if (closed_next(b, C, S, B, osl, pre_s, prefill_req_s, tokens_per_step, step, ctx) > b)
+            if (closed_next(&in, b) > b)
                 lo = b;
             else
                 hi = b;
         }
         b = 0.5 * (lo + hi);
     }
-    double st = step_at(b, step, ctx), tpot = st / tokens_per_step, rd = st + (double)(osl - 1) * tpot;
-    double xc = C / (pre_s + rd), xd = S * B / rd, x = fmin(fmin(xc, prefill_req_s), xd);
+    double rpre, rd, x = closed_x(&in, b, &rpre, &rd), st = step_at(b, step, ctx), tpot = st / tokens_per_step;
+    const double xd = S * B / rd;
     out->batch = b;
     out->tpot_s = tpot;
     out->cycle_s = C / x;
-    out->limit = x >= xc ? PD_CLOSED_CLIENTS : prefill_req_s <= xd ? PD_CLOSED_PREFILL : PD_CLOSED_DECODE_SLOTS;
-    out->wait_s = out->limit == PD_CLOSED_CLIENTS ? 0 : fmax(0, out->cycle_s - pre_s - rd);
+    /* what sets the cycle: the decode slots when they bind, prefill when its ranks are busy 99% of
+     * the time or more (its queue then holds nearly every client that is not decoding: mean value
+     * analysis only approaches X_p), else the clients themselves */
+    out->limit = xd < prefill_req_s && x >= xd * (1 - 1e-12) ? PD_CLOSED_DECODE_SLOTS
+                 : x >= 0.99 * prefill_req_s ? PD_CLOSED_PREFILL : PD_CLOSED_CLIENTS;
+    out->wait_s = fmax(0, out->cycle_s - pre_s - rd);
     out->ttft_s = pre_s + out->wait_s + st;
     out->req_s = x;
     out->tok_s = x * (double)osl;
@@ -488,7 +532,8 @@ int pd_perf_eval(const struct pd_plan *p, const struct pd_workload *w, struct pd
     if (w->concurrency > 0) {
         const struct pd_role_plan *D = &p->role[PD_ROLE_DECODE];
         struct decode_ctx d = {p, 1 + (p->include_mtp ? 1 : 0), w->decode_ctx > 0 ? w->decode_ctx : w->isl + w->osl / 2};
-        pd_perf_closed(w->concurrency, w->osl, f->request_s + f->prefill_s + f->handoff_s, f->prefill_req_s,
+        pd_perf_closed(w->concurrency, w->osl, f->request_s + f->prefill_s + f->handoff_s, f->prefill_s,
+                       p->role[PD_ROLE_PREFILL].o.dp * p->role[PD_ROLE_PREFILL].o.instances, f->prefill_req_s,
                        D->o.dp * D->o.instances, f->batch, f->tokens_per_step, decode_step_s, &d,
                        p->role[PD_ROLE_PREFILL].cards + D->cards, &f->closed);
     }

@@ -160,13 +160,14 @@ struct pd_match pd_perf_match(double request_s, const struct pd_perf *pre, const
 double pd_perf_queue_wait(int servers, double service_s, double rate);
 
 /* The closed loop of `clients` clients over a deployment whose requests spend pre_s (request +
- * prefill + hand-off) before decode, whose prefill sustains prefill_req_s requests/s, and whose
- * `ranks` decode DP ranks hold up to `slots` sequences each; step(ctx, b) is the decode step of
- * one rank at an integer batch b, 1 <= b <= min(slots, clients). The equations: perf.c and
+ * prefill + hand-off) before decode, of which prefill_s on one of `prefill_ranks` prefill DP ranks
+ * (where prompts queue behind each other), whose prefill sustains prefill_req_s requests/s, and
+ * whose `ranks` decode DP ranks hold up to `slots` sequences each; step(ctx, b) is the decode step
+ * of one rank at an integer batch b, 1 <= b <= min(slots, clients). The equations: perf.c and
  * docs/perf-model.md. */
-void pd_perf_closed(int64_t clients, int64_t osl, double pre_s, double prefill_req_s, int ranks, int64_t slots,
-                    double tokens_per_step, double (*step)(void *ctx, int64_t b), void *ctx, int cards,
-                    struct pd_closed *out);
+void pd_perf_closed(int64_t clients, int64_t osl, double pre_s, double prefill_s, int prefill_ranks,
+                    double prefill_req_s, int ranks, int64_t slots, double tokens_per_step,
+                    double (*step)(void *ctx, int64_t b), void *ctx, int cards, struct pd_closed *out);
 
 /* Aggregated instances (agg.c). pd_perf_agg fills f for a plan whose o.aggregated is set (both
  * roles the colocated layout): the pd_agg at pd_perf_agg_batch, then TTFT,

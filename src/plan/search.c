@@ -230,7 +230,8 @@ static int push_layout(struct pd_search *s, const struct cand *P, const struct c
         /* a closed loop of C clients: its TTFT, TPOT and throughput at the batch C implies
          * (pd_perf_closed), D's batch being the slots (max-num-seqs) of each DP rank */
         struct pd_closed c;
-        pd_perf_closed(w->concurrency, w->osl, p->hw.eff.request_s + P->f.prefill_s + P->f.handoff_s,
+        pd_perf_closed(w->concurrency, w->osl, p->hw.eff.request_s + P->f.prefill_s + P->f.handoff_s, P->f.prefill_s,
+                       P->o.dp * P->o.instances,
                        P->f.prefill_req_s, D->o.dp * D->o.instances, D->batch, D->f.tokens_per_step, table_step,
                        (void *)D->steps, l->cards, &c);
         l->ttft_s = c.ttft_s;

@@ -161,19 +161,23 @@ int pd_search_agg(struct pd_plan *p, const struct pd_search_opts *so, struct pd_
     return 0;
 }
 
+/* i if it indexes one of n layouts, else -1 */
+static int valid(int i, int n)
+{
+    return i >= 0 && i < n ? i : -1;
+}
+
 struct pd_search_verdict pd_search_compare(const struct pd_search *s)
 {
     struct pd_search_verdict v = {-1, -1, 0, 0, 0};
-    v.meets = s->best_agg >= 0 && s->best >= 0;
-    if (v.meets) {
-        v.agg = s->best_agg;
-        v.disagg = s->best;
-    } else if (s->best_agg >= 0 || s->best >= 0) {   /* only one kind meets the targets: it wins */
-        v.agg = s->best_agg;
-        v.disagg = s->best;
+    const int ba = valid(s->best_agg, s->n_agg), bd = valid(s->best, s->n);
+    v.meets = ba >= 0 && bd >= 0;
+    if (ba >= 0 || bd >= 0) {        /* both meet the targets, or only one kind does: it wins */
+        v.agg = ba;
+        v.disagg = bd;
     } else {
-        v.agg = s->best_agg_any;
-        v.disagg = s->best_any;
+        v.agg = valid(s->best_agg_any, s->n_agg);
+        v.disagg = valid(s->best_any, s->n);
     }
     double a = v.agg >= 0 ? s->agg[v.agg].tok_s_card : 0, d = v.disagg >= 0 ? s->l[v.disagg].tok_s_card : 0;
     v.agg_wins = v.agg >= 0 && (v.disagg < 0 || a > d);
