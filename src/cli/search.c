@@ -17,7 +17,7 @@ static const char *help =
     "number of cards, predicts each with the performance model (docs/perf-model.md), rate-matches prefill\n"
     "and decode, and prints the Pareto front of output tokens/s per card vs tokens/s per user, the best\n"
     "layout per TPOT target, and the chosen layout's plan and prediction.\n\n"
-    "  --cards N                    cards to spend (prefill + decode), default 64\n"
+    "  --cards N                    cards to spend (prefill + decode, or the aggregated instances), default 64\n"
     "  --isl N, --osl N             prompt and output tokens per request, default 4096 and 1024\n"
     "  --ttft-ms X, --tpot-ms X     targets; layouts missing them are marked, the chosen one meets them\n"
     "  --max-tp N                   largest tensor-parallel size tried (powers of two), default 1\n"

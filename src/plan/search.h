@@ -1,10 +1,12 @@
-/* Layout search: for a model, hardware and a number of cards, every prefill layout (EP size,
- * TP size, instances) and decode layout (EP size, TP size, instances, batch per DP rank) that
- * divides the experts and the cards, each costed by the performance model and rate-matched
- * (the deployment serves min(prefill requests/s, decode requests/s)); the Pareto front of
- * output tokens/s per card against tokens/s per user; and the best layout that fits memory and
- * meets the TTFT and TPOT targets, as aiconfigurator does for Dynamo, with the KV hand-off in
- * TTFT. */
+/* Layout search: for a model, hardware and a number of cards, every disaggregated layout (a
+ * prefill layout: EP size, TP size, instances; and a decode layout: the same and a batch per DP
+ * rank) that divides the experts and the cards, each costed by the performance model and
+ * rate-matched (the deployment serves min(prefill requests/s, decode requests/s)); the Pareto
+ * front of output tokens/s per card against tokens/s per user; the best layout that fits memory
+ * and meets the TTFT and TPOT targets, as aiconfigurator does for Dynamo, with the KV hand-off in
+ * TTFT. Besides, every aggregated layout (instances that prefill and decode on the same cards:
+ * EP size, TP size, instances, batch per DP rank; search_agg.c) on the same cards and targets,
+ * and which of the best of each kind serves more output tokens/s per card. */
 #ifndef PD_PLAN_SEARCH_H
 #define PD_PLAN_SEARCH_H
 
