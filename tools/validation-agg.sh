@@ -3,7 +3,8 @@
 # `pdmoe serve` (prefill and decode in the same steps, chunked by --max-num-batched-tokens) under
 # `pdmoe bench serve --request-rate inf --max-concurrency C`, against `pdmoe plan --aggregated
 # dp=1 ... --concurrency C`. Writes (or replaces) the section "Aggregated closed loop on this
-# machine" of OUT. Usage: tools/validation-agg.sh [OUT]   (default docs/validation.md; a few minutes)
+# machine" of OUT (the table; a reading of its rows is written by hand after a run).
+# Usage: tools/validation-agg.sh [OUT]   (default docs/validation.md; a few minutes on an idle machine)
 set -eu
 cd "$(dirname "$0")/.."
 OUT=${1:-docs/validation.md}
