@@ -23,6 +23,9 @@ static const char *help =
     "  --checkpoint DIR             take the weight inventory from DIR's safetensors headers\n"
     "  --prefill dp=N,tp=N,instances=N[,redundant=R]   default dp=8,tp=1,instances=4\n"
     "  --decode  dp=N,tp=N,instances=N[,redundant=R]   default dp=32,tp=1,instances=1\n"
+    "  --aggregated dp=N,tp=N,instances=N[,redundant=R]   instead, colocated instances that prefill and decode\n"
+    "                               (chunked prefill: a step holds the decode tokens and a prompt chunk, up to\n"
+    "                               --max-num-batched-tokens); budgeted for both (docs/perf-model.md, \"Aggregated\")\n"
     "  --nodes N                    cluster size in nodes (default: the hardware file's, 8)\n"
     "  --gpu-memory-utilization F   fraction of each card's memory to use, (0, 1]; default 0.9\n"
     "  --max-num-seqs N             sequences per data-parallel rank; default 30\n"
@@ -110,7 +113,7 @@ static int parse_bytes(const char *flag, const char *s, int64_t *out)
 }
 
 enum {
-    O_SHARED = 256, O_CKPT, O_PREFILL, O_DECODE, O_NODES, O_RTP, O_RTD, O_HAND, O_SWEEP, O_INV, O_JSON, O_HTML,
+    O_SHARED = 256, O_CKPT, O_PREFILL, O_DECODE, O_AGG, O_NODES, O_RTP, O_RTD, O_HAND, O_SWEEP, O_INV, O_JSON, O_HTML,
     O_EMIT, O_HOSTS, O_MPATH, O_BPORT, O_PPORT, O_THREADS, O_HELP
 };
 
@@ -155,7 +158,7 @@ int pd_cli_plan(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"model", 1, 0, O_SHARED}, {"hardware", 1, 0, O_SHARED}, {"checkpoint", 1, 0, O_CKPT},
-        {"prefill", 1, 0, O_PREFILL}, {"decode", 1, 0, O_DECODE}, {"nodes", 1, 0, O_NODES},
+        {"prefill", 1, 0, O_PREFILL}, {"decode", 1, 0, O_DECODE}, {"aggregated", 1, 0, O_AGG}, {"nodes", 1, 0, O_NODES},
         {"gpu-memory-utilization", 1, 0, O_SHARED}, {"max-num-seqs", 1, 0, O_SHARED}, {"max-model-len", 1, 0, O_SHARED},
         {"max-num-batched-tokens", 1, 0, O_SHARED}, {"quant", 1, 0, O_SHARED}, {"quantization", 1, 0, O_SHARED},
         {"quant-override", 1, 0, O_SHARED},
@@ -180,6 +183,7 @@ int pd_cli_plan(int argc, char **argv)
     enum pd_emit_target target = PD_EMIT_VLLM_ASCEND;
     const char *emit = NULL, *emit_only = NULL;   /* emit_only: the first flag that needs --emit */
     const char *base_port = NULL, *threads = NULL;   /* the flags of some targets only */
+    const char *role_flag = NULL;                    /* --prefill or --decode, given */
     char *hosts_copy = NULL;
     const char **hosts = NULL;
     int rc = 2;
@@ -205,8 +209,14 @@ int pd_cli_plan(int argc, char **argv)
             if (strcmp(o.model, "deepseek-v4-flash") == 0)
                 o.model = NULL;   /* the checkpoint's own config.json */
             break;
-        case O_PREFILL: if (parse_role("--prefill", optarg, &o.role[PD_ROLE_PREFILL])) goto out; break;
-        case O_DECODE: if (parse_role("--decode", optarg, &o.role[PD_ROLE_DECODE])) goto out; break;
+        case O_PREFILL: if (parse_role("--prefill", optarg, &o.role[PD_ROLE_PREFILL])) goto out; role_flag = "--prefill"; break;
+        case O_DECODE: if (parse_role("--decode", optarg, &o.role[PD_ROLE_DECODE])) goto out; role_flag = "--decode"; break;
+        case O_AGG:
+            o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 1, .tp = 1, .instances = 1};
+            if (parse_role("--aggregated", optarg, &o.role[PD_ROLE_DECODE]))
+                goto out;
+            o.aggregated = 1;
+            break;
         case O_NODES:
             if (pd_cli_int("--nodes", optarg, 1, &v))
                 goto out;
@@ -280,6 +290,11 @@ int pd_cli_plan(int argc, char **argv)
     }
     if (optind < argc) {
         fprintf(stderr, "pdmoe plan: unexpected argument \"%s\" (see pdmoe plan --help)\n", argv[optind]);
+        goto out;
+    }
+    if (o.aggregated && role_flag) {
+        fprintf(stderr, "pdmoe plan: --aggregated and %s: a layout is aggregated (one set of instances that prefill and "
+                        "decode) or disaggregated (--prefill and --decode), not both\n", role_flag);
         goto out;
     }
     if (emit_only && !emit) {

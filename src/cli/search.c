@@ -17,7 +17,7 @@ static const char *help =
     "number of cards, predicts each with the performance model (docs/perf-model.md), rate-matches prefill\n"
     "and decode, and prints the Pareto front of output tokens/s per card vs tokens/s per user, the best\n"
     "layout per TPOT target, and the chosen layout's plan and prediction.\n\n"
-    "  --cards N                    cards to spend (prefill + decode), default 64\n"
+    "  --cards N                    cards to spend (prefill + decode, or the aggregated instances), default 64\n"
     "  --isl N, --osl N             prompt and output tokens per request, default 4096 and 1024\n"
     "  --ttft-ms X, --tpot-ms X     targets; layouts missing them are marked, the chosen one meets them\n"
     "  --max-tp N                   largest tensor-parallel size tried (powers of two), default 1\n"
@@ -33,9 +33,14 @@ static const char *help =
     "                               as for pdmoe plan (see pdmoe plan --help)\n"
     "  --json                       the search as JSON (search_version 1)\n"
     "  --html FILE                  write a self-contained HTML report (memory bars, expert map, Pareto chart)\n"
-    "  --emit vllm-ascend|sglang|pdmoe   print the chosen layout's launch commands instead of the tables\n";
+    "  --emit vllm-ascend|sglang|pdmoe   print the chosen layout's launch commands instead of the tables\n"
+    "  --layout best|aggregated|disaggregated   the layout the plan, prediction, --html and --emit are for: the\n"
+    "                               winner of aggregated vs disaggregated (default), or the best of one kind\n\n"
+    "Besides the disaggregated layouts, every aggregated layout (instances that prefill and decode on the same\n"
+    "cards, chunked prefill sharing steps with decode) is costed on the same cards, workload and targets; the\n"
+    "output compares the best of each and says which wins and by how much (output tokens/s per card).\n";
 
-enum { O_SHARED = 256, O_CARDS, O_TTFT, O_TPOT, O_MAXTP, O_JSON, O_HTML, O_EMIT, O_HELP };
+enum { O_SHARED = 256, O_CARDS, O_TTFT, O_TPOT, O_MAXTP, O_JSON, O_HTML, O_EMIT, O_LAYOUT, O_HELP };
 
 int pd_cli_search(int argc, char **argv)
 {
@@ -47,7 +52,7 @@ int pd_cli_search(int argc, char **argv)
         {"expert-stats-decode", 1, 0, O_SHARED}, {"units", 1, 0, O_SHARED}, {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED},
         {"prefix-cache-hit", 1, 0, O_SHARED}, {"request-rate", 1, 0, O_SHARED}, {"concurrency", 1, 0, O_SHARED}, {"cards", 1, 0, O_CARDS}, {"ttft-ms", 1, 0, O_TTFT},
         {"tpot-ms", 1, 0, O_TPOT}, {"max-tp", 1, 0, O_MAXTP}, {"json", 0, 0, O_JSON}, {"html", 1, 0, O_HTML},
-        {"emit", 1, 0, O_EMIT}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
+        {"emit", 1, 0, O_EMIT}, {"layout", 1, 0, O_LAYOUT}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
     };
     struct pd_search_opts o;
     pd_search_opts_default(&o);
@@ -94,6 +99,18 @@ int pd_cli_search(int argc, char **argv)
         case O_JSON: json = 1; break;
         case O_HTML: html = optarg; break;
         case O_EMIT: emit = optarg; break;
+        case O_LAYOUT:
+            if (strcmp(optarg, "best") == 0)
+                o.pick = PD_PICK_BEST;
+            else if (strcmp(optarg, "aggregated") == 0)
+                o.pick = PD_PICK_AGGREGATED;
+            else if (strcmp(optarg, "disaggregated") == 0)
+                o.pick = PD_PICK_DISAGGREGATED;
+            else {
+                fprintf(stderr, "pdmoe search: --layout %s: expected best, aggregated or disaggregated\n", optarg);
+                return 2;
+            }
+            break;
         case 'h':
         case O_HELP: fputs(help, stdout); return 0;
         default: return pd_cli_bad_flag("search", c, argc, argv);
@@ -114,7 +131,7 @@ int pd_cli_search(int argc, char **argv)
         fprintf(stderr, "pdmoe search: %s\n", e.msg);
         return 1;
     }
-    int rc = 0, pick = s.best >= 0 ? s.best : s.best_any;
+    int rc = 0, pick = s.chose_agg ? (s.best_agg >= 0 ? s.best_agg : s.best_agg_any) : s.best >= 0 ? s.best : s.best_any;
     if (html) {
         if (pick < 0) {
             fprintf(stderr, "pdmoe search: --html %s: no layout fits in memory, nothing to report\n", html);

@@ -223,7 +223,8 @@ static void arg(FILE *f, const char *fmt, ...)
 static void comment(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_part *x, const char *note)
 {
     const struct pd_role_plan *rp = &c->p->role[x->role];
-    fprintf(f, "# %s instance %d on %s (node %d of %d%s): ", pd_role_name(x->role), x->inst, c->host[x->node],
+    fprintf(f, "# %s instance %d on %s (node %d of %d%s): ", c->p->o.aggregated ? "aggregated" : pd_role_name(x->role),
+            x->inst, c->host[x->node],
             x->k + 1, x->n, note);
     if (x->ncards == 1)
         fprintf(f, "card %d, ", x->card0);
@@ -247,8 +248,12 @@ void pd_emit_header(FILE *f, const struct pd_emit_ctx *c, enum pd_emit_target t)
             c->o->command ? c->o->command : "pdmoe plan", pd_emit_target_name(t));
     fprintf(f, "# %s on %d nodes of %d %s (%s),\n", p->model.name, c->L.nodes, p->hw.cards_per_node, p->hw.card_name,
             p->hw.name);
-    fprintf(f, "# prefill %d x (dp %d, tp %d), decode %d x (dp %d, tp %d); model path ", P->instances, P->dp, P->tp,
-            D->instances, D->dp, D->tp);
+    if (p->o.aggregated)
+        fprintf(f, "# aggregated %d x (dp %d, tp %d): each instance prefills and decodes; model path ", D->instances,
+                D->dp, D->tp);
+    else
+        fprintf(f, "# prefill %d x (dp %d, tp %d), decode %d x (dp %d, tp %d); model path ", P->instances, P->dp, P->tp,
+                D->instances, D->dp, D->tp);
     if (c->model_var)
         fprintf(f, "$MODEL_PATH\n# (a W8A8 conversion of %s)", c->model);
     else
@@ -347,6 +352,13 @@ static void vllm_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node
     if (rp->o.redundant > 0)
         snprintf(eplb, sizeof eplb, "\"eplb_config\":{\"dynamic_eplb\":true,\"eplb_policy_type\":2,"
                  "\"num_redundant_experts\":%d}", rp->o.redundant);
+    if (p->o.aggregated) {
+        /* an aggregated server: vLLM's defaults (chunked prefill, graphs), no KV connector */
+        if (eplb[0])
+            arg(f, "--additional-config '{%s}'", eplb);
+        fputs(" &\nfi\n\n", f);
+        return;
+    }
     if (x->role == PD_ROLE_PREFILL) {
         arg(f, "--enforce-eager");
         if (eplb[0])
@@ -374,6 +386,14 @@ static void vllm_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node
  * one entry per instance, its first node and HTTP port. */
 static void vllm_proxy(FILE *f, const struct pd_emit_ctx *c)
 {
+    if (c->p->o.aggregated) {   /* the PD proxy needs prefillers; aggregated servers take requests themselves */
+        fprintf(f, "# No PD proxy: each aggregated instance serves requests on its first node's port (");
+        for (int i = 0, n = 0; i < c->L.n_parts; i++)
+            if (!c->L.parts[i].k)
+                fprintf(f, "%s%s:%d", n++ ? ", " : "", c->host[c->L.parts[i].node], c->o->base_port + PORT_STEP * c->L.parts[i].slot);
+        fprintf(f, ");\n# put any HTTP load balancer in front of them to use one address.\n\n");
+        return;
+    }
     static const char *const flag[2][2] = {{"--prefiller-hosts", "--prefiller-ports"},
                                            {"--decoder-hosts", "--decoder-ports"}};
     fprintf(f, "# proxy on %s: vllm-ascend's examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py\n",
@@ -434,9 +454,11 @@ static void sgl_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_
     model_word(f, c);
     arg(f, "--host 0.0.0.0");
     arg(f, "--port %d", c->o->base_port + s);
-    arg(f, "--disaggregation-mode %s", pd_role_name(x->role));
-    arg(f, "--disaggregation-transfer-backend mooncake");
-    if (x->role == PD_ROLE_PREFILL)
+    if (!p->o.aggregated) {   /* aggregated: SGLang's default mode, prefill and decode in one server */
+        arg(f, "--disaggregation-mode %s", pd_role_name(x->role));
+        arg(f, "--disaggregation-transfer-backend mooncake");
+    }
+    if (!p->o.aggregated && x->role == PD_ROLE_PREFILL)
         arg(f, "--disaggregation-bootstrap-port %d", SGL_BOOTSTRAP_PORT + s);
     arg(f, "--nnodes %d", x->n);
     arg(f, "--node-rank %d", x->k);
@@ -463,7 +485,7 @@ static void sgl_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_
      * vLLM's --max-num-seqs and --max-num-batched-tokens are per data-parallel rank. */
     arg(f, "--max-running-requests %lld", (long long)role_max_num_seqs(p, x->role) * dp);
     arg(f, "--context-length %lld", (long long)p->o.max_model_len);
-    if (x->role == PD_ROLE_PREFILL)
+    if (x->role == PD_ROLE_PREFILL || p->o.aggregated)
         arg(f, "--chunked-prefill-size %lld", (long long)p->o.max_num_batched_tokens * dp);
     if (c->ascend) {
         arg(f, "--device npu");
@@ -480,6 +502,16 @@ static void sgl_router(FILE *f, const struct pd_emit_ctx *c)
 {
     fprintf(f, "# router on %s: sglang-router, each prefill instance with its bootstrap port\n", c->host[0]);
     fprintf(f, "if [ \"$host\" = %s ]; then\n  python3 -m sglang_router.launch_router", c->host[0]);
+    if (c->p->o.aggregated) {   /* router.md: --worker-urls, the regular (non-PD) mode */
+        fputs(" \\\n    --worker-urls", f);
+        for (int i = 0; i < c->L.n_parts; i++)
+            if (!c->L.parts[i].k)
+                fprintf(f, " http://%s:%d", c->host[c->L.parts[i].node], c->o->base_port + PORT_STEP * c->L.parts[i].slot);
+        arg(f, "--host 0.0.0.0");
+        arg(f, "--port %d", c->o->proxy_port);
+        fputs(" &\nfi\n\n", f);
+        return;
+    }
     arg(f, "--pd-disaggregation");
     for (int i = 0; i < c->L.n_parts; i++) {
         const struct pd_node_part *x = &c->L.parts[i];
@@ -605,10 +637,15 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
         goto done;
     }
     pd_emit_header(f, &c, t);
-    fprintf(f, "# Copy this file to every node and run `sh FILE HOST` there, HOST being the node's name\n"
-               "# below: it starts that node's servers in the background and waits. The %s listens on\n"
-               "# %s:%d. What each flag comes from and what is left to fill in: pdmoe's docs/emit.md.\n",
-            t == PD_EMIT_SGLANG ? "router" : "proxy", c.host[0], o->proxy_port);
+    if (p->o.aggregated && t == PD_EMIT_VLLM_ASCEND)
+        fprintf(f, "# Copy this file to every node and run `sh FILE HOST` there, HOST being the node's name\n"
+                   "# below: it starts that node's servers in the background and waits. Each aggregated instance\n"
+                   "# serves requests itself (no proxy). What each flag comes from: pdmoe's docs/emit.md.\n");
+    else
+        fprintf(f, "# Copy this file to every node and run `sh FILE HOST` there, HOST being the node's name\n"
+                   "# below: it starts that node's servers in the background and waits. The %s listens on\n"
+                   "# %s:%d. What each flag comes from and what is left to fill in: pdmoe's docs/emit.md.\n",
+                t == PD_EMIT_SGLANG ? "router" : "proxy", c.host[0], o->proxy_port);
     pd_emit_dispatch(f, &c);
     if (t == PD_EMIT_VLLM_ASCEND)
         vllm_env(f);

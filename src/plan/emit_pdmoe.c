@@ -61,7 +61,7 @@ static int instances(const struct pd_emit_ctx *c, struct pd_launch_inst *x, int 
             return pd_err_set(e, PD_EINVAL, "--emit pdmoe: %s instance %d spans %d nodes; pdmoe starts an instance "
                               "on at most %d hosts", pd_role_name(q->role), q->inst, q->n, PD_LAUNCH_MAX_HOSTS);
         if (q->k == 0)
-            x[(*n)++] = (struct pd_launch_inst){.role = q->role, .inst = q->inst};
+            x[(*n)++] = (struct pd_launch_inst){.role = q->role, .inst = q->inst, .colocated = c->p->o.aggregated};
         struct pd_launch_inst *d = &x[*n - 1];
         d->group[d->n_groups++] = (struct pd_launch_group){.host = c->host[q->node], .ranks = q->dp_local};
         d->ranks += q->dp_local;
@@ -93,7 +93,7 @@ static void ranks_of(FILE *f, int first, int n)
 
 static void instance(FILE *f, const struct pd_launch_inst *x, char *const *argv)
 {
-    const char *role = pd_role_name((enum pd_role)x->role);
+    const char *role = x->colocated ? "aggregated" : pd_role_name((enum pd_role)x->role);
     fprintf(f, "# %s instance %d: ", role, x->inst);
     for (int g = 0, r = 0; g < x->n_groups; r += x->group[g++].ranks) {
         fputs(g ? ", " : "", f);
@@ -177,7 +177,8 @@ char *pd_emit_pdmoe(const struct pd_plan *p, const struct pd_emit_opts *o, pd_er
         oom = !argv;
         pd_launch_argv_free(argv);
     }
-    struct pd_launch_proxy po = {.pdmoe = "pdmoe", .host = c.host[c.L.first[PD_ROLE_PREFILL]], .port = o->proxy_port};
+    struct pd_launch_proxy po = {.pdmoe = "pdmoe", .host = c.host[c.L.first[p->o.aggregated ? PD_ROLE_DECODE : PD_ROLE_PREFILL]],
+                                 .port = o->proxy_port};
     char **argv = oom ? NULL : pd_launch_proxy_argv(x, n, &po);
     if (argv) {
         fprintf(f, "# proxy on %s, in front of every instance's first host and HTTP port\n", po.host);

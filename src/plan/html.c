@@ -424,7 +424,7 @@ static const char *layout_pd(char *buf, size_t n, const struct pd_layout *l)
 
 static int chosen_layout(const struct pd_search *s)
 {
-    int c = s->best >= 0 ? s->best : s->best_any;
+    int c = s->chose_agg ? -1 : s->best >= 0 ? s->best : s->best_any;
     return c >= 0 && c < s->n ? c : -1;
 }
 
@@ -570,10 +570,54 @@ static const char LAYOUT_HEAD[] =
     "<th>layout (instances &times; DP &times; TP)</th><th>batch per D rank</th><th>cards</th><th>TTFT</th>"
     "<th>TPOT</th><th>tokens/s per user</th><th>output tokens/s per card</th><th>bound (P / D)</th></tr>\n";
 
+/* The best aggregated and disaggregated layouts, and which wins (pd_search_compare). */
+static void compare_section(FILE *f, const struct pd_search *s)
+{
+    struct pd_search_verdict v = pd_search_compare(s);
+    char a[256], t1[32], t2[32], u1[32], u2[32];
+    fprintf(f, "<h2>Aggregated or disaggregated?</h2>\n<p class=\"note\">The best layout of each kind on the same %d "
+               "cards, workload and targets (%s); aggregated instances prefill and decode on the same cards, prompt "
+               "chunks sharing steps with decode (docs/perf-model.md, &ldquo;Aggregated&rdquo;).</p>\n",
+            s->o.cards, v.meets ? "both meet the targets" : "where a kind has none meeting them, its best that fits");
+    fprintf(f, "<table id=\"compare\">\n<tr><th>kind</th><th>layout (instances &times; DP &times; TP)</th>"
+               "<th>batch per rank</th><th>cards</th><th>TTFT</th><th>TPOT</th><th>tokens/s per user</th>"
+               "<th>output tokens/s per card</th></tr>\n");
+    if (v.agg >= 0) {
+        const struct pd_agg_layout *l = &s->agg[v.agg];
+        char x[96];
+        snprintf(x, sizeof x, "%dx ", l->o.instances);
+        fprintf(f, "<tr%s><td>aggregated</td><td>%s%s</td><td class=\"n\">%lld</td><td class=\"n\">%d</td>"
+                   "<td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td></tr>\n",
+                s->chose_agg ? " class=\"chosen\"" : "", x, layout(a, sizeof a, &l->o), (long long)l->batch, l->cards,
+                ms(t1, l->ttft_s), ms(t2, l->tpot_s), num(u1, l->user_tok_s), num(u2, l->tok_s_card));
+    } else {
+        fprintf(f, "<tr><td>aggregated</td><td colspan=\"7\" class=\"bad\">none %s</td></tr>\n",
+                s->n_agg_fit ? "meets the targets" : "fits");
+    }
+    if (v.disagg >= 0) {
+        const struct pd_layout *l = &s->l[v.disagg];
+        fprintf(f, "<tr%s><td>disaggregated</td><td>%s</td><td class=\"n\">%lld</td><td class=\"n\">%d</td>"
+                   "<td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td></tr>\n",
+                s->chose_agg ? "" : " class=\"chosen\"", layout_pd(a, sizeof a, l), (long long)l->batch, l->cards,
+                ms(t1, l->ttft_s), ms(t2, l->tpot_s), num(u1, l->user_tok_s), num(u2, l->tok_s_card));
+    } else {
+        fprintf(f, "<tr><td>disaggregated</td><td colspan=\"7\" class=\"bad\">none %s</td></tr>\n",
+                s->n_fit ? "meets the targets" : "fits");
+    }
+    fprintf(f, "</table>\n");
+    if (v.agg >= 0 && v.disagg >= 0)
+        fprintf(f, "<p id=\"verdict\"><b>%s wins</b>: %.2f&times; the output tokens/s per card of the best %s layout.</p>\n",
+                v.agg_wins ? "Aggregated" : "Disaggregated", v.ratio, v.agg_wins ? "disaggregated" : "aggregated");
+    else if (v.agg >= 0 || v.disagg >= 0)
+        fprintf(f, "<p id=\"verdict\"><b>%s wins</b>: the other kind has no layout that %s.</p>\n",
+                v.agg_wins ? "Aggregated" : "Disaggregated", (v.agg_wins ? s->n_fit : s->n_agg_fit) ? "meets the targets" : "fits");
+}
+
 static void search_section(FILE *f, const struct pd_search *s)
 {
     char a[32], b[32];
     int c = chosen_layout(s);
+    compare_section(f, s);
     fprintf(f, "<h2>Layouts: throughput against interactivity</h2>\n");
     fprintf(f, "<p class=\"note\">Every layout that fits memory, %d of the %d costed, at its predicted tokens/s "
                "per user and output tokens/s per card; blue ones meet the targets (TTFT ",

@@ -78,17 +78,19 @@ static void serve_args(struct argv *v, const struct pd_launch_inst *x, const str
     add(v, "%s", o->max_model_len);
     add(v, "--served-model-name");
     add(v, "%s", o->served_name);
-    add(v, "--kv-transfer-config");
-    char lease[40] = "", host[300] = "";
-    if (o->lease_ms && x->role == 0)
-        snprintf(lease, sizeof lease, ",\"kv_lease_ms\":%d", o->lease_ms);
-    if (h)
-        snprintf(host, sizeof host, ",\"kv_host\":\"%s\"", h);
-    if (x->role == 0)
-        add(v, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"prefill-%d\"%s%s}", x->kv_port, x->inst,
-            host, lease);
-    else
-        add(v, "{\"kv_role\":\"kv_consumer\",\"engine_id\":\"decode-%d\"%s}", x->inst, host);
+    if (!x->colocated) {   /* colocated: pdmoe serve without a KV role, chunked prefill */
+        add(v, "--kv-transfer-config");
+        char lease[40] = "", host[300] = "";
+        if (o->lease_ms && x->role == 0)
+            snprintf(lease, sizeof lease, ",\"kv_lease_ms\":%d", o->lease_ms);
+        if (h)
+            snprintf(host, sizeof host, ",\"kv_host\":\"%s\"", h);
+        if (x->role == 0)
+            add(v, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"prefill-%d\"%s%s}", x->kv_port,
+                x->inst, host, lease);
+        else
+            add(v, "{\"kv_role\":\"kv_consumer\",\"engine_id\":\"decode-%d\"%s}", x->inst, host);
+    }
     if (x->ranks > 1) {
         add(v, "--enable-expert-parallel");
         add(v, "--data-parallel-size");
@@ -193,8 +195,10 @@ char **pd_launch_proxy_argv(const struct pd_launch_inst *x, int n, const struct 
     v.oom = !list[0] || !list[1];
     add(&v, "%s", o->pdmoe);
     add(&v, "proxy");
-    add(&v, "--prefill");
-    add(&v, "%s", list[0]);
+    if (list[0] && list[0][0]) {   /* no prefill instances: the proxy balances colocated servers */
+        add(&v, "--prefill");
+        add(&v, "%s", list[0]);
+    }
     add(&v, "--decode");
     add(&v, "%s", list[1]);
     add(&v, "--port");

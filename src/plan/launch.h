@@ -32,6 +32,7 @@ struct pd_launch_inst {
     struct pd_launch_group group[PD_LAUNCH_MAX_HOSTS];
     int ranks;          /* the EP size: the groups' ranks summed */
     int port, kv_port;  /* HTTP on group[0].host; producer rank k's KV listener on kv_port + k */
+    int colocated;      /* an aggregated instance (role 1): prefills and decodes, no KV transfer */
 };
 
 /* What a plan sets for the ranks of one role (pdmoe plan --json: roles[r].budget.kv_pool_bytes,

@@ -9,7 +9,8 @@ int pd_nodes_build(const struct pd_plan *p, struct pd_node_layout *L, pd_err *e)
 {
     int cpn = p->hw.cards_per_node, total = 0, max_cards = 1;
     memset(L, 0, sizeof *L);
-    for (int r = 0; r < 2; r++) {
+    const int r0 = p->o.aggregated ? PD_ROLE_DECODE : PD_ROLE_PREFILL;   /* aggregated: one set of instances */
+    for (int r = r0; r < 2; r++) {
         const struct pd_role_plan *rp = &p->role[r];
         int cards = rp->o.dp * rp->o.tp;
         if (cards > cpn && cards % cpn)
@@ -27,7 +28,9 @@ int pd_nodes_build(const struct pd_plan *p, struct pd_node_layout *L, pd_err *e)
     if (!L->parts)
         return pd_err_set(e, PD_ENOMEM, "out of memory");
     int node = 0, off = 0, slot = 0, id = 0;
-    for (int r = 0; r < 2; r++) {
+    L->first[PD_ROLE_PREFILL] = 0;
+    L->last[PD_ROLE_PREFILL] = -1;
+    for (int r = r0; r < 2; r++) {
         const struct pd_role_plan *rp = &p->role[r];
         int cards = rp->o.dp * rp->o.tp;
         if (off > 0) {   /* decode starts on a node of its own */

@@ -141,9 +141,9 @@ static void attention(const struct pd_plan *p, enum pd_role r, int64_t seqs, int
     kv *= (double)seqs / tp;
     const struct pd_efficiency *x = &p->hw.eff;
     double tc = flops / (p->hw.bf16_flops * x->attention), tm = kv / (p->hw.mem_bw_Bps * x->memory);
-    s->attn_s = tc > tm ? tc : tm;
-    s->attn_memory_s = tm >= tc ? tm : 0;
-    s->attn_kv_read_s = tm;
+    s->attn_s += tc > tm ? tc : tm;        /* added: a mixed step has a decode and a prefill part */
+    s->attn_memory_s += tm >= tc ? tm : 0;
+    s->attn_kv_read_s += tm;
     s->flops += flops;
     s->bytes += kv;
 }
@@ -203,13 +203,23 @@ static double a2a(const struct pd_plan *p, enum pd_role r, const struct pd_role_
 void pd_perf_step(const struct pd_plan *p, enum pd_role r, int64_t seqs, int64_t tokens, int64_t ctx,
                   struct pd_step *s)
 {
+    struct pd_step_part part = {seqs, tokens, ctx};
+    static const struct pd_step_part none;
+    pd_perf_step_mixed(p, r, r == PD_ROLE_DECODE ? &part : &none, r == PD_ROLE_PREFILL ? &part : &none, s);
+}
+
+void pd_perf_step_mixed(const struct pd_plan *p, enum pd_role r, const struct pd_step_part *dec,
+                        const struct pd_step_part *pre, struct pd_step *s)
+{
     const struct pd_role_plan *rp = &p->role[r];
     const struct pd_inventory *inv = &p->inv;
     const struct pd_efficiency *x = &p->hw.eff;
     const int tp = rp->o.tp;
     memset(s, 0, sizeof *s);
-    double T = (double)seqs * tokens;
-    s->tokens = seqs * tokens;
+    double T = (double)dec->seqs * dec->tokens + (double)pre->seqs * pre->tokens;
+    s->tokens = dec->seqs * dec->tokens + pre->seqs * pre->tokens;
+    /* the LM head runs on every decode token and on the last position of each prompt */
+    double head_rows = (double)dec->seqs * dec->tokens + (double)pre->seqs;
     s->imbalance = imbalance(p, r, rp);
     /* class II groups: every token through each matrix; the head only for sampled rows */
     for (int g = 0; g < PD_G_COUNT; g++) {
@@ -219,7 +229,7 @@ void pd_perf_step(const struct pd_plan *p, enum pd_role r, int64_t seqs, int64_t
         if (params <= 0)
             continue;
         double split = pd_group_tp_split((enum pd_group)g) ? tp : 1;
-        double rows = g == PD_G_EMBEDDING ? 0 : g == PD_G_LM_HEAD && r == PD_ROLE_PREFILL ? (double)seqs : T;
+        double rows = g == PD_G_EMBEDDING ? 0 : g == PD_G_LM_HEAD ? head_rows : T;
         if (g == PD_G_EMBEDDING)
             bytes = T * (double)p->model.hidden_size * 2;    /* a gather of T rows */
         roofline(p, 2 * rows * params / split, bytes / split, group_fmt(p, (enum pd_group)g), s);
@@ -234,7 +244,10 @@ void pd_perf_step(const struct pd_plan *p, enum pd_role r, int64_t seqs, int64_t
         double touched = rp->place.slots * (1 - pow(1 - k / E, group_tokens));
         roofline(p, 2 * pairs * per_expert_params, touched * per_expert_bytes, group_fmt(p, PD_G_ROUTED_EXPERTS), s);
     }
-    attention(p, r, seqs, tokens, ctx, tp, s);
+    if (dec->seqs > 0 && dec->tokens > 0)
+        attention(p, PD_ROLE_DECODE, dec->seqs, dec->tokens, dec->ctx, tp, s);
+    if (pre->seqs > 0 && pre->tokens > 0)
+        attention(p, PD_ROLE_PREFILL, pre->seqs, pre->tokens, pre->ctx, tp, s);
     s->a2a_s = a2a(p, r, rp, T);
     s->overhead_s = x->step_s[r] + x->token_layer_s[r] * T * p->kv.n;
     double compute = s->gemm_compute_s + s->gemm_memory_s + s->attn_s + s->overhead_s;
@@ -384,64 +397,108 @@ static double step_at(double b, double (*step)(void *, int64_t), void *ctx)
     return b > (double)lo ? t + (b - (double)lo) * (step(ctx, lo + 1) - t) : t;
 }
 
-/* The right side of the closed loop's batch equation at batch b (below). */
-static double closed_next(double b, double C, double S, double B, int64_t osl, double pre_s, double prefill_req_s,
-                          double tokens_per_step, double (*step)(void *, int64_t), void *ctx)
+/* The closed loop's requests/s at batch b, with prefill's queue (below): x, and the time in
+ * prefill with its queue (rpre) and in decode (rd). */
+struct closed_in {
+    double C, S, B, Sp, pre_s, prefill_s, prefill_req_s, tokens_per_step;
+    int64_t osl;
+    double (*step)(void *, int64_t);
+    void *ctx;
+};
+
+static double closed_x(const struct closed_in *in, double b, double *rpre, double *rd)
 {
-    double st = step_at(b, step, ctx), rd = st + (double)(osl - 1) * st / tokens_per_step;
-    double x = fmin(fmin(C / (pre_s + rd), prefill_req_s), S * B / rd);
-    return fmin(B, 1 + (C - 1) * rd * x / (C * S));
+    const double st = step_at(b, in->step, in->ctx), s = in->C > 1 ? (in->C - 1) / in->C : 0, P = in->prefill_s;
+    *rd = st + (double)(in->osl - 1) * st / in->tokens_per_step;
+    const double A = in->pre_s - P + *rd, xd = in->S * in->B / *rd, cap = fmin(in->prefill_req_s, xd);
+    /* the clients' loop: u = R_pre solves Sp u^2 + (Sp (A - P) - C P s) u - Sp P A = 0, from
+     * u = P (1 + s q), q = x u / Sp, x = C / (A + u) */
+    double u = P;
+    if (P > 0 && s > 0) {
+        double beta = in->Sp * (A - P) - in->C * P * s;
+        u = (-beta + sqrt(beta * beta + 4 * in->Sp * in->Sp * P * A)) / (2 * in->Sp);
+    }
+    double x = in->C / (A + u);
+    if (x > cap) {           /* prefill's capacity or the decode slots bind: the queue at that x */
+        x = cap;
+        double rho = x * P * s / in->Sp;
+        u = rho < 1 ? P / (1 - rho) : INFINITY;
+    }
+    *rpre = u;
+    return x;
+}
+
+/* The right side of the closed loop's batch equation at batch b (below). */
+static double closed_next(const struct closed_in *in, double b)
+{
+    double rpre, rd, x = closed_x(in, b, &rpre, &rd);
+    return fmin(in->B, 1 + (in->C - 1) * rd * x / (in->C * in->S));
 }
 
 /* The closed loop. C clients; S_d = decode DP ranks with B slots each (max-num-seqs, capped by
- * the KV pool); R_p = request + prefill + hand-off (queue-free); X_p = prefill's requests/s;
- * step(b) = the decode step at a mean batch b per rank; tps = tokens per step (MTP).
+ * the KV pool); S_p prefill DP ranks, each prefilling one prompt in P; R_p = request + P +
+ * hand-off (queue-free); X_p = prefill's requests/s; step(b) = the decode step at a mean batch b
+ * per rank; tps = tokens per step (MTP).
  *
  *   TPOT(b) = step(b) / tps
  *   R_d(b)  = step(b) + (osl - 1) x TPOT(b)       a request's time in a decode slot: the first
  *                                                 step gives the first token, each later token a TPOT
- *   X(b)    = min( C / (R_p + R_d(b)),  X_p,  S_d x B / R_d(b) )    requests/s
+ *   R_pre   = P x (1 + (C - 1) / C x Q_p)         time in prefill: an arriving prompt waits for
+ *                                                 the share of the queue the other C - 1 clients
+ *                                                 leave at its prefill rank (mean value analysis,
+ *                                                 Schweitzer), Q_p = X x R_pre / S_p per rank
+ *   X(b)    = min( C / (R_p - P + R_pre + R_d(b)),  X_p,  S_d x B / R_d(b) )    requests/s
  *   cycle   = C / X(b)                            (Little's law over the whole loop)
- *   wait    = cycle - R_p - R_d(b)                (0 unless prefill or the decode slots bind)
+ *   wait    = cycle - R_p - R_d(b)                the prefill queue, and where prefill's capacity
+ *                                                 or the decode slots bind, the rest of the cycle
+ *   limit   = the decode slots if they bind, prefill if X >= 0.99 X_p, else the clients
  *   b       = min( B, 1 + (C - 1) x R_d(b) / (cycle x S_d) )
  *             the request itself plus its rank's share of the other C - 1 clients' time in decode
  *   TTFT    = R_p + wait + step(b),   cycle = TTFT + (osl - 1) x TPOT(b)
  *   output tokens/s = C x osl / cycle,  requests/s = C / cycle
  *
- * The fixed point in b is found by bisection on [1, B]: the right side is continuous (step is
- * interpolated between integer batches) and lies in [1, B]. C = 1 gives b = 1, no wait, and the
- * open loop's queue-free TTFT and TPOT. Prefill's wait is that of a deterministic closed loop:
- * none until C / cycle would pass X_p, then the cycle stretches to C / X_p. Clients beyond the
- * decode slots (when S_d x B / R_d binds) wait for a slot; the wait is in their TTFT. */
-void pd_perf_closed(int64_t clients, int64_t osl, double pre_s, double prefill_req_s, int ranks, int64_t slots,
-                    double tokens_per_step, double (*step)(void *ctx, int64_t b), void *ctx, int cards,
-                    struct pd_closed *out)
+ * For a given b the clients' loop gives R_pre in closed form (a quadratic, closed_x); the fixed
+ * point in b is found by bisection on [1, B]: the right side is continuous (step is interpolated
+ * between integer batches) and lies in [1, B]. C = 1 gives b = 1, no wait, and the open loop's
+ * queue-free TTFT and TPOT. Below prefill's capacity prompts that arrive together wait for each
+ * other (the queue a deterministic loop leaves out); at it the cycle stretches to C / X_p.
+ * Clients beyond the decode slots (when S_d x B / R_d binds) wait for a slot; the wait is in
+ * their TTFT. */
+void pd_perf_closed(int64_t clients, int64_t osl, double pre_s, double prefill_s, int prefill_ranks,
+                    double prefill_req_s, int ranks, int64_t slots, double tokens_per_step,
+                    double (*step)(void *ctx, int64_t b), void *ctx, int cards, struct pd_closed *out)
 {
     /* C clients never fill more than C slots of a rank: the batch stays within the step table */
     const double C = (double)clients, S = ranks > 0 ? ranks : 1;
     const double B = slots > clients ? C : slots > 1 ? (double)slots : 1;
+    const struct closed_in in = {C, S, B, prefill_ranks > 0 ? prefill_ranks : 1, pre_s, prefill_s, prefill_req_s,
+                                 tokens_per_step, osl, step, ctx};
     double lo = 1, hi = B, b;
     if (clients <= 1 || B <= 1) {
         b = 1;
-    } else if (closed_next(B, C, S, B, osl, pre_s, prefill_req_s, tokens_per_step, step, ctx) >= B) {
+    } else if (closed_next(&in, B) >= B) {
         b = B;                                   /* every slot busy */
     } else {
         for (int it = 0; it < 64 && hi - lo > 1e-9; it++) {
             b = 0.5 * (lo + hi);
-            if (closed_next(b, C, S, B, osl, pre_s, prefill_req_s, tokens_per_step, step, ctx) > b)
+            if (closed_next(&in, b) > b)
                 lo = b;
             else
                 hi = b;
         }
         b = 0.5 * (lo + hi);
     }
-    double st = step_at(b, step, ctx), tpot = st / tokens_per_step, rd = st + (double)(osl - 1) * tpot;
-    double xc = C / (pre_s + rd), xd = S * B / rd, x = fmin(fmin(xc, prefill_req_s), xd);
+    double rpre, rd, x = closed_x(&in, b, &rpre, &rd), st = step_at(b, step, ctx), tpot = st / tokens_per_step;
+    const double xd = S * B / rd;
     out->batch = b;
     out->tpot_s = tpot;
     out->cycle_s = C / x;
-    out->limit = x >= xc ? PD_CLOSED_CLIENTS : prefill_req_s <= xd ? PD_CLOSED_PREFILL : PD_CLOSED_DECODE_SLOTS;
-    out->wait_s = out->limit == PD_CLOSED_CLIENTS ? 0 : fmax(0, out->cycle_s - pre_s - rd);
+    /* what sets the cycle: the decode slots when they bind, prefill when its ranks are busy 99% of
+     * the time or more (its queue then holds nearly every client that is not decoding: mean value
+     * analysis only approaches X_p), else the clients themselves */
+    out->limit = xd < prefill_req_s && x >= xd * (1 - 1e-12) ? PD_CLOSED_DECODE_SLOTS
+                 : x >= 0.99 * prefill_req_s ? PD_CLOSED_PREFILL : PD_CLOSED_CLIENTS;
+    out->wait_s = fmax(0, out->cycle_s - pre_s - rd);
     out->ttft_s = pre_s + out->wait_s + st;
     out->req_s = x;
     out->tok_s = x * (double)osl;
@@ -467,18 +524,25 @@ int pd_perf_eval(const struct pd_plan *p, const struct pd_workload *w, struct pd
     int rc = check_workload(w, e);
     if (rc)
         return rc;
+    if (p->o.aggregated) {
+        pd_perf_agg(p, w, f);
+        return 0;
+    }
     pd_perf_prefill(p, w, f);
     pd_perf_decode(p, w, f);
     pd_perf_combine(p, w, f);
     if (w->concurrency > 0) {
         const struct pd_role_plan *D = &p->role[PD_ROLE_DECODE];
         struct decode_ctx d = {p, 1 + (p->include_mtp ? 1 : 0), w->decode_ctx > 0 ? w->decode_ctx : w->isl + w->osl / 2};
-        pd_perf_closed(w->concurrency, w->osl, f->request_s + f->prefill_s + f->handoff_s, f->prefill_req_s,
+        pd_perf_closed(w->concurrency, w->osl, f->request_s + f->prefill_s + f->handoff_s, f->prefill_s,
+                       p->role[PD_ROLE_PREFILL].o.dp * p->role[PD_ROLE_PREFILL].o.instances, f->prefill_req_s,
                        D->o.dp * D->o.instances, f->batch, f->tokens_per_step, decode_step_s, &d,
                        p->role[PD_ROLE_PREFILL].cards + D->cards, &f->closed);
     }
     return 0;
 }
+
+static void closed_text(FILE *o, const struct pd_perf *f);
 
 static void step_text(FILE *o, const char *name, const struct pd_step *s)
 {
@@ -501,7 +565,7 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
     fprintf(o, "  one step of one DP rank, ms:\n");
     fprintf(o, "  %-8s %7s %10s %10s %10s %10s %10s %10s  %s\n", "role", "tokens", "gemm-comp", "gemm-mem",
             "attention", "a2a", "overhead", "total", "bound");
-    step_text(o, "prefill", &f->prefill_step);
+    step_text(o, f->aggregated ? "mixed" : "prefill", &f->prefill_step);
     step_text(o, "decode", &f->decode_step);
     for (int r = 0; r < 2; r++) {
         const struct pd_role_plan *rp = &p->role[r];
@@ -511,6 +575,12 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
                 : rp->o.redundant > 0 ? "hardware file, with redundant experts" : "hardware file");
     }
     fputc('\n', o);
+    if (f->aggregated) {
+        pd_perf_agg_text(p, f, o);
+        closed_text(o, f);
+        fclose(o);
+        return buf;
+    }
     fprintf(o, "  TTFT            %10.1f ms  = request %.1f ms + prefill %.1f ms + KV hand-off %.1f ms (%s) + first decode "
             "step %.1f ms\n", f->ttft_s * 1e3, f->request_s * 1e3, f->prefill_s * 1e3, f->handoff_s * 1e3,
             p->hw.rdma.name, f->decode_step.total_s * 1e3);
@@ -529,6 +599,13 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
     fprintf(o, "  rate-matched    %10.2f requests/s, %.0f output tokens/s per card over %d cards (%s limits)%s\n",
             f->req_s, f->tok_s_card, P->cards + D->cards, f->prefill_req_s < f->decode_req_s ? "prefill" : "decode",
             f->fits ? "" : "; DOES NOT FIT");
+    closed_text(o, f);
+    fclose(o);
+    return buf;
+}
+
+static void closed_text(FILE *o, const struct pd_perf *f)
+{
     if (f->w.concurrency > 0) {
         const struct pd_closed *c = &f->closed;
         fprintf(o, "  closed loop, %lld client%s (each sends its next request when its last one finishes; %s limits):\n",
@@ -541,8 +618,6 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
         fprintf(o, "    throughput    %10.2f requests/s, %.1f output tokens/s (%.1f per card)\n", c->req_s, c->tok_s,
                 c->tok_s_card);
     }
-    fclose(o);
-    return buf;
 }
 
 static json_t *step_json(const struct pd_step *s)
@@ -580,5 +655,15 @@ void *pd_perf_json(const struct pd_perf *f)
                      pd_bound_name(f->prefill_bound), "decode_bound", pd_bound_name(f->decode_bound), "fits", f->fits);
     if (j)
         json_object_set_new(j, "closed_loop", closed_json(f));
+    if (j && f->aggregated) {
+        const struct pd_agg *a = &f->agg;
+        json_object_set_new(j, "aggregated",
+                            json_pack("{s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:b}", "batch", (json_int_t)a->batch, "chunk_tokens",
+                                      (json_int_t)a->chunk, "chunks_per_prompt", (json_int_t)a->chunks, "mixed_step_s",
+                                      a->mixed_step.total_s, "decode_step_s", a->decode_step.total_s, "chunk_share",
+                                      a->chunk_share, "mean_step_s", a->step_s, "fed", a->fed));
+    } else if (j) {
+        json_object_set_new(j, "aggregated", json_null());
+    }
     return j;
 }

@@ -68,8 +68,28 @@ struct pd_closed {
 };
 const char *pd_closed_limit_name(enum pd_closed_limit l);
 
+/* Aggregated instances (plan o.aggregated; agg.c states the equations): per DP rank at a
+ * decode batch, the mixed step, the share of steps that carry a prompt chunk, and the figures. */
+struct pd_agg {
+    int64_t batch;               /* decoding sequences per DP rank */
+    int64_t batch_cap;           /* the most the KV pool and max-num-seqs allow */
+    int64_t chunk;               /* prompt tokens a mixed step carries: max-num-batched-tokens - batch x (1 + mtp) */
+    int64_t chunks;              /* mixed steps one prompt needs */
+    struct pd_step decode_step;  /* decode alone at batch */
+    struct pd_step mixed_step;   /* decode at batch with a full chunk */
+    double chunk_share;          /* share of steps that carry a chunk to keep batch sequences fed */
+    double step_s;               /* the mean step */
+    double prefill_s;            /* one prompt's chunks at batch (its last step gives the first token) */
+    double prefill_rank_req_s;   /* prompts/s one rank prefills when every step carries a chunk */
+    double rank_req_s;           /* requests/s one DP rank completes at batch */
+    int fed;                     /* chunk_share <= 1: the chunks keep the batch fed */
+};
+
 struct pd_perf {
     struct pd_workload w;
+    int aggregated;                    /* colocated instances: agg holds their model; the prefill fields
+                                          hold the prompt's chunks, the decode fields the mean step */
+    struct pd_agg agg;
     /* prefill */
     struct pd_step prefill_step;       /* one full chunk of max-num-batched-tokens */
     double prefill_s;                  /* one prompt alone on one DP rank, chunked */
@@ -103,6 +123,16 @@ void pd_workload_default(struct pd_workload *w);
  * with `ctx` tokens already cached (decode: tokens = 1 + mtp). */
 void pd_perf_step(const struct pd_plan *p, enum pd_role r, int64_t seqs, int64_t tokens, int64_t ctx,
                   struct pd_step *s);
+/* A step that mixes decode sequences (dec) and prompt chunks (pre) in one forward pass, as
+ * chunked prefill does on an aggregated instance: the GEMMs, the expert all-to-all and the
+ * per-token overhead see every token of both; attention is each part's own (decode's absorbed
+ * MLA, prefill's expanded); the LM head runs on the decode tokens and one row per prompt; the
+ * per-step costs and overlap are role r's (pd_perf_step is the one-part case). */
+struct pd_step_part {
+    int64_t seqs, tokens, ctx;   /* sequences, new tokens per sequence, tokens cached before them */
+};
+void pd_perf_step_mixed(const struct pd_plan *p, enum pd_role r, const struct pd_step_part *dec,
+                        const struct pd_step_part *pre, struct pd_step *s);
 int pd_perf_eval(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *out, pd_err *e);
 /* The three parts of pd_perf_eval, for the search that pairs many prefill and decode layouts
  * (the workload is not checked): prefill fields, decode fields, then TTFT and rate matching. */
@@ -130,13 +160,44 @@ struct pd_match pd_perf_match(double request_s, const struct pd_perf *pre, const
 double pd_perf_queue_wait(int servers, double service_s, double rate);
 
 /* The closed loop of `clients` clients over a deployment whose requests spend pre_s (request +
- * prefill + hand-off) before decode, whose prefill sustains prefill_req_s requests/s, and whose
- * `ranks` decode DP ranks hold up to `slots` sequences each; step(ctx, b) is the decode step of
- * one rank at an integer batch b, 1 <= b <= min(slots, clients). The equations: perf.c and
+ * prefill + hand-off) before decode, of which prefill_s on one of `prefill_ranks` prefill DP ranks
+ * (where prompts queue behind each other), whose prefill sustains prefill_req_s requests/s, and
+ * whose `ranks` decode DP ranks hold up to `slots` sequences each; step(ctx, b) is the decode step
+ * of one rank at an integer batch b, 1 <= b <= min(slots, clients). The equations: perf.c and
  * docs/perf-model.md. */
-void pd_perf_closed(int64_t clients, int64_t osl, double pre_s, double prefill_req_s, int ranks, int64_t slots,
-                    double tokens_per_step, double (*step)(void *ctx, int64_t b), void *ctx, int cards,
-                    struct pd_closed *out);
+void pd_perf_closed(int64_t clients, int64_t osl, double pre_s, double prefill_s, int prefill_ranks,
+                    double prefill_req_s, int ranks, int64_t slots, double tokens_per_step,
+                    double (*step)(void *ctx, int64_t b), void *ctx, int cards, struct pd_closed *out);
+
+/* Aggregated instances (agg.c). pd_perf_agg fills f for a plan whose o.aggregated is set (both
+ * roles the colocated layout): the pd_agg at pd_perf_agg_batch, then TTFT,
+ * TPOT, requests/s and tokens/s per card in f's shared fields, and the closed loop. */
+void pd_perf_agg(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f);
+/* The slots of an aggregated DP rank: w->decode_batch, else the sequences its KV pool holds at
+ * isl + osl capped by max-num-seqs; at most the batch that leaves a prompt token in a step. */
+int64_t pd_perf_agg_slots(const struct pd_plan *p, const struct pd_workload *w);
+/* The batch a saturated aggregated rank runs at: the largest within its slots that the chunks
+ * keep fed (phi <= 1; past it the batch drains to where prompts completing match prompts
+ * prefilled); at least 1. */
+int64_t pd_perf_agg_batch(const struct pd_plan *p, const struct pd_workload *w);
+/* One rank's aggregated figures at decode batch b (the search costs each layout once). */
+void pd_perf_agg_at(const struct pd_plan *p, const struct pd_workload *w, int64_t b, struct pd_agg *a);
+/* The aggregated closed loop's inputs, per integer batch b = 1..n of one rank: the mean step,
+ * one prompt's prefill time and the rank's prefill capacity (prompts/s). */
+struct pd_agg_curve {
+    int64_t n;
+    double *step_s, *prefill_s, *prefill_req_s;   /* [n + 1], index 0 unused */
+    double tokens_per_step;
+};
+int pd_perf_agg_curve(const struct pd_plan *p, const struct pd_workload *w, int64_t n, struct pd_agg_curve *c);
+void pd_perf_agg_curve_free(struct pd_agg_curve *c);
+/* The closed loop of `clients` clients over `ranks` aggregated DP ranks of `slots` sequences
+ * each (mean value analysis, agg.c). */
+void pd_perf_agg_closed(const struct pd_agg_curve *c, int64_t clients, int64_t osl, double request_s, int ranks,
+                        int64_t slots, int cards, struct pd_closed *out);
+
+/* The aggregated lines of pd_perf_text (a FILE *). */
+void pd_perf_agg_text(const struct pd_plan *p, const struct pd_perf *f, void *file);
 
 /* Reports: text lines appended to the plan's, and a JSON object ("perf"). */
 char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f);   /* malloc'ed */

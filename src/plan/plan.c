@@ -61,7 +61,8 @@ static void activation(const struct pd_plan *p, enum pd_role r, int tp, struct p
     const int64_t H = m->hidden_size, hc = m->hc_mult > 0 ? m->hc_mult : 1;
     const int64_t k = m->n_experts_per_tok, I = m->moe_intermediate_size;
     memset(a, 0, sizeof *a);
-    a->tokens = r == PD_ROLE_PREFILL ? p->o.max_num_batched_tokens : p->o.max_num_seqs;
+    /* an aggregated step holds up to max-num-batched-tokens, decode and prefill tokens together */
+    a->tokens = r == PD_ROLE_PREFILL || p->o.aggregated ? p->o.max_num_batched_tokens : p->o.max_num_seqs;
     const int64_t T = a->tokens;
     a->residual = T * 2 * hc * H * 4;          /* mHC streams in and out of a block, fp32 */
     a->working = T * 4 * H * 4;                /* normalised input, sublayer output, 2 temporaries */
@@ -299,11 +300,17 @@ int pd_plan_role_eval(const struct pd_plan *p, enum pd_role r, const struct pd_r
     b->activations = rp->act.total;
     b->runtime = p->o.runtime[r] >= 0 ? p->o.runtime[r]
                  : r == PD_ROLE_PREFILL ? p->hw.runtime_prefill_bytes : p->hw.runtime_decode_bytes;
+    if (p->o.aggregated) {   /* one card runs both: the larger reserve */
+        int64_t other = p->o.runtime[!r] >= 0 ? p->o.runtime[!r]
+                        : r == PD_ROLE_PREFILL ? p->hw.runtime_decode_bytes : p->hw.runtime_prefill_bytes;
+        if (other > b->runtime)
+            b->runtime = other;
+    }
     b->kv_pool = b->usable - b->weights - b->activations - b->runtime;
     b->fits_weights = b->kv_pool >= 0;
     int64_t seq = pd_kv_seq_bytes(&p->kv, p->o.max_model_len);
     /* max-num-seqs is per data-parallel rank (vLLM): each rank holds its own sequences' KV */
-    rp->kv_need = r == PD_ROLE_PREFILL ? seq : p->o.max_num_seqs * seq;
+    rp->kv_need = r == PD_ROLE_PREFILL && !p->o.aggregated ? seq : p->o.max_num_seqs * seq;
     rp->seqs_at_max_len = b->kv_pool > 0 && seq > 0 ? b->kv_pool / seq : 0;
     rp->ctx_at_max_seqs = b->kv_pool > 0 ? pd_kv_max_context(&p->kv, b->kv_pool, p->o.max_num_seqs) : 0;
     rp->fits = b->fits_weights && rp->seqs_at_max_len >= 1;
@@ -452,8 +459,17 @@ int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e)
         goto fail;
     p->nodes = o->nodes > 0 ? o->nodes : p->hw.cluster_nodes;
     p->cards_total = p->nodes * p->hw.cards_per_node;
-    for (int r = 0; r < 2; r++)
+    if (o->aggregated)   /* one set of cards, both roles on it */
+        p->o.role[PD_ROLE_PREFILL] = o->role[PD_ROLE_DECODE];
+    o = &p->o;
+    for (int r = o->aggregated ? PD_ROLE_DECODE : 0; r < 2; r++)
         p->cards_used += o->role[r].dp * o->role[r].tp * o->role[r].instances;
+    if (p->cards_used > p->cards_total && o->aggregated) {
+        rc = pd_err_set(e, PD_EINVAL, "layout needs %d cards (aggregated %d x %d) but the cluster has %d (%d nodes x %d cards of %s)",
+                        p->cards_used, o->role[1].instances, o->role[1].dp * o->role[1].tp, p->cards_total, p->nodes,
+                        p->hw.cards_per_node, p->hw.name);
+        goto fail;
+    }
     if (p->cards_used > p->cards_total) {
         rc = pd_err_set(e, PD_EINVAL,
                         "layout needs %d cards (prefill %d x %d, decode %d x %d) but the cluster has %d (%d nodes x %d cards of %s)",
@@ -463,7 +479,7 @@ int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e)
     }
     for (int r = 0; r < 2; r++)
         if ((rc = pd_plan_role_eval(p, (enum pd_role)r, &o->role[r], &p->role[r], e))) {
-            pd_err_prefix(e, "--%s: ", pd_role_name((enum pd_role)r));
+            pd_err_prefix(e, "--%s: ", o->aggregated ? "aggregated" : pd_role_name((enum pd_role)r));
             goto fail;
         }
     p->p_kv_batch = (int64_t)llround(o->max_num_batched_tokens * p->kv.per_token);

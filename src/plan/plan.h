@@ -30,6 +30,9 @@ struct pd_plan_opts {
     const struct pd_hardware *hw;  /* when set, this description instead of loading `hardware` */
     const char *checkpoint;  /* inventory from these safetensors headers */
     struct pd_role_opts role[2];
+    int aggregated;              /* colocated instances (each prefills and decodes, chunked prefill
+                                    sharing steps with decode) of layout role[PD_ROLE_DECODE]; the
+                                    build makes role[PD_ROLE_PREFILL] the same layout, the same cards */
     double util;             /* gpu-memory-utilization, (0, 1] */
     int64_t max_num_seqs;    /* per data-parallel rank, as in vLLM */
     int64_t max_model_len;
@@ -83,6 +86,9 @@ struct pd_role_plan {
      * (fits_max_num_seqs). */
     int fits;
     int fits_max_num_seqs;
+    /* Aggregated (o.aggregated): both roles are the same cards, budgeted alike: activations of a
+     * step of max-num-batched-tokens (decode tokens and a prefill chunk together), the larger of
+     * the two runtime reserves, and KV for max-num-seqs sequences of max-model-len. */
     double imbalance;                   /* busiest rank's expert load / mean on this placement,
                                            measured from expert_stats; 0 without them */
 };

@@ -35,11 +35,15 @@ static void text_layout(FILE *f, const struct pd_plan *p)
     fprintf(f, "Layout (%d of %d cards: %d nodes x %d)\n", p->cards_used, p->cards_total, p->nodes, p->hw.cards_per_node);
     fprintf(f, "  %-8s %4s %4s %10s %8s %6s %13s %10s\n", "role", "dp", "tp", "instances", "EP size", "cards",
             "experts/card", "redundant");
-    for (int r = 0; r < 2; r++) {
+    for (int r = p->o.aggregated ? PD_ROLE_DECODE : 0; r < 2; r++) {
         const struct pd_role_plan *rp = &p->role[r];
-        fprintf(f, "  %-8s %4d %4d %10d %8d %6d %13d %10d\n", pd_role_name(rp->role), rp->o.dp, rp->o.tp,
-                rp->o.instances, rp->ep, rp->cards, rp->place.slots, rp->o.redundant);
+        fprintf(f, "  %-8s %4d %4d %10d %8d %6d %13d %10d\n", p->o.aggregated ? "agg" : pd_role_name(rp->role), rp->o.dp,
+                rp->o.tp, rp->o.instances, rp->ep, rp->cards, rp->place.slots, rp->o.redundant);
     }
+    if (p->o.aggregated)
+        fprintf(f, "  aggregated: every instance prefills and decodes on the same cards (chunked prefill); the prefill\n"
+                   "  and decode columns below are the same cards, budgeted for both (a step of max-num-batched-tokens,\n"
+                   "  the larger runtime reserve, KV for max-num-seqs sequences)\n");
     fprintf(f, "\n");
 }
 
@@ -370,6 +374,8 @@ char *pd_plan_json(const struct pd_plan *p, const struct pd_perf *f)
         "prefill_kv_batch_rule_bytes", (json_int_t)p->p_kv_batch,
         "decode_scenarios", scen, "handoff", hand, "sweep", sw);
     /* the node map every launcher follows (plan/nodes.h), when the layout splits into nodes */
+    if (root)
+        json_object_set_new(root, "aggregated", json_boolean(p->o.aggregated));
     json_t *map = root ? pd_nodes_json(p) : NULL;
     if (map && json_object_set_new(root, "node_map", map)) {
         json_decref(root);

@@ -61,7 +61,7 @@ static struct cand *cand_push(struct cands *v)
 }
 
 /* EP sizes a role may use: a power of two within a node, or whole nodes; TP must divide it. */
-static int ep_ok(int ep, int tp, int cpn)
+int pd_search_ep_ok(int ep, int tp, int cpn)
 {
     if (ep % tp)
         return 0;
@@ -69,7 +69,7 @@ static int ep_ok(int ep, int tp, int cpn)
 }
 
 /* Redundant experts that make an EP size divide the slots (EPLB-style), none if it divides. */
-static int redundant_for(int experts, int ep)
+int pd_search_redundant_for(int experts, int ep)
 {
     return (ep - experts % ep) % ep;
 }
@@ -174,9 +174,9 @@ static int role_cands(struct pd_plan *p, const struct pd_search_opts *so, enum p
     const int cpn = p->hw.cards_per_node, E = p->inv.n_experts > 0 ? p->inv.n_experts : 1;
     for (int tp = 1; tp <= so->max_tp && tp <= cpn; tp *= 2)
         for (int ep = tp; ep < so->cards; ep++) {
-            if (!ep_ok(ep, tp, cpn))
+            if (!pd_search_ep_ok(ep, tp, cpn))
                 continue;
-            int need = redundant_for(E, ep);
+            int need = pd_search_redundant_for(E, ep);
             if (need > 0 && !p->hw.redundant_experts)
                 continue;            /* the stack cannot place the slots that would make it divide */
             for (int eplb = 0; eplb < (ep > 1 && need == 0 && p->hw.redundant_experts ? 2 : 1); eplb++) {
@@ -230,7 +230,8 @@ static int push_layout(struct pd_search *s, const struct cand *P, const struct c
         /* a closed loop of C clients: its TTFT, TPOT and throughput at the batch C implies
          * (pd_perf_closed), D's batch being the slots (max-num-seqs) of each DP rank */
         struct pd_closed c;
-        pd_perf_closed(w->concurrency, w->osl, p->hw.eff.request_s + P->f.prefill_s + P->f.handoff_s,
+        pd_perf_closed(w->concurrency, w->osl, p->hw.eff.request_s + P->f.prefill_s + P->f.handoff_s, P->f.prefill_s,
+                       P->o.dp * P->o.instances,
                        P->f.prefill_req_s, D->o.dp * D->o.instances, D->batch, D->f.tokens_per_step, table_step,
                        (void *)D->steps, l->cards, &c);
         l->ttft_s = c.ttft_s;
@@ -294,7 +295,7 @@ int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e
 {
     memset(s, 0, sizeof *s);
     s->o = *o;
-    s->best = s->best_any = -1;
+    s->best = s->best_any = s->best_agg = s->best_agg_any = -1;
     if (o->cards < 2)
         return pd_err_set(e, PD_EINVAL, "--cards %d: a PD deployment needs at least 2 cards", o->cards);
     if (o->max_tp < 1)
@@ -352,9 +353,23 @@ int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e
         rc = pd_err_set(e, PD_ENOMEM, "out of memory");
         goto out;
     }
-    /* the chosen layout as a full plan and prediction, for the report and the launch commands */
+    if ((rc = pd_search_agg(&p, o, s, e)))
+        goto out;
+    /* the chosen layout as a full plan and prediction, for the report and the launch commands:
+     * the winner of aggregated vs disaggregated, or the best of the kind asked for */
+    struct pd_search_verdict v = pd_search_compare(s);
     int pick = s->best >= 0 ? s->best : s->best_any;
-    if (pick >= 0) {
+    int agg_pick = s->best_agg >= 0 ? s->best_agg : s->best_agg_any;
+    s->chose_agg = o->pick == PD_PICK_AGGREGATED || (o->pick == PD_PICK_BEST && v.agg_wins);
+    if (s->chose_agg && agg_pick >= 0) {
+        const struct pd_agg_layout *l = &s->agg[agg_pick];
+        struct pd_plan_opts po = base;
+        po.aggregated = 1;
+        po.role[PD_ROLE_DECODE] = l->o;
+        po.max_num_seqs = l->batch;   /* the slots: pd_perf_agg runs the batch its chunks feed */
+        if ((rc = pd_plan_build(&po, &s->plan, e)) || (rc = pd_perf_eval(&s->plan, &o->w, &s->perf, e)))
+            goto out;
+    } else if (!s->chose_agg && pick >= 0) {
         const struct pd_layout *l = &s->l[pick];
         struct pd_plan_opts po = base;
         po.role[0] = l->role[0];
@@ -380,6 +395,9 @@ out:
 void pd_search_free(struct pd_search *s)
 {
     pd_plan_free(&s->plan);
+    free(s->agg);
+    s->agg = NULL;
+    s->n_agg = 0;
     free(s->l);
     free(s->front);
     s->l = NULL;
@@ -408,6 +426,51 @@ static void row(FILE *f, const struct pd_layout *l, const char *mark)
     fprintf(f, "  %-2s %-30s %5d %6lld %10.0f %9.1f %9.1f %11.0f %9.3f  %s/%s\n", mark, layout_str(b, sizeof b, l),
             l->cards, (long long)l->batch, l->ttft_s * 1e3, l->tpot_s * 1e3, l->user_tok_s, l->tok_s_card, l->req_s,
             pd_bound_name(l->prefill_bound), pd_bound_name(l->decode_bound));
+}
+
+/* "A 4x EP8 r8": aggregated instances x EP size, as layout_str. */
+static const char *agg_str(char *buf, size_t n, const struct pd_agg_layout *l)
+{
+    int k = l->o.tp > 1 ? snprintf(buf, n, "A %dx dp%d tp%d", l->o.instances, l->o.dp, l->o.tp)
+                        : snprintf(buf, n, "A %dx EP%d", l->o.instances, l->o.dp);
+    if (l->o.redundant > 0 && k > 0 && (size_t)k < n)
+        snprintf(buf + k, n - (size_t)k, " r%d", l->o.redundant);
+    return buf;
+}
+
+/* The comparison: the best aggregated and disaggregated layouts and which wins. */
+static void compare_text(FILE *f, const struct pd_search *s)
+{
+    struct pd_search_verdict v = pd_search_compare(s);
+    fprintf(f, "Aggregated vs disaggregated (the best of each on %d cards, %s; %d aggregated layouts costed, %d fit, "
+               "%d meet)\n", s->o.cards, v.meets || (v.agg < 0) != (v.disagg < 0) ? "targets applied"
+               : "none of either kind meets the targets: the best fitting ones", s->n_agg, s->n_agg_fit, s->n_agg_meet);
+    fprintf(f, "  %-14s %-30s %5s %6s %10s %9s %9s %11s %9s\n", "", "layout", "cards", "batch", "TTFT ms", "TPOT ms",
+            "tok/s/usr", "tok/s/card", "req/s");
+    char b[96];
+    if (v.agg >= 0) {
+        const struct pd_agg_layout *l = &s->agg[v.agg];
+        fprintf(f, "  %-14s %-30s %5d %6lld %10.0f %9.1f %9.1f %11.0f %9.3f\n", "aggregated", agg_str(b, sizeof b, l),
+                l->cards, (long long)l->batch, l->ttft_s * 1e3, l->tpot_s * 1e3, l->user_tok_s, l->tok_s_card, l->req_s);
+    } else {
+        fprintf(f, "  %-14s none %s\n", "aggregated", s->n_agg_fit ? "meets the targets" : "fits in memory");
+    }
+    if (v.disagg >= 0) {
+        const struct pd_layout *l = &s->l[v.disagg];
+        fprintf(f, "  %-14s %-30s %5d %6lld %10.0f %9.1f %9.1f %11.0f %9.3f\n", "disaggregated",
+                layout_str(b, sizeof b, l), l->cards, (long long)l->batch, l->ttft_s * 1e3, l->tpot_s * 1e3,
+                l->user_tok_s, l->tok_s_card, l->req_s);
+    } else {
+        fprintf(f, "  %-14s none %s\n", "disaggregated", s->n_fit ? "meets the targets" : "fits in memory");
+    }
+    if (v.agg >= 0 && v.disagg >= 0)
+        fprintf(f, "  => %s wins: %.2fx the output tokens/s per card of the best %s layout\n\n",
+                v.agg_wins ? "aggregated" : "disaggregated", v.ratio, v.agg_wins ? "disaggregated" : "aggregated");
+    else if (v.agg >= 0 || v.disagg >= 0)
+        fprintf(f, "  => %s wins: the only kind with a layout that %s\n\n", v.agg_wins ? "aggregated" : "disaggregated",
+                v.meets || s->best >= 0 || s->best_agg >= 0 ? "meets the targets" : "fits");
+    else
+        fprintf(f, "\n");
 }
 
 static void header(FILE *f)
@@ -521,18 +584,26 @@ char *pd_search_text(const struct pd_search *s, int units)
             fprintf(f, "     none\n");
     }
     fprintf(f, "\n");
-    if (s->best >= 0) {
+    compare_text(f, s);
+    int agg = s->best_agg >= 0 ? s->best_agg : s->best_agg_any, dis = s->best >= 0 ? s->best : s->best_any;
+    if (s->chose_agg && agg >= 0) {
+        char b[96];
+        fprintf(f, "Chosen: %s, batch %lld per DP rank (%s)\n\n", agg_str(b, sizeof b, &s->agg[agg]),
+                (long long)s->agg[agg].batch,
+                s->best_agg >= 0 ? "the best aggregated layout meeting the targets" : "no aggregated layout meets the "
+                "targets; the best fitting one ignoring them");
+    } else if (!s->chose_agg && s->best >= 0) {
         char b[96];
         fprintf(f, "Chosen: %s, batch %lld per decode DP rank (best output tokens/s per card meeting the targets)\n\n",
                 layout_str(b, sizeof b, &s->l[s->best]), (long long)s->l[s->best].batch);
-    } else if (s->best_any >= 0) {
+    } else if (!s->chose_agg && s->best_any >= 0) {
         char b[96];
         fprintf(f, "No layout meets the targets; the best fitting layout ignoring them: %s, batch %lld\n\n",
                 layout_str(b, sizeof b, &s->l[s->best_any]), (long long)s->l[s->best_any].batch);
     } else {
-        fprintf(f, "No layout fits in memory on %d cards.\n", s->o.cards);
+        fprintf(f, "No %slayout fits in memory on %d cards.\n", s->chose_agg ? "aggregated " : "disaggregated ", s->o.cards);
     }
-    if (s->best >= 0 || s->best_any >= 0) {
+    if (s->chose_agg ? agg >= 0 : dis >= 0) {
         char *t = pd_plan_text(p, units), *q = pd_perf_text(p, &s->perf);
         if (t)
             fputs(t, f);
@@ -562,6 +633,17 @@ static json_t *layout_json(const struct pd_layout *l)
                      "fits", l->fits, "meets", l->meets, "pareto", l->pareto);
 }
 
+static json_t *agg_json(const struct pd_agg_layout *l)
+{
+    return json_pack("{s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:I,s:i,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:b,s:b}", "dp", l->o.dp, "tp",
+                     l->o.tp, "instances", l->o.instances, "redundant", l->o.redundant, "experts_per_card",
+                     l->experts_per_card, "weights_bytes", (json_int_t)l->weights, "kv_pool_bytes",
+                     (json_int_t)l->kv_pool, "batch", (json_int_t)l->batch, "cards", l->cards, "chunk_tokens",
+                     (json_int_t)l->chunk, "chunk_share", l->chunk_share, "ttft_s", l->ttft_s, "tpot_s", l->tpot_s,
+                     "tokens_per_s_user", l->user_tok_s, "tokens_per_s_card", l->tok_s_card, "requests_per_s", l->req_s,
+                     "bound", pd_bound_name(l->bound), "fits", l->fits, "meets", l->meets);
+}
+
 char *pd_search_json(const struct pd_search *s)
 {
     json_t *front = json_array();
@@ -588,8 +670,23 @@ char *pd_search_json(const struct pd_search *s)
         json_object_set_new(root, "memory", mem);
     if (root)
         json_object_set_new(root, "concurrency", s->o.w.concurrency > 0 ? json_integer(s->o.w.concurrency) : json_null());
-    if (root && pick >= 0)
+    int agg = s->best_agg >= 0 ? s->best_agg : s->best_agg_any;
+    if (root && (s->chose_agg ? agg : pick) >= 0)
         json_object_set_new(root, "prediction", pd_perf_json(&s->perf));
+    if (root) {
+        struct pd_search_verdict v = pd_search_compare(s);
+        json_object_set_new(root, "aggregated",
+                            json_pack("{s:i,s:i,s:i,s:o,s:b}", "layouts", s->n_agg, "fit", s->n_agg_fit, "meet",
+                                      s->n_agg_meet, "best", agg >= 0 ? agg_json(&s->agg[agg]) : json_null(),
+                                      "best_meets_targets", s->best_agg >= 0));
+        json_object_set_new(root, "comparison",
+                            json_pack("{s:o,s:o,s:o,s:f,s:b}", "aggregated", v.agg >= 0 ? agg_json(&s->agg[v.agg]) : json_null(),
+                                      "disaggregated", v.disagg >= 0 ? layout_json(&s->l[v.disagg]) : json_null(),
+                                      "winner", v.agg < 0 && v.disagg < 0 ? json_null()
+                                                : json_string(v.agg_wins ? "aggregated" : "disaggregated"),
+                                      "ratio", v.ratio, "targets_met", v.meets));
+        json_object_set_new(root, "chosen", json_string(s->chose_agg ? "aggregated" : "disaggregated"));
+    }
     char *out = root ? json_dumps(root, JSON_INDENT(2)) : NULL;
     json_decref(root);
     return out;

@@ -1,10 +1,12 @@
-/* Layout search: for a model, hardware and a number of cards, every prefill layout (EP size,
- * TP size, instances) and decode layout (EP size, TP size, instances, batch per DP rank) that
- * divides the experts and the cards, each costed by the performance model and rate-matched
- * (the deployment serves min(prefill requests/s, decode requests/s)); the Pareto front of
- * output tokens/s per card against tokens/s per user; and the best layout that fits memory and
- * meets the TTFT and TPOT targets, as aiconfigurator does for Dynamo, with the KV hand-off in
- * TTFT. */
+/* Layout search: for a model, hardware and a number of cards, every disaggregated layout (a
+ * prefill layout: EP size, TP size, instances; and a decode layout: the same and a batch per DP
+ * rank) that divides the experts and the cards, each costed by the performance model and
+ * rate-matched (the deployment serves min(prefill requests/s, decode requests/s)); the Pareto
+ * front of output tokens/s per card against tokens/s per user; the best layout that fits memory
+ * and meets the TTFT and TPOT targets, as aiconfigurator does for Dynamo, with the KV hand-off in
+ * TTFT. Besides, every aggregated layout (instances that prefill and decode on the same cards:
+ * EP size, TP size, instances, batch per DP rank; search_agg.c) on the same cards and targets,
+ * and which of the best of each kind serves more output tokens/s per card. */
 #ifndef PD_PLAN_SEARCH_H
 #define PD_PLAN_SEARCH_H
 
@@ -14,12 +16,17 @@
 #include "plan/perf.h"
 #include "plan/plan.h"
 
+/* Which layout a search's plan, prediction and --emit take. */
+enum pd_search_pick { PD_PICK_BEST, PD_PICK_AGGREGATED, PD_PICK_DISAGGREGATED };
+
 struct pd_search_opts {
     struct pd_plan_opts base;    /* model, hardware, memory options; its layouts are ignored */
     int cards;                   /* cards to spend, P + D <= cards */
     struct pd_workload w;
     double ttft_s, tpot_s;       /* targets; 0: none */
     int max_tp;                  /* largest TP size tried (default 1: EP with DP attention) */
+    enum pd_search_pick pick;    /* the layout the plan and prediction are built for: the winner of
+                                    aggregated vs disaggregated (default), or the best of one kind */
 };
 
 struct pd_layout {
@@ -48,6 +55,21 @@ struct pd_search_mem {
     double imbalance;            /* busiest rank's expert load / mean its steps are costed with */
 };
 
+/* An aggregated layout: instances of dp x tp cards that each prefill and decode (chunked
+ * prefill), at a decode batch per DP rank (the emitted --max-num-seqs). */
+struct pd_agg_layout {
+    struct pd_role_opts o;
+    int64_t batch;               /* max-num-seqs per DP rank: the slots */
+    int64_t run_batch;           /* open loop: the batch it runs at, the largest its chunks feed */
+    int cards, experts_per_card;
+    int64_t weights, kv_pool;    /* bytes on the busiest card */
+    int64_t chunk;               /* prompt tokens per mixed step at this batch */
+    double ttft_s, tpot_s, user_tok_s, tok_s_card, req_s;   /* as pd_layout's */
+    double chunk_share;          /* share of steps carrying a chunk (> 1: prefill limits) */
+    enum pd_bound bound;         /* the mixed step's */
+    int fits, sustains, meets;
+};
+
 #define PD_SEARCH_MAX_MEM 256
 
 struct pd_search {
@@ -63,9 +85,32 @@ struct pd_search {
     int n_fit, n_meet;
     struct pd_search_mem mem[PD_SEARCH_MAX_MEM];
     int n_mem;
+    /* aggregated layouts on the same cards, targets and workload */
+    struct pd_agg_layout *agg;
+    int n_agg, cap_agg, n_agg_fit, n_agg_meet;
+    int best_agg;                /* the best aggregated layout meeting the targets, or -1 */
+    int best_agg_any;            /* ... ignoring the targets, or -1 */
+    int chose_agg;               /* the plan and prediction are the best aggregated layout's */
 };
 
 void pd_search_opts_default(struct pd_search_opts *o);
+/* The aggregated layouts of a search (search_agg.c), on p (the search's model and hardware):
+ * every EP size, TP size and redundancy the disaggregated roles try, every instance count within
+ * the cards and every decode batch that fits, costed by pd_perf_agg_at; fills s->agg, best_agg. */
+int pd_search_agg(struct pd_plan *p, const struct pd_search_opts *o, struct pd_search *s, pd_err *e);
+/* The role layouts both kinds try (search.c): EP size ep with TP size tp on nodes of cpn cards,
+ * and the redundant slots that make ep divide the experts. */
+int pd_search_ep_ok(int ep, int tp, int cpn);
+int pd_search_redundant_for(int experts, int ep);
+/* Aggregated vs disaggregated: which of the two best layouts (targets met, else ignoring them)
+ * has more output tokens/s per card; ratio = winner's / other's (0 when one kind has none). */
+struct pd_search_verdict {
+    int agg, disagg;             /* indices in s->agg and s->l, or -1 */
+    int meets;                   /* both compared layouts meet the targets (else: ignoring them) */
+    int agg_wins;
+    double ratio;
+};
+struct pd_search_verdict pd_search_compare(const struct pd_search *s);
 int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e);
 void pd_search_free(struct pd_search *s);
 /* The layout with the most output tokens/s per card (then per user, then fewest cards) that fits,

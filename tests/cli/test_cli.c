@@ -310,7 +310,7 @@ Test(cli, perf_search_validate)
     remove(html);
     cr_assert(strncmp(page, "<!DOCTYPE html>", 15) == 0);
 
-    run("search --cards 32 --emit vllm-ascend", &r);
+    run("search --cards 32 --layout disaggregated --emit vllm-ascend", &r);
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert(strstr(r.out, "vllm serve") && strstr(r.out, "kv_producer") && strstr(r.out, "kv_consumer"));
 
@@ -451,7 +451,7 @@ Test(cli, plan_concurrency)
     run(args, &r);
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert(strstr(r.out, "\"closed_loop\": null"), "%s", r.out);
-    run("search --model v4-tiny --cards 8 --isl 300 --osl 64 --concurrency 16 --json", &r);
+    run("search --model v4-tiny --cards 8 --isl 300 --osl 64 --concurrency 16 --layout disaggregated --json", &r);
     cr_assert_eq(r.status, 0, "%s", r.err);
     json_t *doc = json_loads(r.out, 0, NULL);
     cr_assert(doc);
