@@ -11,6 +11,7 @@
  * Projections run on the whole step; the window, compressors, indexer and attention run per
  * sequence in position order, so each token sees exactly the cache it would see alone. */
 #include "engine/internal.h"
+#include "engine/prefix.h"
 #include "kernels/fp4.h"
 #include "kernels/ops.h"
 #include "kernels/quant.h"
@@ -221,6 +222,10 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
             }
         }
     }
+    /* this layer's state after the token: what a prefix cache snapshot at pos + 1 holds */
+    for (int j = 0; j < it->n_snaps; j++)
+        if (it->snaps[j].pos == pos + 1)
+            pd_kvsnap_take(kvp, &seq->kv, layer, pos + 1, it->snaps[j].buf);
     /* keys: window first, then the compressed entries the layer may see */
     int nk = 0;
     int64_t first = pos - W + 1 < 0 ? 0 : pos - W + 1;

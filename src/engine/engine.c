@@ -2,6 +2,7 @@
  * Attention is in attention.c, the MoE in moe.c. Equations: shared/reference/
  * deepseek-v4-architecture.md; every step here names the one it implements. */
 #include "engine/internal.h"
+#include "engine/prefix.h"
 #include "kernels/gemm.h"
 #include "kernels/quant.h"
 #include "kernels/vec.h"
@@ -266,6 +267,11 @@ static int step_check(struct pd_engine *en, struct pd_step *st, int mtp, pd_err 
             if (items[i].tokens[k] < 0 || items[i].tokens[k] >= m->vocab_size)
                 return pd_err_set(e, PD_EINVAL, "engine step: token %d is outside the vocabulary [0, %lld)",
                                   items[i].tokens[k], (long long)m->vocab_size);
+        for (int j = 0; j < items[i].n_snaps; j++)
+            if (items[i].snaps[j].pos <= items[i].seq->pos || items[i].snaps[j].pos > items[i].seq->pos + items[i].n)
+                return pd_err_set(e, PD_EINVAL, "engine step: item %d's snapshot at %lld is outside its tokens (%lld, %lld]",
+                                  i, (long long)items[i].snaps[j].pos, (long long)items[i].seq->pos,
+                                  (long long)(items[i].seq->pos + items[i].n));
         for (int j = 0; j < i; j++)
             if (items[j].seq == items[i].seq)
                 return pd_err_set(e, PD_EINVAL, "engine step: a sequence appears twice in one step");

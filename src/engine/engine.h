@@ -35,6 +35,7 @@ struct pd_scratch_buf {
 };
 
 struct pd_engine;
+struct pd_kvsnap;
 
 /* Runs the routed experts of one MoE layer for this process's T tokens: y[p] for pair
  * p = (token p / top_k, slot p % top_k) is expert ids[p] applied to row p / top_k of `a` (the
@@ -104,6 +105,10 @@ struct pd_step_item {
                                        position (the main model's, or the MTP layer's own) */
     int undo;                       /* record what the step overwrites so pd_engine_rollback can drop
                                        its tokens (speculative decoding) */
+    struct pd_kvsnap *snaps;        /* [n_snaps] the sequence's KV state to copy at positions in
+                                     * (pos, pos + n], each layer's part as soon as the token
+                                     * before it is processed there (engine/prefix.h), or NULL */
+    int n_snaps;
 };
 
 /* Runs one step. On error no sequence advances. n_items may be 0: the process still takes part

@@ -101,7 +101,8 @@ int pd_kvpool_init_layers(struct pd_kvpool *p, const struct pd_model *m, int n_l
     p->slot_free = malloc((size_t)max_seqs * sizeof(int));
     size_t words = ((size_t)p->n_blocks + 63) / 64;
     p->block_used = calloc(words, sizeof *p->block_used);
-    if (!p->region || !p->slot_free || !p->block_used) {
+    p->block_ref = calloc((size_t)p->n_blocks + 1, sizeof *p->block_ref);
+    if (!p->region || !p->slot_free || !p->block_used || !p->block_ref) {
         pd_kvpool_free(p);
         return pd_err_set(e, PD_ENOMEM, "KV pool: out of memory for %zu bytes", bytes);
     }
@@ -122,6 +123,7 @@ void pd_kvpool_free(struct pd_kvpool *p)
         free(p->region);
     free(p->slot_free);
     free(p->block_used);
+    free(p->block_ref);
     memset(p, 0, sizeof *p);
 }
 
@@ -265,6 +267,7 @@ static int take_block(struct pd_kvpool *p, int64_t *at)
     int64_t b = next_block(p, *at, 0);
     assert(b < p->n_blocks && !block_is_used(p, b));
     p->block_used[b >> 6] |= 1ull << (b & 63);
+    p->block_ref[b] = 1;
     p->n_blocks_free--;
     if (b == p->block_low)
         p->block_low++;
@@ -329,16 +332,54 @@ int pd_kvseq_reserve_prompt(struct pd_kvpool *p, struct pd_kvseq *s, int64_t pro
     return rc ? rc : pd_kvseq_reserve(p, s, total, e);
 }
 
+/* Drops one reference to block b; the last one frees it. */
+static void unref_block(struct pd_kvpool *p, int b)
+{
+    assert(b >= 0 && b < p->n_blocks && block_is_used(p, b) && p->block_ref[b] > 0);
+    if (--p->block_ref[b] > 0)
+        return;
+    p->block_used[b >> 6] &= ~(1ull << (b & 63));
+    if (b < p->block_low)
+        p->block_low = b;
+    p->n_blocks_free++;
+}
+
 static void give_back(struct pd_kvpool *p, int *list, int n)
 {
-    for (int i = 0; i < n; i++) {
-        int b = list[i];
-        assert(b >= 0 && b < p->n_blocks && block_is_used(p, b));
-        p->block_used[b >> 6] &= ~(1ull << (b & 63));
-        if (b < p->block_low)
-            p->block_low = b;
+    for (int i = 0; i < n; i++)
+        unref_block(p, list[i]);
+}
+
+void pd_kvpool_hold(struct pd_kvpool *p, int b)
+{
+    assert(b >= 0 && b < p->n_blocks && block_is_used(p, b) && p->block_ref[b] > 0);
+    p->block_ref[b]++;
+    p->held++;
+}
+
+void pd_kvpool_unhold(struct pd_kvpool *p, int b)
+{
+    assert(p->held > 0);
+    p->held--;
+    unref_block(p, b);
+}
+
+int pd_kvseq_share(struct pd_kvpool *p, struct pd_kvseq *s, int layer, int key, int b)
+{
+    assert(s->slot >= 0 && b >= 0 && b < p->n_blocks && p->block_ref[b] > 0);
+    int **list = key ? &s->kblocks[layer] : &s->blocks[layer];
+    int *n = key ? &s->n_kblocks[layer] : &s->n_blocks[layer], *cap = key ? &s->cap_kblocks[layer] : &s->cap_blocks[layer];
+    if (*n == *cap) {
+        int c = *cap ? 2 * *cap : 8;
+        int *x = realloc(*list, (size_t)c * sizeof *x);
+        if (!x)
+            return PD_ENOMEM;
+        *list = x;
+        *cap = c;
     }
-    p->n_blocks_free += n;
+    (*list)[(*n)++] = b;
+    p->block_ref[b]++;
+    return 0;
 }
 
 void pd_kvseq_free(struct pd_kvpool *p, struct pd_kvseq *s)
@@ -357,8 +398,9 @@ void pd_kvseq_free(struct pd_kvpool *p, struct pd_kvseq *s)
     p->slot_free[p->n_slots_free++] = s->slot;
     p->live_seqs--;
     assert(p->n_blocks_free <= p->n_blocks && p->n_slots_free <= p->n_slots);
-    /* with no live sequence, every block and slot is back */
-    assert(p->live_seqs > 0 || (p->n_blocks_free == p->n_blocks && p->n_slots_free == p->n_slots));
+    /* with no live sequence, every block and slot is back but the blocks held apart (a prefix
+     * cache's, one reference each) */
+    assert(p->live_seqs > 0 || (p->n_blocks_free + p->held == p->n_blocks && p->n_slots_free == p->n_slots));
     memset(s, 0, sizeof *s);
     s->slot = -1;
 }

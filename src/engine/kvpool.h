@@ -17,8 +17,9 @@
  * sequence's bytes whenever its blocks are full. In fp8 the entries per block are rounded up
  * until a block holds whole indexer keys too (16 -> 17 for the mini model, 33 for V4-Flash), so
  * no key block carries padding the planner does not count. Freeing a
- * sequence returns its slot and every block; the pool asserts that it never frees a block twice
- * and that all blocks are back when no sequence is live.
+ * sequence returns its slot and drops its reference to every block; a block is free when no
+ * sequence lists it and no prefix cache holds it. The pool asserts that it never frees a block
+ * twice and that all blocks but the held ones are back when no sequence is live.
  * Blocks are handed out in ascending address order, from the lowest free extent that holds a
  * whole reservation when there is one: a sequence's blocks then lie in one piece in the order
  * pd_kvseq_runs lists them, and a KV hand-off copies them with one get instead of one per block. */
@@ -58,7 +59,9 @@ struct pd_kvpool {
     int *slot_free;                     /* stack of free slots */
     uint8_t *blocks;                    /* [n_blocks][block_bytes], after the slots */
     int n_blocks, n_blocks_free;
-    uint64_t *block_used;               /* bitmap [n_blocks]: 1 while owned by a sequence (and past the end) */
+    uint64_t *block_used;               /* bitmap [n_blocks]: 1 while referenced (and past the end) */
+    int *block_ref;                     /* [n_blocks] references: the sequences listing it, plus holds */
+    int held;                           /* holds (pd_kvpool_hold): references no sequence lists */
     int block_low;                      /* no free block below it */
     int live_seqs;
 };
@@ -105,6 +108,16 @@ int pd_kvpool_blocks_for(const struct pd_kvpool *p, int64_t len);
 /* Blocks needed to grow s to `len` tokens (admission control). */
 int pd_kvseq_blocks_needed(const struct pd_kvpool *p, const struct pd_kvseq *s, int64_t len);
 void pd_kvseq_free(struct pd_kvpool *p, struct pd_kvseq *s);
+
+/* Sharing (a prefix cache, engine/prefix.h): a block is free when its last reference goes.
+ * A sequence references each block it lists; pd_kvpool_hold adds a reference no sequence lists
+ * (at most one per block: with no live sequence, n_blocks_free + held == n_blocks), unhold drops
+ * it. pd_kvseq_share appends block b to s's entry (key = 0) or indexer-key (key = 1) blocks of
+ * `layer` with a reference of its own: s reads it and must never write it (its entries are all
+ * final). PD_ENOMEM (nothing changed) if the list cannot grow. */
+void pd_kvpool_hold(struct pd_kvpool *p, int b);
+void pd_kvpool_unhold(struct pd_kvpool *p, int b);
+int pd_kvseq_share(struct pd_kvpool *p, struct pd_kvseq *s, int layer, int key, int b);
 
 /* A sequence's KV as byte runs of the pool's region, in a fixed order: its slot, then for each
  * layer its entry blocks and its indexer-key blocks (the order reserve takes them in). Two pools of the same model and
