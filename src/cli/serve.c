@@ -69,6 +69,7 @@ int pd_cli_serve(int argc, char **argv)
         {"kv-transfer-config", 1, 0, 'K'}, {"kv-cache-bytes", 1, 0, 'B'},
         {"kv-cache-memory-bytes", 1, 0, 'B'}, {"enable-expert-parallel", 0, 0, 'E'},
         {"data-parallel-size", 1, 0, 'd'}, {"kv-cache-dtype", 1, 0, 'D'}, {"speculative-config", 1, 0, 'X'},
+        {"enable-prefix-caching", 0, 0, 'C'}, {"no-enable-prefix-caching", 0, 0, 'c'},
         {"help", 0, 0, 'h'}, PD_CLI_HTTP_OPTIONS, {0, 0, 0, 0},
     };
     int64_t dp = 0;
@@ -90,6 +91,8 @@ int pd_cli_serve(int argc, char **argv)
         case 'j': if (int_flag("--threads", optarg, 1, &o.threads)) return 2; break;
         case 'n': o.served_name = optarg; break;
         case 'E': o.expert_parallel = 1; break;
+        case 'C': o.prefix_caching = 1; break;
+        case 'c': o.prefix_caching = -1; break;
         case 'd': if (pd_cli_int("--data-parallel-size", optarg, 1, &dp)) return 2; break;
         case 'k': o.api_key = optarg; break;
         case 'D': if (pd_cli_kv_dtype("serve", optarg, &o.kv_dtype)) return 2; break;
@@ -206,6 +209,8 @@ int pd_cli_serve(int argc, char **argv)
                    "         rank 0 serves HTTP; each rank holds 1/N of the experts, its own sequences and\n"
                    "         KV pool; --max-num-seqs and --kv-cache-bytes are per rank; a kv_producer's\n"
                    "         rank k listens on kv_port + k)\n"
+                   "       [--enable-prefix-caching | --no-enable-prefix-caching] (on by default, as in vLLM; off\n"
+                   "         with --enable-expert-parallel: a prompt starts from its longest cached prefix)\n"
                    "       [--kv-transfer-config '{\"kv_role\":\"kv_producer\",\"kv_port\":N,\"engine_id\":\"p0\"}']\n"
                    "         (also \"kv_host\": the address the KV listener binds and decode instances pull\n"
                    "          from, default --host; \"kv_lease_ms\": how long a producer holds a KV nobody pulls, default 30000;\n"

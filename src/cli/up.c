@@ -428,7 +428,8 @@ int pd_cli_up(int argc, char **argv)
         {"kv-cache-memory-bytes", 1, 0, 'B'}, {"kv-cache-bytes", 1, 0, 'B'}, {"served-model-name", 1, 0, 'N'},
         {"hosts", 1, 0, 'O'}, {"kv-cache-dtype", 1, 0, 'd'}, {"policy", 1, 0, 'y'},
         {"speculative-config", 1, 0, 'X'},
-        {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"enable-prefix-caching", 0, 0, 'C'}, {"no-enable-prefix-caching", 0, 0, 'c'}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0},
     };
     const char *model = "models/mini", *plan = NULL, *key = NULL, *policy = NULL;
     char *hosts[MAX_HOSTS];
@@ -437,7 +438,7 @@ int pd_cli_up(int argc, char **argv)
     /* engine flags passed on to every instance as given (serve checks them); the plan's own
      * values forbid them with --plan */
     const char *host = "127.0.0.1", *seqs_flag = NULL, *batched_flag = NULL, *kvbytes_flag = NULL, *served = NULL;
-    const char *dtype_flag = NULL;
+    const char *dtype_flag = NULL, *prefix_flag = NULL;
     enum pd_kv_dtype dtype;
     int64_t checked;
     int c;
@@ -461,6 +462,8 @@ int pd_cli_up(int argc, char **argv)
             break;
         case 'B': kvbytes_flag = optarg; break;
         case 'd': if (pd_cli_kv_dtype("up", optarg, &dtype)) return 2; dtype_flag = optarg; break;
+        case 'C': prefix_flag = "--enable-prefix-caching"; break;
+        case 'c': prefix_flag = "--no-enable-prefix-caching"; break;
         case 'N': served = optarg; break;
         case 'y': {
             enum pd_route_policy p;
@@ -513,7 +516,7 @@ int pd_cli_up(int argc, char **argv)
                    "       [--api-key KEY] [--kv-lease-ms 30000] [--host 127.0.0.1] [--max-num-seqs N]\n"
                    "       [--max-num-batched-tokens N] [--kv-cache-memory-bytes B] [--served-model-name NAME]\n"
                    "       [--kv-cache-dtype bf16|fp8] [--policy cache_aware|least_loaded]\n"
-                   "       [--plan plan.json --hosts H0,H1,...]\n"
+                   "       [--enable-prefix-caching | --no-enable-prefix-caching] [--plan plan.json --hosts H0,H1,...]\n"
                    "--policy: how the proxy picks the instance that prefills (pdmoe proxy --help; cache_aware by default).\n"
                    "--host: the proxy's address (the instances stay on 127.0.0.1, reached by the proxy only). The\n"
                    "engine flags go to every instance, as pdmoe serve reads them (not with --plan, which sets them).\n"
@@ -637,6 +640,8 @@ int pd_cli_up(int argc, char **argv)
                 lo.extra[e++] = pass[j][0];
                 lo.extra[e++] = pass[j][1];
             }
+        if (prefix_flag)
+            lo.extra[e++] = prefix_flag;
         ch[n] = (struct child){.port = x->port, .role = x->role ? "decode" : "prefill", .instance = x->inst,
                                .host = x->group[0].host};
         if (!(ch[n].argv = pd_launch_argv(x, &lo))) {

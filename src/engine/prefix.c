@@ -248,7 +248,16 @@ void pd_prefix_free(struct pd_prefix *c)
     if (!c->table)
         return;
     pd_prefix_drop(c);
-    assert(c->n_nodes == 0 && c->bytes == 0);
+    /* what a cursor still pins (its sequence outlives the cache): the holds go, the blocks stay
+     * with the sequences listing them */
+    for (struct pd_prefix_node *x = c->nodes, *nx; x; x = nx) {
+        nx = x->next;
+        for (int i = 0; i < x->n_blocks; i++)
+            pd_kvpool_unhold(c->kv, x->blocks[i]);
+        c->bytes -= x->snap_bytes;
+        node_free(x);
+    }
+    assert(c->bytes == 0);
     free(c->table);
     memset(c, 0, sizeof *c);
 }

@@ -85,7 +85,8 @@ struct pd_prefix_cursor {
 
 /* A cache on pool kv, boundaries every `unit` tokens, snapshots up to max_bytes in all. */
 int pd_prefix_init(struct pd_prefix *c, struct pd_kvpool *kv, int unit, size_t max_bytes, pd_err *e);
-/* Drops every node (no cursor may pin one) and frees the cache: the pool gets its blocks back. */
+/* Drops every node and frees the cache: the pool gets back every block no sequence lists. A
+ * cursor still pinning a node must not be used after (pd_prefix_release it first). */
 void pd_prefix_free(struct pd_prefix *c);
 /* Evicts every unused node. */
 void pd_prefix_drop(struct pd_prefix *c);

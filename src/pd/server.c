@@ -198,6 +198,7 @@ static void *kvx_loop(void *arg)
 /* The sequence of a request goes back: to this engine's pool, or to its owner rank's. */
 static void seq_release(struct pd_server *s, struct req *r)
 {
+    pd_srv_prefix_release(s, r);
     if (r->started) {
         if (s->g)
             pd_srv_ep_release(s, r);
@@ -341,7 +342,11 @@ static void *scheduler(void *arg)
                 /* a rank with room takes it; the blocks are counted here and reserved there */
                 if (pd_srv_ep_admit(s, r))
                     break;
+            } else if (s->prefix_on && !r->remote_prefill) {
+                if (pd_srv_prefix_start(s, r, &e))
+                    break;   /* wait until running requests free their blocks */
             } else {
+                pd_srv_prefix_make_room(s, r->n_prompt + r->max_tokens);
                 if (pd_srv_seq_start_reserved(&s->en, &r->seq, r->n_prompt, r->n_prompt + r->max_tokens, &e))
                     break;   /* wait until running requests free their blocks */
             }
@@ -374,7 +379,7 @@ static void *scheduler(void *arg)
                 }
                 s->kv_recomputes++;
             }
-            budget -= r->n_prompt;
+            budget -= r->n_prompt - (int)r->seq.pos;   /* a cached prefix is not computed */
         }
         if (s->n_running == 0) {
             /* the ranks free what finished before the group goes idle */
@@ -406,9 +411,12 @@ static void *scheduler(void *arg)
             if (r->finished || r->ep_pulling)
                 continue;
             in_step[m] = r;
-            if (r->seq.pos == 0)
-                items[m] = (struct pd_step_item){.seq = &r->seq, .tokens = r->prompt, .n = r->n_prompt, .logits = r->logits};
-            else {
+            if (r->n_gen == 0 && r->seq.pos < r->n_prompt) {
+                /* the prompt after its cached prefix (if any) */
+                items[m] = (struct pd_step_item){.seq = &r->seq, .tokens = r->prompt + r->seq.pos,
+                                                 .n = r->n_prompt - (int)r->seq.pos, .logits = r->logits};
+                pd_srv_prefix_plan(s, r, &items[m]);
+            } else {
                 last[m] = r->gen[r->n_gen - 1];
                 items[m] = (struct pd_step_item){.seq = &r->seq, .tokens = &last[m], .n = 1, .logits = r->logits};
             }
@@ -456,6 +464,7 @@ static void *scheduler(void *arg)
         }
         for (int i = 0; i < m; i++) {
             struct req *r = in_step[i];
+            pd_srv_prefix_commit(s, r, rc == 0);
             if (rc) {
                 r->finished = 1;
                 r->finish = "error";
@@ -560,9 +569,14 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     snprintf(s->name, sizeof s->name, "%s", o->served_name ? o->served_name : base && base[1] ? base + 1 : o->model_dir);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    int rc;
+    if (o->prefix_caching > 0 && o->expert_parallel) {
+        rc = pd_err_set(e, PD_EINVAL, "--enable-prefix-caching is not implemented with --enable-expert-parallel "
+                                      "(its default there is off)");
+        goto fail;
+    }
     char path[600];
     snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
-    int rc;
     if ((rc = pd_tok_load(path, &s->tok, e)))
         goto fail;
     if ((rc = pd_chat_format_of(o->model_dir, &s->chat, e)))
@@ -591,6 +605,8 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     s->bos = pd_tok_bos(s->tok);
     s->eos = pd_tok_eos(s->tok);
     if (s->g && (rc = pd_srv_ep_setup(s, e)))
+        goto fail;
+    if ((rc = pd_srv_prefix_open(s, e)))
         goto fail;
     if (s->o.role != PD_ROLE_BOTH) {
         /* each rank of an EP group moves the KV of its own sequences: its own transfer engine
@@ -727,6 +743,7 @@ void pd_server_destroy(struct pd_server *s)
     while (s->released) {
         struct req *r = s->released;
         s->released = r->lease_next;
+        pd_srv_prefix_release(s, r);
         if (r->started)
             pd_seq_end(&s->en, &r->seq);
         pd_srv_req_unref(s, r);
@@ -779,6 +796,7 @@ void pd_server_destroy(struct pd_server *s)
     if (s->base)
         event_base_free(s->base);
     pd_srv_ep_close(s);
+    pd_srv_prefix_close(s);
     if (s->en.w.layers)
         pd_engine_close(&s->en);
     pd_tok_free(s->tok);

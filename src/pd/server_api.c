@@ -897,6 +897,19 @@ static void on_metrics(struct evhttp_request *h, void *arg)
                         (unsigned long long)s->kv_bytes, s->kv_seconds, (unsigned long long)s->kv_pulls,
                         (unsigned long long)s->kv_failures, (unsigned long long)s->kv_recomputes, leases,
                         s->en.kv.region_bytes, pd_kv_dtype_name(s->en.kv.dtype), s->en.kv.entry_bytes);
+    /* vLLM's prefix_cache_queries/hits: prompt tokens looked up, and found cached */
+    evbuffer_add_printf(b,
+                        "# HELP pdmoe_prefix_cache_queries_total Prompt tokens looked up in the prefix cache.\n"
+                        "# TYPE pdmoe_prefix_cache_queries_total counter\npdmoe_prefix_cache_queries_total %llu\n"
+                        "# HELP pdmoe_prefix_cache_hits_total Prompt tokens found in the prefix cache (not computed).\n"
+                        "# TYPE pdmoe_prefix_cache_hits_total counter\npdmoe_prefix_cache_hits_total %llu\n"
+                        "# TYPE pdmoe_prefix_cache_evictions_total counter\npdmoe_prefix_cache_evictions_total %llu\n"
+                        "# HELP pdmoe_prefix_cache_blocks KV pool blocks only the prefix cache holds (free when evicted).\n"
+                        "# TYPE pdmoe_prefix_cache_blocks gauge\npdmoe_prefix_cache_blocks %d\n"
+                        "# HELP pdmoe_prefix_cache_snapshot_bytes Memory of the cached prefixes' snapshots.\n"
+                        "# TYPE pdmoe_prefix_cache_snapshot_bytes gauge\npdmoe_prefix_cache_snapshot_bytes %zu\n",
+                        (unsigned long long)s->prefix.queries, (unsigned long long)s->prefix.hits,
+                        (unsigned long long)s->prefix.evictions, s->en.kv.held, s->prefix.bytes);
     if (s->n_kv_peers) {
         static const char *const peer_metric[4] = {"transfers", "transfer_failures", "transfer_bytes",
                                                    "transfer_seconds"};

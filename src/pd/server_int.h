@@ -3,13 +3,15 @@
  *
  *   server.c      the request lifetime, KV leases and pulls, the scheduler thread, create/run/destroy
  *   server_ep.c   the EP group: the round message, what every rank does with it, rank 0's accounts
- *   server_api.c  the HTTP side: requests in (validation, tokenisation), answers out (JSON, SSE) */
+ *   server_api.c  the HTTP side: requests in (validation, tokenisation), answers out (JSON, SSE)
+ *   server_prefix.c  the prefix cache: admission from a cached prefix, snapshots, release */
 #ifndef PD_PD_SERVER_INT_H
 #define PD_PD_SERVER_INT_H
 
 #include "pd/server.h"
 #include "core/timing.h"
 #include "engine/engine.h"
+#include "engine/prefix.h"
 #include "engine/sampler.h"
 #include "engine/spec.h"
 #include "ep/ep.h"
@@ -53,6 +55,8 @@ struct req {
     struct pd_seq seq;
     struct pd_spec_seq spec;        /* --speculative-config: the MTP layer's pending inputs */
     int started;
+    int cached;                     /* the sequence takes part in the prefix cache (pcur) */
+    struct pd_prefix_cursor pcur;
     int32_t *gen;                   /* [max_tokens] generated ids; entries below n_gen are final */
     int n_gen;
     int finished;
@@ -170,6 +174,8 @@ struct pd_server {
     struct pd_server_opts o;
     char name[128];
     struct pd_engine en;
+    struct pd_prefix prefix;        /* prefix_on: the prefix cache over en.kv */
+    int prefix_on;
     struct pd_tok *tok;
     int V, Vs;
     int32_t bos, eos;
@@ -254,6 +260,24 @@ int pd_srv_ep_build_step(struct pd_server *s, struct req **in_step, int m);
 int pd_srv_ep_open(struct pd_server *s, struct pd_engine_opts *eo, pd_err *e);
 int pd_srv_ep_setup(struct pd_server *s, pd_err *e);
 void pd_srv_ep_close(struct pd_server *s);
+
+/* ---- server_prefix.c ---- */
+#define PD_SRV_PREFIX_UNIT 256   /* default tokens between cached boundaries */
+/* The cache, unless turned off or with expert parallelism (refused there when asked for). */
+int pd_srv_prefix_open(struct pd_server *s, pd_err *e);
+void pd_srv_prefix_close(struct pd_server *s);
+/* Starts r's sequence from the longest cached prefix of its prompt, with its whole future's
+ * blocks reserved, evicting unused cached prefixes when the pool is short; PD_ENOMEM (nothing
+ * taken) when it does not fit yet. */
+int pd_srv_prefix_start(struct pd_server *s, struct req *r, pd_err *e);
+/* Before a sequence not started by pd_srv_prefix_start takes the blocks of `tokens` tokens:
+ * unused cached prefixes give theirs back. */
+void pd_srv_prefix_make_room(struct pd_server *s, int64_t tokens);
+/* r's prefill step item gets the snapshots to take; after the step they are committed (ok) or
+ * dropped; release when the sequence ends. No-ops for a request outside the cache. */
+void pd_srv_prefix_plan(struct pd_server *s, struct req *r, struct pd_step_item *it);
+void pd_srv_prefix_commit(struct pd_server *s, struct req *r, int ok);
+void pd_srv_prefix_release(struct pd_server *s, struct req *r);
 
 /* ---- server_api.c ---- */
 /* Producer: the address decode instances pull this process's KV from: kv_host, else --host,
