@@ -6,7 +6,15 @@
  * TPOT and inter-token latency percentiles and throughput (text, or --json). --long-every N
  * --long-input-len L makes every Nth request a long prompt: the mixed workload where
  * disaggregation should protect decode. An endpoint that cannot be reached is an error naming it,
- * before any request is sent. */
+ * before any request is sent.
+ * --dataset generated-shared-prefix (SGLang's name): --gsp-num-groups system prompts of
+ * --gsp-system-prompt-len words, request i the system prompt of group i % G and its own question
+ * of --random-input-len words. --dataset multi-turn: conversations of --num-turns turns, turn t's
+ * prompt the system prompt, every earlier user message and (synthetic) answer, and its own message;
+ * a conversation's next turn is sent when its last one ends. Both report the TTFT of cold requests
+ * (the first of each group or conversation) and warm ones (the rest) and their ratio, and the prefix
+ * cache's hit rate: hits / queries of pdmoe_prefix_cache_*_total on the --metrics-url servers
+ * (default the endpoint itself), read before and after the run. */
 #include "bench.h"
 #include "cli/cli.h"
 #include "model/config.h"
@@ -32,6 +40,7 @@
 struct sreq {
     struct bench_run *run;
     int id, long_prompt;
+    int group, turn;             /* --dataset: the system prompt or conversation, the turn in it */
     double t_send, t_first, t_last;
     int chunks, done, ok;
     double *itl;                 /* gaps between chunks */
@@ -55,9 +64,44 @@ struct bench_run {
     int max_concurrency;         /* 0: no limit */
     int in_flight, peak_in_flight;
     int *pending, n_pending, next_pending;   /* arrived beyond max_concurrency, in arrival order */
+    enum { DS_RANDOM, DS_SHARED, DS_TURNS } dataset;
+    int groups, sys_len, turns;  /* shared prefix: groups, system prompt words; multi-turn: turns */
 };
 
 static void send_now(struct sreq *q);
+static void send_one(evutil_socket_t fd, short what, void *arg);
+
+/* `n` words of text `what` number `k` (a system prompt, a user message, an answer): the same
+ * words each time it is asked for, different from every other's. */
+static int dataset_words(char *p, const char *what, int k, int n)
+{
+    static const char *v[] = {"alpha", "bravo", "delta", "echo", "forest", "garden", "harbor", "island", "jungle",
+                              "kettle", "lantern", "meadow", "north", "orange", "pebble", "quartz"};
+    char *s = p;
+    s += sprintf(s, " [%s %d]", what, k);
+    uint64_t h = (uint64_t)k * 0x9e3779b97f4a7c15ull + (uint64_t)(unsigned char)what[0];
+    for (int i = 0; i < n; i++) {
+        h = h * 6364136223846793005ull + 1442695040888963407ull;
+        s += sprintf(s, " %s%d", v[(h >> 33) % 16], (int)((h >> 40) % 100));
+    }
+    return (int)(s - p);
+}
+
+/* The prompt of a --dataset request into p (JSON-safe text); its length. */
+static int dataset_prompt(const struct bench_run *b, const struct sreq *q, char *p)
+{
+    char *s = p;
+    s += dataset_words(s, "system", q->group, b->sys_len);
+    if (b->dataset == DS_SHARED)
+        return (int)(s - p) + dataset_words(s, "question", q->id, b->input_len);
+    /* the conversation so far: user k and assistant k for k < turn, then user turn */
+    for (int k = 0; k <= q->turn; k++) {
+        s += dataset_words(s, "user", q->group * 1000 + k, b->input_len);
+        if (k < q->turn)
+            s += dataset_words(s, "assistant", q->group * 1000 + k, b->output_len);
+    }
+    return (int)(s - p);
+}
 
 static double urand(struct bench_run *b)
 {
@@ -106,6 +150,9 @@ static void on_done(struct evhttp_request *h, void *arg)
     b->in_flight--;
     if (b->next_pending < b->n_pending)
         send_now(&b->r[b->pending[b->next_pending++]]);
+    /* a conversation's next turn comes once this one is answered */
+    if (b->dataset == DS_TURNS && q->turn + 1 < b->turns && q->id + 1 < b->n)
+        send_one(-1, 0, &b->r[q->id + 1]);
     if (++b->finished == b->n)
         event_base_loopexit(b->base, NULL);
 }
@@ -130,8 +177,17 @@ static void send_now(struct sreq *q)
     int len = q->long_prompt ? b->long_input_len : b->input_len;
     static const char *words[] = {"the", "sea", "clock", "bread", "river", "morning", "town", "light", "winter", "gear"};
     size_t cap = (size_t)len * 40 + 512;
+    if (b->dataset != DS_RANDOM)
+        cap += (size_t)(b->sys_len + (q->turn + 1) * (b->input_len + b->output_len)) * 12 + 64 * (size_t)(q->turn + 1);
     char *body = malloc(cap + 256), *p = body;
-    p += sprintf(p, "{\"model\":\"%s\",\"prompt\":\"request %d:", b->model, q->id);
+    p += sprintf(p, "{\"model\":\"%s\",\"prompt\":\"", b->model);
+    if (b->dataset != DS_RANDOM) {
+        p += dataset_prompt(b, q, p);
+        sprintf(p, "\",\"max_tokens\":%d,\"ignore_eos\":true,\"stream\":true,\"temperature\":%g}", b->output_len,
+                b->temperature);
+        goto send;
+    }
+    p += sprintf(p, "request %d:", q->id);
     for (int i = 0; i < len; i++) {
         if (b->text) {   /* request id's own window of the text, wrapping */
             int w = (int)(((size_t)q->id * 53 + (size_t)i) % (size_t)b->n_words);
@@ -142,6 +198,7 @@ static void send_now(struct sreq *q)
     }
     sprintf(p, "\",\"max_tokens\":%d,\"ignore_eos\":true,\"stream\":true,\"temperature\":%g}", b->output_len,
             b->temperature);
+send:
     q->conn = evhttp_connection_base_new(b->base, NULL, b->host, (unsigned short)b->port);
     evhttp_connection_set_timeout(q->conn, 600);
     struct evhttp_request *h = evhttp_request_new(on_done, q);
@@ -195,10 +252,86 @@ static const char serve_usage[] =
     "usage: pdmoe bench serve [--base-url http://127.0.0.1:8000] [--model mini] [--request-rate R|inf]\n"
     "       [--max-concurrency C] [--random-input-len 64] [--random-output-len 32] [--num-prompts 32]\n"
     "       [--seed 0] [--long-every N --long-input-len L] [--prompts words|text] [--temperature 0] [--json]\n"
+    "       [--dataset random|generated-shared-prefix|multi-turn] [--gsp-num-groups 4]\n"
+    "       [--gsp-system-prompt-len 400] [--num-turns 4] [--metrics-url URL,...]\n"
     "vllm bench serve's names; --url, --input-len and --output-len are accepted for the first three.\n"
     "--max-concurrency C: at most C requests in flight (with --request-rate inf, C clients each sending its\n"
     "next request when the last one ends). --prompts words (default): ten words repeated; text: each request\n"
-    "its own window of an English text (models/corpus.txt), so that expert routing is a real prompt's.\n";
+    "its own window of an English text (models/corpus.txt), so that expert routing is a real prompt's.\n"
+    "--dataset generated-shared-prefix: G system prompts of --gsp-system-prompt-len words, request i group\n"
+    "(i mod G)'s and its own question of --random-input-len words; multi-turn: conversations of --num-turns\n"
+    "turns, each turn's prompt the whole conversation so far (answers of --random-output-len synthetic words),\n"
+    "the next turn sent when the last ends. Both print the TTFT of cold requests (the first of a group or\n"
+    "conversation) against warm ones and the prefix cache's hit rate (pdmoe_prefix_cache_hits_total /\n"
+    "_queries_total over the run, summed over --metrics-url, default the endpoint; a proxy has none).\n";
+
+/* The sums of pdmoe_prefix_cache_queries_total and _hits_total over the servers of `urls`
+ * (comma-separated http://HOST:PORT); how many of them have the counters, -1 if one cannot be
+ * read (named on stderr). */
+static int cache_counters(const char *urls, double *queries, double *hits)
+{
+    *queries = *hits = 0;
+    int have = 0;
+    char list[1024];
+    snprintf(list, sizeof list, "%s", urls);
+    for (char *save = NULL, *u = strtok_r(list, ",", &save); u; u = strtok_r(NULL, ",", &save)) {
+        char host[64];
+        int port;
+        if (sscanf(u, "http://%63[^:/]:%d", host, &port) != 2 || port < 1 || port > 65535) {
+            fprintf(stderr, "pdmoe bench serve: --metrics-url %s: expected http://HOST:PORT\n", u);
+            return -1;
+        }
+        char ps[16];
+        snprintf(ps, sizeof ps, "%d", port);
+        struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+        int fd = -1;
+        if (getaddrinfo(host, ps, &hints, &ai) == 0) {
+            for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
+                fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
+                if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+                    close(fd);
+                    fd = -1;
+                }
+            }
+            freeaddrinfo(ai);
+        }
+        if (fd < 0) {
+            fprintf(stderr, "pdmoe bench serve: --metrics-url %s: cannot connect\n", u);
+            return -1;
+        }
+        char req[160];
+        int n = snprintf(req, sizeof req, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", host);
+        size_t len = 0, cap = 1 << 16;
+        char *text = malloc(cap);
+        ssize_t got = text && write(fd, req, (size_t)n) == n ? 1 : -1;
+        while (text && got > 0) {
+            if (len + 1 == cap) {
+                char *t = realloc(text, cap * 2);
+                if (!t)
+                    break;
+                text = t;
+                cap *= 2;
+            }
+            got = read(fd, text + len, cap - 1 - len);
+            if (got > 0)
+                len += (size_t)got;
+        }
+        close(fd);
+        if (!text) {
+            fprintf(stderr, "pdmoe bench serve: out of memory for /metrics of %s\n", u);
+            return -1;
+        }
+        text[len] = 0;
+        const char *q = strstr(text, "\npdmoe_prefix_cache_queries_total "), *h = strstr(text, "\npdmoe_prefix_cache_hits_total ");
+        if (q && h) {
+            *queries += strtod(q + strlen("\npdmoe_prefix_cache_queries_total "), NULL);
+            *hits += strtod(h + strlen("\npdmoe_prefix_cache_hits_total "), NULL);
+            have++;
+        }
+        free(text);
+    }
+    return have;
+}
 
 /* A whole-number flag in [lo, hi]; 2 (usage error, message printed) otherwise. */
 static int serve_int(const char *flag, const char *v, long lo, long hi, int *out)
@@ -245,17 +378,20 @@ static int reachable(const char *url, const char *host, int port)
 int pd_bench_serve(int argc, char **argv)
 {
     enum { O_URL = 256, O_MODEL, O_RATE, O_IN, O_OUT, O_N, O_SEED, O_LONG_EVERY, O_LONG_IN, O_PROMPTS, O_TEMP,
-           O_CONC, O_JSON, O_HELP };
+           O_CONC, O_JSON, O_HELP, O_DATASET, O_GROUPS, O_SYS, O_TURNS, O_METRICS };
     static const struct option opts[] = {
         {"base-url", 1, 0, O_URL}, {"url", 1, 0, O_URL}, {"model", 1, 0, O_MODEL}, {"request-rate", 1, 0, O_RATE},
         {"random-input-len", 1, 0, O_IN}, {"input-len", 1, 0, O_IN}, {"random-output-len", 1, 0, O_OUT},
         {"output-len", 1, 0, O_OUT}, {"num-prompts", 1, 0, O_N}, {"seed", 1, 0, O_SEED},
         {"long-every", 1, 0, O_LONG_EVERY}, {"long-input-len", 1, 0, O_LONG_IN}, {"prompts", 1, 0, O_PROMPTS},
         {"temperature", 1, 0, O_TEMP}, {"max-concurrency", 1, 0, O_CONC}, {"json", 0, 0, O_JSON},
-        {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
+        {"help", 0, 0, O_HELP}, {"dataset", 1, 0, O_DATASET}, {"dataset-name", 1, 0, O_DATASET},
+        {"gsp-num-groups", 1, 0, O_GROUPS}, {"gsp-system-prompt-len", 1, 0, O_SYS}, {"num-turns", 1, 0, O_TURNS},
+        {"metrics-url", 1, 0, O_METRICS}, {0, 0, 0, 0},
     };
-    struct bench_run b = {.model = "mini", .input_len = 64, .output_len = 32, .n = 32, .rate = INFINITY, .rng = 1};
-    const char *url = "http://127.0.0.1:8000";
+    struct bench_run b = {.model = "mini", .input_len = 64, .output_len = 32, .n = 32, .rate = INFINITY, .rng = 1,
+                          .groups = 4, .sys_len = 400, .turns = 4};
+    const char *url = "http://127.0.0.1:8000", *metrics_url = NULL;
     int c, json = 0, seed = 0, idx = 0;
     optind = 1;
     opterr = 0;
@@ -296,6 +432,23 @@ int pd_bench_serve(int argc, char **argv)
             b.text = strcmp(optarg, "text") == 0;
             break;
         case O_JSON: json = 1; break;
+        case O_DATASET:
+            if (!strcmp(optarg, "random"))
+                b.dataset = DS_RANDOM;
+            else if (!strcmp(optarg, "generated-shared-prefix"))
+                b.dataset = DS_SHARED;
+            else if (!strcmp(optarg, "multi-turn"))
+                b.dataset = DS_TURNS;
+            else {
+                fprintf(stderr, "pdmoe bench serve: --dataset %s: expected random, generated-shared-prefix or multi-turn\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case O_GROUPS: bad = serve_int(flag, optarg, 1, 100000, &b.groups); break;
+        case O_SYS: bad = serve_int(flag, optarg, 0, 1 << 16, &b.sys_len); break;
+        case O_TURNS: bad = serve_int(flag, optarg, 1, 1000, &b.turns); break;
+        case O_METRICS: metrics_url = optarg; break;
         case 'h':
         case O_HELP: fputs(serve_usage, stdout); return 0;
         default: return pd_cli_bad_flag("bench serve", c, argc, argv);
@@ -315,7 +468,16 @@ int pd_bench_serve(int argc, char **argv)
         fprintf(stderr, "pdmoe bench serve: --long-every %d needs --long-input-len\n", b.long_every);
         return 2;
     }
+    if (b.dataset != DS_RANDOM && (b.long_every || b.text)) {
+        fprintf(stderr, "pdmoe bench serve: --dataset %s makes its own prompts: no --long-every or --prompts\n",
+                b.dataset == DS_SHARED ? "generated-shared-prefix" : "multi-turn");
+        return 2;
+    }
     if (reachable(url, b.host, b.port))
+        return 1;
+    double q0 = 0, h0 = 0;
+    int have_cache = b.dataset != DS_RANDOM ? cache_counters(metrics_url ? metrics_url : url, &q0, &h0) : 0;
+    if (have_cache < 0)
         return 1;
     if (b.text) {
         const char *t = pd_embedded_find("models/corpus.txt");
@@ -349,6 +511,14 @@ int pd_bench_serve(int argc, char **argv)
     double t = 0;
     for (int i = 0; i < b.n; i++) {
         b.r[i] = (struct sreq){.run = &b, .id = i, .long_prompt = b.long_every > 0 && i % b.long_every == b.long_every - 1};
+        if (b.dataset == DS_SHARED)
+            b.r[i].group = i % b.groups;
+        if (b.dataset == DS_TURNS) {
+            b.r[i].group = i / b.turns;
+            b.r[i].turn = i % b.turns;
+            if (b.r[i].turn > 0)
+                continue;   /* sent when the turn before it ends */
+        }
         struct timeval tv = {(long)t, (long)((t - floor(t)) * 1e6)};
         event_base_once(b.base, -1, EV_TIMEOUT, send_one, &b.r[i], &tv);
         if (isfinite(b.rate))
@@ -359,7 +529,8 @@ int pd_bench_serve(int argc, char **argv)
     double dur = pd_now_s() - t0;
     double *ttft = calloc((size_t)b.n, sizeof *ttft), *tpot = calloc((size_t)b.n, sizeof *tpot);
     double *ttft_l = calloc((size_t)b.n, sizeof *ttft_l), *tpot_s = calloc((size_t)b.n, sizeof *tpot_s);
-    int nt = 0, nl = 0, ns = 0, ok = 0, n_itl = 0;
+    double *ttft_cold = calloc((size_t)b.n, sizeof *ttft_cold), *ttft_warm = calloc((size_t)b.n, sizeof *ttft_warm);
+    int nt = 0, nl = 0, ns = 0, ok = 0, n_itl = 0, n_cold = 0, n_warm = 0;
     for (int i = 0; i < b.n; i++)
         n_itl += b.r[i].n_itl;
     double *itl = calloc((size_t)n_itl + 1, sizeof *itl);
@@ -373,6 +544,14 @@ int pd_bench_serve(int argc, char **argv)
         tokens += b.output_len;
         if (q->long_prompt)
             ttft_l[nl++] = q->t_first - q->t_send;
+        /* cold: the first request of its group or conversation, which no other could have cached */
+        if (b.dataset == DS_SHARED || b.dataset == DS_TURNS) {
+            int cold = b.dataset == DS_SHARED ? i < b.groups : q->turn == 0;
+            if (cold)
+                ttft_cold[n_cold++] = q->t_first - q->t_send;
+            else
+                ttft_warm[n_warm++] = q->t_first - q->t_send;
+        }
         ttft[nt] = q->t_first - q->t_send;
         tpot[nt++] = b.output_len > 1 ? (q->t_last - q->t_first) / (b.output_len - 1) : 0;
         if (!q->long_prompt)
@@ -415,6 +594,35 @@ int pd_bench_serve(int argc, char **argv)
         report("TTFT, long prompts", "ttft_long", ttft_l, nl, doc);
         report("TPOT, short requests", "tpot_short", tpot_s, ns, doc);
     }
+    if (b.dataset != DS_RANDOM) {
+        double q1 = 0, h1 = 0;
+        int have = cache_counters(metrics_url ? metrics_url : url, &q1, &h1);
+        double mc = 0, mw = 0;
+        for (int i = 0; i < n_cold; i++)
+            mc += ttft_cold[i] / n_cold;
+        for (int i = 0; i < n_warm; i++)
+            mw += ttft_warm[i] / n_warm;
+        report("TTFT, cold (first of each)", "ttft_cold", ttft_cold, n_cold, doc);
+        report("TTFT, warm (shared prefix)", "ttft_warm", ttft_warm, n_warm, doc);
+        double rate_hit = have > 0 && q1 > q0 ? (h1 - h0) / (q1 - q0) : NAN;
+        if (doc) {
+            json_object_set_new(doc, "dataset", json_string(b.dataset == DS_SHARED ? "generated-shared-prefix" : "multi-turn"));
+            json_object_set_new(doc, "ttft_warm_over_cold", n_cold && n_warm ? json_real(mw / mc) : json_null());
+            json_object_set_new(doc, "prefix_cache_queries", have > 0 ? json_real(q1 - q0) : json_null());
+            json_object_set_new(doc, "prefix_cache_hits", have > 0 ? json_real(h1 - h0) : json_null());
+            json_object_set_new(doc, "prefix_cache_hit_rate", isfinite(rate_hit) ? json_real(rate_hit) : json_null());
+        } else {
+            if (n_cold && n_warm)
+                printf("  TTFT warm / cold (means)     %.3f\n", mw / mc);
+            if (have > 0 && isfinite(rate_hit))
+                printf("  prefix cache: %.0f of %.0f prompt tokens hit (hit rate %.3f)\n", h1 - h0, q1 - q0, rate_hit);
+            else if (have > 0)
+                printf("  prefix cache: no prompt token looked up (--no-enable-prefix-caching?)\n");
+            else
+                printf("  prefix cache: no pdmoe_prefix_cache counters at %s (a proxy has none: --metrics-url "
+                       "names the instances)\n", metrics_url ? metrics_url : url);
+        }
+    }
     if (doc) {
         char *out = json_dumps(doc, JSON_INDENT(2));
         puts(out);
@@ -427,6 +635,8 @@ int pd_bench_serve(int argc, char **argv)
     free(tpot);
     free(ttft_l);
     free(tpot_s);
+    free(ttft_cold);
+    free(ttft_warm);
     free(itl);
     free(b.r);
     free(b.pending);

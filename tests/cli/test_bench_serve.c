@@ -85,3 +85,42 @@ Test(bench_serve, unreachable_url_and_bad_flags)
     cr_assert_eq(run("bench serve --help", out, sizeof out, err, sizeof err), 0);
     cr_assert(strstr(out, "usage: pdmoe bench serve"), "%s", out);
 }
+
+/* --dataset generated-shared-prefix and multi-turn against a server with 64-token prefix units:
+ * every request completes, the warm requests' prompt tokens are partly served from the cache (the
+ * hit rate is the server's counters over the run, between 0 and 1 exclusive), and the JSON has
+ * cold and warm TTFT and their ratio. */
+Test(bench_serve, datasets_report_the_prefix_cache_hit_rate, .timeout = 300)
+{
+    tmp_model("v4-tiny", 5, dir, sizeof dir);
+    pd_err e = {0};
+    struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 2048,
+                               .max_num_batched_tokens = 2048, .served_name = "tiny", .prefix_cache_unit = 64};
+    cr_assert_eq(pd_server_create(&o, &srv, &e), 0, "%s", e.msg);
+    pthread_create(&loop, NULL, run_loop, NULL);
+    const char *sets[] = {"--dataset generated-shared-prefix --gsp-num-groups 2 --gsp-system-prompt-len 60",
+                          "--dataset multi-turn --num-turns 3 --gsp-system-prompt-len 30"};
+    for (int k = 0; k < 2; k++) {
+        char args[512], out[16384], err[2048];
+        snprintf(args, sizeof args, "bench serve --base-url http://127.0.0.1:%d --model tiny --num-prompts 6 "
+                 "--max-concurrency 2 --random-input-len 10 --random-output-len 4 %s --json", pd_server_port(srv), sets[k]);
+        int rc = run(args, out, sizeof out, err, sizeof err);
+        cr_assert_eq(rc, 0, "%s: %s", sets[k], err);
+        json_error_t je;
+        json_t *j = json_loads(out, 0, &je);
+        cr_assert_not_null(j, "%s", out);
+        cr_assert_eq(json_integer_value(json_object_get(j, "completed")), 6);
+        double rate = json_real_value(json_object_get(j, "prefix_cache_hit_rate"));
+        cr_assert(rate > 0 && rate < 1, "%s: hit rate %f", sets[k], rate);
+        cr_assert_gt(json_real_value(json_object_get(j, "prefix_cache_hits")), 0);
+        cr_assert(json_is_real(json_object_get(j, "ttft_warm_over_cold")), "%s", out);
+        cr_assert_not_null(json_object_get(j, "ttft_cold"));
+        cr_assert_not_null(json_object_get(j, "ttft_warm"));
+        json_decref(j);
+    }
+    pd_server_stop(srv);
+    pthread_join(loop, NULL);
+    pd_server_destroy(srv);
+    srv = NULL;
+    rm_model(dir);
+}

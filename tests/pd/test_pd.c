@@ -354,3 +354,36 @@ Test(pd, misdirected_requests)
     cr_assert_eq(curl_port(D.port, "/v1/completions", "{\"prompt\":\"x\",\"kv_transfer_params\":7}", NULL, out, sizeof out),
                  400, "%s", out);
 }
+
+/* The prefill side reuses its prefix cache: the same prompt twice through P and D gives C's ids
+ * both times, P counts the second's cached tokens (D pulls the whole KV and caches nothing), and
+ * once D's DONE ends the leases P's blocks are free or held by its cache alone. */
+Test(pd, the_prefill_side_reuses_its_prefix_cache)
+{
+    pd_err e = {0};
+    struct pd_server_opts o = {.model_dir = dir, .port = 0, .threads = 1, .max_num_seqs = 8, .max_model_len = 512,
+                               .served_name = "tiny", .role = PD_ROLE_PRODUCER, .engine_id = "t",
+                               .kv_timeout_ms = 3000, .prefix_cache_unit = 64, .http = {.log = log_line}};
+    cr_assert_eq(pd_server_create(&o, &P.s, &e), 0, "%s", e.msg);
+    P.port = pd_server_port(P.s);
+    pthread_create(&P.loop, NULL, run_loop, &P);
+    start(&D, PD_ROLE_CONSUMER, 0);
+    start(&C, PD_ROLE_BOTH, 0);
+    char prompt[1024], *w = prompt;
+    for (int i = 0; i < 60; i++)
+        w += sprintf(w, "%sw%d", i ? " " : "", (i * 7 + 3) % 997);
+    const char *prompts[] = {prompt, prompt};
+    pd_equals_colocated(prompts, 2);
+    int n = metric(P.port, "pdmoe_prefix_cache_queries_total") / 2;
+    cr_assert_gt(n, 128, "the prompt is %d tokens", n);
+    cr_assert_eq(metric(P.port, "pdmoe_prefix_cache_hits_total"), (n - 1) / 64 * 64);
+    cr_assert_eq(metric(D.port, "pdmoe_prefix_cache_queries_total"), 0);
+    cr_assert_eq(metric(D.port, "pdmoe_kv_recomputes_total"), 0);
+    for (int i = 0; i < 100 && metric(P.port, "pdmoe_kv_leases") > 0; i++)
+        usleep(20000);
+    cr_assert_eq(metric(P.port, "pdmoe_kv_leases"), 0);
+    cr_assert_gt(metric(P.port, "pdmoe_prefix_cache_blocks"), 0);
+    cr_assert_eq(metric(P.port, "pdmoe_kv_blocks_free") + metric(P.port, "pdmoe_prefix_cache_blocks"),
+                 metric(P.port, "pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric(D.port, "pdmoe_kv_blocks_free"), metric(D.port, "pdmoe_kv_blocks_total"));
+}
