@@ -40,10 +40,66 @@ static size_t partial_bytes(const struct pd_kvpool *p, int l, int key, int64_t l
     return (size_t)(n % p->block_entries) * p->entry_bytes;
 }
 
+static size_t state_half(const struct pd_kvpool *p, int l, int indexer)
+{
+    const struct pd_kvlayer *k = &p->layer[l];
+    int d = indexer ? p->index_head_dim : p->head_dim;
+    return (size_t)k->coff * k->ratio * (size_t)k->coff * d * sizeof(float);   /* kv rows, or score rows */
+}
+
+/* The slot ranges of layer l that a snapshot at pos holds (at most 5): the window ring, then for
+ * each compressor (the layer's, a CSA layer's indexer's) its kv and score rows [coff * ratio,
+ * coff * d] each, all of them while a block is open at pos (pos % ratio != 0). At a block
+ * boundary the current block's rows are dead: pd_compress_push writes row i at the block's i-th
+ * token and reads the rows only at its last, so they are all written again before any is read;
+ * only ratio 4's previous-block rows (the first `ratio` rows of kv and of score, which the next
+ * entry overlaps) are live. */
+static int slot_parts(const struct pd_kvpool *p, int l, int64_t pos, size_t off[5], size_t len[5])
+{
+    const struct pd_kvlayer *k = &p->layer[l];
+    int n = 0;
+    off[n] = k->window_off;
+    len[n++] = (size_t)p->window * p->entry_bytes;
+    for (int ix = 0; ix < 2; ix++) {
+        if (!k->ratio || (ix && k->ratio != 4))
+            continue;
+        size_t base = ix ? k->idx_state_off : k->state_off, half = state_half(p, l, ix);
+        if (pos % k->ratio) {
+            off[n] = base;
+            len[n++] = 2 * half;
+        } else if (k->coff == 2) {
+            off[n] = base;
+            len[n++] = half / 2;
+            off[n] = base + half;
+            len[n++] = half / 2;
+        }
+    }
+    return n;
+}
+
+/* Bytes of layer l's slot ranges at pos. */
+static size_t slot_part_bytes(const struct pd_kvpool *p, int l, int64_t pos)
+{
+    size_t off[5], len[5], b = 0;
+    for (int i = 0, n = slot_parts(p, l, pos, off, len); i < n; i++)
+        b += len[i];
+    return b;
+}
+
+/* Offset of layer l's slot ranges in a snapshot at pos (l = n_layers: where the partial blocks
+ * start). */
+static size_t slot_off(const struct pd_kvpool *p, int l, int64_t pos)
+{
+    size_t off = 0;
+    for (int i = 0; i < l; i++)
+        off += slot_part_bytes(p, i, pos);
+    return off;
+}
+
 /* Offset of layer l's partial entry block (key = 0) or key block (key = 1) in a snapshot. */
 static size_t partial_off(const struct pd_kvpool *p, int l, int key, int64_t len)
 {
-    size_t off = p->slot_bytes;
+    size_t off = slot_off(p, p->n_layers, len);
     for (int i = 0; i < l; i++)
         off += partial_bytes(p, i, 0, len) + partial_bytes(p, i, 1, len);
     return off + (key ? partial_bytes(p, l, 0, len) : 0);
@@ -54,32 +110,14 @@ size_t pd_kvsnap_bytes(const struct pd_kvpool *p, int64_t pos)
     return partial_off(p, p->n_layers, 0, pos);
 }
 
-static size_t state_bytes(const struct pd_kvpool *p, int l, int indexer)
-{
-    const struct pd_kvlayer *k = &p->layer[l];
-    int d = indexer ? p->index_head_dim : p->head_dim;
-    return 2 * (size_t)k->coff * k->ratio * (size_t)k->coff * d * sizeof(float);
-}
-
-/* The slot ranges of layer l: its window ring, its compressor state, its indexer's. */
-static void slot_parts(const struct pd_kvpool *p, int l, size_t off[3], size_t len[3])
-{
-    const struct pd_kvlayer *k = &p->layer[l];
-    off[0] = k->window_off;
-    len[0] = (size_t)p->window * p->entry_bytes;
-    off[1] = k->state_off;
-    len[1] = k->ratio ? state_bytes(p, l, 0) : 0;
-    off[2] = k->idx_state_off;
-    len[2] = k->ratio == 4 ? state_bytes(p, l, 1) : 0;
-}
-
 void pd_kvsnap_take(const struct pd_kvpool *p, const struct pd_kvseq *s, int layer, int64_t pos, uint8_t *buf)
 {
     const uint8_t *slot = p->slots + (size_t)s->slot * p->slot_bytes;
-    size_t off[3], len[3];
-    slot_parts(p, layer, off, len);
-    for (int i = 0; i < 3; i++)
-        memcpy(buf + off[i], slot + off[i], len[i]);
+    size_t off[5], len[5], at = slot_off(p, layer, pos);
+    for (int i = 0, n = slot_parts(p, layer, pos, off, len); i < n; i++) {
+        memcpy(buf + at, slot + off[i], len[i]);
+        at += len[i];
+    }
     int64_t n = entries_at(p, layer, pos);
     size_t eb = partial_bytes(p, layer, 0, pos), kb = partial_bytes(p, layer, 1, pos);
     if (eb)
@@ -353,8 +391,13 @@ int pd_prefix_attach(struct pd_prefix *c, struct pd_prefix_node *x, struct pd_kv
         return pd_err_set(e, PD_ENOMEM, "prefix cache: out of memory");
     if ((rc = pd_kvseq_reserve(p, s, x->len, e)))
         return rc;
-    memcpy(p->slots + (size_t)s->slot * p->slot_bytes, x->snap, p->slot_bytes);
+    uint8_t *slot = p->slots + (size_t)s->slot * p->slot_bytes;
     for (int l = 0; l < p->n_layers; l++) {
+        size_t off[5], len[5], at = slot_off(p, l, x->len);
+        for (int i = 0, np = slot_parts(p, l, x->len, off, len); i < np; i++) {
+            memcpy(slot + off[i], x->snap + at, len[i]);
+            at += len[i];
+        }
         int64_t nent = entries_at(p, l, x->len);
         size_t eb = partial_bytes(p, l, 0, x->len), kb = partial_bytes(p, l, 1, x->len);
         if (eb)
