@@ -307,7 +307,7 @@ Test(up, engine_flags_reach_every_instance)
         freopen(out, "w", stdout);
         execl(bin, bin, "up", "--model", dir, "--port", sp, "--host", "127.0.0.1", "--max-num-seqs", "3",
               "--kv-cache-memory-bytes", "64MiB", "--served-model-name", "tiny-x", "--kv-cache-dtype", "fp8",
-              (char *)NULL);
+              "--no-enable-prefix-caching", (char *)NULL);
         _exit(127);
     }
     up_pid = up;
@@ -324,6 +324,8 @@ Test(up, engine_flags_reach_every_instance)
     cr_assert(strstr(a, "\"tiny-x\""), "%s", a);
     const char *body = "{\"model\":\"tiny-x\",\"prompt\":\"The sea\",\"max_tokens\":3,\"temperature\":0}";
     cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, a, sizeof a), 200, "%s", a);
+    /* the prefill instance computed the prompt without looking it up: caching is off there */
+    cr_assert_eq(metric_port(port + 1, "pdmoe_prefix_cache_queries_total"), 0);
     stop_up(up, port);
 
     char cmd[1024], err[512];
