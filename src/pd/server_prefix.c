@@ -1,13 +1,15 @@
 /* The server's prefix cache (engine/prefix.h): a request starts from the longest cached prefix
  * of its prompt and prefills only the rest; its prefill step snapshots every unit boundary it
  * passes, which later requests reuse. One process only: an EP group's sequences live on their
- * owner ranks, which do not cache. Everything here runs on the scheduler thread with s->mu held. */
+ * owner ranks, which do not cache; and not with --speculative-config (the MTP layer's KV is not
+ * in the snapshots, and speculation prefills whole prompts). Everything here runs on the
+ * scheduler thread with s->mu held. */
 #include "pd/server_int.h"
 
 int pd_srv_prefix_open(struct pd_server *s, pd_err *e)
 {
-    /* asked for with expert parallelism: refused by pd_server_create before */
-    if (s->o.prefix_caching < 0 || s->o.expert_parallel)
+    /* asked for with expert parallelism or speculation: refused by pd_server_create before */
+    if (s->o.prefix_caching < 0 || s->o.expert_parallel || s->o.spec_k)
         return 0;
     const struct pd_kvpool *kv = &s->en.kv;
     int unit = s->o.prefix_cache_unit > 0 ? s->o.prefix_cache_unit : PD_SRV_PREFIX_UNIT;
