@@ -66,12 +66,10 @@ static int argmax(const float *x, int n)
     return 0;   /* m is NaN: x[0] was, and nothing beat it */
 }
 
-int32_t pd_sample(struct pd_sampler *s, const float *logits, int n, float *scratch)
+/* The nucleus of the tempered distribution: c[0 .. keep) holds the candidates by descending
+ * probability (unnormalised, relative to the best logit's), *mass their sum; returns keep. */
+static int nucleus(const struct pd_sampler *s, const float *logits, int n, int best, struct cand *c, double *mass)
 {
-    int best = argmax(logits, n);
-    if (s->temperature <= 0)
-        return best;
-    struct cand *c = (struct cand *)scratch;   /* 2 * n floats hold n candidates */
     double sum = 0;
     for (int i = 0; i < n; i++) {
         c[i].p = (float)exp((logits[i] - logits[best]) / s->temperature);
@@ -79,10 +77,22 @@ int32_t pd_sample(struct pd_sampler *s, const float *logits, int n, float *scrat
         sum += c[i].p;
     }
     qsort(c, (size_t)n, sizeof *c, by_prob);
-    double mass = 0;
+    double m = 0;
     int keep = 0;
-    while (keep < n && (keep == 0 || mass < s->top_p * sum))
-        mass += c[keep++].p;
+    while (keep < n && (keep == 0 || m < s->top_p * sum))
+        m += c[keep++].p;
+    *mass = m;
+    return keep;
+}
+
+int32_t pd_sample(struct pd_sampler *s, const float *logits, int n, float *scratch)
+{
+    int best = argmax(logits, n);
+    if (s->temperature <= 0)
+        return best;
+    struct cand *c = (struct cand *)scratch;   /* 2 * n floats hold n candidates */
+    double mass;
+    int keep = nucleus(s, logits, n, best, c, &mass);
     double u = pd_sampler_uniform(s) * mass, acc = 0;
     for (int k = 0; k < keep; k++) {
         acc += c[k].p;
@@ -102,18 +112,9 @@ void pd_sampler_probs(const struct pd_sampler *s, const float *logits, int n, fl
         return;
     }
     /* the same candidates, order and nucleus as pd_sample */
-    struct cand *c = (struct cand *)scratch;
-    double sum = 0;
-    for (int i = 0; i < n; i++) {
-        c[i].p = (float)exp((logits[i] - logits[best]) / s->temperature);
-        c[i].id = i;
-        sum += c[i].p;
-    }
-    qsort(c, (size_t)n, sizeof *c, by_prob);
-    double mass = 0;
-    int keep = 0;
-    while (keep < n && (keep == 0 || mass < s->top_p * sum))
-        mass += c[keep++].p;
+    double mass;
+    int keep = nucleus(s, logits, n, best, (struct cand *)scratch, &mass);
+    const struct cand *c = (const struct cand *)scratch;
     for (int k = 0; k < keep; k++)
         p[c[k].id] = (float)(c[k].p / mass);
 }
