@@ -2,6 +2,7 @@
  * continuation; several prompts, or --enable-expert-parallel under mpirun, run as a batch in
  * lockstep (prompt i on rank i mod N) and rank 0 prints each result in prompt order. */
 #include "cli/cli.h"
+#include "core/hash.h"
 #include "core/timing.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
@@ -44,14 +45,6 @@ struct gen_seq {
     uint64_t digest;             /* FNV-1a of every logits vector a token was sampled from */
     float *logits;
 };
-
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
 
 static int parse(int argc, char **argv, struct gen_opts *o)
 {
@@ -191,7 +184,7 @@ static int run_batch(struct batch *b, pd_err *e)
             struct gen_seq *g = &b->s[i];
             if (g->done)
                 continue;
-            g->digest = fnv(g->digest, g->logits, (size_t)b->V * sizeof(float));
+            g->digest = pd_fnv1a64(g->digest, g->logits, (size_t)b->V * sizeof(float));
             int32_t t = pd_sample(&smp, g->logits, b->Vs, scratch);
             g->out[g->n_out++] = t;
             if (t == b->eos || g->n_out >= b->o->max_tokens)
@@ -217,7 +210,7 @@ static int run_batch(struct batch *b, pd_err *e)
 static void take(struct batch *b, struct gen_seq *g, const int32_t *t, const float *logits, int n, int stream)
 {
     for (int j = 0; j < n && !g->done; j++) {
-        g->digest = fnv(g->digest, logits + (size_t)j * b->V, (size_t)b->V * sizeof(float));
+        g->digest = pd_fnv1a64(g->digest, logits + (size_t)j * b->V, (size_t)b->V * sizeof(float));
         g->out[g->n_out++] = t[j];
         if (t[j] == b->eos || g->n_out >= b->o->max_tokens)
             g->done = 1;
@@ -509,7 +502,7 @@ int pd_cli_generate(int argc, char **argv)
             g->in[g->n_in++] = bos;
         memcpy(g->in + g->n_in, ids, n * sizeof *ids);
         g->n_in += (int)n;
-        g->digest = 0xcbf29ce484222325ull;
+        g->digest = PD_FNV64_INIT;
         free(ids);
     }
     int threads = (int)o.threads;

@@ -1,5 +1,6 @@
 /* Synthetic checkpoints: every tensor of the inventory, generated from a seeded stream per name. */
 #include "engine/genmodel.h"
+#include "core/hash.h"
 #include "engine/release.h"
 #include "kernels/ops.h"
 #include "kernels/quant.h"
@@ -26,10 +27,7 @@ static uint64_t splitmix(uint64_t *s)
 
 static uint64_t fnv1a(const char *s)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-    return h;
+    return pd_fnv1a64(PD_FNV64_INIT, s, strlen(s));
 }
 
 /* Approximately standard normal: the sum of four 16-bit uniforms, centred and scaled (Irwin-Hall):

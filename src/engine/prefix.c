@@ -2,6 +2,7 @@
  * share, the hash table that finds them and LRU eviction (the contract and why it is exact:
  * prefix.h). */
 #include "engine/prefix.h"
+#include "core/hash.h"
 
 #include <assert.h>
 #include <stdlib.h>
@@ -137,20 +138,11 @@ static int64_t full_blocks(const struct pd_kvpool *p, int l, int key, int64_t le
 
 /* ---- the cache ---- */
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 static uint64_t chain_hash(uint64_t parent, const int32_t *t, int n)
 {
-    uint64_t h = mix64(parent ^ 0x9e3779b97f4a7c15ull);
+    uint64_t h = pd_mix64(parent ^ 0x9e3779b97f4a7c15ull);
     for (int i = 0; i < n; i++)
-        h = mix64(h ^ (uint32_t)t[i]);
+        h = pd_mix64(h ^ (uint32_t)t[i]);
     return h;
 }
 

@@ -1,6 +1,7 @@
 /* Chat messages -> prompt text (see chat.h for both formats, stated once). */
 #include "model/chat.h"
 #include "core/grow.h"
+#include "core/hash.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -23,14 +24,6 @@ const char *pd_chat_format_name(enum pd_chat_format f)
     return f == PD_CHAT_DSV3 ? "DeepSeek-V3 chat_template" : "DeepSeek-V4 encoding (chat mode)";
 }
 
-static uint64_t fnv1a(const char *s, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull;
-    return h;
-}
-
 int pd_chat_format_of(const char *dir, enum pd_chat_format *f, pd_err *e)
 {
     char path[4096];
@@ -50,7 +43,7 @@ int pd_chat_format_of(const char *dir, enum pd_chat_format *f, pd_err *e)
     int rc = 0;
     if (t && !json_is_null(t)) {
         if (json_is_string(t) && json_string_length(t) == DSV3_TEMPLATE_LEN &&
-            fnv1a(json_string_value(t), json_string_length(t)) == DSV3_TEMPLATE_FNV)
+            pd_fnv1a64(PD_FNV64_INIT, json_string_value(t), json_string_length(t)) == DSV3_TEMPLATE_FNV)
             *f = PD_CHAT_DSV3;
         else
             rc = pd_err_set(e, PD_EFORMAT,

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/grow.h"
+#include "core/hash.h"
 #include "model/regex.h"
 #include "model/tokenizer.h"
 
@@ -33,20 +34,13 @@ static inline int sb_add(struct sbuf *b, const void *s, size_t n)
 
 static inline uint64_t hash_bytes(const void *p, size_t n)
 {
-    const uint8_t *s = p;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ s[i]) * 0x100000001b3ull;
+    uint64_t h = pd_fnv1a64(PD_FNV64_INIT, p, n);
     return h ^ (h >> 29);
 }
 
 static inline uint64_t hash_u64(uint64_t x)
 {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    return x ^ (x >> 33);
+    return pd_mix64(x);
 }
 
 static inline size_t pow2_at_least(size_t n)

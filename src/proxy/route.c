@@ -1,6 +1,7 @@
 /* Cache-aware routing (see route.h): per instance an open-addressing table of chained chunk
  * hashes, each with the logical time it was last routed there. */
 #include "proxy/route.h"
+#include "core/hash.h"
 
 #include <assert.h>
 #include <stdlib.h>
@@ -79,16 +80,7 @@ void pd_route_free(struct pd_route *r)
     free(r);
 }
 
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    return x ^ (x >> 33);
-}
-
-/* h_i = mix(h_{i-1} * prime + FNV-1a(chunk i)), never 0. */
+/* h_i = fmix64(h_{i-1} * prime + FNV-1a(chunk i)), never 0. */
 int pd_route_key_make(const void *prompt, size_t len, struct pd_route_key *k)
 {
     k->n = len / PD_ROUTE_CHUNK;
@@ -102,10 +94,8 @@ int pd_route_key_make(const void *prompt, size_t len, struct pd_route_key *k)
     const unsigned char *s = prompt;
     uint64_t prev = 0x9e3779b97f4a7c15ull;
     for (size_t i = 0; i < k->n; i++) {
-        uint64_t f = 0xcbf29ce484222325ull;
-        for (int b = 0; b < PD_ROUTE_CHUNK; b++)
-            f = (f ^ s[i * PD_ROUTE_CHUNK + b]) * 0x100000001b3ull;
-        prev = mix(prev * 0x100000001b3ull + f) | 1;
+        uint64_t f = pd_fnv1a64(PD_FNV64_INIT, s + i * PD_ROUTE_CHUNK, PD_ROUTE_CHUNK);
+        prev = pd_mix64(prev * 0x100000001b3ull + f) | 1;
         k->h[i] = prev;
     }
     return 0;
@@ -122,7 +112,7 @@ static struct slot *find(const struct table *t, uint64_t h)
 {
     if (!t->cap)
         return NULL;
-    for (size_t i = mix(h) & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
+    for (size_t i = pd_mix64(h) & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
         if (t->s[i].h == h || !t->s[i].h)
             return &t->s[i];
     }
