@@ -9,37 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-struct run {
-    int status;
-    char out[1 << 17];
-    char err[4096];
-};
-
-static void slurp(const char *path, char *buf, size_t n)
-{
-    FILE *f = fopen(path, "rb");
-    size_t k = f ? fread(buf, 1, n - 1, f) : 0;
-    buf[k] = 0;
-    if (f)
-        fclose(f);
-}
-
-static void run(const char *args, struct run *r)
-{
-    const char *bin = getenv("PDMOE_BIN");
-    char cmd[2048], out[] = "/tmp/pdmoe-agg-out-XXXXXX", err[] = "/tmp/pdmoe-agg-err-XXXXXX";
-    int fo = mkstemp(out), fe = mkstemp(err);
-    cr_assert(fo >= 0 && fe >= 0);
-    close(fo);
-    close(fe);
-    snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s", bin ? bin : "build/pdmoe", args, out, err);
-    int st = system(cmd);
-    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-    slurp(out, r->out, sizeof r->out);
-    slurp(err, r->err, sizeof r->err);
-    remove(out);
-    remove(err);
-}
+#include "../run.h"
 
 static void expect_error(const char *args, const char *needle)
 {

@@ -7,41 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../run.h"
 #include "../tmpmodel.h"
 #include "model/tokenizer.h"
-
-struct run {
-    int status;
-    char out[1 << 16];
-    char err[4096];
-};
-
-static void slurp(const char *path, char *buf, size_t n)
-{
-    FILE *f = fopen(path, "rb");
-    size_t k = f ? fread(buf, 1, n - 1, f) : 0;
-    buf[k] = 0;
-    if (f)
-        fclose(f);
-}
-
-static void run(const char *args, struct run *r)
-{
-    const char *bin = getenv("PDMOE_BIN");
-    if (!bin)
-        bin = "build/pdmoe";
-    char cmd[1024];
-    char out[] = "/tmp/pdmoe-cli-out-XXXXXX", err[] = "/tmp/pdmoe-cli-err-XXXXXX";
-    int fo = mkstemp(out), fe = mkstemp(err);
-    cr_assert(fo >= 0 && fe >= 0);
-    snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s", bin, args, out, err);
-    int st = system(cmd);
-    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-    slurp(out, r->out, sizeof r->out);
-    slurp(err, r->err, sizeof r->err);
-    remove(out);
-    remove(err);
-}
 
 /* Runs pdmoe with args, expects a one-line error containing needle; returns the exit status. */
 static int expect_error(const char *args, const char *needle)

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../run.h"
 #include "../tmpmodel.h"
 
 static char dir[64];
@@ -27,46 +28,14 @@ static void remove_model(void)
 
 TestSuite(spec_cli, .init = make_model, .fini = remove_model);
 
-struct out {
-    int status;
-    char out[1 << 15];
-    char err[4096];
-};
-
-static void slurp(const char *path, char *buf, size_t n)
-{
-    FILE *f = fopen(path, "rb");
-    size_t k = f ? fread(buf, 1, n - 1, f) : 0;
-    buf[k] = 0;
-    if (f)
-        fclose(f);
-}
-
-static void pdmoe(const char *args, struct out *r)
-{
-    const char *bin = getenv("PDMOE_BIN");
-    char cmd[2048], o[] = "/tmp/pdmoe-spec-out-XXXXXX", e[] = "/tmp/pdmoe-spec-err-XXXXXX";
-    int fo = mkstemp(o), fe = mkstemp(e);
-    cr_assert(fo >= 0 && fe >= 0);
-    close(fo);
-    close(fe);
-    snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s", bin ? bin : "build/pdmoe", args, o, e);
-    int st = system(cmd);
-    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-    slurp(o, r->out, sizeof r->out);
-    slurp(e, r->err, sizeof r->err);
-    remove(o);
-    remove(e);
-}
-
 #define PROMPTS "--prompt 'The quick brown fox' --prompt 'Hello world, this is' --prompt 'a b c d e f g'"
 
 Test(spec_cli, generate_with_mtp_gives_plain_decodings_ids)
 {
-    static struct out plain, spec;
+    static struct run plain, spec;
     char args[1024];
     snprintf(args, sizeof args, "generate --model %s " PROMPTS " --max-tokens 60 --print-ids --threads 1", dir);
-    pdmoe(args, &plain);
+    run(args, &plain);
     cr_assert_eq(plain.status, 0, "%s", plain.err);
     cr_assert(strstr(plain.out, "[2] ids "), "%s", plain.out);
     for (int k = 1; k <= 3; k++) {
@@ -74,7 +43,7 @@ Test(spec_cli, generate_with_mtp_gives_plain_decodings_ids)
                  "generate --model %s " PROMPTS " --max-tokens 60 --print-ids --threads 1 "
                  "--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": %d}'",
                  dir, k);
-        pdmoe(args, &spec);
+        run(args, &spec);
         cr_assert_eq(spec.status, 0, "k %d: %s", k, spec.err);
         /* ids, text and logits digests alike */
         cr_assert_str_eq(spec.out, plain.out, "k %d", k);
@@ -83,12 +52,12 @@ Test(spec_cli, generate_with_mtp_gives_plain_decodings_ids)
     }
     /* one prompt streams: the same text */
     snprintf(args, sizeof args, "generate --model %s --prompt 'The quick brown fox' --max-tokens 30 --threads 1", dir);
-    pdmoe(args, &plain);
+    run(args, &plain);
     snprintf(args, sizeof args,
              "generate --model %s --prompt 'The quick brown fox' --max-tokens 30 --threads 1 "
              "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":2}'",
              dir);
-    pdmoe(args, &spec);
+    run(args, &spec);
     cr_assert_eq(spec.status, 0, "%s", spec.err);
     cr_assert_str_eq(spec.out, plain.out);
 }
@@ -96,11 +65,11 @@ Test(spec_cli, generate_with_mtp_gives_plain_decodings_ids)
 /* Runs generate with --speculative-config `cfg` and expects exit 2 or 1 and one line naming `needle`. */
 static void refused(const char *cfg, const char *extra, const char *model, const char *needle)
 {
-    struct out r;
+    struct run r;
     char args[1024];
     snprintf(args, sizeof args, "generate --model %s --prompt hi --max-tokens 2 --speculative-config '%s' %s", model,
              cfg, extra);
-    pdmoe(args, &r);
+    run(args, &r);
     cr_assert_neq(r.status, 0, "%s accepted", cfg);
     cr_assert(strstr(r.err, needle), "%s: stderr \"%s\" lacks \"%s\"", cfg, r.err, needle);
     cr_assert_eq(strchr(r.err, '\n'), r.err + strlen(r.err) - 1, "more than one line: %s", r.err);
@@ -152,25 +121,25 @@ Test(spec_cli, a_checkpoint_without_mtp_weights_is_refused_naming_it)
 
 Test(spec_cli, serve_and_up_check_the_config_and_refuse_what_is_not_supported)
 {
-    struct out r;
+    struct run r;
     char args[1024];
     snprintf(args, sizeof args, "serve --model %s --speculative-config '{\"method\":\"ngram\",\"num_speculative_tokens\":2}'",
              dir);
-    pdmoe(args, &r);
+    run(args, &r);
     cr_assert_eq(r.status, 2);
     cr_assert(strstr(r.err, "method \"ngram\""), "%s", r.err);
     snprintf(args, sizeof args, "serve --model %s --port 0 --role decode "
              "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":2}'", dir);
-    pdmoe(args, &r);
+    run(args, &r);
     cr_assert_neq(r.status, 0);
     cr_assert(strstr(r.err, "--speculative-config") && strstr(r.err, "PD"), "%s", r.err);
     snprintf(args, sizeof args, "up --model %s --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":2}'",
              dir);
-    pdmoe(args, &r);
+    run(args, &r);
     cr_assert_eq(r.status, 2);
     cr_assert(strstr(r.err, "--speculative-config") && strstr(r.err, "disaggregation"), "%s", r.err);
     snprintf(args, sizeof args, "up --model %s --speculative-config '{\"method\":\"mtp\",\"extra\":1}'", dir);
-    pdmoe(args, &r);
+    run(args, &r);
     cr_assert_eq(r.status, 2);
     cr_assert(strstr(r.err, "key \"extra\""), "%s", r.err);
 }

@@ -1,0 +1,46 @@
+/* Runs the pdmoe program as a user does (PDMOE_BIN, else build/pdmoe) and keeps its exit status,
+ * stdout and stderr: shared by the command-line tests (tests/cli). */
+#ifndef PD_TESTS_RUN_H
+#define PD_TESTS_RUN_H
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+struct run {
+    int status;              /* the exit status; 128 when killed by a signal */
+    char out[1 << 17];
+    char err[4096];
+};
+
+/* The first n - 1 bytes of path, NUL-ended (empty when unreadable). */
+static inline void slurp(const char *path, char *buf, size_t n)
+{
+    FILE *f = fopen(path, "rb");
+    size_t k = f ? fread(buf, 1, n - 1, f) : 0;
+    buf[k] = 0;
+    if (f)
+        fclose(f);
+}
+
+/* `pdmoe ARGS` through the shell (args may quote). */
+static inline void run(const char *args, struct run *r)
+{
+    const char *bin = getenv("PDMOE_BIN");
+    char cmd[2048], out[] = "/tmp/pdmoe-run-out-XXXXXX", err[] = "/tmp/pdmoe-run-err-XXXXXX";
+    int fo = mkstemp(out), fe = mkstemp(err);
+    cr_assert(fo >= 0 && fe >= 0);
+    close(fo);
+    close(fe);
+    snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s", bin ? bin : "build/pdmoe", args, out, err);
+    int st = system(cmd);
+    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    slurp(out, r->out, sizeof r->out);
+    slurp(err, r->err, sizeof r->err);
+    remove(out);
+    remove(err);
+}
+
+#endif
