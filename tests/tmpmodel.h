@@ -36,6 +36,16 @@ static inline void tmp_model(const char *preset, int seed, char *dir, size_t n)
     cr_assert_eq(pd_genmodel(preset, dir, (uint64_t)seed, &e), 0, "%s", e.msg);
 }
 
+/* The same with an MTP draft that agrees with the greedy next token at about `rate`
+ * (gen-model --mtp-agreement). */
+static inline void tmp_model_agree(const char *preset, int seed, double rate, char *dir, size_t n)
+{
+    snprintf(dir, n, "/tmp/pdmoe-test-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    pd_err e = {0};
+    cr_assert_eq(pd_genmodel_agree(preset, dir, (uint64_t)seed, rate, &e), 0, "%s", e.msg);
+}
+
 /* A file holding `text`; its path is written over the template `path` ("/tmp/...-XXXXXX"). */
 static inline void tmp_text(char *path, const char *text)
 {

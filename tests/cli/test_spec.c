@@ -15,10 +15,7 @@ static char dir[64];
 
 static void make_model(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/pdmoe-test-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    pd_err e = {0};
-    cr_assert_eq(pd_genmodel_agree("v4-tiny", dir, 9, 0.6, &e), 0, "%s", e.msg);
+    tmp_model_agree("v4-tiny", 9, 0.6, dir, sizeof dir);
 }
 
 static void remove_model(void)

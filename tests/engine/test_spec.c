@@ -289,10 +289,7 @@ Test(spec, greedy_speculation_equals_plain_decoding)
 Test(spec, greedy_speculation_with_accepted_drafts_equals_plain_decoding)
 {
     char d2[64];
-    snprintf(d2, sizeof d2, "/tmp/pdmoe-test-XXXXXX");
-    cr_assert_not_null(mkdtemp(d2));
-    pd_err e = {0};
-    cr_assert_eq(pd_genmodel_agree("v4-tiny", d2, 3, 0.7, &e), 0, "%s", e.msg);
+    tmp_model_agree("v4-tiny", 3, 0.7, d2, sizeof d2);
     spec_equals_plain(d2, 200);
     rm_model(d2);
 }
@@ -303,10 +300,7 @@ Test(spec, greedy_speculation_with_accepted_drafts_equals_plain_decoding)
 Test(spec, sampling_path_with_a_point_mass_target_equals_plain_decoding)
 {
     char d2[64];
-    snprintf(d2, sizeof d2, "/tmp/pdmoe-test-XXXXXX");
-    cr_assert_not_null(mkdtemp(d2));
-    pd_err e = {0};
-    cr_assert_eq(pd_genmodel_agree("v4-tiny", d2, 3, 0.7, &e), 0, "%s", e.msg);
+    tmp_model_agree("v4-tiny", 3, 0.7, d2, sizeof d2);
     spec_equals_plain_t(d2, 200, 0.7f, 1e-6f);
     rm_model(d2);
 }
@@ -319,12 +313,10 @@ Test(spec, agreement_model_accepts_at_about_the_rate)
     for (int ri = 0; ri < 2; ri++) {
         const double R = rates[ri];
         char d2[64];
-        snprintf(d2, sizeof d2, "/tmp/pdmoe-test-XXXXXX");
-        cr_assert_not_null(mkdtemp(d2));
-        pd_err e = {0};
-        cr_assert_eq(pd_genmodel_agree("v4-tiny", d2, 5, R, &e), 0, "%s", e.msg);
+        tmp_model_agree("v4-tiny", 5, R, d2, sizeof d2);
         struct pd_engine en;
         open_mtp(&en, d2, 1);
+        pd_err e = {0};
         const int V = (int)en.model.vocab_size;
         struct pd_sampler smp;
         pd_sampler_init(&smp, 0, 1, 1);

@@ -17,10 +17,7 @@ static char dir[64];
 
 static void setup(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/pdmoe-test-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    pd_err e = {0};
-    cr_assert_eq(pd_genmodel_agree("v4-tiny", dir, 4, 0.7, &e), 0, "%s", e.msg);
+    tmp_model_agree("v4-tiny", 4, 0.7, dir, sizeof dir);
 }
 
 static void teardown(void)
