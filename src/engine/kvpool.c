@@ -1,6 +1,7 @@
 /* Paged KV cache: fixed slots for windows and compressor states, shared blocks for the
  * compressed entries and indexer keys. Invariants are asserted where they must hold. */
 #include "engine/kvpool.h"
+#include "core/grow.h"
 #include "kernels/fp8.h"
 #include "kernels/ops.h"
 #include "kernels/vec.h"
@@ -275,16 +276,24 @@ static int take_block(struct pd_kvpool *p, int64_t *at)
     return (int)b;
 }
 
+/* Room for one more block in a sequence's list of a layer (n in use, *cap allocated). */
+static int room(int **list, int n, int *cap)
+{
+    if (n < *cap)
+        return 0;
+    int c = *cap ? 2 * *cap : 8;
+    int *x = realloc(*list, (size_t)c * sizeof *x);
+    if (!x)
+        return PD_ENOMEM;
+    *list = x;
+    *cap = c;
+    return 0;
+}
+
 static int push_block(struct pd_kvpool *p, int **list, int *n, int *cap, int64_t *at)
 {
-    if (*n == *cap) {
-        int c = *cap ? 2 * *cap : 8;
-        int *x = realloc(*list, (size_t)c * sizeof *x);
-        if (!x)
-            return PD_ENOMEM;
-        *list = x;
-        *cap = c;
-    }
+    if (room(list, *n, cap))   /* before taking the block: a block taken is never lost */
+        return PD_ENOMEM;
     (*list)[(*n)++] = take_block(p, at);
     return 0;
 }
@@ -369,14 +378,8 @@ int pd_kvseq_share(struct pd_kvpool *p, struct pd_kvseq *s, int layer, int key, 
     assert(s->slot >= 0 && b >= 0 && b < p->n_blocks && p->block_ref[b] > 0);
     int **list = key ? &s->kblocks[layer] : &s->blocks[layer];
     int *n = key ? &s->n_kblocks[layer] : &s->n_blocks[layer], *cap = key ? &s->cap_kblocks[layer] : &s->cap_blocks[layer];
-    if (*n == *cap) {
-        int c = *cap ? 2 * *cap : 8;
-        int *x = realloc(*list, (size_t)c * sizeof *x);
-        if (!x)
-            return PD_ENOMEM;
-        *list = x;
-        *cap = c;
-    }
+    if (room(list, *n, cap))
+        return PD_ENOMEM;
     (*list)[(*n)++] = b;
     p->block_ref[b]++;
     return 0;
@@ -565,22 +568,8 @@ int pd_kvundo_save(struct pd_kvundo *u, int64_t pos, void *addr, size_t len)
 {
     if (u->n == 0 || pos < u->from)
         u->from = pos;
-    if (u->n == u->cap) {
-        int c = u->cap ? 2 * u->cap : 64;
-        struct pd_kvundo_rec *r = realloc(u->rec, (size_t)c * sizeof *r);
-        if (!r)
-            return PD_ENOMEM;
-        u->rec = r;
-        u->cap = c;
-    }
-    if (u->used + len > u->dcap) {
-        size_t c = (u->used + len) * 2 + 4096;
-        uint8_t *d = realloc(u->data, c);
-        if (!d)
-            return PD_ENOMEM;
-        u->data = d;
-        u->dcap = c;
-    }
+    if (PD_GROW(u->rec, u->cap, (size_t)u->n + 1) || PD_GROW(u->data, u->dcap, u->used + len))
+        return PD_ENOMEM;
     memcpy(u->data + u->used, addr, len);
     u->rec[u->n++] = (struct pd_kvundo_rec){.addr = addr, .len = len, .pos = pos, .off = u->used};
     u->used += len;

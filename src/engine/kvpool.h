@@ -173,7 +173,8 @@ struct pd_kvundo_rec {
 
 struct pd_kvundo {
     struct pd_kvundo_rec *rec;
-    int n, cap;
+    int n;
+    size_t cap;
     uint8_t *data;
     size_t used, dcap;
     int64_t from;                       /* lowest position recorded (valid when n > 0) */

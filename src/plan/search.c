@@ -3,6 +3,7 @@
  * rate-matching arithmetic. */
 #define _GNU_SOURCE   /* qsort_r */
 #include "plan/search.h"
+#include "core/grow.h"
 #include "core/units.h"
 
 #include <jansson.h>
@@ -34,7 +35,8 @@ struct cand {                 /* one role layout, costed */
 
 struct cands {
     struct cand *c;
-    int n, cap;
+    int n;
+    size_t cap;
     double **steps;           /* the closed loop's step tables, one per decode role layout */
     int n_steps;
 };
@@ -47,14 +49,8 @@ static double table_step(void *ctx, int64_t b)
 
 static struct cand *cand_push(struct cands *v)
 {
-    if (v->n == v->cap) {
-        int cap = v->cap ? 2 * v->cap : 256;
-        struct cand *c = realloc(v->c, (size_t)cap * sizeof *c);
-        if (!c)
-            return NULL;
-        v->c = c;
-        v->cap = cap;
-    }
+    if (PD_GROW(v->c, v->cap, (size_t)v->n + 1))
+        return NULL;
     struct cand *c = &v->c[v->n++];
     memset(c, 0, sizeof *c);
     return c;
@@ -191,14 +187,8 @@ static int role_cands(struct pd_plan *p, const struct pd_search_opts *so, enum p
 
 static int push_layout(struct pd_search *s, const struct cand *P, const struct cand *D, const struct pd_plan *p)
 {
-    if (s->n == s->cap) {
-        int cap = s->cap ? 2 * s->cap : 4096;
-        struct pd_layout *l = realloc(s->l, (size_t)cap * sizeof *l);
-        if (!l)
-            return -1;
-        s->l = l;
-        s->cap = cap;
-    }
+    if (PD_GROW(s->l, s->cap, (size_t)s->n + 1))
+        return -1;
     struct pd_layout *l = &s->l[s->n++];
     memset(l, 0, sizeof *l);
     l->role[PD_ROLE_PREFILL] = P->o;

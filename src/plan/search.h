@@ -77,7 +77,8 @@ struct pd_search {
     struct pd_plan plan;         /* the model and hardware; its role plans are the best layout's */
     struct pd_perf perf;         /* the best layout's prediction */
     struct pd_layout *l;
-    int n, cap;
+    int n;
+    size_t cap;
     int best;                    /* index in l of the best layout meeting the targets, or -1 */
     int best_any;                /* the best fitting layout ignoring the targets, or -1 */
     int *front;                  /* indices of the Pareto front, by tokens/s per user ascending */
@@ -87,7 +88,8 @@ struct pd_search {
     int n_mem;
     /* aggregated layouts on the same cards, targets and workload */
     struct pd_agg_layout *agg;
-    int n_agg, cap_agg, n_agg_fit, n_agg_meet;
+    int n_agg, n_agg_fit, n_agg_meet;
+    size_t cap_agg;
     int best_agg;                /* the best aggregated layout meeting the targets, or -1 */
     int best_agg_any;            /* ... ignoring the targets, or -1 */
     int chose_agg;               /* the plan and prediction are the best aggregated layout's */

@@ -2,6 +2,7 @@
  * aggregated model (agg.c) on the same cards, workload and targets as the disaggregated
  * layouts, and the comparison of the best of each. */
 #include "plan/search.h"
+#include "core/grow.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -13,14 +14,8 @@ static const int64_t batches[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 
 
 static struct pd_agg_layout *agg_push(struct pd_search *s)
 {
-    if (s->n_agg == s->cap_agg) {
-        int cap = s->cap_agg ? 2 * s->cap_agg : 256;
-        struct pd_agg_layout *l = realloc(s->agg, (size_t)cap * sizeof *l);
-        if (!l)
-            return NULL;
-        s->agg = l;
-        s->cap_agg = cap;
-    }
+    if (PD_GROW(s->agg, s->cap_agg, (size_t)s->n_agg + 1))
+        return NULL;
     struct pd_agg_layout *l = &s->agg[s->n_agg++];
     memset(l, 0, sizeof *l);
     return l;
