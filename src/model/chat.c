@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define BOS "<｜begin▁of▁sentence｜>"
 #define EOS "<｜end▁of▁sentence｜>"
@@ -29,10 +30,8 @@ int pd_chat_format_of(const char *dir, enum pd_chat_format *f, pd_err *e)
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     *f = PD_CHAT_DSV4;
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
+    if (access(path, F_OK))
         return 0;   /* none: V4's encoding, as V4 releases ship no template */
-    fclose(fp);
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!json_is_object(root)) {

@@ -223,23 +223,25 @@ int pd_route_pick(struct pd_route *r, const struct pd_route_key *k, const int *l
     }
     assert(lo >= 0);
     int pick = lo;
+    size_t m[PD_ROUTE_MAX];   /* matching chunks per instance, SIZE_MAX until counted */
+    for (int i = 0; i < r->n; i++)
+        m[i] = SIZE_MAX;
     *why = PD_ROUTE_BY_LOAD;
     if (r->o.policy == PD_ROUTE_CACHE_AWARE) {
         if (load[hi] - load[lo] > r->o.balance_abs && load[hi] > r->o.balance_rel * load[lo]) {
             *why = PD_ROUTE_BY_BALANCE;
         } else {
             int best = -1, room = -1;
-            size_t best_m = 0;
             for (int i = 0; i < r->n; i++) {
                 if (!(eligible & (1u << i)))
                     continue;
-                size_t m = pd_route_match(r, i, k);
-                if (best < 0 || m > best_m || (m == best_m && load[i] < load[best]))
-                    best = i, best_m = m;
+                m[i] = pd_route_match(r, i, k);
+                if (best < 0 || m[i] > m[best] || (m[i] == m[best] && load[i] < load[best]))
+                    best = i;
                 if (room < 0 || r->t[i].n < r->t[room].n || (r->t[i].n == r->t[room].n && load[i] < load[room]))
                     room = i;
             }
-            if (k->n && (double)best_m > r->o.cache_threshold * (double)k->n) {
+            if (k->n && (double)m[best] > r->o.cache_threshold * (double)k->n) {
                 pick = best;
                 *why = PD_ROUTE_BY_PREFIX;
             } else {
@@ -248,6 +250,6 @@ int pd_route_pick(struct pd_route *r, const struct pd_route_key *k, const int *l
             }
         }
     }
-    *matched = pd_route_match(r, pick, k);
+    *matched = m[pick] != SIZE_MAX ? m[pick] : pd_route_match(r, pick, k);
     return pick;
 }
