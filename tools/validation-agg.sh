@@ -21,10 +21,7 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-num() { grep -o "\"$1\": [-0-9.e+]*" "$2" | head -1 | sed 's/.*: //'; }
-metric() { curl -sf "http://127.0.0.1:$1/metrics" | awk -v k="$2" '$1 == k { print $2 }'; }
-mean() { grep "^  $1 " "$2" | head -1 | sed 's/.* mean *\([0-9.]*\).*/\1/'; }
-err() { awk -v p="$1" -v m="$2" 'BEGIN { printf "%+.1f%%", (p / m - 1) * 100 }'; }
+. tools/validation-lib.sh
 
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 # calibrate refuses to write a fit that a busy machine leaves undetermined: up to three tries
@@ -46,26 +43,7 @@ done
 
 ROWS=
 for C in 1 2 4 8; do
-    before=$(metric "$PORT" pdmoe_prompt_tokens_total)
-    reqs_before=$(metric "$PORT" pdmoe_requests_total)
-    "$B" bench serve --url "http://127.0.0.1:$PORT" --model mini --request-rate inf --max-concurrency "$C" \
-        --input-len 48 --output-len 64 --num-prompts $((16 * C)) --prompts text > "$T/closed.txt"
-    after=$(metric "$PORT" pdmoe_prompt_tokens_total)
-    reqs_after=$(metric "$PORT" pdmoe_requests_total)
-    isl=$(( (after - before) / (reqs_after - reqs_before) ))
-    "$B" plan --model models/mini --hardware "$T/local-cpu.json" --nodes 1 --aggregated dp=1,tp=1,instances=1 \
-        --mtp off --kv-cache-dtype bf16 --max-num-batched-tokens 512 --max-num-seqs 16 --max-model-len 2048 \
-        --isl "$isl" --osl 64 --concurrency "$C" --json > "$T/plan.json"
-    sed -n '/"closed_loop"/,$p' "$T/plan.json" > "$T/closed.json"
-    pt=$(awk -v s="$(num ttft_s "$T/closed.json")" 'BEGIN { printf "%.1f", s * 1000 }')
-    pp=$(awk -v s="$(num tpot_s "$T/closed.json")" 'BEGIN { printf "%.2f", s * 1000 }')
-    po=$(awk -v s="$(num output_tokens_per_s "$T/closed.json")" 'BEGIN { printf "%.1f", s }')
-    pb=$(awk -v s="$(num batch "$T/closed.json")" 'BEGIN { printf "%.2f", s }')
-    pw=$(awk -v s="$(num wait_s "$T/closed.json")" 'BEGIN { printf "%.1f", s * 1000 }')
-    lim=$(grep -o '"limit": "[^"]*"' "$T/closed.json" | sed 's/.*: "//; s/"//')
-    mt=$(mean TTFT "$T/closed.txt")
-    mp=$(mean TPOT "$T/closed.txt")
-    mo=$(grep -o 'output throughput [0-9.]*' "$T/closed.txt" | sed 's/.* //')
+    closed_loop "$C" "$PORT" "$PORT" --aggregated dp=1,tp=1,instances=1
     ROWS="$ROWS| $C | $isl / 64 | $pb ($lim) | $pw | $pt | $mt | $(err "$pt" "$mt") | $pp | $mp | $(err "$pp" "$mp") | $po | $mo | $(err "$po" "$mo") |
 "
 done

@@ -31,10 +31,8 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-num() { grep -o "\"$1\": [-0-9.e+]*" "$2" | head -1 | sed 's/.*: //'; }
-metric() { curl -sf "http://127.0.0.1:$1/metrics" | awk -v k="$2" '$1 == k { print $2 }'; }
+. tools/validation-lib.sh   # num, metric, mean, err, closed_loop
 p50() { grep "^  $1 " "$2" | head -1 | sed 's/.* p50 *\([0-9.]*\).*/\1/'; }
-err() { awk -v p="$1" -v m="$2" 'BEGIN { printf "%+.1f%%", (p / m - 1) * 100 }'; }
 
 [ $CLOSED_ONLY = 1 ] || "$B" validate > "$T/published.md" || true
 "$B" calibrate --model models/mini --threads 1 --out "$T/local-cpu.json" 2> "$T/calibrate.log"
@@ -80,28 +78,9 @@ set +f
 # Closed loop: C clients, each sending its next request when its last one finishes (bench serve
 # --request-rate inf --max-concurrency C), against plan --concurrency C with the decode server's own
 # max-num-seqs (pdmoe serve's default, 16). Means, as the model predicts means.
-mean() { grep "^  $1 " "$2" | head -1 | sed 's/.* mean *\([0-9.]*\).*/\1/'; }
 CROWS=
 for C in 1 2 4; do
-    before=$(metric $((PORT + 1)) pdmoe_prompt_tokens_total)
-    reqs_before=$(metric $((PORT + 1)) pdmoe_requests_total)
-    "$B" bench serve --url "http://127.0.0.1:$PORT" --model mini --request-rate inf --max-concurrency "$C" \
-        --input-len 48 --output-len 64 --num-prompts $((16 * C)) --prompts text > "$T/closed.txt"
-    after=$(metric $((PORT + 1)) pdmoe_prompt_tokens_total)
-    reqs_after=$(metric $((PORT + 1)) pdmoe_requests_total)
-    isl=$(( (after - before) / (reqs_after - reqs_before) ))
-    "$B" plan --model models/mini --hardware "$T/local-cpu.json" --nodes 1 --prefill dp=1,tp=1,instances=1 \
-        --decode dp=1,tp=1,instances=1 --mtp off --kv-cache-dtype bf16 --max-num-batched-tokens 512 \
-        --max-num-seqs 16 --max-model-len 2048 --isl "$isl" --osl 64 --concurrency "$C" --json > "$T/plan.json"
-    sed -n '/"closed_loop"/,$p' "$T/plan.json" > "$T/closed.json"
-    pt=$(awk -v s="$(num ttft_s "$T/closed.json")" 'BEGIN { printf "%.1f", s * 1000 }')
-    pp=$(awk -v s="$(num tpot_s "$T/closed.json")" 'BEGIN { printf "%.2f", s * 1000 }')
-    po=$(awk -v s="$(num output_tokens_per_s "$T/closed.json")" 'BEGIN { printf "%.1f", s }')
-    pb=$(awk -v s="$(num batch "$T/closed.json")" 'BEGIN { printf "%.2f", s }')
-    lim=$(grep -o '"limit": "[^"]*"' "$T/closed.json" | sed 's/.*: "//; s/"//')
-    mt=$(mean TTFT "$T/closed.txt")
-    mp=$(mean TPOT "$T/closed.txt")
-    mo=$(grep -o 'output throughput [0-9.]*' "$T/closed.txt" | sed 's/.* //')
+    closed_loop "$C" "$PORT" $((PORT + 1)) --prefill dp=1,tp=1,instances=1 --decode dp=1,tp=1,instances=1
     CROWS="$CROWS| $C | $isl / 64 | $pb ($lim) | $pt | $mt | $(err "$pt" "$mt") | $pp | $mp | $(err "$pp" "$mp") | $po | $mo | $(err "$po" "$mo") |
 "
 done

@@ -1,0 +1,37 @@
+# Sourced by tools/validation.sh and tools/validation-agg.sh: what both measure and read the same way.
+# Needs $B (the pdmoe binary) and $T (a scratch directory).
+
+num() { grep -o "\"$1\": [-0-9.e+]*" "$2" | head -1 | sed 's/.*: //'; }
+metric() { curl -sf "http://127.0.0.1:$1/metrics" | awk -v k="$2" '$1 == k { print $2 }'; }
+mean() { grep "^  $1 " "$2" | head -1 | sed 's/.* mean *\([0-9.]*\).*/\1/'; }
+err() { awk -v p="$1" -v m="$2" 'BEGIN { printf "%+.1f%%", (p / m - 1) * 100 }'; }
+
+# closed_loop C URL_PORT METRICS_PORT PLAN_LAYOUT_FLAGS...: C clients (`bench serve --request-rate inf
+# --max-concurrency C`, 48 words in, 64 tokens out) against the endpoint on URL_PORT, the mean prompt
+# tokens per request read from METRICS_PORT's counters, then `pdmoe plan` with the layout flags at
+# --concurrency C on $T/local-cpu.json. Sets isl, the prediction (pt TTFT ms, pp TPOT ms, po output
+# tokens/s, pb batch, pw prefill wait ms, lim what limits the batch) and the measurement (mt, mp, mo).
+closed_loop() {
+    _c=$1 _url=$2 _mp=$3
+    shift 3
+    _before=$(metric "$_mp" pdmoe_prompt_tokens_total)
+    _reqs_before=$(metric "$_mp" pdmoe_requests_total)
+    "$B" bench serve --url "http://127.0.0.1:$_url" --model mini --request-rate inf --max-concurrency "$_c" \
+        --input-len 48 --output-len 64 --num-prompts $((16 * _c)) --prompts text > "$T/closed.txt"
+    _after=$(metric "$_mp" pdmoe_prompt_tokens_total)
+    _reqs_after=$(metric "$_mp" pdmoe_requests_total)
+    isl=$(( (_after - _before) / (_reqs_after - _reqs_before) ))
+    "$B" plan --model models/mini --hardware "$T/local-cpu.json" --nodes 1 "$@" --mtp off --kv-cache-dtype bf16 \
+        --max-num-batched-tokens 512 --max-num-seqs 16 --max-model-len 2048 --isl "$isl" --osl 64 \
+        --concurrency "$_c" --json > "$T/plan.json"
+    sed -n '/"closed_loop"/,$p' "$T/plan.json" > "$T/closed.json"
+    pt=$(awk -v s="$(num ttft_s "$T/closed.json")" 'BEGIN { printf "%.1f", s * 1000 }')
+    pp=$(awk -v s="$(num tpot_s "$T/closed.json")" 'BEGIN { printf "%.2f", s * 1000 }')
+    po=$(awk -v s="$(num output_tokens_per_s "$T/closed.json")" 'BEGIN { printf "%.1f", s }')
+    pb=$(awk -v s="$(num batch "$T/closed.json")" 'BEGIN { printf "%.2f", s }')
+    pw=$(awk -v s="$(num wait_s "$T/closed.json")" 'BEGIN { printf "%.1f", s * 1000 }')
+    lim=$(grep -o '"limit": "[^"]*"' "$T/closed.json" | sed 's/.*: "//; s/"//')
+    mt=$(mean TTFT "$T/closed.txt")
+    mp=$(mean TPOT "$T/closed.txt")
+    mo=$(grep -o 'output throughput [0-9.]*' "$T/closed.txt" | sed 's/.* //')
+}
