@@ -194,11 +194,11 @@ static void client_done(struct job *j)
 
 static void send_up(struct job *j, int decode);
 
+static int routed_index(const struct instance *in);
+
 /* A request to `in` failed, or its /health check did: no requests while others are up, and the
  * next check after a backoff that doubles with each failed check (the requests that fail while it
  * is out, when no instance is up, leave its schedule alone). */
-static int routed_index(const struct instance *in);
-
 static void eject(struct instance *in, int by_probe)
 {
     in->failures++;
