@@ -24,13 +24,6 @@ static struct pd_server *srv;
 static pthread_t loop;
 static int port;
 
-static void *run_loop(void *arg)
-{
-    pd_err e;
-    pd_server_run(srv, &e);
-    return NULL;
-}
-
 static void start(int prefix_caching, int max_seqs, int64_t kv_bytes)
 {
     pd_err e = {0};
@@ -39,7 +32,7 @@ static void start(int prefix_caching, int max_seqs, int64_t kv_bytes)
                                .prefix_caching = prefix_caching, .prefix_cache_unit = 64, .kv_cache_bytes = kv_bytes};
     cr_assert_eq(pd_server_create(&o, &srv, &e), 0, "%s", e.msg);
     port = pd_server_port(srv);
-    pthread_create(&loop, NULL, run_loop, NULL);
+    pthread_create(&loop, NULL, run_server, srv);
 }
 
 static void stop(void)
