@@ -1,9 +1,14 @@
-/* Thread pool: a run publishes (fn, arg, n_tasks) under the mutex and bumps a generation counter;
- * tasks are claimed with an atomic counter, so which thread runs task i varies, but what task i
- * computes does not. Between runs a worker first watches the generation for a short while (a
- * decode step issues dozens of small products back to back, and waking a sleeping thread costs
- * more than one of them), then sleeps on a condition variable: an idle pool uses no CPU. The
- * caller likewise watches the count of unfinished helpers briefly before sleeping. */
+/* Thread pool: a run publishes (fn, arg, n_tasks) and then one atomic word holding a generation
+ * counter and the number of helpers wanted; tasks are claimed with an atomic counter, so which
+ * thread runs task i varies, but what task i computes does not. A decode step issues about a
+ * hundred small runs back to back (a few microseconds of work each), so the hand-off is kept off
+ * every lock: a polling worker sees the new word, runs its share and decrements an atomic count
+ * of unfinished helpers, which the caller polls. Only a thread that has polled for SPIN_NS
+ * without news sleeps on a condition variable (an idle pool uses no CPU between steps), and only
+ * then do the others take the mutex to wake it. Whether a sleeper exists is decided by a pair of
+ * sequentially consistent accesses on each side (the sleeper counts itself, then re-reads the
+ * word; the publisher writes the word, then reads the count): at least one of the two sees the
+ * other, so no wake-up is lost. */
 #include "core/threadpool.h"
 
 #include <assert.h>
@@ -15,6 +20,10 @@
 
 /* How long a thread polls before it sleeps. */
 #define SPIN_NS 50000
+
+/* The run word: generation << HELPER_BITS | helpers of that run. */
+#define HELPER_BITS 16
+#define HELPER_MASK ((UINT64_C(1) << HELPER_BITS) - 1)
 
 static int64_t now_ns(void)
 {
@@ -39,20 +48,26 @@ struct pd_pool {
     int nworkers;               /* threads actually started (nthreads - 1 once created) */
     struct worker *workers;     /* [nthreads - 1] */
 
-    pthread_mutex_t mu;         /* guards everything below except `next` */
-    pthread_cond_t wake;        /* workers wait here for a new generation or stop */
-    pthread_cond_t done;        /* the caller waits here for pending == 0 */
-    uint64_t gen;               /* bumped once per run */
-    int stop;
+    pthread_mutex_t mu;         /* held only to sleep and to wake sleepers */
+    pthread_cond_t wake;        /* workers sleep here for a new word or stop */
+    pthread_cond_t done;        /* the caller sleeps here for pending == 0 */
 
-    pd_pool_fn fn;              /* the current run */
+    /* The current run: written by the caller before it publishes `word`, read by its helpers
+     * after they see it; not rewritten before every helper has decremented `pending`. */
+    pd_pool_fn fn;
     void *arg;
     int n_tasks;
-    int n_helpers;              /* workers with id < n_helpers take part in the current run */
-    atomic_int pending;         /* helpers that have not yet finished the current run */
-    atomic_int next;            /* next unclaimed task */
-    atomic_uint_fast64_t agen;  /* gen, published with release order for polling workers */
-    int sleeping;               /* workers waiting on `wake` */
+
+    /* each hot atomic on its own cache line: the workers poll `word` while tasks are claimed */
+    _Alignas(64) atomic_uint_fast64_t word;   /* generation << HELPER_BITS | helpers */
+    _Alignas(64) atomic_int next;             /* next unclaimed task */
+    _Alignas(64) atomic_int pending;          /* helpers that have not finished the current run */
+    _Alignas(64) atomic_int sleeping;         /* workers asleep (or about to be) on `wake` */
+    atomic_int caller_waiting;                /* the caller sleeps (or is about to) on `done` */
+    atomic_int stop;
+
+    atomic_uint_fast64_t dispatches;          /* runs handed to the workers */
+    atomic_uint_fast64_t wakeups;             /* of those, runs that had to wake a sleeper */
 
     pthread_mutex_t run_mu;     /* one run at a time */
 };
@@ -73,53 +88,56 @@ static void claim_and_run(pd_pool *p, pd_pool_fn fn, void *arg, int n_tasks)
     in_task = 0;
 }
 
+/* Waits for a word other than `seen` (or stop): polls, then sleeps. Returns the word. */
+static uint64_t await_word(pd_pool *p, uint64_t seen)
+{
+    int64_t until = now_ns() + SPIN_NS;
+    for (;;) {
+        uint64_t w = atomic_load_explicit(&p->word, memory_order_acquire);
+        if (w != seen || atomic_load_explicit(&p->stop, memory_order_relaxed))
+            return w;
+        if (now_ns() >= until)
+            break;
+        relax();
+    }
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add(&p->sleeping, 1);
+    while (atomic_load(&p->word) == seen && !atomic_load(&p->stop))
+        pthread_cond_wait(&p->wake, &p->mu);
+    atomic_fetch_sub(&p->sleeping, 1);
+    pthread_mutex_unlock(&p->mu);
+    return atomic_load_explicit(&p->word, memory_order_acquire);
+}
+
 static void *worker_main(void *vw)
 {
     struct worker *w = vw;
     pd_pool *p = w->pool;
     uint64_t seen = 0;
 
-    pthread_mutex_lock(&p->mu);
     for (;;) {
-        if (!p->stop && p->gen == seen) {
-            /* poll a little before sleeping: the next run usually comes at once */
-            pthread_mutex_unlock(&p->mu);
-            int64_t until = now_ns() + SPIN_NS;
-            while (atomic_load_explicit(&p->agen, memory_order_acquire) == seen && now_ns() < until)
-                relax();
-            pthread_mutex_lock(&p->mu);
-            p->sleeping++;
-            while (!p->stop && p->gen == seen)
-                pthread_cond_wait(&p->wake, &p->mu);
-            p->sleeping--;
-        }
-        if (p->stop)
+        uint64_t word = await_word(p, seen);
+        if (atomic_load(&p->stop))
             break;
-        seen = p->gen;
-        /* A worker not needed for this run goes back to sleep; the caller does not wait for it,
-         * so it may even skip whole generations. */
-        if (w->id >= p->n_helpers)
+        seen = word;
+        /* A worker not needed for this run goes back to waiting; the caller does not wait for
+         * it, so it may even skip whole generations. */
+        if ((uint64_t)w->id >= (word & HELPER_MASK))
             continue;
-        pd_pool_fn fn = p->fn;
-        void *arg = p->arg;
-        int n = p->n_tasks;
-        pthread_mutex_unlock(&p->mu);
-
-        claim_and_run(p, fn, arg, n);
-
-        pthread_mutex_lock(&p->mu);
-        assert(atomic_load(&p->pending) > 0);
-        if (atomic_fetch_sub(&p->pending, 1) == 1)
+        claim_and_run(p, p->fn, p->arg, p->n_tasks);
+        if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_waiting)) {
+            pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
 static void stop_workers(pd_pool *p)
 {
     pthread_mutex_lock(&p->mu);
-    p->stop = 1;
+    atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     for (int i = 0; i < p->nworkers; i++)
@@ -143,9 +161,10 @@ int pd_pool_create(int nthreads, pd_pool **out, pd_err *err)
     if (nthreads < 1 || nthreads > PD_POOL_MAX_THREADS)
         return pd_err_set(err, PD_EINVAL, "thread pool: %d threads (want 1..%d)", nthreads,
                           PD_POOL_MAX_THREADS);
-    pd_pool *p = calloc(1, sizeof *p);
-    if (!p)
+    pd_pool *p = NULL;
+    if (posix_memalign((void **)&p, 64, sizeof *p))
         return pd_err_set(err, PD_ENOMEM, "thread pool: out of memory");
+    *p = (pd_pool){0};
     p->nthreads = nthreads;
     p->workers = calloc((size_t)nthreads, sizeof *p->workers);
     if (!p->workers) {
@@ -156,9 +175,14 @@ int pd_pool_create(int nthreads, pd_pool **out, pd_err *err)
     pthread_mutex_init(&p->run_mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->done, NULL);
+    atomic_init(&p->word, 0);
     atomic_init(&p->next, 0);
     atomic_init(&p->pending, 0);
-    atomic_init(&p->agen, 0);
+    atomic_init(&p->sleeping, 0);
+    atomic_init(&p->caller_waiting, 0);
+    atomic_init(&p->stop, 0);
+    atomic_init(&p->dispatches, 0);
+    atomic_init(&p->wakeups, 0);
 
     for (int i = 0; i < nthreads - 1; i++) {
         struct worker *w = &p->workers[i];
@@ -189,35 +213,51 @@ void pd_pool_run(pd_pool *p, int n_tasks, pd_pool_fn fn, void *arg)
     }
 
     pthread_mutex_lock(&p->run_mu);
-    pthread_mutex_lock(&p->mu);
+    /* The caller takes tasks too, so n_tasks - 1 helpers are enough. */
+    int helpers = n_tasks - 1 < p->nworkers ? n_tasks - 1 : p->nworkers;
     p->fn = fn;
     p->arg = arg;
     p->n_tasks = n_tasks;
-    /* The caller takes tasks too, so n_tasks - 1 helpers are enough. */
-    p->n_helpers = n_tasks - 1 < p->nworkers ? n_tasks - 1 : p->nworkers;
-    atomic_store(&p->pending, p->n_helpers);
     atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    p->gen++;
-    atomic_store_explicit(&p->agen, p->gen, memory_order_release);
-    if (p->sleeping)
+    atomic_store_explicit(&p->pending, helpers, memory_order_relaxed);
+    uint64_t gen = (atomic_load_explicit(&p->word, memory_order_relaxed) >> HELPER_BITS) + 1;
+    atomic_store(&p->word, gen << HELPER_BITS | (uint64_t)helpers);
+    atomic_fetch_add_explicit(&p->dispatches, 1, memory_order_relaxed);
+    if (atomic_load(&p->sleeping) > 0) {
+        atomic_fetch_add_explicit(&p->wakeups, 1, memory_order_relaxed);
+        pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->mu);
+        pthread_mutex_unlock(&p->mu);
+    }
 
     claim_and_run(p, fn, arg, n_tasks);
 
     int64_t until = now_ns() + SPIN_NS;
-    while (atomic_load(&p->pending) > 0 && now_ns() < until)
+    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0 && now_ns() < until)
         relax();
-    pthread_mutex_lock(&p->mu);
-    while (atomic_load(&p->pending) > 0)
-        pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    if (atomic_load(&p->pending) > 0) {
+        pthread_mutex_lock(&p->mu);
+        atomic_store(&p->caller_waiting, 1);
+        while (atomic_load(&p->pending) > 0)
+            pthread_cond_wait(&p->done, &p->mu);
+        atomic_store(&p->caller_waiting, 0);
+        pthread_mutex_unlock(&p->mu);
+    }
     pthread_mutex_unlock(&p->run_mu);
 }
 
 int pd_pool_nthreads(const pd_pool *p)
 {
     return p ? p->nthreads : 1;
+}
+
+void pd_pool_stats(pd_pool *p, struct pd_pool_stats *s)
+{
+    *s = (struct pd_pool_stats){0};
+    if (!p)
+        return;
+    s->dispatches = atomic_load_explicit(&p->dispatches, memory_order_relaxed);
+    s->wakeups = atomic_load_explicit(&p->wakeups, memory_order_relaxed);
 }
 
 void pd_pool_destroy(pd_pool *p)

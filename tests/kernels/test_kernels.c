@@ -516,6 +516,43 @@ Test(kernels, pool_runs_every_task_exactly_once)
     cr_assert_eq(pd_pool_nthreads(NULL), 1);
 }
 
+/* The lock-free hand-off under churn: thousands of back-to-back runs of a few tasks (the workers
+ * polling), with pauses longer than the workers' poll every 500 runs (so they fall asleep and the
+ * next run must wake them: a lost wake-up hangs this test). Every task runs exactly once, and the
+ * pool counts each run it handed out, and the wake-ups. */
+Test(kernels, pool_back_to_back_runs_and_wakeups, .timeout = 60)
+{
+    for (int nt = 2; nt <= 3; nt++) {
+        pd_pool *pool;
+        pd_err e = {0};
+        cr_assert_eq(pd_pool_create(nt, &pool, &e), 0, "%s", e.msg);
+        atomic_int hits[4];
+        int runs = 0, pauses = 0;
+        for (int call = 0; call < 6000; call++) {
+            int n = 2 + call % 3;
+            for (int i = 0; i < n; i++)
+                atomic_store(&hits[i], 0);
+            struct count_arg c = {hits};
+            pd_pool_run(pool, n, count_task, &c);
+            runs++;
+            for (int i = 0; i < n; i++)
+                cr_assert_eq(atomic_load(&hits[i]), 1, "threads %d call %d task %d of %d", nt, call, i, n);
+            if (call % 500 == 499) {
+                struct timespec nap = {0, 2 * 1000 * 1000};   /* 2 ms: 40 times the poll */
+                nanosleep(&nap, NULL);
+                pauses++;
+            }
+        }
+        pd_pool_run(NULL, 1, count_task, &(struct count_arg){hits});   /* not counted: no pool */
+        struct pd_pool_stats st;
+        pd_pool_stats(pool, &st);
+        cr_assert_eq(st.dispatches, (unsigned long long)runs);
+        cr_assert_geq(st.wakeups, 1, "no run woke a sleeping worker after %d pauses", pauses);
+        cr_assert_leq(st.wakeups, (unsigned long long)runs);
+        pd_pool_destroy(pool);
+    }
+}
+
 struct nested_arg {
     pd_pool *pool;
     atomic_int *hits;   // [8 * 8]
