@@ -13,6 +13,7 @@
 #include "engine/internal.h"
 #include "engine/prefix.h"
 #include "kernels/fp4.h"
+#include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "kernels/vec.h"
@@ -27,9 +28,11 @@ struct attn_bufs {
     float *ckv, *cg;               /* compressor projections [T, coff*head_dim] */
     float *iq, *iw, *ikv, *ig;     /* indexer query, weights, compressor projections */
     float *o, *og, *oa, *ogo;      /* attention output, one group's input, wo_a output, one group's output */
-    float *keys;                   /* [window + entries, head_dim] keys of one query, fp32 */
-    float *scores, *iscore;        /* [keys], [entries] */
+    float *keys;                   /* [chunk, window + entries, head_dim] keys of each token, fp32 */
+    float *scores, *iscore;        /* [chunk, heads, keys], [entries] */
     int *sel;                      /* [entries] selected entries */
+    int *nk;                       /* [T] keys of each prepared token */
+    int32_t *orow;                 /* [o_groups * T] group g's rows of o viewed as [T * o_groups, gin] */
 };
 
 /* An indexer query head or key as the official code has it: bf16, Hadamard-rotated, bf16 again,
@@ -187,7 +190,13 @@ int pd_topk(const float *score, int n, int k, int *sel)
     return cnt;
 }
 
-static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *b, pd_err *e)
+/* Everything of token t's attention that reads or writes its sequence's cache, in position
+ * order: the window entry, the compressors, the undo log and snapshots, then the keys the token
+ * sees (window, then the compressed entries the layer lets it see) copied as fp32 into `keys`
+ * [*nk_out, head_dim]. The heads (heads_task) then read only those copies, so they can run on any
+ * thread after later tokens of the same sequence have been prepared. */
+static int attend_prepare(struct pd_step *st, int layer, int t, struct attn_bufs *b, float *keys, int *nk_out,
+                          pd_err *e)
 {
     struct pd_engine *en = st->en;
     const struct pd_model *m = &en->model;
@@ -195,9 +204,7 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
     const struct pd_step_item *it = &st->items[st->item_of[t]];
     struct pd_seq *seq = it->seq;
     const struct pd_kvpool *kvp = &en->kv;
-    const int hd = m->head_dim, nh = m->n_heads, W = m->sliding_window, r = L->ratio;
-    const int rd = m->qk_rope_head_dim;
-    const float *cs = (r ? st->cs_compress : st->cs_window) + (size_t)t * rd;
+    const int hd = m->head_dim, W = m->sliding_window, r = L->ratio;
     const float eps = (float)m->rms_norm_eps;
     const int64_t pos = st->pos[t];
     /* a speculative token: what it overwrites in the slot goes to the undo log first (kvpool.h) */
@@ -235,10 +242,10 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
         int64_t run = W - p % W < pos + 1 - p ? W - p % W : pos + 1 - p;
         if (kvp->dtype == PD_KV_BF16) {
             assert(kvp->entry_bytes == 2 * (size_t)hd);
-            pd_bf16_to_f32_row(pd_kv_window(kvp, &seq->kv, layer, p), b->keys + (size_t)nk * hd, (int)(run * hd));
+            pd_bf16_to_f32_row(pd_kv_window(kvp, &seq->kv, layer, p), keys + (size_t)nk * hd, (int)(run * hd));
         } else {
             for (int64_t k = 0; k < run; k++)
-                pd_kv_get_entry(kvp, b->keys + (size_t)(nk + k) * hd, pd_kv_window(kvp, &seq->kv, layer, p + k));
+                pd_kv_get_entry(kvp, keys + (size_t)(nk + k) * hd, pd_kv_window(kvp, &seq->kv, layer, p + k));
         }
         nk += (int)run;
         p += run;
@@ -256,28 +263,51 @@ static int attend_token(struct pd_step *st, int layer, int t, struct attn_bufs *
                 b->sel[i] = i;
         }
         for (int i = 0; i < ns; i++)
-            pd_kv_get_entry(kvp, b->keys + (size_t)nk++ * hd, pd_kv_entry(kvp, &seq->kv, layer, b->sel[i]));
+            pd_kv_get_entry(kvp, keys + (size_t)nk++ * hd, pd_kv_entry(kvp, &seq->kv, layer, b->sel[i]));
     }
-    const float scale = 1.0f / sqrtf((float)hd);
-    for (int h = 0; h < nh; h++) {
-        const float *q = b->q + ((size_t)t * nh + h) * hd;
-        float *o = b->o + ((size_t)t * nh + h) * hd;
-        pd_dot_rows(b->keys, (size_t)hd, q, hd, nk, b->scores);
-        float mx = pd_scale_max(b->scores, nk, scale, L->attn_sink[h]);
-        /* the sink adds exp(sink - max) to the denominator and nothing to the output */
-        double den = expf(L->attn_sink[h] - mx);
-        for (int k = 0; k < nk; k++)
-            b->scores[k] -= mx;
-        pd_expf_rows(b->scores, b->scores, nk);
-        for (int k = 0; k < nk; k++)
-            den += b->scores[k];
-        pd_div_d(b->scores, nk, den);
-        for (int i = 0; i < hd; i++)
-            o[i] = 0;
-        pd_axpy_rows(b->scores, b->keys, (size_t)hd, nk, o, hd);
-        pd_rope_apply_cs(cs, rd, o + hd - rd, 1);
-    }
+    *nk_out = nk;
     return 0;
+}
+
+/* The heads of a chunk of prepared tokens, one task per (token, head): softmax over the token's
+ * keys with the head's sink, V = K, inverse rope on the output's rope dims. */
+struct heads_job {
+    struct pd_step *st;
+    const struct pd_layer_w *L;
+    const struct attn_bufs *b;
+    int t0;             /* the chunk's first token */
+    const int *nk;      /* [chunk] keys of each token */
+    float *keys;        /* [chunk, kmax, head_dim] */
+    float *scores;      /* [chunk, heads, kmax] */
+    int kmax;
+};
+
+static void heads_task(void *arg, int task)
+{
+    const struct heads_job *j = arg;
+    const struct pd_model *m = &j->st->en->model;
+    const int hd = m->head_dim, nh = m->n_heads, rd = m->qk_rope_head_dim;
+    const int c = task / nh, h = task % nh, t = j->t0 + c, nk = j->nk[c];
+    const float *keys = j->keys + (size_t)c * j->kmax * hd;
+    float *scores = j->scores + ((size_t)c * nh + h) * j->kmax;
+    const float *cs = (j->L->ratio ? j->st->cs_compress : j->st->cs_window) + (size_t)t * rd;
+    const float scale = 1.0f / sqrtf((float)hd), sink = j->L->attn_sink[h];
+    const float *q = j->b->q + ((size_t)t * nh + h) * hd;
+    float *o = j->b->o + ((size_t)t * nh + h) * hd;
+    pd_dot_rows(keys, (size_t)hd, q, hd, nk, scores);
+    float mx = pd_scale_max(scores, nk, scale, sink);
+    /* the sink adds exp(sink - max) to the denominator and nothing to the output */
+    double den = expf(sink - mx);
+    for (int k = 0; k < nk; k++)
+        scores[k] -= mx;
+    pd_expf_rows(scores, scores, nk);
+    for (int k = 0; k < nk; k++)
+        den += scores[k];
+    pd_div_d(scores, nk, den);
+    for (int i = 0; i < hd; i++)
+        o[i] = 0;
+    pd_axpy_rows(scores, keys, (size_t)hd, nk, o, hd);
+    pd_rope_apply_cs(cs, rd, o + hd - rd, 1);
 }
 
 #define LIN(l, in, T, out) \
@@ -299,19 +329,25 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
     for (int t = 0; t < T; t++)
         max_entries = (st->pos[t] + 1) > max_entries ? st->pos[t] + 1 : max_entries;
     max_entries = r ? max_entries / r + 1 : 1;
+    /* tokens prepared together before their heads run over the pool: keys of at most ~4 MiB */
+    const int64_t kmax = m->sliding_window + max_entries;
+    int chunk = (int)((4 << 20) / (kmax * hd * 4));
+    chunk = chunk < 1 ? 1 : chunk > T ? T : chunk;
     int cw = r ? L->cmp.coff * hd : 1, ih = m->index_n_heads, id = m->index_head_dim, iwid = r == 4 ? L->idx_cmp.coff * id : 1;
     if (!(b.qr = pd_scratch(en, 11, (size_t)T * ql * 4, e)) || !(b.q = pd_scratch(en, 12, (size_t)T * nh * hd * 4, e)) ||
         !(b.kv = pd_scratch(en, 13, (size_t)T * hd * 4, e)) || !(b.o = pd_scratch(en, 14, (size_t)T * nh * hd * 4, e)) ||
         !(b.og = pd_scratch(en, 15, (size_t)T * gin * 4, e)) || !(b.oa = pd_scratch(en, 16, (size_t)T * og * ol * 4, e)) ||
-        !(b.ogo = pd_scratch(en, 17, (size_t)T * ol * 4, e)) ||
-        !(b.keys = pd_scratch(en, 18, (size_t)(m->sliding_window + max_entries) * hd * 4, e)) ||
-        !(b.scores = pd_scratch(en, 19, (size_t)(m->sliding_window + max_entries) * 4, e)) ||
+        !(b.ogo = pd_scratch(en, 17, (size_t)og * T * ol * 4, e)) ||
+        !(b.keys = pd_scratch(en, 18, (size_t)chunk * kmax * hd * 4, e)) ||
+        !(b.scores = pd_scratch(en, 19, (size_t)chunk * nh * kmax * 4, e)) ||
+        !(b.nk = pd_scratch(en, 71, ((size_t)T + (size_t)og * T) * 4, e)) ||
         !(b.iscore = pd_scratch(en, 20, (size_t)max_entries * 4, e)) || !(b.sel = pd_scratch(en, 21, (size_t)max_entries * 4, e)) ||
         !(b.ckv = pd_scratch(en, 22, (size_t)T * cw * 4, e)) || !(b.cg = pd_scratch(en, 23, (size_t)T * cw * 4, e)) ||
         !(b.ikv = pd_scratch(en, 24, (size_t)T * iwid * 4, e)) || !(b.ig = pd_scratch(en, 25, (size_t)T * iwid * 4, e)) ||
         !(b.iq = pd_scratch(en, 26, (size_t)T * (r == 4 ? ih * id : 1) * 4, e)) ||
         !(b.iw = pd_scratch(en, 27, (size_t)T * (r == 4 ? ih : 1) * 4, e)))
         goto done;
+    b.orow = b.nk + T;
     /* every projection of the sublayer input x in one product (the kernel streams from one
      * matrix into the next), then those of q_lora's qr in another */
     const struct pd_linear *lx[7] = {&L->wq_a, &L->wkv, &L->cmp.wkv, &L->cmp.wgate, &L->idx_weights,
@@ -346,26 +382,59 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
                 pd_rope_apply_cs(st->cs_compress + (size_t)t * rd, rd, iq + id - rd, 0);
                 pd_indexer_lowp(iq, id);
             }
-    /* tokens are in item order and, within an item, in position order */
-    for (int t = 0; t < T; t++)
-        if ((rc = attend_token(st, layer, t, &b, e)))
+    /* tokens are in item order and, within an item, in position order: each chunk's tokens are
+     * prepared in that order, then all their heads run over the pool */
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+        int n = T - t0 < chunk ? T - t0 : chunk;
+        for (int c = 0; c < n; c++)
+            if ((rc = attend_prepare(st, layer, t0 + c, &b, b.keys + (size_t)c * kmax * hd, &b.nk[c], e)))
+                goto done;
+        struct heads_job hj = {.st = st, .L = L, .b = &b, .t0 = t0, .nk = b.nk, .keys = b.keys, .scores = b.scores,
+                               .kmax = (int)kmax};
+        pd_pool_run(en->pool, n * nh, heads_task, &hj);
+    }
+    /* grouped low-rank output: group g maps heads [g*nh/og, (g+1)*nh/og) to o_lora values. With
+     * int8 weights o [T, nh*hd] is quantised as [T*og, gin] (the rows each group reads, as when
+     * quantised one group at a time) and every group runs in one grouped product. */
+    if (L->wo_a.q.q && !en->ref) {
+        pd_gemm_group grp[64];
+        if (og > 64) {
+            rc = pd_err_set(e, PD_EINVAL, "engine: o_groups %d (at most 64)", og);
             goto done;
-    /* grouped low-rank output: group g maps heads [g*nh/og, (g+1)*nh/og) to o_lora values */
-    for (int g = 0; g < og; g++) {
-        struct pd_linear part = L->wo_a;
-        part.out = ol;
-        if (part.q.q) {
-            part.q.q += (size_t)g * ol * gin;
-            part.q.scale += (size_t)g * ol;
-            part.q.rows = ol;
-        } else {
-            part.f += (size_t)g * ol * gin;
         }
-        for (int t = 0; t < T; t++)
-            memcpy(b.og + (size_t)t * gin, b.o + (size_t)t * nh * hd + (size_t)g * gin, (size_t)gin * 4);
-        LIN(&part, b.og, T, b.ogo);
-        for (int t = 0; t < T; t++)
-            memcpy(b.oa + (size_t)t * og * ol + (size_t)g * ol, b.ogo + (size_t)t * ol, (size_t)ol * 4);
+        pd_quant_rows_pool(en->pool, b.o, T * og, gin, st->qbuf, st->sbuf);
+        pd_qmat oq = {.q = st->qbuf, .scale = st->sbuf, .rows = T * og, .cols = gin};
+        for (int g = 0; g < og; g++) {
+            for (int t = 0; t < T; t++)
+                b.orow[(size_t)g * T + t] = t * og + g;
+            pd_qmat w = L->wo_a.q;
+            w.q += (size_t)g * ol * gin;
+            w.scale += (size_t)g * ol;
+            w.rows = ol;
+            grp[g] = (pd_gemm_group){.w = w, .rows = b.orow + (size_t)g * T, .n = T, .y = b.ogo + (size_t)g * T * ol};
+        }
+        if ((rc = pd_gemm_grouped(en->pool, &oq, grp, og, 0, e)))
+            goto done;
+        for (int g = 0; g < og; g++)
+            for (int t = 0; t < T; t++)
+                memcpy(b.oa + (size_t)t * og * ol + (size_t)g * ol, b.ogo + ((size_t)g * T + t) * ol, (size_t)ol * 4);
+    } else {
+        for (int g = 0; g < og; g++) {
+            struct pd_linear part = L->wo_a;
+            part.out = ol;
+            if (part.q.q) {
+                part.q.q += (size_t)g * ol * gin;
+                part.q.scale += (size_t)g * ol;
+                part.q.rows = ol;
+            } else {
+                part.f += (size_t)g * ol * gin;
+            }
+            for (int t = 0; t < T; t++)
+                memcpy(b.og + (size_t)t * gin, b.o + (size_t)t * nh * hd + (size_t)g * gin, (size_t)gin * 4);
+            LIN(&part, b.og, T, b.ogo);
+            for (int t = 0; t < T; t++)
+                memcpy(b.oa + (size_t)t * og * ol + (size_t)g * ol, b.ogo + (size_t)t * ol, (size_t)ol * 4);
+        }
     }
     LIN(&L->wo_b, b.oa, T, st->out);
     rc = 0;

@@ -161,18 +161,25 @@ int pd_engine_rollback(struct pd_engine *en, struct pd_seq *s, int64_t len, int6
     return 0;
 }
 
-/* mHC "pre": the 2*hc + hc*hc mixing values of one token, then
- *   pre  = sigmoid(mix[0:hc] * scale[0] + base[0:hc]) + hc_eps
- *   post = 2 * sigmoid(mix[hc:2hc] * scale[1] + base[hc:2hc])
- *   comb = Sinkhorn(mix[2hc:] * scale[2] + base[2hc:])          (hc x hc)
+/* The mixing values of one token before normalisation, rows [r0, r1) of the 2*hc + hc*hc:
+ * mix[k] = fn[k] . h. Rows are computed independently (pd_dot_rows in blocks of 4 from r0), so a
+ * split at multiples of PD_MHC_MIX_ROWS gives the same bits as one call over all of them. */
+void pd_mhc_mix(const struct pd_model *m, const float *h, const float *fn, int r0, int r1, float *mix)
+{
+    const size_t n = (size_t)m->hc_mult * m->hidden_size;
+    pd_dot_rows(fn + (size_t)r0 * n, n, h, (int)n, r1 - r0, mix + r0);
+}
+
+/* mHC "pre" from the raw mixing values (mix [2*hc + hc*hc], pd_mhc_mix; scaled in place):
+ *   pre  = sigmoid(mix[0:hc] * r * scale[0] + base[0:hc]) + hc_eps   r = rms(h)^-1
+ *   post = 2 * sigmoid(mix[hc:2hc] * r * scale[1] + base[hc:2hc])
+ *   comb = Sinkhorn(mix[2hc:] * r * scale[2] + base[2hc:])          (hc x hc)
  *   x    = sum_j pre_j * h_j                                      */
-void pd_mhc_pre(const struct pd_model *m, const float *h, const float *fn, const float *base,
-                   const float *scale, float *x, float *post, float *comb)
+void pd_mhc_pre_mixed(const struct pd_model *m, const float *h, float *mix, const float *base, const float *scale,
+                      float *x, float *post, float *comb)
 {
     const int hc = m->hc_mult, H = (int)m->hidden_size, n = hc * H, mixn = (2 + hc) * hc;
     float r = (float)(1.0 / sqrt((double)pd_dot(h, h, n) / n + m->rms_norm_eps));
-    float mix[4 * 64 + 64];
-    pd_dot_rows(fn, (size_t)n, h, n, mixn, mix);
     for (int k = 0; k < mixn; k++)
         mix[k] *= r;
     float pre[64] = {0};
@@ -184,6 +191,14 @@ void pd_mhc_pre(const struct pd_model *m, const float *h, const float *fn, const
         comb[k] = mix[2 * hc + k] * scale[2] + base[2 * hc + k];
     pd_sinkhorn(comb, hc, m->hc_sinkhorn_iters, (float)m->hc_eps);
     pd_scale_axpys(pre[0], h, pre + 1, h + H, (size_t)H, hc - 1, x, H);
+}
+
+void pd_mhc_pre(const struct pd_model *m, const float *h, const float *fn, const float *base,
+                   const float *scale, float *x, float *post, float *comb)
+{
+    float mix[4 * 64 + 64];
+    pd_mhc_mix(m, h, fn, 0, (2 + m->hc_mult) * m->hc_mult, mix);
+    pd_mhc_pre_mixed(m, h, mix, base, scale, x, post, comb);
 }
 
 /* mHC "post": h_k = post_k * out + sum_j comb[j][k] * h_j; tmp holds hc * hidden floats */
@@ -200,30 +215,80 @@ void pd_mhc_post(const struct pd_model *m, float *h, const float *out, const flo
     memcpy(h, tmp, (size_t)hc * H * sizeof(float));
 }
 
+/* mHC around a sublayer, over the pool: a token's mixing weights are hc * hidden floats per
+ * mixing value (24 x 2048 in v4-flash-mini: 196 KB per sublayer, as much as its matrices), so at
+ * decode batch 1 their rows are split (task = a token's block of PD_MHC_MIX_ROWS rows) and the rest
+ * of "pre" follows on the caller; with more tokens each task is one token, "pre" or "post" whole.
+ * The same arithmetic per token and row either way. */
+struct mhc_job {
+    struct pd_step *st;
+    const struct pd_layer_w *L;
+    int ffn;
+    int split;          /* 1: tasks are (token, row block) of the mixing values only */
+    int blocks;         /* row blocks per token */
+    float *mix;         /* [T, mixn] */
+    float *tmp;         /* [T, hc, hidden] pd_mhc_post's */
+};
+
+static void mhc_pre_task(void *arg, int task)
+{
+    const struct mhc_job *j = arg;
+    const struct pd_model *m = &j->st->en->model;
+    const struct pd_layer_w *L = j->L;
+    const int H = (int)m->hidden_size, hc = m->hc_mult, mixn = (2 + hc) * hc;
+    const int t = j->split ? task / j->blocks : task;
+    const float *h = j->st->h + (size_t)t * hc * H, *fn = j->ffn ? L->hc_ffn_fn : L->hc_attn_fn;
+    float *mix = j->mix + (size_t)t * mixn;
+    if (j->split) {
+        int r0 = task % j->blocks * PD_MHC_MIX_ROWS, r1 = r0 + PD_MHC_MIX_ROWS < mixn ? r0 + PD_MHC_MIX_ROWS : mixn;
+        pd_mhc_mix(m, h, fn, r0, r1, mix);
+        return;
+    }
+    pd_mhc_mix(m, h, fn, 0, mixn, mix);
+    float *x = j->st->x + (size_t)t * H;
+    pd_mhc_pre_mixed(m, h, mix, j->ffn ? L->hc_ffn_base : L->hc_attn_base, j->ffn ? L->hc_ffn_scale : L->hc_attn_scale,
+                     x, j->st->post + (size_t)t * hc, j->st->comb + (size_t)t * hc * hc);
+    pd_rmsnorm(x, j->ffn ? L->ffn_norm : L->attn_norm, (float)m->rms_norm_eps, H, x);
+}
+
+static void mhc_post_task(void *arg, int t)
+{
+    const struct mhc_job *j = arg;
+    const struct pd_model *m = &j->st->en->model;
+    const int H = (int)m->hidden_size, hc = m->hc_mult;
+    pd_mhc_post(m, j->st->h + (size_t)t * hc * H, j->st->out + (size_t)t * H, j->st->post + (size_t)t * hc,
+                j->st->comb + (size_t)t * hc * hc, j->tmp + (size_t)t * hc * H);
+}
+
 /* One sublayer wrapped in mHC, for every token of the step. */
 static int sublayer(struct pd_step *st, int layer, int ffn, pd_err *e)
 {
     struct pd_engine *en = st->en;
     const struct pd_model *m = &en->model;
     const struct pd_layer_w *L = pd_layer_weights(en, layer);
-    const int H = (int)m->hidden_size, hc = m->hc_mult;
-    for (int t = 0; t < st->T; t++) {
-        float *x = st->x + (size_t)t * H;
-        pd_mhc_pre(m, st->h + (size_t)t * hc * H, ffn ? L->hc_ffn_fn : L->hc_attn_fn, ffn ? L->hc_ffn_base : L->hc_attn_base,
-               ffn ? L->hc_ffn_scale : L->hc_attn_scale, x, st->post + (size_t)t * hc, st->comb + (size_t)t * hc * hc);
-        pd_rmsnorm(x, ffn ? L->ffn_norm : L->attn_norm, (float)m->rms_norm_eps, H, x);
-    }
+    const int H = (int)m->hidden_size, hc = m->hc_mult, T = st->T, mixn = (2 + hc) * hc;
+    struct mhc_job j = {.st = st, .L = L, .ffn = ffn, .blocks = (mixn + PD_MHC_MIX_ROWS - 1) / PD_MHC_MIX_ROWS};
+    j.split = T < pd_pool_nthreads(en->pool);
+    j.mix = pd_scratch(en, 70, (size_t)T * mixn * sizeof(float), e);
+    j.tmp = pd_scratch(en, 48, (size_t)T * hc * H * sizeof(float), e);
+    if (!j.mix || !j.tmp)
+        return PD_ENOMEM;
+    pd_pool_run(en->pool, j.split ? T * j.blocks : T, mhc_pre_task, &j);
+    if (j.split)
+        for (int t = 0; t < T; t++) {
+            float *x = st->x + (size_t)t * H;
+            pd_mhc_pre_mixed(m, st->h + (size_t)t * hc * H, j.mix + (size_t)t * mixn,
+                             ffn ? L->hc_ffn_base : L->hc_attn_base, ffn ? L->hc_ffn_scale : L->hc_attn_scale, x,
+                             st->post + (size_t)t * hc, st->comb + (size_t)t * hc * hc);
+            pd_rmsnorm(x, ffn ? L->ffn_norm : L->attn_norm, (float)m->rms_norm_eps, H, x);
+        }
     if (!en->ref)
-        pd_quant_rows_pool(en->pool, st->x, st->T, H, (int8_t *)st->xq.q, (float *)st->xq.scale);
+        pd_quant_rows_pool(en->pool, st->x, T, H, (int8_t *)st->xq.q, (float *)st->xq.scale);
     int rc = ffn ? pd_moe_layer(st, layer, e) : pd_attention_layer(st, layer, e);
     if (rc)
         return rc;
-    float *tmp = pd_scratch(en, 48, (size_t)hc * H * sizeof(float), e);
-    if (!tmp)
-        return PD_ENOMEM;
-    for (int t = 0; t < st->T; t++)
-        pd_mhc_post(m, st->h + (size_t)t * hc * H, st->out + (size_t)t * H, st->post + (size_t)t * hc,
-                st->comb + (size_t)t * hc * hc, tmp);
+    /* "post" is hc * hc * hidden multiply-adds per token: on the caller at batch 1 */
+    pd_pool_run(T > 1 ? en->pool : NULL, T, mhc_post_task, &j);
     return 0;
 }
 
@@ -246,7 +311,7 @@ static void head_input(struct pd_step *st, int t, const float *fn, const float *
 
 static int max_in(const struct pd_model *m)
 {
-    int64_t v[] = {m->hidden_size, m->q_lora_rank, (int64_t)m->n_heads * m->head_dim / m->o_groups,
+    int64_t v[] = {m->hidden_size, m->q_lora_rank, (int64_t)m->n_heads * m->head_dim /* o, quantised as o_groups rows per token */,
                    (int64_t)m->o_groups * m->o_lora_rank, m->moe_intermediate_size * (m->n_shared_experts > 1 ? m->n_shared_experts : 1)};
     int64_t x = 0;
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
@@ -306,7 +371,7 @@ static int step_setup(struct pd_engine *en, struct pd_step *st, int mtp, pd_err 
     st->post = pd_scratch(en, 7, (size_t)T * hc * sizeof(float), e);
     st->comb = pd_scratch(en, 8, (size_t)T * hc * hc * sizeof(float), e);
     st->qbuf = pd_scratch(en, 9, (size_t)T * st->max_in, e);
-    st->sbuf = pd_scratch(en, 10, (size_t)T * sizeof(float), e);
+    st->sbuf = pd_scratch(en, 10, (size_t)T * (m->o_groups > 1 ? m->o_groups : 1) * sizeof(float), e);
     int8_t *xq = pd_scratch(en, 47, (size_t)T * H, e);
     float *xs = pd_scratch(en, 49, (size_t)T * sizeof(float), e);
     st->xq = (pd_qmat){.q = xq, .scale = xs, .rows = T, .cols = H};

@@ -27,7 +27,7 @@
 #include "kernels/ops.h"
 #include "model/config.h"
 
-#define PD_ENGINE_SCRATCH 70
+#define PD_ENGINE_SCRATCH 72
 
 struct pd_scratch_buf {
     void *p;

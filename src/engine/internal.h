@@ -26,7 +26,7 @@ struct pd_step {
     pd_qmat xq;            /* x quantised per token ([T, hidden] int8, [T] scales): the input of
                               the sublayer's int8 matrices, quantised once for all of them */
     int8_t *qbuf;          /* [T * max_in] quantised activations */
-    float *sbuf;           /* [T] their scales */
+    float *sbuf;           /* [T * o_groups] their scales (attention quantises o_groups rows a token) */
     int max_in;
 };
 
@@ -44,6 +44,13 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e);
 /* mHC "pre" of one token: h [hc, hidden] -> x [hidden], post [hc], comb [hc, hc] (Sinkhorn). */
 void pd_mhc_pre(const struct pd_model *m, const float *h, const float *fn, const float *base, const float *scale,
                 float *x, float *post, float *comb);
+/* The same in two parts, so that the mixing values can be split over threads: the rows [r0, r1)
+ * of the raw mixing values (mix [2*hc + hc*hc], fn . h), then the rest of "pre" from all of them
+ * (mix scaled in place). A split at multiples of PD_MHC_MIX_ROWS gives pd_mhc_pre's bits. */
+#define PD_MHC_MIX_ROWS 8
+void pd_mhc_mix(const struct pd_model *m, const float *h, const float *fn, int r0, int r1, float *mix);
+void pd_mhc_pre_mixed(const struct pd_model *m, const float *h, float *mix, const float *base, const float *scale,
+                      float *x, float *post, float *comb);
 /* mHC "post": h_k = post_k * out + sum_j comb[j][k] * h_j; tmp holds hc * hidden floats. */
 void pd_mhc_post(const struct pd_model *m, float *h, const float *out, const float *post, const float *comb,
                  float *tmp);
@@ -67,7 +74,8 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e);
 void pd_moe_choose(const struct pd_layer_w *L, int E, int k, const float *z, float *s, int32_t *id);
 
 /* Scratch buffer `slot` of the engine (slots: engine.c 1-10 and 44-49 (46: the step's logits), attention.c 11-29, moe.c
- * 30-43, expert parallelism 50-63, the MTP step 64-68, the head's rows 69), at least `bytes` long: kept between steps so a decode step
+ * 30-43, expert parallelism 50-63, the MTP step 64-68, the head's rows 69,
+ * mHC's mixing values 70, attention's key counts and o rows 71), at least `bytes` long: kept between steps so a decode step
  * allocates nothing; each call site has its own slot. */
 void *pd_scratch(struct pd_engine *en, int slot, size_t bytes, pd_err *e);
 

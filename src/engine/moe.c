@@ -170,9 +170,9 @@ static void route(struct pd_step *st, const struct pd_layer_w *L, int32_t *ids, 
     const int E = m->n_routed_experts, k = m->n_experts_per_tok, H = (int)m->hidden_size;
     struct score_job job = {.x = st->x, .gate = L->gate.f, .z = scores, .T = st->T, .E = E, .H = H, .per = 32};
     pthread_once(&sp_once, sp_init);
-    /* one task on the calling thread: at decode sizes the pool's hand-off costs more than the
-     * router (the split stays, so a larger batch can use the pool) */
-    pd_pool_run(st->T * E >= 4096 ? st->en->pool : NULL, (E + job.per - 1) / job.per, score_task, &job);
+    /* the gate is fp32 [E, hidden] (512 KB in v4-flash-mini, more than the layer's routed
+     * experts at batch 1): split over the pool unless the whole product is tiny */
+    pd_pool_run((int64_t)st->T * E * H >= 1 << 16 ? st->en->pool : NULL, (E + job.per - 1) / job.per, score_task, &job);
     for (int t = 0; t < st->T; t++) {
         float *s = scores + (size_t)t * E;
         int32_t *id = ids + (size_t)t * k;

@@ -182,10 +182,11 @@ static void plain_task(void *arg, int task)
     r->fn(&r->job, o0, o1);
 }
 
-/* A run of the pool costs a few microseconds while its workers are still polling (tens when they
- * sleep); a product smaller than this many multiply-adds (about 8 us on one core) runs on the
- * calling thread. The split into tasks is the same either way, so the result is too. */
-#define PD_GEMM_SERIAL_MACS (INT64_C(1) << 18)
+/* A run of the pool costs well under a microsecond while its workers are still polling (the
+ * hand-off takes no lock; tens of microseconds when they sleep); a product smaller than this many
+ * multiply-adds (about 3 us on one core) runs on the calling thread. The split into tasks is the
+ * same either way, so the result is too. */
+#define PD_GEMM_SERIAL_MACS (INT64_C(1) << 16)
 
 static int small_work(int64_t macs)
 {

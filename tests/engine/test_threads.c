@@ -1,0 +1,92 @@
+/* Thread counts change nothing: v4-flash-mini's logits, bit for bit, at 1, 2 and 3 threads, for
+ * a batch-16 prefill and decode and a batch-1 prefill and decode (every split the engine makes
+ * over the pool: the mHC mixing rows at batch 1, attention heads, the router, the grouped GEMMs,
+ * the output groups of attention), and the pool really is used at 2 threads. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/engine.h"
+
+enum { B = 16, DECODE = 5, SOLO_PROMPT = 150, SOLO_DECODE = 8 };
+
+/* All logits of one run: batch-16 prefill and DECODE steps, then one sequence alone. */
+struct run {
+    float *l;                      /* [(1 + DECODE) * B + 1 + SOLO_DECODE, V] */
+    unsigned long long solo_dispatches;   /* pool runs during the batch-1 decode steps */
+};
+
+static void run_at(int threads, struct run *out)
+{
+    struct pd_engine en;
+    pd_err e = {0};
+    struct pd_engine_opts o = {.dir = "models/mini", .threads = threads, .max_seqs = B, .max_model_len = 256};
+    cr_assert_eq(pd_engine_open(&en, &o, &e), 0, "%s", e.msg);
+    const int V = (int)en.model.vocab_size;
+    const size_t rows = (size_t)(1 + DECODE) * B + 1 + SOLO_DECODE;
+    out->l = malloc(rows * V * sizeof(float));
+    cr_assert_not_null(out->l);
+    float *l = out->l;
+    static int32_t ids[B][200];
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < 200; i++)
+            ids[b][i] = (int32_t)((i * 37 + b * 101 + 11) % 1000);
+    struct pd_seq s[B];
+    struct pd_step_item it[B];
+    int32_t next[B];
+    for (int b = 0; b < B; b++) {
+        cr_assert_eq(pd_seq_start(&en, &s[b], &e), 0, "%s", e.msg);
+        /* prompts of different lengths, one past the window (128) */
+        it[b] = (struct pd_step_item){.seq = &s[b], .tokens = ids[b], .n = 20 + 9 * b, .logits = l + (size_t)b * V};
+    }
+    cr_assert_eq(pd_engine_step(&en, it, B, &e), 0, "%s", e.msg);
+    for (int k = 1; k <= DECODE; k++) {
+        for (int b = 0; b < B; b++) {
+            next[b] = (int32_t)((k * 13 + b * 7) % 1000);
+            it[b] = (struct pd_step_item){.seq = &s[b], .tokens = &next[b], .n = 1, .logits = l + ((size_t)k * B + b) * V};
+        }
+        cr_assert_eq(pd_engine_step(&en, it, B, &e), 0, "%s", e.msg);
+    }
+    for (int b = 0; b < B; b++)
+        pd_seq_end(&en, &s[b]);
+    /* one sequence alone: prefill, then batch-1 decode */
+    float *solo = l + (size_t)(1 + DECODE) * B * V;
+    cr_assert_eq(pd_seq_start(&en, &s[0], &e), 0, "%s", e.msg);
+    it[0] = (struct pd_step_item){.seq = &s[0], .tokens = ids[3], .n = SOLO_PROMPT, .logits = solo};
+    cr_assert_eq(pd_engine_step(&en, it, 1, &e), 0, "%s", e.msg);
+    struct pd_pool_stats p0, p1;
+    pd_pool_stats(en.pool, &p0);
+    for (int k = 1; k <= SOLO_DECODE; k++) {
+        next[0] = (int32_t)((k * 29 + 5) % 1000);
+        it[0] = (struct pd_step_item){.seq = &s[0], .tokens = &next[0], .n = 1, .logits = solo + (size_t)k * V};
+        cr_assert_eq(pd_engine_step(&en, it, 1, &e), 0, "%s", e.msg);
+    }
+    pd_pool_stats(en.pool, &p1);
+    out->solo_dispatches = p1.dispatches - p0.dispatches;
+    pd_seq_end(&en, &s[0]);
+    pd_engine_close(&en);
+}
+
+Test(threads, mini_logits_identical_at_1_2_and_3_threads, .timeout = 900)
+{
+    if (access("models/mini/model.safetensors", R_OK) != 0)
+        cr_skip_test("models/mini not generated (make models/mini/model.safetensors)");
+    struct run r[3];
+    for (int i = 0; i < 3; i++)
+        run_at(i + 1, &r[i]);
+    cr_assert_eq(r[0].solo_dispatches, 0, "a 1-thread engine has no pool");
+    /* at 2 threads a batch-1 decode step must share its work: several runs per layer */
+    cr_assert_geq(r[1].solo_dispatches, 8ull * 8 * SOLO_DECODE, "%llu pool runs in %d batch-1 steps",
+                  r[1].solo_dispatches, SOLO_DECODE);
+    const int V = 8192;
+    const size_t rows = (size_t)(1 + DECODE) * B + 1 + SOLO_DECODE;
+    for (int i = 1; i < 3; i++)
+        for (size_t row = 0; row < rows; row++)
+            cr_assert_eq(memcmp(r[0].l + row * V, r[i].l + row * V, (size_t)V * sizeof(float)), 0,
+                         "%d threads: logits row %zu (%s) differ from 1 thread's", i + 1, row,
+                         row < (size_t)B ? "batch-16 prefill" : row < (size_t)(1 + DECODE) * B ? "batch-16 decode"
+                         : row == (size_t)(1 + DECODE) * B ? "batch-1 prefill" : "batch-1 decode");
+    for (int i = 0; i < 3; i++)
+        free(r[i].l);
+}
