@@ -1,9 +1,12 @@
-/* Thread pool: a run publishes (fn, arg, n_tasks) and then one atomic word holding a generation
- * counter and the number of helpers wanted; tasks are claimed with an atomic counter, so which
- * thread runs task i varies, but what task i computes does not. A decode step issues about a
- * hundred small runs back to back (a few microseconds of work each), so the hand-off is kept off
- * every lock: a polling worker sees the new word, runs its share and decrements an atomic count
- * of unfinished helpers, which the caller polls. Only a thread that has polled for SPIN_NS
+/* Thread pool: a run publishes (fn, arg) and then one atomic claim word holding a generation,
+ * the run's task count and the next unclaimed task; any thread claims task i by a compare-and-swap
+ * of that word, so which thread runs task i varies, but what task i computes does not. A decode
+ * step issues about a hundred small runs back to back (a few microseconds of work each), so the
+ * hand-off takes no lock while the workers poll, and the caller waits only for tasks that were
+ * claimed, never for a worker that has not yet woken (on a loaded machine a descheduled worker
+ * simply claims nothing: the caller runs every task). A claim succeeds only while its generation's
+ * tasks are not all claimed, and the caller rewrites (fn, arg) only after all are claimed and
+ * finished, so a late worker can never run a stale task. Only a thread that has polled for SPIN_NS
  * without news sleeps on a condition variable (an idle pool uses no CPU between steps), and only
  * then do the others take the mutex to wake it. Whether a sleeper exists is decided by a pair of
  * sequentially consistent accesses on each side (the sleeper counts itself, then re-reads the
@@ -21,9 +24,14 @@
 /* How long a thread polls before it sleeps. */
 #define SPIN_NS 50000
 
-/* The run word: generation << HELPER_BITS | helpers of that run. */
-#define HELPER_BITS 16
-#define HELPER_MASK ((UINT64_C(1) << HELPER_BITS) - 1)
+/* The claim word: generation (GEN_BITS, wraps) | task count (N_BITS) | next task (N_BITS). A
+ * run of more than MAX_RUN tasks is published as several. */
+#define N_BITS 21
+#define GEN_BITS (64 - 2 * N_BITS)
+#define MAX_RUN ((1 << N_BITS) - 1)
+#define W_IDX(w) ((int)((w) & MAX_RUN))
+#define W_N(w) ((int)(((w) >> N_BITS) & MAX_RUN))
+#define W_GEN(w) ((w) >> (2 * N_BITS))
 
 static int64_t now_ns(void)
 {
@@ -49,19 +57,18 @@ struct pd_pool {
     struct worker *workers;     /* [nthreads - 1] */
 
     pthread_mutex_t mu;         /* held only to sleep and to wake sleepers */
-    pthread_cond_t wake;        /* workers sleep here for a new word or stop */
-    pthread_cond_t done;        /* the caller sleeps here for pending == 0 */
+    pthread_cond_t wake;        /* workers sleep here for a new generation or stop */
+    pthread_cond_t done;        /* the caller sleeps here for its run's tasks to finish */
 
-    /* The current run: written by the caller before it publishes `word`, read by its helpers
-     * after they see it; not rewritten before every helper has decremented `pending`. */
-    pd_pool_fn fn;
-    void *arg;
-    int n_tasks;
+    /* The current run: written by the caller before it publishes the claim word, read by any
+     * thread that claims one of its tasks (relaxed: a successful claim orders them). */
+    _Atomic(pd_pool_fn) fn;
+    _Atomic(void *) arg;
+    atomic_int base;            /* task number of the word's task 0 (runs of more than MAX_RUN) */
 
-    /* each hot atomic on its own cache line: the workers poll `word` while tasks are claimed */
-    _Alignas(64) atomic_uint_fast64_t word;   /* generation << HELPER_BITS | helpers */
-    _Alignas(64) atomic_int next;             /* next unclaimed task */
-    _Alignas(64) atomic_int pending;          /* helpers that have not finished the current run */
+    /* each hot atomic on its own cache line: the workers poll `claim` while tasks run */
+    _Alignas(64) atomic_uint_fast64_t claim;  /* see W_GEN, W_N, W_IDX */
+    _Alignas(64) atomic_int finished;         /* tasks of the current run finished */
     _Alignas(64) atomic_int sleeping;         /* workers asleep (or about to be) on `wake` */
     atomic_int caller_waiting;                /* the caller sleeps (or is about to) on `done` */
     atomic_int stop;
@@ -76,25 +83,35 @@ struct pd_pool {
  * a pool whose threads are all busy with the outer run. */
 static __thread int in_task;
 
-static void claim_and_run(pd_pool *p, pd_pool_fn fn, void *arg, int n_tasks)
+/* Claims and runs tasks of generation `gen` until none is left. */
+static void claim_and_run(pd_pool *p, uint64_t gen)
 {
+    pd_pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+    void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
+    int base = atomic_load_explicit(&p->base, memory_order_relaxed);
+    uint64_t w = atomic_load_explicit(&p->claim, memory_order_acquire);
     in_task = 1;
-    for (;;) {
-        int i = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
-        if (i >= n_tasks)
-            break;
-        fn(arg, i);
+    while (W_GEN(w) == gen && W_IDX(w) < W_N(w)) {
+        if (!atomic_compare_exchange_weak_explicit(&p->claim, &w, w + 1, memory_order_acq_rel, memory_order_acquire))
+            continue;
+        fn(arg, base + W_IDX(w));
+        if (atomic_fetch_add(&p->finished, 1) + 1 == W_N(w) && atomic_load(&p->caller_waiting)) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
+        }
+        w = atomic_load_explicit(&p->claim, memory_order_acquire);
     }
     in_task = 0;
 }
 
-/* Waits for a word other than `seen` (or stop): polls, then sleeps. Returns the word. */
+/* Waits for a generation other than `seen` (or stop): polls, then sleeps. Returns the word. */
 static uint64_t await_word(pd_pool *p, uint64_t seen)
 {
     int64_t until = now_ns() + SPIN_NS;
     for (;;) {
-        uint64_t w = atomic_load_explicit(&p->word, memory_order_acquire);
-        if (w != seen || atomic_load_explicit(&p->stop, memory_order_relaxed))
+        uint64_t w = atomic_load_explicit(&p->claim, memory_order_acquire);
+        if (W_GEN(w) != seen || atomic_load_explicit(&p->stop, memory_order_relaxed))
             return w;
         if (now_ns() >= until)
             break;
@@ -102,11 +119,11 @@ static uint64_t await_word(pd_pool *p, uint64_t seen)
     }
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add(&p->sleeping, 1);
-    while (atomic_load(&p->word) == seen && !atomic_load(&p->stop))
+    while (W_GEN(atomic_load(&p->claim)) == seen && !atomic_load(&p->stop))
         pthread_cond_wait(&p->wake, &p->mu);
     atomic_fetch_sub(&p->sleeping, 1);
     pthread_mutex_unlock(&p->mu);
-    return atomic_load_explicit(&p->word, memory_order_acquire);
+    return atomic_load_explicit(&p->claim, memory_order_acquire);
 }
 
 static void *worker_main(void *vw)
@@ -119,17 +136,8 @@ static void *worker_main(void *vw)
         uint64_t word = await_word(p, seen);
         if (atomic_load(&p->stop))
             break;
-        seen = word;
-        /* A worker not needed for this run goes back to waiting; the caller does not wait for
-         * it, so it may even skip whole generations. */
-        if ((uint64_t)w->id >= (word & HELPER_MASK))
-            continue;
-        claim_and_run(p, p->fn, p->arg, p->n_tasks);
-        if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_waiting)) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->done);
-            pthread_mutex_unlock(&p->mu);
-        }
+        seen = W_GEN(word);
+        claim_and_run(p, seen);
     }
     return NULL;
 }
@@ -175,9 +183,11 @@ int pd_pool_create(int nthreads, pd_pool **out, pd_err *err)
     pthread_mutex_init(&p->run_mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->done, NULL);
-    atomic_init(&p->word, 0);
-    atomic_init(&p->next, 0);
-    atomic_init(&p->pending, 0);
+    atomic_init(&p->fn, NULL);
+    atomic_init(&p->arg, NULL);
+    atomic_init(&p->base, 0);
+    atomic_init(&p->claim, 0);
+    atomic_init(&p->finished, 0);
     atomic_init(&p->sleeping, 0);
     atomic_init(&p->caller_waiting, 0);
     atomic_init(&p->stop, 0);
@@ -201,6 +211,39 @@ int pd_pool_create(int nthreads, pd_pool **out, pd_err *err)
     return 0;
 }
 
+/* One published run of n <= MAX_RUN tasks numbered from base. */
+static void run_part(pd_pool *p, int base, int n, pd_pool_fn fn, void *arg)
+{
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->arg, arg, memory_order_relaxed);
+    atomic_store_explicit(&p->base, base, memory_order_relaxed);
+    atomic_store_explicit(&p->finished, 0, memory_order_relaxed);
+    uint64_t gen = (W_GEN(atomic_load_explicit(&p->claim, memory_order_relaxed)) + 1) & ((UINT64_C(1) << GEN_BITS) - 1);
+    atomic_store(&p->claim, gen << (2 * N_BITS) | (uint64_t)n << N_BITS);
+    atomic_fetch_add_explicit(&p->dispatches, 1, memory_order_relaxed);
+    if (atomic_load(&p->sleeping) > 0) {
+        atomic_fetch_add_explicit(&p->wakeups, 1, memory_order_relaxed);
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mu);
+    }
+
+    claim_and_run(p, gen);
+
+    /* every task is claimed; wait for those other threads are still running */
+    int64_t until = now_ns() + SPIN_NS;
+    while (atomic_load_explicit(&p->finished, memory_order_acquire) < n && now_ns() < until)
+        relax();
+    if (atomic_load(&p->finished) < n) {
+        pthread_mutex_lock(&p->mu);
+        atomic_store(&p->caller_waiting, 1);
+        while (atomic_load(&p->finished) < n)
+            pthread_cond_wait(&p->done, &p->mu);
+        atomic_store(&p->caller_waiting, 0);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
 void pd_pool_run(pd_pool *p, int n_tasks, pd_pool_fn fn, void *arg)
 {
     assert(fn);
@@ -211,38 +254,9 @@ void pd_pool_run(pd_pool *p, int n_tasks, pd_pool_fn fn, void *arg)
             fn(arg, i);
         return;
     }
-
     pthread_mutex_lock(&p->run_mu);
-    /* The caller takes tasks too, so n_tasks - 1 helpers are enough. */
-    int helpers = n_tasks - 1 < p->nworkers ? n_tasks - 1 : p->nworkers;
-    p->fn = fn;
-    p->arg = arg;
-    p->n_tasks = n_tasks;
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->pending, helpers, memory_order_relaxed);
-    uint64_t gen = (atomic_load_explicit(&p->word, memory_order_relaxed) >> HELPER_BITS) + 1;
-    atomic_store(&p->word, gen << HELPER_BITS | (uint64_t)helpers);
-    atomic_fetch_add_explicit(&p->dispatches, 1, memory_order_relaxed);
-    if (atomic_load(&p->sleeping) > 0) {
-        atomic_fetch_add_explicit(&p->wakeups, 1, memory_order_relaxed);
-        pthread_mutex_lock(&p->mu);
-        pthread_cond_broadcast(&p->wake);
-        pthread_mutex_unlock(&p->mu);
-    }
-
-    claim_and_run(p, fn, arg, n_tasks);
-
-    int64_t until = now_ns() + SPIN_NS;
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0 && now_ns() < until)
-        relax();
-    if (atomic_load(&p->pending) > 0) {
-        pthread_mutex_lock(&p->mu);
-        atomic_store(&p->caller_waiting, 1);
-        while (atomic_load(&p->pending) > 0)
-            pthread_cond_wait(&p->done, &p->mu);
-        atomic_store(&p->caller_waiting, 0);
-        pthread_mutex_unlock(&p->mu);
-    }
+    for (int base = 0; base < n_tasks; base += MAX_RUN)
+        run_part(p, base, n_tasks - base < MAX_RUN ? n_tasks - base : MAX_RUN, fn, arg);
     pthread_mutex_unlock(&p->run_mu);
 }
 
