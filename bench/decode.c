@@ -1,6 +1,11 @@
-/* `pdmoe bench decode --model DIR`: decode tokens/s at batch 1 and 16, and at batch 1 the
- * weight bytes a token reads divided by its time, as a fraction of this machine's read
- * bandwidth measured in the same run (the roofline of a memory-bound decode). */
+/* `pdmoe bench decode --model DIR [--threads N] [--json]`: decode tokens/s at batch 1 and 16, at
+ * 1 thread and at N, in one run: their ratio (thread scaling), and each case's fraction of the
+ * bandwidth roofline: the weight bytes a step reads (dense matrices and vectors, the routed experts
+ * its tokens chose, counted per step, the head) over its time, against this machine's multi-stream
+ * read bandwidth at the same thread count (bench kernels' ceiling), measured in the same run.
+ * Also per step: the pool's dispatches and wake-ups (what a decode step costs in hand-offs) and
+ * the process's CPU time (which stays meaningful on a busy machine, where wall-clock scaling does
+ * not: the load average is printed beside it). */
 #include "bench.h"
 #include "cli/cli.h"
 #include "core/timing.h"
@@ -8,9 +13,11 @@
 #include "engine/sampler.h"
 
 #include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 static double lin_bytes(const struct pd_linear *l)
@@ -25,13 +32,13 @@ static double expert_bytes(const struct pd_expert_w *x)
     return lin_bytes(&x->w1) + lin_bytes(&x->w2) + lin_bytes(&x->w3);
 }
 
-/* Weight bytes one decode token reads at batch 1: every dense matrix and vector of every layer,
- * top-k routed experts per layer, the head; the embedding only one row. */
-static double bytes_per_token(const struct pd_engine *en)
+/* Weight bytes a decode step reads whatever its tokens: every dense matrix and vector of every
+ * layer (the routed experts excluded), the head; the embedding one row per token (not counted). */
+static double dense_bytes(const struct pd_engine *en)
 {
     const struct pd_model *m = &en->model;
     const double H = (double)m->hidden_size, hc = m->hc_mult, mix = (2 + hc) * hc;
-    double b = lin_bytes(&en->w.head) + 2 * H + 4 * (hc * hc * H + H);
+    double b = lin_bytes(&en->w.head) + 4 * (hc * hc * H + H);
     for (int l = 0; l < m->n_layers; l++) {
         const struct pd_layer_w *L = &en->w.layers[l];
         b += 4 * (2 * mix * hc * H + 2 * H);
@@ -42,48 +49,87 @@ static double bytes_per_token(const struct pd_engine *en)
                 b += lin_bytes(&L->idx_cmp.wkv) + lin_bytes(&L->idx_cmp.wgate) + lin_bytes(&L->idx_wq_b) +
                      lin_bytes(&L->idx_weights);
         }
-        b += lin_bytes(&L->gate) + expert_bytes(&L->shared) + m->n_experts_per_tok * expert_bytes(&L->experts[0]);
+        b += lin_bytes(&L->gate) + expert_bytes(&L->shared);
     }
     return b;
 }
 
-static int run(struct pd_engine *en, int batch, int prompt, int steps, double *tok_s)
+static double cpu_seconds(void)
 {
-    const int V = (int)en->model.vocab_size;
+    struct rusage r;
+    getrusage(RUSAGE_SELF, &r);
+    return (double)r.ru_utime.tv_sec + r.ru_utime.tv_usec * 1e-6 + (double)r.ru_stime.tv_sec + r.ru_stime.tv_usec * 1e-6;
+}
+
+/* One case's figures, per decode step (means over the timed steps). */
+struct decode_case {
+    int batch, threads;
+    double tok_s, step_s, cpu_s, dispatches, wakeups, bytes;
+};
+
+static int run(struct pd_engine *en, int batch, int prompt, int steps, struct decode_case *c)
+{
+    const int V = (int)en->model.vocab_size, E = (int)en->model.n_routed_experts, NL = en->model.n_layers;
     struct pd_seq *s = calloc((size_t)batch, sizeof *s);
     float *l = malloc((size_t)batch * V * 4);
-    int32_t *ids = malloc((size_t)prompt * 4), *next = malloc((size_t)batch * 4);
+    int32_t *ids = malloc((size_t)batch * prompt * 4), *next = malloc((size_t)batch * 4);
     struct pd_step_item *it = calloc((size_t)batch, sizeof *it);
+    int64_t *before = malloc((size_t)NL * E * sizeof *before);
     pd_err e = {0};
     int rc = -1;
-    for (int i = 0; i < prompt; i++)
-        ids[i] = (i * 131 + 7) % (V > 1000 ? 1000 : V);
+    if (!s || !l || !ids || !next || !it || !before) {
+        snprintf(e.msg, sizeof e.msg, "out of memory");
+        goto out;
+    }
+    /* a different prompt per sequence: the batch's tokens choose different experts, as a real
+     * batch's do */
+    for (int b = 0; b < batch; b++)
+        for (int i = 0; i < prompt; i++)
+            ids[(size_t)b * prompt + i] = (i * 131 + 7 + 389 * b) % (V > 1000 ? 1000 : V);
     for (int b = 0; b < batch; b++) {
         if (pd_seq_start(en, &s[b], &e))
             goto out;
-        it[b] = (struct pd_step_item){.seq = &s[b], .tokens = ids, .n = prompt, .logits = l + (size_t)b * V};
+        it[b] = (struct pd_step_item){.seq = &s[b], .tokens = ids + (size_t)b * prompt, .n = prompt,
+                                      .logits = l + (size_t)b * V};
     }
     if (pd_engine_step(en, it, batch, &e))
         goto out;
     struct pd_sampler sm;
     pd_sampler_init(&sm, 0, 1, 0);
-    double t0 = 0;
+    const double xb = expert_bytes(&en->w.layers[0].experts[0]);
+    double t0 = 0, cpu0 = 0, experts = 0;
+    struct pd_pool_stats p0 = {0}, p1;
     for (int k = 0; k <= steps; k++) {
-        if (k == 1)
-            t0 = pd_now_s();   /* the first decode step warms the caches */
+        if (k == 1) {   /* the first decode step warms the caches */
+            t0 = pd_now_s();
+            cpu0 = cpu_seconds();
+            pd_pool_stats(en->pool, &p0);
+        }
         for (int b = 0; b < batch; b++) {
             next[b] = pd_sample(&sm, l + (size_t)b * V, V, NULL);
             it[b] = (struct pd_step_item){.seq = &s[b], .tokens = &next[b], .n = 1, .logits = l + (size_t)b * V};
         }
+        memcpy(before, en->expert_tokens, (size_t)NL * E * sizeof *before);
         if (pd_engine_step(en, it, batch, &e))
             goto out;
+        /* the distinct routed experts this step's tokens read */
+        for (size_t i = 0; k >= 1 && i < (size_t)NL * E; i++)
+            experts += en->expert_tokens[i] != before[i];
     }
-    *tok_s = (double)batch * steps / (pd_now_s() - t0);
+    double wall = pd_now_s() - t0;
+    pd_pool_stats(en->pool, &p1);
+    c->batch = batch;
+    c->step_s = wall / steps;
+    c->tok_s = (double)batch * steps / wall;
+    c->cpu_s = (cpu_seconds() - cpu0) / steps;
+    c->dispatches = (double)(p1.dispatches - p0.dispatches) / steps;
+    c->wakeups = (double)(p1.wakeups - p0.wakeups) / steps;
+    c->bytes = dense_bytes(en) + experts / steps * xb;
     rc = 0;
 out:
     if (rc)
         fprintf(stderr, "bench decode: %s\n", e.msg);
-    for (int b = 0; b < batch; b++)
+    for (int b = 0; s && b < batch; b++)
         if (s[b].kv.blocks)
             pd_seq_end(en, &s[b]);
     free(s);
@@ -91,64 +137,131 @@ out:
     free(ids);
     free(next);
     free(it);
+    free(before);
     return rc;
 }
 
 int pd_bench_decode(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"model", 1, 0, 'm'}, {"threads", 1, 0, 'j'}, {"quick", 0, 0, 'q'}, {"steps", 1, 0, 's'}, {"batch", 1, 0, 'b'}, {0, 0, 0, 0},
+        {"model", 1, 0, 'm'}, {"threads", 1, 0, 'j'}, {"quick", 0, 0, 'q'}, {"steps", 1, 0, 's'},
+        {"batch", 1, 0, 'b'}, {"json", 0, 0, 'J'}, {0, 0, 0, 0},
     };
     const char *dir = "models/mini";
-    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), quick = 0, steps = 32, only = 0, c;
+    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), quick = 0, steps = 32, only = 0, json = 0, c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
-        if (c == 'm')
+        if (c == 'm') {
             dir = optarg;
-        else if (c == 'j')
-            threads = atoi(optarg) > 0 ? atoi(optarg) : 1;
-        else if (c == 'q')
+        } else if (c == 'j') {
+            threads = atoi(optarg);
+            if (threads < 1 || threads > PD_POOL_MAX_THREADS) {
+                fprintf(stderr, "bench decode: --threads %s: want 1..%d\n", optarg, PD_POOL_MAX_THREADS);
+                return 2;
+            }
+        } else if (c == 'q') {
             quick = 1;
-        else if (c == 'b')
+        } else if (c == 'b') {
             only = atoi(optarg);
-        else if (c == 's')
-            steps = atoi(optarg) > 0 && atoi(optarg) < 4000 ? atoi(optarg) : 32;
-        else
+            if (only != 1 && only != 16) {
+                fprintf(stderr, "bench decode: --batch %s: want 1 or 16\n", optarg);
+                return 2;
+            }
+        } else if (c == 's') {
+            steps = atoi(optarg);
+            if (steps < 1 || steps >= 4000) {
+                fprintf(stderr, "bench decode: --steps %s: want 1..3999\n", optarg);
+                return 2;
+            }
+        } else if (c == 'J') {
+            json = 1;
+        } else {
             return pd_cli_bad_flag("bench decode", c, argc, argv);
+        }
     }
     const int prompt = 64;
     if (quick)
         steps = 4;
-    struct pd_engine en;
-    struct pd_engine_opts o = {.dir = dir, .threads = threads, .max_seqs = 16, .max_model_len = prompt + steps + 2};
-    pd_err e = {0};
-    if (pd_engine_open(&en, &o, &e)) {
-        fprintf(stderr, "bench decode: %s\n", e.msg);
-        return 1;
-    }
-    double bw = pd_bench_read_bandwidth(en.pool, threads, (size_t)(quick ? 256 : 512) << 20, quick ? 2 : 5);
-    double bpt = bytes_per_token(&en);
-    printf("pdmoe bench decode: %s (%s), %d thread%s, %d-token prompts, %d decode steps\n", dir, en.model.name,
-           threads, threads > 1 ? "s" : "", prompt, steps);
-    printf("  memory read bandwidth, measured now: %.2f GB/s\n", bw / 1e9);
-    printf("  weights read per token at batch 1: %.1f MB (dense layers, top-%d experts, head)\n", bpt / 1e6,
-           en.model.n_experts_per_tok);
-    int rc = 0;
-    for (int batch = 1; batch <= 16; batch *= 16) {
-        if (only && batch != only)
-            continue;
-        double ts;
-        if (run(&en, batch, prompt, steps, &ts)) {
-            rc = 1;
-            break;
+    /* 1 thread, then the count asked for: the scaling in one run */
+    int tc[2] = {1, threads}, n_tc = threads > 1 ? 2 : 1;
+    struct decode_case cases[4];
+    double bw[2];
+    int n_cases = 0, rc = 0;
+    double load[1] = {-1};
+    (void)getloadavg(load, 1);
+    char name[64] = "";
+    for (int ti = 0; ti < n_tc && !rc; ti++) {
+        struct pd_engine en;
+        struct pd_engine_opts o = {.dir = dir, .threads = tc[ti], .max_seqs = 16, .max_model_len = prompt + steps + 2};
+        pd_err e = {0};
+        if (pd_engine_open(&en, &o, &e)) {
+            fprintf(stderr, "bench decode: %s\n", e.msg);
+            return 1;
         }
-        printf("  batch %2d: %8.1f tokens/s", batch, ts);
-        if (batch == 1)
-            printf("   %.2f GB/s of weights = %.2f of the bandwidth roofline (target >= 0.7)", bpt * ts / 1e9,
-                   bpt * ts / bw);
-        printf("\n");
+        snprintf(name, sizeof name, "%s", en.model.name);
+        bw[ti] = pd_bench_read_bandwidth(en.pool, tc[ti], (size_t)(quick ? 256 : 512) << 20, quick ? 2 : 5);
+        for (int batch = 1; batch <= 16; batch *= 16) {
+            if (only && batch != only)
+                continue;
+            struct decode_case *dc = &cases[n_cases];
+            if (run(&en, batch, prompt, steps, dc)) {
+                rc = 1;
+                break;
+            }
+            dc->threads = tc[ti];
+            n_cases++;
+        }
+        pd_engine_close(&en);
     }
-    pd_engine_close(&en);
-    return rc;
+    if (rc)
+        return rc;
+    double load_end[1] = {-1};
+    (void)getloadavg(load_end, 1);
+    json_t *doc = json_pack("{s:s, s:s, s:i, s:i, s:f, s:f, s:[]}", "model", dir, "name", name, "prompt", prompt,
+                            "steps", steps, "load_average_start", load[0], "load_average_end", load_end[0], "cases");
+    if (!json) {
+        printf("pdmoe bench decode: %s (%s), %d-token prompts, %d decode steps, 1 and %d threads\n", dir, name, prompt,
+               steps, threads);
+        printf("  load average: %.2f at the start, %.2f at the end%s\n", load[0], load_end[0],
+               load[0] > 1.2 || load_end[0] > 1.2 ? " (a busy machine: wall-clock figures and scaling are noisy)" : "");
+        for (int ti = 0; ti < n_tc; ti++)
+            printf("  read bandwidth, %d thread%s (8 streams each), measured now: %.2f GB/s\n", tc[ti],
+                   tc[ti] > 1 ? "s" : "", bw[ti] / 1e9);
+        printf("  batch threads  tokens/s   ms/step  CPU ms/step  dispatches/step  wake-ups/step  weights MB/step  of roofline\n");
+    }
+    for (int i = 0; i < n_cases; i++) {
+        const struct decode_case *d = &cases[i];
+        double frac = d->bytes / d->step_s / bw[d->threads == 1 ? 0 : 1];
+        if (!json)
+            printf("  %5d %7d %9.1f %9.3f %12.3f %16.1f %14.1f %16.1f %12.2f\n", d->batch, d->threads, d->tok_s,
+                   d->step_s * 1e3, d->cpu_s * 1e3, d->dispatches, d->wakeups, d->bytes / 1e6, frac);
+        json_array_append_new(json_object_get(doc, "cases"),
+                              json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "batch", d->batch, "threads",
+                                        d->threads, "tokens_per_s", d->tok_s, "step_ms", d->step_s * 1e3,
+                                        "cpu_ms_per_step", d->cpu_s * 1e3, "dispatches_per_step", d->dispatches,
+                                        "wakeups_per_step", d->wakeups, "weight_bytes_per_step", d->bytes,
+                                        "bandwidth_bytes_per_s", bw[d->threads == 1 ? 0 : 1], "of_bandwidth_roofline",
+                                        frac));
+    }
+    /* the scaling: N threads over 1, per batch */
+    json_t *sc = json_array();
+    for (int i = 0; i < n_cases; i++)
+        for (int j = 0; j < n_cases; j++)
+            if (cases[i].threads == 1 && cases[j].threads > 1 && cases[i].batch == cases[j].batch) {
+                double r = cases[j].tok_s / cases[i].tok_s;
+                if (!json)
+                    printf("  batch %2d: %d threads give %.2fx 1 thread's tokens/s (target >= 1.7)\n", cases[i].batch,
+                           cases[j].threads, r);
+                json_array_append_new(sc, json_pack("{s:i, s:i, s:f}", "batch", cases[i].batch, "threads",
+                                                    cases[j].threads, "tokens_per_s_over_1_thread", r));
+            }
+    json_object_set_new(doc, "scaling", sc);
+    if (json) {
+        char *txt = json_dumps(doc, JSON_INDENT(2));
+        printf("%s\n", txt);
+        free(txt);
+    }
+    json_decref(doc);
+    return 0;
 }
