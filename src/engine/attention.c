@@ -310,6 +310,34 @@ static void heads_task(void *arg, int task)
     pd_rope_apply_cs(cs, rd, o + hd - rd, 1);
 }
 
+/* Each query head (RMS-scaled, roped) and, in CSA layers, each indexer query head (roped, then
+ * its low precision), one task per (token, head): tasks [t * n, t * n + heads) are token t's query
+ * heads, the rest of its n its indexer heads. */
+struct qheads_job {
+    struct pd_step *st;
+    const struct attn_bufs *b;
+    int ratio;
+};
+
+static void qheads_task(void *arg, int task)
+{
+    const struct qheads_job *j = arg;
+    const struct pd_model *m = &j->st->en->model;
+    const int hd = m->head_dim, nh = m->n_heads, rd = m->qk_rope_head_dim, ih = m->index_n_heads;
+    const int id = m->index_head_dim, n = nh + (j->ratio == 4 ? ih : 0), t = task / n, h = task % n;
+    if (h < nh) {
+        const float *cs = (j->ratio ? j->st->cs_compress : j->st->cs_window) + (size_t)t * rd;
+        float *q = j->b->q + ((size_t)t * nh + h) * hd;
+        pd_rmsnorm(q, NULL, (float)m->rms_norm_eps, hd, q);
+        pd_rope_apply_cs(cs, rd, q + hd - rd, 0);
+    } else {
+        /* the indexer's rope (en->rope_index) is the compressor's */
+        float *iq = j->b->iq + ((size_t)t * ih + h - nh) * id;
+        pd_rope_apply_cs(j->st->cs_compress + (size_t)t * rd, rd, iq + id - rd, 0);
+        pd_indexer_lowp(iq, id);
+    }
+}
+
 #define LIN(l, in, T, out) \
     do { if ((rc = pd_linear_fwd(l, en->pool, en->ref, in, T, out, st->qbuf, st->sbuf, e))) goto done; } while (0)
 
@@ -364,24 +392,13 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
     float *yq[2] = {b.q, b.iq};
     if ((rc = pd_linear_fwd_many(lq, yq, r == 4 ? 2 : 1, en->pool, en->ref, b.qr, &qrq, T, e)))
         goto done;
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < nh; h++) {
-            float *q = b.q + ((size_t)t * nh + h) * hd;
-            pd_rmsnorm(q, NULL, eps, hd, q);
-            pd_rope_apply_cs(cs + (size_t)t * rd, rd, q + hd - rd, 0);
-        }
+    struct qheads_job qj = {.st = st, .b = &b, .ratio = r};
+    pd_pool_run(en->pool, T * (nh + (r == 4 ? ih : 0)), qheads_task, &qj);
     for (int t = 0; t < T; t++) {
         float *kv = b.kv + (size_t)t * hd;
         pd_rmsnorm(kv, L->kv_norm, eps, hd, kv);
         pd_rope_apply_cs(cs + (size_t)t * rd, rd, kv + hd - rd, 0);
     }
-    if (r == 4)   /* the indexer's rope (en->rope_index) is the compressor's */
-        for (int t = 0; t < T; t++)
-            for (int h = 0; h < ih; h++) {
-                float *iq = b.iq + ((size_t)t * ih + h) * id;
-                pd_rope_apply_cs(st->cs_compress + (size_t)t * rd, rd, iq + id - rd, 0);
-                pd_indexer_lowp(iq, id);
-            }
     /* tokens are in item order and, within an item, in position order: each chunk's tokens are
      * prepared in that order, then all their heads run over the pool */
     for (int t0 = 0; t0 < T; t0 += chunk) {
