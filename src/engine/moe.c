@@ -234,6 +234,28 @@ out:
     return rc;
 }
 
+/* The experts' activations between their two products, split over the pool by blocks of rows:
+ * g = swiglu(g, u) (swiglu_rows: elementwise, the same bits however the rows are cut), then g
+ * quantised per row into (q, s) for w2. */
+enum { ACT_ROWS = 4 };
+struct act_job {
+    float *g;
+    const float *u;
+    int8_t *q;
+    float *s;
+    int P, I;
+    float limit;
+};
+
+static void act_task(void *arg, int task)
+{
+    const struct act_job *j = arg;
+    int r0 = task * ACT_ROWS, n = j->P - r0 < ACT_ROWS ? j->P - r0 : ACT_ROWS;
+    size_t at = (size_t)r0 * j->I;
+    swiglu_rows(j->g + at, j->u + at, (size_t)n * j->I, j->limit);
+    pd_quant_rows(j->g + at, n, j->I, j->q + at, j->s + r0);
+}
+
 /* Routed experts with grouped int8 GEMMs: pair p runs expert[p] on row[p] of the quantised
  * activations a; after a counting sort the pairs of one expert are contiguous (in pair order),
  * and y[p] receives the expert's output. Used on a rank's own tokens, and by expert parallelism
@@ -296,8 +318,8 @@ int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, con
     }
     if ((rc = pd_gemm_grouped(en->pool, a, grp, 2 * ng, 0, e)))
         goto out;
-    swiglu_rows(g, u, (size_t)P * I, (float)m->swiglu_limit);
-    pd_quant_rows_pool(en->pool, g, P, I, qi, si);
+    struct act_job aj = {.g = g, .u = u, .q = qi, .s = si, .P = P, .I = I, .limit = (float)m->swiglu_limit};
+    pd_pool_run(en->pool, (P + ACT_ROWS - 1) / ACT_ROWS, act_task, &aj);
     pd_qmat a2 = {.q = qi, .scale = si, .rows = P, .cols = I};
     for (int i = 0; i < ng; i++) {
         int at = (int)(grp[2 * i].rows - tok);
