@@ -21,6 +21,9 @@ int pd_bench_convert(int argc, char **argv);
 /* Memory read bandwidth of this machine in bytes/s: `threads` threads summing a buffer of
  * `bytes` (>= 256 MiB to defeat the caches), best of `reps`. */
 double pd_bench_read_bandwidth(pd_pool *pool, int threads, size_t bytes, int reps);
+/* The same at 1 thread timed by the calling thread's CPU time (bench kernels --cpu-time's
+ * ceiling): other jobs' time slices left out. */
+double pd_bench_read_bandwidth_cpu_time(size_t bytes, int reps);
 
 /* The ceilings and kernel rates `pdmoe calibrate` records for `threads` threads: read
  * bandwidth (bytes/s, several streams per thread), the nominal core clock the kernel reports

@@ -5,7 +5,8 @@
  * read bandwidth at the same thread count (bench kernels' ceiling), measured in the same run.
  * Also per step: the pool's dispatches and wake-ups (what a decode step costs in hand-offs) and
  * the process's CPU time (which stays meaningful on a busy machine, where wall-clock scaling does
- * not: the load average is printed beside it). */
+ * not: the load average is printed beside it); at 1 thread the roofline fraction again with the
+ * step's and the bandwidth probe's time both taken as CPU time, steady on a shared machine. */
 #include "bench.h"
 #include "cli/cli.h"
 #include "core/timing.h"
@@ -186,7 +187,7 @@ int pd_bench_decode(int argc, char **argv)
     /* 1 thread, then the count asked for: the scaling in one run */
     int tc[2] = {1, threads}, n_tc = threads > 1 ? 2 : 1;
     struct decode_case cases[4];
-    double bw[2];
+    double bw[2], bw_cpu = 0;
     int n_cases = 0, rc = 0;
     double load[1] = {-1};
     (void)getloadavg(load, 1);
@@ -201,6 +202,8 @@ int pd_bench_decode(int argc, char **argv)
         }
         snprintf(name, sizeof name, "%s", en.model.name);
         bw[ti] = pd_bench_read_bandwidth(en.pool, tc[ti], (size_t)(quick ? 256 : 512) << 20, quick ? 2 : 5);
+        if (ti == 0)
+            bw_cpu = pd_bench_read_bandwidth_cpu_time((size_t)(quick ? 256 : 512) << 20, quick ? 2 : 5);
         for (int batch = 1; batch <= 16; batch *= 16) {
             if (only && batch != only)
                 continue;
@@ -220,6 +223,7 @@ int pd_bench_decode(int argc, char **argv)
     (void)getloadavg(load_end, 1);
     json_t *doc = json_pack("{s:s, s:s, s:i, s:i, s:f, s:f, s:[]}", "model", dir, "name", name, "prompt", prompt,
                             "steps", steps, "load_average_start", load[0], "load_average_end", load_end[0], "cases");
+    json_object_set_new(doc, "bandwidth_1_thread_by_cpu_time", json_real(bw_cpu));
     if (!json) {
         printf("pdmoe bench decode: %s (%s), %d-token prompts, %d decode steps, 1 and %d threads\n", dir, name, prompt,
                steps, threads);
@@ -228,21 +232,31 @@ int pd_bench_decode(int argc, char **argv)
         for (int ti = 0; ti < n_tc; ti++)
             printf("  read bandwidth, %d thread%s (8 streams each), measured now: %.2f GB/s\n", tc[ti],
                    tc[ti] > 1 ? "s" : "", bw[ti] / 1e9);
-        printf("  batch threads  tokens/s   ms/step  CPU ms/step  dispatches/step  wake-ups/step  weights MB/step  of roofline\n");
+        printf("  read bandwidth, 1 thread, by its CPU time: %.2f GB/s\n", bw_cpu / 1e9);
+        printf("  batch threads  tokens/s   ms/step  CPU ms/step  dispatches/step  wake-ups/step  weights MB/step  of roofline"
+               "  (by CPU time)\n");
     }
     for (int i = 0; i < n_cases; i++) {
         const struct decode_case *d = &cases[i];
         double frac = d->bytes / d->step_s / bw[d->threads == 1 ? 0 : 1];
-        if (!json)
-            printf("  %5d %7d %9.1f %9.3f %12.3f %16.1f %14.1f %16.1f %12.2f\n", d->batch, d->threads, d->tok_s,
+        /* at 1 thread the process's CPU time is the step's time without the other jobs' time
+         * slices: steadier on a shared machine (as bench kernels --cpu-time) */
+        double frac_cpu = d->bytes / d->cpu_s / bw_cpu;
+        if (!json) {
+            printf("  %5d %7d %9.1f %9.3f %12.3f %16.1f %14.1f %16.1f %12.2f", d->batch, d->threads, d->tok_s,
                    d->step_s * 1e3, d->cpu_s * 1e3, d->dispatches, d->wakeups, d->bytes / 1e6, frac);
-        json_array_append_new(json_object_get(doc, "cases"),
-                              json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "batch", d->batch, "threads",
-                                        d->threads, "tokens_per_s", d->tok_s, "step_ms", d->step_s * 1e3,
-                                        "cpu_ms_per_step", d->cpu_s * 1e3, "dispatches_per_step", d->dispatches,
-                                        "wakeups_per_step", d->wakeups, "weight_bytes_per_step", d->bytes,
-                                        "bandwidth_bytes_per_s", bw[d->threads == 1 ? 0 : 1], "of_bandwidth_roofline",
-                                        frac));
+            if (d->threads == 1)
+                printf("  %13.2f", frac_cpu);
+            printf("\n");
+        }
+        json_t *o = json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "batch", d->batch, "threads",
+                              d->threads, "tokens_per_s", d->tok_s, "step_ms", d->step_s * 1e3, "cpu_ms_per_step",
+                              d->cpu_s * 1e3, "dispatches_per_step", d->dispatches, "wakeups_per_step", d->wakeups,
+                              "weight_bytes_per_step", d->bytes, "bandwidth_bytes_per_s", bw[d->threads == 1 ? 0 : 1],
+                              "of_bandwidth_roofline", frac);
+        if (d->threads == 1)
+            json_object_set_new(o, "of_bandwidth_roofline_by_cpu_time", json_real(frac_cpu));
+        json_array_append_new(json_object_get(doc, "cases"), o);
     }
     /* the scaling: N threads over 1, per batch */
     json_t *sc = json_array();

@@ -817,6 +817,15 @@ double pd_bench_read_bandwidth(pd_pool *pool, int threads, size_t bytes, int rep
     return bw;
 }
 
+double pd_bench_read_bandwidth_cpu_time(size_t bytes, int reps)
+{
+    int was = use_cpu_time;
+    use_cpu_time = 1;
+    double bw = pd_bench_read_bandwidth(NULL, 1, bytes, reps);
+    use_cpu_time = was;
+    return bw;
+}
+
 int pd_bench_machine_measure(int threads, int quick, struct pd_bench_machine *m)
 {
     memset(m, 0, sizeof *m);
