@@ -66,6 +66,7 @@ static double cpu_seconds(void)
 struct decode_case {
     int batch, threads;
     double tok_s, step_s, cpu_s, dispatches, wakeups, bytes;
+    unsigned long long stalls, backoff_runs;   /* over all timed steps */
 };
 
 static int run(struct pd_engine *en, int batch, int prompt, int steps, struct decode_case *c)
@@ -125,6 +126,8 @@ static int run(struct pd_engine *en, int batch, int prompt, int steps, struct de
     c->cpu_s = (cpu_seconds() - cpu0) / steps;
     c->dispatches = (double)(p1.dispatches - p0.dispatches) / steps;
     c->wakeups = (double)(p1.wakeups - p0.wakeups) / steps;
+    c->stalls = p1.stalls - p0.stalls;
+    c->backoff_runs = p1.backoff_runs - p0.backoff_runs;
     c->bytes = dense_bytes(en) + experts / steps * xb;
     rc = 0;
 out:
@@ -256,6 +259,11 @@ int pd_bench_decode(int argc, char **argv)
                               "of_bandwidth_roofline", frac);
         if (d->threads == 1)
             json_object_set_new(o, "of_bandwidth_roofline_by_cpu_time", json_real(frac_cpu));
+        json_object_set_new(o, "stalls", json_integer((json_int_t)d->stalls));
+        json_object_set_new(o, "backoff_runs", json_integer((json_int_t)d->backoff_runs));
+        if (!json && d->stalls)
+            printf("        (%llu stall%s: a helper preempted; %llu runs then made on the caller alone)\n", d->stalls,
+                   d->stalls > 1 ? "s" : "", d->backoff_runs);
         json_array_append_new(json_object_get(doc, "cases"), o);
     }
     /* the scaling: N threads over 1, per batch */

@@ -24,6 +24,14 @@
 /* How long a thread polls before it sleeps. */
 #define SPIN_NS 50000
 
+/* Back-off on a machine with more runnable threads than cores: when the caller, its own tasks
+ * done, waits longer than STALL_NS plus four times its own mean task for a task another thread
+ * claimed, that thread was most likely preempted (a helper that runs finishes its last task
+ * within about one task's time; a time slice is milliseconds). Every run of the next BACKOFF_NS then runs on the caller alone: the same tasks,
+ * so the same results, without waiting for a thread that gets no core. */
+#define STALL_NS 500000
+#define BACKOFF_NS 20000000
+
 /* The claim word: generation (GEN_BITS, wraps) | task count (N_BITS) | next task (N_BITS). A
  * run of more than MAX_RUN tasks is published as several. */
 #define N_BITS 21
@@ -75,6 +83,9 @@ struct pd_pool {
 
     atomic_uint_fast64_t dispatches;          /* runs handed to the workers */
     atomic_uint_fast64_t wakeups;             /* of those, runs that had to wake a sleeper */
+    atomic_uint_fast64_t stalls;              /* runs whose caller waited > STALL_NS for a helper */
+    atomic_uint_fast64_t backoff_runs;        /* runs made on the caller alone after a stall */
+    int64_t inline_until;                     /* CLOCK_MONOTONIC ns; under run_mu */
 
     pthread_mutex_t run_mu;     /* one run at a time */
 };
@@ -83,9 +94,10 @@ struct pd_pool {
  * a pool whose threads are all busy with the outer run. */
 static __thread int in_task;
 
-/* Claims and runs tasks of generation `gen` until none is left. */
-static void claim_and_run(pd_pool *p, uint64_t gen)
+/* Claims and runs tasks of generation `gen` until none is left; returns how many it ran. */
+static int claim_and_run(pd_pool *p, uint64_t gen)
 {
+    int ran = 0;
     pd_pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
     void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
     int base = atomic_load_explicit(&p->base, memory_order_relaxed);
@@ -95,6 +107,7 @@ static void claim_and_run(pd_pool *p, uint64_t gen)
         if (!atomic_compare_exchange_weak_explicit(&p->claim, &w, w + 1, memory_order_acq_rel, memory_order_acquire))
             continue;
         fn(arg, base + W_IDX(w));
+        ran++;
         if (atomic_fetch_add(&p->finished, 1) + 1 == W_N(w) && atomic_load(&p->caller_waiting)) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->done);
@@ -103,6 +116,7 @@ static void claim_and_run(pd_pool *p, uint64_t gen)
         w = atomic_load_explicit(&p->claim, memory_order_acquire);
     }
     in_task = 0;
+    return ran;
 }
 
 /* Waits for a generation other than `seen` (or stop): polls, then sleeps. Returns the word. */
@@ -193,6 +207,8 @@ int pd_pool_create(int nthreads, pd_pool **out, pd_err *err)
     atomic_init(&p->stop, 0);
     atomic_init(&p->dispatches, 0);
     atomic_init(&p->wakeups, 0);
+    atomic_init(&p->stalls, 0);
+    atomic_init(&p->backoff_runs, 0);
 
     for (int i = 0; i < nthreads - 1; i++) {
         struct worker *w = &p->workers[i];
@@ -228,10 +244,16 @@ static void run_part(pd_pool *p, int base, int n, pd_pool_fn fn, void *arg)
         pthread_mutex_unlock(&p->mu);
     }
 
-    claim_and_run(p, gen);
+    int64_t c0 = now_ns();
+    int ran = claim_and_run(p, gen);
 
     /* every task is claimed; wait for those other threads are still running */
-    int64_t until = now_ns() + SPIN_NS;
+    if (atomic_load_explicit(&p->finished, memory_order_acquire) == n)
+        return;
+    int64_t t0 = now_ns(), until = t0 + SPIN_NS;
+    /* a stall: longer than STALL_NS plus four of the caller's own tasks (a helper that runs
+     * still finishes its last task within about one) */
+    int64_t stall = STALL_NS + (ran ? 4 * (t0 - c0) / ran : 0);
     while (atomic_load_explicit(&p->finished, memory_order_acquire) < n && now_ns() < until)
         relax();
     if (atomic_load(&p->finished) < n) {
@@ -241,6 +263,11 @@ static void run_part(pd_pool *p, int base, int n, pd_pool_fn fn, void *arg)
             pthread_cond_wait(&p->done, &p->mu);
         atomic_store(&p->caller_waiting, 0);
         pthread_mutex_unlock(&p->mu);
+        int64_t t1 = now_ns();
+        if (t1 - t0 > stall) {
+            atomic_fetch_add_explicit(&p->stalls, 1, memory_order_relaxed);
+            p->inline_until = t1 + BACKOFF_NS;
+        }
     }
 }
 
@@ -255,6 +282,13 @@ void pd_pool_run(pd_pool *p, int n_tasks, pd_pool_fn fn, void *arg)
         return;
     }
     pthread_mutex_lock(&p->run_mu);
+    if (p->inline_until && now_ns() < p->inline_until) {
+        atomic_fetch_add_explicit(&p->backoff_runs, 1, memory_order_relaxed);
+        pthread_mutex_unlock(&p->run_mu);
+        for (int i = 0; i < n_tasks; i++)
+            fn(arg, i);
+        return;
+    }
     for (int base = 0; base < n_tasks; base += MAX_RUN)
         run_part(p, base, n_tasks - base < MAX_RUN ? n_tasks - base : MAX_RUN, fn, arg);
     pthread_mutex_unlock(&p->run_mu);
@@ -272,6 +306,8 @@ void pd_pool_stats(pd_pool *p, struct pd_pool_stats *s)
         return;
     s->dispatches = atomic_load_explicit(&p->dispatches, memory_order_relaxed);
     s->wakeups = atomic_load_explicit(&p->wakeups, memory_order_relaxed);
+    s->stalls = atomic_load_explicit(&p->stalls, memory_order_relaxed);
+    s->backoff_runs = atomic_load_explicit(&p->backoff_runs, memory_order_relaxed);
 }
 
 void pd_pool_destroy(pd_pool *p)

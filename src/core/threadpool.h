@@ -32,10 +32,13 @@ void pd_pool_run(pd_pool *pool, int n_tasks, pd_pool_fn fn, void *arg);
 int pd_pool_nthreads(const pd_pool *pool);
 
 /* Counters since the pool was created: `dispatches` runs were handed to the workers (runs on the
- * calling thread alone, a NULL pool's included, are not counted) and `wakeups` of them found a
- * worker asleep and woke it (tens of microseconds, where a polling worker takes a fraction of one). */
+ * calling thread alone, a NULL pool's included, are not counted), `wakeups` of them found a
+ * worker asleep and woke it (tens of microseconds, where a polling worker takes a fraction of
+ * one), `stalls` of them kept the caller waiting over 0.5 ms plus four of its own tasks' time for a
+ * task a helper had claimed (a helper preempted: more runnable threads than cores), after which the runs of the next 20 ms
+ * run on the caller alone (`backoff_runs`, not dispatches): the same tasks, so the same results. */
 struct pd_pool_stats {
-    unsigned long long dispatches, wakeups;
+    unsigned long long dispatches, wakeups, stalls, backoff_runs;
 };
 void pd_pool_stats(pd_pool *pool, struct pd_pool_stats *s);
 

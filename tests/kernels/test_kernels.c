@@ -3,6 +3,7 @@
  * are not multiples of any vector width. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -551,6 +552,65 @@ Test(kernels, pool_back_to_back_runs_and_wakeups, .timeout = 60)
         cr_assert_leq(st.wakeups, (unsigned long long)runs);
         pd_pool_destroy(pool);
     }
+}
+
+/* A helper preempted mid-task (here: sleeping 5 ms in the task it claimed) stalls the caller;
+ * the pool then runs the next runs on the caller alone for a while (the same tasks: every one
+ * still runs exactly once), and says so in its counters. */
+struct stall_arg {
+    pthread_t caller;
+    atomic_int hits[2];
+};
+
+static void stall_task(void *arg, int task)
+{
+    struct stall_arg *a = arg;
+    atomic_fetch_add(&a->hits[task], 1);
+    if (pthread_equal(pthread_self(), a->caller)) {
+        /* 50 us of work: long enough for the polling worker to claim the other task */
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        do
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+        while ((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec) < 50000);
+    } else {
+        struct timespec t = {0, 5 * 1000 * 1000};
+        nanosleep(&t, NULL);
+    }
+}
+
+Test(kernels, pool_backs_off_after_a_stalled_helper, .timeout = 60)
+{
+    pd_pool *pool;
+    pd_err e = {0};
+    cr_assert_eq(pd_pool_create(2, &pool, &e), 0, "%s", e.msg);
+    struct stall_arg a = {.caller = pthread_self()};
+    struct pd_pool_stats st = {0};
+    for (int i = 0; i < 200 && st.stalls == 0; i++) {
+        atomic_store(&a.hits[0], 0);
+        atomic_store(&a.hits[1], 0);
+        pd_pool_run(pool, 2, stall_task, &a);
+        cr_assert(atomic_load(&a.hits[0]) == 1 && atomic_load(&a.hits[1]) == 1);
+        pd_pool_stats(pool, &st);
+    }
+    cr_assert_geq(st.stalls, 1, "the worker never ran a task in 200 runs");
+    cr_assert_eq(st.backoff_runs, 0);
+    /* within the back-off: on the caller alone, not handed out */
+    atomic_int hits[8] = {0};
+    pd_pool_run(pool, 8, count_task, &(struct count_arg){hits});
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(atomic_load(&hits[i]), 1);
+    struct pd_pool_stats st2;
+    pd_pool_stats(pool, &st2);
+    cr_assert_eq(st2.backoff_runs, 1);
+    cr_assert_eq(st2.dispatches, st.dispatches);
+    /* and after it, handed out again */
+    struct timespec nap = {0, 30 * 1000 * 1000};
+    nanosleep(&nap, NULL);
+    pd_pool_run(pool, 8, count_task, &(struct count_arg){hits});
+    pd_pool_stats(pool, &st2);
+    cr_assert_eq(st2.dispatches, st.dispatches + 1);
+    pd_pool_destroy(pool);
 }
 
 struct nested_arg {
