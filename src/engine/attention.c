@@ -8,8 +8,9 @@
  * The indexer (CSA layers) works in the official code's low precision: its queries and keys
  * rotated by a Hadamard matrix and rounded through FP4 (kernels/fp4.h), its head weights scaled
  * by index_head_dim^-1/2 * index_n_heads^-1/2.
- * Projections run on the whole step; the window, compressors, indexer and attention run per
- * sequence in position order, so each token sees exactly the cache it would see alone. */
+ * Projections run on the whole step; the window, compressors and indexer run per sequence in
+ * position order, each token's keys copied out as it is reached, so each token sees exactly the
+ * cache it would see alone; the heads then run over the pool on those copies. */
 #include "engine/internal.h"
 #include "engine/prefix.h"
 #include "kernels/fp4.h"
