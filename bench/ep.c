@@ -137,6 +137,8 @@ static int worker(const char *dir, int quick)
         pd_qmat a = {.q = q, .scale = s, .rows = T, .cols = H};
         double *tx = calloc((size_t)reps, sizeof *tx), *tt = calloc((size_t)reps, sizeof *tt);
         int64_t sent = 0;
+        /* the exchange's parts, summed over the repetitions */
+        const double p0[5] = {ep.t_counts, ep.t_pack, ep.t_dispatch, ep.t_combine, ep.t_scatter};
         for (int i = 0; i < reps; i++) {
             route(ids, T, k, E, &seed);
             MPI_Barrier(MPI_COMM_WORLD);
@@ -155,9 +157,15 @@ static int worker(const char *dir, int quick)
         double mx[2] = {ex, total}, red[2];
         MPI_Reduce(mx, red, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
         MPI_Reduce(raw, rawmax, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-        if (rank == 0)
+        double parts[5] = {(ep.t_counts - p0[0]) / reps, (ep.t_pack - p0[1]) / reps, (ep.t_dispatch - p0[2]) / reps,
+                           (ep.t_combine - p0[3]) / reps, (ep.t_scatter - p0[4]) / reps}, pmax[5];
+        MPI_Reduce(parts, pmax, 5, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+        if (rank == 0) {
             printf("  %10d %16lld %11.1f us %11.1f us %11.1f us %11.1f us %9.2fx\n", T, (long long)sent, red[0] * 1e6,
                    rawmax[0] * 1e6, rawmax[1] * 1e6, (red[1] - red[0]) * 1e6, rawmax[0] > 0 ? red[0] / rawmax[0] : 0.0);
+            printf("  %10s parts (mean, slowest rank): counts %.1f us, pack %.1f us, dispatch %.1f us, combine %.1f us, "
+                   "scatter %.1f us\n", "", pmax[0] * 1e6, pmax[1] * 1e6, pmax[2] * 1e6, pmax[3] * 1e6, pmax[4] * 1e6);
+        }
         free(x);
         free(y);
         free(s);

@@ -150,6 +150,7 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
     if (MPI_Ialltoall(ep->scnt, 1, MPI_INT, ep->rcnt, 1, MPI_INT, ep->comm, &req) != MPI_SUCCESS ||
         pd_ep_wait(&req) != MPI_SUCCESS)
         return pd_err_set(e, PD_EIO, "expert parallelism: MPI_Alltoall of counts failed on rank %d", ep->rank);
+    double tc = pd_now_s();
     int R = 0;
     for (int r = 0; r < n; r++) {
         ep->sdsp[r] = r ? ep->sdsp[r - 1] + ep->scnt[r - 1] : 0;
@@ -179,6 +180,7 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
         ep->order[slot] = p;
     }
     free(cursor);
+    double tp = pd_now_s();
     if ((rc = exchange(ep, ep->sbuf, ep->sb, ep->sbd, ep->rbuf, ep->rb, ep->rbd, e)))
         return rc;
     /* the experts held here, on the rows sent to them */
@@ -216,9 +218,16 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
     }
     if ((rc = exchange(ep, ep->out, ep->sb, ep->sbd, ep->back, ep->rb, ep->rbd, e)))
         return rc;
+    double t3 = pd_now_s();
     for (int slot = 0; slot < P; slot++)
         memcpy(y + (size_t)ep->order[slot] * H, ep->back + (size_t)slot * H, (size_t)H * 4);
-    ep->t_exchange += (t1 - t0) + (pd_now_s() - t2);
+    double t4 = pd_now_s();
+    ep->t_exchange += (t1 - t0) + (t4 - t2);
+    ep->t_counts += tc - t0;
+    ep->t_pack += tp - tc;
+    ep->t_dispatch += t1 - tp;
+    ep->t_combine += t3 - t2;
+    ep->t_scatter += t4 - t3;
     ep->exchanges++;
     return 0;
 }

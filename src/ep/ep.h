@@ -42,6 +42,9 @@ struct pd_ep {
     size_t ordcap;
     /* statistics */
     double t_exchange;             /* seconds inside the three collectives */
+    double t_counts, t_pack, t_dispatch, t_combine, t_scatter;   /* its parts (seconds): the counts
+                                    * exchange, packing the records, the dispatch exchange, the
+                                    * combine exchange, scattering the rows back to their pairs */
     int64_t bytes_sent;            /* dispatch + combine bytes sent to other ranks */
     int64_t exchanges;             /* MoE layers exchanged */
     int sync_before_combine;       /* benchmarks: a barrier (not timed) before the combine, so
