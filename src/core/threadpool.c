@@ -104,11 +104,17 @@ static int claim_and_run(pd_pool *p, uint64_t gen)
     uint64_t w = atomic_load_explicit(&p->claim, memory_order_acquire);
     in_task = 1;
     while (W_GEN(w) == gen && W_IDX(w) < W_N(w)) {
-        if (!atomic_compare_exchange_weak_explicit(&p->claim, &w, w + 1, memory_order_acq_rel, memory_order_acquire))
+        /* guided: a share of what is left (at least one task), so that two threads racing for
+         * the claim word pass its cache line back and forth a few times per run, not per task */
+        int left = W_N(w) - W_IDX(w), c = left / (2 * p->nthreads);
+        c = c < 1 ? 1 : c;
+        if (!atomic_compare_exchange_weak_explicit(&p->claim, &w, w + (uint64_t)c, memory_order_acq_rel,
+                                                   memory_order_acquire))
             continue;
-        fn(arg, base + W_IDX(w));
-        ran++;
-        if (atomic_fetch_add(&p->finished, 1) + 1 == W_N(w) && atomic_load(&p->caller_waiting)) {
+        for (int i = 0; i < c; i++)
+            fn(arg, base + W_IDX(w) + i);
+        ran += c;
+        if (atomic_fetch_add(&p->finished, c) + c == W_N(w) && atomic_load(&p->caller_waiting)) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->done);
             pthread_mutex_unlock(&p->mu);
