@@ -161,31 +161,14 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
         ep->sbd[r] = ep->sdsp[r] * (int)rec;
         ep->rbd[r] = ep->rdsp[r] * (int)rec;
     }
+    /* this rank's own pairs never go through MPI: their records are neither packed nor sent to
+     * itself; their rows go straight to where the received rows are unpacked */
+    const int me = ep->rank;
+    ep->sb[me] = ep->rb[me] = 0;
     if ((rc = grow((void **)&ep->sbuf, &ep->scap, (size_t)P * rec + 1, e)) ||
         (rc = grow((void **)&ep->rbuf, &ep->rcap, (size_t)R * rec + 1, e)) ||
-        (rc = grow((void **)&ep->order, &ep->ordcap, ((size_t)P + 1) * sizeof(int), e)))
-        return rc;
-    /* dispatch: pack each pair's record at its rank's next slot */
-    int *cursor = calloc((size_t)n, sizeof(int));
-    if (!cursor)
-        return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
-    for (int p = 0; p < P; p++) {
-        int r = ep->owner[ids[p]], slot = ep->sdsp[r] + cursor[r]++;
-        char *d = ep->sbuf + (size_t)slot * rec;
-        int32_t x = ids[p];
-        int row = p / k;
-        memcpy(d, &x, 4);
-        memcpy(d + 4, &a->scale[row], 4);
-        memcpy(d + 8, a->q + (size_t)row * H, (size_t)H);
-        ep->order[slot] = p;
-    }
-    free(cursor);
-    double tp = pd_now_s();
-    if ((rc = exchange(ep, ep->sbuf, ep->sb, ep->sbd, ep->rbuf, ep->rb, ep->rbd, e)))
-        return rc;
-    /* the experts held here, on the rows sent to them */
-    double t1 = pd_now_s();
-    if ((rc = grow((void **)&ep->out, &ep->ocap, (size_t)R * H * 4 + 4, e)) ||
+        (rc = grow((void **)&ep->order, &ep->ordcap, ((size_t)P + 1) * sizeof(int), e)) ||
+        (rc = grow((void **)&ep->out, &ep->ocap, (size_t)R * H * 4 + 4, e)) ||
         (rc = grow((void **)&ep->back, &ep->bcap, (size_t)P * H * 4 + 4, e)) ||
         (rc = grow((void **)&ep->rq, &ep->rqcap, (size_t)R * H + 4, e)) ||
         (rc = grow((void **)&ep->rscale, &ep->rscap, (size_t)R * 4 + 4, e)) ||
@@ -195,12 +178,43 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
     int8_t *q = ep->rq;
     float *scale = ep->rscale;
     int32_t *expert = ep->rexpert, *row = ep->rrow;
+    /* dispatch: pack each pair's record at its rank's next slot (its own: unpacked at once) */
+    int cursor_stack[64], *cursor = n <= 64 ? cursor_stack : calloc((size_t)n, sizeof(int));
+    if (!cursor)
+        return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
+    memset(cursor, 0, (size_t)n * sizeof(int));
+    for (int p = 0; p < P; p++) {
+        int r = ep->owner[ids[p]], j = cursor[r]++, slot = ep->sdsp[r] + j;
+        int row_of = p / k;
+        ep->order[slot] = p;
+        if (r == me) {
+            int i = ep->rdsp[me] + j;
+            expert[i] = ids[p];
+            scale[i] = a->scale[row_of];
+            memcpy(q + (size_t)i * H, a->q + (size_t)row_of * H, (size_t)H);
+            continue;
+        }
+        char *d = ep->sbuf + (size_t)slot * rec;
+        int32_t x = ids[p];
+        memcpy(d, &x, 4);
+        memcpy(d + 4, &a->scale[row_of], 4);
+        memcpy(d + 8, a->q + (size_t)row_of * H, (size_t)H);
+    }
+    if (cursor != cursor_stack)
+        free(cursor);
+    double tp = pd_now_s();
+    if ((rc = exchange(ep, ep->sbuf, ep->sb, ep->sbd, ep->rbuf, ep->rb, ep->rbd, e)))
+        return rc;
+    /* the experts held here, on the rows sent to them */
+    double t1 = pd_now_s();
     for (int i = 0; i < R; i++) {
-        const char *s = ep->rbuf + (size_t)i * rec;
-        memcpy(&expert[i], s, 4);
-        memcpy(&scale[i], s + 4, 4);
-        memcpy(q + (size_t)i * H, s + 8, (size_t)H);
         row[i] = i;
+        if (i >= ep->rdsp[me] && i < ep->rdsp[me] + ep->rcnt[me])
+            continue;
+        const char *src = ep->rbuf + (size_t)i * rec;
+        memcpy(&expert[i], src, 4);
+        memcpy(&scale[i], src + 4, 4);
+        memcpy(q + (size_t)i * H, src + 8, (size_t)H);
     }
     pd_qmat ra = {.q = q, .scale = scale, .rows = R, .cols = H};
     rc = pd_engine_run_experts(en, layer, &ra, row, expert, R, ep->out, e);
@@ -209,18 +223,22 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
     if (ep->sync_before_combine)
         MPI_Barrier(ep->comm);
     double t2 = pd_now_s();
-    /* combine: each output row back to its origin, in the order it came */
+    /* combine: each output row back to its origin, in the order it came (this rank's own
+     * straight from its output: its slot j is its received row rdsp[me] + j) */
     for (int r = 0; r < n; r++) {
-        ep->sb[r] = ep->rcnt[r] * H * 4;
+        ep->sb[r] = r == me ? 0 : ep->rcnt[r] * H * 4;
         ep->sbd[r] = ep->rdsp[r] * H * 4;
-        ep->rb[r] = ep->scnt[r] * H * 4;
+        ep->rb[r] = r == me ? 0 : ep->scnt[r] * H * 4;
         ep->rbd[r] = ep->sdsp[r] * H * 4;
     }
     if ((rc = exchange(ep, ep->out, ep->sb, ep->sbd, ep->back, ep->rb, ep->rbd, e)))
         return rc;
     double t3 = pd_now_s();
-    for (int slot = 0; slot < P; slot++)
-        memcpy(y + (size_t)ep->order[slot] * H, ep->back + (size_t)slot * H, (size_t)H * 4);
+    for (int slot = 0; slot < P; slot++) {
+        int mine = slot >= ep->sdsp[me] && slot < ep->sdsp[me] + ep->scnt[me];
+        const float *src = mine ? ep->out + (size_t)(ep->rdsp[me] + slot - ep->sdsp[me]) * H : ep->back + (size_t)slot * H;
+        memcpy(y + (size_t)ep->order[slot] * H, src, (size_t)H * 4);
+    }
     double t4 = pd_now_s();
     ep->t_exchange += (t1 - t0) + (t4 - t2);
     ep->t_counts += tc - t0;
