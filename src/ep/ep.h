@@ -8,6 +8,8 @@
  *             the rank that owns the token), so results are bit-identical to one process;
  *   combine   the expert's fp32 output row, back to the origin rank, which sums its tokens'
  *             expert outputs in increasing expert id order (the engine's fixed order).
+ * A rank's pairs for its own experts skip MPI: their rows go straight to the experts' input and
+ * their outputs straight back to the pairs.
  * All ranks take every step together; a rank with no tokens still takes part with empty sends.
  * The group's collectives use MPI's default error handler: a rank that dies ends the job with
  * MPI's report of which rank failed, instead of hanging the others. */
