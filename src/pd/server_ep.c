@@ -54,7 +54,16 @@ static size_t ep_msg_words(const int32_t *msg)
 /* Words of each rank's answer to a message (the same on every rank: max_num_seqs is). */
 static int ep_answer_words(const struct pd_server *s, const struct ep_msg *m)
 {
-    return EP_ANS_W + EP_PULLED_W * m->n_pull + m->n_items + 2 * s->o.max_num_seqs;
+    return EP_ANS_W + EP_PULLED_W * m->n_pull + m->n_items * pd_srv_ep_item_words(s) + 2 * s->o.max_num_seqs +
+           (s->o.spec_k ? EP_SPEC_W : 0);
+}
+
+/* A sequence this rank owned is over: its KV and its speculative state go. */
+static void ep_end(struct pd_server *s, struct ep_seq *q)
+{
+    pd_seq_end(&s->en, &q->seq);
+    pd_spec_free(&q->spec);
+    q->used = 0;
 }
 
 /* Producer, any rank: the transfer engine ended a lease; the sequence is freed by the next round
@@ -132,16 +141,15 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
     const int A = ep_answer_words(s, &m);
     if (PD_GROW(g->ans, g->ans_cap, (size_t)A))
         return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
-    int32_t *pulled = g->ans + EP_ANS_W, *out = pulled + EP_PULLED_W * m.n_pull, *rel = out + m.n_items;
+    const int IW = pd_srv_ep_item_words(s);
+    int32_t *pulled = g->ans + EP_ANS_W, *out = pulled + EP_PULLED_W * m.n_pull, *rel = out + (size_t)m.n_items * IW;
     int n_rel = 0, rc;
     /* leases the transfer engine ended since the last round */
     pthread_mutex_lock(&g->rel_mu);
     for (int i = 0; i < g->n_released; i++) {
         struct ep_seq *q = ep_find(s, (uint64_t)g->released[i]);
-        if (q) {
-            pd_seq_end(&s->en, &q->seq);
-            q->used = 0;
-        }
+        if (q)
+            ep_end(s, q);
         ep_put_id(rel + 2 * n_rel++, (uint64_t)g->released[i]);
     }
     g->n_released = 0;
@@ -154,8 +162,7 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         if (!q)
             return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d told to free request %llu it does not hold",
                               g->rank, (unsigned long long)ep_id(w));
-        pd_seq_end(&s->en, &q->seq);
-        q->used = 0;
+        ep_end(s, q);
     }
     for (int i = 0; i < m.n_lease; i++) {
         const int32_t *w = m.ls + (size_t)i * EP_LEASE_W;
@@ -169,8 +176,7 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         memcpy(key.id, w + 4, sizeof key.id);
         if (pd_srv_seq_offer(s, &q->seq, &key, q->id, w[3], ep_on_release)) {
             /* no lease: the blocks come back now, and rank 0 hears of it as of a release */
-            pd_seq_end(&s->en, &q->seq);
-            q->used = 0;
+            ep_end(s, q);
             ep_put_id(rel + 2 * n_rel++, q->id);
         }
     }
@@ -194,7 +200,7 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
     for (int i = 0; i < m.n_items; i++) {
         const int32_t *w = m.it + (size_t)i * EP_ITEM_W, *toks = m.tok + off;
         off += (size_t)w[3];
-        out[i] = -1;
+        out[(size_t)i * IW] = -1;
         if (w[2] != g->rank)
             continue;
         uint64_t id = ep_id(w);
@@ -210,12 +216,20 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         g->item_seq[k] = q;
         g->item_of[k++] = i;
     }
-    if (m.n_items > 0 && (rc = pd_engine_step(&s->en, g->items, k, e)))
-        return rc;
-    for (int j = 0; j < k; j++) {
-        const int32_t *w = m.it + (size_t)g->item_of[j] * EP_ITEM_W;
-        struct ep_seq *q = g->item_seq[j];
-        out[g->item_of[j]] = w[6] >= 0 ? w[6] : pd_sample(&q->smp, q->logits, s->Vs, g->scratch);
+    if (s->o.spec_k) {
+        /* drafts, verify and accept (server_ep_spec.c): the same steps on every rank */
+        int32_t *counts = rel + 2 * s->o.max_num_seqs;
+        memset(counts, 0, EP_SPEC_W * sizeof *counts);
+        if (m.n_items > 0 && (rc = pd_srv_ep_spec_step(s, &m, k, out, counts, e)))
+            return rc;
+    } else {
+        if (m.n_items > 0 && (rc = pd_engine_step(&s->en, g->items, k, e)))
+            return rc;
+        for (int j = 0; j < k; j++) {
+            const int32_t *w = m.it + (size_t)g->item_of[j] * EP_ITEM_W;
+            struct ep_seq *q = g->item_seq[j];
+            out[g->item_of[j]] = w[6] >= 0 ? w[6] : pd_sample(&q->smp, q->logits, s->Vs, g->scratch);
+        }
     }
     for (int i = n_rel; i < s->o.max_num_seqs; i++)
         rel[2 * i] = rel[2 * i + 1] = 0;
@@ -424,7 +438,8 @@ void pd_srv_ep_account(struct pd_server *s)
     ep_parse(g->msg, &m);
     int A = ep_answer_words(s, &m);
     for (int k = 0; k < g->size; k++) {
-        const int32_t *a = g->all + (size_t)k * A, *rel = a + EP_ANS_W + EP_PULLED_W * m.n_pull + m.n_items;
+        const int32_t *a = g->all + (size_t)k * A,
+                      *rel = a + EP_ANS_W + EP_PULLED_W * m.n_pull + (size_t)m.n_items * pd_srv_ep_item_words(s);
         g->free_blocks[k] = a[1];
         g->free_slots[k] = a[2];
         for (int j = 0; j < a[3]; j++) {
@@ -490,12 +505,27 @@ void pd_srv_ep_broken(struct pd_server *s, const pd_err *e)
     event_base_loopexit(s->base, NULL);
 }
 
-/* Rank 0, after a step's round: the token rank `owner` gave item i. */
-int32_t pd_srv_ep_token(const struct pd_server *s, int owner, int i)
+/* Rank 0, after a step's round: the words rank `owner` answered for item i (its token, or
+ * {n, tokens}), and with --speculative-config the counts at the end of rank k's answer. */
+const int32_t *pd_srv_ep_answer_item(const struct pd_server *s, int owner, int i)
 {
     struct ep_msg m;
     ep_parse(s->g->msg, &m);
-    return s->g->all[(size_t)owner * ep_answer_words(s, &m) + EP_ANS_W + EP_PULLED_W * m.n_pull + i];
+    return s->g->all + (size_t)owner * ep_answer_words(s, &m) + EP_ANS_W + EP_PULLED_W * m.n_pull +
+           (size_t)i * pd_srv_ep_item_words(s);
+}
+
+const int32_t *pd_srv_ep_answer_spec(const struct pd_server *s, int k)
+{
+    struct ep_msg m;
+    ep_parse(s->g->msg, &m);
+    return s->g->all + (size_t)(k + 1) * ep_answer_words(s, &m) - EP_SPEC_W;
+}
+
+/* Rank 0, after a step's round: the token rank `owner` gave item i. */
+int32_t pd_srv_ep_token(const struct pd_server *s, int owner, int i)
+{
+    return *pd_srv_ep_answer_item(s, owner, i);
 }
 
 /* Rank 0 (s->mu held): the message of a step over requests in_step[0 .. m): the pending frees,
@@ -522,6 +552,9 @@ int pd_srv_ep_build_step(struct pd_server *s, struct req **in_step, int m)
         memcpy(&it[7], &r->smp.temperature, sizeof(float));
         memcpy(&it[8], &r->smp.top_p, sizeof(float));
         ep_put_id(it + 9, r->smp.state);
+        /* drafts: none past max_tokens (a round yields at most k + 1 tokens), none in a prefill */
+        int left = r->max_tokens - r->n_gen - 1;
+        it[11] = !r->ep_prefilled || !s->o.spec_k ? 0 : s->o.spec_k < left ? s->o.spec_k : left > 0 ? left : 0;
         if (r->ep_prefilled)
             *tok++ = r->gen[r->n_gen - 1];
         else {
@@ -546,6 +579,9 @@ int pd_srv_ep_open(struct pd_server *s, struct pd_engine_opts *eo, pd_err *e)
     if (level < MPI_THREAD_SERIALIZED)
         return pd_err_set(e, PD_EINVAL, "expert parallelism needs MPI_THREAD_SERIALIZED (the scheduler thread "
                           "makes the MPI calls)");
+    if (s->o.spec_k && s->o.role != PD_ROLE_BOTH)
+        return pd_err_set(e, PD_EINVAL, "--speculative-config with --enable-expert-parallel in a prefill or decode role "
+                          "(PD) is not supported yet: an owner rank's pulled sequence has no MTP state");
     struct ep_group *g = s->g = calloc(1, sizeof *g);
     if (!g)
         return pd_err_set(e, PD_ENOMEM, "out of memory");
@@ -614,7 +650,7 @@ void pd_srv_ep_close(struct pd_server *s)
         return;
     for (int i = 0; g->seqs && i < s->o.max_num_seqs; i++) {
         if (g->seqs[i].used)
-            pd_seq_end(&s->en, &g->seqs[i].seq);
+            ep_end(s, &g->seqs[i]);
         free(g->seqs[i].logits);
     }
     free(g->seqs);

@@ -3,6 +3,7 @@
  *
  *   server.c      the request lifetime, KV leases and pulls, the scheduler thread, create/run/destroy
  *   server_ep.c   the EP group: the round message, what every rank does with it, rank 0's accounts
+ *   server_ep_spec.c  the EP group with --speculative-config: the owner ranks' speculative rounds
  *   server_api.c  the HTTP side: requests in (validation, tokenisation), answers out (JSON, SSE)
  *   server_prefix.c  the prefix cache: admission from a cached prefix, snapshots, release */
 #ifndef PD_PD_SERVER_INT_H
@@ -110,14 +111,17 @@ struct req {
  *     reserve, prompt tokens, remote port, prompt hash lo, hi, temperature bits, top_p bits,
  *     sampler state lo, hi, remote host (64 bytes), remote transfer id (16 bytes)};
  *   per item  {id lo, id hi, owner, n, new, reserve, forced, temperature bits, top_p bits,
- *     sampler state lo, hi};
+ *     sampler state lo, hi, drafts k (--speculative-config; 0 for a new sequence)};
  *   the items' tokens in item order.
  * Each rank answers {status, free blocks, free slots, n released, per pull {1 pulled / 0 failed /
  * -1 refused by the producer, bytes lo, hi, microseconds the pull took}, per item
- * its token (-1: another rank's), the ids of the leases it released, 2 words each}. */
+ * its token (-1: another rank's) or, with --speculative-config, spec_k + 2 words {n, n tokens}
+ * (n -1: another rank's), the ids of the leases it released, 2 words each, and with
+ * --speculative-config its round's counts (EP_SPEC_W words: drafts, draft tokens, accepted,
+ * emitted, verify steps, drafted per position [PD_SPEC_MAX_K], accepted per position [..])}. */
 enum { EP_OP_STEP = 1, EP_OP_STOP = 2, EP_OP_STATS = 3 };   /* STATS: the ranks sum their expert counts to rank 0 */
-enum { EP_HDR = 6, EP_FREE_W = 3, EP_LEASE_W = 10, EP_PULL_W = 32, EP_ITEM_W = 11, EP_ANS_W = 4,
-       EP_PULLED_W = 4 };
+enum { EP_HDR = 6, EP_FREE_W = 3, EP_LEASE_W = 10, EP_PULL_W = 32, EP_ITEM_W = 12, EP_ANS_W = 4,
+       EP_PULLED_W = 4, EP_SPEC_W = 5 + 2 * PD_SPEC_MAX_K };
 
 struct ep_msg {                     /* a message's sections */
     int n_free, n_lease, n_pull, n_items, n_tokens;
@@ -135,6 +139,7 @@ struct ep_seq {                     /* a sequence this rank owns */
     struct pd_seq seq;
     struct pd_sampler smp;
     float *logits;                  /* [vocab] */
+    struct pd_spec_seq spec;        /* --speculative-config: the MTP layer's pending inputs */
 };
 
 struct ep_group {
@@ -256,10 +261,18 @@ void pd_srv_ep_account(struct pd_server *s);
 int pd_srv_ep_flush(struct pd_server *s, pd_err *e);
 void pd_srv_ep_broken(struct pd_server *s, const pd_err *e);
 int32_t pd_srv_ep_token(const struct pd_server *s, int owner, int i);
+const int32_t *pd_srv_ep_answer_item(const struct pd_server *s, int owner, int i);
+const int32_t *pd_srv_ep_answer_spec(const struct pd_server *s, int k);
 int pd_srv_ep_build_step(struct pd_server *s, struct req **in_step, int m);
 int pd_srv_ep_open(struct pd_server *s, struct pd_engine_opts *eo, pd_err *e);
 int pd_srv_ep_setup(struct pd_server *s, pd_err *e);
 void pd_srv_ep_close(struct pd_server *s);
+
+/* ---- server_ep_spec.c ---- */
+int pd_srv_ep_item_words(const struct pd_server *s);
+int pd_srv_ep_spec_step(struct pd_server *s, const struct ep_msg *m, int n, int32_t *out, int32_t *stats, pd_err *e);
+int pd_srv_ep_spec_take(struct pd_server *s, struct req **in_step, int m, const int32_t **tp, int *nt,
+                        struct pd_spec_stats *st, pd_err *e);
 
 /* ---- server_prefix.c ---- */
 #define PD_SRV_PREFIX_UNIT 256   /* default tokens between cached boundaries */
