@@ -21,7 +21,7 @@
 #include "sockets.h"
 #include "util.h"
 
-static char dir[64], log_path[96];
+static char dir[64], log_path[96], spec_dir[64];   /* spec_dir: a model whose MTP draft agrees, once made */
 static pid_t group, single, group2;
 static int base_port;
 static const char *group_max_len = "512";   /* --max-model-len of the EP groups */
@@ -65,6 +65,9 @@ static void teardown(void)
             *ps[i] = 0;
         }
     rm_model(dir);
+    if (spec_dir[0])
+        rm_model(spec_dir);
+    spec_dir[0] = 0;
 }
 
 TestSuite(server_ep, .init = setup, .fini = teardown, .timeout = 240);
@@ -641,5 +644,62 @@ Test(server_ep, every_rank_listens_on_the_configured_address_only)
                          g ? "decode" : "prefill", k, pid[k], list);
             cr_assert_gt(n, 0, "rank %d of port %d: no listener found at all", k, ports[g]);
         }
+    }
+}
+
+/* MTP speculative decoding in an EP group: the MTP layer's experts are spread over the ranks like
+ * every layer's, each owner rank drafts, verifies and rolls back its own sequences, and every rank
+ * takes the group's drafting and verify steps. Concurrent greedy requests of different lengths
+ * answer the tokens of one plain process, the acceptance counts reach rank 0's /metrics, every
+ * pool is full again, and the idle group sleeps. */
+Test(server_ep, mtp_speculation_in_a_group_gives_the_tokens_of_one_plain_process)
+{
+    tmp_model_agree("v4-tiny", 4, 0.7, spec_dir, sizeof spec_dir);
+    int pg = base_port, ps = base_port + 1;
+    char sp[16], sq[16];
+    snprintf(sp, sizeof sp, "%d", pg);
+    snprintf(sq, sizeof sq, "%d", ps);
+    char *plain[] = {(char *)bin(), "serve", "--model", spec_dir, "--port", sq, "--threads", "1", "--max-num-seqs", "8",
+                     "--max-model-len", "512", "--served-model-name", "tiny", NULL};
+    char *spec[] = {"mpirun", "-n", "2", "--oversubscribe", (char *)bin(), "serve", "--model", spec_dir,
+                    "--enable-expert-parallel", "--data-parallel-size", "2", "--port", sp, "--threads", "1",
+                    "--max-num-seqs", "4", "--max-model-len", "512", "--served-model-name", "tiny",
+                    "--speculative-config", "{\"method\":\"mtp\",\"num_speculative_tokens\":3}", NULL};
+    single = launch(plain, ps);
+    group = launch(spec, pg);
+    char *want[N_REQ], *got[N_REQ];
+    run_requests(ps, want);
+    run_requests(pg, got);
+    for (int i = 0; i < N_REQ; i++) {
+        cr_assert_str_eq(got[i], want[i], "request %d: EP group with MTP %s, one plain process %s", i, got[i], want[i]);
+        free(want[i]);
+        free(got[i]);
+    }
+    int drafts = metric_port(pg, "pdmoe_spec_decode_num_drafts_total");
+    int accepted = metric_port(pg, "pdmoe_spec_decode_num_accepted_tokens_total");
+    cr_assert_gt(drafts, 0);
+    cr_assert_gt(accepted, drafts / 2, "%d accepted of %d drafts at agreement 0.7", accepted, drafts);
+    int per_pos = 0;
+    for (int j = 0; j < 3; j++) {
+        char name[128];
+        snprintf(name, sizeof name, "pdmoe_spec_decode_num_accepted_tokens_per_pos_total{position=\"%d\"}", j);
+        per_pos += metric_port(pg, name);
+    }
+    cr_assert_eq(per_pos, accepted);
+    /* a round yields its accepted drafts and one token more per sequence */
+    cr_assert_eq(metric_port(pg, "pdmoe_generation_tokens_total"), 24 + 8 + 40 + 16 + 3 + 30);
+    for (int k = 0; k < 2; k++) {
+        cr_assert_gt(labelled(pg, "pdmoe_rank_requests_total", k), 0, "rank %d held no sequence", k);
+        cr_assert_eq(labelled(pg, "pdmoe_rank_kv_blocks_free", k), labelled(pg, "pdmoe_rank_kv_blocks_total", k),
+                     "rank %d", k);
+    }
+    cr_assert_eq(metric_port(pg, "pdmoe_kv_slots_free"), 8);
+    pid_t r[2];
+    rank_pids(pg, r);
+    double c0[2] = {cpu_seconds(r[0]), cpu_seconds(r[1])};
+    sleep(2);
+    for (int k = 0; k < 2; k++) {
+        double used = cpu_seconds(r[k]) - c0[k];
+        cr_assert_lt(used, 0.2, "idle rank %d used %.2f s of CPU in 2 s", k, used);
     }
 }
