@@ -573,11 +573,10 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     int rc;
-    if (o->prefix_caching > 0 && (o->expert_parallel || o->spec_k)) {
-        /* EP: a sequence lives on its owner rank, which does not cache; MTP: the draft layer's KV
-         * is not in the snapshots and speculation prefills whole prompts */
+    if (o->prefix_caching > 0 && o->spec_k) {
+        /* MTP: the draft layer's KV is not in the snapshots and speculation prefills whole prompts */
         rc = pd_err_set(e, PD_EINVAL, "--enable-prefix-caching is not implemented with %s (its default there is off)",
-                        o->expert_parallel ? "--enable-expert-parallel" : "--speculative-config");
+                        "--speculative-config");
         goto fail;
     }
     char path[600];

@@ -55,12 +55,21 @@ static size_t ep_msg_words(const int32_t *msg)
 static int ep_answer_words(const struct pd_server *s, const struct ep_msg *m)
 {
     return EP_ANS_W + EP_PULLED_W * m->n_pull + m->n_items * pd_srv_ep_item_words(s) + 2 * s->o.max_num_seqs +
-           (s->o.spec_k ? EP_SPEC_W : 0);
+           (s->prefix_on ? EP_PREFIX_W : 0) + (s->o.spec_k ? EP_SPEC_W : 0);
+}
+
+/* Where the prefix cache's counts sit in an answer of `words` words (server_int.h). */
+static size_t ep_prefix_at(const struct pd_server *s, int words)
+{
+    return (size_t)words - (s->o.spec_k ? EP_SPEC_W : 0) - EP_PREFIX_W;
 }
 
 /* A sequence this rank owned is over: its KV and its speculative state go. */
 static void ep_end(struct pd_server *s, struct ep_seq *q)
 {
+    if (q->cached)
+        pd_prefix_release(&s->prefix, &q->pcur);
+    q->cached = 0;
     pd_seq_end(&s->en, &q->seq);
     pd_spec_free(&q->spec);
     q->used = 0;
@@ -89,9 +98,11 @@ int pd_srv_seq_start_reserved(struct pd_engine *en, struct pd_seq *seq, int64_t 
 }
 
 /* A sequence slot of this rank for request id, started with the sampler of words w[0..3]
- * (temperature bits, top_p bits, state lo, hi) and `reserve` tokens of KV, its `prompt` first. */
-static int ep_start(struct pd_server *s, uint64_t id, int prompt, int reserve, const int32_t *w, struct ep_seq **out,
-                    pd_err *e)
+ * (temperature bits, top_p bits, state lo, hi) and `reserve` tokens of KV, its `prompt` first;
+ * with the prompt's ids (`tokens`, NULL for a pulled sequence) and the prefix cache on, from the
+ * longest prefix this rank's cache holds (seq.pos tokens). */
+static int ep_start(struct pd_server *s, uint64_t id, int prompt, int reserve, const int32_t *w, const int32_t *tokens,
+                    struct ep_seq **out, pd_err *e)
 {
     struct ep_group *g = s->g;
     struct ep_seq *q = NULL;
@@ -101,10 +112,19 @@ static int ep_start(struct pd_server *s, uint64_t id, int prompt, int reserve, c
     if (!q)
         return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d has no free sequence for request %llu", g->rank,
                           (unsigned long long)id);
-    /* the blocks of the whole future sequence, as rank 0's admission counted them */
-    int rc = pd_srv_seq_start_reserved(&s->en, &q->seq, prompt, reserve, e);
-    if (rc)
-        return rc;
+    /* the blocks of the whole future sequence, as rank 0's admission counted them (all of them,
+     * the shared prefix's included: unused cached prefixes can always give theirs back) */
+    int rc;
+    memset(&q->pcur, 0, sizeof q->pcur);
+    if (tokens && s->prefix_on) {
+        if ((rc = pd_srv_prefix_seq_start(s, &q->seq, &q->pcur, tokens, prompt, reserve, e)))
+            return rc;
+        q->cached = 1;
+    } else {
+        pd_srv_prefix_make_room(s, reserve);
+        if ((rc = pd_srv_seq_start_reserved(&s->en, &q->seq, prompt, reserve, e)))
+            return rc;
+    }
     q->used = 1;
     q->id = id;
     memcpy(&q->smp.temperature, &w[0], sizeof(float));
@@ -187,7 +207,7 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         if (w[2] != g->rank)
             continue;
         struct ep_seq *q;
-        if ((rc = ep_start(s, ep_id(w), w[4], w[3], w + 8, &q, e)))
+        if ((rc = ep_start(s, ep_id(w), w[4], w[3], w + 8, NULL, &q, e)))
             return rc;
         double seconds = 0;
         int64_t bytes = ep_pull(s, q, w, &seconds);
@@ -206,13 +226,17 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         uint64_t id = ep_id(w);
         struct ep_seq *q = NULL;
         if (w[4]) {
-            if ((rc = ep_start(s, id, w[3], w[5], w + 7, &q, e)))
+            if ((rc = ep_start(s, id, w[3], w[5], w + 7, toks, &q, e)))
                 return rc;
         } else if (!(q = ep_find(s, id))) {
             return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d told to step request %llu it does not hold",
                               g->rank, (unsigned long long)id);
         }
-        g->items[k] = (struct pd_step_item){.seq = &q->seq, .tokens = toks, .n = w[3], .logits = q->logits};
+        /* a new sequence computes its prompt after the prefix its rank had cached */
+        int from = w[4] ? (int)q->seq.pos : 0;
+        g->items[k] = (struct pd_step_item){.seq = &q->seq, .tokens = toks + from, .n = w[3] - from, .logits = q->logits};
+        if (w[4] && q->cached)
+            pd_srv_prefix_seq_plan(s, &q->pcur, toks, w[3], &g->items[k]);
         g->item_seq[k] = q;
         g->item_of[k++] = i;
     }
@@ -223,7 +247,12 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         if (m.n_items > 0 && (rc = pd_srv_ep_spec_step(s, &m, k, out, counts, e)))
             return rc;
     } else {
-        if (m.n_items > 0 && (rc = pd_engine_step(&s->en, g->items, k, e)))
+        rc = m.n_items > 0 ? pd_engine_step(&s->en, g->items, k, e) : 0;
+        /* the boundaries the prefills passed enter this rank's cache (dropped if the step failed) */
+        for (int j = 0; j < k; j++)
+            if (g->item_seq[j]->cached)
+                pd_prefix_commit(&s->prefix, &g->item_seq[j]->pcur, &g->item_seq[j]->seq.kv, rc == 0);
+        if (rc)
             return rc;
         for (int j = 0; j < k; j++) {
             const int32_t *w = m.it + (size_t)g->item_of[j] * EP_ITEM_W;
@@ -233,6 +262,14 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
     }
     for (int i = n_rel; i < s->o.max_num_seqs; i++)
         rel[2 * i] = rel[2 * i + 1] = 0;
+    if (s->prefix_on) {
+        int32_t *c = g->ans + ep_prefix_at(s, A);
+        ep_put_id(c, s->prefix.queries);
+        ep_put_id(c + 2, s->prefix.hits);
+        ep_put_id(c + 4, s->prefix.evictions);
+        c[6] = s->en.kv.held;
+        ep_put_id(c + 7, (uint64_t)s->prefix.bytes);
+    }
     g->ans[0] = 0;
     g->ans[1] = s->en.kv.n_blocks_free;
     g->ans[2] = s->en.kv.n_slots_free;
@@ -307,20 +344,67 @@ int pd_srv_ep_round(struct pd_server *s, pd_err *e)
     return 0;
 }
 
+/* Rank 0 (s->mu held), prefix caching: the rank among those with room (`room`, a bit per rank)
+ * whose cache most likely holds r's prompt's prefix, if taking it keeps the group balanced, else
+ * `best` (the least loaded). A rank's cache holds the prefixes of the prompts sent to it (until it
+ * evicts them), so rank 0 indexes the prompts' token ids it sent to each rank (proxy/route.h's
+ * chained chunk hashes over the ids' bytes) and takes the rank matching the longest prefix when
+ * that covers at least one cache unit (shorter is never reused) and the rank runs at most
+ * 2 x + 1 sequences for the least loaded's x. A wrong guess costs a recomputed prefix, never a
+ * wrong token. */
+static int ep_affinity(struct pd_server *s, const struct req *r, unsigned room, int best)
+{
+    struct ep_group *g = s->g;
+    if (!s->prefix_on || r->remote_prefill || r->n_prompt < s->prefix.unit || g->size > PD_ROUTE_MAX)
+        return best;
+    if (!g->route) {
+        /* only the index is used (pd_route_match, pd_route_insert); the policy's fields as valid */
+        struct pd_route_opts o = {.policy = PD_ROUTE_CACHE_AWARE, .cache_threshold = 0.3, .balance_abs = 64,
+                                  .balance_rel = 1.5};
+        pd_err e;
+        if (pd_route_create(g->size, &o, &g->route, &e))
+            return best;   /* out of memory for the index: least loaded, as without the cache */
+    }
+    struct pd_route_key key;
+    if (pd_route_key_make(r->prompt, (size_t)r->n_prompt * sizeof *r->prompt, &key))
+        return best;
+    int pick = best;
+    size_t most = 0;
+    for (int k = 0; k < g->size; k++) {
+        size_t n = (room >> k) & 1 ? pd_route_match(g->route, k, &key) : 0;
+        if (n > most) {
+            most = n;
+            pick = k;
+        }
+    }
+    const size_t unit_chunks = ((size_t)s->prefix.unit * sizeof *r->prompt + PD_ROUTE_CHUNK - 1) / PD_ROUTE_CHUNK;
+    if (most < unit_chunks || g->load[pick] > 2 * g->load[best] + 1)
+        pick = best;
+    pd_route_insert(g->route, pick, &key);
+    pd_route_key_free(&key);
+    return pick;
+}
+
 /* Rank 0 (s->mu held): the rank a new request's sequence goes to: the least-loaded one with a
  * free sequence and the blocks of the request's whole future (prompt + max_tokens), ties going
- * round-robin (so one request at a time still uses every rank); -1 if no rank has room now. */
+ * round-robin (so one request at a time still uses every rank), or with prefix caching the one
+ * likely to hold its prefix (ep_affinity); -1 if no rank has room now. */
 int pd_srv_ep_admit(struct pd_server *s, struct req *r)
 {
     struct ep_group *g = s->g;
     int need = pd_kvpool_blocks_for(&s->en.kv, r->n_prompt + r->max_tokens), best = -1;
+    unsigned room = 0;
     for (int j = 1; j <= g->size; j++) {
         int k = (g->last + j) % g->size;
-        if (g->load[k] < s->en.kv.n_slots && g->acct_blocks[k] >= need && (best < 0 || g->load[k] < g->load[best]))
-            best = k;
+        if (g->load[k] < s->en.kv.n_slots && g->acct_blocks[k] >= need) {
+            room |= k < 32 ? 1u << k : 0;
+            if (best < 0 || g->load[k] < g->load[best])
+                best = k;
+        }
     }
     if (best < 0)
         return -1;
+    best = ep_affinity(s, r, room, best);
     g->acct_blocks[best] -= need;
     g->load[best]++;
     g->owned[best]++;
@@ -442,6 +526,15 @@ void pd_srv_ep_account(struct pd_server *s)
                       *rel = a + EP_ANS_W + EP_PULLED_W * m.n_pull + (size_t)m.n_items * pd_srv_ep_item_words(s);
         g->free_blocks[k] = a[1];
         g->free_slots[k] = a[2];
+        if (s->prefix_on) {
+            const int32_t *c = a + ep_prefix_at(s, A);
+            int64_t *p = g->pfx + (size_t)k * EP_PFX_N;
+            p[EP_PFX_QUERIES] = (int64_t)ep_id(c);
+            p[EP_PFX_HITS] = (int64_t)ep_id(c + 2);
+            p[EP_PFX_EVICTIONS] = (int64_t)ep_id(c + 4);
+            p[EP_PFX_BLOCKS] = c[6];
+            p[EP_PFX_BYTES] = (int64_t)ep_id(c + 7);
+        }
         for (int j = 0; j < a[3]; j++) {
             uint64_t id = ep_id(rel + 2 * j);
             for (struct req **pp = &s->leases; *pp; pp = &(*pp)->lease_next)
@@ -619,12 +712,13 @@ int pd_srv_ep_setup(struct pd_server *s, pd_err *e)
     g->released = calloc((size_t)n, sizeof *g->released);
     g->pull_req = calloc((size_t)n * (size_t)g->size, sizeof *g->pull_req);
     g->kv_hosts = calloc((size_t)g->size, sizeof *g->kv_hosts);
+    g->pfx = calloc((size_t)g->size * EP_PFX_N, sizeof *g->pfx);
     pthread_mutex_init(&g->rel_mu, NULL);
     g->frees.width = EP_FREE_W;
     g->leases.width = EP_LEASE_W;
     g->pulls.width = EP_PULL_W;
     if (!g->seqs || !g->items || !g->item_of || !g->item_seq || !g->scratch || !g->load || !g->released || !g->pull_req ||
-        !g->kv_hosts ||
+        !g->kv_hosts || !g->pfx ||
         PD_GROW(g->msg, g->msg_cap, EP_HDR))
         return pd_err_set(e, PD_ENOMEM, "out of memory");
     for (int i = 0; i < n; i++)
@@ -668,6 +762,8 @@ void pd_srv_ep_close(struct pd_server *s)
     free(g->released);
     free(g->pull_req);
     free(g->kv_hosts);
+    free(g->pfx);
+    pd_route_free(g->route);
     if (g->load)
         pthread_mutex_destroy(&g->rel_mu);
     if (g->ep_ready)

@@ -21,6 +21,7 @@
 #include "http/front.h"
 #include "http/http.h"
 #include "pd/kvxfer.h"
+#include "proxy/route.h"
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
@@ -116,12 +117,14 @@ struct req {
  * Each rank answers {status, free blocks, free slots, n released, per pull {1 pulled / 0 failed /
  * -1 refused by the producer, bytes lo, hi, microseconds the pull took}, per item
  * its token (-1: another rank's) or, with --speculative-config, spec_k + 2 words {n, n tokens}
- * (n -1: another rank's), the ids of the leases it released, 2 words each, and with
- * --speculative-config its round's counts (EP_SPEC_W words: drafts, draft tokens, accepted,
- * emitted, verify steps, drafted per position [PD_SPEC_MAX_K], accepted per position [..])}. */
+ * (n -1: another rank's), the ids of the leases it released, 2 words each, with prefix caching
+ * its cache's counts (EP_PREFIX_W words: queries, hits, evictions, 2 words each, blocks held,
+ * snapshot bytes in 2 words), and with --speculative-config its round's counts (EP_SPEC_W words:
+ * drafts, draft tokens, accepted, emitted, verify steps, drafted per position [PD_SPEC_MAX_K],
+ * accepted per position [..])}. */
 enum { EP_OP_STEP = 1, EP_OP_STOP = 2, EP_OP_STATS = 3 };   /* STATS: the ranks sum their expert counts to rank 0 */
 enum { EP_HDR = 6, EP_FREE_W = 3, EP_LEASE_W = 10, EP_PULL_W = 32, EP_ITEM_W = 12, EP_ANS_W = 4,
-       EP_PULLED_W = 4, EP_SPEC_W = 5 + 2 * PD_SPEC_MAX_K };
+       EP_PULLED_W = 4, EP_SPEC_W = 5 + 2 * PD_SPEC_MAX_K, EP_PREFIX_W = 9 };
 
 struct ep_msg {                     /* a message's sections */
     int n_free, n_lease, n_pull, n_items, n_tokens;
@@ -140,6 +143,8 @@ struct ep_seq {                     /* a sequence this rank owns */
     struct pd_sampler smp;
     float *logits;                  /* [vocab] */
     struct pd_spec_seq spec;        /* --speculative-config: the MTP layer's pending inputs */
+    int cached;                     /* started through this rank's prefix cache (pcur) */
+    struct pd_prefix_cursor pcur;
 };
 
 struct ep_group {
@@ -171,7 +176,10 @@ struct ep_group {
     int *free_blocks, *free_slots;  /* [size] as each rank last reported */
     int *owned;                     /* [size] sequences each rank has been given */
     int last;                       /* the rank given the last one */
+    struct pd_route *route;         /* prefix caching: the prompts sent to each rank (proxy/route.h) */
+    int64_t *pfx;                   /* [size][EP_PFX_N] each rank's prefix cache counts, as last reported */
 };
+enum { EP_PFX_QUERIES, EP_PFX_HITS, EP_PFX_EVICTIONS, EP_PFX_BLOCKS, EP_PFX_BYTES, EP_PFX_N };
 
 #define PD_KV_PEERS 64   /* consumer: (producer address, rank) pairs counted apart */
 
@@ -276,7 +284,7 @@ int pd_srv_ep_spec_take(struct pd_server *s, struct req **in_step, int m, const 
 
 /* ---- server_prefix.c ---- */
 #define PD_SRV_PREFIX_UNIT 256   /* default tokens between cached boundaries */
-/* The cache, unless turned off or with expert parallelism (refused there when asked for). */
+/* The cache, unless turned off or with --speculative-config (refused there when asked for). */
 int pd_srv_prefix_open(struct pd_server *s, pd_err *e);
 void pd_srv_prefix_close(struct pd_server *s);
 /* Starts r's sequence from the longest cached prefix of its prompt, with its whole future's
@@ -291,6 +299,13 @@ void pd_srv_prefix_make_room(struct pd_server *s, int64_t tokens);
 void pd_srv_prefix_plan(struct pd_server *s, struct req *r, struct pd_step_item *it);
 void pd_srv_prefix_commit(struct pd_server *s, struct req *r, int ok);
 void pd_srv_prefix_release(struct pd_server *s, struct req *r);
+/* The same for any sequence and its cursor (an EP rank's own): started from the longest cached
+ * prefix of prompt[0, n_prompt) with `total` tokens' blocks reserved; its prefill item (tokens
+ * from seq->pos) gets the snapshots to take. Commit and release: pd_prefix_commit/release. */
+int pd_srv_prefix_seq_start(struct pd_server *s, struct pd_seq *seq, struct pd_prefix_cursor *cur,
+                            const int32_t *prompt, int n_prompt, int64_t total, pd_err *e);
+void pd_srv_prefix_seq_plan(struct pd_server *s, struct pd_prefix_cursor *cur, const int32_t *prompt, int n_prompt,
+                            struct pd_step_item *it);
 
 /* ---- server_api.c ---- */
 /* Producer: the address decode instances pull this process's KV from: kv_host, else --host,

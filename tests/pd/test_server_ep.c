@@ -703,3 +703,73 @@ Test(server_ep, mtp_speculation_in_a_group_gives_the_tokens_of_one_plain_process
         cr_assert_lt(used, 0.2, "idle rank %d used %.2f s of CPU in 2 s", k, used);
     }
 }
+
+/* A prompt of several cache units (256 tokens): `words` numbered words after a salt. */
+static char *long_prompt(int words, int salt)
+{
+    char *p = malloc((size_t)words * 16 + 64), *w = p;
+    w += sprintf(w, "Story %d:", salt);
+    for (int i = 0; i < words; i++)
+        w += sprintf(w, " w%d", (i * 7 + salt) % 997);
+    return p;
+}
+
+/* A greedy completion of `prompt` on `port`: its token ids (JSON) in ids, its prompt length. */
+static int complete_on(int port, const char *prompt, int max_tokens, char *ids, size_t cap)
+{
+    char *body = malloc(strlen(prompt) + 256), *out = malloc(1 << 16);
+    sprintf(body, "{\"model\":\"tiny\",\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,"
+            "\"return_token_ids\":true}", prompt, max_tokens);
+    cr_assert_eq(curl_port(port, "/v1/completions", body, "--max-time 120", out, 1 << 16), 200, "%s", out);
+    json_t *j = parse(out);
+    char *a = json_dumps(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "token_ids"), JSON_COMPACT);
+    snprintf(ids, cap, "%s", a);
+    int np = (int)json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens"));
+    free(a);
+    json_decref(j);
+    free(body);
+    free(out);
+    return np;
+}
+
+/* Prefix caching in an EP group (on by default): each rank caches its own sequences' prefixes in
+ * its own pool, rank 0 sends a prompt to the rank holding its prefix, a cached prefix gives the
+ * completion of a server without the cache, and rank 0's /metrics counts the group's queries and
+ * hits in tokens; idle, every rank's blocks are free or held by its cache alone. */
+Test(server_ep, each_rank_caches_its_prefixes_and_completes_as_without_the_cache)
+{
+    int pg = base_port, ps = base_port + 1;
+    char sq[16];
+    snprintf(sq, sizeof sq, "%d", ps);
+    char *plain[] = {(char *)bin(), "serve", "--model", dir, "--port", sq, "--threads", "1", "--max-num-seqs", "8",
+                     "--max-model-len", "1024", "--served-model-name", "tiny", "--no-enable-prefix-caching", NULL};
+    single = launch(plain, ps);
+    group_max_len = "1024";
+    group = start_group(pg);
+    char *a = long_prompt(260, 1), *b = long_prompt(260, 2);
+    char want_a[4096], want_b[4096], got[4096];
+    int na = complete_on(ps, a, 8, want_a, sizeof want_a), nb = complete_on(ps, b, 8, want_b, sizeof want_b);
+    cr_assert(na > 2 * 256 && na < 1000 && nb > 2 * 256 && nb < 1000, "prompts of %d and %d tokens", na, nb);
+    cr_assert_eq(metric_port(ps, "pdmoe_prefix_cache_queries_total"), 0, "off means no lookups");
+    /* a, then b (the other rank: a's rank holds nothing of b), then each again, in the order that
+     * round-robin would send to the wrong rank: a hit each only if each goes to its prefix's rank */
+    const char *order[4] = {a, b, b, a};
+    const char *want[4] = {want_a, want_b, want_b, want_a};
+    for (int i = 0; i < 4; i++) {
+        complete_on(pg, order[i], 8, got, sizeof got);
+        cr_assert_str_eq(got, want[i], "request %d: %s with the group's cache, %s without", i, got, want[i]);
+    }
+    /* every unit boundary below each prompt's last token was reused the second time */
+    int hits = (na - 1) / 256 * 256 + (nb - 1) / 256 * 256;
+    cr_assert_eq(metric_port(pg, "pdmoe_prefix_cache_queries_total"), 2 * (na + nb));
+    cr_assert_eq(metric_port(pg, "pdmoe_prefix_cache_hits_total"), hits, "%d hits, want %d",
+                 metric_port(pg, "pdmoe_prefix_cache_hits_total"), hits);
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(labelled(pg, "pdmoe_rank_requests_total", k), 2, "rank %d: each prompt stays on its rank", k);
+    cr_assert_gt(metric_port(pg, "pdmoe_prefix_cache_blocks"), 0);
+    cr_assert_eq(metric_port(pg, "pdmoe_kv_blocks_free") + metric_port(pg, "pdmoe_prefix_cache_blocks"),
+                 metric_port(pg, "pdmoe_kv_blocks_total"));
+    cr_assert_gt(metric_port(pg, "pdmoe_prefix_cache_snapshot_bytes"), 0);
+    free(a);
+    free(b);
+}
