@@ -358,9 +358,13 @@ static int ep_affinity(struct pd_server *s, const struct req *r, unsigned room, 
     if (!s->prefix_on || r->remote_prefill || r->n_prompt < s->prefix.unit || g->size > PD_ROUTE_MAX)
         return best;
     if (!g->route) {
-        /* only the index is used (pd_route_match, pd_route_insert); the policy's fields as valid */
+        /* only the index is used (pd_route_match, pd_route_insert); the policy's fields as valid.
+         * Per rank it keeps twice the ids a rank's sequences can hold at once (4 bytes each):
+         * a rank's cache lives in that pool, so older prompts are gone from it anyway */
         struct pd_route_opts o = {.policy = PD_ROUTE_CACHE_AWARE, .cache_threshold = 0.3, .balance_abs = 64,
-                                  .balance_rel = 1.5};
+                                  .balance_rel = 1.5,
+                                  .max_bytes = 2 * sizeof *r->prompt * (size_t)s->o.max_num_seqs *
+                                               (size_t)s->o.max_model_len};
         pd_err e;
         if (pd_route_create(g->size, &o, &g->route, &e))
             return best;   /* out of memory for the index: least loaded, as without the cache */
