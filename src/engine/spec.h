@@ -70,6 +70,13 @@ int pd_spec_push(struct pd_spec_seq *ss, int32_t token, pd_err *e);
 int pd_spec_round(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int vocab, struct pd_spec_stats *st,
                   pd_err *e);
 
+/* pd_spec_round with exactly `draft_steps` MTP steps, at least every sequence's k (steps beyond
+ * them run with no item here). Expert parallelism: every rank of a group must take part in the
+ * same expert exchanges, so all run the group's largest k of drafting steps and one verify step,
+ * whatever sequences (none included) they hold. */
+int pd_spec_round_steps(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int vocab, int draft_steps,
+                        struct pd_spec_stats *st, pd_err *e);
+
 /* vLLM's --speculative-config JSON: {"method": "mtp", "num_speculative_tokens": k}, k in
  * 1 .. PD_SPEC_MAX_K; any other key or method is refused by name. */
 int pd_spec_config_parse(const char *json, int *k, pd_err *e);
