@@ -13,6 +13,7 @@
 #define PD_PLAN_VALIDATE_H
 
 #include "core/err.h"
+#include "plan/lockstep.h"
 #include "plan/perf.h"
 
 struct pd_valcase {
@@ -28,11 +29,15 @@ struct pd_valcase {
     double imbalance;         /* the case's busiest/mean expert load; 0: the hardware file's */
     double cached;            /* fraction of the prompt served from a prefix cache */
     struct pd_perf perf;
+    struct pd_lockstep lock;  /* an aggregated lockstep case: its busiest rank's run */
     char layout[128];         /* "P 1 x EP32, D 1 x EP144", or "aggregated 1 x DP16 TP16 (EP16)" */
 };
 
 /* Runs every case of a validation file's text; *out is malloc'ed ([*n]). */
 int pd_validate_run(const char *text, const char *label, struct pd_valcase **out, int *n, pd_err *e);
 char *pd_validate_markdown(const struct pd_valcase *c, int n);   /* malloc'ed */
+/* The cases as a JSON array (a json_t *): each case's figures, status (checked, known_miss or
+ * pending) and reason, its model terms (pd_perf_json) and, for a lockstep case, its run. */
+void *pd_validate_json(const struct pd_valcase *c, int n);
 
 #endif
