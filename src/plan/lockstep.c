@@ -68,15 +68,28 @@ static void finish(struct rank_run *r, struct client *x, double t, const struct 
     }
 }
 
+struct arrival {
+    double at;
+    int64_t client;
+};
+
+static int by_arrival(const void *a, const void *b)
+{
+    const struct arrival *x = a, *y = b;
+    return x->at < y->at ? -1 : x->at > y->at ? 1 : (x->client > y->client) - (x->client < y->client);
+}
+
 static void run_rank(const struct pd_plan *p, const struct pd_workload *w, int64_t n, int64_t reqs, int64_t skip,
                      int64_t slots, struct rank_run *r)
 {
     memset(r, 0, sizeof *r);
     struct client *c = calloc((size_t)n, sizeof *c);
     int64_t *q = malloc((size_t)n * sizeof *q);
-    if (!c || !q) {
+    struct arrival *arr = malloc((size_t)n * sizeof *arr);
+    if (!c || !q || !arr) {
         free(c);
         free(q);
+        free(arr);
         r->rate = NAN;
         return;
     }
@@ -92,16 +105,15 @@ static void run_rank(const struct pd_plan *p, const struct pd_workload *w, int64
     double t = 0;
     while (active > 0) {
         /* arrivals up to t join the queue, earliest first (ties by client) */
-        for (;;) {
-            int64_t pick = -1;
-            for (int64_t i = 0; i < n; i++)
-                if (c[i].state == C_WAIT && c[i].arrive <= t + 1e-12 && (pick < 0 || c[i].arrive < c[pick].arrive))
-                    pick = i;
-            if (pick < 0)
-                break;
-            c[pick].state = C_QUEUED;
-            c[pick].prefilled = 0;
-            q[qt++ % n] = pick;
+        int64_t na = 0;
+        for (int64_t i = 0; i < n; i++)
+            if (c[i].state == C_WAIT && c[i].arrive <= t + 1e-12)
+                arr[na++] = (struct arrival){c[i].arrive, i};
+        qsort(arr, (size_t)na, sizeof *arr, by_arrival);
+        for (int64_t j = 0; j < na; j++) {
+            c[arr[j].client].state = C_QUEUED;
+            c[arr[j].client].prefilled = 0;
+            q[qt++ % n] = arr[j].client;
         }
         int64_t b = 0, begun = 0;
         double ctx = 0;
@@ -188,6 +200,7 @@ static void run_rank(const struct pd_plan *p, const struct pd_workload *w, int64
     pd_perf_step_mixed(p, PD_ROLE_DECODE, &dec, &none, &r->d.decode_step);
     free(c);
     free(q);
+    free(arr);
 }
 
 /* Requests per client in the steady state: the first is the ramp, the other 15 are measured. */
@@ -234,4 +247,16 @@ void pd_perf_lockstep(const struct pd_plan *p, const struct pd_workload *w, int6
     out->tok_s = out->req_s * (double)w->osl;
     out->tok_s_card = D->cards > 0 ? out->tok_s / D->cards : 0;
     out->limit = PD_CLOSED_CLIENTS;
+}
+
+int pd_perf_lockstep_check(const struct pd_plan *p, const struct pd_workload *w, pd_err *e)
+{
+    const struct pd_role_plan *D = &p->role[PD_ROLE_DECODE];
+    const int64_t S = D->o.dp * D->o.instances > 0 ? D->o.dp * D->o.instances : 1;
+    const int64_t per_rank = (w->concurrency + S - 1) / S;
+    if (per_rank > PD_LOCKSTEP_MAX_CLIENTS)
+        return pd_err_set(e, PD_EINVAL, "--phase lockstep: %lld clients per DP rank (--concurrency %lld over %lld ranks); "
+                          "the loop is run step by step for at most %d per rank: use --phase random",
+                          (long long)per_rank, (long long)w->concurrency, (long long)S, PD_LOCKSTEP_MAX_CLIENTS);
+    return 0;
 }

@@ -34,4 +34,9 @@ struct pd_lockstep {
 void pd_perf_lockstep(const struct pd_plan *p, const struct pd_workload *w, int64_t slots, struct pd_closed *out,
                       struct pd_lockstep *detail);
 
+/* The run's cost grows with the clients of a rank (each step visits them): lockstep is refused
+ * past this many per DP rank, with a message naming the flag. */
+#define PD_LOCKSTEP_MAX_CLIENTS 4096
+int pd_perf_lockstep_check(const struct pd_plan *p, const struct pd_workload *w, pd_err *e);
+
 #endif

@@ -1,6 +1,7 @@
 /* The performance model (perf.h): a step's cost term by term, then TTFT, TPOT and
  * rate-matched throughput for a workload. docs/perf-model.md derives each formula. */
 #include "plan/perf.h"
+#include "plan/lockstep.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -536,6 +537,8 @@ int pd_perf_eval(const struct pd_plan *p, const struct pd_workload *w, struct pd
     if (rc)
         return rc;
     if (p->o.aggregated) {
+        if (w->lockstep && (rc = pd_perf_lockstep_check(p, w, e)))
+            return rc;
         pd_perf_agg(p, w, f);
         return 0;
     }

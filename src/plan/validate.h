@@ -19,9 +19,9 @@
 struct pd_valcase {
     char name[160];
     char source[768];
-    char assumed[768];
+    char assumed[1536];
     char known_miss[512];     /* why a case cannot be met, when the file says so */
-    char pending[768];        /* why the model cannot predict the case yet; "" when it can */
+    char pending[2048];       /* why the case does not meet the model yet, measured; "" when it does */
     char metric[64];          /* prefill_tokens_per_s_node, decode_tokens_per_s_node,
                                  output_tokens_per_s or user_tokens_per_s */
     double published, predicted, error;   /* error = predicted / published - 1 (NaN when pending) */

@@ -173,6 +173,10 @@ Test(lockstep, refused_by_name)
     w.prefill_max_requests = 2;
     cr_assert_neq(pd_perf_eval(&p, &w, &f, &e), 0);
     cr_assert(strstr(e.msg, "--prefill-max-requests"), "%s", e.msg);
+    lock_workload(&w, 100, 16, PD_LOCKSTEP_MAX_CLIENTS + 1);
+    cr_assert_neq(pd_perf_eval(&p, &w, &f, &e), 0);
+    cr_assert(strstr(e.msg, "--phase lockstep") && strstr(e.msg, "per DP rank") && strstr(e.msg, "--phase random"),
+              "%s", e.msg);
     pd_plan_free(&p);
     struct pd_plan q;
     struct pd_plan_opts o;

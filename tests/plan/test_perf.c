@@ -633,3 +633,60 @@ Test(perf, closed_loop_refuses_a_rate)
     cr_assert(strstr(e.msg, "--request-rate") && strstr(e.msg, "--concurrency"), "%s", e.msg);
     pd_plan_free(&p);
 }
+
+/* The DeepSeek-V4-Flash cases are what they were: aggregated closed loops in lockstep, each
+ * prediction the loop's at the case's inputs. The SGLang CI's one wave (160 clients, one request
+ * each, 10 per die, two prompts a step): output tokens/s = 160 x 1,000 / the wave's duration.
+ * Lambda's H100 run: the same figure as plan's lockstep loop built here from the case's fields. */
+Test(perf, published_v4_cases_are_lockstep_loops)
+{
+    struct pd_valcase *c;
+    int n;
+    pd_err e = {0};
+    cr_assert_eq(pd_validate_run(pd_embedded_find("validation/published.json"), "validation/published.json", &c, &n, &e),
+                 0, "%s", e.msg);
+    const struct pd_valcase *a3 = NULL, *h100 = NULL;
+    for (int i = 0; i < n; i++) {
+        if (strstr(c[i].name, "SGLang CI, DeepSeek-V4-Flash"))
+            a3 = &c[i];
+        if (strstr(c[i].name, "Lambda, DeepSeek-V4-Flash on HGX H100"))
+            h100 = &c[i];
+    }
+    cr_assert(a3 && h100);
+    cr_assert(a3->perf.aggregated && a3->perf.w.lockstep && a3->perf.w.num_prompts == 160);
+    cr_assert_eq(a3->perf.w.prefill_max_requests, 2);
+    cr_assert_eq(a3->lock.clients, 10);
+    cr_assert_eq(a3->lock.requests, 1);
+    cr_assert_float_eq(a3->predicted, 160.0 * 1000 / a3->lock.duration_s, 1e-9 * a3->predicted);
+    cr_assert(strstr(a3->layout, "aggregated 1 x DP16 TP1"), "%s", a3->layout);
+
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    o.model = "deepseek-v4-flash";
+    o.hardware = "h100";
+    o.quant = "fp8";
+    o.kv_dtype = PD_KV_FP8;
+    o.nodes = 1;
+    o.aggregated = 1;
+    o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 8, .tp = 1, .instances = 1};
+    o.max_num_seqs = 32;
+    o.max_num_batched_tokens = 8192;
+    o.max_model_len = 9216;
+    o.mtp = 1;
+    struct pd_plan p;
+    cr_assert_eq(pd_plan_build(&o, &p, &e), 0, "%s", e.msg);
+    struct pd_workload w;
+    pd_workload_default(&w);
+    w.isl = 8192;
+    w.osl = 1024;
+    w.concurrency = 32;
+    w.lockstep = 1;
+    w.num_prompts = 512;
+    struct pd_perf f;
+    cr_assert_eq(pd_perf_eval(&p, &w, &f, &e), 0, "%s", e.msg);
+    cr_assert_float_eq(h100->predicted, f.closed.tok_s, 1e-9 * f.closed.tok_s);
+    cr_assert_eq(h100->lock.clients, 4);
+    cr_assert_eq(h100->lock.requests, 16);
+    pd_plan_free(&p);
+    free(c);
+}
