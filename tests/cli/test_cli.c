@@ -307,6 +307,13 @@ Test(cli, perf_search_validate)
     json_decref(cases);
 
     expect_error("plan --isl 0", "--isl");
+    expect_error("plan --isl 100 --concurrency 4 --phase sync", "--phase sync: expected lockstep or random");
+    expect_error("plan --isl 100 --concurrency 4 --phase lockstep", "--phase lockstep: modelled for aggregated layouts only");
+    expect_error("plan --aggregated dp=8,tp=1,instances=1 --isl 100 --concurrency 4 --num-prompts 6 --phase lockstep",
+                 "--num-prompts 6: a multiple of --concurrency 4");
+    expect_error("plan --aggregated dp=8,tp=1,instances=1 --isl 100 --concurrency 4 --prefill-max-requests 2",
+                 "--prefill-max-requests: modelled in the lockstep closed loop only");
+    expect_error("search --cards 8 --concurrency 4 --phase lockstep", "--phase");
     expect_error("plan --prefix-cache-hit 1.5", "--prefix-cache-hit");
     expect_error("search --cards 1", "--cards");
     expect_error("search --tpot-ms -3", "--tpot-ms");
