@@ -291,7 +291,6 @@ int pd_cli_plan(int argc, char **argv)
             emit_only = emit_only ? emit_only : "--threads";
             threads = optarg;
             break;
-        case 'h':
         case O_PHASE:
             if (strcmp(optarg, "lockstep") != 0 && strcmp(optarg, "random") != 0) {
                 fprintf(stderr, "pdmoe plan: --phase %s: expected lockstep or random\n", optarg);
@@ -302,6 +301,7 @@ int pd_cli_plan(int argc, char **argv)
             break;
         case O_NPROMPTS: if (pd_cli_int("--num-prompts", optarg, 1, &w.num_prompts)) goto out; perf = 1; break;
         case O_PMR: if (pd_cli_int("--prefill-max-requests", optarg, 1, &w.prefill_max_requests)) goto out; perf = 1; break;
+        case 'h':
         case O_HELP: fputs(help, stdout); rc = 0; goto out;
         default: rc = pd_cli_bad_flag("plan", c, argc, argv); goto out;
         }
