@@ -237,7 +237,8 @@ char *pd_validate_markdown(const struct pd_valcase *c, int n)
         fprintf(o, "| %s%s | %s | %s | %.0f | %.0f | %+.1f%% | %s |\n", c[i].name,
                 c[i].pending[0] ? " (pending)" : c[i].known_miss[0] ? " (known miss)" : "", c[i].layout,
                 metric_title(c[i].metric), c[i].published, c[i].predicted, 100 * c[i].error,
-                pd_bound_name(pre ? c[i].perf.prefill_bound : c[i].perf.decode_bound));
+                pd_bound_name(c[i].lock.steps > 0 ? c[i].lock.decode_step.bound   /* the loop's decode step */
+                              : pre ? c[i].perf.prefill_bound : c[i].perf.decode_bound));
     }
     fprintf(o, "\nPer case: the publication, what pdmoe assumed where it is silent, and the model's terms.\n\n");
     for (int i = 0; i < n; i++) {
