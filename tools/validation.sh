@@ -155,7 +155,7 @@ fi
     echo "tokens/s for the B200 run, not 1,222). Component by component (each case's lines above): the model's"
     echo "decode steps are weight reads, dispatch/combine and the 2-3 ms per-step cost, 7.6-31 ms a step, where"
     echo "Lambda's runs spend about 60-66 ms a step; the B200 run is no faster than its H100 run, so"
-    echo "the missing time does not scale with the card. A fixed per-step cost fitted on the H100 run (30 ms)"
+    echo "the missing time does not scale with the card. A fixed per-step cost fitted on the H100 run (30 ms, \`tools/v4-step-cost.sh\`)"
     echo "predicts the B200 run at +31% and leaves both TTFTs 3-4x short (0.4-0.7 s against 1.7-2.5 s); the"
     echo "SGLang wave's prefill, bounded by its TPOT target, is at least 5.9x slower than modelled. These day-0"
     echo "V4 stacks run well below the factors fitted to DeepSeek's V3 stack, and no pair of cases on one stack"
