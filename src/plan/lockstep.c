@@ -5,9 +5,10 @@
  * and step, tps = tokens accepted per step (1 + mtp x acceptance), cap = prefill_max_requests.
  * A request reaches the scheduler `request` seconds after its client sends it. Each step, at
  * time t:
- *   decode    every decoding sequence: b sequences, k tokens each, at their mean context
+ *   decode    every decoding sequence: b sequences, k tokens each, at their mean context; with
+ *             prefill-first (SGLang's schedule) none while a prompt waits that can start
  *   chunks    the prompts that have arrived, first come first served (a prompt begun before
- *             the others), fill the budget M - b x k, at most cap of them, a prompt entering
+ *             the others), fill the budget M - (decoding in the step) x k, at most cap of them, a prompt entering
  *             only while the decoding and begun sequences are fewer than the slots
  *   T         = step(decode part + chunk part)     pd_perf_step_mixed, one pass for both
  *   t        += T; each decoding sequence gains tps tokens and finishes at osl, its client
@@ -124,11 +125,15 @@ static void run_rank(const struct pd_plan *p, const struct pd_workload *w, int64
             }
             begun += c[i].state == C_QUEUED && c[i].prefilled > 0;
         }
-        int64_t budget = M - b * k, np = 0, ptok = 0;
+        /* prefill-first: a step that can take a prompt carries prompts only, the decodes waiting */
+        int64_t bd = b;
+        if (w->prefill_first && qh < qt && (c[q[qh % n]].prefilled > 0 || b + begun < slots))
+            bd = 0;
+        int64_t budget = M - bd * k, np = 0, ptok = 0;
         double pctx = 0;
         for (int64_t j = qh; j < qt && budget > 0 && np < cap; j++) {
             struct client *x = &c[q[j % n]];
-            if (x->prefilled == 0 && b + begun >= slots)
+            if (x->prefilled == 0 && b + begun >= slots)   /* the decodes hold their slots, waiting or not */
                 break;
             begun += x->prefilled == 0;
             x->take = I - x->prefilled < budget ? I - x->prefilled : budget;
@@ -147,7 +152,7 @@ static void run_rank(const struct pd_plan *p, const struct pd_workload *w, int64
             t = next;
             continue;
         }
-        struct pd_step_part dec = {b, k, b > 0 ? (int64_t)(ctx / (double)b) : 0};
+        struct pd_step_part dec = {bd, k, b > 0 ? (int64_t)(ctx / (double)b) : 0};
         struct pd_step_part pre = {np, np > 0 ? (ptok + np - 1) / np : 0, np > 0 ? (int64_t)(pctx / (double)np) : 0};
         struct pd_step s;
         pd_perf_step_mixed(p, np > 0 ? PD_ROLE_PREFILL : PD_ROLE_DECODE, &dec, &pre, &s);
@@ -162,11 +167,11 @@ static void run_rank(const struct pd_plan *p, const struct pd_workload *w, int64
         } else {
             r->d.decode_s += s.total_s;
         }
-        if (b > 0) {
-            r->batch_time += (double)b * s.total_s;
+        if (bd > 0) {
+            r->batch_time += (double)bd * s.total_s;
             r->decode_time += s.total_s;
         }
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = 0; i < n && bd > 0; i++) {
             struct client *x = &c[i];
             if (x->state != C_DECODE)
                 continue;

@@ -287,9 +287,10 @@ static int check_workload(const struct pd_workload *w, pd_err *e)
                                         "closed loop (C clients), not both");
     if (w->lockstep && w->concurrency <= 0)
         return pd_err_set(e, PD_EINVAL, "--phase lockstep: a closed loop's phase assumption: needs --concurrency");
-    if (!w->lockstep && (w->num_prompts || w->prefill_max_requests))
+    if (!w->lockstep && (w->num_prompts || w->prefill_max_requests || w->prefill_first))
         return pd_err_set(e, PD_EINVAL, "%s: modelled in the lockstep closed loop only (--phase lockstep)",
-                          w->num_prompts ? "--num-prompts" : "--prefill-max-requests");
+                          w->num_prompts ? "--num-prompts" : w->prefill_max_requests ? "--prefill-max-requests"
+                                                                                    : "--schedule prefill-first");
     if (w->num_prompts < 0 || w->prefill_max_requests < 0)
         return pd_err_set(e, PD_EINVAL, "--num-prompts and --prefill-max-requests must not be negative");
     if (w->num_prompts > 0 && w->num_prompts % w->concurrency)

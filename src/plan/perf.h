@@ -57,6 +57,9 @@ struct pd_workload {
                                     (concurrency of them = one wave); 0: the steady state */
     int64_t prefill_max_requests;   /* lockstep: prompts one step may carry chunks of (SGLang's
                                        --prefill-max-requests); 0: as many as the step's budget holds */
+    int prefill_first;           /* lockstep: a step with prompts waiting carries only prompt tokens, the
+                                    decodes waiting for it (SGLang's default schedule); 0: decode tokens
+                                    first, prompts in the rest of the budget (vLLM's chunked prefill) */
 };
 
 /* A closed loop of C clients (pd_perf_closed): the steady state's figures. */

@@ -63,7 +63,7 @@ static int is_metric(const char *m)
 static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *e)
 {
     struct pd_jsrc s = {label, ""};
-    char model[64], hw[64], quant[16], qovr[128], kvdt[16], phase[16];
+    char model[64], hw[64], quant[16], qovr[128], kvdt[16], phase[16], sched[16];
     int rc, mtp;
     struct pd_plan_opts o;
     pd_plan_opts_default(&o);
@@ -98,8 +98,13 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
         (rc = pd_json_int(&s, c, "max_model_len", 0, 8192, 1, 1 << 30, &o.max_model_len, e)) ||
         (rc = pd_json_str(&s, c, "phase", 0, "random", phase, sizeof phase, e)) ||
         (rc = pd_json_int(&s, c, "num_prompts", 0, 0, 0, 1 << 30, &w.num_prompts, e)) ||
-        (rc = pd_json_int(&s, c, "prefill_max_requests", 0, 0, 0, 1 << 20, &w.prefill_max_requests, e)))
+        (rc = pd_json_int(&s, c, "prefill_max_requests", 0, 0, 0, 1 << 20, &w.prefill_max_requests, e)) ||
+        (rc = pd_json_str(&s, c, "schedule", 0, "decode-first", sched, sizeof sched, e)))
         return rc;
+    if (strcmp(sched, "decode-first") != 0 && strcmp(sched, "prefill-first") != 0)
+        return pd_err_set(e, PD_EINVAL, "%s: case \"%s\": field \"schedule\": expected decode-first or prefill-first, got "
+                          "\"%s\"", label, v->name, sched);
+    w.prefill_first = strcmp(sched, "prefill-first") == 0;
     if (strcmp(phase, "random") != 0 && strcmp(phase, "lockstep") != 0)
         return pd_err_set(e, PD_EINVAL, "%s: case \"%s\": field \"phase\": expected random or lockstep, got \"%s\"", label,
                           v->name, phase);

@@ -314,6 +314,7 @@ Test(cli, perf_search_validate)
     expect_error("plan --aggregated dp=8,tp=1,instances=1 --isl 100 --concurrency 4 --prefill-max-requests 2",
                  "--prefill-max-requests: modelled in the lockstep closed loop only");
     expect_error("search --cards 8 --concurrency 4 --phase lockstep", "--phase");
+    expect_error("plan --isl 100 --concurrency 4 --schedule fifo", "--schedule fifo: expected decode-first or prefill-first");
     expect_error("plan --prefix-cache-hit 1.5", "--prefix-cache-hit");
     expect_error("search --cards 1", "--cards");
     expect_error("search --tpot-ms -3", "--tpot-ms");

@@ -129,6 +129,36 @@ Test(lockstep, one_wave_with_a_prefill_cap)
     pd_plan_free(&p);
 }
 
+/* Prefill-first (SGLang's schedule): the wave's five rounds of two prompts run before any decode
+ * step, so pair j has its first token after j rounds (mean TTFT: request + 3 rounds) and then waits
+ * for the 5 - j rounds after it (a benchmark's TPOT counts them: mean (2 rounds + the decode steps
+ * of all ten) / 19). The decode-first run of the same wave carries the early pairs' decodes in the
+ * later rounds: a higher TTFT (dearer rounds) and a lower TPOT (no round stalls them). */
+Test(lockstep, prefill_first_runs_the_rounds_first)
+{
+    struct pd_plan p;
+    lock_plan(&p, 1, 2048, 0);
+    struct pd_workload w;
+    lock_workload(&w, 500, 20, 10);
+    w.num_prompts = 10;
+    w.prefill_max_requests = 2;
+    w.prefill_first = 1;
+    struct pd_closed c, d;
+    struct pd_lockstep l;
+    pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &c, &l);
+    const double round = step_s(&p, PD_ROLE_PREFILL, (struct pd_step_part){0, 0, 0}, (struct pd_step_part){2, 500, 0});
+    cr_assert_eq(l.mixed_steps, 5);
+    cr_assert_float_eq(l.mixed_s, 5 * round, 1e-12);
+    cr_assert_float_eq(c.ttft_s, p.hw.eff.request_s + 3 * round, 1e-12);
+    cr_assert_float_eq(c.tpot_s, (2 * round + decode_steps(&p, 10, 500, 20)) / 19, 1e-12);
+    cr_assert_float_eq(c.batch, 10, 1e-12);
+    w.prefill_first = 0;
+    pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &d, NULL);
+    cr_assert_gt(d.ttft_s, c.ttft_s);
+    cr_assert_lt(d.tpot_s, c.tpot_s);
+    pd_plan_free(&p);
+}
+
 /* With MTP each step accepts 1 + acceptance tokens: a sequence needs ceil((osl - 1) / tps)
  * decode steps, and C clients over DP ranks load the busiest with ceil(C / ranks). */
 Test(lockstep, mtp_and_ranks)
@@ -173,6 +203,10 @@ Test(lockstep, refused_by_name)
     w.prefill_max_requests = 2;
     cr_assert_neq(pd_perf_eval(&p, &w, &f, &e), 0);
     cr_assert(strstr(e.msg, "--prefill-max-requests"), "%s", e.msg);
+    w.prefill_max_requests = 0;
+    w.prefill_first = 1;
+    cr_assert_neq(pd_perf_eval(&p, &w, &f, &e), 0);
+    cr_assert(strstr(e.msg, "--schedule prefill-first") && strstr(e.msg, "lockstep"), "%s", e.msg);
     lock_workload(&w, 100, 16, PD_LOCKSTEP_MAX_CLIENTS + 1);
     cr_assert_neq(pd_perf_eval(&p, &w, &f, &e), 0);
     cr_assert(strstr(e.msg, "--phase lockstep") && strstr(e.msg, "per DP rank") && strstr(e.msg, "--phase random"),

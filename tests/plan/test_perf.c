@@ -636,7 +636,8 @@ Test(perf, closed_loop_refuses_a_rate)
 
 /* The DeepSeek-V4-Flash cases are what they were: aggregated closed loops in lockstep, each
  * prediction the loop's at the case's inputs. The SGLang CI's one wave (160 clients, one request
- * each, 10 per die, two prompts a step): output tokens/s = 160 x 1,000 / the wave's duration.
+ * each, 10 per die, two prompts a round, SGLang's prefill-first schedule): output tokens/s =
+ * 160 x 1,000 / the wave's duration.
  * Lambda's H100 run: the same figure as plan's lockstep loop built here from the case's fields. */
 Test(perf, published_v4_cases_are_lockstep_loops)
 {
@@ -655,6 +656,8 @@ Test(perf, published_v4_cases_are_lockstep_loops)
     cr_assert(a3 && h100);
     cr_assert(a3->perf.aggregated && a3->perf.w.lockstep && a3->perf.w.num_prompts == 160);
     cr_assert_eq(a3->perf.w.prefill_max_requests, 2);
+    cr_assert(a3->perf.w.prefill_first, "SGLang's schedule: the prompts' rounds before decode");
+    cr_assert_eq(a3->lock.mixed_steps, 5, "ten prompts a die, two a round");
     cr_assert_eq(a3->lock.clients, 10);
     cr_assert_eq(a3->lock.requests, 1);
     cr_assert_float_eq(a3->predicted, 160.0 * 1000 / a3->lock.duration_s, 1e-9 * a3->predicted);
