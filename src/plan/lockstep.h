@@ -29,8 +29,8 @@ struct pd_lockstep {
  * they go, each rank run on its own (their steps are costed alike). w->num_prompts > 0 (a
  * multiple of the clients): each client sends num_prompts / C requests, and out holds the run's
  * means, its requests/s being all requests over the run's duration (a benchmark's
- * output_throughput); 0: the steady state, each client's 2nd to 16th request (the phases repeat
- * after the first cycle). `detail` may be NULL. */
+ * output_throughput); 0: the steady state, each client's 2nd to 16th request (its first is the
+ * ramp: all prompts arriving at once). `detail` may be NULL. */
 void pd_perf_lockstep(const struct pd_plan *p, const struct pd_workload *w, int64_t slots, struct pd_closed *out,
                       struct pd_lockstep *detail);
 
