@@ -56,6 +56,16 @@ static const char *help =
     "  --concurrency C              ... and a closed loop of C clients, each sending its next request when its\n"
     "                               last one finishes (vLLM's --max-concurrency at an infinite rate): TTFT, TPOT\n"
     "                               at the batch C implies, requests and output tokens/s; not with --request-rate\n"
+    "  --phase random|lockstep      the closed loop's clients: at random phases (default; mean value analysis,\n"
+    "                               for requests of varied lengths) or in lockstep (equal requests started\n"
+    "                               together, as a benchmark's fixed --input-len/--output-len sends them: the\n"
+    "                               loop run step by step); lockstep with --aggregated only\n"
+    "  --num-prompts N              lockstep: N requests in all (N / C per client; N = C is one wave), the\n"
+    "                               run's means and throughput over its duration; default the steady state\n"
+    "  --prefill-max-requests N     lockstep: at most N prompts in a step (SGLang's flag); default no cap\n"
+    "  --schedule decode-first|prefill-first   lockstep: decode tokens first and prompts in the rest of the\n"
+    "                               step (default; vLLM's chunked prefill), or steps of prompts only while one\n"
+    "                               waits, the decodes paused (SGLang's default)\n"
     "  --prefix-cache-hit F         ... with a share F of prompt tokens served from a prefix cache\n"
     "  --html FILE                  also write a self-contained HTML report (memory bars, expert map)\n"
     "  --emit vllm-ascend|sglang|pdmoe   instead of the plan, the shell script that launches its layout on a\n"
@@ -114,7 +124,7 @@ static int parse_bytes(const char *flag, const char *s, int64_t *out)
 
 enum {
     O_SHARED = 256, O_CKPT, O_PREFILL, O_DECODE, O_AGG, O_NODES, O_RTP, O_RTD, O_HAND, O_SWEEP, O_INV, O_JSON, O_HTML,
-    O_EMIT, O_HOSTS, O_MPATH, O_BPORT, O_PPORT, O_THREADS, O_HELP
+    O_EMIT, O_HOSTS, O_MPATH, O_BPORT, O_PPORT, O_THREADS, O_PHASE, O_NPROMPTS, O_PMR, O_SCHED, O_HELP
 };
 
 /* --hosts a,b,c: a malloc'ed array of pointers into one malloc'ed copy of the list. */
@@ -169,7 +179,8 @@ int pd_cli_plan(int argc, char **argv)
         {"handoff-tokens", 1, 0, O_HAND}, {"sweep", 0, 0, O_SWEEP}, {"inventory", 0, 0, O_INV},
         {"json", 0, 0, O_JSON}, {"units", 1, 0, O_SHARED}, {"emit", 1, 0, O_EMIT}, {"hosts", 1, 0, O_HOSTS},
         {"served-model-path", 1, 0, O_MPATH}, {"base-port", 1, 0, O_BPORT}, {"proxy-port", 1, 0, O_PPORT},
-        {"threads", 1, 0, O_THREADS}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
+        {"threads", 1, 0, O_THREADS}, {"phase", 1, 0, O_PHASE}, {"num-prompts", 1, 0, O_NPROMPTS},
+        {"prefill-max-requests", 1, 0, O_PMR}, {"schedule", 1, 0, O_SCHED}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
     };
     struct pd_plan_opts o;
     pd_plan_opts_default(&o);
@@ -282,6 +293,24 @@ int pd_cli_plan(int argc, char **argv)
             eo.threads = (int)v;
             emit_only = emit_only ? emit_only : "--threads";
             threads = optarg;
+            break;
+        case O_PHASE:
+            if (strcmp(optarg, "lockstep") != 0 && strcmp(optarg, "random") != 0) {
+                fprintf(stderr, "pdmoe plan: --phase %s: expected lockstep or random\n", optarg);
+                goto out;
+            }
+            w.lockstep = strcmp(optarg, "lockstep") == 0;
+            perf = 1;
+            break;
+        case O_NPROMPTS: if (pd_cli_int("--num-prompts", optarg, 1, &w.num_prompts)) goto out; perf = 1; break;
+        case O_PMR: if (pd_cli_int("--prefill-max-requests", optarg, 1, &w.prefill_max_requests)) goto out; perf = 1; break;
+        case O_SCHED:
+            if (strcmp(optarg, "decode-first") != 0 && strcmp(optarg, "prefill-first") != 0) {
+                fprintf(stderr, "pdmoe plan: --schedule %s: expected decode-first or prefill-first\n", optarg);
+                goto out;
+            }
+            w.prefill_first = strcmp(optarg, "prefill-first") == 0;
+            perf = 1;
             break;
         case 'h':
         case O_HELP: fputs(help, stdout); rc = 0; goto out;

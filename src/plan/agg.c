@@ -1,6 +1,7 @@
 /* The performance model of aggregated instances (perf.h): each instance prefills and decodes on
  * the same cards, vLLM's and SGLang's chunked prefill putting a prompt's tokens into the steps
  * that decode, up to max-num-batched-tokens per step. docs/perf-model.md, "Aggregated". */
+#include "plan/lockstep.h"
 #include "plan/perf.h"
 
 #include <jansson.h>
@@ -139,7 +140,9 @@ void pd_perf_agg(const struct pd_plan *p, const struct pd_workload *w, struct pd
     f->decode_bound = a->batch == a->batch_cap && !w->decode_batch && a->batch < p->o.max_num_seqs
                           ? PD_BOUND_CAPACITY : a->decode_step.bound;
     f->fits = D->b.fits_weights && a->batch >= 1 && slots <= a->batch_cap && a->chunk >= 1;
-    if (w->concurrency > 0) {
+    if (w->concurrency > 0 && w->lockstep) {
+        pd_perf_lockstep(p, w, slots, &f->closed, NULL);
+    } else if (w->concurrency > 0) {
         struct pd_agg_curve c;
         int64_t n = w->concurrency < slots ? w->concurrency : slots;
         if (pd_perf_agg_curve(p, w, n, &c) == 0) {

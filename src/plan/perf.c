@@ -1,6 +1,7 @@
 /* The performance model (perf.h): a step's cost term by term, then TTFT, TPOT and
  * rate-matched throughput for a workload. docs/perf-model.md derives each formula. */
 #include "plan/perf.h"
+#include "plan/lockstep.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -284,6 +285,18 @@ static int check_workload(const struct pd_workload *w, pd_err *e)
     if (w->rate > 0 && w->concurrency > 0)
         return pd_err_set(e, PD_EINVAL, "--request-rate and --concurrency: an open loop (requests arrive at a rate) or a "
                                         "closed loop (C clients), not both");
+    if (w->lockstep && w->concurrency <= 0)
+        return pd_err_set(e, PD_EINVAL, "--phase lockstep: a closed loop's phase assumption: needs --concurrency");
+    if (!w->lockstep && (w->num_prompts || w->prefill_max_requests || w->prefill_first))
+        return pd_err_set(e, PD_EINVAL, "%s: modelled in the lockstep closed loop only (--phase lockstep)",
+                          w->num_prompts ? "--num-prompts" : w->prefill_max_requests ? "--prefill-max-requests"
+                                                                                    : "--schedule prefill-first");
+    if (w->num_prompts < 0 || w->prefill_max_requests < 0)
+        return pd_err_set(e, PD_EINVAL, "--num-prompts and --prefill-max-requests must not be negative");
+    if (w->num_prompts > 0 && w->num_prompts % w->concurrency)
+        return pd_err_set(e, PD_EINVAL, "--num-prompts %lld: a multiple of --concurrency %lld (each client of the lockstep "
+                          "sends num-prompts / concurrency requests)", (long long)w->num_prompts,
+                          (long long)w->concurrency);
     return 0;
 }
 
@@ -525,9 +538,14 @@ int pd_perf_eval(const struct pd_plan *p, const struct pd_workload *w, struct pd
     if (rc)
         return rc;
     if (p->o.aggregated) {
+        if (w->lockstep && (rc = pd_perf_lockstep_check(p, w, e)))
+            return rc;
         pd_perf_agg(p, w, f);
         return 0;
     }
+    if (w->lockstep)
+        return pd_err_set(e, PD_EINVAL, "--phase lockstep: modelled for aggregated layouts only (--aggregated); a "
+                          "disaggregated closed loop is the random-phase one");
     pd_perf_prefill(p, w, f);
     pd_perf_decode(p, w, f);
     pd_perf_combine(p, w, f);
@@ -608,8 +626,13 @@ static void closed_text(FILE *o, const struct pd_perf *f)
 {
     if (f->w.concurrency > 0) {
         const struct pd_closed *c = &f->closed;
-        fprintf(o, "  closed loop, %lld client%s (each sends its next request when its last one finishes; %s limits):\n",
-                (long long)f->w.concurrency, f->w.concurrency == 1 ? "" : "s", pd_closed_limit_name(c->limit));
+        if (f->w.lockstep)
+            fprintf(o, "  closed loop, %lld client%s in lockstep (equal requests, started together; %s):\n",
+                    (long long)f->w.concurrency, f->w.concurrency == 1 ? "" : "s",
+                    f->w.num_prompts ? "the run's means, throughput over its duration" : "the steady state");
+        else
+            fprintf(o, "  closed loop, %lld client%s (each sends its next request when its last one finishes; %s limits):\n",
+                    (long long)f->w.concurrency, f->w.concurrency == 1 ? "" : "s", pd_closed_limit_name(c->limit));
         fprintf(o, "    TTFT          %10.1f ms  (%.1f ms of it waiting for %s)\n", c->ttft_s * 1e3, c->wait_s * 1e3,
                 c->limit == PD_CLOSED_DECODE_SLOTS ? "a decode slot" : "prefill");
         fprintf(o, "    TPOT          %10.2f ms  (batch %.2f per decode DP rank of %lld slots)\n", c->tpot_s * 1e3,
@@ -635,7 +658,8 @@ static json_t *closed_json(const struct pd_perf *f)
         return json_null();
     if (!isfinite(c->cycle_s))
         return json_pack("{s:I,s:n}", "concurrency", (json_int_t)f->w.concurrency, "cycle_s");
-    return json_pack("{s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:s}", "concurrency", (json_int_t)f->w.concurrency,
+    return json_pack("{s:I,s:s,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:s}", "concurrency", (json_int_t)f->w.concurrency,
+                     "phase", f->w.lockstep ? "lockstep" : "random",
                      "batch", c->batch, "wait_s", c->wait_s, "ttft_s", c->ttft_s, "tpot_s", c->tpot_s, "cycle_s",
                      c->cycle_s, "requests_per_s", c->req_s, "output_tokens_per_s", c->tok_s,
                      "output_tokens_per_s_card", c->tok_s_card, "limit", pd_closed_limit_name(c->limit));

@@ -51,6 +51,15 @@ struct pd_workload {
     double rate;                 /* requests/s arriving at the whole deployment; 0: none (queue-free) */
     int64_t concurrency;         /* closed loop: clients, each sending its next request when its last one
                                     finishes; 0: open loop (exclusive with rate) */
+    int lockstep;                /* closed loop, aggregated: the clients send equal requests and start
+                                    together (lockstep.h); 0: at random phases (mean value analysis) */
+    int64_t num_prompts;         /* lockstep: requests in all, as a benchmark's --num-prompts counts them
+                                    (concurrency of them = one wave); 0: the steady state */
+    int64_t prefill_max_requests;   /* lockstep: prompts one step may carry chunks of (SGLang's
+                                       --prefill-max-requests); 0: as many as the step's budget holds */
+    int prefill_first;           /* lockstep: a step with prompts waiting carries only prompt tokens, the
+                                    decodes waiting for it (SGLang's default schedule); 0: decode tokens
+                                    first, prompts in the rest of the budget (vLLM's chunked prefill) */
 };
 
 /* A closed loop of C clients (pd_perf_closed): the steady state's figures. */
