@@ -194,3 +194,54 @@ Test(precision, convert_quantises_exactly_the_w8a8_groups)
     rm_model(def);
     rm_model(out);
 }
+
+Test(precision, convert_keeps_a_dspark_drafts_wo_a)
+{
+    /* A DSpark checkpoint (it has mtp.0.main_proj): the draft stages' wo_a stays FP8 with its scale,
+     * as vLLM-Ascend's W8A8 conversion keeps it; the main layers' wo_a becomes bf16, main_proj int8. */
+    enum { N = 128 };
+    static uint8_t fp8[3][N * N];
+    const uint8_t one = 127;   /* ue8m0 2^0 */
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < N * N; i++)
+            fp8[k][i] = (uint8_t)((i * 7 + k * 13) % 0x7E);
+    const struct pd_st_out t[6] = {
+        {"layers.0.attn.wo_a.weight", PD_ST_F8_E4M3, 2, {N, N}, fp8[0]},
+        {"layers.0.attn.wo_a.scale", PD_ST_F8_E8M0, 2, {1, 1}, &one},
+        {"mtp.0.attn.wo_a.weight", PD_ST_F8_E4M3, 2, {N, N}, fp8[1]},
+        {"mtp.0.attn.wo_a.scale", PD_ST_F8_E8M0, 2, {1, 1}, &one},
+        {"mtp.0.main_proj.weight", PD_ST_F8_E4M3, 2, {N, N}, fp8[2]},
+        {"mtp.0.main_proj.scale", PD_ST_F8_E8M0, 2, {1, 1}, &one},
+    };
+    char in[64], out[64], path[128];
+    snprintf(in, sizeof in, "/tmp/pdmoe-dspark-XXXXXX");
+    snprintf(out, sizeof out, "/tmp/pdmoe-dspark-w8a8-XXXXXX");
+    cr_assert(mkdtemp(in) && mkdtemp(out));
+    pd_err e = {0};
+    snprintf(path, sizeof path, "%s/model.safetensors", in);
+    cr_assert_eq(pd_st_write(path, t, 6, &e), 0, "%s", e.msg);
+    snprintf(path, sizeof path, "%s/config.json", in);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs("{\"quantization_config\": {\"quant_method\": \"fp8\"}}\n", f);
+    cr_assert_eq(fclose(f), 0);
+    struct pd_convert_opts o = {.in_dir = in, .out_dir = out};
+    struct pd_convert_stats st;
+    cr_assert_eq(pd_convert(&o, &st, &e), 0, "%s", e.msg);
+    struct pd_st_set c;
+    cr_assert_eq(pd_st_open_dir(out, 0, &c, &e), 0, "%s", e.msg);
+    const struct pd_st_tensor *w = pd_st_set_find(&c, "mtp.0.attn.wo_a.weight");
+    const struct pd_st_tensor *s = pd_st_set_find(&c, "mtp.0.attn.wo_a.scale");
+    cr_assert(w && s && w->dtype == PD_ST_F8_E4M3 && s->dtype == PD_ST_F8_E8M0, "the draft's wo_a is kept");
+    cr_assert_eq(memcmp(w->data, fp8[1], N * N), 0);
+    w = pd_st_set_find(&c, "layers.0.attn.wo_a.weight");
+    cr_assert(w && w->dtype == PD_ST_BF16, "the main layer's wo_a is bf16");
+    cr_assert_null(pd_st_set_find(&c, "layers.0.attn.wo_a.scale"));
+    w = pd_st_set_find(&c, "mtp.0.main_proj.weight");
+    cr_assert(w && w->dtype == PD_ST_I8 && pd_st_set_find(&c, "mtp.0.main_proj.weight_scale"), "main_proj is int8");
+    cr_assert_eq(st.matrices, 1);
+    cr_assert_eq(st.bf16, 1);
+    pd_st_close_dir(&c);
+    rm_model(in);
+    rm_model(out);
+}
