@@ -104,7 +104,7 @@ static int too_large(struct builder *b, const struct pd_tensor *t)
 /* Adds one tensor (or one per expert when count > 1). `linear`: 1 for a matrix the release
  * stores in FP8/FP4 (the scheme applies to it: under w8a8/w4a8 only where a W8A8 deployment
  * quantises it, choose_fmt), 0 for a matrix the release keeps in bf16 (embedding, head, router,
- * compressor projections, the indexer's weights_proj, wo_a: only a preset's quantize_groups or an
+ * compressor projections, the indexer's weights_proj: only a preset's quantize_groups or an
  * override quantises it), -1 for a parameter that keeps its dtype whatever the scheme (mHC mixing
  * matrices, position biases, the hash-routing table). */
 static int add(struct builder *b, enum pd_group g, enum pd_class cls, int count, int linear,
