@@ -151,13 +151,36 @@ int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct p
     return 0;
 }
 
+/* An fp32 matrix (the head, wq_a, wkv, wo_a, the compressor's) times T tokens,
+ * y[t][o] = pd_dot(w[o], x[t]) (pd_dot_rows, bit for bit): tasks of F32_ROWS output rows over the
+ * pool, each block of rows (F32_ROWS x in floats, 128 KiB for in = 512) applied to every token
+ * while it is in cache (a token-outer loop read the whole matrix T times on one thread). Each value
+ * is the same dot product whatever the thread count. */
+enum { F32_ROWS = 64 };
+
+struct f32_job {
+    const struct pd_linear *l;
+    const float *x;
+    int T;
+    float *y;
+};
+
+static void f32_rows(void *arg, int task)
+{
+    const struct f32_job *j = arg;
+    const int in = j->l->in, out = j->l->out, o0 = task * F32_ROWS;
+    const int o1 = o0 + F32_ROWS < out ? o0 + F32_ROWS : out;
+    for (int t = 0; t < j->T; t++)
+        pd_dot_rows(j->l->f + (size_t)o0 * in, (size_t)in, j->x + (size_t)t * in, in, o1 - o0,
+                    j->y + (size_t)t * out + o0);
+}
+
 int pd_linear_fwd(const struct pd_linear *l, pd_pool *pool, int ref, const float *x, int T, float *y,
                   int8_t *qbuf, float *sbuf, pd_err *e)
 {
     if (l->f && !ref) {
-        for (int t = 0; t < T; t++)
-            for (int o = 0; o < l->out; o++)
-                y[(size_t)t * l->out + o] = pd_dot(l->f + (size_t)o * l->in, x + (size_t)t * l->in, l->in);
+        struct f32_job j = {.l = l, .x = x, .T = T, .y = y};
+        pd_pool_run(pool, (l->out + F32_ROWS - 1) / F32_ROWS, f32_rows, &j);
         return 0;
     }
     if (ref) {

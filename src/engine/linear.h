@@ -1,6 +1,8 @@
 /* A linear layer as the engine runs it: W8A8 (int8 weights [out, in] with an fp32 scale per
  * output row, activations quantised per token) when the checkpoint stores int8, or fp32 when it
- * stores bf16/fp32 (converted once at load: the router, and any matrix a preset keeps in bf16).
+ * stores bf16/fp32 (converted once at load: the matrices DeepSeek's official code runs in bf16 or
+ * fp32, the head, the router, the compressor, the indexer's weights_proj and wo_a, and wq_a and
+ * wkv, which a W8A8 deployment runs in bf16).
  * In reference mode (tests) int8 weights are dequantised and multiplied with unquantised float
  * activations: the float reference of the same weights. */
 #ifndef PD_ENGINE_LINEAR_H
