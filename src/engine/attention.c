@@ -358,6 +358,8 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
             part.q.q += (size_t)g * ol * gin;
             part.q.scale += (size_t)g * ol;
             part.q.rows = ol;
+        } else if (part.h) {
+            part.h += (size_t)g * ol * gin;
         } else {
             part.f += (size_t)g * ol * gin;
         }

@@ -13,9 +13,15 @@
 #include "kernels/gemm.h"
 #include "model/safetensors.h"
 
+/* Rows of at most this many values can stay bf16 (struct pd_linear's h); longer ones load as fp32. */
+#define PD_LINEAR_WIDE_FLOATS 8192
+
 struct pd_linear {
-    pd_qmat q;        /* int8 weights (q.q != NULL) ... */
-    float *f;         /* ... or fp32 [out, in] */
+    pd_qmat q;           /* int8 weights (q.q != NULL) ... */
+    float *f;            /* ... or fp32 [out, in] ... */
+    const uint16_t *h;   /* ... or bf16 [out, in], read in place from the checkpoint and computed exactly
+                          * as f would be with the same values (each block of rows widened to fp32 in
+                          * cache, then pd_dot_rows): half the bytes of f, the same bits */
     int out, in;
 };
 

@@ -25,12 +25,12 @@ static void open_dir(struct pd_engine *en, const char *d)
 
 static void is_f32(const struct pd_linear *l, const char *what, int layer)
 {
-    cr_assert(l->f && !l->q.q, "layer %d: %s is not fp32", layer, what);
+    cr_assert((l->f || l->h) && !l->q.q, "layer %d: %s is not fp32 or bf16", layer, what);
 }
 
 static void is_int8(const struct pd_linear *l, const char *what, int layer)
 {
-    cr_assert(l->q.q && !l->f, "layer %d: %s is not int8", layer, what);
+    cr_assert(l->q.q && !l->f && !l->h, "layer %d: %s is not int8", layer, what);
 }
 
 static void compressor_f32(const struct pd_compressor_w *c, const char *who, int layer)
