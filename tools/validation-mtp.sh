@@ -38,32 +38,36 @@ P2="In the spring the farmers planted wheat and barley in the fields along the r
 P3="She opened the letter slowly, afraid of what the news from the city might tell her today"
 P4="Scientists measured the temperature of the ocean at many depths during the long voyage"
 
-# generate ARGS...: the fastest of REPEAT runs. Sets g_step (plain: ms per decode step) or, with
-# --spec-stats, keeps the fastest run's counters in $T/best.json and sets g_tpot (ms per token).
+# min A B: the smaller number (A when B is empty)
+min() { awk -v a="$1" -v b="${2:-}" 'BEGIN { print (b == "" || a + 0 < b + 0) ? a : b }'; }
+# generate ARGS... REPEAT times, the fastest kept: plain_run sets g_wall and g_cpu (ms per decode step,
+# wall and the process's CPU time); spec_run (with --spec-stats) the same per output token of a
+# sequence, and keeps the counters of the run with the least CPU time in $T/best.json.
 plain_run() {
-    g_step=
+    g_wall= g_cpu=
     i=0
     while [ $i -lt "$REPEAT" ]; do
         "$B" generate "$@" --max-tokens $OSL --threads 1 --print-ids > /dev/null 2> "$T/gen.err" ||
             { cat "$T/gen.err" >&2; exit 1; }
-        s=$(sed -n 's/^decode: .* steps of the batch, \([0-9.]*\) ms per step$/\1/p' "$T/gen.err")
-        [ -n "$s" ] || { echo "validation-mtp: no decode timing from generate" >&2; cat "$T/gen.err" >&2; exit 1; }
-        g_step=$(awk -v a="$s" -v b="${g_step:-}" 'BEGIN { print (b == "" || a < b) ? a : b }')
+        l=$(sed -n 's/^decode: .* steps of the batch, \([0-9.]*\) ms per step (\([0-9.]*\) ms of CPU time)$/\1 \2/p' "$T/gen.err")
+        [ -n "$l" ] || { echo "validation-mtp: no decode timing from generate" >&2; cat "$T/gen.err" >&2; exit 1; }
+        g_wall=$(min "${l% *}" "$g_wall")
+        g_cpu=$(min "${l#* }" "$g_cpu")
         i=$((i + 1))
     done
 }
 spec_run() {
-    g_tpot=
+    g_wall= g_cpu=
     i=0
     while [ $i -lt "$REPEAT" ]; do
         "$B" generate "$@" --max-tokens $OSL --threads 1 --print-ids --spec-stats "$T/run.json" > /dev/null \
             2> "$T/gen.err" || { cat "$T/gen.err" >&2; exit 1; }
-        t=$(awk -v s="$(num decode_s "$T/run.json")" -v n="$(num decode_tokens "$T/run.json")" \
-            -v q="$(num sequences "$T/run.json")" 'BEGIN { printf "%.3f", s * 1000 / (n / q) }')
-        if [ -z "$g_tpot" ] || [ "$(awk -v a="$t" -v b="$g_tpot" 'BEGIN { print a < b }')" = 1 ]; then
-            g_tpot=$t
-            cp "$T/run.json" "$T/best.json"
-        fi
+        per=$(awk -v n="$(num decode_tokens "$T/run.json")" -v q="$(num sequences "$T/run.json")" 'BEGIN { print n / q }')
+        w=$(awk -v s="$(num decode_s "$T/run.json")" -v n="$per" 'BEGIN { printf "%.3f", s * 1000 / n }')
+        c=$(awk -v s="$(num decode_cpu_s "$T/run.json")" -v n="$per" 'BEGIN { printf "%.3f", s * 1000 / n }')
+        g_wall=$(min "$w" "$g_wall")
+        [ "$(min "$c" "$g_cpu")" != "$c" ] || cp "$T/run.json" "$T/best.json"
+        g_cpu=$(min "$c" "$g_cpu")
         i=$((i + 1))
     done
 }
@@ -92,18 +96,18 @@ for R in 0.9 0.6; do
         [ "$BATCH" = 1 ] || set -- --prompt "$P1" --prompt "$P2" --prompt "$P3" --prompt "$P4"
         isl=$(( $("$B" tokenize --tokenizer "$M/tokenizer.json" --text "$P1" | wc -w) + 1 ))
         plain_run --model "$M" "$@"
-        mp=$g_step
+        mw=$g_wall mc=$g_cpu
         plan_tpot "$M" "$BATCH" "$isl" --mtp off
         pp=$p_tpot
-        ROWS="$ROWS| $R | $BATCH | 0 | | 1 | $pp | $mp | $(err "$pp" "$mp") | | | |
+        ROWS="$ROWS| $R | $BATCH | 0 | | 1 | $pp | $mw | $(err "$pp" "$mw") | $mc | $(err "$pp" "$mc") | | | |
 "
         for K in 1 3; do
             spec_run --model "$M" "$@" --speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":$K}"
             cp "$T/best.json" "$T/spec-$R-$BATCH-$K.json"
             plan_tpot "$M" "$BATCH" "$isl" --spec-stats "$T/best.json"
-            ms=$(awk -v a="$mp" -v b="$g_tpot" 'BEGIN { printf "%.2f", a / b }')
+            ms=$(awk -v a="$mc" -v b="$g_cpu" 'BEGIN { printf "%.2f", a / b }')
             ps=$(awk -v a="$pp" -v b="$p_tpot" 'BEGIN { printf "%.2f", a / b }')
-            ROWS="$ROWS| | | $K | $(acceptance) | $p_tps | $p_tpot | $g_tpot | $(err "$p_tpot" "$g_tpot") | $ps | $ms | $(err "$ps" "$ms") |
+            ROWS="$ROWS| | | $K | $(acceptance) | $p_tps | $p_tpot | $g_wall | $(err "$p_tpot" "$g_wall") | $g_cpu | $(err "$p_tpot" "$g_cpu") | $ps | $ms | $(err "$ps" "$ms") |
 "
         done
     done
@@ -133,15 +137,16 @@ LOAD_AFTER=$(cut -d' ' -f1 /proc/loadavg)
     echo "(\`gen-model --mtp-agreement R\`); \`pdmoe generate --threads 1 --max-tokens $OSL --print-ids\` with one prompt"
     echo "(batch 1) or four (batch 4) of English text, without MTP (k = 0: the decode step's time, printed by generate)"
     echo "and with \`--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":k}' --spec-stats FILE\` (decode"
-    echo "time over the tokens each sequence produced after its first); the fastest of $REPEAT runs each. The"
+    echo "time over the tokens each sequence produced after its first); the fastest of $REPEAT runs each, by the wall"
+    echo "clock and by the process's CPU time (one thread: on an idle machine the two agree; on a busy one the CPU"
+    echo "time leaves out the waits for a core, not the memory bandwidth the other processes take). The"
     echo "prediction: \`pdmoe plan --model DIR --hardware FILE --nodes 1 --prefill dp=1,tp=1,instances=1 --decode"
     echo "dp=1,tp=1,instances=1 --kv-cache-dtype bf16 --max-num-seqs BATCH --isl N --osl $OSL\` with \`--mtp off\`, or"
     echo "with \`--spec-stats FILE\` (the same run's measured acceptance: k and each position's rate). Speed-up = plain"
-    echo "TPOT / MTP TPOT, both predicted or both measured in this run (a ratio that a uniformly busy machine"
-    echo "leaves as it is). Acceptance per position is vLLM's (accepted / drafted rounds: drafts 1 .. j all accepted)."
+    echo "TPOT / MTP TPOT, both predicted or both measured (CPU time) in this run. Acceptance per position is vLLM's (accepted / drafted rounds: drafts 1 .. j all accepted)."
     echo
-    echo "| R | batch | k | acceptance per position (measured) | tokens per step | TPOT predicted ms | TPOT measured ms | error | speed-up predicted | speed-up measured | error |"
-    echo "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| R | batch | k | acceptance per position (measured) | tokens per step | TPOT predicted ms | measured ms (wall) | error | measured ms (CPU time) | error | speed-up predicted | measured (CPU time) | error |"
+    echo "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     printf "%s" "$ROWS"
     echo
     echo "Reading: a CPU decode step is bound by reading the experts its tokens reach; verifying k + 1 tokens"

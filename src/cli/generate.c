@@ -188,7 +188,7 @@ static int run_batch(struct batch *b, pd_err *e)
     pd_sampler_init(&smp, (float)b->o->temperature, (float)b->o->top_p, (uint64_t)b->o->seed + (uint64_t)b->rank);
     float *scratch = malloc((size_t)b->V * 2 * sizeof(float));
     int rc = step_all(b, 1, e), k = 0;
-    double t1 = pd_now_s();      /* the prompts done: decode steps from here */
+    double t1 = pd_now_s(), c1 = pd_cpu_s();      /* the prompts done: decode steps from here */
     for (; !rc; k++) {
         int active = 0;
         for (int i = 0; i < b->n; i++) {
@@ -214,7 +214,8 @@ static int run_batch(struct batch *b, pd_err *e)
         rc = step_all(b, 0, e);
     }
     if (!rc && b->rank == 0 && k > 0)   /* what tools/validation-mtp.sh reads as plain decoding's TPOT */
-        fprintf(stderr, "decode: %d steps of the batch, %.3f ms per step\n", k, (pd_now_s() - t1) * 1e3 / k);
+        fprintf(stderr, "decode: %d steps of the batch, %.3f ms per step (%.3f ms of CPU time)\n", k,
+                (pd_now_s() - t1) * 1e3 / k, (pd_cpu_s() - c1) * 1e3 / k);
     free(scratch);
     return rc;
 }
@@ -239,8 +240,10 @@ static void take(struct batch *b, struct gen_seq *g, const int32_t *t, const flo
 
 /* --spec-stats FILE: the counters as vLLM's spec_decode metrics name them (num_drafts,
  * num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos) with the drafts made at
- * each position (the per-position denominators), and the decode phase's time and tokens. */
-static int write_spec_stats(const struct batch *b, const struct pd_spec_stats *st, double decode_s, pd_err *e)
+ * each position (the per-position denominators), and the decode phase's time (wall and the
+ * process's CPU time) and tokens. */
+static int write_spec_stats(const struct batch *b, const struct pd_spec_stats *st, double decode_s, double cpu_s,
+                            pd_err *e)
 {
     json_t *drafted = json_array(), *accepted = json_array();
     int64_t tokens = 0;
@@ -250,12 +253,12 @@ static int write_spec_stats(const struct batch *b, const struct pd_spec_stats *s
     }
     for (int i = 0; i < b->n; i++)
         tokens += b->s[i].n_out > 1 ? b->s[i].n_out - 1 : 0;
-    json_t *j = json_pack("{s:s,s:i,s:I,s:I,s:I,s:o,s:o,s:I,s:I,s:i,s:f,s:I}", "method", "mtp",
+    json_t *j = json_pack("{s:s,s:i,s:I,s:I,s:I,s:o,s:o,s:I,s:I,s:i,s:f,s:f,s:I}", "method", "mtp",
                           "num_speculative_tokens", b->o->spec_k, "num_drafts", (json_int_t)st->drafts,
                           "num_draft_tokens", (json_int_t)st->draft_tokens, "num_accepted_tokens",
                           (json_int_t)st->accepted, "num_drafted_tokens_per_pos", drafted,
                           "num_accepted_tokens_per_pos", accepted, "steps", (json_int_t)st->steps,
-                          "emitted_tokens", (json_int_t)st->emitted, "sequences", b->n, "decode_s", decode_s,
+                          "emitted_tokens", (json_int_t)st->emitted, "sequences", b->n, "decode_s", decode_s, "decode_cpu_s", cpu_s,
                           "decode_tokens", (json_int_t)tokens);
     int rc = !j || json_dump_file(j, b->o->spec_stats, JSON_INDENT(2)) ? PD_EIO : 0;
     json_decref(j);
@@ -299,7 +302,7 @@ static int run_spec(struct batch *b, int stream, pd_err *e)
         if ((rc = pd_spec_push(&g->spec, t, e)))
             goto out;
     }
-    double t1 = pd_now_s();
+    double t1 = pd_now_s(), c1 = pd_cpu_s();
     for (;;) {
         int m = 0;
         for (int i = 0; i < b->n; i++) {
@@ -321,7 +324,7 @@ static int run_spec(struct batch *b, int stream, pd_err *e)
                 take(b, g, g->spec.out, g->spec.out_logits, g->spec.n_out, stream);
         }
     }
-    double t2 = pd_now_s();
+    double t2 = pd_now_s(), c2 = pd_cpu_s();
     if (stream) {
         printf("\n");
         const struct gen_seq *g = &b->s[0];
@@ -336,7 +339,7 @@ static int run_spec(struct batch *b, int stream, pd_err *e)
             st.drafts ? (double)st.accepted / st.drafts : 0.0, st.steps ? (double)st.emitted / st.steps : 0.0,
             (long long)st.steps);
     if (b->o->spec_stats)
-        rc = write_spec_stats(b, &st, t2 - t1, e);
+        rc = write_spec_stats(b, &st, t2 - t1, c2 - c1, e);
 out:
     for (int i = 0; i < b->n; i++)
         pd_spec_free(&b->s[i].spec);
