@@ -124,7 +124,7 @@ LOAD_AFTER=$(cut -d' ' -f1 /proc/loadavg)
     fi
     echo
     if [ -n "${PDMOE_VALIDATION_HW:-}" ]; then
-        echo "Hardware file: \`$PDMOE_VALIDATION_HW\` (given, not calibrated in this run)."
+        echo "Hardware file: \`$PDMOE_VALIDATION_HW\` (given, not calibrated in this run: $(sed -n 's/^ *"description": "\(.*\)",*$/\1/p' "$PDMOE_VALIDATION_HW" | head -1))."
     else
         echo "\`pdmoe calibrate --model models/mini --threads 1 --quick\`:"
         echo
