@@ -124,7 +124,13 @@ LOAD_AFTER=$(cut -d' ' -f1 /proc/loadavg)
     fi
     echo
     if [ -n "${PDMOE_VALIDATION_HW:-}" ]; then
-        echo "Hardware file: \`$PDMOE_VALIDATION_HW\` (given, not calibrated in this run: $(sed -n 's/^ *"description": "\(.*\)",*$/\1/p' "$PDMOE_VALIDATION_HW" | head -1))."
+        echo "Hardware file given, not calibrated in this run ($(sed -n 's/^ *"description": "\(.*\)",*$/\1/p' "$PDMOE_VALIDATION_HW" | head -1)); its figures:"
+        echo
+        echo '```'
+        grep -oE '"(memory_bandwidth_Bps|int8_ops|gemm|memory|attention|step_decode_s|token_layer_decode_s|step_prefill_s|token_layer_prefill_s)": *[-0-9.e+]+' \
+            "$PDMOE_VALIDATION_HW" | tr '\n' ' ' | sed 's/ $//; s/"//g'
+        echo
+        echo '```'
     else
         echo "\`pdmoe calibrate --model models/mini --threads 1 --quick\`:"
         echo
