@@ -182,9 +182,10 @@ static double a2a(const struct pd_plan *p, enum pd_role r, const struct pd_role_
     const struct pd_efficiency *x = &p->hw.eff;
     const int ep = rp->ep, tp = rp->o.tp, cpn = p->hw.cards_per_node;
     double t = 0, H = (double)m->hidden_size, k = m->n_experts_per_tok;
-    /* ring all-reduce of the attention and FFN outputs, bf16, every layer (the main model's
-     * count for the whole model, as before the MTP layer was costed on its own) */
-    int ar_layers = sp->l1 > m->n_layers ? (sp->l0 < m->n_layers ? m->n_layers : sp->l1 - sp->l0) : sp->l1 - sp->l0;
+    /* ring all-reduce of the attention and FFN outputs, bf16, every layer: the main model's
+     * layers of a pass that runs them (a prompt's pass counts no more for the MTP layer, as
+     * before it was costed on its own), else the MTP layers of a draft pass */
+    const int L = m->n_layers, ar_layers = sp->l0 >= L ? sp->l1 - sp->l0 : (sp->l1 < L ? sp->l1 : L) - sp->l0;
     if (tp > 1)
         t += 2.0 * ar_layers * (2.0 * (tp - 1) / tp * tokens * H * 2) / (p->hw.intra.bandwidth_Bps * x->a2a_intra);
     if (ep <= 1 || sp->moe == 0)
