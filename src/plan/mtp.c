@@ -56,8 +56,8 @@ static int from_counts(const char *label, int k, const double *den, const double
     double prev = 1;
     for (int j = 0; j < k; j++) {
         if (!(den[j] > 0))
-            return pd_err_set(e, PD_EINVAL, "%s: no drafted rounds at position %d (num_drafts is 0): nothing was "
-                              "measured", label, j);
+            return pd_err_set(e, PD_EINVAL, "%s: no round drafted position %d (num_drafts, or its "
+                              "num_drafted_tokens_per_pos, is 0): nothing was measured", label, j);
         if (!(acc[j] >= 0) || acc[j] > den[j])
             return pd_err_set(e, PD_EINVAL, "%s: num_accepted_tokens_per_pos[%d] = %g is not within [0, %g] drafted "
                               "rounds", label, j, acc[j], den[j]);

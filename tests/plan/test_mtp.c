@@ -105,7 +105,7 @@ Test(mtp, bad_stats_are_refused_naming_the_field)
             "num_accepted_tokens_per_pos[0]");
     refused("{\"num_speculative_tokens\":2,\"num_drafts\":5,\"num_accepted_tokens_per_pos\":[2,3]}",
             "num_accepted_tokens_per_pos[1]");
-    refused("{\"num_speculative_tokens\":1,\"num_drafts\":0,\"num_accepted_tokens_per_pos\":[0]}", "num_drafts is 0");
+    refused("{\"num_speculative_tokens\":1,\"num_drafts\":0,\"num_accepted_tokens_per_pos\":[0]}", "no round drafted position 0");
     refused("{\"num_speculative_tokens\":1,\"num_drafts\":5,\"num_drafted_tokens_per_pos\":[\"x\"],"
             "\"num_accepted_tokens_per_pos\":[1]}", "num_drafted_tokens_per_pos[0]");
     refused("{\"num_speculative_tokens\":", "not valid JSON");
