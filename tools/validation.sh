@@ -20,11 +20,12 @@ PORT=${PDMOE_VALIDATION_PORT:-8300}
 [ -f models/mini/model.safetensors ] || "$B" gen-model --preset v4-flash-mini --out models/mini >/dev/null
 T=$(mktemp -d)
 UP=
-# The shaped-link section (tests/cluster/shaped_link.sh) needs root and network namespaces, and
-# the oracle's (tests/oracle/run.sh, precision.py) is not the performance model's: both are kept
+# The shaped-link section (tests/cluster/shaped_link.sh) needs root and network namespaces, the
+# oracle's (tests/oracle/run.sh, precision.py) is not the performance model's, and the MTP section
+# has its own script (tools/validation-mtp.sh): all three are kept
 # from the current file as they are, each to the end or the next section
 KEEP=$T/shaped-link.md
-[ -f "$OUT" ] && awk '/^## / { k = /^## The KV hand-off across a shaped link/ || /^## The engine against DeepSeek.s official forward/ } k' "$OUT" > "$KEEP" || : > "$KEEP"
+[ -f "$OUT" ] && awk '/^## / { k = /^## Speculative decoding \(MTP\) on this machine/ || /^## The KV hand-off across a shaped link/ || /^## The engine against DeepSeek.s official forward/ } k' "$OUT" > "$KEEP" || : > "$KEEP"
 cleanup() {
     [ -n "$UP" ] && kill -INT "$UP" 2>/dev/null && wait "$UP" 2>/dev/null
     rm -rf "$T"

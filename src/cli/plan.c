@@ -39,6 +39,12 @@ static const char *help =
     "  --kv-cache-dtype fp8|bf16    default fp8 (as vLLM stores V4's cache)\n"
     "  --kv-bytes-per-token N       a flat KV size instead of the architecture's (the seed uses 44000)\n"
     "  --mtp on|off                 load the MTP layer (default: on when the model has one)\n"
+    "  --speculative-config JSON    vLLM's '{\"method\":\"mtp\",\"num_speculative_tokens\":K}': K draft tokens per\n"
+    "                               decode step (default 1 with the MTP layer, or as many as the acceptance below)\n"
+    "  --mtp-acceptance A1[,A2,...] acceptance of each draft position given the ones before it (one value: every\n"
+    "                               position's), instead of the hardware file's mtp_acceptance\n"
+    "  --spec-stats FILE            the acceptance measured by the engine: pdmoe generate --spec-stats FILE, or a\n"
+    "                               scrape of pdmoe serve's (or vLLM's) /metrics with its spec_decode counters\n"
     "  --expert-stats FILE          tokens routed per layer and expert (pdmoe generate --expert-stats): the\n"
     "                               prediction's MoE imbalance measured on each placement, not the hardware file's\n"
     "  --expert-stats-prefill FILE, --expert-stats-decode FILE   the same for one role (e.g. the proxy's\n"
@@ -172,7 +178,8 @@ int pd_cli_plan(int argc, char **argv)
         {"gpu-memory-utilization", 1, 0, O_SHARED}, {"max-num-seqs", 1, 0, O_SHARED}, {"max-model-len", 1, 0, O_SHARED},
         {"max-num-batched-tokens", 1, 0, O_SHARED}, {"quant", 1, 0, O_SHARED}, {"quantization", 1, 0, O_SHARED},
         {"quant-override", 1, 0, O_SHARED},
-        {"kv-cache-dtype", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED}, {"mtp", 1, 0, O_SHARED},
+        {"kv-cache-dtype", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED}, {"mtp", 1, 0, O_SHARED}, {"speculative-config", 1, 0, O_SHARED},
+        {"spec-stats", 1, 0, O_SHARED}, {"mtp-acceptance", 1, 0, O_SHARED},
         {"expert-stats", 1, 0, O_SHARED}, {"expert-stats-prefill", 1, 0, O_SHARED},
         {"expert-stats-decode", 1, 0, O_SHARED}, {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED}, {"request-rate", 1, 0, O_SHARED},
         {"concurrency", 1, 0, O_SHARED}, {"prefix-cache-hit", 1, 0, O_SHARED}, {"html", 1, 0, O_HTML}, {"runtime-overhead-prefill", 1, 0, O_RTP}, {"runtime-overhead-decode", 1, 0, O_RTD},
