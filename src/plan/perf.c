@@ -588,7 +588,8 @@ void pd_perf_closed(int64_t clients, int64_t osl, double pre_s, double prefill_s
      * analysis only approaches X_p), else the clients themselves */
     out->limit = xd < prefill_req_s && x >= xd * (1 - 1e-12) ? PD_CLOSED_DECODE_SLOTS
                  : x >= 0.99 * prefill_req_s ? PD_CLOSED_PREFILL : PD_CLOSED_CLIENTS;
-    out->wait_s = fmax(0, out->cycle_s - pre_s - rd);
+    /* (a difference of sums: a residue of rounding, below 1e-12 of the cycle, is no wait) */
+    out->wait_s = out->cycle_s - pre_s - rd > 1e-12 * out->cycle_s ? out->cycle_s - pre_s - rd : 0;
     out->ttft_s = pre_s + out->wait_s + st;
     out->req_s = x;
     out->tok_s = x * (double)osl;

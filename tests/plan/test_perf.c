@@ -552,7 +552,7 @@ Test(perf, closed_loop_one_client_is_batch1)
     eval_closed(&p, 512, 128, 1, 0, &closed);
     const struct pd_closed *c = &closed.closed;
     cr_assert_eq(c->batch, 1);
-    cr_assert_eq(c->wait_s, 0);
+    cr_assert_eq(c->wait_s, 0, "wait %.17g cycle %.17g", c->wait_s, c->cycle_s);
     cr_assert_float_eq(c->ttft_s, open.ttft_s, 1e-12 * open.ttft_s, "%g vs %g", c->ttft_s, open.ttft_s);
     cr_assert_float_eq(c->tpot_s, open.tpot_s, 1e-12 * open.tpot_s, "%g vs %g", c->tpot_s, open.tpot_s);
     cr_assert_float_eq(c->cycle_s, open.ttft_s + 127 * open.tpot_s, 1e-12 * c->cycle_s);
