@@ -94,8 +94,8 @@ static void run_rank(const struct pd_plan *p, const struct pd_workload *w, int64
         r->rate = NAN;
         return;
     }
-    const int64_t M = p->o.max_num_batched_tokens, k = 1 + (p->include_mtp ? 1 : 0);
-    const double tps = 1 + (p->include_mtp ? 1 : 0) * p->hw.eff.mtp_acceptance, req = p->hw.eff.request_s;
+    const int64_t M = p->o.max_num_batched_tokens, k = pd_perf_decode_tokens(p);
+    const double tps = pd_perf_tokens_per_step(p), req = p->hw.eff.request_s;
     const int64_t cached = (int64_t)floor((double)w->isl * w->cached), I = w->isl - cached;
     const int64_t cap = w->prefill_max_requests > 0 ? w->prefill_max_requests : n;
     int64_t qh = 0, qt = 0, active = n;  /* the queue of arrived prompts, in arrival order: q[qh..qt) */

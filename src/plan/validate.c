@@ -99,8 +99,12 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
         (rc = pd_json_str(&s, c, "phase", 0, "random", phase, sizeof phase, e)) ||
         (rc = pd_json_int(&s, c, "num_prompts", 0, 0, 0, 1 << 30, &w.num_prompts, e)) ||
         (rc = pd_json_int(&s, c, "prefill_max_requests", 0, 0, 0, 1 << 20, &w.prefill_max_requests, e)) ||
-        (rc = pd_json_str(&s, c, "schedule", 0, "decode-first", sched, sizeof sched, e)))
+        (rc = pd_json_str(&s, c, "schedule", 0, "decode-first", sched, sizeof sched, e)) ||
+        (rc = pd_json_i32(&s, c, "num_speculative_tokens", 0, 0, 0, 16, &o.spec_k, e)))
         return rc;
+    if (o.spec_k && !mtp)
+        return pd_err_set(e, PD_EINVAL, "%s: case \"%s\": field \"num_speculative_tokens\" needs \"mtp\": true", label,
+                          v->name);
     if (strcmp(sched, "decode-first") != 0 && strcmp(sched, "prefill-first") != 0)
         return pd_err_set(e, PD_EINVAL, "%s: case \"%s\": field \"schedule\": expected decode-first or prefill-first, got "
                           "\"%s\"", label, v->name, sched);
