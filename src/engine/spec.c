@@ -82,6 +82,57 @@ int pd_spec_push(struct pd_spec_seq *ss, int32_t token, pd_err *e)
     return 0;
 }
 
+size_t pd_spec_row_bytes(const struct pd_engine *en)
+{
+    return hrow(en) * sizeof(float);
+}
+
+int pd_spec_handoff_send(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, pd_err *e)
+{
+    const size_t row = hrow(en);
+    struct pd_step_item *items = calloc((size_t)n_seqs + 1, sizeof *items);
+    if (!items)
+        return pd_err_set(e, PD_ENOMEM, "speculative decoding: out of memory for the hand-off's MTP step");
+    int rc = 0, m = 0;
+    for (int i = 0; i < n_seqs && !rc; i++) {
+        struct pd_spec_seq *s = ss[i];
+        if (s->n < 1 || s->n_tok != s->n - 1 || s->seq->mtp_pos + s->n != s->seq->pos)
+            rc = pd_err_set(e, PD_EINVAL, "speculative hand-off: sequence %d is not just prefilled", i);
+        else if (s->n > 1)
+            items[m++] = (struct pd_step_item){.seq = s->seq, .tokens = s->tok, .n = s->n - 1, .hidden_in = s->hid};
+    }
+    if (!rc && m)
+        rc = pd_engine_mtp_step(en, items, m, e);
+    for (int i = 0; i < n_seqs && !rc; i++) {
+        struct pd_spec_seq *s = ss[i];
+        /* the positions run leave the pending inputs: h_{n-1} stays, awaiting the first token */
+        memmove(s->hid, s->hid + (size_t)(s->n - 1) * row, row * sizeof(float));
+        s->n = 1;
+        s->n_tok = 0;
+    }
+    free(items);
+    return rc;
+}
+
+int pd_spec_handoff_receive(struct pd_spec_seq *ss, struct pd_seq *seq, struct pd_sampler *smp, const float *row,
+                            int32_t first, size_t row_bytes, pd_err *e)
+{
+    if (seq->pos < 1)
+        return pd_err_set(e, PD_EINVAL, "speculative hand-off: the received sequence holds no token");
+    pd_spec_init(ss, seq, smp);
+    ss->hid = malloc(row_bytes);
+    ss->tok = malloc(sizeof *ss->tok);
+    if (!ss->hid || !ss->tok) {
+        pd_spec_free(ss);
+        return pd_err_set(e, PD_ENOMEM, "speculative decoding: out of memory for a received sequence");
+    }
+    memcpy(ss->hid, row, row_bytes);
+    ss->tok[0] = first;
+    ss->n = ss->n_tok = ss->cap = 1;
+    seq->mtp_pos = seq->pos - 1;
+    return 0;
+}
+
 double pd_spec_accept_prob(const float *p, const float *q, int32_t d)
 {
     double qd = q ? q[d] : 1.0;
@@ -238,8 +289,11 @@ int pd_spec_round(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int
         if ((rc = pd_engine_mtp_step(en, items, m, e)))
             goto out;
         for (int i = 0; i < n_seqs; i++)
-            if (ss[i]->k >= j)
-                b[i].draft[j - 1] = argmax(b[i].dlog, vocab);
+            if (ss[i]->k >= j) {
+                ss[i]->draft[j - 1] = b[i].draft[j - 1] = argmax(b[i].dlog, vocab);
+                if (ss[i]->draft_logits)
+                    memcpy(ss[i]->draft_logits + (size_t)(j - 1) * V, b[i].dlog, (size_t)V * sizeof(float));
+            }
     }
     /* verify: [t_p, d_1 .. d_k] through the main model, recorded for undo */
     for (int i = 0; i < n_seqs; i++) {

@@ -48,8 +48,12 @@ struct pd_spec_seq {
     float *hid;                    /* [cap, hc, hidden] */
     int32_t *tok;                  /* [cap] */
     int n, n_tok, cap;
+    int32_t draft[PD_SPEC_MAX_K];  /* the drafts of the last round (k of them) */
     int32_t out[PD_SPEC_MAX_K + 1];   /* the tokens the last round produced */
     int n_out;
+    float *draft_logits;           /* [PD_SPEC_MAX_K, vocab] or NULL: the MTP layer's logits each draft
+                                      of the last round was chosen from (tests: a handed-off draft state
+                                      drafts exactly as the colocated one) */
     float *out_logits;             /* [PD_SPEC_MAX_K + 1, vocab] or NULL: the main model's logits each
                                       out token was chosen from (what plain decoding samples from) */
     float *buf;                    /* a round's logits and hidden states, kept between rounds */
@@ -69,6 +73,22 @@ int pd_spec_push(struct pd_spec_seq *ss, int32_t token, pd_err *e);
  * Sampling is over the first `vocab` logits (the tokenizer's ids). */
 int pd_spec_round(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int vocab, struct pd_spec_stats *st,
                   pd_err *e);
+
+/* A sequence's KV handed from one pool to another (PD): what the draft needs besides the pool's
+ * bytes. The draft's first round on the receiving side runs the MTP layer at the prompt's last
+ * position n-1, which reads the MTP layer's KV of positions 0 .. n-2 (one more layer of the pool,
+ * moved with the others) and the main model's hidden state at n-1 (every stream: the row,
+ * [hc, hidden] fp32, pd_spec_row_bytes).
+ * Sender, after pd_spec_prefill and before pd_spec_push: the MTP layer runs the prompt's positions
+ * but the last (each needs only the prompt), for n_seqs sequences in one step; then the last
+ * hidden state, the row to send, is ss[i]->hid and the only input pending. */
+int pd_spec_handoff_send(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, pd_err *e);
+/* Receiver: seq holds the sender's KV of n tokens (pos and kv.len n): it becomes a speculating
+ * sequence in the sender's state, the MTP layer at n-1 with input `row` and the sender's first
+ * token `first` pending (the next round verifies it). */
+int pd_spec_handoff_receive(struct pd_spec_seq *ss, struct pd_seq *seq, struct pd_sampler *smp, const float *row,
+                            int32_t first, size_t row_bytes, pd_err *e);
+size_t pd_spec_row_bytes(const struct pd_engine *en);
 
 /* vLLM's --speculative-config JSON: {"method": "mtp", "num_speculative_tokens": k}, k in
  * 1 .. PD_SPEC_MAX_K; any other key or method is refused by name. */

@@ -100,7 +100,7 @@ int pd_srv_seq_offer(struct pd_server *s, struct pd_seq *q, const struct pd_kvx_
                      pd_kvx_release_fn release)
 {
     int n;
-    struct pd_kv_run *runs = pd_kvseq_runs_alloc(&s->en.kv, &q->kv, len, &n, NULL);
+    struct pd_kv_run *runs = pd_srv_kv_runs(s, q, len, &n, NULL);
     pd_err e;
     /* struct pd_kv_run and struct pd_kvx_run are the same (offset, length) pairs */
     int rc = !s->kvx || !runs || pd_kvx_offer(s->kvx, key, id, (const struct pd_kvx_run *)runs, n, release, s, &e);
@@ -120,7 +120,7 @@ int64_t pd_srv_seq_pull(struct pd_server *s, struct pd_seq *q, const char *host,
     double t0 = pd_now_s();
     int n;
     uint64_t bytes;
-    struct pd_kv_run *dst = pd_kvseq_runs_alloc(&s->en.kv, &q->kv, len, &n, &bytes);
+    struct pd_kv_run *dst = pd_srv_kv_runs(s, q, len, &n, &bytes);
     struct pd_kvx_xfer *t = NULL;
     pd_err e = {0};
     int rc = !s->kvx || !dst || pd_kvx_pull(s->kvx, host, port, key, (const struct pd_kvx_run *)dst, n, &t, &e);
@@ -179,6 +179,15 @@ static int pull(struct pd_server *s, struct req *r)
     }
     s->kv_bytes += (uint64_t)bytes;
     s->kv_seconds += seconds;
+    pd_err e2 = {0};
+    if (pd_srv_spec_pulled(s, r, &e2)) {
+        /* the draft has no input: the prompt is recomputed, as after a pull that failed midway */
+        if (s->o.http.log)
+            s->o.http.log(s->o.http.log_arg, e2.msg);
+        r->seq.pos = r->seq.kv.len = r->seq.mtp_pos = 0;
+        s->kv_failures++;
+        return PULL_FAILED;
+    }
     return 0;
 }
 
@@ -262,13 +271,17 @@ static int spec_step(struct pd_server *s, struct req **in, int m, int32_t *next,
     }
     if (np && (rc = pd_spec_prefill(&s->en, pre, pr, pn, lg, np, e)))
         goto out;
+    /* a prefill instance: the MTP layer's KV of the prompts and the draft's input, for the hand-off */
+    if (np && s->o.role == PD_ROLE_PRODUCER && (rc = pd_srv_spec_handoff(s, in, m, e)))
+        goto out;
     if (nd && (rc = pd_spec_round(&s->en, dec, nd, s->Vs, st, e)))
         goto out;
     for (int i = 0; i < m; i++) {
         struct req *r = in[i];
         if (r->spec.n_tok < r->spec.n) {
-            /* just prefilled: its first token, which the next round verifies first */
-            next[i] = pd_sample(&r->smp, r->logits, s->Vs, scratch);
+            /* just prefilled: its first token (the producer's, when a failed pull recomputed the
+             * prompt), which the next round verifies first */
+            next[i] = r->forced_first >= 0 ? r->forced_first : pd_sample(&r->smp, r->logits, s->Vs, scratch);
             if ((rc = pd_spec_push(&r->spec, next[i], e)))
                 goto out;
             tp[i] = &next[i];
@@ -583,11 +596,10 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
         goto fail;
     if ((rc = pd_chat_format_of(o->model_dir, &s->chat, e)))
         goto fail;
-    if (o->spec_k && (o->expert_parallel || o->role != PD_ROLE_BOTH)) {
-        /* EP: the MTP layer's experts are not placed across the group; PD: the decode side needs
-         * the MTP layer's KV of the prompt, which the hand-off does not carry */
+    if (o->spec_k && o->expert_parallel) {
+        /* EP: the MTP layer's experts are not placed across the group */
         rc = pd_err_set(e, PD_EINVAL, "--speculative-config with %s is not supported yet",
-                        o->expert_parallel ? "--enable-expert-parallel" : "a prefill or decode role (PD)");
+                        "--enable-expert-parallel");
         goto fail;
     }
     if (o->spec_k < 0 || o->spec_k > PD_SPEC_MAX_K) {
@@ -618,7 +630,7 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
          * directly (kvxfer.h); the pool is still empty. It binds, and keeps UCX, to the
          * configured address: nothing listens elsewhere */
         struct pd_kvx_opts ko = {.listen_host = s->o.kv_host ? s->o.kv_host : s->o.host, .listen_port = listen,
-                                 .region_len = s->en.kv.region_bytes,
+                                 .region_len = s->en.kv.region_bytes + pd_srv_spec_area_bytes(s),
                                  .lease_ms = s->o.kv_lease_ms, .timeout_ms = s->o.kv_timeout_ms,
                                  .kv_dtype = (int)s->o.kv_dtype};
         if ((rc = pd_kvx_create(&ko, &s->kvx, e)))

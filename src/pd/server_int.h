@@ -4,7 +4,8 @@
  *   server.c      the request lifetime, KV leases and pulls, the scheduler thread, create/run/destroy
  *   server_ep.c   the EP group: the round message, what every rank does with it, rank 0's accounts
  *   server_api.c  the HTTP side: requests in (validation, tokenisation), answers out (JSON, SSE)
- *   server_prefix.c  the prefix cache: admission from a cached prefix, snapshots, release */
+ *   server_prefix.c  the prefix cache: admission from a cached prefix, snapshots, release
+ *   server_spec.c    speculative decoding across a PD hand-off: the MTP state the decode side needs */
 #ifndef PD_PD_SERVER_INT_H
 #define PD_PD_SERVER_INT_H
 
@@ -278,6 +279,21 @@ void pd_srv_prefix_make_room(struct pd_server *s, int64_t tokens);
 void pd_srv_prefix_plan(struct pd_server *s, struct req *r, struct pd_step_item *it);
 void pd_srv_prefix_commit(struct pd_server *s, struct req *r, int ok);
 void pd_srv_prefix_release(struct pd_server *s, struct req *r);
+
+/* ---- server_spec.c: --speculative-config across a PD hand-off ---- */
+/* Bytes after the KV pool in the transfer engine's region: one draft-state row per slot (the
+ * main model's last hidden state, [hc, hidden] fp32) when the MTP layer runs in a PD role, else 0. */
+size_t pd_srv_spec_area_bytes(const struct pd_server *s);
+/* q's first `len` tokens as runs of the region (pd_kvseq_runs_alloc), then its slot's draft-state
+ * row if there is one; NULL when out of memory. */
+struct pd_kv_run *pd_srv_kv_runs(const struct pd_server *s, const struct pd_seq *q, int len, int *n, uint64_t *bytes);
+/* Producer, after pd_spec_prefill, before the first token is pushed: for the requests of in[0 .. m)
+ * just prefilled for a decode instance, the MTP layer runs the prompt's positions but the last and
+ * the last hidden state goes to the slot's draft-state row. */
+int pd_srv_spec_handoff(struct pd_server *s, struct req **in, int m, pd_err *e);
+/* Consumer, after a pull: r's draft state from its row (MTP pending at n_prompt - 1, with the
+ * producer's first token). No-op without MTP. */
+int pd_srv_spec_pulled(struct pd_server *s, struct req *r, pd_err *e);
 
 /* ---- server_api.c ---- */
 /* Producer: the address decode instances pull this process's KV from: kv_host, else --host,
