@@ -257,6 +257,16 @@ Test(pd_spec, different_speculation_settings_are_refused_by_name)
             cr_assert(strstr(out, "has no num_speculative_tokens"), "case %zu: %s", c, out);
         }
         json_decref(kv);
+        if (cases[c].p == 0) {
+            /* parameters altered to match: the pools' layouts differ (no MTP layer, no draft row on
+             * the producer), so the pull fails on its byte count and the decode side recomputes */
+            kv = prefill(prompt, 0);
+            json_object_set_new(kv, "num_speculative_tokens", json_integer(cases[c].d));
+            cr_assert_eq(decode(prompt, kv, 8, 0, out, sizeof out), 200, "case %zu: %s", c, out);
+            json_decref(kv);
+            cr_assert_eq(metric_port(D.port, "pdmoe_kv_recomputes_total"), 1);
+            cr_assert_eq(metric_port(D.port, "pdmoe_errors_total{kind=\"kv_transfer\"}"), 1);
+        }
         /* nothing pulled the KV: the lease expires and the producer's blocks come back */
         leases_gone();
         cr_assert(blocks_all_free(P.port));
