@@ -12,6 +12,8 @@
 #include "engine/genmodel.h"
 #include "engine/sampler.h"
 #include "engine/spec.h"
+#include "model/config.h"
+#include <stdio.h>
 
 static char dir[64];
 
@@ -26,7 +28,38 @@ static void remove_tiny(void)
     rm_model(dir);
 }
 
-TestSuite(spec_handoff, .init = make_tiny, .fini = remove_tiny, .timeout = 120);
+TestSuite(spec_handoff, .init = make_tiny, .fini = remove_tiny, .timeout = 240);
+
+/* v4-tiny with an MTP layer of compress_ratio `ratio` (V4's own is window-only, ratio 0): its
+ * compressor state and compressed entries (and a ratio-4 layer's indexer keys) are handed off
+ * too. The model goes to `out`. */
+static void tiny_with_mtp_ratio(int ratio, char *out, size_t n)
+{
+    static char text[1 << 16];
+    FILE *f = fopen("models/v4-tiny.json", "rb");
+    cr_assert_not_null(f, "run from the repository's root");
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = 0;
+    char *at = strstr(text, "\"compress_ratios\": [0, 4, 16, 4, 0]");
+    cr_assert_not_null(at);
+    char *z = strstr(at, "0]");
+    cr_assert_not_null(z);
+    char tail[1 << 16];
+    snprintf(tail, sizeof tail, "%d%s", ratio, z + 1);
+    snprintf(z, sizeof text - (size_t)(z - text), "%s", tail);
+    snprintf(out, n, "/tmp/pdmoe-test-XXXXXX");
+    cr_assert_not_null(mkdtemp(out));
+    char cfg[128];
+    snprintf(cfg, sizeof cfg, "%s.json", out);
+    f = fopen(cfg, "wb");
+    cr_assert_not_null(f);
+    fputs(text, f);
+    fclose(f);
+    pd_err e = {0};
+    cr_assert_eq(pd_genmodel(cfg, out, 7, &e), 0, "%s", e.msg);
+    remove(cfg);
+}
 
 static int32_t greedy_of(const float *l, int n)
 {
@@ -130,10 +163,10 @@ static void handoff_equals_colocated(struct pd_engine *en, const int32_t *ids, i
     free(od);
 }
 
-Test(spec_handoff, a_received_draft_state_drafts_as_the_colocated_one)
+static void received_drafts_as_colocated(const char *d)
 {
     struct pd_engine en;
-    struct pd_engine_opts o = {.dir = dir, .threads = 1, .max_seqs = 4, .max_model_len = 512, .mtp = 1};
+    struct pd_engine_opts o = {.dir = d, .threads = 1, .max_seqs = 4, .max_model_len = 512, .mtp = 1};
     pd_err e = {0};
     cr_assert_eq(pd_engine_open(&en, &o, &e), 0, "%s", e.msg);
     /* v4-tiny: window 8, compressors of ratio 4 and 16, 16 entries a block */
@@ -148,6 +181,29 @@ Test(spec_handoff, a_received_draft_state_drafts_as_the_colocated_one)
     /* every block came back */
     cr_assert_eq(en.kv.n_blocks_free, en.kv.n_blocks);
     pd_engine_close(&en);
+}
+
+Test(spec_handoff, a_received_draft_state_drafts_as_the_colocated_one)
+{
+    received_drafts_as_colocated(dir);
+}
+
+/* MTP layers with a compressor: CSA (ratio 4, with the indexer) and HCA (ratio 16). */
+Test(spec_handoff, a_compressing_mtp_layers_state_is_handed_off_exactly)
+{
+    static const int ratios[] = {4, 16};
+    for (int i = 0; i < 2; i++) {
+        char d[64];
+        tiny_with_mtp_ratio(ratios[i], d, sizeof d);
+        struct pd_model m;
+        pd_err e = {0};
+        char cfg[128];
+        snprintf(cfg, sizeof cfg, "%s/config.json", d);
+        cr_assert_eq(pd_model_load_as("--model", cfg, &m, &e), 0, "%s", e.msg);
+        cr_assert_eq(m.compress_ratio[m.n_layers], ratios[i]);
+        received_drafts_as_colocated(d);
+        rm_model(d);
+    }
 }
 
 /* Only a sequence just prefilled can be handed off, and only a sequence holding tokens received. */
