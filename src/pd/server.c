@@ -243,8 +243,8 @@ static int collect_expert_stats(struct pd_server *s, pd_err *e)
  * MTP layer), then one speculative round (engine/spec.h) for the others together, each verify item
  * k+1 tokens (k lowered so no request drafts past its max_tokens). Request i's tokens go to
  * tp[i][0 .. nt[i]); next[i] holds a prefilled request's first. */
-static int spec_step(struct pd_server *s, struct req **in, int m, int32_t *next, const int32_t **tp, int *nt,
-                     struct pd_spec_stats *st, float *scratch, pd_err *e)
+static int spec_step(struct pd_server *s, struct req **in, const struct pd_step_item *items, int m, int32_t *next,
+                     const int32_t **tp, int *nt, struct pd_spec_stats *st, float *scratch, pd_err *e)
 {
     struct pd_spec_seq **pre = calloc((size_t)m + 1, sizeof *pre), **dec = calloc((size_t)m + 1, sizeof *dec);
     const int32_t **pr = calloc((size_t)m + 1, sizeof *pr);
@@ -257,11 +257,15 @@ static int spec_step(struct pd_server *s, struct req **in, int m, int32_t *next,
     }
     for (int i = 0; i < m; i++) {
         struct req *r = in[i];
-        if (r->seq.pos == 0) {
-            pd_spec_init(&r->spec, &r->seq, &r->smp);
+        if (r->n_gen == 0) {
+            /* its prompt, after a cached prefix (where pd_srv_prefix_start resumed the draft) */
+            if (!r->spec.seq)
+                pd_spec_init(&r->spec, &r->seq, &r->smp);
+            r->spec.snaps = items[i].snaps;
+            r->spec.n_snaps = items[i].n_snaps;
             pre[np] = &r->spec;
-            pr[np] = r->prompt;
-            pn[np] = r->n_prompt;
+            pr[np] = r->prompt + r->seq.pos;
+            pn[np] = r->n_prompt - (int)r->seq.pos;
             lg[np++] = r->logits;
         } else {
             int left = r->max_tokens - r->n_gen - 1;
@@ -271,8 +275,8 @@ static int spec_step(struct pd_server *s, struct req **in, int m, int32_t *next,
     }
     if (np && (rc = pd_spec_prefill(&s->en, pre, pr, pn, lg, np, e)))
         goto out;
-    /* a prefill instance: the MTP layer's KV of the prompts and the draft's input, for the hand-off */
-    if (np && s->o.role == PD_ROLE_PRODUCER && (rc = pd_srv_spec_handoff(s, in, m, e)))
+    /* the MTP layer's KV and the draft's input, for a hand-off or the prefix cache */
+    if (np && (rc = pd_srv_spec_prefilled(s, in, m, e)))
         goto out;
     if (nd && (rc = pd_spec_round(&s->en, dec, nd, s->Vs, st, e)))
         goto out;
@@ -448,7 +452,7 @@ static void *scheduler(void *arg)
             nt[i] = 1;
         }
         if (s->o.spec_k) {
-            rc = spec_step(s, in_step, m, next, tp, nt, &sst, scratch, &e);
+            rc = spec_step(s, in_step, items, m, next, tp, nt, &sst, scratch, &e);
         } else if (s->g) {
             rc = pd_srv_ep_round(s, &e);
             for (int i = 0; !rc && i < m; i++)
@@ -583,11 +587,10 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     int rc;
-    if (o->prefix_caching > 0 && (o->expert_parallel || o->spec_k)) {
-        /* EP: a sequence lives on its owner rank, which does not cache; MTP: the draft layer's KV
-         * is not in the snapshots and speculation prefills whole prompts */
+    if (o->prefix_caching > 0 && o->expert_parallel) {
+        /* EP: a sequence lives on its owner rank, which does not cache */
         rc = pd_err_set(e, PD_EINVAL, "--enable-prefix-caching is not implemented with %s (its default there is off)",
-                        o->expert_parallel ? "--enable-expert-parallel" : "--speculative-config");
+                        "--enable-expert-parallel");
         goto fail;
     }
     char path[600];

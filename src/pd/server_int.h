@@ -287,10 +287,12 @@ size_t pd_srv_spec_area_bytes(const struct pd_server *s);
 /* q's first `len` tokens as runs of the region (pd_kvseq_runs_alloc), then its slot's draft-state
  * row if there is one; NULL when out of memory. */
 struct pd_kv_run *pd_srv_kv_runs(const struct pd_server *s, const struct pd_seq *q, int len, int *n, uint64_t *bytes);
-/* Producer, after pd_spec_prefill, before the first token is pushed: for the requests of in[0 .. m)
- * just prefilled for a decode instance, the MTP layer runs the prompt's positions but the last and
- * the last hidden state goes to the slot's draft-state row. */
-int pd_srv_spec_handoff(struct pd_server *s, struct req **in, int m, pd_err *e);
+/* After pd_spec_prefill, before the first tokens are pushed, for the requests of in[0 .. m) just
+ * prefilled: each cached boundary's snapshot gets the draft's input there, and the MTP layer runs
+ * the prompt's positions but the last where the snapshots (its part of them) or a hand-off (a
+ * producer's request for a decode instance: then the last hidden state goes to the slot's
+ * draft-state row) need it. Clears the requests' spec.snaps. */
+int pd_srv_spec_prefilled(struct pd_server *s, struct req **in, int m, pd_err *e);
 /* Consumer, after a pull: r's draft state from its row (MTP pending at n_prompt - 1, with the
  * producer's first token). No-op without MTP. */
 int pd_srv_spec_pulled(struct pd_server *s, struct req *r, pd_err *e);

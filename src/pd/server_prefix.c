@@ -1,24 +1,27 @@
 /* The server's prefix cache (engine/prefix.h): a request starts from the longest cached prefix
  * of its prompt and prefills only the rest; its prefill step snapshots every unit boundary it
  * passes, which later requests reuse. One process only: an EP group's sequences live on their
- * owner ranks, which do not cache; and not with --speculative-config (the MTP layer's KV is not
- * in the snapshots, and speculation prefills whole prompts). Everything here runs on the
- * scheduler thread with s->mu held. */
+ * owner ranks, which do not cache. With --speculative-config a snapshot also holds the MTP
+ * layer's state and the draft's input at its boundary (server_spec.c), and a request started from
+ * it resumes the draft there. Everything here runs on the scheduler thread with s->mu held. */
 #include "pd/server_int.h"
 
 int pd_srv_prefix_open(struct pd_server *s, pd_err *e)
 {
-    /* asked for with expert parallelism or speculation: refused by pd_server_create before */
-    if (s->o.prefix_caching < 0 || s->o.expert_parallel || s->o.spec_k)
+    /* asked for with expert parallelism: refused by pd_server_create before */
+    if (s->o.prefix_caching < 0 || s->o.expert_parallel)
         return 0;
     const struct pd_kvpool *kv = &s->en.kv;
     int unit = s->o.prefix_cache_unit > 0 ? s->o.prefix_cache_unit : PD_SRV_PREFIX_UNIT;
     /* snapshots: four times the slots' bytes, and at least one snapshot */
     size_t budget = 4 * (size_t)kv->n_slots * kv->slot_bytes;
-    size_t one = pd_kvsnap_bytes(kv, unit);
+    /* with MTP each node also keeps the draft's input at its boundary (server_spec.c) */
+    size_t extra = s->en.mtp ? pd_spec_row_bytes(&s->en) : 0, one = pd_kvsnap_bytes(kv, unit) + extra;
     int rc = pd_prefix_init(&s->prefix, &s->en.kv, unit, budget > one ? budget : one, e);
-    if (!rc)
+    if (!rc) {
+        s->prefix.extra = extra;
         s->prefix_on = 1;
+    }
     return rc;
 }
 
@@ -49,7 +52,12 @@ int pd_srv_prefix_start(struct pd_server *s, struct req *r, pd_err *e)
         r->seq.pos = pd_prefix_node_len(x);
         rc = pd_kvseq_reserve_prompt(kv, &r->seq.kv, r->n_prompt, total, e);
     }
+    /* the draft resumes at the boundary: the MTP layer one behind, its input from the node */
+    if (!rc && x && s->en.mtp)
+        rc = pd_spec_resume(&s->en, &r->spec, &r->seq, &r->smp, pd_prefix_node_extra(&s->prefix, x), e);
     if (rc) {
+        pd_spec_free(&r->spec);
+        r->spec.seq = NULL;
         pd_prefix_release(&s->prefix, &r->pcur);
         pd_seq_end(&s->en, &r->seq);
         return rc;

@@ -1,4 +1,4 @@
-/* The speculative hand-off (spec.h, pd_spec_handoff_*): a sequence prefilled on one side, its MTP
+/* The speculative hand-off (spec.h, pd_spec_catch_up, pd_spec_handoff_receive): a sequence prefilled on one side, its MTP
  * layer run over the prompt there, its pool bytes copied run by run into another sequence and its
  * last hidden state passed as the row, drafts on the other side exactly as a colocated sequence
  * does: every round's draft logits, drafts, tokens and verify logits equal, bit for bit, for
@@ -10,6 +10,7 @@
 #include "../tmpmodel.h"
 #include "engine/engine.h"
 #include "engine/genmodel.h"
+#include "engine/prefix.h"
 #include "engine/sampler.h"
 #include "engine/spec.h"
 #include "model/config.h"
@@ -122,13 +123,13 @@ static void handoff_equals_colocated(struct pd_engine *en, const int32_t *ids, i
     one = &xp;
     cr_assert_eq(pd_spec_prefill(en, &one, &pr, &n, &lp, 1, &e), 0, "%s", e.msg);
     cr_assert_eq(greedy_of(lp, V), first);
-    cr_assert_eq(pd_spec_handoff_send(en, &one, 1, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_spec_catch_up(en, &one, 1, &e), 0, "%s", e.msg);
     cr_assert_eq(p.mtp_pos, n - 1);
     cr_assert_eq(xp.n, 1);
     /* the receiver: the pool's bytes, then the row and the first token */
     cr_assert_eq(pd_kvseq_reserve(&en->kv, &d.kv, n, &e), 0, "%s", e.msg);
     copy_kv(en, &p, &d, n);
-    cr_assert_eq(pd_spec_handoff_receive(&xd, &d, &sd, xp.hid, first, pd_spec_row_bytes(en), &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_spec_handoff_receive(en, &xd, &d, &sd, xp.hid, first, &e), 0, "%s", e.msg);
     pd_spec_free(&xp);
     pd_seq_end(en, &p);
     xc.draft_logits = dc;
@@ -219,12 +220,163 @@ Test(spec_handoff, misuse_is_refused)
     cr_assert_eq(pd_seq_start(&en, &s, &e), 0);
     struct pd_spec_seq x, *one = &x;
     pd_spec_init(&x, &s, &sm);
-    cr_assert_neq(pd_spec_handoff_send(&en, &one, 1, &e), 0);
+    cr_assert_neq(pd_spec_catch_up(&en, &one, 1, &e), 0);
     cr_assert(strstr(e.msg, "not just prefilled"), "%s", e.msg);
-    float row[1] = {0};
-    cr_assert_neq(pd_spec_handoff_receive(&x, &s, &sm, row, 3, sizeof row, &e), 0);
+    float *row = calloc(pd_spec_row_bytes(&en), 1);
+    cr_assert_neq(pd_spec_handoff_receive(&en, &x, &s, &sm, row, 3, &e), 0);
     cr_assert(strstr(e.msg, "holds no token"), "%s", e.msg);
+    free(row);
     pd_spec_free(&x);
     pd_seq_end(&en, &s);
     pd_engine_close(&en);
+}
+
+/* ---- a cached prefix (engine/prefix.h) with the MTP layer ---- */
+
+/* Prefills `prompt` (n tokens) on a fresh sequence q through cache c as the server does: from
+ * the longest cached prefix (the draft resumed from its node), snapshots at every new boundary
+ * (the draft's input there as the node's extra bytes), the MTP layer caught up, the nodes
+ * committed. The last position's logits in `logits`; returns the prefix length used. */
+static int64_t prefill_cached(struct pd_engine *en, struct pd_prefix *c, struct pd_seq *q, struct pd_prefix_cursor *cur,
+                              struct pd_spec_seq *x, struct pd_sampler *smp, const int32_t *prompt, int n, float *logits)
+{
+    pd_err e = {0};
+    memset(cur, 0, sizeof *cur);
+    cr_assert_eq(pd_seq_start(en, q, &e), 0, "%s", e.msg);
+    struct pd_prefix_node *node = pd_prefix_lookup(c, prompt, n);
+    cr_assert_eq(pd_prefix_attach(c, node, &q->kv, cur, n, &e), 0, "%s", e.msg);
+    int64_t b = pd_prefix_node_len(node);
+    q->pos = b;
+    pd_spec_init(x, q, smp);
+    if (node)
+        cr_assert_eq(pd_spec_resume(en, x, q, smp, pd_prefix_node_extra(c, node), &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_prefix_plan(c, cur, prompt, b, n, &x->snaps, &x->n_snaps, &e), 0, "%s", e.msg);
+    const int32_t *pr = prompt + b;
+    int pn = n - (int)b;
+    struct pd_spec_seq *one = x;
+    cr_assert_eq(pd_spec_prefill(en, &one, &pr, &pn, &logits, 1, &e), 0, "%s", e.msg);
+    const size_t row = pd_spec_row_bytes(en);
+    for (int j = 0; j < x->n_snaps; j++)
+        memcpy(x->snaps[j].buf + pd_kvsnap_bytes(&en->kv, x->snaps[j].pos),
+               (const uint8_t *)x->hid + (size_t)(x->snaps[j].pos - 1 - q->mtp_pos) * row, row);
+    cr_assert_eq(pd_spec_catch_up(en, &one, 1, &e), 0, "%s", e.msg);
+    x->snaps = NULL;
+    x->n_snaps = 0;
+    pd_prefix_commit(c, cur, &q->kv, 1);
+    return b;
+}
+
+/* Rounds of x (cached) and y (computed from scratch) give the same drafts, draft logits, tokens
+ * and verify logits, bit for bit. */
+static void rounds_equal(struct pd_engine *en, struct pd_spec_seq *x, struct pd_spec_seq *y, int k, const char *what)
+{
+    const int V = (int)en->model.vocab_size;
+    pd_err e = {0};
+    float *dx = malloc((size_t)PD_SPEC_MAX_K * V * sizeof(float)), *dy = malloc((size_t)PD_SPEC_MAX_K * V * sizeof(float));
+    float *ox = malloc((size_t)(PD_SPEC_MAX_K + 1) * V * sizeof(float));
+    float *oy = malloc((size_t)(PD_SPEC_MAX_K + 1) * V * sizeof(float));
+    x->draft_logits = dx;
+    y->draft_logits = dy;
+    x->out_logits = ox;
+    y->out_logits = oy;
+    for (int r = 0; r < 8; r++) {
+        x->k = y->k = k;
+        struct pd_spec_stats st = {0};
+        struct pd_spec_seq *one = x;
+        cr_assert_eq(pd_spec_round(en, &one, 1, V, &st, &e), 0, "%s", e.msg);
+        one = y;
+        cr_assert_eq(pd_spec_round(en, &one, 1, V, &st, &e), 0, "%s", e.msg);
+        cr_assert_eq(memcmp(dx, dy, (size_t)k * V * sizeof(float)), 0, "%s, round %d: draft logits differ", what, r);
+        cr_assert_eq(x->n_out, y->n_out, "%s, round %d", what, r);
+        cr_assert_eq(memcmp(x->out, y->out, (size_t)x->n_out * sizeof(int32_t)), 0, "%s, round %d", what, r);
+        cr_assert_eq(memcmp(ox, oy, (size_t)x->n_out * V * sizeof(float)), 0, "%s, round %d: logits differ", what, r);
+    }
+    x->draft_logits = y->draft_logits = x->out_logits = y->out_logits = NULL;
+    free(dx);
+    free(dy);
+    free(ox);
+    free(oy);
+}
+
+/* A request started from a cached prefix (the MTP layer's state at the boundary and the draft's
+ * input restored from the node) gives, bit for bit, the logits and the draft logits of one that
+ * computes its whole prompt; so does one started from a node that a resumed request cached. */
+static void cached_prefix_drafts_as_recomputed(const char *d)
+{
+    struct pd_engine en;
+    struct pd_engine_opts o = {.dir = d, .threads = 1, .max_seqs = 4, .max_model_len = 512, .mtp = 1};
+    pd_err e = {0};
+    cr_assert_eq(pd_engine_open(&en, &o, &e), 0, "%s", e.msg);
+    const int V = (int)en.model.vocab_size;
+    struct pd_prefix c;
+    cr_assert_eq(pd_prefix_init(&c, &en.kv, 32, (size_t)1 << 28, &e), 0, "%s", e.msg);
+    c.extra = pd_spec_row_bytes(&en);
+    /* A: 100 tokens, boundaries 32, 64, 96; B: A's first 96 and 44 more (a hit at 96, a new
+     * boundary at 128); D: B's first 128 and 10 more (a hit at 128, B's node) */
+    int32_t a[100], b[140], dd[138];
+    for (int i = 0; i < 100; i++)
+        a[i] = (int32_t)((i * 37 + 11) % 500);
+    memcpy(b, a, 96 * sizeof *b);
+    for (int i = 96; i < 140; i++)
+        b[i] = (int32_t)((i * 53 + 7) % 500);
+    memcpy(dd, b, 128 * sizeof *dd);
+    for (int i = 128; i < 138; i++)
+        dd[i] = (int32_t)((i * 71 + 3) % 500);
+    float *l1 = malloc((size_t)V * sizeof(float)), *l2 = malloc((size_t)V * sizeof(float));
+    struct pd_sampler s1, s2;
+    pd_sampler_init(&s1, 0, 1, 1);
+    pd_sampler_init(&s2, 0, 1, 1);
+    struct pd_seq qa;
+    struct pd_prefix_cursor ca;
+    struct pd_spec_seq xa;
+    cr_assert_eq(prefill_cached(&en, &c, &qa, &ca, &xa, &s1, a, 100, l1), 0);
+    pd_spec_free(&xa);
+    pd_prefix_release(&c, &ca);
+    pd_seq_end(&en, &qa);
+    const int32_t *prompts[] = {b, dd};
+    const int lens[] = {140, 138};
+    for (int t = 0; t < 2; t++)
+        for (int k = 1; k <= 3; k += 2) {
+            /* B first from A's node at 96, then from its own at 128; D from B's */
+            int hit = t == 0 && k == 1 ? 96 : 128;
+            struct pd_seq qx, qy;
+            struct pd_prefix_cursor cx;
+            struct pd_spec_seq x, y;
+            cr_assert_eq(prefill_cached(&en, &c, &qx, &cx, &x, &s1, prompts[t], lens[t], l1), hit);
+            /* the same prompt computed whole, the MTP layer run lazily by the first round */
+            cr_assert_eq(pd_seq_start(&en, &qy, &e), 0, "%s", e.msg);
+            pd_spec_init(&y, &qy, &s2);
+            struct pd_spec_seq *one = &y;
+            cr_assert_eq(pd_spec_prefill(&en, &one, &prompts[t], &lens[t], &l2, 1, &e), 0, "%s", e.msg);
+            cr_assert_eq(memcmp(l1, l2, (size_t)V * sizeof(float)), 0, "prompt %d: the cached prefix's logits differ", t);
+            int32_t first = greedy_of(l1, V);
+            cr_assert_eq(pd_spec_push(&x, first, &e), 0, "%s", e.msg);
+            cr_assert_eq(pd_spec_push(&y, first, &e), 0, "%s", e.msg);
+            char what[64];
+            snprintf(what, sizeof what, "prompt %d from a prefix of %d, k %d", t, hit, k);
+            rounds_equal(&en, &x, &y, k, what);
+            pd_spec_free(&x);
+            pd_spec_free(&y);
+            pd_prefix_release(&c, &cx);
+            pd_seq_end(&en, &qx);
+            pd_seq_end(&en, &qy);
+        }
+    cr_assert_gt(c.hits, 0);
+    pd_prefix_free(&c);
+    cr_assert_eq(en.kv.n_blocks_free, en.kv.n_blocks);
+    free(l1);
+    free(l2);
+    pd_engine_close(&en);
+}
+
+Test(spec_handoff, a_cached_prefix_drafts_as_a_recomputed_one)
+{
+    cached_prefix_drafts_as_recomputed(dir);
+    static const int ratios[] = {4, 16};
+    for (int i = 0; i < 2; i++) {
+        char d[64];
+        tiny_with_mtp_ratio(ratios[i], d, sizeof d);
+        cached_prefix_drafts_as_recomputed(d);
+        rm_model(d);
+    }
 }

@@ -53,12 +53,15 @@ static void teardown(void)
 
 TestSuite(pd_spec, .init = setup, .fini = teardown, .timeout = 240);
 
+static int unit;   /* the prefix cache's (0: the server's default, 256 tokens) */
+
 static void start(struct node *n, int role, int k, int lease_ms)
 {
     pd_err e = {0};
     struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 512,
                                .served_name = "tiny", .role = role, .engine_id = "t", .kv_lease_ms = lease_ms,
-                               .kv_timeout_ms = 3000, .spec_k = k};
+                               .kv_timeout_ms = 3000, .spec_k = k, .prefix_cache_unit = unit,
+                               .max_num_batched_tokens = 512};
     cr_assert_eq(pd_server_create(&o, &n->s, &e), 0, "%s", e.msg);
     n->port = pd_server_port(n->s);
     pthread_create(&n->loop, NULL, run_server, n->s);
@@ -313,4 +316,89 @@ Test(pd_spec, a_failed_pull_recomputes_and_continues_from_the_producers_token)
     leases_gone();
     cr_assert(blocks_all_free(P.port));
     cr_assert(blocks_all_free(D.port));
+}
+
+/* The prefix cache with speculation (on by default, as without): requests sharing a long prefix
+ * start from the cached boundaries (the MTP layer's state and the draft's input restored there)
+ * and give the ids of a plain server without cache or speculation, colocated and on a prefill
+ * instance handing off to a decode instance; the drafts run as from a recomputed prompt (their
+ * acceptance per position equals that of the same server with the cache off). */
+Test(pd_spec, a_cached_prefix_with_speculation_gives_plain_decodings_ids)
+{
+    unit = 64;
+    char shared[2048] = "", prompts[4][2600];
+    for (int i = 0; i < 12; i++)
+        strcat(shared, "the tide came in over the stones and the gulls rose from the harbour wall; ");
+    for (int i = 0; i < 4; i++)
+        snprintf(prompts[i], sizeof prompts[i], "%srequest %d asks about %s", shared, i,
+                 i % 2 ? "the lighthouse keeper" : "the boats that never came back");
+    enum { MAXT = 20 };
+    char want[4][4096], out[8192], body[16384];
+    start(&C, PD_ROLE_BOTH, 0, 0);
+    int n0 = prompt_tokens(C.port, prompts[0]);
+    cr_assert_gt(n0, 3 * 64, "%d tokens", n0);
+    for (int i = 0; i < 4; i++) {
+        snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,"
+                 "\"return_token_ids\":true}", prompts[i], MAXT);
+        cr_assert_eq(curl_port(C.port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+        char *ids = ids_of(out);
+        snprintf(want[i], sizeof want[i], "%s", ids);
+        free(ids);
+    }
+    stop(&C);
+    /* colocated, cache on, then the same server with the cache off: the drafts' counters */
+    int acc[2][3] = {{0}};
+    for (int cached = 1; cached >= 0; cached--) {
+        pd_err e = {0};
+        struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 512,
+                                   .served_name = "tiny", .spec_k = 3, .prefix_cache_unit = unit,
+                                   .max_num_batched_tokens = 512, .prefix_caching = cached ? 1 : -1};
+        cr_assert_eq(pd_server_create(&o, &C.s, &e), 0, "%s", e.msg);
+        C.port = pd_server_port(C.s);
+        pthread_create(&C.loop, NULL, run_server, C.s);
+        for (int i = 0; i < 4; i++) {
+            snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,"
+                     "\"return_token_ids\":true}", prompts[i], MAXT);
+            cr_assert_eq(curl_port(C.port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+            char *ids = ids_of(out);
+            cr_assert_str_eq(ids, want[i], "colocated, cache %s, prompt %d", cached ? "on" : "off", i);
+            free(ids);
+        }
+        char name[128];
+        for (int j = 0; j < 3; j++) {
+            snprintf(name, sizeof name, "pdmoe_spec_decode_num_accepted_tokens_per_pos_total{position=\"%d\"}", j);
+            acc[cached][j] = metric_port(C.port, name);
+        }
+        if (cached) {
+            /* every request after the first starts from the shared prefix's boundaries */
+            cr_assert_geq(metric_port(C.port, "pdmoe_prefix_cache_hits_total"), 3 * 3 * 64);
+            cr_assert_eq(metric_port(C.port, "pdmoe_kv_blocks_free") + metric_port(C.port, "pdmoe_prefix_cache_blocks"),
+                         metric_port(C.port, "pdmoe_kv_blocks_total"));
+        } else {
+            cr_assert_eq(metric_port(C.port, "pdmoe_prefix_cache_queries_total"), 0);
+        }
+        stop(&C);
+    }
+    for (int j = 0; j < 3; j++)
+        cr_assert_eq(acc[1][j], acc[0][j], "position %d: %d accepted from cached prefixes, %d recomputed", j,
+                     acc[1][j], acc[0][j]);
+    /* PD: the prefill instance caches, the decode instance drafts after the hand-off */
+    start(&P, PD_ROLE_PRODUCER, 2, 0);
+    start(&D, PD_ROLE_CONSUMER, 2, 0);
+    for (int i = 0; i < 4; i++) {
+        json_t *kv = prefill(prompts[i], 0);
+        cr_assert_eq(decode(prompts[i], kv, MAXT, 0, out, sizeof out), 200, "%s", out);
+        json_decref(kv);
+        char *got = ids_of(out);
+        cr_assert_str_eq(got, want[i], "PD, prompt %d", i);
+        free(got);
+    }
+    cr_assert_geq(metric_port(P.port, "pdmoe_prefix_cache_hits_total"), 3 * 3 * 64);
+    cr_assert_eq(metric_port(D.port, "pdmoe_kv_recomputes_total"), 0);
+    cr_assert_gt(metric_port(D.port, "pdmoe_spec_decode_num_drafts_total"), 0);
+    leases_gone();
+    cr_assert_eq(metric_port(P.port, "pdmoe_kv_blocks_free") + metric_port(P.port, "pdmoe_prefix_cache_blocks"),
+                 metric_port(P.port, "pdmoe_kv_blocks_total"));
+    cr_assert(blocks_all_free(D.port));
+    unit = 0;
 }
