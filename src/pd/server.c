@@ -185,6 +185,8 @@ static int pull(struct pd_server *s, struct req *r)
         if (s->o.http.log)
             s->o.http.log(s->o.http.log_arg, e2.msg);
         r->seq.pos = r->seq.kv.len = r->seq.mtp_pos = 0;
+        pd_spec_free(&r->spec);
+        r->spec.seq = NULL;   /* the prefill starts it afresh */
         s->kv_failures++;
         return PULL_FAILED;
     }
