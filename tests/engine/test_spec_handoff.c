@@ -1,8 +1,11 @@
-/* The speculative hand-off (spec.h, pd_spec_catch_up, pd_spec_handoff_receive): a sequence prefilled on one side, its MTP
- * layer run over the prompt there, its pool bytes copied run by run into another sequence and its
- * last hidden state passed as the row, drafts on the other side exactly as a colocated sequence
- * does: every round's draft logits, drafts, tokens and verify logits equal, bit for bit, for
- * k = 1..3 and prompts of 1 token, shorter than the window, ending mid-block and past a block. */
+/* The speculative hand-off (spec.h, pd_spec_catch_up, pd_spec_handoff_receive): a sequence
+ * prefilled on one side, its MTP layer run over the prompt there, its pool bytes copied run by run
+ * into another sequence and its last hidden state passed as the row, drafts on the other side
+ * exactly as a colocated sequence does: every round's draft logits, drafts, tokens and verify
+ * logits equal, bit for bit, for k = 1..3 and prompts of 1 token, shorter than the window, ending
+ * mid-block and past a block; with MTP layers of ratio 0 (V4's), 4 and 16. The same for a sequence
+ * started from a cached prefix (engine/prefix.h: the MTP layer's state one position behind, the
+ * draft's input as the node's extra bytes, pd_spec_resume) against one computing its prompt. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>

@@ -3,7 +3,8 @@
  * for k = 1..3 and prompts short, ending mid-block and past the window, with the KV pulled (never
  * recomputed) and the drafts counted in the decode instance's /metrics; instances with different
  * speculation settings are refused by name; a failed pull recomputes and continues from the
- * producer's token; every block comes back on both sides. */
+ * producer's token; every block comes back on both sides; with the prefix cache, colocated and on
+ * the prefill side, cached prefixes give the same ids. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <pthread.h>
