@@ -102,7 +102,8 @@ static int parse(int argc, char **argv, struct gen_opts *o)
                    "Greedy at temperature 0. With one prompt in one process the text streams as it is\n"
                    "produced; otherwise the prompts run as one batch and each result is printed at the end.\n"
                    "Under mpirun with --enable-expert-parallel the ranks form an EP group: rank k holds\n"
-                   "experts [k*E/N, (k+1)*E/N), prompt i runs on rank i mod N.\n", PD_SPEC_MAX_K);
+                   "experts [k*E/N, (k+1)*E/N) of every MoE layer (the MTP layer's too), prompt i runs on\n"
+                   "rank i mod N.\n", PD_SPEC_MAX_K);
             return 1;   /* done: pd_cli_generate exits 0 */
         default:
             return pd_cli_bad_flag("generate", c, argc, argv);
@@ -114,11 +115,6 @@ static int parse(int argc, char **argv, struct gen_opts *o)
     }
     if (o->temperature < 0 || !(o->top_p > 0 && o->top_p <= 1)) {
         fprintf(stderr, "pdmoe generate: --temperature must be >= 0 and --top-p in (0, 1]\n");
-        return 2;
-    }
-    if (o->spec_k && o->ep) {
-        fprintf(stderr, "pdmoe generate: --speculative-config with --enable-expert-parallel is not supported yet "
-                "(the MTP layer's experts are not placed across the EP group)\n");
         return 2;
     }
     if (o->max_tokens > 4096) {
@@ -263,7 +259,7 @@ static int run_spec(struct batch *b, int stream, pd_err *e)
     }
     double t1 = pd_now_s();
     for (;;) {
-        int m = 0;
+        int m = 0, kmax = 0;
         for (int i = 0; i < b->n; i++) {
             struct gen_seq *g = &b->s[i];
             if (g->done)
@@ -271,11 +267,20 @@ static int run_spec(struct batch *b, int stream, pd_err *e)
             /* no drafts past --max-tokens: a round yields at most k + 1 */
             int left = (int)b->o->max_tokens - g->n_out;
             g->spec.k = b->o->spec_k < left - 1 ? b->o->spec_k : left - 1;
+            kmax = g->spec.k > kmax ? g->spec.k : kmax;
             ss[m++] = &g->spec;
         }
-        if (!m)
+        /* an EP group drafts as many steps as its longest draft and stops when every rank is done:
+         * a rank without sequences still takes part in each step's expert exchanges */
+        int group[2] = {m > 0, kmax};
+        if (b->use_mpi) {
+            MPI_Request req;
+            MPI_Iallreduce(MPI_IN_PLACE, group, 2, MPI_INT, MPI_MAX, b->ep.comm, &req);
+            pd_ep_wait(&req);
+        }
+        if (!group[0])
             break;
-        if ((rc = pd_spec_round(&b->en, ss, m, b->Vs, &st, e)))
+        if ((rc = pd_spec_round_steps(&b->en, ss, m, b->Vs, group[1], &st, e)))
             goto out;
         for (int i = 0; i < b->n; i++) {
             struct gen_seq *g = &b->s[i];
@@ -289,6 +294,15 @@ static int run_spec(struct batch *b, int stream, pd_err *e)
         const struct gen_seq *g = &b->s[0];
         fprintf(stderr, "prompt: %d tokens, %.1f tokens/s; decode: %d tokens, %.1f tokens/s\n", g->n_in,
                 g->n_in / (t1 - t0), g->n_out, g->n_out > 1 ? (g->n_out - 1) / (t2 - t1) : 0.0);
+    }
+    if (b->use_mpi) {
+        /* the group's counts, summed on rank 0, which prints them */
+        _Static_assert(sizeof st % sizeof(int64_t) == 0, "pd_spec_stats holds int64_t counts only");
+        struct pd_spec_stats sum = {0};
+        MPI_Reduce(&st, &sum, (int)(sizeof st / sizeof(int64_t)), MPI_INT64_T, MPI_SUM, 0, b->ep.comm);
+        st = sum;
+        if (b->rank)
+            goto out;
     }
     fprintf(stderr, "speculative decoding (mtp, %d draft%s): acceptance per position", b->o->spec_k,
             b->o->spec_k > 1 ? "s" : "");

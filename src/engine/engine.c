@@ -57,11 +57,6 @@ int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err 
                           m->dspark ? "its draft is DSpark (dspark_* fields), which the engine does not run"
                           : m->n_mtp_layers ? "no tensor mtp.0.e_proj.weight" : "num_nextn_predict_layers is 0");
     }
-    if (o->mtp && o->has_expert) {
-        pd_weights_free(&en->w);
-        return pd_err_set(e, PD_EINVAL, "%s: MTP with expert parallelism is not supported yet (the MTP layer's experts "
-                          "are not placed across the group)", o->dir);
-    }
     en->mtp = o->mtp;
     const int nl = m->n_layers + (en->mtp ? 1 : 0);   /* KV layers: the MTP layer's is the last */
     int64_t max_len = o->max_model_len > 0 ? o->max_model_len : 4096;

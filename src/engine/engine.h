@@ -76,7 +76,8 @@ struct pd_engine_opts {
     int block_entries;              /* 0: 16 */
     enum pd_kv_dtype kv_dtype;      /* the KV cache's entries: PD_KV_BF16 (0, the default) or PD_KV_FP8 */
     int ref;
-    const unsigned char *has_expert;  /* [experts] this process holds, NULL = all */
+    const unsigned char *has_expert;  /* [experts] this process holds, NULL = all; the same ids in every
+                                       * MoE layer, the MTP layer's included (expert parallelism) */
     int mtp;                        /* run the checkpoint's MTP layer: its KV is one more pool layer */
 };
 

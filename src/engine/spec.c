@@ -241,9 +241,18 @@ static int accept(struct pd_engine *en, struct pd_spec_seq *s, struct rbuf *b, i
 int pd_spec_round(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int vocab, struct pd_spec_stats *st,
                   pd_err *e)
 {
+    int kmax = 0;
+    for (int i = 0; i < n_seqs; i++)
+        kmax = ss[i]->k > kmax ? ss[i]->k : kmax;
+    return pd_spec_round_steps(en, ss, n_seqs, vocab, kmax, st, e);
+}
+
+int pd_spec_round_steps(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int vocab, int draft_steps,
+                        struct pd_spec_stats *st, pd_err *e)
+{
     const int V = (int)en->model.vocab_size;
     const size_t row = hrow(en);
-    int rc = 0, kmax = 0;
+    int rc = 0, kmax = draft_steps;
     struct rbuf *b = calloc((size_t)n_seqs + 1, sizeof *b);
     struct pd_step_item *items = calloc((size_t)n_seqs + 1, sizeof *items);
     float *scr = malloc((size_t)vocab * 4 * sizeof(float));
@@ -258,7 +267,11 @@ int pd_spec_round(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int
                             i, s->k, s->n, s->n_tok);
             goto out;
         }
-        kmax = s->k > kmax ? s->k : kmax;
+        if (s->k > draft_steps) {
+            rc = pd_err_set(e, PD_EINVAL, "speculative round: sequence %d drafts %d tokens, the round %d", i, s->k,
+                            draft_steps);
+            goto out;
+        }
         b[i].p = s->seq->pos;
         /* the round's buffers, kept in the sequence between rounds (a decode step allocates
          * nothing once they are grown) */
@@ -280,6 +293,11 @@ int pd_spec_round(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int
     }
     /* draft: d_j from the MTP layer at position p+j-2 (the first step also runs every position
      * it has not run yet: those are exact and stay; the later ones are recorded for undo) */
+    if (draft_steps < 0 || draft_steps > PD_SPEC_MAX_K || (draft_steps && !en->mtp)) {
+        rc = pd_err_set(e, PD_EINVAL, "speculative round: %d drafting steps (0 .. %d, and only with the MTP layer)",
+                        draft_steps, PD_SPEC_MAX_K);
+        goto out;
+    }
     for (int j = 1; j <= kmax; j++) {
         int m = 0;
         for (int i = 0; i < n_seqs; i++) {

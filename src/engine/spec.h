@@ -77,6 +77,13 @@ int pd_spec_push(struct pd_spec_seq *ss, int32_t token, pd_err *e);
 int pd_spec_round(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int vocab, struct pd_spec_stats *st,
                   pd_err *e);
 
+/* pd_spec_round with exactly `draft_steps` MTP steps, at least every sequence's k (steps beyond
+ * them run with no item here). Expert parallelism: every rank of a group must take part in the
+ * same expert exchanges, so all run the group's largest k of drafting steps and one verify step,
+ * whatever sequences (none included) they hold. */
+int pd_spec_round_steps(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int vocab, int draft_steps,
+                        struct pd_spec_stats *st, pd_err *e);
+
 /* A sequence's state at length n moved elsewhere: handed to another pool (PD) or kept in a
  * prefix cache. Besides the pool's bytes, the draft then needs what its next round reads: the MTP
  * layer's KV of positions 0 .. n-2 (one more layer of the pool, moved or cached with the others)

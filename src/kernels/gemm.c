@@ -1,6 +1,6 @@
 /* W8A8 GEMM front: argument checks, the run-time choice of implementation, the static split of
- * output rows into pool tasks, and the shared fp32 epilogue (pd_gemm_store). The arithmetic lives
- * in gemm_ref.c, gemm_avx2.c and gemm_avx512.c. */
+ * output rows into pool tasks, the AMX kernels' activation packing, and the shared fp32 epilogue
+ * (pd_gemm_store). The arithmetic lives in gemm_ref.c, gemm_avx2.c, gemm_avx512.c and gemm_amx.c. */
 #include "kernels/gemm.h"
 
 #include <stdatomic.h>
@@ -12,12 +12,14 @@
 
 #include "kernels/gemm_impl.h"
 
-static const char *const kernel_names[PD_KERNEL_COUNT] = {"ref", "avx2", "avx512"};
+static const char *const kernel_names[PD_KERNEL_COUNT] = {"ref", "avx2", "avx512", "amx", "amx-emu"};
 
 static const pd_gemm_rows_fn kernel_fns[PD_KERNEL_COUNT] = {
     pd_gemm_rows_ref,
     pd_gemm_rows_avx2,
     pd_gemm_rows_avx512,
+    pd_gemm_rows_amx,
+    pd_gemm_rows_amx_emu,
 };
 
 /* -1 until resolved; then a pd_kernel. Atomic because pd_gemm may be first called from several
@@ -37,7 +39,7 @@ int pd_gemm_kernel_parse(const char *name, pd_kernel *k, pd_err *err)
             return 0;
         }
     }
-    return pd_err_set(err, PD_EINVAL, "unknown kernel '%s' (want ref, avx2 or avx512)",
+    return pd_err_set(err, PD_EINVAL, "unknown kernel '%s' (want ref, avx2, avx512, amx or amx-emu)",
                       name ? name : "(null)");
 }
 
@@ -52,6 +54,10 @@ int pd_gemm_kernel_supported(pd_kernel k)
     case PD_KERNEL_AVX512:
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    case PD_KERNEL_AMX:
+        return pd_gemm_amx_available();
+    case PD_KERNEL_AMX_EMU:
+        return 1;
     default:
         return 0;
     }
@@ -84,6 +90,8 @@ int pd_gemm_kernel_get(pd_kernel *k, pd_err *err)
             return pd_err_prefix(err, "PDMOE_KERNEL: ");
         if (!pd_gemm_kernel_supported(pick))
             return pd_err_set(err, PD_EINVAL, "PDMOE_KERNEL=%s: not supported by this CPU", env);
+    } else if (pd_gemm_kernel_supported(PD_KERNEL_AMX)) {
+        pick = PD_KERNEL_AMX;
     } else if (pd_gemm_kernel_supported(PD_KERNEL_AVX512)) {
         pick = PD_KERNEL_AVX512;
     } else if (pd_gemm_kernel_supported(PD_KERNEL_AVX2)) {
@@ -105,7 +113,71 @@ static int rows_per_task(int in, pd_kernel k)
 {
     int bytes = k == PD_KERNEL_AVX512 && in > PD_GEMM_KBLOCK ? PD_GEMM_KBLOCK : in;
     int rb = (256 * 1024 / bytes) & ~7;
+    if (k == PD_KERNEL_AMX || k == PD_KERNEL_AMX_EMU)   /* whole pairs of 16-row tiles */
+        return rb < 32 ? 32 : rb > 64 ? 64 : rb & ~31;
     return rb < 8 ? 8 : rb > 64 ? 64 : rb;
+}
+
+/* A run of the pool costs a few microseconds while its workers are still polling (tens when they
+ * sleep); a product smaller than this many multiply-adds (about 8 us on one core) runs on the
+ * calling thread. The split into tasks is the same either way, so the result is too. */
+#define PD_GEMM_SERIAL_MACS (INT64_C(1) << 18)
+
+static int small_work(int64_t macs)
+{
+    return macs < PD_GEMM_SERIAL_MACS;
+}
+
+/* ---- the AMX kernels' packed activations (gemm_impl.h) ---- */
+
+struct pack_run {
+    pd_gemm_job *jobs;
+    const int *first;   // [n_jobs + 1] first pack task (block of 16 tokens) of each job
+    int n_jobs;
+};
+
+static void pack_task(void *arg, int task)
+{
+    const struct pack_run *r = arg;
+    int j = 0;
+    while (r->first[j + 1] <= task)
+        j++;
+    pd_gemm_amx_pack(&r->jobs[j], task - r->first[j], (int8_t *)r->jobs[j].apack);
+}
+
+/* For kernel k, packs the activations of every job that the AMX kernels run on tiles, into one
+ * allocation (*buf, NULL when nothing needed packing; the caller frees it), spread over the pool
+ * by blocks of 16 tokens, and points each such job's apack at its part. */
+static int amx_pack(pd_pool *pool, pd_kernel k, pd_gemm_job *jobs, int n_jobs, void **buf, pd_err *err)
+{
+    *buf = NULL;
+    if (k != PD_KERNEL_AMX && k != PD_KERNEL_AMX_EMU)
+        return 0;
+    size_t bytes = 0;
+    int stack_first[65], *first = n_jobs < 65 ? stack_first : malloc(((size_t)n_jobs + 1) * sizeof *first);
+    if (!first)
+        return pd_err_set(err, PD_ENOMEM, "gemm: out of memory packing %d groups", n_jobs);
+    first[0] = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        int packed = jobs[j].n >= PD_GEMM_AMX_MIN_TOKENS && jobs[j].out > 0;
+        bytes += packed ? pd_gemm_amx_pack_bytes(jobs[j].n, jobs[j].in) : 0;
+        first[j + 1] = first[j] + (packed ? (jobs[j].n + 15) / 16 : 0);
+    }
+    int rc = 0;
+    if (bytes > 0 && !(*buf = aligned_alloc(64, bytes)))   /* bytes is a multiple of 1 KiB */
+        rc = pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %zu bytes of packed activations", bytes);
+    if (bytes > 0 && *buf) {
+        int8_t *p = *buf;
+        for (int j = 0; j < n_jobs; j++) {
+            jobs[j].apack = first[j + 1] > first[j] ? p : NULL;
+            p += first[j + 1] > first[j] ? pd_gemm_amx_pack_bytes(jobs[j].n, jobs[j].in) : 0;
+        }
+        struct pack_run r = {jobs, first, n_jobs};
+        pd_pool_run(small_work((int64_t)bytes * 64) ? NULL : pool, first[n_jobs], pack_task, &r);
+    }
+    if (first != stack_first)
+        free(first);
+    return rc;
 }
 
 #ifdef __SSE2__
@@ -182,16 +254,6 @@ static void plain_task(void *arg, int task)
     r->fn(&r->job, o0, o1);
 }
 
-/* A run of the pool costs a few microseconds while its workers are still polling (tens when they
- * sleep); a product smaller than this many multiply-adds (about 8 us on one core) runs on the
- * calling thread. The split into tasks is the same either way, so the result is too. */
-#define PD_GEMM_SERIAL_MACS (INT64_C(1) << 18)
-
-static int small_work(int64_t macs)
-{
-    return macs < PD_GEMM_SERIAL_MACS;
-}
-
 int pd_gemm(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y, int flags, pd_err *err)
 {
     int rc;
@@ -215,8 +277,12 @@ int pd_gemm(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y, int fla
         .fn = kernel_fns[k],
         .rb = rows_per_task(w->cols, k),
     };
+    void *packed;
+    if ((rc = amx_pack(pool, k, &r.job, 1, &packed, err)) < 0)
+        return rc;
     int n_tasks = (w->rows + r.rb - 1) / r.rb;
     pd_pool_run(small_work((int64_t)w->rows * w->cols * a->rows) ? NULL : pool, n_tasks, plain_task, &r);
+    free(packed);
     return 0;
 }
 
@@ -228,6 +294,7 @@ struct grouped_run {
     int accum;
     pd_kernel k;
     pd_gemm_rows_fn fn;
+    const pd_gemm_job *packs;   // [n_groups] the AMX kernels' packed activations (apack), or NULL
 };
 
 static void grouped_task(void *arg, int task)
@@ -249,7 +316,7 @@ static void grouped_task(void *arg, int task)
     pd_gemm_job job = {
         .w = g->w.q, .w_scale = g->w.scale, .out = g->w.rows, .in = g->w.cols,
         .a = r->a->q, .a_scale = r->a->scale, .tok = g->rows, .n = g->n, .y = g->y,
-        .accum = r->accum,
+        .accum = r->accum, .apack = r->packs ? r->packs[lo].apack : NULL,
     };
     /* the next group's weights, which this thread likely reads next: prefetched past the end */
     if (lo + 1 < r->n_groups && r->groups[lo + 1].w.cols == g->w.cols && r->groups[lo + 1].n > 0) {
@@ -315,8 +382,22 @@ int pd_gemm_grouped(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *groups
         .a = a, .groups = groups, .first_task = first, .n_groups = n_groups,
         .accum = (flags & PD_GEMM_ACCUM) != 0, .k = k, .fn = kernel_fns[k],
     };
-    pd_pool_run(small_work(macs) ? NULL : pool, (int)total, grouped_task, &r);
+    pd_gemm_job *packs = NULL;
+    void *packed = NULL;
+    if (k == PD_KERNEL_AMX || k == PD_KERNEL_AMX_EMU) {
+        if (!(packs = calloc((size_t)n_groups, sizeof *packs)))
+            rc = pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %d groups", n_groups);
+        for (int g = 0; packs && g < n_groups; g++)
+            packs[g] = (pd_gemm_job){.out = groups[g].w.rows, .in = a->cols, .a = a->q, .tok = groups[g].rows,
+                                     .n = groups[g].n};
+        if (packs && (rc = amx_pack(pool, k, packs, n_groups, &packed, err)) == 0)
+            r.packs = packs;
+    }
+    if (rc == 0)
+        pd_pool_run(small_work(macs) ? NULL : pool, (int)total, grouped_task, &r);
+    free(packed);
+    free(packs);
     if (first != stack_first)
         free(first);
-    return 0;
+    return rc;
 }

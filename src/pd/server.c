@@ -453,11 +453,14 @@ static void *scheduler(void *arg)
             tp[i] = &next[i];
             nt[i] = 1;
         }
-        if (s->o.spec_k) {
+        if (s->o.spec_k && !s->g) {
             rc = spec_step(s, in_step, items, m, next, tp, nt, &sst, scratch, &e);
         } else if (s->g) {
+            /* with --speculative-config each owner rank runs its sequences' rounds */
             rc = pd_srv_ep_round(s, &e);
-            for (int i = 0; !rc && i < m; i++)
+            if (!rc && s->o.spec_k)
+                rc = pd_srv_ep_spec_take(s, in_step, m, tp, nt, &sst, &e);
+            for (int i = 0; !rc && !s->o.spec_k && i < m; i++)
                 next[i] = pd_srv_ep_token(s, in_step[i]->owner, i);
         } else {
             rc = pd_engine_step(&s->en, items, m, &e);
@@ -589,10 +592,11 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     int rc;
-    if (o->prefix_caching > 0 && o->expert_parallel) {
-        /* EP: a sequence lives on its owner rank, which does not cache */
+    if (o->prefix_caching > 0 && o->spec_k && o->expert_parallel) {
+        /* MTP in an EP group: the owner ranks' cached prefixes do not resume the draft (one process
+         * does: server_spec.c) */
         rc = pd_err_set(e, PD_EINVAL, "--enable-prefix-caching is not implemented with %s (its default there is off)",
-                        "--enable-expert-parallel");
+                        "--speculative-config in an EP group (--enable-expert-parallel)");
         goto fail;
     }
     char path[600];
@@ -601,10 +605,11 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
         goto fail;
     if ((rc = pd_chat_format_of(o->model_dir, &s->chat, e)))
         goto fail;
-    if (o->spec_k && o->expert_parallel) {
-        /* EP: the MTP layer's experts are not placed across the group */
+    if (o->spec_k && o->expert_parallel && o->role != PD_ROLE_BOTH) {
+        /* PD in an EP group: the draft's state lives on the owner rank, which the hand-off of
+         * server_spec.c does not reach */
         rc = pd_err_set(e, PD_EINVAL, "--speculative-config with %s is not supported yet",
-                        "--enable-expert-parallel");
+                        "a prefill or decode role (PD) in an EP group (--enable-expert-parallel)");
         goto fail;
     }
     if (o->spec_k < 0 || o->spec_k > PD_SPEC_MAX_K) {

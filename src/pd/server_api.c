@@ -927,7 +927,16 @@ static void on_metrics(struct evhttp_request *h, void *arg)
                         (unsigned long long)s->kv_bytes, s->kv_seconds, (unsigned long long)s->kv_pulls,
                         (unsigned long long)s->kv_failures, (unsigned long long)s->kv_recomputes, leases,
                         s->en.kv.region_bytes, pd_kv_dtype_name(s->en.kv.dtype), s->en.kv.entry_bytes);
-    /* vLLM's prefix_cache_queries/hits: prompt tokens looked up, and found cached */
+    /* vLLM's prefix_cache_queries/hits: prompt tokens looked up, and found cached; an EP group's
+     * summed over its ranks' caches, as each last reported */
+    int64_t pfx[EP_PFX_N] = {(int64_t)s->prefix.queries, (int64_t)s->prefix.hits, (int64_t)s->prefix.evictions,
+                             s->en.kv.held, (int64_t)s->prefix.bytes};
+    if (s->g && s->prefix_on) {
+        memset(pfx, 0, sizeof pfx);
+        for (int k = 0; k < s->g->size; k++)
+            for (int j = 0; j < EP_PFX_N; j++)
+                pfx[j] += s->g->pfx[(size_t)k * EP_PFX_N + j];
+    }
     evbuffer_add_printf(b,
                         "# HELP pdmoe_prefix_cache_queries_total Prompt tokens looked up in the prefix cache.\n"
                         "# TYPE pdmoe_prefix_cache_queries_total counter\npdmoe_prefix_cache_queries_total %llu\n"
@@ -935,11 +944,12 @@ static void on_metrics(struct evhttp_request *h, void *arg)
                         "# TYPE pdmoe_prefix_cache_hits_total counter\npdmoe_prefix_cache_hits_total %llu\n"
                         "# TYPE pdmoe_prefix_cache_evictions_total counter\npdmoe_prefix_cache_evictions_total %llu\n"
                         "# HELP pdmoe_prefix_cache_blocks KV pool blocks only the prefix cache holds (free when evicted).\n"
-                        "# TYPE pdmoe_prefix_cache_blocks gauge\npdmoe_prefix_cache_blocks %d\n"
+                        "# TYPE pdmoe_prefix_cache_blocks gauge\npdmoe_prefix_cache_blocks %lld\n"
                         "# HELP pdmoe_prefix_cache_snapshot_bytes Memory of the cached prefixes' snapshots.\n"
-                        "# TYPE pdmoe_prefix_cache_snapshot_bytes gauge\npdmoe_prefix_cache_snapshot_bytes %zu\n",
-                        (unsigned long long)s->prefix.queries, (unsigned long long)s->prefix.hits,
-                        (unsigned long long)s->prefix.evictions, s->en.kv.held, s->prefix.bytes);
+                        "# TYPE pdmoe_prefix_cache_snapshot_bytes gauge\npdmoe_prefix_cache_snapshot_bytes %lld\n",
+                        (unsigned long long)pfx[EP_PFX_QUERIES], (unsigned long long)pfx[EP_PFX_HITS],
+                        (unsigned long long)pfx[EP_PFX_EVICTIONS], (long long)pfx[EP_PFX_BLOCKS],
+                        (long long)pfx[EP_PFX_BYTES]);
     if (s->n_kv_peers) {
         static const char *const peer_metric[4] = {"transfers", "transfer_failures", "transfer_bytes",
                                                    "transfer_seconds"};

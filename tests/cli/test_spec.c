@@ -80,8 +80,6 @@ Test(spec_cli, bad_speculative_configs_are_refused_by_name)
     refused("{\"method\":\"mtp\",\"num_speculative_tokens\":9}", "", dir, "num_speculative_tokens");
     refused("{\"num_speculative_tokens\":1}", "", dir, "method");
     refused("{\"method\":\"mtp\"", "", dir, "--speculative-config");
-    refused("{\"method\":\"mtp\",\"num_speculative_tokens\":1}", "--enable-expert-parallel", dir,
-            "--enable-expert-parallel");
 }
 
 Test(spec_cli, a_checkpoint_without_mtp_weights_is_refused_naming_it)
