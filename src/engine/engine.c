@@ -262,11 +262,13 @@ static int step_check(struct pd_engine *en, struct pd_step *st, int mtp, pd_err 
             if (items[i].tokens[k] < 0 || items[i].tokens[k] >= m->vocab_size)
                 return pd_err_set(e, PD_EINVAL, "engine step: token %d is outside the vocabulary [0, %lld)",
                                   items[i].tokens[k], (long long)m->vocab_size);
+        /* a snapshot at B is taken after the token at B - 1 (the MTP layer's at B - 2) */
+        int64_t from = mtp ? items[i].seq->mtp_pos + 1 : items[i].seq->pos;
         for (int j = 0; j < items[i].n_snaps; j++)
-            if (items[i].snaps[j].pos <= items[i].seq->pos || items[i].snaps[j].pos > items[i].seq->pos + items[i].n)
+            if (items[i].snaps[j].pos <= from || items[i].snaps[j].pos > from + items[i].n)
                 return pd_err_set(e, PD_EINVAL, "engine step: item %d's snapshot at %lld is outside its tokens (%lld, %lld]",
-                                  i, (long long)items[i].snaps[j].pos, (long long)items[i].seq->pos,
-                                  (long long)(items[i].seq->pos + items[i].n));
+                                  i, (long long)items[i].snaps[j].pos, (long long)from,
+                                  (long long)(from + items[i].n));
         for (int j = 0; j < i; j++)
             if (items[j].seq == items[i].seq)
                 return pd_err_set(e, PD_EINVAL, "engine step: a sequence appears twice in one step");

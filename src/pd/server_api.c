@@ -262,11 +262,13 @@ static void answer_whole(struct pd_server *s, struct req *r, const char *text, s
         char rid[PD_KVX_ID_HEX];
         pd_kvx_id_format(&r->key, rid);
         json_object_set_new(choice, "kv_transfer_params",
-                            json_pack("{s:b,s:b,s:s,s:s,s:s,s:i,s:i,s:i}", "do_remote_prefill", 1, "do_remote_decode", 0,
+                            json_pack("{s:b,s:b,s:s,s:s,s:s,s:i,s:i,s:i,s:i}", "do_remote_prefill", 1, "do_remote_decode", 0,
                                       "remote_engine_id", s->o.engine_id ? s->o.engine_id : "prefill",
                                       "remote_request_id", rid, "remote_host", s->g ? s->g->kv_hosts[r->owner] : pd_srv_kv_host(s), "remote_port",
                                       s->g ? s->g->kv_ports[r->owner] : pd_kvx_port(s->kvx), "remote_num_tokens",
-                                      r->n_prompt, "last_token_id", n > 0 ? r->gen[0] : s->eos));
+                                      r->n_prompt, "last_token_id", n > 0 ? r->gen[0] : s->eos,
+                                      /* the decode side must speculate alike (server_spec.c) */
+                                      "num_speculative_tokens", s->o.spec_k));
     }
     if (choice && r->return_ids) {
         json_t *ids = json_array();
@@ -729,6 +731,34 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
                 pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
                            "kv_transfer_params.remote_request_id must be the 32-hex-digit string the prefill instance "
                            "answered");
+                goto reject;
+            }
+            /* the MTP layer's KV and the draft's input come only from a producer that speculates
+             * with the same --speculative-config (absent: a producer without speculation) */
+            json_t *k = json_object_get(kv, "num_speculative_tokens");
+            if (k && (!json_is_integer(k) || json_integer_value(k) != s->o.spec_k)) {
+                char theirs[64];
+                if (!json_is_integer(k))
+                    snprintf(theirs, sizeof theirs, "is not an integer");
+                else if (json_integer_value(k) == 0)
+                    snprintf(theirs, sizeof theirs, "is 0: the prefill instance runs without speculation");
+                else
+                    snprintf(theirs, sizeof theirs, "is %lld", (long long)json_integer_value(k));
+                char ours[64];
+                if (s->o.spec_k)
+                    snprintf(ours, sizeof ours, "num_speculative_tokens %d", s->o.spec_k);
+                else
+                    snprintf(ours, sizeof ours, "without speculation");
+                pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
+                                  "kv_transfer_params.num_speculative_tokens %s, but this decode instance runs %s: "
+                                  "a prefill and a decode instance must use the same --speculative-config", theirs, ours);
+                goto reject;
+            }
+            if (!k && s->o.spec_k) {
+                pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
+                                  "kv_transfer_params has no num_speculative_tokens (a prefill instance without "
+                                  "speculation), but this decode instance runs num_speculative_tokens %d: a prefill "
+                                  "and a decode instance must use the same --speculative-config", s->o.spec_k);
                 goto reject;
             }
             /* the producer hands its KV over only for the prompt it prefilled */

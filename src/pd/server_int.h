@@ -5,7 +5,8 @@
  *   server_ep.c   the EP group: the round message, what every rank does with it, rank 0's accounts
  *   server_ep_spec.c  the EP group with --speculative-config: the owner ranks' speculative rounds
  *   server_api.c  the HTTP side: requests in (validation, tokenisation), answers out (JSON, SSE)
- *   server_prefix.c  the prefix cache: admission from a cached prefix, snapshots, release */
+ *   server_prefix.c  the prefix cache: admission from a cached prefix, snapshots, release
+ *   server_spec.c    speculative decoding across a PD hand-off: the MTP state the decode side needs */
 #ifndef PD_PD_SERVER_INT_H
 #define PD_PD_SERVER_INT_H
 
@@ -284,7 +285,7 @@ int pd_srv_ep_spec_take(struct pd_server *s, struct req **in_step, int m, const 
 
 /* ---- server_prefix.c ---- */
 #define PD_SRV_PREFIX_UNIT 256   /* default tokens between cached boundaries */
-/* The cache, unless turned off or with --speculative-config (refused there when asked for). */
+/* The cache, unless turned off or with --speculative-config in an EP group (refused there when asked for). */
 int pd_srv_prefix_open(struct pd_server *s, pd_err *e);
 void pd_srv_prefix_close(struct pd_server *s);
 /* Starts r's sequence from the longest cached prefix of its prompt, with its whole future's
@@ -306,6 +307,23 @@ int pd_srv_prefix_seq_start(struct pd_server *s, struct pd_seq *seq, struct pd_p
                             const int32_t *prompt, int n_prompt, int64_t total, pd_err *e);
 void pd_srv_prefix_seq_plan(struct pd_server *s, struct pd_prefix_cursor *cur, const int32_t *prompt, int n_prompt,
                             struct pd_step_item *it);
+
+/* ---- server_spec.c: --speculative-config across a PD hand-off ---- */
+/* Bytes after the KV pool in the transfer engine's region: one draft-state row per slot (the
+ * main model's last hidden state, [hc, hidden] fp32) when the MTP layer runs in a PD role, else 0. */
+size_t pd_srv_spec_area_bytes(const struct pd_server *s);
+/* q's first `len` tokens as runs of the region (pd_kvseq_runs_alloc), then its slot's draft-state
+ * row if there is one; NULL when out of memory. */
+struct pd_kv_run *pd_srv_kv_runs(const struct pd_server *s, const struct pd_seq *q, int len, int *n, uint64_t *bytes);
+/* After pd_spec_prefill, before the first tokens are pushed, for the requests of in[0 .. m) just
+ * prefilled: each cached boundary's snapshot gets the draft's input there, and the MTP layer runs
+ * the prompt's positions but the last where the snapshots (its part of them) or a hand-off (a
+ * producer's request for a decode instance: then the last hidden state goes to the slot's
+ * draft-state row) need it. Clears the requests' spec.snaps. */
+int pd_srv_spec_prefilled(struct pd_server *s, struct req **in, int m, pd_err *e);
+/* Consumer, after a pull: r's draft state from its row (MTP pending at n_prompt - 1, with the
+ * producer's first token). No-op without MTP. */
+int pd_srv_spec_pulled(struct pd_server *s, struct req *r, pd_err *e);
 
 /* ---- server_api.c ---- */
 /* Producer: the address decode instances pull this process's KV from: kv_host, else --host,

@@ -2,24 +2,28 @@
  * of its prompt and prefills only the rest; its prefill step snapshots every unit boundary it
  * passes, which later requests reuse. In an EP group every rank caches its own sequences' prefixes
  * in its own pool (the pd_srv_prefix_seq_* functions, called from server_ep.c on the owner rank;
- * rank 0 routes a prompt to the rank likely to hold its prefix). Not with --speculative-config
- * (the MTP layer's KV is not in the snapshots, and speculation prefills whole prompts).
+ * rank 0 routes a prompt to the rank likely to hold its prefix). With --speculative-config (one
+ * process: not in an EP group yet) a snapshot also holds the MTP layer's state and the draft's
+ * input at its boundary (server_spec.c), and a request started from it resumes the draft there.
  * Everything here runs on the thread that steps the engine (the scheduler, or a rank's loop). */
 #include "pd/server_int.h"
 
 int pd_srv_prefix_open(struct pd_server *s, pd_err *e)
 {
-    /* asked for with speculation: refused by pd_server_create before */
-    if (s->o.prefix_caching < 0 || s->o.spec_k)
+    /* asked for with speculation in an EP group: refused by pd_server_create before */
+    if (s->o.prefix_caching < 0 || (s->o.spec_k && s->o.expert_parallel))
         return 0;
     const struct pd_kvpool *kv = &s->en.kv;
     int unit = s->o.prefix_cache_unit > 0 ? s->o.prefix_cache_unit : PD_SRV_PREFIX_UNIT;
     /* snapshots: four times the slots' bytes, and at least one snapshot */
     size_t budget = 4 * (size_t)kv->n_slots * kv->slot_bytes;
-    size_t one = pd_kvsnap_bytes(kv, unit);
+    /* with MTP each node also keeps the draft's input at its boundary (server_spec.c) */
+    size_t extra = s->en.mtp ? pd_spec_row_bytes(&s->en) : 0, one = pd_kvsnap_bytes(kv, unit) + extra;
     int rc = pd_prefix_init(&s->prefix, &s->en.kv, unit, budget > one ? budget : one, e);
-    if (!rc)
+    if (!rc) {
+        s->prefix.extra = extra;
         s->prefix_on = 1;
+    }
     return rc;
 }
 
@@ -34,6 +38,14 @@ int pd_srv_prefix_start(struct pd_server *s, struct req *r, pd_err *e)
 {
     int rc = pd_srv_prefix_seq_start(s, &r->seq, &r->pcur, r->prompt, r->n_prompt, (int64_t)r->n_prompt + r->max_tokens,
                                      e);
+    /* the draft resumes at the boundary: the MTP layer one behind, its input from the node */
+    if (!rc && r->pcur.node && s->en.mtp &&
+        (rc = pd_spec_resume(&s->en, &r->spec, &r->seq, &r->smp, pd_prefix_node_extra(&s->prefix, r->pcur.node), e))) {
+        pd_spec_free(&r->spec);
+        r->spec.seq = NULL;
+        pd_prefix_release(&s->prefix, &r->pcur);
+        pd_seq_end(&s->en, &r->seq);
+    }
     if (!rc)
         r->cached = 1;
     return rc;
