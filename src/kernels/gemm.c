@@ -98,13 +98,15 @@ int pd_gemm_kernel_get(pd_kernel *k, pd_err *err)
 }
 
 /* Output rows per pool task. It depends on the shape and the kernel only (never on the thread
- * count), and keeps the weight bytes a task reads per pass over the tokens (rows * in, or
- * rows * PD_GEMM_KBLOCK for the K-blocked AVX-512 kernel) within about 256 KiB, so that they stay
- * in L2 while every block of tokens passes over them. A multiple of 8, the GEMV kernels' row block. */
+ * count). AVX-512: 64, the prefill GEMM's micro-tile width (gemm_vnni.c blocks the reduction
+ * itself). Others: the weight bytes a task reads per pass over the tokens (rows * in) within about
+ * 256 KiB, so that they stay in L2 while every block of tokens passes over them. A multiple of 8,
+ * the GEMV kernels' row block. */
 static int rows_per_task(int in, pd_kernel k)
 {
-    int bytes = k == PD_KERNEL_AVX512 && in > PD_GEMM_KBLOCK ? PD_GEMM_KBLOCK : in;
-    int rb = (256 * 1024 / bytes) & ~7;
+    if (k == PD_KERNEL_AVX512)
+        return 64;
+    int rb = (256 * 1024 / in) & ~7;
     return rb < 8 ? 8 : rb > 64 ? 64 : rb;
 }
 
@@ -192,6 +194,36 @@ static int small_work(int64_t macs)
     return macs < PD_GEMM_SERIAL_MACS;
 }
 
+/* The AVX-512 GEMM's activation row sums (gemm_vnni.c), computed once per call, in blocks of
+ * SUMS_ROWS rows over the pool. */
+enum { SUMS_ROWS = 64 };
+
+struct sums_run {
+    const pd_qmat *a;
+    int32_t *sums;
+};
+
+static void sums_task(void *arg, int task)
+{
+    const struct sums_run *r = arg;
+    int r0 = task * SUMS_ROWS, r1 = r0 + SUMS_ROWS < r->a->rows ? r0 + SUMS_ROWS : r->a->rows;
+    pd_gemm_row_sums_vnni(r->a->q, r->a->cols, r0, r1, r->sums);
+}
+
+/* *sums = the row sums of a, malloc'd (the caller frees), when kernel k's GEMM needs them. */
+static int row_sums(pd_pool *pool, pd_kernel k, const pd_qmat *a, int32_t **sums, pd_err *err)
+{
+    *sums = NULL;
+    if (k != PD_KERNEL_AVX512 || a->rows < 2)
+        return 0;
+    if (!(*sums = malloc((size_t)a->rows * sizeof **sums)))
+        return pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %d row sums", a->rows);
+    struct sums_run r = {a, *sums};
+    pd_pool_run(small_work((int64_t)a->rows * a->cols * 64) ? NULL : pool, (a->rows + SUMS_ROWS - 1) / SUMS_ROWS,
+                sums_task, &r);
+    return 0;
+}
+
 int pd_gemm(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y, int flags, pd_err *err)
 {
     int rc;
@@ -208,20 +240,25 @@ int pd_gemm(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y, int fla
     if (w->rows == 0 || a->rows == 0)
         return 0;
 
+    int32_t *sums;
+    if ((rc = row_sums(pool, k, a, &sums, err)) < 0)
+        return rc;
     struct plain_run r = {
         .job = {.w = w->q, .w_scale = w->scale, .out = w->rows, .in = w->cols,
-                .a = a->q, .a_scale = a->scale, .tok = NULL, .n = a->rows, .y = y,
+                .a = a->q, .a_scale = a->scale, .a_sum = sums, .tok = NULL, .n = a->rows, .y = y,
                 .accum = (flags & PD_GEMM_ACCUM) != 0},
         .fn = kernel_fns[k],
         .rb = rows_per_task(w->cols, k),
     };
     int n_tasks = (w->rows + r.rb - 1) / r.rb;
     pd_pool_run(small_work((int64_t)w->rows * w->cols * a->rows) ? NULL : pool, n_tasks, plain_task, &r);
+    free(sums);
     return 0;
 }
 
 struct grouped_run {
     const pd_qmat *a;
+    const int32_t *a_sum;    // [a->rows] or NULL (gemm_impl.h)
     const pd_gemm_group *groups;
     const int *first_task;   // [n_groups + 1] first task of each group; the last = total
     int n_groups;
@@ -248,7 +285,7 @@ static void grouped_task(void *arg, int task)
     int o1 = o0 + rb < g->w.rows ? o0 + rb : g->w.rows;
     pd_gemm_job job = {
         .w = g->w.q, .w_scale = g->w.scale, .out = g->w.rows, .in = g->w.cols,
-        .a = r->a->q, .a_scale = r->a->scale, .tok = g->rows, .n = g->n, .y = g->y,
+        .a = r->a->q, .a_scale = r->a->scale, .a_sum = r->a_sum, .tok = g->rows, .n = g->n, .y = g->y,
         .accum = r->accum,
     };
     /* the next group's weights, which this thread likely reads next: prefetched past the end */
@@ -311,11 +348,18 @@ int pd_gemm_grouped(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *groups
     }
     first[n_groups] = (int)total;
 
+    int32_t *sums = NULL;
+    if (macs > 0 && (rc = row_sums(pool, k, a, &sums, err)) < 0) {
+        if (first != stack_first)
+            free(first);
+        return rc;
+    }
     struct grouped_run r = {
-        .a = a, .groups = groups, .first_task = first, .n_groups = n_groups,
+        .a = a, .a_sum = sums, .groups = groups, .first_task = first, .n_groups = n_groups,
         .accum = (flags & PD_GEMM_ACCUM) != 0, .k = k, .fn = kernel_fns[k],
     };
     pd_pool_run(small_work(macs) ? NULL : pool, (int)total, grouped_task, &r);
+    free(sums);
     if (first != stack_first)
         free(first);
     return 0;

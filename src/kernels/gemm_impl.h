@@ -7,12 +7,6 @@
 
 #include <stdint.h>
 
-/* Reduction bytes per K block of the AVX-512 GEMM (gemm_avx512.c); gemm.c sizes that kernel's
- * row blocks by it. A multiple of 64. */
-#ifndef PD_GEMM_KBLOCK
-#define PD_GEMM_KBLOCK 4096
-#endif
-
 /* One weight matrix applied to a list of activation rows. */
 typedef struct pd_gemm_job {
     const int8_t *w;        // [out, in]
@@ -20,6 +14,7 @@ typedef struct pd_gemm_job {
     int out, in;
     const int8_t *a;        // [T, in] the whole activation matrix
     const float *a_scale;   // [T]
+    const int32_t *a_sum;   // [T] sum of each activation row (AVX-512 GEMM, n > 1; else NULL)
     const int32_t *tok;     // [n] activation rows used, in order; NULL = rows 0 .. n-1
     int n;
     float *y;               // [n, out]
@@ -44,6 +39,13 @@ typedef void (*pd_gemm_rows_fn)(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_rows_ref(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_rows_avx2(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1);
+
+/* The AVX-512 VNNI GEMM for n > 1 (gemm_vnni.c; pd_gemm_rows_avx512 hands it those jobs); needs
+ * job->a_sum, which pd_gemm_row_sums_vnni fills: sums[i] = sum_k a[i][k] for r0 <= i < r1. */
+void pd_gemm_rows_vnni(const pd_gemm_job *job, int o0, int o1);
+void pd_gemm_row_sums_vnni(const int8_t *a,   // [rows, in]
+                           int in, int r0, int r1,
+                           int32_t *sums);    // [rows]
 
 /* The epilogue: for u < nu and r < nr,
  *   y[i0 + u][o0 + r] (+)= (a_scale[tok(i0 + u)] * w_scale[o0 + r]) * (float)acc[u * ldacc + r] */
