@@ -10,6 +10,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "core/timing.h"
 #include "kernels/gemm_impl.h"
 
 static const char *const kernel_names[PD_KERNEL_COUNT] = {"ref", "avx2", "avx512"};
@@ -156,6 +157,19 @@ void pd_gemm_store(const pd_gemm_job *job, int i0, int nu, int o0, int nr, const
     }
 }
 
+static _Thread_local int timing_on;
+static _Thread_local int64_t timed_ns;
+
+void pd_gemm_timing(int on)
+{
+    timing_on = on;
+}
+
+int64_t pd_gemm_timed_ns(void)
+{
+    return timed_ns;
+}
+
 static int check_qmat(const pd_qmat *m, const char *what, pd_err *err)
 {
     if (!m)
@@ -224,7 +238,7 @@ static int row_sums(pd_pool *pool, pd_kernel k, const pd_qmat *a, int32_t **sums
     return 0;
 }
 
-int pd_gemm(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y, int flags, pd_err *err)
+static int gemm_run(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y, int flags, pd_err *err)
 {
     int rc;
     if ((rc = check_qmat(w, "weights", err)) < 0 || (rc = check_qmat(a, "activations", err)) < 0)
@@ -296,8 +310,8 @@ static void grouped_task(void *arg, int task)
     r->fn(&job, o0, o1);
 }
 
-int pd_gemm_grouped(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *groups, int n_groups,
-                    int flags, pd_err *err)
+static int grouped_run(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *groups, int n_groups,
+                       int flags, pd_err *err)
 {
     int rc;
     if ((rc = check_qmat(a, "activations", err)) < 0)
@@ -363,4 +377,25 @@ int pd_gemm_grouped(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *groups
     if (first != stack_first)
         free(first);
     return 0;
+}
+
+int pd_gemm(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y, int flags, pd_err *err)
+{
+    if (!timing_on)
+        return gemm_run(pool, w, a, y, flags, err);
+    int64_t t0 = pd_now_ns();
+    int rc = gemm_run(pool, w, a, y, flags, err);
+    timed_ns += pd_now_ns() - t0;
+    return rc;
+}
+
+int pd_gemm_grouped(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *groups, int n_groups, int flags,
+                    pd_err *err)
+{
+    if (!timing_on)
+        return grouped_run(pool, a, groups, n_groups, flags, err);
+    int64_t t0 = pd_now_ns();
+    int rc = grouped_run(pool, a, groups, n_groups, flags, err);
+    timed_ns += pd_now_ns() - t0;
+    return rc;
 }

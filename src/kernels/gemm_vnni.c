@@ -152,7 +152,7 @@ typedef struct pf_lines {
 /* The micro-tile: tokens u < U (ar[u] at the block's first reduction byte) x rows 16 V (V vector
  * lanes of 16 rows), n4 steps of 4 reduction bytes:
  *   c[u][16 v + i] (first ? 0 : c[u][16 v + i]) + sum_j sum_b wp[j][v * 64 + 4 i + b] * ar[u][4 j + b]
- * and one prefetch of pf's lines every other step: spread out so, the next block's weights come
+ * and pf's lines prefetched one every other step (or more per step if needed to cover them): spread out so, the next block's weights come
  * from memory while this one computes (issued all at once they fill the miss buffers and stall).
  * U and V are constants once inlined: the accumulators and instructions past them vanish. */
 INLINE AVX512 void tile(const uint8_t *wp, int n4, const int8_t *const *ar, int first, const pf_lines *pf,
@@ -184,12 +184,13 @@ INLINE AVX512 void tile(const uint8_t *wp, int n4, const int8_t *const *ar, int 
         if (V > 2) DP(c##u##2, w2, bc);                                                          \
         if (V > 3) DP(c##u##3, w3, bc);                                                          \
     }
+    /* per step: one line every other step, or as many as it takes to cover them all */
+    const int per = n4 > 0 ? (pf->q1 - pf->q0 + n4 - 1) / n4 : 0, every = per > 1 ? 1 : 2;
     int q = pf->q0;
     for (int j = 0; j < n4; j++) {
-        if (!(j & 1) && q < pf->q1) {
-            _mm_prefetch((const char *)(pf->base + (q / (KC / 64)) * pf->in + (q % (KC / 64)) * 64), _MM_HINT_T0);
-            q++;
-        }
+        if (j % every == 0)
+            for (int i = 0; i < per && q < pf->q1; i++, q++)
+                _mm_prefetch((const char *)(pf->base + (q / (KC / 64)) * pf->in + (q % (KC / 64)) * 64), _MM_HINT_T0);
         const uint8_t *wq = wp + (int64_t)j * PACK_STEP;
         w0 = _mm512_loadu_si512(wq);
         if (V > 1) w1 = _mm512_loadu_si512(wq + 64);
@@ -292,10 +293,10 @@ AVX512 void pd_gemm_rows_vnni(const pd_gemm_job *job, int o0, int o1)
             }
             /* The exact products: offset sums - 128 * the token's activation sum (modulo 2^32). */
             for (int u = 0; u < nt; u++) {
-                uint32_t corr = (uint32_t)job->a_sum[pd_gemm_job_tok(job, t0 + u)] << 7;
+                const __m512i corr = _mm512_set1_epi32((int32_t)((uint32_t)job->a_sum[pd_gemm_job_tok(job, t0 + u)] << 7));
                 int32_t *c = acc + (int64_t)u * NR;
-                for (int r = 0; r < nr; r++)
-                    c[r] = (int32_t)((uint32_t)c[r] - corr);
+                for (int v = 0; v < nv; v++)
+                    _mm512_store_si512(c + 16 * v, _mm512_sub_epi32(_mm512_load_si512(c + 16 * v), corr));
             }
             pd_gemm_store(job, t0, nt, c0, nr, acc, NR);
         }

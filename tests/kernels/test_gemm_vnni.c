@@ -134,3 +134,32 @@ Test(kernels, vnni_gemm_extremes_exact)
     check(65, 4099, 6, 1, pool2);
     pd_pool_destroy(pool2);
 }
+
+/* The profilers' GEMM clock: counts only while on, on the calling thread, and every kernel. */
+Test(kernels, gemm_timing_counts_only_when_on)
+{
+    pd_err e = {0};
+    int8_t *w = bytes(64 * 256, 0), *a = bytes(32 * 256, 0);
+    float *ws = scales(64), *as = scales(32), *y = malloc(32 * 64 * sizeof *y);
+    pd_qmat W = {w, ws, 64, 256}, A = {a, as, 32, 256};
+    int64_t t0 = pd_gemm_timed_ns();
+    cr_assert_eq(pd_gemm(NULL, &W, &A, y, 0, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_gemm_timed_ns(), t0, "counted while off");
+    pd_gemm_timing(1);
+    cr_assert_eq(pd_gemm(NULL, &W, &A, y, 0, &e), 0, "%s", e.msg);
+    int64_t t1 = pd_gemm_timed_ns();
+    cr_assert_gt(t1, t0, "pd_gemm not counted");
+    int32_t rows[3] = {0, 5, 31};
+    pd_gemm_group g = {.w = W, .rows = rows, .n = 3, .y = y};
+    cr_assert_eq(pd_gemm_grouped(NULL, &A, &g, 1, 0, &e), 0, "%s", e.msg);
+    cr_assert_gt(pd_gemm_timed_ns(), t1, "pd_gemm_grouped not counted");
+    pd_gemm_timing(0);
+    int64_t t2 = pd_gemm_timed_ns();
+    cr_assert_eq(pd_gemm(NULL, &W, &A, y, 0, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_gemm_timed_ns(), t2, "counted after it was turned off");
+    free(w);
+    free(a);
+    free(ws);
+    free(as);
+    free(y);
+}
