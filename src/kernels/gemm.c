@@ -4,6 +4,7 @@
 #include "kernels/gemm.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef __SSE2__
@@ -254,12 +255,20 @@ static int gemm_run(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y,
     if (w->rows == 0 || a->rows == 0)
         return 0;
 
-    int32_t *sums;
-    if ((rc = row_sums(pool, k, a, &sums, err)) < 0)
+    /* AVX-512 with few tokens: them packed once (gemm_vnni.c); more: their row sums */
+    int32_t *sums = NULL;
+    uint8_t *packed = NULL;
+    size_t tw = k == PD_KERNEL_AVX512 ? pd_gemm_tw_bytes(a->rows, a->cols) : 0;
+    if (tw) {
+        if (!(packed = malloc(tw)))
+            return pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %d packed rows", a->rows);
+        pd_gemm_tw_pack(a->q, a->cols, NULL, a->rows, packed);
+    } else if ((rc = row_sums(pool, k, a, &sums, err)) < 0) {
         return rc;
+    }
     struct plain_run r = {
         .job = {.w = w->q, .w_scale = w->scale, .out = w->rows, .in = w->cols,
-                .a = a->q, .a_scale = a->scale, .a_sum = sums, .tok = NULL, .n = a->rows, .y = y,
+                .a = a->q, .a_scale = a->scale, .a_sum = sums, .a_packed = packed, .tok = NULL, .n = a->rows, .y = y,
                 .accum = (flags & PD_GEMM_ACCUM) != 0},
         .fn = kernel_fns[k],
         .rb = rows_per_task(w->cols, k),
@@ -267,12 +276,60 @@ static int gemm_run(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y,
     int n_tasks = (w->rows + r.rb - 1) / r.rb;
     pd_pool_run(small_work((int64_t)w->rows * w->cols * a->rows) ? NULL : pool, n_tasks, plain_task, &r);
     free(sums);
+    free(packed);
+    return 0;
+}
+
+/* The grouped form's packed groups: pk->at[g] = offset of group g's pack in pk->buf, SIZE_MAX
+ * for a group that is not packed (then pk->need_sums). */
+struct pack_run {
+    const pd_qmat *a;
+    const pd_gemm_group *groups;
+    uint8_t *buf;
+    size_t *at;
+    int need_sums;
+};
+
+static void pack_task(void *arg, int g)
+{
+    const struct pack_run *p = arg;
+    const pd_gemm_group *gr = &p->groups[g];
+    if (p->at[g] != SIZE_MAX)
+        pd_gemm_tw_pack(p->a->q, p->a->cols, gr->rows, gr->n, p->buf + p->at[g]);
+}
+
+static int pack_groups(pd_pool *pool, pd_kernel k, struct pack_run *p, int n_groups, pd_err *err)
+{
+    if (k != PD_KERNEL_AVX512) {
+        p->need_sums = 0;
+        return 0;
+    }
+    if (!(p->at = malloc((size_t)n_groups * sizeof *p->at)))
+        return pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %d groups", n_groups);
+    size_t total = 0;
+    int64_t values = 0;
+    for (int g = 0; g < n_groups; g++) {
+        const pd_gemm_group *gr = &p->groups[g];
+        size_t b = gr->w.rows > 0 ? pd_gemm_tw_bytes(gr->n, gr->w.cols) : 0;
+        p->at[g] = b ? total : SIZE_MAX;
+        total += b;
+        values += b ? (int64_t)gr->n * gr->w.cols : 0;
+        if (!b && gr->n > 1 && gr->w.rows > 0)
+            p->need_sums = 1;
+    }
+    if (total == 0)
+        return 0;
+    if (!(p->buf = malloc(total)))
+        return pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %zu bytes of packed rows", total);
+    pd_pool_run(values < PD_GEMM_SERIAL_MACS / 16 ? NULL : pool, n_groups, pack_task, p);
     return 0;
 }
 
 struct grouped_run {
     const pd_qmat *a;
     const int32_t *a_sum;    // [a->rows] or NULL (gemm_impl.h)
+    const uint8_t *packed;   // the groups' packed rows (pd_gemm_tw_pack), at packed_at[g]
+    const size_t *packed_at; // [n_groups] offset in packed, or SIZE_MAX for a group not packed
     const pd_gemm_group *groups;
     const int *first_task;   // [n_groups + 1] first task of each group; the last = total
     int n_groups;
@@ -299,7 +356,8 @@ static void grouped_task(void *arg, int task)
     int o1 = o0 + rb < g->w.rows ? o0 + rb : g->w.rows;
     pd_gemm_job job = {
         .w = g->w.q, .w_scale = g->w.scale, .out = g->w.rows, .in = g->w.cols,
-        .a = r->a->q, .a_scale = r->a->scale, .a_sum = r->a_sum, .tok = g->rows, .n = g->n, .y = g->y,
+        .a = r->a->q, .a_scale = r->a->scale, .a_sum = r->a_sum,
+        .a_packed = r->packed_at && r->packed_at[lo] != SIZE_MAX ? r->packed + r->packed_at[lo] : NULL, .tok = g->rows, .n = g->n, .y = g->y,
         .accum = r->accum,
     };
     /* the next group's weights, which this thread likely reads next: prefetched past the end */
@@ -362,18 +420,27 @@ static int grouped_run(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *gro
     }
     first[n_groups] = (int)total;
 
+    /* AVX-512: groups of few tokens packed once (gemm_vnni.c), on the pool; the others need the
+     * activations' row sums */
     int32_t *sums = NULL;
-    if (macs > 0 && (rc = row_sums(pool, k, a, &sums, err)) < 0) {
+    struct pack_run pk = {.a = a, .groups = groups};
+    if (macs > 0 && (rc = pack_groups(pool, k, &pk, n_groups, err)) == 0 && pk.need_sums)
+        rc = row_sums(pool, k, a, &sums, err);
+    if (rc < 0) {
+        free(pk.at);
+        free(pk.buf);
         if (first != stack_first)
             free(first);
         return rc;
     }
     struct grouped_run r = {
-        .a = a, .a_sum = sums, .groups = groups, .first_task = first, .n_groups = n_groups,
+        .a = a, .a_sum = sums, .packed = pk.buf, .packed_at = pk.at, .groups = groups, .first_task = first, .n_groups = n_groups,
         .accum = (flags & PD_GEMM_ACCUM) != 0, .k = k, .fn = kernel_fns[k],
     };
     pd_pool_run(small_work(macs) ? NULL : pool, (int)total, grouped_task, &r);
     free(sums);
+    free(pk.buf);
+    free(pk.at);
     if (first != stack_first)
         free(first);
     return 0;

@@ -15,6 +15,7 @@ typedef struct pd_gemm_job {
     const int8_t *a;        // [T, in] the whole activation matrix
     const float *a_scale;   // [T]
     const int32_t *a_sum;   // [T] sum of each activation row (AVX-512 GEMM, n > 1; else NULL)
+    const uint8_t *a_packed; // the n rows used, packed by pd_gemm_tw_pack (AVX-512, 2 <= n <= 96), or NULL
     const int32_t *tok;     // [n] activation rows used, in order; NULL = rows 0 .. n-1
     int n;
     float *y;               // [n, out]
@@ -46,6 +47,13 @@ void pd_gemm_rows_vnni(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_row_sums_vnni(const int8_t *a,   // [rows, in]
                            int in, int r0, int r1,
                            int32_t *sums);    // [rows]
+
+/* Few tokens (gemm_vnni.c): the bytes pd_gemm_tw_pack writes for n rows of `in` bytes, 0 when
+ * that path does not apply (n < 2 or n > 96); the pack of rows tok[0 .. n) (NULL: 0 .. n-1) of a. */
+size_t pd_gemm_tw_bytes(int n, int in);
+void pd_gemm_tw_pack(const int8_t *a,     // [rows, in]
+                     int in, const int32_t *tok, int n,
+                     uint8_t *ap);        // [pd_gemm_tw_bytes(n, in)]
 
 /* The epilogue: for u < nu and r < nr,
  *   y[i0 + u][o0 + r] (+)= (a_scale[tok(i0 + u)] * w_scale[o0 + r]) * (float)acc[u * ldacc + r] */
