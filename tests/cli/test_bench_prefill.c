@@ -96,6 +96,10 @@ Test(bench_prefill, bad_flags_refused_by_name)
     cr_assert_eq(st, 2, "exit %d: %s", st, out);
     cr_assert(strstr(out, "--reps '0': want an integer in [1, 100]"), "%s", out);
     free(out);
+    out = run_out("bench prefill --cpu-time --threads 1,2 2>&1", &st);
+    cr_assert_eq(st, 2, "exit %d: %s", st, out);
+    cr_assert(strstr(out, "bench prefill: --cpu-time times the calling thread only: it needs --threads 1"), "%s", out);
+    free(out);
     out = run_out("bench prefill --frobnicate 2>&1", &st);
     cr_assert_neq(st, 0, "%s", out);
     cr_assert(strstr(out, "frobnicate"), "%s", out);
