@@ -225,12 +225,10 @@ static void sums_task(void *arg, int task)
     pd_gemm_row_sums_vnni(r->a->q, r->a->cols, r0, r1, r->sums);
 }
 
-/* *sums = the row sums of a, malloc'd (the caller frees), when kernel k's GEMM needs them. */
-static int row_sums(pd_pool *pool, pd_kernel k, const pd_qmat *a, int32_t **sums, pd_err *err)
+/* *sums = the row sums of a, malloc'd (the caller frees): the AVX-512 GEMM beyond
+ * PD_GEMM_TW_MAX tokens needs them. */
+static int row_sums(pd_pool *pool, const pd_qmat *a, int32_t **sums, pd_err *err)
 {
-    *sums = NULL;
-    if (k != PD_KERNEL_AVX512 || a->rows < 2)
-        return 0;
     if (!(*sums = malloc((size_t)a->rows * sizeof **sums)))
         return pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %d row sums", a->rows);
     struct sums_run r = {a, *sums};
@@ -255,7 +253,7 @@ static int gemm_run(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y,
     if (w->rows == 0 || a->rows == 0)
         return 0;
 
-    /* AVX-512 with few tokens: them packed once (gemm_vnni.c); more: their row sums */
+    /* AVX-512 with 25-96 tokens: them packed once (gemm_vnni.c); more: their row sums */
     int32_t *sums = NULL;
     uint8_t *packed = NULL;
     size_t tw = k == PD_KERNEL_AVX512 ? pd_gemm_tw_bytes(a->rows, a->cols) : 0;
@@ -263,7 +261,7 @@ static int gemm_run(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y,
         if (!(packed = malloc(tw)))
             return pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %d packed rows", a->rows);
         pd_gemm_tw_pack(a->q, a->cols, NULL, a->rows, packed);
-    } else if ((rc = row_sums(pool, k, a, &sums, err)) < 0) {
+    } else if (k == PD_KERNEL_AVX512 && a->rows > PD_GEMM_TW_MAX && (rc = row_sums(pool, a, &sums, err)) < 0) {
         return rc;
     }
     struct plain_run r = {
@@ -314,7 +312,7 @@ static int pack_groups(pd_pool *pool, pd_kernel k, struct pack_run *p, int n_gro
         p->at[g] = b ? total : SIZE_MAX;
         total += b;
         values += b ? (int64_t)gr->n * gr->w.cols : 0;
-        if (!b && gr->n > 1 && gr->w.rows > 0)
+        if (gr->n > PD_GEMM_TW_MAX && gr->w.rows > 0)
             p->need_sums = 1;
     }
     if (total == 0)
@@ -420,12 +418,12 @@ static int grouped_run(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *gro
     }
     first[n_groups] = (int)total;
 
-    /* AVX-512: groups of few tokens packed once (gemm_vnni.c), on the pool; the others need the
-     * activations' row sums */
+    /* AVX-512: groups of 25-96 tokens packed once (gemm_vnni.c), on the pool; groups of more need
+     * the activations' row sums */
     int32_t *sums = NULL;
     struct pack_run pk = {.a = a, .groups = groups};
     if (macs > 0 && (rc = pack_groups(pool, k, &pk, n_groups, err)) == 0 && pk.need_sums)
-        rc = row_sums(pool, k, a, &sums, err);
+        rc = row_sums(pool, a, &sums, err);
     if (rc < 0) {
         free(pk.at);
         free(pk.buf);

@@ -1,6 +1,6 @@
 /* AVX-512 VNNI decode GEMV (T = 1), built on vpdpbusd, which multiplies UNSIGNED bytes by SIGNED
- * bytes and adds groups of four products into int32 lanes; T > 1 goes to the outer-product GEMM of
- * gemm_vnni.c.
+ * bytes and adds groups of four products into int32 lanes; T > 1 goes to the GEMMs of
+ * gemm_avx512_small.c (up to 24 tokens) and gemm_vnni.c.
  *
  * Sign handling: the weights are the unsigned operand, flipped on the fly with w ^ 0x80, which is
  * w + 128 read as a byte in [0, 255]; the activations stay signed. Then
@@ -226,6 +226,8 @@ AVX512 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1)
         _mm_prefetch((const char *)(job->w_scale + o), _MM_HINT_T0);
     if (job->n == 1)
         gemv_rows(job, o0, o1);
+    else if (job->n <= PD_GEMM_SMALL_MAX)
+        pd_gemm_rows_small(job, o0, o1);
     else
         pd_gemm_rows_vnni(job, o0, o1);
 }

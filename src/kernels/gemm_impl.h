@@ -15,7 +15,7 @@ typedef struct pd_gemm_job {
     const int8_t *a;        // [T, in] the whole activation matrix
     const float *a_scale;   // [T]
     const int32_t *a_sum;   // [T] sum of each activation row (AVX-512 GEMM, n > 1; else NULL)
-    const uint8_t *a_packed; // the n rows used, packed by pd_gemm_tw_pack (AVX-512, 2 <= n <= 96), or NULL
+    const uint8_t *a_packed; // the n rows used, packed by pd_gemm_tw_pack (AVX-512, 24 < n <= 96), or NULL
     const int32_t *tok;     // [n] activation rows used, in order; NULL = rows 0 .. n-1
     int n;
     float *y;               // [n, out]
@@ -41,15 +41,22 @@ void pd_gemm_rows_ref(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_rows_avx2(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1);
 
-/* The AVX-512 VNNI GEMM for n > 1 (gemm_vnni.c; pd_gemm_rows_avx512 hands it those jobs); needs
- * job->a_sum, which pd_gemm_row_sums_vnni fills: sums[i] = sum_k a[i][k] for r0 <= i < r1. */
+/* The AVX-512 kernel by the number of tokens n (pd_gemm_rows_avx512 dispatches): 1 the decode GEMV
+ * (gemm_avx512.c); 2 .. PD_GEMM_SMALL_MAX the inner product (gemm_avx512_small.c); up to
+ * PD_GEMM_TW_MAX the tokens packed once per call into job->a_packed (pd_gemm_tw_pack); beyond,
+ * the weights packed per task, which needs job->a_sum (pd_gemm_row_sums_vnni:
+ * sums[i] = sum_k a[i][k] for r0 <= i < r1) (both gemm_vnni.c). */
+#define PD_GEMM_SMALL_MAX 24
+#define PD_GEMM_TW_MAX 96
+void pd_gemm_rows_small(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_rows_vnni(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_row_sums_vnni(const int8_t *a,   // [rows, in]
                            int in, int r0, int r1,
                            int32_t *sums);    // [rows]
 
 /* Few tokens (gemm_vnni.c): the bytes pd_gemm_tw_pack writes for n rows of `in` bytes, 0 when
- * that path does not apply (n < 2 or n > 96); the pack of rows tok[0 .. n) (NULL: 0 .. n-1) of a. */
+ * that path does not apply (n <= PD_GEMM_SMALL_MAX or n > PD_GEMM_TW_MAX); the pack of rows
+ * tok[0 .. n) (NULL: 0 .. n-1) of a. */
 size_t pd_gemm_tw_bytes(int n, int in);
 void pd_gemm_tw_pack(const int8_t *a,     // [rows, in]
                      int in, const int32_t *tok, int n,

@@ -247,7 +247,7 @@ static const int8_t *next_block(const pd_gemm_job *job, int c0, int t0, int k0, 
     return job->w_next;
 }
 
-/* ---- Few tokens (2 .. 96: a routed expert's share, a decode batch) -----------------------------
+/* ---- Few tokens (25 .. 96: a routed expert's share of a prefill, a decode batch) -----------------------------
  *
  * Packing weights costs about as much as 20-60 tokens' worth of products, and such weights come
  * from memory once: the roles swap. A vector holds the same 4 reduction bytes of 16 tokens (the
@@ -258,7 +258,7 @@ static const int8_t *next_block(const pd_gemm_job *job, int c0, int t0, int k0, 
  * with wsum[r] = sum_k w[r][k] computed per row just before (which also brings the rows in).
  * Tile: R rows x V vectors of 16 tokens, R x V <= 24 accumulators, the whole reduction in
  * registers (no K blocks: the activations, at most 96 x in bytes, stream from L2). */
-enum { TW_MAX_N = 96, TW_MAX_R = 12, TW_MAX_V = 6 };
+enum { TW_MAX_N = PD_GEMM_TW_MAX, TW_MAX_R = 12, TW_MAX_V = 6 };
 
 /* Rows per tile for V vectors of tokens: 12 x 1, 8 x 2, 6 x 3, 6 x 4, 4 x 5, 4 x 6 (accumulators,
  * the V activation vectors and the broadcast within the 32 registers). */
@@ -266,7 +266,7 @@ static const int tw_rows[TW_MAX_V + 1] = {0, 12, 8, 6, 6, 4, 4};
 
 size_t pd_gemm_tw_bytes(int n, int in)
 {
-    if (n < 2 || n > TW_MAX_N)
+    if (n <= PD_GEMM_SMALL_MAX || n > TW_MAX_N)
         return 0;
     return (size_t)((in + 3) / 4) * (size_t)((n + 15) / 16) * 64;
 }

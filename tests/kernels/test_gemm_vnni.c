@@ -1,7 +1,8 @@
-/* The AVX-512 GEMM of gemm_vnni.c against the portable reference, bit for bit: beyond 96 tokens
- * packed 64-row weight blocks of KC = 512 reduction bytes offset to unsigned and 6 x 64
- * micro-tiles; 2 to 96 tokens packed (offset) and weights broadcast from the matrix, 1 to 6
- * vectors of 16 tokens; both with a 1-3 byte reduction tail and rows ending mid-vector. Odd shapes: reductions of 1 to 3 bytes, of a
+/* The AVX-512 GEMMs against the portable reference, bit for bit: beyond 96 tokens packed 64-row
+ * weight blocks of KC = 512 reduction bytes offset to unsigned and 6 x 64 micro-tiles; 25 to 96
+ * tokens packed (offset) and weights broadcast from the matrix, 2 to 6 vectors of 16 tokens (both
+ * gemm_vnni.c); 2 to 24 tokens the inner product (gemm_avx512_small.c); with 1-3 byte reduction
+ * tails and rows ending mid-vector. Odd shapes: reductions of 1 to 3 bytes, of a
  * few bytes more or less than one or two packed blocks, row counts that end inside a 16-row vector
  * and inside a 64-row tile, every token tail width, y += with PD_GEMM_ACCUM, the grouped form with
  * repeated and reversed rows, and the extremes (-128 everywhere, the int32 bound). */
@@ -113,11 +114,11 @@ Test(kernels, vnni_gemm_few_token_widths_match_reference)
 {
     if (!pd_gemm_kernel_supported(PD_KERNEL_AVX512))
         cr_skip_test("no AVX-512 VNNI on this CPU");
-    /* 2 .. 96 tokens take the packed-activation path in 1 to 6 vectors of 16 (12, 8, 6, 6, 4 and 4
-     * rows per tile); 97 is the first of the packed-weight path */
+    /* 2 .. 24 tokens take the inner product (gemm_avx512_small.c), 25 .. 96 the packed-activation
+     * path in 2 to 6 vectors of 16 (8, 6, 6, 4 and 4 rows per tile), 97 on the packed weights */
     static const int ins[] = {3, 64, 517};
     static const int outs[] = {7, 13, 64, 70};
-    static const int tokens[] = {15, 16, 17, 31, 33, 48, 49, 63, 64, 65, 80, 81, 96, 97};
+    static const int tokens[] = {17, 24, 25, 31, 33, 48, 49, 63, 64, 65, 80, 81, 96, 97};
     pd_pool *pool2;
     pd_err e = {0};
     cr_assert_eq(pd_pool_create(2, &pool2, &e), 0, "%s", e.msg);
