@@ -256,7 +256,7 @@ static int gemm_run(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y,
     /* AVX-512 with 25-96 tokens: them packed once (gemm_vnni.c); more: their row sums */
     int32_t *sums = NULL;
     uint8_t *packed = NULL;
-    size_t tw = k == PD_KERNEL_AVX512 ? pd_gemm_tw_bytes(a->rows, a->cols) : 0;
+    size_t tw = k == PD_KERNEL_AVX512 ? pd_gemm_tw_bytes(a->rows, a->cols, 0) : 0;
     if (tw) {
         if (!(packed = malloc(tw)))
             return pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %d packed rows", a->rows);
@@ -308,7 +308,7 @@ static int pack_groups(pd_pool *pool, pd_kernel k, struct pack_run *p, int n_gro
     int64_t values = 0;
     for (int g = 0; g < n_groups; g++) {
         const pd_gemm_group *gr = &p->groups[g];
-        size_t b = gr->w.rows > 0 ? pd_gemm_tw_bytes(gr->n, gr->w.cols) : 0;
+        size_t b = gr->w.rows > 0 ? pd_gemm_tw_bytes(gr->n, gr->w.cols, 1) : 0;
         p->at[g] = b ? total : SIZE_MAX;
         total += b;
         values += b ? (int64_t)gr->n * gr->w.cols : 0;
@@ -418,7 +418,7 @@ static int grouped_run(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *gro
     }
     first[n_groups] = (int)total;
 
-    /* AVX-512: groups of 25-96 tokens packed once (gemm_vnni.c), on the pool; groups of more need
+    /* AVX-512: groups of 2-96 tokens packed once (gemm_vnni.c), on the pool; groups of more need
      * the activations' row sums */
     int32_t *sums = NULL;
     struct pack_run pk = {.a = a, .groups = groups};

@@ -264,9 +264,9 @@ enum { TW_MAX_N = PD_GEMM_TW_MAX, TW_MAX_R = 12, TW_MAX_V = 6 };
  * the V activation vectors and the broadcast within the 32 registers). */
 static const int tw_rows[TW_MAX_V + 1] = {0, 12, 8, 6, 6, 4, 4};
 
-size_t pd_gemm_tw_bytes(int n, int in)
+size_t pd_gemm_tw_bytes(int n, int in, int grouped)
 {
-    if (n <= PD_GEMM_SMALL_MAX || n > TW_MAX_N)
+    if (n < (grouped ? 2 : PD_GEMM_SMALL_MAX + 1) || n > TW_MAX_N)
         return 0;
     return (size_t)((in + 3) / 4) * (size_t)((n + 15) / 16) * 64;
 }

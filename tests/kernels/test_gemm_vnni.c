@@ -1,7 +1,8 @@
 /* The AVX-512 GEMMs against the portable reference, bit for bit: beyond 96 tokens packed 64-row
  * weight blocks of KC = 512 reduction bytes offset to unsigned and 6 x 64 micro-tiles; 25 to 96
  * tokens packed (offset) and weights broadcast from the matrix, 2 to 6 vectors of 16 tokens (both
- * gemm_vnni.c); 2 to 24 tokens the inner product (gemm_avx512_small.c); with 1-3 byte reduction
+ * gemm_vnni.c; in the grouped form from 2 tokens); 2 to 24 tokens the inner product
+ * (gemm_avx512_small.c); with 1-3 byte reduction
  * tails and rows ending mid-vector. Odd shapes: reductions of 1 to 3 bytes, of a
  * few bytes more or less than one or two packed blocks, row counts that end inside a 16-row vector
  * and inside a 64-row tile, every token tail width, y += with PD_GEMM_ACCUM, the grouped form with
@@ -114,8 +115,9 @@ Test(kernels, vnni_gemm_few_token_widths_match_reference)
 {
     if (!pd_gemm_kernel_supported(PD_KERNEL_AVX512))
         cr_skip_test("no AVX-512 VNNI on this CPU");
-    /* 2 .. 24 tokens take the inner product (gemm_avx512_small.c), 25 .. 96 the packed-activation
-     * path in 2 to 6 vectors of 16 (8, 6, 6, 4 and 4 rows per tile), 97 on the packed weights */
+    /* plain: 2 .. 24 tokens take the inner product (gemm_avx512_small.c), 25 .. 96 the
+     * packed-activation path in 2 to 6 vectors of 16 (8, 6, 6, 4 and 4 rows per tile), 97 on the
+     * packed weights; grouped (check() runs T + 1 rows): the packed activations from 2 tokens on */
     static const int ins[] = {3, 64, 517};
     static const int outs[] = {7, 13, 64, 70};
     static const int tokens[] = {17, 24, 25, 31, 33, 48, 49, 63, 64, 65, 80, 81, 96, 97};
