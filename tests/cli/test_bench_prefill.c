@@ -70,7 +70,8 @@ Test(bench_prefill, json_runs_and_shares)
             cr_assert(s >= 0 && s <= 1, "run %zu: %s share %g", i, parts[p], s);
             sum += s;
         }
-        cr_assert(fabs(sum - 1) < 1e-6, "run %zu: shares add up to %g", i, sum);
+        /* each share printed to 6 significant digits */
+        cr_assert(fabs(sum - 1) < 1e-5, "run %zu: shares add up to %g", i, sum);
         /* every step runs matrix products, attention and MoE layers; one process, no exchange */
         cr_assert_gt(num(sh, "gemm"), 0, "run %zu", i);
         cr_assert_gt(num(sh, "attention"), 0, "run %zu", i);
