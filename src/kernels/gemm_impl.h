@@ -45,8 +45,8 @@ void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1);
  * (gemm_avx512.c); up to PD_GEMM_TW_MAX the tokens packed once per call into job->a_packed
  * (pd_gemm_tw_pack) when pd_gemm_tw_bytes says so: from 2 tokens in the grouped form (routed
  * experts, whose weights come from memory: this path prefetches the next rows and the next
- * expert's), from PD_GEMM_SMALL_MAX + 1 in the plain one; below that the inner product
- * (gemm_avx512_small.c); beyond PD_GEMM_TW_MAX the weights packed per task, which needs job->a_sum
+ * expert's), from PD_GEMM_SMALL_MAX + 1 in the plain one; below that, and for matrices of fewer
+ * than 16 rows, the inner product (gemm_avx512_small.c); beyond PD_GEMM_TW_MAX the weights packed per task, which needs job->a_sum
  * (pd_gemm_row_sums_vnni: sums[i] = sum_k a[i][k] for r0 <= i < r1) (both gemm_vnni.c). */
 #define PD_GEMM_SMALL_MAX 24
 #define PD_GEMM_TW_MAX 96
