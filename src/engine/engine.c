@@ -210,7 +210,9 @@ static int sublayer(struct pd_step *st, int layer, int ffn, pd_err *e)
     }
     if (!en->ref)
         pd_quant_rows_pool(en->pool, st->x, st->T, H, (int8_t *)st->xq.q, (float *)st->xq.scale);
+    pd_prof_enter(&en->prof, ffn ? PD_PROF_MOE : PD_PROF_ATTENTION);
     int rc = ffn ? pd_moe_layer(st, layer, e) : pd_attention_layer(st, layer, e);
+    pd_prof_leave(&en->prof);
     if (rc)
         return rc;
     float *tmp = pd_scratch(en, 48, (size_t)hc * H * sizeof(float), e);
@@ -374,6 +376,7 @@ int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items
     const struct pd_model *m = &en->model;
     const int H = (int)m->hidden_size, hc = m->hc_mult;
     struct pd_step st = {.en = en, .items = items, .n_items = n_items};
+    pd_prof_step_begin(&en->prof);
     int rc = step_check(en, &st, 0, e);
     if (rc || (rc = step_setup(en, &st, 0, e)))
         return rc;
@@ -401,6 +404,7 @@ int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items
         items[i].seq->pos += items[i].n;
         items[i].seq->kv.len = items[i].seq->pos;
     }
+    pd_prof_step_end(&en->prof);
     return 0;
 }
 

@@ -69,6 +69,13 @@ int pd_gemm_grouped(pd_pool *pool,
                     const pd_gemm_group *groups,   // [n_groups]
                     int n_groups, int flags, pd_err *err);
 
+/* Time spent in pd_gemm and pd_gemm_grouped on the calling thread, for profilers (the engine's
+ * step profile): pd_gemm_timing(1) makes this thread's calls add their wall time, in ns, to its
+ * counter, pd_gemm_timing(0) stops that; pd_gemm_timed_ns reads the counter. Off (the default)
+ * it costs one thread-local test per call. */
+void pd_gemm_timing(int on);
+int64_t pd_gemm_timed_ns(void);
+
 /* The implementation pd_gemm uses now: PDMOE_KERNEL if set (and valid), else the best the CPU
  * supports. Returns 0 or PD_EINVAL when PDMOE_KERNEL names an unknown or unsupported kernel;
  * the CLI calls it once at start-up to report that. */

@@ -7,12 +7,6 @@
 
 #include <stdint.h>
 
-/* Reduction bytes per K block of the AVX-512 GEMM (gemm_avx512.c); gemm.c sizes that kernel's
- * row blocks by it. A multiple of 64. */
-#ifndef PD_GEMM_KBLOCK
-#define PD_GEMM_KBLOCK 4096
-#endif
-
 /* One weight matrix applied to a list of activation rows. */
 typedef struct pd_gemm_job {
     const int8_t *w;        // [out, in]
@@ -20,6 +14,8 @@ typedef struct pd_gemm_job {
     int out, in;
     const int8_t *a;        // [T, in] the whole activation matrix
     const float *a_scale;   // [T]
+    const int32_t *a_sum;   // [T] sum of each activation row (AVX-512 GEMM, n > 1; else NULL)
+    const uint8_t *a_packed; // the n rows used, packed by pd_gemm_tw_pack (AVX-512, 24 < n <= 96), or NULL
     const int32_t *tok;     // [n] activation rows used, in order; NULL = rows 0 .. n-1
     int n;
     float *y;               // [n, out]
@@ -60,6 +56,29 @@ void pd_gemm_amx_pack(const pd_gemm_job *job, int tb, int8_t *dst);
 void pd_gemm_amx_emu_dpbssd(int32_t *c, const int8_t *a, const int8_t *b);
 /* 1 if the CPU has AMX-TILE and AMX-INT8 and the OS granted this process the tile state. */
 int pd_gemm_amx_available(void);
+
+/* The AVX-512 kernel by the number of tokens n (pd_gemm_rows_avx512 dispatches): 1 the decode GEMV
+ * (gemm_avx512.c); up to PD_GEMM_TW_MAX the tokens packed once per call into job->a_packed
+ * (pd_gemm_tw_pack) when pd_gemm_tw_bytes says so: from 2 tokens in the grouped form (routed
+ * experts, whose weights come from memory: this path prefetches the next rows and the next
+ * expert's), from PD_GEMM_SMALL_MAX + 1 in the plain one; below that, and for matrices of fewer
+ * than 16 rows, the inner product (gemm_avx512_small.c); beyond PD_GEMM_TW_MAX the weights packed per task, which needs job->a_sum
+ * (pd_gemm_row_sums_vnni: sums[i] = sum_k a[i][k] for r0 <= i < r1) (both gemm_vnni.c). */
+#define PD_GEMM_SMALL_MAX 24
+#define PD_GEMM_TW_MAX 96
+void pd_gemm_rows_small(const pd_gemm_job *job, int o0, int o1);
+void pd_gemm_rows_vnni(const pd_gemm_job *job, int o0, int o1);
+void pd_gemm_row_sums_vnni(const int8_t *a,   // [rows, in]
+                           int in, int r0, int r1,
+                           int32_t *sums);    // [rows]
+
+/* Few tokens (gemm_vnni.c): the bytes pd_gemm_tw_pack writes for n rows of `in` bytes, 0 when
+ * that path does not apply (see above; grouped: 1 for the grouped form); the pack of rows
+ * tok[0 .. n) (NULL: 0 .. n-1) of a. */
+size_t pd_gemm_tw_bytes(int n, int in, int grouped);
+void pd_gemm_tw_pack(const int8_t *a,     // [rows, in]
+                     int in, const int32_t *tok, int n,
+                     uint8_t *ap);        // [pd_gemm_tw_bytes(n, in)]
 
 /* The epilogue: for u < nu and r < nr,
  *   y[i0 + u][o0 + r] (+)= (a_scale[tok(i0 + u)] * w_scale[o0 + r]) * (float)acc[u * ldacc + r] */
