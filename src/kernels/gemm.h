@@ -87,6 +87,12 @@ int pd_gemm_kernel_set(pd_kernel k, pd_err *err);
 /* 1 if this CPU (and OS) can run kernel k. */
 int pd_gemm_kernel_supported(pd_kernel k);
 
+/* The AMX peak probe (benchmarks): 4 x iters TDPBSSD on tiles already loaded, each 16 x 16 x 64
+ * multiply-adds (PD_GEMM_AMX_OPS int8 ops), on the calling thread. -1 where the AMX kernel is not
+ * supported, without running anything. */
+#define PD_GEMM_AMX_OPS (2.0 * 16 * 16 * 64)
+int pd_gemm_amx_probe(uint64_t iters);
+
 /* "ref", "avx2", "avx512", "amx", "amx-emu". */
 const char *pd_gemm_kernel_name(pd_kernel k);
 

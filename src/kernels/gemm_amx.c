@@ -173,6 +173,38 @@ void pd_gemm_rows_amx(const pd_gemm_job *job, int o0, int o1)
         rows_hw(job, o0, o1);
 }
 
+/* The peak probe: four independent accumulators, each TDPBSSD reading tiles already loaded. */
+__attribute__((target("amx-tile,amx-int8"))) static void probe_hw(uint64_t iters)
+{
+    _Alignas(64) int8_t src[16 * 64] = {1};
+    struct amx_cfg cfg;
+    amx_cfg_full(&cfg);
+    _tile_loadconfig(&cfg);
+    _tile_loadd(4, src, 64);
+    _tile_loadd(5, src, 64);
+    _tile_loadd(6, src, 64);
+    _tile_loadd(7, src, 64);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (uint64_t i = 0; i < iters; i++) {
+        _tile_dpbssd(0, 4, 6);
+        _tile_dpbssd(1, 4, 7);
+        _tile_dpbssd(2, 5, 6);
+        _tile_dpbssd(3, 5, 7);
+    }
+    _tile_release();
+}
+
+int pd_gemm_amx_probe(uint64_t iters)
+{
+    if (!pd_gemm_amx_available())
+        return -1;
+    probe_hw(iters);
+    return 0;
+}
+
 /* Linux keeps the tile data state off until a process asks for it (5.16 and later); without it the
  * first tile instruction faults. */
 #define ARCH_REQ_XCOMP_PERM 0x1023
@@ -198,5 +230,10 @@ void pd_gemm_rows_amx(const pd_gemm_job *job, int o0, int o1)
 int pd_gemm_amx_available(void)
 {
     return 0;
+}
+
+int pd_gemm_amx_probe(uint64_t iters)
+{
+    return -1;
 }
 #endif
