@@ -79,7 +79,7 @@ $(BUILD)/%.o: %.c
 # `make test` on a fresh clone runs every test rather than skipping them.
 MINI := models/mini/model.safetensors
 # Written again when the generator or the preset changes, so a checkout never tests a stale model.
-$(MINI): src/engine/genmodel.c models/v4-flash-mini.json | $(BUILD)/pdmoe
+$(MINI): src/engine/genmodel.c src/plan/inventory.c models/v4-flash-mini.json | $(BUILD)/pdmoe
 	./$(BUILD)/pdmoe gen-model --preset v4-flash-mini --out models/mini
 
 # Tests run from the top of the tree (they read models/ and write to a temporary directory).

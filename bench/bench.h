@@ -5,6 +5,7 @@
 int pd_bench_plan(int argc, char **argv);
 int pd_bench_kernels(int argc, char **argv);
 int pd_bench_decode(int argc, char **argv);
+int pd_bench_prefill(int argc, char **argv);
 int pd_bench_ep(int argc, char **argv);
 int pd_bench_serve(int argc, char **argv);
 int pd_bench_soak(int argc, char **argv);

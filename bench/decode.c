@@ -25,7 +25,7 @@ static double lin_bytes(const struct pd_linear *l)
 {
     if (l->q.q)
         return (double)l->out * l->in + 4.0 * l->out;
-    return l->f ? 4.0 * l->out * l->in : 0;
+    return l->f ? 4.0 * l->out * l->in : l->h ? 2.0 * l->out * l->in : 0;
 }
 
 static double expert_bytes(const struct pd_expert_w *x)

@@ -138,6 +138,30 @@ struct vnni_run {
     uint64_t iters;   /* per task */
 };
 
+static void amx_task(void *arg, int task)
+{
+    pd_gemm_amx_probe(((struct vnni_run *)arg)->iters);
+}
+
+/* int8 ops/s of TDPBSSD alone from `threads` threads (4 independent tile accumulators each), as
+ * measure_vnni_peak below does for VPDPBUSD; 0 where the CPU (or Linux) has no AMX-INT8. */
+static double measure_amx_peak(pd_pool *pool, int threads, int quick)
+{
+    if (!pd_gemm_kernel_supported(PD_KERNEL_AMX))
+        return 0;
+    struct vnni_run r = {.iters = quick ? 20000 : 100000};
+    int n_tasks = 8 * threads;
+    double best = 1e30;
+    amx_task(&r, 0);
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now_s();
+        pd_pool_run(threads > 1 ? pool : NULL, n_tasks, amx_task, &r);
+        double dt = now_s() - t0;
+        best = dt < best ? dt : best;
+    }
+    return (double)n_tasks * (double)r.iters * 4.0 * PD_GEMM_AMX_OPS / best;
+}
+
 static void vnni_task(void *arg, int task)
 {
     vnni_chain(((struct vnni_run *)arg)->iters);
@@ -588,9 +612,18 @@ static int bench_ceilings(struct ctx *c)
             c->peak[i] = 0;
             say(c, "   no AVX-512 VNNI here: no VNNI peak; ratios against oneDNN only\n");
         }
-        json_array_append_new(c->ceilings, json_pack("{s:i, s:f, s:f}", "threads", c->tcount[i],
+        double amx = measure_amx_peak(pool_for(c, i), c->tcount[i], c->o.quick);
+        if (amx > 0)
+            say(c, "   AMX peak, %d thread%s: %7.1f Gops/s (4 independent TDPBSSD tile chains per thread; %.0f int8 "
+                "ops each); the GEMM cases run the AMX kernel (%s)\n", c->tcount[i], plural(c->tcount[i]), amx / 1e9,
+                PD_GEMM_AMX_OPS, pd_gemm_kernel_name(c->k));
+        else if (i == 0)
+            say(c, "   no AMX-INT8 here (amx_int8 not in /proc/cpuinfo, or Linux refused the tile state): no AMX "
+                "peak, the AMX kernel not measured\n");
+        json_array_append_new(c->ceilings, json_pack("{s:i, s:f, s:f, s:o}", "threads", c->tcount[i],
                                                      "read_GBps", c->bw[i] / 1e9,
-                                                     "vnni_peak_gops", c->peak[i] / 1e9));
+                                                     "vnni_peak_gops", c->peak[i] / 1e9,
+                                                     "amx_peak_gops", amx > 0 ? json_real(amx / 1e9) : json_null()));
     }
     return 0;
 }

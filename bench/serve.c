@@ -14,7 +14,11 @@
  * a conversation's next turn is sent when its last one ends. Both report the TTFT of cold requests
  * (the first of each group or conversation) and warm ones (the rest) and their ratio, and the prefix
  * cache's hit rate: hits / queries of pdmoe_prefix_cache_*_total on the --metrics-url servers
- * (default the endpoint itself), read before and after the run. */
+ * (default the endpoint itself), read before and after the run; when those include a decode
+ * instance, its KV pulls over the run (pdmoe_kv_transfer*_total), their share of the mean TTFT and
+ * the most that pulling only the blocks the decode side lacks could save (issue 15: measured, not
+ * built, because that bound is a fraction of a percent of TTFT). A failed request is reported with
+ * the server's answer to the first one. */
 #include "bench.h"
 #include "cli/cli.h"
 #include "model/config.h"
@@ -43,6 +47,8 @@ struct sreq {
     int group, turn;             /* --dataset: the system prompt or conversation, the turn in it */
     double t_send, t_first, t_last;
     int chunks, done, ok;
+    char body[160];              /* the start of an error answer's body (a failed request's) */
+    int n_body;
     double *itl;                 /* gaps between chunks */
     int n_itl, cap_itl;
     struct evhttp_connection *conn;
@@ -63,6 +69,7 @@ struct bench_run {
     uint64_t rng;
     int max_concurrency;         /* 0: no limit */
     int in_flight, peak_in_flight;
+    char first_error[240];       /* the first failed request's status and the start of its body */
     int *pending, n_pending, next_pending;   /* arrived beyond max_concurrency, in arrival order */
     enum { DS_RANDOM, DS_SHARED, DS_TURNS } dataset;
     int groups, sys_len, turns;  /* shared prefix: groups, system prompt words; multi-turn: turns */
@@ -122,6 +129,11 @@ static void on_chunk(struct evhttp_request *h, void *arg)
     char *buf = malloc(n + 1);
     evbuffer_remove(in, buf, n);
     buf[n] = 0;
+    if (evhttp_request_get_response_code(h) != 200) {   /* an error's body: kept for the report */
+        int room = (int)sizeof q->body - 1 - q->n_body, k = (int)n < room ? (int)n : room;
+        memcpy(q->body + q->n_body, buf, (size_t)k);
+        q->body[q->n_body += k] = 0;
+    }
     /* a chunk with generated text counts as a token arrival */
     if (strstr(buf, "\"text\":\"") || strstr(buf, "\"content\":\"")) {
         double now = pd_now_s();
@@ -145,7 +157,19 @@ static void on_done(struct evhttp_request *h, void *arg)
     struct sreq *q = arg;
     struct bench_run *b = q->run;
     q->done = 1;
-    q->ok = h && evhttp_request_get_response_code(h) == 200 && q->chunks > 0;
+    int code = h ? evhttp_request_get_response_code(h) : 0;
+    q->ok = code == 200 && q->chunks > 0;
+    if (!q->ok && !b->first_error[0]) {
+        /* what the server said: the body on_chunk kept, or what is still in the input buffer */
+        struct evbuffer *in = h ? evhttp_request_get_input_buffer(h) : NULL;
+        ev_ssize_t got = in && !q->n_body ? evbuffer_copyout(in, q->body, sizeof q->body - 1) : 0;
+        if (got > 0)
+            q->body[got] = 0;
+        if (code)
+            snprintf(b->first_error, sizeof b->first_error, "HTTP %d%s%s", code, q->body[0] ? ": " : "", q->body);
+        else
+            snprintf(b->first_error, sizeof b->first_error, "no response (the connection failed)");
+    }
     event_base_once(b->base, -1, EV_TIMEOUT, free_conn, q->conn, &(struct timeval){0, 0});
     b->in_flight--;
     if (b->next_pending < b->n_pending)
@@ -263,15 +287,32 @@ static const char serve_usage[] =
     "turns, each turn's prompt the whole conversation so far (answers of --random-output-len synthetic words),\n"
     "the next turn sent when the last ends. Both print the TTFT of cold requests (the first of a group or\n"
     "conversation) against warm ones and the prefix cache's hit rate (pdmoe_prefix_cache_hits_total /\n"
-    "_queries_total over the run, summed over --metrics-url, default the endpoint; a proxy has none).\n";
+    "_queries_total over the run, summed over --metrics-url, default the endpoint; a proxy has none) and, when\n"
+    "--metrics-url names a decode instance, its KV pulls: their share of the mean TTFT and the most that\n"
+    "pulling only the blocks the decode side lacks could save.\n";
 
-/* The sums of pdmoe_prefix_cache_queries_total and _hits_total over the servers of `urls`
- * (comma-separated http://HOST:PORT); how many of them have the counters, -1 if one cannot be
- * read (named on stderr). */
-static int cache_counters(const char *urls, double *queries, double *hits)
+/* Counters summed over the servers of --metrics-url: the prefix cache's (prefill side) and the KV
+ * hand-off's (decode side: the pulls, their bytes and their time). */
+struct srv_counters {
+    double queries, hits;                 /* pdmoe_prefix_cache_{queries,hits}_total, tokens */
+    double xfers, xfer_bytes, xfer_s;     /* pdmoe_kv_transfers_total, _transfer_bytes_total, _seconds_total */
+    int have_cache, have_xfer;            /* servers that had each */
+};
+
+static double counter(const char *text, const char *name, int *found)
 {
-    *queries = *hits = 0;
-    int have = 0;
+    char key[96];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = strstr(text, key);
+    *found = p != NULL;
+    return p ? strtod(p + strlen(key), NULL) : 0;
+}
+
+/* Reads the counters above from every server of `urls` (comma-separated http://HOST:PORT); -1 if
+ * one cannot be read (named on stderr), else 0. */
+static int server_counters(const char *urls, struct srv_counters *c)
+{
+    memset(c, 0, sizeof *c);
     char list[1024];
     snprintf(list, sizeof list, "%s", urls);
     for (char *save = NULL, *u = strtok_r(list, ",", &save); u; u = strtok_r(NULL, ",", &save)) {
@@ -322,15 +363,24 @@ static int cache_counters(const char *urls, double *queries, double *hits)
             return -1;
         }
         text[len] = 0;
-        const char *q = strstr(text, "\npdmoe_prefix_cache_queries_total "), *h = strstr(text, "\npdmoe_prefix_cache_hits_total ");
-        if (q && h) {
-            *queries += strtod(q + strlen("\npdmoe_prefix_cache_queries_total "), NULL);
-            *hits += strtod(h + strlen("\npdmoe_prefix_cache_hits_total "), NULL);
-            have++;
+        int fq, fh, fn, fb, fs;
+        double q = counter(text, "pdmoe_prefix_cache_queries_total", &fq), h = counter(text, "pdmoe_prefix_cache_hits_total", &fh);
+        double np = counter(text, "pdmoe_kv_transfers_total", &fn), by = counter(text, "pdmoe_kv_transfer_bytes_total", &fb);
+        double sec = counter(text, "pdmoe_kv_transfer_seconds_total", &fs);
+        if (fq && fh) {
+            c->queries += q;
+            c->hits += h;
+            c->have_cache++;
+        }
+        if (fn && fb && fs && np > 0) {   /* a prefill instance reports zero pulls of its own */
+            c->xfers += np;
+            c->xfer_bytes += by;
+            c->xfer_s += sec;
+            c->have_xfer++;
         }
         free(text);
     }
-    return have;
+    return 0;
 }
 
 /* A whole-number flag in [lo, hi]; 2 (usage error, message printed) otherwise. */
@@ -475,9 +525,8 @@ int pd_bench_serve(int argc, char **argv)
     }
     if (reachable(url, b.host, b.port))
         return 1;
-    double q0 = 0, h0 = 0;
-    int have_cache = b.dataset != DS_RANDOM ? cache_counters(metrics_url ? metrics_url : url, &q0, &h0) : 0;
-    if (have_cache < 0)
+    struct srv_counters c0 = {0};
+    if (b.dataset != DS_RANDOM && server_counters(metrics_url ? metrics_url : url, &c0) < 0)
         return 1;
     if (b.text) {
         const char *t = pd_embedded_find("models/corpus.txt");
@@ -595,8 +644,9 @@ int pd_bench_serve(int argc, char **argv)
         report("TPOT, short requests", "tpot_short", tpot_s, ns, doc);
     }
     if (b.dataset != DS_RANDOM) {
-        double q1 = 0, h1 = 0;
-        int have = cache_counters(metrics_url ? metrics_url : url, &q1, &h1);
+        struct srv_counters c1 = {0};
+        int have = server_counters(metrics_url ? metrics_url : url, &c1) < 0 ? 0 : c1.have_cache;
+        double q0 = c0.queries, h0 = c0.hits, q1 = c1.queries, h1 = c1.hits;
         double mc = 0, mw = 0;
         for (int i = 0; i < n_cold; i++)
             mc += ttft_cold[i] / n_cold;
@@ -605,12 +655,28 @@ int pd_bench_serve(int argc, char **argv)
         report("TTFT, cold (first of each)", "ttft_cold", ttft_cold, n_cold, doc);
         report("TTFT, warm (shared prefix)", "ttft_warm", ttft_warm, n_warm, doc);
         double rate_hit = have > 0 && q1 > q0 ? (h1 - h0) / (q1 - q0) : NAN;
+        /* The decode side pulls every block of a prompt's KV. Pulling only what it lacks (the blocks
+         * of a prefix it already held) would skip at most the hit rate's share of the compressed
+         * entries (the slot's window and compressor state always travel): at most rate_hit times
+         * the pull time. Set against the mean TTFT, that bound says whether it is worth building. */
+        double dx = c1.xfers - c0.xfers, db = c1.xfer_bytes - c0.xfer_bytes, dsec = c1.xfer_s - c0.xfer_s;
+        double ttft_mean = 0;
+        for (int i = 0; i < nt; i++)
+            ttft_mean += ttft[i] / nt;
+        int pulls = c1.have_xfer > 0 && dx > 0 && ttft_mean > 0;
+        double pull_share = pulls ? dsec / dx / ttft_mean : NAN;
         if (doc) {
             json_object_set_new(doc, "dataset", json_string(b.dataset == DS_SHARED ? "generated-shared-prefix" : "multi-turn"));
             json_object_set_new(doc, "ttft_warm_over_cold", n_cold && n_warm ? json_real(mw / mc) : json_null());
             json_object_set_new(doc, "prefix_cache_queries", have > 0 ? json_real(q1 - q0) : json_null());
             json_object_set_new(doc, "prefix_cache_hits", have > 0 ? json_real(h1 - h0) : json_null());
             json_object_set_new(doc, "prefix_cache_hit_rate", isfinite(rate_hit) ? json_real(rate_hit) : json_null());
+            json_object_set_new(doc, "kv_pulls", pulls ? json_real(dx) : json_null());
+            json_object_set_new(doc, "kv_pull_bytes", pulls ? json_real(db) : json_null());
+            json_object_set_new(doc, "kv_pull_seconds", pulls ? json_real(dsec) : json_null());
+            json_object_set_new(doc, "kv_pull_over_ttft", pulls ? json_real(pull_share) : json_null());
+            json_object_set_new(doc, "kv_pull_saving_bound_over_ttft",
+                                pulls && isfinite(rate_hit) ? json_real(rate_hit * pull_share) : json_null());
         } else {
             if (n_cold && n_warm)
                 printf("  TTFT warm / cold (means)     %.3f\n", mw / mc);
@@ -621,6 +687,13 @@ int pd_bench_serve(int argc, char **argv)
             else
                 printf("  prefix cache: no pdmoe_prefix_cache counters at %s (a proxy has none: --metrics-url "
                        "names the instances)\n", metrics_url ? metrics_url : url);
+            if (pulls) {
+                printf("  KV hand-off: %.0f pulls, %.2f MB in %.1f ms, %.2f ms per pull = %.4f of the mean TTFT\n", dx,
+                       db / 1e6, dsec * 1e3, dsec / dx * 1e3, pull_share);
+                if (isfinite(rate_hit))
+                    printf("  pulling only what the decode side lacks would save at most hit rate x that = %.4f of the "
+                           "mean TTFT: the decode side pulls everything\n", rate_hit * pull_share);
+            }
         }
     }
     if (doc) {
@@ -630,7 +703,8 @@ int pd_bench_serve(int argc, char **argv)
         json_decref(doc);
     }
     if (ok < b.n)
-        fprintf(stderr, "pdmoe bench serve: %d of %d requests failed (no 200 with streamed tokens)\n", b.n - ok, b.n);
+        fprintf(stderr, "pdmoe bench serve: %d of %d requests failed (no 200 with streamed tokens); the first: %s\n",
+                b.n - ok, b.n, b.first_error[0] ? b.first_error : "a 200 with no token");
     free(ttft);
     free(tpot);
     free(ttft_l);

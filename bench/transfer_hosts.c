@@ -330,6 +330,18 @@ int pd_bxfer_serve(const char *host, int port, const struct pd_model *m, int tim
             ctl_send(&c, "error unknown request \"%.64s\"", line);
         }
     }
+    /* The KV engine calls a lease's release back after it has ACKed the DONE, so the consumer's
+     * bye can come first: give the progress thread up to 2 s to report every lease it settled. */
+    for (int i = 0; said_bye && i < 200; i++) {
+        pthread_mutex_lock(&s.mu);
+        uint64_t settled = 0;
+        for (int w = 0; w < 4; w++)
+            settled += s.released[w];
+        pthread_mutex_unlock(&s.mu);
+        if (settled >= (uint64_t)s.leases)
+            break;
+        usleep(10000);
+    }
     pthread_mutex_lock(&s.mu);
     uint64_t done = s.released[PD_KVX_REL_DONE], aborted = s.released[PD_KVX_REL_ABORT],
              expired = s.released[PD_KVX_REL_EXPIRED];

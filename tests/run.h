@@ -15,32 +15,45 @@ struct run {
     char err[4096];
 };
 
-/* The first n - 1 bytes of path, NUL-ended (empty when unreadable). */
-static inline void slurp(const char *path, char *buf, size_t n)
+/* The first n - 1 bytes of path, NUL-ended (empty when unreadable); how many were read. */
+static inline size_t slurp(const char *path, char *buf, size_t n)
 {
     FILE *f = fopen(path, "rb");
     size_t k = f ? fread(buf, 1, n - 1, f) : 0;
     buf[k] = 0;
     if (f)
         fclose(f);
+    return k;
+}
+
+/* A whole command line through the shell (mpirun ... pdmoe ..., say). */
+static inline void run_cmd(const char *line, struct run *r)
+{
+    char cmd[4096], out[] = "/tmp/pdmoe-run-out-XXXXXX", err[] = "/tmp/pdmoe-run-err-XXXXXX";
+    int fo = mkstemp(out), fe = mkstemp(err);
+    cr_assert(fo >= 0 && fe >= 0);
+    close(fo);
+    close(fe);
+    snprintf(cmd, sizeof cmd, "%s >%s 2>%s", line, out, err);
+    int st = system(cmd);
+    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    /* generated text may hold NUL bytes: shown as 0x01, string functions see all of stdout */
+    size_t k = slurp(out, r->out, sizeof r->out);
+    for (size_t i = 0; i < k; i++)
+        if (!r->out[i])
+            r->out[i] = 1;
+    slurp(err, r->err, sizeof r->err);
+    remove(out);
+    remove(err);
 }
 
 /* `pdmoe ARGS` through the shell (args may quote). */
 static inline void run(const char *args, struct run *r)
 {
     const char *bin = getenv("PDMOE_BIN");
-    char cmd[2048], out[] = "/tmp/pdmoe-run-out-XXXXXX", err[] = "/tmp/pdmoe-run-err-XXXXXX";
-    int fo = mkstemp(out), fe = mkstemp(err);
-    cr_assert(fo >= 0 && fe >= 0);
-    close(fo);
-    close(fe);
-    snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s", bin ? bin : "build/pdmoe", args, out, err);
-    int st = system(cmd);
-    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-    slurp(out, r->out, sizeof r->out);
-    slurp(err, r->err, sizeof r->err);
-    remove(out);
-    remove(err);
+    char line[3072];
+    snprintf(line, sizeof line, "%s %s", bin ? bin : "build/pdmoe", args);
+    run_cmd(line, r);
 }
 
 #endif

@@ -43,8 +43,16 @@ done
 
 ROWS=
 for C in 1 2 4 8; do
-    closed_loop "$C" "$PORT" "$PORT" --aggregated dp=1,tp=1,instances=1
-    ROWS="$ROWS| $C | $isl / 64 | $pb ($lim) | $pw | $pt | $mt | $(err "$pt" "$mt") | $pp | $mp | $(err "$pp" "$mp") | $po | $mo | $(err "$po" "$mo") |
+    # bench serve's requests are all alike and its clients start together: the lockstep loop, over
+    # the same number of requests; the random-phase loop (mean value analysis) beside it
+    closed_loop "$C" "$PORT" "$PORT" --aggregated dp=1,tp=1,instances=1 --phase lockstep --num-prompts $((16 * C))
+    "$B" plan --model models/mini --hardware "$T/local-cpu.json" --nodes 1 --aggregated dp=1,tp=1,instances=1 \
+        --mtp off --kv-cache-dtype bf16 --max-num-batched-tokens 512 --max-num-seqs 16 --max-model-len 2048 \
+        --isl "$isl" --osl 64 --concurrency "$C" --phase random --json > "$T/random.json"
+    sed -n '/"closed_loop"/,$p' "$T/random.json" > "$T/random-closed.json"
+    rt=$(awk -v s="$(num ttft_s "$T/random-closed.json")" 'BEGIN { printf "%.1f", s * 1000 }')
+    ro=$(awk -v s="$(num output_tokens_per_s "$T/random-closed.json")" 'BEGIN { printf "%.1f", s }')
+    ROWS="$ROWS| $C | $isl / 64 | $pb | $pt | $mt | $(err "$pt" "$mt") | $pp | $mp | $(err "$pp" "$mp") | $po | $mo | $(err "$po" "$mo") | $rt ($(err "$rt" "$mt")) | $ro ($(err "$ro" "$mo")) |
 "
 done
 LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -66,11 +74,13 @@ LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
     echo "sending its next request when its last one finishes (\`bench serve --request-rate inf --max-concurrency C"
     echo "--input-len 48 --output-len 64 --num-prompts 16C --prompts text\`, straight to the server, no proxy), against"
     echo "\`pdmoe plan --aggregated dp=1,tp=1,instances=1 --max-num-seqs 16 --max-num-batched-tokens 512 --isl N"
-    echo "--osl 64 --concurrency C --json\` (its \`closed_loop\` object: the mean value analysis of agg.c). Means."
-    echo "Wait: the model's time in the prefill queue (behind other clients' prompts) per request."
+    echo "--osl 64 --concurrency C --phase lockstep --num-prompts 16C --json\` (its \`closed_loop\` object: the"
+    echo "lockstep loop of lockstep.c, run over as many requests as bench serve sends: its clients send requests"
+    echo "all alike and start together). Means. The last two columns: the random-phase loop's prediction"
+    echo "(\`--phase random\`, the mean value analysis of agg.c) against the same measurement."
     echo
-    echo "| C | prompt / output tokens | batch predicted | wait predicted ms | TTFT predicted ms | TTFT measured ms | error | TPOT predicted ms | TPOT measured ms | error | output tok/s predicted | measured | error |"
-    echo "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| C | prompt / output tokens | batch predicted | TTFT predicted ms | TTFT measured ms | error | TPOT predicted ms | TPOT measured ms | error | output tok/s predicted | measured | error | random phases: TTFT ms | random phases: tok/s |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     printf "%s" "$ROWS"
 } > "$T/agg.md"
 

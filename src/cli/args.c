@@ -1,6 +1,7 @@
 /* Numeric flag values, with errors that name the flag. */
 #include "cli/cli.h"
 #include "core/units.h"
+#include "engine/spec.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -158,6 +159,16 @@ int pd_cli_model_flag(const char *name, const char *val, struct pd_plan_opts *o,
             return -1;
         }
         o->mtp = strcmp(val, "on") == 0;
+    } else if (strcmp(name, "speculative-config") == 0) {   /* vLLM's, parsed as generate and serve do */
+        pd_err e = {0};
+        if (pd_spec_config_parse(val, &o->spec_k, &e)) {
+            fprintf(stderr, "pdmoe: %s\n", e.msg);
+            return -1;
+        }
+    } else if (strcmp(name, "spec-stats") == 0) {
+        o->spec_stats = val;
+    } else if (strcmp(name, "mtp-acceptance") == 0) {
+        o->mtp_acceptance = val;
     } else if (strcmp(name, "units") == 0) {
         if (strcmp(val, "gb") == 0 || strcmp(val, "GB") == 0)
             *units = PD_UNITS_GB;

@@ -79,7 +79,8 @@ static json_t *hardware_json(const char *cpu, int threads, int cards, double mem
                             "imbalance_prefill", none, "imbalance_decode", none,
                             "imbalance_eplb_prefill", none, "imbalance_eplb_decode", none, "overlap_prefill", none,
                             "overlap_decode", none, "step_prefill_s", s_fit, "step_decode_s", s_fit, "token_layer_prefill_s",
-                            s_fit, "token_layer_decode_s", s_fit, "mtp_acceptance", "the engine loads the MTP layer and skips it: no draft tokens");
+                            s_fit, "token_layer_decode_s", s_fit, "mtp_acceptance", "not measured by calibrate (it runs no drafts): pdmoe plan --spec-stats FILE takes the "
+                            "engine's measured rates (pdmoe generate --speculative-config ... --spec-stats FILE)");
     return json_pack(
         "{s:s,s:s,s:i,s:i,s:{s:s,s:f,s:f,s:f,s:f,s:f},s:{s:{s:s,s:f,s:f},s:{s:s,s:f,s:f},s:{s:s,s:f,s:f}},"
         "s:{s:f,s:f},s:o,s:{s:s,s:s,s:s,s:s,s:s,s:o}}",

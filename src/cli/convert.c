@@ -59,8 +59,10 @@ int pd_cli_convert(int argc, char **argv)
         case 'h':
             printf("usage: pdmoe convert --checkpoint DIR --quantization w8a8 --out DIR2\n"
                    "Converts DeepSeek's released checkpoint (FP8 e4m3 matrices with ue8m0 [128, 128] block scales,\n"
-                   "FP4 e2m1 routed experts with a ue8m0 scale per 1 x 32) into the engine's W8A8 layout: int8\n"
-                   "weights with one fp32 scale per output row; other tensors copied. Shard by shard in bounded\n"
+                   "FP4 e2m1 routed experts with a ue8m0 scale per 1 x 32) into the engine's W8A8 layout: the\n"
+                   "matrices a W8A8 deployment quantises (wq_b, wo_b, the indexer's wq_b, experts, MTP projections,\n"
+                   "as vLLM-Ascend's DeepSeek-V4 W8A8 rules list them) int8 with one fp32 scale per output row, the\n"
+                   "other FP8 matrices (wq_a, wkv, wo_a) bf16 with their exact values; other tensors copied. Shard by shard in bounded\n"
                    "memory; every output tensor is read back and checked against its source; run again after an\n"
                    "interruption and completed shards are verified and kept. Prints the peak resident memory.\n");
             return 0;
@@ -107,9 +109,9 @@ int pd_cli_convert(int argc, char **argv)
     }
     fprintf(stderr,
             "pdmoe convert: wrote %s: %d shards (%d converted, %d kept from an earlier run), %lld tensors, %lld matrices "
-            "to int8, %.3f GB read, %.3f GB written in %.1f s (%.3f GB/s); max row error %.4f of the row's max |w|; "
+            "to int8, %lld to bf16, %.3f GB read, %.3f GB written in %.1f s (%.3f GB/s); max row error %.4f of the row's max |w|; "
             "peak RSS %.1f MiB\n",
-            out, st.shards, st.converted, st.skipped, (long long)st.tensors, (long long)st.matrices, st.in_bytes / 1e9,
+            out, st.shards, st.converted, st.skipped, (long long)st.tensors, (long long)st.matrices, (long long)st.bf16, st.in_bytes / 1e9,
             st.out_bytes / 1e9, el, el > 0 ? st.in_bytes / 1e9 / el : 0, st.max_rel_err, hwm_kib / 1024.0);
     return 0;
 }

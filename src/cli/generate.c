@@ -11,6 +11,7 @@
 #include "model/tokenizer.h"
 
 #include <getopt.h>
+#include <jansson.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -30,6 +31,7 @@ struct gen_opts {
     const char *expert_stats;
     enum pd_kv_dtype kv_dtype;
     int spec_k;                  /* --speculative-config: MTP drafts per step, 0: off */
+    const char *spec_stats;      /* --spec-stats FILE: the acceptance counters as JSON (plan/mtp.h) */
 };
 
 /* One sequence of the batch on this rank. */
@@ -53,7 +55,7 @@ static int parse(int argc, char **argv, struct gen_opts *o)
         {"top-p", 1, 0, 'P'}, {"seed", 1, 0, 's'}, {"threads", 1, 0, 'j'},
         {"enable-expert-parallel", 0, 0, 'E'}, {"print-ids", 0, 0, 'I'}, {"report-weights", 0, 0, 'W'},
         {"expert-stats", 1, 0, 'S'}, {"kv-cache-dtype", 1, 0, 'K'}, {"speculative-config", 1, 0, 'X'},
-        {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"spec-stats", 1, 0, 'A'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
     };
     memset(o, 0, sizeof *o);
     o->max_tokens = 64;
@@ -82,6 +84,7 @@ static int parse(int argc, char **argv, struct gen_opts *o)
         case 'W': o->report_weights = 1; break;
         case 'S': o->expert_stats = optarg; break;
         case 'K': if (pd_cli_kv_dtype("generate", optarg, &o->kv_dtype)) return 2; break;
+        case 'A': o->spec_stats = optarg; break;
         case 'X': {
             pd_err e = {0};
             if (pd_spec_config_parse(optarg, &o->spec_k, &e)) {
@@ -99,10 +102,13 @@ static int parse(int argc, char **argv, struct gen_opts *o)
                    "       [--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":K}'] (speculative\n"
                    "         decoding with the checkpoint's MTP layer, K = 1..%d drafts per step; the output is\n"
                    "         what plain decoding gives: the same ids at temperature 0, the same distribution above)\n"
+                   "       [--spec-stats FILE] (with --speculative-config: the acceptance counters and the decode\n"
+                   "         time as JSON, vLLM's spec_decode names; pdmoe plan --spec-stats FILE reads them)\n"
                    "Greedy at temperature 0. With one prompt in one process the text streams as it is\n"
                    "produced; otherwise the prompts run as one batch and each result is printed at the end.\n"
                    "Under mpirun with --enable-expert-parallel the ranks form an EP group: rank k holds\n"
-                   "experts [k*E/N, (k+1)*E/N), prompt i runs on rank i mod N.\n", PD_SPEC_MAX_K);
+                   "experts [k*E/N, (k+1)*E/N) of every MoE layer (the MTP layer's too), prompt i runs on\n"
+                   "rank i mod N.\n", PD_SPEC_MAX_K);
             return 1;   /* done: pd_cli_generate exits 0 */
         default:
             return pd_cli_bad_flag("generate", c, argc, argv);
@@ -116,9 +122,9 @@ static int parse(int argc, char **argv, struct gen_opts *o)
         fprintf(stderr, "pdmoe generate: --temperature must be >= 0 and --top-p in (0, 1]\n");
         return 2;
     }
-    if (o->spec_k && o->ep) {
-        fprintf(stderr, "pdmoe generate: --speculative-config with --enable-expert-parallel is not supported yet "
-                "(the MTP layer's experts are not placed across the EP group)\n");
+    if (o->spec_stats && !o->spec_k) {
+        fprintf(stderr, "pdmoe generate: --spec-stats %s: needs --speculative-config (no drafts to count)\n",
+                o->spec_stats);
         return 2;
     }
     if (o->max_tokens > 4096) {
@@ -177,8 +183,9 @@ static int run_batch(struct batch *b, pd_err *e)
     struct pd_sampler smp;
     pd_sampler_init(&smp, (float)b->o->temperature, (float)b->o->top_p, (uint64_t)b->o->seed + (uint64_t)b->rank);
     float *scratch = malloc((size_t)b->V * 2 * sizeof(float));
-    int rc = step_all(b, 1, e);
-    for (int k = 0; !rc; k++) {
+    int rc = step_all(b, 1, e), k = 0;
+    double t1 = pd_now_s(), c1 = pd_cpu_s();      /* the prompts done: decode steps from here */
+    for (; !rc; k++) {
         int active = 0;
         for (int i = 0; i < b->n; i++) {
             struct gen_seq *g = &b->s[i];
@@ -202,6 +209,9 @@ static int run_batch(struct batch *b, pd_err *e)
         maybe_die(b, k);
         rc = step_all(b, 0, e);
     }
+    if (!rc && b->rank == 0 && k > 0)   /* what tools/validation-mtp.sh reads as plain decoding's TPOT */
+        fprintf(stderr, "decode: %d steps of the batch, %.3f ms per step (%.3f ms of CPU time)\n", k,
+                (pd_now_s() - t1) * 1e3 / k, (pd_cpu_s() - c1) * 1e3 / k);
     free(scratch);
     return rc;
 }
@@ -222,6 +232,33 @@ static void take(struct batch *b, struct gen_seq *g, const int32_t *t, const flo
             fflush(stdout);
         }
     }
+}
+
+/* --spec-stats FILE: the counters as vLLM's spec_decode metrics name them (num_drafts,
+ * num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos) with the drafts made at
+ * each position (the per-position denominators), and the decode phase's time (wall and the
+ * process's CPU time) and tokens. */
+static int write_spec_stats(const struct batch *b, const struct pd_spec_stats *st, double decode_s, double cpu_s,
+                            pd_err *e)
+{
+    json_t *drafted = json_array(), *accepted = json_array();
+    int64_t tokens = 0;
+    for (int j = 0; j < b->o->spec_k; j++) {
+        json_array_append_new(drafted, json_integer(st->drafted_per_pos[j]));
+        json_array_append_new(accepted, json_integer(st->accepted_per_pos[j]));
+    }
+    for (int i = 0; i < b->n; i++)
+        tokens += b->s[i].n_out > 1 ? b->s[i].n_out - 1 : 0;
+    json_t *j = json_pack("{s:s,s:i,s:I,s:I,s:I,s:o,s:o,s:I,s:I,s:i,s:f,s:f,s:I}", "method", "mtp",
+                          "num_speculative_tokens", b->o->spec_k, "num_drafts", (json_int_t)st->drafts,
+                          "num_draft_tokens", (json_int_t)st->draft_tokens, "num_accepted_tokens",
+                          (json_int_t)st->accepted, "num_drafted_tokens_per_pos", drafted,
+                          "num_accepted_tokens_per_pos", accepted, "steps", (json_int_t)st->steps,
+                          "emitted_tokens", (json_int_t)st->emitted, "sequences", b->n, "decode_s", decode_s, "decode_cpu_s", cpu_s,
+                          "decode_tokens", (json_int_t)tokens);
+    int rc = !j || json_dump_file(j, b->o->spec_stats, JSON_INDENT(2)) ? PD_EIO : 0;
+    json_decref(j);
+    return rc ? pd_err_set(e, PD_EIO, "--spec-stats %s: cannot write", b->o->spec_stats) : 0;
 }
 
 /* Speculative decoding (engine/spec.h): the prompts in one step, then rounds of MTP drafts and
@@ -261,9 +298,9 @@ static int run_spec(struct batch *b, int stream, pd_err *e)
         if ((rc = pd_spec_push(&g->spec, t, e)))
             goto out;
     }
-    double t1 = pd_now_s();
+    double t1 = pd_now_s(), c1 = pd_cpu_s();
     for (;;) {
-        int m = 0;
+        int m = 0, kmax = 0;
         for (int i = 0; i < b->n; i++) {
             struct gen_seq *g = &b->s[i];
             if (g->done)
@@ -271,11 +308,20 @@ static int run_spec(struct batch *b, int stream, pd_err *e)
             /* no drafts past --max-tokens: a round yields at most k + 1 */
             int left = (int)b->o->max_tokens - g->n_out;
             g->spec.k = b->o->spec_k < left - 1 ? b->o->spec_k : left - 1;
+            kmax = g->spec.k > kmax ? g->spec.k : kmax;
             ss[m++] = &g->spec;
         }
-        if (!m)
+        /* an EP group drafts as many steps as its longest draft and stops when every rank is done:
+         * a rank without sequences still takes part in each step's expert exchanges */
+        int group[2] = {m > 0, kmax};
+        if (b->use_mpi) {
+            MPI_Request req;
+            MPI_Iallreduce(MPI_IN_PLACE, group, 2, MPI_INT, MPI_MAX, b->ep.comm, &req);
+            pd_ep_wait(&req);
+        }
+        if (!group[0])
             break;
-        if ((rc = pd_spec_round(&b->en, ss, m, b->Vs, &st, e)))
+        if ((rc = pd_spec_round_steps(&b->en, ss, m, b->Vs, group[1], &st, e)))
             goto out;
         for (int i = 0; i < b->n; i++) {
             struct gen_seq *g = &b->s[i];
@@ -283,12 +329,21 @@ static int run_spec(struct batch *b, int stream, pd_err *e)
                 take(b, g, g->spec.out, g->spec.out_logits, g->spec.n_out, stream);
         }
     }
-    double t2 = pd_now_s();
+    double t2 = pd_now_s(), c2 = pd_cpu_s();
     if (stream) {
         printf("\n");
         const struct gen_seq *g = &b->s[0];
         fprintf(stderr, "prompt: %d tokens, %.1f tokens/s; decode: %d tokens, %.1f tokens/s\n", g->n_in,
                 g->n_in / (t1 - t0), g->n_out, g->n_out > 1 ? (g->n_out - 1) / (t2 - t1) : 0.0);
+    }
+    if (b->use_mpi) {
+        /* the group's counts, summed on rank 0, which prints them */
+        _Static_assert(sizeof st % sizeof(int64_t) == 0, "pd_spec_stats holds int64_t counts only");
+        struct pd_spec_stats sum = {0};
+        MPI_Reduce(&st, &sum, (int)(sizeof st / sizeof(int64_t)), MPI_INT64_T, MPI_SUM, 0, b->ep.comm);
+        st = sum;
+        if (b->rank)
+            goto out;
     }
     fprintf(stderr, "speculative decoding (mtp, %d draft%s): acceptance per position", b->o->spec_k,
             b->o->spec_k > 1 ? "s" : "");
@@ -297,6 +352,8 @@ static int run_spec(struct batch *b, int stream, pd_err *e)
     fprintf(stderr, "; mean accepted length %.3f drafts; %.3f tokens per step (%lld steps)\n",
             st.drafts ? (double)st.accepted / st.drafts : 0.0, st.steps ? (double)st.emitted / st.steps : 0.0,
             (long long)st.steps);
+    if (b->o->spec_stats)
+        rc = write_spec_stats(b, &st, t2 - t1, c2 - c1, e);
 out:
     for (int i = 0; i < b->n; i++)
         pd_spec_free(&b->s[i].spec);

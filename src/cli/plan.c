@@ -39,6 +39,12 @@ static const char *help =
     "  --kv-cache-dtype fp8|bf16    default fp8 (as vLLM stores V4's cache)\n"
     "  --kv-bytes-per-token N       a flat KV size instead of the architecture's (the seed uses 44000)\n"
     "  --mtp on|off                 load the MTP layer (default: on when the model has one)\n"
+    "  --speculative-config JSON    vLLM's '{\"method\":\"mtp\",\"num_speculative_tokens\":K}': K draft tokens per\n"
+    "                               decode step (default 1 with the MTP layer, or as many as the acceptance below)\n"
+    "  --mtp-acceptance A1[,A2,...] acceptance of each draft position given the ones before it (one value: every\n"
+    "                               position's), instead of the hardware file's mtp_acceptance\n"
+    "  --spec-stats FILE            the acceptance measured by the engine: pdmoe generate --spec-stats FILE, or a\n"
+    "                               scrape of pdmoe serve's (or vLLM's) /metrics with its spec_decode counters\n"
     "  --expert-stats FILE          tokens routed per layer and expert (pdmoe generate --expert-stats): the\n"
     "                               prediction's MoE imbalance measured on each placement, not the hardware file's\n"
     "  --expert-stats-prefill FILE, --expert-stats-decode FILE   the same for one role (e.g. the proxy's\n"
@@ -56,6 +62,16 @@ static const char *help =
     "  --concurrency C              ... and a closed loop of C clients, each sending its next request when its\n"
     "                               last one finishes (vLLM's --max-concurrency at an infinite rate): TTFT, TPOT\n"
     "                               at the batch C implies, requests and output tokens/s; not with --request-rate\n"
+    "  --phase random|lockstep      the closed loop's clients: at random phases (default; mean value analysis,\n"
+    "                               for requests of varied lengths) or in lockstep (equal requests started\n"
+    "                               together, as a benchmark's fixed --input-len/--output-len sends them: the\n"
+    "                               loop run step by step); lockstep with --aggregated only\n"
+    "  --num-prompts N              lockstep: N requests in all (N / C per client; N = C is one wave), the\n"
+    "                               run's means and throughput over its duration; default the steady state\n"
+    "  --prefill-max-requests N     lockstep: at most N prompts in a step (SGLang's flag); default no cap\n"
+    "  --schedule decode-first|prefill-first   lockstep: decode tokens first and prompts in the rest of the\n"
+    "                               step (default; vLLM's chunked prefill), or steps of prompts only while one\n"
+    "                               waits, the decodes paused (SGLang's default)\n"
     "  --prefix-cache-hit F         ... with a share F of prompt tokens served from a prefix cache\n"
     "  --html FILE                  also write a self-contained HTML report (memory bars, expert map)\n"
     "  --emit vllm-ascend|sglang|pdmoe   instead of the plan, the shell script that launches its layout on a\n"
@@ -114,7 +130,7 @@ static int parse_bytes(const char *flag, const char *s, int64_t *out)
 
 enum {
     O_SHARED = 256, O_CKPT, O_PREFILL, O_DECODE, O_AGG, O_NODES, O_RTP, O_RTD, O_HAND, O_SWEEP, O_INV, O_JSON, O_HTML,
-    O_EMIT, O_HOSTS, O_MPATH, O_BPORT, O_PPORT, O_THREADS, O_HELP
+    O_EMIT, O_HOSTS, O_MPATH, O_BPORT, O_PPORT, O_THREADS, O_PHASE, O_NPROMPTS, O_PMR, O_SCHED, O_HELP
 };
 
 /* --hosts a,b,c: a malloc'ed array of pointers into one malloc'ed copy of the list. */
@@ -162,14 +178,16 @@ int pd_cli_plan(int argc, char **argv)
         {"gpu-memory-utilization", 1, 0, O_SHARED}, {"max-num-seqs", 1, 0, O_SHARED}, {"max-model-len", 1, 0, O_SHARED},
         {"max-num-batched-tokens", 1, 0, O_SHARED}, {"quant", 1, 0, O_SHARED}, {"quantization", 1, 0, O_SHARED},
         {"quant-override", 1, 0, O_SHARED},
-        {"kv-cache-dtype", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED}, {"mtp", 1, 0, O_SHARED},
+        {"kv-cache-dtype", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED}, {"mtp", 1, 0, O_SHARED}, {"speculative-config", 1, 0, O_SHARED},
+        {"spec-stats", 1, 0, O_SHARED}, {"mtp-acceptance", 1, 0, O_SHARED},
         {"expert-stats", 1, 0, O_SHARED}, {"expert-stats-prefill", 1, 0, O_SHARED},
         {"expert-stats-decode", 1, 0, O_SHARED}, {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED}, {"request-rate", 1, 0, O_SHARED},
         {"concurrency", 1, 0, O_SHARED}, {"prefix-cache-hit", 1, 0, O_SHARED}, {"html", 1, 0, O_HTML}, {"runtime-overhead-prefill", 1, 0, O_RTP}, {"runtime-overhead-decode", 1, 0, O_RTD},
         {"handoff-tokens", 1, 0, O_HAND}, {"sweep", 0, 0, O_SWEEP}, {"inventory", 0, 0, O_INV},
         {"json", 0, 0, O_JSON}, {"units", 1, 0, O_SHARED}, {"emit", 1, 0, O_EMIT}, {"hosts", 1, 0, O_HOSTS},
         {"served-model-path", 1, 0, O_MPATH}, {"base-port", 1, 0, O_BPORT}, {"proxy-port", 1, 0, O_PPORT},
-        {"threads", 1, 0, O_THREADS}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
+        {"threads", 1, 0, O_THREADS}, {"phase", 1, 0, O_PHASE}, {"num-prompts", 1, 0, O_NPROMPTS},
+        {"prefill-max-requests", 1, 0, O_PMR}, {"schedule", 1, 0, O_SCHED}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
     };
     struct pd_plan_opts o;
     pd_plan_opts_default(&o);
@@ -282,6 +300,24 @@ int pd_cli_plan(int argc, char **argv)
             eo.threads = (int)v;
             emit_only = emit_only ? emit_only : "--threads";
             threads = optarg;
+            break;
+        case O_PHASE:
+            if (strcmp(optarg, "lockstep") != 0 && strcmp(optarg, "random") != 0) {
+                fprintf(stderr, "pdmoe plan: --phase %s: expected lockstep or random\n", optarg);
+                goto out;
+            }
+            w.lockstep = strcmp(optarg, "lockstep") == 0;
+            perf = 1;
+            break;
+        case O_NPROMPTS: if (pd_cli_int("--num-prompts", optarg, 1, &w.num_prompts)) goto out; perf = 1; break;
+        case O_PMR: if (pd_cli_int("--prefill-max-requests", optarg, 1, &w.prefill_max_requests)) goto out; perf = 1; break;
+        case O_SCHED:
+            if (strcmp(optarg, "decode-first") != 0 && strcmp(optarg, "prefill-first") != 0) {
+                fprintf(stderr, "pdmoe plan: --schedule %s: expected decode-first or prefill-first\n", optarg);
+                goto out;
+            }
+            w.prefill_first = strcmp(optarg, "prefill-first") == 0;
+            perf = 1;
             break;
         case 'h':
         case O_HELP: fputs(help, stdout); rc = 0; goto out;

@@ -28,7 +28,8 @@ static const char *help =
     "                               one finishes): every layout's TTFT, TPOT and throughput at the batch C implies,\n"
     "                               the decode batch being its slots per DP rank (--max-num-seqs); not with --request-rate\n"
     "  --model, --hardware, --gpu-memory-utilization, --max-model-len, --max-num-batched-tokens,\n"
-    "  --quantization (--quant), --quant-override, --kv-cache-dtype, --kv-bytes-per-token, --mtp, --expert-stats,\n"
+    "  --quantization (--quant), --quant-override, --kv-cache-dtype, --kv-bytes-per-token, --mtp, --speculative-config,\n"
+    "  --mtp-acceptance, --spec-stats, --expert-stats,\n"
     "  --expert-stats-prefill, --expert-stats-decode, --units\n"
     "                               as for pdmoe plan (see pdmoe plan --help)\n"
     "  --json                       the search as JSON (search_version 1)\n"
@@ -48,7 +49,8 @@ int pd_cli_search(int argc, char **argv)
         {"model", 1, 0, O_SHARED}, {"hardware", 1, 0, O_SHARED}, {"gpu-memory-utilization", 1, 0, O_SHARED},
         {"max-model-len", 1, 0, O_SHARED}, {"max-num-batched-tokens", 1, 0, O_SHARED}, {"quant", 1, 0, O_SHARED}, {"quantization", 1, 0, O_SHARED},
         {"quant-override", 1, 0, O_SHARED}, {"kv-cache-dtype", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED},
-        {"mtp", 1, 0, O_SHARED}, {"expert-stats", 1, 0, O_SHARED}, {"expert-stats-prefill", 1, 0, O_SHARED},
+        {"mtp", 1, 0, O_SHARED}, {"speculative-config", 1, 0, O_SHARED},
+        {"spec-stats", 1, 0, O_SHARED}, {"mtp-acceptance", 1, 0, O_SHARED}, {"expert-stats", 1, 0, O_SHARED}, {"expert-stats-prefill", 1, 0, O_SHARED},
         {"expert-stats-decode", 1, 0, O_SHARED}, {"units", 1, 0, O_SHARED}, {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED},
         {"prefix-cache-hit", 1, 0, O_SHARED}, {"request-rate", 1, 0, O_SHARED}, {"concurrency", 1, 0, O_SHARED}, {"cards", 1, 0, O_CARDS}, {"ttft-ms", 1, 0, O_TTFT},
         {"tpot-ms", 1, 0, O_TPOT}, {"max-tp", 1, 0, O_MAXTP}, {"json", 0, 0, O_JSON}, {"html", 1, 0, O_HTML},

@@ -438,7 +438,7 @@ int pd_cli_up(int argc, char **argv)
     /* engine flags passed on to every instance as given (serve checks them); the plan's own
      * values forbid them with --plan */
     const char *host = "127.0.0.1", *seqs_flag = NULL, *batched_flag = NULL, *kvbytes_flag = NULL, *served = NULL;
-    const char *dtype_flag = NULL, *prefix_flag = NULL;
+    const char *dtype_flag = NULL, *prefix_flag = NULL, *spec_flag = NULL;
     enum pd_kv_dtype dtype;
     int64_t checked;
     int c;
@@ -475,18 +475,15 @@ int pd_cli_up(int argc, char **argv)
             break;
         }
         case 'X': {
-            /* checked, then refused: up runs prefill and decode instances, and a decode instance
-             * would need the MTP layer's KV of the prompt, which the hand-off does not carry */
+            /* checked here, passed to every instance: prefill and decode must speculate alike */
             pd_err se = {0};
             int k;
             if (pd_spec_config_parse(optarg, &k, &se)) {
                 fprintf(stderr, "pdmoe up: %s\n", se.msg);
                 return 2;
             }
-            fprintf(stderr, "pdmoe up: --speculative-config: speculative decoding with prefill/decode disaggregation "
-                            "is not supported yet (the KV hand-off does not carry the MTP layer's KV); use pdmoe serve "
-                            "--speculative-config\n");
-            return 2;
+            spec_flag = optarg;
+            break;
         }
         case 'O':
             if (parse_hosts(optarg, hosts, &nhosts))
@@ -517,6 +514,9 @@ int pd_cli_up(int argc, char **argv)
                    "       [--max-num-batched-tokens N] [--kv-cache-memory-bytes B] [--served-model-name NAME]\n"
                    "       [--kv-cache-dtype bf16|fp8] [--policy cache_aware|least_loaded]\n"
                    "       [--enable-prefix-caching | --no-enable-prefix-caching] [--plan plan.json --hosts H0,H1,...]\n"
+                   "       [--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":K}']\n"
+                   "--speculative-config: MTP speculative decoding on every instance (the prefill side hands the MTP\n"
+                   "layer's KV and the draft's input to the decode side, which drafts; not with EP groups yet).\n"
                    "--policy: how the proxy picks the instance that prefills (pdmoe proxy --help; cache_aware by default).\n"
                    "--host: the proxy's address (the instances stay on 127.0.0.1, reached by the proxy only). The\n"
                    "engine flags go to every instance, as pdmoe serve reads them (not with --plan, which sets them).\n"
@@ -634,7 +634,8 @@ int pd_cli_up(int argc, char **argv)
                                                 .kv_cache_dtype = u.kv_cache_dtype};
         int e = 0;
         const char *pass[][2] = {{"--max-num-seqs", seqs_flag}, {"--max-num-batched-tokens", batched_flag},
-                                 {"--kv-cache-memory-bytes", kvbytes_flag}, {"--kv-cache-dtype", dtype_flag}};
+                                 {"--kv-cache-memory-bytes", kvbytes_flag}, {"--kv-cache-dtype", dtype_flag},
+                                 {"--speculative-config", spec_flag}};
         for (size_t j = 0; j < sizeof pass / sizeof pass[0]; j++)
             if (pass[j][1]) {
                 lo.extra[e++] = pass[j][0];

@@ -3,23 +3,28 @@
 #include "model/config.h"
 #include "plan/validate.h"
 
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const char *help =
-    "usage: pdmoe validate [--cases FILE]\n"
+    "usage: pdmoe validate [--cases FILE] [--json]\n"
     "Predicts each published deployment of validation/published.json (or FILE) with the performance\n"
     "model and prints a Markdown table: published figure, prediction, error, binding resource.\n"
-    "Exit status 0 when every case not declared a known miss is within 25%, 1 otherwise.\n";
+    "--json: the cases as a JSON array instead (figures, status, reason, the model's terms).\n"
+    "Exit status 0 when every case neither declared a known miss nor pending is within 25%, 1 otherwise.\n";
 
 int pd_cli_validate(int argc, char **argv)
 {
     const char *file = NULL;
+    int json = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(help, stdout);
             return 0;
+        } else if (strcmp(argv[i], "--json") == 0) {
+            json = 1;
         } else if (strcmp(argv[i], "--cases") == 0 && i + 1 < argc) {
             file = argv[++i];
         } else if (strcmp(argv[i], "--cases") == 0) {
@@ -58,7 +63,19 @@ int pd_cli_validate(int argc, char **argv)
         fprintf(stderr, "pdmoe validate: %s\n", e.msg);
         return 1;
     }
-    char *md = pd_validate_markdown(c, n);
+    char *md = NULL;
+    if (json) {
+        json_t *j = pd_validate_json(c, n);
+        md = j ? json_dumps(j, JSON_INDENT(2)) : NULL;
+        json_decref(j);
+        if (md) {
+            char *nl = realloc(md, strlen(md) + 2);
+            if (nl)
+                strcat(md = nl, "\n");
+        }
+    } else {
+        md = pd_validate_markdown(c, n);
+    }
     int worst = 0;
     for (int i = 0; i < n; i++)
         worst |= !c[i].known_miss[0] && !c[i].pending[0] && (c[i].error > 0.25 || c[i].error < -0.25);

@@ -14,3 +14,10 @@ double pd_now_s(void)
 {
     return (double)pd_now_ns() * 1e-9;
 }
+
+double pd_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

@@ -230,10 +230,11 @@ static int attend_prepare(struct pd_step *st, int layer, int t, struct attn_bufs
             }
         }
     }
-    /* this layer's state after the token: what a prefix cache snapshot at pos + 1 holds */
+    /* this layer's state after the token: what a prefix cache snapshot at pos + 1 holds (the MTP
+     * layer, one position behind, at pos + 2: kvpool.h, lag_from) */
     for (int j = 0; j < it->n_snaps; j++)
-        if (it->snaps[j].pos == pos + 1)
-            pd_kvsnap_take(kvp, &seq->kv, layer, pos + 1, it->snaps[j].buf);
+        if (pd_kvpool_layer_len(kvp, layer, it->snaps[j].pos) == pos + 1)
+            pd_kvsnap_take(kvp, &seq->kv, layer, it->snaps[j].pos, it->snaps[j].buf);
     /* keys: window first, then the compressed entries the layer may see */
     int nk = 0;
     int64_t first = pos - W + 1 < 0 ? 0 : pos - W + 1;
@@ -444,6 +445,8 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
                 part.q.q += (size_t)g * ol * gin;
                 part.q.scale += (size_t)g * ol;
                 part.q.rows = ol;
+            } else if (part.h) {
+                part.h += (size_t)g * ol * gin;
             } else {
                 part.f += (size_t)g * ol * gin;
             }

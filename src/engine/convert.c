@@ -1,8 +1,10 @@
 /* Release (FP8/FP4) -> W8A8 conversion, shard by shard in bounded memory (convert.h). */
 #include "engine/convert.h"
 #include "engine/release.h"
+#include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "model/safetensors.h"
+#include "plan/inventory.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -18,11 +20,14 @@
 
 enum { CHUNK = 4 << 20, DROP_EVERY = 32 << 20 };
 
-/* One output of a shard: a tensor copied, or a release matrix converted into two tensors
- * (int8 weight [out, in], then fp32 weight_scale [out]). */
+/* One output of a shard: a tensor copied, a release matrix a W8A8 deployment quantises converted
+ * into two tensors (int8 weight [out, in], then fp32 weight_scale [out]), or one it runs in bf16
+ * decoded into one bf16 tensor [out, in] (exact: every FP8/FP4 value times its power-of-two
+ * scale is a bf16 value). */
 struct item {
     const struct pd_st_tensor *src;
     struct pd_release_mat rm;     /* rm.fmt != NONE: converted */
+    int bf16;                     /* converted to bf16 rather than int8 */
     char scale_name[200];
     uint64_t off;                 /* offset of the (first) output tensor in the data section */
 };
@@ -62,6 +67,8 @@ static int ends_with(const char *s, const char *suf)
 static int plan_shard(const struct pd_st_set *set, const struct pd_st_file *f, struct item *it, size_t *n, pd_err *e)
 {
     *n = 0;
+    /* a DSpark checkpoint (its draft's target-state projection): the draft stages' wo_a stays FP8 */
+    const int dspark = pd_st_set_find(set, "mtp.0.main_proj.weight") != NULL;
     for (size_t i = 0; i < f->n; i++) {
         const struct pd_st_tensor *t = &f->tensors[i];
         char wn[200];
@@ -69,7 +76,7 @@ static int plan_shard(const struct pd_st_set *set, const struct pd_st_file *f, s
             /* "X.scale" of a release matrix "X.weight" goes with it */
             snprintf(wn, sizeof wn, "%.*s.weight", (int)(strlen(t->name) - 6), t->name);
             const struct pd_st_tensor *w = pd_st_set_find(set, wn);
-            if (w && (w->dtype == PD_ST_F8_E4M3 || w->dtype == PD_ST_I8))
+            if (w && (w->dtype == PD_ST_F8_E4M3 || w->dtype == PD_ST_I8) && pd_inventory_w8a8_role(wn, dspark) != PD_W8A8_KEEP)
                 continue;
         }
         struct item *x = &it[(*n)++];
@@ -85,7 +92,11 @@ static int plan_shard(const struct pd_st_set *set, const struct pd_st_file *f, s
         int rc = pd_release_find(set, t->name, out, in, &x->rm, e);
         if (rc)
             return rc;
-        if (x->rm.fmt != PD_RELEASE_NONE)
+        enum pd_w8a8_role role = pd_inventory_w8a8_role(t->name, dspark);
+        if (role == PD_W8A8_KEEP)
+            x->rm.fmt = PD_RELEASE_NONE;   /* kept as released, with its scale */
+        x->bf16 = x->rm.fmt != PD_RELEASE_NONE && role == PD_W8A8_FLOAT;
+        if (x->rm.fmt != PD_RELEASE_NONE && !x->bf16)
             snprintf(x->scale_name, sizeof x->scale_name, "%s_scale", t->name);
     }
     return 0;
@@ -114,6 +125,13 @@ static char *header(struct item *it, size_t n, uint64_t *len, uint64_t *data_byt
             uint64_t b = x->src->end - x->src->begin;
             json_object_set_new(root, x->src->name,
                                 json_pack("{s:s, s:o, s:[I, I]}", "dtype", pd_st_dtype_name(x->src->dtype), "shape", shape,
+                                          "data_offsets", (json_int_t)off, (json_int_t)(off + b)));
+            off += b;
+        } else if (x->bf16) {
+            uint64_t b = 2 * (uint64_t)x->rm.out * (uint64_t)x->rm.in;
+            json_decref(shape);
+            json_object_set_new(root, x->src->name,
+                                json_pack("{s:s, s:[i, i], s:[I, I]}", "dtype", "BF16", "shape", x->rm.out, x->rm.in,
                                           "data_offsets", (json_int_t)off, (json_int_t)(off + b)));
             off += b;
         } else {
@@ -214,6 +232,36 @@ static const uint8_t *src_row(const struct pd_release_mat *m, int r)
     return (const uint8_t *)m->w->data + (size_t)r * row;
 }
 
+/* Checks a bf16 item: every value equal to the decoded source value. */
+static int verify_bf16(int fd, uint64_t base, const struct item *x, const char *path, float *row, char *chunk,
+                       pd_err *e)
+{
+    const struct pd_release_mat *m = &x->rm;
+    const size_t rb = 2 * (size_t)m->in;
+    const int blk = CHUNK / rb > 0 ? (int)(CHUNK / rb) : 1, per = rows_per_drop(m);
+    for (int r = 0; r < m->out; r++) {
+        pd_release_decode_row(m->fmt, m->w->data, m->s->data, m->out, m->in, r, row);
+        if (r % blk == 0) {
+            int nr = m->out - r < blk ? m->out - r : blk;
+            if (pread_all(fd, chunk, (size_t)nr * rb, base + x->off + (uint64_t)r * rb))
+                return pd_err_set(e, PD_EIO, "%s: cannot read back tensor \"%s\"", path, x->src->name);
+        }
+        const uint16_t *br = (const uint16_t *)(chunk + (size_t)(r % blk) * rb);
+        for (int c = 0; c < m->in; c++) {
+            float v = pd_bf16_to_f32(br[c]);
+            if (v != row[c])
+                return pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" row %d column %d: bf16 %g, the source %g", path,
+                                  x->src->name, r, c, v, row[c]);
+        }
+        if ((r + 1) % per == 0 || r + 1 == m->out) {
+            int r0 = (r / per) * per;
+            drop(src_row(m, r0), (size_t)(src_row(m, r + 1) - src_row(m, r0)));
+        }
+    }
+    drop(m->s->data, m->s->end - m->s->begin);
+    return 0;
+}
+
 /* Checks item x as stored in fd at data offset base + x->off against its source. */
 static int verify_item(int fd, uint64_t base, const struct item *x, const char *path, float *row, float *scales,
                        char *chunk, double *max_rel, pd_err *e)
@@ -232,6 +280,8 @@ static int verify_item(int fd, uint64_t base, const struct item *x, const char *
         return 0;
     }
     const struct pd_release_mat *m = &x->rm;
+    if (x->bf16)
+        return verify_bf16(fd, base, x, path, row, chunk, e);
     const uint64_t qoff = base + x->off, soff = qoff + (uint64_t)m->out * m->in;
     if (pread_all(fd, scales, (size_t)m->out * 4, soff))
         return pd_err_set(e, PD_EIO, "%s: cannot read back tensor \"%s\"", path, x->scale_name);
@@ -291,14 +341,22 @@ static int write_item(struct wbuf *w, const struct item *x, float *row, int8_t *
             if (!isfinite(row[c]))
                 return pd_err_set(e, PD_EFORMAT, "tensor \"%s\" row %d column %d is NaN (a NaN code or scale)",
                                   x->src->name, r, c);
-        pd_quant_weights(row, 1, m->in, q, scales + r);
-        wput(w, q, (size_t)m->in);
+        if (x->bf16) {
+            uint16_t *b = (uint16_t *)(void *)q;   /* q holds 2 * in bytes */
+            for (int c = 0; c < m->in; c++)
+                b[c] = pd_f32_to_bf16(row[c]);
+            wput(w, b, 2 * (size_t)m->in);
+        } else {
+            pd_quant_weights(row, 1, m->in, q, scales + r);
+            wput(w, q, (size_t)m->in);
+        }
         if ((r + 1) % per == 0 || r + 1 == m->out) {
             int r0 = (r / per) * per;
             drop(src_row(m, r0), (size_t)(src_row(m, r + 1) - src_row(m, r0)));
         }
     }
-    wput(w, scales, (size_t)m->out * 4);
+    if (!x->bf16)
+        wput(w, scales, (size_t)m->out * 4);
     return 0;
 }
 
@@ -315,12 +373,14 @@ static int header_matches(const char *path, const struct item *it, size_t n, uin
     for (size_t i = 0; i < n && ok; i++) {
         const struct item *x = &it[i];
         const struct pd_st_tensor *t = pd_st_find(&f, x->src->name);
-        want += x->rm.fmt == PD_RELEASE_NONE ? 1 : 2;
+        want += x->rm.fmt == PD_RELEASE_NONE || x->bf16 ? 1 : 2;
         if (!t || t->begin != x->off) {
             ok = 0;
         } else if (x->rm.fmt == PD_RELEASE_NONE) {
             ok = t->dtype == x->src->dtype && t->ndim == x->src->ndim &&
                  !memcmp(t->shape, x->src->shape, sizeof t->shape[0] * (size_t)t->ndim);
+        } else if (x->bf16) {
+            ok = t->dtype == PD_ST_BF16 && t->ndim == 2 && t->shape[0] == x->rm.out && t->shape[1] == x->rm.in;
         } else {
             const struct pd_st_tensor *s = pd_st_find(&f, x->scale_name);
             ok = t->dtype == PD_ST_I8 && t->ndim == 2 && t->shape[0] == x->rm.out && t->shape[1] == x->rm.in && s &&
@@ -444,8 +504,9 @@ static int convert_shard(const struct pd_convert_opts *o, const struct pd_st_set
             drop_all(set);
             since = 0;
         }
-        st->tensors += it[i].rm.fmt == PD_RELEASE_NONE ? 1 : 2;
-        st->matrices += it[i].rm.fmt != PD_RELEASE_NONE;
+        st->tensors += it[i].rm.fmt == PD_RELEASE_NONE || it[i].bf16 ? 1 : 2;
+        st->matrices += it[i].rm.fmt != PD_RELEASE_NONE && !it[i].bf16;
+        st->bf16 += it[i].bf16;
         pg->done += src_bytes(&it[i]);
         if (o->progress)
             o->progress(o->ctx, pg);
@@ -510,7 +571,7 @@ int pd_convert(const struct pd_convert_opts *o, struct pd_convert_stats *st, pd_
         }
     }
     struct item *it = calloc(maxn ? maxn : 1, sizeof *it);
-    struct bufs bf = {.row = malloc((size_t)maxin * 4), .scales = malloc((size_t)maxout * 4), .q = malloc((size_t)maxin),
+    struct bufs bf = {.row = malloc((size_t)maxin * 4), .scales = malloc((size_t)maxout * 4), .q = malloc(2 * (size_t)maxin),
                       .chunk = malloc(CHUNK)};
     json_t *idx = json_object(), *map = json_object();
     if (!it || !bf.row || !bf.scales || !bf.q || !bf.chunk || !idx || !map) {
@@ -527,7 +588,7 @@ int pd_convert(const struct pd_convert_opts *o, struct pd_convert_stats *st, pd_
             rc = convert_shard(o, &set, k, it, n, &bf, st, &pg, e);
         for (size_t i = 0; i < n && !rc; i++) {
             json_object_set_new(map, it[i].src->name, json_string(pg.file));
-            if (it[i].rm.fmt != PD_RELEASE_NONE)
+            if (it[i].rm.fmt != PD_RELEASE_NONE && !it[i].bf16)
                 json_object_set_new(map, it[i].scale_name, json_string(pg.file));
         }
     }

@@ -1,6 +1,8 @@
 /* `pdmoe convert`: DeepSeek's released checkpoint (FP8/FP4, engine/release.h) to pdmoe's W8A8
- * layout (int8 "X.weight" + fp32 "X.weight_scale" per output row; every other tensor copied
- * as it is), shard by shard.
+ * layout, shard by shard: each FP8/FP4 matrix a W8A8 deployment quantises (plan/inventory.h,
+ * pd_inventory_w8a8_role: wq_b, wo_b, the indexer's wq_b, experts, MTP projections) becomes int8
+ * "X.weight" + fp32 "X.weight_scale" per output row; the other FP8 matrices (wq_a, wkv, wo_a) become
+ * bf16 "X.weight" holding their exact values; every other tensor is copied as it is.
  *
  * Each input shard becomes the output shard of the same name, written to NAME.partial and
  * renamed when complete and verified; model.safetensors.index.json maps every output tensor,
@@ -9,7 +11,8 @@
  * when it passes (converted again when it does not).
  * Verification of every output tensor, after writing it, read back from the file: a converted
  * matrix row by row, each int8 value q with the row's scale s against the decoded source value w:
- * |q s - w| <= s / 2 (round to nearest) and |q| <= 127; a copied tensor byte for byte.
+ * |q s - w| <= s / 2 (round to nearest) and |q| <= 127; a bf16 matrix equal to the decoded source
+ * value by value; a copied tensor byte for byte.
  * Memory is bounded whatever the checkpoint's size: the source is mapped and its pages dropped
  * (MADV_DONTNEED) as each block of rows is done; the output is written with write() and read back
  * with pread(); buffers hold one row, one tensor's row scales and one 4 MiB copy chunk. */
@@ -37,6 +40,7 @@ struct pd_convert_opts {
 struct pd_convert_stats {
     int shards, converted, skipped;     /* skipped: complete from an earlier run, verified */
     int64_t tensors, matrices;          /* output tensors; of them matrices converted to int8 */
+    int64_t bf16;                       /* ... and matrices converted to bf16 */
     uint64_t in_bytes, out_bytes;       /* source and output data bytes (all shards) */
     double max_rel_err;                 /* max over converted rows of max |q s - w| / max |w| */
 };

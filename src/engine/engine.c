@@ -57,11 +57,6 @@ int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err 
                           m->dspark ? "its draft is DSpark (dspark_* fields), which the engine does not run"
                           : m->n_mtp_layers ? "no tensor mtp.0.e_proj.weight" : "num_nextn_predict_layers is 0");
     }
-    if (o->mtp && o->has_expert) {
-        pd_weights_free(&en->w);
-        return pd_err_set(e, PD_EINVAL, "%s: MTP with expert parallelism is not supported yet (the MTP layer's experts "
-                          "are not placed across the group)", o->dir);
-    }
     en->mtp = o->mtp;
     const int nl = m->n_layers + (en->mtp ? 1 : 0);   /* KV layers: the MTP layer's is the last */
     int64_t max_len = o->max_model_len > 0 ? o->max_model_len : 4096;
@@ -284,7 +279,9 @@ static int sublayer(struct pd_step *st, int layer, int ffn, pd_err *e)
         }
     if (!en->ref)
         pd_quant_rows_pool(en->pool, st->x, T, H, (int8_t *)st->xq.q, (float *)st->xq.scale);
+    pd_prof_enter(&en->prof, ffn ? PD_PROF_MOE : PD_PROF_ATTENTION);
     int rc = ffn ? pd_moe_layer(st, layer, e) : pd_attention_layer(st, layer, e);
+    pd_prof_leave(&en->prof);
     if (rc)
         return rc;
     /* "post" is hc * hc * hidden multiply-adds per token: on the caller at batch 1 */
@@ -332,11 +329,13 @@ static int step_check(struct pd_engine *en, struct pd_step *st, int mtp, pd_err 
             if (items[i].tokens[k] < 0 || items[i].tokens[k] >= m->vocab_size)
                 return pd_err_set(e, PD_EINVAL, "engine step: token %d is outside the vocabulary [0, %lld)",
                                   items[i].tokens[k], (long long)m->vocab_size);
+        /* a snapshot at B is taken after the token at B - 1 (the MTP layer's at B - 2) */
+        int64_t from = mtp ? items[i].seq->mtp_pos + 1 : items[i].seq->pos;
         for (int j = 0; j < items[i].n_snaps; j++)
-            if (items[i].snaps[j].pos <= items[i].seq->pos || items[i].snaps[j].pos > items[i].seq->pos + items[i].n)
+            if (items[i].snaps[j].pos <= from || items[i].snaps[j].pos > from + items[i].n)
                 return pd_err_set(e, PD_EINVAL, "engine step: item %d's snapshot at %lld is outside its tokens (%lld, %lld]",
-                                  i, (long long)items[i].snaps[j].pos, (long long)items[i].seq->pos,
-                                  (long long)(items[i].seq->pos + items[i].n));
+                                  i, (long long)items[i].snaps[j].pos, (long long)from,
+                                  (long long)(from + items[i].n));
         for (int j = 0; j < i; j++)
             if (items[j].seq == items[i].seq)
                 return pd_err_set(e, PD_EINVAL, "engine step: a sequence appears twice in one step");
@@ -442,6 +441,7 @@ int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items
     const struct pd_model *m = &en->model;
     const int H = (int)m->hidden_size, hc = m->hc_mult;
     struct pd_step st = {.en = en, .items = items, .n_items = n_items};
+    pd_prof_step_begin(&en->prof);
     int rc = step_check(en, &st, 0, e);
     if (rc || (rc = step_setup(en, &st, 0, e)))
         return rc;
@@ -469,6 +469,7 @@ int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items
         items[i].seq->pos += items[i].n;
         items[i].seq->kv.len = items[i].seq->pos;
     }
+    pd_prof_step_end(&en->prof);
     return 0;
 }
 

@@ -23,6 +23,7 @@
 #include "core/err.h"
 #include "core/threadpool.h"
 #include "engine/kvpool.h"
+#include "engine/prof.h"
 #include "engine/weights.h"
 #include "kernels/ops.h"
 #include "model/config.h"
@@ -65,6 +66,7 @@ struct pd_engine {
     void *experts_ctx;
     int64_t *expert_tokens;         /* [n_layers (+1 with MTP)][experts] tokens this process ran per expert */
     int mtp;                        /* the MTP layer runs (pd_engine_mtp_step); its KV is pool layer n_layers */
+    struct pd_prof prof;            /* step profile (engine/prof.h), off unless pd_prof_enable */
 };
 
 struct pd_engine_opts {
@@ -76,7 +78,8 @@ struct pd_engine_opts {
     int block_entries;              /* 0: 16 */
     enum pd_kv_dtype kv_dtype;      /* the KV cache's entries: PD_KV_BF16 (0, the default) or PD_KV_FP8 */
     int ref;
-    const unsigned char *has_expert;  /* [experts] this process holds, NULL = all */
+    const unsigned char *has_expert;  /* [experts] this process holds, NULL = all; the same ids in every
+                                       * MoE layer, the MTP layer's included (expert parallelism) */
     int mtp;                        /* run the checkpoint's MTP layer: its KV is one more pool layer */
 };
 

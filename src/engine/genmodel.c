@@ -9,6 +9,7 @@
 #include "model/tokenizer.h"
 #include "plan/inventory.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -244,8 +245,9 @@ static void agree_fill(const struct agree *a, const struct pd_model *m, const ch
     }
 }
 
-static int gen_tensor(const struct pd_model *m, const struct pd_tensor *t, const char *name, uint64_t seed,
-                      const struct agree *ag, enum pd_gen_format gfmt, struct out_list *o, pd_err *e)
+/* rel: the tensor's format in the release (FP8, FP4 or a float dtype) */
+static int gen_tensor(const struct pd_model *m, const struct pd_tensor *t, enum pd_fmt rel, const char *name,
+                      uint64_t seed, const struct agree *ag, enum pd_gen_format gfmt, struct out_list *o, pd_err *e)
 {
     uint64_t rng = seed ^ fnv1a(name);
     const int64_t n = t->params;
@@ -278,9 +280,10 @@ static int gen_tensor(const struct pd_model *m, const struct pd_tensor *t, const
     int rc = 0;
     /* The release and release-w8a8 layouts: a matrix the release stores in FP8 (FP4 for routed
      * experts) is drawn onto that format's grid, so both hold the same model and loading either
-     * gives the engine the same int8 weights. (The default layout keeps the draws as they are.) */
-    if (gfmt != PD_GEN_W8A8 && (t->fmt == PD_FMT_W8A8 || t->fmt == PD_FMT_FP8 || t->fmt == PD_FMT_FP4)) {
-        enum pd_release_fmt rf = t->group == PD_G_ROUTED_EXPERTS ? PD_RELEASE_FP4 : PD_RELEASE_FP8;
+     * gives the engine the same weights (int8 where a W8A8 deployment quantises, the FP8 values
+     * in bf16 where it does not: wq_a, wkv, wo_a). (The default layout keeps the draws as they are.) */
+    if (gfmt != PD_GEN_W8A8 && (rel == PD_FMT_FP8 || rel == PD_FMT_FP4)) {
+        enum pd_release_fmt rf = rel == PD_FMT_FP4 ? PD_RELEASE_FP4 : PD_RELEASE_FP8;
         if ((rc = pd_release_round(rf, f, (int)t->shape[0], (int)t->shape[1]))) {
             free(f);
             return rc == PD_ENOMEM ? pd_err_set(e, rc, "out of memory for %s", name)
@@ -481,13 +484,21 @@ int pd_genmodel_opts(const char *preset, const char *out_dir, uint64_t seed, enu
                           pd_model_arch_name(m.arch));
     if (mkdir(out_dir, 0755) && errno != EEXIST)
         return pd_err_set(e, PD_EIO, "%s: cannot create the directory: %s", out_dir, strerror(errno));
-    struct pd_quant q;
-    struct pd_inventory inv;
-    /* the release: FP8 matrices wherever the default format has int8 ones, FP4 routed experts */
-    if ((rc = fmt == PD_GEN_RELEASE ? pd_quant_init(&q, "fp8", "routed_experts=fp4", 1, e)
-                                     : pd_quant_init(&q, "w8a8", NULL, m.ckpt_scale_ue8m0, e)) ||
-        (rc = pd_inventory_build(&m, &q, 1, &inv, e)))
+    struct pd_quant q, qr;
+    struct pd_inventory inv, rel;
+    /* the release: FP8 matrices, FP4 routed experts (inventory.c says which); the W8A8 layout:
+     * int8 where a W8A8 deployment quantises. The two inventories list the same tensors in the
+     * same order. */
+    if ((rc = pd_quant_init(&qr, "fp8", "routed_experts=fp4", 1, e)) ||
+        (rc = pd_quant_init(&q, "w8a8", NULL, m.ckpt_scale_ue8m0, e)))
         return rc;
+    if ((rc = pd_inventory_build(&m, &qr, 1, &rel, e)))
+        return rc;
+    if ((rc = pd_inventory_build(&m, fmt == PD_GEN_RELEASE ? &qr : &q, 1, &inv, e))) {
+        pd_inventory_free(&rel);
+        return rc;
+    }
+    assert(inv.n == rel.n);
     struct out_list o = {0};
     char path[512], name[128];
     int32_t *cyc = NULL;
@@ -512,8 +523,8 @@ int pd_genmodel_opts(const char *preset, const char *out_dir, uint64_t seed, enu
     }
     for (int i = 0; i < inv.n && !rc; i++)
         for (int k = 0; k < inv.t[i].count && !rc; k++)
-            rc = gen_tensor(&m, &inv.t[i], pd_inventory_expand_name(&inv.t[i], k, name, sizeof name), seed,
-                            ag.finv ? &ag : NULL, fmt, &o, e);
+            rc = gen_tensor(&m, &inv.t[i], rel.t[i].fmt, pd_inventory_expand_name(&inv.t[i], k, name, sizeof name),
+                            seed, ag.finv ? &ag : NULL, fmt, &o, e);
     free(ag.finv);
     free(cyc);
     if (!rc && fmt == PD_GEN_RELEASE) {
@@ -524,6 +535,7 @@ int pd_genmodel_opts(const char *preset, const char *out_dir, uint64_t seed, enu
     }
     out_free(&o);
     pd_inventory_free(&inv);
+    pd_inventory_free(&rel);
     if (rc)
         return rc;
     /* config.json: the preset as it is, so the planner and the engine read the same config */
@@ -546,11 +558,11 @@ int pd_genmodel_opts(const char *preset, const char *out_dir, uint64_t seed, enu
     }
     snprintf(path, sizeof path, "%s/config.json", out_dir);
     if (fmt == PD_GEN_RELEASE) {
-        char *rel = release_config(embedded ? embedded : text);
+        char *rtext = release_config(embedded ? embedded : text);
         free(text);
-        if (!rel)
+        if (!rtext)
             return pd_err_set(e, PD_EFORMAT, "%s: cannot add quantization_config", m.source);
-        text = rel;
+        text = rtext;
         embedded = NULL;
     }
     rc = write_text(path, embedded ? embedded : text, e);

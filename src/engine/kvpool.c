@@ -56,6 +56,7 @@ int pd_kvpool_init_layers(struct pd_kvpool *p, const struct pd_model *m, int n_l
         return pd_err_set(e, PD_EINVAL, "KV pool: %d sequences, %d entries per block: both must be positive",
                           max_seqs, block_entries);
     p->n_layers = n_layers;
+    p->lag_from = m->n_layers;
     p->window = m->sliding_window;
     p->head_dim = m->head_dim;
     p->index_head_dim = m->index_head_dim;

@@ -43,6 +43,10 @@ struct pd_kvlayer {
 
 struct pd_kvpool {
     int n_layers;
+    int lag_from;                       /* the main model's layers: a layer at or past it (the MTP
+                                         * layer) runs one position behind them (engine.h, mtp_pos),
+                                         * so its state at a sequence's length B is that after B - 1
+                                         * tokens (pd_kvpool_layer_len; a prefix snapshot's) */
     int window, head_dim, index_head_dim, rope_dim;
     enum pd_kv_dtype dtype;
     size_t entry_bytes, key_bytes;      /* one entry (head_dim values), one indexer key */
@@ -74,6 +78,12 @@ struct pd_kvseq {
     int **kblocks;                      /* [n_layers][...] indexer-key blocks of CSA layers */
     int *n_kblocks, *cap_kblocks;
 };
+
+/* The tokens layer l has processed when the main model has processed pos (the MTP layer one fewer). */
+static inline int64_t pd_kvpool_layer_len(const struct pd_kvpool *p, int l, int64_t pos)
+{
+    return l >= p->lag_from && pos > 0 ? pos - 1 : pos;
+}
 
 /* A pool for `max_seqs` sequences and `bytes` in all (slots + blocks), entries in `dtype`. */
 int pd_kvpool_init(struct pd_kvpool *p, const struct pd_model *m, enum pd_kv_dtype dtype, int max_seqs,

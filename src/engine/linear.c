@@ -136,6 +136,13 @@ int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct p
     if (t->ndim != 2 || t->shape[0] != out || t->shape[1] != in)
         return pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" has shape [%lld, %lld], the config needs [%d, %d]",
                           pd_st_set_path_of(st, t), name, (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0), out, in);
+    if (t->dtype == PD_ST_BF16 && in <= PD_LINEAR_WIDE_FLOATS && (uintptr_t)t->data % 2 == 0) {
+        /* read in place (shape checked above); a row longer than the widening buffer, or data at an
+         * odd address, gets an fp32 copy instead */
+        l->h = (const uint16_t *)t->data;
+        prefault(t->data, (size_t)out * in * 2);
+        return 0;
+    }
     if (t->dtype != PD_ST_I8) {
         l->f = pd_load_f32(st, a, name, (int64_t)out * in, e);
         return l->f ? 0 : e->code;
@@ -151,13 +158,50 @@ int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct p
     return 0;
 }
 
+/* An fp32 or bf16 matrix (the head, wq_a, wkv, wo_a, the compressor's) times T tokens,
+ * y[t][o] = pd_dot(w[o], x[t]) (pd_dot_rows, bit for bit): tasks of F32_ROWS output rows over the
+ * pool, each block of rows (F32_ROWS x in floats, 128 KiB for in = 512) applied to every token
+ * while it is in cache (a token-outer loop read the whole matrix T times on one thread). Each value
+ * is the same dot product whatever the thread count. A bf16 matrix is widened to fp32 (exactly: a
+ * bf16 value is the top half of its fp32) a few rows at a time into a buffer of at most
+ * WIDE_FLOATS, which every token then reads: the same pd_dot_rows on the same values, so the same
+ * bits as an fp32 copy of the matrix, from half the bytes. */
+enum { F32_ROWS = 64, WIDE_FLOATS = PD_LINEAR_WIDE_FLOATS };
+
+struct f32_job {
+    const struct pd_linear *l;
+    const float *x;
+    int T;
+    float *y;
+};
+
+static void f32_rows(void *arg, int task)
+{
+    const struct f32_job *j = arg;
+    const int in = j->l->in, out = j->l->out, o0 = task * F32_ROWS;
+    const int o1 = o0 + F32_ROWS < out ? o0 + F32_ROWS : out;
+    if (j->l->f) {
+        for (int t = 0; t < j->T; t++)
+            pd_dot_rows(j->l->f + (size_t)o0 * in, (size_t)in, j->x + (size_t)t * in, in, o1 - o0,
+                        j->y + (size_t)t * out + o0);
+        return;
+    }
+    _Alignas(64) float wide[WIDE_FLOATS];
+    const int step = WIDE_FLOATS / in;   /* >= 1: pd_linear_load keeps longer rows in fp32 */
+    for (int r0 = o0; r0 < o1; r0 += step) {
+        const int nr = o1 - r0 < step ? o1 - r0 : step;
+        pd_bf16_to_f32_row(j->l->h + (size_t)r0 * in, wide, nr * in);
+        for (int t = 0; t < j->T; t++)
+            pd_dot_rows(wide, (size_t)in, j->x + (size_t)t * in, in, nr, j->y + (size_t)t * out + r0);
+    }
+}
+
 int pd_linear_fwd(const struct pd_linear *l, pd_pool *pool, int ref, const float *x, int T, float *y,
                   int8_t *qbuf, float *sbuf, pd_err *e)
 {
-    if (l->f && !ref) {
-        for (int t = 0; t < T; t++)
-            for (int o = 0; o < l->out; o++)
-                y[(size_t)t * l->out + o] = pd_dot(l->f + (size_t)o * l->in, x + (size_t)t * l->in, l->in);
+    if ((l->f || l->h) && !ref) {
+        struct f32_job j = {.l = l, .x = x, .T = T, .y = y};
+        pd_pool_run(pool, (l->out + F32_ROWS - 1) / F32_ROWS, f32_rows, &j);
         return 0;
     }
     if (ref) {
@@ -169,6 +213,10 @@ int pd_linear_fwd(const struct pd_linear *l, pd_pool *pool, int ref, const float
                     const float *w = l->f + (size_t)o * l->in;
                     for (int i = 0; i < l->in; i++)
                         acc += (double)w[i] * x[(size_t)t * l->in + i];
+                } else if (l->h) {
+                    const uint16_t *w = l->h + (size_t)o * l->in;
+                    for (int i = 0; i < l->in; i++)
+                        acc += (double)pd_bf16_to_f32(w[i]) * x[(size_t)t * l->in + i];
                 } else {
                     const int8_t *w = l->q.q + (size_t)o * l->in;
                     for (int i = 0; i < l->in; i++)
@@ -187,7 +235,7 @@ int pd_linear_fwd(const struct pd_linear *l, pd_pool *pool, int ref, const float
 int pd_linear_fwd_q(const struct pd_linear *l, pd_pool *pool, int ref, const float *x, const pd_qmat *xq, int T,
                     float *y, pd_err *e)
 {
-    if (l->f || ref)
+    if (l->f || l->h || ref)
         return pd_linear_fwd(l, pool, ref, x, T, y, NULL, NULL, e);
     assert(xq->rows == T && xq->cols == l->in);
     return pd_gemm(pool, &l->q, xq, y, 0, e);

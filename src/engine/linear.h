@@ -1,6 +1,8 @@
 /* A linear layer as the engine runs it: W8A8 (int8 weights [out, in] with an fp32 scale per
  * output row, activations quantised per token) when the checkpoint stores int8, or fp32 when it
- * stores bf16/fp32 (converted once at load: the router, and any matrix a preset keeps in bf16).
+ * stores bf16/fp32 (converted once at load: the matrices DeepSeek's official code runs in bf16 or
+ * fp32, the head, the router, the compressor, the indexer's weights_proj and wo_a, and wq_a and
+ * wkv, which a W8A8 deployment runs in bf16).
  * In reference mode (tests) int8 weights are dequantised and multiplied with unquantised float
  * activations: the float reference of the same weights. */
 #ifndef PD_ENGINE_LINEAR_H
@@ -11,9 +13,15 @@
 #include "kernels/gemm.h"
 #include "model/safetensors.h"
 
+/* Rows of at most this many values can stay bf16 (struct pd_linear's h); longer ones load as fp32. */
+#define PD_LINEAR_WIDE_FLOATS 8192
+
 struct pd_linear {
-    pd_qmat q;        /* int8 weights (q.q != NULL) ... */
-    float *f;         /* ... or fp32 [out, in] */
+    pd_qmat q;           /* int8 weights (q.q != NULL) ... */
+    float *f;            /* ... or fp32 [out, in] ... */
+    const uint16_t *h;   /* ... or bf16 [out, in], read in place from the checkpoint and computed exactly
+                          * as f would be with the same values (each block of rows widened to fp32 in
+                          * cache, then pd_dot_rows): half the bytes of f, the same bits */
     int out, in;
 };
 

@@ -373,8 +373,13 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
     } else {
         /* activations quantised once (st->xq), on the rank that owns the token, whoever runs the
          * expert */
-        rc = en->experts_fn ? en->experts_fn(en->experts_ctx, en, layer, &st->xq, ids, T, y, e)
-                            : experts_local(en, layer, &st->xq, ids, T, y, e);
+        if (en->experts_fn) {
+            pd_prof_enter(&en->prof, PD_PROF_EXCHANGE);
+            rc = en->experts_fn(en->experts_ctx, en, layer, &st->xq, ids, T, y, e);
+            pd_prof_leave(&en->prof);
+        } else {
+            rc = experts_local(en, layer, &st->xq, ids, T, y, e);
+        }
         if (rc)
             goto out;
     }

@@ -27,9 +27,10 @@ struct pd_prefix_node {
 
 /* ---- the snapshot layout ---- */
 
+/* Entries of layer l in a snapshot at len (the MTP layer's at len - 1: pd_kvpool_layer_len). */
 static int64_t entries_at(const struct pd_kvpool *p, int l, int64_t len)
 {
-    return p->layer[l].ratio ? len / p->layer[l].ratio : 0;
+    return p->layer[l].ratio ? pd_kvpool_layer_len(p, l, len) / p->layer[l].ratio : 0;
 }
 
 /* Filled bytes of layer l's partial entry block (key = 0) or key block (key = 1) at len. */
@@ -58,6 +59,7 @@ static size_t state_half(const struct pd_kvpool *p, int l, int indexer)
 static int slot_parts(const struct pd_kvpool *p, int l, int64_t pos, size_t off[5], size_t len[5])
 {
     const struct pd_kvlayer *k = &p->layer[l];
+    pos = pd_kvpool_layer_len(p, l, pos);
     int n = 0;
     off[n] = k->window_off;
     len[n++] = (size_t)p->window * p->entry_bytes;
@@ -320,6 +322,11 @@ int64_t pd_prefix_node_len(const struct pd_prefix_node *x)
     return x ? x->len : 0;
 }
 
+const void *pd_prefix_node_extra(const struct pd_prefix *c, const struct pd_prefix_node *x)
+{
+    return x && c->extra ? x->snap + pd_kvsnap_bytes(c->kv, x->len) : NULL;
+}
+
 int pd_prefix_node_blocks(const struct pd_prefix *c, const struct pd_prefix_node *x)
 {
     int n = 0;
@@ -432,7 +439,7 @@ int pd_prefix_plan(struct pd_prefix *c, struct pd_prefix_cursor *cur, const int3
         pin(cur, x);
     }
     for (; b <= end; b += c->unit) {
-        size_t bytes = pd_kvsnap_bytes(p, b);
+        size_t bytes = pd_kvsnap_bytes(p, b) + c->extra;
         /* the budget: unused nodes go first, least recently used first */
         struct pd_prefix_node *v;
         while (c->bytes + bytes > c->max_bytes && (v = lru(c, cur->node)))

@@ -27,6 +27,10 @@
  * Restoring these bytes into a fresh sequence gives it, byte for byte, the KV state of a
  * sequence that computed the B tokens; everything after is the same computation on the same
  * bytes, so the logits are bit-identical.
+ * A pool with the MTP layer (kvpool.h, lag_from): that layer runs one position behind, so its
+ * part of everything above is its state after B - 1 tokens (pd_kvpool_layer_len; the engine takes
+ * it when its MTP step processes position B - 2). What else the draft needs at B (the main
+ * model's hidden state at B - 1) the caller keeps in the node's `extra` bytes.
  * Cost of a node: its live slot bytes + the filled parts of its partial blocks (at most one
  * entry block per ratio layer and one key block per CSA layer), pd_kvsnap_bytes, in malloc'ed
  * memory counted against the cache's snapshot budget; its full blocks are pool blocks (a block
@@ -75,6 +79,9 @@ struct pd_prefix_node;
 struct pd_prefix {
     struct pd_kvpool *kv;
     int unit;                       /* tokens between boundaries */
+    size_t extra;                   /* bytes each node holds after its pool state, for the caller
+                                     * (pd_prefix_node_extra; set after init, before any plan): the
+                                     * MTP draft's input at the boundary, say */
     size_t max_bytes, bytes;        /* snapshot memory: budget and use */
     struct pd_prefix_node **table;  /* [n_table] hash buckets */
     size_t n_table, n_nodes;
@@ -105,6 +112,9 @@ void pd_prefix_drop(struct pd_prefix *c);
  * length is a multiple of unit and < n), or NULL. Changes nothing. */
 struct pd_prefix_node *pd_prefix_lookup(struct pd_prefix *c, const int32_t *tokens, int64_t n);
 int64_t pd_prefix_node_len(const struct pd_prefix_node *x);
+/* The node's `extra` bytes (NULL with none): written by the caller into a planned snapshot at
+ * buf + pd_kvsnap_bytes(kv, pos) before the commit, read back here. */
+const void *pd_prefix_node_extra(const struct pd_prefix *c, const struct pd_prefix_node *x);
 /* Full blocks a sequence started from x shares (0 for NULL): what its admission needs less. */
 int pd_prefix_node_blocks(const struct pd_prefix *c, const struct pd_prefix_node *x);
 

@@ -56,19 +56,25 @@ int pd_spec_prefill(struct pd_engine *en, struct pd_spec_seq **ss, const int32_t
     int rc = 0;
     for (int i = 0; i < n_seqs && !rc; i++) {
         struct pd_spec_seq *s = ss[i];
-        if (s->n || s->seq->pos)
-            rc = pd_err_set(e, PD_EINVAL, "speculative prefill: sequence %d is not new", i);
-        else if (!(rc = grow(s, n[i], row, e)))
+        /* new, or resumed from a cached prefix: its one pending input awaits the prompt's next token */
+        int resumed = s->n == 1 && s->n_tok == 0 && s->seq->mtp_pos + 1 == s->seq->pos;
+        if (n[i] < 1 || (!resumed && (s->n || s->seq->pos)))
+            rc = pd_err_set(e, PD_EINVAL, "speculative prefill: sequence %d is neither new nor resumed", i);
+        else if (!(rc = grow(s, s->n + n[i], row, e)))
             items[i] = (struct pd_step_item){.seq = s->seq, .tokens = prompt[i], .n = n[i], .logits = logits[i],
-                                             .hidden = s->hid};
+                                             .hidden = s->hid + (size_t)s->n * row, .snaps = s->snaps,
+                                             .n_snaps = s->n_snaps};
     }
     if (!rc)
         rc = pd_engine_step(en, items, n_seqs, e);
     for (int i = 0; i < n_seqs && !rc; i++) {
-        /* the token after each prompt position but the last, which is sampled next */
-        memcpy(ss[i]->tok, prompt[i] + 1, (size_t)(n[i] - 1) * sizeof(int32_t));
-        ss[i]->n = n[i];
-        ss[i]->n_tok = n[i] - 1;
+        struct pd_spec_seq *s = ss[i];
+        /* the token after each pending position but the last, which is sampled next */
+        if (s->n)
+            s->tok[s->n_tok++] = prompt[i][0];
+        memcpy(s->tok + s->n_tok, prompt[i] + 1, (size_t)(n[i] - 1) * sizeof(int32_t));
+        s->n += n[i];
+        s->n_tok += n[i] - 1;
     }
     free(items);
     return rc;
@@ -80,6 +86,60 @@ int pd_spec_push(struct pd_spec_seq *ss, int32_t token, pd_err *e)
         return pd_err_set(e, PD_EINVAL, "speculative decoding: a token pushed where none is awaited");
     ss->tok[ss->n_tok++] = token;
     return 0;
+}
+
+size_t pd_spec_row_bytes(const struct pd_engine *en)
+{
+    return hrow(en) * sizeof(float);
+}
+
+int pd_spec_catch_up(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, pd_err *e)
+{
+    const size_t row = hrow(en);
+    struct pd_step_item *items = calloc((size_t)n_seqs + 1, sizeof *items);
+    if (!items)
+        return pd_err_set(e, PD_ENOMEM, "speculative decoding: out of memory for the hand-off's MTP step");
+    int rc = 0, m = 0;
+    for (int i = 0; i < n_seqs && !rc; i++) {
+        struct pd_spec_seq *s = ss[i];
+        if (s->n < 1 || s->n_tok != s->n - 1 || s->seq->mtp_pos + s->n != s->seq->pos)
+            rc = pd_err_set(e, PD_EINVAL, "speculative catch-up: sequence %d is not just prefilled", i);
+        else if (s->n > 1)
+            items[m++] = (struct pd_step_item){.seq = s->seq, .tokens = s->tok, .n = s->n - 1, .hidden_in = s->hid,
+                                               .snaps = s->snaps, .n_snaps = s->n_snaps};
+    }
+    if (!rc && m)
+        rc = pd_engine_mtp_step(en, items, m, e);
+    for (int i = 0; i < n_seqs && !rc; i++) {
+        struct pd_spec_seq *s = ss[i];
+        /* the positions run leave the pending inputs: h_{n-1} stays, awaiting the first token */
+        memmove(s->hid, s->hid + (size_t)(s->n - 1) * row, row * sizeof(float));
+        s->n = 1;
+        s->n_tok = 0;
+    }
+    free(items);
+    return rc;
+}
+
+int pd_spec_resume(struct pd_engine *en, struct pd_spec_seq *ss, struct pd_seq *seq, struct pd_sampler *smp,
+                   const float *row, pd_err *e)
+{
+    if (seq->pos < 1)
+        return pd_err_set(e, PD_EINVAL, "speculative resume: the sequence holds no token");
+    pd_spec_init(ss, seq, smp);
+    if (grow(ss, 1, hrow(en), e))
+        return PD_ENOMEM;
+    memcpy(ss->hid, row, pd_spec_row_bytes(en));
+    ss->n = 1;
+    seq->mtp_pos = seq->pos - 1;
+    return 0;
+}
+
+int pd_spec_handoff_receive(struct pd_engine *en, struct pd_spec_seq *ss, struct pd_seq *seq, struct pd_sampler *smp,
+                            const float *row, int32_t first, pd_err *e)
+{
+    int rc = pd_spec_resume(en, ss, seq, smp, row, e);
+    return rc ? rc : pd_spec_push(ss, first, e);
 }
 
 double pd_spec_accept_prob(const float *p, const float *q, int32_t d)
@@ -181,9 +241,18 @@ static int accept(struct pd_engine *en, struct pd_spec_seq *s, struct rbuf *b, i
 int pd_spec_round(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int vocab, struct pd_spec_stats *st,
                   pd_err *e)
 {
+    int kmax = 0;
+    for (int i = 0; i < n_seqs; i++)
+        kmax = ss[i]->k > kmax ? ss[i]->k : kmax;
+    return pd_spec_round_steps(en, ss, n_seqs, vocab, kmax, st, e);
+}
+
+int pd_spec_round_steps(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int vocab, int draft_steps,
+                        struct pd_spec_stats *st, pd_err *e)
+{
     const int V = (int)en->model.vocab_size;
     const size_t row = hrow(en);
-    int rc = 0, kmax = 0;
+    int rc = 0, kmax = draft_steps;
     struct rbuf *b = calloc((size_t)n_seqs + 1, sizeof *b);
     struct pd_step_item *items = calloc((size_t)n_seqs + 1, sizeof *items);
     float *scr = malloc((size_t)vocab * 4 * sizeof(float));
@@ -198,7 +267,11 @@ int pd_spec_round(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int
                             i, s->k, s->n, s->n_tok);
             goto out;
         }
-        kmax = s->k > kmax ? s->k : kmax;
+        if (s->k > draft_steps) {
+            rc = pd_err_set(e, PD_EINVAL, "speculative round: sequence %d drafts %d tokens, the round %d", i, s->k,
+                            draft_steps);
+            goto out;
+        }
         b[i].p = s->seq->pos;
         /* the round's buffers, kept in the sequence between rounds (a decode step allocates
          * nothing once they are grown) */
@@ -220,6 +293,11 @@ int pd_spec_round(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int
     }
     /* draft: d_j from the MTP layer at position p+j-2 (the first step also runs every position
      * it has not run yet: those are exact and stay; the later ones are recorded for undo) */
+    if (draft_steps < 0 || draft_steps > PD_SPEC_MAX_K || (draft_steps && !en->mtp)) {
+        rc = pd_err_set(e, PD_EINVAL, "speculative round: %d drafting steps (0 .. %d, and only with the MTP layer)",
+                        draft_steps, PD_SPEC_MAX_K);
+        goto out;
+    }
     for (int j = 1; j <= kmax; j++) {
         int m = 0;
         for (int i = 0; i < n_seqs; i++) {
@@ -238,8 +316,11 @@ int pd_spec_round(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int
         if ((rc = pd_engine_mtp_step(en, items, m, e)))
             goto out;
         for (int i = 0; i < n_seqs; i++)
-            if (ss[i]->k >= j)
-                b[i].draft[j - 1] = argmax(b[i].dlog, vocab);
+            if (ss[i]->k >= j) {
+                ss[i]->draft[j - 1] = b[i].draft[j - 1] = argmax(b[i].dlog, vocab);
+                if (ss[i]->draft_logits)
+                    memcpy(ss[i]->draft_logits + (size_t)(j - 1) * V, b[i].dlog, (size_t)V * sizeof(float));
+            }
     }
     /* verify: [t_p, d_1 .. d_k] through the main model, recorded for undo */
     for (int i = 0; i < n_seqs; i++) {

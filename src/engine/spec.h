@@ -48,19 +48,26 @@ struct pd_spec_seq {
     float *hid;                    /* [cap, hc, hidden] */
     int32_t *tok;                  /* [cap] */
     int n, n_tok, cap;
+    int32_t draft[PD_SPEC_MAX_K];  /* the drafts of the last round (k of them) */
     int32_t out[PD_SPEC_MAX_K + 1];   /* the tokens the last round produced */
     int n_out;
+    float *draft_logits;           /* [PD_SPEC_MAX_K, vocab] or NULL: the MTP layer's logits each draft
+                                      of the last round was chosen from (tests: a handed-off draft state
+                                      drafts exactly as the colocated one) */
     float *out_logits;             /* [PD_SPEC_MAX_K + 1, vocab] or NULL: the main model's logits each
                                       out token was chosen from (what plain decoding samples from) */
+    struct pd_kvsnap *snaps;       /* [n_snaps] prefix-cache snapshots the next pd_spec_prefill and
+                                      pd_spec_catch_up take (engine/prefix.h), or NULL */
+    int n_snaps;
     float *buf;                    /* a round's logits and hidden states, kept between rounds */
     size_t buf_cap;                /* floats */
 };
 
 void pd_spec_init(struct pd_spec_seq *ss, struct pd_seq *seq, struct pd_sampler *smp);
 void pd_spec_free(struct pd_spec_seq *ss);
-/* Runs the prompts (prompt[i], n[i] tokens, as the sequences' first tokens) through the main
- * model in one step, keeping their hidden states for the MTP layer; logits[i] get each last
- * position's. */
+/* Runs the prompts (prompt[i], n[i] tokens, as the sequences' first tokens, or after a cached
+ * prefix for a sequence resumed by pd_spec_resume) through the main model in one step, keeping
+ * their hidden states for the MTP layer; logits[i] get each last position's. */
 int pd_spec_prefill(struct pd_engine *en, struct pd_spec_seq **ss, const int32_t *const *prompt, const int *n,
                     float *const *logits, int n_seqs, pd_err *e);
 /* The next token of a sequence, sampled from the logits of its last position (after prefill). */
@@ -69,6 +76,34 @@ int pd_spec_push(struct pd_spec_seq *ss, int32_t token, pd_err *e);
  * Sampling is over the first `vocab` logits (the tokenizer's ids). */
 int pd_spec_round(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int vocab, struct pd_spec_stats *st,
                   pd_err *e);
+
+/* pd_spec_round with exactly `draft_steps` MTP steps, at least every sequence's k (steps beyond
+ * them run with no item here). Expert parallelism: every rank of a group must take part in the
+ * same expert exchanges, so all run the group's largest k of drafting steps and one verify step,
+ * whatever sequences (none included) they hold. */
+int pd_spec_round_steps(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, int vocab, int draft_steps,
+                        struct pd_spec_stats *st, pd_err *e);
+
+/* A sequence's state at length n moved elsewhere: handed to another pool (PD) or kept in a
+ * prefix cache. Besides the pool's bytes, the draft then needs what its next round reads: the MTP
+ * layer's KV of positions 0 .. n-2 (one more layer of the pool, moved or cached with the others)
+ * and the main model's hidden state at n-1 (every stream: the row, [hc, hidden] fp32,
+ * pd_spec_row_bytes).
+ * pd_spec_catch_up, after pd_spec_prefill and before pd_spec_push: the MTP layer runs every
+ * pending position but the last (each needs only the prompt), for n_seqs sequences in one step,
+ * taking the MTP layer's part of the sequences' snaps; then the last hidden state, the row to
+ * send, is ss[i]->hid and the only input pending. (Without it the first round runs them: exact
+ * either way, a token computing the same in any chunk.) */
+int pd_spec_catch_up(struct pd_engine *en, struct pd_spec_seq **ss, int n_seqs, pd_err *e);
+/* seq holds the KV of n tokens (pos n) made elsewhere (a hand-off, a cached prefix): it becomes a
+ * speculating sequence whose MTP layer stands at n-1 with input `row` pending, awaiting the token
+ * at n (pd_spec_prefill's next prompt token). */
+int pd_spec_resume(struct pd_engine *en, struct pd_spec_seq *ss, struct pd_seq *seq, struct pd_sampler *smp,
+                   const float *row, pd_err *e);
+/* The same with the token at n known (the sender's first token): the next round verifies it. */
+int pd_spec_handoff_receive(struct pd_engine *en, struct pd_spec_seq *ss, struct pd_seq *seq, struct pd_sampler *smp,
+                            const float *row, int32_t first, pd_err *e);
+size_t pd_spec_row_bytes(const struct pd_engine *en);
 
 /* vLLM's --speculative-config JSON: {"method": "mtp", "num_speculative_tokens": k}, k in
  * 1 .. PD_SPEC_MAX_K; any other key or method is refused by name. */

@@ -1,6 +1,7 @@
 /* Loading a V4 checkpoint into struct pd_weights, checking every shape against the config. */
 #include "engine/weights.h"
 #include "engine/release.h"
+#include "plan/inventory.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +24,10 @@ static int lin(struct pd_weights *w, struct pd_linear *l, const char *pfx, const
 {
     char name[160], sname[170];
     snprintf(name, sizeof name, "%s%s", pfx, suffix);
-    int rc = pd_linear_load_ref(l, &w->st, &w->arena, name, (int)out, (int)in, w->ref, e);
+    /* a release FP8/FP4 matrix a W8A8 deployment does not quantise (wq_a, wkv, wo_a) runs with
+     * its exact values, as that deployment and the official code run it in bf16 (plan/inventory.h) */
+    int exact = w->ref || pd_inventory_w8a8_role(name, w->m->dspark) != PD_W8A8_QUANT;
+    int rc = pd_linear_load_ref(l, &w->st, &w->arena, name, (int)out, (int)in, exact, e);
     if (rc == 0) {
         acct(w, name);
         snprintf(sname, sizeof sname, "%s_scale", name);

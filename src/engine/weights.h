@@ -3,7 +3,9 @@
  * shapes are those of pdmoe's inventory (src/plan/inventory.c), int8 matrices with a
  * `_scale` companion of one fp32 per output row. DeepSeek's released format (FP8 matrices and
  * FP4 routed experts with ue8m0 ".scale" companions, engine/release.h) loads too: those
- * matrices are converted to int8 per output row at load, into the arena. loaded_bytes counts
+ * matrices a W8A8 deployment quantises are converted to int8 per output row at load, into the
+ * arena, the others (wq_a, wkv, wo_a) to their exact fp32 values (plan/inventory.h,
+ * pd_inventory_w8a8_role). loaded_bytes counts
  * the checkpoint's stored bytes (weights and scales) either way. */
 #ifndef PD_ENGINE_WEIGHTS_H
 #define PD_ENGINE_WEIGHTS_H

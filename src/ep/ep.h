@@ -1,6 +1,6 @@
 /* Expert parallelism across processes (MPI). An EP group of N ranks: rank k holds routed experts
- * [k*E/N, (k+1)*E/N) (the planner's placement, the same code) and a full copy of everything
- * else. Each rank runs attention for its own sequences (data-parallel attention); in every MoE
+ * [k*E/N, (k+1)*E/N) of every MoE layer, the MTP layer's included (the planner's placement, the
+ * same code) and a full copy of everything else. Each rank runs attention for its own sequences (data-parallel attention); in every MoE
  * layer the ranks exchange, with MPI_Alltoallv:
  *   counts    how many (token, expert) pairs each rank sends each other rank;
  *   dispatch  per pair the expert id and the token's activation row, int8 with its fp32 scale:

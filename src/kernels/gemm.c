@@ -1,23 +1,27 @@
 /* W8A8 GEMM front: argument checks, the run-time choice of implementation, the static split of
- * output rows into pool tasks, and the shared fp32 epilogue (pd_gemm_store). The arithmetic lives
- * in gemm_ref.c, gemm_avx2.c and gemm_avx512.c. */
+ * output rows into pool tasks, the AMX kernels' activation packing, and the shared fp32 epilogue
+ * (pd_gemm_store). The arithmetic lives in gemm_ref.c, gemm_avx2.c, gemm_avx512.c and gemm_amx.c. */
 #include "kernels/gemm.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
 
+#include "core/timing.h"
 #include "kernels/gemm_impl.h"
 
-static const char *const kernel_names[PD_KERNEL_COUNT] = {"ref", "avx2", "avx512"};
+static const char *const kernel_names[PD_KERNEL_COUNT] = {"ref", "avx2", "avx512", "amx", "amx-emu"};
 
 static const pd_gemm_rows_fn kernel_fns[PD_KERNEL_COUNT] = {
     pd_gemm_rows_ref,
     pd_gemm_rows_avx2,
     pd_gemm_rows_avx512,
+    pd_gemm_rows_amx,
+    pd_gemm_rows_amx_emu,
 };
 
 /* -1 until resolved; then a pd_kernel. Atomic because pd_gemm may be first called from several
@@ -37,7 +41,7 @@ int pd_gemm_kernel_parse(const char *name, pd_kernel *k, pd_err *err)
             return 0;
         }
     }
-    return pd_err_set(err, PD_EINVAL, "unknown kernel '%s' (want ref, avx2 or avx512)",
+    return pd_err_set(err, PD_EINVAL, "unknown kernel '%s' (want ref, avx2, avx512, amx or amx-emu)",
                       name ? name : "(null)");
 }
 
@@ -52,6 +56,10 @@ int pd_gemm_kernel_supported(pd_kernel k)
     case PD_KERNEL_AVX512:
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    case PD_KERNEL_AMX:
+        return pd_gemm_amx_available();
+    case PD_KERNEL_AMX_EMU:
+        return 1;
     default:
         return 0;
     }
@@ -84,6 +92,8 @@ int pd_gemm_kernel_get(pd_kernel *k, pd_err *err)
             return pd_err_prefix(err, "PDMOE_KERNEL: ");
         if (!pd_gemm_kernel_supported(pick))
             return pd_err_set(err, PD_EINVAL, "PDMOE_KERNEL=%s: not supported by this CPU", env);
+    } else if (pd_gemm_kernel_supported(PD_KERNEL_AMX)) {
+        pick = PD_KERNEL_AMX;
     } else if (pd_gemm_kernel_supported(PD_KERNEL_AVX512)) {
         pick = PD_KERNEL_AVX512;
     } else if (pd_gemm_kernel_supported(PD_KERNEL_AVX2)) {
@@ -98,13 +108,17 @@ int pd_gemm_kernel_get(pd_kernel *k, pd_err *err)
 }
 
 /* Output rows per pool task. It depends on the shape and the kernel only (never on the thread
- * count), and keeps the weight bytes a task reads per pass over the tokens (rows * in, or
- * rows * PD_GEMM_KBLOCK for the K-blocked AVX-512 kernel) within about 256 KiB, so that they stay
- * in L2 while every block of tokens passes over them. A multiple of 8, the GEMV kernels' row block. */
+ * count). AVX-512: 64, the prefill GEMM's micro-tile width (gemm_vnni.c blocks the reduction
+ * itself). AMX: 32 or 64, whole pairs of its 16-row tiles. Others: the weight bytes a task reads per pass over the tokens (rows * in) within about
+ * 256 KiB, so that they stay in L2 while every block of tokens passes over them. A multiple of 8,
+ * the GEMV kernels' row block. */
 static int rows_per_task(int in, pd_kernel k)
 {
-    int bytes = k == PD_KERNEL_AVX512 && in > PD_GEMM_KBLOCK ? PD_GEMM_KBLOCK : in;
-    int rb = (256 * 1024 / bytes) & ~7;
+    if (k == PD_KERNEL_AVX512)
+        return 64;
+    int rb = (256 * 1024 / in) & ~7;
+    if (k == PD_KERNEL_AMX || k == PD_KERNEL_AMX_EMU)   /* whole pairs of 16-row tiles */
+        return rb < 32 ? 32 : rb > 64 ? 64 : rb & ~31;
     return rb < 8 ? 8 : rb > 64 ? 64 : rb;
 }
 
@@ -154,6 +168,19 @@ void pd_gemm_store(const pd_gemm_job *job, int i0, int nu, int o0, int nr, const
     }
 }
 
+static _Thread_local int timing_on;
+static _Thread_local int64_t timed_ns;
+
+void pd_gemm_timing(int on)
+{
+    timing_on = on;
+}
+
+int64_t pd_gemm_timed_ns(void)
+{
+    return timed_ns;
+}
+
 static int check_qmat(const pd_qmat *m, const char *what, pd_err *err)
 {
     if (!m)
@@ -193,7 +220,87 @@ static int small_work(int64_t macs)
     return macs < PD_GEMM_SERIAL_MACS;
 }
 
-int pd_gemm(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y, int flags, pd_err *err)
+/* ---- the AMX kernels' packed activations (gemm_impl.h) ---- */
+
+struct amx_pack_run {
+    pd_gemm_job *jobs;
+    const int *first;   // [n_jobs + 1] first pack task (block of 16 tokens) of each job
+    int n_jobs;
+};
+
+static void amx_pack_task(void *arg, int task)
+{
+    const struct amx_pack_run *r = arg;
+    int j = 0;
+    while (r->first[j + 1] <= task)
+        j++;
+    pd_gemm_amx_pack(&r->jobs[j], task - r->first[j], (int8_t *)r->jobs[j].apack);
+}
+
+/* For kernel k, packs the activations of every job that the AMX kernels run on tiles, into one
+ * allocation (*buf, NULL when nothing needed packing; the caller frees it), spread over the pool
+ * by blocks of 16 tokens, and points each such job's apack at its part. */
+static int amx_pack(pd_pool *pool, pd_kernel k, pd_gemm_job *jobs, int n_jobs, void **buf, pd_err *err)
+{
+    *buf = NULL;
+    if (k != PD_KERNEL_AMX && k != PD_KERNEL_AMX_EMU)
+        return 0;
+    size_t bytes = 0;
+    int stack_first[65], *first = n_jobs < 65 ? stack_first : malloc(((size_t)n_jobs + 1) * sizeof *first);
+    if (!first)
+        return pd_err_set(err, PD_ENOMEM, "gemm: out of memory packing %d groups", n_jobs);
+    first[0] = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        int packed = jobs[j].n >= PD_GEMM_AMX_MIN_TOKENS && jobs[j].out > 0;
+        bytes += packed ? pd_gemm_amx_pack_bytes(jobs[j].n, jobs[j].in) : 0;
+        first[j + 1] = first[j] + (packed ? (jobs[j].n + 15) / 16 : 0);
+    }
+    int rc = 0;
+    if (bytes > 0 && !(*buf = aligned_alloc(64, bytes)))   /* bytes is a multiple of 1 KiB */
+        rc = pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %zu bytes of packed activations", bytes);
+    if (bytes > 0 && *buf) {
+        int8_t *p = *buf;
+        for (int j = 0; j < n_jobs; j++) {
+            jobs[j].apack = first[j + 1] > first[j] ? p : NULL;
+            p += first[j + 1] > first[j] ? pd_gemm_amx_pack_bytes(jobs[j].n, jobs[j].in) : 0;
+        }
+        struct amx_pack_run r = {jobs, first, n_jobs};
+        pd_pool_run(small_work((int64_t)bytes * 64) ? NULL : pool, first[n_jobs], amx_pack_task, &r);
+    }
+    if (first != stack_first)
+        free(first);
+    return rc;
+}
+
+/* The AVX-512 GEMM's activation row sums (gemm_vnni.c), computed once per call, in blocks of
+ * SUMS_ROWS rows over the pool. */
+enum { SUMS_ROWS = 64 };
+
+struct sums_run {
+    const pd_qmat *a;
+    int32_t *sums;
+};
+
+static void sums_task(void *arg, int task)
+{
+    const struct sums_run *r = arg;
+    int r0 = task * SUMS_ROWS, r1 = r0 + SUMS_ROWS < r->a->rows ? r0 + SUMS_ROWS : r->a->rows;
+    pd_gemm_row_sums_vnni(r->a->q, r->a->cols, r0, r1, r->sums);
+}
+
+/* *sums = the row sums of a, malloc'd (the caller frees): the AVX-512 GEMM beyond
+ * PD_GEMM_TW_MAX tokens needs them. */
+static int row_sums(pd_pool *pool, const pd_qmat *a, int32_t **sums, pd_err *err)
+{
+    if (!(*sums = malloc((size_t)a->rows * sizeof **sums)))
+        return pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %d row sums", a->rows);
+    struct sums_run r = {a, *sums};
+    pd_pool_run(small_work((int64_t)a->rows * a->cols * 64) ? NULL : pool, (a->rows + SUMS_ROWS - 1) / SUMS_ROWS,
+                sums_task, &r);
+    return 0;
+}
+
+static int gemm_run(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y, int flags, pd_err *err)
 {
     int rc;
     if ((rc = check_qmat(w, "weights", err)) < 0 || (rc = check_qmat(a, "activations", err)) < 0)
@@ -209,26 +316,95 @@ int pd_gemm(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y, int fla
     if (w->rows == 0 || a->rows == 0)
         return 0;
 
+    /* AVX-512 with 25-96 tokens: them packed once (gemm_vnni.c); more: their row sums */
+    int32_t *sums = NULL;
+    uint8_t *packed = NULL;
+    size_t tw = k == PD_KERNEL_AVX512 ? pd_gemm_tw_bytes(a->rows, a->cols, 0) : 0;
+    if (tw) {
+        if (!(packed = malloc(tw)))
+            return pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %d packed rows", a->rows);
+        pd_gemm_tw_pack(a->q, a->cols, NULL, a->rows, packed);
+    } else if (k == PD_KERNEL_AVX512 && a->rows > PD_GEMM_TW_MAX && (rc = row_sums(pool, a, &sums, err)) < 0) {
+        return rc;
+    }
     struct plain_run r = {
         .job = {.w = w->q, .w_scale = w->scale, .out = w->rows, .in = w->cols,
-                .a = a->q, .a_scale = a->scale, .tok = NULL, .n = a->rows, .y = y,
+                .a = a->q, .a_scale = a->scale, .a_sum = sums, .a_packed = packed, .tok = NULL, .n = a->rows, .y = y,
                 .accum = (flags & PD_GEMM_ACCUM) != 0},
         .fn = kernel_fns[k],
         .rb = rows_per_task(w->cols, k),
     };
+    void *apacked;
+    if ((rc = amx_pack(pool, k, &r.job, 1, &apacked, err)) < 0) {
+        free(sums);
+        free(packed);
+        return rc;
+    }
     int n_tasks = (w->rows + r.rb - 1) / r.rb;
     pd_pool_run(small_work((int64_t)w->rows * w->cols * a->rows) ? NULL : pool, n_tasks, plain_task, &r);
+    free(sums);
+    free(packed);
+    free(apacked);
+    return 0;
+}
+
+/* The grouped form's packed groups: pk->at[g] = offset of group g's pack in pk->buf, SIZE_MAX
+ * for a group that is not packed (then pk->need_sums). */
+struct pack_run {
+    const pd_qmat *a;
+    const pd_gemm_group *groups;
+    uint8_t *buf;
+    size_t *at;
+    int need_sums;
+};
+
+static void pack_task(void *arg, int g)
+{
+    const struct pack_run *p = arg;
+    const pd_gemm_group *gr = &p->groups[g];
+    if (p->at[g] != SIZE_MAX)
+        pd_gemm_tw_pack(p->a->q, p->a->cols, gr->rows, gr->n, p->buf + p->at[g]);
+}
+
+static int pack_groups(pd_pool *pool, pd_kernel k, struct pack_run *p, int n_groups, pd_err *err)
+{
+    if (k != PD_KERNEL_AVX512) {
+        p->need_sums = 0;
+        return 0;
+    }
+    if (!(p->at = malloc((size_t)n_groups * sizeof *p->at)))
+        return pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %d groups", n_groups);
+    size_t total = 0;
+    int64_t values = 0;
+    for (int g = 0; g < n_groups; g++) {
+        const pd_gemm_group *gr = &p->groups[g];
+        size_t b = gr->w.rows > 0 ? pd_gemm_tw_bytes(gr->n, gr->w.cols, 1) : 0;
+        p->at[g] = b ? total : SIZE_MAX;
+        total += b;
+        values += b ? (int64_t)gr->n * gr->w.cols : 0;
+        if (gr->n > PD_GEMM_TW_MAX && gr->w.rows > 0)
+            p->need_sums = 1;
+    }
+    if (total == 0)
+        return 0;
+    if (!(p->buf = malloc(total)))
+        return pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %zu bytes of packed rows", total);
+    pd_pool_run(values < PD_GEMM_SERIAL_MACS / 16 ? NULL : pool, n_groups, pack_task, p);
     return 0;
 }
 
 struct grouped_run {
     const pd_qmat *a;
+    const int32_t *a_sum;    // [a->rows] or NULL (gemm_impl.h)
+    const uint8_t *packed;   // the groups' packed rows (pd_gemm_tw_pack), at packed_at[g]
+    const size_t *packed_at; // [n_groups] offset in packed, or SIZE_MAX for a group not packed
     const pd_gemm_group *groups;
     const int *first_task;   // [n_groups + 1] first task of each group; the last = total
     int n_groups;
     int accum;
     pd_kernel k;
     pd_gemm_rows_fn fn;
+    const pd_gemm_job *packs;   // [n_groups] the AMX kernels' packed activations (apack), or NULL
 };
 
 static void grouped_task(void *arg, int task)
@@ -249,8 +425,9 @@ static void grouped_task(void *arg, int task)
     int o1 = o0 + rb < g->w.rows ? o0 + rb : g->w.rows;
     pd_gemm_job job = {
         .w = g->w.q, .w_scale = g->w.scale, .out = g->w.rows, .in = g->w.cols,
-        .a = r->a->q, .a_scale = r->a->scale, .tok = g->rows, .n = g->n, .y = g->y,
-        .accum = r->accum,
+        .a = r->a->q, .a_scale = r->a->scale, .a_sum = r->a_sum,
+        .a_packed = r->packed_at && r->packed_at[lo] != SIZE_MAX ? r->packed + r->packed_at[lo] : NULL, .tok = g->rows, .n = g->n, .y = g->y,
+        .accum = r->accum, .apack = r->packs ? r->packs[lo].apack : NULL,
     };
     /* the next group's weights, which this thread likely reads next: prefetched past the end */
     if (lo + 1 < r->n_groups && r->groups[lo + 1].w.cols == g->w.cols && r->groups[lo + 1].n > 0) {
@@ -260,8 +437,8 @@ static void grouped_task(void *arg, int task)
     r->fn(&job, o0, o1);
 }
 
-int pd_gemm_grouped(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *groups, int n_groups,
-                    int flags, pd_err *err)
+static int grouped_run(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *groups, int n_groups,
+                       int flags, pd_err *err)
 {
     int rc;
     if ((rc = check_qmat(a, "activations", err)) < 0)
@@ -312,12 +489,63 @@ int pd_gemm_grouped(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *groups
     }
     first[n_groups] = (int)total;
 
+    /* AVX-512: groups of 2-96 tokens packed once (gemm_vnni.c), on the pool; groups of more need
+     * the activations' row sums */
+    int32_t *sums = NULL;
+    struct pack_run pk = {.a = a, .groups = groups};
+    if (macs > 0 && (rc = pack_groups(pool, k, &pk, n_groups, err)) == 0 && pk.need_sums)
+        rc = row_sums(pool, a, &sums, err);
+    if (rc < 0) {
+        free(pk.at);
+        free(pk.buf);
+        if (first != stack_first)
+            free(first);
+        return rc;
+    }
     struct grouped_run r = {
-        .a = a, .groups = groups, .first_task = first, .n_groups = n_groups,
+        .a = a, .a_sum = sums, .packed = pk.buf, .packed_at = pk.at, .groups = groups, .first_task = first, .n_groups = n_groups,
         .accum = (flags & PD_GEMM_ACCUM) != 0, .k = k, .fn = kernel_fns[k],
     };
-    pd_pool_run(small_work(macs) ? NULL : pool, (int)total, grouped_task, &r);
+    pd_gemm_job *packs = NULL;
+    void *apacked = NULL;
+    if (k == PD_KERNEL_AMX || k == PD_KERNEL_AMX_EMU) {
+        if (!(packs = calloc((size_t)n_groups, sizeof *packs)))
+            rc = pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %d groups", n_groups);
+        for (int g = 0; packs && g < n_groups; g++)
+            packs[g] = (pd_gemm_job){.out = groups[g].w.rows, .in = a->cols, .a = a->q, .tok = groups[g].rows,
+                                     .n = groups[g].n};
+        if (packs && (rc = amx_pack(pool, k, packs, n_groups, &apacked, err)) == 0)
+            r.packs = packs;
+    }
+    if (rc == 0)
+        pd_pool_run(small_work(macs) ? NULL : pool, (int)total, grouped_task, &r);
+    free(apacked);
+    free(packs);
+    free(sums);
+    free(pk.buf);
+    free(pk.at);
     if (first != stack_first)
         free(first);
-    return 0;
+    return rc;
+}
+
+int pd_gemm(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y, int flags, pd_err *err)
+{
+    if (!timing_on)
+        return gemm_run(pool, w, a, y, flags, err);
+    int64_t t0 = pd_now_ns();
+    int rc = gemm_run(pool, w, a, y, flags, err);
+    timed_ns += pd_now_ns() - t0;
+    return rc;
+}
+
+int pd_gemm_grouped(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *groups, int n_groups, int flags,
+                    pd_err *err)
+{
+    if (!timing_on)
+        return grouped_run(pool, a, groups, n_groups, flags, err);
+    int64_t t0 = pd_now_ns();
+    int rc = grouped_run(pool, a, groups, n_groups, flags, err);
+    timed_ns += pd_now_ns() - t0;
+    return rc;
 }

@@ -5,8 +5,11 @@
  * grouped form runs the routed experts of a MoE layer on the tokens gathered for each.
  *
  * Implementations (chosen at run time, first use): the portable reference (gemm_ref.c, the tests'
- * oracle), AVX2 (gemm_avx2.c) and AVX-512 VNNI (gemm_avx512.c). PDMOE_KERNEL=ref|avx2|avx512 in
- * the environment, or pd_gemm_kernel_set, overrides the choice.
+ * oracle), AVX2 (gemm_avx2.c), AVX-512 VNNI (gemm_avx512.c) and AMX-INT8 tiles (gemm_amx.c, where
+ * the CPU and the OS allow them), the best one available. amx-emu runs the AMX kernel's loops on a
+ * software model of the tiles, for testing it on CPUs without AMX; it is never chosen by itself.
+ * PDMOE_KERNEL=ref|avx2|avx512|amx|amx-emu in the environment, or pd_gemm_kernel_set, overrides
+ * the choice.
  *
  * Threading: pass a pd_pool (NULL = the calling thread only). Output rows are split into blocks
  * whose size depends only on the shape, so results never depend on the thread count. */
@@ -46,6 +49,8 @@ typedef enum pd_kernel {
     PD_KERNEL_REF = 0,     /* portable C */
     PD_KERNEL_AVX2 = 1,    /* AVX2: int8 widened to int16, vpmaddwd */
     PD_KERNEL_AVX512 = 2,  /* AVX-512 VNNI: vpdpbusd */
+    PD_KERNEL_AMX = 3,     /* AMX-INT8: tdpbssd on 16 x 64-byte tiles */
+    PD_KERNEL_AMX_EMU = 4, /* the AMX kernel on a C model of the tiles (tests; slow) */
     PD_KERNEL_COUNT
 } pd_kernel;
 
@@ -64,6 +69,13 @@ int pd_gemm_grouped(pd_pool *pool,
                     const pd_gemm_group *groups,   // [n_groups]
                     int n_groups, int flags, pd_err *err);
 
+/* Time spent in pd_gemm and pd_gemm_grouped on the calling thread, for profilers (the engine's
+ * step profile): pd_gemm_timing(1) makes this thread's calls add their wall time, in ns, to its
+ * counter, pd_gemm_timing(0) stops that; pd_gemm_timed_ns reads the counter. Off (the default)
+ * it costs one thread-local test per call. */
+void pd_gemm_timing(int on);
+int64_t pd_gemm_timed_ns(void);
+
 /* The implementation pd_gemm uses now: PDMOE_KERNEL if set (and valid), else the best the CPU
  * supports. Returns 0 or PD_EINVAL when PDMOE_KERNEL names an unknown or unsupported kernel;
  * the CLI calls it once at start-up to report that. */
@@ -75,7 +87,13 @@ int pd_gemm_kernel_set(pd_kernel k, pd_err *err);
 /* 1 if this CPU (and OS) can run kernel k. */
 int pd_gemm_kernel_supported(pd_kernel k);
 
-/* "ref", "avx2", "avx512". */
+/* The AMX peak probe (benchmarks): 4 x iters TDPBSSD on tiles already loaded, each 16 x 16 x 64
+ * multiply-adds (PD_GEMM_AMX_OPS int8 ops), on the calling thread. -1 where the AMX kernel is not
+ * supported, without running anything. */
+#define PD_GEMM_AMX_OPS (2.0 * 16 * 16 * 64)
+int pd_gemm_amx_probe(uint64_t iters);
+
+/* "ref", "avx2", "avx512", "amx", "amx-emu". */
 const char *pd_gemm_kernel_name(pd_kernel k);
 
 /* Parses a name as above; PD_EINVAL if unknown. */

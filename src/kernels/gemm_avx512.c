@@ -1,29 +1,21 @@
-/* AVX-512 VNNI GEMM path, built on vpdpbusd, which multiplies UNSIGNED bytes by SIGNED bytes and
- * adds groups of four products into int32 lanes.
+/* AVX-512 VNNI decode GEMV (T = 1), built on vpdpbusd, which multiplies UNSIGNED bytes by SIGNED
+ * bytes and adds groups of four products into int32 lanes; T > 1 goes to the GEMMs of
+ * gemm_avx512_small.c (up to 24 tokens) and gemm_vnni.c.
  *
  * Sign handling: the weights are the unsigned operand, flipped on the fly with w ^ 0x80, which is
  * w + 128 read as a byte in [0, 255]; the activations stay signed. Then
  *     sum_k (w[k] + 128) * a[k] = sum_k w[k] * a[k] + 128 * sum_k a[k]
  * so subtracting 128 * (row sum of the activation) gives the exact product for every int8 value,
- * -128 included. The row sum is per token, computed once per block of tokens; the weights need no
- * preprocessing (they are used straight from the mmapped checkpoint). vpdpbusd wraps modulo 2^32
- * rather than saturating, so the offset intermediate may overflow while the final result, which
- * fits in int32 (PD_GEMM_MAX_IN), is still exact. The alternative sign trick (|a| times
- * sign(a) * w) costs an extra vpsignb per weight vector per token, which the 4x6 tile below would
- * pay 24 times per step where the xor is paid 4 times.
+ * -128 included. The weights need no preprocessing (they are used straight from the mmapped
+ * checkpoint, each byte once per token: a GEMV is a memory stream, and the xor is free beside it).
+ * vpdpbusd wraps modulo 2^32 rather than saturating, so the offset intermediate may overflow while
+ * the final result, which fits in int32 (PD_GEMM_MAX_IN), is still exact.
  *
- * Register tile for T > 1: 4 weight rows x up to 6 tokens = 24 zmm accumulators, 6 activation
- * vectors, one weight vector and the 0x80 constant: all 32 registers. Each 64-byte weight vector
- * loaded feeds 6 tokens, each activation vector 4 rows. (Measured on Zen 5 with the weights
- * streaming from L2: 4x6 sustains ~1.7 vpdpbusd/cycle of the 2 possible; 4x4 ~1.6, 6x4 ~1.4,
- * 8x3 ~1.1, because every extra weight row is one more stream from L2.) Each vpdpbusd is written
- * as a one-instruction asm statement on named variables: GCC 12 handles the intrinsic's
- * read-modify-write accumulator badly (a register copy, often a spill, per instruction, which
- * halves the throughput), while "+v" keeps every accumulator in its register. Accumulators are
- * reduced four rows at a time to one 128-bit vector of row sums per token. Decode (one token)
- * uses 8 rows x 1 token, a memory-bound stream (with software prefetch on short rows: see
- * tile8x1_short). Reduction tails use masked loads: masked bytes read as zero, and
- * (0 ^ 0x80) * 0 adds nothing. */
+ * The tile is 8 rows x 1 token, a memory-bound stream (with software prefetch on short rows: see
+ * tile8x1_short). Each vpdpbusd is written as a one-instruction asm statement on named variables:
+ * GCC 12 handles the intrinsic's read-modify-write accumulator badly (a register copy, often a
+ * spill, per instruction), while "+v" keeps every accumulator in its register. Reduction tails use
+ * masked loads: masked bytes read as zero, and (0 ^ 0x80) * 0 adds nothing. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -32,11 +24,7 @@
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define INLINE static inline __attribute__((always_inline))
 
-enum { MAX_U = 6, GEMM_R = 4, GEMV_R = 8, CHUNK = 64 };
-
-/* GEMM blocking (gemm_block): K blocks of PD_GEMM_KBLOCK bytes (gemm_impl.h), activation panels
- * with rows PANEL_STRIDE bytes apart (not a multiple of 4 KiB), SUPER tokens per super-block. */
-enum { KBLOCK = PD_GEMM_KBLOCK, PANEL_STRIDE = PD_GEMM_KBLOCK + 64, SUPER = 16 * MAX_U };
+enum { GEMV_R = 8, CHUNK = 64 };
 
 /* Decode on rows of at most PF_MAX_IN bytes (tile8x1_short) prefetches about PF_BYTES ahead of
  * the tile computed (measured on the expert matrices of a 512-wide model: 8 KiB beats 4, 12, 16
@@ -76,14 +64,6 @@ INLINE AVX512 void store_sums(__m128i s, int32_t asum, int32_t *acc)
     _mm_storeu_si128((__m128i *)acc, _mm_sub_epi32(s, corr));
 }
 
-/* acc[0..3] = s (first) or acc[0..3] + s, modulo 2^32: the raw sums of one K block. */
-INLINE AVX512 void add_sums(__m128i s, int first, int32_t *acc)
-{
-    if (!first)
-        s = _mm_add_epi32(s, _mm_loadu_si128((const __m128i *)acc));
-    _mm_storeu_si128((__m128i *)acc, s);
-}
-
 /* sum_k a[k] over one activation row (decode), four chains. */
 static AVX512 int32_t row_sum(const int8_t *a, int in)
 {
@@ -112,112 +92,6 @@ static AVX512 int32_t row_sum(const int8_t *a, int in)
     }
     return _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(s0, s1),
                                                     _mm512_add_epi32(s2, s3)));
-}
-
-/* asum[u] = sum_k ar[u][k] for u < 6, exact (vpdpbusd with all-ones unsigned bytes). Six
- * independent chains, so the cost is throughput (and the first touch of these activation rows),
- * not the 4-cycle latency of one chain. */
-static AVX512 void row_sums(const int8_t *const *ar, int in,
-                            int32_t *asum)   // [6]
-{
-    const __m512i ones = _mm512_set1_epi8(1);
-    const __m512i z = _mm512_setzero_si512();
-    __m512i s0 = z, s1 = z, s2 = z, s3 = z, s4 = z, s5 = z, v;
-#define SUMS(load)                                                                               \
-    v = load(ar[0] + k);                                                                         \
-    DP(s0, ones, v);                                                                             \
-    v = load(ar[1] + k);                                                                         \
-    DP(s1, ones, v);                                                                             \
-    v = load(ar[2] + k);                                                                         \
-    DP(s2, ones, v);                                                                             \
-    v = load(ar[3] + k);                                                                         \
-    DP(s3, ones, v);                                                                             \
-    v = load(ar[4] + k);                                                                         \
-    DP(s4, ones, v);                                                                             \
-    v = load(ar[5] + k);                                                                         \
-    DP(s5, ones, v)
-    int k = 0;
-    for (; k + 64 <= in; k += 64) {
-        SUMS(FULL);
-    }
-    if (k < in) {
-        __mmask64 m = tail_mask(in - k);
-        SUMS(MASKED);
-    }
-#undef SUMS
-    _mm_storeu_si128((__m128i *)asum, reduce4(s0, s1, s2, s3));
-    asum[4] = _mm512_reduce_add_epi32(s4);
-    asum[5] = _mm512_reduce_add_epi32(s5);
-}
-
-/* The offset sums of rows r < 4 and tokens u < U over one K block of `in` bytes starting at
- * byte wk of the weight rows and byte 0 of the activation rows ar (U constant once inlined: the
- * accumulators and instructions of tokens >= U are dead code and vanish):
- *   raw[u][r] = sum_{k < in} (wr[r][wk + k] + 128) * ar[u][k]   (modulo 2^32)
- * stored to acc[u * CHUNK + r] (first) or added to it; the caller subtracts 128 * asum[u] once
- * every block is in (see the top of the file). */
-INLINE AVX512 void tile4(const int8_t *const *wr, int wk, const int8_t *const *ar, int in,
-                         int first, int U,
-                         int32_t *acc)   // [U, CHUNK]
-{
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    const __m512i z = _mm512_setzero_si512();
-    __m512i c00 = z, c01 = z, c02 = z, c03 = z, c04 = z, c05 = z;
-    __m512i c10 = z, c11 = z, c12 = z, c13 = z, c14 = z, c15 = z;
-    __m512i c20 = z, c21 = z, c22 = z, c23 = z, c24 = z, c25 = z;
-    __m512i c30 = z, c31 = z, c32 = z, c33 = z, c34 = z, c35 = z;
-    __m512i a0 = z, a1 = z, a2 = z, a3 = z, a4 = z, a5 = z, w;
-    const int8_t *w0 = wr[0] + wk, *w1 = wr[1] + wk, *w2 = wr[2] + wk, *w3 = wr[3] + wk;
-
-    /* One weight row against the U activation vectors. */
-#define ROW(r)                                                                                   \
-    DP(c##r##0, w, a0);                                                                          \
-    if (U > 1) DP(c##r##1, w, a1);                                                               \
-    if (U > 2) DP(c##r##2, w, a2);                                                               \
-    if (U > 3) DP(c##r##3, w, a3);                                                               \
-    if (U > 4) DP(c##r##4, w, a4);                                                               \
-    if (U > 5) DP(c##r##5, w, a5)
-#define LOAD_A(load)                                                                             \
-    a0 = load(ar[0] + k);                                                                        \
-    if (U > 1) a1 = load(ar[1] + k);                                                             \
-    if (U > 2) a2 = load(ar[2] + k);                                                             \
-    if (U > 3) a3 = load(ar[3] + k);                                                             \
-    if (U > 4) a4 = load(ar[4] + k);                                                             \
-    if (U > 5) a5 = load(ar[5] + k)
-
-    int k = 0;
-    for (; k + 64 <= in; k += 64) {
-        LOAD_A(FULL);
-        w = _mm512_xor_si512(FULL(w0 + k), flip);
-        ROW(0);
-        w = _mm512_xor_si512(FULL(w1 + k), flip);
-        ROW(1);
-        w = _mm512_xor_si512(FULL(w2 + k), flip);
-        ROW(2);
-        w = _mm512_xor_si512(FULL(w3 + k), flip);
-        ROW(3);
-    }
-    if (k < in) {
-        __mmask64 m = tail_mask(in - k);
-        LOAD_A(MASKED);
-        w = _mm512_xor_si512(MASKED(w0 + k), flip);
-        ROW(0);
-        w = _mm512_xor_si512(MASKED(w1 + k), flip);
-        ROW(1);
-        w = _mm512_xor_si512(MASKED(w2 + k), flip);
-        ROW(2);
-        w = _mm512_xor_si512(MASKED(w3 + k), flip);
-        ROW(3);
-    }
-#undef ROW
-#undef LOAD_A
-
-    add_sums(reduce4(c00, c10, c20, c30), first, acc);
-    if (U > 1) add_sums(reduce4(c01, c11, c21, c31), first, acc + 1 * CHUNK);
-    if (U > 2) add_sums(reduce4(c02, c12, c22, c32), first, acc + 2 * CHUNK);
-    if (U > 3) add_sums(reduce4(c03, c13, c23, c33), first, acc + 3 * CHUNK);
-    if (U > 4) add_sums(reduce4(c04, c14, c24, c34), first, acc + 4 * CHUNK);
-    if (U > 5) add_sums(reduce4(c05, c15, c25, c35), first, acc + 5 * CHUNK);
 }
 
 /* acc[r] = sum_k wr[r][k] * a[k] for r < 8: the decode GEMV on long rows (more than PF_MAX_IN
@@ -302,21 +176,6 @@ static AVX512 __attribute__((noinline)) void tile8x1_short(const int8_t *const *
 #undef FULL
 #undef MASKED
 
-#define INSTANTIATE(U)                                                                           \
-    static AVX512 __attribute__((noinline)) void tile4x##U(                                      \
-        const int8_t *const *wr, int wk, const int8_t *const *ar, int in, int first,             \
-        int32_t *acc)                                                                            \
-    {                                                                                            \
-        tile4(wr, wk, ar, in, first, U, acc);                                                    \
-    }
-INSTANTIATE(1)
-INSTANTIATE(2)
-INSTANTIATE(3)
-INSTANTIATE(4)
-INSTANTIATE(5)
-INSTANTIATE(6)
-#undef INSTANTIATE
-
 /* Rows tile8x1_short prefetches ahead (short rows, in <= PF_MAX_IN): about PF_BYTES, whole tiles. */
 static inline int pf_ahead(int in)
 {
@@ -332,71 +191,6 @@ static inline const int8_t *pf_at(const pd_gemm_job *job, int o, int ahead)
         return job->w + (int64_t)(o + ahead) * job->in;
     int at = o + ahead - job->out;   /* row of the next matrix */
     return job->w_next && at >= 0 && at + GEMV_R <= job->next_out ? job->w_next + (int64_t)at * job->in : NULL;
-}
-
-/* GEMM (T > 1) rows [c0, c1) (at most CHUNK) for the tokens t0 .. t0 + nt - 1 (nt <= SUPER).
- * Blocked for the caches: the reduction runs in K blocks of PD_GEMM_KBLOCK bytes, so that the
- * task's weights of one block (64 rows x 4 KiB, gemm.c) stay in L2 while every block of 6 tokens
- * passes over them; each block of 6 activation rows is first copied into a panel with a row stride
- * of KBLOCK + 64 bytes, which stays in L1 (24 KiB) while the 4-row tiles stream the weights. The
- * copy matters as much as the blocking: activation rows 4096 (or 14336) bytes apart fall into the
- * same L1 sets (4 KiB aliasing), 6 of them plus 4 weight rows in 12 ways. Unblocked, a 14336-wide
- * reduction re-read all the activations from L3 for every 16 rows and ran at 0.5 of the VNNI peak.
- * The int32 sums of the blocks add up exactly (modulo 2^32, like the offset), so the results are
- * those of the unblocked product. */
-static AVX512 void gemm_block(const pd_gemm_job *job, int c0, int c1, int t0, int nt,
-                              int8_t *panel,   // [MAX_U, PANEL_STRIDE]
-                              int32_t *acc)    // [SUPER / MAX_U, MAX_U, CHUNK]
-{
-    const int in = job->in;
-    int32_t asum[SUPER];
-    for (int b = 0; b < nt; b += MAX_U) {
-        const int8_t *ar[MAX_U];
-        for (int u = 0; u < MAX_U; u++)
-            ar[u] = pd_gemm_job_arow(job, t0 + b + (b + u < nt ? u : nt - b - 1));
-        row_sums(ar, in, asum + b);
-    }
-    for (int k0 = 0; k0 < in; k0 += KBLOCK) {
-        int kn = in - k0 < KBLOCK ? in - k0 : KBLOCK;
-        for (int b = 0; b < nt; b += MAX_U) {
-            int nu = nt - b < MAX_U ? nt - b : MAX_U;
-            const int8_t *ar[MAX_U];
-            for (int u = 0; u < nu; u++) {
-                memcpy(panel + u * PANEL_STRIDE, pd_gemm_job_arow(job, t0 + b + u) + k0, (size_t)kn);
-                ar[u] = panel + u * PANEL_STRIDE;
-            }
-            for (int u = nu; u < MAX_U; u++)   /* unused lanes of the narrower tiles */
-                ar[u] = ar[nu - 1];
-            int32_t *ab = acc + b * CHUNK;   // [MAX_U, CHUNK] this block of tokens
-            for (int o = c0; o < c1; o += GEMM_R) {
-                int nr = c1 - o < GEMM_R ? c1 - o : GEMM_R;
-                /* Past the last row the tile re-reads that row; its results are not stored.
-                 * Tiles write all 4 lanes per token; CHUNK is a multiple of 4, so lanes past the
-                 * last row stay inside acc and are never stored. */
-                const int8_t *wr[GEMM_R];
-                for (int r = 0; r < GEMM_R; r++)
-                    wr[r] = job->w + (int64_t)(o + (r < nr ? r : nr - 1)) * in;
-                int32_t *t = ab + (o - c0);
-                switch (nu) {
-                case 1: tile4x1(wr, k0, ar, kn, k0 == 0, t); break;
-                case 2: tile4x2(wr, k0, ar, kn, k0 == 0, t); break;
-                case 3: tile4x3(wr, k0, ar, kn, k0 == 0, t); break;
-                case 4: tile4x4(wr, k0, ar, kn, k0 == 0, t); break;
-                case 5: tile4x5(wr, k0, ar, kn, k0 == 0, t); break;
-                default: tile4x6(wr, k0, ar, kn, k0 == 0, t); break;
-                }
-            }
-        }
-    }
-    /* The exact products: raw - 128 * asum, modulo 2^32 (see the top of the file). */
-    for (int b = 0; b < nt; b += MAX_U) {
-        int nu = nt - b < MAX_U ? nt - b : MAX_U;
-        int32_t *ab = acc + b * CHUNK;
-        for (int u = 0; u < nu; u++)
-            for (int r = 0; r < c1 - c0; r++)
-                ab[u * CHUNK + r] = (int32_t)((uint32_t)ab[u * CHUNK + r] - ((uint32_t)asum[b + u] << 7));
-        pd_gemm_store(job, t0 + b, nu, c0, c1 - c0, ab, CHUNK);
-    }
 }
 
 /* Decode (T = 1) rows [o0, o1). */
@@ -430,17 +224,10 @@ AVX512 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1)
      * of the epilogue's time in decode). */
     for (int o = o0; o < o1; o += 16)
         _mm_prefetch((const char *)(job->w_scale + o), _MM_HINT_T0);
-    if (job->n == 1) {
+    if (job->n == 1)
         gemv_rows(job, o0, o1);
-        return;
-    }
-    /* Tokens in super-blocks of SUPER, whose int32 sums for one chunk of rows (SUPER x CHUNK x 4
-     * bytes = 24 KiB) are kept across the K blocks. */
-    _Alignas(64) int8_t panel[MAX_U * PANEL_STRIDE];
-    _Alignas(64) int32_t acc[SUPER * CHUNK];
-    for (int c0 = o0; c0 < o1; c0 += CHUNK) {
-        int c1 = c0 + CHUNK < o1 ? c0 + CHUNK : o1;
-        for (int t0 = 0; t0 < job->n; t0 += SUPER)
-            gemm_block(job, c0, c1, t0, job->n - t0 < SUPER ? job->n - t0 : SUPER, panel, acc);
-    }
+    else if (!job->a_packed && (job->n <= PD_GEMM_SMALL_MAX || job->out < 16))
+        pd_gemm_rows_small(job, o0, o1);   /* (under 16 rows a packed vector would be part empty) */
+    else
+        pd_gemm_rows_vnni(job, o0, o1);
 }

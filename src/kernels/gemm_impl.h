@@ -7,12 +7,6 @@
 
 #include <stdint.h>
 
-/* Reduction bytes per K block of the AVX-512 GEMM (gemm_avx512.c); gemm.c sizes that kernel's
- * row blocks by it. A multiple of 64. */
-#ifndef PD_GEMM_KBLOCK
-#define PD_GEMM_KBLOCK 4096
-#endif
-
 /* One weight matrix applied to a list of activation rows. */
 typedef struct pd_gemm_job {
     const int8_t *w;        // [out, in]
@@ -20,12 +14,15 @@ typedef struct pd_gemm_job {
     int out, in;
     const int8_t *a;        // [T, in] the whole activation matrix
     const float *a_scale;   // [T]
+    const int32_t *a_sum;   // [T] sum of each activation row (AVX-512 GEMM, n > 1; else NULL)
+    const uint8_t *a_packed; // the n rows used, packed by pd_gemm_tw_pack (AVX-512, 24 < n <= 96), or NULL
     const int32_t *tok;     // [n] activation rows used, in order; NULL = rows 0 .. n-1
     int n;
     float *y;               // [n, out]
     int accum;              // 1: y += result
     const int8_t *w_next;   // [next_out, in] the weights read after these (a hint for prefetching), or NULL
     int next_out;
+    const int8_t *apack;    // the AMX kernels' packed activations (pd_gemm_amx_pack), else NULL
 } pd_gemm_job;
 
 static inline int pd_gemm_job_tok(const pd_gemm_job *j, int i)
@@ -44,6 +41,44 @@ typedef void (*pd_gemm_rows_fn)(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_rows_ref(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_rows_avx2(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1);
+void pd_gemm_rows_amx(const pd_gemm_job *job, int o0, int o1);
+void pd_gemm_rows_amx_emu(const pd_gemm_job *job, int o0, int o1);
+
+/* The AMX kernels (gemm_amx.c) read the activations packed into tiles: for a job of at least
+ * PD_GEMM_AMX_MIN_TOKENS tokens, gemm.c fills job->apack (pd_gemm_amx_pack_bytes(n, in) bytes, 64-
+ * byte aligned) by calling pd_gemm_amx_pack for every block of 16 tokens tb < ceil(n / 16) before
+ * any row task runs. Fewer tokens need no packing (the kernels pass them to another path). */
+#define PD_GEMM_AMX_MIN_TOKENS 4
+size_t pd_gemm_amx_pack_bytes(int n, int in);
+void pd_gemm_amx_pack(const pd_gemm_job *job, int tb, int8_t *dst);
+/* The amx-emu model of TDPBSSD on full 16 x 64-byte tiles: c [16][16] int32 += a [16][64] . b [16][64]
+ * (gemm_amx.c gives the equation). */
+void pd_gemm_amx_emu_dpbssd(int32_t *c, const int8_t *a, const int8_t *b);
+/* 1 if the CPU has AMX-TILE and AMX-INT8 and the OS granted this process the tile state. */
+int pd_gemm_amx_available(void);
+
+/* The AVX-512 kernel by the number of tokens n (pd_gemm_rows_avx512 dispatches): 1 the decode GEMV
+ * (gemm_avx512.c); up to PD_GEMM_TW_MAX the tokens packed once per call into job->a_packed
+ * (pd_gemm_tw_pack) when pd_gemm_tw_bytes says so: from 2 tokens in the grouped form (routed
+ * experts, whose weights come from memory: this path prefetches the next rows and the next
+ * expert's), from PD_GEMM_SMALL_MAX + 1 in the plain one; below that, and for matrices of fewer
+ * than 16 rows, the inner product (gemm_avx512_small.c); beyond PD_GEMM_TW_MAX the weights packed per task, which needs job->a_sum
+ * (pd_gemm_row_sums_vnni: sums[i] = sum_k a[i][k] for r0 <= i < r1) (both gemm_vnni.c). */
+#define PD_GEMM_SMALL_MAX 24
+#define PD_GEMM_TW_MAX 96
+void pd_gemm_rows_small(const pd_gemm_job *job, int o0, int o1);
+void pd_gemm_rows_vnni(const pd_gemm_job *job, int o0, int o1);
+void pd_gemm_row_sums_vnni(const int8_t *a,   // [rows, in]
+                           int in, int r0, int r1,
+                           int32_t *sums);    // [rows]
+
+/* Few tokens (gemm_vnni.c): the bytes pd_gemm_tw_pack writes for n rows of `in` bytes, 0 when
+ * that path does not apply (see above; grouped: 1 for the grouped form); the pack of rows
+ * tok[0 .. n) (NULL: 0 .. n-1) of a. */
+size_t pd_gemm_tw_bytes(int n, int in, int grouped);
+void pd_gemm_tw_pack(const int8_t *a,     // [rows, in]
+                     int in, const int32_t *tok, int n,
+                     uint8_t *ap);        // [pd_gemm_tw_bytes(n, in)]
 
 /* The epilogue: for u < nu and r < nr,
  *   y[i0 + u][o0 + r] (+)= (a_scale[tok(i0 + u)] * w_scale[o0 + r]) * (float)acc[u * ldacc + r] */

@@ -100,7 +100,7 @@ int pd_srv_seq_offer(struct pd_server *s, struct pd_seq *q, const struct pd_kvx_
                      pd_kvx_release_fn release)
 {
     int n;
-    struct pd_kv_run *runs = pd_kvseq_runs_alloc(&s->en.kv, &q->kv, len, &n, NULL);
+    struct pd_kv_run *runs = pd_srv_kv_runs(s, q, len, &n, NULL);
     pd_err e;
     /* struct pd_kv_run and struct pd_kvx_run are the same (offset, length) pairs */
     int rc = !s->kvx || !runs || pd_kvx_offer(s->kvx, key, id, (const struct pd_kvx_run *)runs, n, release, s, &e);
@@ -120,7 +120,7 @@ int64_t pd_srv_seq_pull(struct pd_server *s, struct pd_seq *q, const char *host,
     double t0 = pd_now_s();
     int n;
     uint64_t bytes;
-    struct pd_kv_run *dst = pd_kvseq_runs_alloc(&s->en.kv, &q->kv, len, &n, &bytes);
+    struct pd_kv_run *dst = pd_srv_kv_runs(s, q, len, &n, &bytes);
     struct pd_kvx_xfer *t = NULL;
     pd_err e = {0};
     int rc = !s->kvx || !dst || pd_kvx_pull(s->kvx, host, port, key, (const struct pd_kvx_run *)dst, n, &t, &e);
@@ -179,6 +179,17 @@ static int pull(struct pd_server *s, struct req *r)
     }
     s->kv_bytes += (uint64_t)bytes;
     s->kv_seconds += seconds;
+    pd_err e2 = {0};
+    if (pd_srv_spec_pulled(s, r, &e2)) {
+        /* the draft has no input: the prompt is recomputed, as after a pull that failed midway */
+        if (s->o.http.log)
+            s->o.http.log(s->o.http.log_arg, e2.msg);
+        r->seq.pos = r->seq.kv.len = r->seq.mtp_pos = 0;
+        pd_spec_free(&r->spec);
+        r->spec.seq = NULL;   /* the prefill starts it afresh */
+        s->kv_failures++;
+        return PULL_FAILED;
+    }
     return 0;
 }
 
@@ -234,8 +245,8 @@ static int collect_expert_stats(struct pd_server *s, pd_err *e)
  * MTP layer), then one speculative round (engine/spec.h) for the others together, each verify item
  * k+1 tokens (k lowered so no request drafts past its max_tokens). Request i's tokens go to
  * tp[i][0 .. nt[i]); next[i] holds a prefilled request's first. */
-static int spec_step(struct pd_server *s, struct req **in, int m, int32_t *next, const int32_t **tp, int *nt,
-                     struct pd_spec_stats *st, float *scratch, pd_err *e)
+static int spec_step(struct pd_server *s, struct req **in, const struct pd_step_item *items, int m, int32_t *next,
+                     const int32_t **tp, int *nt, struct pd_spec_stats *st, float *scratch, pd_err *e)
 {
     struct pd_spec_seq **pre = calloc((size_t)m + 1, sizeof *pre), **dec = calloc((size_t)m + 1, sizeof *dec);
     const int32_t **pr = calloc((size_t)m + 1, sizeof *pr);
@@ -248,11 +259,15 @@ static int spec_step(struct pd_server *s, struct req **in, int m, int32_t *next,
     }
     for (int i = 0; i < m; i++) {
         struct req *r = in[i];
-        if (r->seq.pos == 0) {
-            pd_spec_init(&r->spec, &r->seq, &r->smp);
+        if (r->n_gen == 0) {
+            /* its prompt, after a cached prefix (where pd_srv_prefix_start resumed the draft) */
+            if (!r->spec.seq)
+                pd_spec_init(&r->spec, &r->seq, &r->smp);
+            r->spec.snaps = items[i].snaps;
+            r->spec.n_snaps = items[i].n_snaps;
             pre[np] = &r->spec;
-            pr[np] = r->prompt;
-            pn[np] = r->n_prompt;
+            pr[np] = r->prompt + r->seq.pos;
+            pn[np] = r->n_prompt - (int)r->seq.pos;
             lg[np++] = r->logits;
         } else {
             int left = r->max_tokens - r->n_gen - 1;
@@ -262,13 +277,17 @@ static int spec_step(struct pd_server *s, struct req **in, int m, int32_t *next,
     }
     if (np && (rc = pd_spec_prefill(&s->en, pre, pr, pn, lg, np, e)))
         goto out;
+    /* the MTP layer's KV and the draft's input, for a hand-off or the prefix cache */
+    if (np && (rc = pd_srv_spec_prefilled(s, in, m, e)))
+        goto out;
     if (nd && (rc = pd_spec_round(&s->en, dec, nd, s->Vs, st, e)))
         goto out;
     for (int i = 0; i < m; i++) {
         struct req *r = in[i];
         if (r->spec.n_tok < r->spec.n) {
-            /* just prefilled: its first token, which the next round verifies first */
-            next[i] = pd_sample(&r->smp, r->logits, s->Vs, scratch);
+            /* just prefilled: its first token (the producer's, when a failed pull recomputed the
+             * prompt), which the next round verifies first */
+            next[i] = r->forced_first >= 0 ? r->forced_first : pd_sample(&r->smp, r->logits, s->Vs, scratch);
             if ((rc = pd_spec_push(&r->spec, next[i], e)))
                 goto out;
             tp[i] = &next[i];
@@ -434,11 +453,14 @@ static void *scheduler(void *arg)
             tp[i] = &next[i];
             nt[i] = 1;
         }
-        if (s->o.spec_k) {
-            rc = spec_step(s, in_step, m, next, tp, nt, &sst, scratch, &e);
+        if (s->o.spec_k && !s->g) {
+            rc = spec_step(s, in_step, items, m, next, tp, nt, &sst, scratch, &e);
         } else if (s->g) {
+            /* with --speculative-config each owner rank runs its sequences' rounds */
             rc = pd_srv_ep_round(s, &e);
-            for (int i = 0; !rc && i < m; i++)
+            if (!rc && s->o.spec_k)
+                rc = pd_srv_ep_spec_take(s, in_step, m, tp, nt, &sst, &e);
+            for (int i = 0; !rc && !s->o.spec_k && i < m; i++)
                 next[i] = pd_srv_ep_token(s, in_step[i]->owner, i);
         } else {
             rc = pd_engine_step(&s->en, items, m, &e);
@@ -570,11 +592,11 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     int rc;
-    if (o->prefix_caching > 0 && (o->expert_parallel || o->spec_k)) {
-        /* EP: a sequence lives on its owner rank, which does not cache; MTP: the draft layer's KV
-         * is not in the snapshots and speculation prefills whole prompts */
+    if (o->prefix_caching > 0 && o->spec_k && o->expert_parallel) {
+        /* MTP in an EP group: the owner ranks' cached prefixes do not resume the draft (one process
+         * does: server_spec.c) */
         rc = pd_err_set(e, PD_EINVAL, "--enable-prefix-caching is not implemented with %s (its default there is off)",
-                        o->expert_parallel ? "--enable-expert-parallel" : "--speculative-config");
+                        "--speculative-config in an EP group (--enable-expert-parallel)");
         goto fail;
     }
     char path[600];
@@ -583,11 +605,11 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
         goto fail;
     if ((rc = pd_chat_format_of(o->model_dir, &s->chat, e)))
         goto fail;
-    if (o->spec_k && (o->expert_parallel || o->role != PD_ROLE_BOTH)) {
-        /* EP: the MTP layer's experts are not placed across the group; PD: the decode side needs
-         * the MTP layer's KV of the prompt, which the hand-off does not carry */
+    if (o->spec_k && o->expert_parallel && o->role != PD_ROLE_BOTH) {
+        /* PD in an EP group: the draft's state lives on the owner rank, which the hand-off of
+         * server_spec.c does not reach */
         rc = pd_err_set(e, PD_EINVAL, "--speculative-config with %s is not supported yet",
-                        o->expert_parallel ? "--enable-expert-parallel" : "a prefill or decode role (PD)");
+                        "a prefill or decode role (PD) in an EP group (--enable-expert-parallel)");
         goto fail;
     }
     if (o->spec_k < 0 || o->spec_k > PD_SPEC_MAX_K) {
@@ -618,7 +640,7 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
          * directly (kvxfer.h); the pool is still empty. It binds, and keeps UCX, to the
          * configured address: nothing listens elsewhere */
         struct pd_kvx_opts ko = {.listen_host = s->o.kv_host ? s->o.kv_host : s->o.host, .listen_port = listen,
-                                 .region_len = s->en.kv.region_bytes,
+                                 .region_len = s->en.kv.region_bytes + pd_srv_spec_area_bytes(s),
                                  .lease_ms = s->o.kv_lease_ms, .timeout_ms = s->o.kv_timeout_ms,
                                  .kv_dtype = (int)s->o.kv_dtype};
         if ((rc = pd_kvx_create(&ko, &s->kvx, e)))

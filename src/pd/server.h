@@ -74,8 +74,8 @@ struct pd_server_opts {
     int kv_lease_ms, kv_timeout_ms; /* 0: 30000 */
     int handle_signals;             /* SIGINT/SIGTERM stop the loop (the command line's server) */
     int expert_parallel;            /* one EP group over MPI_COMM_WORLD (MPI initialised by the caller) */
-    int prefix_caching;             /* 0: on (off with expert_parallel or spec_k), 1: on (refused
-                                     * with them), -1: off (--no-enable-prefix-caching) */
+    int prefix_caching;             /* 0: on (off with spec_k in an EP group), 1: on (refused there),
+                                     * -1: off (--no-enable-prefix-caching); an EP group's ranks each cache */
     int prefix_cache_unit;          /* tokens between cached boundaries; 0: 256 */
     struct pd_http_limits http;     /* connections: cap, timeouts, request sizes (0: defaults) */
     int spec_k;                     /* --speculative-config: MTP drafts per decode step (engine/spec.h),

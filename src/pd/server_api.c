@@ -262,11 +262,13 @@ static void answer_whole(struct pd_server *s, struct req *r, const char *text, s
         char rid[PD_KVX_ID_HEX];
         pd_kvx_id_format(&r->key, rid);
         json_object_set_new(choice, "kv_transfer_params",
-                            json_pack("{s:b,s:b,s:s,s:s,s:s,s:i,s:i,s:i}", "do_remote_prefill", 1, "do_remote_decode", 0,
+                            json_pack("{s:b,s:b,s:s,s:s,s:s,s:i,s:i,s:i,s:i}", "do_remote_prefill", 1, "do_remote_decode", 0,
                                       "remote_engine_id", s->o.engine_id ? s->o.engine_id : "prefill",
                                       "remote_request_id", rid, "remote_host", s->g ? s->g->kv_hosts[r->owner] : pd_srv_kv_host(s), "remote_port",
                                       s->g ? s->g->kv_ports[r->owner] : pd_kvx_port(s->kvx), "remote_num_tokens",
-                                      r->n_prompt, "last_token_id", n > 0 ? r->gen[0] : s->eos));
+                                      r->n_prompt, "last_token_id", n > 0 ? r->gen[0] : s->eos,
+                                      /* the decode side must speculate alike (server_spec.c) */
+                                      "num_speculative_tokens", s->o.spec_k));
     }
     if (choice && r->return_ids) {
         json_t *ids = json_array();
@@ -731,6 +733,34 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
                            "answered");
                 goto reject;
             }
+            /* the MTP layer's KV and the draft's input come only from a producer that speculates
+             * with the same --speculative-config (absent: a producer without speculation) */
+            json_t *k = json_object_get(kv, "num_speculative_tokens");
+            if (k && (!json_is_integer(k) || json_integer_value(k) != s->o.spec_k)) {
+                char theirs[64];
+                if (!json_is_integer(k))
+                    snprintf(theirs, sizeof theirs, "is not an integer");
+                else if (json_integer_value(k) == 0)
+                    snprintf(theirs, sizeof theirs, "is 0: the prefill instance runs without speculation");
+                else
+                    snprintf(theirs, sizeof theirs, "is %lld", (long long)json_integer_value(k));
+                char ours[64];
+                if (s->o.spec_k)
+                    snprintf(ours, sizeof ours, "num_speculative_tokens %d", s->o.spec_k);
+                else
+                    snprintf(ours, sizeof ours, "without speculation");
+                pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
+                                  "kv_transfer_params.num_speculative_tokens %s, but this decode instance runs %s: "
+                                  "a prefill and a decode instance must use the same --speculative-config", theirs, ours);
+                goto reject;
+            }
+            if (!k && s->o.spec_k) {
+                pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
+                                  "kv_transfer_params has no num_speculative_tokens (a prefill instance without "
+                                  "speculation), but this decode instance runs num_speculative_tokens %d: a prefill "
+                                  "and a decode instance must use the same --speculative-config", s->o.spec_k);
+                goto reject;
+            }
             /* the producer hands its KV over only for the prompt it prefilled */
             r->remote_key.hash = pd_kvx_hash_tokens(r->prompt, r->n_prompt);
             r->remote_prefill = 1;
@@ -897,7 +927,16 @@ static void on_metrics(struct evhttp_request *h, void *arg)
                         (unsigned long long)s->kv_bytes, s->kv_seconds, (unsigned long long)s->kv_pulls,
                         (unsigned long long)s->kv_failures, (unsigned long long)s->kv_recomputes, leases,
                         s->en.kv.region_bytes, pd_kv_dtype_name(s->en.kv.dtype), s->en.kv.entry_bytes);
-    /* vLLM's prefix_cache_queries/hits: prompt tokens looked up, and found cached */
+    /* vLLM's prefix_cache_queries/hits: prompt tokens looked up, and found cached; an EP group's
+     * summed over its ranks' caches, as each last reported */
+    int64_t pfx[EP_PFX_N] = {(int64_t)s->prefix.queries, (int64_t)s->prefix.hits, (int64_t)s->prefix.evictions,
+                             s->en.kv.held, (int64_t)s->prefix.bytes};
+    if (s->g && s->prefix_on) {
+        memset(pfx, 0, sizeof pfx);
+        for (int k = 0; k < s->g->size; k++)
+            for (int j = 0; j < EP_PFX_N; j++)
+                pfx[j] += s->g->pfx[(size_t)k * EP_PFX_N + j];
+    }
     evbuffer_add_printf(b,
                         "# HELP pdmoe_prefix_cache_queries_total Prompt tokens looked up in the prefix cache.\n"
                         "# TYPE pdmoe_prefix_cache_queries_total counter\npdmoe_prefix_cache_queries_total %llu\n"
@@ -905,11 +944,12 @@ static void on_metrics(struct evhttp_request *h, void *arg)
                         "# TYPE pdmoe_prefix_cache_hits_total counter\npdmoe_prefix_cache_hits_total %llu\n"
                         "# TYPE pdmoe_prefix_cache_evictions_total counter\npdmoe_prefix_cache_evictions_total %llu\n"
                         "# HELP pdmoe_prefix_cache_blocks KV pool blocks only the prefix cache holds (free when evicted).\n"
-                        "# TYPE pdmoe_prefix_cache_blocks gauge\npdmoe_prefix_cache_blocks %d\n"
+                        "# TYPE pdmoe_prefix_cache_blocks gauge\npdmoe_prefix_cache_blocks %lld\n"
                         "# HELP pdmoe_prefix_cache_snapshot_bytes Memory of the cached prefixes' snapshots.\n"
-                        "# TYPE pdmoe_prefix_cache_snapshot_bytes gauge\npdmoe_prefix_cache_snapshot_bytes %zu\n",
-                        (unsigned long long)s->prefix.queries, (unsigned long long)s->prefix.hits,
-                        (unsigned long long)s->prefix.evictions, s->en.kv.held, s->prefix.bytes);
+                        "# TYPE pdmoe_prefix_cache_snapshot_bytes gauge\npdmoe_prefix_cache_snapshot_bytes %lld\n",
+                        (unsigned long long)pfx[EP_PFX_QUERIES], (unsigned long long)pfx[EP_PFX_HITS],
+                        (unsigned long long)pfx[EP_PFX_EVICTIONS], (long long)pfx[EP_PFX_BLOCKS],
+                        (long long)pfx[EP_PFX_BYTES]);
     if (s->n_kv_peers) {
         static const char *const peer_metric[4] = {"transfers", "transfer_failures", "transfer_bytes",
                                                    "transfer_seconds"};

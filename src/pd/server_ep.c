@@ -54,7 +54,25 @@ static size_t ep_msg_words(const int32_t *msg)
 /* Words of each rank's answer to a message (the same on every rank: max_num_seqs is). */
 static int ep_answer_words(const struct pd_server *s, const struct ep_msg *m)
 {
-    return EP_ANS_W + EP_PULLED_W * m->n_pull + m->n_items + 2 * s->o.max_num_seqs;
+    return EP_ANS_W + EP_PULLED_W * m->n_pull + m->n_items * pd_srv_ep_item_words(s) + 2 * s->o.max_num_seqs +
+           (s->prefix_on ? EP_PREFIX_W : 0) + (s->o.spec_k ? EP_SPEC_W : 0);
+}
+
+/* Where the prefix cache's counts sit in an answer of `words` words (server_int.h). */
+static size_t ep_prefix_at(const struct pd_server *s, int words)
+{
+    return (size_t)words - (s->o.spec_k ? EP_SPEC_W : 0) - EP_PREFIX_W;
+}
+
+/* A sequence this rank owned is over: its KV and its speculative state go. */
+static void ep_end(struct pd_server *s, struct ep_seq *q)
+{
+    if (q->cached)
+        pd_prefix_release(&s->prefix, &q->pcur);
+    q->cached = 0;
+    pd_seq_end(&s->en, &q->seq);
+    pd_spec_free(&q->spec);
+    q->used = 0;
 }
 
 /* Producer, any rank: the transfer engine ended a lease; the sequence is freed by the next round
@@ -80,9 +98,11 @@ int pd_srv_seq_start_reserved(struct pd_engine *en, struct pd_seq *seq, int64_t 
 }
 
 /* A sequence slot of this rank for request id, started with the sampler of words w[0..3]
- * (temperature bits, top_p bits, state lo, hi) and `reserve` tokens of KV, its `prompt` first. */
-static int ep_start(struct pd_server *s, uint64_t id, int prompt, int reserve, const int32_t *w, struct ep_seq **out,
-                    pd_err *e)
+ * (temperature bits, top_p bits, state lo, hi) and `reserve` tokens of KV, its `prompt` first;
+ * with the prompt's ids (`tokens`, NULL for a pulled sequence) and the prefix cache on, from the
+ * longest prefix this rank's cache holds (seq.pos tokens). */
+static int ep_start(struct pd_server *s, uint64_t id, int prompt, int reserve, const int32_t *w, const int32_t *tokens,
+                    struct ep_seq **out, pd_err *e)
 {
     struct ep_group *g = s->g;
     struct ep_seq *q = NULL;
@@ -92,10 +112,19 @@ static int ep_start(struct pd_server *s, uint64_t id, int prompt, int reserve, c
     if (!q)
         return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d has no free sequence for request %llu", g->rank,
                           (unsigned long long)id);
-    /* the blocks of the whole future sequence, as rank 0's admission counted them */
-    int rc = pd_srv_seq_start_reserved(&s->en, &q->seq, prompt, reserve, e);
-    if (rc)
-        return rc;
+    /* the blocks of the whole future sequence, as rank 0's admission counted them (all of them,
+     * the shared prefix's included: unused cached prefixes can always give theirs back) */
+    int rc;
+    memset(&q->pcur, 0, sizeof q->pcur);
+    if (tokens && s->prefix_on) {
+        if ((rc = pd_srv_prefix_seq_start(s, &q->seq, &q->pcur, tokens, prompt, reserve, e)))
+            return rc;
+        q->cached = 1;
+    } else {
+        pd_srv_prefix_make_room(s, reserve);
+        if ((rc = pd_srv_seq_start_reserved(&s->en, &q->seq, prompt, reserve, e)))
+            return rc;
+    }
     q->used = 1;
     q->id = id;
     memcpy(&q->smp.temperature, &w[0], sizeof(float));
@@ -132,16 +161,15 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
     const int A = ep_answer_words(s, &m);
     if (PD_GROW(g->ans, g->ans_cap, (size_t)A))
         return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
-    int32_t *pulled = g->ans + EP_ANS_W, *out = pulled + EP_PULLED_W * m.n_pull, *rel = out + m.n_items;
+    const int IW = pd_srv_ep_item_words(s);
+    int32_t *pulled = g->ans + EP_ANS_W, *out = pulled + EP_PULLED_W * m.n_pull, *rel = out + (size_t)m.n_items * IW;
     int n_rel = 0, rc;
     /* leases the transfer engine ended since the last round */
     pthread_mutex_lock(&g->rel_mu);
     for (int i = 0; i < g->n_released; i++) {
         struct ep_seq *q = ep_find(s, (uint64_t)g->released[i]);
-        if (q) {
-            pd_seq_end(&s->en, &q->seq);
-            q->used = 0;
-        }
+        if (q)
+            ep_end(s, q);
         ep_put_id(rel + 2 * n_rel++, (uint64_t)g->released[i]);
     }
     g->n_released = 0;
@@ -154,8 +182,7 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         if (!q)
             return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d told to free request %llu it does not hold",
                               g->rank, (unsigned long long)ep_id(w));
-        pd_seq_end(&s->en, &q->seq);
-        q->used = 0;
+        ep_end(s, q);
     }
     for (int i = 0; i < m.n_lease; i++) {
         const int32_t *w = m.ls + (size_t)i * EP_LEASE_W;
@@ -169,8 +196,7 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         memcpy(key.id, w + 4, sizeof key.id);
         if (pd_srv_seq_offer(s, &q->seq, &key, q->id, w[3], ep_on_release)) {
             /* no lease: the blocks come back now, and rank 0 hears of it as of a release */
-            pd_seq_end(&s->en, &q->seq);
-            q->used = 0;
+            ep_end(s, q);
             ep_put_id(rel + 2 * n_rel++, q->id);
         }
     }
@@ -181,7 +207,7 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         if (w[2] != g->rank)
             continue;
         struct ep_seq *q;
-        if ((rc = ep_start(s, ep_id(w), w[4], w[3], w + 8, &q, e)))
+        if ((rc = ep_start(s, ep_id(w), w[4], w[3], w + 8, NULL, &q, e)))
             return rc;
         double seconds = 0;
         int64_t bytes = ep_pull(s, q, w, &seconds);
@@ -194,31 +220,56 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
     for (int i = 0; i < m.n_items; i++) {
         const int32_t *w = m.it + (size_t)i * EP_ITEM_W, *toks = m.tok + off;
         off += (size_t)w[3];
-        out[i] = -1;
+        out[(size_t)i * IW] = -1;
         if (w[2] != g->rank)
             continue;
         uint64_t id = ep_id(w);
         struct ep_seq *q = NULL;
         if (w[4]) {
-            if ((rc = ep_start(s, id, w[3], w[5], w + 7, &q, e)))
+            if ((rc = ep_start(s, id, w[3], w[5], w + 7, toks, &q, e)))
                 return rc;
         } else if (!(q = ep_find(s, id))) {
             return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d told to step request %llu it does not hold",
                               g->rank, (unsigned long long)id);
         }
-        g->items[k] = (struct pd_step_item){.seq = &q->seq, .tokens = toks, .n = w[3], .logits = q->logits};
+        /* a new sequence computes its prompt after the prefix its rank had cached */
+        int from = w[4] ? (int)q->seq.pos : 0;
+        g->items[k] = (struct pd_step_item){.seq = &q->seq, .tokens = toks + from, .n = w[3] - from, .logits = q->logits};
+        if (w[4] && q->cached)
+            pd_srv_prefix_seq_plan(s, &q->pcur, toks, w[3], &g->items[k]);
         g->item_seq[k] = q;
         g->item_of[k++] = i;
     }
-    if (m.n_items > 0 && (rc = pd_engine_step(&s->en, g->items, k, e)))
-        return rc;
-    for (int j = 0; j < k; j++) {
-        const int32_t *w = m.it + (size_t)g->item_of[j] * EP_ITEM_W;
-        struct ep_seq *q = g->item_seq[j];
-        out[g->item_of[j]] = w[6] >= 0 ? w[6] : pd_sample(&q->smp, q->logits, s->Vs, g->scratch);
+    if (s->o.spec_k) {
+        /* drafts, verify and accept (server_ep_spec.c): the same steps on every rank */
+        int32_t *counts = rel + 2 * s->o.max_num_seqs;
+        memset(counts, 0, EP_SPEC_W * sizeof *counts);
+        if (m.n_items > 0 && (rc = pd_srv_ep_spec_step(s, &m, k, out, counts, e)))
+            return rc;
+    } else {
+        rc = m.n_items > 0 ? pd_engine_step(&s->en, g->items, k, e) : 0;
+        /* the boundaries the prefills passed enter this rank's cache (dropped if the step failed) */
+        for (int j = 0; j < k; j++)
+            if (g->item_seq[j]->cached)
+                pd_prefix_commit(&s->prefix, &g->item_seq[j]->pcur, &g->item_seq[j]->seq.kv, rc == 0);
+        if (rc)
+            return rc;
+        for (int j = 0; j < k; j++) {
+            const int32_t *w = m.it + (size_t)g->item_of[j] * EP_ITEM_W;
+            struct ep_seq *q = g->item_seq[j];
+            out[g->item_of[j]] = w[6] >= 0 ? w[6] : pd_sample(&q->smp, q->logits, s->Vs, g->scratch);
+        }
     }
     for (int i = n_rel; i < s->o.max_num_seqs; i++)
         rel[2 * i] = rel[2 * i + 1] = 0;
+    if (s->prefix_on) {
+        int32_t *c = g->ans + ep_prefix_at(s, A);
+        ep_put_id(c, s->prefix.queries);
+        ep_put_id(c + 2, s->prefix.hits);
+        ep_put_id(c + 4, s->prefix.evictions);
+        c[6] = s->en.kv.held;
+        ep_put_id(c + 7, (uint64_t)s->prefix.bytes);
+    }
     g->ans[0] = 0;
     g->ans[1] = s->en.kv.n_blocks_free;
     g->ans[2] = s->en.kv.n_slots_free;
@@ -293,20 +344,71 @@ int pd_srv_ep_round(struct pd_server *s, pd_err *e)
     return 0;
 }
 
+/* Rank 0 (s->mu held), prefix caching: the rank among those with room (`room`, a bit per rank)
+ * whose cache most likely holds r's prompt's prefix, if taking it keeps the group balanced, else
+ * `best` (the least loaded). A rank's cache holds the prefixes of the prompts sent to it (until it
+ * evicts them), so rank 0 indexes the prompts' token ids it sent to each rank (proxy/route.h's
+ * chained chunk hashes over the ids' bytes) and takes the rank matching the longest prefix when
+ * that covers at least one cache unit (shorter is never reused) and the rank runs at most
+ * 2 x + 1 sequences for the least loaded's x. A wrong guess costs a recomputed prefix, never a
+ * wrong token. */
+static int ep_affinity(struct pd_server *s, const struct req *r, unsigned room, int best)
+{
+    struct ep_group *g = s->g;
+    if (!s->prefix_on || r->remote_prefill || r->n_prompt < s->prefix.unit || g->size > PD_ROUTE_MAX)
+        return best;
+    if (!g->route) {
+        /* only the index is used (pd_route_match, pd_route_insert); the policy's fields as valid.
+         * Per rank it keeps twice the ids a rank's sequences can hold at once (4 bytes each):
+         * a rank's cache lives in that pool, so older prompts are gone from it anyway */
+        struct pd_route_opts o = {.policy = PD_ROUTE_CACHE_AWARE, .cache_threshold = 0.3, .balance_abs = 64,
+                                  .balance_rel = 1.5,
+                                  .max_bytes = 2 * sizeof *r->prompt * (size_t)s->o.max_num_seqs *
+                                               (size_t)s->o.max_model_len};
+        pd_err e;
+        if (pd_route_create(g->size, &o, &g->route, &e))
+            return best;   /* out of memory for the index: least loaded, as without the cache */
+    }
+    struct pd_route_key key;
+    if (pd_route_key_make(r->prompt, (size_t)r->n_prompt * sizeof *r->prompt, &key))
+        return best;
+    int pick = best;
+    size_t most = 0;
+    for (int k = 0; k < g->size; k++) {
+        size_t n = (room >> k) & 1 ? pd_route_match(g->route, k, &key) : 0;
+        if (n > most) {
+            most = n;
+            pick = k;
+        }
+    }
+    const size_t unit_chunks = ((size_t)s->prefix.unit * sizeof *r->prompt + PD_ROUTE_CHUNK - 1) / PD_ROUTE_CHUNK;
+    if (most < unit_chunks || g->load[pick] > 2 * g->load[best] + 1)
+        pick = best;
+    pd_route_insert(g->route, pick, &key);
+    pd_route_key_free(&key);
+    return pick;
+}
+
 /* Rank 0 (s->mu held): the rank a new request's sequence goes to: the least-loaded one with a
  * free sequence and the blocks of the request's whole future (prompt + max_tokens), ties going
- * round-robin (so one request at a time still uses every rank); -1 if no rank has room now. */
+ * round-robin (so one request at a time still uses every rank), or with prefix caching the one
+ * likely to hold its prefix (ep_affinity); -1 if no rank has room now. */
 int pd_srv_ep_admit(struct pd_server *s, struct req *r)
 {
     struct ep_group *g = s->g;
     int need = pd_kvpool_blocks_for(&s->en.kv, r->n_prompt + r->max_tokens), best = -1;
+    unsigned room = 0;
     for (int j = 1; j <= g->size; j++) {
         int k = (g->last + j) % g->size;
-        if (g->load[k] < s->en.kv.n_slots && g->acct_blocks[k] >= need && (best < 0 || g->load[k] < g->load[best]))
-            best = k;
+        if (g->load[k] < s->en.kv.n_slots && g->acct_blocks[k] >= need) {
+            room |= k < 32 ? 1u << k : 0;
+            if (best < 0 || g->load[k] < g->load[best])
+                best = k;
+        }
     }
     if (best < 0)
         return -1;
+    best = ep_affinity(s, r, room, best);
     g->acct_blocks[best] -= need;
     g->load[best]++;
     g->owned[best]++;
@@ -424,9 +526,19 @@ void pd_srv_ep_account(struct pd_server *s)
     ep_parse(g->msg, &m);
     int A = ep_answer_words(s, &m);
     for (int k = 0; k < g->size; k++) {
-        const int32_t *a = g->all + (size_t)k * A, *rel = a + EP_ANS_W + EP_PULLED_W * m.n_pull + m.n_items;
+        const int32_t *a = g->all + (size_t)k * A,
+                      *rel = a + EP_ANS_W + EP_PULLED_W * m.n_pull + (size_t)m.n_items * pd_srv_ep_item_words(s);
         g->free_blocks[k] = a[1];
         g->free_slots[k] = a[2];
+        if (s->prefix_on) {
+            const int32_t *c = a + ep_prefix_at(s, A);
+            int64_t *p = g->pfx + (size_t)k * EP_PFX_N;
+            p[EP_PFX_QUERIES] = (int64_t)ep_id(c);
+            p[EP_PFX_HITS] = (int64_t)ep_id(c + 2);
+            p[EP_PFX_EVICTIONS] = (int64_t)ep_id(c + 4);
+            p[EP_PFX_BLOCKS] = c[6];
+            p[EP_PFX_BYTES] = (int64_t)ep_id(c + 7);
+        }
         for (int j = 0; j < a[3]; j++) {
             uint64_t id = ep_id(rel + 2 * j);
             for (struct req **pp = &s->leases; *pp; pp = &(*pp)->lease_next)
@@ -490,12 +602,27 @@ void pd_srv_ep_broken(struct pd_server *s, const pd_err *e)
     event_base_loopexit(s->base, NULL);
 }
 
-/* Rank 0, after a step's round: the token rank `owner` gave item i. */
-int32_t pd_srv_ep_token(const struct pd_server *s, int owner, int i)
+/* Rank 0, after a step's round: the words rank `owner` answered for item i (its token, or
+ * {n, tokens}), and with --speculative-config the counts at the end of rank k's answer. */
+const int32_t *pd_srv_ep_answer_item(const struct pd_server *s, int owner, int i)
 {
     struct ep_msg m;
     ep_parse(s->g->msg, &m);
-    return s->g->all[(size_t)owner * ep_answer_words(s, &m) + EP_ANS_W + EP_PULLED_W * m.n_pull + i];
+    return s->g->all + (size_t)owner * ep_answer_words(s, &m) + EP_ANS_W + EP_PULLED_W * m.n_pull +
+           (size_t)i * pd_srv_ep_item_words(s);
+}
+
+const int32_t *pd_srv_ep_answer_spec(const struct pd_server *s, int k)
+{
+    struct ep_msg m;
+    ep_parse(s->g->msg, &m);
+    return s->g->all + (size_t)(k + 1) * ep_answer_words(s, &m) - EP_SPEC_W;
+}
+
+/* Rank 0, after a step's round: the token rank `owner` gave item i. */
+int32_t pd_srv_ep_token(const struct pd_server *s, int owner, int i)
+{
+    return *pd_srv_ep_answer_item(s, owner, i);
 }
 
 /* Rank 0 (s->mu held): the message of a step over requests in_step[0 .. m): the pending frees,
@@ -522,6 +649,9 @@ int pd_srv_ep_build_step(struct pd_server *s, struct req **in_step, int m)
         memcpy(&it[7], &r->smp.temperature, sizeof(float));
         memcpy(&it[8], &r->smp.top_p, sizeof(float));
         ep_put_id(it + 9, r->smp.state);
+        /* drafts: none past max_tokens (a round yields at most k + 1 tokens), none in a prefill */
+        int left = r->max_tokens - r->n_gen - 1;
+        it[11] = !r->ep_prefilled || !s->o.spec_k ? 0 : s->o.spec_k < left ? s->o.spec_k : left > 0 ? left : 0;
         if (r->ep_prefilled)
             *tok++ = r->gen[r->n_gen - 1];
         else {
@@ -546,6 +676,9 @@ int pd_srv_ep_open(struct pd_server *s, struct pd_engine_opts *eo, pd_err *e)
     if (level < MPI_THREAD_SERIALIZED)
         return pd_err_set(e, PD_EINVAL, "expert parallelism needs MPI_THREAD_SERIALIZED (the scheduler thread "
                           "makes the MPI calls)");
+    if (s->o.spec_k && s->o.role != PD_ROLE_BOTH)
+        return pd_err_set(e, PD_EINVAL, "--speculative-config with --enable-expert-parallel in a prefill or decode role "
+                          "(PD) is not supported yet: an owner rank's pulled sequence has no MTP state");
     struct ep_group *g = s->g = calloc(1, sizeof *g);
     if (!g)
         return pd_err_set(e, PD_ENOMEM, "out of memory");
@@ -583,12 +716,13 @@ int pd_srv_ep_setup(struct pd_server *s, pd_err *e)
     g->released = calloc((size_t)n, sizeof *g->released);
     g->pull_req = calloc((size_t)n * (size_t)g->size, sizeof *g->pull_req);
     g->kv_hosts = calloc((size_t)g->size, sizeof *g->kv_hosts);
+    g->pfx = calloc((size_t)g->size * EP_PFX_N, sizeof *g->pfx);
     pthread_mutex_init(&g->rel_mu, NULL);
     g->frees.width = EP_FREE_W;
     g->leases.width = EP_LEASE_W;
     g->pulls.width = EP_PULL_W;
     if (!g->seqs || !g->items || !g->item_of || !g->item_seq || !g->scratch || !g->load || !g->released || !g->pull_req ||
-        !g->kv_hosts ||
+        !g->kv_hosts || !g->pfx ||
         PD_GROW(g->msg, g->msg_cap, EP_HDR))
         return pd_err_set(e, PD_ENOMEM, "out of memory");
     for (int i = 0; i < n; i++)
@@ -614,7 +748,7 @@ void pd_srv_ep_close(struct pd_server *s)
         return;
     for (int i = 0; g->seqs && i < s->o.max_num_seqs; i++) {
         if (g->seqs[i].used)
-            pd_seq_end(&s->en, &g->seqs[i].seq);
+            ep_end(s, &g->seqs[i]);
         free(g->seqs[i].logits);
     }
     free(g->seqs);
@@ -632,6 +766,8 @@ void pd_srv_ep_close(struct pd_server *s)
     free(g->released);
     free(g->pull_req);
     free(g->kv_hosts);
+    free(g->pfx);
+    pd_route_free(g->route);
     if (g->load)
         pthread_mutex_destroy(&g->rel_mu);
     if (g->ep_ready)

@@ -3,8 +3,10 @@
  *
  *   server.c      the request lifetime, KV leases and pulls, the scheduler thread, create/run/destroy
  *   server_ep.c   the EP group: the round message, what every rank does with it, rank 0's accounts
+ *   server_ep_spec.c  the EP group with --speculative-config: the owner ranks' speculative rounds
  *   server_api.c  the HTTP side: requests in (validation, tokenisation), answers out (JSON, SSE)
- *   server_prefix.c  the prefix cache: admission from a cached prefix, snapshots, release */
+ *   server_prefix.c  the prefix cache: admission from a cached prefix, snapshots, release
+ *   server_spec.c    speculative decoding across a PD hand-off: the MTP state the decode side needs */
 #ifndef PD_PD_SERVER_INT_H
 #define PD_PD_SERVER_INT_H
 
@@ -20,6 +22,7 @@
 #include "http/front.h"
 #include "http/http.h"
 #include "pd/kvxfer.h"
+#include "proxy/route.h"
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
@@ -110,14 +113,19 @@ struct req {
  *     reserve, prompt tokens, remote port, prompt hash lo, hi, temperature bits, top_p bits,
  *     sampler state lo, hi, remote host (64 bytes), remote transfer id (16 bytes)};
  *   per item  {id lo, id hi, owner, n, new, reserve, forced, temperature bits, top_p bits,
- *     sampler state lo, hi};
+ *     sampler state lo, hi, drafts k (--speculative-config; 0 for a new sequence)};
  *   the items' tokens in item order.
  * Each rank answers {status, free blocks, free slots, n released, per pull {1 pulled / 0 failed /
  * -1 refused by the producer, bytes lo, hi, microseconds the pull took}, per item
- * its token (-1: another rank's), the ids of the leases it released, 2 words each}. */
+ * its token (-1: another rank's) or, with --speculative-config, spec_k + 2 words {n, n tokens}
+ * (n -1: another rank's), the ids of the leases it released, 2 words each, with prefix caching
+ * its cache's counts (EP_PREFIX_W words: queries, hits, evictions, 2 words each, blocks held,
+ * snapshot bytes in 2 words), and with --speculative-config its round's counts (EP_SPEC_W words:
+ * drafts, draft tokens, accepted, emitted, verify steps, drafted per position [PD_SPEC_MAX_K],
+ * accepted per position [..])}. */
 enum { EP_OP_STEP = 1, EP_OP_STOP = 2, EP_OP_STATS = 3 };   /* STATS: the ranks sum their expert counts to rank 0 */
-enum { EP_HDR = 6, EP_FREE_W = 3, EP_LEASE_W = 10, EP_PULL_W = 32, EP_ITEM_W = 11, EP_ANS_W = 4,
-       EP_PULLED_W = 4 };
+enum { EP_HDR = 6, EP_FREE_W = 3, EP_LEASE_W = 10, EP_PULL_W = 32, EP_ITEM_W = 12, EP_ANS_W = 4,
+       EP_PULLED_W = 4, EP_SPEC_W = 5 + 2 * PD_SPEC_MAX_K, EP_PREFIX_W = 9 };
 
 struct ep_msg {                     /* a message's sections */
     int n_free, n_lease, n_pull, n_items, n_tokens;
@@ -135,6 +143,9 @@ struct ep_seq {                     /* a sequence this rank owns */
     struct pd_seq seq;
     struct pd_sampler smp;
     float *logits;                  /* [vocab] */
+    struct pd_spec_seq spec;        /* --speculative-config: the MTP layer's pending inputs */
+    int cached;                     /* started through this rank's prefix cache (pcur) */
+    struct pd_prefix_cursor pcur;
 };
 
 struct ep_group {
@@ -166,7 +177,10 @@ struct ep_group {
     int *free_blocks, *free_slots;  /* [size] as each rank last reported */
     int *owned;                     /* [size] sequences each rank has been given */
     int last;                       /* the rank given the last one */
+    struct pd_route *route;         /* prefix caching: the prompts sent to each rank (proxy/route.h) */
+    int64_t *pfx;                   /* [size][EP_PFX_N] each rank's prefix cache counts, as last reported */
 };
+enum { EP_PFX_QUERIES, EP_PFX_HITS, EP_PFX_EVICTIONS, EP_PFX_BLOCKS, EP_PFX_BYTES, EP_PFX_N };
 
 #define PD_KV_PEERS 64   /* consumer: (producer address, rank) pairs counted apart */
 
@@ -256,14 +270,22 @@ void pd_srv_ep_account(struct pd_server *s);
 int pd_srv_ep_flush(struct pd_server *s, pd_err *e);
 void pd_srv_ep_broken(struct pd_server *s, const pd_err *e);
 int32_t pd_srv_ep_token(const struct pd_server *s, int owner, int i);
+const int32_t *pd_srv_ep_answer_item(const struct pd_server *s, int owner, int i);
+const int32_t *pd_srv_ep_answer_spec(const struct pd_server *s, int k);
 int pd_srv_ep_build_step(struct pd_server *s, struct req **in_step, int m);
 int pd_srv_ep_open(struct pd_server *s, struct pd_engine_opts *eo, pd_err *e);
 int pd_srv_ep_setup(struct pd_server *s, pd_err *e);
 void pd_srv_ep_close(struct pd_server *s);
 
+/* ---- server_ep_spec.c ---- */
+int pd_srv_ep_item_words(const struct pd_server *s);
+int pd_srv_ep_spec_step(struct pd_server *s, const struct ep_msg *m, int n, int32_t *out, int32_t *stats, pd_err *e);
+int pd_srv_ep_spec_take(struct pd_server *s, struct req **in_step, int m, const int32_t **tp, int *nt,
+                        struct pd_spec_stats *st, pd_err *e);
+
 /* ---- server_prefix.c ---- */
 #define PD_SRV_PREFIX_UNIT 256   /* default tokens between cached boundaries */
-/* The cache, unless turned off or with expert parallelism (refused there when asked for). */
+/* The cache, unless turned off or with --speculative-config in an EP group (refused there when asked for). */
 int pd_srv_prefix_open(struct pd_server *s, pd_err *e);
 void pd_srv_prefix_close(struct pd_server *s);
 /* Starts r's sequence from the longest cached prefix of its prompt, with its whole future's
@@ -278,6 +300,30 @@ void pd_srv_prefix_make_room(struct pd_server *s, int64_t tokens);
 void pd_srv_prefix_plan(struct pd_server *s, struct req *r, struct pd_step_item *it);
 void pd_srv_prefix_commit(struct pd_server *s, struct req *r, int ok);
 void pd_srv_prefix_release(struct pd_server *s, struct req *r);
+/* The same for any sequence and its cursor (an EP rank's own): started from the longest cached
+ * prefix of prompt[0, n_prompt) with `total` tokens' blocks reserved; its prefill item (tokens
+ * from seq->pos) gets the snapshots to take. Commit and release: pd_prefix_commit/release. */
+int pd_srv_prefix_seq_start(struct pd_server *s, struct pd_seq *seq, struct pd_prefix_cursor *cur,
+                            const int32_t *prompt, int n_prompt, int64_t total, pd_err *e);
+void pd_srv_prefix_seq_plan(struct pd_server *s, struct pd_prefix_cursor *cur, const int32_t *prompt, int n_prompt,
+                            struct pd_step_item *it);
+
+/* ---- server_spec.c: --speculative-config across a PD hand-off ---- */
+/* Bytes after the KV pool in the transfer engine's region: one draft-state row per slot (the
+ * main model's last hidden state, [hc, hidden] fp32) when the MTP layer runs in a PD role, else 0. */
+size_t pd_srv_spec_area_bytes(const struct pd_server *s);
+/* q's first `len` tokens as runs of the region (pd_kvseq_runs_alloc), then its slot's draft-state
+ * row if there is one; NULL when out of memory. */
+struct pd_kv_run *pd_srv_kv_runs(const struct pd_server *s, const struct pd_seq *q, int len, int *n, uint64_t *bytes);
+/* After pd_spec_prefill, before the first tokens are pushed, for the requests of in[0 .. m) just
+ * prefilled: each cached boundary's snapshot gets the draft's input there, and the MTP layer runs
+ * the prompt's positions but the last where the snapshots (its part of them) or a hand-off (a
+ * producer's request for a decode instance: then the last hidden state goes to the slot's
+ * draft-state row) need it. Clears the requests' spec.snaps. */
+int pd_srv_spec_prefilled(struct pd_server *s, struct req **in, int m, pd_err *e);
+/* Consumer, after a pull: r's draft state from its row (MTP pending at n_prompt - 1, with the
+ * producer's first token). No-op without MTP. */
+int pd_srv_spec_pulled(struct pd_server *s, struct req *r, pd_err *e);
 
 /* ---- server_api.c ---- */
 /* Producer: the address decode instances pull this process's KV from: kv_host, else --host,

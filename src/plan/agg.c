@@ -1,6 +1,7 @@
 /* The performance model of aggregated instances (perf.h): each instance prefills and decodes on
  * the same cards, vLLM's and SGLang's chunked prefill putting a prompt's tokens into the steps
  * that decode, up to max-num-batched-tokens per step. docs/perf-model.md, "Aggregated". */
+#include "plan/lockstep.h"
 #include "plan/perf.h"
 
 #include <jansson.h>
@@ -10,7 +11,8 @@
 #include <string.h>
 
 /* One DP rank of an aggregated instance at a decode batch b. M = max-num-batched-tokens,
- * k = 1 + mtp tokens computed per decoding sequence and step, tps = tokens accepted per step,
+ * k = 1 + drafts tokens computed per decoding sequence and step, tps = tokens yielded per step
+ * (pd_perf_decode_tokens, pd_perf_tokens_per_step),
  * I = a prompt's tokens not served from the prefix cache, c_d = the mean decode context.
  *
  *   chunk     c = M - b x k                    the scheduler puts the decode tokens first and
@@ -37,8 +39,8 @@ void pd_perf_agg_at(const struct pd_plan *p, const struct pd_workload *w, int64_
 {
     const struct pd_role_plan *D = &p->role[PD_ROLE_DECODE];
     memset(a, 0, sizeof *a);
-    const int64_t M = p->o.max_num_batched_tokens, k = 1 + (p->include_mtp ? 1 : 0);
-    const double tps = 1 + (p->include_mtp ? 1 : 0) * p->hw.eff.mtp_acceptance;
+    const int64_t M = p->o.max_num_batched_tokens, k = pd_perf_decode_tokens(p);
+    const double tps = pd_perf_tokens_per_step(p);
     const int64_t cached = (int64_t)floor((double)w->isl * w->cached), I = w->isl - cached;
     const int64_t ctx = w->decode_ctx > 0 ? w->decode_ctx : w->isl + w->osl / 2;
     int64_t seq = pd_kv_seq_bytes(&p->kv, w->isl + w->osl);
@@ -84,7 +86,7 @@ int64_t pd_perf_agg_slots(const struct pd_plan *p, const struct pd_workload *w)
     struct pd_agg a;
     pd_perf_agg_at(p, w, 1, &a);
     int64_t n = w->decode_batch > 0 ? w->decode_batch : a.batch_cap < p->o.max_num_seqs ? a.batch_cap : p->o.max_num_seqs;
-    const int64_t k = 1 + (p->include_mtp ? 1 : 0);
+    const int64_t k = pd_perf_decode_tokens(p);
     if (n > (p->o.max_num_batched_tokens - 1) / k)
         n = (p->o.max_num_batched_tokens - 1) / k;
     return n > 1 ? n : 1;
@@ -114,7 +116,8 @@ void pd_perf_agg(const struct pd_plan *p, const struct pd_workload *w, struct pd
     const int64_t slots = pd_perf_agg_slots(p, w);
     pd_perf_agg_at(p, w, pd_perf_agg_batch(p, w), a);
     const int ranks = D->o.dp * D->o.instances, cards = D->cards;
-    const double tps = 1 + (p->include_mtp ? 1 : 0) * p->hw.eff.mtp_acceptance;
+    const double tps = pd_perf_tokens_per_step(p);
+    f->mtp = p->mtp;
     f->prefill_step = a->mixed_step;
     f->decode_step = a->decode_step;
     f->prefill_s = a->prefill_s;
@@ -139,7 +142,9 @@ void pd_perf_agg(const struct pd_plan *p, const struct pd_workload *w, struct pd
     f->decode_bound = a->batch == a->batch_cap && !w->decode_batch && a->batch < p->o.max_num_seqs
                           ? PD_BOUND_CAPACITY : a->decode_step.bound;
     f->fits = D->b.fits_weights && a->batch >= 1 && slots <= a->batch_cap && a->chunk >= 1;
-    if (w->concurrency > 0) {
+    if (w->concurrency > 0 && w->lockstep) {
+        pd_perf_lockstep(p, w, slots, &f->closed, NULL);
+    } else if (w->concurrency > 0) {
         struct pd_agg_curve c;
         int64_t n = w->concurrency < slots ? w->concurrency : slots;
         if (pd_perf_agg_curve(p, w, n, &c) == 0) {
@@ -157,7 +162,7 @@ int pd_perf_agg_curve(const struct pd_plan *p, const struct pd_workload *w, int6
     if (n < 1)
         n = 1;
     c->n = n;
-    c->tokens_per_step = 1 + (p->include_mtp ? 1 : 0) * p->hw.eff.mtp_acceptance;
+    c->tokens_per_step = pd_perf_tokens_per_step(p);
     c->step_s = malloc((size_t)(n + 1) * sizeof *c->step_s);
     c->prefill_s = malloc((size_t)(n + 1) * sizeof *c->prefill_s);
     c->prefill_req_s = malloc((size_t)(n + 1) * sizeof *c->prefill_req_s);
@@ -253,7 +258,7 @@ void pd_perf_agg_text(const struct pd_plan *p, const struct pd_perf *f, void *fi
     fprintf(o, "  chunk           %10lld prompt tokens per mixed step (max-num-batched-tokens %lld - batch %lld x %d); "
                "%lld chunk%s per prompt\n",
             (long long)a->chunk, (long long)p->o.max_num_batched_tokens, (long long)a->batch,
-            1 + (p->include_mtp ? 1 : 0), (long long)a->chunks, a->chunks == 1 ? "" : "s");
+            (int)pd_perf_decode_tokens(p), (long long)a->chunks, a->chunks == 1 ? "" : "s");
     fprintf(o, "  steps           %10.3f ms mixed, %.3f ms decode alone; %.1f%% of steps carry a chunk%s; mean %.3f ms\n",
             a->mixed_step.total_s * 1e3, a->decode_step.total_s * 1e3, 100 * (a->chunk_share < 1 ? a->chunk_share : 1),
             a->fed ? "" : " (the chunks cannot feed this batch: prefill limits)", a->step_s * 1e3);

@@ -29,16 +29,53 @@ static int grow(struct pd_inventory *inv)
     return 0;
 }
 
+static int suffix(const char *s, const char *suf)
+{
+    size_t n = strlen(s), k = strlen(suf);
+    return n >= k && strcmp(s + n - k, suf) == 0;
+}
+
+/* What a W8A8 deployment of DeepSeek-V4 does with each matrix the release stores in FP8/FP4, as
+ * vLLM-Ascend's DeepSeek-V4 quantisation rules (examples/quantization/deepseek_v4/
+ * quantize_config*.yaml and quantize.py, the msModelSlim format it loads) write it: every
+ * "*attn*" matrix but wq_a, wkv, wo_a and the compressor and indexer projections other than the
+ * indexer's wq_b; every "*ffn*" matrix but the gate (routed and shared experts); the MTP
+ * projections (e_proj, h_proj; DSpark's main_proj). Anything else it dequantises to bf16
+ * ("FLOAT"), except the draft stages' wo_a of a DSpark checkpoint, which it keeps FP8 as released
+ * (vLLM-Ascend's DSpark loader dequantises that one itself). */
+enum pd_w8a8_role pd_inventory_w8a8_role(const char *name, int dspark)
+{
+    if (dspark && strncmp(name, "mtp.", 4) == 0 && suffix(name, "attn.wo_a.weight"))
+        return PD_W8A8_KEEP;
+    static const char *const quant[] = {"attn.wq_b.weight", "attn.wo_b.weight", "attn.indexer.wq_b.weight",
+                                        "e_proj.weight", "h_proj.weight", "main_proj.weight"};
+    for (size_t i = 0; i < sizeof quant / sizeof quant[0]; i++)
+        if (suffix(name, quant[i]))
+            return PD_W8A8_QUANT;
+    if ((strstr(name, "ffn.experts.") || strstr(name, "ffn.shared_experts.")) && suffix(name, ".weight"))
+        return PD_W8A8_QUANT;
+    return PD_W8A8_FLOAT;
+}
+
+/* The format of tensor `name` (see add() for `linear`). */
 static enum pd_fmt choose_fmt(const struct builder *b, enum pd_group g, int ndim, int linear,
-                              enum pd_fmt native)
+                              enum pd_fmt native, const char *name)
 {
     if (ndim < 2 || linear < 0)
         return native;
     if (b->q->group_fmt[g] != PD_FMT_NONE)
         return b->q->group_fmt[g];
-    if (linear || (b->quantize_mask & (1u << g)))
+    if (b->quantize_mask & (1u << g))
         return b->q->linear;
-    return native;
+    if (!linear)
+        return native;
+    if (b->q->w8a8_groups && b->m->arch == PD_ARCH_DEEPSEEK_V4)
+        switch (pd_inventory_w8a8_role(name, b->m->dspark)) {
+        case PD_W8A8_QUANT: return b->q->linear;
+        case PD_W8A8_KEEP: return PD_FMT_FP8;   /* DSpark's draft wo_a, as released */
+        case PD_W8A8_FLOAT: return PD_FMT_BF16;
+        }
+    return b->q->linear;
 }
 
 /* Adds t's bytes and parameters to the totals; PD_ERANGE if a total would pass PD_INV_MAX_BYTES
@@ -64,10 +101,11 @@ static int too_large(struct builder *b, const struct pd_tensor *t)
                       (long long)t->shape[1], t->count);
 }
 
-/* Adds one tensor (or one per expert when count > 1). `linear`: 1 for the weight matrix of a
- * linear layer (the quantisation scheme applies to it), 0 for another weight matrix (embedding,
- * head, router, compressor projections: only a preset's quantize_groups or an override
- * quantises it), -1 for a parameter that keeps its dtype whatever the scheme (mHC mixing
+/* Adds one tensor (or one per expert when count > 1). `linear`: 1 for a matrix the release
+ * stores in FP8/FP4 (the scheme applies to it: under w8a8/w4a8 only where a W8A8 deployment
+ * quantises it, choose_fmt), 0 for a matrix the release keeps in bf16 (embedding, head, router,
+ * compressor projections, the indexer's weights_proj: only a preset's quantize_groups or an
+ * override quantises it), -1 for a parameter that keeps its dtype whatever the scheme (mHC mixing
  * matrices, position biases, the hash-routing table). */
 static int add(struct builder *b, enum pd_group g, enum pd_class cls, int count, int linear,
                enum pd_fmt native, int64_t rows, int64_t cols, const char *fmt, ...)
@@ -93,7 +131,7 @@ static int add(struct builder *b, enum pd_group g, enum pd_class cls, int count,
      * most 8 bytes each keeps pd_fmt_bytes inside int64 */
     if (rows < 0 || __builtin_mul_overflow(rows, cols > 0 ? cols : 1, &t->params) || t->params > PD_INV_MAX_BYTES)
         return too_large(b, t);
-    t->fmt = choose_fmt(b, g, t->ndim, linear, native);
+    t->fmt = choose_fmt(b, g, t->ndim, linear, native, t->name);
     t->bytes = pd_fmt_bytes(t->fmt, t->ndim, t->shape, b->q);
     t->layer = (int16_t)b->layer;
     t->group = (uint8_t)g;
@@ -142,7 +180,10 @@ static int v4_block(struct builder *b, int layer, int mtp)
     TRY(add(b, ga, PD_CLASS_II, 1, 1, PD_FMT_BF16, qdim, m->q_lora_rank, "attn.wq_b.weight"));
     TRY(add(b, ga, PD_CLASS_II, 1, 1, PD_FMT_BF16, m->head_dim, H, "attn.wkv.weight"));
     TRY(add(b, ga, PD_CLASS_II, 1, 0, PD_FMT_BF16, m->head_dim, 0, "attn.kv_norm.weight"));
-    TRY(add(b, ga, PD_CLASS_II, 1, 1, PD_FMT_BF16, (int64_t)m->o_groups * m->o_lora_rank, qdim / m->o_groups, "attn.wo_a.weight"));
+    /* wo_a: stored FP8 like the other projections; the official code runs it in bf16 (its
+     * convert.py dequantises it, its Attention builds it bf16), and so does a W8A8 deployment */
+    TRY(add(b, ga, PD_CLASS_II, 1, 1, PD_FMT_BF16, (int64_t)m->o_groups * m->o_lora_rank, qdim / m->o_groups,
+            "attn.wo_a.weight"));
     TRY(add(b, ga, PD_CLASS_II, 1, 1, PD_FMT_BF16, H, (int64_t)m->o_groups * m->o_lora_rank, "attn.wo_b.weight"));
     TRY(add(b, ga, PD_CLASS_II, 1, 0, PD_FMT_F32, m->n_heads, 0, "attn.attn_sink"));
     for (int i = 0; i < m->n_extra; i++) {

@@ -61,6 +61,15 @@ int pd_inventory_from_checkpoint(const struct pd_model *m, const struct pd_st_se
                                  struct pd_inventory *inv, pd_err *e);
 void pd_inventory_free(struct pd_inventory *inv);
 
+/* What a W8A8 deployment of DeepSeek-V4 (vLLM-Ascend, msModelSlim's format) does with a matrix
+ * the release stores in FP8/FP4, by its name in the release: quantises it to int8 per output row
+ * (wq_b, wo_b, the indexer's wq_b, routed and shared experts, the MTP projections), runs it in
+ * bf16 (wq_a, wkv, wo_a), or keeps it FP8 as released (the draft stages' wo_a of a DSpark
+ * checkpoint, `dspark` 1). The planner's w8a8/w4a8 schemes, gen-model's W8A8 layout,
+ * `pdmoe convert` and the engine's load of a release all follow it. */
+enum pd_w8a8_role { PD_W8A8_QUANT, PD_W8A8_FLOAT, PD_W8A8_KEEP };
+enum pd_w8a8_role pd_inventory_w8a8_role(const char *name, int dspark);
+
 /* Classifies a tensor name (either naming); returns 0 or PD_EINVAL if no rule applies. */
 int pd_inventory_classify(const struct pd_model *m, const char *name, enum pd_group *g,
                           enum pd_class *c, int *layer, int *expert);

@@ -1,6 +1,7 @@
 /* The performance model (perf.h): a step's cost term by term, then TTFT, TPOT and
  * rate-matched throughput for a workload. docs/perf-model.md derives each formula. */
 #include "plan/perf.h"
+#include "plan/lockstep.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -110,21 +111,44 @@ static void attn_token(const struct pd_plan *p, enum pd_role r, int ratio, doubl
     *flops = 4.0 * m->n_heads * m->head_dim * att + idx;   /* QK and PV over one K=V latent */
 }
 
-/* Attention over all layers for `seqs` sequences adding `tokens` each after `ctx`: the
- * positions are sampled at the midpoints of up to 16 equal slices (exact for <= 16 tokens). */
-static void attention(const struct pd_plan *p, enum pd_role r, int64_t seqs, int64_t tokens, int64_t ctx,
-                      int tp, struct pd_step *s)
+/* Which layers a pass runs: [l0, l1) in the KV's layer order (the MTP layers after the main
+ * model's), moe of them MoE layers, holding expert_share of the routed experts' weights. */
+struct span {
+    int l0, l1, moe;
+    double expert_share;
+};
+
+/* The whole model (a prompt: the MTP layer runs over it too, building its KV), the main model
+ * alone (a decode step's verification), or the MTP layers alone (a draft pass). */
+enum scope { SCOPE_ALL, SCOPE_MAIN, SCOPE_MTP };
+
+static struct span span_of(const struct pd_plan *p, enum scope sc)
+{
+    const int L = p->model.n_layers, n = p->kv.n, all = p->inv.n_moe_layers;
+    int mtp_moe = 0;
+    for (int l = L; l < n; l++)
+        mtp_moe += pd_model_is_moe_layer(&p->model, l);
+    if (sc == SCOPE_ALL || !p->include_mtp)
+        return (struct span){0, n, all, 1};
+    double share = all > 0 ? (double)mtp_moe / all : 0;
+    return sc == SCOPE_MAIN ? (struct span){0, L, all - mtp_moe, 1 - share} : (struct span){L, n, mtp_moe, share};
+}
+
+/* Attention over layers [sp->l0, sp->l1) for `seqs` sequences adding `tokens` each after `ctx`:
+ * the positions are sampled at the midpoints of up to 16 equal slices (exact for <= 16 tokens). */
+static void attention(const struct pd_plan *p, enum pd_role r, const struct span *sp, int64_t seqs, int64_t tokens,
+                      int64_t ctx, int tp, struct pd_step *s)
 {
     double flops = 0, kv = 0;
     int slices = tokens < 16 ? (int)tokens : 16;
-    for (int l = 0; l < p->kv.n; l++) {
+    for (int l = sp->l0; l < sp->l1; l++) {
         int dup = 0;
-        for (int j = 0; j < l && !dup; j++)
+        for (int j = sp->l0; j < l && !dup; j++)
             dup = p->kv.ratio[j] == p->kv.ratio[l];
         if (dup)
             continue;
         int same = 0;
-        for (int j = l; j < p->kv.n; j++)
+        for (int j = l; j < sp->l1; j++)
             same += p->kv.ratio[j] == p->kv.ratio[l];
         double f = 0, b = 0;
         for (int i = 0; i < slices; i++) {
@@ -152,15 +176,20 @@ static void attention(const struct pd_plan *p, enum pd_role r, int64_t seqs, int
  * Prefill uses node-deduplicated sends (one copy per remote node, forwarded inside it, as
  * DeepEP's normal kernels do); decode sends one copy per destination rank (low-latency
  * kernels). Each token reaches ep * (1 - (1 - 1/ep)^k) distinct ranks on average. */
-static double a2a(const struct pd_plan *p, enum pd_role r, const struct pd_role_plan *rp, double tokens)
+static double a2a(const struct pd_plan *p, enum pd_role r, const struct pd_role_plan *rp, const struct span *sp,
+                  double tokens)
 {
     const struct pd_model *m = &p->model;
     const struct pd_efficiency *x = &p->hw.eff;
     const int ep = rp->ep, tp = rp->o.tp, cpn = p->hw.cards_per_node;
     double t = 0, H = (double)m->hidden_size, k = m->n_experts_per_tok;
-    if (tp > 1)   /* ring all-reduce of the attention and FFN outputs, bf16, every layer */
-        t += 2.0 * m->n_layers * (2.0 * (tp - 1) / tp * tokens * H * 2) / (p->hw.intra.bandwidth_Bps * x->a2a_intra);
-    if (ep <= 1 || p->inv.n_moe_layers == 0)
+    /* ring all-reduce of the attention and FFN outputs, bf16, every layer: the main model's
+     * layers of a pass that runs them (a prompt's pass counts no more for the MTP layer, as
+     * before it was costed on its own), else the MTP layers of a draft pass */
+    const int L = m->n_layers, ar_layers = sp->l0 >= L ? sp->l1 - sp->l0 : (sp->l1 < L ? sp->l1 : L) - sp->l0;
+    if (tp > 1)
+        t += 2.0 * ar_layers * (2.0 * (tp - 1) / tp * tokens * H * 2) / (p->hw.intra.bandwidth_Bps * x->a2a_intra);
+    if (ep <= 1 || sp->moe == 0)
         return t;
     enum pd_fmt f = group_fmt(p, PD_G_ROUTED_EXPERTS);
     double disp = f == PD_FMT_BF16 || f == PD_FMT_F32 ? 2 * H : H + 4 * ceil(H / 128);
@@ -197,7 +226,17 @@ static double a2a(const struct pd_plan *p, enum pd_role r, const struct pd_role_
     double ti = intra / (p->hw.intra.bandwidth_Bps * x->a2a_intra);
     double te = inter / (p->hw.rdma.bandwidth_Bps * x->a2a_inter);
     double layer = (ti > te ? ti : te) * imbalance(p, r, rp) + 2 * x->a2a_latency_s;
-    return t + layer * p->inv.n_moe_layers;
+    return t + layer * sp->moe;
+}
+
+int64_t pd_perf_decode_tokens(const struct pd_plan *p)
+{
+    return 1 + p->mtp.k;
+}
+
+double pd_perf_tokens_per_step(const struct pd_plan *p)
+{
+    return pd_mtp_tokens_per_step(&p->mtp);
 }
 
 void pd_perf_step(const struct pd_plan *p, enum pd_role r, int64_t seqs, int64_t tokens, int64_t ctx,
@@ -208,22 +247,22 @@ void pd_perf_step(const struct pd_plan *p, enum pd_role r, int64_t seqs, int64_t
     pd_perf_step_mixed(p, r, r == PD_ROLE_DECODE ? &part : &none, r == PD_ROLE_PREFILL ? &part : &none, s);
 }
 
-void pd_perf_step_mixed(const struct pd_plan *p, enum pd_role r, const struct pd_step_part *dec,
-                        const struct pd_step_part *pre, struct pd_step *s)
+/* One forward pass over the layers of sp, adding its terms to s: T tokens through the GEMMs,
+ * head_rows of them through the LM head, the decode part's and the prefill part's attention.
+ * SCOPE_MAIN leaves out the MTP layer's own weights (group "mtp"), SCOPE_MTP keeps only them,
+ * with the embedding gather and the shared LM head. */
+static void pass(const struct pd_plan *p, enum pd_role r, enum scope sc, double T, double head_rows,
+                 const struct pd_step_part *dec, const struct pd_step_part *pre, struct pd_step *s)
 {
     const struct pd_role_plan *rp = &p->role[r];
     const struct pd_inventory *inv = &p->inv;
     const struct pd_efficiency *x = &p->hw.eff;
+    const struct span sp = span_of(p, sc);
     const int tp = rp->o.tp;
-    memset(s, 0, sizeof *s);
-    double T = (double)dec->seqs * dec->tokens + (double)pre->seqs * pre->tokens;
-    s->tokens = dec->seqs * dec->tokens + pre->seqs * pre->tokens;
-    /* the LM head runs on every decode token and on the last position of each prompt */
-    double head_rows = (double)dec->seqs * dec->tokens + (double)pre->seqs;
-    s->imbalance = imbalance(p, r, rp);
     /* class II groups: every token through each matrix; the head only for sampled rows */
     for (int g = 0; g < PD_G_COUNT; g++) {
-        if (g == PD_G_ROUTED_EXPERTS)
+        if (g == PD_G_ROUTED_EXPERTS || (sc == SCOPE_MAIN && g == PD_G_MTP) ||
+            (sc == SCOPE_MTP && g != PD_G_MTP && g != PD_G_EMBEDDING && g != PD_G_LM_HEAD))
             continue;
         double params = (double)inv->group_params[g][PD_CLASS_II], bytes = (double)inv->group_bytes[g][PD_CLASS_II];
         if (params <= 0)
@@ -234,22 +273,61 @@ void pd_perf_step_mixed(const struct pd_plan *p, enum pd_role r, const struct pd
             bytes = T * (double)p->model.hidden_size * 2;    /* a gather of T rows */
         roofline(p, 2 * rows * params / split, bytes / split, group_fmt(p, (enum pd_group)g), s);
     }
-    /* routed experts on the busiest card of the group */
-    if (inv->n_experts > 0 && inv->class_params[PD_CLASS_I] > 0) {
+    /* routed experts on the busiest card of the group: the distinct experts T tokens reach */
+    if (inv->n_experts > 0 && inv->class_params[PD_CLASS_I] > 0 && sp.expert_share > 0) {
         double E = inv->n_experts, k = p->model.n_experts_per_tok;
-        double per_expert_params = (double)inv->class_params[PD_CLASS_I] / E;
-        double per_expert_bytes = (double)inv->class_bytes[PD_CLASS_I] / E;
+        double per_expert_params = (double)inv->class_params[PD_CLASS_I] / E * sp.expert_share;
+        double per_expert_bytes = (double)inv->class_bytes[PD_CLASS_I] / E * sp.expert_share;
         double pairs = T * k / tp * s->imbalance;             /* token-expert pairs on the card */
         double group_tokens = T * rp->o.dp;
         double touched = rp->place.slots * (1 - pow(1 - k / E, group_tokens));
         roofline(p, 2 * pairs * per_expert_params, touched * per_expert_bytes, group_fmt(p, PD_G_ROUTED_EXPERTS), s);
     }
     if (dec->seqs > 0 && dec->tokens > 0)
-        attention(p, PD_ROLE_DECODE, dec->seqs, dec->tokens, dec->ctx, tp, s);
+        attention(p, PD_ROLE_DECODE, &sp, dec->seqs, dec->tokens, dec->ctx, tp, s);
     if (pre->seqs > 0 && pre->tokens > 0)
-        attention(p, PD_ROLE_PREFILL, pre->seqs, pre->tokens, pre->ctx, tp, s);
-    s->a2a_s = a2a(p, r, rp, T);
-    s->overhead_s = x->step_s[r] + x->token_layer_s[r] * T * p->kv.n;
+        attention(p, PD_ROLE_PREFILL, &sp, pre->seqs, pre->tokens, pre->ctx, tp, s);
+    s->a2a_s += a2a(p, r, rp, &sp, T);
+    s->overhead_s += x->token_layer_s[r] * T * (sp.l1 - sp.l0);
+}
+
+void pd_perf_step_mixed(const struct pd_plan *p, enum pd_role r, const struct pd_step_part *dec,
+                        const struct pd_step_part *pre, struct pd_step *s)
+{
+    const struct pd_efficiency *x = &p->hw.eff;
+    static const struct pd_step_part none;
+    memset(s, 0, sizeof *s);
+    s->imbalance = imbalance(p, r, &p->role[r]);
+    double D = (double)dec->seqs * dec->tokens, P = (double)pre->seqs * pre->tokens;
+    s->tokens = dec->seqs * dec->tokens + pre->seqs * pre->tokens;
+    /* the LM head runs on every decode token and on the last position of each prompt */
+    if (!p->include_mtp || dec->seqs == 0) {
+        pass(p, r, SCOPE_ALL, D + P, D + (double)pre->seqs, dec, pre, s);
+    } else {
+        /* Speculative decoding (mtp.h) with k = dec->tokens - 1 drafts: the main model verifies
+         * the dec->tokens of each sequence (and runs the prompt chunk), the MTP layer runs the
+         * chunk (its KV) and drafts. Its first draft pass runs the positions the last round
+         * accepted, tokens_per_step per sequence on average (the accepted drafts and the verify
+         * step's own token), and drafts one token; each later pass runs the draft before it. So
+         *   step = main(B x (k + 1) + chunk) + MTP(chunk + B x tokens_per_step) + (k - 1) x MTP(B)
+         * with one row per sequence through the LM head in each draft pass; k = 0: main(B + chunk)
+         * (the MTP layer loaded, not run). The per-step fixed cost is paid once (one step). */
+        const int k = (int)dec->tokens - 1;
+        struct pd_mtp m = p->mtp;          /* its first k positions (past them: rejected) */
+        m.k = k < PD_MTP_MAX_K ? k : PD_MTP_MAX_K;
+        pass(p, r, SCOPE_MAIN, D + P, D + (double)pre->seqs, dec, pre, s);
+        if (k > 0 || P > 0) {
+            const double B = (double)dec->seqs, tps = k > 0 ? pd_mtp_tokens_per_step(&m) : 0;
+            struct pd_step_part first = {k > 0 ? dec->seqs : 0, 1, dec->ctx + dec->tokens - 1};
+            pass(p, r, SCOPE_MTP, B * tps + P, B * (k > 0) + (double)pre->seqs, &first, pre, s);
+            struct pd_step_part next = {dec->seqs, 1, 0};
+            for (int j = 2; j <= k; j++) {
+                next.ctx = dec->ctx + dec->tokens - 1 + (j - 1);
+                pass(p, r, SCOPE_MTP, B, B, &next, &none, s);
+            }
+        }
+    }
+    s->overhead_s += x->step_s[r];
     double compute = s->gemm_compute_s + s->gemm_memory_s + s->attn_s + s->overhead_s;
     double hidden = x->overlap[r] * s->a2a_s;
     s->total_s = compute + s->a2a_s - (hidden < compute ? hidden : compute);
@@ -284,6 +362,18 @@ static int check_workload(const struct pd_workload *w, pd_err *e)
     if (w->rate > 0 && w->concurrency > 0)
         return pd_err_set(e, PD_EINVAL, "--request-rate and --concurrency: an open loop (requests arrive at a rate) or a "
                                         "closed loop (C clients), not both");
+    if (w->lockstep && w->concurrency <= 0)
+        return pd_err_set(e, PD_EINVAL, "--phase lockstep: a closed loop's phase assumption: needs --concurrency");
+    if (!w->lockstep && (w->num_prompts || w->prefill_max_requests || w->prefill_first))
+        return pd_err_set(e, PD_EINVAL, "%s: modelled in the lockstep closed loop only (--phase lockstep)",
+                          w->num_prompts ? "--num-prompts" : w->prefill_max_requests ? "--prefill-max-requests"
+                                                                                    : "--schedule prefill-first");
+    if (w->num_prompts < 0 || w->prefill_max_requests < 0)
+        return pd_err_set(e, PD_EINVAL, "--num-prompts and --prefill-max-requests must not be negative");
+    if (w->num_prompts > 0 && w->num_prompts % w->concurrency)
+        return pd_err_set(e, PD_EINVAL, "--num-prompts %lld: a multiple of --concurrency %lld (each client of the lockstep "
+                          "sends num-prompts / concurrency requests)", (long long)w->num_prompts,
+                          (long long)w->concurrency);
     return 0;
 }
 
@@ -324,10 +414,10 @@ void pd_perf_decode(const struct pd_plan *p, const struct pd_workload *w, struct
     f->batch = w->decode_batch > 0 ? w->decode_batch
                : f->batch_cap < p->o.max_num_seqs ? f->batch_cap : p->o.max_num_seqs;
     int64_t b = f->batch > 0 ? f->batch : 1;
-    int mtp = p->include_mtp ? 1 : 0;
     int64_t ctx = w->decode_ctx > 0 ? w->decode_ctx : w->isl + w->osl / 2;
-    pd_perf_step(p, PD_ROLE_DECODE, b, 1 + mtp, ctx, &f->decode_step);
-    f->tokens_per_step = 1 + mtp * p->hw.eff.mtp_acceptance;
+    pd_perf_step(p, PD_ROLE_DECODE, b, pd_perf_decode_tokens(p), ctx, &f->decode_step);
+    f->mtp = p->mtp;
+    f->tokens_per_step = pd_perf_tokens_per_step(p);
     f->tpot_s = f->decode_step.total_s / f->tokens_per_step;
     f->user_tok_s = 1 / f->tpot_s;
     f->decode_rank_out_s = (double)b * f->tokens_per_step / f->decode_step.total_s;
@@ -498,7 +588,8 @@ void pd_perf_closed(int64_t clients, int64_t osl, double pre_s, double prefill_s
      * analysis only approaches X_p), else the clients themselves */
     out->limit = xd < prefill_req_s && x >= xd * (1 - 1e-12) ? PD_CLOSED_DECODE_SLOTS
                  : x >= 0.99 * prefill_req_s ? PD_CLOSED_PREFILL : PD_CLOSED_CLIENTS;
-    out->wait_s = fmax(0, out->cycle_s - pre_s - rd);
+    /* (a difference of sums: a residue of rounding, below 1e-12 of the cycle, is no wait) */
+    out->wait_s = out->cycle_s - pre_s - rd > 1e-12 * out->cycle_s ? out->cycle_s - pre_s - rd : 0;
     out->ttft_s = pre_s + out->wait_s + st;
     out->req_s = x;
     out->tok_s = x * (double)osl;
@@ -525,15 +616,20 @@ int pd_perf_eval(const struct pd_plan *p, const struct pd_workload *w, struct pd
     if (rc)
         return rc;
     if (p->o.aggregated) {
+        if (w->lockstep && (rc = pd_perf_lockstep_check(p, w, e)))
+            return rc;
         pd_perf_agg(p, w, f);
         return 0;
     }
+    if (w->lockstep)
+        return pd_err_set(e, PD_EINVAL, "--phase lockstep: modelled for aggregated layouts only (--aggregated); a "
+                          "disaggregated closed loop is the random-phase one");
     pd_perf_prefill(p, w, f);
     pd_perf_decode(p, w, f);
     pd_perf_combine(p, w, f);
     if (w->concurrency > 0) {
         const struct pd_role_plan *D = &p->role[PD_ROLE_DECODE];
-        struct decode_ctx d = {p, 1 + (p->include_mtp ? 1 : 0), w->decode_ctx > 0 ? w->decode_ctx : w->isl + w->osl / 2};
+        struct decode_ctx d = {p, pd_perf_decode_tokens(p), w->decode_ctx > 0 ? w->decode_ctx : w->isl + w->osl / 2};
         pd_perf_closed(w->concurrency, w->osl, f->request_s + f->prefill_s + f->handoff_s, f->prefill_s,
                        p->role[PD_ROLE_PREFILL].o.dp * p->role[PD_ROLE_PREFILL].o.instances, f->prefill_req_s,
                        D->o.dp * D->o.instances, f->batch, f->tokens_per_step, decode_step_s, &d,
@@ -575,6 +671,13 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
                 : rp->o.redundant > 0 ? "hardware file, with redundant experts" : "hardware file");
     }
     fputc('\n', o);
+    if (f->mtp.k > 0) {
+        fprintf(o, "  speculative     %d MTP draft%s per decode step, acceptance per position given the ones before it",
+                f->mtp.k, f->mtp.k > 1 ? "s" : "");
+        for (int j = 0; j < f->mtp.k; j++)
+            fprintf(o, "%s%.3f", j ? " " : " ", f->mtp.a[j]);
+        fprintf(o, " (%s): %.3f tokens per step\n", p->mtp_source, f->tokens_per_step);
+    }
     if (f->aggregated) {
         pd_perf_agg_text(p, f, o);
         closed_text(o, f);
@@ -608,8 +711,13 @@ static void closed_text(FILE *o, const struct pd_perf *f)
 {
     if (f->w.concurrency > 0) {
         const struct pd_closed *c = &f->closed;
-        fprintf(o, "  closed loop, %lld client%s (each sends its next request when its last one finishes; %s limits):\n",
-                (long long)f->w.concurrency, f->w.concurrency == 1 ? "" : "s", pd_closed_limit_name(c->limit));
+        if (f->w.lockstep)
+            fprintf(o, "  closed loop, %lld client%s in lockstep (equal requests, started together; %s):\n",
+                    (long long)f->w.concurrency, f->w.concurrency == 1 ? "" : "s",
+                    f->w.num_prompts ? "the run's means, throughput over its duration" : "the steady state");
+        else
+            fprintf(o, "  closed loop, %lld client%s (each sends its next request when its last one finishes; %s limits):\n",
+                    (long long)f->w.concurrency, f->w.concurrency == 1 ? "" : "s", pd_closed_limit_name(c->limit));
         fprintf(o, "    TTFT          %10.1f ms  (%.1f ms of it waiting for %s)\n", c->ttft_s * 1e3, c->wait_s * 1e3,
                 c->limit == PD_CLOSED_DECODE_SLOTS ? "a decode slot" : "prefill");
         fprintf(o, "    TPOT          %10.2f ms  (batch %.2f per decode DP rank of %lld slots)\n", c->tpot_s * 1e3,
@@ -635,7 +743,8 @@ static json_t *closed_json(const struct pd_perf *f)
         return json_null();
     if (!isfinite(c->cycle_s))
         return json_pack("{s:I,s:n}", "concurrency", (json_int_t)f->w.concurrency, "cycle_s");
-    return json_pack("{s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:s}", "concurrency", (json_int_t)f->w.concurrency,
+    return json_pack("{s:I,s:s,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:s}", "concurrency", (json_int_t)f->w.concurrency,
+                     "phase", f->w.lockstep ? "lockstep" : "random",
                      "batch", c->batch, "wait_s", c->wait_s, "ttft_s", c->ttft_s, "tpot_s", c->tpot_s, "cycle_s",
                      c->cycle_s, "requests_per_s", c->req_s, "output_tokens_per_s", c->tok_s,
                      "output_tokens_per_s_card", c->tok_s_card, "limit", pd_closed_limit_name(c->limit));
@@ -653,8 +762,14 @@ void *pd_perf_json(const struct pd_perf *f)
                      "decode_tokens_per_s_card", f->decode_tok_s_card, "decode_requests_per_s", f->decode_req_s,
                      "requests_per_s", f->req_s, "tokens_per_s_card", f->tok_s_card, "prefill_bound",
                      pd_bound_name(f->prefill_bound), "decode_bound", pd_bound_name(f->decode_bound), "fits", f->fits);
-    if (j)
+    if (j) {
         json_object_set_new(j, "closed_loop", closed_json(f));
+        json_t *a = json_array();
+        for (int i = 0; i < f->mtp.k; i++)
+            json_array_append_new(a, json_real(f->mtp.a[i]));
+        json_object_set_new(j, "num_speculative_tokens", json_integer(f->mtp.k));
+        json_object_set_new(j, "mtp_acceptance", a);
+    }
     if (j && f->aggregated) {
         const struct pd_agg *a = &f->agg;
         json_object_set_new(j, "aggregated",

@@ -29,7 +29,7 @@ const char *pd_bound_name(enum pd_bound b);
 
 /* The cost of one forward step of one data-parallel rank. */
 struct pd_step {
-    int64_t tokens;              /* tokens computed in the step (decode: batch x (1 + mtp)) */
+    int64_t tokens;              /* tokens the main model computes in the step (decode: batch x (1 + k)) */
     double gemm_compute_s;       /* arithmetic-bound part of the GEMMs */
     double gemm_memory_s;        /* weight-streaming part the arithmetic does not cover */
     double attn_s;               /* attention (max of KV reads and arithmetic) */
@@ -51,6 +51,15 @@ struct pd_workload {
     double rate;                 /* requests/s arriving at the whole deployment; 0: none (queue-free) */
     int64_t concurrency;         /* closed loop: clients, each sending its next request when its last one
                                     finishes; 0: open loop (exclusive with rate) */
+    int lockstep;                /* closed loop, aggregated: the clients send equal requests and start
+                                    together (lockstep.h); 0: at random phases (mean value analysis) */
+    int64_t num_prompts;         /* lockstep: requests in all, as a benchmark's --num-prompts counts them
+                                    (concurrency of them = one wave); 0: the steady state */
+    int64_t prefill_max_requests;   /* lockstep: prompts one step may carry chunks of (SGLang's
+                                       --prefill-max-requests); 0: as many as the step's budget holds */
+    int prefill_first;           /* lockstep: a step with prompts waiting carries only prompt tokens, the
+                                    decodes waiting for it (SGLang's default schedule); 0: decode tokens
+                                    first, prompts in the rest of the budget (vLLM's chunked prefill) */
 };
 
 /* A closed loop of C clients (pd_perf_closed): the steady state's figures. */
@@ -73,7 +82,7 @@ const char *pd_closed_limit_name(enum pd_closed_limit l);
 struct pd_agg {
     int64_t batch;               /* decoding sequences per DP rank */
     int64_t batch_cap;           /* the most the KV pool and max-num-seqs allow */
-    int64_t chunk;               /* prompt tokens a mixed step carries: max-num-batched-tokens - batch x (1 + mtp) */
+    int64_t chunk;               /* prompt tokens a mixed step carries: max-num-batched-tokens - batch x (1 + k) */
     int64_t chunks;              /* mixed steps one prompt needs */
     struct pd_step decode_step;  /* decode alone at batch */
     struct pd_step mixed_step;   /* decode at batch with a full chunk */
@@ -104,7 +113,8 @@ struct pd_perf {
     int64_t batch;                     /* sequences per decode DP rank */
     int64_t batch_cap;                 /* the most the KV pool (and max-num-seqs) allows */
     struct pd_step decode_step;        /* at the mean context isl + osl/2 */
-    double tokens_per_step;            /* 1 + mtp acceptance */
+    struct pd_mtp mtp;                 /* the drafts per step and their acceptance */
+    double tokens_per_step;            /* pd_perf_tokens_per_step */
     double tpot_s;
     double user_tok_s;                 /* 1 / tpot */
     double decode_tok_s_card;          /* output tokens/s per card */
@@ -119,8 +129,15 @@ struct pd_perf {
 };
 
 void pd_workload_default(struct pd_workload *w);
+/* Speculative decoding (mtp.h) as the plan runs it: the tokens each decoding sequence puts
+ * through the main model per step (1 + the plan's drafts k), and the tokens a step yields per
+ * sequence (pd_mtp_tokens_per_step: 1 + sum_j prod_{i<=j} a_i). Every TPOT divides by the second. */
+int64_t pd_perf_decode_tokens(const struct pd_plan *p);
+double pd_perf_tokens_per_step(const struct pd_plan *p);
 /* One step of role r's DP rank: `tokens` new tokens per sequence, `seqs` sequences, each
- * with `ctx` tokens already cached (decode: tokens = 1 + mtp). */
+ * with `ctx` tokens already cached (decode: tokens = pd_perf_decode_tokens; with the MTP layer
+ * loaded the step is the main model's verification of those tokens plus the draft passes of the
+ * MTP layer, perf.c). */
 void pd_perf_step(const struct pd_plan *p, enum pd_role r, int64_t seqs, int64_t tokens, int64_t ctx,
                   struct pd_step *s);
 /* A step that mixes decode sequences (dec) and prompt chunks (pre) in one forward pass, as

@@ -418,6 +418,58 @@ static int check_opts(const struct pd_plan_opts *o, pd_err *e)
     return 0;
 }
 
+/* Speculative decoding (mtp.h): k drafts per step and the acceptance of each position, from the
+ * measured counters (spec_stats), the --mtp-acceptance list, or the hardware file's one rate. */
+static int resolve_mtp(struct pd_plan *p, const struct pd_plan_opts *o, pd_err *e)
+{
+    struct pd_mtp m = {0};
+    int rc, n = 0;
+    memset(&p->mtp, 0, sizeof p->mtp);
+    if (o->spec_stats && o->mtp_acceptance)
+        return pd_err_set(e, PD_EINVAL, "--spec-stats and --mtp-acceptance: the measured acceptance or a given one, "
+                          "not both");
+    if (o->spec_k < 0 || o->spec_k > PD_MTP_MAX_K)
+        return pd_err_set(e, PD_EINVAL, "num_speculative_tokens %d: must be in [1, %d]", o->spec_k, PD_MTP_MAX_K);
+    if (!p->include_mtp) {
+        const char *flag = o->spec_k ? "--speculative-config" : o->spec_stats ? "--spec-stats"
+                           : o->mtp_acceptance ? "--mtp-acceptance" : NULL;
+        if (flag)
+            return pd_err_set(e, PD_EINVAL, "%s: no MTP layer is loaded (%s)", flag,
+                              p->model.n_mtp_layers > 0 ? "--mtp off" : "the model has none");
+        snprintf(p->mtp_source, sizeof p->mtp_source, "no MTP layer");
+        return 0;
+    }
+    if (o->spec_stats) {
+        if ((rc = pd_mtp_stats_load(o->spec_stats, &m, e)))
+            return rc;
+        n = m.k;
+        snprintf(p->mtp_source, sizeof p->mtp_source, "measured (%.80s)", o->spec_stats);
+    } else if (o->mtp_acceptance) {
+        if ((rc = pd_mtp_parse_list("--mtp-acceptance", o->mtp_acceptance, &m, e)))
+            return rc;
+        n = m.k;
+        snprintf(p->mtp_source, sizeof p->mtp_source, "--mtp-acceptance");
+    } else {
+        m.a[0] = p->hw.eff.mtp_acceptance;
+        n = 1;
+        snprintf(p->mtp_source, sizeof p->mtp_source, "the hardware file's mtp_acceptance");
+    }
+    int k = o->spec_k > 0 ? o->spec_k : n;
+    if (n == 1) {                  /* one rate: every position's */
+        for (int j = 1; j < k; j++)
+            m.a[j] = m.a[0];
+    } else if (k > n) {
+        return pd_err_set(e, PD_EINVAL, "%s: acceptance for %d draft positions, but num_speculative_tokens is %d",
+                          o->spec_stats ? o->spec_stats : "--mtp-acceptance", n, k);
+    } else if (k < n && !o->spec_stats) {
+        return pd_err_set(e, PD_EINVAL, "--mtp-acceptance: %d rates for num_speculative_tokens %d (give one rate, or "
+                          "one per position)", n, k);
+    }
+    m.k = k;                       /* a measured longer round: its first k positions */
+    p->mtp = m;
+    return 0;
+}
+
 int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e)
 {
     memset(p, 0, sizeof *p);
@@ -455,7 +507,7 @@ int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e)
     int64_t flat = o->kv_bytes_per_token > 0 ? o->kv_bytes_per_token : p->model.kv_bytes_per_token;
     if ((rc = pd_kv_size_init(&p->kv, &p->model, o->kv_dtype, p->include_mtp, flat, e)))
         goto fail;
-    if ((rc = load_role_stats(p, o, e)))
+    if ((rc = load_role_stats(p, o, e)) || (rc = resolve_mtp(p, o, e)))
         goto fail;
     p->nodes = o->nodes > 0 ? o->nodes : p->hw.cluster_nodes;
     p->cards_total = p->nodes * p->hw.cards_per_node;

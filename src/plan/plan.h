@@ -12,6 +12,7 @@
 #include "plan/hardware.h"
 #include "plan/inventory.h"
 #include "plan/kvsize.h"
+#include "plan/mtp.h"
 #include "plan/placement.h"
 #include "plan/quant.h"
 
@@ -42,6 +43,11 @@ struct pd_plan_opts {
     enum pd_kv_dtype kv_dtype;
     int64_t kv_bytes_per_token;  /* > 0 overrides the architecture */
     int mtp;                     /* -1: when the model has MTP layers; 0 or 1 */
+    int spec_k;                  /* draft tokens per decode step (--speculative-config); 0: as many as
+                                    spec_stats or mtp_acceptance count, else 1 */
+    const char *spec_stats;      /* measured acceptance per draft position (mtp.h: pdmoe generate
+                                    --spec-stats FILE, or a /metrics scrape) */
+    const char *mtp_acceptance;  /* "a1[,a2,...]": per-position acceptance instead of the hardware file's */
     int64_t runtime[2];          /* -1: the hardware file's default */
     int nodes;                   /* 0: the hardware file's cluster_nodes */
     const char *expert_stats;    /* tokens routed per layer and expert (pdmoe generate --expert-stats,
@@ -122,6 +128,8 @@ struct pd_plan {
     struct pd_inventory inv;
     struct pd_kv_size kv;
     int include_mtp;
+    struct pd_mtp mtp;             /* speculative decoding: k = 0 without the MTP layer */
+    char mtp_source[96];           /* where mtp.a comes from */
     struct pd_expert_load *load[2];   /* each role's counts from the expert stats; NULL: none (the
                                          two may be one) */
     int nodes, cards_total, cards_used;

@@ -103,6 +103,7 @@ int pd_quant_init(struct pd_quant *q, const char *scheme, const char *overrides,
     q->fp8_scale_bytes = ue8m0_scales ? 1 : 4;
     if (pd_fmt_parse(scheme, &q->linear) || q->linear == PD_FMT_F32)
         return pd_err_set(e, PD_EINVAL, "--quant %s: unknown scheme (w8a8, w4a8, fp8, fp4, bf16)", scheme);
+    q->w8a8_groups = q->linear == PD_FMT_W8A8 || q->linear == PD_FMT_W4A8;
     if (q->linear == PD_FMT_W4A8) {      /* routed experts int4, the rest W8A8 (quant.h) */
         q->linear = PD_FMT_W8A8;
         q->group_fmt[PD_G_ROUTED_EXPERTS] = PD_FMT_W4A8;

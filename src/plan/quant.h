@@ -8,10 +8,16 @@
  *   w4a8  int4, two per byte, + fp32 scale per output row   out*ceil(in/2) + 4*out
  *         (msModelSlim's W4A8 per-channel: weights int4, activations int8 per token)
  *   bf16  2 bytes per value
- * A scheme applies its format to the weight matrices of linear layers (attention projections,
- * indexer query, experts, shared experts, MTP projections); everything else keeps the dtype it
- * has in the released checkpoints (embedding/head/norms/router/compressor bf16, mHC and
- * attention sinks fp32), unless a per-group override says otherwise.
+ * A scheme applies its format to the matrices its deployments quantise; everything else keeps the
+ * dtype it has in the released checkpoints (embedding/head/norms/router/compressor bf16, mHC and
+ * attention sinks fp32), unless a per-group override or a preset's quantize_groups says otherwise.
+ * Which matrices those are (plan/inventory.h, pd_inventory_w8a8_role):
+ *   fp8, fp4, bf16  what DeepSeek's release stores in FP8: the attention's wq_a, wq_b, wkv, wo_a,
+ *                   wo_b, the indexer's wq_b, the experts, the MTP projections;
+ *   w8a8, w4a8      what a W8A8 deployment of V4 quantises (vLLM-Ascend's DeepSeek-V4 W8A8/W4A8
+ *                   rules, the msModelSlim format): wq_b, wo_b, the indexer's wq_b, the experts
+ *                   and the MTP projections; wq_a, wkv and wo_a (FP8 in the release) in bf16.
+ *   DeepSeek-V3 keeps one list for every scheme (every linear layer's matrix).
  *
  * The scheme w4a8 is the one Ascend deployments ship (msModelSlim's W4A8 config for V4: the
  * routed experts int4 per output channel, everything else W8A8): linear format w8a8 with the
@@ -37,6 +43,7 @@ struct pd_quant {
     enum pd_fmt group_fmt[PD_G_COUNT];  /* per-group override of matrices, or PD_FMT_NONE */
     int fp8_block;                      /* 128 */
     int fp8_scale_bytes;                /* 1 (ue8m0) or 4 (fp32) */
+    int w8a8_groups;                    /* 1: quantises what a W8A8 deployment does (w8a8, w4a8) */
 };
 
 const char *pd_fmt_name(enum pd_fmt f);

@@ -131,7 +131,7 @@ static int layout_cands(struct pd_plan *p, const struct pd_search_opts *so, enum
             steps[0] = 0;
             for (int64_t b = 1; b <= n_steps; b++) {
                 struct pd_step st;
-                pd_perf_step(p, PD_ROLE_DECODE, b, 1 + (p->include_mtp ? 1 : 0),
+                pd_perf_step(p, PD_ROLE_DECODE, b, pd_perf_decode_tokens(p),
                              w.decode_ctx > 0 ? w.decode_ctx : w.isl + w.osl / 2, &st);
                 steps[b] = st.total_s;
             }

@@ -36,8 +36,8 @@ static int agg_better(const struct pd_agg_layout *a, const struct pd_agg_layout 
 static int agg_layout(struct pd_plan *p, const struct pd_search_opts *so, const struct pd_role_opts *o,
                       struct pd_search *s, pd_err *e)
 {
-    const int ep = o->dp * o->tp, k = 1 + (p->include_mtp ? 1 : 0);
-    const double tps = 1 + (p->include_mtp ? 1 : 0) * p->hw.eff.mtp_acceptance, req = p->hw.eff.request_s;
+    const int ep = o->dp * o->tp, k = (int)pd_perf_decode_tokens(p);
+    const double tps = pd_perf_tokens_per_step(p), req = p->hw.eff.request_s;
     struct pd_agg_curve curve = {0};
     int rc = 0;
     for (int nb = 0; nb < N_BATCHES; nb++) {

@@ -1,6 +1,9 @@
 /* Published deployments -> predictions and errors (validate.h). */
 #include "plan/validate.h"
+#include "plan/lockstep.h"
 #include "model/jsonf.h"
+
+#include <jansson.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -57,35 +60,16 @@ static int is_metric(const char *m)
     return 0;
 }
 
-/* A pending case: its model, hardware and quantisation must exist (a typo is an error, not a
- * silent skip); nothing is predicted. */
-static int check_pending(const char *label, struct pd_valcase *v, const char *model, const char *hw,
-                         const char *quant, const char *qovr, pd_err *e)
-{
-    struct pd_model m;
-    struct pd_hardware h;
-    struct pd_quant q;
-    int rc;
-    if ((rc = pd_model_load(model, &m, e)) || (rc = pd_hardware_load(hw, &h, e)) ||
-        (rc = pd_quant_init(&q, quant, qovr, 1, e))) {
-        pd_err_prefix(e, "%s: case \"%s\": ", label, v->name);
-        return rc;
-    }
-    v->predicted = v->error = NAN;
-    return 0;
-}
-
 static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *e)
 {
     struct pd_jsrc s = {label, ""};
-    char model[64], hw[64], quant[16], qovr[128], kvdt[16];
+    char model[64], hw[64], quant[16], qovr[128], kvdt[16], phase[16], sched[16];
     int rc, mtp;
     struct pd_plan_opts o;
     pd_plan_opts_default(&o);
     struct pd_workload w;
     pd_workload_default(&w);
     double min_user = 0, imbalance = 0;
-    struct pd_role_opts agg = {0};
     json_t *aggj = json_object_get(c, "aggregated");
     if ((rc = pd_json_bool(&s, c, "mtp", 0, -1, &mtp, e)) ||
         (rc = pd_json_str(&s, c, "pending", 0, "", v->pending, sizeof v->pending, e)) ||
@@ -111,8 +95,24 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
         (rc = pd_json_num(&s, c, "imbalance", 0, 0, 1, 64, &imbalance, e)) ||
         (rc = pd_json_int(&s, c, "max_num_batched_tokens", 0, 4096, 1, 1 << 30, &o.max_num_batched_tokens, e)) ||
         (rc = pd_json_int(&s, c, "max_num_seqs", 0, 256, 1, 1 << 20, &o.max_num_seqs, e)) ||
-        (rc = pd_json_int(&s, c, "max_model_len", 0, 8192, 1, 1 << 30, &o.max_model_len, e)))
+        (rc = pd_json_int(&s, c, "max_model_len", 0, 8192, 1, 1 << 30, &o.max_model_len, e)) ||
+        (rc = pd_json_str(&s, c, "phase", 0, "random", phase, sizeof phase, e)) ||
+        (rc = pd_json_int(&s, c, "num_prompts", 0, 0, 0, 1 << 30, &w.num_prompts, e)) ||
+        (rc = pd_json_int(&s, c, "prefill_max_requests", 0, 0, 0, 1 << 20, &w.prefill_max_requests, e)) ||
+        (rc = pd_json_str(&s, c, "schedule", 0, "decode-first", sched, sizeof sched, e)) ||
+        (rc = pd_json_i32(&s, c, "num_speculative_tokens", 0, 0, 0, 16, &o.spec_k, e)))
         return rc;
+    if (o.spec_k && !mtp)
+        return pd_err_set(e, PD_EINVAL, "%s: case \"%s\": field \"num_speculative_tokens\" needs \"mtp\": true", label,
+                          v->name);
+    if (strcmp(sched, "decode-first") != 0 && strcmp(sched, "prefill-first") != 0)
+        return pd_err_set(e, PD_EINVAL, "%s: case \"%s\": field \"schedule\": expected decode-first or prefill-first, got "
+                          "\"%s\"", label, v->name, sched);
+    w.prefill_first = strcmp(sched, "prefill-first") == 0;
+    if (strcmp(phase, "random") != 0 && strcmp(phase, "lockstep") != 0)
+        return pd_err_set(e, PD_EINVAL, "%s: case \"%s\": field \"phase\": expected random or lockstep, got \"%s\"", label,
+                          v->name, phase);
+    w.lockstep = strcmp(phase, "lockstep") == 0;
     v->concurrency = w.concurrency;
     if (!is_metric(v->metric))
         return pd_err_set(e, PD_EINVAL, "%s: case \"%s\": field \"metric\": expected prefill_tokens_per_s_node, "
@@ -124,24 +124,20 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
     if (pd_kv_parse_dtype(kvdt, &o.kv_dtype))
         return pd_err_set(e, PD_EINVAL, "%s: case \"%s\": field \"kv_cache_dtype\": expected fp8 or bf16", label, v->name);
     if (aggj) {
-        /* colocated prefill and decode: recorded as published, not modelled (yet) */
-        if (!v->pending[0])
-            return pd_err_set(e, PD_EINVAL, "%s: case \"%s\": field \"aggregated\": the performance model has no "
-                              "aggregated layouts yet; say why the case waits for them in field \"pending\"", label,
-                              v->name);
-        if ((rc = role_opts(label, c, "aggregated", &agg, e)))
+        /* colocated prefill and decode: the aggregated model (agg.c, lockstep.c) */
+        if ((rc = role_opts(label, c, "aggregated", &o.role[PD_ROLE_DECODE], e)))
             return rc;
-        snprintf(v->layout, sizeof v->layout, "aggregated %d x DP%d TP%d (EP%d)", agg.instances, agg.dp, agg.tp,
-                 agg.dp * agg.tp);
-        return check_pending(label, v, model, hw, quant, qovr, e);
+        o.aggregated = 1;
+        const struct pd_role_opts *a = &o.role[PD_ROLE_DECODE];
+        snprintf(v->layout, sizeof v->layout, "aggregated %d x DP%d TP%d (EP%d)", a->instances, a->dp, a->tp,
+                 a->dp * a->tp);
+    } else {
+        if ((rc = role_opts(label, c, "prefill", &o.role[PD_ROLE_PREFILL], e)) ||
+            (rc = role_opts(label, c, "decode", &o.role[PD_ROLE_DECODE], e)))
+            return rc;
+        snprintf(v->layout, sizeof v->layout, "P %d x EP%d, D %d x EP%d", o.role[0].instances,
+                 o.role[0].dp * o.role[0].tp, o.role[1].instances, o.role[1].dp * o.role[1].tp);
     }
-    if ((rc = role_opts(label, c, "prefill", &o.role[PD_ROLE_PREFILL], e)) ||
-        (rc = role_opts(label, c, "decode", &o.role[PD_ROLE_DECODE], e)))
-        return rc;
-    snprintf(v->layout, sizeof v->layout, "P %d x EP%d, D %d x EP%d", o.role[0].instances,
-             o.role[0].dp * o.role[0].tp, o.role[1].instances, o.role[1].dp * o.role[1].tp);
-    if (v->pending[0])
-        return check_pending(label, v, model, hw, quant, qovr, e);
     o.model = model;
     o.hardware = hw;
     o.quant = quant;
@@ -159,6 +155,12 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
     v->imbalance = imbalance;
     v->cached = w.cached;
     rc = min_user > 0 ? batch_for_speed(&p, &w, min_user, &v->perf, e) : pd_perf_eval(&p, &w, &v->perf, e);
+    if (!rc && w.lockstep && o.aggregated) {   /* the busiest rank's run, for the breakdown */
+        struct pd_closed again;
+        pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &again, &v->lock);
+    }
+    if (rc)
+        pd_err_prefix(e, "%s: case \"%s\": ", label, v->name);
     if (!rc) {
         int cpn = p.hw.cards_per_node;
         const struct pd_perf *f = &v->perf;
@@ -221,6 +223,15 @@ static const char *metric_title(const char *m)
     return "output tokens/s per user";
 }
 
+/* One step's terms, as the breakdown lines print them. */
+static void step_terms(FILE *o, const struct pd_step *s)
+{
+    fprintf(o, "GEMM %.2f ms (arithmetic) + %.2f ms (weight reads), attention %.2f ms, dispatch/combine %.2f ms, "
+               "overhead %.2f ms -> %.2f ms",
+            s->gemm_compute_s * 1e3, s->gemm_memory_s * 1e3, s->attn_s * 1e3, s->a2a_s * 1e3, s->overhead_s * 1e3,
+            s->total_s * 1e3);
+}
+
 char *pd_validate_markdown(const struct pd_valcase *c, int n)
 {
     char *buf = NULL;
@@ -232,14 +243,11 @@ char *pd_validate_markdown(const struct pd_valcase *c, int n)
     fprintf(o, "|---|---|---|---:|---:|---:|---|\n");
     for (int i = 0; i < n; i++) {
         int pre = strcmp(c[i].metric, "prefill_tokens_per_s_node") == 0;
-        if (c[i].pending[0]) {
-            fprintf(o, "| %s (pending) | %s | %s | %.0f | - | - | - |\n", c[i].name, c[i].layout, metric_title(c[i].metric),
-                    c[i].published);
-            continue;
-        }
-        fprintf(o, "| %s%s | %s | %s | %.0f | %.0f | %+.1f%% | %s |\n", c[i].name, c[i].known_miss[0] ? " (known miss)" : "",
-                c[i].layout, metric_title(c[i].metric), c[i].published, c[i].predicted,
-                100 * c[i].error, pd_bound_name(pre ? c[i].perf.prefill_bound : c[i].perf.decode_bound));
+        fprintf(o, "| %s%s | %s | %s | %.0f | %.0f | %+.1f%% | %s |\n", c[i].name,
+                c[i].pending[0] ? " (pending)" : c[i].known_miss[0] ? " (known miss)" : "", c[i].layout,
+                metric_title(c[i].metric), c[i].published, c[i].predicted, 100 * c[i].error,
+                pd_bound_name(c[i].lock.steps > 0 ? c[i].lock.decode_step.bound   /* the loop's decode step */
+                              : pre ? c[i].perf.prefill_bound : c[i].perf.decode_bound));
     }
     fprintf(o, "\nPer case: the publication, what pdmoe assumed where it is silent, and the model's terms.\n\n");
     for (int i = 0; i < n; i++) {
@@ -248,19 +256,35 @@ char *pd_validate_markdown(const struct pd_valcase *c, int n)
         const struct pd_step *s = pre ? &f->prefill_step : &f->decode_step;
         fprintf(o, "- **%s**. Source: %s.%s%s%s%s\n", c[i].name, c[i].source, c[i].assumed[0] ? " Assumed: " : "",
                 c[i].assumed, c[i].known_miss[0] ? " **Known miss:** " : "", c[i].known_miss);
-        if (c[i].pending[0]) {
-            fprintf(o, "  **Pending:** %s\n", c[i].pending);
-            continue;
+        if (c[i].concurrency > 0) {
+            const struct pd_closed *k = &f->closed;
+            fprintf(o, "  Closed loop of %lld clients, %s: TTFT %.1f ms, TPOT %.2f ms (%.1f tokens/s per user), "
+                       "mean decode batch %.2f per DP rank, %.0f output tokens/s.\n",
+                    (long long)c[i].concurrency, f->w.lockstep ? "in lockstep (lockstep.c)" : "at random phases (mean value analysis)",
+                    k->ttft_s * 1e3, k->tpot_s * 1e3, 1 / k->tpot_s, k->batch, k->tok_s);
         }
-        fprintf(o, "  Step of one DP rank (%lld tokens): GEMM %.2f ms (arithmetic) + %.2f ms (weight reads), "
-                   "attention %.2f ms, dispatch/combine %.2f ms, overhead %.2f ms -> %.2f ms",
-                (long long)s->tokens, s->gemm_compute_s * 1e3, s->gemm_memory_s * 1e3, s->attn_s * 1e3, s->a2a_s * 1e3,
-                s->overhead_s * 1e3, s->total_s * 1e3);
-        if (!pre)
-            fprintf(o, "; batch %lld per GPU, %.1f tokens/s per user", (long long)f->batch, f->user_tok_s);
-        if (c[i].imbalance > 0)
-            fprintf(o, "; busiest/mean expert load %.2f as published", c[i].imbalance);
-        fprintf(o, ".\n");
+        if (c[i].lock.steps > 0) {
+            const struct pd_lockstep *l = &c[i].lock;
+            fprintf(o, "  Busiest DP rank: %lld clients x %lld requests in %.2f s, %lld steps, %lld of them with prompt "
+                       "tokens (%.2f s), decode-only %.2f s. First step (%lld prompt tokens): ",
+                    (long long)l->clients, (long long)l->requests, l->duration_s, (long long)l->steps,
+                    (long long)l->mixed_steps, l->mixed_s, l->decode_s, (long long)l->first_step.tokens);
+            step_terms(o, &l->first_step);
+            fprintf(o, ". Decode step of %lld sequences (%lld tokens): ", (long long)l->clients,
+                    (long long)l->decode_step.tokens);
+            step_terms(o, &l->decode_step);
+            fprintf(o, ".\n");
+        } else {
+            fprintf(o, "  Step of one DP rank (%lld tokens): ", (long long)s->tokens);
+            step_terms(o, s);
+            if (!pre)
+                fprintf(o, "; batch %lld per GPU, %.1f tokens/s per user", (long long)f->batch, f->user_tok_s);
+            if (c[i].imbalance > 0)
+                fprintf(o, "; busiest/mean expert load %.2f as published", c[i].imbalance);
+            fprintf(o, ".\n");
+        }
+        if (c[i].pending[0])
+            fprintf(o, "  **Pending:** %s\n", c[i].pending);
         if (pre && c[i].cached > 0)
             fprintf(o, "  Computed (uncached) tokens per node: published %.0f x (1 - %.3f) = %.0f, predicted %.0f: "
                        "the publication runs at %.2f of the predicted capacity.\n",
@@ -269,4 +293,37 @@ char *pd_validate_markdown(const struct pd_valcase *c, int n)
     }
     fclose(o);
     return buf;
+}
+
+static json_t *step_obj(const struct pd_step *s)
+{
+    return json_pack("{s:I,s:f,s:f,s:f,s:f,s:f,s:f}", "tokens", (json_int_t)s->tokens, "gemm_compute_s", s->gemm_compute_s,
+                     "gemm_memory_s", s->gemm_memory_s, "attention_s", s->attn_s, "a2a_s", s->a2a_s, "overhead_s",
+                     s->overhead_s, "total_s", s->total_s);
+}
+
+void *pd_validate_json(const struct pd_valcase *c, int n)
+{
+    json_t *arr = json_array();
+    for (int i = 0; arr && i < n; i++) {
+        const char *status = c[i].pending[0] ? "pending" : c[i].known_miss[0] ? "known_miss" : "checked";
+        json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:f,s:f,s:f,s:b,s:s}", "name", c[i].name, "metric", c[i].metric,
+                              "layout", c[i].layout, "status", status, "published", c[i].published, "predicted",
+                              c[i].predicted, "error", c[i].error, "within_target", fabs(c[i].error) <= 0.25,
+                              "reason", c[i].pending[0] ? c[i].pending : c[i].known_miss);
+        if (!o)
+            continue;
+        json_object_set_new(o, "perf", pd_perf_json(&c[i].perf));
+        if (c[i].lock.steps > 0) {
+            const struct pd_lockstep *l = &c[i].lock;
+            json_object_set_new(o, "lockstep",
+                                json_pack("{s:I,s:I,s:f,s:I,s:I,s:f,s:f,s:o,s:o}", "clients", (json_int_t)l->clients,
+                                          "requests", (json_int_t)l->requests, "duration_s", l->duration_s, "steps",
+                                          (json_int_t)l->steps, "prompt_steps", (json_int_t)l->mixed_steps,
+                                          "prompt_steps_s", l->mixed_s, "decode_steps_s", l->decode_s, "first_step",
+                                          step_obj(&l->first_step), "decode_step", step_obj(&l->decode_step)));
+        }
+        json_array_append_new(arr, o);
+    }
+    return arr;
 }

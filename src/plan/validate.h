@@ -13,14 +13,15 @@
 #define PD_PLAN_VALIDATE_H
 
 #include "core/err.h"
+#include "plan/lockstep.h"
 #include "plan/perf.h"
 
 struct pd_valcase {
     char name[160];
     char source[768];
-    char assumed[768];
+    char assumed[1536];
     char known_miss[512];     /* why a case cannot be met, when the file says so */
-    char pending[768];        /* why the model cannot predict the case yet; "" when it can */
+    char pending[2048];       /* why the case does not meet the model yet, measured; "" when it does */
     char metric[64];          /* prefill_tokens_per_s_node, decode_tokens_per_s_node,
                                  output_tokens_per_s or user_tokens_per_s */
     double published, predicted, error;   /* error = predicted / published - 1 (NaN when pending) */
@@ -28,11 +29,15 @@ struct pd_valcase {
     double imbalance;         /* the case's busiest/mean expert load; 0: the hardware file's */
     double cached;            /* fraction of the prompt served from a prefix cache */
     struct pd_perf perf;
+    struct pd_lockstep lock;  /* an aggregated lockstep case: its busiest rank's run */
     char layout[128];         /* "P 1 x EP32, D 1 x EP144", or "aggregated 1 x DP16 TP16 (EP16)" */
 };
 
 /* Runs every case of a validation file's text; *out is malloc'ed ([*n]). */
 int pd_validate_run(const char *text, const char *label, struct pd_valcase **out, int *n, pd_err *e);
 char *pd_validate_markdown(const struct pd_valcase *c, int n);   /* malloc'ed */
+/* The cases as a JSON array (a json_t *): each case's figures, status (checked, known_miss or
+ * pending) and reason, its model terms (pd_perf_json) and, for a lockstep case, its run. */
+void *pd_validate_json(const struct pd_valcase *c, int n);
 
 #endif

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "kernels/gemm.h"
+
 /* stdout of `pdmoe args` (malloc'd) and its exit status. */
 static char *run_out(const char *args, int *status)
 {
@@ -52,6 +54,13 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
         json_t *c = json_array_get(ceil, (size_t)i);
         cr_assert_eq(json_integer_value(json_object_get(c, "threads")), i + 1);
         cr_assert(positive(c, "read_GBps"), "ceiling %d has no bandwidth", i);
+        /* the AMX peak where the CPU has it, else null (never a made-up figure) */
+        json_t *amx = json_object_get(c, "amx_peak_gops");
+        cr_assert_not_null(amx, "ceiling %d has no amx_peak_gops", i);
+        if (pd_gemm_kernel_supported(PD_KERNEL_AMX))
+            cr_assert(positive(c, "amx_peak_gops"), "ceiling %d: AMX here but no peak", i);
+        else
+            cr_assert(json_is_null(amx), "ceiling %d: an AMX peak without AMX", i);
     }
 
     /* expected: gemm 2048x4096 and 4096x14336, moe; each at 1 and 2 threads */

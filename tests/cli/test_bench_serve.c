@@ -10,7 +10,9 @@
 #include <sys/wait.h>
 
 #include "../tmpmodel.h"
+#include "proxy/proxy.h"
 #include "pd/server.h"
+#include "../pd/util.h"
 
 static char dir[64];
 static struct pd_server *srv;
@@ -21,6 +23,18 @@ static void *run_loop(void *arg)
     pd_err e;
     pd_server_run(srv, &e);
     return NULL;
+}
+
+static struct pd_server *pd_instance(int role, pthread_t *t)
+{
+    struct pd_server *s;
+    pd_err e = {0};
+    struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 1024,
+                               .max_num_batched_tokens = 1024, .served_name = "tiny", .role = role,
+                               .kv_timeout_ms = 3000, .prefix_cache_unit = 64};
+    cr_assert_eq(pd_server_create(&o, &s, &e), 0, "%s", e.msg);
+    pthread_create(t, NULL, run_server, s);
+    return s;
 }
 
 /* Runs pdmoe with args; its stdout in out, stderr in err; returns the exit status. */
@@ -70,6 +84,30 @@ Test(bench_serve, max_concurrency_and_json, .timeout = 120)
     cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "ttft"), "samples")), 7);
     cr_assert_eq(json_integer_value(json_object_get(j, "random_output_len")), 4);
     json_decref(j);
+}
+
+/* Requests the server refuses: the run fails (exit 1) and says what the server answered the first of
+ * them, not only that they failed (prompts past max-model-len here). */
+Test(bench_serve, failed_requests_say_what_the_server_said, .timeout = 120)
+{
+    tmp_model("v4-tiny", 5, dir, sizeof dir);
+    pd_err e = {0};
+    struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 64,
+                               .served_name = "tiny"};
+    cr_assert_eq(pd_server_create(&o, &srv, &e), 0, "%s", e.msg);
+    pthread_create(&loop, NULL, run_loop, NULL);
+    char args[512], out[8192], err[2048];
+    snprintf(args, sizeof args, "bench serve --base-url http://127.0.0.1:%d --model tiny --num-prompts 3 "
+             "--random-input-len 200 --random-output-len 4", pd_server_port(srv));
+    int rc = run(args, out, sizeof out, err, sizeof err);
+    pd_server_stop(srv);
+    pthread_join(loop, NULL);
+    pd_server_destroy(srv);
+    srv = NULL;
+    rm_model(dir);
+    cr_assert_eq(rc, 1, "%s\n%s", out, err);
+    cr_assert(strstr(err, "3 of 3 requests failed") && strstr(err, "the first: HTTP 400: {"), "%s", err);
+    cr_assert(strstr(err, "maximum context length is 64 tokens"), "%s", err);
 }
 
 Test(bench_serve, unreachable_url_and_bad_flags)
@@ -123,4 +161,52 @@ Test(bench_serve, datasets_report_the_prefix_cache_hit_rate, .timeout = 300)
     pd_server_destroy(srv);
     srv = NULL;
     rm_model(dir);
+}
+
+/* Through a proxy with a prefill and a decode instance: the decode side's pulls (count, bytes, time)
+ * over the run, their share of the mean TTFT, and the bound on what pulling only the blocks the
+ * decode side lacks could save (the hit rate times that share): one pull per request, bytes and
+ * time positive, the bound below the share. */
+Test(bench_serve, a_pd_run_reports_the_kv_hand_off, .timeout = 300)
+{
+    tmp_model("v4-tiny", 5, dir, sizeof dir);
+    pthread_t tp, td, tx;
+    struct pd_server *P = pd_instance(PD_ROLE_PRODUCER, &tp), *D = pd_instance(PD_ROLE_CONSUMER, &td);
+    char pa[32], da[32];
+    snprintf(pa, sizeof pa, "127.0.0.1:%d", pd_server_port(P));
+    snprintf(da, sizeof da, "127.0.0.1:%d", pd_server_port(D));
+    struct pd_proxy_opts po = {.port = 0, .n_prefill = 1, .n_decode = 1};
+    po.prefill[0] = pa;
+    po.decode[0] = da;
+    struct pd_proxy *X;
+    pd_err e = {0};
+    cr_assert_eq(pd_proxy_create(&po, &X, &e), 0, "%s", e.msg);
+    pthread_create(&tx, NULL, run_proxy, X);
+    char args[640], out[16384], err[2048];
+    snprintf(args, sizeof args, "bench serve --base-url http://127.0.0.1:%d --model tiny --num-prompts 6 "
+             "--max-concurrency 2 --random-input-len 10 --random-output-len 4 --dataset generated-shared-prefix "
+             "--gsp-num-groups 2 --gsp-system-prompt-len 60 --metrics-url http://%s,http://%s --json",
+             pd_proxy_port(X), pa, da);
+    int rc = run(args, out, sizeof out, err, sizeof err);
+    proxy_shutdown(&X, tx);
+    pd_server_stop(P);
+    pd_server_stop(D);
+    pthread_join(tp, NULL);
+    pthread_join(td, NULL);
+    pd_server_destroy(P);
+    pd_server_destroy(D);
+    rm_model(dir);
+    cr_assert_eq(rc, 0, "%s\n%s", out, err);
+    json_error_t je;
+    json_t *j = json_loads(out, 0, &je);
+    cr_assert_not_null(j, "%s", out);
+    cr_assert_eq(json_real_value(json_object_get(j, "kv_pulls")), 6, "%s", out);
+    cr_assert_gt(json_real_value(json_object_get(j, "kv_pull_bytes")), 0);
+    cr_assert_gt(json_real_value(json_object_get(j, "kv_pull_seconds")), 0);
+    double share = json_real_value(json_object_get(j, "kv_pull_over_ttft"));
+    double bound = json_real_value(json_object_get(j, "kv_pull_saving_bound_over_ttft"));
+    double hit = json_real_value(json_object_get(j, "prefix_cache_hit_rate"));
+    cr_assert(share > 0 && hit > 0 && hit < 1, "%s", out);
+    cr_assert_float_eq(bound, hit * share, 1e-12, "%s", out);
+    json_decref(j);
 }

@@ -285,8 +285,36 @@ Test(cli, perf_search_validate)
     run("validate", &r);
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert(strstr(r.out, "| case |"));
+    /* --json: every case with its status; the V4-Flash ones pending with a prediction and a reason */
+    run("validate --json", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    json_error_t je;
+    json_t *cases = json_loads(r.out, 0, &je);
+    cr_assert(json_is_array(cases) && json_array_size(cases) >= 12, "%s", je.text);
+    size_t i, pending = 0;
+    json_t *c;
+    json_array_foreach(cases, i, c) {
+        const char *st = json_string_value(json_object_get(c, "status"));
+        cr_assert(st && json_is_number(json_object_get(c, "predicted")) && json_is_object(json_object_get(c, "perf")));
+        if (strcmp(st, "pending") == 0) {
+            pending++;
+            cr_assert(strstr(json_string_value(json_object_get(c, "name")), "V4-Flash"));
+            cr_assert_gt(strlen(json_string_value(json_object_get(c, "reason"))), 100);
+            cr_assert(json_is_object(json_object_get(c, "lockstep")), "the V4 cases are lockstep loops");
+        }
+    }
+    cr_assert_eq(pending, 4);
+    json_decref(cases);
 
     expect_error("plan --isl 0", "--isl");
+    expect_error("plan --isl 100 --concurrency 4 --phase sync", "--phase sync: expected lockstep or random");
+    expect_error("plan --isl 100 --concurrency 4 --phase lockstep", "--phase lockstep: modelled for aggregated layouts only");
+    expect_error("plan --aggregated dp=8,tp=1,instances=1 --isl 100 --concurrency 4 --num-prompts 6 --phase lockstep",
+                 "--num-prompts 6: a multiple of --concurrency 4");
+    expect_error("plan --aggregated dp=8,tp=1,instances=1 --isl 100 --concurrency 4 --prefill-max-requests 2",
+                 "--prefill-max-requests: modelled in the lockstep closed loop only");
+    expect_error("search --cards 8 --concurrency 4 --phase lockstep", "--phase");
+    expect_error("plan --isl 100 --concurrency 4 --schedule fifo", "--schedule fifo: expected decode-first or prefill-first");
     expect_error("plan --prefix-cache-hit 1.5", "--prefix-cache-hit");
     expect_error("search --cards 1", "--cards");
     expect_error("search --tpot-ms -3", "--tpot-ms");

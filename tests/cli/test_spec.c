@@ -80,8 +80,6 @@ Test(spec_cli, bad_speculative_configs_are_refused_by_name)
     refused("{\"method\":\"mtp\",\"num_speculative_tokens\":9}", "", dir, "num_speculative_tokens");
     refused("{\"num_speculative_tokens\":1}", "", dir, "method");
     refused("{\"method\":\"mtp\"", "", dir, "--speculative-config");
-    refused("{\"method\":\"mtp\",\"num_speculative_tokens\":1}", "--enable-expert-parallel", dir,
-            "--enable-expert-parallel");
 }
 
 Test(spec_cli, a_checkpoint_without_mtp_weights_is_refused_naming_it)
@@ -125,16 +123,7 @@ Test(spec_cli, serve_and_up_check_the_config_and_refuse_what_is_not_supported)
     run(args, &r);
     cr_assert_eq(r.status, 2);
     cr_assert(strstr(r.err, "method \"ngram\""), "%s", r.err);
-    snprintf(args, sizeof args, "serve --model %s --port 0 --role decode "
-             "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":2}'", dir);
-    run(args, &r);
-    cr_assert_neq(r.status, 0);
-    cr_assert(strstr(r.err, "--speculative-config") && strstr(r.err, "PD"), "%s", r.err);
-    snprintf(args, sizeof args, "up --model %s --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":2}'",
-             dir);
-    run(args, &r);
-    cr_assert_eq(r.status, 2);
-    cr_assert(strstr(r.err, "--speculative-config") && strstr(r.err, "disaggregation"), "%s", r.err);
+    /* (PD roles and up run it: tests/pd/test_pd_spec.c, tests/pd/test_up.c) */
     snprintf(args, sizeof args, "up --model %s --speculative-config '{\"method\":\"mtp\",\"extra\":1}'", dir);
     run(args, &r);
     cr_assert_eq(r.status, 2);

@@ -544,7 +544,8 @@ Test(release, convert_cli_refuses_what_it_does_not_do)
 
 Test(release, convert_memory_does_not_grow_with_the_checkpoint, .timeout = 300)
 {
-    /* A 544 MiB checkpoint (a 512 MiB bf16 tensor to copy, a 32 MiB FP8 matrix to convert; the
+    /* A 544 MiB checkpoint (a 512 MiB bf16 tensor to copy, a 32 MiB FP8 matrix to convert, named
+     * as one a W8A8 deployment quantises; the
      * data sparse, so writing it costs nothing): `pdmoe convert` peaks at a quarter of it at most
      * (it reports its VmHWM; about 35 MiB measured without sanitizers). */
     char d[64], out[64], path[256];
@@ -554,8 +555,8 @@ Test(release, convert_memory_does_not_grow_with_the_checkpoint, .timeout = 300)
     const uint64_t nscale = (uint64_t)(R / 128) * (C / 128), nfp8 = (uint64_t)R * C, nbf = (uint64_t)BR * BC * 2;
     char hdr[1024];
     int hl = snprintf(hdr, sizeof hdr,
-                      "{\"big.scale\":{\"dtype\":\"F8_E8M0\",\"shape\":[%lld,%lld],\"data_offsets\":[0,%llu]},"
-                      "\"big.weight\":{\"dtype\":\"F8_E4M3\",\"shape\":[%lld,%lld],\"data_offsets\":[%llu,%llu]},"
+                      "{\"layers.0.attn.wq_b.scale\":{\"dtype\":\"F8_E8M0\",\"shape\":[%lld,%lld],\"data_offsets\":[0,%llu]},"
+                      "\"layers.0.attn.wq_b.weight\":{\"dtype\":\"F8_E4M3\",\"shape\":[%lld,%lld],\"data_offsets\":[%llu,%llu]},"
                       "\"emb.weight\":{\"dtype\":\"BF16\",\"shape\":[%lld,%lld],\"data_offsets\":[%llu,%llu]}}",
                       (long long)(R / 128), (long long)(C / 128), (unsigned long long)nscale, (long long)R, (long long)C,
                       (unsigned long long)nscale, (unsigned long long)(nscale + nfp8), (long long)BR, (long long)BC,
@@ -605,9 +606,10 @@ Test(release, convert_memory_does_not_grow_with_the_checkpoint, .timeout = 300)
     struct pd_st_set s;
     pd_err e = {0};
     cr_assert_eq(pd_st_open_dir(out, PD_ST_HEADER_ONLY, &s, &e), 0, "%s", e.msg);
-    const struct pd_st_tensor *w = pd_st_set_find(&s, "big.weight"), *sc = pd_st_set_find(&s, "big.weight_scale");
+    const struct pd_st_tensor *w = pd_st_set_find(&s, "layers.0.attn.wq_b.weight");
+    const struct pd_st_tensor *sc = pd_st_set_find(&s, "layers.0.attn.wq_b.weight_scale");
     cr_assert(w && sc && w->dtype == PD_ST_I8 && sc->shape[0] == R);
-    cr_assert_null(pd_st_set_find(&s, "big.scale"));
+    cr_assert_null(pd_st_set_find(&s, "layers.0.attn.wq_b.scale"));
     pd_st_close_dir(&s);
     rm_model(d);
     rm_model(out);

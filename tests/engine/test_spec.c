@@ -455,3 +455,57 @@ Test(spec, mtp_without_the_layer_is_refused)
               e.msg);
     rm_model(d2);
 }
+
+/* What an EP group's ranks do (pd_spec_round_steps): drafting steps past a sequence's k, and
+ * whole rounds with no sequence, change nothing: one sequence at k = 1 in rounds of 3 drafting
+ * steps, with an empty round of 3 between each two, gives plain decoding's ids and logits bit for
+ * bit; a round shorter than a sequence's k, or longer than PD_SPEC_MAX_K, is refused by name. */
+Test(spec, drafting_steps_past_k_and_empty_rounds_change_nothing)
+{
+    char d2[64];
+    tmp_model_agree("v4-tiny", 3, 0.7, d2, sizeof d2);
+    struct pd_engine en;
+    open_mtp(&en, d2, 1);
+    const int V = (int)en.model.vocab_size, Vs = V < 1024 ? V : 1024;
+    int32_t ids[P], tok[G];
+    float *ref = malloc((size_t)G * V * sizeof(float)), *ol = malloc((size_t)(PD_SPEC_MAX_K + 1) * V * sizeof(float));
+    cr_assert(ref && ol);
+    prompt(ids, P, 5);
+    plain(&en, ids, tok, ref);
+    struct pd_seq s;
+    struct pd_spec_seq sp, *ss = &sp;
+    struct pd_sampler smp;
+    pd_sampler_init(&smp, 0, 1, 1);
+    struct pd_spec_stats st = {0};
+    pd_err e = {0};
+    cr_assert_eq(pd_seq_start(&en, &s, &e), 0);
+    pd_spec_init(&sp, &s, &smp);
+    sp.out_logits = ol;
+    const int32_t *pr = ids;
+    int pn = P, n = 1;
+    cr_assert_eq(pd_spec_prefill(&en, &ss, &pr, &pn, &ol, 1, &e), 0, "%s", e.msg);
+    cr_assert_eq(greedy_of(ol, Vs), tok[0]);
+    cr_assert_eq(pd_spec_push(&sp, tok[0], &e), 0);
+    while (n < G) {
+        sp.k = G - n - 1 < 1 ? G - n - 1 : 1;
+        cr_assert_eq(pd_spec_round_steps(&en, &ss, 1, Vs, 3, &st, &e), 0, "%s", e.msg);
+        for (int j = 0; j < sp.n_out && n < G; j++, n++) {
+            cr_assert_eq(sp.out[j], tok[n], "token %d", n);
+            cr_assert_eq(memcmp(ol + (size_t)j * V, ref + (size_t)n * V, (size_t)V * sizeof(float)), 0, "logits of %d", n);
+        }
+        cr_assert_eq(pd_spec_round_steps(&en, NULL, 0, Vs, 3, &st, &e), 0, "%s", e.msg);
+    }
+    cr_assert_gt(st.accepted, 10, "%lld drafts accepted", (long long)st.accepted);
+    /* refused: fewer drafting steps than the sequence drafts, or more than PD_SPEC_MAX_K */
+    sp.k = 2;
+    cr_assert_eq(pd_spec_round_steps(&en, &ss, 1, Vs, 1, &st, &e), PD_EINVAL);
+    cr_assert(strstr(e.msg, "drafts 2 tokens, the round 1"), "%s", e.msg);
+    cr_assert_eq(pd_spec_round_steps(&en, NULL, 0, Vs, PD_SPEC_MAX_K + 1, &st, &e), PD_EINVAL);
+    cr_assert(strstr(e.msg, "drafting steps"), "%s", e.msg);
+    pd_spec_free(&sp);
+    pd_seq_end(&en, &s);
+    free(ref);
+    free(ol);
+    pd_engine_close(&en);
+    rm_model(d2);
+}

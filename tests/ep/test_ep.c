@@ -145,31 +145,45 @@ Test(ep, experts_without_tokens_are_covered)
     cr_assert(strstr(buf, "tokens_per_expert"));
 }
 
+/* The plan of an EP group of `ranks` on the suite's checkpoint (every tensor it holds). */
+static void plan_of(int ranks, struct pd_plan *p)
+{
+    struct pd_plan_opts o;
+    pd_err e = {0};
+    pd_plan_opts_default(&o);
+    o.model = NULL;
+    o.checkpoint = dir;
+    o.role[0] = (struct pd_role_opts){.dp = ranks, .tp = 1, .instances = 1};
+    o.role[1] = (struct pd_role_opts){.dp = ranks, .tp = 1, .instances = 1};
+    cr_assert_eq(pd_plan_build(&o, p, &e), 0, "%s", e.msg);
+}
+
+/* Each rank loads the routed experts the plan puts on its card, the MTP layer's among them (the
+ * same placement rule: expert x of every MoE layer on one rank), with or without speculation. */
 Test(ep, rank_weights_equal_the_plan)
 {
-    for (int ranks = 2; ranks <= 4; ranks *= 2) {
-        char cmd[1024], out[8192], err[4096];
-        snprintf(cmd, sizeof cmd, "timeout 120 mpirun -n %d --oversubscribe %s generate --enable-expert-parallel "
-                 "--model %s --prompt hi --max-tokens 1 --threads 1 --report-weights", ranks, bin(), dir);
-        cr_assert_eq(run(cmd, out, sizeof out, err, sizeof err), 0, "%s", err);
-        struct pd_plan_opts o;
-        struct pd_plan p;
-        pd_err e = {0};
-        pd_plan_opts_default(&o);
-        o.model = NULL;
-        o.checkpoint = dir;
-        o.role[0] = (struct pd_role_opts){.dp = ranks, .tp = 1, .instances = 1};
-        o.role[1] = (struct pd_role_opts){.dp = ranks, .tp = 1, .instances = 1};
-        cr_assert_eq(pd_plan_build(&o, &p, &e), 0, "%s", e.msg);
-        for (int k = 0; k < ranks; k++) {
-            char want[160];
-            int64_t ci = pd_placement_rank_bytes(&p.role[0].place, k, p.inv.expert_bytes);
-            snprintf(want, sizeof want, "rank %d weights: class I %" PRId64 " bytes, class II %" PRId64 " bytes", k, ci,
-                     p.role[0].b.class_ii);
-            cr_assert(strstr(out, want), "%d ranks: \"%s\" not in:\n%s", ranks, want, out);
+    const char *spec[2] = {"", "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":2}'"};
+    for (int ranks = 2; ranks <= 4; ranks *= 2)
+        for (int sp = 0; sp < 2; sp++) {
+            char cmd[1024], out[8192], err[4096];
+            snprintf(cmd, sizeof cmd, "timeout 120 mpirun -n %d --oversubscribe %s generate --enable-expert-parallel "
+                     "--model %s --prompt hi --max-tokens 3 --threads 1 --report-weights %s", ranks, bin(), dir,
+                     spec[sp]);
+            cr_assert_eq(run(cmd, out, sizeof out, err, sizeof err), 0, "%s", err);
+            struct pd_plan p;
+            plan_of(ranks, &p);
+            /* the MTP layer's experts are part of the per-card figure */
+            cr_assert(p.include_mtp);
+            cr_assert_eq(p.inv.n_moe_layers, p.model.n_layers + 1);
+            for (int k = 0; k < ranks; k++) {
+                char want[160];
+                int64_t ci = pd_placement_rank_bytes(&p.role[0].place, k, p.inv.expert_bytes);
+                snprintf(want, sizeof want, "rank %d weights: class I %" PRId64 " bytes, class II %" PRId64 " bytes", k,
+                         ci, p.role[0].b.class_ii);
+                cr_assert(strstr(out, want), "%d ranks%s: \"%s\" not in:\n%s", ranks, sp ? " with MTP" : "", want, out);
+            }
+            pd_plan_free(&p);
         }
-        pd_plan_free(&p);
-    }
 }
 
 Test(ep, a_dead_rank_ends_the_group)

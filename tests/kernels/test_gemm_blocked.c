@@ -1,6 +1,6 @@
-/* The blocked AVX-512 GEMM (K blocks of PD_GEMM_KBLOCK bytes, super-blocks of 96 tokens,
- * activation panels) against the portable reference, bit for bit: reductions of one, two and
- * three K blocks with ragged tails, token counts across super-block boundaries with every tail
+/* Every GEMM kernel against the portable reference, bit for bit, on long reductions (the AVX-512
+ * kernel's blocking is tested on odd shapes in test_gemm_vnni.c): reductions of one, two and
+ * three 4 KiB blocks with ragged tails, token counts across super-block boundaries with every tail
  * width, row counts that end mid-tile, the plain and the grouped forms, 1 and 2 threads. */
 #include <criterion/criterion.h>
 #include <stdlib.h>

@@ -4,18 +4,15 @@ oracle of DeepSeek-V4's official forward (issue 19, point 4; docs/validation.md)
 
 The dense oracle checkpoint (tests/oracle/dense.json, mHC comb logits sharpened as in run.sh) is
 generated in variants that differ only in `pdmoe.quantize_groups`, from the same seeded values:
-  B: []                                   head, compressor and indexer projections bf16 (the
-                                          release keeps the head, compressor and gate in fp32 and
-                                          the indexer's weights_proj in bf16)
-  H: ["lm_head"]; C: ["compressor_indexer"]; A: both (today's v4-tiny and v4-flash-mini)
-In every variant the attention matrices (wq_a, wq_b, wkv, wo_a, wo_b), the indexer's wq_b and the
-experts are int8 (the release: FP8 e4m3 with 128 x 128 block scales, experts FP4, wo_a bf16 in the
-code), the router fp32. The reference is the oracle on B (its weights as stored, float64). Each
-row is the engine's logits against that reference over every position of a 64-token prompt, for
-three seeds: 1 - cosine (median and largest) and how often the argmax agrees. `wo_a fp32` is B with
-wo_a's int8 weights written as fp32 (tests/oracle/dequant.py): the same weights, so the row against
-B's W8A8 isolates what quantising wo_a's activations costs. The weight rounding of the head and the
-compressor alone (no activation quantisation) is the oracle on A against the oracle on B.
+  B: []                      the presets as they are: int8 where a W8A8 deployment quantises (wq_b,
+                             wo_b, the indexer's wq_b, experts, MTP projections), bf16 elsewhere (wq_a,
+                             wkv, wo_a, head, compressor, the indexer's weights_proj); router fp32
+  Q: ["attention"]           + wq_a, wkv, wo_a int8 (what the presets did before)
+  H: Q + ["lm_head"]; C: Q + ["compressor_indexer"]; A: Q + both (the presets before issue 19.4)
+The reference is the oracle on B (its weights as stored, float64). Each row is the engine's logits
+against that reference over every position of a 64-token prompt, for three seeds: 1 - cosine
+(median and largest) and how often the argmax agrees. The weight rounding of every former int8
+choice alone (no activation quantisation) is the oracle on A against the oracle on B.
 
   tests/oracle/precision.py [--seeds 1,2,3] [--tokens 64] [--preset FILE]
 (build/pdmoe and build/oracle-dump). --preset models/v4-tiny.json measures the same on a sparse
@@ -37,7 +34,8 @@ sys.path.insert(0, HERE)
 import v4_oracle  # noqa: E402
 from compare import read_dump, cosine  # noqa: E402
 
-VARIANTS = {"B": [], "H": ["lm_head"], "C": ["compressor_indexer"], "A": ["lm_head", "compressor_indexer"]}
+VARIANTS = {"B": [], "Q": ["attention"], "H": ["attention", "lm_head"], "C": ["attention", "compressor_indexer"],
+            "A": ["attention", "lm_head", "compressor_indexer"]}
 
 
 def run(*cmd):
@@ -76,8 +74,6 @@ def main():
                     "--seed", str(seed))
                 if dense:
                     run(sys.executable, os.path.join(HERE, "sharpen.py"), d)
-            dirs["wo_a"] = os.path.join(T, f"woa-{seed}")
-            run(sys.executable, os.path.join(HERE, "dequant.py"), dirs["B"], dirs["wo_a"], "attn.wo_a")
 
             def dump(name, mode):
                 out = os.path.join(T, f"{name}-{mode}-{seed}.bin")
@@ -87,12 +83,12 @@ def main():
             ref, _ = v4_oracle.Oracle(dirs["B"], "bf16").run([int(x) for x in ids.split(",")])
             ref_a, _ = v4_oracle.Oracle(dirs["A"], "bf16").run([int(x) for x in ids.split(",")])
             add("engine float reference, B", dump("B", "ref"), ref)
-            add("engine W8A8, B (head, compressor, indexer projections fp32)", dump("B", "w8a8"), ref)
-            add("engine W8A8, B with wo_a fp32 (same weights, activations unquantised)", dump("wo_a", "w8a8"), ref)
-            add("engine W8A8, H (+ lm_head int8)", dump("H", "w8a8"), ref)
-            add("engine W8A8, C (+ compressor and indexer projections int8)", dump("C", "w8a8"), ref)
-            add("engine W8A8, A (today's presets: both)", dump("A", "w8a8"), ref)
-            add("oracle on A (int8 weights of head and compressor, float activations)", ref_a, ref)
+            add("engine W8A8, B (the presets: int8 where W8A8 deployments quantise)", dump("B", "w8a8"), ref)
+            add("engine W8A8, Q (+ wq_a, wkv, wo_a int8)", dump("Q", "w8a8"), ref)
+            add("engine W8A8, H (Q + lm_head int8)", dump("H", "w8a8"), ref)
+            add("engine W8A8, C (Q + compressor and indexer projections int8)", dump("C", "w8a8"), ref)
+            add("engine W8A8, A (the presets before: all of them)", dump("A", "w8a8"), ref)
+            add("oracle on A (the int8 weights of all of them, float activations)", ref_a, ref)
     print(f"| {os.path.basename(o.preset)}: against the oracle on B ({o.tokens} positions x seeds {o.seeds}) "
           f"| 1 - cos median | 1 - cos max | "
           f"argmax agrees |")

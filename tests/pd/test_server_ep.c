@@ -21,7 +21,7 @@
 #include "sockets.h"
 #include "util.h"
 
-static char dir[64], log_path[96];
+static char dir[64], log_path[96], spec_dir[64];   /* spec_dir: a model whose MTP draft agrees, once made */
 static pid_t group, single, group2;
 static int base_port;
 static const char *group_max_len = "512";   /* --max-model-len of the EP groups */
@@ -65,6 +65,9 @@ static void teardown(void)
             *ps[i] = 0;
         }
     rm_model(dir);
+    if (spec_dir[0])
+        rm_model(spec_dir);
+    spec_dir[0] = 0;
 }
 
 TestSuite(server_ep, .init = setup, .fini = teardown, .timeout = 240);
@@ -642,4 +645,132 @@ Test(server_ep, every_rank_listens_on_the_configured_address_only)
             cr_assert_gt(n, 0, "rank %d of port %d: no listener found at all", k, ports[g]);
         }
     }
+}
+
+/* MTP speculative decoding in an EP group: the MTP layer's experts are spread over the ranks like
+ * every layer's, each owner rank drafts, verifies and rolls back its own sequences, and every rank
+ * takes the group's drafting and verify steps. Six concurrent greedy requests of different lengths
+ * on 2 x 2 sequence slots (so later prompts prefill in rounds where others decode) answer the
+ * tokens of one plain process, the acceptance counts reach rank 0's /metrics, every
+ * pool is full again, and the idle group sleeps. */
+Test(server_ep, mtp_speculation_in_a_group_gives_the_tokens_of_one_plain_process)
+{
+    tmp_model_agree("v4-tiny", 4, 0.7, spec_dir, sizeof spec_dir);
+    int pg = base_port, ps = base_port + 1;
+    char sp[16], sq[16];
+    snprintf(sp, sizeof sp, "%d", pg);
+    snprintf(sq, sizeof sq, "%d", ps);
+    char *plain[] = {(char *)bin(), "serve", "--model", spec_dir, "--port", sq, "--threads", "1", "--max-num-seqs", "8",
+                     "--max-model-len", "512", "--served-model-name", "tiny", NULL};
+    char *spec[] = {"mpirun", "-n", "2", "--oversubscribe", (char *)bin(), "serve", "--model", spec_dir,
+                    "--enable-expert-parallel", "--data-parallel-size", "2", "--port", sp, "--threads", "1",
+                    "--max-num-seqs", "2", "--max-model-len", "512", "--served-model-name", "tiny",
+                    "--speculative-config", "{\"method\":\"mtp\",\"num_speculative_tokens\":3}", NULL};
+    single = launch(plain, ps);
+    group = launch(spec, pg);
+    char *want[N_REQ], *got[N_REQ];
+    run_requests(ps, want);
+    run_requests(pg, got);
+    for (int i = 0; i < N_REQ; i++) {
+        cr_assert_str_eq(got[i], want[i], "request %d: EP group with MTP %s, one plain process %s", i, got[i], want[i]);
+        free(want[i]);
+        free(got[i]);
+    }
+    int drafts = metric_port(pg, "pdmoe_spec_decode_num_drafts_total");
+    int accepted = metric_port(pg, "pdmoe_spec_decode_num_accepted_tokens_total");
+    cr_assert_gt(drafts, 0);
+    cr_assert_gt(accepted, drafts / 2, "%d accepted of %d drafts at agreement 0.7", accepted, drafts);
+    int per_pos = 0;
+    for (int j = 0; j < 3; j++) {
+        char name[128];
+        snprintf(name, sizeof name, "pdmoe_spec_decode_num_accepted_tokens_per_pos_total{position=\"%d\"}", j);
+        per_pos += metric_port(pg, name);
+    }
+    cr_assert_eq(per_pos, accepted);
+    /* a round yields its accepted drafts and one token more per sequence */
+    cr_assert_eq(metric_port(pg, "pdmoe_generation_tokens_total"), 24 + 8 + 40 + 16 + 3 + 30);
+    for (int k = 0; k < 2; k++) {
+        cr_assert_gt(labelled(pg, "pdmoe_rank_requests_total", k), 0, "rank %d held no sequence", k);
+        cr_assert_eq(labelled(pg, "pdmoe_rank_kv_blocks_free", k), labelled(pg, "pdmoe_rank_kv_blocks_total", k),
+                     "rank %d", k);
+    }
+    cr_assert_eq(metric_port(pg, "pdmoe_kv_slots_free"), 4);
+    pid_t r[2];
+    rank_pids(pg, r);
+    double c0[2] = {cpu_seconds(r[0]), cpu_seconds(r[1])};
+    sleep(2);
+    for (int k = 0; k < 2; k++) {
+        double used = cpu_seconds(r[k]) - c0[k];
+        cr_assert_lt(used, 0.2, "idle rank %d used %.2f s of CPU in 2 s", k, used);
+    }
+}
+
+/* A prompt of several cache units (256 tokens): `words` numbered words after a salt. */
+static char *long_prompt(int words, int salt)
+{
+    char *p = malloc((size_t)words * 16 + 64), *w = p;
+    w += sprintf(w, "Story %d:", salt);
+    for (int i = 0; i < words; i++)
+        w += sprintf(w, " w%d", (i * 7 + salt) % 997);
+    return p;
+}
+
+/* A greedy completion of `prompt` on `port`: its token ids (JSON) in ids, its prompt length. */
+static int complete_on(int port, const char *prompt, int max_tokens, char *ids, size_t cap)
+{
+    char *body = malloc(strlen(prompt) + 256), *out = malloc(1 << 16);
+    sprintf(body, "{\"model\":\"tiny\",\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,"
+            "\"return_token_ids\":true}", prompt, max_tokens);
+    cr_assert_eq(curl_port(port, "/v1/completions", body, "--max-time 120", out, 1 << 16), 200, "%s", out);
+    json_t *j = parse(out);
+    char *a = json_dumps(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "token_ids"), JSON_COMPACT);
+    snprintf(ids, cap, "%s", a);
+    int np = (int)json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens"));
+    free(a);
+    json_decref(j);
+    free(body);
+    free(out);
+    return np;
+}
+
+/* Prefix caching in an EP group (on by default): each rank caches its own sequences' prefixes in
+ * its own pool, rank 0 sends a prompt to the rank holding its prefix, a cached prefix gives the
+ * completion of a server without the cache, and rank 0's /metrics counts the group's queries and
+ * hits in tokens; idle, every rank's blocks are free or held by its cache alone. */
+Test(server_ep, each_rank_caches_its_prefixes_and_completes_as_without_the_cache)
+{
+    int pg = base_port, ps = base_port + 1;
+    char sq[16];
+    snprintf(sq, sizeof sq, "%d", ps);
+    char *plain[] = {(char *)bin(), "serve", "--model", dir, "--port", sq, "--threads", "1", "--max-num-seqs", "8",
+                     "--max-model-len", "1024", "--served-model-name", "tiny", "--no-enable-prefix-caching", NULL};
+    single = launch(plain, ps);
+    group_max_len = "1024";
+    group = start_group(pg);
+    char *a = long_prompt(260, 1), *b = long_prompt(260, 2);
+    char want_a[4096], want_b[4096], got[4096];
+    int na = complete_on(ps, a, 8, want_a, sizeof want_a), nb = complete_on(ps, b, 8, want_b, sizeof want_b);
+    cr_assert(na > 2 * 256 && na < 1000 && nb > 2 * 256 && nb < 1000, "prompts of %d and %d tokens", na, nb);
+    cr_assert_eq(metric_port(ps, "pdmoe_prefix_cache_queries_total"), 0, "off means no lookups");
+    /* a, then b (the other rank: a's rank holds nothing of b), then each again, in the order that
+     * round-robin would send to the wrong rank: a hit each only if each goes to its prefix's rank */
+    const char *order[4] = {a, b, b, a};
+    const char *want[4] = {want_a, want_b, want_b, want_a};
+    for (int i = 0; i < 4; i++) {
+        complete_on(pg, order[i], 8, got, sizeof got);
+        cr_assert_str_eq(got, want[i], "request %d: %s with the group's cache, %s without", i, got, want[i]);
+    }
+    /* every unit boundary below each prompt's last token was reused the second time */
+    int hits = (na - 1) / 256 * 256 + (nb - 1) / 256 * 256;
+    cr_assert_eq(metric_port(pg, "pdmoe_prefix_cache_queries_total"), 2 * (na + nb));
+    cr_assert_eq(metric_port(pg, "pdmoe_prefix_cache_hits_total"), hits, "%d hits, want %d",
+                 metric_port(pg, "pdmoe_prefix_cache_hits_total"), hits);
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(labelled(pg, "pdmoe_rank_requests_total", k), 2, "rank %d: each prompt stays on its rank", k);
+    cr_assert_gt(metric_port(pg, "pdmoe_prefix_cache_blocks"), 0);
+    cr_assert_eq(metric_port(pg, "pdmoe_kv_blocks_free") + metric_port(pg, "pdmoe_prefix_cache_blocks"),
+                 metric_port(pg, "pdmoe_kv_blocks_total"));
+    cr_assert_gt(metric_port(pg, "pdmoe_prefix_cache_snapshot_bytes"), 0);
+    free(a);
+    free(b);
 }

@@ -342,3 +342,57 @@ Test(up, engine_flags_reach_every_instance)
     cr_assert_eq(WEXITSTATUS(pclose(f)), 2, "%s", err);
     cr_assert(strstr(err, "--kv-cache-dtype: --plan /nonexistent.json sets it"), "%s", err);
 }
+
+/* --speculative-config reaches both instances: the prefill side hands its MTP state over, the
+ * decode side drafts (its /metrics count drafts and no recompute), and the ids through the proxy
+ * are plain decoding's, as `generate` without MTP gives them. */
+Test(up, speculative_config_reaches_every_instance_and_keeps_the_ids)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const int port = 30000 + (getpid() % 300) * 3;   /* its kv port + 100: clear of the ranges above */
+    char out[256], sp[16];
+    snprintf(out, sizeof out, "%s/up.out", dir);
+    snprintf(sp, sizeof sp, "%d", port);
+    pid_t up = fork();
+    if (up == 0) {
+        freopen(out, "w", stdout);
+        execl(bin, bin, "up", "--model", dir, "--port", sp, "--speculative-config",
+              "{\"method\":\"mtp\",\"num_speculative_tokens\":2}", (char *)NULL);
+        _exit(127);
+    }
+    up_pid = up;
+    int ready = up_wait_ready(out);
+    cr_assert(ready, "pdmoe up did not become ready");
+    static const char *prompts[] = {"The quick brown fox",
+                                    "Once upon a time, in a kingdom by the sea, there lived a princess who counted "
+                                    "the waves every morning and every evening"};
+    const char *name = strrchr(dir, '/') + 1;
+    for (int i = 0; i < 2; i++) {
+        char a[8192], body[1024];
+        snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"%s\",\"max_tokens\":16,\"temperature\":0,"
+                 "\"return_token_ids\":true}", name, prompts[i]);
+        cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, a, sizeof a), 200, "%s", a);
+        json_t *j = parse(a);
+        json_t *ids = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "token_ids");
+        cr_assert_gt(json_array_size(ids), 1, "%s", a);
+        char want[1024] = "[0] ids", *w = want + strlen(want);
+        for (size_t k = 0; k < json_array_size(ids); k++)
+            w += sprintf(w, " %lld", (long long)json_integer_value(json_array_get(ids, k)));
+        json_decref(j);
+        char cmd[1024], gen[8192];
+        snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '%s' --max-tokens 16 --print-ids "
+                 "--threads 1", bin, dir, prompts[i]);
+        FILE *p = popen(cmd, "r");
+        size_t n = fread(gen, 1, sizeof gen - 1, p);
+        gen[n] = 0;
+        pclose(p);
+        cr_assert(strstr(gen, want), "prompt %d through pdmoe up with MTP: \"%s\"; generate without MTP:\n%s", i, want,
+                  gen);
+    }
+    /* the prefill instance (port + 1) drafts nothing, the decode instance (port + 2) all of it */
+    cr_assert_eq(metric_port(port + 1, "pdmoe_spec_decode_num_drafts_total"), 0);
+    cr_assert_gt(metric_port(port + 2, "pdmoe_spec_decode_num_drafts_total"), 0);
+    cr_assert_eq(metric_port(port + 2, "pdmoe_kv_transfers_total"), 2);
+    cr_assert_eq(metric_port(port + 2, "pdmoe_kv_recomputes_total"), 0);
+    stop_up(up, port);
+}

@@ -129,29 +129,29 @@ Test(seed, released_model)
     struct pd_plan p;
     plan("deepseek-v4-flash", 1, &p);
     const struct pd_role_plan *P = &p.role[PD_ROLE_PREFILL], *D = &p.role[PD_ROLE_DECODE];
-    cr_assert_str_eq(gb(p.inv.class_bytes[PD_CLASS_II]), "9.03 GB");
-    cr_assert_str_eq(gb(p.inv.group_bytes[PD_G_ATTENTION][PD_CLASS_II]), "4.61 GB");
+    cr_assert_str_eq(gb(p.inv.class_bytes[PD_CLASS_II]), "10.78 GB");
+    cr_assert_str_eq(gb(p.inv.group_bytes[PD_G_ATTENTION][PD_CLASS_II]), "6.32 GB");
     cr_assert_str_eq(gb(p.inv.group_bytes[PD_G_COMPRESSOR][PD_CLASS_II]), "0.80 GB");
-    cr_assert_str_eq(gb(p.inv.group_bytes[PD_G_MTP][PD_CLASS_II]), "0.17 GB");
+    cr_assert_str_eq(gb(p.inv.group_bytes[PD_G_MTP][PD_CLASS_II]), "0.21 GB");
     cr_assert_str_eq(gb(p.inv.group_bytes[PD_G_EMBEDDING][PD_CLASS_II] + p.inv.group_bytes[PD_G_LM_HEAD][PD_CLASS_II]),
                      "2.12 GB");
     cr_assert_float_eq(p.kv.per_token_kind[PD_KV_CSA], 3759.0, 1e-9);
     cr_assert_float_eq(p.kv.per_token_kind[PD_KV_HCA], 91.25, 1e-9);
     cr_assert_str_eq(gb(P->b.class_i), "35.48 GB");
-    cr_assert_str_eq(gb(P->b.weights), "44.51 GB");
-    cr_assert_str_eq(gb(D->b.weights), "17.90 GB");
+    cr_assert_str_eq(gb(P->b.weights), "46.26 GB");
+    cr_assert_str_eq(gb(D->b.weights), "19.65 GB");
     cr_assert_float_eq(p.kv.per_token, 3850.25, 1e-9);
     cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, p.kv.per_seq_fixed, PD_UNITS_GB), "15.50 MB");
     cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, P->kv_need, PD_UNITS_GB), "141.66 MB");
     cr_assert_str_eq(gb(D->kv_need), "4.25 GB");
-    cr_assert_eq(D->seqs_at_max_len, 295);
-    cr_assert_eq(D->ctx_at_max_seqs, 358927);
+    cr_assert_eq(D->seqs_at_max_len, 283);
+    cr_assert_eq(D->ctx_at_max_seqs, 343767);
     cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, p.handoff[0].bytes, PD_UNITS_GB), "46.29 MB");
     cr_assert_float_eq(p.handoff[0].rdma_s * 1e3, 3.6, 0.05);
     cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, p.handoff[1].bytes, PD_UNITS_GB), "520.16 MB");
     cr_assert_float_eq(p.handoff[1].rdma_s * 1e3, 29.9, 0.05);
     cr_assert(row(&p, PD_ROLE_DECODE, 8)->chosen);
-    cr_assert_str_eq(gb(row(&p, PD_ROLE_DECODE, 8)->kv_pool), "15.31 GB");
+    cr_assert_str_eq(gb(row(&p, PD_ROLE_DECODE, 8)->kv_pool), "13.56 GB");
     pd_plan_free(&p);
     /* the released formats: fp8 with fp4 routed experts */
     struct pd_plan_opts o;

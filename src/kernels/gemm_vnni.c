@@ -1,0 +1,493 @@
+/* AVX-512 VNNI prefill GEMM (T > 1): the outer-product form, blocked as BLIS and oneDNN block theirs.
+ *
+ * vpdpbusd multiplies UNSIGNED bytes by SIGNED bytes and adds each group of four products into an
+ * int32 lane. Here a lane is one output row: a 64-byte weight vector holds 16 output rows x 4
+ * consecutive reduction bytes, and the activation operand is one token's same 4 bytes broadcast to
+ * all 16 lanes (vpdpbusd's embedded {1to16} broadcast from memory). No horizontal reduction is ever
+ * needed; the accumulators are outputs.
+ *
+ * Sign handling, off the vpdpbusd ports: the weights are the unsigned operand, offset by +128 once,
+ * when a block of them is packed (w ^ 0x80 is w + 128 read as a byte in [0, 255]); the activations
+ * stay signed. Then, exactly, for every int8 value, -128 included:
+ *     sum_k w[k] * a[k] = sum_k (w[k] + 128) * a[k] - 128 * sum_k a[k]
+ * with sum_k a[k] per token computed once per call (pd_gemm_row_sums_vnni, on the pool). vpdpbusd
+ * wraps modulo 2^32; the final value fits in int32 (PD_GEMM_MAX_IN), so the wrapped arithmetic is
+ * exact.
+ *
+ * Blocking (per pool task, rows [o0, o1), in chunks of NR = 64 rows):
+ *   tokens in super-blocks of SUPER = 516 (their int32 sums, 516 x 64 x 4 bytes = 129 KiB, stay
+ *   in L2; a prefill of up to 516 tokens packs each weight once);
+ *     the reduction in blocks of KC = 512 bytes: the chunk's 64 rows x KC bytes are packed into
+ *     micro-kernel order (32 KiB, stays in L1);
+ *       every 6 tokens of the super-block: the 6 x 64 micro-tile, 24 zmm accumulators loaded
+ *       from the sums, 64 x KC weight bytes from L1, 6 x KC activation bytes (one vpbroadcastd
+ *       per token and 4 bytes), the sums stored back; meanwhile it prefetches its share of the
+ *       next block's raw weights, one line every other step (a burst of them stalled the pack
+ *       on memory: 0.44 of the VNNI peak on MoE experts read from DRAM, 0.62 spread out), and
+ *       the next tile's activation lines (6 runs of 8 lines, too short for the hardware
+ *       prefetchers).
+ * Per 24 vpdpbusd: 4 weight loads from L1 and 6 broadcasts, no other vector work. (The
+ * {1to16} memory-broadcast form of vpdpbusd, 24 broadcast loads per 24, measured 0.46 of the
+ * peak against 0.62 for 6 vpbroadcastd before this blocking was complete.) Activations are read
+ * in place (token rows of the caller's matrix, gathered or not): each is read once per 64 rows
+ * of weights, one byte per vpdpbusd.
+ *
+ * Each vpdpbusd is a one-instruction asm statement on named variables (GCC 12 otherwise copies
+ * or spills the intrinsic's read-modify-write accumulator, which halves the throughput). */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/gemm_impl.h"
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define INLINE static inline __attribute__((always_inline))
+
+enum {
+    MR = 6,                  /* tokens per micro-tile */
+    NR = 64,                 /* output rows per micro-tile: 4 vectors of 16 */
+    KC = 512,                /* reduction bytes per packed block (a multiple of 64) */
+    SUPER = 86 * MR,         /* tokens per super-block (the sums' buffer is on the stack) */
+    PACK_STEP = 4 * NR,      /* bytes of packed weights per 4 reduction bytes */
+};
+
+/* c += (unsigned bytes of w) . (signed bytes of a), per 32-bit lane. */
+#define DP(c, w, a) __asm__("vpdpbusd %2, %1, %0" : "+v"(c) : "v"(w), "v"(a))
+
+/* The 4 bytes at p in every 32-bit lane. */
+INLINE AVX512 __m512i broadcast4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* sums[i] = sum_k a[i][k] over rows [r0, r1) of a [rows, in]: vpdpbusd of all-ones unsigned bytes
+ * with the signed row, four chains per row. */
+AVX512 void pd_gemm_row_sums_vnni(const int8_t *a, int in, int r0, int r1, int32_t *sums)
+{
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int i = r0; i < r1; i++) {
+        const int8_t *p = a + (int64_t)i * in;
+        __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+        int k = 0;
+        for (; k + 256 <= in; k += 256) {
+            s0 = _mm512_dpbusd_epi32(s0, ones, _mm512_loadu_si512(p + k));
+            s1 = _mm512_dpbusd_epi32(s1, ones, _mm512_loadu_si512(p + k + 64));
+            s2 = _mm512_dpbusd_epi32(s2, ones, _mm512_loadu_si512(p + k + 128));
+            s3 = _mm512_dpbusd_epi32(s3, ones, _mm512_loadu_si512(p + k + 192));
+        }
+        for (; k < in; k += 64) {
+            __mmask64 m = in - k >= 64 ? ~0ULL : (1ULL << (in - k)) - 1;
+            s0 = _mm512_dpbusd_epi32(s0, ones, _mm512_maskz_loadu_epi8(m, p + k));
+        }
+        sums[i] = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3)));
+    }
+}
+
+/* Transposes 16 rows of 16 dwords (r[i] = row i) so that r[j] holds dword j of every row (lane i
+ * = row i), in three rounds of shuffles: 32-bit, 64-bit, then the 4 x 4 of 128-bit lanes. */
+INLINE AVX512 void transpose16(__m512i *r)
+{
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);       /* per 128-bit lane l: dwords 4l, 4l+1 */
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);   /* dwords 4l+2, 4l+3 */
+    }
+    /* u[4g + e]: in 128-bit lane l, dword 4l+e of rows 4g .. 4g+3 */
+    for (int g = 0; g < 4; g++) {
+        u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    /* dword 4l+e of all rows: 128-bit lane l of u[e], u[4+e], u[8+e], u[12+e], in that order */
+    for (int e = 0; e < 4; e++) {
+        __m512i x0 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x44);        /* a0 a1 b0 b1 */
+        __m512i x1 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xee);        /* a2 a3 b2 b3 */
+        __m512i x2 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0x44);   /* c0 c1 d0 d1 */
+        __m512i x3 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0xee);   /* c2 c3 d2 d3 */
+        r[0 + e] = _mm512_shuffle_i32x4(x0, x2, 0x88);                  /* a0 b0 c0 d0 */
+        r[4 + e] = _mm512_shuffle_i32x4(x0, x2, 0xdd);                  /* a1 b1 c1 d1 */
+        r[8 + e] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+        r[12 + e] = _mm512_shuffle_i32x4(x1, x3, 0xdd);
+    }
+}
+
+/* Packs rows [0, nr) (nr <= NR) of w (rows `in` bytes apart), reduction bytes [k0, k0 + kn), into
+ *   wp[j][v * 64 + 4 i + b] = (w[16 v + i][k0 + 4 j + b] + 128) as an unsigned byte
+ * for j < ceil(kn / 4): one 256-byte step of the micro-kernel per 4 reduction bytes. Rows past nr
+ * and bytes past kn are 0x80 (weight 0); the micro-kernel reads zero activations there, or does
+ * not store those rows. */
+static AVX512 void pack(const int8_t *w, int in, int nr, int k0, int kn,
+                        uint8_t *wp)   // [ceil(kn / 4), PACK_STEP]
+{
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int kb = 0; kb < kn; kb += 64) {
+        __mmask64 m = kn - kb >= 64 ? ~0ULL : (1ULL << (kn - kb)) - 1;
+        int nj = (kn - kb < 64 ? kn - kb + 3 : 64) / 4;   /* 4-byte steps in this 64-byte block */
+        for (int v = 0; v < NR / 16; v++) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                int row = 16 * v + i;
+                const int8_t *src = w + (int64_t)row * in + k0 + kb;
+                /* (a plain load where it can: a masked one that crosses a page is slow) */
+                r[i] = row >= nr ? _mm512_setzero_si512() : m == ~0ULL ? _mm512_loadu_si512(src) : _mm512_maskz_loadu_epi8(m, src);
+            }
+            transpose16(r);
+            uint8_t *dst = wp + (int64_t)(kb / 4) * PACK_STEP + v * 64;
+            for (int j = 0; j < nj; j++)
+                _mm512_storeu_si512(dst + (int64_t)j * PACK_STEP, _mm512_xor_si512(r[j], flip));
+        }
+    }
+}
+
+/* Lines of weights a tile prefetches for a later pack(): lines q0 <= q < q1 of the block at
+ * `base` (rows `in` bytes apart, KC / 64 lines per row, row-major). */
+typedef struct pf_lines {
+    const int8_t *base;
+    int64_t in;
+    int q0, q1;
+} pf_lines;
+
+/* The micro-tile: tokens u < U (ar[u] at the block's first reduction byte) x rows 16 V (V vector
+ * lanes of 16 rows), n4 steps of 4 reduction bytes:
+ *   c[u][16 v + i] (first ? 0 : c[u][16 v + i]) + sum_j sum_b wp[j][v * 64 + 4 i + b] * ar[u][4 j + b]
+ * and pf's lines prefetched one every other step (or more per step if needed to cover them): spread out so, the next block's weights come
+ * from memory while this one computes (issued all at once they fill the miss buffers and stall).
+ * U and V are constants once inlined: the accumulators and instructions past them vanish. */
+INLINE AVX512 void tile(const uint8_t *wp, int n4, const int8_t *const *ar, int first, const pf_lines *pf,
+                        int U, int V,
+                        int32_t *c)   // [U, NR]
+{
+    const __m512i z = _mm512_setzero_si512();
+    __m512i c00 = z, c01 = z, c02 = z, c03 = z, c10 = z, c11 = z, c12 = z, c13 = z;
+    __m512i c20 = z, c21 = z, c22 = z, c23 = z, c30 = z, c31 = z, c32 = z, c33 = z;
+    __m512i c40 = z, c41 = z, c42 = z, c43 = z, c50 = z, c51 = z, c52 = z, c53 = z;
+    __m512i w0, w1 = z, w2 = z, w3 = z;
+#define ACC(X)                                                                                   \
+    X(0, 0) X(0, 1) X(0, 2) X(0, 3) X(1, 0) X(1, 1) X(1, 2) X(1, 3) X(2, 0) X(2, 1) X(2, 2) X(2, 3) \
+    X(3, 0) X(3, 1) X(3, 2) X(3, 3) X(4, 0) X(4, 1) X(4, 2) X(4, 3) X(5, 0) X(5, 1) X(5, 2) X(5, 3)
+#define LOAD_C(u, v)                                                                             \
+    if (U > u && V > v) c##u##v = _mm512_loadu_si512(c + u * NR + 16 * v);
+#define STORE_C(u, v)                                                                            \
+    if (U > u && V > v) _mm512_storeu_si512(c + u * NR + 16 * v, c##u##v);
+    if (!first) {
+        ACC(LOAD_C)
+    }
+    const int8_t *a0 = ar[0], *a1 = ar[U > 1 ? 1 : 0], *a2 = ar[U > 2 ? 2 : 0];
+    const int8_t *a3 = ar[U > 3 ? 3 : 0], *a4 = ar[U > 4 ? 4 : 0], *a5 = ar[U > 5 ? 5 : 0];
+#define TOKEN(u)                                                                                 \
+    if (U > u) {                                                                                 \
+        __m512i bc = broadcast4(a##u + 4 * j);                                                   \
+        DP(c##u##0, w0, bc);                                                                     \
+        if (V > 1) DP(c##u##1, w1, bc);                                                          \
+        if (V > 2) DP(c##u##2, w2, bc);                                                          \
+        if (V > 3) DP(c##u##3, w3, bc);                                                          \
+    }
+    /* per step: one line every other step, or as many as it takes to cover them all */
+    const int per = n4 > 0 ? (pf->q1 - pf->q0 + n4 - 1) / n4 : 0, every = per > 1 ? 1 : 2;
+    int q = pf->q0;
+    for (int j = 0; j < n4; j++) {
+        if (j % every == 0)
+            for (int i = 0; i < per && q < pf->q1; i++, q++)
+                _mm_prefetch((const char *)(pf->base + (q / (KC / 64)) * pf->in + (q % (KC / 64)) * 64), _MM_HINT_T0);
+        const uint8_t *wq = wp + (int64_t)j * PACK_STEP;
+        w0 = _mm512_loadu_si512(wq);
+        if (V > 1) w1 = _mm512_loadu_si512(wq + 64);
+        if (V > 2) w2 = _mm512_loadu_si512(wq + 128);
+        if (V > 3) w3 = _mm512_loadu_si512(wq + 192);
+        TOKEN(0) TOKEN(1) TOKEN(2) TOKEN(3) TOKEN(4) TOKEN(5)
+    }
+    ACC(STORE_C)
+#undef TOKEN
+#undef LOAD_C
+#undef STORE_C
+#undef ACC
+}
+
+typedef void (*tile_fn)(const uint8_t *wp, int n4, const int8_t *const *ar, int first, const pf_lines *pf,
+                        int32_t *c);
+
+#define TILE(U, V)                                                                               \
+    static AVX512 __attribute__((noinline)) void tile##U##x##V(const uint8_t *wp, int n4,        \
+                                                                const int8_t *const *ar,         \
+                                                                int first, const pf_lines *pf,   \
+                                                                int32_t *c)                      \
+    {                                                                                            \
+        tile(wp, n4, ar, first, pf, U, V, c);                                                    \
+    }
+#define TILES(U) TILE(U, 1) TILE(U, 2) TILE(U, 3) TILE(U, 4)
+TILES(1) TILES(2) TILES(3) TILES(4) TILES(5) TILES(6)
+#undef TILES
+#undef TILE
+
+static const tile_fn tiles[MR][NR / 16] = {
+    {tile1x1, tile1x2, tile1x3, tile1x4}, {tile2x1, tile2x2, tile2x3, tile2x4},
+    {tile3x1, tile3x2, tile3x3, tile3x4}, {tile4x1, tile4x2, tile4x3, tile4x4},
+    {tile5x1, tile5x2, tile5x3, tile5x4}, {tile6x1, tile6x2, tile6x3, tile6x4},
+};
+
+/* The weight block packed after (c0, t0, k0) in the loop order of pd_gemm_rows_vnni: the next K
+ * block, else the first of the next super-block or chunk of rows; past the task's rows, the
+ * next rows of the matrix (likely the next task) or the start of the next matrix (job->w_next).
+ * Returns its first row's first byte and sets *nr, its rows; NULL if there is none. */
+static const int8_t *next_block(const pd_gemm_job *job, int c0, int t0, int k0, int *nr)
+{
+    int nc0 = c0, nk0 = k0 + KC;
+    if (nk0 >= job->in) {
+        nk0 = 0;
+        if (t0 + SUPER >= job->n)
+            nc0 = c0 + NR;
+    }
+    if (nc0 < job->out) {
+        *nr = job->out - nc0 < NR ? job->out - nc0 : NR;
+        return job->w + (int64_t)nc0 * job->in + nk0;
+    }
+    *nr = job->w_next ? (job->next_out < NR ? job->next_out : NR) : 0;
+    return job->w_next;
+}
+
+/* ---- Few tokens (25 .. 96: a routed expert's share of a prefill, a decode batch) -----------------------------
+ *
+ * Packing weights costs about as much as 20-60 tokens' worth of products, and such weights come
+ * from memory once: the roles swap. A vector holds the same 4 reduction bytes of 16 tokens (the
+ * activations, packed once per call by pd_gemm_tw_pack and shared by every task, + 128 as
+ * unsigned bytes); each weight row's 4 bytes are broadcast straight from the matrix as stored
+ * (the signed operand: no packing, each row one linear stream):
+ *   c[r][u] = sum_k (a[u][k] + 128) * w[r][k] = sum_k a[u][k] w[r][k] + 128 * wsum[r]
+ * with wsum[r] = sum_k w[r][k] computed per row just before (which also brings the rows in).
+ * Tile: R rows x V vectors of 16 tokens, R x V <= 24 accumulators, the whole reduction in
+ * registers (no K blocks: the activations, at most 96 x in bytes, stream from L2). */
+enum { TW_MAX_N = PD_GEMM_TW_MAX, TW_MAX_R = 12, TW_MAX_V = 6 };
+
+/* Rows per tile for V vectors of tokens: 12 x 1, 8 x 2, 6 x 3, 6 x 4, 4 x 5, 4 x 6 (accumulators,
+ * the V activation vectors and the broadcast within the 32 registers). */
+static const int tw_rows[TW_MAX_V + 1] = {0, 12, 8, 6, 6, 4, 4};
+
+size_t pd_gemm_tw_bytes(int n, int in, int grouped)
+{
+    if (n < (grouped ? 2 : PD_GEMM_SMALL_MAX + 1) || n > TW_MAX_N)
+        return 0;
+    return (size_t)((in + 3) / 4) * (size_t)((n + 15) / 16) * 64;
+}
+
+/* ap[j][v][i][b] = a[tok(16 v + i)][4 j + b] + 128 as an unsigned byte (0 past n tokens or in
+ * bytes): V = ceil(n / 16) vectors per step of 4 reduction bytes. */
+AVX512 void pd_gemm_tw_pack(const int8_t *a, int in, const int32_t *tok, int n, uint8_t *ap)
+{
+    const int V = (n + 15) / 16;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int v = 0; v < V; v++)
+        for (int kb = 0; kb < in; kb += 64) {
+            __mmask64 m = in - kb >= 64 ? ~0ULL : (1ULL << (in - kb)) - 1;
+            int nj = (in - kb < 64 ? in - kb + 3 : 64) / 4;
+            __m512i r[16];
+            /* a where loaded, 0x80 elsewhere: after the flip a + 128 and 0 */
+            for (int i = 0; i < 16; i++) {
+                int u = 16 * v + i;
+                r[i] = u < n ? _mm512_mask_loadu_epi8(flip, m, a + (int64_t)(tok ? tok[u] : u) * in + kb) : flip;
+            }
+            transpose16(r);
+            for (int j = 0; j < nj; j++)
+                _mm512_storeu_si512(ap + ((int64_t)(kb / 4 + j) * V + v) * 64, _mm512_xor_si512(r[j], flip));
+        }
+}
+
+/* out[r][16 v + i] = sum_j sum_b ap[j][v][i][b] * wr[r][4 j + b] + (first ? 0 : out[...]) for
+ * r < R, v < V, n4 steps, prefetching the n_pf lines from pf (the next rows: weights read once
+ * from memory come in while these compute), one per step. R, V constants once inlined. */
+INLINE AVX512 void twtile(const uint8_t *ap, int n4, const int8_t *const *wr, int first, const int8_t *pf,
+                          int n_pf, int R, int V,
+                          int32_t *out)   // [R, TW_MAX_N]
+{
+    const __m512i z = _mm512_setzero_si512();
+    /* c<row><vector>: all 12 x 6 are named for the macros; those past R x V are dead code */
+    __m512i c00 = z, c01 = z, c02 = z, c03 = z, c04 = z, c05 = z;
+    __m512i c10 = z, c11 = z, c12 = z, c13 = z, c14 = z, c15 = z;
+    __m512i c20 = z, c21 = z, c22 = z, c23 = z, c24 = z, c25 = z;
+    __m512i c30 = z, c31 = z, c32 = z, c33 = z, c34 = z, c35 = z;
+    __m512i c40 = z, c41 = z, c42 = z, c43 = z, c44 = z, c45 = z;
+    __m512i c50 = z, c51 = z, c52 = z, c53 = z, c54 = z, c55 = z;
+    __m512i c60 = z, c61 = z, c62 = z, c63 = z, c64 = z, c65 = z;
+    __m512i c70 = z, c71 = z, c72 = z, c73 = z, c74 = z, c75 = z;
+    __m512i c80 = z, c81 = z, c82 = z, c83 = z, c84 = z, c85 = z;
+    __m512i c90 = z, c91 = z, c92 = z, c93 = z, c94 = z, c95 = z;
+    __m512i c100 = z, c101 = z, c102 = z, c103 = z, c104 = z, c105 = z;
+    __m512i c110 = z, c111 = z, c112 = z, c113 = z, c114 = z, c115 = z;
+    __m512i a0 = z, a1 = z, a2 = z, a3 = z, a4 = z, a5 = z;
+#define ACC(X)                                                                         \
+    X(0, 0) X(0, 1) X(0, 2) X(0, 3) X(0, 4) X(0, 5) X(1, 0) X(1, 1) X(1, 2) X(1, 3) X(1, 4) X(1, 5) \
+    X(2, 0) X(2, 1) X(2, 2) X(2, 3) X(2, 4) X(2, 5) X(3, 0) X(3, 1) X(3, 2) X(3, 3) X(3, 4) X(3, 5) \
+    X(4, 0) X(4, 1) X(4, 2) X(4, 3) X(4, 4) X(4, 5) X(5, 0) X(5, 1) X(5, 2) X(5, 3) X(5, 4) X(5, 5) \
+    X(6, 0) X(6, 1) X(6, 2) X(6, 3) X(6, 4) X(6, 5) X(7, 0) X(7, 1) X(7, 2) X(7, 3) X(7, 4) X(7, 5) \
+    X(8, 0) X(8, 1) X(8, 2) X(8, 3) X(8, 4) X(8, 5) X(9, 0) X(9, 1) X(9, 2) X(9, 3) X(9, 4) X(9, 5) \
+    X(10, 0) X(10, 1) X(10, 2) X(10, 3) X(10, 4) X(10, 5) X(11, 0) X(11, 1) X(11, 2) X(11, 3) X(11, 4) X(11, 5)
+#define LOAD_C(r, v) if (R > r && V > v && !first) c##r##v = _mm512_loadu_si512(out + r * TW_MAX_N + 16 * v);
+#define STORE_C(r, v) if (R > r && V > v) _mm512_storeu_si512(out + r * TW_MAX_N + 16 * v, c##r##v);
+    ACC(LOAD_C)
+#define PTRS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define PTR(r) const int8_t *p##r = wr[R > r ? r : 0];
+    PTRS(PTR)
+#define ROW(r)                                                                                   \
+    if (R > r) {                                                                                 \
+        __m512i bc = broadcast4(p##r + 4 * j);                                                   \
+        DP(c##r##0, a0, bc);                                                                     \
+        if (V > 1) DP(c##r##1, a1, bc);                                                          \
+        if (V > 2) DP(c##r##2, a2, bc);                                                          \
+        if (V > 3) DP(c##r##3, a3, bc);                                                          \
+        if (V > 4) DP(c##r##4, a4, bc);                                                          \
+        if (V > 5) DP(c##r##5, a5, bc);                                                          \
+    }
+    for (int j = 0; j < n4; j++) {
+        if (j < n_pf)
+            _mm_prefetch((const char *)pf + 64 * (int64_t)j, _MM_HINT_T0);
+        const uint8_t *q = ap + (int64_t)j * V * 64;
+        a0 = _mm512_loadu_si512(q);
+        if (V > 1) a1 = _mm512_loadu_si512(q + 64);
+        if (V > 2) a2 = _mm512_loadu_si512(q + 128);
+        if (V > 3) a3 = _mm512_loadu_si512(q + 192);
+        if (V > 4) a4 = _mm512_loadu_si512(q + 256);
+        if (V > 5) a5 = _mm512_loadu_si512(q + 320);
+        PTRS(ROW)
+    }
+    ACC(STORE_C)
+#undef ACC
+#undef LOAD_C
+#undef STORE_C
+#undef PTRS
+#undef PTR
+#undef ROW
+}
+
+typedef void (*twtile_fn)(const uint8_t *ap, int n4, const int8_t *const *wr, int first, const int8_t *pf,
+                          int n_pf, int32_t *out);
+#define TWTILE(R, V)                                                                             \
+    static AVX512 __attribute__((noinline)) void twtile##R##x##V(const uint8_t *ap, int n4,      \
+                                                                  const int8_t *const *wr,       \
+                                                                  int first, const int8_t *pf,   \
+                                                                  int n_pf, int32_t *out)        \
+    {                                                                                            \
+        twtile(ap, n4, wr, first, pf, n_pf, R, V, out);                                          \
+    }
+#define TWTILES(R) TWTILE(R, 1) TWTILE(R, 2) TWTILE(R, 3) TWTILE(R, 4)
+TWTILES(1) TWTILES(2) TWTILES(3) TWTILES(4) TWTILES(5) TWTILES(6)
+TWTILE(1, 5) TWTILE(1, 6) TWTILE(2, 5) TWTILE(2, 6) TWTILE(3, 5) TWTILE(3, 6) TWTILE(4, 5) TWTILE(4, 6)
+TWTILE(7, 1) TWTILE(7, 2) TWTILE(8, 1) TWTILE(8, 2) TWTILE(9, 1) TWTILE(10, 1) TWTILE(11, 1) TWTILE(12, 1)
+#undef TWTILES
+#undef TWTILE
+/* [R - 1][V - 1] for R <= tw_rows[V] */
+static const twtile_fn twtiles[TW_MAX_R][TW_MAX_V] = {
+    {twtile1x1, twtile1x2, twtile1x3, twtile1x4, twtile1x5, twtile1x6},
+    {twtile2x1, twtile2x2, twtile2x3, twtile2x4, twtile2x5, twtile2x6},
+    {twtile3x1, twtile3x2, twtile3x3, twtile3x4, twtile3x5, twtile3x6},
+    {twtile4x1, twtile4x2, twtile4x3, twtile4x4, twtile4x5, twtile4x6},
+    {twtile5x1, twtile5x2, twtile5x3, twtile5x4, NULL, NULL},
+    {twtile6x1, twtile6x2, twtile6x3, twtile6x4, NULL, NULL},
+    {twtile7x1, twtile7x2, NULL, NULL, NULL, NULL},
+    {twtile8x1, twtile8x2, NULL, NULL, NULL, NULL},
+    {twtile9x1, NULL, NULL, NULL, NULL, NULL},
+    {twtile10x1, NULL, NULL, NULL, NULL, NULL},
+    {twtile11x1, NULL, NULL, NULL, NULL, NULL},
+    {twtile12x1, NULL, NULL, NULL, NULL, NULL},
+};
+
+static AVX512 void tw_rows_fn(const pd_gemm_job *job, int o0, int o1)
+{
+    const int in = job->in, n = job->n, V = (n + 15) / 16, full4 = in / 4, rem = in % 4, RV = tw_rows[V];
+    _Alignas(64) int32_t out[TW_MAX_R * TW_MAX_N];
+    _Alignas(64) int32_t acc[TW_MAX_N * NR];
+    int32_t wsum[TW_MAX_R];
+    for (int c0 = o0; c0 < o1; c0 += NR) {
+        const int nr = o1 - c0 < NR ? o1 - c0 : NR;
+        for (int g = 0; g < nr; g += RV) {
+            const int R = nr - g < RV ? nr - g : RV;
+            const int8_t *wr[TW_MAX_R];
+            for (int r = 0; r < R; r++)
+                wr[r] = job->w + (int64_t)(c0 + g + r) * in;
+            pd_gemm_row_sums_vnni(wr[0], in, 0, R, wsum);
+            /* the next rows, contiguous after these (past the matrix: the next one's first) */
+            const int next = c0 + g + R;
+            const int8_t *pf = next < job->out ? job->w + (int64_t)next * in : job->w_next;
+            const int pf_rows = next < job->out ? job->out - next : job->w_next ? job->next_out : 0;
+            twtiles[R - 1][V - 1](job->a_packed, full4, wr, 1, pf, (pf_rows < RV ? pf_rows : RV) * in / 64, out);
+            if (rem) {
+                /* the last 1-3 bytes of each row, zero-padded (the packed activations are 0 there) */
+                _Alignas(4) int8_t tail[TW_MAX_R][4];
+                const int8_t *tp[TW_MAX_R];
+                for (int r = 0; r < R; r++) {
+                    memset(tail[r], 0, 4);
+                    memcpy(tail[r], wr[r] + 4 * full4, (size_t)rem);
+                    tp[r] = tail[r];
+                }
+                twtiles[R - 1][V - 1](job->a_packed + (int64_t)full4 * V * 64, 1, tp, 0, NULL, 0, out);
+            }
+            /* the exact products: less 128 times the row sum (modulo 2^32), transposed to [u][r] */
+            for (int r = 0; r < R; r++) {
+                uint32_t corr = (uint32_t)wsum[r] << 7;
+                for (int u = 0; u < n; u++)
+                    acc[u * NR + g + r] = (int32_t)((uint32_t)out[r * TW_MAX_N + u] - corr);
+            }
+        }
+        pd_gemm_store(job, 0, n, c0, nr, acc, NR);
+    }
+}
+
+AVX512 void pd_gemm_rows_vnni(const pd_gemm_job *job, int o0, int o1)
+{
+    if (job->a_packed) {
+        tw_rows_fn(job, o0, o1);
+        return;
+    }
+    const int in = job->in;
+    _Alignas(64) uint8_t wp[KC / 4 * PACK_STEP];
+    _Alignas(64) int32_t acc[SUPER * NR];
+    for (int c0 = o0; c0 < o1; c0 += NR) {
+        const int nr = o1 - c0 < NR ? o1 - c0 : NR, nv = (nr + 15) / 16;
+        const int8_t *w = job->w + (int64_t)c0 * in;
+        for (int t0 = 0; t0 < job->n; t0 += SUPER) {
+            const int nt = job->n - t0 < SUPER ? job->n - t0 : SUPER, n_tiles = (nt + MR - 1) / MR;
+            for (int k0 = 0; k0 < in; k0 += KC) {
+                const int kn = in - k0 < KC ? in - k0 : KC, full4 = kn / 4;
+                pack(w, in, nr, k0, kn, wp);
+                int pnr;
+                const int8_t *pbase = next_block(job, c0, t0, k0, &pnr);
+                const int p_lines = pnr * (KC / 64), p_step = (p_lines + n_tiles - 1) / n_tiles;
+                for (int b = 0, tl = 0; b < nt; b += MR, tl++) {
+                    const int nu = nt - b < MR ? nt - b : MR;
+                    const int8_t *ar[MR];
+                    for (int u = 0; u < nu; u++)
+                        ar[u] = pd_gemm_job_arow(job, t0 + b + u) + k0;
+                    int32_t *c = acc + (int64_t)b * NR;
+                    /* the next tile's activations: 6 short runs of lines that no hardware
+                     * prefetcher learns before they end */
+                    for (int u = b + MR; u < b + 2 * MR && u < nt; u++)
+                        for (int l = 0; l < kn; l += 64)
+                            _mm_prefetch((const char *)pd_gemm_job_arow(job, t0 + u) + k0 + l, _MM_HINT_T0);
+                    pf_lines pf = {pbase, in, tl * p_step,
+                                   (tl + 1) * p_step < p_lines ? (tl + 1) * p_step : p_lines};
+                    tiles[nu - 1][nv - 1](wp, full4, ar, k0 == 0, &pf, c);
+                    if (kn % 4) {
+                        /* The last 1-3 bytes of the reduction: zero-padded copies of them. */
+                        _Alignas(4) int8_t tail[MR][4];
+                        const int8_t *tp[MR];
+                        for (int u = 0; u < nu; u++) {
+                            memset(tail[u], 0, 4);
+                            memcpy(tail[u], ar[u] + 4 * full4, (size_t)(kn % 4));
+                            tp[u] = tail[u];
+                        }
+                        pf_lines none = {NULL, 0, 0, 0};
+                        tiles[nu - 1][nv - 1](wp + (int64_t)full4 * PACK_STEP, 1, tp, k0 == 0 && full4 == 0, &none, c);
+                    }
+                }
+            }
+            /* The exact products: offset sums - 128 * the token's activation sum (modulo 2^32). */
+            for (int u = 0; u < nt; u++) {
+                const __m512i corr = _mm512_set1_epi32((int32_t)((uint32_t)job->a_sum[pd_gemm_job_tok(job, t0 + u)] << 7));
+                int32_t *c = acc + (int64_t)u * NR;
+                for (int v = 0; v < nv; v++)
+                    _mm512_store_si512(c + 16 * v, _mm512_sub_epi32(_mm512_load_si512(c + 16 * v), corr));
+            }
+            pd_gemm_store(job, t0, nt, c0, nr, acc, NR);
+        }
+    }
+}

@@ -1,0 +1,182 @@
+/* The AMX-INT8 path (kernels/gemm_amx.c). Where the CPU has no AMX (the AMD machines this project
+ * runs CI on) the tile instructions cannot run, so what is tested is everything around them, on the
+ * amx-emu build of the same loops: the model of TDPBSSD against the architecture manual's definition
+ * on hand-worked values, the packed activations against the B-operand layout the instruction
+ * reads, the blocking and its tails against the reference bit for bit, and the choice of kernel
+ * against /proc/cpuinfo. Where the CPU has AMX, the existing all-kernels tests run the real one. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/threadpool.h"
+#include "kernels/gemm.h"
+#include "kernels/gemm_impl.h"
+
+static uint64_t rng = 11;
+
+static int8_t rnd8(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (int8_t)(rng >> 24);
+}
+
+static float rndscale(void)
+{
+    return 1e-3f + (float)((uint8_t)rnd8()) * 1e-5f;
+}
+
+/* SDM: tmm.row[m].dword[n] += sum over k of DPBD(a.row[m].dword[k], b.row[k].dword[n]), each DPBD the
+ * sum of four signed byte products. Worked by hand on a few entries. */
+Test(amx, tile_model_is_tdpbssd)
+{
+    _Alignas(64) int32_t c[16 * 16];
+    _Alignas(64) int8_t a[16 * 64] = {0}, b[16 * 64] = {0};
+    for (int i = 0; i < 256; i++)
+        c[i] = 1000;
+    /* a row 0, dword 0 = 1 2 3 4; b row 0, dword 0 = 5 6 7 8, dword 1 = 1 1 1 1 */
+    memcpy(a, (int8_t[]){1, 2, 3, 4}, 4);
+    memcpy(b, (int8_t[]){5, 6, 7, 8, 1, 1, 1, 1}, 8);
+    /* a row 2, dword 15 = -128 -128 127 0; b row 15 (k = 15), dword 3 = -128 1 1 9 */
+    memcpy(a + 2 * 64 + 60, (int8_t[]){-128, -128, 127, 0}, 4);
+    memcpy(b + 15 * 64 + 12, (int8_t[]){-128, 1, 1, 9}, 4);
+    pd_gemm_amx_emu_dpbssd(c, a, b);
+    cr_assert_eq(c[0 * 16 + 0], 1000 + 1 * 5 + 2 * 6 + 3 * 7 + 4 * 8);   /* 1070 */
+    cr_assert_eq(c[0 * 16 + 1], 1000 + 10);
+    cr_assert_eq(c[2 * 16 + 3], 1000 + 16384 - 128 + 127);                /* 17383 */
+    cr_assert_eq(c[2 * 16 + 0], 1000);   /* a row 2 meets b row 15's dword 0, which is zero */
+    cr_assert_eq(c[1 * 16 + 0], 1000);
+    for (int i = 0; i < 256; i++)
+        if (i != 0 && i != 1 && i != 2 * 16 + 3)
+            cr_assert_eq(c[i], 1000, "entry %d", i);
+}
+
+/* The packed activations are TDPBSSD's B operand: tile (token block tb, K block kb) row g, bytes 4n..4n+3
+ * = activation row of token 16 tb + n, bytes 64 kb + 4 g .. + 3; zero past the tokens and the row. */
+Test(amx, packed_activations_are_the_b_operand_layout)
+{
+    const int n = 21, in = 70, nkb = 2;
+    int8_t *a = malloc((size_t)n * in);
+    for (int i = 0; i < n * in; i++)
+        a[i] = rnd8();
+    const int32_t tok[21] = {20, 3, 3, 0, 19, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 1, 2};
+    for (int use_tok = 0; use_tok < 2; use_tok++) {
+        pd_gemm_job job = {.a = a, .in = in, .n = n, .tok = use_tok ? tok : NULL};
+        size_t bytes = pd_gemm_amx_pack_bytes(n, in);
+        cr_assert_eq(bytes, (size_t)2 * nkb * 1024);
+        int8_t *p = malloc(bytes);
+        memset(p, 0x55, bytes);
+        for (int tb = 0; tb < 2; tb++)
+            pd_gemm_amx_pack(&job, tb, p);
+        for (int tb = 0; tb < 2; tb++)
+            for (int kb = 0; kb < nkb; kb++)
+                for (int g = 0; g < 16; g++)
+                    for (int t = 0; t < 16; t++)
+                        for (int j = 0; j < 4; j++) {
+                            int row = 16 * tb + t, k = 64 * kb + 4 * g + j;
+                            int8_t want = row < n && k < in ? a[(size_t)(use_tok ? tok[row] : row) * in + k] : 0;
+                            int8_t got = p[((size_t)tb * nkb + kb) * 1024 + 64 * g + 4 * t + j];
+                            cr_assert_eq(got, want, "tok %d tb %d kb %d g %d t %d j %d", use_tok, tb, kb, g, t, j);
+                        }
+        free(p);
+    }
+    free(a);
+}
+
+static void set_kernel(pd_kernel k)
+{
+    pd_err e = {0};
+    cr_assert_eq(pd_gemm_kernel_set(k, &e), 0, "%s", e.msg);
+}
+
+/* Every tail the blocking has: rows ending inside the first or second 16-row tile of a pair, and on a
+ * task boundary; reductions of 1..3 bytes, inside a K block and just past one; token counts below
+ * the tile threshold, inside one token block, ending the second of a pair or a lone one; the plain and
+ * the grouped forms (a gathered, repeated, reversed list of rows), with and without accumulation, on 1
+ * and 2 threads: bit for bit the reference's outputs. */
+Test(amx, emulated_tiles_equal_the_reference_on_odd_shapes)
+{
+    static const int outs[] = {1, 15, 16, 17, 31, 33, 64, 65, 100};
+    static const int ins[] = {1, 3, 63, 64, 65, 130, 1000};
+    static const int Ts[] = {3, 4, 15, 16, 17, 32, 33, 47};
+    pd_pool *pool;
+    pd_err e = {0};
+    cr_assert_eq(pd_pool_create(2, &pool, &e), 0, "%s", e.msg);
+    for (size_t oi = 0; oi < sizeof outs / sizeof *outs; oi++)
+        for (size_t ii = 0; ii < sizeof ins / sizeof *ins; ii++)
+            for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+                int out = outs[oi], in = ins[ii], T = Ts[ti];
+                int8_t *w = malloc((size_t)out * in), *a = malloc((size_t)T * in);
+                float *ws = malloc((size_t)out * sizeof *ws), *as = malloc((size_t)T * sizeof *as);
+                for (int i = 0; i < out * in; i++)
+                    w[i] = rnd8();
+                for (int i = 0; i < T * in; i++)
+                    a[i] = rnd8();
+                for (int i = 0; i < out; i++)
+                    ws[i] = rndscale();
+                for (int i = 0; i < T; i++)
+                    as[i] = rndscale();
+                pd_qmat W = {w, ws, out, in}, A = {a, as, T, in};
+                size_t ny = (size_t)T * out;
+                float *ref = malloc(ny * sizeof *ref), *y = malloc(ny * sizeof *y);
+                int32_t *rows = malloc((size_t)T * sizeof *rows);
+                for (int j = 0; j < T; j++)
+                    rows[j] = j % 3 == 2 ? rows[j - 1] : T - 1 - j;
+                float *gref = malloc(ny * sizeof *gref), *gy = malloc(ny * sizeof *gy);
+                for (int flags = 0; flags <= PD_GEMM_ACCUM; flags += PD_GEMM_ACCUM) {
+                    for (size_t i = 0; i < ny; i++)
+                        ref[i] = gref[i] = (float)(i % 7) - 3.0f;
+                    memcpy(y, ref, ny * sizeof *y);
+                    memcpy(gy, gref, ny * sizeof *gy);
+                    set_kernel(PD_KERNEL_REF);
+                    cr_assert_eq(pd_gemm(NULL, &W, &A, ref, flags, &e), 0, "%s", e.msg);
+                    pd_gemm_group g = {.w = W, .rows = rows, .n = T, .y = gref};
+                    cr_assert_eq(pd_gemm_grouped(NULL, &A, &g, 1, flags, &e), 0, "%s", e.msg);
+                    set_kernel(PD_KERNEL_AMX_EMU);
+                    pd_pool *p = (oi + ii + ti) % 2 ? pool : NULL;
+                    cr_assert_eq(pd_gemm(p, &W, &A, y, flags, &e), 0, "%s", e.msg);
+                    cr_assert(memcmp(ref, y, ny * sizeof *y) == 0, "plain out %d in %d T %d flags %d", out, in, T, flags);
+                    g.y = gy;
+                    /* the same group twice over halves of the rows: two packed parts in one allocation */
+                    pd_gemm_group two[2] = {{.w = W, .rows = rows, .n = T / 2, .y = gy},
+                                            {.w = W, .rows = rows + T / 2, .n = T - T / 2, .y = gy + (size_t)(T / 2) * out}};
+                    cr_assert_eq(pd_gemm_grouped(p, &A, two, 2, flags, &e), 0, "%s", e.msg);
+                    cr_assert(memcmp(gref, gy, ny * sizeof *gy) == 0, "grouped out %d in %d T %d flags %d", out, in, T,
+                              flags);
+                }
+                free(w), free(a), free(ws), free(as), free(ref), free(y), free(rows), free(gref), free(gy);
+            }
+    pd_pool_destroy(pool);
+    set_kernel(PD_KERNEL_REF);
+}
+
+/* The real kernel is offered exactly where /proc/cpuinfo lists AMX-TILE and AMX-INT8 (and Linux grants
+ * the tile state, which every kernel with those flags and 5.16 or later does); elsewhere asking for it
+ * is an error naming it; amx-emu is always there but never the default. */
+Test(amx, offered_where_the_cpu_has_it)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    cr_assert_not_null(f);
+    char line[8192];
+    int tile = 0, int8 = 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "flags", 5) == 0) {
+            tile = strstr(line, " amx_tile") != NULL;
+            int8 = strstr(line, " amx_int8") != NULL;
+            break;
+        }
+    fclose(f);
+    cr_assert_eq(pd_gemm_kernel_supported(PD_KERNEL_AMX), tile && int8);
+    cr_assert_eq(pd_gemm_kernel_supported(PD_KERNEL_AMX_EMU), 1);
+    pd_kernel k;
+    pd_err e = {0};
+    cr_assert_eq(pd_gemm_kernel_parse("amx-emu", &k, &e), 0);
+    cr_assert_eq(k, PD_KERNEL_AMX_EMU);
+    cr_assert_str_eq(pd_gemm_kernel_name(PD_KERNEL_AMX), "amx");
+    if (!(tile && int8)) {
+        cr_assert_lt(pd_gemm_kernel_set(PD_KERNEL_AMX, &e), 0);
+        cr_assert(strstr(e.msg, "amx") && strstr(e.msg, "not supported"), "%s", e.msg);
+    }
+}

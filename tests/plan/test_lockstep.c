@@ -1,0 +1,225 @@
+/* The aggregated closed loop in lockstep (lockstep.c): one client's cycle and C clients whose
+ * prompts share one step against the steps it is made of, the prefill cap, one wave against
+ * its duration, the clients' spread over DP ranks, and the flags it is refused without. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "plan/lockstep.h"
+#include "plan/perf.h"
+#include "fixture.h"
+
+/* v4-tiny colocated on dp ranks, chunk budget M, without MTP unless mtp (one token a step). */
+static void lock_plan(struct pd_plan *p, int dp, int64_t M, int mtp)
+{
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    o.model = "v4-tiny";
+    o.max_model_len = 4096;
+    o.max_num_batched_tokens = M;
+    o.max_num_seqs = 64;
+    o.mtp = mtp;
+    o.aggregated = 1;
+    o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = dp, .tp = 1, .instances = 1};
+    build(&o, p);
+}
+
+static void lock_workload(struct pd_workload *w, int64_t isl, int64_t osl, int64_t clients)
+{
+    pd_workload_default(w);
+    w->isl = isl;
+    w->osl = osl;
+    w->concurrency = clients;
+    w->lockstep = 1;
+}
+
+static double step_s(const struct pd_plan *p, enum pd_role r, struct pd_step_part dec, struct pd_step_part pre)
+{
+    struct pd_step s;
+    pd_perf_step_mixed(p, r, &dec, &pre, &s);
+    return s.total_s;
+}
+
+/* The decode steps of `seqs` sequences from their first token to their last (osl - 1 steps
+ * without MTP), each at its context. */
+static double decode_steps(const struct pd_plan *p, int64_t seqs, int64_t isl, int64_t osl)
+{
+    double t = 0;
+    for (int64_t j = 1; j < osl; j++)
+        t += step_s(p, PD_ROLE_DECODE, (struct pd_step_part){seqs, 1, isl + j}, (struct pd_step_part){0, 0, 0});
+    return t;
+}
+
+/* One client: TTFT = request + its prompt's chunks (nothing else in their steps), TPOT = the
+ * decode steps of one sequence over osl - 1, requests/s = 1 / (TTFT + (osl - 1) x TPOT). */
+Test(lockstep, one_client_is_its_steps)
+{
+    struct pd_plan p;
+    lock_plan(&p, 1, 512, 0);
+    struct pd_workload w;
+    lock_workload(&w, 1200, 40, 1);
+    struct pd_perf f;
+    pd_err e = {0};
+    cr_assert_eq(pd_perf_eval(&p, &w, &f, &e), 0, "%s", e.msg);
+    const double req = p.hw.eff.request_s;
+    double pre = 0;
+    for (int64_t off = 0; off < 1200; off += 512)
+        pre += step_s(&p, PD_ROLE_PREFILL, (struct pd_step_part){0, 0, 0},
+                      (struct pd_step_part){1, 1200 - off < 512 ? 1200 - off : 512, off});
+    const double dec = decode_steps(&p, 1, 1200, 40);
+    const struct pd_closed *c = &f.closed;
+    cr_assert_float_eq(c->ttft_s, req + pre, 1e-12);
+    cr_assert_float_eq(c->tpot_s, dec / 39, 1e-12);
+    cr_assert_float_eq(c->wait_s, 0, 1e-12);
+    cr_assert_float_eq(c->batch, 1, 1e-12);
+    cr_assert_float_eq(c->req_s, 1 / (req + pre + dec), 1e-9 * c->req_s);
+    cr_assert_float_eq(c->tok_s, 40 * c->req_s, 1e-9 * c->tok_s);
+    cr_assert_float_eq(c->cycle_s, c->ttft_s + 39 * c->tpot_s, 1e-12);
+    pd_plan_free(&p);
+}
+
+/* C clients whose prompts fit one step's budget: every cycle they share one prefill step and
+ * decode together at batch C; TTFT is that step's (the same for all), TPOT batch C's steps. */
+Test(lockstep, clients_share_one_step)
+{
+    struct pd_plan p;
+    lock_plan(&p, 1, 512, 0);
+    struct pd_workload w;
+    lock_workload(&w, 100, 32, 4);
+    struct pd_perf f;
+    pd_err e = {0};
+    cr_assert_eq(pd_perf_eval(&p, &w, &f, &e), 0, "%s", e.msg);
+    const double req = p.hw.eff.request_s;
+    const double pre = step_s(&p, PD_ROLE_PREFILL, (struct pd_step_part){0, 0, 0}, (struct pd_step_part){4, 100, 0});
+    const double dec = decode_steps(&p, 4, 100, 32);
+    const struct pd_closed *c = &f.closed;
+    cr_assert_float_eq(c->ttft_s, req + pre, 1e-12);
+    cr_assert_float_eq(c->tpot_s, dec / 31, 1e-12);
+    cr_assert_float_eq(c->batch, 4, 1e-12);
+    cr_assert_float_eq(c->req_s, 4 / (req + pre + dec), 1e-9 * c->req_s);
+    pd_plan_free(&p);
+}
+
+/* One wave (num_prompts = clients) under a prefill cap of 2: ten prompts take five steps with
+ * prompt tokens, the first carrying two whole prompts; throughput = all output over the run. */
+Test(lockstep, one_wave_with_a_prefill_cap)
+{
+    struct pd_plan p;
+    lock_plan(&p, 1, 2048, 0);
+    struct pd_workload w;
+    lock_workload(&w, 500, 20, 10);
+    w.num_prompts = 10;
+    w.prefill_max_requests = 2;
+    struct pd_closed c;
+    struct pd_lockstep d;
+    pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &c, &d);
+    cr_assert_eq(d.clients, 10);
+    cr_assert_eq(d.requests, 1);
+    cr_assert_eq(d.mixed_steps, 5);
+    cr_assert_eq(d.first_step.tokens, 1000);
+    cr_assert_float_eq(d.first_step.total_s,
+                       step_s(&p, PD_ROLE_PREFILL, (struct pd_step_part){0, 0, 0}, (struct pd_step_part){2, 500, 0}),
+                       1e-12);
+    cr_assert_float_eq(c.req_s, 10 / d.duration_s, 1e-9 * c.req_s);
+    cr_assert_float_eq(d.duration_s, p.hw.eff.request_s + d.mixed_s + d.decode_s, 1e-9);
+    /* without the cap all ten prompts (5,000 tokens) go in as the budget allows: 3 steps */
+    w.prefill_max_requests = 0;
+    pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &c, &d);
+    cr_assert_eq(d.mixed_steps, 3);
+    pd_plan_free(&p);
+}
+
+/* Prefill-first (SGLang's schedule): the wave's five rounds of two prompts run before any decode
+ * step, so pair j has its first token after j rounds (mean TTFT: request + 3 rounds) and then waits
+ * for the 5 - j rounds after it (a benchmark's TPOT counts them: mean (2 rounds + the decode steps
+ * of all ten) / 19). The decode-first run of the same wave carries the early pairs' decodes in the
+ * later rounds: a higher TTFT (dearer rounds) and a lower TPOT (no round stalls them). */
+Test(lockstep, prefill_first_runs_the_rounds_first)
+{
+    struct pd_plan p;
+    lock_plan(&p, 1, 2048, 0);
+    struct pd_workload w;
+    lock_workload(&w, 500, 20, 10);
+    w.num_prompts = 10;
+    w.prefill_max_requests = 2;
+    w.prefill_first = 1;
+    struct pd_closed c, d;
+    struct pd_lockstep l;
+    pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &c, &l);
+    const double round = step_s(&p, PD_ROLE_PREFILL, (struct pd_step_part){0, 0, 0}, (struct pd_step_part){2, 500, 0});
+    cr_assert_eq(l.mixed_steps, 5);
+    cr_assert_float_eq(l.mixed_s, 5 * round, 1e-12);
+    cr_assert_float_eq(c.ttft_s, p.hw.eff.request_s + 3 * round, 1e-12);
+    cr_assert_float_eq(c.tpot_s, (2 * round + decode_steps(&p, 10, 500, 20)) / 19, 1e-12);
+    cr_assert_float_eq(c.batch, 10, 1e-12);
+    w.prefill_first = 0;
+    pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &d, NULL);
+    cr_assert_gt(d.ttft_s, c.ttft_s);
+    cr_assert_lt(d.tpot_s, c.tpot_s);
+    pd_plan_free(&p);
+}
+
+/* With MTP each step accepts 1 + acceptance tokens: a sequence needs ceil((osl - 1) / tps)
+ * decode steps, and C clients over DP ranks load the busiest with ceil(C / ranks). */
+Test(lockstep, mtp_and_ranks)
+{
+    struct pd_plan p;
+    lock_plan(&p, 2, 2048, 1);
+    cr_assert(p.include_mtp);
+    const double tps = 1 + p.hw.eff.mtp_acceptance;
+    struct pd_workload w;
+    lock_workload(&w, 200, 101, 3);
+    w.num_prompts = 3;
+    struct pd_closed c;
+    struct pd_lockstep d;
+    pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &c, &d);
+    cr_assert_eq(d.clients, 2, "3 clients over 2 ranks: 2 on the busiest");
+    cr_assert_eq(d.mixed_steps, 1);
+    cr_assert_eq(d.steps - d.mixed_steps, (int64_t)ceil(100 / tps - 1e-9));
+    pd_plan_free(&p);
+}
+
+/* Refused by name: lockstep without clients or on a disaggregated layout, and its two
+ * parameters in the random-phase loop, and a number of prompts the clients cannot share. */
+Test(lockstep, refused_by_name)
+{
+    struct pd_plan p;
+    lock_plan(&p, 1, 512, 0);
+    struct pd_workload w;
+    struct pd_perf f;
+    pd_err e = {0};
+    lock_workload(&w, 100, 16, 0);
+    cr_assert_neq(pd_perf_eval(&p, &w, &f, &e), 0);
+    cr_assert(strstr(e.msg, "--phase lockstep") && strstr(e.msg, "--concurrency"), "%s", e.msg);
+    lock_workload(&w, 100, 16, 4);
+    w.num_prompts = 10;
+    cr_assert_neq(pd_perf_eval(&p, &w, &f, &e), 0);
+    cr_assert(strstr(e.msg, "--num-prompts 10") && strstr(e.msg, "multiple"), "%s", e.msg);
+    w.lockstep = 0;
+    w.num_prompts = 8;
+    cr_assert_neq(pd_perf_eval(&p, &w, &f, &e), 0);
+    cr_assert(strstr(e.msg, "--num-prompts") && strstr(e.msg, "lockstep"), "%s", e.msg);
+    w.num_prompts = 0;
+    w.prefill_max_requests = 2;
+    cr_assert_neq(pd_perf_eval(&p, &w, &f, &e), 0);
+    cr_assert(strstr(e.msg, "--prefill-max-requests"), "%s", e.msg);
+    w.prefill_max_requests = 0;
+    w.prefill_first = 1;
+    cr_assert_neq(pd_perf_eval(&p, &w, &f, &e), 0);
+    cr_assert(strstr(e.msg, "--schedule prefill-first") && strstr(e.msg, "lockstep"), "%s", e.msg);
+    lock_workload(&w, 100, 16, PD_LOCKSTEP_MAX_CLIENTS + 1);
+    cr_assert_neq(pd_perf_eval(&p, &w, &f, &e), 0);
+    cr_assert(strstr(e.msg, "--phase lockstep") && strstr(e.msg, "per DP rank") && strstr(e.msg, "--phase random"),
+              "%s", e.msg);
+    pd_plan_free(&p);
+    struct pd_plan q;
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    o.model = "v4-tiny";
+    o.role[PD_ROLE_PREFILL] = o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 1, .tp = 1, .instances = 1};
+    build(&o, &q);
+    lock_workload(&w, 100, 16, 4);
+    cr_assert_neq(pd_perf_eval(&q, &w, &f, &e), 0);
+    cr_assert(strstr(e.msg, "--phase lockstep") && strstr(e.msg, "aggregated"), "%s", e.msg);
+    pd_plan_free(&q);
+}
