@@ -15,7 +15,7 @@ static const struct {
      "int8 GEMV/GEMM and the MoE grouped GEMM against oneDNN, this machine's bandwidth and VNNI peak"},
     {"decode", pd_bench_decode, "[--model DIR] [--threads N] [--steps N] [--batch 1|16] [--quick]",
      "the engine's decode tokens/s against the bandwidth roofline"},
-    {"ep", pd_bench_ep, "[--ranks 1,2,4] [--model DIR] [--quick]",
+    {"ep", pd_bench_ep, "[--ranks 1,2,4] [--model DIR] [--quick] [--json]",
      "expert-parallel exchange cost against MPI_Alltoallv of the same volumes, decode across ranks"},
     {"serve", pd_bench_serve, "[--base-url URL] [--max-concurrency C] ... [--json] (see --help)",
      "load against an OpenAI-compatible endpoint, as vllm bench serve"},
