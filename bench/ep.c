@@ -176,9 +176,9 @@ static int worker(const char *dir, int quick, int json)
         double ratio = g[3] > 0 ? g[0] / g[3] : 0, ratio_min = g[4] > 0 ? g[1] / g[4] : 0;
         double ratio_peers = g[5] > 0 ? g[0] / g[5] : 0, ratio_peers_min = g[6] > 0 ? g[1] / g[6] : 0;
         if (rank == 0 && json)
-            printf("%s{\"tokens_per_rank\": %d, \"bytes_out_per_rank\": %lld, \"exchange_us\": %.2f, "
-                   "\"exchange_min_us\": %.2f, \"raw_alltoallv_us\": %.2f, \"raw_alltoallv_min_us\": %.2f, "
-                   "\"raw_peers_us\": %.2f, \"raw_peers_min_us\": %.2f, \"raw_bf16_us\": %.2f, \"experts_us\": %.2f, "
+            printf("%s{\"tokens_per_rank\": %d, \"bytes_out_per_rank\": %lld, \"exchange_us\": %.3f, "
+                   "\"exchange_min_us\": %.3f, \"raw_alltoallv_us\": %.3f, \"raw_alltoallv_min_us\": %.3f, "
+                   "\"raw_peers_us\": %.3f, \"raw_peers_min_us\": %.3f, \"raw_bf16_us\": %.3f, \"experts_us\": %.3f, "
                    "\"ratio\": %.3f, \"ratio_min\": %.3f, \"ratio_peers\": %.3f, \"ratio_peers_min\": %.3f}",
                    T > 1 ? ", " : "", T, (long long)sent, g[0] * 1e6, g[1] * 1e6, g[3] * 1e6, g[4] * 1e6, g[5] * 1e6,
                    g[6] * 1e6, g[7] * 1e6, g[2] * 1e6, ratio, ratio_min, ratio_peers, ratio_peers_min);
