@@ -1,7 +1,14 @@
-/* `pdmoe bench ep --ranks 1,2,4 --model DIR`: expert-parallel dispatch + combine per MoE layer for
- * 1 to 256 tokens per rank, against the same MPI_Alltoallv volumes timed alone, and decode
- * tokens/s of the model for each group size. The command launches `mpirun -n N pdmoe bench
- * ep-worker` for each N (oversubscribed on small machines) and prints the workers' rank-0 report. */
+/* `pdmoe bench ep --ranks 1,2,4 --model DIR [--quick] [--json]`: expert-parallel dispatch +
+ * combine per MoE layer (counts, packing, messages, scattering: everything but the experts) for 1
+ * to 256 tokens per rank, against a raw MPI_Alltoallv of the same volumes timed alone in the same
+ * run (an MPI_Alltoall of the counts, then every (token, expert) pair's int8 row with its expert
+ * id and scale one way and its fp32 output row back, the pairs a rank keeps included, as an
+ * Alltoallv exchange moves them), and decode tokens/s of the model for each group size. Ratios
+ * are of medians and, for a shared machine, of minimums over the repetitions; "raw peers" leaves
+ * out the pairs a rank keeps (only the bytes that cross between ranks). The command launches
+ * `mpirun -n N pdmoe bench ep --worker` for each N (oversubscribed on small machines) and prints
+ * the workers' rank-0 report; with --json one document: {"bench":"ep","model":...,"groups":[one
+ * object per N]}. */
 #include "bench.h"
 #include "cli/cli.h"
 #include "core/timing.h"
@@ -52,10 +59,11 @@ static void route(int32_t *ids, int T, int k, int E, uint64_t *s)
     }
 }
 
-/* The volumes of the last exchange moved by MPI alone: counts, dispatch records, combine rows.
- * bf16 = 1: the dispatch records are what a bf16 dispatch would send (expert id + 2 bytes per
- * value) instead of int8 rows with their scale. */
-static double raw_alltoallv(struct pd_ep *ep, int reps, int bf16)
+/* The volumes of the last exchange moved by MPI alone: counts, dispatch records, combine rows;
+ * median seconds, and the minimum in *best. bf16 = 1: the dispatch records are what a bf16
+ * dispatch would send (expert id + 2 bytes per value) instead of int8 rows with their scale.
+ * peers = 1: without the pairs a rank keeps. */
+static double raw_alltoallv(struct pd_ep *ep, int reps, int bf16, int peers, double *best)
 {
     const int n = ep->size, H = ep->hidden;
     const int rec = bf16 ? 4 + 2 * H : 8 + ((H + 3) & ~3);
@@ -74,8 +82,9 @@ static double raw_alltoallv(struct pd_ep *ep, int reps, int bf16)
         for (int phase = 0; phase < 2; phase++) {
             int s = 0, q = 0;
             for (int r = 0; r < n; r++) {
-                int a = phase ? ep->rcnt[r] * 4 * H : ep->scnt[r] * rec;
-                int b = phase ? ep->scnt[r] * 4 * H : ep->rcnt[r] * rec;
+                int keep = !peers || r != ep->rank;
+                int a = keep * (phase ? ep->rcnt[r] * 4 * H : ep->scnt[r] * rec);
+                int b = keep * (phase ? ep->scnt[r] * 4 * H : ep->rcnt[r] * rec);
                 sc[r] = a;
                 sd[r] = s;
                 s += a;
@@ -88,6 +97,7 @@ static double raw_alltoallv(struct pd_ep *ep, int reps, int bf16)
         t[i] = pd_now_s() - t0;
     }
     double m = median(t, reps);
+    *best = t[0];
     free(sc);
     free(sb);
     free(rb);
@@ -95,7 +105,7 @@ static double raw_alltoallv(struct pd_ep *ep, int reps, int bf16)
     return m;
 }
 
-static int worker(const char *dir, int quick)
+static int worker(const char *dir, int quick, int json)
 {
     int provided, rank, size;
     MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
@@ -120,11 +130,15 @@ static int worker(const char *dir, int quick)
     ep.sync_before_combine = 1;
     const int H = (int)m.hidden_size, k = m.n_experts_per_tok, E = m.n_routed_experts;
     const int layer = m.num_hash_layers < m.n_layers ? m.num_hash_layers : 0, reps = quick ? 5 : 30;
-    if (rank == 0) {
-        printf("pdmoe bench ep: %s, %d rank%s, %d thread%s each, layer %d (top-%d of %d experts, hidden %d)\n", dir,
-               size, size > 1 ? "s" : "", threads, threads > 1 ? "s" : "", layer, k, E, H);
-        printf("  %10s %16s %14s %14s %14s %14s %10s\n", "tokens/rank", "bytes out/rank", "dispatch+comb",
-               "raw int8", "raw bf16", "experts", "overhead");
+    if (rank == 0 && json)
+        printf("{\"ranks\": %d, \"threads\": %d, \"layer\": %d, \"top_k\": %d, \"experts\": %d, \"hidden\": %d, "
+               "\"reps\": %d, \"cases\": [", size, threads, layer, k, E, H, reps);
+    else if (rank == 0) {
+        printf("pdmoe bench ep: %s, %d rank%s, %d thread%s each, layer %d (top-%d of %d experts, hidden %d), "
+               "median (min) of %d\n", dir, size, size > 1 ? "s" : "", threads, threads > 1 ? "s" : "", layer, k, E, H,
+               reps);
+        printf("  %6s %10s %22s %22s %10s %10s %16s %10s\n", "tokens", "bytes out", "exchange", "raw Alltoallv",
+               "raw peers", "raw bf16", "ratio", "experts");
     }
     uint64_t seed = 42 + (uint64_t)rank;
     for (int T = 1; T <= (quick ? 16 : 256); T *= 4) {
@@ -137,8 +151,6 @@ static int worker(const char *dir, int quick)
         pd_qmat a = {.q = q, .scale = s, .rows = T, .cols = H};
         double *tx = calloc((size_t)reps, sizeof *tx), *tt = calloc((size_t)reps, sizeof *tt);
         int64_t sent = 0;
-        /* the exchange's parts, summed over the repetitions */
-        const double p0[5] = {ep.t_counts, ep.t_pack, ep.t_dispatch, ep.t_combine, ep.t_scatter};
         for (int i = 0; i < reps; i++) {
             route(ids, T, k, E, &seed);
             MPI_Barrier(MPI_COMM_WORLD);
@@ -152,20 +164,28 @@ static int worker(const char *dir, int quick)
             tx[i] = ep.t_exchange - x0;
             sent = ep.bytes_sent - b0;
         }
-        double ex = median(tx, reps), total = median(tt, reps);
-        double raw[2] = {raw_alltoallv(&ep, reps, 0), raw_alltoallv(&ep, reps, 1)}, rawmax[2];
-        double mx[2] = {ex, total}, red[2];
-        MPI_Reduce(mx, red, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-        MPI_Reduce(raw, rawmax, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-        double parts[5] = {(ep.t_counts - p0[0]) / reps, (ep.t_pack - p0[1]) / reps, (ep.t_dispatch - p0[2]) / reps,
-                           (ep.t_combine - p0[3]) / reps, (ep.t_scatter - p0[4]) / reps}, pmax[5];
-        MPI_Reduce(parts, pmax, 5, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-        if (rank == 0) {
-            printf("  %10d %16lld %11.1f us %11.1f us %11.1f us %11.1f us %9.2fx\n", T, (long long)sent, red[0] * 1e6,
-                   rawmax[0] * 1e6, rawmax[1] * 1e6, (red[1] - red[0]) * 1e6, rawmax[0] > 0 ? red[0] / rawmax[0] : 0.0);
-            printf("  %10s parts (mean, slowest rank): counts %.1f us, pack %.1f us, dispatch %.1f us, combine %.1f us, "
-                   "scatter %.1f us\n", "", pmax[0] * 1e6, pmax[1] * 1e6, pmax[2] * 1e6, pmax[3] * 1e6, pmax[4] * 1e6);
-        }
+        /* each rank's median and minimum; the group's figure is the slowest rank's */
+        double ex = median(tx, reps), total = median(tt, reps), v[8], g[8];
+        v[0] = ex;
+        v[1] = tx[0];
+        v[2] = total - ex;
+        v[3] = raw_alltoallv(&ep, reps, 0, 0, &v[4]);
+        v[5] = raw_alltoallv(&ep, reps, 0, 1, &v[6]);
+        v[7] = raw_alltoallv(&ep, reps, 1, 0, &(double){0});
+        MPI_Reduce(v, g, 8, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+        double ratio = g[3] > 0 ? g[0] / g[3] : 0, ratio_min = g[4] > 0 ? g[1] / g[4] : 0;
+        double ratio_peers = g[5] > 0 ? g[0] / g[5] : 0, ratio_peers_min = g[6] > 0 ? g[1] / g[6] : 0;
+        if (rank == 0 && json)
+            printf("%s{\"tokens_per_rank\": %d, \"bytes_out_per_rank\": %lld, \"exchange_us\": %.3f, "
+                   "\"exchange_min_us\": %.3f, \"raw_alltoallv_us\": %.3f, \"raw_alltoallv_min_us\": %.3f, "
+                   "\"raw_peers_us\": %.3f, \"raw_peers_min_us\": %.3f, \"raw_bf16_us\": %.3f, \"experts_us\": %.3f, "
+                   "\"ratio\": %.3f, \"ratio_min\": %.3f, \"ratio_peers\": %.3f, \"ratio_peers_min\": %.3f}",
+                   T > 1 ? ", " : "", T, (long long)sent, g[0] * 1e6, g[1] * 1e6, g[3] * 1e6, g[4] * 1e6, g[5] * 1e6,
+                   g[6] * 1e6, g[7] * 1e6, g[2] * 1e6, ratio, ratio_min, ratio_peers, ratio_peers_min);
+        else if (rank == 0)
+            printf("  %6d %10lld %9.1f (%6.1f) us %9.1f (%6.1f) us %7.1f us %7.1f us %7.2fx (%5.2fx) %7.0f us\n", T,
+                   (long long)sent, g[0] * 1e6, g[1] * 1e6, g[3] * 1e6, g[4] * 1e6, g[5] * 1e6, g[7] * 1e6, ratio,
+                   ratio_min, g[2] * 1e6);
         free(x);
         free(y);
         free(s);
@@ -205,9 +225,13 @@ static int worker(const char *dir, int quick)
     }
     MPI_Barrier(MPI_COMM_WORLD);
     double dt = pd_now_s() - t0;
-    if (rank == 0)
+    if (rank == 0 && json)
+        printf("], \"decode_sequences\": %d, \"decode_steps\": %d, \"decode_tokens_per_s\": %.1f}", total, steps,
+               total * steps / dt);
+    else if (rank == 0)
         printf("  decode, %d sequences over %d rank%s: %.1f tokens/s (%d steps)\n", total, size, size > 1 ? "s" : "",
                total * steps / dt, steps);
+    fflush(stdout);
     for (int i = 0; i < mine; i++)
         pd_seq_end(&en, &sq[i]);
     free(sq);
@@ -223,10 +247,11 @@ static int worker(const char *dir, int quick)
 int pd_bench_ep(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"ranks", 1, 0, 'r'}, {"model", 1, 0, 'm'}, {"quick", 0, 0, 'q'}, {"worker", 0, 0, 'w'}, {0, 0, 0, 0},
+        {"ranks", 1, 0, 'r'}, {"model", 1, 0, 'm'}, {"quick", 0, 0, 'q'}, {"worker", 0, 0, 'w'},
+        {"json", 0, 0, 'j'}, {0, 0, 0, 0},
     };
     const char *ranks = "1,2,4", *dir = "models/mini";
-    int quick = 0, is_worker = 0, c;
+    int quick = 0, is_worker = 0, json = 0, c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
@@ -238,11 +263,13 @@ int pd_bench_ep(int argc, char **argv)
             quick = 1;
         else if (c == 'w')
             is_worker = 1;
+        else if (c == 'j')
+            json = 1;
         else
             return pd_cli_bad_flag("bench ep", c, argc, argv);
     }
     if (is_worker)
-        return worker(dir, quick);
+        return worker(dir, quick, json);
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) {
@@ -252,7 +279,13 @@ int pd_bench_ep(int argc, char **argv)
     self[n] = 0;
     char buf[64];
     snprintf(buf, sizeof buf, "%s", ranks);
-    int rc = 0;
+    int rc = 0, groups = 0;
+    if (json) {
+        printf("{\"bench\": \"ep\", \"model\": \"");
+        for (const char *ch = dir; *ch; ch++)
+            printf((unsigned char)*ch < 0x20 ? "\\u%04x" : *ch == '"' || *ch == '\\' ? "\\%c" : "%c", *ch);
+        printf("\", \"groups\": [");
+    }
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
         int r = atoi(t);
         if (r < 1 || r > 64) {
@@ -262,9 +295,13 @@ int pd_bench_ep(int argc, char **argv)
         char cmd[8192];
         snprintf(cmd, sizeof cmd,
                  "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -n %d --oversubscribe '%s' bench ep "
-                 "--worker --model '%s'%s", r, self, dir, quick ? " --quick" : "");
+                 "--worker --model '%s'%s%s", r, self, dir, quick ? " --quick" : "", json ? " --json" : "");
+        if (json && groups++)
+            printf(", ");
         fflush(stdout);
         rc = system(cmd) != 0;
     }
+    if (json)
+        printf("]}\n");
     return rc;
 }

@@ -131,8 +131,10 @@ int pd_engine_mtp_step(struct pd_engine *en, struct pd_step_item *items, int n_i
  * tokens kept are final. The blocks stay reserved. PD_EINVAL if a dropped token was not logged. */
 int pd_engine_rollback(struct pd_engine *en, struct pd_seq *s, int64_t len, int64_t mtp_len, pd_err *e);
 
-/* Experts `expert[p]` on rows `row[p]` of `a`, for P pairs: y[p] = expert output [hidden]. */
+/* Experts `expert[p]` on rows `row[p]` of `a`, for P pairs: the expert output [hidden] of pair p
+ * goes to y + p * hidden, or to dst[p] when dst is not NULL (expert parallelism: a rank's own
+ * pairs straight into the engine's buffer, the received ones into the combine's send buffer). */
 int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *row,
-                          const int32_t *expert, int P, float *y, pd_err *e);
+                          const int32_t *expert, int P, float *y, float *const *dst, pd_err *e);
 
 #endif

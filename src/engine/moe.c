@@ -258,10 +258,10 @@ static void act_task(void *arg, int task)
 
 /* Routed experts with grouped int8 GEMMs: pair p runs expert[p] on row[p] of the quantised
  * activations a; after a counting sort the pairs of one expert are contiguous (in pair order),
- * and y[p] receives the expert's output. Used on a rank's own tokens, and by expert parallelism
- * on the rows other ranks send. */
+ * and y[p] (dst[p] when dst is given) receives the expert's output. Used on a rank's own tokens,
+ * and by expert parallelism on its own and the received rows at once. */
 int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *row,
-                          const int32_t *expert, int P, float *y, pd_err *e)
+                          const int32_t *expert, int P, float *y, float *const *dst, pd_err *e)
 {
     const struct pd_model *m = &en->model;
     const struct pd_layer_w *L = pd_layer_weights(en, layer);
@@ -329,7 +329,7 @@ int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, con
     if ((rc = pd_gemm_grouped(en->pool, &a2, grp, ng, 0, e)))
         goto out;
     for (int at = 0; at < P; at++)
-        memcpy(y + (size_t)pair[at] * H, ys + (size_t)at * H, (size_t)H * 4);
+        memcpy(dst ? dst[pair[at]] : y + (size_t)pair[at] * H, ys + (size_t)at * H, (size_t)H * 4);
     rc = 0;
 out:
     return rc;
@@ -345,7 +345,7 @@ static int experts_local(struct pd_engine *en, int layer, const pd_qmat *a, cons
         return PD_ENOMEM;
     for (int p = 0; p < T * k; p++)
         row[p] = p / k;
-    return pd_engine_run_experts(en, layer, a, row, ids, T * k, y, e);
+    return pd_engine_run_experts(en, layer, a, row, ids, T * k, y, NULL, e);
 }
 
 int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)

@@ -1,0 +1,90 @@
+/* `pdmoe bench ep --json` (real processes under mpirun): one document whose groups report, per
+ * token count, the exchange's time against a raw MPI_Alltoallv of the same volumes timed in the
+ * same run, with the ratios computed from those times; one rank sends nothing, two do. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "../tmpmodel.h"
+
+static char dir[64];
+
+static void setup(void)
+{
+    tmp_model("v4-tiny", 3, dir, sizeof dir);
+    mpi_test_env();
+}
+
+static void teardown(void)
+{
+    rm_model(dir);
+}
+
+TestSuite(bench_ep, .init = setup, .fini = teardown, .timeout = 300);
+
+static double num(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    cr_assert(json_is_number(v), "no number \"%s\"", key);
+    return json_number_value(v);
+}
+
+/* r = a / b, for a, b and r rounded to 0.001 (twice the worst case of the rounding as margin). */
+static int quotient(double r, double a, double b)
+{
+    double q = a / b;
+    return fabs(r - q) <= 2 * (0.0005 + q * (0.0005 / a + 0.0005 / b));
+}
+
+Test(bench_ep, json_ratios_of_the_same_run)
+{
+    const char *bin = getenv("PDMOE_BIN");
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "timeout 240 %s bench ep --ranks 1,2 --model %s --quick --json", bin ? bin : "build/pdmoe",
+             dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    static char out[1 << 16];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: status %d: %s", cmd, st, out);
+    json_error_t je;
+    json_t *doc = json_loads(out, 0, &je);   /* the whole of stdout is the document */
+    cr_assert_not_null(doc, "%s: %s", je.text, out);
+    cr_assert_str_eq(json_string_value(json_object_get(doc, "bench")), "ep");
+    cr_assert_str_eq(json_string_value(json_object_get(doc, "model")), dir);
+    json_t *groups = json_object_get(doc, "groups");
+    cr_assert_eq(json_array_size(groups), 2, "%s", out);
+    for (size_t g = 0; g < 2; g++) {
+        json_t *grp = json_array_get(groups, g);
+        cr_assert_eq(json_integer_value(json_object_get(grp, "ranks")), (json_int_t)g + 1);
+        cr_assert_gt(num(grp, "decode_tokens_per_s"), 0);
+        json_t *cases = json_object_get(grp, "cases");
+        cr_assert_eq(json_array_size(cases), 3, "--quick: 1, 4 and 16 tokens per rank");
+        for (size_t i = 0; i < 3; i++) {
+            json_t *c = json_array_get(cases, i);
+            cr_assert_eq(json_integer_value(json_object_get(c, "tokens_per_rank")), 1 << (2 * i));
+            double bytes = num(c, "bytes_out_per_rank");
+            if (g == 0)
+                cr_assert_eq(bytes, 0, "one rank sent %g bytes", bytes);
+            else
+                cr_assert_gt(bytes, 0, "two ranks exchanged nothing");
+            double ex = num(c, "exchange_us"), ex_min = num(c, "exchange_min_us");
+            double raw = num(c, "raw_alltoallv_us"), raw_min = num(c, "raw_alltoallv_min_us");
+            double peers = num(c, "raw_peers_us"), peers_min = num(c, "raw_peers_min_us");
+            cr_assert(ex > 0 && raw > 0 && peers > 0 && ex_min > 0 && raw_min > 0 && peers_min > 0, "%s", out);
+            cr_assert(ex_min <= ex && raw_min <= raw && peers_min <= peers, "a minimum above its median: %s", out);
+            /* each ratio is the quotient of the times printed beside it (to 0.001 us, itself to 0.001) */
+            cr_assert(quotient(num(c, "ratio"), ex, raw), "%s", out);
+            cr_assert(quotient(num(c, "ratio_min"), ex_min, raw_min), "%s", out);
+            cr_assert(quotient(num(c, "ratio_peers"), ex, peers), "%s", out);
+            cr_assert(quotient(num(c, "ratio_peers_min"), ex_min, peers_min), "%s", out);
+        }
+    }
+    json_decref(doc);
+}
