@@ -25,7 +25,7 @@ UP=
 # has its own script (tools/validation-mtp.sh): all three are kept
 # from the current file as they are, each to the end or the next section
 KEEP=$T/shaped-link.md
-[ -f "$OUT" ] && awk '/^## / { k = /^## Speculative decoding \(MTP\) on this machine/ || /^## The KV hand-off across a shaped link/ || /^## The engine against DeepSeek.s official forward/ } k' "$OUT" > "$KEEP" || : > "$KEEP"
+[ -f "$OUT" ] && awk '/^## / { k = /^## Aggregated closed loop on this machine/ || /^## Speculative decoding \(MTP\) on this machine/ || /^## The KV hand-off across a shaped link/ || /^## The engine against DeepSeek.s official forward/ } k' "$OUT" > "$KEEP" || : > "$KEEP"
 cleanup() {
     [ -n "$UP" ] && kill -INT "$UP" 2>/dev/null && wait "$UP" 2>/dev/null
     rm -rf "$T"
