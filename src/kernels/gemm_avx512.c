@@ -19,10 +19,9 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "kernels/avx512_common.h"
 #include "kernels/gemm_impl.h"
 
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-#define INLINE static inline __attribute__((always_inline))
 
 enum { GEMV_R = 8, CHUNK = 64 };
 
@@ -33,29 +32,6 @@ enum { GEMV_R = 8, CHUNK = 64 };
  * GEMV). */
 enum { PF_BYTES = 8192, PF_MAX_IN = 2048 };
 
-/* The load mask for the last `rem` (< 64) bytes of a row. */
-INLINE AVX512 __mmask64 tail_mask(int rem)
-{
-    return rem >= 64 ? ~0ULL : (1ULL << rem) - 1;
-}
-
-/* c += sum of 4-byte groups of unsigned w times signed a (see the top of the file for the asm). */
-#define DP(c, w, a) __asm__("vpdpbusd %2, %1, %0" : "+v"(c) : "v"(w), "v"(a))
-/* Whole and tail (masked, `m` in scope) 64-byte loads. */
-#define FULL(p) _mm512_loadu_si512(p)
-#define MASKED(p) _mm512_maskz_loadu_epi8(m, p)
-
-/* The 4 x 32-bit sums of 4 vectors: lane r = sum of the 16 lanes of v_r. */
-INLINE AVX512 __m128i reduce4(__m512i v0, __m512i v1, __m512i v2, __m512i v3)
-{
-    /* In each 128-bit chunk: [v0 0+2, v1 0+2, v0 1+3, v1 1+3], likewise for v2, v3. */
-    __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
-    __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(v2, v3), _mm512_unpackhi_epi32(v2, v3));
-    /* In each chunk: [v0, v1, v2, v3] summed over that chunk; then add the four chunks. */
-    __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
-    __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
-    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-}
 
 /* The exact products from offset sums: s - 128 * asum, modulo 2^32 (see the top of the file). */
 INLINE AVX512 void store_sums(__m128i s, int32_t asum, int32_t *acc)

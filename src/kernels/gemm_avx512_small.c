@@ -20,10 +20,9 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "kernels/avx512_common.h"
 #include "kernels/gemm_impl.h"
 
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-#define INLINE static inline __attribute__((always_inline))
 
 enum { MAX_U = 6, GEMM_R = 4, CHUNK = 64 };
 
@@ -31,29 +30,6 @@ enum { MAX_U = 6, GEMM_R = 4, CHUNK = 64 };
  * apart (not a multiple of 4 KiB), SUPER tokens at most per block of rows (24 here). */
 enum { KBLOCK = 4096, PANEL_STRIDE = KBLOCK + 64, SUPER = 4 * MAX_U };
 
-/* The load mask for the last `rem` (< 64) bytes of a row. */
-INLINE AVX512 __mmask64 tail_mask(int rem)
-{
-    return rem >= 64 ? ~0ULL : (1ULL << rem) - 1;
-}
-
-/* c += sum of 4-byte groups of unsigned w times signed a (a one-instruction asm statement: see gemm_avx512.c). */
-#define DP(c, w, a) __asm__("vpdpbusd %2, %1, %0" : "+v"(c) : "v"(w), "v"(a))
-/* Whole and tail (masked, `m` in scope) 64-byte loads. */
-#define FULL(p) _mm512_loadu_si512(p)
-#define MASKED(p) _mm512_maskz_loadu_epi8(m, p)
-
-/* The 4 x 32-bit sums of 4 vectors: lane r = sum of the 16 lanes of v_r. */
-INLINE AVX512 __m128i reduce4(__m512i v0, __m512i v1, __m512i v2, __m512i v3)
-{
-    /* In each 128-bit chunk: [v0 0+2, v1 0+2, v0 1+3, v1 1+3], likewise for v2, v3. */
-    __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
-    __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(v2, v3), _mm512_unpackhi_epi32(v2, v3));
-    /* In each chunk: [v0, v1, v2, v3] summed over that chunk; then add the four chunks. */
-    __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
-    __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
-    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-}
 
 /* acc[0..3] = s (first) or acc[0..3] + s, modulo 2^32: the raw sums of one K block. */
 INLINE AVX512 void add_sums(__m128i s, int first, int32_t *acc)

@@ -37,10 +37,9 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "kernels/avx512_common.h"
 #include "kernels/gemm_impl.h"
 
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-#define INLINE static inline __attribute__((always_inline))
 
 enum {
     MR = 6,                  /* tokens per micro-tile */
@@ -49,9 +48,6 @@ enum {
     SUPER = 86 * MR,         /* tokens per super-block (the sums' buffer is on the stack) */
     PACK_STEP = 4 * NR,      /* bytes of packed weights per 4 reduction bytes */
 };
-
-/* c += (unsigned bytes of w) . (signed bytes of a), per 32-bit lane. */
-#define DP(c, w, a) __asm__("vpdpbusd %2, %1, %0" : "+v"(c) : "v"(w), "v"(a))
 
 /* The 4 bytes at p in every 32-bit lane. */
 INLINE AVX512 __m512i broadcast4(const int8_t *p)
