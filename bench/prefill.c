@@ -53,11 +53,7 @@ static int use_cpu_time;
 
 static double now_s(void)
 {
-    if (!use_cpu_time)
-        return pd_now_s();
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+    return use_cpu_time ? pd_thread_cpu_s() : pd_now_s();
 }
 
 /* One prefill of ids[0 .. n) on a fresh sequence: *sec its step's time. */

@@ -7,31 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-/* stdout of `pdmoe args` (malloc'd) and its exit status. */
-static char *run_out(const char *args, int *status)
-{
-    const char *bin = getenv("PDMOE_BIN");
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "%s %s", bin ? bin : "build/pdmoe", args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t k;
-    while ((k = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += k;
-        if (n + 1 == cap)
-            buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = 0;
-    int st = pclose(p);
-    *status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-    return buf;
-}
+#include "../run.h"
 
+/* stdout of `pdmoe args` (malloc'd) and its exit status. */
 static double num(json_t *o, const char *key)
 {
     json_t *v = json_object_get(o, key);
@@ -43,9 +23,10 @@ Test(bench_prefill, json_runs_and_shares)
 {
     if (access("models/mini/model.safetensors", R_OK) != 0)
         cr_skip_test("models/mini not generated");
-    int st;
-    char *out = run_out("bench prefill --json --threads 1,2 --tokens 16,40 --reps 1", &st);
-    cr_assert_eq(st, 0, "exit %d: %s", st, out);
+    static struct run cmd;
+    run("bench prefill --json --threads 1,2 --tokens 16,40 --reps 1", &cmd);
+    const char *out = cmd.out;
+    cr_assert_eq(cmd.status, 0, "exit %d: %s %s", cmd.status, out, cmd.err);
     json_error_t je;
     json_t *doc = json_loads(out, 0, &je);
     cr_assert_not_null(doc, "%s: %s", je.text, out);
@@ -79,30 +60,24 @@ Test(bench_prefill, json_runs_and_shares)
         cr_assert_eq(num(sh, "exchange"), 0, "run %zu", i);
     }
     json_decref(doc);
-    free(out);
 }
 
 Test(bench_prefill, bad_flags_refused_by_name)
 {
-    int st;
-    char *out = run_out("bench prefill --tokens 0 2>&1", &st);
-    cr_assert_eq(st, 2, "exit %d: %s", st, out);
-    cr_assert(strstr(out, "bench prefill: --tokens '0': want up to 8 comma-separated integers in [1, 65536]"), "%s", out);
-    free(out);
-    out = run_out("bench prefill --threads 1,x 2>&1", &st);
-    cr_assert_eq(st, 2, "exit %d: %s", st, out);
-    cr_assert(strstr(out, "--threads '1,x'"), "%s", out);
-    free(out);
-    out = run_out("bench prefill --reps 0 2>&1", &st);
-    cr_assert_eq(st, 2, "exit %d: %s", st, out);
-    cr_assert(strstr(out, "--reps '0': want an integer in [1, 100]"), "%s", out);
-    free(out);
-    out = run_out("bench prefill --cpu-time --threads 1,2 2>&1", &st);
-    cr_assert_eq(st, 2, "exit %d: %s", st, out);
-    cr_assert(strstr(out, "bench prefill: --cpu-time times the calling thread only: it needs --threads 1"), "%s", out);
-    free(out);
-    out = run_out("bench prefill --frobnicate 2>&1", &st);
-    cr_assert_neq(st, 0, "%s", out);
-    cr_assert(strstr(out, "frobnicate"), "%s", out);
-    free(out);
+    static struct run r;
+    run("bench prefill --tokens 0", &r);
+    cr_assert_eq(r.status, 2, "exit %d: %s", r.status, r.err);
+    cr_assert(strstr(r.err, "bench prefill: --tokens '0': want up to 8 comma-separated integers in [1, 65536]"), "%s", r.err);
+    run("bench prefill --threads 1,x", &r);
+    cr_assert_eq(r.status, 2, "exit %d: %s", r.status, r.err);
+    cr_assert(strstr(r.err, "--threads '1,x'"), "%s", r.err);
+    run("bench prefill --reps 0", &r);
+    cr_assert_eq(r.status, 2, "exit %d: %s", r.status, r.err);
+    cr_assert(strstr(r.err, "--reps '0': want an integer in [1, 100]"), "%s", r.err);
+    run("bench prefill --cpu-time --threads 1,2", &r);
+    cr_assert_eq(r.status, 2, "exit %d: %s", r.status, r.err);
+    cr_assert(strstr(r.err, "bench prefill: --cpu-time times the calling thread only: it needs --threads 1"), "%s", r.err);
+    run("bench prefill --frobnicate", &r);
+    cr_assert_neq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.err, "frobnicate"), "%s", r.err);
 }
