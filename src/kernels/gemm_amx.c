@@ -152,6 +152,7 @@ void pd_gemm_rows_amx_emu(const pd_gemm_job *job, int o0, int o1)
 /* ---- the hardware ---- */
 
 #if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 11 || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 
 #define AMX_FN __attribute__((target("amx-tile,amx-int8"))) static void rows_hw(const pd_gemm_job *job, int o0, int o1)
@@ -214,9 +215,12 @@ int pd_gemm_amx_available(void)
 {
     static atomic_int state = -1;   /* every thread that races here computes the same answer */
     if (atomic_load(&state) < 0) {
+        /* CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8 (read directly: clang 14's
+         * __builtin_cpu_supports does not know the AMX names) */
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        int amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1);
         __builtin_cpu_init();
-        int cpu = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8") &&
-                  __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+        int cpu = amx && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
         atomic_store(&state, cpu && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0);
     }
     return atomic_load(&state);
