@@ -139,45 +139,41 @@ static void amx_task(void *arg, int task)
     pd_gemm_amx_probe(((struct vnni_run *)arg)->iters);
 }
 
-/* int8 ops/s of TDPBSSD alone from `threads` threads (4 independent tile accumulators each), as
- * measure_vnni_peak below does for VPDPBUSD; 0 where the CPU (or Linux) has no AMX-INT8. */
-static double measure_amx_peak(pd_pool *pool, int threads, int quick)
-{
-    if (!pd_gemm_kernel_supported(PD_KERNEL_AMX))
-        return 0;
-    struct vnni_run r = {.iters = quick ? 20000 : 100000};
-    int n_tasks = 8 * threads;
-    double best = 1e30;
-    amx_task(&r, 0);
-    for (int rep = 0; rep < 5; rep++) {
-        double t0 = now_s();
-        pd_pool_run(threads > 1 ? pool : NULL, n_tasks, amx_task, &r);
-        double dt = now_s() - t0;
-        best = dt < best ? dt : best;
-    }
-    return (double)n_tasks * (double)r.iters * 4.0 * PD_GEMM_AMX_OPS / best;
-}
-
 static void vnni_task(void *arg, int task)
 {
     vnni_chain(((struct vnni_run *)arg)->iters);
 }
 
-/* int8 ops/s from `threads` threads each issuing only vpdpbusd. Tasks are split 8 per thread
- * so that both threads of a pool get work even if one of them wakes late. */
-static double measure_vnni_peak(pd_pool *pool, int threads, int quick)
+/* The best of 5 timed runs of `task` over 8 tasks per thread (so that both threads of a pool get
+ * work even if one of them wakes late), after a warm-up: the seconds of the fastest run. */
+static double probe_seconds(pd_pool *pool, int threads, void (*task)(void *, int), struct vnni_run *r)
 {
-    struct vnni_run r = {.iters = quick ? 200000 : 1000000};
-    int n_tasks = 8 * threads;
     double best = 1e30;
-    vnni_task(&r, 0);
+    task(r, 0);
     for (int rep = 0; rep < 5; rep++) {
         double t0 = now_s();
-        pd_pool_run(threads > 1 ? pool : NULL, n_tasks, vnni_task, &r);
+        pd_pool_run(threads > 1 ? pool : NULL, 8 * threads, task, r);
         double dt = now_s() - t0;
         best = dt < best ? dt : best;
     }
-    return (double)n_tasks * (double)r.iters * 16.0 * OPS_PER_VPDPBUSD / best;
+    return best;
+}
+
+/* int8 ops/s from `threads` threads each issuing only vpdpbusd (16 chains per task). */
+static double measure_vnni_peak(pd_pool *pool, int threads, int quick)
+{
+    struct vnni_run r = {.iters = quick ? 200000 : 1000000};
+    return 8.0 * threads * (double)r.iters * 16.0 * OPS_PER_VPDPBUSD / probe_seconds(pool, threads, vnni_task, &r);
+}
+
+/* int8 ops/s of TDPBSSD alone (4 independent tile accumulators per task); 0 where the CPU (or
+ * Linux) has no AMX-INT8. */
+static double measure_amx_peak(pd_pool *pool, int threads, int quick)
+{
+    if (!pd_gemm_kernel_supported(PD_KERNEL_AMX))
+        return 0;
+    struct vnni_run r = {.iters = quick ? 20000 : 100000};
+    return 8.0 * threads * (double)r.iters * 4.0 * PD_GEMM_AMX_OPS / probe_seconds(pool, threads, amx_task, &r);
 }
 
 /* ---- memory bandwidth ------------------------------------------------------------------- */
