@@ -676,9 +676,6 @@ int pd_srv_ep_open(struct pd_server *s, struct pd_engine_opts *eo, pd_err *e)
     if (level < MPI_THREAD_SERIALIZED)
         return pd_err_set(e, PD_EINVAL, "expert parallelism needs MPI_THREAD_SERIALIZED (the scheduler thread "
                           "makes the MPI calls)");
-    if (s->o.spec_k && s->o.role != PD_ROLE_BOTH)
-        return pd_err_set(e, PD_EINVAL, "--speculative-config with --enable-expert-parallel in a prefill or decode role "
-                          "(PD) is not supported yet: an owner rank's pulled sequence has no MTP state");
     struct ep_group *g = s->g = calloc(1, sizeof *g);
     if (!g)
         return pd_err_set(e, PD_ENOMEM, "out of memory");
