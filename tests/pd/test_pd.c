@@ -18,11 +18,6 @@
 
 static char dir[64];
 
-struct node {
-    struct pd_server *s;
-    pthread_t loop;
-    int port;
-};
 static struct node P, D, C;
 
 static void *run_loop(void *arg)
@@ -58,16 +53,6 @@ static void start(struct node *n, int role, int lease_ms)
     start_kv(n, role, lease_ms, PD_KV_BF16);
 }
 
-static void stop(struct node *n)
-{
-    if (!n->s)
-        return;
-    pd_server_stop(n->s);
-    pthread_join(n->loop, NULL);
-    pd_server_destroy(n->s);
-    n->s = NULL;
-}
-
 static void setup(void)
 {
     tmp_model("v4-tiny", 9, dir, sizeof dir);
@@ -75,9 +60,9 @@ static void setup(void)
 
 static void teardown(void)
 {
-    stop(&P);
-    stop(&D);
-    stop(&C);
+    node_stop(&P);
+    node_stop(&D);
+    node_stop(&C);
     rm_model(dir);
 }
 

@@ -20,11 +20,6 @@
 
 static char dir[64];
 
-struct node {
-    struct pd_server *s;
-    pthread_t loop;
-    int port;
-};
 static struct node P, D, C;
 
 static void setup(void)
@@ -34,21 +29,11 @@ static void setup(void)
     tmp_model_agree("v4-tiny", 4, 0.7, dir, sizeof dir);
 }
 
-static void stop(struct node *n)
-{
-    if (!n->s)
-        return;
-    pd_server_stop(n->s);
-    pthread_join(n->loop, NULL);
-    pd_server_destroy(n->s);
-    n->s = NULL;
-}
-
 static void teardown(void)
 {
-    stop(&P);
-    stop(&D);
-    stop(&C);
+    node_stop(&P);
+    node_stop(&D);
+    node_stop(&C);
     rm_model(dir);
 }
 
@@ -162,7 +147,7 @@ Test(pd_spec, prefill_and_decode_with_mtp_equal_plain_decoding_for_k_1_to_3)
         free(ids);
         len[i] = prompt_tokens(C.port, prompts[i]);
     }
-    stop(&C);
+    node_stop(&C);
     /* the prompts cover what the hand-off must get right */
     cr_assert_leq(len[0], 4);
     cr_assert_gt(len[3], 64 + 8, "%d tokens", len[3]);
@@ -188,7 +173,7 @@ Test(pd_spec, prefill_and_decode_with_mtp_equal_plain_decoding_for_k_1_to_3)
             snprintf(name, sizeof name, "pdmoe_spec_decode_num_accepted_tokens_per_pos_total{position=\"%d\"}", j);
             c_pos[j] = metric_port(C.port, name);
         }
-        stop(&C);
+        node_stop(&C);
         start(&P, PD_ROLE_PRODUCER, k, 0);
         start(&D, PD_ROLE_CONSUMER, k, 0);
         for (int i = 0; i < NP; i++) {
@@ -226,8 +211,8 @@ Test(pd_spec, prefill_and_decode_with_mtp_equal_plain_decoding_for_k_1_to_3)
         leases_gone();
         cr_assert(blocks_all_free(P.port));
         cr_assert(blocks_all_free(D.port));
-        stop(&P);
-        stop(&D);
+        node_stop(&P);
+        node_stop(&D);
     }
 }
 
@@ -275,8 +260,8 @@ Test(pd_spec, different_speculation_settings_are_refused_by_name)
         leases_gone();
         cr_assert(blocks_all_free(P.port));
         cr_assert(blocks_all_free(D.port));
-        stop(&P);
-        stop(&D);
+        node_stop(&P);
+        node_stop(&D);
     }
 }
 
@@ -346,7 +331,7 @@ Test(pd_spec, a_cached_prefix_with_speculation_gives_plain_decodings_ids)
         snprintf(want[i], sizeof want[i], "%s", ids);
         free(ids);
     }
-    stop(&C);
+    node_stop(&C);
     /* colocated, cache on, then the same server with the cache off: the drafts' counters */
     int acc[2][3] = {{0}};
     for (int cached = 1; cached >= 0; cached--) {
@@ -378,7 +363,7 @@ Test(pd_spec, a_cached_prefix_with_speculation_gives_plain_decodings_ids)
         } else {
             cr_assert_eq(metric_port(C.port, "pdmoe_prefix_cache_queries_total"), 0);
         }
-        stop(&C);
+        node_stop(&C);
     }
     for (int j = 0; j < 3; j++)
         cr_assert_eq(acc[1][j], acc[0][j], "position %d: %d accepted from cached prefixes, %d recomputed", j,

@@ -44,6 +44,24 @@ static inline void *run_proxy(void *arg)
     return NULL;
 }
 
+/* A server on its own event-loop thread (the PD tests' prefill, decode and colocated instances),
+ * and stopping it: its loop joined, the server destroyed, n->s NULL again (a no-op when unset). */
+struct node {
+    struct pd_server *s;
+    pthread_t loop;
+    int port;
+};
+
+static inline void node_stop(struct node *n)
+{
+    if (!n->s)
+        return;
+    pd_server_stop(n->s);
+    pthread_join(n->loop, NULL);
+    pd_server_destroy(n->s);
+    n->s = NULL;
+}
+
 /* Runs a shell pipeline that prints one HTTP status per line; how many were 200. */
 static inline int count_200(const char *cmd)
 {
