@@ -516,7 +516,7 @@ int pd_cli_up(int argc, char **argv)
                    "       [--enable-prefix-caching | --no-enable-prefix-caching] [--plan plan.json --hosts H0,H1,...]\n"
                    "       [--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":K}']\n"
                    "--speculative-config: MTP speculative decoding on every instance (the prefill side hands the MTP\n"
-                   "layer's KV and the draft's input to the decode side, which drafts; not with EP groups yet).\n"
+                   "layer's KV and the draft's input to the decode side, which drafts; in EP groups rank to rank).\n"
                    "--policy: how the proxy picks the instance that prefills (pdmoe proxy --help; cache_aware by default).\n"
                    "--host: the proxy's address (the instances stay on 127.0.0.1, reached by the proxy only). The\n"
                    "engine flags go to every instance, as pdmoe serve reads them (not with --plan, which sets them).\n"

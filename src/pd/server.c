@@ -592,26 +592,12 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     int rc;
-    if (o->prefix_caching > 0 && o->spec_k && o->expert_parallel) {
-        /* MTP in an EP group: the owner ranks' cached prefixes do not resume the draft (one process
-         * does: server_spec.c) */
-        rc = pd_err_set(e, PD_EINVAL, "--enable-prefix-caching is not implemented with %s (its default there is off)",
-                        "--speculative-config in an EP group (--enable-expert-parallel)");
-        goto fail;
-    }
     char path[600];
     snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
     if ((rc = pd_tok_load(path, &s->tok, e)))
         goto fail;
     if ((rc = pd_chat_format_of(o->model_dir, &s->chat, e)))
         goto fail;
-    if (o->spec_k && o->expert_parallel && o->role != PD_ROLE_BOTH) {
-        /* PD in an EP group: the draft's state lives on the owner rank, which the hand-off of
-         * server_spec.c does not reach */
-        rc = pd_err_set(e, PD_EINVAL, "--speculative-config with %s is not supported yet",
-                        "a prefill or decode role (PD) in an EP group (--enable-expert-parallel)");
-        goto fail;
-    }
     if (o->spec_k < 0 || o->spec_k > PD_SPEC_MAX_K) {
         rc = pd_err_set(e, PD_EINVAL, "--speculative-config: num_speculative_tokens %d is outside [1, %d]", o->spec_k,
                         PD_SPEC_MAX_K);

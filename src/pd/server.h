@@ -35,7 +35,8 @@
  * producer rank k listens on kv_port + k and leases the KV of the sequences it owns, rank 0
  * answering kv_transfer_params with the owner rank's port (the ranks report released leases in
  * their answers; while leases are out and nothing runs, rank 0 asks every 20 ms); a consumer's
- * owner rank pulls the KV itself, or the prompt is recomputed there from its token ids.
+ * owner rank pulls the KV itself, or the prompt is recomputed there from its token ids. With
+ * spec_k the hand-off also moves the draft's state between the owner ranks (server_ep_spec.c).
  * Between steps the other ranks sleep in a non-blocking broadcast's test; the
  * MPI calls are made by the scheduler thread (MPI_THREAD_SERIALIZED). Destroying rank 0's server
  * broadcasts the end of the group. The caller initialises MPI before pd_server_create and
@@ -74,12 +75,13 @@ struct pd_server_opts {
     int kv_lease_ms, kv_timeout_ms; /* 0: 30000 */
     int handle_signals;             /* SIGINT/SIGTERM stop the loop (the command line's server) */
     int expert_parallel;            /* one EP group over MPI_COMM_WORLD (MPI initialised by the caller) */
-    int prefix_caching;             /* 0: on (off with spec_k in an EP group), 1: on (refused there),
-                                     * -1: off (--no-enable-prefix-caching); an EP group's ranks each cache */
+    int prefix_caching;             /* 0 or 1: on, -1: off (--no-enable-prefix-caching); an EP group's
+                                     * ranks each cache */
     int prefix_cache_unit;          /* tokens between cached boundaries; 0: 256 */
     struct pd_http_limits http;     /* connections: cap, timeouts, request sizes (0: defaults) */
     int spec_k;                     /* --speculative-config: MTP drafts per decode step (engine/spec.h),
-                                     * 0: off; colocated, one process only (refused with EP and PD) */
+                                     * 0: off; colocated or PD, one process or an EP group (each
+                                     * sequence's draft state on its owner rank) */
 };
 
 enum { PD_ROLE_BOTH = 0, PD_ROLE_PRODUCER = 1, PD_ROLE_CONSUMER = 2 };

@@ -100,7 +100,8 @@ int pd_srv_seq_start_reserved(struct pd_engine *en, struct pd_seq *seq, int64_t 
 /* A sequence slot of this rank for request id, started with the sampler of words w[0..3]
  * (temperature bits, top_p bits, state lo, hi) and `reserve` tokens of KV, its `prompt` first;
  * with the prompt's ids (`tokens`, NULL for a pulled sequence) and the prefix cache on, from the
- * longest prefix this rank's cache holds (seq.pos tokens). */
+ * longest prefix this rank's cache holds (seq.pos tokens), where with --speculative-config the
+ * draft resumes too (the node's MTP state and input row, as in one process: server_prefix.c). */
 static int ep_start(struct pd_server *s, uint64_t id, int prompt, int reserve, const int32_t *w, const int32_t *tokens,
                     struct ep_seq **out, pd_err *e)
 {
@@ -125,6 +126,15 @@ static int ep_start(struct pd_server *s, uint64_t id, int prompt, int reserve, c
         if ((rc = pd_srv_seq_start_reserved(&s->en, &q->seq, prompt, reserve, e)))
             return rc;
     }
+    pd_spec_init(&q->spec, &q->seq, &q->smp);
+    if (q->cached && q->pcur.node && s->en.mtp &&
+        (rc = pd_spec_resume(&s->en, &q->spec, &q->seq, &q->smp, pd_prefix_node_extra(&s->prefix, q->pcur.node), e))) {
+        pd_spec_free(&q->spec);
+        pd_prefix_release(&s->prefix, &q->pcur);
+        q->cached = 0;
+        pd_seq_end(&s->en, &q->seq);
+        return rc;
+    }
     q->used = 1;
     q->id = id;
     memcpy(&q->smp.temperature, &w[0], sizeof(float));
@@ -137,7 +147,9 @@ static int ep_start(struct pd_server *s, uint64_t id, int prompt, int reserve, c
 /* Consumer, the owner rank: pulls a request's prompt KV from the producer rank named in the pull
  * entry into sequence q; the bytes moved and the seconds taken, or pd_srv_seq_pull's negative
  * codes (the sequence then stays empty; its prompt is recomputed from the token ids, unless
- * PULL_REFUSED). */
+ * PULL_REFUSED). With --speculative-config the pull also brings the MTP layer's KV (a layer of
+ * the pool) and the draft's input row, and the sequence's draft resumes from them with the
+ * producer's first token (the entry's last word), as one process's pull does (server_spec.c). */
 static int64_t ep_pull(struct pd_server *s, struct ep_seq *q, const int32_t *w, double *seconds)
 {
     const int n_prompt = w[4];
@@ -146,7 +158,18 @@ static int64_t ep_pull(struct pd_server *s, struct ep_seq *q, const int32_t *w, 
     host[64] = 0;
     struct pd_kvx_key key = {.hash = ep_id(w + 6)};
     memcpy(key.id, w + 28, sizeof key.id);
-    return pd_srv_seq_pull(s, &q->seq, host, w[5], &key, n_prompt, NULL, seconds);
+    int64_t bytes = pd_srv_seq_pull(s, &q->seq, host, w[5], &key, n_prompt, NULL, seconds);
+    pd_err e = {0};
+    if (bytes >= 0 && pd_srv_spec_receive(s, &q->spec, &q->seq, &q->smp, w[32], &e)) {
+        /* the draft has no input: the prompt is recomputed, as after a pull that failed midway */
+        if (s->o.http.log)
+            s->o.http.log(s->o.http.log_arg, e.msg);
+        q->seq.pos = q->seq.kv.len = q->seq.mtp_pos = 0;
+        pd_spec_free(&q->spec);
+        pd_spec_init(&q->spec, &q->seq, &q->smp);
+        return PULL_FAILED;
+    }
+    return bytes;
 }
 
 /* Every rank: applies a round's message to the sequences it owns (frees, leases, pulls, then the
@@ -225,7 +248,7 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
             continue;
         uint64_t id = ep_id(w);
         struct ep_seq *q = NULL;
-        if (w[4]) {
+        if (w[4] == EP_NEW_START) {
             if ((rc = ep_start(s, id, w[3], w[5], w + 7, toks, &q, e)))
                 return rc;
         } else if (!(q = ep_find(s, id))) {
@@ -233,16 +256,16 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
                               g->rank, (unsigned long long)id);
         }
         /* a new sequence computes its prompt after the prefix its rank had cached */
-        int from = w[4] ? (int)q->seq.pos : 0;
+        int from = w[4] == EP_NEW_START ? (int)q->seq.pos : 0;
         g->items[k] = (struct pd_step_item){.seq = &q->seq, .tokens = toks + from, .n = w[3] - from, .logits = q->logits};
-        if (w[4] && q->cached)
+        if (w[4] == EP_NEW_START && q->cached)
             pd_srv_prefix_seq_plan(s, &q->pcur, toks, w[3], &g->items[k]);
         g->item_seq[k] = q;
         g->item_of[k++] = i;
     }
     if (s->o.spec_k) {
         /* drafts, verify and accept (server_ep_spec.c): the same steps on every rank */
-        int32_t *counts = rel + 2 * s->o.max_num_seqs;
+        int32_t *counts = g->ans + A - EP_SPEC_W;   /* the answer's last words, after the cache's */
         memset(counts, 0, EP_SPEC_W * sizeof *counts);
         if (m.n_items > 0 && (rc = pd_srv_ep_spec_step(s, &m, k, out, counts, e)))
             return rc;
@@ -487,6 +510,7 @@ void pd_srv_ep_pull_later(struct pd_server *s, struct req *r)
     ep_put_id(w + 10, r->smp.state);
     memcpy(w + 12, r->remote_host, strlen(r->remote_host));
     memcpy(w + 28, r->remote_key.id, sizeof r->remote_key.id);
+    w[32] = r->forced_first;
     g->pull_req[g->pulls.n - 1] = r;
     r->ep_new = 0;   /* the pull starts it */
     r->ep_pulling = 1;
@@ -643,7 +667,8 @@ int pd_srv_ep_build_step(struct pd_server *s, struct req **in_step, int m)
         ep_put_id(it, r->id);
         it[2] = r->owner;
         it[3] = r->ep_prefilled ? 1 : r->n_prompt;
-        it[4] = r->ep_new;
+        /* a failed pull's sequence is started already: its prompt is recomputed in it */
+        it[4] = r->ep_new ? EP_NEW_START : !r->ep_prefilled ? EP_NEW_PULLED : 0;
         it[5] = r->n_prompt + r->max_tokens;
         it[6] = r->forced_first;
         memcpy(&it[7], &r->smp.temperature, sizeof(float));

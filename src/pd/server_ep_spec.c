@@ -5,14 +5,23 @@
  * spread over the ranks and every step exchanges with all of them (ep/ep.h); the MTP layer is
  * one more MoE layer, its experts placed by the same rule. So from the round's message, which
  * every rank sees whole, each rank derives the same schedule:
- *   prefill  one main-model step if any item of the message starts a sequence (the prompts of
+ *   prefill  one main-model step if any item of the message prefills a prompt (the prompts of
  *            this rank's new sequences, or none);
+ *   catch-up after it, on a prefill instance or with the prefix cache: one MTP step over the
+ *            prompts' positions but the last (pd_spec_catch_up), which a hand-off or the
+ *            cache's snapshots need now, for every prompt of the step (which ones need it
+ *            depends on each rank's cache, which the others cannot see; running it for all is
+ *            exact, the first round would run those positions anyway);
  *   round    if any item decodes: as many MTP drafting steps as the largest k of the message's
  *            items, then one verify step (pd_spec_round_steps), with this rank's decoding
  *            sequences or none.
  * The rest is the colocated server's: a sequence's MTP state (its pending hidden states, its MTP
  * KV as the pool's last layer, its undo logs) lives on its owner rank with its KV, so the rollback
- * is the colocated one, on the rank that holds what it restores. */
+ * is the colocated one, on the rank that holds what it restores. So does what a PD hand-off moves
+ * (server_spec.c): a prefill rank writes the draft's input row of each sequence it prefilled into
+ * its own transfer region, after the pool, and its lease's runs end with it; a decode rank pulls
+ * into its own pool and row, and its draft resumes there (ep_pull). A cached prefix on a rank
+ * holds the same state, and a sequence that rank starts from it resumes the draft (ep_start). */
 #include "pd/server_int.h"
 
 /* Words of one item in a rank's answer: its token, or with --speculative-config {n, up to k + 1
@@ -30,6 +39,7 @@ int pd_srv_ep_spec_step(struct pd_server *s, const struct ep_msg *m, int n, int3
     struct ep_group *g = s->g;
     const int IW = pd_srv_ep_item_words(s);
     int any_new = 0, any_dec = 0, kmax = 0;
+    const int catch_up = s->o.role == PD_ROLE_PRODUCER || s->prefix_on;
     for (int i = 0; i < m->n_items; i++) {
         const int32_t *w = m->it + (size_t)i * EP_ITEM_W;
         if (w[4]) {
@@ -57,7 +67,9 @@ int pd_srv_ep_spec_step(struct pd_server *s, const struct ep_msg *m, int n, int3
         struct ep_seq *q = g->item_seq[j];
         const struct pd_step_item *it = &g->items[j];
         if (w[4]) {
-            pd_spec_init(&q->spec, &q->seq, &q->smp);
+            /* started by ep_start (or resumed there from a cached prefix) */
+            q->spec.snaps = it->snaps;
+            q->spec.n_snaps = it->n_snaps;
             pre[np] = &q->spec;
             pr[np] = it->tokens;
             pn[np] = it->n;
@@ -76,6 +88,19 @@ int pd_srv_ep_spec_step(struct pd_server *s, const struct ep_msg *m, int n, int3
     }
     if (any_new && (rc = pd_spec_prefill(&s->en, pre, pr, pn, lg, np, e)))
         goto out;
+    if (any_new && catch_up) {
+        int ran = 0;
+        for (int i = 0; i < np; i++) {
+            pd_srv_spec_snap_rows(s, pre[i]);
+            ran |= pre[i]->n > 1;
+        }
+        /* pd_spec_catch_up steps only for prompts of 2 tokens or more: an empty step keeps this
+         * rank in the group's exchange otherwise */
+        if ((rc = pd_spec_catch_up(&s->en, pre, np, e)) || (!ran && (rc = pd_engine_mtp_step(&s->en, NULL, 0, e))))
+            goto out;
+        for (int i = 0; i < np && s->o.role == PD_ROLE_PRODUCER; i++)
+            pd_srv_spec_put_row(s, pre[i]);
+    }
     if (any_dec && (rc = pd_spec_round_steps(&s->en, dec, nd, s->Vs, kmax, &st, e)))
         goto out;
     for (int j = 0; j < n; j++) {
@@ -104,6 +129,14 @@ int pd_srv_ep_spec_step(struct pd_server *s, const struct ep_msg *m, int n, int3
         stats[5 + PD_SPEC_MAX_K + j] = (int32_t)st.accepted_per_pos[j];
     }
 out:
+    /* the boundaries the prefills passed enter this rank's cache (dropped if the step failed) */
+    for (int j = 0; j < n; j++) {
+        struct ep_seq *q = g->item_seq[j];
+        q->spec.snaps = NULL;   /* the cursor's */
+        q->spec.n_snaps = 0;
+        if (q->cached)
+            pd_prefix_commit(&s->prefix, &q->pcur, &q->seq.kv, rc == 0);
+    }
     free(pre);
     free(dec);
     free(pr);

@@ -111,9 +111,11 @@ struct req {
  *     transfer key: id (16 bytes), prompt hash lo, hi};
  *   per pull (consumer: the owner starts the sequence and pulls its KV)  {id lo, id hi, owner,
  *     reserve, prompt tokens, remote port, prompt hash lo, hi, temperature bits, top_p bits,
- *     sampler state lo, hi, remote host (64 bytes), remote transfer id (16 bytes)};
- *   per item  {id lo, id hi, owner, n, new, reserve, forced, temperature bits, top_p bits,
- *     sampler state lo, hi, drafts k (--speculative-config; 0 for a new sequence)};
+ *     sampler state lo, hi, remote host (64 bytes), remote transfer id (16 bytes), the
+ *     producer's first token (--speculative-config: the draft's next input)};
+ *   per item  {id lo, id hi, owner, n, new (EP_NEW_*: 0 a decoding sequence), reserve, forced,
+ *     temperature bits, top_p bits, sampler state lo, hi, drafts k (--speculative-config; 0 for
+ *     a new sequence)};
  *   the items' tokens in item order.
  * Each rank answers {status, free blocks, free slots, n released, per pull {1 pulled / 0 failed /
  * -1 refused by the producer, bytes lo, hi, microseconds the pull took}, per item
@@ -124,8 +126,13 @@ struct req {
  * drafts, draft tokens, accepted, emitted, verify steps, drafted per position [PD_SPEC_MAX_K],
  * accepted per position [..])}. */
 enum { EP_OP_STEP = 1, EP_OP_STOP = 2, EP_OP_STATS = 3 };   /* STATS: the ranks sum their expert counts to rank 0 */
-enum { EP_HDR = 6, EP_FREE_W = 3, EP_LEASE_W = 10, EP_PULL_W = 32, EP_ITEM_W = 12, EP_ANS_W = 4,
+enum { EP_HDR = 6, EP_FREE_W = 3, EP_LEASE_W = 10, EP_PULL_W = 33, EP_ITEM_W = 12, EP_ANS_W = 4,
        EP_PULLED_W = 4, EP_SPEC_W = 5 + 2 * PD_SPEC_MAX_K, EP_PREFIX_W = 9 };
+
+/* An item's `new` word: the owner starts the sequence and prefills its prompt (after its cached
+ * prefix), or prefills the prompt in the sequence a failed pull started (the producer's first
+ * token follows). */
+enum { EP_NEW_START = 1, EP_NEW_PULLED = 2 };
 
 struct ep_msg {                     /* a message's sections */
     int n_free, n_lease, n_pull, n_items, n_tokens;
@@ -285,7 +292,7 @@ int pd_srv_ep_spec_take(struct pd_server *s, struct req **in_step, int m, const 
 
 /* ---- server_prefix.c ---- */
 #define PD_SRV_PREFIX_UNIT 256   /* default tokens between cached boundaries */
-/* The cache, unless turned off or with --speculative-config in an EP group (refused there when asked for). */
+/* The cache, unless turned off (--no-enable-prefix-caching). */
 int pd_srv_prefix_open(struct pd_server *s, pd_err *e);
 void pd_srv_prefix_close(struct pd_server *s);
 /* Starts r's sequence from the longest cached prefix of its prompt, with its whole future's
@@ -324,6 +331,14 @@ int pd_srv_spec_prefilled(struct pd_server *s, struct req **in, int m, pd_err *e
 /* Consumer, after a pull: r's draft state from its row (MTP pending at n_prompt - 1, with the
  * producer's first token). No-op without MTP. */
 int pd_srv_spec_pulled(struct pd_server *s, struct req *r, pd_err *e);
+/* The same three steps for any speculating sequence x (an EP rank's own, x->seq its sequence):
+ * after pd_spec_prefill, each of x->snaps gets the draft's input at its boundary; after
+ * pd_spec_catch_up, the last hidden state goes to the slot's draft-state row (a producer);
+ * after a pull into q, x resumes from q's row with the producer's first token (no-op without MTP). */
+void pd_srv_spec_snap_rows(struct pd_server *s, struct pd_spec_seq *x);
+void pd_srv_spec_put_row(struct pd_server *s, const struct pd_spec_seq *x);
+int pd_srv_spec_receive(struct pd_server *s, struct pd_spec_seq *x, struct pd_seq *q, struct pd_sampler *smp,
+                        int32_t first, pd_err *e);
 
 /* ---- server_api.c ---- */
 /* Producer: the address decode instances pull this process's KV from: kv_host, else --host,

@@ -2,16 +2,16 @@
  * of its prompt and prefills only the rest; its prefill step snapshots every unit boundary it
  * passes, which later requests reuse. In an EP group every rank caches its own sequences' prefixes
  * in its own pool (the pd_srv_prefix_seq_* functions, called from server_ep.c on the owner rank;
- * rank 0 routes a prompt to the rank likely to hold its prefix). With --speculative-config (one
- * process: not in an EP group yet) a snapshot also holds the MTP layer's state and the draft's
- * input at its boundary (server_spec.c), and a request started from it resumes the draft there.
+ * rank 0 routes a prompt to the rank likely to hold its prefix). With --speculative-config a
+ * snapshot also holds the MTP layer's state and the draft's input at its boundary (server_spec.c),
+ * and a request started from it resumes the draft there (in an EP group on the owner rank:
+ * ep_start in server_ep.c, the snapshots' rows in server_ep_spec.c).
  * Everything here runs on the thread that steps the engine (the scheduler, or a rank's loop). */
 #include "pd/server_int.h"
 
 int pd_srv_prefix_open(struct pd_server *s, pd_err *e)
 {
-    /* asked for with speculation in an EP group: refused by pd_server_create before */
-    if (s->o.prefix_caching < 0 || (s->o.spec_k && s->o.expert_parallel))
+    if (s->o.prefix_caching < 0)
         return 0;
     const struct pd_kvpool *kv = &s->en.kv;
     int unit = s->o.prefix_cache_unit > 0 ? s->o.prefix_cache_unit : PD_SRV_PREFIX_UNIT;

@@ -22,7 +22,10 @@
  * request whose k differs from its own (server_api.c).
  * A cached prefix of B tokens is the same cut at B: its snapshot holds the MTP layer's state after
  * position B-2 (the pool's MTP layer lags one position: kvpool.h) and, as the cache's extra bytes,
- * h_{B-1}; a request started from it resumes the draft there (server_prefix.c). */
+ * h_{B-1}; a request started from it resumes the draft there (server_prefix.c).
+ * In an EP group all of this happens on the rank that owns the sequence (server_ep_spec.c calls
+ * the pd_srv_spec_* helpers below with that rank's sequences): each rank's transfer engine serves
+ * its own pool and rows, and a decode rank pulls into its own. */
 #include "pd/server_int.h"
 
 static size_t row_bytes(const struct pd_server *s)
@@ -60,6 +63,29 @@ struct pd_kv_run *pd_srv_kv_runs(const struct pd_server *s, const struct pd_seq 
     return runs;
 }
 
+void pd_srv_spec_snap_rows(struct pd_server *s, struct pd_spec_seq *x)
+{
+    const size_t row = row_bytes(s), rowf = row / sizeof(float);
+    /* a cached boundary B keeps the draft's input there, h_{B-1} (pending row B-1 - mtp_pos) */
+    for (int j = 0; j < x->n_snaps; j++)
+        memcpy(x->snaps[j].buf + pd_kvsnap_bytes(&s->en.kv, x->snaps[j].pos),
+               x->hid + (size_t)(x->snaps[j].pos - 1 - x->seq->mtp_pos) * rowf, row);
+}
+
+void pd_srv_spec_put_row(struct pd_server *s, const struct pd_spec_seq *x)
+{
+    memcpy(s->en.kv.region + row_off(s, x->seq->kv.slot), x->hid, row_bytes(s));
+}
+
+int pd_srv_spec_receive(struct pd_server *s, struct pd_spec_seq *x, struct pd_seq *q, struct pd_sampler *smp,
+                        int32_t first, pd_err *e)
+{
+    if (!s->en.mtp)
+        return 0;
+    return pd_spec_handoff_receive(&s->en, x, q, smp, (const float *)(s->en.kv.region + row_off(s, q->kv.slot)), first,
+                                   e);
+}
+
 /* Just prefilled (pd_spec_prefill): every position pending, the first token not yet pushed. */
 static int just_prefilled(const struct req *r)
 {
@@ -68,7 +94,6 @@ static int just_prefilled(const struct req *r)
 
 int pd_srv_spec_prefilled(struct pd_server *s, struct req **in, int m, pd_err *e)
 {
-    const size_t row = row_bytes(s), rowf = row / sizeof(float);
     struct pd_spec_seq **ss = calloc((size_t)m + 1, sizeof *ss);
     if (!ss)
         return pd_err_set(e, PD_ENOMEM, "speculative decoding: out of memory after a prefill");
@@ -78,10 +103,7 @@ int pd_srv_spec_prefilled(struct pd_server *s, struct req **in, int m, pd_err *e
         struct pd_spec_seq *x = &r->spec;
         if (!just_prefilled(r))
             continue;
-        /* a cached boundary B keeps the draft's input there, h_{B-1} (pending row B-1 - mtp_pos) */
-        for (int j = 0; j < x->n_snaps; j++)
-            memcpy(x->snaps[j].buf + pd_kvsnap_bytes(&s->en.kv, x->snaps[j].pos),
-                   x->hid + (size_t)(x->snaps[j].pos - 1 - r->seq.mtp_pos) * rowf, row);
+        pd_srv_spec_snap_rows(s, x);
         /* the MTP layer runs now what the snapshots or the hand-off need */
         if (x->n_snaps || (r->remote_decode && s->o.role == PD_ROLE_PRODUCER))
             ss[n++] = x;
@@ -90,7 +112,7 @@ int pd_srv_spec_prefilled(struct pd_server *s, struct req **in, int m, pd_err *e
     /* a hand-off's row goes where its last run reads it */
     for (int i = 0; i < m && !rc; i++)
         if (in[i]->remote_decode && s->o.role == PD_ROLE_PRODUCER && just_prefilled(in[i]))
-            memcpy(s->en.kv.region + row_off(s, in[i]->seq.kv.slot), in[i]->spec.hid, row);
+            pd_srv_spec_put_row(s, &in[i]->spec);
     for (int i = 0; i < m; i++) {
         in[i]->spec.snaps = NULL;   /* the cursor's: committed after the step */
         in[i]->spec.n_snaps = 0;
@@ -101,8 +123,5 @@ int pd_srv_spec_prefilled(struct pd_server *s, struct req **in, int m, pd_err *e
 
 int pd_srv_spec_pulled(struct pd_server *s, struct req *r, pd_err *e)
 {
-    if (!s->en.mtp)
-        return 0;
-    return pd_spec_handoff_receive(&s->en, &r->spec, &r->seq, &r->smp,
-                                   (const float *)(s->en.kv.region + row_off(s, r->seq.kv.slot)), r->forced_first, e);
+    return pd_srv_spec_receive(s, &r->spec, &r->seq, &r->smp, r->forced_first, e);
 }

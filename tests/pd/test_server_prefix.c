@@ -158,16 +158,3 @@ Test(server_prefix, a_request_that_fits_evicts_the_cache_first)
     free(b);
 }
 
-/* Speculative decoding in an EP group does not cache: asking for it there is refused by name (by
- * default it is off there). One process with speculation caches (tests/pd/test_pd_spec.c), and so
- * does an EP group without (tests/pd/test_server_ep.c). */
-Test(server_prefix, enable_with_speculation_in_an_ep_group_is_refused)
-{
-    pd_err e = {0};
-    struct pd_server *s = NULL;
-    struct pd_server_opts o2 = {.model_dir = dir, .port = 0, .threads = 1, .prefix_caching = 1, .spec_k = 1,
-                                .expert_parallel = 1};
-    cr_assert_neq(pd_server_create(&o2, &s, &e), 0);
-    cr_assert(strstr(e.msg, "--enable-prefix-caching") && strstr(e.msg, "--speculative-config in an EP group"), "%s",
-              e.msg);
-}

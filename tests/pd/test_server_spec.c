@@ -1,6 +1,6 @@
 /* The server with --speculative-config: concurrent greedy requests (verify items of k+1 tokens
  * batched) answer the ids a plain server does, /metrics counts drafts and accepted tokens per
- * position, every block comes back, and the combinations not supported yet are refused by name. */
+ * position, and every block comes back. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -139,13 +139,5 @@ Test(server_spec, sampling_with_speculation_completes_and_frees_every_block)
     stop(&a);
 }
 
-/* (PD roles with speculation in one process: tests/pd/test_pd_spec.c) */
-Test(server_spec, pd_roles_with_speculation_in_an_ep_group_are_refused)
-{
-    struct pd_server *s = NULL;
-    pd_err e = {0};
-    struct pd_server_opts o = {.model_dir = dir, .threads = 1, .spec_k = 1, .role = PD_ROLE_CONSUMER,
-                               .expert_parallel = 1};
-    cr_assert_neq(pd_server_create(&o, &s, &e), 0);
-    cr_assert(strstr(e.msg, "--speculative-config") && strstr(e.msg, "PD") && strstr(e.msg, "EP group"), "%s", e.msg);
-}
+/* (PD roles with speculation in one process: tests/pd/test_pd_spec.c; in EP groups:
+ * tests/pd/test_ep_spec_pd.c) */
