@@ -42,8 +42,9 @@ static void setup(void)
     tmp_model_agree("v4-tiny", 4, 0.7, dir, sizeof dir);
     snprintf(log_path, sizeof log_path, "%s/serve.log", dir);
     mpi_test_env();
-    /* ports base..base+7 (a producer's kv ports base+6 + rank): a range no other suite uses */
-    base_port = 25200 + (getpid() % 300) * 8;
+    /* ports base..base+7 (a producer's kv ports base+6 + rank): a range no other suite uses,
+     * below Linux's ephemeral ports */
+    base_port = 31000 + (getpid() % 200) * 8;
 }
 
 static void stop_pid(pid_t *p)

@@ -343,21 +343,24 @@ Test(up, engine_flags_reach_every_instance)
     cr_assert(strstr(err, "--kv-cache-dtype: --plan /nonexistent.json sets it"), "%s", err);
 }
 
-/* --speculative-config reaches both instances: the prefill side hands its MTP state over, the
- * decode side drafts (its /metrics count drafts and no recompute), and the ids through the proxy
- * are plain decoding's, as `generate` without MTP gives them. */
-Test(up, speculative_config_reaches_every_instance_and_keeps_the_ids)
+/* --speculative-config reaches both instances (EP groups of `ep` ranks each): the prefill side
+ * hands its MTP state over (from its owner rank to the decode side's), the decode side drafts (its
+ * /metrics count drafts and no recompute), and the ids through the proxy are plain decoding's, as
+ * `generate` without MTP gives them; every rank's pool is full again. */
+static void speculative_up(int port, int ep)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    const int port = 30000 + (getpid() % 300) * 3;   /* its kv port + 100: clear of the ranges above */
-    char out[256], sp[16];
+    char out[256], sp[16], se[16];
     snprintf(out, sizeof out, "%s/up.out", dir);
     snprintf(sp, sizeof sp, "%d", port);
+    snprintf(se, sizeof se, "%d", ep);
+    if (ep > 1)
+        mpi_test_env();
     pid_t up = fork();
     if (up == 0) {
         freopen(out, "w", stdout);
-        execl(bin, bin, "up", "--model", dir, "--port", sp, "--speculative-config",
-              "{\"method\":\"mtp\",\"num_speculative_tokens\":2}", (char *)NULL);
+        execl(bin, bin, "up", "--model", dir, "--port", sp, "--prefill-ep", se, "--decode-ep", se,
+              "--speculative-config", "{\"method\":\"mtp\",\"num_speculative_tokens\":2}", (char *)NULL);
         _exit(127);
     }
     up_pid = up;
@@ -394,5 +397,24 @@ Test(up, speculative_config_reaches_every_instance_and_keeps_the_ids)
     cr_assert_gt(metric_port(port + 2, "pdmoe_spec_decode_num_drafts_total"), 0);
     cr_assert_eq(metric_port(port + 2, "pdmoe_kv_transfers_total"), 2);
     cr_assert_eq(metric_port(port + 2, "pdmoe_kv_recomputes_total"), 0);
+    for (int i = 0; i < 100 && metric_port(port + 1, "pdmoe_kv_leases") > 0; i++)
+        usleep(20000);
+    cr_assert_eq(metric_port(port + 1, "pdmoe_kv_leases"), 0);
+    for (int k = 0; k < ep && ep > 1; k++)
+        for (int p = port + 1; p <= port + 2; p++)
+            cr_assert_eq(labelled(p, "pdmoe_rank_kv_blocks_free", k), labelled(p, "pdmoe_rank_kv_blocks_total", k),
+                         "port %d, rank %d", p, k);
+    cr_assert_eq(metric_port(port + 2, "pdmoe_kv_blocks_free"), metric_port(port + 2, "pdmoe_kv_blocks_total"));
     stop_up(up, port);
+}
+
+Test(up, speculative_config_reaches_every_instance_and_keeps_the_ids)
+{
+    speculative_up(30000 + (getpid() % 300) * 3, 1);   /* its kv port + 100: clear of the ranges above */
+}
+
+/* The seed's decode shape: EP groups with MTP (kv ports up to port + 110, clear of the ranges above) */
+Test(up, speculative_config_with_ep_groups_keeps_the_ids)
+{
+    speculative_up(19500 + (getpid() % 300) * 3, 2);
 }
