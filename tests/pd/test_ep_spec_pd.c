@@ -8,11 +8,13 @@
  *     drafts are accepted exactly as a colocated speculating server's at every position (a draft
  *     rebuilt or fed a wrong row or MTP KV would keep the ids, verification being exact, but not
  *     these counts); the prefill group drafts nothing; a failed pull recomputes the prompt on
- *     the owner rank and continues from the producer's token; every rank's pool is full again;
+ *     the owner rank and continues from the producer's token; every rank's pool is full again
+ *     and the idle ranks sleep;
  *   - the same between an EP2 group and one process, both directions;
  *   - an EP2 group with MTP and the prefix cache (on by default): a repeated prompt hits the
  *     owner rank's cache, gives a plain server's ids, and its drafts are accepted as without the
- *     cache (the draft resumed from the snapshot's MTP state and input row). */
+ *     cache (the draft resumed from the snapshot's MTP state and input row); and the same as an
+ *     EP2 prefill group handing off to an EP2 decode group. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -254,8 +256,50 @@ static void reference(int k, char want[NP][4096], int acc[3], int *drafts)
     stop_pid(&pids[2]);
 }
 
+/* The pids of the ranks of the group listening on `port` (from their MPI environment): pid[rank]. */
+static void rank_pids(int port, pid_t pid[2])
+{
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "pgrep -f -- '-[-]port %d( |$)'", port);
+    FILE *p = popen(cmd, "r");
+    pid[0] = pid[1] = 0;
+    int x;
+    while (fscanf(p, "%d", &x) == 1) {
+        char path[64], env[1 << 15];
+        snprintf(path, sizeof path, "/proc/%d/environ", x);
+        FILE *f = fopen(path, "rb");
+        if (!f)
+            continue;
+        size_t n = fread(env, 1, sizeof env - 1, f);
+        fclose(f);
+        env[n] = 0;
+        for (size_t i = 0; i < n; i += strlen(env + i) + 1)
+            if (!strncmp(env + i, "OMPI_COMM_WORLD_RANK=", 21) && atoi(env + i + 21) >= 0 && atoi(env + i + 21) < 2)
+                pid[atoi(env + i + 21)] = x;
+    }
+    pclose(p);
+    cr_assert(pid[0] > 0 && pid[1] > 0, "ranks of port %d not found (%d, %d)", port, pid[0], pid[1]);
+}
+
+/* CPU seconds a process has used. */
+static double cpu_seconds(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    char *p = strrchr(buf, ')');
+    unsigned long ut = 0, st = 0;
+    /* fields after the command: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
+    cr_assert_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st), 2);
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
 /* P (ranks_p) hands off to D (ranks_d), both speculating with k: the checks of the header. */
-static void pd_with_mtp(int k, int ranks_p, int ranks_d, int with_failed_pull)
+static void pd_with_mtp(int k, int ranks_p, int ranks_d, int with_failed_pull, int idle_check)
 {
     char want[NP][4096], got[NP][4096];
     int acc[3], drafts;
@@ -293,29 +337,45 @@ static void pd_with_mtp(int k, int ranks_p, int ranks_d, int with_failed_pull)
     }
     all_free(P, ranks_p, 1);
     all_free(D, ranks_d, 1);
+    if (idle_check) {
+        pid_t r[2][2];
+        double c0[2][2];
+        for (int g = 0; g < 2; g++) {
+            rank_pids(g ? D : P, r[g]);
+            for (int x = 0; x < 2; x++)
+                c0[g][x] = cpu_seconds(r[g][x]);
+        }
+        sleep(2);
+        for (int g = 0; g < 2; g++)
+            for (int x = 0; x < 2; x++) {
+                double used = cpu_seconds(r[g][x]) - c0[g][x];
+                cr_assert_lt(used, 0.2, "idle %s rank %d used %.2f s of CPU in 2 s", g ? "decode" : "prefill", x, used);
+            }
+    }
     stop_pid(&pids[0]);
     stop_pid(&pids[1]);
 }
 
+/* ... and after the hand-offs, both groups' ranks sleep while idle (block, not spin). */
 Test(ep_spec_pd, ep2_prefill_to_ep2_decode_with_mtp_k1)
 {
-    pd_with_mtp(1, 2, 2, 0);
+    pd_with_mtp(1, 2, 2, 0, 1);
 }
 
 Test(ep_spec_pd, ep2_prefill_to_ep2_decode_with_mtp_k2_and_a_failed_pull)
 {
-    pd_with_mtp(2, 2, 2, 1);
+    pd_with_mtp(2, 2, 2, 1, 0);
 }
 
 Test(ep_spec_pd, ep2_prefill_to_ep2_decode_with_mtp_k3)
 {
-    pd_with_mtp(3, 2, 2, 0);
+    pd_with_mtp(3, 2, 2, 0, 0);
 }
 
 Test(ep_spec_pd, ep2_prefill_to_one_process_and_back_with_mtp)
 {
-    pd_with_mtp(2, 2, 1, 0);
-    pd_with_mtp(2, 1, 2, 1);
+    pd_with_mtp(2, 2, 1, 0, 0);
+    pd_with_mtp(2, 1, 2, 1, 0);
 }
 
 /* A prompt of several cache units (256 tokens): `words` numbered words after a salt. */
@@ -340,11 +400,12 @@ static int prompt_tokens(int port, const char *prompt)
     return n;
 }
 
-/* One at a time (the cache hit needs the first request's commit): ids[i] of order[i]. */
-static void run_each(int port, const char *const *order, int n, char ids[][4096])
+/* One at a time (the cache hit needs the first request's commit): ids[i] of order[i], on port or
+ * through P then D. */
+static void run_each(int port, int P, int D, const char *const *order, int n, char ids[][4096])
 {
     for (int i = 0; i < n; i++)
-        run_all(port, 0, 0, order + i, 1, ids + i);
+        run_all(port, P, D, order + i, 1, ids + i);
 }
 
 Test(ep_spec_pd, ep2_with_mtp_and_the_prefix_cache_resumes_the_draft_on_the_owner_rank)
@@ -356,21 +417,21 @@ Test(ep_spec_pd, ep2_with_mtp_and_the_prefix_cache_resumes_the_draft_on_the_owne
     const char *order[4] = {a, b, b, a};
     char want[4][4096], got[4][4096];
     start(2, C, 1, 0, NULL, 0);
-    run_each(C, order, 4, want);
+    run_each(C, 0, 0, order, 4, want);
     int na = prompt_tokens(C, a), nb = prompt_tokens(C, b);
     cr_assert(na > 2 * 256 && na < 900 && nb > 2 * 256 && nb < 900, "prompts of %d and %d tokens", na, nb);
     stop_pid(&pids[2]);
     /* the same group without the cache: its drafts' counts */
     int acc[3], acc_cached[3];
     start(0, G, 2, k, NULL, 0);
-    run_each(G, order, 4, got);
+    run_each(G, 0, 0, order, 4, got);
     for (int i = 0; i < 4; i++)
         cr_assert_str_eq(got[i], want[i], "request %d: EP2 with MTP, no cache %s, plain %s", i, got[i], want[i]);
     int drafts = spec_counts(G, k, acc);
     cr_assert_gt(drafts, 0);
     stop_pid(&pids[0]);
     start(0, G, 2, k, NULL, 1);
-    run_each(G, order, 4, got);
+    run_each(G, 0, 0, order, 4, got);
     for (int i = 0; i < 4; i++)
         cr_assert_str_eq(got[i], want[i], "request %d: EP2 with MTP and the cache %s, plain %s", i, got[i], want[i]);
     /* every unit boundary below each prompt's last token was reused the second time */
@@ -389,6 +450,28 @@ Test(ep_spec_pd, ep2_with_mtp_and_the_prefix_cache_resumes_the_draft_on_the_owne
     all_free(G, 2, 1);
     cr_assert_gt(metric_port(G, "pdmoe_prefix_cache_blocks"), 0);
     cr_assert_gt(metric_port(G, "pdmoe_prefix_cache_snapshot_bytes"), 0);
+    stop_pid(&pids[0]);
+    /* PD: the prefill group's owner ranks start from their cached prefixes and hand the draft's
+     * state off; the decode group drafts as the colocated group without the cache did */
+    const int P = base_port, D = base_port + 1;
+    char kvp[200];
+    snprintf(kvp, sizeof kvp, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"p\"}", base_port + 6);
+    start(0, P, 2, k, kvp, 1);
+    start(1, D, 2, k, "{\"kv_role\":\"kv_consumer\",\"engine_id\":\"d\",\"kv_timeout_ms\":5000}", 1);
+    run_each(0, P, D, order, 4, got);
+    for (int i = 0; i < 4; i++)
+        cr_assert_str_eq(got[i], want[i], "request %d: PD between EP2 groups with MTP and the cache %s, plain %s", i,
+                         got[i], want[i]);
+    cr_assert_eq(metric_port(P, "pdmoe_prefix_cache_hits_total"), hits);
+    cr_assert_eq(metric_port(D, "pdmoe_kv_transfers_total"), 4);
+    cr_assert_eq(metric_port(D, "pdmoe_kv_recomputes_total"), 0);
+    int dacc[3], ddrafts = spec_counts(D, k, dacc);
+    for (int j = 0; j < k; j++)
+        cr_assert_eq(dacc[j], acc[j], "position %d: %d accepted after hand-offs from cached prefixes, %d colocated", j,
+                     dacc[j], acc[j]);
+    cr_assert_eq(ddrafts, drafts);
+    all_free(P, 2, 1);
+    all_free(D, 2, 1);
     free(a);
     free(b);
 }
