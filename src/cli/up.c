@@ -146,6 +146,7 @@ struct up_plan {
     int64_t kv_pool[2];
     int64_t max_num_seqs, max_model_len, max_num_batched_tokens;
     char kv_cache_dtype[8];         /* options.kv_cache_dtype: what the pools were sized for */
+    int64_t spec_k;                 /* options.num_speculative_tokens: the drafts its TPOT assumes */
 };
 
 static int plan_int(const char *path, json_t *o, const char *where, const char *key, int64_t min, int64_t max,
@@ -178,7 +179,8 @@ static int read_plan(const char *path, struct up_plan *u, int on_hosts)
     }
     if (plan_int(path, opt, "options.", "max_num_seqs", 1, 4096, &u->max_num_seqs) ||
         plan_int(path, opt, "options.", "max_model_len", 16, 1 << 24, &u->max_model_len) ||
-        plan_int(path, opt, "options.", "max_num_batched_tokens", 1, 1 << 24, &u->max_num_batched_tokens))
+        plan_int(path, opt, "options.", "max_num_batched_tokens", 1, 1 << 24, &u->max_num_batched_tokens) ||
+        plan_int(path, opt, "options.", "num_speculative_tokens", 0, PD_SPEC_MAX_K, &u->spec_k))
         goto out;
     const char *dt = json_string_value(json_object_get(opt, "kv_cache_dtype"));
     if (!dt || (strcmp(dt, "bf16") && strcmp(dt, "fp8"))) {
@@ -542,10 +544,11 @@ int pd_cli_up(int argc, char **argv)
                         "instance and EP rank on a host, as pdmoe plan --emit does\n");
         return 2;
     }
-    if (plan && (seqs_flag || batched_flag || kvbytes_flag || dtype_flag)) {
+    if (plan && (seqs_flag || batched_flag || kvbytes_flag || dtype_flag || spec_flag)) {
         fprintf(stderr, "pdmoe up: %s: --plan %s sets it; give one or the other\n",
                 seqs_flag ? "--max-num-seqs" : batched_flag ? "--max-num-batched-tokens"
-                : kvbytes_flag ? "--kv-cache-memory-bytes" : "--kv-cache-dtype", plan);
+                : kvbytes_flag ? "--kv-cache-memory-bytes" : dtype_flag ? "--kv-cache-dtype" : "--speculative-config",
+                plan);
         return 2;
     }
     int ep[2] = {(int)ep_flag[0], (int)ep_flag[1]};
@@ -631,7 +634,7 @@ int pd_cli_up(int argc, char **argv)
         if (plan)   /* the plan's pool and limits, per rank */
             lo.plan = (struct pd_launch_limits){.kv_cache_bytes = u.kv_pool[x->role], .max_num_seqs = u.max_num_seqs,
                                                 .max_num_batched_tokens = u.max_num_batched_tokens,
-                                                .kv_cache_dtype = u.kv_cache_dtype};
+                                                .kv_cache_dtype = u.kv_cache_dtype, .spec_k = (int)u.spec_k};
         int e = 0;
         const char *pass[][2] = {{"--max-num-seqs", seqs_flag}, {"--max-num-batched-tokens", batched_flag},
                                  {"--kv-cache-memory-bytes", kvbytes_flag}, {"--kv-cache-dtype", dtype_flag},

@@ -352,6 +352,12 @@ static void vllm_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node
     if (rp->o.redundant > 0)
         snprintf(eplb, sizeof eplb, "\"eplb_config\":{\"dynamic_eplb\":true,\"eplb_policy_type\":2,"
                  "\"num_redundant_experts\":%d}", rp->o.redundant);
+    /* MTP as the plan's TPOT assumes it, on both roles: vllm-ascend's DeepSeek-V4-Flash tutorial
+     * (docs/source/tutorials/models/DeepSeek-V4-Flash.md) passes this config to its single-node
+     * servers and to both sides of its Mooncake PD deployment, the draft run eagerly. */
+    if (p->mtp.k > 0)
+        arg(f, "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":%d,\"enforce_eager\":true}'",
+            p->mtp.k);
     if (p->o.aggregated) {
         /* an aggregated server: vLLM's defaults (chunked prefill, graphs), no KV connector */
         if (eplb[0])
@@ -487,6 +493,16 @@ static void sgl_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_
     arg(f, "--context-length %lld", (long long)p->o.max_model_len);
     if (x->role == PD_ROLE_PREFILL || p->o.aggregated)
         arg(f, "--chunked-prefill-size %lld", (long long)p->o.max_num_batched_tokens * dp);
+    /* MTP as the plan's TPOT assumes it: SGLang runs DeepSeek's MTP layer as EAGLE, a chain of
+     * k steps with top-1 drafts and k + 1 tokens verified (server_args.py; its DeepSeek-V4-Flash
+     * Ascend test passes --speculative-num-steps 2 --speculative-num-draft-tokens 3), on both
+     * sides of a PD pair as its PD examples do. */
+    if (p->mtp.k > 0) {
+        arg(f, "--speculative-algorithm EAGLE");
+        arg(f, "--speculative-num-steps %d", p->mtp.k);
+        arg(f, "--speculative-eagle-topk 1");
+        arg(f, "--speculative-num-draft-tokens %d", p->mtp.k + 1);
+    }
     if (c->ascend) {
         arg(f, "--device npu");
         if (c->w8a8)   /* SGLang's Ascend examples load msmodelslim checkpoints so */

@@ -170,7 +170,7 @@ char *pd_emit_pdmoe(const struct pd_plan *p, const struct pd_emit_opts *o, pd_er
             .max_model_len = max_len,
             .plan = {.kv_cache_bytes = rp->b.kv_pool, .max_num_seqs = p->o.max_num_seqs,
                      .max_num_batched_tokens = p->o.max_num_batched_tokens,
-                     .kv_cache_dtype = pd_kv_dtype_name(p->kv.dtype)}};
+                     .kv_cache_dtype = pd_kv_dtype_name(p->kv.dtype), .spec_k = p->mtp.k}};
         char **argv = pd_launch_argv(&x[i], &lo);
         if (argv)
             instance(f, &x[i], argv);

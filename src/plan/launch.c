@@ -112,6 +112,10 @@ static void serve_args(struct argv *v, const struct pd_launch_inst *x, const str
         add(v, "--kv-cache-dtype");
         add(v, "%s", o->plan.kv_cache_dtype);
     }
+    if (o->plan.spec_k > 0) {   /* both roles: the hand-off carries the draft's state (server_spec.c) */
+        add(v, "--speculative-config");
+        add(v, "{\"method\":\"mtp\",\"num_speculative_tokens\":%d}", o->plan.spec_k);
+    }
     for (int i = 0; i < (int)(sizeof o->extra / sizeof o->extra[0]) && o->extra[i]; i++)
         add(v, "%s", o->extra[i]);
     if (o->api_key) {

@@ -44,6 +44,8 @@ struct pd_launch_limits {
     int64_t max_num_seqs;      /* --max-num-seqs */
     int64_t max_num_batched_tokens;   /* --max-num-batched-tokens */
     const char *kv_cache_dtype;       /* --kv-cache-dtype: the dtype the pool was sized for; NULL: none */
+    int spec_k;                       /* --speculative-config's num_speculative_tokens: the drafts per step
+                                       * the plan's TPOT assumes (options.num_speculative_tokens); 0: none */
 };
 
 struct pd_launch_opts {

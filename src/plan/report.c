@@ -348,7 +348,7 @@ char *pd_plan_json(const struct pd_plan *p, const struct pd_perf *f)
                                             "verdict", pd_verdict_text(s->verdict), "chosen", s->chosen));
     }
     json_t *root = json_pack(
-        "{s:i,s:{s:s,s:s,s:s,s:I,s:I,s:i,s:i,s:i,s:i},s:{s:s,s:s,s:s,s:i,s:i,s:i,s:I},s:{s:s,s:s,s:f,s:I,s:I,s:I,s:b},"
+        "{s:i,s:{s:s,s:s,s:s,s:I,s:I,s:i,s:i,s:i,s:i},s:{s:s,s:s,s:s,s:i,s:i,s:i,s:I},s:{s:s,s:s,s:f,s:I,s:I,s:I,s:b,s:i},"
         "s:{s:o,s:I,s:I,s:I,s:I,s:I,s:o},s:{s:s,s:I,s:f,s:I,s:I,s:I,s:I,s:o},s:[o,o],s:I,s:o,s:o,s:o}",
         "plan_version", PD_PLAN_VERSION,
         "model", "name", p->model.name, "model_type", pd_model_arch_name(p->model.arch), "source", p->model.source,
@@ -361,7 +361,7 @@ char *pd_plan_json(const struct pd_plan *p, const struct pd_perf *f)
         "options", "quantization", p->inv.from_checkpoint ? "checkpoint" : pd_quant_describe(&p->quant, q, sizeof q),
         "kv_cache_dtype", pd_kv_dtype_name(p->kv.dtype), "gpu_memory_utilization", p->o.util, "max_num_seqs",
         (json_int_t)p->o.max_num_seqs, "max_model_len", (json_int_t)p->o.max_model_len, "max_num_batched_tokens",
-        (json_int_t)p->o.max_num_batched_tokens, "mtp", p->include_mtp,
+        (json_int_t)p->o.max_num_batched_tokens, "mtp", p->include_mtp, "num_speculative_tokens", p->mtp.k,
         "inventory", "groups", groups, "class_i_bytes", (json_int_t)p->inv.class_bytes[0], "class_ii_bytes",
         (json_int_t)p->inv.class_bytes[1], "class_i_params", (json_int_t)p->inv.class_params[0], "class_ii_params",
         (json_int_t)p->inv.class_params[1], "expert_bytes_all_layers",

@@ -341,6 +341,14 @@ Test(up, engine_flags_reach_every_instance)
     err[n] = 0;
     cr_assert_eq(WEXITSTATUS(pclose(f)), 2, "%s", err);
     cr_assert(strstr(err, "--kv-cache-dtype: --plan /nonexistent.json sets it"), "%s", err);
+    /* the plan's drafts (options.num_speculative_tokens) are the ones its TPOT assumes */
+    snprintf(cmd, sizeof cmd, "%s up --model %s --plan /nonexistent.json --speculative-config "
+             "'{\"method\":\"mtp\",\"num_speculative_tokens\":2}' 2>&1", bin, dir);
+    f = popen(cmd, "r");
+    n = fread(err, 1, sizeof err - 1, f);
+    err[n] = 0;
+    cr_assert_eq(WEXITSTATUS(pclose(f)), 2, "%s", err);
+    cr_assert(strstr(err, "--speculative-config: --plan /nonexistent.json sets it"), "%s", err);
 }
 
 /* --speculative-config reaches both instances (EP groups of `ep` ranks each): the prefill side

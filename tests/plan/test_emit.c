@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "model/config.h"
+#include "engine/spec.h"
 #include "plan/emit.h"
 #include "plan/hardware.h"
 #include "plan/launch.h"
@@ -92,6 +93,7 @@ static const char seed_vllm_ascend[] =
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
     "    --max-num-batched-tokens 4096 \\\n"
+    "    --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":1,\"enforce_eager\":true}' \\\n"
     "    --enforce-eager \\\n"
     "    --no-disable-hybrid-kv-cache-manager \\\n"
     "    --kv-transfer-config '{\"kv_connector\":\"MooncakeHybridConnector\",\"kv_role\":\"kv_producer\","
@@ -115,6 +117,7 @@ static const char seed_vllm_ascend[] =
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
     "    --max-num-batched-tokens 4096 \\\n"
+    "    --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":1,\"enforce_eager\":true}' \\\n"
     "    --enforce-eager \\\n"
     "    --no-disable-hybrid-kv-cache-manager \\\n"
     "    --kv-transfer-config '{\"kv_connector\":\"MooncakeHybridConnector\",\"kv_role\":\"kv_producer\","
@@ -138,6 +141,7 @@ static const char seed_vllm_ascend[] =
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
     "    --max-num-batched-tokens 4096 \\\n"
+    "    --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":1,\"enforce_eager\":true}' \\\n"
     "    --enforce-eager \\\n"
     "    --no-disable-hybrid-kv-cache-manager \\\n"
     "    --kv-transfer-config '{\"kv_connector\":\"MooncakeHybridConnector\",\"kv_role\":\"kv_producer\","
@@ -161,6 +165,7 @@ static const char seed_vllm_ascend[] =
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
     "    --max-num-batched-tokens 4096 \\\n"
+    "    --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":1,\"enforce_eager\":true}' \\\n"
     "    --enforce-eager \\\n"
     "    --no-disable-hybrid-kv-cache-manager \\\n"
     "    --kv-transfer-config '{\"kv_connector\":\"MooncakeHybridConnector\",\"kv_role\":\"kv_producer\","
@@ -184,6 +189,7 @@ static const char seed_vllm_ascend[] =
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
     "    --max-num-batched-tokens 4096 \\\n"
+    "    --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":1,\"enforce_eager\":true}' \\\n"
     "    --compilation-config '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' \\\n"
     "    --additional-config '{\"recompute_scheduler_enable\":true}' \\\n"
     "    --no-disable-hybrid-kv-cache-manager \\\n"
@@ -208,6 +214,7 @@ static const char seed_vllm_ascend[] =
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
     "    --max-num-batched-tokens 4096 \\\n"
+    "    --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":1,\"enforce_eager\":true}' \\\n"
     "    --compilation-config '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' \\\n"
     "    --additional-config '{\"recompute_scheduler_enable\":true}' \\\n"
     "    --no-disable-hybrid-kv-cache-manager \\\n"
@@ -232,6 +239,7 @@ static const char seed_vllm_ascend[] =
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
     "    --max-num-batched-tokens 4096 \\\n"
+    "    --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":1,\"enforce_eager\":true}' \\\n"
     "    --compilation-config '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' \\\n"
     "    --additional-config '{\"recompute_scheduler_enable\":true}' \\\n"
     "    --no-disable-hybrid-kv-cache-manager \\\n"
@@ -256,6 +264,7 @@ static const char seed_vllm_ascend[] =
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
     "    --max-num-batched-tokens 4096 \\\n"
+    "    --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":1,\"enforce_eager\":true}' \\\n"
     "    --compilation-config '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' \\\n"
     "    --additional-config '{\"recompute_scheduler_enable\":true}' \\\n"
     "    --no-disable-hybrid-kv-cache-manager \\\n"
@@ -804,7 +813,8 @@ Test(plan, emit_redundant_experts)
 
 /* The seed's shape on four one-card CPU hosts, as tests/cluster/run.sh plans it: v4-flash-mini,
  * prefill 1 x dp 2 and decode 1 x dp 2, each EP group across two hosts. */
-static void cpu_plan(struct pd_plan *p, struct pd_hardware *hw, int decode_tp)
+/* spec_k > 0: the MTP layer loaded and spec_k drafts per decode step (--speculative-config). */
+static void cpu_plan(struct pd_plan *p, struct pd_hardware *hw, int decode_tp, int spec_k)
 {
     pd_err e = {0};
     cr_assert_eq(pd_hardware_load("h100", hw, &e), 0, "%s", e.msg);
@@ -821,7 +831,8 @@ static void cpu_plan(struct pd_plan *p, struct pd_hardware *hw, int decode_tp)
     o.max_model_len = 2048;
     o.max_num_seqs = 8;
     o.kv_dtype = PD_KV_BF16;
-    o.mtp = 0;
+    o.mtp = spec_k > 0;
+    o.spec_k = spec_k;
     o.role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 2, .tp = 1, .instances = 1};
     o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 2, .tp = decode_tp, .instances = 1};
     build(&o, p);
@@ -846,7 +857,7 @@ Test(plan, emit_pdmoe_four_cpu_hosts)
 {
     struct pd_hardware hw;
     struct pd_plan p;
-    cpu_plan(&p, &hw, 1);
+    cpu_plan(&p, &hw, 1, 0);
     char *s = emit_pdmoe(&p, NULL);
     const char *top = "#!/bin/sh\n# pdmoe launch commands from `pdmoe plan --emit pdmoe`:\n"
                       "# v4-flash-mini on 4 nodes of 1 CPU (4 CPU hosts),\n"
@@ -980,7 +991,8 @@ static int up_argv(const struct pd_plan *p, const char *model, char ***argv)
             .plan = {.kv_cache_bytes = json_integer_value(json_object_get(budget, "kv_pool_bytes")),
                      .max_num_seqs = json_integer_value(json_object_get(opt, "max_num_seqs")),
                      .max_num_batched_tokens = json_integer_value(json_object_get(opt, "max_num_batched_tokens")),
-                     .kv_cache_dtype = json_string_value(json_object_get(opt, "kv_cache_dtype"))}};
+                     .kv_cache_dtype = json_string_value(json_object_get(opt, "kv_cache_dtype")),
+                     .spec_k = (int)json_integer_value(json_object_get(opt, "num_speculative_tokens"))}};
         argv[m] = pd_launch_argv(&inst[m], &lo);
         cr_assert_not_null(argv[m]);
     }
@@ -1001,7 +1013,7 @@ Test(plan, emit_pdmoe_words_are_the_argv_of_up)
 {
     struct pd_hardware hw;
     struct pd_plan p;
-    cpu_plan(&p, &hw, 1);
+    cpu_plan(&p, &hw, 1, 2);   /* with MTP: up reads the drafts from the JSON too */
     const char *model = "/srv/pdmoe models/it's mini";
     char *s = emit_pdmoe(&p, model);
     HAS(s, "    --model '/srv/pdmoe models/it'\\''s mini' \\\n");
@@ -1066,7 +1078,7 @@ Test(plan, emit_pdmoe_refuses_and_model_paths)
     struct pd_hardware hw;
     struct pd_plan p;
     pd_err e = {0};
-    cpu_plan(&p, &hw, 2);   /* decode dp 2 x tp 2 on two 2-card hosts */
+    cpu_plan(&p, &hw, 2, 0);   /* decode dp 2 x tp 2 on two 2-card hosts */
     struct pd_emit_opts o;
     pd_emit_opts_default(&o);
     cr_assert_null(pd_emit(&p, PD_EMIT_PDMOE, &o, &e));
@@ -1092,7 +1104,7 @@ Test(plan, emit_pdmoe_refuses_and_model_paths)
                                                "--served-model-path");
 
     /* v4-flash-mini: models/mini; --model DIR: DIR; --served-model-path wins */
-    cpu_plan(&p, &hw, 1);
+    cpu_plan(&p, &hw, 1, 0);
     char *s = emit_pdmoe(&p, NULL);
     cr_assert_eq(count(s, "    --model models/mini \\\n"), 4);
     free(s);
@@ -1121,4 +1133,54 @@ Test(plan, emit_pdmoe_refuses_and_model_paths)
     cr_assert_eq(count(s, want), 2, "%s", want);
     free(s);
     pd_plan_free(&p);
+}
+
+/* The drafts the plan's TPOT assumes are the drafts every server it launches runs: vllm-ascend's
+ * --speculative-config, SGLang's EAGLE chain of k steps and k + 1 tokens, pdmoe serve's
+ * --speculative-config as its own parser reads it; on every server of both roles; none without
+ * the MTP layer. */
+Test(plan, emit_speculation_as_the_plan_costs_it)
+{
+    for (int k = 0; k <= 3; k += 3) {
+        struct pd_plan_opts o;
+        pd_plan_opts_default(&o);
+        o.mtp = k > 0;
+        o.spec_k = k;
+        struct pd_plan p;
+        build(&o, &p);
+        cr_assert_eq(p.mtp.k, k);
+        char want[160];
+        char *s = emit(&p, PD_EMIT_VLLM_ASCEND, NULL);
+        snprintf(want, sizeof want, "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":%d,"
+                 "\"enforce_eager\":true}'", k);
+        cr_assert_eq(count(s, want), k ? count(s, " vllm serve ") : 0, "%s", s);
+        cr_assert_eq(count(s, "--speculative-config"), k ? count(s, " vllm serve ") : 0);
+        free(s);
+        s = emit(&p, PD_EMIT_SGLANG, NULL);
+        snprintf(want, sizeof want, "--speculative-algorithm EAGLE \\\n    --speculative-num-steps %d \\\n"
+                 "    --speculative-eagle-topk 1 \\\n    --speculative-num-draft-tokens %d ", k, k + 1);
+        cr_assert_eq(count(s, want), k ? count(s, "sglang.launch_server") : 0, "%s", s);
+        cr_assert_eq(count(s, "--speculative"), k ? 4 * count(s, "sglang.launch_server") : 0);
+        free(s);
+        pd_plan_free(&p);
+
+        struct pd_hardware hw;
+        cpu_plan(&p, &hw, 1, k);
+        s = emit_pdmoe(&p, NULL);
+        int servers = count(s, "pdmoe serve"), seen = 0;
+        cr_assert_gt(servers, 0);
+        for (const char *q = strstr(s, "--speculative-config '"); q; q = strstr(q + 1, "--speculative-config '")) {
+            const char *v = q + strlen("--speculative-config '"), *end = strchr(v, '\'');
+            char cfg[128];
+            snprintf(cfg, sizeof cfg, "%.*s", (int)(end - v), v);
+            int got = -1;
+            pd_err e = {0};
+            cr_assert_eq(pd_spec_config_parse(cfg, &got, &e), 0, "%s: %s", cfg, e.msg);   /* what serve checks */
+            cr_assert_eq(got, k);
+            seen++;
+        }
+        cr_assert_eq(seen, k ? servers : 0, "%s", s);
+        free(s);
+        pd_plan_free(&p);
+    }
 }
