@@ -256,48 +256,6 @@ static void reference(int k, char want[NP][4096], int acc[3], int *drafts)
     stop_pid(&pids[2]);
 }
 
-/* The pids of the ranks of the group listening on `port` (from their MPI environment): pid[rank]. */
-static void rank_pids(int port, pid_t pid[2])
-{
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "pgrep -f -- '-[-]port %d( |$)'", port);
-    FILE *p = popen(cmd, "r");
-    pid[0] = pid[1] = 0;
-    int x;
-    while (fscanf(p, "%d", &x) == 1) {
-        char path[64], env[1 << 15];
-        snprintf(path, sizeof path, "/proc/%d/environ", x);
-        FILE *f = fopen(path, "rb");
-        if (!f)
-            continue;
-        size_t n = fread(env, 1, sizeof env - 1, f);
-        fclose(f);
-        env[n] = 0;
-        for (size_t i = 0; i < n; i += strlen(env + i) + 1)
-            if (!strncmp(env + i, "OMPI_COMM_WORLD_RANK=", 21) && atoi(env + i + 21) >= 0 && atoi(env + i + 21) < 2)
-                pid[atoi(env + i + 21)] = x;
-    }
-    pclose(p);
-    cr_assert(pid[0] > 0 && pid[1] > 0, "ranks of port %d not found (%d, %d)", port, pid[0], pid[1]);
-}
-
-/* CPU seconds a process has used. */
-static double cpu_seconds(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f);
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    buf[n] = 0;
-    fclose(f);
-    char *p = strrchr(buf, ')');
-    unsigned long ut = 0, st = 0;
-    /* fields after the command: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
-    cr_assert_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st), 2);
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
 /* P (ranks_p) hands off to D (ranks_d), both speculating with k: the checks of the header. */
 static void pd_with_mtp(int k, int ranks_p, int ranks_d, int with_failed_pull, int idle_check)
 {
@@ -376,16 +334,6 @@ Test(ep_spec_pd, ep2_prefill_to_one_process_and_back_with_mtp)
 {
     pd_with_mtp(2, 2, 1, 0, 0);
     pd_with_mtp(2, 1, 2, 1, 0);
-}
-
-/* A prompt of several cache units (256 tokens): `words` numbered words after a salt. */
-static char *long_prompt(int words, int salt)
-{
-    char *p = malloc((size_t)words * 16 + 64), *w = p;
-    w += sprintf(w, "Story %d:", salt);
-    for (int i = 0; i < words; i++)
-        w += sprintf(w, " w%d", (i * 7 + salt) % 997);
-    return p;
 }
 
 static int prompt_tokens(int port, const char *prompt)

@@ -131,49 +131,6 @@ static pid_t start_single(int port)
     return launch(argv, port);
 }
 
-/* The pids of the group's ranks listening on `port` (from their MPI environment): pid[rank]. */
-static void rank_pids(int port, pid_t pid[2])
-{
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "pgrep -f -- '-[-]port %d( |$)'", port);
-    FILE *p = popen(cmd, "r");
-    pid[0] = pid[1] = 0;
-    int x;
-    while (fscanf(p, "%d", &x) == 1) {
-        char path[64], env[1 << 15];
-        snprintf(path, sizeof path, "/proc/%d/environ", x);
-        FILE *f = fopen(path, "rb");
-        if (!f)
-            continue;
-        size_t n = fread(env, 1, sizeof env - 1, f);
-        fclose(f);
-        for (size_t i = 0; i < n; i += strlen(env + i) + 1) {
-            env[n] = 0;
-            if (!strncmp(env + i, "OMPI_COMM_WORLD_RANK=", 21) && atoi(env + i + 21) >= 0 && atoi(env + i + 21) < 2)
-                pid[atoi(env + i + 21)] = x;
-        }
-    }
-    pclose(p);
-    cr_assert(pid[0] > 0 && pid[1] > 0, "ranks of port %d not found (%d, %d)", port, pid[0], pid[1]);
-}
-
-/* CPU seconds a process has used. */
-static double cpu_seconds(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f);
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    buf[n] = 0;
-    fclose(f);
-    char *p = strrchr(buf, ')');
-    unsigned long ut = 0, st = 0;
-    /* fields after the command: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
-    cr_assert_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st), 2);
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
 #define N_REQ 6
 
 struct call {
@@ -703,16 +660,6 @@ Test(server_ep, mtp_speculation_in_a_group_gives_the_tokens_of_one_plain_process
         double used = cpu_seconds(r[k]) - c0[k];
         cr_assert_lt(used, 0.2, "idle rank %d used %.2f s of CPU in 2 s", k, used);
     }
-}
-
-/* A prompt of several cache units (256 tokens): `words` numbered words after a salt. */
-static char *long_prompt(int words, int salt)
-{
-    char *p = malloc((size_t)words * 16 + 64), *w = p;
-    w += sprintf(w, "Story %d:", salt);
-    for (int i = 0; i < words; i++)
-        w += sprintf(w, " w%d", (i * 7 + salt) % 997);
-    return p;
 }
 
 /* A greedy completion of `prompt` on `port`: its token ids (JSON) in ids, its prompt length. */

@@ -58,16 +58,6 @@ static void teardown(void)
 
 TestSuite(server_prefix, .init = setup, .fini = teardown, .timeout = 300);
 
-/* A prompt of a few hundred tokens: `words` numbered words after a salt. */
-static char *long_prompt(int words, int salt)
-{
-    char *p = malloc((size_t)words * 16 + 64), *w = p;
-    w += sprintf(w, "Story %d:", salt);
-    for (int i = 0; i < words; i++)
-        w += sprintf(w, " w%d", (i * 7 + salt) % 997);
-    return p;
-}
-
 /* A greedy completion of `prompt`: its token ids (comma-joined into ids), its prompt length;
  * the seconds it took in *secs. */
 static int complete(const char *prompt, int max_tokens, char *ids, size_t cap, double *secs)

@@ -230,4 +230,59 @@ static inline int32_t nul_token_id(struct pd_tok *tok)
     return id;
 }
 
+/* The pids of the two ranks of the EP group listening on `port` (from their MPI environment):
+ * pid[rank]. */
+static inline void rank_pids(int port, pid_t pid[2])
+{
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "pgrep -f -- '-[-]port %d( |$)'", port);
+    FILE *p = popen(cmd, "r");
+    pid[0] = pid[1] = 0;
+    int x;
+    while (fscanf(p, "%d", &x) == 1) {
+        char path[64], env[1 << 15];
+        snprintf(path, sizeof path, "/proc/%d/environ", x);
+        FILE *f = fopen(path, "rb");
+        if (!f)
+            continue;
+        size_t n = fread(env, 1, sizeof env - 1, f);
+        fclose(f);
+        for (size_t i = 0; i < n; i += strlen(env + i) + 1) {
+            env[n] = 0;
+            if (!strncmp(env + i, "OMPI_COMM_WORLD_RANK=", 21) && atoi(env + i + 21) >= 0 && atoi(env + i + 21) < 2)
+                pid[atoi(env + i + 21)] = x;
+        }
+    }
+    pclose(p);
+    cr_assert(pid[0] > 0 && pid[1] > 0, "ranks of port %d not found (%d, %d)", port, pid[0], pid[1]);
+}
+
+/* CPU seconds a process has used. */
+static inline double cpu_seconds(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    char *p = strrchr(buf, ')');
+    unsigned long ut = 0, st = 0;
+    /* fields after the command: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
+    cr_assert_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st), 2);
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* A prompt of a few hundred tokens (several 256-token cache units): `words` numbered words after
+ * a salt; malloc'ed. */
+static inline char *long_prompt(int words, int salt)
+{
+    char *p = malloc((size_t)words * 16 + 64), *w = p;
+    w += sprintf(w, "Story %d:", salt);
+    for (int i = 0; i < words; i++)
+        w += sprintf(w, " w%d", (i * 7 + salt) % 997);
+    return p;
+}
+
 #endif
