@@ -134,7 +134,7 @@ int pd_ep_wait(MPI_Request *req)
  * without a request completing, backing off from 10 us to 200 us: a rank waiting for a peer still
  * running its experts leaves the core to it when ranks outnumber cores, but one whose messages
  * are moving does not sleep between them (each sleep on a busy machine can cost a time slice). */
-int pd_ep_waitall(int n, MPI_Request *req, double spin_s)
+static int waitall(int n, MPI_Request *req, double spin_s, int64_t *sleeps)
 {
     int left = 0, idx[64];
     for (int i = 0; i < n; i++)
@@ -157,11 +157,18 @@ int pd_ep_waitall(int n, MPI_Request *req, double spin_s)
         /* the clock read every 16 tests: a test alone is well under a microsecond */
         if ((spins & 15) != 15 || pd_now_s() < until)
             continue;
+        if (ns == 10000 && sleeps)
+            ++*sleeps;
         struct timespec ts = {0, ns};
         nanosleep(&ts, NULL);
         ns = ns < 200000 ? ns * 2 : 200000;
     }
     return MPI_SUCCESS;
+}
+
+int pd_ep_waitall(int n, MPI_Request *req, double spin_s)
+{
+    return waitall(n, req, spin_s, NULL);
 }
 
 /* How long an exchange's waits spin without progress before sleeping. */
@@ -182,7 +189,7 @@ static void cancel_all(int n, MPI_Request *req)
  * buffers are written again. */
 static int finish_sends(struct pd_ep *ep, pd_err *e)
 {
-    int r = pd_ep_waitall(ep->npend, ep->pend, EP_SPIN_S);
+    int r = waitall(ep->npend, ep->pend, EP_SPIN_S, &ep->sleeps);
     ep->npend = 0;
     return r == MPI_SUCCESS ? 0 : mpi_fail(ep, r, "completing the last exchange's sends", e);
 }
@@ -239,7 +246,7 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
         memcpy(ep->srow + (size_t)slot * H, a->q + (size_t)t * H, (size_t)H);
         ep->sdisp[slot] = (MPI_Aint)p * H * (MPI_Aint)sizeof(float);
     }
-    if ((r = pd_ep_waitall(nreq, req, EP_SPIN_S)) != MPI_SUCCESS)
+    if ((r = waitall(nreq, req, EP_SPIN_S, &ep->sleeps)) != MPI_SUCCESS)
         return mpi_fail(ep, r, "exchanging the counts", e);
     nreq = 0;
     int R = 0;
@@ -309,7 +316,7 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
             ep->expert[j] = ids[p];
             ep->dst[j++] = y + (size_t)p * H;
         }
-    if ((r = pd_ep_waitall(nreq, req, EP_SPIN_S)) != MPI_SUCCESS)
+    if ((r = waitall(nreq, req, EP_SPIN_S, &ep->sleeps)) != MPI_SUCCESS)
         goto fail;
     nreq = 0;
     ep->bytes_sent += (int64_t)Ps * (int64_t)(sizeof *ep->smeta + (size_t)H);
@@ -343,7 +350,7 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
                            &ep->pend[ep->npend++])))
             goto fail;
     }
-    if ((r = pd_ep_waitall(ncreq, creq, EP_SPIN_S)) != MPI_SUCCESS)
+    if ((r = waitall(ncreq, creq, EP_SPIN_S, &ep->sleeps)) != MPI_SUCCESS)
         goto fail;
     /* each output row to its pair's place: an indexed MPI datatype receiving straight there was
      * slower (milliseconds at 256 tokens over shared memory) than this copy */

@@ -72,6 +72,7 @@ struct pd_ep {
     double t_exchange;             /* seconds in the exchange: all of it but the experts */
     int64_t bytes_sent;            /* dispatch + combine bytes sent to other ranks */
     int64_t exchanges;             /* MoE layers exchanged */
+    int64_t sleeps;                /* waits of the exchange that slept (no progress for EP_SPIN_S) */
     int sync_before_combine;       /* benchmarks: a barrier (not timed) before the combine, so
                                     * t_exchange leaves out waiting for the slowest rank's experts */
 };

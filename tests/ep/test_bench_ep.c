@@ -1,6 +1,7 @@
 /* `pdmoe bench ep --json` (real processes under mpirun): one document whose groups report, per
  * token count, the exchange's time against a raw MPI_Alltoallv of the same volumes timed in the
- * same run, with the ratios computed from those times; one rank sends nothing, two do. */
+ * same run, with the ratios computed from those times, medians inside their interquartile ranges;
+ * one rank sends nothing, two do. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
@@ -79,6 +80,16 @@ Test(bench_ep, json_ratios_of_the_same_run)
             double peers = num(c, "raw_peers_us"), peers_min = num(c, "raw_peers_min_us");
             cr_assert(ex > 0 && raw > 0 && peers > 0 && ex_min > 0 && raw_min > 0 && peers_min > 0, "%s", out);
             cr_assert(ex_min <= ex && raw_min <= raw && peers_min <= peers, "a minimum above its median: %s", out);
+            /* the interquartile ranges bracket the medians, above the minimums */
+            double ex25 = num(c, "exchange_p25_us"), ex75 = num(c, "exchange_p75_us");
+            double raw25 = num(c, "raw_alltoallv_p25_us"), raw75 = num(c, "raw_alltoallv_p75_us");
+            cr_assert(ex_min <= ex25 && ex25 <= ex && ex <= ex75, "%s", out);
+            cr_assert(raw_min <= raw25 && raw25 <= raw && raw <= raw75, "%s", out);
+            int reps = (int)json_integer_value(json_object_get(c, "reps")), slept = (int)num(c, "reps_with_sleeps");
+            cr_assert_eq(reps, 5, "--quick: 5 repetitions");
+            cr_assert(slept >= 0 && slept <= reps, "%s", out);
+            /* the paired ratio: the median of each repetition's exchange / raw */
+            cr_assert(num(c, "ratio_paired") > 0, "%s", out);
             /* each ratio is the quotient of the times printed beside it (to 0.001 us, itself to 0.001) */
             cr_assert(quotient(num(c, "ratio"), ex, raw), "%s", out);
             cr_assert(quotient(num(c, "ratio_min"), ex_min, raw_min), "%s", out);
