@@ -1,4 +1,4 @@
-/* Expert-parallel dispatch and combine with MPI_Alltoallv (see ep.h). */
+/* Expert-parallel dispatch and combine with point-to-point messages (see ep.h). */
 #include "ep/ep.h"
 #include "core/timing.h"
 
@@ -28,9 +28,10 @@ int pd_ep_init(struct pd_ep *ep, MPI_Comm comm, const struct pd_model *m, pd_err
     int n = ep->size;
     ep->owner = calloc((size_t)ep->n_experts, sizeof *ep->owner);
     ep->has_expert = calloc((size_t)ep->n_experts, 1);
-    ep->scnt = calloc((size_t)n * 5, sizeof(int));
-    ep->req = calloc((size_t)n * 6, sizeof *ep->req);
-    if (!ep->owner || !ep->has_expert || !ep->scnt || !ep->req) {
+    ep->scnt = calloc((size_t)n * 7, sizeof(int));
+    ep->req = calloc((size_t)n * 5, sizeof *ep->req);
+    ep->msg = calloc((size_t)n, sizeof *ep->msg);
+    if (!ep->owner || !ep->has_expert || !ep->scnt || !ep->req || !ep->msg) {
         pd_ep_free(ep);
         return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
     }
@@ -38,8 +39,10 @@ int pd_ep_init(struct pd_ep *ep, MPI_Comm comm, const struct pd_model *m, pd_err
     ep->soff = ep->scnt + 2 * n;
     ep->roff = ep->scnt + 3 * n;
     ep->cursor = ep->scnt + 4 * n;
-    ep->creq = ep->req + 2 * n;
-    ep->pend = ep->req + 3 * n;
+    ep->rbase = ep->scnt + 5 * n;
+    ep->mbytes = ep->scnt + 6 * n;
+    ep->creq = ep->req + n;
+    ep->pend = ep->req + 2 * n;
     for (int k = 0; k < n; k++)
         for (int s = 0; s < ep->place.slots; s++) {
             int x = ep->place.map[k * ep->place.slots + s];
@@ -67,6 +70,7 @@ void pd_ep_free(struct pd_ep *ep)
     free(ep->has_expert);
     free(ep->scnt);
     free(ep->req);
+    free(ep->msg);
     free(ep->sarena);
     free(ep->rarena);
     memset(ep, 0, sizeof *ep);
@@ -128,20 +132,52 @@ int pd_ep_wait(MPI_Request *req)
     }
 }
 
-/* Inside an exchange the peers are mid-step and about to send, so the wait spins on MPI_Testsome
- * (no sched_yield: on a busy machine a yield can give the core away for a whole time slice,
- * milliseconds, against a few microseconds for a small exchange) and sleeps only after spin_s
- * without a request completing, backing off from 10 us to 200 us: a rank waiting for a peer still
- * running its experts leaves the core to it when ranks outnumber cores, but one whose messages
- * are moving does not sleep between them (each sleep on a busy machine can cost a time slice). */
+/* The spin-then-sleep policy of an exchange's waits. Inside an exchange the peers are mid-step
+ * and about to send, so a wait spins (no sched_yield: on a busy machine a yield can give the core
+ * away for a whole time slice, milliseconds, against a few microseconds for a small exchange) and
+ * sleeps only after spin_s without progress, backing off from 10 us to 200 us: a rank waiting for
+ * a peer still running its experts leaves the core to it when ranks outnumber cores, but one whose
+ * messages are moving does not sleep between them. */
+struct backoff {
+    double spin_s, until;
+    long ns;
+    int polls;
+    int64_t *sleeps;   /* counts the waits that slept, or NULL */
+};
+
+static void backoff_start(struct backoff *b, double spin_s, int64_t *sleeps)
+{
+    *b = (struct backoff){.spin_s = spin_s, .until = pd_now_s() + spin_s, .ns = 10000, .sleeps = sleeps};
+}
+
+/* A poll completed something: spin again. */
+static void backoff_progress(struct backoff *b)
+{
+    b->until = pd_now_s() + b->spin_s;
+    b->ns = 10000;
+}
+
+/* A poll completed nothing: go on spinning, or sleep once spin_s has passed without progress
+ * (the clock read every 16 polls: a poll alone is well under a microsecond). */
+static void backoff_idle(struct backoff *b)
+{
+    if ((++b->polls & 15) || pd_now_s() < b->until)
+        return;
+    if (b->ns == 10000 && b->sleeps)
+        ++*b->sleeps;
+    struct timespec ts = {0, b->ns};
+    nanosleep(&ts, NULL);
+    b->ns = b->ns < 200000 ? b->ns * 2 : 200000;
+}
+
 static int waitall(int n, MPI_Request *req, double spin_s, int64_t *sleeps)
 {
     int left = 0, idx[64];
     for (int i = 0; i < n; i++)
         left += req[i] != MPI_REQUEST_NULL;
-    double until = pd_now_s() + spin_s;
-    long ns = 10000;
-    for (int spins = 0; left > 0; spins++) {
+    struct backoff b;
+    backoff_start(&b, spin_s, sleeps);
+    while (left > 0) {
         int done = 0, r = n <= 64 ? MPI_Testsome(n, req, &done, idx, MPI_STATUSES_IGNORE)
                                   : MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE);
         if (r != MPI_SUCCESS)
@@ -150,18 +186,10 @@ static int waitall(int n, MPI_Request *req, double spin_s, int64_t *sleeps)
             done = done ? left : 0;
         if (done > 0 && done != MPI_UNDEFINED) {
             left -= done;
-            until = pd_now_s() + spin_s;
-            ns = 10000;
-            continue;
+            backoff_progress(&b);
+        } else {
+            backoff_idle(&b);
         }
-        /* the clock read every 16 tests: a test alone is well under a microsecond */
-        if ((spins & 15) != 15 || pd_now_s() < until)
-            continue;
-        if (ns == 10000 && sleeps)
-            ++*sleeps;
-        struct timespec ts = {0, ns};
-        nanosleep(&ts, NULL);
-        ns = ns < 200000 ? ns * 2 : 200000;
     }
     return MPI_SUCCESS;
 }
@@ -194,17 +222,93 @@ static int finish_sends(struct pd_ep *ep, pd_err *e)
     return r == MPI_SUCCESS ? 0 : mpi_fail(ep, r, "completing the last exchange's sends", e);
 }
 
+/* Rows of H bytes that a dispatch message of c > 0 pairs spends on its head and its records. */
+static int64_t head_rows(int64_t c, int H)
+{
+    return ((int64_t)sizeof(struct pd_ep_head) + c * (int64_t)sizeof(struct pd_ep_meta) + H - 1) / H;
+}
+
+/* Bytes of a dispatch message of c pairs: the head alone when c = 0. */
+static int64_t dispatch_bytes(int64_t c, int H)
+{
+    return c ? (head_rows(c, H) + c) * H : (int64_t)sizeof(struct pd_ep_head);
+}
+
+/* The pairs of a dispatch message of `bytes` bytes, or -1 if no count gives that size. */
+static int dispatch_pairs(int bytes, int H)
+{
+    if (bytes == (int)sizeof(struct pd_ep_head))
+        return 0;
+    if (bytes <= 0 || bytes % H)
+        return -1;
+    int rows = bytes / H;
+    for (int m = 1; m < rows; m++)
+        if (head_rows(rows - m, H) == m)
+            return rows - m;
+    return -1;
+}
+
+/* Matches every peer's dispatch message of this exchange (MPI_Improbe): its size says how many
+ * pairs it carries, so no counts message has to go first. Source by source, never
+ * MPI_ANY_SOURCE: a peer that neither sent pairs here nor got any from here can finish this
+ * exchange and send its next dispatch before another peer's arrives, and only a message's own
+ * source keeps the exchanges in order (MPI does not overtake between one source and tag).
+ * msg[d] and bytes[d] for each d != me; the waiting spins, then sleeps, as waitall's. */
+static int probe_all(struct pd_ep *ep, MPI_Message *msg, int *bytes, pd_err *e)
+{
+    const int n = ep->size, me = ep->rank;
+    for (int d = 0; d < n; d++)
+        msg[d] = MPI_MESSAGE_NULL;
+    struct backoff b;
+    backoff_start(&b, EP_SPIN_S, &ep->sleeps);
+    for (int left = n - 1; left > 0;) {
+        int got = 0;
+        for (int d = 0; d < n; d++) {
+            if (d == me || msg[d] != MPI_MESSAGE_NULL)
+                continue;
+            int flag = 0, r;
+            MPI_Status st;
+            if ((r = MPI_Improbe(d, PD_EP_TAG_DISPATCH, ep->comm, &flag, &msg[d], &st)) != MPI_SUCCESS)
+                return mpi_fail(ep, r, "probing the dispatch", e);
+            if (flag) {
+                MPI_Get_count(&st, MPI_BYTE, &bytes[d]);
+                got++;
+            }
+        }
+        if (got) {
+            left -= got;
+            backoff_progress(&b);
+        } else {
+            backoff_idle(&b);
+        }
+    }
+    return 0;
+}
+
+/* Receives the matched messages msg[] (each rank's own: none) after a failure, so none is left
+ * queued for the next exchange. */
+static void drop_probed(struct pd_ep *ep, MPI_Message *msg, int *bytes)
+{
+    for (int d = 0; d < ep->size; d++)
+        if (msg[d] != MPI_MESSAGE_NULL) {
+            char *sink = malloc((size_t)bytes[d] + 1);
+            MPI_Mrecv(sink, sink ? bytes[d] : 0, MPI_BYTE, &msg[d], MPI_STATUS_IGNORE);
+            free(sink);
+        }
+}
+
 static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *ids, int T,
                       float *y, pd_err *e)
 {
     struct pd_ep *ep = ctx;
     const int n = ep->size, me = ep->rank, k = ep->top_k, H = ep->hidden, P = T * k;
-    MPI_Request *req = ep->req;   /* [2 * size] this phase's receives (and the counts' sends) */
-    int nreq = 0, r, rc;
+    MPI_Request *req = ep->req;   /* [size] the dispatch's receives */
+    MPI_Request *creq = ep->creq; /* [size] the combine's receives */
+    int nreq = 0, ncreq = 0, r, rc;
     double t0 = pd_now_s();
     if ((rc = finish_sends(ep, e)))
         return rc;
-    /* counts: pairs for each rank, in pair order within a rank */
+    /* pairs for each rank, in pair order within a rank */
     for (int d = 0; d < n; d++)
         ep->scnt[d] = 0;
     for (int p = 0; p < P; p++)
@@ -212,98 +316,119 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
     const int Pl = ep->scnt[me], Ps = P - Pl;
     if ((size_t)P * 4 * (size_t)H > INT32_MAX)
         return pd_err_set(e, PD_EINVAL, "expert parallelism: %d pairs of %d values exceed an MPI message", P, H);
-    /* the counts travel while the send buffer is packed */
-    for (int d = 0; d < n; d++)
-        if (d != me && ((r = MPI_Irecv(&ep->rcnt[d], 1, MPI_INT, d, PD_EP_TAG_COUNT, ep->comm, &req[nreq++])) ||
-                        (r = MPI_Isend(&ep->scnt[d], 1, MPI_INT, d, PD_EP_TAG_COUNT, ep->comm, &req[nreq++]))))
-            return mpi_fail(ep, r, "sending the counts", e);
-    ep->rcnt[me] = Pl;
-    /* dispatch: each pair sent goes straight to its destination's next slot */
+    /* dispatch, one message per peer, built in place in the send arena (c pairs for it):
+     *   [head {c, sender}] [c records {expert, scale}] [zeros to a multiple of H bytes] [c rows of H]
+     * (the head alone when c = 0), so that the receiver takes it straight into its int8 matrix
+     * and the rows fall on whole rows of it */
+    size_t dbytes = 0;
+    for (int d = 0; d < n; d++) {
+        ep->soff[d] = (int)(dbytes / (size_t)H);   /* in rows; a head-only message takes one */
+        if (d != me)
+            dbytes += (size_t)(ep->scnt[d] ? dispatch_bytes(ep->scnt[d], H) : H);
+    }
     size_t sz = 0;
-    carve(NULL, &sz, (size_t)Ps * sizeof *ep->smeta);
-    carve(NULL, &sz, (size_t)Ps * H);
+    carve(NULL, &sz, dbytes);
     carve(NULL, &sz, (size_t)Ps * sizeof *ep->sdisp);
     carve(NULL, &sz, (size_t)Ps * H * sizeof(float));
-    if ((rc = grow(&ep->sarena, &ep->sacap, sz, e))) {
-        cancel_all(nreq, req);
+    if ((rc = grow(&ep->sarena, &ep->sacap, sz, e)))
         return rc;
-    }
     sz = 0;
-    ep->smeta = carve(ep->sarena, &sz, (size_t)Ps * sizeof *ep->smeta);
-    ep->srow = carve(ep->sarena, &sz, (size_t)Ps * H);
+    ep->sbuf = carve(ep->sarena, &sz, dbytes);
     ep->sdisp = carve(ep->sarena, &sz, (size_t)Ps * sizeof *ep->sdisp);
     float *back = carve(ep->sarena, &sz, (size_t)Ps * H * sizeof(float));
+    /* the combine's receives first, so the outputs land as soon as they come (in `back`, by
+     * destination, in the order the pairs were sent) */
     for (int d = 0, at = 0; d < n; d++) {
-        ep->soff[d] = ep->cursor[d] = at;
-        at += d != me ? ep->scnt[d] : 0;
+        int c = d != me ? ep->scnt[d] : 0;
+        ep->cursor[d] = at;
+        if (c && (r = MPI_Irecv(back + (size_t)at * H, c * H, MPI_FLOAT, d, PD_EP_TAG_OUT, ep->comm,
+                                &creq[ncreq++]))) {
+            cancel_all(ncreq, creq);
+            return mpi_fail(ep, r, "posting the combine", e);
+        }
+        at += c;
+    }
+    /* each pair sent straight to its destination's next record and row */
+    int *slot = ep->roff;   /* scratch until the receives: each destination's next pair */
+    for (int d = 0; d < n; d++) {
+        slot[d] = 0;
+        if (d == me)
+            continue;
+        char *m = ep->sbuf + (size_t)ep->soff[d] * H;
+        int c = ep->scnt[d];
+        *(struct pd_ep_head *)m = (struct pd_ep_head){.pairs = c, .rank = me};
+        if (c) {
+            size_t used = sizeof(struct pd_ep_head) + (size_t)c * sizeof(struct pd_ep_meta);
+            memset(m + used, 0, (size_t)head_rows(c, H) * H - used);
+        }
     }
     for (int p = 0; p < P; p++) {
         int d = ep->owner[ids[p]], t = p / k;
         if (d == me)
             continue;
-        int slot = ep->cursor[d]++;
-        ep->smeta[slot] = (struct pd_ep_meta){.expert = ids[p], .scale = a->scale[t]};
-        memcpy(ep->srow + (size_t)slot * H, a->q + (size_t)t * H, (size_t)H);
-        ep->sdisp[slot] = (MPI_Aint)p * H * (MPI_Aint)sizeof(float);
+        int i = slot[d]++, c = ep->scnt[d];
+        char *m = ep->sbuf + (size_t)ep->soff[d] * H;
+        struct pd_ep_meta *rec = (struct pd_ep_meta *)(m + sizeof(struct pd_ep_head));
+        rec[i] = (struct pd_ep_meta){.expert = ids[p], .scale = a->scale[t]};
+        memcpy(m + ((size_t)head_rows(c, H) + i) * H, a->q + (size_t)t * H, (size_t)H);
+        ep->sdisp[ep->cursor[d] + i] = (MPI_Aint)p * H * (MPI_Aint)sizeof(float);
     }
-    if ((r = waitall(nreq, req, EP_SPIN_S, &ep->sleeps)) != MPI_SUCCESS)
-        return mpi_fail(ep, r, "exchanging the counts", e);
-    nreq = 0;
-    int R = 0;
+    /* the sends complete in the background: only the next exchange writes their buffers again */
+    for (int d = 0; d < n; d++)
+        if (d != me && (r = MPI_Isend(ep->sbuf + (size_t)ep->soff[d] * H, (int)dispatch_bytes(ep->scnt[d], H), MPI_BYTE,
+                                      d, PD_EP_TAG_DISPATCH, ep->comm, &ep->pend[ep->npend++]))) {
+            cancel_all(ncreq, creq);
+            return mpi_fail(ep, r, "sending the dispatch", e);
+        }
+    /* every peer's dispatch, matched before it is received: its size places it */
+    MPI_Message *msg = ep->msg;
+    int *mbytes = ep->mbytes;
+    if ((rc = probe_all(ep, msg, mbytes, e))) {
+        drop_probed(ep, msg, mbytes);
+        cancel_all(ncreq, creq);
+        return rc;
+    }
+    int R = 0, rows = 0;   /* pairs received; rows of q they take with their heads */
     for (int d = 0; d < n; d++) {
+        ep->rcnt[d] = d == me ? Pl : dispatch_pairs(mbytes[d], H);
+        if (ep->rcnt[d] < 0) {
+            rc = pd_err_set(e, PD_EIO, "expert parallelism: rank %d got a dispatch of %d bytes from rank %d, which is "
+                            "no whole number of pairs of %d values", me, mbytes[d], d, H);
+            drop_probed(ep, msg, mbytes);
+            cancel_all(ncreq, creq);
+            return rc;
+        }
         ep->roff[d] = R;
-        R += d != me ? ep->rcnt[d] : 0;
+        if (d != me) {
+            ep->rbase[d] = rows;
+            R += ep->rcnt[d];
+            rows += (mbytes[d] + H - 1) / H;
+        }
     }
-    if ((size_t)R * 4 * (size_t)H > INT32_MAX)
-        return pd_err_set(e, PD_EINVAL, "expert parallelism: %d pairs received of %d values exceed an MPI message", R, H);
     sz = 0;
-    carve(NULL, &sz, (size_t)R * sizeof *ep->rmeta);
-    carve(NULL, &sz, ((size_t)T + R) * H);
-    carve(NULL, &sz, ((size_t)T + R) * sizeof *ep->scale);
+    carve(NULL, &sz, ((size_t)T + rows) * H);
+    carve(NULL, &sz, ((size_t)T + rows) * sizeof *ep->scale);
     carve(NULL, &sz, ((size_t)Pl + R) * sizeof *ep->row);
     carve(NULL, &sz, ((size_t)Pl + R) * sizeof *ep->expert);
     carve(NULL, &sz, ((size_t)Pl + R) * sizeof *ep->dst);
     carve(NULL, &sz, (size_t)R * H * sizeof *ep->out);
-    if ((rc = grow(&ep->rarena, &ep->racap, sz, e)))
+    if ((rc = grow(&ep->rarena, &ep->racap, sz, e))) {
+        drop_probed(ep, msg, mbytes);
+        cancel_all(ncreq, creq);
         return rc;
+    }
     sz = 0;
-    ep->rmeta = carve(ep->rarena, &sz, (size_t)R * sizeof *ep->rmeta);
-    ep->q = carve(ep->rarena, &sz, ((size_t)T + R) * H);
-    ep->scale = carve(ep->rarena, &sz, ((size_t)T + R) * sizeof *ep->scale);
+    ep->q = carve(ep->rarena, &sz, ((size_t)T + rows) * H);
+    ep->scale = carve(ep->rarena, &sz, ((size_t)T + rows) * sizeof *ep->scale);
     ep->row = carve(ep->rarena, &sz, ((size_t)Pl + R) * sizeof *ep->row);
     ep->expert = carve(ep->rarena, &sz, ((size_t)Pl + R) * sizeof *ep->expert);
     ep->dst = carve(ep->rarena, &sz, ((size_t)Pl + R) * sizeof *ep->dst);
     ep->out = carve(ep->rarena, &sz, (size_t)R * H * sizeof *ep->out);
-    /* receives first: the rows land behind this rank's own in the matrix the experts read; the
-     * combine's receives are posted now too, so the outputs land as soon as they come (in `back`,
-     * by destination, as the send slots) */
-    MPI_Request *creq = ep->creq;
-    int ncreq = 0;
-    for (int d = 0; d < n; d++) {
-        if (d == me)
-            continue;
-        int c = ep->rcnt[d];
-        if (c && ((r = MPI_Irecv(ep->rmeta + ep->roff[d], c * (int)sizeof *ep->rmeta, MPI_BYTE, d, PD_EP_TAG_META,
-                                 ep->comm, &req[nreq++])) ||
-                  (r = MPI_Irecv(ep->q + ((size_t)T + ep->roff[d]) * H, c * H, MPI_INT8_T, d, PD_EP_TAG_ROWS, ep->comm,
-                                 &req[nreq++]))))
+    /* each message straight behind this rank's own rows in the matrix the experts read */
+    for (int d = 0; d < n; d++)
+        if (d != me && (r = MPI_Imrecv(ep->q + ((size_t)T + ep->rbase[d]) * H, mbytes[d], MPI_BYTE, &msg[d],
+                                       &req[nreq++])))
             goto fail;
-        if (!(c = ep->scnt[d]))
-            continue;
-        if ((r = MPI_Irecv(back + (size_t)ep->soff[d] * H, c * H, MPI_FLOAT, d, PD_EP_TAG_OUT, ep->comm,
-                           &creq[ncreq++])))
-            goto fail;
-    }
-    /* the sends complete in the background: only the next exchange writes their buffers again */
-    for (int d = 0; d < n; d++) {
-        int c = ep->scnt[d];
-        if (d != me && c &&
-            ((r = MPI_Isend(ep->smeta + ep->soff[d], c * (int)sizeof *ep->smeta, MPI_BYTE, d, PD_EP_TAG_META, ep->comm,
-                            &ep->pend[ep->npend++])) ||
-             (r = MPI_Isend(ep->srow + (size_t)ep->soff[d] * H, c * H, MPI_INT8_T, d, PD_EP_TAG_ROWS, ep->comm,
-                            &ep->pend[ep->npend++]))))
-            goto fail;
-    }
     /* this rank's own pairs meanwhile: its rows in place (copied once per token, not per pair),
      * outputs straight into y */
     if (Pl) {
@@ -319,22 +444,37 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
     if ((r = waitall(nreq, req, EP_SPIN_S, &ep->sleeps)) != MPI_SUCCESS)
         goto fail;
     nreq = 0;
-    ep->bytes_sent += (int64_t)Ps * (int64_t)(sizeof *ep->smeta + (size_t)H);
-    for (int i = 0; i < R; i++) {
-        int x = ep->rmeta[i].expert;
-        if (x < 0 || x >= ep->n_experts || !ep->has_expert[x]) {
-            rc = pd_err_set(e, PD_EIO, "expert parallelism: rank %d received a row for expert %d, not held here", me, x);
+    ep->bytes_sent += (int64_t)dbytes;
+    for (int d = 0; d < n; d++) {
+        if (d == me)
+            continue;
+        const char *m = (const char *)ep->q + ((size_t)T + ep->rbase[d]) * H;
+        const struct pd_ep_head *h = (const struct pd_ep_head *)m;
+        const struct pd_ep_meta *rec = (const struct pd_ep_meta *)(m + sizeof *h);
+        const int c = ep->rcnt[d], first = T + ep->rbase[d] + (c ? (int)head_rows(c, H) : 0);
+        if (h->pairs != c || h->rank != d) {
+            rc = pd_err_set(e, PD_EIO, "expert parallelism: rank %d got a dispatch from rank %d whose head says %d "
+                            "pairs from rank %d", me, d, h->pairs, h->rank);
             cancel_all(ncreq, creq);
             return rc;
         }
-        ep->expert[Pl + i] = x;
-        ep->row[Pl + i] = T + i;
-        ep->scale[T + i] = ep->rmeta[i].scale;
-        ep->dst[Pl + i] = ep->out + (size_t)i * H;
+        for (int i = 0; i < c; i++) {
+            const int x = rec[i].expert, j = Pl + ep->roff[d] + i;
+            if (x < 0 || x >= ep->n_experts || !ep->has_expert[x]) {
+                rc = pd_err_set(e, PD_EIO, "expert parallelism: rank %d received a row for expert %d, not held here",
+                                me, x);
+                cancel_all(ncreq, creq);
+                return rc;
+            }
+            ep->expert[j] = x;
+            ep->row[j] = first + i;
+            ep->scale[first + i] = rec[i].scale;
+            ep->dst[j] = ep->out + (size_t)(ep->roff[d] + i) * H;
+        }
     }
     /* the experts held here, on this rank's rows and the rows sent to them, in one grouped pass */
     double t1 = pd_now_s();
-    pd_qmat ra = {.q = ep->q, .scale = ep->scale, .rows = T + R, .cols = H};
+    pd_qmat ra = {.q = ep->q, .scale = ep->scale, .rows = T + rows, .cols = H};
     if ((rc = pd_engine_run_experts(en, layer, &ra, ep->row, ep->expert, Pl + R, NULL, ep->dst, e))) {
         cancel_all(ncreq, creq);
         return rc;
@@ -362,6 +502,7 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
     ep->exchanges++;
     return 0;
 fail:
+    cancel_all(nreq, req);
     cancel_all(ncreq, creq);
     return mpi_fail(ep, r, "the dispatch or combine", e);
 }
