@@ -1,6 +1,7 @@
-/* `pdmoe bench ep --ranks 1,2,4 --model DIR [--quick] [--json]`: the expert-parallel exchange of
- * one MoE layer for 1 to 256 tokens per rank against a raw MPI exchange of the same volumes, timed
- * in the same run, and decode tokens/s of the model for each group size.
+/* `pdmoe bench ep --ranks 1,2,4 --model DIR [--quick] [--json | --check]`: the expert-parallel
+ * exchange of one MoE layer for 1 to 256 tokens per rank against a raw MPI exchange of the same
+ * volumes, timed in the same run, and decode tokens/s of the model for each group size. --check
+ * times nothing: it verifies the exchange's outputs byte for byte (check_worker).
  *
  * What each side times, per repetition (fresh random routing each time):
  *   exchange  the engine's experts_fn on one layer (ep.c), all of it but the experts: completing
@@ -316,14 +317,125 @@ static int worker(const char *dir, int quick, int json)
     return 0;
 }
 
+/* --check: the exchange's outputs against running every pair on its own rank. Each rank loads
+ * every expert (not only its own), so that it can run its tokens' pairs itself, and compares
+ * those outputs with the exchange's byte for byte, over exchanges run back to back (no barrier
+ * between them, so a rank may start the next while another finishes this one): 0, 1 and 256
+ * tokens per rank; routed at random, each rank to its own experts only (everyone's messages
+ * empty: nothing received anywhere), every rank to rank 0's experts only (rank 0 receives from
+ * all, the others nothing), and every other rank without tokens. */
+enum { ROUTE_RANDOM, ROUTE_OWN, ROUTE_RANK0 };
+
+/* k distinct experts of rank r per token, ascending (ROUTE_OWN, ROUTE_RANK0). */
+static void route_to(const struct pd_ep *ep, int r, int32_t *ids, int T, uint64_t *s)
+{
+    int held[4096], nh = 0, k = ep->top_k;
+    for (int x = 0; x < ep->n_experts && nh < 4096; x++)
+        if (ep->owner[x] == r)
+            held[nh++] = x;
+    for (int t = 0; t < T; t++) {
+        *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+        int at = (int)((*s >> 33) % (uint64_t)nh);
+        for (int j = 0; j < k; j++)
+            ids[(size_t)t * k + j] = held[(at + j) % nh];
+        for (int a = 1; a < k; a++)
+            for (int b = a; b > 0 && ids[(size_t)t * k + b] < ids[(size_t)t * k + b - 1]; b--) {
+                int32_t x = ids[(size_t)t * k + b];
+                ids[(size_t)t * k + b] = ids[(size_t)t * k + b - 1];
+                ids[(size_t)t * k + b - 1] = x;
+            }
+    }
+}
+
+static int check_worker(const char *dir)
+{
+    int provided, rank, size;
+    MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    pd_err e = {0};
+    struct pd_model m;
+    struct pd_ep ep;
+    struct pd_engine en;
+    struct pd_engine_opts o = {.dir = dir, .threads = 1, .max_seqs = 1, .max_model_len = 64};
+    if (pd_model_load(dir, &m, &e) || pd_ep_init(&ep, MPI_COMM_WORLD, &m, &e) || pd_engine_open(&en, &o, &e)) {
+        fprintf(stderr, "bench ep --check (rank %d): %s\n", rank, e.msg);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    pd_ep_attach(&ep, &en);
+    const int H = (int)m.hidden_size, k = m.n_experts_per_tok, E = m.n_routed_experts, Tmax = 256;
+    const int layer = m.num_hash_layers < m.n_layers ? m.num_hash_layers : 0;
+    float *x = malloc((size_t)Tmax * H * 4), *s = malloc((size_t)Tmax * 4);
+    float *y = malloc((size_t)Tmax * k * H * 4), *want = malloc((size_t)Tmax * k * H * 4);
+    int8_t *q = malloc((size_t)Tmax * H);
+    int32_t *ids = malloc((size_t)Tmax * k * 4), *row = malloc((size_t)Tmax * k * 4);
+    if (!x || !s || !y || !want || !q || !ids || !row) {
+        fprintf(stderr, "bench ep --check (rank %d): out of memory\n", rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    for (size_t i = 0; i < (size_t)Tmax * H; i++)
+        x[i] = (float)((int)((i + 977 * (size_t)rank) * 2654435761u % 2001) - 1000) / 1000.0f;
+    pd_quant_rows(x, Tmax, H, q, s);
+    static const char *kinds[] = {"random", "own experts", "rank 0's experts"};
+    const int tokens[] = {0, 1, 256};
+    uint64_t seed = 7 + (uint64_t)rank;
+    int cases = 0, bad = 0, first_bad = -1;
+    char what[160] = "";
+    for (int kind = 0; kind < 3; kind++)
+        for (int ti = 0; ti < 3; ti++)
+            for (int gaps = 0; gaps < 2; gaps++, cases++) {
+                /* gaps: the odd ranks without tokens */
+                const int T = gaps && rank % 2 ? 0 : tokens[ti];
+                if (kind == ROUTE_RANDOM)
+                    route(ids, T, k, E, &seed);
+                else
+                    route_to(&ep, kind == ROUTE_OWN ? rank : 0, ids, T, &seed);
+                pd_qmat a = {.q = q, .scale = s, .rows = T, .cols = H};
+                for (int p = 0; p < T * k; p++)
+                    row[p] = p / k;
+                if (en.experts_fn(en.experts_ctx, &en, layer, &a, ids, T, y, &e) ||
+                    pd_engine_run_experts(&en, layer, &a, row, ids, T * k, want, NULL, &e)) {
+                    fprintf(stderr, "bench ep --check (rank %d): %s\n", rank, e.msg);
+                    MPI_Abort(MPI_COMM_WORLD, 1);
+                }
+                int differ = memcmp(y, want, (size_t)T * k * H * 4) != 0;
+                if (differ && first_bad < 0) {
+                    first_bad = cases;
+                    snprintf(what, sizeof what, "rank %d, %d tokens routed to %s%s", rank, T, kinds[kind],
+                             gaps ? ", odd ranks without tokens" : "");
+                }
+                bad += differ;
+            }
+    int all_bad = 0;
+    MPI_Allreduce(&bad, &all_bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (first_bad >= 0)
+        fprintf(stderr, "bench ep --check: %d ranks: the exchange's outputs differ from running the pairs locally: "
+                "%s\n", size, what);
+    else if (rank == 0 && !all_bad)
+        printf("bench ep --check: %d rank%s, %d exchanges (%s): outputs identical to running every pair locally\n",
+               size, size > 1 ? "s" : "", cases, dir);
+    fflush(stdout);
+    free(x);
+    free(s);
+    free(y);
+    free(want);
+    free(q);
+    free(ids);
+    free(row);
+    pd_engine_close(&en);
+    pd_ep_free(&ep);
+    MPI_Finalize();
+    return all_bad ? 1 : 0;
+}
+
 int pd_bench_ep(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"ranks", 1, 0, 'r'}, {"model", 1, 0, 'm'}, {"quick", 0, 0, 'q'}, {"worker", 0, 0, 'w'},
-        {"json", 0, 0, 'j'}, {0, 0, 0, 0},
+        {"json", 0, 0, 'j'}, {"check", 0, 0, 'c'}, {0, 0, 0, 0},
     };
     const char *ranks = "1,2,4", *dir = "models/mini";
-    int quick = 0, is_worker = 0, json = 0, c;
+    int quick = 0, is_worker = 0, json = 0, check = 0, c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
@@ -337,11 +449,17 @@ int pd_bench_ep(int argc, char **argv)
             is_worker = 1;
         else if (c == 'j')
             json = 1;
+        else if (c == 'c')
+            check = 1;
         else
             return pd_cli_bad_flag("bench ep", c, argc, argv);
     }
+    if (check && json) {
+        fprintf(stderr, "bench ep: --check prints no JSON; drop --json\n");
+        return 2;
+    }
     if (is_worker)
-        return worker(dir, quick, json);
+        return check ? check_worker(dir) : worker(dir, quick, json);
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) {
@@ -367,7 +485,8 @@ int pd_bench_ep(int argc, char **argv)
         char cmd[8192];
         snprintf(cmd, sizeof cmd,
                  "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -n %d --oversubscribe '%s' bench ep "
-                 "--worker --model '%s'%s%s", r, self, dir, quick ? " --quick" : "", json ? " --json" : "");
+                 "--worker --model '%s'%s%s%s", r, self, dir, quick ? " --quick" : "", json ? " --json" : "",
+                 check ? " --check" : "");
         if (json && groups++)
             printf(", ");
         fflush(stdout);

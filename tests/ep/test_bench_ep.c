@@ -1,7 +1,7 @@
 /* `pdmoe bench ep --json` (real processes under mpirun): one document whose groups report, per
  * token count, the exchange's time against a raw MPI_Alltoallv of the same volumes timed in the
  * same run, with the ratios computed from those times, medians inside their interquartile ranges;
- * one rank sends nothing, two do. */
+ * one rank sends nothing, two do; and `--check`, the exchange's outputs against local ones. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "../tmpmodel.h"
 
@@ -98,4 +99,54 @@ Test(bench_ep, json_ratios_of_the_same_run)
         }
     }
     json_decref(doc);
+}
+
+/* --check: for 1, 2 and 4 ranks the exchange's outputs equal running every pair locally, byte for
+ * byte: 0, 1 and 256 tokens per rank, random routing, each rank's tokens to its own experts
+ * (every dispatch empty, nothing received), everyone's to rank 0's, odd ranks without tokens.
+ * v4-tiny's hidden size of 64 puts more than 7 pairs' records on several rows of a message. */
+Test(bench_ep, check_outputs_identical_to_local)
+{
+    const char *bin = getenv("PDMOE_BIN");
+    char cmd[512], err[] = "/tmp/pdmoe-bench-ep-err-XXXXXX";
+    int fd = mkstemp(err);
+    cr_assert(fd >= 0);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "timeout 240 %s bench ep --ranks 1,2,4 --model %s --check 2>%s",
+             bin ? bin : "build/pdmoe", dir, err);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    static char out[1 << 14];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    char msg[4096] = "";
+    FILE *f = fopen(err, "r");
+    if (f) {
+        msg[fread(msg, 1, sizeof msg - 1, f)] = 0;
+        fclose(f);
+    }
+    remove(err);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: status %d: %s%s", cmd, st, out, msg);
+    for (int r = 1; r <= 4; r *= 2) {
+        char want[128];
+        snprintf(want, sizeof want, "bench ep --check: %d rank%s, 18 exchanges (%s): outputs identical", r,
+                 r > 1 ? "s" : "", dir);
+        cr_assert(strstr(out, want), "\"%s\" not in: %s", want, out);
+    }
+}
+
+Test(bench_ep, check_refuses_json)
+{
+    const char *bin = getenv("PDMOE_BIN");
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s bench ep --ranks 2 --model %s --check --json 2>&1", bin ? bin : "build/pdmoe", dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    char out[1024];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, out);
+    cr_assert(strstr(out, "--check") && strstr(out, "--json"), "%s", out);
 }
