@@ -28,7 +28,7 @@ int pd_ep_init(struct pd_ep *ep, MPI_Comm comm, const struct pd_model *m, pd_err
     int n = ep->size;
     ep->owner = calloc((size_t)ep->n_experts, sizeof *ep->owner);
     ep->has_expert = calloc((size_t)ep->n_experts, 1);
-    ep->scnt = calloc((size_t)n * 7, sizeof(int));
+    ep->scnt = calloc((size_t)n * 9, sizeof(int));
     ep->req = calloc((size_t)n * 5, sizeof *ep->req);
     ep->msg = calloc((size_t)n, sizeof *ep->msg);
     if (!ep->owner || !ep->has_expert || !ep->scnt || !ep->req || !ep->msg) {
@@ -41,6 +41,8 @@ int pd_ep_init(struct pd_ep *ep, MPI_Comm comm, const struct pd_model *m, pd_err
     ep->cursor = ep->scnt + 4 * n;
     ep->rbase = ep->scnt + 5 * n;
     ep->mbytes = ep->scnt + 6 * n;
+    ep->srows = ep->scnt + 7 * n;
+    ep->last = ep->scnt + 8 * n;
     ep->creq = ep->req + n;
     ep->pend = ep->req + 2 * n;
     for (int k = 0; k < n; k++)
@@ -73,6 +75,7 @@ void pd_ep_free(struct pd_ep *ep)
     free(ep->msg);
     free(ep->sarena);
     free(ep->rarena);
+    free(ep->parena);
     memset(ep, 0, sizeof *ep);
 }
 
@@ -222,30 +225,21 @@ static int finish_sends(struct pd_ep *ep, pd_err *e)
     return r == MPI_SUCCESS ? 0 : mpi_fail(ep, r, "completing the last exchange's sends", e);
 }
 
-/* Rows of H bytes that a dispatch message of c > 0 pairs spends on its head and its records. */
-static int64_t head_rows(int64_t c, int H)
+/* A dispatch message to one peer, for `pairs` pairs on `rows` distinct tokens (each token's row
+ * sent once, however many of its experts the peer holds):
+ *   [head {pairs, rows, sender}] [pairs records {expert, row}] [rows scales, fp32]
+ *   [zeros to a multiple of H bytes] [rows int8 rows of H bytes]
+ * the head alone for no pairs. The receiver takes it whole into the matrix the experts read, so
+ * the rows fall on whole rows of that matrix. */
+static int64_t head_rows(int64_t pairs, int64_t rows, int H)
 {
-    return ((int64_t)sizeof(struct pd_ep_head) + c * (int64_t)sizeof(struct pd_ep_meta) + H - 1) / H;
+    return ((int64_t)sizeof(struct pd_ep_head) + pairs * (int64_t)sizeof(struct pd_ep_meta) +
+            rows * (int64_t)sizeof(float) + H - 1) / H;
 }
 
-/* Bytes of a dispatch message of c pairs: the head alone when c = 0. */
-static int64_t dispatch_bytes(int64_t c, int H)
+static int64_t dispatch_bytes(int64_t pairs, int64_t rows, int H)
 {
-    return c ? (head_rows(c, H) + c) * H : (int64_t)sizeof(struct pd_ep_head);
-}
-
-/* The pairs of a dispatch message of `bytes` bytes, or -1 if no count gives that size. */
-static int dispatch_pairs(int bytes, int H)
-{
-    if (bytes == (int)sizeof(struct pd_ep_head))
-        return 0;
-    if (bytes <= 0 || bytes % H)
-        return -1;
-    int rows = bytes / H;
-    for (int m = 1; m < rows; m++)
-        if (head_rows(rows - m, H) == m)
-            return rows - m;
-    return -1;
+    return pairs ? (head_rows(pairs, rows, H) + rows) * H : (int64_t)sizeof(struct pd_ep_head);
 }
 
 /* Matches every peer's dispatch message of this exchange (MPI_Improbe): its size says how many
@@ -304,27 +298,33 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
     const int n = ep->size, me = ep->rank, k = ep->top_k, H = ep->hidden, P = T * k;
     MPI_Request *req = ep->req;   /* [size] the dispatch's receives */
     MPI_Request *creq = ep->creq; /* [size] the combine's receives */
+    int *last = ep->last;         /* [size] scratch: the last token counted or packed for each rank */
     int nreq = 0, ncreq = 0, r, rc;
     double t0 = pd_now_s();
     if ((rc = finish_sends(ep, e)))
         return rc;
-    /* pairs for each rank, in pair order within a rank */
-    for (int d = 0; d < n; d++)
-        ep->scnt[d] = 0;
-    for (int p = 0; p < P; p++)
-        ep->scnt[ep->owner[ids[p]]]++;
+    /* pairs and distinct tokens for each rank, in pair order within a rank */
+    for (int d = 0; d < n; d++) {
+        ep->scnt[d] = ep->srows[d] = 0;
+        last[d] = -1;
+    }
+    for (int p = 0; p < P; p++) {
+        int d = ep->owner[ids[p]], t = p / k;
+        ep->scnt[d]++;
+        if (last[d] != t) {
+            last[d] = t;
+            ep->srows[d]++;
+        }
+    }
     const int Pl = ep->scnt[me], Ps = P - Pl;
     if ((size_t)P * 4 * (size_t)H > INT32_MAX)
         return pd_err_set(e, PD_EINVAL, "expert parallelism: %d pairs of %d values exceed an MPI message", P, H);
-    /* dispatch, one message per peer, built in place in the send arena (c pairs for it):
-     *   [head {c, sender}] [c records {expert, scale}] [zeros to a multiple of H bytes] [c rows of H]
-     * (the head alone when c = 0), so that the receiver takes it straight into its int8 matrix
-     * and the rows fall on whole rows of it */
+    /* each peer's message in the send arena, starting on a row; a head-only message takes one */
     size_t dbytes = 0;
     for (int d = 0; d < n; d++) {
-        ep->soff[d] = (int)(dbytes / (size_t)H);   /* in rows; a head-only message takes one */
+        ep->soff[d] = (int)(dbytes / (size_t)H);
         if (d != me)
-            dbytes += (size_t)(ep->scnt[d] ? dispatch_bytes(ep->scnt[d], H) : H);
+            dbytes += (size_t)(ep->scnt[d] ? dispatch_bytes(ep->scnt[d], ep->srows[d], H) : H);
     }
     size_t sz = 0;
     carve(NULL, &sz, dbytes);
@@ -348,35 +348,44 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
         }
         at += c;
     }
-    /* each pair sent straight to its destination's next record and row */
-    int *slot = ep->roff;   /* scratch until the receives: each destination's next pair */
+    /* the heads, then each pair straight to its destination's next record, and each token's row
+     * once to each destination holding one of its experts */
+    int *pair = ep->roff, *row = ep->rbase;   /* scratch until the receives: next record, next row */
     for (int d = 0; d < n; d++) {
-        slot[d] = 0;
+        pair[d] = row[d] = 0;
+        last[d] = -1;
         if (d == me)
             continue;
         char *m = ep->sbuf + (size_t)ep->soff[d] * H;
-        int c = ep->scnt[d];
-        *(struct pd_ep_head *)m = (struct pd_ep_head){.pairs = c, .rank = me};
+        int c = ep->scnt[d], rows = ep->srows[d];
+        *(struct pd_ep_head *)m = (struct pd_ep_head){.pairs = c, .rows = rows, .rank = me};
         if (c) {
-            size_t used = sizeof(struct pd_ep_head) + (size_t)c * sizeof(struct pd_ep_meta);
-            memset(m + used, 0, (size_t)head_rows(c, H) * H - used);
+            size_t used = sizeof(struct pd_ep_head) + (size_t)c * sizeof(struct pd_ep_meta) + (size_t)rows * sizeof(float);
+            memset(m + used, 0, (size_t)head_rows(c, rows, H) * H - used);
         }
     }
     for (int p = 0; p < P; p++) {
         int d = ep->owner[ids[p]], t = p / k;
         if (d == me)
             continue;
-        int i = slot[d]++, c = ep->scnt[d];
         char *m = ep->sbuf + (size_t)ep->soff[d] * H;
         struct pd_ep_meta *rec = (struct pd_ep_meta *)(m + sizeof(struct pd_ep_head));
-        rec[i] = (struct pd_ep_meta){.expert = ids[p], .scale = a->scale[t]};
-        memcpy(m + ((size_t)head_rows(c, H) + i) * H, a->q + (size_t)t * H, (size_t)H);
+        float *scale = (float *)(rec + ep->scnt[d]);
+        if (last[d] != t) {
+            last[d] = t;
+            scale[row[d]] = a->scale[t];
+            memcpy(m + ((size_t)head_rows(ep->scnt[d], ep->srows[d], H) + row[d]) * H, a->q + (size_t)t * H, (size_t)H);
+            row[d]++;
+        }
+        int i = pair[d]++;
+        rec[i] = (struct pd_ep_meta){.expert = ids[p], .row = row[d] - 1};
         ep->sdisp[ep->cursor[d] + i] = (MPI_Aint)p * H * (MPI_Aint)sizeof(float);
     }
     /* the sends complete in the background: only the next exchange writes their buffers again */
     for (int d = 0; d < n; d++)
-        if (d != me && (r = MPI_Isend(ep->sbuf + (size_t)ep->soff[d] * H, (int)dispatch_bytes(ep->scnt[d], H), MPI_BYTE,
-                                      d, PD_EP_TAG_DISPATCH, ep->comm, &ep->pend[ep->npend++]))) {
+        if (d != me && (r = MPI_Isend(ep->sbuf + (size_t)ep->soff[d] * H,
+                                      (int)dispatch_bytes(ep->scnt[d], ep->srows[d], H), MPI_BYTE, d,
+                                      PD_EP_TAG_DISPATCH, ep->comm, &ep->pend[ep->npend++]))) {
             cancel_all(ncreq, creq);
             return mpi_fail(ep, r, "sending the dispatch", e);
         }
@@ -388,30 +397,15 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
         cancel_all(ncreq, creq);
         return rc;
     }
-    int R = 0, rows = 0;   /* pairs received; rows of q they take with their heads */
-    for (int d = 0; d < n; d++) {
-        ep->rcnt[d] = d == me ? Pl : dispatch_pairs(mbytes[d], H);
-        if (ep->rcnt[d] < 0) {
-            rc = pd_err_set(e, PD_EIO, "expert parallelism: rank %d got a dispatch of %d bytes from rank %d, which is "
-                            "no whole number of pairs of %d values", me, mbytes[d], d, H);
-            drop_probed(ep, msg, mbytes);
-            cancel_all(ncreq, creq);
-            return rc;
-        }
-        ep->roff[d] = R;
+    int rows = 0;   /* rows of q the messages take */
+    for (int d = 0; d < n; d++)
         if (d != me) {
             ep->rbase[d] = rows;
-            R += ep->rcnt[d];
             rows += (mbytes[d] + H - 1) / H;
         }
-    }
     sz = 0;
     carve(NULL, &sz, ((size_t)T + rows) * H);
     carve(NULL, &sz, ((size_t)T + rows) * sizeof *ep->scale);
-    carve(NULL, &sz, ((size_t)Pl + R) * sizeof *ep->row);
-    carve(NULL, &sz, ((size_t)Pl + R) * sizeof *ep->expert);
-    carve(NULL, &sz, ((size_t)Pl + R) * sizeof *ep->dst);
-    carve(NULL, &sz, (size_t)R * H * sizeof *ep->out);
     if ((rc = grow(&ep->rarena, &ep->racap, sz, e))) {
         drop_probed(ep, msg, mbytes);
         cancel_all(ncreq, creq);
@@ -420,55 +414,83 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
     sz = 0;
     ep->q = carve(ep->rarena, &sz, ((size_t)T + rows) * H);
     ep->scale = carve(ep->rarena, &sz, ((size_t)T + rows) * sizeof *ep->scale);
-    ep->row = carve(ep->rarena, &sz, ((size_t)Pl + R) * sizeof *ep->row);
-    ep->expert = carve(ep->rarena, &sz, ((size_t)Pl + R) * sizeof *ep->expert);
-    ep->dst = carve(ep->rarena, &sz, ((size_t)Pl + R) * sizeof *ep->dst);
-    ep->out = carve(ep->rarena, &sz, (size_t)R * H * sizeof *ep->out);
     /* each message straight behind this rank's own rows in the matrix the experts read */
     for (int d = 0; d < n; d++)
         if (d != me && (r = MPI_Imrecv(ep->q + ((size_t)T + ep->rbase[d]) * H, mbytes[d], MPI_BYTE, &msg[d],
                                        &req[nreq++])))
             goto fail;
-    /* this rank's own pairs meanwhile: its rows in place (copied once per token, not per pair),
-     * outputs straight into y */
+    /* this rank's own rows meanwhile, in place (copied once per token, not per pair) */
     if (Pl) {
         memcpy(ep->q, a->q, (size_t)T * H);
         memcpy(ep->scale, a->scale, (size_t)T * sizeof *ep->scale);
     }
+    if ((r = waitall(nreq, req, EP_SPIN_S, &ep->sleeps)) != MPI_SUCCESS)
+        goto fail;
+    nreq = 0;
+    ep->bytes_sent += (int64_t)dbytes;
+    /* what came: each message's head checked against its size */
+    int R = 0;
+    for (int d = 0; d < n; d++) {
+        ep->roff[d] = R;
+        if (d == me) {
+            ep->rcnt[d] = Pl;
+            continue;
+        }
+        const struct pd_ep_head *h = (const struct pd_ep_head *)(ep->q + ((size_t)T + ep->rbase[d]) * H);
+        if (mbytes[d] < (int)sizeof *h || h->rank != d || h->pairs < 0 || h->rows < (h->pairs > 0) ||
+            h->rows > h->pairs || dispatch_bytes(h->pairs, h->rows, H) != mbytes[d]) {
+            rc = pd_err_set(e, PD_EIO, "expert parallelism: rank %d got a dispatch of %d bytes from rank %d that is no "
+                            "whole message (head: %d pairs on %d rows from rank %d)", me, mbytes[d], d,
+                            mbytes[d] < (int)sizeof *h ? -1 : h->pairs, mbytes[d] < (int)sizeof *h ? -1 : h->rows,
+                            mbytes[d] < (int)sizeof *h ? -1 : h->rank);
+            cancel_all(ncreq, creq);
+            return rc;
+        }
+        ep->rcnt[d] = h->pairs;
+        R += h->pairs;
+    }
+    sz = 0;
+    carve(NULL, &sz, ((size_t)Pl + R) * sizeof *ep->row);
+    carve(NULL, &sz, ((size_t)Pl + R) * sizeof *ep->expert);
+    carve(NULL, &sz, ((size_t)Pl + R) * sizeof *ep->dst);
+    carve(NULL, &sz, (size_t)R * H * sizeof *ep->out);
+    if ((rc = grow(&ep->parena, &ep->pacap, sz, e))) {
+        cancel_all(ncreq, creq);
+        return rc;
+    }
+    sz = 0;
+    ep->row = carve(ep->parena, &sz, ((size_t)Pl + R) * sizeof *ep->row);
+    ep->expert = carve(ep->parena, &sz, ((size_t)Pl + R) * sizeof *ep->expert);
+    ep->dst = carve(ep->parena, &sz, ((size_t)Pl + R) * sizeof *ep->dst);
+    ep->out = carve(ep->parena, &sz, (size_t)R * H * sizeof *ep->out);
+    /* the pairs run here: this rank's own (outputs straight into y), then those received, in
+     * the order they came (outputs by source, as the combine sends them back) */
     for (int p = 0, j = 0; p < P; p++)
         if (ep->owner[ids[p]] == me) {
             ep->row[j] = p / k;
             ep->expert[j] = ids[p];
             ep->dst[j++] = y + (size_t)p * H;
         }
-    if ((r = waitall(nreq, req, EP_SPIN_S, &ep->sleeps)) != MPI_SUCCESS)
-        goto fail;
-    nreq = 0;
-    ep->bytes_sent += (int64_t)dbytes;
     for (int d = 0; d < n; d++) {
         if (d == me)
             continue;
         const char *m = (const char *)ep->q + ((size_t)T + ep->rbase[d]) * H;
         const struct pd_ep_head *h = (const struct pd_ep_head *)m;
         const struct pd_ep_meta *rec = (const struct pd_ep_meta *)(m + sizeof *h);
-        const int c = ep->rcnt[d], first = T + ep->rbase[d] + (c ? (int)head_rows(c, H) : 0);
-        if (h->pairs != c || h->rank != d) {
-            rc = pd_err_set(e, PD_EIO, "expert parallelism: rank %d got a dispatch from rank %d whose head says %d "
-                            "pairs from rank %d", me, d, h->pairs, h->rank);
-            cancel_all(ncreq, creq);
-            return rc;
-        }
-        for (int i = 0; i < c; i++) {
+        const float *scale = (const float *)(rec + h->pairs);
+        const int first = T + ep->rbase[d] + (h->pairs ? (int)head_rows(h->pairs, h->rows, H) : 0);
+        for (int i = 0; i < h->rows; i++)
+            ep->scale[first + i] = scale[i];
+        for (int i = 0; i < h->pairs; i++) {
             const int x = rec[i].expert, j = Pl + ep->roff[d] + i;
-            if (x < 0 || x >= ep->n_experts || !ep->has_expert[x]) {
-                rc = pd_err_set(e, PD_EIO, "expert parallelism: rank %d received a row for expert %d, not held here",
-                                me, x);
+            if (x < 0 || x >= ep->n_experts || !ep->has_expert[x] || rec[i].row < 0 || rec[i].row >= h->rows) {
+                rc = pd_err_set(e, PD_EIO, "expert parallelism: rank %d received a pair for expert %d on row %d of %d "
+                                "from rank %d, not one it can run", me, x, rec[i].row, h->rows, d);
                 cancel_all(ncreq, creq);
                 return rc;
             }
             ep->expert[j] = x;
-            ep->row[j] = first + i;
-            ep->scale[first + i] = rec[i].scale;
+            ep->row[j] = first + rec[i].row;
             ep->dst[j] = ep->out + (size_t)(ep->roff[d] + i) * H;
         }
     }

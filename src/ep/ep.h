@@ -4,8 +4,9 @@
  * (data-parallel attention); in every MoE layer the ranks exchange, point to point (MPI_Isend /
  * MPI_Improbe + MPI_Imrecv / MPI_Irecv on the group's communicator, tags PD_EP_TAG_*: nothing
  * else in the group uses point-to-point messages), one message per peer each way:
- *   dispatch  to each peer, a head {pairs, sender}, per pair the expert id and the row's fp32
- *             scale, zeros to a whole row, then the token's int8 activation rows (the head alone
+ *   dispatch  to each peer, a head {pairs, rows, sender}, per pair its expert id and row, per
+ *             row the token's fp32 scale, zeros to a whole row, then the tokens' int8 activation
+ *             rows, each token's once however many of its experts the peer holds (the head alone
  *             for no pairs). The receiver matches it first (MPI_Improbe: its size says how many
  *             pairs, so no counts message goes ahead of it) and takes it whole into the matrix
  *             the expert GEMM reads, its rows on whole rows of it: exactly what the expert would
@@ -38,16 +39,18 @@
 /* Message tags of the exchange. */
 enum { PD_EP_TAG_DISPATCH = 0x4551, PD_EP_TAG_OUT };
 
-/* The start of a dispatch message. */
+/* The start of a dispatch message (ep.c: its layout). */
 struct pd_ep_head {
-    int32_t pairs;   /* pairs it carries */
+    int32_t pairs;   /* (token, expert) pairs it carries */
+    int32_t rows;    /* distinct tokens among them: activation rows it carries */
     int32_t rank;    /* the sender */
+    int32_t zero;
 };
 
-/* What a dispatched pair carries besides its row. */
+/* A dispatched pair: its expert and which of the message's rows it reads. */
 struct pd_ep_meta {
     int32_t expert;
-    float scale;
+    int32_t row;
 };
 
 struct pd_ep {
@@ -62,15 +65,18 @@ struct pd_ep {
     int *soff;                     /* [size] each peer's dispatch message in sbuf, in rows of hidden bytes */
     int *roff;                     /* [size] each source's first received pair (packing: scratch) */
     int *cursor;                   /* [size] each destination's first pair in `back` (the combine's receive) */
-    int *rbase;                    /* [size] each source's message in q, in rows after this rank's T */
+    int *rbase;                    /* [size] each source's message in q, in rows after this rank's T
+                                    * (packing: scratch) */
     int *mbytes;                   /* [size] the bytes of each source's dispatch message */
+    int *srows;                    /* [size] distinct tokens sent to each rank */
+    int *last;                     /* [size] scratch */
     MPI_Message *msg;              /* [size] each source's dispatch message, matched, not yet received */
     MPI_Request *req;              /* [size] the dispatch's receives */
     MPI_Request *creq;             /* [size] the combine's receives */
     MPI_Request *pend;             /* [3 * size] sends still completing (npend), from the last exchange */
     int npend;
-    char *sarena, *rarena;         /* the buffers below, carved per exchange, grown as needed */
-    size_t sacap, racap;
+    char *sarena, *rarena, *parena; /* the buffers below, carved per exchange, grown as needed */
+    size_t sacap, racap, pacap;
     char *sbuf;                    /* the dispatch messages, by destination (ep.c: their layout) */
     MPI_Aint *sdisp;               /* [Ps] byte offset in the engine's output of each pair sent */
     int8_t *q;                     /* [T + rows, hidden] this rank's token rows, then the messages received */

@@ -129,7 +129,7 @@ Test(bench_ep, check_outputs_identical_to_local)
     remove(err);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: status %d: %s%s", cmd, st, out, msg);
     for (int r = 1; r <= 4; r *= 2) {
-        char want[128];
+        char want[256];
         snprintf(want, sizeof want, "bench ep --check: %d rank%s, 18 exchanges (%s): outputs identical", r,
                  r > 1 ? "s" : "", dir);
         cr_assert(strstr(out, want), "\"%s\" not in: %s", want, out);
