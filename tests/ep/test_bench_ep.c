@@ -81,11 +81,15 @@ Test(bench_ep, json_ratios_of_the_same_run)
             double peers = num(c, "raw_peers_us"), peers_min = num(c, "raw_peers_min_us");
             cr_assert(ex > 0 && raw > 0 && peers > 0 && ex_min > 0 && raw_min > 0 && peers_min > 0, "%s", out);
             cr_assert(ex_min <= ex && raw_min <= raw && peers_min <= peers, "a minimum above its median: %s", out);
-            /* the interquartile ranges bracket the medians, above the minimums */
+            /* the interquartile ranges bracket the medians, the 10th percentiles between them and
+             * the minimums */
             double ex25 = num(c, "exchange_p25_us"), ex75 = num(c, "exchange_p75_us");
             double raw25 = num(c, "raw_alltoallv_p25_us"), raw75 = num(c, "raw_alltoallv_p75_us");
             cr_assert(ex_min <= ex25 && ex25 <= ex && ex <= ex75, "%s", out);
             cr_assert(raw_min <= raw25 && raw25 <= raw && raw <= raw75, "%s", out);
+            double ex10 = num(c, "exchange_p10_us"), raw10 = num(c, "raw_alltoallv_p10_us");
+            cr_assert(ex_min <= ex10 && ex10 <= ex25 && raw_min <= raw10 && raw10 <= raw25, "%s", out);
+            cr_assert(quotient(num(c, "ratio_p10"), ex10, raw10), "%s", out);
             int reps = (int)json_integer_value(json_object_get(c, "reps")), slept = (int)num(c, "reps_with_sleeps");
             cr_assert_eq(reps, 5, "--quick: 5 repetitions");
             cr_assert(slept >= 0 && slept <= reps, "%s", out);
