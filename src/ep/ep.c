@@ -45,6 +45,8 @@ int pd_ep_init(struct pd_ep *ep, MPI_Comm comm, const struct pd_model *m, pd_err
     ep->last = ep->scnt + 8 * n;
     ep->creq = ep->req + n;
     ep->pend = ep->req + 2 * n;
+    for (int d = 0; d < n; d++)
+        ep->msg[d] = MPI_MESSAGE_NULL;
     for (int k = 0; k < n; k++)
         for (int s = 0; s < ep->place.slots; s++) {
             int x = ep->place.map[k * ep->place.slots + s];
@@ -427,7 +429,8 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
     if ((r = waitall(nreq, req, EP_SPIN_S, &ep->sleeps)) != MPI_SUCCESS)
         goto fail;
     nreq = 0;
-    ep->bytes_sent += (int64_t)dbytes;
+    for (int d = 0; d < n; d++)
+        ep->bytes_sent += d != me ? dispatch_bytes(ep->scnt[d], ep->srows[d], H) : 0;
     /* what came: each message's head checked against its size */
     int R = 0;
     for (int d = 0; d < n; d++) {
@@ -531,6 +534,7 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
     return 0;
 fail:
     cancel_all(nreq, req);
+    drop_probed(ep, ep->msg, ep->mbytes);
     cancel_all(ncreq, creq);
     return mpi_fail(ep, r, "the dispatch or combine", e);
 }
