@@ -185,7 +185,7 @@ static int worker(const char *dir, int quick, int json)
     uint64_t seed = 42 + (uint64_t)rank;
     for (int T = 1; T <= (quick ? 16 : 256); T *= 4) {
         /* enough repetitions for stable quartiles where a repetition is cheap */
-        const int reps = quick ? 5 : T <= 4 ? 300 : T <= 16 ? 150 : T <= 64 ? 80 : 50;
+        const int reps = quick ? 5 : T <= 16 ? 300 : T <= 64 ? 150 : 80;
         float *x = malloc((size_t)T * H * 4), *y = malloc((size_t)T * k * H * 4), *s = malloc((size_t)T * 4);
         int8_t *q = malloc((size_t)T * H);
         int32_t *ids = malloc((size_t)T * k * 4);
