@@ -9,9 +9,8 @@
  *             waiting for the dispatched rows, then (after a barrier that is not timed, so the
  *             slowest rank's experts are left out) the combine's sends, its waits and the copy
  *             of each output row to its pair's place. Its waits spin, and sleep only after
- *             ep.spin_s without progress (5 ms when each rank has a core, 100 us when the ranks
- *             outnumber the cores: ep.c); "sleeps" counts the repetitions in which some rank
- *             slept.
+ *             100 us without progress (ep.c's pd_ep_waitall); "sleeps" counts the repetitions
+ *             in which some rank slept.
  *   raw       right after, behind an MPI_Barrier: MPI_Alltoall of one int per rank, then an
  *             MPI_Alltoallv of every (token, expert) pair's int8 row with its expert id and
  *             scale (8 + hidden bytes) and one of its fp32 output row (4 x hidden bytes) the
@@ -173,12 +172,12 @@ static int worker(const char *dir, int quick, int json)
     const int layer = m.num_hash_layers < m.n_layers ? m.num_hash_layers : 0;
     if (rank == 0 && json)
         printf("{\"ranks\": %d, \"threads\": %d, \"layer\": %d, \"top_k\": %d, \"experts\": %d, \"hidden\": %d, "
-               "\"spin_us\": %.0f, \"cases\": [", size, threads, layer, k, E, H, ep.spin_s * 1e6);
+               "\"cases\": [", size, threads, layer, k, E, H);
     else if (rank == 0) {
-        printf("pdmoe bench ep: %s, %d rank%s, %d thread%s each, layer %d (top-%d of %d experts, hidden %d), waits "
-               "spinning %.0f us before sleeping; per repetition the slowest rank's time; median [p25-p75], ratios of "
-               "medians, the paired one the median of each repetition's own ratio\n", dir, size, size > 1 ? "s" : "",
-               threads, threads > 1 ? "s" : "", layer, k, E, H, ep.spin_s * 1e6);
+        printf("pdmoe bench ep: %s, %d rank%s, %d thread%s each, layer %d (top-%d of %d experts, hidden %d); per "
+               "repetition the slowest rank's time; median [p25-p75], ratios of medians, the paired one the median "
+               "of each repetition's own ratio\n", dir, size, size > 1 ? "s" : "", threads, threads > 1 ? "s" : "",
+               layer, k, E, H);
         printf("  %6s %5s %10s %26s %26s %9s %9s %7s %7s %7s %7s %6s %9s\n", "tokens", "reps", "bytes out",
                "exchange us", "raw Alltoallv us", "peers us", "bf16 us", "ratio", "paired", "p10", "min", "sleeps",
                "experts");

@@ -6,22 +6,10 @@
 #include <sched.h>
 #include <sys/prctl.h>
 #include <time.h>
-#include <unistd.h>
 #include <stdio.h>
 #include <string.h>
 
 static void cancel_all(int n, MPI_Request *req);
-
-/* How long an exchange's waits spin without progress before sleeping. When the node's ranks
- * outnumber its cores, briefly: a waiting rank must leave the core to the peer it waits for.
- * When each rank has a core of its own, for about a decode step's MoE layers: a rank sleeps when
- * its peer is off its core (descheduled by other work), and a sleeper on a busy machine wakes
- * up to a time slice late, so sleeping turned a peer's short absence into milliseconds. `bench
- * ep`, 2 ranks on 2 cores shared with other work (load 5.9-6.6), 64 tokens: at 100 us 108 of 150
- * repetitions slept and the median was 28x the raw MPI exchange's; at 5 ms 4 slept and it was
- * 1.02x (1-256 tokens: 0.97-1.26x). Idle ranks between steps still block (pd_ep_wait). */
-#define EP_SPIN_SHARED_S 100e-6
-#define EP_SPIN_OWN_CORE_S 5e-3
 
 int pd_ep_init(struct pd_ep *ep, MPI_Comm comm, const struct pd_model *m, pd_err *e)
 {
@@ -29,15 +17,6 @@ int pd_ep_init(struct pd_ep *ep, MPI_Comm comm, const struct pd_model *m, pd_err
     ep->comm = comm;
     MPI_Comm_rank(comm, &ep->rank);
     MPI_Comm_size(comm, &ep->size);
-    /* an exchange's waits spin longer when each of this node's ranks has a core of its own (see
-     * EP_SPIN_OWN_CORE_S) */
-    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN), local = 1;
-    MPI_Comm node;
-    if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, ep->rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
-        MPI_Comm_size(node, &local);
-        MPI_Comm_free(&node);
-    }
-    ep->spin_s = local <= cores ? EP_SPIN_OWN_CORE_S : EP_SPIN_SHARED_S;
     /* sleeps of a few microseconds should not be stretched by the default 50 us timer slack */
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     ep->n_experts = m->n_routed_experts;
@@ -225,6 +204,8 @@ int pd_ep_waitall(int n, MPI_Request *req, double spin_s)
     return waitall(n, req, spin_s, NULL);
 }
 
+/* How long an exchange's waits spin without progress before sleeping. */
+#define EP_SPIN_S 100e-6
 
 /* Cancels and completes the requests req[0..n) (an exchange that fails half way must not leave
  * MPI writing into the engine's buffers later). */
@@ -241,7 +222,7 @@ static void cancel_all(int n, MPI_Request *req)
  * buffers are written again. */
 static int finish_sends(struct pd_ep *ep, pd_err *e)
 {
-    int r = waitall(ep->npend, ep->pend, ep->spin_s, &ep->sleeps);
+    int r = waitall(ep->npend, ep->pend, EP_SPIN_S, &ep->sleeps);
     ep->npend = 0;
     return r == MPI_SUCCESS ? 0 : mpi_fail(ep, r, "completing the last exchange's sends", e);
 }
@@ -275,7 +256,7 @@ static int probe_all(struct pd_ep *ep, MPI_Message *msg, int *bytes, pd_err *e)
     for (int d = 0; d < n; d++)
         msg[d] = MPI_MESSAGE_NULL;
     struct backoff b;
-    backoff_start(&b, ep->spin_s, &ep->sleeps);
+    backoff_start(&b, EP_SPIN_S, &ep->sleeps);
     for (int left = n - 1; left > 0;) {
         int got = 0;
         for (int d = 0; d < n; d++) {
@@ -445,7 +426,7 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
         memcpy(ep->q, a->q, (size_t)T * H);
         memcpy(ep->scale, a->scale, (size_t)T * sizeof *ep->scale);
     }
-    if ((r = waitall(nreq, req, ep->spin_s, &ep->sleeps)) != MPI_SUCCESS)
+    if ((r = waitall(nreq, req, EP_SPIN_S, &ep->sleeps)) != MPI_SUCCESS)
         goto fail;
     nreq = 0;
     for (int d = 0; d < n; d++)
@@ -534,7 +515,7 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
                            &ep->pend[ep->npend++])))
             goto fail;
     }
-    if ((r = waitall(ncreq, creq, ep->spin_s, &ep->sleeps)) != MPI_SUCCESS)
+    if ((r = waitall(ncreq, creq, EP_SPIN_S, &ep->sleeps)) != MPI_SUCCESS)
         goto fail;
     /* each output row to its pair's place: an indexed MPI datatype receiving straight there was
      * slower (milliseconds at 256 tokens over shared memory) than this copy. A token's pairs for

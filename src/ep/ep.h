@@ -21,8 +21,7 @@
  * The combine's receives are posted before the dispatch is sent; sends complete in the
  * background and are finished at the next exchange, before their buffers are written again.
  * Buffers grow and are kept: no allocation per exchange once they fit. Waits spin while
- * messages move and sleep only after spin_s without progress: 5 ms when each of the node's
- * ranks has a core of its own, 100 us when they outnumber its cores (pd_ep_init decides).
+ * messages move and sleep only after 100 us without progress (pd_ep_waitall).
  * All ranks take every step together; a rank with no tokens still takes part (its dispatch
  * messages carry the head alone). The group's communicator keeps MPI's default error handler: a
  * rank that dies ends the job with MPI's report of which rank failed, instead of hanging the
@@ -89,8 +88,7 @@ struct pd_ep {
     double t_exchange;             /* seconds in the exchange: all of it but the experts */
     int64_t bytes_sent;            /* dispatch + combine bytes sent to other ranks */
     int64_t exchanges;             /* MoE layers exchanged */
-    int64_t sleeps;                /* waits of the exchange that slept (no progress for spin_s) */
-    double spin_s;                 /* how long the exchange's waits spin before sleeping (ep.c) */
+    int64_t sleeps;                /* waits of the exchange that slept (no progress for EP_SPIN_S) */
     int sync_before_combine;       /* benchmarks: a barrier (not timed) before the combine, so
                                     * t_exchange leaves out waiting for the slowest rank's experts */
 };

@@ -66,9 +66,6 @@ Test(bench_ep, json_ratios_of_the_same_run)
         json_t *grp = json_array_get(groups, g);
         cr_assert_eq(json_integer_value(json_object_get(grp, "ranks")), (json_int_t)g + 1);
         cr_assert_gt(num(grp, "decode_tokens_per_s"), 0);
-        /* the exchange's waits spin 5 ms when each rank has a core, 100 us when they outnumber them */
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        cr_assert_eq(num(grp, "spin_us"), (long)g + 1 <= cores ? 5000 : 100, "%ld cores: %s", cores, out);
         json_t *cases = json_object_get(grp, "cases");
         cr_assert_eq(json_array_size(cases), 3, "--quick: 1, 4 and 16 tokens per rank");
         for (size_t i = 0; i < 3; i++) {
