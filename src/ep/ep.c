@@ -204,7 +204,10 @@ int pd_ep_waitall(int n, MPI_Request *req, double spin_s)
     return waitall(n, req, spin_s, NULL);
 }
 
-/* How long an exchange's waits spin without progress before sleeping. */
+/* How long an exchange's waits spin without progress before sleeping. 5 ms was tried: on 2
+ * ranks sharing 2 cores with other work it removed the sleeps that made some exchanges take
+ * milliseconds at load 6, but at load 8-10 it cut decode tokens/s 2-4x (docs/architecture.md,
+ * "The EP exchange"). */
 #define EP_SPIN_S 100e-6
 
 /* Cancels and completes the requests req[0..n) (an exchange that fails half way must not leave
