@@ -1,11 +1,30 @@
-/* `pdmoe bench ep --ranks 1,2,4 --model DIR [--quick] [--json]`: expert-parallel dispatch +
- * combine per MoE layer (counts, packing, messages, scattering: everything but the experts) for 1
- * to 256 tokens per rank, against a raw MPI_Alltoallv of the same volumes timed alone in the same
- * run (an MPI_Alltoall of the counts, then every (token, expert) pair's int8 row with its expert
- * id and scale one way and its fp32 output row back, the pairs a rank keeps included, as an
- * Alltoallv exchange moves them), and decode tokens/s of the model for each group size. Ratios
- * are of medians and, for a shared machine, of minimums over the repetitions; "raw peers" leaves
- * out the pairs a rank keeps (only the bytes that cross between ranks). The command launches
+/* `pdmoe bench ep --ranks 1,2,4 --model DIR [--quick] [--json | --check]`: the expert-parallel
+ * exchange of one MoE layer for 1 to 256 tokens per rank against a raw MPI exchange of the same
+ * volumes, timed in the same run, and decode tokens/s of the model for each group size. --check
+ * times nothing: it verifies the exchange's outputs byte for byte (check_worker).
+ *
+ * What each side times, per repetition (fresh random routing each time):
+ *   exchange  the engine's experts_fn on one layer (ep.c), all of it but the experts: completing
+ *             the last exchange's sends, counting and packing, the counts' messages, posting,
+ *             waiting for the dispatched rows, then (after a barrier that is not timed, so the
+ *             slowest rank's experts are left out) the combine's sends, its waits and the copy
+ *             of each output row to its pair's place. Its waits spin, and sleep only after
+ *             100 us without progress (ep.c's pd_ep_waitall); "sleeps" counts the repetitions
+ *             in which some rank slept.
+ *   raw       right after, behind an MPI_Barrier: MPI_Alltoall of one int per rank, then an
+ *             MPI_Alltoallv of every (token, expert) pair's int8 row with its expert id and
+ *             scale (8 + hidden bytes) and one of its fp32 output row (4 x hidden bytes) the
+ *             other way, the pairs a rank keeps included, as an Alltoallv exchange would move
+ *             them: no packing, no copying out, blocking calls that spin in Open MPI's progress
+ *             engine. "peers" is the same without the pairs a rank keeps (only bytes that cross
+ *             between ranks, as the exchange sends), "bf16" with bf16 rows instead of int8.
+ * A repetition's time for the group is its slowest rank's. Exchange and raw alternate within
+ * each repetition, so a busy spell of a shared machine (a rank descheduled for a time slice:
+ * the main source of spread on 2 ranks on 2 shared cores) falls on both alike. Printed per token
+ * count: median and interquartile range (p25-p75) of each; the ratio of the medians; the paired
+ * ratio, the median over repetitions of exchange / raw within the repetition; the ratios of the
+ * 10th percentiles and of the minimums (the repetitions no other process got in the way of: on a
+ * loaded machine the figures that still say what the exchange itself costs). The command launches
  * `mpirun -n N pdmoe bench ep --worker` for each N (oversubscribed on small machines) and prints
  * the workers' rank-0 report; with --json one document: {"bench":"ep","model":...,"groups":[one
  * object per N]}. */
@@ -29,10 +48,11 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static double median(double *v, int n)
+/* Quantile f (0..1) of v[0..n), which it sorts: the nearest rank. */
+static double quantile(double *v, int n, double f)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return v[n / 2];
+    return v[(int)(f * (n - 1) + 0.5)];
 }
 
 /* Random distinct experts per token, ascending (what the router produces). */
@@ -59,50 +79,70 @@ static void route(int32_t *ids, int T, int k, int E, uint64_t *s)
     }
 }
 
-/* The volumes of the last exchange moved by MPI alone: counts, dispatch records, combine rows;
- * median seconds, and the minimum in *best. bf16 = 1: the dispatch records are what a bf16
- * dispatch would send (expert id + 2 bytes per value) instead of int8 rows with their scale.
+/* Buffers of the raw reference, sized once per token count for any routing. */
+struct raw {
+    int *sc, *sd, *rc, *rd;   /* [size] Alltoallv counts and displacements, bytes */
+    int *cnt, *cnt2;          /* [size] the counts' Alltoall */
+    char *sb, *rb;
+};
+
+static int raw_open(struct raw *w, int n, int T, int k, int H)
+{
+    /* a rank sends at most T * k pairs and receives at most n * T * k; a pair's record at most
+     * max(8 + H rounded up to 4, 4 + 2H, 4H) bytes */
+    size_t rec = (size_t)(4 * H > 4 + 2 * H ? 4 * H : 4 + 2 * H) + 8 + 4;
+    size_t bytes = (size_t)n * T * k * rec + 64;
+    w->sc = calloc((size_t)n * 6, sizeof(int));
+    w->sb = malloc(bytes);
+    w->rb = malloc(bytes);
+    if (!w->sc || !w->sb || !w->rb)
+        return -1;
+    w->sd = w->sc + n;
+    w->rc = w->sc + 2 * n;
+    w->rd = w->sc + 3 * n;
+    w->cnt = w->sc + 4 * n;
+    w->cnt2 = w->sc + 5 * n;
+    memset(w->sb, 1, bytes);
+    return 0;
+}
+
+static void raw_close(struct raw *w)
+{
+    free(w->sc);
+    free(w->sb);
+    free(w->rb);
+}
+
+/* One raw exchange of the volumes of the group's last exchange, moved by MPI alone: an
+ * MPI_Alltoall of the counts, then an MPI_Alltoallv of the dispatch records, then one of the
+ * combine rows (fp32); seconds. bf16 = 1: the dispatch records are what a bf16 dispatch would
+ * send (expert id + 2 bytes per value) instead of int8 rows with their expert id and scale.
  * peers = 1: without the pairs a rank keeps. */
-static double raw_alltoallv(struct pd_ep *ep, int reps, int bf16, int peers, double *best)
+static double raw_once(const struct pd_ep *ep, struct raw *w, int bf16, int peers)
 {
     const int n = ep->size, H = ep->hidden;
     const int rec = bf16 ? 4 + 2 * H : 8 + ((H + 3) & ~3);
-    int *sc = calloc((size_t)n * 4, sizeof(int)), *sd = sc + n, *rc = sc + 2 * n, *rd = sc + 3 * n;
-    size_t pairs = 0;   /* dispatch sends what combine receives and the other way round */
     for (int r = 0; r < n; r++)
-        pairs += (size_t)ep->scnt[r] + (size_t)ep->rcnt[r];
-    size_t bytes = pairs * (size_t)(rec > 4 * H ? rec : 4 * H) + 64;
-    char *sb = malloc(bytes), *rb = malloc(bytes);
-    double *t = calloc((size_t)reps, sizeof *t);
-    int cnt[256], cnt2[256];
-    for (int i = 0; i < reps; i++) {
-        MPI_Barrier(ep->comm);
-        double t0 = pd_now_s();
-        MPI_Alltoall(cnt, 1, MPI_INT, cnt2, 1, MPI_INT, ep->comm);
-        for (int phase = 0; phase < 2; phase++) {
-            int s = 0, q = 0;
-            for (int r = 0; r < n; r++) {
-                int keep = !peers || r != ep->rank;
-                int a = keep * (phase ? ep->rcnt[r] * 4 * H : ep->scnt[r] * rec);
-                int b = keep * (phase ? ep->scnt[r] * 4 * H : ep->rcnt[r] * rec);
-                sc[r] = a;
-                sd[r] = s;
-                s += a;
-                rc[r] = b;
-                rd[r] = q;
-                q += b;
-            }
-            MPI_Alltoallv(sb, sc, sd, MPI_BYTE, rb, rc, rd, MPI_BYTE, ep->comm);
+        w->cnt[r] = ep->scnt[r];
+    MPI_Barrier(ep->comm);
+    double t0 = pd_now_s();
+    MPI_Alltoall(w->cnt, 1, MPI_INT, w->cnt2, 1, MPI_INT, ep->comm);
+    for (int phase = 0; phase < 2; phase++) {
+        int s = 0, q = 0;
+        for (int r = 0; r < n; r++) {
+            int keep = !peers || r != ep->rank;
+            int a = keep * (phase ? ep->rcnt[r] * 4 * H : ep->scnt[r] * rec);
+            int b = keep * (phase ? ep->scnt[r] * 4 * H : ep->rcnt[r] * rec);
+            w->sc[r] = a;
+            w->sd[r] = s;
+            s += a;
+            w->rc[r] = b;
+            w->rd[r] = q;
+            q += b;
         }
-        t[i] = pd_now_s() - t0;
+        MPI_Alltoallv(w->sb, w->sc, w->sd, MPI_BYTE, w->rb, w->rc, w->rd, MPI_BYTE, ep->comm);
     }
-    double m = median(t, reps);
-    *best = t[0];
-    free(sc);
-    free(sb);
-    free(rb);
-    free(t);
-    return m;
+    return pd_now_s() - t0;
 }
 
 static int worker(const char *dir, int quick, int json)
@@ -129,70 +169,108 @@ static int worker(const char *dir, int quick, int json)
     pd_ep_attach(&ep, &en);
     ep.sync_before_combine = 1;
     const int H = (int)m.hidden_size, k = m.n_experts_per_tok, E = m.n_routed_experts;
-    const int layer = m.num_hash_layers < m.n_layers ? m.num_hash_layers : 0, reps = quick ? 5 : 30;
+    const int layer = m.num_hash_layers < m.n_layers ? m.num_hash_layers : 0;
     if (rank == 0 && json)
         printf("{\"ranks\": %d, \"threads\": %d, \"layer\": %d, \"top_k\": %d, \"experts\": %d, \"hidden\": %d, "
-               "\"reps\": %d, \"cases\": [", size, threads, layer, k, E, H, reps);
+               "\"cases\": [", size, threads, layer, k, E, H);
     else if (rank == 0) {
-        printf("pdmoe bench ep: %s, %d rank%s, %d thread%s each, layer %d (top-%d of %d experts, hidden %d), "
-               "median (min) of %d\n", dir, size, size > 1 ? "s" : "", threads, threads > 1 ? "s" : "", layer, k, E, H,
-               reps);
-        printf("  %6s %10s %22s %22s %10s %10s %16s %10s\n", "tokens", "bytes out", "exchange", "raw Alltoallv",
-               "raw peers", "raw bf16", "ratio", "experts");
+        printf("pdmoe bench ep: %s, %d rank%s, %d thread%s each, layer %d (top-%d of %d experts, hidden %d); per "
+               "repetition the slowest rank's time; median [p25-p75], ratios of medians, the paired one the median "
+               "of each repetition's own ratio\n", dir, size, size > 1 ? "s" : "", threads, threads > 1 ? "s" : "",
+               layer, k, E, H);
+        printf("  %6s %5s %10s %26s %26s %9s %9s %7s %7s %7s %7s %6s %9s\n", "tokens", "reps", "bytes out",
+               "exchange us", "raw Alltoallv us", "peers us", "bf16 us", "ratio", "paired", "p10", "min", "sleeps",
+               "experts");
     }
     uint64_t seed = 42 + (uint64_t)rank;
     for (int T = 1; T <= (quick ? 16 : 256); T *= 4) {
+        /* enough repetitions for stable quartiles where a repetition is cheap */
+        const int reps = quick ? 5 : T <= 16 ? 300 : T <= 64 ? 150 : 80;
         float *x = malloc((size_t)T * H * 4), *y = malloc((size_t)T * k * H * 4), *s = malloc((size_t)T * 4);
         int8_t *q = malloc((size_t)T * H);
         int32_t *ids = malloc((size_t)T * k * 4);
+        /* per repetition: exchange, raw, raw peers, raw bf16, experts, the exchange's sleeps */
+        double *v = calloc((size_t)reps * 6, sizeof *v), *g = calloc((size_t)reps * 6, sizeof *g);
+        struct raw w;
+        if (!x || !y || !s || !q || !ids || !v || !g || raw_open(&w, size, T, k, H)) {
+            fprintf(stderr, "bench ep (rank %d): out of memory\n", rank);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
         for (size_t i = 0; i < (size_t)T * H; i++)
             x[i] = (float)((int)(i * 2654435761u % 2001) - 1000) / 1000.0f;
         pd_quant_rows(x, T, H, q, s);
         pd_qmat a = {.q = q, .scale = s, .rows = T, .cols = H};
-        double *tx = calloc((size_t)reps, sizeof *tx), *tt = calloc((size_t)reps, sizeof *tt);
         int64_t sent = 0;
+        /* the exchange and the raw references interleaved, each repetition on fresh routing, so a
+         * busy spell of the machine falls on both alike */
         for (int i = 0; i < reps; i++) {
+            double *r = v + (size_t)i * 6;
             route(ids, T, k, E, &seed);
             MPI_Barrier(MPI_COMM_WORLD);
             double x0 = ep.t_exchange, t0 = pd_now_s();
-            int64_t b0 = ep.bytes_sent;
+            int64_t b0 = ep.bytes_sent, s0 = ep.sleeps;
             if (en.experts_fn(en.experts_ctx, &en, layer, &a, ids, T, y, &e)) {
                 fprintf(stderr, "bench ep (rank %d): %s\n", rank, e.msg);
                 MPI_Abort(MPI_COMM_WORLD, 1);
             }
-            tt[i] = pd_now_s() - t0;
-            tx[i] = ep.t_exchange - x0;
+            r[0] = ep.t_exchange - x0;
+            r[4] = pd_now_s() - t0 - r[0];
+            r[5] = (double)(ep.sleeps - s0);
             sent = ep.bytes_sent - b0;
+            r[1] = raw_once(&ep, &w, 0, 0);
+            r[2] = raw_once(&ep, &w, 0, 1);
+            r[3] = raw_once(&ep, &w, 1, 0);
         }
-        /* each rank's median and minimum; the group's figure is the slowest rank's */
-        double ex = median(tx, reps), total = median(tt, reps), v[8], g[8];
-        v[0] = ex;
-        v[1] = tx[0];
-        v[2] = total - ex;
-        v[3] = raw_alltoallv(&ep, reps, 0, 0, &v[4]);
-        v[5] = raw_alltoallv(&ep, reps, 0, 1, &v[6]);
-        v[7] = raw_alltoallv(&ep, reps, 1, 0, &(double){0});
-        MPI_Reduce(v, g, 8, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-        double ratio = g[3] > 0 ? g[0] / g[3] : 0, ratio_min = g[4] > 0 ? g[1] / g[4] : 0;
-        double ratio_peers = g[5] > 0 ? g[0] / g[5] : 0, ratio_peers_min = g[6] > 0 ? g[1] / g[6] : 0;
-        if (rank == 0 && json)
-            printf("%s{\"tokens_per_rank\": %d, \"bytes_out_per_rank\": %lld, \"exchange_us\": %.3f, "
-                   "\"exchange_min_us\": %.3f, \"raw_alltoallv_us\": %.3f, \"raw_alltoallv_min_us\": %.3f, "
-                   "\"raw_peers_us\": %.3f, \"raw_peers_min_us\": %.3f, \"raw_bf16_us\": %.3f, \"experts_us\": %.3f, "
-                   "\"ratio\": %.3f, \"ratio_min\": %.3f, \"ratio_peers\": %.3f, \"ratio_peers_min\": %.3f}",
-                   T > 1 ? ", " : "", T, (long long)sent, g[0] * 1e6, g[1] * 1e6, g[3] * 1e6, g[4] * 1e6, g[5] * 1e6,
-                   g[6] * 1e6, g[7] * 1e6, g[2] * 1e6, ratio, ratio_min, ratio_peers, ratio_peers_min);
-        else if (rank == 0)
-            printf("  %6d %10lld %9.1f (%6.1f) us %9.1f (%6.1f) us %7.1f us %7.1f us %7.2fx (%5.2fx) %7.0f us\n", T,
-                   (long long)sent, g[0] * 1e6, g[1] * 1e6, g[3] * 1e6, g[4] * 1e6, g[5] * 1e6, g[7] * 1e6, ratio,
-                   ratio_min, g[2] * 1e6);
+        /* a repetition takes the group its slowest rank's time */
+        MPI_Reduce(v, g, reps * 6, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+        if (rank == 0) {
+            double *col = calloc((size_t)reps, sizeof *col), st[6][5], sleeps = 0, paired;
+            for (int c = 0; c < 6; c++) {
+                for (int i = 0; i < reps; i++)
+                    col[i] = g[(size_t)i * 6 + c];
+                st[c][0] = quantile(col, reps, 0.5);
+                st[c][1] = col[0];
+                st[c][2] = quantile(col, reps, 0.25);
+                st[c][3] = quantile(col, reps, 0.75);
+                st[c][4] = quantile(col, reps, 0.10);
+            }
+            for (int i = 0; i < reps; i++) {
+                sleeps += g[(size_t)i * 6 + 5] > 0;
+                col[i] = g[(size_t)i * 6 + 1] > 0 ? g[(size_t)i * 6] / g[(size_t)i * 6 + 1] : 0;
+            }
+            paired = quantile(col, reps, 0.5);
+            free(col);
+            double ratio = st[1][0] > 0 ? st[0][0] / st[1][0] : 0, ratio_min = st[1][1] > 0 ? st[0][1] / st[1][1] : 0;
+            double ratio_peers = st[2][0] > 0 ? st[0][0] / st[2][0] : 0;
+            double ratio_peers_min = st[2][1] > 0 ? st[0][1] / st[2][1] : 0;
+            double ratio_p10 = st[1][4] > 0 ? st[0][4] / st[1][4] : 0;
+            if (json)
+                printf("%s{\"tokens_per_rank\": %d, \"reps\": %d, \"bytes_out_per_rank\": %lld, \"exchange_us\": %.3f, "
+                       "\"exchange_min_us\": %.3f, \"exchange_p25_us\": %.3f, \"exchange_p75_us\": %.3f, "
+                       "\"raw_alltoallv_us\": %.3f, \"raw_alltoallv_min_us\": %.3f, \"raw_alltoallv_p25_us\": %.3f, "
+                       "\"raw_alltoallv_p75_us\": %.3f, \"raw_peers_us\": %.3f, \"raw_peers_min_us\": %.3f, "
+                       "\"raw_bf16_us\": %.3f, \"experts_us\": %.3f, \"ratio\": %.3f, \"ratio_min\": %.3f, "
+                       "\"ratio_paired\": %.3f, \"ratio_peers\": %.3f, \"ratio_peers_min\": %.3f, "
+                       "\"exchange_p10_us\": %.3f, \"raw_alltoallv_p10_us\": %.3f, \"ratio_p10\": %.3f, "
+                       "\"reps_with_sleeps\": %d}",
+                       T > 1 ? ", " : "", T, reps, (long long)sent, st[0][0] * 1e6, st[0][1] * 1e6, st[0][2] * 1e6,
+                       st[0][3] * 1e6, st[1][0] * 1e6, st[1][1] * 1e6, st[1][2] * 1e6, st[1][3] * 1e6, st[2][0] * 1e6,
+                       st[2][1] * 1e6, st[3][0] * 1e6, st[4][0] * 1e6, ratio, ratio_min, paired, ratio_peers,
+                       ratio_peers_min, st[0][4] * 1e6, st[1][4] * 1e6, ratio_p10, (int)sleeps);
+            else
+                printf("  %6d %5d %10lld %8.1f [%6.1f-%7.1f] %8.1f [%6.1f-%7.1f] %9.1f %9.1f %6.2fx %6.2fx %6.2fx "
+                       "%6.2fx %6d %9.0f\n", T, reps, (long long)sent, st[0][0] * 1e6, st[0][2] * 1e6, st[0][3] * 1e6,
+                       st[1][0] * 1e6, st[1][2] * 1e6, st[1][3] * 1e6, st[2][0] * 1e6, st[3][0] * 1e6, ratio, paired,
+                       ratio_p10, ratio_min, (int)sleeps, st[4][0] * 1e6);
+        }
+        raw_close(&w);
         free(x);
         free(y);
         free(s);
         free(q);
         free(ids);
-        free(tx);
-        free(tt);
+        free(v);
+        free(g);
     }
     /* decode: 16 sequences in all, spread over the ranks */
     ep.sync_before_combine = 0;
@@ -244,14 +322,125 @@ static int worker(const char *dir, int quick, int json)
     return 0;
 }
 
+/* --check: the exchange's outputs against running every pair on its own rank. Each rank loads
+ * every expert (not only its own), so that it can run its tokens' pairs itself, and compares
+ * those outputs with the exchange's byte for byte, over exchanges run back to back (no barrier
+ * between them, so a rank may start the next while another finishes this one): 0, 1 and 256
+ * tokens per rank; routed at random, each rank to its own experts only (everyone's messages
+ * empty: nothing received anywhere), every rank to rank 0's experts only (rank 0 receives from
+ * all, the others nothing), and every other rank without tokens. */
+enum { ROUTE_RANDOM, ROUTE_OWN, ROUTE_RANK0 };
+
+/* k distinct experts of rank r per token, ascending (ROUTE_OWN, ROUTE_RANK0). */
+static void route_to(const struct pd_ep *ep, int r, int32_t *ids, int T, uint64_t *s)
+{
+    int held[4096], nh = 0, k = ep->top_k;
+    for (int x = 0; x < ep->n_experts && nh < 4096; x++)
+        if (ep->owner[x] == r)
+            held[nh++] = x;
+    for (int t = 0; t < T; t++) {
+        *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+        int at = (int)((*s >> 33) % (uint64_t)nh);
+        for (int j = 0; j < k; j++)
+            ids[(size_t)t * k + j] = held[(at + j) % nh];
+        for (int a = 1; a < k; a++)
+            for (int b = a; b > 0 && ids[(size_t)t * k + b] < ids[(size_t)t * k + b - 1]; b--) {
+                int32_t x = ids[(size_t)t * k + b];
+                ids[(size_t)t * k + b] = ids[(size_t)t * k + b - 1];
+                ids[(size_t)t * k + b - 1] = x;
+            }
+    }
+}
+
+static int check_worker(const char *dir)
+{
+    int provided, rank, size;
+    MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    pd_err e = {0};
+    struct pd_model m;
+    struct pd_ep ep;
+    struct pd_engine en;
+    struct pd_engine_opts o = {.dir = dir, .threads = 1, .max_seqs = 1, .max_model_len = 64};
+    if (pd_model_load(dir, &m, &e) || pd_ep_init(&ep, MPI_COMM_WORLD, &m, &e) || pd_engine_open(&en, &o, &e)) {
+        fprintf(stderr, "bench ep --check (rank %d): %s\n", rank, e.msg);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    pd_ep_attach(&ep, &en);
+    const int H = (int)m.hidden_size, k = m.n_experts_per_tok, E = m.n_routed_experts, Tmax = 256;
+    const int layer = m.num_hash_layers < m.n_layers ? m.num_hash_layers : 0;
+    float *x = malloc((size_t)Tmax * H * 4), *s = malloc((size_t)Tmax * 4);
+    float *y = malloc((size_t)Tmax * k * H * 4), *want = malloc((size_t)Tmax * k * H * 4);
+    int8_t *q = malloc((size_t)Tmax * H);
+    int32_t *ids = malloc((size_t)Tmax * k * 4), *row = malloc((size_t)Tmax * k * 4);
+    if (!x || !s || !y || !want || !q || !ids || !row) {
+        fprintf(stderr, "bench ep --check (rank %d): out of memory\n", rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    for (size_t i = 0; i < (size_t)Tmax * H; i++)
+        x[i] = (float)((int)((i + 977 * (size_t)rank) * 2654435761u % 2001) - 1000) / 1000.0f;
+    pd_quant_rows(x, Tmax, H, q, s);
+    static const char *kinds[] = {"random", "own experts", "rank 0's experts"};
+    const int tokens[] = {0, 1, 256};
+    uint64_t seed = 7 + (uint64_t)rank;
+    int cases = 0, bad = 0, first_bad = -1;
+    char what[160] = "";
+    for (int kind = 0; kind < 3; kind++)
+        for (int ti = 0; ti < 3; ti++)
+            for (int gaps = 0; gaps < 2; gaps++, cases++) {
+                /* gaps: the odd ranks without tokens */
+                const int T = gaps && rank % 2 ? 0 : tokens[ti];
+                if (kind == ROUTE_RANDOM)
+                    route(ids, T, k, E, &seed);
+                else
+                    route_to(&ep, kind == ROUTE_OWN ? rank : 0, ids, T, &seed);
+                pd_qmat a = {.q = q, .scale = s, .rows = T, .cols = H};
+                for (int p = 0; p < T * k; p++)
+                    row[p] = p / k;
+                if (en.experts_fn(en.experts_ctx, &en, layer, &a, ids, T, y, &e) ||
+                    pd_engine_run_experts(&en, layer, &a, row, ids, T * k, want, NULL, &e)) {
+                    fprintf(stderr, "bench ep --check (rank %d): %s\n", rank, e.msg);
+                    MPI_Abort(MPI_COMM_WORLD, 1);
+                }
+                int differ = memcmp(y, want, (size_t)T * k * H * 4) != 0;
+                if (differ && first_bad < 0) {
+                    first_bad = cases;
+                    snprintf(what, sizeof what, "rank %d, %d tokens routed to %s%s", rank, T, kinds[kind],
+                             gaps ? ", odd ranks without tokens" : "");
+                }
+                bad += differ;
+            }
+    int all_bad = 0;
+    MPI_Allreduce(&bad, &all_bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (first_bad >= 0)
+        fprintf(stderr, "bench ep --check: %d ranks: the exchange's outputs differ from running the pairs locally: "
+                "%s\n", size, what);
+    else if (rank == 0 && !all_bad)
+        printf("bench ep --check: %d rank%s, %d exchanges (%s): outputs identical to running every pair locally\n",
+               size, size > 1 ? "s" : "", cases, dir);
+    fflush(stdout);
+    free(x);
+    free(s);
+    free(y);
+    free(want);
+    free(q);
+    free(ids);
+    free(row);
+    pd_engine_close(&en);
+    pd_ep_free(&ep);
+    MPI_Finalize();
+    return all_bad ? 1 : 0;
+}
+
 int pd_bench_ep(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"ranks", 1, 0, 'r'}, {"model", 1, 0, 'm'}, {"quick", 0, 0, 'q'}, {"worker", 0, 0, 'w'},
-        {"json", 0, 0, 'j'}, {0, 0, 0, 0},
+        {"json", 0, 0, 'j'}, {"check", 0, 0, 'c'}, {0, 0, 0, 0},
     };
     const char *ranks = "1,2,4", *dir = "models/mini";
-    int quick = 0, is_worker = 0, json = 0, c;
+    int quick = 0, is_worker = 0, json = 0, check = 0, c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
@@ -265,11 +454,17 @@ int pd_bench_ep(int argc, char **argv)
             is_worker = 1;
         else if (c == 'j')
             json = 1;
+        else if (c == 'c')
+            check = 1;
         else
             return pd_cli_bad_flag("bench ep", c, argc, argv);
     }
+    if (check && json) {
+        fprintf(stderr, "bench ep: --check prints no JSON; drop --json\n");
+        return 2;
+    }
     if (is_worker)
-        return worker(dir, quick, json);
+        return check ? check_worker(dir) : worker(dir, quick, json);
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) {
@@ -295,7 +490,8 @@ int pd_bench_ep(int argc, char **argv)
         char cmd[8192];
         snprintf(cmd, sizeof cmd,
                  "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -n %d --oversubscribe '%s' bench ep "
-                 "--worker --model '%s'%s%s", r, self, dir, quick ? " --quick" : "", json ? " --json" : "");
+                 "--worker --model '%s'%s%s%s", r, self, dir, quick ? " --quick" : "", json ? " --json" : "",
+                 check ? " --check" : "");
         if (json && groups++)
             printf(", ");
         fflush(stdout);

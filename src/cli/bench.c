@@ -17,7 +17,7 @@ static const struct {
      "decode tokens/s at 1 and N threads (their ratio) against the bandwidth roofline, pool dispatches per step"},
     {"prefill", pd_bench_prefill, "[--model DIR] [--threads 1,2 | --threads 1 --cpu-time] [--tokens 512,1024,2048] [--reps 3] [--quick] [--json]",
      "the engine's prefill tokens/s and each part's share of the step (GEMM, attention, MoE, exchange, other)"},
-    {"ep", pd_bench_ep, "[--ranks 1,2,4] [--model DIR] [--quick] [--json]",
+    {"ep", pd_bench_ep, "[--ranks 1,2,4] [--model DIR] [--quick] [--json | --check]",
      "expert-parallel exchange cost against MPI_Alltoallv of the same volumes, decode across ranks"},
     {"serve", pd_bench_serve, "[--base-url URL] [--max-concurrency C] ... [--json] (see --help)",
      "load against an OpenAI-compatible endpoint, as vllm bench serve"},

@@ -2,25 +2,28 @@
  * [k*E/N, (k+1)*E/N) of every MoE layer, the MTP layer's included (the planner's placement, the
  * same code) and a full copy of everything else. Each rank runs attention for its own sequences
  * (data-parallel attention); in every MoE layer the ranks exchange, point to point (MPI_Isend /
- * MPI_Irecv on the group's communicator, tags PD_EP_TAG_*: nothing else in the group uses
- * point-to-point messages):
- *   counts    how many (token, expert) pairs each rank sends each other rank;
- *   dispatch  per pair the expert id and the row's fp32 scale (one message), and the token's
- *             int8 activation row (another, received straight into the matrix the expert GEMM
- *             reads): exactly what the expert would read locally (activations are quantised
- *             once, on the rank that owns the token), so results are bit-identical to one process;
+ * MPI_Improbe + MPI_Imrecv / MPI_Irecv on the group's communicator, tags PD_EP_TAG_*: nothing
+ * else in the group uses point-to-point messages), one message per peer each way:
+ *   dispatch  to each peer, a head {pairs, rows, sender}, per pair its expert id and row, per
+ *             row the token's fp32 scale, zeros to a whole row, then the tokens' int8 activation
+ *             rows, each token's once however many of its experts the peer holds (the head alone
+ *             for no pairs). The receiver matches it first (MPI_Improbe: its size says how many
+ *             pairs, so no counts message goes ahead of it) and takes it whole into the matrix
+ *             the expert GEMM reads, its rows on whole rows of it: exactly what the expert would
+ *             read locally (activations are quantised once, on the rank that owns the token), so
+ *             results are bit-identical to one process;
  *   combine   the expert's fp32 output rows, back to the origin rank in the order they came (one
- *             message per peer, sent from where the experts wrote them), copied there to their
- *             (token, slot) rows; the origin sums its tokens' expert outputs in increasing expert
- *             id order (the engine's fixed order).
+ *             message per peer that sent pairs, sent from where the experts wrote them), copied
+ *             there to their (token, slot) rows; the origin sums its tokens' expert outputs in
+ *             increasing expert id order (the engine's fixed order).
  * A rank's pairs for its own experts never go through MPI: the experts run on its rows and the
  * received ones in one grouped pass and write its own pairs' outputs where the engine reads them.
- * Receives are posted before sends (the combine's before the experts run); sends complete in the
+ * The combine's receives are posted before the dispatch is sent; sends complete in the
  * background and are finished at the next exchange, before their buffers are written again.
- * Waits spin while messages move and sleep only after 100 us without progress
- * (pd_ep_waitall).
- * All ranks take every step together; a rank with no tokens still takes part (the counts; no
- * message of zero pairs is sent). The group's communicator keeps MPI's default error handler: a
+ * Buffers grow and are kept: no allocation per exchange once they fit. Waits spin while
+ * messages move and sleep only after 100 us without progress (pd_ep_waitall).
+ * All ranks take every step together; a rank with no tokens still takes part (its dispatch
+ * messages carry the head alone). The group's communicator keeps MPI's default error handler: a
  * rank that dies ends the job with MPI's report of which rank failed, instead of hanging the
  * others. */
 #ifndef PD_EP_EP_H
@@ -34,12 +37,20 @@
 #include "plan/placement.h"
 
 /* Message tags of the exchange. */
-enum { PD_EP_TAG_COUNT = 0x4550, PD_EP_TAG_META, PD_EP_TAG_ROWS, PD_EP_TAG_OUT };
+enum { PD_EP_TAG_DISPATCH = 0x4551, PD_EP_TAG_OUT };
 
-/* What a dispatched pair carries besides its row. */
+/* The start of a dispatch message (ep.c: its layout). */
+struct pd_ep_head {
+    int32_t pairs;   /* (token, expert) pairs it carries */
+    int32_t rows;    /* distinct tokens among them: activation rows it carries */
+    int32_t rank;    /* the sender */
+    int32_t zero;
+};
+
+/* A dispatched pair: its expert and which of the message's rows it reads. */
 struct pd_ep_meta {
     int32_t expert;
-    float scale;
+    int32_t row;
 };
 
 struct pd_ep {
@@ -51,20 +62,25 @@ struct pd_ep {
     unsigned char *has_expert;     /* [experts] 1 for the experts held here */
     /* one exchange (P = T * top_k pairs: Pl of them for experts here, Ps sent, R received) */
     int *scnt, *rcnt;              /* [size] pairs sent to / received from each rank (self: Pl) */
-    int *soff, *roff;              /* [size] each rank's first send slot / first received row */
-    int *cursor;                   /* [size] */
-    MPI_Request *req;              /* [2 * size] one phase's receives (and the counts' sends) */
+    int *soff;                     /* [size] each peer's dispatch message in sbuf, in rows of hidden bytes */
+    int *roff;                     /* [size] each source's first received pair (packing: scratch) */
+    int *cursor;                   /* [size] each destination's first pair in `back` (the combine's receive) */
+    int *rbase;                    /* [size] each source's message in q, in rows after this rank's T
+                                    * (packing: scratch) */
+    int *mbytes;                   /* [size] the bytes of each source's dispatch message */
+    int *srows;                    /* [size] distinct tokens sent to each rank */
+    int *last;                     /* [size] scratch */
+    MPI_Message *msg;              /* [size] each source's dispatch message, matched, not yet received */
+    MPI_Request *req;              /* [size] the dispatch's receives */
     MPI_Request *creq;             /* [size] the combine's receives */
     MPI_Request *pend;             /* [3 * size] sends still completing (npend), from the last exchange */
     int npend;
-    char *sarena, *rarena;         /* the buffers below, carved per exchange, grown as needed */
-    size_t sacap, racap;
-    struct pd_ep_meta *smeta;      /* [Ps] expert id and row scale per send slot, by destination */
-    int8_t *srow;                  /* [Ps, hidden] the rows sent, packed by destination */
-    MPI_Aint *sdisp;               /* [Ps] byte offset in the engine's output of each slot's pair */
-    struct pd_ep_meta *rmeta;      /* [R] as received, by source */
-    int8_t *q;                     /* [T + R, hidden] this rank's token rows, then those received */
-    float *scale;                  /* [T + R] their scales */
+    char *sarena, *rarena, *parena; /* the buffers below, carved per exchange, grown as needed */
+    size_t sacap, racap, pacap;
+    char *sbuf;                    /* the dispatch messages, by destination (ep.c: their layout) */
+    MPI_Aint *sdisp;               /* [Ps] byte offset in the engine's output of each pair sent */
+    int8_t *q;                     /* [T + rows, hidden] this rank's token rows, then the messages received */
+    float *scale;                  /* [T + rows] the rows' scales */
     int32_t *row, *expert;         /* [Pl + R] the pairs run here: rows of q, expert ids */
     float **dst;                   /* [Pl + R] where each pair's output goes */
     float *out;                    /* [R, hidden] the outputs of the received pairs, by source */
@@ -72,6 +88,7 @@ struct pd_ep {
     double t_exchange;             /* seconds in the exchange: all of it but the experts */
     int64_t bytes_sent;            /* dispatch + combine bytes sent to other ranks */
     int64_t exchanges;             /* MoE layers exchanged */
+    int64_t sleeps;                /* waits of the exchange that slept (no progress for EP_SPIN_S) */
     int sync_before_combine;       /* benchmarks: a barrier (not timed) before the combine, so
                                     * t_exchange leaves out waiting for the slowest rank's experts */
 };

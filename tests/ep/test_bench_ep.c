@@ -1,6 +1,7 @@
 /* `pdmoe bench ep --json` (real processes under mpirun): one document whose groups report, per
  * token count, the exchange's time against a raw MPI_Alltoallv of the same volumes timed in the
- * same run, with the ratios computed from those times; one rank sends nothing, two do. */
+ * same run, with the ratios computed from those times, medians inside their interquartile ranges;
+ * one rank sends nothing, two do; and `--check`, the exchange's outputs against local ones. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
@@ -8,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "../tmpmodel.h"
 
@@ -79,6 +81,20 @@ Test(bench_ep, json_ratios_of_the_same_run)
             double peers = num(c, "raw_peers_us"), peers_min = num(c, "raw_peers_min_us");
             cr_assert(ex > 0 && raw > 0 && peers > 0 && ex_min > 0 && raw_min > 0 && peers_min > 0, "%s", out);
             cr_assert(ex_min <= ex && raw_min <= raw && peers_min <= peers, "a minimum above its median: %s", out);
+            /* the interquartile ranges bracket the medians, the 10th percentiles between them and
+             * the minimums */
+            double ex25 = num(c, "exchange_p25_us"), ex75 = num(c, "exchange_p75_us");
+            double raw25 = num(c, "raw_alltoallv_p25_us"), raw75 = num(c, "raw_alltoallv_p75_us");
+            cr_assert(ex_min <= ex25 && ex25 <= ex && ex <= ex75, "%s", out);
+            cr_assert(raw_min <= raw25 && raw25 <= raw && raw <= raw75, "%s", out);
+            double ex10 = num(c, "exchange_p10_us"), raw10 = num(c, "raw_alltoallv_p10_us");
+            cr_assert(ex_min <= ex10 && ex10 <= ex25 && raw_min <= raw10 && raw10 <= raw25, "%s", out);
+            cr_assert(quotient(num(c, "ratio_p10"), ex10, raw10), "%s", out);
+            int reps = (int)json_integer_value(json_object_get(c, "reps")), slept = (int)num(c, "reps_with_sleeps");
+            cr_assert_eq(reps, 5, "--quick: 5 repetitions");
+            cr_assert(slept >= 0 && slept <= reps, "%s", out);
+            /* the paired ratio: the median of each repetition's exchange / raw */
+            cr_assert(num(c, "ratio_paired") > 0, "%s", out);
             /* each ratio is the quotient of the times printed beside it (to 0.001 us, itself to 0.001) */
             cr_assert(quotient(num(c, "ratio"), ex, raw), "%s", out);
             cr_assert(quotient(num(c, "ratio_min"), ex_min, raw_min), "%s", out);
@@ -87,4 +103,54 @@ Test(bench_ep, json_ratios_of_the_same_run)
         }
     }
     json_decref(doc);
+}
+
+/* --check: for 1, 2 and 4 ranks the exchange's outputs equal running every pair locally, byte for
+ * byte: 0, 1 and 256 tokens per rank, random routing, each rank's tokens to its own experts
+ * (every dispatch empty, nothing received), everyone's to rank 0's, odd ranks without tokens.
+ * v4-tiny's hidden size of 64 puts more than 7 pairs' records on several rows of a message. */
+Test(bench_ep, check_outputs_identical_to_local)
+{
+    const char *bin = getenv("PDMOE_BIN");
+    char cmd[512], err[] = "/tmp/pdmoe-bench-ep-err-XXXXXX";
+    int fd = mkstemp(err);
+    cr_assert(fd >= 0);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "timeout 240 %s bench ep --ranks 1,2,4 --model %s --check 2>%s",
+             bin ? bin : "build/pdmoe", dir, err);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    static char out[1 << 14];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    char msg[4096] = "";
+    FILE *f = fopen(err, "r");
+    if (f) {
+        msg[fread(msg, 1, sizeof msg - 1, f)] = 0;
+        fclose(f);
+    }
+    remove(err);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: status %d: %s%s", cmd, st, out, msg);
+    for (int r = 1; r <= 4; r *= 2) {
+        char want[256];
+        snprintf(want, sizeof want, "bench ep --check: %d rank%s, 18 exchanges (%s): outputs identical", r,
+                 r > 1 ? "s" : "", dir);
+        cr_assert(strstr(out, want), "\"%s\" not in: %s", want, out);
+    }
+}
+
+Test(bench_ep, check_refuses_json)
+{
+    const char *bin = getenv("PDMOE_BIN");
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s bench ep --ranks 2 --model %s --check --json 2>&1", bin ? bin : "build/pdmoe", dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    char out[1024];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, out);
+    cr_assert(strstr(out, "--check") && strstr(out, "--json"), "%s", out);
 }
