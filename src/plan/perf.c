@@ -288,7 +288,9 @@ static void pass(const struct pd_plan *p, enum pd_role r, enum scope sc, double 
     if (pre->seqs > 0 && pre->tokens > 0)
         attention(p, PD_ROLE_PREFILL, &sp, pre->seqs, pre->tokens, pre->ctx, tp, s);
     s->a2a_s += a2a(p, r, rp, &sp, T);
-    s->overhead_s += x->token_layer_s[r] * T * (sp.l1 - sp.l0);
+    /* the non-GEMM kernels per token, and each layer's kernel floor whatever its tokens:
+     *   overhead += (token_layer x T + layer) x layers of the pass */
+    s->overhead_s += (x->token_layer_s[r] * T + x->layer_s[r]) * (sp.l1 - sp.l0);
 }
 
 void pd_perf_step_mixed(const struct pd_plan *p, enum pd_role r, const struct pd_step_part *dec,

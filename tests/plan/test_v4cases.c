@@ -1,0 +1,188 @@
+/* The published DeepSeek-V4-Flash cases (validation/published.json) and the term their family
+ * added: the kernel floor of a layer in a forward pass (hardware files' layer_prefill_s and
+ * layer_decode_s), fitted on one cell of SGLang's V4 cookbook and checked on the others. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/config.h"
+#include "plan/hardware.h"
+#include "plan/perf.h"
+#include "plan/validate.h"
+
+/* hardware/h800.json with one string replaced, written to a temporary file; returns its path. */
+static const char *h800_with(const char *from, const char *to)
+{
+    static char path[64];
+    const char *text = pd_embedded_find("hardware/h800.json");
+    cr_assert(text);
+    const char *at = strstr(text, from);
+    cr_assert(at, "\"%s\" not in hardware/h800.json", from);
+    snprintf(path, sizeof path, "/tmp/pdmoe-hw-XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    fclose(f);
+    return path;
+}
+
+static void tiny(struct pd_plan *p, const char *hw, int mtp, int k)
+{
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    o.model = "v4-tiny";
+    o.hardware = hw;
+    o.quant = "fp8";
+    o.mtp = mtp;
+    o.spec_k = k;
+    o.max_model_len = 4096;
+    o.max_num_batched_tokens = 256;
+    o.max_num_seqs = 8;
+    o.role[0] = (struct pd_role_opts){.dp = 1, .tp = 1, .instances = 1};
+    o.role[1] = (struct pd_role_opts){.dp = 1, .tp = 1, .instances = 1};
+    pd_err e = {0};
+    cr_assert_eq(pd_plan_build(&o, p, &e), 0, "%s", e.msg);
+    unlink(hw);
+}
+
+/* The floor is paid once per layer of each pass, whatever its tokens: a decode step without
+ * drafts runs every layer once; with k drafts the main model's layers once and the MTP layers
+ * k times (the first draft pass and k - 1 more). So with the floor L the step grows by exactly
+ * L x (layers of the passes), for one sequence as for eight, and a prefill step by L x layers. */
+Test(v4cases, layer_floor_per_layer_pass)
+{
+    const double L = 1e-3;
+    char to[64];
+    snprintf(to, sizeof to, "\"layer_decode_s\": %g", L);
+    for (int mtp = 0; mtp <= 1; mtp++) {
+        const int k = mtp ? 3 : 0;
+        struct pd_plan p0, p1;
+        tiny(&p0, h800_with("\"layer_decode_s\": 8.5e-05", "\"layer_decode_s\": 0"), mtp, k);
+        tiny(&p1, h800_with("\"layer_decode_s\": 8.5e-05", to), mtp, k);
+        const int n = p0.kv.n, main = p0.model.n_layers;
+        const double passes = mtp ? main + (double)k * (n - main) : n;
+        cr_assert_gt(passes, 0);
+        for (int64_t seqs = 1; seqs <= 8; seqs *= 8) {
+            struct pd_step s0, s1;
+            pd_perf_step(&p0, PD_ROLE_DECODE, seqs, 1 + k, 100, &s0);
+            pd_perf_step(&p1, PD_ROLE_DECODE, seqs, 1 + k, 100, &s1);
+            cr_assert_float_eq(s1.overhead_s - s0.overhead_s, L * passes, 1e-12, "mtp %d, %lld sequences: %g vs %g", mtp,
+                               (long long)seqs, s1.overhead_s - s0.overhead_s, L * passes);
+            cr_assert_float_eq(s1.total_s - s0.total_s, L * passes, 1e-12);
+        }
+        /* the prefill role keeps its own figure (h800's 85 us): unchanged between the two */
+        struct pd_step q0, q1;
+        pd_perf_step(&p0, PD_ROLE_PREFILL, 1, 256, 0, &q0);
+        pd_perf_step(&p1, PD_ROLE_PREFILL, 1, 256, 0, &q1);
+        cr_assert_float_eq(q1.total_s, q0.total_s, 1e-15);
+        cr_assert_float_eq(p0.hw.eff.layer_s[0], 8.5e-5, 1e-15);
+        pd_plan_free(&p0);
+        pd_plan_free(&p1);
+    }
+}
+
+/* The factor is optional (0 when absent: the Ascend files have no fit for it) but, when given,
+ * sourced and in range like every other one. */
+Test(v4cases, layer_floor_in_hardware_files)
+{
+    struct pd_hardware h;
+    pd_err e = {0};
+    const char *fitted[] = {"h100", "h200", "h800", "b200"};
+    for (size_t i = 0; i < sizeof fitted / sizeof fitted[0]; i++) {
+        cr_assert_eq(pd_hardware_load(fitted[i], &h, &e), 0, "%s", e.msg);
+        cr_assert_float_eq(h.eff.layer_s[0], 8.5e-5, 1e-15, "%s", fitted[i]);
+        cr_assert_float_eq(h.eff.layer_s[1], 8.5e-5, 1e-15, "%s", fitted[i]);
+    }
+    cr_assert_eq(pd_hardware_load("atlas-800i-a3", &h, &e), 0, "%s", e.msg);
+    cr_assert(h.eff.layer_s[0] == 0 && h.eff.layer_s[1] == 0);
+
+    const char *text = pd_embedded_find("hardware/h800.json");
+    const char *src = "\"layer_decode_s\": \"as layer_prefill_s";
+    char *t = strdup(text), *at = strstr(t, src);
+    cr_assert(at);
+    memcpy(at, "\"layer_decode_x\"", 16);   /* same length: the source's key renamed */
+    cr_assert_neq(pd_hardware_parse(t, "hw.json", &h, &e), 0);
+    cr_assert(strstr(e.msg, "hw.json") && strstr(e.msg, "\"sources.efficiency.layer_decode_s\""), "%s", e.msg);
+    free(t);
+    t = strdup(text);
+    at = strstr(t, "\"layer_decode_s\": 8.5e-05");
+    cr_assert(at);
+    memcpy(at, "\"layer_decode_s\": 8.5e+05", 25);
+    cr_assert_neq(pd_hardware_parse(t, "hw.json", &h, &e), 0);
+    cr_assert(strstr(e.msg, "\"efficiency.layer_decode_s\"") && strstr(e.msg, "out of range"), "%s", e.msg);
+    free(t);
+}
+
+static const struct pd_valcase *find(const struct pd_valcase *c, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (strstr(c[i].name, name))
+            return &c[i];
+    cr_assert_fail("no case \"%s\"", name);
+    return NULL;
+}
+
+/* Every V4-Flash case: an aggregated lockstep loop whose prediction is its metric's formula at
+ * the loop's figures (user tokens/s = 1 / TPOT; output tokens/s = the requests' output over the
+ * run's duration when one DP rank runs all clients); pending exactly when outside 25%, with its
+ * reason. The SGLang cookbook family: the H200 single stream is the fit (within 1%), four of
+ * the five checks are within 25% and the Marlin one (H100, 16 clients) pending; LMSYS's day-0
+ * single stream, costed as SGLang's H200 recipe (3 drafts a step), within 25%. */
+Test(v4cases, published_v4_cases)
+{
+    struct pd_valcase *c;
+    int n;
+    pd_err e = {0};
+    cr_assert_eq(pd_validate_run(pd_embedded_find("validation/published.json"), "validation/published.json", &c, &n, &e),
+                 0, "%s", e.msg);
+    int v4 = 0, checked = 0, pending = 0, family = 0, family_checked = 0;
+    for (int i = 0; i < n; i++) {
+        const struct pd_valcase *v = &c[i];
+        if (!strstr(v->name, "DeepSeek-V4-Flash"))
+            continue;
+        v4++;
+        cr_assert(v->perf.aggregated && v->perf.w.lockstep, "%s", v->name);
+        const struct pd_closed *cl = &v->perf.closed;
+        if (strcmp(v->metric, "user_tokens_per_s") == 0)
+            cr_assert_float_eq(v->predicted, 1 / cl->tpot_s, 1e-9 * v->predicted, "%s", v->name);
+        else
+            cr_assert_float_eq(v->predicted, cl->tok_s, 1e-9 * v->predicted, "%s", v->name);
+        if (v->perf.w.num_prompts > 0 && strstr(v->layout, " DP1 "))   /* one rank runs all the clients */
+            cr_assert_float_eq(cl->tok_s, (double)v->lock.clients * v->lock.requests * v->perf.w.osl / v->lock.duration_s,
+                               1e-9 * cl->tok_s, "%s", v->name);
+        cr_assert_float_eq(v->error, v->predicted / v->published - 1, 1e-12);
+        if (v->pending[0]) {
+            pending++;
+            cr_assert_gt(fabs(v->error), 0.25, "%s: within 25%% (%+.1f%%), yet pending", v->name, 100 * v->error);
+            cr_assert_gt(strlen(v->pending), 100, "%s", v->name);
+        } else {
+            checked++;
+            cr_assert_leq(fabs(v->error), 0.25, "%s: %+.1f%%", v->name, 100 * v->error);
+        }
+        if (strstr(v->name, "SGLang cookbook")) {
+            family++;
+            family_checked += !v->pending[0];
+            cr_assert_eq(v->perf.mtp.k, 3, "%s: EAGLE 3 steps, 4 draft tokens", v->name);
+        }
+    }
+    cr_assert_eq(v4, 10);
+    cr_assert_eq(family, 6);
+    cr_assert_eq(family_checked, 5);
+    cr_assert_eq(checked, 6);
+    cr_assert_eq(pending, 4, "the A3 CI, Lambda's two vLLM runs and the Marlin cell");
+    const struct pd_valcase *fit = find(c, n, "low-latency on 4 x H200 (FP8 experts), 8K/1K, 1 client");
+    cr_assert_leq(fabs(fit->error), 0.01, "the fit: %+.2f%%", 100 * fit->error);
+    cr_assert(find(c, n, "8 x H100 (FP4 experts), 8K/1K, 16 clients")->pending[0]);
+    const struct pd_valcase *lmsys = find(c, n, "LMSYS day 0");
+    cr_assert_eq(lmsys->perf.mtp.k, 3);
+    cr_assert_not(lmsys->pending[0]);
+    /* the kernel floor is in every step of these cases: the LMSYS step's overhead holds the
+     * per-step cost plus 85 us for each of the 43 main layers and the 3 draft passes */
+    cr_assert_float_eq(lmsys->lock.decode_step.overhead_s, 0.002 + 8.5e-5 * (43 + 3), 1e-9,
+                       "%g", lmsys->lock.decode_step.overhead_s);
+    free(c);
+}
