@@ -2,6 +2,7 @@
  * added: the kernel floor of a layer in a forward pass (hardware files' layer_prefill_s and
  * layer_decode_s), fitted on one cell of SGLang's V4 cookbook and checked on the others. */
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -184,5 +185,56 @@ Test(v4cases, published_v4_cases)
      * per-step cost plus 85 us for each of the 43 main layers and the 3 draft passes */
     cr_assert_float_eq(lmsys->lock.decode_step.overhead_s, 0.002 + 8.5e-5 * (43 + 3), 1e-9,
                        "%g", lmsys->lock.decode_step.overhead_s);
+    free(c);
+}
+
+/* validate --json, as a reader sees it: each V4-Flash case's "predicted" is its metric's formula
+ * at the case's own closed-loop figures in "perf" (1 / tpot_s, or output_tokens_per_s), its
+ * "error" predicted / published - 1, its status "pending" exactly when it has a reason and is
+ * outside 25% ("checked" otherwise), and its lockstep run's decode step there with its terms. */
+Test(v4cases, validate_json_per_case)
+{
+    struct pd_valcase *c;
+    int n;
+    pd_err e = {0};
+    cr_assert_eq(pd_validate_run(pd_embedded_find("validation/published.json"), "validation/published.json", &c, &n, &e),
+                 0, "%s", e.msg);
+    json_t *arr = pd_validate_json(c, n);
+    cr_assert(json_is_array(arr) && (int)json_array_size(arr) == n);
+    size_t i;
+    json_t *o;
+    int v4 = 0;
+    json_array_foreach(arr, i, o) {
+        const char *name = json_string_value(json_object_get(o, "name"));
+        if (!strstr(name, "DeepSeek-V4-Flash"))
+            continue;
+        v4++;
+        const char *metric = json_string_value(json_object_get(o, "metric"));
+        const char *status = json_string_value(json_object_get(o, "status"));
+        const char *reason = json_string_value(json_object_get(o, "reason"));
+        double pred = json_number_value(json_object_get(o, "predicted"));
+        double pub = json_number_value(json_object_get(o, "published"));
+        double err = json_number_value(json_object_get(o, "error"));
+        json_t *cl = json_object_get(json_object_get(o, "perf"), "closed_loop");
+        cr_assert(json_is_object(cl), "%s: no closed_loop", name);
+        double want = strcmp(metric, "user_tokens_per_s") == 0 ? 1 / json_number_value(json_object_get(cl, "tpot_s"))
+                                                               : json_number_value(json_object_get(cl, "output_tokens_per_s"));
+        cr_assert_float_eq(pred, want, 1e-9 * want, "%s: %g vs %g", name, pred, want);
+        cr_assert_float_eq(err, pred / pub - 1, 1e-12, "%s", name);
+        if (strcmp(status, "pending") == 0)
+            cr_assert(fabs(err) > 0.25 && strlen(reason) > 100, "%s", name);
+        else
+            cr_assert(strcmp(status, "checked") == 0 && fabs(err) <= 0.25 && !reason[0], "%s: %s", name, status);
+        json_t *ds = json_object_get(json_object_get(o, "lockstep"), "decode_step");
+        cr_assert(json_is_object(ds), "%s: the lockstep run's decode step", name);
+        double sum = 0;
+        const char *terms[] = {"gemm_compute_s", "gemm_memory_s", "attention_s", "a2a_s", "overhead_s"};
+        for (size_t t = 0; t < sizeof terms / sizeof terms[0]; t++)
+            sum += json_number_value(json_object_get(ds, terms[t]));
+        /* no overlap in decode on these files: the step is the sum of its terms */
+        cr_assert_float_eq(json_number_value(json_object_get(ds, "total_s")), sum, 1e-12, "%s", name);
+    }
+    cr_assert_eq(v4, 10);
+    json_decref(arr);
     free(c);
 }
