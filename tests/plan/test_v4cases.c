@@ -100,6 +100,14 @@ Test(v4cases, layer_floor_in_hardware_files)
     }
     cr_assert_eq(pd_hardware_load("atlas-800i-a3", &h, &e), 0, "%s", e.msg);
     cr_assert(h.eff.layer_s[0] == 0 && h.eff.layer_s[1] == 0);
+    cr_assert_float_eq(h.eff.fp4_memory, 1, 1e-15, "absent: FP4 at the memory factor");
+    const char *hopper[] = {"h100", "h200", "h800"};
+    for (size_t i = 0; i < sizeof hopper / sizeof hopper[0]; i++) {
+        cr_assert_eq(pd_hardware_load(hopper[i], &h, &e), 0, "%s", e.msg);
+        cr_assert_float_eq(h.eff.fp4_memory, 0.46, 1e-15, "%s", hopper[i]);
+    }
+    cr_assert_eq(pd_hardware_load("b200", &h, &e), 0, "%s", e.msg);
+    cr_assert_float_eq(h.eff.fp4_memory, 1, 1e-15, "B200 runs FP4 natively");
 
     const char *text = pd_embedded_find("hardware/h800.json");
     const char *src = "\"layer_decode_s\": \"as layer_prefill_s";
@@ -130,9 +138,10 @@ static const struct pd_valcase *find(const struct pd_valcase *c, int n, const ch
 /* Every V4-Flash case: an aggregated lockstep loop whose prediction is its metric's formula at
  * the loop's figures (user tokens/s = 1 / TPOT; output tokens/s = the requests' output over the
  * run's duration when one DP rank runs all clients); pending exactly when outside 25%, with its
- * reason. The SGLang cookbook family: the H200 single stream is the fit (within 1%), four of
- * the five checks are within 25% and the Marlin one (H100, 16 clients) pending; LMSYS's day-0
- * single stream, costed as SGLang's H200 recipe (3 drafts a step), within 25%. */
+ * reason. The SGLang cookbook family (eight cells): the H200 FP8 single stream is the layer
+ * floor's fit and the H100 Marlin cell at 16 clients the FP4-on-Hopper factor's (each within
+ * 1%), every other cell a check within 25% (the H200 Marlin cell at 16 clients within 5%);
+ * LMSYS's day-0 single stream, costed as SGLang's H200 recipe (3 drafts a step), within 25%. */
 Test(v4cases, published_v4_cases)
 {
     struct pd_valcase *c;
@@ -170,14 +179,16 @@ Test(v4cases, published_v4_cases)
             cr_assert_eq(v->perf.mtp.k, 3, "%s: EAGLE 3 steps, 4 draft tokens", v->name);
         }
     }
-    cr_assert_eq(v4, 10);
-    cr_assert_eq(family, 6);
-    cr_assert_eq(family_checked, 5);
-    cr_assert_eq(checked, 6);
-    cr_assert_eq(pending, 4, "the A3 CI, Lambda's two vLLM runs and the Marlin cell");
+    cr_assert_eq(v4, 12);
+    cr_assert_eq(family, 8);
+    cr_assert_eq(family_checked, 8);
+    cr_assert_eq(checked, 9);
+    cr_assert_eq(pending, 3, "the A3 CI and Lambda's two vLLM runs");
     const struct pd_valcase *fit = find(c, n, "low-latency on 4 x H200 (FP8 experts), 8K/1K, 1 client");
     cr_assert_leq(fabs(fit->error), 0.01, "the fit: %+.2f%%", 100 * fit->error);
-    cr_assert(find(c, n, "8 x H100 (FP4 experts), 8K/1K, 16 clients")->pending[0]);
+    const struct pd_valcase *marlin = find(c, n, "8 x H100 (FP4 experts), 8K/1K, 16 clients");
+    cr_assert_leq(fabs(marlin->error), 0.01, "the FP4-on-Hopper fit: %+.2f%%", 100 * marlin->error);
+    cr_assert_leq(fabs(find(c, n, "4 x H200 (FP4 experts, Marlin), 8K/1K, 16 clients")->error), 0.05);
     const struct pd_valcase *lmsys = find(c, n, "LMSYS day 0");
     cr_assert_eq(lmsys->perf.mtp.k, 3);
     cr_assert_not(lmsys->pending[0]);
@@ -234,7 +245,50 @@ Test(v4cases, validate_json_per_case)
         /* no overlap in decode on these files: the step is the sum of its terms */
         cr_assert_float_eq(json_number_value(json_object_get(ds, "total_s")), sum, 1e-12, "%s", name);
     }
-    cr_assert_eq(v4, 10);
+    cr_assert_eq(v4, 12);
     json_decref(arr);
     free(c);
+}
+
+/* FP4 weights on a card that dequantises them in software stream at fp4_memory of the memory
+ * factor: a memory-bound step whose routed experts are FP4 reads them 1 / fp4_memory slower,
+ * and a step without FP4 weights is unchanged. */
+Test(v4cases, fp4_memory_scales_fp4_reads_only)
+{
+    for (int fp4 = 0; fp4 <= 1; fp4++) {
+        struct pd_plan p[2];
+        for (int i = 0; i < 2; i++) {
+            struct pd_plan_opts o;
+            pd_plan_opts_default(&o);
+            o.model = "v4-tiny";
+            o.hardware = h800_with("\"fp4_memory\": 0.46", i ? "\"fp4_memory\": 0.25" : "\"fp4_memory\": 1");
+            o.quant = "fp8";
+            o.quant_override = fp4 ? "routed_experts=fp4" : NULL;
+            o.mtp = 0;
+            o.max_model_len = 4096;
+            o.max_num_batched_tokens = 256;
+            o.max_num_seqs = 8;
+            o.role[0] = (struct pd_role_opts){.dp = 1, .tp = 1, .instances = 1};
+            o.role[1] = (struct pd_role_opts){.dp = 1, .tp = 1, .instances = 1};
+            pd_err e = {0};
+            cr_assert_eq(pd_plan_build(&o, &p[i], &e), 0, "%s", e.msg);
+            unlink(o.hardware);
+        }
+        struct pd_step s0, s1;
+        pd_perf_step(&p[0], PD_ROLE_DECODE, 1, 1, 100, &s0);
+        pd_perf_step(&p[1], PD_ROLE_DECODE, 1, 1, 100, &s1);
+        cr_assert_float_eq(s1.bytes, s0.bytes, 1e-6);
+        if (!fp4) {
+            cr_assert_float_eq(s1.gemm_memory_s, s0.gemm_memory_s, 1e-15);
+        } else {
+            /* the experts' k of E are the step's only FP4 bytes: their time grows by 1/0.25 - 1 */
+            double eb = (double)p[0].model.n_experts_per_tok * p[0].inv.class_bytes[PD_CLASS_I] / p[0].inv.n_experts;
+            double t = eb / (p[0].hw.mem_bw_Bps * p[0].hw.eff.memory);
+            cr_assert_gt(t, 0);
+            cr_assert_float_eq(s1.gemm_memory_s - s0.gemm_memory_s, t * (1 / 0.25 - 1), 1e-6 * t, "%g vs %g",
+                               s1.gemm_memory_s - s0.gemm_memory_s, t * 3);
+        }
+        pd_plan_free(&p[0]);
+        pd_plan_free(&p[1]);
+    }
 }
