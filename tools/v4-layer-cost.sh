@@ -8,6 +8,8 @@
 # recipe (EAGLE 3 steps, 4 draft tokens: 3 MTP drafts a step; TP4 on H200 and B200, TP8 on H100),
 # bench_serving random 8,192 in / 1,024 out, mean TPOT at 1 and 16 clients. The fit: the floor
 # that gives H200's single stream its published TPOT (3.28 ms); the checks: every other cell.
+# The H100 cells run FP4 experts through Marlin and take the hardware file's fp4_memory as it is
+# (tools/v4-fp4-hopper.sh fits it on the H100 16-client cell, with this floor in place).
 # Prints the fit and each cell's TPOT, published and predicted (--json: as JSON).
 # Usage: tools/v4-layer-cost.sh [--json]
 set -eu
