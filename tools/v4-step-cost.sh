@@ -1,8 +1,9 @@
 #!/bin/sh
 # The experiment behind the Lambda cases' pending reasons (validation/published.json): a fixed cost
-# per step, the same for prefill and decode, in place of the hardware file's (2-3 ms), fitted so
-# that the H100 run's lockstep loop gives its published 1,262 output tokens/s, then the B200 run
-# predicted with the same cost (its check). Prints the fit and both predictions (--json: as JSON).
+# per step, the same for prefill and decode, in place of the hardware file's (2-3 ms; the files'
+# kernel floor per layer, tools/v4-layer-cost.sh, stays as it is), fitted so that the H100 run's
+# lockstep loop gives its published 1,262 output tokens/s, then the B200 run predicted with the
+# same cost (its check). Prints the fit and both predictions (--json: as JSON).
 # Usage: tools/v4-step-cost.sh [--json]
 set -eu
 cd "$(dirname "$0")/.."

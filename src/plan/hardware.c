@@ -52,6 +52,19 @@ static int efficiency_parse(const char *file, json_t *root, struct pd_efficiency
             return pd_err_set(e, PD_EINVAL, "%s: field \"sources.efficiency.%s\": every efficiency factor needs its source",
                               file, f8[i].key);
     }
+    /* optional (0 when absent: a card without a fit for it, or a CPU whose calibrated per-step
+     * cost holds it), sourced when given */
+    const struct { const char *key; double *dst, dflt, min; } opt[] = {{"layer_prefill_s", &f->layer_s[0], 0, 0},
+                                                                      {"layer_decode_s", &f->layer_s[1], 0, 0},
+                                                                      {"fp4_memory", &f->fp4_memory, 1, 1e-3}};
+    for (size_t i = 0; i < sizeof opt / sizeof opt[0]; i++) {
+        int rc = pd_json_num(&s, o, opt[i].key, 0, opt[i].dflt, opt[i].min, 1, opt[i].dst, e);
+        if (rc)
+            return rc;
+        if (json_object_get(o, opt[i].key) && !json_is_string(json_object_get(src, opt[i].key)))
+            return pd_err_set(e, PD_EINVAL, "%s: field \"sources.efficiency.%s\": every efficiency factor needs its source",
+                              file, opt[i].key);
+    }
     return 0;
 }
 

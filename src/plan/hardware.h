@@ -29,6 +29,12 @@ struct pd_efficiency {
     double overlap[2];      /* fraction of communication hidden behind compute, per role */
     double step_s[2];       /* fixed cost of one forward step (scheduling, launches), per role */
     double token_layer_s[2];  /* per token and layer, per role: the non-GEMM kernels (norms, rope, mHC) */
+    double layer_s[2];      /* per layer of a forward pass, per role, whatever its tokens: the floor of
+                             * that layer's kernels (launch, ramp and tail of each) at a small batch;
+                             * optional in the file ("layer_prefill_s", "layer_decode_s"), 0 when absent */
+    double fp4_memory;      /* share of the memory factor reached by FP4 weights on a card that
+                             * dequantises them in software (W4A16 kernels such as Marlin on
+                             * Hopper); optional ("fp4_memory"), 1 when absent */
     double mtp_acceptance;  /* probability the MTP draft token is accepted */
     double request_s;       /* fixed cost of one request on the PD path beyond its steps and hand-off:
                              * the proxy, the HTTP exchanges with prefill and decode, tokenisation,

@@ -72,7 +72,10 @@ static double imbalance(const struct pd_plan *p, enum pd_role r, const struct pd
 static void roofline(const struct pd_plan *p, double flops, double bytes, enum pd_fmt f, struct pd_step *s)
 {
     const struct pd_efficiency *x = &p->hw.eff;
-    double tc = flops / (peak_for(&p->hw, f) * x->gemm), tm = bytes / (p->hw.mem_bw_Bps * x->memory);
+    /* FP4 weights on a card that dequantises them in software stream at fp4_memory of the
+     * memory factor: t_mem = bytes / (bandwidth x memory x fp4_memory) */
+    const double mem = x->memory * (f == PD_FMT_FP4 ? x->fp4_memory : 1);
+    double tc = flops / (peak_for(&p->hw, f) * x->gemm), tm = bytes / (p->hw.mem_bw_Bps * mem);
     if (tc >= tm)
         s->gemm_compute_s += tc;
     else
@@ -288,7 +291,9 @@ static void pass(const struct pd_plan *p, enum pd_role r, enum scope sc, double 
     if (pre->seqs > 0 && pre->tokens > 0)
         attention(p, PD_ROLE_PREFILL, &sp, pre->seqs, pre->tokens, pre->ctx, tp, s);
     s->a2a_s += a2a(p, r, rp, &sp, T);
-    s->overhead_s += x->token_layer_s[r] * T * (sp.l1 - sp.l0);
+    /* the non-GEMM kernels per token, and each layer's kernel floor whatever its tokens:
+     *   overhead += (token_layer x T + layer) x layers of the pass */
+    s->overhead_s += (x->token_layer_s[r] * T + x->layer_s[r]) * (sp.l1 - sp.l0);
 }
 
 void pd_perf_step_mixed(const struct pd_plan *p, enum pd_role r, const struct pd_step_part *dec,

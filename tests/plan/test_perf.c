@@ -220,7 +220,7 @@ Test(perf, published_deployments)
                   c[i].predicted, 100 * c[i].error);
     }
     cr_assert_leq(misses, 1, "more than one declared miss");
-    cr_assert_eq(pending_v4, 4, "the SGLang CI (A3), Lambda H100 and B200, and LMSYS H200 cases");
+    cr_assert_eq(pending_v4, 3, "the SGLang CI (A3), Lambda H100 and B200");
     free(c);
 }
 
