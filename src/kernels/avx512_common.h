@@ -46,6 +46,14 @@ INLINE AVX512 __m512i broadcast4(const int8_t *p)
     return _mm512_set1_epi32(v);
 }
 
+/* The 8 bytes at p in every 64-bit lane. */
+INLINE AVX512 __m512i broadcast8(const int8_t *p)
+{
+    int64_t v;
+    memcpy(&v, p, 8);
+    return _mm512_set1_epi64(v);
+}
+
 /* Transposes 16 rows of 16 dwords (r[i] = row i) so that r[j] holds dword j of every row (lane i
  * = row i), in three rounds of shuffles: 32-bit, 64-bit, then the 4 x 4 of 128-bit lanes. */
 INLINE AVX512 void transpose16(__m512i *r)

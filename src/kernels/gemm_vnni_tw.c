@@ -24,18 +24,84 @@ enum { TW_MAX_N = PD_GEMM_TW_MAX, TW_MAX_R = 12, TW_MAX_V = 6 };
  * the V activation vectors and the broadcast within the 32 registers). */
 static const int tw_rows[TW_MAX_V + 1] = {0, 12, 8, 6, 6, 4, 4};
 
+/* Tokens n = nv + nt: the first nv in V vectors of 16 (the last one part empty), the nt left in
+ * one tail vector of T = tail_tokens(nt) tokens (the power of two that fits them) x S = 16 / T
+ * steps of 4 bytes. A tail costs one broadcast per vpdpbusd (the vectors share each across V), so
+ * it runs at about half their rate: it pays where it leaves most lanes empty, up to 8 tokens
+ * beside 2 or more vectors, up to 4 beside one, whose 16-row tiles are slow themselves (measured,
+ * 1 thread, 2048 x 4096 from L3, CPU time: 65 tokens 0.78 of the 64-token rate in 5 vectors, 0.98
+ * as 4 and a tail; 72: 0.89 and 0.97; 56 as 3 and a tail of 8: 1.03x 4 vectors; 24: 0.88x 2;
+ * 9-12 beside 3 or 4 vectors in a 16-token tail (S = 1): 0.90-0.95x one more vector). */
+static int main_vectors(int n)
+{
+    const int v = n / 16, nt = n % 16;
+    return nt <= (v == 1 ? 4 : 8) ? v : v + 1;
+}
+
+static int main_tokens(int n)
+{
+    return n < 16 * main_vectors(n) ? n : 16 * main_vectors(n);
+}
+
+static int tail_tokens(int nt)
+{
+    return nt <= 1 ? 1 : nt <= 2 ? 2 : nt <= 4 ? 4 : 8;   /* (nt <= 8) */
+}
+
+/* The packed bytes: V vectors per 4 reduction bytes, then the tail's 64-byte vectors, each
+ * covering 4 S reduction bytes. */
+static int64_t main_bytes(int n, int in)
+{
+    return (int64_t)((in + 3) / 4) * main_vectors(n) * 64;
+}
+
+static int64_t tail_bytes(int n, int in)
+{
+    const int nt = n - main_tokens(n), C = 64 / tail_tokens(nt);
+    return nt ? (int64_t)((in + C - 1) / C) * 64 : 0;
+}
+
 size_t pd_gemm_tw_bytes(int n, int in, int grouped)
 {
     if (n < (grouped ? 2 : PD_GEMM_SMALL_MAX + 1) || n > TW_MAX_N)
         return 0;
-    return (size_t)((in + 3) / 4) * (size_t)((n + 15) / 16) * 64;
+    return (size_t)(main_bytes(n, in) + tail_bytes(n, in));
 }
 
-/* ap[j][v][i][b] = a[tok(16 v + i)][4 j + b] + 128 as an unsigned byte (0 past n tokens or in
- * bytes): V = ceil(n / 16) vectors per step of 4 reduction bytes. */
+/* The tail vector for reduction bytes [C i, C i + C) (C = 4 S), tokens t < nt of rows[t]:
+ *   tp[i][C t + b] = rows[t][C i + b] + 128 as an unsigned byte (0 past nt tokens or in bytes) */
+static AVX512 void pack_tail(const int8_t *const *rows, int nt, int in, uint8_t *tp)
+{
+    const int T = tail_tokens(nt), C = 64 / T, nvec = (in + C - 1) / C;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int i = 0; i < nvec; i++) {
+        _Alignas(64) int8_t buf[64];
+        const int len = in - C * i < C ? in - C * i : C;
+        _mm512_store_si512(buf, flip);   /* 0 after the flip */
+        for (int t = 0; t < nt; t++) {
+            const int8_t *src = rows[t] + (int64_t)C * i;
+            int8_t *dst = buf + C * t;
+            if (len < C) {
+                memcpy(dst, src, (size_t)len);
+                continue;
+            }
+            switch (C) {   /* constant sizes: a move or two, not a call */
+            case 4: memcpy(dst, src, 4); break;
+            case 8: memcpy(dst, src, 8); break;
+            case 16: memcpy(dst, src, 16); break;
+            case 32: memcpy(dst, src, 32); break;
+            default: memcpy(dst, src, 64); break;
+            }
+        }
+        _mm512_storeu_si512(tp + (int64_t)64 * i, _mm512_xor_si512(_mm512_load_si512(buf), flip));
+    }
+}
+
+/* The vectors: ap[j][v][i][b] = a[tok(16 v + i)][4 j + b] + 128 as an unsigned byte (0 past nv
+ * tokens or in bytes) for v < V; then the tail (pack_tail) of tokens nv .. n - 1. */
 AVX512 void pd_gemm_tw_pack(const int8_t *a, int in, const int32_t *tok, int n, uint8_t *ap)
 {
-    const int V = (n + 15) / 16;
+    const int V = main_vectors(n), nv = main_tokens(n), nt = n - nv;
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     for (int v = 0; v < V; v++)
         for (int kb = 0; kb < in; kb += 64) {
@@ -45,12 +111,18 @@ AVX512 void pd_gemm_tw_pack(const int8_t *a, int in, const int32_t *tok, int n, 
             /* a where loaded, 0x80 elsewhere: after the flip a + 128 and 0 */
             for (int i = 0; i < 16; i++) {
                 int u = 16 * v + i;
-                r[i] = u < n ? _mm512_mask_loadu_epi8(flip, m, a + (int64_t)(tok ? tok[u] : u) * in + kb) : flip;
+                r[i] = u < nv ? _mm512_mask_loadu_epi8(flip, m, a + (int64_t)(tok ? tok[u] : u) * in + kb) : flip;
             }
             transpose16(r);
             for (int j = 0; j < nj; j++)
                 _mm512_storeu_si512(ap + ((int64_t)(kb / 4 + j) * V + v) * 64, _mm512_xor_si512(r[j], flip));
         }
+    if (nt) {
+        const int8_t *rows[16];
+        for (int t = 0; t < nt; t++)
+            rows[t] = a + (int64_t)(tok ? tok[nv + t] : nv + t) * in;
+        pack_tail(rows, nt, in, ap + main_bytes(n, in));
+    }
 }
 
 /* out[r][16 v + i] = sum_j sum_b ap[j][v][i][b] * wr[r][4 j + b] + (first ? 0 : out[...]) for
@@ -151,20 +223,119 @@ static const twtile_fn twtiles[TW_MAX_R][TW_MAX_V] = {
     {twtile12x1, NULL, NULL, NULL, NULL, NULL},
 };
 
+/* The tail tile: 16 weight rows wr against the tail vectors tp, n_it of them, each covering
+ * C = 4 S reduction bytes of T = 16 / S tokens (a constant once inlined):
+ *   out[r][l] = sum_i sum_b tp[i][4 l + b] * wr[r][C i + 4 (l % S) + b] + (first ? 0 : out[r][l])
+ * the weights' C bytes broadcast to every group of S lanes (vpbroadcastd, vpbroadcastq,
+ * vbroadcasti32x4, vbroadcasti64x4 or a plain load): lane l adds token l / S's products over
+ * every S-th group of 4 bytes, so a token's sum is that of its S lanes. */
+INLINE AVX512 void tailtile(const uint8_t *tp, int n_it, const int8_t *const *wr, int first, int S,
+                            int32_t *out)   // [16, 16]
+{
+    const __m512i z = _mm512_setzero_si512();
+    /* two accumulators per row, even and odd iterations: 16 independent vpdpbusd chains */
+    __m512i c0 = z, c1 = z, c2 = z, c3 = z, c4 = z, c5 = z, c6 = z, c7 = z;
+    __m512i d0 = z, d1 = z, d2 = z, d3 = z, d4 = z, d5 = z, d6 = z, d7 = z;
+#define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define LOAD_C(r) c##r = _mm512_loadu_si512(out + 16 * r);
+#define STORE_C(r) _mm512_storeu_si512(out + 16 * r, _mm512_add_epi32(c##r, d##r));
+#define PTR(r) const int8_t *p##r = wr[r];
+    if (!first) {
+        ROWS(LOAD_C)
+    }
+    ROWS(PTR)
+    const int C = 4 * S;
+#define bcast(p)                                                                                 \
+    (S == 2 ? broadcast8(p) : S == 4 ? _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p))) \
+     : S == 8 ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p))) : _mm512_loadu_si512(p))
+#define ROW_C(r) DP(c##r, a, bcast(p##r + (int64_t)C * i));
+#define ROW_D(r) DP(d##r, b, bcast(p##r + (int64_t)C * (i + 1)));
+    int i = 0;
+    for (; i + 2 <= n_it; i += 2) {
+        const __m512i a = _mm512_loadu_si512(tp + (int64_t)64 * i), b = _mm512_loadu_si512(tp + (int64_t)64 * (i + 1));
+        ROWS(ROW_C)
+        ROWS(ROW_D)
+    }
+    if (i < n_it) {
+        const __m512i a = _mm512_loadu_si512(tp + (int64_t)64 * i);
+        ROWS(ROW_C)
+    }
+    ROWS(STORE_C)
+#undef bcast
+#undef ROWS
+#undef LOAD_C
+#undef STORE_C
+#undef PTR
+#undef ROW_C
+#undef ROW_D
+}
+
+typedef void (*tailtile_fn)(const uint8_t *tp, int n_it, const int8_t *const *wr, int first, int32_t *out);
+#define TAILTILE(S)                                                                              \
+    static AVX512 __attribute__((noinline)) void tailtile##S(const uint8_t *tp, int n_it,        \
+                                                              const int8_t *const *wr, int first, \
+                                                              int32_t *out)                      \
+    {                                                                                            \
+        tailtile(tp, n_it, wr, first, S, out);                                                   \
+    }
+TAILTILE(2) TAILTILE(4) TAILTILE(8) TAILTILE(16)
+#undef TAILTILE
+
+/* The tail's 16 x nt products of the chunk's rows [c0 + g, c0 + g + 16) less 128 times their
+ * row sums, into acc[(nv + t) * CHUNK + g + r]; rows past nr repeat the last one (their lanes of
+ * acc, inside CHUNK, are not stored). */
+static AVX512 void tail_rows(const pd_gemm_job *job, int c0, int g, int nr, const int32_t *wsum,
+                             int32_t *acc)   // [TW_MAX_N, CHUNK]
+{
+    const int in = job->in, n = job->n, nv = main_tokens(n), nt = n - nv, T = tail_tokens(nt), S = 16 / T, C = 4 * S;
+    const int n_it = in / C, rem = in % C;
+    const uint8_t *tp = job->a_packed + main_bytes(n, in);
+    static const tailtile_fn fns[17] = {[2] = tailtile2, [4] = tailtile4, [8] = tailtile8,
+                                        [16] = tailtile16};
+    const int8_t *wr[8];
+    for (int r = 0; r < 8; r++)
+        wr[r] = job->w + (int64_t)(c0 + (g + r < nr ? g + r : nr - 1)) * in;
+    _Alignas(64) int32_t out[16 * 16];
+    fns[S](tp, n_it, wr, 1, out);
+    if (rem) {
+        /* the last rem < C bytes of each row, zero-padded (the packed tokens are 0 there) */
+        _Alignas(64) int8_t last[8][64];
+        const int8_t *lp[8];
+        for (int r = 0; r < 8; r++) {
+            memset(last[r], 0, 64);
+            memcpy(last[r], wr[r] + (int64_t)C * n_it, (size_t)rem);
+            lp[r] = last[r];
+        }
+        fns[S](tp + (int64_t)64 * n_it, 1, lp, 0, out);
+    }
+    for (int r = 0; r < 8 && g + r < nr; r++) {
+        const uint32_t corr = (uint32_t)wsum[g + r] << 7;
+        for (int t = 0; t < nt; t++) {
+            uint32_t sum = 0;
+            for (int l = 0; l < S; l++)
+                sum += (uint32_t)out[16 * r + S * t + l];
+            acc[(nv + t) * CHUNK + g + r] = (int32_t)(sum - corr);
+        }
+    }
+}
+
 AVX512 void pd_gemm_rows_tw(const pd_gemm_job *job, int o0, int o1)
 {
-    const int in = job->in, n = job->n, V = (n + 15) / 16, full4 = in / 4, rem = in % 4, RV = tw_rows[V];
+    const int in = job->in, n = job->n, V = main_vectors(n), nv = main_tokens(n), full4 = in / 4, rem = in % 4;
+    const int RV = tw_rows[V];
     _Alignas(64) int32_t out[TW_MAX_R * TW_MAX_N];
     _Alignas(64) int32_t acc[TW_MAX_N * CHUNK];
-    int32_t wsum[TW_MAX_R];
+    int32_t wsum[CHUNK];
     for (int c0 = o0; c0 < o1; c0 += CHUNK) {
         const int nr = o1 - c0 < CHUNK ? o1 - c0 : CHUNK;
-        for (int g = 0; g < nr; g += RV) {
+        if (V == 0)
+            pd_gemm_row_sums_vnni(job->w + (int64_t)c0 * in, in, 0, nr, wsum);
+        for (int g = 0; V > 0 && g < nr; g += RV) {
             const int R = nr - g < RV ? nr - g : RV;
             const int8_t *wr[TW_MAX_R];
             for (int r = 0; r < R; r++)
                 wr[r] = job->w + (int64_t)(c0 + g + r) * in;
-            pd_gemm_row_sums_vnni(wr[0], in, 0, R, wsum);
+            pd_gemm_row_sums_vnni(wr[0], in, 0, R, wsum + g);
             /* the next rows, contiguous after these (past the matrix: the next one's first) */
             const int next = c0 + g + R;
             const int8_t *pf = next < job->out ? job->w + (int64_t)next * in : job->w_next;
@@ -173,22 +344,24 @@ AVX512 void pd_gemm_rows_tw(const pd_gemm_job *job, int o0, int o1)
             if (rem) {
                 /* the last 1-3 bytes of each row, zero-padded (the packed activations are 0 there) */
                 _Alignas(4) int8_t tail[TW_MAX_R][4];
-                const int8_t *tp[TW_MAX_R];
+                const int8_t *tq[TW_MAX_R];
                 for (int r = 0; r < R; r++) {
                     memset(tail[r], 0, 4);
                     memcpy(tail[r], wr[r] + 4 * full4, (size_t)rem);
-                    tp[r] = tail[r];
+                    tq[r] = tail[r];
                 }
-                twtiles[R - 1][V - 1](job->a_packed + (int64_t)full4 * V * 64, 1, tp, 0, NULL, 0, out);
+                twtiles[R - 1][V - 1](job->a_packed + (int64_t)full4 * V * 64, 1, tq, 0, NULL, 0, out);
             }
             /* the exact products: less 128 times the row sum (modulo 2^32), transposed to [u][r] */
             for (int r = 0; r < R; r++) {
-                uint32_t corr = (uint32_t)wsum[r] << 7;
-                for (int u = 0; u < n; u++)
+                uint32_t corr = (uint32_t)wsum[g + r] << 7;
+                for (int u = 0; u < nv; u++)
                     acc[u * CHUNK + g + r] = (int32_t)((uint32_t)out[r * TW_MAX_N + u] - corr);
             }
         }
+        /* the tail tokens on the same rows, in L2 now */
+        for (int g = 0; nv < n && g < nr; g += 8)
+            tail_rows(job, c0, g, nr, wsum, acc);
         pd_gemm_store(job, 0, n, c0, nr, acc, CHUNK);
     }
 }
-
