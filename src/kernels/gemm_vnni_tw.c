@@ -319,12 +319,33 @@ static AVX512 void tail_rows(const pd_gemm_job *job, int c0, int g, int nr, cons
     }
 }
 
+/* acc[u][r] = out[r][u] - 128 * wsum[r] (modulo 2^32) for r < nr, u < 16 V: the exact products
+ * (see the top of the file), transposed to the epilogue's [token][row] in 16 x 16 blocks. Rows
+ * past nr repeat the last (their lanes of acc, inside CHUNK, are not stored). */
+static AVX512 void exact_products(const int32_t *out,    // [CHUNK, TW_MAX_N]
+                                  const int32_t *wsum, int nr, int V,
+                                  int32_t *acc)          // [TW_MAX_N, CHUNK]
+{
+    for (int rb = 0; rb < nr; rb += 16)
+        for (int v = 0; v < V; v++) {
+            __m512i x[16];
+            for (int i = 0; i < 16; i++) {
+                const int r = rb + i < nr ? rb + i : nr - 1;
+                x[i] = _mm512_sub_epi32(_mm512_load_si512(out + r * TW_MAX_N + 16 * v),
+                                        _mm512_set1_epi32((int32_t)((uint32_t)wsum[r] << 7)));
+            }
+            transpose16(x);
+            for (int i = 0; i < 16; i++)
+                _mm512_store_si512(acc + (16 * v + i) * CHUNK + rb, x[i]);
+        }
+}
+
 AVX512 void pd_gemm_rows_tw(const pd_gemm_job *job, int o0, int o1)
 {
     const int in = job->in, n = job->n, V = main_vectors(n), nv = main_tokens(n), full4 = in / 4, rem = in % 4;
     const int RV = tw_rows[V];
-    _Alignas(64) int32_t out[TW_MAX_R * TW_MAX_N];
-    _Alignas(64) int32_t acc[TW_MAX_N * CHUNK];
+    _Alignas(64) int32_t out[CHUNK * TW_MAX_N];   /* the vectors' sums, [row][token] */
+    _Alignas(64) int32_t acc[TW_MAX_N * CHUNK];   /* the exact products, [token][row] */
     int32_t wsum[CHUNK];
     for (int c0 = o0; c0 < o1; c0 += CHUNK) {
         const int nr = o1 - c0 < CHUNK ? o1 - c0 : CHUNK;
@@ -340,7 +361,8 @@ AVX512 void pd_gemm_rows_tw(const pd_gemm_job *job, int o0, int o1)
             const int next = c0 + g + R;
             const int8_t *pf = next < job->out ? job->w + (int64_t)next * in : job->w_next;
             const int pf_rows = next < job->out ? job->out - next : job->w_next ? job->next_out : 0;
-            twtiles[R - 1][V - 1](job->a_packed, full4, wr, 1, pf, (pf_rows < RV ? pf_rows : RV) * in / 64, out);
+            twtiles[R - 1][V - 1](job->a_packed, full4, wr, 1, pf, (pf_rows < RV ? pf_rows : RV) * in / 64,
+                                  out + g * TW_MAX_N);
             if (rem) {
                 /* the last 1-3 bytes of each row, zero-padded (the packed activations are 0 there) */
                 _Alignas(4) int8_t tail[TW_MAX_R][4];
@@ -350,15 +372,11 @@ AVX512 void pd_gemm_rows_tw(const pd_gemm_job *job, int o0, int o1)
                     memcpy(tail[r], wr[r] + 4 * full4, (size_t)rem);
                     tq[r] = tail[r];
                 }
-                twtiles[R - 1][V - 1](job->a_packed + (int64_t)full4 * V * 64, 1, tq, 0, NULL, 0, out);
-            }
-            /* the exact products: less 128 times the row sum (modulo 2^32), transposed to [u][r] */
-            for (int r = 0; r < R; r++) {
-                uint32_t corr = (uint32_t)wsum[g + r] << 7;
-                for (int u = 0; u < nv; u++)
-                    acc[u * CHUNK + g + r] = (int32_t)((uint32_t)out[r * TW_MAX_N + u] - corr);
+                twtiles[R - 1][V - 1](job->a_packed + (int64_t)full4 * V * 64, 1, tq, 0, NULL, 0, out + g * TW_MAX_N);
             }
         }
+        if (V > 0)
+            exact_products(out, wsum, nr, V, acc);
         /* the tail tokens on the same rows, in L2 now */
         for (int g = 0; nv < n && g < nr; g += 8)
             tail_rows(job, c0, g, nr, wsum, acc);
