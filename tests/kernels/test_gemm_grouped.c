@@ -4,7 +4,8 @@
  * tail of 1-4, 21-31 two vectors, then 3-6 vectors with a tail of up to 8 tokens or one more
  * part-empty vector, 97 and 200 on the packed weights; each with reductions that end inside a
  * 4-byte step and inside a tail vector's 8-64 bytes, and output rows that end inside a tile. Then
- * unequal groups in one call, with different output widths, y += and 1 and 2 threads. */
+ * unequal groups in one call, with different output widths, y += and 1 and 2 threads, and a call
+ * large enough (over 512 blocks of 64 rows) that its tasks take several blocks each. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,11 +62,11 @@ static void check(const int *n, const int *out, int n_groups, int in, int T, pd_
     int8_t *a = bytes((size_t)T * in);
     float *as = scales(T);
     pd_qmat A = {a, as, T, in};
-    pd_gemm_group g[16];
-    int8_t *w[16];
-    float *ws[16], *ref[16], *y[16], *base[16];
-    int32_t *rows[16];
-    cr_assert(n_groups <= 16);
+    pd_gemm_group g[48];
+    int8_t *w[48];
+    float *ws[48], *ref[48], *y[48], *base[48];
+    int32_t *rows[48];
+    cr_assert(n_groups <= 48);
     for (int i = 0; i < n_groups; i++) {
         w[i] = bytes((size_t)out[i] * in);
         ws[i] = scales(out[i]);
@@ -135,5 +136,23 @@ Test(kernels, grouped_unequal_groups_match_reference)
     cr_assert_eq(pd_pool_create(2, &pool2, &e), 0, "%s", e.msg);
     check(n, out, 14, 1030, 256, pool2);
     check(n, out, 14, 4096, 300, pool2);
+    pd_pool_destroy(pool2);
+}
+
+Test(kernels, grouped_multi_block_tasks_match_reference)
+{
+    if (!pd_gemm_kernel_supported(PD_KERNEL_AVX512))
+        cr_skip_test("no AVX-512 VNNI on this CPU");
+    /* 40 experts of 1000 rows (16 blocks, the last part full): 640 blocks, so tasks of 2 blocks
+     * (128 rows; 1000 = 7 x 128 + 104), sizes across the few-token paths and beyond */
+    int n[40], out[40];
+    for (int i = 0; i < 40; i++) {
+        n[i] = (int[]){3, 17, 64, 65, 72, 100, 0, 9}[i % 8];
+        out[i] = 1000;
+    }
+    pd_pool *pool2;
+    pd_err e = {0};
+    cr_assert_eq(pd_pool_create(2, &pool2, &e), 0, "%s", e.msg);
+    check(n, out, 40, 67, 128, pool2);
     pd_pool_destroy(pool2);
 }
