@@ -10,7 +10,15 @@
  *   c[r][u] = sum_k (a[u][k] + 128) * w[r][k] = sum_k a[u][k] w[r][k] + 128 * wsum[r]
  * with wsum[r] = sum_k w[r][k] computed per row just before (which also brings the rows in).
  * Tile: R rows x V vectors of 16 tokens, R x V <= 24 accumulators, the whole reduction in
- * registers (no K blocks: the activations, at most 96 x in bytes, stream from L2). */
+ * registers (no K blocks: the activations, at most 96 x in bytes, stream from L2).
+ *
+ * Tokens past the last whole vector (a routed expert gets 50-80 of a 512-token prefill, rarely a
+ * multiple of 16) would leave most lanes of one more vector empty: up to 8 of them go into a tail
+ * vector instead, which packs T = 1, 2, 4 or 8 tokens x S = 16 / T steps of 4 bytes (each token's
+ * 4 S consecutive bytes side by side) against the weights broadcast 4 S bytes at a time; a token's
+ * sum is that of its S lanes. It runs as a second pass over each 64-row chunk (its rows still in
+ * L2), in 8-row tiles. Per 64-row chunk, the vectors' sums are corrected and transposed to the
+ * epilogue's [token][row] order in 16 x 16 blocks (exact_products). */
 #include <immintrin.h>
 #include <string.h>
 
