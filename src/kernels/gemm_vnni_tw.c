@@ -28,9 +28,9 @@
 enum { CHUNK = 64 };   /* output rows per block: a pool task's (gemm.c) */
 enum { TW_MAX_N = PD_GEMM_TW_MAX, TW_MAX_R = 12, TW_MAX_V = 6 };
 
-/* Rows per tile for V vectors of tokens: 12 x 1, 8 x 2, 6 x 3, 6 x 4, 4 x 5, 4 x 6 (accumulators,
+/* Rows per tile for V vectors of tokens: 12 x 1, 8 x 2, 8 x 3, 6 x 4, 5 x 5, 4 x 6 (accumulators,
  * the V activation vectors and the broadcast within the 32 registers). */
-static const int tw_rows[TW_MAX_V + 1] = {0, 12, 8, 6, 6, 4, 4};
+static const int tw_rows[TW_MAX_V + 1] = {0, 12, 8, 8, 6, 5, 4};
 
 /* Tokens n = nv + nt: the first nv in V vectors of 16 (the last one part empty), the nt left in
  * one tail vector of T = tail_tokens(nt) tokens (the power of two that fits them) x S = 16 / T
@@ -212,7 +212,7 @@ typedef void (*twtile_fn)(const uint8_t *ap, int n4, const int8_t *const *wr, in
 #define TWTILES(R) TWTILE(R, 1) TWTILE(R, 2) TWTILE(R, 3) TWTILE(R, 4)
 TWTILES(1) TWTILES(2) TWTILES(3) TWTILES(4) TWTILES(5) TWTILES(6)
 TWTILE(1, 5) TWTILE(1, 6) TWTILE(2, 5) TWTILE(2, 6) TWTILE(3, 5) TWTILE(3, 6) TWTILE(4, 5) TWTILE(4, 6)
-TWTILE(7, 1) TWTILE(7, 2) TWTILE(8, 1) TWTILE(8, 2) TWTILE(9, 1) TWTILE(10, 1) TWTILE(11, 1) TWTILE(12, 1)
+TWTILE(5, 5) TWTILE(7, 1) TWTILE(7, 2) TWTILE(7, 3) TWTILE(8, 1) TWTILE(8, 2) TWTILE(8, 3) TWTILE(9, 1) TWTILE(10, 1) TWTILE(11, 1) TWTILE(12, 1)
 #undef TWTILES
 #undef TWTILE
 /* [R - 1][V - 1] for R <= tw_rows[V] */
@@ -221,10 +221,10 @@ static const twtile_fn twtiles[TW_MAX_R][TW_MAX_V] = {
     {twtile2x1, twtile2x2, twtile2x3, twtile2x4, twtile2x5, twtile2x6},
     {twtile3x1, twtile3x2, twtile3x3, twtile3x4, twtile3x5, twtile3x6},
     {twtile4x1, twtile4x2, twtile4x3, twtile4x4, twtile4x5, twtile4x6},
-    {twtile5x1, twtile5x2, twtile5x3, twtile5x4, NULL, NULL},
+    {twtile5x1, twtile5x2, twtile5x3, twtile5x4, twtile5x5, NULL},
     {twtile6x1, twtile6x2, twtile6x3, twtile6x4, NULL, NULL},
-    {twtile7x1, twtile7x2, NULL, NULL, NULL, NULL},
-    {twtile8x1, twtile8x2, NULL, NULL, NULL, NULL},
+    {twtile7x1, twtile7x2, twtile7x3, NULL, NULL, NULL},
+    {twtile8x1, twtile8x2, twtile8x3, NULL, NULL, NULL},
     {twtile9x1, NULL, NULL, NULL, NULL, NULL},
     {twtile10x1, NULL, NULL, NULL, NULL, NULL},
     {twtile11x1, NULL, NULL, NULL, NULL, NULL},
