@@ -5,6 +5,8 @@
 #define PD_KERNELS_AVX512_COMMON_H
 
 #include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define INLINE static inline __attribute__((always_inline))
@@ -34,6 +36,51 @@ INLINE AVX512 __m128i reduce4(__m512i v0, __m512i v1, __m512i v2, __m512i v3)
     __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
     __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
     return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* The 4 bytes at p in every 32-bit lane. */
+INLINE AVX512 __m512i broadcast4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* The 8 bytes at p in every 64-bit lane. */
+INLINE AVX512 __m512i broadcast8(const int8_t *p)
+{
+    int64_t v;
+    memcpy(&v, p, 8);
+    return _mm512_set1_epi64(v);
+}
+
+/* Transposes 16 rows of 16 dwords (r[i] = row i) so that r[j] holds dword j of every row (lane i
+ * = row i), in three rounds of shuffles: 32-bit, 64-bit, then the 4 x 4 of 128-bit lanes. */
+INLINE AVX512 void transpose16(__m512i *r)
+{
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);       /* per 128-bit lane l: dwords 4l, 4l+1 */
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);   /* dwords 4l+2, 4l+3 */
+    }
+    /* u[4g + e]: in 128-bit lane l, dword 4l+e of rows 4g .. 4g+3 */
+    for (int g = 0; g < 4; g++) {
+        u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    /* dword 4l+e of all rows: 128-bit lane l of u[e], u[4+e], u[8+e], u[12+e], in that order */
+    for (int e = 0; e < 4; e++) {
+        __m512i x0 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x44);        /* a0 a1 b0 b1 */
+        __m512i x1 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xee);        /* a2 a3 b2 b3 */
+        __m512i x2 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0x44);   /* c0 c1 d0 d1 */
+        __m512i x3 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0xee);   /* c2 c3 d2 d3 */
+        r[0 + e] = _mm512_shuffle_i32x4(x0, x2, 0x88);                  /* a0 b0 c0 d0 */
+        r[4 + e] = _mm512_shuffle_i32x4(x0, x2, 0xdd);                  /* a1 b1 c1 d1 */
+        r[8 + e] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+        r[12 + e] = _mm512_shuffle_i32x4(x1, x3, 0xdd);
+    }
 }
 
 #endif

@@ -405,7 +405,23 @@ struct grouped_run {
     pd_kernel k;
     pd_gemm_rows_fn fn;
     const pd_gemm_job *packs;   // [n_groups] the AMX kernels' packed activations (apack), or NULL
+    int blocks;              // row blocks (rows_per_task) per task (grouped_blocks)
 };
+
+/* Row blocks per task of the grouped form. A thread that runs consecutive blocks of an expert
+ * finds each one's weights already coming in (the kernels prefetch the rows after theirs), while
+ * one that takes every other block, as two threads claiming tasks in turn do, starts each block
+ * on weights in memory; so large calls get tasks of several blocks, as many as leave at least
+ * GROUPED_TASKS tasks for the threads to balance (about 256 in a prefill layer's routed experts:
+ * 64 x 2048 rows, 8 blocks each). It depends on the shapes only, so the results do not depend
+ * on the thread count. AVX-512 only, whose kernels run their rows 64 at a time with every token
+ * (the others pass tokens over a task's rows, sized to stay in L2). */
+enum { GROUPED_TASKS = 256 };
+
+static int grouped_blocks(int64_t row_blocks)
+{
+    return row_blocks > 2 * GROUPED_TASKS ? (int)(row_blocks / GROUPED_TASKS) : 1;
+}
 
 static void grouped_task(void *arg, int task)
 {
@@ -420,7 +436,7 @@ static void grouped_task(void *arg, int task)
             hi = mid - 1;
     }
     const pd_gemm_group *g = &r->groups[lo];
-    int rb = rows_per_task(g->w.cols, r->k);
+    int rb = rows_per_task(g->w.cols, r->k) * r->blocks;
     int o0 = (task - r->first_task[lo]) * rb;
     int o1 = o0 + rb < g->w.rows ? o0 + rb : g->w.rows;
     pd_gemm_job job = {
@@ -471,12 +487,20 @@ static int grouped_run(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *gro
     int *first = n_groups < 257 ? stack_first : malloc(((size_t)n_groups + 1) * sizeof *first);
     if (!first)
         return pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %d groups", n_groups);
-    int64_t total = 0, macs = 0;
+    int64_t total = 0, macs = 0, row_blocks = 0;
+    for (int g = 0; g < n_groups; g++) {
+        const pd_gemm_group *gr = &groups[g];
+        if (gr->n > 0 && gr->w.rows > 0) {
+            int rb = rows_per_task(gr->w.cols, k);
+            row_blocks += (gr->w.rows + rb - 1) / rb;
+        }
+    }
+    const int blocks = k == PD_KERNEL_AVX512 ? grouped_blocks(row_blocks) : 1;
     for (int g = 0; g < n_groups; g++) {
         first[g] = (int)total;
         const pd_gemm_group *gr = &groups[g];
         if (gr->n > 0 && gr->w.rows > 0) {
-            int rb = rows_per_task(gr->w.cols, k);
+            int rb = rows_per_task(gr->w.cols, k) * blocks;
             total += (gr->w.rows + rb - 1) / rb;
             macs += (int64_t)gr->n * gr->w.rows * gr->w.cols;
         }
@@ -504,7 +528,7 @@ static int grouped_run(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *gro
     }
     struct grouped_run r = {
         .a = a, .a_sum = sums, .packed = pk.buf, .packed_at = pk.at, .groups = groups, .first_task = first, .n_groups = n_groups,
-        .accum = (flags & PD_GEMM_ACCUM) != 0, .k = k, .fn = kernel_fns[k],
+        .accum = (flags & PD_GEMM_ACCUM) != 0, .k = k, .fn = kernel_fns[k], .blocks = blocks,
     };
     pd_gemm_job *packs = NULL;
     void *apacked = NULL;

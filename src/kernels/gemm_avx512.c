@@ -202,7 +202,9 @@ AVX512 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1)
         _mm_prefetch((const char *)(job->w_scale + o), _MM_HINT_T0);
     if (job->n == 1)
         gemv_rows(job, o0, o1);
-    else if (!job->a_packed && (job->n <= PD_GEMM_SMALL_MAX || job->out < 16))
+    else if (job->a_packed)
+        pd_gemm_rows_tw(job, o0, o1);
+    else if (job->n <= PD_GEMM_SMALL_MAX || job->out < 16)
         pd_gemm_rows_small(job, o0, o1);   /* (under 16 rows a packed vector would be part empty) */
     else
         pd_gemm_rows_vnni(job, o0, o1);

@@ -59,20 +59,22 @@ int pd_gemm_amx_available(void);
 
 /* The AVX-512 kernel by the number of tokens n (pd_gemm_rows_avx512 dispatches): 1 the decode GEMV
  * (gemm_avx512.c); up to PD_GEMM_TW_MAX the tokens packed once per call into job->a_packed
- * (pd_gemm_tw_pack) when pd_gemm_tw_bytes says so: from 2 tokens in the grouped form (routed
- * experts, whose weights come from memory: this path prefetches the next rows and the next
- * expert's), from PD_GEMM_SMALL_MAX + 1 in the plain one; below that, and for matrices of fewer
- * than 16 rows, the inner product (gemm_avx512_small.c); beyond PD_GEMM_TW_MAX the weights packed per task, which needs job->a_sum
+ * (pd_gemm_tw_pack) when pd_gemm_tw_bytes says so, pd_gemm_rows_tw (gemm_vnni_tw.c): from 2
+ * tokens in the grouped form (routed experts, whose weights come from memory: this path
+ * prefetches the next rows and the next expert's), from PD_GEMM_SMALL_MAX + 1 in the plain one;
+ * below that, and for matrices of fewer than 16 rows, the inner product (gemm_avx512_small.c);
+ * beyond PD_GEMM_TW_MAX the weights packed per task, which needs job->a_sum
  * (pd_gemm_row_sums_vnni: sums[i] = sum_k a[i][k] for r0 <= i < r1) (both gemm_vnni.c). */
 #define PD_GEMM_SMALL_MAX 24
 #define PD_GEMM_TW_MAX 96
 void pd_gemm_rows_small(const pd_gemm_job *job, int o0, int o1);
+void pd_gemm_rows_tw(const pd_gemm_job *job, int o0, int o1);    /* job->a_packed set */
 void pd_gemm_rows_vnni(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_row_sums_vnni(const int8_t *a,   // [rows, in]
                            int in, int r0, int r1,
                            int32_t *sums);    // [rows]
 
-/* Few tokens (gemm_vnni.c): the bytes pd_gemm_tw_pack writes for n rows of `in` bytes, 0 when
+/* Few tokens (gemm_vnni_tw.c): the bytes pd_gemm_tw_pack writes for n rows of `in` bytes, 0 when
  * that path does not apply (see above; grouped: 1 for the grouped form); the pack of rows
  * tok[0 .. n) (NULL: 0 .. n-1) of a. */
 size_t pd_gemm_tw_bytes(int n, int in, int grouped);
