@@ -165,8 +165,11 @@ int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct p
  * is the same dot product whatever the thread count. A bf16 matrix is widened to fp32 (exactly: a
  * bf16 value is the top half of its fp32) a few rows at a time into a buffer of at most
  * WIDE_FLOATS, which every token then reads: the same pd_dot_rows on the same values, so the same
- * bits as an fp32 copy of the matrix, from half the bytes. */
-enum { F32_ROWS = 64, WIDE_FLOATS = PD_LINEAR_WIDE_FLOATS };
+ * bits as an fp32 copy of the matrix, from half the bytes. With one or two tokens the rows are
+ * widened in registers instead (pd_dot_rows_bf16, the same bits): the buffer's store and reload
+ * per value cost more than the product itself when few tokens share it. */
+enum { F32_ROWS = 64, WIDE_FLOATS = PD_LINEAR_WIDE_FLOATS, BF16_DIRECT_T = 2 };
+_Static_assert(PD_LINEAR_WIDE_FLOATS <= PD_DOT_BF16_MAX, "bf16 rows longer than pd_dot_rows_bf16 takes");
 
 struct f32_job {
     const struct pd_linear *l;
@@ -184,6 +187,12 @@ static void f32_rows(void *arg, int task)
         for (int t = 0; t < j->T; t++)
             pd_dot_rows(j->l->f + (size_t)o0 * in, (size_t)in, j->x + (size_t)t * in, in, o1 - o0,
                         j->y + (size_t)t * out + o0);
+        return;
+    }
+    if (j->T <= BF16_DIRECT_T) {
+        for (int t = 0; t < j->T; t++)
+            pd_dot_rows_bf16(j->l->h + (size_t)o0 * in, (size_t)in, j->x + (size_t)t * in, in, o1 - o0,
+                             j->y + (size_t)t * out + o0);
         return;
     }
     _Alignas(64) float wide[WIDE_FLOATS];

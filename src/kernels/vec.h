@@ -37,6 +37,11 @@ void pd_weighted_sum(const float *a, const float *x, size_t ld, int rows, const 
 
 /* dst[i] = bf16 src[i] widened to fp32 (exact). */
 void pd_bf16_to_f32_row(const uint16_t *src, float *dst, int n);
+/* y[r] = pd_dot(row r widened to fp32, x, n) for r < rows, bit for bit as pd_dot_rows over
+ * pd_bf16_to_f32_row's copy of the rows, without the copy (widened in registers where the CPU
+ * has AVX-512). w: bf16 [rows, ld]; n <= PD_DOT_BF16_MAX. */
+#define PD_DOT_BF16_MAX 8192
+void pd_dot_rows_bf16(const uint16_t *w, size_t ld, const float *x, int n, int rows, float *y);
 /* y = a * x (n values). */
 void pd_scale(float a, const float *x, float *y, int n);
 /* y[i] = x[i] * a * w[i] (the first product rounded first), or x[i] * a when w is NULL; y == x

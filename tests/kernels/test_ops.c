@@ -1,7 +1,8 @@
 /* The small float operations: Sinkhorn gives a doubly stochastic matrix, rope and its inverse
  * cancel, YaRN keeps high frequencies and divides low ones by the factor, bf16 rounds to
  * nearest even; the multi-row dot and axpy and the two-part rope give the bits of the one-row
- * and one-part versions that they replace on the decode path. */
+ * and one-part versions that they replace on the decode path, and the bf16 rows widened in
+ * registers those of the rows widened first. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
@@ -32,6 +33,30 @@ Test(ops, dot_rows_same_bits_as_dot)
                 float d = pd_dot(w + (size_t)r * 301, x, ns[a]);
                 cr_assert(memcmp(&d, &y[r], 4) == 0, "n %d row %d of %d: %a vs %a", ns[a], r, rows, y[r], d);
             }
+        }
+}
+
+Test(ops, dot_rows_bf16_same_bits_as_widened_dot_rows)
+{
+    /* bf16 rows widened in registers give the bits of pd_dot_rows over the widened copy: lengths
+     * around the 16- and 32-wide chunks, on both sides of the one-row-at-a-time range (256 to 1024
+     * values), row counts around the 4-row block, a leading dimension larger than the length */
+    enum { LD = 1301, ROWS = 13 };
+    static uint16_t h[ROWS * LD];
+    static float f[ROWS * LD], x[LD], yh[ROWS], yf[ROWS];
+    for (int i = 0; i < ROWS * LD; i++)
+        h[i] = pd_f32_to_bf16(wave(i) / 7);
+    pd_bf16_to_f32_row(h, f, ROWS * LD);
+    for (int i = 0; i < LD; i++)
+        x[i] = wave(3 * i + 1);
+    const int ns[] = {1, 15, 16, 17, 31, 32, 33, 48, 255, 256, 257, 300, 1023, 1024, 1025, 1301};
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (int rows = 0; rows <= ROWS; rows++) {
+            memset(yh, 0xff, sizeof yh);
+            pd_dot_rows_bf16(h, LD, x, ns[a], rows, yh);
+            pd_dot_rows(f, LD, x, ns[a], rows, yf);
+            for (int r = 0; r < rows; r++)
+                cr_assert(memcmp(&yf[r], &yh[r], 4) == 0, "n %d row %d of %d: %a vs %a", ns[a], r, rows, yh[r], yf[r]);
         }
 }
 
