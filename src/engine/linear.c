@@ -158,6 +158,25 @@ int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct p
     return 0;
 }
 
+int pd_linear_load_float(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
+                         int out, int in, pd_err *e)
+{
+    memset(l, 0, sizeof *l);
+    l->out = out;
+    l->in = in;
+    const struct pd_st_tensor *t = pd_st_set_find(st, name);
+    if (!t)
+        return pd_err_set(e, PD_EFORMAT, "checkpoint: missing tensor \"%s\"", name);
+    if (t->dtype == PD_ST_BF16 && t->ndim == 2 && t->shape[0] == out && t->shape[1] == in &&
+        in <= PD_LINEAR_WIDE_FLOATS && (uintptr_t)t->data % 2 == 0) {
+        l->h = (const uint16_t *)t->data;
+        prefault(t->data, (size_t)out * in * 2);
+        return 0;
+    }
+    l->f = pd_load_f32(st, a, name, (int64_t)out * in, e);
+    return l->f ? 0 : e->code;
+}
+
 /* An fp32 or bf16 matrix (the head, wq_a, wkv, wo_a, the compressor's) times T tokens,
  * y[t][o] = pd_dot(w[o], x[t]) (pd_dot_rows, bit for bit): tasks of F32_ROWS output rows over the
  * pool, each block of rows (F32_ROWS x in floats, 128 KiB for in = 512) applied to every token

@@ -37,6 +37,12 @@ int pd_linear_load(struct pd_linear *l, const struct pd_st_set *st, struct pd_ar
 int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
                        int out, int in, int ref, pd_err *e);
 
+/* A matrix the engine computes in float whatever it stores (the router's gate): a BF16 tensor of
+ * shape [out, in] (in <= PD_LINEAR_WIDE_FLOATS) is read in place (h), any other float dtype
+ * (F32, BF16, F16) of out * in values is loaded as fp32 (f); never int8. */
+int pd_linear_load_float(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
+                         int out, int in, pd_err *e);
+
 /* y[t] = W x[t] for t < T.  x: [T, in], y: [T, out]. `qbuf` must hold T*in bytes and
  * `sbuf` T floats (the quantised activations). ref = 1: float reference. */
 int pd_linear_fwd(const struct pd_linear *l, pd_pool *pool, int ref, const float *x, int T, float *y,

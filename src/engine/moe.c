@@ -46,7 +46,7 @@ static void swiglu_rows(float *g, const float *u, size_t n, float limit)
  * product, computed by whichever thread: the same bits). */
 struct score_job {
     const float *x;            /* [T, hidden] */
-    const float *gate;         /* [experts, hidden] */
+    const struct pd_linear *gate;   /* [experts, hidden], fp32 (f) or bf16 (h) */
     float *z;                  /* [T, experts] */
     int T, E, H, per;
 };
@@ -56,8 +56,12 @@ static void score_task(void *arg, int task)
     const struct score_job *j = arg;
     int lo = task * j->per, hi = lo + j->per < j->E ? lo + j->per : j->E;
     for (int t = 0; t < j->T; t++)
-        pd_dot_rows(j->gate + (size_t)lo * j->H, (size_t)j->H, j->x + (size_t)t * j->H, j->H, hi - lo,
-                    j->z + (size_t)t * j->E + lo);
+        if (j->gate->h)
+            pd_dot_rows_bf16(j->gate->h + (size_t)lo * j->H, (size_t)j->H, j->x + (size_t)t * j->H, j->H, hi - lo,
+                             j->z + (size_t)t * j->E + lo);
+        else
+            pd_dot_rows(j->gate->f + (size_t)lo * j->H, (size_t)j->H, j->x + (size_t)t * j->H, j->H, hi - lo,
+                        j->z + (size_t)t * j->E + lo);
 }
 
 /* The score of a logit: s = sqrt(softplus(z)). */
@@ -168,9 +172,9 @@ static void route(struct pd_step *st, const struct pd_layer_w *L, int32_t *ids, 
 {
     const struct pd_model *m = &st->en->model;
     const int E = m->n_routed_experts, k = m->n_experts_per_tok, H = (int)m->hidden_size;
-    struct score_job job = {.x = st->x, .gate = L->gate.f, .z = scores, .T = st->T, .E = E, .H = H, .per = 32};
+    struct score_job job = {.x = st->x, .gate = &L->gate, .z = scores, .T = st->T, .E = E, .H = H, .per = 32};
     pthread_once(&sp_once, sp_init);
-    /* the gate is fp32 [E, hidden] (512 KB in v4-flash-mini, more than the layer's routed
+    /* the gate is [E, hidden] (256 KB of bf16 in v4-flash-mini, about the layer's routed
      * experts at batch 1): split over the pool unless the whole product is tiny */
     pd_pool_run((int64_t)st->T * E * H >= 1 << 16 ? st->en->pool : NULL, (E + job.per - 1) / job.per, score_task, &job);
     for (int t = 0; t < st->T; t++) {
