@@ -137,8 +137,8 @@ int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct p
         return pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" has shape [%lld, %lld], the config needs [%d, %d]",
                           pd_st_set_path_of(st, t), name, (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0), out, in);
     if (t->dtype == PD_ST_BF16 && in <= PD_LINEAR_WIDE_FLOATS && (uintptr_t)t->data % 2 == 0) {
-        /* read in place (shape checked above); a row longer than the widening buffer, or data at an
-         * odd address, gets an fp32 copy instead */
+        /* read in place (shape checked above); a row longer than PD_LINEAR_WIDE_FLOATS, or data at
+         * an odd address, gets an fp32 copy instead */
         l->h = (const uint16_t *)t->data;
         prefault(t->data, (size_t)out * in * 2);
         return 0;
@@ -178,16 +178,13 @@ int pd_linear_load_float(struct pd_linear *l, const struct pd_st_set *st, struct
 }
 
 /* An fp32 or bf16 matrix (the head, wq_a, wkv, wo_a, the compressor's) times T tokens,
- * y[t][o] = pd_dot(w[o], x[t]) (pd_dot_rows, bit for bit): tasks of F32_ROWS output rows over the
- * pool, each block of rows (F32_ROWS x in floats, 128 KiB for in = 512) applied to every token
- * while it is in cache (a token-outer loop read the whole matrix T times on one thread). Each value
- * is the same dot product whatever the thread count. A bf16 matrix is widened to fp32 (exactly: a
- * bf16 value is the top half of its fp32) a few rows at a time into a buffer of at most
- * WIDE_FLOATS, which every token then reads: the same pd_dot_rows on the same values, so the same
- * bits as an fp32 copy of the matrix, from half the bytes. With one or two tokens the rows are
- * widened in registers instead (pd_dot_rows_bf16, the same bits): the buffer's store and reload
- * per value cost more than the product itself when few tokens share it. */
-enum { F32_ROWS = 64, WIDE_FLOATS = PD_LINEAR_WIDE_FLOATS, BF16_DIRECT_T = 2 };
+ * y[t][o] = pd_dot(w[o], x[t]) bit for bit: tasks of F32_ROWS output rows over the pool (each value
+ * the same dot product whatever the thread count). One or two tokens go row by row
+ * (pd_dot_rows[_bf16]: a bf16 row widened in registers as it streams from memory); more go through
+ * pd_dot_rows_tokens[_bf16], each pair of rows read once for four tokens at a time (a token-outer
+ * loop read the whole matrix T times, and a lone dot product waits on its own adds). bf16 rows are
+ * never copied: the same values as an fp32 copy, from half the bytes. */
+enum { F32_ROWS = 64, DIRECT_T = 2 };
 _Static_assert(PD_LINEAR_WIDE_FLOATS <= PD_DOT_BF16_MAX, "bf16 rows longer than pd_dot_rows_bf16 takes");
 
 struct f32_job {
@@ -202,26 +199,22 @@ static void f32_rows(void *arg, int task)
     const struct f32_job *j = arg;
     const int in = j->l->in, out = j->l->out, o0 = task * F32_ROWS;
     const int o1 = o0 + F32_ROWS < out ? o0 + F32_ROWS : out;
-    if (j->l->f) {
+    if (j->T <= DIRECT_T) {
         for (int t = 0; t < j->T; t++)
-            pd_dot_rows(j->l->f + (size_t)o0 * in, (size_t)in, j->x + (size_t)t * in, in, o1 - o0,
-                        j->y + (size_t)t * out + o0);
+            if (j->l->h)
+                pd_dot_rows_bf16(j->l->h + (size_t)o0 * in, (size_t)in, j->x + (size_t)t * in, in, o1 - o0,
+                                 j->y + (size_t)t * out + o0);
+            else
+                pd_dot_rows(j->l->f + (size_t)o0 * in, (size_t)in, j->x + (size_t)t * in, in, o1 - o0,
+                            j->y + (size_t)t * out + o0);
         return;
     }
-    if (j->T <= BF16_DIRECT_T) {
-        for (int t = 0; t < j->T; t++)
-            pd_dot_rows_bf16(j->l->h + (size_t)o0 * in, (size_t)in, j->x + (size_t)t * in, in, o1 - o0,
-                             j->y + (size_t)t * out + o0);
-        return;
-    }
-    _Alignas(64) float wide[WIDE_FLOATS];
-    const int step = WIDE_FLOATS / in;   /* >= 1: pd_linear_load keeps longer rows in fp32 */
-    for (int r0 = o0; r0 < o1; r0 += step) {
-        const int nr = o1 - r0 < step ? o1 - r0 : step;
-        pd_bf16_to_f32_row(j->l->h + (size_t)r0 * in, wide, nr * in);
-        for (int t = 0; t < j->T; t++)
-            pd_dot_rows(wide, (size_t)in, j->x + (size_t)t * in, in, nr, j->y + (size_t)t * out + r0);
-    }
+    if (j->l->h)
+        pd_dot_rows_tokens_bf16(j->l->h + (size_t)o0 * in, (size_t)in, j->x, (size_t)in, j->T, in, o1 - o0, j->y + o0,
+                                (size_t)out);
+    else
+        pd_dot_rows_tokens(j->l->f + (size_t)o0 * in, (size_t)in, j->x, (size_t)in, j->T, in, o1 - o0, j->y + o0,
+                           (size_t)out);
 }
 
 int pd_linear_fwd(const struct pd_linear *l, pd_pool *pool, int ref, const float *x, int T, float *y,

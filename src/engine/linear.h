@@ -13,15 +13,16 @@
 #include "kernels/gemm.h"
 #include "model/safetensors.h"
 
-/* Rows of at most this many values can stay bf16 (struct pd_linear's h); longer ones load as fp32. */
+/* Rows of at most this many values can stay bf16 (struct pd_linear's h; the bound of the kernels'
+ * portable path, which widens a row into a buffer); longer ones load as fp32. */
 #define PD_LINEAR_WIDE_FLOATS 8192
 
 struct pd_linear {
     pd_qmat q;           /* int8 weights (q.q != NULL) ... */
     float *f;            /* ... or fp32 [out, in] ... */
     const uint16_t *h;   /* ... or bf16 [out, in], read in place from the checkpoint and computed exactly
-                          * as f would be with the same values (each block of rows widened to fp32 in
-                          * cache, then pd_dot_rows): half the bytes of f, the same bits */
+                          * as f would be with the same values (widened to fp32 in registers:
+                          * pd_dot_rows_bf16, pd_dot_rows_tokens_bf16): half the bytes of f, the same bits */
     int out, in;
 };
 

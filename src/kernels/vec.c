@@ -588,6 +588,101 @@ AVX512 static void dot_rows_bf16_avx512(const uint16_t *w, size_t ld, const floa
         y[r] = dot_bf16_avx512(w + r * ld, x, n);
 }
 
+/* One operand of the token-tile kernels: 16 values of row w at i, fp32 or bf16 (a constant after
+ * inlining). */
+INLINE AVX512 __m512 w_load16(const void *w, int bf16, int i)
+{
+    return bf16 ? bf16_load16((const uint16_t *)w + i) : _mm512_loadu_ps((const float *)w + i);
+}
+
+INLINE AVX512 float w_finish(__m512 s0, __m512 s1, const void *w, int bf16, const float *x, int i, int n)
+{
+    return bf16 ? dot_finish_bf16(s0, s1, (const uint16_t *)w, x, i, n) : dot_finish(s0, s1, (const float *)w, x, i, n);
+}
+
+/* Two rows times four tokens: eight dot products, each with dot_avx512's two chains over the same
+ * chunks in the same order and its finish, so each the bits of dot_avx512; each row's values
+ * loaded once for the four tokens (a lone dot is bound by its latency: two chains of 4-cycle
+ * FMAs, then sixteen dependent adds; eight side by side fill the pipeline). */
+INLINE AVX512 void dot_tile2x4(const void *w0, const void *w1, int bf16, const float *x, size_t ldx, int n,
+                               float *y, size_t ldy)
+{
+    const float *x0 = x, *x1 = x + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx;
+    __m512 a[4][2], b[4][2];
+    for (int t = 0; t < 4; t++)
+        a[t][0] = a[t][1] = b[t][0] = b[t][1] = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 u0 = w_load16(w0, bf16, i), u1 = w_load16(w0, bf16, i + 16);
+        __m512 v0 = w_load16(w1, bf16, i), v1 = w_load16(w1, bf16, i + 16);
+        __m512 p, q;
+        p = _mm512_loadu_ps(x0 + i), q = _mm512_loadu_ps(x0 + i + 16);
+        a[0][0] = _mm512_fmadd_ps(u0, p, a[0][0]), a[0][1] = _mm512_fmadd_ps(u1, q, a[0][1]);
+        b[0][0] = _mm512_fmadd_ps(v0, p, b[0][0]), b[0][1] = _mm512_fmadd_ps(v1, q, b[0][1]);
+        p = _mm512_loadu_ps(x1 + i), q = _mm512_loadu_ps(x1 + i + 16);
+        a[1][0] = _mm512_fmadd_ps(u0, p, a[1][0]), a[1][1] = _mm512_fmadd_ps(u1, q, a[1][1]);
+        b[1][0] = _mm512_fmadd_ps(v0, p, b[1][0]), b[1][1] = _mm512_fmadd_ps(v1, q, b[1][1]);
+        p = _mm512_loadu_ps(x2 + i), q = _mm512_loadu_ps(x2 + i + 16);
+        a[2][0] = _mm512_fmadd_ps(u0, p, a[2][0]), a[2][1] = _mm512_fmadd_ps(u1, q, a[2][1]);
+        b[2][0] = _mm512_fmadd_ps(v0, p, b[2][0]), b[2][1] = _mm512_fmadd_ps(v1, q, b[2][1]);
+        p = _mm512_loadu_ps(x3 + i), q = _mm512_loadu_ps(x3 + i + 16);
+        a[3][0] = _mm512_fmadd_ps(u0, p, a[3][0]), a[3][1] = _mm512_fmadd_ps(u1, q, a[3][1]);
+        b[3][0] = _mm512_fmadd_ps(v0, p, b[3][0]), b[3][1] = _mm512_fmadd_ps(v1, q, b[3][1]);
+    }
+    if (i < dot_body(n)) {
+        __m512 u0 = w_load16(w0, bf16, i), v0 = w_load16(w1, bf16, i);
+        for (int t = 0; t < 4; t++) {
+            __m512 p = _mm512_loadu_ps(x + t * ldx + i);
+            a[t][0] = _mm512_fmadd_ps(u0, p, a[t][0]);
+            b[t][0] = _mm512_fmadd_ps(v0, p, b[t][0]);
+        }
+        i += 16;
+    }
+    for (int t = 0; t < 4; t++) {
+        y[t * ldy] = w_finish(a[t][0], a[t][1], w0, bf16, x + t * ldx, i, n);
+        y[t * ldy + 1] = w_finish(b[t][0], b[t][1], w1, bf16, x + t * ldx, i, n);
+    }
+}
+
+/* y[t * ldy + r] = dot_avx512(row r, token t) for every row and token, in tiles of two rows by four
+ * tokens (rows outer: a pair of rows stays in L1 while every token passes); what is left over one
+ * dot at a time. */
+INLINE AVX512 void dot_rows_tokens_avx512(const void *w, int bf16, size_t ld, const float *x, size_t ldx, int T,
+                                          int n, int rows, float *y, size_t ldy)
+{
+    const size_t es = bf16 ? 2 : 4;
+    const char *wb = w;
+    int r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const char *w0 = wb + r * ld * es, *w1 = w0 + ld * es;
+        int t = 0;
+        for (; t + 4 <= T; t += 4)
+            dot_tile2x4(w0, w1, bf16, x + t * ldx, ldx, n, y + t * ldy + r, ldy);
+        for (; t < T; t++) {
+            y[t * ldy + r] = bf16 ? dot_bf16_avx512((const uint16_t *)w0, x + t * ldx, n)
+                                  : dot_avx512((const float *)w0, x + t * ldx, n);
+            y[t * ldy + r + 1] = bf16 ? dot_bf16_avx512((const uint16_t *)w1, x + t * ldx, n)
+                                      : dot_avx512((const float *)w1, x + t * ldx, n);
+        }
+    }
+    for (; r < rows; r++)
+        for (int t = 0; t < T; t++)
+            y[t * ldy + r] = bf16 ? dot_bf16_avx512((const uint16_t *)(wb + r * ld * es), x + t * ldx, n)
+                                  : dot_avx512((const float *)(wb + r * ld * es), x + t * ldx, n);
+}
+
+AVX512 static void dot_rows_tokens_f32_avx512(const float *w, size_t ld, const float *x, size_t ldx, int T, int n,
+                                              int rows, float *y, size_t ldy)
+{
+    dot_rows_tokens_avx512(w, 0, ld, x, ldx, T, n, rows, y, ldy);
+}
+
+AVX512 static void dot_rows_tokens_bf16_avx512(const uint16_t *w, size_t ld, const float *x, size_t ldx, int T, int n,
+                                               int rows, float *y, size_t ldy)
+{
+    dot_rows_tokens_avx512(w, 1, ld, x, ldx, T, n, rows, y, ldy);
+}
+
 /* Without AVX-512: each row widened into a buffer, then pd_dot (the same values, so the same bits). */
 static void dot_rows_bf16_by_one(const uint16_t *w, size_t ld, const float *x, int n, int rows, float *y)
 {
@@ -600,6 +695,24 @@ static void dot_rows_bf16_by_one(const uint16_t *w, size_t ld, const float *x, i
 }
 
 static void (*dot_rows_bf16_fn)(const uint16_t *, size_t, const float *, int, int, float *);
+static void (*dot_rows_tokens_bf16_fn)(const uint16_t *, size_t, const float *, size_t, int, int, int, float *,
+                                       size_t);
+static void (*dot_rows_tokens_f32_fn)(const float *, size_t, const float *, size_t, int, int, int, float *, size_t);
+
+/* Without AVX-512: token by token over all rows (pd_dot_rows and pd_dot_rows_bf16: the same bits). */
+static void dot_rows_tokens_bf16_by_one(const uint16_t *w, size_t ld, const float *x, size_t ldx, int T, int n,
+                                        int rows, float *y, size_t ldy)
+{
+    for (int t = 0; t < T; t++)
+        dot_rows_bf16_by_one(w, ld, x + t * ldx, n, rows, y + t * ldy);
+}
+
+static void dot_rows_tokens_f32_by_one(const float *w, size_t ld, const float *x, size_t ldx, int T, int n, int rows,
+                                       float *y, size_t ldy)
+{
+    for (int t = 0; t < T; t++)
+        pd_dot_rows(w, ld, x + t * ldx, n, rows, y + t * ldy);
+}
 static void (*bf16_fn)(const uint16_t *, float *, int);
 static atomic_int bf16_ready;
 static pthread_once_t once_bf16 = PTHREAD_ONCE_INIT;
@@ -608,6 +721,8 @@ static void choose_bf16(void)
 {
     bf16_fn = __builtin_cpu_supports("avx512f") ? bf16_avx512 : bf16_ref;
     dot_rows_bf16_fn = __builtin_cpu_supports("avx512f") ? dot_rows_bf16_avx512 : dot_rows_bf16_by_one;
+    dot_rows_tokens_bf16_fn = __builtin_cpu_supports("avx512f") ? dot_rows_tokens_bf16_avx512 : dot_rows_tokens_bf16_by_one;
+    dot_rows_tokens_f32_fn = __builtin_cpu_supports("avx512f") ? dot_rows_tokens_f32_avx512 : dot_rows_tokens_f32_by_one;
     atomic_store_explicit(&bf16_ready, 1, memory_order_release);
 }
 
@@ -623,6 +738,22 @@ void pd_dot_rows_bf16(const uint16_t *w, size_t ld, const float *x, int n, int r
     if (!atomic_load_explicit(&bf16_ready, memory_order_acquire))
         pthread_once(&once_bf16, choose_bf16);
     dot_rows_bf16_fn(w, ld, x, n, rows, y);
+}
+
+void pd_dot_rows_tokens(const float *w, size_t ld, const float *x, size_t ldx, int T, int n, int rows, float *y,
+                        size_t ldy)
+{
+    if (!atomic_load_explicit(&bf16_ready, memory_order_acquire))
+        pthread_once(&once_bf16, choose_bf16);
+    dot_rows_tokens_f32_fn(w, ld, x, ldx, T, n, rows, y, ldy);
+}
+
+void pd_dot_rows_tokens_bf16(const uint16_t *w, size_t ld, const float *x, size_t ldx, int T, int n, int rows,
+                             float *y, size_t ldy)
+{
+    if (!atomic_load_explicit(&bf16_ready, memory_order_acquire))
+        pthread_once(&once_bf16, choose_bf16);
+    dot_rows_tokens_bf16_fn(w, ld, x, ldx, T, n, rows, y, ldy);
 }
 
 void pd_scale(float a, const float *x, float *y, int n)

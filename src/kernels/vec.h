@@ -42,6 +42,13 @@ void pd_bf16_to_f32_row(const uint16_t *src, float *dst, int n);
  * has AVX-512). w: bf16 [rows, ld]; n <= PD_DOT_BF16_MAX. */
 #define PD_DOT_BF16_MAX 8192
 void pd_dot_rows_bf16(const uint16_t *w, size_t ld, const float *x, int n, int rows, float *y);
+/* Several tokens at once: y[t * ldy + r] = pd_dot(w + r * ld, x + t * ldx, n) for r < rows, t < T,
+ * bit for bit, each row read once for a few tokens and several products side by side (a lone
+ * dot product waits on its own adds). The _bf16 version takes bf16 rows as pd_dot_rows_bf16 does. */
+void pd_dot_rows_tokens(const float *w, size_t ld, const float *x, size_t ldx, int T, int n, int rows, float *y,
+                        size_t ldy);
+void pd_dot_rows_tokens_bf16(const uint16_t *w, size_t ld, const float *x, size_t ldx, int T, int n, int rows,
+                             float *y, size_t ldy);
 /* y = a * x (n values). */
 void pd_scale(float a, const float *x, float *y, int n);
 /* y[i] = x[i] * a * w[i] (the first product rounded first), or x[i] * a when w is NULL; y == x

@@ -60,6 +60,41 @@ Test(ops, dot_rows_bf16_same_bits_as_widened_dot_rows)
         }
 }
 
+Test(ops, dot_rows_tokens_same_bits_as_dot)
+{
+    /* rows x tokens at once, fp32 and bf16 rows: every (row, token) the bits of pd_dot over the
+     * (widened) row; lengths around the chunks, row counts around the 2-row tile, token counts
+     * around the 4-token tile, leading dimensions larger than the lengths */
+    enum { LD = 533, ROWS = 7, TOK = 10, LDY = 9 };
+    static uint16_t h[ROWS * LD];
+    static float f[ROWS * LD], x[TOK * LD], y[TOK * LDY], yb[TOK * LDY];
+    for (int i = 0; i < ROWS * LD; i++)
+        h[i] = pd_f32_to_bf16(wave(i) / 5);
+    pd_bf16_to_f32_row(h, f, ROWS * LD);
+    for (int i = 0; i < TOK * LD; i++)
+        x[i] = wave(5 * i + 2);
+    const int ns[] = {1, 15, 16, 17, 31, 32, 33, 47, 64, 255, 512, 533};
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (int rows = 0; rows <= ROWS; rows++)
+            for (int T = 0; T <= TOK; T++) {
+                memset(y, 0xff, sizeof y);
+                memset(yb, 0xff, sizeof yb);
+                pd_dot_rows_tokens(f, LD, x, LD, T, ns[a], rows, y, LDY);
+                pd_dot_rows_tokens_bf16(h, LD, x, LD, T, ns[a], rows, yb, LDY);
+                for (int t = 0; t < T; t++)
+                    for (int r = 0; r < rows; r++) {
+                        float d = pd_dot(f + (size_t)r * LD, x + (size_t)t * LD, ns[a]);
+                        cr_assert(memcmp(&d, &y[t * LDY + r], 4) == 0 && memcmp(&d, &yb[t * LDY + r], 4) == 0,
+                                  "n %d, %d rows, %d tokens: row %d token %d: %a, bf16 %a vs %a", ns[a], rows, T, r, t,
+                                  y[t * LDY + r], yb[t * LDY + r], d);
+                    }
+                /* nothing outside the rows and tokens asked is written */
+                for (int t = 0; t < TOK; t++)
+                    for (int r = t < T ? rows : 0; r < LDY; r++)
+                        cr_assert(isnan(y[t * LDY + r]) && isnan(yb[t * LDY + r]), "n %d: wrote (%d, %d)", ns[a], t, r);
+            }
+}
+
 Test(ops, axpy_rows_same_bits_as_axpy)
 {
     static float x[23 * 290], a[23], y1[290], y2[290];
