@@ -437,6 +437,24 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         for (int g = 0; g < og; g++)
             for (int t = 0; t < T; t++)
                 memcpy(b.oa + (size_t)t * og * ol + (size_t)g * ol, b.ogo + ((size_t)g * T + t) * ol, (size_t)ol * 4);
+    } else if ((L->wo_a.f || L->wo_a.h) && !en->ref && og <= 16) {
+        /* float wo_a: every group in one pool run, group g reading its heads' columns of o and
+         * writing its o_lora columns of oa in place */
+        struct pd_linear part[16];
+        struct pd_linear_io io[16];
+        for (int g = 0; g < og; g++) {
+            part[g] = L->wo_a;
+            part[g].out = ol;
+            part[g].in = gin;
+            if (part[g].h)
+                part[g].h += (size_t)g * ol * gin;
+            else
+                part[g].f += (size_t)g * ol * gin;
+            io[g] = (struct pd_linear_io){.l = &part[g], .x = b.o + (size_t)g * gin, .ldx = (size_t)nh * hd,
+                                          .y = b.oa + (size_t)g * ol, .ldy = (size_t)og * ol};
+        }
+        if ((rc = pd_linear_fwd_float_many(io, og, en->pool, T, e)))
+            goto done;
     } else {
         for (int g = 0; g < og; g++) {
             struct pd_linear part = L->wo_a;

@@ -55,11 +55,27 @@ int pd_linear_fwd(const struct pd_linear *l, pd_pool *pool, int ref, const float
 int pd_linear_fwd_q(const struct pd_linear *l, pd_pool *pool, int ref, const float *x, const pd_qmat *xq, int T,
                     float *y, pd_err *e);
 
-/* y[i] = l[i] x for i < n: several layers sharing one input (x, quantised as xq). When all are
- * int8 (outside reference mode) and T <= 64 they run as one grouped product, which the kernel
- * streams from one matrix into the next; otherwise as pd_linear_fwd_q each. Same results. */
+/* y[i] = l[i] x for i < n: several layers sharing one input (x, quantised as xq). Outside
+ * reference mode the float ones (f, h) run as one pool run (pd_linear_fwd_float_many) and the
+ * int8 ones, when T <= 64, as one grouped product, which the kernel streams from one matrix into
+ * the next; otherwise as pd_linear_fwd_q each. Same results. */
 int pd_linear_fwd_many(const struct pd_linear *const *l, float *const *y, int n, pd_pool *pool, int ref,
                        const float *x, const pd_qmat *xq, int T, pd_err *e);
+
+/* One float product of a fused run: y[t * ldy + o] = sum_i w[o][i] x[t * ldx + i] for o < l->out,
+ * t < T (x and y may be columns of wider rows: ldx >= l->in, ldy >= l->out). */
+struct pd_linear_io {
+    const struct pd_linear *l;   /* f or h */
+    const float *x;
+    size_t ldx;
+    float *y;
+    size_t ldy;
+};
+
+/* The n (<= 16) float products in one pool run, blocks of rows of all of them spread over the
+ * threads (one hand-off instead of n); each value the bits pd_linear_fwd gives. PD_EINVAL for an
+ * int8 product or n > 16. */
+int pd_linear_fwd_float_many(const struct pd_linear_io *io, int n, pd_pool *pool, int T, pd_err *e);
 
 /* Arena: one growing list of aligned allocations freed together (the engine's converted
  * weights); counts its bytes. */
