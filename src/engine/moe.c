@@ -241,7 +241,7 @@ out:
 /* The experts' activations between their two products, split over the pool by blocks of rows:
  * g = swiglu(g, u) (swiglu_rows: elementwise, the same bits however the rows are cut), then g
  * quantised per row into (q, s) for w2. */
-enum { ACT_ROWS = 4 };
+enum { ACT_ROWS = 4, ACT_SERIAL_VALUES = 4096, SHARED_FUSE_T = 64 };
 struct act_job {
     float *g;
     const float *u;
@@ -262,28 +262,34 @@ static void act_task(void *arg, int task)
 
 /* Routed experts with grouped int8 GEMMs: pair p runs expert[p] on row[p] of the quantised
  * activations a; after a counting sort the pairs of one expert are contiguous (in pair order),
- * and y[p] (dst[p] when dst is given) receives the expert's output. Used on a rank's own tokens,
- * and by expert parallelism on its own and the received rows at once. */
-int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *row,
-                          const int32_t *expert, int P, float *y, float *const *dst, pd_err *e)
+ * and y[p] (dst[p] when dst is given) receives the expert's output. With `shared` (int8, of the
+ * same intermediate size) the shared expert also runs on rows 0 .. ns - 1 of a, as one more
+ * group of each product (one pool run each instead of three more: the same kernels per row, so
+ * the bits ffn_rows gives), its outputs into ysh [ns, H]. */
+static int run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *row, const int32_t *expert,
+                       int P, float *y, float *const *dst, const struct pd_expert_w *shared, int ns, float *ysh,
+                       pd_err *e)
 {
     const struct pd_model *m = &en->model;
     const struct pd_layer_w *L = pd_layer_weights(en, layer);
     const int E = m->n_routed_experts, H = (int)m->hidden_size, I = (int)m->moe_intermediate_size;
     int rc = PD_ENOMEM;
-    if (P == 0)
+    if (!shared)
+        ns = 0;
+    if (P + ns == 0)
         return 0;
-    /* slot 30: the groups, then tok [P], then the counting sort's count [E + 1] and fill [E] */
-    char *base = pd_scratch(en, 30, 2 * (size_t)E * sizeof(pd_gemm_group) + ((size_t)P + 2 * (size_t)E + 1) * 4, e);
-    pd_gemm_group *grp = (pd_gemm_group *)base;   /* [2 * E] */
-    int32_t *tok = base ? (int32_t *)(base + 2 * (size_t)E * sizeof *grp) : NULL;
-    int *count = base ? tok + P : NULL, *fill = base ? count + E + 1 : NULL;
-    int32_t *pair = pd_scratch(en, 31, (size_t)P * 4, e);
-    int32_t *seqrow = pd_scratch(en, 32, (size_t)P * 4, e);
-    float *g = pd_scratch(en, 33, (size_t)P * I * 4, e), *u = pd_scratch(en, 34, (size_t)P * I * 4, e);
-    float *ys = pd_scratch(en, 35, (size_t)P * H * 4, e);
-    int8_t *qi = pd_scratch(en, 36, (size_t)P * I, e);
-    float *si = pd_scratch(en, 37, (size_t)P * 4, e);
+    const int PS = P + ns;   /* rows of g, u, ys: the routed pairs, then the shared expert's */
+    /* slot 30: the groups, then tok [PS], then the counting sort's count [E + 1] and fill [E] */
+    char *base = pd_scratch(en, 30, 2 * ((size_t)E + 1) * sizeof(pd_gemm_group) + ((size_t)PS + 2 * (size_t)E + 1) * 4, e);
+    pd_gemm_group *grp = (pd_gemm_group *)base;   /* [2 * (E + 1)] */
+    int32_t *tok = base ? (int32_t *)(base + 2 * ((size_t)E + 1) * sizeof *grp) : NULL;
+    int *count = base ? tok + PS : NULL, *fill = base ? count + E + 1 : NULL;
+    int32_t *pair = pd_scratch(en, 31, (size_t)PS * 4, e);
+    int32_t *seqrow = pd_scratch(en, 32, (size_t)PS * 4, e);
+    float *g = pd_scratch(en, 33, (size_t)PS * I * 4, e), *u = pd_scratch(en, 34, (size_t)PS * I * 4, e);
+    float *ys = pd_scratch(en, 35, (size_t)PS * H * 4, e);
+    int8_t *qi = pd_scratch(en, 36, (size_t)PS * I, e);
+    float *si = pd_scratch(en, 37, (size_t)PS * 4, e);
     if (!base || !pair || !seqrow || !g || !u || !ys || !qi || !si)
         goto out;
     memset(count, 0, (2 * (size_t)E + 1) * sizeof *count);
@@ -320,28 +326,50 @@ int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, con
         grp[2 * ng + 1] = (pd_gemm_group){.w = L->experts[x].w3.q, .rows = tok + count[x], .n = n, .y = u + (size_t)count[x] * I};
         ng++;
     }
+    const int nr = ng;   /* routed groups; the shared expert's follows */
+    if (ns) {
+        for (int t = 0; t < ns; t++) {
+            tok[P + t] = t;            /* the shared expert reads token t's row of a ... */
+            seqrow[P + t] = P + t;     /* ... and its own row of the activations for w2 */
+        }
+        grp[2 * ng] = (pd_gemm_group){.w = shared->w1.q, .rows = tok + P, .n = ns, .y = g + (size_t)P * I};
+        grp[2 * ng + 1] = (pd_gemm_group){.w = shared->w3.q, .rows = tok + P, .n = ns, .y = u + (size_t)P * I};
+        ng++;
+    }
     if ((rc = pd_gemm_grouped(en->pool, a, grp, 2 * ng, 0, e)))
         goto out;
-    struct act_job aj = {.g = g, .u = u, .q = qi, .s = si, .P = P, .I = I, .limit = (float)m->swiglu_limit};
-    pd_pool_run(en->pool, (P + ACT_ROWS - 1) / ACT_ROWS, act_task, &aj);
-    pd_qmat a2 = {.q = qi, .scale = si, .rows = P, .cols = I};
-    for (int i = 0; i < ng; i++) {
+    struct act_job aj = {.g = g, .u = u, .q = qi, .s = si, .P = PS, .I = I, .limit = (float)m->swiglu_limit};
+    /* a decode step's few rows (7 x 256 values at batch 1) cost less than a hand-off */
+    pd_pool_run((int64_t)PS * I < ACT_SERIAL_VALUES ? NULL : en->pool, (PS + ACT_ROWS - 1) / ACT_ROWS, act_task, &aj);
+    pd_qmat a2 = {.q = qi, .scale = si, .rows = PS, .cols = I};
+    for (int i = 0; i < nr; i++) {
         int at = (int)(grp[2 * i].rows - tok);
         grp[i] = (pd_gemm_group){.w = L->experts[expert[pair[at]]].w2.q, .rows = seqrow + at, .n = grp[2 * i].n,
                                  .y = ys + (size_t)at * H};
     }
+    if (ns)
+        grp[nr] = (pd_gemm_group){.w = shared->w2.q, .rows = seqrow + P, .n = ns, .y = ys + (size_t)P * H};
     if ((rc = pd_gemm_grouped(en->pool, &a2, grp, ng, 0, e)))
         goto out;
     for (int at = 0; at < P; at++)
         memcpy(dst ? dst[pair[at]] : y + (size_t)pair[at] * H, ys + (size_t)at * H, (size_t)H * 4);
+    if (ns)
+        memcpy(ysh, ys + (size_t)P * H, (size_t)ns * H * 4);
     rc = 0;
 out:
     return rc;
 }
 
-/* The routed experts of this process's tokens, here: pair p = (token p / k, slot p % k). */
+int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *row,
+                          const int32_t *expert, int P, float *y, float *const *dst, pd_err *e)
+{
+    return run_experts(en, layer, a, row, expert, P, y, dst, NULL, 0, NULL, e);
+}
+
+/* The routed experts of this process's tokens, here: pair p = (token p / k, slot p % k); with
+ * `shared`, the shared expert on every token too (into ysh). */
 static int experts_local(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *ids, int T, float *y,
-                         pd_err *e)
+                         const struct pd_expert_w *shared, float *ysh, pd_err *e)
 {
     const int k = en->model.n_experts_per_tok;
     int32_t *row = pd_scratch(en, 42, (size_t)T * k * 4 + 4, e);
@@ -349,7 +377,7 @@ static int experts_local(struct pd_engine *en, int layer, const pd_qmat *a, cons
         return PD_ENOMEM;
     for (int p = 0; p < T * k; p++)
         row[p] = p / k;
-    return pd_engine_run_experts(en, layer, a, row, ids, T * k, y, NULL, e);
+    return run_experts(en, layer, a, row, ids, T * k, y, NULL, shared, T, ysh, e);
 }
 
 int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
@@ -367,6 +395,11 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
     if (!ids || !w || !y || !sh || !scores)
         goto out;
     route(st, L, ids, w, scores);
+    /* a decode step's shared expert joins the routed experts' grouped products when they run
+     * here (int8, the same intermediate size): two pool runs fewer a layer, the same bits */
+    const int fuse_shared = m->n_shared_experts > 0 && !en->ref && !en->experts_fn && T <= SHARED_FUSE_T &&
+                            L->shared.w1.q.q && L->shared.w3.q.q && L->shared.w2.q.q &&
+                            L->shared.w1.out == m->moe_intermediate_size;
     if (en->ref) {
         for (int p = 0; p < T * k; p++) {
             if (en->expert_tokens)
@@ -382,12 +415,12 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
             rc = en->experts_fn(en->experts_ctx, en, layer, &st->xq, ids, T, y, e);
             pd_prof_leave(&en->prof);
         } else {
-            rc = experts_local(en, layer, &st->xq, ids, T, y, e);
+            rc = experts_local(en, layer, &st->xq, ids, T, y, fuse_shared ? &L->shared : NULL, sh, e);
         }
         if (rc)
             goto out;
     }
-    if (m->n_shared_experts > 0 && (rc = ffn_rows(st, &L->shared, st->x, &st->xq, T, sh, e)))
+    if (m->n_shared_experts > 0 && !fuse_shared && (rc = ffn_rows(st, &L->shared, st->x, &st->xq, T, sh, e)))
         goto out;
     for (int t = 0; t < T; t++)
         pd_weighted_sum(w + (size_t)t * k, y + (size_t)t * k * H, (size_t)H, k,
