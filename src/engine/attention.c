@@ -321,6 +321,8 @@ struct qheads_job {
     int ratio;
 };
 
+enum { QHEADS_POOL_T = 4 };
+
 static void qheads_task(void *arg, int task)
 {
     const struct qheads_job *j = arg;
@@ -395,7 +397,8 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
     if ((rc = pd_linear_fwd_many(lq, yq, r == 4 ? 2 : 1, en->pool, en->ref, b.qr, &qrq, T, e)))
         goto done;
     struct qheads_job qj = {.st = st, .b = &b, .ratio = r};
-    pd_pool_run(en->pool, T * (nh + (r == 4 ? ih : 0)), qheads_task, &qj);
+    /* a few tokens' heads (16 at batch 1, a few microseconds) cost less than a hand-off */
+    pd_pool_run(T < QHEADS_POOL_T ? NULL : en->pool, T * (nh + (r == 4 ? ih : 0)), qheads_task, &qj);
     for (int t = 0; t < T; t++) {
         float *kv = b.kv + (size_t)t * hd;
         pd_rmsnorm(kv, L->kv_norm, eps, hd, kv);
