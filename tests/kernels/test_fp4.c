@@ -2,6 +2,8 @@
  * simulation and the Hadamard rotation, on values computed by hand. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "kernels/fp4.h"
 
@@ -85,4 +87,35 @@ Test(fp4, e2m1_encode_is_the_nearest_magnitude)
         cr_assert_eq(pd_e2m1_decode(pd_e2m1_encode(below)), mag[i], "just below %g", mid[i]);
         cr_assert_eq(pd_e2m1_decode(pd_e2m1_encode(above)), mag[i + 1], "just above %g", mid[i]);
     }
+}
+
+/* pd_fp4_simulate (16 values at a time where the CPU has AVX-512) gives the portable loop's bits:
+ * random values over many magnitudes, every midpoint and code of e2m1 at the block's scale (the
+ * ties), +-0, NaN, +-inf and subnormals, blocks of 32 and of 7, 20 and 64 values with short last
+ * blocks. */
+Test(fp4, simulate_same_bits_as_the_portable_loop)
+{
+    enum { N = 997 };
+    static float x[N], a[N], b[N];
+    uint64_t s = 5;
+    const float special[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 0.5f, 1.5f, 3.0f, 6.0f, 7.0f, 0.0f, -0.0f,
+                             NAN, -NAN, INFINITY, -INFINITY, 1e-40f, -1e-45f};
+    for (int i = 0; i < N; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        float v = ((float)(s >> 40) / (float)(1 << 24) - 0.5f) * ldexpf(1.0f, (int)(s >> 20 & 31) - 16);
+        /* one value in four is a special one, times the power of two the first value of its
+         * 32-block sets (6 x that scale), so the ties land exactly */
+        x[i] = i % 4 == 1 ? special[(s >> 8) % (sizeof special / sizeof *special)] : v;
+    }
+    for (int i = 0; i < N; i += 32)
+        x[i] = 6.0f;   /* the block's scale 1: the specials are the codes and midpoints themselves */
+    const int blocks[] = {32, 7, 20, 64};
+    for (size_t k = 0; k < sizeof blocks / sizeof *blocks; k++)
+        for (int n = 1; n <= N; n += n < 40 ? 1 : 97) {
+            memcpy(a, x, sizeof x);
+            memcpy(b, x, sizeof x);
+            pd_fp4_simulate(a, n, blocks[k]);
+            pd_fp4_simulate_ref(b, n, blocks[k]);
+            cr_assert(memcmp(a, b, sizeof a) == 0, "block %d, %d values", blocks[k], n);
+        }
 }
