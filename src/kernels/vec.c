@@ -645,10 +645,14 @@ INLINE AVX512 void dot_tile2x4(const void *w0, const void *w1, int bf16, const f
 }
 
 /* y[t * ldy + r] = dot_avx512(row r, token t) for every row and token, in tiles of two rows by four
- * tokens (rows outer: a pair of rows stays in L1 while every token passes); what is left over one
- * dot at a time. */
+ * tokens (rows outer: a pair of rows stays in L1 while the tokens pass); what is left over one
+ * dot at a time. Many tokens (a prefill) go in chunks of about 64 KiB of x, so that the chunk
+ * stays in L2 while every row passes over it. */
 INLINE AVX512 void dot_rows_tokens_avx512(const void *w, int bf16, size_t ld, const float *x, size_t ldx, int T,
-                                          int n, int rows, float *y, size_t ldy)
+                                          int n, int rows, float *y, size_t ldy);
+
+INLINE AVX512 void dot_rows_tokens_chunk(const void *w, int bf16, size_t ld, const float *x, size_t ldx, int T,
+                                         int n, int rows, float *y, size_t ldy)
 {
     const size_t es = bf16 ? 2 : 4;
     const char *wb = w;
@@ -669,6 +673,16 @@ INLINE AVX512 void dot_rows_tokens_avx512(const void *w, int bf16, size_t ld, co
         for (int t = 0; t < T; t++)
             y[t * ldy + r] = bf16 ? dot_bf16_avx512((const uint16_t *)(wb + r * ld * es), x + t * ldx, n)
                                   : dot_avx512((const float *)(wb + r * ld * es), x + t * ldx, n);
+}
+
+INLINE AVX512 void dot_rows_tokens_avx512(const void *w, int bf16, size_t ld, const float *x, size_t ldx, int T,
+                                          int n, int rows, float *y, size_t ldy)
+{
+    int chunk = (int)((64 << 10) / ((size_t)(n > 0 ? n : 1) * 4)) / 4 * 4;
+    chunk = chunk < 4 ? 4 : chunk;
+    for (int t0 = 0; t0 < T; t0 += chunk)
+        dot_rows_tokens_chunk(w, bf16, ld, x + t0 * ldx, ldx, T - t0 < chunk ? T - t0 : chunk, n, rows, y + t0 * ldy,
+                              ldy);
 }
 
 AVX512 static void dot_rows_tokens_f32_avx512(const float *w, size_t ld, const float *x, size_t ldx, int T, int n,

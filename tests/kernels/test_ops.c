@@ -95,6 +95,28 @@ Test(ops, dot_rows_tokens_same_bits_as_dot)
             }
 }
 
+Test(ops, dot_rows_tokens_long_rows_in_token_chunks)
+{
+    /* rows of 4113 values: the kernel takes the tokens in chunks of 4 (64 KiB of x each), here
+     * 4 + 4 + 1; every (row, token) still pd_dot's bits */
+    enum { N = 4113, ROWS = 3, TOK = 9 };
+    static uint16_t h[ROWS * N];
+    static float f[ROWS * N], x[TOK * N], y[TOK * ROWS], yb[TOK * ROWS];
+    for (int i = 0; i < ROWS * N; i++)
+        h[i] = pd_f32_to_bf16(wave(i) / 3);
+    pd_bf16_to_f32_row(h, f, ROWS * N);
+    for (int i = 0; i < TOK * N; i++)
+        x[i] = wave(7 * i + 3);
+    pd_dot_rows_tokens(f, N, x, N, TOK, N, ROWS, y, ROWS);
+    pd_dot_rows_tokens_bf16(h, N, x, N, TOK, N, ROWS, yb, ROWS);
+    for (int t = 0; t < TOK; t++)
+        for (int r = 0; r < ROWS; r++) {
+            float d = pd_dot(f + (size_t)r * N, x + (size_t)t * N, N);
+            cr_assert(memcmp(&d, &y[t * ROWS + r], 4) == 0 && memcmp(&d, &yb[t * ROWS + r], 4) == 0,
+                      "row %d token %d: %a, bf16 %a vs %a", r, t, y[t * ROWS + r], yb[t * ROWS + r], d);
+        }
+}
+
 Test(ops, axpy_rows_same_bits_as_axpy)
 {
     static float x[23 * 290], a[23], y1[290], y2[290];
