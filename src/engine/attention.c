@@ -40,11 +40,9 @@ struct attn_bufs {
  * then FP4-simulated in blocks of 32 (of all its values when it has fewer: toy models only). */
 void pd_indexer_lowp(float *x, int id)
 {
-    for (int i = 0; i < id; i++)
-        x[i] = pd_bf16_to_f32(pd_f32_to_bf16(x[i]));
+    pd_bf16_round(x, id);
     pd_hadamard(x, id);
-    for (int i = 0; i < id; i++)
-        x[i] = pd_bf16_to_f32(pd_f32_to_bf16(x[i]));
+    pd_bf16_round(x, id);
     pd_fp4_simulate(x, id, id < PD_FP4_BLOCK ? id : PD_FP4_BLOCK);
 }
 

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kernels/fp4.h"
+#include "kernels/ops.h"
 
 Test(fp4, e2m1_codes_and_rounding)
 {
@@ -118,4 +119,36 @@ Test(fp4, simulate_same_bits_as_the_portable_loop)
             pd_fp4_simulate_ref(b, n, blocks[k]);
             cr_assert(memcmp(a, b, sizeof a) == 0, "block %d, %d values", blocks[k], n);
         }
+}
+
+/* The indexer's rotation and its bf16 roundings 16 values a vector give the loops' bits: the
+ * Hadamard transform of 16 to 1,024 values against pd_hadamard_ref, and pd_bf16_round against
+ * pd_f32_to_bf16 on random bit patterns (every class: NaNs of both signs, infinities, subnormals,
+ * exact ties, values that round up to infinity), 1 to 40 values (the tails). */
+Test(fp4, hadamard_and_bf16_round_same_bits_as_the_loops)
+{
+    static float a[1024], b[1024];
+    uint64_t s = 9;
+    for (int n = 16; n <= 1024; n *= 2) {
+        for (int i = 0; i < n; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            a[i] = b[i] = ((float)(s >> 40) / (float)(1 << 24) - 0.5f) * ldexpf(1.0f, (int)(s >> 20 & 15) - 4);
+        }
+        pd_hadamard(a, n);
+        pd_hadamard_ref(b, n);
+        cr_assert(memcmp(a, b, (size_t)n * 4) == 0, "hadamard of %d values", n);
+    }
+    static const uint32_t special[] = {0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7f800000u, 0xff800000u, 0x00000001u,
+                                       0x80008000u, 0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0xff7fffffu, 0x00000000u,
+                                       0x80000000u};
+    for (int n = 1; n <= 40; n++) {
+        for (int i = 0; i < n; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            uint32_t u = i % 3 == 0 ? special[(s >> 33) % (sizeof special / sizeof *special)] : (uint32_t)(s >> 32);
+            memcpy(&a[i], &u, 4);
+            b[i] = pd_bf16_to_f32(pd_f32_to_bf16(a[i]));
+        }
+        pd_bf16_round(a, n);
+        cr_assert(memcmp(a, b, (size_t)n * 4) == 0, "bf16 rounding of %d values", n);
+    }
 }
