@@ -18,28 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* g[i] = silu(min(g[i], L)) * clamp(u[i], -L, L) for i < n (L = limit, 0: no clamp), with the
- * exponentials of silu (x / (1 + exp(-x))) taken 256 at a time by pd_expf_rows: the same bits. */
+/* g = swiglu(g, u) (kernels/vec.h): silu(min(g, L)) * clamp(u, -L, L), L = swiglu_limit. */
 static void swiglu_rows(float *g, const float *u, size_t n, float limit)
 {
-    float e[256];
-    for (size_t i0 = 0; i0 < n; i0 += 256) {
-        int c = n - i0 < 256 ? (int)(n - i0) : 256;
-        for (int i = 0; i < c; i++) {
-            float x = g[i0 + i];
-            if (limit > 0)
-                x = x < limit ? x : limit;
-            g[i0 + i] = x;
-            e[i] = -x;
-        }
-        pd_expf_rows(e, e, c);
-        for (int i = 0; i < c; i++) {
-            float v = u[i0 + i];
-            if (limit > 0)
-                v = v < -limit ? -limit : v > limit ? limit : v;
-            g[i0 + i] = g[i0 + i] / (1.0f + e[i]) * v;
-        }
-    }
+    pd_swiglu(g, u, n, limit);
 }
 
 /* Router logits z = x Wg^T of every token, experts split over the pool (each logit is one dot

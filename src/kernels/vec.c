@@ -770,6 +770,86 @@ void pd_dot_rows_tokens_bf16(const uint16_t *w, size_t ld, const float *x, size_
     dot_rows_tokens_bf16_fn(w, ld, x, ldx, T, n, rows, y, ldy);
 }
 
+/* The loops of pd_swiglu_ref over one chunk, 16 values a vector: min_ps(x, L) is
+ * "x < L ? x : L" and max_ps(-L, min_ps(L, v)) the clamp of v, NaNs included; the same division
+ * and product. */
+AVX512 static void swiglu_pre_avx512(float *g, float *e, int c, float limit)
+{
+    const __m512 vl = _mm512_set1_ps(limit);
+    const __m512i neg = _mm512_set1_epi32((int)0x80000000u);
+    int i = 0;
+    for (; i + 16 <= c; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i);
+        if (limit > 0)
+            x = _mm512_min_ps(x, vl);
+        _mm512_storeu_ps(g + i, x);
+        _mm512_storeu_ps(e + i, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), neg)));
+    }
+    for (; i < c; i++) {
+        float x = g[i];
+        if (limit > 0)
+            x = x < limit ? x : limit;
+        g[i] = x;
+        e[i] = -x;
+    }
+}
+
+AVX512 static void swiglu_post_avx512(float *g, const float *u, const float *e, int c, float limit)
+{
+    const __m512 vl = _mm512_set1_ps(limit), vnl = _mm512_set1_ps(-limit), one = _mm512_set1_ps(1.0f);
+    int i = 0;
+    for (; i + 16 <= c; i += 16) {
+        __m512 v = _mm512_loadu_ps(u + i);
+        if (limit > 0)
+            v = _mm512_max_ps(vnl, _mm512_min_ps(vl, v));
+        __m512 q = _mm512_div_ps(_mm512_loadu_ps(g + i), _mm512_add_ps(one, _mm512_loadu_ps(e + i)));
+        _mm512_storeu_ps(g + i, _mm512_mul_ps(q, v));
+    }
+    for (; i < c; i++) {
+        float v = u[i];
+        if (limit > 0)
+            v = v < -limit ? -limit : v > limit ? limit : v;
+        g[i] = g[i] / (1.0f + e[i]) * v;
+    }
+}
+
+void pd_swiglu_ref(float *g, const float *u, size_t n, float limit)
+{
+    float e[256];
+    for (size_t i0 = 0; i0 < n; i0 += 256) {
+        int c = n - i0 < 256 ? (int)(n - i0) : 256;
+        for (int i = 0; i < c; i++) {
+            float x = g[i0 + i];
+            if (limit > 0)
+                x = x < limit ? x : limit;
+            g[i0 + i] = x;
+            e[i] = -x;
+        }
+        pd_expf_rows(e, e, c);
+        for (int i = 0; i < c; i++) {
+            float v = u[i0 + i];
+            if (limit > 0)
+                v = v < -limit ? -limit : v > limit ? limit : v;
+            g[i0 + i] = g[i0 + i] / (1.0f + e[i]) * v;
+        }
+    }
+}
+
+void pd_swiglu(float *g, const float *u, size_t n, float limit)
+{
+    if (!__builtin_cpu_supports("avx512f")) {
+        pd_swiglu_ref(g, u, n, limit);
+        return;
+    }
+    float e[256];
+    for (size_t i0 = 0; i0 < n; i0 += 256) {
+        int c = n - i0 < 256 ? (int)(n - i0) : 256;
+        swiglu_pre_avx512(g + i0, e, c, limit);
+        pd_expf_rows(e, e, c);
+        swiglu_post_avx512(g + i0, u + i0, e, c, limit);
+    }
+}
+
 void pd_scale(float a, const float *x, float *y, int n)
 {
     for (int i = 0; i < n; i++)

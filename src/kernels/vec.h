@@ -49,6 +49,11 @@ void pd_dot_rows_tokens(const float *w, size_t ld, const float *x, size_t ldx, i
                         size_t ldy);
 void pd_dot_rows_tokens_bf16(const uint16_t *w, size_t ld, const float *x, size_t ldx, int T, int n, int rows,
                              float *y, size_t ldy);
+/* SwiGLU in place: g[i] = silu(min(g[i], L)) * clamp(u[i], -L, L) for i < n (L = limit, 0: no
+ * clamp; silu(x) = x / (1 + exp(-x)), the exponentials by pd_expf_rows 256 at a time). pd_swiglu
+ * gives pd_swiglu_ref's bits (16 values a vector where the CPU has AVX-512). */
+void pd_swiglu(float *g, const float *u, size_t n, float limit);
+void pd_swiglu_ref(float *g, const float *u, size_t n, float limit);
 /* y = a * x (n values). */
 void pd_scale(float a, const float *x, float *y, int n);
 /* y[i] = x[i] * a * w[i] (the first product rounded first), or x[i] * a when w is NULL; y == x

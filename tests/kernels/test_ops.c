@@ -117,6 +117,34 @@ Test(ops, dot_rows_tokens_long_rows_in_token_chunks)
         }
 }
 
+Test(ops, swiglu_same_bits_as_the_loop)
+{
+    /* pd_swiglu 16 values a vector against the portable loops: lengths around the vector and the
+     * 256-value exponential chunks, no limit and two limits, values beyond the limits, +-0,
+     * +-inf and NaNs of both signs in g and in u */
+    enum { N = 700 };
+    static float g[N], u[N], a[N], b[N];
+    static const uint32_t special[] = {0x7fc00000u, 0xffc00000u, 0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u};
+    for (int i = 0; i < N; i++) {
+        g[i] = wave(i) * 2.5f;
+        u[i] = wave(3 * i + 5) * 4.0f;
+        if (i % 7 == 3)
+            memcpy(&g[i], &special[i % 6], 4);
+        if (i % 11 == 5)
+            memcpy(&u[i], &special[(i + 1) % 6], 4);
+    }
+    const int ns[] = {1, 15, 16, 17, 255, 256, 257, 700};
+    const float limits[] = {0.0f, 10.0f, 0.5f};
+    for (size_t k = 0; k < sizeof ns / sizeof *ns; k++)
+        for (size_t l = 0; l < sizeof limits / sizeof *limits; l++) {
+            memcpy(a, g, sizeof g);
+            memcpy(b, g, sizeof g);
+            pd_swiglu(a, u, (size_t)ns[k], limits[l]);
+            pd_swiglu_ref(b, u, (size_t)ns[k], limits[l]);
+            cr_assert(memcmp(a, b, sizeof a) == 0, "%d values, limit %g", ns[k], limits[l]);
+        }
+}
+
 Test(ops, axpy_rows_same_bits_as_axpy)
 {
     static float x[23 * 290], a[23], y1[290], y2[290];
