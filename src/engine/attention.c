@@ -40,11 +40,9 @@ struct attn_bufs {
  * then FP4-simulated in blocks of 32 (of all its values when it has fewer: toy models only). */
 void pd_indexer_lowp(float *x, int id)
 {
-    for (int i = 0; i < id; i++)
-        x[i] = pd_bf16_to_f32(pd_f32_to_bf16(x[i]));
+    pd_bf16_round(x, id);
     pd_hadamard(x, id);
-    for (int i = 0; i < id; i++)
-        x[i] = pd_bf16_to_f32(pd_f32_to_bf16(x[i]));
+    pd_bf16_round(x, id);
     pd_fp4_simulate(x, id, id < PD_FP4_BLOCK ? id : PD_FP4_BLOCK);
 }
 
@@ -321,6 +319,8 @@ struct qheads_job {
     int ratio;
 };
 
+enum { QHEADS_POOL_T = 4 };
+
 static void qheads_task(void *arg, int task)
 {
     const struct qheads_job *j = arg;
@@ -395,7 +395,8 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
     if ((rc = pd_linear_fwd_many(lq, yq, r == 4 ? 2 : 1, en->pool, en->ref, b.qr, &qrq, T, e)))
         goto done;
     struct qheads_job qj = {.st = st, .b = &b, .ratio = r};
-    pd_pool_run(en->pool, T * (nh + (r == 4 ? ih : 0)), qheads_task, &qj);
+    /* a few tokens' heads (16 at batch 1, a few microseconds) cost less than a hand-off */
+    pd_pool_run(T < QHEADS_POOL_T ? NULL : en->pool, T * (nh + (r == 4 ? ih : 0)), qheads_task, &qj);
     for (int t = 0; t < T; t++) {
         float *kv = b.kv + (size_t)t * hd;
         pd_rmsnorm(kv, L->kv_norm, eps, hd, kv);
@@ -437,6 +438,24 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         for (int g = 0; g < og; g++)
             for (int t = 0; t < T; t++)
                 memcpy(b.oa + (size_t)t * og * ol + (size_t)g * ol, b.ogo + ((size_t)g * T + t) * ol, (size_t)ol * 4);
+    } else if ((L->wo_a.f || L->wo_a.h) && !en->ref && og <= 16) {
+        /* float wo_a: every group in one pool run, group g reading its heads' columns of o and
+         * writing its o_lora columns of oa in place */
+        struct pd_linear part[16];
+        struct pd_linear_io io[16];
+        for (int g = 0; g < og; g++) {
+            part[g] = L->wo_a;
+            part[g].out = ol;
+            part[g].in = gin;
+            if (part[g].h)
+                part[g].h += (size_t)g * ol * gin;
+            else
+                part[g].f += (size_t)g * ol * gin;
+            io[g] = (struct pd_linear_io){.l = &part[g], .x = b.o + (size_t)g * gin, .ldx = (size_t)nh * hd,
+                                          .y = b.oa + (size_t)g * ol, .ldy = (size_t)og * ol};
+        }
+        if ((rc = pd_linear_fwd_float_many(io, og, en->pool, T, e)))
+            goto done;
     } else {
         for (int g = 0; g < og; g++) {
             struct pd_linear part = L->wo_a;

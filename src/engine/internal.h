@@ -46,8 +46,11 @@ void pd_mhc_pre(const struct pd_model *m, const float *h, const float *fn, const
                 float *x, float *post, float *comb);
 /* The same in two parts, so that the mixing values can be split over threads: the rows [r0, r1)
  * of the raw mixing values (mix [2*hc + hc*hc], fn . h), then the rest of "pre" from all of them
- * (mix scaled in place). A split at multiples of PD_MHC_MIX_ROWS gives pd_mhc_pre's bits. */
-#define PD_MHC_MIX_ROWS 8
+ * (mix scaled in place). A split at multiples of PD_MHC_MIX_ROWS gives pd_mhc_pre's bits (any
+ * split does: pd_dot_rows gives each row pd_dot's bits). 4 rows: v4-flash-mini's 24 rows make 6
+ * blocks of 32 KB, an even share at 2 and 3 threads (8 made 3 blocks: 2 for one thread, 1 for
+ * the other at batch 1). */
+#define PD_MHC_MIX_ROWS 4
 void pd_mhc_mix(const struct pd_model *m, const float *h, const float *fn, int r0, int r1, float *mix);
 void pd_mhc_pre_mixed(const struct pd_model *m, const float *h, float *mix, const float *base, const float *scale,
                       float *x, float *post, float *comb);

@@ -137,8 +137,8 @@ int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct p
         return pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" has shape [%lld, %lld], the config needs [%d, %d]",
                           pd_st_set_path_of(st, t), name, (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0), out, in);
     if (t->dtype == PD_ST_BF16 && in <= PD_LINEAR_WIDE_FLOATS && (uintptr_t)t->data % 2 == 0) {
-        /* read in place (shape checked above); a row longer than the widening buffer, or data at an
-         * odd address, gets an fp32 copy instead */
+        /* read in place (shape checked above); a row longer than PD_LINEAR_WIDE_FLOATS, or data at
+         * an odd address, gets an fp32 copy instead */
         l->h = (const uint16_t *)t->data;
         prefault(t->data, (size_t)out * in * 2);
         return 0;
@@ -158,51 +158,97 @@ int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct p
     return 0;
 }
 
-/* An fp32 or bf16 matrix (the head, wq_a, wkv, wo_a, the compressor's) times T tokens,
- * y[t][o] = pd_dot(w[o], x[t]) (pd_dot_rows, bit for bit): tasks of F32_ROWS output rows over the
- * pool, each block of rows (F32_ROWS x in floats, 128 KiB for in = 512) applied to every token
- * while it is in cache (a token-outer loop read the whole matrix T times on one thread). Each value
- * is the same dot product whatever the thread count. A bf16 matrix is widened to fp32 (exactly: a
- * bf16 value is the top half of its fp32) a few rows at a time into a buffer of at most
- * WIDE_FLOATS, which every token then reads: the same pd_dot_rows on the same values, so the same
- * bits as an fp32 copy of the matrix, from half the bytes. */
-enum { F32_ROWS = 64, WIDE_FLOATS = PD_LINEAR_WIDE_FLOATS };
-
-struct f32_job {
-    const struct pd_linear *l;
-    const float *x;
-    int T;
-    float *y;
-};
-
-static void f32_rows(void *arg, int task)
+int pd_linear_load_float(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
+                         int out, int in, pd_err *e)
 {
-    const struct f32_job *j = arg;
-    const int in = j->l->in, out = j->l->out, o0 = task * F32_ROWS;
-    const int o1 = o0 + F32_ROWS < out ? o0 + F32_ROWS : out;
-    if (j->l->f) {
-        for (int t = 0; t < j->T; t++)
-            pd_dot_rows(j->l->f + (size_t)o0 * in, (size_t)in, j->x + (size_t)t * in, in, o1 - o0,
-                        j->y + (size_t)t * out + o0);
+    memset(l, 0, sizeof *l);
+    l->out = out;
+    l->in = in;
+    const struct pd_st_tensor *t = pd_st_set_find(st, name);
+    if (!t)
+        return pd_err_set(e, PD_EFORMAT, "checkpoint: missing tensor \"%s\"", name);
+    if (t->dtype == PD_ST_BF16 && t->ndim == 2 && t->shape[0] == out && t->shape[1] == in &&
+        in <= PD_LINEAR_WIDE_FLOATS && (uintptr_t)t->data % 2 == 0) {
+        l->h = (const uint16_t *)t->data;
+        prefault(t->data, (size_t)out * in * 2);
+        return 0;
+    }
+    l->f = pd_load_f32(st, a, name, (int64_t)out * in, e);
+    return l->f ? 0 : e->code;
+}
+
+/* An fp32 or bf16 matrix (the head, wq_a, wkv, wo_a, the compressor's) times T tokens,
+ * y[t][o] = pd_dot(w[o], x[t]) bit for bit: tasks of F32_ROWS output rows over the pool (each value
+ * the same dot product whatever the thread count). One or two tokens go row by row
+ * (pd_dot_rows[_bf16]: a bf16 row widened in registers as it streams from memory); more go through
+ * pd_dot_rows_tokens[_bf16], each pair of rows read once for four tokens at a time (a token-outer
+ * loop read the whole matrix T times, and a lone dot product waits on its own adds). bf16 rows are
+ * never copied: the same values as an fp32 copy, from half the bytes. */
+enum { F32_ROWS = 64, DIRECT_T = 2 };
+_Static_assert(PD_LINEAR_WIDE_FLOATS <= PD_DOT_BF16_MAX, "bf16 rows longer than pd_dot_rows_bf16 takes");
+
+/* Rows [o0, o1) of one product y[t * ldy + o] = row o . x[t * ldx ..] for every token. */
+static void float_rows(const struct pd_linear_io *io, int T, int o0, int o1)
+{
+    const struct pd_linear *l = io->l;
+    const int in = l->in;
+    if (T <= DIRECT_T) {
+        for (int t = 0; t < T; t++)
+            if (l->h)
+                pd_dot_rows_bf16(l->h + (size_t)o0 * in, (size_t)in, io->x + (size_t)t * io->ldx, in, o1 - o0,
+                                 io->y + (size_t)t * io->ldy + o0);
+            else
+                pd_dot_rows(l->f + (size_t)o0 * in, (size_t)in, io->x + (size_t)t * io->ldx, in, o1 - o0,
+                            io->y + (size_t)t * io->ldy + o0);
         return;
     }
-    _Alignas(64) float wide[WIDE_FLOATS];
-    const int step = WIDE_FLOATS / in;   /* >= 1: pd_linear_load keeps longer rows in fp32 */
-    for (int r0 = o0; r0 < o1; r0 += step) {
-        const int nr = o1 - r0 < step ? o1 - r0 : step;
-        pd_bf16_to_f32_row(j->l->h + (size_t)r0 * in, wide, nr * in);
-        for (int t = 0; t < j->T; t++)
-            pd_dot_rows(wide, (size_t)in, j->x + (size_t)t * in, in, nr, j->y + (size_t)t * out + r0);
+    if (l->h)
+        pd_dot_rows_tokens_bf16(l->h + (size_t)o0 * in, (size_t)in, io->x, io->ldx, T, in, o1 - o0, io->y + o0, io->ldy);
+    else
+        pd_dot_rows_tokens(l->f + (size_t)o0 * in, (size_t)in, io->x, io->ldx, T, in, o1 - o0, io->y + o0, io->ldy);
+}
+
+/* Several float products in one pool run: task k is block k of the F32_ROWS-row blocks of all
+ * the products in order (first[i] is product i's first task), so every block costs about the same
+ * bytes and the threads share the whole group, not each small matrix in turn. */
+enum { FLOAT_MANY = 16 };
+
+struct float_job {
+    const struct pd_linear_io *io;
+    int n, T;
+    int first[FLOAT_MANY + 1];
+};
+
+static void float_task(void *arg, int task)
+{
+    const struct float_job *j = arg;
+    int i = 0;
+    while (task >= j->first[i + 1])
+        i++;
+    const int out = j->io[i].l->out, o0 = (task - j->first[i]) * F32_ROWS;
+    float_rows(&j->io[i], j->T, o0, o0 + F32_ROWS < out ? o0 + F32_ROWS : out);
+}
+
+int pd_linear_fwd_float_many(const struct pd_linear_io *io, int n, pd_pool *pool, int T, pd_err *e)
+{
+    if (n > FLOAT_MANY)
+        return pd_err_set(e, PD_EINVAL, "linear: %d float products in one run (at most %d)", n, FLOAT_MANY);
+    struct float_job j = {.io = io, .n = n, .T = T};
+    for (int i = 0; i < n; i++) {
+        if (!io[i].l->f && !io[i].l->h)
+            return pd_err_set(e, PD_EINVAL, "linear: product %d of a float run has int8 weights", i);
+        j.first[i + 1] = j.first[i] + (io[i].l->out + F32_ROWS - 1) / F32_ROWS;
     }
+    pd_pool_run(pool, j.first[n], float_task, &j);
+    return 0;
 }
 
 int pd_linear_fwd(const struct pd_linear *l, pd_pool *pool, int ref, const float *x, int T, float *y,
                   int8_t *qbuf, float *sbuf, pd_err *e)
 {
     if ((l->f || l->h) && !ref) {
-        struct f32_job j = {.l = l, .x = x, .T = T, .y = y};
-        pd_pool_run(pool, (l->out + F32_ROWS - 1) / F32_ROWS, f32_rows, &j);
-        return 0;
+        struct pd_linear_io io = {.l = l, .x = x, .ldx = (size_t)l->in, .y = y, .ldy = (size_t)l->out};
+        return pd_linear_fwd_float_many(&io, 1, pool, T, e);
     }
     if (ref) {
         /* fp32 path: y[t][o] = sum_i w[o][i] x[t][i], double accumulation for the reference */
@@ -245,10 +291,7 @@ int pd_linear_fwd_many(const struct pd_linear *const *l, float *const *y, int n,
                        const float *x, const pd_qmat *xq, int T, pd_err *e)
 {
     enum { MAX_MANY = 16, MAX_T = 64 };
-    int grouped = !ref && n <= MAX_MANY && T <= MAX_T;
-    for (int i = 0; i < n && grouped; i++)
-        grouped = l[i]->q.q && !l[i]->f;
-    if (!grouped) {
+    if (n > MAX_MANY || ref) {
         for (int i = 0; i < n; i++) {
             int rc = pd_linear_fwd_q(l[i], pool, ref, x, xq, T, y[i], e);
             if (rc)
@@ -256,13 +299,31 @@ int pd_linear_fwd_many(const struct pd_linear *const *l, float *const *y, int n,
         }
         return 0;
     }
+    /* the float products in one run, the int8 ones in one grouped product (or one by one) */
+    struct pd_linear_io io[MAX_MANY];
+    int nf = 0, ni = 0, in8[MAX_MANY];
+    for (int i = 0; i < n; i++)
+        if (l[i]->f || l[i]->h)
+            io[nf++] = (struct pd_linear_io){.l = l[i], .x = x, .ldx = (size_t)l[i]->in, .y = y[i], .ldy = (size_t)l[i]->out};
+        else
+            in8[ni++] = i;
+    int rc = nf ? pd_linear_fwd_float_many(io, nf, pool, T, e) : 0;
+    if (rc || !ni)
+        return rc;
+    if (T > MAX_T) {
+        for (int k = 0; k < ni; k++)
+            if ((rc = pd_linear_fwd_q(l[in8[k]], pool, ref, x, xq, T, y[in8[k]], e)))
+                return rc;
+        return 0;
+    }
     int32_t rows[MAX_T];
     pd_gemm_group g[MAX_MANY];
     for (int t = 0; t < T; t++)
         rows[t] = t;
-    for (int i = 0; i < n; i++) {
-        assert(xq->rows == T && xq->cols == l[i]->in);
-        g[i] = (pd_gemm_group){.w = l[i]->q, .rows = rows, .n = T, .y = y[i]};
+    for (int k = 0; k < ni; k++) {
+        const struct pd_linear *li = l[in8[k]];
+        assert(xq->rows == T && xq->cols == li->in);
+        g[k] = (pd_gemm_group){.w = li->q, .rows = rows, .n = T, .y = y[in8[k]]};
     }
-    return pd_gemm_grouped(pool, xq, g, n, 0, e);
+    return pd_gemm_grouped(pool, xq, g, ni, 0, e);
 }

@@ -13,15 +13,16 @@
 #include "kernels/gemm.h"
 #include "model/safetensors.h"
 
-/* Rows of at most this many values can stay bf16 (struct pd_linear's h); longer ones load as fp32. */
+/* Rows of at most this many values can stay bf16 (struct pd_linear's h; the bound of the kernels'
+ * portable path, which widens a row into a buffer); longer ones load as fp32. */
 #define PD_LINEAR_WIDE_FLOATS 8192
 
 struct pd_linear {
     pd_qmat q;           /* int8 weights (q.q != NULL) ... */
     float *f;            /* ... or fp32 [out, in] ... */
     const uint16_t *h;   /* ... or bf16 [out, in], read in place from the checkpoint and computed exactly
-                          * as f would be with the same values (each block of rows widened to fp32 in
-                          * cache, then pd_dot_rows): half the bytes of f, the same bits */
+                          * as f would be with the same values (widened to fp32 in registers:
+                          * pd_dot_rows_bf16, pd_dot_rows_tokens_bf16): half the bytes of f, the same bits */
     int out, in;
 };
 
@@ -37,6 +38,12 @@ int pd_linear_load(struct pd_linear *l, const struct pd_st_set *st, struct pd_ar
 int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
                        int out, int in, int ref, pd_err *e);
 
+/* A matrix the engine computes in float whatever it stores (the router's gate): a BF16 tensor of
+ * shape [out, in] (in <= PD_LINEAR_WIDE_FLOATS) is read in place (h), any other float dtype
+ * (F32, BF16, F16) of out * in values is loaded as fp32 (f); never int8. */
+int pd_linear_load_float(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
+                         int out, int in, pd_err *e);
+
 /* y[t] = W x[t] for t < T.  x: [T, in], y: [T, out]. `qbuf` must hold T*in bytes and
  * `sbuf` T floats (the quantised activations). ref = 1: float reference. */
 int pd_linear_fwd(const struct pd_linear *l, pd_pool *pool, int ref, const float *x, int T, float *y,
@@ -48,11 +55,27 @@ int pd_linear_fwd(const struct pd_linear *l, pd_pool *pool, int ref, const float
 int pd_linear_fwd_q(const struct pd_linear *l, pd_pool *pool, int ref, const float *x, const pd_qmat *xq, int T,
                     float *y, pd_err *e);
 
-/* y[i] = l[i] x for i < n: several layers sharing one input (x, quantised as xq). When all are
- * int8 (outside reference mode) and T <= 64 they run as one grouped product, which the kernel
- * streams from one matrix into the next; otherwise as pd_linear_fwd_q each. Same results. */
+/* y[i] = l[i] x for i < n: several layers sharing one input (x, quantised as xq). Outside
+ * reference mode the float ones (f, h) run as one pool run (pd_linear_fwd_float_many) and the
+ * int8 ones, when T <= 64, as one grouped product, which the kernel streams from one matrix into
+ * the next; otherwise as pd_linear_fwd_q each. Same results. */
 int pd_linear_fwd_many(const struct pd_linear *const *l, float *const *y, int n, pd_pool *pool, int ref,
                        const float *x, const pd_qmat *xq, int T, pd_err *e);
+
+/* One float product of a fused run: y[t * ldy + o] = sum_i w[o][i] x[t * ldx + i] for o < l->out,
+ * t < T (x and y may be columns of wider rows: ldx >= l->in, ldy >= l->out). */
+struct pd_linear_io {
+    const struct pd_linear *l;   /* f or h */
+    const float *x;
+    size_t ldx;
+    float *y;
+    size_t ldy;
+};
+
+/* The n (<= 16) float products in one pool run, blocks of rows of all of them spread over the
+ * threads (one hand-off instead of n); each value the bits pd_linear_fwd gives. PD_EINVAL for an
+ * int8 product or n > 16. */
+int pd_linear_fwd_float_many(const struct pd_linear_io *io, int n, pd_pool *pool, int T, pd_err *e);
 
 /* Arena: one growing list of aligned allocations freed together (the engine's converted
  * weights); counts its bytes. */

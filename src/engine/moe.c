@@ -18,46 +18,44 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* g[i] = silu(min(g[i], L)) * clamp(u[i], -L, L) for i < n (L = limit, 0: no clamp), with the
- * exponentials of silu (x / (1 + exp(-x))) taken 256 at a time by pd_expf_rows: the same bits. */
+/* g = swiglu(g, u) (kernels/vec.h): silu(min(g, L)) * clamp(u, -L, L), L = swiglu_limit. */
 static void swiglu_rows(float *g, const float *u, size_t n, float limit)
 {
-    float e[256];
-    for (size_t i0 = 0; i0 < n; i0 += 256) {
-        int c = n - i0 < 256 ? (int)(n - i0) : 256;
-        for (int i = 0; i < c; i++) {
-            float x = g[i0 + i];
-            if (limit > 0)
-                x = x < limit ? x : limit;
-            g[i0 + i] = x;
-            e[i] = -x;
-        }
-        pd_expf_rows(e, e, c);
-        for (int i = 0; i < c; i++) {
-            float v = u[i0 + i];
-            if (limit > 0)
-                v = v < -limit ? -limit : v > limit ? limit : v;
-            g[i0 + i] = g[i0 + i] / (1.0f + e[i]) * v;
-        }
-    }
+    pd_swiglu(g, u, n, limit);
 }
 
 /* Router logits z = x Wg^T of every token, experts split over the pool (each logit is one dot
  * product, computed by whichever thread: the same bits). */
 struct score_job {
     const float *x;            /* [T, hidden] */
-    const float *gate;         /* [experts, hidden] */
+    const struct pd_linear *gate;   /* [experts, hidden], fp32 (f) or bf16 (h) */
     float *z;                  /* [T, experts] */
     int T, E, H, per;
 };
+
+enum { SCORE_TOKENS_T = 3 };
 
 static void score_task(void *arg, int task)
 {
     const struct score_job *j = arg;
     int lo = task * j->per, hi = lo + j->per < j->E ? lo + j->per : j->E;
+    if (j->T >= SCORE_TOKENS_T) {
+        /* several tokens: each row of the gate read once for four tokens at a time */
+        if (j->gate->h)
+            pd_dot_rows_tokens_bf16(j->gate->h + (size_t)lo * j->H, (size_t)j->H, j->x, (size_t)j->H, j->T, j->H,
+                                    hi - lo, j->z + lo, (size_t)j->E);
+        else
+            pd_dot_rows_tokens(j->gate->f + (size_t)lo * j->H, (size_t)j->H, j->x, (size_t)j->H, j->T, j->H, hi - lo,
+                               j->z + lo, (size_t)j->E);
+        return;
+    }
     for (int t = 0; t < j->T; t++)
-        pd_dot_rows(j->gate + (size_t)lo * j->H, (size_t)j->H, j->x + (size_t)t * j->H, j->H, hi - lo,
-                    j->z + (size_t)t * j->E + lo);
+        if (j->gate->h)
+            pd_dot_rows_bf16(j->gate->h + (size_t)lo * j->H, (size_t)j->H, j->x + (size_t)t * j->H, j->H, hi - lo,
+                             j->z + (size_t)t * j->E + lo);
+        else
+            pd_dot_rows(j->gate->f + (size_t)lo * j->H, (size_t)j->H, j->x + (size_t)t * j->H, j->H, hi - lo,
+                        j->z + (size_t)t * j->E + lo);
 }
 
 /* The score of a logit: s = sqrt(softplus(z)). */
@@ -168,9 +166,9 @@ static void route(struct pd_step *st, const struct pd_layer_w *L, int32_t *ids, 
 {
     const struct pd_model *m = &st->en->model;
     const int E = m->n_routed_experts, k = m->n_experts_per_tok, H = (int)m->hidden_size;
-    struct score_job job = {.x = st->x, .gate = L->gate.f, .z = scores, .T = st->T, .E = E, .H = H, .per = 32};
+    struct score_job job = {.x = st->x, .gate = &L->gate, .z = scores, .T = st->T, .E = E, .H = H, .per = 32};
     pthread_once(&sp_once, sp_init);
-    /* the gate is fp32 [E, hidden] (512 KB in v4-flash-mini, more than the layer's routed
+    /* the gate is [E, hidden] (256 KB of bf16 in v4-flash-mini, about the layer's routed
      * experts at batch 1): split over the pool unless the whole product is tiny */
     pd_pool_run((int64_t)st->T * E * H >= 1 << 16 ? st->en->pool : NULL, (E + job.per - 1) / job.per, score_task, &job);
     for (int t = 0; t < st->T; t++) {
@@ -237,7 +235,7 @@ out:
 /* The experts' activations between their two products, split over the pool by blocks of rows:
  * g = swiglu(g, u) (swiglu_rows: elementwise, the same bits however the rows are cut), then g
  * quantised per row into (q, s) for w2. */
-enum { ACT_ROWS = 4 };
+enum { ACT_ROWS = 4, ACT_SERIAL_VALUES = 4096, SHARED_FUSE_T = 64 };
 struct act_job {
     float *g;
     const float *u;
@@ -258,28 +256,34 @@ static void act_task(void *arg, int task)
 
 /* Routed experts with grouped int8 GEMMs: pair p runs expert[p] on row[p] of the quantised
  * activations a; after a counting sort the pairs of one expert are contiguous (in pair order),
- * and y[p] (dst[p] when dst is given) receives the expert's output. Used on a rank's own tokens,
- * and by expert parallelism on its own and the received rows at once. */
-int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *row,
-                          const int32_t *expert, int P, float *y, float *const *dst, pd_err *e)
+ * and y[p] (dst[p] when dst is given) receives the expert's output. With `shared` (int8, of the
+ * same intermediate size) the shared expert also runs on rows 0 .. ns - 1 of a, as one more
+ * group of each product (one pool run each instead of three more: the same kernels per row, so
+ * the bits ffn_rows gives), its outputs into ysh [ns, H]. */
+static int run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *row, const int32_t *expert,
+                       int P, float *y, float *const *dst, const struct pd_expert_w *shared, int ns, float *ysh,
+                       pd_err *e)
 {
     const struct pd_model *m = &en->model;
     const struct pd_layer_w *L = pd_layer_weights(en, layer);
     const int E = m->n_routed_experts, H = (int)m->hidden_size, I = (int)m->moe_intermediate_size;
     int rc = PD_ENOMEM;
-    if (P == 0)
+    if (!shared)
+        ns = 0;
+    if (P + ns == 0)
         return 0;
-    /* slot 30: the groups, then tok [P], then the counting sort's count [E + 1] and fill [E] */
-    char *base = pd_scratch(en, 30, 2 * (size_t)E * sizeof(pd_gemm_group) + ((size_t)P + 2 * (size_t)E + 1) * 4, e);
-    pd_gemm_group *grp = (pd_gemm_group *)base;   /* [2 * E] */
-    int32_t *tok = base ? (int32_t *)(base + 2 * (size_t)E * sizeof *grp) : NULL;
-    int *count = base ? tok + P : NULL, *fill = base ? count + E + 1 : NULL;
-    int32_t *pair = pd_scratch(en, 31, (size_t)P * 4, e);
-    int32_t *seqrow = pd_scratch(en, 32, (size_t)P * 4, e);
-    float *g = pd_scratch(en, 33, (size_t)P * I * 4, e), *u = pd_scratch(en, 34, (size_t)P * I * 4, e);
-    float *ys = pd_scratch(en, 35, (size_t)P * H * 4, e);
-    int8_t *qi = pd_scratch(en, 36, (size_t)P * I, e);
-    float *si = pd_scratch(en, 37, (size_t)P * 4, e);
+    const int PS = P + ns;   /* rows of g, u, ys: the routed pairs, then the shared expert's */
+    /* slot 30: the groups, then tok [PS], then the counting sort's count [E + 1] and fill [E] */
+    char *base = pd_scratch(en, 30, 2 * ((size_t)E + 1) * sizeof(pd_gemm_group) + ((size_t)PS + 2 * (size_t)E + 1) * 4, e);
+    pd_gemm_group *grp = (pd_gemm_group *)base;   /* [2 * (E + 1)] */
+    int32_t *tok = base ? (int32_t *)(base + 2 * ((size_t)E + 1) * sizeof *grp) : NULL;
+    int *count = base ? tok + PS : NULL, *fill = base ? count + E + 1 : NULL;
+    int32_t *pair = pd_scratch(en, 31, (size_t)PS * 4, e);
+    int32_t *seqrow = pd_scratch(en, 32, (size_t)PS * 4, e);
+    float *g = pd_scratch(en, 33, (size_t)PS * I * 4, e), *u = pd_scratch(en, 34, (size_t)PS * I * 4, e);
+    float *ys = pd_scratch(en, 35, (size_t)PS * H * 4, e);
+    int8_t *qi = pd_scratch(en, 36, (size_t)PS * I, e);
+    float *si = pd_scratch(en, 37, (size_t)PS * 4, e);
     if (!base || !pair || !seqrow || !g || !u || !ys || !qi || !si)
         goto out;
     memset(count, 0, (2 * (size_t)E + 1) * sizeof *count);
@@ -316,28 +320,50 @@ int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, con
         grp[2 * ng + 1] = (pd_gemm_group){.w = L->experts[x].w3.q, .rows = tok + count[x], .n = n, .y = u + (size_t)count[x] * I};
         ng++;
     }
+    const int nr = ng;   /* routed groups; the shared expert's follows */
+    if (ns) {
+        for (int t = 0; t < ns; t++) {
+            tok[P + t] = t;            /* the shared expert reads token t's row of a ... */
+            seqrow[P + t] = P + t;     /* ... and its own row of the activations for w2 */
+        }
+        grp[2 * ng] = (pd_gemm_group){.w = shared->w1.q, .rows = tok + P, .n = ns, .y = g + (size_t)P * I};
+        grp[2 * ng + 1] = (pd_gemm_group){.w = shared->w3.q, .rows = tok + P, .n = ns, .y = u + (size_t)P * I};
+        ng++;
+    }
     if ((rc = pd_gemm_grouped(en->pool, a, grp, 2 * ng, 0, e)))
         goto out;
-    struct act_job aj = {.g = g, .u = u, .q = qi, .s = si, .P = P, .I = I, .limit = (float)m->swiglu_limit};
-    pd_pool_run(en->pool, (P + ACT_ROWS - 1) / ACT_ROWS, act_task, &aj);
-    pd_qmat a2 = {.q = qi, .scale = si, .rows = P, .cols = I};
-    for (int i = 0; i < ng; i++) {
+    struct act_job aj = {.g = g, .u = u, .q = qi, .s = si, .P = PS, .I = I, .limit = (float)m->swiglu_limit};
+    /* a decode step's few rows (7 x 256 values at batch 1) cost less than a hand-off */
+    pd_pool_run((int64_t)PS * I < ACT_SERIAL_VALUES ? NULL : en->pool, (PS + ACT_ROWS - 1) / ACT_ROWS, act_task, &aj);
+    pd_qmat a2 = {.q = qi, .scale = si, .rows = PS, .cols = I};
+    for (int i = 0; i < nr; i++) {
         int at = (int)(grp[2 * i].rows - tok);
         grp[i] = (pd_gemm_group){.w = L->experts[expert[pair[at]]].w2.q, .rows = seqrow + at, .n = grp[2 * i].n,
                                  .y = ys + (size_t)at * H};
     }
+    if (ns)
+        grp[nr] = (pd_gemm_group){.w = shared->w2.q, .rows = seqrow + P, .n = ns, .y = ys + (size_t)P * H};
     if ((rc = pd_gemm_grouped(en->pool, &a2, grp, ng, 0, e)))
         goto out;
     for (int at = 0; at < P; at++)
         memcpy(dst ? dst[pair[at]] : y + (size_t)pair[at] * H, ys + (size_t)at * H, (size_t)H * 4);
+    if (ns)
+        memcpy(ysh, ys + (size_t)P * H, (size_t)ns * H * 4);
     rc = 0;
 out:
     return rc;
 }
 
-/* The routed experts of this process's tokens, here: pair p = (token p / k, slot p % k). */
+int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *row,
+                          const int32_t *expert, int P, float *y, float *const *dst, pd_err *e)
+{
+    return run_experts(en, layer, a, row, expert, P, y, dst, NULL, 0, NULL, e);
+}
+
+/* The routed experts of this process's tokens, here: pair p = (token p / k, slot p % k); with
+ * `shared`, the shared expert on every token too (into ysh). */
 static int experts_local(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *ids, int T, float *y,
-                         pd_err *e)
+                         const struct pd_expert_w *shared, float *ysh, pd_err *e)
 {
     const int k = en->model.n_experts_per_tok;
     int32_t *row = pd_scratch(en, 42, (size_t)T * k * 4 + 4, e);
@@ -345,7 +371,7 @@ static int experts_local(struct pd_engine *en, int layer, const pd_qmat *a, cons
         return PD_ENOMEM;
     for (int p = 0; p < T * k; p++)
         row[p] = p / k;
-    return pd_engine_run_experts(en, layer, a, row, ids, T * k, y, NULL, e);
+    return run_experts(en, layer, a, row, ids, T * k, y, NULL, shared, T, ysh, e);
 }
 
 int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
@@ -363,6 +389,11 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
     if (!ids || !w || !y || !sh || !scores)
         goto out;
     route(st, L, ids, w, scores);
+    /* a decode step's shared expert joins the routed experts' grouped products when they run
+     * here (int8, the same intermediate size): two pool runs fewer a layer, the same bits */
+    const int fuse_shared = m->n_shared_experts > 0 && !en->ref && !en->experts_fn && T <= SHARED_FUSE_T &&
+                            L->shared.w1.q.q && L->shared.w3.q.q && L->shared.w2.q.q &&
+                            L->shared.w1.out == m->moe_intermediate_size;
     if (en->ref) {
         for (int p = 0; p < T * k; p++) {
             if (en->expert_tokens)
@@ -378,12 +409,12 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
             rc = en->experts_fn(en->experts_ctx, en, layer, &st->xq, ids, T, y, e);
             pd_prof_leave(&en->prof);
         } else {
-            rc = experts_local(en, layer, &st->xq, ids, T, y, e);
+            rc = experts_local(en, layer, &st->xq, ids, T, y, fuse_shared ? &L->shared : NULL, sh, e);
         }
         if (rc)
             goto out;
     }
-    if (m->n_shared_experts > 0 && (rc = ffn_rows(st, &L->shared, st->x, &st->xq, T, sh, e)))
+    if (m->n_shared_experts > 0 && !fuse_shared && (rc = ffn_rows(st, &L->shared, st->x, &st->xq, T, sh, e)))
         goto out;
     for (int t = 0; t < T; t++)
         pd_weighted_sum(w + (size_t)t * k, y + (size_t)t * k * H, (size_t)H, k,

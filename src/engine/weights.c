@@ -110,10 +110,11 @@ static int layer(struct pd_weights *w, struct pd_layer_w *L, int l, const unsign
         }
     }
     const int64_t E = m->n_routed_experts, I = m->moe_intermediate_size;
-    /* the router scores in fp32, whatever the checkpoint stores */
-    L->gate.out = (int)E;
-    L->gate.in = (int)H;
-    TRY(vec(w, &L->gate.f, p, "ffn.gate.weight", E * H, e));
+    /* the router scores in fp32, whatever the checkpoint stores (a bf16 gate read in place and
+     * widened as it is read: the same values in half the bytes) */
+    snprintf(q, sizeof q, "%sffn.gate.weight", p);
+    TRY(pd_linear_load_float(&L->gate, &w->st, &w->arena, q, (int)E, (int)H, e));
+    acct(w, q);
     if (l < m->num_hash_layers) {
         snprintf(q, sizeof q, "%sffn.gate.tid2eid", p);
         const struct pd_st_tensor *t = pd_st_set_find(&w->st, q);

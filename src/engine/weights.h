@@ -46,7 +46,7 @@ struct pd_layer_w {
     struct pd_compressor_w idx_cmp;    /* ratio == 4: the indexer's compressor */
     struct pd_linear idx_wq_b;         /* [index_heads*index_head_dim, q_lora] */
     struct pd_linear idx_weights;      /* [index_heads, hidden] */
-    struct pd_linear gate;             /* [experts, hidden] fp32 (scores are computed in fp32) */
+    struct pd_linear gate;             /* [experts, hidden] f or h (scores are computed in fp32) */
     float *gate_bias;                  /* [experts], NULL in hash layers */
     int32_t *tid2eid;                  /* [vocab, top_k] in hash layers, else NULL */
     struct pd_expert_w shared;         /* width moe_inter * n_shared */

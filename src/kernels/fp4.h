@@ -24,8 +24,15 @@ float pd_e2m1_decode(uint8_t c);
 
 /* In place: x [n] through e2m1 with one ue8m0 scale per `block` values (the last may be shorter). */
 void pd_fp4_simulate(float *x, int n, int block);
+/* The same, portable (the tests' reference; pd_fp4_simulate gives its bits with AVX-512). */
+void pd_fp4_simulate_ref(float *x, int n, int block);
 
 /* In place: x [n] <- H x / sqrt(n), n a power of two. */
 void pd_hadamard(float *x, int n);
+/* The same, portable (the tests' reference; pd_hadamard gives its bits with AVX-512). */
+void pd_hadamard_ref(float *x, int n);
+
+/* In place: x[i] <- x[i] rounded to bf16 (pd_f32_to_bf16, then widened), bit for bit. */
+void pd_bf16_round(float *x, int n);
 
 #endif

@@ -2,6 +2,7 @@
  * use. */
 #include "kernels/vec.h"
 
+#include <assert.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <math.h>
@@ -509,6 +510,223 @@ static void bf16_ref(const uint16_t *src, float *dst, int n)
     }
 }
 
+/* 16 bf16 values at p widened to fp32 in registers (exact: a bf16 is the top half of its fp32):
+ * vpmovzxwd + vpslld, the same values bf16_avx512 stores. */
+INLINE AVX512 __m512 bf16_load16(const uint16_t *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* dot_finish for a bf16 row: its scalar tail (fewer than 16 values from i) widened, then the same
+ * sums in the same order, so the same bits as dot_finish over the widened row. */
+INLINE AVX512 float dot_finish_bf16(__m512 s0, __m512 s1, const uint16_t *w, const float *x, int i, int n)
+{
+    float t[16];
+    bf16_ref(w + i, t, n - i);
+    return dot_finish(s0, s1, t, x + i, 0, n - i);
+}
+
+/* dot_avx512 over a bf16 first operand, widened in registers: the same operations in the same order. */
+AVX512 static float dot_bf16_avx512(const uint16_t *a, const float *b, int n)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(bf16_load16(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(bf16_load16(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i + 16 <= n; i += 16)
+        s0 = _mm512_fmadd_ps(bf16_load16(a + i), _mm512_loadu_ps(b + i), s0);
+    return dot_finish_bf16(s0, s1, a, b, i, n);
+}
+
+/* dot_rows_avx512 over bf16 rows, widened in registers instead of through a buffer in cache (which
+ * cost a store and a reload per value: 18% of a v4-flash-mini decode step): the same split (rows
+ * of 256 to 1024 values one at a time with the row four ahead prefetched, others four at a time),
+ * the same operations per row in the same order, so the same bits. */
+AVX512 static void dot_rows_bf16_avx512(const uint16_t *w, size_t ld, const float *x, int n, int rows, float *y)
+{
+    int r = 0;
+    if (n >= 256 && n <= 1024) {
+        for (; r < rows; r++) {
+            if (r + 4 < rows)
+                for (int i = 0; i < n; i += 32)
+                    _mm_prefetch((const char *)(w + (r + 4) * ld + i), _MM_HINT_T0);
+            y[r] = dot_bf16_avx512(w + r * ld, x, n);
+        }
+        return;
+    }
+    for (; r + 4 <= rows; r += 4) {
+        const uint16_t *w0 = w + r * ld, *w1 = w0 + ld, *w2 = w1 + ld, *w3 = w2 + ld;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
+        int i = 0;
+        for (; i + 32 <= n; i += 32) {
+            __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
+            a0 = _mm512_fmadd_ps(bf16_load16(w0 + i), x0, a0);
+            a1 = _mm512_fmadd_ps(bf16_load16(w0 + i + 16), x1, a1);
+            b0 = _mm512_fmadd_ps(bf16_load16(w1 + i), x0, b0);
+            b1 = _mm512_fmadd_ps(bf16_load16(w1 + i + 16), x1, b1);
+            c0 = _mm512_fmadd_ps(bf16_load16(w2 + i), x0, c0);
+            c1 = _mm512_fmadd_ps(bf16_load16(w2 + i + 16), x1, c1);
+            d0 = _mm512_fmadd_ps(bf16_load16(w3 + i), x0, d0);
+            d1 = _mm512_fmadd_ps(bf16_load16(w3 + i + 16), x1, d1);
+        }
+        if (i < dot_body(n)) {
+            __m512 x0 = _mm512_loadu_ps(x + i);
+            a0 = _mm512_fmadd_ps(bf16_load16(w0 + i), x0, a0);
+            b0 = _mm512_fmadd_ps(bf16_load16(w1 + i), x0, b0);
+            c0 = _mm512_fmadd_ps(bf16_load16(w2 + i), x0, c0);
+            d0 = _mm512_fmadd_ps(bf16_load16(w3 + i), x0, d0);
+            i += 16;
+        }
+        y[r] = dot_finish_bf16(a0, a1, w0, x, i, n);
+        y[r + 1] = dot_finish_bf16(b0, b1, w1, x, i, n);
+        y[r + 2] = dot_finish_bf16(c0, c1, w2, x, i, n);
+        y[r + 3] = dot_finish_bf16(d0, d1, w3, x, i, n);
+    }
+    for (; r < rows; r++)
+        y[r] = dot_bf16_avx512(w + r * ld, x, n);
+}
+
+/* One operand of the token-tile kernels: 16 values of row w at i, fp32 or bf16 (a constant after
+ * inlining). */
+INLINE AVX512 __m512 w_load16(const void *w, int bf16, int i)
+{
+    return bf16 ? bf16_load16((const uint16_t *)w + i) : _mm512_loadu_ps((const float *)w + i);
+}
+
+INLINE AVX512 float w_finish(__m512 s0, __m512 s1, const void *w, int bf16, const float *x, int i, int n)
+{
+    return bf16 ? dot_finish_bf16(s0, s1, (const uint16_t *)w, x, i, n) : dot_finish(s0, s1, (const float *)w, x, i, n);
+}
+
+/* Two rows times four tokens: eight dot products, each with dot_avx512's two chains over the same
+ * chunks in the same order and its finish, so each the bits of dot_avx512; each row's values
+ * loaded once for the four tokens (a lone dot is bound by its latency: two chains of 4-cycle
+ * FMAs, then sixteen dependent adds; eight side by side fill the pipeline). */
+INLINE AVX512 void dot_tile2x4(const void *w0, const void *w1, int bf16, const float *x, size_t ldx, int n,
+                               float *y, size_t ldy)
+{
+    const float *x0 = x, *x1 = x + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx;
+    __m512 a[4][2], b[4][2];
+    for (int t = 0; t < 4; t++)
+        a[t][0] = a[t][1] = b[t][0] = b[t][1] = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 u0 = w_load16(w0, bf16, i), u1 = w_load16(w0, bf16, i + 16);
+        __m512 v0 = w_load16(w1, bf16, i), v1 = w_load16(w1, bf16, i + 16);
+        __m512 p, q;
+        p = _mm512_loadu_ps(x0 + i), q = _mm512_loadu_ps(x0 + i + 16);
+        a[0][0] = _mm512_fmadd_ps(u0, p, a[0][0]), a[0][1] = _mm512_fmadd_ps(u1, q, a[0][1]);
+        b[0][0] = _mm512_fmadd_ps(v0, p, b[0][0]), b[0][1] = _mm512_fmadd_ps(v1, q, b[0][1]);
+        p = _mm512_loadu_ps(x1 + i), q = _mm512_loadu_ps(x1 + i + 16);
+        a[1][0] = _mm512_fmadd_ps(u0, p, a[1][0]), a[1][1] = _mm512_fmadd_ps(u1, q, a[1][1]);
+        b[1][0] = _mm512_fmadd_ps(v0, p, b[1][0]), b[1][1] = _mm512_fmadd_ps(v1, q, b[1][1]);
+        p = _mm512_loadu_ps(x2 + i), q = _mm512_loadu_ps(x2 + i + 16);
+        a[2][0] = _mm512_fmadd_ps(u0, p, a[2][0]), a[2][1] = _mm512_fmadd_ps(u1, q, a[2][1]);
+        b[2][0] = _mm512_fmadd_ps(v0, p, b[2][0]), b[2][1] = _mm512_fmadd_ps(v1, q, b[2][1]);
+        p = _mm512_loadu_ps(x3 + i), q = _mm512_loadu_ps(x3 + i + 16);
+        a[3][0] = _mm512_fmadd_ps(u0, p, a[3][0]), a[3][1] = _mm512_fmadd_ps(u1, q, a[3][1]);
+        b[3][0] = _mm512_fmadd_ps(v0, p, b[3][0]), b[3][1] = _mm512_fmadd_ps(v1, q, b[3][1]);
+    }
+    if (i < dot_body(n)) {
+        __m512 u0 = w_load16(w0, bf16, i), v0 = w_load16(w1, bf16, i);
+        for (int t = 0; t < 4; t++) {
+            __m512 p = _mm512_loadu_ps(x + t * ldx + i);
+            a[t][0] = _mm512_fmadd_ps(u0, p, a[t][0]);
+            b[t][0] = _mm512_fmadd_ps(v0, p, b[t][0]);
+        }
+        i += 16;
+    }
+    for (int t = 0; t < 4; t++) {
+        y[t * ldy] = w_finish(a[t][0], a[t][1], w0, bf16, x + t * ldx, i, n);
+        y[t * ldy + 1] = w_finish(b[t][0], b[t][1], w1, bf16, x + t * ldx, i, n);
+    }
+}
+
+/* y[t * ldy + r] = dot_avx512(row r, token t) for every row and token, in tiles of two rows by four
+ * tokens (rows outer: a pair of rows stays in L1 while the tokens pass); what is left over one
+ * dot at a time. Many tokens (a prefill) go in chunks of about 64 KiB of x, so that the chunk
+ * stays in L2 while every row passes over it. */
+INLINE AVX512 void dot_rows_tokens_avx512(const void *w, int bf16, size_t ld, const float *x, size_t ldx, int T,
+                                          int n, int rows, float *y, size_t ldy);
+
+INLINE AVX512 void dot_rows_tokens_chunk(const void *w, int bf16, size_t ld, const float *x, size_t ldx, int T,
+                                         int n, int rows, float *y, size_t ldy)
+{
+    const size_t es = bf16 ? 2 : 4;
+    const char *wb = w;
+    int r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const char *w0 = wb + r * ld * es, *w1 = w0 + ld * es;
+        int t = 0;
+        for (; t + 4 <= T; t += 4)
+            dot_tile2x4(w0, w1, bf16, x + t * ldx, ldx, n, y + t * ldy + r, ldy);
+        for (; t < T; t++) {
+            y[t * ldy + r] = bf16 ? dot_bf16_avx512((const uint16_t *)w0, x + t * ldx, n)
+                                  : dot_avx512((const float *)w0, x + t * ldx, n);
+            y[t * ldy + r + 1] = bf16 ? dot_bf16_avx512((const uint16_t *)w1, x + t * ldx, n)
+                                      : dot_avx512((const float *)w1, x + t * ldx, n);
+        }
+    }
+    for (; r < rows; r++)
+        for (int t = 0; t < T; t++)
+            y[t * ldy + r] = bf16 ? dot_bf16_avx512((const uint16_t *)(wb + r * ld * es), x + t * ldx, n)
+                                  : dot_avx512((const float *)(wb + r * ld * es), x + t * ldx, n);
+}
+
+INLINE AVX512 void dot_rows_tokens_avx512(const void *w, int bf16, size_t ld, const float *x, size_t ldx, int T,
+                                          int n, int rows, float *y, size_t ldy)
+{
+    int chunk = (int)((64 << 10) / ((size_t)(n > 0 ? n : 1) * 4)) / 4 * 4;
+    chunk = chunk < 4 ? 4 : chunk;
+    for (int t0 = 0; t0 < T; t0 += chunk)
+        dot_rows_tokens_chunk(w, bf16, ld, x + t0 * ldx, ldx, T - t0 < chunk ? T - t0 : chunk, n, rows, y + t0 * ldy,
+                              ldy);
+}
+
+AVX512 static void dot_rows_tokens_f32_avx512(const float *w, size_t ld, const float *x, size_t ldx, int T, int n,
+                                              int rows, float *y, size_t ldy)
+{
+    dot_rows_tokens_avx512(w, 0, ld, x, ldx, T, n, rows, y, ldy);
+}
+
+AVX512 static void dot_rows_tokens_bf16_avx512(const uint16_t *w, size_t ld, const float *x, size_t ldx, int T, int n,
+                                               int rows, float *y, size_t ldy)
+{
+    dot_rows_tokens_avx512(w, 1, ld, x, ldx, T, n, rows, y, ldy);
+}
+
+/* Without AVX-512: each row widened into a buffer, then pd_dot (the same values, so the same bits). */
+static void dot_rows_bf16_by_one(const uint16_t *w, size_t ld, const float *x, int n, int rows, float *y)
+{
+    float wide[PD_DOT_BF16_MAX];
+    assert(n <= PD_DOT_BF16_MAX);
+    for (int r = 0; r < rows; r++) {
+        bf16_ref(w + r * ld, wide, n);
+        y[r] = pd_dot(wide, x, n);
+    }
+}
+
+static void (*dot_rows_bf16_fn)(const uint16_t *, size_t, const float *, int, int, float *);
+static void (*dot_rows_tokens_bf16_fn)(const uint16_t *, size_t, const float *, size_t, int, int, int, float *,
+                                       size_t);
+static void (*dot_rows_tokens_f32_fn)(const float *, size_t, const float *, size_t, int, int, int, float *, size_t);
+
+/* Without AVX-512: token by token over all rows (pd_dot_rows and pd_dot_rows_bf16: the same bits). */
+static void dot_rows_tokens_bf16_by_one(const uint16_t *w, size_t ld, const float *x, size_t ldx, int T, int n,
+                                        int rows, float *y, size_t ldy)
+{
+    for (int t = 0; t < T; t++)
+        dot_rows_bf16_by_one(w, ld, x + t * ldx, n, rows, y + t * ldy);
+}
+
+static void dot_rows_tokens_f32_by_one(const float *w, size_t ld, const float *x, size_t ldx, int T, int n, int rows,
+                                       float *y, size_t ldy)
+{
+    for (int t = 0; t < T; t++)
+        pd_dot_rows(w, ld, x + t * ldx, n, rows, y + t * ldy);
+}
 static void (*bf16_fn)(const uint16_t *, float *, int);
 static atomic_int bf16_ready;
 static pthread_once_t once_bf16 = PTHREAD_ONCE_INIT;
@@ -516,6 +734,9 @@ static pthread_once_t once_bf16 = PTHREAD_ONCE_INIT;
 static void choose_bf16(void)
 {
     bf16_fn = __builtin_cpu_supports("avx512f") ? bf16_avx512 : bf16_ref;
+    dot_rows_bf16_fn = __builtin_cpu_supports("avx512f") ? dot_rows_bf16_avx512 : dot_rows_bf16_by_one;
+    dot_rows_tokens_bf16_fn = __builtin_cpu_supports("avx512f") ? dot_rows_tokens_bf16_avx512 : dot_rows_tokens_bf16_by_one;
+    dot_rows_tokens_f32_fn = __builtin_cpu_supports("avx512f") ? dot_rows_tokens_f32_avx512 : dot_rows_tokens_f32_by_one;
     atomic_store_explicit(&bf16_ready, 1, memory_order_release);
 }
 
@@ -524,6 +745,109 @@ void pd_bf16_to_f32_row(const uint16_t *src, float *dst, int n)
     if (!atomic_load_explicit(&bf16_ready, memory_order_acquire))
         pthread_once(&once_bf16, choose_bf16);
     bf16_fn(src, dst, n);
+}
+
+void pd_dot_rows_bf16(const uint16_t *w, size_t ld, const float *x, int n, int rows, float *y)
+{
+    if (!atomic_load_explicit(&bf16_ready, memory_order_acquire))
+        pthread_once(&once_bf16, choose_bf16);
+    dot_rows_bf16_fn(w, ld, x, n, rows, y);
+}
+
+void pd_dot_rows_tokens(const float *w, size_t ld, const float *x, size_t ldx, int T, int n, int rows, float *y,
+                        size_t ldy)
+{
+    if (!atomic_load_explicit(&bf16_ready, memory_order_acquire))
+        pthread_once(&once_bf16, choose_bf16);
+    dot_rows_tokens_f32_fn(w, ld, x, ldx, T, n, rows, y, ldy);
+}
+
+void pd_dot_rows_tokens_bf16(const uint16_t *w, size_t ld, const float *x, size_t ldx, int T, int n, int rows,
+                             float *y, size_t ldy)
+{
+    if (!atomic_load_explicit(&bf16_ready, memory_order_acquire))
+        pthread_once(&once_bf16, choose_bf16);
+    dot_rows_tokens_bf16_fn(w, ld, x, ldx, T, n, rows, y, ldy);
+}
+
+/* The loops of pd_swiglu_ref over one chunk, 16 values a vector: min_ps(x, L) is
+ * "x < L ? x : L" and max_ps(-L, min_ps(L, v)) the clamp of v, NaNs included; the same division
+ * and product. */
+AVX512 static void swiglu_pre_avx512(float *g, float *e, int c, float limit)
+{
+    const __m512 vl = _mm512_set1_ps(limit);
+    const __m512i neg = _mm512_set1_epi32((int)0x80000000u);
+    int i = 0;
+    for (; i + 16 <= c; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i);
+        if (limit > 0)
+            x = _mm512_min_ps(x, vl);
+        _mm512_storeu_ps(g + i, x);
+        _mm512_storeu_ps(e + i, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), neg)));
+    }
+    for (; i < c; i++) {
+        float x = g[i];
+        if (limit > 0)
+            x = x < limit ? x : limit;
+        g[i] = x;
+        e[i] = -x;
+    }
+}
+
+AVX512 static void swiglu_post_avx512(float *g, const float *u, const float *e, int c, float limit)
+{
+    const __m512 vl = _mm512_set1_ps(limit), vnl = _mm512_set1_ps(-limit), one = _mm512_set1_ps(1.0f);
+    int i = 0;
+    for (; i + 16 <= c; i += 16) {
+        __m512 v = _mm512_loadu_ps(u + i);
+        if (limit > 0)
+            v = _mm512_max_ps(vnl, _mm512_min_ps(vl, v));
+        __m512 q = _mm512_div_ps(_mm512_loadu_ps(g + i), _mm512_add_ps(one, _mm512_loadu_ps(e + i)));
+        _mm512_storeu_ps(g + i, _mm512_mul_ps(q, v));
+    }
+    for (; i < c; i++) {
+        float v = u[i];
+        if (limit > 0)
+            v = v < -limit ? -limit : v > limit ? limit : v;
+        g[i] = g[i] / (1.0f + e[i]) * v;
+    }
+}
+
+void pd_swiglu_ref(float *g, const float *u, size_t n, float limit)
+{
+    float e[256];
+    for (size_t i0 = 0; i0 < n; i0 += 256) {
+        int c = n - i0 < 256 ? (int)(n - i0) : 256;
+        for (int i = 0; i < c; i++) {
+            float x = g[i0 + i];
+            if (limit > 0)
+                x = x < limit ? x : limit;
+            g[i0 + i] = x;
+            e[i] = -x;
+        }
+        pd_expf_rows(e, e, c);
+        for (int i = 0; i < c; i++) {
+            float v = u[i0 + i];
+            if (limit > 0)
+                v = v < -limit ? -limit : v > limit ? limit : v;
+            g[i0 + i] = g[i0 + i] / (1.0f + e[i]) * v;
+        }
+    }
+}
+
+void pd_swiglu(float *g, const float *u, size_t n, float limit)
+{
+    if (!__builtin_cpu_supports("avx512f")) {
+        pd_swiglu_ref(g, u, n, limit);
+        return;
+    }
+    float e[256];
+    for (size_t i0 = 0; i0 < n; i0 += 256) {
+        int c = n - i0 < 256 ? (int)(n - i0) : 256;
+        swiglu_pre_avx512(g + i0, e, c, limit);
+        pd_expf_rows(e, e, c);
+        swiglu_post_avx512(g + i0, u + i0, e, c, limit);
+    }
 }
 
 void pd_scale(float a, const float *x, float *y, int n)

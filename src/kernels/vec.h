@@ -37,6 +37,23 @@ void pd_weighted_sum(const float *a, const float *x, size_t ld, int rows, const 
 
 /* dst[i] = bf16 src[i] widened to fp32 (exact). */
 void pd_bf16_to_f32_row(const uint16_t *src, float *dst, int n);
+/* y[r] = pd_dot(row r widened to fp32, x, n) for r < rows, bit for bit as pd_dot_rows over
+ * pd_bf16_to_f32_row's copy of the rows, without the copy (widened in registers where the CPU
+ * has AVX-512). w: bf16 [rows, ld]; n <= PD_DOT_BF16_MAX. */
+#define PD_DOT_BF16_MAX 8192
+void pd_dot_rows_bf16(const uint16_t *w, size_t ld, const float *x, int n, int rows, float *y);
+/* Several tokens at once: y[t * ldy + r] = pd_dot(w + r * ld, x + t * ldx, n) for r < rows, t < T,
+ * bit for bit, each row read once for a few tokens and several products side by side (a lone
+ * dot product waits on its own adds). The _bf16 version takes bf16 rows as pd_dot_rows_bf16 does. */
+void pd_dot_rows_tokens(const float *w, size_t ld, const float *x, size_t ldx, int T, int n, int rows, float *y,
+                        size_t ldy);
+void pd_dot_rows_tokens_bf16(const uint16_t *w, size_t ld, const float *x, size_t ldx, int T, int n, int rows,
+                             float *y, size_t ldy);
+/* SwiGLU in place: g[i] = silu(min(g[i], L)) * clamp(u[i], -L, L) for i < n (L = limit, 0: no
+ * clamp; silu(x) = x / (1 + exp(-x)), the exponentials by pd_expf_rows 256 at a time). pd_swiglu
+ * gives pd_swiglu_ref's bits (16 values a vector where the CPU has AVX-512). */
+void pd_swiglu(float *g, const float *u, size_t n, float limit);
+void pd_swiglu_ref(float *g, const float *u, size_t n, float limit);
 /* y = a * x (n values). */
 void pd_scale(float a, const float *x, float *y, int n);
 /* y[i] = x[i] * a * w[i] (the first product rounded first), or x[i] * a when w is NULL; y == x

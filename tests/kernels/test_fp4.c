@@ -2,8 +2,11 @@
  * simulation and the Hadamard rotation, on values computed by hand. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "kernels/fp4.h"
+#include "kernels/ops.h"
 
 Test(fp4, e2m1_codes_and_rounding)
 {
@@ -84,5 +87,68 @@ Test(fp4, e2m1_encode_is_the_nearest_magnitude)
         float below = nextafterf(mid[i], 0), above = nextafterf(mid[i], 10);
         cr_assert_eq(pd_e2m1_decode(pd_e2m1_encode(below)), mag[i], "just below %g", mid[i]);
         cr_assert_eq(pd_e2m1_decode(pd_e2m1_encode(above)), mag[i + 1], "just above %g", mid[i]);
+    }
+}
+
+/* pd_fp4_simulate (16 values at a time where the CPU has AVX-512) gives the portable loop's bits:
+ * random values over many magnitudes, every midpoint and code of e2m1 at the block's scale (the
+ * ties), +-0, NaN, +-inf and subnormals, blocks of 32 and of 7, 20 and 64 values with short last
+ * blocks. */
+Test(fp4, simulate_same_bits_as_the_portable_loop)
+{
+    enum { N = 997 };
+    static float x[N], a[N], b[N];
+    uint64_t s = 5;
+    const float special[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 0.5f, 1.5f, 3.0f, 6.0f, 7.0f, 0.0f, -0.0f,
+                             NAN, -NAN, INFINITY, -INFINITY, 1e-40f, -1e-45f};
+    for (int i = 0; i < N; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        float v = ((float)(s >> 40) / (float)(1 << 24) - 0.5f) * ldexpf(1.0f, (int)(s >> 20 & 31) - 16);
+        /* one value in four is a special one, times the power of two the first value of its
+         * 32-block sets (6 x that scale), so the ties land exactly */
+        x[i] = i % 4 == 1 ? special[(s >> 8) % (sizeof special / sizeof *special)] : v;
+    }
+    for (int i = 0; i < N; i += 32)
+        x[i] = 6.0f;   /* the block's scale 1: the specials are the codes and midpoints themselves */
+    const int blocks[] = {32, 7, 20, 64};
+    for (size_t k = 0; k < sizeof blocks / sizeof *blocks; k++)
+        for (int n = 1; n <= N; n += n < 40 ? 1 : 97) {
+            memcpy(a, x, sizeof x);
+            memcpy(b, x, sizeof x);
+            pd_fp4_simulate(a, n, blocks[k]);
+            pd_fp4_simulate_ref(b, n, blocks[k]);
+            cr_assert(memcmp(a, b, sizeof a) == 0, "block %d, %d values", blocks[k], n);
+        }
+}
+
+/* The indexer's rotation and its bf16 roundings 16 values a vector give the loops' bits: the
+ * Hadamard transform of 16 to 1,024 values against pd_hadamard_ref, and pd_bf16_round against
+ * pd_f32_to_bf16 on random bit patterns (every class: NaNs of both signs, infinities, subnormals,
+ * exact ties, values that round up to infinity), 1 to 40 values (the tails). */
+Test(fp4, hadamard_and_bf16_round_same_bits_as_the_loops)
+{
+    static float a[1024], b[1024];
+    uint64_t s = 9;
+    for (int n = 16; n <= 1024; n *= 2) {
+        for (int i = 0; i < n; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            a[i] = b[i] = ((float)(s >> 40) / (float)(1 << 24) - 0.5f) * ldexpf(1.0f, (int)(s >> 20 & 15) - 4);
+        }
+        pd_hadamard(a, n);
+        pd_hadamard_ref(b, n);
+        cr_assert(memcmp(a, b, (size_t)n * 4) == 0, "hadamard of %d values", n);
+    }
+    static const uint32_t special[] = {0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7f800000u, 0xff800000u, 0x00000001u,
+                                       0x80008000u, 0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0xff7fffffu, 0x00000000u,
+                                       0x80000000u};
+    for (int n = 1; n <= 40; n++) {
+        for (int i = 0; i < n; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            uint32_t u = i % 3 == 0 ? special[(s >> 33) % (sizeof special / sizeof *special)] : (uint32_t)(s >> 32);
+            memcpy(&a[i], &u, 4);
+            b[i] = pd_bf16_to_f32(pd_f32_to_bf16(a[i]));
+        }
+        pd_bf16_round(a, n);
+        cr_assert(memcmp(a, b, (size_t)n * 4) == 0, "bf16 rounding of %d values", n);
     }
 }

@@ -1,7 +1,8 @@
 /* The small float operations: Sinkhorn gives a doubly stochastic matrix, rope and its inverse
  * cancel, YaRN keeps high frequencies and divides low ones by the factor, bf16 rounds to
  * nearest even; the multi-row dot and axpy and the two-part rope give the bits of the one-row
- * and one-part versions that they replace on the decode path. */
+ * and one-part versions that they replace on the decode path, and the bf16 rows widened in
+ * registers those of the rows widened first. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
@@ -32,6 +33,115 @@ Test(ops, dot_rows_same_bits_as_dot)
                 float d = pd_dot(w + (size_t)r * 301, x, ns[a]);
                 cr_assert(memcmp(&d, &y[r], 4) == 0, "n %d row %d of %d: %a vs %a", ns[a], r, rows, y[r], d);
             }
+        }
+}
+
+Test(ops, dot_rows_bf16_same_bits_as_widened_dot_rows)
+{
+    /* bf16 rows widened in registers give the bits of pd_dot_rows over the widened copy: lengths
+     * around the 16- and 32-wide chunks, on both sides of the one-row-at-a-time range (256 to 1024
+     * values), row counts around the 4-row block, a leading dimension larger than the length */
+    enum { LD = 1301, ROWS = 13 };
+    static uint16_t h[ROWS * LD];
+    static float f[ROWS * LD], x[LD], yh[ROWS], yf[ROWS];
+    for (int i = 0; i < ROWS * LD; i++)
+        h[i] = pd_f32_to_bf16(wave(i) / 7);
+    pd_bf16_to_f32_row(h, f, ROWS * LD);
+    for (int i = 0; i < LD; i++)
+        x[i] = wave(3 * i + 1);
+    const int ns[] = {1, 15, 16, 17, 31, 32, 33, 48, 255, 256, 257, 300, 1023, 1024, 1025, 1301};
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (int rows = 0; rows <= ROWS; rows++) {
+            memset(yh, 0xff, sizeof yh);
+            pd_dot_rows_bf16(h, LD, x, ns[a], rows, yh);
+            pd_dot_rows(f, LD, x, ns[a], rows, yf);
+            for (int r = 0; r < rows; r++)
+                cr_assert(memcmp(&yf[r], &yh[r], 4) == 0, "n %d row %d of %d: %a vs %a", ns[a], r, rows, yh[r], yf[r]);
+        }
+}
+
+Test(ops, dot_rows_tokens_same_bits_as_dot)
+{
+    /* rows x tokens at once, fp32 and bf16 rows: every (row, token) the bits of pd_dot over the
+     * (widened) row; lengths around the chunks, row counts around the 2-row tile, token counts
+     * around the 4-token tile, leading dimensions larger than the lengths */
+    enum { LD = 533, ROWS = 7, TOK = 10, LDY = 9 };
+    static uint16_t h[ROWS * LD];
+    static float f[ROWS * LD], x[TOK * LD], y[TOK * LDY], yb[TOK * LDY];
+    for (int i = 0; i < ROWS * LD; i++)
+        h[i] = pd_f32_to_bf16(wave(i) / 5);
+    pd_bf16_to_f32_row(h, f, ROWS * LD);
+    for (int i = 0; i < TOK * LD; i++)
+        x[i] = wave(5 * i + 2);
+    const int ns[] = {1, 15, 16, 17, 31, 32, 33, 47, 64, 255, 512, 533};
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (int rows = 0; rows <= ROWS; rows++)
+            for (int T = 0; T <= TOK; T++) {
+                memset(y, 0xff, sizeof y);
+                memset(yb, 0xff, sizeof yb);
+                pd_dot_rows_tokens(f, LD, x, LD, T, ns[a], rows, y, LDY);
+                pd_dot_rows_tokens_bf16(h, LD, x, LD, T, ns[a], rows, yb, LDY);
+                for (int t = 0; t < T; t++)
+                    for (int r = 0; r < rows; r++) {
+                        float d = pd_dot(f + (size_t)r * LD, x + (size_t)t * LD, ns[a]);
+                        cr_assert(memcmp(&d, &y[t * LDY + r], 4) == 0 && memcmp(&d, &yb[t * LDY + r], 4) == 0,
+                                  "n %d, %d rows, %d tokens: row %d token %d: %a, bf16 %a vs %a", ns[a], rows, T, r, t,
+                                  y[t * LDY + r], yb[t * LDY + r], d);
+                    }
+                /* nothing outside the rows and tokens asked is written */
+                for (int t = 0; t < TOK; t++)
+                    for (int r = t < T ? rows : 0; r < LDY; r++)
+                        cr_assert(isnan(y[t * LDY + r]) && isnan(yb[t * LDY + r]), "n %d: wrote (%d, %d)", ns[a], t, r);
+            }
+}
+
+Test(ops, dot_rows_tokens_long_rows_in_token_chunks)
+{
+    /* rows of 4113 values: the kernel takes the tokens in chunks of 4 (64 KiB of x each), here
+     * 4 + 4 + 1; every (row, token) still pd_dot's bits */
+    enum { N = 4113, ROWS = 3, TOK = 9 };
+    static uint16_t h[ROWS * N];
+    static float f[ROWS * N], x[TOK * N], y[TOK * ROWS], yb[TOK * ROWS];
+    for (int i = 0; i < ROWS * N; i++)
+        h[i] = pd_f32_to_bf16(wave(i) / 3);
+    pd_bf16_to_f32_row(h, f, ROWS * N);
+    for (int i = 0; i < TOK * N; i++)
+        x[i] = wave(7 * i + 3);
+    pd_dot_rows_tokens(f, N, x, N, TOK, N, ROWS, y, ROWS);
+    pd_dot_rows_tokens_bf16(h, N, x, N, TOK, N, ROWS, yb, ROWS);
+    for (int t = 0; t < TOK; t++)
+        for (int r = 0; r < ROWS; r++) {
+            float d = pd_dot(f + (size_t)r * N, x + (size_t)t * N, N);
+            cr_assert(memcmp(&d, &y[t * ROWS + r], 4) == 0 && memcmp(&d, &yb[t * ROWS + r], 4) == 0,
+                      "row %d token %d: %a, bf16 %a vs %a", r, t, y[t * ROWS + r], yb[t * ROWS + r], d);
+        }
+}
+
+Test(ops, swiglu_same_bits_as_the_loop)
+{
+    /* pd_swiglu 16 values a vector against the portable loops: lengths around the vector and the
+     * 256-value exponential chunks, no limit and two limits, values beyond the limits, +-0,
+     * +-inf and NaNs of both signs in g and in u */
+    enum { N = 700 };
+    static float g[N], u[N], a[N], b[N];
+    static const uint32_t special[] = {0x7fc00000u, 0xffc00000u, 0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u};
+    for (int i = 0; i < N; i++) {
+        g[i] = wave(i) * 2.5f;
+        u[i] = wave(3 * i + 5) * 4.0f;
+        if (i % 7 == 3)
+            memcpy(&g[i], &special[i % 6], 4);
+        if (i % 11 == 5)
+            memcpy(&u[i], &special[(i + 1) % 6], 4);
+    }
+    const int ns[] = {1, 15, 16, 17, 255, 256, 257, 700};
+    const float limits[] = {0.0f, 10.0f, 0.5f};
+    for (size_t k = 0; k < sizeof ns / sizeof *ns; k++)
+        for (size_t l = 0; l < sizeof limits / sizeof *limits; l++) {
+            memcpy(a, g, sizeof g);
+            memcpy(b, g, sizeof g);
+            pd_swiglu(a, u, (size_t)ns[k], limits[l]);
+            pd_swiglu_ref(b, u, (size_t)ns[k], limits[l]);
+            cr_assert(memcmp(a, b, sizeof a) == 0, "%d values, limit %g", ns[k], limits[l]);
         }
 }
 
