@@ -1,6 +1,7 @@
 /* Linear layers (W8A8 or fp32), the engine's weight arena and tensor loading helpers. */
 #include "engine/linear.h"
 #include "engine/release.h"
+#include "kernels/dot_gemm.h"
 #include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "kernels/vec.h"
@@ -175,15 +176,25 @@ struct f32_job {
     float *y;
 };
 
+/* y[t * out + r] = pd_dot(w[r], x[t]) for nr rows of w [nr, in] and T tokens: from 4 tokens on
+ * (prefill) as one tiled product (kernels/dot_gemm.h, the same bits), else row by row per token. */
+static void rows_times_tokens(const float *w, int nr, const float *x, int T, int in, float *y, int out)
+{
+    if (T >= 4) {
+        pd_dot_gemm(w, (size_t)in, nr, x, (size_t)in, T, in, y, (size_t)out);
+        return;
+    }
+    for (int t = 0; t < T; t++)
+        pd_dot_rows(w, (size_t)in, x + (size_t)t * in, in, nr, y + (size_t)t * out);
+}
+
 static void f32_rows(void *arg, int task)
 {
     const struct f32_job *j = arg;
     const int in = j->l->in, out = j->l->out, o0 = task * F32_ROWS;
     const int o1 = o0 + F32_ROWS < out ? o0 + F32_ROWS : out;
     if (j->l->f) {
-        for (int t = 0; t < j->T; t++)
-            pd_dot_rows(j->l->f + (size_t)o0 * in, (size_t)in, j->x + (size_t)t * in, in, o1 - o0,
-                        j->y + (size_t)t * out + o0);
+        rows_times_tokens(j->l->f + (size_t)o0 * in, o1 - o0, j->x, j->T, in, j->y + o0, out);
         return;
     }
     _Alignas(64) float wide[WIDE_FLOATS];
@@ -191,8 +202,7 @@ static void f32_rows(void *arg, int task)
     for (int r0 = o0; r0 < o1; r0 += step) {
         const int nr = o1 - r0 < step ? o1 - r0 : step;
         pd_bf16_to_f32_row(j->l->h + (size_t)r0 * in, wide, nr * in);
-        for (int t = 0; t < j->T; t++)
-            pd_dot_rows(wide, (size_t)in, j->x + (size_t)t * in, in, nr, j->y + (size_t)t * out + r0);
+        rows_times_tokens(wide, nr, j->x, j->T, in, j->y + r0, out);
     }
 }
 
