@@ -13,6 +13,7 @@
  * cache it would see alone; the heads then run over the pool on those copies. */
 #include "engine/internal.h"
 #include "engine/prefix.h"
+#include "kernels/dot_gemm.h"
 #include "kernels/fp4.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
@@ -271,8 +272,11 @@ static int attend_prepare(struct pd_step *st, int layer, int t, struct attn_bufs
     return 0;
 }
 
-/* The heads of a chunk of prepared tokens, one task per (token, head): softmax over the token's
- * keys with the head's sink, V = K, inverse rope on the output's rope dims. */
+/* The heads of a chunk of prepared tokens: one task per token when the chunk has enough tokens
+ * to keep the pool busy (prefill), the scores of all its heads against its keys in one tiled
+ * product; else one task per (token, head) (decode). Each score is the bits pd_dot gives it
+ * either way. Then per head the softmax over the token's keys with the head's sink, V = K,
+ * inverse rope on the output's rope dims. */
 struct heads_job {
     struct pd_step *st;
     const struct pd_layer_w *L;
@@ -282,6 +286,7 @@ struct heads_job {
     float *keys;        /* [chunk, kmax, head_dim] */
     float *scores;      /* [chunk, heads, kmax] */
     int kmax;
+    int per_head;       /* tasks are (token, head) pairs, else tokens */
 };
 
 static void heads_task(void *arg, int task)
@@ -289,27 +294,36 @@ static void heads_task(void *arg, int task)
     const struct heads_job *j = arg;
     const struct pd_model *m = &j->st->en->model;
     const int hd = m->head_dim, nh = m->n_heads, rd = m->qk_rope_head_dim;
-    const int c = task / nh, h = task % nh, t = j->t0 + c, nk = j->nk[c];
+    const int c = j->per_head ? task / nh : task, h0 = j->per_head ? task % nh : 0, h1 = j->per_head ? h0 + 1 : nh;
+    const int t = j->t0 + c, nk = j->nk[c];
     const float *keys = j->keys + (size_t)c * j->kmax * hd;
-    float *scores = j->scores + ((size_t)c * nh + h) * j->kmax;
     const float *cs = (j->L->ratio ? j->st->cs_compress : j->st->cs_window) + (size_t)t * rd;
-    const float scale = 1.0f / sqrtf((float)hd), sink = j->L->attn_sink[h];
-    const float *q = j->b->q + ((size_t)t * nh + h) * hd;
-    float *o = j->b->o + ((size_t)t * nh + h) * hd;
-    pd_dot_rows(keys, (size_t)hd, q, hd, nk, scores);
-    float mx = pd_scale_max(scores, nk, scale, sink);
-    /* the sink adds exp(sink - max) to the denominator and nothing to the output */
-    double den = expf(sink - mx);
-    for (int k = 0; k < nk; k++)
-        scores[k] -= mx;
-    pd_expf_rows(scores, scores, nk);
-    for (int k = 0; k < nk; k++)
-        den += scores[k];
-    pd_div_d(scores, nk, den);
-    for (int i = 0; i < hd; i++)
-        o[i] = 0;
-    pd_axpy_rows(scores, keys, (size_t)hd, nk, o, hd);
-    pd_rope_apply_cs(cs, rd, o + hd - rd, 1);
+    const float scale = 1.0f / sqrtf((float)hd);
+    /* scores[h][k] = q_h . key_k */
+    const float *q = j->b->q + ((size_t)t * nh + h0) * hd;
+    float *sc = j->scores + ((size_t)c * nh + h0) * j->kmax;
+    if (j->per_head)
+        pd_dot_rows(keys, (size_t)hd, q, hd, nk, sc);
+    else
+        pd_dot_gemm(keys, (size_t)hd, nk, q, (size_t)hd, nh, hd, sc, (size_t)j->kmax);
+    for (int h = h0; h < h1; h++) {
+        float *scores = j->scores + ((size_t)c * nh + h) * j->kmax;
+        float *o = j->b->o + ((size_t)t * nh + h) * hd;
+        const float sink = j->L->attn_sink[h];
+        float mx = pd_scale_max(scores, nk, scale, sink);
+        /* the sink adds exp(sink - max) to the denominator and nothing to the output */
+        double den = expf(sink - mx);
+        for (int k = 0; k < nk; k++)
+            scores[k] -= mx;
+        pd_expf_rows(scores, scores, nk);
+        for (int k = 0; k < nk; k++)
+            den += scores[k];
+        pd_div_d(scores, nk, den);
+        for (int i = 0; i < hd; i++)
+            o[i] = 0;
+        pd_axpy_rows(scores, keys, (size_t)hd, nk, o, hd);
+        pd_rope_apply_cs(cs, rd, o + hd - rd, 1);
+    }
 }
 
 /* Each query head (RMS-scaled, roped) and, in CSA layers, each indexer query head (roped, then
@@ -408,9 +422,11 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         for (int c = 0; c < n; c++)
             if ((rc = attend_prepare(st, layer, t0 + c, &b, b.keys + (size_t)c * kmax * hd, &b.nk[c], e)))
                 goto done;
+        /* a task per token from 8 tokens on (a prefill's chunk), so a decode step's few tokens
+         * still spread their heads over the pool */
         struct heads_job hj = {.st = st, .L = L, .b = &b, .t0 = t0, .nk = b.nk, .keys = b.keys, .scores = b.scores,
-                               .kmax = (int)kmax};
-        pd_pool_run(en->pool, n * nh, heads_task, &hj);
+                               .kmax = (int)kmax, .per_head = n < 8};
+        pd_pool_run(en->pool, hj.per_head ? n * nh : n, heads_task, &hj);
     }
     /* grouped low-rank output: group g maps heads [g*nh/og, (g+1)*nh/og) to o_lora values. With
      * int8 weights o [T, nh*hd] is quantised as [T*og, gin] (the rows each group reads, as when

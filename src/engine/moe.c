@@ -9,6 +9,7 @@
  * a fixed order (by expert id, then the shared expert) so results do not depend on how tokens
  * were grouped, batched or, later, dispatched across ranks. */
 #include "engine/internal.h"
+#include "kernels/dot_gemm.h"
 #include "kernels/gemm.h"
 #include "kernels/quant.h"
 #include "kernels/vec.h"
@@ -55,6 +56,12 @@ static void score_task(void *arg, int task)
 {
     const struct score_job *j = arg;
     int lo = task * j->per, hi = lo + j->per < j->E ? lo + j->per : j->E;
+    /* a prefill's tokens: one tiled product over this task's experts (the same bits) */
+    if (j->T >= 4) {
+        pd_dot_gemm(j->gate + (size_t)lo * j->H, (size_t)j->H, hi - lo, j->x, (size_t)j->H, j->T, j->H, j->z + lo,
+                    (size_t)j->E);
+        return;
+    }
     for (int t = 0; t < j->T; t++)
         pd_dot_rows(j->gate + (size_t)lo * j->H, (size_t)j->H, j->x + (size_t)t * j->H, j->H, hi - lo,
                     j->z + (size_t)t * j->E + lo);
