@@ -31,8 +31,8 @@ struct attn_bufs {
     float *iq, *iw, *ikv, *ig;     /* indexer query, weights, compressor projections */
     float *o, *og, *oa, *ogo;      /* attention output, one group's input, wo_a output, one group's output */
     float *keys;                   /* [chunk, window + entries, head_dim] keys of each token, fp32 */
-    float *scores, *iscore;        /* [chunk, heads, keys], [entries] */
-    int *sel;                      /* [entries] selected entries */
+    float *scores, *iscore;        /* [chunk, heads, keys], [chunk, index heads, entries] */
+    int *sel;                      /* [chunk, index_topk] selected entries */
     int *nk;                       /* [T] keys of each prepared token */
     int32_t *orow;                 /* [o_groups * T] group g's rows of o viewed as [T * o_groups, gin] */
 };
@@ -146,24 +146,29 @@ static int cmp_int(const void *a, const void *b)
 
 /* Indexer: score(entry) = sum_h relu(q_h . k_entry) * w_h * index_head_dim^-1/2 *
  * index_n_heads^-1/2 (the official weight scale: it leaves the order, and so the choice, as it
- * was, but keeps the scores' magnitude); the top-k entries, ties to the lower index. */
+ * was, but keeps the scores' magnitude); the top-k entries, ties to the lower index, in sel.
+ * The n keys are widened to fp32 into tmp [n, index_head_dim], then every q_h . k_entry is one
+ * tiled product into dot [index_n_heads, n] (each the bits pd_dot gives it); score [n] out. */
 static int indexer_select(const struct pd_model *m, const struct pd_kvpool *kvp, const struct pd_kvseq *s, int layer,
-                          int64_t n, const float *iq, const float *iw, struct attn_bufs *b)
+                          int n, const float *iq, const float *iw, float *tmp, float *dot, float *score, int *sel)
 {
     const int ih = m->index_n_heads, id = m->index_head_dim, k = m->index_topk;
-    float key[1024], dot[256], w[256];
+    float w[256];
     const float wscale = pd_indexer_weight_scale(m);
     for (int h = 0; h < ih; h++)
         w[h] = iw[h] * wscale;
-    for (int64_t x = 0; x < n; x++) {
-        pd_kv_get_key(kvp, key, pd_kv_key(kvp, s, layer, x));
-        pd_dot_rows(iq, (size_t)id, key, id, ih, dot);
+    for (int x = 0; x < n; x++)
+        pd_kv_get_key(kvp, tmp + (size_t)x * id, pd_kv_key(kvp, s, layer, x));
+    pd_dot_gemm(tmp, (size_t)id, n, iq, (size_t)id, ih, id, dot, (size_t)n);
+    for (int x = 0; x < n; x++) {
         double sc = 0;
-        for (int h = 0; h < ih; h++)
-            sc += (dot[h] > 0 ? dot[h] : 0) * w[h];
-        b->iscore[x] = (float)sc;
+        for (int h = 0; h < ih; h++) {
+            float d = dot[(size_t)h * n + x];
+            sc += (d > 0 ? d : 0) * w[h];
+        }
+        score[x] = (float)sc;
     }
-    return pd_topk(b->iscore, (int)n, k, b->sel);
+    return pd_topk(score, n, k, sel);
 }
 
 int pd_topk(const float *score, int n, int k, int *sel)
@@ -192,11 +197,12 @@ int pd_topk(const float *score, int n, int k, int *sel)
     return cnt;
 }
 
-/* Everything of token t's attention that reads or writes its sequence's cache, in position
- * order: the window entry, the compressors, the undo log and snapshots, then the keys the token
- * sees (window, then the compressed entries the layer lets it see) copied as fp32 into `keys`
- * [*nk_out, head_dim]. The heads (heads_task) then read only those copies, so they can run on any
- * thread after later tokens of the same sequence have been prepared. */
+/* Everything of token t's attention that writes its sequence's cache, in position order: the
+ * window entry, the compressors, the undo log and snapshots, then the window's keys the token
+ * sees copied as fp32 into `keys` [*nk_out, head_dim] (the ring is overwritten by later tokens).
+ * The compressed entries it sees are appended by attend_entries, which only reads the cache
+ * (an entry, once written, does not change within the step), so it and the heads (heads_task)
+ * can run on any thread after later tokens of the same sequence have been prepared. */
 static int attend_prepare(struct pd_step *st, int layer, int t, struct attn_bufs *b, float *keys, int *nk_out,
                           pd_err *e)
 {
@@ -253,23 +259,39 @@ static int attend_prepare(struct pd_step *st, int layer, int t, struct attn_bufs
         nk += (int)run;
         p += run;
     }
-    if (r) {
-        int64_t n = (pos + 1) / r;
-        int ns;
-        if (r == 4 && n > m->index_topk) {
-            ns = indexer_select(m, kvp, &seq->kv, layer, n,
-                                b->iq + (size_t)t * m->index_n_heads * m->index_head_dim,
-                                b->iw + (size_t)t * m->index_n_heads, b);
-        } else {
-            ns = (int)n;
-            for (int i = 0; i < ns; i++)
-                b->sel[i] = i;
-        }
-        for (int i = 0; i < ns; i++)
-            pd_kv_get_entry(kvp, keys + (size_t)nk++ * hd, pd_kv_entry(kvp, &seq->kv, layer, b->sel[i]));
-    }
     *nk_out = nk;
     return 0;
+}
+
+/* Appends to token t's keys [nk, head_dim] (its window's, from attend_prepare) the compressed
+ * entries the layer lets it see: all completed blocks (HCA), or the indexer's top-k of them
+ * (CSA) when there are more than k; returns the new count. Reads the cache only. Scratch: tmp
+ * [entries, index_head_dim] (the token's keys after its window serve: kmax - nk >= entries rows
+ * of head_dim >= index_head_dim floats), dot [index_n_heads, entries], score [entries], sel
+ * [index_topk]. */
+static int attend_entries(struct pd_step *st, int layer, int t, const struct attn_bufs *b, float *keys, int nk,
+                          float *dot, float *score, int *sel)
+{
+    struct pd_engine *en = st->en;
+    const struct pd_model *m = &en->model;
+    const struct pd_layer_w *L = pd_layer_weights(en, layer);
+    const struct pd_kvpool *kvp = &en->kv;
+    const struct pd_kvseq *kv = &st->items[st->item_of[t]].seq->kv;
+    const int hd = m->head_dim, r = L->ratio;
+    if (!r)
+        return nk;
+    const int n = (int)((st->pos[t] + 1) / r);
+    if (r == 4 && n > m->index_topk) {
+        assert(m->index_head_dim <= hd);
+        int ns = indexer_select(m, kvp, kv, layer, n, b->iq + (size_t)t * m->index_n_heads * m->index_head_dim,
+                                b->iw + (size_t)t * m->index_n_heads, keys + (size_t)nk * hd, dot, score, sel);
+        for (int i = 0; i < ns; i++)
+            pd_kv_get_entry(kvp, keys + (size_t)nk++ * hd, pd_kv_entry(kvp, kv, layer, sel[i]));
+        return nk;
+    }
+    for (int i = 0; i < n; i++)
+        pd_kv_get_entry(kvp, keys + (size_t)nk++ * hd, pd_kv_entry(kvp, kv, layer, i));
+    return nk;
 }
 
 /* The heads of a chunk of prepared tokens: one task per token when the chunk has enough tokens
@@ -286,7 +308,9 @@ struct heads_job {
     float *keys;        /* [chunk, kmax, head_dim] */
     float *scores;      /* [chunk, heads, kmax] */
     int kmax;
-    int per_head;       /* tasks are (token, head) pairs, else tokens */
+    int per_head;       /* tasks are (token, head) pairs (entries appended before), else tokens */
+    int layer;
+    int ient;           /* the indexer's scratch per token: index_n_heads * entries floats */
 };
 
 static void heads_task(void *arg, int task)
@@ -295,8 +319,12 @@ static void heads_task(void *arg, int task)
     const struct pd_model *m = &j->st->en->model;
     const int hd = m->head_dim, nh = m->n_heads, rd = m->qk_rope_head_dim;
     const int c = j->per_head ? task / nh : task, h0 = j->per_head ? task % nh : 0, h1 = j->per_head ? h0 + 1 : nh;
-    const int t = j->t0 + c, nk = j->nk[c];
-    const float *keys = j->keys + (size_t)c * j->kmax * hd;
+    const int t = j->t0 + c;
+    float *keys = j->keys + (size_t)c * j->kmax * hd;
+    int nk = j->nk[c];
+    if (!j->per_head)
+        nk = attend_entries(j->st, j->layer, t, j->b, keys, nk, j->b->iscore + (size_t)c * j->ient,
+                            j->scores + (size_t)c * nh * j->kmax, j->b->sel + (size_t)c * j->st->en->model.index_topk);
     const float *cs = (j->L->ratio ? j->st->cs_compress : j->st->cs_window) + (size_t)t * rd;
     const float scale = 1.0f / sqrtf((float)hd);
     /* scores[h][k] = q_h . key_k */
@@ -377,6 +405,8 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
     const int64_t kmax = m->sliding_window + max_entries;
     int chunk = (int)((4 << 20) / (kmax * hd * 4));
     chunk = chunk < 1 ? 1 : chunk > T ? T : chunk;
+    /* the indexer's dot products of one token: index_n_heads x entries */
+    const int ient = (int)((m->index_n_heads > 0 ? m->index_n_heads : 1) * max_entries);
     int cw = r ? L->cmp.coff * hd : 1, ih = m->index_n_heads, id = m->index_head_dim, iwid = r == 4 ? L->idx_cmp.coff * id : 1;
     if (!(b.qr = pd_scratch(en, 11, (size_t)T * ql * 4, e)) || !(b.q = pd_scratch(en, 12, (size_t)T * nh * hd * 4, e)) ||
         !(b.kv = pd_scratch(en, 13, (size_t)T * hd * 4, e)) || !(b.o = pd_scratch(en, 14, (size_t)T * nh * hd * 4, e)) ||
@@ -385,7 +415,8 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         !(b.keys = pd_scratch(en, 18, (size_t)chunk * kmax * hd * 4, e)) ||
         !(b.scores = pd_scratch(en, 19, (size_t)chunk * nh * kmax * 4, e)) ||
         !(b.nk = pd_scratch(en, 71, ((size_t)T + (size_t)og * T) * 4, e)) ||
-        !(b.iscore = pd_scratch(en, 20, (size_t)max_entries * 4, e)) || !(b.sel = pd_scratch(en, 21, (size_t)max_entries * 4, e)) ||
+        !(b.iscore = pd_scratch(en, 20, (size_t)chunk * ient * 4, e)) ||
+        !(b.sel = pd_scratch(en, 21, (size_t)chunk * (m->index_topk > 0 ? m->index_topk : 1) * 4, e)) ||
         !(b.ckv = pd_scratch(en, 22, (size_t)T * cw * 4, e)) || !(b.cg = pd_scratch(en, 23, (size_t)T * cw * 4, e)) ||
         !(b.ikv = pd_scratch(en, 24, (size_t)T * iwid * 4, e)) || !(b.ig = pd_scratch(en, 25, (size_t)T * iwid * 4, e)) ||
         !(b.iq = pd_scratch(en, 26, (size_t)T * (r == 4 ? ih * id : 1) * 4, e)) ||
@@ -422,10 +453,16 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         for (int c = 0; c < n; c++)
             if ((rc = attend_prepare(st, layer, t0 + c, &b, b.keys + (size_t)c * kmax * hd, &b.nk[c], e)))
                 goto done;
-        /* a task per token from 8 tokens on (a prefill's chunk), so a decode step's few tokens
-         * still spread their heads over the pool */
+        /* a task per token from 8 tokens on (a prefill's chunk: its compressed entries and
+         * indexer in the task too), so a decode step's few tokens still spread their heads over
+         * the pool (entries chosen here first) */
         struct heads_job hj = {.st = st, .L = L, .b = &b, .t0 = t0, .nk = b.nk, .keys = b.keys, .scores = b.scores,
-                               .kmax = (int)kmax, .per_head = n < 8};
+                               .kmax = (int)kmax, .per_head = n < 8, .layer = layer, .ient = ient};
+        if (hj.per_head)
+            for (int c = 0; c < n; c++)
+                b.nk[c] = attend_entries(st, layer, t0 + c, &b, b.keys + (size_t)c * kmax * hd, b.nk[c],
+                                         b.iscore + (size_t)c * ient, b.scores + (size_t)c * nh * kmax,
+                                         b.sel + (size_t)c * m->index_topk);
         pd_pool_run(en->pool, hj.per_head ? n * nh : n, heads_task, &hj);
     }
     /* grouped low-rank output: group g maps heads [g*nh/og, (g+1)*nh/og) to o_lora values. With
