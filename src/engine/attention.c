@@ -334,9 +334,9 @@ static void heads_task(void *arg, int task)
         pd_dot_rows(keys, (size_t)hd, q, hd, nk, sc);
     else
         pd_dot_gemm(keys, (size_t)hd, nk, q, (size_t)hd, nh, hd, sc, (size_t)j->kmax);
+    /* per head: softmax with the sink over the keys, in place in its scores */
     for (int h = h0; h < h1; h++) {
         float *scores = j->scores + ((size_t)c * nh + h) * j->kmax;
-        float *o = j->b->o + ((size_t)t * nh + h) * hd;
         const float sink = j->L->attn_sink[h];
         float mx = pd_scale_max(scores, nk, scale, sink);
         /* the sink adds exp(sink - max) to the denominator and nothing to the output */
@@ -347,11 +347,17 @@ static void heads_task(void *arg, int task)
         for (int k = 0; k < nk; k++)
             den += scores[k];
         pd_div_d(scores, nk, den);
-        for (int i = 0; i < hd; i++)
-            o[i] = 0;
-        pd_axpy_rows(scores, keys, (size_t)hd, nk, o, hd);
-        pd_rope_apply_cs(cs, rd, o + hd - rd, 1);
     }
+    /* o_h = sum_k p_h[k] key_k (V = K), every head of the task over one pass of the keys */
+    float *o = j->b->o + ((size_t)t * nh + h0) * hd;
+    for (int i = 0; i < (h1 - h0) * hd; i++)
+        o[i] = 0;
+    if (j->per_head)
+        pd_axpy_rows(sc, keys, (size_t)hd, nk, o, hd);
+    else
+        pd_axpy_heads(sc, (size_t)j->kmax, nh, keys, (size_t)hd, nk, o, (size_t)hd, hd);
+    for (int h = h0; h < h1; h++)
+        pd_rope_apply_cs(cs, rd, o + (size_t)(h - h0) * hd + hd - rd, 1);
 }
 
 /* Each query head (RMS-scaled, roped) and, in CSA layers, each indexer query head (roped, then

@@ -137,3 +137,60 @@ void pd_dot_gemm(const float *w, size_t ldw, int rows, const float *x, size_t ld
                 y[(size_t)t * ldy + r0 + r] = col[r];
         }
 }
+
+/* axpy_rows_avx512 (vec.c) per value of y: y = fma(a[k], x[k][i], y) for k = 0 .. rows - 1. Here
+ * for 4 rows of y (h0 .. h0+3, clamped to na; a repeated row is not stored) over 64 values from
+ * i: 16 chains, x's 4 vectors loaded once per k for all 4 rows. */
+AVX512 static void axpy_tile(const float *a, size_t lda, int na, const float *x, size_t ldx, int rows, float *y,
+                             size_t ldy, int h0, int i)
+{
+    const float *ar[4];
+    float *yr[4];
+#pragma GCC unroll 4
+    for (int h = 0; h < 4; h++) {
+        int hh = h0 + h < na ? h0 + h : na - 1;
+        ar[h] = a + (size_t)hh * lda;
+        yr[h] = y + (size_t)hh * ldy + i;
+    }
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int h = 0; h < 4; h++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            acc[4 * h + v] = _mm512_loadu_ps(yr[h] + 16 * v);
+    for (int k = 0; k < rows; k++) {
+        const float *xk = x + (size_t)k * ldx + i;
+        __m512 xv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            xv[v] = _mm512_loadu_ps(xk + 16 * v);
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+            __m512 va = _mm512_set1_ps(ar[h][k]);
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++)
+                acc[4 * h + v] = _mm512_fmadd_ps(va, xv[v], acc[4 * h + v]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < 4; h++)
+        if (h0 + h < na)
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++)
+                _mm512_storeu_ps(yr[h] + 16 * v, acc[4 * h + v]);
+}
+
+void pd_axpy_heads(const float *a, size_t lda, int na, const float *x, size_t ldx, int rows, float *y, size_t ldy,
+                   int n)
+{
+    int i = 0;
+    /* the AVX-512 axpy is chosen exactly where avx512f is (vec.c); its 16-value blocks are the
+     * whole row when n is a multiple of 16 */
+    if (n % 16 == 0 && __builtin_cpu_supports("avx512f"))
+        for (; i + 64 <= n; i += 64)
+            for (int h0 = 0; h0 < na; h0 += 4)
+                axpy_tile(a, lda, na, x, ldx, rows, y, ldy, h0, i);
+    if (i < n)
+        for (int h = 0; h < na; h++)
+            pd_axpy_rows(a + (size_t)h * lda, x + i, ldx, rows, y + (size_t)h * ldy + i, n - i);
+}

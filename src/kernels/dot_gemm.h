@@ -14,4 +14,11 @@
 void pd_dot_gemm(const float *w, size_t ldw, int rows, const float *x, size_t ldx, int T, int n, float *y,
                  size_t ldy);
 
+/* pd_axpy_rows(a + h * lda, x, ldx, rows, y + h * ldy, n) for h < na, bit for bit (each y value
+ * gets the same fused multiply-adds in the same k order), with 4 rows of y over 64 values held
+ * in registers while x's rows pass once: the weighted sums of several attention heads over one
+ * token's keys read the keys once per 4 heads instead of once per head. */
+void pd_axpy_heads(const float *a, size_t lda, int na, const float *x, size_t ldx, int rows, float *y, size_t ldy,
+                   int n);
+
 #endif

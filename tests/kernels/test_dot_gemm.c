@@ -2,7 +2,8 @@
  * 1 to 3 and more 32-value chunks with and without a lone 16-value block (the even/odd chains),
  * lengths off the 16-value grid (the pd_dot_rows fallback), row and token counts around the 4 x 4
  * tile and the ~24 KiB row block, leading dimensions larger than the length, and values whose sum
- * depends on the order of the additions (large and small magnitudes of both signs). */
+ * depends on the order of the additions (large and small magnitudes of both signs); likewise
+ * pd_axpy_heads against pd_axpy_rows. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,4 +54,37 @@ Test(dot_gemm, same_bits_as_dot)
                 free(w), free(x), free(y);
             }
     }
+}
+
+/* pd_axpy_heads gives each row of y the bits pd_axpy_rows gives it: lengths on and off the
+ * 64-value tile and the 16-value grid, head counts around the 4-row tile, 0 to 37 rows of x,
+ * leading dimensions larger than the length, y starting non-zero. */
+Test(dot_gemm, axpy_heads_same_bits_as_axpy_rows)
+{
+    static const int ns[] = {16, 64, 80, 128, 192, 33, 7};
+    static const int heads[] = {1, 3, 4, 5, 8, 9};
+    static const int rows_of[] = {0, 1, 5, 37};
+    uint64_t s = 5;
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t hi = 0; hi < sizeof heads / sizeof *heads; hi++)
+            for (size_t ri = 0; ri < sizeof rows_of / sizeof *rows_of; ri++) {
+                const int n = ns[a], na = heads[hi], rows = rows_of[ri];
+                const size_t ldx = (size_t)n + 3, lda = (size_t)rows + 2, ldy = (size_t)n + 1;
+                float *x = malloc(((size_t)rows * ldx + 1) * 4), *w = malloc(((size_t)na * lda + 1) * 4);
+                float *y = malloc((size_t)na * ldy * 4), *ref = malloc((size_t)na * ldy * 4);
+                for (size_t i = 0; i < (size_t)rows * ldx; i++)
+                    x[i] = value(&s);
+                for (size_t i = 0; i < (size_t)na * lda; i++)
+                    w[i] = value(&s) / 64;
+                for (size_t i = 0; i < (size_t)na * ldy; i++)
+                    y[i] = ref[i] = value(&s);
+                pd_axpy_heads(w, lda, na, x, ldx, rows, y, ldy, n);
+                for (int h = 0; h < na; h++)
+                    pd_axpy_rows(w + (size_t)h * lda, x, ldx, rows, ref + (size_t)h * ldy, n);
+                /* the gaps between rows of y too: untouched in both */
+                for (size_t i = 0; i < (size_t)na * ldy; i++)
+                    cr_assert(memcmp(&y[i], &ref[i], 4) == 0, "n %d, %d heads, %d rows: y[%zu] %a vs pd_axpy_rows %a", n,
+                              na, rows, i, y[i], ref[i]);
+                free(x), free(w), free(y), free(ref);
+            }
 }
