@@ -3,6 +3,7 @@
  * deepseek-v4-architecture.md; every step here names the one it implements. */
 #include "engine/internal.h"
 #include "engine/prefix.h"
+#include "kernels/dot_gemm.h"
 #include "kernels/gemm.h"
 #include "kernels/quant.h"
 #include "kernels/vec.h"
@@ -213,14 +214,17 @@ void pd_mhc_post(const struct pd_model *m, float *h, const float *out, const flo
 /* mHC around a sublayer, over the pool: a token's mixing weights are hc * hidden floats per
  * mixing value (24 x 2048 in v4-flash-mini: 196 KB per sublayer, as much as its matrices), so at
  * decode batch 1 their rows are split (task = a token's block of PD_MHC_MIX_ROWS rows) and the rest
- * of "pre" follows on the caller; with more tokens each task is one token, "pre" or "post" whole.
- * The same arithmetic per token and row either way. */
+ * of "pre" follows on the caller; with more tokens each task is one token ("pre" or "post"
+ * whole), or from 16 tokens on four tokens whose mixing values are one tiled product
+ * (kernels/dot_gemm.h: the weights read once per four tokens). The same arithmetic per token and
+ * row either way. */
 struct mhc_job {
     struct pd_step *st;
     const struct pd_layer_w *L;
     int ffn;
     int split;          /* 1: tasks are (token, row block) of the mixing values only */
     int blocks;         /* row blocks per token */
+    int tokens;         /* else tokens per task: a prefill's 4 share one pass over the mixing weights */
     float *mix;         /* [T, mixn] */
     float *tmp;         /* [T, hc, hidden] pd_mhc_post's */
 };
@@ -231,7 +235,7 @@ static void mhc_pre_task(void *arg, int task)
     const struct pd_model *m = &j->st->en->model;
     const struct pd_layer_w *L = j->L;
     const int H = (int)m->hidden_size, hc = m->hc_mult, mixn = (2 + hc) * hc;
-    const int t = j->split ? task / j->blocks : task;
+    const int t = j->split ? task / j->blocks : task * j->tokens;
     const float *h = j->st->h + (size_t)t * hc * H, *fn = j->ffn ? L->hc_ffn_fn : L->hc_attn_fn;
     float *mix = j->mix + (size_t)t * mixn;
     if (j->split) {
@@ -239,11 +243,20 @@ static void mhc_pre_task(void *arg, int task)
         pd_mhc_mix(m, h, fn, r0, r1, mix);
         return;
     }
-    pd_mhc_mix(m, h, fn, 0, mixn, mix);
-    float *x = j->st->x + (size_t)t * H;
-    pd_mhc_pre_mixed(m, h, mix, j->ffn ? L->hc_ffn_base : L->hc_attn_base, j->ffn ? L->hc_ffn_scale : L->hc_attn_scale,
-                     x, j->st->post + (size_t)t * hc, j->st->comb + (size_t)t * hc * hc);
-    pd_rmsnorm(x, j->ffn ? L->ffn_norm : L->attn_norm, (float)m->rms_norm_eps, H, x);
+    /* tokens t .. t1-1: their mixing values as one tiled product (pd_mhc_mix's bits) when
+     * there are several, then "pre" token by token */
+    const int t1 = t + j->tokens < j->st->T ? t + j->tokens : j->st->T;
+    if (t1 - t > 1)
+        pd_dot_gemm(fn, (size_t)hc * H, mixn, h, (size_t)hc * H, t1 - t, hc * H, mix, (size_t)mixn);
+    else
+        pd_mhc_mix(m, h, fn, 0, mixn, mix);
+    for (int u = t; u < t1; u++) {
+        float *x = j->st->x + (size_t)u * H;
+        pd_mhc_pre_mixed(m, j->st->h + (size_t)u * hc * H, j->mix + (size_t)u * mixn,
+                         j->ffn ? L->hc_ffn_base : L->hc_attn_base, j->ffn ? L->hc_ffn_scale : L->hc_attn_scale, x,
+                         j->st->post + (size_t)u * hc, j->st->comb + (size_t)u * hc * hc);
+        pd_rmsnorm(x, j->ffn ? L->ffn_norm : L->attn_norm, (float)m->rms_norm_eps, H, x);
+    }
 }
 
 static void mhc_post_task(void *arg, int t)
@@ -264,11 +277,12 @@ static int sublayer(struct pd_step *st, int layer, int ffn, pd_err *e)
     const int H = (int)m->hidden_size, hc = m->hc_mult, T = st->T, mixn = (2 + hc) * hc;
     struct mhc_job j = {.st = st, .L = L, .ffn = ffn, .blocks = (mixn + PD_MHC_MIX_ROWS - 1) / PD_MHC_MIX_ROWS};
     j.split = T < pd_pool_nthreads(en->pool);
+    j.tokens = T >= 16 ? 4 : 1;
     j.mix = pd_scratch(en, 70, (size_t)T * mixn * sizeof(float), e);
     j.tmp = pd_scratch(en, 48, (size_t)T * hc * H * sizeof(float), e);
     if (!j.mix || !j.tmp)
         return PD_ENOMEM;
-    pd_pool_run(en->pool, j.split ? T * j.blocks : T, mhc_pre_task, &j);
+    pd_pool_run(en->pool, j.split ? T * j.blocks : (T + j.tokens - 1) / j.tokens, mhc_pre_task, &j);
     if (j.split)
         for (int t = 0; t < T; t++) {
             float *x = st->x + (size_t)t * H;
