@@ -8,9 +8,11 @@
  * The indexer (CSA layers) works in the official code's low precision: its queries and keys
  * rotated by a Hadamard matrix and rounded through FP4 (kernels/fp4.h), its head weights scaled
  * by index_head_dim^-1/2 * index_n_heads^-1/2.
- * Projections run on the whole step; the window, compressors and indexer run per sequence in
- * position order, each token's keys copied out as it is reached, so each token sees exactly the
- * cache it would see alone; the heads then run over the pool on those copies. */
+ * Projections run on the whole step; the window and compressors run per sequence in position
+ * order, each token's window keys copied out as it is reached, so each token sees exactly the
+ * cache it would see alone; then over the pool, per token of a prefill chunk: its compressed
+ * entries (the indexer's top-k in CSA layers) appended to those keys, and all its heads (scores
+ * and weighted sums as tiled products, kernels/dot_gemm.h, with pd_dot's and pd_axpy_rows' bits). */
 #include "engine/internal.h"
 #include "engine/prefix.h"
 #include "kernels/dot_gemm.h"
