@@ -12,7 +12,9 @@
 # the same driver, the same prompt ids as `pdmoe bench prefill` ((i * 131 + 7) mod 1000), one
 # prefill step of P tokens on a fresh sequence after a warm-up, median of 3 per process. Each tree
 # runs on its own models/mini (the checkpoint format differs). The two binaries alternate, ROUNDS
-# times (default 3, the order swapped each round), and the median over rounds is compared.
+# times (default 3, the order swapped each round), and the median over rounds is compared: by
+# wall time at each thread count, and at 1 thread also by the calling thread's CPU time ("1 cpu"
+# rows), which leaves out the slices other jobs take on a shared machine.
 #
 # The models differ: at the filing every matrix of v4-flash-mini was int8; since issue 19 wq_a,
 # wkv, wo_a, the LM head, the router, the compressors' projections and the indexer's weights_proj are bf16 (run
@@ -45,10 +47,15 @@ for side in base here; do
     ${CC:-cc} -std=gnu11 -O2 -march=x86-64-v2 -pthread -I"$t/src" -I"$t" -I"$t/build/gen" $(pkg-config --cflags $pkgs) \
         "$here/tools/prefill_time.c" "$t/build/libpdmoe.a" $(pkg-config --libs $pkgs) -lm -pthread -o "$tmp/$side"
 done
-run() {   # side threads round
+run() {   # side threads round [clock]
     eval "t=\$$1"
-    (cd "$t" && "$tmp/$1" models/mini "$2" 3 $lengths) | sed "s/^/$1 $2 $3 /" >> "$tmp/results"
+    (cd "$t" && "$tmp/$1" models/mini "$2" 3 "${4:-wall}" $lengths) | sed "s/^/$1 $2${4:+-$4} $3 /" >> "$tmp/results"
 }
+r=1
+while [ "$r" -le "$rounds" ]; do
+    if [ $((r % 2)) -eq 1 ]; then run base 1 "$r" cpu; run here 1 "$r" cpu; else run here 1 "$r" cpu; run base 1 "$r" cpu; fi
+    r=$((r + 1))
+done
 for th in $threads; do
     r=1
     while [ "$r" -le "$rounds" ]; do
@@ -56,13 +63,14 @@ for th in $threads; do
         r=$((r + 1))
     done
 done
-echo "prefill of v4-flash-mini, tokens/s (wall time; median of $rounds alternating runs, each the median of 3 steps)"
+echo "prefill of v4-flash-mini, tokens/s (median of $rounds alternating runs, each the median of 3 steps; wall time,"
+echo "and for 1-cpu the calling thread's CPU time at 1 thread)"
 echo "filing = $(git -C "$base" log -1 --format='%h %s' | cut -c1-60)..."
 echo "today  = $(git -C "$here" log -1 --format='%h %s' | cut -c1-60)..."
 echo "note: today's model is heavier (issue 19: wq_a, wkv, wo_a, head, router, compressors, indexer weights_proj"
 echo "      bf16 run in fp32, int8 at the filing): the ratio compares the engines on their own models."
 printf '%8s %7s %12s %12s %8s\n' threads tokens filing today ratio
-for th in $threads; do
+for th in 1-cpu $threads; do
     for p in $lengths; do
         med() { awk -v s="$1" -v th="$th" -v p="$p" '$1 == s && $2 == th && $4 == p { print $5 }' "$tmp/results" |
                 sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
