@@ -8,11 +8,14 @@
  * The indexer (CSA layers) works in the official code's low precision: its queries and keys
  * rotated by a Hadamard matrix and rounded through FP4 (kernels/fp4.h), its head weights scaled
  * by index_head_dim^-1/2 * index_n_heads^-1/2.
- * Projections run on the whole step; the window, compressors and indexer run per sequence in
- * position order, each token's keys copied out as it is reached, so each token sees exactly the
- * cache it would see alone; the heads then run over the pool on those copies. */
+ * Projections run on the whole step; the window and compressors run per sequence in position
+ * order, each token's window keys copied out as it is reached, so each token sees exactly the
+ * cache it would see alone; then over the pool, per token of a prefill chunk: its compressed
+ * entries (the indexer's top-k in CSA layers) appended to those keys, and all its heads (scores
+ * and weighted sums as tiled products, kernels/dot_gemm.h, with pd_dot's and pd_axpy_rows' bits). */
 #include "engine/internal.h"
 #include "engine/prefix.h"
+#include "kernels/dot_gemm.h"
 #include "kernels/fp4.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
@@ -30,10 +33,13 @@ struct attn_bufs {
     float *iq, *iw, *ikv, *ig;     /* indexer query, weights, compressor projections */
     float *o, *og, *oa, *ogo;      /* attention output, one group's input, wo_a output, one group's output */
     float *keys;                   /* [chunk, window + entries, head_dim] keys of each token, fp32 */
-    float *scores, *iscore;        /* [chunk, heads, keys], [entries] */
-    int *sel;                      /* [entries] selected entries */
+    float *scores, *iscore;        /* [chunk, heads, keys], [chunk, index heads, entries] */
+    int *sel;                      /* [chunk, index_topk] selected entries */
     int *nk;                       /* [T] keys of each prepared token */
     int32_t *orow;                 /* [o_groups * T] group g's rows of o viewed as [T * o_groups, gin] */
+    float *strip;                  /* [chunk + items * (window - 1), head_dim] a prefill chunk's window keys,
+                                      each item's positions in order, shared by its tokens */
+    int *wrow, *nw;                /* [chunk] a token's first row in strip, its window keys there */
 };
 
 /* An indexer query head or key as the official code has it: bf16, Hadamard-rotated, bf16 again,
@@ -143,24 +149,29 @@ static int cmp_int(const void *a, const void *b)
 
 /* Indexer: score(entry) = sum_h relu(q_h . k_entry) * w_h * index_head_dim^-1/2 *
  * index_n_heads^-1/2 (the official weight scale: it leaves the order, and so the choice, as it
- * was, but keeps the scores' magnitude); the top-k entries, ties to the lower index. */
+ * was, but keeps the scores' magnitude); the top-k entries, ties to the lower index, in sel.
+ * The n keys are widened to fp32 into tmp [n, index_head_dim], then every q_h . k_entry is one
+ * tiled product into dot [index_n_heads, n] (each the bits pd_dot gives it); score [n] out. */
 static int indexer_select(const struct pd_model *m, const struct pd_kvpool *kvp, const struct pd_kvseq *s, int layer,
-                          int64_t n, const float *iq, const float *iw, struct attn_bufs *b)
+                          int n, const float *iq, const float *iw, float *tmp, float *dot, float *score, int *sel)
 {
     const int ih = m->index_n_heads, id = m->index_head_dim, k = m->index_topk;
-    float key[1024], dot[256], w[256];
+    float w[256];
     const float wscale = pd_indexer_weight_scale(m);
     for (int h = 0; h < ih; h++)
         w[h] = iw[h] * wscale;
-    for (int64_t x = 0; x < n; x++) {
-        pd_kv_get_key(kvp, key, pd_kv_key(kvp, s, layer, x));
-        pd_dot_rows(iq, (size_t)id, key, id, ih, dot);
+    for (int x = 0; x < n; x++)
+        pd_kv_get_key(kvp, tmp + (size_t)x * id, pd_kv_key(kvp, s, layer, x));
+    pd_dot_gemm(tmp, (size_t)id, n, iq, (size_t)id, ih, id, dot, (size_t)n);
+    for (int x = 0; x < n; x++) {
         double sc = 0;
-        for (int h = 0; h < ih; h++)
-            sc += (dot[h] > 0 ? dot[h] : 0) * w[h];
-        b->iscore[x] = (float)sc;
+        for (int h = 0; h < ih; h++) {
+            float d = dot[(size_t)h * n + x];
+            sc += (d > 0 ? d : 0) * w[h];
+        }
+        score[x] = (float)sc;
     }
-    return pd_topk(b->iscore, (int)n, k, b->sel);
+    return pd_topk(score, n, k, sel);
 }
 
 int pd_topk(const float *score, int n, int k, int *sel)
@@ -189,13 +200,37 @@ int pd_topk(const float *score, int n, int k, int *sel)
     return cnt;
 }
 
-/* Everything of token t's attention that reads or writes its sequence's cache, in position
- * order: the window entry, the compressors, the undo log and snapshots, then the keys the token
- * sees (window, then the compressed entries the layer lets it see) copied as fp32 into `keys`
- * [*nk_out, head_dim]. The heads (heads_task) then read only those copies, so they can run on any
- * thread after later tokens of the same sequence have been prepared. */
-static int attend_prepare(struct pd_step *st, int layer, int t, struct attn_bufs *b, float *keys, int *nk_out,
-                          pd_err *e)
+/* Everything of token t's attention that writes its sequence's cache, in position order: the
+ * window entry, the compressors, the undo log and snapshots, then the window's keys the token
+ * sees copied as fp32 into `keys` [*nk_out, head_dim] (the ring is overwritten by later tokens):
+ * all of them, or with whole_window 0 its own entry only (the caller keeps the rest in a strip
+ * the chunk's tokens share).
+ * The compressed entries it sees are appended by attend_entries, which only reads the cache
+ * (an entry, once written, does not change within the step), so it and the heads (heads_task)
+ * can run on any thread after later tokens of the same sequence have been prepared. */
+/* Window positions p0 .. p1 of a sequence's layer, as fp32 rows into dst; returns how many. The
+ * window is a ring of W entries: they are at most two runs, each read at once in bf16. */
+static int copy_window(const struct pd_kvpool *kvp, const struct pd_kvseq *kv, int layer, int W, int hd, int64_t p0,
+                       int64_t p1, float *dst)
+{
+    int n = 0;
+    for (int64_t p = p0; p <= p1;) {
+        int64_t run = W - p % W < p1 + 1 - p ? W - p % W : p1 + 1 - p;
+        if (kvp->dtype == PD_KV_BF16) {
+            assert(kvp->entry_bytes == 2 * (size_t)hd);
+            pd_bf16_to_f32_row(pd_kv_window(kvp, kv, layer, p), dst + (size_t)n * hd, (int)(run * hd));
+        } else {
+            for (int64_t k = 0; k < run; k++)
+                pd_kv_get_entry(kvp, dst + (size_t)(n + k) * hd, pd_kv_window(kvp, kv, layer, p + k));
+        }
+        n += (int)run;
+        p += run;
+    }
+    return n;
+}
+
+static int attend_prepare(struct pd_step *st, int layer, int t, struct attn_bufs *b, float *keys, int whole_window,
+                          int *nk_out, pd_err *e)
 {
     struct pd_engine *en = st->en;
     const struct pd_model *m = &en->model;
@@ -233,44 +268,49 @@ static int attend_prepare(struct pd_step *st, int layer, int t, struct attn_bufs
     for (int j = 0; j < it->n_snaps; j++)
         if (pd_kvpool_layer_len(kvp, layer, it->snaps[j].pos) == pos + 1)
             pd_kvsnap_take(kvp, &seq->kv, layer, it->snaps[j].pos, it->snaps[j].buf);
-    /* keys: window first, then the compressed entries the layer may see */
-    int nk = 0;
-    int64_t first = pos - W + 1 < 0 ? 0 : pos - W + 1;
-    /* the window is a ring of W entries: positions first .. pos are at most two runs, each read
-     * at once in bf16 */
-    for (int64_t p = first; p <= pos;) {
-        int64_t run = W - p % W < pos + 1 - p ? W - p % W : pos + 1 - p;
-        if (kvp->dtype == PD_KV_BF16) {
-            assert(kvp->entry_bytes == 2 * (size_t)hd);
-            pd_bf16_to_f32_row(pd_kv_window(kvp, &seq->kv, layer, p), keys + (size_t)nk * hd, (int)(run * hd));
-        } else {
-            for (int64_t k = 0; k < run; k++)
-                pd_kv_get_entry(kvp, keys + (size_t)(nk + k) * hd, pd_kv_window(kvp, &seq->kv, layer, p + k));
-        }
-        nk += (int)run;
-        p += run;
-    }
-    if (r) {
-        int64_t n = (pos + 1) / r;
-        int ns;
-        if (r == 4 && n > m->index_topk) {
-            ns = indexer_select(m, kvp, &seq->kv, layer, n,
-                                b->iq + (size_t)t * m->index_n_heads * m->index_head_dim,
-                                b->iw + (size_t)t * m->index_n_heads, b);
-        } else {
-            ns = (int)n;
-            for (int i = 0; i < ns; i++)
-                b->sel[i] = i;
-        }
-        for (int i = 0; i < ns; i++)
-            pd_kv_get_entry(kvp, keys + (size_t)nk++ * hd, pd_kv_entry(kvp, &seq->kv, layer, b->sel[i]));
-    }
-    *nk_out = nk;
+    /* keys: the window's (all of it, or only the token's own entry when the chunk shares one
+     * strip of window keys), then the compressed entries the layer may see (attend_entries) */
+    const int64_t first = pos - W + 1 < 0 ? 0 : pos - W + 1;
+    *nk_out = copy_window(kvp, &seq->kv, layer, W, hd, whole_window ? first : pos, pos, keys);
     return 0;
 }
 
-/* The heads of a chunk of prepared tokens, one task per (token, head): softmax over the token's
- * keys with the head's sink, V = K, inverse rope on the output's rope dims. */
+/* Appends to token t's keys [nk, head_dim] (its window's, from attend_prepare) the compressed
+ * entries the layer lets it see: all completed blocks (HCA), or the indexer's top-k of them
+ * (CSA) when there are more than k; returns the new count. Reads the cache only. Scratch: tmp
+ * [entries, index_head_dim] (the token's keys after its window serve: kmax - nk >= entries rows
+ * of head_dim >= index_head_dim floats), dot [index_n_heads, entries], score [entries], sel
+ * [index_topk]. */
+static int attend_entries(struct pd_step *st, int layer, int t, const struct attn_bufs *b, float *keys, int nk,
+                          float *dot, float *score, int *sel)
+{
+    struct pd_engine *en = st->en;
+    const struct pd_model *m = &en->model;
+    const struct pd_layer_w *L = pd_layer_weights(en, layer);
+    const struct pd_kvpool *kvp = &en->kv;
+    const struct pd_kvseq *kv = &st->items[st->item_of[t]].seq->kv;
+    const int hd = m->head_dim, r = L->ratio;
+    if (!r)
+        return nk;
+    const int n = (int)((st->pos[t] + 1) / r);
+    if (r == 4 && n > m->index_topk) {
+        assert(m->index_head_dim <= hd);
+        int ns = indexer_select(m, kvp, kv, layer, n, b->iq + (size_t)t * m->index_n_heads * m->index_head_dim,
+                                b->iw + (size_t)t * m->index_n_heads, keys + (size_t)nk * hd, dot, score, sel);
+        for (int i = 0; i < ns; i++)
+            pd_kv_get_entry(kvp, keys + (size_t)nk++ * hd, pd_kv_entry(kvp, kv, layer, sel[i]));
+        return nk;
+    }
+    for (int i = 0; i < n; i++)
+        pd_kv_get_entry(kvp, keys + (size_t)nk++ * hd, pd_kv_entry(kvp, kv, layer, i));
+    return nk;
+}
+
+/* The heads of a chunk of prepared tokens: one task per token when the chunk has enough tokens
+ * to keep the pool busy (prefill), the scores of all its heads against its keys in one tiled
+ * product; else one task per (token, head) (decode). Each score is the bits pd_dot gives it
+ * either way. Then per head the softmax over the token's keys with the head's sink, V = K,
+ * inverse rope on the output's rope dims. */
 struct heads_job {
     struct pd_step *st;
     const struct pd_layer_w *L;
@@ -280,6 +320,10 @@ struct heads_job {
     float *keys;        /* [chunk, kmax, head_dim] */
     float *scores;      /* [chunk, heads, kmax] */
     int kmax;
+    int per_head;       /* tasks are (token, head) pairs (window and entries in keys), else tokens
+                           (window keys in b->strip, entries in keys) */
+    int layer;
+    int ient;           /* the indexer's scratch per token: index_n_heads * entries floats */
 };
 
 static void heads_task(void *arg, int task)
@@ -287,27 +331,57 @@ static void heads_task(void *arg, int task)
     const struct heads_job *j = arg;
     const struct pd_model *m = &j->st->en->model;
     const int hd = m->head_dim, nh = m->n_heads, rd = m->qk_rope_head_dim;
-    const int c = task / nh, h = task % nh, t = j->t0 + c, nk = j->nk[c];
-    const float *keys = j->keys + (size_t)c * j->kmax * hd;
-    float *scores = j->scores + ((size_t)c * nh + h) * j->kmax;
+    const int c = j->per_head ? task / nh : task, h0 = j->per_head ? task % nh : 0, h1 = j->per_head ? h0 + 1 : nh;
+    const int t = j->t0 + c;
+    /* the token's keys in order: nw window rows at win, then ne compressed entries at ent */
+    float *ent = j->keys + (size_t)c * j->kmax * hd;
+    const float *win = ent;
+    int nw = j->nk[c], ne = 0;
+    if (!j->per_head) {
+        win = j->b->strip + (size_t)j->b->wrow[c] * hd;
+        nw = j->b->nw[c];
+        ne = attend_entries(j->st, j->layer, t, j->b, ent, 0, j->b->iscore + (size_t)c * j->ient,
+                            j->scores + (size_t)c * nh * j->kmax, j->b->sel + (size_t)c * m->index_topk);
+    }
+    const int nk = nw + ne;
     const float *cs = (j->L->ratio ? j->st->cs_compress : j->st->cs_window) + (size_t)t * rd;
-    const float scale = 1.0f / sqrtf((float)hd), sink = j->L->attn_sink[h];
-    const float *q = j->b->q + ((size_t)t * nh + h) * hd;
-    float *o = j->b->o + ((size_t)t * nh + h) * hd;
-    pd_dot_rows(keys, (size_t)hd, q, hd, nk, scores);
-    float mx = pd_scale_max(scores, nk, scale, sink);
-    /* the sink adds exp(sink - max) to the denominator and nothing to the output */
-    double den = expf(sink - mx);
-    for (int k = 0; k < nk; k++)
-        scores[k] -= mx;
-    pd_expf_rows(scores, scores, nk);
-    for (int k = 0; k < nk; k++)
-        den += scores[k];
-    pd_div_d(scores, nk, den);
-    for (int i = 0; i < hd; i++)
+    const float scale = 1.0f / sqrtf((float)hd);
+    /* scores[h][k] = q_h . key_k */
+    const float *q = j->b->q + ((size_t)t * nh + h0) * hd;
+    float *sc = j->scores + ((size_t)c * nh + h0) * j->kmax;
+    if (j->per_head) {
+        pd_dot_rows(win, (size_t)hd, q, hd, nw, sc);
+    } else {
+        pd_dot_gemm(win, (size_t)hd, nw, q, (size_t)hd, nh, hd, sc, (size_t)j->kmax);
+        pd_dot_gemm(ent, (size_t)hd, ne, q, (size_t)hd, nh, hd, sc + nw, (size_t)j->kmax);
+    }
+    /* per head: softmax with the sink over the keys, in place in its scores */
+    for (int h = h0; h < h1; h++) {
+        float *scores = j->scores + ((size_t)c * nh + h) * j->kmax;
+        const float sink = j->L->attn_sink[h];
+        float mx = pd_scale_max(scores, nk, scale, sink);
+        /* the sink adds exp(sink - max) to the denominator and nothing to the output */
+        double den = expf(sink - mx);
+        for (int k = 0; k < nk; k++)
+            scores[k] -= mx;
+        pd_expf_rows(scores, scores, nk);
+        for (int k = 0; k < nk; k++)
+            den += scores[k];
+        pd_div_d(scores, nk, den);
+    }
+    /* o_h = sum_k p_h[k] key_k (V = K) in k order: every head of the task over one pass of the
+     * window's keys, then of the entries */
+    float *o = j->b->o + ((size_t)t * nh + h0) * hd;
+    for (int i = 0; i < (h1 - h0) * hd; i++)
         o[i] = 0;
-    pd_axpy_rows(scores, keys, (size_t)hd, nk, o, hd);
-    pd_rope_apply_cs(cs, rd, o + hd - rd, 1);
+    if (j->per_head) {
+        pd_axpy_rows(sc, win, (size_t)hd, nw, o, hd);
+    } else {
+        pd_axpy_heads(sc, (size_t)j->kmax, nh, win, (size_t)hd, nw, o, (size_t)hd, hd);
+        pd_axpy_heads(sc + nw, (size_t)j->kmax, nh, ent, (size_t)hd, ne, o, (size_t)hd, hd);
+    }
+    for (int h = h0; h < h1; h++)
+        pd_rope_apply_cs(cs, rd, o + (size_t)(h - h0) * hd + hd - rd, 1);
 }
 
 /* Each query head (RMS-scaled, roped) and, in CSA layers, each indexer query head (roped, then
@@ -363,21 +437,30 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
     const int64_t kmax = m->sliding_window + max_entries;
     int chunk = (int)((4 << 20) / (kmax * hd * 4));
     chunk = chunk < 1 ? 1 : chunk > T ? T : chunk;
+    /* a chunk's window strip: its tokens' own entries and, per item, the W - 1 positions before */
+    const int W = m->sliding_window;
+    const size_t strip_rows = (size_t)chunk + (size_t)(st->n_items < chunk ? st->n_items : chunk) * (W - 1);
+    /* the indexer's dot products of one token: index_n_heads x entries */
+    const int ient = (int)((m->index_n_heads > 0 ? m->index_n_heads : 1) * max_entries);
     int cw = r ? L->cmp.coff * hd : 1, ih = m->index_n_heads, id = m->index_head_dim, iwid = r == 4 ? L->idx_cmp.coff * id : 1;
     if (!(b.qr = pd_scratch(en, 11, (size_t)T * ql * 4, e)) || !(b.q = pd_scratch(en, 12, (size_t)T * nh * hd * 4, e)) ||
         !(b.kv = pd_scratch(en, 13, (size_t)T * hd * 4, e)) || !(b.o = pd_scratch(en, 14, (size_t)T * nh * hd * 4, e)) ||
         !(b.og = pd_scratch(en, 15, (size_t)T * gin * 4, e)) || !(b.oa = pd_scratch(en, 16, (size_t)T * og * ol * 4, e)) ||
         !(b.ogo = pd_scratch(en, 17, (size_t)og * T * ol * 4, e)) ||
-        !(b.keys = pd_scratch(en, 18, (size_t)chunk * kmax * hd * 4, e)) ||
+        !(b.keys = pd_scratch(en, 18, ((size_t)chunk * kmax + strip_rows) * hd * 4, e)) ||
         !(b.scores = pd_scratch(en, 19, (size_t)chunk * nh * kmax * 4, e)) ||
-        !(b.nk = pd_scratch(en, 71, ((size_t)T + (size_t)og * T) * 4, e)) ||
-        !(b.iscore = pd_scratch(en, 20, (size_t)max_entries * 4, e)) || !(b.sel = pd_scratch(en, 21, (size_t)max_entries * 4, e)) ||
+        !(b.nk = pd_scratch(en, 71, ((size_t)3 * T + (size_t)og * T) * 4, e)) ||
+        !(b.iscore = pd_scratch(en, 20, (size_t)chunk * ient * 4, e)) ||
+        !(b.sel = pd_scratch(en, 21, (size_t)chunk * (m->index_topk > 0 ? m->index_topk : 1) * 4, e)) ||
         !(b.ckv = pd_scratch(en, 22, (size_t)T * cw * 4, e)) || !(b.cg = pd_scratch(en, 23, (size_t)T * cw * 4, e)) ||
         !(b.ikv = pd_scratch(en, 24, (size_t)T * iwid * 4, e)) || !(b.ig = pd_scratch(en, 25, (size_t)T * iwid * 4, e)) ||
         !(b.iq = pd_scratch(en, 26, (size_t)T * (r == 4 ? ih * id : 1) * 4, e)) ||
         !(b.iw = pd_scratch(en, 27, (size_t)T * (r == 4 ? ih : 1) * 4, e)))
         goto done;
     b.orow = b.nk + T;
+    b.wrow = b.orow + (size_t)og * T;
+    b.nw = b.wrow + T;
+    b.strip = b.keys + (size_t)chunk * kmax * hd;
     /* every projection of the sublayer input x in one product (the kernel streams from one
      * matrix into the next), then those of q_lora's qr in another */
     const struct pd_linear *lx[7] = {&L->wq_a, &L->wkv, &L->cmp.wkv, &L->cmp.wgate, &L->idx_weights,
@@ -406,12 +489,42 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
      * prepared in that order, then all their heads run over the pool */
     for (int t0 = 0; t0 < T; t0 += chunk) {
         int n = T - t0 < chunk ? T - t0 : chunk;
-        for (int c = 0; c < n; c++)
-            if ((rc = attend_prepare(st, layer, t0 + c, &b, b.keys + (size_t)c * kmax * hd, &b.nk[c], e)))
+        /* a task per token from 8 tokens on (a prefill's chunk: its compressed entries and
+         * indexer in the task too), so a decode step's few tokens still spread their heads over
+         * the pool (entries chosen here first) */
+        const int per_head = n < 8;
+        /* a prefill chunk's window keys go to one strip per item: the positions before the
+         * item's first token in the chunk (read before that token overwrites the ring), then each
+         * token's own entry as it is written; a token's window is a run of that strip */
+        int srow = 0, seg_row = 0;
+        int64_t seg_pos = 0;
+        for (int c = 0; c < n; c++) {
+            const int t = t0 + c;
+            const int64_t pos = st->pos[t], first = pos - W + 1 < 0 ? 0 : pos - W + 1;
+            if (!per_head && (c == 0 || st->item_of[t] != st->item_of[t - 1])) {
+                seg_row = srow;
+                seg_pos = first;
+                srow += copy_window(&en->kv, &st->items[st->item_of[t]].seq->kv, layer, W, hd, first, pos - 1,
+                                    b.strip + (size_t)srow * hd);
+            }
+            if ((rc = attend_prepare(st, layer, t, &b, per_head ? b.keys + (size_t)c * kmax * hd : b.strip + (size_t)srow * hd,
+                                     per_head, &b.nk[c], e)))
                 goto done;
+            if (!per_head) {
+                srow += b.nk[c];
+                b.wrow[c] = seg_row + (int)(first - seg_pos);
+                b.nw[c] = (int)(pos - first + 1);
+                assert(b.wrow[c] + b.nw[c] == srow);
+            }
+        }
         struct heads_job hj = {.st = st, .L = L, .b = &b, .t0 = t0, .nk = b.nk, .keys = b.keys, .scores = b.scores,
-                               .kmax = (int)kmax};
-        pd_pool_run(en->pool, n * nh, heads_task, &hj);
+                               .kmax = (int)kmax, .per_head = per_head, .layer = layer, .ient = ient};
+        if (hj.per_head)
+            for (int c = 0; c < n; c++)
+                b.nk[c] = attend_entries(st, layer, t0 + c, &b, b.keys + (size_t)c * kmax * hd, b.nk[c],
+                                         b.iscore + (size_t)c * ient, b.scores + (size_t)c * nh * kmax,
+                                         b.sel + (size_t)c * m->index_topk);
+        pd_pool_run(en->pool, hj.per_head ? n * nh : n, heads_task, &hj);
     }
     /* grouped low-rank output: group g maps heads [g*nh/og, (g+1)*nh/og) to o_lora values. With
      * int8 weights o [T, nh*hd] is quantised as [T*og, gin] (the rows each group reads, as when

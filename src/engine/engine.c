@@ -3,6 +3,7 @@
  * deepseek-v4-architecture.md; every step here names the one it implements. */
 #include "engine/internal.h"
 #include "engine/prefix.h"
+#include "kernels/dot_gemm.h"
 #include "kernels/gemm.h"
 #include "kernels/quant.h"
 #include "kernels/vec.h"
@@ -228,8 +229,11 @@ struct mhc_job {
     float *tmp;         /* [T, hc, hidden] pd_mhc_post's */
 };
 
-/* The mixing values of every token for one block of PD_MHC_MIX_ROWS rows of the mixing weights
- * (pd_dot_rows_tokens: each row read once for four tokens at a time, pd_mhc_mix's bits). */
+/* The mixing values of every token for one block of PD_MHC_MIX_ROWS rows of the mixing weights,
+ * pd_mhc_mix's bits: pd_dot_rows_tokens (each row read once for four tokens at a time), or from
+ * MHC_GEMM_T tokens (prefill) one register-tiled product (kernels/dot_gemm.h). */
+enum { MHC_GEMM_T = 8 };
+
 static void mhc_mix_rows_task(void *arg, int task)
 {
     const struct mhc_job *j = arg;
@@ -237,8 +241,12 @@ static void mhc_mix_rows_task(void *arg, int task)
     const int n = m->hc_mult * (int)m->hidden_size, mixn = (2 + m->hc_mult) * m->hc_mult;
     const int r0 = task * PD_MHC_MIX_ROWS, r1 = r0 + PD_MHC_MIX_ROWS < mixn ? r0 + PD_MHC_MIX_ROWS : mixn;
     const float *fn = j->ffn ? j->L->hc_ffn_fn : j->L->hc_attn_fn;
-    pd_dot_rows_tokens(fn + (size_t)r0 * n, (size_t)n, j->st->h, (size_t)n, j->st->T, n, r1 - r0, j->mix + r0,
-                       (size_t)mixn);
+    if (j->st->T >= MHC_GEMM_T)
+        pd_dot_gemm(fn + (size_t)r0 * n, (size_t)n, r1 - r0, j->st->h, (size_t)n, j->st->T, n, j->mix + r0,
+                    (size_t)mixn);
+    else
+        pd_dot_rows_tokens(fn + (size_t)r0 * n, (size_t)n, j->st->h, (size_t)n, j->st->T, n, r1 - r0, j->mix + r0,
+                           (size_t)mixn);
 }
 
 static void mhc_pre_task(void *arg, int task)

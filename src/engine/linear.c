@@ -1,6 +1,7 @@
 /* Linear layers (W8A8 or fp32), the engine's weight arena and tensor loading helpers. */
 #include "engine/linear.h"
 #include "engine/release.h"
+#include "kernels/dot_gemm.h"
 #include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "kernels/vec.h"
@@ -180,11 +181,13 @@ int pd_linear_load_float(struct pd_linear *l, const struct pd_st_set *st, struct
 /* An fp32 or bf16 matrix (the head, wq_a, wkv, wo_a, the compressor's) times T tokens,
  * y[t][o] = pd_dot(w[o], x[t]) bit for bit: tasks of F32_ROWS output rows over the pool (each value
  * the same dot product whatever the thread count). One or two tokens go row by row
- * (pd_dot_rows[_bf16]: a bf16 row widened in registers as it streams from memory); more go through
- * pd_dot_rows_tokens[_bf16], each pair of rows read once for four tokens at a time (a token-outer
- * loop read the whole matrix T times, and a lone dot product waits on its own adds). bf16 rows are
- * never copied: the same values as an fp32 copy, from half the bytes. */
-enum { F32_ROWS = 64, DIRECT_T = 2 };
+ * (pd_dot_rows[_bf16]: a bf16 row widened in registers as it streams from memory); up to GEMM_T
+ * through pd_dot_rows_tokens[_bf16], each pair of rows read once for four tokens at a time (a
+ * token-outer loop read the whole matrix T times, and a lone dot product waits on its own adds);
+ * from GEMM_T tokens (prefill) as one register-tiled product (kernels/dot_gemm.h), a bf16 block
+ * widened first a few rows at a time into a buffer of at most WIDE_FLOATS (exactly: a bf16 value
+ * is the top half of its fp32), which every token then reads. Every path gives pd_dot's bits. */
+enum { F32_ROWS = 64, DIRECT_T = 2, GEMM_T = 8, WIDE_FLOATS = PD_LINEAR_WIDE_FLOATS };
 _Static_assert(PD_LINEAR_WIDE_FLOATS <= PD_DOT_BF16_MAX, "bf16 rows longer than pd_dot_rows_bf16 takes");
 
 /* Rows [o0, o1) of one product y[t * ldy + o] = row o . x[t * ldx ..] for every token. */
@@ -202,10 +205,26 @@ static void float_rows(const struct pd_linear_io *io, int T, int o0, int o1)
                             io->y + (size_t)t * io->ldy + o0);
         return;
     }
-    if (l->h)
-        pd_dot_rows_tokens_bf16(l->h + (size_t)o0 * in, (size_t)in, io->x, io->ldx, T, in, o1 - o0, io->y + o0, io->ldy);
-    else
-        pd_dot_rows_tokens(l->f + (size_t)o0 * in, (size_t)in, io->x, io->ldx, T, in, o1 - o0, io->y + o0, io->ldy);
+    if (T < GEMM_T) {
+        if (l->h)
+            pd_dot_rows_tokens_bf16(l->h + (size_t)o0 * in, (size_t)in, io->x, io->ldx, T, in, o1 - o0, io->y + o0,
+                                    io->ldy);
+        else
+            pd_dot_rows_tokens(l->f + (size_t)o0 * in, (size_t)in, io->x, io->ldx, T, in, o1 - o0, io->y + o0,
+                               io->ldy);
+        return;
+    }
+    if (l->f) {
+        pd_dot_gemm(l->f + (size_t)o0 * in, (size_t)in, o1 - o0, io->x, io->ldx, T, in, io->y + o0, io->ldy);
+        return;
+    }
+    _Alignas(64) float wide[WIDE_FLOATS];
+    const int step = WIDE_FLOATS / in;   /* >= 1: pd_linear_load_float keeps longer rows in fp32 */
+    for (int r0 = o0; r0 < o1; r0 += step) {
+        const int nr = o1 - r0 < step ? o1 - r0 : step;
+        pd_bf16_to_f32_row(l->h + (size_t)r0 * in, wide, nr * in);
+        pd_dot_gemm(wide, (size_t)in, nr, io->x, io->ldx, T, in, io->y + r0, io->ldy);
+    }
 }
 
 /* Several float products in one pool run: task k is block k of the F32_ROWS-row blocks of all

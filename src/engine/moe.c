@@ -160,18 +160,25 @@ void pd_moe_choose(const struct pd_layer_w *L, int E, int k, const float *z, flo
     take_topk(p, cand, nc, k, id);
 }
 
-/* Chooses each token's experts and weights: ids [T, k] (ascending), w [T, k]; scores [T, E]
- * (logits in, scores of at least the chosen experts out). */
-static void route(struct pd_step *st, const struct pd_layer_w *L, int32_t *ids, float *w, float *scores)
+/* Token t's experts (ids [k], ascending) and weights w [k] from its logits in scores [E] (its
+ * scores of at least the chosen experts out), for tokens [t0, t1): each token on its own, so
+ * tasks of tokens give the same results as one loop. */
+struct choose_job {
+    struct pd_step *st;
+    const struct pd_layer_w *L;
+    int32_t *ids;
+    float *w, *scores;
+};
+
+static void choose_tokens(const struct choose_job *cj, int t0, int t1)
 {
+    struct pd_step *st = cj->st;
+    const struct pd_layer_w *L = cj->L;
     const struct pd_model *m = &st->en->model;
-    const int E = m->n_routed_experts, k = m->n_experts_per_tok, H = (int)m->hidden_size;
-    struct score_job job = {.x = st->x, .gate = &L->gate, .z = scores, .T = st->T, .E = E, .H = H, .per = 32};
-    pthread_once(&sp_once, sp_init);
-    /* the gate is [E, hidden] (256 KB of bf16 in v4-flash-mini, about the layer's routed
-     * experts at batch 1): split over the pool unless the whole product is tiny */
-    pd_pool_run((int64_t)st->T * E * H >= 1 << 16 ? st->en->pool : NULL, (E + job.per - 1) / job.per, score_task, &job);
-    for (int t = 0; t < st->T; t++) {
+    const int E = m->n_routed_experts, k = m->n_experts_per_tok;
+    float *scores = cj->scores, *w = cj->w;
+    int32_t *ids = cj->ids;
+    for (int t = t0; t < t1; t++) {
         float *s = scores + (size_t)t * E;
         int32_t *id = ids + (size_t)t * k;
         if (L->tid2eid) {
@@ -204,6 +211,32 @@ static void route(struct pd_step *st, const struct pd_layer_w *L, int32_t *ids, 
             w[(size_t)t * k + j] = v * (float)m->routed_scaling_factor;
         }
     }
+}
+
+static void choose_task(void *arg, int task)
+{
+    const struct choose_job *j = arg;
+    int t0 = task * 16, t1 = t0 + 16 < j->st->T ? t0 + 16 : j->st->T;
+    choose_tokens(j, t0, t1);
+}
+
+/* Chooses each token's experts and weights: ids [T, k] (ascending), w [T, k]; scores [T, E]
+ * (logits in, scores of at least the chosen experts out). */
+static void route(struct pd_step *st, const struct pd_layer_w *L, int32_t *ids, float *w, float *scores)
+{
+    const struct pd_model *m = &st->en->model;
+    const int E = m->n_routed_experts, H = (int)m->hidden_size;
+    struct score_job job = {.x = st->x, .gate = &L->gate, .z = scores, .T = st->T, .E = E, .H = H, .per = 32};
+    pthread_once(&sp_once, sp_init);
+    /* the gate is [E, hidden] (256 KB of bf16 in v4-flash-mini, about the layer's routed
+     * experts at batch 1): split over the pool unless the whole product is tiny */
+    pd_pool_run((int64_t)st->T * E * H >= 1 << 16 ? st->en->pool : NULL, (E + job.per - 1) / job.per, score_task, &job);
+    struct choose_job cj = {.st = st, .L = L, .ids = ids, .w = w, .scores = scores};
+    /* a prefill's tokens choose over the pool, 16 a task; a few tokens on the caller */
+    if (st->T >= 32)
+        pd_pool_run(st->en->pool, (st->T + 15) / 16, choose_task, &cj);
+    else
+        choose_tokens(&cj, 0, st->T);
 }
 
 /* One expert FFN on `n` rows of x (float reference path, or a dense expert); xq: x quantised, or

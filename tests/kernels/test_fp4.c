@@ -1,11 +1,13 @@
 /* The indexer's low precision (kernels/fp4.h): e2m1 codes and their rounding, the FP4 block
- * simulation and the Hadamard rotation, on values computed by hand. */
+ * simulation and the Hadamard rotation, on values computed by hand; the simulation's rounding
+ * against the encoder and decoder. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "kernels/fp4.h"
+#include "kernels/fp8.h"
 #include "kernels/ops.h"
 
 Test(fp4, e2m1_codes_and_rounding)
@@ -40,6 +42,53 @@ Test(fp4, block_simulation)
     cr_assert_eq(x[32], 0.75f);
     cr_assert_eq(x[33], -0.25f);
     cr_assert_eq(x[63], 0.0f);
+}
+
+/* pd_fp4_simulate rounds each value as pd_e2m1_decode(pd_e2m1_encode(x / s)) * s, bit for bit:
+ * every midpoint and its float neighbours, the magnitudes, zeros of both signs, beyond the
+ * largest, infinities, NaN and a sweep of float bit patterns from 2^-8 to 2^4, both signs; one
+ * block of 1 value, so the scale is that value's own and its neighbours' differ. */
+Test(fp4, simulate_same_bits_as_encode_decode)
+{
+    static const float mids[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f,
+                                 4.0f, 6.0f, 0.0f, 7.0f, 1e30f};
+    float v[4096];
+    int n = 0;
+    for (size_t i = 0; i < sizeof mids / sizeof *mids; i++)
+        for (int sg = 0; sg < 2; sg++) {
+            float m = sg ? -mids[i] : mids[i];
+            v[n++] = m;
+            v[n++] = nextafterf(m, INFINITY);
+            v[n++] = nextafterf(m, -INFINITY);
+        }
+    v[n++] = INFINITY;
+    v[n++] = -INFINITY;
+    v[n++] = NAN;
+    v[n++] = -NAN;
+    for (uint32_t b = 0x3b800000u; b < 0x41800000u && n < 4094; b += 0x2a0b1u) {
+        float f;
+        memcpy(&f, &b, 4);
+        v[n++] = f;
+        v[n++] = -f;
+    }
+    /* blocks of 32 too: values scaled together */
+    for (int block = 1; block <= 32; block += 31) {
+        float x[4096], ref[4096];
+        memcpy(x, v, (size_t)n * 4);
+        for (int k = 0; k < n; k += block) {
+            int len = n - k < block ? n - k : block;
+            float amax = 0;
+            for (int i = 0; i < len; i++)
+                amax = fabsf(v[k + i]) > amax ? fabsf(v[k + i]) : amax;
+            float s = pd_ue8m0_value(pd_ue8m0_scale(amax, PD_E2M1_MAX, PD_E2M1_MAX * 0x1p-126f));
+            for (int i = 0; i < len; i++)
+                ref[k + i] = pd_e2m1_decode(pd_e2m1_encode(v[k + i] / s)) * s;
+        }
+        pd_fp4_simulate(x, n, block);
+        for (int i = 0; i < n; i++)
+            cr_assert(memcmp(&x[i], &ref[i], 4) == 0 || (x[i] != x[i] && ref[i] != ref[i]),
+                      "block %d, value %d (%a): %a vs encode/decode %a", block, i, v[i], x[i], ref[i]);
+    }
 }
 
 Test(fp4, hadamard_rotation)

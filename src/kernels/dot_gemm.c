@@ -1,0 +1,198 @@
+/* pd_dot_gemm: the AVX-512 pd_dot (vec.c's dot_avx512) of every (w row, x row) pair, tiled.
+ *
+ * dot_avx512's rounding, which each output here repeats exactly: with the row cut into 16-value
+ * blocks b = 0 .. n/16 - 1, chain s0 accumulates the even blocks and s1 the odd ones, each by
+ * fused multiply-adds in increasing b; then v = s0 + s1 (lane by lane) and
+ *   dot = ((((0 + v[0]) + v[1]) + v[2]) ... + v[15]),
+ * the 16 lanes added one after another. A tile of 4 w rows x 4 x rows runs the even blocks (16
+ * chains in registers), then the odd ones, so each chain sees its blocks in dot_avx512's order.
+ * The 16 lane sums of a tile's 16 outputs are done together: their v vectors transposed (lane k
+ * of every output in one vector), then added in k order, the same additions in the same order as
+ * dot_avx512's scalar loop. Rows of w are taken in blocks of about 24 KiB, so a block and the 4
+ * x rows of the current tile stay in L1 while every tile of x passes over it. The small constant
+ * loops carry "GCC unroll": GCC -O2 leaves them rolled, and then the arrays of vectors live in
+ * memory instead of registers (24 GFLOPS instead of 95-105 for 64 rows x 512 tokens x 512). */
+#include "kernels/dot_gemm.h"
+#include "kernels/vec.h"
+
+#include <immintrin.h>
+
+#define AVX512 __attribute__((target("avx512f")))
+#define INLINE static inline __attribute__((always_inline))
+
+/* The 16 x 16 transpose: c[k] lane j = r[j] lane k. */
+INLINE AVX512 void transpose16(const __m512 *r, __m512 *c)
+{
+    __m512 t[16], u[16], v[16];
+    #pragma GCC unroll 16
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);      /* per 128 bits: a0 b0 a1 b1 */
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);  /* a2 b2 a3 b3 */
+    }
+    /* u[4g + c], 128-bit lane L: rows 4g .. 4g+3 at column 4L + c */
+    #pragma GCC unroll 16
+    for (int g = 0; g < 4; g++) {
+        __m512 *tg = t + 4 * g;
+        u[4 * g] = _mm512_shuffle_ps(tg[0], tg[2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * g + 1] = _mm512_shuffle_ps(tg[0], tg[2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[4 * g + 2] = _mm512_shuffle_ps(tg[1], tg[3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * g + 3] = _mm512_shuffle_ps(tg[1], tg[3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    /* v[2c + h] (h = 0, 1) and v[8 + 2c + h]: rows 0-7 and 8-15, columns c + 4h and c + 4h + 8 */
+    #pragma GCC unroll 16
+    for (int c4 = 0; c4 < 4; c4++) {
+        v[2 * c4] = _mm512_shuffle_f32x4(u[c4], u[4 + c4], 0x88);
+        v[2 * c4 + 1] = _mm512_shuffle_f32x4(u[c4], u[4 + c4], 0xdd);
+        v[8 + 2 * c4] = _mm512_shuffle_f32x4(u[8 + c4], u[12 + c4], 0x88);
+        v[8 + 2 * c4 + 1] = _mm512_shuffle_f32x4(u[8 + c4], u[12 + c4], 0xdd);
+    }
+    #pragma GCC unroll 16
+    for (int c4 = 0; c4 < 4; c4++)
+        #pragma GCC unroll 16
+        for (int h = 0; h < 2; h++) {
+            c[c4 + 4 * h] = _mm512_shuffle_f32x4(v[2 * c4 + h], v[8 + 2 * c4 + h], 0x88);
+            c[c4 + 4 * h + 8] = _mm512_shuffle_f32x4(v[2 * c4 + h], v[8 + 2 * c4 + h], 0xdd);
+        }
+}
+
+/* One chain's blocks (b = first, first + 2, ...) of 4 w rows against 4 x rows into acc[4 * i + j]. */
+INLINE AVX512 void chain(const float *const *w, const float *const *x, int first, int nb, __m512 *acc)
+{
+    for (int b = first; b < nb; b += 2) {
+        __m512 xv[4];
+        #pragma GCC unroll 16
+        for (int j = 0; j < 4; j++)
+            xv[j] = _mm512_loadu_ps(x[j] + 16 * b);
+        #pragma GCC unroll 16
+        for (int i = 0; i < 4; i++) {
+            __m512 wv = _mm512_loadu_ps(w[i] + 16 * b);
+            #pragma GCC unroll 16
+            for (int j = 0; j < 4; j++)
+                acc[4 * i + j] = _mm512_fmadd_ps(wv, xv[j], acc[4 * i + j]);
+        }
+    }
+}
+
+/* The outputs of w rows r0 .. r0+3 (clamped to rows) and x rows t0 .. t0+3 (clamped to T);
+ * outputs outside the matrix are computed on a repeated row and not stored. */
+AVX512 static void tile(const float *w, size_t ldw, int rows, const float *x, size_t ldx, int T, int n, float *y,
+                        size_t ldy, int r0, int t0)
+{
+    const float *wr[4], *xr[4];
+    #pragma GCC unroll 16
+    for (int i = 0; i < 4; i++) {
+        wr[i] = w + (size_t)(r0 + i < rows ? r0 + i : rows - 1) * ldw;
+        xr[i] = x + (size_t)(t0 + i < T ? t0 + i : T - 1) * ldx;
+    }
+    const int nb = n / 16;
+    __m512 s0[16], s1[16], c[16];
+    #pragma GCC unroll 16
+    for (int k = 0; k < 16; k++)
+        s0[k] = s1[k] = _mm512_setzero_ps();
+    /* dot_avx512: the odd 16-value block goes to s0 when a lone one ends the row, as b's parity says */
+    chain(wr, xr, 0, nb, s0);
+    chain(wr, xr, 1, nb, s1);
+    #pragma GCC unroll 16
+    for (int k = 0; k < 16; k++)
+        s0[k] = _mm512_add_ps(s0[k], s1[k]);
+    transpose16(s0, c);
+    __m512 sum = _mm512_setzero_ps();
+    #pragma GCC unroll 16
+    for (int k = 0; k < 16; k++)
+        sum = _mm512_add_ps(sum, c[k]);
+    float out[16];
+    _mm512_storeu_ps(out, sum);
+    for (int i = 0; i < 4 && r0 + i < rows; i++)
+        for (int j = 0; j < 4 && t0 + j < T; j++)
+            y[(size_t)(t0 + j) * ldy + r0 + i] = out[4 * i + j];
+}
+
+AVX512 static void dot_gemm_avx512(const float *w, size_t ldw, int rows, const float *x, size_t ldx, int T, int n,
+                                   float *y, size_t ldy)
+{
+    int block = (24 << 10) / (n * 4) / 4 * 4;
+    block = block < 4 ? 4 : block;
+    for (int b0 = 0; b0 < rows; b0 += block) {
+        const int b1 = b0 + block < rows ? b0 + block : rows;
+        for (int t0 = 0; t0 < T; t0 += 4)
+            for (int r0 = b0; r0 < b1; r0 += 4)
+                tile(w, ldw, b1, x, ldx, T, n, y, ldy, r0, t0);
+    }
+}
+
+void pd_dot_gemm(const float *w, size_t ldw, int rows, const float *x, size_t ldx, int T, int n, float *y,
+                 size_t ldy)
+{
+    if (rows <= 0 || T <= 0)
+        return;
+    /* the AVX-512 pd_dot is chosen exactly where avx512f is (vec.c) */
+    if (n > 0 && n % 16 == 0 && __builtin_cpu_supports("avx512f")) {
+        dot_gemm_avx512(w, ldw, rows, x, ldx, T, n, y, ldy);
+        return;
+    }
+    float col[64];
+    for (int t = 0; t < T; t++)
+        for (int r0 = 0; r0 < rows; r0 += 64) {
+            int nr = rows - r0 < 64 ? rows - r0 : 64;
+            pd_dot_rows(w + (size_t)r0 * ldw, ldw, x + (size_t)t * ldx, n, nr, col);
+            for (int r = 0; r < nr; r++)
+                y[(size_t)t * ldy + r0 + r] = col[r];
+        }
+}
+
+/* axpy_rows_avx512 (vec.c) per value of y: y = fma(a[k], x[k][i], y) for k = 0 .. rows - 1. Here
+ * for 4 rows of y (h0 .. h0+3, clamped to na; a repeated row is not stored) over 64 values from
+ * i: 16 chains, x's 4 vectors loaded once per k for all 4 rows. */
+AVX512 static void axpy_tile(const float *a, size_t lda, int na, const float *x, size_t ldx, int rows, float *y,
+                             size_t ldy, int h0, int i)
+{
+    const float *ar[4];
+    float *yr[4];
+    #pragma GCC unroll 4
+    for (int h = 0; h < 4; h++) {
+        int hh = h0 + h < na ? h0 + h : na - 1;
+        ar[h] = a + (size_t)hh * lda;
+        yr[h] = y + (size_t)hh * ldy + i;
+    }
+    __m512 acc[16];
+    #pragma GCC unroll 16
+    for (int h = 0; h < 4; h++)
+        #pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            acc[4 * h + v] = _mm512_loadu_ps(yr[h] + 16 * v);
+    for (int k = 0; k < rows; k++) {
+        const float *xk = x + (size_t)k * ldx + i;
+        __m512 xv[4];
+        #pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            xv[v] = _mm512_loadu_ps(xk + 16 * v);
+        #pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+            __m512 va = _mm512_set1_ps(ar[h][k]);
+            #pragma GCC unroll 4
+            for (int v = 0; v < 4; v++)
+                acc[4 * h + v] = _mm512_fmadd_ps(va, xv[v], acc[4 * h + v]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int h = 0; h < 4; h++)
+        if (h0 + h < na)
+            #pragma GCC unroll 4
+            for (int v = 0; v < 4; v++)
+                _mm512_storeu_ps(yr[h] + 16 * v, acc[4 * h + v]);
+}
+
+void pd_axpy_heads(const float *a, size_t lda, int na, const float *x, size_t ldx, int rows, float *y, size_t ldy,
+                   int n)
+{
+    int i = 0;
+    /* the AVX-512 axpy is chosen exactly where avx512f is (vec.c); its 16-value blocks are the
+     * whole row when n is a multiple of 16 */
+    if (n % 16 == 0 && __builtin_cpu_supports("avx512f"))
+        for (; i + 64 <= n; i += 64)
+            for (int h0 = 0; h0 < na; h0 += 4)
+                axpy_tile(a, lda, na, x, ldx, rows, y, ldy, h0, i);
+    if (i < n)
+        for (int h = 0; h < na; h++)
+            pd_axpy_rows(a + (size_t)h * lda, x + i, ldx, rows, y + (size_t)h * ldy + i, n - i);
+}
