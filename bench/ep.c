@@ -145,20 +145,29 @@ static double raw_once(const struct pd_ep *ep, struct raw *w, int bf16, int peer
     return pd_now_s() - t0;
 }
 
+/* A worker rank's start: MPI, the model, the exchange over MPI_COMM_WORLD; aborts the job,
+ * naming `what` and the rank, when any fails. */
+static void open_rank(const char *what, const char *dir, int *rank, int *size, struct pd_model *m, struct pd_ep *ep)
+{
+    int provided;
+    MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, rank);
+    MPI_Comm_size(MPI_COMM_WORLD, size);
+    pd_err e = {0};
+    if (pd_model_load(dir, m, &e) || pd_ep_init(ep, MPI_COMM_WORLD, m, &e)) {
+        fprintf(stderr, "%s (rank %d): %s\n", what, *rank, e.msg);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+}
+
 static int worker(const char *dir, int quick, int json)
 {
-    int provided, rank, size;
-    MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int rank, size;
     pd_err e = {0};
     struct pd_model m;
     struct pd_ep ep;
     struct pd_engine en;
-    if (pd_model_load(dir, &m, &e) || pd_ep_init(&ep, MPI_COMM_WORLD, &m, &e)) {
-        fprintf(stderr, "bench ep (rank %d): %s\n", rank, e.msg);
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    }
+    open_rank("bench ep", dir, &rank, &size, &m, &ep);
     int cores = (int)sysconf(_SC_NPROCESSORS_ONLN), threads = cores / size > 0 ? cores / size : 1;
     struct pd_engine_opts o = {.dir = dir, .threads = threads, .max_seqs = 16, .max_model_len = 256,
                                .has_expert = ep.has_expert};
@@ -354,16 +363,14 @@ static void route_to(const struct pd_ep *ep, int r, int32_t *ids, int T, uint64_
 
 static int check_worker(const char *dir)
 {
-    int provided, rank, size;
-    MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int rank, size;
     pd_err e = {0};
     struct pd_model m;
     struct pd_ep ep;
     struct pd_engine en;
     struct pd_engine_opts o = {.dir = dir, .threads = 1, .max_seqs = 1, .max_model_len = 64};
-    if (pd_model_load(dir, &m, &e) || pd_ep_init(&ep, MPI_COMM_WORLD, &m, &e) || pd_engine_open(&en, &o, &e)) {
+    open_rank("bench ep --check", dir, &rank, &size, &m, &ep);
+    if (pd_engine_open(&en, &o, &e)) {
         fprintf(stderr, "bench ep --check (rank %d): %s\n", rank, e.msg);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }

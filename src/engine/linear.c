@@ -101,18 +101,28 @@ int pd_linear_load(struct pd_linear *l, const struct pd_st_set *st, struct pd_ar
     return pd_linear_load_ref(l, st, a, name, out, in, 0, e);
 }
 
-int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
-                       int out, int in, int ref, pd_err *e)
+/* l emptied to an out x in matrix; *t the checkpoint's tensor `name`, or PD_EFORMAT naming it. */
+static int linear_find(struct pd_linear *l, const struct pd_st_set *st, const char *name, int out, int in,
+                       const struct pd_st_tensor **t, pd_err *e)
 {
     memset(l, 0, sizeof *l);
     l->out = out;
     l->in = in;
-    const struct pd_st_tensor *t = pd_st_set_find(st, name);
-    if (!t)
+    if (!(*t = pd_st_set_find(st, name)))
         return pd_err_set(e, PD_EFORMAT, "checkpoint: missing tensor \"%s\"", name);
+    return 0;
+}
+
+int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
+                       int out, int in, int ref, pd_err *e)
+{
+    const struct pd_st_tensor *t;
+    int rc = linear_find(l, st, name, out, in, &t, e);
+    if (rc)
+        return rc;
     /* DeepSeek's release (FP8 blocks, FP4 experts): converted to int8 per output row here */
     struct pd_release_mat rm;
-    int rc = pd_release_find(st, name, out, in, &rm, e);
+    rc = pd_release_find(st, name, out, in, &rm, e);
     if (rc)
         return rc;
     if (rm.fmt != PD_RELEASE_NONE && ref) {
@@ -162,12 +172,10 @@ int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct p
 int pd_linear_load_float(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
                          int out, int in, pd_err *e)
 {
-    memset(l, 0, sizeof *l);
-    l->out = out;
-    l->in = in;
-    const struct pd_st_tensor *t = pd_st_set_find(st, name);
-    if (!t)
-        return pd_err_set(e, PD_EFORMAT, "checkpoint: missing tensor \"%s\"", name);
+    const struct pd_st_tensor *t;
+    int rc = linear_find(l, st, name, out, in, &t, e);
+    if (rc)
+        return rc;
     if (t->dtype == PD_ST_BF16 && t->ndim == 2 && t->shape[0] == out && t->shape[1] == in &&
         in <= PD_LINEAR_WIDE_FLOATS && (uintptr_t)t->data % 2 == 0) {
         l->h = (const uint16_t *)t->data;
