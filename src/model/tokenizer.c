@@ -19,14 +19,26 @@
 static int ferr(pd_err *e, int code, const char *label, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
+/* The message names the file and the field; token text quoted in it may hold any byte, so
+ * control characters are written as escapes (\n, \t, \r, \xHH): one line, whatever the file. */
 static int ferr(pd_err *e, int code, const char *label, const char *field, const char *fmt, ...)
 {
-    char msg[384];
+    char msg[384], line[384 * 4];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return pd_err_set(e, code, "%s: field \"%s\": %s", label, field, msg);
+    size_t n = 0;
+    for (const unsigned char *c = (const unsigned char *)msg; *c; c++) {
+        if (*c >= 0x20 && *c != 0x7f)
+            line[n++] = (char)*c;
+        else if (*c == '\n' || *c == '\t' || *c == '\r')
+            n += (size_t)sprintf(line + n, "\\%c", *c == '\n' ? 'n' : *c == '\t' ? 't' : 'r');
+        else
+            n += (size_t)sprintf(line + n, "\\x%02x", *c);
+    }
+    line[n] = 0;
+    return pd_err_set(e, code, "%s: field \"%s\": %s", label, field, line);
 }
 
 

@@ -804,6 +804,16 @@ Test(tokenizer, bad_merge_token_missing)
     expect_bad(doc, "field \"model.merges[0]\": expected \"left right\"");
 }
 
+/* A token quoted in an error keeps the message on one line: control characters escaped (the
+ * fuzzer's find: a merge of a token with a newline in it). */
+Test(tokenizer, bad_merge_token_with_control_characters_stays_on_one_line)
+{
+    json_t *doc = handwritten();
+    json_array_set_new(json_object_get(json_object_get(doc, "model"), "merges"), 1,
+                       json_pack("[s,s]", "he", "x\ny\tz\x01"));
+    expect_bad(doc, "field \"model.merges[1]\": token \"x\\ny\\tz\\x01\" is not in model.vocab");
+}
+
 Test(tokenizer, bad_duplicate_vocab_id)
 {
     json_t *doc = handwritten();
