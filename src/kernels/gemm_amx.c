@@ -153,16 +153,29 @@ void pd_gemm_rows_amx_emu(const pd_gemm_job *job, int o0, int o1)
 
 #if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 11 || defined(__clang__))
 #include <cpuid.h>
-#include <immintrin.h>
 
+/* The tile instructions as inline assembly that names the memory it touches. GCC 12's intrinsics do
+ * not: _tile_loadconfig tells the compiler it reads 8 bytes of the 64-byte configuration, and
+ * _tile_loadd / _tile_stored declare no memory at all. At -O2 the compiler then drops the stores
+ * that fill the configuration (LDTILECFG read stack garbage in its reserved bytes and faulted with
+ * #GP, seen as SIGSEGV on the first Sapphire Rapids host this ran on), may drop or sink the copies
+ * into the zero-padded weight tiles before a TILELOADD, and may read the sums before TILESTORED
+ * has written them. The "memory" clobber on every instruction that reads or writes memory orders
+ * them with the C code around; the tile-only instructions (TILEZERO, TDPBSSD) are volatile, so
+ * they keep their order among the others. */
+#define AMX_HW_STR(x) #x
 #define AMX_FN __attribute__((target("amx-tile,amx-int8"))) static void rows_hw(const pd_gemm_job *job, int o0, int o1)
 #define AMX_STATE
-#define AMX_CONFIG(cfg) _tile_loadconfig(cfg)
-#define AMX_RELEASE() _tile_release()
-#define AMX_ZERO(t) _tile_zero(t)
-#define AMX_LOAD(t, p, stride) _tile_loadd(t, (p), (stride))
-#define AMX_DP(c, a, b) _tile_dpbssd(c, a, b)
-#define AMX_STORE(t, p, stride) _tile_stored(t, (p), (stride))
+#define AMX_CONFIG(cfg) __asm__ volatile("ldtilecfg %0" ::"m"(*(const struct amx_cfg *)(cfg)) : "memory")
+#define AMX_RELEASE() __asm__ volatile("tilerelease" ::: "memory")
+#define AMX_ZERO(t) __asm__ volatile("tilezero %%tmm" AMX_HW_STR(t)::)
+#define AMX_LOAD(t, p, stride)                                                                              \
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" AMX_HW_STR(t)::"r"((const void *)(p)), "r"((long)(stride)) \
+                     : "memory")
+#define AMX_DP(c, a, b) __asm__ volatile("tdpbssd %%tmm" AMX_HW_STR(b) ", %%tmm" AMX_HW_STR(a) ", %%tmm" AMX_HW_STR(c)::)
+#define AMX_STORE(t, p, stride)                                                                              \
+    __asm__ volatile("tilestored %%tmm" AMX_HW_STR(t) ", (%0,%1,1)" ::"r"((void *)(p)), "r"((long)(stride)) \
+                     : "memory")
 
 #include "kernels/gemm_amx_body.h"
 
@@ -180,22 +193,22 @@ __attribute__((target("amx-tile,amx-int8"))) static void probe_hw(uint64_t iters
     _Alignas(64) int8_t src[16 * 64] = {1};
     struct amx_cfg cfg;
     amx_cfg_full(&cfg);
-    _tile_loadconfig(&cfg);
-    _tile_loadd(4, src, 64);
-    _tile_loadd(5, src, 64);
-    _tile_loadd(6, src, 64);
-    _tile_loadd(7, src, 64);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    AMX_CONFIG(&cfg);
+    AMX_LOAD(4, src, 64);
+    AMX_LOAD(5, src, 64);
+    AMX_LOAD(6, src, 64);
+    AMX_LOAD(7, src, 64);
+    AMX_ZERO(0);
+    AMX_ZERO(1);
+    AMX_ZERO(2);
+    AMX_ZERO(3);
     for (uint64_t i = 0; i < iters; i++) {
-        _tile_dpbssd(0, 4, 6);
-        _tile_dpbssd(1, 4, 7);
-        _tile_dpbssd(2, 5, 6);
-        _tile_dpbssd(3, 5, 7);
+        AMX_DP(0, 4, 6);
+        AMX_DP(1, 4, 7);
+        AMX_DP(2, 5, 6);
+        AMX_DP(3, 5, 7);
     }
-    _tile_release();
+    AMX_RELEASE();
 }
 
 int pd_gemm_amx_probe(uint64_t iters)

@@ -3,7 +3,8 @@
  * amx-emu build of the same loops: the model of TDPBSSD against the architecture manual's definition
  * on hand-worked values, the packed activations against the B-operand layout the instruction
  * reads, the blocking and its tails against the reference bit for bit, and the choice of kernel
- * against /proc/cpuinfo. Where the CPU has AMX, the existing all-kernels tests run the real one. */
+ * against /proc/cpuinfo. Where the CPU has AMX, the odd shapes and the peak probe also run on the
+ * tiles themselves, and the existing all-kernels tests run the real kernel. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,7 +97,7 @@ static void set_kernel(pd_kernel k)
  * the tile threshold, inside one token block, ending the second of a pair or a lone one; the plain and
  * the grouped forms (a gathered, repeated, reversed list of rows), with and without accumulation, on 1
  * and 2 threads: bit for bit the reference's outputs. */
-Test(amx, emulated_tiles_equal_the_reference_on_odd_shapes)
+static void equal_reference_on_odd_shapes(pd_kernel kernel)
 {
     static const int outs[] = {1, 15, 16, 17, 31, 33, 64, 65, 100};
     static const int ins[] = {1, 3, 63, 64, 65, 130, 1000};
@@ -134,7 +135,7 @@ Test(amx, emulated_tiles_equal_the_reference_on_odd_shapes)
                     cr_assert_eq(pd_gemm(NULL, &W, &A, ref, flags, &e), 0, "%s", e.msg);
                     pd_gemm_group g = {.w = W, .rows = rows, .n = T, .y = gref};
                     cr_assert_eq(pd_gemm_grouped(NULL, &A, &g, 1, flags, &e), 0, "%s", e.msg);
-                    set_kernel(PD_KERNEL_AMX_EMU);
+                    set_kernel(kernel);
                     pd_pool *p = (oi + ii + ti) % 2 ? pool : NULL;
                     cr_assert_eq(pd_gemm(p, &W, &A, y, flags, &e), 0, "%s", e.msg);
                     cr_assert(memcmp(ref, y, ny * sizeof *y) == 0, "plain out %d in %d T %d flags %d", out, in, T, flags);
@@ -150,6 +151,26 @@ Test(amx, emulated_tiles_equal_the_reference_on_odd_shapes)
             }
     pd_pool_destroy(pool);
     set_kernel(PD_KERNEL_REF);
+}
+
+Test(amx, emulated_tiles_equal_the_reference_on_odd_shapes)
+{
+    equal_reference_on_odd_shapes(PD_KERNEL_AMX_EMU);
+}
+
+/* The same shapes on the tile instructions. GCC 12's AMX intrinsics hid the memory they read and
+ * write from the compiler, which dropped the stores filling the tile configuration: the peak probe
+ * faulted on the first AMX host (the kernel's own rows happened to survive). */
+Test(amx, hardware_tiles_equal_the_reference_on_odd_shapes)
+{
+    if (!pd_gemm_kernel_supported(PD_KERNEL_AMX))
+        cr_skip_test("this CPU has no AMX-INT8 (grep -o amx_int8 /proc/cpuinfo)");
+    equal_reference_on_odd_shapes(PD_KERNEL_AMX);
+}
+
+Test(amx, peak_probe_runs_where_the_cpu_has_it)
+{
+    cr_assert_eq(pd_gemm_amx_probe(1000), pd_gemm_kernel_supported(PD_KERNEL_AMX) ? 0 : -1);
 }
 
 /* The real kernel is offered exactly where /proc/cpuinfo lists AMX-TILE and AMX-INT8 (and Linux grants
