@@ -13,61 +13,108 @@
  *   AMX_STORE(t, p, stride)  16 rows of 16 int32 of tmm t to p, rows `stride` bytes apart
  *
  * Tiles: C00..C11 = tmm0..3 (int32 sums of 16 weight rows x 16 tokens), A0/A1 = tmm4/5 (two blocks of
- * 16 weight rows x 64 bytes of the reduction, loaded straight from the weight matrix), B0/B1 = tmm6/7
- * (two blocks of 16 tokens from the packed activations, gemm_amx.c). Each step of the reduction
- * loads four tiles and runs four products: 32 rows x 32 tokens, every tile used twice. The weights
- * need no sign trick (TDPBSSD multiplies signed by signed) and no packing: a weight tile is 16
- * consecutive rows read `in` bytes apart, except where a tile would reach past the matrix (the last
- * K block when in % 64 != 0, a last row block of fewer than 16 rows): those are copied into a
- * zero-padded 16 x 64 buffer first (zeros add nothing; the packed activations are zero there too). */
+ * 16 weight rows x 64 bytes of the reduction), B0/B1 = tmm6/7 (two blocks of 16 tokens from the
+ * packed activations, gemm_amx.c). Each step of the reduction loads four tiles and runs four
+ * products: 32 rows x 32 tokens, every tile used twice. TDPBSSD multiplies signed by signed, so the
+ * weights need no sign trick.
+ *
+ * Blocking (a task's rows are up to 256, gemm.c): the reduction is cut into blocks of AMX_KC steps
+ * (1 KiB of every row). For each block the task's weight rows are copied once into whole 1 KiB
+ * tiles (amx_pack_weights: contiguous, zero-padded past the matrix; read in place, 16 rows `in`
+ * bytes apart, the tiles of a 4 KiB-strided matrix all fall in the same L1 sets), and every pair of
+ * token blocks then passes over them while they and the block's packed activations stay in L2.
+ * Between blocks the sums wait in memory (the task's C tiles, AMX_STORE / AMX_LOAD); after the last
+ * block they go through gemm.c's one epilogue, so the results equal every other path's bit for
+ * bit. Per block the activations are read once per task, not once per 32 rows. */
 AMX_FN
 {
     AMX_STATE
-    const int in = job->in, nkb = (in + 63) / 64, ntb = (job->n + 15) / 16;
+    const int in = job->in, nkb = (in + 63) / 64, ntb = (job->n + 15) / 16, nrb = (o1 - o0 + 15) / 16;
+    /* few token blocks: the weights are read in place (a copy would be used too few times) */
+    const int packw = ntb >= AMX_PACK_MIN_TB, kc = !packw || nkb < AMX_KC ? nkb : AMX_KC;
     const int8_t *pack = job->apack;
-    _Alignas(64) int8_t wpad[2][16 * 64];
+    struct amx_scratch *sc = amx_scratch(packw ? (size_t)nrb * kc * 1024 : 2048,
+                                         nkb > kc ? (size_t)nrb * ntb * 1024 : 0);
+    if (!sc) {   /* no memory for the blocks: the same sums by the path below the tiles */
+        AMX_FALLBACK(job, o0, o1);
+        return;
+    }
     _Alignas(64) int32_t c[4][16 * 16];
     int32_t acc[16 * 32];
     struct amx_cfg cfg;
     amx_cfg_full(&cfg);
     AMX_CONFIG(&cfg);
-    /* Token blocks outside, row blocks inside: a task's rows (gemm.c keeps them within about 256 KiB)
-     * stay in L2 while each pair of token blocks passes over them, and that pair's packed tiles
-     * (32 tokens x in bytes) are reread from cache for every pair of row blocks. */
-    for (int tb = 0; tb < ntb; tb += 2) {
-        const int two_tb = tb + 1 < ntb;
-        for (int ob = o0; ob < o1; ob += 32) {
-            const int nr0 = o1 - ob < 16 ? o1 - ob : 16;
-            const int nr1 = o1 - ob - 16 <= 0 ? 0 : o1 - ob - 16 < 16 ? o1 - ob - 16 : 16;
-            AMX_ZERO(0);
-            AMX_ZERO(1);
-            AMX_ZERO(2);
-            AMX_ZERO(3);
-            for (int kb = 0; kb < nkb; kb++) {
-                const int8_t *a0 = amx_weight_tile(job, ob, nr0, kb, wpad[0]);
-                AMX_LOAD(4, a0, a0 == wpad[0] ? 64 : in);
-                AMX_LOAD(6, pack + ((int64_t)tb * nkb + kb) * 1024, 64);
-                AMX_DP(0, 4, 6);
-                if (two_tb) {
-                    AMX_LOAD(7, pack + ((int64_t)(tb + 1) * nkb + kb) * 1024, 64);
-                    AMX_DP(1, 4, 7);
-                }
-                if (nr1) {
-                    const int8_t *a1 = amx_weight_tile(job, ob + 16, nr1, kb, wpad[1]);
-                    AMX_LOAD(5, a1, a1 == wpad[1] ? 64 : in);
-                    AMX_DP(2, 5, 6);
+    for (int k0 = 0; k0 < nkb; k0 += kc) {
+        const int nk = nkb - k0 < kc ? nkb - k0 : kc, first = k0 == 0, last = k0 + nk == nkb;
+        if (packw)
+            amx_pack_weights(job, o0, o1, k0, nk, kc, sc->w);
+        for (int tb = 0; tb < ntb; tb += 2) {
+            const int two_tb = tb + 1 < ntb;
+            const int8_t *b0 = pack + ((int64_t)tb * nkb + k0) * 1024, *b1 = b0 + (int64_t)nkb * 1024;
+            for (int rb = 0; rb < nrb; rb += 2) {
+                const int two_rb = rb + 1 < nrb;
+                const int8_t *a0 = sc->w + (int64_t)rb * kc * 1024, *a1 = a0 + (int64_t)kc * 1024;
+                (void)a1;
+                /* the C tiles of row blocks rb, rb + 1 and token blocks tb, tb + 1 between blocks */
+                int32_t *cs[4] = {sc->c + ((int64_t)rb * ntb + tb) * 256, sc->c + ((int64_t)rb * ntb + tb + 1) * 256,
+                                  sc->c + ((int64_t)(rb + 1) * ntb + tb) * 256,
+                                  sc->c + ((int64_t)(rb + 1) * ntb + tb + 1) * 256};
+                if (first) {
+                    AMX_ZERO(0);
+                    AMX_ZERO(1);
+                    AMX_ZERO(2);
+                    AMX_ZERO(3);
+                } else {
+                    AMX_LOAD(0, cs[0], 64);
                     if (two_tb)
-                        AMX_DP(3, 5, 7);
+                        AMX_LOAD(1, cs[1], 64);
+                    if (two_rb)
+                        AMX_LOAD(2, cs[2], 64);
+                    if (two_tb && two_rb)
+                        AMX_LOAD(3, cs[3], 64);
                 }
-            }
-            AMX_STORE(0, c[0], 64);
-            AMX_STORE(1, c[1], 64);
-            AMX_STORE(2, c[2], 64);
-            AMX_STORE(3, c[3], 64);
-            for (int h = 0; h <= two_tb; h++) {
-                const int t0 = (tb + h) * 16, nu = job->n - t0 < 16 ? job->n - t0 : 16;
-                amx_transpose(c[h], c[2 + h], nu, nr0, nr1, acc);
-                pd_gemm_store(job, t0, nu, ob, nr0 + nr1, acc, 32);
+                for (int k = 0; k < nk; k++) {
+                    if (!packw) {
+                        AMX_WLOAD(4, job, o0 + 16 * rb, o1, k0 + k, sc->w);
+                    } else
+                        AMX_LOAD(4, a0 + k * 1024, 64);
+                    AMX_LOAD(6, b0 + k * 1024, 64);
+                    AMX_DP(0, 4, 6);
+                    if (two_tb) {
+                        AMX_LOAD(7, b1 + k * 1024, 64);
+                        AMX_DP(1, 4, 7);
+                    }
+                    if (two_rb) {
+                        if (!packw) {
+                            AMX_WLOAD(5, job, o0 + 16 * rb + 16, o1, k0 + k, sc->w + 1024);
+                        } else
+                            AMX_LOAD(5, a1 + k * 1024, 64);
+                        AMX_DP(2, 5, 6);
+                        if (two_tb)
+                            AMX_DP(3, 5, 7);
+                    }
+                }
+                if (!last) {
+                    AMX_STORE(0, cs[0], 64);
+                    if (two_tb)
+                        AMX_STORE(1, cs[1], 64);
+                    if (two_rb)
+                        AMX_STORE(2, cs[2], 64);
+                    if (two_tb && two_rb)
+                        AMX_STORE(3, cs[3], 64);
+                    continue;
+                }
+                AMX_STORE(0, c[0], 64);
+                AMX_STORE(1, c[1], 64);
+                AMX_STORE(2, c[2], 64);
+                AMX_STORE(3, c[3], 64);
+                const int ob = o0 + 16 * rb, nr0 = o1 - ob < 16 ? o1 - ob : 16;
+                const int nr1 = two_rb ? (o1 - ob - 16 < 16 ? o1 - ob - 16 : 16) : 0;
+                for (int h = 0; h <= two_tb; h++) {
+                    const int t0 = (tb + h) * 16, nu = job->n - t0 < 16 ? job->n - t0 : 16;
+                    AMX_TRANSPOSE(c[h], c[2 + h], nu, nr0, nr1, acc);
+                    pd_gemm_store(job, t0, nu, ob, nr0 + nr1, acc, 32);
+                }
             }
         }
     }

@@ -97,60 +97,70 @@ static void set_kernel(pd_kernel k)
  * the tile threshold, inside one token block, ending the second of a pair or a lone one; the plain and
  * the grouped forms (a gathered, repeated, reversed list of rows), with and without accumulation, on 1
  * and 2 threads: bit for bit the reference's outputs. */
+/* One shape on `kernel`, plain and grouped, with and without accumulation: bit for bit the
+ * reference's outputs. */
+static void equal_reference(pd_kernel kernel, int out, int in, int T, pd_pool *p)
+{
+    pd_err e = {0};
+    int8_t *w = malloc((size_t)out * in), *a = malloc((size_t)T * in);
+    float *ws = malloc((size_t)out * sizeof *ws), *as = malloc((size_t)T * sizeof *as);
+    for (int i = 0; i < out * in; i++)
+        w[i] = rnd8();
+    for (int i = 0; i < T * in; i++)
+        a[i] = rnd8();
+    for (int i = 0; i < out; i++)
+        ws[i] = rndscale();
+    for (int i = 0; i < T; i++)
+        as[i] = rndscale();
+    pd_qmat W = {w, ws, out, in}, A = {a, as, T, in};
+    size_t ny = (size_t)T * out;
+    float *ref = malloc(ny * sizeof *ref), *y = malloc(ny * sizeof *y);
+    int32_t *rows = malloc((size_t)T * sizeof *rows);
+    for (int j = 0; j < T; j++)
+        rows[j] = j % 3 == 2 ? rows[j - 1] : T - 1 - j;
+    float *gref = malloc(ny * sizeof *gref), *gy = malloc(ny * sizeof *gy);
+    for (int flags = 0; flags <= PD_GEMM_ACCUM; flags += PD_GEMM_ACCUM) {
+        for (size_t i = 0; i < ny; i++)
+            ref[i] = gref[i] = (float)(i % 7) - 3.0f;
+        memcpy(y, ref, ny * sizeof *y);
+        memcpy(gy, gref, ny * sizeof *gy);
+        set_kernel(PD_KERNEL_REF);
+        cr_assert_eq(pd_gemm(NULL, &W, &A, ref, flags, &e), 0, "%s", e.msg);
+        pd_gemm_group g = {.w = W, .rows = rows, .n = T, .y = gref};
+        cr_assert_eq(pd_gemm_grouped(NULL, &A, &g, 1, flags, &e), 0, "%s", e.msg);
+        set_kernel(kernel);
+        cr_assert_eq(pd_gemm(p, &W, &A, y, flags, &e), 0, "%s", e.msg);
+        cr_assert(memcmp(ref, y, ny * sizeof *y) == 0, "plain out %d in %d T %d flags %d", out, in, T, flags);
+        /* the same group twice over halves of the rows: two packed parts in one allocation */
+        pd_gemm_group two[2] = {{.w = W, .rows = rows, .n = T / 2, .y = gy},
+                                {.w = W, .rows = rows + T / 2, .n = T - T / 2, .y = gy + (size_t)(T / 2) * out}};
+        cr_assert_eq(pd_gemm_grouped(p, &A, two, 2, flags, &e), 0, "%s", e.msg);
+        cr_assert(memcmp(gref, gy, ny * sizeof *gy) == 0, "grouped out %d in %d T %d flags %d", out, in, T, flags);
+    }
+    free(w), free(a), free(ws), free(as), free(ref), free(y), free(rows), free(gref), free(gy);
+    set_kernel(PD_KERNEL_REF);
+}
+
 static void equal_reference_on_odd_shapes(pd_kernel kernel)
 {
     static const int outs[] = {1, 15, 16, 17, 31, 33, 64, 65, 100};
     static const int ins[] = {1, 3, 63, 64, 65, 130, 1000};
     static const int Ts[] = {3, 4, 15, 16, 17, 32, 33, 47};
+    /* The blocked form (gemm_amx_body.h): enough tokens that the weights are copied into tiles
+     * (96 or more, in both halves of the grouped call), reductions of several 1 KiB blocks with a
+     * partial last block and a partial last step, task heights of 32, 64 and 256 rows with a
+     * partial last pair of row blocks, and an odd token block at the end. */
+    static const int blocked[][3] = {{17, 1100, 200}, {100, 2100, 193}, {600, 1030, 240}, {2064, 1088, 196}};
     pd_pool *pool;
     pd_err e = {0};
     cr_assert_eq(pd_pool_create(2, &pool, &e), 0, "%s", e.msg);
     for (size_t oi = 0; oi < sizeof outs / sizeof *outs; oi++)
         for (size_t ii = 0; ii < sizeof ins / sizeof *ins; ii++)
-            for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
-                int out = outs[oi], in = ins[ii], T = Ts[ti];
-                int8_t *w = malloc((size_t)out * in), *a = malloc((size_t)T * in);
-                float *ws = malloc((size_t)out * sizeof *ws), *as = malloc((size_t)T * sizeof *as);
-                for (int i = 0; i < out * in; i++)
-                    w[i] = rnd8();
-                for (int i = 0; i < T * in; i++)
-                    a[i] = rnd8();
-                for (int i = 0; i < out; i++)
-                    ws[i] = rndscale();
-                for (int i = 0; i < T; i++)
-                    as[i] = rndscale();
-                pd_qmat W = {w, ws, out, in}, A = {a, as, T, in};
-                size_t ny = (size_t)T * out;
-                float *ref = malloc(ny * sizeof *ref), *y = malloc(ny * sizeof *y);
-                int32_t *rows = malloc((size_t)T * sizeof *rows);
-                for (int j = 0; j < T; j++)
-                    rows[j] = j % 3 == 2 ? rows[j - 1] : T - 1 - j;
-                float *gref = malloc(ny * sizeof *gref), *gy = malloc(ny * sizeof *gy);
-                for (int flags = 0; flags <= PD_GEMM_ACCUM; flags += PD_GEMM_ACCUM) {
-                    for (size_t i = 0; i < ny; i++)
-                        ref[i] = gref[i] = (float)(i % 7) - 3.0f;
-                    memcpy(y, ref, ny * sizeof *y);
-                    memcpy(gy, gref, ny * sizeof *gy);
-                    set_kernel(PD_KERNEL_REF);
-                    cr_assert_eq(pd_gemm(NULL, &W, &A, ref, flags, &e), 0, "%s", e.msg);
-                    pd_gemm_group g = {.w = W, .rows = rows, .n = T, .y = gref};
-                    cr_assert_eq(pd_gemm_grouped(NULL, &A, &g, 1, flags, &e), 0, "%s", e.msg);
-                    set_kernel(kernel);
-                    pd_pool *p = (oi + ii + ti) % 2 ? pool : NULL;
-                    cr_assert_eq(pd_gemm(p, &W, &A, y, flags, &e), 0, "%s", e.msg);
-                    cr_assert(memcmp(ref, y, ny * sizeof *y) == 0, "plain out %d in %d T %d flags %d", out, in, T, flags);
-                    g.y = gy;
-                    /* the same group twice over halves of the rows: two packed parts in one allocation */
-                    pd_gemm_group two[2] = {{.w = W, .rows = rows, .n = T / 2, .y = gy},
-                                            {.w = W, .rows = rows + T / 2, .n = T - T / 2, .y = gy + (size_t)(T / 2) * out}};
-                    cr_assert_eq(pd_gemm_grouped(p, &A, two, 2, flags, &e), 0, "%s", e.msg);
-                    cr_assert(memcmp(gref, gy, ny * sizeof *gy) == 0, "grouped out %d in %d T %d flags %d", out, in, T,
-                              flags);
-                }
-                free(w), free(a), free(ws), free(as), free(ref), free(y), free(rows), free(gref), free(gy);
-            }
+            for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++)
+                equal_reference(kernel, outs[oi], ins[ii], Ts[ti], (oi + ii + ti) % 2 ? pool : NULL);
+    for (size_t i = 0; i < sizeof blocked / sizeof *blocked; i++)
+        equal_reference(kernel, blocked[i][0], blocked[i][1], blocked[i][2], i % 2 ? pool : NULL);
     pd_pool_destroy(pool);
-    set_kernel(PD_KERNEL_REF);
 }
 
 Test(amx, emulated_tiles_equal_the_reference_on_odd_shapes)
