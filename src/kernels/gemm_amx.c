@@ -209,7 +209,11 @@ void pd_gemm_amx_pack(const pd_gemm_job *job, int tb, int8_t *dst)
 #define AMX_ZERO(t) memset(tmm[t], 0, sizeof tmm[t])
 #define AMX_LOAD(t, p, stride) emu_load((int8_t *)tmm[t], (const int8_t *)(p), (stride))
 #define AMX_FALLBACK(job, o0, o1) pd_gemm_rows_ref((job), (o0), (o1))
-#define AMX_TRANSPOSE amx_transpose
+#define AMX_EPILOGUE(job, lo, hi, t0, nu, ob, nr0, nr1, acc)          \
+    do {                                                               \
+        amx_transpose((lo), (hi), (nu), (nr0), (nr1), (acc));          \
+        pd_gemm_store((job), (t0), (nu), (ob), (nr0) + (nr1), (acc), 32); \
+    } while (0)
 #define AMX_DP(c, a, b) pd_gemm_amx_emu_dpbssd(tmm[c], (const int8_t *)tmm[a], (const int8_t *)tmm[b])
 #define AMX_STORE(t, p, stride) emu_store((p), tmm[t], (stride))
 
@@ -249,7 +253,7 @@ void pd_gemm_amx_emu_dpbssd(int32_t *c, const int8_t *a, const int8_t *b)
 #undef AMX_DP
 #undef AMX_STORE
 #undef AMX_FALLBACK
-#undef AMX_TRANSPOSE
+#undef AMX_EPILOGUE
 
 void pd_gemm_rows_amx_emu(const pd_gemm_job *job, int o0, int o1)
 {
@@ -265,10 +269,8 @@ void pd_gemm_rows_amx_emu(const pd_gemm_job *job, int o0, int o1)
 #include <cpuid.h>
 #include <immintrin.h>
 
-/* amx_transpose with AVX-512: each 16 x 16 tile of int32 sums [row][token] becomes 16 token rows in
- * three rounds of shuffles (32-bit, 64-bit, 128-bit lanes twice); the same values land in the same
- * places as amx_transpose's loops (the odd-shapes tests compare the two paths' outputs bit for
- * bit), about eight times fewer instructions. */
+/* A 16 x 16 tile of int32 sums [row][token] as 16 token rows, in three rounds of shuffles (32-bit,
+ * 64-bit, 128-bit lanes twice): amx_transpose's loops in about eight times fewer instructions. */
 __attribute__((target("avx512f"))) static void transpose16(const int32_t *c, __m512i out[16])
 {
     __m512i t[16], u[16];
@@ -293,18 +295,34 @@ __attribute__((target("avx512f"))) static void transpose16(const int32_t *c, __m
     }
 }
 
-__attribute__((target("avx512f"))) static void amx_transpose_avx512(const int32_t *lo, const int32_t *hi, int nu, int nr0,
-                                                                  int nr1, int32_t *acc)
+/* 16 rows of one token's sums into y: y[t][ob + r] (+)= (a_scale[t] * w_scale[ob + r]) * (float)acc[r]
+ * for r < nr, each product rounded as gemm.c's pd_gemm_store rounds it (its four lanes here are 16;
+ * the AMX odd-shapes tests compare the two bit for bit, accumulating too). */
+__attribute__((target("avx512f"))) static void epilogue_row(const pd_gemm_job *job, int t, int ob, int nr, __m512i acc)
+{
+    const __mmask16 m = (__mmask16)((1u << nr) - 1);
+    float *y = job->y + (int64_t)t * job->out + ob;
+    const __m512 as = _mm512_set1_ps(job->a_scale[pd_gemm_job_tok(job, t)]);
+    __m512 v = _mm512_mul_ps(_mm512_mul_ps(as, _mm512_maskz_loadu_ps(m, job->w_scale + ob)), _mm512_cvtepi32_ps(acc));
+    if (job->accum)
+        v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y), v);
+    _mm512_mask_storeu_ps(y, m, v);
+}
+
+/* The hardware path's epilogue: the two C tiles of a token block transposed in registers and
+ * scaled into y straight away (the model of the tiles goes through amx_transpose and
+ * pd_gemm_store instead). */
+__attribute__((target("avx512f"))) static void amx_epilogue_avx512(const pd_gemm_job *job, const int32_t *lo, const int32_t *hi,
+                                                                 int t0, int nu, int ob, int nr0, int nr1)
 {
     __m512i out[16];
-    (void)nr0;
     transpose16(lo, out);
     for (int u = 0; u < nu; u++)
-        _mm512_storeu_si512(acc + 32 * u, out[u]);
+        epilogue_row(job, t0 + u, ob, nr0, out[u]);
     if (nr1) {
         transpose16(hi, out);
         for (int u = 0; u < nu; u++)
-            _mm512_storeu_si512(acc + 32 * u + 16, out[u]);
+            epilogue_row(job, t0 + u, ob + 16, nr1, out[u]);
     }
 }
 
@@ -322,7 +340,8 @@ __attribute__((target("avx512f"))) static void amx_transpose_avx512(const int32_
 #define AMX_FN __attribute__((target("amx-tile,amx-int8"))) static void rows_hw(const pd_gemm_job *job, int o0, int o1)
 #define AMX_STATE
 #define AMX_FALLBACK(job, o0, o1) pd_gemm_rows_avx512((job), (o0), (o1))
-#define AMX_TRANSPOSE amx_transpose_avx512
+#define AMX_EPILOGUE(job, lo, hi, t0, nu, ob, nr0, nr1, acc) \
+    ((void)(acc), amx_epilogue_avx512((job), (lo), (hi), (t0), (nu), (ob), (nr0), (nr1)))
 #define AMX_CONFIG(cfg) __asm__ volatile("ldtilecfg %0" ::"m"(*(const struct amx_cfg *)(cfg)) : "memory")
 #define AMX_RELEASE() __asm__ volatile("tilerelease" ::: "memory")
 #define AMX_ZERO(t) __asm__ volatile("tilezero %%tmm" AMX_HW_STR(t)::)

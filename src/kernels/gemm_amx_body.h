@@ -11,6 +11,9 @@
  *   AMX_LOAD(t, p, stride)   tmm t = 16 rows of 64 bytes at p, rows `stride` bytes apart
  *   AMX_DP(c, a, b) tmm c += tmm a . tmm b (TDPBSSD: signed bytes times signed bytes)
  *   AMX_STORE(t, p, stride)  16 rows of 16 int32 of tmm t to p, rows `stride` bytes apart
+ *   AMX_EPILOGUE(job, lo, hi, t0, nu, ob, nr0, nr1, acc)  y for tokens t0 .. t0 + nu and rows
+ *                   ob .. ob + nr0 + nr1 from the stored C tiles lo (rows ob..) and hi (rows ob + 16..),
+ *                   [row][token]; acc is 16 x 32 int32 of scratch
  *
  * Tiles: C00..C11 = tmm0..3 (int32 sums of 16 weight rows x 16 tokens), A0/A1 = tmm4/5 (two blocks of
  * 16 weight rows x 64 bytes of the reduction), B0/B1 = tmm6/7 (two blocks of 16 tokens from the
@@ -24,8 +27,8 @@
  * bytes apart, the tiles of a 4 KiB-strided matrix all fall in the same L1 sets), and every pair of
  * token blocks then passes over them while they and the block's packed activations stay in L2.
  * Between blocks the sums wait in memory (the task's C tiles, AMX_STORE / AMX_LOAD); after the last
- * block they go through gemm.c's one epilogue, so the results equal every other path's bit for
- * bit. Per block the activations are read once per task, not once per 32 rows. */
+ * block AMX_EPILOGUE scales them into y with the operations of gemm.c's one epilogue, so the
+ * results equal every other path's bit for bit. Per block the activations are read once per task, not once per 32 rows. */
 AMX_FN
 {
     AMX_STATE
@@ -112,8 +115,7 @@ AMX_FN
                 const int nr1 = two_rb ? (o1 - ob - 16 < 16 ? o1 - ob - 16 : 16) : 0;
                 for (int h = 0; h <= two_tb; h++) {
                     const int t0 = (tb + h) * 16, nu = job->n - t0 < 16 ? job->n - t0 : 16;
-                    AMX_TRANSPOSE(c[h], c[2 + h], nu, nr0, nr1, acc);
-                    pd_gemm_store(job, t0, nu, ob, nr0 + nr1, acc, 32);
+                    AMX_EPILOGUE(job, c[h], c[2 + h], t0, nu, ob, nr0, nr1, acc);
                 }
             }
         }
