@@ -4,12 +4,13 @@
  *
  *   C[m][n] += sum_{g < 16} sum_{j < 4} A[m][4g + j] * B[g][4n + j]
  *
- * Here A is 16 weight rows (16 output channels) x 64 bytes of the reduction, read straight from the
- * row-major weight matrix, and B holds 16 tokens: B[g][4n + j] = a[token n][64 kb + 4g + j]. The
- * activations are therefore packed once per product (pd_gemm_amx_pack, run by gemm.c over the
- * pool before the row tasks) into 1 KiB tiles [token block][K block][g][n][j], zero-padded to
- * whole tiles; the weights are used as they are. Integer sums are exact, and every tile goes
- * through gemm.c's one epilogue, so the results equal every other path's bit for bit.
+ * Here A is 16 weight rows (16 output channels) x 64 bytes of the reduction (a "step"), and B holds
+ * 16 tokens: B[g][4n + j] = a[token n][64 kb + 4g + j]. The activations are therefore packed once
+ * per product (pd_gemm_amx_pack, run by gemm.c over the pool before the row tasks) into 1 KiB tiles
+ * [g][n][j], zero-padded to whole tiles, laid out as pd_gemm_amx_tile_offset says; the weights are
+ * copied into tiles per task and block of the reduction, or read in place (gemm_amx_body.h).
+ * Integer sums are exact, and every output goes through the operations of gemm.c's one epilogue,
+ * so the results equal every other path's bit for bit.
  *
  * Two builds of the same body (gemm_amx_body.h):
  *   amx      the tile instructions, where the CPU has AMX-TILE and AMX-INT8 and Linux grants the
@@ -48,8 +49,6 @@ static void amx_cfg_full(struct amx_cfg *cfg)
     }
 }
 
-/* Reduction steps (64 bytes each) per block of the blocked body (gemm_amx_body.h): 1 KiB of every row. */
-#define AMX_KC 16
 /* Token blocks from which the weights are copied into whole tiles per reduction block: with fewer
  * (a routed expert's few tokens) each tile would serve too few products to repay its copy. */
 #define AMX_PACK_MIN_TB 6
@@ -123,6 +122,15 @@ static struct amx_scratch *amx_scratch(size_t w_bytes, size_t c_bytes)
     return sc;
 }
 
+/* Prefetch lines [l0, l1) of weight rows [o0, o1) x steps [k0, k0 + nk), line l being row o0 + l / nk,
+ * step k0 + l % nk, into L2. */
+static inline void amx_prefetch_w(const pd_gemm_job *job, int o0, int o1, int k0, int nk, int64_t l0, int64_t l1)
+{
+    (void)o1;
+    for (int64_t l = l0; l < l1; l++)
+        __builtin_prefetch(job->w + (int64_t)(o0 + l / nk) * job->in + 64 * (k0 + l % nk), 0, 2);
+}
+
 /* Weight rows [o0, o1) x reduction steps [k0, k0 + nk) as whole tiles: tile (rb, k) at
  * dst + (rb * kc + k) * 1024 holds rows o0 + 16 rb .. + 15, bytes 64 (k0 + k) .. + 63, rows 64 bytes
  * apart; past the matrix's last row or byte it is zero (zeros add nothing; the packed activations
@@ -140,11 +148,13 @@ static void amx_pack_weights(const pd_gemm_job *job, int o0, int o1, int k0, int
                 continue;
             }
             const int8_t *w = job->w + (int64_t)o * in;
-            for (int k = 0; k < nk; k++) {
-                const int b0 = 64 * (k0 + k), nb = in - b0 < 64 ? in - b0 : 64;
-                memcpy(d + k * 1024, w + b0, (size_t)nb);
-                if (nb < 64)
-                    memset(d + k * 1024 + nb, 0, (size_t)(64 - nb));
+            const int full = in / 64 - k0 < nk ? in / 64 - k0 : nk;   /* whole 64-byte steps */
+            for (int k = 0; k < full; k++)
+                memcpy(d + k * 1024, w + 64 * (k0 + k), 64);
+            for (int k = full < 0 ? 0 : full; k < nk; k++) {
+                const int b0 = 64 * (k0 + k);
+                memset(d + k * 1024, 0, 64);
+                memcpy(d + k * 1024, w + b0, (size_t)(in - b0));
             }
         }
 }
@@ -184,19 +194,25 @@ size_t pd_gemm_amx_pack_bytes(int n, int in)
     return (size_t)((n + 15) / 16) * (size_t)((in + 63) / 64) * 1024;
 }
 
+/* Tile (tb, kb) of the packed activations with AVX-512 when it is whole (16 tokens, 64 bytes) and the
+ * CPU has it: 1 if done, else 0 (the loops below do it). */
+static int pack_tile_fast(const pd_gemm_job *job, int tb, int kb, int8_t *tile);
+
 void pd_gemm_amx_pack(const pd_gemm_job *job, int tb, int8_t *dst)
 {
     const int in = job->in, nkb = (in + 63) / 64;
-    int8_t *blk = dst + (int64_t)tb * nkb * 1024;
-    memset(blk, 0, (size_t)nkb * 1024);
-    for (int n = 0; n < 16 && tb * 16 + n < job->n; n++) {
-        const int8_t *a = pd_gemm_job_arow(job, tb * 16 + n);
-        /* 4-byte groups: group q of the row goes to K block q / 16, tile row q % 16, column n */
-        int q = 0;
-        for (; 4 * q + 4 <= in; q++)
-            memcpy(blk + (q / 16) * 1024 + (q % 16) * 64 + 4 * n, a + 4 * q, 4);
-        if (4 * q < in)
-            memcpy(blk + (q / 16) * 1024 + (q % 16) * 64 + 4 * n, a + 4 * q, (size_t)(in - 4 * q));
+    for (int kb = 0; kb < nkb; kb++) {
+        int8_t *t = dst + pd_gemm_amx_tile_offset(job->n, in, tb, kb);
+        if (pack_tile_fast(job, tb, kb, t))
+            continue;
+        memset(t, 0, 1024);
+        /* 4-byte groups: group 16 kb + g of token 16 tb + n's row goes to row g, column n */
+        const int k0 = 64 * kb;
+        for (int n = 0; n < 16 && tb * 16 + n < job->n; n++) {
+            const int8_t *a = pd_gemm_job_arow(job, tb * 16 + n);
+            for (int g = 0; g < 16 && k0 + 4 * g < in; g++)
+                memcpy(t + 64 * g + 4 * n, a + k0 + 4 * g, (size_t)(in - k0 - 4 * g < 4 ? in - k0 - 4 * g : 4));
+        }
     }
 }
 
@@ -209,6 +225,7 @@ void pd_gemm_amx_pack(const pd_gemm_job *job, int tb, int8_t *dst)
 #define AMX_ZERO(t) memset(tmm[t], 0, sizeof tmm[t])
 #define AMX_LOAD(t, p, stride) emu_load((int8_t *)tmm[t], (const int8_t *)(p), (stride))
 #define AMX_FALLBACK(job, o0, o1) pd_gemm_rows_ref((job), (o0), (o1))
+#define AMX_PREFETCH_W(job, o0, o1, k0, nk, l0, l1) ((void)(l0), (void)(l1))
 #define AMX_EPILOGUE(job, lo, hi, t0, nu, ob, nr0, nr1, acc)          \
     do {                                                               \
         amx_transpose((lo), (hi), (nu), (nr0), (nr1), (acc));          \
@@ -254,6 +271,7 @@ void pd_gemm_amx_emu_dpbssd(int32_t *c, const int8_t *a, const int8_t *b)
 #undef AMX_STORE
 #undef AMX_FALLBACK
 #undef AMX_EPILOGUE
+#undef AMX_PREFETCH_W
 
 void pd_gemm_rows_amx_emu(const pd_gemm_job *job, int o0, int o1)
 {
@@ -271,13 +289,12 @@ void pd_gemm_rows_amx_emu(const pd_gemm_job *job, int o0, int o1)
 
 /* A 16 x 16 tile of int32 sums [row][token] as 16 token rows, in three rounds of shuffles (32-bit,
  * 64-bit, 128-bit lanes twice): amx_transpose's loops in about eight times fewer instructions. */
-__attribute__((target("avx512f"))) static void transpose16(const int32_t *c, __m512i out[16])
+__attribute__((target("avx512f"))) static void transpose16_regs(const __m512i r[16], __m512i out[16])
 {
     __m512i t[16], u[16];
     for (int i = 0; i < 8; i++) {
-        __m512i a = _mm512_load_si512(c + 32 * i), b = _mm512_load_si512(c + 32 * i + 16);
-        t[2 * i] = _mm512_unpacklo_epi32(a, b);       /* per 128-bit lane: a0 b0 a1 b1 */
-        t[2 * i + 1] = _mm512_unpackhi_epi32(a, b);   /* a2 b2 a3 b3 */
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);       /* per 128-bit lane: a0 b0 a1 b1 */
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);   /* a2 b2 a3 b3 */
     }
     for (int i = 0; i < 4; i++) {   /* rows 4i .. 4i+3: u[4i + j] holds element 4 L + j in lane L */
         u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
@@ -293,6 +310,39 @@ __attribute__((target("avx512f"))) static void transpose16(const int32_t *c, __m
         out[8 + j] = _mm512_shuffle_i32x4(v1, v3, 0x88);
         out[12 + j] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
     }
+}
+
+__attribute__((target("avx512f"))) static void transpose16(const int32_t *c, __m512i out[16])
+{
+    __m512i r[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = _mm512_load_si512(c + 16 * i);
+    transpose16_regs(r, out);
+}
+
+/* A whole tile of packed activations is the transpose of its 16 tokens' 64 bytes taken as 16 dwords
+ * each: row g = dword g of every token. */
+__attribute__((target("avx512f"))) static void pack_tile_avx512(const pd_gemm_job *job, int tb, int kb, int8_t *tile)
+{
+    __m512i r[16], out[16];
+    for (int n = 0; n < 16; n++)
+        r[n] = _mm512_loadu_si512(pd_gemm_job_arow(job, 16 * tb + n) + 64 * kb);
+    transpose16_regs(r, out);
+    for (int g = 0; g < 16; g++)
+        _mm512_storeu_si512(tile + 64 * g, out[g]);
+}
+
+static int pack_tile_fast(const pd_gemm_job *job, int tb, int kb, int8_t *tile)
+{
+    static atomic_int avx512 = -1;   /* every thread that races here computes the same answer */
+    if (atomic_load_explicit(&avx512, memory_order_relaxed) < 0) {
+        __builtin_cpu_init();
+        atomic_store_explicit(&avx512, __builtin_cpu_supports("avx512f"), memory_order_relaxed);
+    }
+    if (!atomic_load_explicit(&avx512, memory_order_relaxed) || 16 * tb + 16 > job->n || 64 * kb + 64 > job->in)
+        return 0;
+    pack_tile_avx512(job, tb, kb, tile);
+    return 1;
 }
 
 /* 16 rows of one token's sums into y: y[t][ob + r] (+)= (a_scale[t] * w_scale[ob + r]) * (float)acc[r]
@@ -340,6 +390,7 @@ __attribute__((target("avx512f"))) static void amx_epilogue_avx512(const pd_gemm
 #define AMX_FN __attribute__((target("amx-tile,amx-int8"))) static void rows_hw(const pd_gemm_job *job, int o0, int o1)
 #define AMX_STATE
 #define AMX_FALLBACK(job, o0, o1) pd_gemm_rows_avx512((job), (o0), (o1))
+#define AMX_PREFETCH_W amx_prefetch_w
 #define AMX_EPILOGUE(job, lo, hi, t0, nu, ob, nr0, nr1, acc) \
     ((void)(acc), amx_epilogue_avx512((job), (lo), (hi), (t0), (nu), (ob), (nr0), (nr1)))
 #define AMX_CONFIG(cfg) __asm__ volatile("ldtilecfg %0" ::"m"(*(const struct amx_cfg *)(cfg)) : "memory")
@@ -415,6 +466,11 @@ int pd_gemm_amx_available(void)
     return atomic_load(&state);
 }
 #else
+static int pack_tile_fast(const pd_gemm_job *job, int tb, int kb, int8_t *tile)
+{
+    return 0;
+}
+
 void pd_gemm_rows_amx(const pd_gemm_job *job, int o0, int o1)
 {
     pd_gemm_rows_ref(job, o0, o1);

@@ -21,20 +21,24 @@
  * products: 32 rows x 32 tokens, every tile used twice. TDPBSSD multiplies signed by signed, so the
  * weights need no sign trick.
  *
- * Blocking (a task's rows are up to 256, gemm.c): the reduction is cut into blocks of AMX_KC steps
- * (1 KiB of every row). For each block the task's weight rows are copied once into whole 1 KiB
- * tiles (amx_pack_weights: contiguous, zero-padded past the matrix; read in place, 16 rows `in`
- * bytes apart, the tiles of a 4 KiB-strided matrix all fall in the same L1 sets), and every pair of
- * token blocks then passes over them while they and the block's packed activations stay in L2.
- * Between blocks the sums wait in memory (the task's C tiles, AMX_STORE / AMX_LOAD); after the last
- * block AMX_EPILOGUE scales them into y with the operations of gemm.c's one epilogue, so the
- * results equal every other path's bit for bit. Per block the activations are read once per task, not once per 32 rows. */
+ * Blocking (a task's rows are up to 256, gemm.c): the reduction is cut into blocks of
+ * PD_GEMM_AMX_KC steps (512 bytes of every row). For each block the task's weight rows are copied
+ * once into whole tiles (amx_pack_weights: contiguous, zero-padded past the matrix); every pair of
+ * token blocks then passes over them, its own tiles of the block (16 KiB) staying in L1 while the
+ * weights' come from L2. Between blocks the sums wait in memory (the task's C tiles, AMX_STORE /
+ * AMX_LOAD); after the last block AMX_EPILOGUE scales them into y with the operations of gemm.c's
+ * one epilogue, so the results equal every other path's bit for bit. The next block's weights are
+ * prefetched a slice per pair of token blocks (AMX_PREFETCH_W), so that their copy finds them in L2.
+ * A task reads the packed activations once per block: once for its 256 rows, not once per 32.
+ * With fewer than AMX_PACK_MIN_TB token blocks (a routed expert's few tokens) a copied tile would
+ * serve too few products to repay the copy: the weights are read in place, 16 rows `in` bytes
+ * apart (zero-padded copies at the matrix's edges), over the whole reduction without blocks. */
 AMX_FN
 {
     AMX_STATE
     const int in = job->in, nkb = (in + 63) / 64, ntb = (job->n + 15) / 16, nrb = (o1 - o0 + 15) / 16;
     /* few token blocks: the weights are read in place (a copy would be used too few times) */
-    const int packw = ntb >= AMX_PACK_MIN_TB, kc = !packw || nkb < AMX_KC ? nkb : AMX_KC;
+    const int packw = ntb >= AMX_PACK_MIN_TB, kc = !packw || nkb < PD_GEMM_AMX_KC ? nkb : PD_GEMM_AMX_KC;
     const int8_t *pack = job->apack;
     struct amx_scratch *sc = amx_scratch(packw ? (size_t)nrb * kc * 1024 : 2048,
                                          nkb > kc ? (size_t)nrb * ntb * 1024 : 0);
@@ -51,9 +55,15 @@ AMX_FN
         const int nk = nkb - k0 < kc ? nkb - k0 : kc, first = k0 == 0, last = k0 + nk == nkb;
         if (packw)
             amx_pack_weights(job, o0, o1, k0, nk, kc, sc->w);
+        /* the next block's weight lines, a slice per pair of token blocks, on their way to L2
+         * while this block computes, so that its copy does not wait for memory */
+        const int nk_next = packw && !last ? (nkb - k0 - nk < kc ? nkb - k0 - nk : kc) : 0;
+        const int64_t pf_lines = (int64_t)(o1 - o0) * nk_next, pf_pairs = (ntb + 1) / 2;
         for (int tb = 0; tb < ntb; tb += 2) {
             const int two_tb = tb + 1 < ntb;
-            const int8_t *b0 = pack + ((int64_t)tb * nkb + k0) * 1024, *b1 = b0 + (int64_t)nkb * 1024;
+            if (pf_lines)
+                AMX_PREFETCH_W(job, o0, o1, k0 + nk, nk_next, pf_lines * (tb / 2) / pf_pairs,
+                               pf_lines * (tb / 2 + 1) / pf_pairs);
             for (int rb = 0; rb < nrb; rb += 2) {
                 const int two_rb = rb + 1 < nrb;
                 const int8_t *a0 = sc->w + (int64_t)rb * kc * 1024, *a1 = a0 + (int64_t)kc * 1024;
@@ -76,25 +86,31 @@ AMX_FN
                     if (two_tb && two_rb)
                         AMX_LOAD(3, cs[3], 64);
                 }
-                for (int k = 0; k < nk; k++) {
-                    if (!packw) {
-                        AMX_WLOAD(4, job, o0 + 16 * rb, o1, k0 + k, sc->w);
-                    } else
-                        AMX_LOAD(4, a0 + k * 1024, 64);
-                    AMX_LOAD(6, b0 + k * 1024, 64);
-                    AMX_DP(0, 4, 6);
-                    if (two_tb) {
-                        AMX_LOAD(7, b1 + k * 1024, 64);
-                        AMX_DP(1, 4, 7);
-                    }
-                    if (two_rb) {
+                /* the activations' panels within this block (one when the weights are copied) */
+                for (int p0 = k0; p0 < k0 + nk; p0 += PD_GEMM_AMX_KC) {
+                    const int np = k0 + nk - p0 < PD_GEMM_AMX_KC ? k0 + nk - p0 : PD_GEMM_AMX_KC;
+                    const int8_t *b0 = pack + pd_gemm_amx_tile_offset(job->n, in, tb, p0);
+                    const int8_t *b1 = pack + pd_gemm_amx_tile_offset(job->n, in, tb + two_tb, p0);
+                    for (int k = 0; k < np; k++) {
                         if (!packw) {
-                            AMX_WLOAD(5, job, o0 + 16 * rb + 16, o1, k0 + k, sc->w + 1024);
+                            AMX_WLOAD(4, job, o0 + 16 * rb, o1, p0 + k, sc->w);
                         } else
-                            AMX_LOAD(5, a1 + k * 1024, 64);
-                        AMX_DP(2, 5, 6);
-                        if (two_tb)
-                            AMX_DP(3, 5, 7);
+                            AMX_LOAD(4, a0 + (p0 - k0 + k) * 1024, 64);
+                        AMX_LOAD(6, b0 + k * 1024, 64);
+                        AMX_DP(0, 4, 6);
+                        if (two_tb) {
+                            AMX_LOAD(7, b1 + k * 1024, 64);
+                            AMX_DP(1, 4, 7);
+                        }
+                        if (two_rb) {
+                            if (!packw) {
+                                AMX_WLOAD(5, job, o0 + 16 * rb + 16, o1, p0 + k, sc->w + 1024);
+                            } else
+                                AMX_LOAD(5, a1 + (p0 - k0 + k) * 1024, 64);
+                            AMX_DP(2, 5, 6);
+                            if (two_tb)
+                                AMX_DP(3, 5, 7);
+                        }
                     }
                 }
                 if (!last) {

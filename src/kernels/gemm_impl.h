@@ -49,6 +49,16 @@ void pd_gemm_rows_amx_emu(const pd_gemm_job *job, int o0, int o1);
  * byte aligned) by calling pd_gemm_amx_pack for every block of 16 tokens tb < ceil(n / 16) before
  * any row task runs. Fewer tokens need no packing (the kernels pass them to another path). */
 #define PD_GEMM_AMX_MIN_TOKENS 4
+/* The reduction steps (64 bytes, one tile's width) of a panel, 512 bytes of every row: the packed
+ * activations are stored panel by panel, in each panel token block by token block, in each token
+ * block step by step. Tile (token block tb, step kb) of a job of n tokens and `in` bytes: */
+#define PD_GEMM_AMX_KC 8
+static inline int64_t pd_gemm_amx_tile_offset(int n, int in, int tb, int kb)
+{
+    const int ntb = (n + 15) / 16, nkb = (in + 63) / 64, p = kb / PD_GEMM_AMX_KC;
+    const int np = nkb - p * PD_GEMM_AMX_KC < PD_GEMM_AMX_KC ? nkb - p * PD_GEMM_AMX_KC : PD_GEMM_AMX_KC;
+    return ((int64_t)p * PD_GEMM_AMX_KC * ntb + (int64_t)tb * np + kb % PD_GEMM_AMX_KC) * 1024;
+}
 size_t pd_gemm_amx_pack_bytes(int n, int in);
 void pd_gemm_amx_pack(const pd_gemm_job *job, int tb, int8_t *dst);
 /* The amx-emu model of TDPBSSD on full 16 x 64-byte tiles: c [16][16] int32 += a [16][64] . b [16][64]

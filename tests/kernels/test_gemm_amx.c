@@ -54,11 +54,18 @@ Test(amx, tile_model_is_tdpbssd)
             cr_assert_eq(c[i], 1000, "entry %d", i);
 }
 
-/* The packed activations are TDPBSSD's B operand: tile (token block tb, K block kb) row g, bytes 4n..4n+3
- * = activation row of token 16 tb + n, bytes 64 kb + 4 g .. + 3; zero past the tokens and the row. */
+/* The packed activations are TDPBSSD's B operand: tile (token block tb, step kb) row g, bytes 4n..4n+3
+ * = activation row of token 16 tb + n, bytes 64 kb + 4 g .. + 3; zero past the tokens and the row.
+ * The tiles lie panel by panel (PD_GEMM_AMX_KC steps), token block by token block within a panel:
+ * 21 tokens x 1,100 bytes is 2 token blocks x 18 steps: two whole panels and one of 2 steps. */
 Test(amx, packed_activations_are_the_b_operand_layout)
 {
-    const int n = 21, in = 70, nkb = 2;
+    const int n = 21, in = 1100, nkb = 18;
+    cr_assert_eq(PD_GEMM_AMX_KC, 8);
+    cr_assert_eq(pd_gemm_amx_tile_offset(n, in, 1, 3), (8 + 3) * 1024);
+    cr_assert_eq(pd_gemm_amx_tile_offset(n, in, 1, 12), (16 + 8 + 4) * 1024);
+    cr_assert_eq(pd_gemm_amx_tile_offset(n, in, 0, 16), 32 * 1024);
+    cr_assert_eq(pd_gemm_amx_tile_offset(n, in, 1, 17), (32 + 2 + 1) * 1024);
     int8_t *a = malloc((size_t)n * in);
     for (int i = 0; i < n * in; i++)
         a[i] = rnd8();
@@ -78,7 +85,7 @@ Test(amx, packed_activations_are_the_b_operand_layout)
                         for (int j = 0; j < 4; j++) {
                             int row = 16 * tb + t, k = 64 * kb + 4 * g + j;
                             int8_t want = row < n && k < in ? a[(size_t)(use_tok ? tok[row] : row) * in + k] : 0;
-                            int8_t got = p[((size_t)tb * nkb + kb) * 1024 + 64 * g + 4 * t + j];
+                            int8_t got = p[pd_gemm_amx_tile_offset(n, in, tb, kb) + 64 * g + 4 * t + j];
                             cr_assert_eq(got, want, "tok %d tb %d kb %d g %d t %d j %d", use_tok, tb, kb, g, t, j);
                         }
         free(p);
