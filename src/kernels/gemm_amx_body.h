@@ -58,16 +58,18 @@ AMX_FN
         /* the next block's weight lines, a slice per pair of token blocks, on their way to L2
          * while this block computes, so that its copy does not wait for memory */
         const int nk_next = packw && !last ? (nkb - k0 - nk < kc ? nkb - k0 - nk : kc) : 0;
-        const int64_t pf_lines = (int64_t)(o1 - o0) * nk_next, pf_pairs = (ntb + 1) / 2;
-        for (int tb = 0; tb < ntb; tb += 2) {
-            const int two_tb = tb + 1 < ntb;
+        const int64_t pf_lines = (int64_t)(o1 - o0) * nk_next, pf_pairs = (nrb + 1) / 2;
+        for (int rb = 0; rb < nrb; rb += 2) {
+            const int two_rb = rb + 1 < nrb;
+            const int8_t *a0 = sc->w + (int64_t)rb * kc * 1024, *a1 = a0 + (int64_t)kc * 1024;
+            (void)a1;
             if (pf_lines)
-                AMX_PREFETCH_W(job, o0, o1, k0 + nk, nk_next, pf_lines * (tb / 2) / pf_pairs,
-                               pf_lines * (tb / 2 + 1) / pf_pairs);
-            for (int rb = 0; rb < nrb; rb += 2) {
-                const int two_rb = rb + 1 < nrb;
-                const int8_t *a0 = sc->w + (int64_t)rb * kc * 1024, *a1 = a0 + (int64_t)kc * 1024;
-                (void)a1;
+                AMX_PREFETCH_W(job, o0, o1, k0 + nk, nk_next, pf_lines * (rb / 2) / pf_pairs,
+                               pf_lines * (rb / 2 + 1) / pf_pairs);
+            /* in place: the next pair of row blocks' lines of each step, during the last pass */
+            const int pf_rows = !packw && rb + 2 < nrb ? (o1 - o0 - 16 * (rb + 2) < 32 ? o1 - o0 - 16 * (rb + 2) : 32) : 0;
+            for (int tb = 0; tb < ntb; tb += 2) {
+                const int two_tb = tb + 1 < ntb, pf = pf_rows && tb + 2 >= ntb;
                 /* the C tiles of row blocks rb, rb + 1 and token blocks tb, tb + 1 between blocks */
                 int32_t *cs[4] = {sc->c + ((int64_t)rb * ntb + tb) * 256, sc->c + ((int64_t)rb * ntb + tb + 1) * 256,
                                   sc->c + ((int64_t)(rb + 1) * ntb + tb) * 256,
@@ -93,6 +95,8 @@ AMX_FN
                     const int8_t *b1 = pack + pd_gemm_amx_tile_offset(job->n, in, tb + two_tb, p0);
                     for (int k = 0; k < np; k++) {
                         if (!packw) {
+                            if (pf)
+                                AMX_PREFETCH_W(job, o0 + 16 * (rb + 2), o1, p0 + k, 1, 0, pf_rows);
                             AMX_WLOAD(4, job, o0 + 16 * rb, o1, p0 + k, sc->w);
                         } else
                             AMX_LOAD(4, a0 + (p0 - k0 + k) * 1024, 64);
