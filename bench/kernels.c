@@ -3,7 +3,8 @@
  *   1. ceilings: memory read bandwidth with several independent streams per thread (1 and N
  *      threads), and the VNNI peak from an instruction probe (independent vpdpbusd chains);
  *   2. decode GEMV 4096x14336, DRAM-bound (rotating over >= 256 MiB of weights): GB/s vs bandwidth;
- *   3. prefill GEMM 2048x4096 and 4096x14336, 512 tokens: int8 ops/s vs the VNNI peak;
+ *   3. prefill GEMM 2048x4096 and 4096x14336, 512 tokens: int8 ops/s vs the VNNI peak (and the
+ *      AMX peak, where the CPU has AMX: the tile probe of gemm_amx.c);
  *   4. MoE grouped GEMM, 64 experts, 8 used per token, 2048x4096 each, 512 tokens;
  * and every kernel case against oneDNN's int8 matmul (bench/onednn.h) at the same shape, threads
  * and data types (s8 x s8, fp32 out with per-channel scales), timed right after pdmoe's.
@@ -547,6 +548,7 @@ struct ctx {
     int tcount[2], nt;
     double bw[2];     /* bytes/s per thread count */
     double peak[2];   /* int8 ops/s per thread count */
+    double amx[2];    /* the AMX peak, int8 ops/s per thread count, 0 without AMX */
     json_t *ceilings, *cases;
 };
 
@@ -604,7 +606,7 @@ static int bench_ceilings(struct ctx *c)
             c->peak[i] = 0;
             say(c, "   no AVX-512 VNNI here: no VNNI peak; ratios against oneDNN only\n");
         }
-        double amx = measure_amx_peak(pool_for(c, i), c->tcount[i], c->o.quick);
+        double amx = c->amx[i] = measure_amx_peak(pool_for(c, i), c->tcount[i], c->o.quick);
         if (amx > 0)
             say(c, "   AMX peak, %d thread%s: %7.1f Gops/s (4 independent TDPBSSD tile chains per thread; %.0f int8 "
                 "ops each); the GEMM cases run the AMX kernel (%s)\n", c->tcount[i], plural(c->tcount[i]), amx / 1e9,
@@ -629,6 +631,8 @@ static void add_case(struct ctx *c, const char *kind, json_t *shape, int i, doub
                           "onednn_gflops", dnn_ops / 1e9, "pdmoe_over_onednn", pd_ops / dnn_ops);
     if (c->peak[i] > 0)
         json_object_set_new(o, "pdmoe_of_vnni_peak", json_real(pd_ops / c->peak[i]));
+    if (c->amx[i] > 0)
+        json_object_set_new(o, "pdmoe_of_amx_peak", json_real(pd_ops / c->amx[i]));
     json_array_append_new(c->cases, o);
 }
 
@@ -687,6 +691,8 @@ static int bench_gemm_shape(struct ctx *c, int out, int in)
             ops / s / 1e9);
         if (c->peak[i] > 0)
             say(c, " = %.2f of the VNNI peak", ops / s / c->peak[i]);
+        if (c->amx[i] > 0)
+            say(c, ", %.2f of the AMX peak", ops / s / c->amx[i]);
         say(c, " | oneDNN %7.1f Gops/s: pdmoe %.2fx\n", ops / sd / 1e9, sd / s);
         json_t *shape = json_pack("{s:i, s:i, s:i}", "out", g.out, "in", g.in, "tokens", g.T);
         add_case(c, "gemm", shape, i, ops / s, ops / sd);
@@ -765,6 +771,8 @@ static int bench_moe(struct ctx *c)
             ops / s / 1e9);
         if (c->peak[i] > 0)
             say(c, " = %.2f of the VNNI peak", ops / s / c->peak[i]);
+        if (c->amx[i] > 0)
+            say(c, ", %.2f of the AMX peak", ops / s / c->amx[i]);
         say(c, " | oneDNN %7.1f Gops/s: pdmoe %.2fx\n", ops / sd / 1e9, sd / s);
         json_t *shape = json_pack("{s:i, s:i, s:i, s:i, s:i}", "out", m.out, "in", m.in,
                                   "tokens", m.T, "experts", m.E, "per_token", m.topk);

@@ -81,6 +81,17 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
         double want = json_number_value(json_object_get(c, "pdmoe_gflops")) /
                       json_number_value(json_object_get(c, "onednn_gflops"));
         cr_assert(fabs(ratio - want) <= 1e-3 * want, "case %zu: ratio %g, rates give %g", i, ratio, want);
+        /* the fraction of the AMX peak exactly where there is one, and equal to the rates' ratio */
+        json_t *of_amx = json_object_get(c, "pdmoe_of_amx_peak");
+        if (pd_gemm_kernel_supported(PD_KERNEL_AMX)) {
+            double peak = json_number_value(json_object_get(json_array_get(ceil, (size_t)t - 1), "amx_peak_gops"));
+            double rate = json_number_value(json_object_get(c, "pdmoe_gflops"));
+            cr_assert(json_is_number(of_amx), "case %zu: AMX here but no pdmoe_of_amx_peak", i);
+            cr_assert(fabs(json_number_value(of_amx) - rate / peak) <= 1e-3 * rate / peak, "case %zu: %g of the AMX peak, "
+                      "rates give %g", i, json_number_value(of_amx), rate / peak);
+        } else {
+            cr_assert_null(of_amx, "case %zu: a fraction of an AMX peak without AMX", i);
+        }
         int out_ = (int)json_integer_value(json_object_get(shape, "out"));
         int in = (int)json_integer_value(json_object_get(shape, "in"));
         cr_assert_gt(json_integer_value(json_object_get(shape, "tokens")), 0);
