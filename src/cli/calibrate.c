@@ -46,10 +46,14 @@ static json_t *hardware_json(const char *cpu, int threads, int cards, double mem
     char s_bw[512], s_peak[512], s_gemm[512], s_mem[512], s_fit[1536], s_ucx[512];
     snprintf(s_bw, sizeof s_bw, "%s: the larger of an int64 sum over 512 MiB (best of 5) and the int8 GEMV's stream: "
              "%.2f GB/s", tag, m->bw / 1e9);
-    snprintf(s_peak, sizeof s_peak, "%s: independent VPDPBUSD chains (nominal clock %.2f GHz): %.1f Gops/s; fp32 FMA peak taken as a "
-             "quarter (16 lanes x 2 flops vs 16 x 4 x 2 int8 ops per instruction)", tag, m->clock_hz / 1e9, m->vnni_peak / 1e9);
-    snprintf(s_gemm, sizeof s_gemm, "%s: 2048x4096 int8 GEMM over 256 tokens: %.1f Gops/s = %.3f of the VNNI peak", tag,
-             m->gemm_ops / 1e9, m->gemm_ops / m->vnni_peak);
+    char s_bf16[512];
+    snprintf(s_peak, sizeof s_peak, "%s: %s (nominal clock %.2f GHz): %.1f Gops/s", tag, m->int8_probe, m->clock_hz / 1e9,
+             m->int8_peak / 1e9);
+    snprintf(s_bf16, sizeof s_bf16, "%s: independent VPDPBUSD chains (nominal clock %.2f GHz): %.1f Gops/s; fp32 FMA peak taken "
+             "as a quarter (16 lanes x 2 flops vs 16 x 4 x 2 int8 ops per instruction)", tag, m->clock_hz / 1e9,
+             m->vnni_peak / 1e9);
+    snprintf(s_gemm, sizeof s_gemm, "%s: 2048x4096 int8 GEMM over 256 tokens: %.1f Gops/s = %.3f of the int8 peak", tag,
+             m->gemm_ops / 1e9, m->gemm_ops / m->int8_peak);
     snprintf(s_mem, sizeof s_mem, "%s: fitted to the decode steps (the small expert matrices' stream); a "
              "4096x14336 int8 GEMV reaches %.2f GB/s = %.3f of the read bandwidth", tag, m->gemv_bw / 1e9,
              m->gemv_bw / m->bw);
@@ -68,7 +72,7 @@ static json_t *hardware_json(const char *cpu, int threads, int cards, double mem
     const char *none = "not used on one CPU process per role (no expert parallelism, no overlap)";
     json_t *eff = json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "request_s",
                             request_s, "gemm",
-                            m->gemm_ops / m->vnni_peak, "memory", f[1].memory, "attention", f[0].attention,
+                            m->gemm_ops / m->int8_peak, "memory", f[1].memory, "attention", f[0].attention,
                             "a2a_intra", 1.0, "a2a_inter", 1.0, "a2a_latency_s", 0.0, "imbalance_prefill", 1.0,
                             "imbalance_decode", 1.0, "imbalance_eplb_prefill", 1.0, "imbalance_eplb_decode", 1.0, "overlap_prefill", 0.0, "overlap_decode", 0.0, "step_prefill_s",
                             f[0].step_s, "step_decode_s", f[1].step_s, "token_layer_prefill_s", f[0].token_layer_s,
@@ -85,12 +89,12 @@ static json_t *hardware_json(const char *cpu, int threads, int cards, double mem
         "{s:s,s:s,s:i,s:i,s:{s:s,s:f,s:f,s:f,s:f,s:f},s:{s:{s:s,s:f,s:f},s:{s:s,s:f,s:f},s:{s:s,s:f,s:f}},"
         "s:{s:f,s:f},s:o,s:{s:s,s:s,s:s,s:s,s:s,s:o}}",
         "name", "local CPU", "description", tag, "cluster_nodes", 1, "cards_per_node", cards, "card", "name", cpu,
-        "memory_bytes", mem, "memory_bandwidth_Bps", m->bw, "bf16_flops", m->vnni_peak / 4, "int8_ops", m->vnni_peak,
+        "memory_bytes", mem, "memory_bandwidth_Bps", m->bw, "bf16_flops", m->vnni_peak / 4, "int8_ops", m->int8_peak,
         "fp8_flops", 0.0, "links", "intra_node", "name", "shared memory (UCX)", "bandwidth_Bps", ucx_bw, "latency_s",
         ucx_lat, "inter_node_rdma", "name", "UCX between processes of this machine", "bandwidth_Bps", ucx_bw,
         "latency_s", ucx_lat, "inter_node_tcp", "name", "UCX between processes of this machine", "bandwidth_Bps",
         ucx_bw, "latency_s", ucx_lat, "runtime_overhead_bytes", "prefill", 2e8, "decode", 2e8, "efficiency", eff,
-        "sources", "memory_bandwidth_Bps", s_bw, "int8_ops", s_peak, "bf16_flops", s_peak, "links", s_ucx,
+        "sources", "memory_bandwidth_Bps", s_bw, "int8_ops", s_peak, "bf16_flops", s_bf16, "links", s_ucx,
         "runtime_overhead_bytes", "pdmoe's assumption: the process, its thread pool and the HTTP front", "efficiency",
         src);
 }
@@ -452,8 +456,12 @@ int pd_cli_calibrate(int argc, char **argv)
     }
     f[0] = fr[0].fit;
     f[1] = fr[1].fit;
-    fprintf(stderr, "  read bandwidth %.2f GB/s, VNNI peak %.1f Gops/s, GEMV %.2f of bandwidth, GEMM %.2f of peak\n",
-            m.bw / 1e9, m.vnni_peak / 1e9, m.gemv_bw / m.bw, m.gemm_ops / m.vnni_peak);
+    char amx_note[64] = "";
+    if (m.amx_peak > 0)
+        snprintf(amx_note, sizeof amx_note, ", AMX peak %.1f Gops/s", m.amx_peak / 1e9);
+    fprintf(stderr, "  read bandwidth %.2f GB/s, VNNI peak %.1f Gops/s%s, GEMV %.2f of bandwidth, GEMM %.2f of the %s peak\n",
+            m.bw / 1e9, m.vnni_peak / 1e9, amx_note, m.gemv_bw / m.bw, m.gemm_ops / m.int8_peak,
+            m.int8_peak == m.amx_peak && m.amx_peak > 0 ? "AMX" : "VNNI");
     fprintf(stderr, "  UCX hand-off %.2f GB/s, %.1f us fixed\n", ucx_bw / 1e9, ucx_lat * 1e6);
     fprintf(stderr, "  steps in %d rounds (prefill %d and decode %d not slowed by other work); each fit on the fastest "
             "time of every step, in brackets its range with each round left out in turn:\n", rounds, fr[0].kept,
