@@ -14,12 +14,8 @@
 # Usage: tools/v4-layer-cost.sh [--json]
 set -eu
 cd "$(dirname "$0")/.."
-B=./build/pdmoe
-[ -x "$B" ] || make -j2 build/pdmoe >/dev/null
-JSON=0
-[ "${1:-}" = "--json" ] && JSON=1
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT INT TERM
+. tools/validation-lib.sh
+v4_setup "$@"
 python3 - "$B" "$T" "$JSON" <<'PY'
 import json, subprocess, sys
 B, T, as_json = sys.argv[1], sys.argv[2], sys.argv[3] == "1"

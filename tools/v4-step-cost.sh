@@ -7,12 +7,8 @@
 # Usage: tools/v4-step-cost.sh [--json]
 set -eu
 cd "$(dirname "$0")/.."
-B=./build/pdmoe
-[ -x "$B" ] || make -j2 build/pdmoe >/dev/null
-JSON=0
-[ "${1:-}" = "--json" ] && JSON=1
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT INT TERM
+. tools/validation-lib.sh
+v4_setup "$@"
 
 # predict HW S: the Lambda case on HW with S seconds per step; prints output tokens/s, TTFT s, TPOT s
 predict() {

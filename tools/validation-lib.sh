@@ -1,5 +1,17 @@
 # Sourced by tools/validation.sh and tools/validation-agg.sh: what both measure and read the same way.
-# Needs $B (the pdmoe binary) and $T (a scratch directory).
+# Needs $B (the pdmoe binary) and $T (a scratch directory). Also by the V4 fit scripts (tools/v4-*.sh),
+# which start with v4_setup.
+
+# v4_setup [--json]: the V4 fit scripts' start: $B (built if missing), $JSON (1 with --json, else 0)
+# and a scratch directory $T, removed when the script exits.
+v4_setup() {
+    B=./build/pdmoe
+    [ -x "$B" ] || make -j2 build/pdmoe >/dev/null
+    JSON=0
+    [ "${1:-}" = "--json" ] && JSON=1
+    T=$(mktemp -d)
+    trap 'rm -rf "$T"' EXIT INT TERM
+}
 
 num() { grep -o "\"$1\": [-0-9.e+]*" "$2" | head -1 | sed 's/.*: //'; }
 metric() { curl -sf "http://127.0.0.1:$1/metrics" | awk -v k="$2" '$1 == k { print $2 }'; }
