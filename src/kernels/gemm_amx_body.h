@@ -23,16 +23,17 @@
  *
  * Blocking (a task's rows are up to 256, gemm.c): the reduction is cut into blocks of
  * PD_GEMM_AMX_KC steps (512 bytes of every row). For each block the task's weight rows are copied
- * once into whole tiles (amx_pack_weights: contiguous, zero-padded past the matrix); every pair of
- * token blocks then passes over them, its own tiles of the block (16 KiB) staying in L1 while the
- * weights' come from L2. Between blocks the sums wait in memory (the task's C tiles, AMX_STORE /
+ * once into whole tiles (amx_pack_weights: contiguous, zero-padded past the matrix); each pair of
+ * row blocks then meets every pair of token blocks, its own tiles of the block (16 KiB) staying in
+ * L1 while the activations' come from L2. Between blocks the sums wait in memory (the task's C tiles, AMX_STORE /
  * AMX_LOAD); after the last block AMX_EPILOGUE scales them into y with the operations of gemm.c's
  * one epilogue, so the results equal every other path's bit for bit. The next block's weights are
- * prefetched a slice per pair of token blocks (AMX_PREFETCH_W), so that their copy finds them in L2.
+ * prefetched a slice per pair of row blocks (AMX_PREFETCH_W), so that their copy finds them in L2.
  * A task reads the packed activations once per block: once for its 256 rows, not once per 32.
  * With fewer than AMX_PACK_MIN_TB token blocks (a routed expert's few tokens) a copied tile would
  * serve too few products to repay the copy: the weights are read in place, 16 rows `in` bytes
- * apart (zero-padded copies at the matrix's edges), over the whole reduction without blocks. */
+ * apart (zero-padded copies at the matrix's edges), over the whole reduction without blocks, the
+ * next pair of row blocks' lines prefetched during the last pass over this pair's. */
 AMX_FN
 {
     AMX_STATE
@@ -55,14 +56,15 @@ AMX_FN
         const int nk = nkb - k0 < kc ? nkb - k0 : kc, first = k0 == 0, last = k0 + nk == nkb;
         if (packw)
             amx_pack_weights(job, o0, o1, k0, nk, kc, sc->w);
-        /* the next block's weight lines, a slice per pair of token blocks, on their way to L2
+        /* the next block's weight lines, a slice per pair of row blocks, on their way to L2
          * while this block computes, so that its copy does not wait for memory */
         const int nk_next = packw && !last ? (nkb - k0 - nk < kc ? nkb - k0 - nk : kc) : 0;
         const int64_t pf_lines = (int64_t)(o1 - o0) * nk_next, pf_pairs = (nrb + 1) / 2;
         for (int rb = 0; rb < nrb; rb += 2) {
             const int two_rb = rb + 1 < nrb;
-            const int8_t *a0 = sc->w + (int64_t)rb * kc * 1024, *a1 = a0 + (int64_t)kc * 1024;
-            (void)a1;
+            /* the copied weight tiles of row blocks rb and rb + 1 (when copied) */
+            const int8_t *a0 = packw ? sc->w + (int64_t)rb * kc * 1024 : NULL;
+            const int8_t *a1 = packw ? a0 + (int64_t)kc * 1024 : NULL;
             if (pf_lines)
                 AMX_PREFETCH_W(job, o0, o1, k0 + nk, nk_next, pf_lines * (rb / 2) / pf_pairs,
                                pf_lines * (rb / 2 + 1) / pf_pairs);
@@ -70,10 +72,15 @@ AMX_FN
             const int pf_rows = !packw && rb + 2 < nrb ? (o1 - o0 - 16 * (rb + 2) < 32 ? o1 - o0 - 16 * (rb + 2) : 32) : 0;
             for (int tb = 0; tb < ntb; tb += 2) {
                 const int two_tb = tb + 1 < ntb, pf = pf_rows && tb + 2 >= ntb;
-                /* the C tiles of row blocks rb, rb + 1 and token blocks tb, tb + 1 between blocks */
-                int32_t *cs[4] = {sc->c + ((int64_t)rb * ntb + tb) * 256, sc->c + ((int64_t)rb * ntb + tb + 1) * 256,
-                                  sc->c + ((int64_t)(rb + 1) * ntb + tb) * 256,
-                                  sc->c + ((int64_t)(rb + 1) * ntb + tb + 1) * 256};
+                /* the C tiles of row blocks rb, rb + 1 and token blocks tb, tb + 1 between blocks (a
+                 * product of one block has none) */
+                int32_t *cs[4] = {NULL, NULL, NULL, NULL};
+                if (!(first && last)) {
+                    cs[0] = sc->c + ((int64_t)rb * ntb + tb) * 256;
+                    cs[1] = two_tb ? cs[0] + 256 : NULL;
+                    cs[2] = two_rb ? cs[0] + (int64_t)ntb * 256 : NULL;
+                    cs[3] = two_rb && two_tb ? cs[2] + 256 : NULL;
+                }
                 if (first) {
                     AMX_ZERO(0);
                     AMX_ZERO(1);
