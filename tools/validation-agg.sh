@@ -60,7 +60,7 @@ LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
 {
     echo "## Aggregated closed loop on this machine (one colocated \`pdmoe serve\` against \`plan --aggregated\`)"
     echo
-    echo "Measured $(date -u +%Y-%m-%d) (commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)) by"
+    echo "Measured $(date -u +%Y-%m-%d) (commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown); $(cpu_desc)) by"
     echo "\`tools/validation-agg.sh\`, load average $LOAD0 before and $LOAD1 after (1, 5, 15 minutes; the machine"
     echo "has $(nproc) cores), which calibrates again for this section alone:"
     echo

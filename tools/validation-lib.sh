@@ -13,6 +13,12 @@ v4_setup() {
     trap 'rm -rf "$T"' EXIT INT TERM
 }
 
+# cpu_desc: this machine in a few words, for the sections' headers (the CPU model, its cores, AMX or not).
+cpu_desc() {
+    printf '%s, %s cores, %s' "$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')" "$(nproc)" \
+        "$(grep -qw amx_int8 /proc/cpuinfo && echo "AMX-INT8" || echo "no AMX")"
+}
+
 num() { grep -o "\"$1\": [-0-9.e+]*" "$2" | head -1 | sed 's/.*: //'; }
 metric() { curl -sf "http://127.0.0.1:$1/metrics" | awk -v k="$2" '$1 == k { print $2 }'; }
 mean() { grep "^  $1 " "$2" | head -1 | sed 's/.* mean *\([0-9.]*\).*/\1/'; }

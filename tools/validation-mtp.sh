@@ -117,7 +117,7 @@ LOAD_AFTER=$(cut -d' ' -f1 /proc/loadavg)
 {
     echo "## Speculative decoding (MTP) on this machine"
     echo
-    echo "Measured $(date -u +%Y-%m-%d) (commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)) by"
+    echo "Measured $(date -u +%Y-%m-%d) (commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown); $(cpu_desc)) by"
     echo "\`tools/validation-mtp.sh\`; load average $LOAD_BEFORE before, $LOAD_AFTER after (2 cores)."
     if awk -v a="$LOAD_BEFORE" -v b="$LOAD_AFTER" 'BEGIN { exit !(a >= 1.5 || b >= 1.5) }'; then
         echo "**Noisy: other processes shared these cores during the run; rerun on an idle machine.**"
