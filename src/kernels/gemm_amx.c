@@ -60,6 +60,27 @@ static void amx_cfg_full(struct amx_cfg *cfg)
         AMX_LOAD(t, wl_p_, wl_stride_);                                                   \
     } while (0)
 
+/* The C tiles of a pair of row blocks and a pair of token blocks, stored `ld` int32 apart by row
+ * block from p0 (16 x 16 each, the token blocks' side by side): NULL for a block a short pair lacks. */
+static inline void amx_c_ptrs(int32_t *p0, int64_t ld, int two_tb, int two_rb, int32_t *p[4])
+{
+    p[0] = p0;
+    p[1] = two_tb ? p0 + 256 : NULL;
+    p[2] = two_rb ? p0 + ld : NULL;
+    p[3] = two_tb && two_rb ? p0 + ld + 256 : NULL;
+}
+/* OP (AMX_LOAD or AMX_STORE) on tmm0..3 and the C tiles at p[0..3] that exist */
+#define AMX_C_TILES(OP, p)      \
+    do {                        \
+        OP(0, (p)[0], 64);      \
+        if ((p)[1])             \
+            OP(1, (p)[1], 64);  \
+        if ((p)[2])             \
+            OP(2, (p)[2], 64);  \
+        if ((p)[3])             \
+            OP(3, (p)[3], 64);  \
+    } while (0)
+
 /* Each thread's blocks: the task's weight tiles of one reduction block, and its C tiles between
  * blocks. Kept per thread (a pthread key frees them when the thread ends) and grown on demand, so
  * that a product allocates nothing once its threads have run one of its size. */
@@ -122,11 +143,10 @@ static struct amx_scratch *amx_scratch(size_t w_bytes, size_t c_bytes)
     return sc;
 }
 
-/* Prefetch lines [l0, l1) of weight rows [o0, o1) x steps [k0, k0 + nk), line l being row o0 + l / nk,
- * step k0 + l % nk, into L2. */
-static inline void amx_prefetch_w(const pd_gemm_job *job, int o0, int o1, int k0, int nk, int64_t l0, int64_t l1)
+/* Prefetch lines [l0, l1) of the weight rows from o0 x steps [k0, k0 + nk), line l being row o0 + l / nk,
+ * step k0 + l % nk, into L2 (the caller keeps l1 within the matrix). */
+static inline void amx_prefetch_w(const pd_gemm_job *job, int o0, int k0, int nk, int64_t l0, int64_t l1)
 {
-    (void)o1;
     for (int64_t l = l0; l < l1; l++)
         __builtin_prefetch(job->w + (int64_t)(o0 + l / nk) * job->in + 64 * (k0 + l % nk), 0, 2);
 }
@@ -148,10 +168,10 @@ static void amx_pack_weights(const pd_gemm_job *job, int o0, int o1, int k0, int
                 continue;
             }
             const int8_t *w = job->w + (int64_t)o * in;
-            const int full = in / 64 - k0 < nk ? in / 64 - k0 : nk;   /* whole 64-byte steps */
+            const int full = in / 64 - k0 < nk ? in / 64 - k0 : nk;   /* whole 64-byte steps (k0 <= in / 64) */
             for (int k = 0; k < full; k++)
                 memcpy(d + k * 1024, w + 64 * (k0 + k), 64);
-            for (int k = full < 0 ? 0 : full; k < nk; k++) {
+            for (int k = full; k < nk; k++) {   /* the partial last step, if this block has it */
                 const int b0 = 64 * (k0 + k);
                 memset(d + k * 1024, 0, 64);
                 memcpy(d + k * 1024, w + b0, (size_t)(in - b0));
@@ -225,11 +245,12 @@ void pd_gemm_amx_pack(const pd_gemm_job *job, int tb, int8_t *dst)
 #define AMX_ZERO(t) memset(tmm[t], 0, sizeof tmm[t])
 #define AMX_LOAD(t, p, stride) emu_load((int8_t *)tmm[t], (const int8_t *)(p), (stride))
 #define AMX_FALLBACK(job, o0, o1) pd_gemm_rows_ref((job), (o0), (o1))
-#define AMX_PREFETCH_W(job, o0, o1, k0, nk, l0, l1) ((void)(l0), (void)(l1))
-#define AMX_EPILOGUE(job, lo, hi, t0, nu, ob, nr0, nr1, acc)          \
-    do {                                                               \
-        amx_transpose((lo), (hi), (nu), (nr0), (nr1), (acc));          \
-        pd_gemm_store((job), (t0), (nu), (ob), (nr0) + (nr1), (acc), 32); \
+#define AMX_PREFETCH_W(job, o0, k0, nk, l0, l1) ((void)(l0), (void)(l1))
+#define AMX_EPILOGUE(job, lo, hi, t0, nu, ob, nr0, nr1)                    \
+    do {                                                                   \
+        int32_t acc_[16 * 32];                                             \
+        amx_transpose((lo), (hi), (nu), (nr0), (nr1), acc_);               \
+        pd_gemm_store((job), (t0), (nu), (ob), (nr0) + (nr1), acc_, 32);   \
     } while (0)
 #define AMX_DP(c, a, b) pd_gemm_amx_emu_dpbssd(tmm[c], (const int8_t *)tmm[a], (const int8_t *)tmm[b])
 #define AMX_STORE(t, p, stride) emu_store((p), tmm[t], (stride))
@@ -334,12 +355,7 @@ __attribute__((target("avx512f"))) static void pack_tile_avx512(const pd_gemm_jo
 
 static int pack_tile_fast(const pd_gemm_job *job, int tb, int kb, int8_t *tile)
 {
-    static atomic_int avx512 = -1;   /* every thread that races here computes the same answer */
-    if (atomic_load_explicit(&avx512, memory_order_relaxed) < 0) {
-        __builtin_cpu_init();
-        atomic_store_explicit(&avx512, __builtin_cpu_supports("avx512f"), memory_order_relaxed);
-    }
-    if (!atomic_load_explicit(&avx512, memory_order_relaxed) || 16 * tb + 16 > job->n || 64 * kb + 64 > job->in)
+    if (!__builtin_cpu_supports("avx512f") || 16 * tb + 16 > job->n || 64 * kb + 64 > job->in)
         return 0;
     pack_tile_avx512(job, tb, kb, tile);
     return 1;
@@ -391,8 +407,7 @@ __attribute__((target("avx512f"))) static void amx_epilogue_avx512(const pd_gemm
 #define AMX_STATE
 #define AMX_FALLBACK(job, o0, o1) pd_gemm_rows_avx512((job), (o0), (o1))
 #define AMX_PREFETCH_W amx_prefetch_w
-#define AMX_EPILOGUE(job, lo, hi, t0, nu, ob, nr0, nr1, acc) \
-    ((void)(acc), amx_epilogue_avx512((job), (lo), (hi), (t0), (nu), (ob), (nr0), (nr1)))
+#define AMX_EPILOGUE amx_epilogue_avx512
 #define AMX_CONFIG(cfg) __asm__ volatile("ldtilecfg %0" ::"m"(*(const struct amx_cfg *)(cfg)) : "memory")
 #define AMX_RELEASE() __asm__ volatile("tilerelease" ::: "memory")
 #define AMX_ZERO(t) __asm__ volatile("tilezero %%tmm" AMX_HW_STR(t)::)

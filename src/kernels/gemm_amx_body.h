@@ -11,9 +11,12 @@
  *   AMX_LOAD(t, p, stride)   tmm t = 16 rows of 64 bytes at p, rows `stride` bytes apart
  *   AMX_DP(c, a, b) tmm c += tmm a . tmm b (TDPBSSD: signed bytes times signed bytes)
  *   AMX_STORE(t, p, stride)  16 rows of 16 int32 of tmm t to p, rows `stride` bytes apart
- *   AMX_EPILOGUE(job, lo, hi, t0, nu, ob, nr0, nr1, acc)  y for tokens t0 .. t0 + nu and rows
+ *   AMX_EPILOGUE(job, lo, hi, t0, nu, ob, nr0, nr1)  y for tokens t0 .. t0 + nu and rows
  *                   ob .. ob + nr0 + nr1 from the stored C tiles lo (rows ob..) and hi (rows ob + 16..),
- *                   [row][token]; acc is 16 x 32 int32 of scratch
+ *                   [row][token]
+ *   AMX_PREFETCH_W(job, o0, k0, nk, l0, l1)  prefetch lines [l0, l1) of the weight rows from o0 x
+ *                   steps [k0, k0 + nk), row by row (or nothing)
+ *   AMX_FALLBACK(job, o0, o1)  the same rows by another kernel, when the scratch cannot be had
  *
  * Tiles: C00..C11 = tmm0..3 (int32 sums of 16 weight rows x 16 tokens), A0/A1 = tmm4/5 (two blocks of
  * 16 weight rows x 64 bytes of the reduction), B0/B1 = tmm6/7 (two blocks of 16 tokens from the
@@ -48,7 +51,6 @@ AMX_FN
         return;
     }
     _Alignas(64) int32_t c[4][16 * 16];
-    int32_t acc[16 * 32];
     struct amx_cfg cfg;
     amx_cfg_full(&cfg);
     AMX_CONFIG(&cfg);
@@ -66,34 +68,25 @@ AMX_FN
             const int8_t *a0 = packw ? sc->w + (int64_t)rb * kc * 1024 : NULL;
             const int8_t *a1 = packw ? a0 + (int64_t)kc * 1024 : NULL;
             if (pf_lines)
-                AMX_PREFETCH_W(job, o0, o1, k0 + nk, nk_next, pf_lines * (rb / 2) / pf_pairs,
+                AMX_PREFETCH_W(job, o0, k0 + nk, nk_next, pf_lines * (rb / 2) / pf_pairs,
                                pf_lines * (rb / 2 + 1) / pf_pairs);
             /* in place: the next pair of row blocks' lines of each step, during the last pass */
             const int pf_rows = !packw && rb + 2 < nrb ? (o1 - o0 - 16 * (rb + 2) < 32 ? o1 - o0 - 16 * (rb + 2) : 32) : 0;
             for (int tb = 0; tb < ntb; tb += 2) {
                 const int two_tb = tb + 1 < ntb, pf = pf_rows && tb + 2 >= ntb;
-                /* the C tiles of row blocks rb, rb + 1 and token blocks tb, tb + 1 between blocks (a
-                 * product of one block has none) */
-                int32_t *cs[4] = {NULL, NULL, NULL, NULL};
-                if (!(first && last)) {
-                    cs[0] = sc->c + ((int64_t)rb * ntb + tb) * 256;
-                    cs[1] = two_tb ? cs[0] + 256 : NULL;
-                    cs[2] = two_rb ? cs[0] + (int64_t)ntb * 256 : NULL;
-                    cs[3] = two_rb && two_tb ? cs[2] + 256 : NULL;
-                }
+                /* the C tiles of row blocks rb, rb + 1 and token blocks tb, tb + 1: from the task's
+                 * tiles in memory (after the first block), to them (before the last) or to c for the
+                 * epilogue (after it); a product of one block has none in memory */
+                int32_t *from[4], *to[4], *mem = first && last ? NULL : sc->c + ((int64_t)rb * ntb + tb) * 256;
+                amx_c_ptrs(last ? c[0] : mem, last ? 512 : (int64_t)ntb * 256, two_tb, two_rb, to);
                 if (first) {
                     AMX_ZERO(0);
                     AMX_ZERO(1);
                     AMX_ZERO(2);
                     AMX_ZERO(3);
                 } else {
-                    AMX_LOAD(0, cs[0], 64);
-                    if (two_tb)
-                        AMX_LOAD(1, cs[1], 64);
-                    if (two_rb)
-                        AMX_LOAD(2, cs[2], 64);
-                    if (two_tb && two_rb)
-                        AMX_LOAD(3, cs[3], 64);
+                    amx_c_ptrs(mem, (int64_t)ntb * 256, two_tb, two_rb, from);
+                    AMX_C_TILES(AMX_LOAD, from);
                 }
                 /* the activations' panels within this block (one when the weights are copied) */
                 for (int p0 = k0; p0 < k0 + nk; p0 += PD_GEMM_AMX_KC) {
@@ -103,7 +96,7 @@ AMX_FN
                     for (int k = 0; k < np; k++) {
                         if (!packw) {
                             if (pf)
-                                AMX_PREFETCH_W(job, o0 + 16 * (rb + 2), o1, p0 + k, 1, 0, pf_rows);
+                                AMX_PREFETCH_W(job, o0 + 16 * (rb + 2), p0 + k, 1, 0, pf_rows);
                             AMX_WLOAD(4, job, o0 + 16 * rb, o1, p0 + k, sc->w);
                         } else
                             AMX_LOAD(4, a0 + (p0 - k0 + k) * 1024, 64);
@@ -124,25 +117,14 @@ AMX_FN
                         }
                     }
                 }
-                if (!last) {
-                    AMX_STORE(0, cs[0], 64);
-                    if (two_tb)
-                        AMX_STORE(1, cs[1], 64);
-                    if (two_rb)
-                        AMX_STORE(2, cs[2], 64);
-                    if (two_tb && two_rb)
-                        AMX_STORE(3, cs[3], 64);
+                AMX_C_TILES(AMX_STORE, to);
+                if (!last)
                     continue;
-                }
-                AMX_STORE(0, c[0], 64);
-                AMX_STORE(1, c[1], 64);
-                AMX_STORE(2, c[2], 64);
-                AMX_STORE(3, c[3], 64);
                 const int ob = o0 + 16 * rb, nr0 = o1 - ob < 16 ? o1 - ob : 16;
                 const int nr1 = two_rb ? (o1 - ob - 16 < 16 ? o1 - ob - 16 : 16) : 0;
                 for (int h = 0; h <= two_tb; h++) {
                     const int t0 = (tb + h) * 16, nu = job->n - t0 < 16 ? job->n - t0 : 16;
-                    AMX_EPILOGUE(job, c[h], c[2 + h], t0, nu, ob, nr0, nr1, acc);
+                    AMX_EPILOGUE(job, c[h], c[2 + h], t0, nu, ob, nr0, nr1);
                 }
             }
         }
