@@ -1,6 +1,7 @@
-/* AVX-512 VNNI decode GEMV (T = 1), built on vpdpbusd, which multiplies UNSIGNED bytes by SIGNED
- * bytes and adds groups of four products into int32 lanes; T > 1 goes to the GEMMs of
- * gemm_avx512_small.c (up to 24 tokens) and gemm_vnni.c.
+/* AVX-512 VNNI decode GEMV (T = 1, and T = 2 or 3 on rows of at most PD_GEMM_FEW_MAX_IN bytes),
+ * built on vpdpbusd, which multiplies UNSIGNED bytes by SIGNED bytes and adds groups of four
+ * products into int32 lanes; more tokens go to the GEMMs of gemm_avx512_small.c (up to 24),
+ * gemm_vnni_tw.c and gemm_vnni.c.
  *
  * Sign handling: the weights are the unsigned operand, flipped on the fly with w ^ 0x80, which is
  * w + 128 read as a byte in [0, 255]; the activations stay signed. Then
@@ -30,7 +31,7 @@ enum { GEMV_R = 8, CHUNK = 64 };
  * and 32). Longer rows are long streams that the hardware prefetchers follow by themselves;
  * prefetching them too measured slower (0.73 instead of 0.94 of the bandwidth on a 14336-wide
  * GEMV). */
-enum { PF_BYTES = 8192, PF_MAX_IN = 2048 };
+enum { PF_BYTES = 8192, PF_MAX_IN = PD_GEMM_FEW_MAX_IN };
 
 
 /* The exact products from offset sums: s - 128 * asum, modulo 2^32 (see the top of the file). */
@@ -149,6 +150,53 @@ static AVX512 __attribute__((noinline)) void tile8x1_short(const int8_t *const *
     store_sums(reduce4(c0, c1, c2, c3), asum, acc);
     store_sums(reduce4(c4, c5, c6, c7), asum, acc + 4);
 }
+
+/* tile8x1_short for T = 2 or 3 tokens (a routed expert's share of a small decode batch, a batch of
+ * 2-3 through a plain matrix): acc[t * CHUNK + r] for r < 8 and t < T, each 64 bytes of weights
+ * loaded and flipped once for all T tokens (8 x T accumulators, at most 24 of the 32 registers),
+ * the tokens' 64 bytes from L1. The inner-product GEMM for few tokens (gemm_avx512_small.c) has
+ * no prefetch, and the packed-token one (gemm_vnni_tw.c) sums every weight row before its tile:
+ * at two tokens per expert both ran about 1.9x the one-token GEMV's time on 1.0x its bytes. */
+INLINE AVX512 void tile8xT_short(const int8_t *const *wr, const int8_t *const *a, const int32_t *asum, int in,
+                                 const int8_t *pf, int T, int32_t *acc)   // [T, CHUNK]
+{
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i z = _mm512_setzero_si512();
+    __m512i c00 = z, c10 = z, c20 = z, c30 = z, c40 = z, c50 = z, c60 = z, c70 = z;
+    __m512i c01 = z, c11 = z, c21 = z, c31 = z, c41 = z, c51 = z, c61 = z, c71 = z;
+    __m512i c02 = z, c12 = z, c22 = z, c32 = z, c42 = z, c52 = z, c62 = z, c72 = z;
+    __m512i w, av;
+    const int8_t *a0 = a[0], *a1 = a[1], *a2 = a[T > 2 ? 2 : 1];
+    const int kf = in & ~63;
+    const __mmask64 m = tail_mask(in - kf);
+#define STEP(r, load, k)                                                                             w = _mm512_xor_si512(load(wp + (k)), flip);                                                      av = load(a0 + (k));                                                                             DP(c##r##0, w, av);                                                                              av = load(a1 + (k));                                                                             DP(c##r##1, w, av);                                                                              if (T > 2) {                                                                                         av = load(a2 + (k));                                                                             DP(c##r##2, w, av);                                                                          }
+#define ROW(r)                                                                                       {                                                                                                    const int8_t *wp = wr[r];                                                                        if (pf)                                                                                              for (int k = 0; k < in; k += 64)                                                                     _mm_prefetch((const char *)pf + (r) * in + k, _MM_HINT_T0);                              for (int k = 0; k < kf; k += 64) {                                                                   STEP(r, FULL, k)                                                                             }                                                                                                if (kf < in) {                                                                                       STEP(r, MASKED, kf)                                                                          }                                                                                            }
+    ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7)
+#undef ROW
+#undef STEP
+    store_sums(reduce4(c00, c10, c20, c30), asum[0], acc);
+    store_sums(reduce4(c40, c50, c60, c70), asum[0], acc + 4);
+    store_sums(reduce4(c01, c11, c21, c31), asum[1], acc + CHUNK);
+    store_sums(reduce4(c41, c51, c61, c71), asum[1], acc + CHUNK + 4);
+    if (T > 2) {
+        store_sums(reduce4(c02, c12, c22, c32), asum[2], acc + 2 * CHUNK);
+        store_sums(reduce4(c42, c52, c62, c72), asum[2], acc + 2 * CHUNK + 4);
+    }
+}
+
+static AVX512 __attribute__((noinline)) void tile8x2_short(const int8_t *const *wr, const int8_t *const *a,
+                                                           const int32_t *asum, int in, const int8_t *pf,
+                                                           int32_t *acc)
+{
+    tile8xT_short(wr, a, asum, in, pf, 2, acc);
+}
+
+static AVX512 __attribute__((noinline)) void tile8x3_short(const int8_t *const *wr, const int8_t *const *a,
+                                                           const int32_t *asum, int in, const int8_t *pf,
+                                                           int32_t *acc)
+{
+    tile8xT_short(wr, a, asum, in, pf, 3, acc);
+}
 #undef FULL
 #undef MASKED
 
@@ -169,27 +217,37 @@ static inline const int8_t *pf_at(const pd_gemm_job *job, int o, int ahead)
     return job->w_next && at >= 0 && at + GEMV_R <= job->next_out ? job->w_next + (int64_t)at * job->in : NULL;
 }
 
-/* Decode (T = 1) rows [o0, o1). */
+/* Decode rows [o0, o1): one token (any row length), or 2 .. PD_GEMM_FEW_MAX tokens on rows of at
+ * most PD_GEMM_FEW_MAX_IN (= PF_MAX_IN) bytes. */
 static AVX512 void gemv_rows(const pd_gemm_job *job, int o0, int o1)
 {
-    const int in = job->in, ahead = in <= PF_MAX_IN ? pf_ahead(in) : 0;
-    const int8_t *a = pd_gemm_job_arow(job, 0);
-    int32_t asum = row_sum(a, in);
+    const int in = job->in, T = job->n, ahead = in <= PF_MAX_IN ? pf_ahead(in) : 0;
+    const int8_t *a[PD_GEMM_FEW_MAX];
+    int32_t asum[PD_GEMM_FEW_MAX];
+    for (int t = 0; t < T; t++) {
+        a[t] = pd_gemm_job_arow(job, t);
+        asum[t] = row_sum(a[t], in);
+    }
     for (int c0 = o0; c0 < o1; c0 += CHUNK) {
         int c1 = c0 + CHUNK < o1 ? c0 + CHUNK : o1;
-        int32_t acc[CHUNK];
+        int32_t acc[PD_GEMM_FEW_MAX * CHUNK];
         for (int o = c0; o < c1; o += GEMV_R) {
             int nr = c1 - o < GEMV_R ? c1 - o : GEMV_R;
             /* Past the last row the tile re-reads that row; its results are not stored. */
             const int8_t *wr[GEMV_R];
             for (int r = 0; r < GEMV_R; r++)
                 wr[r] = job->w + (int64_t)(o + (r < nr ? r : nr - 1)) * in;
-            if (in > PF_MAX_IN)
-                tile8x1(wr, a, asum, in, acc + (o - c0));
+            const int8_t *pf = ahead ? pf_at(job, o, ahead) : NULL;
+            if (T == 3)
+                tile8x3_short(wr, a, asum, in, pf, acc + (o - c0));
+            else if (T == 2)
+                tile8x2_short(wr, a, asum, in, pf, acc + (o - c0));
+            else if (in > PF_MAX_IN)
+                tile8x1(wr, a[0], asum[0], in, acc + (o - c0));
             else
-                tile8x1_short(wr, a, asum, in, pf_at(job, o, ahead), acc + (o - c0));
+                tile8x1_short(wr, a[0], asum[0], in, pf, acc + (o - c0));
         }
-        pd_gemm_store(job, 0, 1, c0, c1 - c0, acc, CHUNK);
+        pd_gemm_store(job, 0, T, c0, c1 - c0, acc, CHUNK);
     }
 }
 
@@ -200,7 +258,7 @@ AVX512 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1)
      * of the epilogue's time in decode). */
     for (int o = o0; o < o1; o += 16)
         _mm_prefetch((const char *)(job->w_scale + o), _MM_HINT_T0);
-    if (job->n == 1)
+    if (job->n == 1 || (job->n <= PD_GEMM_FEW_MAX && job->in <= PD_GEMM_FEW_MAX_IN))
         gemv_rows(job, o0, o1);
     else if (job->a_packed)
         pd_gemm_rows_tw(job, o0, o1);

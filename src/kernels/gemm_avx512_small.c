@@ -1,4 +1,5 @@
-/* AVX-512 VNNI GEMM for 2 to 24 tokens (a decode batch, a routed expert's few tokens): the inner
+/* AVX-512 VNNI GEMM for 2 to 24 tokens (a decode batch through a plain matrix; 2-3 tokens on rows
+ * of at most PD_GEMM_FEW_MAX_IN bytes go to the GEMV's tiles of gemm_avx512.c instead): the inner
  * product form, which reads the weights as stored, 64 bytes of 4 rows at a time, and reduces each
  * output's 16 lanes at the end. With this few tokens per weight it beats both outer-product paths
  * of gemm_vnni.c, whose packing (of the weights, or of the tokens into 16-lane vectors) costs more

@@ -68,13 +68,16 @@ void pd_gemm_amx_emu_dpbssd(int32_t *c, const int8_t *a, const int8_t *b);
 int pd_gemm_amx_available(void);
 
 /* The AVX-512 kernel by the number of tokens n (pd_gemm_rows_avx512 dispatches): 1 the decode GEMV
- * (gemm_avx512.c); up to PD_GEMM_TW_MAX the tokens packed once per call into job->a_packed
+ * (gemm_avx512.c), which also takes 2 .. PD_GEMM_FEW_MAX tokens on rows of at most
+ * PD_GEMM_FEW_MAX_IN bytes (each weight byte loaded once for them all); up to PD_GEMM_TW_MAX the tokens packed once per call into job->a_packed
  * (pd_gemm_tw_pack) when pd_gemm_tw_bytes says so, pd_gemm_rows_tw (gemm_vnni_tw.c): from 2
  * tokens in the grouped form (routed experts, whose weights come from memory: this path
  * prefetches the next rows and the next expert's), from PD_GEMM_SMALL_MAX + 1 in the plain one;
  * below that, and for matrices of fewer than 16 rows, the inner product (gemm_avx512_small.c);
  * beyond PD_GEMM_TW_MAX the weights packed per task, which needs job->a_sum
  * (pd_gemm_row_sums_vnni: sums[i] = sum_k a[i][k] for r0 <= i < r1) (both gemm_vnni.c). */
+#define PD_GEMM_FEW_MAX 3
+#define PD_GEMM_FEW_MAX_IN 2048
 #define PD_GEMM_SMALL_MAX 24
 #define PD_GEMM_TW_MAX 96
 void pd_gemm_rows_small(const pd_gemm_job *job, int o0, int o1);

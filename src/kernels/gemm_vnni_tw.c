@@ -1,4 +1,4 @@
-/* AVX-512 VNNI GEMM for few tokens (25 .. 96 in the plain form, 2 .. 96 in the grouped one: a
+/* AVX-512 VNNI GEMM for few tokens (25 .. 96 in the plain form, 2 .. 96 in the grouped one, from 4 on rows of at most PD_GEMM_FEW_MAX_IN bytes: a
  * routed expert's share of a prefill, a decode batch), the outer product with the roles of
  * gemm_vnni.c swapped: the tokens packed, the weights read as stored.
  *
@@ -73,6 +73,8 @@ size_t pd_gemm_tw_bytes(int n, int in, int grouped)
 {
     if (n < (grouped ? 2 : PD_GEMM_SMALL_MAX + 1) || n > TW_MAX_N)
         return 0;
+    if (n <= PD_GEMM_FEW_MAX && in <= PD_GEMM_FEW_MAX_IN)
+        return 0;   /* the GEMV's few-token tiles (gemm_avx512.c) */
     return (size_t)(main_bytes(n, in) + tail_bytes(n, in));
 }
 

@@ -111,6 +111,28 @@ Test(kernels, vnni_gemm_odd_shapes_match_reference)
     pd_pool_destroy(pool2);
 }
 
+Test(kernels, vnni_gemm_few_tokens_at_the_row_limit_match_reference)
+{
+    if (!pd_gemm_kernel_supported(PD_KERNEL_AVX512))
+        cr_skip_test("no AVX-512 VNNI on this CPU");
+    /* 2 and 3 tokens on rows of at most 2048 bytes take the GEMV's few-token tiles (plain, and
+     * grouped: check() runs T + 1 rows), past it and from 4 tokens the other paths; the tail of 0
+     * to 63 bytes masked; random bytes and all -128 */
+    static const int ins[] = {64, 2047, 2048, 2049};
+    static const int outs[] = {1, 9, 70};
+    static const int tokens[] = {1, 2, 3, 4};
+    pd_pool *pool2;
+    pd_err e = {0};
+    cr_assert_eq(pd_pool_create(2, &pool2, &e), 0, "%s", e.msg);
+    for (size_t i = 0; i < sizeof ins / sizeof ins[0]; i++)
+        for (size_t o = 0; o < sizeof outs / sizeof outs[0]; o++)
+            for (size_t t = 0; t < sizeof tokens / sizeof tokens[0]; t++) {
+                check(outs[o], ins[i], tokens[t], 0, pool2);
+                check(outs[o], ins[i], tokens[t], 1, pool2);
+            }
+    pd_pool_destroy(pool2);
+}
+
 Test(kernels, vnni_gemm_few_token_widths_match_reference)
 {
     if (!pd_gemm_kernel_supported(PD_KERNEL_AVX512))
