@@ -188,14 +188,15 @@ int pd_linear_load_float(struct pd_linear *l, const struct pd_st_set *st, struct
 
 /* An fp32 or bf16 matrix (the head, wq_a, wkv, wo_a, the compressor's) times T tokens,
  * y[t][o] = pd_dot(w[o], x[t]) bit for bit: tasks of F32_ROWS output rows over the pool (each value
- * the same dot product whatever the thread count). One or two tokens go row by row
- * (pd_dot_rows[_bf16]: a bf16 row widened in registers as it streams from memory); up to GEMM_T
- * through pd_dot_rows_tokens[_bf16], each pair of rows read once for four tokens at a time (a
- * token-outer loop read the whole matrix T times, and a lone dot product waits on its own adds);
- * from GEMM_T tokens (prefill) as one register-tiled product (kernels/dot_gemm.h), a bf16 block
+ * the same dot product whatever the thread count). One token goes row by row (pd_dot_rows[_bf16]:
+ * a bf16 row widened in registers as it streams from memory); up to GEMM_T through
+ * pd_dot_rows_tokens[_bf16], each row read once for up to four tokens at a time (a token-outer
+ * loop read the whole matrix T times; measured on 48 bf16 matrices of 512 x 512 from memory,
+ * 1 thread: 4 tokens 2.1-2.5 ms against 4.2-4.9 through the widened GEMM below, 8 tokens 4.7
+ * against 5.9, 12 even, 16 10.1 against 8.5); from GEMM_T tokens (prefill) as one register-tiled product (kernels/dot_gemm.h), a bf16 block
  * widened first a few rows at a time into a buffer of at most WIDE_FLOATS (exactly: a bf16 value
  * is the top half of its fp32), which every token then reads. Every path gives pd_dot's bits. */
-enum { F32_ROWS = 64, DIRECT_T = 2, GEMM_T = 8, WIDE_FLOATS = PD_LINEAR_WIDE_FLOATS };
+enum { F32_ROWS = 64, DIRECT_T = 1, GEMM_T = 12, WIDE_FLOATS = PD_LINEAR_WIDE_FLOATS };
 _Static_assert(PD_LINEAR_WIDE_FLOATS <= PD_DOT_BF16_MAX, "bf16 rows longer than pd_dot_rows_bf16 takes");
 
 /* Rows [o0, o1) of one product y[t * ldy + o] = row o . x[t * ldx ..] for every token. */

@@ -33,14 +33,14 @@ struct score_job {
     int T, E, H, per;
 };
 
-enum { SCORE_TOKENS_T = 3 };
+enum { SCORE_TOKENS_T = 2 };
 
 static void score_task(void *arg, int task)
 {
     const struct score_job *j = arg;
     int lo = task * j->per, hi = lo + j->per < j->E ? lo + j->per : j->E;
     if (j->T >= SCORE_TOKENS_T) {
-        /* several tokens: each row of the gate read once for four tokens at a time */
+        /* several tokens: each row of the gate read once for up to four tokens at a time */
         if (j->gate->h)
             pd_dot_rows_tokens_bf16(j->gate->h + (size_t)lo * j->H, (size_t)j->H, j->x, (size_t)j->H, j->T, j->H,
                                     hi - lo, j->z + lo, (size_t)j->E);

@@ -14,7 +14,7 @@
 Test(linear_bf16, same_bits_as_the_fp32_copy)
 {
     static const int shapes[][2] = {{1, 7}, {67, 512}, {130, 4096}, {9, PD_LINEAR_WIDE_FLOATS}, {200, 33}};
-    static const int tokens[] = {1, 2, 3, 17};
+    static const int tokens[] = {1, 2, 3, 4, 11, 12, 17};
     pd_pool *pool;
     pd_err e = {0};
     cr_assert_eq(pd_pool_create(2, &pool, &e), 0, "%s", e.msg);

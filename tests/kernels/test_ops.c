@@ -64,8 +64,9 @@ Test(ops, dot_rows_tokens_same_bits_as_dot)
 {
     /* rows x tokens at once, fp32 and bf16 rows: every (row, token) the bits of pd_dot over the
      * (widened) row; lengths around the chunks, row counts around the 2-row tile, token counts
-     * around the 4-token tile, leading dimensions larger than the lengths */
-    enum { LD = 533, ROWS = 7, TOK = 10, LDY = 9 };
+     * around the 4-token tiles and the switch from row-by-row (fewer than 12 tokens) to two-row
+     * tiles, leading dimensions larger than the lengths */
+    enum { LD = 533, ROWS = 7, TOK = 14, LDY = 9 };
     static uint16_t h[ROWS * LD];
     static float f[ROWS * LD], x[TOK * LD], y[TOK * LDY], yb[TOK * LDY];
     for (int i = 0; i < ROWS * LD; i++)
