@@ -46,12 +46,7 @@ for C in 1 2 4 8; do
     # bench serve's requests are all alike and its clients start together: the lockstep loop, over
     # the same number of requests; the random-phase loop (mean value analysis) beside it
     closed_loop "$C" "$PORT" "$PORT" --aggregated dp=1,tp=1,instances=1 --phase lockstep --num-prompts $((16 * C))
-    "$B" plan --model models/mini --hardware "$T/local-cpu.json" --nodes 1 --aggregated dp=1,tp=1,instances=1 \
-        --mtp off --kv-cache-dtype bf16 --max-num-batched-tokens 512 --max-num-seqs 16 --max-model-len 2048 \
-        --isl "$isl" --osl 64 --concurrency "$C" --phase random --json > "$T/random.json"
-    sed -n '/"closed_loop"/,$p' "$T/random.json" > "$T/random-closed.json"
-    rt=$(awk -v s="$(num ttft_s "$T/random-closed.json")" 'BEGIN { printf "%.1f", s * 1000 }')
-    ro=$(awk -v s="$(num output_tokens_per_s "$T/random-closed.json")" 'BEGIN { printf "%.1f", s }')
+    random_loop "$C" --aggregated dp=1,tp=1,instances=1
     ROWS="$ROWS| $C | $isl / 64 | $pb | $pt | $mt | $(err "$pt" "$mt") | $pp | $mp | $(err "$pp" "$mp") | $po | $mo | $(err "$po" "$mo") | $rt ($(err "$rt" "$mt")) | $ro ($(err "$ro" "$mo")) |
 "
 done

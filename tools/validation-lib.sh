@@ -53,3 +53,16 @@ closed_loop() {
     mp=$(mean TPOT "$T/closed.txt")
     mo=$(grep -o 'output throughput [0-9.]*' "$T/closed.txt" | sed 's/.* //')
 }
+
+# random_loop C PLAN-ARGS...: the random-phase loop's prediction (--phase random, mean value
+# analysis) for the workload closed_loop last measured (its $isl): rt (TTFT ms), ro (output tok/s).
+random_loop() {
+    _c=$1
+    shift
+    "$B" plan --model models/mini --hardware "$T/local-cpu.json" --nodes 1 "$@" --mtp off --kv-cache-dtype bf16 \
+        --max-num-batched-tokens 512 --max-num-seqs 16 --max-model-len 2048 --isl "$isl" --osl 64 \
+        --concurrency "$_c" --phase random --json > "$T/random.json"
+    sed -n '/"closed_loop"/,$p' "$T/random.json" > "$T/random-closed.json"
+    rt=$(awk -v s="$(num ttft_s "$T/random-closed.json")" 'BEGIN { printf "%.1f", s * 1000 }')
+    ro=$(awk -v s="$(num output_tokens_per_s "$T/random-closed.json")" 'BEGIN { printf "%.1f", s }')
+}

@@ -81,8 +81,12 @@ set +f
 # max-num-seqs (pdmoe serve's default, 16). Means, as the model predicts means.
 CROWS=
 for C in 1 2 4; do
-    closed_loop "$C" "$PORT" $((PORT + 1)) --prefill dp=1,tp=1,instances=1 --decode dp=1,tp=1,instances=1
-    CROWS="$CROWS| $C | $isl / 64 | $pb ($lim) | $pt | $mt | $(err "$pt" "$mt") | $pp | $mp | $(err "$pp" "$mp") | $po | $mo | $(err "$po" "$mo") |
+    # bench serve's requests are all alike and its clients start together: the lockstep loop over
+    # the same number of requests; the random-phase loop (mean value analysis) beside it
+    closed_loop "$C" "$PORT" $((PORT + 1)) --prefill dp=1,tp=1,instances=1 --decode dp=1,tp=1,instances=1 \
+        --phase lockstep --num-prompts $((16 * C))
+    random_loop "$C" --prefill dp=1,tp=1,instances=1 --decode dp=1,tp=1,instances=1
+    CROWS="$CROWS| $C | $isl / 64 | $pb | $pt | $mt | $(err "$pt" "$mt") | $pp | $mp | $(err "$pp" "$mp") | $po | $mo | $(err "$po" "$mo") | $rt ($(err "$rt" "$mt")) | $ro ($(err "$ro" "$mo")) |
 "
 done
 
@@ -90,7 +94,7 @@ done
     echo "## Closed loop on this machine (\`bench serve --max-concurrency C\` against \`plan --concurrency C\`)"
     echo
     if [ $CLOSED_ONLY = 1 ]; then
-        echo "Measured $(date -u +%Y-%m-%d) (commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)) by"
+        echo "Measured $(date -u +%Y-%m-%d) (commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown); $(cpu_desc)) by"
         echo "\`tools/validation.sh --closed-loop\`, which calibrates again for this section alone:"
         echo
         echo '```'
@@ -103,21 +107,21 @@ done
     fi
     echo "C clients, each sending its next request when its last one finishes: \`pdmoe bench serve --request-rate inf"
     echo "--max-concurrency C --input-len 48 --output-len 64 --num-prompts 16C --prompts text\`, against \`pdmoe plan"
-    echo "... --max-num-seqs 16 --isl N --osl 64 --concurrency C --json\` (its \`closed_loop\` object; 16 is the decode"
-    echo "server's max-num-seqs; N counted by the prefill server's /metrics). Means, not medians: the model's figures"
-    echo "are the steady state's means. Output tokens/s is the whole run's (bench serve's duration includes the first"
-    echo "requests' ramp and the last ones' drain). Batch: the model's mean decode batch a decoding request runs with,"
-    echo "and what limits the cycle (the clients alone, prefill's capacity, or the decode slots)."
+    echo "... --max-num-seqs 16 --isl N --osl 64 --concurrency C --phase lockstep --num-prompts 16C --json\` (its"
+    echo "\`closed_loop\` object: the lockstep loop of lockstep.c, prefill and decode ranks stepped side by side over as"
+    echo "many requests as bench serve sends, whose clients send requests all alike and start together; 16 is the"
+    echo "decode server's max-num-seqs; N counted by the prefill server's /metrics). Means. Output tokens/s is the"
+    echo "whole run's, the first requests' ramp and the last ones' drain included, in both. Batch: the model's mean"
+    echo "decode batch. The last two columns: the random-phase loop's prediction (\`--phase random\`, the mean value"
+    echo "analysis of perf.c) against the same measurement."
     echo
-    echo "| C | prompt / output tokens | batch predicted | TTFT predicted ms | TTFT measured ms | error | TPOT predicted ms | TPOT measured ms | error | output tok/s predicted | measured | error |"
-    echo "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| C | prompt / output tokens | batch predicted | TTFT predicted ms | TTFT measured ms | error | TPOT predicted ms | TPOT measured ms | error | output tok/s predicted | measured | error | random phases: TTFT ms | random phases: tok/s |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     printf "%s" "$CROWS"
     echo
-    echo "Reading: the model's TTFT includes the prompts' queue before prefill (mean value analysis, perf.c): from"
-    echo "C = 2 on, prompts that arrive together wait for each other's prefill. The engine's prefill server steps the"
-    echo "prompts that arrive together as one batch, which finish together, and its prefill and decode servers share"
-    echo "this machine's cores with the proxy and the client; the error columns say how much of the measured growth"
-    echo "of TTFT with C the queue accounts for (target: within 20%)."
+    echo "Reading: in lockstep the clients' prompts arrive together and are prefilled in one step, then decode"
+    echo "together, as the engine's servers run them; the random-phase loop spreads the same clients over the"
+    echo "cycle and so predicts shorter prefill waits and smaller decode batches than this benchmark produces."
 } > "$T/closed.md"
 
 if [ $CLOSED_ONLY = 1 ]; then

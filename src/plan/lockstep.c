@@ -265,3 +265,232 @@ int pd_perf_lockstep_check(const struct pd_plan *p, const struct pd_workload *w,
                           (long long)per_rank, (long long)w->concurrency, (long long)S, PD_LOCKSTEP_MAX_CLIENTS);
     return 0;
 }
+
+/* The disaggregated closed loop in lockstep (pd_perf_lockstep_pd): clients i over prefill DP rank
+ * i mod S_p and decode DP rank i mod S_d (a round-robin router), each rank stepping on its own:
+ *   sent                 the client's request leaves; it reaches its prefill rank `request` later
+ *   prefill rank, idle   the prompts that have arrived, first come first served, fill a step of M
+ *                        tokens (at most cap prompts): T_p = step(prefill part), one pass; a prompt
+ *                        whose last chunk was in the step is handed off, reaching its decode rank
+ *                        `handoff` after the step ends
+ *   decode rank, idle    its decoding sequences and those handed off by now (up to B in all, first
+ *                        come first served): T_d = step(b sequences, k tokens, their mean context);
+ *                        a sequence's first step gives its first token (TTFT = that step's end -
+ *                        sent, as the random-phase loop counts it), each later one tps tokens; at
+ *                        osl it finishes and its client sends the next request at once
+ * The ranks run concurrently: the loop advances to the earliest step end or arrival at an idle
+ * rank. TTFT, TPOT (a benchmark's: (finished - first token) / (osl - 1)) and throughput are
+ * counted as in run_rank. */
+enum { P_WAIT, P_QUEUED, P_XFER, P_READY, P_DECODE, P_IDLE };
+
+struct pclient {
+    int state;
+    int64_t left, finished, prefilled, take;
+    double sent, arrive, started, ready, first, made, last_done, mark;
+    int in_step;                 /* in its rank's running step */
+};
+
+struct prank {
+    double end;                  /* the running step's end; INFINITY: idle */
+    int64_t *q, qh, qt;          /* arrived prompts in arrival order: q[qh..qt) (a ring of n) */
+};
+
+void pd_perf_lockstep_pd(const struct pd_plan *p, const struct pd_workload *w, const struct pd_perf *f,
+                         struct pd_closed *out)
+{
+    memset(out, 0, sizeof *out);
+    const struct pd_role_plan *P = &p->role[PD_ROLE_PREFILL], *D = &p->role[PD_ROLE_DECODE];
+    const int64_t Sp = P->o.dp * P->o.instances > 0 ? P->o.dp * P->o.instances : 1;
+    const int64_t Sd = D->o.dp * D->o.instances > 0 ? D->o.dp * D->o.instances : 1;
+    const int64_t n = w->concurrency, B = f->batch > 0 ? f->batch : 1;
+    const int wave = w->num_prompts > 0;
+    const int64_t reqs = wave ? w->num_prompts / n : STEADY_REQUESTS, skip = wave ? 0 : 1;
+    const int64_t M = p->o.max_num_batched_tokens, k = pd_perf_decode_tokens(p);
+    const double tps = pd_perf_tokens_per_step(p), req = f->request_s, hand = f->handoff_s;
+    const int64_t cached = (int64_t)floor((double)w->isl * w->cached), I = w->isl - cached;
+    const int64_t cap = w->prefill_max_requests > 0 ? w->prefill_max_requests : n;
+    struct pclient *c = calloc((size_t)n, sizeof *c);
+    struct prank *pr = calloc((size_t)Sp, sizeof *pr);
+    double *dend = malloc((size_t)Sd * sizeof *dend);
+    /* rank j's ring holds its own clients (i mod Sp == j): at most ceil(n / Sp) of them */
+    const int64_t per = (n + Sp - 1) / Sp;
+    int64_t *qbuf = malloc((size_t)(Sp * per) * sizeof *qbuf), *order = malloc((size_t)n * sizeof *order);
+    struct arrival *arr = malloc((size_t)n * sizeof *arr);
+    if (!c || !pr || !dend || !qbuf || !order || !arr) {
+        out->ttft_s = out->tpot_s = out->req_s = NAN;
+        goto done;
+    }
+    for (int64_t j = 0; j < Sp; j++)
+        pr[j] = (struct prank){INFINITY, qbuf + j * per, 0, 0};
+    for (int64_t d = 0; d < Sd; d++)
+        dend[d] = INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        c[i] = (struct pclient){.state = P_WAIT, .left = reqs, .arrive = req};
+    int64_t active = n, measured = 0, done_reqs = 0;
+    double t = 0, ttft = 0, tpot = 0, wait = 0, bt = 0, dt = 0, rate = 0;
+    while (active > 0) {
+        /* the next event: a step's end, or an arrival at an idle rank */
+        double next = INFINITY;
+        for (int64_t j = 0; j < Sp; j++)
+            next = fmin(next, pr[j].end);
+        for (int64_t d = 0; d < Sd; d++)
+            next = fmin(next, dend[d]);
+        for (int64_t i = 0; i < n; i++) {
+            if (c[i].state == P_WAIT && !isfinite(pr[i % Sp].end))
+                next = fmin(next, c[i].arrive);
+            if (c[i].state == P_XFER && !isfinite(dend[i % Sd]))
+                next = fmin(next, c[i].ready);
+        }
+        if (!isfinite(next))
+            break;
+        t = next;
+        /* steps ending now: prefill chunks land, decodes make their tokens */
+        for (int64_t i = 0; i < n; i++) {
+            struct pclient *x = &c[i];
+            if (!x->in_step)
+                continue;
+            if (x->state == P_QUEUED && pr[i % Sp].end <= t + 1e-12) {
+                x->in_step = 0;
+                x->prefilled += x->take;
+                x->take = 0;
+            } else if (x->state == P_DECODE && dend[i % Sd] <= t + 1e-12) {
+                x->in_step = 0;
+                if (x->made == 0) {
+                    x->first = t;
+                    x->made = 1;
+                } else {
+                    x->made += tps;
+                }
+                if (x->made + 1e-9 < (double)w->osl)
+                    continue;
+                if (x->finished >= skip) {
+                    ttft += x->first - x->sent;
+                    tpot += w->osl > 1 ? (t - x->first) / (double)(w->osl - 1) : 0;
+                    wait += x->started - x->arrive;
+                    measured++;
+                }
+                if (x->finished + 1 == skip)
+                    x->mark = t;
+                x->finished++;
+                done_reqs++;
+                x->last_done = t;
+                if (--x->left > 0) {
+                    x->state = P_WAIT;
+                    x->sent = t;
+                    x->arrive = t + req;
+                    x->made = 0;
+                } else {
+                    x->state = P_IDLE;
+                    active--;
+                }
+            }
+        }
+        for (int64_t j = 0; j < Sp; j++)
+            if (pr[j].end <= t + 1e-12) {
+                pr[j].end = INFINITY;
+                /* prompts complete in queue order: handed off */
+                while (pr[j].qh < pr[j].qt && c[pr[j].q[pr[j].qh % per]].prefilled >= I) {
+                    struct pclient *x = &c[pr[j].q[pr[j].qh++ % per]];
+                    x->state = P_XFER;
+                    x->ready = t + hand;
+                }
+            }
+        for (int64_t d = 0; d < Sd; d++)
+            if (dend[d] <= t + 1e-12)
+                dend[d] = INFINITY;
+        /* arrivals up to t: prompts join their prefill rank's queue (earliest first, ties by
+         * client), hand-offs become ready at their decode rank */
+        int64_t na = 0;
+        for (int64_t i = 0; i < n; i++) {
+            if (c[i].state == P_WAIT && c[i].arrive <= t + 1e-12)
+                arr[na++] = (struct arrival){c[i].arrive, i};
+            if (c[i].state == P_XFER && c[i].ready <= t + 1e-12)
+                c[i].state = P_READY;
+        }
+        qsort(arr, (size_t)na, sizeof *arr, by_arrival);
+        for (int64_t a = 0; a < na; a++) {
+            struct pclient *x = &c[arr[a].client];
+            struct prank *q = &pr[arr[a].client % Sp];
+            x->state = P_QUEUED;
+            x->prefilled = 0;
+            q->q[q->qt++ % per] = arr[a].client;
+        }
+        /* idle prefill ranks start a step on what has arrived */
+        for (int64_t j = 0; j < Sp; j++) {
+            struct prank *q = &pr[j];
+            if (isfinite(q->end) || q->qh == q->qt)
+                continue;
+            int64_t budget = M, np = 0, ptok = 0;
+            double pctx = 0;
+            for (int64_t m = q->qh; m < q->qt && budget > 0 && np < cap; m++) {
+                struct pclient *x = &c[q->q[m % per]];
+                x->take = I - x->prefilled < budget ? I - x->prefilled : budget;
+                if (x->prefilled == 0)
+                    x->started = t;
+                x->in_step = 1;
+                budget -= x->take;
+                ptok += x->take;
+                pctx += (double)(cached + x->prefilled);
+                np++;
+            }
+            struct pd_step s;
+            pd_perf_step(p, PD_ROLE_PREFILL, np, (ptok + np - 1) / np, (int64_t)(pctx / (double)np), &s);
+            q->end = t + s.total_s;
+        }
+        /* idle decode ranks step their sequences and those ready, up to B, first come first served */
+        for (int64_t d = 0; d < Sd; d++) {
+            if (isfinite(dend[d]))
+                continue;
+            int64_t b = 0, nr = 0;
+            double ctx = 0;
+            for (int64_t i = d; i < n; i += Sd)
+                if (c[i].state == P_DECODE)
+                    b++;
+                else if (c[i].state == P_READY)
+                    order[nr++] = i;
+            /* the ready ones by hand-off time (ties by client) */
+            for (int64_t a = 1; a < nr; a++)
+                for (int64_t m = a; m > 0 && (c[order[m]].ready < c[order[m - 1]].ready ||
+                                             (c[order[m]].ready == c[order[m - 1]].ready && order[m] < order[m - 1]));
+                     m--) {
+                    int64_t tmp = order[m];
+                    order[m] = order[m - 1];
+                    order[m - 1] = tmp;
+                }
+            for (int64_t a = 0; a < nr && b < B; a++, b++)
+                c[order[a]].state = P_DECODE;
+            if (b == 0)
+                continue;
+            for (int64_t i = d; i < n; i += Sd)
+                if (c[i].state == P_DECODE) {
+                    c[i].in_step = 1;
+                    ctx += (double)w->isl + c[i].made;
+                }
+            struct pd_step s;
+            pd_perf_step(p, PD_ROLE_DECODE, b, k, (int64_t)(ctx / (double)b), &s);
+            dend[d] = t + s.total_s;
+            bt += (double)b * s.total_s;
+            dt += s.total_s;
+        }
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (c[i].finished > skip && c[i].last_done > c[i].mark)
+            rate += (double)(c[i].finished - skip) / (c[i].last_done - c[i].mark);
+    const double mm = measured > 0 ? (double)measured : 1;
+    out->ttft_s = ttft / mm;
+    out->tpot_s = tpot / mm;
+    out->wait_s = wait / mm;
+    out->batch = dt > 0 ? bt / dt : 0;
+    out->cycle_s = out->ttft_s + (double)(w->osl - 1) * out->tpot_s;
+    out->req_s = wave ? (t > 0 ? (double)done_reqs / t : 0) : rate;
+    out->tok_s = out->req_s * (double)w->osl;
+    out->tok_s_card = P->cards + D->cards > 0 ? out->tok_s / (P->cards + D->cards) : 0;
+    out->limit = PD_CLOSED_CLIENTS;
+done:
+    free(c);
+    free(pr);
+    free(dend);
+    free(qbuf);
+    free(order);
+    free(arr);
+}

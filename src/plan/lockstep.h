@@ -1,8 +1,9 @@
-/* The aggregated closed loop in lockstep: C clients whose requests are all alike (one prompt
+/* The closed loop in lockstep: C clients whose requests are all alike (one prompt
  * length, one output length, no jitter: vLLM's and SGLang's random dataset at its default range
  * ratio 0, pdmoe bench serve's --input-len/--output-len) and which start together (a benchmark's
  * --max-concurrency at an infinite rate). Nothing is random there, so the loop is run as it
- * happens, step by step, on each aggregated DP rank: the first cycle's C prompts chunked by
+ * happens, step by step, on each aggregated DP rank (or on the prefill and decode ranks of a
+ * disaggregated plan, pd_perf_lockstep_pd): the first cycle's C prompts chunked by
  * max-num-batched-tokens (and at most prefill_max_requests prompts a step), the decodes that
  * start as each prompt completes, and every later request sent the moment its client's last one
  * finishes, so the clients stay in the phase the first cycle gave them. The mean value analysis
@@ -33,6 +34,13 @@ struct pd_lockstep {
  * ramp: all prompts arriving at once). `detail` may be NULL. */
 void pd_perf_lockstep(const struct pd_plan *p, const struct pd_workload *w, int64_t slots, struct pd_closed *out,
                       struct pd_lockstep *detail);
+
+/* The same for a disaggregated plan (lockstep.c gives the loop): the prompts on the prefill DP
+ * ranks, each handed off to a decode DP rank (at most f->batch sequences each), with the
+ * per-request cost and the hand-off time of f (pd_perf_prefill and pd_perf_decode filled it);
+ * w->num_prompts and w->prefill_max_requests as above. */
+void pd_perf_lockstep_pd(const struct pd_plan *p, const struct pd_workload *w, const struct pd_perf *f,
+                         struct pd_closed *out);
 
 /* The run's cost grows with the clients of a rank (each step visits them): lockstep is refused
  * past this many per DP rank, with a message naming the flag. */

@@ -626,13 +626,17 @@ int pd_perf_eval(const struct pd_plan *p, const struct pd_workload *w, struct pd
         pd_perf_agg(p, w, f);
         return 0;
     }
-    if (w->lockstep)
-        return pd_err_set(e, PD_EINVAL, "--phase lockstep: modelled for aggregated layouts only (--aggregated); a "
-                          "disaggregated closed loop is the random-phase one");
+    if (w->lockstep && w->prefill_first)
+        return pd_err_set(e, PD_EINVAL, "--schedule prefill-first: a schedule of aggregated steps (--aggregated); a "
+                          "disaggregated plan's prefill and decode run on their own ranks");
+    if (w->lockstep && (rc = pd_perf_lockstep_check(p, w, e)))
+        return rc;
     pd_perf_prefill(p, w, f);
     pd_perf_decode(p, w, f);
     pd_perf_combine(p, w, f);
-    if (w->concurrency > 0) {
+    if (w->concurrency > 0 && w->lockstep) {
+        pd_perf_lockstep_pd(p, w, f, &f->closed);
+    } else if (w->concurrency > 0) {
         const struct pd_role_plan *D = &p->role[PD_ROLE_DECODE];
         struct decode_ctx d = {p, pd_perf_decode_tokens(p), w->decode_ctx > 0 ? w->decode_ctx : w->isl + w->osl / 2};
         pd_perf_closed(w->concurrency, w->osl, f->request_s + f->prefill_s + f->handoff_s, f->prefill_s,

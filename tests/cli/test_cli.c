@@ -308,7 +308,8 @@ Test(cli, perf_search_validate)
 
     expect_error("plan --isl 0", "--isl");
     expect_error("plan --isl 100 --concurrency 4 --phase sync", "--phase sync: expected lockstep or random");
-    expect_error("plan --isl 100 --concurrency 4 --phase lockstep", "--phase lockstep: modelled for aggregated layouts only");
+    expect_error("plan --isl 100 --concurrency 4 --phase lockstep --schedule prefill-first",
+                 "--schedule prefill-first: a schedule of aggregated steps");
     expect_error("plan --aggregated dp=8,tp=1,instances=1 --isl 100 --concurrency 4 --num-prompts 6 --phase lockstep",
                  "--num-prompts 6: a multiple of --concurrency 4");
     expect_error("plan --aggregated dp=8,tp=1,instances=1 --isl 100 --concurrency 4 --prefill-max-requests 2",

@@ -1,6 +1,7 @@
-/* The aggregated closed loop in lockstep (lockstep.c): one client's cycle and C clients whose
- * prompts share one step against the steps it is made of, the prefill cap, one wave against
- * its duration, the clients' spread over DP ranks, and the flags it is refused without. */
+/* The closed loop in lockstep (lockstep.c): one client's cycle and C clients whose prompts share
+ * one step against the steps it is made of, the prefill cap, one wave against its duration, the
+ * clients' spread over DP ranks, and the flags it is refused without; the same on a disaggregated
+ * plan's prefill and decode ranks. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
@@ -179,8 +180,8 @@ Test(lockstep, mtp_and_ranks)
     pd_plan_free(&p);
 }
 
-/* Refused by name: lockstep without clients or on a disaggregated layout, and its two
- * parameters in the random-phase loop, and a number of prompts the clients cannot share. */
+/* Refused by name: lockstep without clients, its parameters in the random-phase loop, a number of
+ * prompts the clients cannot share, and the aggregated schedule on a disaggregated layout. */
 Test(lockstep, refused_by_name)
 {
     struct pd_plan p;
@@ -219,7 +220,134 @@ Test(lockstep, refused_by_name)
     o.role[PD_ROLE_PREFILL] = o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 1, .tp = 1, .instances = 1};
     build(&o, &q);
     lock_workload(&w, 100, 16, 4);
+    w.prefill_first = 1;
     cr_assert_neq(pd_perf_eval(&q, &w, &f, &e), 0);
-    cr_assert(strstr(e.msg, "--phase lockstep") && strstr(e.msg, "aggregated"), "%s", e.msg);
+    cr_assert(strstr(e.msg, "--schedule prefill-first") && strstr(e.msg, "aggregated"), "%s", e.msg);
     pd_plan_free(&q);
+}
+
+/* v4-tiny disaggregated: prefill and decode `inst` instances of dp 1 each, chunk budget M, decode
+ * slots `seqs`, without MTP. */
+static void pd_lock_plan(struct pd_plan *p, int inst, int64_t M, int64_t seqs)
+{
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    o.model = "v4-tiny";
+    o.max_model_len = 4096;
+    o.max_num_batched_tokens = M;
+    o.max_num_seqs = seqs;
+    o.mtp = 0;
+    o.role[PD_ROLE_PREFILL] = o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 1, .tp = 1, .instances = inst};
+    build(&o, p);
+}
+
+static double decode_step(const struct pd_plan *p, int64_t seqs, int64_t ctx)
+{
+    return step_s(p, PD_ROLE_DECODE, (struct pd_step_part){seqs, 1, ctx}, (struct pd_step_part){0, 0, 0});
+}
+
+/* One client of a disaggregated plan: TTFT = request + its prompt's chunks on the prefill rank +
+ * the hand-off + the first decode step (at the prompt's length), TPOT = the later decode steps of
+ * one sequence over osl - 1, as the random-phase loop counts a request. */
+Test(lockstep, disaggregated_one_client_is_its_steps)
+{
+    struct pd_plan p;
+    pd_lock_plan(&p, 1, 512, 64);
+    struct pd_workload w;
+    lock_workload(&w, 1200, 40, 1);
+    struct pd_perf f;
+    pd_err e = {0};
+    cr_assert_eq(pd_perf_eval(&p, &w, &f, &e), 0, "%s", e.msg);
+    const double req = p.hw.eff.request_s, hand = f.handoff_s;
+    cr_assert_gt(hand, 0);
+    double pre = 0;
+    for (int64_t off = 0; off < 1200; off += 512)
+        pre += step_s(&p, PD_ROLE_PREFILL, (struct pd_step_part){0, 0, 0},
+                      (struct pd_step_part){1, 1200 - off < 512 ? 1200 - off : 512, off});
+    const double first = decode_step(&p, 1, 1200), later = decode_steps(&p, 1, 1200, 40);
+    const struct pd_closed *c = &f.closed;
+    cr_assert_float_eq(c->ttft_s, req + pre + hand + first, 1e-12);
+    cr_assert_float_eq(c->tpot_s, later / 39, 1e-12);
+    cr_assert_float_eq(c->wait_s, 0, 1e-12);
+    cr_assert_float_eq(c->batch, 1, 1e-12);
+    cr_assert_float_eq(c->req_s, 1 / (req + pre + hand + first + later), 1e-9 * c->req_s);
+    cr_assert_float_eq(c->cycle_s, c->ttft_s + 39 * c->tpot_s, 1e-12);
+    pd_plan_free(&p);
+}
+
+/* One wave of 3 clients: their prompts arrive together and share one prefill step, are handed off
+ * together and decode as one batch of 3 from the same step, so every request has the same TTFT,
+ * TPOT and end; the random-phase loop, which spreads the clients, predicts less than this. */
+Test(lockstep, disaggregated_wave_shares_the_steps)
+{
+    struct pd_plan p;
+    pd_lock_plan(&p, 1, 512, 64);
+    struct pd_workload w;
+    lock_workload(&w, 100, 20, 3);
+    w.num_prompts = 3;
+    struct pd_perf f;
+    pd_err e = {0};
+    cr_assert_eq(pd_perf_eval(&p, &w, &f, &e), 0, "%s", e.msg);
+    const double req = p.hw.eff.request_s, hand = f.handoff_s;
+    const double pre = step_s(&p, PD_ROLE_PREFILL, (struct pd_step_part){0, 0, 0}, (struct pd_step_part){3, 100, 0});
+    const double ttft = req + pre + hand + decode_step(&p, 3, 100), later = decode_steps(&p, 3, 100, 20);
+    const struct pd_closed *c = &f.closed;
+    cr_assert_float_eq(c->ttft_s, ttft, 1e-12);
+    cr_assert_float_eq(c->tpot_s, later / 19, 1e-12);
+    cr_assert_float_eq(c->batch, 3, 1e-12);
+    cr_assert_float_eq(c->req_s, 3 / (ttft + later), 1e-9 * c->req_s);
+    cr_assert_float_eq(c->tok_s, 20 * c->req_s, 1e-9 * c->tok_s);
+    /* the prefill cap: one prompt a step, three steps in turn; the last is handed off last */
+    w.prefill_max_requests = 1;
+    cr_assert_eq(pd_perf_eval(&p, &w, &f, &e), 0, "%s", e.msg);
+    const double one = step_s(&p, PD_ROLE_PREFILL, (struct pd_step_part){0, 0, 0}, (struct pd_step_part){1, 100, 0});
+    cr_assert_float_eq(f.closed.wait_s, one, 1e-12, "waits of 0, 1 and 2 steps: %g", f.closed.wait_s);
+    pd_plan_free(&p);
+}
+
+/* Decode slots bind: 3 clients on 2 slots; the third waits for a slot, so the mean batch stays at
+ * most 2 and its TTFT grows by a whole request's decode. */
+Test(lockstep, disaggregated_slots_bind)
+{
+    struct pd_plan p;
+    pd_lock_plan(&p, 1, 512, 2);
+    struct pd_workload w;
+    lock_workload(&w, 100, 20, 3);
+    w.num_prompts = 3;
+    struct pd_perf f;
+    pd_err e = {0};
+    cr_assert_eq(pd_perf_eval(&p, &w, &f, &e), 0, "%s", e.msg);
+    cr_assert_eq(f.batch, 2);
+    cr_assert_leq(f.closed.batch, 2 + 1e-12);
+    const double req = p.hw.eff.request_s, hand = f.handoff_s;
+    const double pre = step_s(&p, PD_ROLE_PREFILL, (struct pd_step_part){0, 0, 0}, (struct pd_step_part){3, 100, 0});
+    const double two = decode_step(&p, 2, 100) + decode_steps(&p, 2, 100, 20);
+    /* the third starts when the first two finish: at req + pre + hand + two, alone */
+    const double third = req + pre + hand + two + decode_step(&p, 1, 100);
+    const double first2 = req + pre + hand + decode_step(&p, 2, 100);
+    cr_assert_float_eq(f.closed.ttft_s, (2 * first2 + third) / 3, 1e-12);
+    pd_plan_free(&p);
+}
+
+/* Instances are independent: 4 clients over 2 prefill and 2 decode instances (a round-robin
+ * router) run as two copies of 2 clients on one of each: the same TTFT and TPOT, twice the
+ * requests/s. */
+Test(lockstep, disaggregated_instances_are_copies)
+{
+    struct pd_plan p1, p2;
+    pd_lock_plan(&p1, 1, 512, 64);
+    pd_lock_plan(&p2, 2, 512, 64);
+    struct pd_workload w;
+    struct pd_perf f1, f2;
+    pd_err e = {0};
+    lock_workload(&w, 300, 24, 2);
+    cr_assert_eq(pd_perf_eval(&p1, &w, &f1, &e), 0, "%s", e.msg);
+    lock_workload(&w, 300, 24, 4);
+    cr_assert_eq(pd_perf_eval(&p2, &w, &f2, &e), 0, "%s", e.msg);
+    cr_assert_float_eq(f2.closed.ttft_s, f1.closed.ttft_s, 1e-12);
+    cr_assert_float_eq(f2.closed.tpot_s, f1.closed.tpot_s, 1e-12);
+    cr_assert_float_eq(f2.closed.req_s, 2 * f1.closed.req_s, 1e-9 * f2.closed.req_s);
+    cr_assert_float_eq(f2.closed.batch, f1.closed.batch, 1e-12);
+    pd_plan_free(&p1);
+    pd_plan_free(&p2);
 }
