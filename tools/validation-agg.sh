@@ -45,9 +45,10 @@ ROWS=
 for C in 1 2 4 8; do
     # bench serve's requests are all alike and its clients start together: the lockstep loop, over
     # the same number of requests; the random-phase loop (mean value analysis) beside it
-    closed_loop "$C" "$PORT" "$PORT" --aggregated dp=1,tp=1,instances=1 --phase lockstep --num-prompts $((16 * C))
+    closed_loop "$C" "$PORT" "$PORT" "$PORT" --aggregated dp=1,tp=1,instances=1 --phase lockstep \
+        --num-prompts $((16 * C))
     random_loop "$C" --aggregated dp=1,tp=1,instances=1
-    ROWS="$ROWS| $C | $isl / 64 | $pb | $pt | $mt | $(err "$pt" "$mt") | $pp | $mp | $(err "$pp" "$mp") | $po | $mo | $(err "$po" "$mo") | $rt ($(err "$rt" "$mt")) | $ro ($(err "$ro" "$mo")) |
+    ROWS="$ROWS| $C | $isl / 64 | $pb | $pt | $mt | $(err "$pt" "$mt") | $pp | $mp | $(err "$pp" "$mp") | $po | $mo | $(err "$po" "$mo") | $rt ($(err "$rt" "$mt")) | $ro ($(err "$ro" "$mo")) | $ms ($mb) | $ps ($(err "$ps" "$ms")) |
 "
 done
 LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -71,11 +72,13 @@ LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
     echo "\`pdmoe plan --aggregated dp=1,tp=1,instances=1 --max-num-seqs 16 --max-num-batched-tokens 512 --isl N"
     echo "--osl 64 --concurrency C --phase lockstep --num-prompts 16C --json\` (its \`closed_loop\` object: the"
     echo "lockstep loop of lockstep.c, run over as many requests as bench serve sends: its clients send requests"
-    echo "all alike and start together). Means. The last two columns: the random-phase loop's prediction"
-    echo "(\`--phase random\`, the mean value analysis of agg.c) against the same measurement."
+    echo "all alike and start together). Means. Then the random-phase loop's prediction (\`--phase random\`, the"
+    echo "mean value analysis of agg.c) against the same measurement, and the server's decode-only steps over the"
+    echo "run (its \`pdmoe_engine_step*_total{kind=\"decode\"}\` counters: mean time, in brackets mean batch)"
+    echo "against the model's step at that batch."
     echo
-    echo "| C | prompt / output tokens | batch predicted | TTFT predicted ms | TTFT measured ms | error | TPOT predicted ms | TPOT measured ms | error | output tok/s predicted | measured | error | random phases: TTFT ms | random phases: tok/s |"
-    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| C | prompt / output tokens | batch predicted | TTFT predicted ms | TTFT measured ms | error | TPOT predicted ms | TPOT measured ms | error | output tok/s predicted | measured | error | random phases: TTFT ms | random phases: tok/s | server's decode step ms (batch) | model's step ms |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     printf "%s" "$ROWS"
 } > "$T/agg.md"
 

@@ -24,20 +24,34 @@ metric() { curl -sf "http://127.0.0.1:$1/metrics" | awk -v k="$2" '$1 == k { pri
 mean() { grep "^  $1 " "$2" | head -1 | sed 's/.* mean *\([0-9.]*\).*/\1/'; }
 err() { awk -v p="$1" -v m="$2" 'BEGIN { printf "%+.1f%%", (p / m - 1) * 100 }'; }
 
-# closed_loop C URL_PORT METRICS_PORT PLAN_LAYOUT_FLAGS...: C clients (`bench serve --request-rate inf
-# --max-concurrency C`, 48 words in, 64 tokens out) against the endpoint on URL_PORT, the mean prompt
-# tokens per request read from METRICS_PORT's counters, then `pdmoe plan` with the layout flags at
-# --concurrency C on $T/local-cpu.json. Sets isl, the prediction (pt TTFT ms, pp TPOT ms, po output
-# tokens/s, pb batch, pw prefill wait ms, lim what limits the batch) and the measurement (mt, mp, mo).
+# decode_steps PORT: the decode-only steps of the server on PORT so far: "count seconds sequences"
+# (its pdmoe_engine_step*_total{kind="decode"} counters).
+decode_steps() {
+    curl -sf "http://127.0.0.1:$1/metrics" | awk '
+        $1 == "pdmoe_engine_steps_total{kind=\"decode\"}" { n = $2 }
+        $1 == "pdmoe_engine_step_seconds_total{kind=\"decode\"}" { s = $2 }
+        $1 == "pdmoe_engine_step_sequences_total{kind=\"decode\"}" { q = $2 }
+        END { print n + 0, s + 0, q + 0 }'
+}
+
+# closed_loop C URL_PORT METRICS_PORT DECODE_PORT PLAN_LAYOUT_FLAGS...: C clients (`bench serve
+# --request-rate inf --max-concurrency C`, 48 words in, 64 tokens out) against the endpoint on
+# URL_PORT, the mean prompt tokens per request read from METRICS_PORT's counters, then `pdmoe plan`
+# with the layout flags at --concurrency C on $T/local-cpu.json. Sets isl, the prediction (pt TTFT
+# ms, pp TPOT ms, po output tokens/s, pb batch, pw prefill wait ms, lim what limits the batch), the
+# measurement (mt, mp, mo), and the decode-only steps of the server on DECODE_PORT over the run: ms
+# their mean time (ms), mb their mean batch, ps the model's step at that batch rounded (ms).
 closed_loop() {
-    _c=$1 _url=$2 _mp=$3
-    shift 3
+    _c=$1 _url=$2 _mp=$3 _dp=$4
+    shift 4
     _before=$(metric "$_mp" pdmoe_prompt_tokens_total)
     _reqs_before=$(metric "$_mp" pdmoe_requests_total)
+    _steps_before=$(decode_steps "$_dp")
     "$B" bench serve --url "http://127.0.0.1:$_url" --model mini --request-rate inf --max-concurrency "$_c" \
         --input-len 48 --output-len 64 --num-prompts $((16 * _c)) --prompts text > "$T/closed.txt"
     _after=$(metric "$_mp" pdmoe_prompt_tokens_total)
     _reqs_after=$(metric "$_mp" pdmoe_requests_total)
+    _steps_after=$(decode_steps "$_dp")
     isl=$(( (_after - _before) / (_reqs_after - _reqs_before) ))
     "$B" plan --model models/mini --hardware "$T/local-cpu.json" --nodes 1 "$@" --mtp off --kv-cache-dtype bf16 \
         --max-num-batched-tokens 512 --max-num-seqs 16 --max-model-len 2048 --isl "$isl" --osl 64 \
@@ -52,6 +66,15 @@ closed_loop() {
     mt=$(mean TTFT "$T/closed.txt")
     mp=$(mean TPOT "$T/closed.txt")
     mo=$(grep -o 'output throughput [0-9.]*' "$T/closed.txt" | sed 's/.* //')
+    set -- $_steps_before $_steps_after
+    ms=$(awk -v n="$(($4 - $1))" -v s0="$2" -v s1="$5" 'BEGIN { printf "%.2f", n > 0 ? (s1 - s0) / n * 1000 : 0 }')
+    mb=$(awk -v n="$(($4 - $1))" -v q="$(($6 - $3))" 'BEGIN { printf "%.2f", n > 0 ? q / n : 0 }')
+    # the model's decode step at that batch: the open loop's TPOT at max-num-seqs = the batch (no MTP)
+    _b=$(awk -v b="$mb" 'BEGIN { r = int(b + 0.5); print r < 1 ? 1 : r }')
+    "$B" plan --model models/mini --hardware "$T/local-cpu.json" --nodes 1 --prefill dp=1,tp=1,instances=1 \
+        --decode dp=1,tp=1,instances=1 --mtp off --kv-cache-dtype bf16 --max-num-batched-tokens 512 \
+        --max-num-seqs "$_b" --max-model-len 2048 --isl "$isl" --osl 64 --json > "$T/step.json"
+    ps=$(awk -v s="$(num tpot_s "$T/step.json")" 'BEGIN { printf "%.2f", s * 1000 }')
 }
 
 # random_loop C PLAN-ARGS...: the random-phase loop's prediction (--phase random, mean value

@@ -83,10 +83,10 @@ CROWS=
 for C in 1 2 4; do
     # bench serve's requests are all alike and its clients start together: the lockstep loop over
     # the same number of requests; the random-phase loop (mean value analysis) beside it
-    closed_loop "$C" "$PORT" $((PORT + 1)) --prefill dp=1,tp=1,instances=1 --decode dp=1,tp=1,instances=1 \
-        --phase lockstep --num-prompts $((16 * C))
+    closed_loop "$C" "$PORT" $((PORT + 1)) $((PORT + 2)) --prefill dp=1,tp=1,instances=1 \
+        --decode dp=1,tp=1,instances=1 --phase lockstep --num-prompts $((16 * C))
     random_loop "$C" --prefill dp=1,tp=1,instances=1 --decode dp=1,tp=1,instances=1
-    CROWS="$CROWS| $C | $isl / 64 | $pb | $pt | $mt | $(err "$pt" "$mt") | $pp | $mp | $(err "$pp" "$mp") | $po | $mo | $(err "$po" "$mo") | $rt ($(err "$rt" "$mt")) | $ro ($(err "$ro" "$mo")) |
+    CROWS="$CROWS| $C | $isl / 64 | $pb | $pt | $mt | $(err "$pt" "$mt") | $pp | $mp | $(err "$pp" "$mp") | $po | $mo | $(err "$po" "$mo") | $rt ($(err "$rt" "$mt")) | $ro ($(err "$ro" "$mo")) | $ms ($mb) | $ps ($(err "$ps" "$ms")) |
 "
 done
 
@@ -112,11 +112,13 @@ done
     echo "many requests as bench serve sends, whose clients send requests all alike and start together; 16 is the"
     echo "decode server's max-num-seqs; N counted by the prefill server's /metrics). Means. Output tokens/s is the"
     echo "whole run's, the first requests' ramp and the last ones' drain included, in both. Batch: the model's mean"
-    echo "decode batch. The last two columns: the random-phase loop's prediction (\`--phase random\`, the mean value"
-    echo "analysis of perf.c) against the same measurement."
+    echo "decode batch. Then the random-phase loop's prediction (\`--phase random\`, the mean value analysis of"
+    echo "perf.c) against the same measurement, and the decode server's own decode-only steps over the run (its"
+    echo "\`pdmoe_engine_step*_total{kind=\"decode\"}\` counters: mean time, and in brackets mean batch) against the"
+    echo "model's step at that batch, which separates the step's cost from the loop's."
     echo
-    echo "| C | prompt / output tokens | batch predicted | TTFT predicted ms | TTFT measured ms | error | TPOT predicted ms | TPOT measured ms | error | output tok/s predicted | measured | error | random phases: TTFT ms | random phases: tok/s |"
-    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| C | prompt / output tokens | batch predicted | TTFT predicted ms | TTFT measured ms | error | TPOT predicted ms | TPOT measured ms | error | output tok/s predicted | measured | error | random phases: TTFT ms | random phases: tok/s | server's decode step ms (batch) | model's step ms |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     printf "%s" "$CROWS"
     echo
     echo "Reading: in lockstep the clients' prompts arrive together and are prefilled in one step, then decode"

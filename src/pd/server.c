@@ -445,6 +445,10 @@ static void *scheduler(void *arg)
             rc = pd_err_set(&e, PD_ENOMEM, "expert parallelism: out of memory for a step");
             break;
         }
+        int mixed = 0;
+        for (int i = 0; i < m; i++)
+            mixed |= in_step[i]->n_gen == 0;
+        const double t_step = pd_now_s();
         pthread_mutex_unlock(&s->mu);
         /* the next token of each request: sampled here, or by its owner rank; with
          * --speculative-config one to k+1 tokens */
@@ -470,6 +474,9 @@ static void *scheduler(void *arg)
         }
         double now = pd_now_s();
         pthread_mutex_lock(&s->mu);
+        s->steps[mixed]++;
+        s->step_seqs[mixed] += (uint64_t)m;
+        s->step_seconds[mixed] += now - t_step;
         if (s->g && !rc)
             pd_srv_ep_account(s);
         if (!rc) {

@@ -950,6 +950,22 @@ static void on_metrics(struct evhttp_request *h, void *arg)
                         (unsigned long long)pfx[EP_PFX_QUERIES], (unsigned long long)pfx[EP_PFX_HITS],
                         (unsigned long long)pfx[EP_PFX_EVICTIONS], (long long)pfx[EP_PFX_BLOCKS],
                         (long long)pfx[EP_PFX_BYTES]);
+    /* the scheduler's steps: decode-only, and those with prompt tokens (an aggregated instance's
+     * mixed steps, a prefill instance's) */
+    evbuffer_add_printf(b,
+                        "# HELP pdmoe_engine_steps_total Scheduler steps, by kind: decode tokens only, or with "
+                        "prompt tokens.\n# TYPE pdmoe_engine_steps_total counter\n"
+                        "pdmoe_engine_steps_total{kind=\"decode\"} %llu\npdmoe_engine_steps_total{kind=\"prompt\"} %llu\n"
+                        "# HELP pdmoe_engine_step_seconds_total Wall time of the scheduler's steps.\n"
+                        "# TYPE pdmoe_engine_step_seconds_total counter\n"
+                        "pdmoe_engine_step_seconds_total{kind=\"decode\"} %.6f\n"
+                        "pdmoe_engine_step_seconds_total{kind=\"prompt\"} %.6f\n"
+                        "# HELP pdmoe_engine_step_sequences_total Sequences the steps carried (sum of their batches).\n"
+                        "# TYPE pdmoe_engine_step_sequences_total counter\n"
+                        "pdmoe_engine_step_sequences_total{kind=\"decode\"} %llu\n"
+                        "pdmoe_engine_step_sequences_total{kind=\"prompt\"} %llu\n",
+                        (unsigned long long)s->steps[0], (unsigned long long)s->steps[1], s->step_seconds[0],
+                        s->step_seconds[1], (unsigned long long)s->step_seqs[0], (unsigned long long)s->step_seqs[1]);
     if (s->n_kv_peers) {
         static const char *const peer_metric[4] = {"transfers", "transfer_failures", "transfer_bytes",
                                                    "transfer_seconds"};

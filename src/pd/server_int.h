@@ -240,6 +240,10 @@ struct pd_server {
     uint64_t n_requests, n_completed, n_cancelled, n_errors4xx, tokens_out, tokens_in;
     struct pd_spec_stats spec_stats;   /* speculative decoding's counters (/metrics) */
     double ttft_sum;
+    /* the scheduler's steps by kind (0: decode tokens only, 1: with prompt tokens): how many, their
+     * wall time, and the sequences they carried (a step's batch) */
+    uint64_t steps[2], step_seqs[2];
+    double step_seconds[2];
     /* GET /expert_stats: the requests wait while the scheduler, which owns the engine, collects
      * the tokens each expert ran (an EP group's ranks summed) into stats_sum */
     struct evhttp_request **stats_wait;

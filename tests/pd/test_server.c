@@ -100,6 +100,16 @@ Test(server, health_models_and_greedy_tokens_equal_generate)
         w += sprintf(w, " %lld", (long long)json_integer_value(json_array_get(ids, i)));
     cr_assert(strstr(gen, want), "server ids \"%s\" not in generate's output:\n%s", want, gen);
     json_decref(j);
+    /* the scheduler's steps: the prompt's (its first token), then 11 decode steps of one sequence */
+    cr_assert_eq(metric_key(port, "pdmoe_engine_steps_total{kind=\"prompt\"}"), 1);
+    cr_assert_eq(metric_key(port, "pdmoe_engine_step_sequences_total{kind=\"prompt\"}"), 1);
+    cr_assert_eq(metric_key(port, "pdmoe_engine_steps_total{kind=\"decode\"}"), 11);
+    cr_assert_eq(metric_key(port, "pdmoe_engine_step_sequences_total{kind=\"decode\"}"), 11);
+    cr_assert_eq(curl("/metrics", NULL, NULL, out, sizeof out), 200);
+    const char *sec = strstr(out, "\npdmoe_engine_step_seconds_total{kind=\"decode\"} ");
+    cr_assert_not_null(sec);
+    double t = strtod(strchr(sec, '}') + 2, NULL);
+    cr_assert(t > 0 && t < 60, "decode steps' time %g s", t);
 }
 
 Test(server, streaming_adds_up_to_the_plain_answer)
