@@ -48,7 +48,7 @@ for C in 1 2 4 8; do
     closed_loop "$C" "$PORT" "$PORT" "$PORT" --aggregated dp=1,tp=1,instances=1 --phase lockstep \
         --num-prompts $((16 * C))
     random_loop "$C" --aggregated dp=1,tp=1,instances=1
-    ROWS="$ROWS| $C | $isl / 64 | $pb | $pt | $mt | $(err "$pt" "$mt") | $pp | $mp | $(err "$pp" "$mp") | $po | $mo | $(err "$po" "$mo") | $rt ($(err "$rt" "$mt")) | $ro ($(err "$ro" "$mo")) | $ms ($mb) | $ps ($(err "$ps" "$ms")) |
+    ROWS="$ROWS$(loop_row "$C")
 "
 done
 LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -72,13 +72,12 @@ LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
     echo "\`pdmoe plan --aggregated dp=1,tp=1,instances=1 --max-num-seqs 16 --max-num-batched-tokens 512 --isl N"
     echo "--osl 64 --concurrency C --phase lockstep --num-prompts 16C --json\` (its \`closed_loop\` object: the"
     echo "lockstep loop of lockstep.c, run over as many requests as bench serve sends: its clients send requests"
-    echo "all alike and start together). Means. Then the random-phase loop's prediction (\`--phase random\`, the"
-    echo "mean value analysis of agg.c) against the same measurement, and the server's decode-only steps over the"
-    echo "run (its \`pdmoe_engine_step*_total{kind=\"decode\"}\` counters: mean time, in brackets mean batch)"
-    echo "against the model's step at that batch."
+    echo "all alike and start together), and with \`--phase random\` (the mean value analysis of agg.c, the clients"
+    echo "spread over the cycle). Means. The decode batch and step measured are the server's decode-only steps (its"
+    echo "\`pdmoe_engine_step*_total{kind=\"decode\"}\` counters over the run), the model's step is at that batch"
+    echo "rounded; the phase column names the prediction whose decode batch is nearer the measured one."
     echo
-    echo "| C | prompt / output tokens | batch predicted | TTFT predicted ms | TTFT measured ms | error | TPOT predicted ms | TPOT measured ms | error | output tok/s predicted | measured | error | random phases: TTFT ms | random phases: tok/s | server's decode step ms (batch) | model's step ms |"
-    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    loop_header
     printf "%s" "$ROWS"
 } > "$T/agg.md"
 

@@ -67,8 +67,8 @@ closed_loop() {
     mp=$(mean TPOT "$T/closed.txt")
     mo=$(grep -o 'output throughput [0-9.]*' "$T/closed.txt" | sed 's/.* //')
     set -- $_steps_before $_steps_after
-    ms=$(awk -v n="$(($4 - $1))" -v s0="$2" -v s1="$5" 'BEGIN { printf "%.2f", n > 0 ? (s1 - s0) / n * 1000 : 0 }')
-    mb=$(awk -v n="$(($4 - $1))" -v q="$(($6 - $3))" 'BEGIN { printf "%.2f", n > 0 ? q / n : 0 }')
+    ms=$(awk -v n="$(($4 - $1))" -v s0="$2" -v s1="$5" 'BEGIN { printf "%.2f", (n > 0 ? (s1 - s0) / n * 1000 : 0) }')
+    mb=$(awk -v n="$(($4 - $1))" -v q="$(($6 - $3))" 'BEGIN { printf "%.2f", (n > 0 ? q / n : 0) }')
     # the model's decode step at that batch: the open loop's TPOT at max-num-seqs = the batch (no MTP)
     _b=$(awk -v b="$mb" 'BEGIN { r = int(b + 0.5); print r < 1 ? 1 : r }')
     "$B" plan --model models/mini --hardware "$T/local-cpu.json" --nodes 1 --prefill dp=1,tp=1,instances=1 \
@@ -78,7 +78,8 @@ closed_loop() {
 }
 
 # random_loop C PLAN-ARGS...: the random-phase loop's prediction (--phase random, mean value
-# analysis) for the workload closed_loop last measured (its $isl): rt (TTFT ms), ro (output tok/s).
+# analysis) for the workload closed_loop last measured (its $isl): rt (TTFT ms), rp (TPOT ms), ro
+# (output tok/s), rb (batch).
 random_loop() {
     _c=$1
     shift
@@ -87,5 +88,18 @@ random_loop() {
         --concurrency "$_c" --phase random --json > "$T/random.json"
     sed -n '/"closed_loop"/,$p' "$T/random.json" > "$T/random-closed.json"
     rt=$(awk -v s="$(num ttft_s "$T/random-closed.json")" 'BEGIN { printf "%.1f", s * 1000 }')
+    rp=$(awk -v s="$(num tpot_s "$T/random-closed.json")" 'BEGIN { printf "%.2f", s * 1000 }')
     ro=$(awk -v s="$(num output_tokens_per_s "$T/random-closed.json")" 'BEGIN { printf "%.1f", s }')
+    rb=$(awk -v s="$(num batch "$T/random-closed.json")" 'BEGIN { printf "%.2f", s }')
+}
+
+# The closed-loop tables' header and one row (after closed_loop and random_loop for C): the run's
+# phase is the one whose predicted decode batch is nearer the server's measured mean batch.
+loop_header() {
+    echo "| C | prompt / output tokens | measured: TTFT ms | TPOT ms | output tok/s | decode batch | phase | lockstep: batch | TTFT ms | TPOT ms | tok/s | random phases: batch | TTFT ms | TPOT ms | tok/s | server's decode step ms | model's step ms |"
+    echo "|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+}
+loop_row() {
+    _phase=$(awk -v m="$mb" -v l="$pb" -v r="$rb" 'BEGIN { d = m - l; e = m - r; print (d * d <= e * e ? "lockstep" : "random") }')
+    echo "| $1 | $isl / 64 | $mt | $mp | $mo | $mb | $_phase | $pb | $pt ($(err "$pt" "$mt")) | $pp ($(err "$pp" "$mp")) | $po ($(err "$po" "$mo")) | $rb | $rt ($(err "$rt" "$mt")) | $rp ($(err "$rp" "$mp")) | $ro ($(err "$ro" "$mo")) | $ms | $ps ($(err "$ps" "$ms")) |"
 }

@@ -86,7 +86,7 @@ for C in 1 2 4; do
     closed_loop "$C" "$PORT" $((PORT + 1)) $((PORT + 2)) --prefill dp=1,tp=1,instances=1 \
         --decode dp=1,tp=1,instances=1 --phase lockstep --num-prompts $((16 * C))
     random_loop "$C" --prefill dp=1,tp=1,instances=1 --decode dp=1,tp=1,instances=1
-    CROWS="$CROWS| $C | $isl / 64 | $pb | $pt | $mt | $(err "$pt" "$mt") | $pp | $mp | $(err "$pp" "$mp") | $po | $mo | $(err "$po" "$mo") | $rt ($(err "$rt" "$mt")) | $ro ($(err "$ro" "$mo")) | $ms ($mb) | $ps ($(err "$ps" "$ms")) |
+    CROWS="$CROWS$(loop_row "$C")
 "
 done
 
@@ -106,24 +106,27 @@ done
         echo "The same \`pdmoe up\` and calibrated hardware file;"
     fi
     echo "C clients, each sending its next request when its last one finishes: \`pdmoe bench serve --request-rate inf"
-    echo "--max-concurrency C --input-len 48 --output-len 64 --num-prompts 16C --prompts text\`, against \`pdmoe plan"
-    echo "... --max-num-seqs 16 --isl N --osl 64 --concurrency C --phase lockstep --num-prompts 16C --json\` (its"
-    echo "\`closed_loop\` object: the lockstep loop of lockstep.c, prefill and decode ranks stepped side by side over as"
-    echo "many requests as bench serve sends, whose clients send requests all alike and start together; 16 is the"
-    echo "decode server's max-num-seqs; N counted by the prefill server's /metrics). Means. Output tokens/s is the"
-    echo "whole run's, the first requests' ramp and the last ones' drain included, in both. Batch: the model's mean"
-    echo "decode batch. Then the random-phase loop's prediction (\`--phase random\`, the mean value analysis of"
-    echo "perf.c) against the same measurement, and the decode server's own decode-only steps over the run (its"
-    echo "\`pdmoe_engine_step*_total{kind=\"decode\"}\` counters: mean time, and in brackets mean batch) against the"
-    echo "model's step at that batch, which separates the step's cost from the loop's."
+    echo "--max-concurrency C --input-len 48 --output-len 64 --num-prompts 16C --prompts text\` (means; output tokens/s"
+    echo "the whole run's, the first requests' ramp and the last ones' drain included), against \`pdmoe plan ..."
+    echo "--max-num-seqs 16 --isl N --osl 64 --concurrency C --json\` (its \`closed_loop\` object; 16 is the decode"
+    echo "server's max-num-seqs; N counted by the prefill server's /metrics) in both phases: \`--phase lockstep"
+    echo "--num-prompts 16C\` (lockstep.c: prefill and decode ranks stepped side by side over as many requests as bench"
+    echo "serve sends, the clients' prompts arriving together) and \`--phase random\` (the mean value analysis of perf.c,"
+    echo "the clients spread over the cycle). The decode batch and step measured are the decode server's (its"
+    echo "\`pdmoe_engine_step*_total{kind=\"decode\"}\` counters over the run), the model's step is at that batch rounded;"
+    echo "the phase column names the prediction whose decode batch is nearer the measured one. Errors in brackets."
     echo
-    echo "| C | prompt / output tokens | batch predicted | TTFT predicted ms | TTFT measured ms | error | TPOT predicted ms | TPOT measured ms | error | output tok/s predicted | measured | error | random phases: TTFT ms | random phases: tok/s | server's decode step ms (batch) | model's step ms |"
-    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    loop_header
     printf "%s" "$CROWS"
     echo
-    echo "Reading: in lockstep the clients' prompts arrive together and are prefilled in one step, then decode"
-    echo "together, as the engine's servers run them; the random-phase loop spreads the same clients over the"
-    echo "cycle and so predicts shorter prefill waits and smaller decode batches than this benchmark produces."
+    echo "Reading: requests all alike in a closed loop have two stable phases. When the first prompts reach the"
+    echo "prefill server in the same step, they are prefilled, handed off and decoded together, and finish together,"
+    echo "so every later cycle starts together again (lockstep: each prompt waits for the others' prefill, and decodes"
+    echo "at batch C). When the first prompt starts a step alone (the server starts a step as soon as one is queued),"
+    echo "the clients stay apart for the rest of the run, and the random-phase loop describes them. Which one a run"
+    echo "falls into is decided by microseconds of arrival jitter, and a run can end between the two (some clients"
+    echo "together, others apart); the server's mean decode batch says where it was. The model's step at the"
+    echo "measured batch against the server's own steps separates the step's cost (its error) from the loop's."
 } > "$T/closed.md"
 
 if [ $CLOSED_ONLY = 1 ]; then
