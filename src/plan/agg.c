@@ -107,7 +107,7 @@ int64_t pd_perf_agg_batch(const struct pd_plan *p, const struct pd_workload *w)
     return lo;
 }
 
-void pd_perf_agg(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f)
+int pd_perf_agg(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f, pd_err *e)
 {
     const struct pd_role_plan *D = &p->role[PD_ROLE_DECODE];
     struct pd_agg *a = &f->agg;
@@ -143,7 +143,7 @@ void pd_perf_agg(const struct pd_plan *p, const struct pd_workload *w, struct pd
                           ? PD_BOUND_CAPACITY : a->decode_step.bound;
     f->fits = D->b.fits_weights && a->batch >= 1 && slots <= a->batch_cap && a->chunk >= 1;
     if (w->concurrency > 0 && w->lockstep) {
-        pd_perf_lockstep(p, w, slots, &f->closed, NULL);
+        return pd_perf_lockstep(p, w, slots, &f->closed, NULL, e);
     } else if (w->concurrency > 0) {
         struct pd_agg_curve c;
         int64_t n = w->concurrency < slots ? w->concurrency : slots;
@@ -154,6 +154,7 @@ void pd_perf_agg(const struct pd_plan *p, const struct pd_workload *w, struct pd
             f->closed.cycle_s = INFINITY;
         }
     }
+    return 0;
 }
 
 int pd_perf_agg_curve(const struct pd_plan *p, const struct pd_workload *w, int64_t n, struct pd_agg_curve *c)
@@ -246,6 +247,7 @@ void pd_perf_agg_closed(const struct pd_agg_curve *c, int64_t clients, int64_t o
     out->req_s = x * S;
     out->tok_s = out->req_s * (double)osl;
     out->tok_s_card = cards > 0 ? out->tok_s / cards : 0;
+    out->slots = slots > 1 ? slots : 1;
 }
 
 void pd_perf_agg_text(const struct pd_plan *p, const struct pd_perf *f, void *file)

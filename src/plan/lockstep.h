@@ -32,19 +32,24 @@ struct pd_lockstep {
  * means, its requests/s being all requests over the run's duration (a benchmark's
  * output_throughput); 0: the steady state, each client's 2nd to 16th request (its first is the
  * ramp: all prompts arriving at once). `detail` may be NULL. */
-void pd_perf_lockstep(const struct pd_plan *p, const struct pd_workload *w, int64_t slots, struct pd_closed *out,
-                      struct pd_lockstep *detail);
+int pd_perf_lockstep(const struct pd_plan *p, const struct pd_workload *w, int64_t slots, struct pd_closed *out,
+                     struct pd_lockstep *detail, pd_err *e);
 
 /* The same for a disaggregated plan (lockstep.c gives the loop): the prompts on the prefill DP
  * ranks, each handed off to a decode DP rank (at most f->batch sequences each), with the
  * per-request cost and the hand-off time of f (pd_perf_prefill and pd_perf_decode filled it);
  * w->num_prompts and w->prefill_max_requests as above. */
-void pd_perf_lockstep_pd(const struct pd_plan *p, const struct pd_workload *w, const struct pd_perf *f,
-                         struct pd_closed *out);
+int pd_perf_lockstep_pd(const struct pd_plan *p, const struct pd_workload *w, const struct pd_perf *f,
+                        struct pd_closed *out, pd_err *e);
 
-/* The run's cost grows with the clients of a rank (each step visits them): lockstep is refused
- * past this many per DP rank, with a message naming the flag. */
+/* The run's cost is its steps (each visits the sequences in it, an event costs log(clients)):
+ * lockstep is refused past PD_LOCKSTEP_MAX_CLIENTS clients per DP rank before it runs, and a run
+ * that would take more than PD_LOCKSTEP_MAX_STEPS steps on one rank (aggregated) or on one group
+ * of ranks sharing clients (disaggregated; about 2 s here) stops there, or is refused before it
+ * runs when its prompts' chunks and its decode steps at full slots already exceed it; both with an error
+ * naming the flags (pd_perf_lockstep and pd_perf_lockstep_pd return it: PD_EINVAL). */
 #define PD_LOCKSTEP_MAX_CLIENTS 4096
+#define PD_LOCKSTEP_MAX_STEPS (1 << 22)
 int pd_perf_lockstep_check(const struct pd_plan *p, const struct pd_workload *w, pd_err *e);
 
 #endif

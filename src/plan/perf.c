@@ -598,6 +598,7 @@ void pd_perf_closed(int64_t clients, int64_t osl, double pre_s, double prefill_s
     out->ttft_s = pre_s + out->wait_s + st;
     out->req_s = x;
     out->tok_s = x * (double)osl;
+    out->slots = slots > 1 ? slots : 1;
     out->tok_s_card = cards > 0 ? out->tok_s / cards : 0;
 }
 
@@ -623,8 +624,7 @@ int pd_perf_eval(const struct pd_plan *p, const struct pd_workload *w, struct pd
     if (p->o.aggregated) {
         if (w->lockstep && (rc = pd_perf_lockstep_check(p, w, e)))
             return rc;
-        pd_perf_agg(p, w, f);
-        return 0;
+        return pd_perf_agg(p, w, f, e);
     }
     if (w->lockstep && w->prefill_first)
         return pd_err_set(e, PD_EINVAL, "--schedule prefill-first: a schedule of aggregated steps (--aggregated); a "
@@ -635,7 +635,7 @@ int pd_perf_eval(const struct pd_plan *p, const struct pd_workload *w, struct pd
     pd_perf_decode(p, w, f);
     pd_perf_combine(p, w, f);
     if (w->concurrency > 0 && w->lockstep) {
-        pd_perf_lockstep_pd(p, w, f, &f->closed);
+        return pd_perf_lockstep_pd(p, w, f, &f->closed, e);
     } else if (w->concurrency > 0) {
         const struct pd_role_plan *D = &p->role[PD_ROLE_DECODE];
         struct decode_ctx d = {p, pd_perf_decode_tokens(p), w->decode_ctx > 0 ? w->decode_ctx : w->isl + w->osl / 2};
@@ -730,7 +730,7 @@ static void closed_text(FILE *o, const struct pd_perf *f)
         fprintf(o, "    TTFT          %10.1f ms  (%.1f ms of it waiting for %s)\n", c->ttft_s * 1e3, c->wait_s * 1e3,
                 c->limit == PD_CLOSED_DECODE_SLOTS ? "a decode slot" : "prefill");
         fprintf(o, "    TPOT          %10.2f ms  (batch %.2f per decode DP rank of %lld slots)\n", c->tpot_s * 1e3,
-                c->batch, (long long)(f->batch > 1 ? f->batch : 1));
+                c->batch, (long long)c->slots);
         fprintf(o, "    cycle         %10.1f ms  = TTFT + (osl - 1) x TPOT\n", c->cycle_s * 1e3);
         fprintf(o, "    throughput    %10.2f requests/s, %.1f output tokens/s (%.1f per card)\n", c->req_s, c->tok_s,
                 c->tok_s_card);
@@ -752,9 +752,9 @@ static json_t *closed_json(const struct pd_perf *f)
         return json_null();
     if (!isfinite(c->cycle_s))
         return json_pack("{s:I,s:n}", "concurrency", (json_int_t)f->w.concurrency, "cycle_s");
-    return json_pack("{s:I,s:s,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:s}", "concurrency", (json_int_t)f->w.concurrency,
+    return json_pack("{s:I,s:s,s:f,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:s}", "concurrency", (json_int_t)f->w.concurrency,
                      "phase", f->w.lockstep ? "lockstep" : "random",
-                     "batch", c->batch, "wait_s", c->wait_s, "ttft_s", c->ttft_s, "tpot_s", c->tpot_s, "cycle_s",
+                     "batch", c->batch, "slots", (json_int_t)c->slots, "wait_s", c->wait_s, "ttft_s", c->ttft_s, "tpot_s", c->tpot_s, "cycle_s",
                      c->cycle_s, "requests_per_s", c->req_s, "output_tokens_per_s", c->tok_s,
                      "output_tokens_per_s_card", c->tok_s_card, "limit", pd_closed_limit_name(c->limit));
 }

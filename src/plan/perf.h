@@ -74,6 +74,7 @@ struct pd_closed {
     double tok_s;                /* C x osl / cycle_s output tokens/s, the whole deployment */
     double tok_s_card;
     enum pd_closed_limit limit;  /* what sets the cycle: the clients alone, prefill's capacity, decode's slots */
+    int64_t slots;               /* sequences a decode DP rank holds in the loop (batch is at most this) */
 };
 const char *pd_closed_limit_name(enum pd_closed_limit l);
 
@@ -189,7 +190,7 @@ void pd_perf_closed(int64_t clients, int64_t osl, double pre_s, double prefill_s
 /* Aggregated instances (agg.c). pd_perf_agg fills f for a plan whose o.aggregated is set (both
  * roles the colocated layout): the pd_agg at pd_perf_agg_batch, then TTFT,
  * TPOT, requests/s and tokens/s per card in f's shared fields, and the closed loop. */
-void pd_perf_agg(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f);
+int pd_perf_agg(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f, pd_err *e);
 /* The slots of an aggregated DP rank: w->decode_batch, else the sequences its KV pool holds at
  * isl + osl capped by max-num-seqs; at most the batch that leaves a prompt token in a step. */
 int64_t pd_perf_agg_slots(const struct pd_plan *p, const struct pd_workload *w);

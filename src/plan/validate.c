@@ -157,7 +157,7 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
     rc = min_user > 0 ? batch_for_speed(&p, &w, min_user, &v->perf, e) : pd_perf_eval(&p, &w, &v->perf, e);
     if (!rc && w.lockstep && o.aggregated) {   /* the busiest rank's run, for the breakdown */
         struct pd_closed again;
-        pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &again, &v->lock);
+        rc = pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &again, &v->lock, e);
     }
     if (rc)
         pd_err_prefix(e, "%s: case \"%s\": ", label, v->name);

@@ -4,6 +4,8 @@
  * plan's prefill and decode ranks. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "plan/lockstep.h"
@@ -113,7 +115,7 @@ Test(lockstep, one_wave_with_a_prefill_cap)
     w.prefill_max_requests = 2;
     struct pd_closed c;
     struct pd_lockstep d;
-    pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &c, &d);
+    cr_assert_eq(pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &c, &d, NULL), 0);
     cr_assert_eq(d.clients, 10);
     cr_assert_eq(d.requests, 1);
     cr_assert_eq(d.mixed_steps, 5);
@@ -125,7 +127,7 @@ Test(lockstep, one_wave_with_a_prefill_cap)
     cr_assert_float_eq(d.duration_s, p.hw.eff.request_s + d.mixed_s + d.decode_s, 1e-9);
     /* without the cap all ten prompts (5,000 tokens) go in as the budget allows: 3 steps */
     w.prefill_max_requests = 0;
-    pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &c, &d);
+    cr_assert_eq(pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &c, &d, NULL), 0);
     cr_assert_eq(d.mixed_steps, 3);
     pd_plan_free(&p);
 }
@@ -146,7 +148,7 @@ Test(lockstep, prefill_first_runs_the_rounds_first)
     w.prefill_first = 1;
     struct pd_closed c, d;
     struct pd_lockstep l;
-    pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &c, &l);
+    cr_assert_eq(pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &c, &l, NULL), 0);
     const double round = step_s(&p, PD_ROLE_PREFILL, (struct pd_step_part){0, 0, 0}, (struct pd_step_part){2, 500, 0});
     cr_assert_eq(l.mixed_steps, 5);
     cr_assert_float_eq(l.mixed_s, 5 * round, 1e-12);
@@ -154,7 +156,7 @@ Test(lockstep, prefill_first_runs_the_rounds_first)
     cr_assert_float_eq(c.tpot_s, (2 * round + decode_steps(&p, 10, 500, 20)) / 19, 1e-12);
     cr_assert_float_eq(c.batch, 10, 1e-12);
     w.prefill_first = 0;
-    pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &d, NULL);
+    cr_assert_eq(pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &d, NULL, NULL), 0);
     cr_assert_gt(d.ttft_s, c.ttft_s);
     cr_assert_lt(d.tpot_s, c.tpot_s);
     pd_plan_free(&p);
@@ -173,7 +175,7 @@ Test(lockstep, mtp_and_ranks)
     w.num_prompts = 3;
     struct pd_closed c;
     struct pd_lockstep d;
-    pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &c, &d);
+    cr_assert_eq(pd_perf_lockstep(&p, &w, pd_perf_agg_slots(&p, &w), &c, &d, NULL), 0);
     cr_assert_eq(d.clients, 2, "3 clients over 2 ranks: 2 on the busiest");
     cr_assert_eq(d.mixed_steps, 1);
     cr_assert_eq(d.steps - d.mixed_steps, (int64_t)ceil(100 / tps - 1e-9));
@@ -226,9 +228,9 @@ Test(lockstep, refused_by_name)
     pd_plan_free(&q);
 }
 
-/* v4-tiny disaggregated: prefill and decode `inst` instances of dp 1 each, chunk budget M, decode
- * slots `seqs`, without MTP. */
-static void pd_lock_plan(struct pd_plan *p, int inst, int64_t M, int64_t seqs)
+/* v4-tiny disaggregated: `pinst` prefill and `dinst` decode instances of dp 1 each, chunk budget M,
+ * decode slots `seqs`, without MTP. */
+static void pd_lock_plan2(struct pd_plan *p, int pinst, int dinst, int64_t M, int64_t seqs)
 {
     struct pd_plan_opts o;
     pd_plan_opts_default(&o);
@@ -237,8 +239,14 @@ static void pd_lock_plan(struct pd_plan *p, int inst, int64_t M, int64_t seqs)
     o.max_num_batched_tokens = M;
     o.max_num_seqs = seqs;
     o.mtp = 0;
-    o.role[PD_ROLE_PREFILL] = o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 1, .tp = 1, .instances = inst};
+    o.role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 1, .tp = 1, .instances = pinst};
+    o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 1, .tp = 1, .instances = dinst};
     build(&o, p);
+}
+
+static void pd_lock_plan(struct pd_plan *p, int inst, int64_t M, int64_t seqs)
+{
+    pd_lock_plan2(p, inst, inst, M, seqs);
 }
 
 static double decode_step(const struct pd_plan *p, int64_t seqs, int64_t ctx)
@@ -350,4 +358,123 @@ Test(lockstep, disaggregated_instances_are_copies)
     cr_assert_float_eq(f2.closed.batch, f1.closed.batch, 1e-12);
     pd_plan_free(&p1);
     pd_plan_free(&p2);
+}
+
+/* Ranks that share no client never meet: 2 prefill and 4 decode instances (clients i on prefill i
+ * mod 2, decode i mod 4) are two copies of 1 prefill and 2 decode instances, with half the
+ * clients each; 3 clients over them are one group of 2 and one of 1. */
+Test(lockstep, disaggregated_groups_are_copies)
+{
+    struct pd_plan p1, p2;
+    pd_lock_plan2(&p1, 1, 2, 512, 64);
+    pd_lock_plan2(&p2, 2, 4, 512, 64);
+    struct pd_workload w;
+    struct pd_perf f1, f2, g1;
+    pd_err e = {0};
+    lock_workload(&w, 700, 30, 6);
+    cr_assert_eq(pd_perf_eval(&p1, &w, &f1, &e), 0, "%s", e.msg);
+    lock_workload(&w, 700, 30, 12);
+    cr_assert_eq(pd_perf_eval(&p2, &w, &f2, &e), 0, "%s", e.msg);
+    cr_assert_float_eq(f2.closed.ttft_s, f1.closed.ttft_s, 1e-12);
+    cr_assert_float_eq(f2.closed.tpot_s, f1.closed.tpot_s, 1e-12);
+    cr_assert_float_eq(f2.closed.req_s, 2 * f1.closed.req_s, 1e-9 * f2.closed.req_s);
+    /* 3 clients: the group of 2 (clients 0 and 2) and of 1 (client 1), requests weighted alike */
+    lock_workload(&w, 700, 30, 2);
+    cr_assert_eq(pd_perf_eval(&p1, &w, &f1, &e), 0, "%s", e.msg);
+    lock_workload(&w, 700, 30, 1);
+    cr_assert_eq(pd_perf_eval(&p1, &w, &g1, &e), 0, "%s", e.msg);
+    lock_workload(&w, 700, 30, 3);
+    cr_assert_eq(pd_perf_eval(&p2, &w, &f2, &e), 0, "%s", e.msg);
+    cr_assert_float_eq(f2.closed.ttft_s, (2 * f1.closed.ttft_s + g1.closed.ttft_s) / 3, 1e-12);
+    cr_assert_float_eq(f2.closed.req_s, f1.closed.req_s + g1.closed.req_s, 1e-9 * f2.closed.req_s);
+    pd_plan_free(&p1);
+    pd_plan_free(&p2);
+}
+
+/* Many clients run in the time of their steps, not clients x steps: 32,768 clients over 32
+ * prefill and 32 decode instances of 64 slots, 1,000 output tokens each (the loop that visited
+ * every client at every event took more than a minute), as 32 copies of 1,024 clients. */
+Test(lockstep, disaggregated_many_clients_run_in_their_steps, .timeout = 20)
+{
+    struct pd_plan p1, p32;
+    pd_lock_plan(&p1, 1, 2048, 64);
+    pd_lock_plan(&p32, 32, 2048, 64);
+    struct pd_workload w;
+    struct pd_perf f1, f32;
+    pd_err e = {0};
+    lock_workload(&w, 1000, 1000, 1024);
+    cr_assert_eq(pd_perf_eval(&p1, &w, &f1, &e), 0, "%s", e.msg);
+    lock_workload(&w, 1000, 1000, 32768);
+    cr_assert_eq(pd_perf_eval(&p32, &w, &f32, &e), 0, "%s", e.msg);
+    cr_assert_float_eq(f32.closed.ttft_s, f1.closed.ttft_s, 1e-12);
+    cr_assert_float_eq(f32.closed.tpot_s, f1.closed.tpot_s, 1e-12);
+    cr_assert_float_eq(f32.closed.batch, f1.closed.batch, 1e-9);
+    cr_assert_float_eq(f32.closed.req_s, 32 * f1.closed.req_s, 1e-9 * f32.closed.req_s);
+    cr_assert_leq(f1.closed.batch, 64 + 1e-12);
+    cr_assert_gt(f1.closed.batch, 63);
+    cr_assert_eq(f1.closed.slots, 64);
+    pd_plan_free(&p1);
+    pd_plan_free(&p32);
+}
+
+/* A run longer than PD_LOCKSTEP_MAX_STEPS steps is refused, naming the flags, before it runs when
+ * its chunks and full-slot decode steps alone exceed it (aggregated and disaggregated), and when
+ * it reaches it otherwise: the seed's model with one prefill rank feeding 32 decode ranks, whose
+ * steps are then of about one sequence each, far more than at full slots. */
+Test(lockstep, past_the_steps_refused_by_name, .timeout = 60)
+{
+    struct pd_plan a, d, fan;
+    lock_plan(&a, 1, 512, 0);
+    pd_lock_plan(&d, 1, 512, 64);
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    o.nodes = 5;
+    o.role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 1, .tp = 1, .instances = 1};
+    o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 32, .tp = 1, .instances = 1};
+    build(&o, &fan);
+    struct pd_workload w;
+    struct pd_perf f;
+    pd_err e = {0};
+    lock_workload(&w, 100, 1000, 1);
+    w.num_prompts = PD_LOCKSTEP_MAX_STEPS / 100;
+    cr_assert_eq(pd_perf_eval(&a, &w, &f, &e), PD_EINVAL);
+    cr_assert(strstr(e.msg, "--phase lockstep: 1 client on one DP rank") && strstr(e.msg, "--num-prompts") &&
+              strstr(e.msg, "--phase random"), "%s", e.msg);
+    cr_assert_eq(pd_perf_eval(&d, &w, &f, &e), PD_EINVAL);
+    cr_assert(strstr(e.msg, "on 1 prefill and 1 decode DP ranks") && strstr(e.msg, "steps"), "%s", e.msg);
+    /* at full slots, 65,536 chunks and 1.2M decode steps; one sequence a step, 38M */
+    lock_workload(&w, 4096, 1024, 4096);
+    cr_assert_eq(pd_perf_eval(&fan, &w, &f, &e), PD_EINVAL);
+    cr_assert(strstr(e.msg, "4096 clients on 1 prefill and 32 decode DP ranks, 16 requests"), "%s", e.msg);
+    pd_plan_free(&a);
+    pd_plan_free(&d);
+    pd_plan_free(&fan);
+}
+
+/* The slots a closed loop's batch is quoted against are the loop's own: an aggregated rank's
+ * (pd_perf_agg_slots), not the batch its prompts keep fed (long prompts, short outputs: far
+ * fewer), which the loop may exceed. */
+Test(lockstep, batch_quoted_against_the_loops_slots)
+{
+    struct pd_plan p;
+    lock_plan(&p, 1, 512, 0);
+    struct pd_workload w;
+    struct pd_perf f;
+    pd_err e = {0};
+    lock_workload(&w, 4000, 20, 256);
+    for (int lock = 0; lock < 2; lock++) {
+        w.lockstep = lock;
+        cr_assert_eq(pd_perf_eval(&p, &w, &f, &e), 0, "%s", e.msg);
+        const int64_t slots = pd_perf_agg_slots(&p, &w);
+        cr_assert_eq(f.closed.slots, slots);
+        cr_assert_lt(f.batch, slots, "the fed batch %lld is below the slots %lld", (long long)f.batch,
+                     (long long)slots);
+        cr_assert_leq(f.closed.batch, (double)slots + 1e-9);
+        char want[64];
+        snprintf(want, sizeof want, "per decode DP rank of %lld slots", (long long)slots);
+        char *t = pd_perf_text(&p, &f);
+        cr_assert(strstr(t, want), "%s", t);
+        free(t);
+    }
+    pd_plan_free(&p);
 }

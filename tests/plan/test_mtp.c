@@ -202,7 +202,7 @@ Test(mtp, every_tpot_uses_the_equation)
     cr_assert_float_eq(f.closed.tpot_s, s.total_s / tps, 1e-9);
     p.o.aggregated = 1;
     w.concurrency = 0;
-    pd_perf_agg(&p, &w, &f);
+    cr_assert_eq(pd_perf_agg(&p, &w, &f, &e), 0, "%s", e.msg);
     cr_assert_float_eq(f.tokens_per_step, tps, 1e-12);
     cr_assert_float_eq(f.tpot_s, f.agg.step_s / tps, 1e-12);
     cr_assert_eq(f.agg.chunk, p.o.max_num_batched_tokens - f.agg.batch * 4);
