@@ -355,6 +355,21 @@ static double erlang_c(int c, double a)
     return last / (sum + last);
 }
 
+/* A request the servers would refuse is no workload to predict: vLLM answers 400 when prompt +
+ * max_tokens exceed max_model_len, and no model places tokens past its max_position_embeddings.
+ * (Compared as differences: lengths near INT64_MAX must not wrap.) */
+static int check_length(const struct pd_plan *p, const struct pd_workload *w, pd_err *e)
+{
+    const int64_t len = p->o.max_model_len, pos = p->model.max_position_embeddings;
+    if (w->isl > len - w->osl)
+        return pd_err_set(e, PD_EINVAL, "--isl %lld + --osl %lld: more than --max-model-len %lld tokens, a request the "
+                          "servers would refuse", (long long)w->isl, (long long)w->osl, (long long)len);
+    if (pos > 0 && w->isl > pos - w->osl)
+        return pd_err_set(e, PD_EINVAL, "--isl %lld + --osl %lld: more than the model's max_position_embeddings %lld "
+                          "tokens", (long long)w->isl, (long long)w->osl, (long long)pos);
+    return 0;
+}
+
 static int check_workload(const struct pd_workload *w, pd_err *e)
 {
     if (w->isl < 1 || w->osl < 1)
@@ -620,6 +635,8 @@ int pd_perf_eval(const struct pd_plan *p, const struct pd_workload *w, struct pd
     memset(f, 0, sizeof *f);
     int rc = check_workload(w, e);
     if (rc)
+        return rc;
+    if ((rc = check_length(p, w, e)))
         return rc;
     if (p->o.aggregated) {
         if (w->lockstep && (rc = pd_perf_lockstep_check(p, w, e)))

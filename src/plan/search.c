@@ -312,7 +312,7 @@ int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e
     struct pd_plan p;
     if ((rc = pd_plan_build(&base, &p, e)))
         return rc;
-    if (o->w.isl < 1 || o->w.osl < 1 || o->w.isl + o->w.osl > base.max_model_len) {
+    if (o->w.isl < 1 || o->w.osl < 1 || o->w.isl > base.max_model_len - o->w.osl) {
         rc = pd_err_set(e, PD_EINVAL, "--isl %lld + --osl %lld: must be at least 1 each and at most --max-model-len %lld",
                         (long long)o->w.isl, (long long)o->w.osl, (long long)base.max_model_len);
         pd_plan_free(&p);

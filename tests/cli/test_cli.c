@@ -321,6 +321,15 @@ Test(cli, perf_search_validate)
     expect_error("search --tpot-ms -3", "--tpot-ms");
     expect_error("search --emit slurm", "--emit");
     expect_error("search --isl 100000 --max-model-len 8192", "--max-model-len");
+    /* a request the servers would refuse is not predicted: plan ran its prefill to 450 s at --isl
+     * 1,000,000 over the default 32,768, and a sum that wrapped past INT64_MAX hung both */
+    expect_error("plan --isl 1000000 --osl 16", "--isl 1000000 + --osl 16: more than --max-model-len 32768 tokens");
+    expect_error("plan --isl 9223372036854775807 --osl 16", "more than --max-model-len 32768");
+    expect_error("search --isl 9223372036854775807 --osl 16", "at most --max-model-len 32768");
+    expect_error("plan --max-model-len 2000000 --isl 1048000 --osl 1000",
+                 "more than the model's max_position_embeddings 1048576 tokens");
+    expect_error("plan --aggregated dp=8,tp=1,instances=8 --isl 32000 --osl 1000 --concurrency 4",
+                 "more than --max-model-len 32768");
     expect_error("search --cards 32 --html /nonexistent-dir/r.html", "--html /nonexistent-dir/r.html: cannot write");
     expect_error("plan --html /nonexistent-dir/r.html", "--html /nonexistent-dir/r.html: cannot write");
     expect_error("plan --expert-stats /nonexistent-dir/s.json", "/nonexistent-dir/s.json");
