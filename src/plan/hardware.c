@@ -96,6 +96,14 @@ int pd_hardware_parse(const char *text, const char *label, struct pd_hardware *h
         (rc = pd_json_num(&cs, card, "int8_ops", 1, 0, 0, 1e18, &h->int8_ops, e)) ||
         (rc = pd_json_num(&cs, card, "fp8_flops", 0, 0, 0, 1e18, &h->fp8_flops, e)))
         goto out;
+    /* 0 says the card has no such unit (the formats fall back to bf16); a rate below one
+     * operation a second is no rate: the predictions would be infinite */
+    const char *none = h->int8_ops > 0 && h->int8_ops < 1 ? "int8_ops" : h->fp8_flops > 0 && h->fp8_flops < 1 ? "fp8_flops" : NULL;
+    if (none) {
+        rc = pd_err_set(e, PD_EINVAL, "%s: field \"card.%s\": %g is neither 0 (no such unit) nor at least 1", label, none,
+                        strcmp(none, "int8_ops") == 0 ? h->int8_ops : h->fp8_flops);
+        goto out;
+    }
     h->card_memory_bytes = (int64_t)mem;
     json_t *links = json_object_get(root, "links");
     if (!json_is_object(links)) {

@@ -74,6 +74,13 @@ Test(hardware, bad_files)
         "\"intra_node\":{\"name\":\"a\",\"bandwidth_Bps\":1e9,\"latency_s\":0},"
         "\"inter_node_rdma\":{\"name\":\"a\",\"bandwidth_Bps\":\"fast\",\"latency_s\":0}}}",
         "\"links.inter_node_rdma.bandwidth_Bps\": expected a number");
+    /* an int8 rate of 1e-300 ops/s gave an infinite TTFT; 0 (no unit) falls back to bf16 */
+    bad("{\"name\":\"x\",\"cards_per_node\":8,\"card\":{\"name\":\"c\",\"memory_bytes\":1e9,"
+        "\"memory_bandwidth_Bps\":1e12,\"bf16_flops\":1e14,\"int8_ops\":1e-300}}",
+        "\"card.int8_ops\": 1e-300 is neither 0 (no such unit) nor at least 1");
+    bad("{\"name\":\"x\",\"cards_per_node\":8,\"card\":{\"name\":\"c\",\"memory_bytes\":1e9,"
+        "\"memory_bandwidth_Bps\":1e12,\"bf16_flops\":1e14,\"int8_ops\":0,\"fp8_flops\":0.5}}",
+        "\"card.fp8_flops\": 0.5 is neither 0");
 }
 
 /* Efficiency factors: required, in range, and each with its source (no hidden constants). */
