@@ -39,6 +39,12 @@ struct pd_bench_machine {
 };
 int pd_bench_machine_measure(int threads, int quick, struct pd_bench_machine *m);
 
+/* Instruction-probe peaks of `threads` threads (pool: NULL for one): *fp32 the flops/s of
+ * independent 512-bit FMA chains (the engine's float products; 0 without AVX-512), *int8 the
+ * int8 ops/s of independent VPDPBUSD chains, or of AMX tiles where they are faster (0 with
+ * neither). For bounds: no kernel of those instructions goes faster. */
+void pd_bench_peaks(pd_pool *pool, int threads, int quick, double *fp32, double *int8);
+
 /* Best seconds (*best) of one engine step of `seqs` fresh sequences adding `tokens` each after
  * `ctx` cached tokens, over `reps` repetitions after a warm-up; with steps > 1 the mean of that
  * many consecutive steps (a decode in its steady state). Sequence b reads the token ids of `text`

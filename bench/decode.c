@@ -3,6 +3,13 @@
  * bandwidth roofline: the weight bytes a step reads (dense matrices and vectors, the routed experts
  * its tokens chose, counted per step, the head) over its time, against this machine's multi-stream
  * read bandwidth at the same thread count (bench kernels' ceiling), measured in the same run.
+ * Beside it the fraction of the roofline with arithmetic in it, the least time a step can take:
+ *   bound = sum over the dense matrices (and vectors) of max(bytes / bandwidth, 2 T params / peak)
+ *           + max(routed experts' bytes / bandwidth, 2 x (token, expert) pairs x params / int8 peak)
+ * T = the batch's tokens, peak = the fp32 FMA peak for float matrices (bf16 ones are widened and
+ * multiplied in fp32) and the int8 peak for int8 ones, each from an instruction probe at the same
+ * thread count (pd_bench_peaks). At batch 1 it is the bandwidth roofline; at 16 the float
+ * matrices cost 32 flops per 2 bytes read, which no CPU here does at its bandwidth.
  * Also per step: the pool's dispatches and wake-ups (what a decode step costs in hand-offs) and
  * the process's CPU time (which stays meaningful on a busy machine, where wall-clock scaling does
  * not: the load average is printed beside it); at 1 thread the roofline fraction again with the
@@ -33,26 +40,70 @@ static double expert_bytes(const struct pd_expert_w *x)
     return lin_bytes(&x->w1) + lin_bytes(&x->w2) + lin_bytes(&x->w3);
 }
 
-/* Weight bytes a decode step reads whatever its tokens: every dense matrix and vector of every
- * layer (the routed experts excluded), the head; the embedding one row per token (not counted). */
-static double dense_bytes(const struct pd_engine *en)
+/* The machine's ceilings at one thread count: read bandwidth (bytes/s), fp32 FMA and int8 peaks
+ * (ops/s; 0: not probed, arithmetic left out of the bound). */
+struct ceilings {
+    double bw, fp32, int8;
+};
+
+/* A step's dense weights: their bytes, and the least time T tokens' products over them take. */
+struct dense {
+    double bytes, bound_s;
+};
+
+/* Adds `bytes` of weights holding `params` values, multiplied for T tokens at `peak`. */
+static void add_weights(struct dense *d, double bytes, double params, double T, double peak,
+                        const struct ceilings *c)
+{
+    const double mem = bytes / c->bw, ops = peak > 0 ? 2 * T * params / peak : 0;
+    d->bytes += bytes;
+    d->bound_s += mem > ops ? mem : ops;
+}
+
+static void add_lin(struct dense *d, const struct pd_linear *l, double T, const struct ceilings *c)
+{
+    add_weights(d, lin_bytes(l), (double)l->out * l->in, T, l->q.q ? c->int8 : c->fp32, c);
+}
+
+static void add_expert(struct dense *d, const struct pd_expert_w *x, double T, const struct ceilings *c)
+{
+    add_lin(d, &x->w1, T, c);
+    add_lin(d, &x->w2, T, c);
+    add_lin(d, &x->w3, T, c);
+}
+
+/* Weights a decode step of T tokens reads whatever its tokens choose: every dense matrix and vector of
+ * every layer (the routed experts excluded), the head; the embedding one row per token (not
+ * counted). The mHC vectors are fp32 products as the float matrices are. */
+static struct dense dense_weights(const struct pd_engine *en, double T, const struct ceilings *c)
 {
     const struct pd_model *m = &en->model;
     const double H = (double)m->hidden_size, hc = m->hc_mult, mix = (2 + hc) * hc;
-    double b = lin_bytes(&en->w.head) + 4 * (hc * hc * H + H);
+    struct dense d = {0, 0};
+    add_lin(&d, &en->w.head, T, c);
+    add_weights(&d, 4 * (hc * hc * H + H), hc * hc * H + H, T, c->fp32, c);
     for (int l = 0; l < m->n_layers; l++) {
         const struct pd_layer_w *L = &en->w.layers[l];
-        b += 4 * (2 * mix * hc * H + 2 * H);
-        b += lin_bytes(&L->wq_a) + lin_bytes(&L->wq_b) + lin_bytes(&L->wkv) + lin_bytes(&L->wo_a) + lin_bytes(&L->wo_b);
+        add_weights(&d, 4 * (2 * mix * hc * H + 2 * H), 2 * mix * hc * H + 2 * H, T, c->fp32, c);
+        add_lin(&d, &L->wq_a, T, c);
+        add_lin(&d, &L->wq_b, T, c);
+        add_lin(&d, &L->wkv, T, c);
+        add_lin(&d, &L->wo_a, T, c);
+        add_lin(&d, &L->wo_b, T, c);
         if (L->ratio) {
-            b += lin_bytes(&L->cmp.wkv) + lin_bytes(&L->cmp.wgate);
-            if (L->ratio == 4)
-                b += lin_bytes(&L->idx_cmp.wkv) + lin_bytes(&L->idx_cmp.wgate) + lin_bytes(&L->idx_wq_b) +
-                     lin_bytes(&L->idx_weights);
+            add_lin(&d, &L->cmp.wkv, T, c);
+            add_lin(&d, &L->cmp.wgate, T, c);
+            if (L->ratio == 4) {
+                add_lin(&d, &L->idx_cmp.wkv, T, c);
+                add_lin(&d, &L->idx_cmp.wgate, T, c);
+                add_lin(&d, &L->idx_wq_b, T, c);
+                add_lin(&d, &L->idx_weights, T, c);
+            }
         }
-        b += lin_bytes(&L->gate) + expert_bytes(&L->shared);
+        add_lin(&d, &L->gate, T, c);
+        add_expert(&d, &L->shared, T, c);
     }
-    return b;
+    return d;
 }
 
 static double cpu_seconds(void)
@@ -66,6 +117,9 @@ static double cpu_seconds(void)
 struct decode_case {
     int batch, threads;
     double tok_s, step_s, cpu_s, dispatches, wakeups, bytes;
+    double experts, pairs;        /* distinct routed experts and (token, expert) pairs a step read */
+    struct dense dense;           /* the dense weights at the case's ceilings */
+    double bound_s;               /* the least time the step can take (see the top) */
     unsigned long long stalls, backoff_runs;   /* over all timed steps */
 };
 
@@ -98,8 +152,7 @@ static int run(struct pd_engine *en, int batch, int prompt, int steps, struct de
         goto out;
     struct pd_sampler sm;
     pd_sampler_init(&sm, 0, 1, 0);
-    const double xb = expert_bytes(&en->w.layers[0].experts[0]);
-    double t0 = 0, cpu0 = 0, experts = 0;
+    double t0 = 0, cpu0 = 0, experts = 0, pairs = 0;
     struct pd_pool_stats p0 = {0}, p1;
     for (int k = 0; k <= steps; k++) {
         if (k == 1) {   /* the first decode step warms the caches */
@@ -114,9 +167,11 @@ static int run(struct pd_engine *en, int batch, int prompt, int steps, struct de
         memcpy(before, en->expert_tokens, (size_t)NL * E * sizeof *before);
         if (pd_engine_step(en, it, batch, &e))
             goto out;
-        /* the distinct routed experts this step's tokens read */
-        for (size_t i = 0; k >= 1 && i < (size_t)NL * E; i++)
+        /* the distinct routed experts this step's tokens read, and their (token, expert) pairs */
+        for (size_t i = 0; k >= 1 && i < (size_t)NL * E; i++) {
             experts += en->expert_tokens[i] != before[i];
+            pairs += (double)(en->expert_tokens[i] - before[i]);
+        }
     }
     double wall = pd_now_s() - t0;
     pd_pool_stats(en->pool, &p1);
@@ -128,7 +183,8 @@ static int run(struct pd_engine *en, int batch, int prompt, int steps, struct de
     c->wakeups = (double)(p1.wakeups - p0.wakeups) / steps;
     c->stalls = p1.stalls - p0.stalls;
     c->backoff_runs = p1.backoff_runs - p0.backoff_runs;
-    c->bytes = dense_bytes(en) + experts / steps * xb;
+    c->experts = experts / steps;
+    c->pairs = pairs / steps;
     rc = 0;
 out:
     if (rc)
@@ -190,7 +246,7 @@ int pd_bench_decode(int argc, char **argv)
     /* 1 thread, then the count asked for: the scaling in one run */
     int tc[2] = {1, threads}, n_tc = threads > 1 ? 2 : 1;
     struct decode_case cases[4];
-    double bw[2], bw_cpu = 0;
+    double bw[2], bw_cpu = 0, fp32[2] = {0, 0}, int8[2] = {0, 0};
     int n_cases = 0, rc = 0;
     double load[1] = {-1};
     (void)getloadavg(load, 1);
@@ -207,6 +263,12 @@ int pd_bench_decode(int argc, char **argv)
         bw[ti] = pd_bench_read_bandwidth(en.pool, tc[ti], (size_t)(quick ? 256 : 512) << 20, quick ? 2 : 5);
         if (ti == 0)
             bw_cpu = pd_bench_read_bandwidth_cpu_time((size_t)(quick ? 256 : 512) << 20, quick ? 2 : 5);
+        pd_bench_peaks(tc[ti] > 1 ? en.pool : NULL, tc[ti], quick, &fp32[ti], &int8[ti]);
+        const struct ceilings ceil = {bw[ti], fp32[ti], int8[ti]};
+        const struct pd_expert_w *x0 = &en.w.layers[0].experts[0];
+        const double xb = expert_bytes(x0);
+        const double xp = (double)x0->w1.out * x0->w1.in + (double)x0->w2.out * x0->w2.in +
+                          (double)x0->w3.out * x0->w3.in;
         for (int batch = 1; batch <= 16; batch *= 16) {
             if (only && batch != only)
                 continue;
@@ -216,6 +278,10 @@ int pd_bench_decode(int argc, char **argv)
                 break;
             }
             dc->threads = tc[ti];
+            dc->dense = dense_weights(&en, batch, &ceil);
+            dc->bytes = dc->dense.bytes + dc->experts * xb;
+            const double mem = dc->experts * xb / ceil.bw, ops = ceil.int8 > 0 ? 2 * dc->pairs * xp / ceil.int8 : 0;
+            dc->bound_s = dc->dense.bound_s + (mem > ops ? mem : ops);
             n_cases++;
         }
         pd_engine_close(&en);
@@ -236,8 +302,11 @@ int pd_bench_decode(int argc, char **argv)
             printf("  read bandwidth, %d thread%s (8 streams each), measured now: %.2f GB/s\n", tc[ti],
                    tc[ti] > 1 ? "s" : "", bw[ti] / 1e9);
         printf("  read bandwidth, 1 thread, by its CPU time: %.2f GB/s\n", bw_cpu / 1e9);
+        for (int ti = 0; ti < n_tc; ti++)
+            printf("  peaks, %d thread%s, measured now: fp32 FMA %.1f GFLOPS, int8 %.1f Gops/s\n", tc[ti],
+                   tc[ti] > 1 ? "s" : "", fp32[ti] / 1e9, int8[ti] / 1e9);
         printf("  batch threads  tokens/s   ms/step  CPU ms/step  dispatches/step  wake-ups/step  weights MB/step  of roofline"
-               "  (by CPU time)\n");
+               "  (by CPU time)  bound ms/step  of bound\n");
     }
     for (int i = 0; i < n_cases; i++) {
         const struct decode_case *d = &cases[i];
@@ -250,7 +319,9 @@ int pd_bench_decode(int argc, char **argv)
                    d->step_s * 1e3, d->cpu_s * 1e3, d->dispatches, d->wakeups, d->bytes / 1e6, frac);
             if (d->threads == 1)
                 printf("  %13.2f", frac_cpu);
-            printf("\n");
+            else
+                printf("  %13s", "");
+            printf("  %13.3f %9.2f\n", d->bound_s * 1e3, d->bound_s / d->step_s);
         }
         json_t *o = json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "batch", d->batch, "threads",
                               d->threads, "tokens_per_s", d->tok_s, "step_ms", d->step_s * 1e3, "cpu_ms_per_step",
@@ -259,6 +330,10 @@ int pd_bench_decode(int argc, char **argv)
                               "of_bandwidth_roofline", frac);
         if (d->threads == 1)
             json_object_set_new(o, "of_bandwidth_roofline_by_cpu_time", json_real(frac_cpu));
+        json_object_set_new(o, "fp32_peak_flops", json_real(fp32[d->threads == 1 ? 0 : 1]));
+        json_object_set_new(o, "int8_peak_ops", json_real(int8[d->threads == 1 ? 0 : 1]));
+        json_object_set_new(o, "bound_ms_per_step", json_real(d->bound_s * 1e3));
+        json_object_set_new(o, "of_bandwidth_and_compute_bound", json_real(d->bound_s / d->step_s));
         json_object_set_new(o, "stalls", json_integer((json_int_t)d->stalls));
         json_object_set_new(o, "backoff_runs", json_integer((json_int_t)d->backoff_runs));
         if (!json && d->stalls)

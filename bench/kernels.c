@@ -89,6 +89,40 @@ static double now_s(void)
     return use_cpu_time ? pd_thread_cpu_s() : pd_now_s();
 }
 
+/* ---- fp32 FMA peak --------------------------------------------------------------------- */
+
+/* 16 independent 512-bit FMAs per iteration on zeros (no denormal assists): the rate of the
+ * engine's float products (dot_gemm.c's tiles are FMA chains). */
+__attribute__((target("avx512f"))) static void fma_chain(uint64_t iters)
+{
+    __asm__ volatile(
+        "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"  "vpxord %%zmm1, %%zmm1, %%zmm1\n\t"
+        "vpxord %%zmm2, %%zmm2, %%zmm2\n\t"  "vpxord %%zmm3, %%zmm3, %%zmm3\n\t"
+        "vpxord %%zmm4, %%zmm4, %%zmm4\n\t"  "vpxord %%zmm5, %%zmm5, %%zmm5\n\t"
+        "vpxord %%zmm6, %%zmm6, %%zmm6\n\t"  "vpxord %%zmm7, %%zmm7, %%zmm7\n\t"
+        "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"  "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"
+        "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"  "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"
+        "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"  "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"
+        "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"  "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"
+        "vpxord %%zmm16, %%zmm16, %%zmm16\n\t"  "vpxord %%zmm17, %%zmm17, %%zmm17\n\t"
+        "1:\n\t"
+        "vfmadd231ps %%zmm16, %%zmm17, %%zmm0\n\t"  "vfmadd231ps %%zmm16, %%zmm17, %%zmm1\n\t"
+        "vfmadd231ps %%zmm16, %%zmm17, %%zmm2\n\t"  "vfmadd231ps %%zmm16, %%zmm17, %%zmm3\n\t"
+        "vfmadd231ps %%zmm16, %%zmm17, %%zmm4\n\t"  "vfmadd231ps %%zmm16, %%zmm17, %%zmm5\n\t"
+        "vfmadd231ps %%zmm16, %%zmm17, %%zmm6\n\t"  "vfmadd231ps %%zmm16, %%zmm17, %%zmm7\n\t"
+        "vfmadd231ps %%zmm16, %%zmm17, %%zmm8\n\t"  "vfmadd231ps %%zmm16, %%zmm17, %%zmm9\n\t"
+        "vfmadd231ps %%zmm16, %%zmm17, %%zmm10\n\t"  "vfmadd231ps %%zmm16, %%zmm17, %%zmm11\n\t"
+        "vfmadd231ps %%zmm16, %%zmm17, %%zmm12\n\t"  "vfmadd231ps %%zmm16, %%zmm17, %%zmm13\n\t"
+        "vfmadd231ps %%zmm16, %%zmm17, %%zmm14\n\t"  "vfmadd231ps %%zmm16, %%zmm17, %%zmm15\n\t"
+        "dec %0\n\t"
+        "jnz 1b\n\t"
+        "vzeroupper\n\t"
+        : "+r"(iters)
+        :
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+          "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
+}
+
 /* ---- VNNI peak ------------------------------------------------------------------------- */
 
 /* 16 independent vpdpbusd per iteration, more than latency x throughput on any current core. */
@@ -167,6 +201,21 @@ static double measure_vnni_peak(pd_pool *pool, int threads, int quick)
     return 8.0 * threads * (double)r.iters * 16.0 * OPS_PER_VPDPBUSD / probe_seconds(pool, threads, vnni_task, &r);
 }
 
+static void fma_task(void *arg, int task)
+{
+    fma_chain(((struct vnni_run *)arg)->iters);
+}
+
+/* fp32 flops/s from `threads` threads each issuing only 512-bit FMAs (16 chains per task); 0
+ * without AVX-512. */
+static double measure_fp32_peak(pd_pool *pool, int threads, int quick)
+{
+    if (!__builtin_cpu_supports("avx512f"))
+        return 0;
+    struct vnni_run r = {.iters = quick ? 200000 : 1000000};
+    return 8.0 * threads * (double)r.iters * 16.0 * 32.0 / probe_seconds(pool, threads, fma_task, &r);
+}
+
 /* int8 ops/s of TDPBSSD alone (4 independent tile accumulators per task); 0 where the CPU (or
  * Linux) has no AMX-INT8. */
 static double measure_amx_peak(pd_pool *pool, int threads, int quick)
@@ -175,6 +224,14 @@ static double measure_amx_peak(pd_pool *pool, int threads, int quick)
         return 0;
     struct vnni_run r = {.iters = quick ? 20000 : 100000};
     return 8.0 * threads * (double)r.iters * 4.0 * PD_GEMM_AMX_OPS / probe_seconds(pool, threads, amx_task, &r);
+}
+
+void pd_bench_peaks(pd_pool *pool, int threads, int quick, double *fp32, double *int8)
+{
+    *fp32 = measure_fp32_peak(pool, threads, quick);
+    const double vnni = pd_gemm_kernel_supported(PD_KERNEL_AVX512) ? measure_vnni_peak(pool, threads, quick) : 0;
+    const double amx = measure_amx_peak(pool, threads, quick);
+    *int8 = amx > vnni ? amx : vnni;
 }
 
 /* ---- memory bandwidth ------------------------------------------------------------------- */
