@@ -26,28 +26,36 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { C_WAIT, C_QUEUED, C_DECODE, C_IDLE };
+/* A client's request: on its way (WAIT), its prompt queued for prefill (QUEUED), handed off to a
+ * decode rank (XFER) and arrived there (READY: disaggregated plans), decoding, or the client done. */
+enum { C_WAIT, C_QUEUED, C_XFER, C_READY, C_DECODE, C_IDLE };
 
 struct client {
     int state;
     int64_t left;                /* requests still to finish, this one included */
     int64_t finished;            /* requests finished */
-    double sent, arrive, started, first, last_done, mark;
+    double sent, arrive, started, ready, first, last_done, mark;
     int64_t prefilled, take;     /* prompt tokens computed; tokens in the current step */
     double made;                 /* output tokens so far */
 };
 
-struct rank_run {
-    double ttft, tpot, wait;     /* sums over the measured requests */
+/* Sums over the measured requests. */
+struct tally {
+    double ttft, tpot, wait;
     int64_t measured;
+};
+
+struct rank_run {
+    struct tally sum;
     double rate;                 /* requests/s of the rank (steady state) */
     double duration;
     double batch_time, decode_time;   /* sum of b x T over steps with decodes, and of T */
     struct pd_lockstep d;
 };
 
-/* A request finishes at t: counted from the client's skip-th on; 1 if its client sends the next. */
-static int finish(struct rank_run *r, struct client *x, double t, const struct pd_workload *w, int64_t skip,
+/* A request finishes at t: counted from the client's skip-th on; 1 if its client sends the next
+ * (arriving `req` later). */
+static int finish(struct tally *r, struct client *x, double t, const struct pd_workload *w, int64_t skip,
                   double req, int64_t *active)
 {
     if (x->finished >= skip) {
@@ -64,6 +72,7 @@ static int finish(struct rank_run *r, struct client *x, double t, const struct p
         x->state = C_WAIT;
         x->sent = t;
         x->arrive = t + req;
+        x->made = 0;
         return 1;
     }
     x->state = C_IDLE;
@@ -168,7 +177,7 @@ static int run_rank(const struct pd_plan *p, const struct pd_workload *w, int64_
                 x->made += tps;
                 if (x->made + 1e-9 < (double)w->osl)
                     dec[kept++] = dec[a];
-                else if (finish(r, x, t, w, skip, req, &active))
+                else if (finish(&r->sum, x, t, w, skip, req, &active))
                     done[nd++] = dec[a];
             }
             b = kept;
@@ -191,7 +200,7 @@ static int run_rank(const struct pd_plan *p, const struct pd_workload *w, int64_
             x->state = C_DECODE;
             if (w->osl > 1)
                 dec[b++] = i;
-            else if (finish(r, x, t, w, skip, req, &active))   /* the prompt's token was the whole output */
+            else if (finish(&r->sum, x, t, w, skip, req, &active))   /* the prompt's token was the whole output */
                 done[nd++] = i;
         }
         /* the step's finishers send their next requests, all arriving at t + request */
@@ -271,10 +280,10 @@ int pd_perf_lockstep(const struct pd_plan *p, const struct pd_workload *w, int64
         if (rc)
             return overrun(rc, w, group_n[g], 0, 1, reqs, e);
         const double m = (double)group_ranks[g];
-        ttft += m * r.ttft;
-        tpot += m * r.tpot;
-        wait += m * r.wait;
-        measured += group_ranks[g] * r.measured;
+        ttft += m * r.sum.ttft;
+        tpot += m * r.sum.tpot;
+        wait += m * r.sum.wait;
+        measured += group_ranks[g] * r.sum.measured;
         rate += m * r.rate;
         bt += m * r.batch_time;
         dt += m * r.decode_time;
@@ -330,14 +339,7 @@ int pd_perf_lockstep_check(const struct pd_plan *p, const struct pd_workload *w,
  * m mod S_p/g, decode rank m mod S_d/g of the group). Groups with as many clients run alike, so
  * one of each size is run and counted as many times as there are such groups, and an event costs
  * the ranks and clients it touches: the run is proportional to the requests' steps. */
-enum { P_WAIT, P_QUEUED, P_XFER, P_READY, P_DECODE, P_IDLE };
 enum { EV_PREFILL_END, EV_DECODE_END, EV_ARRIVE, EV_READY };
-
-struct pclient {
-    int state;
-    int64_t left, finished, prefilled, take;
-    double sent, arrive, started, ready, first, made, last_done, mark;
-};
 
 struct event {
     double at;
@@ -418,8 +420,9 @@ struct drank {
 
 /* The sums of one group's run. */
 struct pd_sums {
-    double ttft, tpot, wait, bt, dt, rate, duration;
-    int64_t measured, done;
+    struct tally sum;
+    double bt, dt, rate, duration;
+    int64_t done;
 };
 
 /* One group: n clients over sp prefill and sd decode ranks (see above). 0, or -1 out of memory, or
@@ -433,7 +436,7 @@ static int run_group(const struct pd_plan *p, const struct pd_workload *w, const
     const int64_t cached = (int64_t)floor((double)w->isl * w->cached), I = w->isl - cached;
     const int64_t cap = w->prefill_max_requests > 0 ? w->prefill_max_requests : n;
     const int64_t per_p = (n + sp - 1) / sp, per_d = (n + sd - 1) / sd, slots = B < per_d ? B : per_d;
-    struct pclient *c = calloc((size_t)n, sizeof *c);
+    struct client *c = calloc((size_t)n, sizeof *c);
     struct prank *pr = calloc((size_t)sp, sizeof *pr);
     struct drank *dr = calloc((size_t)sd, sizeof *dr);
     int64_t *pbuf = malloc((size_t)(sp * per_p) * sizeof *pbuf);
@@ -452,7 +455,7 @@ static int run_group(const struct pd_plan *p, const struct pd_workload *w, const
         dr[d].ready = (struct fifo){dr[d].dec + slots, 0, 0, per_d};
     }
     for (int64_t i = 0; i < n; i++) {
-        c[i] = (struct pclient){.state = P_WAIT, .left = reqs, .arrive = req};
+        c[i] = (struct client){.state = C_WAIT, .left = reqs, .arrive = req};
         ev_push(&h, (struct event){req, EV_ARRIVE, i});
     }
     int64_t active = n, steps = 0;
@@ -471,14 +474,14 @@ static int run_group(const struct pd_plan *p, const struct pd_workload *w, const
                 struct prank *q = &pr[v.id];
                 q->busy = 0;
                 for (int64_t m = 0; m < q->in_step; m++) {
-                    struct pclient *x = &c[fifo_at(&q->q, q->q.head + m)];
+                    struct client *x = &c[fifo_at(&q->q, q->q.head + m)];
                     x->prefilled += x->take;
                     x->take = 0;
                 }
                 q->in_step = 0;
                 while (q->q.head < q->q.tail && c[fifo_at(&q->q, q->q.head)].prefilled >= I) {
                     const int64_t i = fifo_at(&q->q, q->q.head++);
-                    c[i].state = P_XFER;
+                    c[i].state = C_XFER;
                     c[i].ready = t + hand;
                     ev_push(&h, (struct event){c[i].ready, EV_READY, i});
                 }
@@ -487,7 +490,7 @@ static int run_group(const struct pd_plan *p, const struct pd_workload *w, const
                 int64_t kept = 0;
                 r->busy = 0;
                 for (int64_t a = 0; a < r->b; a++) {
-                    struct pclient *x = &c[r->dec[a]];
+                    struct client *x = &c[r->dec[a]];
                     if (x->made == 0) {
                         x->first = t;
                         x->made = 1;
@@ -498,27 +501,9 @@ static int run_group(const struct pd_plan *p, const struct pd_workload *w, const
                         r->dec[kept++] = r->dec[a];
                         continue;
                     }
-                    if (x->finished >= skip) {
-                        s->ttft += x->first - x->sent;
-                        s->tpot += w->osl > 1 ? (t - x->first) / (double)(w->osl - 1) : 0;
-                        s->wait += x->started - x->arrive;
-                        s->measured++;
-                    }
-                    if (x->finished + 1 == skip)
-                        x->mark = t;
-                    x->finished++;
                     s->done++;
-                    x->last_done = t;
-                    if (--x->left > 0) {
-                        x->state = P_WAIT;
-                        x->sent = t;
-                        x->arrive = t + req;
-                        x->made = 0;
+                    if (finish(&s->sum, x, t, w, skip, req, &active))
                         ev_push(&h, (struct event){x->arrive, EV_ARRIVE, r->dec[a]});
-                    } else {
-                        x->state = P_IDLE;
-                        active--;
-                    }
                 }
                 r->b = kept;
             } else {
@@ -534,13 +519,13 @@ static int run_group(const struct pd_plan *p, const struct pd_workload *w, const
         /* arrivals and hand-offs at t, earliest first (ties by client), join their rank's queue */
         qsort(now, (size_t)nn, sizeof *now, event_cmp);
         for (int64_t a = 0; a < nn; a++) {
-            struct pclient *x = &c[now[a].id];
+            struct client *x = &c[now[a].id];
             if (now[a].kind == EV_ARRIVE) {
-                x->state = P_QUEUED;
+                x->state = C_QUEUED;
                 x->prefilled = 0;
                 fifo_put(&pr[now[a].id % sp].q, now[a].id);
             } else {
-                x->state = P_READY;
+                x->state = C_READY;
                 fifo_put(&dr[now[a].id % sd].ready, now[a].id);
             }
         }
@@ -555,7 +540,7 @@ static int run_group(const struct pd_plan *p, const struct pd_workload *w, const
                 int64_t budget = M, np = 0, ptok = 0;
                 double pctx = 0;
                 for (int64_t a = q->q.head; a < q->q.tail && budget > 0 && np < cap; a++) {
-                    struct pclient *x = &c[fifo_at(&q->q, a)];
+                    struct client *x = &c[fifo_at(&q->q, a)];
                     x->take = I - x->prefilled < budget ? I - x->prefilled : budget;
                     if (x->prefilled == 0)
                         x->started = t;
@@ -576,7 +561,7 @@ static int run_group(const struct pd_plan *p, const struct pd_workload *w, const
                     continue;
                 while (r->b < B && r->ready.head < r->ready.tail) {
                     const int64_t i = fifo_at(&r->ready, r->ready.head++);
-                    c[i].state = P_DECODE;
+                    c[i].state = C_DECODE;
                     r->dec[r->b++] = i;
                 }
                 if (r->b == 0)
@@ -645,20 +630,20 @@ int pd_perf_lockstep_pd(const struct pd_plan *p, const struct pd_workload *w, co
         if (rc)
             return overrun(rc, w, group_n[a], Sp / g, Sd / g, reqs, e);
         const double m = (double)groups[a];
-        all.ttft += m * s.ttft;
-        all.tpot += m * s.tpot;
-        all.wait += m * s.wait;
+        all.sum.ttft += m * s.sum.ttft;
+        all.sum.tpot += m * s.sum.tpot;
+        all.sum.wait += m * s.sum.wait;
         all.bt += m * s.bt;
         all.dt += m * s.dt;
         all.rate += m * s.rate;
-        all.measured += groups[a] * s.measured;
+        all.sum.measured += groups[a] * s.sum.measured;
         all.done += groups[a] * s.done;
         all.duration = fmax(all.duration, s.duration);
     }
-    const double mm = all.measured > 0 ? (double)all.measured : 1;
-    out->ttft_s = all.ttft / mm;
-    out->tpot_s = all.tpot / mm;
-    out->wait_s = all.wait / mm;
+    const double mm = all.sum.measured > 0 ? (double)all.sum.measured : 1;
+    out->ttft_s = all.sum.ttft / mm;
+    out->tpot_s = all.sum.tpot / mm;
+    out->wait_s = all.sum.wait / mm;
     out->batch = all.dt > 0 ? all.bt / all.dt : 0;
     out->cycle_s = out->ttft_s + (double)(w->osl - 1) * out->tpot_s;
     out->req_s = wave ? (all.duration > 0 ? (double)all.done / all.duration : 0) : all.rate;
