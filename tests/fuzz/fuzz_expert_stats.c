@@ -47,6 +47,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     struct pd_workload w;
     pd_workload_default(&w);
+    w.isl = 512;   /* within max-model-len and the model's positions, which predictions require */
+    w.osl = 128;
     struct pd_perf pf;
     rc = pd_perf_eval(&p, &w, &pf, &e);
     CHECK(rc == 0);
