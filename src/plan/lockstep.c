@@ -26,15 +26,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A client's request: on its way (WAIT), its prompt queued for prefill (QUEUED), handed off to a
- * decode rank (XFER) and arrived there (READY: disaggregated plans), decoding, or the client done. */
-enum { C_WAIT, C_QUEUED, C_XFER, C_READY, C_DECODE, C_IDLE };
-
+/* A client and its current request. Where the request is (on its way, queued for prefill,
+ * handed off, decoding) is the list of the loop that holds it. */
 struct client {
-    int state;
     int64_t left;                /* requests still to finish, this one included */
     int64_t finished;            /* requests finished */
-    double sent, arrive, started, ready, first, last_done, mark;
+    double sent, arrive, started, first, last_done, mark;
     int64_t prefilled, take;     /* prompt tokens computed; tokens in the current step */
     double made;                 /* output tokens so far */
 };
@@ -69,13 +66,11 @@ static int finish(struct tally *r, struct client *x, double t, const struct pd_w
     x->finished++;
     x->last_done = t;
     if (--x->left > 0) {
-        x->state = C_WAIT;
         x->sent = t;
         x->arrive = t + req;
         x->made = 0;
         return 1;
     }
-    x->state = C_IDLE;
     (*active)--;
     return 0;
 }
@@ -109,7 +104,7 @@ static int run_rank(const struct pd_plan *p, const struct pd_workload *w, int64_
     int64_t sh = 0, st = 0;          /* sent[sh..st) */
     int64_t b = 0, begun = 0, active = n;   /* dec[0..b); prompts in q with chunks computed */
     for (int64_t i = 0; i < n; i++) {
-        c[i] = (struct client){.state = C_WAIT, .left = reqs, .arrive = req};
+        c[i] = (struct client){.left = reqs, .arrive = req};
         sent[st++ % n] = i;
     }
     r->d.clients = n;
@@ -119,7 +114,6 @@ static int run_rank(const struct pd_plan *p, const struct pd_workload *w, int64_
         /* arrivals up to t join the queue, earliest first (ties by client) */
         while (sh < st && c[sent[sh % n]].arrive <= t + 1e-12) {
             const int64_t i = sent[sh++ % n];
-            c[i].state = C_QUEUED;
             c[i].prefilled = 0;
             q[qt++ % n] = i;
         }
@@ -197,7 +191,6 @@ static int run_rank(const struct pd_plan *p, const struct pd_workload *w, int64_
             begun--;
             x->first = t;
             x->made = 1;
-            x->state = C_DECODE;
             if (w->osl > 1)
                 dec[b++] = i;
             else if (finish(&r->sum, x, t, w, skip, req, &active))   /* the prompt's token was the whole output */
@@ -455,7 +448,7 @@ static int run_group(const struct pd_plan *p, const struct pd_workload *w, const
         dr[d].ready = (struct fifo){dr[d].dec + slots, 0, 0, per_d};
     }
     for (int64_t i = 0; i < n; i++) {
-        c[i] = (struct client){.state = C_WAIT, .left = reqs, .arrive = req};
+        c[i] = (struct client){.left = reqs, .arrive = req};
         ev_push(&h, (struct event){req, EV_ARRIVE, i});
     }
     int64_t active = n, steps = 0;
@@ -481,9 +474,7 @@ static int run_group(const struct pd_plan *p, const struct pd_workload *w, const
                 q->in_step = 0;
                 while (q->q.head < q->q.tail && c[fifo_at(&q->q, q->q.head)].prefilled >= I) {
                     const int64_t i = fifo_at(&q->q, q->q.head++);
-                    c[i].state = C_XFER;
-                    c[i].ready = t + hand;
-                    ev_push(&h, (struct event){c[i].ready, EV_READY, i});
+                    ev_push(&h, (struct event){t + hand, EV_READY, i});
                 }
             } else if (v.kind == EV_DECODE_END) {
                 struct drank *r = &dr[v.id];
@@ -521,11 +512,9 @@ static int run_group(const struct pd_plan *p, const struct pd_workload *w, const
         for (int64_t a = 0; a < nn; a++) {
             struct client *x = &c[now[a].id];
             if (now[a].kind == EV_ARRIVE) {
-                x->state = C_QUEUED;
                 x->prefilled = 0;
                 fifo_put(&pr[now[a].id % sp].q, now[a].id);
             } else {
-                x->state = C_READY;
                 fifo_put(&dr[now[a].id % sd].ready, now[a].id);
             }
         }
@@ -561,7 +550,6 @@ static int run_group(const struct pd_plan *p, const struct pd_workload *w, const
                     continue;
                 while (r->b < B && r->ready.head < r->ready.tail) {
                     const int64_t i = fifo_at(&r->ready, r->ready.head++);
-                    c[i].state = C_DECODE;
                     r->dec[r->b++] = i;
                 }
                 if (r->b == 0)
