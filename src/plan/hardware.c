@@ -98,12 +98,13 @@ int pd_hardware_parse(const char *text, const char *label, struct pd_hardware *h
         goto out;
     /* 0 says the card has no such unit (the formats fall back to bf16); a rate below one
      * operation a second is no rate: the predictions would be infinite */
-    const char *none = h->int8_ops > 0 && h->int8_ops < 1 ? "int8_ops" : h->fp8_flops > 0 && h->fp8_flops < 1 ? "fp8_flops" : NULL;
-    if (none) {
-        rc = pd_err_set(e, PD_EINVAL, "%s: field \"card.%s\": %g is neither 0 (no such unit) nor at least 1", label, none,
-                        strcmp(none, "int8_ops") == 0 ? h->int8_ops : h->fp8_flops);
-        goto out;
-    }
+    const struct { const char *name; double rate; } units[] = {{"int8_ops", h->int8_ops}, {"fp8_flops", h->fp8_flops}};
+    for (int i = 0; i < 2; i++)
+        if (units[i].rate > 0 && units[i].rate < 1) {
+            rc = pd_err_set(e, PD_EINVAL, "%s: field \"card.%s\": %g is neither 0 (no such unit) nor at least 1", label,
+                            units[i].name, units[i].rate);
+            goto out;
+        }
     h->card_memory_bytes = (int64_t)mem;
     json_t *links = json_object_get(root, "links");
     if (!json_is_object(links)) {
