@@ -1,7 +1,9 @@
 /* `pdmoe bench decode --json`: the bound with arithmetic in it against the bandwidth roofline:
  * never below the weights' bytes at the bandwidth, equal to it at one token a step (every
  * product streams its weights faster than it multiplies them), above it at 16 where the float
- * matrices cost 32 flops per 2 bytes; each fraction the bound or roofline over the step's time. */
+ * matrices cost 32 flops per 2 bytes, wherever the FMA peak is under 16 flops per byte of bandwidth
+ * (an instrumented build's bandwidth probe reads slower, so the margin is not fixed); each fraction
+ * the bound or roofline over the step's time. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
@@ -50,8 +52,9 @@ Test(bench_decode, bound_against_the_bandwidth_roofline)
                       roof);
         if (batch == 1)
             cr_assert_float_eq(bound, roof, 1e-9 * roof, "one token a step streams: %g against %g ms", bound, roof);
-        else if (num(c, "fp32_peak_flops") > 0)
-            cr_assert_gt(bound, 1.05 * roof, "16 tokens: the float products bind: %g against %g ms", bound, roof);
+        else if (num(c, "fp32_peak_flops") > 0 && num(c, "fp32_peak_flops") < 16 * num(c, "bandwidth_bytes_per_s"))
+            /* a bf16 weight read in 2 bytes costs 2 x 16 flops: slower to multiply than to read */
+            cr_assert_gt(bound, roof, "16 tokens: the float products bind: %g against %g ms", bound, roof);
         json_decref(doc);
     }
 }
