@@ -18,6 +18,7 @@
 #include "cli/cli.h"
 #include "core/timing.h"
 #include "engine/engine.h"
+#include "engine/prof.h"
 #include "engine/sampler.h"
 
 #include <getopt.h>
@@ -120,6 +121,7 @@ struct decode_case {
     double experts, pairs;        /* distinct routed experts and (token, expert) pairs a step read */
     struct dense dense;           /* the dense weights at the case's ceilings */
     double bound_s;               /* the least time the step can take (see the top) */
+    double share[PD_PROF_N];      /* each part's share of the timed steps (engine/prof.h) */
     unsigned long long stalls, backoff_runs;   /* over all timed steps */
 };
 
@@ -159,6 +161,7 @@ static int run(struct pd_engine *en, int batch, int prompt, int steps, struct de
             t0 = pd_now_s();
             cpu0 = cpu_seconds();
             pd_pool_stats(en->pool, &p0);
+            pd_prof_enable(&en->prof, 1);
         }
         for (int b = 0; b < batch; b++) {
             next[b] = pd_sample(&sm, l + (size_t)b * V, V, NULL);
@@ -175,6 +178,11 @@ static int run(struct pd_engine *en, int batch, int prompt, int steps, struct de
     }
     double wall = pd_now_s() - t0;
     pd_pool_stats(en->pool, &p1);
+    int64_t total = 0;
+    for (int p = 0; p < PD_PROF_N; p++)
+        total += en->prof.ns[p];
+    for (int p = 0; p < PD_PROF_N; p++)
+        c->share[p] = total > 0 ? (double)en->prof.ns[p] / (double)total : 0;
     c->batch = batch;
     c->step_s = wall / steps;
     c->tok_s = (double)batch * steps / wall;
@@ -187,6 +195,7 @@ static int run(struct pd_engine *en, int batch, int prompt, int steps, struct de
     c->pairs = pairs / steps;
     rc = 0;
 out:
+    pd_prof_enable(&en->prof, 0);
     if (rc)
         fprintf(stderr, "bench decode: %s\n", e.msg);
     for (int b = 0; s && b < batch; b++)
@@ -322,6 +331,10 @@ int pd_bench_decode(int argc, char **argv)
             else
                 printf("  %13s", "");
             printf("  %13.3f %9.2f\n", d->bound_s * 1e3, d->bound_s / d->step_s);
+            printf("        shares of the step:");
+            for (int p = 0; p < PD_PROF_N; p++)
+                printf(" %s %.1f%%", pd_prof_part_name(p), 100 * d->share[p]);
+            printf("\n");
         }
         json_t *o = json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "batch", d->batch, "threads",
                               d->threads, "tokens_per_s", d->tok_s, "step_ms", d->step_s * 1e3, "cpu_ms_per_step",
@@ -334,6 +347,10 @@ int pd_bench_decode(int argc, char **argv)
         json_object_set_new(o, "int8_peak_ops", json_real(int8[d->threads == 1 ? 0 : 1]));
         json_object_set_new(o, "bound_ms_per_step", json_real(d->bound_s * 1e3));
         json_object_set_new(o, "of_bandwidth_and_compute_bound", json_real(d->bound_s / d->step_s));
+        json_t *sh = json_object();
+        for (int p = 0; p < PD_PROF_N; p++)
+            json_object_set_new(sh, pd_prof_part_name(p), json_real(d->share[p]));
+        json_object_set_new(o, "shares", sh);
         json_object_set_new(o, "stalls", json_integer((json_int_t)d->stalls));
         json_object_set_new(o, "backoff_runs", json_integer((json_int_t)d->backoff_runs));
         if (!json && d->stalls)

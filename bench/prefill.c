@@ -17,8 +17,6 @@
 
 enum { MAX_LIST = 8 };
 
-static const char *const part_names[PD_PROF_N] = {"gemm", "attention", "moe", "exchange", "other"};
-
 struct result {
     int threads, tokens;
     double sec;                  /* median step time */
@@ -195,7 +193,7 @@ int pd_bench_prefill(int argc, char **argv)
                 const struct result *r = &res[i][k];
                 json_t *sh = json_object();
                 for (int p = 0; p < PD_PROF_N; p++)
-                    json_object_set_new(sh, part_names[p], json_real(r->share[p]));
+                    json_object_set_new(sh, pd_prof_part_name(p), json_real(r->share[p]));
                 json_t *o = json_pack("{s:i, s:i, s:f, s:f, s:o}", "threads", r->threads, "tokens", r->tokens,
                                       "seconds", r->sec, "tokens_per_s", r->tokens / r->sec, "shares", sh);
                 if (one >= 0)

@@ -22,6 +22,13 @@ enum pd_prof_part { PD_PROF_GEMM, PD_PROF_ATTENTION, PD_PROF_MOE, PD_PROF_EXCHAN
 
 #define PD_PROF_DEPTH 8
 
+/* The parts' names as the benchmarks print them (JSON keys). */
+static inline const char *pd_prof_part_name(enum pd_prof_part part)
+{
+    static const char *const names[PD_PROF_N] = {"gemm", "attention", "moe", "exchange", "other"};
+    return names[part];
+}
+
 struct pd_prof {
     int on;                      /* set by pd_prof_enable */
     int depth;                   /* parts entered; stack[depth] is charged now */

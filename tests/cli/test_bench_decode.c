@@ -3,7 +3,9 @@
  * product streams its weights faster than it multiplies them), above it at 16 where the float
  * matrices cost 32 flops per 2 bytes, wherever the FMA peak is under 16 flops per byte of bandwidth
  * (an instrumented build's bandwidth probe reads slower, so the margin is not fixed); each fraction
- * the bound or roofline over the step's time. */
+ * the bound or roofline over the step's time. Each case splits its step among the engine profile's
+ * parts (engine/prof.h), whole: the shares add up to one, and int8 products (the experts, wq_b)
+ * run in every decode step. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
@@ -57,4 +59,25 @@ Test(bench_decode, bound_against_the_bandwidth_roofline)
             cr_assert_gt(bound, roof, "16 tokens: the float products bind: %g against %g ms", bound, roof);
         json_decref(doc);
     }
+}
+
+Test(bench_decode, shares_of_the_step_add_up)
+{
+    if (access("models/mini/model.safetensors", R_OK) != 0)
+        cr_skip_test("models/mini not generated");
+    json_t *doc;
+    json_t *sh = json_object_get(one_case(1, &doc), "shares");
+    cr_assert(json_is_object(sh), "no shares");
+    static const char *const parts[] = {"gemm", "attention", "moe", "exchange", "other"};
+    double sum = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {
+        double v = num(sh, parts[i]);
+        cr_assert(v >= 0 && v <= 1, "%s: share %g", parts[i], v);
+        sum += v;
+    }
+    cr_assert_eq(json_object_size(sh), sizeof parts / sizeof *parts);
+    cr_assert_float_eq(sum, 1, 1e-9);
+    cr_assert_gt(num(sh, "gemm"), 0, "a decode step without an int8 product");
+    cr_assert_eq(num(sh, "exchange"), 0, "one process, no exchange, yet %g", num(sh, "exchange"));
+    json_decref(doc);
 }
