@@ -189,14 +189,14 @@ int pd_linear_load_float(struct pd_linear *l, const struct pd_st_set *st, struct
 /* An fp32 or bf16 matrix (the head, wq_a, wkv, wo_a, the compressor's) times T tokens,
  * y[t][o] = pd_dot(w[o], x[t]) bit for bit: tasks of F32_ROWS output rows over the pool (each value
  * the same dot product whatever the thread count). One token goes row by row (pd_dot_rows[_bf16]:
- * a bf16 row widened in registers as it streams from memory); up to GEMM_T through
+ * a bf16 row widened in registers as it streams from memory); fewer than GEMM_T through
  * pd_dot_rows_tokens[_bf16], each row read once for up to four tokens at a time (a token-outer
- * loop read the whole matrix T times; measured on 48 bf16 matrices of 512 x 512 from memory,
- * 1 thread: 4 tokens 2.1-2.5 ms against 4.2-4.9 through the widened GEMM below, 8 tokens 4.7
- * against 5.9, 12 even, 16 10.1 against 8.5); from GEMM_T tokens (prefill) as one register-tiled product (kernels/dot_gemm.h), a bf16 block
- * widened first a few rows at a time into a buffer of at most WIDE_FLOATS (exactly: a bf16 value
- * is the top half of its fp32), which every token then reads. Every path gives pd_dot's bits. */
-enum { F32_ROWS = 64, DIRECT_T = 1, GEMM_T = 12, WIDE_FLOATS = PD_LINEAR_WIDE_FLOATS };
+ * loop read the whole matrix T times); from GEMM_T tokens as one register-tiled product
+ * (kernels/dot_gemm.h), bf16 rows widened in its registers. The crossing, measured on 64-row tasks
+ * of a 64 MiB bf16 matrix of 512-value rows (from memory), 1 thread, per 512 x 512: 4 tokens 0.055-
+ * 0.076 ms row by row against 0.066-0.069 tiled, 6 even (0.09), 8 0.103-0.118 against 0.095-0.110,
+ * 16 0.289 against 0.149. Every path gives pd_dot's bits. */
+enum { F32_ROWS = 64, DIRECT_T = 1, GEMM_T = 8 };
 _Static_assert(PD_LINEAR_WIDE_FLOATS <= PD_DOT_BF16_MAX, "bf16 rows longer than pd_dot_rows_bf16 takes");
 
 /* Rows [o0, o1) of one product y[t * ldy + o] = row o . x[t * ldx ..] for every token. */
@@ -223,17 +223,10 @@ static void float_rows(const struct pd_linear_io *io, int T, int o0, int o1)
                                io->ldy);
         return;
     }
-    if (l->f) {
+    if (l->f)
         pd_dot_gemm(l->f + (size_t)o0 * in, (size_t)in, o1 - o0, io->x, io->ldx, T, in, io->y + o0, io->ldy);
-        return;
-    }
-    _Alignas(64) float wide[WIDE_FLOATS];
-    const int step = WIDE_FLOATS / in;   /* >= 1: pd_linear_load_float keeps longer rows in fp32 */
-    for (int r0 = o0; r0 < o1; r0 += step) {
-        const int nr = o1 - r0 < step ? o1 - r0 : step;
-        pd_bf16_to_f32_row(l->h + (size_t)r0 * in, wide, nr * in);
-        pd_dot_gemm(wide, (size_t)in, nr, io->x, io->ldx, T, in, io->y + r0, io->ldy);
-    }
+    else
+        pd_dot_gemm_bf16(l->h + (size_t)o0 * in, (size_t)in, o1 - o0, io->x, io->ldx, T, in, io->y + o0, io->ldy);
 }
 
 /* Several float products in one pool run: task k is block k of the F32_ROWS-row blocks of all

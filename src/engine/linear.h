@@ -13,8 +13,8 @@
 #include "kernels/gemm.h"
 #include "model/safetensors.h"
 
-/* Rows of at most this many values can stay bf16 (struct pd_linear's h; the bound of the kernels'
- * portable path, which widens a row into a buffer); longer ones load as fp32. */
+/* Rows of at most this many values can stay bf16 (struct pd_linear's h; the bound of
+ * pd_dot_rows_bf16's portable path, which widens a row into a buffer); longer ones load as fp32. */
 #define PD_LINEAR_WIDE_FLOATS 8192
 
 struct pd_linear {

@@ -1,7 +1,8 @@
 /* A bf16 matrix kept in bf16 (struct pd_linear's h, read in place) gives the bits an fp32 copy of
- * it gives (f): rows widened in blocks, then the same pd_dot_rows; for short and long rows, row
- * counts that end inside a widening block and a task, 1 to 17 tokens (1 and 2 widened in
- * registers by pd_dot_rows_bf16), 1 and 2 threads, and the float reference (ref = 1) too. */
+ * it gives (f), its rows widened in registers on every path: for short and long rows, row counts
+ * that end inside a tile's row block and a task, 1 to 17 tokens (row by row, a few tokens per row,
+ * and the tiled product from 8 tokens, on both sides of each crossing), 1 and 2 threads, and the
+ * float reference (ref = 1) too. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -14,7 +15,7 @@
 Test(linear_bf16, same_bits_as_the_fp32_copy)
 {
     static const int shapes[][2] = {{1, 7}, {67, 512}, {130, 4096}, {9, PD_LINEAR_WIDE_FLOATS}, {200, 33}};
-    static const int tokens[] = {1, 2, 3, 4, 11, 12, 17};
+    static const int tokens[] = {1, 2, 3, 4, 7, 8, 11, 12, 17};
     pd_pool *pool;
     pd_err e = {0};
     cr_assert_eq(pd_pool_create(2, &pool, &e), 0, "%s", e.msg);

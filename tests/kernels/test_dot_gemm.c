@@ -2,13 +2,15 @@
  * 1 to 3 and more 32-value chunks with and without a lone 16-value block (the even/odd chains),
  * lengths off the 16-value grid (the pd_dot_rows fallback), row and token counts around the 4 x 4
  * tile and the ~24 KiB row block, leading dimensions larger than the length, and values whose sum
- * depends on the order of the additions (large and small magnitudes of both signs); likewise
- * pd_axpy_heads against pd_axpy_rows. */
+ * depends on the order of the additions (large and small magnitudes of both signs); the same for
+ * pd_dot_gemm_bf16 against pd_dot of the widened row; likewise pd_axpy_heads against
+ * pd_axpy_rows. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/dot_gemm.h"
+#include "kernels/ops.h"
 #include "kernels/vec.h"
 
 static float value(uint64_t *s)
@@ -19,7 +21,9 @@ static float value(uint64_t *s)
     return (*s >> 20) % 8 == 0 ? v * 4096.0f : v;
 }
 
-Test(dot_gemm, same_bits_as_dot)
+/* Every shape above through pd_dot_gemm (bf16 = 0) or pd_dot_gemm_bf16 (bf16 = 1, the weights
+ * rounded to bf16 first and pd_dot taken over their fp32 widening). */
+static void same_bits(int bf16)
 {
     static const int ns[] = {16, 32, 48, 64, 80, 128, 144, 512, 1024, 1040, 1, 15, 33, 100};
     static const int rows_of[] = {1, 3, 4, 5, 8, 13, 17, 49};
@@ -34,26 +38,47 @@ Test(dot_gemm, same_bits_as_dot)
                 const size_t ldy = (size_t)rows + 2;
                 float *w = malloc((size_t)rows * ldw * 4), *x = malloc((size_t)T * ldx * 4);
                 float *y = malloc((size_t)T * ldy * 4);
-                for (size_t i = 0; i < (size_t)rows * ldw; i++)
+                uint16_t *h = malloc((size_t)rows * ldw * 2);
+                for (size_t i = 0; i < (size_t)rows * ldw; i++) {
                     w[i] = value(&s);
+                    if (bf16) {
+                        h[i] = pd_f32_to_bf16(w[i]);
+                        w[i] = pd_bf16_to_f32(h[i]);
+                    }
+                }
                 for (size_t i = 0; i < (size_t)T * ldx; i++)
                     x[i] = value(&s);
                 memset(y, 0x7f, (size_t)T * ldy * 4);
-                pd_dot_gemm(w, ldw, rows, x, ldx, T, n, y, ldy);
+                if (bf16)
+                    pd_dot_gemm_bf16(h, ldw, rows, x, ldx, T, n, y, ldy);
+                else
+                    pd_dot_gemm(w, ldw, rows, x, ldx, T, n, y, ldy);
                 for (int t = 0; t < T; t++) {
                     for (int r = 0; r < rows; r++) {
                         float d = pd_dot(w + (size_t)r * ldw, x + (size_t)t * ldx, n);
-                        cr_assert(memcmp(&d, &y[(size_t)t * ldy + r], 4) == 0, "n %d, %d rows x %d tokens: [%d][%d] %a vs pd_dot %a",
-                                  n, rows, T, t, r, y[(size_t)t * ldy + r], d);
+                        cr_assert(memcmp(&d, &y[(size_t)t * ldy + r], 4) == 0,
+                                  "bf16 %d, n %d, %d rows x %d tokens: [%d][%d] %a vs pd_dot %a", bf16, n, rows, T,
+                                  t, r, y[(size_t)t * ldy + r], d);
                     }
                     /* the gap between rows of y is left alone */
                     uint32_t gap;
                     memcpy(&gap, &y[(size_t)t * ldy + rows], 4);
-                    cr_assert_eq(gap, 0x7f7f7f7fu, "n %d, %d rows x %d tokens: wrote past row %d", n, rows, T, t);
+                    cr_assert_eq(gap, 0x7f7f7f7fu, "bf16 %d, n %d, %d rows x %d tokens: wrote past row %d", bf16, n,
+                                 rows, T, t);
                 }
-                free(w), free(x), free(y);
+                free(w), free(x), free(y), free(h);
             }
     }
+}
+
+Test(dot_gemm, same_bits_as_dot)
+{
+    same_bits(0);
+}
+
+Test(dot_gemm, bf16_same_bits_as_dot_of_the_widened_row)
+{
+    same_bits(1);
 }
 
 /* pd_axpy_heads gives each row of y the bits pd_axpy_rows gives it: lengths on and off the
