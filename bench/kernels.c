@@ -1,13 +1,18 @@
 /* `pdmoe bench kernels`: int8 kernel throughput, each figure set against anchors measured in the
  * same run on this machine, nothing compiled in:
  *   1. ceilings: memory read bandwidth with several independent streams per thread (1 and N
- *      threads), and the VNNI peak from an instruction probe (independent vpdpbusd chains);
+ *      threads), the VNNI and fp32 FMA peaks from instruction probes (independent vpdpbusd and
+ *      vfmadd231ps chains), the AMX peak where there is AMX;
  *   2. decode GEMV 4096x14336, DRAM-bound (rotating over >= 256 MiB of weights): GB/s vs bandwidth;
  *   3. prefill GEMM 2048x4096 and 4096x14336, 512 tokens: int8 ops/s vs the VNNI peak (and the
  *      AMX peak, where the CPU has AMX: the tile probe of gemm_amx.c);
  *   4. MoE grouped GEMM, 64 experts, 8 used per token, 2048x4096 each, 512 tokens;
- * and every kernel case against oneDNN's int8 matmul (bench/onednn.h) at the same shape, threads
- * and data types (s8 x s8, fp32 out with per-channel scales), timed right after pdmoe's.
+ *   5. a float product: bf16 weights 4096x4096 times 16 tokens (a decode batch's projection),
+ *      DRAM-bound reads, fp32 arithmetic: flops/s vs the fp32 peak;
+ * and every int8 case against oneDNN's int8 matmul (bench/onednn.h) at the same shape, threads
+ * and data types (s8 x s8, fp32 out with per-channel scales), the float one against oneDNN's fp32
+ * matmul on the same values (it takes no bf16 weights with fp32 activations), timed right after
+ * pdmoe's.
  * argv follows main(): argv[0] is the command name; options --threads N, --quick, --json,
  * --cpu-time (1 thread, timed by the thread's CPU time). */
 #include "bench/bench.h"
@@ -25,7 +30,9 @@
 #include "bench/onednn.h"
 #include "core/threadpool.h"
 #include "core/timing.h"
+#include "engine/linear.h"
 #include "kernels/gemm.h"
+#include "kernels/ops.h"
 #include "kernels/quant.h"
 
 /* int8 ops (multiply + add) in one 512-bit vpdpbusd: 16 lanes x 4 byte products. */
@@ -606,6 +613,7 @@ struct ctx {
     double bw[2];     /* bytes/s per thread count */
     double peak[2];   /* int8 ops/s per thread count */
     double amx[2];    /* the AMX peak, int8 ops/s per thread count, 0 without AMX */
+    double fp32[2];   /* the fp32 FMA peak, flops/s per thread count, 0 without AVX-512 */
     json_t *ceilings, *cases;
 };
 
@@ -671,10 +679,16 @@ static int bench_ceilings(struct ctx *c)
         else if (i == 0)
             say(c, "   no AMX-INT8 here (amx_int8 not in /proc/cpuinfo, or Linux refused the tile state): no AMX "
                 "peak, the AMX kernel not measured\n");
-        json_array_append_new(c->ceilings, json_pack("{s:i, s:f, s:f, s:o}", "threads", c->tcount[i],
+        c->fp32[i] = measure_fp32_peak(pool_for(c, i), c->tcount[i], c->o.quick);
+        if (c->fp32[i] > 0)
+            say(c, "   fp32 FMA peak, %d thread%s: %7.1f GFLOPS (16 independent VFMADD231PS zmm chains per thread)\n",
+                c->tcount[i], plural(c->tcount[i]), c->fp32[i] / 1e9);
+        json_array_append_new(c->ceilings, json_pack("{s:i, s:f, s:f, s:o, s:o}", "threads", c->tcount[i],
                                                      "read_GBps", c->bw[i] / 1e9,
                                                      "vnni_peak_gops", c->peak[i] / 1e9,
-                                                     "amx_peak_gops", amx > 0 ? json_real(amx / 1e9) : json_null()));
+                                                     "amx_peak_gops", amx > 0 ? json_real(amx / 1e9) : json_null(),
+                                                     "fp32_peak_gflops",
+                                                     c->fp32[i] > 0 ? json_real(c->fp32[i] / 1e9) : json_null()));
     }
     return 0;
 }
@@ -852,6 +866,103 @@ done:
     return rc;
 }
 
+/* ---- float products ---------------------------------------------------------------------- */
+
+/* A decode batch's float projection (the engine keeps bf16 matrices bf16 and multiplies in fp32,
+ * engine/linear.c): T tokens by n_mats matrices of out x in used in turn, a set larger than the
+ * caches, through pd_linear_fwd as the engine calls it; the same values as fp32 through it too, and
+ * through oneDNN's fp32 matmul (which takes no bf16 weights with fp32 activations). */
+struct fp_case {
+    int out, in, T, n_mats, reps, bf16;
+    uint16_t *h;            // [n_mats, out, in]
+    float *f;               // [n_mats, out, in] the same values widened
+    float *x, *y;           // [T, in], [T, out]
+    pd_pool *pool;
+    pd_onednn_mm **dnn;     // [n_mats]
+};
+
+static int fp_pdmoe(void *arg, int rep, pd_err *e)
+{
+    struct fp_case *g = arg;
+    const size_t at = (size_t)(rep % g->n_mats) * g->out * g->in;
+    struct pd_linear l = {.out = g->out, .in = g->in};
+    if (g->bf16)
+        l.h = g->h + at;
+    else
+        l.f = g->f + at;
+    return pd_linear_fwd(&l, g->pool, 0, g->x, g->T, g->y, NULL, NULL, e) ? -1 : 0;
+}
+
+static int fp_onednn(void *arg, int rep, pd_err *e)
+{
+    struct fp_case *g = arg;
+    return pd_onednn_mm_run(g->dnn[rep % g->n_mats], g->x, g->y, e);
+}
+
+static int bench_float(struct ctx *c)
+{
+    struct fp_case g = {.out = 4096, .in = 4096, .T = 16, .reps = c->o.quick ? 6 : 60};
+    const size_t per = (size_t)g.out * g.in;
+    /* >= 256 MiB of bf16 (8x L3): every call reads its weights from DRAM */
+    g.n_mats = c->o.quick ? 2 : (int)((((size_t)256 << 20) + 2 * per - 1) / (2 * per));
+    int rc = -1;
+    pd_err e = {0};
+    g.h = xmalloc(per * g.n_mats * 2);
+    g.f = xmalloc(per * g.n_mats * 4);
+    g.x = xmalloc((size_t)g.T * g.in * 4);
+    g.y = xmalloc((size_t)g.T * g.out * 4);
+    g.dnn = calloc((size_t)g.n_mats, sizeof *g.dnn);
+    if (!g.h || !g.f || !g.x || !g.y || !g.dnn)
+        goto done;
+    for (size_t i = 0; i < per * g.n_mats; i++) {
+        g.h[i] = pd_f32_to_bf16(((float)(next_rand() >> 40) / (float)(1 << 24) - 0.5f) * 0.1f);
+        g.f[i] = pd_bf16_to_f32(g.h[i]);
+    }
+    fill_floats(g.x, (size_t)g.T * g.in, -1.0f, 1.0f);
+    for (int m = 0; m < g.n_mats; m++)
+        if (report(pd_onednn_mm_create_f32(g.T, g.out, g.in, g.f + (size_t)m * per, &g.dnn[m], &e), &e) < 0)
+            goto done;
+    const double ops = 2.0 * per * g.T;
+    say(c, "\n5. Float product (a decode batch's projection), out %d x in %d bf16 (%.1f MB), %d tokens, rotating over "
+        "%d matrices (%.0f MiB); pdmoe through pd_linear_fwd, oneDNN's fp32 matmul on the same values in fp32\n",
+        g.out, g.in, 2.0 * per / 1e6, g.T, g.n_mats, 2.0 * per * g.n_mats / (1 << 20));
+    for (int i = 0; i < c->nt; i++) {
+        double s, sf, sd;
+        g.pool = pool_for(c, i);
+        pd_onednn_threads(c->tcount[i]);
+        g.bf16 = 1;
+        if (time_median(fp_pdmoe, &g, g.n_mats, g.reps, &s) < 0)
+            goto done;
+        g.bf16 = 0;
+        if (time_median(fp_pdmoe, &g, g.n_mats, g.reps, &sf) < 0 ||
+            time_median(fp_onednn, &g, g.n_mats, g.reps, &sd) < 0)
+            goto done;
+        say(c, "   %d thread%s: bf16 %8.1f us  %6.1f GFLOPS", c->tcount[i], plural(c->tcount[i]), s * 1e6,
+            ops / s / 1e9);
+        if (c->fp32[i] > 0)
+            say(c, " = %.2f of the fp32 peak", ops / s / c->fp32[i]);
+        say(c, " | fp32 weights %6.1f GFLOPS | oneDNN fp32 %6.1f GFLOPS: pdmoe bf16 %.2fx, fp32 %.2fx\n",
+            ops / sf / 1e9, ops / sd / 1e9, sd / s, sd / sf);
+        json_t *o = json_pack("{s:s, s:{s:i, s:i, s:i, s:s}, s:i, s:f, s:f, s:f, s:f}", "kind", "float", "shape",
+                              "out", g.out, "in", g.in, "tokens", g.T, "weights", "bf16", "threads", c->tcount[i],
+                              "pdmoe_gflops", ops / s / 1e9, "onednn_gflops", ops / sd / 1e9, "pdmoe_over_onednn",
+                              sd / s, "pdmoe_fp32_weights_gflops", ops / sf / 1e9);
+        if (c->fp32[i] > 0)
+            json_object_set_new(o, "pdmoe_of_fp32_peak", json_real(ops / s / c->fp32[i]));
+        json_array_append_new(c->cases, o);
+    }
+    rc = 0;
+done:
+    for (int m = 0; g.dnn && m < g.n_mats; m++)
+        pd_onednn_mm_free(g.dnn[m]);
+    free(g.dnn);
+    free(g.h);
+    free(g.f);
+    free(g.x);
+    free(g.y);
+    return rc;
+}
+
 int pd_bench_kernels(int argc, char **argv)
 {
     struct ctx c = {0};
@@ -879,7 +990,7 @@ int pd_bench_kernels(int argc, char **argv)
         "(int8 in, fp32 out with per-channel scales), pdmoe's and oneDNN's alike, one after the other.\n\n");
     double t0 = pd_now_s();
     int rc = bench_ceilings(&c) < 0 || bench_gemv(&c) < 0 || bench_gemm(&c) < 0 ||
-             bench_moe(&c) < 0;
+             bench_moe(&c) < 0 || bench_float(&c) < 0;
     if (!rc && c.o.json) {
         json_t *doc = json_pack("{s:s, s:s, s:s, s:b, s:b, s:O, s:O}", "bench", "kernels", "kernel",
                                 pd_gemm_kernel_name(c.k), "onednn", pd_onednn_version(),

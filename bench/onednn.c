@@ -31,13 +31,12 @@ static int fail(pd_err *err, dnnl_status_t st, const char *what)
         }                                                                                        \
     } while (0)
 
-int pd_onednn_mm_create(int T, int out, int in, const int8_t *w, const float *w_scale,
-                        enum pd_onednn_dst dst, pd_onednn_mm **mmp, pd_err *err)
+/* The matmul of T rows of a ([T, in], type at) by w ([out, in], type wt) into y ([T, out], type yt),
+ * with per-column output scales when w_scale is not NULL. */
+static int mm_create(int T, int out, int in, const void *w, dnnl_data_type_t at, dnnl_data_type_t wt,
+                     dnnl_data_type_t yt, const float *w_scale, pd_onednn_mm **mmp, pd_err *err)
 {
     *mmp = NULL;
-    if (T < 1 || out < 1 || in < 1 || !w || (dst == PD_ONEDNN_F32 && !w_scale))
-        return pd_err_set(err, PD_EINVAL, "oneDNN matmul: bad shape [%d, %d] x [%d, %d]^T or "
-                          "missing weights/scales", T, in, out, in);
     pd_onednn_mm *mm = calloc(1, sizeof *mm);
     if (!mm)
         return pd_err_set(err, PD_ENOMEM, "oneDNN matmul: out of memory");
@@ -52,15 +51,13 @@ int pd_onednn_mm_create(int T, int out, int in, const int8_t *w, const float *w_
     /* a: [T, in] row-major; w: logical [in, out] stored as pdmoe's [out, in] (tag ba). */
     dnnl_dims_t a_dims = {T, in}, w_dims = {in, out}, y_dims = {T, out};
     dnnl_memory_desc_t a_md, w_user_md, w_any_md, y_md;
-    CHECK(dnnl_memory_desc_init_by_tag(&a_md, 2, a_dims, dnnl_s8, dnnl_ab), "src desc");
-    CHECK(dnnl_memory_desc_init_by_tag(&w_user_md, 2, w_dims, dnnl_s8, dnnl_ba), "weights desc");
-    CHECK(dnnl_memory_desc_init_by_tag(&w_any_md, 2, w_dims, dnnl_s8, dnnl_format_tag_any),
-          "weights desc (any)");
-    CHECK(dnnl_memory_desc_init_by_tag(&y_md, 2, y_dims, dst == PD_ONEDNN_F32 ? dnnl_f32 : dnnl_s32,
-                                       dnnl_ab), "dst desc");
+    CHECK(dnnl_memory_desc_init_by_tag(&a_md, 2, a_dims, at, dnnl_ab), "src desc");
+    CHECK(dnnl_memory_desc_init_by_tag(&w_user_md, 2, w_dims, wt, dnnl_ba), "weights desc");
+    CHECK(dnnl_memory_desc_init_by_tag(&w_any_md, 2, w_dims, wt, dnnl_format_tag_any), "weights desc (any)");
+    CHECK(dnnl_memory_desc_init_by_tag(&y_md, 2, y_dims, yt, dnnl_ab), "dst desc");
     CHECK(dnnl_primitive_attr_create(&attr), "attr_create");
     CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "scratchpad mode");
-    if (dst == PD_ONEDNN_F32)   /* one scale per output column (mask: dimension 1) */
+    if (w_scale)   /* one scale per output column (mask: dimension 1) */
         CHECK(dnnl_primitive_attr_set_output_scales(attr, out, 1 << 1, w_scale), "output scales");
     dnnl_matmul_desc_t md;
     CHECK(dnnl_matmul_desc_init(&md, &a_md, &w_any_md, NULL, &y_md), "matmul_desc_init");
@@ -106,7 +103,27 @@ done:
     return 0;
 }
 
-int pd_onednn_mm_run(pd_onednn_mm *mm, const int8_t *a, void *y, pd_err *err)
+int pd_onednn_mm_create(int T, int out, int in, const int8_t *w, const float *w_scale,
+                        enum pd_onednn_dst dst, pd_onednn_mm **mm, pd_err *err)
+{
+    *mm = NULL;
+    if (T < 1 || out < 1 || in < 1 || !w || (dst == PD_ONEDNN_F32 && !w_scale))
+        return pd_err_set(err, PD_EINVAL, "oneDNN matmul: bad shape [%d, %d] x [%d, %d]^T or "
+                          "missing weights/scales", T, in, out, in);
+    return mm_create(T, out, in, w, dnnl_s8, dnnl_s8, dst == PD_ONEDNN_F32 ? dnnl_f32 : dnnl_s32,
+                     dst == PD_ONEDNN_F32 ? w_scale : NULL, mm, err);
+}
+
+int pd_onednn_mm_create_f32(int T, int out, int in, const float *w, pd_onednn_mm **mm, pd_err *err)
+{
+    *mm = NULL;
+    if (T < 1 || out < 1 || in < 1 || !w)
+        return pd_err_set(err, PD_EINVAL, "oneDNN f32 matmul: bad shape [%d, %d] x [%d, %d]^T or missing weights", T,
+                          in, out, in);
+    return mm_create(T, out, in, w, dnnl_f32, dnnl_f32, dnnl_f32, NULL, mm, err);
+}
+
+int pd_onednn_mm_run(pd_onednn_mm *mm, const void *a, void *y, pd_err *err)
 {
     int rc = 0;
     CHECK(dnnl_memory_set_data_handle(mm->src, (void *)a), "src handle");

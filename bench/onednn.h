@@ -1,5 +1,5 @@
-/* oneDNN's int8 matmul, the same-run anchor of `pdmoe bench kernels` (linked into the benchmarks
- * and the tests only, never into the engine):
+/* oneDNN's int8 and fp32 matmuls, the same-run anchors of `pdmoe bench kernels` (linked into the
+ * benchmarks and the tests only, never into the engine):
  *   y[t][o] = sum_i a[t][i] * w[o][i]                     (PD_ONEDNN_S32: exact int32)
  *   y[t][o] = w_scale[o] * (float)sum_i a[t][i] * w[o][i] (PD_ONEDNN_F32: oneDNN's own epilogue)
  * with a and w signed int8 in pdmoe's layouts (a [T, in], w [out, in], row-major). The weights are
@@ -23,8 +23,13 @@ enum pd_onednn_dst { PD_ONEDNN_S32 = 0, PD_ONEDNN_F32 = 1 };
 int pd_onednn_mm_create(int T, int out, int in, const int8_t *w, const float *w_scale,
                         enum pd_onednn_dst dst, pd_onednn_mm **mm, pd_err *err);
 
-/* y = the product above for activations a ([T, in]); y is [T, out] int32 or float. */
-int pd_onednn_mm_run(pd_onednn_mm *mm, const int8_t *a, void *y, pd_err *err);
+/* The fp32 matmul y[t][o] = sum_i a[t][i] * w[o][i], all fp32 (the anchor of the engine's float
+ * products), weights reordered likewise. */
+int pd_onednn_mm_create_f32(int T, int out, int in, const float *w, pd_onednn_mm **mm, pd_err *err);
+
+/* y = the product above for activations a ([T, in], int8 or fp32 as created); y is [T, out]
+ * int32 or float. */
+int pd_onednn_mm_run(pd_onednn_mm *mm, const void *a, void *y, pd_err *err);
 
 void pd_onednn_mm_free(pd_onednn_mm *mm);
 

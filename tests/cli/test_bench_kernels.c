@@ -1,5 +1,7 @@
 /* `pdmoe bench kernels --json`: one document on stdout with the same-run ceilings and, for every
- * GEMM and MoE case at 1 and 2 threads, pdmoe's and oneDNN's rates side by side. */
+ * GEMM, MoE and float-product case at 1 and 2 threads, pdmoe's and oneDNN's rates side by side;
+ * each fraction of a peak against the peak of its own arithmetic (int8: VNNI, AMX; float: the
+ * fp32 FMA peak), and only where that peak was measured. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
@@ -61,10 +63,15 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
             cr_assert(positive(c, "amx_peak_gops"), "ceiling %d: AMX here but no peak", i);
         else
             cr_assert(json_is_null(amx), "ceiling %d: an AMX peak without AMX", i);
+        json_t *fp32 = json_object_get(c, "fp32_peak_gflops");
+        if (__builtin_cpu_supports("avx512f"))
+            cr_assert(positive(c, "fp32_peak_gflops"), "ceiling %d: AVX-512 here but no fp32 peak", i);
+        else
+            cr_assert(json_is_null(fp32), "ceiling %d: an fp32 peak without its probe", i);
     }
 
-    /* expected: gemm 2048x4096 and 4096x14336, moe; each at 1 and 2 threads */
-    int seen[3][2] = {{0}};
+    /* expected: gemm 2048x4096 and 4096x14336, moe, float; each at 1 and 2 threads */
+    int seen[4][2] = {{0}};
     json_t *cases = json_object_get(doc, "cases");
     cr_assert(json_is_array(cases));
     for (size_t i = 0; i < json_array_size(cases); i++) {
@@ -83,7 +90,22 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
         cr_assert(fabs(ratio - want) <= 1e-3 * want, "case %zu: ratio %g, rates give %g", i, ratio, want);
         /* the fraction of the AMX peak exactly where there is one, and equal to the rates' ratio */
         json_t *of_amx = json_object_get(c, "pdmoe_of_amx_peak");
-        if (pd_gemm_kernel_supported(PD_KERNEL_AMX)) {
+        if (!strcmp(kind, "float")) {
+            /* float products: against the fp32 FMA peak of the same thread count, never an int8 one */
+            cr_assert_null(of_amx, "case %zu: a float product against the AMX peak", i);
+            cr_assert_null(json_object_get(c, "pdmoe_of_vnni_peak"), "case %zu: a float product against VNNI", i);
+            cr_assert(positive(c, "pdmoe_fp32_weights_gflops"), "case %zu: no fp32-weights rate", i);
+            cr_assert_str_eq(json_string_value(json_object_get(shape, "weights")), "bf16");
+            json_t *peak = json_object_get(json_array_get(ceil, (size_t)t - 1), "fp32_peak_gflops");
+            json_t *of = json_object_get(c, "pdmoe_of_fp32_peak");
+            if (json_is_number(peak)) {
+                double want_of = json_number_value(json_object_get(c, "pdmoe_gflops")) / json_number_value(peak);
+                cr_assert(json_is_number(of) && fabs(json_number_value(of) - want_of) <= 1e-3 * want_of,
+                          "case %zu: %g of the fp32 peak, rates give %g", i, json_number_value(of), want_of);
+            } else {
+                cr_assert_null(of, "case %zu: a fraction of an fp32 peak never measured", i);
+            }
+        } else if (pd_gemm_kernel_supported(PD_KERNEL_AMX)) {
             double peak = json_number_value(json_object_get(json_array_get(ceil, (size_t)t - 1), "amx_peak_gops"));
             double rate = json_number_value(json_object_get(c, "pdmoe_gflops"));
             cr_assert(json_is_number(of_amx), "case %zu: AMX here but no pdmoe_of_amx_peak", i);
@@ -98,6 +120,7 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
         int slot = !strcmp(kind, "gemm") && out_ == 2048 && in == 4096    ? 0
                    : !strcmp(kind, "gemm") && out_ == 4096 && in == 14336 ? 1
                    : !strcmp(kind, "moe")                                 ? 2
+                   : !strcmp(kind, "float")                               ? 3
                                                                           : -1;
         if (slot == 2)
             cr_assert_gt(json_integer_value(json_object_get(shape, "experts")), 0);
@@ -106,7 +129,7 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
         else
             cr_assert_str_eq(kind, "gemv", "case %zu: unexpected kind", i);
     }
-    for (int s = 0; s < 3; s++)
+    for (int s = 0; s < 4; s++)
         for (int t = 0; t < 2; t++)
             cr_assert_eq(seen[s][t], 1, "case %d at %d threads: %d objects", s, t + 1, seen[s][t]);
     json_decref(doc);
