@@ -135,12 +135,17 @@ AVX512 static void tile_bf16(const uint16_t *w, size_t ldw, int rows, const floa
     tile(w, 1, ldw, rows, x, ldx, T, n, y, ldy, r0, t0);
 }
 
-/* Rows of w in blocks of about 24 KiB (es bytes a value), each block's tiles over every tile of x. */
+/* Rows of w in blocks of about 24 KiB (es bytes a value), each block's tiles over every tile of x;
+ * rows so long that 8 of them pass 24 KiB in blocks of about 256 KiB, kept in L2 while x passes
+ * (mHC's mixing, 24 fp32 rows of 2,048 values times 2,048 tokens, 1 thread: 28-32 GFLOPS in
+ * blocks of 4 rows, 42 in one block of 24). */
 AVX512 static void dot_gemm_avx512(const void *w, int bf16, size_t ldw, int rows, const float *x, size_t ldx, int T,
                                    int n, float *y, size_t ldy)
 {
     const int es = bf16 ? 2 : 4;
     int block = (24 << 10) / (n * es) / 4 * 4;
+    if (block < 8)   /* long rows: 4 x rows fill L1 by themselves; a block of 256 KiB stays in L2 */
+        block = (256 << 10) / (n * es) / 4 * 4;
     block = block < 4 ? 4 : block;
     const char *base = w;
     const size_t row_bytes = ldw * (size_t)es;

@@ -1,10 +1,10 @@
 /* pd_dot_gemm gives, for every (w row, x row) pair, the bits pd_dot gives that pair: lengths of
  * 1 to 3 and more 32-value chunks with and without a lone 16-value block (the even/odd chains),
  * lengths off the 16-value grid (the pd_dot_rows fallback), row and token counts around the 4 x 4
- * tile and the ~24 KiB row block, leading dimensions larger than the length, and values whose sum
- * depends on the order of the additions (large and small magnitudes of both signs); the same for
- * pd_dot_gemm_bf16 against pd_dot of the widened row; likewise pd_axpy_heads against
- * pd_axpy_rows. */
+ * tile, the ~24 KiB row block and the ~256 KiB one of long rows, leading dimensions larger than
+ * the length, and values whose sum depends on the order of the additions (large and small
+ * magnitudes of both signs); the same for pd_dot_gemm_bf16 against pd_dot of the widened row;
+ * likewise pd_axpy_heads against pd_axpy_rows. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +26,7 @@ static float value(uint64_t *s)
 static void same_bits(int bf16)
 {
     static const int ns[] = {16, 32, 48, 64, 80, 128, 144, 512, 1024, 1040, 1, 15, 33, 100};
-    static const int rows_of[] = {1, 3, 4, 5, 8, 13, 17, 49};
+    static const int rows_of[] = {1, 3, 4, 5, 8, 13, 17, 49, 131};
     static const int T_of[] = {1, 2, 4, 5, 7, 9};
     uint64_t s = 11;
     for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) {
