@@ -24,40 +24,6 @@ static void swiglu_rows(float *g, const float *u, size_t n, float limit)
     pd_swiglu(g, u, n, limit);
 }
 
-/* Router logits z = x Wg^T of every token, experts split over the pool (each logit is one dot
- * product, computed by whichever thread: the same bits). */
-struct score_job {
-    const float *x;            /* [T, hidden] */
-    const struct pd_linear *gate;   /* [experts, hidden], fp32 (f) or bf16 (h) */
-    float *z;                  /* [T, experts] */
-    int T, E, H, per;
-};
-
-enum { SCORE_TOKENS_T = 2 };
-
-static void score_task(void *arg, int task)
-{
-    const struct score_job *j = arg;
-    int lo = task * j->per, hi = lo + j->per < j->E ? lo + j->per : j->E;
-    if (j->T >= SCORE_TOKENS_T) {
-        /* several tokens: each row of the gate read once for up to four tokens at a time */
-        if (j->gate->h)
-            pd_dot_rows_tokens_bf16(j->gate->h + (size_t)lo * j->H, (size_t)j->H, j->x, (size_t)j->H, j->T, j->H,
-                                    hi - lo, j->z + lo, (size_t)j->E);
-        else
-            pd_dot_rows_tokens(j->gate->f + (size_t)lo * j->H, (size_t)j->H, j->x, (size_t)j->H, j->T, j->H, hi - lo,
-                               j->z + lo, (size_t)j->E);
-        return;
-    }
-    for (int t = 0; t < j->T; t++)
-        if (j->gate->h)
-            pd_dot_rows_bf16(j->gate->h + (size_t)lo * j->H, (size_t)j->H, j->x + (size_t)t * j->H, j->H, hi - lo,
-                             j->z + (size_t)t * j->E + lo);
-        else
-            pd_dot_rows(j->gate->f + (size_t)lo * j->H, (size_t)j->H, j->x + (size_t)t * j->H, j->H, hi - lo,
-                        j->z + (size_t)t * j->E + lo);
-}
-
 /* The score of a logit: s = sqrt(softplus(z)). */
 static float score_of(float z)
 {
@@ -222,21 +188,22 @@ static void choose_task(void *arg, int task)
 
 /* Chooses each token's experts and weights: ids [T, k] (ascending), w [T, k]; scores [T, E]
  * (logits in, scores of at least the chosen experts out). */
-static void route(struct pd_step *st, const struct pd_layer_w *L, int32_t *ids, float *w, float *scores)
+static int route(struct pd_step *st, const struct pd_layer_w *L, int32_t *ids, float *w, float *scores, pd_err *e)
 {
-    const struct pd_model *m = &st->en->model;
-    const int E = m->n_routed_experts, H = (int)m->hidden_size;
-    struct score_job job = {.x = st->x, .gate = &L->gate, .z = scores, .T = st->T, .E = E, .H = H, .per = 32};
     pthread_once(&sp_once, sp_init);
-    /* the gate is [E, hidden] (256 KB of bf16 in v4-flash-mini, about the layer's routed
-     * experts at batch 1): split over the pool unless the whole product is tiny */
-    pd_pool_run((int64_t)st->T * E * H >= 1 << 16 ? st->en->pool : NULL, (E + job.per - 1) / job.per, score_task, &job);
+    /* router logits z = x Wg^T of every token: the gate ([E, hidden], fp32 or bf16) is a float
+     * product like any other (engine/linear.c: row by row, a few tokens per row, or tiled by
+     * the token count; the bits of pd_dot whichever) */
+    int rc = pd_linear_fwd(&L->gate, st->en->pool, 0, st->x, st->T, scores, NULL, NULL, e);
+    if (rc)
+        return rc;
     struct choose_job cj = {.st = st, .L = L, .ids = ids, .w = w, .scores = scores};
     /* a prefill's tokens choose over the pool, 16 a task; a few tokens on the caller */
     if (st->T >= 32)
         pd_pool_run(st->en->pool, (st->T + 15) / 16, choose_task, &cj);
     else
         choose_tokens(&cj, 0, st->T);
+    return 0;
 }
 
 /* One expert FFN on `n` rows of x (float reference path, or a dense expert); xq: x quantised, or
@@ -421,7 +388,8 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
     float *scores = pd_scratch(en, 43, (size_t)T * m->n_routed_experts * 4, e);
     if (!ids || !w || !y || !sh || !scores)
         goto out;
-    route(st, L, ids, w, scores);
+    if ((rc = route(st, L, ids, w, scores, e)))
+        goto out;
     /* a decode step's shared expert joins the routed experts' grouped products when they run
      * here (int8, the same intermediate size): two pool runs fewer a layer, the same bits */
     const int fuse_shared = m->n_shared_experts > 0 && !en->ref && !en->experts_fn && T <= SHARED_FUSE_T &&
