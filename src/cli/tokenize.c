@@ -73,28 +73,23 @@ static int print_ids(const struct pd_tok *t, const char *text, size_t len, int a
 /* One chat (a "messages" array) rendered in format f: {"text": ..., "ids": [...]}. */
 static int print_chat(const struct pd_tok *t, enum pd_chat_format f, json_t *msgs, const char *what)
 {
-    size_t n = json_array_size(msgs);
-    if (!json_is_array(msgs) || !n) {
-        fprintf(stderr, "pdmoe tokenize: %s: expected a non-empty JSON array of messages\n", what);
-        return 1;
-    }
-    struct pd_chat_msg m[256];
-    if (n > sizeof m / sizeof m[0]) {
-        fprintf(stderr, "pdmoe tokenize: %s: at most %zu messages\n", what, sizeof m / sizeof m[0]);
-        return 1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        json_t *x = json_array_get(msgs, i);
-        m[i].role = json_string_value(json_object_get(x, "role"));
-        m[i].content = json_string_value(json_object_get(x, "content"));
-    }
+    struct pd_chat_msg *m;
+    size_t n;
     char *text;
     size_t len;
     int32_t *ids = NULL;
     size_t nid = 0;
     pd_err e = {0};
-    if (pd_chat_render(f, m, n, 1, &text, &len, &e) || pd_tok_encode(t, text, len, &ids, &nid, &e)) {
+    if (pd_chat_messages(msgs, &m, &n, &e)) {
         fprintf(stderr, "pdmoe tokenize: %s: %s\n", what, e.msg);
+        return 1;
+    }
+    int rc = pd_chat_render(f, m, n, 1, &text, &len, &e);
+    pd_chat_messages_free(m, n);
+    if (rc || pd_tok_encode(t, text, len, &ids, &nid, &e)) {
+        fprintf(stderr, "pdmoe tokenize: %s: %s\n", what, e.msg);
+        if (!rc)
+            free(text);
         return 1;
     }
     json_t *o = json_pack("{s:s%,s:[]}", "text", text, len, "ids");

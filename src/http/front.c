@@ -58,6 +58,7 @@ struct conn {
 
 struct route {
     struct pd_http_front *f;
+    int methods;    /* enum evhttp_cmd_type mask, 0: any */
     void (*cb)(struct evhttp_request *, void *);
     void *arg;
     struct route *next;
@@ -529,6 +530,13 @@ static void on_route(struct evhttp_request *h, void *arg)
         pd_http_error(h, 505, "invalid_request_error", NULL, "HTTP version not supported: HTTP/1.0 or HTTP/1.1 only");
         return;
     }
+    if (r->methods && !(evhttp_request_get_command(h) & r->methods)) {
+        const char *allow = r->methods & EVHTTP_REQ_POST ? "POST" : "GET, HEAD";
+        r->f->st.wrong_method++;
+        evhttp_add_header(evhttp_request_get_output_headers(h), "Allow", allow);
+        pd_http_error(h, 405, "invalid_request_error", NULL, "use %s", r->methods & EVHTTP_REQ_POST ? "POST" : "GET");
+        return;
+    }
     r->cb(h, r->arg);
 }
 
@@ -635,13 +643,15 @@ int pd_http_front_new(struct event_base *base, const struct pd_http_limits *lim,
     return 0;
 }
 
-int pd_http_front_route(struct pd_http_front *f, const char *path, void (*cb)(struct evhttp_request *, void *),
-                        void *arg)
+int pd_http_front_route(struct pd_http_front *f, const char *path, int methods,
+                        void (*cb)(struct evhttp_request *, void *), void *arg)
 {
     struct route *r = malloc(sizeof *r);
     if (!r)
         return PD_ENOMEM;
-    *r = (struct route){f, cb, arg, f->routes};
+    if (methods & EVHTTP_REQ_GET)
+        methods |= EVHTTP_REQ_HEAD;
+    *r = (struct route){f, methods, cb, arg, f->routes};
     f->routes = r;
     if (!path) {
         evhttp_set_gencb(f->http, on_route, r);
@@ -665,9 +675,11 @@ void pd_http_front_metrics(const struct pd_http_front *f, struct evbuffer *b)
                         "pdmoe_http_connections_closed_total{why=\"over_limit_503\"} %llu\n"
                         "pdmoe_http_connections_closed_total{why=\"idle_evicted\"} %llu\n"
                         "pdmoe_http_connections_closed_total{why=\"timeout\"} %llu\n"
-                        "# TYPE pdmoe_http_accept_paused_total counter\npdmoe_http_accept_paused_total %llu\n",
+                        "# TYPE pdmoe_http_accept_paused_total counter\npdmoe_http_accept_paused_total %llu\n"
+                        "# TYPE pdmoe_http_method_not_allowed_total counter\npdmoe_http_method_not_allowed_total %llu\n",
                         f->n_conns, f->cap, (unsigned long long)f->st.rejected, (unsigned long long)f->st.evicted,
-                        (unsigned long long)f->st.timed_out, (unsigned long long)f->st.accept_paused);
+                        (unsigned long long)f->st.timed_out, (unsigned long long)f->st.accept_paused,
+                        (unsigned long long)f->st.wrong_method);
 }
 
 void pd_http_front_free(struct pd_http_front *f)

@@ -46,6 +46,7 @@ struct pd_http_stats {
     uint64_t evicted;               /* idle connections closed to make room */
     uint64_t timed_out;             /* closed by the idle, header or body deadline */
     uint64_t accept_paused;         /* accept() failed for lack of descriptors */
+    uint64_t wrong_method;          /* 405: a method its route does not take */
 };
 
 struct pd_http_front;
@@ -53,9 +54,12 @@ struct pd_http_front;
 /* An evhttp on base listening on host:port (port 0: ephemeral). */
 int pd_http_front_new(struct event_base *base, const struct pd_http_limits *lim, const char *host, int port,
                       struct pd_http_front **out, pd_err *e);
-/* cb answers requests for path (exact match), or every other path when path is NULL. */
-int pd_http_front_route(struct pd_http_front *f, const char *path, void (*cb)(struct evhttp_request *, void *),
-                        void *arg);
+/* cb answers requests for path (exact match), or every other path when path is NULL, whose
+ * method is among `methods` (a mask of enum evhttp_cmd_type; 0: any). Another method gets a 405
+ * with an Allow header and a JSON error naming the methods ("use GET"), counted in wrong_method;
+ * a GET route takes HEAD too (its answer without the body). */
+int pd_http_front_route(struct pd_http_front *f, const char *path, int methods,
+                        void (*cb)(struct evhttp_request *, void *), void *arg);
 int pd_http_front_port(const struct pd_http_front *f);
 /* The connections open, the cap and the counters above as Prometheus text (pdmoe_http_*), appended to b. */
 void pd_http_front_metrics(const struct pd_http_front *f, struct evbuffer *b);

@@ -125,6 +125,94 @@ static void render_v3(struct buf *b, const struct pd_chat_msg *m, size_t n)
     put(b, ASSISTANT);
 }
 
+/* A content array's text parts joined by "\n" into *owned, m->content pointing at it (see chat.h). */
+static int join_parts(const json_t *parts, size_t i, struct pd_chat_msg *m, char **owned, pd_err *e)
+{
+    size_t len = 0, np = json_array_size(parts);
+    for (size_t j = 0; j < np; j++) {
+        const json_t *p = json_array_get(parts, j), *v;
+        const char *k, *type = json_string_value(json_object_get(p, "type"));
+        if (!json_is_object(p) || !type)
+            return pd_err_set(e, PD_EINVAL, "\"messages[%zu].content[%zu]\" must be an object with a \"type\"", i, j);
+        if (strcmp(type, "text"))
+            return pd_err_set(e, PD_EINVAL,
+                              "\"messages[%zu].content[%zu]\": part type \"%s\" is not supported (text parts only)", i,
+                              j, type);
+        json_object_foreach((json_t *)p, k, v)
+            if (strcmp(k, "type") && strcmp(k, "text"))
+                return pd_err_set(e, PD_EINVAL, "\"messages[%zu].content[%zu]\": \"%s\" is not supported", i, j, k);
+        if (!json_is_string(json_object_get(p, "text")))
+            return pd_err_set(e, PD_EINVAL, "\"messages[%zu].content[%zu]\": a text part needs a string \"text\"", i,
+                              j);
+        len += json_string_length(json_object_get(p, "text")) + (j > 0);
+    }
+    char *t = malloc(len + 1);
+    if (!t)
+        return pd_err_set(e, PD_ENOMEM, "out of memory for the chat's prompt");
+    size_t at = 0;
+    for (size_t j = 0; j < np; j++) {
+        const json_t *text = json_object_get(json_array_get(parts, j), "text");
+        if (j > 0)
+            t[at++] = '\n';
+        memcpy(t + at, json_string_value(text), json_string_length(text));
+        at += json_string_length(text);
+    }
+    t[at] = 0;
+    *owned = t;
+    m->content = t;
+    return 0;
+}
+
+int pd_chat_messages(const json_t *msgs, struct pd_chat_msg **mp, size_t *np, pd_err *e)
+{
+    *mp = NULL;
+    *np = 0;
+    const size_t n = json_array_size(msgs);
+    if (!json_is_array(msgs) || n == 0)
+        return pd_err_set(e, PD_EINVAL, "\"messages\" must be a non-empty array");
+    /* the messages, then as many pointers to the contents joined here (pd_chat_messages_free) */
+    struct pd_chat_msg *m = calloc(n, sizeof *m + sizeof(char *));
+    if (!m)
+        return pd_err_set(e, PD_ENOMEM, "out of memory for the chat's prompt");
+    char **owned = (char **)(m + n);
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        const json_t *x = json_array_get(msgs, i), *v, *c;
+        const char *k;
+        if (!json_is_object(x)) {
+            rc = pd_err_set(e, PD_EINVAL, "\"messages[%zu]\" must be an object with \"role\" and \"content\"", i);
+            break;
+        }
+        json_object_foreach((json_t *)x, k, v)
+            if (strcmp(k, "role") && strcmp(k, "content")) {
+                rc = pd_err_set(e, PD_EINVAL, "\"messages[%zu]\": \"%s\" is not supported (a message has \"role\" "
+                                "and \"content\")", i, k);
+                break;
+            }
+        m[i].role = json_string_value(json_object_get(x, "role"));
+        c = json_object_get(x, "content");
+        if (!rc && json_is_array(c))
+            rc = join_parts(c, i, &m[i], &owned[i], e);
+        else
+            m[i].content = json_string_value(c);
+    }
+    if (rc) {
+        pd_chat_messages_free(m, n);
+        return rc;
+    }
+    *mp = m;
+    *np = n;
+    return 0;
+}
+
+void pd_chat_messages_free(struct pd_chat_msg *m, size_t n)
+{
+    char **owned = (char **)(m + n);
+    for (size_t i = 0; m && i < n; i++)
+        free(owned[i]);
+    free(m);
+}
+
 int pd_chat_render(enum pd_chat_format f, const struct pd_chat_msg *m, size_t n, int with_bos, char **out,
                    size_t *len, pd_err *e)
 {

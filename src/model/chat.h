@@ -13,12 +13,14 @@
  *     "<｜Assistant｜>" at the end. Recognised only when the checkpoint's template is that one
  *     byte for byte; CI checks the rendering against @huggingface/jinja on the real template
  *     (tests/tokenizer/chat.mjs).
- * Roles are system, user and assistant, contents strings; tool calls, tool results and thinking
- * mode are refused by the caller (pdmoe does not implement them). BOS/EOS are
+ * Roles are system, user and assistant, contents strings (text parts joined first:
+ * pd_chat_messages); tool calls, tool results and thinking mode are refused (pdmoe does not
+ * implement them). BOS/EOS are
  * "<｜begin▁of▁sentence｜>" / "<｜end▁of▁sentence｜>". */
 #ifndef PD_MODEL_CHAT_H
 #define PD_MODEL_CHAT_H
 
+#include <jansson.h>
 #include <stddef.h>
 
 #include "core/err.h"
@@ -37,6 +39,16 @@ const char *pd_chat_format_name(enum pd_chat_format f);
  * tokenizer_config.json). Any other template is an error naming the file and the field: pdmoe
  * does not run arbitrary Jinja, and would rather refuse than guess. */
 int pd_chat_format_of(const char *dir, enum pd_chat_format *f, pd_err *e);
+
+/* The OpenAI chat API's "messages" (a non-empty JSON array) as n messages into *m (malloc'ed;
+ * pd_chat_messages_free), pointing into msgs, which must outlive them. Each message is an object
+ * of "role" and "content" only: another field (name, tool_calls, tool_call_id, ...) is an error
+ * naming it, as pdmoe implements none of them. A content is a string, or an array of text parts
+ * {"type": "text", "text": "..."} joined by "\n" (as vLLM joins them for a text-only template);
+ * another part type (image_url, input_audio, ...) or a part with other fields is an error naming
+ * "messages[i].content[j]". Roles and missing contents are checked by pd_chat_render. */
+int pd_chat_messages(const json_t *msgs, struct pd_chat_msg **m, size_t *n, pd_err *e);
+void pd_chat_messages_free(struct pd_chat_msg *m, size_t n);
 
 /* The prompt text of n messages in format f, with the BOS text first when with_bos (the server
  * adds the BOS id itself). Malloc'ed into *out, its length in *len. A message with another role

@@ -408,38 +408,18 @@ static int authorised(struct pd_server *s, struct evhttp_request *h)
 
 /* Builds the prompt text of a chat in the checkpoint's format (model/chat.h), without the BOS (the
  * prompt's first id is added as for every request). A message's field other than role and
- * content (tool_calls, name, ...) is refused by name: pdmoe does not implement them. */
+ * content (tool_calls, name, ...) and a content part other than text are refused by name: pdmoe
+ * does not implement them. */
 static int chat_prompt(struct pd_server *s, struct evhttp_request *h, json_t *msgs, char **out)
 {
-    size_t n = json_array_size(msgs);
-    if (!json_is_array(msgs) || n == 0) {
-        pd_srv_send_error(s, h, 400, "invalid_request_error", "messages", "\"messages\" must be a non-empty array");
-        return -1;
-    }
-    struct pd_chat_msg *m = calloc(n, sizeof *m);
-    if (!m) {
-        pd_srv_send_error(s, h, 503, "server_error", "messages", "out of memory for the chat's prompt");
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        json_t *x = json_array_get(msgs, i), *v;
-        const char *k;
-        json_object_foreach(x, k, v) {
-            if (strcmp(k, "role") && strcmp(k, "content")) {
-                pd_srv_send_error(s, h, 400, "invalid_request_error", "messages",
-                                  "\"messages[%zu]\": \"%s\" is not supported (a message has \"role\" and \"content\")",
-                                  i, k);
-                free(m);
-                return -1;
-            }
-        }
-        m[i].role = json_string_value(json_object_get(x, "role"));
-        m[i].content = json_string_value(json_object_get(x, "content"));
-    }
+    struct pd_chat_msg *m;
+    size_t n, len;
     pd_err e = {0};
-    size_t len;
-    int rc = pd_chat_render(s->chat, m, n, 0, out, &len, &e);
-    free(m);
+    int rc = pd_chat_messages(msgs, &m, &n, &e);
+    if (!rc) {
+        rc = pd_chat_render(s->chat, m, n, 0, out, &len, &e);
+        pd_chat_messages_free(m, n);
+    }
     if (rc)
         pd_srv_send_error(s, h, rc == PD_ENOMEM ? 503 : 400, rc == PD_ENOMEM ? "server_error" : "invalid_request_error",
                           "messages", "%s", e.msg);
@@ -555,10 +535,6 @@ static int stop_params(struct pd_server *s, struct evhttp_request *h, json_t *j,
 static void on_completion(struct evhttp_request *h, void *arg, int chat)
 {
     struct pd_server *s = arg;
-    if (evhttp_request_get_command(h) != EVHTTP_REQ_POST) {
-        pd_srv_send_error(s, h, 405, "invalid_request_error", NULL, "use POST");
-        return;
-    }
     if (!authorised(s, h))
         return;
     json_error_t je;
@@ -847,10 +823,6 @@ static void on_models(struct evhttp_request *h, void *arg)
 static void on_expert_stats(struct evhttp_request *h, void *arg)
 {
     struct pd_server *s = arg;
-    if (evhttp_request_get_command(h) != EVHTTP_REQ_GET) {
-        pd_srv_send_error(s, h, 405, "invalid_request_error", NULL, "use GET");
-        return;
-    }
     if (!authorised(s, h))
         return;
     pthread_mutex_lock(&s->mu);
@@ -1046,12 +1018,19 @@ void pd_srv_answer_shutdown(struct pd_server *s, struct req *r)
 
 int pd_srv_api_install(struct pd_server *s)
 {
-    static const struct { const char *path; void (*cb)(struct evhttp_request *, void *); } routes[] = {
-        {"/v1/completions", on_completions}, {"/v1/chat/completions", on_chat}, {"/v1/models", on_models},
-        {"/health", pd_http_health}, {"/metrics", on_metrics}, {"/expert_stats", on_expert_stats}, {NULL, on_other},
+    enum { GET = EVHTTP_REQ_GET, POST = EVHTTP_REQ_POST };
+    static const struct {
+        const char *path;
+        int methods;
+        void (*cb)(struct evhttp_request *, void *);
+    } routes[] = {
+        {"/v1/completions", POST, on_completions}, {"/v1/chat/completions", POST, on_chat},
+        {"/v1/models", GET, on_models},            {"/health", GET, pd_http_health},
+        {"/metrics", GET, on_metrics},             {"/expert_stats", GET, on_expert_stats},
+        {NULL, 0, on_other},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
-        if (pd_http_front_route(s->front, routes[i].path, routes[i].cb, s))
+        if (pd_http_front_route(s->front, routes[i].path, routes[i].methods, routes[i].cb, s))
             return -1;
     s->notify = event_new(s->base, -1, 0, on_notify, s);
     return s->notify ? 0 : -1;

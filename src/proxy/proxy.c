@@ -619,10 +619,6 @@ static int prompt_key(json_t *body, struct pd_route_key *k)
 static void on_completion(struct evhttp_request *h, void *arg, const char *path)
 {
     struct pd_proxy *px = arg;
-    if (evhttp_request_get_command(h) != EVHTTP_REQ_POST) {
-        reply_error(h, 405, "invalid_request_error", "use POST");
-        return;
-    }
     if (!authorised(px, h))
         return;
     if (px->stopping) {
@@ -844,10 +840,6 @@ static void on_stats_done(struct evhttp_request *r, void *arg)
 static void on_expert_stats(struct evhttp_request *h, void *arg)
 {
     struct pd_proxy *px = arg;
-    if (evhttp_request_get_command(h) != EVHTTP_REQ_GET) {
-        reply_error(h, 405, "invalid_request_error", "use GET");
-        return;
-    }
     if (!authorised(px, h))
         return;
     struct evkeyvalq q;
@@ -1073,12 +1065,19 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
         return rc;
     }
     px->port = pd_http_front_port(px->front);
-    static const struct { const char *path; void (*cb)(struct evhttp_request *, void *); } routes[] = {
-        {"/v1/completions", on_completions}, {"/v1/chat/completions", on_chat}, {"/v1/models", on_models},
-        {"/health", pd_http_health}, {"/metrics", on_metrics}, {"/expert_stats", on_expert_stats}, {NULL, on_other},
+    enum { GET = EVHTTP_REQ_GET, POST = EVHTTP_REQ_POST };
+    static const struct {
+        const char *path;
+        int methods;
+        void (*cb)(struct evhttp_request *, void *);
+    } routes[] = {
+        {"/v1/completions", POST, on_completions}, {"/v1/chat/completions", POST, on_chat},
+        {"/v1/models", GET, on_models},            {"/health", GET, pd_http_health},
+        {"/metrics", GET, on_metrics},             {"/expert_stats", GET, on_expert_stats},
+        {NULL, 0, on_other},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
-        if (pd_http_front_route(px->front, routes[i].path, routes[i].cb, px)) {
+        if (pd_http_front_route(px->front, routes[i].path, routes[i].methods, routes[i].cb, px)) {
             pd_proxy_destroy(px);
             return pd_err_set(e, PD_ENOMEM, "out of memory");
         }

@@ -3,6 +3,7 @@
  * template (checked against Jinja itself in CI: tests/tokenizer/chat.mjs), and which format a
  * checkpoint directory gets. */
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +76,68 @@ Test(chat, other_roles_are_refused_by_message)
     m[1] = (struct pd_chat_msg){"assistant", NULL};
     cr_expect_eq(pd_chat_render(PD_CHAT_DSV3, m, 2, 1, &out, &len, &e), PD_EINVAL);
     cr_expect(strstr(e.msg, "messages[1]"), "%s", e.msg);
+}
+
+/* The API's messages as JSON -> messages: a content of text parts is their texts joined by "\n"
+ * (as vLLM joins them), rendered as that string would be; what pdmoe does not implement (another
+ * part type, a field of a part or a message) is refused naming where it is. The messages point
+ * into the JSON (*j), which the caller frees after them. */
+static int from_json(const char *text, json_t **j, struct pd_chat_msg **m, size_t *n, pd_err *e)
+{
+    json_error_t je;
+    *j = json_loads(text, 0, &je);
+    cr_assert_not_null(*j, "%s", je.text);
+    return pd_chat_messages(*j, m, n, e);
+}
+
+Test(chat, text_parts_are_joined_and_the_rest_refused_by_place)
+{
+    struct pd_chat_msg *m;
+    size_t n;
+    pd_err e = {0};
+    json_t *j;
+    cr_assert_eq(from_json("[{\"role\":\"system\",\"content\":[{\"type\":\"text\",\"text\":\"s\"}]},"
+                           "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"one\"},"
+                           "{\"type\":\"text\",\"text\":\"\"},{\"text\":\"two\",\"type\":\"text\"}]},"
+                           "{\"role\":\"assistant\",\"content\":[]}]",
+                           &j, &m, &n, &e),
+                 0, "%s", e.msg);
+    cr_assert_eq(n, 3);
+    cr_expect_str_eq(m[0].content, "s");
+    cr_expect_str_eq(m[1].content, "one\n\ntwo");
+    cr_expect_str_eq(m[2].content, "");
+    char *out;
+    size_t len;
+    cr_assert_eq(pd_chat_render(PD_CHAT_DSV4, m, n, 1, &out, &len, &e), 0, "%s", e.msg);
+    cr_expect_str_eq(out, B "s" U "one\n\ntwo" A "</think>" E);
+    free(out);
+    pd_chat_messages_free(m, n);
+    json_decref(j);
+
+    static const struct {
+        const char *json, *want;
+    } bad[] = {
+        {"[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]",
+         "\"messages[0].content[0]\": part type \"image_url\" is not supported (text parts only)"},
+        {"[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+         "{\"type\":\"text\"}]}]",
+         "\"messages[1].content[1]\": a text part needs a string \"text\""},
+        {"[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\",\"cache_control\":{}}]}]",
+         "\"messages[0].content[0]\": \"cache_control\" is not supported"},
+        {"[{\"role\":\"user\",\"content\":[\"a\"]}]", "\"messages[0].content[0]\" must be an object with a \"type\""},
+        {"[{\"role\":\"user\",\"content\":\"q\",\"name\":\"bob\"}]",
+         "\"messages[0]\": \"name\" is not supported (a message has \"role\" and \"content\")"},
+        {"[\"q\"]", "\"messages[0]\" must be an object with \"role\" and \"content\""},
+        {"[]", "\"messages\" must be a non-empty array"},
+        {"{}", "\"messages\" must be a non-empty array"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        e = (pd_err){0};
+        cr_expect_eq(from_json(bad[i].json, &j, &m, &n, &e), PD_EINVAL, "%s", bad[i].json);
+        cr_expect_str_eq(e.msg, bad[i].want);
+        cr_expect_null(m);
+        json_decref(j);
+    }
 }
 
 static void write_file(const char *path, const char *text)

@@ -176,6 +176,10 @@ Test(proxy, expert_stats_of_the_deployment)
     cr_assert_eq(curl_port(x, "/expert_stats?role=both", NULL, NULL, out, sizeof out), 400, "%s", out);
     cr_assert(strstr(out, "\"param\":\"role\""), "%s", out);
     cr_assert_eq(curl_port(x, "/expert_stats", "{}", NULL, out, sizeof out), 405, "%s", out);
+    /* the proxy's routes take their own methods only, as the servers' do */
+    cr_assert_eq(curl_port(x, "/v1/models", NULL, "-X DELETE -i", out, sizeof out), 405, "%s", out);
+    cr_assert(strstr(out, "Allow: GET, HEAD\r\n") && strstr(out, "\"message\":\"use GET\""), "%s", out);
+    cr_assert_eq(curl_port(x, "/v1/completions", NULL, "-X PUT", out, sizeof out), 405, "%s", out);
 }
 
 Test(proxy, expert_stats_name_a_dead_instance)

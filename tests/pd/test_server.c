@@ -177,6 +177,61 @@ Test(server, bad_requests_get_4xx_json)
     expect(404, "/v1/completions", "{\"model\": \"gpt-9\", \"prompt\": \"x\"}", NULL, "model");
     expect(404, "/v2/everything", NULL, NULL, NULL);
     expect(405, "/v1/completions", NULL, NULL, NULL);
+    /* a content part pdmoe does not run is refused by its place */
+    expect(400, "/v1/chat/completions",
+           "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {}}]}]}", NULL,
+           "messages");
+    /* a route's other methods: a 405 naming the one it takes, with Allow (GET routes take HEAD) */
+    static const struct {
+        const char *path, *method, *allow;
+    } wrong[] = {
+        {"/v1/models", "DELETE", "GET, HEAD"}, {"/health", "PUT", "GET, HEAD"},
+        {"/metrics", "POST", "GET, HEAD"},     {"/v1/chat/completions", "PUT", "POST"},
+    };
+    for (size_t i = 0; i < sizeof wrong / sizeof *wrong; i++) {
+        char extra[64], out[8192];
+        snprintf(extra, sizeof extra, "-X %s -i", wrong[i].method);
+        cr_assert_eq(curl(wrong[i].path, NULL, extra, out, sizeof out), 405, "%s %s: %s", wrong[i].method,
+                     wrong[i].path, out);
+        char allow[64];
+        snprintf(allow, sizeof allow, "Allow: %s\r\n", wrong[i].allow);
+        cr_expect(strstr(out, allow), "%s %s: no %s in %s", wrong[i].method, wrong[i].path, wrong[i].allow, out);
+        const char *body = strstr(out, "\r\n\r\n");
+        cr_assert_not_null(body);
+        json_t *j = parse(body + 4);
+        char use[16];
+        snprintf(use, sizeof use, "use %s", wrong[i].allow[0] == 'G' ? "GET" : "POST");
+        cr_expect_str_eq(json_string_value(json_object_get(json_object_get(j, "error"), "message")), use);
+        json_decref(j);
+    }
+    char out[256];
+    cr_assert_eq(curl("/health", NULL, "-I", out, sizeof out), 200, "HEAD /health: %s", out);
+    /* the four above and the GET of /v1/completions */
+    cr_assert_eq(metric_port(port, "pdmoe_http_method_not_allowed_total"), 5);
+}
+
+/* A chat's content as the API's text parts is their texts joined by "\n": the same prompt, the
+ * same greedy tokens as that string. */
+Test(server, a_contents_text_parts_are_its_string)
+{
+    start(NULL, dir, 256);
+    char a[8192], b[8192];
+    cr_assert_eq(curl("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+                      "\"text\":\"Hi\"},{\"type\":\"text\",\"text\":\"there\"}]}],\"max_tokens\":4,\"temperature\":0}",
+                      NULL, a, sizeof a), 200, "%s", a);
+    cr_assert_eq(curl("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\\nthere\"}],"
+                      "\"max_tokens\":4,\"temperature\":0}", NULL, b, sizeof b), 200, "%s", b);
+    json_t *ja = parse(a), *jb = parse(b);
+    json_t *ua = json_object_get(ja, "usage"), *ub = json_object_get(jb, "usage");
+    cr_expect(json_equal(json_object_get(ua, "prompt_tokens"), json_object_get(ub, "prompt_tokens")), "%s | %s", a, b);
+    const char *ta = json_string_value(json_object_get(json_object_get(json_array_get(json_object_get(ja, "choices"), 0),
+                                                                       "message"), "content"));
+    const char *tb = json_string_value(json_object_get(json_object_get(json_array_get(json_object_get(jb, "choices"), 0),
+                                                                       "message"), "content"));
+    cr_assert(ta && tb);
+    cr_expect_str_eq(ta, tb);
+    json_decref(ja);
+    json_decref(jb);
 }
 
 Test(server, api_key)
