@@ -532,6 +532,45 @@ static int stop_params(struct pd_server *s, struct evhttp_request *h, json_t *j,
     return 0;
 }
 
+/* A completion's "prompt" as token ids (vLLM's and OpenAI's form besides a string): a non-empty
+ * array of ids of this model's vocabulary. A batch (an array of strings or of arrays) is refused by
+ * name: one prompt per request. 0, or -1 after a 400. */
+static int token_prompt(struct pd_server *s, struct evhttp_request *h, json_t *p)
+{
+    size_t n = json_array_size(p), i;
+    json_t *v;
+    if (n == 0) {
+        pd_srv_send_error(s, h, 400, "invalid_request_error", "prompt", "\"prompt\" is an empty array of token ids");
+        return -1;
+    }
+    json_array_foreach(p, i, v) {
+        if (json_is_string(v) || json_is_array(v)) {
+            pd_srv_send_error(s, h, 400, "invalid_request_error", "prompt",
+                              "\"prompt\": a batch of prompts is not supported (one prompt a request: a string or "
+                              "an array of token ids)");
+            return -1;
+        }
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= s->V) {
+            pd_srv_send_error(s, h, 400, "invalid_request_error", "prompt",
+                              "\"prompt[%zu]\" is not a token id of this model (integers 0 to %d)", i, s->V - 1);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The ids of a prompt token_prompt accepted, malloc'ed into *ids. */
+static int token_ids(json_t *p, int32_t **ids, size_t *n, pd_err *e)
+{
+    *n = json_array_size(p);
+    *ids = malloc(*n * sizeof **ids);
+    if (!*ids)
+        return pd_err_set(e, PD_ENOMEM, "out of memory for the prompt's %zu tokens", *n);
+    for (size_t i = 0; i < *n; i++)
+        (*ids)[i] = (int32_t)json_integer_value(json_array_get(p, i));
+    return 0;
+}
+
 static void on_completion(struct evhttp_request *h, void *arg, int chat)
 {
     struct pd_server *s = arg;
@@ -614,12 +653,14 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
             goto out;
     } else {
         json_t *p = json_object_get(j, "prompt");
-        if (!json_is_string(p)) {
-            pd_srv_send_error(s, h, 400, "invalid_request_error", "prompt", "\"prompt\" must be a string");
+        if (json_is_array(p)) {
+            if (token_prompt(s, h, p))
+                goto out;
+        } else if (!json_is_string(p)) {
+            pd_srv_send_error(s, h, 400, "invalid_request_error", "prompt",
+                              "\"prompt\" must be a string or an array of token ids");
             goto out;
-        }
-        text = strdup(json_string_value(p));
-        if (!text) {
+        } else if (!(text = strdup(json_string_value(p)))) {
             pd_srv_send_error(s, h, 503, "server_error", NULL, "out of memory for the prompt");
             goto out;
         }
@@ -632,7 +673,10 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     size_t n = 0;
     int32_t *ids = NULL;
     pd_err e;
-    int rc = pd_tok_encode(s->tok, text, strlen(text), &ids, &n, &e);
+    /* a text is tokenized after the BOS; token ids are the prompt as given (as vLLM takes them) */
+    const int add_bos = text != NULL;
+    int rc = text ? pd_tok_encode(s->tok, text, strlen(text), &ids, &n, &e)
+                  : token_ids(json_object_get(j, "prompt"), &ids, &n, &e);
     if (rc) {
         pd_srv_send_error(s, h, rc == PD_ENOMEM ? 503 : 400, rc == PD_ENOMEM ? "server_error" : "invalid_request_error",
                    chat ? "messages" : "prompt", "%s", e.msg);
@@ -645,7 +689,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
         pd_srv_send_error(s, h, 503, "server_error", NULL, "out of memory for the prompt's %zu tokens", n);
         goto reject;
     }
-    if (s->bos >= 0)
+    if (add_bos && s->bos >= 0)
         r->prompt[r->n_prompt++] = s->bos;
     if (n)
         memcpy(r->prompt + r->n_prompt, ids, n * sizeof *ids);

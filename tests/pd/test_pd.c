@@ -82,13 +82,19 @@ static int metric(int port, const char *name)
     return metric_port(port, name);
 }
 
+/* A prompt as it goes into a body: a JSON array of token ids as it is, a text quoted. */
+static const char *q(const char *prompt)
+{
+    return prompt[0] == '[' ? "" : "\"";
+}
+
 /* P then D as the proxy does; returns D's answer. `break_port` sends D to a dead port. */
 static void pd_request(const char *prompt, int max_tokens, int break_port, char *out, size_t cap)
 {
     char body[2048], pout[8192];
     snprintf(body, sizeof body,
-             "{\"prompt\":\"%s\",\"max_tokens\":1,\"temperature\":0,\"kv_transfer_params\":{\"do_remote_decode\":true}}",
-             prompt);
+             "{\"prompt\":%s%s%s,\"max_tokens\":1,\"temperature\":0,\"kv_transfer_params\":{\"do_remote_decode\":true}}",
+             q(prompt), prompt, q(prompt));
     cr_assert_eq(curl_port(P.port, "/v1/completions", body, NULL, pout, sizeof pout), 200, "%s", pout);
     json_t *j = parse(pout);
     json_t *kv = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "kv_transfer_params");
@@ -97,8 +103,8 @@ static void pd_request(const char *prompt, int max_tokens, int break_port, char 
         json_object_set_new(kv, "remote_port", json_integer(1));
     char *kvs = json_dumps(kv, JSON_COMPACT);
     snprintf(body, sizeof body,
-             "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"return_token_ids\":true,\"kv_transfer_params\":%s}",
-             prompt, max_tokens, kvs);
+             "{\"prompt\":%s%s%s,\"max_tokens\":%d,\"temperature\":0,\"return_token_ids\":true,\"kv_transfer_params\":%s}",
+             q(prompt), prompt, q(prompt), max_tokens, kvs);
     free(kvs);
     json_decref(j);
     cr_assert_eq(curl_port(D.port, "/v1/completions", body, NULL, out, cap), 200, "%s", out);
@@ -107,8 +113,8 @@ static void pd_request(const char *prompt, int max_tokens, int break_port, char 
 static void colocated(const char *prompt, int max_tokens, char *out, size_t cap)
 {
     char body[1024];
-    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"return_token_ids\":true}",
-             prompt, max_tokens);
+    snprintf(body, sizeof body, "{\"prompt\":%s%s%s,\"max_tokens\":%d,\"temperature\":0,\"return_token_ids\":true}",
+             q(prompt), prompt, q(prompt), max_tokens);
     cr_assert_eq(curl_port(C.port, "/v1/completions", body, NULL, out, cap), 200, "%s", out);
 }
 
@@ -131,10 +137,12 @@ Test(pd, same_tokens_as_colocated)
     start(&P, PD_ROLE_PRODUCER, 0);
     start(&D, PD_ROLE_CONSUMER, 0);
     start(&C, PD_ROLE_BOTH, 0);
+    /* a prompt of token ids (no BOS: taken as given) too */
     const char *prompts[] = {"Hello", "The sea froze over and the children skated until the sun went down",
-                             "Numbers: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25"};
-    pd_equals_colocated(prompts, 3);
-    cr_assert_eq(metric(D.port, "pdmoe_kv_transfers_total"), 3);
+                             "Numbers: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25",
+                             "[5,17,200,33,41,8,150,77,91,12]"};
+    pd_equals_colocated(prompts, 4);
+    cr_assert_eq(metric(D.port, "pdmoe_kv_transfers_total"), 4);
     cr_assert_eq(metric(D.port, "pdmoe_kv_recomputes_total"), 0);
     cr_assert_gt(metric(D.port, "pdmoe_kv_transfer_bytes_total"), 0);
     /* the producer freed every lease once the consumer said DONE */

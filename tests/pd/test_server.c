@@ -593,3 +593,41 @@ Test(server, a_chats_prompt_is_deepseek_v4s_encoding)
     free(ids);
     pd_tok_free(t);
 }
+
+/* A completion's prompt as token ids is taken as given (no BOS added, as vLLM takes it): BOS + the
+ * text's ids give the text's answer, tokens and usage; an empty array, a batch, an id out of the
+ * vocabulary are 400s naming "prompt". */
+Test(server, a_prompt_of_token_ids_is_taken_as_given)
+{
+    start(NULL, dir, 256);
+    struct pd_tok *t = tok_of(dir);
+    int32_t *ids;
+    size_t n;
+    pd_err e = {0};
+    cr_assert_eq(pd_tok_encode(t, "Hello there", 11, &ids, &n, &e), 0, "%s", e.msg);
+    char body[1024];
+    int at = snprintf(body, sizeof body, "{\"prompt\":[%d", pd_tok_bos(t));
+    for (size_t i = 0; i < n; i++)
+        at += snprintf(body + at, sizeof body - (size_t)at, ",%d", ids[i]);
+    snprintf(body + at, sizeof body - (size_t)at, "],\"max_tokens\":5,\"temperature\":0,\"return_token_ids\":true}");
+    char a[8192], b[8192];
+    cr_assert_eq(curl("/v1/completions", body, NULL, a, sizeof a), 200, "%s", a);
+    cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"Hello there\",\"max_tokens\":5,\"temperature\":0,"
+                      "\"return_token_ids\":true}", NULL, b, sizeof b), 200, "%s", b);
+    json_t *ja = parse(a), *jb = parse(b);
+    cr_expect(json_equal(json_object_get(ja, "usage"), json_object_get(jb, "usage")), "%s | %s", a, b);
+    cr_expect_eq(json_integer_value(json_object_get(json_object_get(ja, "usage"), "prompt_tokens")), (json_int_t)n + 1);
+    cr_expect(json_equal(json_object_get(json_array_get(json_object_get(ja, "choices"), 0), "token_ids"),
+                         json_object_get(json_array_get(json_object_get(jb, "choices"), 0), "token_ids")),
+              "%s | %s", a, b);
+    json_decref(ja);
+    json_decref(jb);
+    free(ids);
+    pd_tok_free(t);
+    expect(400, "/v1/completions", "{\"prompt\": []}", NULL, "prompt");
+    expect(400, "/v1/completions", "{\"prompt\": [\"a\", \"b\"]}", NULL, "prompt");
+    expect(400, "/v1/completions", "{\"prompt\": [[1], [2]]}", NULL, "prompt");
+    expect(400, "/v1/completions", "{\"prompt\": [1, -1]}", NULL, "prompt");
+    expect(400, "/v1/completions", "{\"prompt\": [1, 1.5]}", NULL, "prompt");
+    expect(400, "/v1/completions", "{\"prompt\": [1, 100000000]}", NULL, "prompt");
+}
