@@ -523,7 +523,10 @@ static int stop_params(struct pd_server *s, struct evhttp_request *h, json_t *j,
         json_object_foreach(so, key, v) {
             if (strcmp(key, "include_usage") || !json_is_boolean(v)) {
                 pd_srv_send_error(s, h, 400, "invalid_request_error", "stream_options",
-                                  "stream_options: only \"include_usage\" (a boolean) is supported, not \"%s\"", key);
+                                  strcmp(key, "include_usage")
+                                      ? "stream_options: only \"include_usage\" (a boolean) is supported, not \"%s\""
+                                      : "stream_options: \"%s\" must be a boolean",
+                                  key);
                 return -1;
             }
             r->include_usage = json_is_true(v);
@@ -698,7 +701,9 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     int64_t max_tokens = mt ? json_integer_value(mt) : 16;
     /* compared as max_model_len - prompt: a max_tokens near INT64_MAX must not wrap the sum */
     if (max_tokens > (int64_t)s->o.max_model_len - r->n_prompt) {
-        pd_srv_send_error(s, h, 400, "invalid_request_error", mt_name,
+        /* the prompt alone leaves no room: the prompt is at fault, whatever max_tokens says */
+        const int prompt_over = r->n_prompt >= s->o.max_model_len;
+        pd_srv_send_error(s, h, 400, "invalid_request_error", prompt_over ? (chat ? "messages" : "prompt") : mt_name,
                    "this model's maximum context length is %d tokens; the prompt has %d and %s asks for %lld",
                    s->o.max_model_len, r->n_prompt, mt_name, (long long)max_tokens);
         goto reject;

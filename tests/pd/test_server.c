@@ -172,6 +172,16 @@ Test(server, bad_requests_get_4xx_json)
     expect(400, "/v1/completions", "{\"prompt\": \"x\", \"temperature\": 7}", NULL, "temperature");
     expect(400, "/v1/completions", "{\"prompt\": \"x\", \"stream\": \"yes\"}", NULL, "stream");
     expect(400, "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 300}", NULL, "max_tokens");
+    {   /* a prompt longer than the context is the prompt's fault, not max_tokens' */
+        char body[1200];
+        int at = snprintf(body, sizeof body, "{\"prompt\": [");
+        for (int i = 0; i < 256; i++)
+            at += snprintf(body + at, sizeof body - (size_t)at, "%s3", i ? "," : "");
+        snprintf(body + at, sizeof body - (size_t)at, "], \"max_tokens\": 1}");
+        expect(400, "/v1/completions", body, NULL, "prompt");
+    }
+    expect(400, "/v1/completions", "{\"prompt\": \"x\", \"stream\": true, \"stream_options\": {\"include_usage\": 1}}",
+           NULL, "stream_options");
     expect(400, "/v1/chat/completions", "{\"messages\": []}", NULL, "messages");
     expect(400, "/v1/chat/completions", "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}", NULL, "messages");
     expect(404, "/v1/completions", "{\"model\": \"gpt-9\", \"prompt\": \"x\"}", NULL, "model");
