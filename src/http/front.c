@@ -643,8 +643,10 @@ int pd_http_front_new(struct event_base *base, const struct pd_http_limits *lim,
     return 0;
 }
 
-int pd_http_front_route(struct pd_http_front *f, const char *path, int methods,
-                        void (*cb)(struct evhttp_request *, void *), void *arg)
+/* cb answers requests for path (exact match), or every other path when path is NULL, whose
+ * method is among `methods` (a mask of enum evhttp_cmd_type; 0: any; GET takes HEAD too). */
+static int front_route(struct pd_http_front *f, const char *path, int methods,
+                       void (*cb)(struct evhttp_request *, void *), void *arg)
 {
     struct route *r = malloc(sizeof *r);
     if (!r)
@@ -658,6 +660,26 @@ int pd_http_front_route(struct pd_http_front *f, const char *path, int methods,
         return 0;
     }
     return evhttp_set_cb(f->http, path, on_route, r) == 0 ? 0 : PD_EINVAL;
+}
+
+int pd_http_front_api(struct pd_http_front *f, const struct pd_http_api *api, void *arg)
+{
+    const struct {
+        const char *path;
+        int methods;
+        void (*cb)(struct evhttp_request *, void *);
+    } routes[] = {
+        {"/v1/completions", EVHTTP_REQ_POST, api->completions}, {"/v1/chat/completions", EVHTTP_REQ_POST, api->chat},
+        {"/v1/models", EVHTTP_REQ_GET, api->models},             {"/health", EVHTTP_REQ_GET, pd_http_health},
+        {"/metrics", EVHTTP_REQ_GET, api->metrics},              {"/expert_stats", EVHTTP_REQ_GET, api->expert_stats},
+        {NULL, 0, api->other},
+    };
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        int rc = front_route(f, routes[i].path, routes[i].methods, routes[i].cb, arg);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 int pd_http_front_port(const struct pd_http_front *f)

@@ -54,12 +54,20 @@ struct pd_http_front;
 /* An evhttp on base listening on host:port (port 0: ephemeral). */
 int pd_http_front_new(struct event_base *base, const struct pd_http_limits *lim, const char *host, int port,
                       struct pd_http_front **out, pd_err *e);
-/* cb answers requests for path (exact match), or every other path when path is NULL, whose
- * method is among `methods` (a mask of enum evhttp_cmd_type; 0: any). Another method gets a 405
- * with an Allow header and a JSON error naming the methods ("use GET"), counted in wrong_method;
- * a GET route takes HEAD too (its answer without the body). */
-int pd_http_front_route(struct pd_http_front *f, const char *path, int methods,
-                        void (*cb)(struct evhttp_request *, void *), void *arg);
+/* The OpenAI-compatible API the server and the proxy both answer, each path with its methods:
+ * POST /v1/completions and /v1/chat/completions; GET /v1/models, /health (pd_http_health),
+ * /metrics and /expert_stats; `other` for every other path. Each handler gets arg. Another method
+ * gets a 405 with an Allow header and a JSON error naming the method taken ("use GET"), counted in
+ * wrong_method; the GET routes take HEAD too (the answer without its body). */
+struct pd_http_api {
+    void (*completions)(struct evhttp_request *, void *);
+    void (*chat)(struct evhttp_request *, void *);
+    void (*models)(struct evhttp_request *, void *);
+    void (*metrics)(struct evhttp_request *, void *);
+    void (*expert_stats)(struct evhttp_request *, void *);
+    void (*other)(struct evhttp_request *, void *);
+};
+int pd_http_front_api(struct pd_http_front *f, const struct pd_http_api *api, void *arg);
 int pd_http_front_port(const struct pd_http_front *f);
 /* The connections open, the cap and the counters above as Prometheus text (pdmoe_http_*), appended to b. */
 void pd_http_front_metrics(const struct pd_http_front *f, struct evbuffer *b);

@@ -168,43 +168,40 @@ AVX512 static void dot_gemm_avx512(const void *w, int bf16, size_t ldw, int rows
     }
 }
 
-void pd_dot_gemm(const float *w, size_t ldw, int rows, const float *x, size_t ldx, int T, int n, float *y,
-                 size_t ldy)
+/* Either product: the tiles where pd_dot is the AVX-512 one (vec.c chooses it exactly where
+ * avx512f is) and n is a multiple of 16, else pd_dot_rows[_bf16] per token. */
+static void dot_gemm(const void *w, int bf16, size_t ldw, int rows, const float *x, size_t ldx, int T, int n,
+                     float *y, size_t ldy)
 {
     if (rows <= 0 || T <= 0)
         return;
-    /* the AVX-512 pd_dot is chosen exactly where avx512f is (vec.c) */
     if (n > 0 && n % 16 == 0 && __builtin_cpu_supports("avx512f")) {
-        dot_gemm_avx512(w, 0, ldw, rows, x, ldx, T, n, y, ldy);
+        dot_gemm_avx512(w, bf16, ldw, rows, x, ldx, T, n, y, ldy);
         return;
     }
     float col[64];
     for (int t = 0; t < T; t++)
         for (int r0 = 0; r0 < rows; r0 += 64) {
             int nr = rows - r0 < 64 ? rows - r0 : 64;
-            pd_dot_rows(w + (size_t)r0 * ldw, ldw, x + (size_t)t * ldx, n, nr, col);
+            if (bf16)
+                pd_dot_rows_bf16((const uint16_t *)w + (size_t)r0 * ldw, ldw, x + (size_t)t * ldx, n, nr, col);
+            else
+                pd_dot_rows((const float *)w + (size_t)r0 * ldw, ldw, x + (size_t)t * ldx, n, nr, col);
             for (int r = 0; r < nr; r++)
                 y[(size_t)t * ldy + r0 + r] = col[r];
         }
 }
 
+void pd_dot_gemm(const float *w, size_t ldw, int rows, const float *x, size_t ldx, int T, int n, float *y,
+                 size_t ldy)
+{
+    dot_gemm(w, 0, ldw, rows, x, ldx, T, n, y, ldy);
+}
+
 void pd_dot_gemm_bf16(const uint16_t *w, size_t ldw, int rows, const float *x, size_t ldx, int T, int n, float *y,
                       size_t ldy)
 {
-    if (rows <= 0 || T <= 0)
-        return;
-    if (n > 0 && n % 16 == 0 && __builtin_cpu_supports("avx512f")) {
-        dot_gemm_avx512(w, 1, ldw, rows, x, ldx, T, n, y, ldy);
-        return;
-    }
-    float col[64];
-    for (int t = 0; t < T; t++)
-        for (int r0 = 0; r0 < rows; r0 += 64) {
-            int nr = rows - r0 < 64 ? rows - r0 : 64;
-            pd_dot_rows_bf16(w + (size_t)r0 * ldw, ldw, x + (size_t)t * ldx, n, nr, col);
-            for (int r = 0; r < nr; r++)
-                y[(size_t)t * ldy + r0 + r] = col[r];
-        }
+    dot_gemm(w, 1, ldw, rows, x, ldx, T, n, y, ldy);
 }
 
 /* axpy_rows_avx512 (vec.c) per value of y: y = fma(a[k], x[k][i], y) for k = 0 .. rows - 1. Here

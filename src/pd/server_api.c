@@ -1067,20 +1067,9 @@ void pd_srv_answer_shutdown(struct pd_server *s, struct req *r)
 
 int pd_srv_api_install(struct pd_server *s)
 {
-    enum { GET = EVHTTP_REQ_GET, POST = EVHTTP_REQ_POST };
-    static const struct {
-        const char *path;
-        int methods;
-        void (*cb)(struct evhttp_request *, void *);
-    } routes[] = {
-        {"/v1/completions", POST, on_completions}, {"/v1/chat/completions", POST, on_chat},
-        {"/v1/models", GET, on_models},            {"/health", GET, pd_http_health},
-        {"/metrics", GET, on_metrics},             {"/expert_stats", GET, on_expert_stats},
-        {NULL, 0, on_other},
-    };
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
-        if (pd_http_front_route(s->front, routes[i].path, routes[i].methods, routes[i].cb, s))
-            return -1;
+    static const struct pd_http_api api = {on_completions, on_chat, on_models, on_metrics, on_expert_stats, on_other};
+    if (pd_http_front_api(s->front, &api, s))
+        return -1;
     s->notify = event_new(s->base, -1, 0, on_notify, s);
     return s->notify ? 0 : -1;
 }

@@ -1065,22 +1065,11 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
         return rc;
     }
     px->port = pd_http_front_port(px->front);
-    enum { GET = EVHTTP_REQ_GET, POST = EVHTTP_REQ_POST };
-    static const struct {
-        const char *path;
-        int methods;
-        void (*cb)(struct evhttp_request *, void *);
-    } routes[] = {
-        {"/v1/completions", POST, on_completions}, {"/v1/chat/completions", POST, on_chat},
-        {"/v1/models", GET, on_models},            {"/health", GET, pd_http_health},
-        {"/metrics", GET, on_metrics},             {"/expert_stats", GET, on_expert_stats},
-        {NULL, 0, on_other},
-    };
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
-        if (pd_http_front_route(px->front, routes[i].path, routes[i].methods, routes[i].cb, px)) {
-            pd_proxy_destroy(px);
-            return pd_err_set(e, PD_ENOMEM, "out of memory");
-        }
+    static const struct pd_http_api api = {on_completions, on_chat, on_models, on_metrics, on_expert_stats, on_other};
+    if (pd_http_front_api(px->front, &api, px)) {
+        pd_proxy_destroy(px);
+        return pd_err_set(e, PD_ENOMEM, "out of memory");
+    }
     if (o->handle_signals) {
         px->sigint = evsignal_new(px->base, SIGINT, on_signal, px);
         px->sigterm = evsignal_new(px->base, SIGTERM, on_signal, px);
