@@ -116,6 +116,22 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
         }
         int out_ = (int)json_integer_value(json_object_get(shape, "out"));
         int in = (int)json_integer_value(json_object_get(shape, "in"));
+        /* every fraction against the ceiling the document gives (the higher of the readings before
+         * and after the cases: recheck_ceilings updates both together) */
+        json_t *cl = json_array_get(ceil, (size_t)t - 1), *ov = json_object_get(c, "pdmoe_of_vnni_peak");
+        const double rate = json_number_value(json_object_get(c, "pdmoe_gflops"));
+        if (json_is_number(ov)) {
+            double want_v = rate / json_number_value(json_object_get(cl, "vnni_peak_gops"));
+            cr_assert(fabs(json_number_value(ov) - want_v) <= 1e-3 * want_v, "case %zu: %g of the VNNI peak, rates give %g",
+                      i, json_number_value(ov), want_v);
+        }
+        json_t *ob = json_object_get(c, "pdmoe_of_bandwidth");
+        if (json_is_number(ob)) {   /* the GEMV: int8 weights and their fp32 scales, 2 ops a weight */
+            double bytes_per_s = ((double)out_ * in + 4.0 * out_) * rate * 1e9 / (2.0 * out_ * in);
+            double want_b = bytes_per_s / (json_number_value(json_object_get(cl, "read_GBps")) * 1e9);
+            cr_assert(fabs(json_number_value(ob) - want_b) <= 1e-3 * want_b, "case %zu: %g of the bandwidth, rates give %g",
+                      i, json_number_value(ob), want_b);
+        }
         cr_assert_gt(json_integer_value(json_object_get(shape, "tokens")), 0);
         int slot = !strcmp(kind, "gemm") && out_ == 2048 && in == 4096    ? 0
                    : !strcmp(kind, "gemm") && out_ == 4096 && in == 14336 ? 1
