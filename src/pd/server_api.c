@@ -536,8 +536,9 @@ static int stop_params(struct pd_server *s, struct evhttp_request *h, json_t *j,
 }
 
 /* A completion's "prompt" as token ids (vLLM's and OpenAI's form besides a string): a non-empty
- * array of ids of this model's vocabulary. A batch (an array of strings or of arrays) is refused by
- * name: one prompt per request. 0, or -1 after a 400. */
+ * array of ids of this model's vocabulary. A batch of several prompts (an array of strings or of
+ * arrays) is refused by name: one prompt per request (a batch of one is its prompt: the caller
+ * unwraps it). 0, or -1 after a 400. */
 static int token_prompt(struct pd_server *s, struct evhttp_request *h, json_t *p)
 {
     size_t n = json_array_size(p), i;
@@ -549,8 +550,8 @@ static int token_prompt(struct pd_server *s, struct evhttp_request *h, json_t *p
     json_array_foreach(p, i, v) {
         if (json_is_string(v) || json_is_array(v)) {
             pd_srv_send_error(s, h, 400, "invalid_request_error", "prompt",
-                              "\"prompt\": a batch of prompts is not supported (one prompt a request: a string or "
-                              "an array of token ids)");
+                              "\"prompt\": a batch of several prompts is not supported (one prompt a request: a "
+                              "string or an array of token ids, or a batch of one)");
             return -1;
         }
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= s->V) {
@@ -592,6 +593,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     json_t *mt = present(j, "max_tokens"), *mct = present(j, "max_completion_tokens"), *tp = present(j, "temperature"),
            *pp = present(j, "top_p"), *st = present(j, "stream"), *sd = present(j, "seed");
     char *text = NULL;
+    json_t *prompt_ids = NULL;   /* a completion's prompt of token ids (in j) */
     struct req *r = NULL;
     if (json_object_get(j, "model") && !model) {
         pd_srv_send_error(s, h, 400, "invalid_request_error", "model", "\"model\" must be a string");
@@ -656,6 +658,10 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
             goto out;
     } else {
         json_t *p = json_object_get(j, "prompt");
+        /* a batch of one (["text"] or [[ids]], as lm-eval and vLLM's clients send) is its prompt */
+        if (json_array_size(p) == 1 && (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+            p = json_array_get(p, 0);
+        prompt_ids = json_is_array(p) ? p : NULL;
         if (json_is_array(p)) {
             if (token_prompt(s, h, p))
                 goto out;
@@ -679,7 +685,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     /* a text is tokenized after the BOS; token ids are the prompt as given (as vLLM takes them) */
     const int add_bos = text != NULL;
     int rc = text ? pd_tok_encode(s->tok, text, strlen(text), &ids, &n, &e)
-                  : token_ids(json_object_get(j, "prompt"), &ids, &n, &e);
+                  : token_ids(prompt_ids, &ids, &n, &e);
     if (rc) {
         pd_srv_send_error(s, h, rc == PD_ENOMEM ? 503 : 400, rc == PD_ENOMEM ? "server_error" : "invalid_request_error",
                    chat ? "messages" : "prompt", "%s", e.msg);

@@ -634,7 +634,31 @@ Test(server, a_prompt_of_token_ids_is_taken_as_given)
     json_decref(jb);
     free(ids);
     pd_tok_free(t);
+    /* a batch of one is its prompt (lm-eval sends ["text"]): the same answer */
+    char c1[8192];
+    cr_assert_eq(curl("/v1/completions", "{\"prompt\":[\"Hello there\"],\"max_tokens\":5,\"temperature\":0,"
+                      "\"return_token_ids\":true}", NULL, c1, sizeof c1), 200, "%s", c1);
+    json_t *j1 = parse(c1), *jt = parse(b);
+    cr_expect(json_equal(json_object_get(json_array_get(json_object_get(j1, "choices"), 0), "token_ids"),
+                         json_object_get(json_array_get(json_object_get(jt, "choices"), 0), "token_ids")),
+              "%s | %s", c1, b);
+    json_decref(j1);
+    json_decref(jt);
+    char one[1100];   /* {"prompt":[[bos, ...]], ...}: a batch of one prompt of token ids */
+    snprintf(one, sizeof one, "{\"prompt\":[%s", body + strlen("{\"prompt\":"));
+    char *close = strstr(one, "],");
+    cr_assert_not_null(close);
+    memmove(close + 1, close, strlen(close) + 1);
+    cr_assert_eq(curl("/v1/completions", one, NULL, c1, sizeof c1), 200, "%s: %s", one, c1);
+    j1 = parse(c1);
+    jt = parse(b);
+    cr_expect(json_equal(json_object_get(json_array_get(json_object_get(j1, "choices"), 0), "token_ids"),
+                         json_object_get(json_array_get(json_object_get(jt, "choices"), 0), "token_ids")),
+              "%s | %s", c1, b);
+    json_decref(j1);
+    json_decref(jt);
     expect(400, "/v1/completions", "{\"prompt\": []}", NULL, "prompt");
+    expect(400, "/v1/completions", "{\"prompt\": [[]]}", NULL, "prompt");
     expect(400, "/v1/completions", "{\"prompt\": [\"a\", \"b\"]}", NULL, "prompt");
     expect(400, "/v1/completions", "{\"prompt\": [[1], [2]]}", NULL, "prompt");
     expect(400, "/v1/completions", "{\"prompt\": [1, -1]}", NULL, "prompt");
