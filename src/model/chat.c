@@ -207,8 +207,10 @@ int pd_chat_messages(const json_t *msgs, struct pd_chat_msg **mp, size_t *np, pd
 
 void pd_chat_messages_free(struct pd_chat_msg *m, size_t n)
 {
+    if (!m)
+        return;
     char **owned = (char **)(m + n);
-    for (size_t i = 0; m && i < n; i++)
+    for (size_t i = 0; i < n; i++)
         free(owned[i]);
     free(m);
 }
@@ -222,7 +224,8 @@ int pd_chat_render(enum pd_chat_format f, const struct pd_chat_msg *m, size_t n,
         if (!m[i].role || !m[i].content ||
             (!role_is(&m[i], "system") && !role_is(&m[i], "user") && !role_is(&m[i], "assistant")))
             return pd_err_set(e, PD_EINVAL,
-                              "\"messages[%zu]\" needs \"role\" (system, user or assistant) and a string \"content\"",
+                              "\"messages[%zu]\" needs \"role\" (system, user or assistant) and a \"content\" "
+                              "(a string or text parts)",
                               i);
     struct buf b = {0};
     put(&b, with_bos ? BOS : "");
