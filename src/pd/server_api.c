@@ -575,6 +575,21 @@ static int token_ids(json_t *p, int32_t **ids, size_t *n, pd_err *e)
     return 0;
 }
 
+/* The most tokens one sequence can hold here: the context, and what the KV pool could ever give it
+ * (pd_kvpool_blocks_for grows with the length). */
+static int64_t sequence_room(const struct pd_server *s)
+{
+    int64_t lo = 0, hi = s->o.max_model_len;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo + 1) / 2;
+        if (pd_kvpool_blocks_for(&s->en.kv, mid) <= s->en.kv.n_blocks)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
 static void on_completion(struct evhttp_request *h, void *arg, int chat)
 {
     struct pd_server *s = arg;
@@ -704,7 +719,20 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
         memcpy(r->prompt + r->n_prompt, ids, n * sizeof *ids);
     r->n_prompt += (int)n;
     free(ids);
+    /* unset: 16 for a completion (OpenAI's and vLLM's default), the rest of the room for a chat (vLLM's:
+     * the context less the prompt; here also no more than the pool could ever hold) */
     int64_t max_tokens = mt ? json_integer_value(mt) : 16;
+    if (!mt && chat) {
+        const int64_t room = sequence_room(s);
+        max_tokens = room - r->n_prompt;
+        if (max_tokens < 1) {
+            pd_srv_send_error(s, h, 400, "invalid_request_error", "messages",
+                              "the prompt has %d tokens and leaves no room for an answer: a sequence holds at most "
+                              "%lld tokens here (the context of %d and the KV pool)",
+                              r->n_prompt, (long long)room, s->o.max_model_len);
+            goto reject;
+        }
+    }
     /* compared as max_model_len - prompt: a max_tokens near INT64_MAX must not wrap the sum */
     if (max_tokens > (int64_t)s->o.max_model_len - r->n_prompt) {
         /* the prompt alone leaves no room: the prompt is at fault, whatever max_tokens says */

@@ -665,3 +665,31 @@ Test(server, a_prompt_of_token_ids_is_taken_as_given)
     expect(400, "/v1/completions", "{\"prompt\": [1, 1.5]}", NULL, "prompt");
     expect(400, "/v1/completions", "{\"prompt\": [1, 100000000]}", NULL, "prompt");
 }
+
+/* max_tokens left out: 16 for a completion, as OpenAI and vLLM default it; for a chat the rest of the
+ * context, as vLLM defaults it (ignore_eos: the whole of it is generated); a chat whose prompt
+ * leaves no room is a 400 naming messages. */
+Test(server, an_unset_max_tokens_is_vllms_default)
+{
+    start(NULL, dir, 96);
+    char out[1 << 16];
+    cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"Hi\",\"ignore_eos\":true}", NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out), *u = json_object_get(j, "usage");
+    cr_expect_eq(json_integer_value(json_object_get(u, "completion_tokens")), 16, "%s", out);
+    json_decref(j);
+    cr_assert_eq(curl("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"ignore_eos\":true}",
+                      NULL, out, sizeof out), 200, "%s", out);
+    j = parse(out);
+    u = json_object_get(j, "usage");
+    cr_expect_eq(json_integer_value(json_object_get(u, "total_tokens")), 96, "%s", out);
+    cr_expect_gt(json_integer_value(json_object_get(u, "completion_tokens")), 16, "%s", out);
+    cr_expect_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "finish_reason")),
+                     "length");
+    json_decref(j);
+    char body[4096];
+    int at = snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"");
+    for (int i = 0; i < 200; i++)
+        at += snprintf(body + at, sizeof body - (size_t)at, "word%d ", i);
+    snprintf(body + at, sizeof body - (size_t)at, "\"}]}");
+    expect(400, "/v1/chat/completions", body, NULL, "messages");
+}
