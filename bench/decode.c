@@ -24,6 +24,7 @@
 
 #include <getopt.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,6 +212,23 @@ out:
     return rc;
 }
 
+/* Probes this machine's ceilings at `threads` (the read bandwidth, the fp32 FMA and int8 peaks;
+ * with bw_cpu also the 1-thread bandwidth by CPU time) and raises each to its new reading where
+ * that is higher. */
+static void raise_ceilings(pd_pool *pool, int threads, int quick, double *bw, double *fp32, double *int8,
+                           double *bw_cpu)
+{
+    const size_t bytes = (size_t)(quick ? 256 : 512) << 20;
+    const int reps = quick ? 2 : 5;
+    double f, i;
+    *bw = fmax(*bw, pd_bench_read_bandwidth(pool, threads, bytes, reps));
+    if (bw_cpu)
+        *bw_cpu = fmax(*bw_cpu, pd_bench_read_bandwidth_cpu_time(bytes, reps));
+    pd_bench_peaks(threads > 1 ? pool : NULL, threads, quick, &f, &i);
+    *fp32 = fmax(*fp32, f);
+    *int8 = fmax(*int8, i);
+}
+
 int pd_bench_decode(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -256,7 +274,7 @@ int pd_bench_decode(int argc, char **argv)
     /* 1 thread, then the count asked for: the scaling in one run */
     int tc[2] = {1, threads}, n_tc = threads > 1 ? 2 : 1;
     struct decode_case cases[4];
-    double bw[2], bw_cpu = 0, fp32[2] = {0, 0}, int8[2] = {0, 0};
+    double bw[2] = {0, 0}, bw_cpu = 0, fp32[2] = {0, 0}, int8[2] = {0, 0};
     int n_cases = 0, rc = 0;
     double load[1] = {-1};
     (void)getloadavg(load, 1);
@@ -273,11 +291,7 @@ int pd_bench_decode(int argc, char **argv)
         /* the ceilings before and after this thread count's cases, each the higher reading: a probe
          * that ran while another job held a core or the memory bus reads low, and a step would
          * then seem to beat its machine */
-        const size_t bw_bytes = (size_t)(quick ? 256 : 512) << 20;
-        bw[ti] = pd_bench_read_bandwidth(en.pool, tc[ti], bw_bytes, quick ? 2 : 5);
-        if (ti == 0)
-            bw_cpu = pd_bench_read_bandwidth_cpu_time(bw_bytes, quick ? 2 : 5);
-        pd_bench_peaks(tc[ti] > 1 ? en.pool : NULL, tc[ti], quick, &fp32[ti], &int8[ti]);
+        raise_ceilings(en.pool, tc[ti], quick, &bw[ti], &fp32[ti], &int8[ti], ti == 0 ? &bw_cpu : NULL);
         const int first = n_cases;
         for (int batch = 1; batch <= 16; batch *= 16) {
             if (only && batch != only)
@@ -290,13 +304,7 @@ int pd_bench_decode(int argc, char **argv)
             dc->threads = tc[ti];
             n_cases++;
         }
-        double again = pd_bench_read_bandwidth(en.pool, tc[ti], bw_bytes, quick ? 2 : 5), fp32_again, int8_again;
-        bw[ti] = again > bw[ti] ? again : bw[ti];
-        if (ti == 0 && (again = pd_bench_read_bandwidth_cpu_time(bw_bytes, quick ? 2 : 5)) > bw_cpu)
-            bw_cpu = again;
-        pd_bench_peaks(tc[ti] > 1 ? en.pool : NULL, tc[ti], quick, &fp32_again, &int8_again);
-        fp32[ti] = fp32_again > fp32[ti] ? fp32_again : fp32[ti];
-        int8[ti] = int8_again > int8[ti] ? int8_again : int8[ti];
+        raise_ceilings(en.pool, tc[ti], quick, &bw[ti], &fp32[ti], &int8[ti], ti == 0 ? &bw_cpu : NULL);
         const struct ceilings ceil = {bw[ti], fp32[ti], int8[ti]};
         const struct pd_expert_w *x0 = &en.w.layers[0].experts[0];
         const double xb = expert_bytes(x0);

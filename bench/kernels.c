@@ -638,14 +638,23 @@ __attribute__((format(printf, 2, 3))) static void say(const struct ctx *c, const
     va_end(ap);
 }
 
+/* The buffer the bandwidth probe sums (*bytes of it, touched), or NULL. */
+static int64_t *bw_buffer(const struct ctx *c, size_t *bytes)
+{
+    *bytes = (size_t)(c->o.quick ? 128 : 512) << 20;
+    int64_t *buf = xmalloc(*bytes);
+    if (buf)
+        memset(buf, 1, *bytes);
+    return buf;
+}
+
 static int bench_ceilings(struct ctx *c)
 {
-    size_t bytes = (size_t)(c->o.quick ? 128 : 512) << 20;
+    size_t bytes;
     int reps = c->o.quick ? 2 : 7;
-    int64_t *buf = xmalloc(bytes);
+    int64_t *buf = bw_buffer(c, &bytes);
     if (!buf)
         return -1;
-    memset(buf, 1, bytes);
     say(c, "1. Machine ceilings\n");
     for (int i = 0; i < c->nt; i++) {
         c->bw[i] = measure_bandwidth(pool_for(c, i), c->tcount[i], buf, bytes, reps);
@@ -701,11 +710,10 @@ static int bench_ceilings(struct ctx *c)
  * 5% with the fractions it changes. */
 static int recheck_ceilings(struct ctx *c)
 {
-    size_t bytes = (size_t)(c->o.quick ? 128 : 512) << 20;
-    int64_t *buf = xmalloc(bytes);
+    size_t bytes;
+    int64_t *buf = bw_buffer(c, &bytes);
     if (!buf)
         return -1;
-    memset(buf, 1, bytes);
     int said = 0;
     for (int i = 0; i < c->nt; i++) {
         pd_pool *pool = pool_for(c, i);

@@ -536,15 +536,20 @@ static int stop_params(struct pd_server *s, struct evhttp_request *h, json_t *j,
 }
 
 /* A completion's "prompt" as token ids (vLLM's and OpenAI's form besides a string): a non-empty
- * array of ids of this model's vocabulary. A batch of several prompts (an array of strings or of
- * arrays) is refused by name: one prompt per request (a batch of one is its prompt: the caller
- * unwraps it). 0, or -1 after a 400. */
-static int token_prompt(struct pd_server *s, struct evhttp_request *h, json_t *p)
+ * array of ids of this model's vocabulary, read into *ids (malloc'ed) and *n. A batch of several
+ * prompts (an array of strings or of arrays) is refused by name: one prompt per request (a batch
+ * of one is its prompt: the caller unwraps it). 0, or -1 after an error answer. */
+static int token_prompt(struct pd_server *s, struct evhttp_request *h, json_t *p, int32_t **ids, size_t *n)
 {
-    size_t n = json_array_size(p), i;
+    size_t i;
     json_t *v;
-    if (n == 0) {
+    *n = json_array_size(p);
+    if (*n == 0) {
         pd_srv_send_error(s, h, 400, "invalid_request_error", "prompt", "\"prompt\" is an empty array of token ids");
+        return -1;
+    }
+    if (!(*ids = malloc(*n * sizeof **ids))) {
+        pd_srv_send_error(s, h, 503, "server_error", NULL, "out of memory for the prompt's %zu tokens", *n);
         return -1;
     }
     json_array_foreach(p, i, v) {
@@ -552,27 +557,20 @@ static int token_prompt(struct pd_server *s, struct evhttp_request *h, json_t *p
             pd_srv_send_error(s, h, 400, "invalid_request_error", "prompt",
                               "\"prompt\": a batch of several prompts is not supported (one prompt a request: a "
                               "string or an array of token ids, or a batch of one)");
-            return -1;
+            break;
         }
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= s->V) {
             pd_srv_send_error(s, h, 400, "invalid_request_error", "prompt",
                               "\"prompt[%zu]\" is not a token id of this model (integers 0 to %d)", i, s->V - 1);
-            return -1;
+            break;
         }
+        (*ids)[i] = (int32_t)json_integer_value(v);
     }
-    return 0;
-}
-
-/* The ids of a prompt token_prompt accepted, malloc'ed into *ids. */
-static int token_ids(json_t *p, int32_t **ids, size_t *n, pd_err *e)
-{
-    *n = json_array_size(p);
-    *ids = malloc(*n * sizeof **ids);
-    if (!*ids)
-        return pd_err_set(e, PD_ENOMEM, "out of memory for the prompt's %zu tokens", *n);
-    for (size_t i = 0; i < *n; i++)
-        (*ids)[i] = (int32_t)json_integer_value(json_array_get(p, i));
-    return 0;
+    if (i == *n)
+        return 0;
+    free(*ids);
+    *ids = NULL;
+    return -1;
 }
 
 /* The most tokens one sequence can hold here: the context, and what the KV pool could ever give it
@@ -608,7 +606,8 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     json_t *mt = present(j, "max_tokens"), *mct = present(j, "max_completion_tokens"), *tp = present(j, "temperature"),
            *pp = present(j, "top_p"), *st = present(j, "stream"), *sd = present(j, "seed");
     char *text = NULL;
-    json_t *prompt_ids = NULL;   /* a completion's prompt of token ids (in j) */
+    int32_t *given = NULL;   /* a completion's prompt of token ids, read (until ids takes it) */
+    size_t n_given = 0;
     struct req *r = NULL;
     if (json_object_get(j, "model") && !model) {
         pd_srv_send_error(s, h, 400, "invalid_request_error", "model", "\"model\" must be a string");
@@ -676,9 +675,8 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
         /* a batch of one (["text"] or [[ids]], as lm-eval and vLLM's clients send) is its prompt */
         if (json_array_size(p) == 1 && (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
             p = json_array_get(p, 0);
-        prompt_ids = json_is_array(p) ? p : NULL;
         if (json_is_array(p)) {
-            if (token_prompt(s, h, p))
+            if (token_prompt(s, h, p, &given, &n_given))
                 goto out;
         } else if (!json_is_string(p)) {
             pd_srv_send_error(s, h, 400, "invalid_request_error", "prompt",
@@ -694,13 +692,13 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
         pd_srv_send_error(s, h, 503, "server_error", NULL, "out of memory for the request");
         goto out;
     }
-    size_t n = 0;
-    int32_t *ids = NULL;
+    size_t n = n_given;
+    int32_t *ids = given;
+    given = NULL;
     pd_err e;
     /* a text is tokenized after the BOS; token ids are the prompt as given (as vLLM takes them) */
     const int add_bos = text != NULL;
-    int rc = text ? pd_tok_encode(s->tok, text, strlen(text), &ids, &n, &e)
-                  : token_ids(prompt_ids, &ids, &n, &e);
+    int rc = text ? pd_tok_encode(s->tok, text, strlen(text), &ids, &n, &e) : 0;
     if (rc) {
         pd_srv_send_error(s, h, rc == PD_ENOMEM ? 503 : 400, rc == PD_ENOMEM ? "server_error" : "invalid_request_error",
                    chat ? "messages" : "prompt", "%s", e.msg);
@@ -878,6 +876,7 @@ reject:   /* refused after r was allocated: nothing else holds it yet */
     free(r);
 out:
     free(text);
+    free(given);
     json_decref(j);
 }
 

@@ -604,6 +604,17 @@ Test(server, a_chats_prompt_is_deepseek_v4s_encoding)
     pd_tok_free(t);
 }
 
+/* Two answers whose first choices carry the same token_ids. */
+static void expect_same_token_ids(const char *a, const char *b)
+{
+    json_t *ja = parse(a), *jb = parse(b);
+    cr_expect(json_equal(json_object_get(json_array_get(json_object_get(ja, "choices"), 0), "token_ids"),
+                         json_object_get(json_array_get(json_object_get(jb, "choices"), 0), "token_ids")),
+              "%s | %s", a, b);
+    json_decref(ja);
+    json_decref(jb);
+}
+
 /* A completion's prompt as token ids is taken as given (no BOS added, as vLLM takes it): BOS + the
  * text's ids give the text's answer, tokens and usage; an empty array, a batch, an id out of the
  * vocabulary are 400s naming "prompt". */
@@ -627,36 +638,23 @@ Test(server, a_prompt_of_token_ids_is_taken_as_given)
     json_t *ja = parse(a), *jb = parse(b);
     cr_expect(json_equal(json_object_get(ja, "usage"), json_object_get(jb, "usage")), "%s | %s", a, b);
     cr_expect_eq(json_integer_value(json_object_get(json_object_get(ja, "usage"), "prompt_tokens")), (json_int_t)n + 1);
-    cr_expect(json_equal(json_object_get(json_array_get(json_object_get(ja, "choices"), 0), "token_ids"),
-                         json_object_get(json_array_get(json_object_get(jb, "choices"), 0), "token_ids")),
-              "%s | %s", a, b);
     json_decref(ja);
     json_decref(jb);
+    expect_same_token_ids(a, b);
     free(ids);
     pd_tok_free(t);
     /* a batch of one is its prompt (lm-eval sends ["text"]): the same answer */
     char c1[8192];
     cr_assert_eq(curl("/v1/completions", "{\"prompt\":[\"Hello there\"],\"max_tokens\":5,\"temperature\":0,"
                       "\"return_token_ids\":true}", NULL, c1, sizeof c1), 200, "%s", c1);
-    json_t *j1 = parse(c1), *jt = parse(b);
-    cr_expect(json_equal(json_object_get(json_array_get(json_object_get(j1, "choices"), 0), "token_ids"),
-                         json_object_get(json_array_get(json_object_get(jt, "choices"), 0), "token_ids")),
-              "%s | %s", c1, b);
-    json_decref(j1);
-    json_decref(jt);
+    expect_same_token_ids(c1, b);
     char one[1100];   /* {"prompt":[[bos, ...]], ...}: a batch of one prompt of token ids */
     snprintf(one, sizeof one, "{\"prompt\":[%s", body + strlen("{\"prompt\":"));
     char *close = strstr(one, "],");
     cr_assert_not_null(close);
     memmove(close + 1, close, strlen(close) + 1);
     cr_assert_eq(curl("/v1/completions", one, NULL, c1, sizeof c1), 200, "%s: %s", one, c1);
-    j1 = parse(c1);
-    jt = parse(b);
-    cr_expect(json_equal(json_object_get(json_array_get(json_object_get(j1, "choices"), 0), "token_ids"),
-                         json_object_get(json_array_get(json_object_get(jt, "choices"), 0), "token_ids")),
-              "%s | %s", c1, b);
-    json_decref(j1);
-    json_decref(jt);
+    expect_same_token_ids(c1, b);
     expect(400, "/v1/completions", "{\"prompt\": []}", NULL, "prompt");
     expect(400, "/v1/completions", "{\"prompt\": [[]]}", NULL, "prompt");
     expect(400, "/v1/completions", "{\"prompt\": [\"a\", \"b\"]}", NULL, "prompt");
