@@ -1,6 +1,6 @@
 /* The PD proxy (see proxy.h): libevent HTTP server for clients, libevent HTTP client towards the
  * prefill and decode instances, all on one event loop. */
-#include "proxy/proxy.h"
+#include "proxy/internal.h"
 #include "core/timing.h"
 #include "http/front.h"
 #include "http/http.h"
@@ -19,88 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct pd_proxy;
-
-struct instance {
-    struct pd_proxy *px;
-    const char *role;            /* "prefill" or "decode" */
-    char host[64];
-    int port;
-    int load;                    /* requests in flight through this proxy */
-    uint64_t failures, ejections;
-    int up;                      /* admitted: gets requests while any instance is up */
-    int strikes;                 /* failures since it was last admitted: the backoff's exponent */
-    double probe_at;             /* the next /health check */
-    struct evhttp_connection *probe;   /* the check in flight, or NULL */
-};
-
 #define BACKOFF_MIN_S 0.5
 #define BACKOFF_MAX_S 30.0
-
-/* A Prometheus histogram: cumulative buckets at the bounds le[0..n-1] and +Inf. */
-#define HIST_MAX 12
-struct hist {
-    const char *name, *help;
-    const double *le;
-    int n;
-    uint64_t bucket[HIST_MAX + 1], count;
-    double sum;
-};
-
-static const double le_ttft[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
-static const double le_token[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
-static const double le_e2e[] = {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
-
-static void hist_init(struct hist *h, const char *name, const char *help, const double *le, int n)
-{
-    *h = (struct hist){.name = name, .help = help, .le = le, .n = n};
-}
-
-static void hist_observe(struct hist *h, double v)
-{
-    h->sum += v;
-    h->count++;
-    for (int i = 0; i < h->n; i++)
-        if (v <= h->le[i])
-            h->bucket[i]++;
-    h->bucket[h->n]++;
-}
-
-static void hist_print(struct evbuffer *b, const struct hist *h)
-{
-    evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", h->name, h->help, h->name);
-    for (int i = 0; i < h->n; i++)
-        evbuffer_add_printf(b, "%s_bucket{le=\"%g\"} %llu\n", h->name, h->le[i], (unsigned long long)h->bucket[i]);
-    evbuffer_add_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", h->name,
-                        (unsigned long long)h->bucket[h->n], h->name, h->sum, h->name, (unsigned long long)h->count);
-}
-
-struct job;
-
-struct pd_proxy {
-    struct pd_proxy_opts o;
-    struct instance p[PD_PROXY_MAX_INSTANCES], d[PD_PROXY_MAX_INSTANCES];
-    int np, nd;
-    struct event_base *base;
-    struct pd_http_front *front;
-    struct event *sigint, *sigterm;
-    int port;
-    struct event *stop, *tick;       /* pd_proxy_stop's graceful stop, the health checks */
-    int stopping;                    /* draining: new requests get a 503 */
-    struct job *jobs;                /* every completion in flight */
-    struct pd_route *route;          /* who prefills: the prefill instances, or the colocated ones */
-    /* metrics */
-    uint64_t requests, completed, retries, cancelled, bad_requests, prefill_failed, decode_failed;
-    uint64_t routed[PD_ROUTE_N_WHY];                 /* prefill choices, by reason */
-    uint64_t route_chunks, route_matched;            /* prompt chunks routed, and matched where they went */
-    struct hist ttft, tpot, itl, e2e;
-};
-
-/* The k-th of all instances, the prefill ones first (k < np + nd). */
-static struct instance *nth(struct pd_proxy *px, int k)
-{
-    return k < px->np ? &px->p[k] : &px->d[k - px->np];
-}
 
 struct job {
     struct pd_proxy *px;
@@ -131,7 +51,7 @@ static void free_conn(evutil_socket_t fd, short what, void *arg)
 
 /* An upstream connection is freed once its request is over, from the loop rather than from its
  * own callback (libevent 2.1's free-on-completion misses connections that never connected). */
-static void drop_conn(struct pd_proxy *px, struct evhttp_connection *c)
+void px_drop_conn(struct pd_proxy *px, struct evhttp_connection *c)
 {
     if (c)
         event_base_once(px->base, -1, EV_TIMEOUT, free_conn, c, &(struct timeval){0, 0});
@@ -148,7 +68,7 @@ static void cancel_upstream(struct pd_proxy *px, struct job *j)
         px->p[j->pi].load--;
     evhttp_cancel_request(j->up);
     j->up = NULL;
-    drop_conn(px, j->conn);
+    px_drop_conn(px, j->conn);
     j->conn = NULL;
 }
 
@@ -181,8 +101,6 @@ static int parse_hostport(const char *s, struct instance *in)
     in->port = (int)p;
     return 0;
 }
-
-#define reply_error(h, code, type, ...) pd_http_error(h, code, type, NULL, __VA_ARGS__)
 
 /* The client's answer is complete: it no longer needs this job. */
 static void client_done(struct job *j)
@@ -266,7 +184,7 @@ static int pick_routed(struct job *j, unsigned skip)
 
 /* The least-loaded instance not in `skip`, among those up if any is (else among all: one may have
  * come back since its last check). */
-static int pick(struct instance *in, int n, unsigned skip)
+int px_pick(struct instance *in, int n, unsigned skip)
 {
     int best = -1;
     for (int pass = 0; pass < 2 && best < 0; pass++)
@@ -330,9 +248,9 @@ static void note_chunk(struct job *j)
     if (!j->got_first) {
         j->got_first = 1;
         j->t_first = now;
-        hist_observe(&j->px->ttft, now - j->t0);
+        px_hist_observe(&j->px->ttft, now - j->t0);
     } else {
-        hist_observe(&j->px->itl, now - j->t_last);
+        px_hist_observe(&j->px->itl, now - j->t_last);
     }
     j->t_last = now;
     j->chunks++;
@@ -344,9 +262,9 @@ static void note_done(struct job *j)
 {
     struct pd_proxy *px = j->px;
     px->completed++;
-    hist_observe(&px->e2e, pd_now_s() - j->t0);
+    px_hist_observe(&px->e2e, pd_now_s() - j->t0);
     if (j->chunks >= 2)
-        hist_observe(&px->tpot, (j->t_last - j->t_first) / (j->chunks - 1));
+        px_hist_observe(&px->tpot, (j->t_last - j->t_first) / (j->chunks - 1));
 }
 
 /* Decode answer data as it arrives: relayed to a streaming client. */
@@ -399,7 +317,7 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
     struct job *j = arg;
     struct pd_proxy *px = j->px;
     j->up = NULL;
-    drop_conn(px, j->conn);
+    px_drop_conn(px, j->conn);
     j->conn = NULL;
     px->d[j->di].load--;
     int code = r ? evhttp_request_get_response_code(r) : 0;
@@ -423,7 +341,7 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
     if ((code == 0 || code >= 500) && !j->started) {
         /* nothing has reached the client: another decode instance takes the request */
         eject(&px->d[j->di], 0);
-        if (pick(px->d, px->nd, j->dtried) >= 0) {
+        if (px_pick(px->d, px->nd, j->dtried) >= 0) {
             px->retries++;
             if (j->held)
                 evbuffer_drain(j->held, evbuffer_get_length(j->held));
@@ -458,7 +376,7 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
         if (!j->held)
             evbuffer_free(b);
         if (code == 200) {
-            hist_observe(&px->ttft, pd_now_s() - j->t0);   /* the whole answer is its first token */
+            px_hist_observe(&px->ttft, pd_now_s() - j->t0);   /* the whole answer is its first token */
             note_done(j);
         }
     }
@@ -471,7 +389,7 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
     struct job *j = arg;
     struct pd_proxy *px = j->px;
     j->up = NULL;
-    drop_conn(px, j->conn);
+    px_drop_conn(px, j->conn);
     j->conn = NULL;
     px->p[j->pi].load--;
     if (!j->client) {
@@ -482,7 +400,7 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
     if (code == 0 || code >= 500) {
         eject(&px->p[j->pi], 0);
         /* another prefill instance, a few times; never after a 4xx */
-        if (j->attempts < max_attempts(px) && pick(px->p, px->np, j->tried) >= 0) {
+        if (j->attempts < max_attempts(px) && px_pick(px->p, px->np, j->tried) >= 0) {
             px->retries++;
             send_up(j, 0);
             return;
@@ -528,7 +446,7 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
 }
 
 /* The key the instances want: their own, or the one clients give this proxy. */
-static const char *backend_key(const struct pd_proxy *px)
+const char *px_backend_key(const struct pd_proxy *px)
 {
     return px->o.backend_api_key ? px->o.backend_api_key : px->o.api_key;
 }
@@ -538,7 +456,7 @@ static void send_up(struct job *j, int decode)
     struct pd_proxy *px = j->px;
     struct instance *in;
     if (decode) {
-        j->di = px->np ? pick(px->d, px->nd, j->dtried) : pick_routed(j, j->dtried);
+        j->di = px->np ? px_pick(px->d, px->nd, j->dtried) : pick_routed(j, j->dtried);
         j->dtried |= 1u << j->di;
         in = &px->d[j->di];
     } else {
@@ -570,7 +488,7 @@ static void send_up(struct job *j, int decode)
         snprintf(hostport, sizeof hostport, "%s:%d", in->host, in->port);
         evhttp_add_header(hd, "Host", hostport);
         evhttp_add_header(hd, "Content-Type", "application/json");
-        bad = bad || pd_http_add_key(r, backend_key(px)) ||
+        bad = bad || pd_http_add_key(r, px_backend_key(px)) ||
               evbuffer_add(evhttp_request_get_output_buffer(r), txt, strlen(txt));
         if (bad)
             evhttp_request_free(r);
@@ -589,7 +507,7 @@ static void send_up(struct job *j, int decode)
     }
 }
 
-static int authorised(struct pd_proxy *px, struct evhttp_request *h)
+int px_authorised(struct pd_proxy *px, struct evhttp_request *h)
 {
     if (pd_http_authorised(h, px->o.api_key))
         return 1;
@@ -619,7 +537,7 @@ static int prompt_key(json_t *body, struct pd_route_key *k)
 static void on_completion(struct evhttp_request *h, void *arg, const char *path)
 {
     struct pd_proxy *px = arg;
-    if (!authorised(px, h))
+    if (!px_authorised(px, h))
         return;
     if (px->stopping) {
         reply_error(h, 503, "server_error", "the proxy is shutting down");
@@ -679,208 +597,6 @@ static void on_chat(struct evhttp_request *h, void *arg)
     on_completion(h, arg, "/v1/chat/completions");
 }
 
-/* GET `path` from an instance: the connection (drop_conn it once done), or NULL when the request
- * could not be sent (cb is then never called). */
-static struct evhttp_connection *get_from(struct pd_proxy *px, const struct instance *in, const char *path,
-                                          int timeout_s, void (*cb)(struct evhttp_request *, void *), void *arg)
-{
-    struct evhttp_connection *c = evhttp_connection_base_new(px->base, NULL, in->host, (unsigned short)in->port);
-    if (c && timeout_s > 0)
-        evhttp_connection_set_timeout(c, timeout_s);
-    struct evhttp_request *r = c ? evhttp_request_new(cb, arg) : NULL;
-    if (r) {
-        evhttp_add_header(evhttp_request_get_output_headers(r), "Host", in->host);
-        if (pd_http_add_key(r, backend_key(px)))
-            evhttp_request_free(r);
-        else if (evhttp_make_request(c, r, EVHTTP_REQ_GET, path) == 0)
-            return c;   /* on failure libevent has freed r */
-    }
-    drop_conn(px, c);
-    return NULL;
-}
-
-/* /v1/models: relayed from a decode instance (one that is up). */
-struct models_job {
-    struct pd_proxy *px;
-    struct evhttp_request *client;
-    struct evhttp_connection *conn;
-};
-
-static void on_models_done(struct evhttp_request *r, void *arg)
-{
-    struct models_job *m = arg;
-    struct evhttp_request *h = m->client;
-    drop_conn(m->px, m->conn);
-    free(m);
-    if (!r || evhttp_request_get_response_code(r) != 200) {
-        reply_error(h, 502, "server_error", "the decode instance did not list its models");
-        return;
-    }
-    evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Type", "application/json");
-    evhttp_send_reply(h, 200, "OK", evhttp_request_get_input_buffer(r));
-}
-
-static void on_models(struct evhttp_request *h, void *arg)
-{
-    struct pd_proxy *px = arg;
-    if (!authorised(px, h))
-        return;
-    struct models_job *m = malloc(sizeof *m);
-    if (m) {
-        *m = (struct models_job){px, h, NULL};
-        m->conn = get_from(px, &px->d[pick(px->d, px->nd, 0)], "/v1/models", 0, on_models_done, m);
-    }
-    if (!m || !m->conn) {
-        free(m);
-        reply_error(h, 502, "server_error", "the decode instance did not list its models");
-    }
-}
-
-/* GET /expert_stats[?role=prefill|decode]: every instance's expert counts (of the role, or of
- * both), summed: the file `pdmoe plan --expert-stats` reads, for the whole deployment. */
-struct stats_job {
-    struct pd_proxy *px;
-    struct evhttp_request *client;
-    const char *role;                /* NULL: both */
-    int pending, instances, n_layers, experts;
-    int64_t *sum;                    /* [n_layers][experts], from the first answer on */
-    char why[256];                   /* the first failure */
-};
-
-struct stats_call {
-    struct stats_job *j;
-    struct evhttp_connection *conn;
-    char where[128];
-};
-
-static void stats_fail(struct stats_job *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void stats_fail(struct stats_job *j, const char *fmt, ...)
-{
-    if (j->why[0])
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(j->why, sizeof j->why, fmt, ap);
-    va_end(ap);
-}
-
-/* Adds one instance's answer to the sum. */
-static void stats_add(struct stats_job *j, const char *where, struct evbuffer *b)
-{
-    json_t *doc;
-    pd_http_read_json(b, 0, &doc, NULL);
-    json_t *rows = json_object_get(doc, "tokens_per_expert");
-    size_t L = json_is_array(rows) ? json_array_size(rows) : 0;
-    json_t *row0 = json_array_get(rows, 0);
-    size_t E = json_is_array(row0) ? json_array_size(row0) : 0;
-    if (L == 0 || E == 0 || L > 4096 || E > 65536 || (j->sum && (L != (size_t)j->n_layers || E != (size_t)j->experts))) {
-        stats_fail(j, "%s answered /expert_stats with %zu layers of %zu experts%s", where, L, E,
-                   j->sum ? ", unlike the other instances" : "");
-        json_decref(doc);
-        return;
-    }
-    if (!j->sum) {
-        j->sum = calloc(L * E, sizeof *j->sum);
-        if (!j->sum) {
-            stats_fail(j, "out of memory");
-            json_decref(doc);
-            return;
-        }
-        j->n_layers = (int)L;
-        j->experts = (int)E;
-    }
-    for (size_t l = 0; l < L; l++) {
-        json_t *row = json_array_get(rows, l);
-        if (json_array_size(row) != E) {
-            stats_fail(j, "%s answered /expert_stats with rows of different lengths", where);
-            break;
-        }
-        for (size_t x = 0; x < E && !j->why[0]; x++) {
-            json_t *v = json_array_get(row, x);
-            int64_t *t = &j->sum[l * E + x];
-            if (!json_is_integer(v) || json_integer_value(v) < 0 || __builtin_add_overflow(*t, json_integer_value(v), t))
-                stats_fail(j, "%s answered /expert_stats with tokens_per_expert[%zu][%zu] not a count (an integer >= 0 "
-                           "whose sum over the instances fits 64 bits)", where, l, x);
-        }
-        if (j->why[0])
-            break;
-    }
-    j->instances++;
-    json_decref(doc);
-}
-
-static void stats_answer(struct stats_job *j)
-{
-    if (j->why[0]) {
-        reply_error(j->client, 502, "server_error", "%s", j->why);
-    } else {
-        pd_http_json(j->client, 200, json_pack("{s:s,s:i,s:i,s:o}", "role", j->role ? j->role : "prefill+decode",
-                                               "instances", j->instances, "experts", j->experts, "tokens_per_expert",
-                                               pd_http_json_counts(j->sum, j->n_layers, j->experts)));
-    }
-    free(j->sum);
-    free(j);
-}
-
-static void on_stats_done(struct evhttp_request *r, void *arg)
-{
-    struct stats_call *c = arg;
-    struct stats_job *j = c->j;
-    drop_conn(j->px, c->conn);
-    if (!r || evhttp_request_get_response_code(r) != 200)
-        stats_fail(j, "%s did not answer /expert_stats", c->where);
-    else
-        stats_add(j, c->where, evhttp_request_get_input_buffer(r));
-    free(c);
-    if (--j->pending == 0)
-        stats_answer(j);
-}
-
-static void on_expert_stats(struct evhttp_request *h, void *arg)
-{
-    struct pd_proxy *px = arg;
-    if (!authorised(px, h))
-        return;
-    struct evkeyvalq q;
-    const char *query = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(h)), *role = NULL;
-    if (query && evhttp_parse_query_str(query, &q) == 0) {
-        const char *v = evhttp_find_header(&q, "role");
-        role = !v ? NULL : !strcmp(v, "prefill") ? "prefill" : !strcmp(v, "decode") ? "decode" : "";
-        evhttp_clear_headers(&q);
-    }
-    if (role && !role[0]) {
-        pd_http_error(h, 400, "invalid_request_error", "role", "role: expected prefill or decode");
-        return;
-    }
-    struct stats_job *j = calloc(1, sizeof *j);
-    if (!j) {
-        reply_error(h, 503, "server_error", "out of memory");
-        return;
-    }
-    *j = (struct stats_job){.px = px, .client = h, .role = role, .pending = 1};
-    for (int k = 0; k < px->np + px->nd; k++) {
-        struct instance *in = nth(px, k);
-        if (role && strcmp(role, in->role))
-            continue;
-        struct stats_call *c = calloc(1, sizeof *c);
-        if (!c) {
-            stats_fail(j, "out of memory");
-            continue;
-        }
-        c->j = j;
-        snprintf(c->where, sizeof c->where, "the %s instance %.63s:%d", in->role, in->host, in->port);
-        if (!(c->conn = get_from(px, in, "/expert_stats", 0, on_stats_done, c))) {
-            stats_fail(j, "%s did not answer /expert_stats", c->where);
-            free(c);
-            continue;
-        }
-        j->pending++;
-    }
-    if (--j->pending == 0)
-        stats_answer(j);
-}
-
 static double health_interval_s(const struct pd_proxy *px)
 {
     return (px->o.health_interval_ms > 0 ? px->o.health_interval_ms : 1000) / 1e3;
@@ -892,7 +608,7 @@ static void on_probe_done(struct evhttp_request *r, void *arg)
 {
     struct instance *in = arg;
     struct pd_proxy *px = in->px;
-    drop_conn(px, in->probe);
+    px_drop_conn(px, in->probe);
     in->probe = NULL;
     if (r && evhttp_request_get_response_code(r) == 200) {
         admit(in);
@@ -910,7 +626,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         struct instance *in = nth(px, k);
         if (in->probe || now < in->probe_at)
             continue;
-        if (!(in->probe = get_from(px, in, "/health", 1, on_probe_done, in)))
+        if (!(in->probe = px_get_from(px, in, "/health", 1, on_probe_done, in)))
             eject(in, 1);
     }
 }
@@ -943,68 +659,6 @@ static void on_stop(evutil_socket_t fd, short what, void *arg)
     event_base_once(px->base, -1, EV_TIMEOUT, on_drained, px, &(struct timeval){0, 300000});
 }
 
-static void on_metrics(struct evhttp_request *h, void *arg)
-{
-    struct pd_proxy *px = arg;
-    struct evbuffer *b = evbuffer_new();
-    if (!b) {
-        reply_error(h, 503, "server_error", "out of memory for the metrics");
-        return;
-    }
-    evbuffer_add_printf(b,
-                        "# TYPE pdmoe_proxy_requests_total counter\npdmoe_proxy_requests_total %llu\n"
-                        "# TYPE pdmoe_proxy_completed_total counter\npdmoe_proxy_completed_total %llu\n"
-                        "# TYPE pdmoe_proxy_retries_total counter\npdmoe_proxy_retries_total %llu\n"
-                        "# TYPE pdmoe_proxy_errors_total counter\n"
-                        "pdmoe_proxy_errors_total{kind=\"bad_request\"} %llu\n"
-                        "pdmoe_proxy_errors_total{kind=\"prefill_failed\"} %llu\n"
-                        "pdmoe_proxy_errors_total{kind=\"decode_failed\"} %llu\n"
-                        "pdmoe_proxy_errors_total{kind=\"client_cancelled\"} %llu\n",
-                        (unsigned long long)px->requests, (unsigned long long)px->completed,
-                        (unsigned long long)px->retries, (unsigned long long)px->bad_requests,
-                        (unsigned long long)px->prefill_failed, (unsigned long long)px->decode_failed,
-                        (unsigned long long)px->cancelled);
-    evbuffer_add_printf(b, "# TYPE pdmoe_proxy_routed_total counter\n");
-    for (int w = 0; w < PD_ROUTE_N_WHY; w++)
-        evbuffer_add_printf(b, "pdmoe_proxy_routed_total{policy=\"%s\",reason=\"%s\"} %llu\n",
-                            pd_route_policy_name(px->o.route.policy), pd_route_why_name((enum pd_route_why)w),
-                            (unsigned long long)px->routed[w]);
-    evbuffer_add_printf(b,
-                        "# HELP pdmoe_proxy_route_prompt_bytes_total Prompt bytes routed, in whole %d-byte chunks.\n"
-                        "# TYPE pdmoe_proxy_route_prompt_bytes_total counter\npdmoe_proxy_route_prompt_bytes_total %llu\n"
-                        "# HELP pdmoe_proxy_route_matched_bytes_total Of those, the bytes whose prefix the routing "
-                        "index expected on the chosen instance.\n"
-                        "# TYPE pdmoe_proxy_route_matched_bytes_total counter\npdmoe_proxy_route_matched_bytes_total %llu\n",
-                        PD_ROUTE_CHUNK, (unsigned long long)px->route_chunks * PD_ROUTE_CHUNK,
-                        (unsigned long long)px->route_matched * PD_ROUTE_CHUNK);
-    hist_print(b, &px->ttft);
-    hist_print(b, &px->tpot);
-    hist_print(b, &px->itl);
-    hist_print(b, &px->e2e);
-    /* what pdmoe up reports (its restarts): it rewrites the file whole, by rename */
-    FILE *f = px->o.metrics_file ? fopen(px->o.metrics_file, "r") : NULL;
-    if (f) {
-        char line[512];
-        while (fgets(line, sizeof line, f))
-            evbuffer_add(b, line, strlen(line));
-        fclose(f);
-    }
-    static const char *const names[] = {"up", "ejections_total", "load"};
-    static const char *const types[] = {"gauge", "counter", "gauge"};
-    for (int m = 0; m < 3; m++) {
-        evbuffer_add_printf(b, "# TYPE pdmoe_proxy_instance_%s %s\n", names[m], types[m]);
-        for (int k = 0; k < px->np + px->nd; k++) {
-            const struct instance *in = nth(px, k);
-            long long v = m == 0 ? in->up : m == 1 ? (long long)in->ejections : in->load;
-            evbuffer_add_printf(b, "pdmoe_proxy_instance_%s{role=\"%s\",instance=\"%s:%d\"} %lld\n", names[m],
-                                in->role, in->host, in->port, v);
-        }
-    }
-    pd_http_front_metrics(px->front, b);
-    pd_http_text(h, "text/plain; version=0.0.4", b);   /* Prometheus' text format */
-    evbuffer_free(b);
-}
-
 static void on_other(struct evhttp_request *h, void *arg)
 {
     reply_error(h, 404, "invalid_request_error", "no route %s", evhttp_request_get_uri(h));
@@ -1024,13 +678,7 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
     if (!px)
         return pd_err_set(e, PD_ENOMEM, "out of memory");
     px->o = *o;
-#define HIST(h, name, help, le) hist_init(&px->h, name, help, le, (int)(sizeof le / sizeof le[0]))
-    HIST(ttft, "pdmoe_proxy_time_to_first_token_seconds", "Time from request to the first streamed token.", le_ttft);
-    HIST(tpot, "pdmoe_proxy_time_per_output_token_seconds", "Per request: time after the first token / (chunks - 1).",
-         le_token);
-    HIST(itl, "pdmoe_proxy_inter_token_latency_seconds", "Gaps between successive streamed chunks.", le_token);
-    HIST(e2e, "pdmoe_proxy_e2e_request_latency_seconds", "Time from request to the end of its answer.", le_e2e);
-#undef HIST
+    px_hists_init(px);
     for (int i = 0; i < o->n_prefill; i++)
         if (parse_hostport(o->prefill[i], &px->p[i])) {
             free(px);
@@ -1065,7 +713,7 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
         return rc;
     }
     px->port = pd_http_front_port(px->front);
-    static const struct pd_http_api api = {on_completions, on_chat, on_models, on_metrics, on_expert_stats, on_other};
+    static const struct pd_http_api api = {on_completions, on_chat, px_on_models, px_on_metrics, px_on_expert_stats, on_other};
     if (pd_http_front_api(px->front, &api, px)) {
         pd_proxy_destroy(px);
         return pd_err_set(e, PD_ENOMEM, "out of memory");

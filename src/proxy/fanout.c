@@ -1,0 +1,213 @@
+/* The proxy's GET routes answered from its instances (internal.h): /v1/models relayed from a decode
+ * instance, /expert_stats summed over all of them. */
+#include "proxy/internal.h"
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/keyvalq_struct.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct evhttp_connection *px_get_from(struct pd_proxy *px, const struct instance *in, const char *path,
+                                      int timeout_s, void (*cb)(struct evhttp_request *, void *), void *arg)
+{
+    struct evhttp_connection *c = evhttp_connection_base_new(px->base, NULL, in->host, (unsigned short)in->port);
+    if (c && timeout_s > 0)
+        evhttp_connection_set_timeout(c, timeout_s);
+    struct evhttp_request *r = c ? evhttp_request_new(cb, arg) : NULL;
+    if (r) {
+        evhttp_add_header(evhttp_request_get_output_headers(r), "Host", in->host);
+        if (pd_http_add_key(r, px_backend_key(px)))
+            evhttp_request_free(r);
+        else if (evhttp_make_request(c, r, EVHTTP_REQ_GET, path) == 0)
+            return c;   /* on failure libevent has freed r */
+    }
+    px_drop_conn(px, c);
+    return NULL;
+}
+
+/* /v1/models: relayed from a decode instance (one that is up). */
+struct models_job {
+    struct pd_proxy *px;
+    struct evhttp_request *client;
+    struct evhttp_connection *conn;
+};
+
+static void on_models_done(struct evhttp_request *r, void *arg)
+{
+    struct models_job *m = arg;
+    struct evhttp_request *h = m->client;
+    px_drop_conn(m->px, m->conn);
+    free(m);
+    if (!r || evhttp_request_get_response_code(r) != 200) {
+        reply_error(h, 502, "server_error", "the decode instance did not list its models");
+        return;
+    }
+    evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Type", "application/json");
+    evhttp_send_reply(h, 200, "OK", evhttp_request_get_input_buffer(r));
+}
+
+void px_on_models(struct evhttp_request *h, void *arg)
+{
+    struct pd_proxy *px = arg;
+    if (!px_authorised(px, h))
+        return;
+    struct models_job *m = malloc(sizeof *m);
+    if (m) {
+        *m = (struct models_job){px, h, NULL};
+        m->conn = px_get_from(px, &px->d[px_pick(px->d, px->nd, 0)], "/v1/models", 0, on_models_done, m);
+    }
+    if (!m || !m->conn) {
+        free(m);
+        reply_error(h, 502, "server_error", "the decode instance did not list its models");
+    }
+}
+
+/* GET /expert_stats[?role=prefill|decode]: every instance's expert counts (of the role, or of
+ * both), summed: the file `pdmoe plan --expert-stats` reads, for the whole deployment. */
+struct stats_job {
+    struct pd_proxy *px;
+    struct evhttp_request *client;
+    const char *role;                /* NULL: both */
+    int pending, instances, n_layers, experts;
+    int64_t *sum;                    /* [n_layers][experts], from the first answer on */
+    char why[256];                   /* the first failure */
+};
+
+struct stats_call {
+    struct stats_job *j;
+    struct evhttp_connection *conn;
+    char where[128];
+};
+
+static void stats_fail(struct stats_job *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void stats_fail(struct stats_job *j, const char *fmt, ...)
+{
+    if (j->why[0])
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(j->why, sizeof j->why, fmt, ap);
+    va_end(ap);
+}
+
+/* Adds one instance's answer to the sum. */
+static void stats_add(struct stats_job *j, const char *where, struct evbuffer *b)
+{
+    json_t *doc;
+    pd_http_read_json(b, 0, &doc, NULL);
+    json_t *rows = json_object_get(doc, "tokens_per_expert");
+    size_t L = json_is_array(rows) ? json_array_size(rows) : 0;
+    json_t *row0 = json_array_get(rows, 0);
+    size_t E = json_is_array(row0) ? json_array_size(row0) : 0;
+    if (L == 0 || E == 0 || L > 4096 || E > 65536 || (j->sum && (L != (size_t)j->n_layers || E != (size_t)j->experts))) {
+        stats_fail(j, "%s answered /expert_stats with %zu layers of %zu experts%s", where, L, E,
+                   j->sum ? ", unlike the other instances" : "");
+        json_decref(doc);
+        return;
+    }
+    if (!j->sum) {
+        j->sum = calloc(L * E, sizeof *j->sum);
+        if (!j->sum) {
+            stats_fail(j, "out of memory");
+            json_decref(doc);
+            return;
+        }
+        j->n_layers = (int)L;
+        j->experts = (int)E;
+    }
+    for (size_t l = 0; l < L; l++) {
+        json_t *row = json_array_get(rows, l);
+        if (json_array_size(row) != E) {
+            stats_fail(j, "%s answered /expert_stats with rows of different lengths", where);
+            break;
+        }
+        for (size_t x = 0; x < E && !j->why[0]; x++) {
+            json_t *v = json_array_get(row, x);
+            int64_t *t = &j->sum[l * E + x];
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || __builtin_add_overflow(*t, json_integer_value(v), t))
+                stats_fail(j, "%s answered /expert_stats with tokens_per_expert[%zu][%zu] not a count (an integer >= 0 "
+                           "whose sum over the instances fits 64 bits)", where, l, x);
+        }
+        if (j->why[0])
+            break;
+    }
+    j->instances++;
+    json_decref(doc);
+}
+
+static void stats_answer(struct stats_job *j)
+{
+    if (j->why[0]) {
+        reply_error(j->client, 502, "server_error", "%s", j->why);
+    } else {
+        pd_http_json(j->client, 200, json_pack("{s:s,s:i,s:i,s:o}", "role", j->role ? j->role : "prefill+decode",
+                                               "instances", j->instances, "experts", j->experts, "tokens_per_expert",
+                                               pd_http_json_counts(j->sum, j->n_layers, j->experts)));
+    }
+    free(j->sum);
+    free(j);
+}
+
+static void on_stats_done(struct evhttp_request *r, void *arg)
+{
+    struct stats_call *c = arg;
+    struct stats_job *j = c->j;
+    px_drop_conn(j->px, c->conn);
+    if (!r || evhttp_request_get_response_code(r) != 200)
+        stats_fail(j, "%s did not answer /expert_stats", c->where);
+    else
+        stats_add(j, c->where, evhttp_request_get_input_buffer(r));
+    free(c);
+    if (--j->pending == 0)
+        stats_answer(j);
+}
+
+void px_on_expert_stats(struct evhttp_request *h, void *arg)
+{
+    struct pd_proxy *px = arg;
+    if (!px_authorised(px, h))
+        return;
+    struct evkeyvalq q;
+    const char *query = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(h)), *role = NULL;
+    if (query && evhttp_parse_query_str(query, &q) == 0) {
+        const char *v = evhttp_find_header(&q, "role");
+        role = !v ? NULL : !strcmp(v, "prefill") ? "prefill" : !strcmp(v, "decode") ? "decode" : "";
+        evhttp_clear_headers(&q);
+    }
+    if (role && !role[0]) {
+        pd_http_error(h, 400, "invalid_request_error", "role", "role: expected prefill or decode");
+        return;
+    }
+    struct stats_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        reply_error(h, 503, "server_error", "out of memory");
+        return;
+    }
+    *j = (struct stats_job){.px = px, .client = h, .role = role, .pending = 1};
+    for (int k = 0; k < px->np + px->nd; k++) {
+        struct instance *in = nth(px, k);
+        if (role && strcmp(role, in->role))
+            continue;
+        struct stats_call *c = calloc(1, sizeof *c);
+        if (!c) {
+            stats_fail(j, "out of memory");
+            continue;
+        }
+        c->j = j;
+        snprintf(c->where, sizeof c->where, "the %s instance %.63s:%d", in->role, in->host, in->port);
+        if (!(c->conn = px_get_from(px, in, "/expert_stats", 0, on_stats_done, c))) {
+            stats_fail(j, "%s did not answer /expert_stats", c->where);
+            free(c);
+            continue;
+        }
+        j->pending++;
+    }
+    if (--j->pending == 0)
+        stats_answer(j);
+}
+

@@ -1,0 +1,93 @@
+/* The proxy's parts (proxy.h): the state they share and what each offers the others.
+ *   proxy.c    completions (prefill, then decode), instances' health, create/run/destroy;
+ *   fanout.c   the GET routes answered from the instances: /v1/models, /expert_stats;
+ *   metrics.c  the latency histograms and GET /metrics.
+ * Everything runs on the proxy's one event loop. */
+#ifndef PD_PROXY_INTERNAL_H
+#define PD_PROXY_INTERNAL_H
+
+#include "http/http.h"
+#include "proxy/proxy.h"
+
+#include <event2/http.h>
+#include <stdint.h>
+
+struct pd_proxy;
+
+struct instance {
+    struct pd_proxy *px;
+    const char *role;            /* "prefill" or "decode" */
+    char host[64];
+    int port;
+    int load;                    /* requests in flight through this proxy */
+    uint64_t failures, ejections;
+    int up;                      /* admitted: gets requests while any instance is up */
+    int strikes;                 /* failures since it was last admitted: the backoff's exponent */
+    double probe_at;             /* the next /health check */
+    struct evhttp_connection *probe;   /* the check in flight, or NULL */
+};
+
+/* A Prometheus histogram: cumulative buckets at the bounds le[0..n-1] and +Inf. */
+#define HIST_MAX 12
+struct hist {
+    const char *name, *help;
+    const double *le;
+    int n;
+    uint64_t bucket[HIST_MAX + 1], count;
+    double sum;
+};
+
+struct job;
+
+struct pd_proxy {
+    struct pd_proxy_opts o;
+    struct instance p[PD_PROXY_MAX_INSTANCES], d[PD_PROXY_MAX_INSTANCES];
+    int np, nd;
+    struct event_base *base;
+    struct pd_http_front *front;
+    struct event *sigint, *sigterm;
+    int port;
+    struct event *stop, *tick;       /* pd_proxy_stop's graceful stop, the health checks */
+    int stopping;                    /* draining: new requests get a 503 */
+    struct job *jobs;                /* every completion in flight */
+    struct pd_route *route;          /* who prefills: the prefill instances, or the colocated ones */
+    /* metrics */
+    uint64_t requests, completed, retries, cancelled, bad_requests, prefill_failed, decode_failed;
+    uint64_t routed[PD_ROUTE_N_WHY];                 /* prefill choices, by reason */
+    uint64_t route_chunks, route_matched;            /* prompt chunks routed, and matched where they went */
+    struct hist ttft, tpot, itl, e2e;
+};
+
+/* The k-th of all instances, the prefill ones first (k < np + nd). */
+static inline struct instance *nth(struct pd_proxy *px, int k)
+{
+    return k < px->np ? &px->p[k] : &px->d[k - px->np];
+}
+
+
+#define reply_error(h, code, type, ...) pd_http_error(h, code, type, NULL, __VA_ARGS__)
+
+/* proxy.c */
+/* Frees an upstream connection once its request is over (from the loop). */
+void px_drop_conn(struct pd_proxy *px, struct evhttp_connection *c);
+/* The key the instances want: their own, or the one clients give this proxy. */
+const char *px_backend_key(const struct pd_proxy *px);
+/* 1 if the client sent the API key, else a 401 is sent and 0 returned. */
+int px_authorised(struct pd_proxy *px, struct evhttp_request *h);
+/* The least-loaded instance not in `skip`, among those up if any is (else among all). */
+int px_pick(struct instance *in, int n, unsigned skip);
+
+/* fanout.c */
+/* GET `path` from an instance: the connection (px_drop_conn it once done), or NULL when the
+ * request could not be sent (cb is then never called). */
+struct evhttp_connection *px_get_from(struct pd_proxy *px, const struct instance *in, const char *path,
+                                      int timeout_s, void (*cb)(struct evhttp_request *, void *), void *arg);
+void px_on_models(struct evhttp_request *h, void *arg);
+void px_on_expert_stats(struct evhttp_request *h, void *arg);
+
+/* metrics.c */
+void px_hists_init(struct pd_proxy *px);
+void px_hist_observe(struct hist *h, double v);
+void px_on_metrics(struct evhttp_request *h, void *arg);
+
+#endif

@@ -1,0 +1,109 @@
+/* The proxy's metrics (internal.h): latency histograms kept as requests pass, and GET /metrics in
+ * Prometheus' text format. */
+#include "proxy/internal.h"
+
+#include <event2/buffer.h>
+#include <stdio.h>
+#include <string.h>
+
+static const double le_ttft[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+static const double le_token[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+static const double le_e2e[] = {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+
+static void hist_init(struct hist *h, const char *name, const char *help, const double *le, int n)
+{
+    *h = (struct hist){.name = name, .help = help, .le = le, .n = n};
+}
+
+void px_hist_observe(struct hist *h, double v)
+{
+    h->sum += v;
+    h->count++;
+    for (int i = 0; i < h->n; i++)
+        if (v <= h->le[i])
+            h->bucket[i]++;
+    h->bucket[h->n]++;
+}
+
+static void hist_print(struct evbuffer *b, const struct hist *h)
+{
+    evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", h->name, h->help, h->name);
+    for (int i = 0; i < h->n; i++)
+        evbuffer_add_printf(b, "%s_bucket{le=\"%g\"} %llu\n", h->name, h->le[i], (unsigned long long)h->bucket[i]);
+    evbuffer_add_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", h->name,
+                        (unsigned long long)h->bucket[h->n], h->name, h->sum, h->name, (unsigned long long)h->count);
+}
+
+void px_hists_init(struct pd_proxy *px)
+{
+#define HIST(h, name, help, le) hist_init(&px->h, name, help, le, (int)(sizeof le / sizeof le[0]))
+    HIST(ttft, "pdmoe_proxy_time_to_first_token_seconds", "Time from request to the first streamed token.", le_ttft);
+    HIST(tpot, "pdmoe_proxy_time_per_output_token_seconds", "Per request: time after the first token / (chunks - 1).",
+         le_token);
+    HIST(itl, "pdmoe_proxy_inter_token_latency_seconds", "Gaps between successive streamed chunks.", le_token);
+    HIST(e2e, "pdmoe_proxy_e2e_request_latency_seconds", "Time from request to the end of its answer.", le_e2e);
+#undef HIST
+}
+
+void px_on_metrics(struct evhttp_request *h, void *arg)
+{
+    struct pd_proxy *px = arg;
+    struct evbuffer *b = evbuffer_new();
+    if (!b) {
+        reply_error(h, 503, "server_error", "out of memory for the metrics");
+        return;
+    }
+    evbuffer_add_printf(b,
+                        "# TYPE pdmoe_proxy_requests_total counter\npdmoe_proxy_requests_total %llu\n"
+                        "# TYPE pdmoe_proxy_completed_total counter\npdmoe_proxy_completed_total %llu\n"
+                        "# TYPE pdmoe_proxy_retries_total counter\npdmoe_proxy_retries_total %llu\n"
+                        "# TYPE pdmoe_proxy_errors_total counter\n"
+                        "pdmoe_proxy_errors_total{kind=\"bad_request\"} %llu\n"
+                        "pdmoe_proxy_errors_total{kind=\"prefill_failed\"} %llu\n"
+                        "pdmoe_proxy_errors_total{kind=\"decode_failed\"} %llu\n"
+                        "pdmoe_proxy_errors_total{kind=\"client_cancelled\"} %llu\n",
+                        (unsigned long long)px->requests, (unsigned long long)px->completed,
+                        (unsigned long long)px->retries, (unsigned long long)px->bad_requests,
+                        (unsigned long long)px->prefill_failed, (unsigned long long)px->decode_failed,
+                        (unsigned long long)px->cancelled);
+    evbuffer_add_printf(b, "# TYPE pdmoe_proxy_routed_total counter\n");
+    for (int w = 0; w < PD_ROUTE_N_WHY; w++)
+        evbuffer_add_printf(b, "pdmoe_proxy_routed_total{policy=\"%s\",reason=\"%s\"} %llu\n",
+                            pd_route_policy_name(px->o.route.policy), pd_route_why_name((enum pd_route_why)w),
+                            (unsigned long long)px->routed[w]);
+    evbuffer_add_printf(b,
+                        "# HELP pdmoe_proxy_route_prompt_bytes_total Prompt bytes routed, in whole %d-byte chunks.\n"
+                        "# TYPE pdmoe_proxy_route_prompt_bytes_total counter\npdmoe_proxy_route_prompt_bytes_total %llu\n"
+                        "# HELP pdmoe_proxy_route_matched_bytes_total Of those, the bytes whose prefix the routing "
+                        "index expected on the chosen instance.\n"
+                        "# TYPE pdmoe_proxy_route_matched_bytes_total counter\npdmoe_proxy_route_matched_bytes_total %llu\n",
+                        PD_ROUTE_CHUNK, (unsigned long long)px->route_chunks * PD_ROUTE_CHUNK,
+                        (unsigned long long)px->route_matched * PD_ROUTE_CHUNK);
+    hist_print(b, &px->ttft);
+    hist_print(b, &px->tpot);
+    hist_print(b, &px->itl);
+    hist_print(b, &px->e2e);
+    /* what pdmoe up reports (its restarts): it rewrites the file whole, by rename */
+    FILE *f = px->o.metrics_file ? fopen(px->o.metrics_file, "r") : NULL;
+    if (f) {
+        char line[512];
+        while (fgets(line, sizeof line, f))
+            evbuffer_add(b, line, strlen(line));
+        fclose(f);
+    }
+    static const char *const names[] = {"up", "ejections_total", "load"};
+    static const char *const types[] = {"gauge", "counter", "gauge"};
+    for (int m = 0; m < 3; m++) {
+        evbuffer_add_printf(b, "# TYPE pdmoe_proxy_instance_%s %s\n", names[m], types[m]);
+        for (int k = 0; k < px->np + px->nd; k++) {
+            const struct instance *in = nth(px, k);
+            long long v = m == 0 ? in->up : m == 1 ? (long long)in->ejections : in->load;
+            evbuffer_add_printf(b, "pdmoe_proxy_instance_%s{role=\"%s\",instance=\"%s:%d\"} %lld\n", names[m],
+                                in->role, in->host, in->port, v);
+        }
+    }
+    pd_http_front_metrics(px->front, b);
+    pd_http_text(h, "text/plain; version=0.0.4", b);   /* Prometheus' text format */
+    evbuffer_free(b);
+}
+
