@@ -1,6 +1,7 @@
 /* The inference server (see server.h): the request lifetime, KV leases and pulls, the scheduler
  * thread with continuous batching over the engine (or an EP group of MPI ranks: server_ep.c), and
- * the server's life; the HTTP side is server_api.c, the shared state server_int.h. */
+ * the server's life; the HTTP side is server_api.c (its /metrics server_metrics.c), the shared
+ * state server_int.h. */
 #include "pd/server_int.h"
 /* ---- request lifetime ---------------------------------------------------------------------- */
 

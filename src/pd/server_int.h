@@ -360,4 +360,8 @@ void pd_srv_answer_shutdown(struct pd_server *s, struct req *r);
 /* Registers the HTTP routes on s->front and creates s->notify (the scheduler's wake-up). */
 int pd_srv_api_install(struct pd_server *s);
 
+/* ---- server_metrics.c ---- */
+/* GET /metrics (arg: the server). */
+void pd_srv_on_metrics(struct evhttp_request *h, void *arg);
+
 #endif
