@@ -14,6 +14,7 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/http_struct.h>
+#include <event2/keyvalq_struct.h>
 #include <event2/listener.h>
 #include <event2/util.h>
 #include <errno.h>
@@ -514,6 +515,28 @@ static void on_reply_done(struct evhttp_request *h, void *arg)
         arm(c, WAIT);
 }
 
+/* Framing that another hop could read otherwise than libevent does, which a request could be
+ * smuggled through (RFC 9112 6.3): Content-Length headers that differ (libevent reads the first),
+ * a transfer coding besides chunked. NULL when the framing is sound, else the error and its
+ * status in *code. */
+static const char *bad_framing(struct evhttp_request *h, int *code)
+{
+    const char *cl = NULL;
+    struct evkeyvalq *in = evhttp_request_get_input_headers(h);
+    for (struct evkeyval *kv = in->tqh_first; kv; kv = kv->next.tqe_next) {
+        if (!evutil_ascii_strcasecmp(kv->key, "Content-Length")) {
+            *code = 400;
+            if (cl && strcmp(cl, kv->value))
+                return "two Content-Length headers that differ: the request's length is ambiguous";
+            cl = kv->value;
+        } else if (!evutil_ascii_strcasecmp(kv->key, "Transfer-Encoding") && evutil_ascii_strcasecmp(kv->value, "chunked")) {
+            *code = 501;
+            return "Transfer-Encoding: only chunked is understood";
+        }
+    }
+    return NULL;
+}
+
 static void on_route(struct evhttp_request *h, void *arg)
 {
     struct route *r = arg;
@@ -528,6 +551,14 @@ static void on_route(struct evhttp_request *h, void *arg)
         h->minor = 1;
         evhttp_add_header(evhttp_request_get_output_headers(h), "Connection", "close");
         pd_http_error(h, 505, "invalid_request_error", NULL, "HTTP version not supported: HTTP/1.0 or HTTP/1.1 only");
+        return;
+    }
+    int code;
+    const char *framing = bad_framing(h, &code);
+    if (framing) {
+        /* whatever follows on the connection is unread: it may be the smuggled request */
+        evhttp_add_header(evhttp_request_get_output_headers(h), "Connection", "close");
+        pd_http_error(h, code, "invalid_request_error", NULL, "%s", framing);
         return;
     }
     if (r->methods && !(evhttp_request_get_command(h) & r->methods)) {

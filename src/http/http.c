@@ -52,7 +52,7 @@ void pd_http_json(struct evhttp_request *h, int code, json_t *j)
     struct evbuffer *b = evbuffer_new();
     evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Type", "application/json");
     if (b && evbuffer_add(b, txt ? txt : oom, txt ? strlen(txt) : sizeof oom - 1) == 0)
-        evhttp_send_reply(h, code, pd_http_reason(code), b);
+        pd_http_send(h, code, pd_http_reason(code), b);
     else
         evhttp_send_error(h, 500, "out of memory");
     if (b)
@@ -96,10 +96,25 @@ void pd_http_error(struct evhttp_request *h, int code, const char *type, const c
     pd_http_json(h, code, error_json(type, param, msg));
 }
 
+void pd_http_send(struct evhttp_request *h, int code, const char *reason, struct evbuffer *b)
+{
+    if (evhttp_request_get_command(h) == EVHTTP_REQ_HEAD) {
+        /* libevent 2.1 would send the body: GET's headers, Content-Length included, without it */
+        char len[24];
+        snprintf(len, sizeof len, "%zu", b ? evbuffer_get_length(b) : 0);
+        evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Length", len);
+        if (b)
+            evbuffer_drain(b, evbuffer_get_length(b));
+        evhttp_send_reply(h, code, reason, NULL);
+        return;
+    }
+    evhttp_send_reply(h, code, reason, b);
+}
+
 void pd_http_text(struct evhttp_request *h, const char *content_type, struct evbuffer *b)
 {
     evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Type", content_type);
-    evhttp_send_reply(h, 200, "OK", b);
+    pd_http_send(h, 200, "OK", b);
 }
 
 int pd_http_authorised(struct evhttp_request *h, const char *key)

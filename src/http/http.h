@@ -32,6 +32,9 @@ int pd_http_add_key(struct evhttp_request *r, const char *key);
 void pd_http_health(struct evhttp_request *h, void *arg);
 /* A [rows][cols] table of counts as an array of arrays (the tokens_per_expert of /expert_stats). */
 json_t *pd_http_json_counts(const int64_t *v, int rows, int cols);
+/* evhttp_send_reply, except that the answer to HEAD is the headers alone, with the Content-Length
+ * of b (whose bytes it drains). */
+void pd_http_send(struct evhttp_request *h, int code, const char *reason, struct evbuffer *b);
 /* Sends b (whose bytes it drains) as a 200 with the content type. */
 void pd_http_text(struct evhttp_request *h, const char *content_type, struct evbuffer *b);
 

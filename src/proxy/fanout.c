@@ -47,7 +47,7 @@ static void on_models_done(struct evhttp_request *r, void *arg)
         return;
     }
     evhttp_add_header(evhttp_request_get_output_headers(h), "Content-Type", "application/json");
-    evhttp_send_reply(h, 200, "OK", evhttp_request_get_input_buffer(r));
+    pd_http_send(h, 200, "OK", evhttp_request_get_input_buffer(r));
 }
 
 void px_on_models(struct evhttp_request *h, void *arg)

@@ -1,8 +1,9 @@
 /* Connections cannot starve the server or the proxy: idle connections beyond the open-file limit
  * leave /health answering and the process idle; half-sent headers and bodies, idle keep-alives
  * and a slowloris are closed at their deadlines while others are served; over the connection cap
- * a 503 with a JSON body; libevent's own 400/413 answers carry JSON bodies; a stream or a long
- * generation outlives every timeout. */
+ * a 503 with a JSON body; libevent's own 400/413 answers carry JSON bodies; ambiguous framing (two
+ * Content-Lengths, a coding besides chunked) is refused and the connection closed; HEAD answers carry
+ * no body; a stream or a long generation outlives every timeout. */
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
 #include <errno.h>
@@ -427,6 +428,33 @@ static void refusals(int port)
     /* a path that is not UTF-8, quoted in the error */
     cr_assert_eq(raw_request(port, "GET /nowher\x9b\xc9x=%zz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", body, sizeof body), 404);
     assert_json_error(body, "no route /nowher??x=%zz");
+    /* framing a front may read otherwise than this one, which a request could be smuggled through
+     * (RFC 9112 6.3): two Content-Lengths that differ, a coding besides chunked; one JSON error, then
+     * the connection closes unread (the GET after the first body is never answered) */
+    char out[1 << 14];
+    int fd = dial(port);
+    say(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 39\r\n\r\n"
+            "{}GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    read_until_close(fd, 10, out, sizeof out);
+    close(fd);
+    cr_assert(strncmp(out, "HTTP/1.1 400", 12) == 0, "%s", out);
+    cr_assert_null(strstr(out + 1, "HTTP/1."), "a second answer: %s", out);
+    assert_json_error(strstr(out, "\r\n\r\n") + 4, "Content-Length");
+    cr_assert_eq(raw_request(port, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+                             "2\r\n{}\r\n0\r\n\r\n", body, sizeof body), 501);
+    assert_json_error(body, "Transfer-Encoding");
+    /* HEAD: a GET's status and headers, Content-Length included, and no body (a body would be read
+     * as the start of the next answer on this connection) */
+    fd = dial(port);
+    say(fd, "HEAD /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    read_until_close(fd, 10, out, sizeof out);
+    close(fd);
+    char *end = strstr(out, "\r\n\r\n"), *cl = strstr(out, "Content-Length: ");
+    cr_assert(strncmp(out, "HTTP/1.1 200", 12) == 0 && end && cl && cl < end, "%s", out);
+    cr_assert(strncmp(end + 4, "HTTP/1.1 200", 12) == 0, "the HEAD answer has a body: %s", out);
+    const char *get_body = strstr(end + 4, "\r\n\r\n");
+    cr_assert_not_null(get_body, "%s", out);
+    cr_assert_eq(atoi(cl + 16), (int)strlen(get_body + 4), "HEAD's Content-Length is not GET's: %s", out);
     /* and the server still answers */
     cr_assert_eq(curl_port(port, "/health", NULL, NULL, body, sizeof body), 200);
 }
