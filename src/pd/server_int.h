@@ -100,6 +100,9 @@ struct req {
     int n_stop_ids;
     char *held;                     /* text taken but not yet sent: a stop string may start in it */
     size_t held_len, held_cap, stop_scanned;
+    size_t held_base;               /* text bytes sent from held before held[0] (a stream's) */
+    int n_answered;                 /* the tokens the answer counts, when a stop string cut it
+                                       (the scheduler may have run past it): else n_gen */
     int stop_wanted;                /* the HTTP side found a stop string: the scheduler ends it */
     int include_usage;              /* stream_options.include_usage: a last chunk with the usage */
 };

@@ -225,9 +225,8 @@ static int decode_with(const char *prompt, json_t *kv, int stream, char *out, si
     char body[2048];
     char *kvs = json_dumps(kv, JSON_COMPACT);
     snprintf(body, sizeof body,
-             "{\"prompt\":\"%s\",\"max_tokens\":12,\"temperature\":0,\"return_token_ids\":true,\"stream\":%s,"
-             "\"kv_transfer_params\":%s}",
-             prompt, stream ? "true" : "false", kvs);
+             "{\"prompt\":\"%s\",\"max_tokens\":12,\"temperature\":0,%s\"kv_transfer_params\":%s}",
+             prompt, stream ? "\"stream\":true," : "\"return_token_ids\":true,", kvs);
     free(kvs);
     return curl_port(D.port, "/v1/completions", body, NULL, out, cap);
 }

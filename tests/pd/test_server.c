@@ -449,6 +449,27 @@ static void read_sse(char *out, struct sse *x)
     }
 }
 
+/* A stop string of 2 to 3 whole characters from the middle of `full` (stop[64]), and the same as a
+ * JSON string (esc[256]). */
+static void stop_from_middle(const char *full, char *stop, char *esc)
+{
+    size_t fl = strlen(full), a = fl / 2;
+    while (a > 0 && ((unsigned char)full[a] & 0xC0) == 0x80)
+        a--;
+    size_t b = a + 1;
+    for (int chars = 0; b < fl && chars < 2; b++)
+        if (((unsigned char)full[b] & 0xC0) != 0x80)
+            chars++;
+    while (b < fl && ((unsigned char)full[b] & 0xC0) == 0x80)
+        b++;
+    snprintf(stop, 64, "%.*s", (int)(b - a), full + a);
+    json_t *js = json_string(stop);
+    char *dumped = json_dumps(js, JSON_ENCODE_ANY);
+    snprintf(esc, 256, "%s", dumped);
+    free(dumped);
+    json_decref(js);
+}
+
 /* OpenAI's stop: the text ends before the first stop string, streamed or not, with finish_reason
  * "stop", the generation stops there and its KV comes back; vLLM's stop_token_ids end it at the
  * token; stream_options.include_usage adds a usage chunk before [DONE]; a chat stream names the
@@ -464,24 +485,9 @@ Test(server, stop_strings_stop_token_ids_and_usage_in_the_stream)
     const char *full = json_string_value(json_object_get(ch, "text"));
     size_t fl = strlen(full);
     cr_assert_gt(fl, 12, "%s", full);
-    /* a stop string of 2 to 3 whole characters from the middle of the text */
-    size_t a = fl / 2;
-    while (a > 0 && ((unsigned char)full[a] & 0xC0) == 0x80)
-        a--;
-    size_t b = a + 1;
-    for (int chars = 0; b < fl && chars < 2; b++)
-        if (((unsigned char)full[b] & 0xC0) != 0x80)
-            chars++;
-    while (b < fl && ((unsigned char)full[b] & 0xC0) == 0x80)
-        b++;
     char stop[64], esc[256];
-    snprintf(stop, sizeof stop, "%.*s", (int)(b - a), full + a);
+    stop_from_middle(full, stop, esc);
     size_t want_len = (size_t)(strstr(full, stop) - full);
-    json_t *js = json_string(stop);
-    char *dumped = json_dumps(js, JSON_ENCODE_ANY);
-    snprintf(esc, sizeof esc, "%s", dumped);
-    free(dumped);
-    json_decref(js);
     char body[1024];
     for (int stream = 0; stream < 2; stream++) {
         /* max_tokens far beyond the stop: the generation must end at the stop, not run on */
@@ -572,6 +578,16 @@ Test(server, unimplemented_parameters_are_refused_by_name)
     expect(400, "/v1/completions", "{\"prompt\":\"x\",\"stop\":[\"\"]}", NULL, "stop");
     expect(400, "/v1/completions", "{\"prompt\":\"x\",\"stop\":7}", NULL, "stop");
     expect(400, "/v1/completions", "{\"prompt\":\"x\",\"stop_token_ids\":[-1]}", NULL, "stop_token_ids");
+    /* the other route's prompt, a key of kv_transfer_params pdmoe does not know, token ids in a stream */
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"messages\":12}", NULL, "messages");
+    expect(400, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"prompt\":[1,2]}",
+           NULL, "prompt");
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"kv_transfer_params\":{\"bogus\":1}}", NULL,
+           "kv_transfer_params.bogus");
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"kv_transfer_params\":{\"do_remote_decode\":\"yes\"}}", NULL,
+           "kv_transfer_params.do_remote_decode");
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"stream\":true,\"return_token_ids\":true}", NULL,
+           "return_token_ids");
     /* their neutral values are accepted */
     char out[8192];
     cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2,\"n\":1,\"presence_penalty\":0,"
@@ -690,4 +706,97 @@ Test(server, an_unset_max_tokens_is_vllms_default)
         at += snprintf(body + at, sizeof body - (size_t)at, "word%d ", i);
     snprintf(body + at, sizeof body - (size_t)at, "\"}]}");
     expect(400, "/v1/chat/completions", body, NULL, "messages");
+}
+
+/* The greedy answer of "The sea and the river" in `max` tokens: its text (json_t owned by *doc). */
+static const char *greedy_text(int max, json_t **doc)
+{
+    char body[256], out[1 << 16];
+    snprintf(body, sizeof body, "{\"prompt\":\"The sea and the river\",\"max_tokens\":%d,\"temperature\":0,"
+             "\"ignore_eos\":true,\"return_token_ids\":true}", max);
+    cr_assert_eq(curl("/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    *doc = parse(out);
+    return json_string_value(json_object_get(json_array_get(json_object_get(*doc, "choices"), 0), "text"));
+}
+
+/* An answer ended by a stop string counts the tokens up to the one that completed it, as vLLM does
+ * (completion_tokens, token_ids, the stream's usage), however far the scheduler ran past it before
+ * the stop was seen: it once counted those too, a different number each time. */
+Test(server, a_stop_strings_answer_counts_the_tokens_up_to_the_stop)
+{
+    start(NULL, dir, 1024);
+    json_t *all;
+    const char *full = greedy_text(40, &all);
+    char stop[64], esc[256];
+    stop_from_middle(full, stop, esc);
+    json_t *ids = json_object_get(json_array_get(json_object_get(all, "choices"), 0), "token_ids");
+    /* k: the fewest greedy tokens whose text holds the stop string */
+    int lo = 1, hi = 40;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        json_t *d;
+        int has = strstr(greedy_text(mid, &d), stop) != NULL;
+        json_decref(d);
+        if (has)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    const int k = lo;
+    char body[1024], out[1 << 16];
+    for (int rep = 0; rep < 6; rep++)
+        for (int stream = 0; stream < 2; stream++) {
+            snprintf(body, sizeof body, "{\"prompt\":\"The sea and the river\",\"max_tokens\":600,\"temperature\":0,"
+                     "\"ignore_eos\":true,\"stop\":%s%s}", esc,
+                     stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : ",\"return_token_ids\":true");
+            cr_assert_eq(curl("/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+            json_t *u;
+            struct sse x = {0};
+            json_t *doc = NULL;
+            if (stream) {
+                read_sse(out, &x);
+                u = json_object_get(x.last, "usage");
+            } else {
+                doc = parse(out);
+                u = json_object_get(doc, "usage");
+                json_t *got = json_object_get(json_array_get(json_object_get(doc, "choices"), 0), "token_ids");
+                cr_assert_eq(json_array_size(got), (size_t)k, "stop %s: %s", esc, out);
+                for (int i = 0; i < k; i++)
+                    cr_assert(json_equal(json_array_get(got, (size_t)i), json_array_get(ids, (size_t)i)));
+            }
+            cr_assert_eq(json_integer_value(json_object_get(u, "completion_tokens")), k, "stop %s (rep %d, %s): %s", esc,
+                         rep, stream ? "stream" : "whole", stream ? json_dumps(x.last, 0) : out);
+            json_decref(doc);
+            json_decref(x.last);
+        }
+    json_decref(all);
+}
+
+/* Without a seed, every sample is its own (vLLM's): requests in the same second once shared one,
+ * the arrival second; with a seed, the same sample again. */
+Test(server, unseeded_samples_differ_and_a_seed_repeats)
+{
+    start(NULL, dir, 256);
+    char out[4][8192];
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":12,\"temperature\":1,\"ignore_eos\":true,"
+                          "\"return_token_ids\":true}", NULL, out[i], sizeof out[i]), 200, "%s", out[i]);
+    int distinct = 0;
+    for (int i = 0; i < 4; i++) {
+        int seen = 0;
+        json_t *a = parse(out[i]);
+        for (int j = 0; j < i && !seen; j++) {
+            json_t *b = parse(out[j]);
+            seen = json_equal(json_object_get(json_array_get(json_object_get(a, "choices"), 0), "token_ids"),
+                              json_object_get(json_array_get(json_object_get(b, "choices"), 0), "token_ids"));
+            json_decref(b);
+        }
+        json_decref(a);
+        distinct += !seen;
+    }
+    cr_expect_geq(distinct, 3, "4 unseeded samples, %d distinct", distinct);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":12,\"temperature\":1,\"ignore_eos\":true,"
+                          "\"return_token_ids\":true,\"seed\":7}", NULL, out[i], sizeof out[i]), 200, "%s", out[i]);
+    expect_same_token_ids(out[0], out[1]);
 }
