@@ -95,6 +95,27 @@ int pd_cli_int(const char *flag, const char *s, int64_t min, int64_t *out)
     return 0;
 }
 
+int pd_cli_int_max(const char *flag, const char *s, int64_t min, int64_t max, int64_t *out)
+{
+    int64_t v;
+    if (pd_cli_int(flag, s, min, &v))
+        return -1;
+    if (v > max) {
+        fprintf(stderr, "pdmoe: %s%s%s: at most %lld\n", flag, sep(flag), s, (long long)max);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int pd_cli_no_args(const char *cmd, int argc, char **argv)
+{
+    if (optind >= argc)
+        return 0;
+    fprintf(stderr, "pdmoe %s: unexpected argument \"%s\" (see pdmoe %s --help)\n", cmd, argv[optind], cmd);
+    return -1;
+}
+
 int pd_cli_double(const char *flag, const char *s, double *out)
 {
     char *end;
@@ -131,6 +152,7 @@ int pd_cli_model_flag(const char *name, const char *val, struct pd_plan_opts *o,
     } else if (strcmp(name, "max-model-len") == 0) {
         if (pd_cli_int("--max-model-len", val, 1, &o->max_model_len))
             return -1;
+        o->max_model_len_given = 1;
     } else if (strcmp(name, "max-num-batched-tokens") == 0) {
         if (pd_cli_int("--max-num-batched-tokens", val, 1, &o->max_num_batched_tokens))
             return -1;

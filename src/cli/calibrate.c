@@ -300,14 +300,16 @@ int pd_cli_calibrate(int argc, char **argv)
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': dir = optarg; break;
-        case 'j': if (pd_cli_int("--threads", optarg, 1, &threads) || threads > 256) return 2; break;
+        case 'j': if (pd_cli_int_max("--threads", optarg, 1, 256, &threads)) return 2; break;
         case 'o': out = optarg; break;
         case 'q': quick = 1; break;
-        case 'p': if (pd_cli_int("--port", optarg, 1, &port) || port > 65000) return 2; break;
+        case 'p': if (pd_cli_int_max("--port", optarg, 1, 65000, &port)) return 2; break;
         case 'h': fputs(help, stdout); return 0;
         default: return pd_cli_bad_flag("calibrate", c, argc, argv);
         }
     }
+    if (pd_cli_no_args("calibrate", argc, argv))
+        return 2;
     pd_err e = {0};
     struct pd_engine en;
     struct pd_engine_opts eo = {.dir = dir, .threads = (int)threads, .max_seqs = 16, .max_model_len = 1024};

@@ -25,6 +25,11 @@ int pd_cli_tokenize(int argc, char **argv);
  * vLLM reads --max-model-len. Prints "pdmoe: --flag VALUE: ..." and returns -1 on error. */
 int pd_cli_int(const char *flag, const char *s, int64_t min, int64_t *out);
 int pd_cli_double(const char *flag, const char *s, double *out);
+/* pd_cli_int with an upper bound too ("... at most MAX"). */
+int pd_cli_int_max(const char *flag, const char *s, int64_t min, int64_t max, int64_t *out);
+/* After a getopt_long loop: an argument no flag took is an error ("pdmoe CMD: unexpected argument
+ * ..."), -1; else 0. */
+int pd_cli_no_args(const char *cmd, int argc, char **argv);
 /* --kv-cache-dtype of the engine: bf16 or fp8, nothing else. Prints "pdmoe CMD: ..." and
  * returns -1 on error. */
 int pd_cli_kv_dtype(const char *cmd, const char *s, enum pd_kv_dtype *out);

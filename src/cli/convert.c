@@ -70,6 +70,8 @@ int pd_cli_convert(int argc, char **argv)
             return pd_cli_bad_flag("convert", c, argc, argv);
         }
     }
+    if (pd_cli_no_args("convert", argc, argv))
+        return 2;
     if (!in || !out || !quant) {
         fprintf(stderr, "pdmoe convert: --checkpoint DIR, --quantization w8a8 and --out DIR2 are required\n");
         return 2;

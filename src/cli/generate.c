@@ -114,6 +114,8 @@ static int parse(int argc, char **argv, struct gen_opts *o)
             return pd_cli_bad_flag("generate", c, argc, argv);
         }
     }
+    if (pd_cli_no_args("generate", argc, argv))
+        return 2;
     if (!o->dir || !o->n_prompts) {
         fprintf(stderr, "pdmoe generate: --model DIR and --prompt TEXT are required\n");
         return 2;

@@ -62,6 +62,8 @@ int pd_cli_genmodel(int argc, char **argv)
             return pd_cli_bad_flag("gen-model", c, argc, argv);
         }
     }
+    if (pd_cli_no_args("gen-model", argc, argv))
+        return 2;
     if (!out) {
         fprintf(stderr, "pdmoe gen-model: --out DIR is required\n");
         return 2;

@@ -61,7 +61,7 @@ int pd_cli_proxy(int argc, char **argv)
                 return 2;
             break;
         case 'a':
-            if (pd_cli_int("--balance-abs-threshold", optarg, 0, &v) || v > 1000000)
+            if (pd_cli_int_max("--balance-abs-threshold", optarg, 0, 1000000, &v))
                 return 2;
             o.route.balance_abs = (int)v;
             break;
@@ -75,12 +75,12 @@ int pd_cli_proxy(int argc, char **argv)
             o.route.max_bytes = (size_t)v;
             break;
         case 'i':
-            if (pd_cli_int("--health-interval-ms", optarg, 10, &v) || v > 3600000)
+            if (pd_cli_int_max("--health-interval-ms", optarg, 10, 3600000, &v))
                 return 2;
             o.health_interval_ms = (int)v;
             break;
         case 'H': o.host = optarg; break;
-        case 'P': if (pd_cli_int("--port", optarg, 0, &v) || v > 65535) return 2; o.port = (int)v; break;
+        case 'P': if (pd_cli_int_max("--port", optarg, 0, 65535, &v)) return 2; o.port = (int)v; break;
         case 'k': o.api_key = optarg; break;
         case 'b': o.backend_api_key = optarg; break;
         case 'r':
@@ -121,6 +121,8 @@ int pd_cli_proxy(int argc, char **argv)
         }
         }
     }
+    if (pd_cli_no_args("proxy", argc, argv))
+        return 2;
     struct pd_proxy *px;
     pd_err e = {0};
     if (pd_proxy_create(&o, &px, &e)) {

@@ -84,7 +84,7 @@ int pd_cli_serve(int argc, char **argv)
         switch (c) {
         case 'm': o.model_dir = optarg; break;
         case 'H': o.host = optarg; break;
-        case 'p': if (pd_cli_int("--port", optarg, 0, &v) || v > 65535) return 2; o.port = (int)v; break;
+        case 'p': if (pd_cli_int_max("--port", optarg, 0, 65535, &v)) return 2; o.port = (int)v; break;
         case 's': if (int_flag("--max-num-seqs", optarg, 1, &o.max_num_seqs)) return 2; break;
         case 'b': if (int_flag("--max-num-batched-tokens", optarg, 1, &o.max_num_batched_tokens)) return 2; break;
         case 'l': if (int_flag("--max-model-len", optarg, 1, &o.max_model_len)) return 2; break;
@@ -231,6 +231,8 @@ int pd_cli_serve(int argc, char **argv)
         }
         }
     }
+    if (pd_cli_no_args("serve", argc, argv))
+        return 2;
     if (!o.model_dir) {
         fprintf(stderr, "pdmoe serve: --model DIR is required\n");
         return 2;

@@ -449,9 +449,9 @@ int pd_cli_up(int argc, char **argv)
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
-        case 'p': if (pd_cli_int("--port", optarg, 1, &port) || port > 65000) return 2; break;
-        case 'P': if (pd_cli_int("--prefill-instances", optarg, 1, &np) || np > 16) return 2; break;
-        case 'D': if (pd_cli_int("--decode-instances", optarg, 1, &nd) || nd > 16) return 2; break;
+        case 'p': if (pd_cli_int_max("--port", optarg, 1, 65000, &port)) return 2; break;
+        case 'P': if (pd_cli_int_max("--prefill-instances", optarg, 1, 16, &np)) return 2; break;
+        case 'D': if (pd_cli_int_max("--decode-instances", optarg, 1, 16, &nd)) return 2; break;
         case 'j': if (pd_cli_int("--threads", optarg, 1, &threads)) return 2; break;
         case 'L': if (pd_cli_int("--max-model-len", optarg, 16, &max_len)) return 2; break;
         case 'l': plan = optarg; break;
@@ -491,7 +491,7 @@ int pd_cli_up(int argc, char **argv)
             if (parse_hosts(optarg, hosts, &nhosts))
                 return 2;
             break;
-        case 'K': if (pd_cli_int("--kv-lease-ms", optarg, 100, &lease_ms) || lease_ms > 3600000) return 2; break;
+        case 'K': if (pd_cli_int_max("--kv-lease-ms", optarg, 100, 3600000, &lease_ms)) return 2; break;
         case 'k':
             if (!optarg[0]) {
                 fprintf(stderr, "pdmoe up: --api-key: empty key\n");
@@ -539,6 +539,8 @@ int pd_cli_up(int argc, char **argv)
             return pd_cli_bad_flag("up", c, argc, argv);
         }
     }
+    if (pd_cli_no_args("up", argc, argv))
+        return 2;
     if (nhosts && !plan) {
         fprintf(stderr, "pdmoe up: --hosts needs --plan plan.json (pdmoe plan --json): its node map places each "
                         "instance and EP rank on a host, as pdmoe plan --emit does\n");

@@ -37,4 +37,13 @@ Test(int_flags, values_past_int_are_refused_by_flag)
     refused("serve --model /nonexistent --threads 4294967297", "--threads 4294967297: at most");
     refused("proxy --decode 127.0.0.1:1 --retries 4294967297", "--retries 4294967297: at most 32");
     refused("plan --nodes 4294967297", "--nodes 4294967297: at most 1048576");
+    /* past a flag's own bound (once exit 2 without a word) */
+    refused("calibrate --port 65001", "--port 65001: at most 65000");
+    refused("calibrate --threads 300", "--threads 300: at most 256");
+    refused("up --port 65001", "--port 65001: at most 65000");
+    refused("up --prefill-instances 17", "--prefill-instances 17: at most 16");
+    refused("up --kv-lease-ms 99999999", "--kv-lease-ms 99999999: at most 3600000");
+    refused("serve --model /nonexistent --port 70000", "--port 70000: at most 65535");
+    refused("proxy --decode 127.0.0.1:1 --port 70000", "--port 70000: at most 65535");
+    refused("proxy --decode 127.0.0.1:1 --health-interval-ms 9999999", "--health-interval-ms 9999999: at most 3600000");
 }
