@@ -178,3 +178,20 @@ int pd_json_str(const struct pd_jsrc *s, json_t *o, const char *key, int require
     memcpy(out, str, strlen(str) + 1);
     return 0;
 }
+
+int pd_json_known(const struct pd_jsrc *s, json_t *o, const char *const *keys, pd_err *e)
+{
+    const char *key;
+    json_t *v;
+    if (!json_is_object(o))
+        return 0;
+    json_object_foreach(o, key, v) {
+        const char *const *k = keys;
+        while (*k && strcmp(*k, key))
+            k++;
+        if (!*k)
+            return pd_err_set(e, PD_EINVAL, "%s: field \"%s%s\": unknown (a misspelt field would be left at its "
+                              "default)", s->file, s->prefix, key);
+    }
+    return 0;
+}

@@ -31,4 +31,7 @@ int pd_json_bool(const struct pd_jsrc *s, json_t *o, const char *key, int requir
 int pd_json_str(const struct pd_jsrc *s, json_t *o, const char *key, int required,
                 const char *dflt, char *out, size_t n, pd_err *e);
 
+/* Every key of object o is one of keys (NULL-ended): else an error naming the first other one. */
+int pd_json_known(const struct pd_jsrc *s, json_t *o, const char *const *keys, pd_err *e);
+
 #endif

@@ -17,9 +17,11 @@ static int link_parse(const char *file, json_t *links, const char *key, struct p
         return pd_err_set(e, PD_EINVAL, "%s: missing required field \"links.%s\" (an object)", file, key);
     struct pd_jsrc s = {file, pfx};
     int rc;
+    static const char *const known[] = {"name", "bandwidth_Bps", "latency_s", NULL};
     if ((rc = pd_json_str(&s, o, "name", 1, "", l->name, sizeof l->name, e)) ||
         (rc = pd_json_num(&s, o, "bandwidth_Bps", 1, 0, 1, 1e15, &l->bandwidth_Bps, e)) ||
-        (rc = pd_json_num(&s, o, "latency_s", 1, 0, 0, 10, &l->latency_s, e)))
+        (rc = pd_json_num(&s, o, "latency_s", 1, 0, 0, 10, &l->latency_s, e)) ||
+        (rc = pd_json_known(&s, o, known, e)))
         return rc;
     return 0;
 }
@@ -44,6 +46,12 @@ static int efficiency_parse(const char *file, json_t *root, struct pd_efficiency
         {"request_s", &f->request_s, 0, 10},
     };
     struct pd_jsrc s = {file, "efficiency."};
+    static const char *const known[] = {"gemm", "memory", "attention", "a2a_intra", "a2a_inter", "a2a_latency_s",
+                                        "imbalance_prefill", "imbalance_decode", "imbalance_eplb_prefill",
+                                        "imbalance_eplb_decode", "overlap_prefill", "overlap_decode", "step_prefill_s",
+                                        "step_decode_s", "token_layer_prefill_s", "token_layer_decode_s",
+                                        "mtp_acceptance", "request_s", "layer_prefill_s", "layer_decode_s",
+                                        "fp4_memory", NULL};
     for (size_t i = 0; i < sizeof f8 / sizeof f8[0]; i++) {
         int rc = pd_json_num(&s, o, f8[i].key, 1, 0, f8[i].min, f8[i].max, f8[i].dst, e);
         if (rc)
@@ -65,7 +73,7 @@ static int efficiency_parse(const char *file, json_t *root, struct pd_efficiency
             return pd_err_set(e, PD_EINVAL, "%s: field \"sources.efficiency.%s\": every efficiency factor needs its source",
                               file, opt[i].key);
     }
-    return 0;
+    return pd_json_known(&s, o, known, e);   /* (after the fields: a misspelt required one is missing) */
 }
 
 int pd_hardware_parse(const char *text, const char *label, struct pd_hardware *h, pd_err *e)
@@ -77,6 +85,13 @@ int pd_hardware_parse(const char *text, const char *label, struct pd_hardware *h
         return e ? e->code : PD_EFORMAT;
     struct pd_jsrc s = {label, ""};
     int rc;
+    /* a misspelt key would leave its field at the default without a word (sources is free text) */
+    static const char *const known[] = {"name", "description", "cluster_nodes", "cards_per_node", "card", "links",
+                                        "efficiency", "runtime_overhead_bytes", "redundant_experts", "sources", NULL};
+    static const char *const card_known[] = {"name", "memory_bytes", "memory_bandwidth_Bps", "bf16_flops", "int8_ops",
+                                             "fp8_flops", NULL};
+    static const char *const links_known[] = {"intra_node", "inter_node_rdma", "inter_node_tcp", NULL};
+    static const char *const ro_known[] = {"prefill", "decode", NULL};
     if ((rc = pd_json_str(&s, root, "name", 1, "", h->name, sizeof h->name, e)) ||
         (rc = pd_json_i32(&s, root, "cluster_nodes", 0, 1, 1, 1 << 20, &h->cluster_nodes, e)) ||
         (rc = pd_json_i32(&s, root, "cards_per_node", 1, 0, 1, 1024, &h->cards_per_node, e)))
@@ -86,7 +101,7 @@ int pd_hardware_parse(const char *text, const char *label, struct pd_hardware *h
         rc = pd_err_set(e, PD_EINVAL, "%s: missing required field \"card\" (an object)", label);
         goto out;
     }
-    struct pd_jsrc cs = {label, "card."};
+    struct pd_jsrc cs = {label, "card."}, ls = {label, "links."};
     double mem;
     if ((rc = pd_json_str(&cs, card, "name", 1, "", h->card_name, sizeof h->card_name, e)) ||
         (rc = pd_json_num(&cs, card, "memory_bytes", 1, 0, 1, 1e15, &mem, e)) ||
@@ -134,7 +149,12 @@ int pd_hardware_parse(const char *text, const char *label, struct pd_hardware *h
                         label);
         goto out;
     }
-    rc = efficiency_parse(label, root, &h->eff, e);
+    if ((rc = efficiency_parse(label, root, &h->eff, e)))
+        goto out;
+    /* after the fields (a misspelt required one is reported missing): a key nothing reads */
+    if ((rc = pd_json_known(&s, root, known, e)) || (rc = pd_json_known(&cs, card, card_known, e)) ||
+        (rc = pd_json_known(&ls, links, links_known, e)) || (rc = pd_json_known(&rs, ro, ro_known, e)))
+        goto out;
 out:
     json_decref(root);
     return rc;

@@ -19,10 +19,12 @@ static int role_opts(const char *label, json_t *c, const char *key, struct pd_ro
     snprintf(pfx, sizeof pfx, "%s.", key);
     struct pd_jsrc s = {label, pfx};
     int rc;
+    static const char *const known[] = {"dp", "tp", "instances", "redundant", NULL};
     if ((rc = pd_json_i32(&s, o, "dp", 1, 1, 1, 1 << 20, &r->dp, e)) ||
         (rc = pd_json_i32(&s, o, "tp", 0, 1, 1, 1024, &r->tp, e)) ||
         (rc = pd_json_i32(&s, o, "instances", 0, 1, 1, 1 << 20, &r->instances, e)) ||
-        (rc = pd_json_i32(&s, o, "redundant", 0, 0, 0, 1 << 20, &r->redundant, e)))
+        (rc = pd_json_i32(&s, o, "redundant", 0, 0, 0, 1 << 20, &r->redundant, e)) ||
+        (rc = pd_json_known(&s, o, known, e)))
         return rc;
     return 0;
 }
@@ -71,6 +73,13 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
     pd_workload_default(&w);
     double min_user = 0, imbalance = 0;
     json_t *aggj = json_object_get(c, "aggregated");
+    /* a misspelt key would leave its field at the default without a word */
+    static const char *const known[] = {
+        "name", "source", "assumed", "known_miss", "pending", "metric", "published", "model", "hardware", "quant",
+        "quant_override", "kv_cache_dtype", "nodes", "prefill", "decode", "aggregated", "isl", "osl", "cached",
+        "concurrency", "decode_ctx", "decode_batch", "min_user_tokens_per_s", "imbalance", "max_num_batched_tokens",
+        "max_num_seqs", "max_model_len", "phase", "num_prompts", "prefill_max_requests", "schedule", "mtp",
+        "num_speculative_tokens", NULL};
     if ((rc = pd_json_bool(&s, c, "mtp", 0, -1, &mtp, e)) ||
         (rc = pd_json_str(&s, c, "pending", 0, "", v->pending, sizeof v->pending, e)) ||
         (rc = pd_json_int(&s, c, "concurrency", 0, 0, 0, 1 << 24, &w.concurrency, e)) ||
@@ -93,15 +102,17 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
         (rc = pd_json_int(&s, c, "decode_batch", 0, 0, 0, 1 << 20, &w.decode_batch, e)) ||
         (rc = pd_json_num(&s, c, "min_user_tokens_per_s", 0, 0, 0, 1e6, &min_user, e)) ||
         (rc = pd_json_num(&s, c, "imbalance", 0, 0, 1, 64, &imbalance, e)) ||
-        (rc = pd_json_int(&s, c, "max_num_batched_tokens", 0, 4096, 1, 1 << 30, &o.max_num_batched_tokens, e)) ||
+        (rc = pd_json_int(&s, c, "max_num_batched_tokens", 0, 4096, 1, PD_PLAN_MAX_BATCHED, &o.max_num_batched_tokens, e)) ||
         (rc = pd_json_int(&s, c, "max_num_seqs", 0, 256, 1, 1 << 20, &o.max_num_seqs, e)) ||
         (rc = pd_json_int(&s, c, "max_model_len", 0, 8192, 1, 1 << 30, &o.max_model_len, e)) ||
         (rc = pd_json_str(&s, c, "phase", 0, "random", phase, sizeof phase, e)) ||
         (rc = pd_json_int(&s, c, "num_prompts", 0, 0, 0, 1 << 30, &w.num_prompts, e)) ||
         (rc = pd_json_int(&s, c, "prefill_max_requests", 0, 0, 0, 1 << 20, &w.prefill_max_requests, e)) ||
         (rc = pd_json_str(&s, c, "schedule", 0, "decode-first", sched, sizeof sched, e)) ||
-        (rc = pd_json_i32(&s, c, "num_speculative_tokens", 0, 0, 0, 16, &o.spec_k, e)))
+        (rc = pd_json_i32(&s, c, "num_speculative_tokens", 0, 0, 0, 16, &o.spec_k, e)) ||
+        (rc = pd_json_known(&s, c, known, e)))   /* (after them: a misspelt required field is missing) */
         return rc;
+    o.max_model_len_given = json_object_get(c, "max_model_len") != NULL;
     if (o.spec_k && !mtp)
         return pd_err_set(e, PD_EINVAL, "%s: case \"%s\": field \"num_speculative_tokens\" needs \"mtp\": true", label,
                           v->name);

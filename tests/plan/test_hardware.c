@@ -119,6 +119,10 @@ Test(hardware, efficiency_factors)
     t = edit("\"gemm\": \"DeepGEMM", "\"gemm_\": \"DeepGEMM");
     bad(t, "\"sources.efficiency.gemm\": every efficiency factor needs its source");
     free(t);
+    /* a key nothing reads: a misspelt optional field would be left at its default */
+    t = edit("\"fp8_flops\": 1.979e15", "\"fp8_flop\": 1.979e15");
+    bad(t, "\"card.fp8_flop\": unknown");
+    free(t);
     t = edit("\"memory\": 0.9,", "\"memory\": 1.5,");
     bad(t, "\"efficiency.memory\": 1.5 is out of range");
     free(t);
