@@ -560,8 +560,32 @@ static void model_env(FILE *f, const struct pd_emit_ctx *c, enum pd_emit_target 
                    "# output%s), with %s.\n", c->model,
                 v4flash ? "; vllm-ascend's DeepSeek-V4-Flash tutorial downloads DeepSeek-V4-Flash-w8a8-mtp" : "",
                 t == PD_EMIT_VLLM_ASCEND ? "--quantization ascend" : "--quantization modelslim");
-    fprintf(f, ": \"${MODEL_PATH:?set MODEL_PATH to the %s (msmodelslim) checkpoint of %s%s%s}\"\n\n", q, c->model,
-            v4flash ? ", e.g. DeepSeek-V4-Flash-" : "", v4flash ? (c->w4a8 ? "w4a8-mtp" : "w8a8-mtp") : "");
+    /* the message as one quoted word: the model's name is never expanded by the shell */
+    char msg[640];
+    snprintf(msg, sizeof msg, "set MODEL_PATH to the %s (msmodelslim) checkpoint of %s%s%s", q, c->model,
+             v4flash ? ", e.g. DeepSeek-V4-Flash-" : "", v4flash ? (c->w4a8 ? "w4a8-mtp" : "w8a8-mtp") : "");
+    fputs("[ -n \"${MODEL_PATH:-}\" ] || { echo ", f);
+    pd_emit_sh_word(f, msg);
+    fputs(" >&2; exit 2; }\n\n", f);
+}
+
+int pd_emit_check_text(const struct pd_emit_ctx *c, pd_err *e)
+{
+    const struct pd_plan *p = c->p;
+    const struct { const char *text, *what; } t[] = {
+        {c->model, c->o->model_path && *c->o->model_path ? "--served-model-path" : p->o.checkpoint ? "--checkpoint"
+                                                                                                   : "--model"},
+        {p->model.name, "the model's name"},
+        {p->hw.name, "the hardware file's name"},
+        {p->hw.card_name, "the hardware file's card.name"},
+        {c->o->command ? c->o->command : "", "the command line"},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        for (const char *q = t[i].text; q && *q; q++)
+            if ((unsigned char)*q < 0x20 || *q == 0x7f)
+                return pd_err_set(e, PD_EINVAL, "%s: has a control character (0x%02X), which would end a comment line "
+                                  "of the launch script and run the rest as a command", t[i].what, (unsigned char)*q);
+    return 0;
 }
 
 /* Cards without FP8 units cannot load FP8 or FP4 weights (the hardware file says which). */
@@ -636,6 +660,8 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
     c.w8a8 = c.ascend && !p->inv.from_checkpoint && p->quant.linear == PD_FMT_W8A8;
     c.w4a8 = c.w8a8 && p->quant.group_fmt[PD_G_ROUTED_EXPERTS] == PD_FMT_W4A8;
     c.model_var = c.w8a8 && !(o->model_path && *o->model_path);
+    if (pd_emit_check_text(&c, e))
+        return NULL;
     if (t == PD_EMIT_VLLM_ASCEND && !c.ascend) {
         pd_err_set(e, PD_EINVAL, "--emit vllm-ascend: %s has %s cards, not Ascend NPUs (use --emit sglang)",
                    p->hw.name, p->hw.card_name);

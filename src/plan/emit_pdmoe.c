@@ -26,9 +26,6 @@ static int model_path(const struct pd_plan *p, const struct pd_emit_opts *o, con
     else
         return pd_err_set(e, PD_EINVAL, "--emit pdmoe: %s is a preset, not a checkpoint directory pdmoe serve can "
                           "load; name the directory with --served-model-path", p->model.name);
-    for (const char *q = *out; *q; q++)   /* the path also goes into the script's comments */
-        if ((unsigned char)*q < 0x20)
-            return pd_err_set(e, PD_EINVAL, "--emit pdmoe: the model path has a control character");
     return 0;
 }
 
@@ -142,7 +139,7 @@ char *pd_emit_pdmoe(const struct pd_plan *p, const struct pd_emit_opts *o, pd_er
     char *buf = NULL, threads[16], max_len[24];
     size_t len = 0;
     int n = 0;
-    if (model_path(p, o, &c.model, e) || check(p, e) || pd_emit_layout(&c, e))
+    if (model_path(p, o, &c.model, e) || pd_emit_check_text(&c, e) || check(p, e) || pd_emit_layout(&c, e))
         goto done;
     if (!(x = calloc((size_t)c.L.n_parts, sizeof *x))) {
         pd_err_set(e, PD_ENOMEM, "out of memory");

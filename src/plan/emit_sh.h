@@ -28,6 +28,9 @@ void pd_emit_ctx_free(struct pd_emit_ctx *c);
 
 /* s as one shell word (quoted when it must be). */
 void pd_emit_sh_word(FILE *f, const char *s);
+/* What goes into the script's comments and messages (the model path, the model's and the
+ * hardware's names, the command line) holds no control character: else an error naming it. */
+int pd_emit_check_text(const struct pd_emit_ctx *c, pd_err *e);
 
 /* #!/bin/sh and what the script launches: engine, model, hardware, layout, model path. */
 void pd_emit_header(FILE *f, const struct pd_emit_ctx *c, enum pd_emit_target t);
