@@ -94,9 +94,14 @@ static int parse_role(const char *flag, const char *s, struct pd_role_opts *r)
 {
     char buf[128];
     snprintf(buf, sizeof buf, "%s", s);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    int seen[4] = {0};   /* dp, tp, instances, redundant: a key twice is a typo, not the last value */
+    for (char *rest = buf, *tok; (tok = strsep(&rest, ","));) {
         char *eq = strchr(tok, '=');
         int64_t v;
+        if (!*tok) {
+            fprintf(stderr, "pdmoe: %s %s: an empty key=value pair (a comma too many)\n", flag, s);
+            return -1;
+        }
         if (!eq) {
             fprintf(stderr, "pdmoe: %s %s: expected key=value pairs (dp, tp, instances, redundant)\n", flag, s);
             return -1;
@@ -106,6 +111,11 @@ static int parse_role(const char *flag, const char *s, struct pd_role_opts *r)
                  : strcmp(tok, "instances") == 0 ? &r->instances : strcmp(tok, "redundant") == 0 ? &r->redundant : NULL;
         if (!dst) {
             fprintf(stderr, "pdmoe: %s: unknown key \"%s\" (dp, tp, instances, redundant)\n", flag, tok);
+            return -1;
+        }
+        int k = dst == &r->dp ? 0 : dst == &r->tp ? 1 : dst == &r->instances ? 2 : 3;
+        if (seen[k]++) {
+            fprintf(stderr, "pdmoe: %s %s: %s given twice\n", flag, s, tok);
             return -1;
         }
         char name[64];
@@ -204,6 +214,7 @@ int pd_cli_plan(int argc, char **argv)
     const char *emit = NULL, *emit_only = NULL;   /* emit_only: the first flag that needs --emit */
     const char *base_port = NULL, *threads = NULL;   /* the flags of some targets only */
     const char *role_flag = NULL;                    /* --prefill or --decode, given */
+    int model_given = 0;                             /* --model, given: else --checkpoint's config */
     char *hosts_copy = NULL;
     const char **hosts = NULL;
     int rc = 2;
@@ -214,6 +225,7 @@ int pd_cli_plan(int argc, char **argv)
         switch (c) {
         case O_SHARED: {
             const char *name = opts[idx].name;
+            model_given |= strcmp(name, "model") == 0;
             int r = pd_cli_model_flag(name, optarg, &o, &units);
             if (r == 0) {
                 r = pd_cli_workload_flag(name, optarg, &w);
@@ -224,11 +236,7 @@ int pd_cli_plan(int argc, char **argv)
             break;
         }
         case O_HTML: html = optarg; break;
-        case O_CKPT:
-            o.checkpoint = optarg;
-            if (strcmp(o.model, "deepseek-v4-flash") == 0)
-                o.model = NULL;   /* the checkpoint's own config.json */
-            break;
+        case O_CKPT: o.checkpoint = optarg; break;
         case O_PREFILL: if (parse_role("--prefill", optarg, &o.role[PD_ROLE_PREFILL])) goto out; role_flag = "--prefill"; break;
         case O_DECODE: if (parse_role("--decode", optarg, &o.role[PD_ROLE_DECODE])) goto out; role_flag = "--decode"; break;
         case O_AGG:
@@ -330,6 +338,8 @@ int pd_cli_plan(int argc, char **argv)
         fprintf(stderr, "pdmoe plan: unexpected argument \"%s\" (see pdmoe plan --help)\n", argv[optind]);
         goto out;
     }
+    if (o.checkpoint && !model_given)
+        o.model = NULL;   /* the checkpoint's own config.json */
     if (o.aggregated && role_flag) {
         fprintf(stderr, "pdmoe plan: --aggregated and %s: a layout is aggregated (one set of instances that prefill and "
                         "decode) or disaggregated (--prefill and --decode), not both\n", role_flag);

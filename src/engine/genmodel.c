@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 static uint64_t splitmix(uint64_t *s)
@@ -482,8 +483,6 @@ int pd_genmodel_opts(const char *preset, const char *out_dir, uint64_t seed, enu
     if (m.arch != PD_ARCH_DEEPSEEK_V4)
         return pd_err_set(e, PD_EINVAL, "%s is %s; the engine runs deepseek_v4 models", preset,
                           pd_model_arch_name(m.arch));
-    if (mkdir(out_dir, 0755) && errno != EEXIST)
-        return pd_err_set(e, PD_EIO, "%s: cannot create the directory: %s", out_dir, strerror(errno));
     struct pd_quant q, qr;
     struct pd_inventory inv, rel;
     /* the release: FP8 matrices, FP4 routed experts (inventory.c says which); the W8A8 layout:
@@ -499,6 +498,25 @@ int pd_genmodel_opts(const char *preset, const char *out_dir, uint64_t seed, enu
         return rc;
     }
     assert(inv.n == rel.n);
+    /* every tensor is built in memory before the file is written: a checkpoint that would not
+     * fit is refused now, rather than growing until the kernel kills the process */
+    int64_t total = 0;
+    for (int i = 0; i < inv.n; i++)
+        total += inv.t[i].bytes * inv.t[i].count;
+    long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    double avail = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+    if (avail > 0 && (double)total > 0.8 * avail) {
+        rc = pd_err_set(e, PD_EINVAL, "--preset %s: its checkpoint is %.2f GB (10^9 bytes), which gen-model builds in "
+                        "memory before writing it, and this machine has %.2f GB free: a synthetic checkpoint is for "
+                        "the smaller presets (v4-tiny, v4-flash-mini)", preset, total / 1e9, avail / 1e9);
+    } else if (mkdir(out_dir, 0755) && errno != EEXIST) {
+        rc = pd_err_set(e, PD_EIO, "%s: cannot create the directory: %s", out_dir, strerror(errno));
+    }
+    if (rc) {
+        pd_inventory_free(&inv);
+        pd_inventory_free(&rel);
+        return rc;
+    }
     struct out_list o = {0};
     char path[512], name[128];
     int32_t *cyc = NULL;

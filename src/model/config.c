@@ -314,6 +314,11 @@ int pd_model_parse(const char *text, const char *label, struct pd_model *m, pd_e
     I32("eos_token_id", 0, 1, 0, 1 << 30, &m->eos_token_id);
     I32("num_attention_heads", 1, 0, 1, 4096, &m->n_heads);
     I32("num_key_value_heads", 0, m->arch == PD_ARCH_DEEPSEEK_V4 ? 1 : m->n_heads, 1, 4096, &m->n_kv_heads);
+    if (m->arch == PD_ARCH_DEEPSEEK_V4 && m->n_kv_heads != 1) {
+        rc = pd_err_set(e, PD_EINVAL, "%s: field \"num_key_value_heads\": %d, but DeepSeek-V4's attention has one KV "
+                        "head (one cache entry per token and layer, shared by every query head)", label, m->n_kv_heads);
+        goto out;
+    }
     I32("q_lora_rank", m->arch == PD_ARCH_DEEPSEEK_V4, 0, m->arch == PD_ARCH_DEEPSEEK_V4 ? 1 : 0, 1 << 20, &m->q_lora_rank);
     I32("qk_rope_head_dim", 1, 0, 0, 4096, &m->qk_rope_head_dim);
     NUM("rope_theta", 0, 10000, 1, 1e12, &m->rope_theta);
@@ -355,7 +360,17 @@ int pd_model_parse(const char *text, const char *label, struct pd_model *m, pd_e
         I32("qk_nope_head_dim", 1, 0, 0, 1 << 16, &m->qk_nope_head_dim);
         I32("v_head_dim", 1, 0, 1, 1 << 16, &m->v_head_dim);
         I32("first_k_dense_replace", 0, 0, 0, m->n_layers, &m->first_k_dense_replace);
-        I64("intermediate_size", m->first_k_dense_replace > 0, 0, 0, 1 << 24, &m->intermediate_size);
+        /* the dense layers' FFN: a size of 0 would plan them with no weights */
+        I64("intermediate_size", m->first_k_dense_replace > 0, 0, m->first_k_dense_replace > 0, 1 << 24,
+            &m->intermediate_size);
+        int64_t freq;
+        I64("moe_layer_freq", 0, 1, 0, 1 << 20, &freq);
+        if (freq != 1) {   /* DeepSeek's modelling code: MoE where layer % moe_layer_freq == 0 */
+            rc = pd_err_set(e, PD_EINVAL, "%s: field \"moe_layer_freq\": %lld; pdmoe plans every layer from "
+                            "first_k_dense_replace on as MoE (moe_layer_freq 1, as DeepSeek-V3 has it)", label,
+                            (long long)freq);
+            goto out;
+        }
         I32("n_group", 0, 1, 1, m->n_routed_experts, &m->n_group);
         I32("topk_group", 0, 1, 1, m->n_group, &m->topk_group);
         m->hc_mult = 1;

@@ -310,7 +310,9 @@ int pd_plan_role_eval(const struct pd_plan *p, enum pd_role r, const struct pd_r
     b->fits_weights = b->kv_pool >= 0;
     int64_t seq = pd_kv_seq_bytes(&p->kv, p->o.max_model_len);
     /* max-num-seqs is per data-parallel rank (vLLM): each rank holds its own sequences' KV */
-    rp->kv_need = r == PD_ROLE_PREFILL && !p->o.aggregated ? seq : p->o.max_num_seqs * seq;
+    rp->kv_need = seq;
+    if (!(r == PD_ROLE_PREFILL && !p->o.aggregated) && __builtin_mul_overflow(p->o.max_num_seqs, seq, &rp->kv_need))
+        rp->kv_need = INT64_MAX;   /* (at the bounds of check_opts: more than any pool) */
     rp->seqs_at_max_len = b->kv_pool > 0 && seq > 0 ? b->kv_pool / seq : 0;
     rp->ctx_at_max_seqs = b->kv_pool > 0 ? pd_kv_max_context(&p->kv, b->kv_pool, p->o.max_num_seqs) : 0;
     rp->fits = b->fits_weights && rp->seqs_at_max_len >= 1;
@@ -399,13 +401,19 @@ static int check_opts(const struct pd_plan_opts *o, pd_err *e)
 {
     if (!(o->util > 0 && o->util <= 1))
         return pd_err_set(e, PD_EINVAL, "--gpu-memory-utilization %g: must be in (0, 1]", o->util);
-    if (o->max_num_seqs < 1)
-        return pd_err_set(e, PD_EINVAL, "--max-num-seqs %lld: must be at least 1", (long long)o->max_num_seqs);
-    if (o->max_model_len < 1)
-        return pd_err_set(e, PD_EINVAL, "--max-model-len %lld: must be at least 1", (long long)o->max_model_len);
-    if (o->max_num_batched_tokens < 1)
-        return pd_err_set(e, PD_EINVAL, "--max-num-batched-tokens %lld: must be at least 1",
-                          (long long)o->max_num_batched_tokens);
+    /* bounds far beyond any deployment that keep every size computed from them within 64 bits */
+    if (o->max_num_seqs < 1 || o->max_num_seqs > PD_PLAN_MAX_SEQS)
+        return pd_err_set(e, PD_EINVAL, "--max-num-seqs %lld: must be at least 1 and at most %d sequences per rank",
+                          (long long)o->max_num_seqs, PD_PLAN_MAX_SEQS);
+    if (o->max_model_len < 1 || o->max_model_len > PD_PLAN_MAX_LEN)
+        return pd_err_set(e, PD_EINVAL, "--max-model-len %lld: must be at least 1 and at most %lld tokens (and the "
+                          "model's max_position_embeddings)", (long long)o->max_model_len, (long long)PD_PLAN_MAX_LEN);
+    if (o->max_num_batched_tokens < 1 || o->max_num_batched_tokens > PD_PLAN_MAX_BATCHED)
+        return pd_err_set(e, PD_EINVAL, "--max-num-batched-tokens %lld: must be at least 1 and at most %d",
+                          (long long)o->max_num_batched_tokens, PD_PLAN_MAX_BATCHED);
+    if (o->kv_bytes_per_token > PD_PLAN_MAX_KV_TOKEN)
+        return pd_err_set(e, PD_EINVAL, "--kv-bytes-per-token %lld: at most %d bytes", (long long)o->kv_bytes_per_token,
+                          PD_PLAN_MAX_KV_TOKEN);
     for (int r = 0; r < 2; r++) {
         const struct pd_role_opts *x = &o->role[r];
         if (x->dp < 1 || x->tp < 1 || x->instances < 1 || x->redundant < 0)
@@ -413,8 +421,9 @@ static int check_opts(const struct pd_plan_opts *o, pd_err *e)
                               pd_role_name((enum pd_role)r), x->dp, x->tp, x->instances);
     }
     for (int i = 0; i < o->n_handoff; i++)
-        if (o->handoff_tokens[i] < 1)
-            return pd_err_set(e, PD_EINVAL, "--handoff-tokens: %lld must be at least 1", (long long)o->handoff_tokens[i]);
+        if (o->handoff_tokens[i] < 1 || o->handoff_tokens[i] > PD_PLAN_MAX_LEN)
+            return pd_err_set(e, PD_EINVAL, "--handoff-tokens: %lld must be at least 1 and at most %lld",
+                              (long long)o->handoff_tokens[i], (long long)PD_PLAN_MAX_LEN);
     return 0;
 }
 
@@ -480,6 +489,12 @@ int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e)
     const char *model = o->model ? o->model : o->checkpoint;
     if ((rc = pd_model_load(model, &p->model, e)))
         return rc;
+    if (p->o.max_model_len > p->model.max_position_embeddings) {
+        if (o->max_model_len_given)
+            return pd_err_set(e, PD_EINVAL, "--max-model-len %lld: more than the model's max_position_embeddings %lld",
+                              (long long)o->max_model_len, (long long)p->model.max_position_embeddings);
+        p->o.max_model_len = p->model.max_position_embeddings;   /* the default: the model's own length */
+    }
     if (o->hw)
         p->hw = *o->hw;
     else if ((rc = pd_hardware_load(o->hardware, &p->hw, e)))
@@ -500,6 +515,8 @@ int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e)
     } else {
         if ((rc = pd_quant_init(&p->quant, o->quant, o->quant_override, p->model.ckpt_scale_ue8m0, e)))
             return rc;
+        if (o->mtp > 0 && p->model.n_mtp_layers == 0)
+            return pd_err_set(e, PD_EINVAL, "--mtp on: the model has no MTP layer (num_nextn_predict_layers 0)");
         p->include_mtp = o->mtp < 0 ? p->model.n_mtp_layers > 0 : o->mtp && p->model.n_mtp_layers > 0;
         if ((rc = pd_inventory_build(&p->model, &p->quant, p->include_mtp, &p->inv, e)))
             return rc;

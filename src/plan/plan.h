@@ -18,6 +18,13 @@
 
 #define PD_PLAN_VERSION 1
 
+/* Bounds of a plan's options, far beyond any deployment, that keep every size computed from them
+ * within 64 bits: sequences per rank, a sequence's tokens, tokens in a step, KV bytes per token. */
+#define PD_PLAN_MAX_SEQS (1 << 20)
+#define PD_PLAN_MAX_LEN (INT64_C(1) << 30)
+#define PD_PLAN_MAX_BATCHED (1 << 24)
+#define PD_PLAN_MAX_KV_TOKEN (1 << 24)
+
 enum pd_role { PD_ROLE_PREFILL = 0, PD_ROLE_DECODE = 1 };
 
 struct pd_role_opts {
@@ -36,7 +43,8 @@ struct pd_plan_opts {
                                     build makes role[PD_ROLE_PREFILL] the same layout, the same cards */
     double util;             /* gpu-memory-utilization, (0, 1] */
     int64_t max_num_seqs;    /* per data-parallel rank, as in vLLM */
-    int64_t max_model_len;
+    int64_t max_model_len;   /* a default above the model's positions is cut to them */
+    int max_model_len_given; /* set by the user: one above the model's positions is refused */
     int64_t max_num_batched_tokens;
     const char *quant;
     const char *quant_override;

@@ -327,7 +327,7 @@ Test(cli, perf_search_validate)
     expect_error("plan --isl 9223372036854775807 --osl 16", "more than --max-model-len 32768");
     expect_error("search --isl 9223372036854775807 --osl 16", "at most --max-model-len 32768");
     expect_error("plan --max-model-len 2000000 --isl 1048000 --osl 1000",
-                 "more than the model's max_position_embeddings 1048576 tokens");
+                 "--max-model-len 2000000: more than the model's max_position_embeddings 1048576");
     expect_error("plan --aggregated dp=8,tp=1,instances=8 --isl 32000 --osl 1000 --concurrency 4",
                  "more than --max-model-len 32768");
     expect_error("search --cards 32 --html /nonexistent-dir/r.html", "--html /nonexistent-dir/r.html: cannot write");

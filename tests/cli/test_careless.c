@@ -1,0 +1,205 @@
+/* A careless or confused user at the planner's command line: a flag given twice, numbers that
+ * would overflow what they size, a context past the model's positions, a typo in a hardware or
+ * validation file, a layout key given twice, a stray argument, text that would break out of an
+ * emitted script's comments; each one a one-line error naming what is wrong, never a crash, a
+ * negative size or a silently ignored field. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../run.h"
+
+/* pdmoe args fails with a one-line error (no crash) holding each of the needles (NULL-ended). */
+static void refused(const char *args, const char *needle, const char *needle2)
+{
+    struct run r;
+    run(args, &r);
+    cr_assert(r.status == 1 || r.status == 2, "pdmoe %s: exit %d (%s)", args, r.status, r.err);
+    cr_assert(strstr(r.err, needle), "pdmoe %s: stderr \"%s\" lacks \"%s\"", args, r.err, needle);
+    cr_assert(!needle2 || strstr(r.err, needle2), "pdmoe %s: stderr \"%s\" lacks \"%s\"", args, r.err, needle2);
+    cr_assert_eq(strchr(r.err, '\n'), r.err + strlen(r.err) - 1, "more than one line: %s", r.err);
+}
+
+/* A file in a fresh temporary directory holding text; its path in path[256]. */
+static void write_tmp(const char *name, const char *text, char *path)
+{
+    char dir[] = "/tmp/pdmoe-careless-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, 256, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void remove_tmp(const char *path)
+{
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s", path);
+    remove(path);
+    *strrchr(dir, '/') = 0;
+    rmdir(dir);
+}
+
+/* --checkpoint twice once crashed (strcmp on the NULL the first one left); the config the plan
+ * reads does not hang on the order of --model and --checkpoint. */
+Test(careless, checkpoint_twice_and_its_order_with_model)
+{
+    refused("plan --checkpoint /nonexistent-a --checkpoint /nonexistent-b", "/nonexistent-b", NULL);
+    struct run a, b;
+    run("plan --model deepseek-v4-flash --checkpoint /nonexistent-c", &a);
+    run("plan --checkpoint /nonexistent-c --model deepseek-v4-flash", &b);
+    cr_assert_eq(a.status, b.status);
+    cr_assert_str_eq(a.err, b.err);
+}
+
+/* Sizes whose products would overflow 64 bits are refused by name instead of planned as negative
+ * gigabytes; a context longer than the model's positions too (vLLM would not start with it). */
+Test(careless, numbers_past_what_they_size_are_refused)
+{
+    refused("plan --max-num-seqs 70000000000", "--max-num-seqs 70000000000", "at most");
+    refused("plan --max-model-len 9223372036854775807", "--max-model-len 9223372036854775807", "max_position_embeddings");
+    refused("plan --max-model-len 2000000 --max-num-seqs 1", "--max-model-len 2000000", "max_position_embeddings 1048576");
+    refused("plan --max-num-batched-tokens 9000000000000", "--max-num-batched-tokens 9000000000000", "at most");
+    refused("plan --kv-bytes-per-token 9000000000000", "--kv-bytes-per-token 9000000000000", "at most");
+    refused("plan --handoff-tokens 9000000000000", "--handoff-tokens", "at most");
+    struct run r;
+    run("plan --max-model-len 1048576 --max-num-seqs 1", &r);
+    cr_assert_eq(r.status, 0, "the model's own length: %s", r.err);
+}
+
+/* A key of a hardware file or of a validation case that nothing reads is a typo: it would leave
+ * the field at its default (fp8_flop for fp8_flops planned FP8 at the bf16 rate) without a word. */
+Test(careless, unknown_keys_of_hardware_and_case_files_are_named)
+{
+    static char hw[1 << 16];
+    char path[256], args[512];
+    size_t n = slurp("hardware/h800.json", hw, sizeof hw);
+    cr_assert_gt(n, 100);
+    json_t *j = json_loads(hw, 0, NULL);
+    cr_assert_not_null(j);
+    json_t *card = json_object_get(j, "card");
+    cr_assert(json_is_object(card));
+    json_object_set(card, "fp8_flop", json_object_get(card, "fp8_flops"));
+    json_object_del(card, "fp8_flops");
+    char *txt = json_dumps(j, 0);
+    write_tmp("h800.json", txt, path);
+    free(txt);
+    snprintf(args, sizeof args, "plan --model deepseek-v3 --hardware %s", path);
+    refused(args, path, "card.fp8_flop");
+    remove_tmp(path);
+    json_decref(j);
+
+    char cases[1 << 16];
+    cr_assert_gt(slurp("validation/published.json", cases, sizeof cases), 100);
+    j = json_loads(cases, 0, NULL);
+    cr_assert_not_null(j);
+    json_t *c0 = json_array_get(json_is_array(j) ? j : json_object_get(j, "cases"), 0);
+    cr_assert(json_is_object(c0), "no first case");
+    json_object_set_new(c0, "imbalanse", json_real(1.3));
+    txt = json_dumps(j, 0);
+    write_tmp("cases.json", txt, path);
+    free(txt);
+    snprintf(args, sizeof args, "validate --cases %s", path);
+    refused(args, path, "imbalanse");
+    remove_tmp(path);
+    json_decref(j);
+}
+
+/* A layout with a key twice, or an empty key, is a typo, not the last value. */
+Test(careless, a_layout_key_twice_is_refused)
+{
+    refused("plan --prefill dp=8,dp=16,tp=1,instances=1", "--prefill", "dp given twice");
+    refused("plan --prefill dp=8,tp=1,instances=1,", "--prefill", "empty");
+}
+
+/* Arguments a command does not take are refused, as plan refuses them. */
+Test(careless, stray_arguments_are_refused)
+{
+    refused("gen-model --preset v4-tiny --out /tmp/pdmoe-never-written bogusarg", "unexpected argument \"bogusarg\"", NULL);
+    refused("convert --checkpoint /nonexistent --quantization w8a8 --out /tmp/pdmoe-never-written bogusarg",
+            "unexpected argument \"bogusarg\"", NULL);
+    cr_assert_neq(access("/tmp/pdmoe-never-written", F_OK), 0);
+}
+
+/* What goes into an emitted script's comments cannot start a line of its own: a newline in a path
+ * once ran the rest of the path as a command. */
+Test(careless, an_emitted_script_keeps_paths_in_their_comments)
+{
+    refused("plan --emit vllm-ascend --served-model-path \"$(printf 'x\\necho INJECTED')\"", "--served-model-path",
+            "control character");
+    refused("plan --emit sglang --served-model-path \"$(printf 'x\\recho INJECTED')\"", "--served-model-path",
+            "control character");
+    /* the model's name goes into the script's MODEL_PATH message: a word the shell does not expand */
+    struct run r;
+    run("plan --emit vllm-ascend --model v4-tiny --prefill dp=2,tp=1,instances=1 --decode dp=2,tp=1,instances=1 "
+        "> /tmp/pdmoe-careless.sh", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    char script[1 << 16];
+    slurp("/tmp/pdmoe-careless.sh", script, sizeof script);
+    remove("/tmp/pdmoe-careless.sh");
+    for (char *line = strtok(script, "\n"); line; line = strtok(NULL, "\n"))
+        cr_assert_null(strstr(line, "${MODEL_PATH:?"), "a message expanded by the shell: %s", line);
+}
+
+/* `--mtp on` for a model without an MTP layer is refused as --speculative-config is. */
+Test(careless, mtp_on_without_an_mtp_layer)
+{
+    char path[256], args[512];
+    write_tmp("config.json",
+              "{\"model_type\": \"deepseek_v3\", \"vocab_size\": 1000, \"hidden_size\": 256, \"num_hidden_layers\": 2,"
+              " \"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"q_lora_rank\": 64, \"kv_lora_rank\": 32,"
+              " \"qk_nope_head_dim\": 32, \"qk_rope_head_dim\": 16, \"v_head_dim\": 32, \"intermediate_size\": 512,"
+              " \"moe_intermediate_size\": 64, \"n_routed_experts\": 8, \"n_shared_experts\": 1,"
+              " \"num_experts_per_tok\": 2, \"first_k_dense_replace\": 1, \"num_nextn_predict_layers\": 0,"
+              " \"max_position_embeddings\": 4096}", path);
+    snprintf(args, sizeof args, "plan --model %s --mtp on --prefill dp=2,tp=1,instances=1 --decode dp=2,tp=1,instances=1",
+             path);
+    refused(args, "--mtp on", "no MTP layer");
+    remove_tmp(path);
+}
+
+/* A preset with one field changed (a number, as JSON text), written to a temporary config file. */
+static void changed_preset(const char *preset, const char *key, const char *value, char *path)
+{
+    char file[128], text[1 << 15];
+    snprintf(file, sizeof file, "models/%s.json", preset);
+    cr_assert_gt(slurp(file, text, sizeof text), 100);
+    json_t *j = json_loads(text, 0, NULL);
+    cr_assert_not_null(j);
+    json_object_set_new(j, key, json_loads(value, JSON_DECODE_ANY, NULL));
+    char *txt = json_dumps(j, 0);
+    write_tmp("config.json", txt, path);
+    free(txt);
+    json_decref(j);
+}
+
+/* Config fields that contradict the architecture the planner builds are refused by name, not
+ * planned as if they were not there. */
+Test(careless, contradictory_config_fields_are_named)
+{
+    static const struct { const char *preset, *key, *value, *want; } c[] = {
+        {"v4-tiny", "num_key_value_heads", "8", "one KV head"},
+        {"deepseek-v3", "moe_layer_freq", "2", "moe_layer_freq"},
+        {"deepseek-v3", "intermediate_size", "0", "intermediate_size"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        char path[256], args[512];
+        changed_preset(c[i].preset, c[i].key, c[i].value, path);
+        snprintf(args, sizeof args, "plan --model %s", path);
+        refused(args, path, c[i].want);
+        remove_tmp(path);
+    }
+}
+
+/* gen-model builds every tensor in memory before writing: a full-size preset is refused at once
+ * with its size (it once grew by 95 MB/s until the kernel killed it), and nothing is created. */
+Test(careless, gen_model_refuses_a_checkpoint_past_memory)
+{
+    refused("gen-model --preset deepseek-v4-flash --out /tmp/pdmoe-never-written", "--preset deepseek-v4-flash",
+            "GB (10^9 bytes)");
+    cr_assert_neq(access("/tmp/pdmoe-never-written", F_OK), 0);
+}
