@@ -21,6 +21,8 @@
 
 #define BACKOFF_MIN_S 0.5
 #define BACKOFF_MAX_S 30.0
+/* the read and write timeout of a completion's upstream connection: none, in effect (30 days) */
+#define UPSTREAM_NO_DEADLINE_S (30 * 86400)
 
 struct job {
     struct pd_proxy *px;
@@ -476,6 +478,11 @@ static void send_up(struct job *j, int decode)
     char *txt = json_dumps(b, JSON_COMPACT);
     json_decref(b);
     struct evhttp_connection *c = evhttp_connection_base_new(px->base, NULL, in->host, (unsigned short)in->port);
+    /* an answer has no deadline of its own (a long generation, a long queue): without this,
+     * libevent's 50 s read timeout cut it and took a healthy instance out. A request fails when its
+     * instance fails its health check instead (fail_in_flight). */
+    if (c)
+        evhttp_connection_set_timeout_tv(c, &(struct timeval){UPSTREAM_NO_DEADLINE_S, 0});
     j->conn = c;
     struct evhttp_request *r = c ? evhttp_request_new(decode ? on_decode_done : on_prefill_done, j) : NULL;
     /* a request that cannot be built (out of memory) fails as an instance that refused it */
@@ -602,8 +609,27 @@ static double health_interval_s(const struct pd_proxy *px)
     return (px->o.health_interval_ms > 0 ? px->o.health_interval_ms : 1000) / 1e3;
 }
 
+/* An instance that failed its health check fails the requests it holds: each as if its answer
+ * had not come (another instance takes it when nothing has reached the client yet, else the client
+ * gets its error), rather than waiting on a host that may never answer. */
+static void fail_in_flight(struct pd_proxy *px, const struct instance *in)
+{
+    for (struct job *j = px->jobs, *next; j; j = next) {
+        next = j->next;
+        if (!j->up || (j->up_decode ? &px->d[j->di] : &px->p[j->pi]) != in)
+            continue;
+        evhttp_cancel_request(j->up);   /* (its callback is not called) */
+        j->up = NULL;
+        if (j->up_decode)
+            on_decode_done(NULL, j);
+        else
+            on_prefill_done(NULL, j);
+    }
+}
+
 /* Active health checks: GET /health of each instance, every health_interval_ms while it is up,
- * at its backoff's end while it is ejected; 1 s to answer. */
+ * at its backoff's end while it is ejected; 1 s to answer. A failed check ejects the instance and
+ * fails the requests it holds. */
 static void on_probe_done(struct evhttp_request *r, void *arg)
 {
     struct instance *in = arg;
@@ -615,6 +641,7 @@ static void on_probe_done(struct evhttp_request *r, void *arg)
         in->probe_at = pd_now_s() + health_interval_s(px);
     } else {
         eject(in, 1);
+        fail_in_flight(px, in);
     }
 }
 
@@ -626,8 +653,10 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         struct instance *in = nth(px, k);
         if (in->probe || now < in->probe_at)
             continue;
-        if (!(in->probe = px_get_from(px, in, "/health", 1, on_probe_done, in)))
+        if (!(in->probe = px_get_from(px, in, "/health", 1, on_probe_done, in))) {
             eject(in, 1);
+            fail_in_flight(px, in);
+        }
     }
 }
 

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "core/timing.h"
 #include "engine/genmodel.h"
 #include "model/tokenizer.h"
 #include "../tmpmodel.h"
@@ -279,12 +280,62 @@ Test(hostile, a_token_with_a_nul_byte_is_carried_byte_for_byte)
     pd_tok_free(tok);
 }
 
-/* A fake instance: answers every request on its port with `body` (200, JSON) until stopped. */
+/* A fake instance: answers every request on its port with `body` (200, JSON) until stopped, each
+ * connection on its own thread; a POST's answer after post_delay_s; with `hang`, from the first
+ * POST on nothing is answered any more (a host that hung). */
 struct fake {
-    int fd, port, stop;
+    int fd, port, post_delay_s, hang;
+    volatile int stop, posted;
     const char *body;
     pthread_t t;
 };
+
+struct fake_conn {
+    struct fake *f;
+    int c;
+};
+
+static void *fake_serve(void *arg)
+{
+    struct fake_conn *fc = arg;
+    struct fake *f = fc->f;
+    int c = fc->c;
+    free(fc);
+    char req[8192];
+    size_t n = 0;
+    ssize_t got;
+    char *end = NULL;
+    while (n < sizeof req - 1 && (got = read(c, req + n, sizeof req - 1 - n)) > 0) {
+        n += (size_t)got;
+        req[n] = 0;
+        if ((end = strstr(req, "\r\n\r\n")))
+            break;
+    }
+    int post = strncmp(req, "POST", 4) == 0;
+    if (post) {   /* its body, read whole: a close with unread bytes would be a reset */
+        const char *cl = strstr(req, "Content-Length: ");
+        size_t want = cl ? strtoul(cl + 16, NULL, 10) : 0, have = end ? n - (size_t)(end + 4 - req) : 0;
+        char sink[4096];
+        while (have < want && (got = read(c, sink, sizeof sink)) > 0)
+            have += (size_t)got;
+    }
+    if (f->hang && (post || f->posted)) {
+        f->posted = 1;
+        while (!f->stop)
+            usleep(20000);
+        close(c);
+        return NULL;
+    }
+    for (int i = 0; post && i < f->post_delay_s * 10 && !f->stop; i++)
+        usleep(100000);
+    char head[256];
+    int k = snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                     "Connection: close\r\n\r\n", strlen(f->body));
+    if (write(c, head, (size_t)k) == k && write(c, f->body, strlen(f->body)) < 0)
+        k = 0;
+    close(c);
+    return NULL;
+}
 
 static void *fake_loop(void *arg)
 {
@@ -296,21 +347,11 @@ static void *fake_loop(void *arg)
                 close(c);
             return NULL;
         }
-        char req[4096];
-        size_t n = 0;
-        ssize_t got;
-        while (n < sizeof req - 1 && (got = read(c, req + n, sizeof req - 1 - n)) > 0) {
-            n += (size_t)got;
-            req[n] = 0;
-            if (strstr(req, "\r\n\r\n"))
-                break;
-        }
-        char head[256];
-        int k = snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                         "Connection: close\r\n\r\n", strlen(f->body));
-        if (write(c, head, (size_t)k) == k && write(c, f->body, strlen(f->body)) < 0)
-            k = 0;
-        close(c);
+        struct fake_conn *fc = malloc(sizeof *fc);
+        *fc = (struct fake_conn){f, c};
+        pthread_t t;
+        pthread_create(&t, NULL, fake_serve, fc);
+        pthread_detach(t);
     }
 }
 
@@ -326,6 +367,7 @@ static void fake_start(struct fake *f, const char *body)
     f->port = ntohs(a.sin_port);
     f->body = body;
     f->stop = 0;
+    f->posted = 0;
     pthread_create(&f->t, NULL, fake_loop, f);
 }
 
@@ -335,6 +377,7 @@ static void fake_stop(struct fake *f)
     shutdown(f->fd, SHUT_RDWR);
     pthread_join(f->t, NULL);
     close(f->fd);
+    usleep(100000);   /* its connections' threads see stop and close */
 }
 
 /* The proxy sums the instances' /expert_stats: counts that are not counts (negative, not
@@ -346,7 +389,7 @@ Test(hostile, expert_counts_from_instances_are_checked_before_they_are_summed)
     const char *cell[] = {"tokens_per_expert[0][0]", "tokens_per_expert[0][1]", "tokens_per_expert[0][1]",
                           "tokens_per_expert[0][1]"};
     for (int i = 0; i < 4; i++) {
-        struct fake f;
+        struct fake f = {0};
         fake_start(&f, bodies[i]);
         static char a[32];
         snprintf(a, sizeof a, "127.0.0.1:%d", f.port);
@@ -366,4 +409,60 @@ Test(hostile, expert_counts_from_instances_are_checked_before_they_are_summed)
         cr_assert_eq(code, 502, "%s: %d %s", bodies[i], code, out);
         cr_assert(strstr(out, cell[i]) && strstr(out, "not a count"), "%s: %s", bodies[i], out);
     }
+}
+
+/* A proxy in front of one colocated fake instance (health checks every health_ms), and a
+ * completion through it: the status, the seconds it took, the answer in out, the instance's
+ * ejections. */
+static int through_proxy(struct fake *f, int health_ms, char *out, size_t cap, double *seconds, int *ejections)
+{
+    static char a[32];
+    snprintf(a, sizeof a, "127.0.0.1:%d", f->port);
+    struct pd_proxy_opts o = {.port = 0, .n_decode = 1, .health_interval_ms = health_ms};
+    o.decode[0] = a;
+    struct pd_proxy *x;
+    pd_err e = {0};
+    cr_assert_eq(pd_proxy_create(&o, &x, &e), 0, "%s", e.msg);
+    pthread_t t;
+    pthread_create(&t, NULL, run_proxy, x);
+    double t0 = pd_now_s();
+    int code = curl_port(pd_proxy_port(x), "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", NULL, out, cap);
+    *seconds = pd_now_s() - t0;
+    char key[96];
+    snprintf(key, sizeof key, "pdmoe_proxy_instance_ejections_total{role=\"decode\",instance=\"%s\"}", a);
+    *ejections = (int)metric_key(pd_proxy_port(x), key);
+    proxy_shutdown(&x, t);
+    return code;
+}
+
+/* An answer has no deadline of its own: an instance that takes 52 s (past libevent's default read
+ * timeout of 50 s, which once cut it into a 502 and took the healthy instance out) is waited for
+ * while it answers /health; one that hangs (its /health unanswered too) fails its requests at its
+ * health check, within seconds, with a 502 naming it. */
+Test(hostile, a_slow_answer_is_waited_for_and_a_hung_instance_fails_its_requests, .timeout = 240)
+{
+    static const char body[] = "{\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"created\":1,\"model\":\"tiny\","
+                               "\"choices\":[{\"index\":0,\"text\":\"ok\",\"finish_reason\":\"length\"}],"
+                               "\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"total_tokens\":3}}";
+    char out[4096];
+    double took;
+    int ej;
+    struct fake slow = {.post_delay_s = 52};
+    fake_start(&slow, body);
+    int code = through_proxy(&slow, 500, out, sizeof out, &took, &ej);
+    fake_stop(&slow);
+    cr_assert_eq(code, 200, "after %.1f s: %d %s", took, code, out);
+    cr_assert_str_eq(out, body);
+    cr_assert_geq(took, 52);
+    cr_assert_eq(ej, 0, "a slow instance was taken out");
+
+    struct fake hung = {.hang = 1};
+    fake_start(&hung, body);
+    code = through_proxy(&hung, 200, out, sizeof out, &took, &ej);
+    fake_stop(&hung);
+    cr_assert_eq(code, 502, "after %.1f s: %d %s", took, code, out);
+    cr_assert_lt(took, 10, "the hung instance held the request %.1f s", took);
+    char where[16];
+    snprintf(where, sizeof where, ":%d", hung.port);
+    cr_assert(strstr(out, where), "the error does not name the instance: %s", out);
 }
