@@ -44,6 +44,7 @@ struct job {
     int got_first;
     double t_first, t_last;          /* the first and the latest streamed chunk */
     int chunks;                      /* streamed chunks relayed */
+    int stream_failed;               /* the decode instance's stream carried an error event */
 };
 
 static void free_conn(evutil_socket_t fd, short what, void *arg)
@@ -127,8 +128,12 @@ static void eject(struct instance *in, int by_probe)
         pd_route_forget(in->px->route, r);   /* it may come back restarted, its cache empty */
     if (!in->up && !by_probe)
         return;
-    if (in->up)
+    if (in->up) {   /* the operator's line: the instance is out until its /health answers */
         in->ejections++;
+        fprintf(stderr, "pdmoe proxy: %s instance %s:%d is down (%s): no requests while others are up, /health "
+                "checked again after a backoff\n", in->role, in->host, in->port,
+                by_probe ? "its /health check failed" : "a request to it failed");
+    }
     in->up = 0;
     double b = BACKOFF_MIN_S;
     for (int k = 0; k < in->strikes && b < BACKOFF_MAX_S; k++)
@@ -140,6 +145,8 @@ static void eject(struct instance *in, int by_probe)
 /* `in` answered (a request, or its /health check): it is up again. */
 static void admit(struct instance *in)
 {
+    if (!in->up)
+        fprintf(stderr, "pdmoe proxy: %s instance %s:%d is up again\n", in->role, in->host, in->port);
     in->up = 1;
     in->strikes = 0;
 }
@@ -286,6 +293,11 @@ static void on_decode_chunk(struct evhttp_request *r, void *arg)
         evbuffer_add_buffer(j->held, in);
         return;
     }
+    /* an error event (the instance stopping, its engine failing): relayed, and the request counted
+     * as the instance's failure, not a completion */
+    static const char error_event[] = "data: {\"error\"";
+    if (evbuffer_search(in, error_event, sizeof error_event - 1, NULL).pos >= 0)
+        j->stream_failed = 1;
     stream_start(j);
     note_chunk(j);
     evhttp_send_reply_chunk(j->client, in);
@@ -312,6 +324,49 @@ static int handoff_lost(struct job *j, struct evhttp_request *r)
     int lost = param && strcmp(param, "kv_transfer_params") == 0;
     json_decref(e);
     return lost;
+}
+
+/* An instance's answer body: what it held back while streaming, else the request's. */
+static struct evbuffer *answer_body(struct evbuffer *held, struct evhttp_request *r)
+{
+    return held && evbuffer_get_length(held) ? held : r ? evhttp_request_get_input_buffer(r) : NULL;
+}
+
+/* An answer of status `code` whose body is not the JSON pdmoe (or any OpenAI server) answers: why
+ * (the reason for a 502), else NULL. A 200 with an empty body, an HTML error page. */
+static const char *not_json(struct evbuffer *held, struct evhttp_request *r, int code)
+{
+    static __thread char why[64];
+    struct evbuffer *b = answer_body(held, r);
+    json_t *doc = NULL;
+    if (b && pd_http_read_json(b, JSON_ALLOW_NUL, &doc, NULL) == PD_ENOMEM)
+        return NULL;   /* (out of memory: relayed as it is) */
+    int ok = json_is_object(doc);
+    json_decref(doc);
+    if (ok)
+        return NULL;
+    snprintf(why, sizeof why, "it answered %d without a JSON body", code);
+    return why;
+}
+
+/* A 400 about kv_transfer_params from an instance behind prefill instances: the proxy wrote those
+ * parameters, the client did not, so an instance of the wrong role (a decode instance given as
+ * --prefill, say) is at fault. Its message, else NULL. */
+static const char *kv_fault(struct evbuffer *held, struct evhttp_request *r)
+{
+    static __thread char why[160];
+    struct evbuffer *b = answer_body(held, r);
+    json_t *doc = NULL;
+    if (!b || pd_http_read_json(b, 0, &doc, NULL))
+        return NULL;
+    json_t *err = json_object_get(doc, "error");
+    const char *param = json_string_value(json_object_get(err, "param"));
+    const char *msg = json_string_value(json_object_get(err, "message"));
+    int kv = param && strcmp(param, "kv_transfer_params") == 0;
+    if (kv)
+        snprintf(why, sizeof why, "%.150s", msg ? msg : "it refused the KV transfer parameters");
+    json_decref(doc);
+    return kv ? why : NULL;
 }
 
 static void on_decode_done(struct evhttp_request *r, void *arg)
@@ -356,6 +411,12 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
             px->decode_failed++;
             eject(&px->d[j->di], 0);
             stream_error(j, "the decode instance failed during generation");
+        } else if (j->stream_failed) {   /* its error event and [DONE] are relayed already */
+            px->decode_failed++;
+            eject(&px->d[j->di], 0);
+            struct evhttp_request *h = j->client;
+            client_done(j);
+            evhttp_send_reply_end(h);
         } else {
             struct evhttp_request *h = j->client;
             client_done(j);
@@ -365,10 +426,13 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
         job_free(j);
         return;
     }
-    if (code == 0 || code >= 500) {
+    const char *broken = code > 0 && code < 500 ? not_json(j->held, r, code) : NULL;
+    const char *misplaced = !broken && px->np > 0 && code == 400 ? kv_fault(j->held, r) : NULL;
+    if (code == 0 || code >= 500 || broken || misplaced) {
         px->decode_failed++;
+        eject(&px->d[j->di], 0);
         reply_error(j->client, 502, "server_error", "the decode instance %s:%d failed (%s)", px->d[j->di].host,
-                    px->d[j->di].port, code ? "server error" : "no answer");
+                    px->d[j->di].port, broken ? broken : misplaced ? misplaced : code ? "server error" : "no answer");
     } else {
         struct evbuffer *b = j->held ? j->held : evbuffer_new();
         if (r)
@@ -413,8 +477,18 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
         job_free(j);
         return;
     }
-    admit(&px->p[j->pi]);
     struct evbuffer *in = evhttp_request_get_input_buffer(r);
+    const char *broken = not_json(NULL, r, code), *misplaced = !broken && code == 400 ? kv_fault(NULL, r) : NULL;
+    if (broken || misplaced) {   /* the instance's failure (not pdmoe's answer, or the wrong role), not the client's */
+        px->prefill_failed++;
+        eject(&px->p[j->pi], 0);
+        reply_error(j->client, 502, "server_error", "the prefill instance %s:%d failed (%s)", px->p[j->pi].host,
+                    px->p[j->pi].port, broken ? broken : misplaced);
+        client_done(j);
+        job_free(j);
+        return;
+    }
+    admit(&px->p[j->pi]);
     if (code != 200) {   /* the instance's 4xx, passed on as it is */
         px->bad_requests++;
         evhttp_add_header(evhttp_request_get_output_headers(j->client), "Content-Type", "application/json");

@@ -285,6 +285,8 @@ Test(hostile, a_token_with_a_nul_byte_is_carried_byte_for_byte)
  * POST on nothing is answered any more (a host that hung). */
 struct fake {
     int fd, port, post_delay_s, hang;
+    int status;                      /* the answers' status: 0 is 200 */
+    const char *type;                /* their Content-Type: NULL is application/json */
     volatile int stop, posted;
     const char *body;
     pthread_t t;
@@ -329,8 +331,18 @@ static void *fake_serve(void *arg)
     for (int i = 0; post && i < f->post_delay_s * 10 && !f->stop; i++)
         usleep(100000);
     char head[256];
-    int k = snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                     "Connection: close\r\n\r\n", strlen(f->body));
+    const int status = post && f->status ? f->status : 200;   /* (/health: 200) */
+    const char *type = post && f->type ? f->type : "application/json";
+    if (!strcmp(type, "text/event-stream")) {   /* a stream, chunked as pdmoe serve sends it */
+        int k = snprintf(head, sizeof head, "HTTP/1.1 %d OK\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n"
+                         "Connection: close\r\n\r\n%zx\r\n", status, type, strlen(f->body));
+        if (write(c, head, (size_t)k) != k || write(c, f->body, strlen(f->body)) < 0 || write(c, "\r\n0\r\n\r\n", 7) < 0)
+            k = 0;
+        close(c);
+        return NULL;
+    }
+    int k = snprintf(head, sizeof head, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+                     "Connection: close\r\n\r\n", status, status == 200 ? "OK" : "Error", type, strlen(f->body));
     if (write(c, head, (size_t)k) == k && write(c, f->body, strlen(f->body)) < 0)
         k = 0;
     close(c);
@@ -414,25 +426,42 @@ Test(hostile, expert_counts_from_instances_are_checked_before_they_are_summed)
 /* A proxy in front of one colocated fake instance (health checks every health_ms), and a
  * completion through it: the status, the seconds it took, the answer in out, the instance's
  * ejections. */
-static int through_proxy(struct fake *f, int health_ms, char *out, size_t cap, double *seconds, int *ejections)
+static int through_proxy_as(struct fake *f, int as_prefill, const char *body, int health_ms, char *out, size_t cap,
+                            double *seconds, int *ejections, int64_t *failed, int64_t *completed)
 {
     static char a[32];
     snprintf(a, sizeof a, "127.0.0.1:%d", f->port);
     struct pd_proxy_opts o = {.port = 0, .n_decode = 1, .health_interval_ms = health_ms};
     o.decode[0] = a;
+    if (as_prefill) {   /* the fake prefills; a decode instance that is never reached */
+        o.n_prefill = 1;
+        o.prefill[0] = a;
+        o.decode[0] = "127.0.0.1:1";
+    }
     struct pd_proxy *x;
     pd_err e = {0};
     cr_assert_eq(pd_proxy_create(&o, &x, &e), 0, "%s", e.msg);
     pthread_t t;
     pthread_create(&t, NULL, run_proxy, x);
     double t0 = pd_now_s();
-    int code = curl_port(pd_proxy_port(x), "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", NULL, out, cap);
+    int code = curl_port(pd_proxy_port(x), "/v1/completions", body, NULL, out, cap);
     *seconds = pd_now_s() - t0;
     char key[96];
-    snprintf(key, sizeof key, "pdmoe_proxy_instance_ejections_total{role=\"decode\",instance=\"%s\"}", a);
+    snprintf(key, sizeof key, "pdmoe_proxy_instance_ejections_total{role=\"%s\",instance=\"%s\"}",
+             as_prefill ? "prefill" : "decode", a);
     *ejections = (int)metric_key(pd_proxy_port(x), key);
+    *failed = metric_key(pd_proxy_port(x), as_prefill ? "pdmoe_proxy_errors_total{kind=\"prefill_failed\"}"
+                                                      : "pdmoe_proxy_errors_total{kind=\"decode_failed\"}");
+    *completed = metric_key(pd_proxy_port(x), "pdmoe_proxy_completed_total");
     proxy_shutdown(&x, t);
     return code;
+}
+
+static int through_proxy(struct fake *f, int health_ms, char *out, size_t cap, double *seconds, int *ejections)
+{
+    int64_t failed, completed;
+    return through_proxy_as(f, 0, "{\"prompt\":\"x\",\"max_tokens\":2}", health_ms, out, cap, seconds, ejections,
+                            &failed, &completed);
 }
 
 /* An answer has no deadline of its own: an instance that takes 52 s (past libevent's default read
@@ -465,4 +494,79 @@ Test(hostile, a_slow_answer_is_waited_for_and_a_hung_instance_fails_its_requests
     char where[16];
     snprintf(where, sizeof where, ":%d", hung.port);
     cr_assert(strstr(out, where), "the error does not name the instance: %s", out);
+}
+
+/* What an instance answers is checked before it reaches the client: a stream its decode instance
+ * ended with an error event is a decode failure, not a completion; a 200 without a JSON body, or
+ * an error that is not JSON, is a 502 naming the instance (never an empty 200, never HTML relayed
+ * as JSON); a 400 about kv_transfer_params, which the proxy wrote and the client never sent, is the
+ * deployment's fault (an instance of the wrong role): a 502 naming the instance, not the client's
+ * 400. */
+Test(hostile, an_instances_broken_answer_is_the_instances_failure)
+{
+    char out[4096];
+    double took;
+    int ej;
+    int64_t failed, completed;
+    struct fake f = {.type = "text/event-stream"};
+    fake_start(&f, "data: {\"error\":{\"message\":\"the server is shutting down\",\"type\":\"server_error\"}}\n\n"
+                   "data: [DONE]\n\n");
+    int code = through_proxy_as(&f, 0, "{\"prompt\":\"x\",\"max_tokens\":2,\"stream\":true}", 60000, out, sizeof out,
+                                &took, &ej, &failed, &completed);
+    fake_stop(&f);
+    cr_assert_eq(code, 200, "%s", out);
+    cr_assert(strstr(out, "shutting down") && strstr(out, "[DONE]"), "%s", out);
+    cr_assert_eq(failed, 1, "a stream the decode instance ended with an error counted as completed: %lld %lld %s", (long long)failed, (long long)completed, out);
+    cr_assert_eq(completed, 0);
+
+    static const struct { int status; const char *type, *body, *want; } bad[] = {
+        {200, NULL, "", "without a JSON body"},
+        {404, "text/html", "<html>Not Found</html>", "404 without a JSON body"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct fake g = {.status = bad[i].status, .type = bad[i].type};
+        fake_start(&g, bad[i].body);
+        code = through_proxy_as(&g, 0, "{\"prompt\":\"x\",\"max_tokens\":2}", 60000, out, sizeof out, &took, &ej,
+                                &failed, &completed);
+        fake_stop(&g);
+        char where[16];
+        snprintf(where, sizeof where, ":%d", g.port);
+        cr_assert_eq(code, 502, "%s: %d %s", bad[i].want, code, out);
+        cr_assert(strstr(out, bad[i].want) && strstr(out, where), "%s", out);
+        cr_assert_eq(failed, 1);
+    }
+
+    struct fake p = {.status = 400};
+    fake_start(&p, "{\"error\":{\"message\":\"do_remote_decode asks a prefill (kv_producer) instance; this one is not\","
+                   "\"type\":\"invalid_request_error\",\"param\":\"kv_transfer_params\",\"code\":null}}");
+    code = through_proxy_as(&p, 1, "{\"prompt\":\"x\",\"max_tokens\":2}", 60000, out, sizeof out, &took, &ej, &failed,
+                            &completed);
+    fake_stop(&p);
+    char where[16];
+    snprintf(where, sizeof where, ":%d", p.port);
+    cr_assert_eq(code, 502, "%d %s", code, out);
+    cr_assert(strstr(out, where) && strstr(out, "kv_producer"), "%s", out);
+    cr_assert_eq(failed, 1);
+}
+
+/* The operator is told, on the proxy's stderr, when an instance goes down and comes back (the
+ * proxy once said nothing after dozens of ejections). */
+Test(hostile, the_proxy_logs_an_instance_going_down)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char cmd[512], log[] = "/tmp/pdmoe-proxy-log-XXXXXX", text[4096] = {0};
+    int fd = mkstemp(log);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "timeout -s INT 1.5 %s proxy --decode 127.0.0.1:1 --port 0 --health-interval-ms 100 "
+             "2>%s >/dev/null", bin, log);
+    int st = system(cmd);
+    (void)st;
+    FILE *f = fopen(log, "r");
+    cr_assert_not_null(f);
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = 0;
+    fclose(f);
+    remove(log);
+    cr_assert(strstr(text, "decode instance 127.0.0.1:1 is down (its /health check failed)"), "%s", text);
 }
