@@ -169,6 +169,30 @@ int pd_weights_load(struct pd_weights *w, const struct pd_model *m, const char *
     return pd_weights_load_ref(w, m, dir, has_expert, 0, e);
 }
 
+/* FNV-1a over n floats' bytes, from h. */
+static uint64_t fnv_floats(uint64_t h, const float *v, int64_t n)
+{
+    const unsigned char *b = (const unsigned char *)v;
+    for (int64_t i = 0; v && i < n * (int64_t)sizeof *v; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* weights.h, pd_weights.fingerprint. */
+static uint64_t fingerprint(const struct pd_weights *w)
+{
+    const struct pd_model *m = w->m;
+    uint64_t h = fnv_floats(0xcbf29ce484222325ull, w->norm, m->hidden_size);
+    for (int l = 0; l < m->n_layers; l++) {
+        const struct pd_layer_w *L = &w->layers[l];
+        h = fnv_floats(h, L->attn_norm, m->hidden_size);
+        h = fnv_floats(h, L->ffn_norm, m->hidden_size);
+        h = fnv_floats(h, L->q_norm, m->q_lora_rank);
+        h = fnv_floats(h, L->kv_norm, m->head_dim);
+    }
+    return h;
+}
+
 int pd_weights_load_ref(struct pd_weights *w, const struct pd_model *m, const char *dir,
                         const unsigned char *has_expert, int ref, pd_err *e)
 {
@@ -226,6 +250,7 @@ int pd_weights_load_ref(struct pd_weights *w, const struct pd_model *m, const ch
         pd_err_prefix(e, "%s: ", dir);
         goto fail;
     }
+    w->fingerprint = fingerprint(w);
     return 0;
 fail:
     pd_weights_free(w);

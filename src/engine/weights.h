@@ -75,6 +75,11 @@ struct pd_weights {
     int cur_class;                     /* class of the tensors being loaded: 0 = I, 1 = II */
     int ref;                           /* release matrices kept fp32 (the float reference) */
     int64_t loaded_bytes[2];           /* checkpoint bytes loaded: [0] routed experts, [1] the rest */
+    uint64_t fingerprint;              /* which trained weights these are, whatever the checkpoint's
+                                          format: FNV-1a of every norm's values (the model's and each
+                                          layer's attention, FFN, q and kv norms), which a release and
+                                          its W8A8 conversion share and two trainings (or two
+                                          synthetic seeds) do not; a PD hand-off checks it */
 };
 
 /* Loads the checkpoint directory `dir` for model m. `has_expert` (NULL = all) selects the routed

@@ -308,13 +308,15 @@ static void answer_whole(struct pd_server *s, struct req *r, const char *text, s
         char rid[PD_KVX_ID_HEX];
         pd_kvx_id_format(&r->key, rid);
         json_object_set_new(choice, "kv_transfer_params",
-                            json_pack("{s:b,s:b,s:s,s:s,s:s,s:i,s:i,s:i,s:i}", "do_remote_prefill", 1, "do_remote_decode", 0,
+                            json_pack("{s:b,s:b,s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:s}", "do_remote_prefill", 1, "do_remote_decode", 0,
                                       "remote_engine_id", s->o.engine_id ? s->o.engine_id : "prefill",
                                       "remote_request_id", rid, "remote_host", s->g ? s->g->kv_hosts[r->owner] : pd_srv_kv_host(s), "remote_port",
                                       s->g ? s->g->kv_ports[r->owner] : pd_kvx_port(s->kvx), "remote_num_tokens",
                                       r->n_prompt, "last_token_id", n > 0 ? r->gen[0] : s->eos,
                                       /* the decode side must speculate alike (server_spec.c) */
-                                      "num_speculative_tokens", s->o.spec_k));
+                                      "num_speculative_tokens", s->o.spec_k,
+                                      /* and hold the same weights (weights.h) */
+                                      "model_fingerprint", s->fingerprint));
     }
     if (choice && r->return_ids) {
         json_t *ids = json_array();
@@ -643,7 +645,7 @@ static int kv_params_unknown(struct pd_server *s, struct evhttp_request *h, json
 {
     static const char *const known[] = {"do_remote_decode", "do_remote_prefill", "remote_engine_id",
                                         "remote_request_id", "remote_host", "remote_port", "remote_num_tokens",
-                                        "last_token_id", "num_speculative_tokens"};
+                                        "last_token_id", "num_speculative_tokens", "model_fingerprint"};
     const char *key;
     json_t *val;
     char param[96];
@@ -876,6 +878,15 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
                 pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
                            s->o.role != PD_ROLE_CONSUMER ? "do_remote_prefill asks a decode (kv_consumer) instance; this one is not"
                            : "do_remote_prefill needs remote_host, remote_port, remote_request_id, remote_num_tokens and last_token_id");
+                goto reject;
+            }
+            /* KV computed with other weights would decode into text of neither model (a rolling
+             * upgrade half done, another seed under the same name): refused, named */
+            const char *fp = json_string_value(json_object_get(kv, "model_fingerprint"));
+            if (fp && strcmp(fp, s->fingerprint)) {
+                pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
+                                  "kv_transfer_params.model_fingerprint %.32s: the prefill instance holds other weights "
+                                  "than this one (%s): its KV cache cannot be decoded here", fp, s->fingerprint);
                 goto reject;
             }
             if (pd_kvx_id_parse(json_string_value(rid), &r->remote_key)) {

@@ -197,6 +197,7 @@ enum { EP_PFX_QUERIES, EP_PFX_HITS, EP_PFX_EVICTIONS, EP_PFX_BLOCKS, EP_PFX_BYTE
 struct pd_server {
     struct pd_server_opts o;
     char name[128];
+    char fingerprint[17];           /* the weights' (weights.h), in hex: a PD hand-off's check */
     struct pd_engine en;
     struct pd_prefix prefix;        /* prefix_on: the prefix cache over en.kv */
     int prefix_on;

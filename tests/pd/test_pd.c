@@ -379,3 +379,35 @@ Test(pd, the_prefill_side_reuses_its_prefix_cache)
                  metric(P.port, "pdmoe_kv_blocks_total"));
     cr_assert_eq(metric(D.port, "pdmoe_kv_blocks_free"), metric(D.port, "pdmoe_kv_blocks_total"));
 }
+
+/* A decode instance whose weights are not the prefill instance's (a rolling upgrade half done,
+ * another seed under the same served name) refuses the hand-off by name, rather than decoding the
+ * other weights' KV into text of neither model; the same weights pass (the fingerprint travels in
+ * the prefill's kv_transfer_params). */
+Test(pd, a_hand_off_between_other_weights_is_refused)
+{
+    char other[64], keep[64];
+    tmp_model("v4-tiny", 10, other, sizeof other);
+    start(&P, PD_ROLE_PRODUCER, 0);
+    snprintf(keep, sizeof keep, "%s", dir);
+    snprintf(dir, sizeof dir, "%s", other);
+    start(&D, PD_ROLE_CONSUMER, 0);
+    snprintf(dir, sizeof dir, "%s", keep);
+    const char *prompt = "one two three four";
+    char body[512], out[8192];
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"%s\",\"max_tokens\":1,\"temperature\":0,\"kv_transfer_params\":{\"do_remote_decode\":true}}",
+             prompt);
+    cr_assert_eq(curl_port(P.port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    json_t *kv = json_incref(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "kv_transfer_params"));
+    json_decref(j);
+    cr_assert(json_is_string(json_object_get(kv, "model_fingerprint")), "no fingerprint in the hand-off");
+    int code = decode_with(prompt, kv, 0, out, sizeof out);
+    cr_assert_eq(code, 400, "%d %s", code, out);
+    cr_assert(strstr(out, "other weights") && strstr(out, "kv_transfer_params"), "%s", out);
+    cr_assert_eq(metric(D.port, "pdmoe_kv_transfer_bytes_total"), 0, "the other weights' KV moved");
+    json_decref(kv);
+    node_stop(&D);
+    rm_model(other);
+}
