@@ -794,7 +794,17 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     pd_err e;
     /* a text is tokenized after the BOS; token ids are the prompt as given (as vLLM takes them) */
     const int add_bos = text != NULL;
-    int rc = text ? pd_tok_encode(s->tok, text, strlen(text), &ids, &n, &e) : 0;
+    /* A text that cannot fit the context whatever its tokenization is refused before it is
+     * tokenized, on this thread that serves every client (an 8 MiB prompt took a second): each
+     * token stands for at most pd_tok_max_token_bytes of text, 4x allowing for normalization. */
+    const size_t text_len = text ? strlen(text) : 0, per_token = pd_tok_max_token_bytes(s->tok) * 4 + 4;
+    if (text_len / per_token >= (size_t)s->o.max_model_len) {
+        pd_srv_send_error(s, h, 400, "invalid_request_error", chat ? "messages" : "prompt",
+                          "this model's maximum context length is %d tokens; the prompt's %zu bytes make more than "
+                          "that however they are tokenized", s->o.max_model_len, text_len);
+        goto reject;
+    }
+    int rc = text ? pd_tok_encode(s->tok, text, text_len, &ids, &n, &e) : 0;
     if (rc) {
         pd_srv_send_error(s, h, rc == PD_ENOMEM ? 503 : 400, rc == PD_ENOMEM ? "server_error" : "invalid_request_error",
                    chat ? "messages" : "prompt", "%s", e.msg);

@@ -570,3 +570,22 @@ Test(hostile, the_proxy_logs_an_instance_going_down)
     remove(log);
     cr_assert(strstr(text, "decode instance 127.0.0.1:1 is down (its /health check failed)"), "%s", text);
 }
+
+/* A prompt too long for the context however it is tokenized is refused before it is tokenized:
+ * an 8 MiB prompt once held the event loop, which serves every client, for a second. */
+Test(hostile, a_prompt_past_the_context_in_bytes_is_refused_untokenized)
+{
+    size_t n = 4u << 20;
+    char *body = malloc(n + 64);
+    cr_assert_not_null(body);
+    size_t at = (size_t)sprintf(body, "{\"prompt\":\"");
+    for (; at < n; at += 3)
+        memcpy(body + at, "ab ", 3);
+    sprintf(body + at, "\",\"max_tokens\":1}");
+    char *raw;
+    int code = post("/v1/completions", body, &raw);
+    free(body);
+    cr_assert_eq(code, 400, "%s", raw);
+    cr_assert(strstr(raw, "bytes make more than") && strstr(raw, "\"prompt\""), "%s", raw);
+    free(raw);
+}
