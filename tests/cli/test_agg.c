@@ -35,7 +35,7 @@ Test(cli_agg, search_layout_passes_plan)
                                             "--isl 2000 --osl 32 --concurrency 3"};
     for (size_t i = 0; i < sizeof workloads / sizeof workloads[0]; i++) {
         const int closed = strstr(workloads[i], "--concurrency") != NULL;
-        const char *common = "--model v4-tiny --max-model-len 8192 --max-num-batched-tokens 1024";
+        const char *common = "--model v4-tiny --max-model-len 4096 --max-num-batched-tokens 1024";
         char args[1024];
         struct run r;
         snprintf(args, sizeof args, "search %s --cards 8 %s --ttft-ms 500 --tpot-ms 50 --json", common, workloads[i]);
