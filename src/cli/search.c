@@ -94,9 +94,13 @@ int pd_cli_search(int argc, char **argv)
             *(c == O_TTFT ? &o.ttft_s : &o.tpot_s) = ms / 1e3;
             break;
         case O_MAXTP:
-            if (pd_cli_int("--max-tp", optarg, 1, &v))
+            if (pd_cli_int_max("--max-tp", optarg, 1, 64, &v))
                 return 2;
-            o.max_tp = v > 64 ? 64 : (int)v;
+            if (v & (v - 1)) {   /* the sizes tried are powers of two: 3 would have meant 2 */
+                fprintf(stderr, "pdmoe search: --max-tp %s: a power of two (1, 2, 4, ... 64), the sizes tried\n", optarg);
+                return 2;
+            }
+            o.max_tp = (int)v;
             break;
         case O_JSON: json = 1; break;
         case O_HTML: html = optarg; break;
@@ -159,6 +163,23 @@ int pd_cli_search(int argc, char **argv)
         else if (!(out = pd_emit(&s.plan, target, &eo, &e)))
             fprintf(stderr, "pdmoe search: %s\n", e.msg);
         rc |= !out;
+        const int meets = s.chose_agg ? s.best_agg >= 0 : s.best >= 0;
+        if (out && !meets) {   /* said on stderr, and in the script, which may be read alone */
+            static const char note[] = "# NOT MEETING THE TARGETS: no layout on these cards meets the TTFT/TPOT targets "
+                                       "(and request rate); this is\n# the best one that fits, ignoring them (see "
+                                       "`pdmoe search` without --emit).\n";
+            fprintf(stderr, "pdmoe search: --emit: no layout meets the targets; the script launches the best one that "
+                            "fits, ignoring them\n");
+            char *nl = strchr(out, '\n'), *with = nl ? malloc(strlen(out) + sizeof note) : NULL;
+            if (with) {
+                size_t head = (size_t)(nl + 1 - out);
+                memcpy(with, out, head);
+                memcpy(with + head, note, sizeof note - 1);
+                strcpy(with + head + sizeof note - 1, nl + 1);
+                free(out);
+                out = with;
+            }
+        }
     } else {
         out = json ? pd_search_json(&s) : pd_search_text(&s, units);
         if (!out) {

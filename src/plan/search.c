@@ -515,9 +515,15 @@ char *pd_search_text(const struct pd_search *s, int units)
     if (!f)
         return NULL;
     const struct pd_plan *p = &s->plan;
+    /* no layout fits: no plan was built, the card is the hardware file's all the same */
+    struct pd_hardware hw;
+    pd_err ignored;
+    const char *card = p->hw.card_name[0]                                   ? p->hw.card_name
+                       : pd_hardware_load(s->o.base.hardware, &hw, &ignored) ? "?"
+                                                                               : hw.card_name;
     fprintf(f, "Layout search: %s on %d x %s (%s), isl %lld, osl %lld tokens",
-            p->model.name[0] ? p->model.name : s->o.base.model, s->o.cards, p->hw.card_name[0] ? p->hw.card_name : "?",
-            s->o.base.hardware, (long long)s->o.w.isl, (long long)s->o.w.osl);
+            p->model.name[0] ? p->model.name : s->o.base.model, s->o.cards, card, s->o.base.hardware,
+            (long long)s->o.w.isl, (long long)s->o.w.osl);
     if (s->o.ttft_s > 0)
         fprintf(f, ", TTFT <= %.0f ms", s->o.ttft_s * 1e3);
     if (s->o.tpot_s > 0)
