@@ -346,7 +346,8 @@ int pd_cli_plan(int argc, char **argv)
         goto out;
     }
     if (emit_only && !emit) {
-        fprintf(stderr, "pdmoe plan: %s only applies with --emit vllm-ascend|sglang|pdmoe\n", emit_only);
+        fprintf(stderr, "pdmoe plan: %s only applies with --emit %s\n", emit_only,
+                strcmp(emit_only, "--threads") ? "vllm-ascend|sglang|pdmoe" : "pdmoe");
         goto out;
     }
     if (emit && target == PD_EMIT_PDMOE && base_port) {

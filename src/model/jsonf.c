@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* jansson quotes the text near a syntax error as it is: control characters become spaces so
  * that every loader's message stays one line. */
@@ -16,6 +17,11 @@ static void one_line(pd_err *e)
 
 json_t *pd_json_load_file(const char *path, pd_err *e)
 {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {   /* (jansson would say "invalid argument") */
+        pd_err_set(e, PD_EIO, "%s: is a directory, not a JSON file", path);
+        return NULL;
+    }
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!root) {

@@ -189,6 +189,8 @@ int pd_hardware_load(const char *spec, struct pd_hardware *h, pd_err *e)
         if (!text && stat(path, &st) == 0 && S_ISREG(st.st_mode))
             return pd_hardware_load(path, h, e);
     }
+    if (!text && stat(spec, &st) == 0 && S_ISDIR(st.st_mode))
+        return pd_err_set(e, PD_EIO, "--hardware %s: is a directory; give a hardware .json file or a preset", spec);
     if (!text)
         return pd_err_set(e, PD_EIO, "--hardware %s: no such file or preset (presets: atlas-800i-a2, atlas-800i-a3, h800, h100, h200, b200)", spec);
     return pd_hardware_parse(text, path, h, e);

@@ -778,11 +778,12 @@ static json_t *closed_json(const struct pd_perf *f)
 
 void *pd_perf_json(const struct pd_perf *f)
 {
-    json_t *j = json_pack("{s:I,s:I,s:f,s:f,s:o,s:o,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:s,s:b}",
+    json_t *j = json_pack("{s:I,s:I,s:f,s:f,s:o,s:o,s:f,s:f,s:f,s:f,s:o,s:f,s:f,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:s,s:b}",
                      "isl", (json_int_t)f->w.isl, "osl", (json_int_t)f->w.osl, "cached", f->w.cached, "rate", f->w.rate,
                      "prefill_step", step_json(&f->prefill_step), "decode_step", step_json(&f->decode_step),
                      "request_s", f->request_s, "prefill_s", f->prefill_s, "handoff_s", f->handoff_s, "ttft_s", f->ttft_s, "ttft_at_rate_s",
-                     isfinite(f->ttft_rate_s) ? f->ttft_rate_s : -1.0, "prefill_tokens_per_s_card",
+                     /* null: the rate is past what prefill sustains, the queue grows without bound */
+                     isfinite(f->ttft_rate_s) ? json_real(f->ttft_rate_s) : json_null(), "prefill_tokens_per_s_card",
                      f->prefill_tok_s_card, "prefill_requests_per_s", f->prefill_req_s, "batch", (json_int_t)f->batch,
                      "batch_cap", (json_int_t)f->batch_cap, "tokens_per_step", f->tokens_per_step, "tpot_s", f->tpot_s,
                      "decode_tokens_per_s_card", f->decode_tok_s_card, "decode_requests_per_s", f->decode_req_s,

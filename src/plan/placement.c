@@ -83,7 +83,8 @@ int pd_placement_build(struct pd_placement *p, int n_experts, int ep, int redund
         if (redundant == 0)
             return pd_err_set(e, PD_EINVAL,
                               "placement: %d routed experts do not divide evenly over an EP group of %d ranks; "
-                              "choose an EP size that divides %d, or add redundant experts (--redundant-experts R with %d + R divisible by %d)",
+                              "choose an EP size that divides %d, or add redundant experts (redundant=R in --prefill/--decode, "
+                              "with %d + R divisible by %d)",
                               n_experts, ep, n_experts, n_experts, ep);
         return pd_err_set(e, PD_EINVAL,
                           "placement: %d experts + %d redundant = %d slots do not divide evenly over %d ranks",

@@ -203,3 +203,43 @@ Test(careless, gen_model_refuses_a_checkpoint_past_memory)
             "GB (10^9 bytes)");
     cr_assert_neq(access("/tmp/pdmoe-never-written", F_OK), 0);
 }
+
+/* search --emit of a layout that misses the targets says so, on stderr and in the script (which may
+ * be read alone), rather than handing over a launch script as if it met them. */
+Test(careless, search_emit_says_when_the_targets_are_missed)
+{
+    struct run r;
+    run("search --cards 16 --tpot-ms 1 --emit sglang", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.err, "no layout meets the targets"), "%s", r.err);
+    cr_assert(strncmp(r.out, "#!/bin/sh\n# NOT MEETING THE TARGETS", 35) == 0, "%.300s", r.out);
+    run("search --cards 16 --emit sglang", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert_null(strstr(r.out, "NOT MEETING"), "without targets every fitting layout meets them");
+}
+
+/* Smaller things a user acts on: each message names what to do, each number is one the rest agrees
+ * with. */
+Test(careless, messages_name_what_to_do)
+{
+    refused("search --cards 16 --max-tp 3", "--max-tp 3", "a power of two");
+    refused("plan --decode dp=24,tp=1,instances=1 --prefill dp=8,tp=1,instances=1 --nodes 8", "redundant=R in --prefill/--decode",
+            NULL);
+    refused("plan --threads 4", "--threads only applies with --emit pdmoe", NULL);
+    refused("plan --hardware /tmp", "--hardware /tmp: is a directory", NULL);
+    refused("plan --expert-stats /tmp", "/tmp: is a directory", NULL);
+    struct run r;
+    run("search --cards 2", &r);
+    cr_assert_null(strstr(r.out, " x ? ("), "%.200s", r.out);
+    cr_assert(strstr(r.out, "on 2 x Ascend 910B"), "%.200s", r.out);
+    /* a rate past what prefill sustains: its TTFT is no number (null), not -1 */
+    run("plan --isl 4096 --osl 1024 --request-rate 1000 --json", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    json_t *j = json_loads(r.out, 0, NULL);
+    cr_assert_not_null(j);
+    json_t *perf = json_object_get(j, "perf");
+    cr_assert(json_is_object(perf), "no perf in plan --json");
+    json_t *v = json_object_get(perf, "ttft_at_rate_s");
+    cr_assert(v && json_is_null(v), "ttft_at_rate_s: %s", v ? json_dumps(v, JSON_ENCODE_ANY) : "absent");
+    json_decref(j);
+}

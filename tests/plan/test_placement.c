@@ -29,7 +29,7 @@ Test(placement, not_divisible_is_an_error)
     pd_err e = {0};
     cr_assert_eq(pd_placement_build(&p, 256, 6, 0, NULL, &e), PD_EINVAL);
     cr_assert(strstr(e.msg, "256 routed experts do not divide evenly over an EP group of 6 ranks"), "%s", e.msg);
-    cr_assert(strstr(e.msg, "--redundant-experts"), "%s", e.msg);
+    cr_assert(strstr(e.msg, "redundant=R in --prefill/--decode"), "%s", e.msg);
     cr_assert_null(p.map);
     cr_assert_eq(pd_placement_build(&p, 256, 6, 3, NULL, &e), PD_EINVAL);
     cr_assert(strstr(e.msg, "259 slots"), "%s", e.msg);
