@@ -67,6 +67,8 @@ struct link {
     int failed;               /* the error handler fired */
     ucs_status_t status;
     int refs;                 /* unfinished transfers using it */
+    int reused;               /* kept and handed to a later transfer: its producer may have
+                                 restarted since it was opened (kvx_xfer_retry) */
     /* the producer's rkey, unpacked once (rkey_get): the link holds a reference while
      * link_rkey_ref, each transfer one from its META until its gets are flushed */
     ucp_rkey_h rkey;
@@ -97,6 +99,7 @@ struct pd_kvx_xfer {
     int send_abort;           /* tell the producer to drop the lease when failing */
     int free_when_final;
     int refused;              /* the producer refused the key (unknown or refused) */
+    int retried;              /* moved once to a new connection (kvx_xfer_retry) */
     char reason[400];
 };
 
@@ -195,6 +198,16 @@ struct pd_kvx_xfer *kvx_find_xfer(struct pd_kvx *x, uint64_t tag);
 struct lease *kvx_find_lease(struct pd_kvx *x, const uint8_t id[16]);
 /* Moves a held lease to the released list; its callback runs later without the lock. */
 void kvx_lease_release(struct pd_kvx *x, struct lease *l, enum pd_kvx_release why);
+
+/* kvxfer.c */
+/* The kept connection to host:port, or a new one (status and an unresolvable address in *st and
+ * *resolve_failed). NULL only when out of memory. */
+struct link *kvx_get_link(struct pd_kvx *x, const char *host, int port, ucs_status_t *st, int *resolve_failed);
+/* A transfer whose kept connection failed before its producer answered (the producer restarted
+ * since the connection was opened: the first pull after every restart failed on it, "Endpoint
+ * timeout"): moved once to a new connection, GET_META sent again under a new tag. 1 if it was
+ * moved (or failed moving), 0 if it is not such a transfer (the caller fails it). */
+int kvx_xfer_retry(struct pd_kvx *x, struct pd_kvx_xfer *t);
 
 /* kvx_wire.c */
 ucs_status_t kvx_send_small(struct pd_kvx *x, ucp_ep_h ep, unsigned id,

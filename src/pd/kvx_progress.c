@@ -71,7 +71,7 @@ void kvx_on_sent(struct pd_kvx *x, unsigned id, uint64_t tag, ucs_status_t st)
     struct pd_kvx_xfer *t = kvx_find_xfer(x, tag);
     if (!t || kvx_is_final(t->state))
         return;
-    if (st != UCS_OK)
+    if (st != UCS_OK && !kvx_xfer_retry(x, t))
         kvx_xfer_fail(t, PD_EIO, 0, "GET_META not delivered: %s", ucs_status_string(st));
     else if (t->state == PD_KVX_BOOTSTRAPPING)
         t->state = PD_KVX_WAITING;
@@ -286,7 +286,7 @@ static int step(struct pd_kvx *x)
             continue;
         if (l->outgoing)
             for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
-                if (t->peer == l && !kvx_is_final(t->state))
+                if (t->peer == l && !kvx_is_final(t->state) && !kvx_xfer_retry(x, t))
                     kvx_xfer_fail(t, PD_EIO, 0, "connection failed: %s",
                               ucs_status_string(l->status));
         kvx_drop_idle_rkeys(x, l);

@@ -477,13 +477,13 @@ int pd_kvx_offer(struct pd_kvx *x, const struct pd_kvx_key *key, uint64_t owner_
     return 0;
 }
 
-/* The cached connection to host:port, or a new one. NULL only when out of memory. */
-static struct link *get_link(struct pd_kvx *x, const char *host, int port, ucs_status_t *st,
-                             int *resolve_failed)
+struct link *kvx_get_link(struct pd_kvx *x, const char *host, int port, ucs_status_t *st, int *resolve_failed)
 {
     for (struct link *l = x->links; l; l = l->next)
-        if (l->outgoing && kvx_link_alive(l) && l->port == port && strcmp(l->host, host) == 0)
+        if (l->outgoing && kvx_link_alive(l) && l->port == port && strcmp(l->host, host) == 0) {
+            l->reused = 1;
             return l;
+        }
     struct link *l = calloc(1, sizeof *l);
     if (!l)
         return NULL;
@@ -517,6 +517,30 @@ static struct link *get_link(struct pd_kvx *x, const char *host, int port, ucs_s
         l->status = *st;
     }
     return l;
+}
+
+int kvx_xfer_retry(struct pd_kvx *x, struct pd_kvx_xfer *t)
+{
+    if (t->retried || !t->peer || !t->peer->reused || t->meta_ok || t->outstanding || kvx_is_final(t->state))
+        return 0;
+    ucs_status_t st = UCS_OK;
+    int unresolved = 0;
+    t->retried = 1;
+    t->peer->refs--;
+    struct link *l = kvx_get_link(x, t->host, t->port, &st, &unresolved);   /* (the failed one is not alive) */
+    t->peer = l;
+    t->tag = x->next_tag++;   /* the old GET_META's completion, if it comes, finds nothing */
+    t->deadline = pd_now_ns() + x->timeout_ns;
+    t->state = PD_KVX_BOOTSTRAPPING;
+    if (!l)
+        kvx_xfer_fail(t, PD_ENOMEM, 0, "no memory for a new connection");
+    else if ((l->refs++, unresolved))
+        kvx_xfer_fail(t, PD_EINVAL, 0, "cannot resolve the peer address");
+    else if (!l->ep)
+        kvx_xfer_fail(t, PD_EIO, 0, "cannot connect again: %s", ucs_status_string(st));
+    else if ((st = kvx_send_small(x, kvx_msg_ep(l), PD_KVX_AM_GET_META, &t->key, t->tag)) != UCS_OK)
+        kvx_xfer_fail(t, PD_EIO, 0, "cannot send GET_META again: %s", ucs_status_string(st));
+    return 1;
 }
 
 int pd_kvx_pull(struct pd_kvx *x, const char *host, int port, const struct pd_kvx_key *key,
@@ -553,7 +577,7 @@ int pd_kvx_pull(struct pd_kvx *x, const char *host, int port, const struct pd_kv
     x->xfers = t;
     ucs_status_t st = UCS_OK;
     int unresolved = 0;
-    struct link *l = get_link(x, host, port, &st, &unresolved);
+    struct link *l = kvx_get_link(x, host, port, &st, &unresolved);
     if (!l) {
         x->xfers = t->next;
         pthread_mutex_unlock(&x->mu);

@@ -36,11 +36,14 @@ static void log_line(void *arg, const char *line)
     snprintf(logged, sizeof logged, "%s", line);
 }
 
+static int kv_port;   /* the producer's KV port; 0: any */
+
 static void start_kv(struct node *n, int role, int lease_ms, enum pd_kv_dtype kv)
 {
     pd_err e = {0};
     struct pd_server_opts o = {.model_dir = dir, .port = 0, .threads = 1, .max_num_seqs = 8, .max_model_len = 512,
-                               .served_name = "tiny", .role = role, .kv_port = 0, .engine_id = "t",
+                               .served_name = "tiny", .role = role, .kv_port = role == PD_ROLE_PRODUCER ? kv_port : 0,
+                               .engine_id = "t",
                                .kv_lease_ms = lease_ms, .kv_timeout_ms = 3000, .kv_dtype = kv,
                                .http = {.log = log_line}};
     cr_assert_eq(pd_server_create(&o, &n->s, &e), 0, "%s", e.msg);
@@ -410,4 +413,23 @@ Test(pd, a_hand_off_between_other_weights_is_refused)
     json_decref(kv);
     node_stop(&D);
     rm_model(other);
+}
+
+/* A prefill instance restarted on the same KV port: the decode instance's next pull gets the KV
+ * (it once failed on the connection it had kept to the dead process, "Endpoint timeout", and
+ * recomputed the prompt after every restart). */
+Test(pd, a_pull_after_the_prefill_restarts_gets_the_kv)
+{
+    kv_port = free_port();
+    start(&P, PD_ROLE_PRODUCER, 0);
+    start(&D, PD_ROLE_CONSUMER, 0);
+    char out[8192];
+    pd_request("one two three four", 4, 0, out, sizeof out);
+    cr_assert_eq(metric(D.port, "pdmoe_kv_transfers_total"), 1);
+    node_stop(&P);
+    start(&P, PD_ROLE_PRODUCER, 0);
+    pd_request("five six seven eight", 4, 0, out, sizeof out);
+    cr_assert_eq(metric(D.port, "pdmoe_kv_recomputes_total"), 0, "the pull after the restart failed: %s", logged);
+    cr_assert_eq(metric(D.port, "pdmoe_kv_transfers_total"), 2);
+    kv_port = 0;
 }
