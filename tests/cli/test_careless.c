@@ -44,6 +44,20 @@ static void remove_tmp(const char *path)
     rmdir(dir);
 }
 
+/* j written to a temporary file `name` (j freed); `pdmoe ARGS`, args_fmt's %s the file's path,
+ * refused naming the path and `needle`. */
+static void refused_with_file(json_t *j, const char *name, const char *args_fmt, const char *needle)
+{
+    char path[256], args[512];
+    char *txt = json_dumps(j, 0);
+    write_tmp(name, txt, path);
+    free(txt);
+    json_decref(j);
+    snprintf(args, sizeof args, args_fmt, path);
+    refused(args, path, needle);
+    remove_tmp(path);
+}
+
 /* --checkpoint twice once crashed (strcmp on the NULL the first one left); the config the plan
  * reads does not hang on the order of --model and --checkpoint. */
 Test(careless, checkpoint_twice_and_its_order_with_model)
@@ -75,38 +89,23 @@ Test(careless, numbers_past_what_they_size_are_refused)
  * the field at its default (fp8_flop for fp8_flops planned FP8 at the bf16 rate) without a word. */
 Test(careless, unknown_keys_of_hardware_and_case_files_are_named)
 {
-    static char hw[1 << 16];
-    char path[256], args[512];
-    size_t n = slurp("hardware/h800.json", hw, sizeof hw);
-    cr_assert_gt(n, 100);
-    json_t *j = json_loads(hw, 0, NULL);
+    static char text[1 << 16];
+    cr_assert_gt(slurp("hardware/h800.json", text, sizeof text), 100);
+    json_t *j = json_loads(text, 0, NULL);
     cr_assert_not_null(j);
     json_t *card = json_object_get(j, "card");
     cr_assert(json_is_object(card));
     json_object_set(card, "fp8_flop", json_object_get(card, "fp8_flops"));
     json_object_del(card, "fp8_flops");
-    char *txt = json_dumps(j, 0);
-    write_tmp("h800.json", txt, path);
-    free(txt);
-    snprintf(args, sizeof args, "plan --model deepseek-v3 --hardware %s", path);
-    refused(args, path, "card.fp8_flop");
-    remove_tmp(path);
-    json_decref(j);
+    refused_with_file(j, "h800.json", "plan --model deepseek-v3 --hardware %s", "card.fp8_flop");
 
-    char cases[1 << 16];
-    cr_assert_gt(slurp("validation/published.json", cases, sizeof cases), 100);
-    j = json_loads(cases, 0, NULL);
+    cr_assert_gt(slurp("validation/published.json", text, sizeof text), 100);
+    j = json_loads(text, 0, NULL);
     cr_assert_not_null(j);
     json_t *c0 = json_array_get(json_is_array(j) ? j : json_object_get(j, "cases"), 0);
     cr_assert(json_is_object(c0), "no first case");
     json_object_set_new(c0, "imbalanse", json_real(1.3));
-    txt = json_dumps(j, 0);
-    write_tmp("cases.json", txt, path);
-    free(txt);
-    snprintf(args, sizeof args, "validate --cases %s", path);
-    refused(args, path, "imbalanse");
-    remove_tmp(path);
-    json_decref(j);
+    refused_with_file(j, "cases.json", "validate --cases %s", "imbalanse");
 }
 
 /* A layout with a key twice, or an empty key, is a typo, not the last value. */
@@ -162,8 +161,8 @@ Test(careless, mtp_on_without_an_mtp_layer)
     remove_tmp(path);
 }
 
-/* A preset with one field changed (a number, as JSON text), written to a temporary config file. */
-static void changed_preset(const char *preset, const char *key, const char *value, char *path)
+/* A preset with one field changed (a number, as JSON text). */
+static json_t *changed_preset(const char *preset, const char *key, const char *value)
 {
     char file[128], text[1 << 15];
     snprintf(file, sizeof file, "models/%s.json", preset);
@@ -171,10 +170,7 @@ static void changed_preset(const char *preset, const char *key, const char *valu
     json_t *j = json_loads(text, 0, NULL);
     cr_assert_not_null(j);
     json_object_set_new(j, key, json_loads(value, JSON_DECODE_ANY, NULL));
-    char *txt = json_dumps(j, 0);
-    write_tmp("config.json", txt, path);
-    free(txt);
-    json_decref(j);
+    return j;
 }
 
 /* Config fields that contradict the architecture the planner builds are refused by name, not
@@ -186,13 +182,8 @@ Test(careless, contradictory_config_fields_are_named)
         {"deepseek-v3", "moe_layer_freq", "2", "moe_layer_freq"},
         {"deepseek-v3", "intermediate_size", "0", "intermediate_size"},
     };
-    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        char path[256], args[512];
-        changed_preset(c[i].preset, c[i].key, c[i].value, path);
-        snprintf(args, sizeof args, "plan --model %s", path);
-        refused(args, path, c[i].want);
-        remove_tmp(path);
-    }
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
+        refused_with_file(changed_preset(c[i].preset, c[i].key, c[i].value), "config.json", "plan --model %s", c[i].want);
 }
 
 /* gen-model builds every tensor in memory before writing: a full-size preset is refused at once

@@ -223,6 +223,20 @@ static int prompt_tokens(const char *prompt)
 }
 
 /* D's answer (status, body in out) to `prompt` with the transfer parameters kv, `stream` or not. */
+/* prompt prefilled on P for a decode instance: the kv_transfer_params P answers (the caller's). */
+static json_t *prefill_kv(const char *prompt)
+{
+    char body[1024], out[8192];
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"%s\",\"max_tokens\":1,\"temperature\":0,\"kv_transfer_params\":{\"do_remote_decode\":true}}",
+             prompt);
+    cr_assert_eq(curl_port(P.port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    json_t *kv = json_incref(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "kv_transfer_params"));
+    json_decref(j);
+    return kv;
+}
+
 static int decode_with(const char *prompt, json_t *kv, int stream, char *out, size_t cap)
 {
     char body[2048];
@@ -254,13 +268,7 @@ Test(pd, another_clients_transfer_params_are_refused)
             thief = others[i];
     cr_assert(thief, "the test needs another prompt of %d tokens", n_victim);
     char body[1024], out[8192], want[8192];
-    snprintf(body, sizeof body,
-             "{\"prompt\":\"%s\",\"max_tokens\":1,\"temperature\":0,\"kv_transfer_params\":{\"do_remote_decode\":true}}",
-             victim);
-    cr_assert_eq(curl_port(P.port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
-    json_t *j = parse(out);
-    json_t *kv = json_incref(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "kv_transfer_params"));
-    json_decref(j);
+    json_t *kv = prefill_kv(victim);
     json_t *rid = json_object_get(kv, "remote_request_id");
 
     /* the victim's parameters, verbatim, with the thief's prompt */
@@ -397,14 +405,8 @@ Test(pd, a_hand_off_between_other_weights_is_refused)
     start(&D, PD_ROLE_CONSUMER, 0);
     snprintf(dir, sizeof dir, "%s", keep);
     const char *prompt = "one two three four";
-    char body[512], out[8192];
-    snprintf(body, sizeof body,
-             "{\"prompt\":\"%s\",\"max_tokens\":1,\"temperature\":0,\"kv_transfer_params\":{\"do_remote_decode\":true}}",
-             prompt);
-    cr_assert_eq(curl_port(P.port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
-    json_t *j = parse(out);
-    json_t *kv = json_incref(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "kv_transfer_params"));
-    json_decref(j);
+    char out[8192];
+    json_t *kv = prefill_kv(prompt);
     cr_assert(json_is_string(json_object_get(kv, "model_fingerprint")), "no fingerprint in the hand-off");
     int code = decode_with(prompt, kv, 0, out, sizeof out);
     cr_assert_eq(code, 400, "%d %s", code, out);
