@@ -100,6 +100,8 @@ struct pd_kvx_xfer {
     int free_when_final;
     int refused;              /* the producer refused the key (unknown or refused) */
     int retried;              /* moved once to a new connection (kvx_xfer_retry) */
+    int retry_wanted;         /* its GET_META was not delivered: kvx_xfer_retry at the next
+                                 progress, outside UCX's callback */
     char reason[400];
 };
 
@@ -208,6 +210,8 @@ struct link *kvx_get_link(struct pd_kvx *x, const char *host, int port, ucs_stat
  * timeout"): moved once to a new connection, GET_META sent again under a new tag. 1 if it was
  * moved (or failed moving), 0 if it is not such a transfer (the caller fails it). */
 int kvx_xfer_retry(struct pd_kvx *x, struct pd_kvx_xfer *t);
+/* Whether t is such a transfer (kvx_xfer_retry would move it). */
+int kvx_xfer_may_retry(const struct pd_kvx_xfer *t);
 
 /* kvx_wire.c */
 ucs_status_t kvx_send_small(struct pd_kvx *x, ucp_ep_h ep, unsigned id,

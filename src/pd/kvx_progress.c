@@ -71,7 +71,9 @@ void kvx_on_sent(struct pd_kvx *x, unsigned id, uint64_t tag, ucs_status_t st)
     struct pd_kvx_xfer *t = kvx_find_xfer(x, tag);
     if (!t || kvx_is_final(t->state))
         return;
-    if (st != UCS_OK && !kvx_xfer_retry(x, t))
+    if (st != UCS_OK && kvx_xfer_may_retry(t))
+        t->retry_wanted = 1;   /* (a new endpoint is not made from inside UCX's callback) */
+    else if (st != UCS_OK)
         kvx_xfer_fail(t, PD_EIO, 0, "GET_META not delivered: %s", ucs_status_string(st));
     else if (t->state == PD_KVX_BOOTSTRAPPING)
         t->state = PD_KVX_WAITING;
@@ -293,6 +295,15 @@ static int step(struct pd_kvx *x)
         kvx_close_ep(x, l);
         n++;
     }
+
+    /* 3b. transfers whose GET_META was not delivered on a kept connection: a new one */
+    for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
+        if (t->retry_wanted) {
+            t->retry_wanted = 0;
+            if (!kvx_is_final(t->state) && !kvx_xfer_retry(x, t))
+                kvx_xfer_fail(t, PD_EIO, 0, "GET_META not delivered");
+            n++;
+        }
 
     /* 4. leases past their deadline */
     for (struct lease *l = x->leases, *next; l; l = next) {

@@ -519,9 +519,14 @@ struct link *kvx_get_link(struct pd_kvx *x, const char *host, int port, ucs_stat
     return l;
 }
 
+int kvx_xfer_may_retry(const struct pd_kvx_xfer *t)
+{
+    return !t->retried && t->peer && t->peer->reused && !t->meta_ok && !t->outstanding && !kvx_is_final(t->state);
+}
+
 int kvx_xfer_retry(struct pd_kvx *x, struct pd_kvx_xfer *t)
 {
-    if (t->retried || !t->peer || !t->peer->reused || t->meta_ok || t->outstanding || kvx_is_final(t->state))
+    if (!kvx_xfer_may_retry(t))
         return 0;
     ucs_status_t st = UCS_OK;
     int unresolved = 0;
