@@ -309,64 +309,38 @@ static int max_attempts(const struct pd_proxy *px)
     return px->o.retries > 0 ? px->o.retries : 3;
 }
 
-/* A decode instance's 403 that names kv_transfer_params: the prefill instance refused the pull of
- * the KV this proxy handed over (with prefill instances the proxy writes those parameters itself,
- * so the handoff, not the client, is at fault). */
-static int handoff_lost(struct job *j, struct evhttp_request *r)
-{
-    struct evbuffer *b = j->held && evbuffer_get_length(j->held) ? j->held
-                       : r                                         ? evhttp_request_get_input_buffer(r)
-                                                                   : NULL;
-    json_t *e = NULL;
-    if (!b || pd_http_read_json(b, 0, &e, NULL))
-        return 0;
-    const char *param = json_string_value(json_object_get(json_object_get(e, "error"), "param"));
-    int lost = param && strcmp(param, "kv_transfer_params") == 0;
-    json_decref(e);
-    return lost;
-}
+/* An instance's answer, read once: its body (what it held back while streaming, else the
+ * request's) as JSON, returned (the caller's; NULL if it is not a JSON object), and in *a what the
+ * proxy makes of it. */
+struct answer {
+    int broken;      /* not a JSON object (an empty 200, an HTML error page): the instance's failure */
+    int kv;          /* an error naming kv_transfer_params, which the proxy writes when it has prefill
+                        instances: a 403 is a lost hand-off (the prefill instance restarted, or the
+                        lease expired while the decode queued), a 400 an instance of the wrong role */
+    char why[160];   /* what a 502 says: the missing JSON, or that error's message */
+};
 
-/* An instance's answer body: what it held back while streaming, else the request's. */
-static struct evbuffer *answer_body(struct evbuffer *held, struct evhttp_request *r)
+static json_t *answer_read(struct evbuffer *held, struct evhttp_request *r, int code, struct answer *a)
 {
-    return held && evbuffer_get_length(held) ? held : r ? evhttp_request_get_input_buffer(r) : NULL;
-}
-
-/* An answer of status `code` whose body is not the JSON pdmoe (or any OpenAI server) answers: why
- * (the reason for a 502), else NULL. A 200 with an empty body, an HTML error page. */
-static const char *not_json(struct evbuffer *held, struct evhttp_request *r, int code)
-{
-    static __thread char why[64];
-    struct evbuffer *b = answer_body(held, r);
+    *a = (struct answer){0};
+    struct evbuffer *b = held && evbuffer_get_length(held) ? held : r ? evhttp_request_get_input_buffer(r) : NULL;
     json_t *doc = NULL;
     if (b && pd_http_read_json(b, JSON_ALLOW_NUL, &doc, NULL) == PD_ENOMEM)
-        return NULL;   /* (out of memory: relayed as it is) */
-    int ok = json_is_object(doc);
-    json_decref(doc);
-    if (ok)
+        return NULL;   /* (out of memory: not the instance's fault) */
+    if (!json_is_object(doc)) {
+        json_decref(doc);
+        a->broken = 1;
+        snprintf(a->why, sizeof a->why, "it answered %d without a JSON body", code);
         return NULL;
-    snprintf(why, sizeof why, "it answered %d without a JSON body", code);
-    return why;
-}
-
-/* A 400 about kv_transfer_params from an instance behind prefill instances: the proxy wrote those
- * parameters, the client did not, so an instance of the wrong role (a decode instance given as
- * --prefill, say) is at fault. Its message, else NULL. */
-static const char *kv_fault(struct evbuffer *held, struct evhttp_request *r)
-{
-    static __thread char why[160];
-    struct evbuffer *b = answer_body(held, r);
-    json_t *doc = NULL;
-    if (!b || pd_http_read_json(b, 0, &doc, NULL))
-        return NULL;
+    }
     json_t *err = json_object_get(doc, "error");
     const char *param = json_string_value(json_object_get(err, "param"));
     const char *msg = json_string_value(json_object_get(err, "message"));
-    int kv = param && strcmp(param, "kv_transfer_params") == 0;
-    if (kv)
-        snprintf(why, sizeof why, "%.150s", msg ? msg : "it refused the KV transfer parameters");
-    json_decref(doc);
-    return kv ? why : NULL;
+    if (param && strcmp(param, "kv_transfer_params") == 0) {
+        a->kv = 1;
+        snprintf(a->why, sizeof a->why, "%.150s", msg ? msg : "it refused the KV transfer parameters");
+    }
+    return doc;
 }
 
 static void on_decode_done(struct evhttp_request *r, void *arg)
@@ -384,7 +358,10 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
         job_free(j);
         return;
     }
-    if (code == 403 && px->np > 0 && !j->started && j->attempts < max_attempts(px) && handoff_lost(j, r)) {
+    struct answer a = {0};
+    if (code > 0 && code < 500 && !j->started)   /* (a stream's body has gone to the client) */
+        json_decref(answer_read(j->held, r, code, &a));
+    if (code == 403 && px->np > 0 && !j->started && j->attempts < max_attempts(px) && a.kv) {
         /* the prefill instance no longer holds the request's KV (it restarted, or the lease expired
          * while the decode queued): nothing has reached the client, so the request is prefilled
          * again, on any instance */
@@ -426,13 +403,11 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
         job_free(j);
         return;
     }
-    const char *broken = code > 0 && code < 500 ? not_json(j->held, r, code) : NULL;
-    const char *misplaced = !broken && px->np > 0 && code == 400 ? kv_fault(j->held, r) : NULL;
-    if (code == 0 || code >= 500 || broken || misplaced) {
+    if (code == 0 || code >= 500 || a.broken || (px->np > 0 && code == 400 && a.kv)) {
         px->decode_failed++;
         eject(&px->d[j->di], 0);
         reply_error(j->client, 502, "server_error", "the decode instance %s:%d failed (%s)", px->d[j->di].host,
-                    px->d[j->di].port, broken ? broken : misplaced ? misplaced : code ? "server error" : "no answer");
+                    px->d[j->di].port, a.why[0] ? a.why : code ? "server error" : "no answer");
     } else {
         struct evbuffer *b = j->held ? j->held : evbuffer_new();
         if (r)
@@ -478,18 +453,21 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
         return;
     }
     struct evbuffer *in = evhttp_request_get_input_buffer(r);
-    const char *broken = not_json(NULL, r, code), *misplaced = !broken && code == 400 ? kv_fault(NULL, r) : NULL;
-    if (broken || misplaced) {   /* the instance's failure (not pdmoe's answer, or the wrong role), not the client's */
+    struct answer a;
+    json_t *resp = answer_read(NULL, r, code, &a);   /* (JSON_ALLOW_NUL: a token may carry 0x00, \u0000) */
+    if (a.broken || (code == 400 && a.kv)) {   /* the instance's failure (not pdmoe's answer, or the wrong role) */
+        json_decref(resp);
         px->prefill_failed++;
         eject(&px->p[j->pi], 0);
         reply_error(j->client, 502, "server_error", "the prefill instance %s:%d failed (%s)", px->p[j->pi].host,
-                    px->p[j->pi].port, broken ? broken : misplaced);
+                    px->p[j->pi].port, a.why);
         client_done(j);
         job_free(j);
         return;
     }
     admit(&px->p[j->pi]);
     if (code != 200) {   /* the instance's 4xx, passed on as it is */
+        json_decref(resp);
         px->bad_requests++;
         evhttp_add_header(evhttp_request_get_output_headers(j->client), "Content-Type", "application/json");
         evhttp_send_reply(j->client, code, "Error", in);
@@ -497,8 +475,7 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
         job_free(j);
         return;
     }
-    json_t *resp;
-    if (pd_http_read_json(in, JSON_ALLOW_NUL, &resp, NULL) == PD_ENOMEM) {   /* a token may carry 0x00: \u0000 */
+    if (!resp) {   /* answer_read ran out of memory */
         px->prefill_failed++;
         reply_error(j->client, 503, "server_error", "out of memory for the prefill's answer of %zu bytes",
                     evbuffer_get_length(in));

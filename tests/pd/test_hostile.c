@@ -17,6 +17,7 @@
 #include "core/timing.h"
 #include "engine/genmodel.h"
 #include "model/tokenizer.h"
+#include "../run.h"
 #include "../tmpmodel.h"
 #include "pd/server.h"
 #include "util.h"
@@ -554,21 +555,11 @@ Test(hostile, an_instances_broken_answer_is_the_instances_failure)
 Test(hostile, the_proxy_logs_an_instance_going_down)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    char cmd[512], log[] = "/tmp/pdmoe-proxy-log-XXXXXX", text[4096] = {0};
-    int fd = mkstemp(log);
-    cr_assert_geq(fd, 0);
-    close(fd);
-    snprintf(cmd, sizeof cmd, "timeout -s INT 1.5 %s proxy --decode 127.0.0.1:1 --port 0 --health-interval-ms 100 "
-             "2>%s >/dev/null", bin, log);
-    int st = system(cmd);
-    (void)st;
-    FILE *f = fopen(log, "r");
-    cr_assert_not_null(f);
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    text[n] = 0;
-    fclose(f);
-    remove(log);
-    cr_assert(strstr(text, "decode instance 127.0.0.1:1 is down (its /health check failed)"), "%s", text);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "timeout -s INT 1.5 %s proxy --decode 127.0.0.1:1 --port 0 --health-interval-ms 100", bin);
+    static struct run r;   /* (its stdout buffer is large) */
+    run_cmd(cmd, &r);
+    cr_assert(strstr(r.err, "decode instance 127.0.0.1:1 is down (its /health check failed)"), "%s", r.err);
 }
 
 /* A prompt too long for the context however it is tokenized is refused before it is tokenized:
