@@ -92,9 +92,11 @@ static const char *help =
 
 static int parse_role(const char *flag, const char *s, struct pd_role_opts *r)
 {
+    static const char *const keys[] = {"dp", "tp", "instances", "redundant"};
+    int *const dst[] = {&r->dp, &r->tp, &r->instances, &r->redundant};
+    int seen[4] = {0};   /* a key twice is a typo, not the last value */
     char buf[128];
     snprintf(buf, sizeof buf, "%s", s);
-    int seen[4] = {0};   /* dp, tp, instances, redundant: a key twice is a typo, not the last value */
     for (char *rest = buf, *tok; (tok = strsep(&rest, ","));) {
         char *eq = strchr(tok, '=');
         int64_t v;
@@ -107,26 +109,26 @@ static int parse_role(const char *flag, const char *s, struct pd_role_opts *r)
             return -1;
         }
         *eq = 0;
-        int *dst = strcmp(tok, "dp") == 0 ? &r->dp : strcmp(tok, "tp") == 0 ? &r->tp
-                 : strcmp(tok, "instances") == 0 ? &r->instances : strcmp(tok, "redundant") == 0 ? &r->redundant : NULL;
-        if (!dst) {
+        int k = 0;
+        while (k < 4 && strcmp(tok, keys[k]))
+            k++;
+        if (k == 4) {
             fprintf(stderr, "pdmoe: %s: unknown key \"%s\" (dp, tp, instances, redundant)\n", flag, tok);
             return -1;
         }
-        int k = dst == &r->dp ? 0 : dst == &r->tp ? 1 : dst == &r->instances ? 2 : 3;
         if (seen[k]++) {
             fprintf(stderr, "pdmoe: %s %s: %s given twice\n", flag, s, tok);
             return -1;
         }
         char name[64];
         snprintf(name, sizeof name, "%s %s=", flag, tok);
-        if (pd_cli_int(name, eq + 1, strcmp(tok, "redundant") == 0 ? 0 : 1, &v))
+        if (pd_cli_int(name, eq + 1, dst[k] == &r->redundant ? 0 : 1, &v))
             return -1;
         if (v > 1 << 20) {
             fprintf(stderr, "pdmoe: %s%s: too large\n", name, eq + 1);
             return -1;
         }
-        *dst = (int)v;
+        *dst[k] = (int)v;
     }
     return 0;
 }
@@ -334,10 +336,8 @@ int pd_cli_plan(int argc, char **argv)
         default: rc = pd_cli_bad_flag("plan", c, argc, argv); goto out;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "pdmoe plan: unexpected argument \"%s\" (see pdmoe plan --help)\n", argv[optind]);
+    if (pd_cli_no_args("plan", argc, argv))
         goto out;
-    }
     if (o.checkpoint && !model_given)
         o.model = NULL;   /* the checkpoint's own config.json */
     if (o.aggregated && role_flag) {

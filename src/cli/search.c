@@ -122,10 +122,8 @@ int pd_cli_search(int argc, char **argv)
         default: return pd_cli_bad_flag("search", c, argc, argv);
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "pdmoe search: unexpected argument \"%s\" (see pdmoe search --help)\n", argv[optind]);
+    if (pd_cli_no_args("search", argc, argv))
         return 2;
-    }
     pd_err e = {0};
     enum pd_emit_target target = PD_EMIT_VLLM_ASCEND;
     if (emit && pd_emit_target_parse(emit, &target, &e)) {

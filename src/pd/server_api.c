@@ -639,29 +639,43 @@ static int64_t sequence_room(const struct pd_server *s)
     return lo;
 }
 
+/* The first key of object o that is not one of known (NULL-ended), or NULL. */
+static const char *unknown_key(json_t *o, const char *const *known)
+{
+    const char *key;
+    json_t *val;
+    json_object_foreach(o, key, val) {
+        const char *const *k = known;
+        while (*k && strcmp(key, *k))
+            k++;
+        if (!*k)
+            return key;
+    }
+    return NULL;
+}
+
 /* kv_transfer_params' keys: those a prefill instance answers, which the proxy hands to the decode
  * instance, each known; its two flags booleans. A 400 naming the key at fault, else 0. */
 static int kv_params_unknown(struct pd_server *s, struct evhttp_request *h, json_t *kv)
 {
+    static const char *const flags[] = {"do_remote_decode", "do_remote_prefill"};
     static const char *const known[] = {"do_remote_decode", "do_remote_prefill", "remote_engine_id",
                                         "remote_request_id", "remote_host", "remote_port", "remote_num_tokens",
-                                        "last_token_id", "num_speculative_tokens", "model_fingerprint"};
-    const char *key;
-    json_t *val;
+                                        "last_token_id", "num_speculative_tokens", "model_fingerprint", NULL};
     char param[96];
     if (!json_is_object(kv))
         return 0;   /* (null: absent; another type: refused where it is read) */
-    json_object_foreach(kv, key, val) {
-        size_t k = 0;
-        while (k < sizeof known / sizeof known[0] && strcmp(key, known[k]))
-            k++;
+    const char *key = unknown_key(kv, known);
+    if (key) {
         snprintf(param, sizeof param, "kv_transfer_params.%.60s", key);
-        if (k == sizeof known / sizeof known[0]) {
-            pd_srv_send_error(s, h, 400, "invalid_request_error", param, "unsupported parameter \"%s\": this server "
-                              "does not implement it", param);
-            return 1;
-        }
-        if (k < 2 && !json_is_boolean(val)) {
+        pd_srv_send_error(s, h, 400, "invalid_request_error", param, "unsupported parameter \"%s\": this server "
+                          "does not implement it", param);
+        return 1;
+    }
+    for (int i = 0; i < 2; i++) {
+        json_t *v = json_object_get(kv, flags[i]);
+        if (v && !json_is_boolean(v)) {
+            snprintf(param, sizeof param, "kv_transfer_params.%s", flags[i]);
             pd_srv_send_error(s, h, 400, "invalid_request_error", param, "\"%s\" must be a boolean", param);
             return 1;
         }
@@ -704,18 +718,12 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
                                         "temperature", "top_p", "seed", "stream", "stream_options", "stop",
                                         "stop_token_ids", "ignore_eos", "return_token_ids", "kv_transfer_params",
                                         "user", "n", "logprobs", "top_logprobs", "presence_penalty",
-                                        "frequency_penalty"};
-    const char *key;
-    json_t *val;
-    json_object_foreach(j, key, val) {
-        size_t k = 0;
-        while (k < sizeof known / sizeof known[0] && strcmp(key, known[k]))
-            k++;
-        if (k == sizeof known / sizeof known[0]) {
-            pd_srv_send_error(s, h, 400, "invalid_request_error", key, "unsupported parameter \"%s\": this server "
-                              "does not implement it", key);
-            goto out;
-        }
+                                        "frequency_penalty", NULL};
+    const char *key = unknown_key(j, known);
+    if (key) {
+        pd_srv_send_error(s, h, 400, "invalid_request_error", key, "unsupported parameter \"%s\": this server "
+                          "does not implement it", key);
+        goto out;
     }
     /* the other route's prompt: the client meant the other route, or sent both by mistake */
     const char *other = chat ? "prompt" : "messages";

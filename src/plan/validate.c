@@ -103,8 +103,8 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
         (rc = pd_json_num(&s, c, "min_user_tokens_per_s", 0, 0, 0, 1e6, &min_user, e)) ||
         (rc = pd_json_num(&s, c, "imbalance", 0, 0, 1, 64, &imbalance, e)) ||
         (rc = pd_json_int(&s, c, "max_num_batched_tokens", 0, 4096, 1, PD_PLAN_MAX_BATCHED, &o.max_num_batched_tokens, e)) ||
-        (rc = pd_json_int(&s, c, "max_num_seqs", 0, 256, 1, 1 << 20, &o.max_num_seqs, e)) ||
-        (rc = pd_json_int(&s, c, "max_model_len", 0, 8192, 1, 1 << 30, &o.max_model_len, e)) ||
+        (rc = pd_json_int(&s, c, "max_num_seqs", 0, 256, 1, PD_PLAN_MAX_SEQS, &o.max_num_seqs, e)) ||
+        (rc = pd_json_int(&s, c, "max_model_len", 0, 8192, 1, PD_PLAN_MAX_LEN, &o.max_model_len, e)) ||
         (rc = pd_json_str(&s, c, "phase", 0, "random", phase, sizeof phase, e)) ||
         (rc = pd_json_int(&s, c, "num_prompts", 0, 0, 0, 1 << 30, &w.num_prompts, e)) ||
         (rc = pd_json_int(&s, c, "prefill_max_requests", 0, 0, 0, 1 << 20, &w.prefill_max_requests, e)) ||
