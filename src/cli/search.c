@@ -1,5 +1,6 @@
 /* `pdmoe search`: layout search for a card budget, its Pareto front, the best layout, and
  * optionally its HTML report and launch commands. */
+#define _GNU_SOURCE   /* asprintf */
 #include "cli/cli.h"
 #include "core/units.h"
 #include "plan/emit.h"
@@ -168,12 +169,8 @@ int pd_cli_search(int argc, char **argv)
                                        "`pdmoe search` without --emit).\n";
             fprintf(stderr, "pdmoe search: --emit: no layout meets the targets; the script launches the best one that "
                             "fits, ignoring them\n");
-            char *nl = strchr(out, '\n'), *with = nl ? malloc(strlen(out) + sizeof note) : NULL;
-            if (with) {
-                size_t head = (size_t)(nl + 1 - out);
-                memcpy(with, out, head);
-                memcpy(with + head, note, sizeof note - 1);
-                strcpy(with + head + sizeof note - 1, nl + 1);
+            char *nl = strchr(out, '\n'), *with;   /* after the #! line */
+            if (nl && asprintf(&with, "%.*s%s%s", (int)(nl + 1 - out), out, note, nl + 1) >= 0) {
                 free(out);
                 out = with;
             }

@@ -537,9 +537,12 @@ int kvx_xfer_retry(struct pd_kvx *x, struct pd_kvx_xfer *t)
     t->tag = x->next_tag++;   /* the old GET_META's completion, if it comes, finds nothing */
     t->deadline = pd_now_ns() + x->timeout_ns;
     t->state = PD_KVX_BOOTSTRAPPING;
-    if (!l)
+    if (!l) {
         kvx_xfer_fail(t, PD_ENOMEM, 0, "no memory for a new connection");
-    else if ((l->refs++, unresolved))
+        return 1;
+    }
+    l->refs++;
+    if (unresolved)
         kvx_xfer_fail(t, PD_EINVAL, 0, "cannot resolve the peer address");
     else if (!l->ep)
         kvx_xfer_fail(t, PD_EIO, 0, "cannot connect again: %s", ucs_status_string(st));
