@@ -532,7 +532,8 @@ int pd_cli_generate(int argc, char **argv)
     snprintf(path, sizeof path, "%s/tokenizer.json", o.dir);
     struct pd_model m;
     rc = 1;
-    if (pd_tok_load(path, &b.tok, &e) || pd_model_load(o.dir, &m, &e))
+    if (pd_tok_load(path, &b.tok, &e) || pd_model_load(o.dir, &m, &e) ||
+        pd_tok_check_vocab(b.tok, m.vocab_size, path, &e))
         goto out;
     if (o.ep && pd_ep_init(&b.ep, MPI_COMM_WORLD, &m, &e))
         goto out;

@@ -711,6 +711,15 @@ int32_t pd_tok_vocab_size(const struct pd_tok *t)
     return t->n_ids;
 }
 
+int pd_tok_check_vocab(const struct pd_tok *t, int64_t vocab, const char *path, pd_err *e)
+{
+    if (t->n_ids <= vocab)
+        return 0;
+    return pd_err_set(e, PD_EINVAL, "%s: token ids go up to %d, but the model's vocabulary (config.json vocab_size) "
+                      "has %lld rows: ids from %lld on have no embedding or output row (the tokenizer of another "
+                      "model?)", path, t->n_ids - 1, (long long)vocab, (long long)vocab);
+}
+
 int pd_tok_is_special(const struct pd_tok *t, int32_t id)
 {
     return id >= 0 && id < t->n_ids && (t->ti[id].kind & K_ADDED) && t->ti[id].special;

@@ -70,6 +70,10 @@ void pd_tok_set_reference_matcher(struct pd_tok *t, int on);
 
 /* One more than the largest id in the vocab or the added tokens (ids may have gaps). */
 int32_t pd_tok_vocab_size(const struct pd_tok *t);
+/* 0 if every id of t has a row in a model of `vocab` (config.json's vocab_size: embedding and
+ * output head), else PD_EINVAL naming `path` (the tokenizer's file), its largest id and vocab. A
+ * model's vocab may be larger (padding: DeepSeek's 129,280 rows hold 128,815 tokens). */
+int pd_tok_check_vocab(const struct pd_tok *t, int64_t vocab, const char *path, pd_err *e);
 /* Id of an added token's content, or of a vocab token as written in the file ("Ġthe");
  * -1 if there is none. */
 int32_t pd_tok_id_of(const struct pd_tok *t, const char *token);

@@ -618,6 +618,8 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
         goto fail;
     if ((rc = pd_engine_open(&s->en, &eo, e)))
         goto fail;
+    if ((rc = pd_tok_check_vocab(s->tok, s->en.model.vocab_size, path, e)))
+        goto fail;
     s->V = (int)s->en.model.vocab_size;
     snprintf(s->fingerprint, sizeof s->fingerprint, "%016llx", (unsigned long long)s->en.w.fingerprint);
     s->Vs = pd_tok_vocab_size(s->tok) < s->V ? pd_tok_vocab_size(s->tok) : s->V;

@@ -1,0 +1,49 @@
+/* A careless operator's checkpoint directory: files that do not belong together or are not what
+ * their names say. Each is refused when the model is loaded, naming the file and what is wrong,
+ * before a request can meet it. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../run.h"
+#include "../tmpmodel.h"
+
+/* Every `pdmoe ARGS` (args_fmt's %s the model directory) fails with exit 1 and a stderr holding
+ * each needle. */
+static void refused_in(const char *dir, const char *args_fmt, const char *needle, const char *needle2)
+{
+    char args[1024];
+    struct run r;
+    snprintf(args, sizeof args, args_fmt, dir);
+    run(args, &r);
+    cr_assert_eq(r.status, 1, "pdmoe %s: exit %d (%s)", args, r.status, r.err);
+    cr_assert(strstr(r.err, needle), "pdmoe %s: stderr \"%s\" lacks \"%s\"", args, r.err, needle);
+    cr_assert(!needle2 || strstr(r.err, needle2), "pdmoe %s: stderr \"%s\" lacks \"%s\"", args, r.err, needle2);
+}
+
+/* A tokenizer with ids past the model's rows (another model's tokenizer.json beside these
+ * weights) used to load: its ids reached the engine, whose range check then failed the whole
+ * step, every request in it, and under expert parallelism the group. */
+Test(model_files, a_tokenizer_larger_than_the_model_is_refused_at_load)
+{
+    char dir[64], path[128];
+    tmp_model("v4-tiny", 1, dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    json_error_t je;
+    json_t *t = json_load_file(path, 0, &je);
+    cr_assert_not_null(t, "%s", je.text);
+    json_t *added = json_object_get(t, "added_tokens");
+    cr_assert(json_is_array(added));
+    /* v4-tiny's config.json: vocab_size 512; this token is id 700 */
+    json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", 700, "content", "<|extra|>",
+                                           "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0, "special", 1));
+    cr_assert_eq(json_dump_file(t, path, 0), 0);
+    json_decref(t);
+    refused_in(dir, "generate --model %s --prompt hi --max-tokens 2", "tokenizer.json: token ids go up to 700",
+               "vocabulary (config.json vocab_size) has 512 rows");
+    refused_in(dir, "serve --model %s --port 18971 --max-model-len 256", "tokenizer.json: token ids go up to 700",
+               "has 512 rows");
+    rm_model(dir);
+}
