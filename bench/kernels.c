@@ -397,6 +397,8 @@ static int time_median(timed_fn fn, void *arg, int warm, int reps, double *sec)
 {
     pd_err e = {0};
     double t[MAX_REPS];
+    if (reps < 1 || reps > MAX_REPS)
+        return report(pd_err_set(&e, PD_EINVAL, "bench kernels: %d repetitions, outside [1, %d]", reps, MAX_REPS), &e);
     for (int i = -warm; i < reps; i++) {
         double t0 = now_s();
         int rc = fn(arg, i + warm, &e);
@@ -749,14 +751,12 @@ static int recheck_ceilings(struct ctx *c)
                 json_t *o = json_array_get(c->cases, n), *f = json_object_get(o, k[j].case_key);
                 if (json_integer_value(json_object_get(o, "threads")) != t || !json_is_number(f))
                     continue;
-                json_t *sh = json_object_get(o, "shape");
-                if (tell)
-                    say(c, "      %s %lldx%lld, %lld tokens: %.2f of the %s -> %.2f\n",
-                        json_string_value(json_object_get(o, "kind")),
-                        (long long)json_integer_value(json_object_get(sh, "out")),
-                        (long long)json_integer_value(json_object_get(sh, "in")),
-                        (long long)json_integer_value(json_object_get(sh, "tokens")), json_number_value(f), k[j].what,
-                        json_number_value(f) * r);
+                if (tell) {
+                    char *sh = json_dumps(json_object_get(o, "shape"), JSON_COMPACT | JSON_PRESERVE_ORDER);
+                    say(c, "      %s %s: %.2f of the %s -> %.2f\n", json_string_value(json_object_get(o, "kind")),
+                        sh ? sh : "", json_number_value(f), k[j].what, json_number_value(f) * r);
+                    free(sh);
+                }
                 json_object_set_new(o, k[j].case_key, json_real(json_number_value(f) * r));
             }
         }
@@ -938,6 +938,175 @@ done:
     return rc;
 }
 
+/* ---- decode's routed experts --------------------------------------------------------------- */
+
+/* A batch-1 decode step's routed experts as the engine runs them (engine/moe.c): per layer, `K`
+ * of `E` experts chosen at random, each a gate and an up projection [I, H] and a down one [H, I]
+ * stored one after the other, through two grouped products (gate and up of every expert, then
+ * down); over enough layers (>= 256 MiB) that each call reads its experts from DRAM. Every expert
+ * is a few short matrices somewhere in memory, which the hardware prefetchers barely see before
+ * it ends: the bytes' rate against the multi-stream read bandwidth shows what that costs, and
+ * oneDNN runs the same matrices one matmul each (its primitives made beforehand). */
+struct xp_case {
+    int E, K, H, I, L, reps, n_draws;
+    int8_t *w;              // [L, E, 3, H * I] w1 [I, H], w2 [H, I], w3 [I, H]
+    float *ws;              // [L, E, 3, H] scales (first I or H used)
+    int8_t *xq, *x2q;       // [H], [K, I]
+    float *xs, *x2s;        // [1], [K]
+    float *y;               // [K, 2 * I + H]
+    int32_t *draw;          // [n_draws, K] the experts of each call, ascending (the engine's order)
+    int32_t *krow;          // [K] 0, 1, ...: expert k's down projection reads row k of x2q
+    pd_gemm_group *grp;     // [2 * K]
+    pd_pool *pool;
+    pd_onednn_mm **dnn;     // [L * E * 3]
+};
+
+static const int8_t *xp_w(const struct xp_case *x, int l, int e, int j)
+{
+    return x->w + (((size_t)l * x->E + e) * 3 + j) * x->H * x->I;
+}
+
+static const float *xp_s(const struct xp_case *x, int l, int e, int j)
+{
+    return x->ws + (((size_t)l * x->E + e) * 3 + j) * x->H;
+}
+
+static int xp_pdmoe(void *arg, int rep, pd_err *e)
+{
+    struct xp_case *x = arg;
+    const int l = rep % x->L, *ex = x->draw + (size_t)(rep % x->n_draws) * x->K;
+    static const int32_t row0 = 0;
+    float *g = x->y, *u = g + (size_t)x->K * x->I, *d = u + (size_t)x->K * x->I;
+    for (int k = 0; k < x->K; k++) {
+        x->grp[2 * k] = (pd_gemm_group){.w = {xp_w(x, l, ex[k], 0), xp_s(x, l, ex[k], 0), x->I, x->H},
+                                        .rows = &row0, .n = 1, .y = g + (size_t)k * x->I};
+        x->grp[2 * k + 1] = (pd_gemm_group){.w = {xp_w(x, l, ex[k], 2), xp_s(x, l, ex[k], 2), x->I, x->H},
+                                            .rows = &row0, .n = 1, .y = u + (size_t)k * x->I};
+    }
+    pd_qmat a = {x->xq, x->xs, 1, x->H}, a2 = {x->x2q, x->x2s, x->K, x->I};
+    if (pd_gemm_grouped(x->pool, &a, x->grp, 2 * x->K, 0, e))
+        return -1;
+    for (int k = 0; k < x->K; k++)
+        x->grp[k] = (pd_gemm_group){.w = {xp_w(x, l, ex[k], 1), xp_s(x, l, ex[k], 1), x->H, x->I},
+                                    .rows = x->krow + k, .n = 1, .y = d + (size_t)k * x->H};
+    return pd_gemm_grouped(x->pool, &a2, x->grp, x->K, 0, e) ? -1 : 0;
+}
+
+static int xp_onednn(void *arg, int rep, pd_err *e)
+{
+    struct xp_case *x = arg;
+    const int l = rep % x->L, *ex = x->draw + (size_t)(rep % x->n_draws) * x->K;
+    float *g = x->y, *u = g + (size_t)x->K * x->I, *d = u + (size_t)x->K * x->I;
+    for (int k = 0; k < x->K; k++) {
+        pd_onednn_mm **m = x->dnn + ((size_t)l * x->E + ex[k]) * 3;
+        if (pd_onednn_mm_run(m[0], x->xq, g + (size_t)k * x->I, e) < 0 ||
+            pd_onednn_mm_run(m[2], x->xq, u + (size_t)k * x->I, e) < 0)
+            return -1;
+    }
+    for (int k = 0; k < x->K; k++) {
+        pd_onednn_mm **m = x->dnn + ((size_t)l * x->E + ex[k]) * 3;
+        if (pd_onednn_mm_run(m[1], x->x2q + (size_t)k * x->I, d + (size_t)k * x->H, e) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int bench_experts(struct ctx *c)
+{
+    struct xp_case x = {.E = c->o.quick ? 32 : 256, .K = 7, .H = 512, .I = 256, .n_draws = 1024,
+                        .reps = c->o.quick ? 30 : MAX_REPS};
+    const size_t per_layer = (size_t)x.E * 3 * x.H * x.I;
+    x.L = c->o.quick ? 1 : (int)((((size_t)256 << 20) + per_layer - 1) / per_layer);
+    const size_t mats = (size_t)x.L * x.E * 3;
+    int rc = -1;
+    pd_err e = {0};
+    x.w = xmalloc(mats * x.H * x.I);
+    x.ws = xmalloc(mats * x.H * sizeof(float));
+    x.xq = xmalloc((size_t)x.H);
+    x.x2q = xmalloc((size_t)x.K * x.I);
+    x.xs = xmalloc(sizeof(float));
+    x.x2s = xmalloc((size_t)x.K * sizeof(float));
+    x.y = xmalloc((size_t)x.K * (2 * x.I + x.H) * sizeof(float));
+    x.draw = xmalloc((size_t)x.n_draws * x.K * sizeof(int32_t));
+    x.grp = xmalloc((size_t)2 * x.K * sizeof *x.grp);
+    x.krow = xmalloc((size_t)x.K * sizeof *x.krow);
+    x.dnn = calloc(mats, sizeof *x.dnn);
+    if (!x.w || !x.ws || !x.xq || !x.x2q || !x.xs || !x.x2s || !x.y || !x.draw || !x.grp || !x.krow || !x.dnn)
+        goto done;
+    for (int k = 0; k < x.K; k++)
+        x.krow[k] = k;
+    fill_weights(x.w, mats * x.H * x.I);
+    fill_floats(x.ws, mats * x.H, 1e-3f, 2e-3f);
+    fill_weights(x.xq, (size_t)x.H);
+    fill_weights(x.x2q, (size_t)x.K * x.I);
+    fill_floats(x.xs, 1, 1e-3f, 2e-3f);
+    fill_floats(x.x2s, (size_t)x.K, 1e-3f, 2e-3f);
+    for (int d = 0; d < x.n_draws; d++) {
+        int32_t *ex = x.draw + (size_t)d * x.K;
+        for (int k = 0; k < x.K; k++) {
+            int again;
+            do {   /* K distinct experts, in ascending order (insertion) */
+                int v = (int)(next_rand() % (uint64_t)x.E), j = k;
+                again = 0;
+                for (int i = 0; i < k; i++)
+                    again |= ex[i] == v;
+                if (again)
+                    continue;
+                while (j > 0 && ex[j - 1] > v) {
+                    ex[j] = ex[j - 1];
+                    j--;
+                }
+                ex[j] = v;
+            } while (again);
+        }
+    }
+    for (int l = 0; l < x.L; l++)
+        for (int ei = 0; ei < x.E; ei++)
+            for (int j = 0; j < 3; j++) {
+                int out = j == 1 ? x.H : x.I, in = j == 1 ? x.I : x.H;
+                if (report(pd_onednn_mm_create(1, out, in, xp_w(&x, l, ei, j), xp_s(&x, l, ei, j), PD_ONEDNN_F32,
+                                               &x.dnn[((size_t)l * x.E + ei) * 3 + j], &e), &e) < 0)
+                    goto done;
+            }
+    /* per call: K experts' three matrices and their scales; 2 ops per weight */
+    const double bytes = (double)x.K * (3.0 * x.H * x.I + (2.0 * x.I + x.H) * sizeof(float));
+    const double ops = 2.0 * x.K * 3 * x.H * x.I;
+    say(c, "\n6. Decode's routed experts, batch 1: %d of %d experts per layer at random, each gate and up %d x %d and "
+        "down %d x %d int8 (%.0f KiB), over %d layers (%.0f MiB); oneDNN: one matmul per matrix\n", x.K, x.E, x.I,
+        x.H, x.H, x.I, 3.0 * x.H * x.I / 1024, x.L, (double)mats * x.H * x.I / (1 << 20));
+    for (int i = 0; i < c->nt; i++) {
+        double s, sd;
+        x.pool = pool_for(c, i);
+        pd_onednn_threads(c->tcount[i]);
+        if (time_median(xp_pdmoe, &x, x.L, x.reps, &s) < 0 || time_median(xp_onednn, &x, x.L, x.reps, &sd) < 0)
+            goto done;
+        say(c, "   %d thread%s: %8.1f us  %6.2f GB/s  = %.2f of the read bandwidth | oneDNN %8.1f us (%.2f): "
+            "pdmoe %.2fx\n", c->tcount[i], plural(c->tcount[i]), s * 1e6, bytes / s / 1e9, bytes / s / c->bw[i],
+            sd * 1e6, bytes / sd / c->bw[i], sd / s);
+        json_t *shape = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}", "hidden", x.H, "inter", x.I, "experts", x.E,
+                                  "per_token", x.K, "layers", x.L, "tokens", 1);
+        add_case(c, "experts", shape, i, ops / s, ops / sd);
+        json_object_set_new(json_array_get(c->cases, json_array_size(c->cases) - 1), "pdmoe_of_bandwidth",
+                            json_real(bytes / s / c->bw[i]));
+    }
+    rc = 0;
+done:
+    for (size_t m = 0; x.dnn && m < mats; m++)
+        pd_onednn_mm_free(x.dnn[m]);
+    free(x.dnn);
+    free(x.krow);
+    free(x.grp);
+    free(x.draw);
+    free(x.y);
+    free(x.x2s);
+    free(x.xs);
+    free(x.x2q);
+    free(x.xq);
+    free(x.ws);
+    free(x.w);
+    return rc;
+}
+
 /* ---- float products ---------------------------------------------------------------------- */
 
 /* A decode batch's float projection (the engine keeps bf16 matrices bf16 and multiplies in fp32,
@@ -1062,7 +1231,7 @@ int pd_bench_kernels(int argc, char **argv)
         "(int8 in, fp32 out with per-channel scales), pdmoe's and oneDNN's alike, one after the other.\n\n");
     double t0 = pd_now_s();
     int rc = bench_ceilings(&c) < 0 || bench_gemv(&c) < 0 || bench_gemm(&c) < 0 ||
-             bench_moe(&c) < 0 || bench_float(&c) < 0 || recheck_ceilings(&c) < 0;
+             bench_moe(&c) < 0 || bench_float(&c) < 0 || bench_experts(&c) < 0 || recheck_ceilings(&c) < 0;
     if (!rc && c.o.json) {
         json_t *doc = json_pack("{s:s, s:s, s:s, s:b, s:b, s:O, s:O}", "bench", "kernels", "kernel",
                                 pd_gemm_kernel_name(c.k), "onednn", pd_onednn_version(),

@@ -1,5 +1,5 @@
 /* `pdmoe bench kernels --json`: one document on stdout with the same-run ceilings and, for every
- * GEMM, MoE and float-product case at 1 and 2 threads, pdmoe's and oneDNN's rates side by side;
+ * GEMM, MoE, float-product and decode-experts case at 1 and 2 threads, pdmoe's and oneDNN's rates side by side;
  * each fraction of a peak against the peak of its own arithmetic (int8: VNNI, AMX; float: the
  * fp32 FMA peak), and only where that peak was measured. */
 #include <criterion/criterion.h>
@@ -70,8 +70,8 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
             cr_assert(json_is_null(fp32), "ceiling %d: an fp32 peak without its probe", i);
     }
 
-    /* expected: gemm 2048x4096 and 4096x14336, moe, float; each at 1 and 2 threads */
-    int seen[4][2] = {{0}};
+    /* expected: gemm 2048x4096 and 4096x14336, moe, float, decode's experts; each at 1 and 2 threads */
+    int seen[5][2] = {{0}};
     json_t *cases = json_object_get(doc, "cases");
     cr_assert(json_is_array(cases));
     for (size_t i = 0; i < json_array_size(cases); i++) {
@@ -126,7 +126,17 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
                       i, json_number_value(ov), want_v);
         }
         json_t *ob = json_object_get(c, "pdmoe_of_bandwidth");
-        if (json_is_number(ob)) {   /* the GEMV: int8 weights and their fp32 scales, 2 ops a weight */
+        if (!strcmp(kind, "experts")) {   /* each of per_token experts: gate, up [I, H], down [H, I] */
+            out_ = (int)json_integer_value(json_object_get(shape, "inter"));
+            in = (int)json_integer_value(json_object_get(shape, "hidden"));
+            cr_assert(out_ > 0 && in > 0 && json_integer_value(json_object_get(shape, "per_token")) > 0,
+                      "case %zu: experts without their sizes", i);
+            cr_assert(json_is_number(ob), "case %zu: experts without their fraction of the bandwidth", i);
+            double bytes_per_s = (3.0 * out_ * in + 4.0 * (2 * out_ + in)) * rate * 1e9 / (6.0 * out_ * in);
+            double want_b = bytes_per_s / (json_number_value(json_object_get(cl, "read_GBps")) * 1e9);
+            cr_assert(fabs(json_number_value(ob) - want_b) <= 1e-3 * want_b, "case %zu: %g of the bandwidth, rates give %g",
+                      i, json_number_value(ob), want_b);
+        } else if (json_is_number(ob)) {   /* the GEMV: int8 weights and their fp32 scales, 2 ops a weight */
             double bytes_per_s = ((double)out_ * in + 4.0 * out_) * rate * 1e9 / (2.0 * out_ * in);
             double want_b = bytes_per_s / (json_number_value(json_object_get(cl, "read_GBps")) * 1e9);
             cr_assert(fabs(json_number_value(ob) - want_b) <= 1e-3 * want_b, "case %zu: %g of the bandwidth, rates give %g",
@@ -137,6 +147,7 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
                    : !strcmp(kind, "gemm") && out_ == 4096 && in == 14336 ? 1
                    : !strcmp(kind, "moe")                                 ? 2
                    : !strcmp(kind, "float")                               ? 3
+                   : !strcmp(kind, "experts")                             ? 4
                                                                           : -1;
         if (slot == 2)
             cr_assert_gt(json_integer_value(json_object_get(shape, "experts")), 0);
@@ -145,7 +156,7 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
         else
             cr_assert_str_eq(kind, "gemv", "case %zu: unexpected kind", i);
     }
-    for (int s = 0; s < 4; s++)
+    for (int s = 0; s < 5; s++)
         for (int t = 0; t < 2; t++)
             cr_assert_eq(seen[s][t], 1, "case %d at %d threads: %d objects", s, t + 1, seen[s][t]);
     json_decref(doc);
