@@ -1,12 +1,16 @@
 /* Chat messages -> prompt text (see chat.h for both formats, stated once). */
 #include "model/chat.h"
 #include "core/grow.h"
+#include "core/file.h"
 #include "core/hash.h"
+#include "model/jsonf.h"
 
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define BOS "<｜begin▁of▁sentence｜>"
@@ -25,31 +29,73 @@ const char *pd_chat_format_name(enum pd_chat_format f)
     return f == PD_CHAT_DSV3 ? "DeepSeek-V3 chat_template" : "DeepSeek-V4 encoding (chat mode)";
 }
 
+/* Whether `path` is there: 0 if it is not (no such name), 1 if it is, else an error naming it: a
+ * symbolic link to nothing (what a half-downloaded Hugging Face snapshot leaves) or a loop. */
+static int present(const char *path, pd_err *e)
+{
+    struct stat st;
+    if (lstat(path, &st))
+        return errno == ENOENT ? 0 : pd_err_set(e, PD_EIO, "%s: %s", path, strerror(errno));
+    if (stat(path, &st))
+        return pd_err_set(e, PD_EIO, "%s: a symbolic link to %s (%s)", path,
+                          errno == ENOENT ? "nothing" : "what cannot be read", strerror(errno));
+    return 1;   /* (what is not a regular file, pd_file_read names) */
+}
+
+/* The template text (len bytes) found at `where`: DeepSeek-V3's, recognised byte for byte, or an
+ * error naming where. */
+static int template_known(const char *text, size_t len, const char *where, pd_err *e)
+{
+    if (len == DSV3_TEMPLATE_LEN && pd_fnv1a64(PD_FNV64_INIT, text, len) == DSV3_TEMPLATE_FNV)
+        return 0;
+    return pd_err_set(e, PD_EFORMAT,
+                      "%s: not a template pdmoe renders (it renders DeepSeek-V3's chat_template, recognised byte "
+                      "for byte, and DeepSeek-V4's encoding, used when there is no chat_template); pdmoe does "
+                      "not run arbitrary Jinja",
+                      where);
+}
+
 int pd_chat_format_of(const char *dir, enum pd_chat_format *f, pd_err *e)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    char path[4096], where[4200];
+    struct stat st;
     *f = PD_CHAT_DSV4;
-    if (access(path, F_OK))
-        return 0;   /* none: V4's encoding, as V4 releases ship no template */
-    json_error_t je;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!json_is_object(root)) {
-        json_decref(root);
-        return pd_err_set(e, PD_EFORMAT, "%s: %s", path, root ? "not a JSON object" : je.text);
+    if (stat(dir, &st) || !S_ISDIR(st.st_mode))
+        return pd_err_set(e, PD_EIO, "%s: %s", dir, errno && !S_ISDIR(st.st_mode) ? strerror(errno) : "not a directory");
+    /* Transformers since 4.47 saves the template beside tokenizer_config.json, in
+     * chat_template.jinja, and reads it from there first: a template in either is the model's. */
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    int rc = present(path, e);
+    if (rc < 0)
+        return rc;
+    if (rc) {
+        size_t len;
+        char *text = pd_file_read(path, (size_t)1 << 20, &len, e);
+        if (!text)
+            return e->code;
+        rc = template_known(text, len, path, e);
+        free(text);
+        if (rc)
+            return rc;
+        *f = PD_CHAT_DSV3;
     }
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    if ((rc = present(path, e)) <= 0)
+        return rc;   /* none: V4's encoding, as V4 releases ship no template */
+    json_t *root = pd_json_load_file(path, e);
+    if (!root)
+        return e->code;
     json_t *t = json_object_get(root, "chat_template");
-    int rc = 0;
+    rc = 0;
     if (t && !json_is_null(t)) {
-        if (json_is_string(t) && json_string_length(t) == DSV3_TEMPLATE_LEN &&
-            pd_fnv1a64(PD_FNV64_INIT, json_string_value(t), json_string_length(t)) == DSV3_TEMPLATE_FNV)
-            *f = PD_CHAT_DSV3;
+        snprintf(where, sizeof where, "%s: field \"chat_template\"", path);
+        if (json_is_string(t))
+            rc = template_known(json_string_value(t), json_string_length(t), where, e);
         else
-            rc = pd_err_set(e, PD_EFORMAT,
-                            "%s: field \"chat_template\": not a template pdmoe renders (it renders DeepSeek-V3's "
-                            "chat_template, recognised byte for byte, and DeepSeek-V4's encoding, used when there "
-                            "is no chat_template); pdmoe does not run arbitrary Jinja",
-                            path);
+            rc = pd_err_set(e, PD_EFORMAT, "%s: a %s, not a template's text", where,
+                            json_is_array(t) ? "list of named templates" : "value other than a string");
+        if (!rc)
+            *f = PD_CHAT_DSV3;
     }
     json_decref(root);
     return rc;

@@ -1,6 +1,7 @@
 /* config.json -> struct pd_model, for deepseek_v4 and deepseek_v3, with every field checked
  * and every error naming the file and the field. Preset lookup over the embedded models/. */
 #include "model/config.h"
+#include "core/file.h"
 #include "model/jsonf.h"
 
 #include <jansson.h>
@@ -390,29 +391,8 @@ out:
 
 static int read_file(const char *path, char **text, pd_err *e)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return pd_err_set(e, PD_EIO, "%s: cannot open", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (n < 0 || n > (1 << 26)) {
-        fclose(f);
-        return pd_err_set(e, PD_EFORMAT, "%s: not a config file (size %ld bytes)", path, n);
-    }
-    *text = malloc((size_t)n + 1);
-    if (!*text) {
-        fclose(f);
-        return pd_err_set(e, PD_ENOMEM, "%s: out of memory", path);
-    }
-    size_t got = fread(*text, 1, (size_t)n, f);
-    fclose(f);
-    if (got != (size_t)n) {
-        free(*text);
-        return pd_err_set(e, PD_EIO, "%s: short read", path);
-    }
-    (*text)[n] = 0;
-    return 0;
+    *text = pd_file_read(path, (size_t)1 << 26, NULL, e);
+    return *text ? 0 : e->code;
 }
 
 static void stem(const char *path, char *out, size_t n)

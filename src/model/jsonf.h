@@ -14,7 +14,8 @@ struct pd_jsrc {
     const char *prefix;   /* "" or "rope_scaling." for nested objects */
 };
 
-/* Loads a JSON object from a file, or from an in-memory string (label names it). */
+/* Loads a JSON object from a file (a regular file: core/file.h), or from an in-memory string
+ * (label names it). */
 json_t *pd_json_load_file(const char *path, pd_err *e);
 json_t *pd_json_load_str(const char *text, const char *label, pd_err *e);
 

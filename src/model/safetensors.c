@@ -3,6 +3,7 @@
  * (model.safetensors.index.json) and the atomic writer. Every error is one line naming the
  * file and the tensor or field at fault; nothing here prints. */
 #include "model/safetensors.h"
+#include "core/file.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -487,9 +488,9 @@ static int open_fd(const char *path, int fd, int flags, struct pd_st_file *f, pd
 int pd_st_open(const char *path, int flags, struct pd_st_file *f, pd_err *e)
 {
     memset(f, 0, sizeof *f);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = pd_file_open(path, e);
     if (fd < 0)
-        return pd_err_set(e, PD_EIO, "%s: cannot open: %s", path, strerror(errno));
+        return fd;
     int rc = open_fd(path, fd, flags, f, e);
     close(fd);
     if (rc)
@@ -555,14 +556,16 @@ static int open_index(const char *dir, const char *idx, int flags, struct pd_st_
                       pd_err *e)
 {
     json_error_t je;
-    json_t *root = json_load_file(idx, JSON_REJECT_DUPLICATES, &je);
+    size_t len;
+    char *text = pd_file_read(idx, (size_t)1 << 28, &len, e);
+    if (!text)
+        return e->code;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    free(text);
     char nm[NAME_SHOWN + 4], sn[NAME_SHOWN + 4];
-    if (!root) {
-        if (json_error_code(&je) == json_error_cannot_open_file)
-            return pd_err_set(e, PD_EIO, "%s: %s", idx, shown(nm, je.text));
+    if (!root)
         return pd_err_set(e, PD_EFORMAT, "%s: not valid JSON: %s (line %d, column %d)", idx,
                           shown(nm, je.text), je.line, je.column);
-    }
     int rc = 0;
     json_t *shard_ix = json_object(); /* shard file name -> index in s->files */
     json_t *wm = json_object_get(root, "weight_map");

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../run.h"
 #include "../tmpmodel.h"
@@ -17,7 +19,11 @@ static void refused_in(const char *dir, const char *args_fmt, const char *needle
     char args[1024];
     struct run r;
     snprintf(args, sizeof args, args_fmt, dir);
-    run(args, &r);
+    /* (through timeout: a file that blocks must fail the test, not hang it) */
+    const char *bin = getenv("PDMOE_BIN");
+    char line[1200];
+    snprintf(line, sizeof line, "timeout 120 %s %s", bin ? bin : "build/pdmoe", args);
+    run_cmd(line, &r);
     cr_assert_eq(r.status, 1, "pdmoe %s: exit %d (%s)", args, r.status, r.err);
     cr_assert(strstr(r.err, needle), "pdmoe %s: stderr \"%s\" lacks \"%s\"", args, r.err, needle);
     cr_assert(!needle2 || strstr(r.err, needle2), "pdmoe %s: stderr \"%s\" lacks \"%s\"", args, r.err, needle2);
@@ -45,5 +51,26 @@ Test(model_files, a_tokenizer_larger_than_the_model_is_refused_at_load)
                "vocabulary (config.json vocab_size) has 512 rows");
     refused_in(dir, "serve --model %s --port 18971 --max-model-len 256", "tokenizer.json: token ids go up to 700",
                "has 512 rows");
+    rm_model(dir);
+}
+
+/* A FIFO where a weight or config file should be (a half-made copy, a mistaken mkfifo) used to
+ * block generate, convert and plan --checkpoint forever in open(). */
+Test(model_files, a_fifo_in_place_of_a_file_is_named_not_waited_on)
+{
+    char dir[64], path[128];
+    tmp_model("v4-tiny", 1, dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    cr_assert_eq(unlink(path), 0);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    refused_in(dir, "generate --model %s --prompt hi --max-tokens 2", "model.safetensors: a FIFO, not a regular file",
+               NULL);
+    refused_in(dir, "plan --checkpoint %s --prefill dp=2,tp=1,instances=1 --decode dp=2,tp=1,instances=1 --nodes 1",
+               "model.safetensors: a FIFO, not a regular file", NULL);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cr_assert_eq(unlink(path), 0);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    refused_in(dir, "generate --model %s --prompt hi --max-tokens 2", "config.json: a FIFO, not a regular file", NULL);
     rm_model(dir);
 }

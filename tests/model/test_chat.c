@@ -3,6 +3,8 @@
  * template (checked against Jinja itself in CI: tests/tokenizer/chat.mjs), and which format a
  * checkpoint directory gets. */
 #include <criterion/criterion.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -174,3 +176,40 @@ Test(chat, a_checkpoints_format_and_an_unknown_template_refused_by_file_and_fiel
     unlink(path);
     rmdir(dir);
 }
+
+/* What a half-downloaded Hugging Face snapshot leaves (a link to a blob that never came), a link
+ * loop, a template saved as chat_template.jinja (transformers' place for it since 4.47) and a
+ * directory that is not there: each named, never V4's encoding assumed in silence. */
+Test(chat, a_template_that_cannot_be_read_is_named_not_guessed)
+{
+    char dir[] = "/tmp/pdmoe-chat-XXXXXX", path[128], jinja[128];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    snprintf(jinja, sizeof jinja, "%s/chat_template.jinja", dir);
+    enum pd_chat_format f;
+    pd_err e = {0};
+    cr_assert_eq(symlink("/nonexistent/blobs/1234", path), 0);
+    cr_expect_eq(pd_chat_format_of(dir, &f, &e), PD_EIO);
+    cr_expect(strstr(e.msg, path) && strstr(e.msg, "a symbolic link to nothing"), "%s", e.msg);
+    unlink(path);
+    cr_assert_eq(symlink(path, path), 0);   /* a loop */
+    cr_expect_eq(pd_chat_format_of(dir, &f, &e), PD_EIO);
+    cr_expect(strstr(e.msg, path), "%s", e.msg);
+    unlink(path);
+    write_file(jinja, "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}");
+    cr_expect_eq(pd_chat_format_of(dir, &f, &e), PD_EFORMAT);
+    cr_expect(strstr(e.msg, jinja) && strstr(e.msg, "not a template pdmoe renders"), "%s", e.msg);
+    unlink(jinja);
+    cr_assert_eq(mkfifo(jinja, 0600), 0);   /* never opened for a blocking read */
+    cr_expect_eq(pd_chat_format_of(dir, &f, &e), PD_EIO);
+    cr_expect(strstr(e.msg, jinja) && strstr(e.msg, "a FIFO, not a regular file"), "%s", e.msg);
+    unlink(jinja);
+    write_file(path, "{\"chat_template\": [{\"name\": \"default\", \"template\": \"x\"}]}");
+    cr_expect_eq(pd_chat_format_of(dir, &f, &e), PD_EFORMAT);
+    cr_expect(strstr(e.msg, path) && strstr(e.msg, "list of named templates"), "%s", e.msg);
+    unlink(path);
+    rmdir(dir);
+    cr_expect_eq(pd_chat_format_of(dir, &f, &e), PD_EIO);
+    cr_expect(strstr(e.msg, dir), "%s", e.msg);
+}
+

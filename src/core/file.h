@@ -1,0 +1,20 @@
+/* Reading a model's files: only regular files (or links to them). A FIFO, a device or a socket
+ * where a checkpoint's file should be would block the program or never end, and a directory is
+ * no file; each is an error naming the path. */
+#ifndef PD_CORE_FILE_H
+#define PD_CORE_FILE_H
+
+#include <stddef.h>
+
+#include "core/err.h"
+
+/* A read-only descriptor of path if it is a regular file, else a negative PD_E* code (PD_EIO)
+ * with e naming the path and what it is. The open itself never blocks: O_NONBLOCK, cleared once
+ * the file is known to be regular. */
+int pd_file_open(const char *path, pd_err *e);
+
+/* The whole of such a file, NUL-terminated (malloc'ed), *len its bytes without the NUL (len may
+ * be NULL); NULL with e set if it cannot be read or holds more than max bytes (PD_EFORMAT). */
+char *pd_file_read(const char *path, size_t max, size_t *len, pd_err *e);
+
+#endif
