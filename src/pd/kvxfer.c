@@ -477,6 +477,21 @@ int pd_kvx_offer(struct pd_kvx *x, const struct pd_kvx_key *key, uint64_t owner_
     return 0;
 }
 
+int pd_kvx_revoke(struct pd_kvx *x, const struct pd_kvx_key *key)
+{
+    pthread_mutex_lock(&x->mu);
+    struct lease *l = kvx_find_lease(x, key->id);
+    int revoked = l && !l->claimed;
+    if (revoked) {
+        kvx_lease_release(x, l, PD_KVX_REL_EXPIRED);
+        /* a sleeping serve loop runs the callback */
+        if (x->sleepers)
+            ucp_worker_signal(x->w);
+    }
+    pthread_mutex_unlock(&x->mu);
+    return revoked;
+}
+
 struct link *kvx_get_link(struct pd_kvx *x, const char *host, int port, ucs_status_t *st, int *resolve_failed)
 {
     for (struct link *l = x->links; l; l = l->next)

@@ -8,7 +8,8 @@
  *
  * Producer: pd_kvx_offer() puts a request's KV (byte runs of the region, in sequence order) under
  *   a LEASE; the lease is released, through the owner's callback, exactly once: on DONE, on ABORT,
- *   when the lease expires (lease_ms after the offer or after the last GET_META), or on destroy.
+ *   when the lease expires (lease_ms after the offer or after the last GET_META), when its owner
+ *   revokes it unclaimed (pd_kvx_revoke), or on destroy.
  * Consumer: pd_kvx_pull() starts a transfer: GET_META -> META (the producer's base address,
  *   packed rkey and the request's runs) -> one ucp_get_nbx per contiguous piece of the byte stream
  *   (adjacent runs merged on both sides) into the caller's destination runs -> DONE -> ACK.
@@ -168,6 +169,10 @@ int pd_kvx_port(const struct pd_kvx *x);
 int pd_kvx_offer(struct pd_kvx *x, const struct pd_kvx_key *key, uint64_t owner_id,
                  const struct pd_kvx_run *runs, int n_runs, pd_kvx_release_fn release, void *arg,
                  pd_err *e);
+/* Producer: ends the lease of `key` before its time if no pull has claimed it (the owner needs its
+ * blocks back): released as PD_KVX_REL_EXPIRED, its callback run by the next progress, and to a
+ * pull that comes later it is as expired. 1 if so, 0 if there is no such lease or a pull holds it. */
+int pd_kvx_revoke(struct pd_kvx *x, const struct pd_kvx_key *key);
 
 /* Consumer: starts pulling the lease `key` from the producer at host:port into `dst` (runs of
  * this engine's region, in sequence order; their total must equal the producer's). Failures of

@@ -151,12 +151,47 @@ int64_t pd_srv_seq_pull(struct pd_server *s, struct pd_seq *q, const char *host,
 /* Producer: the request's KV goes under a lease instead of being freed (s->mu held). */
 static int lease(struct pd_server *s, struct req *r)
 {
+    r->leased_at = pd_now_s();
     r->lease_next = s->leases;
     s->leases = r;
     int rc = pd_srv_seq_offer(s, &r->seq, &r->key, r->id, r->n_prompt, on_release);
     if (rc)
         s->leases = r->lease_next;
     return rc;
+}
+
+/* Producer: a request waits for room while leases hold their blocks (and sequences), and a lease
+ * whose decode request was refused there or cancelled before it pulled is never claimed: sixteen
+ * such requests held a 16-sequence prefill for the whole lease (30 s). So when a request finds no
+ * room, the oldest lease unclaimed for LEASE_YIELD_S is revoked: its blocks go back at its release
+ * (one on its way at a time), and a decode that still comes for it is refused it as expired, its
+ * proxy sending the prompt to a prefill again. A pull normally starts milliseconds after the
+ * prefill's answer; under a decode backlog a revoked lease costs one prompt computed again, where
+ * holding it cost every request behind it. (s->mu held) */
+#define LEASE_YIELD_S 1.0
+
+static void yield_lease(struct pd_server *s)
+{
+    if (!s->kvx)
+        return;
+    const double now = pd_now_s();
+    for (;;) {
+        struct req *oldest = NULL;
+        for (struct req *r = s->leases; r; r = r->lease_next) {
+            if (r->revoked)
+                return;   /* its blocks are on their way back */
+            if (r->leased_at >= 0 && now - r->leased_at >= LEASE_YIELD_S && (!oldest || r->leased_at < oldest->leased_at))
+                oldest = r;
+        }
+        if (!oldest)
+            return;
+        if (pd_kvx_revoke(s->kvx, &oldest->key)) {
+            oldest->revoked = 1;
+            s->leases_revoked++;
+            return;
+        }
+        oldest->leased_at = -1;   /* a pull holds it: not a candidate again */
+    }
 }
 
 /* Consumer: pulls the producer's KV into a fresh sequence of this pool; 0 when the sequence now
@@ -307,6 +342,17 @@ out:
     return rc;
 }
 
+/* Waits on s->cv (s->mu held) at most ms milliseconds; pthread_cond_timedwait's result. */
+static int cv_wait_ms(struct pd_server *s, int ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += (long)ms * 1000000;
+    ts.tv_sec += ts.tv_nsec / 1000000000;
+    ts.tv_nsec %= 1000000000;
+    return pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+}
+
 static void *scheduler(void *arg)
 {
     struct pd_server *s = arg;
@@ -363,12 +409,16 @@ static void *scheduler(void *arg)
                 if (pd_srv_ep_admit(s, r))
                     break;
             } else if (s->prefix_on && !r->remote_prefill) {
-                if (pd_srv_prefix_start(s, r, &e))
-                    break;   /* wait until running requests free their blocks */
+                if (pd_srv_prefix_start(s, r, &e)) {
+                    yield_lease(s);
+                    break;   /* wait until running requests or leases free their blocks */
+                }
             } else {
                 pd_srv_prefix_make_room(s, r->n_prompt + r->max_tokens);
-                if (pd_srv_seq_start_reserved(&s->en, &r->seq, r->n_prompt, r->n_prompt + r->max_tokens, &e))
-                    break;   /* wait until running requests free their blocks */
+                if (pd_srv_seq_start_reserved(&s->en, &r->seq, r->n_prompt, r->n_prompt + r->max_tokens, &e)) {
+                    yield_lease(s);
+                    break;   /* wait until running requests or leases free their blocks */
+                }
             }
             s->wait_head = r->next;
             if (!s->wait_head)
@@ -410,15 +460,12 @@ static void *scheduler(void *arg)
             }
             if (s->g && s->leases) {
                 /* leases out on the ranks: every 20 ms a round asks which ended */
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_nsec += 20000000;
-                if (ts.tv_nsec >= 1000000000) {
-                    ts.tv_sec++;
-                    ts.tv_nsec -= 1000000000;
-                }
-                if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT && !s->stop && (rc = pd_srv_ep_flush(s, &e)))
+                if (cv_wait_ms(s, 20) == ETIMEDOUT && !s->stop && (rc = pd_srv_ep_flush(s, &e)))
                     break;
+                continue;
+            }
+            if (s->wait_head && s->leases) {
+                cv_wait_ms(s, 100);   /* a request waits on leases: look again as they age (yield_lease) */
                 continue;
             }
             pthread_cond_wait(&s->cv, &s->mu);

@@ -86,6 +86,8 @@ struct req {
     int reply_started;              /* a stream's 200 went out (deferred while a pull may be refused) */
     int32_t forced_first;           /* the producer's first token, or -1 */
     struct req *lease_next;
+    double leased_at;               /* producer: when its KV went under the lease (pd_now_s) */
+    int revoked;                    /* producer: its lease was revoked, the release on its way */
     /* EP group: the rank holding the sequence, its reserved blocks, what the next step says */
     int owner;
     int ep_blocks;
@@ -222,6 +224,7 @@ struct pd_server {
     pthread_t kvx_thread;
     int kvx_thread_started;
     uint64_t kv_bytes, kv_pulls, kv_failures, kv_recomputes;
+    uint64_t leases_revoked;        /* producer: leases given up unclaimed (yield_lease) */
     double kv_seconds;
     /* consumer: pulls by producer address and by the rank that made them, so an operator (and
      * the cluster test) sees which hosts each hand-off crossed; the first PD_KV_PEERS pairs each

@@ -33,6 +33,7 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
                         "# TYPE pdmoe_requests_completed_total counter\npdmoe_requests_completed_total %llu\n"
                         "# TYPE pdmoe_requests_cancelled_total counter\npdmoe_requests_cancelled_total %llu\n"
                         "# TYPE pdmoe_errors_total counter\npdmoe_errors_total{kind=\"4xx\"} %llu\n"
+                        "pdmoe_errors_total{kind=\"kv_transfer\"} %llu\n"
                         "# TYPE pdmoe_prompt_tokens_total counter\npdmoe_prompt_tokens_total %llu\n"
                         "# TYPE pdmoe_generation_tokens_total counter\npdmoe_generation_tokens_total %llu\n"
                         "# TYPE pdmoe_time_to_first_token_seconds_sum counter\npdmoe_time_to_first_token_seconds_sum %.6f\n"
@@ -44,8 +45,9 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
                         "# TYPE pdmoe_kv_transfer_bytes_total counter\npdmoe_kv_transfer_bytes_total %llu\n"
                         "# TYPE pdmoe_kv_transfer_seconds_total counter\npdmoe_kv_transfer_seconds_total %.6f\n"
                         "# TYPE pdmoe_kv_transfers_total counter\npdmoe_kv_transfers_total %llu\n"
-                        "pdmoe_errors_total{kind=\"kv_transfer\"} %llu\n"
                         "# TYPE pdmoe_kv_recomputes_total counter\npdmoe_kv_recomputes_total %llu\n"
+                        "# HELP pdmoe_kv_leases_revoked_total Leases given up unclaimed for a waiting request.\n"
+                        "# TYPE pdmoe_kv_leases_revoked_total counter\npdmoe_kv_leases_revoked_total %llu\n"
                         "# TYPE pdmoe_kv_leases gauge\npdmoe_kv_leases %d\n"
                         "# HELP pdmoe_kv_pool_bytes Bytes of one rank's KV pool (slots and blocks).\n"
                         "# TYPE pdmoe_kv_pool_bytes gauge\npdmoe_kv_pool_bytes %zu\n"
@@ -53,10 +55,11 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
                         "# TYPE pdmoe_kv_entry_bytes gauge\npdmoe_kv_entry_bytes{dtype=\"%s\"} %zu\n",
                         (unsigned long long)s->n_requests, (unsigned long long)s->n_completed,
                         (unsigned long long)s->n_cancelled, (unsigned long long)s->n_errors4xx,
+                        (unsigned long long)s->kv_failures,
                         (unsigned long long)s->tokens_in, (unsigned long long)s->tokens_out, s->ttft_sum, s->n_running,
                         waiting, blocks_free, blocks, slots_free,
                         (unsigned long long)s->kv_bytes, s->kv_seconds, (unsigned long long)s->kv_pulls,
-                        (unsigned long long)s->kv_failures, (unsigned long long)s->kv_recomputes, leases,
+                        (unsigned long long)s->kv_recomputes, (unsigned long long)s->leases_revoked, leases,
                         s->en.kv.region_bytes, pd_kv_dtype_name(s->en.kv.dtype), s->en.kv.entry_bytes);
     /* vLLM's prefix_cache_queries/hits: prompt tokens looked up, and found cached; an EP group's
      * summed over its ranks' caches, as each last reported */

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/timing.h"
 #include "engine/genmodel.h"
 #include "../tmpmodel.h"
 #include "pd/server.h"
@@ -434,4 +435,40 @@ Test(pd, a_pull_after_the_prefill_restarts_gets_the_kv)
     cr_assert_eq(metric(D.port, "pdmoe_kv_recomputes_total"), 0, "the pull after the restart failed: %s", logged);
     cr_assert_eq(metric(D.port, "pdmoe_kv_transfers_total"), 2);
     kv_port = 0;
+}
+
+/* A decode request refused (max_tokens past its context) or cancelled before it pulls leaves its
+ * prefill's lease unclaimed, holding a sequence and its blocks until the lease expires: sixteen such
+ * requests held a 16-sequence prefill for the whole lease (30 s), every request behind them
+ * waiting. Now a waiting request takes back the oldest lease left unclaimed for a second; its pull,
+ * if one still comes, is refused as expired (the proxy prefills again), while the other leases
+ * still hand their KV over. */
+Test(pd, unclaimed_leases_yield_to_a_waiting_request, .timeout = 120)
+{
+    start(&P, PD_ROLE_PRODUCER, 30000);   /* 8 sequences */
+    start(&D, PD_ROLE_CONSUMER, 0);
+    char prompt[64], out[8192];
+    json_t *kv[8];
+    for (int i = 0; i < 8; i++) {
+        snprintf(prompt, sizeof prompt, "lease number %d of eight", i);
+        kv[i] = prefill_kv(prompt);
+    }
+    cr_assert_eq(metric(P.port, "pdmoe_kv_leases"), 8);
+    cr_assert_eq(metric(P.port, "pdmoe_kv_slots_free"), 0, "the leases hold every sequence");
+    double t0 = pd_now_s();
+    json_t *ninth = prefill_kv("the ninth request, which waits");
+    double waited = pd_now_s() - t0;
+    cr_assert_lt(waited, 10.0, "the ninth prefill waited %.1f s (the lease is 30 s)", waited);
+    cr_assert_geq(waited, 0.9, "answered in %.2f s: a lease went before its second", waited);
+    cr_assert_eq(metric(P.port, "pdmoe_kv_leases_revoked_total"), 1);
+    /* the oldest lease is gone: its decode is refused it, as for an expired one */
+    snprintf(prompt, sizeof prompt, "lease number %d of eight", 0);
+    cr_assert_eq(decode_with(prompt, kv[0], 0, out, sizeof out), 403, "%s", out);
+    /* a later one still hands its KV over: the same tokens as colocated */
+    snprintf(prompt, sizeof prompt, "lease number %d of eight", 7);
+    cr_assert_eq(decode_with(prompt, kv[7], 0, out, sizeof out), 200, "%s", out);
+    cr_assert_eq(metric(D.port, "pdmoe_kv_recomputes_total"), 0, "the pull of lease 7 failed");
+    for (int i = 0; i < 8; i++)
+        json_decref(kv[i]);
+    json_decref(ninth);
 }
