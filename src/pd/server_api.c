@@ -350,6 +350,11 @@ static void on_notify(evutil_socket_t fd, short what, void *arg)
         int n = r->n_gen, finished = r->finished;
         const char *finish = r->finish;
         if (!r->http) {
+            /* its client left. One the scheduler finished (in the step its client left during, or
+             * after) is in no queue the scheduler counts cancellations in, and passes here once:
+             * counted now, or it would be counted nowhere */
+            if (finished)
+                s->n_cancelled++;
             pd_srv_req_unref(s, r);
             continue;
         }

@@ -289,6 +289,29 @@ Test(server, a_client_that_leaves_cancels_its_request)
     cr_assert_eq(metric("pdmoe_kv_slots_free"), 8);
 }
 
+/* Clients that leave at every moment of their requests (queued, running, answered but not yet
+ * sent): each request is counted once, completed or cancelled. One the scheduler had finished
+ * whose client left before the answer went out was counted as neither (7 of 160 in a run). */
+Test(server, every_request_is_counted_once_however_its_client_leaves)
+{
+    start(NULL, dir, 1024);
+    char cmd[1024];
+    for (int round = 0; round < 3; round++) {
+        snprintf(cmd, sizeof cmd,
+                 "seq 80 | xargs -P 16 -I{} bash -c 'curl -s -o /dev/null --max-time 0.$(printf %%03d $((RANDOM %% 100 + 5))) "
+                 "http://127.0.0.1:%d/v1/completions -d \"{\\\"prompt\\\":\\\"client {} leaves\\\",\\\"max_tokens\\\":%d%s}\"'; true",
+                 port, 4 + 8 * round, round == 1 ? ",\\\"stream\\\":true" : "");
+        cr_assert_eq(system(cmd), 0, "%s", cmd);
+    }
+    for (int i = 0; i < 250 && (metric("pdmoe_num_requests_running") || metric("pdmoe_num_requests_waiting")); i++)
+        usleep(20000);
+    int total = metric("pdmoe_requests_total"), done = metric("pdmoe_requests_completed_total"),
+        cancelled = metric("pdmoe_requests_cancelled_total");
+    cr_assert_gt(total, 120, "%d of 240 requests arrived", total);   /* (a client may leave before it sent one) */
+    cr_assert_eq(done + cancelled, total, "%d requests: %d completed, %d cancelled", total, done, cancelled);
+    cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_total"));
+}
+
 /* A server stopped mid-stream ends the stream with an error event and [DONE], never a bare cut. */
 struct stopped_stream {
     char out[4 << 20];   /* all 4000 chunks, however late the stop comes */
