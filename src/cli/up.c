@@ -380,6 +380,57 @@ static int reachable(const struct pd_launch_inst *inst, int n)
     return bad;
 }
 
+/* 1 if something on this machine listens on `port` (any address): a listener's wildcard bind
+ * fails then; SO_REUSEADDR, as the servers set it, lets a port with connections in TIME_WAIT by. */
+static int port_taken(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd < 0)
+        return 0;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    int taken = bind(fd, (struct sockaddr *)&a, sizeof a) != 0 && errno == EADDRINUSE;
+    close(fd);
+    return taken;
+}
+
+/* Every port this machine's children will listen on is free: a second `up` on the ports of one
+ * running took the first one's /health answers for its own children's, said it was ready, and
+ * restarted the children (each failing to bind) for ever. Each taken port is named. */
+static int ports_free(const struct pd_launch_inst *inst, int n, int proxy_port)
+{
+    static const char hint[] = "in use on this machine (another pdmoe up? `ss -ltnp 'sport = :%d'` names what holds "
+                               "it; choose another --port)\n";
+    int bad = 0;
+    if (port_taken(proxy_port)) {
+        fprintf(stderr, "pdmoe up: port %d (the proxy's, --port) is ", proxy_port);
+        fprintf(stderr, hint, proxy_port);
+        bad = 1;
+    }
+    for (int i = 0; i < n; i++) {
+        const struct pd_launch_inst *x = &inst[i];
+        int local = 1;
+        for (int g = 0; g < x->n_groups; g++)
+            local &= !x->group[g].host || pd_net_is_local(x->group[g].host);
+        const char *role = x->role ? "decode" : "prefill";
+        if ((!x->group[0].host || pd_net_is_local(x->group[0].host)) && port_taken(x->port)) {
+            fprintf(stderr, "pdmoe up: port %d (%s instance %d's HTTP port, --port + %d) is ", x->port, role, x->inst,
+                    x->port - proxy_port);
+            fprintf(stderr, hint, x->port);
+            bad = 1;
+        }
+        for (int k = 0; local && x->kv_port && k < x->ranks; k++)
+            if (port_taken(x->kv_port + k)) {
+                fprintf(stderr, "pdmoe up: port %d (%s instance %d's KV port for rank %d, --port + %d) is ",
+                        x->kv_port + k, role, x->inst, k, x->kv_port + k - proxy_port);
+                fprintf(stderr, hint, x->kv_port + k);
+                bad = 1;
+            }
+    }
+    return bad;
+}
+
 /* Every rank's KV pool is allocated in full and the weights are mapped once (page cache shared by
  * the ranks): both must fit in this machine's memory, with a tenth left for everything else. */
 static int plan_fits(const char *path, const struct up_plan *u, const char *model)
@@ -622,7 +673,8 @@ int pd_cli_up(int argc, char **argv)
                                                      .group = {{.host = NULL, .ranks = ep[r]}}};
     }
     pd_err pe = {0};
-    if (!failed && (pd_launch_ports(inst, ni, (int)port, &pe) || (nhosts && reachable(inst, ni)))) {
+    if (!failed && (pd_launch_ports(inst, ni, (int)port, &pe) || (nhosts && reachable(inst, ni)) ||
+                    ports_free(inst, ni, (int)port))) {
         if (pe.msg[0])
             fprintf(stderr, "pdmoe up: %s\n", pe.msg);
         failed = 2;

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/timing.h"
 #include "engine/genmodel.h"
 #include "../tmpmodel.h"
 #include "util.h"
@@ -179,6 +180,39 @@ Test(up, ep_sizes_this_machine_cannot_run_are_refused)
     int st = pclose(p);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, err);
     cr_assert(strstr(err, "--decode-ep 9"), "%s", err);
+}
+
+/* A second cluster on the ports of one running (here a listener on prefill instance 0's HTTP
+ * port and one on its KV port) is refused at once, each port named: it used to take the other's
+ * /health answers for its own, say it was ready and restart its children for ever. */
+Test(up, ports_in_use_are_refused_by_name_before_anything_starts)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const int port = 17900 + (getpid() % 300) * 3;
+    int l[2];
+    for (int i = 0; i < 2; i++) {
+        l[i] = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + (i ? 100 : 1)))};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        cr_assert_eq(bind(l[i], (struct sockaddr *)&a, sizeof a), 0, "port %d busy", port + (i ? 100 : 1));
+        cr_assert_eq(listen(l[i], 4), 0);
+    }
+    char cmd[512], err[4096];
+    snprintf(cmd, sizeof cmd, "timeout 60 %s up --model %s --port %d 2>&1 >/dev/null", bin, dir, port);
+    double t0 = pd_now_s();
+    FILE *p = popen(cmd, "r");
+    size_t n = fread(err, 1, sizeof err - 1, p);
+    err[n] = 0;
+    int st = pclose(p);
+    close(l[0]);
+    close(l[1]);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d after %.1f s: %s", st, pd_now_s() - t0, err);
+    char want[128];
+    snprintf(want, sizeof want, "port %d (prefill instance 0's HTTP port, --port + 1) is in use", port + 1);
+    cr_assert(strstr(err, want), "%s", err);
+    snprintf(want, sizeof want, "port %d (prefill instance 0's KV port for rank 0, --port + 100) is in use", port + 100);
+    cr_assert(strstr(err, want), "%s", err);
+    cr_assert_eq(processes_on(port + 2), 0, "a decode instance was started");
 }
 
 /* Leaves a connection in TIME_WAIT on the server's side of 127.0.0.1:port, as a prefill instance
