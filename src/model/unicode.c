@@ -4,6 +4,8 @@
  * unicode.h. */
 #include "model/unicode.h"
 
+#include <string.h>
+
 struct uc_run {
     uint32_t start;
     uint16_t feat;
@@ -150,3 +152,30 @@ size_t pd_uc_utf8_enc(uint32_t cp, char *out)
     out[3] = (char)(0x80 | (cp & 0x3F));
     return 4;
 }
+
+size_t pd_utf8_lossy(const unsigned char *t, size_t len, int final, char *out, size_t *used)
+{
+    size_t i = 0, o = 0;
+    while (i < len) {
+        const unsigned c = t[i];
+        const size_t need = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3
+                          : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+        /* the second byte's range (Unicode's table 3-7): no overlong forms, surrogates or code
+         * points past U+10FFFF */
+        const unsigned lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80, hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+        size_t k = 1;   /* the sequence's bytes valid so far */
+        while (need > 1 && k < need && i + k < len &&
+               (k == 1 ? t[i + 1] >= lo && t[i + 1] <= hi : (t[i + k] & 0xc0) == 0x80))
+            k++;
+        if (need > 1 && k < need && i + k == len && !final)
+            break;   /* incomplete: the next token may complete it */
+        const int ok = need > 0 && k == need;
+        if (out)
+            memcpy(out + o, ok ? (const char *)t + i : "\xef\xbf\xbd", ok ? need : 3);
+        o += ok ? need : 3;
+        i += k;
+    }
+    *used = i;
+    return o;
+}
+

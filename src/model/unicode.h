@@ -22,6 +22,14 @@
  * the text still splits and round-trips byte for byte. */
 #define PD_UC_BADCP 0x110000u
 
+/* Bytes as UTF-8 text, as Hugging Face's decoders and Python's errors="replace" give them: t[0..len)
+ * from its start, each complete character copied, each maximal subpart of an invalid sequence (a
+ * lead byte and the continuation bytes valid after it, or one stray byte) as one U+FFFD (Unicode's
+ * "substitution of maximal subparts": e0 a4 2b is U+FFFD "+"). An incomplete character at the end
+ * stops the walk unless `final` (then it too is one U+FFFD). Writes to out (room for 3 * len bytes)
+ * unless NULL; returns the bytes of text, *used the bytes of t consumed. */
+size_t pd_utf8_lossy(const unsigned char *t, size_t len, int final, char *out, size_t *used);
+
 /* What pd_uc_feat reports: general categories, then \s, \w, and the letter cases. */
 enum {
     PD_UC_L = 1 << 0, PD_UC_M = 1 << 1, PD_UC_N = 1 << 2, PD_UC_P = 1 << 3, PD_UC_S = 1 << 4,
