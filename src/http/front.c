@@ -703,9 +703,11 @@ int pd_http_front_api(struct pd_http_front *f, const struct pd_http_api *api, vo
         {"/v1/completions", EVHTTP_REQ_POST, api->completions}, {"/v1/chat/completions", EVHTTP_REQ_POST, api->chat},
         {"/v1/models", EVHTTP_REQ_GET, api->models},             {"/health", EVHTTP_REQ_GET, pd_http_health},
         {"/metrics", EVHTTP_REQ_GET, api->metrics},              {"/expert_stats", EVHTTP_REQ_GET, api->expert_stats},
-        {NULL, 0, api->other},
+        {"/readiness", EVHTTP_REQ_GET, api->readiness},          {NULL, 0, api->other},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        if (!routes[i].cb)
+            continue;
         int rc = front_route(f, routes[i].path, routes[i].methods, routes[i].cb, arg);
         if (rc)
             return rc;

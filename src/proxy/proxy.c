@@ -739,6 +739,30 @@ static void on_stop(evutil_socket_t fd, short what, void *arg)
     event_base_once(px->base, -1, EV_TIMEOUT, on_drained, px, &(struct timeval){0, 300000});
 }
 
+/* GET /readiness (sgl-router's name for it): 200 when a request can be served now, at least one
+ * prefill instance (with any) and one decode instance up, else 503; either way a JSON body with
+ * each role's instances and how many are up. /health stays the proxy's own liveness, as a
+ * restarting supervisor needs it: with every instance down it says ok, and the load balancer in
+ * front of several deployments asks /readiness instead. */
+static void on_readiness(struct evhttp_request *h, void *arg)
+{
+    struct pd_proxy *px = arg;
+    int up[2] = {0, 0}, n[2] = {px->np, px->nd};
+    for (int i = 0; i < px->np; i++)
+        up[0] += px->p[i].up;
+    for (int i = 0; i < px->nd; i++)
+        up[1] += px->d[i].up;
+    const int ready = (px->np == 0 || up[0] > 0) && up[1] > 0;
+    json_t *j = json_pack("{s:s, s:{s:i, s:i}, s:{s:i, s:i}}", "status", ready ? "ready" : "not ready", "prefill",
+                          "instances", n[0], "up", up[0], "decode", "instances", n[1], "up", up[1]);
+    if (j && !ready)
+        json_object_set_new(j, "reason", json_string(px->np && !up[0] ? "no prefill instance is up"
+                                                                        : "no decode instance is up"));
+    if (!ready)
+        evhttp_add_header(evhttp_request_get_output_headers(h), "Retry-After", "1");
+    pd_http_json(h, ready ? 200 : 503, j);   /* (takes j) */
+}
+
 static void on_other(struct evhttp_request *h, void *arg)
 {
     reply_error(h, 404, "invalid_request_error", "no route %s", evhttp_request_get_uri(h));
@@ -793,7 +817,9 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
         return rc;
     }
     px->port = pd_http_front_port(px->front);
-    static const struct pd_http_api api = {on_completions, on_chat, px_on_models, px_on_metrics, px_on_expert_stats, on_other};
+    static const struct pd_http_api api = {.completions = on_completions, .chat = on_chat, .models = px_on_models,
+                                           .metrics = px_on_metrics, .expert_stats = px_on_expert_stats,
+                                           .readiness = on_readiness, .other = on_other};
     if (pd_http_front_api(px->front, &api, px)) {
         pd_proxy_destroy(px);
         return pd_err_set(e, PD_ENOMEM, "out of memory");

@@ -593,3 +593,32 @@ Test(proxy, least_loaded_routing_ignores_the_prefix)
     route_run(PD_ROUTE_LEAST_LOADED, home, counts);
     cr_expect_eq(counts[0][0] + counts[1][0], 8, "one request at a time, equal loads: the first server each time");
 }
+
+/* GET /readiness: 200 while a request can be served, 503 (Retry-After, a JSON body naming the role
+ * without an instance) when it cannot; /health stays the proxy's liveness and says ok either way. */
+Test(proxy, readiness_says_whether_a_request_can_be_served)
+{
+    start_proxy(0, 0);
+    char out[8192];
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/readiness", NULL, NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "status")), "ready");
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "decode"), "up")), 1, "%s", out);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "prefill"), "instances")), 1, "%s", out);
+    json_decref(j);
+    proxy_shutdown(&X, tx);
+    start_proxy(0, 1);   /* its one decode instance is dead */
+    int code = 0;
+    for (int i = 0; i < 250 && code != 503; i++) {
+        code = curl_port(pd_proxy_port(X), "/readiness", NULL, "-i", out, sizeof out);
+        if (code != 503)
+            usleep(20000);
+    }
+    cr_assert_eq(code, 503, "still %d after 5 s: %s", code, out);
+    cr_assert(strstr(out, "Retry-After: 1"), "%s", out);
+    j = parse(strstr(out, "{"));
+    cr_assert_str_eq(json_string_value(json_object_get(j, "reason")), "no decode instance is up", "%s", out);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "decode"), "up")), 0, "%s", out);
+    json_decref(j);
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/health", NULL, NULL, out, sizeof out), 200, "%s", out);
+}
