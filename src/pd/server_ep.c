@@ -723,11 +723,63 @@ int pd_srv_ep_open(struct pd_server *s, struct pd_engine_opts *eo, pd_err *e)
     return 0;
 }
 
+/* What every rank of a group must hold alike: the weights (their fingerprint) and the shapes the
+ * exchange and the pools are built from. Ranks that each load "the same path" on their own host
+ * may load other files there: a group of two seeds gave text of neither model, and of two
+ * architectures, died at its first request (a dispatch no rank could read). */
+struct rank_model {
+    uint64_t fingerprint;
+    int64_t vocab, hidden, layers, experts, blocks, slots;
+    char host[64];
+};
+
+static int same_model_on_every_rank(struct pd_server *s, pd_err *e)
+{
+    struct ep_group *g = s->g;
+    struct rank_model me = {.fingerprint = s->en.w.fingerprint, .vocab = s->en.model.vocab_size,
+                            .hidden = s->en.model.hidden_size, .layers = s->en.model.n_layers,
+                            .experts = s->en.model.n_routed_experts, .blocks = s->en.kv.n_blocks,
+                            .slots = s->en.kv.n_slots};
+    int len = 0;
+    char name[MPI_MAX_PROCESSOR_NAME];
+    MPI_Get_processor_name(name, &len);
+    snprintf(me.host, sizeof me.host, "%.63s", name);
+    struct rank_model *all = calloc((size_t)g->size, sizeof *all);
+    if (!all)
+        return pd_err_set(e, PD_ENOMEM, "out of memory");
+    MPI_Allgather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, MPI_COMM_WORLD);
+    int rc = 0;
+    for (int k = 1; k < g->size && !rc; k++) {
+        const struct rank_model *a = &all[0], *b = &all[k];
+        const struct {
+            const char *what;
+            int64_t x, y;
+        } f[] = {{"vocab_size", a->vocab, b->vocab},         {"hidden_size", a->hidden, b->hidden},
+                 {"num_hidden_layers", a->layers, b->layers}, {"n_routed_experts", a->experts, b->experts},
+                 {"KV blocks", a->blocks, b->blocks},         {"KV sequence slots", a->slots, b->slots}};
+        for (size_t i = 0; i < sizeof f / sizeof f[0] && !rc; i++)
+            if (f[i].x != f[i].y)
+                rc = pd_err_set(e, PD_EINVAL, "--model %s: rank %d (on %s) has %s %lld where rank 0 (on %s) has %lld: "
+                                "every rank of an EP group must load the same model and pool", s->o.model_dir, k,
+                                b->host, f[i].what, (long long)f[i].y, a->host, (long long)f[i].x);
+        if (!rc && a->fingerprint != b->fingerprint)
+            rc = pd_err_set(e, PD_EINVAL, "--model %s: rank %d (on %s) holds other weights than rank 0 (on %s): "
+                            "model fingerprints %016llx and %016llx; every rank of an EP group must load the same "
+                            "checkpoint", s->o.model_dir, k, b->host, a->host, (unsigned long long)b->fingerprint,
+                            (unsigned long long)a->fingerprint);
+    }
+    free(all);
+    return rc;
+}
+
 /* The group's buffers, once the engine is open; rank 0 starts with every rank's pool full. */
 int pd_srv_ep_setup(struct pd_server *s, pd_err *e)
 {
     struct ep_group *g = s->g;
     const int n = s->o.max_num_seqs;
+    int rc = same_model_on_every_rank(s, e);
+    if (rc)
+        return rc;
     pd_ep_attach(&g->ep, &s->en);
     g->seqs = calloc((size_t)n, sizeof *g->seqs);
     g->items = calloc((size_t)n, sizeof *g->items);

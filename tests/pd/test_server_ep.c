@@ -387,6 +387,23 @@ Test(server_ep, bad_flag_combinations_are_one_line_errors)
     expect_one_line(err, "--enable-expert-parallel");
 }
 
+/* Ranks that load other files under one path (each host its own copy): other weights, or another
+ * architecture, are refused at start by rank and host, where a group of two seeds served text of
+ * neither model and one of two shapes died at its first request. */
+Test(server_ep, ranks_that_load_other_models_are_refused_at_start)
+{
+    char other[64], cmd[1024], err[1 << 14];
+    tmp_model("v4-tiny", 18, other, sizeof other);   /* the same shapes, other weights */
+    snprintf(cmd, sizeof cmd, "timeout 90 mpirun --oversubscribe -n 1 %s serve --model %s --enable-expert-parallel "
+             "--data-parallel-size 2 --port %d --max-model-len 256 : -n 1 %s serve --model %s "
+             "--enable-expert-parallel --data-parallel-size 2 --port %d --max-model-len 256",
+             bin(), dir, base_port, bin(), other, base_port);
+    int rc = run(cmd, err, sizeof err);
+    rm_model(other);
+    cr_assert(rc != 0 && rc != 124, "exit %d: %s", rc, err);
+    cr_assert(strstr(err, "rank 1 (on ") && strstr(err, "holds other weights than rank 0"), "%s", err);
+}
+
 /* P then D as the proxy does, each an EP group of 2; `broken` sends D to a dead KV port. D's
  * token ids. */
 static char *pd_request(int P, int D, const char *prompt, int max_tokens, int broken)
