@@ -60,8 +60,10 @@ int pd_chat_format_of(const char *dir, enum pd_chat_format *f, pd_err *e)
     char path[4096], where[4200];
     struct stat st;
     *f = PD_CHAT_DSV4;
-    if (stat(dir, &st) || !S_ISDIR(st.st_mode))
-        return pd_err_set(e, PD_EIO, "%s: %s", dir, errno && !S_ISDIR(st.st_mode) ? strerror(errno) : "not a directory");
+    if (stat(dir, &st))
+        return pd_err_set(e, PD_EIO, "%s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return pd_err_set(e, PD_EIO, "%s: not a directory", dir);
     /* Transformers since 4.47 saves the template beside tokenizer_config.json, in
      * chat_template.jinja, and reads it from there first: a template in either is the model's. */
     snprintf(path, sizeof path, "%s/chat_template.jinja", dir);

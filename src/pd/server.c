@@ -172,7 +172,7 @@ static int lease(struct pd_server *s, struct req *r)
 
 static void yield_lease(struct pd_server *s)
 {
-    if (!s->kvx)
+    if (!s->kvx || s->g)   /* (an EP group's leases are on its ranks' engines) */
         return;
     const double now = pd_now_s();
     for (;;) {
