@@ -23,6 +23,11 @@ static int serve(const struct pd_server_opts *o, int64_t dp)
                         "attention inside one EP group, under mpirun)\n", (long long)dp);
         return 2;
     }
+    if (!o->expert_parallel && o->watchdog_s) {
+        fprintf(stderr, "pdmoe serve: --watchdog-timeout needs --enable-expert-parallel (it watches an EP group's "
+                        "rounds, which wait on every rank)\n");
+        return 2;
+    }
     struct pd_server *s;
     pd_err e = {0};
     if (pd_server_create(o, &s, &e)) {
@@ -70,6 +75,7 @@ int pd_cli_serve(int argc, char **argv)
         {"kv-cache-memory-bytes", 1, 0, 'B'}, {"enable-expert-parallel", 0, 0, 'E'},
         {"data-parallel-size", 1, 0, 'd'}, {"kv-cache-dtype", 1, 0, 'D'}, {"speculative-config", 1, 0, 'X'},
         {"enable-prefix-caching", 0, 0, 'C'}, {"no-enable-prefix-caching", 0, 0, 'c'},
+        {"watchdog-timeout", 1, 0, 'W'},
         {"help", 0, 0, 'h'}, PD_CLI_HTTP_OPTIONS, {0, 0, 0, 0},
     };
     int64_t dp = 0;
@@ -91,6 +97,7 @@ int pd_cli_serve(int argc, char **argv)
         case 'j': if (int_flag("--threads", optarg, 1, &o.threads)) return 2; break;
         case 'n': o.served_name = optarg; break;
         case 'E': o.expert_parallel = 1; break;
+        case 'W': if (pd_cli_int_max("--watchdog-timeout", optarg, 0, 86400, &v)) return 2; o.watchdog_s = v ? (int)v : -1; break;
         case 'C': o.prefix_caching = 1; break;
         case 'c': o.prefix_caching = -1; break;
         case 'd': if (pd_cli_int("--data-parallel-size", optarg, 1, &dp)) return 2; break;
@@ -209,6 +216,8 @@ int pd_cli_serve(int argc, char **argv)
                    "         rank 0 serves HTTP; each rank holds 1/N of the experts, its own sequences and\n"
                    "         KV pool; --max-num-seqs and --kv-cache-bytes are per rank; a kv_producer's\n"
                    "         rank k listens on kv_port + k)\n"
+                   "       [--watchdog-timeout S] (an EP group: rank 0 ends the group when one of its rounds has not\n"
+                   "         finished in S seconds, a rank stopped or hung; default 300, 0: never)\n"
                    "       [--enable-prefix-caching | --no-enable-prefix-caching] (on by default, as in vLLM: a\n"
                    "         prompt starts from its longest cached prefix; in an EP group each rank caches its own\n"
                    "         sequences')\n"

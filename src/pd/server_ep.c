@@ -324,10 +324,46 @@ static int ep_wait_idle(struct pd_server *s, MPI_Request *rq, pd_err *e)
     }
 }
 
+static int ep_round(struct pd_server *s, pd_err *e);
+
 /* One round of the group: rank 0 broadcasts g->msg (built by the scheduler), the others receive
  * it; every rank applies it and rank 0 gathers the answers into g->all, [size][answer words].
- * Returns 1 when rank 0 ended the group, 0 after a round, or a negative error. */
+ * Returns 1 when rank 0 ended the group, 0 after a round, or a negative error. Rank 0 times it
+ * for the watchdog. */
 int pd_srv_ep_round(struct pd_server *s, pd_err *e)
+{
+    struct ep_group *g = s->g;
+    if (g->rank)
+        return ep_round(s, e);
+    atomic_store(&g->round_t0, pd_now_ns());
+    int rc = ep_round(s, e);
+    atomic_store(&g->round_t0, 0);
+    return rc;
+}
+
+/* Rank 0's watchdog: a round of the group waits on every rank (each MPI wait and MoE exchange has
+ * no deadline), so one rank stopped (SIGSTOP, a debugger) or hung held every request for ever while
+ * /health said ok. A round that outlives watchdog_s ends this process with a line saying so:
+ * mpirun then ends the group, `pdmoe up` starts it again, and the proxy fails its requests. */
+static void *watchdog(void *arg)
+{
+    struct pd_server *s = arg;
+    struct ep_group *g = s->g;
+    const int64_t limit = (int64_t)s->o.watchdog_s * 1000000000;
+    while (!atomic_load(&g->watchdog_stop)) {
+        nanosleep(&(struct timespec){0, 200000000}, NULL);
+        int64_t t0 = atomic_load(&g->round_t0);
+        if (t0 && pd_now_ns() - t0 > limit) {
+            fprintf(stderr, "pdmoe serve: the EP group's round has not finished in %d s (a rank stopped or hung; "
+                            "--watchdog-timeout): ending the group so that it can be restarted\n", s->o.watchdog_s);
+            fflush(stderr);
+            _exit(70);
+        }
+    }
+    return NULL;
+}
+
+static int ep_round(struct pd_server *s, pd_err *e)
 {
     struct ep_group *g = s->g;
     MPI_Request rq;
@@ -780,6 +816,13 @@ int pd_srv_ep_setup(struct pd_server *s, pd_err *e)
     int rc = same_model_on_every_rank(s, e);
     if (rc)
         return rc;
+    if (s->o.watchdog_s == 0)
+        s->o.watchdog_s = 300;
+    if (g->rank == 0 && s->o.watchdog_s > 0) {
+        if (pthread_create(&g->watchdog, NULL, watchdog, s))
+            return pd_err_set(e, PD_ENOMEM, "cannot start the EP group's watchdog thread");
+        g->watchdog_on = 1;
+    }
     pd_ep_attach(&g->ep, &s->en);
     g->seqs = calloc((size_t)n, sizeof *g->seqs);
     g->items = calloc((size_t)n, sizeof *g->items);
@@ -820,6 +863,11 @@ void pd_srv_ep_close(struct pd_server *s)
     struct ep_group *g = s->g;
     if (!g)
         return;
+    if (g->watchdog_on) {
+        atomic_store(&g->watchdog_stop, 1);
+        pthread_join(g->watchdog, NULL);
+        g->watchdog_on = 0;
+    }
     for (int i = 0; g->seqs && i < s->o.max_num_seqs; i++) {
         if (g->seqs[i].used)
             ep_end(s, &g->seqs[i]);

@@ -23,6 +23,7 @@
 #include "http/http.h"
 #include "pd/kvxfer.h"
 #include "proxy/route.h"
+#include <stdatomic.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
@@ -164,6 +165,10 @@ struct ep_group {
     struct pd_ep ep;
     int rank, size;
     int ep_ready;
+    _Atomic int64_t round_t0;       /* rank 0: when the round in flight began (pd_now_ns), 0 between */
+    pthread_t watchdog;             /* rank 0: ends the process when a round outlives watchdog_s */
+    int watchdog_on;
+    _Atomic int watchdog_stop;
     struct ep_seq *seqs;            /* [max_num_seqs] */
     struct pd_step_item *items;     /* [max_num_seqs] */
     int32_t *item_of;               /* [max_num_seqs] message item of each step item */

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "engine/genmodel.h"
+#include "core/timing.h"
 #include "../tmpmodel.h"
 #include "sockets.h"
 #include "util.h"
@@ -385,6 +386,48 @@ Test(server_ep, bad_flag_combinations_are_one_line_errors)
     snprintf(cmd, sizeof cmd, "%s serve --model %s --data-parallel-size 2 --port %d", bin(), dir, base_port);
     cr_assert_eq(run(cmd, err, sizeof err), 2, "%s", err);
     expect_one_line(err, "--enable-expert-parallel");
+}
+
+/* A rank that stops (SIGSTOP, a debugger) held every request of its group for ever while /health
+ * said ok: each round waits on every rank. Rank 0's watchdog ends the group once a round outlives
+ * --watchdog-timeout, saying so, and the client is answered (here the connection ends). */
+Test(server_ep, a_stopped_rank_ends_the_group_after_the_watchdog_timeout)
+{
+    int pg = base_port + 3;
+    char sp[16];
+    snprintf(sp, sizeof sp, "%d", pg);
+    char *argv[] = {"mpirun", "-n", "2", "--oversubscribe", (char *)bin(), "serve", "--model", dir,
+                    "--enable-expert-parallel", "--data-parallel-size", "2", "--port", sp, "--threads", "1",
+                    "--max-num-seqs", "4", "--max-model-len", (char *)group_max_len, "--served-model-name", "tiny",
+                    "--watchdog-timeout", "3", NULL};
+    group = launch(argv, pg);
+    pid_t r[2];
+    rank_pids(pg, r);
+    cr_assert_eq(kill(r[1], SIGSTOP), 0);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "curl -s --max-time 60 -o /dev/null -w '%%{http_code}' http://127.0.0.1:%d/v1/completions "
+             "-d '{\"prompt\":\"x\",\"max_tokens\":8}'", pg);
+    double t0 = pd_now_s();
+    FILE *client = popen(cmd, "r");
+    char code[16] = {0};
+    size_t got = fread(code, 1, sizeof code - 1, client);
+    code[got] = 0;
+    pclose(client);
+    double waited = pd_now_s() - t0;
+    int st;
+    int ended = wait_exit(group, 30, &st);
+    kill(r[1], SIGCONT);
+    if (ended)
+        group = 0;
+    cr_assert(ended, "the group still runs with rank 1 stopped");
+    cr_assert_lt(waited, 30.0, "the client waited %.1f s (HTTP %s)", waited, code);
+    cr_assert_neq(atoi(code), 200, "a 200 from a group whose rank 1 was stopped");
+    FILE *f = fopen(log_path, "r");
+    char log[1 << 15];
+    size_t n = fread(log, 1, sizeof log - 1, f);
+    log[n] = 0;
+    fclose(f);
+    cr_assert(strstr(log, "has not finished in 3 s (a rank stopped or hung; --watchdog-timeout)"), "%s", log);
 }
 
 /* Ranks that load other files under one path (each host its own copy): other weights, or another
