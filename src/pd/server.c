@@ -667,6 +667,14 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
         goto fail;
     if ((rc = pd_tok_check_vocab(s->tok, s->en.model.vocab_size, path, e)))
         goto fail;
+    /* positions past the model's are not served (vLLM refuses them too): the rope was never
+     * trained there, and /v1/models would advertise a context the model does not have */
+    if (s->en.model.max_position_embeddings > 0 && s->o.max_model_len > s->en.model.max_position_embeddings) {
+        rc = pd_err_set(e, PD_EINVAL, "--max-model-len %d: more than the model's max_position_embeddings %lld "
+                        "(%s/config.json)", s->o.max_model_len, (long long)s->en.model.max_position_embeddings,
+                        o->model_dir);
+        goto fail;
+    }
     s->V = (int)s->en.model.vocab_size;
     snprintf(s->fingerprint, sizeof s->fingerprint, "%016llx", (unsigned long long)s->en.w.fingerprint);
     s->Vs = pd_tok_vocab_size(s->tok) < s->V ? pd_tok_vocab_size(s->tok) : s->V;

@@ -74,3 +74,14 @@ Test(model_files, a_fifo_in_place_of_a_file_is_named_not_waited_on)
     refused_in(dir, "generate --model %s --prompt hi --max-tokens 2", "config.json: a FIFO, not a regular file", NULL);
     rm_model(dir);
 }
+
+/* A context past the model's positions was served (its /v1/models advertised it); vLLM refuses it,
+ * as `pdmoe plan` does. v4-tiny's config: max_position_embeddings 4096. */
+Test(model_files, a_context_past_the_models_positions_is_refused)
+{
+    char dir[64];
+    tmp_model("v4-tiny", 1, dir, sizeof dir);
+    refused_in(dir, "serve --model %s --port 18973 --max-model-len 8192",
+               "--max-model-len 8192: more than the model's max_position_embeddings 4096", "config.json");
+    rm_model(dir);
+}
