@@ -169,17 +169,22 @@ int pd_cli_tokenize(int argc, char **argv)
             rc = print_ids(t, buf, len, as_json, "--file");
         } else {
             size_t line = 0;
-            for (char *s = buf, *nl; !rc && *s; s = nl + 1) {
-                nl = strchr(s, '\n');
+            /* bounded by the bytes read, not by a NUL: a raw 0x00 in a line (invalid JSON there) is
+             * that line's error, never the end of the file */
+            for (char *s = buf, *end = buf + len, *nl; !rc && s < end; s = nl + 1) {
+                nl = memchr(s, '\n', (size_t)(end - s));
                 if (!nl)
-                    nl = s + strlen(s) - 1;
+                    nl = end - 1;
                 line++;
                 json_error_t je;
                 json_t *j = json_loadb(s, (size_t)(nl - s + 1), JSON_DECODE_ANY | JSON_ALLOW_NUL,
                                        &je);
                 char what[64 + 4096];
                 snprintf(what, sizeof what, "--jsonl %s: line %zu", path, line);
-                if (chat) {
+                if (!j) {
+                    fprintf(stderr, "pdmoe tokenize: %s: not JSON: %s\n", what, je.text);
+                    rc = 1;
+                } else if (chat) {
                     rc = print_chat(t, format, j, what);
                 } else if (!json_is_string(j)) {
                     fprintf(stderr, "pdmoe tokenize: %s: expected a JSON string\n", what);

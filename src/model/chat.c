@@ -173,6 +173,9 @@ static void render_v3(struct buf *b, const struct pd_chat_msg *m, size_t n)
     put(b, ASSISTANT);
 }
 
+/* A chat's text is rendered as C strings: a NUL inside one would cut the prompt there. */
+#define NUL_REFUSED "holds a NUL character (\\u0000), which a chat prompt cannot carry"
+
 /* A content array's text parts joined by "\n" into *owned, m->content pointing at it (see chat.h). */
 static int join_parts(const json_t *parts, size_t i, struct pd_chat_msg *m, char **owned, pd_err *e)
 {
@@ -189,10 +192,13 @@ static int join_parts(const json_t *parts, size_t i, struct pd_chat_msg *m, char
         json_object_foreach((json_t *)p, k, v)
             if (strcmp(k, "type") && strcmp(k, "text"))
                 return pd_err_set(e, PD_EINVAL, "\"messages[%zu].content[%zu]\": \"%s\" is not supported", i, j, k);
-        if (!json_is_string(json_object_get(p, "text")))
+        const json_t *text = json_object_get(p, "text");
+        if (!json_is_string(text))
             return pd_err_set(e, PD_EINVAL, "\"messages[%zu].content[%zu]\": a text part needs a string \"text\"", i,
                               j);
-        len += json_string_length(json_object_get(p, "text")) + (j > 0);
+        if (strlen(json_string_value(text)) != json_string_length(text))
+            return pd_err_set(e, PD_EINVAL, "\"messages[%zu].content[%zu]\": %s", i, j, NUL_REFUSED);
+        len += json_string_length(text) + (j > 0);
     }
     char *t = malloc(len + 1);
     if (!t)
@@ -243,6 +249,8 @@ int pd_chat_messages(const json_t *msgs, struct pd_chat_msg **mp, size_t *np, pd
             rc = join_parts(c, i, &m[i], &owned[i], e);
         else
             m[i].content = json_string_value(c);
+        if (!rc && json_is_string(c) && strlen(m[i].content) != json_string_length(c))
+            rc = pd_err_set(e, PD_EINVAL, "\"messages[%zu].content\" %s", i, NUL_REFUSED);
     }
     if (rc) {
         pd_chat_messages_free(m, n);

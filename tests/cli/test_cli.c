@@ -401,6 +401,13 @@ Test(cli, tokenize_prints_the_ids_of_the_encoder)
     char needle[256];
     snprintf(needle, sizeof needle, "--jsonl %s: line 2: expected a JSON string", path);
     cr_assert_eq(expect_error(args, needle), 1);
+    /* a raw 0x00 in a line is that line's error: it used to end the file there, silently (exit 0,
+     * the lines after it never read) */
+    f = fopen(path, "w");
+    fwrite("\"ok\"\n\"a\0b\"\n\"c\"\n", 1, 13, f);
+    fclose(f);
+    snprintf(needle, sizeof needle, "--jsonl %s: line 2: not JSON", path);
+    cr_assert_eq(expect_error(args, needle), 1);
     remove(path);
     free(ids);
     pd_tok_free(t);

@@ -213,3 +213,23 @@ Test(chat, a_template_that_cannot_be_read_is_named_not_guessed)
     cr_expect(strstr(e.msg, dir), "%s", e.msg);
 }
 
+
+/* A NUL inside a content (JSON's \u0000) cut the rendered prompt there, silently: refused by place. */
+Test(chat, a_nul_in_a_content_is_refused_by_place)
+{
+    json_error_t je;
+    json_t *j = json_loads("[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]", JSON_ALLOW_NUL, &je);
+    cr_assert_not_null(j, "%s", je.text);
+    struct pd_chat_msg *m;
+    size_t n;
+    pd_err e = {0};
+    cr_expect_eq(pd_chat_messages(j, &m, &n, &e), PD_EINVAL);
+    cr_expect(strstr(e.msg, "\"messages[0].content\" holds a NUL character"), "%s", e.msg);
+    json_decref(j);
+    j = json_loads("[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"x\"},"
+                   "{\"type\":\"text\",\"text\":\"a\\u0000b\"}]}]", JSON_ALLOW_NUL, &je);
+    cr_assert_not_null(j, "%s", je.text);
+    cr_expect_eq(pd_chat_messages(j, &m, &n, &e), PD_EINVAL);
+    cr_expect(strstr(e.msg, "\"messages[0].content[1]\": holds a NUL character"), "%s", e.msg);
+    json_decref(j);
+}
