@@ -613,10 +613,14 @@ int pd_http_front_new(struct event_base *base, const struct pd_http_limits *lim,
     if (l->max_body_bytes <= 0)
         l->max_body_bytes = 8 << 20;
     f->cap = l->max_connections;
-    /* one descriptor per connection, and the process needs its own */
+    /* fds_per_connection descriptors per connection, and the process needs its own: a proxy
+     * capped at the limit less the reserve ran out of descriptors for its upstream connections,
+     * and took the failures for its instances' (ejecting healthy ones) */
+    if (l->fds_per_connection < 1)
+        l->fds_per_connection = 1;
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-        long room = (long)rl.rlim_cur - FD_RESERVE;
+        long room = ((long)rl.rlim_cur - FD_RESERVE) / l->fds_per_connection;
         if (f->cap > room)
             f->cap = room > 1 ? (int)room : 1;
     }

@@ -35,6 +35,9 @@ struct pd_http_limits {
     int body_timeout_ms;            /* default 30000 */
     int64_t max_header_bytes;       /* request line and headers; default 65536 */
     int64_t max_body_bytes;         /* default 8 MiB */
+    int fds_per_connection;         /* descriptors a connection may need at once: 1 (a server; the
+                                     * default), 2 (the proxy: the client's and its upstream one); the
+                                     * cap leaves the open-file limit room for them all */
     /* events an operator should see (descriptors exhausted), one line each; NULL: none */
     void (*log)(void *arg, const char *line);
     void *log_arg;

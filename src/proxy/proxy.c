@@ -811,7 +811,9 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
         return pd_err_set(e, PD_ENOMEM, "out of memory");
     }
     const char *host = o->host ? o->host : "127.0.0.1";
-    int rc = pd_http_front_new(px->base, &o->http, host, o->port, &px->front, e);
+    struct pd_http_limits lim = o->http;
+    lim.fds_per_connection = 2;   /* a client's connection and its request's upstream one */
+    int rc = pd_http_front_new(px->base, &lim, host, o->port, &px->front, e);
     if (rc) {
         pd_proxy_destroy(px);
         return rc;

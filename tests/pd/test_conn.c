@@ -534,6 +534,31 @@ Test(conn, out_of_descriptors_pauses_accept_without_spinning_and_logs_once)
     cr_assert_eq(raw_request(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", body, sizeof body), 200);
 }
 
+/* The proxy needs two descriptors for a request (its client's and its upstream connection): its
+ * cap leaves the open-file limit room for both. Capped like a server (the limit less the reserve),
+ * it ran out of descriptors for upstream connections under load and took each failure for its
+ * instances', ejecting healthy ones. */
+Test(conn, the_proxys_cap_leaves_descriptors_for_its_upstream_connections)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    int port = free_port();
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "ulimit -n 256 && exec %s proxy --decode 127.0.0.1:1 --port %d 2>/dev/null", bin, port);
+    child = fork();
+    if (child == 0) {
+        execl("/bin/bash", "bash", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    char out[256];
+    for (int i = 0; i < 250 && curl_port(port, "/health", NULL, NULL, out, sizeof out) != 200; i++)
+        usleep(20000);
+    int cap = metric_port(port, "pdmoe_http_max_connections");
+    kill(child, SIGTERM);
+    waitpid(child, NULL, 0);
+    child = -1;
+    cr_assert_eq(cap, (256 - 32) / 2, "cap %d under a limit of 256 descriptors", cap);
+}
+
 /* The flags are in both commands' --help, and a bad value is refused naming the flag. */
 Test(conn, serve_and_proxy_flags_are_documented_and_checked)
 {
