@@ -416,6 +416,8 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
         evhttp_send_reply(j->client, code, code == 200 ? "OK" : "Error", b);
         if (!j->held)
             evbuffer_free(b);
+        if (code >= 400)   /* the decode instance's 4xx, passed on: the client's, counted as the prefill's are */
+            px->bad_requests++;
         if (code == 200) {
             px_hist_observe(&px->ttft, pd_now_s() - j->t0);   /* the whole answer is its first token */
             note_done(j);
