@@ -114,9 +114,14 @@ static int healthy(const char *host, int port)
 
 static void stop_all(struct child *c, int n)
 {
+    /* SIGTERM, then SIGCONT to its process group, as systemd sends them: a child stopped (SIGSTOP,
+     * a debugger) never saw the SIGTERM, was SIGKILLed after 10 s, and an mpirun killed so left
+     * its ranks' shared-memory segments in /dev/shm */
     for (int i = 0; i < n; i++)
-        if (c[i].pid > 0)
+        if (c[i].pid > 0) {
             kill(c[i].pid, SIGTERM);
+            kill(-c[i].pid, SIGCONT);
+        }
     /* give them 10 s to answer their clients and exit, then kill */
     for (int t = 0; t < 200; t++) {
         int alive = 0;

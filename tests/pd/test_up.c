@@ -215,6 +215,53 @@ Test(up, ports_in_use_are_refused_by_name_before_anything_starts)
     cr_assert_eq(processes_on(port + 2), 0, "a decode instance was started");
 }
 
+/* Files /dev/shm holds whose names start with `prefix`. */
+static int shm_files(const char *prefix)
+{
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "ls /dev/shm 2>/dev/null | grep -c '^%s'", prefix);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    if (!p || fscanf(p, "%d", &n) != 1)
+        n = -1;
+    if (p)
+        pclose(p);
+    return n;
+}
+
+/* A child stopped (SIGSTOP, a debugger) when up is told to stop: it is continued so that it sees
+ * the SIGTERM. It used to be SIGKILLed after 10 s, and a decode group's mpirun killed so left its
+ * ranks' shared-memory segments in /dev/shm. */
+Test(up, a_stopped_child_is_continued_to_stop_and_leaves_no_shared_memory)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const int port = 18800 + (getpid() % 300) * 3;
+    int shm0 = shm_files("vader_segment");
+    pid_t up = start_up(bin, port, 2);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "pgrep -f -- '^mpirun .*-[-]port %d( |$)'", port + 2);   /* the decode group's */
+    FILE *p = popen(cmd, "r");
+    int mp = 0;
+    cr_assert(p && fscanf(p, "%d", &mp) == 1 && mp > 0, "no mpirun for port %d", port + 2);
+    pclose(p);
+    cr_assert_eq(kill(mp, SIGSTOP), 0);
+    double t0 = pd_now_s();
+    kill(up, SIGTERM);
+    int status;
+    cr_assert_eq(waitpid(up, &status, 0), up);
+    up_pid = 0;
+    double took = pd_now_s() - t0;
+    cr_assert_lt(took, 9.0, "up took %.1f s to stop (its 10 s escalation to SIGKILL)", took);
+    for (int q = port; q <= port + 2; q++)
+        cr_assert_eq(processes_on(q), 0, "processes left behind on port %d", q);
+    int shm = shm_files("vader_segment");
+    for (int i = 0; i < 50 && shm > shm0; i++) {
+        usleep(100000);
+        shm = shm_files("vader_segment");
+    }
+    cr_assert_leq(shm, shm0, "%d shared-memory segments left in /dev/shm (%d before)", shm, shm0);
+}
+
 /* Leaves a connection in TIME_WAIT on the server's side of 127.0.0.1:port, as a prefill instance
  * that closed its KV connections first leaves its kv_port to the next cluster. */
 static void time_wait_on(int port)
