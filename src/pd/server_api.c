@@ -26,6 +26,16 @@ void pd_srv_send_error(struct pd_server *s, struct evhttp_request *h, int code, 
     pd_http_error(h, code, type, param, "%s", msg);
 }
 
+/* A generated token's bytes in the answer's text: none for a special token (EOS generated past
+ * ignore_eos, a chat marker) unless the request set skip_special_tokens false, as vLLM's detokenizer
+ * does; NULL when it adds nothing. */
+static const char *token_text(const struct pd_server *s, const struct req *r, int32_t id, size_t *len)
+{
+    if (!r->keep_special && pd_tok_is_special(s->tok, id))
+        return NULL;
+    return pd_tok_token_bytes(s->tok, id, len);
+}
+
 /* Appends the bytes of the tokens [tokens_sent, n) to r->text, and moves its longest prefix that
  * is complete UTF-8 onto r->held (which may then hold 0x00: a token's bytes are carried as they
  * are), invalid bytes becoming U+FFFD, keeping an incomplete tail for later unless `final`.
@@ -34,7 +44,7 @@ static int take_utf8(struct pd_server *s, struct req *r, int n, int final)
 {
     for (; r->tokens_sent < n; r->tokens_sent++) {
         size_t tl;
-        const char *b = pd_tok_token_bytes(s->tok, r->gen[r->tokens_sent], &tl);
+        const char *b = token_text(s, r, r->gen[r->tokens_sent], &tl);
         if (!b)
             continue;
         if (PD_GROW(r->text, r->text_cap, r->text_len + tl))
@@ -64,7 +74,7 @@ static int tokens_to(struct pd_server *s, const struct req *r, int n, size_t end
     int lo = 1, hi = n;
     for (int k = 0; at && k < n; k++) {
         size_t tl;
-        const char *b = pd_tok_token_bytes(s->tok, r->gen[k], &tl);
+        const char *b = token_text(s, r, r->gen[k], &tl);
         at[k] = len;
         if (b && PD_GROW(raw, cap, len + tl))
             goto out;
@@ -687,7 +697,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
                                         "temperature", "top_p", "seed", "stream", "stream_options", "stop",
                                         "stop_token_ids", "ignore_eos", "return_token_ids", "kv_transfer_params",
                                         "user", "n", "logprobs", "top_logprobs", "presence_penalty",
-                                        "frequency_penalty", NULL};
+                                        "frequency_penalty", "skip_special_tokens", NULL};
     const char *key = unknown_key(j, known);
     if (key) {
         pd_srv_send_error(s, h, 400, "invalid_request_error", key, "unsupported parameter \"%s\": this server "
@@ -705,7 +715,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     if (unsupported_values(s, h, j, chat))
         goto out;
     /* every field that sizes or steers the generation is checked here, before it is used */
-    static const char *const flags[] = {"stream", "return_token_ids", "ignore_eos"};
+    static const char *const flags[] = {"stream", "return_token_ids", "ignore_eos", "skip_special_tokens"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         json_t *v = present(j, flags[i]);
         if (v && !json_is_boolean(v)) {
@@ -935,6 +945,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     r->created = (long)time(NULL);
     r->return_ids = json_is_true(json_object_get(j, "return_token_ids"));
     r->ignore_eos = json_is_true(json_object_get(j, "ignore_eos"));
+    r->keep_special = json_is_false(json_object_get(j, "skip_special_tokens"));
     /* unseeded: a sample of its own (vLLM's), from the urandom pool (the clock if that fails) */
     uint64_t seed = (uint64_t)json_integer_value(sd);
     if (!sd && getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed)

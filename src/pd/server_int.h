@@ -77,6 +77,7 @@ struct req {
     long created;                   /* Unix time, for the "created" fields */
     int return_ids;                 /* vLLM's return_token_ids: add the generated ids */
     int ignore_eos;                 /* vLLM's ignore_eos: generate max_tokens whatever is sampled */
+    int keep_special;               /* vLLM's skip_special_tokens false: special tokens' text kept */
     int remote_decode;              /* producer: keep the KV for a decode instance */
     struct pd_kvx_key key;          /* producer: the lease's key, remote_request_id in the answer */
     int remote_prefill;             /* consumer: pull the KV from a producer */

@@ -183,6 +183,36 @@ Test(hostile, a_first_token_that_is_eos_is_an_empty_stop)
     cr_assert_null(strstr(out, "\"text\":\"x"), "%s", out);
 }
 
+/* EOS generated past ignore_eos (or any special token) adds no text, as vLLM's default
+ * skip_special_tokens gives it; skip_special_tokens false keeps it. Its text "<｜end▁of▁sentence｜>"
+ * used to be in every such answer, and the parameter was refused. */
+Test(hostile, special_tokens_are_left_out_of_the_text_unless_asked_for)
+{
+    json_t *j;
+    int seed = find_seed("{\"prompt\":\"x\",\"max_tokens\":1,\"temperature\":2,\"seed\":%d}", 20000, stopped_at_once, &j);
+    cr_assert_geq(seed, 0, "no seed below 20000 samples EOS first");
+    json_decref(j);
+    char body[256], *txt;
+    static const char *const keep[] = {"", ",\"skip_special_tokens\":true", ",\"skip_special_tokens\":false"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(body, sizeof body, "{\"prompt\":\"x\",\"max_tokens\":1,\"temperature\":2,\"seed\":%d,"
+                 "\"ignore_eos\":true,\"return_token_ids\":true%s}", seed, keep[k]);
+        cr_assert_eq(post("/v1/completions", body, &txt), 200, "%s", txt);
+        j = json_loads(txt, 0, NULL);
+        cr_assert_not_null(j, "%s", txt);
+        json_t *ids = json_object_get(choice(j), "token_ids");
+        cr_assert_eq(json_array_size(ids), 1, "%s", txt);
+        cr_assert_eq(json_integer_value(json_array_get(ids, 0)), 1, "not EOS: %s", txt);   /* v4-tiny's EOS */
+        cr_assert_str_eq(json_string_value(json_object_get(choice(j), "text")), k == 2 ? "<｜end▁of▁sentence｜>" : "",
+                         "%s", body);
+        json_decref(j);
+        free(txt);
+    }
+    cr_assert_eq(post("/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":1,\"skip_special_tokens\":1}", &txt), 400);
+    cr_assert(strstr(txt, "must be a boolean") && strstr(txt, "\"param\":\"skip_special_tokens\""), "%s", txt);
+    free(txt);
+}
+
 static int32_t nul_id;
 
 static int has_nul_token(json_t *j)
