@@ -365,13 +365,21 @@ const char *pd_srv_kv_host(const struct pd_server *s);
 void pd_srv_count_pull(struct pd_server *s, const char *host, int port, int rank, int64_t bytes, double seconds);
 void pd_srv_send_error(struct pd_server *s, struct evhttp_request *h, int code, const char *type, const char *param,
                        const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* Registers the HTTP routes on s->front and creates s->notify (the scheduler's wake-up). */
+int pd_srv_api_install(struct pd_server *s);
+
+/* ---- server_answer.c ---- */
 void pd_srv_send_sse(struct evhttp_request *h, json_t *j);
 void pd_srv_answered(struct pd_server *s, struct req *r);
 /* A request the server stops before it ends: a stream already answering gets an error event and
  * [DONE], any other request a 503; the HTTP side lets go of it. */
 void pd_srv_answer_shutdown(struct pd_server *s, struct req *r);
-/* Registers the HTTP routes on s->front and creates s->notify (the scheduler's wake-up). */
-int pd_srv_api_install(struct pd_server *s);
+/* A stream's 200 and headers (deferred, for a request that pulls KV, until its pull is through). */
+void pd_srv_start_stream(struct pd_server *s, struct req *r);
+/* s->notify's callback: answers what the scheduler put on the outbox (arg: the server). */
+void pd_srv_on_notify(evutil_socket_t fd, short what, void *arg);
+/* A client that goes away before its answer cancels its request (arg: the request). */
+void pd_srv_on_close(struct evhttp_connection *c, void *arg);
 
 /* ---- server_metrics.c ---- */
 /* GET /metrics (arg: the server). */
