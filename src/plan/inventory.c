@@ -528,6 +528,17 @@ int pd_inventory_from_checkpoint(const struct pd_model *m, const struct pd_st_se
             enum pd_class c;
             int layer, expert;
             if (pd_inventory_classify(m, st->name, &g, &c, &layer, &expert)) {
+                /* a routed expert past the config's count: the config under-states the experts,
+                 * and every expert's bytes would be planned short */
+                const char *x = strstr(st->name, ".experts.");
+                int id;
+                if (x && !strstr(st->name, "shared_experts") && sscanf(x, ".experts.%d.", &id) == 1 && id >= 0 &&
+                    id >= m->n_routed_experts) {
+                    pd_inventory_free(inv);
+                    return pd_err_set(e, PD_EINVAL, "checkpoint: tensor %s is routed expert %d, but config.json's "
+                                      "n_routed_experts is %d: the config does not describe these weights", st->name,
+                                      id, m->n_routed_experts);
+                }
                 if (inv->n_unclassed < PD_INV_MAX_UNCLASSED)
                     snprintf(inv->unclassed[inv->n_unclassed], sizeof inv->unclassed[0], "%s", st->name);
                 inv->n_unclassed++;
@@ -565,5 +576,17 @@ int pd_inventory_from_checkpoint(const struct pd_model *m, const struct pd_st_se
     }
     for (int l = 0; l < PD_MAX_LAYERS; l++)
         inv->n_moe_layers += seen[l];
+    /* every routed expert the config counts is in the checkpoint: a config that over-states them
+     * planned a placement of experts that do not exist */
+    for (int x = 0; x < m->n_routed_experts; x++)
+        if (inv->expert_bytes[x] == 0) {
+            int held = 0;
+            for (int y = 0; y < m->n_routed_experts; y++)
+                held += inv->expert_bytes[y] > 0;
+            pd_inventory_free(inv);
+            return pd_err_set(e, PD_EINVAL, "checkpoint: config.json's n_routed_experts is %d, but the tensors hold %d "
+                              "routed experts (none for expert %d): the config does not describe these weights",
+                              m->n_routed_experts, held, x);
+        }
     return 0;
 }

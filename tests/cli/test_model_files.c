@@ -85,3 +85,29 @@ Test(model_files, a_context_past_the_models_positions_is_refused)
                "--max-model-len 8192: more than the model's max_position_embeddings 4096", "config.json");
     rm_model(dir);
 }
+
+/* plan --checkpoint took config.json's word for the experts: a config under-stating them (8 of 16)
+ * planned half their bytes, with only a note that some tensors were not counted, and one
+ * over-stating them (32) placed experts that do not exist. Both are refused by name. */
+Test(model_files, a_config_that_miscounts_the_experts_is_refused_by_plan)
+{
+    char dir[64], path[128];
+    tmp_model("v4-tiny", 1, dir, sizeof dir);   /* 16 routed experts */
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    static const char *const args = "plan --checkpoint %s --prefill dp=2,tp=1,instances=1 --decode dp=2,tp=1,instances=1 "
+                                    "--nodes 1";
+    for (int k = 0; k < 2; k++) {
+        json_error_t je;
+        json_t *c = json_load_file(path, 0, &je);
+        cr_assert_not_null(c, "%s", je.text);
+        json_object_set_new(c, "n_routed_experts", json_integer(k ? 32 : 8));
+        cr_assert_eq(json_dump_file(c, path, JSON_INDENT(2)), 0);
+        json_decref(c);
+        if (k == 0)
+            refused_in(dir, args, "but config.json's n_routed_experts is 8: the config does not describe these weights", "routed expert 1");
+        else
+            refused_in(dir, args, "n_routed_experts is 32, but the tensors hold 16 routed experts (none for expert 16)",
+                       NULL);
+    }
+    rm_model(dir);
+}

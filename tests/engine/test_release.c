@@ -247,6 +247,7 @@ Test(release, planner_counts_what_the_engine_loads)
     o.role[1] = (struct pd_role_opts){.dp = 4, .tp = 1, .instances = 1};
     cr_assert_eq(pd_plan_build(&o, &a, &e), 0, "%s", e.msg);
     pd_plan_opts_default(&o);
+    o.model = NULL;   /* the checkpoint's own config.json, as plan --checkpoint reads it */
     o.checkpoint = rel;
     o.role[0] = (struct pd_role_opts){.dp = 4, .tp = 1, .instances = 1};
     o.role[1] = (struct pd_role_opts){.dp = 4, .tp = 1, .instances = 1};
@@ -413,6 +414,7 @@ Test(release, converted_gives_the_releases_tokens_and_bytes)
     struct pd_plan p;
     struct pd_plan_opts o;
     pd_plan_opts_default(&o);
+    o.model = NULL;   /* the checkpoint's own config.json, as plan --checkpoint reads it */
     o.checkpoint = out;
     o.role[0] = (struct pd_role_opts){.dp = 4, .tp = 1, .instances = 1};
     o.role[1] = (struct pd_role_opts){.dp = 4, .tp = 1, .instances = 1};
