@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +45,20 @@ static inline void tmp_model_agree(const char *preset, int seed, double rate, ch
     cr_assert_not_null(mkdtemp(dir));
     pd_err e = {0};
     cr_assert_eq(pd_genmodel_agree(preset, dir, (uint64_t)seed, rate, &e), 0, "%s", e.msg);
+}
+
+/* Sets the model's max_position_embeddings in dir/config.json (the engine reads it only as the
+ * bound of --max-model-len): for tests that need generations longer than v4-tiny's 4096. */
+static inline void tmp_model_positions(const char *dir, long long n)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_error_t je;
+    json_t *c = json_load_file(path, 0, &je);
+    cr_assert_not_null(c, "%s: %s", path, je.text);
+    json_object_set_new(c, "max_position_embeddings", json_integer(n));
+    cr_assert_eq(json_dump_file(c, path, JSON_INDENT(2)), 0);
+    json_decref(c);
 }
 
 /* A file holding `text`; its path is written over the template `path` ("/tmp/...-XXXXXX"). */

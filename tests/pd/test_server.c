@@ -351,6 +351,7 @@ Test(server, a_stream_the_server_stops_ends_with_an_error_and_done)
  * behind it still works: a later request is answered (it was once appended to the freed one). */
 Test(server, a_request_cancelled_while_waiting_leaves_the_queue_working)
 {
+    tmp_model_positions(dir, 16384);
     start_seqs(NULL, dir, 16384, 1);
     char cmd[512], out[8192];
     /* holds the only slot for 1.5 s, then leaves too */

@@ -260,6 +260,7 @@ Test(server_ep, a_client_that_leaves_frees_its_kv_on_the_owner_rank)
 {
     int pg = base_port + 2;
     group_max_len = "16384";
+    tmp_model_positions(dir, 16384);
     group = start_group(pg);
     char out[8192];
     /* two long generations, one per rank; both clients give up after 0.3 s */
