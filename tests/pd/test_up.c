@@ -220,13 +220,7 @@ static int shm_files(const char *prefix)
 {
     char cmd[160];
     snprintf(cmd, sizeof cmd, "ls /dev/shm 2>/dev/null | grep -c '^%s'", prefix);
-    FILE *p = popen(cmd, "r");
-    int n = -1;
-    if (!p || fscanf(p, "%d", &n) != 1)
-        n = -1;
-    if (p)
-        pclose(p);
-    return n;
+    return count_of(cmd);
 }
 
 /* A child stopped (SIGSTOP, a debugger) when up is told to stop: it is continued so that it sees

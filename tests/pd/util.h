@@ -143,12 +143,9 @@ static inline int labelled(int port, const char *name, int rank)
     return (int)metric_key(port, key);
 }
 
-/* Processes whose command line has `--port N` (-1 if pgrep cannot be run). */
-static inline int processes_on(int port)
+/* The number a shell command line prints (-1 if it cannot be run or prints none). */
+static inline int count_of(const char *cmd)
 {
-    char cmd[160];
-    /* "-[-]port" matches the servers' "--port N" but not this pgrep's own command line */
-    snprintf(cmd, sizeof cmd, "pgrep -f -- '-[-]port %d( |$)' | wc -l", port);
     FILE *p = popen(cmd, "r");
     int n = -1;
     if (!p || fscanf(p, "%d", &n) != 1)
@@ -156,6 +153,15 @@ static inline int processes_on(int port)
     if (p)
         pclose(p);
     return n;
+}
+
+/* Processes whose command line has `--port N` (-1 if pgrep cannot be run). */
+static inline int processes_on(int port)
+{
+    char cmd[160];
+    /* "-[-]port" matches the servers' "--port N" but not this pgrep's own command line */
+    snprintf(cmd, sizeof cmd, "pgrep -f -- '-[-]port %d( |$)' | wc -l", port);
+    return count_of(cmd);
 }
 
 /* Stops a proxy whose event loop runs on thread t, waits for the thread, frees it; *x = NULL. */
