@@ -1043,21 +1043,18 @@ static int bench_experts(struct ctx *c)
     fill_floats(x.x2s, (size_t)x.K, 1e-3f, 2e-3f);
     for (int d = 0; d < x.n_draws; d++) {
         int32_t *ex = x.draw + (size_t)d * x.K;
-        for (int k = 0; k < x.K; k++) {
-            int again;
-            do {   /* K distinct experts, in ascending order (insertion) */
-                int v = (int)(next_rand() % (uint64_t)x.E), j = k;
-                again = 0;
-                for (int i = 0; i < k; i++)
-                    again |= ex[i] == v;
-                if (again)
-                    continue;
-                while (j > 0 && ex[j - 1] > v) {
-                    ex[j] = ex[j - 1];
-                    j--;
-                }
-                ex[j] = v;
-            } while (again);
+        for (int k = 0; k < x.K;) {   /* K distinct experts, in ascending order (insertion) */
+            int v = (int)(next_rand() % (uint64_t)x.E), dup = 0, j = k;
+            for (int i = 0; i < k; i++)
+                dup |= ex[i] == v;
+            if (dup)
+                continue;
+            while (j > 0 && ex[j - 1] > v) {
+                ex[j] = ex[j - 1];
+                j--;
+            }
+            ex[j] = v;
+            k++;
         }
     }
     for (int l = 0; l < x.L; l++)

@@ -488,9 +488,9 @@ int pd_inventory_classify(const struct pd_model *m, const char *name, enum pd_gr
         return PD_EINVAL;
     int e;
     if (sscanf(rest, "ffn.experts.%d.%n", &e, &n) == 1 || sscanf(rest, "mlp.experts.%d.%n", &e, &n) == 1) {
-        if (e < 0 || e >= m->n_routed_experts)
-            return PD_EINVAL;
         *expert = e;
+        if (e < 0 || e >= m->n_routed_experts)
+            return e < 0 ? PD_EINVAL : PD_ERANGE;
         *c = PD_CLASS_I;
         *g = PD_G_ROUTED_EXPERTS;
         return 0;
@@ -527,18 +527,16 @@ int pd_inventory_from_checkpoint(const struct pd_model *m, const struct pd_st_se
             enum pd_group g;
             enum pd_class c;
             int layer, expert;
-            if (pd_inventory_classify(m, st->name, &g, &c, &layer, &expert)) {
+            int rc = pd_inventory_classify(m, st->name, &g, &c, &layer, &expert);
+            if (rc == PD_ERANGE) {
                 /* a routed expert past the config's count: the config under-states the experts,
                  * and every expert's bytes would be planned short */
-                const char *x = strstr(st->name, ".experts.");
-                int id;
-                if (x && !strstr(st->name, "shared_experts") && sscanf(x, ".experts.%d.", &id) == 1 && id >= 0 &&
-                    id >= m->n_routed_experts) {
-                    pd_inventory_free(inv);
-                    return pd_err_set(e, PD_EINVAL, "checkpoint: tensor %s is routed expert %d, but config.json's "
-                                      "n_routed_experts is %d: the config does not describe these weights", st->name,
-                                      id, m->n_routed_experts);
-                }
+                pd_inventory_free(inv);
+                return pd_err_set(e, PD_EINVAL, "checkpoint: tensor %s is routed expert %d, but config.json's "
+                                  "n_routed_experts is %d: the config does not describe these weights", st->name,
+                                  expert, m->n_routed_experts);
+            }
+            if (rc) {
                 if (inv->n_unclassed < PD_INV_MAX_UNCLASSED)
                     snprintf(inv->unclassed[inv->n_unclassed], sizeof inv->unclassed[0], "%s", st->name);
                 inv->n_unclassed++;

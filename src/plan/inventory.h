@@ -70,7 +70,8 @@ void pd_inventory_free(struct pd_inventory *inv);
 enum pd_w8a8_role { PD_W8A8_QUANT, PD_W8A8_FLOAT, PD_W8A8_KEEP };
 enum pd_w8a8_role pd_inventory_w8a8_role(const char *name, int dspark);
 
-/* Classifies a tensor name (either naming); returns 0 or PD_EINVAL if no rule applies. */
+/* Classifies a tensor name (either naming); returns 0, PD_ERANGE for a routed expert at or past
+ * m->n_routed_experts (its id in *expert), or PD_EINVAL if no rule applies. */
 int pd_inventory_classify(const struct pd_model *m, const char *name, enum pd_group *g,
                           enum pd_class *c, int *layer, int *expert);
 /* Name of instance i of an entry ("{e}" replaced by i). */

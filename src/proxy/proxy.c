@@ -746,14 +746,18 @@ static void on_stop(evutil_socket_t fd, short what, void *arg)
  * each role's instances and how many are up. /health stays the proxy's own liveness, as a
  * restarting supervisor needs it: with every instance down it says ok, and the load balancer in
  * front of several deployments asks /readiness instead. */
+static int instances_up(const struct instance *in, int n)
+{
+    int up = 0;
+    for (int i = 0; i < n; i++)
+        up += in[i].up;
+    return up;
+}
+
 static void on_readiness(struct evhttp_request *h, void *arg)
 {
     struct pd_proxy *px = arg;
-    int up[2] = {0, 0}, n[2] = {px->np, px->nd};
-    for (int i = 0; i < px->np; i++)
-        up[0] += px->p[i].up;
-    for (int i = 0; i < px->nd; i++)
-        up[1] += px->d[i].up;
+    const int up[2] = {instances_up(px->p, px->np), instances_up(px->d, px->nd)}, n[2] = {px->np, px->nd};
     const int ready = (px->np == 0 || up[0] > 0) && up[1] > 0;
     json_t *j = json_pack("{s:s, s:{s:i, s:i}, s:{s:i, s:i}}", "status", ready ? "ready" : "not ready", "prefill",
                           "instances", n[0], "up", up[0], "decode", "instances", n[1], "up", up[1]);
