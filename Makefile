@@ -84,8 +84,12 @@ $(MINI): src/engine/genmodel.c src/plan/inventory.c models/v4-flash-mini.json | 
 
 # Tests run from the top of the tree (they read models/ and write to a temporary directory).
 # Under sanitizers, tests/lsan.supp names the leaks of libraries pdmoe does not own (Criterion's runner).
+# On a failure the failing tests and their messages are printed again at the end (from the TAP
+# report), where a log's tail shows them.
 test: $(BUILD)/pdmoe-tests $(BUILD)/pdmoe $(MINI)
-	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp PDMOE_BIN=$(BUILD)/pdmoe ./$(BUILD)/pdmoe-tests $(TEST_ARGS)
+	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp PDMOE_BIN=$(BUILD)/pdmoe \
+	    ./$(BUILD)/pdmoe-tests --tap=$(BUILD)/tests.tap $(TEST_ARGS) || \
+	    { echo "== failed:"; grep -A8 '^not ok' $(BUILD)/tests.tap; exit 1; }
 
 # Several hosts: network namespaces of this machine as hosts (root and iproute2; tests/cluster/).
 # The seed's cluster shape across four hosts under one `pdmoe up --hosts`, then the KV hand-off
