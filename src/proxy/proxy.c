@@ -17,6 +17,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #define BACKOFF_MIN_S 0.5
@@ -35,6 +36,7 @@ struct job {
     int pi, di;                      /* chosen instances, -1 before */
     unsigned tried, dtried;          /* prefill, decode instances tried (bit masks) */
     int attempts;
+    int sent_up, dsent_up;           /* prefill, decode attempts sent to an instance then up */
     struct evhttp_request *up;       /* the request in flight upstream, or NULL */
     struct evhttp_connection *conn;  /* its connection */
     int up_decode;                   /* it goes to the decode instance */
@@ -343,6 +345,24 @@ static json_t *answer_read(struct evbuffer *held, struct evhttp_request *r, int 
     return doc;
 }
 
+/* A request none of whose attempts at a role found an instance up (each was sent to one still
+ * ejected, in case it had come back, and could not reach it): a 503 with a Retry-After of the
+ * seconds to that role's next /health check, rather than a 502, which says an instance failed
+ * the request. */
+static void reply_unavailable(struct job *j, struct instance *in, int n, const char *role, const char *why)
+{
+    double next = 0, now = pd_now_s();
+    for (int i = 0; i < n; i++)
+        if (i == 0 || in[i].probe_at < next)
+            next = in[i].probe_at;
+    int wait = next > now ? (int)ceil(next - now) : 1;
+    char s[16];
+    snprintf(s, sizeof s, "%d", wait > 0 ? wait : 1);
+    evhttp_add_header(evhttp_request_get_output_headers(j->client), "Retry-After", s);
+    reply_error(j->client, 503, "server_error", "no %s instance is up (%d configured; the last tried: %s); its "
+                "/health is checked again within %s s", role, n, why, s);
+}
+
 static void on_decode_done(struct evhttp_request *r, void *arg)
 {
     struct job *j = arg;
@@ -406,8 +426,13 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
     if (code == 0 || code >= 500 || a.broken || (px->np > 0 && code == 400 && a.kv)) {
         px->decode_failed++;
         eject(&px->d[j->di], 0);
-        reply_error(j->client, 502, "server_error", "the decode instance %s:%d failed (%s)", px->d[j->di].host,
-                    px->d[j->di].port, a.why[0] ? a.why : code ? "server error" : "no answer");
+        char why[240];
+        snprintf(why, sizeof why, "%s:%d, %s", px->d[j->di].host, px->d[j->di].port,
+                 a.why[0] ? a.why : code ? "server error" : "no answer");
+        if (code == 0 && !j->dsent_up)
+            reply_unavailable(j, px->d, px->nd, "decode", why);
+        else
+            reply_error(j->client, 502, "server_error", "the decode instance %s failed", why);
     } else {
         struct evbuffer *b = j->held ? j->held : evbuffer_new();
         if (r)
@@ -449,7 +474,14 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
             return;
         }
         px->prefill_failed++;
-        reply_error(j->client, 502, "server_error", "no prefill instance could take the request (%d tried)", j->attempts);
+        if (code == 0 && !j->sent_up) {
+            char why[100];
+            snprintf(why, sizeof why, "%s:%d, no answer", px->p[j->pi].host, px->p[j->pi].port);
+            reply_unavailable(j, px->p, px->np, "prefill", why);
+        } else {
+            reply_error(j->client, 502, "server_error", "no prefill instance could take the request (%d tried)",
+                        j->attempts);
+        }
         client_done(j);
         job_free(j);
         return;
@@ -514,11 +546,13 @@ static void send_up(struct job *j, int decode)
         j->di = px->np ? px_pick(px->d, px->nd, j->dtried) : pick_routed(j, j->dtried);
         j->dtried |= 1u << j->di;
         in = &px->d[j->di];
+        j->dsent_up += in->up != 0;
     } else {
         j->pi = pick_routed(j, j->tried);
         j->tried |= 1u << j->pi;
         j->attempts++;
         in = &px->p[j->pi];
+        j->sent_up += in->up != 0;
     }
     json_t *b = json_deep_copy(j->body);
     if (!decode) {

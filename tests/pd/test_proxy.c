@@ -201,17 +201,54 @@ Test(proxy, dead_prefill_instance_is_retried)
     cr_assert(strstr(out, "pdmoe_proxy_retries_total 1\n"), "%s", out);
 }
 
-Test(proxy, dead_decode_instance_is_a_502_not_an_empty_200)
+/* A dead decode instance: the request that finds it out is a 502 naming it (unless its /health
+ * check found it first), never an empty 200; once it is known to be down, requests are a 503 with a
+ * Retry-After and a message saying that no decode instance is up (the client's cue to retry,
+ * where a 502 says an instance failed its request), streaming or not. */
+Test(proxy, dead_decode_instance_is_a_502_then_a_503_with_retry_after)
 {
     start_proxy(0, 1);
     char out[8192];
-    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":4}", NULL, out,
-                           sizeof out), 502, "%s", out);
+    int code = curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":4}", NULL, out,
+                         sizeof out);
+    cr_assert(code == 502 || code == 503, "%d %s", code, out);
     json_t *j = parse(out);
     cr_assert(json_is_string(json_object_get(json_object_get(j, "error"), "message")), "%s", out);
     json_decref(j);
-    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":4,\"stream\":true}",
-                           NULL, out, sizeof out), 502, "%s", out);
+    static const char *const bodies[] = {"{\"prompt\":\"x\",\"max_tokens\":4}",
+                                         "{\"prompt\":\"x\",\"max_tokens\":4,\"stream\":true}"};
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", bodies[i], "-i", out, sizeof out), 503, "%s: %s",
+                     bodies[i], out);
+        cr_assert(strstr(out, "Retry-After: "), "%s", out);
+        cr_assert(strstr(out, "no decode instance is up (1 configured; the last tried: 127.0.0.1:1, no answer)"),
+                  "%s", out);
+        j = parse(strstr(out, "{"));
+        cr_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "error"), "type")), "server_error");
+        json_decref(j);
+    }
+}
+
+/* Likewise with no prefill instance up: once its one instance is known down, a 503 naming the role. */
+Test(proxy, no_prefill_instance_up_is_a_503_with_retry_after)
+{
+    static char d1[32];
+    snprintf(d1, sizeof d1, "127.0.0.1:%d", pd_server_port(D));
+    struct pd_proxy_opts o = {.port = 0, .n_prefill = 1, .n_decode = 1};
+    o.prefill[0] = "127.0.0.1:1";
+    o.decode[0] = d1;
+    pd_err e = {0};
+    cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
+    pthread_create(&tx, NULL, run_proxy, X);
+    char out[8192];
+    int code = curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":4}", NULL, out,
+                         sizeof out);
+    cr_assert(code == 502 || code == 503, "%d %s", code, out);
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":4}", "-i", out,
+                           sizeof out), 503, "%s", out);
+    cr_assert(strstr(out, "Retry-After: "), "%s", out);
+    cr_assert(strstr(out, "no prefill instance is up (1 configured; the last tried: 127.0.0.1:1, no answer)"), "%s",
+              out);
 }
 
 Test(proxy, client_errors_pass_through_unretried)
