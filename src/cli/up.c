@@ -485,7 +485,7 @@ int pd_cli_up(int argc, char **argv)
         {"host", 1, 0, 'H'}, {"max-num-seqs", 1, 0, 'S'}, {"max-num-batched-tokens", 1, 0, 'T'},
         {"kv-cache-memory-bytes", 1, 0, 'B'}, {"kv-cache-bytes", 1, 0, 'B'}, {"served-model-name", 1, 0, 'N'},
         {"hosts", 1, 0, 'O'}, {"kv-cache-dtype", 1, 0, 'd'}, {"policy", 1, 0, 'y'},
-        {"speculative-config", 1, 0, 'X'},
+        {"speculative-config", 1, 0, 'X'}, {"max-queued-requests", 1, 0, 'Q'},
         {"enable-prefix-caching", 0, 0, 'C'}, {"no-enable-prefix-caching", 0, 0, 'c'}, {"help", 0, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -496,7 +496,7 @@ int pd_cli_up(int argc, char **argv)
     /* engine flags passed on to every instance as given (serve checks them); the plan's own
      * values forbid them with --plan */
     const char *host = "127.0.0.1", *seqs_flag = NULL, *batched_flag = NULL, *kvbytes_flag = NULL, *served = NULL;
-    const char *dtype_flag = NULL, *prefix_flag = NULL, *spec_flag = NULL;
+    const char *dtype_flag = NULL, *prefix_flag = NULL, *spec_flag = NULL, *queued_flag = NULL;
     enum pd_kv_dtype dtype;
     int64_t checked;
     int c;
@@ -519,6 +519,11 @@ int pd_cli_up(int argc, char **argv)
             batched_flag = optarg;
             break;
         case 'B': kvbytes_flag = optarg; break;
+        case 'Q':
+            if (pd_cli_int_max("--max-queued-requests", optarg, 1, 1 << 30, &checked))
+                return 2;
+            queued_flag = optarg;
+            break;
         case 'd': if (pd_cli_kv_dtype("up", optarg, &dtype)) return 2; dtype_flag = optarg; break;
         case 'C': prefix_flag = "--enable-prefix-caching"; break;
         case 'c': prefix_flag = "--no-enable-prefix-caching"; break;
@@ -573,6 +578,9 @@ int pd_cli_up(int argc, char **argv)
                    "       [--kv-cache-dtype bf16|fp8] [--policy cache_aware|least_loaded]\n"
                    "       [--enable-prefix-caching | --no-enable-prefix-caching] [--plan plan.json --hosts H0,H1,...]\n"
                    "       [--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":K}']\n"
+                   "       [--max-queued-requests N]\n"
+                   "--max-queued-requests: each instance's waiting queue (pdmoe serve --help); with --plan too. A\n"
+                   "429 from a full instance sends the request to another one; the client gets it when all are full.\n"
                    "--speculative-config: MTP speculative decoding on every instance (the prefill side hands the MTP\n"
                    "layer's KV and the draft's input to the decode side, which drafts; in EP groups rank to rank).\n"
                    "--policy: how the proxy picks the instance that prefills (pdmoe proxy --help; cache_aware by default).\n"
@@ -697,7 +705,7 @@ int pd_cli_up(int argc, char **argv)
         int e = 0;
         const char *pass[][2] = {{"--max-num-seqs", seqs_flag}, {"--max-num-batched-tokens", batched_flag},
                                  {"--kv-cache-memory-bytes", kvbytes_flag}, {"--kv-cache-dtype", dtype_flag},
-                                 {"--speculative-config", spec_flag}};
+                                 {"--speculative-config", spec_flag}, {"--max-queued-requests", queued_flag}};
         for (size_t j = 0; j < sizeof pass / sizeof pass[0]; j++)
             if (pass[j][1]) {
                 lo.extra[e++] = pass[j][0];

@@ -83,6 +83,9 @@ struct pd_server_opts {
                                      * ranks each cache */
     int prefix_cache_unit;          /* tokens between cached boundaries; 0: 256 */
     struct pd_http_limits http;     /* connections: cap, timeouts, request sizes (0: defaults) */
+    int max_queued_requests;        /* requests waiting for a place in the batch beyond which a new one
+                                     * is a 429 with Retry-After (SGLang's --max-queued-requests);
+                                     * 0: no limit but the connections' */
     int spec_k;                     /* --speculative-config: MTP drafts per decode step (engine/spec.h),
                                      * 0: off; colocated or PD, one process or an EP group (each
                                      * sequence's draft state on its owner rank) */

@@ -297,10 +297,33 @@ static int kv_params_unknown(struct pd_server *s, struct evhttp_request *h, json
     return 0;
 }
 
+/* The waiting queue at --max-queued-requests: a 429 (Retry-After 1 s, OpenAI's rate_limit_error,
+ * SGLang's answer to a full queue) before the body is read, so a flood costs no more than its
+ * bytes; the proxy offers the request to another instance. Only this thread adds to the queue,
+ * so the count cannot grow between this check and the request's place in it. */
+static int queue_full(struct pd_server *s, struct evhttp_request *h)
+{
+    if (s->o.max_queued_requests <= 0)
+        return 0;
+    int waiting = 0;
+    pthread_mutex_lock(&s->mu);
+    for (struct req *r = s->wait_head; r && waiting < s->o.max_queued_requests; r = r->next)
+        waiting++;
+    int full = waiting >= s->o.max_queued_requests;
+    s->n_queue_full += (uint64_t)full;
+    pthread_mutex_unlock(&s->mu);
+    if (full) {
+        evhttp_add_header(evhttp_request_get_output_headers(h), "Retry-After", "1");
+        pd_srv_send_error(s, h, 429, "rate_limit_error", NULL, "the waiting queue is full (%d requests, "
+                          "--max-queued-requests): try again later", s->o.max_queued_requests);
+    }
+    return full;
+}
+
 static void on_completion(struct evhttp_request *h, void *arg, int chat)
 {
     struct pd_server *s = arg;
-    if (!authorised(s, h))
+    if (!authorised(s, h) || queue_full(s, h))
         return;
     json_error_t je;
     json_t *j;

@@ -251,6 +251,7 @@ struct pd_server {
     int port;
     /* metrics */
     uint64_t n_requests, n_completed, n_cancelled, n_errors4xx, tokens_out, tokens_in;
+    uint64_t n_queue_full;          /* requests refused with the waiting queue at max_queued_requests */
     struct pd_spec_stats spec_stats;   /* speculative decoding's counters (/metrics) */
     double ttft_sum;
     /* the scheduler's steps by kind (0: decode tokens only, 1: with prompt tokens): how many, their

@@ -39,6 +39,11 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
                         "# TYPE pdmoe_time_to_first_token_seconds_sum counter\npdmoe_time_to_first_token_seconds_sum %.6f\n"
                         "# TYPE pdmoe_num_requests_running gauge\npdmoe_num_requests_running %d\n"
                         "# TYPE pdmoe_num_requests_waiting gauge\npdmoe_num_requests_waiting %d\n"
+                        "# HELP pdmoe_requests_queue_full_total Requests refused (429) with the waiting queue at "
+                        "--max-queued-requests.\n# TYPE pdmoe_requests_queue_full_total counter\n"
+                        "pdmoe_requests_queue_full_total %llu\n"
+                        "# HELP pdmoe_max_queued_requests --max-queued-requests (0: no limit).\n"
+                        "# TYPE pdmoe_max_queued_requests gauge\npdmoe_max_queued_requests %d\n"
                         "# HELP pdmoe_kv_blocks_free KV pool blocks free.\n# TYPE pdmoe_kv_blocks_free gauge\n"
                         "pdmoe_kv_blocks_free %d\n# TYPE pdmoe_kv_blocks_total gauge\npdmoe_kv_blocks_total %d\n"
                         "# TYPE pdmoe_kv_slots_free gauge\npdmoe_kv_slots_free %d\n"
@@ -57,7 +62,7 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
                         (unsigned long long)s->n_cancelled, (unsigned long long)s->n_errors4xx,
                         (unsigned long long)s->kv_failures,
                         (unsigned long long)s->tokens_in, (unsigned long long)s->tokens_out, s->ttft_sum, s->n_running,
-                        waiting, blocks_free, blocks, slots_free,
+                        waiting, (unsigned long long)s->n_queue_full, s->o.max_queued_requests, blocks_free, blocks, slots_free,
                         (unsigned long long)s->kv_bytes, s->kv_seconds, (unsigned long long)s->kv_pulls,
                         (unsigned long long)s->kv_recomputes, (unsigned long long)s->leases_revoked, leases,
                         s->en.kv.region_bytes, pd_kv_dtype_name(s->en.kv.dtype), s->en.kv.entry_bytes);

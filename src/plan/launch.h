@@ -54,7 +54,7 @@ struct pd_launch_opts {
     const char *threads, *max_model_len;         /* as given on the command line */
     int lease_ms;              /* 0: the server's default */
     struct pd_launch_limits plan;
-    const char *extra[12];      /* more "--flag", "value" pairs for every instance, NULL-terminated */
+    const char *extra[16];      /* more "--flag", "value" pairs for every instance, NULL-terminated */
     int allow_run_as_root;     /* mpirun --allow-run-as-root (pdmoe up as root) */
     int oversubscribe;         /* mpirun --oversubscribe: more ranks than cores */
     int remote;                /* the instance's first host is not where this runs: even one rank

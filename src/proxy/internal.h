@@ -53,6 +53,7 @@ struct pd_proxy {
     struct pd_route *route;          /* who prefills: the prefill instances, or the colocated ones */
     /* metrics */
     uint64_t requests, completed, retries, cancelled, bad_requests, prefill_failed, decode_failed;
+    uint64_t queue_full;         /* requests answered 429: every instance of a role had its queue full */
     uint64_t routed[PD_ROUTE_N_WHY];                 /* prefill choices, by reason */
     uint64_t route_chunks, route_matched;            /* prompt chunks routed, and matched where they went */
     struct hist ttft, tpot, itl, e2e;

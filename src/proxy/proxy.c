@@ -363,6 +363,14 @@ static void reply_unavailable(struct job *j, struct instance *in, int n, const c
                 "/health is checked again within %s s", role, n, why, s);
 }
 
+/* An instance's 429 reaches the client with its Retry-After. */
+static void pass_retry_after(struct job *j, struct evhttp_request *r, int code)
+{
+    const char *ra = code == 429 && r ? evhttp_find_header(evhttp_request_get_input_headers(r), "Retry-After") : NULL;
+    if (ra)
+        evhttp_add_header(evhttp_request_get_output_headers(j->client), "Retry-After", ra);
+}
+
 static void on_decode_done(struct evhttp_request *r, void *arg)
 {
     struct job *j = arg;
@@ -381,6 +389,14 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
     struct answer a = {0};
     if (code > 0 && code < 500 && !j->started)   /* (a stream's body has gone to the client) */
         json_decref(answer_read(j->held, r, code, &a));
+    if (code == 429 && !j->started && px_pick(px->d, px->nd, j->dtried) >= 0) {
+        /* this instance's queue is full (--max-queued-requests): another one, not taken out */
+        px->retries++;
+        if (j->held)
+            evbuffer_drain(j->held, evbuffer_get_length(j->held));
+        send_up(j, 1);
+        return;
+    }
     if (code == 403 && px->np > 0 && !j->started && j->attempts < max_attempts(px) && a.kv) {
         /* the prefill instance no longer holds the request's KV (it restarted, or the lease expired
          * while the decode queued): nothing has reached the client, so the request is prefilled
@@ -438,10 +454,13 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
         if (r)
             evbuffer_add_buffer(b, evhttp_request_get_input_buffer(r));
         evhttp_add_header(evhttp_request_get_output_headers(j->client), "Content-Type", "application/json");
+        pass_retry_after(j, r, code);
         evhttp_send_reply(j->client, code, code == 200 ? "OK" : "Error", b);
         if (!j->held)
             evbuffer_free(b);
-        if (code >= 400)   /* the decode instance's 4xx, passed on: the client's, counted as the prefill's are */
+        if (code == 429)   /* every decode instance's queue was full */
+            px->queue_full++;
+        else if (code >= 400)   /* the decode instance's 4xx, passed on: the client's, as the prefill's are */
             px->bad_requests++;
         if (code == 200) {
             px_hist_observe(&px->ttft, pd_now_s() - j->t0);   /* the whole answer is its first token */
@@ -500,9 +519,22 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
         return;
     }
     admit(&px->p[j->pi]);
-    if (code != 200) {   /* the instance's 4xx, passed on as it is */
+    if (code == 429 && px_pick(px->p, px->np, j->tried) >= 0) {
+        /* this instance's queue is full (--max-queued-requests): another one, not taken out, and
+         * not counted against --retries, which bounds failures */
         json_decref(resp);
-        px->bad_requests++;
+        px->retries++;
+        j->attempts--;
+        send_up(j, 0);
+        return;
+    }
+    if (code != 200) {   /* the instance's 4xx, passed on as it is (a 429: every queue was full) */
+        json_decref(resp);
+        if (code == 429)
+            px->queue_full++;
+        else
+            px->bad_requests++;
+        pass_retry_after(j, r, code);
         evhttp_add_header(evhttp_request_get_output_headers(j->client), "Content-Type", "application/json");
         evhttp_send_reply(j->client, code, "Error", in);
         client_done(j);

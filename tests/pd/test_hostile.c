@@ -321,6 +321,7 @@ struct fake {
     int fd, port, post_delay_s, hang;
     int status;                      /* the answers' status: 0 is 200 */
     const char *type;                /* their Content-Type: NULL is application/json */
+    const char *header;              /* one more header line of theirs ("Name: value\r\n"), or NULL */
     volatile int stop, posted;
     const char *body;
     pthread_t t;
@@ -376,7 +377,8 @@ static void *fake_serve(void *arg)
         return NULL;
     }
     int k = snprintf(head, sizeof head, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                     "Connection: close\r\n\r\n", status, status == 200 ? "OK" : "Error", type, strlen(f->body));
+                     "%sConnection: close\r\n\r\n", status, status == 200 ? "OK" : "Error", type, strlen(f->body),
+                     post && f->header ? f->header : "");
     if (write(c, head, (size_t)k) == k && write(c, f->body, strlen(f->body)) < 0)
         k = 0;
     close(c);
@@ -612,4 +614,74 @@ Test(hostile, a_prompt_past_the_context_in_bytes_is_refused_untokenized)
     cr_assert_eq(code, 400, "%s", raw);
     cr_assert(strstr(raw, "bytes make more than") && strstr(raw, "\"prompt\""), "%s", raw);
     free(raw);
+}
+
+/* An instance whose waiting queue is full answers 429 (pdmoe serve --max-queued-requests): the
+ * proxy offers the request to another instance of the role, without taking the full one out, and
+ * passes the 429 on, with its Retry-After, only when every instance's queue is full (colocated
+ * instances, then prefill instances). */
+Test(hostile, a_full_queue_sends_the_request_to_another_instance)
+{
+    static const char ok[] = "{\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"created\":1,\"model\":\"tiny\","
+                             "\"choices\":[{\"index\":0,\"text\":\"ok\",\"finish_reason\":\"length\"}],"
+                             "\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"total_tokens\":3}}";
+    static const char full[] = "{\"error\":{\"message\":\"the waiting queue is full (1 requests, "
+                               "--max-queued-requests): try again later\",\"type\":\"rate_limit_error\","
+                               "\"param\":null,\"code\":null}}";
+    for (int prefill = 0; prefill < 2; prefill++)
+        for (int both_full = 0; both_full < 2; both_full++) {
+            struct fake a = {.status = 429, .header = "Retry-After: 1\r\n"}, b = {0};
+            if (both_full)
+                b = a;
+            fake_start(&a, full);
+            fake_start(&b, both_full ? full : ok);
+            static char an[32], bn[32];
+            snprintf(an, sizeof an, "127.0.0.1:%d", a.port);
+            snprintf(bn, sizeof bn, "127.0.0.1:%d", b.port);
+            /* least loaded, equal loads: the first instance (the full one) is tried first */
+            struct pd_proxy_opts o = {.port = 0, .n_decode = 2, .route = {.policy = PD_ROUTE_LEAST_LOADED}};
+            o.decode[0] = an;
+            o.decode[1] = bn;
+            if (prefill) {   /* as prefill instances; the decode instance is never reached */
+                o.n_prefill = 2;
+                o.prefill[0] = an;
+                o.prefill[1] = bn;
+                o.n_decode = 1;
+                o.decode[0] = "127.0.0.1:1";
+            }
+            struct pd_proxy *x;
+            pd_err e = {0};
+            cr_assert_eq(pd_proxy_create(&o, &x, &e), 0, "%s", e.msg);
+            pthread_t t;
+            pthread_create(&t, NULL, run_proxy, x);
+            char out[4096];
+            int code = curl_port(pd_proxy_port(x), "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", "-i", out,
+                                 sizeof out);
+            int64_t retries = metric_key(pd_proxy_port(x), "pdmoe_proxy_retries_total"),
+                    fulls = metric_key(pd_proxy_port(x), "pdmoe_proxy_errors_total{kind=\"queue_full\"}"),
+                    bad = metric_key(pd_proxy_port(x), "pdmoe_proxy_errors_total{kind=\"bad_request\"}");
+            char key[96];
+            snprintf(key, sizeof key, "pdmoe_proxy_instance_ejections_total{role=\"%s\",instance=\"%s\"}",
+                     prefill ? "prefill" : "decode", an);
+            int64_t ejected = metric_key(pd_proxy_port(x), key);
+            proxy_shutdown(&x, t);
+            fake_stop(&a);
+            fake_stop(&b);
+            cr_assert_eq(retries, 1, "prefill %d, both full %d: %lld retries", prefill, both_full, (long long)retries);
+            cr_assert_eq(ejected, 0, "the full instance was taken out");
+            cr_assert_eq(bad, 0, "a full queue counted as the client's bad request");
+            if (both_full) {
+                cr_assert_eq(code, 429, "prefill %d: %d %s", prefill, code, out);
+                cr_assert(strstr(out, "Retry-After: 1\r\n"), "%s", out);
+                cr_assert(strstr(out, "\"type\":\"rate_limit_error\""), "%s", out);
+                cr_assert_eq(fulls, 1);
+            } else if (prefill) {   /* the second prefill instance answered (without KV: its 502 names it) */
+                cr_assert_eq(code, 502, "%d %s", code, out);
+                cr_assert(strstr(out, bn) && strstr(out, "without kv_transfer_params"), "%s", out);
+            } else {
+                cr_assert_eq(code, 200, "%d %s", code, out);
+                cr_assert_str_eq(strstr(out, "{"), ok);
+                cr_assert_eq(fulls, 0);
+            }
+        }
 }

@@ -37,11 +37,14 @@ static void *run_loop(void *arg)
     return NULL;
 }
 
+static int max_queued;   /* --max-queued-requests of the next start (0: none) */
+
 static void start_seqs(const char *api_key, const char *model_dir, int max_len, int max_seqs)
 {
     pd_err e = {0};
     struct pd_server_opts o = {.model_dir = model_dir, .port = 0, .threads = 1, .max_num_seqs = max_seqs,
-                               .max_model_len = max_len, .api_key = api_key, .served_name = "tiny"};
+                               .max_model_len = max_len, .api_key = api_key, .served_name = "tiny",
+                               .max_queued_requests = max_queued};
     cr_assert_eq(pd_server_create(&o, &srv, &e), 0, "%s", e.msg);
     port = pd_server_port(srv);
     cr_assert_gt(port, 0);
@@ -370,6 +373,53 @@ Test(server, a_request_cancelled_while_waiting_leaves_the_queue_working)
                  "%s", out);
     cr_assert_eq(metric("pdmoe_requests_cancelled_total"), 2);
     cr_assert_eq(metric("pdmoe_requests_completed_total"), 1);
+    cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_total"));
+}
+
+/* --max-queued-requests 1 with one running sequence: the request that would wait second is a 429
+ * (Retry-After, OpenAI's rate_limit_error, naming the flag), a stream's too, before any 200; the
+ * one waiting is answered once the slot frees, and so is a request after it. */
+Test(server, a_full_waiting_queue_is_a_429_with_retry_after)
+{
+    tmp_model_positions(dir, 16384);
+    max_queued = 1;
+    start_seqs(NULL, dir, 16384, 1);
+    max_queued = 0;
+    char cmd[512], out[8192];
+    /* holds the only slot for 2 s, then leaves */
+    snprintf(cmd, sizeof cmd,
+             "curl -s -o /dev/null --max-time 2 http://127.0.0.1:%d/v1/completions "
+             "-d '{\"prompt\":\"x\",\"max_tokens\":16000,\"ignore_eos\":true}'", port);
+    FILE *a = popen(cmd, "r");
+    for (int i = 0; i < 200 && metric("pdmoe_num_requests_running") < 1; i++)
+        usleep(10000);
+    cr_assert_eq(metric("pdmoe_num_requests_running"), 1);
+    snprintf(cmd, sizeof cmd,
+             "curl -s -o /dev/null -w '%%{http_code}' --max-time 60 http://127.0.0.1:%d/v1/completions "
+             "-d '{\"prompt\":\"y\",\"max_tokens\":4}'", port);
+    FILE *b = popen(cmd, "r");
+    for (int i = 0; i < 200 && metric("pdmoe_num_requests_waiting") < 1; i++)
+        usleep(10000);
+    cr_assert_eq(metric("pdmoe_num_requests_waiting"), 1);
+    const char *bodies[] = {"{\"prompt\":\"z\",\"max_tokens\":4}", "{\"prompt\":\"z\",\"max_tokens\":4,\"stream\":true}"};
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(curl("/v1/completions", bodies[i], "-i", out, sizeof out), 429, "%s: %s", bodies[i], out);
+        cr_assert(strstr(out, "Retry-After: 1\r\n"), "%s", out);
+        cr_assert(!strstr(out, "text/event-stream"), "%s", out);
+        json_t *j = parse(strstr(out, "{"));
+        json_t *err = json_object_get(j, "error");
+        cr_assert_str_eq(json_string_value(json_object_get(err, "type")), "rate_limit_error", "%s", out);
+        cr_assert(strstr(json_string_value(json_object_get(err, "message")), "--max-queued-requests"), "%s", out);
+        json_decref(j);
+    }
+    cr_assert_eq(metric("pdmoe_requests_queue_full_total"), 2);
+    pclose(a);
+    char code[8] = "";
+    cr_assert_not_null(fgets(code, sizeof code, b));
+    pclose(b);
+    cr_assert_str_eq(code, "200", "the waiting request");
+    cr_assert_eq(curl("/v1/completions", bodies[0], NULL, out, sizeof out), 200, "%s", out);
+    cr_assert_eq(metric("pdmoe_requests_total"), 3, "the refused requests were counted as accepted");
     cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_total"));
 }
 

@@ -382,7 +382,7 @@ Test(up, engine_flags_reach_every_instance)
         freopen(out, "w", stdout);
         execl(bin, bin, "up", "--model", dir, "--port", sp, "--host", "127.0.0.1", "--max-num-seqs", "3",
               "--kv-cache-memory-bytes", "64MiB", "--served-model-name", "tiny-x", "--kv-cache-dtype", "fp8",
-              "--no-enable-prefix-caching", (char *)NULL);
+              "--no-enable-prefix-caching", "--max-queued-requests", "5", (char *)NULL);
         _exit(127);
     }
     up_pid = up;
@@ -390,6 +390,7 @@ Test(up, engine_flags_reach_every_instance)
     cr_assert(ready, "pdmoe up did not become ready");
     for (int p = port + 1; p <= port + 2; p++) {
         cr_assert_eq(metric_port(p, "pdmoe_kv_slots_free"), 3, "port %d", p);
+        cr_assert_eq(metric_port(p, "pdmoe_max_queued_requests"), 5, "port %d", p);
         cr_assert_leq(metric_key(p, "pdmoe_kv_pool_bytes"), (int64_t)64 << 20, "port %d", p);
         /* v4-tiny's fp8 entry: round_up(nope + 2 rope + nope/64 scales, 8) bytes */
         cr_assert_gt(metric_key(p, "pdmoe_kv_entry_bytes{dtype=\"fp8\"}"), 0, "port %d", p);
