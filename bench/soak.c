@@ -411,7 +411,7 @@ int pd_bench_soak(int argc, char **argv)
             }
             /* blocks only the prefix cache holds are not leaked: the cache gives them back when it
              * needs room (and every instance prints the gauge, 0 without a cache) */
-            leaked_blocks += metric(m, "pdmoe_kv_blocks_total") - metric(m, "pdmoe_kv_blocks_free") -
+            leaked_blocks += metric(m, "pdmoe_kv_blocks_capacity") - metric(m, "pdmoe_kv_blocks_free") -
                              metric(m, "pdmoe_prefix_cache_blocks");
             leases += metric(m, "pdmoe_kv_leases");
         }

@@ -645,6 +645,12 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     const char *base = strrchr(o->model_dir, '/');
     snprintf(s->name, sizeof s->name, "%s", o->served_name ? o->served_name : base && base[1] ? base + 1 : o->model_dir);
     pthread_mutex_init(&s->mu, NULL);
+    PD_HIST_INIT(&s->h_ttft, "pdmoe_time_to_first_token_seconds", "Completed requests: arrival to the first token.",
+                 pd_hist_le_ttft);
+    PD_HIST_INIT(&s->h_tpot, "pdmoe_time_per_output_token_seconds",
+                 "Completed requests: time after the first token / (tokens - 1).", pd_hist_le_token);
+    PD_HIST_INIT(&s->h_e2e, "pdmoe_e2e_request_latency_seconds", "Completed requests: arrival to the last token.",
+                 pd_hist_le_e2e);
     pthread_cond_init(&s->cv, NULL);
     int rc;
     char path[600];

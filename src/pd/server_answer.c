@@ -336,10 +336,17 @@ void pd_srv_on_notify(evutil_socket_t fd, short what, void *arg)
             }
         }
         pthread_mutex_lock(&s->mu);
-        if (done && strcmp(finish, "refused")) {
+        if (done && (oom || !strcmp(finish, "refused") || !strcmp(finish, "error"))) {
+            s->n_failed++;
+        } else if (done) {
             s->n_completed++;
-            if (r->t_first > 0)
-                s->ttft_sum += r->t_first - r->t_arrival;
+            double now = pd_now_s();
+            pd_hist_observe(&s->h_e2e, now - r->t_arrival);
+            if (r->t_first > 0) {
+                pd_hist_observe(&s->h_ttft, r->t_first - r->t_arrival);
+                if (n > 1)
+                    pd_hist_observe(&s->h_tpot, (now - r->t_first) / (n - 1));
+            }
         }
         pd_srv_req_unref(s, r);
     }

@@ -20,6 +20,7 @@
 #include "model/chat.h"
 #include "model/tokenizer.h"
 #include "http/front.h"
+#include "http/prom.h"
 #include "http/http.h"
 #include "pd/kvxfer.h"
 #include "proxy/route.h"
@@ -253,7 +254,8 @@ struct pd_server {
     uint64_t n_requests, n_completed, n_cancelled, n_errors4xx, tokens_out, tokens_in;
     uint64_t n_queue_full;          /* requests refused with the waiting queue at max_queued_requests */
     struct pd_spec_stats spec_stats;   /* speculative decoding's counters (/metrics) */
-    double ttft_sum;
+    uint64_t n_failed;              /* ended by the server: a refused pull, an engine error, out of memory */
+    struct pd_hist h_ttft, h_tpot, h_e2e;   /* completed requests' latencies (vLLM's histograms) */
     /* the scheduler's steps by kind (0: decode tokens only, 1: with prompt tokens): how many, their
      * wall time, and the sequences they carried (a step's batch) */
     uint64_t steps[2], step_seqs[2];

@@ -32,11 +32,13 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
                         "pdmoe_requests_total %llu\n"
                         "# TYPE pdmoe_requests_completed_total counter\npdmoe_requests_completed_total %llu\n"
                         "# TYPE pdmoe_requests_cancelled_total counter\npdmoe_requests_cancelled_total %llu\n"
+                        "# HELP pdmoe_requests_failed_total Requests the server ended: a refused KV pull, an engine "
+                        "error, out of memory (accepted = completed + cancelled + failed + running + waiting).\n"
+                        "# TYPE pdmoe_requests_failed_total counter\npdmoe_requests_failed_total %llu\n"
                         "# TYPE pdmoe_errors_total counter\npdmoe_errors_total{kind=\"4xx\"} %llu\n"
                         "pdmoe_errors_total{kind=\"kv_transfer\"} %llu\n"
                         "# TYPE pdmoe_prompt_tokens_total counter\npdmoe_prompt_tokens_total %llu\n"
                         "# TYPE pdmoe_generation_tokens_total counter\npdmoe_generation_tokens_total %llu\n"
-                        "# TYPE pdmoe_time_to_first_token_seconds_sum counter\npdmoe_time_to_first_token_seconds_sum %.6f\n"
                         "# TYPE pdmoe_num_requests_running gauge\npdmoe_num_requests_running %d\n"
                         "# TYPE pdmoe_num_requests_waiting gauge\npdmoe_num_requests_waiting %d\n"
                         "# HELP pdmoe_requests_queue_full_total Requests refused (429) with the waiting queue at "
@@ -45,7 +47,7 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
                         "# HELP pdmoe_max_queued_requests --max-queued-requests (0: no limit).\n"
                         "# TYPE pdmoe_max_queued_requests gauge\npdmoe_max_queued_requests %d\n"
                         "# HELP pdmoe_kv_blocks_free KV pool blocks free.\n# TYPE pdmoe_kv_blocks_free gauge\n"
-                        "pdmoe_kv_blocks_free %d\n# TYPE pdmoe_kv_blocks_total gauge\npdmoe_kv_blocks_total %d\n"
+                        "pdmoe_kv_blocks_free %d\n# TYPE pdmoe_kv_blocks_capacity gauge\npdmoe_kv_blocks_capacity %d\n"
                         "# TYPE pdmoe_kv_slots_free gauge\npdmoe_kv_slots_free %d\n"
                         "# TYPE pdmoe_kv_transfer_bytes_total counter\npdmoe_kv_transfer_bytes_total %llu\n"
                         "# TYPE pdmoe_kv_transfer_seconds_total counter\npdmoe_kv_transfer_seconds_total %.6f\n"
@@ -59,9 +61,9 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
                         "# HELP pdmoe_kv_entry_bytes Bytes of one KV entry (--kv-cache-dtype: bf16 or fp8).\n"
                         "# TYPE pdmoe_kv_entry_bytes gauge\npdmoe_kv_entry_bytes{dtype=\"%s\"} %zu\n",
                         (unsigned long long)s->n_requests, (unsigned long long)s->n_completed,
-                        (unsigned long long)s->n_cancelled, (unsigned long long)s->n_errors4xx,
+                        (unsigned long long)s->n_cancelled, (unsigned long long)s->n_failed, (unsigned long long)s->n_errors4xx,
                         (unsigned long long)s->kv_failures,
-                        (unsigned long long)s->tokens_in, (unsigned long long)s->tokens_out, s->ttft_sum, s->n_running,
+                        (unsigned long long)s->tokens_in, (unsigned long long)s->tokens_out, s->n_running,
                         waiting, (unsigned long long)s->n_queue_full, s->o.max_queued_requests, blocks_free, blocks, slots_free,
                         (unsigned long long)s->kv_bytes, s->kv_seconds, (unsigned long long)s->kv_pulls,
                         (unsigned long long)s->kv_recomputes, (unsigned long long)s->leases_revoked, leases,
@@ -152,9 +154,9 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
                                "# TYPE pdmoe_rank_kv_blocks_free gauge\n", s->g->size);
         for (int k = 0; k < s->g->size; k++)
             evbuffer_add_printf(b, "pdmoe_rank_kv_blocks_free{rank=\"%d\"} %d\n", k, s->g->free_blocks[k]);
-        evbuffer_add_printf(b, "# TYPE pdmoe_rank_kv_blocks_total gauge\n");
+        evbuffer_add_printf(b, "# TYPE pdmoe_rank_kv_blocks_capacity gauge\n");
         for (int k = 0; k < s->g->size; k++)
-            evbuffer_add_printf(b, "pdmoe_rank_kv_blocks_total{rank=\"%d\"} %d\n", k, s->en.kv.n_blocks);
+            evbuffer_add_printf(b, "pdmoe_rank_kv_blocks_capacity{rank=\"%d\"} %d\n", k, s->en.kv.n_blocks);
         evbuffer_add_printf(b, "# TYPE pdmoe_rank_num_requests_running gauge\n");
         for (int k = 0; k < s->g->size; k++)
             evbuffer_add_printf(b, "pdmoe_rank_num_requests_running{rank=\"%d\"} %d\n", k, s->g->load[k]);
@@ -162,6 +164,9 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
         for (int k = 0; k < s->g->size; k++)
             evbuffer_add_printf(b, "pdmoe_rank_requests_total{rank=\"%d\"} %d\n", k, s->g->owned[k]);
     }
+    pd_hist_print(b, &s->h_ttft);
+    pd_hist_print(b, &s->h_tpot);
+    pd_hist_print(b, &s->h_e2e);
     pthread_mutex_unlock(&s->mu);
     pd_http_front_metrics(s->front, b);
     pd_http_text(h, "text/plain; version=0.0.4", b);   /* Prometheus' text format */

@@ -7,6 +7,7 @@
 #define PD_PROXY_INTERNAL_H
 
 #include "http/http.h"
+#include "http/prom.h"
 #include "proxy/proxy.h"
 
 #include <event2/http.h>
@@ -25,16 +26,6 @@ struct instance {
     int strikes;                 /* failures since it was last admitted: the backoff's exponent */
     double probe_at;             /* the next /health check */
     struct evhttp_connection *probe;   /* the check in flight, or NULL */
-};
-
-/* A Prometheus histogram: cumulative buckets at the bounds le[0..n-1] and +Inf. */
-#define HIST_MAX 12
-struct hist {
-    const char *name, *help;
-    const double *le;
-    int n;
-    uint64_t bucket[HIST_MAX + 1], count;
-    double sum;
 };
 
 struct job;
@@ -56,7 +47,7 @@ struct pd_proxy {
     uint64_t queue_full;         /* requests answered 429: every instance of a role had its queue full */
     uint64_t routed[PD_ROUTE_N_WHY];                 /* prefill choices, by reason */
     uint64_t route_chunks, route_matched;            /* prompt chunks routed, and matched where they went */
-    struct hist ttft, tpot, itl, e2e;
+    struct pd_hist ttft, tpot, itl, e2e;
 };
 
 /* The k-th of all instances, the prefill ones first (k < np + nd). */
@@ -88,7 +79,6 @@ void px_on_expert_stats(struct evhttp_request *h, void *arg);
 
 /* metrics.c */
 void px_hists_init(struct pd_proxy *px);
-void px_hist_observe(struct hist *h, double v);
 void px_on_metrics(struct evhttp_request *h, void *arg);
 
 #endif

@@ -6,43 +6,16 @@
 #include <stdio.h>
 #include <string.h>
 
-static const double le_ttft[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
-static const double le_token[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
-static const double le_e2e[] = {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
-
-static void hist_init(struct hist *h, const char *name, const char *help, const double *le, int n)
-{
-    *h = (struct hist){.name = name, .help = help, .le = le, .n = n};
-}
-
-void px_hist_observe(struct hist *h, double v)
-{
-    h->sum += v;
-    h->count++;
-    for (int i = 0; i < h->n; i++)
-        if (v <= h->le[i])
-            h->bucket[i]++;
-    h->bucket[h->n]++;
-}
-
-static void hist_print(struct evbuffer *b, const struct hist *h)
-{
-    evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", h->name, h->help, h->name);
-    for (int i = 0; i < h->n; i++)
-        evbuffer_add_printf(b, "%s_bucket{le=\"%g\"} %llu\n", h->name, h->le[i], (unsigned long long)h->bucket[i]);
-    evbuffer_add_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", h->name,
-                        (unsigned long long)h->bucket[h->n], h->name, h->sum, h->name, (unsigned long long)h->count);
-}
-
 void px_hists_init(struct pd_proxy *px)
 {
-#define HIST(h, name, help, le) hist_init(&px->h, name, help, le, (int)(sizeof le / sizeof le[0]))
-    HIST(ttft, "pdmoe_proxy_time_to_first_token_seconds", "Time from request to the first streamed token.", le_ttft);
-    HIST(tpot, "pdmoe_proxy_time_per_output_token_seconds", "Per request: time after the first token / (chunks - 1).",
-         le_token);
-    HIST(itl, "pdmoe_proxy_inter_token_latency_seconds", "Gaps between successive streamed chunks.", le_token);
-    HIST(e2e, "pdmoe_proxy_e2e_request_latency_seconds", "Time from request to the end of its answer.", le_e2e);
-#undef HIST
+    PD_HIST_INIT(&px->ttft, "pdmoe_proxy_time_to_first_token_seconds", "Time from request to the first streamed token.",
+                 pd_hist_le_ttft);
+    PD_HIST_INIT(&px->tpot, "pdmoe_proxy_time_per_output_token_seconds",
+                 "Per request: time after the first token / (chunks - 1).", pd_hist_le_token);
+    PD_HIST_INIT(&px->itl, "pdmoe_proxy_inter_token_latency_seconds", "Gaps between successive streamed chunks.",
+                 pd_hist_le_token);
+    PD_HIST_INIT(&px->e2e, "pdmoe_proxy_e2e_request_latency_seconds", "Time from request to the end of its answer.",
+                 pd_hist_le_e2e);
 }
 
 void px_on_metrics(struct evhttp_request *h, void *arg)
@@ -80,10 +53,10 @@ void px_on_metrics(struct evhttp_request *h, void *arg)
                         "# TYPE pdmoe_proxy_route_matched_bytes_total counter\npdmoe_proxy_route_matched_bytes_total %llu\n",
                         PD_ROUTE_CHUNK, (unsigned long long)px->route_chunks * PD_ROUTE_CHUNK,
                         (unsigned long long)px->route_matched * PD_ROUTE_CHUNK);
-    hist_print(b, &px->ttft);
-    hist_print(b, &px->tpot);
-    hist_print(b, &px->itl);
-    hist_print(b, &px->e2e);
+    pd_hist_print(b, &px->ttft);
+    pd_hist_print(b, &px->tpot);
+    pd_hist_print(b, &px->itl);
+    pd_hist_print(b, &px->e2e);
     /* what pdmoe up reports (its restarts): it rewrites the file whole, by rename */
     FILE *f = px->o.metrics_file ? fopen(px->o.metrics_file, "r") : NULL;
     if (f) {

@@ -259,9 +259,9 @@ static void note_chunk(struct job *j)
     if (!j->got_first) {
         j->got_first = 1;
         j->t_first = now;
-        px_hist_observe(&j->px->ttft, now - j->t0);
+        pd_hist_observe(&j->px->ttft, now - j->t0);
     } else {
-        px_hist_observe(&j->px->itl, now - j->t_last);
+        pd_hist_observe(&j->px->itl, now - j->t_last);
     }
     j->t_last = now;
     j->chunks++;
@@ -273,9 +273,9 @@ static void note_done(struct job *j)
 {
     struct pd_proxy *px = j->px;
     px->completed++;
-    px_hist_observe(&px->e2e, pd_now_s() - j->t0);
+    pd_hist_observe(&px->e2e, pd_now_s() - j->t0);
     if (j->chunks >= 2)
-        px_hist_observe(&px->tpot, (j->t_last - j->t_first) / (j->chunks - 1));
+        pd_hist_observe(&px->tpot, (j->t_last - j->t_first) / (j->chunks - 1));
 }
 
 /* Decode answer data as it arrives: relayed to a streaming client. */
@@ -463,7 +463,7 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
         else if (code >= 400)   /* the decode instance's 4xx, passed on: the client's, as the prefill's are */
             px->bad_requests++;
         if (code == 200) {
-            px_hist_observe(&px->ttft, pd_now_s() - j->t0);   /* the whole answer is its first token */
+            pd_hist_observe(&px->ttft, pd_now_s() - j->t0);   /* the whole answer is its first token */
             note_done(j);
         }
     }

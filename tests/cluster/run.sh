@@ -116,7 +116,7 @@ for hp in "${A[1]} $PREFILL" "${A[3]} $DECODE"; do
     for _ in $(seq 50); do
         metrics $hp > "$T/m.prom"
         free=$(metric pdmoe_kv_blocks_free < "$T/m.prom")
-        total=$(metric pdmoe_kv_blocks_total < "$T/m.prom")
+        total=$(metric pdmoe_kv_blocks_capacity < "$T/m.prom")
         leases=$(metric pdmoe_kv_leases < "$T/m.prom")
         [ "$free" = "$total" ] && [ "$leases" = 0 ] && break
         sleep 0.1

@@ -231,10 +231,10 @@ static void all_free(int port, int ranks, int cache)
     cr_assert_eq(metric_port(port, "pdmoe_kv_leases"), 0, "port %d", port);
     for (int i = 0; i < 100 && metric_port(port, "pdmoe_kv_blocks_free") +
                                    (cache ? metric_port(port, "pdmoe_prefix_cache_blocks") : 0) <
-                               metric_port(port, "pdmoe_kv_blocks_total"); i++)
+                               metric_port(port, "pdmoe_kv_blocks_capacity"); i++)
         usleep(20000);
     cr_assert_eq(metric_port(port, "pdmoe_kv_blocks_free") + (cache ? metric_port(port, "pdmoe_prefix_cache_blocks") : 0),
-                 metric_port(port, "pdmoe_kv_blocks_total"), "port %d", port);
+                 metric_port(port, "pdmoe_kv_blocks_capacity"), "port %d", port);
     for (int k = 0; ranks > 1 && k < 2; k++)
         cr_assert_gt(labelled(port, "pdmoe_rank_requests_total", k), 0, "port %d: rank %d held no sequence", port, k);
 }

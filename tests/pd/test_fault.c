@@ -182,8 +182,8 @@ Test(fault, a_prefill_instance_killed_under_load)
     for (int i = 0; i < 100 && metric(ports[1], "pdmoe_kv_leases") > 0; i++)
         usleep(20000);
     cr_assert_eq(metric(ports[1], "pdmoe_kv_leases"), 0);
-    cr_assert_eq(metric(ports[1], "pdmoe_kv_blocks_free"), metric(ports[1], "pdmoe_kv_blocks_total"));
-    cr_assert_eq(metric(dport, "pdmoe_kv_blocks_free"), metric(dport, "pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric(ports[1], "pdmoe_kv_blocks_free"), metric(ports[1], "pdmoe_kv_blocks_capacity"));
+    cr_assert_eq(metric(dport, "pdmoe_kv_blocks_free"), metric(dport, "pdmoe_kv_blocks_capacity"));
     /* and the proxy still serves */
     char out[8192];
     cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"after\",\"max_tokens\":4}", NULL, out,
@@ -202,7 +202,7 @@ Test(fault, a_decode_instance_killed_leaves_leases_that_expire)
                            "{\"prompt\":\"held\",\"max_tokens\":4,\"kv_transfer_params\":{\"do_remote_decode\":true}}",
                            NULL, out, sizeof out), 200, "%s", out);
     cr_assert_eq(metric(pport, "pdmoe_kv_leases"), 1);
-    cr_assert_lt(metric(pport, "pdmoe_kv_blocks_free"), metric(pport, "pdmoe_kv_blocks_total"));
+    cr_assert_lt(metric(pport, "pdmoe_kv_blocks_free"), metric(pport, "pdmoe_kv_blocks_capacity"));
     /* the decode instance dies under load */
     FILE *l = load(8, 200);
     for (int i = 0; i < 500 && metric(dport, "pdmoe_num_requests_running") == 0; i++)
@@ -213,7 +213,7 @@ Test(fault, a_decode_instance_killed_leaves_leases_that_expire)
     for (int i = 0; i < 200 && metric(pport, "pdmoe_kv_leases") > 0; i++)
         usleep(20000);
     cr_assert_eq(metric(pport, "pdmoe_kv_leases"), 0);
-    cr_assert_eq(metric(pport, "pdmoe_kv_blocks_free"), metric(pport, "pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric(pport, "pdmoe_kv_blocks_free"), metric(pport, "pdmoe_kv_blocks_capacity"));
     /* with no decode instance left, the proxy answers with an error, not a hang */
     int code = curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"after\",\"max_tokens\":4}", "--max-time 30",
                          out, sizeof out);
@@ -246,7 +246,7 @@ Test(fault, a_dead_decode_instance_is_routed_around)
     for (int i = 0; i < 100 && metric(pport, "pdmoe_kv_leases") > 0; i++)
         usleep(20000);
     cr_assert_eq(metric(pport, "pdmoe_kv_leases"), 0);
-    cr_assert_eq(metric(dports[0], "pdmoe_kv_blocks_free"), metric(dports[0], "pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric(dports[0], "pdmoe_kv_blocks_free"), metric(dports[0], "pdmoe_kv_blocks_capacity"));
     char key[128];
     snprintf(key, sizeof key, "pdmoe_proxy_instance_up{role=\"decode\",instance=\"127.0.0.1:%d\"}", dports[1]);
     cr_assert_eq(metric_key(pd_proxy_port(X), key), 0);

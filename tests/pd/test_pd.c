@@ -153,8 +153,8 @@ Test(pd, same_tokens_as_colocated)
     for (int i = 0; i < 100 && metric(P.port, "pdmoe_kv_leases") > 0; i++)
         usleep(20000);
     cr_assert_eq(metric(P.port, "pdmoe_kv_leases"), 0);
-    cr_assert_eq(metric(P.port, "pdmoe_kv_blocks_free"), metric(P.port, "pdmoe_kv_blocks_total"));
-    cr_assert_eq(metric(D.port, "pdmoe_kv_blocks_free"), metric(D.port, "pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric(P.port, "pdmoe_kv_blocks_free"), metric(P.port, "pdmoe_kv_blocks_capacity"));
+    cr_assert_eq(metric(D.port, "pdmoe_kv_blocks_free"), metric(D.port, "pdmoe_kv_blocks_capacity"));
 }
 
 Test(pd, failed_transfer_recomputes_from_token_ids)
@@ -176,7 +176,7 @@ Test(pd, failed_transfer_recomputes_from_token_ids)
     for (int i = 0; i < 200 && metric(P.port, "pdmoe_kv_leases") > 0; i++)
         usleep(20000);
     cr_assert_eq(metric(P.port, "pdmoe_kv_leases"), 0);
-    cr_assert_eq(metric(P.port, "pdmoe_kv_blocks_free"), metric(P.port, "pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric(P.port, "pdmoe_kv_blocks_free"), metric(P.port, "pdmoe_kv_blocks_capacity"));
 }
 
 /* fp8 KV on both sides: the hand-off moves the quantized entries as they are, so decode gives
@@ -309,9 +309,9 @@ Test(pd, another_clients_transfer_params_are_refused)
     code = decode_with(victim, kv, 0, out, sizeof out);
     cr_assert(code >= 400 && code < 500, "second pull: %d %s", code, out);
     json_decref(kv);
-    for (int i = 0; i < 100 && metric(D.port, "pdmoe_kv_blocks_free") != metric(D.port, "pdmoe_kv_blocks_total"); i++)
+    for (int i = 0; i < 100 && metric(D.port, "pdmoe_kv_blocks_free") != metric(D.port, "pdmoe_kv_blocks_capacity"); i++)
         usleep(20000);
-    cr_assert_eq(metric(D.port, "pdmoe_kv_blocks_free"), metric(D.port, "pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric(D.port, "pdmoe_kv_blocks_free"), metric(D.port, "pdmoe_kv_blocks_capacity"));
 }
 
 /* Item 7 of issue 12: a producer and a consumer bound to 127.0.0.1 listen there only: HTTP, the
@@ -388,8 +388,8 @@ Test(pd, the_prefill_side_reuses_its_prefix_cache)
     cr_assert_eq(metric(P.port, "pdmoe_kv_leases"), 0);
     cr_assert_gt(metric(P.port, "pdmoe_prefix_cache_blocks"), 0);
     cr_assert_eq(metric(P.port, "pdmoe_kv_blocks_free") + metric(P.port, "pdmoe_prefix_cache_blocks"),
-                 metric(P.port, "pdmoe_kv_blocks_total"));
-    cr_assert_eq(metric(D.port, "pdmoe_kv_blocks_free"), metric(D.port, "pdmoe_kv_blocks_total"));
+                 metric(P.port, "pdmoe_kv_blocks_capacity"));
+    cr_assert_eq(metric(D.port, "pdmoe_kv_blocks_free"), metric(D.port, "pdmoe_kv_blocks_capacity"));
 }
 
 /* A decode instance whose weights are not the prefill instance's (a rolling upgrade half done,

@@ -109,7 +109,7 @@ static int prompt_tokens(int port, const char *prompt)
 
 static int blocks_all_free(int port)
 {
-    return metric_port(port, "pdmoe_kv_blocks_free") == metric_port(port, "pdmoe_kv_blocks_total");
+    return metric_port(port, "pdmoe_kv_blocks_free") == metric_port(port, "pdmoe_kv_blocks_capacity");
 }
 
 /* Leases end on the decode side's DONE (or expire): wait until none is left on P. */
@@ -359,7 +359,7 @@ Test(pd_spec, a_cached_prefix_with_speculation_gives_plain_decodings_ids)
             /* every request after the first starts from the shared prefix's boundaries */
             cr_assert_geq(metric_port(C.port, "pdmoe_prefix_cache_hits_total"), 3 * 3 * 64);
             cr_assert_eq(metric_port(C.port, "pdmoe_kv_blocks_free") + metric_port(C.port, "pdmoe_prefix_cache_blocks"),
-                         metric_port(C.port, "pdmoe_kv_blocks_total"));
+                         metric_port(C.port, "pdmoe_kv_blocks_capacity"));
         } else {
             cr_assert_eq(metric_port(C.port, "pdmoe_prefix_cache_queries_total"), 0);
         }
@@ -384,7 +384,7 @@ Test(pd_spec, a_cached_prefix_with_speculation_gives_plain_decodings_ids)
     cr_assert_gt(metric_port(D.port, "pdmoe_spec_decode_num_drafts_total"), 0);
     leases_gone();
     cr_assert_eq(metric_port(P.port, "pdmoe_kv_blocks_free") + metric_port(P.port, "pdmoe_prefix_cache_blocks"),
-                 metric_port(P.port, "pdmoe_kv_blocks_total"));
+                 metric_port(P.port, "pdmoe_kv_blocks_capacity"));
     cr_assert(blocks_all_free(D.port));
     unit = 0;
 }

@@ -192,6 +192,20 @@ Test(proxy, expert_stats_name_a_dead_instance)
                  out);
 }
 
+/* The proxy's /metrics and its instances' keep Prometheus' conventions (util.h). */
+Test(proxy, metrics_follow_prometheus_conventions)
+{
+    start_proxy(0, 0);
+    same_as_colocated();
+    static char out[1 << 17];
+    const int ports[3] = {pd_proxy_port(X), pd_server_port(P), pd_server_port(D)};
+    const char *what[3] = {"proxy /metrics", "prefill /metrics", "decode /metrics"};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(curl_port(ports[i], "/metrics", NULL, NULL, out, sizeof out), 200);
+        prom_conventions(out, what[i]);
+    }
+}
+
 Test(proxy, dead_prefill_instance_is_retried)
 {
     start_proxy(1, 0);
@@ -307,8 +321,8 @@ Test(proxy, sixty_four_concurrent_streams)
     for (int i = 0; i < 100 && metric(pd_server_port(P), "pdmoe_kv_leases") > 0; i++)
         usleep(20000);
     cr_assert_eq(metric(pd_server_port(P), "pdmoe_kv_leases"), 0);
-    cr_assert_eq(metric(pd_server_port(P), "pdmoe_kv_blocks_free"), metric(pd_server_port(P), "pdmoe_kv_blocks_total"));
-    cr_assert_eq(metric(pd_server_port(D), "pdmoe_kv_blocks_free"), metric(pd_server_port(D), "pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric(pd_server_port(P), "pdmoe_kv_blocks_free"), metric(pd_server_port(P), "pdmoe_kv_blocks_capacity"));
+    cr_assert_eq(metric(pd_server_port(D), "pdmoe_kv_blocks_free"), metric(pd_server_port(D), "pdmoe_kv_blocks_capacity"));
     cr_assert_eq(metric(pd_server_port(D), "pdmoe_kv_transfers_total"), 64);
     cr_assert_eq(metric(pd_server_port(D), "pdmoe_kv_recomputes_total"), 0);
     /* the latency histograms saw every request; TPOT needs two chunks, ITL one per later chunk */
@@ -360,8 +374,8 @@ Test(proxy, a_full_decode_pool_queues_requests_with_correct_tokens)
         free(x);
         free(y);
     }
-    cr_assert_eq(metric(pd_server_port(D), "pdmoe_kv_blocks_free"), metric(pd_server_port(D), "pdmoe_kv_blocks_total"));
-    cr_assert_eq(metric(pd_server_port(D), "pdmoe_kv_blocks_total"), 16);
+    cr_assert_eq(metric(pd_server_port(D), "pdmoe_kv_blocks_free"), metric(pd_server_port(D), "pdmoe_kv_blocks_capacity"));
+    cr_assert_eq(metric(pd_server_port(D), "pdmoe_kv_blocks_capacity"), 16);
     /* one that could never fit is refused, not left waiting */
     char out[4096];
     cr_assert_eq(curl_port(pd_server_port(D), "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":400}", NULL, out,

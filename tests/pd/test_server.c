@@ -272,7 +272,7 @@ Test(server, concurrent_streams_complete_and_free_every_block)
     int ok = count_200(cmd);
     cr_assert_eq(ok, 32);
     cr_assert_eq(metric("pdmoe_requests_completed_total"), 32);
-    cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_capacity"));
     cr_assert_eq(metric("pdmoe_num_requests_running"), 0);
 }
 
@@ -288,7 +288,7 @@ Test(server, a_client_that_leaves_cancels_its_request)
     cr_assert_eq(metric("pdmoe_requests_cancelled_total"), 1, "cancelled %d, completed %d, tokens %d",
                  metric("pdmoe_requests_cancelled_total"), metric("pdmoe_requests_completed_total"),
                  metric("pdmoe_generation_tokens_total"));
-    cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_capacity"));
     cr_assert_eq(metric("pdmoe_kv_slots_free"), 8);
 }
 
@@ -312,7 +312,7 @@ Test(server, every_request_is_counted_once_however_its_client_leaves)
         cancelled = metric("pdmoe_requests_cancelled_total");
     cr_assert_gt(total, 120, "%d of 240 requests arrived", total);   /* (a client may leave before it sent one) */
     cr_assert_eq(done + cancelled, total, "%d requests: %d completed, %d cancelled", total, done, cancelled);
-    cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_capacity"));
 }
 
 /* A server stopped mid-stream ends the stream with an error event and [DONE], never a bare cut. */
@@ -373,7 +373,7 @@ Test(server, a_request_cancelled_while_waiting_leaves_the_queue_working)
                  "%s", out);
     cr_assert_eq(metric("pdmoe_requests_cancelled_total"), 2);
     cr_assert_eq(metric("pdmoe_requests_completed_total"), 1);
-    cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_capacity"));
 }
 
 /* --max-queued-requests 1 with one running sequence: the request that would wait second is a 429
@@ -420,7 +420,36 @@ Test(server, a_full_waiting_queue_is_a_429_with_retry_after)
     cr_assert_str_eq(code, "200", "the waiting request");
     cr_assert_eq(curl("/v1/completions", bodies[0], NULL, out, sizeof out), 200, "%s", out);
     cr_assert_eq(metric("pdmoe_requests_total"), 3, "the refused requests were counted as accepted");
-    cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_capacity"));
+}
+
+/* /metrics keeps Prometheus' conventions (counters end in _total, nothing else does, every sample's
+ * family declared, histograms whole), its latency histograms count each completed request once,
+ * and the requests add up: accepted = completed + cancelled + failed once none runs or waits. */
+Test(server, metrics_follow_prometheus_conventions_and_add_up)
+{
+    start(NULL, dir, 1024);
+    static char out[1 << 17];
+    cr_assert_eq(curl("/metrics", NULL, NULL, out, sizeof out), 200);
+    prom_conventions(out, "serve /metrics, idle");
+    const char *bodies[] = {"{\"prompt\":\"a\",\"max_tokens\":3}", "{\"prompt\":\"b\",\"max_tokens\":5,\"stream\":true}",
+                            "{\"messages\":[{\"role\":\"user\",\"content\":\"c\"}],\"max_tokens\":2}"};
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(curl(i == 2 ? "/v1/chat/completions" : "/v1/completions", bodies[i], NULL, out, sizeof out), 200,
+                     "%s", out);
+    cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"d\",\"max_tokens\":-1}", NULL, out, sizeof out), 400, "%s", out);
+    for (int i = 0; i < 250 && metric("pdmoe_requests_completed_total") < 3; i++)
+        usleep(20000);
+    cr_assert_eq(curl("/metrics", NULL, NULL, out, sizeof out), 200);
+    prom_conventions(out, "serve /metrics");
+    cr_assert_eq(metric("pdmoe_time_to_first_token_seconds_count"), 3, "%s", out);
+    cr_assert_eq(metric("pdmoe_e2e_request_latency_seconds_count"), 3);
+    cr_assert_eq(metric("pdmoe_time_per_output_token_seconds_count"), 3, "each had more than one token");
+    cr_assert(strstr(out, "pdmoe_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3\n"), "%s", out);
+    cr_assert_eq(metric("pdmoe_requests_total"), metric("pdmoe_requests_completed_total") +
+                                                     metric("pdmoe_requests_cancelled_total") +
+                                                     metric("pdmoe_requests_failed_total"));
+    cr_assert_eq(metric("pdmoe_requests_failed_total"), 0);
 }
 
 /* GET /expert_stats: every token through every MoE layer counted top-k times, in the format
@@ -592,9 +621,9 @@ Test(server, stop_strings_stop_token_ids_and_usage_in_the_stream)
             json_decref(x.last);
         }
     }
-    for (int i = 0; i < 100 && metric("pdmoe_kv_blocks_free") != metric("pdmoe_kv_blocks_total"); i++)
+    for (int i = 0; i < 100 && metric("pdmoe_kv_blocks_free") != metric("pdmoe_kv_blocks_capacity"); i++)
         usleep(20000);
-    cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_capacity"));
     cr_assert_eq(metric("pdmoe_requests_cancelled_total"), 0, "a stop string counted as a cancellation");
 
     /* stop_token_ids: the third token ends the generation, which keeps the two before it */

@@ -206,11 +206,11 @@ Test(server_ep, two_ranks_give_the_tokens_of_one_process_and_free_every_block)
     cr_assert_gt(labelled(pg, "pdmoe_rank_requests_total", 0), 0);
     cr_assert_gt(labelled(pg, "pdmoe_rank_requests_total", 1), 0);
     for (int k = 0; k < 2; k++) {
-        cr_assert_eq(labelled(pg, "pdmoe_rank_kv_blocks_free", k), labelled(pg, "pdmoe_rank_kv_blocks_total", k),
+        cr_assert_eq(labelled(pg, "pdmoe_rank_kv_blocks_free", k), labelled(pg, "pdmoe_rank_kv_blocks_capacity", k),
                      "rank %d", k);
         cr_assert_eq(labelled(pg, "pdmoe_rank_num_requests_running", k), 0);
     }
-    cr_assert_eq(metric_port(pg, "pdmoe_kv_blocks_free"), metric_port(pg, "pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric_port(pg, "pdmoe_kv_blocks_free"), metric_port(pg, "pdmoe_kv_blocks_capacity"));
     cr_assert_eq(metric_port(pg, "pdmoe_kv_slots_free"), 8);
     cr_assert_eq(metric_port(pg, "pdmoe_requests_completed_total"), N_REQ);
     /* idle: the ranks sleep (each well under 10% of a core over 2 s) */
@@ -249,7 +249,7 @@ Test(server_ep, four_ranks_of_one_sequence_each_queue_the_rest_and_give_the_same
         int n = labelled(pg, "pdmoe_rank_requests_total", k);
         cr_assert_gt(n, 0, "rank %d held no sequence", k);
         total += n;
-        cr_assert_eq(labelled(pg, "pdmoe_rank_kv_blocks_free", k), labelled(pg, "pdmoe_rank_kv_blocks_total", k),
+        cr_assert_eq(labelled(pg, "pdmoe_rank_kv_blocks_free", k), labelled(pg, "pdmoe_rank_kv_blocks_capacity", k),
                      "rank %d", k);
     }
     cr_assert_eq(total, N_REQ);
@@ -273,10 +273,10 @@ Test(server_ep, a_client_that_leaves_frees_its_kv_on_the_owner_rank)
     cr_assert_eq(metric_port(pg, "pdmoe_requests_cancelled_total"), 2);
     cr_assert_eq(labelled(pg, "pdmoe_rank_requests_total", 0), 1);
     cr_assert_eq(labelled(pg, "pdmoe_rank_requests_total", 1), 1);
-    for (int i = 0; i < 100 && metric_port(pg, "pdmoe_kv_blocks_free") < metric_port(pg, "pdmoe_kv_blocks_total"); i++)
+    for (int i = 0; i < 100 && metric_port(pg, "pdmoe_kv_blocks_free") < metric_port(pg, "pdmoe_kv_blocks_capacity"); i++)
         usleep(20000);
     for (int k = 0; k < 2; k++)
-        cr_assert_eq(labelled(pg, "pdmoe_rank_kv_blocks_free", k), labelled(pg, "pdmoe_rank_kv_blocks_total", k),
+        cr_assert_eq(labelled(pg, "pdmoe_rank_kv_blocks_free", k), labelled(pg, "pdmoe_rank_kv_blocks_capacity", k),
                      "rank %d", k);
     /* and the group still serves */
     cr_assert_eq(curl_port(pg, "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":4}", NULL, out, sizeof out), 200,
@@ -478,6 +478,8 @@ static int peer_sum(int port, const char *name, const char *peer)
 {
     char out[1 << 15], key[160];
     cr_assert_eq(curl_port(port, "/metrics", NULL, NULL, out, sizeof out), 200);
+    cr_assert_lt(strlen(out), sizeof out - 1, "/metrics did not fit");
+    prom_conventions(out, "an EP group's /metrics");
     snprintf(key, sizeof key, "\n%s{peer=\"%s\",rank=\"", name, peer);
     int sum = 0;
     for (char *p = strstr(out, key); p; p = strstr(p + 1, key))
@@ -538,9 +540,9 @@ Test(server_ep, pd_between_ep_groups_pulls_from_the_owner_rank_or_recomputes)
         usleep(20000);
     cr_assert_eq(metric_port(P, "pdmoe_kv_leases"), 0);
     for (int k = 0; k < 2; k++) {
-        cr_assert_eq(labelled(P, "pdmoe_rank_kv_blocks_free", k), labelled(P, "pdmoe_rank_kv_blocks_total", k),
+        cr_assert_eq(labelled(P, "pdmoe_rank_kv_blocks_free", k), labelled(P, "pdmoe_rank_kv_blocks_capacity", k),
                      "prefill rank %d", k);
-        cr_assert_eq(labelled(D, "pdmoe_rank_kv_blocks_free", k), labelled(D, "pdmoe_rank_kv_blocks_total", k),
+        cr_assert_eq(labelled(D, "pdmoe_rank_kv_blocks_free", k), labelled(D, "pdmoe_rank_kv_blocks_capacity", k),
                      "decode rank %d", k);
     }
 }
@@ -631,11 +633,11 @@ Test(server_ep, another_clients_transfer_params_are_refused_by_the_owner_rank)
         usleep(20000);
     cr_assert_eq(metric_port(P, "pdmoe_kv_leases"), 0);
     for (int k = 0; k < 2; k++) {
-        for (int i = 0; i < 100 && labelled(D, "pdmoe_rank_kv_blocks_free", k) != labelled(D, "pdmoe_rank_kv_blocks_total", k); i++)
+        for (int i = 0; i < 100 && labelled(D, "pdmoe_rank_kv_blocks_free", k) != labelled(D, "pdmoe_rank_kv_blocks_capacity", k); i++)
             usleep(20000);
-        cr_assert_eq(labelled(P, "pdmoe_rank_kv_blocks_free", k), labelled(P, "pdmoe_rank_kv_blocks_total", k),
+        cr_assert_eq(labelled(P, "pdmoe_rank_kv_blocks_free", k), labelled(P, "pdmoe_rank_kv_blocks_capacity", k),
                      "prefill rank %d", k);
-        cr_assert_eq(labelled(D, "pdmoe_rank_kv_blocks_free", k), labelled(D, "pdmoe_rank_kv_blocks_total", k),
+        cr_assert_eq(labelled(D, "pdmoe_rank_kv_blocks_free", k), labelled(D, "pdmoe_rank_kv_blocks_capacity", k),
                      "decode rank %d", k);
     }
 }
@@ -709,7 +711,7 @@ Test(server_ep, mtp_speculation_in_a_group_gives_the_tokens_of_one_plain_process
     cr_assert_eq(metric_port(pg, "pdmoe_generation_tokens_total"), 24 + 8 + 40 + 16 + 3 + 30);
     for (int k = 0; k < 2; k++) {
         cr_assert_gt(labelled(pg, "pdmoe_rank_requests_total", k), 0, "rank %d held no sequence", k);
-        cr_assert_eq(labelled(pg, "pdmoe_rank_kv_blocks_free", k), labelled(pg, "pdmoe_rank_kv_blocks_total", k),
+        cr_assert_eq(labelled(pg, "pdmoe_rank_kv_blocks_free", k), labelled(pg, "pdmoe_rank_kv_blocks_capacity", k),
                      "rank %d", k);
     }
     cr_assert_eq(metric_port(pg, "pdmoe_kv_slots_free"), 4);
@@ -777,7 +779,7 @@ Test(server_ep, each_rank_caches_its_prefixes_and_completes_as_without_the_cache
         cr_assert_eq(labelled(pg, "pdmoe_rank_requests_total", k), 2, "rank %d: each prompt stays on its rank", k);
     cr_assert_gt(metric_port(pg, "pdmoe_prefix_cache_blocks"), 0);
     cr_assert_eq(metric_port(pg, "pdmoe_kv_blocks_free") + metric_port(pg, "pdmoe_prefix_cache_blocks"),
-                 metric_port(pg, "pdmoe_kv_blocks_total"));
+                 metric_port(pg, "pdmoe_kv_blocks_capacity"));
     cr_assert_gt(metric_port(pg, "pdmoe_prefix_cache_snapshot_bytes"), 0);
     free(a);
     free(b);

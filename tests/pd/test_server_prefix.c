@@ -113,7 +113,7 @@ Test(server_prefix, the_same_prompt_twice_hits_and_completes_the_same)
     /* idle: every block is free or held by the cache alone */
     cr_assert_gt(metric_port(port, "pdmoe_prefix_cache_blocks"), 0);
     cr_assert_eq(metric_port(port, "pdmoe_kv_blocks_free") + metric_port(port, "pdmoe_prefix_cache_blocks"),
-                 metric_port(port, "pdmoe_kv_blocks_total"));
+                 metric_port(port, "pdmoe_kv_blocks_capacity"));
     free(p);
 }
 
@@ -143,7 +143,7 @@ Test(server_prefix, a_request_that_fits_evicts_the_cache_first)
     cr_assert_gt(metric_port(port, "pdmoe_prefix_cache_evictions_total"), 0);
     cr_assert_eq(metric_port(port, "pdmoe_requests_completed_total"), 2);
     cr_assert_eq(metric_port(port, "pdmoe_kv_blocks_free") + metric_port(port, "pdmoe_prefix_cache_blocks"),
-                 metric_port(port, "pdmoe_kv_blocks_total"));
+                 metric_port(port, "pdmoe_kv_blocks_capacity"));
     free(a);
     free(b);
 }

@@ -118,7 +118,7 @@ Test(server_spec, concurrent_greedy_requests_equal_a_plain_servers)
         per_pos += metric_port(b.port, name);
     }
     cr_assert_eq(per_pos, accepted);
-    cr_assert_eq(metric_port(b.port, "pdmoe_kv_blocks_free"), metric_port(b.port, "pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric_port(b.port, "pdmoe_kv_blocks_free"), metric_port(b.port, "pdmoe_kv_blocks_capacity"));
     cr_assert_eq(metric_port(b.port, "pdmoe_generation_tokens_total"), N * 30 + 3 * (N * (N - 1) / 2));
     stop(&b);
 }
@@ -134,7 +134,7 @@ Test(server_spec, sampling_with_speculation_completes_and_frees_every_block)
              a.port);
     cr_assert_eq(count_200(cmd), 8);
     cr_assert_eq(metric_port(a.port, "pdmoe_requests_completed_total"), 8);
-    cr_assert_eq(metric_port(a.port, "pdmoe_kv_blocks_free"), metric_port(a.port, "pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric_port(a.port, "pdmoe_kv_blocks_free"), metric_port(a.port, "pdmoe_kv_blocks_capacity"));
     cr_assert_eq(metric_port(a.port, "pdmoe_kv_slots_free"), 8);
     stop(&a);
 }

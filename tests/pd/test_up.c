@@ -158,12 +158,12 @@ Test(up, ep_groups_on_both_sides_match_colocated_and_free_every_rank)
     for (int i = 0; i < 100 && metric_port(P, "pdmoe_kv_leases") > 0; i++)
         usleep(20000);
     cr_assert_eq(metric_port(P, "pdmoe_kv_leases"), 0);
-    for (int i = 0; i < 50 && metric_port(P, "pdmoe_kv_blocks_free") < metric_port(P, "pdmoe_kv_blocks_total"); i++)
+    for (int i = 0; i < 50 && metric_port(P, "pdmoe_kv_blocks_free") < metric_port(P, "pdmoe_kv_blocks_capacity"); i++)
         usleep(20000);
     for (int k = 0; k < 2; k++) {
-        cr_assert_eq(labelled(P, "pdmoe_rank_kv_blocks_free", k), labelled(P, "pdmoe_rank_kv_blocks_total", k),
+        cr_assert_eq(labelled(P, "pdmoe_rank_kv_blocks_free", k), labelled(P, "pdmoe_rank_kv_blocks_capacity", k),
                      "prefill rank %d", k);
-        cr_assert_eq(labelled(D, "pdmoe_rank_kv_blocks_free", k), labelled(D, "pdmoe_rank_kv_blocks_total", k),
+        cr_assert_eq(labelled(D, "pdmoe_rank_kv_blocks_free", k), labelled(D, "pdmoe_rank_kv_blocks_capacity", k),
                      "decode rank %d", k);
     }
     stop_up(up, port);
@@ -486,9 +486,9 @@ static void speculative_up(int port, int ep)
     cr_assert_eq(metric_port(port + 1, "pdmoe_kv_leases"), 0);
     for (int k = 0; k < ep && ep > 1; k++)
         for (int p = port + 1; p <= port + 2; p++)
-            cr_assert_eq(labelled(p, "pdmoe_rank_kv_blocks_free", k), labelled(p, "pdmoe_rank_kv_blocks_total", k),
+            cr_assert_eq(labelled(p, "pdmoe_rank_kv_blocks_free", k), labelled(p, "pdmoe_rank_kv_blocks_capacity", k),
                          "port %d, rank %d", p, k);
-    cr_assert_eq(metric_port(port + 2, "pdmoe_kv_blocks_free"), metric_port(port + 2, "pdmoe_kv_blocks_total"));
+    cr_assert_eq(metric_port(port + 2, "pdmoe_kv_blocks_free"), metric_port(port + 2, "pdmoe_kv_blocks_capacity"));
     stop_up(up, port);
 }
 

@@ -291,4 +291,64 @@ static inline char *long_prompt(int words, int salt)
     return p;
 }
 
+/* The Prometheus conventions of a /metrics text, asserted: each family declared once by a TYPE line
+ * before its samples; a counter's name ends in _total and nothing else's does; every sample belongs
+ * to a declared family (a histogram's as NAME_bucket, NAME_sum, NAME_count); a histogram's buckets
+ * never decrease and its +Inf bucket is its count. `what` names the endpoint in messages. */
+static inline void prom_conventions(const char *text, const char *what)
+{
+    enum { MAXF = 256 };
+    static char name[MAXF][128], type[MAXF][16];
+    int nf = 0;
+    double last_bucket = -1;
+    char hist[128] = "";
+    for (const char *l = text; *l;) {
+        const char *end = strchr(l, '\n');
+        size_t len = end ? (size_t)(end - l) : strlen(l);
+        char line[1024];
+        snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line ? len : sizeof line - 1), l);
+        l += len + (end != NULL);
+        char n[128], t[16];
+        if (sscanf(line, "# TYPE %127s %15s", n, t) == 2) {
+            for (int i = 0; i < nf; i++)
+                cr_assert_str_neq(name[i], n, "%s: %s declared twice", what, n);
+            cr_assert_lt(nf, MAXF);
+            size_t k = strlen(n);
+            int total = k > 6 && !strcmp(n + k - 6, "_total");
+            if (!strcmp(t, "counter"))
+                cr_assert(total, "%s: the counter %s does not end in _total", what, n);
+            else
+                cr_assert(!total, "%s: the %s %s ends in _total, a counter's suffix", what, t, n);
+            snprintf(name[nf], sizeof name[nf], "%s", n);
+            snprintf(type[nf++], sizeof type[0], "%s", t);
+            last_bucket = -1;
+            continue;
+        }
+        if (!line[0] || line[0] == '#')
+            continue;
+        size_t k = strcspn(line, "{ ");
+        snprintf(n, sizeof n, "%.*s", (int)k, line);
+        int found = 0;
+        for (int i = 0; i < nf && !found; i++) {
+            size_t m = strlen(name[i]);
+            if (!strcmp(n, name[i]) && strcmp(type[i], "histogram"))
+                found = 1;
+            else if (!strcmp(type[i], "histogram") && !strncmp(n, name[i], m) &&
+                     (!strcmp(n + m, "_bucket") || !strcmp(n + m, "_sum") || !strcmp(n + m, "_count"))) {
+                found = 1;
+                double v = atof(strrchr(line, ' ') + 1);
+                if (!strcmp(n + m, "_bucket")) {
+                    cr_assert_geq(v, last_bucket, "%s: %s's buckets decrease at %s", what, name[i], line);
+                    last_bucket = v;
+                    snprintf(hist, sizeof hist, "%s", name[i]);
+                } else if (!strcmp(n + m, "_count")) {
+                    cr_assert_eq(v, last_bucket, "%s: %s_count %g is not its +Inf bucket %g", what, name[i], v,
+                                 last_bucket);
+                }
+            }
+        }
+        cr_assert(found, "%s: the sample %s has no TYPE line before it", what, line);
+    }
+}
+
 #endif
