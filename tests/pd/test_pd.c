@@ -469,6 +469,7 @@ Test(pd, unclaimed_leases_yield_to_a_waiting_request, .timeout = 120)
     /* the oldest lease is gone: its decode is refused it, as for an expired one */
     snprintf(prompt, sizeof prompt, "lease number %d of eight", 0);
     cr_assert_eq(decode_with(prompt, kv[0], 0, out, sizeof out), 403, "%s", out);
+    cr_assert_eq(metric(D.port, "pdmoe_requests_failed_total"), 1, "the refused pull is counted nowhere");
     /* a later one still hands its KV over: the same tokens as colocated */
     snprintf(prompt, sizeof prompt, "lease number %d of eight", 7);
     cr_assert_eq(decode_with(prompt, kv[7], 0, out, sizeof out), 200, "%s", out);
