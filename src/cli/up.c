@@ -22,6 +22,7 @@
 #include "plan/launch.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -68,15 +69,49 @@ struct child {
  * gets SIGTERM if `up` dies. */
 static void spawn(struct child *c)
 {
-    pid_t pid = fork();
+    pid_t parent = getpid(), pid = fork();
     if (pid == 0) {
         setpgid(0, 0);
         prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent)   /* up died before the request took: nobody would stop this one */
+            _exit(0);
         execvp(c->argv[0], c->argv);
         _exit(127);
     }
     c->pid = pid;
     c->started = pd_now_s();
+}
+
+/* The directories of earlier runs of pdmoe up that were killed before they could remove theirs
+ * (SIGKILL, a crash): /tmp/pdmoe-up-* whose "pid" file names a process that no longer exists.
+ * A directory without that file, or of a process alive, is left alone. */
+static void sweep_stale_dirs(void)
+{
+    DIR *d = opendir("/tmp");
+    if (!d)
+        return;
+    struct dirent *ent;
+    while ((ent = readdir(d))) {
+        if (strncmp(ent->d_name, "pdmoe-up-", 9))
+            continue;
+        char path[300], file[400];
+        snprintf(path, sizeof path, "/tmp/%s", ent->d_name);
+        snprintf(file, sizeof file, "%s/pid", path);
+        FILE *f = fopen(file, "r");
+        long pid = 0;
+        int got = f && fscanf(f, "%ld", &pid) == 1;
+        if (f)
+            fclose(f);
+        if (!got || pid <= 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        static const char *const files[] = {"restarts.prom", "restarts.prom.tmp", "pid"};
+        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+            snprintf(file, sizeof file, "%s/%s", path, files[i]);
+            unlink(file);
+        }
+        rmdir(path);
+    }
+    closedir(d);
 }
 
 /* "exited with status N" or "was killed by signal N (name)" */
@@ -657,12 +692,19 @@ int pd_cli_up(int argc, char **argv)
     struct child ch[MAX_CHILDREN];
     memset(ch, 0, sizeof ch);
     int n = 0;
-    char mdir[] = "/tmp/pdmoe-up-XXXXXX", mfile[64];
+    sweep_stale_dirs();
+    char mdir[] = "/tmp/pdmoe-up-XXXXXX", mfile[64], pfile[64];
     if (!mkdtemp(mdir)) {
         fprintf(stderr, "pdmoe up: cannot create a directory in /tmp: %s\n", strerror(errno));
         return 1;
     }
     snprintf(mfile, sizeof mfile, "%s/restarts.prom", mdir);
+    snprintf(pfile, sizeof pfile, "%s/pid", mdir);   /* whose it is, for the sweep of a later run */
+    FILE *pf = fopen(pfile, "w");
+    if (pf) {
+        fprintf(pf, "%ld\n", (long)getpid());
+        fclose(pf);
+    }
     char sth[16], slen[16];
     snprintf(sth, sizeof sth, "%lld", (long long)threads);
     snprintf(slen, sizeof slen, "%lld", (long long)max_len);
@@ -742,6 +784,7 @@ int pd_cli_up(int argc, char **argv)
         stop_all(ch, n);
         for (int i = 0; i < n; i++)
             pd_launch_argv_free(ch[i].argv);
+        unlink(pfile);
         rmdir(mdir);
         return failed;
     }
@@ -812,6 +855,7 @@ int pd_cli_up(int argc, char **argv)
     for (int i = 0; i < n; i++)
         pd_launch_argv_free(ch[i].argv);
     unlink(mfile);
+    unlink(pfile);
     rmdir(mdir);
     fprintf(stderr, "pdmoe up: stopped\n");
     return rc;

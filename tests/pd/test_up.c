@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -254,6 +255,61 @@ Test(up, a_stopped_child_is_continued_to_stop_and_leaves_no_shared_memory)
         shm = shm_files("vader_segment");
     }
     cr_assert_leq(shm, shm0, "%d shared-memory segments left in /dev/shm (%d before)", shm, shm0);
+}
+
+/* The /tmp/pdmoe-up-* directory whose pid file names `pid`, in out (0), or -1. */
+static int up_dir_of(pid_t pid, char *out, size_t cap)
+{
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "grep -lx %d /tmp/pdmoe-up-*/pid 2>/dev/null | head -1", (int)pid);
+    FILE *p = popen(cmd, "r");
+    int got = p && fgets(out, (int)cap, p) != NULL;
+    if (p)
+        pclose(p);
+    if (!got)
+        return -1;
+    *strrchr(out, '/') = 0;   /* (the directory, not its pid file) */
+    return 0;
+}
+
+/* pdmoe up SIGKILLed (no chance to stop anything): its instances and proxy stop too (they asked
+ * Linux for a SIGTERM when their parent dies), and the directory it could not remove is removed
+ * by the next pdmoe up, which leaves a live run's alone. */
+Test(up, a_killed_up_leaves_no_process_and_its_directory_is_swept_next_time)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const int port = 25300 + (getpid() % 300) * 3;
+    pid_t up = start_up(bin, port, 1);
+    char stale[256], live[] = "/tmp/pdmoe-up-testXXXXXX", pidfile[300];
+    cr_assert_eq(up_dir_of(up, stale, sizeof stale), 0, "pdmoe up %d wrote no /tmp/pdmoe-up-*/pid", (int)up);
+    cr_assert_not_null(mkdtemp(live));
+    snprintf(pidfile, sizeof pidfile, "%s/pid", live);
+    FILE *f = fopen(pidfile, "w");
+    fprintf(f, "%d\n", (int)getpid());   /* a run that is alive: this test */
+    fclose(f);
+    cr_assert_eq(kill(up, SIGKILL), 0);
+    cr_assert_eq(waitpid(up, NULL, 0), up);
+    up_pid = 0;
+    int left = 1;
+    for (int i = 0; i < 100 && left; i++) {
+        left = 0;
+        for (int q = port; q <= port + 2; q++)
+            left += processes_on(q);
+        if (left)
+            usleep(100000);
+    }
+    cr_assert_eq(left, 0, "%d processes outlived the killed pdmoe up by 10 s", left);
+    struct stat st;
+    cr_assert_eq(stat(stale, &st), 0, "%s went with pdmoe up?", stale);
+    char out[256];
+    snprintf(out, sizeof out, "%s/up.out", dir);
+    unlink(out);   /* (its ready line is the first run's) */
+    up = start_up(bin, port, 1);
+    cr_assert_neq(stat(stale, &st), 0, "%s is still there after the next pdmoe up", stale);
+    cr_assert_eq(stat(live, &st), 0, "a live run's directory was swept");
+    stop_up(up, port);
+    unlink(pidfile);
+    rmdir(live);
 }
 
 /* Leaves a connection in TIME_WAIT on the server's side of 127.0.0.1:port, as a prefill instance
