@@ -26,7 +26,7 @@ int pd_cli_proxy(int argc, char **argv)
         {"prefill", 1, 0, 'p'}, {"decode", 1, 0, 'd'}, {"host", 1, 0, 'H'}, {"port", 1, 0, 'P'},
         {"api-key", 1, 0, 'k'}, {"backend-api-key", 1, 0, 'b'}, {"retries", 1, 0, 'r'}, {"help", 0, 0, 'h'},
         {"policy", 1, 0, 'y'}, {"cache-threshold", 1, 0, 'c'}, {"balance-abs-threshold", 1, 0, 'a'},
-        {"balance-rel-threshold", 1, 0, 'l'}, {"max-tree-size", 1, 0, 't'},
+        {"balance-rel-threshold", 1, 0, 'l'}, {"max-tree-size", 1, 0, 't'}, {"shutdown-timeout", 1, 0, 'G'},
         PD_CLI_HTTP_OPTIONS, {0, 0, 0, 0},
     };
     struct pd_proxy_opts o = {.port = 8000, .handle_signals = 1, .http = {.log = pd_cli_log, .log_arg = "proxy"},
@@ -83,6 +83,11 @@ int pd_cli_proxy(int argc, char **argv)
         case 'P': if (pd_cli_int_max("--port", optarg, 0, 65535, &v)) return 2; o.port = (int)v; break;
         case 'k': o.api_key = optarg; break;
         case 'b': o.backend_api_key = optarg; break;
+        case 'G':
+            if (pd_cli_int_max("--shutdown-timeout", optarg, 0, 86400, &v))
+                return 2;
+            o.shutdown_timeout_s = (int)v;
+            break;
         case 'r':
             if (pd_cli_int("--retries", optarg, 1, &v))
                 return 2;
@@ -109,7 +114,8 @@ int pd_cli_proxy(int argc, char **argv)
                    "Decode instances are always chosen least-loaded.\n");
             printf("--health-interval-ms 1000: how often each instance's /health is checked; a failed one gets no\n"
                    "requests until it answers again. --metrics-file FILE: Prometheus text added to /metrics (pdmoe up's\n"
-                   "restart counts).\n");
+                   "restart counts). --shutdown-timeout S (0): at SIGTERM or Ctrl-C, new requests get a 503 while\n"
+                   "those in flight finish, for at most S seconds; a second signal stops at once (0: at once).\n");
             return 0;
         default: {
             int r = pd_cli_http_flag(c, optarg, &o.http);

@@ -75,7 +75,7 @@ int pd_cli_serve(int argc, char **argv)
         {"kv-cache-memory-bytes", 1, 0, 'B'}, {"enable-expert-parallel", 0, 0, 'E'},
         {"data-parallel-size", 1, 0, 'd'}, {"kv-cache-dtype", 1, 0, 'D'}, {"speculative-config", 1, 0, 'X'},
         {"enable-prefix-caching", 0, 0, 'C'}, {"no-enable-prefix-caching", 0, 0, 'c'},
-        {"watchdog-timeout", 1, 0, 'W'}, {"max-queued-requests", 1, 0, 'Q'},
+        {"watchdog-timeout", 1, 0, 'W'}, {"max-queued-requests", 1, 0, 'Q'}, {"shutdown-timeout", 1, 0, 'G'},
         {"help", 0, 0, 'h'}, PD_CLI_HTTP_OPTIONS, {0, 0, 0, 0},
     };
     int64_t dp = 0;
@@ -96,6 +96,11 @@ int pd_cli_serve(int argc, char **argv)
         case 'l': if (int_flag("--max-model-len", optarg, 1, &o.max_model_len)) return 2; break;
         case 'j': if (int_flag("--threads", optarg, 1, &o.threads)) return 2; break;
         case 'Q': if (int_flag("--max-queued-requests", optarg, 1, &o.max_queued_requests)) return 2; break;
+        case 'G':
+            if (pd_cli_int_max("--shutdown-timeout", optarg, 0, 86400, &v))
+                return 2;
+            o.shutdown_timeout_s = (int)v;
+            break;
         case 'n': o.served_name = optarg; break;
         case 'E': o.expert_parallel = 1; break;
         case 'W': if (pd_cli_int_max("--watchdog-timeout", optarg, 0, 86400, &v)) return 2; o.watchdog_s = v ? (int)v : -1; break;
@@ -213,6 +218,9 @@ int pd_cli_serve(int argc, char **argv)
                    "         is deployed; a prefill and a decode instance must use the same)\n"
                    "       [--max-queued-requests N] (requests waiting for a place in the batch; past N a new one\n"
                    "         is a 429 with Retry-After, as SGLang's flag; default: no limit but --max-connections)\n"
+                   "       [--shutdown-timeout S] (vLLM's: at SIGTERM or Ctrl-C, new requests get a 503 while those in\n"
+                   "         flight, waiting and leased finish, for at most S seconds; a second signal stops at\n"
+                   "         once; default 0: stop at once, streams ended with an error event)\n"
                    "       [--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":K}'] (MTP\n"
                    "         speculative decoding, K = 1..8; also in an EP group; a prefill and a decode instance\n"
                    "         must use the same; /metrics counts drafts and accepted tokens per position)\n"

@@ -42,11 +42,12 @@
 #define MAX_CHILDREN 34
 #define MAX_EP 8        /* ranks of one instance on this machine (mpirun --oversubscribe) */
 
-static volatile sig_atomic_t stopping;
+static volatile sig_atomic_t stopping;   /* the signals to stop so far */
 
 static void on_stop(int sig)
 {
-    stopping = 1;
+    if (stopping < 2)
+        stopping++;
 }
 
 #define BACKOFF_MIN_S 0.5
@@ -147,7 +148,7 @@ static int healthy(const char *host, int port)
     return pd_cli_http_get(host, port, "/health", b, sizeof b) == 200;
 }
 
-static void stop_all(struct child *c, int n)
+static void stop_all(struct child *c, int n, int drain_s)
 {
     /* SIGTERM, then SIGCONT to its process group, as systemd sends them: a child stopped (SIGSTOP,
      * a debugger) never saw the SIGTERM, was SIGKILLed after 10 s, and an mpirun killed so left
@@ -157,8 +158,16 @@ static void stop_all(struct child *c, int n)
             kill(c[i].pid, SIGTERM);
             kill(-c[i].pid, SIGCONT);
         }
-    /* give them 10 s to answer their clients and exit, then kill */
-    for (int t = 0; t < 200; t++) {
+    /* give them 10 s to answer their clients and exit (and --shutdown-timeout to drain), then kill;
+     * a second signal to up is passed on, which stops a draining child at once */
+    int passed = 0;
+    for (int t = 0; t < 20 * (10 + drain_s); t++) {
+        if (stopping >= 2 && !passed) {
+            passed = 1;
+            for (int i = 0; i < n; i++)
+                if (c[i].pid > 0)
+                    kill(c[i].pid, SIGTERM);
+        }
         int alive = 0;
         for (int i = 0; i < n; i++)
             if (c[i].pid > 0) {
@@ -520,7 +529,7 @@ int pd_cli_up(int argc, char **argv)
         {"host", 1, 0, 'H'}, {"max-num-seqs", 1, 0, 'S'}, {"max-num-batched-tokens", 1, 0, 'T'},
         {"kv-cache-memory-bytes", 1, 0, 'B'}, {"kv-cache-bytes", 1, 0, 'B'}, {"served-model-name", 1, 0, 'N'},
         {"hosts", 1, 0, 'O'}, {"kv-cache-dtype", 1, 0, 'd'}, {"policy", 1, 0, 'y'},
-        {"speculative-config", 1, 0, 'X'}, {"max-queued-requests", 1, 0, 'Q'},
+        {"speculative-config", 1, 0, 'X'}, {"max-queued-requests", 1, 0, 'Q'}, {"shutdown-timeout", 1, 0, 'G'},
         {"enable-prefix-caching", 0, 0, 'C'}, {"no-enable-prefix-caching", 0, 0, 'c'}, {"help", 0, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -531,7 +540,8 @@ int pd_cli_up(int argc, char **argv)
     /* engine flags passed on to every instance as given (serve checks them); the plan's own
      * values forbid them with --plan */
     const char *host = "127.0.0.1", *seqs_flag = NULL, *batched_flag = NULL, *kvbytes_flag = NULL, *served = NULL;
-    const char *dtype_flag = NULL, *prefix_flag = NULL, *spec_flag = NULL, *queued_flag = NULL;
+    const char *dtype_flag = NULL, *prefix_flag = NULL, *spec_flag = NULL, *queued_flag = NULL, *drain_flag = NULL;
+    int64_t drain_s = 0;
     enum pd_kv_dtype dtype;
     int64_t checked;
     int c;
@@ -558,6 +568,11 @@ int pd_cli_up(int argc, char **argv)
             if (pd_cli_int_max("--max-queued-requests", optarg, 1, 1 << 30, &checked))
                 return 2;
             queued_flag = optarg;
+            break;
+        case 'G':
+            if (pd_cli_int_max("--shutdown-timeout", optarg, 0, 86400, &drain_s))
+                return 2;
+            drain_flag = optarg;
             break;
         case 'd': if (pd_cli_kv_dtype("up", optarg, &dtype)) return 2; dtype_flag = optarg; break;
         case 'C': prefix_flag = "--enable-prefix-caching"; break;
@@ -613,9 +628,12 @@ int pd_cli_up(int argc, char **argv)
                    "       [--kv-cache-dtype bf16|fp8] [--policy cache_aware|least_loaded]\n"
                    "       [--enable-prefix-caching | --no-enable-prefix-caching] [--plan plan.json --hosts H0,H1,...]\n"
                    "       [--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":K}']\n"
-                   "       [--max-queued-requests N]\n"
+                   "       [--max-queued-requests N] [--shutdown-timeout S]\n"
                    "--max-queued-requests: each instance's waiting queue (pdmoe serve --help); with --plan too. A\n"
                    "429 from a full instance sends the request to another one; the client gets it when all are full.\n"
+                   "--shutdown-timeout: at Ctrl-C or SIGTERM the proxy, then the instances, drain their requests in\n"
+                   "flight (new ones get a 503) for at most S seconds each before they stop; a second signal to up\n"
+                   "stops them at once.\n"
                    "--speculative-config: MTP speculative decoding on every instance (the prefill side hands the MTP\n"
                    "layer's KV and the draft's input to the decode side, which drafts; in EP groups rank to rank).\n"
                    "--policy: how the proxy picks the instance that prefills (pdmoe proxy --help; cache_aware by default).\n"
@@ -747,7 +765,8 @@ int pd_cli_up(int argc, char **argv)
         int e = 0;
         const char *pass[][2] = {{"--max-num-seqs", seqs_flag}, {"--max-num-batched-tokens", batched_flag},
                                  {"--kv-cache-memory-bytes", kvbytes_flag}, {"--kv-cache-dtype", dtype_flag},
-                                 {"--speculative-config", spec_flag}, {"--max-queued-requests", queued_flag}};
+                                 {"--speculative-config", spec_flag}, {"--max-queued-requests", queued_flag},
+                                 {"--shutdown-timeout", drain_flag}};
         for (size_t j = 0; j < sizeof pass / sizeof pass[0]; j++)
             if (pass[j][1]) {
                 lo.extra[e++] = pass[j][0];
@@ -770,7 +789,7 @@ int pd_cli_up(int argc, char **argv)
     }
     /* the proxy, in front of every instance's first host and port (plan/launch.h) */
     struct pd_launch_proxy po = {.pdmoe = self, .host = host, .port = (int)port, .metrics_file = mfile, .api_key = key,
-                                 .policy = policy};
+                                 .policy = policy, .shutdown_timeout_s = (int)drain_s};
     const int proxy = n;
     if (!failed) {
         ch[n] = (struct child){.port = (int)port, .role = "proxy", .host = host};
@@ -781,7 +800,7 @@ int pd_cli_up(int argc, char **argv)
     }
     free(inst);
     if (failed) {   /* nothing half-started is left behind */
-        stop_all(ch, n);
+        stop_all(ch, n, 0);
         for (int i = 0; i < n; i++)
             pd_launch_argv_free(ch[i].argv);
         unlink(pfile);
@@ -850,8 +869,8 @@ int pd_cli_up(int argc, char **argv)
         }
     }
     /* the proxy first: it answers the streams in flight while the instances still run */
-    stop_all(&ch[proxy], 1);
-    stop_all(ch, n);
+    stop_all(&ch[proxy], 1, (int)drain_s);
+    stop_all(ch, n, (int)drain_s);
     for (int i = 0; i < n; i++)
         pd_launch_argv_free(ch[i].argv);
     unlink(mfile);

@@ -622,10 +622,38 @@ static void *scheduler(void *arg)
     return NULL;
 }
 
+/* Draining: the loop ends once no request runs, waits or (a prefill instance's) holds a lease,
+ * or at the deadline. */
+static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
+{
+    struct pd_server *s = arg;
+    pthread_mutex_lock(&s->mu);
+    int left = s->n_running + (s->leases != NULL);
+    for (struct req *r = s->wait_head; r; r = r->next)
+        left++;
+    pthread_mutex_unlock(&s->mu);
+    if (!left || pd_now_s() >= s->drain_deadline) {
+        if (left)
+            fprintf(stderr, "pdmoe serve: the shutdown timeout (%d s) ended the drain with %d requests left\n",
+                    s->o.shutdown_timeout_s, left);
+        event_base_loopexit(s->base, NULL);
+    }
+}
+
+/* SIGINT or SIGTERM: with --shutdown-timeout the first one drains, the next stops at once. */
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
     struct pd_server *s = arg;
-    event_base_loopexit(s->base, NULL);
+    if (s->o.shutdown_timeout_s <= 0 || s->draining || !s->drain_tick) {
+        event_base_loopexit(s->base, NULL);
+        return;
+    }
+    s->draining = 1;
+    s->drain_deadline = pd_now_s() + s->o.shutdown_timeout_s;
+    fprintf(stderr, "pdmoe serve: draining: new requests are refused, those in flight finish (at most %d s; "
+                    "another signal stops at once)\n", s->o.shutdown_timeout_s);
+    event_add(s->drain_tick, &(struct timeval){0, 100000});
+    on_drain_tick(-1, 0, s);
 }
 
 int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_err *e)
@@ -755,6 +783,7 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     if (s->o.handle_signals) {
         s->sigint = evsignal_new(s->base, SIGINT, on_signal, s);
         s->sigterm = evsignal_new(s->base, SIGTERM, on_signal, s);
+        s->drain_tick = event_new(s->base, -1, EV_PERSIST, on_drain_tick, s);
         event_add(s->sigint, NULL);
         event_add(s->sigterm, NULL);
     }
@@ -875,6 +904,8 @@ void pd_server_destroy(struct pd_server *s)
         event_free(s->sigint);
     if (s->sigterm)
         event_free(s->sigterm);
+    if (s->drain_tick)
+        event_free(s->drain_tick);
     if (s->base)
         event_base_free(s->base);
     pd_srv_ep_close(s);

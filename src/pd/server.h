@@ -74,6 +74,10 @@ struct pd_server_opts {
     const char *engine_id;
     int kv_lease_ms, kv_timeout_ms; /* 0: 30000 */
     int handle_signals;             /* SIGINT/SIGTERM stop the loop (the command line's server) */
+    int shutdown_timeout_s;         /* with handle_signals: the first signal drains (new requests a 503,
+                                     * those in flight, waiting and, on a prefill instance, leased
+                                     * finish) for at most this many seconds, a second one stops at
+                                     * once (vLLM's --shutdown-timeout); 0: stop at once */
     int expert_parallel;            /* one EP group over MPI_COMM_WORLD (MPI initialised by the caller) */
     int watchdog_s;                 /* an EP group's rank 0 ends the process (mpirun then the group)
                                      * when one round of the group has not finished in this many

@@ -323,7 +323,15 @@ static int queue_full(struct pd_server *s, struct evhttp_request *h)
 static void on_completion(struct evhttp_request *h, void *arg, int chat)
 {
     struct pd_server *s = arg;
-    if (!authorised(s, h) || queue_full(s, h))
+    if (!authorised(s, h))
+        return;
+    if (s->draining) {   /* (the load balancer's cue: this one is going; the proxy tries another) */
+        evhttp_add_header(evhttp_request_get_output_headers(h), "Connection", "close");
+        pd_srv_send_error(s, h, 503, "server_error", NULL, "the server is shutting down (draining the requests "
+                          "in flight)");
+        return;
+    }
+    if (queue_full(s, h))
         return;
     json_error_t je;
     json_t *j;

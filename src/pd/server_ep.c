@@ -302,7 +302,8 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
 
 /* A rank other than 0 between steps: asleep in tests of the broadcast (a 2 ms period at most: an
  * idle group costs nothing, a new step waits at most that long). A signal here waits for rank 0
- * to end the group, since rank 0 normally has it too, but not longer than 10 s. */
+ * to end the group, since rank 0 normally has it too, but not longer than 10 s (plus the
+ * --shutdown-timeout that rank 0 may drain for). */
 static int ep_wait_idle(struct pd_server *s, MPI_Request *rq, pd_err *e)
 {
     long ns = 10000;
@@ -315,9 +316,10 @@ static int ep_wait_idle(struct pd_server *s, MPI_Request *rq, pd_err *e)
             return 0;
         if (ep_signalled && !signalled_at)
             signalled_at = pd_now_s();
-        if (signalled_at && pd_now_s() - signalled_at > 10)
+        const int limit = 10 + (s->o.shutdown_timeout_s > 0 ? s->o.shutdown_timeout_s : 0);   /* rank 0 drains */
+        if (signalled_at && pd_now_s() - signalled_at > limit)
             return pd_err_set(e, PD_EIO, "expert parallelism: rank %d was signalled and rank 0 did not end the group "
-                              "within 10 s", s->g->rank);
+                              "within %d s", s->g->rank, limit);
         struct timespec ts = {0, ns};
         nanosleep(&ts, NULL);
         ns = ns < 2000000 ? ns * 2 : 2000000;

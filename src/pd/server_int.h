@@ -249,6 +249,9 @@ struct pd_server {
     struct event_base *base;
     struct pd_http_front *front;
     struct event *notify, *sigint, *sigterm;
+    struct event *drain_tick;       /* while draining: checks every 100 ms whether anything is left */
+    int draining;                   /* a signal came with shutdown_timeout_s: new requests are refused */
+    double drain_deadline;
     int port;
     /* metrics */
     uint64_t n_requests, n_completed, n_cancelled, n_errors4xx, tokens_out, tokens_in;

@@ -221,6 +221,10 @@ char **pd_launch_proxy_argv(const struct pd_launch_inst *x, int n, const struct 
         add(&v, "--policy");
         add(&v, "%s", o->policy);
     }
+    if (o->shutdown_timeout_s > 0) {
+        add(&v, "--shutdown-timeout");
+        add(&v, "%d", o->shutdown_timeout_s);
+    }
     free(list[0]);
     free(list[1]);
     if (v.oom) {

@@ -81,6 +81,7 @@ struct pd_launch_proxy {
     const char *metrics_file;  /* --metrics-file (pdmoe up's restart counts); NULL: none */
     const char *api_key;       /* NULL: none */
     const char *policy;        /* --policy (cache_aware, least_loaded); NULL: the proxy's default */
+    int shutdown_timeout_s;    /* --shutdown-timeout; 0: none (the proxy stops at once) */
 };
 
 /* The proxy's argv in front of n instances: `pdmoe proxy --prefill H:P,... --decode H:P,...`, each

@@ -39,7 +39,10 @@ struct pd_proxy {
     struct event *sigint, *sigterm;
     int port;
     struct event *stop, *tick;       /* pd_proxy_stop's graceful stop, the health checks */
-    int stopping;                    /* draining: new requests get a 503 */
+    int stopping;                    /* stopping: new requests get a 503 */
+    int draining;                    /* a signal came with shutdown_timeout_s: new requests get a 503 */
+    double drain_deadline;
+    struct event *drain_tick;
     struct job *jobs;                /* every completion in flight */
     struct pd_route *route;          /* who prefills: the prefill instances, or the colocated ones */
     /* metrics */

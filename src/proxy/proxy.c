@@ -665,7 +665,7 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
     struct pd_proxy *px = arg;
     if (!px_authorised(px, h))
         return;
-    if (px->stopping) {
+    if (px->stopping || px->draining) {
         reply_error(h, 503, "server_error", "the proxy is shutting down");
         return;
     }
@@ -793,6 +793,8 @@ static void on_stop(evutil_socket_t fd, short what, void *arg)
     if (px->stopping)
         return;
     px->stopping = 1;
+    if (px->drain_tick)
+        event_del(px->drain_tick);
     while (px->jobs) {
         struct job *j = px->jobs;
         cancel_upstream(px, j);
@@ -824,12 +826,13 @@ static void on_readiness(struct evhttp_request *h, void *arg)
 {
     struct pd_proxy *px = arg;
     const int up[2] = {instances_up(px->p, px->np), instances_up(px->d, px->nd)}, n[2] = {px->np, px->nd};
-    const int ready = (px->np == 0 || up[0] > 0) && up[1] > 0;
+    const int ready = (px->np == 0 || up[0] > 0) && up[1] > 0 && !px->draining && !px->stopping;
     json_t *j = json_pack("{s:s, s:{s:i, s:i}, s:{s:i, s:i}}", "status", ready ? "ready" : "not ready", "prefill",
                           "instances", n[0], "up", up[0], "decode", "instances", n[1], "up", up[1]);
     if (j && !ready)
-        json_object_set_new(j, "reason", json_string(px->np && !up[0] ? "no prefill instance is up"
-                                                                        : "no decode instance is up"));
+        json_object_set_new(j, "reason", json_string(px->draining || px->stopping ? "the proxy is shutting down"
+                                                     : px->np && !up[0]                  ? "no prefill instance is up"
+                                                                                         : "no decode instance is up"));
     if (!ready)
         evhttp_add_header(evhttp_request_get_output_headers(h), "Retry-After", "1");
     pd_http_json(h, ready ? 200 : 503, j);   /* (takes j) */
@@ -840,9 +843,28 @@ static void on_other(struct evhttp_request *h, void *arg)
     reply_error(h, 404, "invalid_request_error", "no route %s", evhttp_request_get_uri(h));
 }
 
+/* Draining: the stop comes once no completion is in flight, or at the deadline. */
+static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
+{
+    struct pd_proxy *px = arg;
+    if (!px->jobs || pd_now_s() >= px->drain_deadline)
+        on_stop(-1, 0, px);
+}
+
+/* SIGINT or SIGTERM: with --shutdown-timeout the first one drains, the next stops at once. */
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
-    on_stop(-1, 0, arg);
+    struct pd_proxy *px = arg;
+    if (px->o.shutdown_timeout_s <= 0 || px->draining || !px->drain_tick) {
+        on_stop(-1, 0, px);
+        return;
+    }
+    px->draining = 1;
+    px->drain_deadline = pd_now_s() + px->o.shutdown_timeout_s;
+    fprintf(stderr, "pdmoe proxy: draining: new requests are refused, those in flight finish (at most %d s; "
+                    "another signal stops at once)\n", px->o.shutdown_timeout_s);
+    event_add(px->drain_tick, &(struct timeval){0, 100000});
+    on_drain_tick(-1, 0, px);
 }
 
 int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err *e)
@@ -901,6 +923,7 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
     if (o->handle_signals) {
         px->sigint = evsignal_new(px->base, SIGINT, on_signal, px);
         px->sigterm = evsignal_new(px->base, SIGTERM, on_signal, px);
+        px->drain_tick = event_new(px->base, -1, EV_PERSIST, on_drain_tick, px);
         event_add(px->sigint, NULL);
         event_add(px->sigterm, NULL);
     }
@@ -946,6 +969,8 @@ void pd_proxy_destroy(struct pd_proxy *px)
         event_free(px->sigint);
     if (px->sigterm)
         event_free(px->sigterm);
+    if (px->drain_tick)
+        event_free(px->drain_tick);
     if (px->stop)
         event_free(px->stop);
     if (px->tick)

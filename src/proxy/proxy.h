@@ -51,6 +51,9 @@ struct pd_proxy_opts {
     const char *metrics_file;                      /* Prometheus text appended to /metrics (pdmoe up's
                                                       restarts), read at each scrape; NULL: none */
     int handle_signals;
+    int shutdown_timeout_s;                        /* with handle_signals: the first signal drains (new
+                                                      requests a 503, those in flight finish) for at most
+                                                      this many seconds, a second stops at once; 0: at once */
     struct pd_http_limits http;                    /* client connections: cap, timeouts, sizes (0: defaults) */
     struct pd_route_opts route;                    /* who prefills; all 0: cache_aware with SGLang's thresholds */
 };

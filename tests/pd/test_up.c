@@ -558,3 +558,125 @@ Test(up, speculative_config_with_ep_groups_keeps_the_ids)
 {
     speculative_up(19500 + (getpid() % 300) * 3, 2);
 }
+
+/* A stream of up to 16,000 tokens through port, its SSE text in `file`: a popen'ed curl (read it
+ * with pclose). */
+static FILE *long_stream(int port, const char *file)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "curl -s -N --max-time 120 -o %s http://127.0.0.1:%d/v1/completions -d '{\"prompt\":\"x\","
+             "\"max_tokens\":16000,\"ignore_eos\":true,\"stream\":true}'", file, port);
+    return popen(cmd, "r");
+}
+
+static void wait_generating(int port)
+{
+    for (int i = 0; i < 500 && metric_port(port, "pdmoe_generation_tokens_total") < 20; i++)
+        usleep(10000);
+    cr_assert_geq(metric_port(port, "pdmoe_generation_tokens_total"), 20, "the stream never started");
+}
+
+static char *slurp(const char *file)
+{
+    FILE *f = fopen(file, "r");
+    cr_assert_not_null(f, "%s", file);
+    static char buf[4 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+/* pdmoe up --shutdown-timeout (vLLM's flag): at SIGTERM a stream in flight through the proxy runs to
+ * its end (its last chunk says "length", then [DONE], no error event) while a new request gets a
+ * 503; then everything stops, up exits 0 and nothing is left on the ports. */
+Test(up, a_shutdown_timeout_lets_the_streams_in_flight_finish)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    tmp_model_positions(dir, 16384);
+    const int port = 27200 + (getpid() % 300) * 3;
+    char out[256], sp[16], sse[256];
+    snprintf(out, sizeof out, "%s/up.out", dir);
+    snprintf(sse, sizeof sse, "%s/stream.sse", dir);
+    snprintf(sp, sizeof sp, "%d", port);
+    pid_t up = fork();
+    if (up == 0) {
+        freopen(out, "w", stdout);
+        execl(bin, bin, "up", "--model", dir, "--port", sp, "--max-model-len", "16384", "--shutdown-timeout", "90",
+              (char *)NULL);
+        _exit(127);
+    }
+    up_pid = up;
+    cr_assert(up_wait_ready(out), "pdmoe up did not become ready");
+    FILE *c = long_stream(port, sse);
+    wait_generating(port + 2);
+    double t0 = pd_now_s();
+    cr_assert_eq(kill(up, SIGTERM), 0);
+    usleep(300000);
+    char a[4096];
+    int code = curl_port(port, "/v1/completions", "{\"prompt\":\"y\",\"max_tokens\":2}", NULL, a, sizeof a);
+    cr_assert_eq(code, 503, "a new request while draining: %d %s", code, a);
+    cr_assert(strstr(a, "shutting down"), "%s", a);
+    cr_assert_eq(curl_port(port, "/readiness", NULL, NULL, a, sizeof a), 503, "%s", a);
+    cr_assert(strstr(a, "\"reason\":\"the proxy is shutting down\""), "%s", a);
+    pclose(c);
+    int status;
+    cr_assert_eq(waitpid(up, &status, 0), up);
+    up_pid = 0;
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "pdmoe up exited with %d", status);
+    cr_assert_lt(pd_now_s() - t0, 90, "the drain ran to its deadline");
+    const char *s = slurp(sse);
+    cr_assert_null(strstr(s, "\"error\""), "the stream was cut: ...%s", s + (strlen(s) > 400 ? strlen(s) - 400 : 0));
+    const char *fin = strstr(s, "\"finish_reason\":\"length\"");
+    cr_assert_not_null(fin, "no last chunk: ...%s", s + (strlen(s) > 400 ? strlen(s) - 400 : 0));
+    cr_assert_not_null(strstr(fin, "data: [DONE]"));
+    for (int q = port; q <= port + 2; q++)
+        cr_assert_eq(processes_on(q), 0, "processes left behind on port %d", q);
+}
+
+/* pdmoe serve --shutdown-timeout: the drain ends at its deadline (the stream then gets an error
+ * event and [DONE]), and a second signal ends it at once; serve exits 0 either way. */
+Test(up, serve_drains_until_its_shutdown_timeout_or_a_second_signal)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    tmp_model_positions(dir, 16384);
+    const int port = 27800 + (getpid() % 300);
+    char sp[16], sse[256];
+    snprintf(sp, sizeof sp, "%d", port);
+    snprintf(sse, sizeof sse, "%s/stream.sse", dir);
+    for (int twice = 0; twice < 2; twice++) {
+        pid_t s = fork();
+        if (s == 0) {
+            freopen("/dev/null", "w", stderr);
+            execl(bin, bin, "serve", "--model", dir, "--port", sp, "--max-model-len", "16384", "--threads", "1",
+                  "--shutdown-timeout", twice ? "90" : "1", (char *)NULL);
+            _exit(127);
+        }
+        up_pid = s;
+        char a[256];
+        for (int i = 0; i < 300 && curl_port(port, "/health", NULL, NULL, a, sizeof a) != 200; i++)
+            usleep(100000);
+        FILE *c = long_stream(port, sse);
+        wait_generating(port);
+        double t0 = pd_now_s();
+        cr_assert_eq(kill(s, SIGTERM), 0);
+        if (twice) {
+            usleep(300000);
+            cr_assert_eq(kill(s, SIGTERM), 0);
+        }
+        int status;
+        cr_assert_eq(waitpid(s, &status, 0), s);
+        up_pid = 0;
+        double took = pd_now_s() - t0;
+        pclose(c);
+        cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "serve exited with %d", status);
+        cr_assert_lt(took, 8, "%s: serve took %.1f s to stop", twice ? "a second signal" : "a 1 s drain", took);
+        if (!twice)
+            cr_assert_geq(took, 0.9, "the drain ended before its deadline (%.2f s) with a stream running", took);
+        const char *t = slurp(sse);
+        const char *err = strstr(t, "shutting down");
+        cr_assert_not_null(err, "no error event: ...%s", t + (strlen(t) > 300 ? strlen(t) - 300 : 0));
+        cr_assert_not_null(strstr(err, "data: [DONE]"));
+    }
+}
