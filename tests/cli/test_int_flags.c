@@ -38,6 +38,9 @@ Test(int_flags, values_past_int_are_refused_by_flag)
     refused("serve --model /nonexistent --max-queued-requests 4294967297", "--max-queued-requests 4294967297: at most");
     refused("serve --model /nonexistent --max-queued-requests 0", "--max-queued-requests 0: must be at least 1");
     refused("up --max-queued-requests 0", "--max-queued-requests 0: must be at least 1");
+    refused("serve --model /nonexistent --shutdown-timeout 86401", "--shutdown-timeout 86401: at most 86400");
+    refused("proxy --decode 127.0.0.1:1 --shutdown-timeout -1", "--shutdown-timeout -1");
+    refused("up --shutdown-timeout 99999999999", "--shutdown-timeout 99999999999: at most 86400");
     refused("proxy --decode 127.0.0.1:1 --retries 4294967297", "--retries 4294967297: at most 32");
     refused("plan --nodes 4294967297", "--nodes 4294967297: at most 1048576");
     /* past a flag's own bound (once exit 2 without a word) */
