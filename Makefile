@@ -45,7 +45,8 @@ $(BUILD)/libpdmoe.a: $(LIB_OBJ)
 $(BUILD)/pdmoe: $(CLI_OBJ) $(BUILD)/libpdmoe.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(ANCHOR_LIBS)
 
-$(BUILD)/pdmoe-tests: $(TEST_OBJ) $(BUILD)/bench/onednn.o $(BUILD)/bench/kernels.o $(BUILD)/libpdmoe.a
+$(BUILD)/pdmoe-tests: $(TEST_OBJ) $(BUILD)/bench/onednn.o $(BUILD)/bench/kernels.o $(BUILD)/bench/ceilings.o \
+                     $(BUILD)/libpdmoe.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(ANCHOR_LIBS) $(shell pkg-config --libs criterion)
 
 # The engine's logits for the float64 oracle of DeepSeek's official forward (tests/oracle/run.sh).
