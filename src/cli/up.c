@@ -19,6 +19,8 @@
 #include "core/timing.h"
 #include "core/net.h"
 #include "engine/genmodel.h"
+#include "model/config.h"
+#include "model/jsonf.h"
 #include "plan/launch.h"
 
 #include <arpa/inet.h>
@@ -196,6 +198,8 @@ struct up_plan {
     int64_t max_num_seqs, max_model_len, max_num_batched_tokens;
     char kv_cache_dtype[8];         /* options.kv_cache_dtype: what the pools were sized for */
     int64_t spec_k;                 /* options.num_speculative_tokens: the drafts its TPOT assumes */
+    int aggregated;                 /* "aggregated": colocated instances (the roles' entries are the same
+                                     * instances), no KV transfer, the proxy balancing them */
 };
 
 static int plan_int(const char *path, json_t *o, const char *where, const char *key, int64_t min, int64_t max,
@@ -211,12 +215,41 @@ static int plan_int(const char *path, json_t *o, const char *where, const char *
     return 0;
 }
 
-static int read_plan(const char *path, struct up_plan *u, int on_hosts)
+/* The plan's model (its "model" object: what it sized) against the one up serves: the shapes that
+ * size weights and KV must agree, else the pools it sets are another model's. */
+static int same_model(const char *path, json_t *pm, const char *model)
 {
-    json_error_t je;
-    json_t *j = json_load_file(path, 0, &je);
+    struct pd_model m;
+    pd_err e = {0};
+    if (pd_model_load_as("--model", model, &m, &e)) {
+        fprintf(stderr, "pdmoe up: %s\n", e.msg);
+        return -1;
+    }
+    const struct {
+        const char *key;
+        int64_t ours;
+    } f[] = {{"hidden_size", m.hidden_size}, {"vocab_size", m.vocab_size}, {"num_hidden_layers", m.n_layers},
+             {"n_routed_experts", m.n_routed_experts}, {"num_experts_per_tok", m.n_experts_per_tok}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        json_t *v = json_object_get(pm, f[i].key);
+        if (!json_is_integer(v) || json_integer_value(v) != f[i].ours) {
+            const char *name = json_string_value(json_object_get(pm, "name"));
+            fprintf(stderr, "pdmoe up: --plan %s was made for another model (%s): its model.%s is %lld, --model %s has "
+                            "%lld; plan for this one (pdmoe plan --model %s ... --json)\n", path, name ? name : "?",
+                    f[i].key, json_is_integer(v) ? (long long)json_integer_value(v) : -1LL, model, (long long)f[i].ours,
+                    model);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int read_plan(const char *path, struct up_plan *u, int on_hosts, const char *model)
+{
+    pd_err e = {0};
+    json_t *j = pd_json_load_file(path, &e);   /* (a regular file; duplicate keys refused) */
     if (!j) {
-        fprintf(stderr, "pdmoe up: --plan %s: %s (line %d)\n", path, je.text, je.line);
+        fprintf(stderr, "pdmoe up: --plan %s\n", e.msg);
         return -1;
     }
     int rc = -1;
@@ -237,6 +270,14 @@ static int read_plan(const char *path, struct up_plan *u, int on_hosts)
         goto out;
     }
     snprintf(u->kv_cache_dtype, sizeof u->kv_cache_dtype, "%s", dt);
+    json_t *agg = json_object_get(j, "aggregated");
+    if (agg && !json_is_boolean(agg)) {
+        fprintf(stderr, "pdmoe up: --plan %s: field \"aggregated\": expected true or false\n", path);
+        goto out;
+    }
+    u->aggregated = json_is_true(agg);
+    if (same_model(path, json_object_get(j, "model"), model))
+        goto out;
     for (int r = 0; r < 2; r++) {
         json_t *x = json_array_get(roles, (size_t)r);
         char where[48];
@@ -315,10 +356,11 @@ static int parse_hosts(const char *arg, char **hosts, int *n)
 
 /* The plan's node map ("node_map": which nodes, and how many ranks on each, every instance
  * runs on) on the --hosts: instance i's group g on hosts[nodes[g]]. */
-static int read_node_map(const char *path, char **hosts, int nhosts, struct pd_launch_inst *inst, int *n)
+static int read_node_map(const char *path, char **hosts, int nhosts, int aggregated, struct pd_launch_inst *inst,
+                         int *n)
 {
-    json_error_t je;
-    json_t *j = json_load_file(path, 0, &je), *map = j ? json_object_get(j, "node_map") : NULL;
+    pd_err e = {0};
+    json_t *j = pd_json_load_file(path, &e), *map = j ? json_object_get(j, "node_map") : NULL;
     int rc = -1, top = -1;
     if (!json_is_array(map) || !json_array_size(map) || json_array_size(map) > MAX_CHILDREN - 1) {
         fprintf(stderr, "pdmoe up: --plan %s: no \"node_map\" of 1 to %d instances (write the plan with this "
@@ -340,8 +382,13 @@ static int read_node_map(const char *path, char **hosts, int nhosts, struct pd_l
             goto out;
         }
         struct pd_launch_inst *d = &inst[i];
+        if (aggregated && strcmp(role, "decode")) {
+            fprintf(stderr, "pdmoe up: --plan %s: node_map[%zu]: an aggregated plan's instances are \"decode\" "
+                            "(colocated), not \"%s\"\n", path, i, role);
+            goto out;
+        }
         *d = (struct pd_launch_inst){.role = strcmp(role, "prefill") != 0, .inst = (int)json_integer_value(in),
-                                     .n_groups = (int)g};
+                                     .n_groups = (int)g, .colocated = aggregated};
         for (size_t k = 0; k < g; k++) {
             json_t *nd = json_array_get(nodes, k), *rk = json_array_get(ranks, k);
             if (!json_is_integer(nd) || json_integer_value(nd) < 0 || json_integer_value(nd) >= 1 << 20 ||
@@ -488,7 +535,7 @@ static int plan_fits(const char *path, const struct up_plan *u, const char *mode
     struct stat st;
     snprintf(f, sizeof f, "%s/model.safetensors", model);
     double need = stat(f, &st) == 0 ? (double)st.st_size : 0;
-    for (int r = 0; r < 2; r++)
+    for (int r = u->aggregated; r < 2; r++)   /* (aggregated: both roles list the same instances) */
         need += (double)u->instances[r] * u->ep[r] * (double)u->kv_pool[r];
     double have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     if (need > 0.9 * have) {
@@ -674,9 +721,9 @@ int pd_cli_up(int argc, char **argv)
     struct up_plan u;
     memset(&u, 0, sizeof u);
     if (plan) {
-        if (read_plan(plan, &u, nhosts > 0) || (!nhosts && plan_fits(plan, &u, model)))
+        if (read_plan(plan, &u, nhosts > 0, model) || (!nhosts && plan_fits(plan, &u, model)))
             return 2;
-        np = u.instances[0];
+        np = u.aggregated ? 0 : u.instances[0];
         nd = u.instances[1];
         ep[0] = u.ep[0];
         ep[1] = u.ep[1];
@@ -737,13 +784,14 @@ int pd_cli_up(int argc, char **argv)
     }
     int failed = 0;
     if (nhosts) {
-        if (read_node_map(plan, hosts, nhosts, inst, &ni))
+        if (read_node_map(plan, hosts, nhosts, u.aggregated, inst, &ni))
             failed = 2;
     } else {
         for (int r = 0; r < 2; r++)
             for (int i = 0; i < (r ? nd : np); i++)
                 inst[ni++] = (struct pd_launch_inst){.role = r, .inst = i, .n_groups = 1, .ranks = ep[r],
-                                                     .group = {{.host = NULL, .ranks = ep[r]}}};
+                                                     .group = {{.host = NULL, .ranks = ep[r]}},
+                                                     .colocated = u.aggregated};
     }
     pd_err pe = {0};
     if (!failed && (pd_launch_ports(inst, ni, (int)port, &pe) || (nhosts && reachable(inst, ni)) ||
@@ -774,7 +822,8 @@ int pd_cli_up(int argc, char **argv)
             }
         if (prefix_flag)
             lo.extra[e++] = prefix_flag;
-        ch[n] = (struct child){.port = x->port, .role = x->role ? "decode" : "prefill", .instance = x->inst,
+        const char *role = x->colocated ? "aggregated" : x->role ? "decode" : "prefill";
+        ch[n] = (struct child){.port = x->port, .role = role, .instance = x->inst,
                                .host = x->group[0].host};
         if (!(ch[n].argv = pd_launch_argv(x, &lo))) {
             fprintf(stderr, "pdmoe up: out of memory\n");
@@ -782,7 +831,7 @@ int pd_cli_up(int argc, char **argv)
             break;
         }
         spawn(&ch[n]);
-        snprintf(ch[n].what, sizeof ch[n].what, "%s instance %d (%s%s:%d)", x->role ? "decode" : "prefill", x->inst,
+        snprintf(ch[n].what, sizeof ch[n].what, "%s instance %d (%s%s:%d)", role, x->inst,
                  x->ranks > 1 ? "EP group, rank 0 on " : "", x->group[0].host ? x->group[0].host : "127.0.0.1",
                  x->port);
         n++;
@@ -836,7 +885,11 @@ int pd_cli_up(int argc, char **argv)
         if (!ready)
             nanosleep(&(struct timespec){0, 100000000}, NULL);
     }
-    if (ready && !stopping) {
+    if (ready && !stopping && u.aggregated) {
+        printf("pdmoe up: %lld aggregated (EP %d) instance%s of %s behind http://%s:%lld/v1 (model \"%s\"); Ctrl-C "
+               "stops everything\n", (long long)nd, ep[1], nd > 1 ? "s" : "", model, host, (long long)port, name);
+        fflush(stdout);
+    } else if (ready && !stopping) {
         printf("pdmoe up: %lld prefill (EP %d) and %lld decode (EP %d) instance%s of %s behind http://%s:%lld/v1 "
                "(model \"%s\"); Ctrl-C stops everything\n", (long long)np, ep[0], (long long)nd, ep[1],
                nd > 1 ? "s" : "", model, host, (long long)port, name);

@@ -1,5 +1,6 @@
 /* `pdmoe validate`: the performance model against published deployments. */
 #include "cli/cli.h"
+#include "core/file.h"
 #include "model/config.h"
 #include "plan/validate.h"
 
@@ -39,19 +40,11 @@ int pd_cli_validate(int argc, char **argv)
     char *owned = NULL;
     const char *text = NULL, *label = file ? file : "validation/published.json";
     if (file) {
-        FILE *f = fopen(file, "rb");
-        if (!f) {
-            fprintf(stderr, "pdmoe validate: %s: cannot open\n", file);
+        /* a regular file (a FIFO is named, never waited on), whole */
+        if (!(owned = pd_file_read(file, 16 << 20, NULL, &e))) {
+            fprintf(stderr, "pdmoe validate: --cases %s\n", e.msg);
             return 1;
         }
-        owned = malloc(1 << 20);
-        size_t n = owned ? fread(owned, 1, (1 << 20) - 1, f) : 0;
-        fclose(f);
-        if (!owned) {
-            fprintf(stderr, "pdmoe validate: out of memory\n");
-            return 1;
-        }
-        owned[n] = 0;
         text = owned;
     } else {
         text = pd_embedded_find(label);

@@ -1,5 +1,6 @@
 /* hardware/ *.json -> struct pd_hardware, every field checked. */
 #include "plan/hardware.h"
+#include "core/file.h"
 #include "model/config.h"
 #include "model/jsonf.h"
 
@@ -166,28 +167,25 @@ int pd_hardware_load(const char *spec, struct pd_hardware *h, pd_err *e)
     char path[512];
     if (!spec || !*spec)
         return pd_err_set(e, PD_EINVAL, "--hardware: empty name");
-    if (stat(spec, &st) == 0 && S_ISREG(st.st_mode)) {
-        FILE *f = fopen(spec, "rb");
-        if (!f)
-            return pd_err_set(e, PD_EIO, "%s: cannot open", spec);
-        char *text = malloc(1 << 20);
-        size_t n = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
-        fclose(f);
+    /* a path: a regular file (a FIFO or a device is named, never waited on) */
+    if (stat(spec, &st) == 0 && !S_ISDIR(st.st_mode)) {
+        char *text = pd_file_read(spec, 16 << 20, NULL, e);
         if (!text)
-            return pd_err_set(e, PD_ENOMEM, "%s: out of memory", spec);
-        text[n] = 0;
+            return e && e->code ? e->code : PD_EIO;
         int rc = pd_hardware_parse(text, spec, h, e);
         free(text);
         return rc;
     }
+    /* NAME: hardware/NAME.json on disk (pdmoe calibrate --out writes there; an edited preset is
+     * read as edited), else the preset built in */
+    snprintf(path, sizeof path, "hardware/%s.json", spec);
+    if (!strchr(spec, '/') && stat(path, &st) == 0)
+        return pd_hardware_load(path, h, e);
     const char *text = pd_embedded_find(spec);
     snprintf(path, sizeof path, "%s", spec);
     if (!text) {
         snprintf(path, sizeof path, "hardware/%s.json", spec);
         text = pd_embedded_find(path);
-        /* a file written by pdmoe calibrate --out hardware/NAME.json is found by NAME too */
-        if (!text && stat(path, &st) == 0 && S_ISREG(st.st_mode))
-            return pd_hardware_load(path, h, e);
     }
     if (!text && stat(spec, &st) == 0 && S_ISDIR(st.st_mode))
         return pd_err_set(e, PD_EIO, "--hardware %s: is a directory; give a hardware .json file or a preset", spec);

@@ -1,5 +1,6 @@
 /* Speculative decoding's yield and measured acceptance (mtp.h). */
 #include "plan/mtp.h"
+#include "core/file.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -90,7 +91,7 @@ static int count_array(const char *label, json_t *root, const char *key, int k, 
 static int parse_json(const char *text, const char *label, struct pd_mtp *m, pd_err *e)
 {
     json_error_t je;
-    json_t *root = json_loads(text, 0, &je);
+    json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &je);
     if (!root)
         return pd_err_set(e, PD_EINVAL, "%s: not valid JSON (line %d: %s)", label, je.line, je.text);
     int rc = 0;
@@ -189,33 +190,9 @@ int pd_mtp_stats_parse(const char *text, const char *label, struct pd_mtp *m, pd
 
 int pd_mtp_stats_load(const char *path, struct pd_mtp *m, pd_err *e)
 {
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return pd_err_set(e, PD_EIO, "%s: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            char *t = realloc(buf, cap = 2 * cap + 8192);
-            if (!t) {
-                free(buf);
-                fclose(f);
-                return pd_err_set(e, PD_ENOMEM, "%s: out of memory", path);
-            }
-            buf = t;
-        }
-        size_t r = fread(buf + n, 1, 4096, f);
-        n += r;
-        if (r < 4096)
-            break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return pd_err_set(e, PD_EIO, "%s: read error", path);
-    }
-    buf[n] = 0;
+    char *buf = pd_file_read(path, 16 << 20, NULL, e);   /* (a FIFO is named, never waited on) */
+    if (!buf)
+        return e && e->code ? e->code : PD_EIO;
     int rc = pd_mtp_stats_parse(buf, path, m, e);
     free(buf);
     return rc;

@@ -72,6 +72,37 @@ Test(model_files, a_fifo_in_place_of_a_file_is_named_not_waited_on)
     cr_assert_eq(unlink(path), 0);
     cr_assert_eq(mkfifo(path, 0600), 0);
     refused_in(dir, "generate --model %s --prompt hi --max-tokens 2", "config.json: a FIFO, not a regular file", NULL);
+    /* the planner's files too: they once waited on the FIFO forever (--hardware: "no such file") */
+    refused_in(path, "validate --cases %s", "config.json: a FIFO, not a regular file", NULL);
+    refused_in(path, "plan --spec-stats %s", "config.json: a FIFO, not a regular file", NULL);
+    refused_in(path, "search --cards 16 --spec-stats %s", "config.json: a FIFO, not a regular file", NULL);
+    refused_in(path, "plan --hardware %s", "config.json: a FIFO, not a regular file", NULL);
+    rm_model(dir);
+}
+
+/* --hardware NAME reads hardware/NAME.json on disk, as its help says, before the preset of that
+ * name built in: an edited preset (here 1,000 GB cards) was shown as read from the file while the
+ * built-in copy's numbers were used. */
+Test(model_files, an_edited_preset_on_disk_is_the_one_planned_with)
+{
+    char dir[64], path[160];
+    tmp_model("v4-tiny", 1, dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/hardware", dir);
+    cr_assert_eq(mkdir(path, 0755), 0);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "sed 's/\"memory_bytes\": *[0-9][0-9.e+]*/\"memory_bytes\": 1e12/' hardware/h100.json > %s/h100.json",
+             path);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char abs[600];
+    cr_assert_not_null(realpath(bin, abs));
+    snprintf(cmd, sizeof cmd, "cd %s && %s plan --hardware h100 --json", dir, abs);
+    struct run r;
+    run_cmd(cmd, &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "\"card_memory_bytes\": 1000000000000"), "%.400s", strstr(r.out, "\"hardware\""));
+    snprintf(cmd, sizeof cmd, "rm -rf %s/hardware", dir);
+    cr_assert_eq(system(cmd), 0);
     rm_model(dir);
 }
 

@@ -423,6 +423,87 @@ Test(up, plan_sizes_the_instances_and_their_kv_pools)
     cr_assert(strstr(err, plan) && strstr(err, "this machine has"), "%s", err);
 }
 
+/* The command lines of the processes serving on port (pgrep), in out. */
+static void command_of(int port, char *out, size_t cap)
+{
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "pgrep -af -- '-[-]port %d( |$)'", port);
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(out, 1, cap - 1, p) : 0;
+    out[n] = 0;
+    if (p)
+        pclose(p);
+}
+
+/* pdmoe up --plan of an aggregated plan (pdmoe plan --aggregated): colocated servers (no KV role)
+ * behind a proxy without prefill instances, each with the plan's pool; a plan made for another
+ * model, one with a key twice and a FIFO in place of the file are refused by name (a FIFO once
+ * hung up). */
+Test(up, an_aggregated_plan_starts_colocated_instances_and_bad_plans_are_named)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char hw[128], plan[128], cmd[1024];
+    snprintf(hw, sizeof hw, "%s/hw.json", dir);
+    snprintf(plan, sizeof plan, "%s/plan.json", dir);
+    write_hw(hw, 4e8);
+    snprintf(cmd, sizeof cmd, "%s plan --model %s --hardware %s --nodes 1 --aggregated dp=1,tp=1,instances=2 "
+             "--mtp off --max-num-seqs 3 --max-model-len 256 --max-num-batched-tokens 64 --json > %s", bin, dir, hw,
+             plan);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    json_error_t je;
+    json_t *doc = json_load_file(plan, 0, &je);
+    cr_assert(doc && json_is_true(json_object_get(doc, "aggregated")), "%s", je.text);
+    int64_t pool = json_integer_value(json_object_get(
+        json_object_get(json_array_get(json_object_get(doc, "roles"), 1), "budget"), "kv_pool_bytes"));
+    json_decref(doc);
+    const int port = 24900 + (getpid() % 300) * 3;
+    pid_t up = start_up_plan(bin, port, 1, plan);
+    char a[8192];
+    cr_assert_eq(curl_port(port, "/readiness", NULL, NULL, a, sizeof a), 200, "%s", a);
+    json_t *r = parse(a);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(r, "prefill"), "instances")), 0, "%s", a);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(r, "decode"), "up")), 2, "%s", a);
+    json_decref(r);
+    for (int p = port + 1; p <= port + 2; p++) {
+        int64_t got = metric_key(p, "pdmoe_kv_pool_bytes");
+        cr_assert(got <= pool && got > pool - (1 << 20), "port %d: pool %lld, the plan's %lld", p, (long long)got,
+                  (long long)pool);
+        command_of(p, a, sizeof a);
+        cr_assert(strstr(a, " serve ") && !strstr(a, "kv_role"), "port %d: %s", p, a);
+    }
+    char body[256];
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"The sea\",\"max_tokens\":4,\"temperature\":0}",
+             strrchr(dir, '/') + 1);
+    cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, a, sizeof a), 200, "%s", a);
+    stop_up(up, port);
+    /* refused: another model's plan, a key twice, a FIFO */
+    char other[128], dup[128], fifo[128];
+    snprintf(other, sizeof other, "%s/other.json", dir);
+    snprintf(cmd, sizeof cmd, "%s plan --model v4-flash-mini --hardware %s --nodes 1 --aggregated dp=1,tp=1,instances=1 "
+             "--mtp off --max-num-seqs 3 --max-model-len 256 --json > %s", bin, hw, other);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(dup, sizeof dup, "%s/dup.json", dir);
+    snprintf(cmd, sizeof cmd, "sed 's/\"plan_version\": 1,/\"plan_version\": 1, \"plan_version\": 1,/' %s > %s", plan,
+             dup);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(fifo, sizeof fifo, "%s/fifo.json", dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    const struct {
+        const char *plan, *want;
+    } bad[] = {{other, "was made for another model"}, {dup, "duplicate"}, {fifo, "FIFO"}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "timeout 20 %s up --model %s --plan %s --port %d 2>&1 >/dev/null", bin, dir,
+                 bad[i].plan, port);
+        FILE *p = popen(cmd, "r");
+        size_t n = fread(a, 1, sizeof a - 1, p);
+        a[n] = 0;
+        int st = pclose(p);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "%s: status %d: %s", bad[i].plan, st, a);
+        cr_assert(strstr(a, bad[i].plan) && strstr(a, bad[i].want), "%s: %s", bad[i].plan, a);
+    }
+    unlink(fifo);
+}
+
 /* vLLM's engine flags on pdmoe up reach every instance (--max-num-seqs 3: three KV slots each;
  * --kv-cache-memory-bytes: the pool; --served-model-name through the proxy); --host is the
  * proxy's; with --plan, which sets them, they are refused by name. */
