@@ -38,6 +38,9 @@ static int serve(const struct pd_server_opts *o, int64_t dp)
     if (rank == 0)
         fprintf(stderr, "pdmoe serve: %s on http://%s:%d%s\n", o->model_dir, o->host ? o->host : "127.0.0.1",
                 pd_server_port(s), o->expert_parallel ? " (rank 0 of the EP group)" : "");
+    if (rank == 0 && o->role == PD_ROLE_CONSUMER && !o->n_kv_producers)
+        fprintf(stderr, "pdmoe serve: this decode instance pulls KV from whatever producer a request names (no "
+                        "kv_producers in --kv-transfer-config): let only the proxy reach its HTTP port\n");
     int rc = pd_server_run(s, &e);
     if (rc) {
         fprintf(stderr, "pdmoe serve%s: %s\n", o->expert_parallel ? " (EP group)" : "", e.msg);
@@ -62,6 +65,37 @@ static int int_flag(const char *flag, const char *s, int64_t min, int *out)
         return -1;
     }
     *out = (int)v;
+    return 0;
+}
+
+/* kv_transfer_config's "kv_producers": an array of "host:port" or "host:first-last" (the last ':'
+ * splits, so an IPv6 address may stand as it is); 0, or -1 after saying which entry is wrong. */
+static int parse_producers(json_t *a, struct pd_server_opts *o)
+{
+    if (!json_is_array(a) || json_array_size(a) < 1 || json_array_size(a) > PD_MAX_KV_PRODUCERS) {
+        fprintf(stderr, "pdmoe serve: --kv-transfer-config: kv_producers must be an array of 1 to %d \"host:port\" or "
+                        "\"host:first-last\" strings\n", PD_MAX_KV_PRODUCERS);
+        return -1;
+    }
+    size_t i;
+    json_t *v;
+    json_array_foreach(a, i, v) {
+        const char *s = json_string_value(v), *colon = s ? strrchr(s, ':') : NULL;
+        struct pd_kv_producer *p = &o->kv_producers[i];
+        int lo = 0, hi = 0, used = 0;
+        if (!colon || colon == s || (size_t)(colon - s) >= sizeof p->host ||
+            (sscanf(colon + 1, "%d-%d%n", &lo, &hi, &used) != 2 && (hi = 0, sscanf(colon + 1, "%d%n", &lo, &used) != 1)) ||
+            colon[1 + used] || lo < 1 || lo > 65535 || (hi && (hi < lo || hi > 65535))) {
+            fprintf(stderr, "pdmoe serve: --kv-transfer-config: kv_producers[%zu] %s%s%s: expected \"host:port\" or "
+                            "\"host:first-last\" (ports 1 to 65535)\n", i, s ? "\"" : "", s ? s : "is not a string",
+                    s ? "\"" : "");
+            return -1;
+        }
+        snprintf(p->host, sizeof p->host, "%.*s", (int)(colon - s), s);
+        p->port_lo = lo;
+        p->port_hi = hi ? hi : lo;
+    }
+    o->n_kv_producers = (int)json_array_size(a);
     return 0;
 }
 
@@ -183,19 +217,25 @@ int pd_cli_serve(int argc, char **argv)
                 snprintf(kv_host, sizeof kv_host, "%s", json_string_value(kh));
                 o.kv_host = kv_host;
             }
+            /* kv_producers: the only producers a consumer pulls from ("host:port", "host:lo-hi") */
+            json_t *kp = json_object_get(kvc, "kv_producers");
+            if (kp && parse_producers(kp, &o)) {
+                json_decref(kvc);
+                return 2;
+            }
             /* a key pdmoe does not read is refused, not dropped (vLLM's kv_connector and its
              * extra config configure another engine) */
             const char *key;
             json_t *val;
             json_object_foreach(kvc, key, val) {
                 static const char *const known[] = {"kv_role", "kv_port", "kv_host", "engine_id", "kv_lease_ms",
-                                                    "kv_timeout_ms"};
+                                                    "kv_timeout_ms", "kv_producers"};
                 size_t k = 0;
                 while (k < sizeof known / sizeof *known && strcmp(key, known[k]))
                     k++;
                 if (k == sizeof known / sizeof *known) {
                     fprintf(stderr, "pdmoe serve: --kv-transfer-config: \"%s\" is not a key pdmoe reads (kv_role, "
-                                    "kv_port, kv_host, engine_id, kv_lease_ms, kv_timeout_ms)\n", key);
+                                    "kv_port, kv_host, engine_id, kv_lease_ms, kv_timeout_ms, kv_producers)\n", key);
                     json_decref(kvc);
                     return 2;
                 }

@@ -800,9 +800,12 @@ int pd_cli_up(int argc, char **argv)
             fprintf(stderr, "pdmoe up: %s\n", pe.msg);
         failed = 2;
     }
+    /* each decode instance pulls from these producers and from nowhere else */
+    char *producers = failed ? NULL : pd_launch_kv_producers(inst, ni);
     for (int i = 0; i < ni && !failed; i++) {
         const struct pd_launch_inst *x = &inst[i];
         struct pd_launch_opts lo = {.pdmoe = self, .model = model, .served_name = name, .api_key = key,
+                                    .kv_producers = producers,
                                     .threads = sth, .max_model_len = slen, .lease_ms = (int)lease_ms,
                                     .allow_run_as_root = geteuid() == 0, .oversubscribe = 1,
                                     .remote = x->group[0].host && !pd_net_is_local(x->group[0].host)};
@@ -848,6 +851,7 @@ int pd_cli_up(int argc, char **argv)
         }
     }
     free(inst);
+    free(producers);
     if (failed) {   /* nothing half-started is left behind */
         stop_all(ch, n, 0);
         for (int i = 0; i < n; i++)

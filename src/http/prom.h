@@ -6,6 +6,7 @@
 #define PD_HTTP_PROM_H
 
 #include <event2/buffer.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define PD_HIST_MAX 12
@@ -22,6 +23,11 @@ void pd_hist_init(struct pd_hist *h, const char *name, const char *help, const d
 void pd_hist_observe(struct pd_hist *h, double v);
 /* HELP, TYPE histogram, the buckets, _sum and _count. */
 void pd_hist_print(struct evbuffer *b, const struct pd_hist *h);
+
+/* v as a label value in out (cap bytes, cut if need be): backslash, double quote and newline
+ * escaped as the text format wants, so that a value (a host a request named) cannot end the
+ * label or the line and forge samples. */
+void pd_prom_label(char *out, size_t cap, const char *v);
 
 /* The bounds both use, in seconds: time to the first token, per output token, a whole request. */
 extern const double pd_hist_le_ttft[9], pd_hist_le_token[10], pd_hist_le_e2e[10];

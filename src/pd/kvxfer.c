@@ -311,12 +311,17 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
         rc = ucx_fail(e, "ucp_worker_set_am_recv_handler", st);
         goto fail;
     }
+    /* peers read the region (their gets), never write it: where the transport enforces the
+     * registration's access (RDMA), a consumer holding a lease's rkey cannot rewrite the pool
+     * under other requests and the prefix cache. UCX's TCP and shared-memory transports do not
+     * enforce it: the KV port is for the cluster's trusted network (README, "Security") */
     ucp_mem_map_params_t mp = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                      UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS | UCP_MEM_MAP_PARAM_FIELD_PROT,
         .address = o->region,
         .length = o->region_len,
         .flags = o->region ? 0 : UCP_MEM_MAP_ALLOCATE,
+        .prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE | UCP_MEM_MAP_PROT_REMOTE_READ,
     };
     if ((st = ucp_mem_map(x->ctx, &mp, &x->memh)) != UCS_OK) {
         x->memh = NULL;

@@ -51,6 +51,8 @@
 #include "http/front.h"
 #include "plan/kvsize.h"
 
+#define PD_MAX_KV_PRODUCERS 64
+
 struct pd_server_opts {
     const char *model_dir;
     const char *served_name;        /* the model name clients use; default: the directory name */
@@ -73,6 +75,15 @@ struct pd_server_opts {
                                      * (127.0.0.1 in kv_transfer_params when host is a wildcard) */
     const char *engine_id;
     int kv_lease_ms, kv_timeout_ms; /* 0: 30000 */
+    /* consumer: the producers it may pull from (kv_transfer_config "kv_producers": "host:port" or
+     * "host:first-last"); a request naming another remote_host:remote_port is refused before any
+     * connection (a client reaching the decode instance directly cannot make it connect anywhere).
+     * n_kv_producers 0: any (the instance says so at start) */
+    struct pd_kv_producer {
+        char host[64];
+        int port_lo, port_hi;
+    } kv_producers[PD_MAX_KV_PRODUCERS];
+    int n_kv_producers;
     int handle_signals;             /* SIGINT/SIGTERM stop the loop (the command line's server) */
     int shutdown_timeout_s;         /* with handle_signals: the first signal drains (new requests a 503,
                                      * those in flight, waiting and, on a prefill instance, leased

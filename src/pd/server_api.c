@@ -49,6 +49,16 @@ void pd_srv_count_pull(struct pd_server *s, const char *host, int port, int rank
     p->seconds += seconds;
 }
 
+int pd_srv_kv_producer_allowed(const struct pd_server *s, const char *host, int port)
+{
+    for (int i = 0; i < s->o.n_kv_producers; i++) {
+        const struct pd_kv_producer *p = &s->o.kv_producers[i];
+        if (!strcmp(p->host, host) && port >= p->port_lo && port <= p->port_hi)
+            return 1;
+    }
+    return 0;
+}
+
 const char *pd_srv_kv_host(const struct pd_server *s)
 {
     if (s->o.kv_host)
@@ -536,16 +546,32 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
             json_t *port = json_object_get(kv, "remote_port"), *rid = json_object_get(kv, "remote_request_id"),
                    *nt = json_object_get(kv, "remote_num_tokens"), *last = json_object_get(kv, "last_token_id");
             if (s->o.role != PD_ROLE_CONSUMER || !host || strlen(host) >= sizeof r->remote_host || !json_is_integer(port) ||
-                !rid || !json_is_integer(nt) || !json_is_integer(last) ||
+                json_integer_value(port) < 1 || json_integer_value(port) > 65535 || !rid || !json_is_integer(nt) ||
+                json_integer_value(nt) < 0 || json_integer_value(nt) > INT32_MAX || !json_is_integer(last) ||
                 json_integer_value(last) < 0 || json_integer_value(last) >= s->V) {
                 pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
                            s->o.role != PD_ROLE_CONSUMER ? "do_remote_prefill asks a decode (kv_consumer) instance; this one is not"
-                           : "do_remote_prefill needs remote_host, remote_port, remote_request_id, remote_num_tokens and last_token_id");
+                           : "do_remote_prefill needs remote_host, remote_port (1 to 65535), remote_request_id, "
+                             "remote_num_tokens (>= 0) and last_token_id (a token id)");
+                goto reject;
+            }
+            /* the producers this instance pulls from, when it was told (kv_producers): never a
+             * connection to an address a client chose */
+            if (s->o.n_kv_producers && !pd_srv_kv_producer_allowed(s, host, (int)json_integer_value(port))) {
+                pd_srv_send_error(s, h, 403, "invalid_request_error", "kv_transfer_params",
+                                  "kv_transfer_params names a producer (remote_host, remote_port) that is not one of "
+                                  "this decode instance's (kv_transfer_config kv_producers)");
                 goto reject;
             }
             /* KV computed with other weights would decode into text of neither model (a rolling
              * upgrade half done, another seed under the same name): refused, named */
-            const char *fp = json_string_value(json_object_get(kv, "model_fingerprint"));
+            json_t *fpj = json_object_get(kv, "model_fingerprint");
+            const char *fp = json_string_value(fpj);
+            if (fpj && !fp) {
+                pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
+                                  "kv_transfer_params.model_fingerprint must be the string the prefill instance answered");
+                goto reject;
+            }
             if (fp && strcmp(fp, s->fingerprint)) {
                 pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
                                   "kv_transfer_params.model_fingerprint %.32s: the prefill instance holds other weights "

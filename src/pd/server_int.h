@@ -367,6 +367,8 @@ int pd_srv_spec_receive(struct pd_server *s, struct pd_spec_seq *x, struct pd_se
 /* Producer: the address decode instances pull this process's KV from: kv_host, else --host,
  * loopback when that is a wildcard. */
 const char *pd_srv_kv_host(const struct pd_server *s);
+/* Consumer: whether host:port is one of kv_producers (call only when there are some). */
+int pd_srv_kv_producer_allowed(const struct pd_server *s, const char *host, int port);
 /* Consumer: counts one pull from host:port by rank (bytes < 0: it failed). */
 void pd_srv_count_pull(struct pd_server *s, const char *host, int port, int rank, int64_t bytes, double seconds);
 void pd_srv_send_error(struct pd_server *s, struct evhttp_request *h, int code, const char *type, const char *param,

@@ -118,8 +118,9 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
                 const struct kv_peer *p = &s->kv_peers[i];
                 if (!p->pulls)
                     continue;
-                char peer[80];
-                snprintf(peer, sizeof peer, p->port < 0 ? "%s" : "%s:%d", p->host, p->port);
+                char raw[80], peer[160];
+                snprintf(raw, sizeof raw, p->port < 0 ? "%s" : "%s:%d", p->host, p->port);
+                pd_prom_label(peer, sizeof peer, raw);
                 evbuffer_add_printf(b, "pdmoe_kv_peer_%s_total{peer=\"%s\",rank=\"%d\"} ", peer_metric[m], peer,
                                     p->rank < 0 ? 0 : p->rank);
                 if (m == 3)

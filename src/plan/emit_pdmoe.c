@@ -157,6 +157,7 @@ char *pd_emit_pdmoe(const struct pd_plan *p, const struct pd_emit_opts *o, pd_er
     pd_emit_header(f, &c, PD_EMIT_PDMOE);
     about(f, &c, threads);
     pd_emit_dispatch(f, &c);
+    char *producers = pd_launch_kv_producers(x, n);   /* (NULL for an aggregated plan) */
     int oom = 0;
     for (int i = 0; i < n && !oom; i++) {
         /* as up --plan: the role's KV pool and the plan's limits, per rank; every rank on its own
@@ -164,7 +165,7 @@ char *pd_emit_pdmoe(const struct pd_plan *p, const struct pd_emit_opts *o, pd_er
         const struct pd_role_plan *rp = &p->role[x[i].role];
         struct pd_launch_opts lo = {
             .pdmoe = "pdmoe", .model = c.model, .served_name = pd_launch_served_name(c.model), .threads = threads,
-            .max_model_len = max_len,
+            .max_model_len = max_len, .kv_producers = producers,
             .plan = {.kv_cache_bytes = rp->b.kv_pool, .max_num_seqs = p->o.max_num_seqs,
                      .max_num_batched_tokens = p->o.max_num_batched_tokens,
                      .kv_cache_dtype = pd_kv_dtype_name(p->kv.dtype), .spec_k = p->mtp.k}};
@@ -184,6 +185,7 @@ char *pd_emit_pdmoe(const struct pd_plan *p, const struct pd_emit_opts *o, pd_er
         fputs("wait\n", f);
     }
     pd_launch_argv_free(argv);
+    free(producers);
     if (fclose(f) || !argv) {
         free(buf);
         buf = NULL;

@@ -59,6 +59,33 @@ static void add(struct argv *v, const char *fmt, ...)
     va_end(ap);
 }
 
+char *pd_launch_kv_producers(const struct pd_launch_inst *x, int n)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return NULL;
+    int k = 0;
+    fputc('[', f);
+    for (int i = 0; i < n; i++) {
+        if (x[i].role != 0 || x[i].colocated)
+            continue;
+        int first = x[i].kv_port;   /* rank r listens on kv_port + r; a group's ranks are consecutive */
+        for (int g = 0; g < x[i].n_groups; g++) {
+            const struct pd_launch_group *gr = &x[i].group[g];
+            fprintf(f, "%s\"%s:%d-%d\"", k++ ? "," : "", gr->host ? gr->host : "127.0.0.1", first, first + gr->ranks - 1);
+            first += gr->ranks;
+        }
+    }
+    fputc(']', f);
+    if (fclose(f) || !k) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
 /* One app context's `pdmoe serve ...`: the ranks on host h. */
 static void serve_args(struct argv *v, const struct pd_launch_inst *x, const struct pd_launch_opts *o, const char *h)
 {
@@ -89,7 +116,8 @@ static void serve_args(struct argv *v, const struct pd_launch_inst *x, const str
             add(v, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"prefill-%d\"%s%s}", x->kv_port,
                 x->inst, host, lease);
         else
-            add(v, "{\"kv_role\":\"kv_consumer\",\"engine_id\":\"decode-%d\"%s}", x->inst, host);
+            add(v, "{\"kv_role\":\"kv_consumer\",\"engine_id\":\"decode-%d\"%s%s%s}", x->inst, host,
+                o->kv_producers ? ",\"kv_producers\":" : "", o->kv_producers ? o->kv_producers : "");
     }
     if (x->ranks > 1) {
         add(v, "--enable-expert-parallel");

@@ -53,6 +53,8 @@ struct pd_launch_opts {
     const char *model, *served_name, *api_key;   /* api_key NULL: none */
     const char *threads, *max_model_len;         /* as given on the command line */
     int lease_ms;              /* 0: the server's default */
+    const char *kv_producers;  /* a decode instance's kv_transfer_config "kv_producers" (the JSON
+                                * array pd_launch_kv_producers writes); NULL: none given */
     struct pd_launch_limits plan;
     const char *extra[16];      /* more "--flag", "value" pairs for every instance, NULL-terminated */
     int allow_run_as_root;     /* mpirun --allow-run-as-root (pdmoe up as root) */
@@ -61,6 +63,12 @@ struct pd_launch_opts {
                                 * goes through mpirun --host, Open MPI's launcher (ssh, or its
                                 * plm_rsh_agent) */
 };
+
+/* The KV listeners of the prefill instances among x[0..n) (their ports filled), as a JSON array of
+ * "host:first-last", one per group of an instance's ranks on its host (127.0.0.1 for this
+ * machine, where the producers advertise it): what each decode instance is told to pull from,
+ * and from nowhere else. Malloc'ed; NULL when out of memory or when there is no prefill instance. */
+char *pd_launch_kv_producers(const struct pd_launch_inst *x, int n);
 
 /* Fills the ports of n instances (prefill first, in order) from base_port; PD_EINVAL naming
  * --port when one would pass 65535, or for more than 99 instances (HTTP would meet KV). */

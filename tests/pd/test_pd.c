@@ -39,6 +39,8 @@ static void log_line(void *arg, const char *line)
 
 static int kv_port;   /* the producer's KV port; 0: any */
 
+static struct pd_kv_producer producer_only;   /* a consumer's one allowed producer (port 0: any) */
+
 static void start_kv(struct node *n, int role, int lease_ms, enum pd_kv_dtype kv)
 {
     pd_err e = {0};
@@ -47,6 +49,10 @@ static void start_kv(struct node *n, int role, int lease_ms, enum pd_kv_dtype kv
                                .engine_id = "t",
                                .kv_lease_ms = lease_ms, .kv_timeout_ms = 3000, .kv_dtype = kv,
                                .http = {.log = log_line}};
+    if (role == PD_ROLE_CONSUMER && producer_only.port_lo) {
+        o.kv_producers[0] = producer_only;
+        o.n_kv_producers = 1;
+    }
     cr_assert_eq(pd_server_create(&o, &n->s, &e), 0, "%s", e.msg);
     n->port = pd_server_port(n->s);
     pthread_create(&n->loop, NULL, run_loop, n);
@@ -477,4 +483,57 @@ Test(pd, unclaimed_leases_yield_to_a_waiting_request, .timeout = 120)
     for (int i = 0; i < 8; i++)
         json_decref(kv[i]);
     json_decref(ninth);
+}
+
+/* A decode instance told its producers (kv_transfer_config kv_producers) pulls from them and from
+ * no address a request names: a client reaching it directly once made it connect anywhere (and a
+ * listener answering garbage aborted it inside UCX). Numbers past their ranges and a fingerprint
+ * that is not a string are refused, not cast or skipped; and the host a request names reaches
+ * /metrics escaped, never as forged samples. */
+Test(pd, a_decode_instance_pulls_only_from_its_producers_and_checks_the_rest)
+{
+    kv_port = free_port();
+    start(&P, PD_ROLE_PRODUCER, 0);
+    snprintf(producer_only.host, sizeof producer_only.host, "127.0.0.1");
+    producer_only.port_lo = producer_only.port_hi = kv_port;
+    start(&D, PD_ROLE_CONSUMER, 0);
+    memset(&producer_only, 0, sizeof producer_only);
+    char out[8192];
+    const char *prompt = "one two three four";
+    json_t *kv = prefill_kv(prompt);
+    cr_assert_eq(json_integer_value(json_object_get(kv, "remote_port")), kv_port);
+    json_t *forged = json_deep_copy(kv);
+    json_object_set_new(forged, "remote_port", json_integer(kv_port + 1));
+    cr_assert_eq(decode_with(prompt, forged, 0, out, sizeof out), 403, "%s", out);
+    cr_assert(strstr(out, "kv_producers"), "%s", out);
+    json_object_set_new(forged, "remote_port", json_integer(kv_port));
+    json_object_set_new(forged, "remote_host", json_string("localhost"));
+    cr_assert_eq(decode_with(prompt, forged, 0, out, sizeof out), 403, "%s", out);
+    json_decref(forged);
+    cr_assert_eq(metric(D.port, "pdmoe_kv_recomputes_total"), 0, "a refused request was computed");
+    cr_assert_eq(decode_with(prompt, kv, 0, out, sizeof out), 200, "%s", out);   /* its own producer */
+    cr_assert_eq(metric(D.port, "pdmoe_kv_transfers_total"), 1);
+    /* past their ranges, or of the wrong type */
+    const char *bad[][2] = {{"remote_port", "4294990398"}, {"remote_num_tokens", "4294967302"},
+                            {"remote_port", "0"}, {"model_fingerprint", "5"}};
+    for (int i = 0; i < 4; i++) {
+        json_t *b = json_deep_copy(kv);
+        json_object_set_new(b, bad[i][0], json_loads(bad[i][1], JSON_DECODE_ANY, NULL));
+        cr_assert_eq(decode_with(prompt, b, 0, out, sizeof out), 400, "%s %s: %s", bad[i][0], bad[i][1], out);
+        json_decref(b);
+    }
+    json_decref(kv);
+    node_stop(&D);
+    /* without kv_producers: a host that would forge /metrics lines is escaped in its label */
+    start(&D, PD_ROLE_CONSUMER, 0);
+    kv = prefill_kv(prompt);
+    json_object_set_new(kv, "remote_host", json_string("x\"} 1\npdmoe_forged 1\npdmoe_kv_peer_x{a=\""));
+    json_object_set_new(kv, "remote_port", json_integer(1));
+    cr_assert_eq(decode_with(prompt, kv, 0, out, sizeof out), 200, "%s", out);   /* recomputed */
+    json_decref(kv);
+    static char m[1 << 17];
+    cr_assert_eq(curl_port(D.port, "/metrics", NULL, NULL, m, sizeof m), 200);
+    cr_assert(strstr(m, "pdmoe_kv_peer_transfers_total{peer=\"x\\\"} 1\\npdmoe_forged"), "%s", strstr(m, "kv_peer"));
+    prom_conventions(m, "the decode's /metrics after a forged host");
+    kv_port = 0;
 }

@@ -539,6 +539,14 @@ Test(up, engine_flags_reach_every_instance)
     cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, a, sizeof a), 200, "%s", a);
     /* the prefill instance computed the prompt without looking it up: caching is off there */
     cr_assert_eq(metric_port(port + 1, "pdmoe_prefix_cache_queries_total"), 0);
+    /* the decode instance pulls from the prefill's KV port and from nowhere else */
+    char want[64];
+    command_of(port + 1, a, sizeof a);
+    const char *kp = strstr(a, "\"kv_port\":");
+    cr_assert_not_null(kp, "%s", a);
+    snprintf(want, sizeof want, "\"kv_producers\":[\"127.0.0.1:%d-%d\"]", atoi(kp + 10), atoi(kp + 10));
+    command_of(port + 2, a, sizeof a);
+    cr_assert(strstr(a, want), "%s lacks %s", a, want);
     stop_up(up, port);
 
     char cmd[1024], err[512];
