@@ -158,7 +158,8 @@ int pd_cli_search(int argc, char **argv)
         pd_emit_opts_default(&eo);
         eo.command = "pdmoe search";
         if (pick < 0)
-            fprintf(stderr, "pdmoe search: --emit: no layout fits in memory on %d cards\n", o.cards);
+            fprintf(stderr, "pdmoe search: --emit: no layout fits in memory on %d cards%s\n", o.cards,
+                    s.n_unplaced ? " and on whole nodes (a disaggregated layout keeps decode off the prefill's nodes)" : "");
         else if (!(out = pd_emit(&s.plan, target, &eo, &e)))
             fprintf(stderr, "pdmoe search: %s\n", e.msg);
         rc |= !out;

@@ -362,6 +362,15 @@ static int read_node_map(const char *path, char **hosts, int nhosts, int aggrega
     pd_err e = {0};
     json_t *j = pd_json_load_file(path, &e), *map = j ? json_object_get(j, "node_map") : NULL;
     int rc = -1, top = -1;
+    if (!j) {
+        fprintf(stderr, "pdmoe up: --plan %s\n", e.msg);
+        goto out;
+    }
+    const char *why = json_string_value(json_object_get(j, "node_map_error"));
+    if (!map && why) {
+        fprintf(stderr, "pdmoe up: --plan %s: its layout cannot be placed on the nodes: %s\n", path, why);
+        goto out;
+    }
     if (!json_is_array(map) || !json_array_size(map) || json_array_size(map) > MAX_CHILDREN - 1) {
         fprintf(stderr, "pdmoe up: --plan %s: no \"node_map\" of 1 to %d instances (write the plan with this "
                         "pdmoe's plan --json)\n", path, MAX_CHILDREN - 1);

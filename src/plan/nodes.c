@@ -5,6 +5,40 @@
 #include <stdlib.h>
 #include <string.h>
 
+int pd_nodes_needed(int cpn, const int dp[2], const int tp[2], const int instances[2], int aggregated)
+{
+    int node = 0, off = 0;
+    for (int r = aggregated ? 1 : 0; r < 2; r++) {
+        const int cards = dp[r] * tp[r];
+        if (cards > cpn && (cards % cpn || cpn % tp[r]))
+            return -1;
+        if (off > 0) {   /* decode starts on a node of its own */
+            node++;
+            off = 0;
+        }
+        for (int i = 0; i < instances[r]; i++) {
+            if (cards <= cpn) {
+                if (off + cards > cpn) {
+                    node++;
+                    off = 0;
+                }
+                off += cards;
+                if (off == cpn) {
+                    node++;
+                    off = 0;
+                }
+            } else {
+                if (off > 0) {
+                    node++;
+                    off = 0;
+                }
+                node += cards / cpn;
+            }
+        }
+    }
+    return node + (off > 0);
+}
+
 int pd_nodes_build(const struct pd_plan *p, struct pd_node_layout *L, pd_err *e)
 {
     int cpn = p->hw.cards_per_node, total = 0, max_cards = 1;
@@ -70,6 +104,10 @@ int pd_nodes_build(const struct pd_plan *p, struct pd_node_layout *L, pd_err *e)
     }
     L->nodes = node + (off > 0);
     assert(L->n_parts == total);
+    assert(L->nodes == pd_nodes_needed(cpn, (const int[2]){p->role[0].o.dp, p->role[1].o.dp},
+                                       (const int[2]){p->role[0].o.tp, p->role[1].o.tp},
+                                       (const int[2]){p->role[0].o.instances, p->role[1].o.instances},
+                                       p->o.aggregated));
     /* vllm-ascend's PD guide: AscendDirectTransport takes ports in [20000, 20000 + 1000 x NPUs per
      * node), so kv_port must lie above; each instance listens on kv_port + its ranks. The
      * DeepSeek-V4-Flash tutorial's 30000, 30100, ... satisfies both for 8-card nodes. */

@@ -32,6 +32,12 @@ struct pd_node_layout {
     int kv_base, kv_step;   /* vllm-ascend kv_port of instance id: kv_base + kv_step * id */
 };
 
+/* The nodes of cpn cards that whole instances take, as pd_nodes_build places them: role r has
+ * instances[r] instances of dp[r] x tp[r] cards (aggregated: role 1 only); -1 when an instance
+ * larger than a node does not split into whole nodes of whole data-parallel ranks. The search
+ * keeps only layouts whose count fits the cluster, so that every layout it ranks can be placed. */
+int pd_nodes_needed(int cpn, const int dp[2], const int tp[2], const int instances[2], int aggregated);
+
 /* The layout of p on its nodes (L->parts malloc'ed: pd_nodes_free); PD_EINVAL when an instance
  * larger than a node does not split into whole nodes of whole data-parallel ranks, PD_ENOFIT when
  * the layout needs more nodes than the plan's --nodes. */

@@ -33,6 +33,14 @@ static void ranges(FILE *f, const struct pd_placement *pl, int rank)
 static void text_layout(FILE *f, const struct pd_plan *p)
 {
     fprintf(f, "Layout (%d of %d cards: %d nodes x %d)\n", p->cards_used, p->cards_total, p->nodes, p->hw.cards_per_node);
+    /* the node map every launcher follows (plan/nodes.h): a layout it cannot place is said here,
+     * not discovered at --emit or pdmoe up --hosts */
+    struct pd_node_layout L;
+    pd_err ne = {0};
+    if (pd_nodes_build(p, &L, &ne) == 0)
+        pd_nodes_free(&L);
+    else
+        fprintf(f, "  cannot be placed on the nodes: %s (--emit and pdmoe up --hosts refuse it)\n", ne.msg);
     fprintf(f, "  %-8s %4s %4s %10s %8s %6s %13s %10s\n", "role", "dp", "tp", "instances", "EP size", "cards",
             "experts/card", "redundant");
     for (int r = p->o.aggregated ? PD_ROLE_DECODE : 0; r < 2; r++) {
@@ -380,6 +388,16 @@ char *pd_plan_json(const struct pd_plan *p, const struct pd_perf *f)
     if (map && json_object_set_new(root, "node_map", map)) {
         json_decref(root);
         return NULL;
+    }
+    if (root && !map) {   /* why there is none, for the reader of the JSON (pdmoe up --hosts says it) */
+        struct pd_node_layout L;
+        pd_err ne = {0};
+        if (pd_nodes_build(p, &L, &ne) == 0)
+            pd_nodes_free(&L);
+        else if (json_object_set_new(root, "node_map_error", json_string(ne.msg))) {
+            json_decref(root);
+            return NULL;
+        }
     }
     if (!root || (f && json_object_set_new(root, "perf", pd_perf_json(f)))) {
         json_decref(root);

@@ -3,6 +3,7 @@
  * rate-matching arithmetic. */
 #define _GNU_SOURCE   /* qsort_r */
 #include "plan/search.h"
+#include "plan/nodes.h"
 #include "core/grow.h"
 #include "core/units.h"
 
@@ -318,6 +319,8 @@ int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e
         pd_plan_free(&p);
         return rc;
     }
+    s->cards_per_node = p.hw.cards_per_node;
+    s->nodes = base.nodes;
     struct cands pc = {0}, dc = {0};
     if ((rc = role_cands(&p, o, PD_ROLE_PREFILL, &pc, s, e)) || (rc = role_cands(&p, o, PD_ROLE_DECODE, &dc, s, e)))
         goto out;
@@ -325,6 +328,15 @@ int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e
         for (int j = 0; j < dc.n; j++) {
             if (pc.c[i].cards + dc.c[j].cards > o->cards)
                 continue;
+            /* whole instances on whole nodes, decode apart from prefill: a layout whose cards add up
+             * but that the node map (every --emit, up --hosts) cannot place is no candidate */
+            const int dp[2] = {pc.c[i].o.dp, dc.c[j].o.dp}, tp[2] = {pc.c[i].o.tp, dc.c[j].o.tp},
+                      inst[2] = {pc.c[i].o.instances, dc.c[j].o.instances};
+            int need = pd_nodes_needed(p.hw.cards_per_node, dp, tp, inst, 0);
+            if (need < 0 || need > base.nodes) {
+                s->n_unplaced++;
+                continue;
+            }
             if (push_layout(s, &pc.c[i], &dc.c[j], &p)) {
                 rc = pd_err_set(e, PD_ENOMEM, "out of memory");
                 goto out;
@@ -533,8 +545,13 @@ char *pd_search_text(const struct pd_search *s, int units)
     if (s->o.w.concurrency > 0)
         fprintf(f, ", closed loop of %lld clients (TTFT, TPOT, tokens/s and requests/s at the batch they imply; "
                    "the batch column: decode slots per DP rank)", (long long)s->o.w.concurrency);
-    fprintf(f, "\n  %d layouts costed, %d fit in memory, %d meet the targets, %d on the Pareto front\n\n", s->n, s->n_fit,
+    fprintf(f, "\n  %d layouts costed, %d fit in memory, %d meet the targets, %d on the Pareto front\n", s->n, s->n_fit,
             s->n_meet, s->n_front);
+    if (s->n_unplaced)
+        fprintf(f, "  %d more within the cards left out: whole instances on whole nodes of %d cards, decode on nodes of "
+                   "its own, need more nodes than the cluster's %lld (the node map every --emit and pdmoe up --hosts follow)\n",
+                s->n_unplaced, s->cards_per_node, (long long)s->nodes);
+    fputc('\n', f);
     fprintf(f, "What fits in memory (busiest card; the decode batch is per DP rank, of sequences of max-model-len\n"
                "%lld tokens, as --max-num-seqs admits them; MoE load: busiest rank / mean, %s)\n",
             (long long)s->o.base.max_model_len, pd_search_load_source(s));

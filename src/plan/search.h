@@ -84,6 +84,9 @@ struct pd_search {
     int *front;                  /* indices of the Pareto front, by tokens/s per user ascending */
     int n_front;
     int n_fit, n_meet;
+    int n_unplaced;              /* pairs of role layouts within the cards that whole instances on whole
+                                  * nodes, decode apart from prefill, cannot place: not costed */
+    int cards_per_node, nodes;   /* the cluster the search placed on */
     struct pd_search_mem mem[PD_SEARCH_MAX_MEM];
     int n_mem;
     /* aggregated layouts on the same cards, targets and workload */

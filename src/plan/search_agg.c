@@ -2,6 +2,7 @@
  * aggregated model (agg.c) on the same cards, workload and targets as the disaggregated
  * layouts, and the comparison of the best of each. */
 #include "plan/search.h"
+#include "plan/nodes.h"
 #include "core/grow.h"
 
 #include <math.h>
@@ -79,6 +80,11 @@ static int agg_layout(struct pd_plan *p, const struct pd_search_opts *so, const 
             }
         }
         for (int inst = 1; inst * ep <= so->cards; inst++) {
+            /* whole instances on whole nodes (the node map every launcher follows) */
+            int need = pd_nodes_needed(p->hw.cards_per_node, (const int[2]){0, o->dp}, (const int[2]){1, o->tp},
+                                       (const int[2]){0, inst}, 1);
+            if (need < 0 || need > p->nodes)
+                break;   /* (more instances need at least as many nodes) */
             struct pd_agg_layout *l = agg_push(s);
             if (!l) {
                 rc = pd_err_set(e, PD_ENOMEM, "out of memory");

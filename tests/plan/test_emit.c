@@ -877,8 +877,11 @@ Test(plan, emit_pdmoe_four_cpu_hosts)
     HAS(s, "if [ \"$host\" = 10.0.0.3 ]; then\n  mpirun \\\n    --host 10.0.0.3:1,10.0.0.4:1 \\\n"
            "    -n 1 pdmoe serve \\\n    --model models/mini \\\n    --host 10.0.0.3 \\\n    --port 8002 \\\n");
     HAS(s, "    : -n 1 pdmoe serve \\\n    --model models/mini \\\n    --host 10.0.0.4 \\\n    --port 8002 \\\n");
-    HAS(s, "--kv-transfer-config '{\"kv_role\":\"kv_consumer\",\"engine_id\":\"decode-0\",\"kv_host\":\"10.0.0.3\"}'");
-    HAS(s, "--kv-transfer-config '{\"kv_role\":\"kv_consumer\",\"engine_id\":\"decode-0\",\"kv_host\":\"10.0.0.4\"}'");
+    /* each decode rank pulls from the prefill ranks' KV listeners and from nowhere else */
+    HAS(s, "--kv-transfer-config '{\"kv_role\":\"kv_consumer\",\"engine_id\":\"decode-0\",\"kv_host\":\"10.0.0.3\","
+           "\"kv_producers\":[\"10.0.0.1:8100-8100\",\"10.0.0.2:8101-8101\"]}'");
+    HAS(s, "--kv-transfer-config '{\"kv_role\":\"kv_consumer\",\"engine_id\":\"decode-0\",\"kv_host\":\"10.0.0.4\","
+           "\"kv_producers\":[\"10.0.0.1:8100-8100\",\"10.0.0.2:8101-8101\"]}'");
     HAS(s, "# 10.0.0.2: rank 1 of prefill instance 0, started by its mpirun on 10.0.0.1\n");
     HAS(s, "# 10.0.0.4: rank 1 of decode instance 0, started by its mpirun on 10.0.0.3\n");
     cr_assert_eq(count(s, "  mpirun \\\n"), 2);
@@ -983,11 +986,12 @@ static int up_argv(const struct pd_plan *p, const char *model, char ***argv)
     char len[32];
     snprintf(len, sizeof len, "%lld", (long long)json_integer_value(json_object_get(opt, "max_model_len")));
     const char *slash = strrchr(model, '/');
+    char *producers = pd_launch_kv_producers(inst, n);   /* as up gives them to each decode instance */
     for (int m = 0; m < n; m++) {
         json_t *budget = json_object_get(json_array_get(roles, (size_t)inst[m].role), "budget");
         struct pd_launch_opts lo = {
             .pdmoe = "pdmoe", .model = model, .served_name = slash ? slash + 1 : model, .threads = "1",
-            .max_model_len = len,
+            .max_model_len = len, .kv_producers = producers,
             .plan = {.kv_cache_bytes = json_integer_value(json_object_get(budget, "kv_pool_bytes")),
                      .max_num_seqs = json_integer_value(json_object_get(opt, "max_num_seqs")),
                      .max_num_batched_tokens = json_integer_value(json_object_get(opt, "max_num_batched_tokens")),
@@ -1002,6 +1006,7 @@ static int up_argv(const struct pd_plan *p, const char *model, char ***argv)
     argv[n] = proxy;
     json_decref(j);
     free(inst);
+    free(producers);
     return n;
 }
 

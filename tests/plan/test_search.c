@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "plan/nodes.h"
 #include "plan/search.h"
 #include "../tmpmodel.h"
 
@@ -49,6 +50,66 @@ Test(search, budget_and_layout_rules)
     }
     cr_assert(tp2, "--max-tp 2 tried no tp=2 layout");
     pd_search_free(&s);
+}
+
+/* Every layout the search ranks can be placed: the plan of each builds its node map (every
+ * --emit and pdmoe up --hosts follow it). The search once ranked layouts whose cards added up but
+ * whose instances could not be placed, and --emit then refused the layout it had chosen; on one
+ * node of 8 cards (decode never shares the prefill's nodes) it has no disaggregated layout and
+ * says how many it left out. */
+Test(search, every_ranked_layout_can_be_placed_on_the_nodes)
+{
+    struct pd_search_opts o;
+    struct pd_search s;
+    seed_opts(&o);
+    o.cards = 24;   /* three nodes of 8 */
+    run(&o, &s);
+    cr_assert_gt(s.n, 10);
+    cr_assert_gt(s.n_unplaced, 0, "24 cards hold layouts that three nodes cannot");
+    int step = s.n / 40 > 0 ? s.n / 40 : 1;
+    for (int i = 0; i < s.n; i += step) {
+        struct pd_plan_opts po = o.base;
+        po.nodes = 3;
+        po.role[0] = s.l[i].role[0];
+        po.role[1] = s.l[i].role[1];
+        struct pd_plan p;
+        struct pd_node_layout L;
+        pd_err e = {0};
+        cr_assert_eq(pd_plan_build(&po, &p, &e), 0, "layout %d: %s", i, e.msg);
+        cr_assert_eq(pd_nodes_build(&p, &L, &e), 0, "layout %d (P %dx dp%d tp%d, D %dx dp%d tp%d): %s", i,
+                     po.role[0].instances, po.role[0].dp, po.role[0].tp, po.role[1].instances, po.role[1].dp,
+                     po.role[1].tp, e.msg);
+        pd_nodes_free(&L);
+        pd_plan_free(&p);
+    }
+    pd_search_free(&s);
+    o.cards = 8;
+    run(&o, &s);
+    cr_assert_eq(s.n, 0);
+    cr_assert_gt(s.n_unplaced, 0);
+    char *t = pd_search_text(&s, 0);
+    cr_assert(t && strstr(t, "more within the cards left out"), "%s", t);
+    free(t);
+    pd_search_free(&s);
+    /* such a layout asked of plan directly: its report and its JSON say why (the JSON had no node
+     * map and no word of it, and up --hosts then blamed the plan's version) */
+    struct pd_plan_opts po = o.base;
+    po.nodes = 1;
+    po.role[0] = po.role[1] = (struct pd_role_opts){.dp = 8, .tp = 1, .instances = 1};
+    po.role[0].dp = 4;
+    po.role[1].dp = 4;
+    struct pd_plan p;
+    pd_err e = {0};
+    cr_assert_eq(pd_plan_build(&po, &p, &e), 0, "%s", e.msg);
+    t = pd_plan_text(&p, 0);
+    cr_assert(t && strstr(t, "cannot be placed on the nodes: placing whole instances on nodes of 8 cards needs 2 "
+                             "nodes"), "%.600s", t);
+    free(t);
+    t = pd_plan_json(&p, NULL);
+    cr_assert(t && strstr(t, "\"node_map_error\": \"placing whole instances") && !strstr(t, "\"node_map\":"), "%s",
+              t ? strstr(t, "\"aggregated\"") : "");
+    free(t);
+    pd_plan_free(&p);
 }
 
 /* As the planner says (docs/seed-reproduction.md): EP4 (64 experts per card) does not hold
