@@ -62,7 +62,7 @@ int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err 
     const int nl = m->n_layers + (en->mtp ? 1 : 0);   /* KV layers: the MTP layer's is the last */
     int64_t max_len = o->max_model_len > 0 ? o->max_model_len : 4096;
     int max_seqs = o->max_seqs > 0 ? o->max_seqs : 16;
-    int block = o->block_entries > 0 ? o->block_entries : 16;
+    int block = o->block_entries > 0 ? o->block_entries : PD_KV_BLOCK_ENTRIES;
     size_t bytes = (size_t)o->kv_bytes;
     if (!bytes) {
         /* room for every sequence at max_model_len, plus two blocks per layer of slack */

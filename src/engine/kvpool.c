@@ -17,25 +17,10 @@ static size_t state_bytes(int coff, int ratio, int d)
 
 void pd_kvpool_entry_bytes(const struct pd_model *m, enum pd_kv_dtype dtype, size_t *entry, size_t *key)
 {
-    size_t hd = (size_t)m->head_dim, rope = (size_t)m->qk_rope_head_dim, nope = hd - rope;
-    size_t id = (size_t)(m->index_head_dim > 0 ? m->index_head_dim : 1);
-    if (dtype == PD_KV_FP8) {
-        *entry = (nope + 2 * rope + (nope + 63) / 64 + 7) / 8 * 8;
-        *key = id + 4;
-    } else {
-        *entry = 2 * hd;
-        *key = 2 * id;
-    }
-}
-
-static size_t gcd(size_t a, size_t b)
-{
-    while (b) {
-        size_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
+    int64_t e, k;
+    pd_kv_v4_entry_bytes(m, dtype, &e, &k);   /* (plan/kvsize.h: the one statement of the layout) */
+    *entry = (size_t)e;
+    *key = (size_t)k;
 }
 
 int pd_kvpool_init(struct pd_kvpool *p, const struct pd_model *m, enum pd_kv_dtype dtype, int max_seqs,
@@ -63,10 +48,8 @@ int pd_kvpool_init_layers(struct pd_kvpool *p, const struct pd_model *m, int n_l
     p->rope_dim = m->qk_rope_head_dim;
     p->dtype = dtype;
     pd_kvpool_entry_bytes(m, dtype, &p->entry_bytes, &p->key_bytes);
-    /* a block holds whole keys as well as whole entries: round the entries up to a multiple of
-     * key_bytes / gcd(entry_bytes, key_bytes) (1 in bf16, where a key is a quarter entry) */
-    size_t step = p->key_bytes / gcd(p->entry_bytes, p->key_bytes);
-    block_entries = (int)(((size_t)block_entries + step - 1) / step * step);
+    /* a block holds whole keys as well as whole entries (plan/kvsize.h, as the planner pages) */
+    block_entries = (int)pd_kv_block_entries((int64_t)p->entry_bytes, (int64_t)p->key_bytes, block_entries);
     p->block_entries = block_entries;
     p->block_bytes = (size_t)block_entries * p->entry_bytes;
     p->block_keys = (int)(p->block_bytes / p->key_bytes);

@@ -53,9 +53,9 @@ int pd_kv_size_init(struct pd_kv_size *k, const struct pd_model *m, enum pd_kv_d
         k->per_token = k->per_token_kind[PD_KV_MLA];
         return 0;
     }
-    int64_t hd = m->head_dim, rope = m->qk_rope_head_dim, nope = hd - rope;
-    k->entry_bytes = d == PD_KV_FP8 ? round_up(nope + 2 * rope + (nope + 63) / 64, 8) : 2 * hd;
-    k->index_key_bytes = d == PD_KV_FP8 ? m->index_head_dim + 4 : 2 * (int64_t)m->index_head_dim;
+    int64_t hd = m->head_dim;
+    pd_kv_v4_entry_bytes(m, d, &k->entry_bytes, &k->index_key_bytes);
+    k->block_entries = pd_kv_block_entries(k->entry_bytes, k->index_key_bytes, PD_KV_BLOCK_ENTRIES);
     k->window = m->sliding_window;
     for (int l = 0; l < k->n; l++) {
         int r = m->compress_ratio[l];
@@ -84,6 +84,30 @@ int pd_kv_size_init(struct pd_kv_size *k, const struct pd_model *m, enum pd_kv_d
     return 0;
 }
 
+static int64_t gcd64(int64_t a, int64_t b)
+{
+    while (b) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+int64_t pd_kv_block_entries(int64_t entry_bytes, int64_t key_bytes, int64_t want)
+{
+    int64_t step = key_bytes / gcd64(entry_bytes, key_bytes);
+    return (want + step - 1) / step * step;
+}
+
+void pd_kv_v4_entry_bytes(const struct pd_model *m, enum pd_kv_dtype d, int64_t *entry, int64_t *key)
+{
+    int64_t hd = m->head_dim, rope = m->qk_rope_head_dim, nope = hd - rope;
+    int64_t id = m->index_head_dim > 0 ? m->index_head_dim : 1;
+    *entry = d == PD_KV_FP8 ? round_up(nope + 2 * rope + (nope + 63) / 64, 8) : 2 * hd;
+    *key = d == PD_KV_FP8 ? id + 4 : 2 * id;
+}
+
 int64_t pd_kv_seq_bytes(const struct pd_kv_size *k, int64_t tokens)
 {
     if (tokens <= 0)
@@ -99,8 +123,12 @@ int64_t pd_kv_seq_bytes(const struct pd_kv_size *k, int64_t tokens)
         }
         b += (tokens < k->window ? tokens : k->window) * k->entry_bytes;
         if (r > 0) {
-            int64_t entries = tokens / r;
-            b += entries * (k->entry_bytes + (r == 4 ? k->index_key_bytes : 0)) + k->state[l];
+            int64_t entries = tokens / r, be = k->block_entries, page = be * k->entry_bytes;
+            b += (entries + be - 1) / be * page + k->state[l];
+            if (r == 4) {   /* the keys: pages of the same bytes, page / key_bytes keys each */
+                int64_t per = page / k->index_key_bytes;
+                b += (entries + per - 1) / per * page;
+            }
         }
     }
     return b;

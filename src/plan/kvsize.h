@@ -32,6 +32,9 @@ struct pd_kv_size {
     int64_t entry_bytes;           /* one cached entry of one layer */
     int64_t index_key_bytes;       /* one indexer key */
     int64_t window;                /* sliding window, tokens */
+    int64_t block_entries;         /* a page of compressed entries (PD_KV_BLOCK_ENTRIES, rounded as
+                                    * pd_kv_block_entries does); a CSA layer's indexer keys take pages
+                                    * of the same bytes. 0: exact bytes (MLA, flat) */
     double per_token;              /* marginal bytes per token, whole model */
     double per_token_kind[PD_KV_KINDS];
     int64_t per_seq_fixed;         /* windows (full) + compressor states, whole model */
@@ -49,7 +52,19 @@ const char *pd_kv_kind_name(enum pd_kv_kind k);
 /* include_mtp: the MTP layers keep a KV cache too when they run (speculative decoding). */
 int pd_kv_size_init(struct pd_kv_size *k, const struct pd_model *m, enum pd_kv_dtype d,
                     int include_mtp, int64_t flat_per_token, pd_err *e);
-/* Exact bytes one sequence of `tokens` tokens holds. */
+/* The paged pool's page: `want` entries rounded up so that a page of entry_bytes entries also
+ * holds whole keys of key_bytes (a multiple of key_bytes / gcd(entry_bytes, key_bytes); 1 in bf16,
+ * where a key is a quarter entry). The engine's pool (engine/kvpool.c) and the planner both page
+ * with it, so that the sequences a plan says fit are the ones the engine holds. */
+#define PD_KV_BLOCK_ENTRIES 16
+int64_t pd_kv_block_entries(int64_t entry_bytes, int64_t key_bytes, int64_t want);
+/* One V4 entry and one indexer key, bytes: bf16 2 x head_dim and 2 x index_head_dim; fp8 as vLLM
+ * and SGLang store it (448 fp8 nope values, 64 bf16 rope values, a ue8m0 scale per 64 nope
+ * values, padded to 8 bytes; a key of index_head_dim fp8 values and an fp32 scale). */
+void pd_kv_v4_entry_bytes(const struct pd_model *m, enum pd_kv_dtype d, int64_t *entry, int64_t *key);
+
+/* Bytes one sequence of `tokens` tokens holds: its full window and compressor states, and its
+ * compressed entries (and a CSA layer's keys) in whole pages. */
 int64_t pd_kv_seq_bytes(const struct pd_kv_size *k, int64_t tokens);
 /* Largest context such that `seqs` sequences fit in `bytes` (0 if none). */
 int64_t pd_kv_max_context(const struct pd_kv_size *k, int64_t bytes, int64_t seqs);

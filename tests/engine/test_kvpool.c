@@ -271,3 +271,42 @@ Test(kvpool_fp8, an_entry_comes_back_within_e4m3_precision)
     }
     pd_kvpool_free(&p);
 }
+
+/* The planner's verdict and the engine's pool agree: where a plan says its decode pool holds
+ * --max-num-seqs sequences of max-model-len, the engine given that pool (pdmoe up --plan passes it
+ * as --kv-cache-bytes) holds them, and where it says it does not, the engine does not either. The
+ * plan counted exact bytes and the engine whole pages: 645 "fit" where 639 did. */
+#include "plan/plan.h"
+
+Test(kvpool_plan, the_plans_verdict_is_the_pools)
+{
+    int agree = 0, yes = 0, no = 0;
+    for (int n = 600; n <= 700; n += 5) {
+        struct pd_plan_opts o;
+        pd_plan_opts_default(&o);
+        o.model = "models/mini";
+        o.hardware = "h100";
+        o.nodes = 2;
+        o.util = 0.05;
+        o.max_model_len = 2048;
+        o.max_num_seqs = n;
+        o.role[0] = o.role[1] = (struct pd_role_opts){.dp = 1, .tp = 1, .instances = 1};
+        struct pd_plan p;
+        pd_err e = {0};
+        cr_assert_eq(pd_plan_build(&o, &p, &e), 0, "%s", e.msg);
+        const struct pd_role_plan *d = &p.role[1];
+        struct pd_kvpool kp;
+        cr_assert_eq(pd_kvpool_init_layers(&kp, &p.model, p.model.n_layers + (p.include_mtp ? p.model.n_mtp_layers : 0),
+                                           p.kv.dtype, n, (size_t)d->b.kv_pool, PD_KV_BLOCK_ENTRIES, &e), 0, "%s",
+                     e.msg);
+        int holds = kp.n_blocks / pd_kvpool_blocks_for(&kp, 2048) >= n;
+        cr_assert_eq(holds, d->fits_max_num_seqs, "--max-num-seqs %d: the plan says %s, the engine's pool holds %d",
+                     n, d->fits_max_num_seqs ? "they fit" : "they do not", kp.n_blocks / pd_kvpool_blocks_for(&kp, 2048));
+        agree++;
+        yes += holds;
+        no += !holds;
+        pd_kvpool_free(&kp);
+        pd_plan_free(&p);
+    }
+    cr_assert(yes > 0 && no > 0, "the range missed the boundary (%d fit, %d do not)", yes, no);
+}

@@ -26,13 +26,17 @@ Test(kvsize, v4_flash_fp8)
     /* windows: 44 layers x 128 x 584; states: CSA 2x8x1024x4 + 2x8x256x4, HCA 2x128x512x4 */
     cr_assert_eq(k.window_bytes, 44 * 128 * 584);
     cr_assert_eq(k.state_bytes, 21 * (65536 + 16384) + 20 * 524288);
-    /* exact bytes of a 32768-token sequence */
-    int64_t want = 44 * 128 * 584 + 21 * (32768 / 4) * 716 + 20 * (32768 / 128) * 584 + k.state_bytes;
+    /* a 32768-token sequence in the engine's pages: 16 entries rounded up to 33 (a page of 33 x 584
+     * = 19,272 B holds 146 whole keys of 132 B); CSA 8,192 entries in 249 pages and their keys in
+     * 57, HCA 256 entries in 8 */
+    cr_assert_eq(k.block_entries, 33);
+    int64_t page = 33 * 584;
+    int64_t want = 44 * 128 * 584 + 21 * (249 + 57) * page + 20 * 8 * page + k.state_bytes;
     cr_assert_eq(pd_kv_seq_bytes(&k, 32768), want);
-    cr_assert_eq(want, 141660160);
+    cr_assert_eq(want, 142420560);   /* (141,660,160 exact bytes: 0.5% in partly filled pages) */
 }
 
-Test(kvsize, v4_short_sequences_count_completed_blocks_only)
+Test(kvsize, v4_short_sequences_count_completed_blocks_in_whole_pages)
 {
     struct pd_kv_size k;
     init("v4-tiny", PD_KV_BF16, 0, 0, &k);
@@ -45,8 +49,10 @@ Test(kvsize, v4_short_sequences_count_completed_blocks_only)
     cr_assert_eq(k.state_bytes, states);
     /* 3 tokens: 3 window entries per layer, no completed block */
     cr_assert_eq(pd_kv_seq_bytes(&k, 3), 4 * 3 * 64 + states);
-    /* 17 tokens: full windows; CSA 4 entries (+ keys) each; HCA 1 entry */
-    cr_assert_eq(pd_kv_seq_bytes(&k, 17), 4 * 8 * 64 + 2 * 4 * (64 + 32) + 1 * 64 + states);
+    /* 17 tokens: full windows; CSA 4 entries (+ keys) each, HCA 1 entry, each in a page of 16
+     * entries (1,024 B; 32 keys) */
+    cr_assert_eq(k.block_entries, 16);
+    cr_assert_eq(pd_kv_seq_bytes(&k, 17), 4 * 8 * 64 + 2 * (1024 + 1024) + 1 * 1024 + states);
     cr_assert_eq(pd_kv_seq_bytes(&k, 0), 0);
 }
 
