@@ -262,7 +262,12 @@ int pd_cli_plan(int argc, char **argv)
             char buf[256];
             snprintf(buf, sizeof buf, "%s", optarg);
             o.n_handoff = 0;
-            for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            /* every entry a length: "1,,2" once dropped the empty one without a word */
+            for (char *rest = buf, *t; (t = strsep(&rest, ",")) != NULL;) {
+                if (!*t) {
+                    fprintf(stderr, "pdmoe: --handoff-tokens %s: an empty entry (expected N,N,...)\n", optarg);
+                    goto out;
+                }
                 if (o.n_handoff == 8) {
                     fprintf(stderr, "pdmoe: --handoff-tokens: at most 8 lengths\n");
                     goto out;

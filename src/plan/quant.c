@@ -112,6 +112,7 @@ int pd_quant_init(struct pd_quant *q, const char *scheme, const char *overrides,
         return 0;
     char buf[256];
     snprintf(buf, sizeof buf, "%s", overrides);
+    int given[PD_G_COUNT] = {0};
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(tok, '=');
         enum pd_group g;
@@ -126,6 +127,8 @@ int pd_quant_init(struct pd_quant *q, const char *scheme, const char *overrides,
         if (pd_fmt_parse(eq + 1, &f))
             return pd_err_set(e, PD_EINVAL, "--quant-override %s: unknown format \"%s\" (w8a8, w4a8, fp8, fp4, bf16, fp32)",
                               tok, eq + 1);
+        if (given[g]++)   /* routed_experts=fp4,routed_experts=bf16 once kept the last without a word */
+            return pd_err_set(e, PD_EINVAL, "--quant-override: the group %s is given twice", tok);
         q->group_fmt[g] = f;
     }
     return 0;

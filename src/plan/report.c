@@ -5,6 +5,7 @@
 #include "plan/perf.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,7 +151,10 @@ static void text_budget(FILE *f, const struct pd_plan *p, int u)
 {
     char a[40], b[40];
     const struct pd_role_plan *P = &p->role[0], *D = &p->role[1];
-    fprintf(f, "Memory budget per card: %s x %.2f = %s usable\n", G(a, P->b.capacity, u), p->o.util, G(b, P->b.usable, u));
+    /* the fraction as given when two decimals would round it (0.0402 read "x 0.04 = 3.44 GB") */
+    fprintf(f, fabs(p->o.util * 100 - round(p->o.util * 100)) < 1e-9 ? "Memory budget per card: %s x %.2f = %s usable\n"
+                                                                      : "Memory budget per card: %s x %g = %s usable\n",
+            G(a, P->b.capacity, u), p->o.util, G(b, P->b.usable, u));
     fprintf(f, "  %-36s %14s %14s\n", "", "prefill card", "decode card");
 #define ROW(label, fp, fd) fprintf(f, "  %-36s %14s %14s\n", label, G(a, fp, u), G(b, fd, u))
     ROW("weights (class I + class II)", P->b.weights, D->b.weights);
@@ -164,8 +168,15 @@ static void text_budget(FILE *f, const struct pd_plan *p, int u)
 #undef ROW
     fprintf(f, "  %-36s %14lld %14lld\n", "sequences of max-model-len that fit", (long long)P->seqs_at_max_len,
             (long long)D->seqs_at_max_len);
+    /* a context past the model's positions is no context (serve refuses --max-model-len past it) */
     snprintf(t, sizeof t, "longest context for %lld sequences", (long long)p->o.max_num_seqs);
-    fprintf(f, "  %-36s %14lld %14lld\n", t, (long long)P->ctx_at_max_seqs, (long long)D->ctx_at_max_seqs);
+    const int64_t pos = p->model.max_position_embeddings;
+    int64_t cp = pos > 0 && P->ctx_at_max_seqs > pos ? pos : P->ctx_at_max_seqs,
+            cd = pos > 0 && D->ctx_at_max_seqs > pos ? pos : D->ctx_at_max_seqs;
+    fprintf(f, "  %-36s %14lld %14lld\n", t, (long long)cp, (long long)cd);
+    if (cp < P->ctx_at_max_seqs || cd < D->ctx_at_max_seqs)
+        fprintf(f, "  (capped at the model's max_position_embeddings %lld; the pools hold %lld / %lld tokens)\n",
+                (long long)pos, (long long)P->ctx_at_max_seqs, (long long)D->ctx_at_max_seqs);
     /* three verdicts, so none reads as more than it checks (plan.h) */
     fprintf(f, "  %-36s %14s %14s\n", "verdict: weights fit", P->b.fits_weights ? "yes" : "NO",
             D->b.fits_weights ? "yes" : "NO");

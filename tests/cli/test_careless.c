@@ -113,6 +113,26 @@ Test(careless, a_layout_key_twice_is_refused)
 {
     refused("plan --prefill dp=8,dp=16,tp=1,instances=1", "--prefill", "dp given twice");
     refused("plan --prefill dp=8,tp=1,instances=1,", "--prefill", "empty");
+    /* lists whose empty or repeated entries were dropped or overwritten without a word */
+    refused("plan --handoff-tokens 1,,2", "--handoff-tokens 1,,2", "empty entry");
+    refused("plan --quant-override routed_experts=fp4,routed_experts=bf16", "--quant-override",
+            "routed_experts is given twice");
+}
+
+/* The report's numbers are the ones the rest of pdmoe takes: a longest context past the model's
+ * positions is capped there (serve refuses a --max-model-len past them), and a memory fraction
+ * two decimals would round is printed as given (0.0402 read "x 0.04 = 3.44 GB"). */
+Test(careless, the_reports_context_and_fraction_are_what_serve_takes)
+{
+    struct run r;
+    run("plan --model models/mini --hardware h100 --nodes 2 --prefill dp=1,tp=1,instances=1 "
+        "--decode dp=1,tp=1,instances=1 --gpu-memory-utilization 0.0402", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "85.52 GB x 0.0402 = 3.44 GB usable"), "%.300s", r.out);
+    const char *l = strstr(r.out, "longest context for 30 sequences");
+    cr_assert_not_null(l);
+    cr_assert_eq(atoll(l + 36), 65536, "%.120s", l);
+    cr_assert(strstr(r.out, "capped at the model's max_position_embeddings 65536"), "%.300s", l);
 }
 
 /* Arguments a command does not take are refused, as plan refuses them. */
