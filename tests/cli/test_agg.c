@@ -38,7 +38,7 @@ Test(cli_agg, search_layout_passes_plan)
         const char *common = "--model v4-tiny --max-model-len 4096 --max-num-batched-tokens 1024";
         char args[1024];
         struct run r;
-        snprintf(args, sizeof args, "search %s --cards 8 %s --ttft-ms 500 --tpot-ms 50 --json", common, workloads[i]);
+        snprintf(args, sizeof args, "search %s --cards 16 %s --ttft-ms 500 --tpot-ms 50 --json", common, workloads[i]);
         run(args, &r);
         cr_assert_eq(r.status, 0, "%s", r.err);
         json_t *doc = json_loads(r.out, 0, NULL);
@@ -53,7 +53,7 @@ Test(cli_agg, search_layout_passes_plan)
         cr_assert_str_eq(winner, da > dd ? "aggregated" : "disaggregated");
         cr_assert_str_eq(json_string_value(json_object_get(doc, "chosen")), winner);
         snprintf(args, sizeof args,
-                 "plan %s --nodes 1 --aggregated dp=%d,tp=%d,instances=%d,redundant=%d --max-num-seqs %lld %s --json",
+                 "plan %s --nodes 2 --aggregated dp=%d,tp=%d,instances=%d,redundant=%d --max-num-seqs %lld %s --json",
                  common, (int)num(a, "dp"), (int)num(a, "tp"), (int)num(a, "instances"), (int)num(a, "redundant"),
                  (long long)num(a, "batch"), workloads[i]);
         run(args, &r);

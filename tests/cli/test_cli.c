@@ -464,7 +464,7 @@ Test(cli, plan_concurrency)
     run(args, &r);
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert(strstr(r.out, "\"closed_loop\": null"), "%s", r.out);
-    run("search --model v4-tiny --cards 8 --isl 300 --osl 64 --concurrency 16 --layout disaggregated --json", &r);
+    run("search --model v4-tiny --cards 16 --isl 300 --osl 64 --concurrency 16 --layout disaggregated --json", &r);
     cr_assert_eq(r.status, 0, "%s", r.err);
     json_t *doc = json_loads(r.out, 0, NULL);
     cr_assert(doc);
