@@ -194,26 +194,54 @@ static void yield_lease(struct pd_server *s)
     }
 }
 
-/* Consumer: pulls the producer's KV into a fresh sequence of this pool; 0 when the sequence now
- * holds the prompt, PULL_REFUSED when the producer refused the request's key, another negative
- * value when the prompt is to be recomputed (s->mu is released while waiting). */
-static int pull(struct pd_server *s, struct req *r)
+/* Consumer: starts pulling the producer's KV into a fresh sequence of this pool (r->pull), the
+ * other sequences stepping meanwhile (a producer that hangs held every stream of this instance
+ * for the pull's timeout); 0 when under way, PULL_NONE when no pull can start (the prompt is then
+ * recomputed). (s->mu held) */
+static int pull_start(struct pd_server *s, struct req *r)
 {
     pd_err e = {0};
     if (!s->kvx || r->remote_tokens != r->n_prompt || pd_kvseq_reserve(&s->en.kv, &r->seq.kv, r->n_prompt, &e))
         return PULL_NONE;
-    double seconds;
-    int64_t bytes = pd_srv_seq_pull(s, &r->seq, r->remote_host, r->remote_port, &r->remote_key, r->n_prompt, &s->mu,
-                             &seconds);
-    if (bytes == PULL_NONE)
+    int n;
+    struct pd_kv_run *dst = pd_srv_kv_runs(s, &r->seq, r->n_prompt, &n, &r->pull_bytes);
+    int rc = !dst || pd_kvx_pull(s->kvx, r->remote_host, r->remote_port, &r->remote_key, (const struct pd_kvx_run *)dst,
+                                 n, &r->pull, &e);
+    free(dst);
+    if (rc) {
+        r->pull = NULL;
         return PULL_NONE;
-    s->kv_pulls++;
-    pd_srv_count_pull(s, r->remote_host, r->remote_port, 0, bytes, seconds);
-    if (bytes < 0) {
-        s->kv_failures++;
-        return (int)bytes;
     }
-    s->kv_bytes += (uint64_t)bytes;
+    r->pull_t0 = pd_now_s();
+    return 0;
+}
+
+/* Consumer: r's pull, once it ended: 0 when the sequence now holds the prompt, PULL_REFUSED when
+ * the producer refused the request's key, PULL_FAILED when the prompt is to be recomputed; 1
+ * while it runs. (s->mu held; the transfer thread progresses it) */
+static int pull_poll(struct pd_server *s, struct req *r)
+{
+    enum pd_kvx_state st = pd_kvx_state(s->kvx, r->pull);
+    if (st != PD_KVX_DONE && st != PD_KVX_FAILED)
+        return 1;
+    pd_err e = {0};
+    int refused = pd_kvx_refused(s->kvx, r->pull);
+    /* why a pull failed (a dead producer, a KV cache dtype that differs...) is worth a line: the
+     * request goes on, recomputed here, and only the counters would tell otherwise */
+    if (st != PD_KVX_DONE && !r->pull_aborted && s->o.http.log && pd_kvx_result(s->kvx, r->pull, &e))
+        s->o.http.log(s->o.http.log_arg, e.msg);
+    pd_kvx_xfer_free(s->kvx, r->pull);
+    r->pull = NULL;
+    double seconds = pd_now_s() - r->pull_t0;
+    s->kv_pulls++;
+    pd_srv_count_pull(s, r->remote_host, r->remote_port, 0, st == PD_KVX_DONE ? (int64_t)r->pull_bytes : -1, seconds);
+    if (st != PD_KVX_DONE) {
+        s->kv_failures++;
+        return refused ? PULL_REFUSED : PULL_FAILED;
+    }
+    r->seq.pos = r->n_prompt;
+    r->seq.kv.len = r->n_prompt;
+    s->kv_bytes += r->pull_bytes;
     s->kv_seconds += seconds;
     pd_err e2 = {0};
     if (pd_srv_spec_pulled(s, r, &e2)) {
@@ -227,6 +255,43 @@ static int pull(struct pd_server *s, struct req *r)
         return PULL_FAILED;
     }
     return 0;
+}
+
+/* The pulls under way (s->mu held): each that ended goes on as it should (the producer's token,
+ * a refusal, or the prompt recomputed); one whose client left is aborted and its sequence ended
+ * only once no get can still write its blocks. */
+static void pulls_progress(struct pd_server *s)
+{
+    for (int i = 0; i < s->n_running;) {
+        struct req *r = s->running[i];
+        if (!r->pull) {
+            i++;
+            continue;
+        }
+        if ((r->cancelled || r->stop_wanted) && !r->pull_aborted) {
+            pd_kvx_abort(s->kvx, r->pull);
+            r->pull_aborted = 1;
+        }
+        int res = pull_poll(s, r);
+        if (res == 1) {
+            i++;
+            continue;
+        }
+        if (r->cancelled || r->stop_wanted) {   /* (the drop of cancelled requests ends it next) */
+            i++;
+            continue;
+        }
+        if (res == 0) {
+            pd_srv_take_producer_token(s, r);
+        } else if (res == PULL_REFUSED) {
+            pd_srv_refuse(s, r);
+            finish_running(s, i);
+            continue;
+        } else {
+            s->kv_recomputes++;
+        }
+        i++;
+    }
 }
 
 static void *kvx_loop(void *arg)
@@ -382,9 +447,12 @@ static void *scheduler(void *arg)
             seq_release(s, r);
             pd_srv_req_unref(s, r);
         }
-        /* drop cancelled requests, free their KV */
+        /* pulls under way: those that ended go on */
+        if (s->kvx && !s->g)
+            pulls_progress(s);
+        /* drop cancelled requests, free their KV (a pull's once no get can write it) */
         for (int i = 0; i < s->n_running;)
-            if (s->running[i]->cancelled || s->running[i]->stop_wanted) {
+            if ((s->running[i]->cancelled || s->running[i]->stop_wanted) && !s->running[i]->pull) {
                 s->n_cancelled += s->running[i]->cancelled;   /* a stop string ended the other */
                 finish_running(s, i);
             } else {
@@ -437,16 +505,8 @@ static void *scheduler(void *arg)
                 /* the producer computed the prompt: pull it; if that fails, recompute it here
                  * from the token ids and continue with the producer's first token. A refused key
                  * is no failure to make up for: the request is refused. */
-                int pulled = pull(s, r);
-                if (pulled == 0) {
-                    pd_srv_take_producer_token(s, r);
-                    continue;
-                }
-                if (pulled == PULL_REFUSED) {
-                    pd_srv_refuse(s, r);
-                    finish_running(s, s->n_running - 1);
-                    continue;
-                }
+                if (pull_start(s, r) == 0)
+                    continue;   /* pulls_progress takes it on when the pull ends */
                 s->kv_recomputes++;
             }
             budget -= r->n_prompt - (int)r->seq.pos;   /* a cached prefix is not computed */
@@ -475,7 +535,7 @@ static void *scheduler(void *arg)
         int m = 0;
         for (int i = 0; i < s->n_running; i++) {
             struct req *r = s->running[i];
-            if (r->finished || r->ep_pulling)
+            if (r->finished || r->ep_pulling || r->pull)
                 continue;
             in_step[m] = r;
             if (r->n_gen == 0 && r->seq.pos < r->n_prompt) {
@@ -488,6 +548,21 @@ static void *scheduler(void *arg)
                 items[m] = (struct pd_step_item){.seq = &r->seq, .tokens = &last[m], .n = 1, .logits = r->logits};
             }
             m++;
+        }
+        int pulling = 0;
+        for (int i = 0; i < s->n_running && !s->g; i++)
+            pulling += s->running[i]->pull != NULL;
+        if (m == 0 && pulling) {
+            /* nothing to step but pulls under way: the requests they finished (a consumer's, no
+             * lease) end, and the scheduler waits for the transfer thread without spinning */
+            for (int i = 0; i < s->n_running;)
+                if (s->running[i]->finished && !s->running[i]->pull && !s->running[i]->remote_decode)
+                    finish_running(s, i);
+                else
+                    i++;
+            event_active(s->notify, 0, 0);
+            cv_wait_ms(s, 1);
+            continue;
         }
         if (s->g && pd_srv_ep_build_step(s, in_step, m)) {
             rc = pd_err_set(&e, PD_ENOMEM, "expert parallelism: out of memory for a step");
@@ -591,6 +666,10 @@ static void *scheduler(void *arg)
     }
     for (int i = s->n_running - 1; i >= 0; i--) {
         struct req *r = s->running[i];
+        if (r->pull) {   /* aborted, freed by the transfer engine once it ends */
+            pd_kvx_xfer_free(s->kvx, r->pull);
+            r->pull = NULL;
+        }
         if (rc && !r->finished) {
             r->finished = 1;
             r->finish = "error";
@@ -741,9 +820,10 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
             snprintf(host, sizeof host, "%s", pd_srv_kv_host(s));
             MPI_Gather(host, (int)sizeof host, MPI_CHAR, s->g->kv_hosts, (int)sizeof host, MPI_CHAR, 0, s->g->ep.comm);
         }
-        /* a producer progresses its worker when idle, to answer pulls (a consumer progresses
-         * its own while it pulls) */
-        if (s->o.role == PD_ROLE_PRODUCER) {
+        /* a producer progresses its worker when idle, to answer pulls; a consumer of one
+         * process, to move its pulls while the scheduler steps (an EP rank progresses its own
+         * while it pulls) */
+        if (s->o.role == PD_ROLE_PRODUCER || (s->o.role == PD_ROLE_CONSUMER && !s->g)) {
             if (pthread_create(&s->kvx_thread, NULL, kvx_loop, s)) {
                 rc = pd_err_set(e, PD_ENOMEM, "cannot start the KV transfer thread");
                 goto fail;

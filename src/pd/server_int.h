@@ -97,6 +97,11 @@ struct req {
     int ep_new;                     /* the owner starts the sequence in the next step */
     int ep_prefilled;
     int ep_pulling;                 /* consumer: the owner pulls the KV in the next round */
+    struct pd_kvx_xfer *pull;       /* consumer (one process): the pull under way while other
+                                     * sequences step; NULL when none */
+    double pull_t0;
+    uint64_t pull_bytes;
+    int pull_aborted;               /* its client left: pd_kvx_abort asked, the blocks wait for its end */
     /* OpenAI's stop and stream_options, vLLM's stop_token_ids */
     char **stop;                    /* [n_stop] strings that end the text (not included) */
     int n_stop;

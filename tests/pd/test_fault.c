@@ -15,6 +15,7 @@
 #include "engine/genmodel.h"
 #include "../tmpmodel.h"
 #include "proxy/proxy.h"
+#include "core/timing.h"
 #include "util.h"
 
 static char dir[64], logs[64];
@@ -252,4 +253,62 @@ Test(fault, a_dead_decode_instance_is_routed_around)
     cr_assert_eq(metric_key(pd_proxy_port(X), key), 0);
     snprintf(key, sizeof key, "pdmoe_proxy_instance_up{role=\"decode\",instance=\"127.0.0.1:%d\"}", dports[0]);
     cr_assert_eq(metric_key(pd_proxy_port(X), key), 1);
+}
+
+/* A prefill instance that stops answering (SIGSTOP: a host that hangs) while a decode instance
+ * pulls from it: the pull waits for its timeout and the prompt is then recomputed, but the decode
+ * instance's other requests go on meanwhile (the pull held its scheduler, every stream of the
+ * instance, for the whole timeout). */
+Test(fault, a_hung_producer_stalls_its_pull_not_the_decode_instance)
+{
+    pid_t pp, dp;
+    int p = spawn("{\"kv_role\":\"kv_producer\",\"kv_port\":0,\"engine_id\":\"p0\"}", &pp);
+    int d = spawn("{\"kv_role\":\"kv_consumer\",\"engine_id\":\"d0\",\"kv_timeout_ms\":4000}", &dp);
+    char out[8192], body[2048];
+    cr_assert_eq(curl_port(p, "/v1/completions", "{\"prompt\":\"one two three four\",\"max_tokens\":1,"
+                           "\"kv_transfer_params\":{\"do_remote_decode\":true}}", NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    char *kv = json_dumps(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "kv_transfer_params"),
+                          JSON_COMPACT);
+    json_decref(j);
+    cr_assert_eq(kill(pp, SIGSTOP), 0);
+    snprintf(body, sizeof body, "curl -s -o /dev/null -w '%%{http_code} %%{time_total}' --max-time 60 "
+             "http://127.0.0.1:%d/v1/completions -d '{\"prompt\":\"one two three four\",\"max_tokens\":4,"
+             "\"kv_transfer_params\":%s}'", d, kv);
+    free(kv);
+    FILE *pulling = popen(body, "r");
+    usleep(500000);   /* the pull has started and waits on the stopped producer */
+    double t0 = pd_now_s();
+    cr_assert_eq(curl_port(d, "/v1/completions", "{\"prompt\":\"meanwhile\",\"max_tokens\":8}", "--max-time 30", out,
+                           sizeof out), 200, "%s", out);
+    double took = pd_now_s() - t0;
+    char res[64] = "";
+    cr_assert_not_null(fgets(res, sizeof res, pulling));
+    pclose(pulling);
+    kill(pp, SIGCONT);
+    cr_assert_lt(took, 2.0, "a request beside the stalled pull took %.2f s", took);
+    cr_assert(!strncmp(res, "200 ", 4), "the decode whose pull timed out: %s", res);
+    cr_assert_geq(atof(res + 4), 3.5, "the pull ended before its timeout: %s", res);
+    cr_assert_eq(metric(d, "pdmoe_kv_recomputes_total"), 1);
+    /* a client that leaves while its pull waits: the pull is aborted, the request counted
+     * cancelled, and its blocks come back once no get can write them */
+    cr_assert_eq(curl_port(p, "/v1/completions", "{\"prompt\":\"five six seven\",\"max_tokens\":1,"
+                           "\"kv_transfer_params\":{\"do_remote_decode\":true}}", NULL, out, sizeof out), 200, "%s", out);
+    j = parse(out);
+    kv = json_dumps(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "kv_transfer_params"),
+                    JSON_COMPACT);
+    json_decref(j);
+    cr_assert_eq(kill(pp, SIGSTOP), 0);
+    snprintf(body, sizeof body, "{\"prompt\":\"five six seven\",\"max_tokens\":4,\"kv_transfer_params\":%s}", kv);
+    free(kv);
+    curl_port(d, "/v1/completions", body, "--max-time 1", out, sizeof out);
+    for (int i = 0; i < 100 && metric(d, "pdmoe_requests_cancelled_total") < 1; i++)
+        usleep(50000);
+    kill(pp, SIGCONT);
+    cr_assert_eq(metric(d, "pdmoe_requests_cancelled_total"), 1);
+    for (int i = 0; i < 100 && metric(d, "pdmoe_kv_blocks_free") != metric(d, "pdmoe_kv_blocks_capacity"); i++)
+        usleep(50000);
+    cr_assert_eq(metric(d, "pdmoe_kv_blocks_free"), metric(d, "pdmoe_kv_blocks_capacity"));
+    cr_assert_eq(curl_port(d, "/v1/completions", "{\"prompt\":\"after\",\"max_tokens\":4}", NULL, out, sizeof out),
+                 200, "%s", out);
 }
