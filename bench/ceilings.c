@@ -13,11 +13,11 @@
 #include "core/timing.h"
 #include "kernels/gemm.h"
 
-static int64_t *aligned_buffer(size_t bytes)
+void *pd_bench_aligned(size_t n)
 {
     void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) {
-        fprintf(stderr, "bench: out of memory (%zu bytes)\n", bytes);
+    if (posix_memalign(&p, 64, n ? n : 64) != 0) {
+        fprintf(stderr, "bench: out of memory (%zu bytes)\n", n);
         return NULL;
     }
     return p;
@@ -329,7 +329,7 @@ double pd_bench_median(double *t, int n)
 
 double pd_bench_read_bandwidth(pd_pool *pool, int threads, size_t bytes, int reps)
 {
-    int64_t *buf = aligned_buffer(bytes);
+    int64_t *buf = pd_bench_aligned(bytes);
     if (!buf)
         return 0;
     memset(buf, 1, bytes);

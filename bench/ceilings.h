@@ -13,6 +13,9 @@
 /* int8 ops (multiply + add) in one 512-bit vpdpbusd: 16 lanes x 4 byte products. */
 #define PD_BENCH_OPS_PER_VPDPBUSD 128.0
 
+/* 64-byte aligned memory of n bytes (n 0: 64), or NULL after a line on stderr; free() it. */
+void *pd_bench_aligned(size_t n);
+
 /* With on (one thread only), pd_bench_now_s is the calling thread's CPU time, else wall time. */
 void pd_bench_set_cpu_time(int on);
 double pd_bench_now_s(void);

@@ -74,12 +74,7 @@ static void fill_floats(float *p, size_t n, float lo, float hi)
 
 static void *xmalloc(size_t n)
 {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, n ? n : 64) != 0) {
-        fprintf(stderr, "bench kernels: out of memory (%zu bytes)\n", n);
-        return NULL;
-    }
-    return p;
+    return pd_bench_aligned(n);
 }
 
 /* ---- timing ----------------------------------------------------------------------------- */

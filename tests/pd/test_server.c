@@ -350,21 +350,29 @@ Test(server, a_stream_the_server_stops_ends_with_an_error_and_done)
     cr_assert_not_null(done, "no [DONE] after the error event: %s", err);
 }
 
+/* A request that holds a server's only slot (16,000 tokens of v4-tiny) until its client leaves
+ * after `seconds`; once it runs. pclose waits for it. */
+static FILE *hold_the_slot(const char *seconds)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "curl -s -o /dev/null --max-time %s http://127.0.0.1:%d/v1/completions "
+             "-d '{\"prompt\":\"x\",\"max_tokens\":16000,\"ignore_eos\":true}'", seconds, port);
+    FILE *a = popen(cmd, "r");
+    for (int i = 0; i < 200 && metric("pdmoe_num_requests_running") < 1; i++)
+        usleep(10000);
+    cr_assert_eq(metric("pdmoe_num_requests_running"), 1);
+    return a;
+}
+
 /* A request that leaves while it waits for a slot is dropped when its turn comes, and the queue
  * behind it still works: a later request is answered (it was once appended to the freed one). */
 Test(server, a_request_cancelled_while_waiting_leaves_the_queue_working)
 {
     tmp_model_positions(dir, 16384);
     start_seqs(NULL, dir, 16384, 1);
-    char cmd[512], out[8192];
-    /* holds the only slot for 1.5 s, then leaves too */
-    snprintf(cmd, sizeof cmd,
-             "curl -s -o /dev/null --max-time 1.5 http://127.0.0.1:%d/v1/completions "
-             "-d '{\"prompt\":\"x\",\"max_tokens\":16000,\"ignore_eos\":true}'", port);
-    FILE *a = popen(cmd, "r");
-    for (int i = 0; i < 200 && metric("pdmoe_num_requests_running") < 1; i++)
-        usleep(10000);
-    cr_assert_eq(metric("pdmoe_num_requests_running"), 1);
+    char out[8192];
+    FILE *a = hold_the_slot("1.5");   /* then leaves too */
     /* waits behind it, gives up after 0.1 s */
     curl("/v1/completions", "{\"prompt\":\"y\",\"max_tokens\":4}", "--max-time 0.1", out, sizeof out);
     cr_assert_eq(metric("pdmoe_num_requests_waiting"), 1);
@@ -386,14 +394,7 @@ Test(server, a_full_waiting_queue_is_a_429_with_retry_after)
     start_seqs(NULL, dir, 16384, 1);
     max_queued = 0;
     char cmd[512], out[8192];
-    /* holds the only slot for 2 s, then leaves */
-    snprintf(cmd, sizeof cmd,
-             "curl -s -o /dev/null --max-time 2 http://127.0.0.1:%d/v1/completions "
-             "-d '{\"prompt\":\"x\",\"max_tokens\":16000,\"ignore_eos\":true}'", port);
-    FILE *a = popen(cmd, "r");
-    for (int i = 0; i < 200 && metric("pdmoe_num_requests_running") < 1; i++)
-        usleep(10000);
-    cr_assert_eq(metric("pdmoe_num_requests_running"), 1);
+    FILE *a = hold_the_slot("2");   /* then leaves */
     snprintf(cmd, sizeof cmd,
              "curl -s -o /dev/null -w '%%{http_code}' --max-time 60 http://127.0.0.1:%d/v1/completions "
              "-d '{\"prompt\":\"y\",\"max_tokens\":4}'", port);
