@@ -232,6 +232,8 @@ static int pull_poll(struct pd_server *s, struct req *r)
         s->o.http.log(s->o.http.log_arg, e.msg);
     pd_kvx_xfer_free(s->kvx, r->pull);
     r->pull = NULL;
+    if (r->pull_aborted)   /* its client left: no transfer failure to count */
+        return PULL_FAILED;
     double seconds = pd_now_s() - r->pull_t0;
     s->kv_pulls++;
     pd_srv_count_pull(s, r->remote_host, r->remote_port, 0, st == PD_KVX_DONE ? (int64_t)r->pull_bytes : -1, seconds);

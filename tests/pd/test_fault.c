@@ -306,6 +306,8 @@ Test(fault, a_hung_producer_stalls_its_pull_not_the_decode_instance)
         usleep(50000);
     kill(pp, SIGCONT);
     cr_assert_eq(metric(d, "pdmoe_requests_cancelled_total"), 1);
+    cr_assert_eq(metric_key(d, "pdmoe_errors_total{kind=\"kv_transfer\"}"), 1, "the client's leaving counted as a "
+                 "transfer failure (the timed-out pull is the one)");
     for (int i = 0; i < 100 && metric(d, "pdmoe_kv_blocks_free") != metric(d, "pdmoe_kv_blocks_capacity"); i++)
         usleep(50000);
     cr_assert_eq(metric(d, "pdmoe_kv_blocks_free"), metric(d, "pdmoe_kv_blocks_capacity"));
