@@ -276,7 +276,9 @@ int pd_cli_serve(int argc, char **argv)
                    "       [--kv-transfer-config '{\"kv_role\":\"kv_producer\",\"kv_port\":N,\"engine_id\":\"p0\"}']\n"
                    "         (also \"kv_host\": the address the KV listener binds and decode instances pull\n"
                    "          from, default --host; \"kv_lease_ms\": how long a producer holds a KV nobody pulls, default 30000;\n"
-                   "          \"kv_timeout_ms\": how long a pull may take before the prompt is recomputed)\n"
+                   "          \"kv_timeout_ms\": how long a pull may take before the prompt is recomputed;\n"
+                   "          \"kv_producers\": [\"host:port\" or \"host:first-last\", ...], the only producers a\n"
+                   "          decode instance pulls from: pdmoe up writes them)\n"
                    "%s"
                    "OpenAI-compatible: /v1/completions, /v1/chat/completions (stream or not), /v1/models,\n"
                    "/health, /metrics. Binds 127.0.0.1 unless --host says otherwise. Ctrl-C stops it.\n",
