@@ -898,14 +898,16 @@ int pd_cli_up(int argc, char **argv)
         if (!ready)
             nanosleep(&(struct timespec){0, 100000000}, NULL);
     }
-    if (ready && !stopping && u.aggregated) {
-        printf("pdmoe up: %lld aggregated (EP %d) instance%s of %s behind http://%s:%lld/v1 (model \"%s\"); Ctrl-C "
-               "stops everything\n", (long long)nd, ep[1], nd > 1 ? "s" : "", model, host, (long long)port, name);
-        fflush(stdout);
-    } else if (ready && !stopping) {
-        printf("pdmoe up: %lld prefill (EP %d) and %lld decode (EP %d) instance%s of %s behind http://%s:%lld/v1 "
-               "(model \"%s\"); Ctrl-C stops everything\n", (long long)np, ep[0], (long long)nd, ep[1],
-               nd > 1 ? "s" : "", model, host, (long long)port, name);
+    if (ready && !stopping) {
+        char layout[96];
+        if (u.aggregated)
+            snprintf(layout, sizeof layout, "%lld aggregated (EP %d) instance%s", (long long)nd, ep[1],
+                     nd > 1 ? "s" : "");
+        else
+            snprintf(layout, sizeof layout, "%lld prefill (EP %d) and %lld decode (EP %d) instance%s", (long long)np,
+                     ep[0], (long long)nd, ep[1], nd > 1 ? "s" : "");
+        printf("pdmoe up: %s of %s behind http://%s:%lld/v1 (model \"%s\"); Ctrl-C stops everything\n", layout, model,
+               host, (long long)port, name);
         fflush(stdout);
     } else if (!stopping) {
         fprintf(stderr, "pdmoe up: the cluster did not become healthy in 120 s\n");

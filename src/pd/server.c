@@ -551,10 +551,10 @@ static void *scheduler(void *arg)
             }
             m++;
         }
-        int pulling = 0;
-        for (int i = 0; i < s->n_running && !s->g; i++)
+        int pulling = 0;   /* (looked for only when nothing else steps) */
+        for (int i = 0; m == 0 && i < s->n_running && !s->g; i++)
             pulling += s->running[i]->pull != NULL;
-        if (m == 0 && pulling) {
+        if (pulling) {
             /* nothing to step but pulls under way: the requests they finished (a consumer's, no
              * lease) end, and the scheduler waits for the transfer thread without spinning */
             for (int i = 0; i < s->n_running;)
@@ -703,15 +703,21 @@ static void *scheduler(void *arg)
     return NULL;
 }
 
+int pd_srv_waiting(const struct pd_server *s, int at_most)
+{
+    int n = 0;
+    for (const struct req *r = s->wait_head; r && n < at_most; r = r->next)
+        n++;
+    return n;
+}
+
 /* Draining: the loop ends once no request runs, waits or (a prefill instance's) holds a lease,
  * or at the deadline. */
 static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct pd_server *s = arg;
     pthread_mutex_lock(&s->mu);
-    int left = s->n_running + (s->leases != NULL);
-    for (struct req *r = s->wait_head; r; r = r->next)
-        left++;
+    int left = s->n_running + (s->leases != NULL) + pd_srv_waiting(s, INT_MAX);
     pthread_mutex_unlock(&s->mu);
     if (!left || pd_now_s() >= s->drain_deadline) {
         if (left)

@@ -315,11 +315,8 @@ static int queue_full(struct pd_server *s, struct evhttp_request *h)
 {
     if (s->o.max_queued_requests <= 0)
         return 0;
-    int waiting = 0;
     pthread_mutex_lock(&s->mu);
-    for (struct req *r = s->wait_head; r && waiting < s->o.max_queued_requests; r = r->next)
-        waiting++;
-    int full = waiting >= s->o.max_queued_requests;
+    int full = pd_srv_waiting(s, s->o.max_queued_requests) >= s->o.max_queued_requests;
     s->n_queue_full += (uint64_t)full;
     pthread_mutex_unlock(&s->mu);
     if (full) {

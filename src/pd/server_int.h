@@ -372,6 +372,8 @@ int pd_srv_spec_receive(struct pd_server *s, struct pd_spec_seq *x, struct pd_se
 /* Producer: the address decode instances pull this process's KV from: kv_host, else --host,
  * loopback when that is a wildcard. */
 const char *pd_srv_kv_host(const struct pd_server *s);
+/* Requests in the waiting queue, counted up to at_most (s->mu held). */
+int pd_srv_waiting(const struct pd_server *s, int at_most);
 /* Consumer: whether host:port is one of kv_producers (call only when there are some). */
 int pd_srv_kv_producer_allowed(const struct pd_server *s, const char *host, int port);
 /* Consumer: counts one pull from host:port by rank (bytes < 0: it failed). */

@@ -12,9 +12,7 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
         return;
     }
     pthread_mutex_lock(&s->mu);
-    int waiting = 0, leases = 0;
-    for (struct req *r = s->wait_head; r; r = r->next)
-        waiting++;
+    int waiting = pd_srv_waiting(s, INT_MAX), leases = 0;
     for (struct req *r = s->leases; r; r = r->lease_next)
         leases++;
     /* an EP group: the ranks' pools summed, and each rank's (what it reported after the last step) */

@@ -32,7 +32,7 @@ struct pd_node_layout {
     int kv_base, kv_step;   /* vllm-ascend kv_port of instance id: kv_base + kv_step * id */
 };
 
-/* The nodes of cpn cards that whole instances take, as pd_nodes_build places them: role r has
+/* The nodes of cpn cards that whole instances take, by pd_nodes_build's own placement: role r has
  * instances[r] instances of dp[r] x tp[r] cards (aggregated: role 1 only); -1 when an instance
  * larger than a node does not split into whole nodes of whole data-parallel ranks. The search
  * keeps only layouts whose count fits the cluster, so that every layout it ranks can be placed. */
@@ -48,8 +48,8 @@ void pd_nodes_free(struct pd_node_layout *L);
 int pd_emit_nodes(const struct pd_plan *p, int *nodes, pd_err *e);
 
 /* The node map as the plan's JSON carries it ("node_map"): one entry per instance, {"role",
- * "instance", "nodes": [node...], "ranks": [data-parallel ranks on each node]}; NULL when the
- * layout does not split (the plan's JSON then has no node map). */
-json_t *pd_nodes_json(const struct pd_plan *p);
+ * "instance", "nodes": [node...], "ranks": [data-parallel ranks on each node]}; NULL, e saying
+ * why, when the layout cannot be placed (the plan's JSON then carries "node_map_error"). */
+json_t *pd_nodes_json(const struct pd_plan *p, pd_err *e);
 
 #endif

@@ -395,20 +395,12 @@ char *pd_plan_json(const struct pd_plan *p, const struct pd_perf *f)
     /* the node map every launcher follows (plan/nodes.h), when the layout splits into nodes */
     if (root)
         json_object_set_new(root, "aggregated", json_boolean(p->o.aggregated));
-    json_t *map = root ? pd_nodes_json(p) : NULL;
-    if (map && json_object_set_new(root, "node_map", map)) {
+    pd_err ne = {0};
+    json_t *map = root ? pd_nodes_json(p, &ne) : NULL;
+    /* none: why, for the reader of the JSON (pdmoe up --hosts says it) */
+    if (root && json_object_set_new(root, map ? "node_map" : "node_map_error", map ? map : json_string(ne.msg))) {
         json_decref(root);
         return NULL;
-    }
-    if (root && !map) {   /* why there is none, for the reader of the JSON (pdmoe up --hosts says it) */
-        struct pd_node_layout L;
-        pd_err ne = {0};
-        if (pd_nodes_build(p, &L, &ne) == 0)
-            pd_nodes_free(&L);
-        else if (json_object_set_new(root, "node_map_error", json_string(ne.msg))) {
-            json_decref(root);
-            return NULL;
-        }
     }
     if (!root || (f && json_object_set_new(root, "perf", pd_perf_json(f)))) {
         json_decref(root);
