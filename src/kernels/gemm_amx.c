@@ -49,9 +49,10 @@ static void amx_cfg_full(struct amx_cfg *cfg)
     }
 }
 
-/* Token blocks from which the weights are copied into whole tiles per reduction block: with fewer
- * (a routed expert's few tokens) each tile would serve too few products to repay its copy. */
-#define AMX_PACK_MIN_TB 6
+/* Token blocks that one pass over the weights read in place serves at once, a C tile each
+ * (tmm0..4). With more, the weights are copied into whole tiles per reduction block; with these
+ * few (a routed expert's tokens) each copied tile would serve too few products to repay its copy. */
+#define AMX_ONE_PASS_TB 5
 /* tmm t = the weight tile of rows [o, o + 16) x reduction step kb, read in place */
 #define AMX_WLOAD(t, job, o, o1, kb, pad)                                                  \
     do {                                                                                  \

@@ -158,6 +158,9 @@ static void equal_reference_on_odd_shapes(pd_kernel kernel)
      * partial last block and a partial last step, task heights of 32, 64 and 256 rows with a
      * partial last pair of row blocks, and an odd token block at the end. */
     static const int blocked[][3] = {{17, 1100, 200}, {100, 2100, 193}, {600, 1030, 240}, {2064, 1088, 196}};
+    /* One pass over the weights in place with four and five token blocks (C tiles tmm3, tmm4, the
+     * last token block partial or whole), and the first token count whose weights are copied. */
+    static const int one_pass[][3] = {{33, 130, 49}, {47, 65, 64}, {17, 200, 65}, {100, 63, 80}, {31, 1000, 81}};
     pd_pool *pool;
     pd_err e = {0};
     cr_assert_eq(pd_pool_create(2, &pool, &e), 0, "%s", e.msg);
@@ -167,6 +170,8 @@ static void equal_reference_on_odd_shapes(pd_kernel kernel)
                 equal_reference(kernel, outs[oi], ins[ii], Ts[ti], (oi + ii + ti) % 2 ? pool : NULL);
     for (size_t i = 0; i < sizeof blocked / sizeof *blocked; i++)
         equal_reference(kernel, blocked[i][0], blocked[i][1], blocked[i][2], i % 2 ? pool : NULL);
+    for (size_t i = 0; i < sizeof one_pass / sizeof *one_pass; i++)
+        equal_reference(kernel, one_pass[i][0], one_pass[i][1], one_pass[i][2], i % 2 ? pool : NULL);
     pd_pool_destroy(pool);
 }
 
