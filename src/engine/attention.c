@@ -70,28 +70,36 @@ int pd_compress_push(const struct pd_compressor_w *c, float *state, const float 
         return 0;
     const int64_t block = pos / r;
     const int prev = over && block > 0;
-    for (int ch = 0; ch < d; ch++) {
-        float m = -INFINITY;
-        for (int j = 0; j < r; j++) {
-            float s = sc[(size_t)((over ? r : 0) + j) * w + (over ? d : 0) + ch];
-            m = s > m ? s : m;
-            if (prev)
-                m = sc[(size_t)j * w + ch] > m ? sc[(size_t)j * w + ch] : m;
-        }
-        double num = 0, den = 0;
-        for (int j = 0; j < r; j++) {
-            size_t at = (size_t)((over ? r : 0) + j) * w + (over ? d : 0) + ch;
-            double p = exp(sc[at] - m);
-            num += p * kv[at];
-            den += p;
-            if (prev) {
-                size_t bt = (size_t)j * w + ch;
-                double q = exp(sc[bt] - m);
-                num += q * kv[bt];
-                den += q;
+    /* 16 channels at a time: their maxima, then the block's weights (float exponentials,
+     * pd_expf_rows) summed in double, token j of the block, then (overlapping) j of the previous */
+    for (int c0 = 0; c0 < d; c0 += 16) {
+        const int nc = d - c0 < 16 ? d - c0 : 16;
+        const float *cur = sc + (size_t)(over ? r : 0) * w + (over ? d : 0) + c0, *old = sc + c0;
+        const float *kcur = kv + (size_t)(over ? r : 0) * w + (over ? d : 0) + c0, *kold = kv + c0;
+        float m[16], p[16];
+        double num[16] = {0}, den[16] = {0};
+        for (int ch = 0; ch < nc; ch++)
+            m[ch] = -INFINITY;
+        for (int j = 0; j < r; j++)
+            for (int ch = 0; ch < nc; ch++) {
+                float s = cur[(size_t)j * w + ch];
+                m[ch] = s > m[ch] ? s : m[ch];
+                if (prev)
+                    m[ch] = old[(size_t)j * w + ch] > m[ch] ? old[(size_t)j * w + ch] : m[ch];
             }
-        }
-        entry[ch] = (float)(num / den);
+        for (int j = 0; j < r; j++)
+            for (int half = 0; half <= prev; half++) {
+                const float *sj = (half ? old : cur) + (size_t)j * w, *kj = (half ? kold : kcur) + (size_t)j * w;
+                for (int ch = 0; ch < nc; ch++)
+                    p[ch] = sj[ch] - m[ch];
+                pd_expf_rows(p, p, nc);
+                for (int ch = 0; ch < nc; ch++) {
+                    num[ch] += (double)p[ch] * kj[ch];
+                    den[ch] += p[ch];
+                }
+            }
+        for (int ch = 0; ch < nc; ch++)
+            entry[c0 + ch] = (float)(num[ch] / den[ch]);
     }
     if (over) {
         /* the current block becomes the previous one */
