@@ -35,6 +35,15 @@
 /* How long destroy waits for queued messages (an ABORT, a last ACK) and in-flight gets to
  * drain before it force-closes the endpoints. */
 #define KVX_DRAIN_NS 1000000000LL
+/* A kept link idle this long is checked (a HELLO again) when a pull reuses it: a producer
+ * restarted on its port meanwhile has another worker (kvx_boot.c). Busier links are not: no
+ * server restarts within it. */
+#define KVX_CHECK_IDLE_NS 100000000LL
+/* How often a busy progress loop looks for connections to the KV listener (a sleeping one wakes
+ * on them): an accept4() per progress call cost a tight loop a quarter of its hand-off speed. */
+#define KVX_ACCEPT_EVERY_NS 1000000LL
+/* The largest worker address a HELLO carries (kvx_boot.c; UCX's are a few hundred bytes). */
+#define KVX_HELLO_ADDR_MAX 4096
 
 struct lease {
     struct lease *next;
@@ -50,18 +59,33 @@ struct lease {
     enum pd_kvx_release why;  /* set when released */
 };
 
-/* A connection: outgoing (we connected to a producer; cached for later pulls) or accepted.
- * An outgoing one has two endpoints to the same producer worker: `ep`, made from the socket
- * address, which needs TCP to connect (UCX 1.13's only connection manager here) and carries the
- * first GET_META; `data`, made from the worker address META brings, which may use every
- * transport both sides have (shared memory on one host, RDMA or TCP between hosts) and carries
- * the gets and every later message. */
+/* A connection to a producer (cached for later pulls). It has two endpoints to the same producer
+ * worker, both made from its worker address: `ep` from the HELLO its KV listener sends
+ * (kvx_boot.c), which carries the first GET_META; `data` from the address META brings, which
+ * carries the gets and every later message. Until the HELLO is whole, `bfd` is the socket it
+ * arrives on and `ep` is NULL. A pull that reuses a link idle for KVX_CHECK_IDLE_NS asks for a
+ * HELLO again while its GET_META goes out on `ep` (bfd >= 0 with ep set): another address, or
+ * none, means the producer restarted or died, and the link fails (its transfers move to a new
+ * one, kvx_xfer_retry). */
 struct link {
     struct link *next;
     struct pd_kvx *x;
     ucp_ep_h ep;              /* NULL once closed */
-    ucp_ep_h data;            /* outgoing only; NULL until the first META, or once closed */
+    ucp_ep_h data;            /* NULL until the first META, or once closed */
     int outgoing;
+    int bfd;                  /* the HELLO's socket while it arrives, else -1 */
+    uint8_t *hello;           /* what has arrived of it (12 + KVX_HELLO_ADDR_MAX bytes) */
+    size_t hello_have;
+    uint8_t *paddr;           /* the producer's worker address `ep` was made from */
+    size_t paddr_len;
+    int64_t heard_ns;         /* its last HELLO or META: the producer was there then */
+    /* transfers that failed before the HELLO came and asked to ABORT: their GET_META and ABORT
+     * go out once it has (the producer ends only a lease that a GET_META claimed) */
+    struct kvx_deferred {
+        struct pd_kvx_key key;
+        uint64_t tag;
+    } *deferred;
+    int n_deferred;
     char host[64];
     int port;
     int failed;               /* the error handler fired */
@@ -100,6 +124,7 @@ struct pd_kvx_xfer {
     int free_when_final;
     int refused;              /* the producer refused the key (unknown or refused) */
     int retried;              /* moved once to a new connection (kvx_xfer_retry) */
+    int meta_sent;            /* its GET_META went out (0 while its link waits for the HELLO) */
     int retry_wanted;         /* its GET_META was not delivered: kvx_xfer_retry at the next
                                  progress, outside UCX's callback */
     char reason[400];
@@ -131,7 +156,8 @@ struct pd_kvx {
     pthread_mutex_t mu;
     ucp_context_h ctx;
     ucp_worker_h w;
-    ucp_listener_h listener;
+    int lfd;                  /* the KV listener's socket (kvx_boot.c), or -1 */
+    int64_t accept_at;        /* when step() next looks for connections on it (ns) */
     ucp_mem_h memh;
     void *rkey_buf;
     size_t rkey_len;
@@ -229,10 +255,24 @@ void kvx_send_done(void *req, ucs_status_t st, void *user_data);
 /* Completion of the flush that follows a transfer's gets: all of them have landed (or failed). */
 void kvx_gets_flushed(void *req, ucs_status_t st, void *user_data);
 void kvx_ep_error(void *arg, ucp_ep_h ep, ucs_status_t st);
-void kvx_on_conn_request(ucp_conn_request_h cr, void *arg);
+/* kvx_boot.c: the KV listener's HELLO (producer) and its reading (consumer). */
+int kvx_boot_listen(struct pd_kvx *x, const char *host, int port, pd_err *e);
+int kvx_boot_serve(struct pd_kvx *x);
+int kvx_boot_connect(struct link *l, const struct sockaddr *sa, socklen_t len);
+int kvx_boot_progress(struct pd_kvx *x);
+void kvx_boot_close(struct link *l);
+/* Frees a link that nothing refers to, with its HELLO's state. */
+void kvx_link_free(struct link *l);
+/* Remembers t's ABORT until its link's HELLO has come (0), or says it cannot (-1: no memory). */
+int kvx_boot_defer_abort(struct link *l, const struct pd_kvx_xfer *t);
+/* The fds a sleeping thread should also wake for (the listener, HELLOs on their way) into fds,
+ * at most max: their number, or -1 when there are more. */
+int kvx_boot_fds(struct pd_kvx *x, struct pollfd *fds, int max);
+/* Sends t's GET_META on its link's endpoint (t->meta_sent), failing t if it cannot. */
+void kvx_xfer_send_get_meta(struct pd_kvx *x, struct pd_kvx_xfer *t);
 int kvx_link_alive(const struct link *l);
-/* Messages to a producer go over the data endpoint once there is one: it may be shared memory
- * where the socket-address endpoint is TCP, and the replies come back the same way. */
+/* Messages to a producer go over the data endpoint once there is one (the HELLO's endpoint
+ * itself, unless META named another worker), and the replies come back the same way. */
 ucp_ep_h kvx_msg_ep(const struct link *l);
 /* Moves a transfer on once nothing of it is in flight. */
 void kvx_advance(struct pd_kvx *x, struct pd_kvx_xfer *t);

@@ -110,31 +110,6 @@ void kvx_ep_error(void *arg, ucp_ep_h ep, ucs_status_t st)
     l->x->events++;
 }
 
-void kvx_on_conn_request(ucp_conn_request_h cr, void *arg)
-{
-    struct pd_kvx *x = arg;
-    struct link *l = x->destroying ? NULL : calloc(1, sizeof *l);
-    if (!l) {
-        ucp_listener_reject(x->listener, cr);
-        return;
-    }
-    l->x = x;
-    ucp_ep_params_t p = {
-        .field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-        .conn_request = cr,
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = kvx_ep_error, .arg = l},
-    };
-    if (ucp_ep_create(x->w, &p, &l->ep) != UCS_OK) {
-        free(l);
-        return;
-    }
-    l->next = x->links;
-    x->links = l;
-    x->events++;
-}
-
 
 /* ---------------------------------------------------------------- state machine */
 
@@ -179,9 +154,12 @@ void kvx_advance(struct pd_kvx *x, struct pd_kvx_xfer *t)
     }
     if (!t->fail_code)
         return;
-    /* ABORT even before META: a producer that is merely slow then frees the blocks now. */
+    /* ABORT even before META: a producer that is merely slow then frees the blocks now; before
+     * the link's HELLO has come, once it has (with the GET_META that claims the lease) */
     if (t->send_abort && kvx_link_alive(t->peer))
         kvx_send_small(x, kvx_msg_ep(t->peer), PD_KVX_AM_ABORT, &t->key, t->tag);
+    else if (t->send_abort && t->peer && t->peer->bfd >= 0 && !t->peer->failed && !t->meta_sent)
+        kvx_boot_defer_abort(t->peer, t);   /* without memory: the lease expires instead */
     t->state = PD_KVX_FAILED;
     x->st.pulls_failed++;
     if (t->peer)
@@ -213,6 +191,8 @@ static void close_one(struct pd_kvx *x, ucp_ep_h *ep)
 /* Closes both endpoints of a link, the data one (where the rkeys were unpacked) first. */
 void kvx_close_ep(struct pd_kvx *x, struct link *l)
 {
+    if (l->data == l->ep)   /* one endpoint for both (data_ep) */
+        l->data = NULL;
     close_one(x, &l->data);
     close_one(x, &l->ep);
 }
@@ -254,6 +234,14 @@ static int step(struct pd_kvx *x)
     int n = x->events;
     x->events = 0;
     int64_t now = pd_now_ns();
+
+    /* 0. the KV listener's HELLOs out (producer), theirs in (consumer: GET_METAs then go) */
+    if (x->lfd >= 0 && now >= x->accept_at) {
+        int k = kvx_boot_serve(x);
+        x->accept_at = k ? 0 : now + KVX_ACCEPT_EVERY_NS;
+        n += k;
+    }
+    n += kvx_boot_progress(x);
 
     /* 1. messages, before any endpoint they came on is closed */
     while (x->inbox) {
@@ -334,9 +322,9 @@ static int step(struct pd_kvx *x)
     /* 6. closed endpoints nobody refers to */
     for (struct link **pp = &x->links; *pp;) {
         struct link *l = *pp;
-        if (!l->ep && l->refs == 0 && l->rkey_refs == 0) {
+        if (!l->ep && l->refs == 0 && l->rkey_refs == 0 && !(l->bfd >= 0 && l->n_deferred)) {
             *pp = l->next;
-            free(l);
+            kvx_link_free(l);
         } else {
             pp = &l->next;
         }

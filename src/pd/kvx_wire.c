@@ -110,6 +110,12 @@ static ucs_status_t data_ep(struct pd_kvx *x, struct link *l, const uint8_t *add
 {
     if (l->data)
         return UCS_OK;
+    /* the worker the HELLO named (always, but for a producer that restarted in between): its
+     * endpoint carries the gets too */
+    if (l->ep && l->paddr && len == l->paddr_len && memcmp(addr, l->paddr, len) == 0) {
+        l->data = l->ep;
+        return UCS_OK;
+    }
     /* the address is only read during ucp_ep_create; copy it for alignment */
     ucp_address_t *a = malloc(len);
     if (!a)
@@ -246,6 +252,8 @@ static void handle_meta(struct pd_kvx *x, const uint8_t *d, size_t len)
     struct pd_kvx_xfer *t = kvx_find_xfer(x, get64(d + 8));
     if (!t || kvx_is_final(t->state) || t->fail_code || t->meta_ok)
         return;
+    if (t->peer)
+        t->peer->heard_ns = pd_now_ns();
     int status = (int)get32(d + 4);
     if (get32(d) != KVX_VERSION) {
         kvx_xfer_fail(t, PD_EFORMAT, 1, "META of protocol version %u (want %d)", get32(d),

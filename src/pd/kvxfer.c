@@ -4,7 +4,7 @@
  * (sent, and handled once taken from the inbox); kvx_progress.c, UCX's callbacks and the state
  * machine (step()); what they share is kvx_internal.h.
  *
- * Owns: the UCP context, worker, listener and endpoints of one process; the registered KV region
+ * Owns: the UCP context, worker and endpoints of one process, its KV listener (kvx_boot.c); the registered KV region
  * and its packed rkey; the producer's leases; the consumer's transfers.
  *
  * UCX calls back (active messages, send/get completions, endpoint errors, connection requests)
@@ -34,6 +34,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------- small helpers */
 
@@ -217,6 +218,7 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
     x->len = o->region_len;
     x->port = -1;
     x->efd = -1;
+    x->lfd = -1;
     x->lease_ns = (int64_t)(o->lease_ms > 0 ? o->lease_ms : KVX_DEFAULT_MS) * 1000000;
     x->kv_dtype = o->kv_dtype;
     x->timeout_ns = (int64_t)(o->timeout_ms > 0 ? o->timeout_ms : KVX_DEFAULT_MS) * 1000000;
@@ -230,9 +232,8 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
         rc = ucx_fail(e, "reading the UCX configuration", st);
         goto fail;
     }
-    /* The listener and socket-address endpoints need UCX's TCP transport (UCX 1.13 has no
-     * other connection manager here): a transport list that names neither tcp nor all, nor
-     * excludes anything, gets tcp added. The gets still use what the list asked for. */
+    /* Peers on other hosts need a network transport, TCP where there is no RDMA: a transport
+     * list that names neither tcp nor all, nor excludes anything, gets tcp added. */
     const char *tls = getenv("UCX_TLS");
     if (tls && *tls && tls[0] != '^' && !strstr(tls, "tcp") && !strstr(tls, "all")) {
         char more[256];
@@ -260,15 +261,7 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
             goto fail;
         }
     }
-    /* A listener whose port a previous process left in TIME_WAIT (it closed its connections
-     * first) must still bind there, as a server restarted at once does; UCX_CM_REUSEADDR set by
-     * the user wins. */
-    if (!getenv("UCX_CM_REUSEADDR") && (st = ucp_config_modify(cfg, "CM_REUSEADDR", "y")) != UCS_OK) {
-        ucp_config_release(cfg);
-        rc = ucx_fail(e, "letting the listener reuse its port", st);
-        goto fail;
-    }
-    /* UCX's TCP transport listens on every network interface (besides the listener below): keep
+    /* UCX's TCP transport listens on every network interface (besides the KV listener): keep
      * its network transports to the interface carrying our address, so the process is reachable
      * there only. UCX_NET_DEVICES set by the user wins (to add an RDMA device, say). */
     if (!getenv("UCX_NET_DEVICES")) {
@@ -341,35 +334,14 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
         rc = ucx_fail(e, "packing the region's rkey", st);
         goto fail;
     }
-    if (o->listen_port >= 0) {
-        const char *host = o->listen_host ? o->listen_host : "127.0.0.1";
-        struct sockaddr_storage ss;
-        socklen_t sl;
-        if ((rc = resolve(host, o->listen_port, 1, &ss, &sl, e)) != 0)
-            goto fail;
-        ucp_listener_params_t lp = {
-            .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR |
-                          UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
-            .sockaddr = {.addr = (struct sockaddr *)&ss, .addrlen = sl},
-            .conn_handler = {.cb = kvx_on_conn_request, .arg = x},
-        };
-        if ((st = ucp_listener_create(x->w, &lp, &x->listener)) != UCS_OK) {
-            x->listener = NULL;
-            /* UCX says "Device is busy" for the socket's EADDRINUSE */
-            rc = pd_err_set(e, PD_EIO, "kvxfer: cannot listen on %s:%d: %s", host, o->listen_port,
-                            st == UCS_ERR_BUSY ? "Address already in use" : ucs_status_string(st));
-            goto fail;
-        }
-        ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
-        if ((st = ucp_listener_query(x->listener, &la)) != UCS_OK) {
-            rc = ucx_fail(e, "ucp_listener_query", st);
-            goto fail;
-        }
-        if (la.sockaddr.ss_family == AF_INET6)
-            x->port = ntohs(((struct sockaddr_in6 *)&la.sockaddr)->sin6_port);
-        else
-            x->port = ntohs(((struct sockaddr_in *)&la.sockaddr)->sin_port);
+    if (x->addr_len > KVX_HELLO_ADDR_MAX) {
+        rc = pd_err_set(e, PD_EIO, "kvxfer: the worker address is %zu bytes (a HELLO carries at most %d)",
+                        x->addr_len, KVX_HELLO_ADDR_MAX);
+        goto fail;
     }
+    if (o->listen_port >= 0 &&
+        (rc = kvx_boot_listen(x, o->listen_host ? o->listen_host : "127.0.0.1", o->listen_port, e)) != 0)
+        goto fail;
     *out = x;
     return 0;
 fail:
@@ -499,9 +471,18 @@ int pd_kvx_revoke(struct pd_kvx *x, const struct pd_kvx_key *key)
 
 struct link *kvx_get_link(struct pd_kvx *x, const char *host, int port, ucs_status_t *st, int *resolve_failed)
 {
+    struct sockaddr_storage ss;
+    socklen_t sl = 0;
+    pd_err ignored;
     for (struct link *l = x->links; l; l = l->next)
-        if (l->outgoing && kvx_link_alive(l) && l->port == port && strcmp(l->host, host) == 0) {
-            l->reused = 1;
+        if (l->outgoing && !l->failed && (l->ep || l->bfd >= 0) && l->port == port && strcmp(l->host, host) == 0) {
+            if (l->ep) {
+                l->reused = 1;
+                /* is the same producer still there? (its GET_META goes out meanwhile) */
+                if (l->bfd < 0 && pd_now_ns() - l->heard_ns > KVX_CHECK_IDLE_NS &&
+                    resolve(host, port, 0, &ss, &sl, &ignored) == 0)
+                    kvx_boot_connect(l, (struct sockaddr *)&ss, sl);
+            }
             return l;
         }
     struct link *l = calloc(1, sizeof *l);
@@ -509,34 +490,32 @@ struct link *kvx_get_link(struct pd_kvx *x, const char *host, int port, ucs_stat
         return NULL;
     l->x = x;
     l->outgoing = 1;
+    l->bfd = -1;
     l->port = port;
     snprintf(l->host, sizeof l->host, "%s", host);
     l->next = x->links;
     x->links = l;
-    struct sockaddr_storage ss;
-    socklen_t sl;
-    pd_err ignored;
     if (resolve(host, port, 0, &ss, &sl, &ignored) != 0) {
         *resolve_failed = 1;
         l->failed = 1;
         l->status = UCS_ERR_INVALID_ADDR;
         return l;
     }
-    ucp_ep_params_t p = {
-        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-        .sockaddr = {.addr = (struct sockaddr *)&ss, .addrlen = sl},
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = kvx_ep_error, .arg = l},
-    };
-    *st = ucp_ep_create(x->w, &p, &l->ep);
-    if (*st != UCS_OK) {
-        l->ep = NULL;
+    /* the producer's worker address comes in its KV listener's HELLO (kvx_boot.c) */
+    int err = kvx_boot_connect(l, (struct sockaddr *)&ss, sl);
+    if (err < 0) {
         l->failed = 1;
-        l->status = *st;
+        l->status = *st = err == -ENOMEM ? UCS_ERR_NO_MEMORY : UCS_ERR_UNREACHABLE;
     }
     return l;
+}
+
+void kvx_xfer_send_get_meta(struct pd_kvx *x, struct pd_kvx_xfer *t)
+{
+    ucs_status_t st = kvx_send_small(x, kvx_msg_ep(t->peer), PD_KVX_AM_GET_META, &t->key, t->tag);
+    t->meta_sent = 1;
+    if (st != UCS_OK)
+        kvx_xfer_fail(t, PD_EIO, 0, "cannot send GET_META: %s", ucs_status_string(st));
 }
 
 int kvx_xfer_may_retry(const struct pd_kvx_xfer *t)
@@ -557,6 +536,7 @@ int kvx_xfer_retry(struct pd_kvx *x, struct pd_kvx_xfer *t)
     t->tag = x->next_tag++;   /* the old GET_META's completion, if it comes, finds nothing */
     t->deadline = pd_now_ns() + x->timeout_ns;
     t->state = PD_KVX_BOOTSTRAPPING;
+    t->meta_sent = 0;
     if (!l) {
         kvx_xfer_fail(t, PD_ENOMEM, 0, "no memory for a new connection");
         return 1;
@@ -564,10 +544,10 @@ int kvx_xfer_retry(struct pd_kvx *x, struct pd_kvx_xfer *t)
     l->refs++;
     if (unresolved)
         kvx_xfer_fail(t, PD_EINVAL, 0, "cannot resolve the peer address");
-    else if (!l->ep)
+    else if (l->failed)
         kvx_xfer_fail(t, PD_EIO, 0, "cannot connect again: %s", ucs_status_string(st));
-    else if ((st = kvx_send_small(x, kvx_msg_ep(l), PD_KVX_AM_GET_META, &t->key, t->tag)) != UCS_OK)
-        kvx_xfer_fail(t, PD_EIO, 0, "cannot send GET_META again: %s", ucs_status_string(st));
+    else if (l->ep)   /* else it goes when the link's HELLO has come (kvx_boot.c) */
+        kvx_xfer_send_get_meta(x, t);
     return 1;
 }
 
@@ -616,10 +596,10 @@ int pd_kvx_pull(struct pd_kvx *x, const char *host, int port, const struct pd_kv
     l->refs++;
     if (unresolved)
         kvx_xfer_fail(t, PD_EINVAL, 0, "cannot resolve the peer address");
-    else if (!l->ep)
+    else if (l->failed)
         kvx_xfer_fail(t, PD_EIO, 0, "cannot connect: %s", ucs_status_string(st));
-    else if ((st = kvx_send_small(x, kvx_msg_ep(l), PD_KVX_AM_GET_META, key, t->tag)) != UCS_OK)
-        kvx_xfer_fail(t, PD_EIO, 0, "cannot send GET_META: %s", ucs_status_string(st));
+    else if (l->ep)   /* else it goes when the link's HELLO has come (kvx_boot.c) */
+        kvx_xfer_send_get_meta(x, t);
     /* a failure here ends the transfer at once, without waiting for a progress call */
     kvx_advance(x, t);
     if (x->sleepers)
@@ -710,8 +690,15 @@ enum pd_kvx_state pd_kvx_wait(struct pd_kvx *x, struct pd_kvx_xfer *t, int timeo
         x->sleepers++;
         pthread_mutex_unlock(&x->mu);
         run_releases(x);
-        struct pollfd pfd = {.fd = x->efd, .events = POLLIN};
-        poll(&pfd, 1, timeout);
+        /* the worker's events, and the KV listener's connections and HELLOs on their way
+         * (more of those than fit here: look again every millisecond) */
+        struct pollfd pfd[17] = {{.fd = x->efd, .events = POLLIN}};
+        int nb = kvx_boot_fds(x, pfd + 1, 16);
+        if (nb < 0 && timeout > 1)
+            timeout = 1;
+        poll(pfd, 1 + (nb < 0 ? 16 : nb), timeout);
+        if (x->lfd >= 0 && (pfd[1].revents & POLLIN))   /* (the listener comes first) */
+            x->accept_at = 0;
         pthread_mutex_lock(&x->mu);
         x->sleepers--;
     }
@@ -785,10 +772,8 @@ void pd_kvx_destroy(struct pd_kvx *x)
         do
             kvx_progress_locked(x);
         while (busy(x) && pd_now_ns() < end);
-        if (x->listener)
-            ucp_listener_destroy(x->listener);
-        x->listener = NULL;
         for (struct link *l = x->links; l; l = l->next) {
+            kvx_boot_close(l);
             kvx_drop_idle_rkeys(x, l);
             kvx_close_ep(x, l);
         }
@@ -833,8 +818,10 @@ void pd_kvx_destroy(struct pd_kvx *x)
     }
     for (struct link *l = x->links, *next; l; l = next) {
         next = l->next;
-        free(l);
+        kvx_link_free(l);
     }
+    if (x->lfd >= 0)
+        close(x->lfd);
     pthread_mutex_destroy(&x->mu);
     free(x);
 }

@@ -3,8 +3,8 @@
  *
  * One engine per process (per rank of an instance): a UCP context and worker (RMA + active
  * messages + wakeup, so an idle thread sleeps on the worker's event fd instead of spinning), one
- * registered region (the KV pool, base + length) and a listener on host:port (127.0.0.1 by
- * default). The same engine can produce and consume.
+ * registered region (the KV pool, base + length) and a KV listener on host:port (127.0.0.1 by
+ * default; a plain TCP socket, kvx_boot.c). The same engine can produce and consume.
  *
  * Producer: pd_kvx_offer() puts a request's KV (byte runs of the region, in sequence order) under
  *   a LEASE; the lease is released, through the owner's callback, exactly once: on DONE, on ABORT,
@@ -16,13 +16,17 @@
  *   A transfer never hangs: a peer error, a refused connection, an unknown request or the
  *   timeout (timeout_ms from the pull) ends it FAILED with a reason naming the peer and request.
  *
- * Transports: the first GET_META goes over an endpoint connected to host:port (UCX's socket
- *   address connection needs its TCP transport: a UCX_TLS naming neither tcp nor all gets tcp
- *   added); the gets and every later message over a second endpoint made from the producer's
- *   worker address in META, on which UCX picks shared memory on one host, RDMA or TCP between
- *   hosts. Every endpoint reports a dead peer (UCP_ERR_HANDLING_MODE_PEER); UCX 1.13 offers its
- *   shared-memory transports to such endpoints only with MM_ERROR_HANDLING=y, which the engine
- *   sets in its own UCX configuration.
+ * Transports: a consumer connects to the producer's KV listener (host:port) over TCP and reads a
+ *   HELLO, the producer's UCP worker address (format in kvx_boot.c); the listener reads nothing
+ *   from any connection and closes each after its HELLO, so stray bytes on the port are never
+ *   parsed. Every message and the gets then go over an endpoint made from that address, on which
+ *   UCX picks shared memory on one host, RDMA or TCP between hosts (a UCX_TLS naming neither tcp
+ *   nor all gets tcp added). The consumer keeps the endpoint for later pulls; a pull that reuses
+ *   one idle for 100 ms reads a HELLO again meanwhile, and another address (the producer
+ *   restarted on its port) or none moves its transfers to a new connection. Every endpoint
+ *   reports a dead peer (UCP_ERR_HANDLING_MODE_PEER); UCX 1.13 offers its shared-memory
+ *   transports to such endpoints only with MM_ERROR_HANDLING=y, which the engine sets in its own
+ *   UCX configuration.
  *
  * Keys: a lease is found by a key {id, hash}. The id is 128 bits from getrandom(2), the secret a
  *   puller must present (a server's request numbers are sequential: anyone could guess them). The

@@ -3,6 +3,7 @@
  * Covers byte-exact delivery of scattered runs, merging of adjacent runs into one get, the lease
  * (released once on DONE, on ABORT, on expiry), and every failure ending FAILED, never hanging. */
 #include <criterion/criterion.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "util.h"
@@ -665,6 +667,146 @@ static void wrong_keys_are_refused(const char *tls)
     pair_close(&x);
 }
 
+/* Connects to 127.0.0.1:port, sends n bytes of `what`, then reads until the peer closes (or 3 s
+ * pass): the bytes read into got (at most cap), their number, or -1 if the peer never closed. */
+static int raw_exchange(int port, const void *what, size_t n, uint8_t *got, size_t cap)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    if (n)
+        send(fd, what, n, MSG_NOSIGNAL);
+    struct timeval tv = {.tv_sec = 3};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    size_t have = 0;
+    for (;;) {
+        uint8_t buf[512];
+        ssize_t r = recv(fd, buf, sizeof buf, 0);
+        if (r < 0) {
+            close(fd);
+            return -1;
+        }
+        if (r == 0)
+            break;
+        for (ssize_t i = 0; i < r && have < cap; i++)
+            got[have++] = buf[i];
+    }
+    close(fd);
+    return (int)have;
+}
+
+/* Whatever reaches the KV port is never parsed: each connection gets the HELLO (the magic, the
+ * worker address's length and the address) and is closed, whatever it sent; after each kind of
+ * stray bytes the next connection still gets the whole HELLO.
+ * UCX 1.13's own listener, used before, aborted the producer on 64 stray bytes (an assertion in
+ * its TCP connection manager). Then a real pull still works. */
+static void stray_bytes(const char *tls)
+{
+    struct pair x;
+    pair_open(&x, tls, 16 * B, 10000, 5000);
+    struct pd_kvx *p = x.p, *c = x.c;
+    struct serve s;
+    serve_start(&s, p);
+    const int port = pd_kvx_port(p);
+    uint8_t junk[4096];
+    fill(junk, sizeof junk, 7);
+    const char http[] = "GET / HTTP/1.1\r\nHost: kv\r\n\r\n";
+    uint8_t zeros[64] = {0}, ones[64];
+    memset(ones, 0xff, sizeof ones);
+    struct { const void *p; size_t n; } sends[] = {{zeros, 64}, {ones, 64}, {junk, sizeof junk}, {http, sizeof http - 1}, {NULL, 0}};
+    for (size_t i = 0; i < sizeof sends / sizeof *sends; i++) {
+        uint8_t got[8192];
+        /* (closed with the stray bytes unread, the connection may end in a reset instead) */
+        raw_exchange(port, sends[i].p, sends[i].n, got, sizeof got);
+        int n = raw_exchange(port, NULL, 0, got, sizeof got);
+        cr_assert_gt(n, 12, "after case %zu: the KV port answered %d bytes before closing", i, n);
+        cr_assert_eq(memcmp(got, "PDMOEKV\x02", 8), 0, "case %zu", i);
+        uint32_t len = (uint32_t)got[8] | (uint32_t)got[9] << 8 | (uint32_t)got[10] << 16 | (uint32_t)got[11] << 24;
+        cr_assert_eq((int)len, n - 12, "case %zu: HELLO says %u address bytes, carried %d", i, len, n - 12);
+    }
+    struct pd_kvx_run run = {0, 2 * B};
+    fill(x.pr, 2 * B, 3);
+    struct rel r = {0};
+    pd_err e = {0};
+    cr_assert_eq(pd_kvx_offer(p, K(21), 21, &run, 1, on_release, &r, &e), 0, "%s", e.msg);
+    struct pd_kvx_xfer *t;
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", port, K(21), &run, 1, &t, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kvx_wait(c, t, 10000), PD_KVX_DONE);
+    cr_assert_eq(memcmp(x.cr, x.pr, 2 * B), 0);
+    pd_kvx_xfer_free(c, t);
+    serve_stop(&s);
+    pair_close(&x);
+}
+
+/* A listener of the test's that writes `reply` to whoever connects and closes. */
+struct fake_port {
+    int fd, port;
+    const void *reply;
+    size_t n;
+    pthread_t th;
+};
+
+static void *fake_main(void *arg)
+{
+    struct fake_port *f = arg;
+    int c = accept(f->fd, NULL, NULL);
+    if (c >= 0) {
+        send(c, f->reply, f->n, MSG_NOSIGNAL);
+        close(c);
+    }
+    return NULL;
+}
+
+static void fake_start(struct fake_port *f, const void *reply, size_t n)
+{
+    f->fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    cr_assert_eq(bind(f->fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(f->fd, 4), 0);
+    cr_assert_eq(getsockname(f->fd, (struct sockaddr *)&a, &al), 0);
+    f->port = ntohs(a.sin_port);
+    f->reply = reply;
+    f->n = n;
+    cr_assert_eq(pthread_create(&f->th, NULL, fake_main, f), 0);
+}
+
+/* A pull pointed at a port that is not a pdmoe KV listener (an HTTP server, another version)
+ * fails at once with what it found, not at its timeout. */
+static void not_a_kv_port(const char *tls)
+{
+    use_tls(tls);
+    size_t len = 16 * B;
+    uint8_t *cr = calloc(len, 1);
+    struct pd_kvx *c = engine(cr, len, 0, 10000, 20000);
+    static const char http[] = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+    static const uint8_t old[16] = {'P', 'D', 'M', 'O', 'E', 'K', 'V', 1, 4, 0, 0, 0};
+    struct { const void *reply; size_t n; const char *want; } cases[] = {
+        {http, sizeof http - 1, "not a pdmoe KV HELLO (wrong port?)"},
+        {old, sizeof old, "the KV port speaks protocol version 1, this engine 2"},
+        {"PDMOE", 5, "closed the connection after 5 bytes, before a whole HELLO"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct fake_port f;
+        fake_start(&f, cases[i].reply, cases[i].n);
+        struct pd_kvx_run run = {0, B};
+        struct pd_kvx_xfer *t;
+        pd_err e = {0};
+        double t0 = pd_now_s();
+        cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", f.port, K(22), &run, 1, &t, &e), 0, "%s", e.msg);
+        cr_assert_eq(pd_kvx_wait(c, t, 10000), PD_KVX_FAILED);
+        cr_assert_lt(pd_now_s() - t0, 5.0, "case %zu took the timeout", i);
+        cr_assert_eq(pd_kvx_result(c, t, &e), PD_EIO);
+        cr_assert(strstr(e.msg, cases[i].want), "case %zu: %s", i, e.msg);
+        pd_kvx_xfer_free(c, t);
+        pthread_join(f.th, NULL);
+        close(f.fd);
+    }
+    pd_kvx_destroy(c);
+    free(cr);
+}
+
 /* Each behaviour over TCP alone, over UCX's default choice (shared memory for the gets here)
  * and over shared memory named explicitly (the engine adds tcp for its control messages). */
 #define BOTH(fn)                                               \
@@ -686,6 +828,8 @@ BOTH(idle_sleeps)
 BOTH(producer_hung)
 BOTH(concurrent_pulls)
 BOTH(wrong_keys_are_refused)
+BOTH(stray_bytes)
+BOTH(not_a_kv_port)
 
 /* ------------------------------------------------------------------ transport-free */
 
