@@ -85,7 +85,8 @@ int64_t pd_perf_agg_slots(const struct pd_plan *p, const struct pd_workload *w)
 {
     struct pd_agg a;
     pd_perf_agg_at(p, w, 1, &a);
-    int64_t n = w->decode_batch > 0 ? w->decode_batch : a.batch_cap < p->o.max_num_seqs ? a.batch_cap : p->o.max_num_seqs;
+    const int64_t admit = pd_plan_admitted_seqs(p, PD_ROLE_DECODE);
+    int64_t n = w->decode_batch > 0 ? w->decode_batch : a.batch_cap < admit ? a.batch_cap : admit;
     const int64_t k = pd_perf_decode_tokens(p);
     if (n > (p->o.max_num_batched_tokens - 1) / k)
         n = (p->o.max_num_batched_tokens - 1) / k;
@@ -139,8 +140,7 @@ int pd_perf_agg(const struct pd_plan *p, const struct pd_workload *w, struct pd_
     f->req_s = a->rank_req_s * ranks;
     f->tok_s_card = cards > 0 ? f->req_s * (double)w->osl / cards : 0;
     f->prefill_bound = a->mixed_step.bound;
-    f->decode_bound = a->batch == a->batch_cap && !w->decode_batch && a->batch < p->o.max_num_seqs
-                          ? PD_BOUND_CAPACITY : a->decode_step.bound;
+    f->decode_bound = !w->decode_batch && a->batch < p->o.max_num_seqs ? PD_BOUND_CAPACITY : a->decode_step.bound;
     f->fits = D->b.fits_weights && a->batch >= 1 && slots <= a->batch_cap && a->chunk >= 1;
     if (w->concurrency > 0 && w->lockstep) {
         return pd_perf_lockstep(p, w, slots, &f->closed, NULL, e);

@@ -272,19 +272,10 @@ void pd_emit_dispatch(FILE *f, const struct pd_emit_ctx *c)
             c->host[0], c->host[c->L.nodes - 1]);
 }
 
-/* The --max-num-seqs a role's servers get: the plan's, lowered to the sequences of max-model-len
- * the role's KV pool holds, so that every sequence the server admits fits (the plan's third
- * verdict, plan.h); pd_emit refuses a role that holds none. */
-static int64_t role_max_num_seqs(const struct pd_plan *p, enum pd_role r)
-{
-    const struct pd_role_plan *rp = &p->role[r];
-    return rp->seqs_at_max_len < p->o.max_num_seqs ? rp->seqs_at_max_len : p->o.max_num_seqs;
-}
-
 /* A comment above a role's servers when its --max-num-seqs was lowered. */
 static void max_num_seqs_note(FILE *f, const struct pd_plan *p, enum pd_role r)
 {
-    int64_t n = role_max_num_seqs(p, r);
+    int64_t n = pd_plan_admitted_seqs(p, r);
     if (n < p->o.max_num_seqs)
         fprintf(f, "# %lld sequences per data-parallel rank, not the plan's --max-num-seqs %lld: %lld of max-model-len\n"
                    "# %lld fit this %s card's KV pool (pdmoe plan: \"sequences of max-model-len that fit\")\n",
@@ -340,7 +331,7 @@ static void vllm_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node
     if (c->w8a8)   /* vllm-ascend's quantization guide: msmodelslim's W8A8 checkpoints */
         arg(f, "--quantization ascend");
     arg(f, "--gpu-memory-utilization %g", p->o.util);
-    arg(f, "--max-num-seqs %lld", (long long)role_max_num_seqs(p, x->role));
+    arg(f, "--max-num-seqs %lld", (long long)pd_plan_admitted_seqs(p, x->role));
     arg(f, "--max-model-len %lld", (long long)p->o.max_model_len);
     arg(f, "--max-num-batched-tokens %lld", (long long)p->o.max_num_batched_tokens);
     /* The seed's roles (../shared/reference/pd-serving-systems.md), as vllm-ascend's
@@ -489,7 +480,7 @@ static void sgl_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_
     /* Both are instance-wide in SGLang and divided by --dp-size under DP attention
      * (server_args.py _handle_data_parallelism; the scheduler's per-worker request limit), while
      * vLLM's --max-num-seqs and --max-num-batched-tokens are per data-parallel rank. */
-    arg(f, "--max-running-requests %lld", (long long)role_max_num_seqs(p, x->role) * dp);
+    arg(f, "--max-running-requests %lld", (long long)pd_plan_admitted_seqs(p, x->role) * dp);
     arg(f, "--context-length %lld", (long long)p->o.max_model_len);
     if (x->role == PD_ROLE_PREFILL || p->o.aggregated)
         arg(f, "--chunked-prefill-size %lld", (long long)p->o.max_num_batched_tokens * dp);

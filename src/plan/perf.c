@@ -428,11 +428,11 @@ void pd_perf_prefill(const struct pd_plan *p, const struct pd_workload *w, struc
 void pd_perf_decode(const struct pd_plan *p, const struct pd_workload *w, struct pd_perf *f)
 {
     const struct pd_role_plan *D = &p->role[PD_ROLE_DECODE];
-    /* the batch the KV pool holds at the final context, capped by max-num-seqs */
-    int64_t seq = pd_kv_seq_bytes(&p->kv, w->isl + w->osl);
+    /* the batch the KV pool holds at the final context, capped by the sequences the servers
+     * admit (max-num-seqs, or fewer: those of max-model-len that fit, as --emit writes) */
+    int64_t seq = pd_kv_seq_bytes(&p->kv, w->isl + w->osl), admit = pd_plan_admitted_seqs(p, PD_ROLE_DECODE);
     f->batch_cap = D->b.kv_pool > 0 && seq > 0 ? D->b.kv_pool / seq : 0;
-    f->batch = w->decode_batch > 0 ? w->decode_batch
-               : f->batch_cap < p->o.max_num_seqs ? f->batch_cap : p->o.max_num_seqs;
+    f->batch = w->decode_batch > 0 ? w->decode_batch : f->batch_cap < admit ? f->batch_cap : admit;
     int64_t b = f->batch > 0 ? f->batch : 1;
     int64_t ctx = w->decode_ctx > 0 ? w->decode_ctx : w->isl + w->osl / 2;
     pd_perf_step(p, PD_ROLE_DECODE, b, pd_perf_decode_tokens(p), ctx, &f->decode_step);
@@ -443,7 +443,7 @@ void pd_perf_decode(const struct pd_plan *p, const struct pd_workload *w, struct
     f->decode_rank_out_s = (double)b * f->tokens_per_step / f->decode_step.total_s;
     f->decode_tok_s_card = f->decode_rank_out_s / D->o.tp;
     pd_perf_instances(f, PD_ROLE_DECODE, D->o.dp, D->o.instances, w);
-    f->decode_bound = f->batch > 0 && f->batch == f->batch_cap && f->batch < p->o.max_num_seqs && !w->decode_batch
+    f->decode_bound = f->batch > 0 && f->batch < p->o.max_num_seqs && !w->decode_batch
                           ? PD_BOUND_CAPACITY : f->decode_step.bound;
 }
 
@@ -719,6 +719,10 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
     fprintf(o, "  TPOT            %10.2f ms  (%.1f tokens/s per user; batch %lld per DP rank, KV room for %lld; "
                "%.2f tokens per step)\n",
             f->tpot_s * 1e3, f->user_tok_s, (long long)f->batch, (long long)f->batch_cap, f->tokens_per_step);
+    if (!f->w.decode_batch && f->batch < f->batch_cap && f->batch < p->o.max_num_seqs)
+        fprintf(o, "                  (the batch is --max-num-seqs %lld lowered to the %lld sequences of max-model-len "
+                   "%lld a decode rank's KV pool holds, as --emit writes)\n",
+                (long long)p->o.max_num_seqs, (long long)f->batch, (long long)p->o.max_model_len);
     fprintf(o, "  prefill         %10.0f input tokens/s per card, %.0f per node; %.2f requests/s in all (%s)\n",
             f->prefill_tok_s_card, f->prefill_tok_s_card * p->hw.cards_per_node, f->prefill_req_s,
             pd_bound_name(f->prefill_bound));

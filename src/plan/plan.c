@@ -572,3 +572,9 @@ void pd_plan_free(struct pd_plan *p)
     expert_load_free(p->load[0]);
     p->load[0] = p->load[1] = NULL;
 }
+
+int64_t pd_plan_admitted_seqs(const struct pd_plan *p, enum pd_role r)
+{
+    const struct pd_role_plan *rp = &p->role[r];
+    return rp->seqs_at_max_len < p->o.max_num_seqs ? rp->seqs_at_max_len : p->o.max_num_seqs;
+}

@@ -160,6 +160,12 @@ void pd_plan_free(struct pd_plan *p);
 int pd_plan_role_eval(const struct pd_plan *p, enum pd_role r, const struct pd_role_opts *o,
                       struct pd_role_plan *rp, pd_err *e);
 
+/* The sequences a role's servers admit per DP rank: --max-num-seqs, lowered to the sequences of
+ * max-model-len its KV pool holds (so that every one it admits can grow to max-model-len). What
+ * --emit writes as --max-num-seqs, what search counts as a decode batch, and the decode batch the
+ * prediction runs at (perf.c, agg.c). */
+int64_t pd_plan_admitted_seqs(const struct pd_plan *p, enum pd_role r);
+
 const char *pd_role_name(enum pd_role r);
 const char *pd_verdict_text(enum pd_verdict v);
 

@@ -240,6 +240,49 @@ Test(cli, plan_emit)
     }
 }
 
+/* The decode batch a plan predicts at is the --max-num-seqs its --emit gives the decode servers:
+ * where max-model-len sequences do not all fit, emit lowers --max-num-seqs to those that do, and the
+ * prediction once ran at the plan's 30 anyway (TPOT and throughput of a batch the emitted servers
+ * would never run). Both at the default length (30 fit) and at 1M tokens (fewer). */
+Test(cli, predicted_batch_is_the_emitted_max_num_seqs)
+{
+    static const char *const lens[] = {"", "--max-model-len 1048576 "};
+    for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
+        struct run r;
+        char args[256];
+        snprintf(args, sizeof args, "plan %s--isl 4096 --osl 1024 --json", lens[i]);
+        run(args, &r);
+        cr_assert_eq(r.status, 0, "%s", r.err);
+        json_error_t je;
+        json_t *j = json_loads(r.out, 0, &je);
+        cr_assert_not_null(j, "%s", je.text);
+        json_int_t batch = json_integer_value(json_object_get(json_object_get(j, "perf"), "batch"));
+        /* roles: [prefill, decode] */
+        json_int_t at_max = json_integer_value(json_object_get(
+            json_object_get(json_array_get(json_object_get(j, "roles"), 1), "budget"), "seqs_at_max_model_len"));
+        cr_assert_gt(at_max, 0);
+        json_decref(j);
+        snprintf(args, sizeof args, "plan %s--emit vllm-ascend", lens[i]);
+        run(args, &r);
+        cr_assert_eq(r.status, 0, "%s", r.err);
+        /* the decode instance is the last vllm serve of the script: its --max-num-seqs */
+        const char *d = NULL;
+        for (const char *q = strstr(r.out, "--kv-transfer-config"); q; q = strstr(q + 1, "--kv-transfer-config"))
+            if (strstr(q, "kv_consumer") && (!d || q > d) && strstr(q, "kv_consumer") - q < 200)
+                d = q;
+        cr_assert_not_null(d, "no decode server in:\n%s", r.out);
+        const char *start = d;
+        while (start > r.out && strncmp(start, "vllm serve", 10) != 0)
+            start--;
+        const char *m = strstr(start, "--max-num-seqs ");
+        cr_assert(m && m < d, "no --max-num-seqs before the decode server's kv config");
+        long emitted = strtol(m + 15, NULL, 10);
+        cr_assert_eq(batch, emitted, "%s: the prediction's batch %lld, the emitted --max-num-seqs %ld", lens[i],
+                     (long long)batch, emitted);
+        cr_assert_eq(emitted, at_max < 30 ? at_max : 30, "%s", lens[i]);
+    }
+}
+
 /* Issue 6 from the command line: prediction with the plan, the search and its report, the
  * validation's exit status, and errors that name the flag. */
 Test(cli, perf_search_validate)
