@@ -167,12 +167,13 @@ static int lease(struct pd_server *s, struct req *r)
  * (one on its way at a time), and a decode that still comes for it is refused it as expired, its
  * proxy sending the prompt to a prefill again. A pull normally starts milliseconds after the
  * prefill's answer; under a decode backlog a revoked lease costs one prompt computed again, where
- * holding it cost every request behind it. (s->mu held) */
+ * holding it cost every request behind it. In an EP group the lease is on its owner rank's
+ * engine, which revokes it when the next round's message says so. (s->mu held) */
 #define LEASE_YIELD_S 1.0
 
 static void yield_lease(struct pd_server *s)
 {
-    if (!s->kvx || s->g)   /* (an EP group's leases are on its ranks' engines) */
+    if (!s->kvx && !s->g)
         return;
     const double now = pd_now_s();
     for (;;) {
@@ -185,6 +186,12 @@ static void yield_lease(struct pd_server *s)
         }
         if (!oldest)
             return;
+        if (s->g) {   /* its owner rank revokes it in the next round and reports the release (or,
+                       * if a pull claimed it meanwhile, its end: no other is revoked until then) */
+            pd_srv_ep_revoke(s, oldest);
+            oldest->revoked = 1;
+            return;
+        }
         if (pd_kvx_revoke(s->kvx, &oldest->key)) {
             oldest->revoked = 1;
             s->leases_revoked++;
@@ -476,8 +483,10 @@ static void *scheduler(void *arg)
                 break;   /* next step */
             if (s->g) {
                 /* a rank with room takes it; the blocks are counted here and reserved there */
-                if (pd_srv_ep_admit(s, r))
+                if (pd_srv_ep_admit(s, r)) {
+                    yield_lease(s);
                     break;
+                }
             } else if (s->prefix_on && !r->remote_prefill) {
                 if (pd_srv_prefix_start(s, r, &e)) {
                     yield_lease(s);

@@ -207,16 +207,21 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
                               g->rank, (unsigned long long)ep_id(w));
         ep_end(s, q);
     }
+    int revoked = 0;
     for (int i = 0; i < m.n_lease; i++) {
         const int32_t *w = m.ls + (size_t)i * EP_LEASE_W;
         if (w[2] != g->rank)
             continue;
+        struct pd_kvx_key key = {.hash = ep_id(w + 8)};
+        memcpy(key.id, w + 4, sizeof key.id);
+        if (w[3] < 0) {   /* revoke it, unless a pull claimed it meanwhile (its release frees it) */
+            revoked += s->kvx && pd_kvx_revoke(s->kvx, &key);
+            continue;
+        }
         struct ep_seq *q = ep_find(s, ep_id(w));
         if (!q)
             return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d told to lease request %llu it does not hold",
                               g->rank, (unsigned long long)ep_id(w));
-        struct pd_kvx_key key = {.hash = ep_id(w + 8)};
-        memcpy(key.id, w + 4, sizeof key.id);
         if (pd_srv_seq_offer(s, &q->seq, &key, q->id, w[3], ep_on_release)) {
             /* no lease: the blocks come back now, and rank 0 hears of it as of a release */
             ep_end(s, q);
@@ -297,6 +302,7 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
     g->ans[1] = s->en.kv.n_blocks_free;
     g->ans[2] = s->en.kv.n_slots_free;
     g->ans[3] = n_rel;
+    g->ans[4] = revoked;
     return 0;
 }
 
@@ -525,9 +531,22 @@ int pd_srv_ep_lease(struct pd_server *s, struct req *r)
     w[3] = r->n_prompt;
     memcpy(w + 4, r->key.id, sizeof r->key.id);
     ep_put_id(w + 8, r->key.hash);
+    r->leased_at = pd_now_s();
     r->lease_next = s->leases;
     s->leases = r;
     return 0;
+}
+
+/* Rank 0 (s->mu held): producer: the request's lease is revoked on its owner rank with the next
+ * message (yield_lease); the owner reports the release as any other. */
+void pd_srv_ep_revoke(struct pd_server *s, const struct req *r)
+{
+    int32_t *w = ep_push(&s->g->leases);
+    ep_put_id(w, r->id);
+    w[2] = r->owner;
+    w[3] = -1;
+    memcpy(w + 4, r->key.id, sizeof r->key.id);
+    ep_put_id(w + 8, r->key.hash);
 }
 
 /* Rank 0 (s->mu held): consumer: the owner rank starts the sequence and pulls its prompt's KV in
@@ -592,6 +611,7 @@ void pd_srv_ep_account(struct pd_server *s)
                       *rel = a + EP_ANS_W + EP_PULLED_W * m.n_pull + (size_t)m.n_items * pd_srv_ep_item_words(s);
         g->free_blocks[k] = a[1];
         g->free_slots[k] = a[2];
+        s->leases_revoked += (uint64_t)a[4];
         if (s->prefix_on) {
             const int32_t *c = a + ep_prefix_at(s, A);
             int64_t *p = g->pfx + (size_t)k * EP_PFX_N;

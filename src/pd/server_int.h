@@ -130,7 +130,10 @@ struct req {
  *     temperature bits, top_p bits, sampler state lo, hi, drafts k (--speculative-config; 0 for
  *     a new sequence)};
  *   the items' tokens in item order.
- * Each rank answers {status, free blocks, free slots, n released, per pull {1 pulled / 0 failed /
+ * A lease entry whose prompt length is -1 revokes that request's lease on its owner rank instead
+ * (yield_lease in server.c: the oldest lease unclaimed for a second, when a request finds no room).
+ * Each rank answers {status, free blocks, free slots, n released, leases it revoked this round,
+ * per pull {1 pulled / 0 failed /
  * -1 refused by the producer, bytes lo, hi, microseconds the pull took}, per item
  * its token (-1: another rank's) or, with --speculative-config, spec_k + 2 words {n, n tokens}
  * (n -1: another rank's), the ids of the leases it released, 2 words each, with prefix caching
@@ -139,7 +142,7 @@ struct req {
  * drafts, draft tokens, accepted, emitted, verify steps, drafted per position [PD_SPEC_MAX_K],
  * accepted per position [..])}. */
 enum { EP_OP_STEP = 1, EP_OP_STOP = 2, EP_OP_STATS = 3 };   /* STATS: the ranks sum their expert counts to rank 0 */
-enum { EP_HDR = 6, EP_FREE_W = 3, EP_LEASE_W = 10, EP_PULL_W = 33, EP_ITEM_W = 12, EP_ANS_W = 4,
+enum { EP_HDR = 6, EP_FREE_W = 3, EP_LEASE_W = 10, EP_PULL_W = 33, EP_ITEM_W = 12, EP_ANS_W = 5,
        EP_PULLED_W = 4, EP_SPEC_W = 5 + 2 * PD_SPEC_MAX_K, EP_PREFIX_W = 9 };
 
 /* An item's `new` word: the owner starts the sequence and prefills its prompt (after its cached
@@ -300,6 +303,7 @@ int pd_srv_ep_round(struct pd_server *s, pd_err *e);
 int pd_srv_ep_admit(struct pd_server *s, struct req *r);
 void pd_srv_ep_release(struct pd_server *s, struct req *r);
 int pd_srv_ep_lease(struct pd_server *s, struct req *r);
+void pd_srv_ep_revoke(struct pd_server *s, const struct req *r);
 void pd_srv_ep_pull_later(struct pd_server *s, struct req *r);
 void pd_srv_ep_account(struct pd_server *s);
 int pd_srv_ep_flush(struct pd_server *s, pd_err *e);

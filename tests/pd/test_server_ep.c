@@ -450,6 +450,39 @@ Test(server_ep, ranks_that_load_other_models_are_refused_at_start)
 
 /* P then D as the proxy does, each an EP group of 2; `broken` sends D to a dead KV port. D's
  * token ids. */
+/* A producer group whose every sequence is held by a lease nobody pulls: the next prefill once
+ * waited for the lease's 60 s (only a one-process producer gave back the oldest lease unclaimed
+ * for a second). Rank 0 now has the owner rank revoke it. */
+Test(server_ep, unclaimed_leases_yield_to_a_waiting_request_in_a_group)
+{
+    int pg = base_port + 2;
+    char kvp[160], out[8192], body[256];
+    snprintf(kvp, sizeof kvp, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"p\",\"kv_lease_ms\":60000}",
+             base_port + 3);
+    group = start_group_of(pg, 2, 1, kvp);   /* two ranks of one sequence each */
+    /* a first request, so that rank 0 has heard the ranks' free sequences */
+    cr_assert_eq(curl_port(pg, "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":1}", NULL, out, sizeof out), 200,
+                 "%s", out);
+    cr_assert_gt(metric_port(pg, "pdmoe_kv_slots_free"), 0);
+    double t_first = pd_now_s();
+    int n = 0;
+    for (; n < 8 && metric_port(pg, "pdmoe_kv_slots_free") > 0; n++) {
+        snprintf(body, sizeof body, "{\"prompt\":\"lease %d\",\"max_tokens\":1,"
+                 "\"kv_transfer_params\":{\"do_remote_decode\":true}}", n);
+        cr_assert_eq(curl_port(pg, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    }
+    cr_assert_eq(metric_port(pg, "pdmoe_kv_slots_free"), 0, "the leases hold every sequence of both ranks");
+    cr_assert_eq(metric_port(pg, "pdmoe_kv_leases"), n);
+    double t0 = pd_now_s();
+    cr_assert_eq(curl_port(pg, "/v1/completions", "{\"prompt\":\"the third, which waits\",\"max_tokens\":2}", NULL, out,
+                           sizeof out), 200, "%s", out);
+    double t1 = pd_now_s();
+    cr_assert_lt(t1 - t0, 15.0, "the third request waited %.1f s (the lease is 60 s)", t1 - t0);
+    cr_assert_geq(t1 - t_first, 1.0, "answered %.2f s after the first lease began (%d leases): before its second", t1 - t_first, n);
+    cr_assert_eq(metric_port(pg, "pdmoe_kv_leases_revoked_total"), 1);
+    cr_assert_eq(metric_port(pg, "pdmoe_kv_leases"), n - 1, "the other leases are still held");
+}
+
 static char *pd_request(int P, int D, const char *prompt, int max_tokens, int broken)
 {
     char body[2048], out[1 << 14];
