@@ -43,16 +43,34 @@ void pd_srv_outbox_push(struct pd_server *s, struct req *r)
 
 /* The producer's first token becomes the request's first generated token once its KV is here
  * (pulled, or recomputed from the token ids), and the client hears of it. */
-void pd_srv_take_producer_token(struct pd_server *s, struct req *r)
+void pd_srv_take_token(struct pd_server *s, struct req *r, int32_t t)
 {
-    r->gen[r->n_gen++] = r->forced_first;
-    r->forced_first = -1;
-    r->t_first = pd_now_s();
+    int stop_id = 0;   /* vLLM's stop_token_ids end the generation whatever ignore_eos says */
+    for (int k = 0; k < r->n_stop_ids && !stop_id; k++)
+        stop_id = t == r->stop_ids[k];
+    if ((t == s->eos && !r->ignore_eos) || stop_id) {
+        r->finished = 1;
+        r->finish = "stop";
+        r->stop_token = 1;
+        return;
+    }
+    r->gen[r->n_gen++] = t;
     s->tokens_out++;
     if (r->n_gen >= r->max_tokens) {
         r->finished = 1;
         r->finish = "length";
     }
+}
+
+/* The producer's first token is the request's first generated token once its KV is here (pulled,
+ * or recomputed from the token ids), a stop token ending it as one sampled here would, and the
+ * client hears of it. */
+void pd_srv_take_producer_token(struct pd_server *s, struct req *r)
+{
+    int32_t t = r->forced_first;
+    r->forced_first = -1;
+    r->t_first = pd_now_s();
+    pd_srv_take_token(s, r, t);
     pd_srv_outbox_push(s, r);
 }
 
@@ -634,22 +652,12 @@ static void *scheduler(void *arg)
             } else for (int j = 0; j < nt[i] && !r->finished; j++) {
                 int32_t t = tp[i][j];
                 r->forced_first = -1;
-                if (r->n_gen == 0)
+                if (r->n_gen == 0) {
                     r->t_first = now;
-                int stop_id = 0;   /* vLLM's stop_token_ids end the generation whatever ignore_eos says */
-                for (int k = 0; k < r->n_stop_ids && !stop_id; k++)
-                    stop_id = t == r->stop_ids[k];
-                if ((t == s->eos && !r->ignore_eos) || stop_id) {
-                    r->finished = 1;
-                    r->finish = "stop";
-                } else {
-                    r->gen[r->n_gen++] = t;
-                    s->tokens_out++;
-                    if (r->n_gen >= r->max_tokens) {
-                        r->finished = 1;
-                        r->finish = "length";
-                    }
+                    if (r->first_sampled < 0)
+                        r->first_sampled = t;   /* (a producer hands it on, a stop token too) */
                 }
+                pd_srv_take_token(s, r, t);
             }
             pd_srv_outbox_push(s, r);
         }

@@ -81,7 +81,8 @@ out:
 
 static json_t *usage(const struct req *r)
 {
-    const int n = r->n_answered ? r->n_answered : r->n_gen;
+    /* a stop token counts as vLLM counts it (not when a stop string cut the text before) */
+    const int n = r->n_answered ? r->n_answered : r->n_gen + r->stop_token;
     return json_pack("{s:i,s:i,s:i}", "prompt_tokens", r->n_prompt, "completion_tokens", n, "total_tokens",
                      r->n_prompt + n);
 }
@@ -234,7 +235,7 @@ static void answer_whole(struct pd_server *s, struct req *r, const char *text, s
                                       "remote_engine_id", s->o.engine_id ? s->o.engine_id : "prefill",
                                       "remote_request_id", rid, "remote_host", s->g ? s->g->kv_hosts[r->owner] : pd_srv_kv_host(s), "remote_port",
                                       s->g ? s->g->kv_ports[r->owner] : pd_kvx_port(s->kvx), "remote_num_tokens",
-                                      r->n_prompt, "last_token_id", n > 0 ? r->gen[0] : s->eos,
+                                      r->n_prompt, "last_token_id", r->first_sampled >= 0 ? r->first_sampled : n > 0 ? r->gen[0] : s->eos,
                                       /* the decode side must speculate alike (server_spec.c) */
                                       "num_speculative_tokens", s->o.spec_k,
                                       /* and hold the same weights (weights.h) */

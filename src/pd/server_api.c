@@ -516,6 +516,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     }
     r->max_tokens = (int)max_tokens;
     r->forced_first = -1;
+    r->first_sampled = -1;
     if (stop_params(s, h, j, r, st && json_is_true(st)))
         goto reject;
     json_t *kv = json_object_get(j, "kv_transfer_params");
@@ -640,6 +641,10 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     if (!sd && getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed)
         seed = (uint64_t)pd_now_ns();
     pd_sampler_init(&r->smp, tp ? (float)json_number_value(tp) : 1.0f, pp ? (float)json_number_value(pp) : 1.0f, seed);
+    /* the producer drew its first token from this state: the decode side goes on from the next
+     * draw, so a seeded request samples what it samples on one instance */
+    if (r->forced_first >= 0 && r->smp.temperature > 0)
+        pd_sampler_uniform(&r->smp);
     pthread_mutex_lock(&s->mu);
     r->id = ++s->next_id;
     snprintf(r->created_id, sizeof r->created_id, "%s-%llu", chat ? "chatcmpl" : "cmpl", (unsigned long long)r->id);

@@ -88,6 +88,9 @@ struct req {
     int remote_tokens;              /* the prompt length the producer computed */
     int reply_started;              /* a stream's 200 went out (deferred while a pull may be refused) */
     int32_t forced_first;           /* the producer's first token, or -1 */
+    int32_t first_sampled;          /* producer: the first token it sampled, a stop token too, or -1 */
+    int stop_token;                 /* it ended on a stop token (EOS, stop_token_ids): counted in the
+                                       usage, as vLLM counts it, though not in the text */
     struct req *lease_next;
     double leased_at;               /* producer: when its KV went under the lease (pd_now_s) */
     int revoked;                    /* producer: its lease was revoked, the release on its way */
@@ -290,6 +293,9 @@ enum { PULL_NONE = -1, PULL_FAILED = -2, PULL_REFUSED = -3 };
 void pd_srv_req_unref(struct pd_server *s, struct req *r);
 void pd_srv_outbox_push(struct pd_server *s, struct req *r);
 void pd_srv_take_producer_token(struct pd_server *s, struct req *r);
+/* Token t, generated for r: a stop token (EOS unless ignore_eos, or one of its stop_token_ids) ends
+ * r ("stop", not in the text); any other joins r->gen, ending r at max_tokens ("length"). */
+void pd_srv_take_token(struct pd_server *s, struct req *r, int32_t t);
 void pd_srv_refuse(struct pd_server *s, struct req *r);
 int pd_srv_seq_offer(struct pd_server *s, struct pd_seq *q, const struct pd_kvx_key *key, uint64_t id, int len,
                      pd_kvx_release_fn release);

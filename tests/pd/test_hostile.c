@@ -161,9 +161,12 @@ static json_t *choice(json_t *j)
     return json_array_get(json_object_get(j, "choices"), 0);
 }
 
+/* EOS first: "stop" at once, the EOS counted in the usage (as vLLM counts it) but not in the text */
 static int stopped_at_once(json_t *j)
 {
-    return json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")) == 0;
+    const char *f = json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "finish_reason"));
+    return f && strcmp(f, "stop") == 0 &&
+           json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")) == 1;
 }
 
 Test(hostile, a_first_token_that_is_eos_is_an_empty_stop)

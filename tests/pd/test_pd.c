@@ -163,6 +163,86 @@ Test(pd, same_tokens_as_colocated)
     cr_assert_eq(metric(D.port, "pdmoe_kv_blocks_free"), metric(D.port, "pdmoe_kv_blocks_capacity"));
 }
 
+/* The answer to `fields` (a body's members after the prompt: sampling, stop tokens) through P
+ * then D as the proxy sends them, and from C, as {text, finish_reason, completion_tokens, ids}. */
+static json_t *answer_of(int port, const char *body)
+{
+    char out[8192];
+    cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out), *c = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *ids = json_object_get(c, "token_ids");
+    json_t *a = json_pack("{s:O,s:O,s:O,s:O}", "text", json_object_get(c, "text"), "finish_reason",
+                          json_object_get(c, "finish_reason"), "completion_tokens",
+                          json_object_get(json_object_get(j, "usage"), "completion_tokens"), "ids",
+                          ids ? ids : json_null());
+    cr_assert_not_null(a, "%s", out);
+    json_decref(j);
+    return a;
+}
+
+static void pd_same_answer(const char *prompt, const char *fields, int max_tokens)
+{
+    char body[2048], pout[8192];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",%s,\"max_tokens\":1,\"kv_transfer_params\":{\"do_remote_decode\":true}}",
+             prompt, fields);
+    cr_assert_eq(curl_port(P.port, "/v1/completions", body, NULL, pout, sizeof pout), 200, "%s", pout);
+    json_t *j = parse(pout);
+    char *kvs = json_dumps(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "kv_transfer_params"),
+                           JSON_COMPACT);
+    json_decref(j);
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",%s,\"max_tokens\":%d,\"return_token_ids\":true,\"kv_transfer_params\":%s}",
+             prompt, fields, max_tokens, kvs);
+    free(kvs);
+    json_t *pd = answer_of(D.port, body);
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",%s,\"max_tokens\":%d,\"return_token_ids\":true}", prompt, fields,
+             max_tokens);
+    json_t *co = answer_of(C.port, body);
+    char *x = json_dumps(pd, JSON_SORT_KEYS), *y = json_dumps(co, JSON_SORT_KEYS);
+    cr_assert_str_eq(x, y, "%s: PD %s, colocated %s", fields, x, y);
+    free(x);
+    free(y);
+    json_decref(pd);
+    json_decref(co);
+}
+
+/* What the proxy's path gives is what one instance gives: a first token that is one of the
+ * request's stop_token_ids (through P and D it was taken as text and decoding went on past it, and
+ * the producer reported EOS in its place), a seeded sample (D went on from the seed's first draw,
+ * which P had spent on the first token), both at once; a stop token counts in the usage as vLLM
+ * counts it. */
+Test(pd, the_proxys_path_answers_as_one_instance)
+{
+    start(&P, PD_ROLE_PRODUCER, 0);
+    start(&D, PD_ROLE_CONSUMER, 0);
+    start(&C, PD_ROLE_BOTH, 0);
+    char out[8192], fields[160];
+    colocated("Hi there", 1, out, sizeof out);
+    json_t *j = parse(out);
+    json_int_t first = json_integer_value(json_array_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "token_ids"), 0));
+    json_decref(j);
+    snprintf(fields, sizeof fields, "\"temperature\":0,\"stop_token_ids\":[%lld]", (long long)first);
+    pd_same_answer("Hi there", fields, 3);
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\":\"Hi there\",%s,\"max_tokens\":3}", fields);
+    json_t *a = answer_of(C.port, body);
+    cr_assert_str_eq(json_string_value(json_object_get(a, "finish_reason")), "stop");
+    cr_assert_str_eq(json_string_value(json_object_get(a, "text")), "");
+    cr_assert_eq(json_integer_value(json_object_get(a, "completion_tokens")), 1, "the stop token counts");
+    json_decref(a);
+    for (int seed = 1; seed <= 4; seed++) {
+        snprintf(fields, sizeof fields, "\"temperature\":1,\"seed\":%d", seed);
+        pd_same_answer("Hi", fields, 8);
+    }
+    /* a seeded first token that stops */
+    snprintf(body, sizeof body, "{\"prompt\":\"Hi\",\"temperature\":1,\"seed\":3,\"max_tokens\":1,\"return_token_ids\":true}");
+    a = answer_of(C.port, body);
+    first = json_integer_value(json_array_get(json_object_get(a, "ids"), 0));
+    json_decref(a);
+    snprintf(fields, sizeof fields, "\"temperature\":1,\"seed\":3,\"stop_token_ids\":[%lld]", (long long)first);
+    pd_same_answer("Hi", fields, 8);
+}
+
 Test(pd, failed_transfer_recomputes_from_token_ids)
 {
     start(&P, PD_ROLE_PRODUCER, 500);
