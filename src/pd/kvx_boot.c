@@ -124,6 +124,7 @@ int kvx_boot_connect(struct link *l, const struct sockaddr *sa, socklen_t len)
     }
     l->bfd = fd;
     l->hello_have = 0;
+    l->hello_by = pd_now_ns() + KVX_HELLO_NS;
     return 0;
 }
 
@@ -180,6 +181,16 @@ static int boot_read(struct pd_kvx *x, struct link *l)
         if (l->hello_have < 12 || l->hello_have < want)
             continue;
         const size_t alen = l->hello_have - 12;
+        /* UCX asserts (aborting the process) on an address of another format: its version, the
+         * low four bits of the first byte, must be ours (a producer on another UCX release, or
+         * bytes that are no address) */
+        if ((l->hello[12] & 0x0f) != (((const uint8_t *)x->addr)[0] & 0x0f)) {
+            boot_fail(x, l, UCS_ERR_UNSUPPORTED,
+                      "the producer's worker address is of UCX address version %d, this engine's %d "
+                      "(another UCX release, or not an address)", l->hello[12] & 0x0f,
+                      ((const uint8_t *)x->addr)[0] & 0x0f);
+            return 1;
+        }
         if (l->ep) {   /* a check of a kept link: the same worker still listens there? */
             if (alen == l->paddr_len && memcmp(l->hello + 12, l->paddr, alen) == 0) {
                 kvx_boot_close(l);
@@ -223,9 +234,17 @@ static int boot_read(struct pd_kvx *x, struct link *l)
 int kvx_boot_progress(struct pd_kvx *x)
 {
     int n = 0;
-    for (struct link *l = x->links; l; l = l->next)
-        if (l->bfd >= 0 && !l->failed)
-            n += boot_read(x, l);
+    const int64_t now = pd_now_ns();
+    for (struct link *l = x->links; l; l = l->next) {
+        if (l->bfd < 0 || l->failed)
+            continue;
+        n += boot_read(x, l);
+        if (l->bfd >= 0 && !l->failed && now >= l->hello_by) {
+            boot_fail(x, l, UCS_ERR_TIMED_OUT, "no HELLO from the KV port within %lld s (a host gone dark, or "
+                      "not a pdmoe KV listener)", KVX_HELLO_NS / 1000000000LL);
+            n++;
+        }
+    }
     return n;
 }
 

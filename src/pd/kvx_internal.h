@@ -42,6 +42,10 @@
 /* How often a busy progress loop looks for connections to the KV listener (a sleeping one wakes
  * on them): an accept4() per progress call cost a tight loop a quarter of its hand-off speed. */
 #define KVX_ACCEPT_EVERY_NS 1000000LL
+/* How long a HELLO may take: a producer answers within milliseconds, from its own progress
+ * thread; a connection that stays silent (a host gone dark, a port that is not a KV listener)
+ * fails its link and its transfers, which recompute, instead of holding them to their timeout. */
+#define KVX_HELLO_NS 5000000000LL
 /* The largest worker address a HELLO carries (kvx_boot.c; UCX's are a few hundred bytes). */
 #define KVX_HELLO_ADDR_MAX 4096
 
@@ -79,6 +83,7 @@ struct link {
     uint8_t *paddr;           /* the producer's worker address `ep` was made from */
     size_t paddr_len;
     int64_t heard_ns;         /* its last HELLO or META: the producer was there then */
+    int64_t hello_by;         /* while bfd >= 0: when a HELLO that has not come fails the link */
     /* transfers that failed before the HELLO came and asked to ABORT: their GET_META and ABORT
      * go out once it has (the producer ends only a lease that a GET_META claimed) */
     struct kvx_deferred {

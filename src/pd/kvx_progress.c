@@ -42,12 +42,24 @@ AM_HANDLER(am_done, PD_KVX_AM_DONE)
 AM_HANDLER(am_abort, PD_KVX_AM_ABORT)
 AM_HANDLER(am_ack, PD_KVX_AM_ACK)
 
+/* A message of an id that is not ours: dropped. UCX 1.13 calls through the handler table for any
+ * id below the largest registered one without checking the slot: an empty message of id 0 from
+ * anyone who had read the KV listener's HELLO crashed the process (SIGSEGV in UCX). */
+static ucs_status_t am_drop(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                            const ucp_am_recv_param_t *param)
+{
+    struct pd_kvx *x = arg;
+    x->st.msgs_dropped++;
+    return UCS_OK;
+}
+
 ucs_status_t kvx_set_am_handlers(struct pd_kvx *x)
 {
-    ucp_am_recv_callback_t cbs[] = {am_get_meta, am_meta, am_done, am_abort, am_ack};
-    unsigned ids[] = {PD_KVX_AM_GET_META, PD_KVX_AM_META, PD_KVX_AM_DONE, PD_KVX_AM_ABORT,
+    ucp_am_recv_callback_t cbs[] = {am_drop, am_get_meta, am_meta, am_done, am_abort, am_ack};
+    unsigned ids[] = {0, PD_KVX_AM_GET_META, PD_KVX_AM_META, PD_KVX_AM_DONE, PD_KVX_AM_ABORT,
                       PD_KVX_AM_ACK};
-    for (int i = 0; i < 5; i++) {
+    _Static_assert(PD_KVX_AM_GET_META == 1 && PD_KVX_AM_ACK == 5, "every id below the largest has a handler");
+    for (int i = 0; i < 6; i++) {
         ucp_am_handler_param_t hp = {
             .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
                           UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
@@ -219,6 +231,9 @@ int64_t kvx_next_deadline(struct pd_kvx *x)
     for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
         if (!kvx_is_final(t->state) && t->deadline < d)
             d = t->deadline;
+    for (struct link *l = x->links; l; l = l->next)
+        if (l->bfd >= 0 && !l->failed && l->hello_by < d)
+            d = l->hello_by;
     return d;
 }
 
@@ -265,6 +280,12 @@ static int step(struct pd_kvx *x)
             n++;
         }
         if (t->outstanding && t->peer && !t->peer->failed) {
+            t->peer->failed = 1;
+            t->peer->status = UCS_ERR_TIMED_OUT;
+        }
+        /* a link whose HELLO never came is not kept for the next pull */
+        if (t->peer && !t->peer->ep && t->peer->bfd >= 0 && !t->peer->failed) {
+            kvx_boot_close(t->peer);
             t->peer->failed = 1;
             t->peer->status = UCS_ERR_TIMED_OUT;
         }

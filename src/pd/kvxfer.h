@@ -23,7 +23,10 @@
  *   UCX picks shared memory on one host, RDMA or TCP between hosts (a UCX_TLS naming neither tcp
  *   nor all gets tcp added). The consumer keeps the endpoint for later pulls; a pull that reuses
  *   one idle for 100 ms reads a HELLO again meanwhile, and another address (the producer
- *   restarted on its port) or none moves its transfers to a new connection. Every endpoint
+ *   restarted on its port) or none moves its transfers to a new connection. A HELLO that has not
+ *   come within 5 s, or carries an address of another UCX address version (UCX would abort the
+ *   process on it), fails its link and transfers. Active messages of an id that is not the
+ *   protocol's are dropped (and counted: msgs_dropped). Every endpoint
  *   reports a dead peer (UCP_ERR_HANDLING_MODE_PEER); UCX 1.13 offers its shared-memory
  *   transports to such endpoints only with MM_ERROR_HANDLING=y, which the engine sets in its own
  *   UCX configuration.
@@ -131,6 +134,7 @@ struct pd_kvx_stats {
     uint64_t released[4];      /* leases released, by enum pd_kvx_release */
     uint64_t pulls_done, pulls_failed;
     uint64_t rkeys_unpacked;   /* producers' rkeys unpacked (consumer): once per connection */
+    uint64_t msgs_dropped;     /* active messages of an id that is not the protocol's */
 };
 
 /* A lease's key (see "Keys" above). */

@@ -19,6 +19,7 @@
 #include "util.h"
 #include "core/timing.h"
 #include "pd/kvxfer.h"
+#include <ucp/api/ucp.h>
 
 #define B 4096   /* one KV block: 16 entries x 2 x 128 bytes */
 /* A lease key made from a small number (the id's first byte, and the hash): tests pick ids that
@@ -739,20 +740,29 @@ static void stray_bytes(const char *tls)
     pair_close(&x);
 }
 
-/* A listener of the test's that writes `reply` to whoever connects and closes. */
+/* A listener of the test's that writes `reply` to whoever connects and closes, or (silent) holds
+ * each of `conns` connections without a word for `hold_s` seconds. */
 struct fake_port {
     int fd, port;
     const void *reply;
     size_t n;
+    int conns, accepted;
+    double hold_s;
     pthread_t th;
 };
 
 static void *fake_main(void *arg)
 {
     struct fake_port *f = arg;
-    int c = accept(f->fd, NULL, NULL);
-    if (c >= 0) {
-        send(c, f->reply, f->n, MSG_NOSIGNAL);
+    for (int i = 0; i < f->conns; i++) {
+        int c = accept(f->fd, NULL, NULL);
+        if (c < 0)
+            break;
+        f->accepted++;
+        if (f->n)
+            send(c, f->reply, f->n, MSG_NOSIGNAL);
+        if (f->hold_s > 0)
+            usleep((useconds_t)(f->hold_s * 1e6));
         close(c);
     }
     return NULL;
@@ -760,6 +770,7 @@ static void *fake_main(void *arg)
 
 static void fake_start(struct fake_port *f, const void *reply, size_t n)
 {
+    f->conns = f->conns ? f->conns : 1;
     f->fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t al = sizeof a;
@@ -786,9 +797,11 @@ static void not_a_kv_port(const char *tls)
         {http, sizeof http - 1, "not a pdmoe KV HELLO (wrong port?)"},
         {old, sizeof old, "the KV port speaks protocol version 1, this engine 2"},
         {"PDMOE", 5, "closed the connection after 5 bytes, before a whole HELLO"},
+        /* an address UCX would have asserted on (aborting this process): another format version */
+        {"PDMOEKV\x02\x04\x00\x00\x00\x06\x00\x00\x00", 16, "of UCX address version 6"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        struct fake_port f;
+        struct fake_port f = {0};
         fake_start(&f, cases[i].reply, cases[i].n);
         struct pd_kvx_run run = {0, B};
         struct pd_kvx_xfer *t;
@@ -805,6 +818,104 @@ static void not_a_kv_port(const char *tls)
     }
     pd_kvx_destroy(c);
     free(cr);
+}
+
+/* A KV port that accepts and never says a word (a host gone dark behind a half-open connection):
+ * the pull fails when its HELLO is 5 s late, not at its 20 s timeout, and the next pull connects
+ * afresh instead of waiting on the same silent socket (every pull once waited out its timeout on
+ * the first one). */
+static void silent_kv_port(const char *tls)
+{
+    use_tls(tls);
+    size_t len = 16 * B;
+    uint8_t *cr = calloc(len, 1);
+    struct pd_kvx *c = engine(cr, len, 0, 10000, 20000);
+    struct fake_port f = {.conns = 2, .hold_s = 6.5};
+    fake_start(&f, NULL, 0);
+    for (int i = 0; i < 2; i++) {
+        struct pd_kvx_run run = {0, B};
+        struct pd_kvx_xfer *t;
+        pd_err e = {0};
+        double t0 = pd_now_s();
+        cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", f.port, K(23), &run, 1, &t, &e), 0, "%s", e.msg);
+        cr_assert_eq(pd_kvx_wait(c, t, 30000), PD_KVX_FAILED);
+        double dt = pd_now_s() - t0;
+        cr_assert(dt > 4.5 && dt < 8.0, "pull %d failed after %.2f s (the HELLO may take 5 s)", i, dt);
+        cr_assert_eq(pd_kvx_result(c, t, &e), PD_EIO);
+        cr_assert(strstr(e.msg, "no HELLO from the KV port within 5 s"), "%s", e.msg);
+        pd_kvx_xfer_free(c, t);
+    }
+    pthread_join(f.th, NULL);
+    cr_assert_eq(f.accepted, 2, "the second pull reused the silent connection");
+    close(f.fd);
+    pd_kvx_destroy(c);
+    free(cr);
+}
+
+/* Anyone who reads the HELLO can make an endpoint to the producer's worker and send it active
+ * messages: one of id 0 (below the protocol's, which start at 1), empty or not, crashed the
+ * producer inside UCX, which called through the empty slot of its handler table. It is dropped
+ * and counted; the producer goes on serving pulls. */
+static void foreign_messages(const char *tls)
+{
+    struct pair x;
+    pair_open(&x, tls, 16 * B, 10000, 5000);
+    struct pd_kvx *p = x.p, *c = x.c;
+    struct serve s;
+    serve_start(&s, p);
+    uint8_t hello[8192];
+    int n = raw_exchange(pd_kvx_port(p), NULL, 0, hello, sizeof hello);
+    cr_assert_gt(n, 12);
+    ucp_config_t *cfg;
+    cr_assert_eq(ucp_config_read(NULL, NULL, &cfg), UCS_OK);
+    ucp_params_t cp = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
+    ucp_context_h ctx;
+    cr_assert_eq(ucp_init(&cp, cfg, &ctx), UCS_OK);
+    ucp_config_release(cfg);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE, .thread_mode = UCS_THREAD_MODE_SINGLE};
+    ucp_worker_h w;
+    cr_assert_eq(ucp_worker_create(ctx, &wp, &w), UCS_OK);
+    ucp_ep_params_t ep_p = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS, .address = (ucp_address_t *)(hello + 12)};
+    ucp_ep_h ep;
+    cr_assert_eq(ucp_ep_create(w, &ep_p, &ep), UCS_OK);
+    static char body[100];
+    const size_t sizes[] = {0, sizeof body};
+    for (int i = 0; i < 2; i++) {
+        ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_AM_SEND_FLAG_EAGER};
+        ucs_status_ptr_t r = ucp_am_send_nbx(ep, 0, NULL, 0, body, sizes[i], &rp);
+        double end = pd_now_s() + 5;
+        while (UCS_PTR_IS_PTR(r) && ucp_request_check_status(r) == UCS_INPROGRESS && pd_now_s() < end)
+            ucp_worker_progress(w);
+        if (UCS_PTR_IS_PTR(r))
+            ucp_request_free(r);
+    }
+    struct pd_kvx_stats st = {0};
+    for (double end = pd_now_s() + 5; st.msgs_dropped < 2 && pd_now_s() < end;) {
+        ucp_worker_progress(w);
+        pd_kvx_stats(p, &st);
+    }
+    cr_assert_eq(st.msgs_dropped, 2, "the producer dropped %llu of 2 foreign messages", (unsigned long long)st.msgs_dropped);
+    ucp_request_param_t cl = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &cl);
+    if (UCS_PTR_IS_PTR(r)) {
+        while (ucp_request_check_status(r) == UCS_INPROGRESS)
+            ucp_worker_progress(w);
+        ucp_request_free(r);
+    }
+    ucp_worker_destroy(w);
+    ucp_cleanup(ctx);
+    /* and pulls go on */
+    struct pd_kvx_run run = {0, 2 * B};
+    fill(x.pr, 2 * B, 5);
+    pd_err e = {0};
+    cr_assert_eq(pd_kvx_offer(p, K(24), 24, &run, 1, NULL, NULL, &e), 0, "%s", e.msg);
+    struct pd_kvx_xfer *t;
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), K(24), &run, 1, &t, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kvx_wait(c, t, 10000), PD_KVX_DONE);
+    cr_assert_eq(memcmp(x.cr, x.pr, 2 * B), 0);
+    pd_kvx_xfer_free(c, t);
+    serve_stop(&s);
+    pair_close(&x);
 }
 
 /* Each behaviour over TCP alone, over UCX's default choice (shared memory for the gets here)
@@ -830,6 +941,8 @@ BOTH(concurrent_pulls)
 BOTH(wrong_keys_are_refused)
 BOTH(stray_bytes)
 BOTH(not_a_kv_port)
+BOTH(foreign_messages)
+Test(kvxfer, silent_kv_port, .timeout = 60) { silent_kv_port("tcp"); }
 
 /* ------------------------------------------------------------------ transport-free */
 
