@@ -506,15 +506,19 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
                    s->o.max_model_len, r->n_prompt, mt_name, (long long)max_tokens);
         goto reject;
     }
+    /* a prefill for a decode instance (the proxy sends the client's body as it came, every field
+     * checked here before any compute) generates the first token only */
+    json_t *kvp = json_object_get(j, "kv_transfer_params");
+    const int for_decode = json_is_object(kvp) && json_is_true(json_object_get(kvp, "do_remote_decode"));
     /* a request the pool could never hold is refused now rather than left waiting */
-    int need = pd_kvpool_blocks_for(&s->en.kv, r->n_prompt + max_tokens);
+    int need = pd_kvpool_blocks_for(&s->en.kv, r->n_prompt + (for_decode ? 1 : max_tokens));
     if (need > s->en.kv.n_blocks) {
         pd_srv_send_error(s, h, 400, "invalid_request_error", mt_name,
                    "the prompt (%d tokens) and %s (%lld) need %d KV blocks; this server's pool has %d",
                    r->n_prompt, mt_name, (long long)max_tokens, need, s->en.kv.n_blocks);
         goto reject;
     }
-    r->max_tokens = (int)max_tokens;
+    r->max_tokens = for_decode ? 1 : (int)max_tokens;
     r->forced_first = -1;
     r->first_sampled = -1;
     if (stop_params(s, h, j, r, st && json_is_true(st)))
@@ -627,7 +631,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
         pd_srv_send_error(s, h, 503, "server_error", NULL, "out of memory for a request of %d tokens", r->max_tokens);
         goto reject;
     }
-    r->stream = st && json_is_true(st);
+    r->stream = st && json_is_true(st) && !r->remote_decode;   /* a prefill's answer goes to the proxy whole */
     r->chat = chat;
     r->srv = s;
     r->http = h;

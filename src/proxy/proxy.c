@@ -587,13 +587,10 @@ static void send_up(struct job *j, int decode)
         j->sent_up += in->up != 0;
     }
     json_t *b = json_deep_copy(j->body);
-    if (!decode) {
-        json_object_set_new(b, "stream", json_false());
-        json_object_set_new(b, "max_tokens", json_integer(1));
-        json_object_del(b, "max_completion_tokens");
-        json_object_del(b, "stream_options");   /* the prefill's answer is not streamed */
+    if (!decode)   /* the client's body as it came: the prefill instance checks every field (a bad
+                    * max_tokens was once a 400 only from the decode side, after a whole prefill and
+                    * a lease held for nothing), then computes the first token only, answered whole */
         json_object_set_new(b, "kv_transfer_params", json_pack("{s:b}", "do_remote_decode", 1));
-    }
     char *txt = json_dumps(b, JSON_COMPACT);
     json_decref(b);
     struct evhttp_connection *c = evhttp_connection_base_new(px->base, NULL, in->host, (unsigned short)in->port);

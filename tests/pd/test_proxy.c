@@ -286,6 +286,44 @@ static int metric(int port, const char *name)
     return metric_port(port, name);
 }
 
+/* A request the decode instance would refuse is refused before any prefill: the proxy once set
+ * max_tokens to 1 for the prefill instance, so each of these was prefilled, held a lease and a
+ * sequence there (30 s, or until revoked), and only then met its 400. The prefill instance now
+ * gets the body as it came and checks it all; then a streamed request still goes through. */
+Test(proxy, bad_requests_are_refused_before_the_prefill)
+{
+    start_proxy(0, 0);
+    const int pp = pd_server_port(P);
+    char out[8192], prompt[4096];
+    int at = snprintf(prompt, sizeof prompt, "[");
+    for (int i = 0; i < 500; i++)
+        at += snprintf(prompt + at, sizeof prompt - (size_t)at, "%s%d", i ? "," : "", 10 + i % 50);
+    snprintf(prompt + at, sizeof prompt - (size_t)at, "]");
+    char over[4200];
+    snprintf(over, sizeof over, "{\"prompt\":%s,\"max_tokens\":100}", prompt);
+    static const struct { const char *body, *param; } bad[] = {
+        {"{\"prompt\":\"Hello\",\"max_tokens\":0}", "max_tokens"},
+        {"{\"prompt\":\"Hello\",\"max_tokens\":\"5\"}", "max_tokens"},
+        {"{\"prompt\":\"Hello\",\"max_tokens\":5,\"max_completion_tokens\":6}", "max_completion_tokens"},
+        {"{\"prompt\":\"Hello\",\"max_tokens\":5,\"stream_options\":{\"include_usage\":true}}", "stream_options"},
+        {NULL, "max_tokens"},   /* 500 prompt tokens and 100 more: past the 512-token context */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *b = bad[i].body ? bad[i].body : over;
+        cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", b, NULL, out, sizeof out), 400, "%s: %s", b, out);
+        char want[64];
+        snprintf(want, sizeof want, "\"param\":\"%s\"", bad[i].param);
+        cr_assert(strstr(out, want), "%s: %s", b, out);
+    }
+    cr_assert_eq(metric(pp, "pdmoe_requests_total"), 0, "the prefill instance accepted a request it should refuse");
+    cr_assert_eq(metric(pp, "pdmoe_kv_leases"), 0);
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions",
+                           "{\"prompt\":\"Hello\",\"max_tokens\":4,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+                           NULL, out, sizeof out), 200, "%s", out);
+    cr_assert(strstr(out, "data: [DONE]") && strstr(out, "\"usage\""), "%s", out);
+    cr_assert_eq(metric(pp, "pdmoe_requests_total"), 1);
+}
+
 /* A histogram of the proxy's /metrics is well formed (cumulative buckets, +Inf == count); returns
  * its count. */
 static int histogram(const char *name)
