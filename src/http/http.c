@@ -38,6 +38,10 @@ int pd_http_read_json(struct evbuffer *b, size_t flags, json_t **out, json_error
         return PD_ENOMEM;
     }
     *out = json_loadb(p, n, flags, je);
+    /* jansson names its own flag; the client needs to hear what its body holds */
+    if (!*out && je && strstr(je->text, "JSON_ALLOW_NUL"))
+        snprintf(je->text, sizeof je->text, "a string holds \\u0000 (a NUL character) at byte %d, which is refused",
+                 je->position);
     return *out ? 0 : PD_EFORMAT;
 }
 

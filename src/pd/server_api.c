@@ -102,6 +102,38 @@ static int chat_prompt(struct pd_server *s, struct evhttp_request *h, json_t *ms
 }
 
 /* The fields pdmoe knows but implements only at their neutral value: any other is a 400 naming it. */
+/* OpenAI fields this server does not implement, sent at the value that asks for nothing (as
+ * clients that write out every default send them; OpenAI and vLLM accept them): null, or echo
+ * false, best_of 1, an empty logit_bias, suffix, tools or functions, store false,
+ * parallel_tool_calls without tools, tool_choice "none", response_format {"type": "text"}. They
+ * are taken out of the body; any other value of theirs is an unknown parameter, refused by name. */
+static void drop_noop_defaults(json_t *j)
+{
+    static const char *const fields[] = {"echo", "best_of", "logit_bias", "suffix", "tools", "functions",
+                                         "tool_choice", "function_call", "parallel_tool_calls", "store",
+                                         "metadata", "response_format", "service_tier", NULL};
+    const int tools = json_array_size(json_object_get(j, "tools")) > 0 || json_array_size(json_object_get(j, "functions")) > 0;
+    for (int i = 0; fields[i]; i++) {
+        json_t *v = json_object_get(j, fields[i]);
+        const char *f = fields[i];
+        int noop = json_is_null(v) ||
+                   (!strcmp(f, "echo") && json_is_false(v)) ||
+                   (!strcmp(f, "best_of") && json_is_integer(v) && json_integer_value(v) == 1) ||
+                   ((!strcmp(f, "logit_bias") || !strcmp(f, "metadata")) && json_is_object(v) && json_object_size(v) == 0) ||
+                   (!strcmp(f, "suffix") && json_is_string(v) && !*json_string_value(v)) ||
+                   ((!strcmp(f, "tools") || !strcmp(f, "functions")) && json_is_array(v) && json_array_size(v) == 0) ||
+                   (!strcmp(f, "store") && json_is_false(v)) ||
+                   (!strcmp(f, "parallel_tool_calls") && json_is_boolean(v) && !tools) ||
+                   ((!strcmp(f, "tool_choice") || !strcmp(f, "function_call")) && json_is_string(v) &&
+                    !strcmp(json_string_value(v), "none")) ||
+                   (!strcmp(f, "response_format") && json_is_object(v) && json_object_size(v) == 1 &&
+                    json_is_string(json_object_get(v, "type")) &&
+                    !strcmp(json_string_value(json_object_get(v, "type")), "text"));
+        if (v && noop)
+            json_object_del(j, f);
+    }
+}
+
 static int unsupported_values(struct pd_server *s, struct evhttp_request *h, json_t *j, int chat)
 {
     json_t *n = present(j, "n"), *lp = present(j, "logprobs"), *tlp = present(j, "top_logprobs");
@@ -365,6 +397,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
                    model, s->name);
         goto out;
     }
+    drop_noop_defaults(j);
     /* OpenAI's and vLLM's fields: each one implemented, or refused by name, never accepted and dropped */
     static const char *const known[] = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens",
                                         "temperature", "top_p", "seed", "stream", "stream_options", "stop",
@@ -651,7 +684,14 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
         pd_sampler_uniform(&r->smp);
     pthread_mutex_lock(&s->mu);
     r->id = ++s->next_id;
-    snprintf(r->created_id, sizeof r->created_id, "%s-%llu", chat ? "chatcmpl" : "cmpl", (unsigned long long)r->id);
+    /* random, as vLLM's and OpenAI's are: a counter repeated itself across instances and restarts */
+    uint64_t rid[2];
+    if (getrandom(rid, sizeof rid, 0) != (ssize_t)sizeof rid) {   /* (the clock and the counter then) */
+        rid[0] = (uint64_t)pd_now_ns();
+        rid[1] = r->id;
+    }
+    snprintf(r->created_id, sizeof r->created_id, "%s-%016llx%016llx", chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)rid[0], (unsigned long long)rid[1]);
     r->refs = 2;   /* the scheduler and the HTTP side */
     s->n_requests++;
     s->tokens_in += (uint64_t)r->n_prompt;

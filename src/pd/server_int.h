@@ -51,7 +51,7 @@ struct req {
     struct evhttp_request *http;    /* NULL once answered or the client is gone */
     struct pd_server *srv;
     int stream, chat, cancelled;
-    char created_id[40];
+    char created_id[48];            /* "cmpl-" or "chatcmpl-" and 32 random hex digits, as vLLM's */
     int32_t *prompt;
     int n_prompt;
     int max_tokens;

@@ -696,6 +696,31 @@ Test(server, unimplemented_parameters_are_refused_by_name)
     char out[8192];
     cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2,\"n\":1,\"presence_penalty\":0,"
                       "\"frequency_penalty\":0,\"user\":\"u\",\"logprobs\":null}", NULL, out, sizeof out), 200, "%s", out);
+    /* and the unimplemented fields' values that ask for nothing, as clients writing out every default
+     * send them (OpenAI and vLLM take them; they were refused as unsupported, null included) */
+    cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2,\"echo\":false,\"best_of\":1,"
+                      "\"logit_bias\":{},\"suffix\":null,\"store\":false,\"metadata\":null}", NULL, out, sizeof out), 200,
+                 "%s", out);
+    cr_assert_eq(curl("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":2,"
+                      "\"tools\":[],\"tool_choice\":\"none\",\"parallel_tool_calls\":false,\"response_format\":{\"type\":"
+                      "\"text\"},\"logit_bias\":null,\"service_tier\":null}", NULL, out, sizeof out), 200, "%s", out);
+    /* a NUL in a string is refused in the client's terms, not jansson's (JSON_ALLOW_NUL) */
+    cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"a\\u0000b\"}", NULL, out, sizeof out), 400, "%s", out);
+    cr_assert(strstr(out, "NUL character") && !strstr(out, "JSON_ALLOW_NUL"), "%s", out);
+    /* answers' ids are random, as vLLM's: a counter repeated them across instances and restarts */
+    char out2[8192];
+    cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":1}", NULL, out, sizeof out), 200, "%s", out);
+    cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":1}", NULL, out2, sizeof out2), 200, "%s", out2);
+    const char *i1 = strstr(out, "\"id\":\"cmpl-"), *i2 = strstr(out2, "\"id\":\"cmpl-");
+    cr_assert(i1 && i2, "%s / %s", out, out2);
+    cr_assert_eq(strspn(i1 + 11, "0123456789abcdef"), 32, "%s", out);
+    cr_assert_neq(strncmp(i1, i2, 43), 0, "two answers share an id: %s", out);
+    /* any other value of theirs is still refused by name */
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"best_of\":2}", NULL, "best_of");
+    expect(400, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":"
+           "{\"type\":\"json_object\"}}", NULL, "response_format");
+    expect(400, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"auto\"}",
+           NULL, "tool_choice");
 }
 
 /* A chat's prompt is the checkpoint's format: a synthetic V4 checkpoint has no chat_template, so
