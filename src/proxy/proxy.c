@@ -448,7 +448,7 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
         if (code == 0 && !j->dsent_up)
             reply_unavailable(j, px->d, px->nd, "decode", why);
         else
-            reply_error(j->client, 502, "server_error", "the decode instance %s failed", why);
+            reply_error(j->client, 502, "server_error", "the decode instance failed (%s)", why);
     } else {
         struct evbuffer *b = j->held ? j->held : evbuffer_new();
         if (r)
