@@ -125,7 +125,7 @@ int pd_perf_agg(const struct pd_plan *p, const struct pd_workload *w, struct pd_
     f->handoff_s = 0;
     f->request_s = p->hw.eff.request_s;
     f->ttft_s = f->request_s + a->prefill_s;
-    f->ttft_rate_s = f->ttft_s + pd_perf_queue_wait(ranks, a->prefill_s, w->rate);
+    f->ttft_rate_s = f->ttft_s + pd_perf_queue_wait(ranks, a->prefill_s, w->rate);   /* (and past req_s: below) */
     f->batch = a->batch;
     f->batch_cap = a->batch_cap;
     f->tokens_per_step = tps;
@@ -138,6 +138,8 @@ int pd_perf_agg(const struct pd_plan *p, const struct pd_workload *w, struct pd_
     f->decode_tok_s_card = f->decode_rank_out_s / D->o.tp;
     f->decode_req_s = f->decode_rank_out_s * ranks / (double)w->osl;
     f->req_s = a->rank_req_s * ranks;
+    if (w->rate > f->req_s)   /* past what the deployment sustains the queue grows without end */
+        f->ttft_rate_s = INFINITY;
     f->tok_s_card = cards > 0 ? f->req_s * (double)w->osl / cards : 0;
     f->prefill_bound = a->mixed_step.bound;
     f->decode_bound = !w->decode_batch && a->batch < p->o.max_num_seqs ? PD_BOUND_CAPACITY : a->decode_step.bound;
@@ -266,7 +268,10 @@ void pd_perf_agg_text(const struct pd_plan *p, const struct pd_perf *f, void *fi
             a->fed ? "" : " (the chunks cannot feed this batch: prefill limits)", a->step_s * 1e3);
     fprintf(o, "  TTFT            %10.1f ms  = request %.1f ms + the prompt's %lld mixed step%s %.1f ms (no hand-off)\n",
             f->ttft_s * 1e3, f->request_s * 1e3, (long long)a->chunks, a->chunks == 1 ? "" : "s", f->prefill_s * 1e3);
-    if (f->w.rate > 0)
+    if (f->w.rate > 0 && !isfinite(f->ttft_rate_s))
+        fprintf(o, "  TTFT at %.2f req/s   unbounded: the rate is above the %.2f requests/s this deployment sustains, "
+                   "so the queue grows without end\n", f->w.rate, f->req_s);
+    else if (f->w.rate > 0)
         fprintf(o, "  TTFT at %.2f req/s %10.1f ms (queueing for %d DP ranks)\n", f->w.rate, f->ttft_rate_s * 1e3, ranks);
     fprintf(o, "  TPOT            %10.2f ms  (%.1f tokens/s per user; batch %lld per DP rank, KV room for %lld; "
                "%.2f tokens per step)\n",

@@ -474,8 +474,9 @@ struct pd_match pd_perf_match(double request_s, const struct pd_perf *pre, const
 {
     struct pd_match m;
     m.ttft_s = request_s + pre->prefill_s + pre->handoff_s + dec->decode_step.total_s;
-    m.ttft_rate_s = m.ttft_s + pd_perf_queue_wait(servers, pre->prefill_s, w->rate);
     m.req_s = pre->prefill_req_s < dec->decode_req_s ? pre->prefill_req_s : dec->decode_req_s;
+    /* past what the deployment sustains (prefill or decode) the queue grows without end */
+    m.ttft_rate_s = w->rate > m.req_s ? INFINITY : m.ttft_s + pd_perf_queue_wait(servers, pre->prefill_s, w->rate);
     m.tok_s_card = cards > 0 ? m.req_s * w->osl / cards : 0;
     return m;
 }
@@ -713,7 +714,10 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
     fprintf(o, "  TTFT            %10.1f ms  = request %.1f ms + prefill %.1f ms + KV hand-off %.1f ms (%s) + first decode "
             "step %.1f ms\n", f->ttft_s * 1e3, f->request_s * 1e3, f->prefill_s * 1e3, f->handoff_s * 1e3,
             p->hw.rdma.name, f->decode_step.total_s * 1e3);
-    if (f->w.rate > 0)
+    if (f->w.rate > 0 && !isfinite(f->ttft_rate_s))
+        fprintf(o, "  TTFT at %.2f req/s   unbounded: the rate is above the %.2f requests/s this deployment sustains "
+                   "(rate-matched below), so the queue grows without end\n", f->w.rate, f->req_s);
+    else if (f->w.rate > 0)
         fprintf(o, "  TTFT at %.2f req/s %10.1f ms (queueing for %d prefill DP ranks)\n", f->w.rate,
                 f->ttft_rate_s * 1e3, P->o.dp * P->o.instances);
     fprintf(o, "  TPOT            %10.2f ms  (%.1f tokens/s per user; batch %lld per DP rank, KV room for %lld; "

@@ -283,6 +283,35 @@ Test(cli, predicted_batch_is_the_emitted_max_num_seqs)
     }
 }
 
+/* An arrival rate past what the deployment sustains (its decode side, here) has no queueing TTFT:
+ * the plan printed 578 ms at 50 requests/s against 18.2 sustained (only a rate past the prefill
+ * capacity gave infinity), where search counts such a layout as missing its targets. */
+Test(cli, a_rate_past_the_deployment_has_no_finite_ttft)
+{
+    static const char *const cases[] = {
+        "plan --prefill dp=8,tp=1,instances=3 --decode dp=8,tp=1,instances=1 --max-num-seqs 64 --isl 4096 --osl 1024 "
+        "--request-rate 50",
+        "plan --aggregated dp=8,tp=1,instances=1 --max-num-seqs 48 --isl 4096 --osl 1024 --request-rate 15"};
+    for (int i = 0; i < 2; i++) {
+        struct run r;
+        run(cases[i], &r);
+        cr_assert_eq(r.status, 0, "%s", r.err);
+        cr_assert(strstr(r.out, "unbounded: the rate is above the"), "%s:\n%s", cases[i], r.out);
+        char args[512];
+        snprintf(args, sizeof args, "%s --json", cases[i]);
+        run(args, &r);
+        cr_assert_eq(r.status, 0, "%s", r.err);
+        json_error_t je;
+        json_t *j = json_loads(r.out, 0, &je);
+        cr_assert_not_null(j, "%s", je.text);
+        json_t *perf = json_object_get(j, "perf"), *a = json_object_get(perf, "aggregated");
+        json_t *t = json_object_get(json_is_object(a) ? a : perf, "ttft_at_rate_s");
+        cr_assert(json_is_null(t) || json_object_get(json_is_object(a) ? a : perf, "ttft_at_rate_s") == NULL,
+                  "%s: ttft_at_rate_s %g", cases[i], json_number_value(t));
+        json_decref(j);
+    }
+}
+
 /* Issue 6 from the command line: prediction with the plan, the search and its report, the
  * validation's exit status, and errors that name the flag. */
 Test(cli, perf_search_validate)
