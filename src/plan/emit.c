@@ -686,16 +686,23 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
         sgl_env(f, &c);
     if (c.model_var)
         model_env(f, &c, t);
-    else if (!c.ascend && !p->inv.from_checkpoint &&
-             !(p->quant.linear == PD_FMT_FP8 && p->quant.group_fmt[PD_G_ROUTED_EXPERTS] == PD_FMT_FP4)) {
-        /* SGLang on GPUs serves the model as released: the plan must have sized those weights, or
-         * its pools and batches are another deployment's */
-        char q[96];
-        fprintf(f, "# The plan sized %s weights; SGLang loads %s in the formats it was released in\n"
-                   "# (DeepSeek-V4-Flash: FP8, routed experts FP4). Plan with those formats (--quantization fp8\n"
-                   "# --quant-override routed_experts=fp4, or --checkpoint DIR of the release) for pools and\n"
-                   "# batches sized on what runs; the KV pools here assume --kv-cache-dtype %s.\n\n",
-                pd_quant_describe(&p->quant, q, sizeof q), c.model, pd_kv_dtype_name(p->kv.dtype));
+    else if (!c.ascend && !p->inv.from_checkpoint) {
+        /* SGLang on GPUs serves the model as released (DeepSeek-V4: FP8, routed experts FP4;
+         * DeepSeek-V3: FP8 throughout): the plan must have sized those weights, or its pools and
+         * batches are another deployment's */
+        const int v4 = p->model.arch == PD_ARCH_DEEPSEEK_V4;
+        const enum pd_fmt over = p->quant.group_fmt[PD_G_ROUTED_EXPERTS];
+        const enum pd_fmt routed = over != PD_FMT_NONE ? over : p->quant.linear;   /* (no override: as the rest) */
+        if (!(p->quant.linear == PD_FMT_FP8 && routed == (v4 ? PD_FMT_FP4 : PD_FMT_FP8))) {
+            char q[96];
+            fprintf(f, "# The plan sized %s weights; SGLang loads %s in the formats it was released in\n"
+                       "# (%s). Plan with those formats (%s, or --checkpoint DIR of the release) for pools and\n"
+                       "# batches sized on what runs; the KV pools here assume --kv-cache-dtype %s.\n\n",
+                    pd_quant_describe(&p->quant, q, sizeof q), c.model,
+                    v4 ? "DeepSeek-V4: FP8, routed experts FP4" : "DeepSeek-V3: FP8 throughout",
+                    v4 ? "--quantization fp8 --quant-override routed_experts=fp4" : "--quantization fp8",
+                    pd_kv_dtype_name(p->kv.dtype));
+        }
     }
     for (int i = 0; i < c.L.n_parts; i++)
         (t == PD_EMIT_VLLM_ASCEND ? vllm_part : sgl_part)(f, &c, &c.L.parts[i]);

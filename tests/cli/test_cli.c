@@ -283,6 +283,24 @@ Test(cli, predicted_batch_is_the_emitted_max_num_seqs)
     }
 }
 
+/* SGLang's script says when the plan sized other formats than the release's, by the model's own
+ * release: DeepSeek-V3 is FP8 throughout (its FP8 plan was told to use V4-Flash's FP4 experts,
+ * which would have sized about half the weights SGLang loads). */
+Test(cli, emit_sglang_compares_with_the_models_own_release)
+{
+    struct run r;
+    run("plan --model deepseek-v3 --hardware h200 --quantization fp8 --emit sglang", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert_null(strstr(r.out, "formats it was released in"), "%s", r.out);
+    run("plan --model deepseek-v3 --hardware h200 --quantization fp8 --quant-override routed_experts=fp4 --emit sglang", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "(DeepSeek-V3: FP8 throughout). Plan with those formats (--quantization fp8, or"), "%s", r.out);
+    run("plan --hardware h200 --prefill dp=8,tp=1,instances=2 --decode dp=16,tp=1,instances=1 --nodes 4 --quantization fp8 "
+        "--quant-override routed_experts=fp4 --emit sglang", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert_null(strstr(r.out, "formats it was released in"), "%s", r.out);
+}
+
 /* An arrival rate past what the deployment sustains (its decode side, here) has no queueing TTFT:
  * the plan printed 578 ms at 50 requests/s against 18.2 sustained (only a rate past the prefill
  * capacity gave infinity), where search counts such a layout as missing its targets. */
