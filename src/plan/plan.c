@@ -61,8 +61,11 @@ static void activation(const struct pd_plan *p, enum pd_role r, int tp, struct p
     const int64_t H = m->hidden_size, hc = m->hc_mult > 0 ? m->hc_mult : 1;
     const int64_t k = m->n_experts_per_tok, I = m->moe_intermediate_size;
     memset(a, 0, sizeof *a);
-    /* an aggregated step holds up to max-num-batched-tokens, decode and prefill tokens together */
-    a->tokens = r == PD_ROLE_PREFILL || p->o.aggregated ? p->o.max_num_batched_tokens : p->o.max_num_seqs;
+    /* an aggregated step holds up to max-num-batched-tokens, decode and prefill tokens together; a
+     * decode step each sequence's token and, with MTP, its drafts (1 + k tokens, every one of
+     * which the verification takes logits of) */
+    const int decode = r == PD_ROLE_DECODE && !p->o.aggregated;
+    a->tokens = decode ? p->o.max_num_seqs * (1 + p->mtp.k) : p->o.max_num_batched_tokens;
     const int64_t T = a->tokens;
     a->residual = T * 2 * hc * H * 4;          /* mHC streams in and out of a block, fp32 */
     a->working = T * 4 * H * 4;                /* normalised input, sublayer output, 2 temporaries */
@@ -76,7 +79,7 @@ static void activation(const struct pd_plan *p, enum pd_role r, int tp, struct p
         csa |= m->arch == PD_ARCH_DEEPSEEK_V4 && m->compress_ratio[l] == 4;
     if (csa)                                   /* indexer scores of each query vs. all entries, fp32 */
         a->indexer = T * (p->o.max_model_len / 4) * 4;
-    int64_t rows = T < p->o.max_num_seqs ? T : p->o.max_num_seqs;
+    int64_t rows = decode ? T : T < p->o.max_num_seqs ? T : p->o.max_num_seqs;
     a->logits = rows * m->vocab_size * 4 / tp;
     a->total = a->residual + a->working + (a->attention > a->moe ? a->attention : a->moe) + a->indexer + a->logits;
 }
