@@ -283,6 +283,25 @@ Test(cli, predicted_batch_is_the_emitted_max_num_seqs)
     }
 }
 
+/* A decode step's activations hold every sequence's drafts too: 256 sequences with 8 MTP drafts
+ * are 2,304 tokens, each with its logits (the budget counted 256 tokens whatever the drafts). */
+Test(cli, decode_activations_count_the_drafts)
+{
+    struct run r;
+    run("plan --max-num-seqs 256 --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":8}' --json", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    json_error_t je;
+    json_t *j = json_loads(r.out, 0, &je);
+    cr_assert_not_null(j, "%s", je.text);
+    json_t *act = json_object_get(json_object_get(json_array_get(json_object_get(j, "roles"), 1), "budget"), "activations");
+    json_t *model = json_object_get(j, "model");
+    json_int_t vocab = json_integer_value(json_object_get(model, "vocab_size"));
+    cr_assert_eq(json_integer_value(json_object_get(act, "tokens")), 256 * 9);
+    if (vocab > 0)
+        cr_assert_eq(json_integer_value(json_object_get(act, "logits_bytes")), (json_int_t)256 * 9 * vocab * 4);
+    json_decref(j);
+}
+
 /* SGLang's script says when the plan sized other formats than the release's, by the model's own
  * release: DeepSeek-V3 is FP8 throughout (its FP8 plan was told to use V4-Flash's FP4 experts,
  * which would have sized about half the weights SGLang loads). */
