@@ -108,8 +108,10 @@ int pd_quant_init(struct pd_quant *q, const char *scheme, const char *overrides,
         q->linear = PD_FMT_W8A8;
         q->group_fmt[PD_G_ROUTED_EXPERTS] = PD_FMT_W4A8;
     }
-    if (!overrides || !*overrides)
+    if (!overrides)
         return 0;
+    if (!*overrides)
+        return pd_err_set(e, PD_EINVAL, "--quant-override: empty (GROUP=FORMAT[,GROUP=FORMAT...])");
     char buf[256];
     snprintf(buf, sizeof buf, "%s", overrides);
     int given[PD_G_COUNT] = {0};
@@ -127,6 +129,9 @@ int pd_quant_init(struct pd_quant *q, const char *scheme, const char *overrides,
         if (pd_fmt_parse(eq + 1, &f))
             return pd_err_set(e, PD_EINVAL, "--quant-override %s: unknown format \"%s\" (w8a8, w4a8, fp8, fp4, bf16, fp32)",
                               tok, eq + 1);
+        if (g == PD_G_NORMS_MHC)   /* (accepted and shown in the header, it once changed nothing) */
+            return pd_err_set(e, PD_EINVAL, "--quant-override %s=%s: the norms and mHC weights are vectors and small "
+                              "fp32 mixing matrices that keep their own formats; no format applies to them", tok, eq + 1);
         if (given[g]++)   /* routed_experts=fp4,routed_experts=bf16 once kept the last without a word */
             return pd_err_set(e, PD_EINVAL, "--quant-override: the group %s is given twice", tok);
         q->group_fmt[g] = f;

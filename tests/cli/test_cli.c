@@ -283,6 +283,13 @@ Test(cli, predicted_batch_is_the_emitted_max_num_seqs)
     }
 }
 
+/* An override that would change nothing is refused, not shown in the header and ignored. */
+Test(cli, quant_overrides_that_change_nothing_are_refused)
+{
+    expect_error("plan --quant-override norms_mhc=fp4", "--quant-override norms_mhc=fp4: the norms and mHC weights");
+    expect_error("plan --quant-override ''", "--quant-override: empty");
+}
+
 /* A decode step's activations hold every sequence's drafts too: 256 sequences with 8 MTP drafts
  * are 2,304 tokens, each with its logits (the budget counted 256 tokens whatever the drafts). */
 Test(cli, decode_activations_count_the_drafts)
