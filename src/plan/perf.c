@@ -711,6 +711,13 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
         fclose(o);
         return buf;
     }
+    if (!f->fits) {   /* said first: the figures below are of steps that cannot run */
+        const char *why = !P->b.fits_weights ? "the prefill weights do not fit a card"
+                          : !D->b.fits_weights ? "the decode weights do not fit a card"
+                          : P->b.kv_pool < pd_kv_seq_bytes(&p->kv, f->w.isl) ? "a prefill card's KV pool cannot hold one prompt"
+                          : "a decode card's KV pool holds no sequence of this workload";
+        fprintf(o, "  DOES NOT FIT: %s; the figures below are of steps that cannot run\n", why);
+    }
     fprintf(o, "  TTFT            %10.1f ms  = request %.1f ms + prefill %.1f ms + KV hand-off %.1f ms (%s) + first decode "
             "step %.1f ms\n", f->ttft_s * 1e3, f->request_s * 1e3, f->prefill_s * 1e3, f->handoff_s * 1e3,
             p->hw.rdma.name, f->decode_step.total_s * 1e3);

@@ -283,6 +283,19 @@ Test(cli, predicted_batch_is_the_emitted_max_num_seqs)
     }
 }
 
+/* A prediction for a layout that does not fit says so before its figures (it printed TPOT and
+ * tokens/s at "batch 0", DOES NOT FIT only at the end of the last line). */
+Test(cli, a_layout_that_does_not_fit_says_so_first)
+{
+    struct run r;
+    run("plan --decode dp=4,tp=1,instances=8 --isl 4096 --osl 1024", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    const char *nf = strstr(r.out, "  DOES NOT FIT: the decode weights do not fit a card"), *tpot = strstr(r.out, "  TPOT ");
+    cr_assert(nf && tpot && nf < tpot, "%s", r.out);
+    run("plan --isl 4096 --osl 1024", &r);
+    cr_assert_null(strstr(r.out, "DOES NOT FIT:"), "%s", r.out);
+}
+
 /* An override that would change nothing is refused, not shown in the header and ignored. */
 Test(cli, quant_overrides_that_change_nothing_are_refused)
 {
