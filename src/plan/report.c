@@ -163,7 +163,9 @@ static void text_budget(FILE *f, const struct pd_plan *p, int u)
     ROW(t, P->b.activations, D->b.activations);
     ROW("runtime overhead", P->b.runtime, D->b.runtime);
     ROW("left for the KV cache", P->b.kv_pool, D->b.kv_pool);
-    snprintf(t, sizeof t, "KV needed (1 / %lld x %lld tokens)", (long long)p->o.max_num_seqs, (long long)p->o.max_model_len);
+    /* a prefill rank holds one prompt; an aggregated instance max-num-seqs sequences on both */
+    snprintf(t, sizeof t, "KV needed (%lld / %lld x %lld tokens)", p->o.aggregated ? (long long)p->o.max_num_seqs : 1LL,
+             (long long)p->o.max_num_seqs, (long long)p->o.max_model_len);
     ROW(t, P->kv_need, D->kv_need);
 #undef ROW
     fprintf(f, "  %-36s %14lld %14lld\n", "sequences of max-model-len that fit", (long long)P->seqs_at_max_len,
@@ -185,8 +187,10 @@ static void text_budget(FILE *f, const struct pd_plan *p, int u)
     snprintf(t, sizeof t, "verdict: %lld of them (max-num-seqs)", (long long)p->o.max_num_seqs);
     fprintf(f, "  %-36s %14s %14s\n", t, P->fits_max_num_seqs ? "fit" : "DO NOT FIT", D->fits_max_num_seqs ? "fit" : "DO NOT FIT");
     fprintf(f, "  prefill KV by the seed's rule, max-num-batched-tokens x KV/token: %s; a prompt of max-model-len\n"
-               "  needs %s while it is prefilled in chunks and until decode has pulled it.\n\n",
-            pd_units_fmt(a, 40, p->p_kv_batch, (enum pd_units)u), pd_units_fmt(b, 40, P->kv_need, (enum pd_units)u));
+               "  needs %s while it is prefilled in chunks%s.\n\n",
+            pd_units_fmt(a, 40, p->p_kv_batch, (enum pd_units)u),
+            pd_units_fmt(b, 40, pd_kv_seq_bytes(&p->kv, p->o.max_model_len), (enum pd_units)u),
+            p->o.aggregated ? "" : " and until decode has pulled it");
 }
 
 static void text_scenarios(FILE *f, const struct pd_plan *p, int u)
@@ -264,7 +268,8 @@ char *pd_plan_text(const struct pd_plan *p, int u)
     text_budget(f, p, u);
     text_kv(f, p, u);
     text_scenarios(f, p, u);
-    text_handoff(f, p, u);
+    if (!p->o.aggregated)   /* (an aggregated instance decodes where it prefilled: no hand-off) */
+        text_handoff(f, p, u);
     if (p->n_sweep)
         text_sweep(f, p, u);
     text_placement(f, p);

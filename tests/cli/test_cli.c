@@ -283,6 +283,21 @@ Test(cli, predicted_batch_is_the_emitted_max_num_seqs)
     }
 }
 
+/* An aggregated plan's budget speaks of its own instances: max-num-seqs sequences on both columns,
+ * one prompt's KV where it says one prompt, no hand-off table (it said a prompt of max-model-len
+ * needs 6.84 GB, 48 prompts' worth, and printed a prefill-to-decode hand-off). */
+Test(cli, an_aggregated_plans_budget_is_its_own)
+{
+    struct run r;
+    run("plan --aggregated dp=8,tp=1,instances=1 --max-num-seqs 48", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "KV needed (48 / 48 x 32768 tokens)"), "%s", r.out);
+    cr_assert(strstr(r.out, "needs 142.42 MB while it is prefilled in chunks.\n"), "%s", r.out);
+    cr_assert_null(strstr(r.out, "KV hand-off, one prompt"), "%s", r.out);
+    run("plan", &r);
+    cr_assert(strstr(r.out, "KV needed (1 / 30 x 32768 tokens)") && strstr(r.out, "KV hand-off, one prompt"), "%s", r.out);
+}
+
 /* A prediction for a layout that does not fit says so before its figures (it printed TPOT and
  * tokens/s at "batch 0", DOES NOT FIT only at the end of the last line). */
 Test(cli, a_layout_that_does_not_fit_says_so_first)
