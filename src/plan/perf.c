@@ -362,8 +362,11 @@ static int check_length(const struct pd_plan *p, const struct pd_workload *w, pd
 {
     const int64_t len = p->o.max_model_len, pos = p->model.max_position_embeddings;
     if (w->isl > len - w->osl)
-        return pd_err_set(e, PD_EINVAL, "--isl %lld + --osl %lld: more than --max-model-len %lld tokens, a request the "
-                          "servers would refuse", (long long)w->isl, (long long)w->osl, (long long)len);
+        return pd_err_set(e, PD_EINVAL, "--isl %lld + --osl %lld: more than --max-model-len %lld tokens%s, a request the "
+                          "servers would refuse", (long long)w->isl, (long long)w->osl, (long long)len,
+                          p->o.max_model_len_given ? ""
+                          : len == pos ? " (not given: the model's max_position_embeddings, below the default)"
+                                       : " (not given: the default)");
     if (pos > 0 && w->isl > pos - w->osl)
         return pd_err_set(e, PD_EINVAL, "--isl %lld + --osl %lld: more than the model's max_position_embeddings %lld "
                           "tokens", (long long)w->isl, (long long)w->osl, (long long)pos);
