@@ -580,22 +580,6 @@ int pd_emit_check_text(const struct pd_emit_ctx *c, pd_err *e)
 }
 
 /* Cards without FP8 units cannot load FP8 or FP4 weights (the hardware file says which). */
-static int check_formats(const struct pd_plan *p, pd_err *e)
-{
-    if (p->hw.fp8_flops > 0 || p->inv.from_checkpoint)
-        return 0;
-    int low = p->quant.linear == PD_FMT_FP8 || p->quant.linear == PD_FMT_FP4;
-    for (int g = 0; g < PD_G_COUNT; g++)
-        low |= p->quant.group_fmt[g] == PD_FMT_FP8 || p->quant.group_fmt[g] == PD_FMT_FP4;
-    if (low) {
-        char q[96];
-        return pd_err_set(e, PD_EINVAL, "%s: %s cards have no FP8/FP4 units (hardware file field fp8_flops: 0), so "
-                          "they cannot serve %s weights; plan with --quant w8a8", p->hw.name, p->hw.card_name,
-                          pd_quant_describe(&p->quant, q, sizeof q));
-    }
-    return 0;
-}
-
 int pd_emit_check_fits(const struct pd_plan *p, pd_err *e)
 {
     for (int r = 0; r < 2; r++) {
@@ -662,7 +646,7 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
     size_t len = 0;
     FILE *f = NULL;
     if (pd_emit_layout(&c, e) || check_ports(&c, t, e) || check_redundant(p, e) || pd_emit_check_fits(p, e) ||
-        check_formats(p, e))
+        pd_plan_formats_servable(p, e))
         goto done;
     f = open_memstream(&buf, &len);
     if (!f) {

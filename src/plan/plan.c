@@ -581,3 +581,18 @@ int64_t pd_plan_admitted_seqs(const struct pd_plan *p, enum pd_role r)
     const struct pd_role_plan *rp = &p->role[r];
     return rp->seqs_at_max_len < p->o.max_num_seqs ? rp->seqs_at_max_len : p->o.max_num_seqs;
 }
+
+int pd_plan_formats_servable(const struct pd_plan *p, pd_err *e)
+{
+    if (p->hw.fp8_flops > 0 || p->inv.from_checkpoint)
+        return 0;
+    int low = p->quant.linear == PD_FMT_FP8 || p->quant.linear == PD_FMT_FP4;
+    for (int g = 0; g < PD_G_COUNT; g++)
+        low |= p->quant.group_fmt[g] == PD_FMT_FP8 || p->quant.group_fmt[g] == PD_FMT_FP4;
+    if (!low)
+        return 0;
+    char q[96];
+    return pd_err_set(e, PD_EINVAL, "%s: %s cards have no FP8/FP4 units (hardware file field fp8_flops: 0), so "
+                      "they cannot serve %s weights; plan with --quant w8a8", p->hw.name, p->hw.card_name,
+                      pd_quant_describe(&p->quant, q, sizeof q));
+}

@@ -165,6 +165,10 @@ int pd_plan_role_eval(const struct pd_plan *p, enum pd_role r, const struct pd_r
  * --emit writes as --max-num-seqs, what search counts as a decode batch, and the decode batch the
  * prediction runs at (perf.c, agg.c). */
 int64_t pd_plan_admitted_seqs(const struct pd_plan *p, enum pd_role r);
+/* 0 when the cards can serve the plan's weight formats; else PD_EINVAL with why in e: FP8 or FP4
+ * weights on cards without FP8/FP4 units (hardware fp8_flops 0, the 910B: its stacks serve W8A8).
+ * --emit refuses such a plan; plan and search say it above their figures. */
+int pd_plan_formats_servable(const struct pd_plan *p, pd_err *e);
 
 const char *pd_role_name(enum pd_role r);
 const char *pd_verdict_text(enum pd_verdict v);

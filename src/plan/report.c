@@ -262,6 +262,9 @@ char *pd_plan_text(const struct pd_plan *p, int u)
             !p->include_mtp ? "no MTP layer" : p->model.dspark ? "DSpark draft loaded (its stages count as MTP layers)"
                                                                : "MTP layer loaded",
             pd_units_g_name((enum pd_units)u), u == PD_UNITS_GIB ? "2^30" : "10^9");
+    pd_err fe = {0};
+    if (pd_plan_formats_servable(p, &fe))   /* (what --emit refuses, said before any figure) */
+        fprintf(f, "  NOT SERVABLE: %s\n\n", fe.msg);
     text_layout(f, p);
     text_inventory(f, p, u);
     text_per_card(f, p, u);
@@ -400,6 +403,9 @@ char *pd_plan_json(const struct pd_plan *p, const struct pd_perf *f)
     /* the node map every launcher follows (plan/nodes.h), when the layout splits into nodes */
     if (root)
         json_object_set_new(root, "aggregated", json_boolean(p->o.aggregated));
+    pd_err fe = {0};   /* null, or why the cards cannot serve these formats (what --emit refuses) */
+    if (root)
+        json_object_set_new(root, "not_servable", pd_plan_formats_servable(p, &fe) ? json_string(fe.msg) : json_null());
     pd_err ne = {0};
     json_t *map = root ? pd_nodes_json(p, &ne) : NULL;
     /* none: why, for the reader of the JSON (pdmoe up --hosts says it) */

@@ -547,6 +547,9 @@ char *pd_search_text(const struct pd_search *s, int units)
                    "the batch column: decode slots per DP rank)", (long long)s->o.w.concurrency);
     fprintf(f, "\n  %d layouts costed, %d fit in memory, %d meet the targets, %d on the Pareto front\n", s->n, s->n_fit,
             s->n_meet, s->n_front);
+    pd_err fe = {0};
+    if (pd_plan_formats_servable(&s->plan, &fe))   /* (every layout: --emit refuses them all) */
+        fprintf(f, "  NOT SERVABLE, any of them: %s\n", fe.msg);
     if (s->n_unplaced)
         fprintf(f, "  %d more within the cards left out: whole instances on whole nodes of %d cards, decode on nodes of "
                    "its own, need more nodes than the cluster's %lld (the node map every --emit and pdmoe up --hosts follow)\n",

@@ -283,6 +283,25 @@ Test(cli, predicted_batch_is_the_emitted_max_num_seqs)
     }
 }
 
+/* FP8 weights on cards without FP8 units: plan and search say so before their figures (they
+ * predicted them and counted 771 layouts that --emit then refused), the JSON says why. */
+Test(cli, formats_the_cards_cannot_serve_are_said_first)
+{
+    struct run r;
+    run("plan --quant fp8", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    const char *ns = strstr(r.out, "  NOT SERVABLE: "), *lay = strstr(r.out, "Weights per card");
+    cr_assert(ns && (!lay || ns < lay) && strstr(ns, "no FP8/FP4 units"), "%s", r.out);
+    run("plan --quant fp8 --json", &r);
+    cr_assert(strstr(r.out, "\"not_servable\": \"Atlas 800I A2:"), "%s", r.out);
+    run("plan --json", &r);
+    cr_assert(strstr(r.out, "\"not_servable\": null"), "%s", r.out);
+    run("search --cards 64 --isl 4096 --osl 1024 --ttft-ms 2000 --tpot-ms 50 --quant fp8", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "  NOT SERVABLE, any of them: "), "%s", r.out);
+    expect_error("plan --quant fp8 --emit vllm-ascend", "no FP8/FP4 units");
+}
+
 /* An aggregated plan's budget speaks of its own instances: max-num-seqs sequences on both columns,
  * one prompt's KV where it says one prompt, no hand-off table (it said a prompt of max-model-len
  * needs 6.84 GB, 48 prompts' worth, and printed a prefill-to-decode hand-off). */
