@@ -381,6 +381,10 @@ int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e
         w.decode_batch = l->batch;
         if ((rc = pd_plan_build(&po, &s->plan, e)) || (rc = pd_perf_eval(&s->plan, &w, &s->perf, e)))
             goto out;
+        /* its pools as its plan has them: the roles were costed at the base --max-num-seqs, the
+         * plan (and --emit) give both the batch, and the logits rows of a prefill step follow it */
+        for (int r = 0; r < 2; r++)
+            s->l[pick].kv_pool[r] = s->plan.role[r].b.kv_pool;
     }
 out:
     free(pc.c);

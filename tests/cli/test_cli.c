@@ -283,6 +283,45 @@ Test(cli, predicted_batch_is_the_emitted_max_num_seqs)
     }
 }
 
+/* The layout search recommends has the KV pools its plan has: the roles were costed at the base
+ * --max-num-seqs, the recommended plan at its batch (the prefill pool differed by its logits rows:
+ * 12.53 GB against the plan's 12.51 for the same cards). */
+Test(cli, search_best_pools_are_its_plans)
+{
+    struct run r;
+    run("search --cards 64 --isl 4096 --osl 1024 --ttft-ms 2000 --tpot-ms 50 --json", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    json_error_t je;
+    json_t *j = json_loads(r.out, 0, &je);
+    cr_assert_not_null(j, "%s", je.text);
+    json_t *best = json_object_get(j, "best"), *roles = json_object_get(best, "roles");
+    char args[512];
+    json_t *rp = json_array_get(roles, 0), *rd = json_array_get(roles, 1);
+    snprintf(args, sizeof args, "plan --prefill dp=%lld,tp=%lld,instances=%lld,redundant=%lld --decode "
+             "dp=%lld,tp=%lld,instances=%lld,redundant=%lld --max-num-seqs %lld --json",
+             (long long)json_integer_value(json_object_get(rp, "dp")), (long long)json_integer_value(json_object_get(rp, "tp")),
+             (long long)json_integer_value(json_object_get(rp, "instances")),
+             (long long)json_integer_value(json_object_get(rp, "redundant")),
+             (long long)json_integer_value(json_object_get(rd, "dp")), (long long)json_integer_value(json_object_get(rd, "tp")),
+             (long long)json_integer_value(json_object_get(rd, "instances")),
+             (long long)json_integer_value(json_object_get(rd, "redundant")),
+             (long long)json_integer_value(json_object_get(best, "batch")));
+    json_int_t pools[2] = {json_integer_value(json_object_get(rp, "kv_pool_bytes")),
+                           json_integer_value(json_object_get(rd, "kv_pool_bytes"))};
+    json_decref(j);
+    run(args, &r);
+    cr_assert_eq(r.status, 0, "%s: %s", args, r.err);
+    j = json_loads(r.out, 0, &je);
+    cr_assert_not_null(j, "%s", je.text);
+    for (int k = 0; k < 2; k++) {
+        json_int_t plan_pool = json_integer_value(json_object_get(
+            json_object_get(json_array_get(json_object_get(j, "roles"), (size_t)k), "budget"), "kv_pool_bytes"));
+        cr_assert_eq(pools[k], plan_pool, "%s: role %d, search %lld, plan %lld", args, k, (long long)pools[k],
+                     (long long)plan_pool);
+    }
+    json_decref(j);
+}
+
 /* FP8 weights on cards without FP8 units: plan and search say so before their figures (they
  * predicted them and counted 771 layouts that --emit then refused), the JSON says why. */
 Test(cli, formats_the_cards_cannot_serve_are_said_first)
