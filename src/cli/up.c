@@ -601,6 +601,10 @@ int pd_cli_up(int argc, char **argv)
     enum pd_kv_dtype dtype;
     int64_t checked;
     int c;
+    /* the log's reader going away (a `| tee` killed, an ssh session closed) must not take the
+     * supervisor and every instance with it: a write to a closed pipe fails, and that is all
+     * (the children inherit this, and serve and proxy set it too) */
+    signal(SIGPIPE, SIG_IGN);
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {

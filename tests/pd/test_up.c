@@ -85,6 +85,48 @@ static void stop_up(pid_t up, int port)
     }
 }
 
+/* The reader of up's log goes away (a `| head` that has its lines, a log collector restarting):
+ * the next line up writes (the decode instance's death, here) killed up with SIGPIPE and every
+ * instance with it. Now up goes on and restarts the instance. */
+Test(up, a_closed_log_pipe_does_not_take_the_cluster_down)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const int port = 16000 + (getpid() % 300) * 3;   /* (clear of tests/pd's other ranges) */
+    char out[256];
+    snprintf(out, sizeof out, "%s/up.out", dir);
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t up = fork();
+    if (up == 0) {
+        char sp[16];
+        snprintf(sp, sizeof sp, "%d", port);
+        freopen(out, "w", stdout);
+        dup2(fds[1], 2);
+        close(fds[0]);
+        close(fds[1]);
+        execl(bin, bin, "up", "--model", dir, "--port", sp, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    up_pid = up;
+    cr_assert(up_wait_ready(out), "pdmoe up did not become ready");
+    close(fds[0]);   /* nobody reads up's log any more */
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "pkill -KILL -f -- '-[-]port %d( |$)'", port + 2);
+    cr_assert_eq(system(cmd), 0);
+    /* up writes that the decode instance died and restarts it; it must still be here after */
+    int back = 0;
+    for (int i = 0; i < 100 && !back; i++) {
+        usleep(100000);
+        int st;
+        cr_assert_neq(waitpid(up, &st, WNOHANG), up, "pdmoe up died (status %d) when its log pipe was closed", st);
+        char body[256];
+        back = i > 10 && curl_port(port + 2, "/health", NULL, NULL, body, sizeof body) == 200;
+    }
+    cr_assert(back, "the decode instance did not come back");
+    stop_up(up, port);
+}
+
 Test(up, cluster_matches_colocated_and_stops_cleanly)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
