@@ -586,6 +586,7 @@ int pd_cli_up(int argc, char **argv)
         {"kv-cache-memory-bytes", 1, 0, 'B'}, {"kv-cache-bytes", 1, 0, 'B'}, {"served-model-name", 1, 0, 'N'},
         {"hosts", 1, 0, 'O'}, {"kv-cache-dtype", 1, 0, 'd'}, {"policy", 1, 0, 'y'},
         {"speculative-config", 1, 0, 'X'}, {"max-queued-requests", 1, 0, 'Q'}, {"shutdown-timeout", 1, 0, 'G'},
+        {"watchdog-timeout", 1, 0, 'W'},
         {"enable-prefix-caching", 0, 0, 'C'}, {"no-enable-prefix-caching", 0, 0, 'c'}, {"help", 0, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -597,6 +598,7 @@ int pd_cli_up(int argc, char **argv)
      * values forbid them with --plan */
     const char *host = "127.0.0.1", *seqs_flag = NULL, *batched_flag = NULL, *kvbytes_flag = NULL, *served = NULL;
     const char *dtype_flag = NULL, *prefix_flag = NULL, *spec_flag = NULL, *queued_flag = NULL, *drain_flag = NULL;
+    const char *watchdog_flag = NULL;
     int64_t drain_s = 0;
     enum pd_kv_dtype dtype;
     int64_t checked;
@@ -633,6 +635,11 @@ int pd_cli_up(int argc, char **argv)
             if (pd_cli_int_max("--shutdown-timeout", optarg, 0, 86400, &drain_s))
                 return 2;
             drain_flag = optarg;
+            break;
+        case 'W':
+            if (pd_cli_int_max("--watchdog-timeout", optarg, 0, 86400, &checked))
+                return 2;
+            watchdog_flag = optarg;
             break;
         case 'd': if (pd_cli_kv_dtype("up", optarg, &dtype)) return 2; dtype_flag = optarg; break;
         case 'C': prefix_flag = "--enable-prefix-caching"; break;
@@ -688,12 +695,14 @@ int pd_cli_up(int argc, char **argv)
                    "       [--kv-cache-dtype bf16|fp8] [--policy cache_aware|least_loaded]\n"
                    "       [--enable-prefix-caching | --no-enable-prefix-caching] [--plan plan.json --hosts H0,H1,...]\n"
                    "       [--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":K}']\n"
-                   "       [--max-queued-requests N] [--shutdown-timeout S]\n"
+                   "       [--max-queued-requests N] [--shutdown-timeout S] [--watchdog-timeout S]\n"
                    "--max-queued-requests: each instance's waiting queue (pdmoe serve --help); with --plan too. A\n"
                    "429 from a full instance sends the request to another one; the client gets it when all are full.\n"
                    "--shutdown-timeout: at Ctrl-C or SIGTERM the proxy, then the instances, drain their requests in\n"
                    "flight (new ones get a 503) for at most S seconds each before they stop; a second signal to up\n"
                    "stops them at once.\n"
+                   "--watchdog-timeout: each EP group ends when one of its rounds has not finished in S seconds (a\n"
+                   "rank stopped or hung; pdmoe serve's default 300, 0: never), and up starts it again.\n"
                    "--speculative-config: MTP speculative decoding on every instance (the prefill side hands the MTP\n"
                    "layer's KV and the draft's input to the decode side, which drafts; in EP groups rank to rank).\n"
                    "--policy: how the proxy picks the instance that prefills (pdmoe proxy --help; cache_aware by default).\n"
@@ -838,6 +847,10 @@ int pd_cli_up(int argc, char **argv)
             }
         if (prefix_flag)
             lo.extra[e++] = prefix_flag;
+        if (watchdog_flag && x->ranks > 1) {   /* (serve takes it for EP groups only) */
+            lo.extra[e++] = "--watchdog-timeout";
+            lo.extra[e++] = watchdog_flag;
+        }
         const char *role = x->colocated ? "aggregated" : x->role ? "decode" : "prefill";
         ch[n] = (struct child){.port = x->port, .role = role, .instance = x->inst,
                                .host = x->group[0].host};

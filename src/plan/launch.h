@@ -56,7 +56,7 @@ struct pd_launch_opts {
     const char *kv_producers;  /* a decode instance's kv_transfer_config "kv_producers" (the JSON
                                 * array pd_launch_kv_producers writes); NULL: none given */
     struct pd_launch_limits plan;
-    const char *extra[16];      /* more "--flag", "value" pairs for every instance, NULL-terminated */
+    const char *extra[24];      /* more "--flag", "value" pairs for every instance, NULL-terminated */
     int allow_run_as_root;     /* mpirun --allow-run-as-root (pdmoe up as root) */
     int oversubscribe;         /* mpirun --oversubscribe: more ranks than cores */
     int remote;                /* the instance's first host is not where this runs: even one rank

@@ -57,7 +57,8 @@ static pid_t start_up_plan(const char *bin, int port, int ep, const char *plan)
         if (plan)
             execl(bin, bin, "up", "--model", dir, "--port", sp, "--plan", plan, (char *)NULL);
         else
-            execl(bin, bin, "up", "--model", dir, "--port", sp, "--prefill-ep", se, "--decode-ep", se, (char *)NULL);
+            execl(bin, bin, "up", "--model", dir, "--port", sp, "--prefill-ep", se, "--decode-ep", se,
+                  "--watchdog-timeout", "120", (char *)NULL);   /* (for EP groups only: serve refuses it otherwise) */
         _exit(127);
     }
     int ready = up_wait_ready(out);
@@ -69,6 +70,18 @@ static pid_t start_up_plan(const char *bin, int port, int ep, const char *plan)
 static pid_t start_up(const char *bin, int port, int ep)
 {
     return start_up_plan(bin, port, ep, NULL);
+}
+
+/* The command lines of the processes serving on port (pgrep), in out. */
+static void command_of(int port, char *out, size_t cap)
+{
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "pgrep -af -- '-[-]port %d( |$)'", port);
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(out, 1, cap - 1, p) : 0;
+    out[n] = 0;
+    if (p)
+        pclose(p);
 }
 
 /* Ctrl-C: everything stops, nothing is left on the cluster's ports. */
@@ -191,6 +204,9 @@ Test(up, ep_groups_on_both_sides_match_colocated_and_free_every_rank)
     /* every prompt's KV went from a prefill rank to a decode rank (no recompute), and both
      * groups used both ranks */
     const int P = port + 1, D = port + 2;
+    char cmdline[4096];
+    command_of(D, cmdline, sizeof cmdline);   /* up's --watchdog-timeout reached the groups */
+    cr_assert(strstr(cmdline, "--watchdog-timeout 120"), "%s", cmdline);
     cr_assert_eq(metric_port(D, "pdmoe_kv_transfers_total"), 4);
     cr_assert_eq(metric_port(D, "pdmoe_kv_recomputes_total"), 0);
     for (int k = 0; k < 2; k++) {
@@ -463,18 +479,6 @@ Test(up, plan_sizes_the_instances_and_their_kv_pools)
     int st = pclose(p);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, err);
     cr_assert(strstr(err, plan) && strstr(err, "this machine has"), "%s", err);
-}
-
-/* The command lines of the processes serving on port (pgrep), in out. */
-static void command_of(int port, char *out, size_t cap)
-{
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "pgrep -af -- '-[-]port %d( |$)'", port);
-    FILE *p = popen(cmd, "r");
-    size_t n = p ? fread(out, 1, cap - 1, p) : 0;
-    out[n] = 0;
-    if (p)
-        pclose(p);
 }
 
 /* pdmoe up --plan of an aggregated plan (pdmoe plan --aggregated): colocated servers (no KV role)
