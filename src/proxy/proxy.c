@@ -498,8 +498,12 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
             snprintf(why, sizeof why, "%s:%d, no answer", px->p[j->pi].host, px->p[j->pi].port);
             reply_unavailable(j, px->p, px->np, "prefill", why);
         } else {
-            reply_error(j->client, 502, "server_error", "no prefill instance could take the request (%d tried)",
-                        j->attempts);
+            char how[32] = "no answer";
+            if (code)
+                snprintf(how, sizeof how, "answered %d", code);
+            reply_error(j->client, 502, "server_error",
+                        "no prefill instance could take the request (%d tried; the last, %s:%d: %s)", j->attempts,
+                        px->p[j->pi].host, px->p[j->pi].port, how);
         }
         client_done(j);
         job_free(j);
