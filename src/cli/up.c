@@ -117,6 +117,16 @@ static void sweep_stale_dirs(void)
     closedir(d);
 }
 
+/* The time now as a log line's stamp, UTC: "2026-12-04T17:26:17Z". */
+static const char *stamp(char buf[24])
+{
+    time_t t = time(NULL);
+    struct tm tm;
+    if (!gmtime_r(&t, &tm) || !strftime(buf, 24, "%Y-%m-%dT%H:%M:%SZ", &tm))
+        snprintf(buf, 24, "?");
+    return buf;
+}
+
 /* "exited with status N" or "was killed by signal N (name)" */
 static void describe(int status, char *out, size_t cap)
 {
@@ -943,13 +953,15 @@ int pd_cli_up(int argc, char **argv)
                     ch[i].backoff = BACKOFF_MIN_S;   /* it had been running well */
                 ch[i].pid = 0;
                 ch[i].restart_at = now + ch[i].backoff;
-                fprintf(stderr, "pdmoe up: the %s %s; restarting it in %.1f s\n", ch[i].what, how,
+                char ts[24];
+                fprintf(stderr, "pdmoe up: %s the %s %s; restarting it in %.1f s\n", stamp(ts), ch[i].what, how,
                         ch[i].backoff);
                 ch[i].backoff = ch[i].backoff * 2 < BACKOFF_MAX_S ? ch[i].backoff * 2 : BACKOFF_MAX_S;
             } else if (ch[i].pid == 0 && now >= ch[i].restart_at) {
                 restart(&ch[i], mfile, ch, n);
-                fprintf(stderr, "pdmoe up: restarted the %s (restart %d, pid %d)\n", ch[i].what, ch[i].restarts,
-                        (int)ch[i].pid);
+                char ts[24];
+                fprintf(stderr, "pdmoe up: %s restarted the %s (restart %d, pid %d)\n", stamp(ts), ch[i].what,
+                        ch[i].restarts, (int)ch[i].pid);
             }
         }
     }
