@@ -22,6 +22,18 @@ static int expect_error(const char *args, const char *needle)
     return r.status;
 }
 
+/* `pdmoe ARGS` that must succeed and print a JSON document: the document. */
+static json_t *run_json(const char *args)
+{
+    struct run r;
+    run(args, &r);
+    cr_assert_eq(r.status, 0, "pdmoe %s: %s", args, r.err);
+    json_error_t je;
+    json_t *j = json_loads(r.out, 0, &je);
+    cr_assert_not_null(j, "pdmoe %s: %s", args, je.text);
+    return j;
+}
+
 Test(cli, plan_default_runs)
 {
     struct run r;
@@ -251,11 +263,7 @@ Test(cli, predicted_batch_is_the_emitted_max_num_seqs)
         struct run r;
         char args[256];
         snprintf(args, sizeof args, "plan %s--isl 4096 --osl 1024 --json", lens[i]);
-        run(args, &r);
-        cr_assert_eq(r.status, 0, "%s", r.err);
-        json_error_t je;
-        json_t *j = json_loads(r.out, 0, &je);
-        cr_assert_not_null(j, "%s", je.text);
+        json_t *j = run_json(args);
         json_int_t batch = json_integer_value(json_object_get(json_object_get(j, "perf"), "batch"));
         /* roles: [prefill, decode] */
         json_int_t at_max = json_integer_value(json_object_get(
@@ -288,12 +296,7 @@ Test(cli, predicted_batch_is_the_emitted_max_num_seqs)
  * 12.53 GB against the plan's 12.51 for the same cards). */
 Test(cli, search_best_pools_are_its_plans)
 {
-    struct run r;
-    run("search --cards 64 --isl 4096 --osl 1024 --ttft-ms 2000 --tpot-ms 50 --json", &r);
-    cr_assert_eq(r.status, 0, "%s", r.err);
-    json_error_t je;
-    json_t *j = json_loads(r.out, 0, &je);
-    cr_assert_not_null(j, "%s", je.text);
+    json_t *j = run_json("search --cards 64 --isl 4096 --osl 1024 --ttft-ms 2000 --tpot-ms 50 --json");
     json_t *best = json_object_get(j, "best"), *roles = json_object_get(best, "roles");
     char args[512];
     json_t *rp = json_array_get(roles, 0), *rd = json_array_get(roles, 1);
@@ -309,10 +312,7 @@ Test(cli, search_best_pools_are_its_plans)
     json_int_t pools[2] = {json_integer_value(json_object_get(rp, "kv_pool_bytes")),
                            json_integer_value(json_object_get(rd, "kv_pool_bytes"))};
     json_decref(j);
-    run(args, &r);
-    cr_assert_eq(r.status, 0, "%s: %s", args, r.err);
-    j = json_loads(r.out, 0, &je);
-    cr_assert_not_null(j, "%s", je.text);
+    j = run_json(args);
     for (int k = 0; k < 2; k++) {
         json_int_t plan_pool = json_integer_value(json_object_get(
             json_object_get(json_array_get(json_object_get(j, "roles"), (size_t)k), "budget"), "kv_pool_bytes"));
@@ -380,12 +380,7 @@ Test(cli, quant_overrides_that_change_nothing_are_refused)
  * are 2,304 tokens, each with its logits (the budget counted 256 tokens whatever the drafts). */
 Test(cli, decode_activations_count_the_drafts)
 {
-    struct run r;
-    run("plan --max-num-seqs 256 --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":8}' --json", &r);
-    cr_assert_eq(r.status, 0, "%s", r.err);
-    json_error_t je;
-    json_t *j = json_loads(r.out, 0, &je);
-    cr_assert_not_null(j, "%s", je.text);
+    json_t *j = run_json("plan --max-num-seqs 256 --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":8}' --json");
     json_t *act = json_object_get(json_object_get(json_array_get(json_object_get(j, "roles"), 1), "budget"), "activations");
     json_t *model = json_object_get(j, "model");
     json_int_t vocab = json_integer_value(json_object_get(model, "vocab_size"));
@@ -429,11 +424,7 @@ Test(cli, a_rate_past_the_deployment_has_no_finite_ttft)
         cr_assert(strstr(r.out, "unbounded: the rate is above the"), "%s:\n%s", cases[i], r.out);
         char args[512];
         snprintf(args, sizeof args, "%s --json", cases[i]);
-        run(args, &r);
-        cr_assert_eq(r.status, 0, "%s", r.err);
-        json_error_t je;
-        json_t *j = json_loads(r.out, 0, &je);
-        cr_assert_not_null(j, "%s", je.text);
+        json_t *j = run_json(args);
         json_t *perf = json_object_get(j, "perf"), *a = json_object_get(perf, "aggregated");
         json_t *t = json_object_get(json_is_object(a) ? a : perf, "ttft_at_rate_s");
         cr_assert(json_is_null(t) || json_object_get(json_is_object(a) ? a : perf, "ttft_at_rate_s") == NULL,
