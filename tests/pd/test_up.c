@@ -140,30 +140,6 @@ Test(up, a_closed_log_pipe_does_not_take_the_cluster_down)
     stop_up(up, port);
 }
 
-/* An EP group's mpirun SIGKILLed: its ranks outlive it by a moment, and the first restart met
- * their KV ports still bound ("Address already in use"), failed and backed off once more. up now
- * waits for the old processes' ports before it starts the group again: one restart. */
-Test(up, a_killed_mpirun_is_started_again_once)
-{
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    const int port = 15000 + (getpid() % 300) * 3;   /* kv ports up to port + 110: clear of the other ranges */
-    pid_t up = start_up(bin, port, 2);
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "pkill -KILL -f -- '^mpirun .*-[-]port %d( |$)'", port + 1);
-    cr_assert_eq(system(cmd), 0, "no mpirun for the prefill group on port %d", port + 1);
-    char key[96], body[256];
-    snprintf(key, sizeof key, "pdmoe_restarts_total{role=\"prefill\",instance=\"0\"}");
-    int back = 0;
-    for (int i = 0; i < 300 && !back; i++) {
-        usleep(100000);
-        back = i > 10 && curl_port(port + 1, "/health", NULL, NULL, body, sizeof body) == 200 && metric_key(port, key) >= 1;
-    }
-    cr_assert(back, "the prefill group did not come back");
-    sleep(1);
-    cr_assert_eq(metric_key(port, key), 1, "the prefill group took more than one restart");
-    stop_up(up, port);
-}
-
 Test(up, cluster_matches_colocated_and_stops_cleanly)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
