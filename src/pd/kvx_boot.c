@@ -25,25 +25,27 @@ static const uint8_t hello_magic[8] = {'P', 'D', 'M', 'O', 'E', 'K', 'V', KVX_VE
 
 int kvx_boot_listen(struct pd_kvx *x, const char *host, int port, pd_err *e)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV | AI_PASSIVE};
-    struct addrinfo *ai = NULL;
-    char ps[16];
-    snprintf(ps, sizeof ps, "%d", port);
-    int rc = getaddrinfo(host, ps, &hints, &ai);
-    if (rc != 0 || !ai)
-        return pd_err_set(e, PD_EINVAL, "kvxfer: cannot resolve %s:%d: %s", host, port, gai_strerror(rc));
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1;
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    int rc = kvx_resolve(host, port, 1, &ss, &sl, e);
+    if (rc)
+        return rc;
+    /* the HELLO, made once: every connection gets the same bytes */
+    if (!(x->hello = malloc(12 + x->addr_len)))
+        return pd_err_set(e, PD_ENOMEM, "kvxfer: no memory");
+    memcpy(x->hello, hello_magic, 8);
+    put32(x->hello + 8, (uint32_t)x->addr_len);
+    memcpy(x->hello + 12, x->addr, x->addr_len);
+    x->hello_len = 12 + x->addr_len;
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1;
     /* a port a previous process left in TIME_WAIT binds again, as a server restarted at once does */
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
-        bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, 128) < 0) {
+        bind(fd, (struct sockaddr *)&ss, sl) < 0 || listen(fd, 128) < 0) {
         int err = errno;
         if (fd >= 0)
             close(fd);
-        freeaddrinfo(ai);
         return pd_err_set(e, PD_EIO, "kvxfer: cannot listen on %s:%d: %s", host, port, strerror(err));
     }
-    freeaddrinfo(ai);
     struct sockaddr_storage la;
     socklen_t ll = sizeof la;
     if (getsockname(fd, (struct sockaddr *)&la, &ll) < 0) {
@@ -61,18 +63,13 @@ int kvx_boot_serve(struct pd_kvx *x)
 {
     if (x->lfd < 0)
         return 0;
-    uint8_t hello[12 + KVX_HELLO_ADDR_MAX];
-    size_t n = 12 + x->addr_len;
-    memcpy(hello, hello_magic, 8);
-    put32(hello + 8, (uint32_t)x->addr_len);
-    memcpy(hello + 12, x->addr, x->addr_len);
     int served = 0;
     for (; served < HELLOS_PER_ROUND; served++) {
         int c = accept4(x->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (c < 0)
             break;   /* EAGAIN: none left; anything else (EMFILE, a reset): the next round */
         /* a few hundred bytes into an empty socket buffer: whole, or the consumer sees it short */
-        ssize_t w = send(c, hello, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t w = send(c, x->hello, x->hello_len, MSG_NOSIGNAL | MSG_DONTWAIT);
         (void)w;
         close(c);
     }

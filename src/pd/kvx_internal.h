@@ -162,6 +162,8 @@ struct pd_kvx {
     ucp_context_h ctx;
     ucp_worker_h w;
     int lfd;                  /* the KV listener's socket (kvx_boot.c), or -1 */
+    uint8_t *hello;           /* the HELLO it writes to every connection, hello_len bytes */
+    size_t hello_len;
     int64_t accept_at;        /* when step() next looks for connections on it (ns) */
     ucp_mem_h memh;
     void *rkey_buf;
@@ -260,6 +262,8 @@ void kvx_send_done(void *req, ucs_status_t st, void *user_data);
 /* Completion of the flush that follows a transfer's gets: all of them have landed (or failed). */
 void kvx_gets_flushed(void *req, ucs_status_t st, void *user_data);
 void kvx_ep_error(void *arg, ucp_ep_h ep, ucs_status_t st);
+/* host:port as a socket address (passive: to bind); the error names both. */
+int kvx_resolve(const char *host, int port, int passive, struct sockaddr_storage *ss, socklen_t *len, pd_err *e);
 /* kvx_boot.c: the KV listener's HELLO (producer) and its reading (consumer). */
 int kvx_boot_listen(struct pd_kvx *x, const char *host, int port, pd_err *e);
 int kvx_boot_serve(struct pd_kvx *x);

@@ -180,8 +180,7 @@ static void run_releases(struct pd_kvx *x)
 
 /* ---------------------------------------------------------------- public API */
 
-static int resolve(const char *host, int port, int passive, struct sockaddr_storage *ss,
-                   socklen_t *len, pd_err *e)
+int kvx_resolve(const char *host, int port, int passive, struct sockaddr_storage *ss, socklen_t *len, pd_err *e)
 {
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
@@ -480,7 +479,7 @@ struct link *kvx_get_link(struct pd_kvx *x, const char *host, int port, ucs_stat
                 l->reused = 1;
                 /* is the same producer still there? (its GET_META goes out meanwhile) */
                 if (l->bfd < 0 && pd_now_ns() - l->heard_ns > KVX_CHECK_IDLE_NS &&
-                    resolve(host, port, 0, &ss, &sl, &ignored) == 0)
+                    kvx_resolve(host, port, 0, &ss, &sl, &ignored) == 0)
                     kvx_boot_connect(l, (struct sockaddr *)&ss, sl);
             }
             return l;
@@ -495,7 +494,7 @@ struct link *kvx_get_link(struct pd_kvx *x, const char *host, int port, ucs_stat
     snprintf(l->host, sizeof l->host, "%s", host);
     l->next = x->links;
     x->links = l;
-    if (resolve(host, port, 0, &ss, &sl, &ignored) != 0) {
+    if (kvx_resolve(host, port, 0, &ss, &sl, &ignored) != 0) {
         *resolve_failed = 1;
         l->failed = 1;
         l->status = UCS_ERR_INVALID_ADDR;
@@ -822,6 +821,7 @@ void pd_kvx_destroy(struct pd_kvx *x)
     }
     if (x->lfd >= 0)
         close(x->lfd);
+    free(x->hello);
     pthread_mutex_destroy(&x->mu);
     free(x);
 }

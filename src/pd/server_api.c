@@ -562,7 +562,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
             pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params", "\"kv_transfer_params\" must be an object");
             goto reject;
         }
-        if (json_is_true(json_object_get(kv, "do_remote_decode"))) {
+        if (for_decode) {
             if (s->o.role != PD_ROLE_PRODUCER) {
                 pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
                            "do_remote_decode asks a prefill (kv_producer) instance; this one is not");

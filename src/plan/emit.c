@@ -675,8 +675,7 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
          * DeepSeek-V3: FP8 throughout): the plan must have sized those weights, or its pools and
          * batches are another deployment's */
         const int v4 = p->model.arch == PD_ARCH_DEEPSEEK_V4;
-        const enum pd_fmt over = p->quant.group_fmt[PD_G_ROUTED_EXPERTS];
-        const enum pd_fmt routed = over != PD_FMT_NONE ? over : p->quant.linear;   /* (no override: as the rest) */
+        const enum pd_fmt routed = pd_plan_group_fmt(p, PD_G_ROUTED_EXPERTS);
         if (!(p->quant.linear == PD_FMT_FP8 && routed == (v4 ? PD_FMT_FP4 : PD_FMT_FP8))) {
             char q[96];
             fprintf(f, "# The plan sized %s weights; SGLang loads %s in the formats it was released in\n"

@@ -43,20 +43,6 @@ static double peak_for(const struct pd_hardware *h, enum pd_fmt f)
     }
 }
 
-static enum pd_fmt group_fmt(const struct pd_plan *p, enum pd_group g)
-{
-    if (p->inv.from_checkpoint)
-        return PD_FMT_BF16;
-    if (p->quant.group_fmt[g] != PD_FMT_NONE)
-        return p->quant.group_fmt[g];
-    switch (g) {
-    case PD_G_ATTENTION: case PD_G_SHARED_EXPERT: case PD_G_DENSE_FFN: case PD_G_MTP: case PD_G_ROUTED_EXPERTS:
-        return p->quant.linear;
-    default:
-        return PD_FMT_BF16;
-    }
-}
-
 /* The busiest rank's expert load over the mean: lower with redundant experts (EPLB); none
  * when one rank holds every expert. */
 static double imbalance(const struct pd_plan *p, enum pd_role r, const struct pd_role_plan *rp)
@@ -194,7 +180,7 @@ static double a2a(const struct pd_plan *p, enum pd_role r, const struct pd_role_
         t += 2.0 * ar_layers * (2.0 * (tp - 1) / tp * tokens * H * 2) / (p->hw.intra.bandwidth_Bps * x->a2a_intra);
     if (ep <= 1 || sp->moe == 0)
         return t;
-    enum pd_fmt f = group_fmt(p, PD_G_ROUTED_EXPERTS);
+    enum pd_fmt f = pd_plan_group_fmt(p, PD_G_ROUTED_EXPERTS);
     double disp = f == PD_FMT_BF16 || f == PD_FMT_F32 ? 2 * H : H + 4 * ceil(H / 128);
     double comb = 2 * H, per = disp + comb;
     double tok = tokens / tp;                         /* each TP rank sends its share */
@@ -274,7 +260,7 @@ static void pass(const struct pd_plan *p, enum pd_role r, enum scope sc, double 
         double rows = g == PD_G_EMBEDDING ? 0 : g == PD_G_LM_HEAD ? head_rows : T;
         if (g == PD_G_EMBEDDING)
             bytes = T * (double)p->model.hidden_size * 2;    /* a gather of T rows */
-        roofline(p, 2 * rows * params / split, bytes / split, group_fmt(p, (enum pd_group)g), s);
+        roofline(p, 2 * rows * params / split, bytes / split, pd_plan_group_fmt(p, (enum pd_group)g), s);
     }
     /* routed experts on the busiest card of the group: the distinct experts T tokens reach */
     if (inv->n_experts > 0 && inv->class_params[PD_CLASS_I] > 0 && sp.expert_share > 0) {
@@ -284,7 +270,7 @@ static void pass(const struct pd_plan *p, enum pd_role r, enum scope sc, double 
         double pairs = T * k / tp * s->imbalance;             /* token-expert pairs on the card */
         double group_tokens = T * rp->o.dp;
         double touched = rp->place.slots * (1 - pow(1 - k / E, group_tokens));
-        roofline(p, 2 * pairs * per_expert_params, touched * per_expert_bytes, group_fmt(p, PD_G_ROUTED_EXPERTS), s);
+        roofline(p, 2 * pairs * per_expert_params, touched * per_expert_bytes, pd_plan_group_fmt(p, PD_G_ROUTED_EXPERTS), s);
     }
     if (dec->seqs > 0 && dec->tokens > 0)
         attention(p, PD_ROLE_DECODE, &sp, dec->seqs, dec->tokens, dec->ctx, tp, s);

@@ -596,3 +596,17 @@ int pd_plan_formats_servable(const struct pd_plan *p, pd_err *e)
                       "they cannot serve %s weights; plan with --quant w8a8", p->hw.name, p->hw.card_name,
                       pd_quant_describe(&p->quant, q, sizeof q));
 }
+
+enum pd_fmt pd_plan_group_fmt(const struct pd_plan *p, enum pd_group g)
+{
+    if (p->inv.from_checkpoint)
+        return PD_FMT_BF16;
+    if (p->quant.group_fmt[g] != PD_FMT_NONE)
+        return p->quant.group_fmt[g];
+    switch (g) {
+    case PD_G_ATTENTION: case PD_G_SHARED_EXPERT: case PD_G_DENSE_FFN: case PD_G_MTP: case PD_G_ROUTED_EXPERTS:
+        return p->quant.linear;
+    default:
+        return PD_FMT_BF16;
+    }
+}

@@ -169,6 +169,9 @@ int64_t pd_plan_admitted_seqs(const struct pd_plan *p, enum pd_role r);
  * weights on cards without FP8/FP4 units (hardware fp8_flops 0, the 910B: its stacks serve W8A8).
  * --emit refuses such a plan; plan and search say it above their figures. */
 int pd_plan_formats_servable(const struct pd_plan *p, pd_err *e);
+/* The format group g's weight matrices are costed in: the override, else the linear format for the
+ * groups a scheme quantises, else bf16 (a checkpoint's tensors: bf16 for the cost model). */
+enum pd_fmt pd_plan_group_fmt(const struct pd_plan *p, enum pd_group g);
 
 const char *pd_role_name(enum pd_role r);
 const char *pd_verdict_text(enum pd_verdict v);
