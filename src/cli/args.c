@@ -34,13 +34,22 @@ int pd_cli_bad_flag(const char *cmd, int c, int argc, char **argv)
 
 int pd_cli_http_get(const char *host, int port, const char *path, char *out, size_t cap)
 {
+    return pd_cli_http_get_within(host, port, path, out, cap, 5000);
+}
+
+int pd_cli_http_get_within(const char *host, int port, const char *path, char *out, size_t cap, int timeout_ms)
+{
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     if (!host || inet_pton(AF_INET, host, &a.sin_addr) != 1 || a.sin_addr.s_addr == htonl(INADDR_ANY))
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    struct timeval tv = {5, 0};
-    if (fd >= 0)
+    /* each read and the connect (Linux bounds a blocking connect by SO_SNDTIMEO): a host that is
+     * down does not hold the caller for the kernel's two minutes of SYN retries */
+    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    if (fd >= 0) {
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    }
     char req[256];
     int rn = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
     size_t len = 0;

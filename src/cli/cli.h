@@ -43,6 +43,8 @@ int pd_cli_bad_flag(const char *cmd, int c, int argc, char **argv);
  * HTTP/1.0, at most 5 s; the body into out (cap bytes, NUL-ended) and the HTTP status, 0 if none:
  * the one small client `up` and the benchmarks use to ask /health and /metrics. */
 int pd_cli_http_get(const char *host, int port, const char *path, char *out, size_t cap);
+/* The same, the connect and each read bounded by timeout_ms instead of 5 s. */
+int pd_cli_http_get_within(const char *host, int port, const char *path, char *out, size_t cap, int timeout_ms);
 
 /* Writes text to path, ending it with a newline if it has none (flag names it in the error:
  * "pdmoe CMD: FLAG PATH: cannot write: why"); 0 or -1. */

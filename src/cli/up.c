@@ -65,6 +65,8 @@ struct child {
     char **argv;               /* owned, NULL-terminated: what a restart runs again */
     int restarts;
     double started, backoff, restart_at;
+    double answered;           /* when its /health last answered 200 since it started; 0: not yet */
+    double next_probe;         /* when its /health is asked next (supervising) */
 };
 
 /* Runs c's command (argv[0] a path, or a name looked up in PATH) in a process group of its own,
@@ -83,6 +85,7 @@ static void spawn(struct child *c)
     }
     c->pid = pid;
     c->started = pd_now_s();
+    c->answered = 0;
 }
 
 /* The directories of earlier runs of pdmoe up that were killed before they could remove theirs
@@ -158,6 +161,32 @@ static int healthy(const char *host, int port)
 {
     char b[64];
     return pd_cli_http_get(host, port, "/health", b, sizeof b) == 200;
+}
+
+/* The liveness check of a running child c, at most once a second: a child that answered /health
+ * once since it started and has not answered it (200 within 2 s) for live_s seconds since is
+ * stopped or wedged (SIGSTOP, a deadlock, a host's network gone), which the reaping never sees:
+ * its process group is SIGKILLed (a stopped process takes no other signal), and the reaping
+ * starts it again as it does a dead one. A child still starting (a model loading) is not asked
+ * to answer yet. */
+static void check_alive(struct child *c, double live_s, double now)
+{
+    if (c->pid <= 0 || live_s <= 0 || now < c->next_probe)
+        return;
+    c->next_probe = now + 1.0;
+    char b[64];
+    if (pd_cli_http_get_within(c->host, c->port, "/health", b, sizeof b, 2000) == 200) {
+        c->answered = pd_now_s();
+        return;
+    }
+    if (c->answered <= 0 || now - c->answered < live_s)
+        return;
+    char ts[24];
+    fprintf(stderr, "pdmoe up: %s the %s has not answered /health for %.0f s (--liveness-timeout %.0f); killing it\n",
+            stamp(ts), c->what, now - c->answered, live_s);
+    kill(-c->pid, SIGKILL);
+    kill(c->pid, SIGKILL);
+    c->answered = 0;
 }
 
 static void stop_all(struct child *c, int n, int drain_s)
@@ -596,7 +625,7 @@ int pd_cli_up(int argc, char **argv)
         {"kv-cache-memory-bytes", 1, 0, 'B'}, {"kv-cache-bytes", 1, 0, 'B'}, {"served-model-name", 1, 0, 'N'},
         {"hosts", 1, 0, 'O'}, {"kv-cache-dtype", 1, 0, 'd'}, {"policy", 1, 0, 'y'},
         {"speculative-config", 1, 0, 'X'}, {"max-queued-requests", 1, 0, 'Q'}, {"shutdown-timeout", 1, 0, 'G'},
-        {"watchdog-timeout", 1, 0, 'W'},
+        {"watchdog-timeout", 1, 0, 'W'}, {"liveness-timeout", 1, 0, 'V'},
         {"enable-prefix-caching", 0, 0, 'C'}, {"no-enable-prefix-caching", 0, 0, 'c'}, {"help", 0, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -609,7 +638,7 @@ int pd_cli_up(int argc, char **argv)
     const char *host = "127.0.0.1", *seqs_flag = NULL, *batched_flag = NULL, *kvbytes_flag = NULL, *served = NULL;
     const char *dtype_flag = NULL, *prefix_flag = NULL, *spec_flag = NULL, *queued_flag = NULL, *drain_flag = NULL;
     const char *watchdog_flag = NULL;
-    int64_t drain_s = 0;
+    int64_t drain_s = 0, live_s = 30;
     enum pd_kv_dtype dtype;
     int64_t checked;
     int c;
@@ -651,6 +680,7 @@ int pd_cli_up(int argc, char **argv)
                 return 2;
             watchdog_flag = optarg;
             break;
+        case 'V': if (pd_cli_int_max("--liveness-timeout", optarg, 0, 86400, &live_s)) return 2; break;
         case 'd': if (pd_cli_kv_dtype("up", optarg, &dtype)) return 2; dtype_flag = optarg; break;
         case 'C': prefix_flag = "--enable-prefix-caching"; break;
         case 'c': prefix_flag = "--no-enable-prefix-caching"; break;
@@ -706,6 +736,7 @@ int pd_cli_up(int argc, char **argv)
                    "       [--enable-prefix-caching | --no-enable-prefix-caching] [--plan plan.json --hosts H0,H1,...]\n"
                    "       [--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":K}']\n"
                    "       [--max-queued-requests N] [--shutdown-timeout S] [--watchdog-timeout S]\n"
+                   "       [--liveness-timeout 30]\n"
                    "--max-queued-requests: each instance's waiting queue (pdmoe serve --help); with --plan too. A\n"
                    "429 from a full instance sends the request to another one; the client gets it when all are full.\n"
                    "--shutdown-timeout: at Ctrl-C or SIGTERM the proxy, then the instances, drain their requests in\n"
@@ -713,6 +744,9 @@ int pd_cli_up(int argc, char **argv)
                    "stops them at once.\n"
                    "--watchdog-timeout: each EP group ends when one of its rounds has not finished in S seconds (a\n"
                    "rank stopped or hung; pdmoe serve's default 300, 0: never), and up starts it again.\n"
+                   "--liveness-timeout: an instance or the proxy that has answered /health once since it started\n"
+                   "and then not for S seconds (stopped, wedged, its host unreachable) is killed and started again as\n"
+                   "a dead one is (asked every second; 0: never).\n"
                    "--speculative-config: MTP speculative decoding on every instance (the prefill side hands the MTP\n"
                    "layer's KV and the draft's input to the decode side, which drafts; in EP groups rank to rank).\n"
                    "--policy: how the proxy picks the instance that prefills (pdmoe proxy --help; cache_aware by default).\n"
@@ -940,8 +974,10 @@ int pd_cli_up(int argc, char **argv)
         fprintf(stderr, "pdmoe up: the cluster did not become healthy in 120 s\n");
         rc = 1;
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         ch[i].backoff = BACKOFF_MIN_S;
+        ch[i].answered = ch[i].pid > 0 ? pd_now_s() : 0;   /* each answered the readiness loop's last round */
+    }
     /* supervise: reap the dead, start them again when their backoff is over */
     while (!stopping) {
         nanosleep(&(struct timespec){0, 100000000}, NULL);
@@ -957,6 +993,8 @@ int pd_cli_up(int argc, char **argv)
                 fprintf(stderr, "pdmoe up: %s the %s %s; restarting it in %.1f s\n", stamp(ts), ch[i].what, how,
                         ch[i].backoff);
                 ch[i].backoff = ch[i].backoff * 2 < BACKOFF_MAX_S ? ch[i].backoff * 2 : BACKOFF_MAX_S;
+            } else if (ch[i].pid > 0) {
+                check_alive(&ch[i], (double)live_s, now);
             } else if (ch[i].pid == 0 && now >= ch[i].restart_at) {
                 restart(&ch[i], mfile, ch, n);
                 char ts[24];

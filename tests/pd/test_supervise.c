@@ -252,3 +252,42 @@ Test(supervise, api_key_protects_the_proxy_and_every_instance_and_the_lease_is_s
     usleep(2000000);
     cr_assert_eq(metric_port(port + 1, "pdmoe_kv_leases"), 0);
 }
+
+/* --liveness-timeout: an instance or a proxy that is alive but answers nothing (SIGSTOP: the
+ * reaping never sees it) is killed and started again once it has been silent that long, and the
+ * cluster serves again; the restarts are counted as deaths are. */
+Test(supervise, a_stopped_instance_and_a_stopped_proxy_are_killed_and_started_again)
+{
+    const int port = 29900 + (getpid() % 300) * 3;   /* its kv port + 100: clear of the tests above */
+    const char *flags[] = {"--liveness-timeout", "2", NULL};
+    start_up(port, flags);
+    char body[256], out[8192], err[128];
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"after\",\"max_tokens\":4}", strrchr(dir, '/') + 1);
+    snprintf(err, sizeof err, "%s/up.err", logs);
+    const int D = port + 2;
+    pid_t dec = pid_on("serve", D);
+    cr_assert_gt(dec, 0, "no process with --port %d", D);
+    kill(dec, SIGSTOP);
+    int back = 0;
+    for (int i = 0; i < 300 && !back; i++) {
+        usleep(100000);
+        pid_t now = pid_on("serve", D);
+        back = now > 0 && now != dec && curl_port(port, "/v1/completions", body, NULL, out, sizeof out) == 200;
+    }
+    cr_assert(back, "the stopped decode instance was not replaced in 30 s: %s", out);
+    cr_assert(file_has(err, "decode instance 0 (127.0.0.1:") && file_has(err, "has not answered /health for") &&
+              file_has(err, "(--liveness-timeout 2); killing it"), "the kill is not in up's log %s", err);
+    cr_assert_eq(metric_key(port, "pdmoe_restarts_total{role=\"decode\",instance=\"0\"}"), 1);
+    pid_t px = pid_on("proxy", port);
+    cr_assert_gt(px, 0);
+    kill(px, SIGSTOP);
+    int code = 0;
+    for (int i = 0; i < 300 && code != 200; i++) {
+        usleep(100000);
+        code = pid_on("proxy", port) != px ? curl_port(port, "/v1/completions", body, NULL, out, sizeof out) : 0;
+    }
+    cr_assert_eq(code, 200, "no answer from a new proxy in 30 s: %s", out);
+    cr_assert_eq(metric_key(port, "pdmoe_restarts_total{role=\"proxy\",instance=\"0\"}"), 1);
+    cr_assert_eq(metric_key(port, "pdmoe_restarts_total{role=\"prefill\",instance=\"0\"}"), 0);
+    cr_assert_eq(waitpid(up_pid, NULL, WNOHANG), 0, "pdmoe up exited");
+}
