@@ -25,11 +25,43 @@ static const char *sep(const char *flag)
 int pd_cli_bad_flag(const char *cmd, int c, int argc, char **argv)
 {
     const char *flag = optind > 0 && optind <= argc ? argv[optind - 1] : "?";
+    if (c == PD_CLI_REPEATED)   /* pd_cli_getopt said why */
+        return 2;
     if (c == ':')
         fprintf(stderr, "pdmoe %s: %s needs a value\n", cmd, flag);
     else
         fprintf(stderr, "pdmoe %s: unknown option %s (see pdmoe %s --help)\n", cmd, flag, cmd);
     return 2;
+}
+
+int pd_cli_getopt(const char *cmd, int argc, char **argv, const struct option *opts, int *idx,
+                  const char *const *repeatable, struct pd_cli_seen *seen)
+{
+    int i = -1;
+    int c = getopt_long(argc, argv, ":h", opts, &i);
+    if (c == -1 || c == ':' || c == '?' || i < 0 || i >= PD_CLI_MAX_OPTS)
+        return c;
+    if (idx)
+        *idx = i;
+    for (int r = 0; repeatable && repeatable[r]; r++)
+        if (strcmp(repeatable[r], opts[i].name) == 0)
+            return c;
+    /* the first entry of the table that is this flag: itself, or an alias before it */
+    int k = i;
+    if (!opts[i].flag && opts[i].val < 256)
+        for (k = 0; k < i && !(opts[k].val == opts[i].val && !opts[k].flag); k++)
+            ;
+    if (seen->given[k]) {
+        if (optarg && seen->value[k])
+            fprintf(stderr, "pdmoe %s: --%s given twice (%s, then %s): give it once\n", cmd, opts[i].name,
+                    seen->value[k], optarg);
+        else
+            fprintf(stderr, "pdmoe %s: --%s given twice: give it once\n", cmd, opts[i].name);
+        return PD_CLI_REPEATED;
+    }
+    seen->given[k] = 1;
+    seen->value[k] = optarg;
+    return c;
 }
 
 int pd_cli_http_get(const char *host, int port, const char *path, char *out, size_t cap)

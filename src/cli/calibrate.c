@@ -1,6 +1,7 @@
 /* `pdmoe calibrate`: measures this machine for a model and writes a hardware file whose card is
  * one pdmoe process of --threads threads: bandwidth, VNNI peak, the kernels' efficiencies, the
  * UCX hand-off, and the CPU overheads fitted to real engine steps (plan/calibrate.h). */
+#include "core/file.h"
 #include "bench/bench.h"
 #include "cli/cli.h"
 #include "core/timing.h"
@@ -9,6 +10,7 @@
 #include "model/tokenizer.h"
 #include "plan/calibrate.h"
 
+#include <limits.h>
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -295,9 +297,10 @@ int pd_cli_calibrate(int argc, char **argv)
     const char *dir = "models/mini", *out = NULL;
     int64_t threads = 1, port = 8400;
     int quick = 0, c;
+    struct pd_cli_seen seen = {0};
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    while ((c = pd_cli_getopt("calibrate", argc, argv, opts, NULL, NULL, &seen)) != -1) {
         switch (c) {
         case 'm': dir = optarg; break;
         case 'j': if (pd_cli_int_max("--threads", optarg, 1, 256, &threads)) return 2; break;
@@ -324,9 +327,9 @@ int pd_cli_calibrate(int argc, char **argv)
     int32_t *words = NULL;
     size_t n_words = 0;
     struct pd_tok *tok = NULL;
-    char tpath[600];
+    char tpath[PATH_MAX];
     const char *corpus = pd_embedded_find("models/corpus.txt");
-    snprintf(tpath, sizeof tpath, "%s/tokenizer.json", dir);
+    int long_path = pd_path_join(tpath, sizeof tpath, dir, "tokenizer.json", &e);
     /* the request timed through pdmoe up: the corpus's first sentence or so, cut at a space */
     char prompt[200];
     size_t plen = corpus ? strlen(corpus) : 0;
@@ -336,7 +339,7 @@ int pd_cli_calibrate(int argc, char **argv)
     snprintf(prompt, sizeof prompt, "%.*s", (int)plen, corpus ? corpus : "");
     int32_t *pids = NULL;
     size_t n_pids = 0;
-    if (!corpus || pd_tok_load(tpath, &tok, &e) || pd_tok_encode(tok, corpus, strlen(corpus), &words, &n_words, &e) ||
+    if (!corpus || long_path || pd_tok_load(tpath, &tok, &e) || pd_tok_encode(tok, corpus, strlen(corpus), &words, &n_words, &e) ||
         pd_tok_encode(tok, prompt, strlen(prompt), &pids, &n_pids, &e)) {
         fprintf(stderr, "pdmoe calibrate: %s\n", corpus ? e.msg : "no embedded corpus");
         pd_tok_free(tok);

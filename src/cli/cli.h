@@ -2,6 +2,7 @@
 #ifndef PD_CLI_CLI_H
 #define PD_CLI_CLI_H
 
+#include <getopt.h>
 #include <stdint.h>
 
 #include "http/front.h"
@@ -38,6 +39,21 @@ int pd_cli_kv_dtype(const char *cmd, const char *s, enum pd_kv_dtype *out);
  * flag missing its value, anything else an unknown flag. Prints "pdmoe CMD: ..." naming the
  * flag as typed and returns 2, the usage-error exit status. */
 int pd_cli_bad_flag(const char *cmd, int c, int argc, char **argv);
+
+/* getopt_long for a subcommand's loop that also refuses a flag given twice, whose first value
+ * would otherwise be dropped without a word (a command line pasted together from two recipes):
+ * it prints "pdmoe CMD: --flag given twice (A, then B): give it once" and returns PD_CLI_REPEATED,
+ * which pd_cli_bad_flag answers with 2 and nothing more. Names in `repeatable` (NULL-ended, or
+ * NULL) may repeat. Two names are one flag when they share a value below 256 (the subcommands'
+ * aliases: --kv-cache-bytes for --kv-cache-memory-bytes). `seen` starts zeroed, one per loop. */
+#define PD_CLI_MAX_OPTS 96
+struct pd_cli_seen {
+    const char *value[PD_CLI_MAX_OPTS];   /* the value each option was given first */
+    unsigned char given[PD_CLI_MAX_OPTS];
+};
+enum { PD_CLI_REPEATED = 0x7ffe };
+int pd_cli_getopt(const char *cmd, int argc, char **argv, const struct option *opts, int *idx,
+                  const char *const *repeatable, struct pd_cli_seen *seen);
 
 /* GET path from host:port (host NULL, a wildcard or not an IPv4 address: 127.0.0.1) over
  * HTTP/1.0, at most 5 s; the body into out (cap bytes, NUL-ended) and the HTTP status, 0 if none:

@@ -49,9 +49,10 @@ int pd_cli_convert(int argc, char **argv)
     };
     const char *in = NULL, *out = NULL, *quant = NULL;
     int c;
+    struct pd_cli_seen seen = {0};
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    while ((c = pd_cli_getopt("convert", argc, argv, opts, NULL, NULL, &seen)) != -1) {
         switch (c) {
         case 'c': in = optarg; break;
         case 'o': out = optarg; break;

@@ -1,6 +1,7 @@
 /* `pdmoe generate`: run prompts through the engine. One prompt in one process streams its
  * continuation; several prompts, or --enable-expert-parallel under mpirun, run as a batch in
  * lockstep (prompt i on rank i mod N) and rank 0 prints each result in prompt order. */
+#include "core/file.h"
 #include "cli/cli.h"
 #include "core/hash.h"
 #include "core/timing.h"
@@ -10,6 +11,7 @@
 #include "ep/ep.h"
 #include "model/tokenizer.h"
 
+#include <limits.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <inttypes.h>
@@ -62,9 +64,11 @@ static int parse(int argc, char **argv, struct gen_opts *o)
     o->seed = 1;
     o->top_p = 1;
     int c;
+    struct pd_cli_seen seen = {0};
+    static const char *const prompts[] = {"prompt", NULL};   /* each one a sequence of the batch */
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    while ((c = pd_cli_getopt("generate", argc, argv, opts, NULL, prompts, &seen)) != -1) {
         switch (c) {
         case 'm': o->dir = optarg; break;
         case 'p':
@@ -528,12 +532,12 @@ int pd_cli_generate(int argc, char **argv)
         MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
         MPI_Comm_size(MPI_COMM_WORLD, &b.size);
     }
-    char path[600];
-    snprintf(path, sizeof path, "%s/tokenizer.json", o.dir);
+    char path[PATH_MAX];
     struct pd_model m;
     rc = 1;
-    if (pd_tok_load(path, &b.tok, &e) || pd_model_load(o.dir, &m, &e) ||
-        pd_tok_check_vocab(b.tok, m.vocab_size, path, &e))
+    if (pd_path_join(path, sizeof path, o.dir, "tokenizer.json", &e) || pd_tok_load(path, &b.tok, &e) || pd_model_load(o.dir, &m, &e) ||
+        pd_tok_check_vocab(b.tok, m.vocab_size, path, &e) ||
+        pd_tok_check_special(b.tok, m.bos_token_id, m.eos_token_id, path, &e))
         goto out;
     if (o.ep && pd_ep_init(&b.ep, MPI_COMM_WORLD, &m, &e))
         goto out;
@@ -564,6 +568,14 @@ int pd_cli_generate(int argc, char **argv)
         g->n_in += (int)n;
         g->digest = PD_FNV64_INIT;
         free(ids);
+    }
+    /* serve refuses a --max-model-len past the model's positions; so does generate its prompt and
+     * continuation (rope past them is a model the checkpoint was never trained as) */
+    if (longest + o.max_tokens > m.max_position_embeddings) {
+        pd_err_set(&e, PD_EINVAL, "--prompt (%lld tokens with BOS) + --max-tokens %lld: more than the model's "
+                   "max_position_embeddings %lld", (long long)longest, (long long)o.max_tokens,
+                   (long long)m.max_position_embeddings);
+        goto out;
     }
     int threads = (int)o.threads;
     if (!threads) {

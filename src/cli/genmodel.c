@@ -18,9 +18,10 @@ int pd_cli_genmodel(int argc, char **argv)
     double agree = -1;
     enum pd_gen_format fmt = PD_GEN_W8A8;
     int c;
+    struct pd_cli_seen seen = {0};
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    while ((c = pd_cli_getopt("gen-model", argc, argv, opts, NULL, NULL, &seen)) != -1) {
         switch (c) {
         case 'p': preset = optarg; break;
         case 'o': out = optarg; break;

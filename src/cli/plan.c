@@ -221,9 +221,10 @@ int pd_cli_plan(int argc, char **argv)
     const char **hosts = NULL;
     int rc = 2;
     pd_err e = {0};
+    struct pd_cli_seen seen = {0};
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, &idx)) != -1) {
+    while ((c = pd_cli_getopt("plan", argc, argv, opts, &idx, NULL, &seen)) != -1) {
         switch (c) {
         case O_SHARED: {
             const char *name = opts[idx].name;
@@ -262,6 +263,7 @@ int pd_cli_plan(int argc, char **argv)
             char buf[256];
             snprintf(buf, sizeof buf, "%s", optarg);
             o.n_handoff = 0;
+            o.handoff_given = 1;
             /* every entry a length: "1,,2" once dropped the empty one without a word */
             for (char *rest = buf, *t; (t = strsep(&rest, ",")) != NULL;) {
                 if (!*t) {

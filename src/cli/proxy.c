@@ -7,8 +7,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int split(const char *flag, char *list, const char **out, int *n)
+/* Appends the comma-separated instances of one --prefill or --decode to out[0..*n): the flag may
+ * repeat (sglang-router's --prefill URL --prefill URL). The lists live in one arena for the
+ * process's life, as o's pointers do. */
+static int split(const char *flag, const char *arg, const char **out, int *n)
 {
+    static char arena[16384];
+    static size_t used;
+    size_t len = strlen(arg) + 1;
+    if (len > sizeof arena - used) {
+        fprintf(stderr, "pdmoe proxy: %s: the instance lists are longer than %zu bytes\n", flag, sizeof arena);
+        return -1;
+    }
+    char *list = memcpy(arena + used, arg, len);
+    used += len;
     for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         if (*n == PD_PROXY_MAX_INSTANCES) {
             fprintf(stderr, "pdmoe proxy: %s: at most %d instances\n", flag, PD_PROXY_MAX_INSTANCES);
@@ -32,21 +44,20 @@ int pd_cli_proxy(int argc, char **argv)
     struct pd_proxy_opts o = {.port = 8000, .handle_signals = 1, .http = {.log = pd_cli_log, .log_arg = "proxy"},
                               .route = {.policy = PD_ROUTE_CACHE_AWARE, .cache_threshold = 0.3, .balance_abs = 64,
                                         .balance_rel = 1.5}};
-    static char plist[4096], dlist[4096];
+    static const char *const repeatable[] = {"prefill", "decode", NULL};
     int64_t v;
     int c;
+    struct pd_cli_seen seen = {0};
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    while ((c = pd_cli_getopt("proxy", argc, argv, opts, NULL, repeatable, &seen)) != -1) {
         switch (c) {
         case 'p':
-            snprintf(plist, sizeof plist, "%s", optarg);
-            if (split("--prefill", plist, o.prefill, &o.n_prefill))
+            if (split("--prefill", optarg, o.prefill, &o.n_prefill))
                 return 2;
             break;
         case 'd':
-            snprintf(dlist, sizeof dlist, "%s", optarg);
-            if (split("--decode", dlist, o.decode, &o.n_decode))
+            if (split("--decode", optarg, o.decode, &o.n_decode))
                 return 2;
             break;
         case 'M': o.metrics_file = optarg; break;
@@ -98,7 +109,8 @@ int pd_cli_proxy(int argc, char **argv)
             o.retries = (int)v;
             break;
         case 'h':
-            printf("usage: pdmoe proxy --prefill host:port[,host:port...] --decode host:port[,...] [--port 8000]\n"
+            printf("usage: pdmoe proxy --prefill host:port[,host:port...] --decode host:port[,...] [--port 8000] (each of\n"
+                   "       --prefill and --decode may repeat, as sglang-router takes them)\n"
                    "       [--host 127.0.0.1] [--api-key KEY] [--backend-api-key KEY]\n"
                    "       [--retries 3]\n"
                    "%s"

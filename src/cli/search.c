@@ -63,9 +63,10 @@ int pd_cli_search(int argc, char **argv)
     const char *html = NULL, *emit = NULL;
     int64_t v;
     double ms;
+    struct pd_cli_seen seen = {0};
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, &idx)) != -1) {
+    while ((c = pd_cli_getopt("search", argc, argv, opts, &idx, NULL, &seen)) != -1) {
         int r;
         switch (c) {
         case O_SHARED:

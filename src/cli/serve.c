@@ -118,9 +118,10 @@ int pd_cli_serve(int argc, char **argv)
     json_t *kvc = NULL;
     static char engine_id[64], kv_host[64];
     int c;
+    struct pd_cli_seen seen = {0};
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    while ((c = pd_cli_getopt("serve", argc, argv, opts, NULL, NULL, &seen)) != -1) {
         switch (c) {
         case 'm': o.model_dir = optarg; break;
         case 'H': o.host = optarg; break;

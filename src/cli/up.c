@@ -646,9 +646,10 @@ int pd_cli_up(int argc, char **argv)
      * supervisor and every instance with it: a write to a closed pipe fails, and that is all
      * (the children inherit this, and serve and proxy set it too) */
     signal(SIGPIPE, SIG_IGN);
+    struct pd_cli_seen seen = {0};
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    while ((c = pd_cli_getopt("up", argc, argv, opts, NULL, NULL, &seen)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
         case 'p': if (pd_cli_int_max("--port", optarg, 1, 65000, &port)) return 2; break;

@@ -1,6 +1,7 @@
 #include "core/file.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,4 +77,12 @@ char *pd_file_read(const char *path, size_t max, size_t *len, pd_err *e)
 out:
     close(fd);
     return text;
+}
+
+int pd_path_join(char *out, size_t cap, const char *dir, const char *name, pd_err *e)
+{
+    int n = snprintf(out, cap, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= cap)
+        return pd_err_set(e, PD_EINVAL, "%.200s...: the path of its %s is longer than %zu bytes", dir, name, cap - 1);
+    return 0;
 }

@@ -17,4 +17,9 @@ int pd_file_open(const char *path, pd_err *e);
  * be NULL); NULL with e set if it cannot be read or holds more than max bytes (PD_EFORMAT). */
 char *pd_file_read(const char *path, size_t max, size_t *len, pd_err *e);
 
+/* dir + "/" + name into out (cap bytes): 0, or PD_EINVAL with e naming dir when the path does not
+ * fit (a long directory once had its file name cut to "DIR/config." and the open's error blamed a
+ * file nobody named). */
+int pd_path_join(char *out, size_t cap, const char *dir, const char *name, pd_err *e);
+
 #endif

@@ -44,6 +44,15 @@ int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err 
     if (m->arch != PD_ARCH_DEEPSEEK_V4)
         return pd_err_set(e, PD_EINVAL, "%s: the engine runs deepseek_v4 models, this is %s", o->dir,
                           pd_model_arch_name(m->arch));
+    /* the router the engine runs (moe.c) is V4's: sqrt(softplus) scores, the bias used only to
+     * choose; a config asking for another one is refused rather than run as V4's */
+    if (m->scoring_func != PD_SCORE_SQRTSOFTPLUS || !m->noaux_tc)
+        return pd_err_set(e, PD_EINVAL, "%s: config.json: the engine's router is DeepSeek-V4's (scoring_func "
+                          "\"sqrtsoftplus\", topk_method \"noaux_tc\"); this model's %s is not implemented", o->dir,
+                          m->scoring_func != PD_SCORE_SQRTSOFTPLUS ? "scoring_func" : "topk_method");
+    if (m->n_mtp_layers > 1 && !m->dspark)
+        return pd_err_set(e, PD_EINVAL, "%s: config.json: num_nextn_predict_layers %d: the engine runs one MTP layer "
+                          "(mtp.0), as DeepSeek-V4 has", o->dir, m->n_mtp_layers);
     if (m->qk_rope_head_dim > 512 || (m->index_head_dim && m->qk_rope_head_dim > m->index_head_dim))
         return pd_err_set(e, PD_EINVAL, "%s: qk_rope_head_dim %d must be at most 512 and index_head_dim", o->dir,
                           m->qk_rope_head_dim);

@@ -1,4 +1,5 @@
 /* Synthetic checkpoints: every tensor of the inventory, generated from a seeded stream per name. */
+#include "core/file.h"
 #include "engine/genmodel.h"
 #include "core/hash.h"
 #include "engine/release.h"
@@ -9,6 +10,7 @@
 #include "model/tokenizer.h"
 #include "plan/inventory.h"
 
+#include <limits.h>
 #include <assert.h>
 #include <errno.h>
 #include <jansson.h>
@@ -414,15 +416,17 @@ static int write_shards(const char *dir, const struct out_list *o, pd_err *e)
     }
     cut[++nshards] = o->n;
     int rc = 0;
-    char file[64], path[600];
+    char file[64], path[PATH_MAX];
     for (int k = 0; k < nshards && !rc; k++) {
         snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", k + 1, nshards);
-        snprintf(path, sizeof path, "%s/%s", dir, file);
+        if ((rc = pd_path_join(path, sizeof path, dir, file, e)))
+            break;
         for (size_t i = cut[k]; i < cut[k + 1]; i++)
             json_object_set_new(map, o->t[i].name, json_string(file));
         rc = pd_st_write(path, o->t + cut[k], cut[k + 1] - cut[k], e);
     }
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (!rc)
+        rc = pd_path_join(path, sizeof path, dir, "model.safetensors.index.json", e);
     if (!rc && json_dump_file(root, path, JSON_INDENT(2) | JSON_SORT_KEYS))
         rc = pd_err_set(e, PD_EIO, "%s: cannot write", path);
     json_decref(root);
@@ -518,7 +522,7 @@ int pd_genmodel_opts(const char *preset, const char *out_dir, uint64_t seed, enu
         return rc;
     }
     struct out_list o = {0};
-    char path[512], name[128];
+    char path[PATH_MAX], name[128];
     int32_t *cyc = NULL;
     if (mtp_agreement >= 0) {
         /* f: the cycle cyc[0] -> cyc[1] -> ... -> cyc[N-1] -> cyc[0] over [2, vs) */
@@ -548,8 +552,9 @@ int pd_genmodel_opts(const char *preset, const char *out_dir, uint64_t seed, enu
     if (!rc && fmt == PD_GEN_RELEASE) {
         rc = write_shards(out_dir, &o, e);
     } else if (!rc) {
-        snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
-        rc = pd_st_write(path, o.t, o.n, e);
+        rc = pd_path_join(path, sizeof path, out_dir, "model.safetensors", e);
+        if (!rc)
+            rc = pd_st_write(path, o.t, o.n, e);
     }
     out_free(&o);
     pd_inventory_free(&inv);
@@ -574,7 +579,10 @@ int pd_genmodel_opts(const char *preset, const char *out_dir, uint64_t seed, enu
         }
         fclose(f);
     }
-    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    if ((rc = pd_path_join(path, sizeof path, out_dir, "config.json", e))) {
+        free(text);
+        return rc;
+    }
     if (fmt == PD_GEN_RELEASE) {
         char *rtext = release_config(embedded ? embedded : text);
         free(text);
@@ -595,8 +603,8 @@ int pd_genmodel_opts(const char *preset, const char *out_dir, uint64_t seed, enu
     int vocab = m.vocab_size < 1024 ? (int)m.vocab_size : 1024;
     if ((rc = pd_tok_train(corpus, strlen(corpus), vocab, special, 2, &json, e)))
         return rc;
-    snprintf(path, sizeof path, "%s/tokenizer.json", out_dir);
-    rc = write_text(path, json, e);
+    if (!(rc = pd_path_join(path, sizeof path, out_dir, "tokenizer.json", e)))
+        rc = write_text(path, json, e);
     free(json);
     return rc;
 }

@@ -7,6 +7,7 @@
 #include "kernels/vec.h"
 
 #include <assert.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +49,40 @@ static int64_t numel_of(const struct pd_st_tensor *t)
     return n;
 }
 
+/* A weight that is NaN or infinite (a corrupt or badly converted checkpoint) makes every logit
+ * NaN: the model "runs" and answers token 0 for ever. Found at load instead, naming the tensor and
+ * the place: what (f32 values or bf16 bits) of n values, as a rows x cols tensor (cols 0: a
+ * vector). */
+static int nonfinite(const struct pd_st_set *st, const struct pd_st_tensor *t, const char *name, int64_t i,
+                     int64_t cols, int nan, pd_err *e)
+{
+    char at[64];
+    if (cols)
+        snprintf(at, sizeof at, "row %lld, column %lld", (long long)(i / cols), (long long)(i % cols));
+    else
+        snprintf(at, sizeof at, "value %lld", (long long)i);
+    return pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" %s is %s", pd_st_set_path_of(st, t), name, at,
+                      nan ? "NaN" : "infinite");
+}
+
+static int finite_f32(const float *f, int64_t n, const struct pd_st_set *st, const struct pd_st_tensor *t,
+                      const char *name, int64_t cols, pd_err *e)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(f[i]))
+            return nonfinite(st, t, name, i, cols, isnan(f[i]), e);
+    return 0;
+}
+
+static int finite_bf16(const uint16_t *h, int64_t n, const struct pd_st_set *st, const struct pd_st_tensor *t,
+                       const char *name, int64_t cols, pd_err *e)
+{
+    for (int64_t i = 0; i < n; i++)
+        if ((h[i] & 0x7f80) == 0x7f80)   /* exponent all ones: NaN or infinity */
+            return nonfinite(st, t, name, i, cols, (h[i] & 0x7f) != 0, e);
+    return 0;
+}
+
 float *pd_load_f32(const struct pd_st_set *st, struct pd_arena *a, const char *name, int64_t numel, pd_err *e)
 {
     const struct pd_st_tensor *t = pd_st_set_find(st, name);
@@ -74,7 +109,7 @@ float *pd_load_f32(const struct pd_st_set *st, struct pd_arena *a, const char *n
                    pd_st_dtype_name(t->dtype));
         return NULL;
     }
-    return f;
+    return finite_f32(f, numel, st, t, name, 0, e) ? NULL : f;
 }
 
 /* Maps the pages of n bytes at p (inside the checkpoint's mapping) now rather than at their first
@@ -93,6 +128,19 @@ static void prefault(const void *p, size_t n)
     (void)p;
     (void)n;
 #endif
+}
+
+/* t is not the out x in matrix the config needs (a transposed [in, out] of as many values once
+ * ran as its transpose): its shape as stored, every dimension of it. */
+static int bad_shape(const struct pd_st_set *st, const struct pd_st_tensor *t, const char *name, int out, int in,
+                     pd_err *e)
+{
+    char dims[96] = "";
+    size_t at = 0;
+    for (int d = 0; d < t->ndim && at < sizeof dims - 24; d++)
+        at += (size_t)snprintf(dims + at, sizeof dims - at, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+    return pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" has shape [%s], the config needs [%d, %d]",
+                      pd_st_set_path_of(st, t), name, dims, out, in);
 }
 
 int pd_linear_load(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
@@ -132,7 +180,7 @@ int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct p
         for (int r = 0; r < out; r++)
             pd_release_decode_row(rm.fmt, rm.w->data, rm.s->data, out, in, r, f + (size_t)r * in);
         l->f = f;
-        return 0;
+        return finite_f32(f, (int64_t)out * in, st, t, name, in, e);
     }
     if (rm.fmt != PD_RELEASE_NONE) {
         int8_t *q = pd_arena_alloc(a, (size_t)out * in);
@@ -145,14 +193,13 @@ int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct p
         return 0;
     }
     if (t->ndim != 2 || t->shape[0] != out || t->shape[1] != in)
-        return pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" has shape [%lld, %lld], the config needs [%d, %d]",
-                          pd_st_set_path_of(st, t), name, (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0), out, in);
+        return bad_shape(st, t, name, out, in, e);
     if (t->dtype == PD_ST_BF16 && in <= PD_LINEAR_WIDE_FLOATS && (uintptr_t)t->data % 2 == 0) {
         /* read in place (shape checked above); a row longer than PD_LINEAR_WIDE_FLOATS, or data at
          * an odd address, gets an fp32 copy instead */
         l->h = (const uint16_t *)t->data;
         prefault(t->data, (size_t)out * in * 2);
-        return 0;
+        return finite_bf16(l->h, (int64_t)out * in, st, t, name, in, e);
     }
     if (t->dtype != PD_ST_I8) {
         l->f = pd_load_f32(st, a, name, (int64_t)out * in, e);
@@ -176,11 +223,12 @@ int pd_linear_load_float(struct pd_linear *l, const struct pd_st_set *st, struct
     int rc = linear_find(l, st, name, out, in, &t, e);
     if (rc)
         return rc;
-    if (t->dtype == PD_ST_BF16 && t->ndim == 2 && t->shape[0] == out && t->shape[1] == in &&
-        in <= PD_LINEAR_WIDE_FLOATS && (uintptr_t)t->data % 2 == 0) {
+    if (t->ndim != 2 || t->shape[0] != out || t->shape[1] != in)
+        return bad_shape(st, t, name, out, in, e);
+    if (t->dtype == PD_ST_BF16 && in <= PD_LINEAR_WIDE_FLOATS && (uintptr_t)t->data % 2 == 0) {
         l->h = (const uint16_t *)t->data;
         prefault(t->data, (size_t)out * in * 2);
-        return 0;
+        return finite_bf16(l->h, (int64_t)out * in, st, t, name, in, e);
     }
     l->f = pd_load_f32(st, a, name, (int64_t)out * in, e);
     return l->f ? 0 : e->code;

@@ -221,7 +221,11 @@ int pd_weights_load_ref(struct pd_weights *w, const struct pd_model *m, const ch
         goto fail;
     }
     memset(w->layers, 0, (size_t)m->n_layers * sizeof *w->layers);
-    if (m->tie_word_embeddings)
+    if (m->tie_word_embeddings && pd_st_set_find(&w->st, "head.weight"))
+        /* tied, the output head is the embedding: a head of its own would go unread */
+        rc = pd_err_set(e, PD_EINVAL, "%s: config.json says tie_word_embeddings true, but the checkpoint has its own "
+                        "head.weight, which would go unused: set it false, or drop the tensor", dir);
+    else if (m->tie_word_embeddings)
         rc = pd_linear_load_ref(&w->head, &w->st, &w->arena, "embed.weight", (int)m->vocab_size, (int)H, ref, e);
     else
         rc = lin(w, &w->head, "", "head.weight", m->vocab_size, H, e);

@@ -4,6 +4,7 @@
 #include "core/file.h"
 #include "model/jsonf.h"
 
+#include <limits.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,6 +74,12 @@ static int parse_scoring(const struct pd_jsrc *src, json_t *root, struct pd_mode
     rc = pd_json_str(src, root, "topk_method", 0, "noaux_tc", s, sizeof s, e);
     if (rc)
         return rc;
+    /* DeepSeek's three: V2's greedy and group-limited greedy, V3's and V4's auxiliary-loss-free
+     * noaux_tc; another name is a typo or a router this program has never seen */
+    if (strcmp(s, "noaux_tc") && strcmp(s, "greedy") && strcmp(s, "group_limited_greedy"))
+        return pd_err_set(e, PD_EINVAL,
+                          "%s: field \"topk_method\": unknown value \"%s\" (noaux_tc, greedy, group_limited_greedy)",
+                          src->file, s);
     m->noaux_tc = strcmp(s, "noaux_tc") == 0;
     return 0;
 }
@@ -311,8 +318,8 @@ int pd_model_parse(const char *text, const char *label, struct pd_model *m, pd_e
         goto out;
     NUM("rms_norm_eps", 0, 1e-6, 0, 1, &m->rms_norm_eps);
     I64("max_position_embeddings", 0, 4096, 1, BIG, &m->max_position_embeddings);
-    I32("bos_token_id", 0, 0, 0, 1 << 30, &m->bos_token_id);
-    I32("eos_token_id", 0, 1, 0, 1 << 30, &m->eos_token_id);
+    I32("bos_token_id", 0, -1, 0, 1 << 30, &m->bos_token_id);   /* -1: not given */
+    I32("eos_token_id", 0, -1, 0, 1 << 30, &m->eos_token_id);
     I32("num_attention_heads", 1, 0, 1, 4096, &m->n_heads);
     I32("num_key_value_heads", 0, m->arch == PD_ARCH_DEEPSEEK_V4 ? 1 : m->n_heads, 1, 4096, &m->n_kv_heads);
     if (m->arch == PD_ARCH_DEEPSEEK_V4 && m->n_kv_heads != 1) {
@@ -412,13 +419,14 @@ int pd_model_load(const char *spec, struct pd_model *m, pd_err *e)
 
 int pd_model_load_as(const char *flag, const char *spec, struct pd_model *m, pd_err *e)
 {
-    char path[512], name[64];
+    char path[PATH_MAX], name[64];
     struct stat st;
     if (!spec || !*spec)
         return pd_err_set(e, PD_EINVAL, "%s: empty model name", flag);
     if (stat(spec, &st) == 0) {
         if (S_ISDIR(st.st_mode)) {
-            snprintf(path, sizeof path, "%s/config.json", spec);
+            if (pd_path_join(path, sizeof path, spec, "config.json", e))
+                return e->code;
             stem(spec[strlen(spec) - 1] == '/' ? "model" : spec, name, sizeof name);
         } else {
             snprintf(path, sizeof path, "%s", spec);

@@ -48,7 +48,7 @@ struct pd_model {
     int tie_word_embeddings;
     double rms_norm_eps;
     int64_t max_position_embeddings;
-    int bos_token_id, eos_token_id;
+    int bos_token_id, eos_token_id;   /* -1: not in config.json */
 
     /* attention, both architectures */
     int n_heads;                   /* num_attention_heads */

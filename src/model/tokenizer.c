@@ -557,7 +557,7 @@ static int32_t first_present(const struct pd_tok *t, const char *const *names, i
     return -1;
 }
 
-static void find_bos_eos(struct pd_tok *t, json_t *root)
+static int find_bos_eos(struct pd_tok *t, json_t *root, const char *label, pd_err *e)
 {
     static const char *const bos[] = {"<｜begin▁of▁sentence｜>", "<|begin_of_text|>", "<s>",
                                       "<|endoftext|>"};
@@ -569,12 +569,15 @@ static void find_bos_eos(struct pd_tok *t, json_t *root)
     if (ty && !strcmp(ty, "TemplateProcessing")) {
         json_t *first = json_array_get(json_object_get(pp, "single"), 0);
         json_t *id = json_object_get(json_object_get(first, "SpecialToken"), "id");
-        if (json_is_string(id))
-            t->bos = pd_tok_id_of(t, json_string_value(id));
+        if (json_is_string(id) && (t->bos = pd_tok_id_of(t, json_string_value(id))) < 0)
+            /* the prompt's first token as the file says: one it does not hold is no BOS at all */
+            return ferr(e, PD_EFORMAT, label, "post_processor.single[0].SpecialToken.id",
+                        "\"%s\" is not a token of this tokenizer", json_string_value(id));
     }
     if (t->bos < 0)
         t->bos = first_present(t, bos, 4);
     t->eos = first_present(t, eos, 4);
+    return 0;
 }
 
 static int parse_root(struct pd_tok *t, json_t *root, const char *label, pd_err *e)
@@ -589,10 +592,18 @@ static int parse_root(struct pd_tok *t, json_t *root, const char *label, pd_err 
         (rc = check_normalizer(json_object_get(root, "normalizer"), label, "normalizer", e)) ||
         (rc = load_pretok(t, root, label, e)) || (rc = check_decoder(root, label, e)))
         return rc;
-    for (int b = 0; b < 256; b++)
+    /* a byte-level vocabulary with no byte's token (empty, or not byte-level) encodes no text:
+     * every request was refused as if the client's prompt were at fault */
+    int bytes = 0;
+    for (int b = 0; b < 256; b++) {
         t->byte_id[b] = sh_find(t, pd_tok_bl_str[b], pd_tok_bl_len[b]);
-    find_bos_eos(t, root);
-    return 0;
+        bytes += t->byte_id[b] >= 0;
+    }
+    if (!bytes)
+        return ferr(e, PD_EFORMAT, label, "model.vocab",
+                    "no byte has a token of its own (a byte-level BPE vocabulary holds the 256 of them): it "
+                    "encodes no text");
+    return find_bos_eos(t, root, label, e);
 }
 
 void pd_tok_free(struct pd_tok *t)
@@ -718,6 +729,20 @@ int pd_tok_check_vocab(const struct pd_tok *t, int64_t vocab, const char *path, 
     return pd_err_set(e, PD_EINVAL, "%s: token ids go up to %d, but the model's vocabulary (config.json vocab_size) "
                       "has %lld rows: ids from %lld on have no embedding or output row (the tokenizer of another "
                       "model?)", path, t->n_ids - 1, (long long)vocab, (long long)vocab);
+}
+
+int pd_tok_check_special(const struct pd_tok *t, int bos, int eos, const char *path, pd_err *e)
+{
+    const struct {
+        const char *what, *field;
+        int tok, cfg;
+    } k[2] = {{"end", "eos_token_id", t->eos, eos}, {"begin", "bos_token_id", t->bos, bos}};
+    for (int i = 0; i < 2; i++)
+        if (k[i].tok >= 0 && k[i].cfg >= 0 && k[i].tok != k[i].cfg)
+            return pd_err_set(e, PD_EINVAL, "%s: the %s-of-sentence token is id %d, but config.json's %s is %d: "
+                              "the tokenizer and the config are not one model's", path, k[i].what, k[i].tok,
+                              k[i].field, k[i].cfg);
+    return 0;
 }
 
 int pd_tok_is_special(const struct pd_tok *t, int32_t id)

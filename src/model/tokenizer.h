@@ -74,6 +74,10 @@ int32_t pd_tok_vocab_size(const struct pd_tok *t);
  * output head), else PD_EINVAL naming `path` (the tokenizer's file), its largest id and vocab. A
  * model's vocab may be larger (padding: DeepSeek's 129,280 rows hold 128,815 tokens). */
 int pd_tok_check_vocab(const struct pd_tok *t, int64_t vocab, const char *path, pd_err *e);
+/* 0 unless config.json's bos_token_id / eos_token_id (bos, eos; -1: not given) name other ids
+ * than the tokenizer's own begin / end-of-sentence tokens (the generation would stop at a token the
+ * model never ends with): then PD_EINVAL naming path, the token and both ids. */
+int pd_tok_check_special(const struct pd_tok *t, int bos, int eos, const char *path, pd_err *e);
 /* Id of an added token's content, or of a vocab token as written in the file ("Ġthe");
  * -1 if there is none. */
 int32_t pd_tok_id_of(const struct pd_tok *t, const char *token);

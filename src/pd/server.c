@@ -2,7 +2,10 @@
  * thread with continuous batching over the engine (or an EP group of MPI ranks: server_ep.c), and
  * the server's life; the HTTP side is server_api.c (its /metrics server_metrics.c), the shared
  * state server_int.h. */
+#include "core/file.h"
 #include "pd/server_int.h"
+
+#include <limits.h>
 /* ---- request lifetime ---------------------------------------------------------------------- */
 
 void pd_srv_req_unref(struct pd_server *s, struct req *r)
@@ -785,9 +788,8 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
                  pd_hist_le_e2e);
     pthread_cond_init(&s->cv, NULL);
     int rc;
-    char path[600];
-    snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
-    if ((rc = pd_tok_load(path, &s->tok, e)))
+    char path[PATH_MAX];
+    if ((rc = pd_path_join(path, sizeof path, o->model_dir, "tokenizer.json", e)) || (rc = pd_tok_load(path, &s->tok, e)))
         goto fail;
     if ((rc = pd_chat_format_of(o->model_dir, &s->chat, e)))
         goto fail;
@@ -803,7 +805,8 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
         goto fail;
     if ((rc = pd_engine_open(&s->en, &eo, e)))
         goto fail;
-    if ((rc = pd_tok_check_vocab(s->tok, s->en.model.vocab_size, path, e)))
+    if ((rc = pd_tok_check_vocab(s->tok, s->en.model.vocab_size, path, e)) ||
+        (rc = pd_tok_check_special(s->tok, s->en.model.bos_token_id, s->en.model.eos_token_id, path, e)))
         goto fail;
     /* positions past the model's are not served (vLLM refuses them too): the rope was never
      * trained there, and /v1/models would advertise a context the model does not have */

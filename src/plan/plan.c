@@ -498,6 +498,18 @@ int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e)
                               (long long)o->max_model_len, (long long)p->model.max_position_embeddings);
         p->o.max_model_len = p->model.max_position_embeddings;   /* the default: the model's own length */
     }
+    /* a hand-off of a prompt no deployment of this model can hold is not a figure to act on */
+    int kept = 0;
+    for (int i = 0; i < p->o.n_handoff; i++) {
+        if (p->o.handoff_tokens[i] <= p->model.max_position_embeddings)
+            p->o.handoff_tokens[kept++] = p->o.handoff_tokens[i];
+        else if (o->handoff_given)
+            return pd_err_set(e, PD_EINVAL, "--handoff-tokens %lld: more than the model's max_position_embeddings %lld",
+                              (long long)p->o.handoff_tokens[i], (long long)p->model.max_position_embeddings);
+    }
+    if (kept == 0 && p->o.n_handoff > 0)   /* a small model: one prompt of its full length */
+        p->o.handoff_tokens[kept++] = p->model.max_position_embeddings;
+    p->o.n_handoff = kept;
     if (o->hw)
         p->hw = *o->hw;
     else if ((rc = pd_hardware_load(o->hardware, &p->hw, e)))

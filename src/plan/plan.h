@@ -65,6 +65,8 @@ struct pd_plan_opts {
     int sweep;
     int n_handoff;
     int64_t handoff_tokens[8];
+    int handoff_given;           /* set by the user: a length past the model's positions is refused
+                                    (a default one is left out of the table) */
 };
 
 /* Activation memory of one forward step on one card (docs/memory-model.md). */

@@ -254,3 +254,61 @@ Test(careless, messages_name_what_to_do)
     cr_assert(v && json_is_null(v), "ttft_at_rate_s: %s", v ? json_dumps(v, JSON_ENCODE_ANY) : "absent");
     json_decref(j);
 }
+
+/* A flag given twice (a command pasted from two recipes) is refused naming both values, in every
+ * subcommand; aliases count as one flag. Before, the last one won and the first was dropped
+ * without a word. */
+Test(careless, a_flag_given_twice_is_refused_in_every_subcommand)
+{
+    refused("plan --max-model-len 4096 --max-model-len 1024", "--max-model-len given twice (4096, then 1024)",
+            "give it once");
+    refused("plan --json --json", "--json given twice", NULL);
+    refused("search --cards 8 --cards 16", "--cards given twice (8, then 16)", NULL);
+    refused("serve --model models/mini --port 0 --max-num-seqs 4 --max-num-seqs 8", "pdmoe serve: --max-num-seqs given twice",
+            NULL);
+    refused("serve --model models/mini --max-connections 4 --max-connections 8", "--max-connections given twice", NULL);
+    refused("up --kv-cache-memory-bytes 1000 --kv-cache-bytes 2000", "pdmoe up: --kv-cache-bytes given twice (1000, then 2000)",
+            NULL);
+    refused("generate --model models/mini --prompt a --max-tokens 2 --max-tokens 3",
+            "pdmoe generate: --max-tokens given twice (2, then 3)", NULL);
+    refused("gen-model --preset mini --preset v4-tiny --out /nonexistent", "pdmoe gen-model: --preset given twice", NULL);
+    refused("calibrate --threads 1 --threads 2", "pdmoe calibrate: --threads given twice", NULL);
+    refused("convert --out /a --out /b", "pdmoe convert: --out given twice", NULL);
+    refused("proxy --decode 127.0.0.1:1 --port 1 --port 2", "pdmoe proxy: --port given twice (1, then 2)", NULL);
+}
+
+/* A hand-off of a prompt longer than the model's positions is refused by name; the default
+ * lengths a small model cannot hold are left out, its full length shown instead. */
+Test(careless, a_handoff_past_the_models_positions_is_refused)
+{
+    refused("plan --model models/mini --handoff-tokens 8000,100000", "--handoff-tokens 100000",
+            "max_position_embeddings 65536");
+    struct run r;
+    run("plan --model models/v4-tiny.json --prefill dp=8,tp=1,instances=1 --decode dp=16,tp=1,instances=1 --json", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    json_t *j = json_loads(r.out, 0, NULL);
+    cr_assert_not_null(j, "not JSON: %.200s", r.out);
+    json_t *h = json_object_get(j, "handoff");
+    cr_assert(json_is_array(h) && json_array_size(h) == 1, "hand-off rows: %s", r.out);
+    cr_assert_eq(json_integer_value(json_object_get(json_array_get(h, 0), "tokens")), 4096);
+    json_decref(j);
+}
+
+/* --prefill and --decode of the proxy may repeat, as sglang-router's do: each adds its instances
+ * (the second once overwrote the first's list in place: its first instance was lost and the
+ * second's counted twice). */
+Test(careless, the_proxys_instance_flags_add_up)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "timeout -s INT 1.5 %s proxy --prefill 127.0.0.1:1 --prefill 127.0.0.1:2,127.0.0.1:3 "
+             "--decode 127.0.0.1:4 --port 0 --health-interval-ms 100", bin);
+    static struct run r;
+    run_cmd(cmd, &r);
+    cr_assert(strstr(r.err, "(prefill 3, decode 1 instances)"), "%s", r.err);
+    for (int p = 1; p <= 3; p++) {
+        char want[96];
+        snprintf(want, sizeof want, "prefill instance 127.0.0.1:%d is down", p);
+        cr_assert(strstr(r.err, want), "%s not in: %s", want, r.err);
+    }
+}

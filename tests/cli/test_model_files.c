@@ -142,3 +142,264 @@ Test(model_files, a_config_that_miscounts_the_experts_is_refused_by_plan)
     }
     rm_model(dir);
 }
+
+/* The header of dir/model.safetensors (its JSON) and the file offset where its data begin. */
+static json_t *st_header(const char *dir, long *data_at, size_t *hlen)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f);
+    uint64_t n = 0;
+    cr_assert_eq(fread(&n, 8, 1, f), 1);
+    char *h = malloc(n + 1);
+    cr_assert_eq(fread(h, 1, n, f), n);
+    h[n] = 0;
+    fclose(f);
+    json_error_t je;
+    json_t *j = json_loads(h, 0, &je);
+    cr_assert_not_null(j, "%s", je.text);
+    free(h);
+    *data_at = (long)(8 + n);
+    *hlen = (size_t)n;
+    return j;
+}
+
+/* Writes n bytes over tensor `name`'s data at byte `at`, the bytes that were there into old. */
+static void st_poke(const char *dir, const char *name, long at, const void *bytes, void *old, size_t n)
+{
+    long data;
+    size_t hl;
+    json_t *h = st_header(dir, &data, &hl);
+    json_t *t = json_object_get(h, name);
+    cr_assert_not_null(t, "no tensor %s", name);
+    long off = data + (long)json_integer_value(json_array_get(json_object_get(t, "data_offsets"), 0)) + at;
+    json_decref(h);
+    char path[256];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "r+b");
+    cr_assert_not_null(f);
+    cr_assert_eq(fseek(f, off, SEEK_SET), 0);
+    cr_assert_eq(fread(old, 1, n, f), n);
+    cr_assert_eq(fseek(f, off, SEEK_SET), 0);
+    cr_assert_eq(fwrite(bytes, 1, n, f), n);
+    cr_assert_eq(fclose(f), 0);
+}
+
+/* A NaN or an infinity among the weights (a corrupt file, a conversion that overflowed) made every
+ * logit NaN: generate exited 0 printing token 0 for ever. Each is refused at load, naming the
+ * tensor and the value: a norm (bf16 vector), an int8 matrix's scale (f32), a bf16 matrix read in
+ * place. */
+Test(model_files, a_weight_that_is_not_finite_is_refused_at_load)
+{
+    char dir[64];
+    tmp_model("v4-tiny", 1, dir, sizeof dir);
+    static const struct {
+        const char *tensor;
+        long at;
+        unsigned char bytes[4];
+        size_t n;
+        const char *want;
+    } cases[] = {
+        {"norm.weight", 3 * 2, {0xc0, 0x7f}, 2, "tensor \"norm.weight\" value 3 is NaN"},
+        {"layers.0.attn.wo_b.weight_scale", 5 * 4, {0, 0, 0x80, 0x7f}, 4,
+         "tensor \"layers.0.attn.wo_b.weight_scale\" value 5 is infinite"},
+        {"head.weight", (2 * 64 + 1) * 2, {0x80, 0xff}, 2, "tensor \"head.weight\" row 2, column 1 is infinite"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        unsigned char old[4];
+        st_poke(dir, cases[k].tensor, cases[k].at, cases[k].bytes, old, cases[k].n);
+        refused_in(dir, "generate --model %s --prompt hi --max-tokens 2 --threads 1", cases[k].want, "model.safetensors");
+        unsigned char back[4];
+        st_poke(dir, cases[k].tensor, cases[k].at, old, back, cases[k].n);
+    }
+    struct run r;
+    char args[256];
+    snprintf(args, sizeof args, "generate --model %s --prompt hi --max-tokens 2 --threads 1", dir);
+    run(args, &r);
+    cr_assert_eq(r.status, 0, "restored: %s", r.err);
+    rm_model(dir);
+}
+
+/* A float matrix stored transposed ([64, 16] for the router's [16, 64], as many values) ran as if
+ * it were the right way round. */
+Test(model_files, a_transposed_float_matrix_is_refused)
+{
+    char dir[64], path[256];
+    tmp_model("v4-tiny", 1, dir, sizeof dir);
+    long data;
+    size_t hl;
+    json_t *h = st_header(dir, &data, &hl);
+    json_t *t = json_object_get(h, "layers.1.ffn.gate.weight");
+    cr_assert_not_null(t);
+    json_object_set_new(t, "shape", json_pack("[i, i]", 64, 16));
+    char *text = json_dumps(h, JSON_COMPACT);
+    json_decref(h);
+    size_t n = strlen(text);
+    cr_assert_leq(n, hl, "the edited header is longer (%zu > %zu)", n, hl);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "r+b");
+    cr_assert_not_null(f);
+    cr_assert_eq(fseek(f, 8, SEEK_SET), 0);
+    cr_assert_eq(fwrite(text, 1, n, f), n);
+    for (size_t i = n; i < hl; i++)
+        fputc(' ', f);
+    cr_assert_eq(fclose(f), 0);
+    free(text);
+    refused_in(dir, "generate --model %s --prompt hi --max-tokens 2 --threads 1",
+               "tensor \"layers.1.ffn.gate.weight\" has shape [64, 16], the config needs [16, 64]", NULL);
+    rm_model(dir);
+}
+
+/* Sets config.json's field `key` of dir to v (taken). */
+static void config_set(const char *dir, const char *key, json_t *v)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_error_t je;
+    json_t *c = json_load_file(path, 0, &je);
+    cr_assert_not_null(c, "%s", je.text);
+    json_object_set_new(c, key, v);
+    cr_assert_eq(json_dump_file(c, path, JSON_INDENT(2)), 0);
+    json_decref(c);
+}
+
+/* A router or an MTP depth the engine does not run (scoring_func softmax, topk_method greedy,
+ * three MTP layers) was accepted and run as V4's; an unknown topk_method too. */
+Test(model_files, a_config_the_engine_does_not_run_is_refused)
+{
+    char dir[64];
+    tmp_model("v4-tiny", 1, dir, sizeof dir);
+    static const char *const args = "generate --model %s --prompt hi --max-tokens 2 --threads 1";
+    config_set(dir, "scoring_func", json_string("softmax"));
+    refused_in(dir, args, "the engine's router is DeepSeek-V4's", "this model's scoring_func is not implemented");
+    config_set(dir, "scoring_func", json_string("sqrtsoftplus"));
+    config_set(dir, "topk_method", json_string("greedy"));
+    refused_in(dir, args, "this model's topk_method is not implemented", NULL);
+    config_set(dir, "topk_method", json_string("noaux-tc"));
+    refused_in(dir, args, "field \"topk_method\": unknown value \"noaux-tc\"", NULL);
+    config_set(dir, "topk_method", json_string("noaux_tc"));
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_error_t je;
+    json_t *c = json_load_file(path, 0, &je);
+    cr_assert_not_null(c);
+    json_t *cr = json_object_get(c, "compress_ratios");
+    cr_assert(json_is_array(cr));
+    json_array_append_new(cr, json_integer(0));
+    json_array_append_new(cr, json_integer(0));
+    json_object_set_new(c, "num_nextn_predict_layers", json_integer(3));
+    cr_assert_eq(json_dump_file(c, path, JSON_INDENT(2)), 0);
+    json_decref(c);
+    refused_in(dir, args, "num_nextn_predict_layers 3: the engine runs one MTP layer", NULL);
+    rm_model(dir);
+}
+
+/* generate ran past the model's positions (serve refused the same length). */
+Test(model_files, generate_past_the_models_positions_is_refused)
+{
+    char dir[64];
+    tmp_model("v4-tiny", 1, dir, sizeof dir);
+    config_set(dir, "max_position_embeddings", json_integer(8));
+    refused_in(dir, "generate --model %s --prompt 'hello world this is long' --max-tokens 20 --threads 1",
+               "--max-tokens 20: more than the model's max_position_embeddings 8", NULL);
+    rm_model(dir);
+}
+
+/* A model directory whose path is long (over 512 bytes, well under PATH_MAX) had its file names
+ * cut ("DIR/config.") and failed with an error that named no reason. */
+Test(model_files, a_long_model_path_loads)
+{
+    char dir[64], deep[1024], cmd[2400];
+    tmp_model("v4-tiny", 1, dir, sizeof dir);
+    int at = snprintf(deep, sizeof deep, "%s", dir);
+    for (int k = 0; k < 3; k++) {
+        at += snprintf(deep + at, sizeof deep - (size_t)at, "/");
+        for (int i = 0; i < 200; i++)
+            deep[at++] = (char)('a' + k);
+        deep[at] = 0;
+    }
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && ln -s %s/config.json %s/model.safetensors %s/tokenizer.json %s/", deep, dir,
+             dir, dir, deep);
+    cr_assert_eq(system(cmd), 0);
+    struct run r;
+    char args[1400];
+    snprintf(args, sizeof args, "generate --model %s --prompt hi --max-tokens 2 --threads 1", deep);
+    run(args, &r);
+    cr_assert_eq(r.status, 0, "a %zu-byte model path: %s", strlen(deep), r.err);
+    snprintf(cmd, sizeof cmd, "rm -rf %s/aaaa*", dir);
+    cr_assert_eq(system(cmd), 0);
+    rm_model(dir);
+}
+
+/* A tokenizer.json whose vocabulary has no byte's token (emptied) loaded: serve then answered
+ * every request with an error blaming the client's prompt. It is refused at load. */
+Test(model_files, a_vocabulary_without_bytes_is_refused_at_load)
+{
+    char dir[64], path[128];
+    tmp_model("v4-tiny", 1, dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    json_error_t je;
+    json_t *t = json_load_file(path, 0, &je);
+    cr_assert_not_null(t, "%s", je.text);
+    json_t *model = json_object_get(t, "model");
+    json_object_set_new(model, "vocab", json_object());
+    json_object_set_new(model, "merges", json_array());
+    cr_assert_eq(json_dump_file(t, path, 0), 0);
+    json_decref(t);
+    refused_in(dir, "generate --model %s --prompt hi --max-tokens 2", "tokenizer.json: field \"model.vocab\"",
+               "no byte has a token of its own");
+    refused_in(dir, "serve --model %s --port 18975 --max-model-len 256", "tokenizer.json: field \"model.vocab\"",
+               "encodes no text");
+    rm_model(dir);
+}
+
+/* config.json's eos_token_id was never read: one naming another token than the tokenizer's
+ * end-of-sentence (config and tokenizer of two models) generated on past the config's stop. */
+Test(model_files, a_config_whose_eos_is_not_the_tokenizers_is_refused)
+{
+    char dir[64];
+    tmp_model("v4-tiny", 1, dir, sizeof dir);
+    config_set(dir, "eos_token_id", json_integer(183));
+    refused_in(dir, "generate --model %s --prompt hi --max-tokens 2 --threads 1",
+               "tokenizer.json: the end-of-sentence token is id 1, but config.json's eos_token_id is 183", NULL);
+    refused_in(dir, "serve --model %s --port 18977 --max-model-len 256", "config.json's eos_token_id is 183", NULL);
+    config_set(dir, "eos_token_id", json_integer(1));
+    config_set(dir, "bos_token_id", json_integer(5));
+    refused_in(dir, "generate --model %s --prompt hi --max-tokens 2 --threads 1",
+               "the begin-of-sentence token is id 0, but config.json's bos_token_id is 5", NULL);
+    rm_model(dir);
+}
+
+/* tie_word_embeddings true beside a checkpoint's own head.weight ran with the embedding as the
+ * head, the stored head unread without a word. */
+Test(model_files, a_tied_head_beside_a_stored_head_is_refused)
+{
+    char dir[64];
+    tmp_model("v4-tiny", 1, dir, sizeof dir);
+    config_set(dir, "tie_word_embeddings", json_true());
+    refused_in(dir, "generate --model %s --prompt hi --max-tokens 2 --threads 1",
+               "config.json says tie_word_embeddings true, but the checkpoint has its own head.weight", NULL);
+    rm_model(dir);
+}
+
+/* A post_processor whose template starts with a token the tokenizer does not hold (a typo in
+ * "<｜begin▁of▁sentence｜>") silently fell back to another BOS. */
+Test(model_files, a_template_bos_the_tokenizer_lacks_is_refused)
+{
+    char dir[64], path[128];
+    tmp_model("v4-tiny", 1, dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    json_error_t je;
+    json_t *t = json_load_file(path, 0, &je);
+    cr_assert_not_null(t, "%s", je.text);
+    json_object_set_new(t, "post_processor",
+                        json_pack("{s:s, s:[{s:{s:s, s:i}}, {s:{s:s, s:i}}], s:[], s:{}}", "type", "TemplateProcessing",
+                                  "single", "SpecialToken", "id", "<nope>", "type_id", 0, "Sequence", "id", "A",
+                                  "type_id", 0, "pair", "special_tokens"));
+    cr_assert_eq(json_dump_file(t, path, 0), 0);
+    json_decref(t);
+    refused_in(dir, "generate --model %s --prompt hi --max-tokens 2", "post_processor.single[0].SpecialToken.id",
+               "\"<nope>\" is not a token of this tokenizer");
+    rm_model(dir);
+}
