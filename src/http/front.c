@@ -336,15 +336,25 @@ static void on_fix(evutil_socket_t fd, short what, void *arg)
     struct evbuffer *out = bufferevent_get_output(c->bev);
     char head[32] = {0};
     int code = 0;
+    /* a socket bufferevent keeps its output's start frozen except while it writes (libevent 2.1
+     * does so on a connection that has answered before): a copy or a drain of it fails, and the
+     * HTML page went out as it was, so it is thawed for the rewrite and frozen again */
+    ev_ssize_t n = evbuffer_copyout(out, head, sizeof head - 1);
+    int thawed = n < 0 && evbuffer_get_length(out) > 0 && evbuffer_unfreeze(out, 1) == 0;
+    if (thawed)
+        n = evbuffer_copyout(out, head, sizeof head - 1);
     /* the status line echoes the request's version, whatever it was */
-    if (evbuffer_copyout(out, head, sizeof head - 1) < 12 || sscanf(head, "HTTP/%*d.%*d %d", &code) != 1 || code < 400)
+    if (n < 12 || sscanf(head, "HTTP/%*d.%*d %d", &code) != 1 || code < 400) {
+        if (thawed)
+            evbuffer_freeze(out, 1);
         return;   /* 100 Continue */
+    }
     const struct pd_http_limits *l = &c->f->lim;
     char msg[256];
     const char *reason = pd_http_reason(code);
     if (code == 413)
         snprintf(msg, sizeof msg, "the request body is over %lld bytes, this server's limit (or its chunked encoding "
-                 "is malformed)", (long long)l->max_body_bytes);
+                 "is malformed, or has chunk extensions, which this server does not read)", (long long)l->max_body_bytes);
     else if (code == 400)
         snprintf(msg, sizeof msg, "malformed HTTP request: request line, headers (at most %lld bytes) or chunked body",
                  (long long)l->max_header_bytes);
@@ -355,13 +365,15 @@ static void on_fix(evutil_socket_t fd, short what, void *arg)
     else
         snprintf(msg, sizeof msg, "the request was refused (%d)", code);
     char *txt = pd_http_error_body("invalid_request_error", NULL, msg);
-    if (!txt)
-        return;
-    c->fixed = 1;
-    evbuffer_drain(out, evbuffer_get_length(out));
-    evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                        "Connection: close\r\n\r\n%s", code, reason, strlen(txt), txt);
-    free(txt);
+    if (txt) {
+        c->fixed = 1;
+        evbuffer_drain(out, evbuffer_get_length(out));
+        evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                            "Connection: close\r\n\r\n%s", code, reason, strlen(txt), txt);
+        free(txt);
+    }
+    if (thawed)
+        evbuffer_freeze(out, 1);
 }
 
 static void conn_drop(struct conn *c)
@@ -522,18 +534,34 @@ static void on_reply_done(struct evhttp_request *h, void *arg)
 static const char *bad_framing(struct evhttp_request *h, int *code)
 {
     const char *cl = NULL;
+    int host = 0;
     struct evkeyvalq *in = evhttp_request_get_input_headers(h);
     for (struct evkeyval *kv = in->tqh_first; kv; kv = kv->next.tqe_next) {
+        *code = 400;
+        /* a name is a token (RFC 9110 5.1): "Content-Length :" is no Content-Length to libevent, so
+         * its body was read as the next request, where another hop takes it as this one's body
+         * (RFC 9112 5.1: such a request MUST be refused) */
+        if (!*kv->key || kv->key[strspn(kv->key, "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
+                                                 "ABCDEFGHIJKLMNOPQRSTUVWXYZ")])
+            return "a header name holds a character a name cannot (a space before the colon?)";
+        for (const unsigned char *v = (const unsigned char *)kv->value; *v; v++)
+            if ((*v < 0x20 && *v != '\t') || *v == 0x7f)
+                return "a header value holds a control character";
+        host |= !evutil_ascii_strcasecmp(kv->key, "Host");
         if (!evutil_ascii_strcasecmp(kv->key, "Content-Length")) {
-            *code = 400;
             if (cl && strcmp(cl, kv->value))
                 return "two Content-Length headers that differ: the request's length is ambiguous";
+            if (!*kv->value || kv->value[strspn(kv->value, "0123456789")])
+                return "Content-Length: not a number of bytes (digits only)";
             cl = kv->value;
         } else if (!evutil_ascii_strcasecmp(kv->key, "Transfer-Encoding") && evutil_ascii_strcasecmp(kv->value, "chunked")) {
             *code = 501;
             return "Transfer-Encoding: only chunked is understood";
         }
     }
+    *code = 400;
+    if (!host && h->major == 1 && h->minor == 1)   /* RFC 9112 3.2: MUST be refused */
+        return "an HTTP/1.1 request without a Host header";
     return NULL;
 }
 

@@ -681,12 +681,21 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
         st = NULL;   /* unset, as the servers read it */
     if (!json_is_object(body) || (st && !json_is_boolean(st))) {
         px->bad_requests++;
-        reply_error(h, 400, "invalid_request_error", "%s", !body ? je.text : !json_is_object(body)
-                                                               ? "the body must be a JSON object" : "\"stream\" must be a boolean");
+        pd_http_error(h, 400, "invalid_request_error", json_is_object(body) ? "stream" : NULL, "%s",
+                      !body ? je.text : !json_is_object(body) ? "the body must be a JSON object"
+                                                              : "\"stream\" must be a boolean");
         json_decref(body);
         return;
     }
-    json_object_del(body, "kv_transfer_params");
+    if (json_object_get(body, "kv_transfer_params")) {
+        /* the proxy's own field between its prefill and decode instances: a client's was dropped
+         * without a word (its do_remote_prefill, an engine_id of its choosing, a typo...) */
+        px->bad_requests++;
+        pd_http_error(h, 400, "invalid_request_error", "kv_transfer_params", "kv_transfer_params is set by the proxy "
+                      "between its prefill and decode instances; a client does not send it");
+        json_decref(body);
+        return;
+    }
     struct job *j = calloc(1, sizeof *j);
     if (j && prompt_key(body, &j->key)) {
         free(j);

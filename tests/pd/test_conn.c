@@ -443,6 +443,39 @@ static void refusals(int port)
     cr_assert_eq(raw_request(port, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
                              "2\r\n{}\r\n0\r\n\r\n", body, sizeof body), 501);
     assert_json_error(body, "Transfer-Encoding");
+    /* a space before the colon: "Content-Length :" is no length to libevent, whose body was then
+     * answered as a request of its own (RFC 9112 5.1: MUST be refused); a control character in a
+     * value, a length that is not digits, an HTTP/1.1 request without Host (RFC 9112 3.2) */
+    fd = dial(port);
+    say(fd, "POST /health HTTP/1.1\r\nHost: x\r\nContent-Length : 36\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
+    read_until_close(fd, 10, out, sizeof out);
+    close(fd);
+    cr_assert(strncmp(out, "HTTP/1.1 400", 12) == 0, "%s", out);
+    cr_assert_null(strstr(out + 1, "HTTP/1."), "the body was answered as a request: %s", out);
+    assert_json_error(strstr(out, "\r\n\r\n") + 4, "a header name holds a character a name cannot");
+    cr_assert_eq(raw_request(port, "GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\x01z\r\n\r\n", body, sizeof body), 400);
+    assert_json_error(body, "control character");
+    cr_assert_eq(raw_request(port, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: +2\r\n\r\n{}", body,
+                             sizeof body), 400);
+    assert_json_error(body, "Content-Length: not a number of bytes");
+    cr_assert_eq(raw_request(port, "GET /health HTTP/1.1\r\n\r\n", body, sizeof body), 400);
+    assert_json_error(body, "without a Host header");
+    cr_assert_eq(raw_request(port, "GET /health HTTP/1.0\r\n\r\n", body, sizeof body), 200, "HTTP/1.0 needs no Host");
+    /* a malformed request on a connection that has answered one: libevent's HTML page went out
+     * (the output's start is frozen between writes), not the JSON error */
+    static const char *const second[] = {"NONSENSE\r\n\r\n", "BREW /health HTTP/1.1\r\nHost: x\r\n\r\n"};
+    for (int k = 0; k < 2; k++) {
+        fd = dial(port);
+        say(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+        usleep(200000);
+        say(fd, second[k]);
+        read_until_close(fd, 10, out, sizeof out);
+        close(fd);
+        char *next = strstr(out + 1, "HTTP/1.1 ");
+        cr_assert(next && (strncmp(next, "HTTP/1.1 400", 12) == 0 || strncmp(next, "HTTP/1.1 501", 12) == 0), "%s", out);
+        cr_assert(strstr(next, "Content-Type: application/json"), "not JSON after a first answer: %s", next);
+        assert_json_error(strstr(next, "\r\n\r\n") + 4, k ? "method" : "malformed");
+    }
     /* HEAD: a GET's status and headers, Content-Length included, and no body (a body would be read
      * as the start of the next answer on this connection) */
     fd = dial(port);

@@ -688,3 +688,33 @@ Test(hostile, a_full_queue_sends_the_request_to_another_instance)
             }
         }
 }
+
+/* A client's kv_transfer_params (do_remote_prefill, an engine_id of its own, a typo) went through
+ * the proxy as if never sent (it deleted them and answered 200); the proxy's 400 for a stream that
+ * is not a boolean named no field. Both are refused naming the field, before any instance is
+ * asked. */
+Test(hostile, the_proxy_refuses_what_a_client_may_not_set_by_name)
+{
+    static const struct {
+        const char *body, *param, *want;
+    } cases[] = {
+        {"{\"prompt\":\"x\",\"max_tokens\":2,\"kv_transfer_params\":{\"bogus\":1}}", "\"param\":\"kv_transfer_params\"",
+         "kv_transfer_params is set by the proxy"},
+        {"{\"prompt\":\"x\",\"max_tokens\":2,\"kv_transfer_params\":{\"do_remote_prefill\":true}}",
+         "\"param\":\"kv_transfer_params\"", "a client does not send it"},
+        {"{\"prompt\":\"x\",\"stream\":\"yes\"}", "\"param\":\"stream\"", "must be a boolean"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        struct fake f = {0};
+        fake_start(&f, "{\"choices\":[{\"text\":\"never\"}]}");
+        char out[4096];
+        double s;
+        int ej;
+        int64_t failed, completed;
+        int code = through_proxy_as(&f, 0, cases[k].body, 0, out, sizeof out, &s, &ej, &failed, &completed);
+        fake_stop(&f);
+        cr_assert_eq(code, 400, "%s: %d %s", cases[k].body, code, out);
+        cr_assert(strstr(out, cases[k].param) && strstr(out, cases[k].want), "%s: %s", cases[k].body, out);
+        cr_assert_eq(completed, 0, "%s: the instance was asked", cases[k].body);
+    }
+}
