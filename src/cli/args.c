@@ -34,6 +34,17 @@ int pd_cli_bad_flag(const char *cmd, int c, int argc, char **argv)
     return 2;
 }
 
+int pd_cli_api_key(const char *cmd, const char *flag, const char **key)
+{
+    const char *env = getenv("PDMOE_API_KEY");
+    *key = flag ? flag : env;
+    if (*key && !**key) {
+        fprintf(stderr, "pdmoe %s: %s: empty key\n", cmd, flag ? "--api-key" : "PDMOE_API_KEY");
+        return -1;
+    }
+    return 0;
+}
+
 int pd_cli_getopt(const char *cmd, int argc, char **argv, const struct option *opts, int *idx,
                   const char *const *repeatable, struct pd_cli_seen *seen)
 {

@@ -40,6 +40,11 @@ int pd_cli_kv_dtype(const char *cmd, const char *s, enum pd_kv_dtype *out);
  * flag as typed and returns 2, the usage-error exit status. */
 int pd_cli_bad_flag(const char *cmd, int c, int argc, char **argv);
 
+/* The API key: --api-key's value (flag), else the environment's PDMOE_API_KEY (as vLLM reads
+ * VLLM_API_KEY: a key on the command line is visible to every user in ps), else NULL. An empty one
+ * is refused ("pdmoe CMD: ..."), -1; else 0 with *key set. */
+int pd_cli_api_key(const char *cmd, const char *flag, const char **key);
+
 /* getopt_long for a subcommand's loop that also refuses a flag given twice, whose first value
  * would otherwise be dropped without a word (a command line pasted together from two recipes):
  * it prints "pdmoe CMD: --flag given twice (A, then B): give it once" and returns PD_CLI_REPEATED,

@@ -114,7 +114,8 @@ int pd_cli_proxy(int argc, char **argv)
                    "       [--host 127.0.0.1] [--api-key KEY] [--backend-api-key KEY]\n"
                    "       [--retries 3]\n"
                    "%s"
-                   "The instances are sent --backend-api-key, or --api-key without it.\n"
+                   "The instances are sent --backend-api-key, or --api-key without it. PDMOE_API_KEY in the environment\n"
+                   "stands for --api-key (off the command line, which every user sees in ps).\n"
                    "Without --prefill, the --decode instances are colocated servers and the proxy balances them.\n",
                    pd_cli_http_help);
             printf("--policy cache_aware|least_loaded (cache_aware): which instance prefills a request: the one most\n"
@@ -139,7 +140,7 @@ int pd_cli_proxy(int argc, char **argv)
         }
         }
     }
-    if (pd_cli_no_args("proxy", argc, argv))
+    if (pd_cli_no_args("proxy", argc, argv) || pd_cli_api_key("proxy", o.api_key, &o.api_key))
         return 2;
     struct pd_proxy *px;
     pd_err e = {0};

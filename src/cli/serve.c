@@ -252,7 +252,8 @@ int pd_cli_serve(int argc, char **argv)
         case 'h':
             printf("usage: pdmoe serve --model DIR [--host 127.0.0.1] [--port 8000] [--max-num-seqs 16]\n"
                    "       [--max-num-batched-tokens 512] [--max-model-len 2048] [--threads N]\n"
-                   "       [--served-model-name NAME] [--api-key KEY] [--role prefill|decode|both]\n"
+                   "       [--served-model-name NAME] [--api-key KEY (or PDMOE_API_KEY in the environment, off ps)]\n"
+                   "       [--role prefill|decode|both]\n"
                    "       [--kv-cache-memory-bytes B (vLLM's name, or --kv-cache-bytes: the KV pool; default:\n"
                    "         max-num-seqs x max-model-len)]\n"
                    "       [--kv-cache-dtype bf16|fp8] (the KV cache's entries, default bf16; fp8 as DeepSeek-V4\n"
@@ -295,7 +296,7 @@ int pd_cli_serve(int argc, char **argv)
         }
         }
     }
-    if (pd_cli_no_args("serve", argc, argv))
+    if (pd_cli_no_args("serve", argc, argv) || pd_cli_api_key("serve", o.api_key, &o.api_key))
         return 2;
     if (!o.model_dir) {
         fprintf(stderr, "pdmoe serve: --model DIR is required\n");

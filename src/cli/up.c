@@ -711,13 +711,7 @@ int pd_cli_up(int argc, char **argv)
                 return 2;
             break;
         case 'K': if (pd_cli_int_max("--kv-lease-ms", optarg, 100, 3600000, &lease_ms)) return 2; break;
-        case 'k':
-            if (!optarg[0]) {
-                fprintf(stderr, "pdmoe up: --api-key: empty key\n");
-                return 2;
-            }
-            key = optarg;
-            break;
+        case 'k': key = optarg; break;
         case 'e':
         case 'f':
             if (pd_cli_int(c == 'e' ? "--prefill-ep" : "--decode-ep", optarg, 1, &ep_flag[c == 'f']))
@@ -756,7 +750,8 @@ int pd_cli_up(int argc, char **argv)
                    "Starts prefill and decode servers and the proxy on this machine (generating models/mini if it is\n"
                    "missing), prints the endpoint, and stops everything on Ctrl-C. A process that dies is started again\n"
                    "(backoff 0.5 s to 30 s; pdmoe_restarts_total in the proxy's /metrics). --api-key: every request to\n"
-                   "the proxy and to each instance needs \"Authorization: Bearer KEY\". --kv-lease-ms: how long a prefill\n"
+                   "the proxy and to each instance needs \"Authorization: Bearer KEY\" (or PDMOE_API_KEY in the environment;\n"
+                   "the children get it there, never on their command lines). --kv-lease-ms: how long a prefill\n"
                    "instance keeps a prompt's KV for a decode instance that has not pulled it. An instance of EP size\n"
                    "N > 1 is an EP group of N ranks under mpirun (--threads is per rank). With --plan (pdmoe plan\n"
                    "--json), the plan's instances, EP sizes, per-rank KV pool (budget.kv_pool_bytes), max-num-seqs,\n"
@@ -770,8 +765,14 @@ int pd_cli_up(int argc, char **argv)
             return pd_cli_bad_flag("up", c, argc, argv);
         }
     }
-    if (pd_cli_no_args("up", argc, argv))
+    if (pd_cli_no_args("up", argc, argv) || pd_cli_api_key("up", key, &key))
         return 2;
+    /* the children read the key from their environment: on their command lines every user of the
+     * machine would see it in ps (mpirun passes it on by name, -x PDMOE_API_KEY) */
+    if (key && setenv("PDMOE_API_KEY", key, 1)) {
+        fprintf(stderr, "pdmoe up: cannot set PDMOE_API_KEY: %s\n", strerror(errno));
+        return 2;
+    }
     if (nhosts && !plan) {
         fprintf(stderr, "pdmoe up: --hosts needs --plan plan.json (pdmoe plan --json): its node map places each "
                         "instance and EP rank on a host, as pdmoe plan --emit does\n");

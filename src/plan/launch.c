@@ -146,10 +146,6 @@ static void serve_args(struct argv *v, const struct pd_launch_inst *x, const str
     }
     for (int i = 0; i < (int)(sizeof o->extra / sizeof o->extra[0]) && o->extra[i]; i++)
         add(v, "%s", o->extra[i]);
-    if (o->api_key) {
-        add(v, "--api-key");
-        add(v, "%s", o->api_key);
-    }
 }
 
 char **pd_launch_argv(const struct pd_launch_inst *x, const struct pd_launch_opts *o)
@@ -171,6 +167,10 @@ char **pd_launch_argv(const struct pd_launch_inst *x, const struct pd_launch_opt
             add(&v, "--oversubscribe");
         if (o->allow_run_as_root)
             add(&v, "--allow-run-as-root");
+        if (o->api_key) {   /* the key's name, not its value: each rank reads it from its environment */
+            add(&v, "-x");
+            add(&v, "PDMOE_API_KEY");
+        }
         for (int g = 0; g < x->n_groups; g++) {
             if (g)
                 add(&v, ":");
@@ -241,10 +241,6 @@ char **pd_launch_proxy_argv(const struct pd_launch_inst *x, int n, const struct 
     }
     add(&v, "--host");
     add(&v, "%s", o->host);
-    if (o->api_key) {
-        add(&v, "--api-key");
-        add(&v, "%s", o->api_key);
-    }
     if (o->policy) {
         add(&v, "--policy");
         add(&v, "%s", o->policy);

@@ -50,7 +50,11 @@ struct pd_launch_limits {
 
 struct pd_launch_opts {
     const char *pdmoe;         /* the program: a path, or "pdmoe" */
-    const char *model, *served_name, *api_key;   /* api_key NULL: none */
+    const char *model, *served_name;
+    const char *api_key;       /* non-NULL: the instances need a key. It reaches them in their
+                                * environment, PDMOE_API_KEY (set by the caller), never on their
+                                * command line, which every user sees in ps; mpirun forwards it by
+                                * name (-x). NULL: none */
     const char *threads, *max_model_len;         /* as given on the command line */
     int lease_ms;              /* 0: the server's default */
     const char *kv_producers;  /* a decode instance's kv_transfer_config "kv_producers" (the JSON
@@ -87,7 +91,7 @@ struct pd_launch_proxy {
     const char *host;          /* --host: the address the proxy binds */
     int port;
     const char *metrics_file;  /* --metrics-file (pdmoe up's restart counts); NULL: none */
-    const char *api_key;       /* NULL: none */
+    const char *api_key;       /* non-NULL: the proxy needs a key, in PDMOE_API_KEY as above; NULL: none */
     const char *policy;        /* --policy (cache_aware, least_loaded); NULL: the proxy's default */
     int shutdown_timeout_s;    /* --shutdown-timeout; 0: none (the proxy stops at once) */
 };

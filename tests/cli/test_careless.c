@@ -312,3 +312,20 @@ Test(careless, the_proxys_instance_flags_add_up)
         cr_assert(strstr(r.err, want), "%s not in: %s", want, r.err);
     }
 }
+
+/* PDMOE_API_KEY (VLLM_API_KEY's counterpart) stands for --api-key, off the command line; set
+ * empty it is refused, as an empty --api-key is. */
+Test(careless, an_empty_api_key_from_the_environment_is_refused)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    static const char *const cmds[] = {"serve --model models/mini --port 0", "proxy --decode 127.0.0.1:1 --port 0",
+                                       "up --port 1"};
+    for (int k = 0; k < 3; k++) {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "PDMOE_API_KEY= timeout 20 %s %s", bin, cmds[k]);
+        static struct run r;
+        run_cmd(cmd, &r);
+        cr_assert_eq(r.status, 2, "%s: exit %d %s", cmds[k], r.status, r.err);
+        cr_assert(strstr(r.err, "PDMOE_API_KEY: empty key"), "%s: %s", cmds[k], r.err);
+    }
+}

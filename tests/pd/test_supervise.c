@@ -241,6 +241,22 @@ Test(supervise, api_key_protects_the_proxy_and_every_instance_and_the_lease_is_s
     for (int p = port + 1; p <= port + 2; p++)
         cr_assert_eq(curl_port(p, "/v1/models", NULL, "-H 'Authorization: Bearer s3cret-key'", out, sizeof out), 200,
                      "port %d: %s", p, out);
+    /* the key is on no child's command line (every user of the machine reads those in ps): they
+     * have it from their environment */
+    for (int p = port; p <= port + 2; p++) {
+        pid_t pid = pid_on(p == port ? "proxy" : "serve", p);
+        cr_assert_gt(pid, 0, "no process on port %d", p);
+        char path[64], cmd[4096];
+        snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
+        FILE *f = fopen(path, "r");
+        cr_assert_not_null(f);
+        size_t n = fread(cmd, 1, sizeof cmd - 1, f);
+        fclose(f);
+        for (size_t i = 0; i < n; i++)
+            cmd[i] = cmd[i] ? cmd[i] : ' ';
+        cmd[n] = 0;
+        cr_assert_null(strstr(cmd, "s3cret"), "the key is on port %d's command line: %s", p, cmd);
+    }
     /* the whole key through the proxy, which passes it on to both instances */
     cr_assert_eq(curl_port(port, "/v1/completions", body, "-H 'Authorization: Bearer s3cret-key'", out, sizeof out), 200,
                  "through the proxy: %s", out);

@@ -62,14 +62,16 @@ Test(launch, one_rank_runs_bare_here_and_under_mpirun_elsewhere)
     joined(a, s, sizeof s);
     cr_assert_str_eq(s, "pdmoe serve --model /m --host 10.0.0.3 --port 8004 --threads 1 --max-model-len 512 "
                         "--served-model-name m --kv-transfer-config {\"kv_role\":\"kv_consumer\",\"engine_id\":"
-                        "\"decode-2\",\"kv_host\":\"10.0.0.3\"} --api-key k");
+                        "\"decode-2\",\"kv_host\":\"10.0.0.3\"}");   /* the key: in its environment */
     pd_launch_argv_free(a);
     o.remote = 1;
     o.allow_run_as_root = 1;
     a = pd_launch_argv(&x, &o);
     joined(a, s, sizeof s);
-    const char *want = "mpirun --host 10.0.0.3:1 --allow-run-as-root -n 1 pdmoe serve --model /m --host 10.0.0.3 ";
+    const char *want = "mpirun --host 10.0.0.3:1 --allow-run-as-root -x PDMOE_API_KEY -n 1 pdmoe serve --model /m "
+                       "--host 10.0.0.3 ";
     cr_assert(!strncmp(s, want, strlen(want)), "%s", s);
+    cr_assert_null(strstr(s, " k "), "the key's value on a command line: %s", s);
     pd_launch_argv_free(a);
 }
 
