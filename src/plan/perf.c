@@ -400,7 +400,12 @@ void pd_perf_prefill(const struct pd_plan *p, const struct pd_workload *w, struc
     }
     double rank_tok_s;
     if (fresh <= C) {
-        int64_t seqs = C / fresh;
+        /* the prompts one step takes: as many as the chunk holds, but no more than the server
+         * admits (max-num-seqs, or those of max-model-len that fit, as --emit writes): vLLM's and
+         * SGLang's schedulers run at most that many sequences a step */
+        int64_t seqs = C / fresh, admit = pd_plan_admitted_seqs(p, PD_ROLE_PREFILL);
+        if (admit >= 1 && seqs > admit)
+            seqs = admit;
         pd_perf_step(p, PD_ROLE_PREFILL, seqs, fresh, cached, &f->prefill_step);
         rank_tok_s = (double)seqs * w->isl / f->prefill_step.total_s;
     } else {

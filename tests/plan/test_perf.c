@@ -113,6 +113,28 @@ Test(perf, prefill_chunk_is_gemm_arithmetic)
     pd_plan_free(&p);
 }
 
+/* A prefill step takes no more prompts than the server admits: 16 prompts of 16 tokens fill the
+ * 256-token chunk, but max-num-seqs 2 lets two run (the capacity was 8x too high: vLLM and SGLang
+ * schedule at most max-num-seqs sequences a step). */
+Test(perf, a_prefill_step_takes_at_most_max_num_seqs_prompts)
+{
+    struct pd_plan p;
+    const char *hw = hw_file(1e12, 1e14, 0, 1e10);
+    tiny_plan(&p, hw, 1, 1, 0);
+    p.o.max_num_seqs = 2;
+    struct pd_workload w;
+    pd_workload_default(&w);
+    w.isl = 16;
+    w.osl = 16;
+    struct pd_perf f;
+    pd_perf_prefill(&p, &w, &f);
+    cr_assert_eq(f.prefill_step.tokens, 2 * 16, "a step of %lld tokens", (long long)f.prefill_step.tokens);
+    struct pd_step two;
+    pd_perf_step(&p, PD_ROLE_PREFILL, 2, 16, 0, &two);
+    cr_assert_float_eq(f.prefill_rank_tok_s, 2.0 * 16 / two.total_s, 1e-9 * f.prefill_rank_tok_s);
+    pd_plan_free(&p);
+}
+
 /* Communication is hidden up to the compute time and the overlap factor. */
 Test(perf, overlap_hides_communication_up_to_compute)
 {
