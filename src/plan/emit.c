@@ -585,10 +585,14 @@ int pd_emit_check_fits(const struct pd_plan *p, pd_err *e)
     for (int r = 0; r < 2; r++) {
         const struct pd_role_plan *rp = &p->role[r];
         char over[40];
-        if (!rp->b.fits_weights)
-            return pd_err_set(e, PD_EINVAL, "%s: the weights do not fit a card (%s over its usable memory); "
-                              "nothing to launch", pd_role_name((enum pd_role)r),
-                              pd_units_fmt(over, sizeof over, -rp->b.kv_pool, PD_UNITS_GB));
+        if (!rp->b.fits_weights) {
+            const char *what = pd_budget_overflow(&rp->b);
+            return pd_err_set(e, PD_EINVAL, "%s: the %s do not fit a card (%s over its usable memory)%s; "
+                              "nothing to launch", pd_role_name((enum pd_role)r), what,
+                              pd_units_fmt(over, sizeof over, -rp->b.kv_pool, PD_UNITS_GB),
+                              strcmp(what, "weights and activations") ? ""
+                              : ": lower --max-num-seqs or --max-num-batched-tokens");
+        }
         if (!rp->fits)
             return pd_err_set(e, PD_EINVAL, "%s: not one sequence of --max-model-len %lld fits a card's KV pool; "
                               "lower --max-model-len", pd_role_name((enum pd_role)r), (long long)p->o.max_model_len);

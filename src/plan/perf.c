@@ -706,10 +706,14 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
         return buf;
     }
     if (!f->fits) {   /* said first: the figures below are of steps that cannot run */
-        const char *why = !P->b.fits_weights ? "the prefill weights do not fit a card"
-                          : !D->b.fits_weights ? "the decode weights do not fit a card"
-                          : P->b.kv_pool < pd_kv_seq_bytes(&p->kv, f->w.isl) ? "a prefill card's KV pool cannot hold one prompt"
-                          : "a decode card's KV pool holds no sequence of this workload";
+        char why[160];
+        if (!P->b.fits_weights || !D->b.fits_weights)
+            snprintf(why, sizeof why, "the %s %s do not fit a card", !P->b.fits_weights ? "prefill" : "decode",
+                     pd_budget_overflow(!P->b.fits_weights ? &P->b : &D->b));
+        else
+            snprintf(why, sizeof why, "%s", P->b.kv_pool < pd_kv_seq_bytes(&p->kv, f->w.isl)
+                                                ? "a prefill card's KV pool cannot hold one prompt"
+                                                : "a decode card's KV pool holds no sequence of this workload");
         fprintf(o, "  DOES NOT FIT: %s; the figures below are of steps that cannot run\n", why);
     }
     fprintf(o, "  TTFT            %10.1f ms  = request %.1f ms + prefill %.1f ms + KV hand-off %.1f ms (%s) + first decode "

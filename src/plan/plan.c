@@ -622,3 +622,12 @@ enum pd_fmt pd_plan_group_fmt(const struct pd_plan *p, enum pd_group g)
         return PD_FMT_BF16;
     }
 }
+
+const char *pd_budget_overflow(const struct pd_budget *b)
+{
+    if (b->weights > b->usable)
+        return "weights";
+    if (b->weights + b->runtime > b->usable)
+        return "weights and runtime reserve";
+    return "weights and activations";
+}

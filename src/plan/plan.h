@@ -162,6 +162,12 @@ void pd_plan_free(struct pd_plan *p);
 int pd_plan_role_eval(const struct pd_plan *p, enum pd_role r, const struct pd_role_opts *o,
                       struct pd_role_plan *rp, pd_err *e);
 
+/* What a card of budget b cannot hold when its KV pool is negative (b->kv_pool < 0), for the
+ * messages that say so: "weights" (they alone pass the usable memory), "weights and runtime
+ * reserve", or "weights and activations" (a step of max-num-seqs / max-num-batched-tokens: the
+ * weights themselves fit). */
+const char *pd_budget_overflow(const struct pd_budget *b);
+
 /* The sequences a role's servers admit per DP rank: --max-num-seqs, lowered to the sequences of
  * max-model-len its KV pool holds (so that every one it admits can grow to max-model-len). What
  * --emit writes as --max-num-seqs, what search counts as a decode batch, and the decode batch the

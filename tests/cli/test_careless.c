@@ -329,3 +329,12 @@ Test(careless, an_empty_api_key_from_the_environment_is_refused)
         cr_assert(strstr(r.err, "PDMOE_API_KEY: empty key"), "%s: %s", cmds[k], r.err);
     }
 }
+
+/* A card whose weights fit but whose step's activations do not (max-num-seqs 100000) was said to
+ * be one whose "weights do not fit", sending the operator to quantise harder instead of lowering
+ * the batch. */
+Test(careless, activations_past_the_card_are_named_not_blamed_on_the_weights)
+{
+    refused("plan --max-num-seqs 100000 --emit vllm-ascend", "decode: the weights and activations do not fit a card",
+            "lower --max-num-seqs or --max-num-batched-tokens");
+}
