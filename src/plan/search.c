@@ -560,8 +560,11 @@ char *pd_search_text(const struct pd_search *s, int units)
                 s->n_unplaced, s->cards_per_node, (long long)s->nodes);
     fputc('\n', f);
     fprintf(f, "What fits in memory (busiest card; the decode batch is per DP rank, of sequences of max-model-len\n"
-               "%lld tokens, as --max-num-seqs admits them; MoE load: busiest rank / mean, %s)\n",
-            (long long)s->o.base.max_model_len, pd_search_load_source(s));
+               "%lld tokens, as --max-num-seqs admits them; the KV pool is a decode card's at a batch of %lld (the\n"
+               "activations of a larger one take from it: a chosen layout's plan shows its own) and a prefill card's\n"
+               "at --max-num-seqs %lld; MoE load: busiest rank / mean, %s)\n",
+            (long long)s->o.base.max_model_len, (long long)batches[0], (long long)s->o.base.max_num_seqs,
+            pd_search_load_source(s));
     fprintf(f, "  %-8s %-18s %13s %12s %12s %9s  %s\n", "role", "layout", "experts/card", "weights", "KV pool",
             "MoE load", "verdict");
     for (int i = 0; i < s->n_mem; i++) {
