@@ -26,6 +26,8 @@
 #include "model/safetensors.h"
 
 #include <dirent.h>
+#include <limits.h>
+#include <sys/stat.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -220,17 +222,23 @@ static void rm_flat(const char *dir)
     rmdir(dir);
 }
 
+/* The bytes of a checkpoint directory's regular files (links followed: its shards may be links
+ * into a cache). Read here, not by a shell: a `du '%s'` once ran whatever a quote in the path
+ * closed and opened. */
 static long dir_bytes(const char *dir)
 {
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "du -sb '%s' 2>/dev/null", dir);
-    FILE *p = popen(cmd, "r");
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
     long n = 0;
-    if (p) {
-        if (fscanf(p, "%ld", &n) != 1)
-            n = 0;
-        pclose(p);
+    char p[PATH_MAX];
+    for (struct dirent *de; (de = readdir(d));) {
+        struct stat sb;
+        if (snprintf(p, sizeof p, "%s/%s", dir, de->d_name) < (int)sizeof p && stat(p, &sb) == 0 &&
+            S_ISREG(sb.st_mode))
+            n += (long)sb.st_size;
     }
+    closedir(d);
     return n;
 }
 

@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static int cmp_d(const void *a, const void *b)
@@ -494,15 +495,31 @@ int pd_bench_ep(int argc, char **argv)
             fprintf(stderr, "bench ep: --ranks %s: each between 1 and 64\n", ranks);
             return 2;
         }
-        char cmd[8192];
-        snprintf(cmd, sizeof cmd,
-                 "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -n %d --oversubscribe '%s' bench ep "
-                 "--worker --model '%s'%s%s%s", r, self, dir, quick ? " --quick" : "", json ? " --json" : "",
-                 check ? " --check" : "");
+        /* mpirun run directly, its arguments as they are: through a shell, a quote in --model
+         * closed the string and the rest ran as commands */
+        char nr[16];
+        snprintf(nr, sizeof nr, "%d", r);
+        const char *av[16] = {"mpirun", "-n", nr, "--oversubscribe", self, "bench", "ep", "--worker", "--model", dir};
+        int ac = 10;
+        if (quick)
+            av[ac++] = "--quick";
+        if (json)
+            av[ac++] = "--json";
+        if (check)
+            av[ac++] = "--check";
+        av[ac] = NULL;
         if (json && groups++)
             printf(", ");
         fflush(stdout);
-        rc = system(cmd) != 0;
+        pid_t pid = fork();
+        if (pid == 0) {
+            setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+            setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+            execvp("mpirun", (char *const *)av);
+            _exit(127);
+        }
+        int status = 0;
+        rc = pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
     }
     if (json)
         printf("]}\n");

@@ -804,11 +804,15 @@ int pd_cli_up(int argc, char **argv)
         return 1;
     }
     self[sn] = 0;
+    /* one file, or shards with their index (pdmoe convert writes the release's shards) */
     snprintf(path, sizeof path, "%s/model.safetensors", model);
+    char index[640];
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", model);
     struct stat st;
-    if (stat(path, &st) != 0) {
+    if (stat(path, &st) != 0 && stat(index, &st) != 0) {
         if (strcmp(model, "models/mini") != 0) {
-            fprintf(stderr, "pdmoe up: --model %s: no model.safetensors there\n", model);
+            fprintf(stderr, "pdmoe up: --model %s: no model.safetensors or model.safetensors.index.json there\n",
+                    model);
             return 2;
         }
         fprintf(stderr, "pdmoe up: generating models/mini (v4-flash-mini, about 1 GB)...\n");

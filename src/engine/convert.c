@@ -6,6 +6,7 @@
 #include "model/safetensors.h"
 #include "plan/inventory.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -264,7 +266,7 @@ static int verify_bf16(int fd, uint64_t base, const struct item *x, const char *
 
 /* Checks item x as stored in fd at data offset base + x->off against its source. */
 static int verify_item(int fd, uint64_t base, const struct item *x, const char *path, float *row, float *scales,
-                       char *chunk, double *max_rel, pd_err *e)
+                       int8_t *qx, char *chunk, double *max_rel, pd_err *e)
 {
     if (x->rm.fmt == PD_RELEASE_NONE) {
         uint64_t n = x->src->end - x->src->begin;
@@ -310,6 +312,13 @@ static int verify_item(int fd, uint64_t base, const struct item *x, const char *
         if (bad >= 0)
             return pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" row %d column %d: %d x %g does not round %g", path,
                               x->src->name, r, bad, qr[bad], s, row[bad]);
+        /* and exactly what this conversion writes: a kept shard whose scale lost a bit (within the
+         * rounding tolerance above) was once taken as verified */
+        float sx;
+        pd_quant_weights(row, 1, m->in, qx, &sx);
+        if (memcmp(&sx, &s, sizeof s) || memcmp(qx, qr, (size_t)m->in))
+            return pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" row %d is not what the conversion writes (scale %a, "
+                              "expected %a)", path, x->src->name, r, s, sx);
         if (amax > 0 && err / amax > *max_rel)
             *max_rel = err / amax;
         if ((r + 1) % per == 0 || r + 1 == m->out) {
@@ -393,43 +402,121 @@ static int header_matches(const char *path, const struct item *it, size_t n, uin
     return ok;
 }
 
+/* The small files beside the shards are written to NAME.partial and renamed over NAME: a link
+ * already at NAME (a directory prepared by linking the checkpoint's files) is replaced, never
+ * written through into the checkpoint, and a full disk leaves no half file under the real name. */
+static int finish_partial(const char *part, const char *to, int bad, int err, pd_err *e)
+{
+    if (!bad && rename(part, to) == 0)
+        return 0;
+    if (!bad)
+        err = errno;
+    unlink(part);
+    return pd_err_set(e, PD_EIO, "%s: cannot write: %s", to, err ? strerror(err) : "I/O error");
+}
+
 static int copy_file(const char *from, const char *to, pd_err *e)
 {
     FILE *a = fopen(from, "rb");
     if (!a)
         return 0;   /* optional files */
-    FILE *b = fopen(to, "wb");
+    char part[PATH_MAX + 16];
+    snprintf(part, sizeof part, "%s.partial", to);
+    FILE *b = fopen(part, "wb");
     if (!b) {
         fclose(a);
-        return pd_err_set(e, PD_EIO, "%s: cannot create: %s", to, strerror(errno));
+        return pd_err_set(e, PD_EIO, "%s: cannot create: %s", part, strerror(errno));
     }
     char buf[65536];
     size_t k;
-    int bad = 0;
-    while ((k = fread(buf, 1, sizeof buf, a)) > 0)
-        bad |= fwrite(buf, 1, k, b) != k;
-    bad |= ferror(a);
+    int bad = 0, err = 0;
+    while (!bad && (k = fread(buf, 1, sizeof buf, a)) > 0)
+        if (fwrite(buf, 1, k, b) != k) {
+            bad = 1;
+            err = errno;
+        }
+    if (ferror(a)) {
+        fclose(a);
+        fclose(b);
+        unlink(part);
+        return pd_err_set(e, PD_EIO, "%s: cannot read", from);
+    }
     fclose(a);
-    bad |= fclose(b) != 0;
-    return bad ? pd_err_set(e, PD_EIO, "%s: cannot copy to %s", from, to) : 0;
+    if (fclose(b) != 0 && !bad) {
+        bad = 1;
+        err = errno;
+    }
+    return finish_partial(part, to, bad, err, e);
 }
 
-/* config.json without the release's quantization_config: the output is int8 */
-static int write_config(const char *in_dir, const char *out_dir, pd_err *e)
+static int dump_json(json_t *j, const char *to, size_t flags, pd_err *e)
 {
-    char a[PATH_MAX], b[PATH_MAX];
+    char part[PATH_MAX + 16];
+    snprintf(part, sizeof part, "%s.partial", to);
+    errno = 0;
+    int bad = json_dump_file(j, part, flags) != 0;
+    return finish_partial(part, to, bad, errno, e);
+}
+
+/* The checkpoint's config.json, without the release's quantization_config (the output is int8);
+ * read before any shard, so that a checkpoint without one fails at once, not after hours. */
+static json_t *read_config(const char *in_dir, pd_err *e)
+{
+    char a[PATH_MAX];
     snprintf(a, sizeof a, "%s/config.json", in_dir);
-    snprintf(b, sizeof b, "%s/config.json", out_dir);
     json_error_t je;
     json_t *c = json_load_file(a, JSON_PRESERVE_ORDER, &je);
     if (!c || !json_is_object(c)) {
         json_decref(c);
-        return pd_err_set(e, PD_EFORMAT, "%s: %s", a, c ? "not a JSON object" : je.text);
+        pd_err_set(e, PD_EFORMAT, "%s: %s", a, c ? "not a JSON object" : je.text);
+        return NULL;
     }
     json_object_del(c, "quantization_config");
-    int rc = json_dump_file(c, b, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    json_decref(c);
-    return rc ? pd_err_set(e, PD_EIO, "%s: cannot write", b) : 0;
+    return c;
+}
+
+/* Whether name is one this conversion writes into the output directory (or its .partial). */
+static int ours(const char *name, const struct pd_st_set *set, int has_index)
+{
+    static const char *const small[] = {"config.json", "tokenizer.json", "tokenizer_config.json",
+                                        "generation_config.json", "chat_template.jinja"};
+    char base[NAME_MAX + 1];
+    snprintf(base, sizeof base, "%s", name);
+    size_t n = strlen(base);
+    if (n > 8 && !strcmp(base + n - 8, ".partial"))
+        base[n - 8] = 0;
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++)
+        if (!strcmp(base, small[i]))
+            return 1;
+    if (has_index && !strcmp(base, "model.safetensors.index.json"))
+        return 1;
+    for (size_t k = 0; k < set->nfiles; k++)
+        if (!strcmp(base, base_name(set->files[k].path)))
+            return 1;
+    return 0;
+}
+
+/* An output directory holding another model's weights (its index, shards of other names) would
+ * be loaded with them: the index wins over a new single file, and the engine ran the old model.
+ * Refused naming the first such file; a directory of an earlier run of this conversion passes. */
+static int check_out_dir(const char *out_dir, const struct pd_st_set *set, int has_index, pd_err *e)
+{
+    DIR *d = opendir(out_dir);
+    if (!d)
+        return pd_err_set(e, PD_EIO, "%s: cannot read the directory: %s", out_dir, strerror(errno));
+    int rc = 0;
+    for (struct dirent *de; !rc && (de = readdir(d));) {
+        const char *n = de->d_name;
+        size_t len = strlen(n);
+        int weights = (len > 12 && !strcmp(n + len - 12, ".safetensors")) ||
+                      (len > 20 && !strcmp(n + len - 20, ".safetensors.partial")) || strstr(n, ".safetensors.index");
+        if (weights && !ours(n, set, has_index))
+            rc = pd_err_set(e, PD_EINVAL, "--out %s holds %s, which this conversion does not write (another "
+                            "model's weights would be loaded with these): remove it, or convert into an empty "
+                            "directory", out_dir, n);
+    }
+    closedir(d);
+    return rc;
 }
 
 struct bufs {
@@ -460,7 +547,7 @@ static int convert_shard(const struct pd_convert_opts *o, const struct pd_st_set
         uint64_t since = 0;
         for (size_t i = 0; i < n && !rc; i++) {
             pd_err ve = {0};
-            rc = verify_item(fd, start, &it[i], path, bf->row, bf->scales, bf->chunk, &mr, &ve);
+            rc = verify_item(fd, start, &it[i], path, bf->row, bf->scales, bf->q, bf->chunk, &mr, &ve);
             if ((since += src_bytes(&it[i])) >= DROP_EVERY) {
                 drop_all(set);
                 since = 0;
@@ -522,7 +609,7 @@ static int convert_shard(const struct pd_convert_opts *o, const struct pd_st_set
     drop_all(set);
     since = 0;
     for (size_t i = 0; i < n && !rc; i++) {
-        rc = verify_item(fd, 8 + hlen, &it[i], part, bf->row, bf->scales, vchunk, &st->max_rel_err, e);
+        rc = verify_item(fd, 8 + hlen, &it[i], part, bf->row, bf->scales, bf->q, vchunk, &st->max_rel_err, e);
         if ((since += src_bytes(&it[i])) >= DROP_EVERY) {
             drop_all(set);
             since = 0;
@@ -547,15 +634,43 @@ static int convert_shard(const struct pd_convert_opts *o, const struct pd_st_set
 int pd_convert(const struct pd_convert_opts *o, struct pd_convert_stats *st, pd_err *e)
 {
     memset(st, 0, sizeof *st);
-    char ra[PATH_MAX], rb[PATH_MAX];
-    if (mkdir(o->out_dir, 0755) && errno != EEXIST)
-        return pd_err_set(e, PD_EIO, "%s: cannot create the directory: %s", o->out_dir, strerror(errno));
-    if (realpath(o->in_dir, ra) && realpath(o->out_dir, rb) && strcmp(ra, rb) == 0)
-        return pd_err_set(e, PD_EINVAL, "--out %s is the checkpoint's own directory", o->out_dir);
+    char ra[PATH_MAX], rb[PATH_MAX], a[PATH_MAX], b[PATH_MAX];
+    /* the checkpoint first: one without a config.json (or none at all) fails before any shard is
+     * converted and before the output directory is made */
+    json_t *config = read_config(o->in_dir, e);
+    if (!config)
+        return e->code;
+    snprintf(a, sizeof a, "%s/model.safetensors.index.json", o->in_dir);
+    const int has_index = access(a, F_OK) == 0;
     struct pd_st_set set;
     int rc = pd_st_open_dir(o->in_dir, 0, &set, e);
-    if (rc)
+    if (rc) {
+        json_decref(config);
         return rc;
+    }
+    int lfd = -1;
+    char lock[PATH_MAX + 32];
+    snprintf(lock, sizeof lock, "%s/.pdmoe-convert.lock", o->out_dir);
+    if (mkdir(o->out_dir, 0755) && errno != EEXIST)
+        rc = pd_err_set(e, PD_EIO, "%s: cannot create the directory: %s", o->out_dir, strerror(errno));
+    else if (realpath(o->in_dir, ra) && realpath(o->out_dir, rb) && strcmp(ra, rb) == 0)
+        rc = pd_err_set(e, PD_EINVAL, "--out %s is the checkpoint's own directory", o->out_dir);
+    /* one conversion at a time into a directory: two shared their .partial files and unlinked
+     * each other's */
+    else if ((lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0)
+        rc = pd_err_set(e, PD_EIO, "%s: cannot create: %s", lock, strerror(errno));
+    else if (flock(lfd, LOCK_EX | LOCK_NB))
+        rc = pd_err_set(e, PD_EINVAL, "--out %s: another pdmoe convert is writing it (%s is locked)", o->out_dir,
+                        lock);
+    else
+        rc = check_out_dir(o->out_dir, &set, has_index, e);
+    if (rc) {
+        if (lfd >= 0)
+            close(lfd);
+        pd_st_close_dir(&set);
+        json_decref(config);
+        return rc;
+    }
     size_t maxn = 0;
     int maxin = 1, maxout = 1;
     for (size_t k = 0; k < set.nfiles; k++) {
@@ -592,24 +707,29 @@ int pd_convert(const struct pd_convert_opts *o, struct pd_convert_stats *st, pd_
                 json_object_set_new(map, it[i].scale_name, json_string(pg.file));
         }
     }
-    char a[PATH_MAX], b[PATH_MAX];
-    snprintf(a, sizeof a, "%s/model.safetensors.index.json", o->in_dir);
-    if (!rc && access(a, F_OK) == 0) {
+    if (!rc && has_index) {
         snprintf(b, sizeof b, "%s/model.safetensors.index.json", o->out_dir);
         json_object_set_new(idx, "metadata", json_pack("{s:I}", "total_size", (json_int_t)st->out_bytes));
         json_object_set(idx, "weight_map", map);
-        if (json_dump_file(idx, b, JSON_INDENT(2) | JSON_SORT_KEYS))
-            rc = pd_err_set(e, PD_EIO, "%s: cannot write", b);
+        rc = dump_json(idx, b, JSON_INDENT(2) | JSON_SORT_KEYS, e);
     }
-    if (!rc)
-        rc = write_config(o->in_dir, o->out_dir, e);
-    static const char *const extra[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json"};
-    for (int i = 0; i < 3 && !rc; i++) {
+    if (!rc) {
+        snprintf(b, sizeof b, "%s/config.json", o->out_dir);
+        rc = dump_json(config, b, JSON_INDENT(2) | JSON_PRESERVE_ORDER, e);
+    }
+    /* the tokenizer and the chat template (transformers reads chat_template.jinja first, and so
+     * does the engine: without it a converted V3 checkpoint would chat in V4's encoding) */
+    static const char *const extra[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                                        "chat_template.jinja"};
+    for (int i = 0; i < (int)(sizeof extra / sizeof extra[0]) && !rc; i++) {
         snprintf(a, sizeof a, "%s/%s", o->in_dir, extra[i]);
         snprintf(b, sizeof b, "%s/%s", o->out_dir, extra[i]);
         rc = copy_file(a, b, e);
     }
 out:
+    json_decref(config);
+    unlink(lock);   /* unlinked while held: a convert that found it locked has stopped */
+    close(lfd);
     json_decref(idx);
     json_decref(map);
     free(it);

@@ -338,3 +338,22 @@ Test(careless, activations_past_the_card_are_named_not_blamed_on_the_weights)
     refused("plan --max-num-seqs 100000 --emit vllm-ascend", "decode: the weights and activations do not fit a card",
             "lower --max-num-seqs or --max-num-batched-tokens");
 }
+
+/* A checkpoint path holding a quote ran the rest of it as shell commands (bench convert sized the
+ * directory with `du '%s'`; bench ep ran mpirun through a shell the same way). */
+Test(careless, a_quote_in_a_benchs_path_runs_nothing)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char base[] = "/tmp/pdmoe-quote-XXXXXX";
+    cr_assert_not_null(mkdtemp(base));
+    char dir[200], mark[64], cmd[1200];
+    snprintf(mark, sizeof mark, "%s/ran", base);
+    snprintf(dir, sizeof dir, "%s/x'; touch %s; echo '", base, mark);
+    snprintf(cmd, sizeof cmd, "mkdir -p \"%s\" && %s gen-model --preset v4-tiny --format release --out \"%s\" > /dev/null && "
+             "%s bench convert --checkpoint \"%s\" --quick > /dev/null 2>&1", dir, bin, dir, bin, dir);
+    int rc = system(cmd);
+    cr_assert_neq(access(mark, F_OK), 0, "a quote in --checkpoint ran a command");
+    cr_assert_eq(rc, 0, "bench convert failed on the quoted path");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", base);
+    cr_assert_eq(system(cmd), 0);
+}

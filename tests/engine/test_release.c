@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../tmpmodel.h"
@@ -615,4 +618,121 @@ Test(release, convert_memory_does_not_grow_with_the_checkpoint, .timeout = 300)
     pd_st_close_dir(&s);
     rm_model(d);
     rm_model(out);
+}
+
+/* A kept shard is the conversion's own to the bit: a scale one step off (within the rounding
+ * tolerance, so it once verified and was kept) is converted again. */
+Test(release, a_kept_shard_is_exactly_the_conversions)
+{
+    char out[64], path[256];
+    struct pd_convert_stats st;
+    convert_to(out, sizeof out, &st);
+    snprintf(path, sizeof path, "%s/model-00002-of-00004.safetensors", out);
+    struct pd_st_file f;
+    pd_err e = {0};
+    cr_assert_eq(pd_st_open(path, PD_ST_HEADER_ONLY, &f, &e), 0, "%s", e.msg);
+    uint64_t at = 0, first = UINT64_MAX;   /* the scale stored first in the file */
+    for (size_t i = 0; i < f.n; i++)
+        if (f.tensors[i].dtype == PD_ST_F32 && strstr(f.tensors[i].name, "weight_scale") && f.tensors[i].begin < first)
+            first = f.tensors[i].begin;
+    if (first != UINT64_MAX)
+        at = 8 + f.header_len + first;
+    pd_st_close(&f);
+    cr_assert_neq(at, 0);
+    /* one step down: every value still rounds within half a step of the source (its ties were
+     * rounded away from zero), so a tolerance check passes it */
+    FILE *fp = fopen(path, "r+b");
+    cr_assert_not_null(fp);
+    float sc;
+    fseek(fp, (long)at, SEEK_SET);
+    cr_assert_eq(fread(&sc, 4, 1, fp), 1);
+    sc = nextafterf(sc, 0);
+    fseek(fp, (long)at, SEEK_SET);
+    cr_assert_eq(fwrite(&sc, 4, 1, fp), 1);
+    fclose(fp);
+    struct pd_convert_opts o = {.in_dir = rel, .out_dir = out};
+    cr_assert_eq(pd_convert(&o, &st, &e), 0, "%s", e.msg);
+    cr_assert_eq(st.converted, 1, "a scale one step off was kept");
+    rm_model(out);
+}
+
+/* The output directory: another model's index or shards there are refused by name (the index
+ * won over the new weights and the engine ran the old model); links to the checkpoint's own files
+ * are replaced, never written through; the chat template is copied; a second convert into a
+ * directory being written is refused; a checkpoint without config.json fails before the output
+ * directory is even made. */
+Test(release, the_output_directory_is_the_conversions_alone)
+{
+    char out[64], path[512], cmd[1024];
+    snprintf(out, sizeof out, "/tmp/pdmoe-converted-XXXXXX");
+    cr_assert_not_null(mkdtemp(out));
+    snprintf(path, sizeof path, "%s/model-00001-of-00002.safetensors", out);
+    FILE *fp = fopen(path, "wb");
+    fputs("another model", fp);
+    fclose(fp);
+    struct pd_convert_opts o = {.in_dir = rel, .out_dir = out};
+    struct pd_convert_stats st;
+    pd_err e = {0};
+    cr_assert_neq(pd_convert(&o, &st, &e), 0);
+    cr_assert(strstr(e.msg, "holds model-00001-of-00002.safetensors, which this conversion does not write"), "%s",
+              e.msg);
+    unlink(path);
+
+    /* links in the output to the checkpoint's small files, and a chat template in the checkpoint */
+    char tok_before[64], tok_after[64];
+    snprintf(cmd, sizeof cmd, "sha256sum < %s/tokenizer.json", rel);
+    FILE *p = popen(cmd, "r");
+    cr_assert(fgets(tok_before, sizeof tok_before, p));
+    pclose(p);
+    snprintf(cmd, sizeof cmd, "ln -s %s/tokenizer.json %s/tokenizer.json && ln -s %s/config.json %s/config.json && "
+             "printf 'TEMPLATE' > %s/chat_template.jinja", rel, out, rel, out, rel);
+    cr_assert_eq(system(cmd), 0);
+    cr_assert_eq(pd_convert(&o, &st, &e), 0, "%s", e.msg);
+    snprintf(cmd, sizeof cmd, "sha256sum < %s/tokenizer.json", rel);
+    p = popen(cmd, "r");
+    cr_assert(fgets(tok_after, sizeof tok_after, p));
+    pclose(p);
+    cr_assert_str_eq(tok_before, tok_after, "the checkpoint's tokenizer.json was written through a link");
+    snprintf(path, sizeof path, "%s/config.json", rel);
+    json_error_t je;
+    json_t *c = json_load_file(path, 0, &je);
+    cr_assert_not_null(c, "the checkpoint's config.json: %s", je.text);
+    cr_assert_not_null(json_object_get(c, "quantization_config"), "the checkpoint's config.json was rewritten");
+    json_decref(c);
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/config.json", out);
+    cr_assert(lstat(path, &sb) == 0 && S_ISREG(sb.st_mode), "the output's config.json is not a file of its own");
+    snprintf(path, sizeof path, "%s/chat_template.jinja", out);
+    char buf[32] = {0};
+    fp = fopen(path, "r");
+    cr_assert_not_null(fp, "no chat template in the output");
+    cr_assert(fgets(buf, sizeof buf, fp));
+    fclose(fp);
+    cr_assert_str_eq(buf, "TEMPLATE");
+    snprintf(path, sizeof path, "%s/chat_template.jinja", rel);
+    unlink(path);
+
+    /* a convert holding the directory */
+    snprintf(path, sizeof path, "%s/.pdmoe-convert.lock", out);
+    int lfd = open(path, O_RDWR | O_CREAT, 0644);
+    cr_assert_geq(lfd, 0);
+    cr_assert_eq(flock(lfd, LOCK_EX), 0);
+    cr_assert_neq(pd_convert(&o, &st, &e), 0);
+    cr_assert(strstr(e.msg, "another pdmoe convert is writing it"), "%s", e.msg);
+    close(lfd);
+    unlink(path);
+    rm_model(out);
+
+    /* no config.json: nothing converted, no directory made */
+    char bare[64];
+    snprintf(bare, sizeof bare, "/tmp/pdmoe-bare-XXXXXX");
+    cr_assert_not_null(mkdtemp(bare));
+    snprintf(cmd, sizeof cmd, "cp %s/*.safetensors* %s/", rel, bare);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(path, sizeof path, "%s/never-made", bare);
+    struct pd_convert_opts ob = {.in_dir = bare, .out_dir = path};
+    cr_assert_neq(pd_convert(&ob, &st, &e), 0);
+    cr_assert(strstr(e.msg, "config.json"), "%s", e.msg);
+    cr_assert_neq(access(path, F_OK), 0, "the output directory was made");
+    rm_model(bare);
 }

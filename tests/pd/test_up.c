@@ -815,3 +815,35 @@ Test(up, serve_drains_until_its_shutdown_timeout_or_a_second_signal)
         cr_assert_not_null(strstr(err, "data: [DONE]"));
     }
 }
+
+/* A checkpoint in shards with their index (what pdmoe convert and the release write) is one up
+ * starts: it asked for model.safetensors alone, though serve loads both. */
+Test(up, a_sharded_checkpoint_is_started)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const int port = 19900 + (getpid() % 300) * 3;   /* kv ports up to port + 100: clear of the ranges above */
+    char rel[64], out[256], cmd[512];
+    snprintf(rel, sizeof rel, "/tmp/pdmoe-up-shards-XXXXXX");
+    cr_assert_not_null(mkdtemp(rel));
+    snprintf(cmd, sizeof cmd, "%s gen-model --preset v4-tiny --format release --out %s > /dev/null", bin, rel);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(out, sizeof out, "%s/up.out", dir);
+    pid_t up = fork();
+    if (up == 0) {
+        char sp[16];
+        snprintf(sp, sizeof sp, "%d", port);
+        freopen(out, "w", stdout);
+        execl(bin, bin, "up", "--model", rel, "--port", sp, (char *)NULL);
+        _exit(127);
+    }
+    up_pid = up;
+    int ready = up_wait_ready(out);
+    char body[4096];
+    int code = ready ? curl_port(port, "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", NULL, body,
+                                 sizeof body) : 0;
+    stop_up(up, port);
+    up_pid = 0;
+    rm_model(rel);
+    cr_assert(ready, "pdmoe up did not start a sharded checkpoint");
+    cr_assert_eq(code, 200, "%s", body);
+}
