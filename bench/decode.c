@@ -237,31 +237,34 @@ int pd_bench_decode(int argc, char **argv)
     };
     const char *dir = "models/mini";
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), quick = 0, steps = 32, only = 0, json = 0, c;
+    int steps_given = 0;
+    int64_t v;
+    struct pd_cli_seen seen = {0};
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
+    /* numbers whole (pd_cli_int_max: "2x" was read as 2 by atoi) */
+    while ((c = pd_cli_getopt("bench decode", argc, argv, opts, NULL, NULL, &seen)) != -1) {
         if (c == 'm') {
             dir = optarg;
         } else if (c == 'j') {
-            threads = atoi(optarg);
-            if (threads < 1 || threads > PD_POOL_MAX_THREADS) {
-                fprintf(stderr, "bench decode: --threads %s: want 1..%d\n", optarg, PD_POOL_MAX_THREADS);
+            if (pd_cli_int_max("--threads", optarg, 1, PD_POOL_MAX_THREADS, &v))
                 return 2;
-            }
+            threads = (int)v;
         } else if (c == 'q') {
             quick = 1;
         } else if (c == 'b') {
-            only = atoi(optarg);
+            if (pd_cli_int_max("--batch", optarg, 1, 16, &v))
+                return 2;
+            only = (int)v;
             if (only != 1 && only != 16) {
-                fprintf(stderr, "bench decode: --batch %s: want 1 or 16\n", optarg);
+                fprintf(stderr, "pdmoe bench decode: --batch %s: want 1 or 16\n", optarg);
                 return 2;
             }
         } else if (c == 's') {
-            steps = atoi(optarg);
-            if (steps < 1 || steps >= 4000) {
-                fprintf(stderr, "bench decode: --steps %s: want 1..3999\n", optarg);
+            if (pd_cli_int_max("--steps", optarg, 1, 3999, &v))
                 return 2;
-            }
+            steps = (int)v;
+            steps_given = 1;
         } else if (c == 'J') {
             json = 1;
         } else {
@@ -269,6 +272,10 @@ int pd_bench_decode(int argc, char **argv)
         }
     }
     const int prompt = 64;
+    if (quick && steps_given) {   /* one says 4 steps, the other how many: which was meant? */
+        fprintf(stderr, "pdmoe bench decode: --quick runs 4 steps; give it or --steps, not both\n");
+        return 2;
+    }
     if (quick)
         steps = 4;
     /* 1 thread, then the count asked for: the scaling in one run */

@@ -483,6 +483,17 @@ int pd_bench_ep(int argc, char **argv)
     char buf[64];
     snprintf(buf, sizeof buf, "%s", ranks);
     int rc = 0, groups = 0;
+    /* every count checked before the JSON starts: a refusal half way left "[" on stdout */
+    char chk[64];
+    snprintf(chk, sizeof chk, "%s", ranks);
+    for (char *save = NULL, *t = strtok_r(chk, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char *end;
+        long r = strtol(t, &end, 10);
+        if (*end || r < 1 || r > 64) {
+            fprintf(stderr, "pdmoe bench ep: --ranks %s: each a whole number between 1 and 64\n", ranks);
+            return 2;
+        }
+    }
     if (json) {
         printf("{\"bench\": \"ep\", \"model\": \"");
         for (const char *ch = dir; *ch; ch++)
@@ -490,15 +501,16 @@ int pd_bench_ep(int argc, char **argv)
         printf("\", \"groups\": [");
     }
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
-        int r = atoi(t);
-        if (r < 1 || r > 64) {
-            fprintf(stderr, "bench ep: --ranks %s: each between 1 and 64\n", ranks);
+        char *end;
+        long r = strtol(t, &end, 10);
+        if (*end || r < 1 || r > 64) {
+            fprintf(stderr, "pdmoe bench ep: --ranks %s: each a whole number between 1 and 64\n", ranks);
             return 2;
         }
         /* mpirun run directly, its arguments as they are: through a shell, a quote in --model
          * closed the string and the rest ran as commands */
         char nr[16];
-        snprintf(nr, sizeof nr, "%d", r);
+        snprintf(nr, sizeof nr, "%ld", r);
         const char *av[16] = {"mpirun", "-n", nr, "--oversubscribe", self, "bench", "ep", "--worker", "--model", dir};
         int ac = 10;
         if (quick)

@@ -357,3 +357,18 @@ Test(careless, a_quote_in_a_benchs_path_runs_nothing)
     snprintf(cmd, sizeof cmd, "rm -rf %s", base);
     cr_assert_eq(system(cmd), 0);
 }
+
+/* Bench counts with trailing letters ran as the number before them (atoi: "--steps 10abc" was 10);
+ * a refused --ranks with --json left the start of a JSON object on stdout; --quick silently
+ * replaced an explicit --steps. */
+Test(careless, bench_counts_are_whole_numbers_and_json_is_all_or_nothing)
+{
+    refused("bench decode --steps 10abc", "--steps 10abc", NULL);
+    refused("bench decode --threads 2x", "--threads 2x", NULL);
+    refused("bench decode --steps 100 --quick", "--quick runs 4 steps; give it or --steps, not both", NULL);
+    refused("bench ep --ranks 1x", "--ranks 1x: each a whole number", NULL);
+    struct run r;
+    run("bench ep --ranks 2,0 --json", &r);
+    cr_assert_eq(r.status, 2, "%s", r.err);
+    cr_assert_str_eq(r.out, "", "a refused run printed part of its JSON: %s", r.out);
+}
