@@ -133,10 +133,11 @@ int pd_bench_prefill(int argc, char **argv)
     };
     const char *dir = "models/mini";
     int threads[MAX_LIST] = {1, 2}, n_threads = 2, tokens[MAX_LIST] = {512, 1024, 2048}, n_tokens = 3;
-    int reps = 3, quick = 0, json = 0, c;
+    int reps = 3, quick = 0, json = 0, c, tokens_given = 0, reps_given = 0;
+    struct pd_cli_seen seen = {0};
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
+    while ((c = pd_cli_getopt("bench prefill", argc, argv, opts, NULL, NULL, &seen)) != -1) {
         if (c == 'm') {
             dir = optarg;
         } else if (c == 'j') {
@@ -145,6 +146,7 @@ int pd_bench_prefill(int argc, char **argv)
         } else if (c == 't') {
             if (parse_list("--tokens", optarg, 1, 65536, tokens, &n_tokens))
                 return 2;
+            tokens_given = 1;
         } else if (c == 'r') {
             char *end;
             long v = strtol(optarg, &end, 10);
@@ -153,6 +155,7 @@ int pd_bench_prefill(int argc, char **argv)
                 return 2;
             }
             reps = (int)v;
+            reps_given = 1;
         } else if (c == 'q') {
             quick = 1;
         } else if (c == 'J') {
@@ -171,9 +174,9 @@ int pd_bench_prefill(int argc, char **argv)
         fprintf(stderr, "bench prefill: --cpu-time times the calling thread only: it needs --threads 1\n");
         return 2;
     }
-    if (quick) {
-        n_tokens = 1;
-        reps = 1;
+    if (quick) {   /* smaller defaults; what was given explicitly stands */
+        n_tokens = tokens_given ? n_tokens : 1;
+        reps = reps_given ? reps : 1;
     }
     struct result res[MAX_LIST][MAX_LIST];
     char name[128] = "";

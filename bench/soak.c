@@ -258,19 +258,21 @@ int pd_bench_soak(int argc, char **argv)
     int streams = 16, port = 27500, as_json = 0;
     double seconds = 60;
     const char *model = NULL;
-    int c;
+    int c, quick = 0, streams_given = 0, seconds_given = 0;
+    struct pd_cli_seen seen = {0};
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
+    while ((c = pd_cli_getopt("bench soak", argc, argv, opts, NULL, NULL, &seen)) != -1) {
         char *end = NULL;
         switch (c) {
-        case 'q': streams = 4; seconds = 8; break;
+        case 'q': quick = 1; break;
         case 'n':
             streams = (int)strtol(optarg, &end, 10);
             if (*end || streams < 1 || streams > 256) {
                 fprintf(stderr, "pdmoe bench soak: --streams %s: expected 1 to 256\n", optarg);
                 return 2;
             }
+            streams_given = 1;
             break;
         case 't':
             seconds = strtod(optarg, &end);
@@ -278,6 +280,7 @@ int pd_bench_soak(int argc, char **argv)
                 fprintf(stderr, "pdmoe bench soak: --seconds %s: expected 3 to 86400\n", optarg);
                 return 2;
             }
+            seconds_given = 1;
             break;
         case 'm': model = optarg; break;
         case 'p':
@@ -291,6 +294,10 @@ int pd_bench_soak(int argc, char **argv)
         default:
             return pd_cli_bad_flag("bench soak", c, argc, argv);
         }
+    }
+    if (quick) {   /* smaller defaults, whatever the order of the flags; what was given stands */
+        streams = streams_given ? streams : 4;
+        seconds = seconds_given ? seconds : 8;
     }
     char tmp[] = "/tmp/pdmoe-soak-XXXXXX", mdir[64] = "";
     if (!mkdtemp(tmp)) {

@@ -372,3 +372,19 @@ Test(careless, bench_counts_are_whole_numbers_and_json_is_all_or_nothing)
     cr_assert_eq(r.status, 2, "%s", r.err);
     cr_assert_str_eq(r.out, "", "a refused run printed part of its JSON: %s", r.out);
 }
+
+/* --quick shrinks the defaults only: it once replaced an explicit --tokens and --reps (a 64,128
+ * request ran 64 tokens once), and bench soak's took the last of --quick and --streams. */
+Test(careless, quick_leaves_explicit_values_alone)
+{
+    struct run r;
+    run("bench prefill --quick --tokens 64,128 --reps 2 --threads 1 --json", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    json_t *j = json_loads(r.out, 0, NULL);
+    cr_assert_not_null(j, "%s", r.out);
+    cr_assert_eq(json_integer_value(json_object_get(j, "reps")), 2, "%s", r.out);
+    json_t *runs = json_object_get(j, "runs");
+    cr_assert(json_is_array(runs) && json_array_size(runs) == 2, "%s", r.out);
+    cr_assert_eq(json_integer_value(json_object_get(json_array_get(runs, 1), "tokens")), 128);
+    json_decref(j);
+}
