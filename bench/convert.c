@@ -32,6 +32,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -242,6 +243,14 @@ static long dir_bytes(const char *dir)
     return n;
 }
 
+/* SIGINT or SIGTERM to the bench: its converter is stopped and its output removed (they were
+ * left running and on disk, gigabytes for the default model). No SA_RESTART: the wait returns. */
+static volatile sig_atomic_t interrupted;
+static void on_interrupt(int sig)
+{
+    interrupted = sig;
+}
+
 int pd_bench_convert(int argc, char **argv)
 {
     const char *ckpt = NULL, *preset = NULL;
@@ -306,9 +315,33 @@ int pd_bench_convert(int argc, char **argv)
         fprintf(stderr, "pdmoe bench convert: cannot start %s convert: %s\n", self, strerror(sp));
         goto done;
     }
-    int status;
-    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        fprintf(stderr, "pdmoe bench convert: the conversion of %s failed (run pdmoe convert on it to see why)\n", ckpt);
+    struct sigaction sa = {.sa_handler = on_interrupt}, old_int, old_term;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    int status = 0;
+    pid_t w;
+    while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR)
+        if (interrupted)
+            kill(pid, SIGTERM);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    if (interrupted) {
+        unlink(logf);
+        fprintf(stderr, "pdmoe bench convert: interrupted; the conversion is stopped and its output removed\n");
+        rc = 128 + interrupted;
+        goto done;
+    }
+    if (w != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        /* the converter's own words: they were in a log this message did not name, then left in /tmp */
+        char why[1024] = "";
+        FILE *lg = fopen(logf, "r");
+        for (char ln[1024]; lg && fgets(ln, sizeof ln, lg);)
+            if (strstr(ln, "pdmoe convert:"))
+                snprintf(why, sizeof why, "%s", ln);
+        if (lg)
+            fclose(lg);
+        unlink(logf);
+        fprintf(stderr, "pdmoe bench convert: the conversion of %s failed%s%s", ckpt, why[0] ? ": " : "\n", why);
         goto done;
     }
     double secs = pd_now_s() - t0;

@@ -249,6 +249,15 @@ static void rm_dir(const char *dir)
     rmdir(dir);
 }
 
+/* SIGINT or SIGTERM to the bench: the run stops at its next check and goes through its cleanup
+ * (up stopped, and with it every instance; its directories removed): a SIGTERM had left the
+ * cluster running on its ports and /tmp/pdmoe-soak-* behind. */
+static volatile sig_atomic_t interrupted;
+static void on_interrupt(int sig)
+{
+    interrupted = sig;
+}
+
 int pd_bench_soak(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -299,6 +308,9 @@ int pd_bench_soak(int argc, char **argv)
         streams = streams_given ? streams : 4;
         seconds = seconds_given ? seconds : 8;
     }
+    struct sigaction sa = {.sa_handler = on_interrupt};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     char tmp[] = "/tmp/pdmoe-soak-XXXXXX", mdir[64] = "";
     if (!mkdtemp(tmp)) {
         fprintf(stderr, "pdmoe bench soak: cannot create a directory in /tmp: %s\n", strerror(errno));
@@ -336,7 +348,7 @@ int pd_bench_soak(int argc, char **argv)
         _exit(127);
     }
     int rc = 1, ready = 0;
-    for (int i = 0; i < 1200 && !ready; i++) {
+    for (int i = 0; i < 1200 && !ready && !interrupted; i++) {
         char buf[4096] = "";
         FILE *f = fopen(log, "r");
         size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
@@ -355,7 +367,12 @@ int pd_bench_soak(int argc, char **argv)
     struct soak s = {.port = port, .model_name = strrchr(model, '/') ? strrchr(model, '/') + 1 : model};
     pthread_mutex_init(&s.mu, NULL);
     if (!ready) {
-        fprintf(stderr, "pdmoe bench soak: the cluster did not start; see %s\n", log);
+        if (interrupted) {
+            fprintf(stderr, "pdmoe bench soak: interrupted; stopping the cluster\n");
+            rc = 128 + interrupted;
+        } else {
+            fprintf(stderr, "pdmoe bench soak: the cluster did not start; see %s\n", log);
+        }
         goto out;
     }
     /* the proxy and the instances, in port order */
@@ -376,19 +393,31 @@ int pd_bench_soak(int argc, char **argv)
         pid0[k] = pid_on(port + k);
         rss0[k] = pid0[k] ? rss_bytes(pid0[k]) : -1;
     }
-    for (int v = 0; v < 2; v++) {
-        while (pd_now_s() < t0 + seconds * (v + 1) / 3)
+    for (int v = 0; v < 2 && !interrupted; v++) {
+        while (pd_now_s() < t0 + seconds * (v + 1) / 3 && !interrupted)
             sleep_s(0.05);
+        if (interrupted)
+            break;
         pid_t p = pid_on(port + victim[v]);
         if (p > 0)
             kill(p, SIGKILL);
         if (!as_json)
             printf("%5.1f s: SIGKILL to %s (pid %d)\n", pd_now_s() - t0, names[victim[v]], (int)p);
     }
+    if (interrupted) {   /* the clients end their requests in flight and stop */
+        pthread_mutex_lock(&s.mu);
+        s.deadline = 0;
+        pthread_mutex_unlock(&s.mu);
+    }
     for (int i = 0; i < streams; i++)
         pthread_join(th[i], NULL);
     free(cl);
     free(th);
+    if (interrupted) {
+        fprintf(stderr, "pdmoe bench soak: interrupted; stopping the cluster\n");
+        rc = 128 + interrupted;
+        goto out;
+    }
     double t_load = pd_now_s() - t0;
     /* both back (up restarts them), then idle: what is still held is leaked */
     double restarts = -1;
@@ -477,7 +506,7 @@ out:
         waitpid(up, NULL, 0);
     }
     pthread_mutex_destroy(&s.mu);
-    if (rc) {
+    if (rc && !interrupted) {
         char buf[8192] = "";
         FILE *f = fopen(log, "r");
         size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;

@@ -64,9 +64,10 @@ struct child {
     const char *host;          /* where /health is asked: the proxy's --host; NULL: 127.0.0.1 */
     char **argv;               /* owned, NULL-terminated: what a restart runs again */
     int restarts;
-    double started, backoff, restart_at;
+    double started, backoff, restart_at, died_at;
     double answered;           /* when its /health last answered 200 since it started; 0: not yet */
     double next_probe;         /* when its /health is asked next (supervising) */
+    int kv_port, ranks, local;  /* an instance on this machine: its ranks' KV ports, checked free before a restart */
 };
 
 /* Runs c's command (argv[0] a path, or a name looked up in PATH) in a process group of its own,
@@ -607,6 +608,19 @@ static int reaped(struct child *c, char *how, size_t n)
     return 1;
 }
 
+/* The ports dead child c's processes held, some still bound (an EP group's ranks outlive a
+ * SIGKILLed mpirun by a moment): its restart would fail to bind them and back off once more. */
+#define PORT_GRACE_S 5.0
+static int ports_still_bound(const struct child *c)
+{
+    if (!c->local)
+        return 0;
+    int busy = port_taken(c->port);
+    for (int k = 0; !busy && c->kv_port && k < c->ranks; k++)
+        busy = port_taken(c->kv_port + k);
+    return busy;
+}
+
 /* Starts dead child c again, counted in the restarts file of all n children. */
 static void restart(struct child *c, const char *mfile, struct child *all, int n)
 {
@@ -902,8 +916,11 @@ int pd_cli_up(int argc, char **argv)
             lo.extra[e++] = watchdog_flag;
         }
         const char *role = x->colocated ? "aggregated" : x->role ? "decode" : "prefill";
+        int local = 1;
+        for (int g = 0; g < x->ranks; g++)
+            local &= !x->group[g].host || pd_net_is_local(x->group[g].host);
         ch[n] = (struct child){.port = x->port, .role = role, .instance = x->inst,
-                               .host = x->group[0].host};
+                               .host = x->group[0].host, .kv_port = x->kv_port, .ranks = x->ranks, .local = local};
         if (!(ch[n].argv = pd_launch_argv(x, &lo))) {
             fprintf(stderr, "pdmoe up: out of memory\n");
             failed = 1;
@@ -994,6 +1011,7 @@ int pd_cli_up(int argc, char **argv)
                 if (now - ch[i].started >= BACKOFF_MAX_S)
                     ch[i].backoff = BACKOFF_MIN_S;   /* it had been running well */
                 ch[i].pid = 0;
+                ch[i].died_at = now;
                 ch[i].restart_at = now + ch[i].backoff;
                 char ts[24];
                 fprintf(stderr, "pdmoe up: %s the %s %s; restarting it in %.1f s\n", stamp(ts), ch[i].what, how,
@@ -1002,6 +1020,10 @@ int pd_cli_up(int argc, char **argv)
             } else if (ch[i].pid > 0) {
                 check_alive(&ch[i], (double)live_s, now);
             } else if (ch[i].pid == 0 && now >= ch[i].restart_at) {
+                if (now < ch[i].died_at + PORT_GRACE_S && ports_still_bound(&ch[i])) {
+                    ch[i].restart_at = now + 0.1;   /* its old processes are still going */
+                    continue;
+                }
                 restart(&ch[i], mfile, ch, n);
                 char ts[24];
                 fprintf(stderr, "pdmoe up: %s restarted the %s (restart %d, pid %d)\n", stamp(ts), ch[i].what,

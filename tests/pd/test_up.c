@@ -140,6 +140,30 @@ Test(up, a_closed_log_pipe_does_not_take_the_cluster_down)
     stop_up(up, port);
 }
 
+/* An EP group's mpirun SIGKILLed: its ranks outlive it by a moment, and the first restart met
+ * their KV ports still bound ("Address already in use"), failed and backed off once more. up now
+ * waits for the old processes' ports before it starts the group again: one restart. */
+Test(up, a_killed_mpirun_is_started_again_once)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const int port = 14800 + (getpid() % 300) * 3;   /* kv ports up to port + 110: clear of the other ranges */
+    pid_t up = start_up(bin, port, 2);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "pkill -KILL -f -- '^mpirun .*-[-]port %d( |$)'", port + 1);
+    cr_assert_eq(system(cmd), 0, "no mpirun for the prefill group on port %d", port + 1);
+    char key[96], body[256];
+    snprintf(key, sizeof key, "pdmoe_restarts_total{role=\"prefill\",instance=\"0\"}");
+    int back = 0;
+    for (int i = 0; i < 300 && !back; i++) {
+        usleep(100000);
+        back = i > 10 && curl_port(port + 1, "/health", NULL, NULL, body, sizeof body) == 200 && metric_key(port, key) >= 1;
+    }
+    cr_assert(back, "the prefill group did not come back");
+    sleep(1);
+    cr_assert_eq(metric_key(port, key), 1, "the prefill group took more than one restart");
+    stop_up(up, port);
+}
+
 Test(up, cluster_matches_colocated_and_stops_cleanly)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
@@ -846,4 +870,39 @@ Test(up, a_sharded_checkpoint_is_started)
     rm_model(rel);
     cr_assert(ready, "pdmoe up did not start a sharded checkpoint");
     cr_assert_eq(code, 200, "%s", body);
+}
+
+/* SIGTERM to bench soak mid-run: the cluster it started stops and its directory goes (they were
+ * left running on their ports and in /tmp). */
+Test(up, a_terminated_soak_stops_its_cluster)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const int port = 13100 + (getpid() % 100) * 4;   /* ports port..port+3, kv port + 100: below the ranges above */
+    char out[256];
+    snprintf(out, sizeof out, "%s/soak.out", dir);
+    pid_t b = fork();
+    if (b == 0) {
+        char sp[16];
+        snprintf(sp, sizeof sp, "%d", port);
+        freopen(out, "w", stdout);
+        freopen(out, "a", stderr);
+        execl(bin, bin, "bench", "soak", "--quick", "--seconds", "120", "--model", dir, "--port", sp, (char *)NULL);
+        _exit(127);
+    }
+    /* running: its first victim killed (a third of the way would be 40 s: wait for the proxy instead) */
+    int up_ok = 0;
+    for (int i = 0; i < 600 && !up_ok; i++) {
+        char body[64];
+        up_ok = curl_port(port, "/health", NULL, NULL, body, sizeof body) == 200;
+        if (!up_ok)
+            usleep(100000);
+    }
+    cr_assert(up_ok, "the soak's cluster never answered");
+    usleep(2000000);
+    kill(b, SIGTERM);
+    int st;
+    cr_assert_eq(waitpid(b, &st, 0), b);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGTERM, "bench soak ended with status %d", st);
+    for (int p = port; p <= port + 3; p++)
+        cr_assert_eq(processes_on(p), 0, "a process left on port %d", p);
 }
