@@ -92,10 +92,10 @@ int pd_bench_tokenizer(int argc, char **argv)
                "alternated; target new/old >= 0.90\n  %-24s %12s %12s %9s %8s %10s\n",
                len / 1e6, copies, reps, "pre-tokenizer", "PCRE2 MB/s", "old MB/s", "new/old",
                "ids", "tokens");
-    else
-        printf("{\"bench\": \"tokenizer\", \"text_bytes\": %zu, \"target_ratio\": 0.9, "
-               "\"results\": [", len);
-    int rc = 0;
+    /* --json: one object printed whole at the end, or nothing (a failure half way once left
+     * '"results": [' on stdout), every string escaped by jansson (a tokenizer path with a quote) */
+    json_t *results = json_array();
+    int rc = results ? 0 : PD_ENOMEM;
     for (int c = 0; c < n_cases && !rc; c++) {
         struct pd_tok *t = NULL;
         if (file) {
@@ -130,10 +130,10 @@ int pd_bench_tokenizer(int argc, char **argv)
             int same = n_new == n_old && !memcmp(ids_new, ids_old, n_new * sizeof *ids_new);
             double mb_new = len / t_new / 1e6, mb_old = len / t_old / 1e6;
             if (as_json)
-                printf("%s{\"pre_tokenizer\": \"%s\", \"pcre2_mb_per_s\": %.2f, "
-                       "\"old_mb_per_s\": %.2f, \"ratio\": %.3f, \"ids_identical\": %s, "
-                       "\"tokens\": %zu}", c ? ", " : "", names[c], mb_new, mb_old,
-                       mb_new / mb_old, same ? "true" : "false", n_new);
+                json_array_append_new(results, json_pack("{s:s, s:f, s:f, s:f, s:b, s:I}", "pre_tokenizer", names[c],
+                                                         "pcre2_mb_per_s", mb_new, "old_mb_per_s", mb_old, "ratio",
+                                                         mb_new / mb_old, "ids_identical", same,
+                                                         "tokens", (json_int_t)n_new));
             else
                 printf("  %-24s %12.2f %12.2f %8.2fx %8s %10zu\n", names[c], mb_new, mb_old,
                        mb_new / mb_old, same ? "same" : "DIFFER", n_new);
@@ -145,8 +145,16 @@ int pd_bench_tokenizer(int argc, char **argv)
         free(ids_old);
         pd_tok_free(t);
     }
-    if (as_json && !rc)
-        printf("]}\n");
+    if (as_json && !rc) {
+        json_t *o = json_pack("{s:s, s:I, s:f, s:O}", "bench", "tokenizer", "text_bytes", (json_int_t)len,
+                              "target_ratio", 0.9, "results", results);
+        char *txt = o ? json_dumps(o, JSON_PRESERVE_ORDER) : NULL;
+        if (txt)
+            printf("%s\n", txt);
+        free(txt);
+        json_decref(o);
+    }
+    json_decref(results);
     json_decref(doc);
     free(text);
     if (rc) {

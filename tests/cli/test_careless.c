@@ -388,3 +388,25 @@ Test(careless, quick_leaves_explicit_values_alone)
     cr_assert_eq(json_integer_value(json_object_get(json_array_get(runs, 1), "tokens")), 128);
     json_decref(j);
 }
+
+/* bench tokenizer --json printed its JSON by hand: a failure half way left '"results": [' on
+ * stdout, and a tokenizer path holding a quote made the JSON invalid. */
+Test(careless, bench_tokenizer_json_is_whole_and_escaped)
+{
+    struct run r;
+    run("bench tokenizer --quick --json --tokenizer /nonexistent/tokenizer.json", &r);
+    cr_assert_neq(r.status, 0);
+    cr_assert_str_eq(r.out, "", "a failed run printed part of its JSON: %s", r.out);
+    char dir[] = "/tmp/pdmoe-tokq-XXXXXX", cmd[512], args[512];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "cp models/mini/tokenizer.json '%s/tok\"q.json'", dir);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(args, sizeof args, "bench tokenizer --quick --json --tokenizer '%s/tok\"q.json'", dir);
+    run(args, &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    json_t *j = json_loads(r.out, 0, NULL);
+    cr_assert_not_null(j, "not JSON: %s", r.out);
+    json_decref(j);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
