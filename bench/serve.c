@@ -443,9 +443,11 @@ int pd_bench_serve(int argc, char **argv)
                           .groups = 4, .sys_len = 400, .turns = 4};
     const char *url = "http://127.0.0.1:8000", *metrics_url = NULL;
     int c, json = 0, seed = 0, idx = 0;
+    const char *groups_flag = NULL, *sys_flag = NULL, *turns_flag = NULL;   /* as given: whose dataset */
+    struct pd_cli_seen seen = {0};
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, &idx)) != -1) {
+    while ((c = pd_cli_getopt("bench serve", argc, argv, opts, &idx, NULL, &seen)) != -1) {
         char flag[40];
         snprintf(flag, sizeof flag, "--%s", c >= 256 ? opts[idx].name : "");
         int bad = 0;
@@ -495,9 +497,9 @@ int pd_bench_serve(int argc, char **argv)
                 return 2;
             }
             break;
-        case O_GROUPS: bad = serve_int(flag, optarg, 1, 100000, &b.groups); break;
-        case O_SYS: bad = serve_int(flag, optarg, 0, 1 << 16, &b.sys_len); break;
-        case O_TURNS: bad = serve_int(flag, optarg, 1, 1000, &b.turns); break;
+        case O_GROUPS: bad = serve_int(flag, optarg, 1, 100000, &b.groups); groups_flag = "--gsp-num-groups"; break;
+        case O_SYS: bad = serve_int(flag, optarg, 0, 1 << 16, &b.sys_len); sys_flag = "--gsp-system-prompt-len"; break;
+        case O_TURNS: bad = serve_int(flag, optarg, 1, 1000, &b.turns); turns_flag = "--num-turns"; break;
         case O_METRICS: metrics_url = optarg; break;
         case 'h':
         case O_HELP: fputs(serve_usage, stdout); return 0;
@@ -512,6 +514,15 @@ int pd_bench_serve(int argc, char **argv)
     }
     if (sscanf(url, "http://%63[^:/]:%d", b.host, &b.port) != 2 || b.port < 1 || b.port > 65535) {
         fprintf(stderr, "pdmoe bench serve: --base-url %s: expected http://HOST:PORT\n", url);
+        return 2;
+    }
+    /* a dataset's own flags with another dataset would be taken and not used */
+    const char *stray = b.dataset != DS_SHARED && groups_flag ? groups_flag : b.dataset != DS_SHARED && sys_flag ? sys_flag
+                        : b.dataset != DS_TURNS && turns_flag ? turns_flag : NULL;
+    if (stray) {
+        fprintf(stderr, "pdmoe bench serve: %s belongs to --dataset %s, not this run's %s\n", stray,
+                stray == turns_flag ? "multi-turn" : "generated-shared-prefix",
+                b.dataset == DS_RANDOM ? "random" : b.dataset == DS_SHARED ? "generated-shared-prefix" : "multi-turn");
         return 2;
     }
     if (b.long_every && !b.long_input_len) {

@@ -367,6 +367,10 @@ Test(careless, bench_counts_are_whole_numbers_and_json_is_all_or_nothing)
     refused("bench decode --threads 2x", "--threads 2x", NULL);
     refused("bench decode --steps 100 --quick", "--quick runs 4 steps; give it or --steps, not both", NULL);
     refused("bench ep --ranks 1x", "--ranks 1x: each a whole number", NULL);
+    refused("bench serve --num-turns 3", "--num-turns belongs to --dataset multi-turn, not this run's random", NULL);
+    refused("bench serve --dataset multi-turn --gsp-num-groups 2", "--gsp-num-groups belongs to --dataset "
+            "generated-shared-prefix", NULL);
+    refused("bench serve --num-prompts 2 --num-prompts 3", "--num-prompts given twice (2, then 3)", NULL);
     struct run r;
     run("bench ep --ranks 2,0 --json", &r);
     cr_assert_eq(r.status, 2, "%s", r.err);
