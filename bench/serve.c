@@ -517,11 +517,12 @@ int pd_bench_serve(int argc, char **argv)
         return 2;
     }
     /* a dataset's own flags with another dataset would be taken and not used */
-    const char *stray = b.dataset != DS_SHARED && groups_flag ? groups_flag : b.dataset != DS_SHARED && sys_flag ? sys_flag
+    const char *stray = b.dataset != DS_SHARED && groups_flag ? groups_flag : b.dataset == DS_RANDOM && sys_flag ? sys_flag
                         : b.dataset != DS_TURNS && turns_flag ? turns_flag : NULL;
     if (stray) {
         fprintf(stderr, "pdmoe bench serve: %s belongs to --dataset %s, not this run's %s\n", stray,
-                stray == turns_flag ? "multi-turn" : "generated-shared-prefix",
+                stray == turns_flag ? "multi-turn" : stray == sys_flag ? "generated-shared-prefix or multi-turn"
+                                                                       : "generated-shared-prefix",
                 b.dataset == DS_RANDOM ? "random" : b.dataset == DS_SHARED ? "generated-shared-prefix" : "multi-turn");
         return 2;
     }
