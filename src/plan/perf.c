@@ -4,6 +4,7 @@
 #include "plan/lockstep.h"
 
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -329,16 +330,15 @@ void pd_perf_step_mixed(const struct pd_plan *p, enum pd_role r, const struct pd
 }
 
 /* Erlang C: probability an arrival waits in an M/M/c queue with offered load a = lambda*S. */
+/* Erlang C (the chance an arrival waits, c servers, offered load a < c) through Erlang B's
+ * recurrence, B(0) = 1, B(i) = a B(i-1) / (i + a B(i-1)), and C = c B / (c - a (1 - B)): the
+ * direct sum of a^i / i! overflowed past a few hundred servers (thousands of decode slots). */
 static double erlang_c(int c, double a)
 {
-    double term = 1, sum = 1;
-    for (int i = 1; i < c; i++) {
-        term *= a / i;
-        sum += term;
-    }
-    term *= a / c;
-    double last = term * c / (c - a);
-    return last / (sum + last);
+    double b = 1;
+    for (int i = 1; i <= c; i++)
+        b = a * b / (i + a * b);
+    return c * b / (c - a * (1 - b));
 }
 
 /* A request the servers would refuse is no workload to predict: vLLM answers 400 when prompt +
@@ -470,7 +470,14 @@ struct pd_match pd_perf_match(double request_s, const struct pd_perf *pre, const
     m.ttft_s = request_s + pre->prefill_s + pre->handoff_s + dec->decode_step.total_s;
     m.req_s = pre->prefill_req_s < dec->decode_req_s ? pre->prefill_req_s : dec->decode_req_s;
     /* past what the deployment sustains (prefill or decode) the queue grows without end */
-    m.ttft_rate_s = w->rate > m.req_s ? INFINITY : m.ttft_s + pd_perf_queue_wait(servers, pre->prefill_s, w->rate);
+    /* and below it, the waits for a prefill server and then for a decode slot: the decode side
+     * is dec->decode_req_s x (osl x TPOT) slots, each held osl x TPOT (a request near the decode
+     * side's capacity waited for a slot the prompt queue alone never showed) */
+    const double hold = (double)w->osl * dec->tpot_s;
+    const double slots = dec->decode_req_s * hold;
+    m.ttft_rate_s = w->rate > m.req_s ? INFINITY
+                    : m.ttft_s + pd_perf_queue_wait(servers, pre->prefill_s, w->rate) +
+                          (slots >= 1 && slots < INT_MAX ? pd_perf_queue_wait((int)llround(slots), hold, w->rate) : 0);
     m.tok_s_card = cards > 0 ? m.req_s * w->osl / cards : 0;
     return m;
 }
@@ -723,8 +730,8 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
         fprintf(o, "  TTFT at %.2f req/s   unbounded: the rate is above the %.2f requests/s this deployment sustains "
                    "(rate-matched below), so the queue grows without end\n", f->w.rate, f->req_s);
     else if (f->w.rate > 0)
-        fprintf(o, "  TTFT at %.2f req/s %10.1f ms (queueing for %d prefill DP ranks)\n", f->w.rate,
-                f->ttft_rate_s * 1e3, P->o.dp * P->o.instances);
+        fprintf(o, "  TTFT at %.2f req/s %10.1f ms (queueing for %d prefill DP ranks, then for %.0f decode slots)\n",
+                f->w.rate, f->ttft_rate_s * 1e3, P->o.dp * P->o.instances, f->decode_req_s * f->w.osl * f->tpot_s);
     fprintf(o, "  TPOT            %10.2f ms  (%.1f tokens/s per user; batch %lld per DP rank, KV room for %lld; "
                "%.2f tokens per step)\n",
             f->tpot_s * 1e3, f->user_tok_s, (long long)f->batch, (long long)f->batch_cap, f->tokens_per_step);

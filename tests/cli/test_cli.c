@@ -433,6 +433,26 @@ Test(cli, a_rate_past_the_deployment_has_no_finite_ttft)
     }
 }
 
+/* Near the decode side's capacity the TTFT at a rate grows toward the cut-off instead of staying
+ * at the prompt queue's (506.9 ms at 10, 31 and 31.3 requests/s with the decode slots 99.8% busy,
+ * then "unbounded" at 31.4): the wait for a decode slot is counted, and rises with the rate. */
+Test(cli, the_ttft_at_a_rate_counts_the_wait_for_a_decode_slot)
+{
+    double t[3];
+    static const char *const rates[] = {"10", "31", "31.3"};
+    for (int i = 0; i < 3; i++) {
+        char args[256];
+        snprintf(args, sizeof args, "plan --isl 4096 --osl 1024 --request-rate %s --json", rates[i]);
+        json_t *j = run_json(args);
+        json_t *perf = json_object_get(j, "perf");
+        cr_assert(json_is_number(json_object_get(perf, "ttft_at_rate_s")), "%s", rates[i]);
+        t[i] = json_number_value(json_object_get(perf, "ttft_at_rate_s"));
+        json_decref(j);
+    }
+    cr_assert(t[0] < t[1] && t[1] < t[2], "TTFT at 10, 31, 31.3 req/s: %g %g %g s", t[0], t[1], t[2]);
+    cr_assert_gt(t[2], 5 * t[0], "99.8%% busy decode slots add no wait: %g s against %g s", t[2], t[0]);
+}
+
 /* Issue 6 from the command line: prediction with the plan, the search and its report, the
  * validation's exit status, and errors that name the flag. */
 Test(cli, perf_search_validate)
