@@ -5,6 +5,8 @@
 #include "core/file.h"
 #include "pd/server_int.h"
 
+#include <time.h>
+
 #include <limits.h>
 /* ---- request lifetime ---------------------------------------------------------------------- */
 
@@ -55,6 +57,7 @@ void pd_srv_take_token(struct pd_server *s, struct req *r, int32_t t)
         r->finished = 1;
         r->finish = "stop";
         r->stop_token = 1;
+        r->stop_tok = t;
         return;
     }
     r->gen[r->n_gen++] = t;
@@ -769,6 +772,7 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     if (!s)
         return pd_err_set(e, PD_ENOMEM, "out of memory");
     s->o = *o;
+    s->created = (long long)time(NULL);
     if (!s->o.host)
         s->o.host = "127.0.0.1";
     if (s->o.max_num_seqs < 1)

@@ -242,10 +242,17 @@ static void answer_whole(struct pd_server *s, struct req *r, const char *text, s
                                       "model_fingerprint", s->fingerprint));
     }
     if (choice && r->return_ids) {
-        json_t *ids = json_array();
+        /* vLLM's lists: the generated ids with the stop token that ended them (as many as the
+         * usage counts), and the prompt's */
+        json_t *ids = json_array(), *pids = json_array();
         for (int i = 0; i < n; i++)
             json_array_append_new(ids, json_integer(r->gen[i]));
+        if (r->stop_token && n == r->n_gen && !r->n_answered)
+            json_array_append_new(ids, json_integer(r->stop_tok));
+        for (int i = 0; i < r->n_prompt; i++)
+            json_array_append_new(pids, json_integer(r->prompt[i]));
         json_object_set_new(choice, "token_ids", ids);
+        json_object_set_new(choice, "prompt_token_ids", pids);
     }
     pd_http_json(r->http, 200,
                  choice ? json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", r->created_id, "object",

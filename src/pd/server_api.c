@@ -3,6 +3,7 @@
  * out are server_answer.c's, /metrics server_metrics.c's. Runs on the event-loop thread. */
 #include "pd/server_int.h"
 
+#include <math.h>
 #include <sys/random.h>
 
 
@@ -134,6 +135,21 @@ static void drop_noop_defaults(json_t *j)
     }
 }
 
+/* Integer fields sent as whole-number floats (100.0, 1e2: a client that computes max_tokens):
+ * vLLM's pydantic takes them as integers, and so does this server; 100.5 stays a float and is
+ * refused as one. */
+static void whole_floats_to_ints(json_t *j)
+{
+    static const char *const ints[] = {"max_tokens", "max_completion_tokens", "seed", "n", "top_logprobs", "top_k",
+                                       "best_of", NULL};
+    for (int i = 0; ints[i]; i++) {
+        json_t *v = json_object_get(j, ints[i]);
+        double x = json_is_real(v) ? json_real_value(v) : 0;
+        if (json_is_real(v) && x == floor(x) && fabs(x) < 9007199254740992.0)
+            json_object_set_new(j, ints[i], json_integer((json_int_t)x));
+    }
+}
+
 static int unsupported_values(struct pd_server *s, struct evhttp_request *h, json_t *j, int chat)
 {
     json_t *n = present(j, "n"), *lp = present(j, "logprobs"), *tlp = present(j, "top_logprobs");
@@ -149,6 +165,19 @@ static int unsupported_values(struct pd_server *s, struct evhttp_request *h, jso
     }
     if (tlp && !(json_is_integer(tlp) && json_integer_value(tlp) == 0)) {
         pd_srv_send_error(s, h, 400, "invalid_request_error", "top_logprobs", "\"top_logprobs\" is not supported");
+        return -1;
+    }
+    /* vLLM's sampling extras at the values that turn them off, as `vllm bench serve` sends them
+     * (repetition_penalty 1.0 on every completions request; top_k -1 or 0, min_p 0): taken; any
+     * other value is refused by name */
+    json_t *rp = present(j, "repetition_penalty"), *tk = present(j, "top_k"), *mp = present(j, "min_p");
+    const char *sampling = rp && !(json_is_number(rp) && json_number_value(rp) == 1) ? "repetition_penalty"
+                           : tk && !(json_is_integer(tk) && (json_integer_value(tk) == -1 || json_integer_value(tk) == 0))
+                               ? "top_k"
+                           : mp && !(json_is_number(mp) && json_number_value(mp) == 0) ? "min_p" : NULL;
+    if (sampling) {
+        pd_srv_send_error(s, h, 400, "invalid_request_error", sampling, "\"%s\": only %s (off) is supported", sampling,
+                          !strcmp(sampling, "repetition_penalty") ? "1" : !strcmp(sampling, "top_k") ? "-1 or 0" : "0");
         return -1;
     }
     static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
@@ -381,6 +410,9 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
         json_decref(j);
         return;
     }
+    /* (before any field is read: each replaces a value in the body) */
+    drop_noop_defaults(j);
+    whole_floats_to_ints(j);
     const char *model = json_string_value(json_object_get(j, "model"));
     json_t *mt = present(j, "max_tokens"), *mct = present(j, "max_completion_tokens"), *tp = present(j, "temperature"),
            *pp = present(j, "top_p"), *st = present(j, "stream"), *sd = present(j, "seed");
@@ -397,13 +429,13 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
                    model, s->name);
         goto out;
     }
-    drop_noop_defaults(j);
     /* OpenAI's and vLLM's fields: each one implemented, or refused by name, never accepted and dropped */
     static const char *const known[] = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens",
                                         "temperature", "top_p", "seed", "stream", "stream_options", "stop",
                                         "stop_token_ids", "ignore_eos", "return_token_ids", "kv_transfer_params",
                                         "user", "n", "logprobs", "top_logprobs", "presence_penalty",
-                                        "frequency_penalty", "skip_special_tokens", NULL};
+                                        "frequency_penalty", "skip_special_tokens", "repetition_penalty", "top_k",
+                                        "min_p", NULL};
     const char *key = unknown_key(j, known);
     if (key) {
         pd_srv_send_error(s, h, 400, "invalid_request_error", key, "unsupported parameter \"%s\": this server "
@@ -739,8 +771,11 @@ static void on_models(struct evhttp_request *h, void *arg)
     struct pd_server *s = arg;
     if (!authorised(s, h))
         return;
-    pd_http_json(h, 200, json_pack("{s:s,s:[{s:s,s:s,s:s,s:i}]}", "object", "list", "data", "id", s->name, "object",
-                                      "model", "owned_by", "pdmoe", "max_model_len", s->o.max_model_len));
+    /* OpenAI's Model object (id, object, created, owned_by: clients that type-check it need all
+     * four) and vLLM's max_model_len, root and parent */
+    pd_http_json(h, 200, json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:i,s:s,s:n}]}", "object", "list", "data", "id", s->name,
+                                   "object", "model", "created", (json_int_t)s->created, "owned_by", "pdmoe",
+                                   "max_model_len", s->o.max_model_len, "root", s->name, "parent"));
 }
 
 /* GET /expert_stats: the tokens each routed expert ran in each layer since the server started

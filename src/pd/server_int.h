@@ -91,6 +91,7 @@ struct req {
     int32_t first_sampled;          /* producer: the first token it sampled, a stop token too, or -1 */
     int stop_token;                 /* it ended on a stop token (EOS, stop_token_ids): counted in the
                                        usage, as vLLM counts it, though not in the text */
+    int32_t stop_tok;               /* that token: in return_token_ids' list, as vLLM lists it */
     struct req *lease_next;
     double leased_at;               /* producer: when its KV went under the lease (pd_now_s) */
     int revoked;                    /* producer: its lease was revoked, the release on its way */
@@ -218,6 +219,7 @@ struct pd_server {
     struct pd_server_opts o;
     char name[128];
     char fingerprint[17];           /* the weights' (weights.h), in hex: a PD hand-off's check */
+    long long created;              /* when it started, Unix seconds: /v1/models' "created" */
     struct pd_engine en;
     struct pd_prefix prefix;        /* prefix_on: the prefix cache over en.kv */
     int prefix_on;

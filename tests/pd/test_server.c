@@ -627,7 +627,8 @@ Test(server, stop_strings_stop_token_ids_and_usage_in_the_stream)
     cr_assert_eq(metric("pdmoe_kv_blocks_free"), metric("pdmoe_kv_blocks_capacity"));
     cr_assert_eq(metric("pdmoe_requests_cancelled_total"), 0, "a stop string counted as a cancellation");
 
-    /* stop_token_ids: the third token ends the generation, which keeps the two before it */
+    /* stop_token_ids: the third token ends the generation, which keeps the two before it in the
+     * text; its token_ids list the stop token too, as vLLM's do (as many as the usage counts) */
     json_t *ids = json_object_get(ch, "token_ids");
     long long third = json_integer_value(json_array_get(ids, 2));
     int first = 0;   /* the first position that token holds */
@@ -639,7 +640,8 @@ Test(server, stop_strings_stop_token_ids_and_usage_in_the_stream)
     json_t *k = parse(out);
     json_t *c = json_array_get(json_object_get(k, "choices"), 0);
     cr_assert_str_eq(json_string_value(json_object_get(c, "finish_reason")), "stop");
-    cr_assert_eq(json_array_size(json_object_get(c, "token_ids")), (size_t)first);
+    cr_assert_eq(json_array_size(json_object_get(c, "token_ids")), (size_t)first + 1);
+    cr_assert_eq(json_integer_value(json_array_get(json_object_get(c, "token_ids"), (size_t)first)), third);
     json_decref(k);
     json_decref(j);
 
@@ -928,4 +930,56 @@ Test(server, unseeded_samples_differ_and_a_seed_repeats)
         cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":12,\"temperature\":1,\"ignore_eos\":true,"
                           "\"return_token_ids\":true,\"seed\":7}", NULL, out[i], sizeof out[i]), 200, "%s", out[i]);
     expect_same_token_ids(out[0], out[1]);
+}
+
+/* What vLLM's clients send as they send it: `vllm bench serve` puts "repetition_penalty": 1.0 in
+ * every completions request (and --top-k/--min-p send top_k -1, min_p 0), which were refused as
+ * unsupported, failing the whole benchmark; whole-number floats for integers (max_tokens 2.0) as
+ * pydantic takes them; /v1/models with OpenAI's "created"; return_token_ids listing the stop token
+ * that ended the answer (as many ids as the usage counts) and the prompt's ids, as vLLM does. */
+Test(server, what_vllms_clients_send_and_read)
+{
+    start(NULL, dir, 256);
+    char out[16384];
+    cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"Hello world\",\"repetition_penalty\":1.0,\"max_tokens\":2,"
+                      "\"logprobs\":null,\"top_k\":-1,\"min_p\":0.0,\"stream\":true,\"stream_options\":"
+                      "{\"include_usage\":true}}", NULL, out, sizeof out), 200, "%s", out);
+    cr_assert(strstr(out, "data: [DONE]"), "%s", out);
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"repetition_penalty\":1.1}", NULL, "repetition_penalty");
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"top_k\":5}", NULL, "top_k");
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"min_p\":0.1}", NULL, "min_p");
+    cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2.0,\"seed\":1e1}", NULL, out, sizeof out), 200,
+                 "%s", out);
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2.5}", NULL, "max_tokens");
+
+    cr_assert_eq(curl("/v1/models", NULL, NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out), *m = json_array_get(json_object_get(j, "data"), 0);
+    cr_assert(json_is_integer(json_object_get(m, "created")) && json_integer_value(json_object_get(m, "created")) > 1700000000,
+              "%s", out);
+    cr_assert_str_eq(json_string_value(json_object_get(m, "owned_by")), "pdmoe");
+    json_decref(j);
+
+    /* the greedy continuation's second token made a stop token: the answer ends on it */
+    cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"Hello\",\"max_tokens\":4,\"temperature\":0,\"ignore_eos\":true,"
+                      "\"return_token_ids\":true}", NULL, out, sizeof out), 200, "%s", out);
+    j = parse(out);
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0), *ids = json_object_get(c, "token_ids");
+    cr_assert(json_array_size(ids) == 4, "%s", out);
+    int64_t second = json_integer_value(json_array_get(ids, 1)), first = json_integer_value(json_array_get(ids, 0));
+    cr_assert_gt(json_array_size(json_object_get(c, "prompt_token_ids")), 0, "no prompt_token_ids: %s", out);
+    json_decref(j);
+    if (second == first)
+        return;   /* (a stop token equal to the first would end the answer there) */
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\":\"Hello\",\"max_tokens\":4,\"temperature\":0,\"ignore_eos\":true,"
+             "\"return_token_ids\":true,\"stop_token_ids\":[%lld]}", (long long)second);
+    cr_assert_eq(curl("/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    j = parse(out);
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    ids = json_object_get(c, "token_ids");
+    cr_assert_str_eq(json_string_value(json_object_get(c, "finish_reason")), "stop", "%s", out);
+    cr_assert_eq(json_array_size(ids), 2, "the stop token is not listed: %s", out);
+    cr_assert_eq(json_integer_value(json_array_get(ids, 1)), second);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 2, "%s", out);
+    json_decref(j);
 }
