@@ -589,6 +589,26 @@ static void on_route(struct evhttp_request *h, void *arg)
         pd_http_error(h, code, "invalid_request_error", NULL, "%s", framing);
         return;
     }
+    /* CORS as vLLM's server answers it by default (every origin, method and header, no
+     * credentials: the key is a bearer token, not a cookie): a browser's client (the openai SDK
+     * with dangerouslyAllowBrowser, a web chat UI) reads the answers, and its preflight OPTIONS
+     * gets the route's methods */
+    struct evkeyvalq *hin = evhttp_request_get_input_headers(h), *hout = evhttp_request_get_output_headers(h);
+    const char *origin = evhttp_find_header(hin, "Origin");
+    if (origin)
+        evhttp_add_header(hout, "Access-Control-Allow-Origin", "*");
+    if (evhttp_request_get_command(h) == EVHTTP_REQ_OPTIONS && origin &&
+        evhttp_find_header(hin, "Access-Control-Request-Method")) {
+        const char *asked = evhttp_find_header(hin, "Access-Control-Request-Headers");
+        evhttp_add_header(hout, "Access-Control-Allow-Methods",
+                          !r->methods ? "GET, HEAD, POST" : r->methods & EVHTTP_REQ_POST ? "POST" : "GET, HEAD");
+        if (asked)   /* (evhttp_add_header refuses a value with CR or LF) */
+            evhttp_add_header(hout, "Access-Control-Allow-Headers", asked);
+        evhttp_add_header(hout, "Access-Control-Max-Age", "600");
+        evhttp_add_header(hout, "Content-Length", "0");
+        evhttp_send_reply(h, 204, "No Content", NULL);
+        return;
+    }
     if (r->methods && !(evhttp_request_get_command(h) & r->methods)) {
         const char *allow = r->methods & EVHTTP_REQ_POST ? "POST" : "GET, HEAD";
         r->f->st.wrong_method++;
@@ -662,6 +682,8 @@ int pd_http_front_new(struct event_base *base, const struct pd_http_limits *lim,
         return pd_err_set(e, PD_ENOMEM, "out of memory");
     }
     evhttp_set_bevcb(f->http, on_bev, f);
+    /* libevent's default set less PUT and DELETE, plus OPTIONS for the browsers' CORS preflight */
+    evhttp_set_allowed_methods(f->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_OPTIONS);
     evhttp_set_max_headers_size(f->http, (ev_ssize_t)l->max_header_bytes);
     evhttp_set_max_body_size(f->http, (ev_ssize_t)l->max_body_bytes);
     char ps[16];

@@ -617,3 +617,38 @@ Test(conn, serve_and_proxy_flags_are_documented_and_checked)
         cr_assert(strstr(out, "--header-timeout 0: expected seconds"), "%s", out);
     }
 }
+
+/* CORS as vLLM answers it by default: a browser's preflight OPTIONS gets a 204 naming the route's
+ * methods and echoing the headers asked for, and an answer to a request with an Origin allows
+ * every origin (OPTIONS was a 501 and no answer carried Access-Control-Allow-Origin: browser
+ * clients could not call the API). */
+static void cors(int port)
+{
+    char out[1 << 14];
+    int fd = dial(port);
+    say(fd, "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: http://localhost:3000\r\n"
+            "Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type, authorization\r\n"
+            "Connection: close\r\n\r\n");
+    read_until_close(fd, 10, out, sizeof out);
+    close(fd);
+    cr_assert(strncmp(out, "HTTP/1.1 204", 12) == 0, "%s", out);
+    cr_assert(strstr(out, "Access-Control-Allow-Origin: *\r\n") && strstr(out, "Access-Control-Allow-Methods: POST\r\n") &&
+              strstr(out, "Access-Control-Allow-Headers: content-type, authorization\r\n"), "%s", out);
+    fd = dial(port);
+    say(fd, "GET /health HTTP/1.1\r\nHost: x\r\nOrigin: http://localhost:3000\r\nConnection: close\r\n\r\n");
+    read_until_close(fd, 10, out, sizeof out);
+    close(fd);
+    cr_assert(strncmp(out, "HTTP/1.1 200", 12) == 0 && strstr(out, "Access-Control-Allow-Origin: *\r\n"), "%s", out);
+}
+
+Test(conn, serve_answers_cors_as_vllm)
+{
+    struct pd_http_limits open = {0};
+    cors(start_server(&open));
+}
+
+Test(conn, proxy_answers_cors_as_vllm)
+{
+    struct pd_http_limits open = {0};
+    cors(start_proxy(&open, start_server(&open)));
+}
