@@ -682,8 +682,10 @@ int pd_http_front_new(struct event_base *base, const struct pd_http_limits *lim,
         return pd_err_set(e, PD_ENOMEM, "out of memory");
     }
     evhttp_set_bevcb(f->http, on_bev, f);
-    /* libevent's default set less PUT and DELETE, plus OPTIONS for the browsers' CORS preflight */
-    evhttp_set_allowed_methods(f->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_OPTIONS);
+    /* libevent's default set (its routes answer a method they do not take with a 405 and Allow),
+     * plus OPTIONS for the browsers' CORS preflight */
+    evhttp_set_allowed_methods(f->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
+                                            EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS);
     evhttp_set_max_headers_size(f->http, (ev_ssize_t)l->max_header_bytes);
     evhttp_set_max_body_size(f->http, (ev_ssize_t)l->max_body_bytes);
     char ps[16];
