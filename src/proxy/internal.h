@@ -25,6 +25,7 @@ struct instance {
     int up;                      /* admitted: gets requests while any instance is up */
     int strikes;                 /* failures since it was last admitted: the backoff's exponent */
     double probe_at;             /* the next /health check */
+    double silent_since;         /* when its /health first failed since it last answered; 0: it answers */
     struct evhttp_connection *probe;   /* the check in flight, or NULL */
 };
 

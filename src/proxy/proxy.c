@@ -147,6 +147,7 @@ static void eject(struct instance *in, int by_probe)
 /* `in` answered (a request, or its /health check): it is up again. */
 static void admit(struct instance *in)
 {
+    in->silent_since = 0;
     if (!in->up)
         fprintf(stderr, "pdmoe proxy: %s instance %s:%d is up again\n", in->role, in->host, in->port);
     in->up = 1;
@@ -759,6 +760,23 @@ static void fail_in_flight(struct pd_proxy *px, const struct instance *in)
 /* Active health checks: GET /health of each instance, every health_interval_ms while it is up,
  * at its backoff's end while it is ejected; 1 s to answer. A failed check ejects the instance and
  * fails the requests it holds. */
+/* How long an instance's /health may stay unanswered before the requests in flight on it are
+ * failed (a 502, or an error event and [DONE]): one check missing its second once failed every
+ * stream of an instance stalled for a moment (a pause of the process, a long step), which then
+ * resumed to nobody. New requests go elsewhere from the first failed check. */
+#define HUNG_S 3.0
+
+/* A /health check of `in` failed: it is out, and once it has been silent HUNG_S, hung. */
+static void probe_failed(struct pd_proxy *px, struct instance *in)
+{
+    double now = pd_now_s();
+    if (in->silent_since <= 0)
+        in->silent_since = now;
+    eject(in, 1);
+    if (now - in->silent_since >= HUNG_S)
+        fail_in_flight(px, in);
+}
+
 static void on_probe_done(struct evhttp_request *r, void *arg)
 {
     struct instance *in = arg;
@@ -769,8 +787,7 @@ static void on_probe_done(struct evhttp_request *r, void *arg)
         admit(in);
         in->probe_at = pd_now_s() + health_interval_s(px);
     } else {
-        eject(in, 1);
-        fail_in_flight(px, in);
+        probe_failed(px, in);
     }
 }
 
@@ -782,10 +799,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         struct instance *in = nth(px, k);
         if (in->probe || now < in->probe_at)
             continue;
-        if (!(in->probe = px_get_from(px, in, "/health", 1, on_probe_done, in))) {
-            eject(in, 1);
-            fail_in_flight(px, in);
-        }
+        if (!(in->probe = px_get_from(px, in, "/health", 1, on_probe_done, in)))
+            probe_failed(px, in);
     }
 }
 

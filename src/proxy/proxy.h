@@ -21,8 +21,9 @@
  * and after any failure of a request (no connection, no answer, a 5xx). A failure ejects it: it
  * gets no requests while others are up, and is probed again after a backoff (0.5 s doubling to
  * 30 s) until /health answers, which admits it back. An answer has no deadline of its own (a long
- * generation or queue is waited for); a failed health check also fails the requests the instance
- * holds, so a host that hangs does not hold its clients. A decode instance that fails before the client
+ * generation or queue is waited for); once its health checks have failed for 3 s the requests
+ * the instance holds fail too, so a host that hangs does not hold its clients (a pause shorter
+ * than that, a stopped process resumed, keeps them). A decode instance that fails before the client
  * has received any of the answer is replaced by another decode instance not tried yet (it pulls the
  * prefill's KV if the lease still holds, or recomputes the prompt from its token ids); once the
  * answer has begun, a streaming client gets an error event and [DONE]. pd_proxy_stop (and SIGINT,

@@ -314,3 +314,28 @@ Test(fault, a_hung_producer_stalls_its_pull_not_the_decode_instance)
     cr_assert_eq(curl_port(d, "/v1/completions", "{\"prompt\":\"after\",\"max_tokens\":4}", NULL, out, sizeof out),
                  200, "%s", out);
 }
+
+/* A decode instance stopped for 2.5 s (a pause, a long step) and then resumed: its streams go on
+ * to their end. One /health check missing its second once failed every stream in flight on it
+ * (an error event and [DONE]) though it came back a moment later; only one silent for 3 s is
+ * hung. */
+Test(fault, a_decode_instance_paused_a_moment_keeps_its_streams)
+{
+    pid_t p, d;
+    int pport = spawn("{\"kv_role\":\"kv_producer\",\"engine_id\":\"p\"}", &p);
+    int dport = spawn("{\"kv_role\":\"kv_consumer\"}", &d);
+    start_proxy(&pport, 1, dport);
+    /* paused before the requests reach it: their prefill runs, then they wait on it in flight */
+    kill(d, SIGSTOP);
+    FILE *l = load(3, 8);
+    for (int i = 0; i < 2000 && metric(pport, "pdmoe_requests_completed_total") < 3; i++)
+        usleep(2000);
+    usleep(2500000);   /* past a /health check's 1 s interval and its 1 s timeout */
+    kill(d, SIGCONT);
+    char sink[64];
+    while (fgets(sink, sizeof sink, l))
+        ;
+    pclose(l);
+    for (int i = 1; i <= 3; i++)
+        cr_assert_eq(outcome(i), 1, "client %d's stream was failed by a 2.5 s pause", i);
+}
