@@ -67,6 +67,8 @@ struct child {
     double started, backoff, restart_at, died_at;
     double answered;           /* when its /health last answered 200 since it started; 0: not yet */
     double next_probe;         /* when its /health is asked next (supervising) */
+    double term_at;            /* when up sent it SIGTERM for its silence; 0: not sent */
+    int port_wait_said;        /* its restart's wait for its ports was logged */
     int kv_port, ranks, local;  /* an instance on this machine: its ranks' KV ports, checked free before a restart */
 };
 
@@ -87,6 +89,7 @@ static void spawn(struct child *c)
     c->pid = pid;
     c->started = pd_now_s();
     c->answered = 0;
+    c->term_at = 0;
 }
 
 /* The directories of earlier runs of pdmoe up that were killed before they could remove theirs
@@ -170,8 +173,16 @@ static int healthy(const char *host, int port)
  * its process group is SIGKILLed (a stopped process takes no other signal), and the reaping
  * starts it again as it does a dead one. A child still starting (a model loading) is not asked
  * to answer yet. */
+#define TERM_GRACE_S 5.0
 static void check_alive(struct child *c, double live_s, double now)
 {
+    if (c->pid > 0 && c->term_at > 0) {   /* asked to stop: given TERM_GRACE_S, then killed */
+        if (now - c->term_at >= TERM_GRACE_S) {
+            kill(-c->pid, SIGKILL);
+            kill(c->pid, SIGKILL);
+        }
+        return;
+    }
     if (c->pid <= 0 || live_s <= 0 || now < c->next_probe)
         return;
     c->next_probe = now + 1.0;
@@ -183,10 +194,13 @@ static void check_alive(struct child *c, double live_s, double now)
     if (c->answered <= 0 || now - c->answered < live_s)
         return;
     char ts[24];
-    fprintf(stderr, "pdmoe up: %s the %s has not answered /health for %.0f s (--liveness-timeout %.0f); killing it\n",
+    fprintf(stderr, "pdmoe up: %s the %s has not answered /health for %.0f s (--liveness-timeout %.0f); stopping it\n",
             stamp(ts), c->what, now - c->answered, live_s);
-    kill(-c->pid, SIGKILL);
-    kill(c->pid, SIGKILL);
+    /* SIGTERM and SIGCONT first, as stop_all sends them: an mpirun SIGKILLed left its ranks'
+     * shared-memory segments in /dev/shm at every such restart; SIGKILL after TERM_GRACE_S */
+    kill(c->pid, SIGTERM);
+    kill(-c->pid, SIGCONT);
+    c->term_at = now;
     c->answered = 0;
 }
 
@@ -1021,9 +1035,17 @@ int pd_cli_up(int argc, char **argv)
                 check_alive(&ch[i], (double)live_s, now);
             } else if (ch[i].pid == 0 && now >= ch[i].restart_at) {
                 if (now < ch[i].died_at + PORT_GRACE_S && ports_still_bound(&ch[i])) {
+                    if (!ch[i].port_wait_said) {   /* the delay the death's line gave is not the one */
+                        char ts[24];
+                        fprintf(stderr, "pdmoe up: %s the %s's ports are still bound (its old processes, or "
+                                "another program); waiting up to %.0f s for them\n", stamp(ts), ch[i].what,
+                                PORT_GRACE_S);
+                        ch[i].port_wait_said = 1;
+                    }
                     ch[i].restart_at = now + 0.1;   /* its old processes are still going */
                     continue;
                 }
+                ch[i].port_wait_said = 0;
                 restart(&ch[i], mfile, ch, n);
                 char ts[24];
                 fprintf(stderr, "pdmoe up: %s restarted the %s (restart %d, pid %d)\n", stamp(ts), ch[i].what,

@@ -292,7 +292,7 @@ Test(supervise, a_stopped_instance_and_a_stopped_proxy_are_killed_and_started_ag
     }
     cr_assert(back, "the stopped decode instance was not replaced in 30 s: %s", out);
     cr_assert(file_has(err, "decode instance 0 (127.0.0.1:") && file_has(err, "has not answered /health for") &&
-              file_has(err, "(--liveness-timeout 2); killing it"), "the kill is not in up's log %s", err);
+              file_has(err, "(--liveness-timeout 2); stopping it"), "the kill is not in up's log %s", err);
     cr_assert_eq(metric_key(port, "pdmoe_restarts_total{role=\"decode\",instance=\"0\"}"), 1);
     pid_t px = pid_on("proxy", port);
     cr_assert_gt(px, 0);
@@ -306,4 +306,74 @@ Test(supervise, a_stopped_instance_and_a_stopped_proxy_are_killed_and_started_ag
     cr_assert_eq(metric_key(port, "pdmoe_restarts_total{role=\"proxy\",instance=\"0\"}"), 1);
     cr_assert_eq(metric_key(port, "pdmoe_restarts_total{role=\"prefill\",instance=\"0\"}"), 0);
     cr_assert_eq(waitpid(up_pid, NULL, WNOHANG), 0, "pdmoe up exited");
+}
+
+/* The pid of rank 0 of the EP group `pdmoe serve ... --port N` (OMPI_COMM_WORLD_RANK=0 in its
+ * environment), 0 if none. */
+static pid_t rank0_on(int port)
+{
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "pgrep -f -- ' serve .*-[-]port %d( |$)'", port);
+    FILE *p = popen(cmd, "r");
+    int pid, found = 0;
+    while (p && !found && fscanf(p, "%d", &pid) == 1) {
+        char path[64], env[1 << 14];
+        snprintf(path, sizeof path, "/proc/%d/environ", pid);
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(env, 1, sizeof env - 1, f) : 0;
+        if (f)
+            fclose(f);
+        for (size_t i = 0; i < n; i += strlen(env + i) + 1) {
+            env[n] = 0;
+            if (!strcmp(env + i, "OMPI_COMM_WORLD_RANK=0"))
+                found = pid;
+        }
+    }
+    if (p)
+        pclose(p);
+    return found;
+}
+
+/* An EP group whose rank 0 stopped answering is stopped by SIGTERM first (SIGKILL after a grace):
+ * the SIGKILLed mpirun left its ranks' shared-memory segments in /dev/shm at every such restart. */
+Test(supervise, a_silent_ep_group_is_stopped_without_leaving_its_shared_memory)
+{
+    const int port = 30950 + (getpid() % 10) * 3;   /* kv ports + 100, 110: clear of the tests above */
+    const char *flags[] = {"--liveness-timeout", "2", "--decode-ep", "2", NULL};
+    start_up(port, flags);
+    const int D = port + 2;
+    pid_t r0 = rank0_on(D);
+    cr_assert_gt(r0, 0, "no rank 0 on --port %d", D);
+    char path[64], line[512], segs[4][128];
+    int ns = 0;
+    snprintf(path, sizeof path, "/proc/%d/maps", (int)r0);
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof line, f) && ns < 4) {
+        char *at = strstr(line, "/dev/shm/");
+        if (at && strstr(at, "vader_segment")) {
+            at[strcspn(at, "\n")] = 0;
+            int dup = 0;
+            for (int k = 0; k < ns; k++)
+                dup |= !strcmp(segs[k], at);
+            if (!dup)
+                snprintf(segs[ns++], sizeof segs[0], "%s", at);
+        }
+    }
+    if (f)
+        fclose(f);
+    cr_assert_gt(ns, 0, "rank 0 maps no vader segment: the test checks nothing");
+    kill(r0, SIGSTOP);
+    char err[128], body[256], out[4096];
+    snprintf(err, sizeof err, "%s/up.err", logs);
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"after\",\"max_tokens\":2}", strrchr(dir, '/') + 1);
+    int back = 0;
+    for (int i = 0; i < 400 && !back; i++) {
+        usleep(100000);
+        pid_t now = rank0_on(D);
+        back = now > 0 && now != r0 && curl_port(port, "/v1/completions", body, NULL, out, sizeof out) == 200;
+    }
+    cr_assert(back, "the silent group was not replaced in 40 s: %s", out);
+    for (int k = 0; k < ns; k++)
+        cr_assert_neq(access(segs[k], F_OK), 0, "%s outlived its group", segs[k]);
+    cr_assert(file_has(err, "stopping it"), "the stop is not in up's log %s", err);
 }
