@@ -29,6 +29,16 @@ static void refused_in(const char *dir, const char *args_fmt, const char *needle
     cr_assert(!needle2 || strstr(r.err, needle2), "pdmoe %s: stderr \"%s\" lacks \"%s\"", args, r.err, needle2);
 }
 
+/* dir's tokenizer.json, parsed; its path in path[128]. */
+static json_t *tokenizer_of(const char *dir, char *path)
+{
+    snprintf(path, 128, "%s/tokenizer.json", dir);
+    json_error_t je;
+    json_t *t = json_load_file(path, 0, &je);
+    cr_assert_not_null(t, "%s", je.text);
+    return t;
+}
+
 /* A tokenizer with ids past the model's rows (another model's tokenizer.json beside these
  * weights) used to load: its ids reached the engine, whose range check then failed the whole
  * step, every request in it, and under expert parallelism the group. */
@@ -36,10 +46,7 @@ Test(model_files, a_tokenizer_larger_than_the_model_is_refused_at_load)
 {
     char dir[64], path[128];
     tmp_model("v4-tiny", 1, dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    json_error_t je;
-    json_t *t = json_load_file(path, 0, &je);
-    cr_assert_not_null(t, "%s", je.text);
+    json_t *t = tokenizer_of(dir, path);
     json_t *added = json_object_get(t, "added_tokens");
     cr_assert(json_is_array(added));
     /* v4-tiny's config.json: vocab_size 512; this token is id 700 */
@@ -338,10 +345,7 @@ Test(model_files, a_vocabulary_without_bytes_is_refused_at_load)
 {
     char dir[64], path[128];
     tmp_model("v4-tiny", 1, dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    json_error_t je;
-    json_t *t = json_load_file(path, 0, &je);
-    cr_assert_not_null(t, "%s", je.text);
+    json_t *t = tokenizer_of(dir, path);
     json_t *model = json_object_get(t, "model");
     json_object_set_new(model, "vocab", json_object());
     json_object_set_new(model, "merges", json_array());
@@ -389,10 +393,7 @@ Test(model_files, a_template_bos_the_tokenizer_lacks_is_refused)
 {
     char dir[64], path[128];
     tmp_model("v4-tiny", 1, dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    json_error_t je;
-    json_t *t = json_load_file(path, 0, &je);
-    cr_assert_not_null(t, "%s", je.text);
+    json_t *t = tokenizer_of(dir, path);
     json_object_set_new(t, "post_processor",
                         json_pack("{s:s, s:[{s:{s:s, s:i}}, {s:{s:s, s:i}}], s:[], s:{}}", "type", "TemplateProcessing",
                                   "single", "SpecialToken", "id", "<nope>", "type_id", 0, "Sequence", "id", "A",

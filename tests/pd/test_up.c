@@ -840,6 +840,20 @@ Test(up, serve_drains_until_its_shutdown_timeout_or_a_second_signal)
     }
 }
 
+/* argv (NULL-ended) started with its stdout (and its stderr, with err) in the file out. */
+static pid_t run_to(const char *out, int err, const char *const *argv)
+{
+    pid_t p = fork();
+    if (p == 0) {
+        freopen(out, "w", stdout);
+        if (err)
+            freopen(out, "a", stderr);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return p;
+}
+
 /* A checkpoint in shards with their index (what pdmoe convert and the release write) is one up
  * starts: it asked for model.safetensors alone, though serve loads both. */
 Test(up, a_sharded_checkpoint_is_started)
@@ -852,14 +866,10 @@ Test(up, a_sharded_checkpoint_is_started)
     snprintf(cmd, sizeof cmd, "%s gen-model --preset v4-tiny --format release --out %s > /dev/null", bin, rel);
     cr_assert_eq(system(cmd), 0);
     snprintf(out, sizeof out, "%s/up.out", dir);
-    pid_t up = fork();
-    if (up == 0) {
-        char sp[16];
-        snprintf(sp, sizeof sp, "%d", port);
-        freopen(out, "w", stdout);
-        execl(bin, bin, "up", "--model", rel, "--port", sp, (char *)NULL);
-        _exit(127);
-    }
+    char sp[16];
+    snprintf(sp, sizeof sp, "%d", port);
+    const char *av[] = {bin, "up", "--model", rel, "--port", sp, NULL};
+    pid_t up = run_to(out, 0, av);
     up_pid = up;
     int ready = up_wait_ready(out);
     char body[4096];
@@ -880,15 +890,10 @@ Test(up, a_terminated_soak_stops_its_cluster)
     const int port = 13100 + (getpid() % 100) * 4;   /* ports port..port+3, kv port + 100: below the ranges above */
     char out[256];
     snprintf(out, sizeof out, "%s/soak.out", dir);
-    pid_t b = fork();
-    if (b == 0) {
-        char sp[16];
-        snprintf(sp, sizeof sp, "%d", port);
-        freopen(out, "w", stdout);
-        freopen(out, "a", stderr);
-        execl(bin, bin, "bench", "soak", "--quick", "--seconds", "120", "--model", dir, "--port", sp, (char *)NULL);
-        _exit(127);
-    }
+    char sp[16];
+    snprintf(sp, sizeof sp, "%d", port);
+    const char *av[] = {bin, "bench", "soak", "--quick", "--seconds", "120", "--model", dir, "--port", sp, NULL};
+    pid_t b = run_to(out, 1, av);
     /* running: its first victim killed (a third of the way would be 40 s: wait for the proxy instead) */
     int up_ok = 0;
     for (int i = 0; i < 600 && !up_ok; i++) {
