@@ -795,6 +795,14 @@ int pd_cli_up(int argc, char **argv)
     }
     if (pd_cli_no_args("up", argc, argv) || pd_cli_api_key("up", key, &key))
         return 2;
+    {
+        char sb[256];
+        pd_err we = {0};
+        if (pd_launch_check_words(model, served ? served : pd_launch_served_name(model, sb, sizeof sb), &we)) {
+            fprintf(stderr, "pdmoe up: %s\n", we.msg);
+            return 2;
+        }
+    }
     /* the children read the key from their environment: on their command lines every user of the
      * machine would see it in ps (mpirun passes it on by name, -x PDMOE_API_KEY) */
     if (key && setenv("PDMOE_API_KEY", key, 1)) {
@@ -873,7 +881,9 @@ int pd_cli_up(int argc, char **argv)
     char sth[16], slen[16];
     snprintf(sth, sizeof sth, "%lld", (long long)threads);
     snprintf(slen, sizeof slen, "%lld", (long long)max_len);
-    const char *name = served ? served : pd_launch_served_name(model);
+    char served_buf[256];
+    const char *name = served ? served : pd_launch_served_name(model, served_buf, sizeof served_buf);
+
     /* the instances: where each one's ranks run (the plan's node map on --hosts, else this
      * machine), their ports, and their command lines (plan/launch.h, which --emit pdmoe prints) */
     int ni = 0;

@@ -1,5 +1,6 @@
 /* config.json -> struct pd_model, for deepseek_v4 and deepseek_v3, with every field checked
  * and every error naming the file and the field. Preset lookup over the embedded models/. */
+#include "core/text.h"
 #include "model/config.h"
 #include "core/file.h"
 #include "model/jsonf.h"
@@ -291,7 +292,7 @@ static int check_v4(const char *f, struct pd_model *m, pd_err *e)
 int pd_model_parse(const char *text, const char *label, struct pd_model *m, pd_err *e)
 {
     memset(m, 0, sizeof *m);
-    snprintf(m->source, sizeof m->source, "%s", label);
+    pd_text_safe(m->source, sizeof m->source, label);
     json_t *root = pd_json_load_str(text, label, e);
     if (!root)
         return e ? e->code : PD_EFORMAT;
@@ -406,7 +407,7 @@ static void stem(const char *path, char *out, size_t n)
 {
     const char *b = strrchr(path, '/');
     b = b ? b + 1 : path;
-    snprintf(out, n, "%s", b);
+    pd_text_safe(out, n, b);   /* a file name is any bytes: whole characters, nothing that drives a terminal */
     char *dot = strrchr(out, '.');
     if (dot && strcmp(dot, ".json") == 0)
         *dot = 0;

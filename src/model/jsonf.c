@@ -1,4 +1,5 @@
 /* Typed JSON field access with one-line errors naming file and field. */
+#include "core/text.h"
 #include "model/jsonf.h"
 
 #include <inttypes.h>
@@ -188,6 +189,12 @@ int pd_json_str(const struct pd_jsrc *s, json_t *o, const char *key, int require
     if (strlen(str) >= n)
         return pd_err_set(e, PD_EINVAL, "%s: field \"%s%s\": string longer than %zu bytes",
                           s->file, s->prefix, key, n - 1);
+    /* a name goes to terminals, reports and scripts: an ESC sequence in a hardware file's name
+     * once drove the terminal of whoever ran plan with it */
+    long bad = pd_text_bad_at(str);
+    if (bad >= 0)
+        return pd_err_set(e, PD_EINVAL, "%s: field \"%s%s\": a control character (or a bidirectional override) "
+                          "at byte %ld", s->file, s->prefix, key, bad);
     memcpy(out, str, strlen(str) + 1);
     return 0;
 }

@@ -2,6 +2,7 @@
  * reference crate's rules, the mmap'ed or header-only open, sharded checkpoint directories
  * (model.safetensors.index.json) and the atomic writer. Every error is one line naming the
  * file and the tensor or field at fault; nothing here prints. */
+#include "core/text.h"
 #include "model/safetensors.h"
 #include "core/file.h"
 
@@ -385,6 +386,11 @@ static int parse_header(const char *label, const char *hdr, const uint8_t *data,
     json_object_foreach(root, name, v) {
         if (strcmp(name, "__metadata__") == 0)
             continue;
+        if (pd_text_bad_at(name) >= 0) {   /* names reach terminals and reports: no ESC sequences */
+            char buf[NAME_SHOWN + 4];
+            rc = pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\": a control character in its name", label, shown(buf, name));
+            goto out;
+        }
         struct pd_st_tensor *t = &f->tensors[f->n];
         if (!(t->name = strdup(name))) {
             rc = pd_err_set(e, PD_ENOMEM, "%s: out of memory", label);

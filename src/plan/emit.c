@@ -2,6 +2,7 @@
  * node, with which ports), then one writer per engine (pdmoe's own in emit_pdmoe.c). Every flag
  * name was checked against the engine's own source or documents, cited beside the code that
  * writes it; docs/emit.md lists them with the plan field each value comes from. */
+#include "core/text.h"
 #include "plan/emit.h"
 #include "plan/emit_sh.h"
 #include "plan/nodes.h"
@@ -138,7 +139,8 @@ static int check_ports(const struct pd_emit_ctx *c, enum pd_emit_target t, pd_er
 static int host_ok(const char *h)
 {
     size_t n = strlen(h);
-    if (n == 0 || n > 253)
+    /* (a leading '-' is read as an option by every launcher; dots alone name no host) */
+    if (n == 0 || n > 253 || h[0] == '-' || strspn(h, ".") == n)
         return 0;
     for (const char *s = h; *s; s++)
         if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '.' ||
@@ -165,8 +167,12 @@ static int hosts_build(struct pd_emit_ctx *c, pd_err *e)
     }
     for (int i = 0; i < c->o->n_hosts; i++)
         if (!c->o->hosts[i] || !host_ok(c->o->hosts[i]))
+        {
+            char shown[96];
             return pd_err_set(e, PD_EINVAL, "--hosts: host %d \"%s\": expected a name or an IPv4 address "
-                              "(letters, digits, '.', '-', '_')", i + 1, c->o->hosts[i] ? c->o->hosts[i] : "");
+                              "(letters, digits, '.', '-', '_'; not starting with '-')", i + 1,
+                              pd_text_safe(shown, sizeof shown, c->o->hosts[i] ? c->o->hosts[i] : ""));
+        }
     if (c->o->n_hosts < L->nodes)
         return pd_err_set(e, PD_EINVAL, "--hosts: %d given but the layout needs %d nodes (prefill on nodes %d-%d, "
                           "decode on nodes %d-%d)", c->o->n_hosts, L->nodes, L->first[0], L->last[0], L->first[1],

@@ -145,7 +145,8 @@ char *pd_emit_pdmoe(const struct pd_plan *p, const struct pd_emit_opts *o, pd_er
         pd_err_set(e, PD_ENOMEM, "out of memory");
         goto done;
     }
-    if (instances(&c, x, &n, e))
+    char served[256];
+    if (instances(&c, x, &n, e) || pd_launch_check_words(c.model, pd_launch_served_name(c.model, served, sizeof served), e))
         goto done;
     FILE *f = open_memstream(&buf, &len);
     if (!f) {
@@ -164,7 +165,7 @@ char *pd_emit_pdmoe(const struct pd_plan *p, const struct pd_emit_opts *o, pd_er
          * host's address; started from the instance's first host (no mpirun for one rank) */
         const struct pd_role_plan *rp = &p->role[x[i].role];
         struct pd_launch_opts lo = {
-            .pdmoe = "pdmoe", .model = c.model, .served_name = pd_launch_served_name(c.model), .threads = threads,
+            .pdmoe = "pdmoe", .model = c.model, .served_name = pd_launch_served_name(c.model, served, sizeof served), .threads = threads,
             .max_model_len = max_len, .kv_producers = producers,
             .plan = {.kv_cache_bytes = rp->b.kv_pool, .max_num_seqs = p->o.max_num_seqs,
                      .max_num_batched_tokens = p->o.max_num_batched_tokens,

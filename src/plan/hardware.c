@@ -1,4 +1,5 @@
 /* hardware/ *.json -> struct pd_hardware, every field checked. */
+#include "core/text.h"
 #include "plan/hardware.h"
 #include "core/file.h"
 #include "model/config.h"
@@ -80,7 +81,7 @@ static int efficiency_parse(const char *file, json_t *root, struct pd_efficiency
 int pd_hardware_parse(const char *text, const char *label, struct pd_hardware *h, pd_err *e)
 {
     memset(h, 0, sizeof *h);
-    snprintf(h->source, sizeof h->source, "%s", label);
+    pd_text_safe(h->source, sizeof h->source, label);
     json_t *root = pd_json_load_str(text, label, e);
     if (!root)
         return e ? e->code : PD_EFORMAT;

@@ -1,4 +1,5 @@
 /* Weight inventory from a model description or from safetensors headers. */
+#include "core/text.h"
 #include "plan/inventory.h"
 
 #include <stdarg.h>
@@ -538,7 +539,7 @@ int pd_inventory_from_checkpoint(const struct pd_model *m, const struct pd_st_se
             }
             if (rc) {
                 if (inv->n_unclassed < PD_INV_MAX_UNCLASSED)
-                    snprintf(inv->unclassed[inv->n_unclassed], sizeof inv->unclassed[0], "%s", st->name);
+                    pd_text_safe(inv->unclassed[inv->n_unclassed], sizeof inv->unclassed[0], st->name);
                 inv->n_unclassed++;
                 continue;
             }

@@ -195,10 +195,28 @@ void pd_launch_argv_free(char **argv)
     free(argv);
 }
 
-const char *pd_launch_served_name(const char *model)
+int pd_launch_check_words(const char *model, const char *served, pd_err *e)
 {
-    const char *slash = strrchr(model, '/');
-    return slash ? slash + 1 : model;
+    /* mpirun reads a word ':' as the end of one program's arguments and the start of the next */
+    if (!strcmp(model, ":"))
+        return pd_err_set(e, PD_EINVAL, "the model path ':' would end mpirun's command for its program: write ./:");
+    if (served && !strcmp(served, ":"))
+        return pd_err_set(e, PD_EINVAL, "the served model name ':' would end mpirun's command for its program: "
+                          "give --served-model-name another name");
+    return 0;
+}
+
+const char *pd_launch_served_name(const char *model, char *buf, size_t cap)
+{
+    /* the last component, trailing slashes aside ("models/mini/" is "mini", not "") */
+    size_t n = strlen(model);
+    while (n > 1 && model[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && model[b - 1] != '/')
+        b--;
+    snprintf(buf, cap, "%.*s", (int)(n - b), model + b);
+    return buf;
 }
 
 /* "H:P,H:P,..." of the instances of one role; NULL when out of memory. */

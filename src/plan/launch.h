@@ -83,8 +83,13 @@ int pd_launch_ports(struct pd_launch_inst *x, int n, int base_port, pd_err *e);
 char **pd_launch_argv(const struct pd_launch_inst *x, const struct pd_launch_opts *o);
 void pd_launch_argv_free(char **argv);
 
-/* The name the instances serve when none is given: the model directory's last component. */
-const char *pd_launch_served_name(const char *model);
+/* 0, or PD_EINVAL naming the word: a model path or served name that is exactly ':' would split an
+ * mpirun command line into two programs. */
+int pd_launch_check_words(const char *model, const char *served, pd_err *e);
+
+/* The name the instances serve when none is given: the model directory's last component, trailing
+ * slashes aside, written into buf (cap bytes) and returned. */
+const char *pd_launch_served_name(const char *model, char *buf, size_t cap);
 
 struct pd_launch_proxy {
     const char *pdmoe;         /* the program */

@@ -254,7 +254,16 @@ char *pd_validate_markdown(const struct pd_valcase *c, int n)
     fprintf(o, "|---|---|---|---:|---:|---:|---|\n");
     for (int i = 0; i < n; i++) {
         int pre = strcmp(c[i].metric, "prefill_tokens_per_s_node") == 0;
-        fprintf(o, "| %s%s | %s | %s | %.0f | %.0f | %+.1f%% | %s |\n", c[i].name,
+        /* a '|' in a case's name would open a cell of its own */
+        char cell[sizeof c[i].name * 2];
+        size_t k = 0;
+        for (const char *p = c[i].name; *p && k + 2 < sizeof cell; p++) {
+            if (*p == '|')
+                cell[k++] = '\\';
+            cell[k++] = *p;
+        }
+        cell[k] = 0;
+        fprintf(o, "| %s%s | %s | %s | %.0f | %.0f | %+.1f%% | %s |\n", cell,
                 c[i].pending[0] ? " (pending)" : c[i].known_miss[0] ? " (known miss)" : "", c[i].layout,
                 metric_title(c[i].metric), c[i].published, c[i].predicted, 100 * c[i].error,
                 pd_bound_name(c[i].lock.steps > 0 ? c[i].lock.decode_step.bound   /* the loop's decode step */

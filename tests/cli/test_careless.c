@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "../run.h"
+#include "plan/launch.h"
 
 /* pdmoe args fails with a one-line error (no crash) holding each of the needles (NULL-ended). */
 static void refused(const char *args, const char *needle, const char *needle2)
@@ -413,4 +414,57 @@ Test(careless, bench_tokenizer_json_is_whole_and_escaped)
     json_decref(j);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
+}
+
+/* Names from files and flags drive no terminal and break no output: an ESC sequence in a hardware
+ * file's name (or a bidirectional override) is refused naming the field; a model file's name is
+ * shown with its control characters as '?', and cut between characters, so --json holds it (a
+ * stem cut inside a character failed the whole --json as "out of memory"); a host starting with
+ * '-' (an option to every launcher) is refused; a model directory's trailing slash leaves its
+ * name as the served name (it served ''); ':' as a model path or served name is refused (it splits
+ * mpirun's command line); a '|' in a validation case's name stays in its cell. */
+Test(careless, names_from_inputs_drive_no_terminal_and_break_no_output)
+{
+    static char text[1 << 16];
+    cr_assert_gt(slurp("hardware/h800.json", text, sizeof text), 100);
+    json_t *j = json_loads(text, 0, NULL);
+    cr_assert_not_null(j);
+    json_object_set_new(j, "name", json_string("\x1b[31mRED\x1b]0;TITLE\x07"));
+    refused_with_file(j, "hw.json", "plan --model deepseek-v3 --hardware %s", "field \"name\": a control character");
+    j = json_loads(text, 0, NULL);
+    json_object_set_new(json_object_get(j, "card"), "name", json_string("H800 \xe2\x80\xae" "card"));
+    refused_with_file(j, "hw.json", "plan --model deepseek-v3 --hardware %s", "bidirectional override");
+
+    char dir[] = "/tmp/pdmoe-names-XXXXXX", path[512], cmd[1200];
+    cr_assert_not_null(mkdtemp(dir));
+    char stem[200] = "\x1b[2J";
+    for (int i = 0; i < 40; i++)
+        strcat(stem, "\xc3\xa9");   /* é: a 64-byte cut falls inside one */
+    snprintf(path, sizeof path, "%s/%s.json", dir, stem);
+    snprintf(cmd, sizeof cmd, "cp models/deepseek-v4-flash.json '%s'", path);
+    cr_assert_eq(system(cmd), 0);
+    char args[1024];
+    snprintf(args, sizeof args, "plan --model '%s' --json", path);
+    struct run r;
+    run(args, &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    json_t *p = json_loads(r.out, 0, NULL);
+    cr_assert_not_null(p, "not JSON");
+    const char *name = json_string_value(json_object_get(json_object_get(p, "model"), "name"));
+    cr_assert(name && !strchr(name, '\x1b') && name[0] == '?', "model name %s", name ? name : "(none)");
+    json_decref(p);
+    snprintf(args, sizeof args, "plan --model '%s'", path);
+    run(args, &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert_null(strchr(r.out, '\x1b'), "an ESC reached the text output");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+
+    refused("plan --emit vllm-ascend --hosts -h,--help,n2,n3,n4,n5,n6,n7", "--hosts: host 1 \"-h\"", "not starting with '-'");
+    refused("up --model :", "the model path ':' would end mpirun's command", NULL);
+    refused("up --model models/mini --served-model-name :", "the served model name ':'", NULL);
+    char sb[64];
+    cr_assert_str_eq(pd_launch_served_name("models/mini/", sb, sizeof sb), "mini");
+    cr_assert_str_eq(pd_launch_served_name("mini", sb, sizeof sb), "mini");
+    cr_assert_str_eq(pd_launch_served_name("/a/b//", sb, sizeof sb), "b");
 }

@@ -676,3 +676,13 @@ Test(safetensors, header_only_checks_offsets_against_file_size)
     cr_assert_eq(pd_st_open(p, PD_ST_HEADER_ONLY, &f, &e), PD_EFORMAT);
     cr_assert(strstr(e.msg, "beyond the data section (12 bytes)"), "%s", e.msg);
 }
+
+/* A tensor name holding a control character (an ESC sequence in a downloaded checkpoint's header)
+ * reached the terminal raw through plan --inventory and its warnings: it is refused, shown with
+ * '?' in its place. */
+Test(safetensors, a_tensor_name_with_a_control_character)
+{
+    expect_bad(write_raw("esc.safetensors",
+                         "{\"a\\u001b]0;pwned\\u0007b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4),
+               PD_EFORMAT, "tensor \"a?]0;pwned?b\"", "a control character in its name");
+}
