@@ -632,9 +632,11 @@ static void *scheduler(void *arg)
         }
         double now = pd_now_s();
         pthread_mutex_lock(&s->mu);
-        s->steps[mixed]++;
-        s->step_seqs[mixed] += (uint64_t)m;
-        s->step_seconds[mixed] += now - t_step;
+        if (m > 0) {   /* a step of no sequence of this rank's (a request its producer's token ended) is none */
+            s->steps[mixed]++;
+            s->step_seqs[mixed] += (uint64_t)m;
+            s->step_seconds[mixed] += now - t_step;
+        }
         if (s->g && !rc)
             pd_srv_ep_account(s);
         if (!rc) {

@@ -283,7 +283,7 @@ void pd_srv_on_notify(evutil_socket_t fd, short what, void *arg)
             /* its client left. One the scheduler finished (in the step its client left during, or
              * after) is in no queue the scheduler counts cancellations in, and passes here once:
              * counted now, or it would be counted nowhere */
-            if (finished)
+            if (finished && !r->stop_wanted)   /* (a stop string's answer was counted completed) */
                 s->n_cancelled++;
             pd_srv_req_unref(s, r);
             continue;

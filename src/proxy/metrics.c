@@ -1,5 +1,6 @@
 /* The proxy's metrics (internal.h): latency histograms kept as requests pass, and GET /metrics in
  * Prometheus' text format. */
+#include "http/prom.h"
 #include "proxy/internal.h"
 
 #include <event2/buffer.h>
@@ -72,8 +73,13 @@ void px_on_metrics(struct evhttp_request *h, void *arg)
         for (int k = 0; k < px->np + px->nd; k++) {
             const struct instance *in = nth(px, k);
             long long v = m == 0 ? in->up : m == 1 ? (long long)in->ejections : in->load;
-            evbuffer_add_printf(b, "pdmoe_proxy_instance_%s{role=\"%s\",instance=\"%s:%d\"} %lld\n", names[m],
-                                in->role, in->host, in->port, v);
+            /* the instance as given on the command line, escaped as a label value ("a\"b" broke
+             * the whole scrape) */
+            char where[600], label[1300];
+            snprintf(where, sizeof where, "%s:%d", in->host, in->port);
+            pd_prom_label(label, sizeof label, where);
+            evbuffer_add_printf(b, "pdmoe_proxy_instance_%s{role=\"%s\",instance=\"%s\"} %lld\n", names[m], in->role,
+                                label, v);
         }
     }
     pd_http_front_metrics(px->front, b);

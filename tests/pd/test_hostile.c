@@ -718,3 +718,23 @@ Test(hostile, the_proxy_refuses_what_a_client_may_not_set_by_name)
         cr_assert_eq(completed, 0, "%s: the instance was asked", cases[k].body);
     }
 }
+
+/* An instance named with a quote or a backslash (as given on the command line) is a label value
+ * escaped as Prometheus' text format wants: it broke the proxy's whole scrape. */
+Test(hostile, the_proxys_instance_labels_are_escaped)
+{
+    struct pd_proxy_opts o = {.port = 0, .n_prefill = 1, .n_decode = 1};
+    o.prefill[0] = "a\"b\\c:1";
+    o.decode[0] = "127.0.0.1:1";
+    struct pd_proxy *x;
+    pd_err e = {0};
+    cr_assert_eq(pd_proxy_create(&o, &x, &e), 0, "%s", e.msg);
+    pthread_t t;
+    pthread_create(&t, NULL, run_proxy, x);
+    char out[16384];
+    int code = curl_port(pd_proxy_port(x), "/metrics", NULL, NULL, out, sizeof out);
+    proxy_shutdown(&x, t);
+    cr_assert_eq(code, 200, "%s", out);
+    cr_assert(strstr(out, "pdmoe_proxy_instance_up{role=\"prefill\",instance=\"a\\\"b\\\\c:1\"}"), "%s", out);
+    cr_assert_null(strstr(out, "instance=\"a\"b"), "an unescaped label: %s", out);
+}

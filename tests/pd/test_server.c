@@ -983,3 +983,70 @@ Test(server, what_vllms_clients_send_and_read)
     cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 2, "%s", out);
     json_decref(j);
 }
+
+/* A request that leaves while it waits gives up its place: the waiting gauge falls and the only
+ * place of --max-queued-requests 1 takes the next client, while the running request goes on. */
+Test(server, a_waiting_client_that_leaves_frees_its_place_at_once)
+{
+    tmp_model_positions(dir, 16384);
+    max_queued = 1;
+    start_seqs(NULL, dir, 16384, 1);
+    max_queued = 0;
+    FILE *a = hold_the_slot("4");
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "curl -s -o /dev/null --max-time 0.5 http://127.0.0.1:%d/v1/completions "
+             "-d '{\"prompt\":\"y\",\"max_tokens\":4}'", port);
+    cr_assert_neq(system(cmd), 0, "the waiting request was answered");   /* it gave up after 0.5 s */
+    int waiting = 1;
+    for (int i = 0; i < 200 && waiting; i++) {
+        waiting = metric("pdmoe_num_requests_waiting");
+        if (waiting)
+            usleep(10000);
+    }
+    cr_assert_eq(waiting, 0, "a client that left still counts as waiting");
+    snprintf(cmd, sizeof cmd, "curl -s -o /dev/null -w '%%{http_code}' --max-time 0.5 "
+             "http://127.0.0.1:%d/v1/completions -d '{\"prompt\":\"z\",\"max_tokens\":4}'", port);
+    FILE *c = popen(cmd, "r");
+    char code[8] = "";
+    cr_assert_not_null(fgets(code, sizeof code, c));
+    pclose(c);
+    cr_assert_neq(strcmp(code, "429"), 0, "a place was still held by the client that left");
+    cr_assert_eq(metric("pdmoe_requests_queue_full_total"), 0);
+    pclose(a);
+}
+
+/* A stop string completing a request one token before max_tokens: counted completed, and not
+ * also cancelled (the scheduler's next step ended it at max_tokens after its answer had gone, and
+ * the answer loop took it for a client that left), so accepted = completed + cancelled + failed. */
+Test(server, a_stop_string_answer_is_counted_once)
+{
+    start(NULL, dir, 1024);
+    char out[8192];
+    cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"hello world\",\"max_tokens\":5,\"temperature\":0,"
+                      "\"ignore_eos\":true}", NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    const char *text = json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
+    cr_assert(text && strlen(text) >= 4, "%s", out);
+    /* the last two characters of 5 tokens' text: with max_tokens 6 the stop completes a token
+     * before the end, and the scheduler's step after it reaches max_tokens */
+    char stop[8];
+    snprintf(stop, sizeof stop, "%s", text + strlen(text) - 2);
+    json_decref(j);
+    json_t *b = json_pack("{s:s,s:i,s:i,s:b,s:[s]}", "prompt", "hello world", "max_tokens", 6, "temperature", 0,
+                          "ignore_eos", 1, "stop", stop);
+    char *body = json_dumps(b, 0);
+    json_decref(b);
+    for (int i = 0; i < 10; i++)
+        cr_assert_eq(curl("/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    free(body);
+    int done = 0;
+    for (int i = 0; i < 200 && !done; i++) {
+        done = metric("pdmoe_num_requests_running") == 0 && metric("pdmoe_num_requests_waiting") == 0;
+        if (!done)
+            usleep(10000);
+    }
+    usleep(100000);
+    cr_assert_eq(metric("pdmoe_requests_total"), 11);
+    cr_assert_eq(metric("pdmoe_requests_completed_total"), 11);
+    cr_assert_eq(metric("pdmoe_requests_cancelled_total"), 0, "stop-string answers counted as cancelled too");
+}
