@@ -344,23 +344,9 @@ Test(supervise, a_silent_ep_group_is_stopped_without_leaving_its_shared_memory)
     const int D = port + 2;
     pid_t r0 = rank0_on(D);
     cr_assert_gt(r0, 0, "no rank 0 on --port %d", D);
-    char path[64], line[512], segs[4][128];
+    char segs[4][128];
     int ns = 0;
-    snprintf(path, sizeof path, "/proc/%d/maps", (int)r0);
-    FILE *f = fopen(path, "r");
-    while (f && fgets(line, sizeof line, f) && ns < 4) {
-        char *at = strstr(line, "/dev/shm/");
-        if (at && strstr(at, "vader_segment")) {
-            at[strcspn(at, "\n")] = 0;
-            int dup = 0;
-            for (int k = 0; k < ns; k++)
-                dup |= !strcmp(segs[k], at);
-            if (!dup)
-                snprintf(segs[ns++], sizeof segs[0], "%s", at);
-        }
-    }
-    if (f)
-        fclose(f);
+    shm_segments_of(r0, segs, &ns, 4);
     cr_assert_gt(ns, 0, "rank 0 maps no vader segment: the test checks nothing");
     kill(r0, SIGSTOP);
     char err[128], body[256], out[4096];

@@ -149,6 +149,15 @@ Test(up, a_killed_mpirun_is_started_again_once)
     const int port = 14800 + (getpid() % 300) * 3;   /* kv ports up to port + 110: clear of the other ranges */
     pid_t up = start_up(bin, port, 2);
     char cmd[200];
+    /* the ranks' shared memory, which a SIGKILLed mpirun leaves: removed once the group is back */
+    char segs[8][128];
+    int ns = 0;
+    snprintf(cmd, sizeof cmd, "pgrep -f -- ' serve .*-[-]port %d( |$)'", port + 1);
+    FILE *pg = popen(cmd, "r");
+    for (int pid; pg && fscanf(pg, "%d", &pid) == 1;)
+        shm_segments_of(pid, segs, &ns, 8);
+    if (pg)
+        pclose(pg);
     snprintf(cmd, sizeof cmd, "pkill -KILL -f -- '^mpirun .*-[-]port %d( |$)'", port + 1);
     cr_assert_eq(system(cmd), 0, "no mpirun for the prefill group on port %d", port + 1);
     char key[96], body[256];
@@ -162,6 +171,8 @@ Test(up, a_killed_mpirun_is_started_again_once)
     sleep(1);
     cr_assert_eq(metric_key(port, key), 1, "the prefill group took more than one restart");
     stop_up(up, port);
+    for (int k = 0; k < ns; k++)
+        unlink(segs[k]);
 }
 
 Test(up, cluster_matches_colocated_and_stops_cleanly)

@@ -155,6 +155,28 @@ static inline int count_of(const char *cmd)
     return n;
 }
 
+/* Adds to segs[0..*n) (at most cap) the Open MPI shared-memory segments (/dev/shm/vader_segment.*)
+ * process pid maps, each once: what a rank leaves behind when its mpirun is SIGKILLed. */
+static inline void shm_segments_of(pid_t pid, char (*segs)[128], int *n, int cap)
+{
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/%d/maps", (int)pid);
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof line, f) && *n < cap) {
+        char *at = strstr(line, "/dev/shm/");
+        if (!at || !strstr(at, "vader_segment"))
+            continue;
+        at[strcspn(at, "\n")] = 0;
+        int dup = 0;
+        for (int k = 0; k < *n; k++)
+            dup |= !strcmp(segs[k], at);
+        if (!dup)
+            snprintf(segs[(*n)++], 128, "%s", at);
+    }
+    if (f)
+        fclose(f);
+}
+
 /* Processes whose command line has `--port N` (-1 if pgrep cannot be run). */
 static inline int processes_on(int port)
 {
