@@ -433,8 +433,10 @@ Test(server, metrics_follow_prometheus_conventions_and_add_up)
     static char out[1 << 17];
     cr_assert_eq(curl("/metrics", NULL, NULL, out, sizeof out), 200);
     prom_conventions(out, "serve /metrics, idle");
-    const char *bodies[] = {"{\"prompt\":\"a\",\"max_tokens\":3}", "{\"prompt\":\"b\",\"max_tokens\":5,\"stream\":true}",
-                            "{\"messages\":[{\"role\":\"user\",\"content\":\"c\"}],\"max_tokens\":2}"};
+    /* (ignore_eos: unseeded sampling could end one at its first token, leaving it no TPOT) */
+    const char *bodies[] = {"{\"prompt\":\"a\",\"max_tokens\":3,\"ignore_eos\":true}",
+                            "{\"prompt\":\"b\",\"max_tokens\":5,\"stream\":true,\"ignore_eos\":true}",
+                            "{\"messages\":[{\"role\":\"user\",\"content\":\"c\"}],\"max_tokens\":2,\"ignore_eos\":true}"};
     for (int i = 0; i < 3; i++)
         cr_assert_eq(curl(i == 2 ? "/v1/chat/completions" : "/v1/completions", bodies[i], NULL, out, sizeof out), 200,
                      "%s", out);
