@@ -170,7 +170,7 @@ static int healthy(const char *host, int port)
 /* The liveness check of a running child c, at most once a second: a child that answered /health
  * once since it started and has not answered it (200 within 2 s) for live_s seconds since is
  * stopped or wedged (SIGSTOP, a deadlock, a host's network gone), which the reaping never sees:
- * its process group is SIGKILLed (a stopped process takes no other signal), and the reaping
+ * it is sent SIGTERM and SIGCONT, its process group SIGKILL after TERM_GRACE_S, and the reaping
  * starts it again as it does a dead one. A child still starting (a model loading) is not asked
  * to answer yet. */
 #define TERM_GRACE_S 5.0
@@ -768,8 +768,8 @@ int pd_cli_up(int argc, char **argv)
                    "--watchdog-timeout: each EP group ends when one of its rounds has not finished in S seconds (a\n"
                    "rank stopped or hung; pdmoe serve's default 300, 0: never), and up starts it again.\n"
                    "--liveness-timeout: an instance or the proxy that has answered /health once since it started\n"
-                   "and then not for S seconds (stopped, wedged, its host unreachable) is killed and started again as\n"
-                   "a dead one is (asked every second; 0: never).\n"
+                   "and then not for S seconds (stopped, wedged, its host unreachable) is stopped (SIGTERM, SIGKILL\n"
+                   "after 5 s) and started again as a dead one is (asked every second; 0: never).\n"
                    "--speculative-config: MTP speculative decoding on every instance (the prefill side hands the MTP\n"
                    "layer's KV and the draft's input to the decode side, which drafts; in EP groups rank to rank).\n"
                    "--policy: how the proxy picks the instance that prefills (pdmoe proxy --help; cache_aware by default).\n"
@@ -795,13 +795,12 @@ int pd_cli_up(int argc, char **argv)
     }
     if (pd_cli_no_args("up", argc, argv) || pd_cli_api_key("up", key, &key))
         return 2;
-    {
-        char sb[256];
-        pd_err we = {0};
-        if (pd_launch_check_words(model, served ? served : pd_launch_served_name(model, sb, sizeof sb), &we)) {
-            fprintf(stderr, "pdmoe up: %s\n", we.msg);
-            return 2;
-        }
+    char served_buf[256];
+    const char *name = served ? served : pd_launch_served_name(model, served_buf, sizeof served_buf);
+    pd_err we = {0};
+    if (pd_launch_check_words(model, name, &we)) {
+        fprintf(stderr, "pdmoe up: %s\n", we.msg);
+        return 2;
     }
     /* the children read the key from their environment: on their command lines every user of the
      * machine would see it in ps (mpirun passes it on by name, -x PDMOE_API_KEY) */
@@ -881,9 +880,6 @@ int pd_cli_up(int argc, char **argv)
     char sth[16], slen[16];
     snprintf(sth, sizeof sth, "%lld", (long long)threads);
     snprintf(slen, sizeof slen, "%lld", (long long)max_len);
-    char served_buf[256];
-    const char *name = served ? served : pd_launch_served_name(model, served_buf, sizeof served_buf);
-
     /* the instances: where each one's ranks run (the plan's node map on --hosts, else this
      * machine), their ports, and their command lines (plan/launch.h, which --emit pdmoe prints) */
     int ni = 0;
