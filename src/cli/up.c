@@ -167,6 +167,14 @@ static int healthy(const char *host, int port)
     return pd_cli_http_get(host, port, "/health", b, sizeof b) == 200;
 }
 
+/* The proxy can serve a request: its /readiness, which counts an instance once the proxy itself
+ * has seen it answer (its /health says only that it runs). */
+static int proxy_ready(const char *host, int port)
+{
+    char b[512];
+    return pd_cli_http_get(host, port, "/readiness", b, sizeof b) == 200;
+}
+
 /* The liveness check of a running child c, at most once a second: a child that answered /health
  * once since it started and has not answered it (200 within 2 s) for live_s seconds since is
  * stopped or wedged (SIGSTOP, a deadlock, a host's network gone), which the reaping never sees:
@@ -997,7 +1005,8 @@ int pd_cli_up(int argc, char **argv)
                     rc = 1;
                 }
             }
-            ready &= ch[i].pid > 0 && healthy(ch[i].host, ch[i].port);
+            /* the proxy last (ch[n - 1]), so its own checks have had the instances' answers */
+            ready &= ch[i].pid > 0 && (i == n - 1 ? proxy_ready : healthy)(ch[i].host, ch[i].port);
         }
         if (!ready)
             nanosleep(&(struct timespec){0, 100000000}, NULL);

@@ -22,7 +22,9 @@ struct instance {
     int port;
     int load;                    /* requests in flight through this proxy */
     uint64_t failures, ejections;
-    int up;                      /* admitted: gets requests while any instance is up */
+    int up;                      /* admitted: gets requests while any instance is up; 0 until it first answers */
+    int answered;                /* it has answered once since the proxy started */
+    int said_waiting;            /* failed checks before its first answer (the first is logged) */
     int strikes;                 /* failures since it was last admitted: the backoff's exponent */
     double probe_at;             /* the next /health check */
     double silent_since;         /* when its /health first failed since it last answered; 0: it answers */

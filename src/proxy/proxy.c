@@ -144,13 +144,15 @@ static void eject(struct instance *in, int by_probe)
     in->probe_at = pd_now_s() + (b < BACKOFF_MAX_S ? b : BACKOFF_MAX_S);
 }
 
-/* `in` answered (a request, or its /health check): it is up again. */
+/* `in` answered (a request, or its /health check): it is up (again). */
 static void admit(struct instance *in)
 {
     in->silent_since = 0;
     if (!in->up)
-        fprintf(stderr, "pdmoe proxy: %s instance %s:%d is up again\n", in->role, in->host, in->port);
+        fprintf(stderr, "pdmoe proxy: %s instance %s:%d is up%s\n", in->role, in->host, in->port,
+                in->answered ? " again" : "");
     in->up = 1;
+    in->answered = 1;
     in->strikes = 0;
 }
 
@@ -772,7 +774,15 @@ static void probe_failed(struct pd_proxy *px, struct instance *in)
     double now = pd_now_s();
     if (in->silent_since <= 0)
         in->silent_since = now;
-    eject(in, 1);
+    if (in->answered) {
+        eject(in, 1);
+    } else {   /* still starting (a model loading): asked again each interval, no backoff, said once */
+        if (!in->said_waiting++)
+            fprintf(stderr, "pdmoe proxy: %s instance %s:%d is not up yet (its /health check failed): no requests "
+                    "while others are up, /health checked every %g s\n", in->role, in->host, in->port,
+                    health_interval_s(px));
+        in->probe_at = now + health_interval_s(px);
+    }
     if (now - in->silent_since >= HUNG_S)
         fail_in_flight(px, in);
 }
@@ -952,13 +962,15 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
         event_add(px->sigint, NULL);
         event_add(px->sigterm, NULL);
     }
-    /* every instance starts up (requests find the dead ones) and is first checked an interval on */
+    /* Every instance is checked at once and counts as up (in /readiness, in pdmoe_proxy_instance_up,
+     * for routing) from its first answer: /readiness said ready for the first interval with every
+     * instance dead. Until one answers, requests go to any (route_pick's fallback) and the client
+     * of one that cannot be reached gets a 503 with a Retry-After. */
     for (int k = 0; k < px->np + px->nd; k++) {
         struct instance *in = nth(px, k);
         in->px = px;
         in->role = k < px->np ? "prefill" : "decode";
-        in->up = 1;
-        in->probe_at = pd_now_s() + health_interval_s(px);
+        in->probe_at = 0;
     }
     px->stop = event_new(px->base, -1, 0, on_stop, px);
     px->tick = event_new(px->base, -1, EV_PERSIST, on_tick, px);

@@ -309,7 +309,7 @@ Test(careless, the_proxys_instance_flags_add_up)
     cr_assert(strstr(r.err, "(prefill 3, decode 1 instances)"), "%s", r.err);
     for (int p = 1; p <= 3; p++) {
         char want[96];
-        snprintf(want, sizeof want, "prefill instance 127.0.0.1:%d is down", p);
+        snprintf(want, sizeof want, "prefill instance 127.0.0.1:%d is not up yet", p);
         cr_assert(strstr(r.err, want), "%s not in: %s", want, r.err);
     }
 }
