@@ -12,8 +12,9 @@ void px_hists_init(struct pd_proxy *px)
     PD_HIST_INIT(&px->ttft, "pdmoe_proxy_time_to_first_token_seconds", "Time from request to the first streamed token.",
                  pd_hist_le_ttft);
     PD_HIST_INIT(&px->tpot, "pdmoe_proxy_time_per_output_token_seconds",
-                 "Per request: time after the first token / (chunks - 1).", pd_hist_le_token);
-    PD_HIST_INIT(&px->itl, "pdmoe_proxy_inter_token_latency_seconds", "Gaps between successive streamed chunks.",
+                 "Per streamed request: (end - first token) / (completion tokens - 1).", pd_hist_le_token);
+    PD_HIST_INIT(&px->itl, "pdmoe_proxy_inter_token_latency_seconds",
+                 "Gaps between successive streamed events carrying tokens (several each with speculative decoding).",
                  pd_hist_le_token);
     PD_HIST_INIT(&px->e2e, "pdmoe_proxy_e2e_request_latency_seconds", "Time from request to the end of its answer.",
                  pd_hist_le_e2e);

@@ -44,9 +44,12 @@ struct job {
     struct evbuffer *held;           /* a decode error body while streaming */
     double t0;
     int got_first;
-    double t_first, t_last;          /* the first and the latest streamed chunk */
-    int chunks;                      /* streamed chunks relayed */
+    double t_first, t_last;          /* the first and the latest streamed event carrying tokens */
+    int chunks;                      /* streamed events carrying tokens relayed */
     int stream_failed;               /* the decode instance's stream carried an error event */
+    struct evbuffer *sse;            /* a streamed event not yet whole (relayed once it is) */
+    int usage_asked;                 /* the proxy asked the decode instance for include_usage itself */
+    long long tokens;                /* completion_tokens of the stream's usage event; -1 unknown */
 };
 
 static void free_conn(evutil_socket_t fd, short what, void *arg)
@@ -89,6 +92,8 @@ static void job_free(struct job *j)
     pd_route_key_free(&j->key);
     if (j->held)
         evbuffer_free(j->held);
+    if (j->sse)
+        evbuffer_free(j->sse);
     free(j);
 }
 
@@ -254,8 +259,9 @@ static void stream_error(struct job *j, const char *msg)
     evhttp_send_reply_end(h);
 }
 
-/* A streamed chunk arrived: the first one is the TTFT, the gaps after it inter-token latencies
- * (measured per chunk, as `vllm bench serve` does). */
+/* A streamed event carrying tokens was relayed: the first one is the TTFT, the gaps after it
+ * inter-token latencies (per event, as `vllm bench serve` measures them per chunk; an event holds
+ * several tokens with speculative decoding). */
 static void note_chunk(struct job *j)
 {
     double now = pd_now_s();
@@ -270,15 +276,68 @@ static void note_chunk(struct job *j)
     j->chunks++;
 }
 
-/* A request completed: its end-to-end latency and, when it streamed two chunks or more, its
- * time per output token after the first. */
+/* A request completed: its end-to-end latency and, for a stream of two tokens or more, its time
+ * per output token after the first, (end - first token) / (completion tokens - 1) as `vllm bench
+ * serve` computes it, the tokens from the stream's usage (events, which hold several tokens each
+ * with speculative decoding, counted tokens: TPOT came out up to (k + 1) x too long). */
 static void note_done(struct job *j)
 {
     struct pd_proxy *px = j->px;
+    double now = pd_now_s();
     px->completed++;
-    pd_hist_observe(&px->e2e, pd_now_s() - j->t0);
-    if (j->chunks >= 2)
-        pd_hist_observe(&px->tpot, (j->t_last - j->t_first) / (j->chunks - 1));
+    pd_hist_observe(&px->e2e, now - j->t0);
+    long long n = j->tokens >= 0 ? j->tokens : j->chunks;
+    if (j->got_first && n >= 2)
+        pd_hist_observe(&px->tpot, (now - j->t_first) / (double)(n - 1));
+}
+
+/* The end of the first whole SSE event in b (after its blank line), or -1. Lines end in \n or
+ * \r\n (the SSE format's \r alone is not produced by an OpenAI server). */
+static ssize_t sse_event_end(struct evbuffer *b)
+{
+    struct evbuffer_ptr lf = evbuffer_search(b, "\n\n", 2, NULL);
+    struct evbuffer_ptr crlf = evbuffer_search(b, "\r\n\r\n", 4, NULL);
+    if (lf.pos < 0 && crlf.pos < 0)
+        return -1;
+    if (crlf.pos >= 0 && (lf.pos < 0 || crlf.pos < lf.pos))
+        return crlf.pos + 4;
+    return lf.pos + 2;
+}
+
+/* What a streamed event is to the proxy. */
+enum sse_kind { SSE_OTHER, SSE_TOKENS, SSE_USAGE, SSE_ERROR };
+
+/* One whole event (len bytes at ev): an error, a usage event without choices (its
+ * completion_tokens in *tokens), one whose choice carries text or a finish reason (tokens), or
+ * another (a chat's opening role, [DONE], a comment). */
+static enum sse_kind sse_classify(const char *ev, size_t len, long long *tokens)
+{
+    if (len < 6 || memcmp(ev, "data:", 5))
+        return SSE_OTHER;
+    size_t at = ev[5] == ' ' ? 6 : 5;
+    json_t *d = json_loadb(ev + at, len - at, JSON_DISABLE_EOF_CHECK, NULL);
+    enum sse_kind k = SSE_OTHER;
+    if (!json_is_object(d)) {
+        json_decref(d);
+        return k;
+    }
+    json_t *choices = json_object_get(d, "choices"), *c0 = json_array_get(choices, 0);
+    if (json_object_get(d, "error")) {
+        k = SSE_ERROR;
+    } else if (json_is_array(choices) && !json_array_size(choices) && json_is_object(json_object_get(d, "usage"))) {
+        k = SSE_USAGE;
+        json_t *n = json_object_get(json_object_get(d, "usage"), "completion_tokens");
+        if (json_is_integer(n))
+            *tokens = json_integer_value(n);
+    } else if (c0) {
+        json_t *delta = json_object_get(c0, "delta");
+        const char *t = json_string_value(delta ? json_object_get(delta, "content") : json_object_get(c0, "text"));
+        json_t *fin = json_object_get(c0, "finish_reason");
+        if ((t && *t) || (fin && !json_is_null(fin)))
+            k = SSE_TOKENS;
+    }
+    json_decref(d);
+    return k;
 }
 
 /* Decode answer data as it arrives: relayed to a streaming client. */
@@ -298,14 +357,34 @@ static void on_decode_chunk(struct evhttp_request *r, void *arg)
         evbuffer_add_buffer(j->held, in);
         return;
     }
-    /* an error event (the instance stopping, its engine failing): relayed, and the request counted
-     * as the instance's failure, not a completion */
-    static const char error_event[] = "data: {\"error\"";
-    if (evbuffer_search(in, error_event, sizeof error_event - 1, NULL).pos >= 0)
-        j->stream_failed = 1;
+    /* Relayed event by event, whole ones only: an error event (the instance stopping, its engine
+     * failing) counts the request as the instance's failure, not a completion; the usage event the
+     * proxy asked for itself is read and not relayed; the timings are taken on the events that
+     * carry tokens (a chat's first event, the role, goes out before the prompt is computed). */
     stream_start(j);
-    note_chunk(j);
-    evhttp_send_reply_chunk(j->client, in);
+    if (!j->sse && !(j->sse = evbuffer_new())) {   /* (out of memory: relayed as it comes) */
+        evhttp_send_reply_chunk(j->client, in);
+        return;
+    }
+    evbuffer_add_buffer(j->sse, in);
+    struct evbuffer *out = evbuffer_new();
+    ssize_t end;
+    while (out && (end = sse_event_end(j->sse)) > 0) {
+        const char *ev = (const char *)evbuffer_pullup(j->sse, end);
+        enum sse_kind k = ev ? sse_classify(ev, (size_t)end, &j->tokens) : SSE_OTHER;
+        if (k == SSE_ERROR)
+            j->stream_failed = 1;
+        if (k == SSE_TOKENS)
+            note_chunk(j);
+        if (k == SSE_USAGE && j->usage_asked)
+            evbuffer_drain(j->sse, (size_t)end);
+        else
+            evbuffer_remove_buffer(j->sse, out, (size_t)end);
+    }
+    if (out && evbuffer_get_length(out))
+        evhttp_send_reply_chunk(j->client, out);
+    if (out)
+        evbuffer_free(out);
 }
 
 /* How many times a request may be prefilled (--retries, default 3). */
@@ -435,6 +514,8 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
             evhttp_send_reply_end(h);
         } else {
             struct evhttp_request *h = j->client;
+            if (j->sse && evbuffer_get_length(j->sse))   /* an event the instance left without its end */
+                evhttp_send_reply_chunk(h, j->sse);
             client_done(j);
             evhttp_send_reply_end(h);
             note_done(j);
@@ -577,6 +658,24 @@ const char *px_backend_key(const struct pd_proxy *px)
     return px->o.backend_api_key ? px->o.backend_api_key : px->o.api_key;
 }
 
+/* A stream's decode request asks for its usage event (OpenAI's stream_options.include_usage),
+ * which gives the proxy the count of tokens its TPOT divides by; 1 if the proxy asked and the
+ * client did not (the event is then not relayed). A stream_options the client got wrong is left
+ * for the instance to refuse. */
+static int ask_usage(json_t *b)
+{
+    json_t *so = json_object_get(b, "stream_options");
+    if (!so || json_is_null(so)) {
+        json_object_set_new(b, "stream_options", json_pack("{s:b}", "include_usage", 1));
+        return 1;
+    }
+    json_t *iu = json_object_get(so, "include_usage");
+    if (!json_is_object(so) || (iu && !json_is_boolean(iu)) || json_is_true(iu))
+        return 0;
+    json_object_set_new(so, "include_usage", json_true());
+    return 1;
+}
+
 static void send_up(struct job *j, int decode)
 {
     struct pd_proxy *px = j->px;
@@ -598,6 +697,8 @@ static void send_up(struct job *j, int decode)
                     * max_tokens was once a 400 only from the decode side, after a whole prefill and
                     * a lease held for nothing), then computes the first token only, answered whole */
         json_object_set_new(b, "kv_transfer_params", json_pack("{s:b}", "do_remote_decode", 1));
+    else if (b && j->stream)
+        j->usage_asked = ask_usage(b);
     char *txt = json_dumps(b, JSON_COMPACT);
     json_decref(b);
     struct evhttp_connection *c = evhttp_connection_base_new(px->base, NULL, in->host, (unsigned short)in->port);
@@ -714,6 +815,7 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
     snprintf(j->path, sizeof j->path, "%s", path);
     j->body = body;
     j->stream = st && json_is_true(st);
+    j->tokens = -1;
     j->pi = j->di = -1;
     j->t0 = pd_now_s();
     j->next = px->jobs;

@@ -744,3 +744,164 @@ Test(proxy, readiness_says_whether_a_request_can_be_served)
     json_decref(j);
     cr_assert_eq(curl_port(pd_proxy_port(X), "/health", NULL, NULL, out, sizeof out), 200, "%s", out);
 }
+
+/* A fake colocated instance that streams a chat answer as a server with speculative decoding does:
+ * the role event at once, the first text ("ab", two tokens) after 0.4 s, then "cd" after 0.1 s, the
+ * finish, the usage event when the request asks for it, [DONE]. Its error mode splits an error
+ * event across two writes. It answers GET /health 200 and keeps each POST's body. */
+struct sse_fake {
+    int fd, port, error_mode;
+    volatile int stop;
+    char body[4][2048];
+    int n_bodies;
+    pthread_t t;
+};
+
+static void fake_write(int c, const char *s)
+{
+    char head[32];
+    int k = snprintf(head, sizeof head, "%zx\r\n", strlen(s));
+    if (write(c, head, (size_t)k) != k || write(c, s, strlen(s)) < 0 || write(c, "\r\n", 2) != 2)
+        return;
+}
+
+static void *sse_fake_run(void *arg)
+{
+    struct sse_fake *f = arg;
+    while (!f->stop) {
+        int c = accept(f->fd, NULL, NULL);
+        if (c < 0)
+            continue;
+        char req[8192];
+        size_t n = 0;
+        ssize_t got;
+        char *end = NULL;
+        while (n < sizeof req - 1 && (got = read(c, req + n, sizeof req - 1 - n)) > 0) {
+            req[n += (size_t)got] = 0;
+            if ((end = strstr(req, "\r\n\r\n"))) {
+                const char *cl = strstr(req, "Content-Length: ");
+                size_t want = cl ? strtoul(cl + 16, NULL, 10) : 0;
+                if (n - (size_t)(end + 4 - req) >= want)
+                    break;
+            }
+        }
+        if (strncmp(req, "POST", 4)) {
+            const char ok[] = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 15\r\n"
+                              "Connection: close\r\n\r\n{\"status\":\"ok\"}";
+            if (write(c, ok, sizeof ok - 1) < 0)
+                n = 0;
+            close(c);
+            continue;
+        }
+        if (end && f->n_bodies < 4)
+            snprintf(f->body[f->n_bodies++], sizeof f->body[0], "%s", end + 4);
+        const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+                            "Connection: close\r\n\r\n";
+        const char *ev = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"tiny\","
+                         "\"choices\":[{\"index\":0,\"delta\":{\"%s\":\"%s\"},\"finish_reason\":%s}]}\n\n";
+        char e[512];
+        if (write(c, head, sizeof head - 1) < 0)
+            n = 0;
+        snprintf(e, sizeof e, ev, "role", "assistant", "null");
+        fake_write(c, e);
+        usleep(400000);
+        if (f->error_mode) {
+            fake_write(c, "data: {\"err");
+            usleep(50000);
+            fake_write(c, "or\":{\"message\":\"the engine failed\",\"type\":\"server_error\"}}\n\ndata: [DONE]\n\n");
+        } else {
+            snprintf(e, sizeof e, ev, "content", "ab", "null");
+            fake_write(c, e);
+            usleep(100000);
+            snprintf(e, sizeof e, ev, "content", "cd", "null");
+            fake_write(c, e);
+            snprintf(e, sizeof e, ev, "content", "", "\"length\"");
+            fake_write(c, e);
+            if (strstr(f->body[f->n_bodies - 1], "\"include_usage\":true"))
+                fake_write(c, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"tiny\","
+                              "\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4,\"total_tokens\":7}}\n\n");
+            fake_write(c, "data: [DONE]\n\n");
+        }
+        if (write(c, "0\r\n\r\n", 5) < 0)
+            n = 0;
+        close(c);
+    }
+    return NULL;
+}
+
+static void sse_fake_start(struct sse_fake *f)
+{
+    f->fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(bind(f->fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t len = sizeof a;
+    getsockname(f->fd, (struct sockaddr *)&a, &len);
+    f->port = ntohs(a.sin_port);
+    cr_assert_eq(listen(f->fd, 16), 0);
+    struct timeval tv = {0, 100000};   /* accept wakes to see stop */
+    setsockopt(f->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    pthread_create(&f->t, NULL, sse_fake_run, f);
+}
+
+static void sse_fake_stop(struct sse_fake *f)
+{
+    f->stop = 1;
+    pthread_join(f->t, NULL);
+    close(f->fd);
+}
+
+/* A histogram's _sum in the proxy's /metrics. */
+static double hist_sum(const char *name)
+{
+    char out[1 << 14], key[160];
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/metrics", NULL, NULL, out, sizeof out), 200);
+    snprintf(key, sizeof key, "\n%s_sum ", name);
+    const char *p = strstr(out, key);
+    cr_assert_not_null(p, "no %s_sum in %s", name, out);
+    return atof(p + strlen(key));
+}
+
+/* The proxy's latencies are the tokens' and whole events go to the client: TTFT from the first
+ * event carrying text (a chat's role event goes out before the prompt is computed: TTFT was its
+ * queueing time), TPOT over the usage's completion tokens (events of two tokens made it twice as
+ * long), the usage event the proxy asked for itself not relayed, the one the client asked for
+ * relayed once; an error event split across two reads is still the instance's failure. */
+Test(proxy, stream_latencies_count_tokens_and_events_go_out_whole)
+{
+    struct sse_fake f = {0};
+    sse_fake_start(&f);
+    static char c1[32];
+    snprintf(c1, sizeof c1, "127.0.0.1:%d", f.port);
+    struct pd_proxy_opts o = {.port = 0, .n_decode = 1, .health_interval_ms = 100};
+    o.decode[0] = c1;
+    pd_err e = {0};
+    cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
+    pthread_create(&tx, NULL, run_proxy, X);
+    wait_up(pd_proxy_port(X), 0, 1);
+    char out[8192];
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/chat/completions",
+                           "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":4,\"stream\":true}", NULL,
+                           out, sizeof out), 200, "%s", out);
+    cr_assert_null(strstr(out, "\"usage\""), "a usage event the client did not ask for: %s", out);
+    cr_assert(strstr(out, "\"ab\"") && strstr(out, "\"cd\"") && strstr(out, "data: [DONE]"), "%s", out);
+    cr_assert(strstr(f.body[0], "\"include_usage\":true"), "the proxy did not ask for the usage: %s", f.body[0]);
+    double ttft = hist_sum("pdmoe_proxy_time_to_first_token_seconds");
+    double tpot = hist_sum("pdmoe_proxy_time_per_output_token_seconds");
+    cr_assert_geq(ttft, 0.38, "TTFT %.3f s: the role event's time, not the first text's (0.4 s)", ttft);
+    cr_assert(tpot > 0.02 && tpot < 0.07, "TPOT %.3f s: 0.1 s over 3 tokens after the first", tpot);
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/chat/completions",
+                           "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":4,\"stream\":true,"
+                           "\"stream_options\":{\"include_usage\":true}}", NULL, out, sizeof out), 200, "%s", out);
+    const char *u = strstr(out, "\"usage\"");
+    cr_assert(u && !strstr(u + 1, "\"usage\""), "the client's usage event, once: %s", out);
+    cr_assert_eq(metric_key(pd_proxy_port(X), "pdmoe_proxy_completed_total"), 2);
+    f.error_mode = 1;
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/chat/completions",
+                           "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":4,\"stream\":true}", NULL,
+                           out, sizeof out), 200, "%s", out);
+    cr_assert(strstr(out, "data: {\"error\":{\"message\":\"the engine failed\""), "%s", out);
+    cr_assert_eq(metric_key(pd_proxy_port(X), "pdmoe_proxy_completed_total"), 2, "the failed stream counted completed");
+    cr_assert_eq(metric_key(pd_proxy_port(X), "pdmoe_proxy_errors_total{kind=\"decode_failed\"}"), 1);
+    proxy_shutdown(&X, tx);
+    sse_fake_stop(&f);
+}
