@@ -40,7 +40,8 @@ static int serve(const struct pd_server_opts *o, int64_t dp)
                 pd_server_port(s), o->expert_parallel ? " (rank 0 of the EP group)" : "");
     if (rank == 0 && o->role == PD_ROLE_CONSUMER && !o->n_kv_producers)
         fprintf(stderr, "pdmoe serve: this decode instance pulls KV from whatever producer a request names (no "
-                        "kv_producers in --kv-transfer-config): let only the proxy reach its HTTP port\n");
+                        "kv_producers in --kv-transfer-config), and a hostile producer can crash it (its KV "
+                        "metadata directs this process's reads): let only the proxy reach its HTTP port\n");
     int rc = pd_server_run(s, &e);
     if (rc) {
         fprintf(stderr, "pdmoe serve%s: %s\n", o->expert_parallel ? " (EP group)" : "", e.msg);

@@ -16,7 +16,8 @@ static const char *help =
     "string per line and prints one JSON array of ids per line (- reads standard input).\n"
     "--chat DIR: each --jsonl line is a chat's \"messages\" array instead; it is rendered as checkpoint\n"
     "DIR's chat format (DeepSeek-V3's chat_template or DeepSeek-V4's encoding: see pdmoe serve), BOS text\n"
-    "first, and printed as one JSON object per line: {\"text\": the prompt, \"ids\": its ids}.\n";
+    "first, and printed as one JSON object per line: {\"text\": the prompt, \"ids\": its ids}, the ids\n"
+    "pdmoe serve gives the model: a special token's text inside a message's content is read as text.\n";
 
 /* The whole of path (- for standard input), NUL-ended, its length in *len; NULL if unreadable. */
 static char *read_all(const char *path, size_t *len)
@@ -84,14 +85,19 @@ static int print_chat(const struct pd_tok *t, enum pd_chat_format f, json_t *msg
         fprintf(stderr, "pdmoe tokenize: %s: %s\n", what, e.msg);
         return 1;
     }
-    int rc = pd_chat_render(f, m, n, 1, &text, &len, &e);
+    /* the ids pdmoe serve feeds the model: no special token read inside a message's content */
+    struct pd_tok_span *spans = NULL;
+    size_t n_spans = 0;
+    int rc = pd_chat_render_spans(f, m, n, 1, &text, &len, &spans, &n_spans, &e);
     pd_chat_messages_free(m, n);
-    if (rc || pd_tok_encode(t, text, len, &ids, &nid, &e)) {
+    if (rc || pd_tok_encode_plain(t, text, len, spans, n_spans, &ids, &nid, &e)) {
         fprintf(stderr, "pdmoe tokenize: %s: %s\n", what, e.msg);
         if (!rc)
             free(text);
+        free(spans);
         return 1;
     }
+    free(spans);
     json_t *o = json_pack("{s:s%,s:[]}", "text", text, len, "ids");
     for (size_t i = 0; o && i < nid; i++)
         json_array_append_new(json_object_get(o, "ids"), json_integer(ids[i]));

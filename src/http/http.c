@@ -40,8 +40,8 @@ int pd_http_read_json(struct evbuffer *b, size_t flags, json_t **out, json_error
     *out = json_loadb(p, n, flags, je);
     /* jansson names its own flag; the client needs to hear what its body holds */
     if (!*out && je && strstr(je->text, "JSON_ALLOW_NUL"))
-        snprintf(je->text, sizeof je->text, "a string holds \\u0000 (a NUL character) at byte %d, which is refused",
-                 je->position);
+        snprintf(je->text, sizeof je->text, "the body's JSON holds \\u0000 (a NUL character) at byte %d: no "
+                 "string may (prompt, messages, stop)", je->position);
     return *out ? 0 : PD_EFORMAT;
 }
 

@@ -107,6 +107,9 @@ struct buf {
     char *p;
     size_t n, cap;
     int oom;
+    struct pd_tok_span *span;   /* the contents' bytes, when asked for */
+    size_t n_span, cap_span;
+    int spans;
 };
 
 static void put(struct buf *b, const char *s)
@@ -120,6 +123,24 @@ static void put(struct buf *b, const char *s)
     b->n += k;
 }
 
+/* A message's content: put, and its bytes noted as a span (pd_chat_render_spans). */
+static void put_content(struct buf *b, const char *s)
+{
+    size_t at = b->n;
+    put(b, s);
+    if (b->oom || !b->spans || b->n == at)
+        return;
+    if (b->n_span && b->span[b->n_span - 1].off + b->span[b->n_span - 1].len == at) {
+        b->span[b->n_span - 1].len += b->n - at;   /* (adjacent contents: one span) */
+        return;
+    }
+    if (PD_GROW(b->span, b->cap_span, b->n_span + 1)) {
+        b->oom = 1;
+        return;
+    }
+    b->span[b->n_span++] = (struct pd_tok_span){at, b->n - at};
+}
+
 static int role_is(const struct pd_chat_msg *m, const char *r)
 {
     return !strcmp(m->role, r);
@@ -130,16 +151,16 @@ static void render_v4(struct buf *b, const struct pd_chat_msg *m, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         if (role_is(&m[i], "system")) {
-            put(b, m[i].content);
+            put_content(b, m[i].content);
         } else if (role_is(&m[i], "assistant")) {
-            put(b, m[i].content);
+            put_content(b, m[i].content);
             put(b, EOS);
         } else {
             put(b, USER);
-            put(b, m[i].content);
+            put_content(b, m[i].content);
             while (i + 1 < n && role_is(&m[i + 1], "user")) {   /* one user turn, its parts joined */
                 put(b, "\n\n");
-                put(b, m[++i].content);
+                put_content(b, m[++i].content);
             }
             if (i + 1 == n || role_is(&m[i + 1], "assistant")) {
                 put(b, ASSISTANT);
@@ -157,16 +178,16 @@ static void render_v3(struct buf *b, const struct pd_chat_msg *m, size_t n)
         if (role_is(&m[i], "system")) {
             if (!first)
                 put(b, "\n\n");
-            put(b, m[i].content);
+            put_content(b, m[i].content);
             first = 0;
         }
     for (size_t i = 0; i < n; i++) {
         if (role_is(&m[i], "user")) {
             put(b, USER);
-            put(b, m[i].content);
+            put_content(b, m[i].content);
         } else if (role_is(&m[i], "assistant")) {
             put(b, ASSISTANT);
-            put(b, m[i].content);
+            put_content(b, m[i].content);
             put(b, EOS);
         }
     }
@@ -274,8 +295,18 @@ void pd_chat_messages_free(struct pd_chat_msg *m, size_t n)
 int pd_chat_render(enum pd_chat_format f, const struct pd_chat_msg *m, size_t n, int with_bos, char **out,
                    size_t *len, pd_err *e)
 {
+    return pd_chat_render_spans(f, m, n, with_bos, out, len, NULL, NULL, e);
+}
+
+int pd_chat_render_spans(enum pd_chat_format f, const struct pd_chat_msg *m, size_t n, int with_bos, char **out,
+                         size_t *len, struct pd_tok_span **spans, size_t *n_spans, pd_err *e)
+{
     *out = NULL;
     *len = 0;
+    if (spans) {
+        *spans = NULL;
+        *n_spans = 0;
+    }
     for (size_t i = 0; i < n; i++)
         if (!m[i].role || !m[i].content ||
             (!role_is(&m[i], "system") && !role_is(&m[i], "user") && !role_is(&m[i], "assistant")))
@@ -283,7 +314,7 @@ int pd_chat_render(enum pd_chat_format f, const struct pd_chat_msg *m, size_t n,
                               "\"messages[%zu]\" needs \"role\" (system, user or assistant) and a \"content\" "
                               "(a string or text parts)",
                               i);
-    struct buf b = {0};
+    struct buf b = {.spans = spans != NULL};
     put(&b, with_bos ? BOS : "");
     if (f == PD_CHAT_DSV3)
         render_v3(&b, m, n);
@@ -291,9 +322,14 @@ int pd_chat_render(enum pd_chat_format f, const struct pd_chat_msg *m, size_t n,
         render_v4(&b, m, n);
     if (b.oom) {
         free(b.p);
+        free(b.span);
         return pd_err_set(e, PD_ENOMEM, "out of memory for the chat's prompt");
     }
     *out = b.p;
     *len = b.n;
+    if (spans) {
+        *spans = b.span;
+        *n_spans = b.n_span;
+    }
     return 0;
 }

@@ -24,6 +24,7 @@
 #include <stddef.h>
 
 #include "core/err.h"
+#include "model/tokenizer.h"
 
 enum pd_chat_format { PD_CHAT_DSV4, PD_CHAT_DSV3 };
 
@@ -55,5 +56,10 @@ void pd_chat_messages_free(struct pd_chat_msg *m, size_t n);
  * is an error naming "messages[i]". */
 int pd_chat_render(enum pd_chat_format f, const struct pd_chat_msg *m, size_t n, int with_bos, char **out,
                    size_t *len, pd_err *e);
+/* pd_chat_render, with the messages' contents as byte spans of the text in *spans (malloc'ed,
+ * sorted; NULL when there are none), for pd_tok_encode_plain: the template's markers are the only
+ * special tokens of a chat's prompt. */
+int pd_chat_render_spans(enum pd_chat_format f, const struct pd_chat_msg *m, size_t n, int with_bos, char **out,
+                         size_t *len, struct pd_tok_span **spans, size_t *n_spans, pd_err *e);
 
 #endif

@@ -165,15 +165,37 @@ static int is_word_at(const uint8_t *s, size_t len, size_t i)
     return (pd_uc_feat(cp) & PD_UC_WORD) != 0;
 }
 
+/* Spans where added tokens are not recognised (pd_tok_encode_plain), sorted and disjoint. */
+struct plain {
+    const struct pd_tok_span *s;
+    size_t n;
+};
+
+/* 1 if [lo, hi) overlaps one of p's spans. */
+static int overlaps_plain(const struct plain *p, size_t lo, size_t hi)
+{
+    size_t a = 0, b = p->n;   /* the first span that ends after lo */
+    while (a < b) {
+        size_t m = a + (b - a) / 2;
+        if (p->s[m].off + p->s[m].len <= lo)
+            a = m + 1;
+        else
+            b = m;
+    }
+    return a < p->n && p->s[a].off < hi;
+}
+
 /* The leftmost added token at or after `from` (longest first among those starting at the same
- * byte), widened by its lstrip/rstrip whitespace. */
-static int find_added(const struct pd_tok *t, const uint8_t *s, size_t len, size_t from,
+ * byte) that overlaps none of the plain spans, widened by its lstrip/rstrip whitespace. */
+static int find_added(const struct pd_tok *t, const struct plain *plain, const uint8_t *s, size_t len, size_t from,
                       size_t *ms, size_t *me, int32_t *id)
 {
     for (size_t i = from; i < len; i++) {
         for (int k = t->abucket[s[i]]; k < t->abucket[s[i] + 1]; k++) {
             const struct added *a = &t->added[t->aorder[k]];
             if (a->len > len - i || memcmp(s + i, t->bytes.p + a->off, a->len))
+                continue;
+            if (plain && overlaps_plain(plain, i, i + a->len))
                 continue;
             size_t st = i, en = i + a->len;
             if (a->single_word) {
@@ -204,7 +226,7 @@ static int find_added(const struct pd_tok *t, const uint8_t *s, size_t len, size
 }
 
 static int encode_work(const struct pd_tok *t, struct work *w, const char *text, size_t len,
-                       pd_err *e)
+                       const struct plain *plain, pd_err *e)
 {
     w->ref = t->use_ref;
     const uint8_t *s = (const uint8_t *)text;
@@ -212,7 +234,7 @@ static int encode_work(const struct pd_tok *t, struct work *w, const char *text,
     while (pos < len) {
         size_t ms = len, me = len;
         int32_t id = -1;
-        int found = t->n_added && find_added(t, s, len, pos, &ms, &me, &id);
+        int found = t->n_added && find_added(t, plain, s, len, pos, &ms, &me, &id);
         if (ms > pos) {
             int rc = encode_segment(t, w, s + pos, ms - pos, e);
             if (rc)
@@ -230,10 +252,17 @@ static int encode_work(const struct pd_tok *t, struct work *w, const char *text,
 int pd_tok_encode(const struct pd_tok *t, const char *text, size_t len, int32_t **ids, size_t *n,
                   pd_err *e)
 {
+    return pd_tok_encode_plain(t, text, len, NULL, 0, ids, n, e);
+}
+
+int pd_tok_encode_plain(const struct pd_tok *t, const char *text, size_t len, const struct pd_tok_span *plain,
+                        size_t n_plain, int32_t **ids, size_t *n, pd_err *e)
+{
     struct work w = {0};
+    struct plain p = {plain, n_plain};
     *ids = NULL;
     *n = 0;
-    int rc = encode_work(t, &w, text, len, e);
+    int rc = encode_work(t, &w, text, len, n_plain ? &p : NULL, e);
     if (!rc && !w.out) {
         w.out = malloc(sizeof *w.out);   /* a valid pointer even for no ids */
         if (!w.out)
@@ -252,7 +281,7 @@ int pd_tok_encode_into(const struct pd_tok *t, const char *text, size_t len, int
                        size_t cap, size_t *n, pd_err *e)
 {
     struct work w = {0};
-    int rc = encode_work(t, &w, text, len, e);
+    int rc = encode_work(t, &w, text, len, NULL, e);
     *n = w.nout;
     if (!rc && w.nout > cap)
         rc = pd_err_set(e, PD_ERANGE, "%s: %zu ids do not fit a buffer of %zu", t->label,

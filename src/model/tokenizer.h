@@ -49,6 +49,16 @@ void pd_tok_free(struct pd_tok *t);
  * malloc'ed (free() it) and holds *n ids; no BOS is added (see pd_tok_bos). */
 int pd_tok_encode(const struct pd_tok *t, const char *text, size_t len, int32_t **ids, size_t *n,
                   pd_err *e);
+/* A byte range [off, off + len) of a text. */
+struct pd_tok_span {
+    size_t off, len;
+};
+/* pd_tok_encode, with no added token recognised where it would overlap one of the n `plain` spans
+ * (sorted by offset, disjoint): their bytes are encoded as any other text. A chat's message
+ * contents are such spans, so that a user who types "<｜User｜>" or the EOS's text does not forge a
+ * turn or end the prompt; with no added token's text in the spans the ids are pd_tok_encode's. */
+int pd_tok_encode_plain(const struct pd_tok *t, const char *text, size_t len, const struct pd_tok_span *plain,
+                        size_t n_plain, int32_t **ids, size_t *n, pd_err *e);
 /* Same into a caller buffer of cap ids: PD_ERANGE with *n = the count needed if it is too small. */
 int pd_tok_encode_into(const struct pd_tok *t, const char *text, size_t len, int32_t *ids,
                        size_t cap, size_t *n, pd_err *e);

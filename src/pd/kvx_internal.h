@@ -93,6 +93,9 @@ struct link {
     int n_deferred;
     char host[64];
     int port;
+    struct sockaddr_storage addr;   /* an outgoing link's resolved address (another spelling of it,
+                                       "127.0.0.01", finds this link: one was kept per spelling) */
+    socklen_t addr_len;
     int failed;               /* the error handler fired */
     ucs_status_t status;
     int refs;                 /* unfinished transfers using it */

@@ -484,6 +484,14 @@ struct link *kvx_get_link(struct pd_kvx *x, const char *host, int port, ucs_stat
             }
             return l;
         }
+    int resolved = kvx_resolve(host, port, 0, &ss, &sl, &ignored) == 0;
+    if (resolved)   /* the same producer under another name */
+        for (struct link *l = x->links; l; l = l->next)
+            if (l->outgoing && !l->failed && (l->ep || l->bfd >= 0) && l->addr_len == sl &&
+                memcmp(&l->addr, &ss, sl) == 0) {
+                l->reused = l->ep != NULL;
+                return l;
+            }
     struct link *l = calloc(1, sizeof *l);
     if (!l)
         return NULL;
@@ -494,12 +502,14 @@ struct link *kvx_get_link(struct pd_kvx *x, const char *host, int port, ucs_stat
     snprintf(l->host, sizeof l->host, "%s", host);
     l->next = x->links;
     x->links = l;
-    if (kvx_resolve(host, port, 0, &ss, &sl, &ignored) != 0) {
+    if (!resolved) {
         *resolve_failed = 1;
         l->failed = 1;
         l->status = UCS_ERR_INVALID_ADDR;
         return l;
     }
+    memcpy(&l->addr, &ss, sl);
+    l->addr_len = sl;
     /* the producer's worker address comes in its KV listener's HELLO (kvx_boot.c) */
     int err = kvx_boot_connect(l, (struct sockaddr *)&ss, sl);
     if (err < 0) {

@@ -83,17 +83,20 @@ static int authorised(struct pd_server *s, struct evhttp_request *h)
 }
 
 /* Builds the prompt text of a chat in the checkpoint's format (model/chat.h), without the BOS (the
- * prompt's first id is added as for every request). A message's field other than role and
+ * prompt's first id is added as for every request), and the spans of its messages' contents, in
+ * which no special token is read (the text "<｜User｜>" in a message is that text, not a turn:
+ * OpenAI's behaviour; vLLM's tokenizer would read it as the marker). A message's field other than role and
  * content (tool_calls, name, ...) and a content part other than text are refused by name: pdmoe
  * does not implement them. */
-static int chat_prompt(struct pd_server *s, struct evhttp_request *h, json_t *msgs, char **out)
+static int chat_prompt(struct pd_server *s, struct evhttp_request *h, json_t *msgs, char **out,
+                       struct pd_tok_span **spans, size_t *n_spans)
 {
     struct pd_chat_msg *m;
     size_t n, len;
     pd_err e = {0};
     int rc = pd_chat_messages(msgs, &m, &n, &e);
     if (!rc) {
-        rc = pd_chat_render(s->chat, m, n, 0, out, &len, &e);
+        rc = pd_chat_render_spans(s->chat, m, n, 0, out, &len, spans, n_spans, &e);
         pd_chat_messages_free(m, n);
     }
     if (rc)
@@ -405,18 +408,23 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     json_t *j;
     pd_http_read_json(evhttp_request_get_input_buffer(h), JSON_REJECT_DUPLICATES, &j, &je);
     if (!j || !json_is_object(j)) {
-        pd_srv_send_error(s, h, 400, "invalid_request_error", NULL, "the body is not a JSON object: %s",
-                   j ? "wrong type" : je.text);
+        pd_srv_send_error(s, h, 400, "invalid_request_error", NULL, "%s%s",
+                          j ? "the body is not a JSON object but another JSON type"
+                          : strncmp(je.text, "the body", 8) ? "the body is not valid JSON: " : "",
+                          j ? "" : je.text);
         json_decref(j);
         return;
     }
-    /* (before any field is read: each replaces a value in the body) */
-    drop_noop_defaults(j);
+    /* (before any field is read: each replaces a value in the body; whole floats first, so that
+     * best_of 1.0 is the no-op best_of 1 is) */
     whole_floats_to_ints(j);
+    drop_noop_defaults(j);
     const char *model = json_string_value(json_object_get(j, "model"));
     json_t *mt = present(j, "max_tokens"), *mct = present(j, "max_completion_tokens"), *tp = present(j, "temperature"),
            *pp = present(j, "top_p"), *st = present(j, "stream"), *sd = present(j, "seed");
     char *text = NULL;
+    struct pd_tok_span *spans = NULL;   /* a chat's contents in text */
+    size_t n_spans = 0;
     int32_t *given = NULL;   /* a completion's prompt of token ids, read (until ids takes it) */
     size_t n_given = 0;
     struct req *r = NULL;
@@ -489,7 +497,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     if (!mt)
         mt = mct;
     if (chat) {
-        if (chat_prompt(s, h, json_object_get(j, "messages"), &text))
+        if (chat_prompt(s, h, json_object_get(j, "messages"), &text, &spans, &n_spans))
             goto out;
     } else {
         json_t *p = json_object_get(j, "prompt");
@@ -529,7 +537,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
                           "that however they are tokenized", s->o.max_model_len, text_len);
         goto reject;
     }
-    int rc = text ? pd_tok_encode(s->tok, text, text_len, &ids, &n, &e) : 0;
+    int rc = text ? pd_tok_encode_plain(s->tok, text, text_len, spans, n_spans, &ids, &n, &e) : 0;
     if (rc) {
         pd_srv_send_error(s, h, rc == PD_ENOMEM ? 503 : 400, rc == PD_ENOMEM ? "server_error" : "invalid_request_error",
                    chat ? "messages" : "prompt", "%s", e.msg);
@@ -752,6 +760,7 @@ reject:   /* refused after r was allocated: nothing else holds it yet */
     free(r);
 out:
     free(text);
+    free(spans);
     free(given);
     json_decref(j);
 }

@@ -791,7 +791,7 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
         json_decref(body);
         return;
     }
-    if (json_object_get(body, "kv_transfer_params")) {
+    if (json_object_get(body, "kv_transfer_params") && !json_is_null(json_object_get(body, "kv_transfer_params"))) {
         /* the proxy's own field between its prefill and decode instances: a client's was dropped
          * without a word (its do_remote_prefill, an engine_id of its choosing, a typo...) */
         px->bad_requests++;

@@ -733,6 +733,17 @@ Test(hostile, the_proxy_refuses_what_a_client_may_not_set_by_name)
         cr_assert(strstr(out, cases[k].param) && strstr(out, cases[k].want), "%s: %s", cases[k].body, out);
         cr_assert_eq(completed, 0, "%s: the instance was asked", cases[k].body);
     }
+    /* null is unset, as the servers read it (the proxy refused it while a server took it) */
+    struct fake f = {0};
+    fake_start(&f, "{\"choices\":[{\"text\":\"ok\"}]}");
+    char out[4096];
+    double sec;
+    int ej;
+    int64_t failed, completed;
+    int code = through_proxy_as(&f, 0, "{\"prompt\":\"x\",\"max_tokens\":2,\"kv_transfer_params\":null}", 0, out,
+                                sizeof out, &sec, &ej, &failed, &completed);
+    fake_stop(&f);
+    cr_assert_eq(code, 200, "%d %s", code, out);
 }
 
 /* An instance named with a quote or a backslash (as given on the command line) is a label value

@@ -55,6 +55,25 @@ const { Tokenizer } = require('tokenizers');
 const hf = Tokenizer.fromFile(tokJson);
 const wantIds = [];
 for (const t of want) wantIds.push(Array.from((await hf.encode(t, null, { addSpecialTokens: false })).getIds()));
+// pdmoe reads no special token inside a message's content (a user who types "<｜User｜>" does not
+// forge a turn; vLLM's tokenizer would read it): a chat of one user message whose content holds a
+// special token's text is BOS, <｜User｜>, the content encoded by a tokenizer without added tokens,
+// <｜Assistant｜>. Only such chats are compared this way (the others have no special text inside).
+const specials = JSON.parse(readFileSync(tokJson, 'utf8')).added_tokens.map((a) => a.content);
+const plainJson = JSON.parse(readFileSync(tokJson, 'utf8'));
+plainJson.added_tokens = [];
+const hfPlain = Tokenizer.fromString(JSON.stringify(plainJson));
+for (let i = 0; i < chats.length; i++) {
+  const c = chats[i];
+  if (!c.some((m) => specials.some((s) => m.content.includes(s))))
+    continue;
+  if (c.length !== 1 || c[0].role !== 'user')
+    throw new Error(`chat ${i}: special text is compared only in a chat of one user message`);
+  const head = await hf.encode(text(cfg.bos_token) + '<｜User｜>', null, { addSpecialTokens: false });
+  const body = await hfPlain.encode(c[0].content, null, { addSpecialTokens: false });
+  const tail = await hf.encode('<｜Assistant｜>', null, { addSpecialTokens: false });
+  wantIds[i] = [...head.getIds(), ...body.getIds(), ...tail.getIds()];
+}
 
 // ---- pdmoe -------------------------------------------------------------------------------------
 const dir = mkdtempSync(join(tmpdir(), 'pdmoe-chat-'));
