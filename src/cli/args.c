@@ -135,7 +135,7 @@ int pd_cli_int(const char *flag, const char *s, int64_t min, int64_t *out)
         mult = 1000, end++;
     else if (*end == 'K')
         mult = 1024, end++;
-    if (end == s || *end || errno || v > INT64_MAX / mult) {
+    if (end == s || *end || errno || v > INT64_MAX / mult || v < INT64_MIN / mult) {
         fprintf(stderr, "pdmoe: %s%s%s: expected an integer (optionally with k = 1000 or K = 1024)\n", flag, sep(flag), s);
         return -1;
     }

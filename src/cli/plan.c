@@ -130,6 +130,14 @@ static int parse_role(const char *flag, const char *s, struct pd_role_opts *r)
         }
         *dst[k] = (int)v;
     }
+    /* the role's cards, dp x tp x instances, counted in int as every layout is: each key under
+     * 2^20 let their product wrap (a layout of 2^40 cards planned as 0 and said to fit) */
+    int64_t cards = (int64_t)(r->dp > 0 ? r->dp : 1) * (r->tp > 0 ? r->tp : 1) * (r->instances > 0 ? r->instances : 1);
+    if (cards > 1 << 20) {
+        fprintf(stderr, "pdmoe: %s %s: %lld cards (dp x tp x instances); at most %d\n", flag, s, (long long)cards,
+                1 << 20);
+        return -1;
+    }
     return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,13 +135,18 @@ static int sample(const char *line, const char *name, int *pos, double *v)
         if (!close)
             return -1;
         const char *q = strstr(p, "position=\"");
-        if (q && q < close)
-            *pos = atoi(q + 10);
+        if (q && q < close) {   /* digits and the closing quote only ("4294967296" wrapped to 0 in atoi) */
+            char *qe;
+            errno = 0;
+            long x = strtol(q + 10, &qe, 10);
+            *pos = errno || qe == q + 10 || *qe != '"' || x < 0 || x > INT_MAX ? -1 : (int)x;
+        }
         p = close + 1;
     }
     char *end;
     *v = strtod(p, &end);
-    return end == p ? -1 : 1;
+    /* a count is finite: +Inf, NaN, or a sum past the largest double made an acceptance of 0 or 1 */
+    return end == p || !isfinite(*v) ? -1 : 1;
 }
 
 static int parse_metrics(const char *text, const char *label, struct pd_mtp *m, pd_err *e)
@@ -161,12 +167,18 @@ static int parse_metrics(const char *text, const char *label, struct pd_mtp *m, 
                 if (r < 0 || !(v >= 0))
                     return pd_err_set(e, PD_EINVAL, "%s: line %d: %s: expected a count", label, line_no, drafts[s]);
                 nd += v;          /* summed over label sets (several engines) */
+                if (!isfinite(nd))
+                    return pd_err_set(e, PD_EINVAL, "%s: line %d: %s: the counts add up past any count", label,
+                                      line_no, drafts[s]);
                 have_drafts = 1;
             } else if ((r = sample(l, per_pos[s], &pos, &v))) {
                 if (r < 0 || !(v >= 0) || pos < 0 || pos >= PD_MTP_MAX_K)
                     return pd_err_set(e, PD_EINVAL, "%s: line %d: %s: expected a count with a position label in "
                                       "[0, %d)", label, line_no, per_pos[s], PD_MTP_MAX_K);
                 acc[pos] += v;
+                if (!isfinite(acc[pos]))
+                    return pd_err_set(e, PD_EINVAL, "%s: line %d: %s: the counts add up past any count", label,
+                                      line_no, per_pos[s]);
                 if (pos + 1 > k)
                     k = pos + 1;
             }

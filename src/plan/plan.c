@@ -339,8 +339,11 @@ static void scenarios(struct pd_plan *p)
         struct pd_scenario *sc = &p->scen[p->n_scen++];
         sc->seqs = s;
         sc->ctx = c;
-        sc->kv = s * pd_kv_seq_bytes(&p->kv, c);
-        sc->total = b->weights + b->activations + b->runtime + sc->kv;
+        /* (saturated: seqs x bytes past 2^63 wrapped, a row of 0 GB) */
+        const int64_t per = pd_kv_seq_bytes(&p->kv, c);
+        sc->kv = per > 0 && s > INT64_MAX / per ? INT64_MAX : s * per;
+        const int64_t rest = b->weights + b->activations + b->runtime;
+        sc->total = sc->kv > INT64_MAX - rest ? INT64_MAX : rest + sc->kv;
         sc->fits = sc->total <= b->usable;
     }
 }
@@ -546,19 +549,21 @@ int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e)
     if (o->aggregated)   /* one set of cards, both roles on it */
         p->o.role[PD_ROLE_PREFILL] = o->role[PD_ROLE_DECODE];
     o = &p->o;
+    int64_t need = 0;   /* (in 64 bits: a product of large keys wrapped an int to a layout that fit) */
     for (int r = o->aggregated ? PD_ROLE_DECODE : 0; r < 2; r++)
-        p->cards_used += o->role[r].dp * o->role[r].tp * o->role[r].instances;
-    if (p->cards_used > p->cards_total && o->aggregated) {
-        rc = pd_err_set(e, PD_EINVAL, "layout needs %d cards (aggregated %d x %d) but the cluster has %d (%d nodes x %d cards of %s)",
-                        p->cards_used, o->role[1].instances, o->role[1].dp * o->role[1].tp, p->cards_total, p->nodes,
-                        p->hw.cards_per_node, p->hw.name);
+        need += (int64_t)o->role[r].dp * o->role[r].tp * o->role[r].instances;
+    p->cards_used = need > p->cards_total ? p->cards_total + 1 : (int)need;
+    if (need > p->cards_total && o->aggregated) {
+        rc = pd_err_set(e, PD_EINVAL, "layout needs %lld cards (aggregated %d x %lld) but the cluster has %d (%d nodes x %d cards of %s)",
+                        (long long)need, o->role[1].instances, (long long)o->role[1].dp * o->role[1].tp, p->cards_total,
+                        p->nodes, p->hw.cards_per_node, p->hw.name);
         goto fail;
     }
-    if (p->cards_used > p->cards_total) {
+    if (need > p->cards_total) {
         rc = pd_err_set(e, PD_EINVAL,
-                        "layout needs %d cards (prefill %d x %d, decode %d x %d) but the cluster has %d (%d nodes x %d cards of %s)",
-                        p->cards_used, o->role[0].instances, o->role[0].dp * o->role[0].tp, o->role[1].instances,
-                        o->role[1].dp * o->role[1].tp, p->cards_total, p->nodes, p->hw.cards_per_node, p->hw.name);
+                        "layout needs %lld cards (prefill %d x %lld, decode %d x %lld) but the cluster has %d (%d nodes x %d cards of %s)",
+                        (long long)need, o->role[0].instances, (long long)o->role[0].dp * o->role[0].tp, o->role[1].instances,
+                        (long long)o->role[1].dp * o->role[1].tp, p->cards_total, p->nodes, p->hw.cards_per_node, p->hw.name);
         goto fail;
     }
     for (int r = 0; r < 2; r++)

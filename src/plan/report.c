@@ -201,8 +201,11 @@ static void text_scenarios(FILE *f, const struct pd_plan *p, int u)
     fprintf(f, "  %6s %9s %14s %14s %7s  %s\n", "seqs", "context", "KV", "card total", "used", "verdict");
     for (int i = 0; i < p->n_scen; i++) {
         const struct pd_scenario *s = &p->scen[i];
-        fprintf(f, "  %6lld %9lld %14s %14s %6.0f%%  %s\n", (long long)s->seqs, (long long)s->ctx, G(a, s->kv, u),
-                G(b, s->total, u), 100.0 * (double)s->total / (double)db->usable, s->fits ? "fits" : "does not fit");
+        char used[16] = "      -";   /* (no usable memory: no share of it) */
+        if (db->usable > 0)
+            snprintf(used, sizeof used, "%6.0f%%", 100.0 * (double)s->total / (double)db->usable);
+        fprintf(f, "  %6lld %9lld %14s %14s %7s  %s\n", (long long)s->seqs, (long long)s->ctx, G(a, s->kv, u),
+                G(b, s->total, u), used, s->fits ? "fits" : "does not fit");
     }
     fprintf(f, "\n");
 }

@@ -639,6 +639,14 @@ char *pd_search_text(const struct pd_search *s, int units)
     return buf;
 }
 
+/* A number of the JSON, or null where it has none (a TTFT at a rate the layout cannot sustain is
+ * infinite: json_pack refused it, the layout fell out of the front and the whole document was
+ * reported as out of memory). */
+static json_t *num(double x)
+{
+    return isfinite(x) ? json_real(x) : json_null();
+}
+
 static json_t *layout_json(const struct pd_layout *l)
 {
     json_t *roles = json_array();
@@ -648,22 +656,24 @@ static json_t *layout_json(const struct pd_layout *l)
                                                "redundant", l->role[r].redundant, "experts_per_card",
                                                l->experts_per_card[r], "weights_bytes", (json_int_t)l->weights[r],
                                                "kv_pool_bytes", (json_int_t)l->kv_pool[r]));
-    return json_pack("{s:o,s:I,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:s,s:b,s:b,s:b}", "roles", roles, "batch",
-                     (json_int_t)l->batch, "cards", l->cards, "ttft_s", l->ttft_s, "tpot_s", l->tpot_s,
-                     "tokens_per_s_user", l->user_tok_s, "tokens_per_s_card", l->tok_s_card, "requests_per_s", l->req_s,
-                     "prefill_requests_per_s", l->prefill_req_s, "decode_requests_per_s", l->decode_req_s,
+    return json_pack("{s:o,s:I,s:i,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:s,s:s,s:b,s:b,s:b}", "roles", roles, "batch",
+                     (json_int_t)l->batch, "cards", l->cards, "ttft_s", num(l->ttft_s), "tpot_s", num(l->tpot_s),
+                     "tokens_per_s_user", num(l->user_tok_s), "tokens_per_s_card", num(l->tok_s_card), "requests_per_s",
+                     num(l->req_s), "prefill_requests_per_s", num(l->prefill_req_s), "decode_requests_per_s",
+                     num(l->decode_req_s),
                      "prefill_bound", pd_bound_name(l->prefill_bound), "decode_bound", pd_bound_name(l->decode_bound),
                      "fits", l->fits, "meets", l->meets, "pareto", l->pareto);
 }
 
 static json_t *agg_json(const struct pd_agg_layout *l)
 {
-    return json_pack("{s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:I,s:i,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:s,s:b,s:b}", "dp", l->o.dp, "tp",
+    return json_pack("{s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:I,s:i,s:I,s:o,s:o,s:o,s:o,s:o,s:o,s:s,s:b,s:b}", "dp", l->o.dp, "tp",
                      l->o.tp, "instances", l->o.instances, "redundant", l->o.redundant, "experts_per_card",
                      l->experts_per_card, "weights_bytes", (json_int_t)l->weights, "kv_pool_bytes",
                      (json_int_t)l->kv_pool, "batch", (json_int_t)l->batch, "cards", l->cards, "chunk_tokens",
-                     (json_int_t)l->chunk, "chunk_share", l->chunk_share, "ttft_s", l->ttft_s, "tpot_s", l->tpot_s,
-                     "tokens_per_s_user", l->user_tok_s, "tokens_per_s_card", l->tok_s_card, "requests_per_s", l->req_s,
+                     (json_int_t)l->chunk, "chunk_share", num(l->chunk_share), "ttft_s", num(l->ttft_s), "tpot_s",
+                     num(l->tpot_s), "tokens_per_s_user", num(l->user_tok_s), "tokens_per_s_card", num(l->tok_s_card),
+                     "requests_per_s", num(l->req_s),
                      "bound", pd_bound_name(l->bound), "fits", l->fits, "meets", l->meets);
 }
 
@@ -675,12 +685,12 @@ char *pd_search_json(const struct pd_search *s)
     json_t *mem = json_array();
     for (int i = 0; i < s->n_mem; i++) {
         const struct pd_search_mem *m = &s->mem[i];
-        json_array_append_new(mem, json_pack("{s:s,s:i,s:i,s:i,s:i,s:I,s:I,s:b,s:I,s:f}", "role", pd_role_name(m->role),
+        json_array_append_new(mem, json_pack("{s:s,s:i,s:i,s:i,s:i,s:I,s:I,s:b,s:I,s:o}", "role", pd_role_name(m->role),
                                              "dp", m->o.dp, "tp", m->o.tp, "redundant", m->o.redundant,
                                              "experts_per_card", m->experts_per_card, "weights_bytes",
                                              (json_int_t)m->weights, "kv_pool_bytes", (json_int_t)m->kv_pool,
                                              "fits_weights", m->fits_weights, "max_batch", (json_int_t)m->max_batch,
-                                             "expert_imbalance", m->imbalance));
+                                             "expert_imbalance", num(m->imbalance)));
     }
     int pick = s->best >= 0 ? s->best : s->best_any;
     json_t *root = json_pack("{s:i,s:s,s:s,s:i,s:I,s:I,s:f,s:f,s:i,s:i,s:i,s:o,s:o,s:o}", "search_version", 1,
@@ -703,11 +713,11 @@ char *pd_search_json(const struct pd_search *s)
                                       s->n_agg_meet, "best", agg >= 0 ? agg_json(&s->agg[agg]) : json_null(),
                                       "best_meets_targets", s->best_agg >= 0));
         json_object_set_new(root, "comparison",
-                            json_pack("{s:o,s:o,s:o,s:f,s:b}", "aggregated", v.agg >= 0 ? agg_json(&s->agg[v.agg]) : json_null(),
+                            json_pack("{s:o,s:o,s:o,s:o,s:b}", "aggregated", v.agg >= 0 ? agg_json(&s->agg[v.agg]) : json_null(),
                                       "disaggregated", v.disagg >= 0 ? layout_json(&s->l[v.disagg]) : json_null(),
                                       "winner", v.agg < 0 && v.disagg < 0 ? json_null()
                                                 : json_string(v.agg_wins ? "aggregated" : "disaggregated"),
-                                      "ratio", v.ratio, "targets_met", v.meets));
+                                      "ratio", num(v.ratio), "targets_met", v.meets));
         json_object_set_new(root, "chosen", json_string(s->chose_agg ? "aggregated" : "disaggregated"));
     }
     char *out = root ? json_dumps(root, JSON_INDENT(2)) : NULL;

@@ -84,6 +84,31 @@ Test(careless, numbers_past_what_they_size_are_refused)
     struct run r;
     run("plan --max-model-len 1048576 --max-num-seqs 1", &r);
     cr_assert_eq(r.status, 0, "the model's own length: %s", r.err);
+    /* a layout's cards wrapped an int (2^42 planned as a layout of 0 prefill cards that fit), and a
+     * negative count times K wrapped to 1024 */
+    refused("plan --prefill dp=4096,tp=1,instances=1048576", "4294967296 cards", "at most 1048576");
+    refused("plan --max-num-seqs -9223372036854775807K", "--max-num-seqs -9223372036854775807K", "expected an integer");
+    /* a KV scenario past 2^63 bytes is said not to fit, not printed as 0 GB */
+    run("plan --max-model-len 1048576 --max-num-seqs 1048576 --kv-bytes-per-token 16777216", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert_null(strstr(r.out, "1048576   1048576     0.00 GB"), "%s", r.out);
+}
+
+/* search --json at a request rate some layouts cannot sustain: their TTFT is null, as in plan
+ * --json (json_pack refused the infinity: the layouts fell out of the front, and past some rate
+ * the whole document was reported as out of memory). */
+Test(careless, search_json_at_an_unsustainable_rate)
+{
+    struct run r;
+    run("search --request-rate 1000 --json", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    json_t *j = json_loads(r.out, 0, NULL);
+    cr_assert_not_null(j, "not JSON: %.300s", r.out);
+    json_t *front = json_object_get(j, "front");
+    cr_assert_gt(json_array_size(front), 0);
+    cr_assert(json_is_null(json_object_get(json_array_get(front, 0), "ttft_s")), "%s",
+              json_dumps(json_array_get(front, 0), 0));
+    json_decref(j);
 }
 
 /* A key of a hardware file or of a validation case that nothing reads is a typo: it would leave

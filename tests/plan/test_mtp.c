@@ -112,6 +112,15 @@ Test(mtp, bad_stats_are_refused_naming_the_field)
     refused("pdmoe_requests_total 3\n", "pdmoe_spec_decode_num_drafts_total");
     refused("pdmoe_spec_decode_num_drafts_total 3\npdmoe_spec_decode_num_accepted_tokens_per_pos_total{position=\"9\"} 1\n",
             "position");
+    /* a position past int (it wrapped to 0), non-finite counts and counts that add up past a double
+     * (they made acceptances of 0, or 1 labelled measured) */
+    refused("pdmoe_spec_decode_num_drafts_total 3\n"
+            "pdmoe_spec_decode_num_accepted_tokens_per_pos_total{position=\"4294967296\"} 1\n", "position");
+    refused("pdmoe_spec_decode_num_drafts_total +Inf\n"
+            "pdmoe_spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"} 1\n", "expected a count");
+    refused("pdmoe_spec_decode_num_drafts_total 1e308\npdmoe_spec_decode_num_drafts_total 1e308\n"
+            "pdmoe_spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"} 1e308\n"
+            "pdmoe_spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"} 1e308\n", "add up past any count");
     struct pd_mtp m;
     pd_err e = {0};
     cr_assert_eq(pd_mtp_stats_load("/nonexistent/spec.json", &m, &e), PD_EIO);
