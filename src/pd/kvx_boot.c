@@ -165,12 +165,17 @@ static int boot_read(struct pd_kvx *x, struct link *l)
         l->hello_have += (size_t)r;
         if (l->hello_have == 12) {
             uint32_t n = get32(l->hello + 8);
-            if (memcmp(l->hello, hello_magic, 8) != 0 || n == 0 || n > KVX_HELLO_ADDR_MAX) {
+            if (memcmp(l->hello, hello_magic, 8) != 0) {
                 boot_fail(x, l, UCS_ERR_INVALID_PARAM,
-                          memcmp(l->hello, hello_magic, 7) == 0 && l->hello[7] != hello_magic[7]
+                          memcmp(l->hello, hello_magic, 7) == 0
                               ? "the KV port speaks protocol version %d, this engine %d"
                               : "the KV port's first bytes are not a pdmoe KV HELLO (wrong port?)",
                           l->hello[7], KVX_VERSION);
+                return 1;
+            }
+            if (n == 0 || n > KVX_HELLO_ADDR_MAX) {   /* the right magic: a broken or hostile peer */
+                boot_fail(x, l, UCS_ERR_INVALID_PARAM, "the KV port's HELLO gives a worker address of %u bytes "
+                          "(1 to %d)", n, KVX_HELLO_ADDR_MAX);
                 return 1;
             }
             continue;

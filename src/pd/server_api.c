@@ -620,14 +620,25 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
             const char *host = json_string_value(json_object_get(kv, "remote_host"));
             json_t *port = json_object_get(kv, "remote_port"), *rid = json_object_get(kv, "remote_request_id"),
                    *nt = json_object_get(kv, "remote_num_tokens"), *last = json_object_get(kv, "last_token_id");
-            if (s->o.role != PD_ROLE_CONSUMER || !host || strlen(host) >= sizeof r->remote_host || !json_is_integer(port) ||
-                json_integer_value(port) < 1 || json_integer_value(port) > 65535 || !rid || !json_is_integer(nt) ||
-                json_integer_value(nt) < 0 || json_integer_value(nt) > INT32_MAX || !json_is_integer(last) ||
-                json_integer_value(last) < 0 || json_integer_value(last) >= s->V) {
-                pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
-                           s->o.role != PD_ROLE_CONSUMER ? "do_remote_prefill asks a decode (kv_consumer) instance; this one is not"
-                           : "do_remote_prefill needs remote_host, remote_port (1 to 65535), remote_request_id, "
-                             "remote_num_tokens (>= 0) and last_token_id (a token id)");
+            /* the first field at fault, named (one message for all of them left the client guessing) */
+            const char *fault = s->o.role != PD_ROLE_CONSUMER ? NULL
+                              : !host || !*host || strlen(host) >= sizeof r->remote_host
+                                  ? "remote_host (the prefill instance's KV host, 1 to 63 bytes)"
+                              : !json_is_integer(port) || json_integer_value(port) < 1 || json_integer_value(port) > 65535
+                                  ? "remote_port (an integer, 1 to 65535)"
+                              : !rid ? "remote_request_id (the string the prefill instance answered)"
+                              : !json_is_integer(nt) || json_integer_value(nt) < 0 || json_integer_value(nt) > INT32_MAX
+                                  ? "remote_num_tokens (an integer >= 0)"
+                              : !json_is_integer(last) || json_integer_value(last) < 0 || json_integer_value(last) >= s->V
+                                  ? "last_token_id (a token id of this model)"
+                                  : "";
+            if (!fault || *fault) {
+                if (fault)
+                    pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
+                                      "kv_transfer_params.%s: missing or out of range", fault);
+                else
+                    pd_srv_send_error(s, h, 400, "invalid_request_error", "kv_transfer_params",
+                                      "do_remote_prefill asks a decode (kv_consumer) instance; this one is not");
                 goto reject;
             }
             /* the producers this instance pulls from, when it was told (kv_producers): never a

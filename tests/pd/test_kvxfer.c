@@ -804,6 +804,8 @@ static void not_a_kv_port(const char *tls)
         {http, sizeof http - 1, "not a pdmoe KV HELLO (wrong port?)"},
         {old, sizeof old, "the KV port speaks protocol version 1, this engine 2"},
         {"PDMOE", 5, "closed the connection after 5 bytes, before a whole HELLO"},
+        /* the right magic with a length no address has: said so (it was "not a pdmoe KV HELLO") */
+        {"PDMOEKV\x02\xff\xff\xff\xff", 12, "a worker address of 4294967295 bytes"},
         /* an address UCX would have asserted on (aborting this process): another format version */
         {"PDMOEKV\x02\x04\x00\x00\x00\x06\x00\x00\x00", 16, "of UCX address version 6"},
     };

@@ -595,11 +595,16 @@ Test(pd, a_decode_instance_pulls_only_from_its_producers_and_checks_the_rest)
     cr_assert_eq(metric(D.port, "pdmoe_kv_transfers_total"), 1);
     /* past their ranges, or of the wrong type */
     const char *bad[][2] = {{"remote_port", "4294990398"}, {"remote_num_tokens", "4294967302"},
-                            {"remote_port", "0"}, {"model_fingerprint", "5"}};
-    for (int i = 0; i < 4; i++) {
+                            {"remote_port", "0"}, {"model_fingerprint", "5"}, {"remote_host", "\"\""},
+                            {"last_token_id", "-1"}, {"remote_num_tokens", "\"5\""}};
+    for (int i = 0; i < 7; i++) {
         json_t *b = json_deep_copy(kv);
         json_object_set_new(b, bad[i][0], json_loads(bad[i][1], JSON_DECODE_ANY, NULL));
         cr_assert_eq(decode_with(prompt, b, 0, out, sizeof out), 400, "%s %s: %s", bad[i][0], bad[i][1], out);
+        /* the field at fault named (one message named them all; an empty host was taken) */
+        char want[64];
+        snprintf(want, sizeof want, "kv_transfer_params.%s", bad[i][0]);
+        cr_assert(strstr(out, want), "%s %s: %s", bad[i][0], bad[i][1], out);
         json_decref(b);
     }
     json_decref(kv);
