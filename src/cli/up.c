@@ -195,7 +195,10 @@ static void check_alive(struct child *c, double live_s, double now)
         return;
     c->next_probe = now + 1.0;
     char b[64];
-    if (pd_cli_http_get_within(c->host, c->port, "/health", b, sizeof b, 2000) == 200) {
+    /* any answer is a process alive: a 503 at its --max-connections (a slowloris client), or an
+     * EP group's stall, which its own watchdog ends (a full connection table once made up restart
+     * a healthy proxy, every stream with it, in a loop) */
+    if (pd_cli_http_get_within(c->host, c->port, "/health", b, sizeof b, 2000) > 0) {
         c->answered = pd_now_s();
         return;
     }
@@ -773,8 +776,8 @@ int pd_cli_up(int argc, char **argv)
                    "--shutdown-timeout: at Ctrl-C or SIGTERM the proxy, then the instances, drain their requests in\n"
                    "flight (new ones get a 503) for at most S seconds each before they stop; a second signal to up\n"
                    "stops them at once.\n"
-                   "--watchdog-timeout: each EP group ends when one of its rounds has not finished in S seconds (a\n"
-                   "rank stopped or hung; pdmoe serve's default 300, 0: never), and up starts it again.\n"
+                   "--watchdog-timeout: each EP group ends when one of its rounds has made no progress for S seconds\n"
+                   "(a rank stopped or hung; pdmoe serve's default 60, 0: never), and up starts it again.\n"
                    "--liveness-timeout: an instance or the proxy that has answered /health once since it started\n"
                    "and then not for S seconds (stopped, wedged, its host unreachable) is stopped (SIGTERM, SIGKILL\n"
                    "after 5 s) and started again as a dead one is (asked every second; 0: never).\n"

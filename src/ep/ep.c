@@ -534,6 +534,7 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
     double t3 = pd_now_s();
     ep->t_exchange += (t1 - t0) + (t3 - t2);
     ep->exchanges++;
+    atomic_store(&ep->exchanged_ns, pd_now_ns());
     return 0;
 fail:
     cancel_all(nreq, req);

@@ -30,6 +30,7 @@
 #define PD_EP_EP_H
 
 #include <mpi.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "core/err.h"
@@ -88,6 +89,8 @@ struct pd_ep {
     double t_exchange;             /* seconds in the exchange: all of it but the experts */
     int64_t bytes_sent;            /* dispatch + combine bytes sent to other ranks */
     int64_t exchanges;             /* MoE layers exchanged */
+    _Atomic int64_t exchanged_ns;  /* when the last exchange completed (pd_now_ns): another thread
+                                    * sees the group's progress (a server's watchdog, /health) */
     int64_t sleeps;                /* waits of the exchange that slept (no progress for EP_SPIN_S) */
     int sync_before_combine;       /* benchmarks: a barrier (not timed) before the combine, so
                                     * t_exchange leaves out waiting for the slowest rank's experts */

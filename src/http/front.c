@@ -757,7 +757,8 @@ int pd_http_front_api(struct pd_http_front *f, const struct pd_http_api *api, vo
         void (*cb)(struct evhttp_request *, void *);
     } routes[] = {
         {"/v1/completions", EVHTTP_REQ_POST, api->completions}, {"/v1/chat/completions", EVHTTP_REQ_POST, api->chat},
-        {"/v1/models", EVHTTP_REQ_GET, api->models},             {"/health", EVHTTP_REQ_GET, pd_http_health},
+        {"/v1/models", EVHTTP_REQ_GET, api->models},
+        {"/health", EVHTTP_REQ_GET, api->health ? api->health : pd_http_health},
         {"/metrics", EVHTTP_REQ_GET, api->metrics},              {"/expert_stats", EVHTTP_REQ_GET, api->expert_stats},
         {"/readiness", EVHTTP_REQ_GET, api->readiness},          {NULL, 0, api->other},
     };

@@ -69,6 +69,7 @@ struct pd_http_api {
     void (*metrics)(struct evhttp_request *, void *);
     void (*expert_stats)(struct evhttp_request *, void *);
     void (*readiness)(struct evhttp_request *, void *);   /* GET /readiness; NULL: none (a 404) */
+    void (*health)(struct evhttp_request *, void *);      /* GET /health; NULL: pd_http_health */
     void (*other)(struct evhttp_request *, void *);
 };
 int pd_http_front_api(struct pd_http_front *f, const struct pd_http_api *api, void *arg);

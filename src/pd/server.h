@@ -91,9 +91,9 @@ struct pd_server_opts {
                                      * once (vLLM's --shutdown-timeout); 0: stop at once */
     int expert_parallel;            /* one EP group over MPI_COMM_WORLD (MPI initialised by the caller) */
     int watchdog_s;                 /* an EP group's rank 0 ends the process (mpirun then the group)
-                                     * when one round of the group has not finished in this many
-                                     * seconds: a rank stopped or hung (SGLang's --watchdog-timeout);
-                                     * 0: 300, < 0: never */
+                                     * when a round of the group has made no progress (no MoE layer
+                                     * exchanged) for this many seconds: a rank stopped or hung
+                                     * (SGLang's --watchdog-timeout); 0: 60, < 0: never */
     int prefix_caching;             /* 0 or 1: on, -1: off (--no-enable-prefix-caching); an EP group's
                                      * ranks each cache */
     int prefix_cache_unit;          /* tokens between cached boundaries; 0: 256 */

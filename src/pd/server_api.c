@@ -830,11 +830,27 @@ static void on_other(struct evhttp_request *h, void *arg)
     pd_srv_send_error(arg, h, 404, "invalid_request_error", NULL, "no route %s", evhttp_request_get_uri(h));
 }
 
+/* GET /health: ok, but a 503 naming the stall while an EP group's round has made no progress for
+ * PD_EP_STALL_HEALTH_S (a rank stopped or hung: the proxy then routes around the group and fails
+ * what it holds, instead of waiting for its watchdog). */
+static void on_health(struct evhttp_request *h, void *arg)
+{
+    struct pd_server *s = arg;
+    const int64_t stalled = pd_srv_ep_stalled_ns(s);
+    if (stalled < (int64_t)PD_EP_STALL_HEALTH_S * 1000000000) {
+        pd_http_health(h, arg);
+        return;
+    }
+    pd_srv_send_error(s, h, 503, "server_error", NULL, "the EP group's round has made no progress for %.0f s (a rank "
+                      "stopped or hung); the group ends after %d s (--watchdog-timeout)", stalled / 1e9,
+                      s->o.watchdog_s);
+}
+
 int pd_srv_api_install(struct pd_server *s)
 {
     static const struct pd_http_api api = {.completions = on_completions, .chat = on_chat, .models = on_models,
                                            .metrics = pd_srv_on_metrics, .expert_stats = on_expert_stats,
-                                           .other = on_other};
+                                           .health = on_health, .other = on_other};
     if (pd_http_front_api(s->front, &api, s))
         return -1;
     s->notify = event_new(s->base, -1, 0, pd_srv_on_notify, s);

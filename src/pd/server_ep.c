@@ -349,10 +349,27 @@ int pd_srv_ep_round(struct pd_server *s, pd_err *e)
     return rc;
 }
 
+/* How long rank 0's round in flight has gone without progress, in ns (0 between rounds): since
+ * the later of its start and its last MoE exchange. Every layer of a step exchanges with every
+ * rank, so a rank stopped (SIGSTOP, a debugger) or hung stops the others at the next layer, while
+ * a long round (a long prompt's prefill) goes on exchanging. */
+int64_t pd_srv_ep_stalled_ns(const struct pd_server *s)
+{
+    struct ep_group *g = s->g;
+    int64_t t0 = g ? atomic_load(&g->round_t0) : 0;
+    if (!t0)
+        return 0;
+    int64_t x = atomic_load(&g->ep.exchanged_ns), since = x > t0 ? x : t0, now = pd_now_ns();
+    return now > since ? now - since : 0;
+}
+
 /* Rank 0's watchdog: a round of the group waits on every rank (each MPI wait and MoE exchange has
- * no deadline), so one rank stopped (SIGSTOP, a debugger) or hung held every request for ever while
- * /health said ok. A round that outlives watchdog_s ends this process with a line saying so:
- * mpirun then ends the group, `pdmoe up` starts it again, and the proxy fails its requests. */
+ * no deadline), so one rank stopped or hung held every request for ever while /health said ok. A
+ * round without progress for watchdog_s ends this process with a line saying so: mpirun then ends
+ * the group, `pdmoe up` starts it again, and the proxy fails its requests (its /health is a 503
+ * from PD_EP_STALL_HEALTH_S on: the proxy routes around it at once). It once timed the whole
+ * round (300 s by default): a stopped rank held 174 requests for 5 minutes, and a long round
+ * that progressed would have been ended. */
 static void *watchdog(void *arg)
 {
     struct pd_server *s = arg;
@@ -360,10 +377,10 @@ static void *watchdog(void *arg)
     const int64_t limit = (int64_t)s->o.watchdog_s * 1000000000;
     while (!atomic_load(&g->watchdog_stop)) {
         nanosleep(&(struct timespec){0, 200000000}, NULL);
-        int64_t t0 = atomic_load(&g->round_t0);
-        if (t0 && pd_now_ns() - t0 > limit) {
-            fprintf(stderr, "pdmoe serve: the EP group's round has not finished in %d s (a rank stopped or hung; "
-                            "--watchdog-timeout): ending the group so that it can be restarted\n", s->o.watchdog_s);
+        if (pd_srv_ep_stalled_ns(s) > limit) {
+            fprintf(stderr, "pdmoe serve: the EP group's round has made no progress for %d s (a rank stopped or "
+                            "hung; --watchdog-timeout): ending the group so that it can be restarted\n",
+                    s->o.watchdog_s);
             fflush(stderr);
             _exit(70);
         }
@@ -839,7 +856,7 @@ int pd_srv_ep_setup(struct pd_server *s, pd_err *e)
     if (rc)
         return rc;
     if (s->o.watchdog_s == 0)
-        s->o.watchdog_s = 300;
+        s->o.watchdog_s = PD_EP_WATCHDOG_DEFAULT_S;
     if (g->rank == 0 && s->o.watchdog_s > 0) {
         if (pthread_create(&g->watchdog, NULL, watchdog, s))
             return pd_err_set(e, PD_ENOMEM, "cannot start the EP group's watchdog thread");

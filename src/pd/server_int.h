@@ -175,6 +175,12 @@ struct ep_seq {                     /* a sequence this rank owns */
     struct pd_prefix_cursor pcur;
 };
 
+/* An EP group's round without progress (pd_srv_ep_stalled_ns): its /health is a 503 from this
+ * many seconds on, and its watchdog ends the group after --watchdog-timeout (this default). */
+#define PD_EP_STALL_HEALTH_S 10
+#define PD_EP_WATCHDOG_DEFAULT_S 60
+int64_t pd_srv_ep_stalled_ns(const struct pd_server *s);
+
 struct ep_group {
     struct pd_ep ep;
     int rank, size;

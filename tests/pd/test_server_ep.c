@@ -390,8 +390,10 @@ Test(server_ep, bad_flag_combinations_are_one_line_errors)
 }
 
 /* A rank that stops (SIGSTOP, a debugger) held every request of its group for ever while /health
- * said ok: each round waits on every rank. Rank 0's watchdog ends the group once a round outlives
- * --watchdog-timeout, saying so, and the client is answered (here the connection ends). */
+ * said ok: each round waits on every rank. Once the round has made no progress for 10 s the
+ * group's /health is a 503 saying so (the proxy routes around it; it said ok for the 5 minutes of
+ * the old 300 s round limit), and rank 0's watchdog ends the group once it has made none for
+ * --watchdog-timeout, saying so; the client is answered (here the connection ends). */
 Test(server_ep, a_stopped_rank_ends_the_group_after_the_watchdog_timeout)
 {
     int pg = base_port + 3;
@@ -400,16 +402,25 @@ Test(server_ep, a_stopped_rank_ends_the_group_after_the_watchdog_timeout)
     char *argv[] = {"mpirun", "-n", "2", "--oversubscribe", (char *)bin(), "serve", "--model", dir,
                     "--enable-expert-parallel", "--data-parallel-size", "2", "--port", sp, "--threads", "1",
                     "--max-num-seqs", "4", "--max-model-len", (char *)group_max_len, "--served-model-name", "tiny",
-                    "--watchdog-timeout", "3", NULL};
+                    "--watchdog-timeout", "14", NULL};
     group = launch(argv, pg);
     pid_t r[2];
     rank_pids(pg, r);
+    char health[1024];
+    cr_assert_eq(curl_port(pg, "/health", NULL, NULL, health, sizeof health), 200, "%s", health);
     cr_assert_eq(kill(r[1], SIGSTOP), 0);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "curl -s --max-time 60 -o /dev/null -w '%%{http_code}' http://127.0.0.1:%d/v1/completions "
              "-d '{\"prompt\":\"x\",\"max_tokens\":8}'", pg);
     double t0 = pd_now_s();
     FILE *client = popen(cmd, "r");
+    int code503 = 0;
+    double at503 = 0;
+    while (!code503 && pd_now_s() - t0 < 13.5) {
+        usleep(250000);
+        code503 = curl_port(pg, "/health", NULL, NULL, health, sizeof health) == 503;
+        at503 = pd_now_s() - t0;
+    }
     char code[16] = {0};
     size_t got = fread(code, 1, sizeof code - 1, client);
     code[got] = 0;
@@ -420,15 +431,18 @@ Test(server_ep, a_stopped_rank_ends_the_group_after_the_watchdog_timeout)
     kill(r[1], SIGCONT);
     if (ended)
         group = 0;
+    cr_assert(code503, "/health still said ok %.1f s into the stall", at503);
+    cr_assert(at503 >= 9.5, "/health failed after %.1f s: before 10 s without progress", at503);
+    cr_assert(strstr(health, "no progress for") && strstr(health, "--watchdog-timeout"), "%s", health);
     cr_assert(ended, "the group still runs with rank 1 stopped");
-    cr_assert_lt(waited, 30.0, "the client waited %.1f s (HTTP %s)", waited, code);
+    cr_assert_lt(waited, 40.0, "the client waited %.1f s (HTTP %s)", waited, code);
     cr_assert_neq(atoi(code), 200, "a 200 from a group whose rank 1 was stopped");
     FILE *f = fopen(log_path, "r");
     char log[1 << 15];
     size_t n = fread(log, 1, sizeof log - 1, f);
     log[n] = 0;
     fclose(f);
-    cr_assert(strstr(log, "has not finished in 3 s (a rank stopped or hung; --watchdog-timeout)"), "%s", log);
+    cr_assert(strstr(log, "has made no progress for 14 s (a rank stopped or hung; --watchdog-timeout)"), "%s", log);
 }
 
 /* Ranks that load other files under one path (each host its own copy): other weights, or another
