@@ -568,14 +568,16 @@ static int port_taken(int port)
 /* Every port this machine's children will listen on is free: a second `up` on the ports of one
  * running took the first one's /health answers for its own children's, said it was ready, and
  * restarted the children (each failing to bind) for ever. Each taken port is named. */
-static int ports_free(const struct pd_launch_inst *inst, int n, int proxy_port)
+static int ports_free(const struct pd_launch_inst *inst, int n, int proxy_port, int say)
 {
     static const char hint[] = "in use on this machine (another pdmoe up? `ss -ltnp 'sport = :%d'` names what holds "
                                "it; choose another --port)\n";
     int bad = 0;
     if (port_taken(proxy_port)) {
-        fprintf(stderr, "pdmoe up: port %d (the proxy's, --port) is ", proxy_port);
-        fprintf(stderr, hint, proxy_port);
+        if (say) {
+            fprintf(stderr, "pdmoe up: port %d (the proxy's, --port) is ", proxy_port);
+            fprintf(stderr, hint, proxy_port);
+        }
         bad = 1;
     }
     for (int i = 0; i < n; i++) {
@@ -585,20 +587,40 @@ static int ports_free(const struct pd_launch_inst *inst, int n, int proxy_port)
             local &= !x->group[g].host || pd_net_is_local(x->group[g].host);
         const char *role = x->role ? "decode" : "prefill";
         if ((!x->group[0].host || pd_net_is_local(x->group[0].host)) && port_taken(x->port)) {
-            fprintf(stderr, "pdmoe up: port %d (%s instance %d's HTTP port, --port + %d) is ", x->port, role, x->inst,
-                    x->port - proxy_port);
-            fprintf(stderr, hint, x->port);
+            if (say) {
+                fprintf(stderr, "pdmoe up: port %d (%s instance %d's HTTP port, --port + %d) is ", x->port, role,
+                        x->inst, x->port - proxy_port);
+                fprintf(stderr, hint, x->port);
+            }
             bad = 1;
         }
         for (int k = 0; local && x->kv_port && k < x->ranks; k++)
             if (port_taken(x->kv_port + k)) {
-                fprintf(stderr, "pdmoe up: port %d (%s instance %d's KV port for rank %d, --port + %d) is ",
-                        x->kv_port + k, role, x->inst, k, x->kv_port + k - proxy_port);
-                fprintf(stderr, hint, x->kv_port + k);
+                if (say) {
+                    fprintf(stderr, "pdmoe up: port %d (%s instance %d's KV port for rank %d, --port + %d) is ",
+                            x->kv_port + k, role, x->inst, k, x->kv_port + k - proxy_port);
+                    fprintf(stderr, hint, x->kv_port + k);
+                }
                 bad = 1;
             }
     }
     return bad;
+}
+
+/* ports_free, waiting up to 5 s for the ports to come free first: the processes of a cluster
+ * just killed (up SIGKILLed, its mpiruns and ranks orphaned) take a moment to exit, and an up
+ * started at once failed on every port they held. */
+static int ports_wait(const struct pd_launch_inst *inst, int n, int proxy_port)
+{
+    if (!ports_free(inst, n, proxy_port, 0))
+        return 0;
+    fprintf(stderr, "pdmoe up: waiting up to 5 s for this cluster's ports (in use: a cluster that just stopped?)\n");
+    for (int t = 0; t < 25; t++) {
+        nanosleep(&(struct timespec){0, 200000000}, NULL);
+        if (!ports_free(inst, n, proxy_port, 0))
+            return 0;
+    }
+    return ports_free(inst, n, proxy_port, 1);
 }
 
 /* Every rank's KV pool is allocated in full and the weights are mapped once (page cache shared by
@@ -912,7 +934,7 @@ int pd_cli_up(int argc, char **argv)
     }
     pd_err pe = {0};
     if (!failed && (pd_launch_ports(inst, ni, (int)port, &pe) || (nhosts && reachable(inst, ni)) ||
-                    ports_free(inst, ni, (int)port))) {
+                    ports_wait(inst, ni, (int)port))) {
         if (pe.msg[0])
             fprintf(stderr, "pdmoe up: %s\n", pe.msg);
         failed = 2;

@@ -51,6 +51,8 @@ struct pd_proxy {
     /* metrics */
     uint64_t requests, completed, retries, cancelled, bad_requests, prefill_failed, decode_failed;
     uint64_t queue_full;         /* requests answered 429: every instance of a role had its queue full */
+    int64_t body_bytes;          /* the request bodies of the jobs in flight */
+    uint64_t body_full;          /* requests answered 503: the bodies in flight were at their cap */
     uint64_t routed[PD_ROUTE_N_WHY];                 /* prefill choices, by reason */
     uint64_t route_chunks, route_matched;            /* prompt chunks routed, and matched where they went */
     struct pd_hist ttft, tpot, itl, e2e;

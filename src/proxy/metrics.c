@@ -37,11 +37,14 @@ void px_on_metrics(struct evhttp_request *h, void *arg)
                         "pdmoe_proxy_errors_total{kind=\"prefill_failed\"} %llu\n"
                         "pdmoe_proxy_errors_total{kind=\"decode_failed\"} %llu\n"
                         "pdmoe_proxy_errors_total{kind=\"client_cancelled\"} %llu\n"
-                        "pdmoe_proxy_errors_total{kind=\"queue_full\"} %llu\n",
+                        "pdmoe_proxy_errors_total{kind=\"queue_full\"} %llu\n"
+                        "pdmoe_proxy_errors_total{kind=\"bodies_in_flight_full\"} %llu\n"
+                        "# TYPE pdmoe_proxy_body_bytes_in_flight gauge\npdmoe_proxy_body_bytes_in_flight %lld\n",
                         (unsigned long long)px->requests, (unsigned long long)px->completed,
                         (unsigned long long)px->retries, (unsigned long long)px->bad_requests,
                         (unsigned long long)px->prefill_failed, (unsigned long long)px->decode_failed,
-                        (unsigned long long)px->cancelled, (unsigned long long)px->queue_full);
+                        (unsigned long long)px->cancelled, (unsigned long long)px->queue_full,
+                        (unsigned long long)px->body_full, (long long)px->body_bytes);
     evbuffer_add_printf(b, "# TYPE pdmoe_proxy_routed_total counter\n");
     for (int w = 0; w < PD_ROUTE_N_WHY; w++)
         evbuffer_add_printf(b, "pdmoe_proxy_routed_total{policy=\"%s\",reason=\"%s\"} %llu\n",

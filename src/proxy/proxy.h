@@ -57,6 +57,9 @@ struct pd_proxy_opts {
                                                       this many seconds, a second stops at once; 0: at once */
     struct pd_http_limits http;                    /* client connections: cap, timeouts, sizes (0: defaults) */
     struct pd_route_opts route;                    /* who prefills; all 0: cache_aware with SGLang's thresholds */
+    int64_t max_body_bytes_in_flight;              /* the request bodies held at once (each costs about 4x its
+                                                      size parsed and copied): past it a 503 with Retry-After;
+                                                      0: 256 MiB */
 };
 
 struct pd_proxy;

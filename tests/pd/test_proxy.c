@@ -905,3 +905,42 @@ Test(proxy, stream_latencies_count_tokens_and_events_go_out_whole)
     proxy_shutdown(&X, tx);
     sse_fake_stop(&f);
 }
+
+/* The request bodies the proxy holds at once are bounded (each costs about 4x its size: 40 clients
+ * of 7 MB prompts took it to 1.2 GB): past the cap a 503 with Retry-After naming it, nothing sent
+ * upstream; the gauge back to 0 once the bodies are answered; one body alone always goes. */
+Test(proxy, request_bodies_in_flight_are_bounded)
+{
+    struct sse_fake f = {0};
+    sse_fake_start(&f);
+    static char c1[32];
+    snprintf(c1, sizeof c1, "127.0.0.1:%d", f.port);
+    struct pd_proxy_opts o = {.port = 0, .n_decode = 1, .health_interval_ms = 100, .max_body_bytes_in_flight = 6000};
+    o.decode[0] = c1;
+    pd_err e = {0};
+    cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
+    pthread_create(&tx, NULL, run_proxy, X);
+    wait_up(pd_proxy_port(X), 0, 1);
+    char body[4200], cmd[4600], out[8192];
+    int at = snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"");
+    memset(body + at, 'a', 4000);
+    snprintf(body + at + 4000, sizeof body - at - 4000, "\"}],\"max_tokens\":4,\"stream\":true}");
+    snprintf(cmd, sizeof cmd, "curl -s -o /dev/null -w '%%{http_code}' http://127.0.0.1:%d/v1/chat/completions -d '%s'",
+             pd_proxy_port(X), body);
+    FILE *first = popen(cmd, "r");   /* held 0.5 s by the fake */
+    for (int i = 0; i < 100 && metric_key(pd_proxy_port(X), "pdmoe_proxy_body_bytes_in_flight") == 0; i++)
+        usleep(10000);
+    cr_assert_gt(metric_key(pd_proxy_port(X), "pdmoe_proxy_body_bytes_in_flight"), 4000);
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/chat/completions", body, "-i", out, sizeof out), 503, "%s", out);
+    cr_assert(strstr(out, "Retry-After: 1") && strstr(out, "requests in flight"), "%s", out);
+    char code[8] = {0};
+    cr_assert_gt(fread(code, 1, sizeof code - 1, first), 0);
+    pclose(first);
+    cr_assert_str_eq(code, "200");
+    cr_assert_eq(f.n_bodies, 1, "the refused body went upstream");
+    cr_assert_eq(metric_key(pd_proxy_port(X), "pdmoe_proxy_body_bytes_in_flight"), 0);
+    cr_assert_eq(metric_key(pd_proxy_port(X), "pdmoe_proxy_errors_total{kind=\"bodies_in_flight_full\"}"), 1);
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/chat/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    proxy_shutdown(&X, tx);
+    sse_fake_stop(&f);
+}

@@ -4,6 +4,7 @@
  * SIGINT stops every process it started. */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <jansson.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -307,6 +308,36 @@ Test(up, ports_in_use_are_refused_by_name_before_anything_starts)
     snprintf(want, sizeof want, "port %d (prefill instance 0's KV port for rank 0, --port + 100) is in use", port + 100);
     cr_assert(strstr(err, want), "%s", err);
     cr_assert_eq(processes_on(port + 2), 0, "a decode instance was started");
+}
+
+static void *close_after(void *arg)
+{
+    usleep(1500000);
+    close(*(int *)arg);
+    return NULL;
+}
+
+/* The ports of a cluster that has just stopped (its processes exiting, up SIGKILLed and its mpiruns
+ * orphaned) free within a moment: up waits up to 5 s for them before refusing (an up started at
+ * once failed on every port they still held). */
+Test(up, ports_freed_within_seconds_are_waited_for)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const int port = 13550 + (getpid() % 300) * 3;   /* 13550-14550 (kv + 100): clear of the other tests */
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + 1))};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(bind(l, (struct sockaddr *)&a, sizeof a), 0, "port %d busy", port + 1);
+    cr_assert_eq(listen(l, 4), 0);
+    pthread_t t;
+    pthread_create(&t, NULL, close_after, &l);
+    start_up(bin, port, 1);   /* (asserts it becomes ready) */
+    pthread_join(t, NULL);
+    kill(up_pid, SIGINT);
+    int st;
+    cr_assert_eq(waitpid(up_pid, &st, 0), up_pid);
+    up_pid = 0;
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
 }
 
 /* Files /dev/shm holds whose names start with `prefix`. */
