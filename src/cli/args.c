@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -292,4 +293,12 @@ int pd_cli_workload_flag(const char *name, const char *val, struct pd_workload *
         return 1;
     }
     return 0;
+}
+
+void pd_cli_ignore_stray_signals(void)
+{
+    /* (after libucs's constructor has installed its SIGHUP handler: this replaces it) */
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGUSR1, SIG_IGN);
+    signal(SIGUSR2, SIG_IGN);
 }

@@ -51,6 +51,11 @@ int pd_cli_api_key(const char *cmd, const char *flag, const char **key);
  * which pd_cli_bad_flag answers with 2 and nothing more. Names in `repeatable` (NULL-ended, or
  * NULL) may repeat. Two names are one flag when they share a value below 256 (the subcommands'
  * aliases: --kv-cache-bytes for --kv-cache-memory-bytes). `seen` starts zeroed, one per loop. */
+/* The long-running commands (serve, proxy, up) ignore SIGHUP, SIGUSR1 and SIGUSR2: a log
+ * rotation's or an operator's stray signal killed serve and the proxy without a word (USR1, USR2),
+ * or put UCX in its debug mode for good (its handler of SIGHUP: a DEBUG line per request after). */
+void pd_cli_ignore_stray_signals(void);
+
 #define PD_CLI_MAX_OPTS 96
 struct pd_cli_seen {
     const char *value[PD_CLI_MAX_OPTS];   /* the value each option was given first */

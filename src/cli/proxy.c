@@ -47,6 +47,7 @@ int pd_cli_proxy(int argc, char **argv)
     static const char *const repeatable[] = {"prefill", "decode", NULL};
     int64_t v;
     int c;
+    pd_cli_ignore_stray_signals();
     struct pd_cli_seen seen = {0};
     optind = 1;
     opterr = 0;

@@ -18,6 +18,7 @@
 /* Creates, runs and destroys the server: 0, or 1 after printing why. */
 static int serve(const struct pd_server_opts *o, int64_t dp)
 {
+    pd_cli_ignore_stray_signals();   /* (after MPI_Init: nothing of MPI or UCX reinstalls them) */
     if (!o->expert_parallel && dp > 1) {
         fprintf(stderr, "pdmoe serve: --data-parallel-size %lld needs --enable-expert-parallel (data-parallel "
                         "attention inside one EP group, under mpirun)\n", (long long)dp);

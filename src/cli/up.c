@@ -707,6 +707,7 @@ int pd_cli_up(int argc, char **argv)
      * supervisor and every instance with it: a write to a closed pipe fails, and that is all
      * (the children inherit this, and serve and proxy set it too) */
     signal(SIGPIPE, SIG_IGN);
+    pd_cli_ignore_stray_signals();
     struct pd_cli_seen seen = {0};
     optind = 1;
     opterr = 0;

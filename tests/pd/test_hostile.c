@@ -616,6 +616,40 @@ Test(hostile, the_proxy_logs_an_instance_that_does_not_answer)
     cr_assert_null(strstr(at + 1, said), "said at every check: %s", r.err);
 }
 
+/* Stray signals an operator or a log rotation sends (SIGHUP, SIGUSR1, SIGUSR2) leave the proxy
+ * running and answering: USR1 and USR2 killed it without a word, and SIGHUP put UCX in its debug
+ * mode (a DEBUG line per request in serve). pdmoe serve and up take the same helper. */
+Test(hostile, stray_signals_do_not_stop_the_proxy)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    int pport = free_port();
+    char sp[16];
+    snprintf(sp, sizeof sp, "%d", pport);
+    pid_t pid = fork();
+    if (pid == 0) {
+        freopen("/dev/null", "w", stderr);
+        execl(bin, bin, "proxy", "--decode", "127.0.0.1:1", "--port", sp, (char *)NULL);
+        _exit(127);
+    }
+    char out[256];
+    int up = 0;
+    for (int i = 0; i < 100 && !up; i++) {
+        usleep(50000);
+        up = curl_port(pport, "/health", NULL, NULL, out, sizeof out) == 200;
+    }
+    cr_assert(up, "the proxy did not start");
+    const int sig[] = {SIGHUP, SIGUSR1, SIGUSR2};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(kill(pid, sig[i]), 0);
+        usleep(200000);
+        int st;
+        cr_assert_eq(waitpid(pid, &st, WNOHANG), 0, "signal %d ended the proxy (status %d)", sig[i], st);
+        cr_assert_eq(curl_port(pport, "/health", NULL, NULL, out, sizeof out), 200, "after signal %d", sig[i]);
+    }
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+}
+
 /* A prompt too long for the context however it is tokenized is refused before it is tokenized:
  * an 8 MiB prompt once held the event loop, which serves every client, for a second. */
 Test(hostile, a_prompt_past_the_context_in_bytes_is_refused_untokenized)
