@@ -18,7 +18,11 @@ const char *pd_http_reason(int code)
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 413: return "Payload Too Large";
+    case 403: return "Forbidden";
+    case 408: return "Request Timeout";
     case 417: return "Expectation Failed";
+    case 429: return "Too Many Requests";
+    case 500: return "Internal Server Error";
     case 501: return "Not Implemented";
     case 505: return "HTTP Version Not Supported";
     case 502: return "Bad Gateway";

@@ -575,8 +575,9 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
         /* the prompt alone leaves no room: the prompt is at fault, whatever max_tokens says */
         const int prompt_over = r->n_prompt >= s->o.max_model_len;
         pd_srv_send_error(s, h, 400, "invalid_request_error", prompt_over ? (chat ? "messages" : "prompt") : mt_name,
-                   "this model's maximum context length is %d tokens; the prompt has %d and %s asks for %lld",
-                   s->o.max_model_len, r->n_prompt, mt_name, (long long)max_tokens);
+                   "this model's maximum context length is %d tokens; the prompt has %d and %s asks for %lld%s",
+                   s->o.max_model_len, r->n_prompt, mt_name, (long long)max_tokens,
+                   mt ? "" : " (its default: the request does not set it)");
         goto reject;
     }
     /* a prefill for a decode instance (the proxy sends the client's body as it came, every field

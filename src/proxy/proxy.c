@@ -541,7 +541,7 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
             evbuffer_add_buffer(b, evhttp_request_get_input_buffer(r));
         evhttp_add_header(evhttp_request_get_output_headers(j->client), "Content-Type", "application/json");
         pass_retry_after(j, r, code);
-        evhttp_send_reply(j->client, code, code == 200 ? "OK" : "Error", b);
+        evhttp_send_reply(j->client, code, pd_http_reason(code), b);
         if (!j->held)
             evbuffer_free(b);
         if (code == 429)   /* every decode instance's queue was full */
@@ -626,7 +626,7 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
             px->bad_requests++;
         pass_retry_after(j, r, code);
         evhttp_add_header(evhttp_request_get_output_headers(j->client), "Content-Type", "application/json");
-        evhttp_send_reply(j->client, code, "Error", in);
+        evhttp_send_reply(j->client, code, pd_http_reason(code), in);
         client_done(j);
         job_free(j);
         return;

@@ -406,6 +406,7 @@ Test(server, a_full_waiting_queue_is_a_429_with_retry_after)
     for (int i = 0; i < 2; i++) {
         cr_assert_eq(curl("/v1/completions", bodies[i], "-i", out, sizeof out), 429, "%s: %s", bodies[i], out);
         cr_assert(strstr(out, "Retry-After: 1\r\n"), "%s", out);
+        cr_assert(strstr(out, "HTTP/1.1 429 Too Many Requests\r\n"), "its reason phrase (it was \"Error\"): %s", out);
         cr_assert(!strstr(out, "text/event-stream"), "%s", out);
         json_t *j = parse(strstr(out, "{"));
         json_t *err = json_object_get(j, "error");
@@ -1088,4 +1089,18 @@ Test(server, special_token_text_in_a_message_is_text)
         specials += json_integer_value(json_array_get(ids, i)) <= 1;
     cr_assert_eq(specials, 2, "a completion's prompt reads the two special texts as their ids: %s", out);
     json_decref(j);
+}
+
+/* A completion without max_tokens asks for vLLM's default 16: a prompt that leaves less room is
+ * refused saying the 16 is the default (the client never sent a max_tokens of 16). */
+Test(server, the_default_max_tokens_is_named_as_such)
+{
+    start(NULL, dir, 128);
+    char body[2048], out[8192];
+    int at = snprintf(body, sizeof body, "{\"prompt\":[");
+    for (int i = 0; i < 120; i++)
+        at += snprintf(body + at, sizeof body - at, "%s%d", i ? "," : "", 100 + i);
+    snprintf(body + at, sizeof body - at, "]}");
+    cr_assert_eq(curl("/v1/completions", body, NULL, out, sizeof out), 400, "%s", out);
+    cr_assert(strstr(out, "max_tokens asks for 16 (its default: the request does not set it)"), "%s", out);
 }
