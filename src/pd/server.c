@@ -107,6 +107,7 @@ static void on_release(void *arg, uint64_t request, enum pd_kvx_release why)
 {
     struct pd_server *s = arg;
     pthread_mutex_lock(&s->mu);
+    s->leases_expired += why == PD_KVX_REL_EXPIRED;
     for (struct req **pp = &s->leases; *pp; pp = &(*pp)->lease_next)
         if ((*pp)->id == request) {
             struct req *r = *pp;

@@ -83,6 +83,7 @@ static void ep_on_release(void *arg, uint64_t request, enum pd_kvx_release why)
     pthread_mutex_lock(&s->g->rel_mu);
     assert(s->g->n_released < s->o.max_num_seqs);
     s->g->released[s->g->n_released++] = (int64_t)request;
+    s->g->n_expired += why == PD_KVX_REL_EXPIRED;
     pthread_mutex_unlock(&s->g->rel_mu);
 }
 
@@ -196,6 +197,8 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         ep_put_id(rel + 2 * n_rel++, (uint64_t)g->released[i]);
     }
     g->n_released = 0;
+    const int expired = g->n_expired;
+    g->n_expired = 0;
     pthread_mutex_unlock(&g->rel_mu);
     for (int i = 0; i < m.n_free; i++) {
         const int32_t *w = m.fr + (size_t)i * EP_FREE_W;
@@ -303,6 +306,7 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
     g->ans[2] = s->en.kv.n_slots_free;
     g->ans[3] = n_rel;
     g->ans[4] = revoked;
+    g->ans[5] = expired;
     return 0;
 }
 
@@ -629,6 +633,7 @@ void pd_srv_ep_account(struct pd_server *s)
         g->free_blocks[k] = a[1];
         g->free_slots[k] = a[2];
         s->leases_revoked += (uint64_t)a[4];
+        s->leases_expired += (uint64_t)a[5];
         if (s->prefix_on) {
             const int32_t *c = a + ep_prefix_at(s, A);
             int64_t *p = g->pfx + (size_t)k * EP_PFX_N;

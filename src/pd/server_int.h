@@ -137,6 +137,7 @@ struct req {
  * A lease entry whose prompt length is -1 revokes that request's lease on its owner rank instead
  * (yield_lease in server.c: the oldest lease unclaimed for a second, when a request finds no room).
  * Each rank answers {status, free blocks, free slots, n released, leases it revoked this round,
+ * leases that expired unpulled since the last round,
  * per pull {1 pulled / 0 failed /
  * -1 refused by the producer, bytes lo, hi, microseconds the pull took}, per item
  * its token (-1: another rank's) or, with --speculative-config, spec_k + 2 words {n, n tokens}
@@ -146,7 +147,7 @@ struct req {
  * drafts, draft tokens, accepted, emitted, verify steps, drafted per position [PD_SPEC_MAX_K],
  * accepted per position [..])}. */
 enum { EP_OP_STEP = 1, EP_OP_STOP = 2, EP_OP_STATS = 3 };   /* STATS: the ranks sum their expert counts to rank 0 */
-enum { EP_HDR = 6, EP_FREE_W = 3, EP_LEASE_W = 10, EP_PULL_W = 33, EP_ITEM_W = 12, EP_ANS_W = 5,
+enum { EP_HDR = 6, EP_FREE_W = 3, EP_LEASE_W = 10, EP_PULL_W = 33, EP_ITEM_W = 12, EP_ANS_W = 6,
        EP_PULLED_W = 4, EP_SPEC_W = 5 + 2 * PD_SPEC_MAX_K, EP_PREFIX_W = 9 };
 
 /* An item's `new` word: the owner starts the sequence and prefills its prompt (after its cached
@@ -204,6 +205,7 @@ struct ep_group {
     pthread_mutex_t rel_mu;         /* leases the transfer engine released, for the next round */
     int64_t *released;              /* [max_num_seqs] */
     int n_released;
+    int n_expired;                  /* of them, leases that expired (answered to rank 0, then 0) */
     /* rank 0 */
     struct ep_list frees, leases, pulls;
     struct req **pull_req;          /* [size * max_num_seqs] the request of each pending pull */
@@ -251,6 +253,7 @@ struct pd_server {
     int kvx_thread_started;
     uint64_t kv_bytes, kv_pulls, kv_failures, kv_recomputes;
     uint64_t leases_revoked;        /* producer: leases given up unclaimed (yield_lease) */
+    uint64_t leases_expired;        /* producer: leases no decode instance pulled within kv_lease_ms */
     double kv_seconds;
     /* consumer: pulls by producer address and by the rank that made them, so an operator (and
      * the cluster test) sees which hosts each hand-off crossed; the first PD_KV_PEERS pairs each

@@ -53,6 +53,9 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
                         "# HELP pdmoe_kv_recomputes_total Prompts recomputed here because their KV could not be pulled.\n# TYPE pdmoe_kv_recomputes_total counter\npdmoe_kv_recomputes_total %llu\n"
                         "# HELP pdmoe_kv_leases_revoked_total Leases given up unclaimed for a waiting request.\n"
                         "# TYPE pdmoe_kv_leases_revoked_total counter\npdmoe_kv_leases_revoked_total %llu\n"
+                        "# HELP pdmoe_kv_leases_expired_total Leases no decode instance pulled within kv_lease_ms: "
+                        "prefills thrown away.\n"
+                        "# TYPE pdmoe_kv_leases_expired_total counter\npdmoe_kv_leases_expired_total %llu\n"
                         "# HELP pdmoe_kv_leases Prompts whose KV waits under a lease for a decode instance to pull it.\n# TYPE pdmoe_kv_leases gauge\npdmoe_kv_leases %d\n"
                         "# HELP pdmoe_kv_pool_bytes Bytes of one rank's KV pool (slots and blocks).\n"
                         "# TYPE pdmoe_kv_pool_bytes gauge\npdmoe_kv_pool_bytes %zu\n"
@@ -64,7 +67,8 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
                         (unsigned long long)s->tokens_in, (unsigned long long)s->tokens_out, s->n_running,
                         waiting, (unsigned long long)s->n_queue_full, s->o.max_queued_requests, blocks_free, blocks, slots_free,
                         (unsigned long long)s->kv_bytes, s->kv_seconds, (unsigned long long)s->kv_pulls,
-                        (unsigned long long)s->kv_recomputes, (unsigned long long)s->leases_revoked, leases,
+                        (unsigned long long)s->kv_recomputes, (unsigned long long)s->leases_revoked,
+                        (unsigned long long)s->leases_expired, leases,
                         s->en.kv.region_bytes, pd_kv_dtype_name(s->en.kv.dtype), s->en.kv.entry_bytes);
     /* vLLM's prefix_cache_queries/hits: prompt tokens looked up, and found cached; an EP group's
      * summed over its ranks' caches, as each last reported */

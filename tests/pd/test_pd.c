@@ -324,6 +324,20 @@ static json_t *prefill_kv(const char *prompt)
     return kv;
 }
 
+/* A lease no decode instance pulls expires after kv_lease_ms: its blocks come back and it is
+ * counted (a prefill thrown away was counted nowhere). */
+Test(pd, an_unpulled_lease_expires_and_is_counted)
+{
+    start(&P, PD_ROLE_PRODUCER, 300);
+    json_decref(prefill_kv("nobody pulls this one"));
+    cr_assert_eq(metric(P.port, "pdmoe_kv_leases"), 1);
+    for (int i = 0; i < 200 && metric(P.port, "pdmoe_kv_leases") > 0; i++)
+        usleep(20000);
+    cr_assert_eq(metric(P.port, "pdmoe_kv_leases"), 0);
+    cr_assert_eq(metric(P.port, "pdmoe_kv_leases_expired_total"), 1);
+    cr_assert_eq(metric(P.port, "pdmoe_kv_blocks_free"), metric(P.port, "pdmoe_kv_blocks_capacity"));
+}
+
 static int decode_with(const char *prompt, json_t *kv, int stream, char *out, size_t cap)
 {
     char body[2048];

@@ -586,6 +586,7 @@ Test(server_ep, pd_between_ep_groups_pulls_from_the_owner_rank_or_recomputes)
     for (int i = 0; i < 200 && metric_port(P, "pdmoe_kv_leases") > 0; i++)
         usleep(20000);
     cr_assert_eq(metric_port(P, "pdmoe_kv_leases"), 0);
+    cr_assert_eq(metric_port(P, "pdmoe_kv_leases_expired_total"), 1, "the unclaimed lease, told by its owner rank");
     for (int k = 0; k < 2; k++) {
         cr_assert_eq(labelled(P, "pdmoe_rank_kv_blocks_free", k), labelled(P, "pdmoe_rank_kv_blocks_capacity", k),
                      "prefill rank %d", k);
