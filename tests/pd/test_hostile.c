@@ -739,6 +739,20 @@ Test(hostile, a_full_queue_sends_the_request_to_another_instance)
         }
 }
 
+/* `body` through a proxy in front of a fresh fake instance that answers a completion: the status,
+ * the answer in out, the proxy's completions in *completed. */
+static int through_a_fake(const char *body, char *out, size_t cap, int64_t *completed)
+{
+    struct fake f = {0};
+    fake_start(&f, "{\"choices\":[{\"text\":\"ok\"}]}");
+    double s;
+    int ej;
+    int64_t failed;
+    int code = through_proxy_as(&f, 0, body, 0, out, cap, &s, &ej, &failed, completed);
+    fake_stop(&f);
+    return code;
+}
+
 /* A client's kv_transfer_params (do_remote_prefill, an engine_id of its own, a typo) went through
  * the proxy as if never sent (it deleted them and answered 200); the proxy's 400 for a stream that
  * is not a boolean named no field. Both are refused naming the field, before any instance is
@@ -754,30 +768,19 @@ Test(hostile, the_proxy_refuses_what_a_client_may_not_set_by_name)
          "\"param\":\"kv_transfer_params\"", "a client does not send it"},
         {"{\"prompt\":\"x\",\"stream\":\"yes\"}", "\"param\":\"stream\"", "must be a boolean"},
     };
+    char out[4096];
+    int64_t completed;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        struct fake f = {0};
-        fake_start(&f, "{\"choices\":[{\"text\":\"never\"}]}");
-        char out[4096];
-        double s;
-        int ej;
-        int64_t failed, completed;
-        int code = through_proxy_as(&f, 0, cases[k].body, 0, out, sizeof out, &s, &ej, &failed, &completed);
-        fake_stop(&f);
+        int code = through_a_fake(cases[k].body, out, sizeof out, &completed);
         cr_assert_eq(code, 400, "%s: %d %s", cases[k].body, code, out);
         cr_assert(strstr(out, cases[k].param) && strstr(out, cases[k].want), "%s: %s", cases[k].body, out);
         cr_assert_eq(completed, 0, "%s: the instance was asked", cases[k].body);
     }
     /* null is unset, as the servers read it (the proxy refused it while a server took it) */
-    struct fake f = {0};
-    fake_start(&f, "{\"choices\":[{\"text\":\"ok\"}]}");
-    char out[4096];
-    double sec;
-    int ej;
-    int64_t failed, completed;
-    int code = through_proxy_as(&f, 0, "{\"prompt\":\"x\",\"max_tokens\":2,\"kv_transfer_params\":null}", 0, out,
-                                sizeof out, &sec, &ej, &failed, &completed);
-    fake_stop(&f);
+    int code = through_a_fake("{\"prompt\":\"x\",\"max_tokens\":2,\"kv_transfer_params\":null}", out, sizeof out,
+                              &completed);
     cr_assert_eq(code, 200, "%d %s", code, out);
+    cr_assert_eq(completed, 1);
 }
 
 /* An instance named with a quote or a backslash (as given on the command line) is a label value
