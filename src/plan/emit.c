@@ -339,7 +339,12 @@ static void vllm_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node
     arg(f, "--gpu-memory-utilization %g", p->o.util);
     arg(f, "--max-num-seqs %lld", (long long)pd_plan_admitted_seqs(p, x->role));
     arg(f, "--max-model-len %lld", (long long)p->o.max_model_len);
-    arg(f, "--max-num-batched-tokens %lld", (long long)p->o.max_num_batched_tokens);
+    /* a decode server's step is its sequences' tokens (each 1 + k with MTP), as the plan sizes its
+     * activations and as vllm-ascend's DeepSeek-V4-Flash PD tutorial sets it (60 for 30
+     * sequences): vLLM profiles its activations with a step of --max-num-batched-tokens, and 4,096
+     * there took its KV pool about 1.5 GB below the plan's */
+    arg(f, "--max-num-batched-tokens %lld", (long long)(x->role == PD_ROLE_DECODE && !p->o.aggregated
+                                                             ? rp->act.tokens : p->o.max_num_batched_tokens));
     /* The seed's roles (../shared/reference/pd-serving-systems.md), as vllm-ascend's
      * DeepSeek-V4-Flash tutorial writes them: eager prefill; decode-only graphs and the
      * recompute scheduler on decode. */
@@ -658,6 +663,16 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
     if (pd_emit_layout(&c, e) || check_ports(&c, t, e) || check_redundant(p, e) || pd_emit_check_fits(p, e) ||
         pd_plan_formats_servable(p, e))
         goto done;
+    /* vllm-ascend's Mooncake connectors (MooncakeConnectorWorker, in mooncake_connector.py and
+     * mooncake_hybrid_connector.py) raise at start when the prefill's tensor-parallel size is
+     * smaller than the decode's: such a script would never start */
+    const int ptp = p->o.role[PD_ROLE_PREFILL].tp, dtp = p->o.role[PD_ROLE_DECODE].tp;
+    if (t == PD_EMIT_VLLM_ASCEND && !p->o.aggregated && ptp < dtp) {
+        pd_err_set(e, PD_EINVAL, "--emit vllm-ascend: prefill tp=%d is smaller than decode tp=%d, which vllm-ascend's "
+                   "Mooncake connectors refuse at start (the prefill's tensor-parallel size must be at least the "
+                   "decode's)", ptp, dtp);
+        goto done;
+    }
     f = open_memstream(&buf, &len);
     if (!f) {
         pd_err_set(e, PD_ENOMEM, "out of memory");

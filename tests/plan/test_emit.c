@@ -188,7 +188,7 @@ static const char seed_vllm_ascend[] =
     "    --gpu-memory-utilization 0.9 \\\n"
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
-    "    --max-num-batched-tokens 4096 \\\n"
+    "    --max-num-batched-tokens 60 \\\n"
     "    --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":1,\"enforce_eager\":true}' \\\n"
     "    --compilation-config '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' \\\n"
     "    --additional-config '{\"recompute_scheduler_enable\":true}' \\\n"
@@ -213,7 +213,7 @@ static const char seed_vllm_ascend[] =
     "    --gpu-memory-utilization 0.9 \\\n"
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
-    "    --max-num-batched-tokens 4096 \\\n"
+    "    --max-num-batched-tokens 60 \\\n"
     "    --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":1,\"enforce_eager\":true}' \\\n"
     "    --compilation-config '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' \\\n"
     "    --additional-config '{\"recompute_scheduler_enable\":true}' \\\n"
@@ -238,7 +238,7 @@ static const char seed_vllm_ascend[] =
     "    --gpu-memory-utilization 0.9 \\\n"
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
-    "    --max-num-batched-tokens 4096 \\\n"
+    "    --max-num-batched-tokens 60 \\\n"
     "    --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":1,\"enforce_eager\":true}' \\\n"
     "    --compilation-config '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' \\\n"
     "    --additional-config '{\"recompute_scheduler_enable\":true}' \\\n"
@@ -263,7 +263,7 @@ static const char seed_vllm_ascend[] =
     "    --gpu-memory-utilization 0.9 \\\n"
     "    --max-num-seqs 30 \\\n"
     "    --max-model-len 32768 \\\n"
-    "    --max-num-batched-tokens 4096 \\\n"
+    "    --max-num-batched-tokens 60 \\\n"
     "    --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":1,\"enforce_eager\":true}' \\\n"
     "    --compilation-config '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' \\\n"
     "    --additional-config '{\"recompute_scheduler_enable\":true}' \\\n"
@@ -647,6 +647,10 @@ Test(plan, emit_layouts_it_refuses)
     pd_plan_opts_default(&o);
     o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 8, .tp = 3, .instances = 1, .redundant = 8};
     refused(&o, PD_EMIT_VLLM_ASCEND, NULL, PD_EINVAL, "decode tp 3 does not divide a node's 8 cards");
+    /* vllm-ascend's Mooncake connectors refuse a prefill tp below the decode's at start */
+    pd_plan_opts_default(&o);
+    o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 16, .tp = 2, .instances = 1};
+    refused(&o, PD_EMIT_VLLM_ASCEND, NULL, PD_EINVAL, "prefill tp=1 is smaller than decode tp=2");
     /* five 6-card prefill instances take a node each: 5 + 4 nodes for 62 cards of 64 */
     pd_plan_opts_default(&o);
     o.role[PD_ROLE_PREFILL] = (struct pd_role_opts){.dp = 6, .tp = 1, .instances = 5, .redundant = 2};
