@@ -477,13 +477,16 @@ struct link *kvx_get_link(struct pd_kvx *x, const char *host, int port, ucs_stat
         if (l->outgoing && !l->failed && (l->ep || l->bfd >= 0) && l->port == port && strcmp(l->host, host) == 0) {
             if (l->ep) {
                 l->reused = 1;
-                /* is the same producer still there? (its GET_META goes out meanwhile) */
-                if (l->bfd < 0 && pd_now_ns() - l->heard_ns > KVX_CHECK_IDLE_NS &&
-                    kvx_resolve(host, port, 0, &ss, &sl, &ignored) == 0)
-                    kvx_boot_connect(l, (struct sockaddr *)&ss, sl);
+                /* is the same producer still there? (its GET_META goes out meanwhile) Asked at
+                 * the address resolved when the link was made: a name was resolved again at every
+                 * pull after 100 ms idle, under the scheduler's lock, where a slow DNS server
+                 * stalled the whole decode instance at each one */
+                if (l->bfd < 0 && pd_now_ns() - l->heard_ns > KVX_CHECK_IDLE_NS && l->addr_len)
+                    kvx_boot_connect(l, (struct sockaddr *)&l->addr, l->addr_len);
             }
             return l;
         }
+    x->st.resolves++;
     int resolved = kvx_resolve(host, port, 0, &ss, &sl, &ignored) == 0;
     if (resolved)   /* the same producer under another name */
         for (struct link *l = x->links; l; l = l->next)

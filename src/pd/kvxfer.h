@@ -135,6 +135,7 @@ struct pd_kvx_stats {
     uint64_t pulls_done, pulls_failed;
     uint64_t rkeys_unpacked;   /* producers' rkeys unpacked (consumer): once per connection */
     uint64_t msgs_dropped;     /* active messages of an id that is not the protocol's */
+    uint64_t resolves;         /* producer addresses resolved (consumer): once per new connection */
 };
 
 /* A lease's key (see "Keys" above). */
