@@ -94,6 +94,13 @@ Test(careless, numbers_past_what_they_size_are_refused)
     cr_assert_null(strstr(r.out, "1048576   1048576     0.00 GB"), "%s", r.out);
 }
 
+/* A search the host cannot hold is refused at once, naming --cards: --cards 4096 (its maximum)
+ * costed 73 million layouts for 3 minutes in about 12 GB. */
+Test(careless, a_search_too_large_to_hold_is_refused_at_once)
+{
+    refused("search --cards 4096", "--cards 4096: 73103048 prefill x decode layouts", "search fewer cards");
+}
+
 /* search --json at a request rate some layouts cannot sustain: their TTFT is null, as in plan
  * --json (json_pack refused the infinity: the layouts fell out of the front, and past some rate
  * the whole document was reported as out of memory). */
