@@ -298,12 +298,15 @@ static void note_done(struct job *j)
 static ssize_t sse_event_end(struct evbuffer *b)
 {
     struct evbuffer_ptr lf = evbuffer_search(b, "\n\n", 2, NULL);
-    struct evbuffer_ptr crlf = evbuffer_search(b, "\r\n\r\n", 4, NULL);
-    if (lf.pos < 0 && crlf.pos < 0)
-        return -1;
-    if (crlf.pos >= 0 && (lf.pos < 0 || crlf.pos < lf.pos))
+    /* a \r\n\r\n ending earlier, looked for only before the first \n\n (not over the whole
+     * buffer at every event) */
+    struct evbuffer_ptr end;
+    if (lf.pos >= 0)
+        evbuffer_ptr_set(b, &end, (size_t)lf.pos + 2, EVBUFFER_PTR_SET);
+    struct evbuffer_ptr crlf = evbuffer_search_range(b, "\r\n\r\n", 4, NULL, lf.pos >= 0 ? &end : NULL);
+    if (crlf.pos >= 0)
         return crlf.pos + 4;
-    return lf.pos + 2;
+    return lf.pos >= 0 ? lf.pos + 2 : -1;
 }
 
 /* What a streamed event is to the proxy. */
@@ -806,7 +809,8 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
         json_decref(body);
         return;
     }
-    if (json_object_get(body, "kv_transfer_params") && !json_is_null(json_object_get(body, "kv_transfer_params"))) {
+    json_t *client_kv = json_object_get(body, "kv_transfer_params");
+    if (client_kv && !json_is_null(client_kv)) {
         /* the proxy's own field between its prefill and decode instances: a client's was dropped
          * without a word (its do_remote_prefill, an engine_id of its choosing, a typo...) */
         px->bad_requests++;
