@@ -1,5 +1,6 @@
 /* The proxy's parts (proxy.h): the state they share and what each offers the others.
- *   proxy.c    completions (prefill, then decode), instances' health, create/run/destroy;
+ *   proxy.c    completions (prefill, then decode), create/run/destroy;
+ *   health.c   which instances are up: /health checks, ejection and backoff, GET /readiness;
  *   fanout.c   the GET routes answered from the instances: /v1/models, /expert_stats;
  *   metrics.c  the latency histograms and GET /metrics.
  * Everything runs on the proxy's one event loop. */
@@ -76,6 +77,22 @@ const char *px_backend_key(const struct pd_proxy *px);
 int px_authorised(struct pd_proxy *px, struct evhttp_request *h);
 /* The least-loaded instance not in `skip`, among those up if any is (else among all). */
 int px_pick(struct instance *in, int n, unsigned skip);
+/* The requests in flight on `in` fail as if its answer had not come (it stopped answering). */
+void px_fail_in_flight(struct pd_proxy *px, const struct instance *in);
+
+/* health.c */
+/* A request to `in` failed (by_probe 0) or its /health check did (1): out, next check after a backoff. */
+void px_eject(struct instance *in, int by_probe);
+/* `in` answered a request or its /health check: up (again). */
+void px_admit(struct instance *in);
+/* The instances that prefill (route.h indexes them): the prefill ones, or the colocated servers. */
+struct instance *px_routed(struct pd_proxy *px, int *n);
+/* in's index among the routed instances, or -1. */
+int px_routed_index(const struct instance *in);
+/* The health-check timer (px->tick, arg px): GET /health of each instance that is due. */
+void px_on_tick(evutil_socket_t fd, short what, void *arg);
+/* GET /readiness: 200 when a prefill (if any) and a decode instance are up, else 503; a JSON body. */
+void px_on_readiness(struct evhttp_request *h, void *arg);
 
 /* fanout.c */
 /* GET `path` from an instance: the connection (px_drop_conn it once done), or NULL when the

@@ -20,8 +20,6 @@
 #include <math.h>
 #include <string.h>
 
-#define BACKOFF_MIN_S 0.5
-#define BACKOFF_MAX_S 30.0
 /* the read and write timeout of a completion's upstream connection: none, in effect (30 days) */
 #define UPSTREAM_NO_DEADLINE_S (30 * 86400)
 
@@ -124,66 +122,16 @@ static void client_done(struct job *j)
 
 static void send_up(struct job *j, int decode);
 
-static int routed_index(const struct instance *in);
 
-/* A request to `in` failed, or its /health check did: no requests while others are up, and the
- * next check after a backoff that doubles with each failed check (the requests that fail while it
- * is out, when no instance is up, leave its schedule alone). */
-static void eject(struct instance *in, int by_probe)
-{
-    in->failures++;
-    int r = routed_index(in);
-    if (r >= 0)
-        pd_route_forget(in->px->route, r);   /* it may come back restarted, its cache empty */
-    if (!in->up && !by_probe)
-        return;
-    if (in->up) {   /* the operator's line: the instance is out until its /health answers */
-        in->ejections++;
-        fprintf(stderr, "pdmoe proxy: %s instance %s:%d is down (%s): no requests while others are up, /health "
-                "checked again after a backoff\n", in->role, in->host, in->port,
-                by_probe ? "its /health check failed" : "a request to it failed");
-    }
-    in->up = 0;
-    double b = BACKOFF_MIN_S;
-    for (int k = 0; k < in->strikes && b < BACKOFF_MAX_S; k++)
-        b *= 2;
-    in->strikes++;
-    in->probe_at = pd_now_s() + (b < BACKOFF_MAX_S ? b : BACKOFF_MAX_S);
-}
 
-/* `in` answered (a request, or its /health check): it is up (again). */
-static void admit(struct instance *in)
-{
-    in->silent_since = 0;
-    if (!in->up)
-        fprintf(stderr, "pdmoe proxy: %s instance %s:%d is up%s\n", in->role, in->host, in->port,
-                in->answered ? " again" : "");
-    in->up = 1;
-    in->answered = 1;
-    in->strikes = 0;
-}
 
-/* The instances that prefill (route.h indexes them): the prefill ones, or the colocated servers. */
-static struct instance *routed(struct pd_proxy *px, int *n)
-{
-    *n = px->np ? px->np : px->nd;
-    return px->np ? px->p : px->d;
-}
-
-/* in's index among the routed instances, or -1. */
-static int routed_index(const struct instance *in)
-{
-    int n;
-    const struct instance *r = routed(in->px, &n);
-    return in >= r && in < r + n ? (int)(in - r) : -1;
-}
 
 /* The routed instance for j (see route.h), not in `skip`, among those up if any is (else among
  * all, as pick does). */
 static int pick_routed(struct job *j, unsigned skip)
 {
     int n, load[PD_PROXY_MAX_INSTANCES];
-    struct instance *in = routed(j->px, &n);
+    struct instance *in = px_routed(j->px, &n);
     unsigned up = 0, all = 0;
     for (int i = 0; i < n; i++) {
         load[i] = in[i].load;
@@ -468,7 +416,7 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
     px->d[j->di].load--;
     int code = r ? evhttp_request_get_response_code(r) : 0;
     if (code > 0 && code < 500)
-        admit(&px->d[j->di]);
+        px_admit(&px->d[j->di]);
     if (!j->client) {
         job_free(j);
         return;
@@ -497,7 +445,7 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
     }
     if ((code == 0 || code >= 500) && !j->started) {
         /* nothing has reached the client: another decode instance takes the request */
-        eject(&px->d[j->di], 0);
+        px_eject(&px->d[j->di], 0);
         if (px_pick(px->d, px->nd, j->dtried) >= 0) {
             px->retries++;
             if (j->held)
@@ -509,11 +457,11 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
     if (j->stream && j->started) {
         if (code != 200) {
             px->decode_failed++;
-            eject(&px->d[j->di], 0);
+            px_eject(&px->d[j->di], 0);
             stream_error(j, "the decode instance failed during generation");
         } else if (j->stream_failed) {   /* its error event and [DONE] are relayed already */
             px->decode_failed++;
-            eject(&px->d[j->di], 0);
+            px_eject(&px->d[j->di], 0);
             struct evhttp_request *h = j->client;
             client_done(j);
             evhttp_send_reply_end(h);
@@ -530,7 +478,7 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
     }
     if (code == 0 || code >= 500 || a.broken || (px->np > 0 && code == 400 && a.kv)) {
         px->decode_failed++;
-        eject(&px->d[j->di], 0);
+        px_eject(&px->d[j->di], 0);
         char why[240];
         snprintf(why, sizeof why, "%s:%d, %s", px->d[j->di].host, px->d[j->di].port,
                  a.why[0] ? a.why : code ? "server error" : "no answer");
@@ -574,7 +522,7 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
     }
     int code = r ? evhttp_request_get_response_code(r) : 0;
     if (code == 0 || code >= 500) {
-        eject(&px->p[j->pi], 0);
+        px_eject(&px->p[j->pi], 0);
         /* another prefill instance, a few times; never after a 4xx */
         if (j->attempts < max_attempts(px) && px_pick(px->p, px->np, j->tried) >= 0) {
             px->retries++;
@@ -604,14 +552,14 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
     if (a.broken || (code == 400 && a.kv)) {   /* the instance's failure (not pdmoe's answer, or the wrong role) */
         json_decref(resp);
         px->prefill_failed++;
-        eject(&px->p[j->pi], 0);
+        px_eject(&px->p[j->pi], 0);
         reply_error(j->client, 502, "server_error", "the prefill instance %s:%d failed (%s)", px->p[j->pi].host,
                     px->p[j->pi].port, a.why);
         client_done(j);
         job_free(j);
         return;
     }
-    admit(&px->p[j->pi]);
+    px_admit(&px->p[j->pi]);
     if (code == 429 && px_pick(px->p, px->np, j->tried) >= 0) {
         /* this instance's queue is full (--max-queued-requests): another one, not taken out, and
          * not counted against --retries, which bounds failures */
@@ -859,15 +807,15 @@ static void on_chat(struct evhttp_request *h, void *arg)
     on_completion(h, arg, "/v1/chat/completions");
 }
 
-static double health_interval_s(const struct pd_proxy *px)
-{
-    return (px->o.health_interval_ms > 0 ? px->o.health_interval_ms : 1000) / 1e3;
-}
+
+
+
+
 
 /* An instance that failed its health check fails the requests it holds: each as if its answer
  * had not come (another instance takes it when nothing has reached the client yet, else the client
  * gets its error), rather than waiting on a host that may never answer. */
-static void fail_in_flight(struct pd_proxy *px, const struct instance *in)
+void px_fail_in_flight(struct pd_proxy *px, const struct instance *in)
 {
     for (struct job *j = px->jobs, *next; j; j = next) {
         next = j->next;
@@ -879,61 +827,6 @@ static void fail_in_flight(struct pd_proxy *px, const struct instance *in)
             on_decode_done(NULL, j);
         else
             on_prefill_done(NULL, j);
-    }
-}
-
-/* Active health checks: GET /health of each instance, every health_interval_ms while it is up,
- * at its backoff's end while it is ejected; 1 s to answer. A failed check ejects the instance and
- * fails the requests it holds. */
-/* How long an instance's /health may stay unanswered before the requests in flight on it are
- * failed (a 502, or an error event and [DONE]): one check missing its second once failed every
- * stream of an instance stalled for a moment (a pause of the process, a long step), which then
- * resumed to nobody. New requests go elsewhere from the first failed check. */
-#define HUNG_S 3.0
-
-/* A /health check of `in` failed: it is out, and once it has been silent HUNG_S, hung. */
-static void probe_failed(struct pd_proxy *px, struct instance *in)
-{
-    double now = pd_now_s();
-    if (in->silent_since <= 0)
-        in->silent_since = now;
-    if (in->answered) {
-        eject(in, 1);
-    } else {   /* still starting (a model loading): asked again each interval, no backoff, said once */
-        if (!in->said_waiting++)
-            fprintf(stderr, "pdmoe proxy: %s instance %s:%d is not up yet (its /health check failed): no requests "
-                    "while others are up, /health checked every %g s\n", in->role, in->host, in->port,
-                    health_interval_s(px));
-        in->probe_at = now + health_interval_s(px);
-    }
-    if (now - in->silent_since >= HUNG_S)
-        fail_in_flight(px, in);
-}
-
-static void on_probe_done(struct evhttp_request *r, void *arg)
-{
-    struct instance *in = arg;
-    struct pd_proxy *px = in->px;
-    px_drop_conn(px, in->probe);
-    in->probe = NULL;
-    if (r && evhttp_request_get_response_code(r) == 200) {
-        admit(in);
-        in->probe_at = pd_now_s() + health_interval_s(px);
-    } else {
-        probe_failed(px, in);
-    }
-}
-
-static void on_tick(evutil_socket_t fd, short what, void *arg)
-{
-    struct pd_proxy *px = arg;
-    double now = pd_now_s();
-    for (int k = 0; k < px->np + px->nd && !px->stopping; k++) {
-        struct instance *in = nth(px, k);
-        if (in->probe || now < in->probe_at)
-            continue;
-        if (!(in->probe = px_get_from(px, in, "/health", 1, on_probe_done, in)))
-            probe_failed(px, in);
     }
 }
 
@@ -967,34 +860,7 @@ static void on_stop(evutil_socket_t fd, short what, void *arg)
     event_base_once(px->base, -1, EV_TIMEOUT, on_drained, px, &(struct timeval){0, 300000});
 }
 
-/* GET /readiness (sgl-router's name for it): 200 when a request can be served now, at least one
- * prefill instance (with any) and one decode instance up, else 503; either way a JSON body with
- * each role's instances and how many are up. /health stays the proxy's own liveness, as a
- * restarting supervisor needs it: with every instance down it says ok, and the load balancer in
- * front of several deployments asks /readiness instead. */
-static int instances_up(const struct instance *in, int n)
-{
-    int up = 0;
-    for (int i = 0; i < n; i++)
-        up += in[i].up;
-    return up;
-}
 
-static void on_readiness(struct evhttp_request *h, void *arg)
-{
-    struct pd_proxy *px = arg;
-    const int up[2] = {instances_up(px->p, px->np), instances_up(px->d, px->nd)}, n[2] = {px->np, px->nd};
-    const int ready = (px->np == 0 || up[0] > 0) && up[1] > 0 && !px->draining && !px->stopping;
-    json_t *j = json_pack("{s:s, s:{s:i, s:i}, s:{s:i, s:i}}", "status", ready ? "ready" : "not ready", "prefill",
-                          "instances", n[0], "up", up[0], "decode", "instances", n[1], "up", up[1]);
-    if (j && !ready)
-        json_object_set_new(j, "reason", json_string(px->draining || px->stopping ? "the proxy is shutting down"
-                                                     : px->np && !up[0]                  ? "no prefill instance is up"
-                                                                                         : "no decode instance is up"));
-    if (!ready)
-        evhttp_add_header(evhttp_request_get_output_headers(h), "Retry-After", "1");
-    pd_http_json(h, ready ? 200 : 503, j);   /* (takes j) */
-}
 
 static void on_other(struct evhttp_request *h, void *arg)
 {
@@ -1073,7 +939,7 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
     px->port = pd_http_front_port(px->front);
     static const struct pd_http_api api = {.completions = on_completions, .chat = on_chat, .models = px_on_models,
                                            .metrics = px_on_metrics, .expert_stats = px_on_expert_stats,
-                                           .readiness = on_readiness, .other = on_other};
+                                           .readiness = px_on_readiness, .other = on_other};
     if (pd_http_front_api(px->front, &api, px)) {
         pd_proxy_destroy(px);
         return pd_err_set(e, PD_ENOMEM, "out of memory");
@@ -1096,7 +962,7 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
         in->probe_at = 0;
     }
     px->stop = event_new(px->base, -1, 0, on_stop, px);
-    px->tick = event_new(px->base, -1, EV_PERSIST, on_tick, px);
+    px->tick = event_new(px->base, -1, EV_PERSIST, px_on_tick, px);
     if (!px->stop || !px->tick || event_add(px->tick, &(struct timeval){0, 100000})) {
         pd_proxy_destroy(px);
         return pd_err_set(e, PD_ENOMEM, "out of memory");

@@ -1,0 +1,155 @@
+/* The proxy's view of its instances (internal.h): who is up, the /health checks that find out, the
+ * backoff of an instance that failed, GET /readiness. A request's own failure or answer also
+ * ejects or admits its instance (proxy.c calls px_eject and px_admit). */
+#include "proxy/internal.h"
+#include "core/timing.h"
+#include "http/http.h"
+
+#include <event2/http.h>
+#include <jansson.h>
+#include <stdio.h>
+
+#define BACKOFF_MIN_S 0.5
+#define BACKOFF_MAX_S 30.0
+
+/* A request to `in` failed, or its /health check did: no requests while others are up, and the
+ * next check after a backoff that doubles with each failed check (the requests that fail while it
+ * is out, when no instance is up, leave its schedule alone). */
+void px_eject(struct instance *in, int by_probe)
+{
+    in->failures++;
+    int r = px_routed_index(in);
+    if (r >= 0)
+        pd_route_forget(in->px->route, r);   /* it may come back restarted, its cache empty */
+    if (!in->up && !by_probe)
+        return;
+    if (in->up) {   /* the operator's line: the instance is out until its /health answers */
+        in->ejections++;
+        fprintf(stderr, "pdmoe proxy: %s instance %s:%d is down (%s): no requests while others are up, /health "
+                "checked again after a backoff\n", in->role, in->host, in->port,
+                by_probe ? "its /health check failed" : "a request to it failed");
+    }
+    in->up = 0;
+    double b = BACKOFF_MIN_S;
+    for (int k = 0; k < in->strikes && b < BACKOFF_MAX_S; k++)
+        b *= 2;
+    in->strikes++;
+    in->probe_at = pd_now_s() + (b < BACKOFF_MAX_S ? b : BACKOFF_MAX_S);
+}
+
+/* `in` answered (a request, or its /health check): it is up (again). */
+void px_admit(struct instance *in)
+{
+    in->silent_since = 0;
+    if (!in->up)
+        fprintf(stderr, "pdmoe proxy: %s instance %s:%d is up%s\n", in->role, in->host, in->port,
+                in->answered ? " again" : "");
+    in->up = 1;
+    in->answered = 1;
+    in->strikes = 0;
+}
+
+/* The instances that prefill (route.h indexes them): the prefill ones, or the colocated servers. */
+struct instance *px_routed(struct pd_proxy *px, int *n)
+{
+    *n = px->np ? px->np : px->nd;
+    return px->np ? px->p : px->d;
+}
+
+/* in's index among the routed instances, or -1. */
+int px_routed_index(const struct instance *in)
+{
+    int n;
+    const struct instance *r = px_routed(in->px, &n);
+    return in >= r && in < r + n ? (int)(in - r) : -1;
+}
+
+static double health_interval_s(const struct pd_proxy *px)
+{
+    return (px->o.health_interval_ms > 0 ? px->o.health_interval_ms : 1000) / 1e3;
+}
+
+/* Active health checks: GET /health of each instance, every health_interval_ms while it is up,
+ * at its backoff's end while it is ejected; 1 s to answer. A failed check ejects the instance and,
+ * past HUNG_S, fails the requests it holds.
+ *
+ * How long an instance's /health may stay unanswered before the requests in flight on it are
+ * failed (a 502, or an error event and [DONE]): one check missing its second once failed every
+ * stream of an instance stalled for a moment (a pause of the process, a long step), which then
+ * resumed to nobody. New requests go elsewhere from the first failed check. */
+#define HUNG_S 3.0
+
+/* A /health check of `in` failed: it is out, and once it has been silent HUNG_S, hung. */
+static void probe_failed(struct pd_proxy *px, struct instance *in)
+{
+    double now = pd_now_s();
+    if (in->silent_since <= 0)
+        in->silent_since = now;
+    if (in->answered) {
+        px_eject(in, 1);
+    } else {   /* still starting (a model loading): asked again each interval, no backoff, said once */
+        if (!in->said_waiting++)
+            fprintf(stderr, "pdmoe proxy: %s instance %s:%d is not up yet (its /health check failed): no requests "
+                    "while others are up, /health checked every %g s\n", in->role, in->host, in->port,
+                    health_interval_s(px));
+        in->probe_at = now + health_interval_s(px);
+    }
+    if (now - in->silent_since >= HUNG_S)
+        px_fail_in_flight(px, in);
+}
+
+static void on_probe_done(struct evhttp_request *r, void *arg)
+{
+    struct instance *in = arg;
+    struct pd_proxy *px = in->px;
+    px_drop_conn(px, in->probe);
+    in->probe = NULL;
+    if (r && evhttp_request_get_response_code(r) == 200) {
+        px_admit(in);
+        in->probe_at = pd_now_s() + health_interval_s(px);
+    } else {
+        probe_failed(px, in);
+    }
+}
+
+void px_on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    struct pd_proxy *px = arg;
+    double now = pd_now_s();
+    for (int k = 0; k < px->np + px->nd && !px->stopping; k++) {
+        struct instance *in = nth(px, k);
+        if (in->probe || now < in->probe_at)
+            continue;
+        if (!(in->probe = px_get_from(px, in, "/health", 1, on_probe_done, in)))
+            probe_failed(px, in);
+    }
+}
+
+/* GET /readiness (sgl-router's name for it): 200 when a request can be served now, at least one
+ * prefill instance (with any) and one decode instance up, else 503; either way a JSON body with
+ * each role's instances and how many are up. /health stays the proxy's own liveness, as a
+ * restarting supervisor needs it: with every instance down it says ok, and the load balancer in
+ * front of several deployments asks /readiness instead. */
+static int instances_up(const struct instance *in, int n)
+{
+    int up = 0;
+    for (int i = 0; i < n; i++)
+        up += in[i].up;
+    return up;
+}
+
+void px_on_readiness(struct evhttp_request *h, void *arg)
+{
+    struct pd_proxy *px = arg;
+    const int up[2] = {instances_up(px->p, px->np), instances_up(px->d, px->nd)}, n[2] = {px->np, px->nd};
+    const int ready = (px->np == 0 || up[0] > 0) && up[1] > 0 && !px->draining && !px->stopping;
+    json_t *j = json_pack("{s:s, s:{s:i, s:i}, s:{s:i, s:i}}", "status", ready ? "ready" : "not ready", "prefill",
+                          "instances", n[0], "up", up[0], "decode", "instances", n[1], "up", up[1]);
+    if (j && !ready)
+        json_object_set_new(j, "reason", json_string(px->draining || px->stopping ? "the proxy is shutting down"
+                                                     : px->np && !up[0]                  ? "no prefill instance is up"
+                                                                                         : "no decode instance is up"));
+    if (!ready)
+        evhttp_add_header(evhttp_request_get_output_headers(h), "Retry-After", "1");
+    pd_http_json(h, ready ? 200 : 503, j);   /* (takes j) */
+}
