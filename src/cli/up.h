@@ -1,0 +1,39 @@
+/* `pdmoe up`'s parts (up.c supervises; up_plan.c reads what it launches): the plan's settings for
+ * the instances, the --hosts list and the plan's node map on them, the memory check. */
+#ifndef PD_CLI_UP_H
+#define PD_CLI_UP_H
+
+#include "plan/launch.h"
+
+#include <stdint.h>
+
+#define MAX_CHILDREN 34
+#define MAX_EP 8        /* ranks of one instance on this machine (mpirun --oversubscribe) */
+#define MAX_HOSTS 256
+
+/* What a plan (pdmoe plan --json) sets for the instances: counts, EP sizes (tp must be 1), the KV
+ * pool of each rank (roles[].budget.kv_pool_bytes) and the scheduler limits (options). */
+struct up_plan {
+    int instances[2], ep[2];
+    int64_t kv_pool[2];
+    int64_t max_num_seqs, max_model_len, max_num_batched_tokens;
+    char kv_cache_dtype[8];         /* options.kv_cache_dtype: what the pools were sized for */
+    int64_t spec_k;                 /* options.num_speculative_tokens: the drafts its TPOT assumes */
+    int aggregated;                 /* "aggregated": colocated instances (the roles' entries are the same
+                                     * instances), no KV transfer, the proxy balancing them */
+};
+
+/* Reads --plan `path` (pdmoe plan --json) into u: 0, or -1 with the file and field at fault said.
+ * on_hosts: the instances run on --hosts (no limit of MAX_EP ranks); model: the one up serves,
+ * whose shapes the plan's "model" must have. */
+int up_read_plan(const char *path, struct up_plan *u, int on_hosts, const char *model);
+/* --hosts H0,H1,...: the nodes' addresses in node order, each where that node's servers bind and
+ * are reached (pointers into a static copy of arg): 0, or -1 with the host at fault said. */
+int up_parse_hosts(const char *arg, char **hosts, int *n);
+/* The plan's node map on the --hosts: inst[0..*n) with each group's host; 0 or -1 (said). */
+int up_read_node_map(const char *path, char **hosts, int nhosts, int aggregated, struct pd_launch_inst *inst,
+                     int *n);
+/* The plan's KV pools and the model fit this machine's memory with a tenth left: 0, or -1 (said). */
+int up_plan_fits(const char *path, const struct up_plan *u, const char *model);
+
+#endif
