@@ -1,7 +1,7 @@
-/* The inference server (see server.h): the request lifetime, KV leases and pulls, the scheduler
- * thread with continuous batching over the engine (or an EP group of MPI ranks: server_ep.c), and
- * the server's life; the HTTP side is server_api.c (its /metrics server_metrics.c), the shared
- * state server_int.h. */
+/* The inference server (see server.h): the request lifetime, the scheduler thread with continuous
+ * batching over the engine (or an EP group of MPI ranks: server_ep.c), and the server's life; the
+ * KV leases and pulls are server_kv.c, the HTTP side server_api.c (its /metrics
+ * server_metrics.c), the shared state server_int.h. */
 #include "core/file.h"
 #include "pd/server_int.h"
 
@@ -93,7 +93,8 @@ void pd_srv_refuse(struct pd_server *s, struct req *r)
 
 static void seq_release(struct pd_server *s, struct req *r);
 
-static void finish_running(struct pd_server *s, int i)
+/* Running request i ends: its sequence goes back, its place to the last one. (s->mu held) */
+void pd_srv_finish_running(struct pd_server *s, int i)
 {
     struct req *r = s->running[i];
     seq_release(s, r);
@@ -101,245 +102,6 @@ static void finish_running(struct pd_server *s, int i)
     pd_srv_req_unref(s, r);
 }
 
-/* Producer: the transfer engine ended a lease (DONE, ABORT, expiry, destroy): the scheduler frees
- * the KV. Runs on the thread that progressed the engine. */
-static void on_release(void *arg, uint64_t request, enum pd_kvx_release why)
-{
-    struct pd_server *s = arg;
-    pthread_mutex_lock(&s->mu);
-    s->leases_expired += why == PD_KVX_REL_EXPIRED;
-    for (struct req **pp = &s->leases; *pp; pp = &(*pp)->lease_next)
-        if ((*pp)->id == request) {
-            struct req *r = *pp;
-            *pp = r->lease_next;
-            r->lease_next = s->released;
-            s->released = r;
-            pthread_cond_signal(&s->cv);
-            break;
-        }
-    pthread_mutex_unlock(&s->mu);
-}
-
-/* Producer: puts the KV of q's first `len` tokens under a lease with `key` for request id (given
- * back to `release`); 0 or -1. */
-int pd_srv_seq_offer(struct pd_server *s, struct pd_seq *q, const struct pd_kvx_key *key, uint64_t id, int len,
-                     pd_kvx_release_fn release)
-{
-    int n;
-    struct pd_kv_run *runs = pd_srv_kv_runs(s, q, len, &n, NULL);
-    pd_err e;
-    /* struct pd_kv_run and struct pd_kvx_run are the same (offset, length) pairs */
-    int rc = !s->kvx || !runs || pd_kvx_offer(s->kvx, key, id, (const struct pd_kvx_run *)runs, n, release, s, &e);
-    free(runs);
-    return rc ? -1 : 0;
-}
-
-
-
-/* Consumer: pulls the producer's KV of `len` prompt tokens (lease `key` at host:port) into q,
- * whose blocks are reserved; the bytes moved and the seconds the pull took (*seconds), PULL_NONE
- * if no transfer started, PULL_FAILED if it failed, PULL_REFUSED if the producer refused the key
- * (q then holds nothing usable). With mu, that lock is released while waiting. */
-int64_t pd_srv_seq_pull(struct pd_server *s, struct pd_seq *q, const char *host, int port, const struct pd_kvx_key *key,
-                        int len, pthread_mutex_t *mu, double *seconds)
-{
-    double t0 = pd_now_s();
-    int n;
-    uint64_t bytes;
-    struct pd_kv_run *dst = pd_srv_kv_runs(s, q, len, &n, &bytes);
-    struct pd_kvx_xfer *t = NULL;
-    pd_err e = {0};
-    int rc = !s->kvx || !dst || pd_kvx_pull(s->kvx, host, port, key, (const struct pd_kvx_run *)dst, n, &t, &e);
-    free(dst);
-    if (rc)
-        return PULL_NONE;
-    if (mu)
-        pthread_mutex_unlock(mu);
-    enum pd_kvx_state st = pd_kvx_wait(s->kvx, t, -1);
-    int refused = pd_kvx_refused(s->kvx, t);
-    /* why a pull failed (a dead producer, a KV cache dtype that differs...) is worth a line: the
-     * request goes on, recomputed here, and only the counters would tell otherwise */
-    if (st != PD_KVX_DONE && s->o.http.log && pd_kvx_result(s->kvx, t, &e))
-        s->o.http.log(s->o.http.log_arg, e.msg);
-    pd_kvx_xfer_free(s->kvx, t);
-    if (mu)
-        pthread_mutex_lock(mu);
-    if (st != PD_KVX_DONE)
-        return refused ? PULL_REFUSED : PULL_FAILED;
-    q->pos = len;
-    q->kv.len = len;
-    *seconds = pd_now_s() - t0;
-    return (int64_t)bytes;
-}
-
-/* Producer: the request's key: 128 random bits bound to its prompt. */
-/* Producer: the request's KV goes under a lease instead of being freed (s->mu held). */
-static int lease(struct pd_server *s, struct req *r)
-{
-    r->leased_at = pd_now_s();
-    r->lease_next = s->leases;
-    s->leases = r;
-    int rc = pd_srv_seq_offer(s, &r->seq, &r->key, r->id, r->n_prompt, on_release);
-    if (rc)
-        s->leases = r->lease_next;
-    return rc;
-}
-
-/* Producer: a request waits for room while leases hold their blocks (and sequences), and a lease
- * whose decode request was refused there or cancelled before it pulled is never claimed: sixteen
- * such requests held a 16-sequence prefill for the whole lease (30 s). So when a request finds no
- * room, the oldest lease unclaimed for LEASE_YIELD_S is revoked: its blocks go back at its release
- * (one on its way at a time), and a decode that still comes for it is refused it as expired, its
- * proxy sending the prompt to a prefill again. A pull normally starts milliseconds after the
- * prefill's answer; under a decode backlog a revoked lease costs one prompt computed again, where
- * holding it cost every request behind it. In an EP group the lease is on its owner rank's
- * engine, which revokes it when the next round's message says so. (s->mu held) */
-#define LEASE_YIELD_S 1.0
-
-static void yield_lease(struct pd_server *s)
-{
-    if (!s->kvx && !s->g)
-        return;
-    const double now = pd_now_s();
-    for (;;) {
-        struct req *oldest = NULL;
-        for (struct req *r = s->leases; r; r = r->lease_next) {
-            if (r->revoked)
-                return;   /* its blocks are on their way back */
-            if (r->leased_at >= 0 && now - r->leased_at >= LEASE_YIELD_S && (!oldest || r->leased_at < oldest->leased_at))
-                oldest = r;
-        }
-        if (!oldest)
-            return;
-        if (s->g) {   /* its owner rank revokes it in the next round and reports the release (or,
-                       * if a pull claimed it meanwhile, its end: no other is revoked until then) */
-            pd_srv_ep_revoke(s, oldest);
-            oldest->revoked = 1;
-            return;
-        }
-        if (pd_kvx_revoke(s->kvx, &oldest->key)) {
-            oldest->revoked = 1;
-            s->leases_revoked++;
-            return;
-        }
-        oldest->leased_at = -1;   /* a pull holds it: not a candidate again */
-    }
-}
-
-/* Consumer: starts pulling the producer's KV into a fresh sequence of this pool (r->pull), the
- * other sequences stepping meanwhile (a producer that hangs held every stream of this instance
- * for the pull's timeout); 0 when under way, PULL_NONE when no pull can start (the prompt is then
- * recomputed). (s->mu held) */
-static int pull_start(struct pd_server *s, struct req *r)
-{
-    pd_err e = {0};
-    if (!s->kvx || r->remote_tokens != r->n_prompt || pd_kvseq_reserve(&s->en.kv, &r->seq.kv, r->n_prompt, &e))
-        return PULL_NONE;
-    int n;
-    struct pd_kv_run *dst = pd_srv_kv_runs(s, &r->seq, r->n_prompt, &n, &r->pull_bytes);
-    int rc = !dst || pd_kvx_pull(s->kvx, r->remote_host, r->remote_port, &r->remote_key, (const struct pd_kvx_run *)dst,
-                                 n, &r->pull, &e);
-    free(dst);
-    if (rc) {
-        r->pull = NULL;
-        return PULL_NONE;
-    }
-    r->pull_t0 = pd_now_s();
-    return 0;
-}
-
-/* Consumer: r's pull, once it ended: 0 when the sequence now holds the prompt, PULL_REFUSED when
- * the producer refused the request's key, PULL_FAILED when the prompt is to be recomputed; 1
- * while it runs. (s->mu held; the transfer thread progresses it) */
-static int pull_poll(struct pd_server *s, struct req *r)
-{
-    enum pd_kvx_state st = pd_kvx_state(s->kvx, r->pull);
-    if (st != PD_KVX_DONE && st != PD_KVX_FAILED)
-        return 1;
-    pd_err e = {0};
-    int refused = pd_kvx_refused(s->kvx, r->pull);
-    /* why a pull failed (a dead producer, a KV cache dtype that differs...) is worth a line: the
-     * request goes on, recomputed here, and only the counters would tell otherwise */
-    if (st != PD_KVX_DONE && !r->pull_aborted && s->o.http.log && pd_kvx_result(s->kvx, r->pull, &e))
-        s->o.http.log(s->o.http.log_arg, e.msg);
-    pd_kvx_xfer_free(s->kvx, r->pull);
-    r->pull = NULL;
-    if (r->pull_aborted)   /* its client left: no transfer failure to count */
-        return PULL_FAILED;
-    double seconds = pd_now_s() - r->pull_t0;
-    s->kv_pulls++;
-    pd_srv_count_pull(s, r->remote_host, r->remote_port, 0, st == PD_KVX_DONE ? (int64_t)r->pull_bytes : -1, seconds);
-    if (st != PD_KVX_DONE) {
-        s->kv_failures++;
-        return refused ? PULL_REFUSED : PULL_FAILED;
-    }
-    r->seq.pos = r->n_prompt;
-    r->seq.kv.len = r->n_prompt;
-    s->kv_bytes += r->pull_bytes;
-    s->kv_seconds += seconds;
-    pd_err e2 = {0};
-    if (pd_srv_spec_pulled(s, r, &e2)) {
-        /* the draft has no input: the prompt is recomputed, as after a pull that failed midway */
-        if (s->o.http.log)
-            s->o.http.log(s->o.http.log_arg, e2.msg);
-        r->seq.pos = r->seq.kv.len = r->seq.mtp_pos = 0;
-        pd_spec_free(&r->spec);
-        r->spec.seq = NULL;   /* the prefill starts it afresh */
-        s->kv_failures++;
-        return PULL_FAILED;
-    }
-    return 0;
-}
-
-/* The pulls under way (s->mu held): each that ended goes on as it should (the producer's token,
- * a refusal, or the prompt recomputed); one whose client left is aborted and its sequence ended
- * only once no get can still write its blocks. */
-static void pulls_progress(struct pd_server *s)
-{
-    for (int i = 0; i < s->n_running;) {
-        struct req *r = s->running[i];
-        if (!r->pull) {
-            i++;
-            continue;
-        }
-        if ((r->cancelled || r->stop_wanted) && !r->pull_aborted) {
-            pd_kvx_abort(s->kvx, r->pull);
-            r->pull_aborted = 1;
-        }
-        int res = pull_poll(s, r);
-        if (res == 1) {
-            i++;
-            continue;
-        }
-        if (r->cancelled || r->stop_wanted) {   /* (the drop of cancelled requests ends it next) */
-            i++;
-            continue;
-        }
-        if (res == 0) {
-            pd_srv_take_producer_token(s, r);
-        } else if (res == PULL_REFUSED) {
-            pd_srv_refuse(s, r);
-            finish_running(s, i);
-            continue;
-        } else {
-            s->kv_recomputes++;
-        }
-        i++;
-    }
-}
-
-static void *kvx_loop(void *arg)
-{
-    struct pd_server *s = arg;
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        int stop = s->stop;
-        pthread_mutex_unlock(&s->mu);
-        if (stop)
-            return NULL;
-        pd_kvx_wait(s->kvx, NULL, 100);
-    }
-}
 
 /* The sequence of a request goes back: to this engine's pool, or to its owner rank's. */
 static void seq_release(struct pd_server *s, struct req *r)
@@ -483,12 +245,12 @@ static void *scheduler(void *arg)
         }
         /* pulls under way: those that ended go on */
         if (s->kvx && !s->g)
-            pulls_progress(s);
+            pd_srv_pulls_progress(s);
         /* drop cancelled requests, free their KV (a pull's once no get can write it) */
         for (int i = 0; i < s->n_running;)
             if ((s->running[i]->cancelled || s->running[i]->stop_wanted) && !s->running[i]->pull) {
                 s->n_cancelled += s->running[i]->cancelled;   /* a stop string ended the other */
-                finish_running(s, i);
+                pd_srv_finish_running(s, i);
             } else {
                 i++;
             }
@@ -509,18 +271,18 @@ static void *scheduler(void *arg)
             if (s->g) {
                 /* a rank with room takes it; the blocks are counted here and reserved there */
                 if (pd_srv_ep_admit(s, r)) {
-                    yield_lease(s);
+                    pd_srv_yield_lease(s);
                     break;
                 }
             } else if (s->prefix_on && !r->remote_prefill) {
                 if (pd_srv_prefix_start(s, r, &e)) {
-                    yield_lease(s);
+                    pd_srv_yield_lease(s);
                     break;   /* wait until running requests or leases free their blocks */
                 }
             } else {
                 pd_srv_prefix_make_room(s, r->n_prompt + r->max_tokens);
                 if (pd_srv_seq_start_reserved(&s->en, &r->seq, r->n_prompt, r->n_prompt + r->max_tokens, &e)) {
-                    yield_lease(s);
+                    pd_srv_yield_lease(s);
                     break;   /* wait until running requests or leases free their blocks */
                 }
             }
@@ -541,8 +303,8 @@ static void *scheduler(void *arg)
                 /* the producer computed the prompt: pull it; if that fails, recompute it here
                  * from the token ids and continue with the producer's first token. A refused key
                  * is no failure to make up for: the request is refused. */
-                if (pull_start(s, r) == 0)
-                    continue;   /* pulls_progress takes it on when the pull ends */
+                if (pd_srv_pull_start(s, r) == 0)
+                    continue;   /* pd_srv_pulls_progress takes it on when the pull ends */
                 s->kv_recomputes++;
             }
             budget -= r->n_prompt - (int)r->seq.pos;   /* a cached prefix is not computed */
@@ -593,7 +355,7 @@ static void *scheduler(void *arg)
              * lease) end, and the scheduler waits for the transfer thread without spinning */
             for (int i = 0; i < s->n_running;)
                 if (s->running[i]->finished && !s->running[i]->pull && !s->running[i]->remote_decode)
-                    finish_running(s, i);
+                    pd_srv_finish_running(s, i);
                 else
                     i++;
             event_active(s->notify, 0, 0);
@@ -673,13 +435,13 @@ static void *scheduler(void *arg)
         for (int i = 0; i < s->n_running;) {
             struct req *r = s->running[i];
             if (r->finished && r->remote_decode && s->kvx && strcmp(r->finish, "error") &&
-                (s->g ? pd_srv_ep_lease(s, r) : lease(s, r)) == 0) {
+                (s->g ? pd_srv_ep_lease(s, r) : pd_srv_lease(s, r)) == 0) {
                 /* the KV stays, under the lease; the scheduler's reference goes with it */
                 s->running[i] = s->running[--s->n_running];
                 continue;
             }
             if (r->finished)
-                finish_running(s, i);
+                pd_srv_finish_running(s, i);
             else
                 i++;
         }
@@ -703,7 +465,7 @@ static void *scheduler(void *arg)
             r->finish = "error";
             pd_srv_outbox_push(s, r);
         }
-        finish_running(s, i);
+        pd_srv_finish_running(s, i);
     }
     if (rc) {
         /* only the EP group fails here: the ranks cannot step together any more */
@@ -859,7 +621,7 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
          * process, to move its pulls while the scheduler steps (an EP rank progresses its own
          * while it pulls) */
         if (s->o.role == PD_ROLE_PRODUCER || (s->o.role == PD_ROLE_CONSUMER && !s->g)) {
-            if (pthread_create(&s->kvx_thread, NULL, kvx_loop, s)) {
+            if (pthread_create(&s->kvx_thread, NULL, pd_srv_kvx_loop, s)) {
                 rc = pd_err_set(e, PD_ENOMEM, "cannot start the KV transfer thread");
                 goto fail;
             }

@@ -301,6 +301,8 @@ enum { PULL_NONE = -1, PULL_FAILED = -2, PULL_REFUSED = -3 };
     "pulled, or this prompt is not the one it prefilled"
 
 /* ---- server.c ---- */
+/* Running request i ends: its sequence goes back, its place to the last one. (s->mu held) */
+void pd_srv_finish_running(struct pd_server *s, int i);
 void pd_srv_req_unref(struct pd_server *s, struct req *r);
 void pd_srv_outbox_push(struct pd_server *s, struct req *r);
 void pd_srv_take_producer_token(struct pd_server *s, struct req *r);
@@ -310,8 +312,28 @@ void pd_srv_take_token(struct pd_server *s, struct req *r, int32_t t);
 void pd_srv_refuse(struct pd_server *s, struct req *r);
 int pd_srv_seq_offer(struct pd_server *s, struct pd_seq *q, const struct pd_kvx_key *key, uint64_t id, int len,
                      pd_kvx_release_fn release);
+
+/* ---- server_kv.c ---- */
+/* Producer: puts the KV of q's first `len` tokens under a lease with `key` for request id (given
+ * back to `release`); 0 or -1. */
+int pd_srv_seq_offer(struct pd_server *s, struct pd_seq *q, const struct pd_kvx_key *key, uint64_t id, int len,
+                     pd_kvx_release_fn release);
+/* Consumer: pulls the producer's KV of `len` prompt tokens (lease `key` at host:port) into q, whose
+ * blocks are reserved, waiting for it (mu, if given, released meanwhile): the bytes moved, or a
+ * PULL_ value; *seconds the time it took. */
 int64_t pd_srv_seq_pull(struct pd_server *s, struct pd_seq *q, const char *host, int port, const struct pd_kvx_key *key,
                         int len, pthread_mutex_t *mu, double *seconds);
+/* Producer: r's KV goes under a lease instead of being freed: 0, or -1 (not offered). (s->mu held) */
+int pd_srv_lease(struct pd_server *s, struct req *r);
+/* Producer: a request finds no room: the oldest lease unclaimed for a while is revoked. (s->mu held) */
+void pd_srv_yield_lease(struct pd_server *s);
+/* Consumer: starts pulling r's prompt KV into a fresh sequence (r->pull): 0, or PULL_NONE when none
+ * can start (the prompt is then computed here). (s->mu held) */
+int pd_srv_pull_start(struct pd_server *s, struct req *r);
+/* Consumer: each running pull that ended goes on as it should. (s->mu held) */
+void pd_srv_pulls_progress(struct pd_server *s);
+/* The transfer thread: progresses the transfer engine until s->stop. */
+void *pd_srv_kvx_loop(void *arg);
 
 /* ---- server_ep.c ---- */
 void pd_srv_ep_on_signal(int sig);
