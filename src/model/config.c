@@ -93,8 +93,12 @@ static int parse_rope_scaling(const struct pd_jsrc *parent, json_t *root, struct
     if (!json_is_object(rs))
         return pd_err_set(e, PD_EINVAL, "%s: field \"rope_scaling\": expected an object", parent->file);
     struct pd_jsrc src = {parent->file, "rope_scaling."};
+    static const char *const known[] = {"type", "rope_type", "factor", "original_max_position_embeddings", "beta_fast",
+                                        "beta_slow", "mscale", "mscale_all_dim", NULL};
     char type[32];
-    int rc = pd_json_str(&src, rs, "type", 0, "", type, sizeof type, e);
+    int rc = pd_json_known(&src, rs, known, e);
+    if (rc == 0)
+        rc = pd_json_str(&src, rs, "type", 0, "", type, sizeof type, e);
     if (rc == 0 && !type[0])
         rc = pd_json_str(&src, rs, "rope_type", 1, "", type, sizeof type, e);
     if (rc)
@@ -115,6 +119,9 @@ static int parse_rope_scaling(const struct pd_jsrc *parent, json_t *root, struct
     return 0;
 }
 
+/* The checkpoint's quantisation, as DeepSeek releases it (V3 and V4 alike): FP8 e4m3 weights in
+ * 128 x 128 blocks with dynamic activation scales, V4's scales as ue8m0 exponents. Another method,
+ * block or format is refused by field: the engine would read the weights as this one. */
 static int parse_quant_config(const char *file, json_t *root, struct pd_model *m, pd_err *e)
 {
     json_t *q = json_object_get(root, "quantization_config");
@@ -122,27 +129,35 @@ static int parse_quant_config(const char *file, json_t *root, struct pd_model *m
         return 0;
     if (!json_is_object(q))
         return pd_err_set(e, PD_EINVAL, "%s: field \"quantization_config\": expected an object", file);
+    static const char *const known[] = {"quant_method", "fmt", "activation_scheme", "scale_fmt", "weight_block_size",
+                                        NULL};
     struct pd_jsrc src = {file, "quantization_config."};
-    char method[32], sfmt[32];
-    int rc = pd_json_str(&src, q, "quant_method", 1, "", method, sizeof method, e);
-    if (rc)
+    char method[32], fmt[32], act[32], sfmt[32];
+    int rc;
+    if ((rc = pd_json_str(&src, q, "quant_method", 1, "", method, sizeof method, e)) ||
+        (rc = pd_json_str(&src, q, "fmt", 0, "e4m3", fmt, sizeof fmt, e)) ||
+        (rc = pd_json_str(&src, q, "activation_scheme", 0, "dynamic", act, sizeof act, e)) ||
+        (rc = pd_json_str(&src, q, "scale_fmt", 0, "", sfmt, sizeof sfmt, e)) || (rc = pd_json_known(&src, q, known, e)))
         return rc;
-    if ((rc = pd_json_str(&src, q, "scale_fmt", 0, "", sfmt, sizeof sfmt, e)))
-        return rc;
-    m->ckpt_fp8 = strcmp(method, "fp8") == 0;
-    m->ckpt_scale_ue8m0 = strcmp(sfmt, "ue8m0") == 0;
+    const char *bad = strcmp(method, "fp8")         ? "quant_method"
+                      : strcmp(fmt, "e4m3")         ? "fmt"
+                      : strcmp(act, "dynamic")      ? "activation_scheme"
+                      : sfmt[0] && strcmp(sfmt, "ue8m0") ? "scale_fmt"
+                                                    : NULL;
+    if (bad)
+        return pd_err_set(e, PD_EINVAL, "%s: field \"quantization_config.%s\": \"%s\" is not supported: pdmoe reads "
+                          "DeepSeek's FP8 checkpoints (quant_method fp8, fmt e4m3, activation_scheme dynamic, scale_fmt "
+                          "ue8m0 or none)", file, bad,
+                          bad[0] == 'q' ? method : bad[0] == 'f' ? fmt : bad[0] == 'a' ? act : sfmt);
+    m->ckpt_fp8 = 1;
+    m->ckpt_scale_ue8m0 = sfmt[0] != 0;
     m->ckpt_block[0] = m->ckpt_block[1] = 128;
     json_t *bs = json_object_get(q, "weight_block_size");
-    if (bs) {
-        if (!json_is_array(bs) || json_array_size(bs) != 2 || !json_is_integer(json_array_get(bs, 0)) ||
-            !json_is_integer(json_array_get(bs, 1)) || json_integer_value(json_array_get(bs, 0)) < 1 ||
-            json_integer_value(json_array_get(bs, 1)) < 1)
-            return pd_err_set(e, PD_EINVAL,
-                              "%s: field \"quantization_config.weight_block_size\": expected [rows, cols] of positive integers",
-                              file);
-        m->ckpt_block[0] = (int)json_integer_value(json_array_get(bs, 0));
-        m->ckpt_block[1] = (int)json_integer_value(json_array_get(bs, 1));
-    }
+    if (bs && (!json_is_array(bs) || json_array_size(bs) != 2 || !json_is_integer(json_array_get(bs, 0)) ||
+               !json_is_integer(json_array_get(bs, 1)) || json_integer_value(json_array_get(bs, 0)) != 128 ||
+               json_integer_value(json_array_get(bs, 1)) != 128))
+        return pd_err_set(e, PD_EINVAL, "%s: field \"quantization_config.weight_block_size\": expected [128, 128], "
+                          "the blocks of DeepSeek's FP8 checkpoints (the only ones pdmoe reads)", file);
     return 0;
 }
 
@@ -228,8 +243,11 @@ static int parse_pdmoe(const char *file, json_t *root, struct pd_model *m, pd_er
     if (!json_is_object(x))
         return pd_err_set(e, PD_EINVAL, "%s: field \"pdmoe\": expected an object", file);
     struct pd_jsrc src = {file, "pdmoe."};
+    static const char *const known[] = {"description", "kv_bytes_per_token", "quantize_groups", "extra_layer_tensors",
+                                        NULL};
     int rc;
-    if ((rc = pd_json_str(&src, x, "description", 0, "", m->description, sizeof m->description, e)) ||
+    if ((rc = pd_json_known(&src, x, known, e)) ||
+        (rc = pd_json_str(&src, x, "description", 0, "", m->description, sizeof m->description, e)) ||
         (rc = pd_json_int(&src, x, "kv_bytes_per_token", 0, 0, 0, INT64_C(1) << 40, &m->kv_bytes_per_token, e)))
         return rc;
     json_t *g = json_object_get(x, "quantize_groups");
@@ -286,6 +304,72 @@ static int check_v4(const char *f, struct pd_model *m, pd_err *e)
     if (m->qk_rope_head_dim > m->head_dim || m->qk_rope_head_dim % 2)
         return pd_err_set(e, PD_EINVAL, "%s: field \"qk_rope_head_dim\": %d must be even and at most head_dim (%d)",
                           f, m->qk_rope_head_dim, m->head_dim);
+    return 0;
+}
+
+/* Every field of a config is one pdmoe reads, one that only describes the file (Hugging Face's
+ * bookkeeping, training-time settings), or one whose value here is the only one DeepSeek's models
+ * have; anything else is refused by name: a misspelt field (compress_rope_thetta) would run the
+ * model at its default, a V3 field in a V4 config (first_k_dense_replace) or a setting pdmoe does
+ * not implement (attention_bias, another hidden_act) would run a different model than the file's. */
+static int check_fields(const struct pd_jsrc *src, json_t *root, const struct pd_model *m, pd_err *e)
+{
+    static const char *const common[] = {
+        "model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers", "num_nextn_predict_layers",
+        "tie_word_embeddings", "rms_norm_eps", "max_position_embeddings", "bos_token_id", "eos_token_id",
+        "num_attention_heads", "num_key_value_heads", "q_lora_rank", "qk_rope_head_dim", "rope_theta", "rope_scaling",
+        "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size", "routed_scaling_factor",
+        "norm_topk_prob", "scoring_func", "topk_method", "quantization_config", "pdmoe", "hidden_act", "attention_bias",
+        /* describe the file or its training, not the forward pass */
+        "torch_dtype", "dtype", "transformers_version", "use_cache", "initializer_range", "attention_dropout",
+        "auto_map", "_name_or_path", "pretraining_tp", "aux_loss_alpha", "seq_aux", "ep_size", NULL};
+    static const char *const v4[] = {"head_dim", "o_groups", "o_lora_rank", "sliding_window", "compress_ratios",
+                                     "index_n_heads", "index_head_dim", "index_topk", "compress_rope_theta", "hc_mult",
+                                     "hc_sinkhorn_iters", "hc_eps", "num_hash_layers", "swiglu_limit",
+                                     "dspark_target_layer_ids", "dspark_markov_rank", "dspark_block_size",
+                                     "dspark_noise_token_id", NULL};
+    static const char *const v3[] = {"kv_lora_rank", "qk_nope_head_dim", "v_head_dim", "first_k_dense_replace",
+                                     "intermediate_size", "moe_layer_freq", "n_group", "topk_group", NULL};
+    const int is_v4 = m->arch == PD_ARCH_DEEPSEEK_V4;
+    const char *const *own = is_v4 ? v4 : v3, *const *other = is_v4 ? v3 : v4;
+    const char *names[sizeof common / sizeof *common + sizeof v4 / sizeof *v4];
+    size_t n = 0;
+    for (const char *const *k = common; *k; k++)
+        names[n++] = *k;
+    for (const char *const *k = own; *k; k++)
+        names[n++] = *k;
+    names[n] = NULL;
+    for (const char *const *k = other; *k; k++)
+        if (json_object_get(root, *k))
+            return pd_err_set(e, PD_EINVAL, "%s: field \"%s\": a %s field, not part of model_type %s (pdmoe does not "
+                              "read it there)", src->file, *k, is_v4 ? "DeepSeek-V3" : "DeepSeek-V4",
+                              is_v4 ? "deepseek_v4" : "deepseek_v3");
+    int rc = pd_json_known(src, root, names, e);
+    if (rc)
+        return rc;
+    int bias = 0;
+    char act[32];
+    if ((rc = pd_json_bool(src, root, "attention_bias", 0, 0, &bias, e)) ||
+        (rc = pd_json_str(src, root, "hidden_act", 0, "silu", act, sizeof act, e)))
+        return rc;
+    if (bias)
+        return pd_err_set(e, PD_EINVAL, "%s: field \"attention_bias\": true, but DeepSeek's attention projections have "
+                          "no biases (pdmoe does not implement them)", src->file);
+    if (strcmp(act, "silu"))
+        return pd_err_set(e, PD_EINVAL, "%s: field \"hidden_act\": \"%s\", but DeepSeek's experts are SwiGLU (silu), the "
+                          "only activation pdmoe implements", src->file, act);
+    json_t *a = json_object_get(root, "architectures");
+    const char *want = is_v4 ? "DeepseekV4ForCausalLM" : "DeepseekV3ForCausalLM";
+    if (a) {
+        int found = 0;
+        if (!json_is_array(a))
+            return pd_err_set(e, PD_EINVAL, "%s: field \"architectures\": expected an array of class names", src->file);
+        for (size_t i = 0; i < json_array_size(a); i++)
+            found |= json_is_string(json_array_get(a, i)) && !strcmp(json_string_value(json_array_get(a, i)), want);
+        if (!found)
+            return pd_err_set(e, PD_EINVAL, "%s: field \"architectures\": does not name %s, the class of model_type %s",
+                              src->file, want, is_v4 ? "deepseek_v4" : "deepseek_v3");
+    }
     return 0;
 }
 
@@ -389,7 +473,8 @@ int pd_model_parse(const char *text, const char *label, struct pd_model *m, pd_e
             goto out;
         }
     }
-    if ((rc = parse_quant_config(label, root, m, e)) || (rc = parse_pdmoe(label, root, m, e)))
+    if ((rc = parse_quant_config(label, root, m, e)) || (rc = parse_pdmoe(label, root, m, e)) ||
+        (rc = check_fields(&src, root, m, e)))
         goto out;
     rc = 0;
 out:

@@ -130,6 +130,45 @@ Test(config, bad_input_names_file_and_field)
                  "pdmoe.extra_layer_tensors[0].shape[0]");
 }
 
+/* A field pdmoe does not read, or a value of one it does not implement, is refused by name: each
+ * of these ran the model at a default or as another model. */
+Test(config, unknown_or_unimplemented_fields_refused)
+{
+    expect_error(",\"compress_rope_thetta\":160000", 0, "field \"compress_rope_thetta\": unknown");
+    expect_error(",\"routed_scale_factor\":1.5", 0, "field \"routed_scale_factor\": unknown");
+    expect_error(",\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":4096,"
+                 "\"attention_factor\":2}", 0, "field \"rope_scaling.attention_factor\": unknown");
+    expect_error(",\"pdmoe\":{\"descriptoin\":\"x\"}", 0, "field \"pdmoe.descriptoin\": unknown");
+    expect_error(",\"first_k_dense_replace\":3", 0, "field \"first_k_dense_replace\": a DeepSeek-V3 field");
+    expect_error(",\"n_group\":4", 0, "field \"n_group\": a DeepSeek-V3 field");
+    expect_error(",\"attention_bias\":true", 0, "field \"attention_bias\": true");
+    expect_error(",\"hidden_act\":\"gelu\"", 0, "field \"hidden_act\": \"gelu\"");
+    expect_error(",\"architectures\":[\"LlamaForCausalLM\"]", 0, "does not name DeepseekV4ForCausalLM");
+    expect_error(",\"quantization_config\":{\"quant_method\":\"awq\",\"bits\":4}", 0,
+                 "field \"quantization_config.bits\": unknown");
+    expect_error(",\"quantization_config\":{\"quant_method\":\"awq\"}", 0,
+                 "field \"quantization_config.quant_method\": \"awq\" is not supported");
+    expect_error(",\"quantization_config\":{\"quant_method\":\"fp8\",\"scale_fmt\":\"bogus\"}", 0,
+                 "\"quantization_config.scale_fmt\": \"bogus\"");
+    expect_error(",\"quantization_config\":{\"quant_method\":\"fp8\",\"activation_scheme\":\"static\"}", 0,
+                 "\"quantization_config.activation_scheme\": \"static\"");
+    expect_error(",\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":[64,64]}", 0,
+                 "\"quantization_config.weight_block_size\": expected [128, 128]");
+    expect_error(",\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":[4294967296,4294967296]}", 0,
+                 "\"quantization_config.weight_block_size\": expected [128, 128]");
+    /* what describes the file only, and the values DeepSeek's models have, still parse */
+    char text[2048];
+    snprintf(text, sizeof text, V4,
+             ",\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.57.1\",\"use_cache\":true,"
+             "\"hidden_act\":\"silu\",\"attention_bias\":false,\"architectures\":[\"DeepseekV4ForCausalLM\"],"
+             "\"quantization_config\":{\"quant_method\":\"fp8\",\"fmt\":\"e4m3\",\"activation_scheme\":\"dynamic\","
+             "\"scale_fmt\":\"ue8m0\",\"weight_block_size\":[128,128]}");
+    struct pd_model m;
+    pd_err e = {0};
+    cr_assert_eq(pd_model_parse(text, "cfg.json", &m, &e), 0, "%s", e.msg);
+    cr_assert(m.ckpt_fp8 && m.ckpt_scale_ue8m0);
+}
+
 Test(config, compress_ratios_checked)
 {
     const char *t =
