@@ -83,6 +83,11 @@ static int finite_bf16(const uint16_t *h, int64_t n, const struct pd_st_set *st,
     return 0;
 }
 
+int pd_check_finite_bf16(const struct pd_st_set *st, const struct pd_st_tensor *t, const char *name, pd_err *e)
+{
+    return finite_bf16(t->data, numel_of(t), st, t, name, t->ndim == 2 ? t->shape[1] : 0, e);
+}
+
 float *pd_load_f32(const struct pd_st_set *st, struct pd_arena *a, const char *name, int64_t numel, pd_err *e)
 {
     const struct pd_st_tensor *t = pd_st_set_find(st, name);

@@ -38,6 +38,10 @@ int pd_linear_load(struct pd_linear *l, const struct pd_st_set *st, struct pd_ar
 int pd_linear_load_ref(struct pd_linear *l, const struct pd_st_set *st, struct pd_arena *a, const char *name,
                        int out, int in, int ref, pd_err *e);
 
+/* 0 when every value of BF16 tensor t (`name`, rows x cols) is finite, else the tensor and the
+ * place of the first NaN or infinity named (a table read in place, as the embedding). */
+int pd_check_finite_bf16(const struct pd_st_set *st, const struct pd_st_tensor *t, const char *name, pd_err *e);
+
 /* A matrix the engine computes in float whatever it stores (the router's gate): a BF16 tensor of
  * shape [out, in] (in <= PD_LINEAR_WIDE_FLOATS) is read in place (h), any other float dtype
  * (F32, BF16, F16) of out * in values is loaded as fp32 (f); never int8. */

@@ -212,6 +212,8 @@ int pd_weights_load_ref(struct pd_weights *w, const struct pd_model *m, const ch
                         (long long)m->vocab_size, (long long)H);
         goto fail;
     }
+    if ((rc = pd_check_finite_bf16(&w->st, t, "embed.weight", e)))
+        goto fail;   /* (the message names the file) */
     w->embed = t->data;
     w->cur_class = 1;
     acct(w, "embed.weight");
@@ -223,18 +225,20 @@ int pd_weights_load_ref(struct pd_weights *w, const struct pd_model *m, const ch
     memset(w->layers, 0, (size_t)m->n_layers * sizeof *w->layers);
     if (m->tie_word_embeddings && pd_st_set_find(&w->st, "head.weight"))
         /* tied, the output head is the embedding: a head of its own would go unread */
-        rc = pd_err_set(e, PD_EINVAL, "%s: config.json says tie_word_embeddings true, but the checkpoint has its own "
-                        "head.weight, which would go unused: set it false, or drop the tensor", dir);
+        rc = pd_err_set(e, PD_EINVAL, "config.json says tie_word_embeddings true, but the checkpoint has its own "
+                        "head.weight, which would go unused: set it false, or drop the tensor");   /* (dir: below) */
     else if (m->tie_word_embeddings)
         rc = pd_linear_load_ref(&w->head, &w->st, &w->arena, "embed.weight", (int)m->vocab_size, (int)H, ref, e);
     else
         rc = lin(w, &w->head, "", "head.weight", m->vocab_size, H, e);
-    if (rc)
-        goto fail;
-    if ((rc = vec(w, &w->norm, "", "norm.weight", H, e)) || (rc = vec(w, &w->hc_head_fn, "", "hc_head_fn", hc * hc * H, e)) ||
-        (rc = vec(w, &w->hc_head_base, "", "hc_head_base", hc, e)) ||
-        (rc = vec(w, &w->hc_head_scale, "", "hc_head_scale", 1, e)))
-        goto fail;
+    if (!rc)
+        rc = vec(w, &w->norm, "", "norm.weight", H, e);
+    if (!rc)
+        rc = vec(w, &w->hc_head_fn, "", "hc_head_fn", hc * hc * H, e);
+    if (!rc)
+        rc = vec(w, &w->hc_head_base, "", "hc_head_base", hc, e);
+    if (!rc)
+        rc = vec(w, &w->hc_head_scale, "", "hc_head_scale", 1, e);
     for (int l = 0; l < m->n_layers && !rc; l++)
         rc = layer(w, &w->layers[l], l, has_expert, e);
     /* the MTP layer, when the checkpoint has one: loaded (its bytes count) but not run yet */
