@@ -54,6 +54,7 @@ struct pd_proxy {
     uint64_t queue_full;         /* requests answered 429: every instance of a role had its queue full */
     int64_t body_bytes;          /* the request bodies of the jobs in flight */
     uint64_t body_full;          /* requests answered 503: the bodies in flight were at their cap */
+    uint64_t shutting_down;      /* requests answered 503: the proxy was draining or stopping */
     uint64_t routed[PD_ROUTE_N_WHY];                 /* prefill choices, by reason */
     uint64_t route_chunks, route_matched;            /* prompt chunks routed, and matched where they went */
     struct pd_hist ttft, tpot, itl, e2e;

@@ -9,7 +9,8 @@
 
 void px_hists_init(struct pd_proxy *px)
 {
-    PD_HIST_INIT(&px->ttft, "pdmoe_proxy_time_to_first_token_seconds", "Time from request to the first streamed token.",
+    PD_HIST_INIT(&px->ttft, "pdmoe_proxy_time_to_first_token_seconds",
+                 "Time from request to the first streamed token (streamed requests only).",
                  pd_hist_le_ttft);
     PD_HIST_INIT(&px->tpot, "pdmoe_proxy_time_per_output_token_seconds",
                  "Per streamed request: (end - first token) / (completion tokens - 1).", pd_hist_le_token);
@@ -29,6 +30,7 @@ void px_on_metrics(struct evhttp_request *h, void *arg)
         return;
     }
     evbuffer_add_printf(b,
+                        "# HELP pdmoe_proxy_requests_total Completion requests received (authorised), those refused included.\n"
                         "# TYPE pdmoe_proxy_requests_total counter\npdmoe_proxy_requests_total %llu\n"
                         "# TYPE pdmoe_proxy_completed_total counter\npdmoe_proxy_completed_total %llu\n"
                         "# TYPE pdmoe_proxy_retries_total counter\npdmoe_proxy_retries_total %llu\n"
@@ -39,12 +41,14 @@ void px_on_metrics(struct evhttp_request *h, void *arg)
                         "pdmoe_proxy_errors_total{kind=\"client_cancelled\"} %llu\n"
                         "pdmoe_proxy_errors_total{kind=\"queue_full\"} %llu\n"
                         "pdmoe_proxy_errors_total{kind=\"bodies_in_flight_full\"} %llu\n"
+                        "pdmoe_proxy_errors_total{kind=\"shutting_down\"} %llu\n"
                         "# TYPE pdmoe_proxy_body_bytes_in_flight gauge\npdmoe_proxy_body_bytes_in_flight %lld\n",
                         (unsigned long long)px->requests, (unsigned long long)px->completed,
                         (unsigned long long)px->retries, (unsigned long long)px->bad_requests,
                         (unsigned long long)px->prefill_failed, (unsigned long long)px->decode_failed,
                         (unsigned long long)px->cancelled, (unsigned long long)px->queue_full,
-                        (unsigned long long)px->body_full, (long long)px->body_bytes);
+                        (unsigned long long)px->body_full, (unsigned long long)px->shutting_down,
+                        (long long)px->body_bytes);
     evbuffer_add_printf(b, "# TYPE pdmoe_proxy_routed_total counter\n");
     for (int w = 0; w < PD_ROUTE_N_WHY; w++)
         evbuffer_add_printf(b, "pdmoe_proxy_routed_total{policy=\"%s\",reason=\"%s\"} %llu\n",

@@ -499,10 +499,8 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
             px->queue_full++;
         else if (code >= 400)   /* the decode instance's 4xx, passed on: the client's, as the prefill's are */
             px->bad_requests++;
-        if (code == 200) {
-            pd_hist_observe(&px->ttft, pd_now_s() - j->t0);   /* the whole answer is its first token */
+        if (code == 200)   /* (no TTFT: nothing was streamed, its time is the end-to-end latency's) */
             note_done(j);
-        }
     }
     client_done(j);
     job_free(j);
@@ -723,7 +721,12 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
     struct pd_proxy *px = arg;
     if (!px_authorised(px, h))
         return;
+    /* every completion request counts, those the proxy refuses itself too: each error kind below is
+     * a part of pdmoe_proxy_requests_total (they were counted in the errors only, so completed +
+     * errors could pass the requests) */
+    px->requests++;
     if (px->stopping || px->draining) {
+        px->shutting_down++;
         reply_error(h, 503, "server_error", "the proxy is shutting down");
         return;
     }
@@ -791,7 +794,6 @@ static void on_completion(struct evhttp_request *h, void *arg, const char *path)
     if (px->jobs)
         px->jobs->prev = j;
     px->jobs = j;
-    px->requests++;
     pd_http_set_closecb(h, on_client_close, j);   /* a client that hangs up cancels the upstream work */
     /* without prefill instances the decode instances are colocated servers: no hand-off */
     send_up(j, px->np == 0);

@@ -298,6 +298,16 @@ Test(proxy, client_errors_pass_through_unretried)
     /* each counted once as the client's: the third is the decode instance's 400 (max_tokens past its
      * context), which was counted nowhere and left the proxy's counters short of its requests */
     cr_assert(strstr(out, "pdmoe_proxy_errors_total{kind=\"bad_request\"} 3\n"), "%s", out);
+    /* and each is one of the requests: the one the proxy refused itself ("not json") was an error
+     * without being a request, so errors could pass the requests */
+    cr_assert(strstr(out, "pdmoe_proxy_requests_total 3\n"), "%s", out);
+    /* a whole (not streamed) answer has no first token the proxy sees: its time went into the TTFT
+     * histogram as the end-to-end latency */
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":4}", NULL, out,
+                           sizeof out), 200, "%s", out);
+    cr_assert_eq(metric_port(pd_proxy_port(X), "pdmoe_proxy_e2e_request_latency_seconds_count"), 1);
+    cr_assert_eq(metric_port(pd_proxy_port(X), "pdmoe_proxy_time_to_first_token_seconds_count"), 0);
+    cr_assert_eq(metric_port(pd_proxy_port(X), "pdmoe_proxy_requests_total"), 4);
 }
 
 static int metric(int port, const char *name)
