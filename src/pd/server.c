@@ -434,7 +434,8 @@ static void *scheduler(void *arg)
         }
         for (int i = 0; i < s->n_running;) {
             struct req *r = s->running[i];
-            if (r->finished && r->remote_decode && s->kvx && strcmp(r->finish, "error") &&
+            /* (a request whose client left during its prefill has nobody to pull it) */
+            if (r->finished && r->remote_decode && s->kvx && strcmp(r->finish, "error") && !r->cancelled &&
                 (s->g ? pd_srv_ep_lease(s, r) : pd_srv_lease(s, r)) == 0) {
                 /* the KV stays, under the lease; the scheduler's reference goes with it */
                 s->running[i] = s->running[--s->n_running];

@@ -372,6 +372,10 @@ void pd_srv_on_close(struct evhttp_connection *c, void *arg)
     if (h) {
         r->http = NULL;
         r->cancelled = 1;
+        /* a prefill leased before its answer went out: nobody learns its key, so nobody will pull
+         * it; its KV held blocks and a sequence for kv_lease_ms (30 s) and then counted as an
+         * expired hand-off */
+        pd_srv_revoke_lease(s, r);
         pthread_cond_signal(&s->cv);
         pd_srv_req_unref(s, r);
     }

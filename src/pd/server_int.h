@@ -325,6 +325,9 @@ int64_t pd_srv_seq_pull(struct pd_server *s, struct pd_seq *q, const char *host,
                         int len, pthread_mutex_t *mu, double *seconds);
 /* Producer: r's KV goes under a lease instead of being freed: 0, or -1 (not offered). (s->mu held) */
 int pd_srv_lease(struct pd_server *s, struct req *r);
+/* Producer: r's lease, if it has one unclaimed, is given up: its blocks come back at its release
+ * (an EP group's owner rank revokes it in the next round). 1 if revoked. (s->mu held) */
+int pd_srv_revoke_lease(struct pd_server *s, struct req *r);
 /* Producer: a request finds no room: the oldest lease unclaimed for a while is revoked. (s->mu held) */
 void pd_srv_yield_lease(struct pd_server *s);
 /* Consumer: starts pulling r's prompt KV into a fresh sequence (r->pull): 0, or PULL_NONE when none

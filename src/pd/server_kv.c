@@ -116,19 +116,31 @@ void pd_srv_yield_lease(struct pd_server *s)
         }
         if (!oldest)
             return;
-        if (s->g) {   /* its owner rank revokes it in the next round and reports the release (or,
-                       * if a pull claimed it meanwhile, its end: no other is revoked until then) */
-            pd_srv_ep_revoke(s, oldest);
-            oldest->revoked = 1;
+        if (pd_srv_revoke_lease(s, oldest))
             return;
-        }
-        if (pd_kvx_revoke(s->kvx, &oldest->key)) {
-            oldest->revoked = 1;
-            s->leases_revoked++;
-            return;
-        }
         oldest->leased_at = -1;   /* a pull holds it: not a candidate again */
     }
+}
+
+int pd_srv_revoke_lease(struct pd_server *s, struct req *r)
+{
+    struct req *l = s->leases;
+    while (l && l != r)
+        l = l->lease_next;
+    if (!l || r->revoked)
+        return 0;
+    if (s->g) {   /* its owner rank revokes it in the next round and reports the release (or, if a
+                   * pull claimed it meanwhile, its end) */
+        pd_srv_ep_revoke(s, r);
+        r->revoked = 1;
+        return 1;
+    }
+    if (s->kvx && pd_kvx_revoke(s->kvx, &r->key)) {
+        r->revoked = 1;
+        s->leases_revoked++;
+        return 1;
+    }
+    return 0;
 }
 
 /* Consumer: starts pulling the producer's KV into a fresh sequence of this pool (r->pull), the

@@ -47,7 +47,7 @@ TestSuite(fault, .init = setup, .fini = teardown, .timeout = 180);
 
 /* Starts `pdmoe serve` with the given role and KV config, returns its HTTP port (read from the
  * line it prints once it listens). */
-static int spawn(const char *kv_config, pid_t *pid)
+static int spawn_model(const char *model, const char *context, const char *kv_config, pid_t *pid)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
     char log[128];
@@ -56,8 +56,8 @@ static int spawn(const char *kv_config, pid_t *pid)
     if (p == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);   /* a test killed by its timeout leaves nothing behind */
         freopen(log, "w", stderr);
-        execl(bin, bin, "serve", "--model", dir, "--port", "0", "--threads", "1", "--max-num-seqs", "8",
-              "--max-model-len", "512", "--max-num-batched-tokens", "512", "--kv-transfer-config", kv_config,
+        execl(bin, bin, "serve", "--model", model, "--port", "0", "--threads", "1", "--max-num-seqs", "8",
+              "--max-model-len", context, "--max-num-batched-tokens", context, "--kv-transfer-config", kv_config,
               (char *)NULL);
         _exit(127);
     }
@@ -79,6 +79,11 @@ static int spawn(const char *kv_config, pid_t *pid)
     }
     cr_assert_fail("pdmoe serve (%s) did not start; see %s", kv_config, log);
     return -1;
+}
+
+static int spawn(const char *kv_config, pid_t *pid)
+{
+    return spawn_model(dir, "512", kv_config, pid);
 }
 
 static void start_proxy_n(const int *prefill, int np, const int *decode, int nd)
@@ -219,6 +224,35 @@ Test(fault, a_decode_instance_killed_leaves_leases_that_expire)
     int code = curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"after\",\"max_tokens\":4}", "--max-time 30",
                          out, sizeof out);
     cr_assert(code >= 500 && strstr(out, "\"error\""), "HTTP %d: %s", code, out);
+}
+
+/* A prefill whose client left during its step (a proxy's client gave up) was leased anyway: nobody
+ * learns its key, yet its blocks and sequence were held for kv_lease_ms and then counted as an
+ * expired hand-off. Now it is not leased; the prefill of v4-flash-mini's 2,000 tokens in one step
+ * takes about a second at one thread, the client leaves after 0.3 s. */
+Test(fault, a_prefill_whose_client_left_holds_no_lease)
+{
+    if (access("models/mini/model.safetensors", R_OK) != 0)
+        cr_skip_test("models/mini not generated");
+    pid_t p;
+    int pport = spawn_model("models/mini", "4096", "{\"kv_role\":\"kv_producer\",\"kv_lease_ms\":60000}", &p);
+    static char body[16384];
+    int at = snprintf(body, sizeof body, "{\"max_tokens\":4,\"kv_transfer_params\":{\"do_remote_decode\":true},"
+                                         "\"prompt\":[");
+    for (int i = 0; i < 2000; i++)
+        at += snprintf(body + at, sizeof body - (size_t)at, "%s%d", i ? "," : "", 100 + i % 3000);
+    snprintf(body + at, sizeof body - (size_t)at, "]}");
+    char out[8192];
+    int code = curl_port(pport, "/v1/completions", body, "--max-time 0.3", out, sizeof out);
+    cr_assert_neq(code, 200, "the prefill answered within 0.3 s: %s", out);
+    for (int i = 0; i < 300 && metric(pport, "pdmoe_num_requests_running") > 0; i++)
+        usleep(20000);
+    cr_assert_eq(metric(pport, "pdmoe_num_requests_running"), 0);
+    cr_assert_eq(metric(pport, "pdmoe_requests_cancelled_total"), 1);
+    cr_assert_eq(metric(pport, "pdmoe_kv_leases"), 0, "a lease for a request whose client left");
+    /* every block back, free or kept by the prefix cache */
+    cr_assert_eq(metric(pport, "pdmoe_kv_blocks_free") + metric(pport, "pdmoe_prefix_cache_blocks"),
+                 metric(pport, "pdmoe_kv_blocks_capacity"));
 }
 
 /* Two decode instances, one dead: the proxy sends the requests that meet it to the other one
