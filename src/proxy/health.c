@@ -71,7 +71,7 @@ static double health_interval_s(const struct pd_proxy *px)
 
 /* Active health checks: GET /health of each instance, every health_interval_ms while it is up,
  * at its backoff's end while it is ejected; 1 s to answer. A failed check ejects the instance and,
- * past HUNG_S, fails the requests it holds.
+ * past HUNG_S, fails the requests it holds that it has not sent a byte of for as long.
  *
  * How long an instance's /health may stay unanswered before the requests in flight on it are
  * failed (a 502, or an error event and [DONE]): one check missing its second once failed every
@@ -95,7 +95,7 @@ static void probe_failed(struct pd_proxy *px, struct instance *in)
         in->probe_at = now + health_interval_s(px);
     }
     if (now - in->silent_since >= HUNG_S)
-        px_fail_in_flight(px, in);
+        px_fail_in_flight(px, in, HUNG_S);
 }
 
 static void on_probe_done(struct evhttp_request *r, void *arg)

@@ -78,8 +78,9 @@ const char *px_backend_key(const struct pd_proxy *px);
 int px_authorised(struct pd_proxy *px, struct evhttp_request *h);
 /* The least-loaded instance not in `skip`, among those up if any is (else among all). */
 int px_pick(struct instance *in, int n, unsigned skip);
-/* The requests in flight on `in` fail as if its answer had not come (it stopped answering). */
-void px_fail_in_flight(struct pd_proxy *px, const struct instance *in);
+/* The requests in flight on `in` of which it has sent nothing for silent_s fail as if its answer had
+ * not come (it stopped answering its checks). */
+void px_fail_in_flight(struct pd_proxy *px, const struct instance *in, double silent_s);
 
 /* health.c */
 /* A request to `in` failed (by_probe 0) or its /health check did (1): out, next check after a backoff. */

@@ -43,6 +43,7 @@ struct job {
     double t0;
     int got_first;
     double t_first, t_last;          /* the first and the latest streamed event carrying tokens */
+    double t_heard;                  /* when its request went up, or its instance last sent bytes of it */
     int chunks;                      /* streamed events carrying tokens relayed */
     int stream_failed;               /* the decode instance's stream carried an error event */
     int64_t body_bytes;              /* the client's body, counted in px->body_bytes while the job lives */
@@ -298,6 +299,7 @@ static void on_decode_chunk(struct evhttp_request *r, void *arg)
 {
     struct job *j = arg;
     struct evbuffer *in = evhttp_request_get_input_buffer(r);
+    j->t_heard = pd_now_s();
     if (!j->client) {
         evbuffer_drain(in, evbuffer_get_length(in));
         return;
@@ -679,6 +681,7 @@ static void send_up(struct job *j, int decode)
     in->load++;
     j->up = r;
     j->up_decode = decode;
+    j->t_heard = pd_now_s();
     if (bad || evhttp_make_request(c, r, EVHTTP_REQ_POST, j->path) != 0) {
         /* libevent freed r: the instance failed (the handlers take its load back) */
         j->up = NULL;
@@ -814,14 +817,17 @@ static void on_chat(struct evhttp_request *h, void *arg)
 
 
 
-/* An instance that failed its health check fails the requests it holds: each as if its answer
- * had not come (another instance takes it when nothing has reached the client yet, else the client
- * gets its error), rather than waiting on a host that may never answer. */
-void px_fail_in_flight(struct pd_proxy *px, const struct instance *in)
+/* An instance that failed its health checks fails the requests it holds that it has not sent a
+ * byte of for silent_s: each as if its answer had not come (another instance takes it when nothing
+ * has reached the client yet, else the client gets its error), rather than waiting on a host that
+ * may never answer. A stream still flowing stays: on a congested link the checks (and new
+ * connections) fail first, and every stream of a live instance was cut 1.4 s after its last token. */
+void px_fail_in_flight(struct pd_proxy *px, const struct instance *in, double silent_s)
 {
+    const double now = pd_now_s();
     for (struct job *j = px->jobs, *next; j; j = next) {
         next = j->next;
-        if (!j->up || (j->up_decode ? &px->d[j->di] : &px->p[j->pi]) != in)
+        if (!j->up || (j->up_decode ? &px->d[j->di] : &px->p[j->pi]) != in || now - j->t_heard < silent_s)
             continue;
         evhttp_cancel_request(j->up);   /* (its callback is not called) */
         j->up = NULL;

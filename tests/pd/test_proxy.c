@@ -761,6 +761,7 @@ Test(proxy, readiness_says_whether_a_request_can_be_served)
  * event across two writes. It answers GET /health 200 and keeps each POST's body. */
 struct sse_fake {
     int fd, port, error_mode;
+    int long_mode;   /* 50 more text events, 0.1 s apart: 5 s during which its /health waits */
     volatile int stop;
     char body[4][2048];
     int n_bodies;
@@ -825,6 +826,11 @@ static void *sse_fake_run(void *arg)
             usleep(100000);
             snprintf(e, sizeof e, ev, "content", "cd", "null");
             fake_write(c, e);
+            for (int k = 0; f->long_mode && k < 50; k++) {
+                usleep(100000);
+                snprintf(e, sizeof e, ev, "content", "x", "null");
+                fake_write(c, e);
+            }
             snprintf(e, sizeof e, ev, "content", "", "\"length\"");
             fake_write(c, e);
             if (strstr(f->body[f->n_bodies - 1], "\"include_usage\":true"))
@@ -912,6 +918,36 @@ Test(proxy, stream_latencies_count_tokens_and_events_go_out_whole)
     cr_assert(strstr(out, "data: {\"error\":{\"message\":\"the engine failed\""), "%s", out);
     cr_assert_eq(metric_key(pd_proxy_port(X), "pdmoe_proxy_completed_total"), 2, "the failed stream counted completed");
     cr_assert_eq(metric_key(pd_proxy_port(X), "pdmoe_proxy_errors_total{kind=\"decode_failed\"}"), 1);
+    proxy_shutdown(&X, tx);
+    sse_fake_stop(&f);
+}
+
+/* An instance whose /health checks fail while it streams (the fake answers one connection at a time,
+ * as a congested link delays the checks and new connections first) keeps the streams that flow:
+ * each was failed once the checks had failed for 3 s, 1.4 s after its last token. */
+Test(proxy, a_stream_that_flows_outlives_failed_health_checks)
+{
+    struct sse_fake f = {.long_mode = 1};
+    sse_fake_start(&f);
+    static char c1[32];
+    snprintf(c1, sizeof c1, "127.0.0.1:%d", f.port);
+    struct pd_proxy_opts o = {.port = 0, .n_decode = 1, .health_interval_ms = 100};
+    o.decode[0] = c1;
+    pd_err e = {0};
+    cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
+    pthread_create(&tx, NULL, run_proxy, X);
+    wait_up(pd_proxy_port(X), 0, 1);
+    char out[16384];
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/chat/completions",
+                           "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":60,\"stream\":true}",
+                           NULL, out, sizeof out), 200, "%s", out);
+    cr_assert_null(strstr(out, "\"error\""), "a flowing stream was failed: %s", out);
+    int xs = 0;
+    for (const char *p = out; (p = strstr(p, "\"content\":\"x\"")); p++)
+        xs++;
+    cr_assert_eq(xs, 50, "%d of the 50 text events relayed: %s", xs, out);
+    cr_assert(strstr(out, "data: [DONE]"), "%s", out);
+    cr_assert_eq(metric_key(pd_proxy_port(X), "pdmoe_proxy_completed_total"), 1);
     proxy_shutdown(&X, tx);
     sse_fake_stop(&f);
 }
