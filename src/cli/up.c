@@ -256,6 +256,35 @@ static void stop_all(struct child *c, int n, int drain_s)
 /* Every host the instances use that is not this one must take a process from Open MPI's
  * launcher (ssh, or the plm_rsh_agent the user set): tried on each, at the same time, within
  * 20 s; the hosts that refuse are named. 0 when all answer. */
+/* Every process left in session sid is killed. Open MPI's rsh launcher puts its agent (ssh) in a
+ * process group of its own, which outlived the killed mpirun: an ssh to a hung host lived on,
+ * and could start an orted for a dead mpirun once the host answered. */
+static void kill_session(pid_t sid)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        char path[64], buf[512];
+        pid_t p = (pid_t)atoi(de->d_name);
+        if (p <= 0)
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)p);
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[n] = 0;
+        /* pid (comm) state ppid pgrp session ...: comm may hold spaces, so after its last ')' */
+        const char *rp = strrchr(buf, ')');
+        int ppid, pgrp, session;
+        char state;
+        if (rp && sscanf(rp + 1, " %c %d %d %d", &state, &ppid, &pgrp, &session) == 4 && session == (int)sid)
+            kill(p, SIGKILL);
+    }
+    if (d)
+        closedir(d);
+}
+
 static int reachable(const struct pd_launch_inst *inst, int n)
 {
     const char *h[MAX_HOSTS];
@@ -280,7 +309,7 @@ static int reachable(const struct pd_launch_inst *inst, int n)
                 dup2(null, 1);
                 dup2(null, 2);
             }
-            setpgid(0, 0);
+            setsid();   /* a session of its own: the launcher agents it starts are found by it */
             char *a[8] = {"mpirun", "--host", hs, "-n", "1"};
             int na = 5;
             if (geteuid() == 0)   /* Open MPI refuses root without it */
@@ -300,6 +329,7 @@ static int reachable(const struct pd_launch_inst *inst, int n)
         if (pid[k] > 0 && w == 0) {
             kill(-pid[k], SIGKILL);
             waitpid(pid[k], &status, 0);
+            kill_session(pid[k]);
             fprintf(stderr, "pdmoe up: --hosts: host %s is unreachable: Open MPI's launcher (mpirun --host %s) did not "
                             "start a process there within 20 s\n", h[k], h[k]);
             bad = 1;

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -112,6 +114,57 @@ Test(hosts, up_refuses_bad_hosts, .init = write_plan, .fini = drop_plan)
     json_decref(j);
     snprintf(args, sizeof args, "up --model models/mini --plan %s --hosts 127.0.0.1,127.0.0.2", plan_path);
     refused(args, "no \"node_map\"");
+}
+
+/* 1 while process p runs (a zombie, killed and not yet reaped by init, does not). */
+static int running(pid_t p)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)p);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *rp = strrchr(buf, ')');
+    return rp && rp[1] == ' ' && rp[2] != 'Z';
+}
+
+/* A host whose launcher hangs (an ssh to a blackholed host, here an agent that sleeps) is said
+ * unreachable after 20 s, and the agent does not outlive up: it ran on, in a process group of its
+ * own that killing mpirun's missed, able to start an orted for a dead mpirun later. */
+Test(hosts, a_hung_launcher_is_not_left_behind, .init = write_plan, .fini = drop_plan, .timeout = 90)
+{
+    char dir[] = "/tmp/pdmoe-hang-XXXXXX", agent[64], pidf[64], args[1024], err[4096];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(agent, sizeof agent, "%s/agent", dir);
+    snprintf(pidf, sizeof pidf, "%s/pid", dir);
+    FILE *f = fopen(agent, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "#!/bin/sh\necho $$ > %s\nexec sleep 300\n", pidf);
+    fclose(f);
+    chmod(agent, 0700);
+    setenv("OMPI_MCA_plm_rsh_agent", agent, 1);
+    snprintf(args, sizeof args, "up --model models/mini --plan %s --hosts 127.0.0.1,198.18.250.7", plan_path);
+    int st = pdmoe(args, err, sizeof err);
+    unsetenv("OMPI_MCA_plm_rsh_agent");
+    cr_assert_eq(st, 2, "exit %d: %s", st, err);
+    cr_assert(strstr(err, "host 198.18.250.7 is unreachable"), "%s", err);
+    f = fopen(pidf, "r");
+    cr_assert_not_null(f, "the launcher never ran its agent: %s", err);
+    int pid = 0;
+    cr_assert_eq(fscanf(f, "%d", &pid), 1);
+    fclose(f);
+    for (int i = 0; i < 100 && running(pid); i++)
+        usleep(20000);
+    int alive = running(pid);
+    if (alive)
+        kill(pid, SIGKILL);
+    remove(agent);
+    remove(pidf);
+    rmdir(dir);
+    cr_assert(!alive, "the launcher's agent (pid %d) outlived pdmoe up", pid);
 }
 
 Test(hosts, serve_reads_kv_host_and_refuses_keys_it_does_not_read)
