@@ -1,9 +1,12 @@
 /* `pdmoe bench serve --base-url URL ...`: load against an OpenAI-compatible endpoint, like
  * `vllm bench serve` and with its flag names: Poisson arrivals at --request-rate (inf: all at
  * once), at most --max-concurrency requests in flight (a request arriving beyond it waits for one
- * to finish: with rate inf, the closed loop of C clients), synthetic prompts of about
- * --random-input-len tokens, --random-output-len tokens each (ignore_eos), streamed; reports TTFT,
- * TPOT and inter-token latency percentiles and throughput (text, or --json). --long-every N
+ * to finish: with rate inf, the closed loop of C clients), synthetic prompts of --random-input-len
+ * words (the prompt tokens they make, from the servers' usage, are printed beside: vLLM's flag
+ * counts tokens of random ids, which a text prompt cannot), --random-output-len tokens each
+ * (ignore_eos), streamed with the usage event; reports TTFT, TPOT (over the usage's completion
+ * tokens) and inter-token latency (between streamed events carrying text) percentiles and
+ * throughput (text, or --json). --long-every N
  * --long-input-len L makes every Nth request a long prompt: the mixed workload where
  * disaggregation should protect decode. An endpoint that cannot be reached is an error naming it,
  * before any request is sent.
@@ -49,8 +52,11 @@ struct sreq {
     int chunks, done, ok;
     char body[160];              /* the start of an error answer's body (a failed request's) */
     int n_body;
-    double *itl;                 /* gaps between chunks */
+    double *itl;                 /* gaps between streamed events carrying text */
     int n_itl, cap_itl;
+    char *sse;                   /* the stream's bytes not yet a whole event */
+    size_t n_sse;
+    long prompt_tokens, completion_tokens;   /* the usage event's; -1 until it comes */
     struct evhttp_connection *conn;
 };
 
@@ -121,21 +127,25 @@ static void free_conn(evutil_socket_t fd, short what, void *arg)
     evhttp_connection_free(arg);
 }
 
-static void on_chunk(struct evhttp_request *h, void *arg)
+/* One whole server-sent event of q's stream (len bytes at ev, without its blank line): an event
+ * whose choice carries text is a token arrival (several tokens, with speculative decoding: the
+ * usage counts them); the usage event (stream_options.include_usage) gives the token counts. The
+ * finish event (empty text) and [DONE] are neither. */
+static void on_event(struct sreq *q, const char *ev, size_t len)
 {
-    struct sreq *q = arg;
-    struct evbuffer *in = evhttp_request_get_input_buffer(h);
-    size_t n = evbuffer_get_length(in);
-    char *buf = malloc(n + 1);
-    evbuffer_remove(in, buf, n);
-    buf[n] = 0;
-    if (evhttp_request_get_response_code(h) != 200) {   /* an error's body: kept for the report */
-        int room = (int)sizeof q->body - 1 - q->n_body, k = (int)n < room ? (int)n : room;
-        memcpy(q->body + q->n_body, buf, (size_t)k);
-        q->body[q->n_body += k] = 0;
+    if (len < 6 || strncmp(ev, "data: ", 6) || (len == 12 && !strncmp(ev, "data: [DONE]", 12)))
+        return;
+    json_t *j = json_loadb(ev + 6, len - 6, 0, NULL);
+    json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+    const char *text = json_string_value(json_object_get(c0, "text"));
+    if (!text)
+        text = json_string_value(json_object_get(json_object_get(c0, "delta"), "content"));
+    json_t *u = json_object_get(j, "usage");
+    if (json_is_object(u)) {
+        q->prompt_tokens = (long)json_integer_value(json_object_get(u, "prompt_tokens"));
+        q->completion_tokens = (long)json_integer_value(json_object_get(u, "completion_tokens"));
     }
-    /* a chunk with generated text counts as a token arrival */
-    if (strstr(buf, "\"text\":\"") || strstr(buf, "\"content\":\"")) {
+    if (text && text[0]) {
         double now = pd_now_s();
         if (!q->chunks)
             q->t_first = now;
@@ -149,7 +159,33 @@ static void on_chunk(struct evhttp_request *h, void *arg)
         q->t_last = now;
         q->chunks++;
     }
-    free(buf);
+    json_decref(j);
+}
+
+static void on_chunk(struct evhttp_request *h, void *arg)
+{
+    struct sreq *q = arg;
+    struct evbuffer *in = evhttp_request_get_input_buffer(h);
+    size_t n = evbuffer_get_length(in);
+    if (evhttp_request_get_response_code(h) != 200) {   /* an error's body: kept for the report */
+        int room = (int)sizeof q->body - 1 - q->n_body;
+        int k = (int)evbuffer_remove(in, q->body + q->n_body, (size_t)((int)n < room ? (int)n : room));
+        q->body[q->n_body += k > 0 ? k : 0] = 0;
+        evbuffer_drain(in, evbuffer_get_length(in));
+        return;
+    }
+    /* whole events only: a read may end inside one, or hold several */
+    q->sse = realloc(q->sse, q->n_sse + n + 1);
+    evbuffer_remove(in, q->sse + q->n_sse, n);
+    q->n_sse += n;
+    q->sse[q->n_sse] = 0;
+    size_t at = 0;
+    for (char *end; (end = strstr(q->sse + at, "\n\n"));) {
+        on_event(q, q->sse + at, (size_t)(end - (q->sse + at)));
+        at = (size_t)(end - q->sse) + 2;
+    }
+    memmove(q->sse, q->sse + at, q->n_sse - at + 1);
+    q->n_sse -= at;
 }
 
 static void on_done(struct evhttp_request *h, void *arg)
@@ -207,8 +243,8 @@ static void send_now(struct sreq *q)
     p += sprintf(p, "{\"model\":\"%s\",\"prompt\":\"", b->model);
     if (b->dataset != DS_RANDOM) {
         p += dataset_prompt(b, q, p);
-        sprintf(p, "\",\"max_tokens\":%d,\"ignore_eos\":true,\"stream\":true,\"temperature\":%g}", b->output_len,
-                b->temperature);
+        sprintf(p, "\",\"max_tokens\":%d,\"ignore_eos\":true,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+                "\"temperature\":%g}", b->output_len, b->temperature);
         goto send;
     }
     p += sprintf(p, "request %d:", q->id);
@@ -220,8 +256,8 @@ static void send_now(struct sreq *q)
             p += sprintf(p, " %s", words[(i * 7 + q->id) % 10]);
         }
     }
-    sprintf(p, "\",\"max_tokens\":%d,\"ignore_eos\":true,\"stream\":true,\"temperature\":%g}", b->output_len,
-            b->temperature);
+    sprintf(p, "\",\"max_tokens\":%d,\"ignore_eos\":true,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+            "\"temperature\":%g}", b->output_len, b->temperature);
 send:
     q->conn = evhttp_connection_base_new(b->base, NULL, b->host, (unsigned short)b->port);
     evhttp_connection_set_timeout(q->conn, 600);
@@ -279,6 +315,9 @@ static const char serve_usage[] =
     "       [--dataset random|generated-shared-prefix|multi-turn] [--gsp-num-groups 4]\n"
     "       [--gsp-system-prompt-len 400] [--num-turns 4] [--metrics-url URL,...]\n"
     "vllm bench serve's names; --url, --input-len and --output-len are accepted for the first three.\n"
+    "--random-input-len counts words of the synthetic prompt (vLLM's counts tokens): the prompt tokens they\n"
+    "make, from the servers' usage events, are printed beside; throughput and TPOT use the usage's completion\n"
+    "tokens, ITL the gaps between streamed events that carry text.\n"
     "--max-concurrency C: at most C requests in flight (with --request-rate inf, C clients each sending its\n"
     "next request when the last one ends). --prompts words (default): ten words repeated; text: each request\n"
     "its own window of an English text (models/corpus.txt), so that expert routing is a real prompt's.\n"
@@ -571,7 +610,8 @@ int pd_bench_serve(int argc, char **argv)
     }
     double t = 0;
     for (int i = 0; i < b.n; i++) {
-        b.r[i] = (struct sreq){.run = &b, .id = i, .long_prompt = b.long_every > 0 && i % b.long_every == b.long_every - 1};
+        b.r[i] = (struct sreq){.run = &b, .id = i, .long_prompt = b.long_every > 0 && i % b.long_every == b.long_every - 1,
+                               .prompt_tokens = -1, .completion_tokens = -1};
         if (b.dataset == DS_SHARED)
             b.r[i].group = i % b.groups;
         if (b.dataset == DS_TURNS) {
@@ -596,13 +636,19 @@ int pd_bench_serve(int argc, char **argv)
         n_itl += b.r[i].n_itl;
     double *itl = calloc((size_t)n_itl + 1, sizeof *itl);
     n_itl = 0;
-    long tokens = 0;
+    long tokens = 0, prompt_tokens = 0, no_usage = 0;
     for (int i = 0; i < b.n; i++) {
         struct sreq *q = &b.r[i];
+        free(q->sse);
         if (!q->ok)
             continue;
         ok++;
-        tokens += b.output_len;
+        /* the tokens the server says it generated (a request may end before max_tokens); without
+         * a usage event, the events that carried text, each at least one */
+        long gen = q->completion_tokens >= 0 ? q->completion_tokens : q->chunks;
+        no_usage += q->completion_tokens < 0;
+        tokens += gen;
+        prompt_tokens += q->prompt_tokens > 0 ? q->prompt_tokens : 0;
         if (q->long_prompt)
             ttft_l[nl++] = q->t_first - q->t_send;
         /* cold: the first request of its group or conversation, which no other could have cached */
@@ -614,9 +660,9 @@ int pd_bench_serve(int argc, char **argv)
                 ttft_warm[n_warm++] = q->t_first - q->t_send;
         }
         ttft[nt] = q->t_first - q->t_send;
-        tpot[nt++] = b.output_len > 1 ? (q->t_last - q->t_first) / (b.output_len - 1) : 0;
+        tpot[nt++] = gen > 1 ? (q->t_last - q->t_first) / (double)(gen - 1) : 0;
         if (!q->long_prompt)
-            tpot_s[ns++] = b.output_len > 1 ? (q->t_last - q->t_first) / (b.output_len - 1) : 0;
+            tpot_s[ns++] = gen > 1 ? (q->t_last - q->t_first) / (double)(gen - 1) : 0;
         memcpy(itl + n_itl, q->itl, (size_t)q->n_itl * sizeof *itl);
         n_itl += q->n_itl;
         free(q->itl);
@@ -634,6 +680,9 @@ int pd_bench_serve(int argc, char **argv)
         json_object_set_new(doc, "peak_in_flight", json_integer(b.peak_in_flight));
         json_object_set_new(doc, "random_input_len", json_integer(b.input_len));
         json_object_set_new(doc, "random_output_len", json_integer(b.output_len));
+        json_object_set_new(doc, "prompt_tokens_mean", ok && ok > no_usage ? json_real((double)prompt_tokens / (ok - no_usage))
+                                                                            : json_null());
+        json_object_set_new(doc, "completion_tokens", json_integer(tokens));
         json_object_set_new(doc, "duration_s", json_real(dur));
         json_object_set_new(doc, "request_throughput", json_real(ok / dur));
         json_object_set_new(doc, "output_throughput", json_real(tokens / dur));
@@ -642,15 +691,20 @@ int pd_bench_serve(int argc, char **argv)
                rate);
         if (b.max_concurrency)
             printf(", at most %d in flight (peak %d)", b.max_concurrency, b.peak_in_flight);
-        printf(", %d input / %d output tokens", b.input_len, b.output_len);
+        printf(", prompts of %d words", b.input_len);
+        if (ok > no_usage)
+            printf(" (%.1f prompt tokens on average, the servers' usage)", (double)prompt_tokens / (ok - no_usage));
+        printf(", %d output tokens each", b.output_len);
         if (b.long_every)
-            printf(", every %dth prompt %d tokens", b.long_every, b.long_input_len);
+            printf(", every %dth prompt %d words", b.long_every, b.long_input_len);
+        if (no_usage)
+            printf("\n  %ld requests had no usage event: their tokens are their text events", no_usage);
         printf("\n  duration %.2f s, request throughput %.2f req/s, output throughput %.1f tokens/s\n", dur, ok / dur,
                tokens / dur);
     }
     report("TTFT", "ttft", ttft, nt, doc);
     report("TPOT", "tpot", tpot, nt, doc);
-    report("ITL (between chunks)", "itl", itl, n_itl, doc);
+    report("ITL (between text events)", "itl", itl, n_itl, doc);
     if (b.long_every) {
         report("TTFT, long prompts", "ttft_long", ttft_l, nl, doc);
         report("TPOT, short requests", "tpot_short", tpot_s, ns, doc);

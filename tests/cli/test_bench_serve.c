@@ -69,11 +69,20 @@ Test(bench_serve, max_concurrency_and_json, .timeout = 120)
     snprintf(args, sizeof args, "bench serve --base-url http://127.0.0.1:%d --model tiny --num-prompts 7 "
              "--max-concurrency 2 --random-input-len 8 --random-output-len 4 --json", pd_server_port(srv));
     int rc = run(args, out, sizeof out, err, sizeof err);
+    /* the prompt tokens the server counted, against the benchmark's account of them */
+    char cmd[160], metrics[1 << 15];
+    snprintf(cmd, sizeof cmd, "curl -s http://127.0.0.1:%d/metrics", pd_server_port(srv));
+    FILE *mf = popen(cmd, "r");
+    size_t mn = fread(metrics, 1, sizeof metrics - 1, mf);
+    metrics[mn] = 0;
+    pclose(mf);
+    const char *pt = strstr(metrics, "\npdmoe_prompt_tokens_total ");
     pd_server_stop(srv);
     pthread_join(loop, NULL);
     pd_server_destroy(srv);
     rm_model(dir);
     cr_assert_eq(rc, 0, "%s\n%s", out, err);
+    cr_assert_not_null(pt, "%s", metrics);
     json_error_t je;
     json_t *j = json_loads(out, 0, &je);
     cr_assert_not_null(j, "not JSON (%s): %s", je.text, out);
@@ -83,6 +92,15 @@ Test(bench_serve, max_concurrency_and_json, .timeout = 120)
     cr_assert_eq(json_integer_value(json_object_get(j, "peak_in_flight")), 2);
     cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "ttft"), "samples")), 7);
     cr_assert_eq(json_integer_value(json_object_get(j, "random_output_len")), 4);
+    /* tokens as the server counted them (its usage: TPOT and throughput were the flag's 4 whatever
+     * came), the prompts' tokens the usage's, not the words asked for; the ITL samples are the gaps
+     * between events carrying text (at least one token each, the server may send several in one:
+     * at most 3 gaps a request), not network reads, which also counted the finish event */
+    cr_assert_eq(json_integer_value(json_object_get(j, "completion_tokens")), 28);
+    json_int_t gaps = json_integer_value(json_object_get(json_object_get(j, "itl"), "samples"));
+    cr_assert_leq(gaps, 21, "%lld ITL samples for 7 requests of 4 tokens", (long long)gaps);
+    double mean = json_real_value(json_object_get(j, "prompt_tokens_mean"));
+    cr_assert_float_eq(mean, atof(pt + strlen("\npdmoe_prompt_tokens_total ")) / 7, 1e-9, "%g", mean);
     json_decref(j);
 }
 
