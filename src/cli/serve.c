@@ -4,6 +4,7 @@
 #include "engine/spec.h"
 #include "core/net.h"
 #include "core/units.h"
+#include "model/safetensors.h"
 #include "pd/server.h"
 
 #include <jansson.h>
@@ -35,6 +36,7 @@ static int serve(const struct pd_server_opts *o, int64_t dp)
         fprintf(stderr, "pdmoe serve: %s\n", e.msg);
         return 1;
     }
+    pd_st_catch_truncation();   /* (after UCX's handlers, installed by pd_server_create) */
     int rank = pd_server_rank(s);
     if (rank == 0)
         fprintf(stderr, "pdmoe serve: %s on http://%s:%d%s\n", o->model_dir, o->host ? o->host : "127.0.0.1",

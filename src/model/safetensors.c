@@ -8,6 +8,8 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <stdbool.h>
@@ -95,11 +97,73 @@ static void free_tensors(struct pd_st_file *f)
     f->n = 0;
 }
 
+/* The files mapped now, for the SIGBUS handler (pd_st_catch_truncation): a read of a page past a
+ * mapped file's end, once the file was truncated or rewritten in place, is a SIGBUS, which took
+ * the server down as "Bus error" (UCX's backtrace of it under serve) without naming the file. */
+#define MAPS_MAX 1024
+static struct mapping {
+    _Atomic(const char *) base;   /* NULL: a free slot */
+    size_t len;
+    char path[240];
+} maps[MAPS_MAX];
+static struct sigaction bus_before;
+
+static void map_note(const void *base, size_t len, const char *path)
+{
+    for (int i = 0; i < MAPS_MAX; i++)
+        if (!atomic_load(&maps[i].base)) {
+            maps[i].len = len;
+            snprintf(maps[i].path, sizeof maps[i].path, "%s", path);
+            atomic_store(&maps[i].base, (const char *)base);
+            return;
+        }
+}
+
+static void map_forget(const void *base)
+{
+    for (int i = 0; i < MAPS_MAX; i++)
+        if (atomic_load(&maps[i].base) == base)
+            atomic_store(&maps[i].base, NULL);
+}
+
+static void on_bus(int sig, siginfo_t *si, void *ctx)
+{
+    const char *at = si->si_addr;
+    for (int i = 0; i < MAPS_MAX; i++) {
+        const char *b = atomic_load(&maps[i].base);
+        if (b && at >= b && at < b + maps[i].len) {
+            static const char a[] = "pdmoe: ", z[] = ": the file changed while this process had it mapped (truncated, or "
+                                     "rewritten in place): a read met its end and the process cannot go on. Replace "
+                                     "a checkpoint by writing it elsewhere and restarting on it, not in place.\n";
+            ssize_t w = write(2, a, sizeof a - 1);
+            w += write(2, maps[i].path, strlen(maps[i].path));
+            w += write(2, z, sizeof z - 1);
+            (void)w;
+            _exit(1);
+        }
+    }
+    /* not a checkpoint's page: whoever handled SIGBUS before (UCX's backtrace, or the default) */
+    if ((bus_before.sa_flags & SA_SIGINFO) && bus_before.sa_sigaction) {
+        bus_before.sa_sigaction(sig, si, ctx);
+        return;
+    }
+    sigaction(SIGBUS, &bus_before, NULL);   /* the fault comes again, to it */
+}
+
+void pd_st_catch_truncation(void)
+{
+    struct sigaction sa = {.sa_sigaction = on_bus, .sa_flags = SA_SIGINFO};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &bus_before);
+}
+
 void pd_st_close(struct pd_st_file *f)
 {
     if (!f)
         return;
     free_tensors(f);
+    if (f->map)
+        map_forget(f->map);
     if (f->map)
         munmap(f->map, f->file_size);
     free(f->path);
@@ -464,6 +528,7 @@ static int open_fd(const char *path, int fd, int flags, struct pd_st_file *f, pd
             return pd_err_set(e, PD_EIO, "%s: cannot map %zu bytes: %s", path, f->file_size,
                               strerror(errno));
         f->map = m;
+        map_note(m, f->file_size, path);
         int rc = check_header_len(path, m, f->file_size, &f->header_len, e);
         if (rc)
             return rc;

@@ -54,6 +54,10 @@ int pd_st_open(const char *path, int flags, struct pd_st_file *f, pd_err *e);
  * point into buf, which must outlive f. `label` names it in errors. */
 int pd_st_parse(const void *buf, size_t len, const char *label, struct pd_st_file *f, pd_err *e);
 void pd_st_close(struct pd_st_file *f);
+/* From now on a SIGBUS on a page of a mapped file (one truncated or rewritten in place while
+ * mapped) ends the process with a line naming the file, exit status 1; any other SIGBUS goes to
+ * the handler installed before (call it after the libraries that install theirs: UCX). */
+void pd_st_catch_truncation(void);
 const struct pd_st_tensor *pd_st_find(const struct pd_st_file *f, const char *name);
 
 size_t pd_st_dtype_size(enum pd_st_dtype d);          /* bytes per element */

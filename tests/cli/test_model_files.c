@@ -258,6 +258,29 @@ Test(model_files, a_missing_top_level_tensor_names_the_checkpoint)
     rm_model(dir);
 }
 
+/* A checkpoint truncated (or rewritten in place) under a running server: its next read past the
+ * file's end is a SIGBUS, which ended the server as "Caught signal 7 (Bus error)" and a backtrace,
+ * nothing naming the file. Now one line names it and says what happened; exit status 1. */
+Test(model_files, a_checkpoint_truncated_under_the_server_is_named, .timeout = 120)
+{
+    char dir[64], line[2048];
+    tmp_model("v4-tiny", 1, dir, sizeof dir);
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *req = "curl -s -o /dev/null --max-time 20 http://127.0.0.1:$port/v1/completions "
+                      "-d '{\"prompt\":\"hello\",\"max_tokens\":3}'";
+    snprintf(line, sizeof line,
+             "(d=%s; %s serve --model $d --port 0 --threads 1 2> $d/log & p=$!; port=; "
+             "for i in $(seq 200); do port=$(sed -n 's/.*http:\\/\\/127.0.0.1:\\([0-9]*\\).*/\\1/p' $d/log); "
+             "[ -n \"$port\" ] && break; sleep 0.05; done; %s; truncate -s 300000 $d/model.safetensors; %s; "
+             "timeout 20 tail --pid=$p -f /dev/null; kill -9 $p 2>/dev/null; wait $p; echo status=$?; cat $d/log)",
+             dir, bin, req, req);
+    struct run r;
+    run_cmd(line, &r);
+    cr_assert(strstr(r.out, "status=1\n"), "%s\n%s", r.out, r.err);
+    cr_assert(strstr(r.out, "/model.safetensors: the file changed while this process had it mapped"), "%s", r.out);
+    rm_model(dir);
+}
+
 /* A float matrix stored transposed ([64, 16] for the router's [16, 64], as many values) ran as if
  * it were the right way round. */
 Test(model_files, a_transposed_float_matrix_is_refused)
