@@ -258,6 +258,19 @@ int pd_weights_load_ref(struct pd_weights *w, const struct pd_model *m, const ch
         pd_err_prefix(e, "%s: ", dir);
         goto fail;
     }
+    /* every tensor is one the engine read (an EP rank reads its own experts only): a tensor nobody
+     * reads is another model's, a bias or a layer this program does not implement, or a layer past
+     * num_hidden_layers, and the model run would not be the file's. The MTP layer is a draft head
+     * apart: a config without it (num_nextn_predict_layers 0) leaves its tensors aside, as vLLM's
+     * loader skips the speculative layers' weights */
+    const char *first, *file;
+    size_t unused = has_expert ? 0 : pd_st_set_unused(&w->st, m->n_mtp_layers ? NULL : "mtp.", &first, &file);
+    if (unused) {
+        rc = pd_err_set(e, PD_EFORMAT, "%s: tensor \"%s\" is not one the engine reads for this config.json (%zu "
+                        "such tensor%s: another model's, a bias or a layer it does not implement, an expert or a "
+                        "layer past the config's counts)", file, first, unused, unused == 1 ? "" : "s");
+        goto fail;
+    }
     w->fingerprint = fingerprint(w);
     return 0;
 fail:

@@ -608,10 +608,26 @@ const struct pd_st_tensor *pd_st_set_find(const struct pd_st_set *s, const char 
 {
     for (size_t i = 0; i < s->nfiles; i++) {
         const struct pd_st_tensor *t = pd_st_find(&s->files[i], name);
-        if (t)
+        if (t) {
+            ((struct pd_st_tensor *)t)->used = 1;   /* (the set's own, heap-allocated) */
             return t;
+        }
     }
     return NULL;
+}
+
+size_t pd_st_set_unused(const struct pd_st_set *s, const char *except, const char **first, const char **file)
+{
+    size_t n = 0, skip = except ? strlen(except) : 0;
+    *first = *file = NULL;
+    for (size_t i = 0; i < s->nfiles; i++)
+        for (size_t k = 0; k < s->files[i].n; k++)
+            if (!s->files[i].tensors[k].used && !(skip && !strncmp(s->files[i].tensors[k].name, except, skip)) &&
+                n++ == 0) {
+                *first = s->files[i].tensors[k].name;
+                *file = s->files[i].path;
+            }
+    return n;
 }
 
 /* A shard name is a plain file name inside the checkpoint directory: an index must not reach

@@ -34,6 +34,7 @@ struct pd_st_tensor {
     int64_t shape[PD_ST_MAX_DIMS];
     uint64_t begin, end;   /* byte offsets inside the data section */
     const void *data;      /* points into the mapping; NULL when opened header-only */
+    unsigned char used;    /* pd_st_set_find has found it */
 };
 
 struct pd_st_file {
@@ -72,7 +73,11 @@ struct pd_st_set {
 };
 int pd_st_open_dir(const char *dir, int flags, struct pd_st_set *s, pd_err *e);
 void pd_st_close_dir(struct pd_st_set *s);
+/* The tensor `name` of any file of s, or NULL; a tensor found is marked used. */
 const struct pd_st_tensor *pd_st_set_find(const struct pd_st_set *s, const char *name);
+/* How many of s's tensors pd_st_set_find never found, those whose names start with `except` (if
+ * not NULL) aside; *first names the first of them (in file order, then by name), *file its file. */
+size_t pd_st_set_unused(const struct pd_st_set *s, const char *except, const char **first, const char **file);
 /* The path of the file holding t (a tensor of s), for messages; "checkpoint" if none does. */
 const char *pd_st_set_path_of(const struct pd_st_set *s, const struct pd_st_tensor *t);
 

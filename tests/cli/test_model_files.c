@@ -193,6 +193,55 @@ static void st_poke(const char *dir, const char *name, long at, const void *byte
     cr_assert_eq(fclose(f), 0);
 }
 
+/* Adds tensor `name` (BF16 [4], zeros) at the end of dir/model.safetensors: the header rewritten
+ * (padded to 8 bytes), the data moved after it. */
+static void st_add(const char *dir, const char *name)
+{
+    long data;
+    size_t hl;
+    json_t *h = st_header(dir, &data, &hl);
+    char path[256];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    size_t nd = (size_t)(size - data);
+    char *d = malloc(nd + 8);
+    fseek(f, data, SEEK_SET);
+    cr_assert_eq(fread(d, 1, nd, f), nd);
+    fclose(f);
+    memset(d + nd, 0, 8);
+    json_object_set_new(h, name, json_pack("{s:s,s:[i],s:[I,I]}", "dtype", "BF16", "shape", 4, "data_offsets",
+                                           (json_int_t)nd, (json_int_t)nd + 8));
+    char *txt = json_dumps(h, JSON_COMPACT);
+    json_decref(h);
+    size_t n = strlen(txt), padded = (n + 7) & ~(size_t)7;
+    uint64_t len = padded;
+    f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    fwrite(&len, 8, 1, f);
+    fwrite(txt, 1, n, f);
+    for (size_t i = n; i < padded; i++)
+        fputc(' ', f);
+    fwrite(d, 1, nd + 8, f);
+    cr_assert_eq(fclose(f), 0);
+    free(txt);
+    free(d);
+}
+
+/* A tensor the engine does not read (a bias it does not implement, a layer past the config's) was
+ * loaded past without a word: the model run was not the file's. Refused, named with its file. */
+Test(model_files, a_tensor_the_engine_does_not_read_is_refused)
+{
+    char dir[64];
+    tmp_model("v4-tiny", 1, dir, sizeof dir);
+    st_add(dir, "layers.0.attn.wq_a.bias");
+    refused_in(dir, "generate --model %s --prompt hi --max-tokens 2 --threads 1",
+               "tensor \"layers.0.attn.wq_a.bias\" is not one the engine reads", "model.safetensors");
+    rm_model(dir);
+}
+
 /* A NaN or an infinity among the weights (a corrupt file, a conversion that overflowed) made every
  * logit NaN: generate exited 0 printing token 0 for ever. Each is refused at load, naming the
  * tensor and the value: a norm (bf16 vector), an int8 matrix's scale (f32), a bf16 matrix read in
