@@ -483,7 +483,11 @@ static void compare_text(FILE *f, const struct pd_search *s)
                 layout_str(b, sizeof b, l), l->cards, (long long)l->batch, l->ttft_s * 1e3, l->tpot_s * 1e3,
                 l->user_tok_s, l->tok_s_card, l->req_s);
     } else {
-        fprintf(f, "  %-14s none %s\n", "disaggregated", s->n_fit ? "meets the targets" : "fits in memory");
+        fprintf(f, "  %-14s none %s\n", "disaggregated",
+                s->n_fit ? "meets the targets"
+                : !s->n && s->n_unplaced ? "placed: whole instances on whole nodes, decode on nodes of its own, need "
+                                           "more nodes (above)"
+                                         : "fits in memory");
     }
     if (v.agg >= 0 && v.disagg >= 0)
         fprintf(f, "  => %s wins: %.2fx the output tokens/s per card of the best %s layout\n\n",

@@ -121,3 +121,15 @@ Test(cli_agg, refused)
     expect_error("plan --aggregated ep=8", "--aggregated: unknown key \"ep\"");
     expect_error("search --layout both", "--layout both: expected best, aggregated or disaggregated");
 }
+
+/* On one node of 8 cards no disaggregated layout can be placed (decode needs nodes of its own):
+ * the comparison said "none fits in memory" above a memory table where they all fit. */
+Test(cli_agg, search_says_why_no_disaggregated_layout_is_compared)
+{
+    struct run r;
+    run("search --model models/mini --hardware h100 --cards 8", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "  disaggregated  none placed: whole instances on whole nodes, decode on nodes of its own, "
+                            "need more nodes (above)\n"), "%s", r.out);
+    cr_assert_null(strstr(r.out, "none fits in memory"), "%s", r.out);
+}
