@@ -721,7 +721,8 @@ int pd_cli_up(int argc, char **argv)
                                     .allow_run_as_root = geteuid() == 0, .oversubscribe = 1,
                                     .remote = x->group[0].host && !pd_net_is_local(x->group[0].host)};
         if (plan)   /* the plan's pool and limits, per rank */
-            lo.plan = (struct pd_launch_limits){.kv_cache_bytes = u.kv_pool[x->role], .max_num_seqs = u.max_num_seqs,
+            lo.plan = (struct pd_launch_limits){.kv_cache_bytes = u.kv_pool[x->role],
+                                                .max_num_seqs = u.launched_seqs[x->role],
                                                 .max_num_batched_tokens = u.max_num_batched_tokens,
                                                 .kv_cache_dtype = u.kv_cache_dtype, .spec_k = (int)u.spec_k};
         int e = 0;

@@ -113,7 +113,23 @@ int up_read_plan(const char *path, struct up_plan *u, int on_hosts, const char *
             goto out;
         }
         snprintf(where, sizeof where, "roles[%d].budget.", r);
-        if (plan_int(path, json_object_get(x, "budget"), where, "kv_pool_bytes", 1, INT64_MAX, &kv))
+        json_t *budget = json_object_get(x, "budget");
+        /* the plan's own verdict: a role whose weights or one max-model-len sequence do not fit
+         * would only fail at start, again at each restart */
+        json_t *fits = json_object_get(budget, "fits");
+        if (!json_is_true(fits)) {
+            fprintf(stderr, "pdmoe up: --plan %s: field \"roles[%d].budget.fits\": %s: the plan says its %s role does not "
+                            "fit (its weights, or one sequence of max-model-len %lld in its KV pool); plan another "
+                            "layout\n", path, r, fits ? "false" : "missing", r ? "decode" : "prefill",
+                    (long long)u->max_model_len);
+            goto out;
+        }
+        if (plan_int(path, budget, where, "kv_pool_bytes", 1, INT64_MAX, &kv))
+            goto out;
+        snprintf(where, sizeof where, "roles[%d].", r);
+        u->launched_seqs[r] = u->max_num_seqs;
+        if (json_object_get(x, "launched_max_num_seqs") &&
+            plan_int(path, x, where, "launched_max_num_seqs", 1, u->max_num_seqs, &u->launched_seqs[r]))
             goto out;
         u->instances[r] = (int)inst;
         u->ep[r] = (int)size;

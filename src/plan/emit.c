@@ -279,9 +279,21 @@ void pd_emit_dispatch(FILE *f, const struct pd_emit_ctx *c)
 }
 
 /* A comment above a role's servers when its --max-num-seqs was lowered. */
-static void max_num_seqs_note(FILE *f, const struct pd_plan *p, enum pd_role r)
+/* x in the fewest significant digits that read back as x: the value planned with, not one %g
+ * rounded down (0.9068082711657849 went out as 0.906808, and vLLM's pool then held one sequence
+ * fewer than the plan's). */
+static const char *shortest(char *buf, size_t n, double x)
 {
-    int64_t n = pd_plan_admitted_seqs(p, r);
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(buf, n, "%.*g", digits, x);
+        if (strtod(buf, NULL) == x)
+            break;
+    }
+    return buf;
+}
+
+void pd_emit_seqs_note(FILE *f, const struct pd_plan *p, enum pd_role r, int64_t n)
+{
     if (n < p->o.max_num_seqs)
         fprintf(f, "# %lld sequences per data-parallel rank, not the plan's --max-num-seqs %lld: %lld of max-model-len\n"
                    "# %lld fit this %s card's KV pool (pdmoe plan: \"sequences of max-model-len that fit\")\n",
@@ -312,7 +324,7 @@ static void vllm_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node
     const struct pd_role_plan *rp = &p->role[x->role], *P = &p->role[PD_ROLE_PREFILL], *D = &p->role[PD_ROLE_DECODE];
     int head = x->k == 0, s = PORT_STEP * x->slot, v4 = p->model.arch == PD_ARCH_DEEPSEEK_V4;
     comment(f, c, x, head ? "" : ", headless");
-    max_num_seqs_note(f, p, x->role);
+    pd_emit_seqs_note(f, p, x->role, pd_plan_admitted_seqs(p, x->role));
     fprintf(f, "if [ \"$host\" = %s ]; then\n  %sASCEND_RT_VISIBLE_DEVICES=", c->host[x->node],
             rp->o.redundant > 0 ? "DYNAMIC_EPLB=true " : "");
     for (int i = 0; i < x->ncards; i++)
@@ -336,7 +348,8 @@ static void vllm_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node
         arg(f, "--enable-expert-parallel");
     if (c->w8a8)   /* vllm-ascend's quantization guide: msmodelslim's W8A8 checkpoints */
         arg(f, "--quantization ascend");
-    arg(f, "--gpu-memory-utilization %g", p->o.util);
+    char util[32];
+    arg(f, "--gpu-memory-utilization %s", shortest(util, sizeof util, p->o.util));
     arg(f, "--max-num-seqs %lld", (long long)pd_plan_admitted_seqs(p, x->role));
     arg(f, "--max-model-len %lld", (long long)p->o.max_model_len);
     /* a decode server's step is its sequences' tokens (each 1 + k with MTP), as the plan sizes its
@@ -450,13 +463,24 @@ static double sgl_mem_fraction(const struct pd_role_plan *rp)
     return (double)(long long)(f * 100.0) / 100.0;
 }
 
+/* The sequences of max-model-len the KV pool SGLang makes of sgl_mem_fraction's rounded-down
+ * fraction holds (the fraction less the weights), at most the plan's admitted ones: the
+ * unrounded pool's count let one sequence too many in. */
+static int64_t sgl_admitted(const struct pd_plan *p, const struct pd_role_plan *rp)
+{
+    const int64_t pool = (int64_t)(sgl_mem_fraction(rp) * (double)rp->b.capacity) - rp->b.weights;
+    const int64_t seq = pd_kv_seq_bytes(&p->kv, p->o.max_model_len), n = pool > 0 && seq > 0 ? pool / seq : 0;
+    const int64_t admitted = pd_plan_admitted_seqs(p, rp->role);
+    return n < admitted ? n : admitted;
+}
+
 static void sgl_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_part *x)
 {
     const struct pd_plan *p = c->p;
     const struct pd_role_plan *rp = &p->role[x->role];
     int s = PORT_STEP * x->slot, cards = rp->o.dp * rp->o.tp, dp = rp->o.dp;
     comment(f, c, x, "");
-    max_num_seqs_note(f, c->p, x->role);
+    pd_emit_seqs_note(f, c->p, x->role, sgl_admitted(p, rp));
     fprintf(f, "if [ \"$host\" = %s ]; then\n  python3 -m sglang.launch_server", c->host[x->node]);
     fputs(" \\\n    --model-path ", f);
     model_word(f, c);
@@ -491,7 +515,7 @@ static void sgl_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_
     /* Both are instance-wide in SGLang and divided by --dp-size under DP attention
      * (server_args.py _handle_data_parallelism; the scheduler's per-worker request limit), while
      * vLLM's --max-num-seqs and --max-num-batched-tokens are per data-parallel rank. */
-    arg(f, "--max-running-requests %lld", (long long)pd_plan_admitted_seqs(p, x->role) * dp);
+    arg(f, "--max-running-requests %lld", (long long)sgl_admitted(p, rp) * dp);
     arg(f, "--context-length %lld", (long long)p->o.max_model_len);
     if (x->role == PD_ROLE_PREFILL || p->o.aggregated)
         arg(f, "--chunked-prefill-size %lld", (long long)p->o.max_num_batched_tokens * dp);

@@ -167,12 +167,14 @@ char *pd_emit_pdmoe(const struct pd_plan *p, const struct pd_emit_opts *o, pd_er
         struct pd_launch_opts lo = {
             .pdmoe = "pdmoe", .model = c.model, .served_name = pd_launch_served_name(c.model, served, sizeof served), .threads = threads,
             .max_model_len = max_len, .kv_producers = producers,
-            .plan = {.kv_cache_bytes = rp->b.kv_pool, .max_num_seqs = p->o.max_num_seqs,
+            .plan = {.kv_cache_bytes = rp->b.kv_pool, .max_num_seqs = pd_plan_admitted_seqs(p, x[i].role),
                      .max_num_batched_tokens = p->o.max_num_batched_tokens,
                      .kv_cache_dtype = pd_kv_dtype_name(p->kv.dtype), .spec_k = p->mtp.k}};
         char **argv = pd_launch_argv(&x[i], &lo);
-        if (argv)
+        if (argv) {
+            pd_emit_seqs_note(f, p, x[i].role, pd_plan_admitted_seqs(p, x[i].role));
             instance(f, &x[i], argv);
+        }
         oom = !argv;
         pd_launch_argv_free(argv);
     }

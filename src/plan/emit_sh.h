@@ -40,6 +40,9 @@ void pd_emit_dispatch(FILE *f, const struct pd_emit_ctx *c);
 
 /* Each role's KV pool holds at least one sequence of max-model-len (and the weights fit). */
 int pd_emit_check_fits(const struct pd_plan *p, pd_err *e);
+/* A comment line when role r's servers get n < --max-num-seqs sequences (pd_plan_admitted_seqs, or
+ * SGLang's from its rounded memory fraction). */
+void pd_emit_seqs_note(FILE *f, const struct pd_plan *p, enum pd_role r, int64_t n);
 
 /* The pdmoe script (emit_pdmoe.c), as pd_emit. */
 char *pd_emit_pdmoe(const struct pd_plan *p, const struct pd_emit_opts *o, pd_err *e);

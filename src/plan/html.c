@@ -155,6 +155,8 @@ static void summary(FILE *f, const struct pd_plan *p, const struct pd_search *s,
         const struct pd_role_plan *rp = &p->role[r];
         fprintf(f, "%s%s card: %s", r ? "; " : "<tr><th>Verdict</th><td>", r ? "decode" : "prefill",
                 rp->fits_max_num_seqs ? "max-num-seqs sequences of max-model-len fit"
+                : r == PD_ROLE_PREFILL && pd_plan_prefill_lowered(p) ? "one max-model-len sequence fits; launched with "
+                                                                       "the sequences that fit"
                 : rp->fits ? "<span class=\"bad\">one max-model-len sequence fits, not max-num-seqs of them</span>"
                 : "<span class=\"bad\">does not fit</span>");
     }
@@ -329,9 +331,12 @@ static void memory_bars(FILE *f, const struct pd_plan *p, int u)
     fprintf(f, "<tr><td></td><td>verdict: one max-model-len sequence</td><td%s>%s</td><td%s>%s</td></tr>\n",
             P->fits ? "" : " class=\"bad\"", P->fits ? "fits" : "does not fit", D->fits ? "" : " class=\"bad\"",
             D->fits ? "fits" : "does not fit");
+    char pv[24];   /* (pd_plan_prefill_lowered: "N launched") */
+    snprintf(pv, sizeof pv, "%lld launched", (long long)pd_plan_admitted_seqs(p, PD_ROLE_PREFILL));
+    const int lowered = pd_plan_prefill_lowered(p);
     fprintf(f, "<tr><td></td><td>verdict: %lld of them (max-num-seqs)</td><td%s>%s</td><td%s>%s</td></tr>\n</table>\n",
-            (long long)p->o.max_num_seqs, P->fits_max_num_seqs ? "" : " class=\"bad\"",
-            P->fits_max_num_seqs ? "fit" : "do not fit", D->fits_max_num_seqs ? "" : " class=\"bad\"",
+            (long long)p->o.max_num_seqs, P->fits_max_num_seqs || lowered ? "" : " class=\"bad\"",
+            lowered ? pv : P->fits_max_num_seqs ? "fit" : "do not fit", D->fits_max_num_seqs ? "" : " class=\"bad\"",
             D->fits_max_num_seqs ? "fit" : "do not fit");
     fprintf(f, "<p class=\"note\">Prefill KV by the seed's rule, max-num-batched-tokens &times; KV per token: %s; "
                "a prompt of max-model-len needs %s while it is prefilled in chunks and until decode has pulled it.</p>\n",

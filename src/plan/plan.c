@@ -599,6 +599,12 @@ int64_t pd_plan_admitted_seqs(const struct pd_plan *p, enum pd_role r)
     return rp->seqs_at_max_len < p->o.max_num_seqs ? rp->seqs_at_max_len : p->o.max_num_seqs;
 }
 
+int pd_plan_prefill_lowered(const struct pd_plan *p)
+{
+    const struct pd_role_plan *rp = &p->role[PD_ROLE_PREFILL];
+    return !p->o.aggregated && rp->fits && !rp->fits_max_num_seqs;
+}
+
 int pd_plan_formats_servable(const struct pd_plan *p, pd_err *e)
 {
     if (p->hw.fp8_flops > 0 || p->inv.from_checkpoint)

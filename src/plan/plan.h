@@ -173,6 +173,11 @@ const char *pd_budget_overflow(const struct pd_budget *b);
  * --emit writes as --max-num-seqs, what search counts as a decode batch, and the decode batch the
  * prediction runs at (perf.c, agg.c). */
 int64_t pd_plan_admitted_seqs(const struct pd_plan *p, enum pd_role r);
+/* 1 when the prefill role of a disaggregated plan holds one max-model-len sequence but not
+ * max-num-seqs of them: its servers are launched with pd_plan_admitted_seqs (it needs room for its
+ * steps' prompts and their leases, not for max-num-seqs whole sequences), as search takes it; the
+ * reports say "N launched" there rather than "do not fit". */
+int pd_plan_prefill_lowered(const struct pd_plan *p);
 /* 0 when the cards can serve the plan's weight formats; else PD_EINVAL with why in e: FP8 or FP4
  * weights on cards without FP8/FP4 units (hardware fp8_flops 0, the 910B: its stacks serve W8A8).
  * --emit refuses such a plan; plan and search say it above their figures. */

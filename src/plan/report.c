@@ -185,7 +185,12 @@ static void text_budget(FILE *f, const struct pd_plan *p, int u)
     fprintf(f, "  %-36s %14s %14s\n", "verdict: one max-model-len sequence", P->fits ? "fits" : "DOES NOT FIT",
             D->fits ? "fits" : "DOES NOT FIT");
     snprintf(t, sizeof t, "verdict: %lld of them (max-num-seqs)", (long long)p->o.max_num_seqs);
-    fprintf(f, "  %-36s %14s %14s\n", t, P->fits_max_num_seqs ? "fit" : "DO NOT FIT", D->fits_max_num_seqs ? "fit" : "DO NOT FIT");
+    char pv[24];   /* (pd_plan_prefill_lowered: "N launched") */
+    if (pd_plan_prefill_lowered(p))
+        snprintf(pv, sizeof pv, "%lld launched", (long long)pd_plan_admitted_seqs(p, PD_ROLE_PREFILL));
+    else
+        snprintf(pv, sizeof pv, "%s", P->fits_max_num_seqs ? "fit" : "DO NOT FIT");
+    fprintf(f, "  %-36s %14s %14s\n", t, pv, D->fits_max_num_seqs ? "fit" : "DO NOT FIT");
     fprintf(f, "  prefill KV by the seed's rule, max-num-batched-tokens x KV/token: %s; a prompt of max-model-len\n"
                "  needs %s while it is prefilled in chunks%s.\n\n",
             pd_units_fmt(a, 40, p->p_kv_batch, (enum pd_units)u),
@@ -324,7 +329,9 @@ static json_t *budget_json(const struct pd_role_plan *rp)
                      "fits_max_num_seqs", rp->fits_max_num_seqs);
 }
 
-static json_t *role_json(const struct pd_role_plan *rp)
+/* A role's object; launched_max_num_seqs is what --emit and up give its servers (plan.h,
+ * pd_plan_admitted_seqs). */
+static json_t *role_json(const struct pd_plan *p, const struct pd_role_plan *rp)
 {
     json_t *ranks = json_array();
     for (int k = 0; k < rp->ep; k++) {
@@ -333,10 +340,11 @@ static json_t *role_json(const struct pd_role_plan *rp)
             json_array_append_new(ex, json_integer(rp->place.map[k * rp->place.slots + s]));
         json_array_append_new(ranks, ex);
     }
-    return json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:o,s:o}", "role", pd_role_name(rp->role),
+    return json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:o,s:o,s:I}", "role", pd_role_name(rp->role),
                      "data_parallel_size", rp->o.dp, "tensor_parallel_size", rp->o.tp, "instances", rp->o.instances,
                      "ep_size", rp->ep, "cards", rp->cards, "redundant_experts", rp->o.redundant,
-                     "experts_per_card", rp->place.slots, "expert_placement", ranks, "budget", budget_json(rp));
+                     "experts_per_card", rp->place.slots, "expert_placement", ranks, "budget", budget_json(rp),
+                     "launched_max_num_seqs", (json_int_t)pd_plan_admitted_seqs(p, rp->role));
 }
 
 char *pd_plan_json(const struct pd_plan *p, const struct pd_perf *f)
@@ -400,7 +408,7 @@ char *pd_plan_json(const struct pd_plan *p, const struct pd_perf *f)
         "bytes_per_token", p->kv.per_token, "bytes_per_seq_fixed", (json_int_t)p->kv.per_seq_fixed, "entry_bytes",
         (json_int_t)p->kv.entry_bytes, "window_tokens", (json_int_t)p->kv.window, "max_model_len_seq_bytes",
         (json_int_t)pd_kv_seq_bytes(&p->kv, p->o.max_model_len), "layers", kinds,
-        "roles", role_json(&p->role[0]), role_json(&p->role[1]),
+        "roles", role_json(p, &p->role[0]), role_json(p, &p->role[1]),
         "prefill_kv_batch_rule_bytes", (json_int_t)p->p_kv_batch,
         "decode_scenarios", scen, "handoff", hand, "sweep", sw);
     /* the node map every launcher follows (plan/nodes.h), when the layout splits into nodes */

@@ -57,6 +57,31 @@ Test(cli, plan_json_parses)
     json_decref(j);
 }
 
+/* The layout search picks, planned again with its batch as --max-num-seqs, reads as search took it:
+ * a disaggregated prefill role where one max-model-len sequence fits is launched with the
+ * sequences that fit (the JSON's launched_max_num_seqs, what --emit and up give its servers), not
+ * called "DO NOT FIT" beside search's "fits". */
+Test(cli, a_prefill_role_lowered_to_its_pool_reads_as_launched)
+{
+    struct run r;
+    run("plan --hardware h200 --isl 2048 --osl 512 --prefill dp=4,tp=1,instances=5,redundant=4 "
+        "--decode dp=8,tp=1,instances=1,redundant=8 --max-num-seqs 512 --json", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    json_error_t je;
+    json_t *j = json_loads(r.out, 0, &je);
+    cr_assert_not_null(j, "%s", je.text);
+    json_t *pre = json_array_get(json_object_get(j, "roles"), 0);
+    long long fit = (long long)json_integer_value(json_object_get(json_object_get(pre, "budget"), "seqs_at_max_model_len"));
+    cr_assert(fit > 0 && fit < 512, "%lld", fit);
+    cr_assert_eq(json_integer_value(json_object_get(pre, "launched_max_num_seqs")), fit);
+    json_decref(j);
+    run("plan --hardware h200 --isl 2048 --osl 512 --prefill dp=4,tp=1,instances=5,redundant=4 "
+        "--decode dp=8,tp=1,instances=1,redundant=8 --max-num-seqs 512", &r);
+    char want[128];
+    snprintf(want, sizeof want, "verdict: 512 of them (max-num-seqs)    %lld launched            fit\n", fit);
+    cr_assert(strstr(r.out, want), "no \"%s\" in %s", want, r.out);
+}
+
 Test(cli, inventory_lists_every_tensor)
 {
     struct run r;

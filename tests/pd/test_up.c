@@ -547,6 +547,53 @@ Test(up, plan_sizes_the_instances_and_their_kv_pools)
     cr_assert(strstr(err, plan) && strstr(err, "this machine has"), "%s", err);
 }
 
+/* A role whose KV pool holds fewer sequences of max-model-len than --max-num-seqs: its servers get
+ * the sequences that fit (the plan's roles[].launched_max_num_seqs, what --emit writes for every
+ * target), not the option, which serve refused ("cannot hold 8 sequences of ... fixed bytes"), up
+ * restarting it three times and giving up; and a plan whose own verdict is that a role does not
+ * fit is refused by name before anything starts. */
+Test(up, a_pool_smaller_than_max_num_seqs_launches_what_it_holds)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char hw[128], plan[128], cmd[1024];
+    snprintf(hw, sizeof hw, "%s/hw.json", dir);
+    snprintf(plan, sizeof plan, "%s/plan.json", dir);
+    write_hw(hw, 1.6e6);   /* v4-tiny's prefill pool: 3 sequences of 256 tokens */
+    snprintf(cmd, sizeof cmd, "%s plan --model %s --hardware %s --nodes 1 --prefill dp=1,tp=1,instances=1 "
+             "--decode dp=1,tp=1,instances=1 --mtp off --kv-cache-dtype fp8 --max-num-seqs 8 --max-model-len 256 "
+             "--max-num-batched-tokens 64 --json > %s", bin, dir, hw, plan);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    json_error_t je;
+    json_t *doc = json_load_file(plan, 0, &je);
+    cr_assert(doc, "%s", je.text);
+    json_t *pre = json_array_get(json_object_get(doc, "roles"), 0);
+    int64_t fit = json_integer_value(json_object_get(json_object_get(pre, "budget"), "seqs_at_max_model_len"));
+    int64_t launched = json_integer_value(json_object_get(pre, "launched_max_num_seqs"));
+    json_decref(doc);
+    cr_assert(fit >= 1 && fit < 8 && launched == fit, "prefill: %lld fit, %lld launched", (long long)fit,
+              (long long)launched);
+    const int port = 32800 + (getpid() % 300) * 3;   /* kv ports + 100: clear of the other ranges */
+    pid_t up = start_up_plan(bin, port, 1, plan);
+    cr_assert_eq(metric_key(port + 1, "pdmoe_kv_slots_free"), fit);
+    cr_assert_eq(metric_key(port + 2, "pdmoe_kv_slots_free"), 8);
+    char a[4096], body[256];
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"The sea\",\"max_tokens\":4,\"temperature\":0}",
+             strrchr(dir, '/') + 1);
+    cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, a, sizeof a), 200, "%s", a);
+    stop_up(up, port);
+    /* cards so small that not one sequence fits the prefill pool: the plan says so, up refuses it */
+    write_hw(hw, 1.4e6);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(cmd, sizeof cmd, "%s up --model %s --plan %s 2>&1 >/dev/null", bin, dir, plan);
+    FILE *p = popen(cmd, "r");
+    char err[2048];
+    size_t n = fread(err, 1, sizeof err - 1, p);
+    err[n] = 0;
+    int st = pclose(p);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, err);
+    cr_assert(strstr(err, "field \"roles[0].budget.fits\": false"), "%s", err);
+}
+
 /* pdmoe up --plan of an aggregated plan (pdmoe plan --aggregated): colocated servers (no KV role)
  * behind a proxy without prefill instances, each with the plan's pool; a plan made for another
  * model, one with a key twice and a FIFO in place of the file are refused by name (a FIFO once

@@ -393,6 +393,45 @@ Test(plan, emit_sglang_seed_key_lines)
     pd_plan_free(&p);
 }
 
+/* The numbers a script gives a server hold in the pool the script gives it: SGLang's
+ * --max-running-requests in the KV pool of its rounded-down --mem-fraction-static (the unrounded
+ * pool's count let one sequence too many in: 86 where 85 fit), vLLM's --gpu-memory-utilization
+ * the value planned with (%g printed 0.906808 for 0.9068082711657849: one sequence fewer fit). */
+Test(plan, emit_limits_fit_the_pools_the_scripts_make)
+{
+    struct pd_plan_opts o;
+    pd_plan_opts_default(&o);
+    o.max_num_seqs = 400;
+    struct pd_plan p;
+    build(&o, &p);
+    char *s = emit(&p, PD_EMIT_SGLANG, NULL);
+    const int64_t seq = pd_kv_seq_bytes(&p.kv, p.o.max_model_len);
+    for (int r = 0; r < 2; r++) {
+        char key[64];
+        snprintf(key, sizeof key, "--disaggregation-mode %s", r ? "decode" : "prefill");
+        const char *at = strstr(s, key);
+        cr_assert_not_null(at);
+        const char *fr = strstr(at, "--mem-fraction-static "), *mr = strstr(at, "--max-running-requests ");
+        cr_assert(fr && mr);
+        double frac = atof(fr + strlen("--mem-fraction-static "));
+        long long reqs = atoll(mr + strlen("--max-running-requests ")) / p.role[r].o.dp;
+        const int64_t pool = (int64_t)(frac * (double)p.role[r].b.capacity) - p.role[r].b.weights;
+        cr_assert_leq(reqs * seq, pool, "%s: %lld sequences of %lld bytes in a pool of %lld at fraction %.2f",
+                      pd_role_name((enum pd_role)r), reqs, (long long)seq, (long long)pool, frac);
+        cr_assert_gt((reqs + 1) * seq, pool, "%s: %lld sequences where one more fits", pd_role_name((enum pd_role)r),
+                     reqs);
+    }
+    free(s);
+    pd_plan_free(&p);
+    o.max_num_seqs = 282;
+    o.util = 0.9068082711657849;
+    build(&o, &p);
+    s = emit(&p, PD_EMIT_VLLM_ASCEND, NULL);
+    HAS(s, "--gpu-memory-utilization 0.9068082711657849 \\\n");
+    free(s);
+    pd_plan_free(&p);
+}
+
 Test(plan, emit_sglang_on_nvidia_has_no_npu_flags)
 {
     struct pd_plan_opts o;
