@@ -486,7 +486,7 @@ static void compare_text(FILE *f, const struct pd_search *s)
         fprintf(f, "  %-14s none %s\n", "disaggregated",
                 s->n_fit ? "meets the targets"
                 : !s->n && s->n_unplaced ? "placed: whole instances on whole nodes, decode on nodes of its own, need "
-                                           "more nodes (above)"
+                                           "more nodes than the cluster has"
                                          : "fits in memory");
     }
     if (v.agg >= 0 && v.disagg >= 0)

@@ -130,6 +130,6 @@ Test(cli_agg, search_says_why_no_disaggregated_layout_is_compared)
     run("search --model models/mini --hardware h100 --cards 8", &r);
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert(strstr(r.out, "  disaggregated  none placed: whole instances on whole nodes, decode on nodes of its own, "
-                            "need more nodes (above)\n"), "%s", r.out);
+                            "need more nodes than the cluster has\n"), "%s", r.out);
     cr_assert_null(strstr(r.out, "none fits in memory"), "%s", r.out);
 }
