@@ -17,6 +17,7 @@ struct up_plan {
     int instances[2], ep[2];
     int64_t kv_pool[2];
     int64_t max_num_seqs, max_model_len, max_num_batched_tokens;
+    double util;                    /* options.gpu_memory_utilization (0: not in the plan) */
     int64_t launched_seqs[2];       /* roles[].launched_max_num_seqs: max_num_seqs, lowered to what the
                                      * role's pool holds (options.max_num_seqs in plans without it) */
     char kv_cache_dtype[8];         /* options.kv_cache_dtype: what the pools were sized for */

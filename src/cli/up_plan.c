@@ -6,6 +6,7 @@
 #include "model/config.h"
 #include "model/jsonf.h"
 
+#include <dirent.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +76,7 @@ int up_read_plan(const char *path, struct up_plan *u, int on_hosts, const char *
         plan_int(path, opt, "options.", "max_num_batched_tokens", 1, 1 << 24, &u->max_num_batched_tokens) ||
         plan_int(path, opt, "options.", "num_speculative_tokens", 0, PD_SPEC_MAX_K, &u->spec_k))
         goto out;
+    u->util = json_number_value(json_object_get(opt, "gpu_memory_utilization"));
     const char *dt = json_string_value(json_object_get(opt, "kv_cache_dtype"));
     if (!dt || (strcmp(dt, "bf16") && strcmp(dt, "fp8"))) {
         fprintf(stderr, "pdmoe up: --plan %s: field \"options.kv_cache_dtype\": expected \"bf16\" or \"fp8\"\n", path);
@@ -253,21 +255,43 @@ out:
 
 /* Every rank's KV pool is allocated in full and the weights are mapped once (page cache shared by
  * the ranks): both must fit in this machine's memory, with a tenth left for everything else. */
+/* The bytes of the checkpoint's safetensors files in dir (one file or shards). */
+static double checkpoint_bytes(const char *dir)
+{
+    double sum = 0;
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        size_t n = strlen(de->d_name);
+        char f[1200];
+        struct stat st;
+        snprintf(f, sizeof f, "%s/%s", dir, de->d_name);
+        if (n > 12 && !strcmp(de->d_name + n - 12, ".safetensors") && stat(f, &st) == 0 && S_ISREG(st.st_mode))
+            sum += (double)st.st_size;
+    }
+    if (d)
+        closedir(d);
+    return sum;
+}
+
 int up_plan_fits(const char *path, const struct up_plan *u, const char *model)
 {
-    char f[600];
-    struct stat st;
-    snprintf(f, sizeof f, "%s/model.safetensors", model);
-    double need = stat(f, &st) == 0 ? (double)st.st_size : 0;
+    double need = checkpoint_bytes(model);   /* (mapped once, its pages shared by the ranks) */
     for (int r = u->aggregated; r < 2; r++)   /* (aggregated: both roles list the same instances) */
         need += (double)u->instances[r] * u->ep[r] * (double)u->kv_pool[r];
     double have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     if (need > 0.9 * have) {
+        char why[200];
+        if (u->util > 0.9)   /* a plan of this machine's own calibration, at a utilization up cannot give */
+            snprintf(why, sizeof why, "up keeps a tenth of it for everything else, and the plan's "
+                     "--gpu-memory-utilization %g leaves none: plan with 0.9 or less", u->util);
+        else
+            snprintf(why, sizeof why, "plan for it (pdmoe calibrate --out hardware/local-cpu.json, then pdmoe plan "
+                     "--hardware local-cpu ...)");
         fprintf(stderr, "pdmoe up: --plan %s: its KV pools (prefill %d x %d ranks x %.2f GB, decode %d x %d x %.2f GB) "
-                        "and the model need %.2f GB; this machine has %.2f GB: plan for it (pdmoe calibrate --out "
-                        "hardware/local-cpu.json, then pdmoe plan --hardware local-cpu ...)\n",
+                        "and the model need %.2f GB; this machine has %.2f GB: %s\n",
                 path, u->instances[0], u->ep[0], u->kv_pool[0] / 1e9, u->instances[1], u->ep[1], u->kv_pool[1] / 1e9,
-                need / 1e9, have / 1e9);
+                need / 1e9, have / 1e9, why);
         return -1;
     }
     return 0;

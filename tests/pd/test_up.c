@@ -592,6 +592,21 @@ Test(up, a_pool_smaller_than_max_num_seqs_launches_what_it_holds)
     int st = pclose(p);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, err);
     cr_assert(strstr(err, "field \"roles[0].budget.fits\": false"), "%s", err);
+    /* cards that are this machine's memory split four ways, at a utilization of 1: the plan fits them,
+     * up keeps a tenth of the machine for the rest, and says so (it sent the user to calibrate, which
+     * is what such a plan came from) */
+    write_hw(hw, (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) / 4);
+    snprintf(cmd, sizeof cmd, "%s plan --model %s --hardware %s --nodes 1 --prefill dp=2,tp=1,instances=1 "
+             "--decode dp=2,tp=1,instances=1 --mtp off --kv-cache-dtype fp8 --max-num-seqs 8 --max-model-len 256 "
+             "--max-num-batched-tokens 64 --gpu-memory-utilization 1 --json > %s", bin, dir, hw, plan);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(cmd, sizeof cmd, "%s up --model %s --plan %s 2>&1 >/dev/null", bin, dir, plan);
+    p = popen(cmd, "r");
+    n = fread(err, 1, sizeof err - 1, p);
+    err[n] = 0;
+    st = pclose(p);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, err);
+    cr_assert(strstr(err, "the plan's --gpu-memory-utilization 1 leaves none: plan with 0.9 or less"), "%s", err);
 }
 
 /* pdmoe up --plan of an aggregated plan (pdmoe plan --aggregated): colocated servers (no KV role)
