@@ -33,7 +33,8 @@ static void ranges(FILE *f, const struct pd_placement *pl, int rank)
 
 static void text_layout(FILE *f, const struct pd_plan *p)
 {
-    fprintf(f, "Layout (%d of %d cards: %d nodes x %d)\n", p->cards_used, p->cards_total, p->nodes, p->hw.cards_per_node);
+    fprintf(f, "Layout (%d of %d cards: %d node%s x %d)\n", p->cards_used, p->cards_total, p->nodes,
+            p->nodes == 1 ? "" : "s", p->hw.cards_per_node);
     /* the node map every launcher follows (plan/nodes.h): a layout it cannot place is said here,
      * not discovered at --emit or pdmoe up --hosts */
     struct pd_node_layout L;
@@ -262,8 +263,8 @@ char *pd_plan_text(const struct pd_plan *p, int u)
     if (!f)
         return NULL;
     char q[128];
-    fprintf(f, "pdmoe plan: %s (%s) on %s, %d nodes x %d %s\n", p->model.name, pd_model_arch_name(p->model.arch),
-            p->hw.name, p->nodes, p->hw.cards_per_node, p->hw.card_name);
+    fprintf(f, "pdmoe plan: %s (%s) on %s, %d node%s x %d %s\n", p->model.name, pd_model_arch_name(p->model.arch),
+            p->hw.name, p->nodes, p->nodes == 1 ? "" : "s", p->hw.cards_per_node, p->hw.card_name);
     fprintf(f, "  weights %s, KV cache %s, %s; %s = %s bytes\n\n",
             p->inv.from_checkpoint ? "as stored in the checkpoint" : pd_quant_describe(&p->quant, q, sizeof q),
             pd_kv_dtype_name(p->kv.dtype),

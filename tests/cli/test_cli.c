@@ -82,6 +82,14 @@ Test(cli, a_prefill_role_lowered_to_its_pool_reads_as_launched)
     cr_assert(strstr(r.out, want), "no \"%s\" in %s", want, r.out);
 }
 
+Test(cli, one_node_is_one_node)
+{
+    struct run r;
+    run("plan --model models/mini --hardware h100 --nodes 1 --aggregated dp=1,instances=1", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "on HGX H100, 1 node x 8 H100") && strstr(r.out, "cards: 1 node x 8)"), "%s", r.out);
+}
+
 Test(cli, inventory_lists_every_tensor)
 {
     struct run r;
