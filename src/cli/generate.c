@@ -339,8 +339,9 @@ static int run_spec(struct batch *b, int stream, pd_err *e)
     if (stream) {
         printf("\n");
         const struct gen_seq *g = &b->s[0];
-        fprintf(stderr, "prompt: %d tokens, %.1f tokens/s; decode: %d tokens, %.1f tokens/s\n", g->n_in,
-                g->n_in / (t1 - t0), g->n_out, g->n_out > 1 ? (g->n_out - 1) / (t2 - t1) : 0.0);
+        fprintf(stderr, "prompt: %d tokens, %.1f tokens/s; decode: %d tokens after the prompt's first, %.1f tokens/s\n",
+                g->n_in, g->n_in / (t1 - t0), g->n_out > 1 ? g->n_out - 1 : 0,
+                g->n_out > 1 ? (g->n_out - 1) / (t2 - t1) : 0.0);
     }
     if (b->use_mpi) {
         /* the group's counts, summed on rank 0, which prints them */
@@ -511,8 +512,9 @@ static int stream_one(struct gen_opts *o, struct batch *b, pd_err *e)
     double t2 = pd_now_s();
     printf("\n");
     if (!rc)
-        fprintf(stderr, "prompt: %d tokens, %.1f tokens/s; decode: %d tokens, %.1f tokens/s\n", g->n_in,
-                g->n_in / (t1 - t0), produced, produced > 1 ? (produced - 1) / (t2 - t1) : 0.0);
+        fprintf(stderr, "prompt: %d tokens, %.1f tokens/s; decode: %d tokens after the prompt's first, %.1f tokens/s\n",
+                g->n_in, g->n_in / (t1 - t0), produced > 1 ? produced - 1 : 0,
+                produced > 1 ? (produced - 1) / (t2 - t1) : 0.0);
     free(scratch);
     return rc;
 }

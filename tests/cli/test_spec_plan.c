@@ -46,6 +46,27 @@ Test(spec_plan_cli, generate_stats_feed_plan)
     cr_assert_eq(json_integer_value(json_object_get(s, "num_speculative_tokens")), 3);
     cr_assert_eq(json_integer_value(json_object_get(s, "sequences")), 2);
     cr_assert_eq(json_integer_value(json_object_get(s, "decode_tokens")), 2 * 39);
+    /* one streamed prompt: its line counts the tokens the decode phase made, as the file does
+     * (it said 40 beside the file's 39) */
+    {
+        static struct run r1;
+        snprintf(args, sizeof args,
+                 "generate --model %s --prompt 'The quick brown fox' --max-tokens 40 --threads 1 "
+                 "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3}' --spec-stats %s.1",
+                 dir, stats);
+        run(args, &r1);
+        cr_assert_eq(r1.status, 0, "%s", r1.err);
+        char f1[64];
+        snprintf(f1, sizeof f1, "%s.1", stats);
+        json_t *s1 = json_load_file(f1, 0, &je);
+        cr_assert(s1, "%s", je.text);
+        char want[96];
+        snprintf(want, sizeof want, "decode: %lld tokens after the prompt's first,",
+                 (long long)json_integer_value(json_object_get(s1, "decode_tokens")));
+        cr_assert(strstr(r1.err, want), "no \"%s\" in %s", want, r1.err);
+        json_decref(s1);
+        remove(f1);
+    }
     json_t *acc = json_object_get(s, "num_accepted_tokens_per_pos"), *dr = json_object_get(s, "num_drafted_tokens_per_pos");
     double tps = 1, sum_acc = 0;
     for (size_t j = 0; j < 3; j++) {
