@@ -866,6 +866,21 @@ static void sse_fake_stop(struct sse_fake *f)
     close(f->fd);
 }
 
+/* Starts fake f and the proxy X in front of it (its only, colocated instance; health checks every
+ * 0.1 s; max_body: the cap on bodies in flight, 0 for the default), once it counts f up. */
+static void proxy_before_fake(struct sse_fake *f, int64_t max_body)
+{
+    sse_fake_start(f);
+    static char c1[32];
+    snprintf(c1, sizeof c1, "127.0.0.1:%d", f->port);
+    struct pd_proxy_opts o = {.port = 0, .n_decode = 1, .health_interval_ms = 100, .max_body_bytes_in_flight = max_body};
+    o.decode[0] = c1;
+    pd_err e = {0};
+    cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
+    pthread_create(&tx, NULL, run_proxy, X);
+    wait_up(pd_proxy_port(X), 0, 1);
+}
+
 /* A histogram's _sum in the proxy's /metrics. */
 static double hist_sum(const char *name)
 {
@@ -885,15 +900,7 @@ static double hist_sum(const char *name)
 Test(proxy, stream_latencies_count_tokens_and_events_go_out_whole)
 {
     struct sse_fake f = {0};
-    sse_fake_start(&f);
-    static char c1[32];
-    snprintf(c1, sizeof c1, "127.0.0.1:%d", f.port);
-    struct pd_proxy_opts o = {.port = 0, .n_decode = 1, .health_interval_ms = 100};
-    o.decode[0] = c1;
-    pd_err e = {0};
-    cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
-    pthread_create(&tx, NULL, run_proxy, X);
-    wait_up(pd_proxy_port(X), 0, 1);
+    proxy_before_fake(&f, 0);
     char out[8192];
     cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/chat/completions",
                            "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":4,\"stream\":true}", NULL,
@@ -928,15 +935,7 @@ Test(proxy, stream_latencies_count_tokens_and_events_go_out_whole)
 Test(proxy, a_stream_that_flows_outlives_failed_health_checks)
 {
     struct sse_fake f = {.long_mode = 1};
-    sse_fake_start(&f);
-    static char c1[32];
-    snprintf(c1, sizeof c1, "127.0.0.1:%d", f.port);
-    struct pd_proxy_opts o = {.port = 0, .n_decode = 1, .health_interval_ms = 100};
-    o.decode[0] = c1;
-    pd_err e = {0};
-    cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
-    pthread_create(&tx, NULL, run_proxy, X);
-    wait_up(pd_proxy_port(X), 0, 1);
+    proxy_before_fake(&f, 0);
     char out[16384];
     cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/chat/completions",
                            "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":60,\"stream\":true}",
@@ -958,15 +957,7 @@ Test(proxy, a_stream_that_flows_outlives_failed_health_checks)
 Test(proxy, request_bodies_in_flight_are_bounded)
 {
     struct sse_fake f = {0};
-    sse_fake_start(&f);
-    static char c1[32];
-    snprintf(c1, sizeof c1, "127.0.0.1:%d", f.port);
-    struct pd_proxy_opts o = {.port = 0, .n_decode = 1, .health_interval_ms = 100, .max_body_bytes_in_flight = 6000};
-    o.decode[0] = c1;
-    pd_err e = {0};
-    cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
-    pthread_create(&tx, NULL, run_proxy, X);
-    wait_up(pd_proxy_port(X), 0, 1);
+    proxy_before_fake(&f, 6000);
     char body[4200], cmd[4600], out[8192];
     int at = snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"");
     memset(body + at, 'a', 4000);

@@ -493,6 +493,20 @@ static void write_hw(const char *path, double card_bytes)
     fclose(f);
 }
 
+/* `pdmoe up --model dir --plan plan` refuses the plan before starting anything (exit 2), its
+ * stderr holding `needle` (and the plan's path when named_plan). */
+static void up_refuses_plan(const char *bin, const char *plan, const char *needle, int named_plan)
+{
+    char cmd[1024], err[2048];
+    snprintf(cmd, sizeof cmd, "%s up --model %s --plan %s 2>&1 >/dev/null", bin, dir, plan);
+    FILE *p = popen(cmd, "r");
+    size_t n = fread(err, 1, sizeof err - 1, p);
+    err[n] = 0;
+    int st = pclose(p);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, err);
+    cr_assert(strstr(err, needle) && (!named_plan || strstr(err, plan)), "%s", err);
+}
+
 /* pdmoe up --plan: the instances get the plan's layout, their KV pools the plan's budget (each
  * rank's pool is the plan's kv_pool_bytes, to a block), its max-num-seqs and the KV cache dtype
  * the pools were sized for (fp8 here); a plan whose pools do
@@ -537,14 +551,7 @@ Test(up, plan_sizes_the_instances_and_their_kv_pools)
     /* a plan for cards far larger than this machine */
     write_hw(hw, 2e12);
     cr_assert_eq(system(cmd), 0, "%s", cmd);
-    snprintf(cmd, sizeof cmd, "%s up --model %s --plan %s 2>&1 >/dev/null", bin, dir, plan);
-    FILE *p = popen(cmd, "r");
-    char err[2048];
-    size_t n = fread(err, 1, sizeof err - 1, p);
-    err[n] = 0;
-    int st = pclose(p);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, err);
-    cr_assert(strstr(err, plan) && strstr(err, "this machine has"), "%s", err);
+    up_refuses_plan(bin, plan, "this machine has", 1);
 }
 
 /* A role whose KV pool holds fewer sequences of max-model-len than --max-num-seqs: its servers get
@@ -572,7 +579,7 @@ Test(up, a_pool_smaller_than_max_num_seqs_launches_what_it_holds)
     json_decref(doc);
     cr_assert(fit >= 1 && fit < 8 && launched == fit, "prefill: %lld fit, %lld launched", (long long)fit,
               (long long)launched);
-    const int port = 32800 + (getpid() % 300) * 3;   /* kv ports + 100: clear of the other ranges */
+    const int port = 11000 + (getpid() % 300) * 3;   /* kv ports + 100: clear of the other ranges, below the ephemeral ports */
     pid_t up = start_up_plan(bin, port, 1, plan);
     cr_assert_eq(metric_key(port + 1, "pdmoe_kv_slots_free"), fit);
     cr_assert_eq(metric_key(port + 2, "pdmoe_kv_slots_free"), 8);
@@ -584,14 +591,7 @@ Test(up, a_pool_smaller_than_max_num_seqs_launches_what_it_holds)
     /* cards so small that not one sequence fits the prefill pool: the plan says so, up refuses it */
     write_hw(hw, 1.4e6);
     cr_assert_eq(system(cmd), 0, "%s", cmd);
-    snprintf(cmd, sizeof cmd, "%s up --model %s --plan %s 2>&1 >/dev/null", bin, dir, plan);
-    FILE *p = popen(cmd, "r");
-    char err[2048];
-    size_t n = fread(err, 1, sizeof err - 1, p);
-    err[n] = 0;
-    int st = pclose(p);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, err);
-    cr_assert(strstr(err, "field \"roles[0].budget.fits\": false"), "%s", err);
+    up_refuses_plan(bin, plan, "field \"roles[0].budget.fits\": false", 0);
     /* cards that are this machine's memory split four ways, at a utilization of 1: the plan fits them,
      * up keeps a tenth of the machine for the rest, and says so (it sent the user to calibrate, which
      * is what such a plan came from) */
@@ -600,13 +600,7 @@ Test(up, a_pool_smaller_than_max_num_seqs_launches_what_it_holds)
              "--decode dp=2,tp=1,instances=1 --mtp off --kv-cache-dtype fp8 --max-num-seqs 8 --max-model-len 256 "
              "--max-num-batched-tokens 64 --gpu-memory-utilization 1 --json > %s", bin, dir, hw, plan);
     cr_assert_eq(system(cmd), 0, "%s", cmd);
-    snprintf(cmd, sizeof cmd, "%s up --model %s --plan %s 2>&1 >/dev/null", bin, dir, plan);
-    p = popen(cmd, "r");
-    n = fread(err, 1, sizeof err - 1, p);
-    err[n] = 0;
-    st = pclose(p);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, err);
-    cr_assert(strstr(err, "the plan's --gpu-memory-utilization 1 leaves none: plan with 0.9 or less"), "%s", err);
+    up_refuses_plan(bin, plan, "the plan's --gpu-memory-utilization 1 leaves none: plan with 0.9 or less", 0);
 }
 
 /* pdmoe up --plan of an aggregated plan (pdmoe plan --aggregated): colocated servers (no KV role)
