@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,12 +46,18 @@ static const char *write_stats(char *path, int layers, int dense, int experts)
 
 int pd_bench_search(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--quick")) {
+    int quick = 0, json = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+        else if (!strcmp(argv[i], "--json"))
+            json = 1;
+        else {
             fprintf(stderr, "pdmoe bench search: unknown option %s (see pdmoe bench search --help)\n", argv[i]);
             return 2;
         }
-    int reps = argc > 1 ? 1 : 5;
+    }
+    int reps = quick ? 1 : 5;
     const double target = 1.0;
     char stats[] = "/tmp/pdmoe-bench-stats-XXXXXX";
     const char *measured = write_stats(stats, 61, 3, 256);   /* V3: 61 layers, the first 3 dense */
@@ -65,8 +72,14 @@ int pd_bench_search(int argc, char **argv)
         {"deepseek-v3, 256 x H800", "deepseek-v3", "h800", NULL, 256, 1},
         {"deepseek-v3, 256 x H800, --expert-stats (58 MoE layers)", "deepseek-v3", "h800", measured, 256, 1},
     };
-    printf("pdmoe bench search: best of %d searches each; isl 4096, osl 1024; target %.0f s per search\n", reps, target);
-    printf("  %-50s %9s %9s %11s %11s\n", "case", "layouts", "ms", "us/layout", "of target");
+    json_t *doc = json ? json_pack("{s:s,s:i,s:i,s:i,s:f,s:[]}", "benchmark", "search", "searches_per_case", reps,
+                                   "isl", 4096, "osl", 1024, "target_s", target, "cases")
+                       : NULL;
+    if (!json) {
+        printf("pdmoe bench search: best of %d searches each; isl 4096, osl 1024; target %.0f s per search\n", reps,
+               target);
+        printf("  %-50s %9s %9s %11s %11s\n", "case", "layouts", "ms", "us/layout", "of target");
+    }
     int ok = 1;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct pd_search_opts o;
@@ -88,6 +101,7 @@ int pd_bench_search(int argc, char **argv)
             if (pd_search_run(&o, &s, &e)) {
                 fprintf(stderr, "bench search: %s\n", e.msg);
                 unlink(stats);
+                json_decref(doc);
                 return 1;
             }
             double t = pd_now_s() - t0;
@@ -96,10 +110,24 @@ int pd_bench_search(int argc, char **argv)
             if (t < best)
                 best = t;
         }
-        printf("  %-50s %9d %9.1f %11.3f %10.3fx\n", cases[i].name, n, best * 1e3, best * 1e6 / (n ? n : 1), best / target);
+        if (doc)
+            json_array_append_new(json_object_get(doc, "cases"),
+                                  json_pack("{s:s,s:i,s:f,s:f,s:f}", "case", cases[i].name, "layouts", n, "ms",
+                                            best * 1e3, "us_per_layout", best * 1e6 / (n ? n : 1), "of_target",
+                                            best / target));
+        else
+            printf("  %-50s %9d %9.1f %11.3f %10.3fx\n", cases[i].name, n, best * 1e3, best * 1e6 / (n ? n : 1),
+                   best / target);
         ok &= best < target;
     }
     unlink(stats);
-    printf("%s\n", ok ? "every search is under the target" : "a search is OVER the target");
+    if (doc) {
+        json_object_set_new(doc, "met", json_boolean(ok));
+        json_dumpf(doc, stdout, JSON_INDENT(2));
+        printf("\n");
+        json_decref(doc);
+    } else {
+        printf("%s\n", ok ? "every search is under the target" : "a search is OVER the target");
+    }
     return 0;
 }

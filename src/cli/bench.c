@@ -10,7 +10,7 @@ static const struct {
     int (*run)(int, char **);
     const char *flags, *what;
 } benches[] = {
-    {"plan", pd_bench_plan, "[--quick]", "planning speed: the seed's plan and its sweep against the 1 ms target"},
+    {"plan", pd_bench_plan, "[--quick] [--json]", "planning speed: the seed's plan and its sweep against the 1 ms target"},
     {"kernels", pd_bench_kernels, "[--threads N | --cpu-time] [--quick] [--json]",
      "int8 GEMV/GEMM and the MoE grouped GEMM against oneDNN, this machine's bandwidth and VNNI peak"},
     {"decode", pd_bench_decode, "[--model DIR] [--threads N] [--steps N] [--batch 1|16] [--quick] [--json]",
@@ -30,7 +30,7 @@ static const struct {
      "the KV hand-off against one contiguous UCX get of the same bytes, and its share of TTFT; or across hosts"},
     {"convert", pd_bench_convert, "[--checkpoint DIR | --preset P] [--quick] [--json]",
      "pdmoe convert of a release checkpoint against memcpy bandwidth, its peak RSS, FP4->int8 options' errors"},
-    {"search", pd_bench_search, "[--quick]", "layout search speed against the 1 s target"},
+    {"search", pd_bench_search, "[--quick] [--json]", "layout search speed against the 1 s target"},
     {"tokenizer", pd_bench_tokenizer, "[--quick] [--json] [--tokenizer FILE]",
      "tokenizer encode speed on PCRE2 against the reference backtracking matcher, ids compared"},
 };

@@ -168,6 +168,35 @@ Test(cli, unknown_preset_names_its_flag)
     cr_assert_null(strstr(r.err, "corpus"), "%s", r.err);
 }
 
+/* Every benchmark prints --json (bench plan and bench search had none: "unknown option --json"),
+ * and bench plan's document carries each case against its target. */
+Test(cli, every_benchmark_prints_json)
+{
+    static const char *const benches[] = {"plan", "kernels", "decode", "prefill", "ep", "serve", "soak", "transfer",
+                                           "convert", "search", "tokenizer"};
+    for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++) {
+        char args[64];
+        struct run r;
+        snprintf(args, sizeof args, "bench %s --help", benches[i]);
+        run(args, &r);
+        cr_assert_eq(r.status, 0, "%s: %s", args, r.err);
+        cr_assert(strstr(r.out, "--json"), "pdmoe %s names no --json: %s", args, r.out);
+    }
+    struct run r;
+    run("bench plan --quick --json", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    json_error_t je;
+    json_t *j = json_loads(r.out, 0, &je);
+    cr_assert_not_null(j, "%s: %s", je.text, r.out);
+    cr_assert_eq(json_array_size(json_object_get(j, "cases")), 5);
+    json_t *c = json_array_get(json_object_get(j, "cases"), 0);
+    cr_assert_float_eq(json_real_value(json_object_get(c, "of_target")),
+                       json_real_value(json_object_get(c, "ms_per_plan")) / json_real_value(json_object_get(j, "target_ms")),
+                       1e-9);
+    cr_assert(json_is_boolean(json_object_get(j, "met")));
+    json_decref(j);
+}
+
 /* One CLI: every subcommand answers -h and --help with its usage on stdout and exit 0, names an
  * unknown flag or a flag missing its value with exit 2; pdmoe --version names the build. */
 Test(cli, help_and_unknown_flags_everywhere)
