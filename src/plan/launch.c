@@ -165,6 +165,10 @@ char **pd_launch_argv(const struct pd_launch_inst *x, const struct pd_launch_opt
         }
         if (o->oversubscribe)
             add(&v, "--oversubscribe");
+        /* Open MPI binds each rank of a job of one or two to one core: a rank's --threads all ran
+         * on that core (a remote host's single rank on one of its cores) */
+        add(&v, "--bind-to");
+        add(&v, "none");
         if (o->allow_run_as_root)
             add(&v, "--allow-run-as-root");
         if (o->api_key) {   /* the key's name, not its value: each rank reads it from its environment */

@@ -283,10 +283,10 @@ Test(cli, plan_emit)
     /* pdmoe: 4 prefill EP8 groups on one host each, the EP32 decode group one mpirun over 4 hosts */
     run("plan --model v4-flash-mini --emit pdmoe --hosts h0,h1,h2,h3,h4,h5,h6,h7 --proxy-port 9000 --threads 4", &r);
     cr_assert_eq(r.status, 0, "%s", r.err);
-    cr_assert(strstr(r.out, "if [ \"$host\" = h3 ]; then\n  mpirun \\\n    --host h3:8 \\\n    -n 8 pdmoe serve \\\n"
+    cr_assert(strstr(r.out, "if [ \"$host\" = h3 ]; then\n  mpirun \\\n    --host h3:8 \\\n    --bind-to none \\\n    -n 8 pdmoe serve \\\n"
                             "    --model models/mini \\\n    --host h3 \\\n    --port 9004 \\\n    --threads 4 \\\n"),
               "%s", r.out);
-    cr_assert(strstr(r.out, "  mpirun \\\n    --host h4:8,h5:8,h6:8,h7:8 \\\n    -n 8 pdmoe serve \\\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "  mpirun \\\n    --host h4:8,h5:8,h6:8,h7:8 \\\n    --bind-to none \\\n    -n 8 pdmoe serve \\\n"), "%s", r.out);
     cr_assert(strstr(r.out, "  pdmoe proxy \\\n    --prefill h0:9001,h1:9002,h2:9003,h3:9004 \\\n    --decode h4:9005 \\\n"
                             "    --port 9000 \\\n    --host h0 &\n"), "%s", r.out);
 

@@ -85,6 +85,42 @@ static void command_of(int port, char *out, size_t cap)
         pclose(p);
 }
 
+/* The CPUs process pid may run on (its Cpus_allowed_list), into out. */
+static void cpus_of(int pid, char *out, size_t cap)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    FILE *f = fopen(path, "r");
+    out[0] = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "Cpus_allowed_list:", 18))
+            snprintf(out, cap, "%s", line + 18 + strspn(line + 18, " \t"));
+    if (f)
+        fclose(f);
+}
+
+/* Every rank of the EP group serving HTTP on `port` may run on every CPU this test may: Open MPI
+ * bound each rank of a job of one or two to one core, where its --threads then all ran. */
+static void ranks_not_bound(int port)
+{
+    char cmd[160], mine[256], theirs[256];
+    snprintf(cmd, sizeof cmd, "pgrep -f -- '[p]dmoe serve .*--port %d( |$)'", port);
+    FILE *p = popen(cmd, "r");
+    cpus_of(getpid(), mine, sizeof mine);
+    int pid, n = 0;
+    while (p && fscanf(p, "%d", &pid) == 1) {
+        cpus_of(pid, theirs, sizeof theirs);
+        if (!theirs[0])
+            continue;   /* (gone meanwhile, or mpirun's own line) */
+        cr_assert_str_eq(theirs, mine, "pid %d of the group on port %d may run on CPUs %s only, this test on %s", pid,
+                         port, theirs, mine);
+        n++;
+    }
+    if (p)
+        pclose(p);
+    cr_assert_geq(n, 2, "%d processes of the EP group on port %d", n, port);
+}
+
 /* Ctrl-C: everything stops, nothing is left on the cluster's ports. */
 static void stop_up(pid_t up, int port)
 {
@@ -243,6 +279,8 @@ Test(up, ep_groups_on_both_sides_match_colocated_and_free_every_rank)
     char cmdline[4096];
     command_of(D, cmdline, sizeof cmdline);   /* up's --watchdog-timeout reached the groups */
     cr_assert(strstr(cmdline, "--watchdog-timeout 120"), "%s", cmdline);
+    ranks_not_bound(P);
+    ranks_not_bound(D);
     cr_assert_eq(metric_port(D, "pdmoe_kv_transfers_total"), 4);
     cr_assert_eq(metric_port(D, "pdmoe_kv_recomputes_total"), 0);
     for (int k = 0; k < 2; k++) {

@@ -912,7 +912,7 @@ Test(plan, emit_pdmoe_four_cpu_hosts)
            "10.0.0.1,10.0.0.2,10.0.0.3,10.0.0.4\n# --host 10.0.0.1 --port 8000 --threads 1`");
     HAS(s, "\n10.0.0.1|10.0.0.2|10.0.0.3|10.0.0.4) ;;\n");
     HAS(s, "if [ \"$host\" = 10.0.0.1 ]; then\n  mpirun \\\n    --host 10.0.0.1:1,10.0.0.2:1 \\\n"
-           "    -n 1 pdmoe serve \\\n    --model models/mini \\\n    --host 10.0.0.1 \\\n    --port 8001 \\\n"
+           "    --bind-to none \\\n    -n 1 pdmoe serve \\\n    --model models/mini \\\n    --host 10.0.0.1 \\\n    --port 8001 \\\n"
            "    --threads 1 \\\n    --max-model-len 2048 \\\n    --served-model-name mini \\\n"
            "    --kv-transfer-config '{\"kv_role\":\"kv_producer\",\"kv_port\":8100,\"engine_id\":\"prefill-0\","
            "\"kv_host\":\"10.0.0.1\"}' \\\n    --enable-expert-parallel \\\n    --data-parallel-size 2 \\\n");
@@ -920,7 +920,7 @@ Test(plan, emit_pdmoe_four_cpu_hosts)
     HAS(s, "--kv-transfer-config '{\"kv_role\":\"kv_producer\",\"kv_port\":8100,\"engine_id\":\"prefill-0\","
            "\"kv_host\":\"10.0.0.2\"}'");
     HAS(s, "if [ \"$host\" = 10.0.0.3 ]; then\n  mpirun \\\n    --host 10.0.0.3:1,10.0.0.4:1 \\\n"
-           "    -n 1 pdmoe serve \\\n    --model models/mini \\\n    --host 10.0.0.3 \\\n    --port 8002 \\\n");
+           "    --bind-to none \\\n    -n 1 pdmoe serve \\\n    --model models/mini \\\n    --host 10.0.0.3 \\\n    --port 8002 \\\n");
     HAS(s, "    : -n 1 pdmoe serve \\\n    --model models/mini \\\n    --host 10.0.0.4 \\\n    --port 8002 \\\n");
     /* each decode rank pulls from the prefill ranks' KV listeners and from nowhere else */
     HAS(s, "--kv-transfer-config '{\"kv_role\":\"kv_consumer\",\"engine_id\":\"decode-0\",\"kv_host\":\"10.0.0.3\","

@@ -47,7 +47,7 @@ Test(launch, an_ep_group_across_hosts_is_one_mpirun_with_a_context_per_host)
     char c1[600], c2[600], want[1400];
     snprintf(c1, sizeof c1, ctx, "10.0.0.1", "10.0.0.1");
     snprintf(c2, sizeof c2, ctx, "10.0.0.2", "10.0.0.2");
-    snprintf(want, sizeof want, "mpirun --host 10.0.0.1:2,10.0.0.2:1 -n 2 %s : -n 1 %s", c1, c2);
+    snprintf(want, sizeof want, "mpirun --host 10.0.0.1:2,10.0.0.2:1 --bind-to none -n 2 %s : -n 1 %s", c1, c2);
     cr_assert_str_eq(s, want);
     pd_launch_argv_free(a);
 }
@@ -68,7 +68,7 @@ Test(launch, one_rank_runs_bare_here_and_under_mpirun_elsewhere)
     o.allow_run_as_root = 1;
     a = pd_launch_argv(&x, &o);
     joined(a, s, sizeof s);
-    const char *want = "mpirun --host 10.0.0.3:1 --allow-run-as-root -x PDMOE_API_KEY -n 1 pdmoe serve --model /m "
+    const char *want = "mpirun --host 10.0.0.3:1 --bind-to none --allow-run-as-root -x PDMOE_API_KEY -n 1 pdmoe serve --model /m "
                        "--host 10.0.0.3 ";
     cr_assert(!strncmp(s, want, strlen(want)), "%s", s);
     cr_assert_null(strstr(s, " k "), "the key's value on a command line: %s", s);
