@@ -36,6 +36,7 @@ double pd_bench_read_bandwidth_cpu_time(size_t bytes, int reps);
 struct pd_bench_machine {
     double bw, clock_hz, vnni_peak, amx_peak, int8_peak, gemv_bw, gemm_ops;
     const char *int8_probe;
+    int bw_mib, bw_runs, gemm_tokens;   /* how they were measured: the sum's MiB and runs, the GEMM's tokens */
 };
 int pd_bench_machine_measure(int threads, int quick, struct pd_bench_machine *m);
 

@@ -960,7 +960,9 @@ int pd_bench_machine_measure(int threads, int quick, struct pd_bench_machine *m)
     if (threads > 1 && report(pd_pool_create(threads, &pool, &e), &e) < 0)
         return -1;
     int rc = -1;
-    m->bw = pd_bench_read_bandwidth(pool, threads, (size_t)(quick ? 128 : 512) << 20, quick ? 2 : 5);
+    m->bw_mib = quick ? 128 : 512;
+    m->bw_runs = quick ? 2 : 5;
+    m->bw = pd_bench_read_bandwidth(pool, threads, (size_t)m->bw_mib << 20, m->bw_runs);
     m->clock_hz = pd_bench_nominal_clock_hz();
     m->vnni_peak = pd_gemm_kernel_supported(PD_KERNEL_AVX512) ? pd_bench_vnni_peak(pool, threads, quick)
                                                                : PD_BENCH_OPS_PER_VPDPBUSD * m->clock_hz * threads;
@@ -973,7 +975,8 @@ int pd_bench_machine_measure(int threads, int quick, struct pd_bench_machine *m)
     m->int8_probe = amx ? "independent TDPBSSD tile chains (the AMX kernel)" : "independent VPDPBUSD chains";
     struct mm_case g = {.out = 4096, .in = 14336, .T = 1, .reps = quick ? 8 : 60, .n_mats = quick ? 2 : 5,
                         .pool = pool};
-    struct mm_case h = {.out = 2048, .in = 4096, .T = quick ? 64 : 256, .reps = quick ? 3 : 10,
+    m->gemm_tokens = quick ? 64 : 256;
+    struct mm_case h = {.out = 2048, .in = 4096, .T = m->gemm_tokens, .reps = quick ? 3 : 10,
                         .n_mats = 1, .pool = pool};
     size_t per = (size_t)g.out * g.in;
     double s;

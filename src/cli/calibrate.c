@@ -18,6 +18,8 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,16 +48,16 @@ static json_t *hardware_json(const char *cpu, int threads, int cards, double mem
     strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", gmtime(&now));
     snprintf(tag, sizeof tag, "pdmoe calibrate, %s, %d thread%s per process", when, threads, threads > 1 ? "s" : "");
     char s_bw[512], s_peak[512], s_gemm[512], s_mem[512], s_fit[1536], s_ucx[512];
-    snprintf(s_bw, sizeof s_bw, "%s: the larger of an int64 sum over 512 MiB (best of 5) and the int8 GEMV's stream: "
-             "%.2f GB/s", tag, m->bw / 1e9);
+    snprintf(s_bw, sizeof s_bw, "%s: the larger of an int64 sum over %d MiB (best of %d) and the int8 GEMV's stream: "
+             "%.2f GB/s", tag, m->bw_mib, m->bw_runs, m->bw / 1e9);
     char s_bf16[512];
     snprintf(s_peak, sizeof s_peak, "%s: %s (nominal clock %.2f GHz): %.1f Gops/s", tag, m->int8_probe, m->clock_hz / 1e9,
              m->int8_peak / 1e9);
     snprintf(s_bf16, sizeof s_bf16, "%s: independent VPDPBUSD chains (nominal clock %.2f GHz): %.1f Gops/s; fp32 FMA peak taken "
              "as a quarter (16 lanes x 2 flops vs 16 x 4 x 2 int8 ops per instruction)", tag, m->clock_hz / 1e9,
              m->vnni_peak / 1e9);
-    snprintf(s_gemm, sizeof s_gemm, "%s: 2048x4096 int8 GEMM over 256 tokens: %.1f Gops/s = %.3f of the int8 peak", tag,
-             m->gemm_ops / 1e9, m->gemm_ops / m->int8_peak);
+    snprintf(s_gemm, sizeof s_gemm, "%s: 2048x4096 int8 GEMM over %d tokens: %.1f Gops/s = %.3f of the int8 peak", tag,
+             m->gemm_tokens, m->gemm_ops / 1e9, m->gemm_ops / m->int8_peak);
     snprintf(s_mem, sizeof s_mem, "%s: fitted to the decode steps (the small expert matrices' stream); a "
              "4096x14336 int8 GEMV reaches %.2f GB/s = %.3f of the read bandwidth", tag, m->gemv_bw / 1e9,
              m->gemv_bw / m->bw);
@@ -69,8 +71,10 @@ static json_t *hardware_json(const char *cpu, int threads, int cards, double mem
                  fr[0].hi.step_s * 1e3, fr[0].lo.token_layer_s * 1e6, fr[0].hi.token_layer_s * 1e6, fr[0].lo.attention,
                  fr[0].hi.attention, fr[1].lo.step_s * 1e3, fr[1].hi.step_s * 1e3, fr[1].lo.token_layer_s * 1e6,
                  fr[1].hi.token_layer_s * 1e6, fr[1].lo.memory, fr[1].hi.memory);
-    snprintf(s_ucx, sizeof s_ucx, "%s: one UCX get between two workers of a process: %.2f GB/s for 64 MiB; latency = 3 "
-             "round trips (GET_META, the get, DONE/ACK) of a 4 KiB get", tag, ucx_bw / 1e9);
+    snprintf(s_ucx, sizeof s_ucx, "%s: one UCX get between two workers of one process: %.2f GB/s for 64 MiB; latency = 3 "
+             "round trips (GET_META, the get, DONE/ACK) of a 4 KiB get there. Between processes a hand-off costs more "
+             "(the control round trip, UCX's connection): that part of pdmoe's fixed cost per request is in "
+             "efficiency.request_s, fitted to requests through pdmoe up", tag, ucx_bw / 1e9);
     const char *none = "not used on one CPU process per role (no expert parallelism, no overlap)";
     json_t *eff = json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "request_s",
                             request_s, "gemm",
@@ -93,8 +97,9 @@ static json_t *hardware_json(const char *cpu, int threads, int cards, double mem
         "name", "local CPU", "description", tag, "cluster_nodes", 1, "cards_per_node", cards, "card", "name", cpu,
         "memory_bytes", mem, "memory_bandwidth_Bps", m->bw, "bf16_flops", m->vnni_peak / 4, "int8_ops", m->int8_peak,
         "fp8_flops", 0.0, "links", "intra_node", "name", "shared memory (UCX)", "bandwidth_Bps", ucx_bw, "latency_s",
-        ucx_lat, "inter_node_rdma", "name", "UCX between processes of this machine", "bandwidth_Bps", ucx_bw,
-        "latency_s", ucx_lat, "inter_node_tcp", "name", "UCX between processes of this machine", "bandwidth_Bps",
+        ucx_lat, "inter_node_rdma", "name", "UCX on this machine (the transfer's own round trips)", "bandwidth_Bps",
+        ucx_bw, "latency_s", ucx_lat, "inter_node_tcp", "name", "UCX on this machine (the transfer's own round trips)",
+        "bandwidth_Bps",
         ucx_bw, "latency_s", ucx_lat, "runtime_overhead_bytes", "prefill", 2e8, "decode", 2e8, "efficiency", eff,
         "sources", "memory_bandwidth_Bps", s_bw, "int8_ops", s_peak, "bf16_flops", s_bf16, "links", s_ucx,
         "runtime_overhead_bytes", "pdmoe's assumption: the process, its thread pool and the HTTP front", "efficiency",
@@ -271,8 +276,17 @@ static void undetermined(const struct pd_calib_rounds *r, enum pd_role role, cha
                  r->rounds, r->kept);
         return;
     }
+    int any = 0;
+    for (int k = 0; k < 3; k++)
+        any |= (r->undetermined >> k & 1) && r->moved[k] > PD_CALIB_DETERMINED;
+    if (!any) {   /* no factor alone moves a step past the bound: the times they predict together do */
+        snprintf(buf + len, n - len, "the step times its fits predict move by up to %.0f%% between rounds (no factor "
+                 "alone by more than %.0f%%: they trade against each other)", 100 * r->spread,
+                 100 * fmax(r->moved[0], fmax(r->moved[1], r->moved[2])));
+        return;
+    }
     for (int k = 0; k < 3 && len < n; k++)
-        if (r->undetermined >> k & 1)
+        if ((r->undetermined >> k & 1) && r->moved[k] > PD_CALIB_DETERMINED)
             len += (size_t)snprintf(buf + len, n - len, "%s%s moves a step by up to %.0f%% between rounds",
                                     buf[len - 2] == ':' ? "" : "; ", name[role][k], 100 * r->moved[k]);
 }
@@ -313,6 +327,19 @@ int pd_cli_calibrate(int argc, char **argv)
     }
     if (pd_cli_no_args("calibrate", argc, argv))
         return 2;
+    /* --out is written after minutes of measuring: a path that cannot be written is said now */
+    if (out) {
+        struct stat st;
+        int existed = stat(out, &st) == 0;
+        int fd = open(out, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            fprintf(stderr, "pdmoe calibrate: --out %s: cannot write: %s\n", out, strerror(errno));
+            return 1;
+        }
+        close(fd);
+        if (!existed)
+            unlink(out);
+    }
     pd_err e = {0};
     struct pd_engine en;
     struct pd_engine_opts eo = {.dir = dir, .threads = (int)threads, .max_seqs = 16, .max_model_len = 1024};
@@ -479,20 +506,26 @@ int pd_cli_calibrate(int argc, char **argv)
          * measured 0.000 */
         char step[96], per_tok[96];
         if (f[r].step_s > 0)
-            snprintf(step, sizeof step, "%.3f ms per step (%.3f-%.3f)", f[r].step_s * 1e3, x->lo.step_s * 1e3,
-                     x->hi.step_s * 1e3);
+            snprintf(step, sizeof step, "%.3f ms per step (a round left out: %.3f-%.3f)", f[r].step_s * 1e3,
+                     x->lo.step_s * 1e3, x->hi.step_s * 1e3);
         else
             snprintf(step, sizeof step, "no cost per step beyond the model's (at most %.3f ms)", x->hi.step_s * 1e3);
         if (f[r].token_layer_s > 0)
-            snprintf(per_tok, sizeof per_tok, "%.2f us per token and layer (%.2f-%.2f)", f[r].token_layer_s * 1e6,
-                     x->lo.token_layer_s * 1e6, x->hi.token_layer_s * 1e6);
+            snprintf(per_tok, sizeof per_tok, "%.2f us per token and layer (a round left out: %.2f-%.2f)",
+                     f[r].token_layer_s * 1e6, x->lo.token_layer_s * 1e6, x->hi.token_layer_s * 1e6);
         else
             snprintf(per_tok, sizeof per_tok, "no cost per token and layer beyond the model's (at most %.2f us)",
                      x->hi.token_layer_s * 1e6);
-        fprintf(stderr, "  fitted %-7s: %s, %s, %s factor %.3f (%.3f-%.3f%s); rms error %.1f%%\n",
+        fprintf(stderr, "  fitted %-7s: %s, %s, %s factor %.3f (a round left out: %.3f-%.3f%s); rms error %.1f%%\n",
                 pd_role_name((enum pd_role)r), step, per_tok, r ? "memory" : "attention", v, lo, hi,
                 v >= 1 ? ", at its bound: no slower than the roofline" : "", 100 * f[r].rms_rel);
     }
+    /* (the fit takes each step's fastest time over every round, the ranges the fits on the other
+     * rounds' fastest: leaving out the round that ran a step fastest moves a factor past the
+     * fit's own value, and factors that trade against each other swing while the times they
+     * predict hold, which is what decides that a fit is determined) */
+    fprintf(stderr, "  (the fit is on each step's fastest time over all rounds; factors that trade against each other "
+                    "may swing between the fits that leave a round out while the step times they predict hold)\n");
     fprintf(stderr, "  %-8s %5s %7s %5s %12s %12s\n", "step", "seqs", "tokens", "ctx", "measured ms", "model ms");
     for (int i = 0; i < n_pts; i++)
         fprintf(stderr, "  %-8s %5lld %7lld %5lld %12.3f %12.3f\n", pd_role_name(pts[i].role), (long long)pts[i].seqs,

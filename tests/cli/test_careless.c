@@ -306,6 +306,9 @@ Test(careless, a_flag_given_twice_is_refused_in_every_subcommand)
             "pdmoe generate: --max-tokens given twice (2, then 3)", NULL);
     refused("gen-model --preset mini --preset v4-tiny --out /nonexistent", "pdmoe gen-model: --preset given twice", NULL);
     refused("calibrate --threads 1 --threads 2", "pdmoe calibrate: --threads given twice", NULL);
+    /* --out is written after minutes of measuring: a path that cannot be written is said first */
+    refused("calibrate --quick --out /nonexistent/dir/hw.json",
+            "pdmoe calibrate: --out /nonexistent/dir/hw.json: cannot write: No such file or directory", NULL);
     refused("convert --out /a --out /b", "pdmoe convert: --out given twice", NULL);
     refused("proxy --decode 127.0.0.1:1 --port 1 --port 2", "pdmoe proxy: --port given twice (1, then 2)", NULL);
 }
