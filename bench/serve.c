@@ -79,6 +79,7 @@ struct bench_run {
     int *pending, n_pending, next_pending;   /* arrived beyond max_concurrency, in arrival order */
     enum { DS_RANDOM, DS_SHARED, DS_TURNS } dataset;
     int groups, sys_len, turns;  /* shared prefix: groups, system prompt words; multi-turn: turns */
+    unsigned run_id;             /* in every system prompt: a run's prompts are no earlier run's (--seed: that) */
 };
 
 static void send_now(struct sreq *q);
@@ -104,6 +105,9 @@ static int dataset_words(char *p, const char *what, int k, int n)
 static int dataset_prompt(const struct bench_run *b, const struct sreq *q, char *p)
 {
     char *s = p;
+    /* the run's own system prompts: an earlier run's left them in the servers' prefix caches, and
+     * its "cold" requests hit them (a second run read warm / cold 1.22 for 0.55) */
+    s += sprintf(s, " [run %u]", b->run_id);
     s += dataset_words(s, "system", q->group, b->sys_len);
     if (b->dataset == DS_SHARED)
         return (int)(s - p) + dataset_words(s, "question", q->id, b->input_len);
@@ -481,7 +485,7 @@ int pd_bench_serve(int argc, char **argv)
     struct bench_run b = {.model = "mini", .input_len = 64, .output_len = 32, .n = 32, .rate = INFINITY, .rng = 1,
                           .groups = 4, .sys_len = 400, .turns = 4};
     const char *url = "http://127.0.0.1:8000", *metrics_url = NULL;
-    int c, json = 0, seed = 0, idx = 0;
+    int c, json = 0, seed = 0, idx = 0, seeded = 0;
     const char *groups_flag = NULL, *sys_flag = NULL, *turns_flag = NULL;   /* as given: whose dataset */
     struct pd_cli_seen seen = {0};
     optind = 1;
@@ -504,7 +508,11 @@ int pd_bench_serve(int argc, char **argv)
         case O_IN: bad = serve_int(flag, optarg, 1, 1 << 20, &b.input_len); break;
         case O_OUT: bad = serve_int(flag, optarg, 1, 1 << 20, &b.output_len); break;
         case O_N: bad = serve_int(flag, optarg, 1, 100000, &b.n); break;
-        case O_SEED: bad = serve_int(flag, optarg, 0, 1 << 30, &seed); b.rng = (uint64_t)seed + 1; break;
+        case O_SEED:
+            bad = serve_int(flag, optarg, 0, 1 << 30, &seed);
+            b.rng = (uint64_t)seed + 1;
+            seeded = 1;
+            break;
         case O_LONG_EVERY: bad = serve_int(flag, optarg, 1, 100000, &b.long_every); break;
         case O_LONG_IN: bad = serve_int(flag, optarg, 1, 1 << 20, &b.long_input_len); break;
         case O_CONC: bad = serve_int(flag, optarg, 1, 100000, &b.max_concurrency); break;
@@ -576,6 +584,8 @@ int pd_bench_serve(int argc, char **argv)
     }
     if (reachable(url, b.host, b.port))
         return 1;
+    /* --seed: that run's prompts again (reproducible); otherwise a run's own */
+    b.run_id = seeded ? (unsigned)seed : (unsigned)(pd_now_ns() ^ ((uint64_t)getpid() << 16)) % 1000000000u;
     struct srv_counters c0 = {0};
     if (b.dataset != DS_RANDOM && server_counters(metrics_url ? metrics_url : url, &c0) < 0)
         return 1;
@@ -733,6 +743,7 @@ int pd_bench_serve(int argc, char **argv)
         double pull_share = pulls ? dsec / dx / ttft_mean : NAN;
         if (doc) {
             json_object_set_new(doc, "dataset", json_string(b.dataset == DS_SHARED ? "generated-shared-prefix" : "multi-turn"));
+            json_object_set_new(doc, "run_id", json_integer(b.run_id));
             json_object_set_new(doc, "ttft_warm_over_cold", n_cold && n_warm ? json_real(mw / mc) : json_null());
             json_object_set_new(doc, "prefix_cache_queries", have > 0 ? json_real(q1 - q0) : json_null());
             json_object_set_new(doc, "prefix_cache_hits", have > 0 ? json_real(h1 - h0) : json_null());
@@ -744,6 +755,8 @@ int pd_bench_serve(int argc, char **argv)
             json_object_set_new(doc, "kv_pull_saving_bound_over_ttft",
                                 pulls && isfinite(rate_hit) ? json_real(rate_hit * pull_share) : json_null());
         } else {
+            printf("  system prompts of run %u (%s)\n", b.run_id,
+                   seeded ? "--seed: a run of the same seed again hits them from the start" : "this run's own");
             if (n_cold && n_warm)
                 printf("  TTFT warm / cold (means)     %.3f\n", mw / mc);
             if (have > 0 && isfinite(rate_hit))
