@@ -697,8 +697,9 @@ int pd_bench_serve(int argc, char **argv)
         json_object_set_new(doc, "request_throughput", json_real(ok / dur));
         json_object_set_new(doc, "output_throughput", json_real(tokens / dur));
     } else {
-        printf("pdmoe bench serve: %s, %d requests (%d ok, %d failed) at %s req/s (Poisson)", url, b.n, ok, b.n - ok,
-               rate);
+        printf("pdmoe bench serve: %s, %d requests (%d ok, %d failed) %s%s%s", url, b.n, ok, b.n - ok,
+               isfinite(b.rate) ? "at " : "all sent at once", isfinite(b.rate) ? rate : "",
+               isfinite(b.rate) ? " req/s (Poisson arrivals)" : "");
         if (b.max_concurrency)
             printf(", at most %d in flight (peak %d)", b.max_concurrency, b.peak_in_flight);
         printf(", prompts of %d words", b.input_len);
