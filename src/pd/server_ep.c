@@ -347,6 +347,23 @@ int pd_srv_ep_round(struct pd_server *s, pd_err *e)
     struct ep_group *g = s->g;
     if (g->rank)
         return ep_round(s, e);
+    /* the round's pulls run on their owner ranks before its step, one after another, each bounded
+     * by the pull's timeout: a producer that hangs holds the round that long, which is no rank
+     * stopped (the watchdog ended the whole group, every stream with it, on a prefill host gone
+     * dark) */
+    int most = 0;
+    if (g->msg[0] == EP_OP_STEP) {
+        struct ep_msg m;
+        ep_parse(g->msg, &m);
+        for (int r = 0; r < g->size; r++) {
+            int n = 0;
+            for (int i = 0; i < m.n_pull; i++)
+                n += m.pl[(size_t)i * EP_PULL_W + 2] == r;
+            most = n > most ? n : most;
+        }
+    }
+    const int64_t timeout_ms = s->o.kv_timeout_ms > 0 ? s->o.kv_timeout_ms : 30000;
+    atomic_store(&g->round_grace_ns, (int64_t)most * timeout_ms * 1000000);
     atomic_store(&g->round_t0, pd_now_ns());
     int rc = ep_round(s, e);
     atomic_store(&g->round_t0, 0);
@@ -363,7 +380,9 @@ int64_t pd_srv_ep_stalled_ns(const struct pd_server *s)
     int64_t t0 = g ? atomic_load(&g->round_t0) : 0;
     if (!t0)
         return 0;
-    int64_t x = atomic_load(&g->ep.exchanged_ns), since = x > t0 ? x : t0, now = pd_now_ns();
+    /* (a round's pulls first: its grace, before the stall clock starts) */
+    int64_t x = atomic_load(&g->ep.exchanged_ns), start = t0 + atomic_load(&g->round_grace_ns);
+    int64_t since = x > start ? x : start, now = pd_now_ns();
     return now > since ? now - since : 0;
 }
 

@@ -187,6 +187,8 @@ struct ep_group {
     int rank, size;
     int ep_ready;
     _Atomic int64_t round_t0;       /* rank 0: when the round in flight began (pd_now_ns), 0 between */
+    _Atomic int64_t round_grace_ns; /* rank 0: the KV pulls of the round in flight may take this long
+                                     * (the most one owner rank runs, each up to the pull's timeout) */
     pthread_t watchdog;             /* rank 0: ends the process when a round outlives watchdog_s */
     int watchdog_on;
     _Atomic int watchdog_stop;

@@ -832,3 +832,45 @@ Test(server_ep, each_rank_caches_its_prefixes_and_completes_as_without_the_cache
     free(a);
     free(b);
 }
+
+/* A producer that stops answering (SIGSTOP: a prefill host gone dark) while a decode EP group's
+ * owner rank pulls from it: the pull runs inside the group's round, so the round holds for the
+ * pull's timeout; that is no rank stopped, and the group's watchdog (3 s here, the pull's timeout
+ * 5 s) ended the whole group, the client getting no answer at all. Now the round's pulls have
+ * their timeout before the stall clock starts: the pull fails, the owner rank computes the prompt
+ * itself, the client gets its 200. */
+Test(server_ep, a_hung_producer_does_not_end_a_decode_group)
+{
+    int P = base_port, D = base_port + 1;
+    char sp[16], sd[16], kvp[160];
+    snprintf(sp, sizeof sp, "%d", P);
+    snprintf(sd, sizeof sd, "%d", D);
+    snprintf(kvp, sizeof kvp, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"p\"}", base_port + 3);
+    char *pargv[] = {(char *)bin(), "serve", "--model", dir, "--port", sp, "--threads", "1", "--max-num-seqs", "4",
+                     "--max-model-len", "512", "--served-model-name", "tiny", "--kv-transfer-config", kvp, NULL};
+    single = launch(pargv, P);
+    char *dargv[] = {"mpirun", "-n", "2", "--oversubscribe", (char *)bin(), "serve", "--model", dir,
+                     "--enable-expert-parallel", "--data-parallel-size", "2", "--port", sd, "--threads", "1",
+                     "--max-num-seqs", "4", "--max-model-len", (char *)group_max_len, "--served-model-name", "tiny",
+                     "--watchdog-timeout", "3", "--kv-transfer-config",
+                     "{\"kv_role\":\"kv_consumer\",\"engine_id\":\"d\",\"kv_timeout_ms\":5000}", NULL};
+    group = launch(dargv, D);
+    char body[1024], out[1 << 14];
+    snprintf(body, sizeof body, "{\"prompt\":\"held\",\"max_tokens\":1,\"temperature\":0,"
+             "\"kv_transfer_params\":{\"do_remote_decode\":true}}");
+    cr_assert_eq(curl_port(P, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    char *kvs = json_dumps(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "kv_transfer_params"),
+                           JSON_COMPACT);
+    json_decref(j);
+    cr_assert_eq(kill(single, SIGSTOP), 0);
+    snprintf(body, sizeof body, "{\"prompt\":\"held\",\"max_tokens\":4,\"temperature\":0,\"ignore_eos\":true,"
+             "\"kv_transfer_params\":%s}", kvs);
+    free(kvs);
+    int code = curl_port(D, "/v1/completions", body, "--max-time 60", out, sizeof out);
+    kill(single, SIGCONT);
+    int st;
+    cr_assert_eq(waitpid(group, &st, WNOHANG), 0, "the decode group ended (status %d) on a producer that hung", st);
+    cr_assert_eq(code, 200, "HTTP %d: %s", code, out);
+    cr_assert_eq(metric_port(D, "pdmoe_kv_recomputes_total"), 1);
+}
