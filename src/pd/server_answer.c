@@ -388,12 +388,17 @@ void pd_srv_on_close(struct evhttp_connection *c, void *arg)
         evhttp_send_reply(h, 499, "Client Closed Request", NULL);
 }
 
-void pd_srv_answer_shutdown(struct pd_server *s, struct req *r)
+void pd_srv_answer_ending(struct pd_server *s, struct req *r, const char *why)
 {
     if (r->stream && r->reply_started) {
-        end_stream(s, r, NULL, "the server is shutting down");
+        end_stream(s, r, NULL, why);
     } else {   /* nothing sent yet (a stream waiting for its KV pull has no 200 yet either) */
-        pd_srv_send_error(s, r->http, 503, "server_error", NULL, "the server is shutting down");
+        pd_srv_send_error(s, r->http, 503, "server_error", NULL, "%s", why);
         pd_srv_answered(s, r);
     }
+}
+
+void pd_srv_answer_shutdown(struct pd_server *s, struct req *r)
+{
+    pd_srv_answer_ending(s, r, "the server is shutting down");
 }

@@ -393,6 +393,32 @@ int64_t pd_srv_ep_stalled_ns(const struct pd_server *s)
  * from PD_EP_STALL_HEALTH_S on: the proxy routes around it at once). It once timed the whole
  * round (300 s by default): a stopped rank held 174 requests for 5 minutes, and a long round
  * that progressed would have been ended. */
+/* The event loop, when the watchdog ends the group: every client still waiting gets an error
+ * event and [DONE], or a 503, naming why, instead of a connection cut by the exit (the scheduler
+ * is stuck in the round, the loop is not). */
+static void on_stalled(evutil_socket_t fd, short what, void *arg)
+{
+    struct pd_server *s = arg;
+    size_t n = 0, cap = 0;
+    struct req **rs = NULL;
+    pthread_mutex_lock(&s->mu);
+    for (struct req *r = s->live; r; r = r->live_next)
+        if (r->http && !PD_GROW(rs, cap, n + 1)) {
+            r->refs++;   /* (kept while answered outside the lock) */
+            rs[n++] = r;
+        }
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < n; i++)
+        if (rs[i]->http)
+            pd_srv_answer_ending(s, rs[i], "the EP group made no progress (a rank stopped or hung) and is being "
+                                           "ended so that it can be restarted");
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < n; i++)
+        pd_srv_req_unref(s, rs[i]);
+    pthread_mutex_unlock(&s->mu);
+    free(rs);
+}
+
 static void *watchdog(void *arg)
 {
     struct pd_server *s = arg;
@@ -405,6 +431,10 @@ static void *watchdog(void *arg)
                             "hung; --watchdog-timeout): ending the group so that it can be restarted\n",
                     s->o.watchdog_s);
             fflush(stderr);
+            /* the clients first (a moment for the loop to write their answers), then the exit */
+            if (s->base)
+                event_base_once(s->base, -1, EV_TIMEOUT, on_stalled, s, &(struct timeval){0, 0});
+            nanosleep(&(struct timespec){0, 500000000}, NULL);
             _exit(70);
         }
     }

@@ -437,6 +437,9 @@ void pd_srv_answered(struct pd_server *s, struct req *r);
 /* A request the server stops before it ends: a stream already answering gets an error event and
  * [DONE], any other request a 503; the HTTP side lets go of it. */
 void pd_srv_answer_shutdown(struct pd_server *s, struct req *r);
+/* The same with `why` for the message: an error event and [DONE] for a stream under way, else a
+ * 503 (event loop). */
+void pd_srv_answer_ending(struct pd_server *s, struct req *r, const char *why);
 /* A stream's 200 and headers (deferred, for a request that pulls KV, until its pull is through). */
 void pd_srv_start_stream(struct pd_server *s, struct req *r);
 /* s->notify's callback: answers what the scheduler put on the outbox (arg: the server). */
