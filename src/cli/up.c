@@ -67,6 +67,7 @@ struct child {
     double term_at;            /* when up sent it SIGTERM for its silence; 0: not sent */
     int port_wait_said;        /* its restart's wait for its ports was logged */
     int kv_port, ranks, local;  /* an instance on this machine: its ranks' KV ports, checked free before a restart */
+    time_t started_wall;       /* when it was last started, wall-clock (for its shared memory's age) */
 };
 
 /* Runs c's command (argv[0] a path, or a name looked up in PATH) in a process group of its own,
@@ -85,6 +86,7 @@ static void spawn(struct child *c)
     }
     c->pid = pid;
     c->started = pd_now_s();
+    c->started_wall = time(NULL);
     c->answered = 0;
     c->term_at = 0;
 }
@@ -440,8 +442,55 @@ static int ports_still_bound(const struct child *c)
 }
 
 /* Starts dead child c again, counted in the restarts file of all n children. */
+/* 1 if some process maps /dev/shm/name. */
+static int shm_mapped(const char *name)
+{
+    char want[300];
+    snprintf(want, sizeof want, "/dev/shm/%.255s", name);
+    DIR *d = opendir("/proc");
+    struct dirent *de;
+    int mapped = 0;
+    while (!mapped && d && (de = readdir(d))) {
+        if (atoi(de->d_name) <= 0)
+            continue;
+        char path[300], line[512];
+        snprintf(path, sizeof path, "/proc/%s/maps", de->d_name);
+        FILE *f = fopen(path, "r");
+        while (f && !mapped && fgets(line, sizeof line, f))
+            mapped = strstr(line, want) != NULL;
+        if (f)
+            fclose(f);
+    }
+    if (d)
+        closedir(d);
+    return mapped;
+}
+
+/* The shared memory of an EP group's dead mpirun: Open MPI's vader segments, which a SIGKILLed
+ * mpirun (the OOM killer, an operator, up's own SIGKILL after a SIGTERM that did nothing) leaves
+ * in /dev/shm, 4 MiB a rank at every such death. Those made since `since` that no process maps
+ * any more are removed (the ranks are gone: its ports are free by then). */
+static void sweep_group_shm(time_t since)
+{
+    DIR *d = opendir("/dev/shm");
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        char path[300];
+        struct stat st;
+        snprintf(path, sizeof path, "/dev/shm/%.255s", de->d_name);
+        if (strncmp(de->d_name, "vader_segment.", 14) || lstat(path, &st) || !S_ISREG(st.st_mode) ||
+            st.st_uid != geteuid() || st.st_mtime < since - 1 || shm_mapped(de->d_name))
+            continue;
+        unlink(path);
+    }
+    if (d)
+        closedir(d);
+}
+
 static void restart(struct child *c, const char *mfile, struct child *all, int n)
 {
+    if (c->local && c->ranks > 1)
+        sweep_group_shm(c->started_wall);
     c->restarts++;
     write_metrics(mfile, all, n);
     spawn(c);

@@ -207,9 +207,15 @@ Test(up, a_killed_mpirun_is_started_again_once)
     cr_assert(back, "the prefill group did not come back");
     sleep(1);
     cr_assert_eq(metric_key(port, key), 1, "the prefill group took more than one restart");
+    /* up removed them before the restart (they stayed, 4 MiB a rank at every such death) */
+    int left = 0;
+    for (int k = 0; k < ns; k++)
+        left += access(segs[k], F_OK) == 0;
     stop_up(up, port);
     for (int k = 0; k < ns; k++)
         unlink(segs[k]);
+    cr_assert_gt(ns, 0, "the prefill group's ranks mapped no shared memory");
+    cr_assert_eq(left, 0, "%d of the dead group's %d shared-memory segments left in /dev/shm", left, ns);
 }
 
 Test(up, cluster_matches_colocated_and_stops_cleanly)
