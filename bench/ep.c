@@ -292,7 +292,7 @@ static int worker(const char *dir, int quick, int json)
     int32_t ids[32], *next = calloc((size_t)mine + 1, sizeof *next);
     double t0 = 0;
     for (int i = 0; i < prompt; i++)
-        ids[i] = (i * 131 + 7) % 1000;
+        ids[i] = (i * 131 + 7) % (V < 1000 ? V : 1000);   /* (within a small vocabulary too) */
     if (!sq || !it || !l || !next) {
         fprintf(stderr, "bench ep (rank %d): out of memory\n", rank);
         MPI_Abort(MPI_COMM_WORLD, 1);
