@@ -356,7 +356,8 @@ struct answer {
     int kv;          /* an error naming kv_transfer_params, which the proxy writes when it has prefill
                         instances: a 403 is a lost hand-off (the prefill instance restarted, or the
                         lease expired while the decode queued), a 400 an instance of the wrong role */
-    char why[160];   /* what a 502 says: the missing JSON, or that error's message */
+    char why[512];   /* what a 502 says: the missing JSON, or that error's message (whole: it names the
+                      * setting at fault, as a spec-decode k that differs between the roles) */
 };
 
 static json_t *answer_read(struct evbuffer *held, struct evhttp_request *r, int code, struct answer *a)
@@ -377,7 +378,7 @@ static json_t *answer_read(struct evbuffer *held, struct evhttp_request *r, int 
     const char *msg = json_string_value(json_object_get(err, "message"));
     if (param && strcmp(param, "kv_transfer_params") == 0) {
         a->kv = 1;
-        snprintf(a->why, sizeof a->why, "%.150s", msg ? msg : "it refused the KV transfer parameters");
+        snprintf(a->why, sizeof a->why, "%.500s", msg ? msg : "it refused the KV transfer parameters");
     }
     return doc;
 }
@@ -481,7 +482,7 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
     if (code == 0 || code >= 500 || a.broken || (px->np > 0 && code == 400 && a.kv)) {
         px->decode_failed++;
         px_eject(&px->d[j->di], 0);
-        char why[240];
+        char why[640];
         snprintf(why, sizeof why, "%s:%d, %s", px->d[j->di].host, px->d[j->di].port,
                  a.why[0] ? a.why : code ? "server error" : "no answer");
         if (code == 0 && !j->dsent_up)

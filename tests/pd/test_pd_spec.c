@@ -16,6 +16,7 @@
 #include "engine/genmodel.h"
 #include "../tmpmodel.h"
 #include "pd/server.h"
+#include "proxy/proxy.h"
 #include "util.h"
 
 static char dir[64];
@@ -236,6 +237,26 @@ Test(pd_spec, different_speculation_settings_are_refused_by_name)
         cr_assert_eq(decode(prompt, kv, 8, 0, out, sizeof out), 400, "case %zu: %s", c, out);
         cr_assert(strstr(out, cases[c].a) && strstr(out, cases[c].b) && strstr(out, "--speculative-config"),
                   "case %zu: %s", c, out);
+        if (c == 0) {   /* behind the proxy: a 502 carrying the decode instance's whole message (it was cut
+                         * at 150 bytes, before the setting to fix) */
+            static char pa[32], da[32];
+            snprintf(pa, sizeof pa, "127.0.0.1:%d", P.port);
+            snprintf(da, sizeof da, "127.0.0.1:%d", D.port);
+            struct pd_proxy_opts po = {.port = 0, .n_prefill = 1, .n_decode = 1};
+            po.prefill[0] = pa;
+            po.decode[0] = da;
+            struct pd_proxy *X;
+            pthread_t tx;
+            pd_err pe = {0};
+            cr_assert_eq(pd_proxy_create(&po, &X, &pe), 0, "%s", pe.msg);
+            pthread_create(&tx, NULL, run_proxy, X);
+            char body[256], pout[8192];
+            snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":4}", prompt);
+            cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", body, NULL, pout, sizeof pout), 502, "%s",
+                         pout);
+            cr_assert(strstr(pout, cases[c].a) && strstr(pout, "must use the same --speculative-config"), "%s", pout);
+            proxy_shutdown(&X, tx);
+        }
         cr_assert(strstr(out, "\"param\": \"kv_transfer_params\"") || strstr(out, "\"param\":\"kv_transfer_params\""),
                   "case %zu: %s", c, out);
         /* parameters without the field: a producer that does not speculate */
