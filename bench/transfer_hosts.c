@@ -194,7 +194,7 @@ struct producer {
         struct pd_kvseq seq;
         int used;
     } lease[MAX_LEASES];
-    uint64_t released[4];
+    uint64_t released[PD_KVX_REL_N];
     int leases;
     int closing;             /* the leases' sequences are freed by the teardown, not on release */
     atomic_int stop;
@@ -335,7 +335,7 @@ int pd_bxfer_serve(const char *host, int port, const struct pd_model *m, int tim
     for (int i = 0; said_bye && i < 200; i++) {
         pthread_mutex_lock(&s.mu);
         uint64_t settled = 0;
-        for (int w = 0; w < 4; w++)
+        for (int w = 0; w < PD_KVX_REL_N; w++)
             settled += s.released[w];
         pthread_mutex_unlock(&s.mu);
         if (settled >= (uint64_t)s.leases)

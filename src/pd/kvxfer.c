@@ -62,6 +62,8 @@ const char *pd_kvx_release_name(enum pd_kvx_release r)
     case PD_KVX_REL_ABORT: return "abort";
     case PD_KVX_REL_EXPIRED: return "expired";
     case PD_KVX_REL_DESTROY: return "destroy";
+    case PD_KVX_REL_REVOKED: return "revoked";
+    case PD_KVX_REL_N: break;
     }
     return "?";
 }
@@ -459,7 +461,7 @@ int pd_kvx_revoke(struct pd_kvx *x, const struct pd_kvx_key *key)
     struct lease *l = kvx_find_lease(x, key->id);
     int revoked = l && !l->claimed;
     if (revoked) {
-        kvx_lease_release(x, l, PD_KVX_REL_EXPIRED);
+        kvx_lease_release(x, l, PD_KVX_REL_REVOKED);   /* (not an expiry: counted apart) */
         /* a sleeping serve loop runs the callback */
         if (x->sleepers)
             ucp_worker_signal(x->w);

@@ -100,6 +100,8 @@ enum pd_kvx_release {
     PD_KVX_REL_ABORT = 1,
     PD_KVX_REL_EXPIRED = 2,
     PD_KVX_REL_DESTROY = 3,
+    PD_KVX_REL_REVOKED = 4,   /* pd_kvx_revoke: given up by its owner before its time */
+    PD_KVX_REL_N
 };
 
 /* A byte run of an engine's registered region. */
@@ -131,7 +133,7 @@ struct pd_kvx_stats {
     uint64_t gets;             /* ucp_get_nbx calls issued (after merging runs) */
     uint64_t get_bytes;
     uint64_t metas_served;     /* META replies sent (producer) */
-    uint64_t released[4];      /* leases released, by enum pd_kvx_release */
+    uint64_t released[PD_KVX_REL_N];      /* leases released, by enum pd_kvx_release */
     uint64_t pulls_done, pulls_failed;
     uint64_t rkeys_unpacked;   /* producers' rkeys unpacked (consumer): once per connection */
     uint64_t msgs_dropped;     /* active messages of an id that is not the protocol's */
@@ -179,7 +181,7 @@ int pd_kvx_offer(struct pd_kvx *x, const struct pd_kvx_key *key, uint64_t owner_
                  const struct pd_kvx_run *runs, int n_runs, pd_kvx_release_fn release, void *arg,
                  pd_err *e);
 /* Producer: ends the lease of `key` before its time if no pull has claimed it (the owner needs its
- * blocks back): released as PD_KVX_REL_EXPIRED, its callback run by the next progress, and to a
+ * blocks back): released as PD_KVX_REL_REVOKED, its callback run by the next progress, and to a
  * pull that comes later it is as expired. 1 if so, 0 if there is no such lease or a pull holds it. */
 int pd_kvx_revoke(struct pd_kvx *x, const struct pd_kvx_key *key);
 

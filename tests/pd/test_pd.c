@@ -566,6 +566,8 @@ Test(pd, unclaimed_leases_yield_to_a_waiting_request, .timeout = 120)
     cr_assert_geq(t1 - t_first, 1.0, "answered %.2f s after the oldest lease began: it went before its second",
                   t1 - t_first);
     cr_assert_eq(metric(P.port, "pdmoe_kv_leases_revoked_total"), 1);
+    /* given up, not expired: it was counted in both (an expiry is a hand-off lost) */
+    cr_assert_eq(metric(P.port, "pdmoe_kv_leases_expired_total"), 0);
     /* the oldest lease is gone: its decode is refused it, as for an expired one */
     snprintf(prompt, sizeof prompt, "lease number %d of eight", 0);
     cr_assert_eq(decode_with(prompt, kv[0], 0, out, sizeof out), 403, "%s", out);

@@ -497,6 +497,7 @@ Test(server_ep, unclaimed_leases_yield_to_a_waiting_request_in_a_group)
     cr_assert_lt(t1 - t0, 15.0, "the third request waited %.1f s (the lease is 60 s)", t1 - t0);
     cr_assert_geq(t1 - t_first, 1.0, "answered %.2f s after the first lease began (%d leases): before its second", t1 - t_first, n);
     cr_assert_eq(metric_port(pg, "pdmoe_kv_leases_revoked_total"), 1);
+    cr_assert_eq(metric_port(pg, "pdmoe_kv_leases_expired_total"), 0, "a revoked lease counted as expired");
     cr_assert_eq(metric_port(pg, "pdmoe_kv_leases"), n - 1, "the other leases are still held");
 }
 
