@@ -56,6 +56,9 @@ int pd_bench_step_time(struct pd_engine *en, int seqs, int tokens, int ctx, int 
 /* Best seconds of one contiguous UCX get of `bytes` between two workers of this process
  * (shared memory or loopback, as UCX_TLS allows), over `reps`; -1 if UCX fails. */
 double pd_bench_ucx_get_time(size_t bytes, int reps);
+/* A benchmark that takes --quick and --json only: sets them from argv; 2 after naming an unknown
+ * argument (with `name`, as "pdmoe bench NAME"), else 0. */
+int pd_bench_quick_json(const char *name, int argc, char **argv, int *quick, int *json);
 /* Median of n timings (sorts them): robust to the odd slow run on a shared machine. */
 double pd_bench_median(double *t, int n);
 

@@ -321,6 +321,22 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+int pd_bench_quick_json(const char *name, int argc, char **argv, int *quick, int *json)
+{
+    *quick = *json = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick"))
+            *quick = 1;
+        else if (!strcmp(argv[i], "--json"))
+            *json = 1;
+        else {
+            fprintf(stderr, "pdmoe bench %s: unknown option %s (see pdmoe bench %s --help)\n", name, argv[i], name);
+            return 2;
+        }
+    }
+    return 0;
+}
+
 double pd_bench_median(double *t, int n)
 {
     qsort(t, (size_t)n, sizeof *t, cmp_double);

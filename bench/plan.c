@@ -34,17 +34,9 @@ static double time_plans(const struct pd_plan_opts *o, int n, int with_json)
 
 int pd_bench_plan(int argc, char **argv)
 {
-    int quick = 0, json = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick"))
-            quick = 1;
-        else if (!strcmp(argv[i], "--json"))
-            json = 1;
-        else {
-            fprintf(stderr, "pdmoe bench plan: unknown option %s (see pdmoe bench plan --help)\n", argv[i]);
-            return 2;
-        }
-    }
+    int quick, json;
+    if (pd_bench_quick_json("plan", argc, argv, &quick, &json))
+        return 2;
     int n = quick ? 20 : 200;
     const double target = 1e-3;
     struct pd_plan_opts o;

@@ -46,17 +46,9 @@ static const char *write_stats(char *path, int layers, int dense, int experts)
 
 int pd_bench_search(int argc, char **argv)
 {
-    int quick = 0, json = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick"))
-            quick = 1;
-        else if (!strcmp(argv[i], "--json"))
-            json = 1;
-        else {
-            fprintf(stderr, "pdmoe bench search: unknown option %s (see pdmoe bench search --help)\n", argv[i]);
-            return 2;
-        }
-    }
+    int quick, json;
+    if (pd_bench_quick_json("search", argc, argv, &quick, &json))
+        return 2;
     int reps = quick ? 1 : 5;
     const double target = 1.0;
     char stats[] = "/tmp/pdmoe-bench-stats-XXXXXX";
