@@ -673,7 +673,8 @@ int pd_bench_serve(int argc, char **argv)
         tpot[nt++] = gen > 1 ? (q->t_last - q->t_first) / (double)(gen - 1) : 0;
         if (!q->long_prompt)
             tpot_s[ns++] = gen > 1 ? (q->t_last - q->t_first) / (double)(gen - 1) : 0;
-        memcpy(itl + n_itl, q->itl, (size_t)q->n_itl * sizeof *itl);
+        if (q->n_itl)   /* (none when the text came in one event) */
+            memcpy(itl + n_itl, q->itl, (size_t)q->n_itl * sizeof *itl);
         n_itl += q->n_itl;
         free(q->itl);
     }
