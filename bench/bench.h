@@ -14,6 +14,7 @@ int pd_bench_search(int argc, char **argv);
 int pd_bench_tokenizer(int argc, char **argv);
 int pd_bench_convert(int argc, char **argv);
 
+#include <jansson.h>
 #include <stddef.h>
 
 #include "core/threadpool.h"
@@ -59,6 +60,9 @@ double pd_bench_ucx_get_time(size_t bytes, int reps);
 /* A benchmark that takes --quick and --json only: sets them from argv; 2 after naming an unknown
  * argument (with `name`, as "pdmoe bench NAME"), else 0. */
 int pd_bench_quick_json(const char *name, int argc, char **argv, int *quick, int *json);
+/* Ends a benchmark against a target: with doc (--json), its "met" set to ok and the document
+ * printed (and freed); else the line met or missed. */
+void pd_bench_verdict(json_t *doc, int ok, const char *met, const char *missed);
 /* Median of n timings (sorts them): robust to the odd slow run on a shared machine. */
 double pd_bench_median(double *t, int n);
 

@@ -337,6 +337,18 @@ int pd_bench_quick_json(const char *name, int argc, char **argv, int *quick, int
     return 0;
 }
 
+void pd_bench_verdict(json_t *doc, int ok, const char *met, const char *missed)
+{
+    if (!doc) {
+        printf("%s\n", ok ? met : missed);
+        return;
+    }
+    json_object_set_new(doc, "met", json_boolean(ok));
+    json_dumpf(doc, stdout, JSON_INDENT(2));
+    printf("\n");
+    json_decref(doc);
+}
+
 double pd_bench_median(double *t, int n)
 {
     qsort(t, (size_t)n, sizeof *t, cmp_double);

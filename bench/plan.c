@@ -69,13 +69,6 @@ int pd_bench_plan(int argc, char **argv)
             printf("  %-52s %12.4f %13.2fx\n", cases[i].name, t * 1e3, t / target);
         ok &= cases[i].sweep || t < target;
     }
-    if (doc) {
-        json_object_set_new(doc, "met", json_boolean(ok));
-        json_dumpf(doc, stdout, JSON_INDENT(2));
-        printf("\n");
-        json_decref(doc);
-    } else {
-        printf("%s\n", ok ? "every single plan is under the target" : "a single plan is OVER the target");
-    }
+    pd_bench_verdict(doc, ok, "every single plan is under the target", "a single plan is OVER the target");
     return 0;
 }

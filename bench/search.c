@@ -113,13 +113,6 @@ int pd_bench_search(int argc, char **argv)
         ok &= best < target;
     }
     unlink(stats);
-    if (doc) {
-        json_object_set_new(doc, "met", json_boolean(ok));
-        json_dumpf(doc, stdout, JSON_INDENT(2));
-        printf("\n");
-        json_decref(doc);
-    } else {
-        printf("%s\n", ok ? "every search is under the target" : "a search is OVER the target");
-    }
+    pd_bench_verdict(doc, ok, "every search is under the target", "a search is OVER the target");
     return 0;
 }

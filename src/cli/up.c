@@ -255,38 +255,46 @@ static void stop_all(struct child *c, int n, int drain_s)
 }
 
 
-/* Every host the instances use that is not this one must take a process from Open MPI's
- * launcher (ssh, or the plm_rsh_agent the user set): tried on each, at the same time, within
- * 20 s; the hosts that refuse are named. 0 when all answer. */
+/* Calls fn(pid, arg) for every process of this machine (its /proc entries). */
+static void each_process(void (*fn)(int pid, void *arg), void *arg)
+{
+    DIR *d = opendir("/proc");
+    for (struct dirent *de; d && (de = readdir(d));)
+        if (atoi(de->d_name) > 0)
+            fn(atoi(de->d_name), arg);
+    if (d)
+        closedir(d);
+}
+
+/* each_process: pid is killed if it belongs to session *(pid_t *)sid. */
+static void kill_if_in_session(int pid, void *sid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = 0;
+    /* pid (comm) state ppid pgrp session ...: comm may hold spaces, so after its last ')' */
+    const char *rp = strrchr(buf, ')');
+    int ppid, pgrp, session;
+    char state;
+    if (rp && sscanf(rp + 1, " %c %d %d %d", &state, &ppid, &pgrp, &session) == 4 && session == *(pid_t *)sid)
+        kill(pid, SIGKILL);
+}
+
 /* Every process left in session sid is killed. Open MPI's rsh launcher puts its agent (ssh) in a
  * process group of its own, which outlived the killed mpirun: an ssh to a hung host lived on,
  * and could start an orted for a dead mpirun once the host answered. */
 static void kill_session(pid_t sid)
 {
-    DIR *d = opendir("/proc");
-    struct dirent *de;
-    while (d && (de = readdir(d))) {
-        char path[64], buf[512];
-        pid_t p = (pid_t)atoi(de->d_name);
-        if (p <= 0)
-            continue;
-        snprintf(path, sizeof path, "/proc/%d/stat", (int)p);
-        FILE *f = fopen(path, "r");
-        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-        if (f)
-            fclose(f);
-        buf[n] = 0;
-        /* pid (comm) state ppid pgrp session ...: comm may hold spaces, so after its last ')' */
-        const char *rp = strrchr(buf, ')');
-        int ppid, pgrp, session;
-        char state;
-        if (rp && sscanf(rp + 1, " %c %d %d %d", &state, &ppid, &pgrp, &session) == 4 && session == (int)sid)
-            kill(p, SIGKILL);
-    }
-    if (d)
-        closedir(d);
+    each_process(kill_if_in_session, &sid);
 }
 
+/* Every host the instances use that is not this one must take a process from Open MPI's
+ * launcher (ssh, or the plm_rsh_agent the user set): tried on each, at the same time, within
+ * 20 s; the hosts that refuse are named. 0 when all answer. */
 static int reachable(const struct pd_launch_inst *inst, int n)
 {
     const char *h[MAX_HOSTS];
@@ -441,52 +449,60 @@ static int ports_still_bound(const struct child *c)
     return busy;
 }
 
-/* Starts dead child c again, counted in the restarts file of all n children. */
-/* 1 if some process maps /dev/shm/name. */
-static int shm_mapped(const char *name)
+/* The vader segments sweep_group_shm may remove, and which of them a process still maps. */
+struct shm_sweep {
+    char name[16][256];
+    int mapped[16], n;
+};
+
+/* each_process: marks the segments pid maps. */
+static void mark_mapped(int pid, void *arg)
 {
-    char want[300];
-    snprintf(want, sizeof want, "/dev/shm/%.255s", name);
-    DIR *d = opendir("/proc");
-    struct dirent *de;
-    int mapped = 0;
-    while (!mapped && d && (de = readdir(d))) {
-        if (atoi(de->d_name) <= 0)
-            continue;
-        char path[300], line[512];
-        snprintf(path, sizeof path, "/proc/%s/maps", de->d_name);
-        FILE *f = fopen(path, "r");
-        while (f && !mapped && fgets(line, sizeof line, f))
-            mapped = strstr(line, want) != NULL;
-        if (f)
-            fclose(f);
+    struct shm_sweep *w = arg;
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/%d/maps", pid);
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, "/dev/shm/");
+        size_t len = at ? strcspn(at + 9, "\n") : 0;
+        for (int i = 0; at && i < w->n; i++)
+            w->mapped[i] |= strlen(w->name[i]) == len && !strncmp(at + 9, w->name[i], len);
     }
-    if (d)
-        closedir(d);
-    return mapped;
+    if (f)
+        fclose(f);
 }
 
 /* The shared memory of an EP group's dead mpirun: Open MPI's vader segments, which a SIGKILLed
  * mpirun (the OOM killer, an operator, up's own SIGKILL after a SIGTERM that did nothing) leaves
  * in /dev/shm, 4 MiB a rank at every such death. Those made since `since` that no process maps
- * any more are removed (the ranks are gone: its ports are free by then). */
+ * any more are removed (the ranks are gone: its ports are free by then); one pass over the
+ * processes for them all. */
 static void sweep_group_shm(time_t since)
 {
+    struct shm_sweep w = {.n = 0};
     DIR *d = opendir("/dev/shm");
-    struct dirent *de;
-    while (d && (de = readdir(d))) {
+    for (struct dirent *de; d && w.n < 16 && (de = readdir(d));) {
         char path[300];
         struct stat st;
         snprintf(path, sizeof path, "/dev/shm/%.255s", de->d_name);
-        if (strncmp(de->d_name, "vader_segment.", 14) || lstat(path, &st) || !S_ISREG(st.st_mode) ||
-            st.st_uid != geteuid() || st.st_mtime < since - 1 || shm_mapped(de->d_name))
-            continue;
-        unlink(path);
+        if (!strncmp(de->d_name, "vader_segment.", 14) && !lstat(path, &st) && S_ISREG(st.st_mode) &&
+            st.st_uid == geteuid() && st.st_mtime >= since - 1)
+            snprintf(w.name[w.n++], sizeof w.name[0], "%.255s", de->d_name);
     }
     if (d)
         closedir(d);
+    if (!w.n)
+        return;
+    each_process(mark_mapped, &w);
+    for (int i = 0; i < w.n; i++)
+        if (!w.mapped[i]) {
+            char path[300];
+            snprintf(path, sizeof path, "/dev/shm/%s", w.name[i]);
+            unlink(path);
+        }
 }
 
+/* Starts dead child c again, counted in the restarts file of all n children. */
 static void restart(struct child *c, const char *mfile, struct child *all, int n)
 {
     if (c->local && c->ranks > 1)

@@ -139,16 +139,15 @@ static int parse_quant_config(const char *file, json_t *root, struct pd_model *m
         (rc = pd_json_str(&src, q, "activation_scheme", 0, "dynamic", act, sizeof act, e)) ||
         (rc = pd_json_str(&src, q, "scale_fmt", 0, "", sfmt, sizeof sfmt, e)) || (rc = pd_json_known(&src, q, known, e)))
         return rc;
-    const char *bad = strcmp(method, "fp8")         ? "quant_method"
-                      : strcmp(fmt, "e4m3")         ? "fmt"
-                      : strcmp(act, "dynamic")      ? "activation_scheme"
-                      : sfmt[0] && strcmp(sfmt, "ue8m0") ? "scale_fmt"
-                                                    : NULL;
-    if (bad)
-        return pd_err_set(e, PD_EINVAL, "%s: field \"quantization_config.%s\": \"%s\" is not supported: pdmoe reads "
-                          "DeepSeek's FP8 checkpoints (quant_method fp8, fmt e4m3, activation_scheme dynamic, scale_fmt "
-                          "ue8m0 or none)", file, bad,
-                          bad[0] == 'q' ? method : bad[0] == 'f' ? fmt : bad[0] == 'a' ? act : sfmt);
+    /* each field's value and the one DeepSeek's checkpoints have (scale_fmt: ue8m0, or none as V3's) */
+    const struct { const char *key, *value, *want; } f[] = {
+        {"quant_method", method, "fp8"}, {"fmt", fmt, "e4m3"}, {"activation_scheme", act, "dynamic"},
+        {"scale_fmt", sfmt, sfmt[0] ? "ue8m0" : ""}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (strcmp(f[i].value, f[i].want))
+            return pd_err_set(e, PD_EINVAL, "%s: field \"quantization_config.%s\": \"%s\" is not supported: pdmoe "
+                              "reads DeepSeek's FP8 checkpoints (quant_method fp8, fmt e4m3, activation_scheme dynamic, "
+                              "scale_fmt ue8m0 or none)", file, f[i].key, f[i].value);
     m->ckpt_fp8 = 1;
     m->ckpt_scale_ue8m0 = sfmt[0] != 0;
     m->ckpt_block[0] = m->ckpt_block[1] = 128;
