@@ -209,9 +209,10 @@ int pd_json_known(const struct pd_jsrc *s, json_t *o, const char *const *keys, p
         const char *const *k = keys;
         while (*k && strcmp(*k, key))
             k++;
+        char safe[128];   /* (a key may hold a newline or an ESC: the message is one line of text) */
         if (!*k)
             return pd_err_set(e, PD_EINVAL, "%s: field \"%s%s\": unknown (a misspelt field would be left at its "
-                              "default)", s->file, s->prefix, key);
+                              "default)", s->file, s->prefix, pd_text_safe(safe, sizeof safe, key));
     }
     return 0;
 }

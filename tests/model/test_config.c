@@ -136,6 +136,8 @@ Test(config, unknown_or_unimplemented_fields_refused)
 {
     expect_error(",\"compress_rope_thetta\":160000", 0, "field \"compress_rope_thetta\": unknown");
     expect_error(",\"routed_scale_factor\":1.5", 0, "field \"routed_scale_factor\": unknown");
+    /* a key with a control character is named on one line (the fuzzer's "bos_tok\n_id") */
+    expect_error(",\"bos_tok\\n_id\":0", 0, "field \"bos_tok?_id\": unknown");
     expect_error(",\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":4096,"
                  "\"attention_factor\":2}", 0, "field \"rope_scaling.attention_factor\": unknown");
     expect_error(",\"pdmoe\":{\"descriptoin\":\"x\"}", 0, "field \"pdmoe.descriptoin\": unknown");
