@@ -166,12 +166,25 @@ static int healthy(const char *host, int port)
     return pd_cli_http_get(host, port, "/health", b, sizeof b) == 200;
 }
 
-/* The proxy can serve a request: its /readiness, which counts an instance once the proxy itself
- * has seen it answer (its /health says only that it runs). */
+/* The proxy serves with every instance: its /readiness, which counts an instance once the proxy
+ * itself has seen it answer (its /health says only that it runs), says each role's instances are
+ * all up. A 200 alone means one of each: up said it was ready while the proxy still sent every
+ * request to the one decode instance it had seen. */
 static int proxy_ready(const char *host, int port)
 {
     char b[512];
-    return pd_cli_http_get(host, port, "/readiness", b, sizeof b) == 200;
+    if (pd_cli_http_get(host, port, "/readiness", b, sizeof b) != 200)
+        return 0;
+    json_t *r = json_loads(b, 0, NULL);
+    int all = r != NULL;
+    static const char *const roles[] = {"prefill", "decode"};
+    for (int i = 0; i < 2 && all; i++) {
+        json_t *role = json_object_get(r, roles[i]);
+        all = json_is_object(role) && json_integer_value(json_object_get(role, "up")) ==
+                                          json_integer_value(json_object_get(role, "instances"));
+    }
+    json_decref(r);
+    return all;
 }
 
 /* The liveness check of a running child c, at most once a second: a child that answered /health
