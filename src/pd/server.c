@@ -246,14 +246,20 @@ static void *scheduler(void *arg)
         /* pulls under way: those that ended go on */
         if (s->kvx && !s->g)
             pd_srv_pulls_progress(s);
-        /* drop cancelled requests, free their KV (a pull's once no get can write it) */
-        for (int i = 0; i < s->n_running;)
-            if ((s->running[i]->cancelled || s->running[i]->stop_wanted) && !s->running[i]->pull) {
-                s->n_cancelled += s->running[i]->cancelled;   /* a stop string ended the other */
-                pd_srv_finish_running(s, i);
-            } else {
-                i++;
+        /* drop cancelled requests, free their KV (a pull's once no get can write it: an EP
+         * group's owner rank is told to abort it, and reports its end) */
+        for (int i = 0; i < s->n_running; i++) {
+            struct req *r = s->running[i];
+            if (!(r->cancelled || r->stop_wanted))
+                continue;
+            if (r->ep_pulling) {
+                if (!r->pull_aborted)
+                    pd_srv_ep_abort_pull(s, r);
+            } else if (!r->pull) {
+                s->n_cancelled += r->cancelled;   /* a stop string ended the other */
+                pd_srv_finish_running(s, i--);
             }
+        }
         /* admit: a request enters only if the pool can hold its prompt and all its tokens */
         int budget = s->o.max_num_batched_tokens;
         while (s->wait_head && s->n_running < max_seqs) {
@@ -346,6 +352,13 @@ static void *scheduler(void *arg)
                 items[m] = (struct pd_step_item){.seq = &r->seq, .tokens = &last[m], .n = 1, .logits = r->logits};
             }
             m++;
+        }
+        if (s->g && m == 0 && !s->g->frees.n && !s->g->leases.n && !s->g->pulls.n && pd_srv_ep_pulling(s)) {
+            /* nothing to step but pulls under way on the owner ranks: a round each millisecond
+             * hears of those that ended */
+            if (cv_wait_ms(s, 1) == ETIMEDOUT && !s->stop && (rc = pd_srv_ep_flush(s, &e)))
+                break;
+            continue;
         }
         int pulling = 0;   /* (looked for only when nothing else steps) */
         for (int i = 0; m == 0 && i < s->n_running && !s->g; i++)
@@ -618,16 +631,13 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
             snprintf(host, sizeof host, "%s", pd_srv_kv_host(s));
             MPI_Gather(host, (int)sizeof host, MPI_CHAR, s->g->kv_hosts, (int)sizeof host, MPI_CHAR, 0, s->g->ep.comm);
         }
-        /* a producer progresses its worker when idle, to answer pulls; a consumer of one
-         * process, to move its pulls while the scheduler steps (an EP rank progresses its own
-         * while it pulls) */
-        if (s->o.role == PD_ROLE_PRODUCER || (s->o.role == PD_ROLE_CONSUMER && !s->g)) {
-            if (pthread_create(&s->kvx_thread, NULL, pd_srv_kvx_loop, s)) {
-                rc = pd_err_set(e, PD_ENOMEM, "cannot start the KV transfer thread");
-                goto fail;
-            }
-            s->kvx_thread_started = 1;
+        /* a producer progresses its worker when idle, to answer pulls; a consumer (each rank of
+         * an EP group), to move its pulls while the sequences step */
+        if (pthread_create(&s->kvx_thread, NULL, pd_srv_kvx_loop, s)) {
+            rc = pd_err_set(e, PD_ENOMEM, "cannot start the KV transfer thread");
+            goto fail;
         }
+        s->kvx_thread_started = 1;
     }
     if (s->g && s->g->rank != 0) {
         /* the other ranks of the group: no HTTP, no scheduler; pd_server_run takes the steps */
@@ -726,9 +736,12 @@ void pd_server_destroy(struct pd_server *s)
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->kvx_thread, NULL);
     }
-    /* destroying the transfer engine releases every lease (through on_release) */
-    if (s->kvx)
+    /* destroying the transfer engine releases every lease (through on_release); an EP rank's
+     * pulls are given up first */
+    if (s->kvx) {
+        pd_srv_ep_drop_pulls(s);
         pd_kvx_destroy(s->kvx);
+    }
     while (s->released) {
         struct req *r = s->released;
         s->released = r->lease_next;

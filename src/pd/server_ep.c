@@ -51,10 +51,13 @@ static size_t ep_msg_words(const int32_t *msg)
     return (size_t)(m.tok - msg) + (size_t)m.n_tokens;
 }
 
+/* Where an answer's items start: after its header and the pulls that ended. */
+#define EP_ITEMS_AT (EP_ANS_W + EP_PULLED_W * EP_PULLS_ENDED)
+
 /* Words of each rank's answer to a message (the same on every rank: max_num_seqs is). */
 static int ep_answer_words(const struct pd_server *s, const struct ep_msg *m)
 {
-    return EP_ANS_W + EP_PULLED_W * m->n_pull + m->n_items * pd_srv_ep_item_words(s) + 2 * s->o.max_num_seqs +
+    return EP_ITEMS_AT + m->n_items * pd_srv_ep_item_words(s) + 2 * s->o.max_num_seqs +
            (s->prefix_on ? EP_PREFIX_W : 0) + (s->o.spec_k ? EP_SPEC_W : 0);
 }
 
@@ -67,6 +70,8 @@ static size_t ep_prefix_at(const struct pd_server *s, int words)
 /* A sequence this rank owned is over: its KV and its speculative state go. */
 static void ep_end(struct pd_server *s, struct ep_seq *q)
 {
+    assert(!q->pull);   /* (a get could still write the blocks) */
+    q->pulling = 0;
     if (q->cached)
         pd_prefix_release(&s->prefix, &q->pcur);
     q->cached = 0;
@@ -145,32 +150,65 @@ static int ep_start(struct pd_server *s, uint64_t id, int prompt, int reserve, c
     return 0;
 }
 
-/* Consumer, the owner rank: pulls a request's prompt KV from the producer rank named in the pull
- * entry into sequence q; the bytes moved and the seconds taken, or pd_srv_seq_pull's negative
- * codes (the sequence then stays empty; its prompt is recomputed from the token ids, unless
- * PULL_REFUSED). With --speculative-config the pull also brings the MTP layer's KV (a layer of
- * the pool) and the draft's input row, and the sequence's draft resumes from them with the
- * producer's first token (the entry's last word), as one process's pull does (server_spec.c). */
-static int64_t ep_pull(struct pd_server *s, struct ep_seq *q, const int32_t *w, double *seconds)
+/* Consumer, the owner rank: starts pulling a request's prompt KV from the producer rank named in
+ * the pull entry w into sequence q; the group's rounds go on meanwhile (a pull inside the round
+ * held every stream of the group for the pull's timeout when a producer hung), and ep_pulls_ended
+ * reports its end. A pull that cannot start is reported failed in this round. */
+static void ep_pull_start(struct pd_server *s, struct ep_seq *q, const int32_t *w)
 {
-    const int n_prompt = w[4];
     char host[65];
     memcpy(host, w + 12, 64);
     host[64] = 0;
     struct pd_kvx_key key = {.hash = ep_id(w + 6)};
     memcpy(key.id, w + 28, sizeof key.id);
-    int64_t bytes = pd_srv_seq_pull(s, &q->seq, host, w[5], &key, n_prompt, NULL, seconds);
+    q->pulling = 1;
+    q->pull_len = w[4];
+    q->pull_first = w[32];
+    q->pull_t0 = pd_now_s();
+    pd_srv_seq_pull_start(s, &q->seq, host, w[5], &key, q->pull_len, &q->pull, &q->pull_bytes);
+}
+
+/* Consumer, the owner rank: the end of q's pull, once it ended: into the answer's entry p {id,
+ * 1 pulled / 0 failed (the prompt is recomputed from its token ids) / -1 refused by the producer,
+ * bytes, microseconds}; 0, or 1 while it runs. With --speculative-config the pull also brought the
+ * MTP layer's KV (a layer of the pool) and the draft's input row, and the sequence's draft resumes
+ * from them with the producer's first token, as one process's pull does (server_spec.c). */
+static int ep_pull_end(struct pd_server *s, struct ep_seq *q, int32_t *p)
+{
+    int res = q->pull ? pd_srv_seq_pull_end(s, &q->seq, &q->pull, q->pull_len, 0) : PULL_NONE;
+    if (res == 1)
+        return 1;
+    q->pulling = 0;
     pd_err e = {0};
-    if (bytes >= 0 && pd_srv_spec_receive(s, &q->spec, &q->seq, &q->smp, w[32], &e)) {
+    if (!res && pd_srv_spec_receive(s, &q->spec, &q->seq, &q->smp, q->pull_first, &e)) {
         /* the draft has no input: the prompt is recomputed, as after a pull that failed midway */
         if (s->o.http.log)
             s->o.http.log(s->o.http.log_arg, e.msg);
         q->seq.pos = q->seq.kv.len = q->seq.mtp_pos = 0;
         pd_spec_free(&q->spec);
         pd_spec_init(&q->spec, &q->seq, &q->smp);
-        return PULL_FAILED;
+        res = PULL_FAILED;
     }
-    return bytes;
+    const double us = (pd_now_s() - q->pull_t0) * 1e6;
+    ep_put_id(p, q->id);
+    p[2] = !res ? 1 : res == PULL_REFUSED ? -1 : 0;
+    ep_put_id(p + 3, !res ? q->pull_bytes : 0);
+    p[5] = us < INT32_MAX ? (int32_t)us : INT32_MAX;
+    return 0;
+}
+
+/* Consumer, every rank: the pulls of its sequences that ended since the last round, at most
+ * EP_PULLS_ENDED of them, into p; how many. */
+static int ep_pulls_ended(struct pd_server *s, int32_t *p)
+{
+    int n = 0;
+    memset(p, 0, EP_PULLED_W * EP_PULLS_ENDED * sizeof *p);
+    for (int i = 0; i < s->o.max_num_seqs && n < EP_PULLS_ENDED; i++) {
+        struct ep_seq *q = &s->g->seqs[i];
+        if (q->used && q->pulling && !ep_pull_end(s, q, p + EP_PULLED_W * n))
+            n++;
+    }
+    return n;
 }
 
 /* Every rank: applies a round's message to the sequences it owns (frees, leases, pulls, then the
@@ -186,7 +224,7 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
     if (PD_GROW(g->ans, g->ans_cap, (size_t)A))
         return pd_err_set(e, PD_ENOMEM, "expert parallelism: out of memory");
     const int IW = pd_srv_ep_item_words(s);
-    int32_t *pulled = g->ans + EP_ANS_W, *out = pulled + EP_PULLED_W * m.n_pull, *rel = out + (size_t)m.n_items * IW;
+    int32_t *out = g->ans + EP_ITEMS_AT, *rel = out + (size_t)m.n_items * IW;
     int n_rel = 0, rc;
     /* leases the transfer engine ended since the last round */
     pthread_mutex_lock(&g->rel_mu);
@@ -207,6 +245,14 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         struct ep_seq *q = ep_find(s, ep_id(w));
         if (!q)
             return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d told to free request %llu it does not hold",
+                              g->rank, (unsigned long long)ep_id(w));
+        if (w[3]) {   /* its client left: the pull ends sooner, and is reported as any other */
+            if (q->pull)
+                pd_kvx_abort(s->kvx, q->pull);
+            continue;
+        }
+        if (q->pulling)
+            return pd_err_set(e, PD_EINVAL, "expert parallelism: rank %d told to free request %llu while it pulls",
                               g->rank, (unsigned long long)ep_id(w));
         ep_end(s, q);
     }
@@ -233,19 +279,14 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
     }
     for (int i = 0; i < m.n_pull; i++) {
         const int32_t *w = m.pl + (size_t)i * EP_PULL_W;
-        int32_t *p = pulled + EP_PULLED_W * i;
-        memset(p, 0, EP_PULLED_W * sizeof *p);
         if (w[2] != g->rank)
             continue;
         struct ep_seq *q;
         if ((rc = ep_start(s, ep_id(w), w[4], w[3], w + 8, NULL, &q, e)))
             return rc;
-        double seconds = 0;
-        int64_t bytes = ep_pull(s, q, w, &seconds);
-        p[0] = bytes >= 0 ? 1 : bytes == PULL_REFUSED ? -1 : 0;
-        ep_put_id(p + 1, bytes > 0 ? (uint64_t)bytes : 0);
-        p[3] = seconds * 1e6 < INT32_MAX ? (int32_t)(seconds * 1e6) : INT32_MAX;
+        ep_pull_start(s, q, w);
     }
+    const int n_ended = ep_pulls_ended(s, g->ans + EP_ANS_W);
     int k = 0;
     size_t off = 0;
     for (int i = 0; i < m.n_items; i++) {
@@ -307,6 +348,7 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
     g->ans[3] = n_rel;
     g->ans[4] = revoked;
     g->ans[5] = expired;
+    g->ans[6] = n_ended;
     return 0;
 }
 
@@ -347,23 +389,6 @@ int pd_srv_ep_round(struct pd_server *s, pd_err *e)
     struct ep_group *g = s->g;
     if (g->rank)
         return ep_round(s, e);
-    /* the round's pulls run on their owner ranks before its step, one after another, each bounded
-     * by the pull's timeout: a producer that hangs holds the round that long, which is no rank
-     * stopped (the watchdog ended the whole group, every stream with it, on a prefill host gone
-     * dark) */
-    int most = 0;
-    if (g->msg[0] == EP_OP_STEP) {
-        struct ep_msg m;
-        ep_parse(g->msg, &m);
-        for (int r = 0; r < g->size; r++) {
-            int n = 0;
-            for (int i = 0; i < m.n_pull; i++)
-                n += m.pl[(size_t)i * EP_PULL_W + 2] == r;
-            most = n > most ? n : most;
-        }
-    }
-    const int64_t timeout_ms = s->o.kv_timeout_ms > 0 ? s->o.kv_timeout_ms : 30000;
-    atomic_store(&g->round_grace_ns, (int64_t)most * timeout_ms * 1000000);
     atomic_store(&g->round_t0, pd_now_ns());
     int rc = ep_round(s, e);
     atomic_store(&g->round_t0, 0);
@@ -380,9 +405,8 @@ int64_t pd_srv_ep_stalled_ns(const struct pd_server *s)
     int64_t t0 = g ? atomic_load(&g->round_t0) : 0;
     if (!t0)
         return 0;
-    /* (a round's pulls first: its grace, before the stall clock starts) */
-    int64_t x = atomic_load(&g->ep.exchanged_ns), start = t0 + atomic_load(&g->round_grace_ns);
-    int64_t since = x > start ? x : start, now = pd_now_ns();
+    int64_t x = atomic_load(&g->ep.exchanged_ns);
+    int64_t since = x > t0 ? x : t0, now = pd_now_ns();
     return now > since ? now - since : 0;
 }
 
@@ -587,6 +611,7 @@ void pd_srv_ep_release(struct pd_server *s, struct req *r)
         int32_t *w = ep_push(&s->g->frees);
         ep_put_id(w, r->id);
         w[2] = r->owner;
+        w[3] = 0;
     }
     ep_forget(s, r);
 }
@@ -638,9 +663,36 @@ void pd_srv_ep_pull_later(struct pd_server *s, struct req *r)
     memcpy(w + 12, r->remote_host, strlen(r->remote_host));
     memcpy(w + 28, r->remote_key.id, sizeof r->remote_key.id);
     w[32] = r->forced_first;
-    g->pull_req[g->pulls.n - 1] = r;
     r->ep_new = 0;   /* the pull starts it */
     r->ep_pulling = 1;
+}
+
+void pd_srv_ep_abort_pull(struct pd_server *s, struct req *r)
+{
+    int32_t *w = ep_push(&s->g->frees);
+    ep_put_id(w, r->id);
+    w[2] = r->owner;
+    w[3] = 1;
+    r->pull_aborted = 1;
+}
+
+int pd_srv_ep_pulling(const struct pd_server *s)
+{
+    for (int i = 0; i < s->n_running; i++)
+        if (s->running[i]->ep_pulling)
+            return 1;
+    return 0;
+}
+
+void pd_srv_ep_drop_pulls(struct pd_server *s)
+{
+    for (int i = 0; s->g && s->g->seqs && i < s->o.max_num_seqs; i++) {
+        struct ep_seq *q = &s->g->seqs[i];
+        if (q->pull) {   /* aborted, freed by the transfer engine once it ends */
+            pd_kvx_xfer_free(s->kvx, q->pull);
+            q->pull = NULL;
+        }
+    }
 }
 
 /* Rank 0 (s->mu held): starts the next message with the pending frees, leases and pulls. */
@@ -668,8 +720,47 @@ static int ep_begin(struct pd_server *s, int n_items, int n_tokens)
     return 0;
 }
 
+/* Rank 0 (s->mu held): an owner rank's pull ended (its answer's entry p): the request goes on
+ * with the producer's token, is refused, or has its prompt recomputed; one whose client left
+ * meanwhile just ends (no transfer failure to count). */
+static void ep_pull_ended(struct pd_server *s, const int32_t *p)
+{
+    const uint64_t id = ep_id(p);
+    struct req *r = NULL;
+    for (int i = 0; i < s->n_running && !r; i++)
+        if (s->running[i]->ep_pulling && s->running[i]->id == id)
+            r = s->running[i];
+    if (!r)
+        return;
+    r->ep_pulling = 0;
+    if (r->pull_aborted)
+        return;
+    const int64_t bytes = (int64_t)ep_id(p + 3);
+    const double seconds = p[5] * 1e-6;
+    s->kv_pulls++;
+    pd_srv_count_pull(s, r->remote_host, r->remote_port, r->owner, p[2] > 0 ? bytes : -1, seconds);
+    if (p[2] < 0) {
+        /* not this request's KV: refused, not recomputed; the owner frees the sequence */
+        s->kv_failures++;
+        pd_srv_refuse(s, r);
+        return;
+    }
+    if (!p[2]) {
+        /* recompute: the owner prefills the prompt from its token ids, then the producer's
+         * first token follows */
+        s->kv_failures++;
+        s->kv_recomputes++;
+        r->ep_prefilled = 0;
+        return;
+    }
+    s->kv_bytes += (uint64_t)bytes;
+    s->kv_seconds += seconds;
+    r->ep_prefilled = 1;
+    pd_srv_take_producer_token(s, r);
+}
+
 /* Rank 0 (s->mu held) after a round: what the ranks reported: their pools, the leases they
- * released, the pulls they made. */
+ * released, the pulls that ended. */
 void pd_srv_ep_account(struct pd_server *s)
 {
     struct ep_group *g = s->g;
@@ -678,7 +769,7 @@ void pd_srv_ep_account(struct pd_server *s)
     int A = ep_answer_words(s, &m);
     for (int k = 0; k < g->size; k++) {
         const int32_t *a = g->all + (size_t)k * A,
-                      *rel = a + EP_ANS_W + EP_PULLED_W * m.n_pull + (size_t)m.n_items * pd_srv_ep_item_words(s);
+                      *rel = a + EP_ITEMS_AT + (size_t)m.n_items * pd_srv_ep_item_words(s);
         g->free_blocks[k] = a[1];
         g->free_slots[k] = a[2];
         s->leases_revoked += (uint64_t)a[4];
@@ -705,31 +796,10 @@ void pd_srv_ep_account(struct pd_server *s)
                 }
         }
     }
-    for (int i = 0; i < m.n_pull; i++) {
-        struct req *r = g->pull_req[i];
-        const int32_t *a = g->all + (size_t)r->owner * A + EP_ANS_W + EP_PULLED_W * i;
-        r->ep_pulling = 0;
-        s->kv_pulls++;
-        pd_srv_count_pull(s, r->remote_host, r->remote_port, r->owner, a[0] > 0 ? (int64_t)ep_id(a + 1) : -1,
-                          a[3] * 1e-6);
-        if (a[0] < 0) {
-            /* not this request's KV: refused, not recomputed; the owner frees the sequence */
-            s->kv_failures++;
-            pd_srv_refuse(s, r);
-            continue;
-        }
-        if (!a[0]) {
-            /* recompute: the owner prefills the prompt from its token ids, then the producer's
-             * first token follows */
-            s->kv_failures++;
-            s->kv_recomputes++;
-            r->ep_prefilled = 0;
-            continue;
-        }
-        s->kv_bytes += ep_id(a + 1);
-        s->kv_seconds += a[3] * 1e-6;
-        r->ep_prefilled = 1;
-        pd_srv_take_producer_token(s, r);
+    for (int k = 0; k < g->size; k++) {
+        const int32_t *a = g->all + (size_t)k * A;
+        for (int j = 0; j < a[6] && j < EP_PULLS_ENDED; j++)
+            ep_pull_ended(s, a + EP_ANS_W + EP_PULLED_W * j);
     }
 }
 
@@ -761,7 +831,7 @@ const int32_t *pd_srv_ep_answer_item(const struct pd_server *s, int owner, int i
 {
     struct ep_msg m;
     ep_parse(s->g->msg, &m);
-    return s->g->all + (size_t)owner * ep_answer_words(s, &m) + EP_ANS_W + EP_PULLED_W * m.n_pull +
+    return s->g->all + (size_t)owner * ep_answer_words(s, &m) + EP_ITEMS_AT +
            (size_t)i * pd_srv_ep_item_words(s);
 }
 
@@ -924,14 +994,13 @@ int pd_srv_ep_setup(struct pd_server *s, pd_err *e)
     g->scratch = malloc((size_t)s->V * 2 * sizeof(float));
     g->load = calloc((size_t)g->size * 6, sizeof(int));
     g->released = calloc((size_t)n, sizeof *g->released);
-    g->pull_req = calloc((size_t)n * (size_t)g->size, sizeof *g->pull_req);
     g->kv_hosts = calloc((size_t)g->size, sizeof *g->kv_hosts);
     g->pfx = calloc((size_t)g->size * EP_PFX_N, sizeof *g->pfx);
     pthread_mutex_init(&g->rel_mu, NULL);
     g->frees.width = EP_FREE_W;
     g->leases.width = EP_LEASE_W;
     g->pulls.width = EP_PULL_W;
-    if (!g->seqs || !g->items || !g->item_of || !g->item_seq || !g->scratch || !g->load || !g->released || !g->pull_req ||
+    if (!g->seqs || !g->items || !g->item_of || !g->item_seq || !g->scratch || !g->load || !g->released ||
         !g->kv_hosts || !g->pfx ||
         PD_GROW(g->msg, g->msg_cap, EP_HDR))
         return pd_err_set(e, PD_ENOMEM, "out of memory");
@@ -979,7 +1048,6 @@ void pd_srv_ep_close(struct pd_server *s)
     free(g->leases.w);
     free(g->pulls.w);
     free(g->released);
-    free(g->pull_req);
     free(g->kv_hosts);
     free(g->pfx);
     pd_route_free(g->route);

@@ -100,12 +100,14 @@ struct req {
     int ep_blocks;
     int ep_new;                     /* the owner starts the sequence in the next step */
     int ep_prefilled;
-    int ep_pulling;                 /* consumer: the owner pulls the KV in the next round */
+    int ep_pulling;                 /* consumer: the owner pulls the KV (from the next round on,
+                                     * while the group's rounds go on) until it reports the end */
     struct pd_kvx_xfer *pull;       /* consumer (one process): the pull under way while other
                                      * sequences step; NULL when none */
     double pull_t0;
     uint64_t pull_bytes;
-    int pull_aborted;               /* its client left: pd_kvx_abort asked, the blocks wait for its end */
+    int pull_aborted;               /* its client left: pd_kvx_abort asked (an EP group: of the owner
+                                     * rank), the blocks wait for its end */
     /* OpenAI's stop and stream_options, vLLM's stop_token_ids */
     char **stop;                    /* [n_stop] strings that end the text (not included) */
     int n_stop;
@@ -123,7 +125,8 @@ struct req {
 
 /* EP group (see server.h). A round's message is int32 words: a header {op, n_free, n_lease,
  * n_pull, n_items, n_tokens}, then
- *   per freed sequence  {id lo, id hi, owner};
+ *   per freed sequence  {id lo, id hi, owner, kind: 0 free it, 1 abort its pull under way (it
+ *     is reported ended as any other, then freed by a later entry)};
  *   per lease (producer: the KV waits for a decode instance)  {id lo, id hi, owner, tokens,
  *     transfer key: id (16 bytes), prompt hash lo, hi};
  *   per pull (consumer: the owner starts the sequence and pulls its KV)  {id lo, id hi, owner,
@@ -137,9 +140,10 @@ struct req {
  * A lease entry whose prompt length is -1 revokes that request's lease on its owner rank instead
  * (yield_lease in server.c: the oldest lease unclaimed for a second, when a request finds no room).
  * Each rank answers {status, free blocks, free slots, n released, leases it revoked this round,
- * leases that expired unpulled since the last round,
- * per pull {1 pulled / 0 failed /
- * -1 refused by the producer, bytes lo, hi, microseconds the pull took}, per item
+ * leases that expired unpulled since the last round, n pulls ended,
+ * EP_PULLS_ENDED pulls that ended since the last round (the first n used; more wait for the next
+ * round) {id lo, id hi, 1 pulled / 0 failed / -1 refused by the producer, bytes lo, hi,
+ * microseconds the pull took}, per item
  * its token (-1: another rank's) or, with --speculative-config, spec_k + 2 words {n, n tokens}
  * (n -1: another rank's), the ids of the leases it released, 2 words each, with prefix caching
  * its cache's counts (EP_PREFIX_W words: queries, hits, evictions, 2 words each, blocks held,
@@ -147,8 +151,8 @@ struct req {
  * drafts, draft tokens, accepted, emitted, verify steps, drafted per position [PD_SPEC_MAX_K],
  * accepted per position [..])}. */
 enum { EP_OP_STEP = 1, EP_OP_STOP = 2, EP_OP_STATS = 3 };   /* STATS: the ranks sum their expert counts to rank 0 */
-enum { EP_HDR = 6, EP_FREE_W = 3, EP_LEASE_W = 10, EP_PULL_W = 33, EP_ITEM_W = 12, EP_ANS_W = 6,
-       EP_PULLED_W = 4, EP_SPEC_W = 5 + 2 * PD_SPEC_MAX_K, EP_PREFIX_W = 9 };
+enum { EP_HDR = 6, EP_FREE_W = 4, EP_LEASE_W = 10, EP_PULL_W = 33, EP_ITEM_W = 12, EP_ANS_W = 7,
+       EP_PULLED_W = 6, EP_PULLS_ENDED = 8, EP_SPEC_W = 5 + 2 * PD_SPEC_MAX_K, EP_PREFIX_W = 9 };
 
 /* An item's `new` word: the owner starts the sequence and prefills its prompt (after its cached
  * prefix), or prefills the prompt in the sequence a failed pull started (the producer's first
@@ -174,6 +178,13 @@ struct ep_seq {                     /* a sequence this rank owns */
     struct pd_spec_seq spec;        /* --speculative-config: the MTP layer's pending inputs */
     int cached;                     /* started through this rank's prefix cache (pcur) */
     struct pd_prefix_cursor pcur;
+    /* consumer: the pull of its prompt's KV, under way while the group's rounds go on */
+    int pulling;                    /* its end not yet reported to rank 0 */
+    struct pd_kvx_xfer *pull;       /* the transfer; NULL once ended (or if it never started) */
+    int pull_len;                   /* prompt tokens it brings */
+    int32_t pull_first;             /* the producer's first token (--speculative-config: the draft's input) */
+    uint64_t pull_bytes;
+    double pull_t0;
 };
 
 /* An EP group's round without progress (pd_srv_ep_stalled_ns): its /health is a 503 from this
@@ -187,8 +198,6 @@ struct ep_group {
     int rank, size;
     int ep_ready;
     _Atomic int64_t round_t0;       /* rank 0: when the round in flight began (pd_now_ns), 0 between */
-    _Atomic int64_t round_grace_ns; /* rank 0: the KV pulls of the round in flight may take this long
-                                     * (the most one owner rank runs, each up to the pull's timeout) */
     pthread_t watchdog;             /* rank 0: ends the process when a round outlives watchdog_s */
     int watchdog_on;
     _Atomic int watchdog_stop;
@@ -210,7 +219,6 @@ struct ep_group {
     int n_expired;                  /* of them, leases that expired (answered to rank 0, then 0) */
     /* rank 0 */
     struct ep_list frees, leases, pulls;
-    struct req **pull_req;          /* [size * max_num_seqs] the request of each pending pull */
     int32_t *all;                   /* gathered answers */
     size_t all_cap;
     int *load;                      /* [size] sequences owned */
@@ -320,11 +328,14 @@ int pd_srv_seq_offer(struct pd_server *s, struct pd_seq *q, const struct pd_kvx_
  * back to `release`); 0 or -1. */
 int pd_srv_seq_offer(struct pd_server *s, struct pd_seq *q, const struct pd_kvx_key *key, uint64_t id, int len,
                      pd_kvx_release_fn release);
-/* Consumer: pulls the producer's KV of `len` prompt tokens (lease `key` at host:port) into q, whose
- * blocks are reserved, waiting for it (mu, if given, released meanwhile): the bytes moved, or a
- * PULL_ value; *seconds the time it took. */
-int64_t pd_srv_seq_pull(struct pd_server *s, struct pd_seq *q, const char *host, int port, const struct pd_kvx_key *key,
-                        int len, pthread_mutex_t *mu, double *seconds);
+/* Consumer: starts pulling the producer's KV of `len` prompt tokens (lease `key` at host:port) into
+ * q, whose blocks are reserved: *t the transfer, *bytes what it moves; 0, or PULL_NONE when no
+ * pull can start. */
+int pd_srv_seq_pull_start(struct pd_server *s, struct pd_seq *q, const char *host, int port,
+                          const struct pd_kvx_key *key, int len, struct pd_kvx_xfer **t, uint64_t *bytes);
+/* Consumer: pull *t into q once it ended (then freed, *t NULL): 0 (q holds the `len` tokens),
+ * PULL_REFUSED or PULL_FAILED (the reason logged unless `quiet`); 1 while it runs. */
+int pd_srv_seq_pull_end(struct pd_server *s, struct pd_seq *q, struct pd_kvx_xfer **t, int len, int quiet);
 /* Producer: r's KV goes under a lease instead of being freed: 0, or -1 (not offered). (s->mu held) */
 int pd_srv_lease(struct pd_server *s, struct req *r);
 /* Producer: r's lease, if it has one unclaimed, is given up: its blocks come back at its release
@@ -349,6 +360,13 @@ void pd_srv_ep_release(struct pd_server *s, struct req *r);
 int pd_srv_ep_lease(struct pd_server *s, struct req *r);
 void pd_srv_ep_revoke(struct pd_server *s, const struct req *r);
 void pd_srv_ep_pull_later(struct pd_server *s, struct req *r);
+/* Rank 0 (s->mu held): r's client left while its owner rank pulls: the pull is aborted (its end
+ * is reported as any other's, then the sequence freed). */
+void pd_srv_ep_abort_pull(struct pd_server *s, struct req *r);
+/* Rank 0 (s->mu held): some request waits on its owner rank's pull. */
+int pd_srv_ep_pulling(const struct pd_server *s);
+/* Every rank, before the transfer engine goes: the pulls still under way are given up. */
+void pd_srv_ep_drop_pulls(struct pd_server *s);
 void pd_srv_ep_account(struct pd_server *s);
 int pd_srv_ep_flush(struct pd_server *s, pd_err *e);
 void pd_srv_ep_broken(struct pd_server *s, const pd_err *e);

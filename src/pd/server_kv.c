@@ -42,40 +42,43 @@ int pd_srv_seq_offer(struct pd_server *s, struct pd_seq *q, const struct pd_kvx_
 
 
 
-/* Consumer: pulls the producer's KV of `len` prompt tokens (lease `key` at host:port) into q,
- * whose blocks are reserved; the bytes moved and the seconds the pull took (*seconds), PULL_NONE
- * if no transfer started, PULL_FAILED if it failed, PULL_REFUSED if the producer refused the key
- * (q then holds nothing usable). With mu, that lock is released while waiting. */
-int64_t pd_srv_seq_pull(struct pd_server *s, struct pd_seq *q, const char *host, int port, const struct pd_kvx_key *key,
-                        int len, pthread_mutex_t *mu, double *seconds)
+/* Consumer: starts pulling the producer's KV of `len` prompt tokens (lease `key` at host:port)
+ * into q, whose blocks are reserved: *t the transfer (progressed by the transfer thread), *bytes
+ * what it moves; 0 when under way, PULL_NONE when no pull can start. */
+int pd_srv_seq_pull_start(struct pd_server *s, struct pd_seq *q, const char *host, int port,
+                          const struct pd_kvx_key *key, int len, struct pd_kvx_xfer **t, uint64_t *bytes)
 {
-    double t0 = pd_now_s();
     int n;
-    uint64_t bytes;
-    struct pd_kv_run *dst = pd_srv_kv_runs(s, q, len, &n, &bytes);
-    struct pd_kvx_xfer *t = NULL;
+    struct pd_kv_run *dst = pd_srv_kv_runs(s, q, len, &n, bytes);
     pd_err e = {0};
-    int rc = !s->kvx || !dst || pd_kvx_pull(s->kvx, host, port, key, (const struct pd_kvx_run *)dst, n, &t, &e);
+    int rc = !s->kvx || !dst || pd_kvx_pull(s->kvx, host, port, key, (const struct pd_kvx_run *)dst, n, t, &e);
     free(dst);
     if (rc)
-        return PULL_NONE;
-    if (mu)
-        pthread_mutex_unlock(mu);
-    enum pd_kvx_state st = pd_kvx_wait(s->kvx, t, -1);
-    int refused = pd_kvx_refused(s->kvx, t);
-    /* why a pull failed (a dead producer, a KV cache dtype that differs...) is worth a line: the
-     * request goes on, recomputed here, and only the counters would tell otherwise */
-    if (st != PD_KVX_DONE && s->o.http.log && pd_kvx_result(s->kvx, t, &e))
+        *t = NULL;
+    return rc ? PULL_NONE : 0;
+}
+
+/* Consumer: pull *t into q, once it ended (*t then freed and NULL): 0 when q holds the `len`
+ * prompt tokens, PULL_REFUSED when the producer refused the key, PULL_FAILED otherwise; 1 while
+ * it runs. Why it failed (a dead producer, a KV cache dtype that differs...) is worth a line,
+ * unless `quiet` (its client left): the request goes on, recomputed, and only the counters would
+ * tell otherwise. */
+int pd_srv_seq_pull_end(struct pd_server *s, struct pd_seq *q, struct pd_kvx_xfer **t, int len, int quiet)
+{
+    enum pd_kvx_state st = pd_kvx_state(s->kvx, *t);
+    if (st != PD_KVX_DONE && st != PD_KVX_FAILED)
+        return 1;
+    pd_err e = {0};
+    int refused = pd_kvx_refused(s->kvx, *t);
+    if (st != PD_KVX_DONE && !quiet && s->o.http.log && pd_kvx_result(s->kvx, *t, &e))
         s->o.http.log(s->o.http.log_arg, e.msg);
-    pd_kvx_xfer_free(s->kvx, t);
-    if (mu)
-        pthread_mutex_lock(mu);
+    pd_kvx_xfer_free(s->kvx, *t);
+    *t = NULL;
     if (st != PD_KVX_DONE)
         return refused ? PULL_REFUSED : PULL_FAILED;
     q->pos = len;
     q->kv.len = len;
-    *seconds = pd_now_s() - t0;
-    return (int64_t)bytes;
+    return 0;
 }
 
 /* Producer: the request's KV goes under a lease instead of being freed (s->mu held). */
@@ -150,17 +153,10 @@ int pd_srv_revoke_lease(struct pd_server *s, struct req *r)
 int pd_srv_pull_start(struct pd_server *s, struct req *r)
 {
     pd_err e = {0};
-    if (!s->kvx || r->remote_tokens != r->n_prompt || pd_kvseq_reserve(&s->en.kv, &r->seq.kv, r->n_prompt, &e))
+    if (!s->kvx || r->remote_tokens != r->n_prompt || pd_kvseq_reserve(&s->en.kv, &r->seq.kv, r->n_prompt, &e) ||
+        pd_srv_seq_pull_start(s, &r->seq, r->remote_host, r->remote_port, &r->remote_key, r->n_prompt, &r->pull,
+                              &r->pull_bytes))
         return PULL_NONE;
-    int n;
-    struct pd_kv_run *dst = pd_srv_kv_runs(s, &r->seq, r->n_prompt, &n, &r->pull_bytes);
-    int rc = !dst || pd_kvx_pull(s->kvx, r->remote_host, r->remote_port, &r->remote_key, (const struct pd_kvx_run *)dst,
-                                 n, &r->pull, &e);
-    free(dst);
-    if (rc) {
-        r->pull = NULL;
-        return PULL_NONE;
-    }
     r->pull_t0 = pd_now_s();
     return 0;
 }
@@ -170,28 +166,18 @@ int pd_srv_pull_start(struct pd_server *s, struct req *r)
  * while it runs. (s->mu held; the transfer thread progresses it) */
 static int pull_poll(struct pd_server *s, struct req *r)
 {
-    enum pd_kvx_state st = pd_kvx_state(s->kvx, r->pull);
-    if (st != PD_KVX_DONE && st != PD_KVX_FAILED)
+    int res = pd_srv_seq_pull_end(s, &r->seq, &r->pull, r->n_prompt, r->pull_aborted);
+    if (res == 1)
         return 1;
-    pd_err e = {0};
-    int refused = pd_kvx_refused(s->kvx, r->pull);
-    /* why a pull failed (a dead producer, a KV cache dtype that differs...) is worth a line: the
-     * request goes on, recomputed here, and only the counters would tell otherwise */
-    if (st != PD_KVX_DONE && !r->pull_aborted && s->o.http.log && pd_kvx_result(s->kvx, r->pull, &e))
-        s->o.http.log(s->o.http.log_arg, e.msg);
-    pd_kvx_xfer_free(s->kvx, r->pull);
-    r->pull = NULL;
     if (r->pull_aborted)   /* its client left: no transfer failure to count */
         return PULL_FAILED;
     double seconds = pd_now_s() - r->pull_t0;
     s->kv_pulls++;
-    pd_srv_count_pull(s, r->remote_host, r->remote_port, 0, st == PD_KVX_DONE ? (int64_t)r->pull_bytes : -1, seconds);
-    if (st != PD_KVX_DONE) {
+    pd_srv_count_pull(s, r->remote_host, r->remote_port, 0, res == 0 ? (int64_t)r->pull_bytes : -1, seconds);
+    if (res) {
         s->kv_failures++;
-        return refused ? PULL_REFUSED : PULL_FAILED;
+        return res;
     }
-    r->seq.pos = r->n_prompt;
-    r->seq.kv.len = r->n_prompt;
     s->kv_bytes += r->pull_bytes;
     s->kv_seconds += seconds;
     pd_err e2 = {0};

@@ -838,10 +838,11 @@ Test(server_ep, each_rank_caches_its_prefixes_and_completes_as_without_the_cache
 }
 
 /* A producer that stops answering (SIGSTOP: a prefill host gone dark) while a decode EP group's
- * owner rank pulls from it: the pull runs inside the group's round, so the round holds for the
- * pull's timeout; that is no rank stopped, and the group's watchdog (3 s here, the pull's timeout
- * 5 s) ended the whole group, the client getting no answer at all. Now the round's pulls have
- * their timeout before the stall clock starts: the pull fails, the owner rank computes the prompt
+ * owner rank pulls from it: the pull ran inside the group's round, so the round held for the
+ * pull's timeout; the group's watchdog (3 s here, the pull's timeout 5 s) ended the whole group,
+ * the client getting no answer at all, and (once the watchdog allowed for it) every other request
+ * of the group waited out the pull. Now the owner rank pulls while the group's rounds go on: a
+ * request sent meanwhile is answered at once, the pull fails, the owner rank computes the prompt
  * itself, the client gets its 200. */
 Test(server_ep, a_hung_producer_does_not_end_a_decode_group)
 {
@@ -871,10 +872,39 @@ Test(server_ep, a_hung_producer_does_not_end_a_decode_group)
     snprintf(body, sizeof body, "{\"prompt\":\"held\",\"max_tokens\":4,\"temperature\":0,\"ignore_eos\":true,"
              "\"kv_transfer_params\":%s}", kvs);
     free(kvs);
-    int code = curl_port(D, "/v1/completions", body, "--max-time 60", out, sizeof out);
+    static struct call held;
+    held.port = D;
+    cr_assert(strlen(body) < sizeof held.body, "%s", body);
+    memcpy(held.body, body, strlen(body) + 1);
+    pthread_t t;
+    const double t0 = pd_now_s();
+    cr_assert_eq(pthread_create(&t, NULL, call_thread, &held), 0);
+    /* the pull under way (the producer holds it), another request, computed by the group itself */
+    for (int i = 0; i < 100 && metric_port(D, "pdmoe_num_requests_running") < 1; i++)
+        usleep(20000);
+    cr_assert_eq(metric_port(D, "pdmoe_num_requests_running"), 1);
+    snprintf(body, sizeof body, "{\"prompt\":\"meanwhile\",\"max_tokens\":4,\"temperature\":0,\"ignore_eos\":true}");
+    const double t1 = pd_now_s();
+    int other = curl_port(D, "/v1/completions", body, "--max-time 60", out, sizeof out);
+    const double waited = pd_now_s() - t1;
+    cr_assert_eq(other, 200, "HTTP %d: %s", other, out);
+    cr_assert(waited < 2.5, "a request sent during the hung pull waited %.1f s (the pull's timeout is 5 s)", waited);
+    pthread_join(t, NULL);
+    cr_assert_eq(held.code, 200, "HTTP %d: %s", held.code, held.out);
+    cr_assert(pd_now_s() - t0 > 4.5, "the held request was answered in %.1f s, before its pull's timeout", pd_now_s() - t0);
+    cr_assert_eq(metric_port(D, "pdmoe_kv_recomputes_total"), 1);
+    /* a client that leaves during such a pull: the owner rank aborts it, its blocks come back
+     * well before the pull's timeout, and no transfer failure is counted for it */
+    cr_assert_eq(curl_port(D, "/v1/completions", held.body, "--max-time 1", out, sizeof out), 0);
+    const double left = pd_now_s();
+    for (int k = 0; k < 2; k++)
+        while (pd_now_s() - left < 10 &&
+               labelled(D, "pdmoe_rank_kv_blocks_free", k) != labelled(D, "pdmoe_rank_kv_blocks_capacity", k))
+            usleep(20000);
+    cr_assert(pd_now_s() - left < 3, "the blocks of a pull whose client left came back after %.1f s", pd_now_s() - left);
+    cr_assert_eq(metric_port(D, "pdmoe_kv_transfers_total"), 1, "the aborted pull counted as a transfer");
+    cr_assert_eq(metric_port(D, "pdmoe_num_requests_running"), 0);
     kill(single, SIGCONT);
     int st;
     cr_assert_eq(waitpid(group, &st, WNOHANG), 0, "the decode group ended (status %d) on a producer that hung", st);
-    cr_assert_eq(code, 200, "HTTP %d: %s", code, out);
-    cr_assert_eq(metric_port(D, "pdmoe_kv_recomputes_total"), 1);
 }
