@@ -35,6 +35,7 @@ int pd_cli_proxy(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"metrics-file", 1, 0, 'M'}, {"health-interval-ms", 1, 0, 'i'},
+        {"health-timeout-ms", 1, 0, 'O'},
         {"prefill", 1, 0, 'p'}, {"decode", 1, 0, 'd'}, {"host", 1, 0, 'H'}, {"port", 1, 0, 'P'},
         {"api-key", 1, 0, 'k'}, {"backend-api-key", 1, 0, 'b'}, {"retries", 1, 0, 'r'}, {"help", 0, 0, 'h'},
         {"policy", 1, 0, 'y'}, {"cache-threshold", 1, 0, 'c'}, {"balance-abs-threshold", 1, 0, 'a'},
@@ -91,6 +92,11 @@ int pd_cli_proxy(int argc, char **argv)
                 return 2;
             o.health_interval_ms = (int)v;
             break;
+        case 'O':
+            if (pd_cli_int_max("--health-timeout-ms", optarg, 10, 600000, &v))
+                return 2;
+            o.health_timeout_ms = (int)v;
+            break;
         case 'H': o.host = optarg; break;
         case 'P': if (pd_cli_int_max("--port", optarg, 0, 65535, &v)) return 2; o.port = (int)v; break;
         case 'k': o.api_key = optarg; break;
@@ -127,7 +133,8 @@ int pd_cli_proxy(int argc, char **argv)
                    "--max-tree-size 16777216: prompt bytes indexed per instance (least recently used out first).\n"
                    "Decode instances are always chosen least-loaded.\n");
             printf("--health-interval-ms 1000: how often each instance's /health is checked; a failed one gets no\n"
-                   "requests until it answers again. --metrics-file FILE: Prometheus text added to /metrics (pdmoe up's\n"
+                   "requests until it answers again. --health-timeout-ms 1000: how long a check may take before it\n"
+                   "counts as failed. --metrics-file FILE: Prometheus text added to /metrics (pdmoe up's\n"
                    "restart counts). --shutdown-timeout S (0): at SIGTERM or Ctrl-C, new requests get a 503 while\n"
                    "those in flight finish, for at most S seconds; a second signal stops at once (0: at once).\n");
             return 0;

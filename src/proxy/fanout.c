@@ -12,11 +12,11 @@
 #include <string.h>
 
 struct evhttp_connection *px_get_from(struct pd_proxy *px, const struct instance *in, const char *path,
-                                      int timeout_s, void (*cb)(struct evhttp_request *, void *), void *arg)
+                                      int timeout_ms, void (*cb)(struct evhttp_request *, void *), void *arg)
 {
     struct evhttp_connection *c = evhttp_connection_base_new(px->base, NULL, in->host, (unsigned short)in->port);
-    if (c && timeout_s > 0)
-        evhttp_connection_set_timeout(c, timeout_s);
+    if (c && timeout_ms > 0)
+        evhttp_connection_set_timeout_tv(c, &(struct timeval){timeout_ms / 1000, timeout_ms % 1000 * 1000});
     struct evhttp_request *r = c ? evhttp_request_new(cb, arg) : NULL;
     if (r) {
         evhttp_add_header(evhttp_request_get_output_headers(r), "Host", in->host);

@@ -70,7 +70,8 @@ static double health_interval_s(const struct pd_proxy *px)
 }
 
 /* Active health checks: GET /health of each instance, every health_interval_ms while it is up,
- * at its backoff's end while it is ejected; 1 s to answer. A failed check ejects the instance and,
+ * at its backoff's end while it is ejected; health_timeout_ms (1 s) to answer: a link across hosts
+ * that is congested at times may need more, or every check fails and the instance is ejected. A failed check ejects the instance and,
  * past HUNG_S, fails the requests it holds that it has not sent a byte of for as long.
  *
  * How long an instance's /health may stay unanswered before the requests in flight on it are
@@ -120,7 +121,8 @@ void px_on_tick(evutil_socket_t fd, short what, void *arg)
         struct instance *in = nth(px, k);
         if (in->probe || now < in->probe_at)
             continue;
-        if (!(in->probe = px_get_from(px, in, "/health", 1, on_probe_done, in)))
+        if (!(in->probe = px_get_from(px, in, "/health", px->o.health_timeout_ms > 0 ? px->o.health_timeout_ms : 1000,
+                                      on_probe_done, in)))
             probe_failed(px, in);
     }
 }

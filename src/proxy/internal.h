@@ -97,10 +97,10 @@ void px_on_tick(evutil_socket_t fd, short what, void *arg);
 void px_on_readiness(struct evhttp_request *h, void *arg);
 
 /* fanout.c */
-/* GET `path` from an instance: the connection (px_drop_conn it once done), or NULL when the
- * request could not be sent (cb is then never called). */
+/* GET `path` from an instance, within timeout_ms (0: no deadline): the connection (px_drop_conn it
+ * once done), or NULL when the request could not be sent (cb is then never called). */
 struct evhttp_connection *px_get_from(struct pd_proxy *px, const struct instance *in, const char *path,
-                                      int timeout_s, void (*cb)(struct evhttp_request *, void *), void *arg);
+                                      int timeout_ms, void (*cb)(struct evhttp_request *, void *), void *arg);
 void px_on_models(struct evhttp_request *h, void *arg);
 void px_on_expert_stats(struct evhttp_request *h, void *arg);
 

@@ -17,7 +17,8 @@
  * its KV cache, unless the loads are imbalanced); decode instances are chosen least-loaded (they
  * receive the KV, they do not prefill).
  *
- * Dead instances: each one is checked with GET /health (every health_interval_ms, a 1 s timeout)
+ * Dead instances: each one is checked with GET /health (every health_interval_ms, health_timeout_ms
+ * to answer)
  * and after any failure of a request (no connection, no answer, a 5xx). A failure ejects it: it
  * gets no requests while others are up, and is probed again after a backoff (0.5 s doubling to
  * 30 s) until /health answers, which admits it back. An answer has no deadline of its own (a long
@@ -49,6 +50,7 @@ struct pd_proxy_opts {
     const char *backend_api_key;                   /* sent to the instances; NULL: api_key */
     int retries;                                   /* prefill attempts; 0: 3 */
     int health_interval_ms;                        /* active /health checks; 0: 1000 */
+    int health_timeout_ms;                         /* how long a /health check may take; 0: 1000 */
     const char *metrics_file;                      /* Prometheus text appended to /metrics (pdmoe up's
                                                       restarts), read at each scrape; NULL: none */
     int handle_signals;

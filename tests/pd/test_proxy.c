@@ -762,6 +762,7 @@ Test(proxy, readiness_says_whether_a_request_can_be_served)
 struct sse_fake {
     int fd, port, error_mode;
     int long_mode;   /* 50 more text events, 0.1 s apart: 5 s during which its /health waits */
+    int health_ms;   /* how long it takes to answer GET /health */
     volatile int stop;
     char body[4][2048];
     int n_bodies;
@@ -797,6 +798,7 @@ static void *sse_fake_run(void *arg)
             }
         }
         if (strncmp(req, "POST", 4)) {
+            usleep((useconds_t)f->health_ms * 1000);
             const char ok[] = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 15\r\n"
                               "Connection: close\r\n\r\n{\"status\":\"ok\"}";
             if (write(c, ok, sizeof ok - 1) < 0)
@@ -949,6 +951,46 @@ Test(proxy, a_stream_that_flows_outlives_failed_health_checks)
     cr_assert_eq(metric_key(pd_proxy_port(X), "pdmoe_proxy_completed_total"), 1);
     proxy_shutdown(&X, tx);
     sse_fake_stop(&f);
+}
+
+/* Up: /readiness counts the fake instance up. */
+static int fake_up(void)
+{
+    char out[1024];
+    curl_port(pd_proxy_port(X), "/readiness", NULL, NULL, out, sizeof out);
+    json_t *j = json_loads(out, 0, NULL);
+    int up = (int)json_integer_value(json_object_get(json_object_get(j, "decode"), "up"));
+    json_decref(j);
+    return up;
+}
+
+/* --health-timeout-ms: an instance whose /health takes 1.5 s (a congested link between hosts) is
+ * never up with the 1 s default, and stays up with 3 s. */
+Test(proxy, the_health_check_timeout_is_the_operators)
+{
+    for (int timeout = 0; timeout <= 3000; timeout += 3000) {
+        /* (a fake each: it answers one check at a time, and the first proxy's would queue) */
+        struct sse_fake f = {.health_ms = 1500};
+        sse_fake_start(&f);
+        static char c1[32];
+        snprintf(c1, sizeof c1, "127.0.0.1:%d", f.port);
+        struct pd_proxy_opts o = {.port = 0, .n_decode = 1, .health_interval_ms = 100, .health_timeout_ms = timeout};
+        o.decode[0] = c1;
+        pd_err e = {0};
+        cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
+        pthread_create(&tx, NULL, run_proxy, X);
+        int ups = 0;
+        for (int i = 0; i < 40; i++) {   /* 4 s: at least two checks */
+            ups += fake_up();
+            usleep(100000);
+        }
+        proxy_shutdown(&X, tx);
+        sse_fake_stop(&f);
+        if (timeout)
+            cr_assert_geq(ups, 20, "with a 3 s timeout the instance was up %d times of 40", ups);
+        else
+            cr_assert_eq(ups, 0, "with the 1 s default the instance was up %d times of 40", ups);
+    }
 }
 
 /* The request bodies the proxy holds at once are bounded (each costs about 4x its size: 40 clients
