@@ -160,9 +160,15 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
         evbuffer_add_printf(b, "# TYPE pdmoe_rank_kv_blocks_capacity gauge\n");
         for (int k = 0; k < s->g->size; k++)
             evbuffer_add_printf(b, "pdmoe_rank_kv_blocks_capacity{rank=\"%d\"} %d\n", k, s->en.kv.n_blocks);
+        /* the running requests each rank owns, as pdmoe_num_requests_running counts them (its
+         * load also counts the sequences kept under a lease, which run nothing) */
         evbuffer_add_printf(b, "# TYPE pdmoe_rank_num_requests_running gauge\n");
-        for (int k = 0; k < s->g->size; k++)
-            evbuffer_add_printf(b, "pdmoe_rank_num_requests_running{rank=\"%d\"} %d\n", k, s->g->load[k]);
+        for (int k = 0; k < s->g->size; k++) {
+            int n = 0;
+            for (int i = 0; i < s->n_running; i++)
+                n += s->running[i]->owner == k;
+            evbuffer_add_printf(b, "pdmoe_rank_num_requests_running{rank=\"%d\"} %d\n", k, n);
+        }
         evbuffer_add_printf(b, "# TYPE pdmoe_rank_requests_total counter\n");
         for (int k = 0; k < s->g->size; k++)
             evbuffer_add_printf(b, "pdmoe_rank_requests_total{rank=\"%d\"} %d\n", k, s->g->owned[k]);

@@ -490,6 +490,10 @@ Test(server_ep, unclaimed_leases_yield_to_a_waiting_request_in_a_group)
     }
     cr_assert_eq(metric_port(pg, "pdmoe_kv_slots_free"), 0, "the leases hold every sequence of both ranks");
     cr_assert_eq(metric_port(pg, "pdmoe_kv_leases"), n);
+    /* a lease is no running request, on the group's gauge or on a rank's */
+    cr_assert_eq(metric_port(pg, "pdmoe_num_requests_running"), 0);
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(labelled(pg, "pdmoe_rank_num_requests_running", k), 0, "rank %d", k);
     double t0 = pd_now_s();
     cr_assert_eq(curl_port(pg, "/v1/completions", "{\"prompt\":\"the third, which waits\",\"max_tokens\":2}", NULL, out,
                            sizeof out), 200, "%s", out);
