@@ -162,6 +162,7 @@ static void ep_pull_start(struct pd_server *s, struct ep_seq *q, const int32_t *
     struct pd_kvx_key key = {.hash = ep_id(w + 6)};
     memcpy(key.id, w + 28, sizeof key.id);
     q->pulling = 1;
+    q->pull_aborted = 0;
     q->pull_len = w[4];
     q->pull_first = w[32];
     q->pull_t0 = pd_now_s();
@@ -175,7 +176,7 @@ static void ep_pull_start(struct pd_server *s, struct ep_seq *q, const int32_t *
  * from them with the producer's first token, as one process's pull does (server_spec.c). */
 static int ep_pull_end(struct pd_server *s, struct ep_seq *q, int32_t *p)
 {
-    int res = q->pull ? pd_srv_seq_pull_end(s, &q->seq, &q->pull, q->pull_len, 0) : PULL_NONE;
+    int res = q->pull ? pd_srv_seq_pull_end(s, &q->seq, &q->pull, q->pull_len, q->pull_aborted) : PULL_NONE;
     if (res == 1)
         return 1;
     q->pulling = 0;
@@ -249,6 +250,7 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
         if (w[3]) {   /* its client left: the pull ends sooner, and is reported as any other */
             if (q->pull)
                 pd_kvx_abort(s->kvx, q->pull);
+            q->pull_aborted = 1;
             continue;
         }
         if (q->pulling)

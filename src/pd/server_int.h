@@ -180,6 +180,7 @@ struct ep_seq {                     /* a sequence this rank owns */
     struct pd_prefix_cursor pcur;
     /* consumer: the pull of its prompt's KV, under way while the group's rounds go on */
     int pulling;                    /* its end not yet reported to rank 0 */
+    int pull_aborted;               /* its client left: no failure to log */
     struct pd_kvx_xfer *pull;       /* the transfer; NULL once ended (or if it never started) */
     int pull_len;                   /* prompt tokens it brings */
     int32_t pull_first;             /* the producer's first token (--speculative-config: the draft's input) */

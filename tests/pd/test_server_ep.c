@@ -908,6 +908,13 @@ Test(server_ep, a_hung_producer_does_not_end_a_decode_group)
     cr_assert(pd_now_s() - left < 3, "the blocks of a pull whose client left came back after %.1f s", pd_now_s() - left);
     cr_assert_eq(metric_port(D, "pdmoe_kv_transfers_total"), 1, "the aborted pull counted as a transfer");
     cr_assert_eq(metric_port(D, "pdmoe_num_requests_running"), 0);
+    FILE *f = fopen(log_path, "r");
+    char log[1 << 15];
+    size_t n = f ? fread(log, 1, sizeof log - 1, f) : 0;
+    log[n] = 0;
+    if (f)
+        fclose(f);
+    cr_assert_null(strstr(log, "aborted by the caller"), "a pull its client left was logged as failed:\n%s", log);
     kill(single, SIGCONT);
     int st;
     cr_assert_eq(waitpid(group, &st, WNOHANG), 0, "the decode group ended (status %d) on a producer that hung", st);
