@@ -502,6 +502,8 @@ static void *scheduler(void *arg)
     free(scratch);
     free(tp);
     free(nt);
+    if (s->g)
+        atomic_store(&s->g->scheduler_done, 1);
     return NULL;
 }
 
@@ -521,8 +523,11 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
     pthread_mutex_lock(&s->mu);
     int left = s->n_running + (s->leases != NULL) + pd_srv_waiting(s, INT_MAX);
     pthread_mutex_unlock(&s->mu);
-    if (!left || pd_now_s() >= s->drain_deadline) {
-        if (left)
+    /* an EP group whose round cannot progress (a rank died: mpirun's SIGTERM is followed by its
+     * SIGKILL a second later) drains nothing: pd_server_run answers its clients at once */
+    const int stuck = s->g && pd_srv_ep_stalled_ns(s) > (int64_t)PD_EP_STOP_STALL_MS * 1000000;
+    if (!left || stuck || pd_now_s() >= s->drain_deadline) {
+        if (left && !stuck)
             fprintf(stderr, "pdmoe serve: the shutdown timeout (%d s) ended the drain with %d requests left\n",
                     s->o.shutdown_timeout_s, left);
         event_base_loopexit(s->base, NULL);
@@ -707,6 +712,8 @@ int pd_server_run(struct pd_server *s, pd_err *e)
     }
     if (event_base_dispatch(s->base) < 0)
         return pd_err_set(e, PD_EIO, "event loop failed");
+    if (s->g)
+        pd_srv_ep_stop(s);   /* (does not return if a rank is gone) */
     pthread_mutex_lock(&s->mu);
     int rc = s->fatal[0] ? pd_err_set(e, PD_EIO, "%s", s->fatal) : 0;
     pthread_mutex_unlock(&s->mu);

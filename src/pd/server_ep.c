@@ -412,19 +412,11 @@ int64_t pd_srv_ep_stalled_ns(const struct pd_server *s)
     return now > since ? now - since : 0;
 }
 
-/* Rank 0's watchdog: a round of the group waits on every rank (each MPI wait and MoE exchange has
- * no deadline), so one rank stopped or hung held every request for ever while /health said ok. A
- * round without progress for watchdog_s ends this process with a line saying so: mpirun then ends
- * the group, `pdmoe up` starts it again, and the proxy fails its requests (its /health is a 503
- * from PD_EP_STALL_HEALTH_S on: the proxy routes around it at once). It once timed the whole
- * round (300 s by default): a stopped rank held 174 requests for 5 minutes, and a long round
- * that progressed would have been ended. */
-/* The event loop, when the watchdog ends the group: every client still waiting gets an error
- * event and [DONE], or a 503, naming why, instead of a connection cut by the exit (the scheduler
- * is stuck in the round, the loop is not). */
-static void on_stalled(evutil_socket_t fd, short what, void *arg)
+/* The loop's thread, when the group is ended with its scheduler stuck in a round: every client
+ * still waiting gets an error event and [DONE], or a 503, saying `why`, instead of a connection
+ * cut by the exit. */
+static void ep_answer_all(struct pd_server *s, const char *why)
 {
-    struct pd_server *s = arg;
     size_t n = 0, cap = 0;
     struct req **rs = NULL;
     pthread_mutex_lock(&s->mu);
@@ -436,8 +428,7 @@ static void on_stalled(evutil_socket_t fd, short what, void *arg)
     pthread_mutex_unlock(&s->mu);
     for (size_t i = 0; i < n; i++)
         if (rs[i]->http)
-            pd_srv_answer_ending(s, rs[i], "the EP group made no progress (a rank stopped or hung) and is being "
-                                           "ended so that it can be restarted");
+            pd_srv_answer_ending(s, rs[i], why);
     pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < n; i++)
         pd_srv_req_unref(s, rs[i]);
@@ -445,6 +436,21 @@ static void on_stalled(evutil_socket_t fd, short what, void *arg)
     free(rs);
 }
 
+/* The event loop, when the watchdog ends the group (the scheduler is stuck in the round, the
+ * loop is not). */
+static void on_stalled(evutil_socket_t fd, short what, void *arg)
+{
+    ep_answer_all(arg, "the EP group made no progress (a rank stopped or hung) and is being ended so that it "
+                       "can be restarted");
+}
+
+/* Rank 0's watchdog: a round of the group waits on every rank (each MPI wait and MoE exchange has
+ * no deadline), so one rank stopped or hung held every request for ever while /health said ok. A
+ * round without progress for watchdog_s ends this process with a line saying so: mpirun then ends
+ * the group, `pdmoe up` starts it again, and the proxy fails its requests (its /health is a 503
+ * from PD_EP_STALL_HEALTH_S on: the proxy routes around it at once). It once timed the whole
+ * round (300 s by default): a stopped rank held 174 requests for 5 minutes, and a long round
+ * that progressed would have been ended. */
 static void *watchdog(void *arg)
 {
     struct pd_server *s = arg;
@@ -465,6 +471,43 @@ static void *watchdog(void *arg)
         }
     }
     return NULL;
+}
+
+/* Rank 0 stopping (the loop ended: SIGTERM, SIGINT, a drain that ended): the scheduler ends its
+ * round and the group (pd_server_destroy then joins it). A rank that died cannot end it: Open
+ * MPI 4.1 reports no error for a peer gone from shared memory, and the round's waits never
+ * return. That is how a rank dies under mpirun: measured with a rank SIGKILLed, mpirun sent
+ * rank 0 SIGCONT 3 ms later, SIGTERM after 1.0 s and SIGKILL after 2.0 s
+ * (odls_base_sigkill_timeout apart); rank 0 waited on the scheduler, which sat in the round, and
+ * the SIGKILL cut every client (curl: an empty reply, a stream without its end). So once the round
+ * in flight has made no progress for PD_EP_STOP_STALL_MS (already true at that SIGTERM: the round
+ * stopped with the rank), the clients get the watchdog's honest ending, the loop a moment to
+ * write it, and the process ends here (as the watchdog does: MPI_Abort, MPI_Finalize or freeing
+ * the server would race with or wait on the stuck thread), non-zero: the group is to be
+ * restarted. */
+void pd_srv_ep_stop(struct pd_server *s)
+{
+    struct ep_group *g = s->g;
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    while (s->thread_started && !atomic_load(&g->scheduler_done)) {
+        const int64_t stalled = pd_srv_ep_stalled_ns(s);
+        if (stalled > (int64_t)PD_EP_STOP_STALL_MS * 1000000) {
+            fprintf(stderr, "pdmoe serve: stopping, the EP group's round has made no progress for %.1f s (a rank "
+                            "died or stopped): answering the clients and ending the group so that it can be "
+                            "restarted\n", (double)stalled * 1e-9);
+            fflush(stderr);
+            ep_answer_all(s, "the EP group cannot step (a rank died or stopped) and is being ended so that it can "
+                             "be restarted");
+            /* (the answers are written by the loop, at most 200 ms: mpirun's SIGKILL is near) */
+            event_base_loopexit(s->base, &(struct timeval){0, 200000});
+            event_base_dispatch(s->base);
+            _exit(70);
+        }
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
 }
 
 static int ep_round(struct pd_server *s, pd_err *e)

@@ -192,6 +192,12 @@ struct ep_seq {                     /* a sequence this rank owns */
  * many seconds on, and its watchdog ends the group after --watchdog-timeout (this default). */
 #define PD_EP_STALL_HEALTH_S 10
 #define PD_EP_WATCHDOG_DEFAULT_S 60
+/* Once rank 0 is told to stop (a signal), a round without progress for this long means a rank is
+ * gone (see pd_srv_ep_stop). mpirun, when a rank dies (or it is itself sent SIGTERM), sends each
+ * other rank SIGCONT at once, SIGTERM after odls_base_sigkill_timeout (1 s by default) and SIGKILL
+ * after as long again: the clients must be answered within that second, and a group that steps
+ * exchanges every few milliseconds. */
+#define PD_EP_STOP_STALL_MS 400
 int64_t pd_srv_ep_stalled_ns(const struct pd_server *s);
 
 struct ep_group {
@@ -199,6 +205,7 @@ struct ep_group {
     int rank, size;
     int ep_ready;
     _Atomic int64_t round_t0;       /* rank 0: when the round in flight began (pd_now_ns), 0 between */
+    _Atomic int scheduler_done;     /* rank 0: the scheduler thread has ended (its last round returned) */
     pthread_t watchdog;             /* rank 0: ends the process when a round outlives watchdog_s */
     int watchdog_on;
     _Atomic int watchdog_stop;
@@ -371,6 +378,10 @@ void pd_srv_ep_drop_pulls(struct pd_server *s);
 void pd_srv_ep_account(struct pd_server *s);
 int pd_srv_ep_flush(struct pd_server *s, pd_err *e);
 void pd_srv_ep_broken(struct pd_server *s, const pd_err *e);
+/* Rank 0, on the loop's thread once the loop has ended: stops the scheduler and waits for it to
+ * end; if its round can make no progress (a rank is gone), answers every client and ends the
+ * process instead (server_ep.c says why). */
+void pd_srv_ep_stop(struct pd_server *s);
 int32_t pd_srv_ep_token(const struct pd_server *s, int owner, int i);
 const int32_t *pd_srv_ep_answer_item(const struct pd_server *s, int owner, int i);
 const int32_t *pd_srv_ep_answer_spec(const struct pd_server *s, int k);

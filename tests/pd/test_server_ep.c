@@ -342,6 +342,68 @@ Test(server_ep, a_dead_rank_ends_the_group_and_its_clients)
     cr_assert(strstr(log, "rank 1") || strstr(log, "signal 9"), "no word of the dead rank:\n%s", log);
 }
 
+/* A rank killed (SIGKILL) while rank 0's clients wait: mpirun sends rank 0 SIGCONT at once,
+ * SIGTERM 1 s later and SIGKILL 1 s after that (odls_base_sigkill_timeout), and the round in
+ * flight never returns (Open MPI 4.1 reports no error for a dead peer over shared memory). The
+ * clients were cut by that SIGKILL (curl: an empty reply, a stream without an end); now the
+ * stream ends with an error event and [DONE], the other request is a 503 naming the failure, and
+ * the group still exits non-zero so that `pdmoe up` restarts it. */
+Test(server_ep, a_killed_rank_has_rank_0_answer_its_clients_before_the_group_ends)
+{
+    int pg = base_port + 3;
+    group_max_len = "4096";   /* long generations: still running when the rank dies */
+    group = start_group(pg);
+    group_max_len = "512";
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "curl -s -N --max-time 60 http://127.0.0.1:%d/v1/completions -d '{\"prompt\":\"x\","
+             "\"max_tokens\":4000,\"ignore_eos\":true,\"stream\":true}'", pg);
+    FILE *stream = popen(cmd, "r");
+    snprintf(cmd, sizeof cmd, "curl -s --max-time 60 -w '\\nHTTP %%{http_code}' http://127.0.0.1:%d/v1/completions "
+             "-d '{\"prompt\":\"y\",\"max_tokens\":4000,\"ignore_eos\":true}'", pg);
+    FILE *plain = popen(cmd, "r");
+    int running = 0;
+    for (int i = 0; i < 500 && (running = metric_port(pg, "pdmoe_num_requests_running")) < 2; i++)
+        usleep(5000);
+    cr_assert_eq(running, 2, "the two requests did not run together");
+    pid_t r[2];
+    rank_pids(pg, r);
+    kill(r[1], SIGKILL);
+    static char streamed[1 << 20], answer[1 << 16];
+    size_t n = fread(streamed, 1, sizeof streamed - 1, stream);
+    streamed[n] = 0;
+    pclose(stream);
+    n = fread(answer, 1, sizeof answer - 1, plain);
+    answer[n] = 0;
+    pclose(plain);
+    int st;
+    cr_assert(wait_exit(group, 30, &st), "the group hung after rank 1 died");
+    group = 0;
+    cr_assert(!(WIFEXITED(st) && WEXITSTATUS(st) == 0), "the group exited 0 although rank 1 died");
+    /* the request: a 503 with a JSON error naming the failure, not an empty reply (HTTP 000) */
+    char *code = strstr(answer, "\nHTTP ");
+    cr_assert_not_null(code, "%s", answer);
+    cr_assert_eq(atoi(code + 6), 503, "%s", answer);
+    *code = 0;
+    json_t *j = parse(answer);
+    const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+    cr_assert(msg && strstr(msg, "a rank died or stopped"), "%s", answer);
+    json_decref(j);
+    /* the stream: its last events an error naming the failure, then [DONE] */
+    size_t len = strlen(streamed);
+    while (len && streamed[len - 1] == '\n')
+        streamed[--len] = 0;
+    cr_assert(len > 12 && !strcmp(streamed + len - 12, "data: [DONE]"), "the stream was cut: ...%s",
+              streamed + (len > 300 ? len - 300 : 0));
+    len -= 12;
+    streamed[len] = 0;
+    while (len && streamed[len - 1] == '\n')
+        streamed[--len] = 0;
+    char *last = strrchr(streamed, '\n');
+    last = last ? last + 1 : streamed;
+    cr_assert(!strncmp(last, "data: {\"error\"", 14) && strstr(last, "a rank died or stopped"), "%s", last);
+    cr_assert_eq(processes_on(pg), 0);
+}
+
 /* Runs a command line; its exit status and stderr. */
 static int run(const char *cmd, char *err, size_t cap)
 {
