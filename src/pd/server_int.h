@@ -363,6 +363,8 @@ void *pd_srv_kvx_loop(void *arg);
 void pd_srv_ep_on_signal(int sig);
 int pd_srv_seq_start_reserved(struct pd_engine *en, struct pd_seq *seq, int64_t prompt, int64_t total, pd_err *e);
 int pd_srv_ep_round(struct pd_server *s, pd_err *e);
+/* A sequence this rank owned is over: its KV and its speculative state go. */
+void pd_srv_ep_seq_end(struct pd_server *s, struct ep_seq *q);
 int pd_srv_ep_admit(struct pd_server *s, struct req *r);
 void pd_srv_ep_release(struct pd_server *s, struct req *r);
 int pd_srv_ep_lease(struct pd_server *s, struct req *r);
