@@ -141,13 +141,15 @@ int pd_srv_ep_open(struct pd_server *s, struct pd_engine_opts *eo, pd_err *e)
     g->rank = g->ep.rank;
     g->size = g->ep.size;
     eo->has_expert = g->ep.has_expert;
-    if (!eo->threads) {
-        int cores = (int)sysconf(_SC_NPROCESSORS_ONLN), local = 1;
-        MPI_Comm node;
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g->rank, MPI_INFO_NULL, &node);
-        MPI_Comm_size(node, &local);
+    MPI_Comm node;
+    g->local = 1;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g->rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+        MPI_Comm_size(node, &g->local);
         MPI_Comm_free(&node);
-        eo->threads = cores / local > 0 ? cores / local : 1;
+    }
+    if (!eo->threads) {
+        int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        eo->threads = cores / g->local > 0 ? cores / g->local : 1;
     }
     return 0;
 }

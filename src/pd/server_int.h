@@ -203,6 +203,7 @@ int64_t pd_srv_ep_stalled_ns(const struct pd_server *s);
 struct ep_group {
     struct pd_ep ep;
     int rank, size;
+    int local;                      /* ranks of the group on this host (this one included) */
     int ep_ready;
     _Atomic int64_t round_t0;       /* rank 0: when the round in flight began (pd_now_ns), 0 between */
     _Atomic int scheduler_done;     /* rank 0: the scheduler thread has ended (its last round returned) */

@@ -503,3 +503,23 @@ Test(careless, names_from_inputs_drive_no_terminal_and_break_no_output)
     cr_assert_str_eq(pd_launch_served_name("mini", sb, sizeof sb), "mini");
     cr_assert_str_eq(pd_launch_served_name("/a/b//", sb, sizeof sb), "b");
 }
+
+/* A KV pool past the memory left with the weights loaded is refused at start, naming the flag and
+ * where the figure comes from: it was allocated untouched and would have filled under load until
+ * the OOM killer ended the server. The pool asked for is this machine's MemTotal, which malloc
+ * grants (the kernel's default overcommit refuses only more than RAM and swap) and MemAvailable
+ * never reaches. */
+Test(careless, a_kv_pool_past_the_memory_left_is_refused_at_start)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    cr_assert_not_null(f);
+    long long kb = 0;
+    char line[256];
+    while (fgets(line, sizeof line, f) && sscanf(line, "MemTotal: %lld kB", &kb) != 1)
+        ;
+    fclose(f);
+    cr_assert_gt(kb, 0);
+    char args[256];
+    snprintf(args, sizeof args, "serve --model models/mini --port 0 --kv-cache-memory-bytes %lld", kb * 1024);
+    refused(args, "--kv-cache-memory-bytes: the KV pool of", "of memory left with the weights loaded (");
+}

@@ -1,0 +1,81 @@
+/* See mem.h. */
+#include "core/mem.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The first integer of file `path` (cgroup v2 writes "max" when there is no limit), or -1. */
+static int64_t file_int(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    char b[64] = {0};
+    const int ok = fgets(b, sizeof b, f) != NULL;
+    fclose(f);
+    char *end;
+    long long v = ok ? strtoll(b, &end, 10) : -1;
+    return ok && end != b && v >= 0 ? (int64_t)v : -1;
+}
+
+/* The room a memory cgroup leaves, of the one at `dir` (under its hierarchy's mount `root`) or of
+ * one above it, the least of them: limit less use, files `lim` and `use` in each directory.
+ * Lowers *avail and says so in `where`. A limit of 2^62 or more is cgroup v1's "none". */
+static void cgroup_room(const char *root, const char *dir, const char *lim, const char *use, int64_t *avail,
+                        char *where, int where_cap)
+{
+    char d[600], path[700];
+    snprintf(d, sizeof d, "%s%s", root, strcmp(dir, "/") ? dir : "");
+    for (;;) {
+        snprintf(path, sizeof path, "%s/%s", d, lim);
+        const int64_t max = file_int(path);
+        snprintf(path, sizeof path, "%s/%s", d, use);
+        const int64_t cur = file_int(path);
+        if (max >= 0 && max < ((int64_t)1 << 62) && cur >= 0) {
+            const int64_t room = max > cur ? max - cur : 0;
+            if (*avail < 0 || room < *avail) {
+                *avail = room;
+                snprintf(where, (size_t)where_cap, "the %s of cgroup %s less its %s", lim,
+                         d[strlen(root)] ? d + strlen(root) : "/", use);
+            }
+        }
+        char *slash = strrchr(d, '/');
+        if (!slash || (size_t)(slash - d) <= strlen(root))
+            break;
+        *slash = 0;
+    }
+}
+
+int64_t pd_mem_available(char *where, int where_cap)
+{
+    int64_t avail = -1;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[600];
+    while (f && fgets(line, sizeof line, f)) {
+        long long kb;
+        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1)
+            avail = (int64_t)kb * 1024;
+    }
+    if (f)
+        fclose(f);
+    if (avail >= 0)
+        snprintf(where, (size_t)where_cap, "MemAvailable in /proc/meminfo");
+    /* the cgroups this process is in: "0::/path" (v2), "N:memory:/path" (v1's memory controller) */
+    if (!(f = fopen("/proc/self/cgroup", "r")))
+        return avail;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (!c2)
+            continue;
+        *c1 = *c2 = 0;   /* line: the hierarchy's number, c1 + 1: its controllers, c2 + 1: the path */
+        if (!strcmp(line, "0") && c2 == c1 + 1)
+            cgroup_room("/sys/fs/cgroup", c2 + 1, "memory.max", "memory.current", &avail, where, where_cap);
+        else if (strstr(c1 + 1, "memory"))
+            cgroup_room("/sys/fs/cgroup/memory", c2 + 1, "memory.limit_in_bytes", "memory.usage_in_bytes", &avail,
+                        where, where_cap);
+    }
+    fclose(f);
+    return avail;
+}

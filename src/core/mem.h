@@ -1,0 +1,13 @@
+/* The memory this process can still take without swapping or meeting the OOM killer. */
+#ifndef PD_CORE_MEM_H
+#define PD_CORE_MEM_H
+
+#include <stdint.h>
+
+/* Bytes: the smaller of the kernel's MemAvailable (/proc/meminfo: free memory plus what it can
+ * reclaim without swapping) and, in a cgroup v2 with a memory limit (a container, a Kubernetes
+ * pod, a systemd slice), that limit less what the cgroup uses. -1 when neither can be read.
+ * `where` (at least 96 bytes) says which one bounded it. */
+int64_t pd_mem_available(char *where, int where_cap);
+
+#endif
