@@ -621,8 +621,11 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
                                 .kv_dtype = o->kv_dtype, .mtp = o->spec_k > 0};
     if (o->expert_parallel && (rc = pd_srv_ep_open(s, &eo, e)))
         goto fail;
-    if ((rc = pd_engine_open(&s->en, &eo, e)))
+    if ((rc = pd_engine_open(&s->en, &eo, e))) {
+        if (rc == PD_ENOMEM && strstr(e->msg, "KV pool"))   /* (the kernel refused it outright) */
+            pd_err_prefix(e, "%s: ", o->kv_cache_bytes ? "--kv-cache-memory-bytes" : "--max-num-seqs x --max-model-len");
         goto fail;
+    }
     if ((rc = pool_fits_memory(s, o, e)))
         goto fail;
     if ((rc = pd_tok_check_vocab(s->tok, s->en.model.vocab_size, path, e)) ||

@@ -522,4 +522,7 @@ Test(careless, a_kv_pool_past_the_memory_left_is_refused_at_start)
     char args[256];
     snprintf(args, sizeof args, "serve --model models/mini --port 0 --kv-cache-memory-bytes %lld", kb * 1024);
     refused(args, "--kv-cache-memory-bytes: the KV pool of", "of memory left with the weights loaded (");
+    /* four times the machine: the kernel refuses the allocation itself; the flag is named too */
+    snprintf(args, sizeof args, "serve --model models/mini --port 0 --kv-cache-memory-bytes %lld", 4 * kb * 1024);
+    refused(args, "--kv-cache-memory-bytes: ", "KV pool");
 }
