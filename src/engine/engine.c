@@ -1,6 +1,8 @@
 /* The V4 forward pass: embedding, mHC around each sublayer, the output head; the step loop.
  * Attention is in attention.c, the MoE in moe.c. Equations: shared/reference/
  * deepseek-v4-architecture.md; every step here names the one it implements. */
+#include "core/mem.h"
+#include "core/units.h"
 #include "engine/internal.h"
 #include "engine/prefix.h"
 #include "kernels/dot_gemm.h"
@@ -10,6 +12,7 @@
 
 #include <assert.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -31,6 +34,27 @@ void *pd_scratch(struct pd_engine *en, int slot, size_t bytes, pd_err *e)
         b->cap = cap;
     }
     return b->p;
+}
+
+/* The KV pool is allocated untouched and fills as requests come: a pool past the memory left once
+ * the weights are in would be taken page by page under load until the kernel's OOM killer ended
+ * the process, or swap slowed every step, hours later rather than at start (vLLM refuses a KV
+ * cache its device cannot hold at start too). Checked before the allocation, which the kernel
+ * may grant anyway (and a sanitizer's allocator aborts on). */
+static int pool_fits_memory(size_t bytes, int copies, pd_err *e)
+{
+    char where[160], a[32], b[32], c[32], each[64] = "";
+    const int64_t avail = copies > 0 ? pd_mem_available(where, sizeof where) : -1;
+    if (avail < 0 || (int64_t)bytes * copies <= avail)
+        return 0;
+    pd_units_fmt_g(a, sizeof a, (int64_t)bytes, PD_UNITS_GB, 2);
+    pd_units_fmt_g(b, sizeof b, avail, PD_UNITS_GB, 2);
+    pd_units_fmt_g(c, sizeof c, avail / copies, PD_UNITS_GB, 2);
+    if (copies > 1)
+        snprintf(each, sizeof each, " in each of the %d processes of this host", copies);
+    return pd_err_set(e, PD_ENOMEM, "the KV pool of %s%s is more than the %s of memory left with the weights loaded "
+                      "(%s): it would fill under load until the OOM killer ended the process; at most %s", a, each, b,
+                      where, c);
 }
 
 int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err *e)
@@ -96,7 +120,8 @@ int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err 
         bytes = (size_t)max_seqs * (slot + (size_t)(per_tok * (double)max_len) +
                                     (size_t)nl * 2 * (size_t)(2 * block) * eb);
     }
-    if ((rc = pd_kvpool_init_layers(&en->kv, m, nl, o->kv_dtype, max_seqs, bytes, block, e)))
+    if ((rc = pool_fits_memory(bytes, o->pool_copies, e)) ||
+        (rc = pd_kvpool_init_layers(&en->kv, m, nl, o->kv_dtype, max_seqs, bytes, block, e)))
         goto fail;
     int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads > 1 && (rc = pd_pool_create(threads, &en->pool, e)))

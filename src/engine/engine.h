@@ -74,6 +74,10 @@ struct pd_engine_opts {
     int threads;                    /* 0: one per core */
     int max_seqs;                   /* live sequences at once */
     int64_t kv_bytes;               /* KV pool size; 0: enough for max_seqs x max_model_len */
+    int pool_copies;                /* processes of this host holding such a pool (an EP group's
+                                     * ranks): the pools must fit the memory left once the weights
+                                     * are in, or the open fails (PD_ENOMEM, "KV pool ..."); 0: not
+                                     * checked */
     int64_t max_model_len;          /* 0: 4096 */
     int block_entries;              /* 0: 16 */
     enum pd_kv_dtype kv_dtype;      /* the KV cache's entries: PD_KV_BF16 (0, the default) or PD_KV_FP8 */

@@ -3,8 +3,6 @@
  * KV leases and pulls are server_kv.c, the HTTP side server_api.c (its /metrics
  * server_metrics.c), the shared state server_int.h. */
 #include "core/file.h"
-#include "core/mem.h"
-#include "core/units.h"
 #include "pd/server_int.h"
 
 #include <time.h>
@@ -552,34 +550,6 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     on_drain_tick(-1, 0, s);
 }
 
-/* The KV pool is allocated untouched, and fills as requests come: a pool past the memory left
- * once the weights are in (22 GB on a machine of 23 GB with 1 GB of weights started, and said
- * nothing) would be taken page by page under load until the kernel's OOM killer ended the
- * server, or swap slowed every step, hours later rather than at start. vLLM refuses a KV cache
- * its device cannot hold at start too. The ranks of an EP group on this host each have a pool;
- * the transfer engine's region (PD roles) replaces the pool's, with the draft's rows. */
-static int pool_fits_memory(struct pd_server *s, const struct pd_server_opts *o, pd_err *e)
-{
-    char where[160], a[32], b[32], c[32];
-    const int64_t avail = pd_mem_available(where, sizeof where);
-    const int ranks = s->g ? s->g->local : 1;
-    const int64_t pool = (int64_t)(s->en.kv.region_bytes + (o->role != PD_ROLE_BOTH ? pd_srv_spec_area_bytes(s) : 0));
-    if (avail < 0 || pool * ranks <= avail)
-        return 0;
-    pd_units_fmt_g(a, sizeof a, pool, PD_UNITS_GB, 2);
-    pd_units_fmt_g(b, sizeof b, avail, PD_UNITS_GB, 2);
-    pd_units_fmt_g(c, sizeof c, avail / ranks, PD_UNITS_GB, 2);
-    char ranks_s[64] = "";
-    if (ranks > 1)
-        snprintf(ranks_s, sizeof ranks_s, " on each of the %d ranks of this host", ranks);
-    return pd_err_set(e, PD_EINVAL, "%s: the KV pool of %s%s is more than the %s of memory left with the weights "
-                      "loaded (%s): it would fill under load until the OOM killer ended the server. Give a pool "
-                      "of at most %s%s", o->kv_cache_bytes ? "--kv-cache-memory-bytes" : "--max-num-seqs x "
-                      "--max-model-len", a, ranks_s, b, where, c,
-                      o->kv_cache_bytes ? "" : " (--kv-cache-memory-bytes, or fewer --max-num-seqs or a shorter "
-                                               "--max-model-len)");
-}
-
 int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_err *e)
 {
     struct pd_server *s = calloc(1, sizeof *s);
@@ -621,13 +591,12 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
                                 .kv_dtype = o->kv_dtype, .mtp = o->spec_k > 0};
     if (o->expert_parallel && (rc = pd_srv_ep_open(s, &eo, e)))
         goto fail;
+    eo.pool_copies = s->g ? s->g->local : 1;
     if ((rc = pd_engine_open(&s->en, &eo, e))) {
-        if (rc == PD_ENOMEM && strstr(e->msg, "KV pool"))   /* (the kernel refused it outright) */
+        if (rc == PD_ENOMEM && strstr(e->msg, "KV pool"))   /* too large for this host: what sized it */
             pd_err_prefix(e, "%s: ", o->kv_cache_bytes ? "--kv-cache-memory-bytes" : "--max-num-seqs x --max-model-len");
         goto fail;
     }
-    if ((rc = pool_fits_memory(s, o, e)))
-        goto fail;
     if ((rc = pd_tok_check_vocab(s->tok, s->en.model.vocab_size, path, e)) ||
         (rc = pd_tok_check_special(s->tok, s->en.model.bos_token_id, s->en.model.eos_token_id, path, e)))
         goto fail;

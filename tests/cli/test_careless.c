@@ -508,7 +508,7 @@ Test(careless, names_from_inputs_drive_no_terminal_and_break_no_output)
  * where the figure comes from: it was allocated untouched and would have filled under load until
  * the OOM killer ended the server. The pool asked for is this machine's MemTotal, which malloc
  * grants (the kernel's default overcommit refuses only more than RAM and swap) and MemAvailable
- * never reaches. */
+ * never reaches; it is checked before it is allocated. */
 Test(careless, a_kv_pool_past_the_memory_left_is_refused_at_start)
 {
     FILE *f = fopen("/proc/meminfo", "r");
@@ -522,7 +522,7 @@ Test(careless, a_kv_pool_past_the_memory_left_is_refused_at_start)
     char args[256];
     snprintf(args, sizeof args, "serve --model models/mini --port 0 --kv-cache-memory-bytes %lld", kb * 1024);
     refused(args, "--kv-cache-memory-bytes: the KV pool of", "of memory left with the weights loaded (");
-    /* four times the machine: the kernel refuses the allocation itself; the flag is named too */
+    /* four times the machine (which the kernel, or a sanitizer's allocator, would refuse outright) */
     snprintf(args, sizeof args, "serve --model models/mini --port 0 --kv-cache-memory-bytes %lld", 4 * kb * 1024);
     refused(args, "--kv-cache-memory-bytes: ", "KV pool");
 }
