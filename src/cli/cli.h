@@ -56,6 +56,11 @@ int pd_cli_api_key(const char *cmd, const char *flag, const char **key);
  * or put UCX in its debug mode for good (its handler of SIGHUP: a DEBUG line per request after). */
 void pd_cli_ignore_stray_signals(void);
 
+/* pdmoe serve's exit status when it refuses what it was given at start (a field, a file, a pool
+ * this host cannot hold): sysexits' EX_CONFIG. Starting it again as it is cannot help, so
+ * `pdmoe up` does not; a start that failed otherwise (a port still bound, 1) may. */
+#define PD_CLI_EXIT_CONFIG 78
+
 #define PD_CLI_MAX_OPTS 96
 struct pd_cli_seen {
     const char *value[PD_CLI_MAX_OPTS];   /* the value each option was given first */

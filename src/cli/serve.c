@@ -32,9 +32,10 @@ static int serve(const struct pd_server_opts *o, int64_t dp)
     }
     struct pd_server *s;
     pd_err e = {0};
-    if (pd_server_create(o, &s, &e)) {
+    int rc = pd_server_create(o, &s, &e);
+    if (rc) {
         fprintf(stderr, "pdmoe serve: %s\n", e.msg);
-        return 1;
+        return rc == PD_EINVAL || rc == PD_EFORMAT ? PD_CLI_EXIT_CONFIG : 1;
     }
     pd_st_catch_truncation();   /* (after UCX's handlers, installed by pd_server_create) */
     int rank = pd_server_rank(s);
@@ -45,7 +46,7 @@ static int serve(const struct pd_server_opts *o, int64_t dp)
         fprintf(stderr, "pdmoe serve: this decode instance pulls KV from whatever producer a request names (no "
                         "kv_producers in --kv-transfer-config), and a hostile producer can crash it (its KV "
                         "metadata directs this process's reads): let only the proxy reach its HTTP port\n");
-    int rc = pd_server_run(s, &e);
+    rc = pd_server_run(s, &e);
     if (rc) {
         fprintf(stderr, "pdmoe serve%s: %s\n", o->expert_parallel ? " (EP group)" : "", e.msg);
         if (o->expert_parallel)
@@ -358,9 +359,9 @@ int pd_cli_serve(int argc, char **argv)
     } else {
         rc = serve(&o, size);
     }
-    if (rc == 1) {
-        /* one rank failed: the others cannot step without it */
-        MPI_Abort(MPI_COMM_WORLD, 1);
+    if (rc == 1 || rc == PD_CLI_EXIT_CONFIG) {
+        /* one rank failed: the others cannot step without it (mpirun exits with rc) */
+        MPI_Abort(MPI_COMM_WORLD, rc);
     }
     MPI_Finalize();
     return rc;

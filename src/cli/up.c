@@ -18,7 +18,9 @@
 #include "engine/spec.h"
 #include "proxy/route.h"
 #include "core/timing.h"
+#include "core/mem.h"
 #include "core/net.h"
+#include "core/units.h"
 #include "engine/genmodel.h"
 #include "plan/launch.h"
 
@@ -61,6 +63,7 @@ struct child {
     const char *host;          /* where /health is asked: the proxy's --host; NULL: 127.0.0.1 */
     char **argv;               /* owned, NULL-terminated: what a restart runs again */
     int restarts;
+    int refused;               /* it last exited with PD_CLI_EXIT_CONFIG: it refused its flags */
     double started, backoff, restart_at, died_at;
     double answered;           /* when its /health last answered 200 since it started; 0: not yet */
     double next_probe;         /* when its /health is asked next (supervising) */
@@ -365,6 +368,34 @@ static int reachable(const struct pd_launch_inst *inst, int n)
     return bad;
 }
 
+/* --kv-cache-memory-bytes is each rank's pool, and every rank of every instance on this host holds
+ * one: 4 ranks of 10 GB started on a machine of 24 GB (each serve checks its own group's ranks
+ * only) and would have filled under load until the OOM killer came. 1, said, when they are more
+ * than the memory left now (before any weights are loaded). */
+static int pools_past_memory(const char *flag, const struct pd_launch_inst *inst, int n)
+{
+    int64_t pool;
+    if (pd_units_parse(flag, &pool))
+        return 0;   /* (serve names a bad value) */
+    int ranks = 0, np = 0, nd = 0;
+    for (int i = 0; i < n; i++)
+        for (int g = 0; g < inst[i].n_groups; g++)
+            if (!inst[i].group[g].host || pd_net_is_local(inst[i].group[g].host)) {
+                ranks += inst[i].group[g].ranks;
+                *(inst[i].role ? &nd : &np) += inst[i].group[g].ranks;
+            }
+    char where[160], a[32], b[32], c[32];
+    const int64_t avail = pd_mem_available(where, sizeof where);
+    if (avail < 0 || ranks < 2 || pool * ranks <= avail)
+        return 0;
+    fprintf(stderr, "pdmoe up: --kv-cache-memory-bytes %s: the %d ranks this host runs (%d prefill, %d decode) each "
+            "hold a KV pool of that size, %s in all, more than the %s of memory left (%s, before any weights "
+            "are loaded); give at most %s\n", flag, ranks, np, nd,
+            pd_units_fmt_g(a, sizeof a, pool * ranks, PD_UNITS_GB, 2), pd_units_fmt_g(b, sizeof b, avail, PD_UNITS_GB, 2),
+            where, pd_units_fmt_g(c, sizeof c, avail / ranks, PD_UNITS_GB, 2));
+    return 1;
+}
+
 /* 1 if something on this machine listens on `port` (any address): a listener's wildcard bind
  * fails then; SO_REUSEADDR, as the servers set it, lets a port with connections in TIME_WAIT by. */
 static int port_taken(int port)
@@ -446,6 +477,7 @@ static int reaped(struct child *c, char *how, size_t n)
     if (c->pid <= 0 || waitpid(c->pid, &status, WNOHANG) != c->pid)
         return 0;
     describe(status, how, n);
+    c->refused = WIFEXITED(status) && WEXITSTATUS(status) == PD_CLI_EXIT_CONFIG;
     return 1;
 }
 
@@ -782,6 +814,8 @@ int pd_cli_up(int argc, char **argv)
                                                      .group = {{.host = NULL, .ranks = ep[r]}},
                                                      .colocated = u.aggregated};
     }
+    if (!failed && kvbytes_flag && pools_past_memory(kvbytes_flag, inst, ni))
+        failed = 2;
     pd_err pe = {0};
     if (!failed && (pd_launch_ports(inst, ni, (int)port, &pe) || (nhosts && reachable(inst, ni)) ||
                     ports_wait(inst, ni, (int)port))) {
@@ -868,7 +902,14 @@ int pd_cli_up(int argc, char **argv)
         for (int i = 0; i < n; i++) {
             char how[96];
             if (reaped(&ch[i], how, sizeof how)) {
-                if (ch[i].restarts < START_TRIES - 1) {
+                if (ch[i].refused) {
+                    /* its configuration, which another start would refuse again: its message above */
+                    fprintf(stderr, "pdmoe up: the %s refused its configuration (its message is above; exit "
+                            "status %d): not starting it again\n", ch[i].what, PD_CLI_EXIT_CONFIG);
+                    ch[i].pid = 0;
+                    stopping = 1;
+                    rc = 1;
+                } else if (ch[i].restarts < START_TRIES - 1) {
                     /* a start can fail for a passing reason (two mpiruns starting at the same moment race
                      * for Open MPI's session directory); a bad flag fails every time */
                     fprintf(stderr, "pdmoe up: the %s %s before it was ready; starting it again\n", ch[i].what, how);

@@ -52,7 +52,7 @@ static int pool_fits_memory(size_t bytes, int copies, pd_err *e)
     pd_units_fmt_g(c, sizeof c, avail / copies, PD_UNITS_GB, 2);
     if (copies > 1)
         snprintf(each, sizeof each, " in each of the %d processes of this host", copies);
-    return pd_err_set(e, PD_ENOMEM, "the KV pool of %s%s is more than the %s of memory left with the weights loaded "
+    return pd_err_set(e, PD_EINVAL, "the KV pool of %s%s is more than the %s of memory left with the weights loaded "
                       "(%s): it would fill under load until the OOM killer ended the process; at most %s", a, each, b,
                       where, c);
 }

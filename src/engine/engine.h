@@ -76,7 +76,7 @@ struct pd_engine_opts {
     int64_t kv_bytes;               /* KV pool size; 0: enough for max_seqs x max_model_len */
     int pool_copies;                /* processes of this host holding such a pool (an EP group's
                                      * ranks): the pools must fit the memory left once the weights
-                                     * are in, or the open fails (PD_ENOMEM, "KV pool ..."); 0: not
+                                     * are in, or the open fails (PD_EINVAL, "KV pool ..."); 0: not
                                      * checked */
     int64_t max_model_len;          /* 0: 4096 */
     int block_entries;              /* 0: 16 */

@@ -593,7 +593,7 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
         goto fail;
     eo.pool_copies = s->g ? s->g->local : 1;
     if ((rc = pd_engine_open(&s->en, &eo, e))) {
-        if (rc == PD_ENOMEM && strstr(e->msg, "KV pool"))   /* too large for this host: what sized it */
+        if ((rc == PD_EINVAL || rc == PD_ENOMEM) && strstr(e->msg, "KV pool"))   /* too large here: what sized it */
             pd_err_prefix(e, "%s: ", o->kv_cache_bytes ? "--kv-cache-memory-bytes" : "--max-num-seqs x --max-model-len");
         goto fail;
     }

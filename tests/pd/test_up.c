@@ -1053,3 +1053,63 @@ Test(up, a_terminated_soak_stops_its_cluster)
     for (int p = port; p <= port + 3; p++)
         cr_assert_eq(processes_on(p), 0, "a process left on port %d", p);
 }
+
+/* pdmoe up's stderr and exit status for `args` (run under timeout 60: the code before kept a
+ * cluster it should have refused running). */
+static int up_run(const char *bin, const char *args, char *err, size_t cap)
+{
+    char cmd[1024];
+    mpi_test_env();
+    snprintf(cmd, sizeof cmd, "timeout 60 %s up --model %s %s 2>&1 >/dev/null", bin, dir, args);
+    FILE *p = popen(cmd, "r");
+    size_t n = fread(err, 1, cap - 1, p);
+    err[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int occurrences(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* An instance that refuses its configuration (pdmoe serve's exit status 78: a context past the
+ * model's positions here) is not started twice more: each start printed the same refusal, with
+ * an EP group's Open MPI banners, 78 lines in all. */
+Test(up, an_instance_that_refuses_its_configuration_is_not_started_again)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char err[16384], args[256];
+    const int port = 11000 + (getpid() % 300) * 3;
+    snprintf(args, sizeof args, "--port %d --max-model-len 100000000 --decode-ep 2", port);
+    cr_assert_eq(up_run(bin, args, err, sizeof err), 1, "%s", err);
+    cr_assert(strstr(err, "refused its configuration (its message is above; exit status 78): not starting it again"),
+              "%s", err);
+    cr_assert_null(strstr(err, "before it was ready; starting it again"), "%s", err);
+    cr_assert_leq(occurrences(err, "--max-model-len 100000000: more than"), 2, "%s", err);
+}
+
+/* --kv-cache-memory-bytes is each rank's pool: up refuses, before starting anything, pools that
+ * all its ranks on this host together could not hold (each serve counts its own group's ranks
+ * only: four ranks of 40% of the memory left each started). */
+Test(up, pools_that_the_host_cannot_hold_together_are_refused)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    FILE *f = fopen("/proc/meminfo", "r");
+    cr_assert_not_null(f);
+    long long kb = 0;
+    char line[256], err[16384], args[256];
+    while (fgets(line, sizeof line, f) && sscanf(line, "MemAvailable: %lld kB", &kb) != 1)
+        ;
+    fclose(f);
+    const int port = 11000 + (getpid() % 300) * 3;
+    snprintf(args, sizeof args, "--port %d --prefill-ep 2 --decode-ep 2 --kv-cache-memory-bytes %lld", port,
+             kb * 1024 * 4 / 10);
+    cr_assert_eq(up_run(bin, args, err, sizeof err), 2, "%s", err);
+    cr_assert(strstr(err, "the 4 ranks this host runs (2 prefill, 2 decode) each hold a KV pool of that size"), "%s",
+              err);
+    cr_assert_eq(processes_on(port + 1) + processes_on(port + 2), 0);
+}
