@@ -44,9 +44,8 @@ static void setup(void)
     tmp_model_agree("v4-tiny", 4, 0.7, dir, sizeof dir);
     snprintf(log_path, sizeof log_path, "%s/serve.log", dir);
     mpi_test_env();
-    /* ports base..base+7 (a producer's kv ports base+6 + rank): a range no other suite uses,
-     * below Linux's ephemeral ports */
-    base_port = 31000 + (getpid() % 200) * 8;
+    /* ports base..base+7 (a producer's kv ports base+6 + rank): a block no other test holds */
+    base_port = test_ports();
 }
 
 static void stop_pid(pid_t *p)

@@ -37,9 +37,8 @@ static void setup(void)
     tmp_model("v4-tiny", 17, dir, sizeof dir);
     snprintf(log_path, sizeof log_path, "%s/serve.log", dir);
     mpi_test_env();
-    /* ports base..base+4 (kv ports base+3 + rank), a range no other suite uses: Criterion runs
-     * suites side by side */
-    base_port = 21000 + (getpid() % 400) * 5;
+    /* ports base..base+4 (kv ports base+3 + rank), a block no other test holds (util.h) */
+    base_port = test_ports();
 }
 
 static int wait_exit(pid_t pid, double seconds, int *status)

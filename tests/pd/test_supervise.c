@@ -134,7 +134,7 @@ static int file_has(const char *path, const char *what)
 
 Test(supervise, a_killed_prefill_instance_is_restarted_and_costs_only_its_requests_and_so_is_the_proxy)
 {
-    const int port = 26000 + (getpid() % 300) * 3, P = port + 1;
+    const int port = test_ports(), P = port + 1;
     start_up(port, NULL);
     pid_t victim = pid_on("serve", P);
     cr_assert_gt(victim, 0, "no process with --port %d", P);
@@ -193,7 +193,7 @@ Test(supervise, a_killed_prefill_instance_is_restarted_and_costs_only_its_reques
 
 Test(supervise, ctrl_c_ends_live_streams_with_an_error_and_done)
 {
-    const int port = 27900 + (getpid() % 300) * 3;   /* kv port + 100: clear of the test above */
+    const int port = test_ports();
     start_up(port, NULL);
     FILE *l = load(port, 6, "stream", 900);
     /* every stream has begun */
@@ -227,7 +227,7 @@ Test(supervise, ctrl_c_ends_live_streams_with_an_error_and_done)
  * --kv-lease-ms reaches the prefill instance. */
 Test(supervise, api_key_protects_the_proxy_and_every_instance_and_the_lease_is_set)
 {
-    const int port = 28900 + (getpid() % 300) * 3;   /* its kv port + 100: clear of the tests above */
+    const int port = test_ports();
     const char *flags[] = {"--api-key", "s3cret-key", "--kv-lease-ms", "800", NULL};
     start_up(port, flags);
     char out[8192];
@@ -274,7 +274,7 @@ Test(supervise, api_key_protects_the_proxy_and_every_instance_and_the_lease_is_s
  * cluster serves again; the restarts are counted as deaths are. */
 Test(supervise, a_stopped_instance_and_a_stopped_proxy_are_killed_and_started_again)
 {
-    const int port = 29900 + (getpid() % 300) * 3;   /* its kv port + 100: clear of the tests above */
+    const int port = test_ports();
     const char *flags[] = {"--liveness-timeout", "2", NULL};
     start_up(port, flags);
     char body[256], out[8192], err[128];
@@ -338,7 +338,7 @@ static pid_t rank0_on(int port)
  * the SIGKILLed mpirun left its ranks' shared-memory segments in /dev/shm at every such restart. */
 Test(supervise, a_silent_ep_group_is_stopped_without_leaving_its_shared_memory)
 {
-    const int port = 30950 + (getpid() % 10) * 3;   /* kv ports + 100, 110: clear of the tests above */
+    const int port = test_ports();
     const char *flags[] = {"--liveness-timeout", "2", "--decode-ep", "2", NULL};
     start_up(port, flags);
     const int D = port + 2;

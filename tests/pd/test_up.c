@@ -141,7 +141,7 @@ static void stop_up(pid_t up, int port)
 Test(up, a_closed_log_pipe_does_not_take_the_cluster_down)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    const int port = 16000 + (getpid() % 300) * 3;   /* (clear of tests/pd's other ranges) */
+    const int port = test_ports();
     char out[256];
     snprintf(out, sizeof out, "%s/up.out", dir);
     int fds[2];
@@ -183,7 +183,7 @@ Test(up, a_closed_log_pipe_does_not_take_the_cluster_down)
 Test(up, a_killed_mpirun_is_started_again_once)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    const int port = 14800 + (getpid() % 300) * 3;   /* kv ports up to port + 110: clear of the other ranges */
+    const int port = test_ports();
     pid_t up = start_up(bin, port, 2);
     char cmd[200];
     /* the ranks' shared memory, which a SIGKILLed mpirun leaves: removed once the group is back */
@@ -221,7 +221,7 @@ Test(up, a_killed_mpirun_is_started_again_once)
 Test(up, cluster_matches_colocated_and_stops_cleanly)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    const int port = 18500 + (getpid() % 300) * 3;
+    const int port = test_ports();
     pid_t up = start_up(bin, port, 1);
     char a[8192];
     const char *name = strrchr(dir, '/') + 1;
@@ -250,7 +250,7 @@ Test(up, cluster_matches_colocated_and_stops_cleanly)
 Test(up, ep_groups_on_both_sides_match_colocated_and_free_every_rank)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    const int port = 23200 + (getpid() % 300) * 3;   /* kv ports up to port + 110: clear of tests/pd's other ranges */
+    const int port = test_ports();
     pid_t up = start_up(bin, port, 2);
     const char *name = strrchr(dir, '/') + 1;
     const char *prompts[] = {"The quick brown fox", "Once upon a time, in a small town by the sea", "x",
@@ -327,7 +327,7 @@ Test(up, ep_sizes_this_machine_cannot_run_are_refused)
 Test(up, ports_in_use_are_refused_by_name_before_anything_starts)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    const int port = 17900 + (getpid() % 300) * 3;
+    const int port = test_ports();
     int l[2];
     for (int i = 0; i < 2; i++) {
         l[i] = socket(AF_INET, SOCK_STREAM, 0);
@@ -367,7 +367,7 @@ static void *close_after(void *arg)
 Test(up, ports_freed_within_seconds_are_waited_for)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    const int port = 13550 + (getpid() % 300) * 3;   /* 13550-14550 (kv + 100): clear of the other tests */
+    const int port = test_ports();
     int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + 1))};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -398,7 +398,7 @@ static int shm_files(const char *prefix)
 Test(up, a_stopped_child_is_continued_to_stop_and_leaves_no_shared_memory)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    const int port = 18800 + (getpid() % 300) * 3;
+    const int port = test_ports();
     int shm0 = shm_files("vader_segment");
     pid_t up = start_up(bin, port, 2);
     char cmd[160];
@@ -446,7 +446,7 @@ static int up_dir_of(pid_t pid, char *out, size_t cap)
 Test(up, a_killed_up_leaves_no_process_and_its_directory_is_swept_next_time)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    const int port = 25300 + (getpid() % 300) * 3;
+    const int port = test_ports();
     pid_t up = start_up(bin, port, 1);
     char stale[256], live[] = "/tmp/pdmoe-up-testXXXXXX", pidfile[300];
     cr_assert_eq(up_dir_of(up, stale, sizeof stale), 0, "pdmoe up %d wrote no /tmp/pdmoe-up-*/pid", (int)up);
@@ -503,7 +503,7 @@ static void time_wait_on(int port)
 Test(up, a_new_cluster_binds_the_kv_port_the_last_one_left_in_time_wait)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    const int port = 17000 + (getpid() % 300) * 3;
+    const int port = test_ports();
     time_wait_on(port + 100);   /* prefill instance 0's kv_port */
     pid_t up = start_up(bin, port, 1);
     char a[8192];
@@ -576,7 +576,7 @@ Test(up, plan_sizes_the_instances_and_their_kv_pools)
                                                      "kv_pool_bytes"));
     json_decref(doc);
     cr_assert(pool[0] > 100000000 && pool[1] > 100000000, "pools %lld %lld", (long long)pool[0], (long long)pool[1]);
-    const int port = 24500 + (getpid() % 300) * 3;
+    const int port = test_ports();
     pid_t up = start_up_plan(bin, port, 1, plan);
     for (int r = 0; r < 2; r++) {
         int64_t got = metric_key(port + 1 + r, "pdmoe_kv_pool_bytes");
@@ -623,7 +623,7 @@ Test(up, a_pool_smaller_than_max_num_seqs_launches_what_it_holds)
     json_decref(doc);
     cr_assert(fit >= 1 && fit < 8 && launched == fit, "prefill: %lld fit, %lld launched", (long long)fit,
               (long long)launched);
-    const int port = 11000 + (getpid() % 300) * 3;   /* kv ports + 100: clear of the other ranges, below the ephemeral ports */
+    const int port = test_ports();
     pid_t up = start_up_plan(bin, port, 1, plan);
     cr_assert_eq(metric_key(port + 1, "pdmoe_kv_slots_free"), fit);
     cr_assert_eq(metric_key(port + 2, "pdmoe_kv_slots_free"), 8);
@@ -668,7 +668,7 @@ Test(up, an_aggregated_plan_starts_colocated_instances_and_bad_plans_are_named)
     int64_t pool = json_integer_value(json_object_get(
         json_object_get(json_array_get(json_object_get(doc, "roles"), 1), "budget"), "kv_pool_bytes"));
     json_decref(doc);
-    const int port = 24900 + (getpid() % 300) * 3;
+    const int port = test_ports();
     pid_t up = start_up_plan(bin, port, 1, plan);
     char a[8192];
     cr_assert_eq(curl_port(port, "/readiness", NULL, NULL, a, sizeof a), 200, "%s", a);
@@ -722,7 +722,7 @@ Test(up, an_aggregated_plan_starts_colocated_instances_and_bad_plans_are_named)
 Test(up, engine_flags_reach_every_instance)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    const int port = 26300 + (getpid() % 300) * 3;
+    const int port = test_ports();
     char out[256], sp[16];
     snprintf(out, sizeof out, "%s/up.out", dir);
     snprintf(sp, sizeof sp, "%d", port);
@@ -851,13 +851,13 @@ static void speculative_up(int port, int ep)
 
 Test(up, speculative_config_reaches_every_instance_and_keeps_the_ids)
 {
-    speculative_up(30000 + (getpid() % 300) * 3, 1);   /* its kv port + 100: clear of the ranges above */
+    speculative_up(test_ports(), 1);
 }
 
 /* The seed's decode shape: EP groups with MTP (kv ports up to port + 110, clear of the ranges above) */
 Test(up, speculative_config_with_ep_groups_keeps_the_ids)
 {
-    speculative_up(19500 + (getpid() % 300) * 3, 2);
+    speculative_up(test_ports(), 2);
 }
 
 /* A stream of up to 16,000 tokens through port, its SSE text in `file`: a popen'ed curl (read it
@@ -896,7 +896,7 @@ Test(up, a_shutdown_timeout_lets_the_streams_in_flight_finish)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
     tmp_model_positions(dir, 16384);
-    const int port = 27200 + (getpid() % 300) * 3;
+    const int port = test_ports();
     char out[256], sp[16], sse[256];
     snprintf(out, sizeof out, "%s/up.out", dir);
     snprintf(sse, sizeof sse, "%s/stream.sse", dir);
@@ -942,7 +942,7 @@ Test(up, serve_drains_until_its_shutdown_timeout_or_a_second_signal)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
     tmp_model_positions(dir, 16384);
-    const int port = 27800 + (getpid() % 300);
+    const int port = test_ports();
     char sp[16], sse[256];
     snprintf(sp, sizeof sp, "%d", port);
     snprintf(sse, sizeof sse, "%s/stream.sse", dir);
@@ -1001,7 +1001,7 @@ static pid_t run_to(const char *out, int err, const char *const *argv)
 Test(up, a_sharded_checkpoint_is_started)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    const int port = 19900 + (getpid() % 300) * 3;   /* kv ports up to port + 100: clear of the ranges above */
+    const int port = test_ports();
     char rel[64], out[256], cmd[512];
     snprintf(rel, sizeof rel, "/tmp/pdmoe-up-shards-XXXXXX");
     cr_assert_not_null(mkdtemp(rel));
@@ -1029,7 +1029,7 @@ Test(up, a_sharded_checkpoint_is_started)
 Test(up, a_terminated_soak_stops_its_cluster)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    const int port = 13100 + (getpid() % 100) * 4;   /* ports port..port+3, kv port + 100: below the ranges above */
+    const int port = test_ports();
     char out[256];
     snprintf(out, sizeof out, "%s/soak.out", dir);
     char sp[16];
@@ -1083,7 +1083,7 @@ Test(up, an_instance_that_refuses_its_configuration_is_not_started_again)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
     char err[16384], args[256];
-    const int port = 11000 + (getpid() % 300) * 3;
+    const int port = test_ports();
     snprintf(args, sizeof args, "--port %d --max-model-len 100000000 --decode-ep 2", port);
     cr_assert_eq(up_run(bin, args, err, sizeof err), 1, "%s", err);
     cr_assert(strstr(err, "refused its configuration (its message is above; exit status 78): not starting it again"),
@@ -1105,7 +1105,7 @@ Test(up, pools_that_the_host_cannot_hold_together_are_refused)
     while (fgets(line, sizeof line, f) && sscanf(line, "MemAvailable: %lld kB", &kb) != 1)
         ;
     fclose(f);
-    const int port = 11000 + (getpid() % 300) * 3;
+    const int port = test_ports();
     snprintf(args, sizeof args, "--port %d --prefill-ep 2 --decode-ep 2 --kv-cache-memory-bytes %lld", port,
              kb * 1024 * 4 / 10);
     cr_assert_eq(up_run(bin, args, err, sizeof err), 2, "%s", err);

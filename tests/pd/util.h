@@ -12,6 +12,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <fcntl.h>
+#include <sys/file.h>
 
 #include "model/tokenizer.h"
 #include "pd/server.h"
@@ -27,6 +29,51 @@ static inline int free_port(void)
     cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &n), 0);
     close(fd);
     return ntohs(a.sin_port);
+}
+
+/* Whether something listens on 127.0.0.1 or the wildcard at `port` (a bind there fails). */
+static inline int port_busy(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_ANY)};
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);   /* (as the servers bind) */
+    int busy = bind(fd, (struct sockaddr *)&a, sizeof a) != 0;
+    close(fd);
+    return busy;
+}
+
+/* The first of PD_TEST_PORTS ports between 11000 and 32000 (below Linux's ephemeral ports) that no
+ * other test process holds and nothing listens on now, for the fixed ports of this test's servers
+ * (kv ports up to 110 past it). Each test computed its own from its pid in ranges that overlapped:
+ * two tests on the two workers once took the same ports, and one's requests went to the other's
+ * server as it shut down (a 503 "the server is shutting down" in CI). The block is locked with
+ * flock on /tmp/pdmoe-test-ports.FIRST, held until this process (one test) ends. */
+#define PD_TEST_PORTS 160
+static inline int test_ports(void)
+{
+    static int base;
+    if (base)
+        return base;
+    const int blocks = (32000 - 11000) / PD_TEST_PORTS;
+    for (int i = 0; i < blocks; i++) {
+        const int b = 11000 + (int)(((unsigned)getpid() + (unsigned)i) % (unsigned)blocks) * PD_TEST_PORTS;
+        char path[64];
+        snprintf(path, sizeof path, "/tmp/pdmoe-test-ports.%d", b);
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+        if (fd < 0)
+            continue;
+        int busy = flock(fd, LOCK_EX | LOCK_NB) != 0;
+        for (int p = b; p < b + PD_TEST_PORTS && !busy; p++)
+            busy = port_busy(p);
+        if (busy) {
+            close(fd);
+            continue;
+        }
+        return base = b;   /* (fd stays open: the lock holds until this process ends) */
+    }
+    cr_assert_fail("no block of %d free test ports between 11000 and 32000", PD_TEST_PORTS);
+    return 0;
 }
 
 /* Thread bodies: a server's or a proxy's event loop until it is stopped. */
