@@ -384,15 +384,12 @@ static int pools_past_memory(const char *flag, const struct pd_launch_inst *inst
                 ranks += inst[i].group[g].ranks;
                 *(inst[i].role ? &nd : &np) += inst[i].group[g].ranks;
             }
-    char where[160], a[32], b[32], c[32];
-    const int64_t avail = pd_mem_available(where, sizeof where);
-    if (avail < 0 || ranks < 2 || pool * ranks <= avail)
+    struct pd_mem_short m;
+    if (ranks < 2 || pd_mem_fits(pool, ranks, &m))
         return 0;
     fprintf(stderr, "pdmoe up: --kv-cache-memory-bytes %s: the %d ranks this host runs (%d prefill, %d decode) each "
             "hold a KV pool of that size, %s in all, more than the %s of memory left (%s, before any weights "
-            "are loaded); give at most %s\n", flag, ranks, np, nd,
-            pd_units_fmt_g(a, sizeof a, pool * ranks, PD_UNITS_GB, 2), pd_units_fmt_g(b, sizeof b, avail, PD_UNITS_GB, 2),
-            where, pd_units_fmt_g(c, sizeof c, avail / ranks, PD_UNITS_GB, 2));
+            "are loaded); give at most %s\n", flag, ranks, np, nd, m.all, m.left, m.where, m.each_max);
     return 1;
 }
 

@@ -1,5 +1,6 @@
 /* See mem.h. */
 #include "core/mem.h"
+#include "core/units.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,4 +79,15 @@ int64_t pd_mem_available(char *where, int where_cap)
     }
     fclose(f);
     return avail;
+}
+
+int pd_mem_fits(int64_t each, int copies, struct pd_mem_short *s)
+{
+    const int64_t avail = pd_mem_available(s->where, sizeof s->where);
+    if (avail < 0 || copies < 1 || each * copies <= avail)
+        return 1;
+    pd_units_fmt_g(s->all, sizeof s->all, each * copies, PD_UNITS_GB, 2);
+    pd_units_fmt_g(s->left, sizeof s->left, avail, PD_UNITS_GB, 2);
+    pd_units_fmt_g(s->each_max, sizeof s->each_max, avail / copies, PD_UNITS_GB, 2);
+    return 0;
 }

@@ -10,4 +10,12 @@
  * `where` (at least 96 bytes) says which one bounded it. */
 int64_t pd_mem_available(char *where, int where_cap);
 
+/* Whether `copies` allocations of `each` bytes fit the memory left (pd_mem_available): 1 when they
+ * do, or when it cannot be read; 0 when they do not, with the figures a refusal gives in GB (all
+ * of them, the memory left, the most each may have) and where the memory left comes from. */
+struct pd_mem_short {
+    char all[32], left[32], each_max[32], where[160];
+};
+int pd_mem_fits(int64_t each, int copies, struct pd_mem_short *s);
+
 #endif

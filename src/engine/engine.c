@@ -43,18 +43,16 @@ void *pd_scratch(struct pd_engine *en, int slot, size_t bytes, pd_err *e)
  * may grant anyway (and a sanitizer's allocator aborts on). */
 static int pool_fits_memory(size_t bytes, int copies, pd_err *e)
 {
-    char where[160], a[32], b[32], c[32], each[64] = "";
-    const int64_t avail = copies > 0 ? pd_mem_available(where, sizeof where) : -1;
-    if (avail < 0 || (int64_t)bytes * copies <= avail)
+    struct pd_mem_short m;
+    if (copies < 1 || pd_mem_fits((int64_t)bytes, copies, &m))
         return 0;
+    char a[32], each[64] = "";
     pd_units_fmt_g(a, sizeof a, (int64_t)bytes, PD_UNITS_GB, 2);
-    pd_units_fmt_g(b, sizeof b, avail, PD_UNITS_GB, 2);
-    pd_units_fmt_g(c, sizeof c, avail / copies, PD_UNITS_GB, 2);
     if (copies > 1)
         snprintf(each, sizeof each, " in each of the %d processes of this host", copies);
     return pd_err_set(e, PD_EINVAL, "the KV pool of %s%s is more than the %s of memory left with the weights loaded "
-                      "(%s): it would fill under load until the OOM killer ended the process; at most %s", a, each, b,
-                      where, c);
+                      "(%s): it would fill under load until the OOM killer ended the process; at most %s", a, each,
+                      m.left, m.where, m.each_max);
 }
 
 int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err *e)
