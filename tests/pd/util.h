@@ -31,20 +31,21 @@ static inline int free_port(void)
     return ntohs(a.sin_port);
 }
 
-/* Whether something listens on 127.0.0.1 or the wildcard at `port` (a bind there fails). */
+/* Whether any socket is left on `port`, a listener or a connection in TIME_WAIT: a bind there
+ * without SO_REUSEADDR fails. (The tests' own listeners bind without it: a block a test had just
+ * left, its connections in TIME_WAIT, once failed the next test's bind.) */
 static inline int port_busy(int port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_ANY)};
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);   /* (as the servers bind) */
     int busy = bind(fd, (struct sockaddr *)&a, sizeof a) != 0;
     close(fd);
     return busy;
 }
 
 /* The first of PD_TEST_PORTS ports between 11000 and 32000 (below Linux's ephemeral ports) that no
- * other test process holds and nothing listens on now, for the fixed ports of this test's servers
+ * other test process holds and no socket uses now, for the fixed ports of this test's servers
  * (kv ports up to 110 past it). Each test computed its own from its pid in ranges that overlapped:
  * two tests on the two workers once took the same ports, and one's requests went to the other's
  * server as it shut down (a 503 "the server is shutting down" in CI). The block is locked with
