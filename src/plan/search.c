@@ -387,7 +387,11 @@ int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e
         po.max_num_seqs = l->batch;   /* the slots: pd_perf_agg runs the batch its chunks feed */
         if ((rc = pd_plan_build(&po, &s->plan, e)) || (rc = pd_perf_eval(&s->plan, &o->w, &s->perf, e)))
             goto out;
-    } else if (!s->chose_agg && pick >= 0) {
+    }
+    if (pick >= 0) {
+        /* the best disaggregated layout's pools as its plan has them, whichever kind wins (the
+         * report and JSON show it either way): the roles were costed at the base --max-num-seqs,
+         * the plan (and --emit) give both the batch, and the logits rows of a prefill step follow it */
         const struct pd_layout *l = &s->l[pick];
         struct pd_plan_opts po = base;
         po.role[0] = l->role[0];
@@ -395,12 +399,16 @@ int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e
         po.max_num_seqs = l->batch;
         struct pd_workload w = o->w;
         w.decode_batch = l->batch;
-        if ((rc = pd_plan_build(&po, &s->plan, e)) || (rc = pd_perf_eval(&s->plan, &w, &s->perf, e)))
+        struct pd_plan dp;
+        struct pd_plan *pp = s->chose_agg ? &dp : &s->plan;
+        if ((rc = pd_plan_build(&po, pp, e)))
             goto out;
-        /* its pools as its plan has them: the roles were costed at the base --max-num-seqs, the
-         * plan (and --emit) give both the batch, and the logits rows of a prefill step follow it */
         for (int r = 0; r < 2; r++)
-            s->l[pick].kv_pool[r] = s->plan.role[r].b.kv_pool;
+            s->l[pick].kv_pool[r] = pp->role[r].b.kv_pool;
+        if (s->chose_agg)
+            pd_plan_free(&dp);
+        else if ((rc = pd_perf_eval(&s->plan, &w, &s->perf, e)))
+            goto out;
     }
 out:
     free(pc.c);

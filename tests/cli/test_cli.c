@@ -355,33 +355,40 @@ Test(cli, predicted_batch_is_the_emitted_max_num_seqs)
 
 /* The layout search recommends has the KV pools its plan has: the roles were costed at the base
  * --max-num-seqs, the recommended plan at its batch (the prefill pool differed by its logits rows:
- * 12.53 GB against the plan's 12.51 for the same cards). */
+ * 12.53 GB against the plan's 12.51 for the same cards). Its best disaggregated layout is shown
+ * whichever kind wins; when an aggregated layout won, that layout's pools were the costing's. */
 Test(cli, search_best_pools_are_its_plans)
 {
-    json_t *j = run_json("search --cards 64 --isl 4096 --osl 1024 --ttft-ms 2000 --tpot-ms 50 --json");
-    json_t *best = json_object_get(j, "best"), *roles = json_object_get(best, "roles");
-    char args[512];
-    json_t *rp = json_array_get(roles, 0), *rd = json_array_get(roles, 1);
-    snprintf(args, sizeof args, "plan --prefill dp=%lld,tp=%lld,instances=%lld,redundant=%lld --decode "
-             "dp=%lld,tp=%lld,instances=%lld,redundant=%lld --max-num-seqs %lld --json",
-             (long long)json_integer_value(json_object_get(rp, "dp")), (long long)json_integer_value(json_object_get(rp, "tp")),
-             (long long)json_integer_value(json_object_get(rp, "instances")),
-             (long long)json_integer_value(json_object_get(rp, "redundant")),
-             (long long)json_integer_value(json_object_get(rd, "dp")), (long long)json_integer_value(json_object_get(rd, "tp")),
-             (long long)json_integer_value(json_object_get(rd, "instances")),
-             (long long)json_integer_value(json_object_get(rd, "redundant")),
-             (long long)json_integer_value(json_object_get(best, "batch")));
-    json_int_t pools[2] = {json_integer_value(json_object_get(rp, "kv_pool_bytes")),
-                           json_integer_value(json_object_get(rd, "kv_pool_bytes"))};
-    json_decref(j);
-    j = run_json(args);
-    for (int k = 0; k < 2; k++) {
-        json_int_t plan_pool = json_integer_value(json_object_get(
-            json_object_get(json_array_get(json_object_get(j, "roles"), (size_t)k), "budget"), "kv_pool_bytes"));
-        cr_assert_eq(pools[k], plan_pool, "%s: role %d, search %lld, plan %lld", args, k, (long long)pools[k],
-                     (long long)plan_pool);
+    const char *layouts[] = {"disaggregated", "aggregated"};
+    for (int i = 0; i < 2; i++) {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "search --cards 64 --isl 4096 --osl 1024 --ttft-ms 2000 --tpot-ms 50 --layout %s --json",
+                 layouts[i]);
+        json_t *j = run_json(cmd);
+        json_t *best = json_object_get(j, "best"), *roles = json_object_get(best, "roles");
+        char args[512];
+        json_t *rp = json_array_get(roles, 0), *rd = json_array_get(roles, 1);
+        snprintf(args, sizeof args, "plan --prefill dp=%lld,tp=%lld,instances=%lld,redundant=%lld --decode "
+                 "dp=%lld,tp=%lld,instances=%lld,redundant=%lld --max-num-seqs %lld --json",
+                 (long long)json_integer_value(json_object_get(rp, "dp")), (long long)json_integer_value(json_object_get(rp, "tp")),
+                 (long long)json_integer_value(json_object_get(rp, "instances")),
+                 (long long)json_integer_value(json_object_get(rp, "redundant")),
+                 (long long)json_integer_value(json_object_get(rd, "dp")), (long long)json_integer_value(json_object_get(rd, "tp")),
+                 (long long)json_integer_value(json_object_get(rd, "instances")),
+                 (long long)json_integer_value(json_object_get(rd, "redundant")),
+                 (long long)json_integer_value(json_object_get(best, "batch")));
+        json_int_t pools[2] = {json_integer_value(json_object_get(rp, "kv_pool_bytes")),
+                               json_integer_value(json_object_get(rd, "kv_pool_bytes"))};
+        json_decref(j);
+        j = run_json(args);
+        for (int k = 0; k < 2; k++) {
+            json_int_t plan_pool = json_integer_value(json_object_get(
+                json_object_get(json_array_get(json_object_get(j, "roles"), (size_t)k), "budget"), "kv_pool_bytes"));
+            cr_assert_eq(pools[k], plan_pool, "%s, then %s: role %d, search %lld, plan %lld", cmd, args, k,
+                         (long long)pools[k], (long long)plan_pool);
+        }
+        json_decref(j);
     }
-    json_decref(j);
 }
 
 /* FP8 weights on cards without FP8 units: plan and search say so before their figures (they
