@@ -217,8 +217,10 @@ int pd_cli_model_flag(const char *name, const char *val, struct pd_plan_opts *o,
     } else if (strcmp(name, "quant-override") == 0) {
         o->quant_override = val;
     } else if (strcmp(name, "kv-cache-dtype") == 0) {
-        if (pd_kv_parse_dtype(val, &o->kv_dtype)) {
-            fprintf(stderr, "pdmoe: --kv-cache-dtype %s: expected fp8 or bf16\n", val);
+        if (strcmp(val, "auto") == 0) {
+            o->kv_dtype = PD_KV_AUTO;
+        } else if (pd_kv_parse_dtype(val, &o->kv_dtype)) {
+            fprintf(stderr, "pdmoe: --kv-cache-dtype %s: expected fp8, bf16 or auto\n", val);
             return -1;
         }
     } else if (strcmp(name, "expert-stats") == 0) {

@@ -31,6 +31,20 @@ void pd_emit_opts_default(struct pd_emit_opts *o)
 
 static const char *const target_names[] = {"vllm-ascend", "sglang", "pdmoe"};   /* by enum pd_emit_target */
 
+/* An fp8 KV cache on cards without FP8 (Ascend 910B/910C) is not what either stack would run:
+ * vllm-ascend keeps the cache in bf16 there whatever --kv-cache-dtype says (plan.c,
+ * pd_plan_kv_dtype_default), so a script sized on fp8 entries would promise sequences that do
+ * not fit. */
+static int check_kv_dtype(const struct pd_plan *p, enum pd_emit_target t, pd_err *e)
+{
+    if (p->kv.dtype != PD_KV_FP8 || p->hw.fp8_flops > 0 || p->kv.flat_per_token > 0)
+        return 0;
+    return pd_err_set(e, PD_EINVAL, "--emit %s: --kv-cache-dtype fp8 on %s cards, which have no FP8 type: the KV cache "
+                      "is bf16 there (vllm-ascend makes it so whatever --kv-cache-dtype says; SGLang's Ascend runs use "
+                      "bf16), so pools and batches sized on fp8 entries would not hold; plan with --kv-cache-dtype bf16 "
+                      "(the default on these cards)", target_names[t], p->hw.card_name);
+}
+
 int pd_emit_target_parse(const char *name, enum pd_emit_target *t, pd_err *e)
 {
     for (int i = 0; name && i < 3; i++)
@@ -295,9 +309,10 @@ static const char *shortest(char *buf, size_t n, double x)
 void pd_emit_seqs_note(FILE *f, const struct pd_plan *p, enum pd_role r, int64_t n)
 {
     if (n < p->o.max_num_seqs)
-        fprintf(f, "# %lld sequences per data-parallel rank, not the plan's --max-num-seqs %lld: %lld of max-model-len\n"
-                   "# %lld fit this %s card's KV pool (pdmoe plan: \"sequences of max-model-len that fit\")\n",
-                (long long)n, (long long)p->o.max_num_seqs, (long long)n, (long long)p->o.max_model_len, pd_role_name(r));
+        fprintf(f, "# %lld %s per data-parallel rank, not the plan's --max-num-seqs %lld: %lld of max-model-len\n"
+                   "# %lld %s this %s card's KV pool (pdmoe plan: \"sequences of max-model-len that fit\")\n",
+                (long long)n, n == 1 ? "sequence" : "sequences", (long long)p->o.max_num_seqs, (long long)n,
+                (long long)p->o.max_model_len, n == 1 ? "fits" : "fit", pd_role_name(r));
 }
 
 /* vllm-ascend: one `vllm serve` per instance and node in vLLM's internal load-balancing mode
@@ -685,7 +700,7 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
     size_t len = 0;
     FILE *f = NULL;
     if (pd_emit_layout(&c, e) || check_ports(&c, t, e) || check_redundant(p, e) || pd_emit_check_fits(p, e) ||
-        pd_plan_formats_servable(p, e))
+        pd_plan_formats_servable(p, e) || check_kv_dtype(p, t, e))
         goto done;
     /* vllm-ascend's Mooncake connectors (MooncakeConnectorWorker, in mooncake_connector.py and
      * mooncake_hybrid_connector.py) raise at start when the prefill's tensor-parallel size is

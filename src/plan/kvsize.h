@@ -21,7 +21,9 @@
 #include "core/err.h"
 #include "model/config.h"
 
-enum pd_kv_dtype { PD_KV_BF16 = 0, PD_KV_FP8 = 1 };
+/* PD_KV_AUTO is for plan options only (pd_plan_opts.kv_dtype: the stacks' default, resolved by
+ * pd_plan_build); a KV size or a pool has one of the others. */
+enum pd_kv_dtype { PD_KV_AUTO = -1, PD_KV_BF16 = 0, PD_KV_FP8 = 1 };
 
 enum pd_kv_kind { PD_KV_MLA, PD_KV_WINDOW, PD_KV_CSA, PD_KV_HCA, PD_KV_KINDS };
 

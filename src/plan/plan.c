@@ -36,12 +36,23 @@ void pd_plan_opts_default(struct pd_plan_opts *o)
     o->max_model_len = 32768;
     o->max_num_batched_tokens = 4096;
     o->quant = "w8a8";
-    o->kv_dtype = PD_KV_FP8;
+    o->kv_dtype = PD_KV_AUTO;
     o->mtp = -1;
     o->runtime[0] = o->runtime[1] = -1;
     o->n_handoff = 2;
     o->handoff_tokens[0] = 8000;
     o->handoff_tokens[1] = 131072;
+}
+
+/* What the stacks store when their --kv-cache-dtype is left at "auto": for a model with a
+ * lightning indexer (DeepSeek-V3.2, V4: config field index_topk), vLLM's own fp8 layout
+ * (fp8_ds_mla) on cards with FP8; on Ascend 910B/910C, which have no FP8 type, vllm-ascend sets the
+ * cache to the model's dtype, bf16, whatever the flag says (vllm_ascend/platform.py, for any
+ * config with index_topk; fp8 only on A5), and SGLang's Ascend runs of V4 use bf16. Other models:
+ * the model's dtype, bf16, as auto means in vLLM and SGLang. */
+enum pd_kv_dtype pd_plan_kv_dtype_default(const struct pd_model *m, const struct pd_hardware *hw)
+{
+    return m->index_topk > 0 && hw->fp8_flops > 0 ? PD_KV_FP8 : PD_KV_BF16;
 }
 
 static int64_t class_ii_per_card(const struct pd_inventory *inv, int tp)
@@ -540,7 +551,8 @@ int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e)
             return rc;
     }
     int64_t flat = o->kv_bytes_per_token > 0 ? o->kv_bytes_per_token : p->model.kv_bytes_per_token;
-    if ((rc = pd_kv_size_init(&p->kv, &p->model, o->kv_dtype, p->include_mtp, flat, e)))
+    const enum pd_kv_dtype kvd = o->kv_dtype != PD_KV_AUTO ? o->kv_dtype : pd_plan_kv_dtype_default(&p->model, &p->hw);
+    if ((rc = pd_kv_size_init(&p->kv, &p->model, kvd, p->include_mtp, flat, e)))
         goto fail;
     if ((rc = load_role_stats(p, o, e)) || (rc = resolve_mtp(p, o, e)))
         goto fail;

@@ -48,7 +48,7 @@ struct pd_plan_opts {
     int64_t max_num_batched_tokens;
     const char *quant;
     const char *quant_override;
-    enum pd_kv_dtype kv_dtype;
+    enum pd_kv_dtype kv_dtype;   /* PD_KV_AUTO (the default): pd_plan_kv_dtype_default's */
     int64_t kv_bytes_per_token;  /* > 0 overrides the architecture */
     int mtp;                     /* -1: when the model has MTP layers; 0 or 1 */
     int spec_k;                  /* draft tokens per decode step (--speculative-config); 0: as many as
@@ -155,6 +155,10 @@ struct pd_plan {
 
 /* The seed's deployment: 8 Atlas 800I A2, P 4 x EP8, D 1 x EP32, W8A8, V4-Flash. */
 void pd_plan_opts_default(struct pd_plan_opts *o);
+
+/* The KV cache's dtype when --kv-cache-dtype is not given: the one the serving stacks store for
+ * this model on these cards (see plan.c). */
+enum pd_kv_dtype pd_plan_kv_dtype_default(const struct pd_model *m, const struct pd_hardware *hw);
 int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e);
 void pd_plan_free(struct pd_plan *p);
 /* One role's placement and budget for layout o on a built plan (its model, hardware, memory

@@ -102,7 +102,8 @@ static void replan_role(const char *model_flags, const struct role_flags rf[2], 
 /* The command: search 64 cards for 4K/1K under TTFT 2 s and TPOT 50 ms, emit vllm-ascend. */
 Test(replan, search_emit_then_plan_says_every_admitted_sequence_fits)
 {
-    char *sh = run_out("search --cards 64 --isl 4096 --osl 1024 --ttft-ms 2000 --tpot-ms 50 --emit vllm-ascend");
+    char *sh = run_out("search --cards 64 --isl 4096 --osl 1024 --ttft-ms 2000 --tpot-ms 50 --layout disaggregated "
+                       "--emit vllm-ascend");
     cr_assert(strstr(sh, "from `pdmoe search --emit vllm-ascend`"), "the header names another command:\n%.300s", sh);
     struct role_flags rf[2];
     read_script(sh, rf);
@@ -118,18 +119,19 @@ Test(replan, search_emit_then_plan_says_every_admitted_sequence_fits)
  * to 22 and says why; prefill likewise; re-planned, both fit. */
 Test(replan, plan_emit_lowers_max_num_seqs_to_what_fits)
 {
-    const char *m = "--model deepseek-v3 --hardware h800";
+    const char *m = "--model deepseek-v3 --hardware h800 --kv-cache-dtype fp8";
     char args[512];
     snprintf(args, sizeof args, "plan %s --prefill dp=16,instances=2 --decode dp=32,instances=1 --emit sglang", m);
     char *sh = run_out(args);
     cr_assert(strstr(sh, "# 22 sequences per data-parallel rank, not the plan's --max-num-seqs 30"), "%s", sh);
     cr_assert(strstr(sh, "--max-running-requests 704 "), "decode: 22 x dp 32:\n%s", sh);
     free(sh);
-    /* the seed's layout with a 1M-token max-model-len: 4.05 GB a sequence, 9 fit a decode card, 2 a
-     * prefill card */
+    /* the seed's layout with a 1M-token max-model-len: 7.23 GB a sequence (bf16, as vllm-ascend
+     * keeps it on 910B), 5 fit a decode card, 1 a prefill card */
     sh = run_out("plan --max-model-len 1048576 --emit vllm-ascend");
-    cr_assert(strstr(sh, "# 9 sequences per data-parallel rank, not the plan's --max-num-seqs 30"), "%s", sh);
-    cr_assert(strstr(sh, "# 2 sequences per data-parallel rank, not the plan's --max-num-seqs 30"), "%s", sh);
+    cr_assert(strstr(sh, "# 5 sequences per data-parallel rank, not the plan's --max-num-seqs 30"), "%s", sh);
+    cr_assert(strstr(sh, "# 1 sequence per data-parallel rank, not the plan's --max-num-seqs 30: 1 of max-model-len\n"
+                         "# 1048576 fits this prefill card's KV pool"), "%s", sh);
     struct role_flags rf[2];
     read_script(sh, rf);
     for (int r = 0; r < 2; r++)

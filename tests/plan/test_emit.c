@@ -663,6 +663,56 @@ Test(plan, emit_refuses_fp8_on_ascend)
     pd_plan_free(&p);
 }
 
+/* The KV cache's dtype left at auto is what the stacks store: V4 on 910B in bf16 (vllm-ascend keeps
+ * it so whatever --kv-cache-dtype says), on cards with FP8 in fp8, V3 in bf16 anywhere. An fp8
+ * cache asked for on 910B is not launched there: its pools would promise sequences that do not fit
+ * (the default was fp8 everywhere, and the vllm-ascend script sized on it). */
+Test(plan, kv_cache_dtype_default_is_the_stacks)
+{
+    static const struct {
+        const char *model, *hw, *quant;
+        enum pd_kv_dtype want;
+    } c[] = {{"deepseek-v4-flash", "atlas-800i-a2", "w8a8", PD_KV_BF16},
+             {"deepseek-v4-flash", "atlas-800i-a3", "w8a8", PD_KV_BF16},
+             {"deepseek-v4-flash", "h200", "fp8", PD_KV_FP8},
+             {"deepseek-v4-flash", "b200", "fp8", PD_KV_FP8},
+             {"deepseek-v3", "h800", "fp8", PD_KV_BF16},
+             {"deepseek-v3", "atlas-800i-a2", "w8a8", PD_KV_BF16}};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        struct pd_plan_opts o;
+        struct pd_plan p;
+        pd_plan_opts_default(&o);
+        o.model = c[i].model;
+        o.hardware = c[i].hw;
+        o.quant = c[i].quant;
+        o.role[PD_ROLE_PREFILL] = o.role[PD_ROLE_DECODE] = (struct pd_role_opts){.dp = 8, .tp = 1, .instances = 1};
+        build(&o, &p);
+        cr_assert_eq(p.kv.dtype, c[i].want, "%s on %s", c[i].model, c[i].hw);
+        pd_plan_free(&p);
+    }
+    struct pd_plan_opts o;
+    struct pd_plan p;
+    pd_plan_opts_default(&o);
+    o.kv_dtype = PD_KV_FP8;
+    build(&o, &p);
+    cr_assert_eq(p.kv.dtype, PD_KV_FP8);
+    pd_err e = {0};
+    for (int t = 0; t < 2; t++) {
+        cr_assert_null(pd_emit(&p, t ? PD_EMIT_SGLANG : PD_EMIT_VLLM_ASCEND, NULL, &e));
+        cr_assert(strstr(e.msg, t ? "--emit sglang: " : "--emit vllm-ascend: "), "%s", e.msg);
+        cr_assert(strstr(e.msg, "--kv-cache-dtype fp8 on Ascend 910B 64 GB cards, which have no FP8 type: the KV cache "
+                                "is bf16 there"), "%s", e.msg);
+    }
+    pd_plan_free(&p);
+    /* a flat size per token has no dtype to disagree with */
+    pd_plan_opts_default(&o);
+    o.kv_dtype = PD_KV_FP8;
+    o.kv_bytes_per_token = 44000;
+    build(&o, &p);
+    free(emit(&p, PD_EMIT_VLLM_ASCEND, NULL));
+    pd_plan_free(&p);
+}
+
 static void refused(struct pd_plan_opts *o, enum pd_emit_target t, const struct pd_emit_opts *eo, int code,
                     const char *needle)
 {
