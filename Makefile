@@ -27,7 +27,7 @@ ANCHOR_LIBS := -ldnnl -lgomp
 LIB_SRC := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
 BENCH_SRC ?= $(shell find bench -name '*.c' | sort)
 CLI_SRC := $(shell find src/cli -name '*.c' | sort) $(BENCH_SRC)
-TEST_SRC := $(shell find tests -name '*.c' ! -path 'tests/fuzz/*' ! -path 'tests/oracle/*' | sort)
+TEST_SRC := $(shell find tests -name '*.c' ! -path 'tests/fuzz/*' ! -path 'tests/oracle/*' ! -path 'tests/preload/*' | sort)
 # hardware/local-*.json are machine measurements (pdmoe calibrate --out), read from disk, never compiled in
 EMBED   := $(sort $(filter-out hardware/local-%,$(wildcard models/*.json models/*.txt hardware/*.json validation/*.json)))
 
@@ -46,8 +46,14 @@ $(BUILD)/pdmoe: $(CLI_OBJ) $(BUILD)/libpdmoe.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(ANCHOR_LIBS)
 
 $(BUILD)/pdmoe-tests: $(TEST_OBJ) $(BUILD)/bench/onednn.o $(BUILD)/bench/kernels.o $(BUILD)/bench/ceilings.o \
-                     $(BUILD)/libpdmoe.a
+                     $(BUILD)/libpdmoe.a | $(BUILD)/libclockshift.so
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(ANCHOR_LIBS) $(shell pkg-config --libs criterion)
+
+# LD_PRELOAD shims the tests start servers under (tests/preload/), without sanitizers in either
+# build: a preloaded library comes before ASan's runtime, which it must not need.
+$(BUILD)/lib%.so: tests/preload/%.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 -O2 -Wall -Wextra -Werror -fPIC -shared -o $@ $< -ldl
 
 # The engine's logits for the float64 oracle of DeepSeek's official forward (tests/oracle/run.sh).
 $(BUILD)/oracle-dump: $(BUILD)/tests/oracle/dump.o $(BUILD)/libpdmoe.a

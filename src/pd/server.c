@@ -207,7 +207,7 @@ out:
 static int cv_wait_ms(struct pd_server *s, int ms)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts);   /* s->cv's clock (pd_server_create) */
     ts.tv_nsec += (long)ms * 1000000;
     ts.tv_sec += ts.tv_nsec / 1000000000;
     ts.tv_nsec %= 1000000000;
@@ -574,7 +574,13 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
                  "Completed requests: time after the first token / (tokens - 1).", pd_hist_le_token);
     PD_HIST_INIT(&s->h_e2e, "pdmoe_e2e_request_latency_seconds", "Completed requests: arrival to the last token.",
                  pd_hist_le_e2e);
-    pthread_cond_init(&s->cv, NULL);
+    /* the scheduler's timed waits measure durations: on the wall clock a step of it (NTP, date -s)
+     * stretched each to its size (an EP group's pull unheard of for an hour) or made them spin */
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
     int rc;
     char path[PATH_MAX];
     if ((rc = pd_path_join(path, sizeof path, o->model_dir, "tokenizer.json", e)) || (rc = pd_tok_load(path, &s->tok, e)))

@@ -4,9 +4,11 @@
  * Ctrl-C or SIGTERM on rank 0 ends every rank cleanly; a rank that dies ends the group instead of
  * hanging it or its clients; bad flag combinations are one-line errors naming the flag; between a
  * prefill and a decode EP group the KV goes from the owner rank of one to the owner rank of the
- * other (or is recomputed when that fails) with the tokens of one process and every pool freed. */
+ * other (or is recomputed when that fails) with the tokens of one process and every pool freed;
+ * a step of the ranks' wall clock neither stalls nor spins their scheduler. */
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -98,17 +100,39 @@ static pid_t launch(char *const *argv, int port)
 }
 
 /* An EP group of `ranks` on `port`, `seqs` sequences per rank; kv: a --kv-transfer-config or
- * NULL (colocated). */
+ * NULL (colocated). With group_clock_shift (seconds) its ranks run under build/libclockshift.so:
+ * their wall clock that far off, as after a step of it (tests/preload/clockshift.c). */
+static const char *group_clock_shift;
 static pid_t start_group_of(int port, int ranks, int seqs, const char *kv)
 {
-    char sp[16], sn[16], ss[16];
+    char sp[16], sn[16], ss[16], preload[PATH_MAX + 16], shift[64], asan[600];
     snprintf(sp, sizeof sp, "%d", port);
     snprintf(sn, sizeof sn, "%d", ranks);
     snprintf(ss, sizeof ss, "%d", seqs);
-    char *argv[] = {"mpirun", "-n", sn, "--oversubscribe", (char *)bin(), "serve", "--model", dir,
-                    "--enable-expert-parallel", "--data-parallel-size", sn, "--port", sp, "--threads", "1",
-                    "--max-num-seqs", ss, "--max-model-len", (char *)group_max_len, "--served-model-name", "tiny",
-                    kv ? "--kv-transfer-config" : NULL, (char *)kv, NULL};
+    char *argv[40] = {"mpirun", "-n", sn, "--oversubscribe"};
+    int n = 4;
+    if (group_clock_shift) {
+        /* the shim beside the binary; under ASan it comes before ASan's runtime, which then must
+         * not insist on being first */
+        char shim[PATH_MAX];
+        snprintf(shim, sizeof shim, "%s", bin());
+        char *slash = strrchr(shim, '/');
+        snprintf(slash ? slash + 1 : shim, sizeof shim - (size_t)(slash ? slash + 1 - shim : 0), "libclockshift.so");
+        char abs[PATH_MAX];
+        cr_assert_not_null(realpath(shim, abs), "%s: build it (make %s)", shim, shim);
+        snprintf(preload, sizeof preload, "LD_PRELOAD=%s", abs);
+        snprintf(shift, sizeof shift, "PDMOE_TEST_CLOCK_SHIFT_S=%s", group_clock_shift);
+        const char *a = getenv("ASAN_OPTIONS");
+        snprintf(asan, sizeof asan, "ASAN_OPTIONS=%s%sverify_asan_link_order=0", a ? a : "", a && *a ? ":" : "");
+        char *x[] = {"-x", preload, "-x", shift, "-x", asan};
+        for (int i = 0; i < 6; i++)
+            argv[n++] = x[i];
+    }
+    char *rest[] = {(char *)bin(), "serve", "--model", dir, "--enable-expert-parallel", "--data-parallel-size", sn,
+                    "--port", sp, "--threads", "1", "--max-num-seqs", ss, "--max-model-len", (char *)group_max_len,
+                    "--served-model-name", "tiny", kv ? "--kv-transfer-config" : NULL, (char *)kv, NULL};
+    for (size_t i = 0; i < sizeof rest / sizeof *rest; i++)
+        argv[n++] = rest[i];
     return launch(argv, port);
 }
 
@@ -979,4 +1003,75 @@ Test(server_ep, a_hung_producer_does_not_end_a_decode_group)
     kill(single, SIGCONT);
     int st;
     cr_assert_eq(waitpid(group, &st, WNOHANG), 0, "the decode group ended (status %d) on a producer that hung", st);
+}
+
+/* The scheduler's timed waits (an EP group's flush each 20 ms while leases are out, rank 0's
+ * round each millisecond while a pull is under way and nothing steps) took their deadlines from
+ * the wall clock: after a step of it an hour forward, a decode group with a pull in flight waited
+ * that hour to hear the pull had ended (its client got nothing); an hour back, a producer group
+ * holding a lease ran its flush rounds without a pause. The prefill group here runs an hour
+ * behind, the decode group an hour ahead; the request gets the tokens of one process at once, and
+ * the producer's ranks sleep while the lease waits for its pull. */
+Test(server_ep, a_step_of_the_wall_clock_neither_stalls_nor_spins_the_scheduler)
+{
+    int P = base_port, D = base_port + 1, C = base_port + 2;
+    char kvp[160];
+    snprintf(kvp, sizeof kvp, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"p\"}", base_port + 3);
+    group_clock_shift = "-3600";
+    group = start_group_kv(P, kvp);
+    group_clock_shift = "3600";
+    group2 = start_group_kv(D, "{\"kv_role\":\"kv_consumer\",\"engine_id\":\"d\",\"kv_timeout_ms\":3000}");
+    group_clock_shift = NULL;
+    single = start_single(C);
+    const char *prompt = "The sea froze over and the children skated until the sun went down";
+    char *want = colocated_ids(C, prompt, 12);
+    char body[2048], out[1 << 14];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":1,\"temperature\":0,"
+             "\"kv_transfer_params\":{\"do_remote_decode\":true}}", prompt);
+    cr_assert_eq(curl_port(P, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    cr_assert_eq(metric_port(P, "pdmoe_kv_leases"), 1);
+    /* every rank of both groups runs under the shim */
+    int groups[2] = {P, D};
+    pid_t r[2];
+    for (int g = 0; g < 2; g++) {
+        rank_pids(groups[g], r);
+        for (int k = 0; k < 2; k++) {
+            char maps[64], cmd[160];
+            snprintf(maps, sizeof maps, "/proc/%d/maps", r[k]);
+            snprintf(cmd, sizeof cmd, "grep -q libclockshift.so %s", maps);
+            cr_assert_eq(system(cmd), 0, "rank %d of port %d runs without the shim (%s)", k, groups[g], maps);
+        }
+    }
+    /* the lease out: the producer's ranks flush every 20 ms, under 20% of a core over 1.5 s (2%
+     * measured; the wall clock's deadlines had rank 0 at 60-100%) */
+    rank_pids(P, r);
+    double c0[2] = {cpu_seconds(r[0]), cpu_seconds(r[1])};
+    usleep(1500000);
+    for (int k = 0; k < 2; k++) {
+        double used = cpu_seconds(r[k]) - c0[k];
+        cr_assert_lt(used, 0.3, "prefill rank %d, its clock an hour back, used %.2f s of CPU in 1.5 s with a lease out",
+                     k, used);
+    }
+    json_t *j = parse(out);
+    char *kvs = json_dumps(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "kv_transfer_params"),
+                           JSON_COMPACT);
+    json_decref(j);
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true,"
+             "\"return_token_ids\":true,\"kv_transfer_params\":%s}", prompt, kvs);
+    free(kvs);
+    const double t0 = pd_now_s();
+    int code = curl_port(D, "/v1/completions", body, "--max-time 20", out, sizeof out);
+    const double took = pd_now_s() - t0;
+    cr_assert_eq(code, 200, "the decode group, its clock an hour ahead, answered HTTP %d after %.1f s: %s", code, took,
+                 out);
+    cr_assert_lt(took, 10.0, "the decode took %.1f s", took);
+    j = parse(out);
+    char *got = json_dumps(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "token_ids"),
+                           JSON_COMPACT);
+    json_decref(j);
+    cr_assert_str_eq(got, want, "PD with stepped clocks %s, one process %s", got, want);
+    free(got);
+    free(want);
+    cr_assert_eq(metric_port(D, "pdmoe_kv_transfers_total"), 1);
+    cr_assert_eq(metric_port(D, "pdmoe_kv_recomputes_total"), 0, "the KV was not pulled");
 }
