@@ -152,9 +152,11 @@ int pd_cli_proxy(int argc, char **argv)
         return 2;
     struct pd_proxy *px;
     pd_err e = {0};
-    if (pd_proxy_create(&o, &px, &e)) {
+    int crc = pd_proxy_create(&o, &px, &e);
+    if (crc) {
         fprintf(stderr, "pdmoe proxy: %s\n", e.msg);
-        return 2;
+        /* a limit it cannot start under: pdmoe up does not start it again as it is */
+        return crc == PD_EINVAL ? PD_CLI_EXIT_CONFIG : 2;
     }
     fprintf(stderr, "pdmoe proxy: http://%s:%d (prefill %d, decode %d instances)\n", o.host ? o.host : "127.0.0.1",
             pd_proxy_port(px), o.n_prefill, o.n_decode);

@@ -18,6 +18,7 @@
 #include <event2/listener.h>
 #include <event2/util.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <netdb.h>
 #include <poll.h>
@@ -640,6 +641,44 @@ void pd_http_set_closecb(struct evhttp_request *h, void (*cb)(struct evhttp_conn
 
 /* ---- the front ----------------------------------------------------------------------------- */
 
+/* Whether `want` (at most 8) more descriptors can be opened now: a new descriptor takes the lowest
+ * free number, which must be below the open-file limit (those inherited above it do not count),
+ * so the only sure count is to take them. */
+static int descriptors_free(int want)
+{
+    int got[8], n = 0;
+    while (n < want && n < 8 && (got[n] = n ? fcntl(got[0], F_DUPFD_CLOEXEC, 0) : open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0)
+        n++;
+    for (int i = 0; i < n; i++)
+        close(got[i]);
+    return n == want;
+}
+
+static int no_descriptors(pd_err *e, const char *what)
+{
+    struct rlimit rl;
+    long lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? (long)rl.rlim_cur : -1;
+    return pd_err_set(e, PD_EINVAL, "the open-file limit (ulimit -n %ld) leaves no descriptor for %s once this process "
+                      "has opened its own; raise it (ulimit -n %d or more)", lim, what, FD_RESERVE + 128);
+}
+
+/* The event loop takes up to 5 descriptors (epoll, its wake-up pipe, the signals' socket pair), the
+ * listener one, a connection one or two: without them libevent exits the process ("[err]
+ * evsig_init_: socketpair") or its failure read as out of memory. */
+#define LOOP_FDS 8
+
+int pd_http_base_new(struct event_base **out, pd_err *e)
+{
+    *out = NULL;
+    if (!descriptors_free(LOOP_FDS))
+        return no_descriptors(e, "the event loop");
+    errno = 0;
+    *out = event_base_new();
+    if (!*out)
+        return pd_err_set(e, PD_ENOMEM, "cannot create the event loop: %s", errno ? strerror(errno) : "out of memory");
+    return 0;
+}
+
 int pd_http_front_new(struct event_base *base, const struct pd_http_limits *lim, const char *host, int port,
                       struct pd_http_front **out, pd_err *e)
 {
@@ -722,6 +761,15 @@ int pd_http_front_new(struct event_base *base, const struct pd_http_limits *lim,
     }
     f->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                              : ((struct sockaddr_in *)&ss)->sin_port);
+    /* a limit that the descriptors already open (the listener's last) leave no room under for one
+     * connection: every accept would fail with EMFILE, and no connection closing could free one,
+     * so clients would wait in the backlog for ever while the server said it waited for descriptors */
+    if (!descriptors_free(l->fds_per_connection + 1)) {
+        char what[64];
+        snprintf(what, sizeof what, "a connection on port %d", f->port);
+        pd_http_front_free(f);
+        return no_descriptors(e, what);
+    }
     pthread_mutex_lock(&reg_mu);
     f->reg_next = reg;
     reg = f;

@@ -54,7 +54,12 @@ struct pd_http_stats {
 
 struct pd_http_front;
 
-/* An evhttp on base listening on host:port (port 0: ephemeral). */
+/* A new event loop (libevent's event_base_new), or the reason there is none: it needs descriptors
+ * of its own, and under a low open-file limit their lack was reported as "out of memory". */
+int pd_http_base_new(struct event_base **out, pd_err *e);
+
+/* An evhttp on base listening on host:port (port 0: ephemeral). A PD_EINVAL when the open-file
+ * limit leaves no descriptor for a connection once the listener is open (no accept could work). */
 int pd_http_front_new(struct event_base *base, const struct pd_http_limits *lim, const char *host, int port,
                       struct pd_http_front **out, pd_err *e);
 /* The OpenAI-compatible API the server and the proxy both answer, each path with its methods:

@@ -671,11 +671,12 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     evthread_use_pthreads();
     /* a client that disconnects must not kill the server with SIGPIPE */
     signal(SIGPIPE, SIG_IGN);
-    s->base = event_base_new();
-    if (!s->running || !s->stats_sum || !s->base) {
+    if (!s->running || !s->stats_sum) {
         rc = pd_err_set(e, PD_ENOMEM, "out of memory");
         goto fail;
     }
+    if ((rc = pd_http_base_new(&s->base, e)))
+        goto fail;
     if ((rc = pd_http_front_new(s->base, &s->o.http, s->o.host, s->o.port, &s->front, e)))
         goto fail;
     s->port = pd_http_front_port(s->front);

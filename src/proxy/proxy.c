@@ -932,10 +932,10 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
     }
     signal(SIGPIPE, SIG_IGN);
     evthread_use_pthreads();   /* pd_proxy_stop may come from another thread */
-    px->base = event_base_new();
-    if (!px->base) {
+    int brc = pd_http_base_new(&px->base, e);
+    if (brc) {
         pd_proxy_destroy(px);
-        return pd_err_set(e, PD_ENOMEM, "out of memory");
+        return brc;
     }
     const char *host = o->host ? o->host : "127.0.0.1";
     struct pd_http_limits lim = o->http;

@@ -592,6 +592,89 @@ Test(conn, the_proxys_cap_leaves_descriptors_for_its_upstream_connections)
     cr_assert_eq(cap, (256 - 32) / 2, "cap %d under a limit of 256 descriptors", cap);
 }
 
+/* `pdmoe ARGS... --port port` under an open-file limit of nofile, with only stdin, stdout and its
+ * stderr open (a pipe): its exit status once it ends within `wait_s` seconds, else -1 (it is
+ * killed); what it wrote to stderr in log. */
+static int run_limited(int nofile, const char *const *args, int port, double wait_s, char *log, size_t cap)
+{
+    int pfd[2];
+    cr_assert_eq(pipe(pfd), 0);
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char sp[16];
+    snprintf(sp, sizeof sp, "%d", port);
+    child = fork();
+    cr_assert_geq(child, 0);
+    if (child == 0) {
+        dup2(pfd[1], 2);
+        for (int fd = 3; fd < 1024; fd++)
+            close(fd);
+        struct rlimit rl = {(rlim_t)nofile, (rlim_t)nofile};
+        setrlimit(RLIMIT_NOFILE, &rl);
+        const char *argv[32] = {bin};
+        int n = 1;
+        for (; args[n - 1]; n++)
+            argv[n] = args[n - 1];
+        argv[n++] = "--port";
+        argv[n++] = sp;
+        argv[n] = NULL;
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    close(pfd[1]);
+    fcntl(pfd[0], F_SETFL, O_NONBLOCK);
+    size_t n = 0;
+    log[0] = 0;
+    int status = -1;
+    for (double t0 = pd_now_s(); pd_now_s() - t0 < wait_s;) {
+        ssize_t r = read(pfd[0], log + n, cap - 1 - n);
+        if (r > 0) {
+            n += (size_t)r;
+            log[n] = 0;
+        }
+        if (waitpid(child, &status, WNOHANG) == child) {
+            child = -1;
+            break;
+        }
+        status = -1;
+        usleep(50000);
+    }
+    ssize_t r = read(pfd[0], log + n, cap - 1 - n);
+    log[n + (r > 0 ? (size_t)r : 0)] = 0;
+    close(pfd[0]);
+    return status;
+}
+
+/* An open-file limit that leaves no descriptor for a connection (or for libevent's own) once the
+ * process has started: it exits at once with serve's configuration status 78, naming the limit.
+ * It listened and answered nothing (every accept EMFILE, with no connection whose close could free
+ * one: clients waited for ever while it said it waited for descriptors), and under a still lower
+ * limit libevent ended it ("[err] evsig_init_: socketpair") or its failure read "out of memory". */
+Test(conn, a_limit_that_leaves_no_descriptor_for_a_connection_is_refused_at_start)
+{
+    int port = test_ports();
+    const char *serve[] = {"serve", "--model", dir, "--threads", "1", NULL};
+    const char *proxy[] = {"proxy", "--decode", "127.0.0.1:1", NULL};
+    const char *const *cmds[] = {serve, proxy};
+    const int limits[] = {5, 8};
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 2; j++) {
+            char log[4096], want[32];
+            int st = run_limited(limits[j], cmds[k], port, 10, log, sizeof log);
+            cr_assert(st != -1, "%s under ulimit -n %d still runs after 10 s: %s", cmds[k][0], limits[j], log);
+            cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 78, "%s under ulimit -n %d: status %d: %s", cmds[k][0],
+                      limits[j], st, log);
+            snprintf(want, sizeof want, "(ulimit -n %d)", limits[j]);
+            cr_assert(strstr(log, want) && strstr(log, "raise it"), "%s: %s", cmds[k][0], log);
+        }
+    /* and a limit with room runs as before */
+    char log[4096];
+    int st = run_limited(64, proxy, port, 1, log, sizeof log);
+    cr_assert_eq(st, -1, "the proxy under ulimit -n 64 ended: %s", log);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    child = -1;
+}
+
 /* The flags are in both commands' --help, and a bad value is refused naming the flag. */
 Test(conn, serve_and_proxy_flags_are_documented_and_checked)
 {
