@@ -2,6 +2,7 @@
  * under mpirun with --enable-expert-parallel, on an EP group whose rank 0 serves HTTP. */
 #include "cli/cli.h"
 #include "engine/spec.h"
+#include "core/mem.h"
 #include "core/net.h"
 #include "core/units.h"
 #include "model/safetensors.h"
@@ -344,6 +345,16 @@ int pd_cli_serve(int argc, char **argv)
         }
         if (f.cidr[0])
             setenv("OMPI_MCA_btl_tcp_if_include", f.cidr, 1);
+    }
+    /* Open MPI fails a group whose shared memory does not fit /dev/shm with pages of its own
+     * messages, none naming it: the host's first rank names it first (and the group goes on: the
+     * figure per rank is an estimate) */
+    const char *lrank = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (local && lrank && !strcmp(lrank, "0")) {
+        char note[400];
+        int64_t per_rank = 4194312 + (o.role != PD_ROLE_BOTH ? 16000000 : 0);
+        if (pd_shm_note(note, sizeof note, atoll(local) * per_rank)[0])
+            fprintf(stderr, "pdmoe serve: %s ranks of this group on this host: %s\n", local, note);
     }
     int provided = 0, rank = 0, size = 1;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);

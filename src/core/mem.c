@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 
 /* The first integer of file `path` (cgroup v2 writes "max" when there is no limit), or -1. */
 static int64_t file_int(const char *path)
@@ -90,4 +91,22 @@ int pd_mem_fits(int64_t each, int copies, struct pd_mem_short *s)
     pd_units_fmt_g(s->left, sizeof s->left, avail, PD_UNITS_GB, 2);
     pd_units_fmt_g(s->each_max, sizeof s->each_max, avail / copies, PD_UNITS_GB, 2);
     return 0;
+}
+
+const char *pd_shm_note(char *buf, size_t cap, int64_t need)
+{
+    struct statvfs v;
+    buf[0] = 0;
+    if (statvfs("/dev/shm", &v) != 0)
+        return buf;
+    int64_t avail = (int64_t)v.f_bavail * (int64_t)v.f_frsize, size = (int64_t)v.f_blocks * (int64_t)v.f_frsize;
+    if (avail >= need)
+        return buf;
+    char a[32], t[32];
+    pd_units_fmt(a, sizeof a, avail, PD_UNITS_GB);
+    pd_units_fmt(t, sizeof t, size, PD_UNITS_GB);
+    snprintf(buf, cap, "/dev/shm has %s free of %s: the shared-memory transports of Open MPI (a 4.19 MB segment "
+             "per rank) and UCX (about 12 MB a process, for the KV hand-off) allocate there; free it, or give the "
+             "container a larger one (docker run --shm-size 1g, a Kubernetes emptyDir of medium Memory)", a, t);
+    return buf;
 }

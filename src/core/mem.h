@@ -2,6 +2,7 @@
 #ifndef PD_CORE_MEM_H
 #define PD_CORE_MEM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Bytes: the smaller of the kernel's MemAvailable (/proc/meminfo: free memory plus what it can
@@ -17,5 +18,13 @@ struct pd_mem_short {
     char all[32], left[32], each_max[32], where[160];
 };
 int pd_mem_fits(int64_t each, int copies, struct pd_mem_short *s);
+
+/* /dev/shm, where Open MPI's shared-memory transport (vader: a 4,194,312-byte segment per rank)
+ * and UCX's (posix mm, for the KV hand-off: about 12 MB a process) allocate. A container gets a
+ * small one unless told (Docker: 64 MiB, --shm-size); a full one fails those transports with
+ * "Out of memory" or 60 lines of Open MPI's. When it has less than `need` bytes free, a note
+ * for such an error, naming it with its figures in MB: "/dev/shm has 0.06 MB free of 0.07 MB:
+ * ..."; else (or when it cannot be read) "". */
+const char *pd_shm_note(char *buf, size_t cap, int64_t need);
 
 #endif

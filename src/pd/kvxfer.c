@@ -22,6 +22,7 @@
  *   - a link's rkey (unpacked once, shared by its transfers) is destroyed when the link and the
  *     last transfer flushing on it have let it go, before the link is freed;
  *   - a lease is in exactly one of x->leases (held) or x->released (callback pending). */
+#include "core/mem.h"
 #include "pd/kvx_internal.h"
 
 #include <assert.h>
@@ -204,6 +205,15 @@ static int ucx_fail(pd_err *e, const char *what, ucs_status_t st)
     return pd_err_set(e, PD_EIO, "kvxfer: %s: %s", what, ucs_status_string(st));
 }
 
+/* A context or worker UCX could not make: with /dev/shm nearly full its shared-memory transport
+ * fails them as "Out of memory" (its receive FIFOs live there), which names the wrong thing. */
+static int ucx_fail_shm(pd_err *e, const char *what, ucs_status_t st)
+{
+    char note[400];
+    pd_shm_note(note, sizeof note, 16000000);
+    return pd_err_set(e, PD_EIO, "kvxfer: %s: %s%s%s", what, ucs_status_string(st), note[0] ? "; " : "", note);
+}
+
 int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
 {
     *out = NULL;
@@ -281,7 +291,7 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
     ucp_config_release(cfg);
     if (st != UCS_OK) {
         x->ctx = NULL;
-        rc = ucx_fail(e, "ucp_init", st);
+        rc = ucx_fail_shm(e, "ucp_init", st);
         goto fail;
     }
     /* Serialized: the engine's lock orders every call, from whichever thread. */
@@ -289,7 +299,7 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
                               .thread_mode = UCS_THREAD_MODE_SERIALIZED};
     if ((st = ucp_worker_create(x->ctx, &wp, &x->w)) != UCS_OK) {
         x->w = NULL;
-        rc = ucx_fail(e, "ucp_worker_create", st);
+        rc = ucx_fail_shm(e, "ucp_worker_create", st);
         goto fail;
     }
     if ((st = ucp_worker_get_address(x->w, &x->addr, &x->addr_len)) != UCS_OK) {

@@ -675,6 +675,46 @@ Test(conn, a_limit_that_leaves_no_descriptor_for_a_connection_is_refused_at_star
     child = -1;
 }
 
+/* Runs `pdmoe ARGS` (under `mpirun -n 2` when mpi) in a mount namespace of its own whose /dev/shm
+ * is a full 64 KiB tmpfs, as in a container given no room there; its output in out. */
+static int run_full_shm(const char *args, int mpi, char *out, size_t cap)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "unshare -m sh -c 'mount --make-rprivate / && mount -t tmpfs -o size=64k tmpfs /dev/shm && "
+             "dd if=/dev/zero of=/dev/shm/fill bs=4k 2>/dev/null; exec timeout 60 %s %s %s' 2>&1",
+             mpi ? "mpirun --allow-run-as-root --oversubscribe -n 2" : "", bin, args);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    return pclose(p);
+}
+
+/* A full /dev/shm (a container's default is small: Docker's 64 MiB) is named with its figures:
+ * UCX failed the KV hand-off's worker as "ucp_worker_create: Out of memory", and an EP group's
+ * Open MPI printed pages about vader segments and unreachable processes, neither naming it. */
+Test(conn, a_full_dev_shm_is_named)
+{
+    if (geteuid() != 0 || system("command -v unshare >/dev/null 2>&1") != 0)
+        cr_skip_test("needs root and unshare (a mount namespace of its own)");
+    int port = test_ports();
+    char args[512], out[1 << 15];
+    snprintf(args, sizeof args, "serve --model %s --port %d --threads 1 --kv-transfer-config "
+             "\"{\\\"kv_role\\\":\\\"kv_producer\\\",\\\"kv_port\\\":%d}\"", dir, port, port + 1);
+    int st = run_full_shm(args, 0, out, sizeof out);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0 && WEXITSTATUS(st) != 124, "status %d: %s", st, out);
+    cr_assert(strstr(out, "ucp_worker_create: Out of memory; /dev/shm has 0 B free of 65.54 kB:") &&
+              strstr(out, "docker run --shm-size"), "%s", out);
+    snprintf(args, sizeof args, "serve --enable-expert-parallel --model %s --port %d --threads 1", dir, port + 2);
+    st = run_full_shm(args, 1, out, sizeof out);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0 && WEXITSTATUS(st) != 124, "status %d: %s", st, out);
+    const char *note = strstr(out, "pdmoe serve: 2 ranks of this group on this host: /dev/shm has 0 B free of 65.54 kB");
+    const char *mpi = strstr(out, "vader_segment");
+    cr_assert(note && (!mpi || note < mpi), "no note on /dev/shm before Open MPI's messages: %s", out);
+}
+
 /* The flags are in both commands' --help, and a bad value is refused naming the flag. */
 Test(conn, serve_and_proxy_flags_are_documented_and_checked)
 {
