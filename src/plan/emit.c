@@ -367,6 +367,9 @@ static void vllm_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node
     arg(f, "--gpu-memory-utilization %s", shortest(util, sizeof util, p->o.util));
     arg(f, "--max-num-seqs %lld", (long long)pd_plan_admitted_seqs(p, x->role));
     arg(f, "--max-model-len %lld", (long long)p->o.max_model_len);
+    /* the block size whose layout the plan counts (kvsize.h; vllm-ascend's default, spelt out) */
+    if (p->kv.layout == PD_KV_LAYOUT_VLLM_ASCEND)
+        arg(f, "--block-size %d", PD_KV_ASCEND_BLOCK_SIZE);
     /* a decode server's step is its sequences' tokens (each 1 + k with MTP), as the plan sizes its
      * activations and as vllm-ascend's DeepSeek-V4-Flash PD tutorial sets it (60 for 30
      * sequences): vLLM profiles its activations with a step of --max-num-batched-tokens, and 4,096

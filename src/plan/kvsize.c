@@ -108,12 +108,158 @@ void pd_kv_v4_entry_bytes(const struct pd_model *m, enum pd_kv_dtype d, int64_t 
     *key = d == PD_KV_FP8 ? id + 4 : 2 * id;
 }
 
+/* vllm-ascend, a DeepSeek-V4 model on A2/A3 with --block-size 128 (commit 182b75ea; the file:line
+ * facts are in docs/memory-model.md "KV cache"):
+ * - the caches: a ratio-r layer's compressed entries (head_dim bf16) and a CSA layer's indexer keys
+ *   (index_head_dim int8 + an fp16 scale), 128 entries a page, a block of 128 x r tokens; every
+ *   layer's sliding window (head_dim bf16, blocks of 128 tokens, window sliding_window); each
+ *   compressor's fp32 state rows (kv and score, 2 x coff x d, one row per token), blocks of 8 tokens
+ *   for r = 4 (window coff x r = 8) and 32 for r = 128 (window 128), each page padded to the
+ *   nearest of the two compressed pages.
+ * - the groups: CSA entries + keys one block table, HCA entries one, the windows and the two kinds
+ *   of state split into tables of at most T layers, T the padding-minimising count of vLLM's
+ *   _approximate_gcd over the five kinds' layer counts (lower bound the CSA count).
+ * - the pool: one block id is a page in each of (largest table's layers, MTP excluded, plus one
+ *   per MTP cache) x (both compressed page sizes) tensors; num_blocks = memory / that. */
+static int64_t gcd64(int64_t a, int64_t b);
+
+static int approx_gcd(const int *v, int n, int lower)
+{
+    int hi = 0, best = lower;
+    int64_t best_pad = -1;
+    for (int i = 0; i < n; i++)
+        hi = v[i] > hi ? v[i] : hi;
+    for (int d = lower; d <= hi; d++) {
+        int64_t pad = 0;
+        for (int i = 0; i < n; i++)
+            pad += (d - v[i] % d) % d;
+        if (best_pad < 0 || pad <= best_pad) {   /* ties: the larger */
+            best_pad = pad;
+            best = d;
+        }
+    }
+    return best;
+}
+
+static int64_t cdiv(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+/* blocks one table of `g` holds while the sequence's token `tokens` - 1 is written: vLLM's
+ * SlidingWindowManager frees the blocks wholly before the last `window` - 1 computed tokens */
+static int64_t group_blocks(const struct pd_kv_group *g, int64_t tokens)
+{
+    int64_t b = cdiv(tokens, g->tokens);
+    if (g->window > 0 && tokens > g->window)
+        b -= (tokens - g->window) / g->tokens;
+    return b;
+}
+
+static int64_t group_max_blocks(const struct pd_kv_group *g)
+{
+    int64_t most = 0;
+    for (int64_t t = g->window; t < g->window + g->tokens; t++) {
+        int64_t b = group_blocks(g, t > 0 ? t : 1);
+        most = b > most ? b : most;
+    }
+    return most;
+}
+
+const char *pd_kv_layout_name(const struct pd_kv_size *k)
+{
+    if (k->flat_per_token)
+        return "a flat figure";
+    return k->layout == PD_KV_LAYOUT_VLLM_ASCEND ? "vllm-ascend A2/A3 layout (--block-size 128)" : "pdmoe's layout";
+}
+
+int pd_kv_size_vllm_ascend(struct pd_kv_size *k, const struct pd_model *m, pd_err *e)
+{
+    if (m->arch != PD_ARCH_DEEPSEEK_V4 || k->flat_per_token || k->dtype != PD_KV_BF16)
+        return pd_err_set(e, PD_EINVAL, "vllm-ascend's KV layout: a DeepSeek-V4 model with a bf16 cache");
+    const int64_t S = PD_KV_ASCEND_BLOCK_SIZE, hd = m->head_dim, id = m->index_head_dim;
+    int n4 = 0, nh = 0, hca = 0, mtp4 = 0, mtph = 0, mtp_layers = 0, mtp_caches = 0;
+    for (int l = 0; l < k->n; l++) {
+        int r = k->ratio[l], mtp = l >= m->n_layers;
+        if (r == 4)
+            n4++, mtp4 += mtp;
+        else if (r > 0) {
+            if (hca && r != hca)
+                return pd_err_set(e, PD_EINVAL, "vllm-ascend's KV layout: compress ratios 4 and one other");
+            hca = r;
+            nh++, mtph += mtp;
+        }
+        mtp_layers += mtp;
+        if (mtp)   /* its window, its entries and compressor state, a CSA layer's keys and their state */
+            mtp_caches += 1 + (r > 0 ? 2 : 0) + (r == 4 ? 2 : 0);
+    }
+    if (n4 == 0 || nh == 0)
+        return pd_err_set(e, PD_EINVAL, "vllm-ascend's KV layout: needs CSA (ratio 4) and HCA layers");
+    const int64_t key = id + (id == 128 ? 2 : 0);   /* int8 values + one fp16 scale (head 128) */
+    const int64_t page[2] = {S * key, S * 2 * hd}, big = page[0] > page[1] ? page[0] : page[1];
+    /* windows (S tokens a block), CSA states (S/16), HCA states (S/4), each page within the largest */
+    const int64_t win_page = S * 2 * hd, c4s[2] = {S / 16 * 2 * 2 * hd * 4, S / 16 * 2 * 2 * id * 4},
+                  hs = S / 4 * 2 * hd * 4;
+    if (page[0] == page[1] || win_page > big || c4s[0] > big || c4s[1] > big || hs > big)
+        return pd_err_set(e, PD_EINVAL, "vllm-ascend's KV layout: the model's pages do not fit its buckets");
+    const int counts[5] = {n4, nh, k->n, n4, nh};
+    const int T = approx_gcd(counts, 5, n4);
+    const int gw = (int)cdiv(k->n, T), g4 = (int)cdiv(n4, T), gh = (int)cdiv(nh, T);
+    /* the largest bucket of a table, MTP caches set apart (the drafter's layers come last) */
+    int most = n4 - mtp4;
+    const int sub[4] = {nh - mtph, (int)cdiv(k->n - mtp_layers, gw), (int)cdiv(n4 - mtp4, g4), (int)cdiv(nh - mtph, gh)};
+    for (int i = 0; i < 4; i++)
+        most = sub[i] > most ? sub[i] : most;
+    k->layout = PD_KV_LAYOUT_VLLM_ASCEND;
+    k->index_key_bytes = key;
+    k->block_entries = S;
+    k->layer_tuples = most + mtp_caches;
+    k->page_bytes[0] = page[1];
+    k->page_bytes[1] = page[0];
+    k->block_id_bytes = (page[0] + page[1]) * k->layer_tuples;
+    k->n_grp = 5;
+    k->grp[0] = (struct pd_kv_group){"CSA entries and indexer keys", S * 4, 0, 1};
+    k->grp[1] = (struct pd_kv_group){"HCA entries", S * hca, 0, 1};
+    k->grp[2] = (struct pd_kv_group){"sliding windows", S, k->window, gw};
+    k->grp[3] = (struct pd_kv_group){"CSA compressor states", S / 16, 2 * 4, g4};
+    k->grp[4] = (struct pd_kv_group){"HCA compressor states", S / 4, hca, gh};
+    memset(k->per_token_kind, 0, sizeof k->per_token_kind);
+    k->per_token_kind[PD_KV_CSA] = (double)k->block_id_bytes / (double)k->grp[0].tokens;
+    k->per_token_kind[PD_KV_HCA] = (double)k->block_id_bytes / (double)k->grp[1].tokens;
+    k->per_token = k->per_token_kind[PD_KV_CSA] + k->per_token_kind[PD_KV_HCA];
+    k->window_bytes = gw * group_max_blocks(&k->grp[2]) * k->block_id_bytes;
+    k->state_bytes = (g4 * group_max_blocks(&k->grp[3]) + gh * group_max_blocks(&k->grp[4])) * k->block_id_bytes;
+    k->per_seq_fixed = k->window_bytes + k->state_bytes;
+    return 0;
+}
+
+/* the most blocks a sequence holds at any length up to `tokens`: the whole-sequence tables only
+ * grow, and every window table repeats with a period of its block, so the most is reached within
+ * the last lcm(blocks) lengths (before a window fills, its table holds no more than later) */
+static int64_t ascend_blocks(const struct pd_kv_size *k, int64_t tokens)
+{
+    int64_t period = 1;
+    for (int g = 0; g < k->n_grp; g++)
+        if (k->grp[g].window > 0)
+            period = period / gcd64(period, k->grp[g].tokens) * k->grp[g].tokens;
+    int64_t most = 0;
+    for (int64_t t = tokens - period + 1 > 1 ? tokens - period + 1 : 1; t <= tokens; t++) {
+        int64_t b = 0;
+        for (int g = 0; g < k->n_grp; g++)
+            b += k->grp[g].n * group_blocks(&k->grp[g], t);
+        most = b > most ? b : most;
+    }
+    return most;
+}
+
 int64_t pd_kv_seq_bytes(const struct pd_kv_size *k, int64_t tokens)
 {
     if (tokens <= 0)
         return 0;
     if (k->flat_per_token)
         return tokens * k->flat_per_token;
+    if (k->layout == PD_KV_LAYOUT_VLLM_ASCEND)
+        return ascend_blocks(k, tokens) * k->block_id_bytes;
     int64_t b = 0;
     for (int l = 0; l < k->n; l++) {
         int r = k->ratio[l];

@@ -12,7 +12,13 @@
  *   padded to 8 bytes = 584 B. An indexer key: bf16 2*128 = 256 B; fp8 128 + 4 B scale = 132 B.
  * The marginal cost (bytes per token, for long sequences) and the fixed cost (bytes per
  * sequence: full windows + compressor states) are reported separately; pd_kv_seq_bytes()
- * gives the exact bytes of a sequence of L tokens (only completed blocks have entries). */
+ * gives the exact bytes of a sequence of L tokens (only completed blocks have entries).
+ *
+ * Two layouts of these bytes: pdmoe's own (the engine's pool, engine/kvpool.c, and the figures
+ * above), and vllm-ascend's on Ascend A2/A3 (pd_kv_size_vllm_ascend, docs/memory-model.md
+ * "KV cache", vllm-ascend 182b75ea): bf16 entries, int8 indexer keys with an fp16 scale, and
+ * every cache in one pool of block ids, each id a page in every cache tensor, so that a
+ * sequence's bytes are the blocks its six block tables hold times the bytes of one id. */
 #ifndef PD_PLAN_KVSIZE_H
 #define PD_PLAN_KVSIZE_H
 
@@ -26,6 +32,19 @@
 enum pd_kv_dtype { PD_KV_AUTO = -1, PD_KV_BF16 = 0, PD_KV_FP8 = 1 };
 
 enum pd_kv_kind { PD_KV_MLA, PD_KV_WINDOW, PD_KV_CSA, PD_KV_HCA, PD_KV_KINDS };
+
+enum pd_kv_layout { PD_KV_LAYOUT_PDMOE, PD_KV_LAYOUT_VLLM_ASCEND };
+
+/* vllm-ascend: one block table (KV cache group) of a DeepSeek-V4 model; a sequence of L tokens
+ * holds, in each of `n` such tables, ceil(L / tokens) blocks (window 0) or those of its last
+ * `window` tokens (sliding windows and compressor states). */
+struct pd_kv_group {
+    const char *what;
+    int64_t tokens;                /* tokens per block */
+    int64_t window;                /* 0: every token */
+    int n;                         /* tables of this kind */
+};
+#define PD_KV_ASCEND_BLOCK_SIZE 128   /* --block-size: the tutorial's, and vllm-ascend's default */
 
 struct pd_kv_size {
     enum pd_kv_dtype dtype;
@@ -45,6 +64,13 @@ struct pd_kv_size {
     int n;                         /* layers counted */
     int ratio[PD_MAX_LAYERS];      /* 0 = window only; -1 = MLA */
     int64_t state[PD_MAX_LAYERS];  /* compressor state bytes of the layer */
+    /* vllm-ascend (layout PD_KV_LAYOUT_VLLM_ASCEND): its groups and the bytes of one block id */
+    enum pd_kv_layout layout;
+    struct pd_kv_group grp[5];
+    int n_grp;
+    int layer_tuples;              /* block id bytes = layer_tuples x (sum of the page sizes) */
+    int64_t page_bytes[2];         /* the two page sizes: a compressed block, its indexer keys */
+    int64_t block_id_bytes;
 };
 
 int pd_kv_parse_dtype(const char *s, enum pd_kv_dtype *d);
@@ -65,8 +91,15 @@ int64_t pd_kv_block_entries(int64_t entry_bytes, int64_t key_bytes, int64_t want
  * values, padded to 8 bytes; a key of index_head_dim fp8 values and an fp32 scale). */
 void pd_kv_v4_entry_bytes(const struct pd_model *m, enum pd_kv_dtype d, int64_t *entry, int64_t *key);
 
+/* Switch a bf16 DeepSeek-V4 size (from pd_kv_size_init) to vllm-ascend's A2/A3 layout with
+ * --block-size PD_KV_ASCEND_BLOCK_SIZE. PD_EINVAL for a model it does not fit (no CSA or no HCA
+ * layer, not V4, not bf16, flat). */
+int pd_kv_size_vllm_ascend(struct pd_kv_size *k, const struct pd_model *m, pd_err *e);
+const char *pd_kv_layout_name(const struct pd_kv_size *k);
+
 /* Bytes one sequence of `tokens` tokens holds: its full window and compressor states, and its
- * compressed entries (and a CSA layer's keys) in whole pages. */
+ * compressed entries (and a CSA layer's keys) in whole pages. In vllm-ascend's layout, the most
+ * it holds at any length up to `tokens` (its windows' blocks come and go as it grows). */
 int64_t pd_kv_seq_bytes(const struct pd_kv_size *k, int64_t tokens);
 /* Largest context such that `seqs` sequences fit in `bytes` (0 if none). */
 int64_t pd_kv_max_context(const struct pd_kv_size *k, int64_t bytes, int64_t seqs);

@@ -131,7 +131,8 @@ static void text_kv(FILE *f, const struct pd_plan *p, int u)
                 (long long)k->flat_per_token);
         return;
     }
-    fprintf(f, "KV cache per token, %s cache, from the architecture\n", pd_kv_dtype_name(k->dtype));
+    fprintf(f, "KV cache per token, %s cache, from the architecture, in %s\n", pd_kv_dtype_name(k->dtype),
+            pd_kv_layout_name(k));
     fprintf(f, "  %-8s %7s %14s\n", "layers", "count", "bytes/token");
     for (int i = 0; i < PD_KV_KINDS; i++)
         if (k->n_layers[i])
@@ -388,7 +389,7 @@ char *pd_plan_json(const struct pd_plan *p, const struct pd_perf *f)
     }
     json_t *root = json_pack(
         "{s:i,s:{s:s,s:s,s:s,s:I,s:I,s:i,s:i,s:i,s:i},s:{s:s,s:s,s:s,s:i,s:i,s:i,s:I},s:{s:s,s:s,s:f,s:I,s:I,s:I,s:b,s:i},"
-        "s:{s:o,s:I,s:I,s:I,s:I,s:I,s:o},s:{s:s,s:I,s:f,s:I,s:I,s:I,s:I,s:o},s:[o,o],s:I,s:o,s:o,s:o}",
+        "s:{s:o,s:I,s:I,s:I,s:I,s:I,s:o},s:{s:s,s:s,s:I,s:f,s:I,s:I,s:I,s:I,s:o},s:[o,o],s:I,s:o,s:o,s:o}",
         "plan_version", PD_PLAN_VERSION,
         "model", "name", p->model.name, "model_type", pd_model_arch_name(p->model.arch), "source", p->model.source,
         "hidden_size", (json_int_t)p->model.hidden_size, "vocab_size", (json_int_t)p->model.vocab_size,
@@ -405,7 +406,7 @@ char *pd_plan_json(const struct pd_plan *p, const struct pd_perf *f)
         (json_int_t)p->inv.class_bytes[1], "class_i_params", (json_int_t)p->inv.class_params[0], "class_ii_params",
         (json_int_t)p->inv.class_params[1], "expert_bytes_all_layers",
         (json_int_t)(p->inv.n_experts ? p->inv.expert_bytes[0] : 0), "unclassed_tensors", unclassed,
-        "kv_cache", "dtype", pd_kv_dtype_name(p->kv.dtype), "flat_bytes_per_token", (json_int_t)p->kv.flat_per_token,
+        "kv_cache", "dtype", pd_kv_dtype_name(p->kv.dtype), "layout", pd_kv_layout_name(&p->kv), "flat_bytes_per_token", (json_int_t)p->kv.flat_per_token,
         "bytes_per_token", p->kv.per_token, "bytes_per_seq_fixed", (json_int_t)p->kv.per_seq_fixed, "entry_bytes",
         (json_int_t)p->kv.entry_bytes, "window_tokens", (json_int_t)p->kv.window, "max_model_len_seq_bytes",
         (json_int_t)pd_kv_seq_bytes(&p->kv, p->o.max_model_len), "layers", kinds,

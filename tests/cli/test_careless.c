@@ -100,7 +100,7 @@ Test(careless, numbers_past_what_they_size_are_refused)
  * costed 73 million layouts for 3 minutes in about 12 GB. */
 Test(careless, a_search_too_large_to_hold_is_refused_at_once)
 {
-    refused("search --cards 4096", "--cards 4096: 67063168 prefill x decode layouts", "search fewer cards");
+    refused("search --cards 4096", "--cards 4096: 67001848 prefill x decode layouts", "search fewer cards");
 }
 
 /* search --json at a request rate some layouts cannot sustain: their TTFT is null, as in plan

@@ -87,3 +87,55 @@ Test(kvsize, flat_override_and_inverse)
     cr_assert_eq(pd_model_load("v4-tiny", &m, &e), 0);
     cr_assert_neq(pd_kv_size_init(&k, &m, PD_KV_FP8, 0, -1, &e), 0);
 }
+
+/* vllm-ascend's layout of V4-Flash's bf16 cache on A2/A3, --block-size 128 (commit 182b75ea; the
+ * facts and their file:line in docs/memory-model.md "KV cache"). Pages: a compressed block holds
+ * 128 entries of 2 x 512 = 1,024 B (131,072 B), its indexer keys 128 x (128 int8 + 2 B fp16 scale)
+ * = 16,640 B. Groups: CSA entries + keys (blocks of 128 x 4 = 512 tokens), HCA entries (128 x 128 =
+ * 16,384), sliding windows (128 tokens, window 128), CSA compressor states (8 tokens, window 8), HCA
+ * states (32 tokens, window 128). Layer counts 21, 20, 44 (43 + MTP), 21, 20: the padding-minimising
+ * T >= 21 is 22 (pads 1+2+0+1+2), so the 44 windows are 2 tables (22 and 22, the MTP layer in the
+ * second), the states 1 each. A block id: (largest table without MTP, 22, + 1 MTP cache) = 23 layer
+ * tuples x (131,072 + 16,640) = 3,397,376 B. */
+Test(kvsize, v4_flash_vllm_ascend)
+{
+    struct pd_model m;
+    struct pd_kv_size k;
+    pd_err e = {0};
+    cr_assert_eq(pd_model_load("deepseek-v4-flash", &m, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kv_size_init(&k, &m, PD_KV_BF16, 1, 0, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kv_size_vllm_ascend(&k, &m, &e), 0, "%s", e.msg);
+    cr_assert_eq(k.layout, PD_KV_LAYOUT_VLLM_ASCEND);
+    cr_assert_eq(k.index_key_bytes, 130);
+    cr_assert_eq(k.layer_tuples, 23);
+    const int64_t B = 3397376;
+    cr_assert_eq(k.block_id_bytes, B);
+    cr_assert_eq(k.grp[2].n, 2);
+    cr_assert_eq(k.grp[3].n, 1);
+    cr_assert_eq(k.grp[4].n, 1);
+    /* marginal: one block id per 512 tokens and one per 16,384 = 6,635.5 + 207.359375 */
+    cr_assert_float_eq(k.per_token, B / 512.0 + B / 16384.0, 1e-9);
+    cr_assert_float_eq(k.per_token, 6842.859375, 1e-9);
+    /* fixed: at most 2 window blocks per table (2 tables), 2 CSA state blocks, 5 HCA state blocks
+     * (the last 127 tokens over blocks of 32) = 11 blocks */
+    cr_assert_eq(k.window_bytes, 4 * B);
+    cr_assert_eq(k.state_bytes, 7 * B);
+    cr_assert_eq(k.per_seq_fixed, 37371136);
+    /* 32,768 tokens: 64 CSA + 2 HCA blocks, and at lengths 32,641..32,767 not a multiple of 8 the 11
+     * window and state blocks: 77 blocks */
+    cr_assert_eq(pd_kv_seq_bytes(&k, 32768), 77 * B);
+    cr_assert_eq(pd_kv_seq_bytes(&k, 32768), 261597952);
+    /* 129 tokens: 1 + 1 + 2 x 2 windows + 2 + 5 states = 13; 128: the most is at 127 tokens,
+     * 1 + 1 + 2 x 1 + 2 (blocks of tokens 112..119 and 120..126) + 4 = 10 (at 128 itself, 9) */
+    cr_assert_eq(pd_kv_seq_bytes(&k, 129), 13 * B);
+    cr_assert_eq(pd_kv_seq_bytes(&k, 128), 10 * B);
+    /* without the MTP layer: counts 21, 20, 43, 21, 20, T still 22 (pads 1+2+1+1+2), tables 22 and 21,
+     * no MTP cache: 22 tuples */
+    cr_assert_eq(pd_kv_size_init(&k, &m, PD_KV_BF16, 0, 0, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kv_size_vllm_ascend(&k, &m, &e), 0, "%s", e.msg);
+    cr_assert_eq(k.block_id_bytes, 22 * 147712);
+    cr_assert_eq(pd_kv_seq_bytes(&k, 32768), 77 * 22 * 147712);
+    /* an fp8 cache is not vllm-ascend's on A2/A3 */
+    cr_assert_eq(pd_kv_size_init(&k, &m, PD_KV_FP8, 1, 0, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kv_size_vllm_ascend(&k, &m, &e), PD_EINVAL);
+}

@@ -136,21 +136,24 @@ Test(seed, released_model)
     cr_assert_str_eq(gb(p.inv.group_bytes[PD_G_EMBEDDING][PD_CLASS_II] + p.inv.group_bytes[PD_G_LM_HEAD][PD_CLASS_II]),
                      "2.12 GB");
     cr_assert_eq(p.kv.dtype, PD_KV_BF16);   /* as vllm-ascend stores V4's cache on 910B */
-    cr_assert_float_eq(p.kv.per_token_kind[PD_KV_CSA], 6720.0, 1e-9);
-    cr_assert_float_eq(p.kv.per_token_kind[PD_KV_HCA], 160.0, 1e-9);
+    cr_assert_eq(p.kv.layout, PD_KV_LAYOUT_VLLM_ASCEND);   /* and lays it out (kvsize.h) */
+    /* a block id: 23 layer tuples x (16,640 + 131,072) = 3,397,376 B; per 512 tokens (CSA) and per
+     * 16,384 (HCA) */
+    cr_assert_float_eq(p.kv.per_token_kind[PD_KV_CSA], 3397376 / 512.0, 1e-9);
+    cr_assert_float_eq(p.kv.per_token_kind[PD_KV_HCA], 3397376 / 16384.0, 1e-9);
     cr_assert_str_eq(gb(P->b.class_i), "35.48 GB");
     cr_assert_str_eq(gb(P->b.weights), "46.26 GB");
     cr_assert_str_eq(gb(D->b.weights), "19.65 GB");
-    cr_assert_float_eq(p.kv.per_token, 6880.0, 1e-9);
-    cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, p.kv.per_seq_fixed, PD_UNITS_GB), "17.97 MB");
-    cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, P->kv_need, PD_UNITS_GB), "243.42 MB");   /* in pages */
-    cr_assert_str_eq(gb(D->kv_need), "7.30 GB");
-    cr_assert_eq(D->seqs_at_max_len, 164);
-    cr_assert_eq(D->ctx_at_max_seqs, 191811);
-    cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, p.handoff[0].bytes, PD_UNITS_GB), "73.30 MB");
-    cr_assert_float_eq(p.handoff[0].rdma_s * 1e3, 5.1, 0.05);
-    cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, p.handoff[1].bytes, PD_UNITS_GB), "919.75 MB");
-    cr_assert_float_eq(p.handoff[1].rdma_s * 1e3, 52.1, 0.05);
+    cr_assert_float_eq(p.kv.per_token, 6842.859375, 1e-9);
+    cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, p.kv.per_seq_fixed, PD_UNITS_GB), "37.37 MB");
+    cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, P->kv_need, PD_UNITS_GB), "261.60 MB");   /* 77 blocks */
+    cr_assert_str_eq(gb(D->kv_need), "7.85 GB");
+    cr_assert_eq(D->seqs_at_max_len, 153);
+    cr_assert_eq(D->ctx_at_max_seqs, 189440);
+    cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, p.handoff[0].bytes, PD_UNITS_GB), "95.13 MB");
+    cr_assert_float_eq(p.handoff[0].rdma_s * 1e3, 6.3, 0.05);
+    cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, p.handoff[1].bytes, PD_UNITS_GB), "934.28 MB");
+    cr_assert_float_eq(p.handoff[1].rdma_s * 1e3, 52.9, 0.05);
     cr_assert(row(&p, PD_ROLE_DECODE, 8)->chosen);
     cr_assert_str_eq(gb(row(&p, PD_ROLE_DECODE, 8)->kv_pool), "13.54 GB");
     pd_plan_free(&p);
