@@ -700,6 +700,22 @@ Test(plan, kv_cache_dtype_default_is_the_stacks)
     }
     struct pd_plan_opts o;
     struct pd_plan p;
+    /* a CPU without FP8 (pdmoe calibrate writes fp8_flops 0) runs pdmoe's own engine: bf16 in the
+     * engine's layout, not vllm-ascend's */
+    struct pd_hardware hw;
+    pd_err he = {0};
+    cr_assert_eq(pd_hardware_load("atlas-800i-a2", &hw, &he), 0, "%s", he.msg);
+    snprintf(hw.card_name, sizeof hw.card_name, "CPU");
+    pd_plan_opts_default(&o);
+    o.hw = &hw;
+    build(&o, &p);
+    cr_assert_eq(p.kv.dtype, PD_KV_BF16);
+    cr_assert_eq(p.kv.layout, PD_KV_LAYOUT_PDMOE);
+    pd_plan_free(&p);
+    pd_plan_opts_default(&o);
+    build(&o, &p);
+    cr_assert_eq(p.kv.layout, PD_KV_LAYOUT_VLLM_ASCEND);
+    pd_plan_free(&p);
     pd_plan_opts_default(&o);
     o.kv_dtype = PD_KV_FP8;
     build(&o, &p);
