@@ -30,6 +30,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -94,20 +95,27 @@ static void spawn(struct child *c)
     c->term_at = 0;
 }
 
-/* The directories of earlier runs of pdmoe up that were killed before they could remove theirs
- * (SIGKILL, a crash): /tmp/pdmoe-up-* whose "pid" file names a process that no longer exists.
- * A directory without that file, or of a process alive, is left alone. */
-static void sweep_stale_dirs(void)
+/* Where up keeps its directory: $TMPDIR when it is an absolute path, else /tmp. */
+static const char *tmp_dir(void)
 {
-    DIR *d = opendir("/tmp");
+    const char *t = getenv("TMPDIR");
+    return t && t[0] == '/' && strlen(t) < 256 ? t : "/tmp";
+}
+
+/* The directories of earlier runs of pdmoe up that were killed before they could remove theirs
+ * (SIGKILL, a crash): <tmp>/pdmoe-up-* whose "pid" file names a process that no longer exists.
+ * A directory without that file, or of a process alive, is left alone. */
+static void sweep_stale_dirs(const char *tmp)
+{
+    DIR *d = opendir(tmp);
     if (!d)
         return;
     struct dirent *ent;
     while ((ent = readdir(d))) {
         if (strncmp(ent->d_name, "pdmoe-up-", 9))
             continue;
-        char path[300], file[400];
-        snprintf(path, sizeof path, "/tmp/%s", ent->d_name);
+        char path[600], file[700];
+        snprintf(path, sizeof path, "%s/%s", tmp, ent->d_name);
         snprintf(file, sizeof file, "%s/pid", path);
         FILE *f = fopen(file, "r");
         long pid = 0;
@@ -146,20 +154,37 @@ static void describe(int status, char *out, size_t cap)
 }
 
 /* The restart counts, in Prometheus' text format, for the proxy's /metrics: written whole to a
- * temporary file and renamed, so the proxy never reads half of it. */
+ * temporary file and renamed, so the proxy never reads half of it. A write that fails (a full
+ * filesystem) leaves no temporary file and is said once, and again when writing works again:
+ * until then the proxy's /metrics has no pdmoe_restarts_total, or older counts. */
 static void write_metrics(const char *path, const struct child *c, int n)
 {
-    char tmp[640];
+    static int failing;
+    char tmp[PATH_MAX + 8];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
-    if (!f)
-        return;
-    fprintf(f, "# HELP pdmoe_restarts_total Processes pdmoe up started again after they died.\n"
-               "# TYPE pdmoe_restarts_total counter\n");
-    for (int i = 0; i < n; i++)
-        fprintf(f, "pdmoe_restarts_total{role=\"%s\",instance=\"%d\"} %d\n", c[i].role, c[i].instance, c[i].restarts);
-    if (fclose(f) == 0)
-        rename(tmp, path);
+    int err = f ? 0 : errno;
+    if (f) {
+        fprintf(f, "# HELP pdmoe_restarts_total Processes pdmoe up started again after they died.\n"
+                   "# TYPE pdmoe_restarts_total counter\n");
+        for (int i = 0; i < n; i++)
+            fprintf(f, "pdmoe_restarts_total{role=\"%s\",instance=\"%d\"} %d\n", c[i].role, c[i].instance,
+                    c[i].restarts);
+        if (fflush(f) != 0 || ferror(f))
+            err = errno ? errno : EIO;
+        if (fclose(f) != 0 && !err)
+            err = errno;
+        if (!err && rename(tmp, path) != 0)
+            err = errno;
+        if (err)
+            unlink(tmp);
+    }
+    if (err && !failing)
+        fprintf(stderr, "pdmoe up: cannot write the restart counts to %s: %s (the proxy's /metrics lacks them "
+                        "until it can)\n", path, strerror(err));
+    else if (!err && failing)
+        fprintf(stderr, "pdmoe up: the restart counts are written to %s again\n", path);
+    failing = err != 0;
 }
 
 /* 1 when http://host:port/health answers 200. */
@@ -776,19 +801,22 @@ int pd_cli_up(int argc, char **argv)
     struct child ch[MAX_CHILDREN];
     memset(ch, 0, sizeof ch);
     int n = 0;
-    sweep_stale_dirs();
-    char mdir[] = "/tmp/pdmoe-up-XXXXXX", mfile[64], pfile[64];
+    const char *tmp = tmp_dir();
+    sweep_stale_dirs(tmp);
+    char mdir[300], mfile[320], mtmp[330], pfile[320];
+    snprintf(mdir, sizeof mdir, "%s/pdmoe-up-XXXXXX", tmp);
     if (!mkdtemp(mdir)) {
-        fprintf(stderr, "pdmoe up: cannot create a directory in /tmp: %s\n", strerror(errno));
+        fprintf(stderr, "pdmoe up: cannot create a directory in %s: %s\n", tmp, strerror(errno));
         return 1;
     }
     snprintf(mfile, sizeof mfile, "%s/restarts.prom", mdir);
+    snprintf(mtmp, sizeof mtmp, "%s.tmp", mfile);
     snprintf(pfile, sizeof pfile, "%s/pid", mdir);   /* whose it is, for the sweep of a later run */
     FILE *pf = fopen(pfile, "w");
-    if (pf) {
-        fprintf(pf, "%ld\n", (long)getpid());
-        fclose(pf);
-    }
+    int pid_ok = pf && fprintf(pf, "%ld\n", (long)getpid()) > 0 && fflush(pf) == 0;
+    if ((pf && fclose(pf) != 0) || !pid_ok)
+        fprintf(stderr, "pdmoe up: cannot write %s: %s (if this run is killed, a later one will not know to remove "
+                        "%s)\n", pfile, strerror(errno ? errno : EIO), mdir);
     char sth[16], slen[16];
     snprintf(sth, sizeof sth, "%lld", (long long)threads);
     snprintf(slen, sizeof slen, "%lld", (long long)max_len);
@@ -884,6 +912,8 @@ int pd_cli_up(int argc, char **argv)
         stop_all(ch, n, 0);
         for (int i = 0; i < n; i++)
             pd_launch_argv_free(ch[i].argv);
+        unlink(mfile);
+        unlink(mtmp);
         unlink(pfile);
         rmdir(mdir);
         return failed;
@@ -988,6 +1018,7 @@ int pd_cli_up(int argc, char **argv)
     for (int i = 0; i < n; i++)
         pd_launch_argv_free(ch[i].argv);
     unlink(mfile);
+    unlink(mtmp);
     unlink(pfile);
     rmdir(mdir);
     fprintf(stderr, "pdmoe up: stopped\n");

@@ -2,6 +2,7 @@
  * with --prefill-ep/--decode-ep 2 each instance an EP group under mpirun) gives the same greedy
  * tokens as one colocated process, every KV pool (every rank's) is full again afterwards, and
  * SIGINT stops every process it started. */
+#define _GNU_SOURCE   /* unshare */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -12,6 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -478,6 +483,64 @@ Test(up, a_killed_up_leaves_no_process_and_its_directory_is_swept_next_time)
     stop_up(up, port);
     unlink(pidfile);
     rmdir(live);
+}
+
+/* up keeps its directory under $TMPDIR, and on a full filesystem (here a full 64 KiB tmpfs, in a
+ * mount namespace of up's own) says once that it cannot write its restart counts, leaves no
+ * temporary file, and serves. It used /tmp whatever TMPDIR said, and the failed write was silent
+ * and left restarts.prom.tmp behind, which kept its directory at exit. */
+Test(up, a_full_tmpdir_is_said_and_leaves_no_file_behind)
+{
+    if (geteuid() != 0)
+        cr_skip_test("needs root (a mount namespace of its own)");
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const int port = test_ports();
+    char d[] = "/tmp/pdmoe-test-tmpdirXXXXXX", out[256], err[256];
+    cr_assert_not_null(mkdtemp(d));
+    snprintf(out, sizeof out, "%s/up.out", dir);
+    snprintf(err, sizeof err, "%s/up.err", dir);
+    pid_t up = fork();
+    if (up == 0) {
+        if (unshare(CLONE_NEWNS) || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) ||
+            mount("tmpfs", d, "tmpfs", 0, "size=64k"))
+            _exit(126);
+        char fill[300], block[4096] = {0};
+        snprintf(fill, sizeof fill, "%s/fill", d);
+        int fd = open(fill, O_CREAT | O_WRONLY, 0600);
+        while (fd >= 0 && write(fd, block, sizeof block) > 0)
+            ;
+        close(fd);
+        setenv("TMPDIR", d, 1);
+        char sp[16];
+        snprintf(sp, sizeof sp, "%d", port);
+        freopen(out, "w", stdout);
+        freopen(err, "w", stderr);
+        execl(bin, bin, "up", "--model", dir, "--port", sp, (char *)NULL);
+        _exit(127);
+    }
+    up_pid = up;
+    cr_assert(up_wait_ready(out), "pdmoe up did not become ready");
+    char pat[400], log[8192] = "";
+    snprintf(pat, sizeof pat, "/proc/%d/root%s/pdmoe-up-*", (int)up, d);
+    glob_t g;
+    cr_assert_eq(glob(pat, 0, NULL, &g), 0, "no pdmoe-up-* directory under TMPDIR %s", d);
+    char tmpf[600];
+    snprintf(tmpf, sizeof tmpf, "%s/restarts.prom.tmp", g.gl_pathv[0]);
+    struct stat st;
+    cr_assert_neq(stat(tmpf, &st), 0, "%s was left behind", tmpf);
+    globfree(&g);
+    FILE *f = fopen(err, "r");
+    size_t n = f ? fread(log, 1, sizeof log - 1, f) : 0;
+    log[n] = 0;
+    if (f)
+        fclose(f);
+    char want[300];
+    snprintf(want, sizeof want, "pdmoe up: cannot write the restart counts to %s/pdmoe-up-", d);
+    cr_assert(strstr(log, want) && strstr(log, "No space left on device"), "%s", log);
+    const char *first = strstr(log, "cannot write the restart counts");
+    cr_assert_null(strstr(first + 1, "cannot write the restart counts"), "said more than once: %s", log);
+    stop_up(up, port);
+    rmdir(d);
 }
 
 /* Leaves a connection in TIME_WAIT on the server's side of 127.0.0.1:port, as a prefill instance
