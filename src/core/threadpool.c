@@ -15,10 +15,13 @@
 #include "core/threadpool.h"
 
 #include <assert.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 /* How long a thread polls before it sleeps. */
@@ -224,8 +227,9 @@ int pd_pool_create(int nthreads, pd_pool **out, pd_err *err)
         if (rc != 0) {
             stop_workers(p);
             free_pool(p);
-            return pd_err_set(err, PD_ENOMEM, "thread pool: cannot start worker %d of %d", i + 1,
-                              nthreads - 1);
+            char why[256];
+            return pd_err_set(err, PD_ENOMEM, "thread pool: cannot start worker %d of %d: %s", i + 1, nthreads - 1,
+                              pd_thread_why(rc, why, sizeof why));
         }
         p->nworkers++;
     }
@@ -322,4 +326,12 @@ void pd_pool_destroy(pd_pool *p)
         return;
     stop_workers(p);
     free_pool(p);
+}
+
+const char *pd_thread_why(int rc, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s%s", strerror(rc),
+             rc == EAGAIN ? " (a limit on threads: ulimit -u, the cgroup's pids.max as a container's --pids-limit "
+                            "or systemd's TasksMax sets it, or memory for a stack)" : "");
+    return buf;
 }

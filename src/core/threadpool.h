@@ -9,6 +9,8 @@
 #ifndef PD_CORE_THREADPOOL_H
 #define PD_CORE_THREADPOOL_H
 
+#include <stddef.h>
+
 #include "core/err.h"
 
 typedef struct pd_pool pd_pool;
@@ -17,6 +19,11 @@ typedef struct pd_pool pd_pool;
 typedef void (*pd_pool_fn)(void *arg, int task);
 
 #define PD_POOL_MAX_THREADS 256
+
+/* Why pthread_create returned rc, for an error message: its strerror and, for EAGAIN, where the
+ * limit usually is ("... a limit on threads: ulimit -u, the cgroup's pids.max (a container's
+ * --pids-limit, systemd's TasksMax), or memory for a stack"). */
+const char *pd_thread_why(int rc, char *buf, size_t cap);
 
 /* Creates a pool of `nthreads` threads in total: the caller of pd_pool_run plus nthreads - 1
  * workers (nthreads = 1 makes no worker). Returns 0, PD_EINVAL or PD_ENOMEM. */

@@ -2,6 +2,7 @@
  * batching over the engine (or an EP group of MPI ranks: server_ep.c), and the server's life; the
  * KV leases and pulls are server_kv.c, the HTTP side server_api.c (its /metrics
  * server_metrics.c), the shared state server_int.h. */
+#include "core/threadpool.h"
 #include "core/file.h"
 #include "pd/server_int.h"
 
@@ -648,8 +649,10 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
         }
         /* a producer progresses its worker when idle, to answer pulls; a consumer (each rank of
          * an EP group), to move its pulls while the sequences step */
-        if (pthread_create(&s->kvx_thread, NULL, pd_srv_kvx_loop, s)) {
-            rc = pd_err_set(e, PD_ENOMEM, "cannot start the KV transfer thread");
+        int trc = pthread_create(&s->kvx_thread, NULL, pd_srv_kvx_loop, s);
+        if (trc) {
+            char why[256];
+            rc = pd_err_set(e, PD_ENOMEM, "cannot start the KV transfer thread: %s", pd_thread_why(trc, why, sizeof why));
             goto fail;
         }
         s->kvx_thread_started = 1;
@@ -691,8 +694,10 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
         event_add(s->sigint, NULL);
         event_add(s->sigterm, NULL);
     }
-    if (pthread_create(&s->thread, NULL, scheduler, s)) {
-        rc = pd_err_set(e, PD_ENOMEM, "cannot start the scheduler thread");
+    int trc = pthread_create(&s->thread, NULL, scheduler, s);
+    if (trc) {
+        char why[256];
+        rc = pd_err_set(e, PD_ENOMEM, "cannot start the scheduler thread: %s", pd_thread_why(trc, why, sizeof why));
         goto fail;
     }
     s->thread_started = 1;

@@ -2,6 +2,7 @@
  * check that every rank loaded the same model, its buffers, its end; and its liveness: how long
  * rank 0's round has gone without progress, the watchdog that ends a stalled group, and rank 0's
  * stop, which answers the clients when a rank is gone. The rounds themselves are server_ep.c's. */
+#include "core/threadpool.h"
 #include "pd/server_int.h"
 #include "core/grow.h"
 
@@ -214,8 +215,12 @@ int pd_srv_ep_setup(struct pd_server *s, pd_err *e)
     if (s->o.watchdog_s == 0)
         s->o.watchdog_s = PD_EP_WATCHDOG_DEFAULT_S;
     if (g->rank == 0 && s->o.watchdog_s > 0) {
-        if (pthread_create(&g->watchdog, NULL, watchdog, s))
-            return pd_err_set(e, PD_ENOMEM, "cannot start the EP group's watchdog thread");
+        int trc = pthread_create(&g->watchdog, NULL, watchdog, s);
+        if (trc) {
+            char why[256];
+            return pd_err_set(e, PD_ENOMEM, "cannot start the EP group's watchdog thread: %s",
+                              pd_thread_why(trc, why, sizeof why));
+        }
         g->watchdog_on = 1;
     }
     pd_ep_attach(&g->ep, &s->en);

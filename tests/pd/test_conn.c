@@ -715,6 +715,38 @@ Test(conn, a_full_dev_shm_is_named)
     cr_assert(note && (!mpi || note < mpi), "no note on /dev/shm before Open MPI's messages: %s", out);
 }
 
+/* A limit on threads (a container's pids.max, systemd's TasksMax, ulimit -u; here an LD_PRELOAD
+ * shim, build/libnothreads.so, failing pthread_create with EAGAIN past N threads) is named when serve
+ * cannot start its pool or its scheduler: it said "cannot start the scheduler thread" and nothing
+ * of why. */
+Test(conn, a_limit_on_threads_is_named)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char shim[512];
+    snprintf(shim, sizeof shim, "%s", bin);
+    char *slash = strrchr(shim, '/');
+    snprintf(slash ? slash + 1 : shim, sizeof shim - (size_t)(slash ? slash + 1 - shim : 0), "libnothreads.so");
+    cr_assert_eq(access(shim, R_OK), 0, "no %s", shim);
+    int port = test_ports();
+    static const struct {
+        int max;
+        const char *what;
+    } c[] = {{1, "thread pool: cannot start worker 2 of 3: Resource temporarily unavailable (a limit on threads: "},
+             {3, "cannot start the scheduler thread: Resource temporarily unavailable (a limit on threads: "}};
+    for (int i = 0; i < 2; i++) {
+        char cmd[1024], out[4096];
+        snprintf(cmd, sizeof cmd, "LD_PRELOAD=%s PDMOE_TEST_THREADS_MAX=%d ASAN_OPTIONS=$ASAN_OPTIONS:verify_asan_link_order=0 "
+                 "timeout 60 %s serve --model %s --port %d --threads 4 2>&1", shim, c[i].max, bin, dir, port);
+        FILE *p = popen(cmd, "r");
+        cr_assert_not_null(p);
+        size_t n = fread(out, 1, sizeof out - 1, p);
+        out[n] = 0;
+        int st = pclose(p);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0 && WEXITSTATUS(st) != 124, "status %d: %s", st, out);
+        cr_assert(strstr(out, c[i].what) && strstr(out, "pids.max"), "%s", out);
+    }
+}
+
 /* The flags are in both commands' --help, and a bad value is refused naming the flag. */
 Test(conn, serve_and_proxy_flags_are_documented_and_checked)
 {
