@@ -522,6 +522,8 @@ static void on_reply_done(struct evhttp_request *h, void *arg)
 {
     struct conn *c = arg;
     struct evbuffer *in = bufferevent_get_input(c->bev);
+    /* evhttp reads the next request under its own limits (header bytes, body bytes, deadlines) */
+    bufferevent_setwatermark(c->bev, EV_READ, 0, 0);
     if (evbuffer_get_length(in))
         start_request(c, in, 0);   /* the next request is already coming */
     else
@@ -573,6 +575,12 @@ static void on_route(struct evhttp_request *h, void *arg)
     if (c) {
         arm(c, BUSY);
         evhttp_request_set_on_complete_cb(h, on_reply_done, c);
+        /* while the request is answered libevent reads the socket on, with no limit (to see a close;
+         * so does pd_http_set_closecb): a client writing requests back to back without reading the
+         * answers was buffered whole, 2.3 GB in 7 s. At max_header_bytes unread the connection is
+         * no longer read (the kernel's buffers then push back on the client) until this answer is
+         * written; a client that never reads it is closed by the idle deadline */
+        bufferevent_setwatermark(c->bev, EV_READ, 0, (size_t)r->f->lim.max_header_bytes);
     }
     if (h->major != 1 || (h->minor != 0 && h->minor != 1)) {
         /* libevent 2.1 takes HTTP/0.x and HTTP/1.x of any minor, and echoes it in the status line */
@@ -634,9 +642,19 @@ void pd_http_set_closecb(struct evhttp_request *h, void (*cb)(struct evhttp_conn
     }
     /* libevent stops reading a connection while its request is answered, so a client that leaves
      * would be seen only at the next write (a request waiting upstream or in a queue could wait
-     * long for one); reading on lets cb run as soon as the client goes */
-    if (cb)
-        bufferevent_enable(evhttp_connection_get_bufferevent(evcon), EV_READ);
+     * long for one); reading on lets cb run as soon as the client goes. Without evhttp's read
+     * callback, as libevent itself reads while it writes an answer: that callback, run by the bytes
+     * of a request pipelined behind this one, ended the process ("evhttp_read_cb: illegal
+     * connection state 7"); the bytes wait in the input (bounded, see on_route) for the next turn */
+    if (cb) {
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(evcon);
+        bufferevent_data_cb wcb = NULL;
+        bufferevent_event_cb ecb = NULL;
+        void *cbarg = NULL;
+        bufferevent_getcb(bev, NULL, &wcb, &ecb, &cbarg);
+        bufferevent_setcb(bev, NULL, wcb, ecb, cbarg);
+        bufferevent_enable(bev, EV_READ);
+    }
 }
 
 /* ---- the front ----------------------------------------------------------------------------- */

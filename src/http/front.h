@@ -9,6 +9,8 @@
  *   body_timeout_ms of the end of its headers. Once a handler has the request no read deadline
  *   applies (a generation may take minutes; a client that leaves is seen by the close callback);
  *   a reply the client does not read for idle_timeout_ms closes the connection.
+ * - Requests pipelined on a connection are answered in order, one at a time; while one is
+ *   answered at most max_header_bytes more are read from the connection.
  * - accept() failing for lack of descriptors (EMFILE, ENFILE) pauses accepting for 100 ms rather
  *   than retrying at once (libevent's listener would spin), logged once per episode.
  * - libevent 2.1 answers malformed, oversized (413) or unsupported requests itself with an HTML

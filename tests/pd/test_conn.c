@@ -3,7 +3,8 @@
  * and a slowloris are closed at their deadlines while others are served; over the connection cap
  * a 503 with a JSON body; libevent's own 400/413 answers carry JSON bodies; ambiguous framing (two
  * Content-Lengths, a coding besides chunked) is refused and the connection closed; HEAD answers carry
- * no body; a stream or a long generation outlives every timeout. */
+ * no body; a stream or a long generation outlives every timeout; requests pipelined behind a
+ * generation or sent without reading the answers are answered in order, in bounded memory. */
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
 #include <errno.h>
@@ -321,6 +322,132 @@ Test(conn, keep_alive_connection_is_closed_after_the_idle_timeout)
     cr_assert(strstr(out, "200 OK") && strstr(out, "ok"), "%s", out);
     cr_assert(t > 0.5 && t < 2, "the idle keep-alive closed after %.2f s (idle timeout 0.6 s)", t);
     close(fd);
+}
+
+/* A request pipelined behind a completion still being generated, on one keep-alive connection:
+ * both are answered in order. The handler reads the connection to see its client leave, and
+ * libevent's read callback, run by the second request's bytes, ended the whole process
+ * ("evhttp_read_cb: illegal connection state 7"). */
+static void pipelined_behind_a_generation(int port)
+{
+    int fd = dial(port);
+    const char *body = "{\"prompt\":\"x\",\"max_tokens\":2000,\"ignore_eos\":true,\"temperature\":0}";
+    char req[512];
+    snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
+    say(fd, req);
+    usleep(100000);
+    say(fd, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    static char out[1 << 20];
+    read_until_close(fd, 60, out, sizeof out);
+    close(fd);
+    cr_assert(strncmp(out, "HTTP/1.1 200", 12) == 0, "the completion: %.300s", out);
+    cr_assert(strstr(out, "\"completion_tokens\":2000"), "the completion is not whole: %.300s", out);
+    const char *second = strstr(out + 1, "HTTP/1.1 ");
+    cr_assert(second && strncmp(second, "HTTP/1.1 200", 12) == 0 && strstr(second, "\r\n\r\nok"),
+              "no /health answer after the completion: %.300s", second ? second : out);
+    /* and the process still serves */
+    char b[256];
+    cr_assert_eq(curl_port(port, "/health", NULL, NULL, b, sizeof b), 200);
+}
+
+Test(conn, serve_answers_a_request_pipelined_behind_a_generation)
+{
+    pipelined_behind_a_generation(start_server(&(struct pd_http_limits){0}));
+}
+
+Test(conn, proxy_answers_a_request_pipelined_behind_a_generation)
+{
+    struct pd_http_limits open = {0};
+    pipelined_behind_a_generation(start_proxy(&open, start_server(&open)));
+}
+
+/* Counts the answers' status lines in a stream read in pieces (a line may straddle two). */
+struct answers {
+    size_t n;
+    char carry[32];
+    size_t carried;
+};
+
+static void count_answers(struct answers *a, const char *data, size_t len)
+{
+    static const char mark[] = "HTTP/1.1 200 OK\r\n";
+    const size_t keep = sizeof mark - 2;   /* too short to hold a whole line */
+    char *buf = malloc(a->carried + len + 1);
+    memcpy(buf, a->carry, a->carried);
+    memcpy(buf + a->carried, data, len);
+    size_t n = a->carried + len;
+    buf[n] = 0;
+    for (const char *q = buf; (q = strstr(q, mark)); q += sizeof mark - 1)   /* (the answers hold no NUL) */
+        a->n++;
+    a->carried = n < keep ? n : keep;
+    memcpy(a->carry, buf + n - a->carried, a->carried);
+    free(buf);
+}
+
+/* A client writing GET /health back to back on one connection and reading the answers slowly (4 KB
+ * every 50 ms): the server reads no further ahead than max_header_bytes once the answer it writes
+ * waits (it buffered every byte: 2.3 GB in 7 s), others are served meanwhile, and once the client
+ * reads, every request it sent is answered, in order. */
+Test(conn, a_client_that_pipelines_and_reads_slowly_is_not_buffered_without_bound)
+{
+    int port = start_server(&(struct pd_http_limits){0});
+    int fd = dial(port);
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    static const char one[] = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    const size_t len = sizeof one - 1, span = len * 1000;
+    char *many = malloc(span);
+    for (size_t i = 0; i < 1000; i++)
+        memcpy(many + i * len, one, len);
+    struct answers got = {0};
+    char buf[65536];
+    size_t sent = 0;
+    double t0 = pd_now_s(), read_at = t0;
+    while (pd_now_s() - t0 < 1.5 && sent < (size_t)1 << 30) {
+        ssize_t w = send(fd, many + sent % span, span - sent % span, MSG_NOSIGNAL);
+        if (w > 0)
+            sent += (size_t)w;
+        else
+            cr_assert(errno == EAGAIN || errno == EWOULDBLOCK, "send: %s", strerror(errno));
+        if (pd_now_s() - read_at >= 0.05) {
+            ssize_t r = recv(fd, buf, 4096, 0);
+            if (r > 0)
+                count_answers(&got, buf, (size_t)r);
+            read_at = pd_now_s();
+        }
+        if (w <= 0)
+            usleep(1000);
+    }
+    free(many);
+    cr_assert_lt(sent, (size_t)64 << 20, "the server took %zu MB of requests in 1.5 s, %zu answers read", sent >> 20,
+                 got.n);
+    char b[256];
+    cr_assert_eq(curl_port(port, "/health", NULL, NULL, b, sizeof b), 200, "another client meanwhile");
+    /* the rest of a request cut in two, then one that ends the connection; every answer read */
+    size_t part = sent % len, want = sent / len + (part ? 1 : 0) + 1;
+    char tail[256];
+    snprintf(tail, sizeof tail, "%sGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", part ? one + part : "");
+    size_t tail_sent = 0, tail_len = strlen(tail);
+    t0 = pd_now_s();
+    for (;;) {
+        cr_assert_lt(pd_now_s() - t0, 60, "%zu answers of %zu after 60 s", got.n, want);
+        struct pollfd p = {fd, POLLIN | (tail_sent < tail_len ? POLLOUT : 0), 0};
+        if (poll(&p, 1, 1000) <= 0)
+            continue;
+        if ((p.revents & POLLOUT) && tail_sent < tail_len) {
+            ssize_t w = send(fd, tail + tail_sent, tail_len - tail_sent, MSG_NOSIGNAL);
+            if (w > 0)
+                tail_sent += (size_t)w;
+        }
+        if (!(p.revents & (POLLIN | POLLHUP)))
+            continue;
+        ssize_t r = recv(fd, buf, sizeof buf, 0);
+        if (r <= 0)
+            break;
+        count_answers(&got, buf, (size_t)r);
+    }
+    close(fd);
+    cr_assert_eq(got.n, want, "%zu answers to %zu requests", got.n, want);
 }
 
 /* Streamed and not, a generation lasting several times every timeout is delivered whole,
