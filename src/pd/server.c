@@ -516,14 +516,15 @@ int pd_srv_waiting(const struct pd_server *s, int at_most)
     return n;
 }
 
-/* Draining: the loop ends once no request runs, waits or (a prefill instance's) holds a lease,
- * or at the deadline. */
+/* Draining: the loop ends once no request runs, waits, is being tokenized or (a prefill
+ * instance's) holds a lease, or at the deadline. */
 static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct pd_server *s = arg;
     pthread_mutex_lock(&s->mu);
     int left = s->n_running + (s->leases != NULL) + pd_srv_waiting(s, INT_MAX);
     pthread_mutex_unlock(&s->mu);
+    left += s->n_tokenizing;   /* (prompts accepted before the drain, on their way to the queue) */
     /* an EP group whose round cannot progress (a rank died: mpirun's SIGTERM is followed by its
      * SIGKILL a second later) drains nothing: pd_server_run answers its clients at once */
     const int stuck = s->g && pd_srv_ep_stalled_ns(s) > (int64_t)PD_EP_STOP_STALL_MS * 1000000;
@@ -569,6 +570,8 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     const char *base = strrchr(o->model_dir, '/');
     snprintf(s->name, sizeof s->name, "%s", o->served_name ? o->served_name : base && base[1] ? base + 1 : o->model_dir);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->tok_mu, NULL);
+    pthread_cond_init(&s->tok_cv, NULL);
     PD_HIST_INIT(&s->h_ttft, "pdmoe_time_to_first_token_seconds", "Completed requests: arrival to the first token.",
                  pd_hist_le_ttft);
     PD_HIST_INIT(&s->h_tpot, "pdmoe_time_per_output_token_seconds",
@@ -687,6 +690,8 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
         rc = pd_err_set(e, PD_ENOMEM, "out of memory");
         goto fail;
     }
+    if ((rc = pd_srv_tok_start(s, e)))
+        goto fail;
     if (s->o.handle_signals) {
         s->sigint = evsignal_new(s->base, SIGINT, on_signal, s);
         s->sigterm = evsignal_new(s->base, SIGTERM, on_signal, s);
@@ -790,7 +795,8 @@ void pd_server_destroy(struct pd_server *s)
     }
     for (int i = 0; i < s->n_stats_wait; i++)
         pd_srv_send_error(s, s->stats_wait[i], 503, "server_error", NULL, "the server is shutting down");
-    int waited = s->n_stats_wait;
+    /* and so do those whose prompts were being tokenized */
+    int waited = s->n_stats_wait + pd_srv_tok_stop(s);
     s->n_stats_wait = 0;
     /* let the loop write those answers out (at most 200 ms) */
     if ((s->live || waited) && s->base) {
@@ -832,5 +838,7 @@ void pd_server_destroy(struct pd_server *s)
     free(s->stats_sum);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->tok_mu);
+    pthread_cond_destroy(&s->tok_cv);
     free(s);
 }

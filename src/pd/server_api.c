@@ -373,14 +373,15 @@ static int kv_params_unknown(struct pd_server *s, struct evhttp_request *h, json
 
 /* The waiting queue at --max-queued-requests: a 429 (Retry-After 1 s, OpenAI's rate_limit_error,
  * SGLang's answer to a full queue) before the body is read, so a flood costs no more than its
- * bytes; the proxy offers the request to another instance. Only this thread adds to the queue,
- * so the count cannot grow between this check and the request's place in it. */
+ * bytes; the proxy offers the request to another instance. Prompts being tokenized count as
+ * waiting. Only this thread adds to the queue or the tokenizer's, so the count cannot grow
+ * between this check and the request's place in it. */
 static int queue_full(struct pd_server *s, struct evhttp_request *h)
 {
     if (s->o.max_queued_requests <= 0)
         return 0;
     pthread_mutex_lock(&s->mu);
-    int full = pd_srv_waiting(s, s->o.max_queued_requests) >= s->o.max_queued_requests;
+    int full = pd_srv_waiting(s, s->o.max_queued_requests) + s->n_tokenizing >= s->o.max_queued_requests;
     s->n_queue_full += (uint64_t)full;
     pthread_mutex_unlock(&s->mu);
     if (full) {
@@ -390,6 +391,9 @@ static int queue_full(struct pd_server *s, struct evhttp_request *h)
     }
     return full;
 }
+
+static void admit(struct pd_server *s, struct evhttp_request *h, json_t *j, int chat, int32_t *ids, size_t n,
+                  int add_bos);
 
 static void on_completion(struct evhttp_request *h, void *arg, int chat)
 {
@@ -427,7 +431,6 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     size_t n_spans = 0;
     int32_t *given = NULL;   /* a completion's prompt of token ids, read (until ids takes it) */
     size_t n_given = 0;
-    struct req *r = NULL;
     if (json_object_get(j, "model") && !model) {
         pd_srv_send_error(s, h, 400, "invalid_request_error", "model", "\"model\" must be a string");
         goto out;
@@ -493,9 +496,6 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
                    (long long)json_integer_value(mt), (long long)json_integer_value(mct));
         goto out;
     }
-    const char *mt_name = mt || !mct ? "max_tokens" : "max_completion_tokens";   /* the one errors name */
-    if (!mt)
-        mt = mct;
     if (chat) {
         if (chat_prompt(s, h, json_object_get(j, "messages"), &text, &spans, &n_spans))
             goto out;
@@ -516,32 +516,69 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
             goto out;
         }
     }
-    r = calloc(1, sizeof *r);
-    if (!r) {
-        pd_srv_send_error(s, h, 503, "server_error", NULL, "out of memory for the request");
-        goto out;
+    if (text) {
+        /* A text that cannot fit the context whatever its tokenization is refused before it is
+         * tokenized (an 8 MiB prompt took seconds): each token stands for at most
+         * pd_tok_max_token_bytes of text, 4x allowing for normalization. */
+        const size_t text_len = strlen(text), per_token = pd_tok_max_token_bytes(s->tok) * 4 + 4;
+        if (text_len / per_token >= (size_t)s->o.max_model_len) {
+            pd_srv_send_error(s, h, 400, "invalid_request_error", chat ? "messages" : "prompt",
+                              "this model's maximum context length is %d tokens; the prompt's %zu bytes make more "
+                              "than that however they are tokenized", s->o.max_model_len, text_len);
+            goto out;
+        }
+        /* The rest of its bytes are tokenized on the tokenizer thread (server_tok.c), not on this
+         * one, which serves every client: a prompt near the limit held /health, /metrics and
+         * every stream for seconds (the proxy took the instance out). pd_srv_admit_text goes on. */
+        struct tok_job *jb = calloc(1, sizeof *jb);
+        if (!jb) {
+            pd_srv_send_error(s, h, 503, "server_error", NULL, "out of memory for the request");
+            goto out;
+        }
+        *jb = (struct tok_job){.s = s, .h = h, .j = j, .chat = chat, .text = text, .len = text_len, .spans = spans,
+                               .n_spans = n_spans};
+        pd_srv_tok_submit(s, jb);   /* (it holds j, text and spans now) */
+        return;
     }
-    size_t n = n_given;
-    int32_t *ids = given;
+    admit(s, h, j, chat, given, n_given, 0);
     given = NULL;
-    pd_err e;
-    /* a text is tokenized after the BOS; token ids are the prompt as given (as vLLM takes them) */
-    const int add_bos = text != NULL;
-    /* A text that cannot fit the context whatever its tokenization is refused before it is
-     * tokenized, on this thread that serves every client (an 8 MiB prompt took a second): each
-     * token stands for at most pd_tok_max_token_bytes of text, 4x allowing for normalization. */
-    const size_t text_len = text ? strlen(text) : 0, per_token = pd_tok_max_token_bytes(s->tok) * 4 + 4;
-    if (text_len / per_token >= (size_t)s->o.max_model_len) {
-        pd_srv_send_error(s, h, 400, "invalid_request_error", chat ? "messages" : "prompt",
-                          "this model's maximum context length is %d tokens; the prompt's %zu bytes make more than "
-                          "that however they are tokenized", s->o.max_model_len, text_len);
-        goto reject;
+out:
+    free(text);
+    free(spans);
+    free(given);
+    json_decref(j);
+}
+
+/* The prompt text of jb is tokenized (the tokenizer thread's error, or its ids): the request goes
+ * on as one whose prompt came as ids, after a BOS. */
+void pd_srv_admit_text(struct pd_server *s, struct tok_job *jb)
+{
+    if (jb->rc) {
+        pd_srv_send_error(s, jb->h, jb->rc == PD_ENOMEM ? 503 : 400,
+                          jb->rc == PD_ENOMEM ? "server_error" : "invalid_request_error",
+                          jb->chat ? "messages" : "prompt", "%s", jb->e.msg);
+        return;
     }
-    int rc = text ? pd_tok_encode_plain(s->tok, text, text_len, spans, n_spans, &ids, &n, &e) : 0;
-    if (rc) {
-        pd_srv_send_error(s, h, rc == PD_ENOMEM ? 503 : 400, rc == PD_ENOMEM ? "server_error" : "invalid_request_error",
-                   chat ? "messages" : "prompt", "%s", e.msg);
-        goto reject;
+    admit(s, jb->h, jb->j, jb->chat, jb->ids, jb->n, 1);
+    jb->ids = NULL;
+}
+
+/* A request whose body j has passed the checks above, with its prompt's n ids (taken; after a BOS
+ * when add_bos, the prompt being a text): sized against the context and the pool, its transfer
+ * parameters read, and queued for the scheduler (event loop). */
+static void admit(struct pd_server *s, struct evhttp_request *h, json_t *j, int chat, int32_t *ids, size_t n,
+                  int add_bos)
+{
+    json_t *mt = present(j, "max_tokens"), *mct = present(j, "max_completion_tokens"), *tp = present(j, "temperature"),
+           *pp = present(j, "top_p"), *st = present(j, "stream"), *sd = present(j, "seed");
+    const char *mt_name = mt || !mct ? "max_tokens" : "max_completion_tokens";   /* the one errors name */
+    if (!mt)
+        mt = mct;
+    struct req *r = calloc(1, sizeof *r);
+    if (!r) {
+        free(ids);
+        pd_srv_send_error(s, h, 503, "server_error", NULL, "out of memory for the request");
+        return;
     }
     /* (a prompt is at most the 8 MiB body in tokens: it fits an int, checked all the same) */
     r->prompt = n < INT_MAX - 1 ? malloc((n + 1) * sizeof *r->prompt) : NULL;
@@ -762,7 +799,7 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     /* a stream that pulls KV answers once the pull is through: a refused one gets a 4xx */
     if (r->stream && !r->remote_prefill)
         pd_srv_start_stream(s, r);
-    goto out;
+    return;
 reject:   /* refused after r was allocated: nothing else holds it yet */
     free(r->prompt);
     for (int i = 0; i < r->n_stop; i++)
@@ -770,11 +807,6 @@ reject:   /* refused after r was allocated: nothing else holds it yet */
     free(r->stop);
     free(r->stop_ids);
     free(r);
-out:
-    free(text);
-    free(spans);
-    free(given);
-    json_decref(j);
 }
 
 static void on_completions(struct evhttp_request *h, void *arg)

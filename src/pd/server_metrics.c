@@ -39,6 +39,9 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
                         "# TYPE pdmoe_generation_tokens_total counter\npdmoe_generation_tokens_total %llu\n"
                         "# TYPE pdmoe_num_requests_running gauge\npdmoe_num_requests_running %d\n"
                         "# TYPE pdmoe_num_requests_waiting gauge\npdmoe_num_requests_waiting %d\n"
+                        "# HELP pdmoe_num_requests_tokenizing Requests whose prompt text the tokenizer thread "
+                        "has not finished (then they wait or are refused).\n"
+                        "# TYPE pdmoe_num_requests_tokenizing gauge\npdmoe_num_requests_tokenizing %d\n"
                         "# HELP pdmoe_requests_queue_full_total Requests refused (429) with the waiting queue at "
                         "--max-queued-requests.\n# TYPE pdmoe_requests_queue_full_total counter\n"
                         "pdmoe_requests_queue_full_total %llu\n"
@@ -65,7 +68,7 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
                         (unsigned long long)s->n_cancelled, (unsigned long long)s->n_failed, (unsigned long long)s->n_errors4xx,
                         (unsigned long long)s->kv_failures,
                         (unsigned long long)s->tokens_in, (unsigned long long)s->tokens_out, s->n_running,
-                        waiting, (unsigned long long)s->n_queue_full, s->o.max_queued_requests, blocks_free, blocks, slots_free,
+                        waiting, s->n_tokenizing, (unsigned long long)s->n_queue_full, s->o.max_queued_requests, blocks_free, blocks, slots_free,
                         (unsigned long long)s->kv_bytes, s->kv_seconds, (unsigned long long)s->kv_pulls,
                         (unsigned long long)s->kv_recomputes, (unsigned long long)s->leases_revoked,
                         (unsigned long long)s->leases_expired, leases,
