@@ -5,6 +5,7 @@
  * 1 s health timeout, and the proxy took the instance out. The tokenizer is never modified once
  * loaded, so this thread and the loop (decoding answers) share it without a lock. */
 #include "pd/server_int.h"
+#include "core/threadpool.h"
 
 static void *tok_loop(void *arg)
 {
@@ -82,8 +83,11 @@ int pd_srv_tok_start(struct pd_server *s, pd_err *e)
 {
     if (!(s->tok_ready = event_new(s->base, -1, 0, on_tok_ready, s)))
         return pd_err_set(e, PD_ENOMEM, "out of memory");
-    if (pthread_create(&s->tok_thread, NULL, tok_loop, s))
-        return pd_err_set(e, PD_ENOMEM, "cannot start the tokenizer thread");
+    int trc = pthread_create(&s->tok_thread, NULL, tok_loop, s);
+    if (trc) {
+        char why[256];
+        return pd_err_set(e, PD_ENOMEM, "cannot start the tokenizer thread: %s", pd_thread_why(trc, why, sizeof why));
+    }
     s->tok_thread_started = 1;
     return 0;
 }
