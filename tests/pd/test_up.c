@@ -518,6 +518,14 @@ Test(up, a_full_tmpdir_is_said_and_leaves_no_file_behind)
         execl(bin, bin, "up", "--model", dir, "--port", sp, (char *)NULL);
         _exit(127);
     }
+    int ws;
+    for (int i = 0; i < 20; i++) {   /* a mount namespace of its own: not where / is no mount point */
+        if (waitpid(up, &ws, WNOHANG) == up && WIFEXITED(ws) && WEXITSTATUS(ws) == 126) {
+            rmdir(d);
+            cr_skip_test("cannot make a private mount namespace here (a chroot?)");
+        }
+        usleep(10000);
+    }
     up_pid = up;
     cr_assert(up_wait_ready(out), "pdmoe up did not become ready");
     char pat[400], log[8192] = "";
