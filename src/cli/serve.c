@@ -352,7 +352,7 @@ int pd_cli_serve(int argc, char **argv)
     const char *lrank = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     if (local && lrank && !strcmp(lrank, "0")) {
         char note[400];
-        int64_t per_rank = 4194312 + (o.role != PD_ROLE_BOTH ? 16000000 : 0);
+        int64_t per_rank = PD_SHM_VADER_RANK_BYTES + (o.role != PD_ROLE_BOTH ? PD_SHM_UCX_WORKER_BYTES : 0);
         if (pd_shm_note(note, sizeof note, atoll(local) * per_rank)[0])
             fprintf(stderr, "pdmoe serve: %s ranks of this group on this host: %s\n", local, note);
     }

@@ -102,6 +102,19 @@ static const char *tmp_dir(void)
     return t && t[0] == '/' && strlen(t) < 256 ? t : "/tmp";
 }
 
+/* A run's directory and the files up writes there (its restart counts, their temporary file, its
+ * pid), at its end or, for a run that died, a later one's. */
+static void remove_run_dir(const char *dir)
+{
+    static const char *const files[] = {"restarts.prom", "restarts.prom.tmp", "pid"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char file[PATH_MAX];
+        snprintf(file, sizeof file, "%s/%s", dir, files[i]);
+        unlink(file);
+    }
+    rmdir(dir);
+}
+
 /* The directories of earlier runs of pdmoe up that were killed before they could remove theirs
  * (SIGKILL, a crash): <tmp>/pdmoe-up-* whose "pid" file names a process that no longer exists.
  * A directory without that file, or of a process alive, is left alone. */
@@ -124,12 +137,7 @@ static void sweep_stale_dirs(const char *tmp)
             fclose(f);
         if (!got || pid <= 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
             continue;
-        static const char *const files[] = {"restarts.prom", "restarts.prom.tmp", "pid"};
-        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-            snprintf(file, sizeof file, "%s/%s", path, files[i]);
-            unlink(file);
-        }
-        rmdir(path);
+        remove_run_dir(path);
     }
     closedir(d);
 }
@@ -803,14 +811,13 @@ int pd_cli_up(int argc, char **argv)
     int n = 0;
     const char *tmp = tmp_dir();
     sweep_stale_dirs(tmp);
-    char mdir[300], mfile[320], mtmp[330], pfile[320];
+    char mdir[300], mfile[320], pfile[320];
     snprintf(mdir, sizeof mdir, "%s/pdmoe-up-XXXXXX", tmp);
     if (!mkdtemp(mdir)) {
         fprintf(stderr, "pdmoe up: cannot create a directory in %s: %s\n", tmp, strerror(errno));
         return 1;
     }
     snprintf(mfile, sizeof mfile, "%s/restarts.prom", mdir);
-    snprintf(mtmp, sizeof mtmp, "%s.tmp", mfile);
     snprintf(pfile, sizeof pfile, "%s/pid", mdir);   /* whose it is, for the sweep of a later run */
     FILE *pf = fopen(pfile, "w");
     int pid_ok = pf && fprintf(pf, "%ld\n", (long)getpid()) > 0 && fflush(pf) == 0;
@@ -912,10 +919,7 @@ int pd_cli_up(int argc, char **argv)
         stop_all(ch, n, 0);
         for (int i = 0; i < n; i++)
             pd_launch_argv_free(ch[i].argv);
-        unlink(mfile);
-        unlink(mtmp);
-        unlink(pfile);
-        rmdir(mdir);
+        remove_run_dir(mdir);
         return failed;
     }
     snprintf(ch[n].what, sizeof ch[n].what, "proxy");
@@ -1017,10 +1021,7 @@ int pd_cli_up(int argc, char **argv)
     stop_all(ch, n, (int)drain_s);
     for (int i = 0; i < n; i++)
         pd_launch_argv_free(ch[i].argv);
-    unlink(mfile);
-    unlink(mtmp);
-    unlink(pfile);
-    rmdir(mdir);
+    remove_run_dir(mdir);
     fprintf(stderr, "pdmoe up: stopped\n");
     return rc;
 }

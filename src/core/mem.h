@@ -26,5 +26,9 @@ int pd_mem_fits(int64_t each, int copies, struct pd_mem_short *s);
  * for such an error, naming it with its figures in MB: "/dev/shm has 0.06 MB free of 0.07 MB:
  * ..."; else (or when it cannot be read) "". */
 const char *pd_shm_note(char *buf, size_t cap, int64_t need);
+/* What each takes there, as measured on Open MPI 4.1 and UCX 1.13 (Debian 12): vader's segment
+ * file per rank, a UCX worker's tmpfs use (its receive FIFOs, 12.6 MB here, rounded up). */
+#define PD_SHM_VADER_RANK_BYTES 4194312
+#define PD_SHM_UCX_WORKER_BYTES 16000000
 
 #endif

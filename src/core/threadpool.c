@@ -335,3 +335,12 @@ const char *pd_thread_why(int rc, char *buf, size_t cap)
                             "or systemd's TasksMax sets it, or memory for a stack)" : "");
     return buf;
 }
+
+int pd_thread_start(pthread_t *t, void *(*fn)(void *), void *arg, const char *what, pd_err *e)
+{
+    int rc = pthread_create(t, NULL, fn, arg);
+    if (!rc)
+        return 0;
+    char why[256];
+    return pd_err_set(e, PD_ENOMEM, "cannot start the %s: %s", what, pd_thread_why(rc, why, sizeof why));
+}

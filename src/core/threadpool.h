@@ -9,6 +9,7 @@
 #ifndef PD_CORE_THREADPOOL_H
 #define PD_CORE_THREADPOOL_H
 
+#include <pthread.h>
 #include <stddef.h>
 
 #include "core/err.h"
@@ -24,6 +25,9 @@ typedef void (*pd_pool_fn)(void *arg, int task);
  * limit usually is ("... a limit on threads: ulimit -u, the cgroup's pids.max (a container's
  * --pids-limit, systemd's TasksMax), or memory for a stack"). */
 const char *pd_thread_why(int rc, char *buf, size_t cap);
+
+/* pthread_create(t, NULL, fn, arg), or PD_ENOMEM with "cannot start the <what>: <pd_thread_why>". */
+int pd_thread_start(pthread_t *t, void *(*fn)(void *), void *arg, const char *what, pd_err *e);
 
 /* Creates a pool of `nthreads` threads in total: the caller of pd_pool_run plus nthreads - 1
  * workers (nthreads = 1 makes no worker). Returns 0, PD_EINVAL or PD_ENOMEM. */

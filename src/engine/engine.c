@@ -119,8 +119,11 @@ int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err 
                                     (size_t)nl * 2 * (size_t)(2 * block) * eb);
     }
     if ((rc = pool_fits_memory(bytes, o->pool_copies, e)) ||
-        (rc = pd_kvpool_init_layers(&en->kv, m, nl, o->kv_dtype, max_seqs, bytes, block, e)))
+        (rc = pd_kvpool_init_layers(&en->kv, m, nl, o->kv_dtype, max_seqs, bytes, block, e))) {
+        if (o->pool_source)
+            pd_err_prefix(e, "%s: ", o->pool_source);
         goto fail;
+    }
     int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads > 1 && (rc = pd_pool_create(threads, &en->pool, e)))
         goto fail;

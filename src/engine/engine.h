@@ -78,6 +78,8 @@ struct pd_engine_opts {
                                      * ranks): the pools must fit the memory left once the weights
                                      * are in, or the open fails (PD_EINVAL, "KV pool ..."); 0: not
                                      * checked */
+    const char *pool_source;        /* what sized the pool (a flag), named first in an error of the
+                                     * pool's making; NULL: none */
     int64_t max_model_len;          /* 0: 4096 */
     int block_entries;              /* 0: 16 */
     enum pd_kv_dtype kv_dtype;      /* the KV cache's entries: PD_KV_BF16 (0, the default) or PD_KV_FP8 */

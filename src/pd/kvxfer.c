@@ -210,7 +210,7 @@ static int ucx_fail(pd_err *e, const char *what, ucs_status_t st)
 static int ucx_fail_shm(pd_err *e, const char *what, ucs_status_t st)
 {
     char note[400];
-    pd_shm_note(note, sizeof note, 16000000);
+    pd_shm_note(note, sizeof note, PD_SHM_UCX_WORKER_BYTES);
     return pd_err_set(e, PD_EIO, "kvxfer: %s: %s%s%s", what, ucs_status_string(st), note[0] ? "; " : "", note);
 }
 

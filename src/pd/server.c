@@ -602,11 +602,9 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     if (o->expert_parallel && (rc = pd_srv_ep_open(s, &eo, e)))
         goto fail;
     eo.pool_copies = s->g ? s->g->local : 1;
-    if ((rc = pd_engine_open(&s->en, &eo, e))) {
-        if ((rc == PD_EINVAL || rc == PD_ENOMEM) && strstr(e->msg, "KV pool"))   /* too large here: what sized it */
-            pd_err_prefix(e, "%s: ", o->kv_cache_bytes ? "--kv-cache-memory-bytes" : "--max-num-seqs x --max-model-len");
+    eo.pool_source = o->kv_cache_bytes ? "--kv-cache-memory-bytes" : "--max-num-seqs x --max-model-len";
+    if ((rc = pd_engine_open(&s->en, &eo, e)))
         goto fail;
-    }
     if ((rc = pd_tok_check_vocab(s->tok, s->en.model.vocab_size, path, e)) ||
         (rc = pd_tok_check_special(s->tok, s->en.model.bos_token_id, s->en.model.eos_token_id, path, e)))
         goto fail;
@@ -652,12 +650,8 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
         }
         /* a producer progresses its worker when idle, to answer pulls; a consumer (each rank of
          * an EP group), to move its pulls while the sequences step */
-        int trc = pthread_create(&s->kvx_thread, NULL, pd_srv_kvx_loop, s);
-        if (trc) {
-            char why[256];
-            rc = pd_err_set(e, PD_ENOMEM, "cannot start the KV transfer thread: %s", pd_thread_why(trc, why, sizeof why));
+        if ((rc = pd_thread_start(&s->kvx_thread, pd_srv_kvx_loop, s, "KV transfer thread", e)))
             goto fail;
-        }
         s->kvx_thread_started = 1;
     }
     if (s->g && s->g->rank != 0) {
@@ -699,12 +693,8 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
         event_add(s->sigint, NULL);
         event_add(s->sigterm, NULL);
     }
-    int trc = pthread_create(&s->thread, NULL, scheduler, s);
-    if (trc) {
-        char why[256];
-        rc = pd_err_set(e, PD_ENOMEM, "cannot start the scheduler thread: %s", pd_thread_why(trc, why, sizeof why));
+    if ((rc = pd_thread_start(&s->thread, scheduler, s, "scheduler thread", e)))
         goto fail;
-    }
     s->thread_started = 1;
     *out = s;
     return 0;

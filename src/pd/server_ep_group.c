@@ -215,12 +215,8 @@ int pd_srv_ep_setup(struct pd_server *s, pd_err *e)
     if (s->o.watchdog_s == 0)
         s->o.watchdog_s = PD_EP_WATCHDOG_DEFAULT_S;
     if (g->rank == 0 && s->o.watchdog_s > 0) {
-        int trc = pthread_create(&g->watchdog, NULL, watchdog, s);
-        if (trc) {
-            char why[256];
-            return pd_err_set(e, PD_ENOMEM, "cannot start the EP group's watchdog thread: %s",
-                              pd_thread_why(trc, why, sizeof why));
-        }
+        if ((rc = pd_thread_start(&g->watchdog, watchdog, s, "EP group's watchdog thread", e)))
+            return rc;
         g->watchdog_on = 1;
     }
     pd_ep_attach(&g->ep, &s->en);

@@ -83,11 +83,9 @@ int pd_srv_tok_start(struct pd_server *s, pd_err *e)
 {
     if (!(s->tok_ready = event_new(s->base, -1, 0, on_tok_ready, s)))
         return pd_err_set(e, PD_ENOMEM, "out of memory");
-    int trc = pthread_create(&s->tok_thread, NULL, tok_loop, s);
-    if (trc) {
-        char why[256];
-        return pd_err_set(e, PD_ENOMEM, "cannot start the tokenizer thread: %s", pd_thread_why(trc, why, sizeof why));
-    }
+    int rc = pd_thread_start(&s->tok_thread, tok_loop, s, "tokenizer thread", e);
+    if (rc)
+        return rc;
     s->tok_thread_started = 1;
     return 0;
 }

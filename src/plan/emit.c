@@ -688,7 +688,7 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
         return pd_emit_pdmoe(p, o, e);
     struct pd_emit_ctx c = {.p = p, .o = o};
     c.model = o->model_path && *o->model_path ? o->model_path : pd_emit_model_path(p);
-    c.ascend = strstr(p->hw.card_name, "Ascend") != NULL;
+    c.ascend = pd_hardware_is_ascend(&p->hw);
     c.w8a8 = c.ascend && !p->inv.from_checkpoint && p->quant.linear == PD_FMT_W8A8;
     c.w4a8 = c.w8a8 && p->quant.group_fmt[PD_G_ROUTED_EXPERTS] == PD_FMT_W4A8;
     c.model_var = c.w8a8 && !(o->model_path && *o->model_path);

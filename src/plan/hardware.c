@@ -194,3 +194,8 @@ int pd_hardware_load(const char *spec, struct pd_hardware *h, pd_err *e)
         return pd_err_set(e, PD_EIO, "--hardware %s: no such file or preset (presets: atlas-800i-a2, atlas-800i-a3, h800, h100, h200, b200)", spec);
     return pd_hardware_parse(text, path, h, e);
 }
+
+int pd_hardware_is_ascend(const struct pd_hardware *h)
+{
+    return strstr(h->card_name, "Ascend") != NULL;
+}

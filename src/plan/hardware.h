@@ -56,6 +56,9 @@ struct pd_hardware {
 };
 
 int pd_hardware_load(const char *spec, struct pd_hardware *h, pd_err *e);
+/* Whether the cards are Huawei's Ascend NPUs (by the card's name), whose serving stacks are
+ * vllm-ascend's and SGLang's Ascend builds. */
+int pd_hardware_is_ascend(const struct pd_hardware *h);
 int pd_hardware_parse(const char *text, const char *label, struct pd_hardware *h, pd_err *e);
 
 #endif

@@ -557,7 +557,7 @@ int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e)
     /* on Ascend cards the stack is vllm-ascend: count its layout of V4's bf16 cache (kvsize.h); a
      * model it does not fit keeps pdmoe's, which the plan says. Other cards without FP8 (a CPU
      * file of pdmoe calibrate's, for pdmoe's own engine) keep pdmoe's layout, the engine's pool's */
-    if (strstr(p->hw.card_name, "Ascend") && p->model.arch == PD_ARCH_DEEPSEEK_V4 && kvd == PD_KV_BF16 && !flat) {
+    if (pd_hardware_is_ascend(&p->hw) && p->model.arch == PD_ARCH_DEEPSEEK_V4 && kvd == PD_KV_BF16 && !flat) {
         pd_err ignored = {0};
         struct pd_kv_size asc = p->kv;
         if (pd_kv_size_vllm_ascend(&asc, &p->model, &ignored) == 0)
