@@ -77,70 +77,127 @@ INLINE int dot_body(int n)
     return n / 16 * 16;
 }
 
-AVX512 static float dot_avx512(const float *a, const float *b, int n)
+static void bf16_ref(const uint16_t *src, float *dst, int n)
+{
+    for (int i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        __builtin_memcpy(&dst[i], &u, 4);
+    }
+}
+
+/* 16 bf16 values at p widened to fp32 in registers (exact: a bf16 is the top half of its fp32):
+ * vpmovzxwd + vpslld, the same values bf16_avx512 stores. */
+INLINE AVX512 __m512 bf16_load16(const uint16_t *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* dot_finish for a bf16 row: its scalar tail (fewer than 16 values from i) widened, then the same
+ * sums in the same order, so the same bits as dot_finish over the widened row. */
+INLINE AVX512 float dot_finish_bf16(__m512 s0, __m512 s1, const uint16_t *w, const float *x, int i, int n)
+{
+    float t[16];
+    bf16_ref(w + i, t, n - i);
+    return dot_finish(s0, s1, t, x + i, 0, n - i);
+}
+
+/* One operand of the token-tile kernels: 16 values of row w at i, fp32 or bf16 (a constant after
+ * inlining). */
+INLINE AVX512 __m512 w_load16(const void *w, int bf16, int i)
+{
+    return bf16 ? bf16_load16((const uint16_t *)w + i) : _mm512_loadu_ps((const float *)w + i);
+}
+
+INLINE AVX512 float w_finish(__m512 s0, __m512 s1, const void *w, int bf16, const float *x, int i, int n)
+{
+    return bf16 ? dot_finish_bf16(s0, s1, (const uint16_t *)w, x, i, n) : dot_finish(s0, s1, (const float *)w, x, i, n);
+}
+
+/* A dot product over a row of fp32 or bf16 values (bf16 a constant after inlining, each value
+ * widened in registers) and x: two chains of fused multiply-adds over chunks of 32, at most one
+ * chunk of 16 more, then w_finish. Every kernel below that promises dot_avx512's bits does these
+ * operations in this order for each of its rows. */
+INLINE AVX512 float dot_w(const void *w, int bf16, const float *x, int n)
 {
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= n; i += 32) {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+        s0 = _mm512_fmadd_ps(w_load16(w, bf16, i), _mm512_loadu_ps(x + i), s0);
+        s1 = _mm512_fmadd_ps(w_load16(w, bf16, i + 16), _mm512_loadu_ps(x + i + 16), s1);
     }
     for (; i + 16 <= n; i += 16)
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-    return dot_finish(s0, s1, a, b, i, n);
+        s0 = _mm512_fmadd_ps(w_load16(w, bf16, i), _mm512_loadu_ps(x + i), s0);
+    return w_finish(s0, s1, w, bf16, x, i, n);
 }
 
-/* y[r] = dot_avx512(w + r * ld, x, n), four rows at a time: the same operations per row in the
- * same order (so the same bits), with eight independent chains instead of two. Rows of 256 to
- * 1024 values (the router's gate: 2 KiB from memory) go one at a time instead, each read to its
- * end (one linear stream, as the int8 decode GEMV reads short rows), prefetching the row four
- * ahead: four 2 KiB rows side by side are too short for the hardware prefetchers (router
- * share of a v4-flash-mini decode step: 9.1% side by side, 8.1% with the next four rows
- * prefetched, 7.1% this way). Shorter rows are the attention's keys, already in cache; longer
- * ones are followed by the hardware. */
-AVX512 static void dot_rows_avx512(const float *w, size_t ld, const float *x, int n, int rows, float *y)
+AVX512 static float dot_avx512(const float *a, const float *b, int n)
 {
+    return dot_w(a, 0, b, n);
+}
+
+/* y[r] = dot_w(w + r * ld, x, n), four rows at a time: the same operations per row in the same
+ * order (so the same bits), with eight independent chains instead of two. Rows of 256 to 1024
+ * values (the router's gate: 2 KiB from memory; the head's and projections' bf16 rows) go one at a
+ * time instead, each read to its end (one linear stream, as the int8 decode GEMV reads short
+ * rows), prefetching the row four ahead: four 2 KiB rows side by side are too short for the
+ * hardware prefetchers (router share of a v4-flash-mini decode step: 9.1% side by side, 8.1% with
+ * the next four rows prefetched, 7.1% this way). Shorter rows are the attention's keys, already in
+ * cache; longer ones are followed by the hardware. bf16 rows are widened in registers, not through
+ * a buffer in cache (which cost a store and a reload per value: 18% of a decode step). */
+INLINE AVX512 void dot_rows_w(const void *w, int bf16, size_t ld, const float *x, int n, int rows, float *y)
+{
+    const size_t es = bf16 ? 2 : 4;
+    const char *wb = w;
     int r = 0;
     if (n >= 256 && n <= 1024) {
         for (; r < rows; r++) {
             if (r + 4 < rows)
-                for (int i = 0; i < n; i += 16)
-                    _mm_prefetch((const char *)(w + (r + 4) * ld + i), _MM_HINT_T0);
-            y[r] = dot_avx512(w + r * ld, x, n);
+                for (size_t b = 0; b < (size_t)n * es; b += 64)
+                    _mm_prefetch(wb + ((r + 4) * ld) * es + b, _MM_HINT_T0);
+            y[r] = dot_w(wb + r * ld * es, bf16, x, n);
         }
         return;
     }
     for (; r + 4 <= rows; r += 4) {
-        const float *w0 = w + r * ld, *w1 = w0 + ld, *w2 = w1 + ld, *w3 = w2 + ld;
+        const char *w0 = wb + r * ld * es, *w1 = w0 + ld * es, *w2 = w1 + ld * es, *w3 = w2 + ld * es;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
         int i = 0;
         for (; i + 32 <= n; i += 32) {
             __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
-            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + i), x0, a0);
-            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + i + 16), x1, a1);
-            b0 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + i), x0, b0);
-            b1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + i + 16), x1, b1);
-            c0 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + i), x0, c0);
-            c1 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + i + 16), x1, c1);
-            d0 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + i), x0, d0);
-            d1 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + i + 16), x1, d1);
+            a0 = _mm512_fmadd_ps(w_load16(w0, bf16, i), x0, a0);
+            a1 = _mm512_fmadd_ps(w_load16(w0, bf16, i + 16), x1, a1);
+            b0 = _mm512_fmadd_ps(w_load16(w1, bf16, i), x0, b0);
+            b1 = _mm512_fmadd_ps(w_load16(w1, bf16, i + 16), x1, b1);
+            c0 = _mm512_fmadd_ps(w_load16(w2, bf16, i), x0, c0);
+            c1 = _mm512_fmadd_ps(w_load16(w2, bf16, i + 16), x1, c1);
+            d0 = _mm512_fmadd_ps(w_load16(w3, bf16, i), x0, d0);
+            d1 = _mm512_fmadd_ps(w_load16(w3, bf16, i + 16), x1, d1);
         }
         if (i < dot_body(n)) {
             __m512 x0 = _mm512_loadu_ps(x + i);
-            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + i), x0, a0);
-            b0 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + i), x0, b0);
-            c0 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + i), x0, c0);
-            d0 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + i), x0, d0);
+            a0 = _mm512_fmadd_ps(w_load16(w0, bf16, i), x0, a0);
+            b0 = _mm512_fmadd_ps(w_load16(w1, bf16, i), x0, b0);
+            c0 = _mm512_fmadd_ps(w_load16(w2, bf16, i), x0, c0);
+            d0 = _mm512_fmadd_ps(w_load16(w3, bf16, i), x0, d0);
             i += 16;
         }
-        /* x is the dot's second operand in dot_avx512 too: a[i] * b[i] = w[i] * x[i] */
-        y[r] = dot_finish(a0, a1, w0, x, i, n);
-        y[r + 1] = dot_finish(b0, b1, w1, x, i, n);
-        y[r + 2] = dot_finish(c0, c1, w2, x, i, n);
-        y[r + 3] = dot_finish(d0, d1, w3, x, i, n);
+        y[r] = w_finish(a0, a1, w0, bf16, x, i, n);
+        y[r + 1] = w_finish(b0, b1, w1, bf16, x, i, n);
+        y[r + 2] = w_finish(c0, c1, w2, bf16, x, i, n);
+        y[r + 3] = w_finish(d0, d1, w3, bf16, x, i, n);
     }
     for (; r < rows; r++)
-        y[r] = dot_avx512(w + r * ld, x, n);
+        y[r] = dot_w(wb + r * ld * es, bf16, x, n);
+}
+
+AVX512 static void dot_rows_avx512(const float *w, size_t ld, const float *x, int n, int rows, float *y)
+{
+    dot_rows_w(w, 0, ld, x, n, rows, y);
+}
+
+AVX512 static void dot_rows_bf16_avx512(const uint16_t *w, size_t ld, const float *x, int n, int rows, float *y)
+{
+    dot_rows_w(w, 1, ld, x, n, rows, y);
 }
 
 /* The tail of an AVX-512 axpy (one function for both callers, as dot_finish). */
@@ -502,104 +559,6 @@ __attribute__((target("avx512f"))) static void bf16_avx512(const uint16_t *src, 
     }
 }
 
-static void bf16_ref(const uint16_t *src, float *dst, int n)
-{
-    for (int i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)src[i] << 16;
-        __builtin_memcpy(&dst[i], &u, 4);
-    }
-}
-
-/* 16 bf16 values at p widened to fp32 in registers (exact: a bf16 is the top half of its fp32):
- * vpmovzxwd + vpslld, the same values bf16_avx512 stores. */
-INLINE AVX512 __m512 bf16_load16(const uint16_t *p)
-{
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-
-/* dot_finish for a bf16 row: its scalar tail (fewer than 16 values from i) widened, then the same
- * sums in the same order, so the same bits as dot_finish over the widened row. */
-INLINE AVX512 float dot_finish_bf16(__m512 s0, __m512 s1, const uint16_t *w, const float *x, int i, int n)
-{
-    float t[16];
-    bf16_ref(w + i, t, n - i);
-    return dot_finish(s0, s1, t, x + i, 0, n - i);
-}
-
-/* dot_avx512 over a bf16 first operand, widened in registers: the same operations in the same order. */
-AVX512 static float dot_bf16_avx512(const uint16_t *a, const float *b, int n)
-{
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        s0 = _mm512_fmadd_ps(bf16_load16(a + i), _mm512_loadu_ps(b + i), s0);
-        s1 = _mm512_fmadd_ps(bf16_load16(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
-    }
-    for (; i + 16 <= n; i += 16)
-        s0 = _mm512_fmadd_ps(bf16_load16(a + i), _mm512_loadu_ps(b + i), s0);
-    return dot_finish_bf16(s0, s1, a, b, i, n);
-}
-
-/* dot_rows_avx512 over bf16 rows, widened in registers instead of through a buffer in cache (which
- * cost a store and a reload per value: 18% of a v4-flash-mini decode step): the same split (rows
- * of 256 to 1024 values one at a time with the row four ahead prefetched, others four at a time),
- * the same operations per row in the same order, so the same bits. */
-AVX512 static void dot_rows_bf16_avx512(const uint16_t *w, size_t ld, const float *x, int n, int rows, float *y)
-{
-    int r = 0;
-    if (n >= 256 && n <= 1024) {
-        for (; r < rows; r++) {
-            if (r + 4 < rows)
-                for (int i = 0; i < n; i += 32)
-                    _mm_prefetch((const char *)(w + (r + 4) * ld + i), _MM_HINT_T0);
-            y[r] = dot_bf16_avx512(w + r * ld, x, n);
-        }
-        return;
-    }
-    for (; r + 4 <= rows; r += 4) {
-        const uint16_t *w0 = w + r * ld, *w1 = w0 + ld, *w2 = w1 + ld, *w3 = w2 + ld;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
-        int i = 0;
-        for (; i + 32 <= n; i += 32) {
-            __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
-            a0 = _mm512_fmadd_ps(bf16_load16(w0 + i), x0, a0);
-            a1 = _mm512_fmadd_ps(bf16_load16(w0 + i + 16), x1, a1);
-            b0 = _mm512_fmadd_ps(bf16_load16(w1 + i), x0, b0);
-            b1 = _mm512_fmadd_ps(bf16_load16(w1 + i + 16), x1, b1);
-            c0 = _mm512_fmadd_ps(bf16_load16(w2 + i), x0, c0);
-            c1 = _mm512_fmadd_ps(bf16_load16(w2 + i + 16), x1, c1);
-            d0 = _mm512_fmadd_ps(bf16_load16(w3 + i), x0, d0);
-            d1 = _mm512_fmadd_ps(bf16_load16(w3 + i + 16), x1, d1);
-        }
-        if (i < dot_body(n)) {
-            __m512 x0 = _mm512_loadu_ps(x + i);
-            a0 = _mm512_fmadd_ps(bf16_load16(w0 + i), x0, a0);
-            b0 = _mm512_fmadd_ps(bf16_load16(w1 + i), x0, b0);
-            c0 = _mm512_fmadd_ps(bf16_load16(w2 + i), x0, c0);
-            d0 = _mm512_fmadd_ps(bf16_load16(w3 + i), x0, d0);
-            i += 16;
-        }
-        y[r] = dot_finish_bf16(a0, a1, w0, x, i, n);
-        y[r + 1] = dot_finish_bf16(b0, b1, w1, x, i, n);
-        y[r + 2] = dot_finish_bf16(c0, c1, w2, x, i, n);
-        y[r + 3] = dot_finish_bf16(d0, d1, w3, x, i, n);
-    }
-    for (; r < rows; r++)
-        y[r] = dot_bf16_avx512(w + r * ld, x, n);
-}
-
-/* One operand of the token-tile kernels: 16 values of row w at i, fp32 or bf16 (a constant after
- * inlining). */
-INLINE AVX512 __m512 w_load16(const void *w, int bf16, int i)
-{
-    return bf16 ? bf16_load16((const uint16_t *)w + i) : _mm512_loadu_ps((const float *)w + i);
-}
-
-INLINE AVX512 float w_finish(__m512 s0, __m512 s1, const void *w, int bf16, const float *x, int i, int n)
-{
-    return bf16 ? dot_finish_bf16(s0, s1, (const uint16_t *)w, x, i, n) : dot_finish(s0, s1, (const float *)w, x, i, n);
-}
-
 /* Two rows times four tokens: eight dot products, each with dot_avx512's two chains over the same
  * chunks in the same order and its finish, so each the bits of dot_avx512; each row's values
  * loaded once for the four tokens (a lone dot is bound by its latency: two chains of 4-cycle
@@ -720,16 +679,13 @@ INLINE AVX512 void dot_rows_tokens_chunk(const void *w, int bf16, size_t ld, con
         for (; t + 4 <= T; t += 4)
             dot_tile2x4(w0, w1, bf16, x + t * ldx, ldx, n, y + t * ldy + r, ldy);
         for (; t < T; t++) {
-            y[t * ldy + r] = bf16 ? dot_bf16_avx512((const uint16_t *)w0, x + t * ldx, n)
-                                  : dot_avx512((const float *)w0, x + t * ldx, n);
-            y[t * ldy + r + 1] = bf16 ? dot_bf16_avx512((const uint16_t *)w1, x + t * ldx, n)
-                                      : dot_avx512((const float *)w1, x + t * ldx, n);
+            y[t * ldy + r] = dot_w(w0, bf16, x + t * ldx, n);
+            y[t * ldy + r + 1] = dot_w(w1, bf16, x + t * ldx, n);
         }
     }
     for (; r < rows; r++)
         for (int t = 0; t < T; t++)
-            y[t * ldy + r] = bf16 ? dot_bf16_avx512((const uint16_t *)(wb + r * ld * es), x + t * ldx, n)
-                                  : dot_avx512((const float *)(wb + r * ld * es), x + t * ldx, n);
+            y[t * ldy + r] = dot_w(wb + r * ld * es, bf16, x + t * ldx, n);
 }
 
 INLINE AVX512 void dot_rows_tokens_avx512(const void *w, int bf16, size_t ld, const float *x, size_t ldx, int T,
