@@ -146,14 +146,22 @@ static int64_t cdiv(int64_t a, int64_t b)
     return (a + b - 1) / b;
 }
 
-/* blocks one table of `g` holds while the sequence's token `tokens` - 1 is written: vLLM's
- * SlidingWindowManager frees the blocks wholly before the last `window` - 1 computed tokens */
+/* blocks one table of `g` holds when the sequence has slots for `tokens` tokens of which the last
+ * `inflight` are scheduled but not yet processed: vLLM's KVCacheManager.allocate_slots frees a
+ * window table's blocks wholly before the last `window` - 1 processed tokens (its
+ * remove_skipped_blocks, on max(0, computed - num_in_flight_tokens)), then allocates blocks up to
+ * `tokens` (docs/memory-model.md "KV cache"). inflight 1: the token being written. */
+static int64_t group_blocks_inflight(const struct pd_kv_group *g, int64_t tokens, int64_t inflight)
+{
+    int64_t b = cdiv(tokens, g->tokens), processed = tokens - inflight;
+    if (g->window > 0 && processed - g->window + 1 > 0)
+        b -= (processed - g->window + 1) / g->tokens;
+    return b;
+}
+
 static int64_t group_blocks(const struct pd_kv_group *g, int64_t tokens)
 {
-    int64_t b = cdiv(tokens, g->tokens);
-    if (g->window > 0 && tokens > g->window)
-        b -= (tokens - g->window) / g->tokens;
-    return b;
+    return group_blocks_inflight(g, tokens, 1);
 }
 
 static int64_t group_max_blocks(const struct pd_kv_group *g)
@@ -233,10 +241,11 @@ int pd_kv_size_vllm_ascend(struct pd_kv_size *k, const struct pd_model *m, pd_er
     return 0;
 }
 
-/* the most blocks a sequence holds at any length up to `tokens`: the whole-sequence tables only
- * grow, and every window table repeats with a period of its block, so the most is reached within
- * the last lcm(blocks) lengths (before a window fills, its table holds no more than later) */
-static int64_t ascend_blocks(const struct pd_kv_size *k, int64_t tokens)
+/* the most blocks a sequence holds at any length up to `tokens` with `inflight` of them scheduled
+ * and not yet processed: the whole-sequence tables only grow, and every window table repeats with
+ * a period of its block once its window and the in-flight tokens are filled, and before that
+ * holds no more than a period later, so the most is reached within the last lcm(blocks) lengths */
+static int64_t ascend_blocks(const struct pd_kv_size *k, int64_t tokens, int64_t inflight)
 {
     int64_t period = 1;
     for (int g = 0; g < k->n_grp; g++)
@@ -246,7 +255,7 @@ static int64_t ascend_blocks(const struct pd_kv_size *k, int64_t tokens)
     for (int64_t t = tokens - period + 1 > 1 ? tokens - period + 1 : 1; t <= tokens; t++) {
         int64_t b = 0;
         for (int g = 0; g < k->n_grp; g++)
-            b += k->grp[g].n * group_blocks(&k->grp[g], t);
+            b += k->grp[g].n * group_blocks_inflight(&k->grp[g], t, inflight < t ? inflight : t);
         most = b > most ? b : most;
     }
     return most;
@@ -259,7 +268,7 @@ int64_t pd_kv_seq_bytes(const struct pd_kv_size *k, int64_t tokens)
     if (k->flat_per_token)
         return tokens * k->flat_per_token;
     if (k->layout == PD_KV_LAYOUT_VLLM_ASCEND)
-        return ascend_blocks(k, tokens) * k->block_id_bytes;
+        return ascend_blocks(k, tokens, 1) * k->block_id_bytes;
     int64_t b = 0;
     for (int l = 0; l < k->n; l++) {
         int r = k->ratio[l];
@@ -278,6 +287,13 @@ int64_t pd_kv_seq_bytes(const struct pd_kv_size *k, int64_t tokens)
         }
     }
     return b;
+}
+
+int64_t pd_kv_inflight_bytes(const struct pd_kv_size *k, int64_t tokens, int64_t inflight)
+{
+    if (k->layout != PD_KV_LAYOUT_VLLM_ASCEND || k->flat_per_token || tokens <= 0 || inflight <= 1)
+        return 0;
+    return (ascend_blocks(k, tokens, inflight) - ascend_blocks(k, tokens, 1)) * k->block_id_bytes;
 }
 
 int64_t pd_kv_max_context(const struct pd_kv_size *k, int64_t bytes, int64_t seqs)

@@ -101,6 +101,12 @@ const char *pd_kv_layout_name(const struct pd_kv_size *k);
  * compressed entries (and a CSA layer's keys) in whole pages. In vllm-ascend's layout, the most
  * it holds at any length up to `tokens` (its windows' blocks come and go as it grows). */
 int64_t pd_kv_seq_bytes(const struct pd_kv_size *k, int64_t tokens);
+/* vllm-ascend's layout: the bytes one sequence of up to `tokens` tokens holds, at most, beyond
+ * pd_kv_seq_bytes while `inflight` of its tokens are scheduled and not yet processed (a prefill
+ * chunk, or the chunks of async scheduling's two steps): its sliding-window and compressor-state
+ * tables keep blocks for all of them until the step is done. 0 in pdmoe's layout (fixed rings and
+ * states) and for a flat figure, and for inflight <= 1. */
+int64_t pd_kv_inflight_bytes(const struct pd_kv_size *k, int64_t tokens, int64_t inflight);
 /* Largest context such that `seqs` sequences fit in `bytes` (0 if none). */
 int64_t pd_kv_max_context(const struct pd_kv_size *k, int64_t bytes, int64_t seqs);
 

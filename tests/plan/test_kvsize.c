@@ -129,12 +129,26 @@ Test(kvsize, v4_flash_vllm_ascend)
      * 1 + 1 + 2 x 1 + 2 (blocks of tokens 112..119 and 120..126) + 4 = 10 (at 128 itself, 9) */
     cr_assert_eq(pd_kv_seq_bytes(&k, 129), 13 * B);
     cr_assert_eq(pd_kv_seq_bytes(&k, 128), 10 * B);
+    /* chunks in flight: a table of window w and blocks of b holds cdiv(w - 1 + T, b) + 1 blocks for T
+     * unprocessed tokens (vLLM's SlidingWindowSpec.max_admission_blocks_per_request), so beyond the 11
+     * above: 4,096 tokens, 2 x 33 + 514 + 133 - 11 = 704 blocks (715 in all, the estimate of
+     * docs/memory-model.md before they were counted); 8,192 (two steps), 2 x 66 + 1,026 + 261 - 11 =
+     * 1,408; one token, none; a 4,096-token prompt with 8,192 in flight holds all its tokens' window
+     * and state blocks, 2 x 32 + 512 + 128 = 704, where decoding it holds 11: 693 more */
+    cr_assert_eq(pd_kv_inflight_bytes(&k, 32768, 4096), 704 * B);
+    cr_assert_eq(pd_kv_inflight_bytes(&k, 32768, 8192), 1408 * B);
+    cr_assert_eq(pd_kv_inflight_bytes(&k, 1 << 20, 8192), 1408 * B);
+    cr_assert_eq(pd_kv_inflight_bytes(&k, 32768, 1), 0);
+    cr_assert_eq(pd_kv_inflight_bytes(&k, 4096, 8192), (704 - 11) * B);
     /* without the MTP layer: counts 21, 20, 43, 21, 20, T still 22 (pads 1+2+1+1+2), tables 22 and 21,
      * no MTP cache: 22 tuples */
     cr_assert_eq(pd_kv_size_init(&k, &m, PD_KV_BF16, 0, 0, &e), 0, "%s", e.msg);
     cr_assert_eq(pd_kv_size_vllm_ascend(&k, &m, &e), 0, "%s", e.msg);
     cr_assert_eq(k.block_id_bytes, 22 * 147712);
     cr_assert_eq(pd_kv_seq_bytes(&k, 32768), 77 * 22 * 147712);
+    /* pdmoe's own layout: fixed window rings and states, nothing more while a chunk is computed */
+    cr_assert_eq(pd_kv_size_init(&k, &m, PD_KV_BF16, 1, 0, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kv_inflight_bytes(&k, 32768, 8192), 0);
     /* an fp8 cache is not vllm-ascend's on A2/A3 */
     cr_assert_eq(pd_kv_size_init(&k, &m, PD_KV_FP8, 1, 0, &e), 0, "%s", e.msg);
     cr_assert_eq(pd_kv_size_vllm_ascend(&k, &m, &e), PD_EINVAL);
