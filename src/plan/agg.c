@@ -44,7 +44,8 @@ void pd_perf_agg_at(const struct pd_plan *p, const struct pd_workload *w, int64_
     const int64_t cached = (int64_t)floor((double)w->isl * w->cached), I = w->isl - cached;
     const int64_t ctx = w->decode_ctx > 0 ? w->decode_ctx : w->isl + w->osl / 2;
     int64_t seq = pd_kv_seq_bytes(&p->kv, w->isl + w->osl);
-    a->batch_cap = D->b.kv_pool > 0 && seq > 0 ? D->b.kv_pool / seq : 0;
+    const int64_t room = pd_budget_seq_room(&D->b);   /* (the chunks' window blocks set aside) */
+    a->batch_cap = room > 0 && seq > 0 ? room / seq : 0;
     a->batch = b;
     struct pd_step_part dec = {b, k, ctx}, none = {0, 0, 0};
     pd_perf_step_mixed(p, PD_ROLE_DECODE, &dec, &none, &a->decode_step);

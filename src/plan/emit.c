@@ -310,9 +310,10 @@ void pd_emit_seqs_note(FILE *f, const struct pd_plan *p, enum pd_role r, int64_t
 {
     if (n < p->o.max_num_seqs)
         fprintf(f, "# %lld %s per data-parallel rank, not the plan's --max-num-seqs %lld: %lld of max-model-len\n"
-                   "# %lld %s this %s card's KV pool (pdmoe plan: \"sequences of max-model-len that fit\")\n",
+                   "# %lld %s this %s card's KV pool%s (pdmoe plan: \"sequences of max-model-len that fit\")\n",
                 (long long)n, n == 1 ? "sequence" : "sequences", (long long)p->o.max_num_seqs, (long long)n,
-                (long long)p->o.max_model_len, n == 1 ? "fits" : "fit", pd_role_name(r));
+                (long long)p->o.max_model_len, n == 1 ? "fits" : "fit", pd_role_name(r),
+                p->role[r].b.kv_transient ? " beside its chunks in flight" : "");
 }
 
 /* vllm-ascend: one `vllm serve` per instance and node in vLLM's internal load-balancing mode
@@ -482,11 +483,12 @@ static double sgl_mem_fraction(const struct pd_role_plan *rp)
 }
 
 /* The sequences of max-model-len the KV pool SGLang makes of sgl_mem_fraction's rounded-down
- * fraction holds (the fraction less the weights), at most the plan's admitted ones: the
- * unrounded pool's count let one sequence too many in. */
+ * fraction holds (the fraction less the weights, and the blocks the plan sets aside for the chunks
+ * in flight: counted in the plan's layout, docs/memory-model.md), at most the plan's admitted
+ * ones: the unrounded pool's count let one sequence too many in. */
 static int64_t sgl_admitted(const struct pd_plan *p, const struct pd_role_plan *rp)
 {
-    const int64_t pool = (int64_t)(sgl_mem_fraction(rp) * (double)rp->b.capacity) - rp->b.weights;
+    const int64_t pool = (int64_t)(sgl_mem_fraction(rp) * (double)rp->b.capacity) - rp->b.weights - rp->b.kv_transient;
     const int64_t seq = pd_kv_seq_bytes(&p->kv, p->o.max_model_len), n = pool > 0 && seq > 0 ? pool / seq : 0;
     const int64_t admitted = pd_plan_admitted_seqs(p, rp->role);
     return n < admitted ? n : admitted;

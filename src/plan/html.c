@@ -317,6 +317,10 @@ static void memory_bars(FILE *f, const struct pd_plan *p, int u)
     snprintf(t, sizeof t, "KV needed (1 / %lld &times; %lld tokens)", (long long)p->o.max_num_seqs,
              (long long)p->o.max_model_len);
     ROW("", t, P->kv_need, D->kv_need);
+    if (P->b.kv_transient || D->b.kv_transient) {
+        snprintf(t, sizeof t, "of it, chunks in flight (%lld tokens)", (long long)pd_plan_chunk_inflight_tokens(p, PD_ROLE_PREFILL));
+        ROW("", t, P->b.kv_transient, D->b.kv_transient);
+    }
 #undef ROW
     fprintf(f, "<tr><td></td><td>sequences of max-model-len that fit</td><td class=\"n\">%lld</td>"
                "<td class=\"n\">%lld</td></tr>\n",
@@ -340,7 +344,7 @@ static void memory_bars(FILE *f, const struct pd_plan *p, int u)
             D->fits_max_num_seqs ? "fit" : "do not fit");
     fprintf(f, "<p class=\"note\">Prefill KV by the seed's rule, max-num-batched-tokens &times; KV per token: %s; "
                "a prompt of max-model-len needs %s while it is prefilled in chunks and until decode has pulled it.</p>\n",
-            B(a, p->p_kv_batch, u), B(b, P->kv_need, u));
+            B(a, p->p_kv_batch, u), B(b, pd_kv_seq_bytes(&p->kv, p->o.max_model_len), u));
 }
 
 /* --- 3. expert maps --- */

@@ -425,7 +425,8 @@ void pd_perf_decode(const struct pd_plan *p, const struct pd_workload *w, struct
     /* the batch the KV pool holds at the final context, capped by the sequences the servers
      * admit (max-num-seqs, or fewer: those of max-model-len that fit, as --emit writes) */
     int64_t seq = pd_kv_seq_bytes(&p->kv, w->isl + w->osl), admit = pd_plan_admitted_seqs(p, PD_ROLE_DECODE);
-    f->batch_cap = D->b.kv_pool > 0 && seq > 0 ? D->b.kv_pool / seq : 0;
+    const int64_t room = pd_budget_seq_room(&D->b);
+    f->batch_cap = room > 0 && seq > 0 ? room / seq : 0;
     f->batch = w->decode_batch > 0 ? w->decode_batch : f->batch_cap < admit ? f->batch_cap : admit;
     int64_t b = f->batch > 0 ? f->batch : 1;
     int64_t ctx = w->decode_ctx > 0 ? w->decode_ctx : w->isl + w->osl / 2;
@@ -445,7 +446,7 @@ void pd_perf_combine(const struct pd_plan *p, const struct pd_workload *w, struc
 {
     const struct pd_role_plan *P = &p->role[PD_ROLE_PREFILL], *D = &p->role[PD_ROLE_DECODE];
     f->w = *w;
-    f->fits = P->b.fits_weights && D->b.fits_weights && P->b.kv_pool >= pd_kv_seq_bytes(&p->kv, w->isl) &&
+    f->fits = P->b.fits_weights && D->b.fits_weights && pd_budget_seq_room(&P->b) >= pd_kv_seq_bytes(&p->kv, w->isl) &&
               f->batch >= 1 && f->batch <= f->batch_cap;
     f->request_s = p->hw.eff.request_s;
     struct pd_match m = pd_perf_match(f->request_s, f, f, P->o.dp * P->o.instances, P->cards + D->cards, w);
@@ -718,7 +719,7 @@ char *pd_perf_text(const struct pd_plan *p, const struct pd_perf *f)
             snprintf(why, sizeof why, "the %s %s do not fit a card", !P->b.fits_weights ? "prefill" : "decode",
                      pd_budget_overflow(!P->b.fits_weights ? &P->b : &D->b));
         else
-            snprintf(why, sizeof why, "%s", P->b.kv_pool < pd_kv_seq_bytes(&p->kv, f->w.isl)
+            snprintf(why, sizeof why, "%s", pd_budget_seq_room(&P->b) < pd_kv_seq_bytes(&p->kv, f->w.isl)
                                                 ? "a prefill card's KV pool cannot hold one prompt"
                                                 : "a decode card's KV pool holds no sequence of this workload");
         fprintf(o, "  DOES NOT FIT: %s; the figures below are of steps that cannot run\n", why);

@@ -322,13 +322,19 @@ int pd_plan_role_eval(const struct pd_plan *p, enum pd_role r, const struct pd_r
     }
     b->kv_pool = b->usable - b->weights - b->activations - b->runtime;
     b->fits_weights = b->kv_pool >= 0;
+    /* a chunk's window and state blocks come out of the same pool as the sequences' (kvsize.h);
+     * at max-model-len, which for contexts past the in-flight tokens and a window is every one's */
+    b->kv_transient = pd_kv_inflight_bytes(&p->kv, p->o.max_model_len, pd_plan_chunk_inflight_tokens(p, r));
+    const int64_t room = pd_budget_seq_room(b);
     int64_t seq = pd_kv_seq_bytes(&p->kv, p->o.max_model_len);
     /* max-num-seqs is per data-parallel rank (vLLM): each rank holds its own sequences' KV */
     rp->kv_need = seq;
     if (!(r == PD_ROLE_PREFILL && !p->o.aggregated) && __builtin_mul_overflow(p->o.max_num_seqs, seq, &rp->kv_need))
         rp->kv_need = INT64_MAX;   /* (at the bounds of check_opts: more than any pool) */
-    rp->seqs_at_max_len = b->kv_pool > 0 && seq > 0 ? b->kv_pool / seq : 0;
-    rp->ctx_at_max_seqs = b->kv_pool > 0 ? pd_kv_max_context(&p->kv, b->kv_pool, p->o.max_num_seqs) : 0;
+    if (__builtin_add_overflow(rp->kv_need, b->kv_transient, &rp->kv_need))
+        rp->kv_need = INT64_MAX;
+    rp->seqs_at_max_len = room > 0 && seq > 0 ? room / seq : 0;
+    rp->ctx_at_max_seqs = room > 0 ? pd_kv_max_context(&p->kv, room, p->o.max_num_seqs) : 0;
     rp->fits = b->fits_weights && rp->seqs_at_max_len >= 1;
     rp->fits_max_num_seqs = b->fits_weights && rp->seqs_at_max_len >= p->o.max_num_seqs;
     return 0;
@@ -353,7 +359,7 @@ static void scenarios(struct pd_plan *p)
         /* (saturated: seqs x bytes past 2^63 wrapped, a row of 0 GB) */
         const int64_t per = pd_kv_seq_bytes(&p->kv, c);
         sc->kv = per > 0 && s > INT64_MAX / per ? INT64_MAX : s * per;
-        const int64_t rest = b->weights + b->activations + b->runtime;
+        const int64_t rest = b->weights + b->activations + b->runtime + b->kv_transient;
         sc->total = sc->kv > INT64_MAX - rest ? INT64_MAX : rest + sc->kv;
         sc->fits = sc->total <= b->usable;
     }
@@ -612,6 +618,19 @@ void pd_plan_free(struct pd_plan *p)
         expert_load_free(p->load[1]);
     expert_load_free(p->load[0]);
     p->load[0] = p->load[1] = NULL;
+}
+
+int64_t pd_plan_chunk_inflight_tokens(const struct pd_plan *p, enum pd_role r)
+{
+    if (r == PD_ROLE_DECODE && !p->o.aggregated)
+        return 0;
+    int64_t t = PD_PLAN_STEPS_IN_FLIGHT * p->o.max_num_batched_tokens;
+    return t < p->o.max_model_len ? t : p->o.max_model_len;
+}
+
+int64_t pd_budget_seq_room(const struct pd_budget *b)
+{
+    return b->kv_pool - b->kv_transient;
 }
 
 int64_t pd_plan_admitted_seqs(const struct pd_plan *p, enum pd_role r)

@@ -80,7 +80,11 @@ struct pd_budget {
     int64_t capacity, usable;
     int64_t class_i, class_ii, weights;
     int64_t activations, runtime;
-    int64_t kv_pool;             /* what is left for the KV cache */
+    int64_t kv_pool;             /* what is left for the KV cache (vLLM's pool) */
+    int64_t kv_transient;        /* of it, reserved for the prefill chunks in flight: the window and
+                                    state blocks they hold beyond their sequences' own (pd_plan_chunk_
+                                    inflight_tokens; prefill and aggregated roles in vllm-ascend's
+                                    layout, else 0) */
     int fits_weights;            /* weights + activations + runtime <= usable */
 };
 
@@ -93,7 +97,8 @@ struct pd_role_plan {
     int64_t class_ii_per_card;          /* class II on one card (tp splits some groups) */
     struct pd_activation act;
     struct pd_budget b;                 /* the rank with the most class I bytes */
-    int64_t kv_need;                    /* P: one max-model-len prompt; D: max-num-seqs of them */
+    int64_t kv_need;                    /* P: one max-model-len prompt; D: max-num-seqs of them;
+                                           plus b.kv_transient */
     int64_t seqs_at_max_len;            /* sequences of max-model-len the pool holds */
     int64_t ctx_at_max_seqs;            /* longest context for max-num-seqs sequences */
     /* Three verdicts, each stricter than the one before: the weights fit (b.fits_weights); they
@@ -152,6 +157,17 @@ struct pd_plan {
     int n_sweep;
     struct pd_sweep_row sweep[64];
 };
+
+/* Steps a vLLM engine has in flight at once: 2, its async scheduling's (vLLM v0.27.1
+ * VllmConfig.max_concurrent_batches with pipeline parallel size 1; async scheduling is vLLM's
+ * default where the executor supports it), each up to --max-num-batched-tokens. */
+#define PD_PLAN_STEPS_IN_FLIGHT 2
+/* Tokens of one sequence scheduled but not yet processed at most, on a role that prefills in
+ * chunks (prefill, aggregated): PD_PLAN_STEPS_IN_FLIGHT x max-num-batched-tokens, at most
+ * max-model-len; 0 on a disaggregated decode role. */
+int64_t pd_plan_chunk_inflight_tokens(const struct pd_plan *p, enum pd_role r);
+/* The KV pool's room for the sequences' own blocks: kv_pool - kv_transient. */
+int64_t pd_budget_seq_room(const struct pd_budget *b);
 
 /* The seed's deployment: 8 Atlas 800I A2, P 4 x EP8, D 1 x EP32, W8A8, V4-Flash. */
 void pd_plan_opts_default(struct pd_plan_opts *o);

@@ -165,9 +165,15 @@ static void text_budget(FILE *f, const struct pd_plan *p, int u)
     ROW(t, P->b.activations, D->b.activations);
     ROW("runtime overhead", P->b.runtime, D->b.runtime);
     ROW("left for the KV cache", P->b.kv_pool, D->b.kv_pool);
+    /* the chunks' window and state blocks, drawn from that pool (docs/memory-model.md) */
+    if (P->b.kv_transient || D->b.kv_transient) {
+        snprintf(t, sizeof t, "of it, chunks in flight (%lld tokens)", (long long)pd_plan_chunk_inflight_tokens(p, PD_ROLE_PREFILL));
+        ROW(t, P->b.kv_transient, D->b.kv_transient);
+    }
     /* a prefill rank holds one prompt; an aggregated instance max-num-seqs sequences on both */
-    snprintf(t, sizeof t, "KV needed (%lld / %lld x %lld tokens)", p->o.aggregated ? (long long)p->o.max_num_seqs : 1LL,
-             (long long)p->o.max_num_seqs, (long long)p->o.max_model_len);
+    snprintf(t, sizeof t, "KV needed (%lld / %lld x %lld%s)", p->o.aggregated ? (long long)p->o.max_num_seqs : 1LL,
+             (long long)p->o.max_num_seqs, (long long)p->o.max_model_len,
+             P->b.kv_transient || D->b.kv_transient ? " + chunks" : " tokens");
     ROW(t, P->kv_need, D->kv_need);
 #undef ROW
     fprintf(f, "  %-36s %14lld %14lld\n", "sequences of max-model-len that fit", (long long)P->seqs_at_max_len,
@@ -194,10 +200,16 @@ static void text_budget(FILE *f, const struct pd_plan *p, int u)
         snprintf(pv, sizeof pv, "%s", P->fits_max_num_seqs ? "fit" : "DO NOT FIT");
     fprintf(f, "  %-36s %14s %14s\n", t, pv, D->fits_max_num_seqs ? "fit" : "DO NOT FIT");
     fprintf(f, "  prefill KV by the seed's rule, max-num-batched-tokens x KV/token: %s; a prompt of max-model-len\n"
-               "  needs %s while it is prefilled in chunks%s.\n\n",
+               "  needs %s while it is prefilled in chunks%s",
             pd_units_fmt(a, 40, p->p_kv_batch, (enum pd_units)u),
             pd_units_fmt(b, 40, pd_kv_seq_bytes(&p->kv, p->o.max_model_len), (enum pd_units)u),
             p->o.aggregated ? "" : " and until decode has pulled it");
+    if (P->b.kv_transient)   /* (the row above: the chunks' window and state blocks) */
+        fprintf(f, ",\n  and its chunks' window and state blocks %s more while %lld tokens are in flight (%d steps of\n"
+                   "  max-num-batched-tokens)",
+                pd_units_fmt(a, 40, P->b.kv_transient, (enum pd_units)u),
+                (long long)pd_plan_chunk_inflight_tokens(p, PD_ROLE_PREFILL), PD_PLAN_STEPS_IN_FLIGHT);
+    fprintf(f, ".\n\n");
 }
 
 static void text_scenarios(FILE *f, const struct pd_plan *p, int u)
@@ -313,11 +325,11 @@ int pd_plan_print_inventory(const struct pd_plan *p, void *file, int u)
 
 /* --- JSON --- */
 
-static json_t *budget_json(const struct pd_role_plan *rp)
+static json_t *budget_json(const struct pd_plan *p, const struct pd_role_plan *rp)
 {
     const struct pd_budget *b = &rp->b;
     const struct pd_activation *a = &rp->act;
-    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:I,s:I,s:I,s:I,s:I,s:b,s:b}",
+    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:b}",
                      "capacity_bytes", (json_int_t)b->capacity, "usable_bytes", (json_int_t)b->usable,
                      "class_i_bytes", (json_int_t)b->class_i, "class_ii_bytes", (json_int_t)b->class_ii,
                      "weights_bytes", (json_int_t)b->weights,
@@ -326,6 +338,8 @@ static json_t *budget_json(const struct pd_role_plan *rp)
                      "moe_bytes", (json_int_t)a->moe, "indexer_bytes", (json_int_t)a->indexer,
                      "logits_bytes", (json_int_t)a->logits, "total_bytes", (json_int_t)a->total,
                      "runtime_bytes", (json_int_t)b->runtime, "kv_pool_bytes", (json_int_t)b->kv_pool,
+                     "kv_transient_bytes", (json_int_t)b->kv_transient,
+                     "kv_inflight_tokens", (json_int_t)pd_plan_chunk_inflight_tokens(p, rp->role),
                      "kv_need_bytes", (json_int_t)rp->kv_need, "seqs_at_max_model_len", (json_int_t)rp->seqs_at_max_len,
                      "max_context_at_max_num_seqs", (json_int_t)rp->ctx_at_max_seqs, "fits", rp->fits,
                      "fits_max_num_seqs", rp->fits_max_num_seqs);
@@ -345,7 +359,7 @@ static json_t *role_json(const struct pd_plan *p, const struct pd_role_plan *rp)
     return json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:o,s:o,s:I}", "role", pd_role_name(rp->role),
                      "data_parallel_size", rp->o.dp, "tensor_parallel_size", rp->o.tp, "instances", rp->o.instances,
                      "ep_size", rp->ep, "cards", rp->cards, "redundant_experts", rp->o.redundant,
-                     "experts_per_card", rp->place.slots, "expert_placement", ranks, "budget", budget_json(rp),
+                     "experts_per_card", rp->place.slots, "expert_placement", ranks, "budget", budget_json(p, rp),
                      "launched_max_num_seqs", (json_int_t)pd_plan_admitted_seqs(p, rp->role));
 }
 

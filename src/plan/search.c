@@ -27,7 +27,7 @@ void pd_search_opts_default(struct pd_search_opts *o)
 struct cand {                 /* one role layout, costed */
     struct pd_role_opts o;
     int cards, slots;
-    int64_t weights, kv_pool;
+    int64_t weights, kv_pool, kv_transient;
     int fits;
     int64_t batch;            /* decode */
     struct pd_perf f;         /* the role's fields of the prediction */
@@ -150,6 +150,7 @@ static int layout_cands(struct pd_plan *p, const struct pd_search_opts *so, enum
             c->slots = rp.place.slots;
             c->weights = rp.b.weights;
             c->kv_pool = rp.b.kv_pool;
+            c->kv_transient = rp.b.kv_transient;
             c->fits = room;
             c->batch = batch;
             c->f = f;
@@ -204,6 +205,8 @@ static int push_layout(struct pd_search *s, const struct cand *P, const struct c
     l->weights[1] = D->weights;
     l->kv_pool[0] = P->kv_pool;
     l->kv_pool[1] = D->kv_pool;
+    l->kv_transient[0] = P->kv_transient;
+    l->kv_transient[1] = D->kv_transient;
     const struct pd_workload *w = &s->o.w;
     /* TTFT includes the queue before prefill at the arrival rate */
     struct pd_match m = pd_perf_match(p->hw.eff.request_s, &P->f, &D->f, P->o.dp * P->o.instances, l->cards, w);
@@ -403,8 +406,10 @@ int pd_search_run(const struct pd_search_opts *o, struct pd_search *s, pd_err *e
         struct pd_plan *pp = s->chose_agg ? &dp : &s->plan;
         if ((rc = pd_plan_build(&po, pp, e)))
             goto out;
-        for (int r = 0; r < 2; r++)
+        for (int r = 0; r < 2; r++) {
             s->l[pick].kv_pool[r] = pp->role[r].b.kv_pool;
+            s->l[pick].kv_transient[r] = pp->role[r].b.kv_transient;
+        }
         if (s->chose_agg)
             pd_plan_free(&dp);
         else if ((rc = pd_perf_eval(&s->plan, &w, &s->perf, e)))
@@ -679,11 +684,12 @@ static json_t *layout_json(const struct pd_layout *l)
 {
     json_t *roles = json_array();
     for (int r = 0; r < 2; r++)
-        json_array_append_new(roles, json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:I,s:I}", "role", pd_role_name((enum pd_role)r),
+        json_array_append_new(roles, json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:I}", "role", pd_role_name((enum pd_role)r),
                                                "dp", l->role[r].dp, "tp", l->role[r].tp, "instances", l->role[r].instances,
                                                "redundant", l->role[r].redundant, "experts_per_card",
                                                l->experts_per_card[r], "weights_bytes", (json_int_t)l->weights[r],
-                                               "kv_pool_bytes", (json_int_t)l->kv_pool[r]));
+                                               "kv_pool_bytes", (json_int_t)l->kv_pool[r], "kv_transient_bytes",
+                                               (json_int_t)l->kv_transient[r]));
     return json_pack("{s:o,s:I,s:i,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:s,s:s,s:b,s:b,s:b}", "roles", roles, "batch",
                      (json_int_t)l->batch, "cards", l->cards, "ttft_s", num(l->ttft_s), "tpot_s", num(l->tpot_s),
                      "tokens_per_s_user", num(l->user_tok_s), "tokens_per_s_card", num(l->tok_s_card), "requests_per_s",
@@ -695,10 +701,10 @@ static json_t *layout_json(const struct pd_layout *l)
 
 static json_t *agg_json(const struct pd_agg_layout *l)
 {
-    return json_pack("{s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:I,s:i,s:I,s:o,s:o,s:o,s:o,s:o,s:o,s:s,s:b,s:b}", "dp", l->o.dp, "tp",
-                     l->o.tp, "instances", l->o.instances, "redundant", l->o.redundant, "experts_per_card",
+    return json_pack("{s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:I,s:I,s:i,s:I,s:o,s:o,s:o,s:o,s:o,s:o,s:s,s:b,s:b}", "dp", l->o.dp,
+                     "tp", l->o.tp, "instances", l->o.instances, "redundant", l->o.redundant, "experts_per_card",
                      l->experts_per_card, "weights_bytes", (json_int_t)l->weights, "kv_pool_bytes",
-                     (json_int_t)l->kv_pool, "batch", (json_int_t)l->batch, "cards", l->cards, "chunk_tokens",
+                     (json_int_t)l->kv_pool, "kv_transient_bytes", (json_int_t)l->kv_transient, "batch", (json_int_t)l->batch, "cards", l->cards, "chunk_tokens",
                      (json_int_t)l->chunk, "chunk_share", num(l->chunk_share), "ttft_s", num(l->ttft_s), "tpot_s",
                      num(l->tpot_s), "tokens_per_s_user", num(l->user_tok_s), "tokens_per_s_card", num(l->tok_s_card),
                      "requests_per_s", num(l->req_s),

@@ -35,6 +35,7 @@ struct pd_layout {
     int cards;                   /* P + D cards */
     int experts_per_card[2];
     int64_t weights[2], kv_pool[2];   /* bytes on the busiest card of each role */
+    int64_t kv_transient[2];          /* of kv_pool, the chunks in flight's (plan.h pd_budget) */
     double ttft_s, tpot_s, user_tok_s, tok_s_card, req_s;   /* ttft_s with the queueing delay at w.rate */
     double prefill_req_s, decode_req_s;
     enum pd_bound prefill_bound, decode_bound;
@@ -63,6 +64,7 @@ struct pd_agg_layout {
     int64_t run_batch;           /* open loop: the batch it runs at, the largest its chunks feed */
     int cards, experts_per_card;
     int64_t weights, kv_pool;    /* bytes on the busiest card */
+    int64_t kv_transient;        /* of kv_pool, the chunks in flight's (plan.h pd_budget) */
     int64_t chunk;               /* prompt tokens per mixed step at this batch */
     double ttft_s, tpot_s, user_tok_s, tok_s_card, req_s;   /* as pd_layout's */
     double chunk_share;          /* share of steps carrying a chunk (> 1: prefill limits) */

@@ -98,6 +98,7 @@ static int agg_layout(struct pd_plan *p, const struct pd_search_opts *so, const 
             l->experts_per_card = rp.place.slots;
             l->weights = rp.b.weights;
             l->kv_pool = rp.b.kv_pool;
+            l->kv_transient = rp.b.kv_transient;
             l->chunk = a.chunk;
             l->chunk_share = a.chunk_share;
             l->bound = a.mixed_step.bound;

@@ -317,10 +317,11 @@ Test(cli, plan_emit)
 /* The decode batch a plan predicts at is the --max-num-seqs its --emit gives the decode servers:
  * where max-model-len sequences do not all fit, emit lowers --max-num-seqs to those that do, and the
  * prediction once ran at the plan's 30 anyway (TPOT and throughput of a batch the emitted servers
- * would never run). Both at the default length (30 fit) and at 1M tokens (fewer). */
+ * would never run). Both at the default length (30 fit) and at 512K tokens (fewer; at 1M no prompt
+ * fits the prefill card beside its chunks in flight). */
 Test(cli, predicted_batch_is_the_emitted_max_num_seqs)
 {
-    static const char *const lens[] = {"", "--max-model-len 1048576 "};
+    static const char *const lens[] = {"", "--max-model-len 524288 "};
     for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
         struct run r;
         char args[256];
@@ -418,11 +419,11 @@ Test(cli, an_aggregated_plans_budget_is_its_own)
     struct run r;
     run("plan --aggregated dp=8,tp=1,instances=1 --max-num-seqs 48", &r);
     cr_assert_eq(r.status, 0, "%s", r.err);
-    cr_assert(strstr(r.out, "KV needed (48 / 48 x 32768 tokens)"), "%s", r.out);
-    cr_assert(strstr(r.out, "needs 261.60 MB while it is prefilled in chunks.\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "KV needed (48 / 48 x 32768 + chunks)"), "%s", r.out);
+    cr_assert(strstr(r.out, "needs 261.60 MB while it is prefilled in chunks,\n  and its chunks'"), "%s", r.out);
     cr_assert_null(strstr(r.out, "KV hand-off, one prompt"), "%s", r.out);
     run("plan", &r);
-    cr_assert(strstr(r.out, "KV needed (1 / 30 x 32768 tokens)") && strstr(r.out, "KV hand-off, one prompt"), "%s", r.out);
+    cr_assert(strstr(r.out, "KV needed (1 / 30 x 32768 + chunks)") && strstr(r.out, "KV hand-off, one prompt"), "%s", r.out);
 }
 
 /* A prediction for a layout that does not fit says so before its figures (it printed TPOT and

@@ -126,12 +126,13 @@ Test(replan, plan_emit_lowers_max_num_seqs_to_what_fits)
     cr_assert(strstr(sh, "# 22 sequences per data-parallel rank, not the plan's --max-num-seqs 30"), "%s", sh);
     cr_assert(strstr(sh, "--max-running-requests 704 "), "decode: 22 x dp 32:\n%s", sh);
     free(sh);
-    /* the seed's layout with a 1M-token max-model-len: 7.23 GB a sequence (bf16, as vllm-ascend
-     * keeps it on 910B), 5 fit a decode card, 1 a prefill card */
-    sh = run_out("plan --max-model-len 1048576 --emit vllm-ascend");
-    cr_assert(strstr(sh, "# 5 sequences per data-parallel rank, not the plan's --max-num-seqs 30"), "%s", sh);
+    /* the seed's layout with a 512K-token max-model-len: 3.63 GB a sequence (bf16, as vllm-ascend
+     * keeps it on 910B), 11 fit a decode card, 1 a prefill card beside its chunks in flight (at 1M
+     * tokens, 7.21 GB, none does: the prefill card's pool is 8.37 GB, 4.78 GB of it the chunks') */
+    sh = run_out("plan --max-model-len 524288 --emit vllm-ascend");
+    cr_assert(strstr(sh, "# 11 sequences per data-parallel rank, not the plan's --max-num-seqs 30"), "%s", sh);
     cr_assert(strstr(sh, "# 1 sequence per data-parallel rank, not the plan's --max-num-seqs 30: 1 of max-model-len\n"
-                         "# 1048576 fits this prefill card's KV pool"), "%s", sh);
+                         "# 524288 fits this prefill card's KV pool beside its chunks in flight"), "%s", sh);
     struct role_flags rf[2];
     read_script(sh, rf);
     for (int r = 0; r < 2; r++)

@@ -78,6 +78,9 @@ static const char seed_vllm_ascend[] =
         "deepseek-ai/DeepSeek-V4-Flash, e.g. DeepSeek-V4-Flash-w8a8-mtp' >&2; exit 2; }\n"
     "\n"
     "# prefill instance 0 on node0 (node 1 of 1): cards 0-7, dp ranks 0-7 of 8\n"
+    "# 29 sequences per data-parallel rank, not the plan's --max-num-seqs 30: 29 of max-model-len\n"
+    "# 32768 fit this prefill card's KV pool beside its chunks in flight "
+        "(pdmoe plan: \"sequences of max-model-len that fit\")\n"
     "if [ \"$host\" = node0 ]; then\n"
     "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve \"$MODEL_PATH\" \\\n"
     "    --host 0.0.0.0 \\\n"
@@ -90,7 +93,7 @@ static const char seed_vllm_ascend[] =
     "    --enable-expert-parallel \\\n"
     "    --quantization ascend \\\n"
     "    --gpu-memory-utilization 0.9 \\\n"
-    "    --max-num-seqs 30 \\\n"
+    "    --max-num-seqs 29 \\\n"
     "    --max-model-len 32768 \\\n"
     "    --block-size 128 \\\n"
     "    --max-num-batched-tokens 4096 \\\n"
@@ -103,6 +106,9 @@ static const char seed_vllm_ascend[] =
     "fi\n"
     "\n"
     "# prefill instance 1 on node1 (node 1 of 1): cards 0-7, dp ranks 0-7 of 8\n"
+    "# 29 sequences per data-parallel rank, not the plan's --max-num-seqs 30: 29 of max-model-len\n"
+    "# 32768 fit this prefill card's KV pool beside its chunks in flight "
+        "(pdmoe plan: \"sequences of max-model-len that fit\")\n"
     "if [ \"$host\" = node1 ]; then\n"
     "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve \"$MODEL_PATH\" \\\n"
     "    --host 0.0.0.0 \\\n"
@@ -115,7 +121,7 @@ static const char seed_vllm_ascend[] =
     "    --enable-expert-parallel \\\n"
     "    --quantization ascend \\\n"
     "    --gpu-memory-utilization 0.9 \\\n"
-    "    --max-num-seqs 30 \\\n"
+    "    --max-num-seqs 29 \\\n"
     "    --max-model-len 32768 \\\n"
     "    --block-size 128 \\\n"
     "    --max-num-batched-tokens 4096 \\\n"
@@ -128,6 +134,9 @@ static const char seed_vllm_ascend[] =
     "fi\n"
     "\n"
     "# prefill instance 2 on node2 (node 1 of 1): cards 0-7, dp ranks 0-7 of 8\n"
+    "# 29 sequences per data-parallel rank, not the plan's --max-num-seqs 30: 29 of max-model-len\n"
+    "# 32768 fit this prefill card's KV pool beside its chunks in flight "
+        "(pdmoe plan: \"sequences of max-model-len that fit\")\n"
     "if [ \"$host\" = node2 ]; then\n"
     "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve \"$MODEL_PATH\" \\\n"
     "    --host 0.0.0.0 \\\n"
@@ -140,7 +149,7 @@ static const char seed_vllm_ascend[] =
     "    --enable-expert-parallel \\\n"
     "    --quantization ascend \\\n"
     "    --gpu-memory-utilization 0.9 \\\n"
-    "    --max-num-seqs 30 \\\n"
+    "    --max-num-seqs 29 \\\n"
     "    --max-model-len 32768 \\\n"
     "    --block-size 128 \\\n"
     "    --max-num-batched-tokens 4096 \\\n"
@@ -153,6 +162,9 @@ static const char seed_vllm_ascend[] =
     "fi\n"
     "\n"
     "# prefill instance 3 on node3 (node 1 of 1): cards 0-7, dp ranks 0-7 of 8\n"
+    "# 29 sequences per data-parallel rank, not the plan's --max-num-seqs 30: 29 of max-model-len\n"
+    "# 32768 fit this prefill card's KV pool beside its chunks in flight "
+        "(pdmoe plan: \"sequences of max-model-len that fit\")\n"
     "if [ \"$host\" = node3 ]; then\n"
     "  ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve \"$MODEL_PATH\" \\\n"
     "    --host 0.0.0.0 \\\n"
@@ -165,7 +177,7 @@ static const char seed_vllm_ascend[] =
     "    --enable-expert-parallel \\\n"
     "    --quantization ascend \\\n"
     "    --gpu-memory-utilization 0.9 \\\n"
-    "    --max-num-seqs 30 \\\n"
+    "    --max-num-seqs 29 \\\n"
     "    --max-model-len 32768 \\\n"
     "    --block-size 128 \\\n"
     "    --max-num-batched-tokens 4096 \\\n"
@@ -376,7 +388,8 @@ Test(plan, emit_sglang_seed_key_lines)
         HAS(s, want);
     }
     /* SGLang's limits are per instance, vLLM's per data-parallel rank */
-    cr_assert_eq(count(s, "--max-running-requests 240"), 4);
+    /* prefill: 28 of max-model-len beside its chunks in flight in the rounded-down fraction's pool */
+    cr_assert_eq(count(s, "--max-running-requests 224"), 4);
     cr_assert_eq(count(s, "--max-running-requests 960"), 4);
     cr_assert_eq(count(s, "--chunked-prefill-size 32768"), 4);
     cr_assert_eq(count(s, "--context-length 32768"), 8);
@@ -423,7 +436,8 @@ Test(plan, emit_limits_fit_the_pools_the_scripts_make)
         cr_assert(fr && mr);
         double frac = atof(fr + strlen("--mem-fraction-static "));
         long long reqs = atoll(mr + strlen("--max-running-requests ")) / p.role[r].o.dp;
-        const int64_t pool = (int64_t)(frac * (double)p.role[r].b.capacity) - p.role[r].b.weights;
+        const int64_t pool = (int64_t)(frac * (double)p.role[r].b.capacity) - p.role[r].b.weights -
+                             p.role[r].b.kv_transient;
         cr_assert_leq(reqs * seq, pool, "%s: %lld sequences of %lld bytes in a pool of %lld at fraction %.2f",
                       pd_role_name((enum pd_role)r), reqs, (long long)seq, (long long)pool, frac);
         cr_assert_gt((reqs + 1) * seq, pool, "%s: %lld sequences where one more fits", pd_role_name((enum pd_role)r),

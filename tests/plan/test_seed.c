@@ -146,7 +146,13 @@ Test(seed, released_model)
     cr_assert_str_eq(gb(D->b.weights), "19.65 GB");
     cr_assert_float_eq(p.kv.per_token, 6842.859375, 1e-9);
     cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, p.kv.per_seq_fixed, PD_UNITS_GB), "37.37 MB");
-    cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, P->kv_need, PD_UNITS_GB), "261.60 MB");   /* 77 blocks */
+    /* one prompt, 77 blocks, and the window and state blocks of its chunks in flight (test_plan.c,
+     * plan/seed_prefill_reserves_chunks_in_flight: 1,408 more) */
+    cr_assert_eq(pd_kv_seq_bytes(&p.kv, 32768), 77 * INT64_C(3397376));
+    cr_assert_str_eq(pd_units_fmt(( char[32]){0}, 32, pd_kv_seq_bytes(&p.kv, 32768), PD_UNITS_GB), "261.60 MB");
+    cr_assert_eq(P->kv_need, (77 + 1408) * INT64_C(3397376));
+    cr_assert_str_eq(gb(P->kv_need), "5.05 GB");
+    cr_assert_eq(P->seqs_at_max_len, 29);
     cr_assert_str_eq(gb(D->kv_need), "7.85 GB");
     cr_assert_eq(D->seqs_at_max_len, 153);
     cr_assert_eq(D->ctx_at_max_seqs, 189440);

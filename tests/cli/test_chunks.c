@@ -1,0 +1,184 @@
+/* A prefill chunk's window and state blocks, as plan, search and the launch scripts count them.
+ *
+ * vllm-ascend keeps V4's sliding windows and compressor states in block tables that vLLM's
+ * SlidingWindowManager trims only on the processed-token basis, after a step: while its two steps
+ * (async scheduling) of max-num-batched-tokens are in flight, a prompt holds blocks for all of them.
+ * The figures below are computed here from vLLM's own per-request bound for such a table,
+ * SlidingWindowSpec.max_admission_blocks_per_request, cdiv(window - 1 + in_flight, block) + 1, not
+ * from the planner's code (docs/memory-model.md, "KV cache"). */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../run.h"
+
+/* vllm-ascend's layout of DeepSeek-V4-Flash with its MTP layer, --block-size 128: one block id is
+ * a page in each of 23 x 2 tensors, an indexer-key page (128 x (128 + 2)) and an entry page
+ * (128 x 1,024). */
+#define ID_BYTES (INT64_C(23) * (128 * 130 + 128 * 1024))
+#define MAX_MODEL_LEN 32768
+#define BATCHED 4096
+#define IN_FLIGHT (2 * BATCHED)   /* vLLM's max_in_flight_tokens: 2 steps with async scheduling */
+
+static int64_t cdiv(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+/* ids one window or state table holds for `in_flight` unprocessed tokens */
+static int64_t held(int64_t window, int64_t block, int64_t in_flight)
+{
+    return cdiv(window - 1 + in_flight, block) + 1;
+}
+
+/* the four kinds of table that trim: 2 window tables (window 128, blocks of 128 tokens), CSA
+ * states (window 8, blocks of 8), HCA states (window 128, blocks of 32) */
+static int64_t trimmed_ids(int64_t in_flight)
+{
+    return 2 * held(128, 128, in_flight) + held(8, 8, in_flight) + held(128, 32, in_flight);
+}
+
+/* one sequence of max-model-len as it decodes: a block of 512 tokens (CSA entries and keys) and one
+ * of 16,384 (HCA entries), and the trimmed tables with one token in flight */
+static int64_t seq_bytes(void)
+{
+    return (cdiv(MAX_MODEL_LEN, 512) + cdiv(MAX_MODEL_LEN, 16384) + trimmed_ids(1)) * ID_BYTES;
+}
+
+/* what the chunks in flight hold beyond the sequence's own */
+static int64_t transient_bytes(void)
+{
+    return (trimmed_ids(IN_FLIGHT) - trimmed_ids(1)) * ID_BYTES;
+}
+
+static json_t *run_json(const char *args)
+{
+    struct run r;
+    run(args, &r);
+    cr_assert_eq(r.status, 0, "pdmoe %s: %s", args, r.err);
+    json_error_t je;
+    json_t *j = json_loads(r.out, 0, &je);
+    cr_assert_not_null(j, "pdmoe %s: %s", args, je.text);
+    return j;
+}
+
+static json_int_t get_int(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    cr_assert(json_is_integer(v), "no integer \"%s\"", key);
+    return json_integer_value(v);
+}
+
+static json_t *role_budget(json_t *plan, int r)
+{
+    return json_object_get(json_array_get(json_object_get(plan, "roles"), (size_t)r), "budget");
+}
+
+/* The seed's deployment (pdmoe plan with no arguments): its prefill cards set aside 1,408 ids,
+ * 4,783,505,408 B, for the chunks in flight, and hold 29 prompts of 32,768 tokens beside them
+ * (47 before); its decode cards nothing. Text and JSON alike. */
+Test(chunks, seed_plan_reserves_the_chunks_blocks)
+{
+    const int64_t seq = seq_bytes(), tr = transient_bytes();
+    cr_assert_eq(seq, 77 * ID_BYTES);
+    cr_assert_eq(tr, 1408 * ID_BYTES);
+    json_t *j = run_json("plan --json");
+    json_t *P = role_budget(j, 0), *D = role_budget(j, 1);
+    cr_assert_eq(get_int(P, "kv_transient_bytes"), tr);
+    cr_assert_eq(get_int(P, "kv_inflight_tokens"), IN_FLIGHT);
+    cr_assert_eq(get_int(D, "kv_transient_bytes"), 0);
+    cr_assert_eq(get_int(P, "kv_need_bytes"), seq + tr);
+    const int64_t fit = (get_int(P, "kv_pool_bytes") - tr) / seq;
+    cr_assert_eq(fit, 29);
+    cr_assert_eq(get_int(P, "seqs_at_max_model_len"), fit);
+    cr_assert(json_is_false(json_object_get(P, "fits_max_num_seqs")));
+    cr_assert_eq(get_int(json_array_get(json_object_get(j, "roles"), 0), "launched_max_num_seqs"), fit);
+    json_decref(j);
+    struct run r;
+    run("plan", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "  of it, chunks in flight (8192 tokens)        4.78 GB        0.00 GB\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "  KV needed (1 / 30 x 32768 + chunks)         5.05 GB        7.85 GB\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "  sequences of max-model-len that fit              29            153\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "  verdict: 30 of them (max-num-seqs)      29 launched            fit\n"), "%s", r.out);
+}
+
+/* search's best layout is the plan of that layout: the same pools and the same chunks' blocks,
+ * which are the figure above (its prefill instances are the seed's, 8 cards each). */
+Test(chunks, search_best_is_the_plan_of_its_layout)
+{
+    json_t *j = run_json("search --cards 64 --isl 4096 --osl 1024 --ttft-ms 2000 --tpot-ms 50 --layout disaggregated "
+                         "--json");
+    json_t *best = json_object_get(j, "best"), *roles = json_object_get(best, "roles");
+    json_t *rp = json_array_get(roles, 0), *rd = json_array_get(roles, 1);
+    cr_assert_eq(get_int(rp, "kv_transient_bytes"), transient_bytes());
+    cr_assert_eq(get_int(rd, "kv_transient_bytes"), 0);
+    char args[512];
+    snprintf(args, sizeof args, "plan --prefill dp=%lld,tp=%lld,instances=%lld,redundant=%lld --decode "
+             "dp=%lld,tp=%lld,instances=%lld,redundant=%lld --max-num-seqs %lld --json",
+             (long long)get_int(rp, "dp"), (long long)get_int(rp, "tp"), (long long)get_int(rp, "instances"),
+             (long long)get_int(rp, "redundant"), (long long)get_int(rd, "dp"), (long long)get_int(rd, "tp"),
+             (long long)get_int(rd, "instances"), (long long)get_int(rd, "redundant"), (long long)get_int(best, "batch"));
+    json_t *p = run_json(args);
+    for (int r = 0; r < 2; r++) {
+        json_t *s = json_array_get(roles, (size_t)r), *b = role_budget(p, r);
+        cr_assert_eq(get_int(s, "kv_pool_bytes"), get_int(b, "kv_pool_bytes"), "%s: role %d", args, r);
+        cr_assert_eq(get_int(s, "kv_transient_bytes"), get_int(b, "kv_transient_bytes"), "%s: role %d", args, r);
+    }
+    json_decref(p);
+    json_decref(j);
+}
+
+/* The value after `flag ` in the command starting at s. */
+static long long flag_in(const char *s, const char *end, const char *flag)
+{
+    const char *q = strstr(s, flag);
+    cr_assert(q && q < end, "no %s in the command:\n%.400s", flag, s);
+    return atoll(q + strlen(flag) + 1);
+}
+
+/* The seed's vllm-ascend script: every prefill server's --max-num-seqs prompts of --max-model-len
+ * and the chunks of its --max-num-batched-tokens fit the pool its --gpu-memory-utilization leaves
+ * (the plan's, counted here), and planned again from those flags, each role passes its checks. */
+Test(chunks, emitted_flags_hold_in_the_plans_pool)
+{
+    struct run r;
+    run("plan --emit vllm-ascend", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    json_t *j = run_json("plan --json");
+    const int64_t pool = get_int(role_budget(j, 0), "kv_pool_bytes");
+    json_decref(j);
+    long long seqs[2] = {0, 0}, batched[2] = {0, 0};
+    int servers = 0;
+    for (const char *c = strstr(r.out, "vllm serve "); c; c = strstr(c + 1, "vllm serve ")) {
+        const char *end = strstr(c, "&\n"), *role = strstr(c, "\"kv_role\":\"kv_");
+        cr_assert(end && role && role < end);
+        int k = strncmp(role + 14, "producer", 8) == 0 ? 0 : 1;
+        const char *util = strstr(c, "--gpu-memory-utilization ");
+        cr_assert(util && util < end && atof(util + 25) == 0.9);
+        cr_assert_eq(flag_in(c, end, "--max-model-len"), MAX_MODEL_LEN);
+        seqs[k] = flag_in(c, end, "--max-num-seqs");
+        batched[k] = flag_in(c, end, "--max-num-batched-tokens");
+        if (k == 0) {
+            cr_assert_eq(batched[0], BATCHED);
+            cr_assert_leq(seqs[0] * seq_bytes() + transient_bytes(), pool,
+                          "--max-num-seqs %lld: %lld B of prompts and %lld B of chunks in a pool of %lld B", seqs[0],
+                          (long long)(seqs[0] * seq_bytes()), (long long)transient_bytes(), (long long)pool);
+            servers++;
+        }
+    }
+    cr_assert_eq(servers, 4, "not the 4 prefill servers of the seed's layout:\n%s", r.out);
+    for (int k = 0; k < 2; k++) {
+        char args[256];
+        snprintf(args, sizeof args, "plan --max-num-seqs %lld --max-num-batched-tokens %lld --json", seqs[k],
+                 batched[k]);
+        json_t *p = run_json(args);
+        json_t *b = role_budget(p, k);
+        cr_assert(json_is_true(json_object_get(b, "fits_max_num_seqs")), "%s: the %s role's %lld do not fit", args,
+                  k ? "decode" : "prefill", seqs[k]);
+        json_decref(p);
+    }
+}
