@@ -310,13 +310,14 @@ struct pd_server {
     int n_stats_wait, cap_stats_wait;
     int64_t *stats_sum;             /* [n_layers][routed experts] */
     enum { STATS_NONE, STATS_WANTED, STATS_READY } stats_state;
-    /* the tokenizer thread (server_tok.c): text prompts are encoded there, off the event loop */
+    /* the tokenizer thread (server_tok.c): request bodies are read there (server_req.c) and text
+     * prompts encoded, off the event loop */
     pthread_t tok_thread;
     int tok_thread_started;
     pthread_mutex_t tok_mu;         /* guards tok_todo, tok_done and tok_stop, never held with mu */
     pthread_cond_t tok_cv;
     struct tok_job *tok_todo, *tok_todo_tail;   /* handed over, in arrival order */
-    struct tok_job *tok_done;       /* encoded, newest first, for the loop */
+    struct tok_job *tok_done;       /* read, newest first, for the loop */
     int tok_stop;
     struct event *tok_ready;        /* the thread's wake-up of the loop */
     int n_tokenizing;               /* handed over and not back yet (the loop's own count) */
@@ -495,32 +496,41 @@ void pd_srv_on_close(struct evhttp_connection *c, void *arg);
  * the request's body and its text, the thread encodes the text, the loop goes on with the ids
  * (pd_srv_admit_text). The thread reads only text and spans and writes ids, n, rc and e; h and j
  * are the loop's. */
+/* A request refused off the event loop: pd_srv_send_error's arguments, for the loop to send. */
+struct refusal {
+    int code;                       /* 0: none */
+    const char *type;               /* (a literal) */
+    char param[96];                 /* "" for none */
+    char msg[512];
+};
+
 struct tok_job {
     struct pd_server *s;
     struct evhttp_request *h;       /* NULL once its client has left */
-    json_t *j;                      /* the request's body, checked */
     int chat;
-    char *text;                     /* the prompt (a chat's rendered), its messages' contents' spans */
-    size_t len;
-    struct pd_tok_span *spans;
-    size_t n_spans;
-    int32_t *ids;                   /* the thread's result: n ids, or rc and e */
-    size_t n;
-    int rc;
-    pd_err e;
+    struct evbuffer *body;          /* the request's body (moved out of libevent's buffer), until read */
+    struct req *r;                  /* the thread's result: the request, made, or the refusal no */
+    struct refusal no;
     struct tok_job *next;
 };
 /* Creates s->tok_ready and starts the thread (after pd_srv_api_install). */
 int pd_srv_tok_start(struct pd_server *s, pd_err *e);
 /* The loop hands jb over (taking it); its client leaving meanwhile drops it once it is back. */
 void pd_srv_tok_submit(struct pd_server *s, struct tok_job *jb);
-/* Stops the thread (after the current prompt) and answers the clients of the jobs left with the
+/* Stops the thread (after the current request) and answers the clients of the jobs left with the
  * shutdown's 503; how many were answered. */
 int pd_srv_tok_stop(struct pd_server *s);
 
+/* ---- server_req.c (the tokenizer thread) ---- */
+/* Reads jb's body into jb->r (parsed, checked, its prompt's ids, tokenized if a text), or writes
+ * the refusal into jb->no. */
+void pd_srv_req_prepare(struct pd_server *s, struct tok_job *jb);
+/* Frees r, made by pd_srv_req_prepare and never queued. */
+void pd_srv_req_discard(struct req *r);
+
 /* ---- server_api.c ---- */
-/* jb is back from the tokenizer thread: its error answered, or its request admitted (event loop). */
-void pd_srv_admit_text(struct pd_server *s, struct tok_job *jb);
+/* jb is back from the tokenizer thread: its refusal sent, or its request queued (event loop). */
+void pd_srv_admit(struct pd_server *s, struct tok_job *jb);
 
 /* ---- server_metrics.c ---- */
 /* GET /metrics (arg: the server). */

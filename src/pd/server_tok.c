@@ -1,9 +1,10 @@
-/* The tokenizer thread of an inference server (see server_int.h, struct tok_job): text prompts are
- * encoded here, one at a time in arrival order, so that the event loop goes on answering /health,
- * /metrics and every stream while a long prompt is tokenized. On the loop a prompt at the byte
- * limit (65,536 tokens x 120 bytes of spaces, 7.5 MiB) held them all for 4.6 s, past the proxy's
- * 1 s health timeout, and the proxy took the instance out. The tokenizer is never modified once
- * loaded, so this thread and the loop (decoding answers) share it without a lock. */
+/* The tokenizer thread of an inference server (see server_int.h, struct tok_job): the body of each
+ * completion is read here (server_req.c: parsed, checked, its text prompt encoded), one request at
+ * a time in arrival order, so that the event loop goes on answering /health, /metrics and every
+ * stream meanwhile. On the loop a prompt at the byte limit (65,536 tokens x 120 bytes of spaces,
+ * 7.5 MiB) held them all for 4.6 s, past the proxy's 1 s health timeout, and the proxy took the
+ * instance out; a body of 4 M token ids (8 MiB) held them for 0.4-0.6 s. The tokenizer is never
+ * modified once loaded, so this thread and the loop (decoding answers) share it without a lock. */
 #include "pd/server_int.h"
 #include "core/threadpool.h"
 
@@ -21,7 +22,7 @@ static void *tok_loop(void *arg)
         if (!s->tok_todo)
             s->tok_todo_tail = NULL;
         pthread_mutex_unlock(&s->tok_mu);
-        jb->rc = pd_tok_encode_plain(s->tok, jb->text, jb->len, jb->spans, jb->n_spans, &jb->ids, &jb->n, &jb->e);
+        pd_srv_req_prepare(s, jb);
         pthread_mutex_lock(&s->tok_mu);
         jb->next = s->tok_done;
         s->tok_done = jb;
@@ -33,14 +34,13 @@ static void *tok_loop(void *arg)
 
 static void job_free(struct tok_job *jb)
 {
-    json_decref(jb->j);
-    free(jb->text);
-    free(jb->spans);
-    free(jb->ids);
+    if (jb->body)
+        evbuffer_free(jb->body);
+    pd_srv_req_discard(jb->r);
     free(jb);
 }
 
-/* Its client left while the prompt was being tokenized: the job is dropped once it is back. A
+/* Its client left while the request was being read: the job is dropped once it is back. A
  * request detached from its connection is libevent's to free only once answered (as
  * pd_srv_on_close does). */
 static void on_job_close(struct evhttp_connection *c, void *arg)
@@ -73,7 +73,7 @@ static void on_tok_ready(evutil_socket_t fd, short what, void *arg)
         s->n_tokenizing--;
         if (jb->h) {
             pd_http_set_closecb(jb->h, NULL, NULL);
-            pd_srv_admit_text(s, jb);
+            pd_srv_admit(s, jb);
         }
         job_free(jb);
     }

@@ -92,21 +92,29 @@ static int read_answer(int fd, char *out, size_t cap)
     return code;
 }
 
-/* A completion whose prompt is n spaces, written whole on a new connection (its fd). */
-static int send_spaces(size_t n)
+/* A completion whose body is pre, n copies of unit, then post, written whole on a new connection
+ * (its fd). */
+static int send_body(const char *pre, const char *unit, size_t n, const char *post)
 {
-    static const char pre[] = "{\"prompt\":\"", post[] = "\",\"max_tokens\":1}";
-    const size_t body = sizeof pre - 1 + n + sizeof post - 1;
+    const size_t lp = strlen(pre), lu = strlen(unit), lq = strlen(post), body = lp + n * lu + lq;
     char *b = malloc(body + 256);
     cr_assert_not_null(b);
     int h = sprintf(b, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
                        "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s", body, pre);
-    memset(b + h, ' ', n);
-    memcpy(b + h + n, post, sizeof post - 1);
+    char *p = b + h;
+    for (size_t i = 0; i < n; i++, p += lu)
+        memcpy(p, unit, lu);
+    memcpy(p, post, lq);
     int fd = connect_port(srv.port);
-    write_all(fd, b, (size_t)h + n + sizeof post - 1);
+    write_all(fd, b, (size_t)h + n * lu + lq);
     free(b);
     return fd;
+}
+
+/* A completion whose prompt is n spaces. */
+static int send_spaces(size_t n)
+{
+    return send_body("{\"prompt\":\"", " ", n, "\",\"max_tokens\":1}");
 }
 
 /* GET path; its status, the seconds it took in *secs. */
@@ -123,7 +131,10 @@ static int get(const char *path, double *secs)
     return code;
 }
 
+/* A request sent on a thread of its own while the test probes the server: its body (send_body's
+ * arguments), and once done its status, answer and seconds. */
 struct big {
+    const char *pre, *unit, *post;
     size_t n;
     double secs;
     int code;
@@ -135,7 +146,7 @@ static void *big_request(void *arg)
 {
     struct big *b = arg;
     const double t0 = pd_now_s();
-    int fd = send_spaces(b->n);
+    int fd = b->pre ? send_body(b->pre, b->unit, b->n, b->post) : send_spaces(b->n);
     b->code = read_answer(fd, b->answer, sizeof b->answer);
     close(fd);
     b->secs = pd_now_s() - t0;
@@ -143,27 +154,37 @@ static void *big_request(void *arg)
     return NULL;
 }
 
+static const char *const probed[2] = {"/health", "/metrics"};
+
+/* Sends b and, until it is answered, asks /health and /metrics every 20 ms, each of which must
+ * answer 200: the slowest answer of each in worst[], how many rounds of probes were made. */
+static int probe_during(struct big *b, double worst[2])
+{
+    pthread_t t;
+    pthread_create(&t, NULL, big_request, b);
+    int probes = 0;
+    worst[0] = worst[1] = 0;
+    while (!atomic_load(&b->done)) {
+        for (int k = 0; k < 2; k++) {
+            double secs;
+            cr_assert_eq(get(probed[k], &secs), 200, "%s", probed[k]);
+            if (secs > worst[k])
+                worst[k] = secs;
+        }
+        probes++;
+        usleep(20000);
+    }
+    pthread_join(t, NULL);
+    return probes;
+}
+
 Test(server_tok, health_and_metrics_answer_while_a_long_prompt_is_tokenized)
 {
     int long_enough = 0;
     for (size_t n = 4u << 20; !long_enough && n <= limit && n <= (48u << 20); n *= 2) {
         struct big b = {.n = n};
-        pthread_t t;
-        pthread_create(&t, NULL, big_request, &b);
-        double worst[2] = {0, 0};
-        int probes = 0;
-        static const char *const paths[2] = {"/health", "/metrics"};
-        while (!atomic_load(&b.done)) {
-            for (int k = 0; k < 2; k++) {
-                double secs;
-                cr_assert_eq(get(paths[k], &secs), 200, "%s", paths[k]);
-                if (secs > worst[k])
-                    worst[k] = secs;
-            }
-            probes++;
-            usleep(20000);
-        }
-        pthread_join(t, NULL);
+        double worst[2];
+        int probes = probe_during(&b, worst);
         /* tokenized whole: its token count, past the context, is the refusal's */
         cr_assert_eq(b.code, 400, "%s", b.answer);
         cr_assert(strstr(b.answer, "the prompt has"), "%s", b.answer);
@@ -173,9 +194,36 @@ Test(server_tok, health_and_metrics_answer_while_a_long_prompt_is_tokenized)
         if (long_enough)
             for (int k = 0; k < 2; k++)
                 cr_assert_lt(worst[k], 0.4, "%s took %.0f ms while a prompt of %zu bytes was tokenized (%.2f s)",
-                             paths[k], worst[k] * 1e3, n, b.secs);
+                             probed[k], worst[k] * 1e3, n, b.secs);
     }
     cr_assert(long_enough, "no prompt up to the limit took 1.5 s to tokenize: the test shows nothing here");
+}
+
+/* A body of --max-body-bytes' default (8 MiB) that is a prompt of token ids, 4 M of them ("1,"):
+ * its parse (jansson makes a value of each), the ids' checks and its free took 0.4-0.5 s on the
+ * event loop, which answered nothing meanwhile. Off the loop, /health and /metrics answer within
+ * 100 ms while it is parsed. Larger bodies (this server takes 64 MiB) until the request takes
+ * 0.4 s, so that a loop held by it could not hide between two probes. */
+Test(server_tok, health_and_metrics_answer_while_a_body_of_token_ids_is_parsed)
+{
+    static const char pre[] = "{\"prompt\":[", post[] = "1],\"max_tokens\":1}";
+    int long_enough = 0;
+    for (size_t bytes = 8u << 20; !long_enough && bytes <= (64u << 20); bytes *= 2) {
+        struct big b = {.pre = pre, .unit = "1,", .post = post, .n = (bytes - strlen(pre) - strlen(post)) / 2};
+        double worst[2];
+        int probes = probe_during(&b, worst);
+        /* read whole: its token count, past the context, is the refusal's */
+        cr_assert_eq(b.code, 400, "%s", b.answer);
+        cr_assert(strstr(b.answer, "the prompt has"), "%s", b.answer);
+        long_enough = b.secs >= 0.4;
+        cr_log_info("%zu token ids (%zu bytes): %.2f s; %d probes, the slowest /health %.0f ms, /metrics %.0f ms",
+                    b.n + 1, bytes, b.secs, probes, worst[0] * 1e3, worst[1] * 1e3);
+        if (long_enough)
+            for (int k = 0; k < 2; k++)
+                cr_assert_lt(worst[k], 0.1, "%s took %.0f ms while a body of %zu token ids (%zu bytes) was read "
+                             "(%.2f s)", probed[k], worst[k] * 1e3, b.n + 1, bytes, b.secs);
+    }
+    cr_assert(long_enough, "no body up to 64 MiB took 0.4 s to read: the test shows nothing here");
 }
 
 /* Waits until the server says `n` prompts are being tokenized (at most 60 s). */
