@@ -5,7 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 /* The first integer of file `path` (cgroup v2 writes "max" when there is no limit), or -1. */
 static int64_t file_int(const char *path)
@@ -108,5 +110,35 @@ const char *pd_shm_note(char *buf, size_t cap, int64_t need)
     snprintf(buf, cap, "/dev/shm has %s free of %s: the shared-memory transports of Open MPI (a 4.19 MB segment "
              "per rank) and UCX (about 12 MB a process, for the KV hand-off) allocate there; free it, or give the "
              "container a larger one (docker run --shm-size 1g, a Kubernetes emptyDir of medium Memory)", a, t);
+    return buf;
+}
+
+const char *pd_as_note(char *buf, size_t cap, int64_t bytes)
+{
+    struct rlimit rl;
+    buf[0] = 0;
+    if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return buf;
+    /* the size of the address space the limit counts (VmSize): statm's first figure, in pages */
+    FILE *f = fopen("/proc/self/statm", "r");
+    long long pages = -1;
+    if (f) {
+        if (fscanf(f, "%lld", &pages) != 1)
+            pages = -1;
+        fclose(f);
+    }
+    const int64_t limit = (int64_t)rl.rlim_cur, mapped = pages < 0 ? 0 : (int64_t)pages * sysconf(_SC_PAGESIZE);
+    if (pages >= 0 && mapped + bytes <= limit)
+        return buf;
+    char l[32], m[32], b[32];
+    pd_units_fmt(l, sizeof l, limit, PD_UNITS_GIB);
+    pd_units_fmt(m, sizeof m, mapped, PD_UNITS_GIB);
+    pd_units_fmt(b, sizeof b, bytes, PD_UNITS_GIB);
+    if (pages < 0)
+        snprintf(buf, cap, "the address-space limit (ulimit -v %lld, in KiB: %s) may be what refused these %s; raise "
+                 "it (ulimit -v unlimited)", (long long)(limit / 1024), l, b);
+    else
+        snprintf(buf, cap, "the address-space limit (ulimit -v %lld, in KiB: %s) is less than the %s this process "
+                 "maps plus these %s; raise it (ulimit -v unlimited)", (long long)(limit / 1024), l, m, b);
     return buf;
 }

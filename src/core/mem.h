@@ -31,4 +31,13 @@ const char *pd_shm_note(char *buf, size_t cap, int64_t need);
 #define PD_SHM_VADER_RANK_BYTES 4194312
 #define PD_SHM_UCX_WORKER_BYTES 16000000
 
+/* After an allocation or a mapping of `bytes` failed for want of memory: when it is the process's
+ * address-space limit (RLIMIT_AS: ulimit -v, as a batch system or a supervisor may set it) that
+ * refused it, i.e. what the process maps already and `bytes` pass it, a note naming the limit with
+ * its figures: "the address-space limit (ulimit -v 1000000, in KiB: 976.56 MiB) is less than the
+ * 38.30 MiB this process maps plus these 914.02 MiB; raise it (ulimit -v unlimited)"; else (no
+ * limit, or room under it: the failure is another's) "". Only the figures make the difference: a
+ * failed mmap or malloc says ENOMEM for both. */
+const char *pd_as_note(char *buf, size_t cap, int64_t bytes);
+
 #endif

@@ -12,7 +12,10 @@
  * sequentially consistent accesses on each side (the sleeper counts itself, then re-reads the
  * word; the publisher writes the word, then reads the count): at least one of the two sees the
  * other, so no wake-up is lost. */
+#define _GNU_SOURCE   /* pthread_getattr_default_np */
 #include "core/threadpool.h"
+#include "core/mem.h"
+#include "core/units.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -225,11 +228,13 @@ int pd_pool_create(int nthreads, pd_pool **out, pd_err *err)
         w->id = i;
         int rc = pthread_create(&w->thread, NULL, worker_main, w);
         if (rc != 0) {
+            /* (said before the workers' stacks are freed: the address-space limit's note counts them) */
+            char why[512];
+            const int code = pd_err_set(err, pd_thread_code(rc), "thread pool: cannot start worker %d of %d: %s", i + 1,
+                                        nthreads - 1, pd_thread_why(rc, why, sizeof why));
             stop_workers(p);
             free_pool(p);
-            char why[256];
-            return pd_err_set(err, PD_ENOMEM, "thread pool: cannot start worker %d of %d: %s", i + 1, nthreads - 1,
-                              pd_thread_why(rc, why, sizeof why));
+            return code;
         }
         p->nworkers++;
     }
@@ -328,12 +333,38 @@ void pd_pool_destroy(pd_pool *p)
     free_pool(p);
 }
 
+/* When pthread_create's EAGAIN was the address-space limit refusing a new thread's stack (its
+ * default size: ulimit -s, 8 MiB), the note naming it (pd_as_note), else "". */
+static const char *stack_note(int rc, char *buf, size_t cap)
+{
+    pthread_attr_t a;
+    size_t stack = 8u << 20;
+    buf[0] = 0;
+    if (rc != EAGAIN)
+        return buf;
+    if (pthread_getattr_default_np(&a) == 0) {
+        pthread_attr_getstacksize(&a, &stack);
+        pthread_attr_destroy(&a);
+    }
+    return pd_as_note(buf, cap, (int64_t)stack);
+}
+
 const char *pd_thread_why(int rc, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "%s%s", strerror(rc),
-             rc == EAGAIN ? " (a limit on threads: ulimit -u, the cgroup's pids.max as a container's --pids-limit "
-                            "or systemd's TasksMax sets it, or memory for a stack)" : "");
+    char note[320];
+    if (*stack_note(rc, note, sizeof note))
+        snprintf(buf, cap, "%s (no room for its stack: %s)", strerror(rc), note);
+    else
+        snprintf(buf, cap, "%s%s", strerror(rc),
+                 rc == EAGAIN ? " (a limit on threads: ulimit -u, the cgroup's pids.max as a container's --pids-limit "
+                                "or systemd's TasksMax sets it, or memory for a stack)" : "");
     return buf;
+}
+
+int pd_thread_code(int rc)
+{
+    char note[320];
+    return *stack_note(rc, note, sizeof note) ? PD_EINVAL : PD_ENOMEM;
 }
 
 int pd_thread_start(pthread_t *t, void *(*fn)(void *), void *arg, const char *what, pd_err *e)
@@ -341,6 +372,6 @@ int pd_thread_start(pthread_t *t, void *(*fn)(void *), void *arg, const char *wh
     int rc = pthread_create(t, NULL, fn, arg);
     if (!rc)
         return 0;
-    char why[256];
-    return pd_err_set(e, PD_ENOMEM, "cannot start the %s: %s", what, pd_thread_why(rc, why, sizeof why));
+    char why[512];
+    return pd_err_set(e, pd_thread_code(rc), "cannot start the %s: %s", what, pd_thread_why(rc, why, sizeof why));
 }

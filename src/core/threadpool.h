@@ -23,10 +23,15 @@ typedef void (*pd_pool_fn)(void *arg, int task);
 
 /* Why pthread_create returned rc, for an error message: its strerror and, for EAGAIN, where the
  * limit usually is ("... a limit on threads: ulimit -u, the cgroup's pids.max (a container's
- * --pids-limit, systemd's TasksMax), or memory for a stack"). */
+ * --pids-limit, systemd's TasksMax), or memory for a stack"), or, when the address-space limit
+ * (ulimit -v) left no room for the thread's stack, that limit with its figures (pd_as_note). */
 const char *pd_thread_why(int rc, char *buf, size_t cap);
+/* The code of that error: PD_EINVAL when it is the address-space limit (a setting the process was
+ * started with: starting it again cannot help), else PD_ENOMEM. */
+int pd_thread_code(int rc);
 
-/* pthread_create(t, NULL, fn, arg), or PD_ENOMEM with "cannot start the <what>: <pd_thread_why>". */
+/* pthread_create(t, NULL, fn, arg), or pd_thread_code's code with "cannot start the <what>:
+ * <pd_thread_why>". */
 int pd_thread_start(pthread_t *t, void *(*fn)(void *), void *arg, const char *what, pd_err *e);
 
 /* Creates a pool of `nthreads` threads in total: the caller of pd_pool_run plus nthreads - 1

@@ -2,6 +2,7 @@
  * compressed entries and indexer keys. Invariants are asserted where they must hold. */
 #include "engine/kvpool.h"
 #include "core/grow.h"
+#include "core/mem.h"
 #include "kernels/fp8.h"
 #include "kernels/ops.h"
 #include "kernels/vec.h"
@@ -89,7 +90,10 @@ int pd_kvpool_init_layers(struct pd_kvpool *p, const struct pd_model *m, int n_l
     p->block_ref = calloc((size_t)p->n_blocks + 1, sizeof *p->block_ref);
     if (!p->region || !p->slot_free || !p->block_used || !p->block_ref) {
         pd_kvpool_free(p);
-        return pd_err_set(e, PD_ENOMEM, "KV pool: out of memory for %zu bytes (%.2f GB)", bytes, (double)bytes / 1e9);
+        char note[320];
+        pd_as_note(note, sizeof note, (int64_t)bytes);
+        return pd_err_set(e, *note ? PD_EINVAL : PD_ENOMEM, "KV pool: out of memory for %zu bytes (%.2f GB)%s%s", bytes,
+                          (double)bytes / 1e9, *note ? ": " : "", note);
     }
     /* the free stack hands out low slots first; the bits past the last block read as used */
     for (int i = 0; i < max_seqs; i++)

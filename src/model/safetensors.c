@@ -5,6 +5,8 @@
 #include "core/text.h"
 #include "model/safetensors.h"
 #include "core/file.h"
+#include "core/mem.h"
+#include "core/units.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -387,6 +389,13 @@ static int load_header_json(const char *label, const char *hdr, size_t hlen, jso
     json_t *root = json_loadb(hdr, hlen, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
         char key[NAME_SHOWN + 4];
+        /* (jansson's allocations failing: no text when its first one did; the file is not at fault) */
+        if (json_error_code(&je) == json_error_out_of_memory || !je.text[0]) {
+            char note[320];
+            pd_as_note(note, sizeof note, (int64_t)hlen);
+            return pd_err_set(e, *note ? PD_EINVAL : PD_ENOMEM, "%s: out of memory reading its header (%zu bytes)%s%s",
+                              label, hlen, *note ? ": " : "", note);
+        }
         if (json_error_code(&je) == json_error_duplicate_key &&
             duplicate_key(hdr, hlen, (size_t)je.position, key, sizeof key))
             return pd_err_set(e, PD_EFORMAT,
@@ -524,9 +533,19 @@ static int open_fd(const char *path, int fd, int flags, struct pd_st_file *f, pd
 
     if (!(flags & PD_ST_HEADER_ONLY)) {
         void *m = mmap(NULL, f->file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED)
+        if (m == MAP_FAILED) {
+            const int err = errno;
+            char note[320] = "";
+            if (err == ENOMEM)
+                pd_as_note(note, sizeof note, (int64_t)f->file_size);
+            if (*note) {
+                char sz[32];
+                return pd_err_set(e, PD_EINVAL, "%s: cannot map its %s: %s", path,
+                                  pd_units_fmt(sz, sizeof sz, (int64_t)f->file_size, PD_UNITS_GIB), note);
+            }
             return pd_err_set(e, PD_EIO, "%s: cannot map %zu bytes: %s", path, f->file_size,
-                              strerror(errno));
+                              strerror(err));
+        }
         f->map = m;
         map_note(m, f->file_size, path);
         int rc = check_header_len(path, m, f->file_size, &f->header_len, e);

@@ -719,10 +719,11 @@ Test(conn, the_proxys_cap_leaves_descriptors_for_its_upstream_connections)
     cr_assert_eq(cap, (256 - 32) / 2, "cap %d under a limit of 256 descriptors", cap);
 }
 
-/* `pdmoe ARGS... --port port` under an open-file limit of nofile, with only stdin, stdout and its
- * stderr open (a pipe): its exit status once it ends within `wait_s` seconds, else -1 (it is
- * killed); what it wrote to stderr in log. */
-static int run_limited(int nofile, const char *const *args, int port, double wait_s, char *log, size_t cap)
+/* `pdmoe ARGS... --port port` under a limit of `value` on `resource` (setrlimit's), with only stdin,
+ * stdout and its stderr open (a pipe): its exit status once it ends within `wait_s` seconds, else
+ * -1 (it is killed); what it wrote to stderr in log. */
+static int run_limited(int resource, rlim_t value, const char *const *args, int port, double wait_s, char *log,
+                       size_t cap)
 {
     int pfd[2];
     cr_assert_eq(pipe(pfd), 0);
@@ -735,8 +736,8 @@ static int run_limited(int nofile, const char *const *args, int port, double wai
         dup2(pfd[1], 2);
         for (int fd = 3; fd < 1024; fd++)
             close(fd);
-        struct rlimit rl = {(rlim_t)nofile, (rlim_t)nofile};
-        setrlimit(RLIMIT_NOFILE, &rl);
+        struct rlimit rl = {value, value};
+        setrlimit(resource, &rl);
         const char *argv[32] = {bin};
         int n = 1;
         for (; args[n - 1]; n++)
@@ -786,7 +787,7 @@ Test(conn, a_limit_that_leaves_no_descriptor_for_a_connection_is_refused_at_star
     for (int k = 0; k < 2; k++)
         for (int j = 0; j < 2; j++) {
             char log[4096], want[32];
-            int st = run_limited(limits[j], cmds[k], port, 10, log, sizeof log);
+            int st = run_limited(RLIMIT_NOFILE, (rlim_t)limits[j], cmds[k], port, 10, log, sizeof log);
             cr_assert(st != -1, "%s under ulimit -n %d still runs after 10 s: %s", cmds[k][0], limits[j], log);
             cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 78, "%s under ulimit -n %d: status %d: %s", cmds[k][0],
                       limits[j], st, log);
@@ -795,11 +796,48 @@ Test(conn, a_limit_that_leaves_no_descriptor_for_a_connection_is_refused_at_star
         }
     /* and a limit with room runs as before */
     char log[4096];
-    int st = run_limited(64, proxy, port, 1, log, sizeof log);
+    int st = run_limited(RLIMIT_NOFILE, 64, proxy, port, 1, log, sizeof log);
     cr_assert_eq(st, -1, "the proxy under ulimit -n 64 ended: %s", log);
     kill(child, SIGKILL);
     waitpid(child, NULL, 0);
     child = -1;
+}
+
+/* An address-space limit (ulimit -v) too low for the model's file or for the KV pool: serve exits
+ * with its configuration status 78, naming the limit and its figures. It said "cannot map 2147483648
+ * bytes: Cannot allocate memory" and "KV pool: out of memory for ..." and exited 1 (so pdmoe up
+ * started it again, to fail the same way), the limit unnamed. The model here is v4-tiny's file
+ * made 2 GiB long (sparse: the limit refuses its mapping before a byte is read). */
+Test(conn, an_address_space_limit_too_low_for_the_model_or_the_pool_is_named)
+{
+#ifdef __SANITIZE_ADDRESS__
+    cr_skip_test("AddressSanitizer reserves terabytes of address space for its shadow: no ulimit -v holds it");
+#endif
+    char big[64] = "/tmp/pdmoe-test-XXXXXX", cmd[512];
+    cr_assert_not_null(mkdtemp(big));
+    snprintf(cmd, sizeof cmd, "cp %s/config.json %s/tokenizer.json %s/model.safetensors %s/ && truncate -s 2G "
+             "%s/model.safetensors", dir, dir, dir, big, big);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    int port = test_ports();
+    const char *model[] = {"serve", "--model", big, "--threads", "1", NULL};
+    const char *pool[] = {"serve", "--model", dir, "--threads", "1", "--kv-cache-bytes", "2GiB", NULL};
+    const char *const *cmds[] = {model, pool};
+    const char *what[] = {"model.safetensors: cannot map its 2.00 GiB", "KV pool: out of memory for 2147483648 bytes"};
+    const rlim_t limit = 512u << 20;   /* (serve maps about 55 MiB before its model: its libraries, MPI's, UCX's) */
+    char log[2][4096];
+    int st[2];
+    for (int k = 0; k < 2; k++)
+        st[k] = run_limited(RLIMIT_AS, limit, cmds[k], port, 30, log[k], sizeof log[k]);
+    rm_model(big);
+    for (int k = 0; k < 2; k++) {
+        cr_assert(st[k] != -1, "serve under ulimit -v 524288 still runs after 30 s: %s", log[k]);
+        cr_assert(WIFEXITED(st[k]) && WEXITSTATUS(st[k]) == 78, "serve under ulimit -v 524288: status %d: %s", st[k],
+                  log[k]);
+        cr_assert(strstr(log[k], what[k]), "%s", log[k]);
+        cr_assert(strstr(log[k], "the address-space limit (ulimit -v 524288, in KiB: 512.00 MiB) is less than the "),
+                  "%s", log[k]);
+        cr_assert(strstr(log[k], "raise it (ulimit -v unlimited)"), "%s", log[k]);
+    }
 }
 
 /* Runs `pdmoe ARGS` (under `mpirun -n 2` when mpi) in a mount namespace of its own whose /dev/shm
