@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <ctype.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -198,4 +199,25 @@ int pd_hardware_load(const char *spec, struct pd_hardware *h, pd_err *e)
 int pd_hardware_is_ascend(const struct pd_hardware *h)
 {
     return strstr(h->card_name, "Ascend") != NULL;
+}
+
+/* a word of s (not part of a longer one: "H100" in "H100 SXM 80 GB", not in "XH1000") */
+static int has_word(const char *s, const char *w)
+{
+    size_t n = strlen(w);
+    for (const char *p = strstr(s, w); p; p = strstr(p + 1, w))
+        if ((p == s || !isalnum((unsigned char)p[-1])) && !isalnum((unsigned char)p[n]))
+            return 1;
+    return 0;
+}
+
+const char *pd_hardware_family(const struct pd_hardware *h)
+{
+    if (pd_hardware_is_ascend(h))
+        return "Ascend";
+    static const char *const nvidia[] = {"A100", "H20", "H100", "H200", "H800", "B200", "B300", "GB200", "HGX", "DGX", "NVIDIA"};
+    for (size_t i = 0; i < sizeof nvidia / sizeof nvidia[0]; i++)
+        if (has_word(h->card_name, nvidia[i]) || has_word(h->name, nvidia[i]))
+            return "NVIDIA";
+    return NULL;
 }

@@ -59,6 +59,10 @@ int pd_hardware_load(const char *spec, struct pd_hardware *h, pd_err *e);
 /* Whether the cards are Huawei's Ascend NPUs (by the card's name), whose serving stacks are
  * vllm-ascend's and SGLang's Ascend builds. */
 int pd_hardware_is_ascend(const struct pd_hardware *h);
+/* The family of the cards, for matching published runs (validate.h): "Ascend", "NVIDIA" (a card
+ * or system named as NVIDIA's data-centre parts are: A100, H20, H100, H200, H800, B200, B300, GB200,
+ * HGX, DGX), or NULL for anything else (a CPU file of pdmoe calibrate's, a card of another make). */
+const char *pd_hardware_family(const struct pd_hardware *h);
 int pd_hardware_parse(const char *text, const char *label, struct pd_hardware *h, pd_err *e);
 
 #endif

@@ -365,6 +365,11 @@ static json_t *role_json(const struct pd_plan *p, const struct pd_role_plan *rp)
 
 char *pd_plan_json(const struct pd_plan *p, const struct pd_perf *f)
 {
+    return pd_plan_json_ext(p, f, NULL);
+}
+
+char *pd_plan_json_ext(const struct pd_plan *p, const struct pd_perf *f, void *validation)
+{
     char q[128];
     json_t *groups = json_array();
     for (int c = 0; c < 2; c++)
@@ -440,7 +445,12 @@ char *pd_plan_json(const struct pd_plan *p, const struct pd_perf *f)
         json_decref(root);
         return NULL;
     }
-    if (!root || (f && json_object_set_new(root, "perf", pd_perf_json(f)))) {
+    json_t *pj = root && f ? pd_perf_json(f) : NULL, *val = validation;   /* val: taken, always */
+    if (pj && val)
+        json_object_set_new(pj, "validation", val);   /* (which frees val if it cannot hold it) */
+    else
+        json_decref(val);
+    if (!root || (f && (!pj || json_object_set_new(root, "perf", pj)))) {
         json_decref(root);
         return NULL;
     }

@@ -159,6 +159,9 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
         pd_err_prefix(e, "%s: case \"%s\": ", label, v->name);
         return rc;
     }
+    v->arch = p.model.arch;
+    const char *fam = pd_hardware_family(&p.hw);
+    snprintf(v->family, sizeof v->family, "%s", fam ? fam : "");
     /* A publication that states its expert load (a profile with balanced routing) replaces
      * the hardware file's assumed imbalance for both roles. */
     for (int r = 0; r < 2 && imbalance > 0; r++)
@@ -346,4 +349,79 @@ void *pd_validate_json(const struct pd_valcase *c, int n)
         json_array_append_new(arr, o);
     }
     return arr;
+}
+
+static const char *case_status(const struct pd_valcase *c)
+{
+    return c->pending[0] ? "pending" : c->known_miss[0] ? "known_miss" : "checked";
+}
+
+void pd_validate_fit(const struct pd_valcase *c, int n, enum pd_arch arch, const char *family, struct pd_val_fit *fit)
+{
+    *fit = (struct pd_val_fit){0};
+    for (int i = 0; i < n && family && fit->n < (int)(sizeof fit->idx / sizeof fit->idx[0]); i++) {
+        if (c[i].arch != arch || strcmp(c[i].family, family) != 0)
+            continue;
+        fit->idx[fit->n++] = i;
+        int in = fabs(c[i].error) <= 0.25;
+        if (c[i].pending[0])
+            fit->pending++;
+        else if (c[i].known_miss[0])
+            fit->known_miss++;
+        else if (in)
+            fit->within++;
+        else
+            fit->outside++;
+        /* a prediction above the published figure by more than the target: the run was slower */
+        fit->slower += !c[i].known_miss[0] && c[i].error > 0.25;
+    }
+}
+
+char *pd_validate_fit_text(const struct pd_valcase *c, const struct pd_val_fit *fit, enum pd_arch arch,
+                           const char *family)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *o = open_memstream(&buf, &len);
+    if (!o)
+        return NULL;
+    const char *a = pd_model_arch_name(arch);
+    if (!fit->n) {
+        fprintf(o, "  published runs: none of %s on %s: nothing checks this prediction on these cards (pdmoe "
+                   "validate lists the runs that do exist)\n",
+                a, family ? family : "these cards' make");
+    } else {
+        fprintf(o, "  published runs of %s on %s cards (pdmoe validate, docs/validation.md): %d; within 25%%: %d, "
+                   "beyond: %d, pending (not met yet): %d, known misses: %d\n",
+                a, family, fit->n, fit->within, fit->outside, fit->pending, fit->known_miss);
+        for (int k = 0; k < fit->n; k++) {
+            const struct pd_valcase *v = &c[fit->idx[k]];
+            const char *st = case_status(v);
+            fprintf(o, "    %-10s %+7.1f%%  %s: published %.0f, pdmoe %.0f %s\n",
+                    strcmp(st, "known_miss") == 0 ? "known miss" : st, 100 * v->error, v->name, v->published,
+                    v->predicted, metric_title(v->metric));
+        }
+        if (fit->slower)
+            fprintf(o, "  %d of these runs %s over 25%% slower than the model predicts: on %s stack, read the TTFT, TPOT "
+                       "and throughputs above as upper bounds, not as what it will do\n",
+                    fit->slower, fit->slower == 1 ? "was" : "were", fit->slower == 1 ? "its" : "their");
+    }
+    fclose(o);
+    return buf;
+}
+
+void *pd_validate_fit_json(const struct pd_valcase *c, const struct pd_val_fit *fit, enum pd_arch arch,
+                           const char *family)
+{
+    json_t *cases = json_array();
+    for (int k = 0; cases && k < fit->n; k++) {
+        const struct pd_valcase *v = &c[fit->idx[k]];
+        json_array_append_new(cases, json_pack("{s:s,s:s,s:s,s:f,s:f,s:f,s:b}", "name", v->name, "metric", v->metric,
+                                               "status", case_status(v), "published", v->published, "predicted",
+                                               v->predicted, "error", v->error, "within_target",
+                                               fabs(v->error) <= 0.25));
+    }
+    return json_pack("{s:s,s:s?,s:o,s:i,s:i,s:i,s:i,s:i}", "arch", pd_model_arch_name(arch), "family", family,
+                     "cases", cases, "within_target", fit->within, "beyond_target", fit->outside, "pending",
+                     fit->pending, "known_miss", fit->known_miss, "slower_than_predicted", fit->slower);
 }

@@ -31,6 +31,8 @@ struct pd_valcase {
     struct pd_perf perf;
     struct pd_lockstep lock;  /* an aggregated lockstep case: its busiest rank's run */
     char layout[128];         /* "P 1 x EP32, D 1 x EP144", or "aggregated 1 x DP16 TP16 (EP16)" */
+    enum pd_arch arch;        /* the case's model's architecture */
+    char family[16];          /* its cards' family (pd_hardware_family), "" for none */
 };
 
 /* Runs every case of a validation file's text; *out is malloc'ed ([*n]). */
@@ -39,5 +41,23 @@ char *pd_validate_markdown(const struct pd_valcase *c, int n);   /* malloc'ed */
 /* The cases as a JSON array (a json_t *): each case's figures, status (checked, known_miss or
  * pending) and reason, its model terms (pd_perf_json) and, for a lockstep case, its run. */
 void *pd_validate_json(const struct pd_valcase *c, int n);
+
+/* How far the published runs vouch for a prediction of a model of architecture `arch` on cards of
+ * `family` (pd_hardware_family; NULL: a family no case has): the cases of that architecture on
+ * cards of that family, judged as pdmoe validate judges them. `pdmoe plan --isl/--osl` closes its
+ * performance section with it, so that a prediction the stacks of those cards have not been seen
+ * to reach is not read as what they will do. */
+struct pd_val_fit {
+    int n, idx[64];           /* the matching cases (indices into the run's array), at most 64 */
+    int within, outside;      /* checked cases within 25% of their figure, and beyond it */
+    int pending, known_miss;
+    int slower;               /* pending or checked cases whose run was over 25% slower than predicted */
+};
+void pd_validate_fit(const struct pd_valcase *c, int n, enum pd_arch arch, const char *family, struct pd_val_fit *fit);
+/* Its lines for the plan's text (malloc'ed) and its JSON object (a json_t *). */
+char *pd_validate_fit_text(const struct pd_valcase *c, const struct pd_val_fit *fit, enum pd_arch arch,
+                           const char *family);
+void *pd_validate_fit_json(const struct pd_valcase *c, const struct pd_val_fit *fit, enum pd_arch arch,
+                           const char *family);
 
 #endif
