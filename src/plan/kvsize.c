@@ -1,6 +1,7 @@
 /* KV cache bytes per token and per sequence, computed from the architecture. */
 #include "plan/kvsize.h"
 
+#include <math.h>
 #include <string.h>
 
 int pd_kv_parse_dtype(const char *s, enum pd_kv_dtype *d)
@@ -178,6 +179,8 @@ const char *pd_kv_layout_name(const struct pd_kv_size *k)
 {
     if (k->flat_per_token)
         return "a flat figure";
+    if (k->layout == PD_KV_LAYOUT_SGLANG_NPU)
+        return "SGLang NPU pools (--page-size 128, --swa-full-tokens-ratio 0.1)";
     return k->layout == PD_KV_LAYOUT_VLLM_ASCEND ? "vllm-ascend A2/A3 layout (--block-size 128)" : "pdmoe's layout";
 }
 
@@ -241,6 +244,127 @@ int pd_kv_size_vllm_ascend(struct pd_kv_size *k, const struct pd_model *m, pd_er
     return 0;
 }
 
+/* SGLang on Ascend NPUs, a DeepSeek-V4 model with its bf16 cache (SGLang 0a3cd26b; the file:line
+ * facts are in docs/memory-model.md "KV cache"):
+ * - sizing (pool_configurator.py DSV4PoolConfigurator): F "full tokens" = (budget - the fixed c128
+ *   state bytes) / bytes_per_full_token, rounded down to the page; the window pool holds
+ *   int(F x 0.1) tokens (a page multiple), the CSA pool F / 4 entries, the HCA pool F / 128, the
+ *   indexer (F / 128) x 32 keys. The coefficient counts an entry as fp8 (584 B), a key as 132 B and
+ *   the CSA states as rings of the window pool's pages, on every device.
+ * - the NPU pools (hardware_backend/npu/dsv4/dsv4_memory_pool.py): entries bf16 (2 x head_dim) in
+ *   pages of 128 with two pages more than the size; keys twice (the base 132-B buffer in pages of 32,
+ *   and an int8 key + fp16 scale in pages of 128); compressor states in pages of 128 rows, 2 (CSA,
+ *   main and indexer) and 3 (HCA) pages a request plus a sentinel page, the HCA pool at least
+ *   (requests + 1) x its ring; the MTP draft a window pool of the target's size. */
+static int64_t sgl_pages(int64_t size, int64_t page)   /* (size + page + 1) // page: the pools' +1 slot */
+{
+    return (size + page + 1) / page;
+}
+
+int pd_kv_size_sglang_npu(struct pd_kv_size *k, const struct pd_model *m, int spec, pd_err *e)
+{
+    if (m->arch != PD_ARCH_DEEPSEEK_V4 || k->flat_per_token || k->dtype != PD_KV_BF16)
+        return pd_err_set(e, PD_EINVAL, "SGLang's NPU KV pools: a DeepSeek-V4 model with a bf16 cache");
+    struct pd_kv_sglang g = {0};
+    g.page = 128;
+    g.swa_ratio = 0.1;
+    g.spec = spec;
+    g.n_all = m->n_layers;
+    g.n_draft = k->n - m->n_layers;
+    for (int l = 0; l < m->n_layers; l++) {
+        if (k->ratio[l] == 4)
+            g.n4++;
+        else if (k->ratio[l] == 128)
+            g.n128++;
+        else if (k->ratio[l] != 0)
+            return pd_err_set(e, PD_EINVAL, "SGLang's NPU KV pools: compress ratios 0, 4 and 128 only");
+    }
+    if (g.n4 == 0)
+        return pd_err_set(e, PD_EINVAL, "SGLang's NPU KV pools: needs CSA (ratio 4) layers");
+    const int64_t hd = m->head_dim, rope = m->qk_rope_head_dim, id = m->index_head_dim;
+    g.window = m->sliding_window;
+    g.ring4 = spec ? 16 : 8;
+    g.ring128 = spec ? 256 : 128;
+    g.acct_entry = (hd - rope) + 2 * rope + 8;
+    g.acct_key = id + id / 128 * 4;
+    /* the sizing's sum, term by term in its order (its floats, so that F is SGLang's to the token) */
+    const double r = g.swa_ratio, ring4 = (double)g.ring4 / (double)g.window;
+    double b = r * (double)g.acct_entry * g.n_all;
+    b += 0.25 * (double)g.acct_entry * g.n4;
+    b += 1.0 / 128 * (double)g.acct_entry * g.n128;
+    b += 0.25 * (double)g.acct_key * g.n4;
+    b += r * ring4 * (double)(2 * 2 * hd * 4) * g.n4;
+    b += r * ring4 * (double)(2 * 2 * id * 4) * g.n4;
+    if (spec)   /* the draft worker, one layer: (N + 1) / N */
+        b *= (double)(g.n_all + 1) / (double)g.n_all;
+    g.bytes_per_full_token = b;
+    g.entry = 2 * hd;
+    g.key_base = id + 4;
+    g.key_npu = id + 2;
+    g.state4_row = 2 * 2 * hd * 4 + 2 * 2 * id * 4;
+    g.state128_row = 2 * hd * 4;
+    g.blocks4 = cdiv(18 * 4, 10 * g.page) + 1;
+    g.blocks4 = g.blocks4 > 2 ? g.blocks4 : 2;
+    g.blocks128 = cdiv(18 * 128, 10 * g.page) + 1;
+    g.blocks128 = g.blocks128 > 2 ? g.blocks128 : 2;
+    k->layout = PD_KV_LAYOUT_SGLANG_NPU;
+    k->sgl = g;
+    k->index_key_bytes = g.key_npu;   /* what the indexer reads (npu_quant_lightning_indexer) */
+    k->block_entries = g.page;
+    memset(k->per_token_kind, 0, sizeof k->per_token_kind);
+    k->per_token_kind[PD_KV_WINDOW] = r * (double)g.entry * (g.n_all + g.n_draft);
+    k->per_token_kind[PD_KV_CSA] = (double)(g.entry + g.key_base + g.key_npu) * g.n4 / 4;
+    k->per_token_kind[PD_KV_HCA] = (double)g.entry * g.n128 / 128;
+    k->per_token = k->per_token_kind[PD_KV_WINDOW] + k->per_token_kind[PD_KV_CSA] + k->per_token_kind[PD_KV_HCA];
+    k->window_bytes = 0;
+    k->state_bytes = g.n4 * g.blocks4 * g.page * g.state4_row + g.n128 * g.blocks128 * g.page * g.state128_row;
+    k->per_seq_fixed = k->state_bytes;
+    return 0;
+}
+
+void pd_kv_sgl_pools(const struct pd_kv_size *k, int64_t budget, int64_t reqs, struct pd_kv_sgl_pools *o)
+{
+    const struct pd_kv_sglang *g = &k->sgl;
+    const int64_t P = g->page;
+    memset(o, 0, sizeof *o);
+    /* _get_c128_state_fixed_bytes: (requests + 1) rings and one more ring and row, in 128-row pages */
+    int64_t rows = (reqs + 1) * g->ring128 + g->ring128 + 1;
+    o->c128_fixed_acct = g->n128 ? cdiv(rows, 128) * 128 * g->state128_row * g->n128 : 0;
+    int64_t avail = budget - o->c128_fixed_acct;
+    avail = avail > 0 ? avail : 0;
+    o->full = (int64_t)((double)avail / g->bytes_per_full_token) / P * P;
+    o->swa = (int64_t)((double)o->full * g->swa_ratio) / P * P;
+    o->c4 = o->full / 4;
+    o->c128 = o->full / 128;
+    o->reqs = reqs < o->full / 2 ? reqs : o->full / 2;   /* resolve_max_num_reqs */
+    const int64_t keys = o->c128 * 32, R = o->reqs;
+    o->c4_state = (g->blocks4 * R + 1) * P;
+    int64_t s128 = g->blocks128 * R * P, ring = (R + 1) * g->ring128;
+    s128 = s128 > ring ? s128 : ring;
+    o->c128_state = (cdiv(s128, P) + 1) * P;
+    o->bytes = sgl_pages(o->swa, P) * P * g->entry * (g->n_all + g->n_draft)
+               + sgl_pages(o->c4, P) * P * g->entry * g->n4
+               + sgl_pages(o->c128, P) * P * g->entry * g->n128
+               + (sgl_pages(keys, P / 4) * (P / 4) * g->key_base + sgl_pages(keys, P) * P * g->key_npu) * g->n4
+               + o->c4_state * g->state4_row * g->n4 + o->c128_state * g->state128_row * g->n128;
+}
+
+int64_t pd_kv_sgl_budget(const struct pd_kv_size *k, int64_t room, int64_t reqs)
+{
+    struct pd_kv_sgl_pools q;
+    int64_t lo = 0, hi = room;   /* the pools grow with the budget */
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        pd_kv_sgl_pools(k, mid, reqs, &q);
+        if (q.bytes <= room)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    pd_kv_sgl_pools(k, lo, reqs, &q);
+    return q.bytes <= room ? lo : 0;
+}
+
 /* the most blocks a sequence holds at any length up to `tokens` with `inflight` of them scheduled
  * and not yet processed: the whole-sequence tables only grow, and every window table repeats with
  * a period of its block once its window and the in-flight tokens are filled, and before that
@@ -269,6 +393,8 @@ int64_t pd_kv_seq_bytes(const struct pd_kv_size *k, int64_t tokens)
         return tokens * k->flat_per_token;
     if (k->layout == PD_KV_LAYOUT_VLLM_ASCEND)
         return ascend_blocks(k, tokens, 1) * k->block_id_bytes;
+    if (k->layout == PD_KV_LAYOUT_SGLANG_NPU)   /* its full-pool slots, page by page, and its state pages */
+        return (int64_t)ceil((double)(cdiv(tokens, k->sgl.page) * k->sgl.page) * k->per_token) + k->per_seq_fixed;
     int64_t b = 0;
     for (int l = 0; l < k->n; l++) {
         int r = k->ratio[l];

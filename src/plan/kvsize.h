@@ -18,7 +18,12 @@
  * above), and vllm-ascend's on Ascend A2/A3 (pd_kv_size_vllm_ascend, docs/memory-model.md
  * "KV cache", vllm-ascend 182b75ea): bf16 entries, int8 indexer keys with an fp16 scale, and
  * every cache in one pool of block ids, each id a page in every cache tensor, so that a
- * sequence's bytes are the blocks its six block tables hold times the bytes of one id. */
+ * sequence's bytes are the blocks its six block tables hold times the bytes of one id.
+ * A third, SGLang's on Ascend NPUs (pd_kv_size_sglang_npu, docs/memory-model.md "KV cache", SGLang
+ * 0a3cd26b): separate pools (a sliding-window pool of every layer, CSA entries, HCA entries,
+ * indexer keys, compressor states) whose sizes SGLang derives from one "full token" count F, which
+ * it solves from its budget with its own per-token coefficient (fp8 entry bytes, whatever the
+ * device), while the NPU pools store bf16 entries: what they allocate is not what they budget. */
 #ifndef PD_PLAN_KVSIZE_H
 #define PD_PLAN_KVSIZE_H
 
@@ -33,7 +38,7 @@ enum pd_kv_dtype { PD_KV_AUTO = -1, PD_KV_BF16 = 0, PD_KV_FP8 = 1 };
 
 enum pd_kv_kind { PD_KV_MLA, PD_KV_WINDOW, PD_KV_CSA, PD_KV_HCA, PD_KV_KINDS };
 
-enum pd_kv_layout { PD_KV_LAYOUT_PDMOE, PD_KV_LAYOUT_VLLM_ASCEND };
+enum pd_kv_layout { PD_KV_LAYOUT_PDMOE, PD_KV_LAYOUT_VLLM_ASCEND, PD_KV_LAYOUT_SGLANG_NPU };
 
 /* vllm-ascend: one block table (KV cache group) of a DeepSeek-V4 model; a sequence of L tokens
  * holds, in each of `n` such tables, ceil(L / tokens) blocks (window 0) or those of its last
@@ -45,6 +50,32 @@ struct pd_kv_group {
     int n;                         /* tables of this kind */
 };
 #define PD_KV_ASCEND_BLOCK_SIZE 128   /* --block-size: the tutorial's, and vllm-ascend's default */
+
+/* SGLang on an NPU (layout PD_KV_LAYOUT_SGLANG_NPU): the figures of its sizing
+ * (python/sglang/srt/model_executor/pool_configurator.py, DSV4PoolConfigurator) and of what its NPU
+ * pools allocate (hardware_backend/npu/dsv4/dsv4_memory_pool.py), SGLang 0a3cd26b. */
+struct pd_kv_sglang {
+    int64_t page;                  /* --page-size, 128 on NPU (overrides.py) */
+    double swa_ratio;              /* --swa-full-tokens-ratio, 0.1 for DeepSeek-V4 */
+    int spec;                      /* EAGLE (the MTP layer drafts): rings of 16 and 256 rows, the draft's pool */
+    int n_all, n4, n128, n_draft;  /* target layers, CSA and HCA among them, the draft's (window-only) layers */
+    int64_t window;                /* swa_page_size: the config's window_size */
+    int64_t ring4, ring128;        /* compressor state rings the sizing counts */
+    int64_t acct_entry, acct_key;  /* the bytes the sizing counts: 448 + 2 x 64 + 8 = 584, 128 + 4 = 132 */
+    double bytes_per_full_token;   /* the sizing's coefficient, the draft's (N + 1) / N included */
+    int64_t entry, key_base, key_npu;   /* the NPU's: bf16 2 x head_dim; 132 (base buffer) + 130 (int8 + fp16) */
+    int64_t state4_row, state128_row;   /* fp32 rows a CSA layer's two state pools and an HCA layer's hold */
+    int64_t blocks4, blocks128;    /* npu_state_pool_size's pages per request, 2 and 3 at page 128 */
+};
+
+/* The pools SGLang makes of a budget (its available_bytes) and --max-running-requests per DP rank. */
+struct pd_kv_sgl_pools {
+    int64_t full, swa, c4, c128;   /* tokens (full, swa) and compressed entries (c4, c128) */
+    int64_t reqs;                  /* max_running_requests per worker: min(requested, full / 2) */
+    int64_t c4_state, c128_state;  /* state rows of one layer's pool, the sentinel page included */
+    int64_t c128_fixed_acct;       /* the sizing's fixed c128 state bytes, taken off the budget */
+    int64_t bytes;                 /* what the NPU pools allocate, target and draft */
+};
 
 struct pd_kv_size {
     enum pd_kv_dtype dtype;
@@ -71,6 +102,7 @@ struct pd_kv_size {
     int layer_tuples;              /* block id bytes = layer_tuples x (sum of the page sizes) */
     int64_t page_bytes[2];         /* the two page sizes: a compressed block, its indexer keys */
     int64_t block_id_bytes;
+    struct pd_kv_sglang sgl;       /* layout PD_KV_LAYOUT_SGLANG_NPU */
 };
 
 int pd_kv_parse_dtype(const char *s, enum pd_kv_dtype *d);
@@ -96,6 +128,19 @@ void pd_kv_v4_entry_bytes(const struct pd_model *m, enum pd_kv_dtype d, int64_t 
  * layer, not V4, not bf16, flat). */
 int pd_kv_size_vllm_ascend(struct pd_kv_size *k, const struct pd_model *m, pd_err *e);
 const char *pd_kv_layout_name(const struct pd_kv_size *k);
+
+/* Switch a bf16 DeepSeek-V4 size (from pd_kv_size_init, its MTP layers included when `spec`) to
+ * SGLang's NPU pools: --page-size 128, --swa-full-tokens-ratio 0.1, `spec` when the MTP layer
+ * drafts (EAGLE). A sequence's bytes are then amortized as SGLang's sizing amortizes them: every
+ * token of the full pool brings its share of the window pool (0.1 of a token in every layer), its
+ * compressed entries and keys, and each request its compressor-state pages. PD_EINVAL as for
+ * pd_kv_size_vllm_ascend. */
+int pd_kv_size_sglang_npu(struct pd_kv_size *k, const struct pd_model *m, int spec, pd_err *e);
+/* SGLang's pools for `budget` bytes (its available_bytes: --mem-fraction-static x the card less the
+ * weights) and `reqs` requests per DP rank, and the bytes they take on the NPU. */
+void pd_kv_sgl_pools(const struct pd_kv_size *k, int64_t budget, int64_t reqs, struct pd_kv_sgl_pools *out);
+/* The largest budget whose pools take at most `room` bytes on the NPU (0 if none). */
+int64_t pd_kv_sgl_budget(const struct pd_kv_size *k, int64_t room, int64_t reqs);
 
 /* Bytes one sequence of `tokens` tokens holds: its full window and compressor states, and its
  * compressed entries (and a CSA layer's keys) in whole pages. In vllm-ascend's layout, the most

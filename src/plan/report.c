@@ -141,7 +141,13 @@ static void text_kv(FILE *f, const struct pd_plan *p, int u)
     if (k->index_key_bytes)
         fprintf(f, ", indexer key %lld B", (long long)k->index_key_bytes);
     fprintf(f, "\n  marginal: %.1f B per token (%.2f KiB)\n", k->per_token, k->per_token / 1024.0);
-    if (k->per_seq_fixed)
+    if (k->layout == PD_KV_LAYOUT_SGLANG_NPU) {
+        /* the window row is every layer's share of the window pool (0.1 of a token each) */
+        fprintf(f, "  SGLang sizes its pools at %.2f B per full token (fp8 entries of %lld B, keys of %lld B), they\n"
+                   "  allocate %.1f; per request: compressor-state pages %s\n",
+                k->sgl.bytes_per_full_token, (long long)k->sgl.acct_entry, (long long)k->sgl.acct_key, k->per_token,
+                pd_units_fmt(a, 40, k->state_bytes, (enum pd_units)u));
+    } else if (k->per_seq_fixed)
         fprintf(f, "  fixed per sequence: %s (windows of %lld tokens %s, compressor states %s)\n",
                 pd_units_fmt(a, 40, k->per_seq_fixed, (enum pd_units)u), (long long)k->window,
                 pd_units_fmt(b, 40, k->window_bytes, (enum pd_units)u), pd_units_fmt(b + 20, 20, k->state_bytes, (enum pd_units)u));

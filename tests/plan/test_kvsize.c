@@ -153,3 +153,55 @@ Test(kvsize, v4_flash_vllm_ascend)
     cr_assert_eq(pd_kv_size_init(&k, &m, PD_KV_FP8, 1, 0, &e), 0, "%s", e.msg);
     cr_assert_eq(pd_kv_size_vllm_ascend(&k, &m, &e), PD_EINVAL);
 }
+
+/* SGLang's NPU pools for V4-Flash (SGLang 0a3cd26b, docs/memory-model.md "KV cache"), the figures
+ * worked from its source's formulas apart from pdmoe's code:
+ * - its sizing (pool_configurator.py _get_bytes_per_full_token), EAGLE on: 0.1 x 584 x 43 windows
+ *   + 584 x 21 / 4 CSA + 584 x 20 / 128 HCA + 132 x 21 / 4 keys + 0.1 x 16 / 128 x (8,192 + 2,048)
+ *   x 21 CSA states, times 44 / 43 for the draft: 9,259.90 B per full token;
+ * - what the NPU pools allocate per full token (dsv4_memory_pool.py): the window pool's 0.1 token
+ *   in 43 + 1 layers of 1,024 B, CSA 1,024 / 4 and keys 132 + 130 / 4 in 21 layers, HCA 1,024 / 128
+ *   in 20: 4,505.6 + 5,376 + 1,375.5 + 160 = 11,417.1 B; per request, npu_state_pool_size's pages
+ *   of 128 rows: 2 in each CSA layer (rows of 8,192 + 2,048 B), 3 in each HCA layer (4,096 B). */
+Test(kvsize, v4_flash_sglang_npu)
+{
+    struct pd_model m;
+    struct pd_kv_size k;
+    pd_err e = {0};
+    cr_assert_eq(pd_model_load("deepseek-v4-flash", &m, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kv_size_init(&k, &m, PD_KV_BF16, 1, 0, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kv_size_sglang_npu(&k, &m, 1, &e), 0, "%s", e.msg);
+    cr_assert_eq(k.layout, PD_KV_LAYOUT_SGLANG_NPU);
+    cr_assert_eq(k.sgl.acct_entry, 584);
+    cr_assert_eq(k.sgl.acct_key, 132);
+    cr_assert_float_eq(k.sgl.bytes_per_full_token, 9259.902325581397, 1e-9);
+    cr_assert_float_eq(k.per_token, 11417.1, 1e-9);
+    cr_assert_eq(k.state_bytes, 21 * 2 * 128 * (8192 + 2048) + 20 * 3 * 128 * 4096);
+    cr_assert_eq(k.state_bytes, 86507520);
+    /* a 9,000-token sequence: 71 pages of 128 full-pool slots, 9,088 x 11,417.1 B, and its states */
+    cr_assert_eq(pd_kv_seq_bytes(&k, 9000), 103758605 + 86507520);
+    /* the pools of a 20 GiB budget and 10 requests: the fixed c128 state bytes SGLang takes off first,
+     * (11 + 1) x 256 + 1 rows in 128-row pages x 4,096 B x 20 layers; then F and the pools as it
+     * derives them, and what they take on the NPU (each pool (size + page + 1) // page pages; the
+     * keys twice; state pools one sentinel page more) */
+    struct pd_kv_sgl_pools q;
+    pd_kv_sgl_pools(&k, INT64_C(20) << 30, 10, &q);
+    cr_assert_eq(q.c128_fixed_acct, 262144000);
+    cr_assert_eq(q.full, 2290688);
+    cr_assert_eq(q.swa, 228992);
+    cr_assert_eq(q.c4, 572672);
+    cr_assert_eq(q.c128, 17896);
+    cr_assert_eq(q.reqs, 10);
+    cr_assert_eq(q.c4_state, 2688);
+    cr_assert_eq(q.c128_state, 3968);
+    cr_assert_eq(q.bytes, INT64_C(27062089088));
+    /* the budget whose pools fit a room: the largest, and its pools fit */
+    const int64_t room = INT64_C(25) << 30, bud = pd_kv_sgl_budget(&k, room, 10);
+    pd_kv_sgl_pools(&k, bud, 10, &q);
+    cr_assert_leq(q.bytes, room);
+    pd_kv_sgl_pools(&k, bud + 4 * 1024 * 1024, 10, &q);   /* 3 pages of the full pool more */
+    cr_assert_gt(q.bytes, room);
+    /* not for an fp8 cache */
+    cr_assert_eq(pd_kv_size_init(&k, &m, PD_KV_FP8, 1, 0, &e), 0, "%s", e.msg);
+    cr_assert_eq(pd_kv_size_sglang_npu(&k, &m, 1, &e), PD_EINVAL);
+}
