@@ -216,6 +216,12 @@ int pd_cli_model_flag(const char *name, const char *val, struct pd_plan_opts *o,
         o->quant = val;
     } else if (strcmp(name, "quant-override") == 0) {
         o->quant_override = val;
+    } else if (strcmp(name, "stack") == 0) {
+        pd_err e = {0};
+        if (pd_plan_stack_parse(val, &o->stack, &e)) {
+            fprintf(stderr, "pdmoe: %s\n", e.msg);
+            return -1;
+        }
     } else if (strcmp(name, "kv-cache-dtype") == 0) {
         if (strcmp(val, "auto") == 0) {
             o->kv_dtype = PD_KV_AUTO;

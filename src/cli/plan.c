@@ -40,6 +40,8 @@ static const char *help =
     "  --kv-cache-dtype fp8|bf16|auto  default auto: what the stacks store for the model on these cards (a\n"
     "                               model with an indexer, as V4: fp8 on cards with FP8, bf16 on Ascend\n"
     "                               910B/910C, where vllm-ascend keeps it bf16; other models bf16)\n"
+    "  --stack vllm|sglang          whose KV layout a bf16 V4 cache on Ascend cards is counted in: vllm-ascend's\n"
+    "                               block ids (default) or SGLang's NPU pools (--emit sglang implies it)\n"
     "  --kv-bytes-per-token N       a flat KV size instead of the architecture's (the seed uses 44000)\n"
     "  --mtp on|off                 load the MTP layer (default: on when the model has one)\n"
     "  --speculative-config JSON    vLLM's '{\"method\":\"mtp\",\"num_speculative_tokens\":K}': K draft tokens per\n"
@@ -203,7 +205,7 @@ int pd_cli_plan(int argc, char **argv)
         {"gpu-memory-utilization", 1, 0, O_SHARED}, {"max-num-seqs", 1, 0, O_SHARED}, {"max-model-len", 1, 0, O_SHARED},
         {"max-num-batched-tokens", 1, 0, O_SHARED}, {"quant", 1, 0, O_SHARED}, {"quantization", 1, 0, O_SHARED},
         {"quant-override", 1, 0, O_SHARED},
-        {"kv-cache-dtype", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED}, {"mtp", 1, 0, O_SHARED}, {"speculative-config", 1, 0, O_SHARED},
+        {"kv-cache-dtype", 1, 0, O_SHARED}, {"stack", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED}, {"mtp", 1, 0, O_SHARED}, {"speculative-config", 1, 0, O_SHARED},
         {"spec-stats", 1, 0, O_SHARED}, {"mtp-acceptance", 1, 0, O_SHARED},
         {"expert-stats", 1, 0, O_SHARED}, {"expert-stats-prefill", 1, 0, O_SHARED},
         {"expert-stats-decode", 1, 0, O_SHARED}, {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED}, {"request-rate", 1, 0, O_SHARED},
@@ -383,6 +385,10 @@ int pd_cli_plan(int argc, char **argv)
         goto out;
     }
     struct pd_plan p;
+    if (emit && pd_emit_stack(target, &o.stack, &e)) {
+        fprintf(stderr, "pdmoe plan: %s\n", e.msg);
+        goto out;
+    }
     if (pd_plan_build(&o, &p, &e)) {
         fprintf(stderr, "pdmoe plan: %s\n", e.msg);
         rc = 1;

@@ -31,7 +31,7 @@ static const char *help =
     "                               one finishes): every layout's TTFT, TPOT and throughput at the batch C implies,\n"
     "                               the decode batch being its slots per DP rank (--max-num-seqs); not with --request-rate\n"
     "  --model, --hardware, --gpu-memory-utilization, --max-model-len, --max-num-batched-tokens,\n"
-    "  --quantization (--quant), --quant-override, --kv-cache-dtype, --kv-bytes-per-token, --mtp, --speculative-config,\n"
+    "  --quantization (--quant), --quant-override, --kv-cache-dtype, --stack, --kv-bytes-per-token, --mtp, --speculative-config,\n"
     "  --mtp-acceptance, --spec-stats, --expert-stats,\n"
     "  --expert-stats-prefill, --expert-stats-decode, --units\n"
     "                               as for pdmoe plan (see pdmoe plan --help)\n"
@@ -51,7 +51,7 @@ int pd_cli_search(int argc, char **argv)
     static const struct option opts[] = {
         {"model", 1, 0, O_SHARED}, {"hardware", 1, 0, O_SHARED}, {"gpu-memory-utilization", 1, 0, O_SHARED},
         {"max-model-len", 1, 0, O_SHARED}, {"max-num-batched-tokens", 1, 0, O_SHARED}, {"quant", 1, 0, O_SHARED}, {"quantization", 1, 0, O_SHARED},
-        {"quant-override", 1, 0, O_SHARED}, {"kv-cache-dtype", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED},
+        {"quant-override", 1, 0, O_SHARED}, {"kv-cache-dtype", 1, 0, O_SHARED}, {"stack", 1, 0, O_SHARED}, {"kv-bytes-per-token", 1, 0, O_SHARED},
         {"mtp", 1, 0, O_SHARED}, {"speculative-config", 1, 0, O_SHARED},
         {"spec-stats", 1, 0, O_SHARED}, {"mtp-acceptance", 1, 0, O_SHARED}, {"expert-stats", 1, 0, O_SHARED}, {"expert-stats-prefill", 1, 0, O_SHARED},
         {"expert-stats-decode", 1, 0, O_SHARED}, {"units", 1, 0, O_SHARED}, {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED},
@@ -131,6 +131,10 @@ int pd_cli_search(int argc, char **argv)
     pd_err e = {0};
     enum pd_emit_target target = PD_EMIT_VLLM_ASCEND;
     if (emit && pd_emit_target_parse(emit, &target, &e)) {
+        fprintf(stderr, "pdmoe search: %s\n", e.msg);
+        return 2;
+    }
+    if (emit && pd_emit_stack(target, &o.base.stack, &e)) {
         fprintf(stderr, "pdmoe search: %s\n", e.msg);
         return 2;
     }

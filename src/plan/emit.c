@@ -461,6 +461,17 @@ static void vllm_proxy(FILE *f, const struct pd_emit_ctx *c)
  * python/sglang/srt/server_args.py and docs/advanced_features/pd_disaggregation.md. An instance
  * of dp x tp cards is one SGLang server of --tp-size dp x tp with DP attention over dp and expert
  * parallelism over all its cards, as SGLang's DeepSeek deployments run it. */
+int pd_emit_stack(enum pd_emit_target t, enum pd_plan_stack *stack, pd_err *e)
+{
+    const enum pd_plan_stack want = t == PD_EMIT_SGLANG ? PD_STACK_SGLANG : PD_STACK_VLLM;
+    if (*stack != PD_STACK_AUTO && *stack != want)
+        return pd_err_set(e, PD_EINVAL, "--stack %s: --emit %s launches %s", pd_plan_stack_name(*stack),
+                          pd_emit_target_name(t), t == PD_EMIT_SGLANG ? "SGLang" : t == PD_EMIT_PDMOE ? "pdmoe" : "vLLM");
+    if (t != PD_EMIT_PDMOE)
+        *stack = want;
+    return 0;
+}
+
 static void sgl_env(FILE *f, const struct pd_emit_ctx *c)
 {
     if (!c->ascend)
@@ -471,27 +482,70 @@ static void sgl_env(FILE *f, const struct pd_emit_ctx *c)
 }
 
 /* SGLang's --mem-fraction-static is "the fraction of the memory used for static allocation
- * (model weights and KV cache memory pool)": the plan's usable memory less activations and
- * runtime, over the card's capacity, rounded down to 0.01. */
-static double sgl_mem_fraction(const struct pd_role_plan *rp)
+ * (model weights and KV cache memory pool)": its KV budget is that fraction of the card less the
+ * weights (kv_cache_configurator.py _profile_available_bytes). The plan's usable memory less
+ * activations and runtime, over the card's capacity, rounded down to 0.01; with SGLang's NPU pools
+ * for V4 (kvsize.h), which allocate more than the budget they are sized from, the budget whose
+ * pools fit in the plan's KV pool, with the weights, over the capacity. */
+static double sgl_mem_fraction(const struct pd_plan *p, const struct pd_role_plan *rp)
 {
     const struct pd_budget *b = &rp->b;
     double f = (double)(b->usable - b->activations - b->runtime) / (double)b->capacity;
+    if (p->kv.layout == PD_KV_LAYOUT_SGLANG_NPU) {
+        const int64_t budget = pd_kv_sgl_budget(&p->kv, pd_budget_seq_room(b), pd_plan_admitted_seqs(p, rp->role));
+        f = budget > 0 ? (double)(b->weights + budget) / (double)b->capacity : 0;
+    }
     if (f < 0)
         f = 0;
     return (double)(long long)(f * 100.0) / 100.0;
 }
 
+/* SGLang's NPU pools at the emitted fraction and the plan's admitted requests (kvsize.h). */
+static void sgl_npu_pools(const struct pd_plan *p, const struct pd_role_plan *rp, struct pd_kv_sgl_pools *q)
+{
+    const int64_t budget = (int64_t)(sgl_mem_fraction(p, rp) * (double)rp->b.capacity) - rp->b.weights;
+    pd_kv_sgl_pools(&p->kv, budget, pd_plan_admitted_seqs(p, rp->role), q);
+}
+
 /* The sequences of max-model-len the KV pool SGLang makes of sgl_mem_fraction's rounded-down
  * fraction holds (the fraction less the weights, and the blocks the plan sets aside for the chunks
  * in flight: counted in the plan's layout, docs/memory-model.md), at most the plan's admitted
- * ones: the unrounded pool's count let one sequence too many in. */
+ * ones: the unrounded pool's count let one sequence too many in. With SGLang's NPU pools: the
+ * sequences whose pages its full-token pool holds, at most the requests it keeps slots for. */
 static int64_t sgl_admitted(const struct pd_plan *p, const struct pd_role_plan *rp)
 {
-    const int64_t pool = (int64_t)(sgl_mem_fraction(rp) * (double)rp->b.capacity) - rp->b.weights - rp->b.kv_transient;
-    const int64_t seq = pd_kv_seq_bytes(&p->kv, p->o.max_model_len), n = pool > 0 && seq > 0 ? pool / seq : 0;
     const int64_t admitted = pd_plan_admitted_seqs(p, rp->role);
+    int64_t n;
+    if (p->kv.layout == PD_KV_LAYOUT_SGLANG_NPU) {
+        struct pd_kv_sgl_pools q;
+        sgl_npu_pools(p, rp, &q);
+        const int64_t P = p->kv.sgl.page, seq = (p->o.max_model_len + P - 1) / P * P;
+        n = q.full / seq < q.reqs ? q.full / seq : q.reqs;
+    } else {
+        const int64_t pool = (int64_t)(sgl_mem_fraction(p, rp) * (double)rp->b.capacity) - rp->b.weights - rp->b.kv_transient;
+        const int64_t seq = pd_kv_seq_bytes(&p->kv, p->o.max_model_len);
+        n = pool > 0 && seq > 0 ? pool / seq : 0;
+    }
     return n < admitted ? n : admitted;
+}
+
+/* What SGLang's NPU pools will be (its "DSV4 pool sizes" log line) and take, said in the script. */
+static void sgl_npu_note(FILE *f, const struct pd_emit_ctx *c, const struct pd_role_plan *rp)
+{
+    const struct pd_plan *p = c->p;
+    if (p->kv.layout != PD_KV_LAYOUT_SGLANG_NPU)
+        return;
+    struct pd_kv_sgl_pools q;
+    sgl_npu_pools(p, rp, &q);
+    char a[32], b[32], d[32];
+    const enum pd_units u = PD_UNITS_GB;
+    fprintf(f, "# SGLang's DeepSeek-V4 NPU pools at this --mem-fraction-static (a budget of %s): full=%lld swa=%lld\n"
+               "# c4=%lld c128=%lld tokens, %lld requests; in bf16 they take %s of the %s the plan leaves for KV\n"
+               "# (SGLang sizes them at %.2f B per token, fp8 entries: docs/memory-model.md).\n",
+            pd_units_fmt(a, sizeof a, (int64_t)(sgl_mem_fraction(p, rp) * (double)rp->b.capacity) - rp->b.weights, u),
+            (long long)q.full, (long long)q.swa, (long long)q.c4, (long long)q.c128, (long long)q.reqs,
+            pd_units_fmt(b, sizeof b, q.bytes, u), pd_units_fmt(d, sizeof d, rp->b.kv_pool, u),
+            p->kv.sgl.bytes_per_full_token);
 }
 
 static void sgl_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_part *x)
@@ -501,6 +555,7 @@ static void sgl_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_
     int s = PORT_STEP * x->slot, cards = rp->o.dp * rp->o.tp, dp = rp->o.dp;
     comment(f, c, x, "");
     pd_emit_seqs_note(f, c->p, x->role, sgl_admitted(p, rp));
+    sgl_npu_note(f, c, rp);
     fprintf(f, "if [ \"$host\" = %s ]; then\n  python3 -m sglang.launch_server", c->host[x->node]);
     fputs(" \\\n    --model-path ", f);
     model_word(f, c);
@@ -531,7 +586,9 @@ static void sgl_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_
     }
     if (x->card0)
         arg(f, "--base-gpu-id %d", x->card0);
-    arg(f, "--mem-fraction-static %.2f", sgl_mem_fraction(rp));
+    arg(f, "--mem-fraction-static %.2f", sgl_mem_fraction(p, rp));
+    if (p->kv.layout == PD_KV_LAYOUT_SGLANG_NPU)   /* the pools' page, as overrides.py sets it on NPU */
+        arg(f, "--page-size %lld", (long long)p->kv.sgl.page);
     /* Both are instance-wide in SGLang and divided by --dp-size under DP attention
      * (server_args.py _handle_data_parallelism; the scheduler's per-worker request limit), while
      * vLLM's --max-num-seqs and --max-num-batched-tokens are per data-parallel rank. */
@@ -553,7 +610,8 @@ static void sgl_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_
         arg(f, "--device npu");
         if (c->w8a8)   /* SGLang's Ascend examples load msmodelslim checkpoints so */
             arg(f, "--quantization modelslim");
-        arg(f, "--attention-backend ascend");
+        /* DeepSeek-V4 runs SGLang's dsv4 backend on NPU too (overrides.py; its Ascend V4 test) */
+        arg(f, "--attention-backend %s", p->model.arch == PD_ARCH_DEEPSEEK_V4 ? "dsv4" : "ascend");
     }
     fputs(" &\nfi\n\n", f);
 }

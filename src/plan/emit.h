@@ -35,6 +35,10 @@ void pd_emit_opts_default(struct pd_emit_opts *o);
 /* "vllm-ascend", "sglang" or "pdmoe"; PD_EINVAL (message naming --emit) for anything else. */
 int pd_emit_target_parse(const char *name, enum pd_emit_target *t, pd_err *e);
 const char *pd_emit_target_name(enum pd_emit_target t);
+/* The stack a script for target `t` launches is the one whose KV layout the plan must count:
+ * --emit sglang plans for SGLang, vllm-ascend and pdmoe for vLLM's or pdmoe's own; a --stack that
+ * says otherwise is refused. */
+int pd_emit_stack(enum pd_emit_target t, enum pd_plan_stack *stack, pd_err *e);
 
 /* The model path the servers load by default: the --checkpoint directory, else the Hugging Face
  * repository of a preset that has one (deepseek-v4-flash and seed-v4-flash:

@@ -44,6 +44,38 @@ void pd_plan_opts_default(struct pd_plan_opts *o)
     o->handoff_tokens[1] = 131072;
 }
 
+int pd_plan_stack_parse(const char *s, enum pd_plan_stack *out, pd_err *e)
+{
+    if (s && strcmp(s, "vllm") == 0)
+        *out = PD_STACK_VLLM;
+    else if (s && strcmp(s, "sglang") == 0)
+        *out = PD_STACK_SGLANG;
+    else
+        return pd_err_set(e, PD_EINVAL, "--stack %s: expected vllm or sglang", s ? s : "");
+    return 0;
+}
+
+const char *pd_plan_stack_name(enum pd_plan_stack s)
+{
+    return s == PD_STACK_SGLANG ? "sglang" : "vllm";
+}
+
+/* The one place that says whose layout the plan counts (kvsize.h): on Ascend cards a bf16 V4 cache
+ * is vllm-ascend's block ids or, for SGLang, its NPU pools; a model a layout does not fit keeps
+ * pdmoe's, which the plan says. Other cards without FP8 (a CPU file of pdmoe calibrate's, for
+ * pdmoe's own engine) keep pdmoe's layout, the engine's pool's; GPUs keep it for either stack. */
+static void plan_kv_layout(struct pd_plan *p, enum pd_kv_dtype kvd, int64_t flat)
+{
+    if (!pd_hardware_is_ascend(&p->hw) || p->model.arch != PD_ARCH_DEEPSEEK_V4 || kvd != PD_KV_BF16 || flat)
+        return;
+    pd_err ignored = {0};
+    struct pd_kv_size k = p->kv;
+    int rc = p->o.stack == PD_STACK_SGLANG ? pd_kv_size_sglang_npu(&k, &p->model, p->include_mtp, &ignored)
+                                           : pd_kv_size_vllm_ascend(&k, &p->model, &ignored);
+    if (rc == 0)
+        p->kv = k;
+}
+
 /* What the stacks store when their --kv-cache-dtype is left at "auto": for a model with a
  * lightning indexer (DeepSeek-V3.2, V4: config field index_topk), vLLM's own fp8 layout
  * (fp8_ds_mla) on cards with FP8; on Ascend 910B/910C, which have no FP8 type, vllm-ascend sets the
@@ -560,15 +592,7 @@ int pd_plan_build(const struct pd_plan_opts *o, struct pd_plan *p, pd_err *e)
     const enum pd_kv_dtype kvd = o->kv_dtype != PD_KV_AUTO ? o->kv_dtype : pd_plan_kv_dtype_default(&p->model, &p->hw);
     if ((rc = pd_kv_size_init(&p->kv, &p->model, kvd, p->include_mtp, flat, e)))
         goto fail;
-    /* on Ascend cards the stack is vllm-ascend: count its layout of V4's bf16 cache (kvsize.h); a
-     * model it does not fit keeps pdmoe's, which the plan says. Other cards without FP8 (a CPU
-     * file of pdmoe calibrate's, for pdmoe's own engine) keep pdmoe's layout, the engine's pool's */
-    if (pd_hardware_is_ascend(&p->hw) && p->model.arch == PD_ARCH_DEEPSEEK_V4 && kvd == PD_KV_BF16 && !flat) {
-        pd_err ignored = {0};
-        struct pd_kv_size asc = p->kv;
-        if (pd_kv_size_vllm_ascend(&asc, &p->model, &ignored) == 0)
-            p->kv = asc;
-    }
+    plan_kv_layout(p, kvd, flat);
     if ((rc = load_role_stats(p, o, e)) || (rc = resolve_mtp(p, o, e)))
         goto fail;
     p->nodes = o->nodes > 0 ? o->nodes : p->hw.cluster_nodes;

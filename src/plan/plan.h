@@ -32,6 +32,13 @@ struct pd_role_opts {
     int redundant;          /* redundant experts per EP group */
 };
 
+/* The serving stack whose KV layout the plan counts where it matters (a bf16 DeepSeek-V4 cache on
+ * Ascend cards: vllm-ascend's block ids or SGLang's pools, kvsize.h). AUTO is vLLM's (vllm-ascend),
+ * but `--emit sglang` plans for SGLang. */
+enum pd_plan_stack { PD_STACK_AUTO = 0, PD_STACK_VLLM, PD_STACK_SGLANG };
+int pd_plan_stack_parse(const char *s, enum pd_plan_stack *out, pd_err *e);
+const char *pd_plan_stack_name(enum pd_plan_stack s);
+
 struct pd_plan_opts {
     const char *model;       /* preset, .json or checkpoint dir */
     const char *hardware;
@@ -49,6 +56,7 @@ struct pd_plan_opts {
     const char *quant;
     const char *quant_override;
     enum pd_kv_dtype kv_dtype;   /* PD_KV_AUTO (the default): pd_plan_kv_dtype_default's */
+    enum pd_plan_stack stack;    /* --stack: whose KV layout; PD_STACK_AUTO, vLLM's */
     int64_t kv_bytes_per_token;  /* > 0 overrides the architecture */
     int mtp;                     /* -1: when the model has MTP layers; 0 or 1 */
     int spec_k;                  /* draft tokens per decode step (--speculative-config); 0: as many as

@@ -1,0 +1,173 @@
+/* SGLang on Ascend cards: the plan counts SGLang's own DeepSeek-V4 pools (kvsize.h), and the
+ * flags --emit sglang writes hold in them.
+ *
+ * SGLang (0a3cd26b, docs/memory-model.md "KV cache") sizes its pools from a budget, --mem-fraction-
+ * static x the card less the weights: F full tokens = (budget - fixed c128 state bytes) / its
+ * coefficient (9,259.90 B for V4-Flash with EAGLE), a window pool of int(0.1 F), F / 4 CSA entries,
+ * F / 128 HCA entries, (F / 128) x 32 indexer keys; its NPU pools then store those in bf16, the keys
+ * twice, and compressor states in pages per request. The figures below are worked here from those
+ * formulas, not from the planner's code. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../run.h"
+
+/* SGLang's CI case of validation/published.json: V4-Flash W8A8 on one Atlas 800I A3, DP16
+ * attention, 10 requests per die of 9,000 tokens, EAGLE (the MTP layer) */
+#define LAYOUT "--hardware atlas-800i-a3 --quant w8a8 --aggregated dp=16,tp=1 --max-model-len 9000 " \
+               "--max-num-batched-tokens 16000"
+#define CASE LAYOUT " --max-num-seqs 10"
+#define PAGE 128
+#define MAX_MODEL_LEN 9000
+
+struct pools {
+    int64_t full, reqs, bytes;
+};
+
+static int64_t pages(int64_t size, int64_t page)   /* SGLang's (size + page + 1) // page */
+{
+    return (size + page + 1) / page;
+}
+
+/* SGLang's pools for a budget and requests per DP rank: 43 layers (21 CSA, 20 HCA), the draft's
+ * window-only layer, head 512 (448 + 64 rope), indexer head 128, EAGLE rings 16 and 256 */
+static struct pools sglang(int64_t budget, int64_t reqs)
+{
+    const double bpft = (0.1 * 584 * 43 + 0.25 * 584 * 21 + 1.0 / 128 * 584 * 20 + 0.25 * 132 * 21 +
+                         0.1 * (16.0 / 128) * 8192 * 21 + 0.1 * (16.0 / 128) * 2048 * 21) * (44.0 / 43);
+    const int64_t c128_rows = ((reqs + 1) * 256 + 256 + 1 + 127) / 128 * 128, fixed = c128_rows * 4096 * 20;
+    struct pools q;
+    q.full = (int64_t)((double)(budget > fixed ? budget - fixed : 0) / bpft) / PAGE * PAGE;
+    q.reqs = reqs < q.full / 2 ? reqs : q.full / 2;
+    const int64_t swa = (int64_t)((double)q.full * 0.1) / PAGE * PAGE, keys = q.full / 128 * 32;
+    const int64_t s128 = 3 * q.reqs * PAGE > (q.reqs + 1) * 256 ? 3 * q.reqs * PAGE : (q.reqs + 1) * 256;
+    q.bytes = pages(swa, PAGE) * PAGE * 1024 * 44 + pages(q.full / 4, PAGE) * PAGE * 1024 * 21 +
+              pages(q.full / 128, PAGE) * PAGE * 1024 * 20 +
+              (pages(keys, PAGE / 4) * (PAGE / 4) * 132 + pages(keys, PAGE) * PAGE * 130) * 21 +
+              (2 * q.reqs + 1) * PAGE * (8192 + 2048) * 21 + ((s128 + PAGE - 1) / PAGE + 1) * PAGE * 4096 * 20;
+    return q;
+}
+
+static json_t *run_json(const char *args)
+{
+    struct run r;
+    run(args, &r);
+    cr_assert_eq(r.status, 0, "pdmoe %s: %s", args, r.err);
+    json_error_t je;
+    json_t *j = json_loads(r.out, 0, &je);
+    cr_assert_not_null(j, "pdmoe %s: %s", args, je.text);
+    return j;
+}
+
+static json_int_t get_int(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    cr_assert(json_is_integer(v), "no integer \"%s\"", key);
+    return json_integer_value(v);
+}
+
+/* the value of a flag on a command line of the script (not in its comments) */
+static const char *after(const char *s, const char *flag)
+{
+    char line[96];
+    snprintf(line, sizeof line, "\n    %s ", flag);
+    const char *q = strstr(s, line);
+    cr_assert(q, "no %s in the script:\n%.2000s", flag, s);
+    return q + strlen(line);
+}
+
+/* The plan counts SGLang's pools: 11,417.1 B a token as they allocate it and 86.5 MB of
+ * compressor-state pages a request; a 9,000-token sequence 190,266,125 B (vllm-ascend's block ids:
+ * 30 x 3,397,376 B). */
+Test(sglang, plan_counts_sglangs_npu_pools)
+{
+    json_t *j = run_json("plan " CASE " --stack sglang --json");
+    json_t *kv = json_object_get(j, "kv_cache");
+    cr_assert(strstr(json_string_value(json_object_get(kv, "layout")), "SGLang NPU pools"));
+    json_t *b = json_object_get(json_array_get(json_object_get(j, "roles"), 1), "budget");
+    const int64_t seq = (9088 * INT64_C(114171) + 9) / 10 + 21 * 2 * 128 * (8192 + 2048) + 20 * 3 * 128 * 4096;
+    cr_assert_eq(seq, 190266125);
+    cr_assert_eq(get_int(b, "kv_need_bytes"), 10 * seq);
+    cr_assert_eq(get_int(b, "seqs_at_max_model_len"), get_int(b, "kv_pool_bytes") / seq);
+    json_decref(j);
+    j = run_json("plan " CASE " --json");   /* vLLM's (vllm-ascend) by default */
+    b = json_object_get(json_array_get(json_object_get(j, "roles"), 1), "budget");
+    cr_assert_eq(get_int(b, "kv_need_bytes"), 10 * 30 * INT64_C(3397376) + get_int(b, "kv_transient_bytes"));
+    json_decref(j);
+}
+
+/* --emit sglang on the A3: the budget its --mem-fraction-static gives SGLang makes pools that take
+ * no more than the plan's KV pool on the NPU, each of its --max-running-requests has the full-pool
+ * pages of a max-model-len sequence, and planned again with those requests the plan's checks pass. */
+Test(sglang, emitted_flags_hold_in_sglangs_pools)
+{
+    struct run r;
+    run("plan " CASE " --emit sglang", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    const double f = atof(after(r.out, "--mem-fraction-static"));
+    const long long running = atoll(after(r.out, "--max-running-requests")), dp = atoll(after(r.out, "--dp-size"));
+    cr_assert_eq(atoll(after(r.out, "--context-length")), MAX_MODEL_LEN);
+    cr_assert_eq(dp, 16);
+    json_t *j = run_json("plan " CASE " --json");   /* the card's figures, whichever stack */
+    json_t *b = json_object_get(json_array_get(json_object_get(j, "roles"), 1), "budget");
+    const int64_t cap = get_int(b, "capacity_bytes"), weights = get_int(b, "weights_bytes"),
+                  kv_pool = get_int(b, "kv_pool_bytes");
+    json_decref(j);
+    const int64_t reqs = running / dp, budget = (int64_t)(f * (double)cap) - weights;
+    cr_assert_eq(reqs, 10);
+    const struct pools q = sglang(budget, reqs);
+    cr_assert_leq(q.bytes, kv_pool, "--mem-fraction-static %.2f: SGLang's pools take %lld B, the plan leaves %lld B", f,
+                  (long long)q.bytes, (long long)kv_pool);
+    /* the next hundredth would not fit: the fraction is the largest that does */
+    cr_assert_gt(sglang((int64_t)((f + 0.01) * (double)cap) - weights, reqs).bytes, kv_pool);
+    cr_assert_leq(reqs, q.reqs);
+    cr_assert_leq(reqs * ((MAX_MODEL_LEN + PAGE - 1) / PAGE * PAGE), q.full);
+    /* the pools' page and SGLang's V4 backend, as its Ascend V4 test passes them */
+    cr_assert_eq(atoll(after(r.out, "--page-size")), PAGE);
+    cr_assert(strncmp(after(r.out, "--attention-backend"), "dsv4", 4) == 0);
+    char args[512];
+    snprintf(args, sizeof args, "plan " LAYOUT " --stack sglang --max-num-seqs %lld --json", (long long)reqs);
+    j = run_json(args);
+    b = json_object_get(json_array_get(json_object_get(j, "roles"), 1), "budget");
+    cr_assert(json_is_true(json_object_get(b, "fits_max_num_seqs")), "%s: %lld requests do not fit", args,
+              (long long)reqs);
+    json_decref(j);
+}
+
+/* --stack names one of the two stacks, and agrees with --emit */
+Test(sglang, stack_is_refused_by_name_or_against_emit)
+{
+    struct run r;
+    run("plan --stack tgi", &r);
+    cr_assert_eq(r.status, 2);
+    cr_assert(strstr(r.err, "--stack tgi: expected vllm or sglang"), "%s", r.err);
+    run("plan " CASE " --stack vllm --emit sglang", &r);
+    cr_assert_eq(r.status, 2);
+    cr_assert(strstr(r.err, "--stack vllm: --emit sglang launches SGLang"), "%s", r.err);
+    run("plan " CASE " --stack sglang --emit vllm-ascend", &r);
+    cr_assert_eq(r.status, 2);
+    cr_assert(strstr(r.err, "--stack sglang: --emit vllm-ascend launches vLLM"), "%s", r.err);
+}
+
+/* SGLang's CI case in validation/published.json is planned in SGLang's layout */
+Test(sglang, validation_case_counts_sglangs_pools)
+{
+    json_t *j = run_json("validate --json");
+    int seen = 0;
+    for (size_t i = 0; i < json_array_size(j); i++) {
+        json_t *c = json_array_get(j, i);
+        const char *name = json_string_value(json_object_get(c, "name")),
+                   *layout = json_string_value(json_object_get(c, "kv_layout"));
+        cr_assert(name && layout);
+        if (strstr(name, "Atlas 800I A3")) {
+            cr_assert(strstr(layout, "SGLang NPU pools"), "%s: %s", name, layout);
+            seen++;
+        }
+    }
+    cr_assert_eq(seen, 1);
+    json_decref(j);
+}
