@@ -65,7 +65,7 @@ static int is_metric(const char *m)
 static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *e)
 {
     struct pd_jsrc s = {label, ""};
-    char model[64], hw[64], quant[16], qovr[128], kvdt[16], phase[16], sched[16];
+    char model[64], hw[64], quant[16], qovr[128], kvdt[16], phase[16], sched[16], stack[16];
     int rc, mtp;
     struct pd_plan_opts o;
     pd_plan_opts_default(&o);
@@ -79,7 +79,7 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
         "quant_override", "kv_cache_dtype", "nodes", "prefill", "decode", "aggregated", "isl", "osl", "cached",
         "concurrency", "decode_ctx", "decode_batch", "min_user_tokens_per_s", "imbalance", "max_num_batched_tokens",
         "max_num_seqs", "max_model_len", "phase", "num_prompts", "prefill_max_requests", "schedule", "mtp",
-        "num_speculative_tokens", NULL};
+        "num_speculative_tokens", "stack", NULL};
     if ((rc = pd_json_bool(&s, c, "mtp", 0, -1, &mtp, e)) ||
         (rc = pd_json_str(&s, c, "pending", 0, "", v->pending, sizeof v->pending, e)) ||
         (rc = pd_json_int(&s, c, "concurrency", 0, 0, 0, 1 << 24, &w.concurrency, e)) ||
@@ -94,6 +94,7 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
         (rc = pd_json_str(&s, c, "quant", 0, "w8a8", quant, sizeof quant, e)) ||
         (rc = pd_json_str(&s, c, "quant_override", 0, "", qovr, sizeof qovr, e)) ||
         (rc = pd_json_str(&s, c, "kv_cache_dtype", 0, "fp8", kvdt, sizeof kvdt, e)) ||
+        (rc = pd_json_str(&s, c, "stack", 0, "vllm", stack, sizeof stack, e)) ||
         (rc = pd_json_i32(&s, c, "nodes", 1, 1, 1, 1 << 20, &o.nodes, e)) ||
         (rc = pd_json_int(&s, c, "isl", 1, 1, 1, 1 << 30, &w.isl, e)) ||
         (rc = pd_json_int(&s, c, "osl", 1, 1, 1, 1 << 30, &w.osl, e)) ||
@@ -154,6 +155,10 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
     o.quant = quant;
     o.quant_override = qovr[0] ? qovr : NULL;
     o.mtp = mtp;
+    if ((rc = pd_plan_stack_parse(stack, &o.stack, e))) {   /* whose KV layout the case's cards hold */
+        pd_err_prefix(e, "%s: case \"%s\": field \"stack\": ", label, v->name);
+        return rc;
+    }
     struct pd_plan p;
     if ((rc = pd_plan_build(&o, &p, e))) {
         pd_err_prefix(e, "%s: case \"%s\": ", label, v->name);
@@ -175,6 +180,8 @@ static int run_case(json_t *c, const char *label, struct pd_valcase *v, pd_err *
     }
     if (rc)
         pd_err_prefix(e, "%s: case \"%s\": ", label, v->name);
+    if (!rc)
+        snprintf(v->kv_layout, sizeof v->kv_layout, "%s", pd_kv_layout_name(&p.kv));
     if (!rc) {
         int cpn = p.hw.cards_per_node;
         const struct pd_perf *f = &v->perf;
@@ -337,6 +344,7 @@ void *pd_validate_json(const struct pd_valcase *c, int n)
         if (!o)
             continue;
         json_object_set_new(o, "perf", pd_perf_json(&c[i].perf));
+        json_object_set_new(o, "kv_layout", json_string(c[i].kv_layout));
         if (c[i].lock.steps > 0) {
             const struct pd_lockstep *l = &c[i].lock;
             json_object_set_new(o, "lockstep",

@@ -33,6 +33,7 @@ struct pd_valcase {
     char layout[128];         /* "P 1 x EP32, D 1 x EP144", or "aggregated 1 x DP16 TP16 (EP16)" */
     enum pd_arch arch;        /* the case's model's architecture */
     char family[16];          /* its cards' family (pd_hardware_family), "" for none */
+    char kv_layout[96];       /* whose KV layout the plan counted (pd_kv_layout_name; field "stack") */
 };
 
 /* Runs every case of a validation file's text; *out is malloc'ed ([*n]). */
