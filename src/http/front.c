@@ -439,6 +439,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 static struct bufferevent *on_bev(struct event_base *base, void *arg)
 {
     struct pd_http_front *f = arg;
+    f->st.accepted++;
     struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
     struct conn *c = bev ? calloc(1, sizeof *c) : NULL;
     if (c) {
@@ -848,6 +849,7 @@ void pd_http_front_metrics(const struct pd_http_front *f, struct evbuffer *b)
 {
     evbuffer_add_printf(b,
                         "# TYPE pdmoe_http_connections gauge\npdmoe_http_connections %d\n"
+                        "# TYPE pdmoe_http_connections_accepted_total counter\npdmoe_http_connections_accepted_total %llu\n"
                         "# TYPE pdmoe_http_max_connections gauge\npdmoe_http_max_connections %d\n"
                         "# TYPE pdmoe_http_connections_closed_total counter\n"
                         "pdmoe_http_connections_closed_total{why=\"over_limit_503\"} %llu\n"
@@ -855,7 +857,7 @@ void pd_http_front_metrics(const struct pd_http_front *f, struct evbuffer *b)
                         "pdmoe_http_connections_closed_total{why=\"timeout\"} %llu\n"
                         "# TYPE pdmoe_http_accept_paused_total counter\npdmoe_http_accept_paused_total %llu\n"
                         "# TYPE pdmoe_http_method_not_allowed_total counter\npdmoe_http_method_not_allowed_total %llu\n",
-                        f->n_conns, f->cap, (unsigned long long)f->st.rejected, (unsigned long long)f->st.evicted,
+                        f->n_conns, (unsigned long long)f->st.accepted, f->cap, (unsigned long long)f->st.rejected, (unsigned long long)f->st.evicted,
                         (unsigned long long)f->st.timed_out, (unsigned long long)f->st.accept_paused,
                         (unsigned long long)f->st.wrong_method);
 }

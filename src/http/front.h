@@ -47,6 +47,7 @@ struct pd_http_limits {
 
 /* Counters for /metrics. */
 struct pd_http_stats {
+    uint64_t accepted;              /* connections accepted (a client's keep-alive connection counts once) */
     uint64_t rejected;              /* 503 at the cap */
     uint64_t evicted;               /* idle connections closed to make room */
     uint64_t timed_out;             /* closed by the idle, header or body deadline */
