@@ -35,7 +35,7 @@ int pd_cli_proxy(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"metrics-file", 1, 0, 'M'}, {"health-interval-ms", 1, 0, 'i'},
-        {"health-timeout-ms", 1, 0, 'O'},
+        {"health-timeout-ms", 1, 0, 'O'}, {"health-failures", 1, 0, 'F'}, {"upstream-keepalive", 1, 0, 'K'},
         {"prefill", 1, 0, 'p'}, {"decode", 1, 0, 'd'}, {"host", 1, 0, 'H'}, {"port", 1, 0, 'P'},
         {"api-key", 1, 0, 'k'}, {"backend-api-key", 1, 0, 'b'}, {"retries", 1, 0, 'r'}, {"help", 0, 0, 'h'},
         {"policy", 1, 0, 'y'}, {"cache-threshold", 1, 0, 'c'}, {"balance-abs-threshold", 1, 0, 'a'},
@@ -97,6 +97,16 @@ int pd_cli_proxy(int argc, char **argv)
                 return 2;
             o.health_timeout_ms = (int)v;
             break;
+        case 'F':
+            if (pd_cli_int_max("--health-failures", optarg, 1, 1000, &v))
+                return 2;
+            o.health_failures = (int)v;
+            break;
+        case 'K':
+            if (pd_cli_int_max("--upstream-keepalive", optarg, 0, 4096, &v))
+                return 2;
+            o.upstream_keepalive = v ? (int)v : -1;   /* (0 in the options is the default) */
+            break;
         case 'H': o.host = optarg; break;
         case 'P': if (pd_cli_int_max("--port", optarg, 0, 65535, &v)) return 2; o.port = (int)v; break;
         case 'k': o.api_key = optarg; break;
@@ -132,11 +142,14 @@ int pd_cli_proxy(int argc, char **argv)
                    "the prompt (else the instance with the least indexed); least_loaded: the fewest in flight.\n"
                    "--max-tree-size 16777216: prompt bytes indexed per instance (least recently used out first).\n"
                    "Decode instances are always chosen least-loaded.\n");
-            printf("--health-interval-ms 1000: how often each instance's /health is checked; a failed one gets no\n"
-                   "requests until it answers again. --health-timeout-ms 1000: how long a check may take before it\n"
-                   "counts as failed. --metrics-file FILE: Prometheus text added to /metrics (pdmoe up's\n"
-                   "restart counts). --shutdown-timeout S (0): at SIGTERM or Ctrl-C, new requests get a 503 while\n"
-                   "those in flight finish, for at most S seconds; a second signal stops at once (0: at once).\n");
+            printf("--health-interval-ms 1000: how often each instance's /health is checked. --health-timeout-ms\n"
+                   "1000: how long a check may take before it counts as failed. --health-failures 3: checks failed\n"
+                   "in a row that take an instance out (a failed request takes it out at once); out, it gets no\n"
+                   "requests until a check succeeds. --upstream-keepalive 16: idle connections kept open to each\n"
+                   "instance for the next requests (0: a connection per request, each leaving a socket in\n"
+                   "TIME_WAIT on this host for 60 s). --metrics-file FILE: Prometheus text added to /metrics (pdmoe\n"
+                   "up's restart counts). --shutdown-timeout S (0): at SIGTERM or Ctrl-C, new requests get a 503\n"
+                   "while those in flight finish, for at most S seconds; a second signal stops at once (0: at once).\n");
             return 0;
         default: {
             int r = pd_cli_http_flag(c, optarg, &o.http);

@@ -11,37 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct evhttp_connection *px_get_from(struct pd_proxy *px, const struct instance *in, const char *path,
-                                      int timeout_ms, void (*cb)(struct evhttp_request *, void *), void *arg)
-{
-    struct evhttp_connection *c = evhttp_connection_base_new(px->base, NULL, in->host, (unsigned short)in->port);
-    if (c && timeout_ms > 0)
-        evhttp_connection_set_timeout_tv(c, &(struct timeval){timeout_ms / 1000, timeout_ms % 1000 * 1000});
-    struct evhttp_request *r = c ? evhttp_request_new(cb, arg) : NULL;
-    if (r) {
-        evhttp_add_header(evhttp_request_get_output_headers(r), "Host", in->host);
-        if (pd_http_add_key(r, px_backend_key(px)))
-            evhttp_request_free(r);
-        else if (evhttp_make_request(c, r, EVHTTP_REQ_GET, path) == 0)
-            return c;   /* on failure libevent has freed r */
-    }
-    px_drop_conn(px, c);
-    return NULL;
-}
-
 /* /v1/models: relayed from a decode instance (one that is up). */
-struct models_job {
-    struct pd_proxy *px;
-    struct evhttp_request *client;
-    struct evhttp_connection *conn;
-};
-
-static void on_models_done(struct evhttp_request *r, void *arg)
+static void on_models_done(struct evhttp_request *r, const char *local, void *arg)
 {
-    struct models_job *m = arg;
-    struct evhttp_request *h = m->client;
-    px_drop_conn(m->px, m->conn);
-    free(m);
+    struct evhttp_request *h = arg;
+    if (local) {
+        reply_error(h, 503, "server_error", "the proxy could not connect to a decode instance (%s)", local);
+        return;
+    }
     if (!r || evhttp_request_get_response_code(r) != 200) {
         reply_error(h, 502, "server_error", "the decode instance did not list its models");
         return;
@@ -55,15 +32,8 @@ void px_on_models(struct evhttp_request *h, void *arg)
     struct pd_proxy *px = arg;
     if (!px_authorised(px, h))
         return;
-    struct models_job *m = malloc(sizeof *m);
-    if (m) {
-        *m = (struct models_job){px, h, NULL};
-        m->conn = px_get_from(px, &px->d[px_pick(px->d, px->nd, 0)], "/v1/models", 0, on_models_done, m);
-    }
-    if (!m || !m->conn) {
-        free(m);
-        reply_error(h, 502, "server_error", "the decode instance did not list its models");
-    }
+    if (!px_get_from(px, &px->d[px_pick(px->d, px->nd, 0)], "/v1/models", 0, on_models_done, h))
+        reply_error(h, 503, "server_error", "out of memory");
 }
 
 /* GET /expert_stats[?role=prefill|decode]: every instance's expert counts (of the role, or of
@@ -79,7 +49,6 @@ struct stats_job {
 
 struct stats_call {
     struct stats_job *j;
-    struct evhttp_connection *conn;
     char where[128];
 };
 
@@ -153,12 +122,13 @@ static void stats_answer(struct stats_job *j)
     free(j);
 }
 
-static void on_stats_done(struct evhttp_request *r, void *arg)
+static void on_stats_done(struct evhttp_request *r, const char *local, void *arg)
 {
     struct stats_call *c = arg;
     struct stats_job *j = c->j;
-    px_drop_conn(j->px, c->conn);
-    if (!r || evhttp_request_get_response_code(r) != 200)
+    if (local)
+        stats_fail(j, "the proxy could not connect to %s (%s)", c->where, local);
+    else if (!r || evhttp_request_get_response_code(r) != 200)
         stats_fail(j, "%s did not answer /expert_stats", c->where);
     else
         stats_add(j, c->where, evhttp_request_get_input_buffer(r));
@@ -200,8 +170,8 @@ void px_on_expert_stats(struct evhttp_request *h, void *arg)
         }
         c->j = j;
         snprintf(c->where, sizeof c->where, "the %s instance %.63s:%d", in->role, in->host, in->port);
-        if (!(c->conn = px_get_from(px, in, "/expert_stats", 0, on_stats_done, c))) {
-            stats_fail(j, "%s did not answer /expert_stats", c->where);
+        if (!px_get_from(px, in, "/expert_stats", 0, on_stats_done, c)) {
+            stats_fail(j, "out of memory");
             free(c);
             continue;
         }

@@ -12,7 +12,7 @@
 #define BACKOFF_MIN_S 0.5
 #define BACKOFF_MAX_S 30.0
 
-/* A request to `in` failed, or its /health check did: no requests while others are up, and the
+/* A request to `in` failed, or its /health checks did (health_failures in a row): no requests while others are up, and the
  * next check after a backoff that doubles with each failed check (the requests that fail while it
  * is out, when no instance is up, leave its schedule alone). */
 void px_eject(struct instance *in, int by_probe)
@@ -25,9 +25,11 @@ void px_eject(struct instance *in, int by_probe)
         return;
     if (in->up) {   /* the operator's line: the instance is out until its /health answers */
         in->ejections++;
+        char why[64] = "a request to it failed";
+        if (by_probe)
+            snprintf(why, sizeof why, "%d /health checks in a row failed", in->failed_checks);
         fprintf(stderr, "pdmoe proxy: %s instance %s:%d is down (%s): no requests while others are up, /health "
-                "checked again after a backoff\n", in->role, in->host, in->port,
-                by_probe ? "its /health check failed" : "a request to it failed");
+                "checked again after a backoff\n", in->role, in->host, in->port, why);
     }
     in->up = 0;
     double b = BACKOFF_MIN_S;
@@ -47,6 +49,7 @@ void px_admit(struct instance *in)
     in->up = 1;
     in->answered = 1;
     in->strikes = 0;
+    in->failed_checks = 0;
 }
 
 /* The instances that prefill (route.h indexes them): the prefill ones, or the colocated servers. */
@@ -71,23 +74,35 @@ static double health_interval_s(const struct pd_proxy *px)
 
 /* Active health checks: GET /health of each instance, every health_interval_ms while it is up,
  * at its backoff's end while it is ejected; health_timeout_ms (1 s) to answer: a link across hosts
- * that is congested at times may need more, or every check fails and the instance is ejected. A failed check ejects the instance and,
- * past HUNG_S, fails the requests it holds that it has not sent a byte of for as long.
+ * that is congested at times may need more. An instance up is taken out after health_failures
+ * checks failed in a row (3, as Kubernetes' failureThreshold): one lost check (a step that held
+ * the loop, a packet dropped) took a healthy instance out. Requests keep going to it meanwhile; one
+ * that fails takes it out at once. A check that could not connect for the proxy's own lack (no
+ * local port, no descriptor: pool.c) counts neither way.
  *
  * How long an instance's /health may stay unanswered before the requests in flight on it are
  * failed (a 502, or an error event and [DONE]): one check missing its second once failed every
  * stream of an instance stalled for a moment (a pause of the process, a long step), which then
- * resumed to nobody. New requests go elsewhere from the first failed check. */
+ * resumed to nobody. */
 #define HUNG_S 3.0
 
-/* A /health check of `in` failed: it is out, and once it has been silent HUNG_S, hung. */
+static int health_failures(const struct pd_proxy *px)
+{
+    return px->o.health_failures > 0 ? px->o.health_failures : PX_DEFAULT_HEALTH_FAILURES;
+}
+
+/* A /health check of `in` failed: out once health_failures have in a row, and once it has been
+ * silent HUNG_S, hung. */
 static void probe_failed(struct pd_proxy *px, struct instance *in)
 {
     double now = pd_now_s();
     if (in->silent_since <= 0)
         in->silent_since = now;
-    if (in->answered) {
+    in->failed_checks++;
+    if (in->answered && (!in->up || in->failed_checks >= health_failures(px))) {
         px_eject(in, 1);
+    } else if (in->answered) {   /* up still: checked again after the interval */
+        in->probe_at = now + health_interval_s(px);
     } else {   /* still starting (a model loading): asked again each interval, no backoff, said once */
         if (!in->said_waiting++)
             fprintf(stderr, "pdmoe proxy: %s instance %s:%d is not up yet (its /health check failed): no requests "
@@ -99,14 +114,16 @@ static void probe_failed(struct pd_proxy *px, struct instance *in)
         px_fail_in_flight(px, in, HUNG_S);
 }
 
-static void on_probe_done(struct evhttp_request *r, void *arg)
+static void on_probe_done(struct evhttp_request *r, const char *local, void *arg)
 {
     struct instance *in = arg;
     struct pd_proxy *px = in->px;
-    px_drop_conn(px, in->probe);
     in->probe = NULL;
     if (r && evhttp_request_get_response_code(r) == 200) {
         px_admit(in);
+        in->probe_at = pd_now_s() + health_interval_s(px);
+    } else if (local) {   /* the proxy's host is short, not the instance: asked again after the interval */
+        px_say_local(in, local);
         in->probe_at = pd_now_s() + health_interval_s(px);
     } else {
         probe_failed(px, in);
@@ -119,11 +136,12 @@ void px_on_tick(evutil_socket_t fd, short what, void *arg)
     double now = pd_now_s();
     for (int k = 0; k < px->np + px->nd && !px->stopping; k++) {
         struct instance *in = nth(px, k);
+        px_pool_sweep(in, now);
         if (in->probe || now < in->probe_at)
             continue;
         if (!(in->probe = px_get_from(px, in, "/health", px->o.health_timeout_ms > 0 ? px->o.health_timeout_ms : 1000,
                                       on_probe_done, in)))
-            probe_failed(px, in);
+            probe_failed(px, in);   /* (out of memory) */
     }
 }
 

@@ -2,7 +2,8 @@
  *   proxy.c    completions (prefill, then decode), create/run/destroy;
  *   health.c   which instances are up: /health checks, ejection and backoff, GET /readiness;
  *   fanout.c   the GET routes answered from the instances: /v1/models, /expert_stats;
- *   metrics.c  the latency histograms and GET /metrics.
+ *   metrics.c  the latency histograms and GET /metrics;
+ *   pool.c     the connections to the instances: kept alive, lent to one request at a time.
  * Everything runs on the proxy's one event loop. */
 #ifndef PD_PROXY_INTERNAL_H
 #define PD_PROXY_INTERNAL_H
@@ -15,6 +16,8 @@
 #include <stdint.h>
 
 struct pd_proxy;
+struct px_conn;
+struct px_get;
 
 struct instance {
     struct pd_proxy *px;
@@ -29,7 +32,12 @@ struct instance {
     int strikes;                 /* failures since it was last admitted: the backoff's exponent */
     double probe_at;             /* the next /health check */
     double silent_since;         /* when its /health first failed since it last answered; 0: it answers */
-    struct evhttp_connection *probe;   /* the check in flight, or NULL */
+    int failed_checks;           /* /health checks failed in a row (o.health_failures of them take it out) */
+    struct px_get *probe;        /* the check in flight, or NULL */
+    struct px_conn *idle;        /* its idle keep-alive connections (pool.c), the latest used first */
+    int n_idle;
+    uint64_t conns_opened, conns_reused;   /* connections opened to it; requests sent on one kept alive */
+    double local_said_at;        /* when a failure for the proxy host's lack (pool.c) was last logged */
 };
 
 struct job;
@@ -51,6 +59,8 @@ struct pd_proxy {
     struct pd_route *route;          /* who prefills: the prefill instances, or the colocated ones */
     /* metrics */
     uint64_t requests, completed, retries, cancelled, bad_requests, prefill_failed, decode_failed;
+    uint64_t stale_retries;      /* requests sent again on a fresh connection: a kept-alive one was closed */
+    uint64_t local_limit;        /* requests failed for the proxy host's lack (ports, descriptors) */
     uint64_t queue_full;         /* requests answered 429: every instance of a role had its queue full */
     int64_t body_bytes;          /* the request bodies of the jobs in flight */
     uint64_t body_full;          /* requests answered 503: the bodies in flight were at their cap */
@@ -69,9 +79,48 @@ static inline struct instance *nth(struct pd_proxy *px, int k)
 
 #define reply_error(h, code, type, ...) pd_http_error(h, code, type, NULL, __VA_ARGS__)
 
+/* the read and write timeout of a request whose answer has no deadline: none, in effect (30 days) */
+#define PX_NO_DEADLINE_S (30 * 86400)
+/* idle connections kept per instance without --upstream-keepalive */
+#define PX_DEFAULT_KEEPALIVE 16
+/* /health checks failed in a row that take an instance out without --health-failures */
+#define PX_DEFAULT_HEALTH_FAILURES 3
+
+/* pool.c */
+/* A connection to `in` for one request whose answer may take timeout_ms (0: no deadline): an idle
+ * one kept alive, if the pool holds one still open and fresh is 0, else a new one. NULL: out of
+ * memory. Its request is made on px_conn_evcon(c); px_conn_put gives it back. */
+struct px_conn *px_conn_get(struct instance *in, int timeout_ms, int fresh);
+struct evhttp_connection *px_conn_evcon(const struct px_conn *c);
+/* 1 if it carried an earlier request (the server may have closed it as this one was sent). */
+int px_conn_reused(const struct px_conn *c);
+/* 1 if any byte of the current request's answer has arrived. */
+int px_conn_heard(const struct px_conn *c);
+/* Its request is over: with a whole answer (answered 1) it goes back to the pool, if still open and
+ * there is room; else it is closed (a failed or cancelled request's). NULL: nothing. */
+void px_conn_put(struct px_conn *c, int answered);
+/* At destroy: closed at once, with any request pending on it (whose callback is not called). */
+void px_conn_free_now(struct px_conn *c);
+/* `in`'s idle connections unused too long, or closed by the server, are freed (from the tick). */
+void px_pool_sweep(struct instance *in, double now);
+void px_pool_free(struct instance *in);
+/* When c's request failed (err: errno in its callback) because its connect() found the proxy's
+ * host short of a port or a descriptor: what is short, by name (not the instance's failure). */
+const char *px_conn_local_failure(const struct px_conn *c, int err);
+/* Logs a local failure towards `in` (at most every 10 s per instance). */
+void px_say_local(struct instance *in, const char *local);
+
+/* GET `path` from an instance on a pooled connection, within timeout_ms (0: no deadline). cb is
+ * called once, later, never from px_get_from: with r NULL or of code 0 when it failed, local then
+ * non-NULL when the proxy's host was short (px_conn_local_failure). A kept-alive connection the
+ * server closed before a byte of the answer came is retried once on a fresh one. NULL: out of
+ * memory (cb is never called). */
+struct px_get *px_get_from(struct pd_proxy *px, struct instance *in, const char *path, int timeout_ms,
+                           void (*cb)(struct evhttp_request *r, const char *local, void *arg), void *arg);
+/* At destroy: the GET dropped, its callback never called. */
+void px_get_cancel(struct px_get *g);
+
 /* proxy.c */
-/* Frees an upstream connection once its request is over (from the loop). */
-void px_drop_conn(struct pd_proxy *px, struct evhttp_connection *c);
 /* The key the instances want: their own, or the one clients give this proxy. */
 const char *px_backend_key(const struct pd_proxy *px);
 /* 1 if the client sent the API key, else a 401 is sent and 0 returned. */
@@ -97,10 +146,6 @@ void px_on_tick(evutil_socket_t fd, short what, void *arg);
 void px_on_readiness(struct evhttp_request *h, void *arg);
 
 /* fanout.c */
-/* GET `path` from an instance, within timeout_ms (0: no deadline): the connection (px_drop_conn it
- * once done), or NULL when the request could not be sent (cb is then never called). */
-struct evhttp_connection *px_get_from(struct pd_proxy *px, const struct instance *in, const char *path,
-                                      int timeout_ms, void (*cb)(struct evhttp_request *, void *), void *arg);
 void px_on_models(struct evhttp_request *h, void *arg);
 void px_on_expert_stats(struct evhttp_request *h, void *arg);
 

@@ -42,12 +42,17 @@ void px_on_metrics(struct evhttp_request *h, void *arg)
                         "pdmoe_proxy_errors_total{kind=\"queue_full\"} %llu\n"
                         "pdmoe_proxy_errors_total{kind=\"bodies_in_flight_full\"} %llu\n"
                         "pdmoe_proxy_errors_total{kind=\"shutting_down\"} %llu\n"
+                        "pdmoe_proxy_errors_total{kind=\"local_limit\"} %llu\n"
+                        "# HELP pdmoe_proxy_upstream_resent_total Requests sent again on a fresh connection: the "
+                        "instance had closed the kept-alive one as they went.\n"
+                        "# TYPE pdmoe_proxy_upstream_resent_total counter\npdmoe_proxy_upstream_resent_total %llu\n"
                         "# TYPE pdmoe_proxy_body_bytes_in_flight gauge\npdmoe_proxy_body_bytes_in_flight %lld\n",
                         (unsigned long long)px->requests, (unsigned long long)px->completed,
                         (unsigned long long)px->retries, (unsigned long long)px->bad_requests,
                         (unsigned long long)px->prefill_failed, (unsigned long long)px->decode_failed,
                         (unsigned long long)px->cancelled, (unsigned long long)px->queue_full,
                         (unsigned long long)px->body_full, (unsigned long long)px->shutting_down,
+                        (unsigned long long)px->local_limit, (unsigned long long)px->stale_retries,
                         (long long)px->body_bytes);
     evbuffer_add_printf(b, "# TYPE pdmoe_proxy_routed_total counter\n");
     for (int w = 0; w < PD_ROUTE_N_WHY; w++)
@@ -74,20 +79,24 @@ void px_on_metrics(struct evhttp_request *h, void *arg)
             evbuffer_add(b, line, strlen(line));
         fclose(f);
     }
-    static const char *const names[] = {"up", "ejections_total", "load"};
-    static const char *const types[] = {"gauge", "counter", "gauge"};
-    for (int m = 0; m < 3; m++) {
+    /* per instance: whether it is up, its ejections, its requests in flight, its /health checks failed
+     * in a row, its connections (opened; requests sent on one kept alive; idle now) */
+    static const char *const names[] = {"up", "ejections_total", "load", "failed_checks", "connections_opened_total",
+                                        "connections_reused_total", "connections_idle"};
+    static const char *const types[] = {"gauge", "counter", "gauge", "gauge", "counter", "counter", "gauge"};
+    for (int m = 0; m < 7; m++) {
         evbuffer_add_printf(b, "# TYPE pdmoe_proxy_instance_%s %s\n", names[m], types[m]);
         for (int k = 0; k < px->np + px->nd; k++) {
             const struct instance *in = nth(px, k);
-            long long v = m == 0 ? in->up : m == 1 ? (long long)in->ejections : in->load;
+            const long long v[] = {in->up, (long long)in->ejections, in->load, in->failed_checks,
+                                   (long long)in->conns_opened, (long long)in->conns_reused, in->n_idle};
             /* the instance as given on the command line, escaped as a label value ("a\"b" broke
              * the whole scrape) */
             char where[600], label[1300];
             snprintf(where, sizeof where, "%s:%d", in->host, in->port);
             pd_prom_label(label, sizeof label, where);
             evbuffer_add_printf(b, "pdmoe_proxy_instance_%s{role=\"%s\",instance=\"%s\"} %lld\n", names[m], in->role,
-                                label, v);
+                                label, v[m]);
         }
     }
     pd_http_front_metrics(px->front, b);

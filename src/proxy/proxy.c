@@ -20,9 +20,6 @@
 #include <math.h>
 #include <string.h>
 
-/* the read and write timeout of a completion's upstream connection: none, in effect (30 days) */
-#define UPSTREAM_NO_DEADLINE_S (30 * 86400)
-
 struct job {
     struct pd_proxy *px;
     struct job *prev, *next;         /* px->jobs */
@@ -36,7 +33,9 @@ struct job {
     int attempts;
     int sent_up, dsent_up;           /* prefill, decode attempts sent to an instance then up */
     struct evhttp_request *up;       /* the request in flight upstream, or NULL */
-    struct evhttp_connection *conn;  /* its connection */
+    struct px_conn *conn;            /* its connection (pool.c) */
+    int up_closed;                   /* libevent failed it for a closed connection (not a timeout, a cancel) */
+    int up_resent;                   /* it went again on a fresh connection, a kept-alive one having been closed */
     int up_decode;                   /* it goes to the decode instance */
     int started;                     /* the client's streamed reply has begun */
     struct evbuffer *held;           /* a decode error body while streaming */
@@ -52,19 +51,6 @@ struct job {
     long long tokens;                /* completion_tokens of the stream's usage event; -1 unknown */
 };
 
-static void free_conn(evutil_socket_t fd, short what, void *arg)
-{
-    evhttp_connection_free(arg);
-}
-
-/* An upstream connection is freed once its request is over, from the loop rather than from its
- * own callback (libevent 2.1's free-on-completion misses connections that never connected). */
-void px_drop_conn(struct pd_proxy *px, struct evhttp_connection *c)
-{
-    if (c)
-        event_base_once(px->base, -1, EV_TIMEOUT, free_conn, c, &(struct timeval){0, 0});
-}
-
 /* A job's request to an instance, if one is under way: cancelled, its load and connection given back. */
 static void cancel_upstream(struct pd_proxy *px, struct job *j)
 {
@@ -74,9 +60,9 @@ static void cancel_upstream(struct pd_proxy *px, struct job *j)
         px->d[j->di].load--;
     else
         px->p[j->pi].load--;
-    evhttp_cancel_request(j->up);
+    evhttp_cancel_request(j->up);   /* (libevent closes its connection: it does not go back to the pool) */
     j->up = NULL;
-    px_drop_conn(px, j->conn);
+    px_conn_put(j->conn, 0);
     j->conn = NULL;
 }
 
@@ -122,6 +108,7 @@ static void client_done(struct job *j)
 }
 
 static void send_up(struct job *j, int decode);
+static void send_to(struct job *j, int decode, int fresh);
 
 
 
@@ -409,18 +396,70 @@ static void pass_retry_after(struct job *j, struct evhttp_request *r, int code)
         evhttp_add_header(evhttp_request_get_output_headers(j->client), "Retry-After", ra);
 }
 
+/* The end of a job's request to an instance, in its callback (err: errno there): its load and
+ * connection given back (to the pool after a whole answer). 1 if the request went again instead,
+ * on a fresh connection: the kept-alive one it went on was closed by the server as it was sent (no
+ * byte of an answer came; not a timeout, not a cancel), once per request, never a stream's decode
+ * (nothing of which is retried silently); the caller then returns. Else 0, with *local naming what
+ * the proxy's host lacked when its connect() failed for that (pool.c). */
+static int upstream_over(struct job *j, struct evhttp_request *r, int err, const char **local)
+{
+    struct pd_proxy *px = j->px;
+    const int code = r ? evhttp_request_get_response_code(r) : 0, decode = j->up_decode;
+    struct px_conn *c = j->conn;
+    j->up = NULL;
+    j->conn = NULL;
+    (decode ? &px->d[j->di] : &px->p[j->pi])->load--;
+    *local = NULL;
+    if (code == 0 && c && j->client && j->up_closed && !j->up_resent && px_conn_reused(c) && !px_conn_heard(c) &&
+        !(decode && j->stream)) {
+        px_conn_put(c, 0);
+        px->stale_retries++;
+        j->up_resent = 1;
+        send_to(j, decode, 1);
+        return 1;
+    }
+    if (code == 0 && c && j->up_closed)
+        *local = px_conn_local_failure(c, err);
+    px_conn_put(c, code > 0);
+    return 0;
+}
+
+/* A request that failed for the proxy host's lack (no local port, no descriptor): a 503 naming it,
+ * or for a stream begun an error event; not the instance's failure. */
+static void reply_local(struct job *j, struct instance *in, const char *local)
+{
+    j->px->local_limit++;
+    px_say_local(in, local);
+    char msg[400];
+    snprintf(msg, sizeof msg, "the proxy could not connect to the %s instance %s:%d (%s)", in->role, in->host, in->port,
+             local);
+    if (j->started) {
+        stream_error(j, msg);
+        return;
+    }
+    evhttp_add_header(evhttp_request_get_output_headers(j->client), "Retry-After", "1");
+    reply_error(j->client, 503, "server_error", "%s", msg);
+    client_done(j);
+}
+
 static void on_decode_done(struct evhttp_request *r, void *arg)
 {
+    const int err = errno;
     struct job *j = arg;
     struct pd_proxy *px = j->px;
-    j->up = NULL;
-    px_drop_conn(px, j->conn);
-    j->conn = NULL;
-    px->d[j->di].load--;
+    const char *local;
+    if (upstream_over(j, r, err, &local))
+        return;
     int code = r ? evhttp_request_get_response_code(r) : 0;
     if (code > 0 && code < 500)
         px_admit(&px->d[j->di]);
     if (!j->client) {
+        job_free(j);
+        return;
+    }
+    if (local) {
+        reply_local(j, &px->d[j->di], local);
         job_free(j);
         return;
     }
@@ -511,13 +550,18 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
 
 static void on_prefill_done(struct evhttp_request *r, void *arg)
 {
+    const int err = errno;
     struct job *j = arg;
     struct pd_proxy *px = j->px;
-    j->up = NULL;
-    px_drop_conn(px, j->conn);
-    j->conn = NULL;
-    px->p[j->pi].load--;
+    const char *local;
+    if (upstream_over(j, r, err, &local))
+        return;
     if (!j->client) {
+        job_free(j);
+        return;
+    }
+    if (local) {
+        reply_local(j, &px->p[j->pi], local);
         job_free(j);
         return;
     }
@@ -630,6 +674,14 @@ static int ask_usage(json_t *b)
     return 1;
 }
 
+/* libevent's reason for failing a job's upstream request: a closed connection, or another (a
+ * timeout, a cancel). */
+static void on_up_error(enum evhttp_request_error e, void *arg)
+{
+    ((struct job *)arg)->up_closed = e == EVREQ_HTTP_EOF;
+}
+
+/* Sends j to the next instance of its leg: prefill (another attempt), or decode. */
 static void send_up(struct job *j, int decode)
 {
     struct pd_proxy *px = j->px;
@@ -646,6 +698,15 @@ static void send_up(struct job *j, int decode)
         in = &px->p[j->pi];
         j->sent_up += in->up != 0;
     }
+    j->up_resent = 0;
+    send_to(j, decode, 0);
+}
+
+/* Sends j's request to the instance chosen (j->di, or j->pi), on a pooled connection or a fresh one. */
+static void send_to(struct job *j, int decode, int fresh)
+{
+    struct pd_proxy *px = j->px;
+    struct instance *in = decode ? &px->d[j->di] : &px->p[j->pi];
     json_t *b = json_deep_copy(j->body);
     if (!decode)   /* the client's body as it came: the prefill instance checks every field (a bad
                     * max_tokens was once a 400 only from the decode side, after a whole prefill and
@@ -655,17 +716,17 @@ static void send_up(struct job *j, int decode)
         j->usage_asked = ask_usage(b);
     char *txt = json_dumps(b, JSON_COMPACT);
     json_decref(b);
-    struct evhttp_connection *c = evhttp_connection_base_new(px->base, NULL, in->host, (unsigned short)in->port);
-    /* an answer has no deadline of its own (a long generation, a long queue): without this,
-     * libevent's 50 s read timeout cut it and took a healthy instance out. A request fails when its
-     * instance fails its health check instead (fail_in_flight). */
-    if (c)
-        evhttp_connection_set_timeout_tv(c, &(struct timeval){UPSTREAM_NO_DEADLINE_S, 0});
+    /* an answer has no deadline of its own (a long generation, a long queue): libevent's 50 s read
+     * timeout cut it and took a healthy instance out. A request fails when its instance fails its
+     * health checks instead (fail_in_flight). */
+    struct px_conn *c = px_conn_get(in, 0, fresh);
     j->conn = c;
+    j->up_closed = 0;
     struct evhttp_request *r = c ? evhttp_request_new(decode ? on_decode_done : on_prefill_done, j) : NULL;
     /* a request that cannot be built (out of memory) fails as an instance that refused it */
     int bad = !txt || !r;
     if (r) {
+        evhttp_request_set_error_cb(r, on_up_error);
         if (decode)
             evhttp_request_set_chunked_cb(r, on_decode_chunk);
         struct evkeyvalq *hd = evhttp_request_get_output_headers(r);
@@ -683,7 +744,7 @@ static void send_up(struct job *j, int decode)
     j->up = r;
     j->up_decode = decode;
     j->t_heard = pd_now_s();
-    if (bad || evhttp_make_request(c, r, EVHTTP_REQ_POST, j->path) != 0) {
+    if (bad || evhttp_make_request(px_conn_evcon(c), r, EVHTTP_REQ_POST, j->path) != 0) {
         /* libevent freed r: the instance failed (the handlers take its load back) */
         j->up = NULL;
         if (decode)
@@ -905,6 +966,8 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
     if (o->n_prefill < 0 || o->n_decode < 1 || o->n_prefill > PD_PROXY_MAX_INSTANCES || o->n_decode > PD_PROXY_MAX_INSTANCES)
         return pd_err_set(e, PD_EINVAL, "--decode needs 1 to %d host:port (and --prefill at most as many)",
                           PD_PROXY_MAX_INSTANCES);
+    if (o->health_failures < 0)
+        return pd_err_set(e, PD_EINVAL, "--health-failures %d: at least 1 (0: the default, 3)", o->health_failures);
     struct pd_proxy *px = calloc(1, sizeof *px);
     if (!px)
         return pd_err_set(e, PD_ENOMEM, "out of memory");
@@ -1012,8 +1075,8 @@ void pd_proxy_destroy(struct pd_proxy *px)
         event_free(px->tick);
     for (int k = 0; k < px->np + px->nd; k++) {
         struct instance *in = nth(px, k);
-        if (in->probe)
-            evhttp_connection_free(in->probe);   /* its pending request and callback with it */
+        px_get_cancel(in->probe);   /* its pending request and callback with it */
+        px_pool_free(in);
     }
     if (px->base)
         event_base_free(px->base);

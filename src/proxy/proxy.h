@@ -17,10 +17,13 @@
  * its KV cache, unless the loads are imbalanced); decode instances are chosen least-loaded (they
  * receive the KV, they do not prefill).
  *
+ * Connections to the instances are kept alive and reused (proxy/pool.c), at most upstream_keepalive
+ * idle per instance: a connection per request left one socket in TIME_WAIT per request on the
+ * proxy's host, and at a few hundred requests per second the ephemeral ports ran out.
+ *
  * Dead instances: each one is checked with GET /health (every health_interval_ms, health_timeout_ms
- * to answer)
- * and after any failure of a request (no connection, no answer, a 5xx). A failure ejects it: it
- * gets no requests while others are up, and is probed again after a backoff (0.5 s doubling to
+ * to answer). health_failures checks failed in a row (3), or one failed request (no connection, no
+ * answer, a 5xx), eject it: it gets no requests while others are up, and is probed again after a backoff (0.5 s doubling to
  * 30 s) until /health answers, which admits it back. An answer has no deadline of its own (a long
  * generation or queue is waited for); once its health checks have failed for 3 s the requests
  * the instance holds fail too, so a host that hangs does not hold its clients (a pause shorter
@@ -51,6 +54,11 @@ struct pd_proxy_opts {
     int retries;                                   /* prefill attempts; 0: 3 */
     int health_interval_ms;                        /* active /health checks; 0: 1000 */
     int health_timeout_ms;                         /* how long a /health check may take; 0: 1000 */
+    int health_failures;                           /* /health checks failed in a row that take an instance
+                                                      out (a failed request does at once); 0: 3 */
+    int upstream_keepalive;                        /* idle connections kept open per instance, for the
+                                                      next requests; 0: 16, < 0: none (a connection per
+                                                      request) */
     const char *metrics_file;                      /* Prometheus text appended to /metrics (pdmoe up's
                                                       restarts), read at each scrape; NULL: none */
     int handle_signals;
