@@ -46,7 +46,7 @@ $(BUILD)/pdmoe: $(CLI_OBJ) $(BUILD)/libpdmoe.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(ANCHOR_LIBS)
 
 $(BUILD)/pdmoe-tests: $(TEST_OBJ) $(BUILD)/bench/onednn.o $(BUILD)/bench/kernels.o $(BUILD)/bench/ceilings.o \
-                     $(BUILD)/libpdmoe.a | $(BUILD)/libclockshift.so $(BUILD)/libnothreads.so
+                     $(BUILD)/libpdmoe.a | $(BUILD)/libclockshift.so $(BUILD)/libnothreads.so $(BUILD)/libnoport.so
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(ANCHOR_LIBS) $(shell pkg-config --libs criterion)
 
 # LD_PRELOAD shims the tests start servers under (tests/preload/), without sanitizers in either

@@ -1,0 +1,441 @@
+/* The proxy's connections to its instances (src/proxy/pool.c) and its /health hysteresis: many
+ * requests go over a handful of kept-alive connections (a connection per request left one socket in
+ * TIME_WAIT each, and the ephemeral ports ran out); a kept-alive connection the instance closed is
+ * retried on a fresh one for a non-streamed request; one failed /health check does not take an
+ * instance out, three in a row do; a connect() that fails for the proxy host's lack of ports is
+ * named, and not held against the instance. */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <jansson.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../tmpmodel.h"
+#include "pd/server.h"
+#include "proxy/proxy.h"
+#include "util.h"
+
+/* ---- a fake instance: answers /health and completions, keeps connections alive, misbehaves on cue ---- */
+
+#define FAKE_MAX_CONNS 64
+
+struct fake {
+    int fd, port;
+    pthread_t t;
+    atomic_int stop;
+    atomic_int accepted;        /* connections accepted */
+    atomic_int health_fail;     /* the next N /health checks are answered 503 */
+    atomic_int health_503, health_200;
+    atomic_int drop_reused;     /* the next N requests that come on a connection that carried one before are
+                                 * not answered: the connection is closed (a server's idle timer firing
+                                 * as the request arrives) */
+    atomic_int dropped;
+    atomic_int close_each;      /* every answer says Connection: close, and the connection is closed */
+};
+
+struct fconn {
+    int fd, served;
+    char buf[1 << 16];
+    size_t n;
+};
+
+static void fake_answer(struct fake *f, struct fconn *c, const char *req)
+{
+    char out[1024];
+    const char *body = "{\"id\":\"x\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\"ok\","
+                       "\"finish_reason\":\"stop\"}]}";
+    int code = 200;
+    if (!strncmp(req, "GET /health", 11)) {
+        int fail = atomic_load(&f->health_fail) > 0;
+        if (fail)
+            atomic_fetch_sub(&f->health_fail, 1);
+        atomic_fetch_add(fail ? &f->health_503 : &f->health_200, 1);
+        code = fail ? 503 : 200;
+        body = fail ? "{\"error\":{\"message\":\"not now\"}}" : "{}";
+    }
+    int n = snprintf(out, sizeof out, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%s\r\n%s",
+                     code, code == 200 ? "OK" : "Service Unavailable", strlen(body),
+                     atomic_load(&f->close_each) ? "Connection: close\r\n" : "", body);
+    cr_assert_eq(write(c->fd, out, (size_t)n), n);
+}
+
+/* Serves the whole requests in c's buffer; 0 once c is to be closed. */
+static int fake_serve(struct fake *f, struct fconn *c)
+{
+    for (;;) {
+        c->buf[c->n] = 0;
+        char *end = strstr(c->buf, "\r\n\r\n");
+        if (!end)
+            return 1;
+        size_t head = (size_t)(end + 4 - c->buf), body = 0;
+        const char *cl = strcasestr(c->buf, "\r\nContent-Length:");
+        if (cl && cl < end)
+            body = (size_t)atol(cl + 17);
+        if (c->n < head + body)
+            return 1;
+        if (c->served > 0 && atomic_load(&f->drop_reused) > 0) {
+            atomic_fetch_sub(&f->drop_reused, 1);
+            atomic_fetch_add(&f->dropped, 1);
+            return 0;
+        }
+        fake_answer(f, c, c->buf);
+        c->served++;
+        memmove(c->buf, c->buf + head + body, c->n - head - body);
+        c->n -= head + body;
+        if (atomic_load(&f->close_each))
+            return 0;
+    }
+}
+
+static void *fake_loop(void *arg)
+{
+    struct fake *f = arg;
+    static struct fconn conns[FAKE_MAX_CONNS];
+    int n = 0;
+    while (!atomic_load(&f->stop)) {
+        struct pollfd p[FAKE_MAX_CONNS + 1] = {{.fd = f->fd, .events = POLLIN}};
+        for (int i = 0; i < n; i++)
+            p[i + 1] = (struct pollfd){.fd = conns[i].fd, .events = POLLIN};
+        if (poll(p, (nfds_t)n + 1, 20) <= 0)
+            continue;
+        if ((p[0].revents & POLLIN) && n < FAKE_MAX_CONNS) {
+            int fd = accept4(f->fd, NULL, NULL, SOCK_CLOEXEC);   /* (not held open by the tests' curl) */
+            if (fd >= 0) {
+                conns[n] = (struct fconn){.fd = fd};
+                n++;
+                atomic_fetch_add(&f->accepted, 1);
+            }
+        }
+        for (int i = n - 1; i >= 0; i--) {
+            if (!(p[i + 1].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            ssize_t got = read(conns[i].fd, conns[i].buf + conns[i].n, sizeof conns[i].buf - 1 - conns[i].n);
+            if (got > 0)
+                conns[i].n += (size_t)got;
+            if (got <= 0 || !fake_serve(f, &conns[i])) {
+                shutdown(conns[i].fd, SHUT_RDWR);
+                close(conns[i].fd);
+                conns[i] = conns[--n];
+            }
+        }
+    }
+    for (int i = 0; i < n; i++)
+        close(conns[i].fd);
+    return NULL;
+}
+
+static void fake_start(struct fake *f)
+{
+    memset(f, 0, sizeof *f);
+    f->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    cr_assert_eq(bind(f->fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(f->fd, 64), 0);
+    cr_assert_eq(getsockname(f->fd, (struct sockaddr *)&a, &len), 0);
+    f->port = ntohs(a.sin_port);
+    pthread_create(&f->t, NULL, fake_loop, f);
+}
+
+static void fake_stop(struct fake *f)
+{
+    if (!f->fd)
+        return;
+    atomic_store(&f->stop, 1);
+    pthread_join(f->t, NULL);
+    close(f->fd);
+    f->fd = 0;
+}
+
+/* ---- the proxy in this process ---- */
+
+static struct pd_proxy *X;
+static pthread_t tx;
+static struct fake F;
+static pid_t child;               /* a `pdmoe proxy` process, killed at the end whatever happened */
+static char noport_file[64];
+
+static void fini(void)
+{
+    proxy_shutdown(&X, tx);
+    fake_stop(&F);
+    if (child > 0) {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+        child = 0;
+    }
+    if (noport_file[0])
+        unlink(noport_file);
+}
+
+TestSuite(pool, .fini = fini, .timeout = 120);
+
+static void start_proxy(struct pd_proxy_opts *o)
+{
+    pd_err e = {0};
+    cr_assert_eq(pd_proxy_create(o, &X, &e), 0, "%s", e.msg);
+    pthread_create(&tx, NULL, run_proxy, X);
+}
+
+/* A per-instance metric of the proxy (pdmoe_proxy_instance_NAME) for the instance host:port. */
+static int64_t instance_metric(const char *name, const char *where)
+{
+    char key[256];
+    snprintf(key, sizeof key, "pdmoe_proxy_instance_%s{role=\"decode\",instance=\"%s\"}", name, where);
+    return metric_key(pd_proxy_port(X), key);
+}
+
+/* Sockets in TIME_WAIT towards port `port` on this host: the ends that closed first of connections
+ * to it (the proxy's, when it closes its connection to an instance). */
+static int time_wait_towards(int port)
+{
+    FILE *f = fopen("/proc/net/tcp", "r");
+    cr_assert_not_null(f);
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned rport, st;
+        if (sscanf(line, " %*d: %*x:%*x %*x:%x %x", &rport, &st) == 2 && st == 0x06 && (int)rport == port)
+            n++;
+    }
+    fclose(f);
+    return n;
+}
+
+/* Sequential requests through the proxy to a real server open a handful of connections to it, not
+ * one each: counted by the server (connections it accepted) and on this host (sockets left in
+ * TIME_WAIT towards its port, 60 s each: at ~470 requests/s they took every ephemeral port). */
+Test(pool, sequential_requests_reuse_a_few_connections)
+{
+    char dir[64];
+    tmp_model("v4-tiny", 11, dir, sizeof dir);
+    struct pd_server *C;
+    pthread_t tc;
+    pd_err e = {0};
+    struct pd_server_opts so = {.model_dir = dir, .threads = 1, .max_num_seqs = 8, .max_model_len = 256,
+                                .served_name = "tiny", .role = PD_ROLE_BOTH};
+    cr_assert_eq(pd_server_create(&so, &C, &e), 0, "%s", e.msg);
+    pthread_create(&tc, NULL, run_server, C);
+    char where[32];
+    snprintf(where, sizeof where, "127.0.0.1:%d", pd_server_port(C));
+    struct pd_proxy_opts o = {.n_decode = 1, .health_interval_ms = 100};
+    o.decode[0] = where;
+    start_proxy(&o);
+    for (int i = 0; i < 250 && instance_metric("up", where) != 1; i++)
+        usleep(20000);
+    const int N = 500;
+    const int tw0 = time_wait_towards(pd_server_port(C));
+    const int64_t acc0 = metric_key(pd_server_port(C), "pdmoe_http_connections_accepted_total");
+    /* one curl, one connection to the proxy, N requests one after the other */
+    char cfg[] = "/tmp/pdmoe-pool-XXXXXX", cmd[512];
+    int fd = mkstemp(cfg);
+    FILE *c = fdopen(fd, "w");
+    for (int i = 0; i < N; i++)
+        fprintf(c, "url = \"http://127.0.0.1:%d/v1/completions\"\noutput = \"/dev/null\"\n", pd_proxy_port(X));
+    fclose(c);
+    snprintf(cmd, sizeof cmd, "curl -s -K %s -H 'Content-Type: application/json' "
+             "-d '{\"prompt\":\"hi\",\"max_tokens\":1}' -w '%%{http_code}\\n'", cfg);
+    const int ok = count_200(cmd);
+    unlink(cfg);
+    const int tw = time_wait_towards(pd_server_port(C)) - tw0;
+    /* (the two scrapes of the server's /metrics are connections of their own) */
+    const int64_t accepted = metric_key(pd_server_port(C), "pdmoe_http_connections_accepted_total") - acc0 - 1;
+    const int64_t opened = instance_metric("connections_opened_total", where);
+    const int64_t reused = instance_metric("connections_reused_total", where);
+    proxy_shutdown(&X, tx);
+    pd_server_stop(C);
+    pthread_join(tc, NULL);
+    pd_server_destroy(C);
+    rm_model(dir);
+    cr_assert_eq(ok, N, "%d of %d requests answered 200", ok, N);
+    cr_assert_leq(tw, 4, "%d requests left %d sockets in TIME_WAIT towards the instance", N, tw);
+    cr_assert_leq(accepted, 4, "%d requests (and /health checks) took %lld connections to the instance", N,
+                  (long long)accepted);
+    cr_assert_leq(opened, 4, "the proxy opened %lld connections to the instance", (long long)opened);
+    cr_assert_geq(reused, N, "only %lld requests went on a kept-alive connection", (long long)reused);
+}
+
+/* A kept-alive connection the instance closes as a request arrives on it (its idle timer firing)
+ * fails that request before a byte of answer: a non-streamed one goes again on a fresh connection,
+ * unseen by the client and not held against the instance; a stream is not retried silently. */
+Test(pool, a_kept_alive_connection_closed_by_the_instance_is_retried_once)
+{
+    fake_start(&F);
+    char where[32], out[4096];
+    snprintf(where, sizeof where, "127.0.0.1:%d", F.port);
+    struct pd_proxy_opts o = {.n_decode = 1, .health_interval_ms = 60000};
+    o.decode[0] = where;
+    start_proxy(&o);
+    for (int i = 0; i < 250 && instance_metric("up", where) != 1; i++)
+        usleep(20000);
+    const char *body = "{\"prompt\":\"hi\",\"max_tokens\":1}";
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    atomic_store(&F.drop_reused, 1);
+    cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    cr_assert(strstr(out, "\"ok\""), "%s", out);
+    cr_assert_eq(atomic_load(&F.dropped), 1, "the request did not go on a kept-alive connection (%d dropped)",
+                 atomic_load(&F.dropped));
+    cr_assert_eq(metric_key(pd_proxy_port(X), "pdmoe_proxy_upstream_resent_total"), 1);
+    cr_assert_eq(instance_metric("ejections_total", where), 0);
+    cr_assert_eq(instance_metric("up", where), 1);
+    /* a stream is not sent twice unseen: its client hears of the failure */
+    atomic_store(&F.drop_reused, 1);
+    int code = curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":1,\"stream\":true}",
+                         NULL, out, sizeof out);
+    cr_assert_eq(atomic_load(&F.dropped), 2, "the stream did not go on a kept-alive connection");
+    cr_assert(code != 200 || strstr(out, "\"error\""), "%d %s", code, out);
+    cr_assert_eq(metric_key(pd_proxy_port(X), "pdmoe_proxy_upstream_resent_total"), 1);
+}
+
+/* Waits up to 5 s for *counter to reach n. */
+static void wait_count(atomic_int *counter, int n, const char *what)
+{
+    for (int i = 0; i < 500 && atomic_load(counter) < n; i++)
+        usleep(10000);
+    cr_assert_geq(atomic_load(counter), n, "%s: %d, not %d, after 5 s", what, atomic_load(counter), n);
+}
+
+/* One failed /health check leaves an instance in; three in a row take it out (--health-failures),
+ * and the next success takes it back. */
+Test(pool, one_failed_health_check_does_not_eject_three_do)
+{
+    fake_start(&F);
+    char where[32];
+    snprintf(where, sizeof where, "127.0.0.1:%d", F.port);
+    struct pd_proxy_opts o = {.n_decode = 1, .health_interval_ms = 50};
+    o.decode[0] = where;
+    start_proxy(&o);
+    wait_count(&F.health_200, 1, "checks answered");
+    for (int i = 0; i < 100 && instance_metric("up", where) != 1; i++)
+        usleep(20000);
+    cr_assert_eq(instance_metric("up", where), 1);
+    /* one failure: still in, before and after the next success */
+    atomic_store(&F.health_fail, 1);
+    wait_count(&F.health_503, 1, "checks answered 503");
+    int up_meanwhile = (int)instance_metric("up", where);
+    int ok = atomic_load(&F.health_200);
+    wait_count(&F.health_200, ok + 2, "checks answered after the failure");
+    cr_assert_eq(up_meanwhile, 1, "one failed check took the instance out");
+    cr_assert_eq(instance_metric("ejections_total", where), 0, "one failed check took the instance out");
+    cr_assert_eq(instance_metric("failed_checks", where), 0);
+    /* three in a row: out */
+    atomic_store(&F.health_fail, 3);
+    wait_count(&F.health_503, 4, "checks answered 503");
+    int ejected = 0;
+    for (int i = 0; i < 100 && !ejected; i++) {
+        ejected = instance_metric("ejections_total", where) == 1;
+        if (!ejected)
+            usleep(10000);
+    }
+    cr_assert(ejected, "three failed checks in a row did not take the instance out");
+    /* and back at the next success (after the backoff, 0.5 s) */
+    int back = 0;
+    for (int i = 0; i < 200 && !back; i++) {
+        back = instance_metric("up", where) == 1;
+        if (!back)
+            usleep(20000);
+    }
+    cr_assert(back, "the instance answers again, yet it is not taken back");
+    cr_assert_eq(instance_metric("ejections_total", where), 1);
+    /* a threshold below 1 is refused, by its flag's name */
+    proxy_shutdown(&X, tx);
+    o.health_failures = -1;
+    pd_err e = {0};
+    struct pd_proxy *bad = NULL;
+    cr_assert_eq(pd_proxy_create(&o, &bad, &e), PD_EINVAL);
+    cr_assert(strstr(e.msg, "--health-failures"), "%s", e.msg);
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char cmd[512], out[4096];
+    snprintf(cmd, sizeof cmd, "%s proxy --decode %s --health-failures 0 2>&1", bin, where);
+    FILE *p = popen(cmd, "r");
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0, "status %d: %s", st, out);
+    cr_assert(strstr(out, "--health-failures"), "%s", out);
+}
+
+/* A connect() that fails with EADDRNOTAVAIL (every ephemeral port of the proxy's host towards the
+ * instance in use or in TIME_WAIT; here an LD_PRELOAD shim, build/libnoport.so) is named in the
+ * client's error and the proxy's log, and is not the instance's failure: it stays in, its checks
+ * failing the same way do not take it out. */
+Test(pool, no_local_port_is_named_and_not_held_against_the_instance)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    char shim[512];
+    snprintf(shim, sizeof shim, "%s", bin);
+    char *slash = strrchr(shim, '/');
+    snprintf(slash ? slash + 1 : shim, sizeof shim - (size_t)(slash ? slash + 1 - shim : 0), "libnoport.so");
+    cr_assert_eq(access(shim, R_OK), 0, "no %s", shim);
+    fake_start(&F);
+    atomic_store(&F.close_each, 1);   /* no connection kept alive: each request and check connects */
+    snprintf(noport_file, sizeof noport_file, "/tmp/pdmoe-noport-%d", (int)getpid());
+    unlink(noport_file);
+    const int port = test_ports();
+    char where[32], portarg[16], log[64], fport[16];
+    snprintf(where, sizeof where, "127.0.0.1:%d", F.port);
+    snprintf(portarg, sizeof portarg, "%d", port);
+    snprintf(fport, sizeof fport, "%d", F.port);
+    snprintf(log, sizeof log, "/tmp/pdmoe-noport-%d.log", (int)getpid());
+    child = fork();
+    cr_assert_geq(child, 0);
+    if (child == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 2);
+        setenv("LD_PRELOAD", shim, 1);
+        setenv("PDMOE_TEST_NOPORT_FILE", noport_file, 1);
+        setenv("PDMOE_TEST_NOPORT_PORT", fport, 1);
+        char asan[512];
+        snprintf(asan, sizeof asan, "%s:verify_asan_link_order=0", getenv("ASAN_OPTIONS") ? getenv("ASAN_OPTIONS") : "");
+        setenv("ASAN_OPTIONS", asan, 1);
+        execl(bin, bin, "proxy", "--decode", where, "--port", portarg, "--health-interval-ms", "50", (char *)NULL);
+        _exit(127);
+    }
+    char out[8192], key[256];
+    int ready = 0;
+    for (int i = 0; i < 500 && !ready; i++) {
+        ready = curl_port(port, "/readiness", NULL, NULL, out, sizeof out) == 200;
+        if (!ready)
+            usleep(20000);
+    }
+    cr_assert(ready, "the proxy is not ready: %s", out);
+    const char *body = "{\"prompt\":\"hi\",\"max_tokens\":1}";
+    cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    FILE *f = fopen(noport_file, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    int code = curl_port(port, "/v1/completions", body, NULL, out, sizeof out);
+    cr_assert_eq(code, 503, "%s", out);
+    cr_assert(strstr(out, "EADDRNOTAVAIL") && strstr(out, "ip_local_port_range") && strstr(out, where),
+              "the error does not name the lack of local ports and the instance: %s", out);
+    /* its checks fail the same way for a while: it stays in */
+    int checks = atomic_load(&F.health_200);
+    usleep(500000);
+    cr_assert_eq(atomic_load(&F.health_200), checks, "the shim let checks through");
+    snprintf(key, sizeof key, "pdmoe_proxy_instance_up{role=\"decode\",instance=\"%s\"}", where);
+    cr_assert_eq(metric_key(port, key), 1, "no local port was held against the instance");
+    snprintf(key, sizeof key, "pdmoe_proxy_instance_ejections_total{role=\"decode\",instance=\"%s\"}", where);
+    cr_assert_eq(metric_key(port, key), 0, "no local port was held against the instance");
+    cr_assert_geq(metric_key(port, "pdmoe_proxy_errors_total{kind=\"local_limit\"}"), 1);
+    unlink(noport_file);
+    cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    kill(child, SIGTERM);
+    waitpid(child, NULL, 0);
+    child = 0;
+    f = fopen(log, "r");
+    size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
+    out[n] = 0;
+    if (f)
+        fclose(f);
+    unlink(log);
+    cr_assert(strstr(out, "EADDRNOTAVAIL") && strstr(out, where), "the log does not name it: %s", out);
+    cr_assert(!strstr(out, "is down"), "the instance was taken out: %s", out);
+}
