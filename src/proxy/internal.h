@@ -1,5 +1,6 @@
 /* The proxy's parts (proxy.h): the state they share and what each offers the others.
- *   proxy.c    completions (prefill, then decode), create/run/destroy;
+ *   proxy.c    create/run/stop/destroy, the drain, and what the parts share;
+ *   complete.c completions (prefill, then decode), relayed to the client;
  *   health.c   which instances are up: /health checks, ejection and backoff, GET /readiness;
  *   fanout.c   the GET routes answered from the instances: /v1/models, /expert_stats;
  *   metrics.c  the latency histograms and GET /metrics;
@@ -120,6 +121,17 @@ struct px_get *px_get_from(struct pd_proxy *px, struct instance *in, const char 
 /* At destroy: the GET dropped, its callback never called. */
 void px_get_cancel(struct px_get *g);
 
+/* complete.c */
+/* POST /v1/completions, /v1/chat/completions. */
+void px_on_completions(struct evhttp_request *h, void *arg);
+void px_on_chat(struct evhttp_request *h, void *arg);
+/* The requests in flight on `in` of which it has sent nothing for silent_s fail as if its answer had
+ * not come (it stopped answering its checks). */
+void px_fail_in_flight(struct pd_proxy *px, const struct instance *in, double silent_s);
+/* The proxy stops: every completion in flight answered (an error event and [DONE], or a 503), its
+ * upstream request cancelled. */
+void px_stop_jobs(struct pd_proxy *px);
+
 /* proxy.c */
 /* The key the instances want: their own, or the one clients give this proxy. */
 const char *px_backend_key(const struct pd_proxy *px);
@@ -127,9 +139,6 @@ const char *px_backend_key(const struct pd_proxy *px);
 int px_authorised(struct pd_proxy *px, struct evhttp_request *h);
 /* The least-loaded instance not in `skip`, among those up if any is (else among all). */
 int px_pick(struct instance *in, int n, unsigned skip);
-/* The requests in flight on `in` of which it has sent nothing for silent_s fail as if its answer had
- * not come (it stopped answering its checks). */
-void px_fail_in_flight(struct pd_proxy *px, const struct instance *in, double silent_s);
 
 /* health.c */
 /* A request to `in` failed (by_probe 0) or its /health check did (1): out, next check after a backoff. */
