@@ -362,9 +362,11 @@ static void pass_retry_after(struct job *j, struct evhttp_request *r, int code)
 /* The end of a job's request to an instance, in its callback (err: errno there): its load and
  * connection given back (to the pool after a whole answer). 1 if the request went again instead,
  * on a fresh connection: the kept-alive one it went on was closed by the server as it was sent (no
- * byte of an answer came; not a timeout, not a cancel), once per request, never a stream's decode
- * (nothing of which is retried silently); the caller then returns. Else 0, with *local naming what
- * the proxy's host lacked when its connect() failed for that (pool.c). */
+ * byte of an answer came; not a timeout, not a cancel), once per request; the caller then returns.
+ * A stream's decode too: no byte of it reached the client, so the client sees one answer either
+ * way, and failing it instead took a healthy instance out for the server's ordinary close of an
+ * idle connection. Else 0, with *local naming what the proxy's host lacked when its connect()
+ * failed for that (pool.c). */
 static int upstream_over(struct job *j, struct evhttp_request *r, int err, const char **local)
 {
     struct pd_proxy *px = j->px;
@@ -374,8 +376,7 @@ static int upstream_over(struct job *j, struct evhttp_request *r, int err, const
     j->conn = NULL;
     (decode ? &px->d[j->di] : &px->p[j->pi])->load--;
     *local = NULL;
-    if (code == 0 && c && j->client && j->up_closed && !j->up_resent && px_conn_reused(c) && !px_conn_heard(c) &&
-        !(decode && j->stream)) {
+    if (code == 0 && c && j->client && j->up_closed && !j->up_resent && px_conn_reused(c) && !px_conn_heard(c)) {
         px_conn_put(c, 0);
         px->stale_retries++;
         j->up_resent = 1;
