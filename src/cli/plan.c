@@ -422,24 +422,16 @@ int pd_cli_plan(int argc, char **argv)
         pd_plan_print_inventory(&p, stdout, units);
     } else {
         /* the published runs of this model on these cards, as pdmoe validate judges them */
-        struct pd_valcase *vc = NULL;
-        int nvc = 0;
-        struct pd_val_fit fit = {0};
-        const char *family = pd_hardware_family(&p.hw);
-        if (perf && pd_validate_run(pd_embedded_find("validation/published.json"), "validation/published.json", &vc,
-                                    &nvc, &e)) {
+        char *vt = NULL;
+        void *vj = NULL;
+        if (perf && pd_validate_vouch(&p, json ? NULL : &vt, json ? &vj : NULL, &e)) {
             fprintf(stderr, "pdmoe plan: %s\n", e.msg);
             pd_plan_free(&p);
             rc = 1;
             goto out;
         }
-        pd_validate_fit(vc, nvc, p.model.arch, family, &fit);
-        char *s = json ? pd_plan_json_ext(&p, perf ? &f : NULL,
-                                          perf ? pd_validate_fit_json(vc, &fit, p.model.arch, family) : NULL)
-                       : pd_plan_text(&p, units);
+        char *s = json ? pd_plan_json_ext(&p, perf ? &f : NULL, vj) : pd_plan_text(&p, units);
         char *t = s && perf && !json ? pd_perf_text(&p, &f) : NULL;
-        char *vt = t ? pd_validate_fit_text(vc, &fit, p.model.arch, family) : NULL;
-        free(vc);
         if (!s || (perf && !json && (!t || !vt))) {
             fprintf(stderr, "pdmoe plan: out of memory\n");
             rc = 1;

@@ -6,6 +6,7 @@
 #include "plan/emit.h"
 #include "plan/html.h"
 #include "plan/search.h"
+#include "plan/validate.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -184,7 +185,24 @@ int pd_cli_search(int argc, char **argv)
             }
         }
     } else {
-        out = json ? pd_search_json(&s) : pd_search_text(&s, units);
+        /* the published runs of the model on these cards, for the prediction of the layout chosen */
+        char *vt = NULL;
+        void *vj = NULL;
+        const int predicted = s.n_fit + s.n_agg_fit > 0;
+        if (predicted && pd_validate_vouch(&s.plan, json ? NULL : &vt, json ? &vj : NULL, &e)) {
+            fprintf(stderr, "pdmoe search: %s\n", e.msg);
+            pd_search_free(&s);
+            return 1;
+        }
+        out = json ? pd_search_json_ext(&s, vj) : pd_search_text(&s, units);
+        if (out && vt) {
+            char *both = NULL;
+            if (asprintf(&both, "%s%s", out, vt) < 0)
+                both = NULL;
+            free(out);
+            out = both;
+        }
+        free(vt);
         if (!out) {
             fprintf(stderr, "pdmoe search: out of memory\n");
             rc = 1;

@@ -713,6 +713,11 @@ static json_t *agg_json(const struct pd_agg_layout *l)
 
 char *pd_search_json(const struct pd_search *s)
 {
+    return pd_search_json_ext(s, NULL);
+}
+
+char *pd_search_json_ext(const struct pd_search *s, void *validation)
+{
     json_t *front = json_array();
     for (int i = 0; i < s->n_front; i++)
         json_array_append_new(front, layout_json(&s->l[s->front[i]]));
@@ -754,6 +759,10 @@ char *pd_search_json(const struct pd_search *s)
                                       "ratio", num(v.ratio), "targets_met", v.meets));
         json_object_set_new(root, "chosen", json_string(s->chose_agg ? "aggregated" : "disaggregated"));
     }
+    if (root && validation)
+        json_object_set_new(root, "validation", validation);   /* (taken: freed if it cannot be set) */
+    else
+        json_decref(validation);
     char *out = root ? json_dumps(root, JSON_INDENT(2)) : NULL;
     json_decref(root);
     return out;

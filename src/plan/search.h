@@ -133,5 +133,8 @@ const char *pd_search_load_source(const struct pd_search *s);
 
 char *pd_search_text(const struct pd_search *s, int units);   /* malloc'ed */
 char *pd_search_json(const struct pd_search *s);              /* malloc'ed */
+/* The same with `validation` (a json_t *, taken; NULL for none) as its "validation" member: the
+ * published runs of the model on these cards (validate.h pd_validate_vouch). */
+char *pd_search_json_ext(const struct pd_search *s, void *validation);
 
 #endif

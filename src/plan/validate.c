@@ -433,3 +433,22 @@ void *pd_validate_fit_json(const struct pd_valcase *c, const struct pd_val_fit *
                      "cases", cases, "within_target", fit->within, "beyond_target", fit->outside, "pending",
                      fit->pending, "known_miss", fit->known_miss, "slower_than_predicted", fit->slower);
 }
+
+int pd_validate_vouch(const struct pd_plan *p, char **text, void **json, pd_err *e)
+{
+    struct pd_valcase *c;
+    int n, rc = pd_validate_run(pd_embedded_find("validation/published.json"), "validation/published.json", &c, &n, e);
+    if (rc)
+        return rc;
+    struct pd_val_fit fit;
+    const char *family = pd_hardware_family(&p->hw);
+    pd_validate_fit(c, n, p->model.arch, family, &fit);
+    if (text)
+        *text = pd_validate_fit_text(c, &fit, p->model.arch, family);
+    if (json)
+        *json = pd_validate_fit_json(c, &fit, p->model.arch, family);
+    free(c);
+    if ((text && !*text) || (json && !*json))
+        return pd_err_set(e, PD_ENOMEM, "out of memory for the published runs");
+    return 0;
+}

@@ -60,5 +60,10 @@ char *pd_validate_fit_text(const struct pd_valcase *c, const struct pd_val_fit *
                            const char *family);
 void *pd_validate_fit_json(const struct pd_valcase *c, const struct pd_val_fit *fit, enum pd_arch arch,
                            const char *family);
+/* All of it for a plan's prediction: the shipped cases (validation/published.json) run now, and
+ * the fit of p's architecture and cards as text (*text, malloc'ed, when text) and JSON (*json, a
+ * json_t *, when json). PD_ENOMEM, or the cases' own error. */
+struct pd_plan;
+int pd_validate_vouch(const struct pd_plan *p, char **text, void **json, pd_err *e);
 
 #endif

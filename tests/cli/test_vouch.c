@@ -128,3 +128,20 @@ Test(vouch, card_families)
     strcpy(h.card_name, "AMD EPYC 9654 (pdmoe calibrate)");
     cr_assert_null(pd_hardware_family(&h));
 }
+
+/* pdmoe search closes with the same runs for the layout it chose: its JSON's "validation" is the
+ * plan's of the same model and cards, and its text says the same. */
+Test(vouch, search_names_the_same_runs)
+{
+    json_t *plan = run_json("plan --isl 4096 --osl 1024 --json");
+    json_t *search = run_json("search --cards 64 --isl 4096 --osl 1024 --json");
+    json_t *a = json_object_get(json_object_get(plan, "perf"), "validation"), *b = json_object_get(search, "validation");
+    cr_assert(json_is_object(b), "search --json has no validation");
+    cr_assert(json_equal(a, b), "search's validation differs from plan's");
+    json_decref(plan);
+    json_decref(search);
+    struct run r;
+    run("search --cards 64 --isl 4096 --osl 1024", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "pending     +350.4%  SGLang CI, DeepSeek-V4-Flash W8A8 on one Atlas 800I A3"), "%s", r.out);
+}
