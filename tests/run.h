@@ -4,6 +4,7 @@
 #define PD_TESTS_RUN_H
 
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -54,6 +55,18 @@ static inline void run(const char *args, struct run *r)
     char line[3072];
     snprintf(line, sizeof line, "%s %s", bin ? bin : "build/pdmoe", args);
     run_cmd(line, r);
+}
+
+/* pdmoe ARGS, which must exit 0, its standard output parsed as JSON (the caller's to free). */
+static inline json_t *run_json(const char *args)
+{
+    struct run r;
+    run(args, &r);
+    cr_assert_eq(r.status, 0, "pdmoe %s: %s", args, r.err);
+    json_error_t je;
+    json_t *j = json_loads(r.out, 0, &je);
+    cr_assert_not_null(j, "pdmoe %s: %s", args, je.text);
+    return j;
 }
 
 #endif

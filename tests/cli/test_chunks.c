@@ -54,17 +54,6 @@ static int64_t transient_bytes(void)
     return (trimmed_ids(IN_FLIGHT) - trimmed_ids(1)) * ID_BYTES;
 }
 
-static json_t *run_json(const char *args)
-{
-    struct run r;
-    run(args, &r);
-    cr_assert_eq(r.status, 0, "pdmoe %s: %s", args, r.err);
-    json_error_t je;
-    json_t *j = json_loads(r.out, 0, &je);
-    cr_assert_not_null(j, "pdmoe %s: %s", args, je.text);
-    return j;
-}
-
 static json_int_t get_int(json_t *o, const char *key)
 {
     json_t *v = json_object_get(o, key);

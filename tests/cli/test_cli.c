@@ -23,17 +23,6 @@ static int expect_error(const char *args, const char *needle)
 }
 
 /* `pdmoe ARGS` that must succeed and print a JSON document: the document. */
-static json_t *run_json(const char *args)
-{
-    struct run r;
-    run(args, &r);
-    cr_assert_eq(r.status, 0, "pdmoe %s: %s", args, r.err);
-    json_error_t je;
-    json_t *j = json_loads(r.out, 0, &je);
-    cr_assert_not_null(j, "pdmoe %s: %s", args, je.text);
-    return j;
-}
-
 Test(cli, plan_default_runs)
 {
     struct run r;

@@ -52,17 +52,6 @@ static struct pools sglang(int64_t budget, int64_t reqs)
     return q;
 }
 
-static json_t *run_json(const char *args)
-{
-    struct run r;
-    run(args, &r);
-    cr_assert_eq(r.status, 0, "pdmoe %s: %s", args, r.err);
-    json_error_t je;
-    json_t *j = json_loads(r.out, 0, &je);
-    cr_assert_not_null(j, "pdmoe %s: %s", args, je.text);
-    return j;
-}
-
 static json_int_t get_int(json_t *o, const char *key)
 {
     json_t *v = json_object_get(o, key);

@@ -12,17 +12,6 @@
 #include "../run.h"
 #include "plan/hardware.h"
 
-static json_t *run_json(const char *args)
-{
-    struct run r;
-    run(args, &r);
-    cr_assert_eq(r.status, 0, "pdmoe %s: %s", args, r.err);
-    json_error_t je;
-    json_t *j = json_loads(r.out, 0, &je);
-    cr_assert_not_null(j, "pdmoe %s: %s", args, je.text);
-    return j;
-}
-
 /* pdmoe validate's case of this name */
 static json_t *validated(json_t *all, const char *name)
 {
