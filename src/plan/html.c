@@ -3,6 +3,7 @@
  * search modules computed are drawn; nothing is recomputed here but geometry. Every string that
  * comes from input (model, hardware, link names, paths) goes through esc(). */
 #include "plan/html.h"
+#include "plan/validate.h"
 #include "core/units.h"
 
 #include <math.h>
@@ -767,6 +768,13 @@ static void perf_section(FILE *f, const struct pd_plan *p, const struct pd_perf 
     step_row(f, "prefill (one full chunk)", &pf->prefill_step, u);
     step_row(f, "decode (mean context)", &pf->decode_step, u);
     fprintf(f, "</table>\n");
+    /* how far the published runs vouch for this prediction, as plan's text says it (validate.h) */
+    char *runs = NULL;
+    pd_err ve = {0};
+    fprintf(f, "<h3>Published runs of this model on these cards</h3>\n<pre id=\"published\">");
+    esc(f, pd_validate_vouch(p, &runs, NULL, &ve) ? ve.msg : runs);
+    fprintf(f, "</pre>\n");
+    free(runs);
 }
 
 /* --- 6. the plan's tables --- */

@@ -423,6 +423,12 @@ Test(plan, html_search_and_prediction)
     cr_assert_not_null(strstr(t, "first decode step</td><td class=\"n\">40.0 ms<"));
     cr_assert_not_null(strstr(t, pd_bound_name(PD_BOUND_COMPUTE)));
     free(t);
+    /* the published runs of the seed's model on Ascend cards, as plan's text gives them */
+    t = section(h, "<pre id=\"published\">", "</pre>");
+    cr_assert_not_null(t, "no published runs under the prediction");
+    cr_assert_not_null(strstr(t, "published runs of deepseek_v4 on Ascend cards"), "%s", t);
+    cr_assert_not_null(strstr(t, "pending     +350.4%  SGLang CI, DeepSeek-V4-Flash W8A8 on one Atlas 800I A3"), "%s", t);
+    free(t);
     tidy_clean(h, "search");
     free(h);
 
