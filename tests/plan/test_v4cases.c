@@ -135,7 +135,44 @@ static const struct pd_valcase *find(const struct pd_valcase *c, int n, const ch
     return NULL;
 }
 
-/* Every V4-Flash case: an aggregated lockstep loop whose prediction is its metric's formula at
+/* The Ascend V4-Flash runs, as published: SGLang's A3 CI tests (8K and 32K on one node, 1P1D at
+ * 8K on two) and vLLM-Ascend's nightly A3 test, each on the A3 file, pending. */
+static void ascend_cases(const struct pd_valcase *c, int n)
+{
+    static const struct {
+        const char *name;
+        double published;
+        int64_t isl, osl, concurrency, num_prompts;
+        int aggregated, dp, tp, k;
+    } want[] = {
+        {"W8A8 on one Atlas 800I A3 (8 cards, 16 dies), 8K/1K, 160 clients", 1708, 8000, 1000, 160, 160, 1, 16, 1, 2},
+        {"W8A8 on one Atlas 800I A3 (8 cards, 16 dies), 32K/1K, 64 clients", 927, 32000, 1000, 64, 64, 1, 16, 1, 2},
+        {"W8A8 1P1D on two Atlas 800I A3", 7046, 8000, 1000, 800, 2400, 0, 16, 1, 2},
+        {"vLLM-Ascend nightly, DeepSeek-V4-Flash W8A8", 181.8813, 32768, 1024, 16, 64, 1, 4, 4, 1},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const struct pd_valcase *v = find(c, n, want[i].name);
+        cr_assert_str_eq(v->family, "Ascend", "%s", v->name);
+        cr_assert_eq(v->published, want[i].published, "%s", v->name);
+        cr_assert_eq(v->perf.w.isl, want[i].isl, "%s", v->name);
+        cr_assert_eq(v->perf.w.osl, want[i].osl, "%s", v->name);
+        cr_assert_eq(v->perf.w.concurrency, want[i].concurrency, "%s", v->name);
+        cr_assert_eq(v->perf.w.num_prompts, want[i].num_prompts, "%s", v->name);
+        cr_assert_eq(v->perf.aggregated != 0, want[i].aggregated, "%s", v->name);
+        cr_assert_eq(v->perf.mtp.k, want[i].k, "%s", v->name);
+        char layout[64];
+        if (want[i].aggregated)
+            snprintf(layout, sizeof layout, "DP%d TP%d", want[i].dp, want[i].tp);
+        else
+            snprintf(layout, sizeof layout, "P 1 x EP%d, D 1 x EP%d", want[i].dp, want[i].dp);
+        cr_assert(strstr(v->layout, layout), "%s: %s", v->name, v->layout);
+        /* every one the model predicts faster than published: the Ascend day-0 V4 stack */
+        cr_assert_gt(v->error, 0.25, "%s: %+.1f%%", v->name, 100 * v->error);
+        cr_assert(v->pending[0], "%s", v->name);
+    }
+}
+
+/* Every V4-Flash case: a lockstep loop (aggregated, but for SGLang's A3 1P1D run) whose prediction is its metric's formula at
  * the loop's figures (user tokens/s = 1 / TPOT; output tokens/s = the requests' output over the
  * run's duration when one DP rank runs all clients); pending exactly when outside 25%, with its
  * reason. The SGLang cookbook family (eight cells): the H200 FP8 single stream is the layer
@@ -155,7 +192,8 @@ Test(v4cases, published_v4_cases)
         if (!strstr(v->name, "DeepSeek-V4-Flash"))
             continue;
         v4++;
-        cr_assert(v->perf.aggregated && v->perf.w.lockstep, "%s", v->name);
+        cr_assert(v->perf.w.lockstep, "%s", v->name);
+        cr_assert(v->perf.aggregated || strstr(v->name, "1P1D"), "%s", v->name);
         const struct pd_closed *cl = &v->perf.closed;
         if (strcmp(v->metric, "user_tokens_per_s") == 0)
             cr_assert_float_eq(v->predicted, 1 / cl->tpot_s, 1e-9 * v->predicted, "%s", v->name);
@@ -179,11 +217,12 @@ Test(v4cases, published_v4_cases)
             cr_assert_eq(v->perf.mtp.k, 3, "%s: EAGLE 3 steps, 4 draft tokens", v->name);
         }
     }
-    cr_assert_eq(v4, 12);
+    cr_assert_eq(v4, 15);
     cr_assert_eq(family, 8);
     cr_assert_eq(family_checked, 8);
     cr_assert_eq(checked, 9);
-    cr_assert_eq(pending, 3, "the A3 CI and Lambda's two vLLM runs");
+    cr_assert_eq(pending, 6, "the four Ascend runs and Lambda's two vLLM runs");
+    ascend_cases(c, n);
     const struct pd_valcase *fit = find(c, n, "low-latency on 4 x H200 (FP8 experts), 8K/1K, 1 client");
     cr_assert_leq(fabs(fit->error), 0.01, "the fit: %+.2f%%", 100 * fit->error);
     const struct pd_valcase *marlin = find(c, n, "8 x H100 (FP4 experts), 8K/1K, 16 clients");
@@ -237,6 +276,10 @@ Test(v4cases, validate_json_per_case)
         else
             cr_assert(strcmp(status, "checked") == 0 && fabs(err) <= 0.25 && !reason[0], "%s: %s", name, status);
         json_t *ds = json_object_get(json_object_get(o, "lockstep"), "decode_step");
+        if (strstr(name, "1P1D")) {   /* disaggregated: its steps are the plan's */
+            cr_assert(json_is_null(json_object_get(o, "lockstep")) || !json_object_get(o, "lockstep"), "%s", name);
+            ds = json_object_get(json_object_get(o, "perf"), "decode_step");
+        }
         cr_assert(json_is_object(ds), "%s: the lockstep run's decode step", name);
         double sum = 0;
         const char *terms[] = {"gemm_compute_s", "gemm_memory_s", "attention_s", "a2a_s", "overhead_s"};
@@ -245,7 +288,7 @@ Test(v4cases, validate_json_per_case)
         /* no overlap in decode on these files: the step is the sum of its terms */
         cr_assert_float_eq(json_number_value(json_object_get(ds, "total_s")), sum, 1e-12, "%s", name);
     }
-    cr_assert_eq(v4, 12);
+    cr_assert_eq(v4, 15);
     json_decref(arr);
     free(c);
 }
