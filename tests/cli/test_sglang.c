@@ -142,21 +142,26 @@ Test(sglang, stack_is_refused_by_name_or_against_emit)
     cr_assert(strstr(r.err, "--stack sglang: --emit vllm-ascend launches vLLM"), "%s", r.err);
 }
 
-/* SGLang's CI case in validation/published.json is planned in SGLang's layout */
+/* SGLang's CI cases in validation/published.json are planned in SGLang's layout, vLLM-Ascend's
+ * nightly case on the same cards in vllm-ascend's */
 Test(sglang, validation_case_counts_sglangs_pools)
 {
     json_t *j = run_json("validate --json");
-    int seen = 0;
+    int sgl = 0, vllm = 0;
     for (size_t i = 0; i < json_array_size(j); i++) {
         json_t *c = json_array_get(j, i);
         const char *name = json_string_value(json_object_get(c, "name")),
                    *layout = json_string_value(json_object_get(c, "kv_layout"));
         cr_assert(name && layout);
-        if (strstr(name, "Atlas 800I A3")) {
+        if (strstr(name, "SGLang CI") && strstr(name, "A3")) {
             cr_assert(strstr(layout, "SGLang NPU pools"), "%s: %s", name, layout);
-            seen++;
+            sgl++;
+        } else if (strstr(name, "vLLM-Ascend") && strstr(name, "A3")) {
+            cr_assert(strstr(layout, "vllm-ascend"), "%s: %s", name, layout);
+            vllm++;
         }
     }
-    cr_assert_eq(seen, 1);
+    cr_assert_eq(sgl, 3, "SGLang's A3 CI runs: 8K, 32K, 1P1D");
+    cr_assert_eq(vllm, 1);
     json_decref(j);
 }
