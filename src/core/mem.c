@@ -23,25 +23,55 @@ static int64_t file_int(const char *path)
     return ok && end != b && v >= 0 ? (int64_t)v : -1;
 }
 
+/* The integer after `key` on a line "key N" of file `path` (/proc/vmstat, cgroup v2's
+ * memory.events, v1's memory.oom_control), or -1. */
+static int64_t file_field(const char *path, const char *key)
+{
+    FILE *f = fopen(path, "r");
+    char line[256];
+    int64_t v = -1;
+    const size_t kl = strlen(key);
+    while (f && v < 0 && fgets(line, sizeof line, f)) {
+        char *end = NULL;
+        long long x = strncmp(line, key, kl) || line[kl] != ' ' ? -1 : strtoll(line + kl + 1, &end, 10);
+        if (x >= 0 && end != line + kl + 1)
+            v = (int64_t)x;
+    }
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* A memory cgroup's files: v2's names or v1's. */
+struct memcg_files {
+    const char *lim, *use, *events;   /* its limit, its use, the file with its "oom_kill N" */
+};
+static const struct memcg_files memcg_v2 = {"memory.max", "memory.current", "memory.events"},
+                                memcg_v1 = {"memory.limit_in_bytes", "memory.usage_in_bytes", "memory.oom_control"};
+
 /* The room a memory cgroup leaves, of the one at `dir` (under its hierarchy's mount `root`) or of
- * one above it, the least of them: limit less use, files `lim` and `use` in each directory.
- * Lowers *avail and says so in `where`. A limit of 2^62 or more is cgroup v1's "none". */
-static void cgroup_room(const char *root, const char *dir, const char *lim, const char *use, int64_t *avail,
-                        char *where, int where_cap)
+ * one above it, the least of them: limit less use. Lowers *avail and says so in `where`; lowers
+ * *least_limit (when not NULL; -1: none yet) to the least limit met. A limit of 2^62 or more is
+ * cgroup v1's "none". */
+static void cgroup_room(const char *root, const char *dir, const struct memcg_files *fs, int64_t *avail,
+                        int64_t *least_limit, char *where, int where_cap)
 {
     char d[600], path[700];
     snprintf(d, sizeof d, "%s%s", root, strcmp(dir, "/") ? dir : "");
     for (;;) {
-        snprintf(path, sizeof path, "%s/%s", d, lim);
+        snprintf(path, sizeof path, "%s/%s", d, fs->lim);
         const int64_t max = file_int(path);
-        snprintf(path, sizeof path, "%s/%s", d, use);
+        snprintf(path, sizeof path, "%s/%s", d, fs->use);
         const int64_t cur = file_int(path);
-        if (max >= 0 && max < ((int64_t)1 << 62) && cur >= 0) {
+        const int limited = max >= 0 && max < ((int64_t)1 << 62);
+        if (limited && least_limit && (*least_limit < 0 || max < *least_limit))
+            *least_limit = max;
+        if (limited && cur >= 0 && avail) {
             const int64_t room = max > cur ? max - cur : 0;
             if (*avail < 0 || room < *avail) {
                 *avail = room;
-                snprintf(where, (size_t)where_cap, "the %s of cgroup %s less its %s", lim,
-                         d[strlen(root)] ? d + strlen(root) : "/", use);
+                snprintf(where, (size_t)where_cap, "the %s of cgroup %s less its %s", fs->lim,
+                         d[strlen(root)] ? d + strlen(root) : "/", fs->use);
             }
         }
         char *slash = strrchr(d, '/');
@@ -49,6 +79,44 @@ static void cgroup_room(const char *root, const char *dir, const char *lim, cons
             break;
         *slash = 0;
     }
+}
+
+/* Calls fn for each memory cgroup of this process, as <proc>/self/cgroup names them ("0::/path":
+ * v2, mounted at `sys`; "N:...memory...:/path": v1's memory controller, at <sys>/memory). */
+static void each_memcg(const char *proc, const char *sys,
+                       void (*fn)(const char *root, const char *dir, const struct memcg_files *fs, void *arg),
+                       void *arg)
+{
+    char path[600], root[600], line[600];
+    snprintf(path, sizeof path, "%s/self/cgroup", proc);
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (!c2)
+            continue;
+        *c1 = *c2 = 0;   /* line: the hierarchy's number, c1 + 1: its controllers, c2 + 1: the path */
+        if (!strcmp(line, "0") && c2 == c1 + 1) {
+            fn(sys, c2 + 1, &memcg_v2, arg);
+        } else if (strstr(c1 + 1, "memory")) {
+            snprintf(root, sizeof root, "%s/memory", sys);
+            fn(root, c2 + 1, &memcg_v1, arg);
+        }
+    }
+    if (f)
+        fclose(f);
+}
+
+struct avail_arg {
+    int64_t *avail;
+    char *where;
+    int where_cap;
+};
+
+static void room_of(const char *root, const char *dir, const struct memcg_files *fs, void *arg)
+{
+    struct avail_arg *a = arg;
+    cgroup_room(root, dir, fs, a->avail, NULL, a->where, a->where_cap);
 }
 
 int64_t pd_mem_available(char *where, int where_cap)
@@ -65,22 +133,7 @@ int64_t pd_mem_available(char *where, int where_cap)
         fclose(f);
     if (avail >= 0)
         snprintf(where, (size_t)where_cap, "MemAvailable in /proc/meminfo");
-    /* the cgroups this process is in: "0::/path" (v2), "N:memory:/path" (v1's memory controller) */
-    if (!(f = fopen("/proc/self/cgroup", "r")))
-        return avail;
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
-        if (!c2)
-            continue;
-        *c1 = *c2 = 0;   /* line: the hierarchy's number, c1 + 1: its controllers, c2 + 1: the path */
-        if (!strcmp(line, "0") && c2 == c1 + 1)
-            cgroup_room("/sys/fs/cgroup", c2 + 1, "memory.max", "memory.current", &avail, where, where_cap);
-        else if (strstr(c1 + 1, "memory"))
-            cgroup_room("/sys/fs/cgroup/memory", c2 + 1, "memory.limit_in_bytes", "memory.usage_in_bytes", &avail,
-                        where, where_cap);
-    }
-    fclose(f);
+    each_memcg("/proc", "/sys/fs/cgroup", room_of, &(struct avail_arg){&avail, where, where_cap});
     return avail;
 }
 
@@ -140,5 +193,63 @@ const char *pd_as_note(char *buf, size_t cap, int64_t bytes)
     else
         snprintf(buf, cap, "the address-space limit (ulimit -v %lld, in KiB: %s) is less than the %s this process "
                  "maps plus these %s; raise it (ulimit -v unlimited)", (long long)(limit / 1024), l, m, b);
+    return buf;
+}
+
+/* each_memcg: the OOM kills and the limit of the first memory cgroup that counts them. The root
+ * cgroup ("/") never counts its own: the kernel counts a kill in the victim's cgroup (and, on v2,
+ * in those above it up to, not including, the root; v1 counts it in the victim's alone). */
+static void oom_of(const char *root, const char *dir, const struct memcg_files *fs, void *arg)
+{
+    struct pd_oom_count *c = arg;
+    if (c->cgroup >= 0 || !strcmp(dir, "/") || strlen(dir) >= sizeof c->cgroup_path)
+        return;
+    char path[700];
+    snprintf(path, sizeof path, "%s%s/%s", root, dir, fs->events);
+    if ((c->cgroup = file_field(path, "oom_kill")) < 0)
+        return;
+    snprintf(c->cgroup_path, sizeof c->cgroup_path, "%s", dir);
+    cgroup_room(root, dir, fs, NULL, &c->limit, NULL, 0);
+}
+
+void pd_oom_count_at(struct pd_oom_count *c, const char *proc, const char *sys)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/vmstat", proc);
+    *c = (struct pd_oom_count){.host = file_field(path, "oom_kill"), .cgroup = -1, .limit = -1};
+    each_memcg(proc, sys, oom_of, c);
+}
+
+void pd_oom_count(struct pd_oom_count *c)
+{
+    pd_oom_count_at(c, "/proc", "/sys/fs/cgroup");
+}
+
+const char *pd_oom_note(char *buf, size_t cap, const struct pd_oom_count *before, const struct pd_oom_count *after)
+{
+    buf[0] = 0;
+    const int in_cgroup = before->cgroup >= 0 && after->cgroup > before->cgroup &&
+                          !strcmp(before->cgroup_path, after->cgroup_path);
+    const int on_host = before->host >= 0 && after->host > before->host;
+    if (!in_cgroup && !on_host)
+        return buf;
+    const int64_t n = in_cgroup ? after->cgroup - before->cgroup : after->host - before->host;
+    char lim[48] = "no memory limit", host[96] = "";
+    if (after->limit >= 0) {
+        char g[32];
+        snprintf(lim, sizeof lim, "limit %s", pd_units_fmt(g, sizeof g, after->limit, PD_UNITS_GIB));
+    }
+    if (on_host)
+        snprintf(host, sizeof host, "%s/proc/vmstat oom_kill %lld -> %lld", in_cgroup ? "; " : "",
+                 (long long)before->host, (long long)after->host);
+    if (in_cgroup)
+        snprintf(buf, cap, "the kernel's OOM killer killed %lld process%s in this cgroup meanwhile (cgroup %s: %s, "
+                 "oom_kill %lld -> %lld%s): its processes need more memory than it gives them",
+                 (long long)n, n == 1 ? "" : "es", after->cgroup_path, lim, (long long)before->cgroup,
+                 (long long)after->cgroup, host);
+    else
+        snprintf(buf, cap, "the kernel's OOM killer killed %lld process%s on this host meanwhile (%s%s%s): its "
+                 "processes need more memory than it has", (long long)n, n == 1 ? "" : "es", host,
+                 after->cgroup >= 0 ? "; none in cgroup " : "", after->cgroup >= 0 ? after->cgroup_path : "");
     return buf;
 }

@@ -1,4 +1,5 @@
-/* The memory this process can still take without swapping or meeting the OOM killer. */
+/* The memory this process can still take without swapping or meeting the OOM killer, and the OOM
+ * killer's kills so far. */
 #ifndef PD_CORE_MEM_H
 #define PD_CORE_MEM_H
 
@@ -39,5 +40,30 @@ const char *pd_shm_note(char *buf, size_t cap, int64_t need);
  * limit, or room under it: the failure is another's) "". Only the figures make the difference: a
  * failed mmap or malloc says ENOMEM for both. */
 const char *pd_as_note(char *buf, size_t cap, int64_t bytes);
+
+/* The kernel's OOM kills so far, as a supervisor reads them when it starts a child and again when
+ * the child dies: a counter that rose between the two says the OOM killer ran meanwhile, which a
+ * bare SIGKILL (exit status 137) does not. */
+struct pd_oom_count {
+    int64_t host;            /* /proc/vmstat oom_kill: the host's kills since boot; -1 when it has none
+                              * (Linux < 4.13) */
+    int64_t cgroup;          /* oom_kill of this process's memory cgroup (v2 memory.events, v1
+                              * memory.oom_control): kills of processes in it (v2: and in the cgroups
+                              * below it); -1 when there is none (the root cgroup, no cgroupfs) */
+    int64_t limit;           /* the least memory limit of that cgroup and those above it (v2
+                              * memory.max, v1 memory.limit_in_bytes), bytes; -1: none (the note
+                              * gives it in GiB, MiB below one) */
+    char cgroup_path[256];   /* that cgroup, "/process_api/5368..." ("" with cgroup -1) */
+};
+/* Reads them: from /proc and /sys/fs/cgroup, or from the trees at `proc` and `sys` (tests). */
+void pd_oom_count(struct pd_oom_count *c);
+void pd_oom_count_at(struct pd_oom_count *c, const char *proc, const char *sys);
+/* When a counter rose from `before` to `after`, a note saying so with its figures: "the kernel's
+ * OOM killer killed 1 process in this cgroup meanwhile (cgroup /a/b: limit 20.00 GiB, oom_kill 0
+ * -> 1; /proc/vmstat oom_kill 3 -> 4): its processes need more memory than it gives them", or "...
+ * on this host meanwhile (/proc/vmstat oom_kill 3 -> 4; none in cgroup /a/b): ..." when only the
+ * host's rose (its memory, not the cgroup's limit, ran out); else "". The cgroup's count is
+ * preferred: the host's counts other containers' kills too. */
+const char *pd_oom_note(char *buf, size_t cap, const struct pd_oom_count *before, const struct pd_oom_count *after);
 
 #endif
