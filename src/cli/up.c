@@ -72,6 +72,8 @@ struct child {
     int port_wait_said;        /* its restart's wait for its ports was logged */
     int kv_port, ranks, local;  /* an instance on this machine: its ranks' KV ports, checked free before a restart */
     time_t started_wall;       /* when it was last started, wall-clock (for its shared memory's age) */
+    struct pd_oom_count oom;   /* the kernel's OOM kills when it was last started (core/mem.h) */
+    int oom_deaths;            /* its deaths during which the OOM killer killed a process */
 };
 
 /* Runs c's command (argv[0] a path, or a name looked up in PATH) in a process group of its own,
@@ -79,6 +81,7 @@ struct child {
  * gets SIGTERM if `up` dies. */
 static void spawn(struct child *c)
 {
+    pd_oom_count(&c->oom);   /* before the fork: a child killed at once is still counted after it */
     pid_t parent = getpid(), pid = fork();
     if (pid == 0) {
         setpgid(0, 0);
@@ -178,6 +181,12 @@ static void write_metrics(const char *path, const struct child *c, int n)
         for (int i = 0; i < n; i++)
             fprintf(f, "pdmoe_restarts_total{role=\"%s\",instance=\"%d\"} %d\n", c[i].role, c[i].instance,
                     c[i].restarts);
+        fprintf(f, "# HELP pdmoe_oom_deaths_total Deaths of those processes during which the kernel's OOM killer "
+                   "killed a process (in up's memory cgroup, or on its host).\n"
+                   "# TYPE pdmoe_oom_deaths_total counter\n");
+        for (int i = 0; i < n; i++)
+            fprintf(f, "pdmoe_oom_deaths_total{role=\"%s\",instance=\"%d\"} %d\n", c[i].role, c[i].instance,
+                    c[i].oom_deaths);
         if (fflush(f) != 0 || ferror(f))
             err = errno ? errno : EIO;
         if (fclose(f) != 0 && !err)
@@ -500,7 +509,12 @@ static int ports_wait(const struct pd_launch_inst *inst, int n, int proxy_port)
 }
 
 
-/* 1 when child c (running) has died, how it ended in how. */
+/* 1 when child c (running) has died, how it ended in how; and, when the kernel's OOM killer
+ * killed a process since c started (its counters rose: core/mem.h), that too. The OOM killer
+ * ends a process with SIGKILL, status 137 to a shell and "exited on signal 9 (Killed)" to an
+ * mpirun whose rank it took: alone, these say nothing of who killed it, and a restart into the
+ * same memory dies the same way. A child on another host (--hosts) is not judged by this one's
+ * counters. */
 static int reaped(struct child *c, char *how, size_t n)
 {
     int status;
@@ -508,6 +522,17 @@ static int reaped(struct child *c, char *how, size_t n)
         return 0;
     describe(status, how, n);
     c->refused = WIFEXITED(status) && WEXITSTATUS(status) == PD_CLI_EXIT_CONFIG;
+    struct pd_oom_count now;
+    char note[640];
+    pd_oom_count(&now);
+    const int proxy = !strcmp(c->role, "proxy");   /* (always on this host) */
+    if ((c->local || proxy) && pd_oom_note(note, sizeof note, &c->oom, &now)[0]) {
+        const size_t len = strlen(how);
+        snprintf(how + len, n - len, "; %s%s", note,
+                 !proxy ? " (an instance holds its weights, its KV pool: --kv-cache-memory-bytes "
+                 "or the plan's kv_pool_bytes, and its activations; pdmoe plan and up --plan check what fits)" : "");
+        c->oom_deaths++;
+    }
     return 1;
 }
 
@@ -931,7 +956,7 @@ int pd_cli_up(int argc, char **argv)
     for (int t = 0; t < 1200 && !stopping && !ready; t++) {
         ready = 1;
         for (int i = 0; i < n; i++) {
-            char how[96];
+            char how[1024];
             if (reaped(&ch[i], how, sizeof how)) {
                 if (ch[i].refused) {
                     /* its configuration, which another start would refuse again: its message above */
@@ -983,7 +1008,7 @@ int pd_cli_up(int argc, char **argv)
         nanosleep(&(struct timespec){0, 100000000}, NULL);
         double now = pd_now_s();
         for (int i = 0; i < n && !stopping; i++) {
-            char how[96];
+            char how[1024];
             if (reaped(&ch[i], how, sizeof how)) {
                 if (now - ch[i].started >= BACKOFF_MAX_S)
                     ch[i].backoff = BACKOFF_MIN_S;   /* it had been running well */

@@ -1,13 +1,16 @@
 /* pdmoe up supervises its cluster: a prefill instance SIGKILLed under load costs only the
  * requests it held (every stream ends whole, or with an error event and [DONE]), is started again
  * on its ports and serves, its restart counted in the proxy's /metrics and logged; so is a killed
- * proxy; --api-key guards the proxy and every instance; and Ctrl-C
+ * proxy; one the kernel's OOM killer ends is logged as such; --api-key guards the proxy and every
+ * instance; and Ctrl-C
  * ends the streams in flight with an error event and [DONE], never a bare cut. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +19,9 @@
 
 static char dir[64], logs[64];
 static pid_t up_pid;
+static char cgroup[700];   /* a memory cgroup a test made (cgroup v1), removed by teardown */
+
+static void cgroup_remove(void);
 
 static void setup(void)
 {
@@ -31,6 +37,7 @@ static void teardown(void)
         waitpid(up_pid, NULL, 0);
         up_pid = 0;
     }
+    cgroup_remove();
     rm_flat_dir(logs);
     rm_model(dir);
 }
@@ -38,8 +45,8 @@ static void teardown(void)
 TestSuite(supervise, .init = setup, .fini = teardown, .timeout = 120);
 
 /* pdmoe up on `port` with 1 prefill and 1 decode instance and the flags in `extra` (NULL-ended,
- * or NULL); its stderr in logs/up.err. */
-static void start_up(int port, const char *const *extra)
+ * or NULL), in the cgroup whose directory is `in` (NULL: this one's); its stderr in logs/up.err. */
+static void start_up_in(int port, const char *const *extra, const char *in)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
     char out[128], err[128];
@@ -51,6 +58,13 @@ static void start_up(int port, const char *const *extra)
         snprintf(sp, sizeof sp, "%d", port);
         freopen(out, "w", stdout);
         freopen(err, "w", stderr);
+        if (in) {
+            char procs[800];
+            snprintf(procs, sizeof procs, "%s/cgroup.procs", in);
+            FILE *f = fopen(procs, "w");
+            if (!f || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0)
+                _exit(126);
+        }
         const char *a[24] = {bin, "up", "--model", dir, "--port", sp, "--max-model-len", "1024"};
         for (int k = 0; extra && extra[k] && k < 15; k++)
             a[8 + k] = extra[k];
@@ -60,6 +74,11 @@ static void start_up(int port, const char *const *extra)
     up_pid = up;
     int ready = up_wait_ready(out);
     cr_assert(ready, "pdmoe up did not become ready; see %s", err);
+}
+
+static void start_up(int port, const char *const *extra)
+{
+    start_up_in(port, extra, NULL);
 }
 
 /* The pid of `pdmoe serve|proxy ... --port N` (what: "serve" or "proxy"; `up` has --port too), 0
@@ -176,6 +195,8 @@ Test(supervise, a_killed_prefill_instance_is_restarted_and_costs_only_its_reques
     snprintf(err, sizeof err, "%s/up.err", logs);
     cr_assert(file_has(err, "prefill instance 0 (127.0.0.1:") && file_has(err, "was killed by signal 9"),
               "the death is not in up's log %s", err);
+    /* a SIGKILL is not the OOM killer's unless its count rose (the host's may: other tests run) */
+    cr_assert(!file_has(err, "in this cgroup meanwhile"), "a kill blamed on the OOM killer in %s", err);
     /* the proxy too comes back, and still reports the restarts before its own */
     pid_t px = pid_on("proxy", port);
     cr_assert_gt(px, 0);
@@ -362,4 +383,134 @@ Test(supervise, a_silent_ep_group_is_stopped_without_leaving_its_shared_memory)
     for (int k = 0; k < ns; k++)
         cr_assert_neq(access(segs[k], F_OK), 0, "%s outlived its group", segs[k]);
     cr_assert(file_has(err, "stopping it"), "the stop is not in up's log %s", err);
+}
+
+/* Writes `text` to file `path`: 0, or -1. */
+static int put_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    int ok = fputs(text, f) >= 0;
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+static int64_t file_num(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    long long v = -1;
+    if (f && fscanf(f, "%lld", &v) != 1)
+        v = -1;
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* A memory cgroup (v1) below this process's, for a test: its directory in `cgroup`; 0, or -1 with
+ * why not in `why` (not root, no v1 memory controller, mkdir refused). */
+static int cgroup_make(char *why, size_t cap)
+{
+    if (geteuid() != 0)
+        return snprintf(why, cap, "not root: cannot make a memory cgroup"), -1;
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    char line[600], at[512] = "";
+    while (f && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (c2 && !strncmp(c1 + 1, "memory:", 7))
+            snprintf(at, sizeof at, "%s", c2 + 1);
+    }
+    if (f)
+        fclose(f);
+    if (!at[0])
+        return snprintf(why, cap, "no cgroup v1 memory controller in /proc/self/cgroup (cgroup v2 is not covered "
+                        "by this test)"), -1;
+    snprintf(cgroup, sizeof cgroup, "/sys/fs/cgroup/memory%s/pdmoe-test-%d", strcmp(at, "/") ? at : "",
+             (int)getpid());
+    if (mkdir(cgroup, 0755) != 0) {
+        snprintf(why, cap, "cannot make the memory cgroup %s: %s", cgroup, strerror(errno));
+        cgroup[0] = 0;
+        return -1;
+    }
+    return 0;
+}
+
+/* The test's cgroup, gone: what still runs in it (nothing, once up has stopped) moved to the one
+ * above, then rmdir (the kernel takes a moment to let a cgroup whose last process just exited go). */
+static void cgroup_remove(void)
+{
+    if (!cgroup[0])
+        return;
+    char procs[800], parent[800], line[32];
+    snprintf(procs, sizeof procs, "%s/cgroup.procs", cgroup);
+    snprintf(parent, sizeof parent, "%s", cgroup);
+    *strrchr(parent, '/') = 0;
+    strcat(parent, "/cgroup.procs");
+    for (int t = 0; t < 50 && rmdir(cgroup) != 0; t++) {
+        FILE *f = fopen(procs, "r");
+        while (f && fgets(line, sizeof line, f))
+            put_file(parent, line);
+        if (f)
+            fclose(f);
+        usleep(100000);
+    }
+    if (access(cgroup, F_OK) == 0)
+        cr_log_error("could not remove the memory cgroup %s", cgroup);
+    cgroup[0] = 0;
+}
+
+/* The kernel's OOM killer ends an instance (SIGKILL): up's log says so, with the cgroup's count and
+ * limit, where before it said only "was killed by signal 9", as for any kill; and the proxy's
+ * /metrics counts it. The cluster runs in a memory cgroup of its own; once it is up, the cgroup's
+ * limit is lowered to what it uses (its page cache reclaimed first) and the decode instance is
+ * made the OOM killer's choice (oom_score_adj 1000, whichever process's page fault meets the
+ * limit); then requests, whose KV blocks and activations need pages, until the kill. */
+Test(supervise, an_instance_the_oom_killer_ends_is_logged_as_such)
+{
+    char why[1100];
+    if (cgroup_make(why, sizeof why))
+        cr_skip_test("%s", why);
+    const int port = test_ports(), D = port + 2;
+    start_up_in(port, NULL, cgroup);
+    pid_t dec = pid_on("serve", D);
+    cr_assert_gt(dec, 0, "no process with --port %d", D);
+    char path[900];
+    snprintf(path, sizeof path, "/proc/%d/oom_score_adj", (int)dec);
+    cr_assert_eq(put_file(path, "1000"), 0, "%s: %s", path, strerror(errno));
+    /* a limit under the cgroup's use: the kernel reclaims what it can, then refuses it (EBUSY) */
+    char lim[800], use[800], v[32];
+    snprintf(lim, sizeof lim, "%s/memory.limit_in_bytes", cgroup);
+    snprintf(use, sizeof use, "%s/memory.usage_in_bytes", cgroup);
+    put_file(lim, "1048576");
+    snprintf(v, sizeof v, "%lld", (long long)file_num(use) + (1 << 20));
+    cr_assert_eq(put_file(lim, v), 0, "%s: %s", lim, strerror(errno));
+    char err[128], line[2048] = "";
+    snprintf(err, sizeof err, "%s/up.err", logs);
+    char died[96];
+    snprintf(died, sizeof died, "the decode instance 0 (127.0.0.1:%d) was killed by signal 9", D);
+    for (int round = 0; round < 30 && !line[0]; round++) {
+        wait_load(load(port, 4, "the tide comes in and the tide goes out", 64));
+        FILE *f = fopen(err, "r");
+        char l[2048];
+        while (f && !line[0] && fgets(l, sizeof l, f))
+            if (strstr(l, died))
+                snprintf(line, sizeof line, "%s", l);
+        if (f)
+            fclose(f);
+    }
+    put_file(lim, "-1");   /* the restarts live */
+    cr_assert(line[0], "the decode instance was not killed (%s) after 30 rounds of requests; see %s", cgroup, err);
+    cr_log_info("%s", line);
+    char counted[800];
+    snprintf(counted, sizeof counted, "; the kernel's OOM killer killed 1 process in this cgroup meanwhile (cgroup %s: "
+             "limit ", cgroup + strlen("/sys/fs/cgroup/memory"));
+    cr_assert(strstr(line, counted) && strstr(line, "oom_kill 0 -> 1") &&
+              strstr(line, "its processes need more memory than it gives them (an instance holds its weights, its "
+                     "KV pool"), "up's line does not name the OOM killer: %s", line);
+    int64_t oom = 0;
+    for (int i = 0; i < 100 && oom < 1; i++) {   /* written at its restart */
+        usleep(100000);
+        oom = metric_key(port, "pdmoe_oom_deaths_total{role=\"decode\",instance=\"0\"}");
+    }
+    cr_assert_geq(oom, 1, "the proxy's /metrics does not count the OOM death");
 }
