@@ -147,7 +147,9 @@ int pd_cli_proxy(int argc, char **argv)
                    "in a row that take an instance out (a failed request takes it out at once); out, it gets no\n"
                    "requests until a check succeeds. --upstream-keepalive 16: idle connections kept open to each\n"
                    "instance for the next requests (0: a connection per request, each leaving a socket in\n"
-                   "TIME_WAIT on this host for 60 s). --metrics-file FILE: Prometheus text added to /metrics (pdmoe\n"
+                   "TIME_WAIT on this host for 60 s); the client connection cap leaves descriptors for them and\n"
+                   "a check to each instance. The default is lowered under a low ulimit -n (to at most half of\n"
+                   "what it leaves); a value that leaves no descriptor for a client is refused. --metrics-file FILE: Prometheus text added to /metrics (pdmoe\n"
                    "up's restart counts). --shutdown-timeout S (0): at SIGTERM or Ctrl-C, new requests get a 503\n"
                    "while those in flight finish, for at most S seconds; a second signal stops at once (0: at once).\n");
             return 0;
@@ -171,8 +173,8 @@ int pd_cli_proxy(int argc, char **argv)
         /* a limit it cannot start under: pdmoe up does not start it again as it is */
         return crc == PD_EINVAL ? PD_CLI_EXIT_CONFIG : 2;
     }
-    fprintf(stderr, "pdmoe proxy: http://%s:%d (prefill %d, decode %d instances)\n", o.host ? o.host : "127.0.0.1",
-            pd_proxy_port(px), o.n_prefill, o.n_decode);
+    fprintf(stderr, "pdmoe proxy: http://%s:%d (prefill %d, decode %d instances), %d idle connections kept to each\n",
+            o.host ? o.host : "127.0.0.1", pd_proxy_port(px), o.n_prefill, o.n_decode, pd_proxy_keepalive(px));
     int rc = pd_proxy_run(px, &e);
     if (rc)
         fprintf(stderr, "pdmoe proxy: %s\n", e.msg);

@@ -30,8 +30,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-/* descriptors the cap leaves to the process (model files, event loop, threads, upstreams) */
-#define FD_RESERVE 32
 /* at the cap, a connection idle this long may be closed for a new one */
 #define EVICT_IDLE_S 1.0
 /* refused connections kept open until their client reads the 503 and closes */
@@ -673,12 +671,17 @@ static int descriptors_free(int want)
     return n == want;
 }
 
-static int no_descriptors(pd_err *e, const char *what)
+long pd_http_open_file_limit(void)
 {
     struct rlimit rl;
-    long lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? (long)rl.rlim_cur : -1;
+    return getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? (long)rl.rlim_cur : -1;
+}
+
+static int no_descriptors(pd_err *e, const char *what)
+{
+    long lim = pd_http_open_file_limit();
     return pd_err_set(e, PD_EINVAL, "the open-file limit (ulimit -n %ld) leaves no descriptor for %s once this process "
-                      "has opened its own; raise it (ulimit -n %d or more)", lim, what, FD_RESERVE + 128);
+                      "has opened its own; raise it (ulimit -n %d or more)", lim, what, PD_HTTP_FD_RESERVE + 128);
 }
 
 /* The event loop takes up to 5 descriptors (epoll, its wake-up pipe, the signals' socket pair), the
@@ -721,12 +724,16 @@ int pd_http_front_new(struct event_base *base, const struct pd_http_limits *lim,
     f->cap = l->max_connections;
     /* fds_per_connection descriptors per connection, and the process needs its own: a proxy
      * capped at the limit less the reserve ran out of descriptors for its upstream connections,
-     * and took the failures for its instances' (ejecting healthy ones) */
+     * and took the failures for its instances' (ejecting healthy ones); and those it holds beside
+     * them (fds_reserved: the proxy's idle kept-alive connections, which a cap that ignored them
+     * left to take the descriptors of the clients it admitted) */
     if (l->fds_per_connection < 1)
         l->fds_per_connection = 1;
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-        long room = ((long)rl.rlim_cur - FD_RESERVE) / l->fds_per_connection;
+    if (l->fds_reserved < 0)
+        l->fds_reserved = 0;
+    long nofile = pd_http_open_file_limit();
+    if (nofile >= 0) {
+        long room = (nofile - PD_HTTP_FD_RESERVE - l->fds_reserved) / l->fds_per_connection;
         if (f->cap > room)
             f->cap = room > 1 ? (int)room : 1;
     }

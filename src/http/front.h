@@ -40,10 +40,20 @@ struct pd_http_limits {
     int fds_per_connection;         /* descriptors a connection may need at once: 1 (a server; the
                                      * default), 2 (the proxy: the client's and its upstream one); the
                                      * cap leaves the open-file limit room for them all */
+    int fds_reserved;               /* descriptors the process may hold besides its connections' and
+                                     * PD_HTTP_FD_RESERVE (the proxy's idle upstream connections and
+                                     * /health checks): the cap leaves room for them too */
     /* events an operator should see (descriptors exhausted), one line each; NULL: none */
     void (*log)(void *arg, const char *line);
     void *log_arg;
 };
+
+/* Descriptors the connection cap leaves to the process itself (model files, the event loop,
+ * threads), besides fds_reserved. */
+#define PD_HTTP_FD_RESERVE 32
+
+/* The open-file limit (RLIMIT_NOFILE's soft one), or -1 when there is none. */
+long pd_http_open_file_limit(void);
 
 /* Counters for /metrics. */
 struct pd_http_stats {

@@ -45,6 +45,8 @@ struct job;
 
 struct pd_proxy {
     struct pd_proxy_opts o;
+    int keep;                        /* idle connections kept per instance (o.upstream_keepalive, or the
+                                      * default the open-file limit leaves room for); 0: none */
     struct instance p[PD_PROXY_MAX_INSTANCES], d[PD_PROXY_MAX_INSTANCES];
     int np, nd;
     struct event_base *base;
@@ -82,7 +84,8 @@ static inline struct instance *nth(struct pd_proxy *px, int k)
 
 /* the read and write timeout of a request whose answer has no deadline: none, in effect (30 days) */
 #define PX_NO_DEADLINE_S (30 * 86400)
-/* idle connections kept per instance without --upstream-keepalive */
+/* idle connections kept per instance without --upstream-keepalive (fewer when the open-file limit
+ * is low: see keepalive() in proxy.c) */
 #define PX_DEFAULT_KEEPALIVE 16
 /* /health checks failed in a row that take an instance out without --health-failures */
 #define PX_DEFAULT_HEALTH_FAILURES 3

@@ -8,8 +8,9 @@
  *
  * A connection goes back to its pool only after a complete answer that leaves it open (libevent
  * then watches it for the server's close); one whose request failed or was cancelled (a client
- * that left mid-stream: libevent resets it) is freed. At most o.upstream_keepalive idle per
- * instance (the rest are closed), each for at most KEEPALIVE_IDLE_S: `pdmoe serve` closes a
+ * that left mid-stream: libevent resets it) is freed. At most px->keep idle per instance (the rest
+ * are closed; the client connection cap leaves descriptors for them, proxy.c), each for at most
+ * KEEPALIVE_IDLE_S: `pdmoe serve` closes a
  * connection idle for --idle-timeout (60 s), and one it closes just as the proxy sends on it fails
  * the request (the caller retries once on a fresh connection when no byte of the answer came, see
  * px_conn_reused). Before lending an idle one the pool looks at its socket: a server that has
@@ -148,9 +149,7 @@ void px_conn_put(struct px_conn *c, int answered)
         return;
     struct instance *in = c->in;
     struct pd_proxy *px = in->px;
-    const int keep = px->o.upstream_keepalive < 0 ? 0 : px->o.upstream_keepalive ? px->o.upstream_keepalive
-                                                                                   : PX_DEFAULT_KEEPALIVE;
-    if (!answered || px->stopping || in->n_idle >= keep ||
+    if (!answered || px->stopping || in->n_idle >= px->keep ||
         bufferevent_getfd(evhttp_connection_get_bufferevent(c->evcon)) < 0) {
         conn_free(c);
         return;

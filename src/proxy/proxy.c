@@ -58,6 +58,42 @@ int px_authorised(struct pd_proxy *px, struct evhttp_request *h)
     return 0;
 }
 
+/* The idle connections kept per instance, and the descriptors they (and a /health check to each
+ * instance) may hold beside the client connections, which the connection cap then leaves to them:
+ * a cap that ignored them let the pool (up to 16 x 64 instances = 1024 idle) take the descriptors
+ * of the clients it admitted and of the checks, whose connects failed with EMFILE. The default, 16,
+ * is lowered under a low open-file limit so that the idle connections take at most half of what
+ * the limit leaves beyond the process's own (none if that is less than one each); a
+ * --upstream-keepalive given that leaves no room for one client connection is refused, as is an
+ * instance list whose checks alone leave none. */
+static int keepalive(struct pd_proxy *px, int *reserved, pd_err *e)
+{
+    const long n = px->np + px->nd, lim = pd_http_open_file_limit(), beyond = lim - PD_HTTP_FD_RESERVE;
+    const int given = px->o.upstream_keepalive;
+    int keep = given < 0 ? 0 : given ? given : PX_DEFAULT_KEEPALIVE;
+    if (lim >= 0 && !given) {
+        long fit = beyond / 2 / n - 1;   /* (a check's descriptor each, beside the idle ones) */
+        if (keep > fit)
+            keep = fit > 0 ? (int)fit : 0;
+    }
+    /* a client connection needs 2 descriptors (its own and its request's upstream one) */
+    if (lim >= 0 && beyond - (keep + 1) * n < 2) {
+        if (beyond - n < 2)
+            return pd_err_set(e, PD_EINVAL, "the open-file limit (ulimit -n %ld) leaves no descriptor for a client "
+                              "connection beside a /health check to each of the %ld instances (--prefill, --decode) "
+                              "and the process's own %d; raise it (ulimit -n %ld or more)", lim, n,
+                              PD_HTTP_FD_RESERVE, PD_HTTP_FD_RESERVE + n + 128);
+        return pd_err_set(e, PD_EINVAL, "--upstream-keepalive %d: %d idle connections to each of the %ld instances "
+                          "(and a /health check each) leave no descriptor for a client connection under the "
+                          "open-file limit (ulimit -n %ld, of which the process keeps %d); at most %ld, or raise "
+                          "the limit (ulimit -n %ld or more)", keep, keep, n, lim, PD_HTTP_FD_RESERVE,
+                          (beyond - 2) / n - 1, PD_HTTP_FD_RESERVE + (keep + 1) * n + 128);
+    }
+    px->keep = keep;
+    *reserved = (int)((keep + 1) * n);
+    return 0;
+}
+
 static void on_drained(evutil_socket_t fd, short what, void *arg)
 {
     event_base_loopbreak(((struct pd_proxy *)arg)->base);
@@ -149,7 +185,12 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
     const char *host = o->host ? o->host : "127.0.0.1";
     struct pd_http_limits lim = o->http;
     lim.fds_per_connection = 2;   /* a client's connection and its request's upstream one */
-    int rc = pd_http_front_new(px->base, &lim, host, o->port, &px->front, e);
+    int rc = keepalive(px, &lim.fds_reserved, e);
+    if (rc) {
+        pd_proxy_destroy(px);
+        return rc;
+    }
+    rc = pd_http_front_new(px->base, &lim, host, o->port, &px->front, e);
     if (rc) {
         pd_proxy_destroy(px);
         return rc;
@@ -192,6 +233,11 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
 int pd_proxy_port(const struct pd_proxy *px)
 {
     return px->port;
+}
+
+int pd_proxy_keepalive(const struct pd_proxy *px)
+{
+    return px->keep;
 }
 
 int pd_proxy_run(struct pd_proxy *px, pd_err *e)

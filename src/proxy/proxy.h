@@ -57,8 +57,9 @@ struct pd_proxy_opts {
     int health_failures;                           /* /health checks failed in a row that take an instance
                                                       out (a failed request does at once); 0: 3 */
     int upstream_keepalive;                        /* idle connections kept open per instance, for the
-                                                      next requests; 0: 16, < 0: none (a connection per
-                                                      request) */
+                                                      next requests; 0: 16, fewer under a low open-file
+                                                      limit, < 0: none (a connection per request); the
+                                                      client connection cap leaves descriptors for them */
     const char *metrics_file;                      /* Prometheus text appended to /metrics (pdmoe up's
                                                       restarts), read at each scrape; NULL: none */
     int handle_signals;
@@ -76,6 +77,9 @@ struct pd_proxy;
 
 int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err *e);
 int pd_proxy_port(const struct pd_proxy *p);
+/* The idle connections kept per instance: upstream_keepalive, or the default the open-file limit
+ * leaves room for (0: none). */
+int pd_proxy_keepalive(const struct pd_proxy *p);
 int pd_proxy_run(struct pd_proxy *p, pd_err *e);
 /* From any thread: the graceful stop above; pd_proxy_run returns once it is done. */
 void pd_proxy_stop(struct pd_proxy *p);

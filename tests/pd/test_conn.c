@@ -697,7 +697,8 @@ Test(conn, out_of_descriptors_pauses_accept_without_spinning_and_logs_once)
 /* The proxy needs two descriptors for a request (its client's and its upstream connection): its
  * cap leaves the open-file limit room for both. Capped like a server (the limit less the reserve),
  * it ran out of descriptors for upstream connections under load and took each failure for its
- * instances', ejecting healthy ones. */
+ * instances', ejecting healthy ones. It also leaves room for its idle kept-alive connections (16 to
+ * its one instance) and the instance's /health check: (256 - 32 - 17) / 2. */
 Test(conn, the_proxys_cap_leaves_descriptors_for_its_upstream_connections)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
@@ -716,7 +717,7 @@ Test(conn, the_proxys_cap_leaves_descriptors_for_its_upstream_connections)
     kill(child, SIGTERM);
     waitpid(child, NULL, 0);
     child = -1;
-    cr_assert_eq(cap, (256 - 32) / 2, "cap %d under a limit of 256 descriptors", cap);
+    cr_assert_eq(cap, (256 - 32 - 17) / 2, "cap %d under a limit of 256 descriptors", cap);
 }
 
 /* `pdmoe ARGS... --port port` under a limit of `value` on `resource` (setrlimit's), with only stdin,
@@ -801,6 +802,50 @@ Test(conn, a_limit_that_leaves_no_descriptor_for_a_connection_is_refused_at_star
     kill(child, SIGKILL);
     waitpid(child, NULL, 0);
     child = -1;
+}
+
+/* The proxy's idle kept-alive connections (up to --upstream-keepalive to each instance) and a
+ * /health check to each instance hold descriptors beside the client connections: the cap leaves room
+ * for them. It ignored them: under ulimit -n 256 with 32 instances it admitted 112 clients while the
+ * pool could keep 16 x 32 = 512 connections idle, and a client's or a check's connect then failed
+ * with EMFILE. The default is lowered to what the limit leaves room for (here 2 each: at most half
+ * of the 224 descriptors beyond the process's 32, with a check each); a --upstream-keepalive given
+ * that leaves no descriptor for a client is refused at start by its name, status 78, with the most
+ * it can be; one that fits sets the cap. */
+Test(conn, the_proxys_cap_leaves_descriptors_for_its_idle_pooled_connections)
+{
+    char list[32 * 24] = "";
+    for (int i = 0; i < 32; i++)   /* (nothing listens on ports 1 to 32: the checks fail at once) */
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s127.0.0.1:%d", i ? "," : "", i + 1);
+    const int port = test_ports();
+    const char *dflt[] = {"proxy", "--decode", list, "--health-interval-ms", "60000", NULL};
+    const char *many[] = {"proxy", "--decode", list, "--upstream-keepalive", "16", NULL};
+    const char *fits[] = {"proxy", "--decode", list, "--upstream-keepalive", "5", "--health-interval-ms", "60000", NULL};
+    const char *const *cmds[] = {dflt, fits};
+    const int want_cap[] = {(256 - 32 - (2 + 1) * 32) / 2, (256 - 32 - (5 + 1) * 32) / 2};
+    const char *want_log[] = {"(prefill 0, decode 32 instances), 2 idle connections kept to each",
+                              "(prefill 0, decode 32 instances), 5 idle connections kept to each"};
+    char log[8192], out[256];
+    for (int k = 0; k < 2; k++) {
+        int st = run_limited(RLIMIT_NOFILE, 256, cmds[k], port, 1, log, sizeof log);
+        cr_assert_eq(st, -1, "the proxy under ulimit -n 256 ended (status %d): %s", st, log);
+        for (int i = 0; i < 250 && curl_port(port, "/health", NULL, NULL, out, sizeof out) != 200; i++)
+            usleep(20000);
+        char cmd[256];   /* (the /metrics of 32 instances is longer than metric_port reads) */
+        snprintf(cmd, sizeof cmd, "curl -s http://127.0.0.1:%d/metrics | sed -n 's/^pdmoe_http_max_connections //p'",
+                 port);
+        int cap = count_of(cmd);
+        kill(child, SIGTERM);
+        waitpid(child, NULL, 0);
+        child = -1;
+        cr_assert_eq(cap, want_cap[k], "%s: cap %d under ulimit -n 256, not %d", want_log[k], cap, want_cap[k]);
+        cr_assert(strstr(log, want_log[k]), "%s", log);
+    }
+    int st = run_limited(RLIMIT_NOFILE, 256, many, port, 10, log, sizeof log);
+    cr_assert(st != -1, "--upstream-keepalive 16 with 32 instances under ulimit -n 256 still runs after 10 s: %s", log);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 78, "status %d: %s", st, log);
+    cr_assert(strstr(log, "--upstream-keepalive 16: ") && strstr(log, "(ulimit -n 256") && strstr(log, "at most 5"),
+              "the refusal does not name the flag, the limit and the most it can be: %s", log);
 }
 
 /* An address-space limit (ulimit -v) too low for the model's file or for the KV pool: serve exits
