@@ -27,6 +27,7 @@ struct job {
     int stream;
     int pi, di;                      /* chosen instances, -1 before */
     unsigned tried, dtried;          /* prefill, decode instances tried (bit masks) */
+    int local, dlocal;               /* of those, how many the proxy's host could not connect to (its lack) */
     int attempts;
     int sent_up, dsent_up;           /* prefill, decode attempts sent to an instance then up */
     struct evhttp_request *up;       /* the request in flight upstream, or NULL */
@@ -389,15 +390,38 @@ static int upstream_over(struct job *j, struct evhttp_request *r, int err, const
     return 0;
 }
 
-/* A request that failed for the proxy host's lack (no local port, no descriptor): a 503 naming it,
- * or for a stream begun an error event; not the instance's failure. */
-static void reply_local(struct job *j, struct instance *in, const char *local)
+/* A request's connect to `in` failed for the proxy host's lack (no local port, no descriptor):
+ * counted and logged, not the instance's failure. 1 if another instance of the role is to be tried:
+ * one not tried yet and up (or any not tried, while none of the role is up, as the picks go), since
+ * the lack may be of that destination only (the ephemeral ports are per destination address and
+ * port: EADDRNOTAVAIL towards one instance leaves the others reachable). An instance down would
+ * fail it for its own reason and hide the limit, so it is not tried. */
+static int local_next(struct job *j, struct instance *in, const char *local, struct instance *role, int n,
+                      unsigned tried)
 {
     j->px->local_limit++;
     px_say_local(in, local);
-    char msg[400];
-    snprintf(msg, sizeof msg, "the proxy could not connect to the %s instance %s:%d (%s)", in->role, in->host, in->port,
-             local);
+    unsigned down = 0;
+    int any_up = 0;
+    for (int i = 0; i < n; i++) {
+        if (role[i].up)
+            any_up = 1;
+        else
+            down |= 1u << i;
+    }
+    return px_pick(role, n, tried | (any_up ? down : 0)) >= 0;
+}
+
+/* A request that failed for the proxy host's lack (no local port, no descriptor) on every instance
+ * of the role it could go to (`n` tried that way, the last `in`): a 503 naming it, or for a stream
+ * begun an error event; not the instances' failure. */
+static void reply_local(struct job *j, struct instance *in, const char *local, int n)
+{
+    char msg[480], others[64] = "";
+    if (n > 1)
+        snprintf(others, sizeof others, ", nor to %d other %s instance%s", n - 1, in->role, n > 2 ? "s" : "");
+    snprintf(msg, sizeof msg, "the proxy could not connect to the %s instance %s:%d%s (%s)", in->role, in->host,
+             in->port, others, local);
     if (j->started) {
         stream_error(j, msg);
         return;
@@ -423,7 +447,15 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
         return;
     }
     if (local) {
-        reply_local(j, &px->d[j->di], local);
+        j->dlocal++;
+        if (local_next(j, &px->d[j->di], local, px->d, px->nd, j->dtried) && !j->started) {
+            px->retries++;
+            if (j->held)
+                evbuffer_drain(j->held, evbuffer_get_length(j->held));
+            send_up(j, 1);
+            return;
+        }
+        reply_local(j, &px->d[j->di], local, j->dlocal);
         job_free(j);
         return;
     }
@@ -446,6 +478,7 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
         if (j->held)
             evbuffer_drain(j->held, evbuffer_get_length(j->held));
         j->tried = j->dtried = 0;
+        j->local = j->dlocal = 0;
         send_up(j, 0);
         return;
     }
@@ -525,7 +558,15 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
         return;
     }
     if (local) {
-        reply_local(j, &px->p[j->pi], local);
+        j->local++;
+        if (local_next(j, &px->p[j->pi], local, px->p, px->np, j->tried)) {
+            /* not counted against --retries, which bounds the instances' failures */
+            px->retries++;
+            j->attempts--;
+            send_up(j, 0);
+            return;
+        }
+        reply_local(j, &px->p[j->pi], local, j->local);
         job_free(j);
         return;
     }

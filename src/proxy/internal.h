@@ -63,7 +63,8 @@ struct pd_proxy {
     /* metrics */
     uint64_t requests, completed, retries, cancelled, bad_requests, prefill_failed, decode_failed;
     uint64_t stale_retries;      /* requests sent again on a fresh connection: a kept-alive one was closed */
-    uint64_t local_limit;        /* requests failed for the proxy host's lack (ports, descriptors) */
+    uint64_t local_limit;        /* connects of requests failed for the proxy host's lack (ports, descriptors):
+                                  * each instance a request tried so, whether another then took it or not */
     uint64_t queue_full;         /* requests answered 429: every instance of a role had its queue full */
     int64_t body_bytes;          /* the request bodies of the jobs in flight */
     uint64_t body_full;          /* requests answered 503: the bodies in flight were at their cap */

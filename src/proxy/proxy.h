@@ -19,7 +19,10 @@
  *
  * Connections to the instances are kept alive and reused (proxy/pool.c), at most upstream_keepalive
  * idle per instance: a connection per request left one socket in TIME_WAIT per request on the
- * proxy's host, and at a few hundred requests per second the ephemeral ports ran out.
+ * proxy's host, and at a few hundred requests per second the ephemeral ports ran out. A connect that
+ * fails for the proxy host's lack (EADDRNOTAVAIL, EMFILE, ENFILE, ENOBUFS) is not the instance's
+ * failure: the request goes to the next instance of its role not tried (ports run out per
+ * destination), and gets a 503 naming the lack only when none is left.
  *
  * Dead instances: each one is checked with GET /health (every health_interval_ms, health_timeout_ms
  * to answer). health_failures checks failed in a row (3), or one failed request (no connection, no

@@ -39,6 +39,7 @@ struct fake {
                                  * as the request arrives) */
     atomic_int dropped;
     atomic_int close_each;      /* every answer says Connection: close, and the connection is closed */
+    atomic_int completions;     /* completion requests answered */
 };
 
 struct fconn {
@@ -53,6 +54,11 @@ static void fake_answer(struct fake *f, struct fconn *c, const char *req)
     const char *body = "{\"id\":\"x\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\"ok\","
                        "\"finish_reason\":\"stop\"}]}";
     int code = 200;
+    if (strstr(req, "\"do_remote_decode\":true"))   /* a prefill: the parameters its decode pulls with */
+        body = "{\"id\":\"x\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\"o\","
+               "\"finish_reason\":\"length\",\"kv_transfer_params\":{\"remote_request_id\":\"x\"}}]}";
+    if (!strncmp(req, "POST ", 5))
+        atomic_fetch_add(&f->completions, 1);
     if (!strncmp(req, "GET /health", 11)) {
         int fail = atomic_load(&f->health_fail) > 0;
         if (fail)
@@ -98,7 +104,8 @@ static int fake_serve(struct fake *f, struct fconn *c)
 static void *fake_loop(void *arg)
 {
     struct fake *f = arg;
-    static struct fconn conns[FAKE_MAX_CONNS];
+    struct fconn *conns = calloc(FAKE_MAX_CONNS, sizeof *conns);
+    cr_assert_not_null(conns);
     int n = 0;
     while (!atomic_load(&f->stop)) {
         struct pollfd p[FAKE_MAX_CONNS + 1] = {{.fd = f->fd, .events = POLLIN}};
@@ -129,6 +136,7 @@ static void *fake_loop(void *arg)
     }
     for (int i = 0; i < n; i++)
         close(conns[i].fd);
+    free(conns);
     return NULL;
 }
 
@@ -160,6 +168,7 @@ static void fake_stop(struct fake *f)
 static struct pd_proxy *X;
 static pthread_t tx;
 static struct fake F;
+static struct fake G[3];          /* more instances: a second prefill, two decodes */
 static pid_t child;               /* a `pdmoe proxy` process, killed at the end whatever happened */
 static char noport_file[64];
 static struct node C;             /* a real server (a colocated instance) */
@@ -172,6 +181,8 @@ static void fini(void)
     if (dir[0])
         rm_model(dir);
     fake_stop(&F);
+    for (int i = 0; i < 3; i++)
+        fake_stop(&G[i]);
     if (child > 0) {
         kill(child, SIGKILL);
         waitpid(child, NULL, 0);
@@ -357,11 +368,11 @@ Test(pool, one_failed_health_check_does_not_eject_three_do)
     cr_assert(strstr(out, "--health-failures"), "%s", out);
 }
 
-/* A connect() that fails with EADDRNOTAVAIL (every ephemeral port of the proxy's host towards the
- * instance in use or in TIME_WAIT; here an LD_PRELOAD shim, build/libnoport.so) is named in the
- * client's error and the proxy's log, and is not the instance's failure: it stays in, its checks
- * failing the same way do not take it out. */
-Test(pool, no_local_port_is_named_and_not_held_against_the_instance)
+/* `pdmoe proxy ARGS... --port port --health-interval-ms 50` in a child process (child) under the
+ * LD_PRELOAD shim build/libnoport.so: while noport_file exists, its connects to the port `blocked`
+ * (0: none) or to the ports the file lists fail with EADDRNOTAVAIL. Its stderr goes to `log`; it
+ * returns once the proxy is ready. */
+static void start_shimmed(const char *const *args, int port, int blocked, const char *log)
 {
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
     char shim[512];
@@ -369,16 +380,11 @@ Test(pool, no_local_port_is_named_and_not_held_against_the_instance)
     char *slash = strrchr(shim, '/');
     snprintf(slash ? slash + 1 : shim, sizeof shim - (size_t)(slash ? slash + 1 - shim : 0), "libnoport.so");
     cr_assert_eq(access(shim, R_OK), 0, "no %s", shim);
-    fake_start(&F);
-    atomic_store(&F.close_each, 1);   /* no connection kept alive: each request and check connects */
     snprintf(noport_file, sizeof noport_file, "/tmp/pdmoe-noport-%d", (int)getpid());
     unlink(noport_file);
-    const int port = test_ports();
-    char where[32], portarg[16], log[64], fport[16];
-    snprintf(where, sizeof where, "127.0.0.1:%d", F.port);
+    char portarg[16], bport[16];
     snprintf(portarg, sizeof portarg, "%d", port);
-    snprintf(fport, sizeof fport, "%d", F.port);
-    snprintf(log, sizeof log, "/tmp/pdmoe-noport-%d.log", (int)getpid());
+    snprintf(bport, sizeof bport, "%d", blocked);
     child = fork();
     cr_assert_geq(child, 0);
     if (child == 0) {
@@ -386,14 +392,22 @@ Test(pool, no_local_port_is_named_and_not_held_against_the_instance)
         dup2(fd, 2);
         setenv("LD_PRELOAD", shim, 1);
         setenv("PDMOE_TEST_NOPORT_FILE", noport_file, 1);
-        setenv("PDMOE_TEST_NOPORT_PORT", fport, 1);
+        if (blocked)
+            setenv("PDMOE_TEST_NOPORT_PORT", bport, 1);
         char asan[512];
         snprintf(asan, sizeof asan, "%s:verify_asan_link_order=0", getenv("ASAN_OPTIONS") ? getenv("ASAN_OPTIONS") : "");
         setenv("ASAN_OPTIONS", asan, 1);
-        execl(bin, bin, "proxy", "--decode", where, "--port", portarg, "--health-interval-ms", "50", (char *)NULL);
+        const char *argv[32] = {bin};
+        int n = 1;
+        for (; args[n - 1]; n++)
+            argv[n] = args[n - 1];
+        const char *tail[] = {"--port", portarg, "--health-interval-ms", "50", NULL};
+        for (int i = 0; i < 5; i++)
+            argv[n++] = tail[i];
+        execv(bin, (char *const *)argv);
         _exit(127);
     }
-    char out[8192], key[256];
+    char out[8192];
     int ready = 0;
     for (int i = 0; i < 500 && !ready; i++) {
         ready = curl_port(port, "/readiness", NULL, NULL, out, sizeof out) == 200;
@@ -401,11 +415,53 @@ Test(pool, no_local_port_is_named_and_not_held_against_the_instance)
             usleep(20000);
     }
     cr_assert(ready, "the proxy is not ready: %s", out);
-    const char *body = "{\"prompt\":\"hi\",\"max_tokens\":1}";
-    cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+}
+
+/* The child's stderr (log, then removed) once it is stopped. */
+static void stop_shimmed(const char *log, char *out, size_t cap)
+{
+    kill(child, SIGTERM);
+    waitpid(child, NULL, 0);
+    child = 0;
+    FILE *f = fopen(log, "r");
+    size_t n = f ? fread(out, 1, cap - 1, f) : 0;
+    out[n] = 0;
+    if (f)
+        fclose(f);
+    unlink(log);
+}
+
+/* Makes noport_file list `ports` (NULL: the file gone, every connect through). */
+static void short_of_ports(const char *ports)
+{
+    if (!ports) {
+        unlink(noport_file);
+        return;
+    }
     FILE *f = fopen(noport_file, "w");
     cr_assert_not_null(f);
+    fputs(ports, f);
     fclose(f);
+}
+
+/* A connect() that fails with EADDRNOTAVAIL (every ephemeral port of the proxy's host towards the
+ * instance in use or in TIME_WAIT; here an LD_PRELOAD shim, build/libnoport.so) is named in the
+ * client's error and the proxy's log, and is not the instance's failure: it stays in, its checks
+ * failing the same way do not take it out. */
+Test(pool, no_local_port_is_named_and_not_held_against_the_instance)
+{
+    fake_start(&F);
+    atomic_store(&F.close_each, 1);   /* no connection kept alive: each request and check connects */
+    const int port = test_ports();
+    char where[32], log[64];
+    snprintf(where, sizeof where, "127.0.0.1:%d", F.port);
+    snprintf(log, sizeof log, "/tmp/pdmoe-noport-%d.log", (int)getpid());
+    const char *args[] = {"proxy", "--decode", where, NULL};
+    start_shimmed(args, port, F.port, log);
+    char out[8192], key[256];
+    const char *body = "{\"prompt\":\"hi\",\"max_tokens\":1}";
+    cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    short_of_ports("");
     int code = curl_port(port, "/v1/completions", body, NULL, out, sizeof out);
     cr_assert_eq(code, 503, "%s", out);
     cr_assert(strstr(out, "EADDRNOTAVAIL") && strstr(out, "ip_local_port_range") && strstr(out, where),
@@ -419,17 +475,65 @@ Test(pool, no_local_port_is_named_and_not_held_against_the_instance)
     snprintf(key, sizeof key, "pdmoe_proxy_instance_ejections_total{role=\"decode\",instance=\"%s\"}", where);
     cr_assert_eq(metric_key(port, key), 0, "no local port was held against the instance");
     cr_assert_geq(metric_key(port, "pdmoe_proxy_errors_total{kind=\"local_limit\"}"), 1);
-    unlink(noport_file);
+    short_of_ports(NULL);
     cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
-    kill(child, SIGTERM);
-    waitpid(child, NULL, 0);
-    child = 0;
-    f = fopen(log, "r");
-    size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
-    out[n] = 0;
-    if (f)
-        fclose(f);
-    unlink(log);
+    stop_shimmed(log, out, sizeof out);
     cr_assert(strstr(out, "EADDRNOTAVAIL") && strstr(out, where), "the log does not name it: %s", out);
     cr_assert(!strstr(out, "is down"), "the instance was taken out: %s", out);
+}
+
+/* Ports run out per destination (address and port): a prefill whose connect fails with
+ * EADDRNOTAVAIL goes to the next prefill instance the routing picks, and a decode not yet begun to
+ * the next decode instance, each at most once per instance and without taking anyone out; only
+ * when every instance of the role failed so does the client get the 503 naming the limit. The first
+ * prefill instance (least_loaded picks it first at equal loads) and the first decode one are short
+ * of ports: each request succeeds through the second of each, errors_total{kind="local_limit"}
+ * counting the two failures. The 503 came at once, at the first instance. */
+Test(pool, a_connect_short_of_local_ports_goes_to_the_next_instance_of_its_role)
+{
+    struct fake *p1 = &F, *p2 = &G[0], *d1 = &G[1], *d2 = &G[2];
+    struct fake *all[] = {p1, p2, d1, d2};
+    char where[4][32];
+    for (int i = 0; i < 4; i++) {
+        fake_start(all[i]);
+        atomic_store(&all[i]->close_each, 1);   /* each request connects */
+        snprintf(where[i], sizeof where[i], "127.0.0.1:%d", all[i]->port);
+    }
+    const int port = test_ports();
+    char log[64], prefill[80], decode[80], out[8192], key[256], ports[64];
+    snprintf(log, sizeof log, "/tmp/pdmoe-noport-%d.log", (int)getpid());
+    snprintf(prefill, sizeof prefill, "%s,%s", where[0], where[1]);
+    snprintf(decode, sizeof decode, "%s,%s", where[2], where[3]);
+    const char *args[] = {"proxy", "--prefill", prefill, "--decode", decode, "--policy", "least_loaded", NULL};
+    start_shimmed(args, port, 0, log);
+    snprintf(ports, sizeof ports, "%d %d", p1->port, d1->port);
+    short_of_ports(ports);
+    const char *body[] = {"{\"prompt\":\"hi\",\"max_tokens\":1}", "{\"prompt\":\"hi\",\"max_tokens\":1,\"stream\":true}"};
+    for (int k = 0; k < 2; k++) {
+        int code = curl_port(port, "/v1/completions", body[k], NULL, out, sizeof out);
+        cr_assert(code == 200 && strstr(out, "\"ok\"") && !strstr(out, "\"error\""), "%s: %d %s", body[k], code, out);
+    }
+    cr_assert_eq(atomic_load(&p1->completions) + atomic_load(&d1->completions), 0, "the shim let a request through");
+    cr_assert_eq(atomic_load(&p2->completions), 2);
+    cr_assert_eq(atomic_load(&d2->completions), 2);
+    cr_assert_eq(metric_key(port, "pdmoe_proxy_errors_total{kind=\"local_limit\"}"), 4,
+                 "two requests, each short of ports towards one prefill and one decode instance");
+    for (int i = 0; i < 4; i++) {
+        snprintf(key, sizeof key, "pdmoe_proxy_instance_ejections_total{role=\"%s\",instance=\"%s\"}",
+                 i < 2 ? "prefill" : "decode", where[i]);
+        cr_assert_eq(metric_key(port, key), 0, "%s was taken out", where[i]);
+        snprintf(key, sizeof key, "pdmoe_proxy_instance_up{role=\"%s\",instance=\"%s\"}", i < 2 ? "prefill" : "decode",
+                 where[i]);
+        cr_assert_eq(metric_key(port, key), 1, "%s is not up", where[i]);
+    }
+    /* both prefill instances short: the 503 names the limit and both, each tried once */
+    snprintf(ports, sizeof ports, "%d %d", p1->port, p2->port);
+    short_of_ports(ports);
+    int code = curl_port(port, "/v1/completions", body[0], NULL, out, sizeof out);
+    cr_assert_eq(code, 503, "%s", out);
+    cr_assert(strstr(out, "EADDRNOTAVAIL") && strstr(out, "nor to 1 other prefill instance"), "%s", out);
+    cr_assert_eq(metric_key(port, "pdmoe_proxy_errors_total{kind=\"local_limit\"}"), 6);
+    short_of_ports(NULL);
+    stop_shimmed(log, out, sizeof out);
+    cr_assert(!strstr(out, "is down"), "an instance was taken out: %s", out);
 }
