@@ -14,7 +14,11 @@
  * connection idle for --idle-timeout (60 s), and one it closes just as the proxy sends on it fails
  * the request (the caller retries once on a fresh connection when no byte of the answer came, see
  * px_conn_reused). Before lending an idle one the pool looks at its socket: a server that has
- * closed it (its FIN arrived, not yet read by the loop) or sent bytes unasked is not lent. */
+ * closed it (its FIN arrived, not yet read by the loop) or sent bytes unasked is not lent. So a
+ * server whose --idle-timeout is shorter than KEEPALIVE_IDLE_S costs a new connection, not a request
+ * (libevent reads its FIN and resets the connection, the tick's sweep drops it, or the peek finds
+ * it: pool/an_instance_idle_timeout_shorter_than_the_pools_loses_no_request); only a close that
+ * crosses the request on the wire is left to the resend. */
 #include "proxy/internal.h"
 #include "core/timing.h"
 
