@@ -171,6 +171,7 @@ static struct fake F;
 static struct fake G[3];          /* more instances: a second prefill, two decodes */
 static pid_t child;               /* a `pdmoe proxy` process, killed at the end whatever happened */
 static char noport_file[64];
+static char noport_log[64];     /* the shimmed proxy's stderr */
 static struct node C;             /* a real server (a colocated instance) */
 static char dir[64];              /* its model */
 
@@ -190,6 +191,8 @@ static void fini(void)
     }
     if (noport_file[0])
         unlink(noport_file);
+    if (noport_log[0])
+        unlink(noport_log);   /* (a test that failed before reading it) */
 }
 
 TestSuite(pool, .fini = fini, .timeout = 120);
@@ -420,6 +423,7 @@ static void start_shimmed(const char *const *args, int port, int blocked, const 
     cr_assert_eq(access(shim, R_OK), 0, "no %s", shim);
     snprintf(noport_file, sizeof noport_file, "/tmp/pdmoe-noport-%d", (int)getpid());
     unlink(noport_file);
+    snprintf(noport_log, sizeof noport_log, "%s", log);
     char portarg[16], bport[16];
     snprintf(portarg, sizeof portarg, "%d", port);
     snprintf(bport, sizeof bport, "%d", blocked);
