@@ -228,9 +228,15 @@ void pd_oom_count(struct pd_oom_count *c)
 const char *pd_oom_note(char *buf, size_t cap, const struct pd_oom_count *before, const struct pd_oom_count *after)
 {
     buf[0] = 0;
-    const int in_cgroup = before->cgroup >= 0 && after->cgroup > before->cgroup &&
-                          !strcmp(before->cgroup_path, after->cgroup_path);
-    const int on_host = before->host >= 0 && after->host > before->host;
+    /* the cgroup's count, when there is one to compare, is the whole answer: the kernel counts
+     * every OOM kill of a process in it there, the host's and a parent cgroup's included (v2
+     * memory.events "any kind of OOM killer"; v1 memory.oom_control alike), so a host's count that
+     * rose while it did not is other cgroups' kills: on a shared host, a SIGKILL from elsewhere
+     * that coincided with them was blamed on memory and counted in pdmoe_oom_deaths_total */
+    const int comparable = before->cgroup >= 0 && after->cgroup >= 0 &&
+                           !strcmp(before->cgroup_path, after->cgroup_path);
+    const int in_cgroup = comparable && after->cgroup > before->cgroup;
+    const int on_host = before->host >= 0 && after->host > before->host && (in_cgroup || !comparable);
     if (!in_cgroup && !on_host)
         return buf;
     const int64_t n = in_cgroup ? after->cgroup - before->cgroup : after->host - before->host;
@@ -248,8 +254,7 @@ const char *pd_oom_note(char *buf, size_t cap, const struct pd_oom_count *before
                  (long long)n, n == 1 ? "" : "es", after->cgroup_path, lim, (long long)before->cgroup,
                  (long long)after->cgroup, host);
     else
-        snprintf(buf, cap, "the kernel's OOM killer killed %lld process%s on this host meanwhile (%s%s%s): its "
-                 "processes need more memory than it has", (long long)n, n == 1 ? "" : "es", host,
-                 after->cgroup >= 0 ? "; none in cgroup " : "", after->cgroup >= 0 ? after->cgroup_path : "");
+        snprintf(buf, cap, "the kernel's OOM killer killed %lld process%s on this host meanwhile (%s): its "
+                 "processes need more memory than it has", (long long)n, n == 1 ? "" : "es", host);
     return buf;
 }

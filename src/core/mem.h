@@ -61,9 +61,10 @@ void pd_oom_count_at(struct pd_oom_count *c, const char *proc, const char *sys);
 /* When a counter rose from `before` to `after`, a note saying so with its figures: "the kernel's
  * OOM killer killed 1 process in this cgroup meanwhile (cgroup /a/b: limit 20.00 GiB, oom_kill 0
  * -> 1; /proc/vmstat oom_kill 3 -> 4): its processes need more memory than it gives them", or "...
- * on this host meanwhile (/proc/vmstat oom_kill 3 -> 4; none in cgroup /a/b): ..." when only the
- * host's rose (its memory, not the cgroup's limit, ran out); else "". The cgroup's count is
- * preferred: the host's counts other containers' kills too. */
+ * on this host meanwhile (/proc/vmstat oom_kill 3 -> 4): ..." when there is no cgroup count to
+ * compare (the root cgroup, no cgroupfs) and the host's rose; else "". A cgroup count that did not
+ * rise says "" whatever the host's did: the kernel counts there every OOM kill of a process in the
+ * cgroup, a host-wide one's too, so the host's rise is other containers' kills. */
 const char *pd_oom_note(char *buf, size_t cap, const struct pd_oom_count *before, const struct pd_oom_count *after);
 
 #endif

@@ -98,8 +98,9 @@ Test(mem, missing_counters_are_minus_one)
     cr_assert_str_eq(c.cgroup_path, "");
 }
 
-/* The note: the cgroup's count when it rose, the host's beside it; the host's alone, naming the
- * cgroup that counted none; nothing when neither rose (a SIGKILL from elsewhere). */
+/* The note: the cgroup's count when it rose, the host's beside it; the host's alone only when there
+ * is no cgroup count to compare; nothing when the cgroup's did not rise (a SIGKILL from elsewhere
+ * while other containers were OOM-killed) or neither did. */
 Test(mem, the_note_names_what_rose_with_its_figures)
 {
     struct pd_oom_count a = {.host = 3, .cgroup = 0, .limit = 21474836480LL, .cgroup_path = "/pa/job"}, b = a;
@@ -111,11 +112,24 @@ Test(mem, the_note_names_what_rose_with_its_figures)
                      "the kernel's OOM killer killed 1 process in this cgroup meanwhile (cgroup /pa/job: limit "
                      "20.00 GiB, oom_kill 0 -> 1; /proc/vmstat oom_kill 3 -> 4): its processes need more memory "
                      "than it gives them");
+    /* the host's count rose, the cgroup's did not: other cgroups' kills (the kernel counts a
+     * host-wide OOM kill of this cgroup's process in its count too), not this child's death */
     b.cgroup = 0;
     b.host = 6;
-    cr_assert_str_eq(pd_oom_note(note, sizeof note, &a, &b),
+    cr_assert_str_eq(pd_oom_note(note, sizeof note, &a, &b), "",
+                     "a SIGKILL from elsewhere is blamed on other cgroups' OOM kills: %s", note);
+    /* no cgroup to compare (the root cgroup, no cgroupfs): the host's count is all there is */
+    struct pd_oom_count ha = {.host = 3, .cgroup = -1, .limit = -1}, hb = ha;
+    hb.host = 6;
+    cr_assert_str_eq(pd_oom_note(note, sizeof note, &ha, &hb),
                      "the kernel's OOM killer killed 3 processes on this host meanwhile (/proc/vmstat oom_kill 3 -> "
-                     "6; none in cgroup /pa/job): its processes need more memory than it has");
+                     "6): its processes need more memory than it has");
+    /* a cgroup moved between the two reads: not comparable, the host's count speaks */
+    struct pd_oom_count moved = b;
+    snprintf(moved.cgroup_path, sizeof moved.cgroup_path, "/pa/other");
+    cr_assert_str_eq(pd_oom_note(note, sizeof note, &a, &moved),
+                     "the kernel's OOM killer killed 3 processes on this host meanwhile (/proc/vmstat oom_kill 3 -> "
+                     "6): its processes need more memory than it has");
     /* no counters at all, before or after: nothing to say */
     struct pd_oom_count none = {.host = -1, .cgroup = -1, .limit = -1};
     cr_assert_str_eq(pd_oom_note(note, sizeof note, &none, &none), "");
