@@ -469,7 +469,9 @@ static struct req *build(struct pd_server *s, struct refusal *no, json_t *j, int
                 goto reject;
             }
             if (fp && strcmp(fp, s->fingerprint)) {
-                refuse(no, 400, "invalid_request_error", "kv_transfer_params",
+                /* its own param: the proxy tells this apart from a wrong role (it is the pair's
+                 * mismatch, not this instance's failure) */
+                refuse(no, 400, "invalid_request_error", "kv_transfer_params.model_fingerprint",
                        "kv_transfer_params.model_fingerprint %.32s: the prefill instance holds other weights "
                        "than this one (%s): its KV cache cannot be decoded here", fp, s->fingerprint);
                 goto reject;

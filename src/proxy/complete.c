@@ -307,6 +307,8 @@ struct answer {
     int kv;          /* an error naming kv_transfer_params, which the proxy writes when it has prefill
                         instances: a 403 is a lost hand-off (the prefill instance restarted, or the
                         lease expired while the decode queued), a 400 an instance of the wrong role */
+    int weights;     /* a decode's refusal of KV computed with other weights than its own
+                        (kv_transfer_params.model_fingerprint): the pair's mismatch, neither's failure */
     char why[512];   /* what a 502 says: the missing JSON, or that error's message (whole: it names the
                       * setting at fault, as a spec-decode k that differs between the roles) */
 };
@@ -327,7 +329,8 @@ static json_t *answer_read(struct evbuffer *held, struct evhttp_request *r, int 
     json_t *err = json_object_get(doc, "error");
     const char *param = json_string_value(json_object_get(err, "param"));
     const char *msg = json_string_value(json_object_get(err, "message"));
-    if (param && strcmp(param, "kv_transfer_params") == 0) {
+    a->weights = param && strcmp(param, "kv_transfer_params.model_fingerprint") == 0;
+    if (param && (strcmp(param, "kv_transfer_params") == 0 || a->weights)) {
         a->kv = 1;
         snprintf(a->why, sizeof a->why, "%.500s", msg ? msg : "it refused the KV transfer parameters");
     }
@@ -480,6 +483,41 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
         j->tried = j->dtried = 0;
         j->local = j->dlocal = 0;
         send_up(j, 0);
+        return;
+    }
+    if (code == 400 && a.weights && px->np > 0 && !j->started) {
+        /* the decode instance holds other weights than the prefill instance that computed the KV (a
+         * checkpoint changed on disk and one of them restarted since): neither is taken out, since
+         * either may be the one the others agree with (taking the decode out, as for a wrong role,
+         * emptied the decode side of a healthy cluster one request at a time). Another decode
+         * instance may hold the prefill's weights, else another prefill instance the decode's. */
+        struct instance *pi = &px->p[j->pi], *di = &px->d[j->di];
+        const double now = pd_now_s();
+        if (!pi->weights_said_at || now - pi->weights_said_at >= 10) {
+            pi->weights_said_at = now;
+            fprintf(stderr, "pdmoe proxy: prefill instance %s:%d and decode instance %s:%d hold different weights "
+                    "(%s); every instance must load the same checkpoint: restart the ones that loaded another "
+                    "(requests go to other pairs meanwhile; said at most every 10 s)\n", pi->host, pi->port,
+                    di->host, di->port, a.why);
+        }
+        const int other_decode = px_pick(px->d, px->nd, j->dtried) >= 0;
+        if (other_decode || (j->attempts < max_attempts(px) && px_pick(px->p, px->np, j->tried) >= 0)) {
+            px->retries++;
+            if (j->held)
+                evbuffer_drain(j->held, evbuffer_get_length(j->held));
+            if (!other_decode) {   /* prefilled again on a prefill instance not tried yet */
+                j->dtried = 0;
+                j->local = j->dlocal = 0;
+            }
+            send_up(j, other_decode);
+            return;
+        }
+        px->decode_failed++;
+        reply_error(j->client, 502, "server_error", "the prefill instance %s:%d and the decode instance %s:%d hold "
+                    "different weights (%s); no other pair could take the request", pi->host, pi->port, di->host,
+                    di->port, a.why);
+        client_done(j);
+        job_free(j);
         return;
     }
     if ((code == 0 || code >= 500) && !j->started) {

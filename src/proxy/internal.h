@@ -39,6 +39,7 @@ struct instance {
     int n_idle;
     uint64_t conns_opened, conns_reused;   /* connections opened to it; requests sent on one kept alive */
     double local_said_at;        /* when a failure for the proxy host's lack (pool.c) was last logged */
+    double weights_said_at;      /* (prefill) when a decode's refusal of its KV for other weights was last logged */
 };
 
 struct job;

@@ -1023,3 +1023,54 @@ Test(proxy, request_bodies_in_flight_are_bounded)
     proxy_shutdown(&X, tx);
     sse_fake_stop(&f);
 }
+
+/* A checkpoint changed on disk under a running cluster and one prefill instance restarted on it:
+ * its KV is refused by the decode instance (kv_transfer_params.model_fingerprint, "other
+ * weights"). That is the pair's mismatch, not the decode instance's failure: the proxy once took
+ * the decode out as an instance of the wrong role, so every request after the first that met the
+ * new prefill was a 503 "no decode instance is up" while a prefill instance with the decode's
+ * weights stood idle. Now the request is prefilled again on the other prefill instance, every
+ * request is answered with the colocated tokens, and the decode instance stays up. */
+Test(proxy, a_prefill_instance_with_other_weights_does_not_take_the_decode_out)
+{
+    char other[64], keep[64];
+    tmp_model("v4-tiny", 10, other, sizeof other);
+    snprintf(keep, sizeof keep, "%s", dir);
+    snprintf(dir, sizeof dir, "%s", other);
+    pthread_t to;
+    struct pd_server *O = server(PD_ROLE_PRODUCER, &to);
+    snprintf(dir, sizeof dir, "%s", keep);
+    static char p0[32], p1[32], d0[32];
+    snprintf(p0, sizeof p0, "127.0.0.1:%d", pd_server_port(O));
+    snprintf(p1, sizeof p1, "127.0.0.1:%d", pd_server_port(P));
+    snprintf(d0, sizeof d0, "127.0.0.1:%d", pd_server_port(D));
+    struct pd_proxy_opts o = {.port = 0, .n_prefill = 2, .n_decode = 1, .route = {.policy = PD_ROUTE_LEAST_LOADED}};
+    o.prefill[0] = p0;
+    o.prefill[1] = p1;
+    o.decode[0] = d0;
+    pd_err e = {0};
+    cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
+    pthread_create(&tx, NULL, run_proxy, X);
+    const int port = pd_proxy_port(X);
+    wait_up(port, 2, 1);
+    char a[8192], b[8192], body[256];
+    for (int i = 0; i < 6; i++) {
+        snprintf(body, sizeof body, "{\"model\":\"tiny\",\"prompt\":\"request %d of six, one after another\","
+                 "\"max_tokens\":8,\"temperature\":0,\"return_token_ids\":true}", i);
+        int code = curl_port(port, "/v1/completions", body, NULL, a, sizeof a);
+        cr_assert_eq(code, 200, "request %d: %d %s", i, code, a);
+        cr_assert_eq(curl_port(pd_server_port(C), "/v1/completions", body, NULL, b, sizeof b), 200, "%s", b);
+        char *x = field(a, "token_ids"), *y = field(b, "token_ids");
+        cr_assert_str_eq(x, y, "request %d", i);
+        free(x);
+        free(y);
+    }
+    cr_assert_geq(metric(pd_server_port(O), "pdmoe_requests_total"), 1, "no request met the other weights");
+    cr_assert_geq(metric(port, "pdmoe_proxy_retries_total"), 1);
+    cr_assert_eq(curl_port(port, "/readiness", NULL, NULL, a, sizeof a), 200, "%s", a);
+    proxy_shutdown(&X, tx);
+    pd_server_stop(O);
+    pthread_join(to, NULL);
+    pd_server_destroy(O);
+    rm_model(other);
+}
