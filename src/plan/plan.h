@@ -223,7 +223,7 @@ struct pd_perf;
 /* With f, the document carries the prediction as "perf". */
 char *pd_plan_json(const struct pd_plan *p, const struct pd_perf *f);   /* malloc'ed */
 /* The same with `validation` (a json_t *, taken; NULL for none) as the "validation" member of its
- * "perf" object (pd_validate_fit_json: the published runs of this model on these cards). */
+ * "perf" object (validate.h pd_validate_vouch: the published runs of this model on these cards). */
 char *pd_plan_json_ext(const struct pd_plan *p, const struct pd_perf *f, void *validation);
 /* Every tensor of the inventory, one per line (routed experts expanded). */
 int pd_plan_print_inventory(const struct pd_plan *p, void *file, int units);

@@ -359,12 +359,20 @@ void *pd_validate_json(const struct pd_valcase *c, int n)
     return arr;
 }
 
+/* The matching cases of pd_validate_vouch and how they fared. */
+struct pd_val_fit {
+    int n, idx[64];           /* the matching cases (indices into the run's array), at most 64 */
+    int within, outside;      /* checked cases within 25% of their figure, and beyond it */
+    int pending, known_miss;
+    int slower;               /* pending or checked cases whose run was over 25% slower than predicted */
+};
+
 static const char *case_status(const struct pd_valcase *c)
 {
     return c->pending[0] ? "pending" : c->known_miss[0] ? "known_miss" : "checked";
 }
 
-void pd_validate_fit(const struct pd_valcase *c, int n, enum pd_arch arch, const char *family, struct pd_val_fit *fit)
+static void fit_cases(const struct pd_valcase *c, int n, enum pd_arch arch, const char *family, struct pd_val_fit *fit)
 {
     *fit = (struct pd_val_fit){0};
     for (int i = 0; i < n && family && fit->n < (int)(sizeof fit->idx / sizeof fit->idx[0]); i++) {
@@ -385,8 +393,7 @@ void pd_validate_fit(const struct pd_valcase *c, int n, enum pd_arch arch, const
     }
 }
 
-char *pd_validate_fit_text(const struct pd_valcase *c, const struct pd_val_fit *fit, enum pd_arch arch,
-                           const char *family)
+static char *fit_text(const struct pd_valcase *c, const struct pd_val_fit *fit, enum pd_arch arch, const char *family)
 {
     char *buf = NULL;
     size_t len = 0;
@@ -418,8 +425,7 @@ char *pd_validate_fit_text(const struct pd_valcase *c, const struct pd_val_fit *
     return buf;
 }
 
-void *pd_validate_fit_json(const struct pd_valcase *c, const struct pd_val_fit *fit, enum pd_arch arch,
-                           const char *family)
+static json_t *fit_json(const struct pd_valcase *c, const struct pd_val_fit *fit, enum pd_arch arch, const char *family)
 {
     json_t *cases = json_array();
     for (int k = 0; cases && k < fit->n; k++) {
@@ -442,11 +448,11 @@ int pd_validate_vouch(const struct pd_plan *p, char **text, void **json, pd_err 
         return rc;
     struct pd_val_fit fit;
     const char *family = pd_hardware_family(&p->hw);
-    pd_validate_fit(c, n, p->model.arch, family, &fit);
+    fit_cases(c, n, p->model.arch, family, &fit);
     if (text)
-        *text = pd_validate_fit_text(c, &fit, p->model.arch, family);
+        *text = fit_text(c, &fit, p->model.arch, family);
     if (json)
-        *json = pd_validate_fit_json(c, &fit, p->model.arch, family);
+        *json = fit_json(c, &fit, p->model.arch, family);
     free(c);
     if ((text && !*text) || (json && !*json))
         return pd_err_set(e, PD_ENOMEM, "out of memory for the published runs");

@@ -43,26 +43,12 @@ char *pd_validate_markdown(const struct pd_valcase *c, int n);   /* malloc'ed */
  * pending) and reason, its model terms (pd_perf_json) and, for a lockstep case, its run. */
 void *pd_validate_json(const struct pd_valcase *c, int n);
 
-/* How far the published runs vouch for a prediction of a model of architecture `arch` on cards of
- * `family` (pd_hardware_family; NULL: a family no case has): the cases of that architecture on
- * cards of that family, judged as pdmoe validate judges them. `pdmoe plan --isl/--osl` closes its
- * performance section with it, so that a prediction the stacks of those cards have not been seen
- * to reach is not read as what they will do. */
-struct pd_val_fit {
-    int n, idx[64];           /* the matching cases (indices into the run's array), at most 64 */
-    int within, outside;      /* checked cases within 25% of their figure, and beyond it */
-    int pending, known_miss;
-    int slower;               /* pending or checked cases whose run was over 25% slower than predicted */
-};
-void pd_validate_fit(const struct pd_valcase *c, int n, enum pd_arch arch, const char *family, struct pd_val_fit *fit);
-/* Its lines for the plan's text (malloc'ed) and its JSON object (a json_t *). */
-char *pd_validate_fit_text(const struct pd_valcase *c, const struct pd_val_fit *fit, enum pd_arch arch,
-                           const char *family);
-void *pd_validate_fit_json(const struct pd_valcase *c, const struct pd_val_fit *fit, enum pd_arch arch,
-                           const char *family);
-/* All of it for a plan's prediction: the shipped cases (validation/published.json) run now, and
- * the fit of p's architecture and cards as text (*text, malloc'ed, when text) and JSON (*json, a
- * json_t *, when json). PD_ENOMEM, or the cases' own error. */
+/* How far the published runs vouch for a prediction of plan p: the shipped cases
+ * (validation/published.json), run now, of p's architecture on cards of p's family
+ * (pd_hardware_family; none for a family no case has), judged as pdmoe validate judges them, as
+ * text (*text, malloc'ed, when text: the lines `pdmoe plan --isl/--osl` and `pdmoe search` close
+ * with, saying to read the prediction as an upper bound when a run was over 25% slower) and JSON
+ * (*json, a json_t *, when json). PD_ENOMEM, or the cases' own error. */
 struct pd_plan;
 int pd_validate_vouch(const struct pd_plan *p, char **text, void **json, pd_err *e);
 

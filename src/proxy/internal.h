@@ -105,8 +105,6 @@ int px_conn_heard(const struct px_conn *c);
 /* Its request is over: with a whole answer (answered 1) it goes back to the pool, if still open and
  * there is room; else it is closed (a failed or cancelled request's). NULL: nothing. */
 void px_conn_put(struct px_conn *c, int answered);
-/* At destroy: closed at once, with any request pending on it (whose callback is not called). */
-void px_conn_free_now(struct px_conn *c);
 /* `in`'s idle connections unused too long, or closed by the server, are freed (from the tick). */
 void px_pool_sweep(struct instance *in, double now);
 void px_pool_free(struct instance *in);

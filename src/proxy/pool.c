@@ -190,7 +190,8 @@ void px_pool_free(struct instance *in)
     in->n_idle = 0;
 }
 
-void px_conn_free_now(struct px_conn *c)
+/* At destroy: closed at once, with any request pending on it (whose callback is not called). */
+static void conn_free_now(struct px_conn *c)
 {
     if (!c)
         return;
@@ -340,6 +341,6 @@ void px_get_cancel(struct px_get *g)
 {
     if (!g)
         return;
-    px_conn_free_now(g->conn);
+    conn_free_now(g->conn);
     free(g);
 }
