@@ -537,7 +537,7 @@ int pd_cli_generate(int argc, char **argv)
     char path[PATH_MAX];
     struct pd_model m;
     rc = 1;
-    if (pd_path_join(path, sizeof path, o.dir, "tokenizer.json", &e) || pd_tok_load(path, &b.tok, &e) || pd_model_load(o.dir, &m, &e) ||
+    if (pd_dir_check("--model", o.dir, &e) || pd_path_join(path, sizeof path, o.dir, "tokenizer.json", &e) || pd_tok_load(path, &b.tok, &e) || pd_model_load(o.dir, &m, &e) ||
         pd_tok_check_vocab(b.tok, m.vocab_size, path, &e) ||
         pd_tok_check_special(b.tok, m.bos_token_id, m.eos_token_id, path, &e))
         goto out;

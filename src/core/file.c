@@ -86,3 +86,14 @@ int pd_path_join(char *out, size_t cap, const char *dir, const char *name, pd_er
         return pd_err_set(e, PD_EINVAL, "%.200s...: the path of its %s is longer than %zu bytes", dir, name, cap - 1);
     return 0;
 }
+
+int pd_dir_check(const char *flag, const char *dir, pd_err *e)
+{
+    struct stat st;
+    if (stat(dir, &st))
+        return pd_err_set(e, PD_EINVAL, "%s %s: %s", flag, dir,
+                          errno == ENOENT ? "no such directory" : strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return pd_err_set(e, PD_EINVAL, "%s %s: not a directory", flag, dir);
+    return 0;
+}

@@ -22,4 +22,9 @@ char *pd_file_read(const char *path, size_t max, size_t *len, pd_err *e);
  * file nobody named). */
 int pd_path_join(char *out, size_t cap, const char *dir, const char *name, pd_err *e);
 
+/* 0 if dir, the value of flag ("--model"), is a directory; else PD_EINVAL with e naming the flag,
+ * the path and what is wrong ("no such directory", "not a directory"): a model directory renamed
+ * under a running cluster was reported as its tokenizer.json missing, the first file read. */
+int pd_dir_check(const char *flag, const char *dir, pd_err *e);
+
 #endif

@@ -587,7 +587,8 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     pthread_condattr_destroy(&ca);
     int rc;
     char path[PATH_MAX];
-    if ((rc = pd_path_join(path, sizeof path, o->model_dir, "tokenizer.json", e)) || (rc = pd_tok_load(path, &s->tok, e)))
+    if ((rc = pd_dir_check("--model", o->model_dir, e)) ||
+        (rc = pd_path_join(path, sizeof path, o->model_dir, "tokenizer.json", e)) || (rc = pd_tok_load(path, &s->tok, e)))
         goto fail;
     if ((rc = pd_chat_format_of(o->model_dir, &s->chat, e)))
         goto fail;

@@ -274,6 +274,11 @@ Test(careless, messages_name_what_to_do)
     refused("plan --threads 4", "--threads only applies with --emit pdmoe", NULL);
     refused("plan --hardware /tmp", "--hardware /tmp: is a directory", NULL);
     refused("plan --expert-stats /tmp", "/tmp: is a directory", NULL);
+    /* a model directory that is not there is named by its flag, not as its tokenizer.json */
+    refused("generate --model /nonexistent-pdmoe-model --prompt a", "--model /nonexistent-pdmoe-model: no such directory",
+            NULL);
+    refused("serve --model /nonexistent-pdmoe-model --port 1", "--model /nonexistent-pdmoe-model: no such directory",
+            NULL);
     struct run r;
     run("search --cards 2", &r);
     cr_assert_null(strstr(r.out, " x ? ("), "%.200s", r.out);
