@@ -155,11 +155,16 @@ static const char *stamp(char buf[24])
     return buf;
 }
 
-/* "exited with status N" or "was killed by signal N (name)" */
+/* "exited with status N" or "was killed by signal N (name)"; PD_CLI_EXIT_CONFIG said for what it
+ * is (a bare 78 told the operator nothing: a model directory renamed or a checkpoint replaced
+ * under a running cluster makes every restart refuse it until it is put right). */
 static void describe(int status, char *out, size_t cap)
 {
     if (WIFSIGNALED(status))
         snprintf(out, cap, "was killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
+    else if (WEXITSTATUS(status) == PD_CLI_EXIT_CONFIG)
+        snprintf(out, cap, "exited with status %d: it refused its configuration (a flag, a file of the model, or "
+                 "a pool this host cannot hold; its message is above)", PD_CLI_EXIT_CONFIG);
     else
         snprintf(out, cap, "exited with status %d", WEXITSTATUS(status));
 }

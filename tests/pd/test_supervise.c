@@ -521,3 +521,30 @@ Test(supervise, an_instance_the_oom_killer_ends_is_logged_as_such)
     }
     cr_assert_geq(oom, 1, "the proxy's /metrics does not count the OOM death");
 }
+
+/* A model directory renamed under a running cluster: the restarted instance names --model and
+ * the directory, and up's line says what its exit status 78 means (it said "exited with status
+ * 78" after the instance's "DIR/tokenizer.json: cannot open"). */
+Test(supervise, an_instance_restarted_without_its_model_directory_is_named)
+{
+    const int port = test_ports(), D = port + 2;
+    start_up(port, NULL);
+    char moved[80], err[128];
+    snprintf(moved, sizeof moved, "%s.moved", dir);
+    snprintf(err, sizeof err, "%s/up.err", logs);
+    pid_t dec = pid_on("serve", D);
+    cr_assert_gt(dec, 0, "no process with --port %d", D);
+    cr_assert_eq(rename(dir, moved), 0, "%s", strerror(errno));
+    kill(dec, SIGKILL);
+    char want[160];
+    snprintf(want, sizeof want, "--model %s: no such directory", dir);
+    int said = 0;
+    for (int i = 0; i < 100 && !said; i++) {
+        usleep(100000);
+        said = file_has(err, want) && file_has(err, "exited with status 78: it refused its configuration");
+    }
+    rename(moved, dir);
+    cr_assert(said, "no \"%s\" and no meaning of status 78 in up's log %s", want, err);
+    cr_assert(!file_has(err, "tokenizer.json: cannot open"), "the missing directory blamed on a file in %s", err);
+    cr_assert_eq(waitpid(up_pid, NULL, WNOHANG), 0, "pdmoe up exited");
+}
