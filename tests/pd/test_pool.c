@@ -276,7 +276,7 @@ Test(pool, sequential_requests_reuse_a_few_connections)
 }
 
 /* The pool retires an idle connection after a fixed 20 s, while serve's --idle-timeout may be shorter:
- * an instance that closes its idle connections after 5 s, asked every 6 s, has closed the one the
+ * an instance that closes its idle connections after 1 s, asked every 1.6 s, has closed the one the
  * pool holds before each request; the pool sees the close (libevent reads the FIN and resets the
  * connection, or recv(MSG_PEEK) finds it) and opens a new one rather than sending on the closed
  * one: every request answered, none sent twice (the resend after a close is for the race when the
@@ -286,7 +286,7 @@ Test(pool, an_instance_idle_timeout_shorter_than_the_pools_loses_no_request, .ti
     tmp_model("v4-tiny", 11, dir, sizeof dir);
     pd_err e = {0};
     struct pd_server_opts so = {.model_dir = dir, .threads = 1, .max_num_seqs = 8, .max_model_len = 256,
-                                .served_name = "tiny", .role = PD_ROLE_BOTH, .http = {.idle_timeout_ms = 5000}};
+                                .served_name = "tiny", .role = PD_ROLE_BOTH, .http = {.idle_timeout_ms = 1000}};
     cr_assert_eq(pd_server_create(&so, &C.s, &e), 0, "%s", e.msg);
     pthread_create(&C.loop, NULL, run_server, C.s);
     C.port = pd_server_port(C.s);
@@ -300,13 +300,13 @@ Test(pool, an_instance_idle_timeout_shorter_than_the_pools_loses_no_request, .ti
         usleep(20000);
     const int N = 4;
     for (int i = 0; i < N; i++) {
-        sleep(6);
+        usleep(1600000);
         int code = curl_port(pd_proxy_port(X), "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":1}", NULL, out,
                              sizeof out);
-        cr_assert_eq(code, 200, "request %d, 6 s after the last: %s", i, out);
+        cr_assert_eq(code, 200, "request %d, 1.6 s after the last: %s", i, out);
     }
     const int64_t opened = instance_metric("connections_opened_total", where);
-    cr_assert_geq(opened, N, "%lld connections opened for %d requests 6 s apart: the instance kept them past its 5 s "
+    cr_assert_geq(opened, N, "%lld connections opened for %d requests 1.6 s apart: the instance kept them past its 1 s "
                   "idle timeout, or the pool lent ones it had closed", (long long)opened, N);
     cr_assert_eq(metric_key(pd_proxy_port(X), "pdmoe_proxy_upstream_resent_total"), 0,
                  "a request went on a connection the instance had closed a second before");
