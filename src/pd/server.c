@@ -527,7 +527,8 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
     left += s->n_tokenizing;   /* (prompts accepted before the drain, on their way to the queue) */
     /* an EP group whose round cannot progress (a rank died: mpirun's SIGTERM is followed by its
      * SIGKILL a second later) drains nothing: pd_server_run answers its clients at once */
-    const int stuck = s->g && pd_srv_ep_stalled_ns(s) > (int64_t)PD_EP_STOP_STALL_MS * 1000000;
+    const int stuck = s->g && (pd_srv_ep_dead_rank(s) >= 0 ||
+                               pd_srv_ep_stalled_ns(s) > (int64_t)PD_EP_STOP_STALL_MS * 1000000);
     if (!left || stuck || pd_now_s() >= s->drain_deadline) {
         if (left && !stuck)
             fprintf(stderr, "pdmoe serve: the shutdown timeout (%d s) ended the drain with %d requests left\n",
@@ -697,6 +698,9 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     if ((rc = pd_thread_start(&s->thread, scheduler, s, "scheduler thread", e)))
         goto fail;
     s->thread_started = 1;
+    /* a rank's death known at once (its connection to rank 0), now that the loop can answer */
+    if (s->g && (rc = pd_srv_ep_live_start(s, e)))
+        goto fail;
     *out = s;
     return 0;
 fail:
@@ -720,12 +724,16 @@ int pd_server_run(struct pd_server *s, pd_err *e)
         int rc;
         while ((rc = pd_srv_ep_round(s, e)) == 0)
             ;
+        if (rc > 0)
+            pd_srv_ep_live_bye(s);   /* rank 0 ended the group: this rank's end is no death */
         return rc < 0 ? rc : 0;
     }
     if (event_base_dispatch(s->base) < 0)
         return pd_err_set(e, PD_EIO, "event loop failed");
-    if (s->g)
+    if (s->g) {
         pd_srv_ep_stop(s);   /* (does not return if a rank is gone) */
+        pd_srv_ep_live_stop(s);   /* the ranks are ending: their connections close */
+    }
     pthread_mutex_lock(&s->mu);
     int rc = s->fatal[0] ? pd_err_set(e, PD_EIO, "%s", s->fatal) : 0;
     pthread_mutex_unlock(&s->mu);
@@ -742,6 +750,8 @@ void pd_server_destroy(struct pd_server *s)
 {
     if (!s)
         return;
+    /* the rank watch thread answers through the loop: it ends before the loop is freed */
+    pd_srv_ep_live_stop(s);
     if (s->thread_started) {
         pthread_mutex_lock(&s->mu);
         s->stop = 1;

@@ -105,6 +105,11 @@ static void on_completion(struct evhttp_request *h, void *arg, int chat)
     struct pd_server *s = arg;
     if (!authorised(s, h))
         return;
+    if (pd_srv_ep_dead_rank(s) >= 0) {   /* (nothing would step it: the group is being ended) */
+        evhttp_add_header(evhttp_request_get_output_headers(h), "Connection", "close");
+        pd_srv_send_error(s, h, 503, "server_error", NULL, "%s", s->g->dead_why);
+        return;
+    }
     if (s->draining) {   /* (the load balancer's cue: this one is going; the proxy tries another) */
         evhttp_add_header(evhttp_request_get_output_headers(h), "Connection", "close");
         pd_srv_send_error(s, h, 503, "server_error", NULL, "the server is shutting down (draining the requests "
@@ -138,6 +143,10 @@ void pd_srv_admit(struct pd_server *s, struct tok_job *jb)
     if (!r) {
         assert(jb->no.code);
         pd_srv_send_error(s, h, jb->no.code, jb->no.type, jb->no.param[0] ? jb->no.param : NULL, "%s", jb->no.msg);
+        return;
+    }
+    if (pd_srv_ep_dead_rank(s) >= 0) {   /* (read before the rank died: the job frees r) */
+        pd_srv_send_error(s, h, 503, "server_error", NULL, "%s", s->g->dead_why);
         return;
     }
     jb->r = NULL;
@@ -228,12 +237,17 @@ static void on_other(struct evhttp_request *h, void *arg)
     pd_srv_send_error(arg, h, 404, "invalid_request_error", NULL, "no route %s", evhttp_request_get_uri(h));
 }
 
-/* GET /health: ok, but a 503 naming the stall while an EP group's round has made no progress for
- * PD_EP_STALL_HEALTH_S (a rank stopped or hung: the proxy then routes around the group and fails
- * what it holds, instead of waiting for its watchdog). */
+/* GET /health: ok, but a 503 naming the rank once an EP group's rank died (the group is being
+ * ended), or naming the stall while its round has made no progress for PD_EP_STALL_HEALTH_S (a
+ * rank stopped or hung: the proxy then routes around the group and fails what it holds, instead
+ * of waiting for its watchdog). */
 static void on_health(struct evhttp_request *h, void *arg)
 {
     struct pd_server *s = arg;
+    if (pd_srv_ep_dead_rank(s) >= 0) {
+        pd_srv_send_error(s, h, 503, "server_error", NULL, "%s", s->g->dead_why);
+        return;
+    }
     const int64_t stalled = pd_srv_ep_stalled_ns(s);
     if (stalled < (int64_t)PD_EP_STALL_HEALTH_S * 1000000000) {
         pd_http_health(h, arg);
@@ -244,11 +258,38 @@ static void on_health(struct evhttp_request *h, void *arg)
                       s->o.watchdog_s);
 }
 
+/* GET /readiness (the proxy's name for it): 200 {"status":"ready"} when a completion can be
+ * taken now, else 503 {"status":"not ready","reason"} with Retry-After: draining, an EP group's
+ * rank dead (its number in "dead_rank"), or its round stalled as /health says. /health stays
+ * the liveness a supervisor asks. */
+static void on_readiness(struct evhttp_request *h, void *arg)
+{
+    struct pd_server *s = arg;
+    const int dead = pd_srv_ep_dead_rank(s);
+    const int64_t stalled = pd_srv_ep_stalled_ns(s);
+    char why[320] = "";
+    if (dead >= 0)
+        snprintf(why, sizeof why, "%s", s->g->dead_why);
+    else if (s->draining)
+        snprintf(why, sizeof why, "the server is shutting down (draining the requests in flight)");
+    else if (stalled >= (int64_t)PD_EP_STALL_HEALTH_S * 1000000000)
+        snprintf(why, sizeof why, "the EP group's round has made no progress for %.0f s (a rank stopped or hung)",
+                 stalled / 1e9);
+    json_t *j = json_pack("{s:s}", "status", why[0] ? "not ready" : "ready");
+    if (j && why[0])
+        json_object_set_new(j, "reason", json_string(why));
+    if (j && dead >= 0)
+        json_object_set_new(j, "dead_rank", json_integer(dead));
+    if (why[0])
+        evhttp_add_header(evhttp_request_get_output_headers(h), "Retry-After", "1");
+    pd_http_json(h, why[0] ? 503 : 200, j);   /* (takes j) */
+}
+
 int pd_srv_api_install(struct pd_server *s)
 {
     static const struct pd_http_api api = {.completions = on_completions, .chat = on_chat, .models = on_models,
                                            .metrics = pd_srv_on_metrics, .expert_stats = on_expert_stats,
-                                           .health = on_health, .other = on_other};
+                                           .readiness = on_readiness, .health = on_health, .other = on_other};
     if (pd_http_front_api(s->front, &api, s))
         return -1;
     s->notify = event_new(s->base, -1, 0, pd_srv_on_notify, s);

@@ -1,7 +1,8 @@
 /* An EP group's life (see server.h, "Expert parallelism"): opening it over MPI_COMM_WORLD, the
  * check that every rank loaded the same model, its buffers, its end; and its liveness: how long
  * rank 0's round has gone without progress, the watchdog that ends a stalled group, and rank 0's
- * stop, which answers the clients when a rank is gone. The rounds themselves are server_ep.c's. */
+ * stop, which answers the clients when a rank is gone (a rank's death itself is known from its
+ * connection, server_ep_live.c). The rounds themselves are server_ep.c's. */
 #include "core/threadpool.h"
 #include "pd/server_int.h"
 #include "core/grow.h"
@@ -23,8 +24,8 @@ int64_t pd_srv_ep_stalled_ns(const struct pd_server *s)
 
 /* The loop's thread, when the group is ended with its scheduler stuck in a round: every client
  * still waiting gets an error event and [DONE], or a 503, saying `why`, instead of a connection
- * cut by the exit. */
-static void ep_answer_all(struct pd_server *s, const char *why)
+ * cut by the exit (twice is harmless: an answered request has no connection left). */
+void pd_srv_ep_answer_all(struct pd_server *s, const char *why)
 {
     size_t n = 0, cap = 0;
     struct req **rs = NULL;
@@ -49,7 +50,7 @@ static void ep_answer_all(struct pd_server *s, const char *why)
  * loop is not). */
 static void on_stalled(evutil_socket_t fd, short what, void *arg)
 {
-    ep_answer_all(arg, "the EP group made no progress (a rank stopped or hung) and is being ended so that it "
+    pd_srv_ep_answer_all(arg, "the EP group made no progress (a rank stopped or hung) and is being ended so that it "
                        "can be restarted");
 }
 
@@ -102,13 +103,20 @@ void pd_srv_ep_stop(struct pd_server *s)
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     while (s->thread_started && !atomic_load(&g->scheduler_done)) {
+        if (pd_srv_ep_dead_rank(s) >= 0) {
+            /* the rank watch thread said so and answers them too: this ends the group sooner */
+            pd_srv_ep_answer_all(s, g->dead_why);
+            event_base_loopexit(s->base, &(struct timeval){0, 200000});
+            event_base_dispatch(s->base);
+            _exit(70);
+        }
         const int64_t stalled = pd_srv_ep_stalled_ns(s);
         if (stalled > (int64_t)PD_EP_STOP_STALL_MS * 1000000) {
             fprintf(stderr, "pdmoe serve: stopping, the EP group's round has made no progress for %.1f s (a rank "
                             "died or stopped): answering the clients and ending the group so that it can be "
                             "restarted\n", (double)stalled * 1e-9);
             fflush(stderr);
-            ep_answer_all(s, "the EP group cannot step (a rank died or stopped) and is being ended so that it can "
+            pd_srv_ep_answer_all(s, "the EP group cannot step (a rank died or stopped) and is being ended so that it can "
                              "be restarted");
             /* (the answers are written by the loop, at most 200 ms: mpirun's SIGKILL is near) */
             event_base_loopexit(s->base, &(struct timeval){0, 200000});
@@ -134,6 +142,8 @@ int pd_srv_ep_open(struct pd_server *s, struct pd_engine_opts *eo, pd_err *e)
     struct ep_group *g = s->g = calloc(1, sizeof *g);
     if (!g)
         return pd_err_set(e, PD_ENOMEM, "out of memory");
+    g->live_fd = g->wake[0] = g->wake[1] = -1;
+    atomic_store(&g->dead_rank, -1);
     struct pd_model m;
     int rc;
     if ((rc = pd_model_load(s->o.model_dir, &m, e)) || (rc = pd_ep_init(&g->ep, MPI_COMM_WORLD, &m, e)))
@@ -210,7 +220,7 @@ int pd_srv_ep_setup(struct pd_server *s, pd_err *e)
     struct ep_group *g = s->g;
     const int n = s->o.max_num_seqs;
     int rc = same_model_on_every_rank(s, e);
-    if (rc)
+    if (rc || (rc = pd_srv_ep_live_open(s, e)))
         return rc;
     if (s->o.watchdog_s == 0)
         s->o.watchdog_s = PD_EP_WATCHDOG_DEFAULT_S;
@@ -258,6 +268,7 @@ void pd_srv_ep_close(struct pd_server *s)
     struct ep_group *g = s->g;
     if (!g)
         return;
+    pd_srv_ep_live_close(s);
     if (g->watchdog_on) {
         atomic_store(&g->watchdog_stop, 1);
         pthread_join(g->watchdog, NULL);

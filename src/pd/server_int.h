@@ -4,6 +4,7 @@
  *   server.c      the request lifetime, KV leases and pulls, the scheduler thread, create/run/destroy
  *   server_ep.c   the EP group: the round message, what every rank does with it, rank 0's accounts
  *   server_ep_spec.c  the EP group with --speculative-config: the owner ranks' speculative rounds
+ *   server_ep_live.c  the EP group's rank deaths: each rank's connection to rank 0, its watch thread
  *   server_api.c  the HTTP side: requests in (validation, tokenisation), answers out (JSON, SSE)
  *   server_prefix.c  the prefix cache: admission from a cached prefix, snapshots, release
  *   server_spec.c    speculative decoding across a PD hand-off: the MTP state the decode side needs */
@@ -198,7 +199,17 @@ struct ep_seq {                     /* a sequence this rank owns */
  * after as long again: the clients must be answered within that second, and a group that steps
  * exchanges every few milliseconds. */
 #define PD_EP_STOP_STALL_MS 400
+/* Once rank 0 knows a rank died (server_ep_live.c), it exits this long after: its clients
+ * answered and its /readiness a 503 meanwhile, before mpirun's SIGTERM (1 s after the death). */
+#define PD_EP_DEAD_EXIT_MS 500
 int64_t pd_srv_ep_stalled_ns(const struct pd_server *s);
+
+struct ep_peer {                    /* rank 0: another rank's connection (server_ep_live.c) */
+    int fd;                         /* -1 once closed */
+    int pid;
+    int bye;                        /* it said the group ended normally */
+    char host[64];
+};
 
 struct ep_group {
     struct pd_ep ep;
@@ -210,6 +221,14 @@ struct ep_group {
     pthread_t watchdog;             /* rank 0: ends the process when a round outlives watchdog_s */
     int watchdog_on;
     _Atomic int watchdog_stop;
+    /* rank deaths (server_ep_live.c): rank k's connection to rank 0, rank 0's of every rank */
+    int live_fd;                    /* rank k: to rank 0; -1 on rank 0 */
+    struct ep_peer *peers;          /* rank 0: [size] (rank 0's own unused) */
+    pthread_t live_thread;          /* rank 0: the rank watch thread */
+    int live_on;
+    int wake[2];                    /* rank 0: a pipe that stops the rank watch thread */
+    _Atomic int dead_rank;          /* rank 0: the rank that died, -1 while every rank lives */
+    char dead_why[256];             /* set before dead_rank: the clients' answer, naming it */
     struct ep_seq *seqs;            /* [max_num_seqs] */
     struct pd_step_item *items;     /* [max_num_seqs] */
     int32_t *item_of;               /* [max_num_seqs] message item of each step item */
@@ -396,6 +415,20 @@ void pd_srv_ep_broken(struct pd_server *s, const pd_err *e);
  * end; if its round can make no progress (a rank is gone), answers every client and ends the
  * process instead (server_ep.c says why). */
 void pd_srv_ep_stop(struct pd_server *s);
+/* The loop's thread, the group ending with its scheduler stuck in a round: every client still
+ * waiting is answered `why` (streams: an error event, then [DONE]). */
+void pd_srv_ep_answer_all(struct pd_server *s, const char *why);
+/* server_ep_live.c: each rank's connection to rank 0, by which rank 0 knows a rank's death at
+ * once. live_open: collective, at the group's start (the fds -1 from pd_srv_ep_open on); live_start:
+ * rank 0's watch thread, once its event loop exists; live_stop: that thread ended (the group is
+ * ending normally); live_bye: rank k's word that its end is the group's; dead_rank: the rank
+ * that died, or -1. */
+int pd_srv_ep_live_open(struct pd_server *s, pd_err *e);
+int pd_srv_ep_live_start(struct pd_server *s, pd_err *e);
+void pd_srv_ep_live_stop(struct pd_server *s);
+void pd_srv_ep_live_bye(struct pd_server *s);
+void pd_srv_ep_live_close(struct pd_server *s);
+int pd_srv_ep_dead_rank(const struct pd_server *s);
 int32_t pd_srv_ep_token(const struct pd_server *s, int owner, int i);
 const int32_t *pd_srv_ep_answer_item(const struct pd_server *s, int owner, int i);
 const int32_t *pd_srv_ep_answer_spec(const struct pd_server *s, int k);

@@ -1,0 +1,244 @@
+/* An EP group's rank that dies (SIGKILL of rank 1, mpirun -n 2, real processes on loopback) is
+ * known to rank 0 at once, from the connection each rank holds to it: within 300 ms /readiness
+ * is a 503 naming the rank (mpirun, which tells rank 0 nothing for 1.0 s, is not waited for), a
+ * new completion is a 503 naming it, a stream in flight ends with an error event naming it and
+ * [DONE], and rank 0 exits non-zero with a line naming it so that `pdmoe up` restarts the group.
+ * A group that ends normally (SIGTERM on rank 0) is no death: every rank exits 0. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/timing.h"
+#include "../tmpmodel.h"
+#include "util.h"
+
+static char dir[64], log_path[96];
+static pid_t group;
+static int base_port;
+
+static const char *bin(void)
+{
+    return getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+}
+
+static void setup(void)
+{
+    tmp_model("v4-tiny", 17, dir, sizeof dir);
+    snprintf(log_path, sizeof log_path, "%s/serve.log", dir);
+    mpi_test_env();
+    base_port = test_ports();
+}
+
+static int wait_exit(pid_t pid, double seconds, int *status)
+{
+    for (double t = 0; t < seconds; t += 0.05) {
+        if (waitpid(pid, status, WNOHANG) == pid)
+            return 1;
+        usleep(50000);
+    }
+    return 0;
+}
+
+static void teardown(void)
+{
+    int st;
+    if (group > 0) {
+        kill(-group, SIGTERM);
+        if (!wait_exit(group, 15, &st)) {
+            kill(-group, SIGKILL);
+            waitpid(group, &st, 0);
+        }
+        group = 0;
+    }
+    rm_model(dir);
+}
+
+TestSuite(server_ep_death, .init = setup, .fini = teardown, .timeout = 240);
+
+/* mpirun -n 2 ... serve --enable-expert-parallel on `port`, in its own process group, output to
+ * the log; returns once /health answers. */
+static pid_t start_group(int port)
+{
+    char sp[16];
+    snprintf(sp, sizeof sp, "%d", port);
+    char *argv[] = {"mpirun", "-n", "2", "--oversubscribe", (char *)bin(), "serve", "--model", dir,
+                    "--enable-expert-parallel", "--data-parallel-size", "2", "--port", sp, "--threads", "1",
+                    "--max-num-seqs", "4", "--max-model-len", "4096", "--served-model-name", "tiny", NULL};
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+        if (!freopen(log_path, "w", stderr) || !freopen("/dev/null", "w", stdout))
+            _exit(126);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    setpgid(pid, pid);
+    char out[256];
+    for (int i = 0; i < 600; i++) {
+        if (curl_port(port, "/health", NULL, NULL, out, sizeof out) == 200)
+            return pid;
+        int st;
+        cr_assert_neq(waitpid(pid, &st, WNOHANG), pid, "the group exited before it was healthy (status %d)", st);
+        usleep(100000);
+    }
+    cr_assert_fail("the group on port %d did not become healthy", port);
+    return pid;
+}
+
+/* One HTTP/1.0 request on a socket of our own (curl's start alone costs more than the bound
+ * measured): its status (0 when the connection failed), the body in out. */
+static int http_raw(int port, const char *method, const char *path, const char *body, char *out, size_t cap)
+{
+    out[0] = 0;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        if (fd >= 0)
+            close(fd);
+        return 0;
+    }
+    char req[1024];
+    int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                     method, path, body ? strlen(body) : 0, body ? body : "");
+    if (send(fd, req, (size_t)n, MSG_NOSIGNAL) != n) {
+        close(fd);
+        return 0;
+    }
+    static char buf[1 << 16];
+    size_t got = 0;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 5000) != 1)
+            break;
+        ssize_t r = recv(fd, buf + got, sizeof buf - 1 - got, 0);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[got] = 0;
+    int code = 0;
+    if (sscanf(buf, "HTTP/1.%*d %d", &code) != 1)
+        return 0;
+    const char *b = strstr(buf, "\r\n\r\n");
+    snprintf(out, cap, "%s", b ? b + 4 : "");
+    return code;
+}
+
+static void read_log(char *log, size_t cap)
+{
+    FILE *f = fopen(log_path, "r");
+    size_t n = f ? fread(log, 1, cap - 1, f) : 0;
+    log[n] = 0;
+    if (f)
+        fclose(f);
+}
+
+Test(server_ep_death, a_killed_rank_is_known_to_rank_0_at_once)
+{
+    int pg = base_port;
+    group = start_group(pg);
+    char out[1 << 14];
+    /* a long stream in flight when rank 1 dies */
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "curl -s -N --max-time 60 http://127.0.0.1:%d/v1/completions -d '{\"prompt\":\"x\","
+             "\"max_tokens\":4000,\"ignore_eos\":true,\"stream\":true}'", pg);
+    FILE *stream = popen(cmd, "r");
+    int running = 0;
+    for (int i = 0; i < 1000 && (running = metric_port(pg, "pdmoe_num_requests_running")) < 1; i++)
+        usleep(5000);
+    cr_assert_eq(running, 1, "the stream did not start");
+    pid_t r[2];
+    rank_pids(pg, r);
+    const int64_t t0 = pd_now_ns();
+    kill(r[1], SIGKILL);
+    /* /health: a 503 naming the rank (the proxy routes by it), long before mpirun's SIGTERM to
+     * rank 0 (1.0 s) */
+    int code = 0;
+    int64_t t = t0;
+    while ((t = pd_now_ns()) - t0 < 300000000 && (code = http_raw(pg, "GET", "/health", NULL, out, sizeof out)) == 200)
+        usleep(2000);
+    cr_assert_eq(code, 503, "/health was %d %.0f ms after rank 1 was killed: %s", code, (t - t0) / 1e6, out);
+    fprintf(stderr, "server_ep_death: /health 503 %.1f ms after the SIGKILL of rank 1\n", (t - t0) / 1e6);
+    cr_assert(strstr(out, "rank 1"), "%s", out);
+    /* /readiness: a 503 naming the rank, its number a field of its own */
+    code = http_raw(pg, "GET", "/readiness", NULL, out, sizeof out);
+    cr_assert_eq(code, 503, "/readiness was %d %.0f ms after rank 1 was killed: %s", code, (pd_now_ns() - t0) / 1e6,
+                 out);
+    json_t *j = parse(out);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "status")), "not ready", "%s", out);
+    cr_assert_eq(json_integer_value(json_object_get(j, "dead_rank")), 1, "%s", out);
+    const char *reason = json_string_value(json_object_get(j, "reason"));
+    cr_assert(reason && strstr(reason, "rank 1"), "%s", out);
+    json_decref(j);
+    /* a new completion: a 503 naming the rank, not a request routed to the broken group */
+    code = http_raw(pg, "POST", "/v1/completions", "{\"prompt\":\"y\",\"max_tokens\":4}", out, sizeof out);
+    cr_assert_eq(code, 503, "%s", out);
+    j = parse(out);
+    const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+    cr_assert(msg && strstr(msg, "rank 1"), "%s", out);
+    json_decref(j);
+    /* the stream: its last events an error naming the rank, then [DONE] */
+    static char streamed[1 << 20];
+    size_t n = fread(streamed, 1, sizeof streamed - 1, stream);
+    streamed[n] = 0;
+    pclose(stream);
+    size_t len = strlen(streamed);
+    while (len && streamed[len - 1] == '\n')
+        streamed[--len] = 0;
+    cr_assert(len > 12 && !strcmp(streamed + len - 12, "data: [DONE]"), "the stream was cut: ...%s",
+              streamed + (len > 300 ? len - 300 : 0));
+    len -= 12;
+    streamed[len] = 0;
+    while (len && streamed[len - 1] == '\n')
+        streamed[--len] = 0;
+    char *last = strrchr(streamed, '\n');
+    last = last ? last + 1 : streamed;
+    cr_assert(!strncmp(last, "data: {\"error\"", 14) && strstr(last, "rank 1"), "%s", last);
+    /* and the group ends non-zero, rank 0 saying which rank died */
+    int st;
+    cr_assert(wait_exit(group, 30, &st), "the group hung after rank 1 died");
+    group = 0;
+    cr_assert(!(WIFEXITED(st) && WEXITSTATUS(st) == 0), "the group exited 0 although rank 1 died");
+    static char log[1 << 16];
+    read_log(log, sizeof log);
+    cr_assert(strstr(log, "pdmoe serve: EP rank 1 ") && strstr(log, "died"), "no line of rank 0 naming rank 1:\n%s",
+              log);
+    cr_assert_eq(processes_on(pg), 0);
+}
+
+/* A whole group is ready; the ranks close their connections to rank 0 when it ends normally: no
+ * death is said. */
+Test(server_ep_death, a_group_ending_normally_reports_no_death)
+{
+    int pg = base_port + 1;
+    group = start_group(pg);
+    char out[1 << 14];
+    cr_assert_eq(http_raw(pg, "GET", "/readiness", NULL, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "status")), "ready", "%s", out);
+    json_decref(j);
+    cr_assert_eq(curl_port(pg, "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":4}", NULL, out, sizeof out), 200,
+                 "%s", out);
+    pid_t r[2];
+    rank_pids(pg, r);
+    kill(r[0], SIGTERM);
+    int st;
+    cr_assert(wait_exit(group, 30, &st), "the group did not end within 30 s of SIGTERM on rank 0");
+    group = 0;
+    static char log[1 << 16];
+    read_log(log, sizeof log);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "mpirun ended with status %d:\n%s", st, log);
+    cr_assert_null(strstr(log, "died"), "%s", log);
+}
