@@ -14,7 +14,8 @@
  * refuses (an unknown, expired or already pulled id, another prompt) is not recomputed: the
  * client gets a 403 and the lease stays with its owner.
  *
- * Endpoints: GET /health, GET /v1/models, GET /metrics (Prometheus text), POST /v1/completions
+ * Endpoints: GET /health, GET /readiness (200 when a completion can be taken now, else a 503
+ * naming why), GET /v1/models, GET /metrics (Prometheus text), POST /v1/completions
  * and POST /v1/chat/completions, streaming (server-sent events) or not. Requests are validated
  * (JSON, field types, max_tokens within max-model-len) and errors are OpenAI-style JSON with a
  * 4xx code. A client that disconnects cancels its request and frees its KV.
@@ -37,6 +38,9 @@
  * their answers; while leases are out and nothing runs, rank 0 asks every 20 ms); a consumer's
  * owner rank pulls the KV itself, or the prompt is recomputed there from its token ids. With
  * spec_k the hand-off also moves the draft's state between the owner ranks (server_ep_spec.c).
+ * Every other rank holds a TCP connection to rank 0 from the group's start, so that rank 0 knows
+ * a rank's death at once (server_ep_live.c): its /health and /readiness are 503s naming the rank,
+ * its clients are answered so, and it exits 70 for the group to be restarted.
  * Between steps the other ranks sleep in a non-blocking broadcast's test; the
  * MPI calls are made by the scheduler thread (MPI_THREAD_SERIALIZED). Destroying rank 0's server
  * broadcasts the end of the group. The caller initialises MPI before pd_server_create and
