@@ -54,6 +54,19 @@ static int64_t transient_bytes(void)
     return (trimmed_ids(IN_FLIGHT) - trimmed_ids(1)) * ID_BYTES;
 }
 
+/* A decoding sequence with k MTP drafts: each step schedules its token and k drafts (1 + k), and
+ * allocate_slots adds k lookahead slots (the scheduler's num_lookahead_tokens for MTP); with async
+ * scheduling the step before is still unprocessed, so the window and state tables keep blocks for
+ * 2 x (1 + k) + k tokens beyond the processed ones (5 for the seed's k = 1), where the planner's
+ * sequence counts 1. */
+#define MTP_K 1
+#define DECODE_IN_FLIGHT (2 * (1 + MTP_K) + MTP_K)
+
+static int64_t decode_extra_bytes(void)
+{
+    return (trimmed_ids(DECODE_IN_FLIGHT) - trimmed_ids(1)) * ID_BYTES;
+}
+
 static json_int_t get_int(json_t *o, const char *key)
 {
     json_t *v = json_object_get(o, key);
@@ -75,10 +88,9 @@ Test(chunks, seed_plan_reserves_the_chunks_blocks)
     cr_assert_eq(seq, 77 * ID_BYTES);
     cr_assert_eq(tr, 1408 * ID_BYTES);
     json_t *j = run_json("plan --json");
-    json_t *P = role_budget(j, 0), *D = role_budget(j, 1);
+    json_t *P = role_budget(j, 0);
     cr_assert_eq(get_int(P, "kv_transient_bytes"), tr);
     cr_assert_eq(get_int(P, "kv_inflight_tokens"), IN_FLIGHT);
-    cr_assert_eq(get_int(D, "kv_transient_bytes"), 0);
     cr_assert_eq(get_int(P, "kv_need_bytes"), seq + tr);
     const int64_t fit = (get_int(P, "kv_pool_bytes") - tr) / seq;
     cr_assert_eq(fit, 29);
@@ -95,6 +107,46 @@ Test(chunks, seed_plan_reserves_the_chunks_blocks)
     cr_assert(strstr(r.out, "  verdict: 30 of them (max-num-seqs)      29 launched            fit\n"), "%s", r.out);
 }
 
+/* The seed's decode cards: every one of the 30 sequences a rank admits holds 4 ids more while its
+ * steps are in flight (15 trimmed ids against 11), 13,589,504 B, 407.7 MB for 30; the sequences of
+ * max-model-len that fit are counted with them (145, 153 before), and the emitted --max-num-seqs of
+ * the decode servers, with those blocks, fits the pool its --gpu-memory-utilization leaves. */
+Test(chunks, seed_decode_reserves_its_steps_in_flight)
+{
+    const int64_t seq = seq_bytes(), e = decode_extra_bytes();
+    cr_assert_eq(e, 4 * ID_BYTES);
+    json_t *j = run_json("plan --json");
+    json_t *D = role_budget(j, 1);
+    const int64_t pool = get_int(D, "kv_pool_bytes"), fit = pool / (seq + e);
+    cr_assert_eq(fit, 145);
+    cr_assert_eq(get_int(D, "kv_decode_inflight_tokens"), DECODE_IN_FLIGHT);
+    cr_assert_eq(get_int(D, "kv_transient_bytes"), 30 * e);
+    cr_assert_eq(get_int(D, "kv_need_bytes"), 30 * (seq + e));
+    cr_assert_eq(get_int(D, "seqs_at_max_model_len"), fit);
+    json_decref(j);
+    struct run r;
+    run("plan --emit vllm-ascend", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    int servers = 0;
+    for (const char *c = strstr(r.out, "vllm serve "); c; c = strstr(c + 1, "vllm serve ")) {
+        const char *end = strstr(c, "&\n"), *role = strstr(c, "\"kv_role\":\"kv_consumer");
+        if (!role || role > end)
+            continue;
+        const char *q = strstr(c, "--max-num-seqs ");
+        cr_assert(q && q < end);
+        const long long s = atoll(q + 15);
+        cr_assert_eq(s, 30);
+        cr_assert_leq(s * (seq + e), pool, "--max-num-seqs %lld with their steps in flight: %lld B in %lld B", s,
+                      (long long)(s * (seq + e)), (long long)pool);
+        servers++;
+    }
+    cr_assert_eq(servers, 1, "not the one decode server of the seed's layout:\n%s", r.out);
+    run("plan", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "  of it, decode steps in flight (5 tokens)     0.00 GB        0.41 GB\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "  sequences of max-model-len that fit              29            145\n"), "%s", r.out);
+}
+
 /* search's best layout is the plan of that layout: the same pools and the same chunks' blocks,
  * which are the figure above (its prefill instances are the seed's, 8 cards each). */
 Test(chunks, search_best_is_the_plan_of_its_layout)
@@ -104,7 +156,7 @@ Test(chunks, search_best_is_the_plan_of_its_layout)
     json_t *best = json_object_get(j, "best"), *roles = json_object_get(best, "roles");
     json_t *rp = json_array_get(roles, 0), *rd = json_array_get(roles, 1);
     cr_assert_eq(get_int(rp, "kv_transient_bytes"), transient_bytes());
-    cr_assert_eq(get_int(rd, "kv_transient_bytes"), 0);
+    cr_assert_eq(get_int(rd, "kv_transient_bytes"), get_int(best, "batch") * decode_extra_bytes());
     char args[512];
     snprintf(args, sizeof args, "plan --prefill dp=%lld,tp=%lld,instances=%lld,redundant=%lld --decode "
              "dp=%lld,tp=%lld,instances=%lld,redundant=%lld --max-num-seqs %lld --json",
