@@ -313,7 +313,7 @@ void pd_emit_seqs_note(FILE *f, const struct pd_plan *p, enum pd_role r, int64_t
                    "# %lld %s this %s card's KV pool%s (pdmoe plan: \"sequences of max-model-len that fit\")\n",
                 (long long)n, n == 1 ? "sequence" : "sequences", (long long)p->o.max_num_seqs, (long long)n,
                 (long long)p->o.max_model_len, n == 1 ? "fits" : "fit", pd_role_name(r),
-                p->role[r].b.kv_transient ? " beside its chunks in flight" : "");
+                p->role[r].b.kv_chunks ? " beside its chunks in flight" : p->role[r].b.kv_transient ? " beside its steps in flight" : "");
 }
 
 /* vllm-ascend: one `vllm serve` per instance and node in vLLM's internal load-balancing mode

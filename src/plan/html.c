@@ -318,9 +318,13 @@ static void memory_bars(FILE *f, const struct pd_plan *p, int u)
     snprintf(t, sizeof t, "KV needed (1 / %lld &times; %lld tokens)", (long long)p->o.max_num_seqs,
              (long long)p->o.max_model_len);
     ROW("", t, P->kv_need, D->kv_need);
-    if (P->b.kv_transient || D->b.kv_transient) {
+    if (P->b.kv_chunks || D->b.kv_chunks) {
         snprintf(t, sizeof t, "of it, chunks in flight (%lld tokens)", (long long)pd_plan_chunk_inflight_tokens(p, PD_ROLE_PREFILL));
-        ROW("", t, P->b.kv_transient, D->b.kv_transient);
+        ROW("", t, P->b.kv_chunks, D->b.kv_chunks);
+    }
+    if (P->b.kv_decode_seq || D->b.kv_decode_seq) {
+        snprintf(t, sizeof t, "of it, decodes in flight (%lld tokens)", (long long)pd_plan_decode_inflight_tokens(p, PD_ROLE_DECODE));
+        ROW("", t, P->b.kv_transient - P->b.kv_chunks, D->b.kv_transient - D->b.kv_chunks);
     }
 #undef ROW
     fprintf(f, "<tr><td></td><td>sequences of max-model-len that fit</td><td class=\"n\">%lld</td>"

@@ -356,17 +356,31 @@ int pd_plan_role_eval(const struct pd_plan *p, enum pd_role r, const struct pd_r
     b->fits_weights = b->kv_pool >= 0;
     /* a chunk's window and state blocks come out of the same pool as the sequences' (kvsize.h);
      * at max-model-len, which for contexts past the in-flight tokens and a window is every one's */
-    b->kv_transient = pd_kv_inflight_bytes(&p->kv, p->o.max_model_len, pd_plan_chunk_inflight_tokens(p, r));
-    const int64_t room = pd_budget_seq_room(b);
-    int64_t seq = pd_kv_seq_bytes(&p->kv, p->o.max_model_len);
+    b->kv_chunks = pd_kv_inflight_bytes(&p->kv, p->o.max_model_len, pd_plan_chunk_inflight_tokens(p, r));
+    /* A decoding sequence's own steps in flight (docs/memory-model.md "Decode steps in flight"):
+     * vLLM's allocate_slots gives it slots up to computed + (1 + k) + k (its step's token and k
+     * drafts, then k lookahead slots) and frees window blocks only below computed - in_flight, the
+     * step still unprocessed under async scheduling, so each of its trimmed tables holds up to
+     *     cdiv(window - 1 + T, block) + 1 blocks,  T = 2 x (1 + k) + k,
+     * where pd_kv_seq_bytes counts T = 1. Each sequence the role admits holds them, so
+     *     sequences that fit = (kv_pool - kv_chunks) / (seq + e),  e = kv_decode_seq,
+     *     kv_transient      = kv_chunks + min(max-num-seqs, that) x e. */
+    b->kv_decode_seq = pd_kv_inflight_bytes(&p->kv, p->o.max_model_len, pd_plan_decode_inflight_tokens(p, r));
+    const int64_t room0 = b->kv_pool - b->kv_chunks;
+    int64_t seq = pd_kv_seq_bytes(&p->kv, p->o.max_model_len), per = seq + b->kv_decode_seq;
+    rp->seqs_at_max_len = room0 > 0 && per > 0 ? room0 / per : 0;
+    const int64_t admitted = rp->seqs_at_max_len < p->o.max_num_seqs ? rp->seqs_at_max_len : p->o.max_num_seqs;
+    b->kv_transient = b->kv_chunks + admitted * b->kv_decode_seq;
     /* max-num-seqs is per data-parallel rank (vLLM): each rank holds its own sequences' KV */
     rp->kv_need = seq;
-    if (!(r == PD_ROLE_PREFILL && !p->o.aggregated) && __builtin_mul_overflow(p->o.max_num_seqs, seq, &rp->kv_need))
+    if (!(r == PD_ROLE_PREFILL && !p->o.aggregated) && __builtin_mul_overflow(p->o.max_num_seqs, per, &rp->kv_need))
         rp->kv_need = INT64_MAX;   /* (at the bounds of check_opts: more than any pool) */
-    if (__builtin_add_overflow(rp->kv_need, b->kv_transient, &rp->kv_need))
+    if (__builtin_add_overflow(rp->kv_need, b->kv_chunks, &rp->kv_need))
         rp->kv_need = INT64_MAX;
-    rp->seqs_at_max_len = room > 0 && seq > 0 ? room / seq : 0;
-    rp->ctx_at_max_seqs = room > 0 ? pd_kv_max_context(&p->kv, room, p->o.max_num_seqs) : 0;
+    int64_t room_ctx = INT64_MIN;   /* max-num-seqs sequences' own blocks, beside their steps in flight */
+    if (!__builtin_mul_overflow(p->o.max_num_seqs, b->kv_decode_seq, &room_ctx))
+        room_ctx = room0 - room_ctx;
+    rp->ctx_at_max_seqs = room_ctx > 0 ? pd_kv_max_context(&p->kv, room_ctx, p->o.max_num_seqs) : 0;
     rp->fits = b->fits_weights && rp->seqs_at_max_len >= 1;
     rp->fits_max_num_seqs = b->fits_weights && rp->seqs_at_max_len >= p->o.max_num_seqs;
     return 0;
@@ -389,9 +403,10 @@ static void scenarios(struct pd_plan *p)
         sc->seqs = s;
         sc->ctx = c;
         /* (saturated: seqs x bytes past 2^63 wrapped, a row of 0 GB) */
-        const int64_t per = pd_kv_seq_bytes(&p->kv, c);
+        /* each sequence with its steps in flight at that context */
+        const int64_t per = pd_kv_seq_bytes(&p->kv, c) + pd_kv_inflight_bytes(&p->kv, c, pd_plan_decode_inflight_tokens(p, PD_ROLE_DECODE));
         sc->kv = per > 0 && s > INT64_MAX / per ? INT64_MAX : s * per;
-        const int64_t rest = b->weights + b->activations + b->runtime + b->kv_transient;
+        const int64_t rest = b->weights + b->activations + b->runtime + b->kv_chunks;
         sc->total = sc->kv > INT64_MAX - rest ? INT64_MAX : rest + sc->kv;
         sc->fits = sc->total <= b->usable;
     }
@@ -649,6 +664,14 @@ int64_t pd_plan_chunk_inflight_tokens(const struct pd_plan *p, enum pd_role r)
     if (r == PD_ROLE_DECODE && !p->o.aggregated)
         return 0;
     int64_t t = PD_PLAN_STEPS_IN_FLIGHT * p->o.max_num_batched_tokens;
+    return t < p->o.max_model_len ? t : p->o.max_model_len;
+}
+
+int64_t pd_plan_decode_inflight_tokens(const struct pd_plan *p, enum pd_role r)
+{
+    if (r == PD_ROLE_PREFILL && !p->o.aggregated)
+        return 0;
+    int64_t t = PD_PLAN_STEPS_IN_FLIGHT * (1 + (int64_t)p->mtp.k) + p->mtp.k;
     return t < p->o.max_model_len ? t : p->o.max_model_len;
 }
 

@@ -89,10 +89,13 @@ struct pd_budget {
     int64_t class_i, class_ii, weights;
     int64_t activations, runtime;
     int64_t kv_pool;             /* what is left for the KV cache (vLLM's pool) */
-    int64_t kv_transient;        /* of it, reserved for the prefill chunks in flight: the window and
-                                    state blocks they hold beyond their sequences' own (pd_plan_chunk_
-                                    inflight_tokens; prefill and aggregated roles in vllm-ascend's
-                                    layout, else 0) */
+    int64_t kv_transient;        /* of it, reserved for tokens in flight: the window and state blocks
+                                    they hold beyond their sequences' own, kv_chunks + the admitted
+                                    sequences' kv_decode_seq (vllm-ascend's layout, else 0) */
+    int64_t kv_chunks;           /* the prefill chunks' (pd_plan_chunk_inflight_tokens; prefill and
+                                    aggregated roles) */
+    int64_t kv_decode_seq;       /* one decoding sequence's (pd_plan_decode_inflight_tokens; decode and
+                                    aggregated roles) */
     int fits_weights;            /* weights + activations + runtime <= usable */
 };
 
@@ -174,6 +177,11 @@ struct pd_plan {
  * chunks (prefill, aggregated): PD_PLAN_STEPS_IN_FLIGHT x max-num-batched-tokens, at most
  * max-model-len; 0 on a disaggregated decode role. */
 int64_t pd_plan_chunk_inflight_tokens(const struct pd_plan *p, enum pd_role r);
+/* Tokens of one decoding sequence past its processed ones for which vLLM allocates slots, on a role
+ * that decodes (decode, aggregated): PD_PLAN_STEPS_IN_FLIGHT x (1 + k) + k with k MTP drafts a step
+ * (each step's token and drafts, and k lookahead slots), at most max-model-len; 0 on a
+ * disaggregated prefill role. 1 is the token being written, which pd_kv_seq_bytes counts. */
+int64_t pd_plan_decode_inflight_tokens(const struct pd_plan *p, enum pd_role r);
 /* The KV pool's room for the sequences' own blocks: kv_pool - kv_transient. */
 int64_t pd_budget_seq_room(const struct pd_budget *b);
 

@@ -172,14 +172,19 @@ static void text_budget(FILE *f, const struct pd_plan *p, int u)
     ROW("runtime overhead", P->b.runtime, D->b.runtime);
     ROW("left for the KV cache", P->b.kv_pool, D->b.kv_pool);
     /* the chunks' window and state blocks, drawn from that pool (docs/memory-model.md) */
-    if (P->b.kv_transient || D->b.kv_transient) {
+    if (P->b.kv_chunks || D->b.kv_chunks) {
         snprintf(t, sizeof t, "of it, chunks in flight (%lld tokens)", (long long)pd_plan_chunk_inflight_tokens(p, PD_ROLE_PREFILL));
-        ROW(t, P->b.kv_transient, D->b.kv_transient);
+        ROW(t, P->b.kv_chunks, D->b.kv_chunks);
+    }
+    /* and the admitted sequences' own steps in flight (MTP drafts, lookahead, async scheduling) */
+    if (P->b.kv_decode_seq || D->b.kv_decode_seq) {
+        snprintf(t, sizeof t, "of it, decodes in flight (%lld tokens)", (long long)pd_plan_decode_inflight_tokens(p, PD_ROLE_DECODE));
+        ROW(t, P->b.kv_transient - P->b.kv_chunks, D->b.kv_transient - D->b.kv_chunks);
     }
     /* a prefill rank holds one prompt; an aggregated instance max-num-seqs sequences on both */
     snprintf(t, sizeof t, "KV needed (%lld / %lld x %lld%s)", p->o.aggregated ? (long long)p->o.max_num_seqs : 1LL,
              (long long)p->o.max_num_seqs, (long long)p->o.max_model_len,
-             P->b.kv_transient || D->b.kv_transient ? " + chunks" : " tokens");
+             P->b.kv_transient || D->b.kv_transient ? " + steps" : " tokens");
     ROW(t, P->kv_need, D->kv_need);
 #undef ROW
     fprintf(f, "  %-36s %14lld %14lld\n", "sequences of max-model-len that fit", (long long)P->seqs_at_max_len,
@@ -210,10 +215,10 @@ static void text_budget(FILE *f, const struct pd_plan *p, int u)
             pd_units_fmt(a, 40, p->p_kv_batch, (enum pd_units)u),
             pd_units_fmt(b, 40, pd_kv_seq_bytes(&p->kv, p->o.max_model_len), (enum pd_units)u),
             p->o.aggregated ? "" : " and until decode has pulled it");
-    if (P->b.kv_transient)   /* (the row above: the chunks' window and state blocks) */
+    if (P->b.kv_chunks)   /* (the row above: the chunks' window and state blocks) */
         fprintf(f, ",\n  and its chunks' window and state blocks %s more while %lld tokens are in flight (%d steps of\n"
                    "  max-num-batched-tokens)",
-                pd_units_fmt(a, 40, P->b.kv_transient, (enum pd_units)u),
+                pd_units_fmt(a, 40, P->b.kv_chunks, (enum pd_units)u),
                 (long long)pd_plan_chunk_inflight_tokens(p, PD_ROLE_PREFILL), PD_PLAN_STEPS_IN_FLIGHT);
     fprintf(f, ".\n\n");
 }
@@ -335,7 +340,7 @@ static json_t *budget_json(const struct pd_plan *p, const struct pd_role_plan *r
 {
     const struct pd_budget *b = &rp->b;
     const struct pd_activation *a = &rp->act;
-    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:b}",
+    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:b}",
                      "capacity_bytes", (json_int_t)b->capacity, "usable_bytes", (json_int_t)b->usable,
                      "class_i_bytes", (json_int_t)b->class_i, "class_ii_bytes", (json_int_t)b->class_ii,
                      "weights_bytes", (json_int_t)b->weights,
@@ -346,6 +351,9 @@ static json_t *budget_json(const struct pd_plan *p, const struct pd_role_plan *r
                      "runtime_bytes", (json_int_t)b->runtime, "kv_pool_bytes", (json_int_t)b->kv_pool,
                      "kv_transient_bytes", (json_int_t)b->kv_transient,
                      "kv_inflight_tokens", (json_int_t)pd_plan_chunk_inflight_tokens(p, rp->role),
+                     "kv_chunks_bytes", (json_int_t)b->kv_chunks,
+                     "kv_decode_inflight_tokens", (json_int_t)pd_plan_decode_inflight_tokens(p, rp->role),
+                     "kv_decode_inflight_seq_bytes", (json_int_t)b->kv_decode_seq,
                      "kv_need_bytes", (json_int_t)rp->kv_need, "seqs_at_max_model_len", (json_int_t)rp->seqs_at_max_len,
                      "max_context_at_max_num_seqs", (json_int_t)rp->ctx_at_max_seqs, "fits", rp->fits,
                      "fits_max_num_seqs", rp->fits_max_num_seqs);

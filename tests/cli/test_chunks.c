@@ -102,8 +102,8 @@ Test(chunks, seed_plan_reserves_the_chunks_blocks)
     run("plan", &r);
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert(strstr(r.out, "  of it, chunks in flight (8192 tokens)        4.78 GB        0.00 GB\n"), "%s", r.out);
-    cr_assert(strstr(r.out, "  KV needed (1 / 30 x 32768 + chunks)         5.05 GB        7.85 GB\n"), "%s", r.out);
-    cr_assert(strstr(r.out, "  sequences of max-model-len that fit              29            153\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "  KV needed (1 / 30 x 32768 + steps)          5.05 GB        8.26 GB\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "  sequences of max-model-len that fit              29            145\n"), "%s", r.out);
     cr_assert(strstr(r.out, "  verdict: 30 of them (max-num-seqs)      29 launched            fit\n"), "%s", r.out);
 }
 
@@ -140,10 +140,10 @@ Test(chunks, seed_decode_reserves_its_steps_in_flight)
                       (long long)(s * (seq + e)), (long long)pool);
         servers++;
     }
-    cr_assert_eq(servers, 1, "not the one decode server of the seed's layout:\n%s", r.out);
+    cr_assert_eq(servers, 4, "not the 4 decode servers (one a node) of the seed's layout:\n%s", r.out);
     run("plan", &r);
     cr_assert_eq(r.status, 0, "%s", r.err);
-    cr_assert(strstr(r.out, "  of it, decode steps in flight (5 tokens)     0.00 GB        0.41 GB\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "  of it, decodes in flight (5 tokens)         0.00 GB        0.41 GB\n"), "%s", r.out);
     cr_assert(strstr(r.out, "  sequences of max-model-len that fit              29            145\n"), "%s", r.out);
 }
 

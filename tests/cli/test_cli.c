@@ -408,11 +408,11 @@ Test(cli, an_aggregated_plans_budget_is_its_own)
     struct run r;
     run("plan --aggregated dp=8,tp=1,instances=1 --max-num-seqs 48", &r);
     cr_assert_eq(r.status, 0, "%s", r.err);
-    cr_assert(strstr(r.out, "KV needed (48 / 48 x 32768 + chunks)"), "%s", r.out);
+    cr_assert(strstr(r.out, "KV needed (48 / 48 x 32768 + steps)"), "%s", r.out);
     cr_assert(strstr(r.out, "needs 261.60 MB while it is prefilled in chunks,\n  and its chunks'"), "%s", r.out);
     cr_assert_null(strstr(r.out, "KV hand-off, one prompt"), "%s", r.out);
     run("plan", &r);
-    cr_assert(strstr(r.out, "KV needed (1 / 30 x 32768 + chunks)") && strstr(r.out, "KV hand-off, one prompt"), "%s", r.out);
+    cr_assert(strstr(r.out, "KV needed (1 / 30 x 32768 + steps)") && strstr(r.out, "KV hand-off, one prompt"), "%s", r.out);
 }
 
 /* A prediction for a layout that does not fit says so before its figures (it printed TPOT and

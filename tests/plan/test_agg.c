@@ -157,8 +157,11 @@ Test(agg, memory_budget)
         cr_assert_eq(rp->act.tokens, o.max_num_batched_tokens);
         cr_assert_eq(rp->b.runtime, 3000000000);
         /* and the window and state blocks of the chunks in flight, which an aggregated card prefills too */
-        cr_assert_gt(rp->b.kv_transient, 0);
-        cr_assert_eq(rp->kv_need, o.max_num_seqs * pd_kv_seq_bytes(&p.kv, o.max_model_len) + rp->b.kv_transient);
+        cr_assert_gt(rp->b.kv_chunks, 0);
+        /* and every sequence's own decode steps in flight, which an aggregated card decodes too */
+        cr_assert_gt(rp->b.kv_decode_seq, 0);
+        cr_assert_eq(rp->kv_need, o.max_num_seqs * (pd_kv_seq_bytes(&p.kv, o.max_model_len) + rp->b.kv_decode_seq) +
+                                      rp->b.kv_chunks);
         cr_assert_eq(rp->b.weights, d.role[r].b.weights);
     }
     /* a disaggregated decode card holds activations of max-num-seqs tokens only, and its own reserve */

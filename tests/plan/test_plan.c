@@ -36,7 +36,9 @@ Test(plan, default_is_the_seed_layout)
         cr_assert_eq(b->weights + b->activations + b->runtime + b->kv_pool, b->usable);
         cr_assert(p.role[r].fits);
     }
-    cr_assert_eq(D->kv_need, 30 * pd_kv_seq_bytes(&p.kv, 32768));
+    /* each with its steps in flight: 2 x (1 + 1) + 1 tokens, 4 block ids more than one (tests/cli/test_chunks.c) */
+    cr_assert_eq(D->b.kv_decode_seq, 4 * p.kv.block_id_bytes);
+    cr_assert_eq(D->kv_need, 30 * (pd_kv_seq_bytes(&p.kv, 32768) + 4 * p.kv.block_id_bytes));
     cr_assert_geq(D->seqs_at_max_len, 30);
     pd_plan_free(&p);
 }
