@@ -9,12 +9,24 @@
 #include <jansson.h>
 #include <stdio.h>
 
+/* The first check of an instance taken out comes after BACKOFF_MIN_S, the next ones after twice the
+ * last, up to the health-check interval: an instance out is never checked less often than one in.
+ * The backoff went on to 30 s: after a run of restarts by `pdmoe up` the proxy checked its instance
+ * every 30 s, and said "no decode instance is up" 18 s after the instance was ready again. A dead
+ * instance costs no more than a live one, a check per interval (a refused connect, or one that
+ * waits --health-timeout-ms), as one still loading does; Envoy checks an unhealthy host at its
+ * interval too (unhealthy_interval's default). */
 #define BACKOFF_MIN_S 0.5
-#define BACKOFF_MAX_S 30.0
 
-/* A request to `in` failed, or its /health checks did (health_failures in a row): no requests while others are up, and the
- * next check after a backoff that doubles with each failed check (the requests that fail while it
- * is out, when no instance is up, leave its schedule alone). */
+static double health_interval_s(const struct pd_proxy *px)
+{
+    return (px->o.health_interval_ms > 0 ? px->o.health_interval_ms : 1000) / 1e3;
+}
+
+/* A request to `in` failed, or its /health checks did (health_failures in a row): no requests while
+ * others are up, and the next check after a backoff that doubles with each failed check up to the
+ * interval (the requests that fail while it is out, when no instance is up, leave its schedule
+ * alone). */
 void px_eject(struct instance *in, int by_probe)
 {
     in->failures++;
@@ -32,11 +44,12 @@ void px_eject(struct instance *in, int by_probe)
                 "checked again after a backoff\n", in->role, in->host, in->port, why);
     }
     in->up = 0;
+    const double cap = health_interval_s(in->px);
     double b = BACKOFF_MIN_S;
-    for (int k = 0; k < in->strikes && b < BACKOFF_MAX_S; k++)
+    for (int k = 0; k < in->strikes && b < cap; k++)
         b *= 2;
     in->strikes++;
-    in->probe_at = pd_now_s() + (b < BACKOFF_MAX_S ? b : BACKOFF_MAX_S);
+    in->probe_at = pd_now_s() + (b < cap ? b : cap);
 }
 
 /* `in` answered (a request, or its /health check): it is up (again). */
@@ -67,13 +80,8 @@ int px_routed_index(const struct instance *in)
     return in >= r && in < r + n ? (int)(in - r) : -1;
 }
 
-static double health_interval_s(const struct pd_proxy *px)
-{
-    return (px->o.health_interval_ms > 0 ? px->o.health_interval_ms : 1000) / 1e3;
-}
-
 /* Active health checks: GET /health of each instance, every health_interval_ms while it is up,
- * at its backoff's end while it is ejected; health_timeout_ms (1 s) to answer: a link across hosts
+ * at its backoff's end (at most the interval) while it is ejected; health_timeout_ms (1 s) to answer: a link across hosts
  * that is congested at times may need more. An instance up is taken out after health_failures
  * checks failed in a row (3, as Kubernetes' failureThreshold): one lost check (a step that held
  * the loop, a packet dropped) took a healthy instance out. Requests keep going to it meanwhile; one

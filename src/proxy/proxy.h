@@ -27,7 +27,8 @@
  * Dead instances: each one is checked with GET /health (every health_interval_ms, health_timeout_ms
  * to answer). health_failures checks failed in a row (3), or one failed request (no connection, no
  * answer, a 5xx), eject it: it gets no requests while others are up, and is probed again after a
- * backoff (0.5 s doubling to 30 s) until /health answers, which admits it back. An answer has no deadline of its own (a long
+ * backoff (0.5 s doubling to health_interval_ms: never less often than an instance up) until /health
+ * answers, which admits it back. An answer has no deadline of its own (a long
  * generation or queue is waited for); once its health checks have failed for 3 s the requests
  * the instance holds fail too, so a host that hangs does not hold its clients (a pause shorter
  * than that, a stopped process resumed, keeps them). A decode instance that fails before the client

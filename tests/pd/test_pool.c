@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "../tmpmodel.h"
+#include "core/timing.h"
 #include "pd/server.h"
 #include "proxy/proxy.h"
 #include "util.h"
@@ -140,17 +141,26 @@ static void *fake_loop(void *arg)
     return NULL;
 }
 
-static void fake_start(struct fake *f)
+/* Listens on `port` (0: an ephemeral one); a restarted instance's port may still hold its old
+ * connections in TIME_WAIT, hence SO_REUSEADDR, as a server's listener has. */
+static void fake_start_on(struct fake *f, int port)
 {
     memset(f, 0, sizeof *f);
     f->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(setsockopt(f->fd, SOL_SOCKET, SO_REUSEADDR, &(int){1}, sizeof(int)), 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof a;
-    cr_assert_eq(bind(f->fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(bind(f->fd, (struct sockaddr *)&a, sizeof a), 0, "bind to port %d: %s", port, strerror(errno));
     cr_assert_eq(listen(f->fd, 64), 0);
     cr_assert_eq(getsockname(f->fd, (struct sockaddr *)&a, &len), 0);
     f->port = ntohs(a.sin_port);
     pthread_create(&f->t, NULL, fake_loop, f);
+}
+
+static void fake_start(struct fake *f)
+{
+    fake_start_on(f, 0);
 }
 
 static void fake_stop(struct fake *f)
@@ -407,6 +417,57 @@ Test(pool, one_failed_health_check_does_not_eject_three_do)
     int st = pclose(p);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0, "status %d: %s", st, out);
     cr_assert(strstr(out, "--health-failures"), "%s", out);
+}
+
+/* An instance that was taken out and stayed dead long enough for its checks' backoff to grow (as
+ * through a run of `pdmoe up`'s restarts), then comes back on its port, is in rotation within a
+ * health-check interval or two: /readiness 200 and a completion answered. The backoff doubled from
+ * 0.5 s to 30 s: /readiness said "no decode instance is up" 18 s after the restarted instance was
+ * ready. It now stops at --health-interval-ms (here 50 ms, so the checks come with the 100 ms tick),
+ * and a dead instance is still checked no more often than that. The instance here stays dead 4 s
+ * after it is out, when the old backoff's next check was 3.5 s away (at 7.5 s). */
+Test(pool, an_instance_back_after_a_long_death_is_in_rotation_within_an_interval)
+{
+    const int fport = test_ports() + 10;
+    fake_start_on(&F, fport);
+    char where[32], out[8192];
+    snprintf(where, sizeof where, "127.0.0.1:%d", fport);
+    struct pd_proxy_opts o = {.n_decode = 1, .health_interval_ms = 50};
+    o.decode[0] = where;
+    start_proxy(&o);
+    const int port = pd_proxy_port(X);
+    for (int i = 0; i < 250 && instance_metric("up", where) != 1; i++)
+        usleep(20000);
+    cr_assert_eq(instance_metric("up", where), 1);
+    fake_stop(&F);   /* killed: its connections closed, nothing listens on its port */
+    int out_of_it = 0;
+    for (int i = 0; i < 100 && !out_of_it; i++) {
+        out_of_it = instance_metric("ejections_total", where) == 1;
+        if (!out_of_it)
+            usleep(20000);
+    }
+    cr_assert(out_of_it, "nothing listens on %s, yet it is not taken out after 2 s", where);
+    const double dead_s = 4.0;
+    usleep((useconds_t)(dead_s * 1e6));
+    const int64_t checks = instance_metric("failed_checks", where);
+    cr_assert_leq(checks, (int64_t)(dead_s / 0.05) + 3 + 5, "%lld checks of a dead instance in %.1f s, at an interval "
+                  "of 50 ms", (long long)checks, dead_s);
+    cr_assert_eq(curl_port(port, "/readiness", NULL, NULL, out, sizeof out), 503, "%s", out);
+    fake_start_on(&F, fport);   /* `pdmoe up` started it again, on the same port */
+    const double t0 = pd_now_s(), bound_s = 2.0;
+    int code = 0;
+    while (code != 200 && pd_now_s() - t0 < bound_s) {
+        code = curl_port(port, "/readiness", NULL, NULL, out, sizeof out);
+        if (code != 200)
+            usleep(20000);
+    }
+    const double took = pd_now_s() - t0;
+    cr_assert_eq(code, 200, "the instance answers /health again, yet the proxy is not ready %.1f s later "
+                 "(%lld checks failed while it was dead): %s", took, (long long)checks, out);
+    code = curl_port(port, "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":1}", NULL, out, sizeof out);
+    cr_assert(code == 200 && strstr(out, "\"ok\""), "%d %s", code, out);
+    cr_log_info("back in rotation %.2f s after the instance came back, after %.1f s dead (%lld failed checks)",
+                took, dead_s, (long long)checks);
 }
 
 /* `pdmoe proxy ARGS... --port port --health-interval-ms 50` in a child process (child) under the
