@@ -148,8 +148,9 @@ int pd_cli_proxy(int argc, char **argv)
                    "requests until a check succeeds, checked again after 0.5 s doubling to --health-interval-ms.\n"
                    "--upstream-keepalive 16: idle connections kept open to each\n"
                    "instance for the next requests (0: a connection per request, each leaving a socket in\n"
-                   "TIME_WAIT on this host for 60 s); the client connection cap leaves descriptors for them and\n"
-                   "a check to each instance. The default is lowered under a low ulimit -n (to at most half of\n"
+                   "TIME_WAIT on this host for 60 s); the client connection cap leaves descriptors for them, a\n"
+                   "check to each instance and one /expert_stats fan-out (one runs at a time); a connect or accept\n"
+                   "short of descriptors closes the idle ones and tries once more. The default is lowered under a low ulimit -n (to at most half of\n"
                    "what it leaves); a value that leaves no descriptor for a client is refused. --metrics-file FILE: Prometheus text added to /metrics (pdmoe\n"
                    "up's restart counts). --shutdown-timeout S (0): at SIGTERM or Ctrl-C, new requests get a 503\n"
                    "while those in flight finish, for at most S seconds; a second signal stops at once (0: at once).\n");

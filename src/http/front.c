@@ -127,8 +127,25 @@ static void update_accept(struct pd_http_front *f)
     }
 }
 
+/* Whether accepting failed for want of descriptors that the process then freed (limits.shed): the
+ * listener, left enabled, accepts again at the loop's next turn. Only for a connection waiting:
+ * Linux's accept() takes the descriptor before it looks at the queue, so the listener's last
+ * accept of a turn fails with EMFILE whenever the table is full, a client waiting or not. A shed
+ * that freed none pauses. */
+static int shed_for_accept(struct pd_http_front *f, int err)
+{
+    if ((err != EMFILE && err != ENFILE) || !f->lim.shed)
+        return 0;
+    struct pollfd p = {evconnlistener_get_fd(f->lev), POLLIN, 0};
+    return poll(&p, 1, 0) == 1 && (p.revents & POLLIN) && f->lim.shed(f->lim.shed_arg) > 0;
+}
+
 static void pause_accept(struct pd_http_front *f, int err)
 {
+    if (shed_for_accept(f, err)) {
+        update_accept(f);
+        return;
+    }
     evconnlistener_disable(f->lev);
     event_del(f->full_ev);
     f->paused = 1;

@@ -11,7 +11,8 @@
  *   a reply the client does not read for idle_timeout_ms closes the connection.
  * - Requests pipelined on a connection are answered in order, one at a time; while one is
  *   answered at most max_header_bytes more are read from the connection.
- * - accept() failing for lack of descriptors (EMFILE, ENFILE) pauses accepting for 100 ms rather
+ * - accept() failing for lack of descriptors (EMFILE, ENFILE) first asks the process to close what
+ *   it can spare (limits.shed) and retries; failing still, it pauses accepting for 100 ms rather
  *   than retrying at once (libevent's listener would spin), logged once per episode.
  * - libevent 2.1 answers malformed, oversized (413) or unsupported requests itself with an HTML
  *   page before any handler runs (2.2's evhttp_set_errorcb is not in Debian 12's 2.1.12): such an
@@ -43,6 +44,11 @@ struct pd_http_limits {
     int fds_reserved;               /* descriptors the process may hold besides its connections' and
                                      * PD_HTTP_FD_RESERVE (the proxy's idle upstream connections and
                                      * /health checks): the cap leaves room for them too */
+    /* accept() found no descriptor (EMFILE, ENFILE): the process closes what it can spare (the
+     * proxy's idle upstream connections) and returns how many; accepting is then tried again at
+     * once rather than paused. NULL, or 0 closed: paused as below. */
+    int (*shed)(void *arg);
+    void *shed_arg;
     /* events an operator should see (descriptors exhausted), one line each; NULL: none */
     void (*log)(void *arg, const char *line);
     void *log_arg;

@@ -34,6 +34,8 @@ struct job {
     struct px_conn *conn;            /* its connection (pool.c) */
     int up_closed;                   /* libevent failed it for a closed connection (not a timeout, a cancel) */
     int up_resent;                   /* it went again on a fresh connection, a kept-alive one having been closed */
+    int up_shed;                     /* it went again once, its connect having found no descriptor free and the
+                                      * idle pooled connections closed for it */
     int up_decode;                   /* it goes to the decode instance */
     int started;                     /* the client's streamed reply has begun */
     struct evbuffer *held;           /* a decode error body while streaming */
@@ -389,6 +391,15 @@ static int upstream_over(struct job *j, struct evhttp_request *r, int err, const
     }
     if (code == 0 && c && j->up_closed)
         *local = px_conn_local_failure(c, err);
+    if (*local && j->client && !j->up_shed && px_conn_out_of_fds(c, err)) {
+        /* no descriptor for the connect: the idle pooled connections hold some, and are only a saving */
+        j->up_shed = 1;
+        if (px_pool_shed(px) > 0) {
+            px_conn_put(c, 0);
+            send_to(j, decode, 1);
+            return 1;
+        }
+    }
     px_conn_put(c, code > 0);
     return 0;
 }

@@ -37,10 +37,14 @@ void px_on_models(struct evhttp_request *h, void *arg)
 }
 
 /* GET /expert_stats[?role=prefill|decode]: every instance's expert counts (of the role, or of
- * both), summed: the file `pdmoe plan --expert-stats` reads, for the whole deployment. */
+ * both), summed: the file `pdmoe plan --expert-stats` reads, for the whole deployment. One such
+ * fan-out is in flight at a time, the others waiting in arrival order: each takes a connection to
+ * every instance, which the client connection cap counts once (proxy.c's keepalive()), where one
+ * per client let concurrent fan-outs take more descriptors than the open-file limit left. */
 struct stats_job {
     struct pd_proxy *px;
-    struct evhttp_request *client;
+    struct evhttp_request *client;   /* NULL once the client has gone */
+    struct stats_job *next;          /* px->stats_waiting, while it waits */
     const char *role;                /* NULL: both */
     int pending, instances, n_layers, experts;
     int64_t *sum;                    /* [n_layers][experts], from the first answer on */
@@ -109,17 +113,61 @@ static void stats_add(struct stats_job *j, const char *where, struct evbuffer *b
     json_decref(doc);
 }
 
+static void stats_start(struct stats_job *j);
+
+/* The next fan-out waiting, if any, starts (the one in flight has ended). */
+static void stats_next(struct pd_proxy *px)
+{
+    px->stats_running = NULL;
+    struct stats_job *j = px->stats_waiting;
+    if (!j)
+        return;
+    px->stats_waiting = j->next;
+    j->next = NULL;
+    stats_start(j);
+}
+
 static void stats_answer(struct stats_job *j)
 {
-    if (j->why[0]) {
+    struct pd_proxy *px = j->px;
+    if (!j->client) {
+        /* (gone: nobody to answer) */
+    } else if (j->why[0]) {
         reply_error(j->client, 502, "server_error", "%s", j->why);
     } else {
         pd_http_json(j->client, 200, json_pack("{s:s,s:i,s:i,s:o}", "role", j->role ? j->role : "prefill+decode",
                                                "instances", j->instances, "experts", j->experts, "tokens_per_expert",
                                                pd_http_json_counts(j->sum, j->n_layers, j->experts)));
     }
+    if (j->client)
+        pd_http_set_closecb(j->client, NULL, NULL);
     free(j->sum);
     free(j);
+    stats_next(px);
+}
+
+/* The client of a fan-out left: one waiting is dropped, one in flight finishes unanswered. */
+static void on_stats_client_close(struct evhttp_connection *evcon, void *arg)
+{
+    struct stats_job *j = arg;
+    j->client = NULL;
+    for (struct stats_job **p = &j->px->stats_waiting; *p; p = &(*p)->next)
+        if (*p == j) {
+            *p = j->next;
+            free(j);
+            return;
+        }
+}
+
+void px_stop_fanouts(struct pd_proxy *px)
+{
+    while (px->stats_waiting) {
+        struct stats_job *j = px->stats_waiting;
+        px->stats_waiting = j->next;
+        pd_http_set_closecb(j->client, NULL, NULL);
+        reply_error(j->client, 503, "server_error", "the proxy is shutting down");
+        free(j);
+    }
 }
 
 static void on_stats_done(struct evhttp_request *r, const char *local, void *arg)
@@ -159,6 +207,22 @@ void px_on_expert_stats(struct evhttp_request *h, void *arg)
         return;
     }
     *j = (struct stats_job){.px = px, .client = h, .role = role, .pending = 1};
+    pd_http_set_closecb(h, on_stats_client_close, j);
+    if (!px->stats_running) {
+        stats_start(j);
+        return;
+    }
+    struct stats_job **p = &px->stats_waiting;
+    while (*p)
+        p = &(*p)->next;
+    *p = j;
+}
+
+static void stats_start(struct stats_job *j)
+{
+    struct pd_proxy *px = j->px;
+    const char *role = j->role;
+    px->stats_running = j;
     for (int k = 0; k < px->np + px->nd; k++) {
         struct instance *in = nth(px, k);
         if (role && strcmp(role, in->role))

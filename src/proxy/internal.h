@@ -43,6 +43,7 @@ struct instance {
 };
 
 struct job;
+struct stats_job;
 
 struct pd_proxy {
     struct pd_proxy_opts o;
@@ -60,6 +61,8 @@ struct pd_proxy {
     double drain_deadline;
     struct event *drain_tick;
     struct job *jobs;                /* every completion in flight */
+    struct stats_job *stats_running; /* the /expert_stats fan-out in flight (one at a time), or NULL */
+    struct stats_job *stats_waiting; /* those waiting for it, first come first */
     struct pd_route *route;          /* who prefills: the prefill instances, or the colocated ones */
     /* metrics */
     uint64_t requests, completed, retries, cancelled, bad_requests, prefill_failed, decode_failed;
@@ -108,6 +111,12 @@ void px_conn_put(struct px_conn *c, int answered);
 /* `in`'s idle connections unused too long, or closed by the server, are freed (from the tick). */
 void px_pool_sweep(struct instance *in, double now);
 void px_pool_free(struct instance *in);
+/* Closes every idle pooled connection (of all instances) at once, for a connect that found no
+ * descriptor free; how many were closed. */
+int px_pool_shed(struct pd_proxy *px);
+/* 1 if c's request failed (err: errno in its callback) because its connect() found no descriptor
+ * (EMFILE, ENFILE): the caller sheds the pool and tries once more before answering 503. */
+int px_conn_out_of_fds(const struct px_conn *c, int err);
 /* When c's request failed (err: errno in its callback) because its connect() found the proxy's
  * host short of a port or a descriptor: what is short, by name (not the instance's failure). */
 const char *px_conn_local_failure(const struct px_conn *c, int err);
@@ -160,6 +169,8 @@ void px_on_readiness(struct evhttp_request *h, void *arg);
 /* fanout.c */
 void px_on_models(struct evhttp_request *h, void *arg);
 void px_on_expert_stats(struct evhttp_request *h, void *arg);
+/* The proxy stops: the /expert_stats requests waiting for the fan-out in flight get a 503. */
+void px_stop_fanouts(struct pd_proxy *px);
 
 /* metrics.c */
 void px_hists_init(struct pd_proxy *px);

@@ -199,6 +199,21 @@ static void conn_free_now(struct px_conn *c)
     free(c);
 }
 
+int px_pool_shed(struct pd_proxy *px)
+{
+    int n = 0;
+    for (int k = 0; k < px->np + px->nd; k++) {
+        n += nth(px, k)->n_idle;
+        px_pool_free(nth(px, k));   /* (now, not from the loop: the descriptors are wanted at once) */
+    }
+    return n;
+}
+
+int px_conn_out_of_fds(const struct px_conn *c, int err)
+{
+    return !c->connected && !c->heard && c->uses == 1 && (err == EMFILE || err == ENFILE);
+}
+
 const char *px_conn_local_failure(const struct px_conn *c, int err)
 {
     if (c->connected || c->heard || c->uses > 1)
@@ -243,6 +258,8 @@ struct px_get {
     int failed_at_once, err;         /* it did, with this errno */
     int closed;                      /* libevent's error for the request was a closed connection */
     int retried;                     /* sent again on a fresh connection once */
+    int shed;                        /* sent again once after its connect found no descriptor and the
+                                      * idle connections were closed for it */
 };
 
 static int get_send(struct px_get *g, int fresh);
@@ -256,10 +273,26 @@ static void get_finish(struct px_get *g, struct evhttp_request *r, int err)
     free(g);
 }
 
+/* g's connect failed for want of a descriptor (EMFILE, ENFILE): once, if closing the idle pooled
+ * connections freed any, it goes again on a fresh connection (1); else 0. */
+static int get_shed_retry(struct px_get *g, struct evhttp_request *r, int err)
+{
+    if (g->shed || (r && evhttp_request_get_response_code(r) > 0) || !g->conn || !px_conn_out_of_fds(g->conn, err))
+        return 0;
+    g->shed = 1;
+    if (px_pool_shed(g->px) == 0)
+        return 0;
+    px_conn_put(g->conn, 0);
+    g->conn = NULL;
+    return get_send(g, 1) == 0;
+}
+
 /* A GET that failed inside px_get_from, answered from the loop: its caller has its handle first. */
 static void on_failed_at_once(evutil_socket_t fd, short what, void *arg)
 {
     struct px_get *g = arg;
+    if (get_shed_retry(g, NULL, g->err))
+        return;
     get_finish(g, NULL, g->err);
 }
 
@@ -287,6 +320,8 @@ static void on_get_done(struct evhttp_request *r, void *arg)
         if (get_send(g, 1) == 0)
             return;
     }
+    if (get_shed_retry(g, r, err))
+        return;
     get_finish(g, r, err);
 }
 

@@ -58,40 +58,53 @@ int px_authorised(struct pd_proxy *px, struct evhttp_request *h)
     return 0;
 }
 
-/* The idle connections kept per instance, and the descriptors they (and a /health check to each
- * instance) may hold beside the client connections, which the connection cap then leaves to them:
- * a cap that ignored them let the pool (up to 16 x 64 instances = 1024 idle) take the descriptors
- * of the clients it admitted and of the checks, whose connects failed with EMFILE. The default, 16,
- * is lowered under a low open-file limit so that the idle connections take at most half of what
- * the limit leaves beyond the process's own (none if that is less than one each); a
- * --upstream-keepalive given that leaves no room for one client connection is refused, as is an
- * instance list whose checks alone leave none. */
+/* The idle connections kept per instance, and the descriptors they, a /health check to each
+ * instance and the one /expert_stats fan-out in flight (a connection to each instance: fanout.c runs
+ * them one at a time) may hold beside the client connections, which the connection cap then leaves
+ * to them: a cap that ignored the pool (up to 16 x 64 instances = 1024 idle) let it take the
+ * descriptors of the clients it admitted and of the checks, whose connects failed with EMFILE, and
+ * one that ignored the fan-outs let each client take a connection to every instance where two
+ * descriptors were counted. The default, 16, is lowered under a low open-file limit so that the
+ * idle connections take at most half of what the limit leaves beyond the process's own (none if
+ * that is less than one each); a --upstream-keepalive given that leaves no room for one client
+ * connection is refused, as is an instance list whose checks and fan-out alone leave none. A
+ * connect or accept that still finds no descriptor (the process holding more than its reserve)
+ * closes the idle connections and tries once more (pool.c, px_pool_shed). */
+#define PX_FDS_PER_INSTANCE 2   /* beside the idle ones: a /health check and a fan-out's connection */
+
 static int keepalive(struct pd_proxy *px, int *reserved, pd_err *e)
 {
     const long n = px->np + px->nd, lim = pd_http_open_file_limit(), beyond = lim - PD_HTTP_FD_RESERVE;
     const int given = px->o.upstream_keepalive;
     int keep = given < 0 ? 0 : given ? given : PX_DEFAULT_KEEPALIVE;
     if (lim >= 0 && !given) {
-        long fit = beyond / 2 / n - 1;   /* (a check's descriptor each, beside the idle ones) */
+        long fit = beyond / 2 / n - PX_FDS_PER_INSTANCE;
         if (keep > fit)
             keep = fit > 0 ? (int)fit : 0;
     }
     /* a client connection needs 2 descriptors (its own and its request's upstream one) */
-    if (lim >= 0 && beyond - (keep + 1) * n < 2) {
-        if (beyond - n < 2)
+    if (lim >= 0 && beyond - (keep + PX_FDS_PER_INSTANCE) * n < 2) {
+        if (beyond - PX_FDS_PER_INSTANCE * n < 2)
             return pd_err_set(e, PD_EINVAL, "the open-file limit (ulimit -n %ld) leaves no descriptor for a client "
-                              "connection beside a /health check to each of the %ld instances (--prefill, --decode) "
-                              "and the process's own %d; raise it (ulimit -n %ld or more)", lim, n,
-                              PD_HTTP_FD_RESERVE, PD_HTTP_FD_RESERVE + n + 128);
+                              "connection beside a /health check and an /expert_stats fan-out's connection to each "
+                              "of the %ld instances (--prefill, --decode) and the process's own %d; raise it "
+                              "(ulimit -n %ld or more)", lim, n, PD_HTTP_FD_RESERVE,
+                              PD_HTTP_FD_RESERVE + PX_FDS_PER_INSTANCE * n + 128);
         return pd_err_set(e, PD_EINVAL, "--upstream-keepalive %d: %d idle connections to each of the %ld instances "
-                          "(and a /health check each) leave no descriptor for a client connection under the "
-                          "open-file limit (ulimit -n %ld, of which the process keeps %d); at most %ld, or raise "
-                          "the limit (ulimit -n %ld or more)", keep, keep, n, lim, PD_HTTP_FD_RESERVE,
-                          (beyond - 2) / n - 1, PD_HTTP_FD_RESERVE + (keep + 1) * n + 128);
+                          "(and a /health check and an /expert_stats fan-out's connection each) leave no descriptor "
+                          "for a client connection under the open-file limit (ulimit -n %ld, of which the process "
+                          "keeps %d); at most %ld, or raise the limit (ulimit -n %ld or more)", keep, keep, n, lim,
+                          PD_HTTP_FD_RESERVE, (beyond - 2) / n - PX_FDS_PER_INSTANCE,
+                          PD_HTTP_FD_RESERVE + (keep + PX_FDS_PER_INSTANCE) * n + 128);
     }
     px->keep = keep;
-    *reserved = (int)((keep + 1) * n);
+    *reserved = (int)((keep + PX_FDS_PER_INSTANCE) * n);
     return 0;
+}
+
+static int shed_pool(void *arg)
+{
+    return px_pool_shed(arg);
 }
 
 static void on_drained(evutil_socket_t fd, short what, void *arg)
@@ -111,6 +124,7 @@ static void on_stop(evutil_socket_t fd, short what, void *arg)
     if (px->drain_tick)
         event_del(px->drain_tick);
     px_stop_jobs(px);
+    px_stop_fanouts(px);
     event_base_once(px->base, -1, EV_TIMEOUT, on_drained, px, &(struct timeval){0, 300000});
 }
 
@@ -185,6 +199,8 @@ int pd_proxy_create(const struct pd_proxy_opts *o, struct pd_proxy **out, pd_err
     const char *host = o->host ? o->host : "127.0.0.1";
     struct pd_http_limits lim = o->http;
     lim.fds_per_connection = 2;   /* a client's connection and its request's upstream one */
+    lim.shed = shed_pool;         /* an accept short of descriptors closes the idle upstream ones first */
+    lim.shed_arg = px;
     int rc = keepalive(px, &lim.fds_reserved, e);
     if (rc) {
         pd_proxy_destroy(px);

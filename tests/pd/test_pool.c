@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -60,6 +61,8 @@ static void fake_answer(struct fake *f, struct fconn *c, const char *req)
                "\"finish_reason\":\"length\",\"kv_transfer_params\":{\"remote_request_id\":\"x\"}}]}";
     if (!strncmp(req, "POST ", 5))
         atomic_fetch_add(&f->completions, 1);
+    if (!strncmp(req, "GET /expert_stats", 17))
+        body = "{\"tokens_per_expert\":[[1,2]]}";
     if (!strncmp(req, "GET /health", 11)) {
         int fail = atomic_load(&f->health_fail) > 0;
         if (fail)
@@ -545,6 +548,146 @@ static void short_of_ports(const char *ports)
     cr_assert_not_null(f);
     fputs(ports, f);
     fclose(f);
+}
+
+/* A connection to the proxy at port. */
+static int dial(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "connect: %s", strerror(errno));
+    return fd;
+}
+
+/* The descriptors a process has open (/proc/PID/fd). */
+static int fds_of(pid_t pid)
+{
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "ls /proc/%d/fd | wc -l", (int)pid);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    cr_assert_eq(fscanf(p, "%d", &n), 1);
+    pclose(p);
+    return n;
+}
+
+/* Waits (at most 3 s) until process pid has n descriptors open; the count then. */
+static int fds_reach(pid_t pid, int n)
+{
+    int have = fds_of(pid);
+    for (int i = 0; i < 150 && have != n; i++) {
+        usleep(20000);
+        have = fds_of(pid);
+    }
+    return have;
+}
+
+/* Sends req on fd and reads the answer (headers and a Content-Length body, within 3 s): its status,
+ * 0 if none came; the answer in out. */
+static int ask_on(int fd, const char *req, char *out, size_t cap)
+{
+    cr_assert_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+    size_t n = 0;
+    out[0] = 0;
+    for (double t0 = pd_now_s(); pd_now_s() - t0 < 3 && n < cap - 1;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 50) <= 0)
+            continue;
+        ssize_t r = read(fd, out + n, cap - 1 - n);
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+        out[n] = 0;
+        const char *end = strstr(out, "\r\n\r\n"), *cl = strcasestr(out, "\r\nContent-Length:");
+        if (end && cl && cl < end && n >= (size_t)(end + 4 - out) + (size_t)atol(cl + 17))
+            break;
+    }
+    int code = 0;
+    sscanf(out, "HTTP/1.1 %d", &code);
+    return code;
+}
+
+/* A connect or an accept of the proxy that finds no descriptor free (EMFILE: here the proxy holds
+ * descriptors beyond its reserve, 96 inherited from its parent, and client connections fill the rest
+ * of ulimit -n 128) closes its idle pooled connections and tries once more: an /expert_stats
+ * fan-out, a completion and a new client are each answered. The connect failed at once, a 502 or
+ * 503 naming EMFILE, and the accept waited every 100 ms for a descriptor that only the pool's idle
+ * timeout (20 s) would free. The prefill instance closes each connection (none is kept); the decode
+ * instance's is kept, the one idle connection to close. */
+Test(pool, a_connect_or_accept_short_of_descriptors_closes_idle_connections_and_tries_again)
+{
+    struct fake *pf = &F, *df = &G[0];
+    fake_start(pf);
+    atomic_store(&pf->close_each, 1);
+    fake_start(df);
+    const int port = test_ports(), L = 128, spare = 96;
+    char prefill[32], decode[32], sport[16], log[64], out[8192];
+    snprintf(prefill, sizeof prefill, "127.0.0.1:%d", pf->port);
+    snprintf(decode, sizeof decode, "127.0.0.1:%d", df->port);
+    snprintf(sport, sizeof sport, "%d", port);
+    snprintf(log, sizeof log, "/tmp/pdmoe-emfile-%d.log", (int)getpid());
+    snprintf(noport_log, sizeof noport_log, "%s", log);   /* (removed by fini if the test fails) */
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    child = fork();
+    cr_assert_geq(child, 0);
+    if (child == 0) {
+        int lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644), nul = open("/dev/null", O_RDWR);
+        dup2(lfd, 2);
+        for (int fd = 3; fd < 3 + spare; fd++)
+            if (fd != nul && fd != lfd)
+                dup2(nul, fd);
+        for (int fd = 3 + spare; fd < 4096; fd++)
+            close(fd);
+        if (nul >= 3 + spare)
+            dup2(nul, 3 + spare - 1);
+        struct rlimit rl = {(rlim_t)L, (rlim_t)L};
+        setrlimit(RLIMIT_NOFILE, &rl);
+        execl(bin, bin, "proxy", "--prefill", prefill, "--decode", decode, "--port", sport, "--health-interval-ms",
+              "60000", (char *)NULL);
+        _exit(127);
+    }
+    int ready = 0;
+    for (int i = 0; i < 250 && !ready; i++) {
+        ready = curl_port(port, "/readiness", NULL, NULL, out, sizeof out) == 200;
+        if (!ready)
+            usleep(20000);
+    }
+    cr_assert(ready, "the proxy is not ready: %s", out);
+    usleep(200000);   /* (curl's connections closed) */
+    const int cap = metric_port(port, "pdmoe_http_max_connections");
+    usleep(200000);
+    int have = fds_of(child);
+    cr_assert(have < L && L - have < cap - 2, "the proxy has %d descriptors open of %d, its cap %d clients", have, L,
+              cap);
+    /* clients take every descriptor left */
+    int clients[128], nc = 0;
+    while (nc < L - have)
+        clients[nc++] = dial(port);
+    int got = fds_reach(child, L);
+    cr_assert_eq(got, L, "the proxy has %d descriptors open of %d after %d clients (%d before them)", got, L, nc, have);
+    const char *stats = "GET /expert_stats?role=prefill HTTP/1.1\r\nHost: x\r\n\r\n";
+    int code = ask_on(clients[0], stats, out, sizeof out);
+    cr_assert(code == 200 && strstr(out, "\"instances\":1"), "/expert_stats with no descriptor free: %d %s", code, out);
+    /* a connection kept to the decode instance again (/v1/models), every descriptor taken again */
+    code = ask_on(clients[1], "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", out, sizeof out);
+    cr_assert_eq(code, 200, "%s", out);
+    cr_assert_eq(fds_reach(child, L), L, "the proxy's descriptors after /v1/models");
+    const char *comp = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       "Content-Length: 30\r\n\r\n{\"prompt\":\"hi\",\"max_tokens\":1}";
+    code = ask_on(clients[2], comp, out, sizeof out);
+    cr_assert(code == 200 && strstr(out, "\"ok\""), "a completion with no descriptor free: %d %s", code, out);
+    /* its prefill took the decode's idle connection's descriptor, its decode the prefill's: every
+     * descriptor taken still, the decode's connection kept */
+    cr_assert_eq(fds_reach(child, L), L, "the proxy's descriptors after the completion");
+    code = curl_port(port, "/health", NULL, "-m 3", out, sizeof out);
+    cr_assert_eq(code, 200, "a new client with no descriptor free: %d %s", code, out);
+    for (int i = 0; i < nc; i++)
+        close(clients[i]);
+    char said[8192];
+    stop_shimmed(log, said, sizeof said);
+    noport_log[0] = 0;
+    cr_assert(!strstr(said, "is down"), "an instance was taken out: %s", said);
 }
 
 /* A connect() that fails with EADDRNOTAVAIL (every ephemeral port of the proxy's host towards the
