@@ -175,8 +175,9 @@ int pd_cli_proxy(int argc, char **argv)
         /* a limit it cannot start under: pdmoe up does not start it again as it is */
         return crc == PD_EINVAL ? PD_CLI_EXIT_CONFIG : 2;
     }
-    fprintf(stderr, "pdmoe proxy: http://%s:%d (prefill %d, decode %d instances), %d idle connections kept to each\n",
-            o.host ? o.host : "127.0.0.1", pd_proxy_port(px), o.n_prefill, o.n_decode, pd_proxy_keepalive(px));
+    const int keep = pd_proxy_keepalive(px);
+    fprintf(stderr, "pdmoe proxy: http://%s:%d (prefill %d, decode %d instances), %d idle connection%s kept to each\n",
+            o.host ? o.host : "127.0.0.1", pd_proxy_port(px), o.n_prefill, o.n_decode, keep, keep == 1 ? "" : "s");
     int rc = pd_proxy_run(px, &e);
     if (rc)
         fprintf(stderr, "pdmoe proxy: %s\n", e.msg);

@@ -31,6 +31,7 @@
 
 #define LIVE_BYE 'B'
 #define LIVE_CONNECT_MS 10000   /* a rank's connect to rank 0, and rank 0's wait for every hello */
+#define LIVE_HELLO_MS 2000      /* an accepted connection's hello */
 
 struct live_hello {              /* a rank to rank 0, once; integers in network order */
     uint32_t token[2];
@@ -185,9 +186,12 @@ static int live_accept(struct pd_server *s, int lfd, const struct live_ad *ad, p
         int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0)
             continue;
+        /* a rank sends its hello as it connects: a connection silent for LIVE_HELLO_MS (not the
+         * group's) is closed, rather than holding the others' accept to the deadline */
+        const int64_t hello_by = pd_now_ns() + (int64_t)LIVE_HELLO_MS * 1000000;
         struct live_hello h;
         int k = -1;
-        if (!live_read_hello(fd, &h, deadline) && ntohl(h.token[0]) == ad->token[0] &&
+        if (!live_read_hello(fd, &h, hello_by < deadline ? hello_by : deadline) && ntohl(h.token[0]) == ad->token[0] &&
             ntohl(h.token[1]) == ad->token[1])
             k = (int)ntohl(h.rank);
         if (k < 1 || k >= g->size || g->peers[k].fd >= 0) {

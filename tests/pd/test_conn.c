@@ -826,7 +826,7 @@ Test(conn, the_proxys_cap_leaves_descriptors_for_its_idle_pooled_connections)
     const char *fits[] = {"proxy", "--decode", list, "--upstream-keepalive", "4", "--health-interval-ms", "60000", NULL};
     const char *const *cmds[] = {dflt, fits};
     const int want_cap[] = {(256 - 32 - (1 + 2) * 32) / 2, (256 - 32 - (4 + 2) * 32) / 2};
-    const char *want_log[] = {"(prefill 0, decode 32 instances), 1 idle connections kept to each",
+    const char *want_log[] = {"(prefill 0, decode 32 instances), 1 idle connection kept to each",
                               "(prefill 0, decode 32 instances), 4 idle connections kept to each"};
     char log[8192], out[256];
     for (int k = 0; k < 2; k++) {

@@ -43,16 +43,6 @@ static void setup(void)
     base_port = test_ports();
 }
 
-static int wait_exit(pid_t pid, double seconds, int *status)
-{
-    for (double t = 0; t < seconds; t += 0.05) {
-        if (waitpid(pid, status, WNOHANG) == pid)
-            return 1;
-        usleep(50000);
-    }
-    return 0;
-}
-
 static void teardown(void)
 {
     int st;
@@ -60,7 +50,7 @@ static void teardown(void)
     for (int i = 0; i < 3; i++)
         if (*ps[i] > 0) {
             kill(-*ps[i], SIGTERM);
-            if (!wait_exit(*ps[i], 15, &st)) {
+            if (!exited_within(*ps[i], 15, &st)) {
                 kill(-*ps[i], SIGKILL);
                 waitpid(*ps[i], &st, 0);
             }
@@ -248,7 +238,7 @@ Test(server_ep, two_ranks_give_the_tokens_of_one_process_and_free_every_block)
     /* Ctrl-C in a terminal reaches mpirun and every rank: the group ends, nothing is left */
     kill(-group, SIGINT);
     int st;
-    cr_assert(wait_exit(group, 30, &st), "the group did not end within 30 s of Ctrl-C");
+    cr_assert(exited_within(group, 30, &st), "the group did not end within 30 s of Ctrl-C");
     group = 0;
     cr_assert_eq(processes_on(pg), 0);
 }
@@ -327,7 +317,7 @@ Test(server_ep, sigterm_on_rank_0_ends_every_rank_cleanly)
     rank_pids(pg, r);
     kill(r[0], SIGTERM);
     int st;
-    cr_assert(wait_exit(group, 30, &st), "the group did not end within 30 s of SIGTERM on rank 0");
+    cr_assert(exited_within(group, 30, &st), "the group did not end within 30 s of SIGTERM on rank 0");
     group = 0;
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "mpirun ended with status %d", st);
     cr_assert_eq(processes_on(pg), 0);
@@ -350,7 +340,7 @@ Test(server_ep, a_dead_rank_ends_the_group_and_its_clients)
     rank_pids(pg, r);
     kill(r[1], SIGKILL);
     int st;
-    cr_assert(wait_exit(group, 30, &st), "the group hung after rank 1 died");
+    cr_assert(exited_within(group, 30, &st), "the group hung after rank 1 died");
     group = 0;
     cr_assert(!(WIFEXITED(st) && WEXITSTATUS(st) == 0), "the group exited 0 although rank 1 died");
     pclose(client);
@@ -400,7 +390,7 @@ Test(server_ep, a_killed_rank_has_rank_0_answer_its_clients_before_the_group_end
     answer[n] = 0;
     pclose(plain);
     int st;
-    cr_assert(wait_exit(group, 30, &st), "the group hung after rank 1 died");
+    cr_assert(exited_within(group, 30, &st), "the group hung after rank 1 died");
     group = 0;
     cr_assert(!(WIFEXITED(st) && WEXITSTATUS(st) == 0), "the group exited 0 although rank 1 died");
     /* the request: a 503 with a JSON error naming the failure, not an empty reply (HTTP 000) */
@@ -514,7 +504,7 @@ Test(server_ep, a_stopped_rank_ends_the_group_after_the_watchdog_timeout)
     const char *code = strstr(answer, " HTTP ") ? strstr(answer, " HTTP ") + 6 : "";
     double waited = pd_now_s() - t0;
     int st;
-    int ended = wait_exit(group, 30, &st);
+    int ended = exited_within(group, 30, &st);
     kill(r[1], SIGCONT);
     if (ended)
         group = 0;

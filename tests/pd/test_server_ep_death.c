@@ -39,22 +39,12 @@ static void setup(void)
     base_port = test_ports();
 }
 
-static int wait_exit(pid_t pid, double seconds, int *status)
-{
-    for (double t = 0; t < seconds; t += 0.05) {
-        if (waitpid(pid, status, WNOHANG) == pid)
-            return 1;
-        usleep(50000);
-    }
-    return 0;
-}
-
 static void teardown(void)
 {
     int st;
     if (group > 0) {
         kill(-group, SIGTERM);
-        if (!wait_exit(group, 15, &st)) {
+        if (!exited_within(group, 15, &st)) {
             kill(-group, SIGKILL);
             waitpid(group, &st, 0);
         }
@@ -208,7 +198,7 @@ Test(server_ep_death, a_killed_rank_is_known_to_rank_0_at_once)
     cr_assert(!strncmp(last, "data: {\"error\"", 14) && strstr(last, "rank 1"), "%s", last);
     /* and the group ends non-zero, rank 0 saying which rank died */
     int st;
-    cr_assert(wait_exit(group, 30, &st), "the group hung after rank 1 died");
+    cr_assert(exited_within(group, 30, &st), "the group hung after rank 1 died");
     group = 0;
     cr_assert(!(WIFEXITED(st) && WEXITSTATUS(st) == 0), "the group exited 0 although rank 1 died");
     static char log[1 << 16];
@@ -235,7 +225,7 @@ Test(server_ep_death, a_group_ending_normally_reports_no_death)
     rank_pids(pg, r);
     kill(r[0], SIGTERM);
     int st;
-    cr_assert(wait_exit(group, 30, &st), "the group did not end within 30 s of SIGTERM on rank 0");
+    cr_assert(exited_within(group, 30, &st), "the group did not end within 30 s of SIGTERM on rank 0");
     group = 0;
     static char log[1 << 16];
     read_log(log, sizeof log);

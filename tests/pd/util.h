@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/wait.h>
 
 #include "model/tokenizer.h"
 #include "pd/server.h"
@@ -419,6 +420,17 @@ static inline void prom_conventions(const char *text, const char *what)
         }
         cr_assert(found, "%s: the sample %s has no TYPE line before it", what, line);
     }
+}
+
+/* 1 when child pid exits within `seconds` (its status in *status), else 0 (it runs on). */
+static inline int exited_within(pid_t pid, double seconds, int *status)
+{
+    for (double t = 0; t < seconds; t += 0.05) {
+        if (waitpid(pid, status, WNOHANG) == pid)
+            return 1;
+        usleep(50000);
+    }
+    return 0;
 }
 
 #endif
