@@ -5,8 +5,10 @@
  * static x the card less the weights: F full tokens = (budget - fixed c128 state bytes) / its
  * coefficient (9,259.90 B for V4-Flash with EAGLE), a window pool of int(0.1 F), F / 4 CSA entries,
  * F / 128 HCA entries, (F / 128) x 32 indexer keys; its NPU pools then store those in bf16, the keys
- * twice, and compressor states in pages per request. The figures below are worked here from those
- * formulas, not from the planner's code. */
+ * twice, and compressor states in pages per request; and beside the pools, on every DP rank, six
+ * int32 tables a request slot (DSV4NPUReqToTokenPool: req_to_token, swa, c4_state and c128_state of
+ * a row's tokens, c4 of a quarter, c128 of 1/128), rows of max-model-len + SGLang's headroom. The
+ * figures below are worked here from those formulas, not from the planner's code. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <stdint.h>
@@ -33,23 +35,35 @@ static int64_t pages(int64_t size, int64_t page)   /* SGLang's (size + page + 1)
     return (size + page + 1) / page;
 }
 
-/* SGLang's pools for a budget and requests per DP rank: 43 layers (21 CSA, 20 HCA), the draft's
- * window-only layer, head 512 (448 + 64 rope), indexer head 128, EAGLE rings 16 and 256 */
-static struct pools sglang(int64_t budget, int64_t reqs)
+/* SGLang's pools for a budget, requests per DP rank and request slots (req_to_token's rows: the
+ * requests, a PD decode node's pre-allocated slots, a padding row): 43 layers (21 CSA, 20 HCA), the
+ * draft's window-only layer, head 512 (448 + 64 rope), indexer head 128, EAGLE rings 16 and 256 */
+static struct pools sglang_slots(int64_t budget, int64_t reqs, int64_t slots)
 {
     const double bpft = (0.1 * 584 * 43 + 0.25 * 584 * 21 + 1.0 / 128 * 584 * 20 + 0.25 * 132 * 21 +
                          0.1 * (16.0 / 128) * 8192 * 21 + 0.1 * (16.0 / 128) * 2048 * 21) * (44.0 / 43);
-    const int64_t c128_rows = ((reqs + 1) * 256 + 256 + 1 + 127) / 128 * 128, fixed = c128_rows * 4096 * 20;
+    const int64_t c128_rows = (slots * 256 + 256 + 1 + 127) / 128 * 128, fixed = c128_rows * 4096 * 20;
     struct pools q;
     q.full = (int64_t)((double)(budget > fixed ? budget - fixed : 0) / bpft) / PAGE * PAGE;
     q.reqs = reqs < q.full / 2 ? reqs : q.full / 2;
     const int64_t swa = (int64_t)((double)q.full * 0.1) / PAGE * PAGE, keys = q.full / 128 * 32;
-    const int64_t s128 = 3 * q.reqs * PAGE > (q.reqs + 1) * 256 ? 3 * q.reqs * PAGE : (q.reqs + 1) * 256;
+    const int64_t s128 = 3 * q.reqs * PAGE > slots * 256 ? 3 * q.reqs * PAGE : slots * 256;
     q.bytes = pages(swa, PAGE) * PAGE * 1024 * 44 + pages(q.full / 4, PAGE) * PAGE * 1024 * 21 +
               pages(q.full / 128, PAGE) * PAGE * 1024 * 20 +
               (pages(keys, PAGE / 4) * (PAGE / 4) * 132 + pages(keys, PAGE) * PAGE * 130) * 21 +
               (2 * q.reqs + 1) * PAGE * (8192 + 2048) * 21 + ((s128 + PAGE - 1) / PAGE + 1) * PAGE * 4096 * 20;
     return q;
+}
+
+static struct pools sglang(int64_t budget, int64_t reqs)
+{
+    return sglang_slots(budget, reqs, reqs + 1);
+}
+
+/* SGLang's request tables on one DP rank: `slots` rows of six int32 tables of a row of `tokens` */
+static int64_t tables(int64_t slots, int64_t tokens)
+{
+    return slots * 4 * (5 * tokens + tokens / 4 + tokens / 128);
 }
 
 static json_int_t get_int(json_t *o, const char *key)
@@ -163,5 +177,95 @@ Test(sglang, validation_case_counts_sglangs_pools)
     }
     cr_assert_eq(sgl, 3, "SGLang's A3 CI runs: 8K, 32K, 1P1D");
     cr_assert_eq(vllm, 1);
+    json_decref(j);
+}
+
+/* The seed (pdmoe plan's defaults: V4-Flash W8A8 on 8 Atlas 800I A2, prefill 4 x dp 8, decode dp 32,
+ * 30 requests of 32,768 tokens a DP rank, the MTP layer as EAGLE with 1 step and 2 draft tokens).
+ * SGLang (0a3cd26b) gives each DP rank a request table of max_running_requests + 1 rows
+ * (memory_pool.py ReqToTokenPool: a padding row), on a PD decode node of
+ * --disaggregation-decode-extra-slots more (disaggregation/decode.py DecodeReqToTokenPool), whose
+ * default is twice the requests a rank when they are 32 or fewer (pd_disaggregation_hook.py). A row
+ * is the context length + max(4 + draft tokens, 2 x max(steps x topk, draft tokens) + page - 1)
+ * tokens (allocation_sizing.py get_req_to_token_extra_context_len): 32,768 + max(6, 4 + 127). */
+#define SEED_LEN 32768
+#define SEED_ROW (SEED_LEN + 131)
+#define SEED_SEQS 30
+#define SEED_EXTRA (2 * SEED_SEQS)
+
+/* the plan counts them: 31 rows on a prefill rank, 30 + 60 + 1 on a decode rank, of 691,904 B */
+Test(sglang, plan_counts_sglangs_request_tables)
+{
+    cr_assert_eq(tables(1, SEED_ROW), 4 * (5 * 32899 + 8224 + 257));
+    json_t *j = run_json("plan --stack sglang --json");
+    const int64_t want[2] = {tables(SEED_SEQS + 1, SEED_ROW), tables(SEED_SEQS + SEED_EXTRA + 1, SEED_ROW)};
+    cr_assert_eq(want[1], 62963264);
+    const int64_t seq = 374117533 + 21 * 2 * 128 * (8192 + 2048) + 20 * 3 * 128 * 4096;   /* 32,768 x 11,417.1 B, state pages */
+    for (int r = 0; r < 2; r++) {
+        json_t *b = json_object_get(json_array_get(json_object_get(j, "roles"), (size_t)r), "budget");
+        cr_assert_eq(get_int(b, "kv_request_tables_bytes"), want[r], "role %d: %lld, SGLang's %lld", r,
+                     (long long)get_int(b, "kv_request_tables_bytes"), (long long)want[r]);
+        /* drawn from the KV pool beside the sequences: the sequences that fit leave room for them */
+        cr_assert_geq(get_int(b, "kv_transient_bytes"), want[r]);
+        cr_assert_eq(get_int(b, "seqs_at_max_model_len"),
+                     (get_int(b, "kv_pool_bytes") - get_int(b, "kv_transient_bytes")) / seq);
+        if (r == 1)
+            cr_assert_eq(get_int(b, "kv_need_bytes"), SEED_SEQS * seq + want[1]);
+    }
+    json_decref(j);
+    struct run t;
+    run("plan --stack sglang", &t);
+    cr_assert_eq(t.status, 0, "%s", t.err);
+    cr_assert(strstr(t.out, "of it, SGLang's request tables"), "%.3000s", t.out);
+}
+
+/* the value of a flag on a command line of the script after `from` */
+static const char *after_in(const char *s, const char *from, const char *flag)
+{
+    const char *q = strstr(s, from);
+    cr_assert(q, "no %s in the script", from);
+    return after(q, flag);
+}
+
+/* --emit sglang on the seed: on each server, the weights, the pools SGLang makes of the emitted
+ * --mem-fraction-static, its request tables, activations and runtime fit the card's usable memory;
+ * the decode servers pass the pre-allocated slots the plan counts, and their fraction is the largest
+ * that leaves room for it all. */
+Test(sglang, emitted_fraction_leaves_room_for_request_tables)
+{
+    struct run r;
+    run("plan --emit sglang", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    json_t *j = run_json("plan --stack sglang --json");
+    static const char *mode[2] = {"--disaggregation-mode prefill", "--disaggregation-mode decode"};
+    for (int role = 0; role < 2; role++) {
+        json_t *b = json_object_get(json_array_get(json_object_get(j, "roles"), (size_t)role), "budget");
+        const int64_t cap = get_int(b, "capacity_bytes"), usable = get_int(b, "usable_bytes"),
+                      rest = get_int(b, "weights_bytes") + get_int(json_object_get(b, "activations"), "total_bytes") +
+                                    get_int(b, "runtime_bytes");
+        const double f = atof(after_in(r.out, mode[role], "--mem-fraction-static"));
+        const long long n = atoll(after_in(r.out, mode[role], "--max-running-requests")) /
+                            atoll(after_in(r.out, mode[role], "--dp-size"));
+        cr_assert_eq(atoll(after_in(r.out, mode[role], "--context-length")), SEED_LEN);
+        cr_assert_eq(atoll(after_in(r.out, mode[role], "--speculative-num-draft-tokens")), 2);
+        long long extra = 0;
+        if (role == 1) {
+            extra = atoll(after_in(r.out, mode[role], "--disaggregation-decode-extra-slots"));
+            cr_assert_eq(extra, SEED_EXTRA);
+            cr_assert_eq(n, SEED_SEQS);
+        }
+        const int64_t slots = n + extra + 1, tab = tables(slots, SEED_ROW);
+        const struct pools q = sglang_slots((int64_t)(f * (double)cap) - get_int(b, "weights_bytes"), n, slots);
+        cr_assert_leq(rest + q.bytes + tab, usable,
+                      "%s --mem-fraction-static %.2f: weights, activations and runtime %lld B, pools %lld B, request "
+                      "tables %lld B, over the usable %lld B",
+                      mode[role], f, (long long)rest, (long long)q.bytes, (long long)tab, (long long)usable);
+        cr_assert_geq(q.reqs, n);
+        cr_assert_leq(n * ((SEED_LEN + PAGE - 1) / PAGE * PAGE), q.full);
+        if (role == 1) {
+            const struct pools q1 = sglang_slots((int64_t)((f + 0.01) * (double)cap) - get_int(b, "weights_bytes"), n, slots);
+            cr_assert_gt(rest + q1.bytes + tab, usable, "--mem-fraction-static %.2f would fit too", f + 0.01);
+        }
+    }
     json_decref(j);
 }
