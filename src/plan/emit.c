@@ -313,7 +313,10 @@ void pd_emit_seqs_note(FILE *f, const struct pd_plan *p, enum pd_role r, int64_t
                    "# %lld %s this %s card's KV pool%s (pdmoe plan: \"sequences of max-model-len that fit\")\n",
                 (long long)n, n == 1 ? "sequence" : "sequences", (long long)p->o.max_num_seqs, (long long)n,
                 (long long)p->o.max_model_len, n == 1 ? "fits" : "fit", pd_role_name(r),
-                p->role[r].b.kv_chunks ? " beside its chunks in flight" : p->role[r].b.kv_transient ? " beside its steps in flight" : "");
+                p->role[r].b.kv_chunks                              ? " beside its chunks in flight"
+                : p->role[r].b.kv_transient - p->role[r].b.kv_tables ? " beside its steps in flight"
+                : p->role[r].b.kv_tables                             ? " beside SGLang's request tables"
+                                                                     : "");
 }
 
 /* vllm-ascend: one `vllm serve` per instance and node in vLLM's internal load-balancing mode
@@ -486,13 +489,17 @@ static void sgl_env(FILE *f, const struct pd_emit_ctx *c)
  * weights (kv_cache_configurator.py _profile_available_bytes). The plan's usable memory less
  * activations and runtime, over the card's capacity, rounded down to 0.01; with SGLang's NPU pools
  * for V4 (kvsize.h), which allocate more than the budget they are sized from, the budget whose
- * pools fit in the plan's KV pool, with the weights, over the capacity. */
+ * pools fit in the plan's KV pool, with the weights, over the capacity. SGLang sizes those pools
+ * from the whole budget and makes its request tables after them, outside it; the plan's room for
+ * the pools has the tables set aside (kv_transient), so that on the card
+ *     weights + pools(fraction x capacity - weights) + tables + activations + runtime <= usable. */
 static double sgl_mem_fraction(const struct pd_plan *p, const struct pd_role_plan *rp)
 {
     const struct pd_budget *b = &rp->b;
     double f = (double)(b->usable - b->activations - b->runtime) / (double)b->capacity;
     if (p->kv.layout == PD_KV_LAYOUT_SGLANG_NPU) {
-        const int64_t budget = pd_kv_sgl_budget(&p->kv, pd_budget_seq_room(b), pd_plan_admitted_seqs(p, rp->role));
+        const int64_t budget = pd_kv_sgl_budget(&p->kv, pd_budget_seq_room(b), pd_plan_admitted_seqs(p, rp->role),
+                                                pd_plan_sgl_extra_slots(p, rp->role));
         f = budget > 0 ? (double)(b->weights + budget) / (double)b->capacity : 0;
     }
     if (f < 0)
@@ -504,7 +511,7 @@ static double sgl_mem_fraction(const struct pd_plan *p, const struct pd_role_pla
 static void sgl_npu_pools(const struct pd_plan *p, const struct pd_role_plan *rp, struct pd_kv_sgl_pools *q)
 {
     const int64_t budget = (int64_t)(sgl_mem_fraction(p, rp) * (double)rp->b.capacity) - rp->b.weights;
-    pd_kv_sgl_pools(&p->kv, budget, pd_plan_admitted_seqs(p, rp->role), q);
+    pd_kv_sgl_pools(&p->kv, budget, pd_plan_admitted_seqs(p, rp->role), pd_plan_sgl_extra_slots(p, rp->role), q);
 }
 
 /* The sequences of max-model-len the KV pool SGLang makes of sgl_mem_fraction's rounded-down
@@ -537,15 +544,17 @@ static void sgl_npu_note(FILE *f, const struct pd_emit_ctx *c, const struct pd_r
         return;
     struct pd_kv_sgl_pools q;
     sgl_npu_pools(p, rp, &q);
-    char a[32], b[32], d[32];
+    char a[32], b[32], d[32], t[32];
     const enum pd_units u = PD_UNITS_GB;
     fprintf(f, "# SGLang's DeepSeek-V4 NPU pools at this --mem-fraction-static (a budget of %s): full=%lld swa=%lld\n"
-               "# c4=%lld c128=%lld tokens, %lld requests; in bf16 they take %s of the %s the plan leaves for KV\n"
+               "# c4=%lld c128=%lld tokens, %lld requests; in bf16 they take %s, and its request tables (%lld slots\n"
+               "# of %lld tokens) %s, of the %s the plan leaves for KV\n"
                "# (SGLang sizes them at %.2f B per token, fp8 entries: docs/memory-model.md).\n",
             pd_units_fmt(a, sizeof a, (int64_t)(sgl_mem_fraction(p, rp) * (double)rp->b.capacity) - rp->b.weights, u),
             (long long)q.full, (long long)q.swa, (long long)q.c4, (long long)q.c128, (long long)q.reqs,
-            pd_units_fmt(b, sizeof b, q.bytes, u), pd_units_fmt(d, sizeof d, rp->b.kv_pool, u),
-            p->kv.sgl.bytes_per_full_token);
+            pd_units_fmt(b, sizeof b, q.bytes, u), (long long)(p->o.max_num_seqs + pd_plan_sgl_extra_slots(p, rp->role) + 1),
+            (long long)pd_plan_sgl_row_tokens(p), pd_units_fmt(t, sizeof t, rp->b.kv_tables, u),
+            pd_units_fmt(d, sizeof d, rp->b.kv_pool, u), p->kv.sgl.bytes_per_full_token);
 }
 
 static void sgl_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_part *x)
@@ -567,6 +576,10 @@ static void sgl_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_
     }
     if (!p->o.aggregated && x->role == PD_ROLE_PREFILL)
         arg(f, "--disaggregation-bootstrap-port %d", SGL_BOOTSTRAP_PORT + s);
+    /* the slots the plan counts (plan.h pd_plan_sgl_extra_slots): SGLang's default would follow the
+     * --max-running-requests written below, which may be lowered */
+    if (!p->o.aggregated && x->role == PD_ROLE_DECODE && p->kv.layout == PD_KV_LAYOUT_SGLANG_NPU)
+        arg(f, "--disaggregation-decode-extra-slots %lld", (long long)pd_plan_sgl_extra_slots(p, x->role));
     arg(f, "--nnodes %d", x->n);
     arg(f, "--node-rank %d", x->k);
     if (x->n > 1)

@@ -324,8 +324,10 @@ static void memory_bars(FILE *f, const struct pd_plan *p, int u)
     }
     if (P->b.kv_decode_seq || D->b.kv_decode_seq) {
         snprintf(t, sizeof t, "of it, decodes in flight (%lld tokens)", (long long)pd_plan_decode_inflight_tokens(p, PD_ROLE_DECODE));
-        ROW("", t, P->b.kv_transient - P->b.kv_chunks, D->b.kv_transient - D->b.kv_chunks);
+        ROW("", t, P->b.kv_transient - P->b.kv_chunks - P->b.kv_tables, D->b.kv_transient - D->b.kv_chunks - D->b.kv_tables);
     }
+    if (P->b.kv_tables || D->b.kv_tables)
+        ROW("", "of it, SGLang's request tables", P->b.kv_tables, D->b.kv_tables);
 #undef ROW
     fprintf(f, "<tr><td></td><td>sequences of max-model-len that fit</td><td class=\"n\">%lld</td>"
                "<td class=\"n\">%lld</td></tr>\n",

@@ -322,13 +322,14 @@ int pd_kv_size_sglang_npu(struct pd_kv_size *k, const struct pd_model *m, int sp
     return 0;
 }
 
-void pd_kv_sgl_pools(const struct pd_kv_size *k, int64_t budget, int64_t reqs, struct pd_kv_sgl_pools *o)
+void pd_kv_sgl_pools(const struct pd_kv_size *k, int64_t budget, int64_t reqs, int64_t extra, struct pd_kv_sgl_pools *o)
 {
     const struct pd_kv_sglang *g = &k->sgl;
     const int64_t P = g->page;
     memset(o, 0, sizeof *o);
-    /* _get_c128_state_fixed_bytes: (requests + 1) rings and one more ring and row, in 128-row pages */
-    int64_t rows = (reqs + 1) * g->ring128 + g->ring128 + 1;
+    /* _get_c128_state_fixed_bytes: a ring per request slot (_get_num_req_slots: requests, a decode
+     * node's pre-allocated slots, one more) and one more ring and row, in 128-row pages */
+    int64_t rows = (reqs + extra + 1) * g->ring128 + g->ring128 + 1;
     o->c128_fixed_acct = g->n128 ? cdiv(rows, 128) * 128 * g->state128_row * g->n128 : 0;
     int64_t avail = budget - o->c128_fixed_acct;
     avail = avail > 0 ? avail : 0;
@@ -338,8 +339,10 @@ void pd_kv_sgl_pools(const struct pd_kv_size *k, int64_t budget, int64_t reqs, s
     o->c128 = o->full / 128;
     o->reqs = reqs < o->full / 2 ? reqs : o->full / 2;   /* resolve_max_num_reqs */
     const int64_t keys = o->c128 * 32, R = o->reqs;
+    o->slots = R + extra + 1;
     o->c4_state = (g->blocks4 * R + 1) * P;
-    int64_t s128 = g->blocks128 * R * P, ring = (R + 1) * g->ring128;
+    /* the HCA pool: at least a ring per request slot, req_to_token's rows */
+    int64_t s128 = g->blocks128 * R * P, ring = o->slots * g->ring128;
     s128 = s128 > ring ? s128 : ring;
     o->c128_state = (cdiv(s128, P) + 1) * P;
     o->bytes = sgl_pages(o->swa, P) * P * g->entry * (g->n_all + g->n_draft)
@@ -349,20 +352,30 @@ void pd_kv_sgl_pools(const struct pd_kv_size *k, int64_t budget, int64_t reqs, s
                + o->c4_state * g->state4_row * g->n4 + o->c128_state * g->state128_row * g->n128;
 }
 
-int64_t pd_kv_sgl_budget(const struct pd_kv_size *k, int64_t room, int64_t reqs)
+int64_t pd_kv_sgl_budget(const struct pd_kv_size *k, int64_t room, int64_t reqs, int64_t extra)
 {
     struct pd_kv_sgl_pools q;
     int64_t lo = 0, hi = room;   /* the pools grow with the budget */
     while (lo < hi) {
         int64_t mid = lo + (hi - lo + 1) / 2;
-        pd_kv_sgl_pools(k, mid, reqs, &q);
+        pd_kv_sgl_pools(k, mid, reqs, extra, &q);
         if (q.bytes <= room)
             lo = mid;
         else
             hi = mid - 1;
     }
-    pd_kv_sgl_pools(k, lo, reqs, &q);
+    pd_kv_sgl_pools(k, lo, reqs, extra, &q);
     return q.bytes <= room ? lo : 0;
+}
+
+/* DSV4NPUReqToTokenPool (hardware_backend/npu/dsv4/dsv4_req_to_token_pool.py): ReqToTokenPool's
+ * req_to_token and five tables more, each (slots, columns) int32, allocated after the pools are
+ * sized from the whole budget (kv_cache_configurator.py _init_pools), so outside it:
+ *     bytes = slots x 4 x (5 L + max(1, L / 4) + max(1, L / 128)),  L = row_tokens */
+int64_t pd_kv_sgl_tables(int64_t slots, int64_t row_tokens)
+{
+    const int64_t L = row_tokens, c4 = L / 4 > 1 ? L / 4 : 1, c128 = L / 128 > 1 ? L / 128 : 1;
+    return slots > 0 && L > 0 ? slots * 4 * (5 * L + c4 + c128) : 0;
 }
 
 /* the most blocks a sequence holds at any length up to `tokens` with `inflight` of them scheduled

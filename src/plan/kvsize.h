@@ -73,6 +73,7 @@ struct pd_kv_sgl_pools {
     int64_t full, swa, c4, c128;   /* tokens (full, swa) and compressed entries (c4, c128) */
     int64_t reqs;                  /* max_running_requests per worker: min(requested, full / 2) */
     int64_t c4_state, c128_state;  /* state rows of one layer's pool, the sentinel page included */
+    int64_t slots;                 /* request slots: reqs + extra + a padding row (req_to_token's rows) */
     int64_t c128_fixed_acct;       /* the sizing's fixed c128 state bytes, taken off the budget */
     int64_t bytes;                 /* what the NPU pools allocate, target and draft */
 };
@@ -137,10 +138,16 @@ const char *pd_kv_layout_name(const struct pd_kv_size *k);
  * pd_kv_size_vllm_ascend. */
 int pd_kv_size_sglang_npu(struct pd_kv_size *k, const struct pd_model *m, int spec, pd_err *e);
 /* SGLang's pools for `budget` bytes (its available_bytes: --mem-fraction-static x the card less the
- * weights) and `reqs` requests per DP rank, and the bytes they take on the NPU. */
-void pd_kv_sgl_pools(const struct pd_kv_size *k, int64_t budget, int64_t reqs, struct pd_kv_sgl_pools *out);
+ * weights), `reqs` requests per DP rank and `extra` slots pre-allocated for transfers on a PD decode
+ * node (--disaggregation-decode-extra-slots; 0 elsewhere), and the bytes they take on the NPU. */
+void pd_kv_sgl_pools(const struct pd_kv_size *k, int64_t budget, int64_t reqs, int64_t extra, struct pd_kv_sgl_pools *out);
 /* The largest budget whose pools take at most `room` bytes on the NPU (0 if none). */
-int64_t pd_kv_sgl_budget(const struct pd_kv_size *k, int64_t room, int64_t reqs);
+int64_t pd_kv_sgl_budget(const struct pd_kv_size *k, int64_t room, int64_t reqs, int64_t extra);
+/* SGLang's request tables on one DP rank (DSV4NPUReqToTokenPool), outside its pools and its budget:
+ * `slots` rows (requests + pre-allocated slots + a padding row) of six int32 tables, four of a
+ * row's `row_tokens` tokens (req_to_token, swa, c4_state, c128_state), c4 of a quarter and c128 of
+ * 1/128 of them. */
+int64_t pd_kv_sgl_tables(int64_t slots, int64_t row_tokens);
 
 /* Bytes one sequence of `tokens` tokens holds: its full window and compressor states, and its
  * compressed entries (and a CSA layer's keys) in whole pages. In vllm-ascend's layout, the most

@@ -366,16 +366,21 @@ int pd_plan_role_eval(const struct pd_plan *p, enum pd_role r, const struct pd_r
      *     sequences that fit = (kv_pool - kv_chunks) / (seq + e),  e = kv_decode_seq,
      *     kv_transient      = kv_chunks + min(max-num-seqs, that) x e. */
     b->kv_decode_seq = pd_kv_inflight_bytes(&p->kv, p->o.max_model_len, pd_plan_decode_inflight_tokens(p, r));
-    const int64_t room0 = b->kv_pool - b->kv_chunks;
+    /* SGLang's request tables on an NPU: a fixed amount a rank, beside the sequences as the chunks are
+     * (outside SGLang's budget, so they come out of the plan's KV room, not out of its fraction):
+     *     sequences that fit = (kv_pool - kv_chunks - kv_tables) / (seq + e),
+     *     kv_transient      = kv_chunks + kv_tables + min(max-num-seqs, that) x e. */
+    b->kv_tables = pd_plan_sgl_tables(p, r);
+    const int64_t room0 = b->kv_pool - b->kv_chunks - b->kv_tables;
     int64_t seq = pd_kv_seq_bytes(&p->kv, p->o.max_model_len), per = seq + b->kv_decode_seq;
     rp->seqs_at_max_len = room0 > 0 && per > 0 ? room0 / per : 0;
     const int64_t admitted = rp->seqs_at_max_len < p->o.max_num_seqs ? rp->seqs_at_max_len : p->o.max_num_seqs;
-    b->kv_transient = b->kv_chunks + admitted * b->kv_decode_seq;
+    b->kv_transient = b->kv_chunks + b->kv_tables + admitted * b->kv_decode_seq;
     /* max-num-seqs is per data-parallel rank (vLLM): each rank holds its own sequences' KV */
     rp->kv_need = seq;
     if (!(r == PD_ROLE_PREFILL && !p->o.aggregated) && __builtin_mul_overflow(p->o.max_num_seqs, per, &rp->kv_need))
         rp->kv_need = INT64_MAX;   /* (at the bounds of check_opts: more than any pool) */
-    if (__builtin_add_overflow(rp->kv_need, b->kv_chunks, &rp->kv_need))
+    if (__builtin_add_overflow(rp->kv_need, b->kv_chunks + b->kv_tables, &rp->kv_need))
         rp->kv_need = INT64_MAX;
     int64_t room_ctx = INT64_MIN;   /* max-num-seqs sequences' own blocks, beside their steps in flight */
     if (!__builtin_mul_overflow(p->o.max_num_seqs, b->kv_decode_seq, &room_ctx))
@@ -406,7 +411,7 @@ static void scenarios(struct pd_plan *p)
         /* each sequence with its steps in flight at that context */
         const int64_t per = pd_kv_seq_bytes(&p->kv, c) + pd_kv_inflight_bytes(&p->kv, c, pd_plan_decode_inflight_tokens(p, PD_ROLE_DECODE));
         sc->kv = per > 0 && s > INT64_MAX / per ? INT64_MAX : s * per;
-        const int64_t rest = b->weights + b->activations + b->runtime + b->kv_chunks;
+        const int64_t rest = b->weights + b->activations + b->runtime + b->kv_chunks + b->kv_tables;
         sc->total = sc->kv > INT64_MAX - rest ? INT64_MAX : rest + sc->kv;
         sc->fits = sc->total <= b->usable;
     }
@@ -673,6 +678,32 @@ int64_t pd_plan_decode_inflight_tokens(const struct pd_plan *p, enum pd_role r)
         return 0;
     int64_t t = PD_PLAN_STEPS_IN_FLIGHT * (1 + (int64_t)p->mtp.k) + p->mtp.k;
     return t < p->o.max_model_len ? t : p->o.max_model_len;
+}
+
+/* SGLang 0a3cd26b, python/sglang/srt/: arg_groups/pd_disaggregation_hook.py (the default of
+ * --disaggregation-decode-extra-slots), mem_cache/allocation_sizing.py
+ * get_req_to_token_extra_context_len (the row's headroom); docs/memory-model.md. */
+int64_t pd_plan_sgl_extra_slots(const struct pd_plan *p, enum pd_role r)
+{
+    if (r != PD_ROLE_DECODE || p->o.aggregated)
+        return 0;
+    return p->o.max_num_seqs <= 32 ? 2 * p->o.max_num_seqs : 0;
+}
+
+int64_t pd_plan_sgl_row_tokens(const struct pd_plan *p)
+{
+    const int64_t k = p->mtp.k, page = p->kv.sgl.page, drafts = k > 0 ? k + 1 : 0;
+    int64_t extra = 4 + drafts;
+    if (k > 0 && page > 1 && 2 * (k + 1) + page - 1 > extra)   /* topk 1: a step allocates max(k, k + 1) */
+        extra = 2 * (k + 1) + page - 1;
+    return p->o.max_model_len + extra;
+}
+
+int64_t pd_plan_sgl_tables(const struct pd_plan *p, enum pd_role r)
+{
+    if (p->kv.layout != PD_KV_LAYOUT_SGLANG_NPU)
+        return 0;
+    return pd_kv_sgl_tables(p->o.max_num_seqs + pd_plan_sgl_extra_slots(p, r) + 1, pd_plan_sgl_row_tokens(p));
 }
 
 int64_t pd_budget_seq_room(const struct pd_budget *b)

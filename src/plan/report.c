@@ -179,12 +179,17 @@ static void text_budget(FILE *f, const struct pd_plan *p, int u)
     /* and the admitted sequences' own steps in flight (MTP drafts, lookahead, async scheduling) */
     if (P->b.kv_decode_seq || D->b.kv_decode_seq) {
         snprintf(t, sizeof t, "of it, decodes in flight (%lld tokens)", (long long)pd_plan_decode_inflight_tokens(p, PD_ROLE_DECODE));
-        ROW(t, P->b.kv_transient - P->b.kv_chunks, D->b.kv_transient - D->b.kv_chunks);
+        ROW(t, P->b.kv_transient - P->b.kv_chunks - P->b.kv_tables, D->b.kv_transient - D->b.kv_chunks - D->b.kv_tables);
     }
+    /* and SGLang's request tables on an NPU, rows of max-model-len and its headroom (plan.h) */
+    if (P->b.kv_tables || D->b.kv_tables)
+        ROW("of it, SGLang's request tables", P->b.kv_tables, D->b.kv_tables);
     /* a prefill rank holds one prompt; an aggregated instance max-num-seqs sequences on both */
     snprintf(t, sizeof t, "KV needed (%lld / %lld x %lld%s)", p->o.aggregated ? (long long)p->o.max_num_seqs : 1LL,
              (long long)p->o.max_num_seqs, (long long)p->o.max_model_len,
-             P->b.kv_transient || D->b.kv_transient ? " + steps" : " tokens");
+             P->b.kv_transient - P->b.kv_tables || D->b.kv_transient - D->b.kv_tables ? " + steps"
+             : P->b.kv_tables || D->b.kv_tables                                     ? " + tables"
+                                                                                    : " tokens");
     ROW(t, P->kv_need, D->kv_need);
 #undef ROW
     fprintf(f, "  %-36s %14lld %14lld\n", "sequences of max-model-len that fit", (long long)P->seqs_at_max_len,
@@ -340,7 +345,7 @@ static json_t *budget_json(const struct pd_plan *p, const struct pd_role_plan *r
 {
     const struct pd_budget *b = &rp->b;
     const struct pd_activation *a = &rp->act;
-    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:b}",
+    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:b}",
                      "capacity_bytes", (json_int_t)b->capacity, "usable_bytes", (json_int_t)b->usable,
                      "class_i_bytes", (json_int_t)b->class_i, "class_ii_bytes", (json_int_t)b->class_ii,
                      "weights_bytes", (json_int_t)b->weights,
@@ -354,6 +359,7 @@ static json_t *budget_json(const struct pd_plan *p, const struct pd_role_plan *r
                      "kv_chunks_bytes", (json_int_t)b->kv_chunks,
                      "kv_decode_inflight_tokens", (json_int_t)pd_plan_decode_inflight_tokens(p, rp->role),
                      "kv_decode_inflight_seq_bytes", (json_int_t)b->kv_decode_seq,
+                     "kv_request_tables_bytes", (json_int_t)b->kv_tables,
                      "kv_need_bytes", (json_int_t)rp->kv_need, "seqs_at_max_model_len", (json_int_t)rp->seqs_at_max_len,
                      "max_context_at_max_num_seqs", (json_int_t)rp->ctx_at_max_seqs, "fits", rp->fits,
                      "fits_max_num_seqs", rp->fits_max_num_seqs);

@@ -94,8 +94,12 @@ Test(sglang, plan_counts_sglangs_npu_pools)
     json_t *b = json_object_get(json_array_get(json_object_get(j, "roles"), 1), "budget");
     const int64_t seq = (9088 * INT64_C(114171) + 9) / 10 + 21 * 2 * 128 * (8192 + 2048) + 20 * 3 * 128 * 4096;
     cr_assert_eq(seq, 190266125);
-    cr_assert_eq(get_int(b, "kv_need_bytes"), 10 * seq);
-    cr_assert_eq(get_int(b, "seqs_at_max_model_len"), get_int(b, "kv_pool_bytes") / seq);
+    /* and beside them SGLang's request tables: 10 requests and a padding row of 9,000 + 131 tokens
+     * (aggregated: no pre-allocated slots; EAGLE at page 128) */
+    const int64_t tab = tables(11, MAX_MODEL_LEN + 131);
+    cr_assert_eq(get_int(b, "kv_request_tables_bytes"), tab);
+    cr_assert_eq(get_int(b, "kv_need_bytes"), 10 * seq + tab);
+    cr_assert_eq(get_int(b, "seqs_at_max_model_len"), (get_int(b, "kv_pool_bytes") - tab) / seq);
     json_decref(j);
     j = run_json("plan " CASE " --json");   /* vLLM's (vllm-ascend) by default */
     b = json_object_get(json_array_get(json_object_get(j, "roles"), 1), "budget");
@@ -200,7 +204,7 @@ Test(sglang, plan_counts_sglangs_request_tables)
     json_t *j = run_json("plan --stack sglang --json");
     const int64_t want[2] = {tables(SEED_SEQS + 1, SEED_ROW), tables(SEED_SEQS + SEED_EXTRA + 1, SEED_ROW)};
     cr_assert_eq(want[1], 62963264);
-    const int64_t seq = 374117533 + 21 * 2 * 128 * (8192 + 2048) + 20 * 3 * 128 * 4096;   /* 32,768 x 11,417.1 B, state pages */
+    const int64_t seq = 374115533 + 21 * 2 * 128 * (8192 + 2048) + 20 * 3 * 128 * 4096;   /* 32,768 x 11,417.1 B, state pages */
     for (int r = 0; r < 2; r++) {
         json_t *b = json_object_get(json_array_get(json_object_get(j, "roles"), (size_t)r), "budget");
         cr_assert_eq(get_int(b, "kv_request_tables_bytes"), want[r], "role %d: %lld, SGLang's %lld", r,

@@ -185,7 +185,7 @@ Test(kvsize, v4_flash_sglang_npu)
      * derives them, and what they take on the NPU (each pool (size + page + 1) // page pages; the
      * keys twice; state pools one sentinel page more) */
     struct pd_kv_sgl_pools q;
-    pd_kv_sgl_pools(&k, INT64_C(20) << 30, 10, &q);
+    pd_kv_sgl_pools(&k, INT64_C(20) << 30, 10, 0, &q);
     cr_assert_eq(q.c128_fixed_acct, 262144000);
     cr_assert_eq(q.full, 2290688);
     cr_assert_eq(q.swa, 228992);
@@ -196,11 +196,21 @@ Test(kvsize, v4_flash_sglang_npu)
     cr_assert_eq(q.c128_state, 3968);
     cr_assert_eq(q.bytes, INT64_C(27062089088));
     /* the budget whose pools fit a room: the largest, and its pools fit */
-    const int64_t room = INT64_C(25) << 30, bud = pd_kv_sgl_budget(&k, room, 10);
-    pd_kv_sgl_pools(&k, bud, 10, &q);
+    const int64_t room = INT64_C(25) << 30, bud = pd_kv_sgl_budget(&k, room, 10, 0);
+    pd_kv_sgl_pools(&k, bud, 10, 0, &q);
     cr_assert_leq(q.bytes, room);
-    pd_kv_sgl_pools(&k, bud + 4 * 1024 * 1024, 10, &q);   /* 3 pages of the full pool more */
+    pd_kv_sgl_pools(&k, bud + 4 * 1024 * 1024, 10, 0, &q);   /* 3 pages of the full pool more */
     cr_assert_gt(q.bytes, room);
+    /* a PD decode node's 20 pre-allocated slots: a ring each more in the sizing's fixed c128 bytes,
+     * (10 + 20 + 1 + 1) x 256 + 1 rows in 128-row pages, and in the HCA pool (31 x 256 rows past
+     * 3 pages x 10 requests, and its sentinel page) */
+    pd_kv_sgl_pools(&k, INT64_C(20) << 30, 10, 20, &q);
+    cr_assert_eq(q.slots, 31);
+    cr_assert_eq(q.c128_fixed_acct, INT64_C(8320) * 4096 * 20);
+    cr_assert_eq(q.c128_state, 7936 + 128);
+    /* the request tables beside them: six int32 tables a slot, four of the row, c4 and c128 */
+    cr_assert_eq(pd_kv_sgl_tables(31, 32899), 31 * 4 * (4 * 32899 + 32899 + 8224 + 257));
+    cr_assert_eq(pd_kv_sgl_tables(2, 100), 2 * 4 * (500 + 25 + 1));
     /* not for an fp8 cache */
     cr_assert_eq(pd_kv_size_init(&k, &m, PD_KV_FP8, 1, 0, &e), 0, "%s", e.msg);
     cr_assert_eq(pd_kv_size_sglang_npu(&k, &m, 1, &e), PD_EINVAL);
