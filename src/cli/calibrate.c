@@ -173,6 +173,33 @@ static double ttft_once(int port, const char *prompt, pd_err *e)
 
 /* Starts `pdmoe up` (this binary) for the model in dir at a free port from `from`, streams `n`
  * completions of `prompt` one at a time (after one to warm up) and stops it: the median TTFT. */
+/* The last non-empty line written to fd (a log file, read from its start), at most cap - 1 bytes
+ * of its end; "" if none. */
+static void last_line(int fd, char *out, size_t cap)
+{
+    out[0] = 0;
+    char buf[8192];
+    off_t end = fd >= 0 ? lseek(fd, 0, SEEK_END) : -1;
+    if (end <= 0)
+        return;
+    off_t from = end > (off_t)sizeof buf - 1 ? end - (off_t)sizeof buf + 1 : 0;
+    ssize_t n = pread(fd, buf, sizeof buf - 1, from);
+    if (n <= 0)
+        return;
+    buf[n] = 0;
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+        buf[--n] = 0;
+    const char *nl = strrchr(buf, '\n');
+    const char *line = nl ? nl + 1 : buf;
+    size_t len = strlen(line);
+    if (len >= cap) {
+        line += len - (cap - 1);
+        len = cap - 1;
+    }
+    memcpy(out, line, len);
+    out[len] = 0;
+}
+
 static int measure_ttft(const char *dir, int threads, int from, const char *prompt, int n, double *median_s, pd_err *e)
 {
     int port = free_ports(from);
@@ -185,15 +212,25 @@ static int measure_ttft(const char *dir, int threads, int from, const char *prom
     self[k] = 0;
     snprintf(sport, sizeof sport, "%d", port);
     snprintf(sth, sizeof sth, "%d", threads);
+    /* up's stderr kept in an unlinked file: its last line says why, should it end before serving
+     * (a bare "exited before it served" left the operator nothing to go on) */
+    const char *tmpdir = getenv("TMPDIR");
+    char logt[PATH_MAX];
+    int ln = snprintf(logt, sizeof logt, "%s/pdmoe-calibrate-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
+    int logfd = ln > 0 && (size_t)ln < sizeof logt ? mkstemp(logt) : -1;
+    if (logfd >= 0)
+        unlink(logt);
     pid_t pid = fork();
-    if (pid < 0)
+    if (pid < 0) {
+        if (logfd >= 0)
+            close(logfd);
         return pd_err_set(e, PD_EIO, "cannot start pdmoe up");
+    }
     if (pid == 0) {
         int null = open("/dev/null", O_WRONLY);
-        if (null >= 0) {
+        if (null >= 0)
             dup2(null, 1);
-            dup2(null, 2);
-        }
+        dup2(logfd >= 0 ? logfd : null, 2);
         execl(self, self, "up", "--model", dir, "--port", sport, "--threads", sth, (char *)NULL);
         _exit(127);
     }
@@ -205,7 +242,10 @@ static int measure_ttft(const char *dir, int threads, int from, const char *prom
     while (!rc && ttft_once(port, prompt, &quiet) < 0) {
         if (waitpid(pid, NULL, WNOHANG) == pid) {
             pid = 0;
-            rc = pd_err_set(e, PD_EIO, "pdmoe up --port %d exited before it served (%s)", port, quiet.msg);
+            char last[512];
+            last_line(logfd, last, sizeof last);
+            rc = pd_err_set(e, PD_EIO, "pdmoe up --port %d exited before it served (%s)%s%s", port, quiet.msg,
+                            last[0] ? "; its last words: " : "", last);
         } else if (pd_now_s() > end) {
             rc = pd_err_set(e, PD_EIO, "pdmoe up --port %d did not serve within 120 s (%s)", port, quiet.msg);
         } else {
@@ -222,6 +262,8 @@ static int measure_ttft(const char *dir, int threads, int from, const char *prom
     if (!rc)
         *median_s = pd_bench_median(t, n);
     free(t);
+    if (logfd >= 0)
+        close(logfd);
     return rc;
 }
 
