@@ -272,6 +272,16 @@ int pd_kvx_create(const struct pd_kvx_opts *o, struct pd_kvx **out, pd_err *e)
             goto fail;
         }
     }
+    /* A peer that dies is known by UCX's keepalive, whose rounds come 20 s apart by default: a
+     * pull on the endpoint kept to a SIGKILLed producer (reused within 100 ms, so no HELLO first)
+     * waited that long, or the pull's timeout, before its prompt was recomputed. A round every half
+     * second: on shared memory a check that the peer's process lives, on a network a small message
+     * per endpoint. UCX_KEEPALIVE_INTERVAL set by the user wins. */
+    if (!getenv("UCX_KEEPALIVE_INTERVAL") && (st = ucp_config_modify(cfg, "KEEPALIVE_INTERVAL", "500ms")) != UCS_OK) {
+        ucp_config_release(cfg);
+        rc = ucx_fail(e, "setting UCX's keepalive interval", st);
+        goto fail;
+    }
     /* UCX's TCP transport listens on every network interface (besides the KV listener): keep
      * its network transports to the interface carrying our address, so the process is reachable
      * there only. UCX_NET_DEVICES set by the user wins (to add an RDMA device, say). */

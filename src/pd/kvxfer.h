@@ -27,7 +27,9 @@
  *   come within 5 s, or carries an address of another UCX address version (UCX would abort the
  *   process on it), fails its link and transfers. Active messages of an id that is not the
  *   protocol's are dropped (and counted: msgs_dropped). Every endpoint
- *   reports a dead peer (UCP_ERR_HANDLING_MODE_PEER); UCX 1.13 offers its shared-memory
+ *   reports a dead peer (UCP_ERR_HANDLING_MODE_PEER), found by UCX's keepalive, a round every
+ *   500 ms (UCX_KEEPALIVE_INTERVAL set by the user wins; UCX's own 20 s left a pull to a killed
+ *   producer waiting that long); UCX 1.13 offers its shared-memory
  *   transports to such endpoints only with MM_ERROR_HANDLING=y, which the engine sets in its own
  *   UCX configuration.
  *

@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "util.h"
@@ -504,6 +506,66 @@ static void producer_dies(const char *tls)
     pair_close(&x);
 }
 
+/* A producer process SIGKILLed between two pulls (pdmoe up's prefill instance killed under
+ * load): the consumer's next pull, on the endpoint it keeps (reused within 100 ms, so no HELLO
+ * first), fails within a few seconds. It waited for UCX's keepalive, 20 s by default, or the
+ * pull's 30 s timeout: a client's stream stalled that long before its prompt was recomputed. */
+static void killed_producer(const char *tls)
+{
+    use_tls(tls);
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t child = fork();
+    cr_assert_geq(child, 0);
+    if (child == 0) {   /* the producer: two leases, then serve until killed */
+        close(fds[0]);
+        uint8_t *pr = calloc(4 * B, 1);
+        struct pd_kvx_opts o = {.listen_port = 0, .region = pr, .region_len = 4 * B, .lease_ms = 60000};
+        struct pd_kvx *p = NULL;
+        pd_err e = {0};
+        struct pd_kvx_run run = {0, B};
+        if (!pr || pd_kvx_create(&o, &p, &e) || pd_kvx_offer(p, K(41), 41, &run, 1, NULL, NULL, &e) ||
+            pd_kvx_offer(p, K(42), 42, &run, 1, NULL, NULL, &e))
+            _exit(1);
+        int port = pd_kvx_port(p);
+        if (write(fds[1], &port, sizeof port) != (ssize_t)sizeof port)
+            _exit(1);
+        for (;;)
+            pd_kvx_wait(p, NULL, 100);
+    }
+    close(fds[1]);
+    int port = 0;
+    cr_assert_eq(read(fds[0], &port, sizeof port), (ssize_t)sizeof port, "the producer process did not start");
+    close(fds[0]);
+    uint8_t *cr = calloc(4 * B, 1);
+    struct pd_kvx *c = engine(cr, 4 * B, 0, 60000, 30000);
+    struct pd_kvx_run run = {0, B};
+    struct pd_kvx_xfer *t;
+    pd_err e = {0};
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", port, K(41), &run, 1, &t, &e), 0, "%s", e.msg);
+    enum pd_kvx_state st = pd_kvx_wait(c, t, 10000);
+    pd_kvx_result(c, t, &e);
+    pd_kvx_xfer_free(c, t);
+    if (st != PD_KVX_DONE) {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+    }
+    cr_assert_eq(st, PD_KVX_DONE, "the first pull: %s", e.msg);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    double t0 = pd_now_s();
+    cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", port, K(42), &run, 1, &t, &e), 0, "%s", e.msg);
+    st = pd_kvx_wait(c, t, 40000);
+    double dt = pd_now_s() - t0;
+    pd_kvx_result(c, t, &e);
+    cr_assert_eq(st, PD_KVX_FAILED, "%s", pd_kvx_state_name(st));
+    cr_assert_lt(dt, 5, "the pull from the killed producer failed after %.1f s: %s", dt, e.msg);
+    cr_log_info("producer killed (%s): %s after %.3f s", tls ? tls : "default", e.msg, dt);
+    pd_kvx_xfer_free(c, t);
+    pd_kvx_destroy(c);
+    free(cr);
+}
+
 /* A producer that accepted nothing and answers nothing (hung, not dead): the pull ends FAILED
  * at its timeout; a handle freed while unfinished is aborted and reclaimed. */
 static void producer_hung(const char *tls)
@@ -953,6 +1015,7 @@ BOTH(size_mismatch)
 BOTH(dtype_mismatch)
 BOTH(nobody_listens)
 BOTH(producer_dies)
+BOTH(killed_producer)
 BOTH(idle_sleeps)
 BOTH(producer_hung)
 BOTH(concurrent_pulls)

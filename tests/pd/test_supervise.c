@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/timing.h"
 #include "../tmpmodel.h"
 #include "util.h"
 
@@ -166,8 +167,13 @@ Test(supervise, a_killed_prefill_instance_is_restarted_and_costs_only_its_reques
             usleep(2000);
     }
     cr_assert(busy, "the prefill instance never got a request");
+    const double killed = pd_now_s();
     kill(victim, SIGKILL);
     wait_load(l);
+    /* a stream whose KV pull met the dead producer waited for UCX's keepalive, 20 s, or the
+     * pull's 30 s timeout, before its prompt was recomputed */
+    cr_assert_lt(pd_now_s() - killed, 10, "the clients were answered %.1f s after the prefill instance died",
+                 pd_now_s() - killed);
     int whole = 0;
     for (int i = 1; i <= 12; i++)
         whole += outcome(i);
