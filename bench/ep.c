@@ -16,8 +16,16 @@
  *             scale (8 + hidden bytes) and one of its fp32 output row (4 x hidden bytes) the
  *             other way, the pairs a rank keeps included, as an Alltoallv exchange would move
  *             them: no packing, no copying out, blocking calls that spin in Open MPI's progress
- *             engine. "peers" is the same without the pairs a rank keeps (only bytes that cross
- *             between ranks, as the exchange sends), "bf16" with bf16 rows instead of int8.
+ *             engine. Between the two, not timed, the same experts as the exchange's run again,
+ *             writing their outputs where the raw combine sends from, then the same barrier: an
+ *             Alltoallv exchange's combine runs after the experts too, with its buffers out of
+ *             cache (the experts stream tens of MB of weights). Without them the raw combine
+ *             read and wrote the buffers its dispatch had just touched, hot in cache: over
+ *             shared memory a cold 1.5 MB message takes about 3x a hot one (Open MPI's CMA
+ *             single copy, 2 ranks: 120 us hot, 290-350 us with the caches flushed), so the
+ *             raw side was timed in conditions the exchange never has. "peers" is the same
+ *             without the pairs a rank keeps (only bytes that cross between ranks, as the
+ *             exchange sends), "bf16" with bf16 rows instead of int8.
  * A repetition's time for the group is its slowest rank's. Exchange and raw alternate within
  * each repetition, so a busy spell of a shared machine (a rank descheduled for a time slice:
  * the main source of spread on 2 ranks on 2 shared cores) falls on both alike. Printed per token
@@ -115,20 +123,37 @@ static void raw_close(struct raw *w)
 }
 
 /* One raw exchange of the volumes of the group's last exchange, moved by MPI alone: an
- * MPI_Alltoall of the counts, then an MPI_Alltoallv of the dispatch records, then one of the
- * combine rows (fp32); seconds. bf16 = 1: the dispatch records are what a bf16 dispatch would
- * send (expert id + 2 bytes per value) instead of int8 rows with their expert id and scale.
- * peers = 1: without the pairs a rank keeps. */
-static double raw_once(const struct pd_ep *ep, struct raw *w, int bf16, int peers)
+ * MPI_Alltoall of the counts, then an MPI_Alltoallv of the dispatch records, then (after the
+ * last exchange's experts run again into the send buffer and a barrier, neither timed) one of
+ * the combine rows (fp32); seconds. bf16 = 1: the dispatch records are what a bf16 dispatch
+ * would send (expert id + 2 bytes per value) instead of int8 rows with their expert id and
+ * scale. peers = 1: without the pairs a rank keeps. */
+static double raw_once(const struct pd_ep *ep, struct pd_engine *en, int layer, struct raw *w, int bf16, int peers)
 {
     const int n = ep->size, H = ep->hidden;
     const int rec = bf16 ? 4 + 2 * H : 8 + ((H + 3) & ~3);
-    for (int r = 0; r < n; r++)
+    int pairs = 0, qrows = 0;   /* the pairs the last exchange ran here, the rows of q they read */
+    for (int r = 0; r < n; r++) {
         w->cnt[r] = ep->scnt[r];
+        pairs += ep->rcnt[r];
+    }
+    for (int i = 0; i < pairs; i++)
+        qrows = ep->row[i] + 1 > qrows ? ep->row[i] + 1 : qrows;
     MPI_Barrier(ep->comm);
-    double t0 = pd_now_s();
+    double t0 = pd_now_s(), experts = 0;
     MPI_Alltoall(w->cnt, 1, MPI_INT, w->cnt2, 1, MPI_INT, ep->comm);
     for (int phase = 0; phase < 2; phase++) {
+        if (phase) {
+            double x0 = pd_now_s();
+            pd_err e = {0};
+            pd_qmat ra = {.q = ep->q, .scale = ep->scale, .rows = qrows, .cols = H};
+            if (pd_engine_run_experts(en, layer, &ra, ep->row, ep->expert, pairs, (float *)w->sb, NULL, &e)) {
+                fprintf(stderr, "bench ep (rank %d): %s\n", ep->rank, e.msg);
+                MPI_Abort(ep->comm, 1);
+            }
+            MPI_Barrier(ep->comm);
+            experts = pd_now_s() - x0;
+        }
         int s = 0, q = 0;
         for (int r = 0; r < n; r++) {
             int keep = !peers || r != ep->rank;
@@ -143,7 +168,7 @@ static double raw_once(const struct pd_ep *ep, struct raw *w, int bf16, int peer
         }
         MPI_Alltoallv(w->sb, w->sc, w->sd, MPI_BYTE, w->rb, w->rc, w->rd, MPI_BYTE, ep->comm);
     }
-    return pd_now_s() - t0;
+    return pd_now_s() - t0 - experts;
 }
 
 /* A worker rank's start: MPI, the model, the exchange over MPI_COMM_WORLD; aborts the job,
@@ -227,9 +252,9 @@ static int worker(const char *dir, int quick, int json)
             r[4] = pd_now_s() - t0 - r[0];
             r[5] = (double)(ep.sleeps - s0);
             sent = ep.bytes_sent - b0;
-            r[1] = raw_once(&ep, &w, 0, 0);
-            r[2] = raw_once(&ep, &w, 0, 1);
-            r[3] = raw_once(&ep, &w, 1, 0);
+            r[1] = raw_once(&ep, &en, layer, &w, 0, 0);
+            r[2] = raw_once(&ep, &en, layer, &w, 0, 1);
+            r[3] = raw_once(&ep, &en, layer, &w, 1, 0);
         }
         /* a repetition takes the group its slowest rank's time */
         MPI_Reduce(v, g, reps * 6, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
