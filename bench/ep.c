@@ -7,10 +7,10 @@
  *   exchange  the engine's experts_fn on one layer (ep.c), all of it but the experts: completing
  *             the last exchange's sends, counting and packing, the counts' messages, posting,
  *             waiting for the dispatched rows, then (after a barrier that is not timed, so the
- *             slowest rank's experts are left out) the combine's sends, its waits and the copy
- *             of each output row to its pair's place. Its waits spin, and sleep only after
- *             100 us without progress (ep.c's pd_ep_waitall); "sleeps" counts the repetitions
- *             in which some rank slept.
+ *             slowest rank's experts are left out) the combine's sends and its waits (the
+ *             outputs stay where they land: the engine reads them through pointers). Its
+ *             waits spin, and sleep only after 100 us without progress (ep.c's
+ *             pd_ep_waitall); "sleeps" counts the repetitions in which some rank slept.
  *   raw       right after, behind an MPI_Barrier: MPI_Alltoall of one int per rank, then an
  *             MPI_Alltoallv of every (token, expert) pair's int8 row with its expert id and
  *             scale (8 + hidden bytes) and one of its fp32 output row (4 x hidden bytes) the
@@ -224,10 +224,11 @@ static int worker(const char *dir, int quick, int json)
         float *x = malloc((size_t)T * H * 4), *y = malloc((size_t)T * k * H * 4), *s = malloc((size_t)T * 4);
         int8_t *q = malloc((size_t)T * H);
         int32_t *ids = malloc((size_t)T * k * 4);
+        const float **out = malloc((size_t)T * k * sizeof *out);
         /* per repetition: exchange, raw, raw peers, raw bf16, experts, the exchange's sleeps */
         double *v = calloc((size_t)reps * 6, sizeof *v), *g = calloc((size_t)reps * 6, sizeof *g);
         struct raw w;
-        if (!x || !y || !s || !q || !ids || !v || !g || raw_open(&w, size, T, k, H)) {
+        if (!x || !y || !s || !q || !ids || !out || !v || !g || raw_open(&w, size, T, k, H)) {
             fprintf(stderr, "bench ep (rank %d): out of memory\n", rank);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
@@ -244,7 +245,9 @@ static int worker(const char *dir, int quick, int json)
             MPI_Barrier(MPI_COMM_WORLD);
             double x0 = ep.t_exchange, t0 = pd_now_s();
             int64_t b0 = ep.bytes_sent, s0 = ep.sleeps;
-            if (en.experts_fn(en.experts_ctx, &en, layer, &a, ids, T, y, &e)) {
+            for (int p = 0; p < T * k; p++)
+                out[p] = y + (size_t)p * H;
+            if (en.experts_fn(en.experts_ctx, &en, layer, &a, ids, T, y, out, &e)) {
                 fprintf(stderr, "bench ep (rank %d): %s\n", rank, e.msg);
                 MPI_Abort(MPI_COMM_WORLD, 1);
             }
@@ -304,6 +307,7 @@ static int worker(const char *dir, int quick, int json)
         free(s);
         free(q);
         free(ids);
+        free(out);
         free(v);
         free(g);
     }
@@ -421,7 +425,8 @@ static int check_worker(const char *dir)
     float *y = malloc((size_t)Tmax * k * H * 4), *want = malloc((size_t)Tmax * k * H * 4);
     int8_t *q = malloc((size_t)Tmax * H);
     int32_t *ids = malloc((size_t)Tmax * k * 4), *row = malloc((size_t)Tmax * k * 4);
-    if (!x || !s || !y || !want || !q || !ids || !row) {
+    const float **out = malloc((size_t)Tmax * k * sizeof *out);
+    if (!x || !s || !y || !want || !q || !ids || !row || !out) {
         fprintf(stderr, "bench ep --check (rank %d): out of memory\n", rank);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
@@ -443,14 +448,18 @@ static int check_worker(const char *dir)
                 else
                     route_to(&ep, kind == ROUTE_OWN ? rank : 0, ids, T, &seed);
                 pd_qmat a = {.q = q, .scale = s, .rows = T, .cols = H};
-                for (int p = 0; p < T * k; p++)
+                for (int p = 0; p < T * k; p++) {
                     row[p] = p / k;
-                if (en.experts_fn(en.experts_ctx, &en, layer, &a, ids, T, y, &e) ||
+                    out[p] = y + (size_t)p * H;
+                }
+                if (en.experts_fn(en.experts_ctx, &en, layer, &a, ids, T, y, out, &e) ||
                     pd_engine_run_experts(&en, layer, &a, row, ids, T * k, want, NULL, &e)) {
                     fprintf(stderr, "bench ep --check (rank %d): %s\n", rank, e.msg);
                     MPI_Abort(MPI_COMM_WORLD, 1);
                 }
-                int differ = memcmp(y, want, (size_t)T * k * H * 4) != 0;
+                int differ = 0;   /* each pair's output where the exchange left it */
+                for (int p = 0; p < T * k; p++)
+                    differ |= memcmp(out[p], want + (size_t)p * H, (size_t)H * 4) != 0;
                 if (differ && first_bad < 0) {
                     first_bad = cases;
                     snprintf(what, sizeof what, "rank %d, %d tokens routed to %s%s", rank, T, kinds[kind],
@@ -474,6 +483,7 @@ static int check_worker(const char *dir)
     free(q);
     free(ids);
     free(row);
+    free(out);
     pd_engine_close(&en);
     pd_ep_free(&ep);
     MPI_Finalize();

@@ -38,16 +38,20 @@ struct pd_scratch_buf {
 struct pd_engine;
 struct pd_kvsnap;
 
-/* Runs the routed experts of one MoE layer for this process's T tokens: y[p] for pair
+/* Runs the routed experts of one MoE layer for this process's T tokens: the output of pair
  * p = (token p / top_k, slot p % top_k) is expert ids[p] applied to row p / top_k of `a` (the
- * tokens' quantised activations). The engine does it locally; expert parallelism installs a
- * function that sends the rows to the ranks holding the experts and brings the outputs back.
- * Called on every MoE layer of every step, even with T = 0, so all ranks of a group take part
- * in the same exchanges. */
+ * tokens' quantised activations), at out[p]: the engine points each out[p] at y + p * hidden
+ * before the call, and the function may point it elsewhere (expert parallelism: a received
+ * output where it landed, instead of copying it into y; it stays there until the function is
+ * called again). The engine does it locally; expert parallelism installs a function that sends
+ * the rows to the ranks holding the experts and brings the outputs back. Called on every MoE
+ * layer of every step, even with T = 0, so all ranks of a group take part in the same
+ * exchanges. */
 typedef int (*pd_experts_fn)(void *ctx, struct pd_engine *en, int layer,
                              const pd_qmat *a,        /* [T, hidden] */
                              const int32_t *ids,      /* [T, top_k] ascending per token */
                              int T, float *y,         /* [T, top_k, hidden] */
+                             const float **out,       /* [T, top_k] where each pair's output is */
                              pd_err *e);
 
 struct pd_engine {

@@ -386,8 +386,12 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
     float *y = pd_scratch(en, 40, (size_t)T * k * H * 4, e);   /* [T, k, H] each pair's expert output */
     float *sh = pd_scratch(en, 41, (size_t)T * H * 4, e);
     float *scores = pd_scratch(en, 43, (size_t)T * m->n_routed_experts * 4, e);
-    if (!ids || !w || !y || !sh || !scores)
+    const float **yp = pd_scratch(en, 50, (size_t)T * k * sizeof *yp, e);   /* [T, k] each pair's output */
+    if (!ids || !w || !y || !sh || !scores || !yp)
         goto out;
+    /* each pair's output is its row of y, unless experts_fn leaves it elsewhere (engine.h) */
+    for (int p = 0; p < T * k; p++)
+        yp[p] = y + (size_t)p * H;
     if ((rc = route(st, L, ids, w, scores, e)))
         goto out;
     /* a decode step's shared expert joins the routed experts' grouped products when they run
@@ -407,7 +411,7 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
          * expert */
         if (en->experts_fn) {
             pd_prof_enter(&en->prof, PD_PROF_EXCHANGE);
-            rc = en->experts_fn(en->experts_ctx, en, layer, &st->xq, ids, T, y, e);
+            rc = en->experts_fn(en->experts_ctx, en, layer, &st->xq, ids, T, y, yp, e);
             pd_prof_leave(&en->prof);
         } else {
             rc = experts_local(en, layer, &st->xq, ids, T, y, fuse_shared ? &L->shared : NULL, sh, e);
@@ -418,8 +422,8 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
     if (m->n_shared_experts > 0 && !fuse_shared && (rc = ffn_rows(st, &L->shared, st->x, &st->xq, T, sh, e)))
         goto out;
     for (int t = 0; t < T; t++)
-        pd_weighted_sum(w + (size_t)t * k, y + (size_t)t * k * H, (size_t)H, k,
-                        m->n_shared_experts > 0 ? sh + (size_t)t * H : NULL, st->out + (size_t)t * H, H);
+        pd_weighted_sum_rows(w + (size_t)t * k, yp + (size_t)t * k, k,
+                             m->n_shared_experts > 0 ? sh + (size_t)t * H : NULL, st->out + (size_t)t * H, H);
     rc = 0;
 out:
     return rc;

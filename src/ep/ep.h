@@ -13,9 +13,10 @@
  *             read locally (activations are quantised once, on the rank that owns the token), so
  *             results are bit-identical to one process;
  *   combine   the expert's fp32 output rows, back to the origin rank in the order they came (one
- *             message per peer that sent pairs, sent from where the experts wrote them), copied
- *             there to their (token, slot) rows; the origin sums its tokens' expert outputs in
- *             increasing expert id order (the engine's fixed order).
+ *             message per peer that sent pairs, sent from where the experts wrote them), left
+ *             where they land: the engine reads each pair's output through a pointer (experts_fn's
+ *             `out`), so a received row is not copied again; the origin sums its tokens' expert
+ *             outputs in increasing expert id order (the engine's fixed order).
  * A rank's pairs for its own experts never go through MPI: the experts run on its rows and the
  * received ones in one grouped pass and write its own pairs' outputs where the engine reads them.
  * The combine's receives are posted before the dispatch is sent; sends complete in the
@@ -79,7 +80,7 @@ struct pd_ep {
     char *sarena, *rarena, *parena; /* the buffers below, carved per exchange, grown as needed */
     size_t sacap, racap, pacap;
     char *sbuf;                    /* the dispatch messages, by destination (ep.c: their layout) */
-    MPI_Aint *sdisp;               /* [Ps] byte offset in the engine's output of each pair sent */
+    int32_t *spair;                /* [Ps] each pair sent, by destination in send order: its index p */
     int8_t *q;                     /* [T + rows, hidden] this rank's token rows, then the messages received */
     float *scale;                  /* [T + rows] the rows' scales */
     int32_t *row, *expert;         /* [Pl + R] the pairs run here: rows of q, expert ids */

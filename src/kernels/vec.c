@@ -395,14 +395,15 @@ static int expf_check(void)
 }
 
 /* y = 0, then y += a[j] * x[j] for j < rows (each product rounded, then added: no fused
- * multiply-add), then y += z when z is not NULL. */
-static void weighted_sum_ref(const float *a, const float *x, size_t ld, int rows, const float *z, float *y, int n)
+ * multiply-add), then y += z when z is not NULL. Row j at x[j] (not one stride apart: expert
+ * parallelism leaves received outputs where they landed). */
+static void weighted_sum_ref(const float *a, const float *const *x, int rows, const float *z, float *y, int n)
 {
     for (int i = 0; i < n; i++)
         y[i] = 0;
     for (int j = 0; j < rows; j++)
         for (int i = 0; i < n; i++)
-            y[i] += a[j] * x[j * ld + i];
+            y[i] += a[j] * x[j][i];
     if (z)
         for (int i = 0; i < n; i++)
             y[i] += z[i];
@@ -410,21 +411,25 @@ static void weighted_sum_ref(const float *a, const float *x, size_t ld, int rows
 
 /* The same sixteen values at a time, y in registers. fp-contract=off: GCC would otherwise fuse the
  * multiply and the add, which rounds once instead of twice (other bits). */
-AVX512 __attribute__((optimize("fp-contract=off"))) static void weighted_sum_avx512(const float *a, const float *x,
-                                                                                   size_t ld, int rows,
+AVX512 __attribute__((optimize("fp-contract=off"))) static void weighted_sum_avx512(const float *a,
+                                                                                   const float *const *x, int rows,
                                                                                    const float *z, float *y, int n)
 {
     int i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512 t = _mm512_setzero_ps();
         for (int j = 0; j < rows; j++)
-            t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_set1_ps(a[j]), _mm512_loadu_ps(x + j * ld + i)));
+            t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_set1_ps(a[j]), _mm512_loadu_ps(x[j] + i)));
         if (z)
             t = _mm512_add_ps(t, _mm512_loadu_ps(z + i));
         _mm512_storeu_ps(y + i, t);
     }
-    if (i < n)
-        weighted_sum_ref(a, x + i, ld, rows, z ? z + i : NULL, y + i, n - i);
+    if (i < n) {
+        const float *xi[rows > 0 ? rows : 1];
+        for (int j = 0; j < rows; j++)
+            xi[j] = x[j] + i;
+        weighted_sum_ref(a, xi, rows, z ? z + i : NULL, y + i, n - i);
+    }
 }
 
 /* Row-by-row versions for the paths without a multi-row one. */
@@ -442,7 +447,7 @@ struct vec_fns {
     void (*div_d)(float *, int, double);
     void (*scale_axpys)(float, const float *, const float *, const float *, size_t, int, float *, int);
     void (*expf_rows)(const float *, float *, int);
-    void (*weighted_sum)(const float *, const float *, size_t, int, const float *, float *, int);
+    void (*weighted_sum)(const float *, const float *const *, int, const float *, float *, int);
 };
 
 static struct vec_fns fns;
@@ -543,7 +548,15 @@ void pd_expf_rows(const float *x, float *y, int n)
 
 void pd_weighted_sum(const float *a, const float *x, size_t ld, int rows, const float *z, float *y, int n)
 {
-    vec()->weighted_sum(a, x, ld, rows, z, y, n);
+    const float *row[rows > 0 ? rows : 1];
+    for (int j = 0; j < rows; j++)
+        row[j] = x + (size_t)j * ld;
+    vec()->weighted_sum(a, row, rows, z, y, n);
+}
+
+void pd_weighted_sum_rows(const float *a, const float *const *x, int rows, const float *z, float *y, int n)
+{
+    vec()->weighted_sum(a, x, rows, z, y, n);
 }
 
 __attribute__((target("avx512f"))) static void bf16_avx512(const uint16_t *src, float *dst, int n)

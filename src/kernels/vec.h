@@ -34,6 +34,8 @@ void pd_expf_rows(const float *x, float *y, int n);
  * rounded (no fused multiply-add), plus z[i] last when z is not NULL; the same bits in every
  * version. */
 void pd_weighted_sum(const float *a, const float *x, size_t ld, int rows, const float *z, float *y, int n);
+/* The same with row j at x[j]: the same bits as pd_weighted_sum on those rows. */
+void pd_weighted_sum_rows(const float *a, const float *const *x, int rows, const float *z, float *y, int n);
 
 /* dst[i] = bf16 src[i] widened to fp32 (exact). */
 void pd_bf16_to_f32_row(const uint16_t *src, float *dst, int n);

@@ -231,6 +231,25 @@ Test(ops, weighted_sum_same_bits_as_scalar_loop)
                 }
                 pd_weighted_sum(a, x, 301, rows, withz ? z : NULL, y2, n);
                 cr_assert(memcmp(y1, y2, (size_t)n * 4) == 0, "n %d, %d rows, z %d", n, rows, withz);
+                /* rows by pointer, in another order in memory (expert parallelism's received ones) */
+                const float *row[7];
+                for (int j = 0; j < rows; j++)
+                    row[j] = x + (size_t)(rows - 1 - j) * 301;
+                float ar[7];
+                for (int j = 0; j < rows; j++)
+                    ar[j] = a[rows - 1 - j];
+                for (int i = 0; i < n; i++) {
+                    volatile float acc = 0;
+                    for (int j = 0; j < rows; j++) {
+                        volatile float p = ar[j] * row[j][i];
+                        acc = acc + p;
+                    }
+                    if (withz)
+                        acc = acc + z[i];
+                    y1[i] = acc;
+                }
+                pd_weighted_sum_rows(ar, row, rows, withz ? z : NULL, y2, n);
+                cr_assert(memcmp(y1, y2, (size_t)n * 4) == 0, "rows: n %d, %d rows, z %d", n, rows, withz);
             }
 }
 
