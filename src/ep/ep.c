@@ -341,17 +341,11 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
     ep->sbuf = carve(ep->sarena, &sz, dbytes);
     ep->spair = carve(ep->sarena, &sz, (size_t)Ps * sizeof *ep->spair);
     float *back = carve(ep->sarena, &sz, (size_t)Ps * H * sizeof(float));
-    /* the combine's receives first, so the outputs land as soon as they come (in `back`, by
-     * destination, in the order the pairs were sent) */
+    /* where each destination's outputs will come back in `back`: by destination, in the order the
+     * pairs were sent */
     for (int d = 0, at = 0; d < n; d++) {
-        int c = d != me ? ep->scnt[d] : 0;
         ep->cursor[d] = at;
-        if (c && (r = MPI_Irecv(back + (size_t)at * H, c * H, MPI_FLOAT, d, PD_EP_TAG_OUT, ep->comm,
-                                &creq[ncreq++]))) {
-            cancel_all(ncreq, creq);
-            return mpi_fail(ep, r, "posting the combine", e);
-        }
-        at += c;
+        at += d != me ? ep->scnt[d] : 0;
     }
     /* the heads, then each pair straight to its destination's next record, and each token's row
      * once to each destination holding one of its experts */
@@ -516,6 +510,21 @@ static int ep_experts(void *ctx, struct pd_engine *en, int layer, const pd_qmat 
         if (d != me && c &&
             (r = MPI_Isend(ep->out + (size_t)ep->roff[d] * H, c * H, MPI_FLOAT, d, PD_EP_TAG_OUT, ep->comm,
                            &ep->pend[ep->npend++])))
+            goto fail;
+    }
+    /* the combine's receives, posted only once this rank's own outputs are on their way. Open MPI
+     * moves a large message over shared memory by a single copy the receiver makes (CMA get)
+     * in whatever MPI call progresses it: posted before the dispatch, as they were, a rank in
+     * any MPI call before its own combine (bench ep's barrier) copied the peer's outputs there
+     * before sending its own, and the peer waited for that copy, then made its own: the two
+     * copies ran one after the other (2 ranks, 256 tokens: one rank's combine 600-880 us, the
+     * other's 3 us, against about 300 us each side by side; some rank slept in 25-68 of 80
+     * repetitions, 6-16 since). Posted now, an early peer's message waits unmatched until this
+     * rank has sent, as MPI_Alltoallv's would. */
+    for (int d = 0; d < n; d++) {
+        int c = d != me ? ep->scnt[d] : 0;
+        if (c && (r = MPI_Irecv(back + (size_t)ep->cursor[d] * H, c * H, MPI_FLOAT, d, PD_EP_TAG_OUT, ep->comm,
+                                &creq[ncreq++])))
             goto fail;
     }
     if ((r = waitall(ncreq, creq, EP_SPIN_S, &ep->sleeps)) != MPI_SUCCESS)

@@ -19,8 +19,9 @@
  *             outputs in increasing expert id order (the engine's fixed order).
  * A rank's pairs for its own experts never go through MPI: the experts run on its rows and the
  * received ones in one grouped pass and write its own pairs' outputs where the engine reads them.
- * The combine's receives are posted before the dispatch is sent; sends complete in the
- * background and are finished at the next exchange, before their buffers are written again.
+ * The combine's receives are posted once the rank's own combine is sent (ep.c says why); sends
+ * complete in the background and are finished at the next exchange, before their buffers are
+ * written again.
  * Buffers grow and are kept: no allocation per exchange once they fit. Waits spin while
  * messages move and sleep only after 100 us without progress (pd_ep_waitall).
  * All ranks take every step together; a rank with no tokens still takes part (its dispatch
