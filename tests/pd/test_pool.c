@@ -783,3 +783,44 @@ Test(pool, a_connect_short_of_local_ports_goes_to_the_next_instance_of_its_role)
     stop_shimmed(log, out, sizeof out);
     cr_assert(!strstr(out, "is down"), "an instance was taken out: %s", out);
 }
+
+/* An /expert_stats fan-out to an instance that takes the connection but never answers (stopped
+ * with SIGSTOP, a host gone without a reset) ends with a 502 naming it once its /health has been
+ * silent for the proxy's 3 s, and the fan-out queued behind it is answered too. The fan-out's GETs
+ * had no deadline: it waited for ever, and every /expert_stats queued behind it with it. */
+Test(pool, an_expert_stats_fan_out_to_a_hung_instance_ends_and_frees_the_queue, .timeout = 30)
+{
+    fake_start(&F);
+    int hung = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);   /* listens, never accepts: no answer */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    cr_assert_eq(bind(hung, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(hung, 64), 0);
+    cr_assert_eq(getsockname(hung, (struct sockaddr *)&a, &len), 0);
+    char w0[32], w1[32];
+    snprintf(w0, sizeof w0, "127.0.0.1:%d", F.port);
+    snprintf(w1, sizeof w1, "127.0.0.1:%d", ntohs(a.sin_port));
+    struct pd_proxy_opts o = {.n_decode = 2, .health_interval_ms = 100, .health_timeout_ms = 200};
+    o.decode[0] = w0;
+    o.decode[1] = w1;
+    start_proxy(&o);
+    wait_count(&F.health_200, 1, "checks answered");
+    const char *fmt = "curl -s -m 12 -o /dev/null -w '%%{http_code}' http://127.0.0.1:%d/expert_stats";
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, fmt, pd_proxy_port(X));
+    FILE *queued = popen(cmd, "r");   /* a second fan-out, waiting for the first */
+    cr_assert_not_null(queued);
+    char out[4096];
+    const double t0 = pd_now_s();
+    int code = curl_port(pd_proxy_port(X), "/expert_stats", NULL, "-m 12", out, sizeof out);
+    const double took = pd_now_s() - t0;
+    char qcode[16] = {0};
+    size_t got = fread(qcode, 1, sizeof qcode - 1, queued);
+    qcode[got] = 0;
+    pclose(queued);
+    close(hung);
+    cr_assert_eq(code, 502, "/expert_stats with an instance that never answers: %d after %.1f s: %s", code, took, out);
+    cr_assert(strstr(out, w1), "the 502 does not name the instance %s: %s", w1, out);
+    cr_assert(took < 8, "the fan-out took %.1f s", took);
+    cr_assert_eq(atoi(qcode), 502, "the fan-out queued behind it: %s", qcode);
+}
