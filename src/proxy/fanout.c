@@ -46,6 +46,7 @@ struct stats_job {
     struct evhttp_request *client;   /* NULL once the client has gone */
     struct stats_job *next;          /* px->stats_waiting, while it waits */
     const char *role;                /* NULL: both */
+    struct stats_call *calls;        /* the GETs in flight */
     int pending, instances, n_layers, experts;
     int64_t *sum;                    /* [n_layers][experts], from the first answer on */
     char why[256];                   /* the first failure */
@@ -53,8 +54,20 @@ struct stats_job {
 
 struct stats_call {
     struct stats_job *j;
+    struct stats_call *next;         /* j->calls */
+    const struct instance *in;
+    struct px_get *g;
     char where[128];
 };
+
+static void stats_unlink(struct stats_call *c)
+{
+    for (struct stats_call **p = &c->j->calls; *p; p = &(*p)->next)
+        if (*p == c) {
+            *p = c->next;
+            return;
+        }
+}
 
 static void stats_fail(struct stats_job *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -180,9 +193,32 @@ static void on_stats_done(struct evhttp_request *r, const char *local, void *arg
         stats_fail(j, "%s did not answer /expert_stats", c->where);
     else
         stats_add(j, c->where, evhttp_request_get_input_buffer(r));
+    stats_unlink(c);
     free(c);
     if (--j->pending == 0)
         stats_answer(j);
+}
+
+/* in's /health has been silent silent_s: the fan-out's GET to it fails (the 502 names it), however
+ * recent (an answer of a few bytes from an instance silent that long is not coming). It had no
+ * deadline: an instance stopped (SIGSTOP) or a host gone without a reset held the fan-out in flight
+ * for ever, and every /expert_stats queued behind it. */
+void px_fanout_fail_hung(struct pd_proxy *px, const struct instance *in, double silent_s)
+{
+    struct stats_job *j = px->stats_running;
+    if (!j)
+        return;
+    for (struct stats_call *c = j->calls; c; c = c->next) {
+        if (c->in != in)
+            continue;
+        px_get_cancel(c->g);   /* (its callback is not called) */
+        stats_fail(j, "%s did not answer /expert_stats: its /health checks have failed for %g s", c->where, silent_s);
+        stats_unlink(c);
+        free(c);
+        if (--j->pending == 0)
+            stats_answer(j);   /* (frees j; the next fan-out waits for its own checks) */
+        return;   /* (one GET per instance) */
+    }
 }
 
 void px_on_expert_stats(struct evhttp_request *h, void *arg)
@@ -233,12 +269,15 @@ static void stats_start(struct stats_job *j)
             continue;
         }
         c->j = j;
+        c->in = in;
         snprintf(c->where, sizeof c->where, "the %s instance %.63s:%d", in->role, in->host, in->port);
-        if (!px_get_from(px, in, "/expert_stats", 0, on_stats_done, c)) {
+        if (!(c->g = px_get_from(px, in, "/expert_stats", 0, on_stats_done, c))) {
             stats_fail(j, "out of memory");
             free(c);
             continue;
         }
+        c->next = j->calls;
+        j->calls = c;
         j->pending++;
     }
     if (--j->pending == 0)

@@ -118,8 +118,10 @@ static void probe_failed(struct pd_proxy *px, struct instance *in)
                     health_interval_s(px));
         in->probe_at = now + health_interval_s(px);
     }
-    if (now - in->silent_since >= HUNG_S)
+    if (now - in->silent_since >= HUNG_S) {
         px_fail_in_flight(px, in, HUNG_S);
+        px_fanout_fail_hung(px, in, HUNG_S);
+    }
 }
 
 static void on_probe_done(struct evhttp_request *r, const char *local, void *arg)

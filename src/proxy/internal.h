@@ -171,6 +171,8 @@ void px_on_models(struct evhttp_request *h, void *arg);
 void px_on_expert_stats(struct evhttp_request *h, void *arg);
 /* The proxy stops: the /expert_stats requests waiting for the fan-out in flight get a 503. */
 void px_stop_fanouts(struct pd_proxy *px);
+/* in's /health has been silent silent_s: the fan-out's GET to it fails (a 502 naming it). */
+void px_fanout_fail_hung(struct pd_proxy *px, const struct instance *in, double silent_s);
 
 /* metrics.c */
 void px_hists_init(struct pd_proxy *px);
