@@ -824,3 +824,41 @@ Test(pool, an_expert_stats_fan_out_to_a_hung_instance_ends_and_frees_the_queue, 
     cr_assert(took < 8, "the fan-out took %.1f s", took);
     cr_assert_eq(atoi(qcode), 502, "the fan-out queued behind it: %s", qcode);
 }
+
+/* The proxy stopping with an /expert_stats fan-out in flight (an instance slow to answer) and one
+ * queued answers both clients with a 503 saying why; the one in flight got an empty reply. */
+Test(pool, a_proxy_stopping_answers_the_expert_stats_fan_out_in_flight, .timeout = 30)
+{
+    fake_start(&F);
+    int hung = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);   /* listens, never accepts: no answer */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    cr_assert_eq(bind(hung, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(hung, 64), 0);
+    cr_assert_eq(getsockname(hung, (struct sockaddr *)&a, &len), 0);
+    char w0[32], w1[32];
+    snprintf(w0, sizeof w0, "127.0.0.1:%d", F.port);
+    snprintf(w1, sizeof w1, "127.0.0.1:%d", ntohs(a.sin_port));
+    struct pd_proxy_opts o = {.n_decode = 2};
+    o.decode[0] = w0;
+    o.decode[1] = w1;
+    start_proxy(&o);
+    wait_count(&F.health_200, 1, "checks answered");
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "curl -s -m 10 -w ' %%{http_code}' http://127.0.0.1:%d/expert_stats", pd_proxy_port(X));
+    FILE *c[2];
+    for (int i = 0; i < 2; i++) {
+        cr_assert_not_null(c[i] = popen(cmd, "r"));
+        usleep(300000);   /* the first in flight, the second queued behind it */
+    }
+    proxy_shutdown(&X, tx);
+    close(hung);
+    for (int i = 0; i < 2; i++) {
+        char out[1024] = {0};
+        size_t got = fread(out, 1, sizeof out - 1, c[i]);
+        out[got] = 0;
+        pclose(c[i]);
+        cr_assert(strstr(out, " 503") && strstr(out, "shutting down"), "client %d of /expert_stats at the stop: %s", i,
+                  out);
+    }
+}
