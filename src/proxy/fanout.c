@@ -174,6 +174,12 @@ static void on_stats_client_close(struct evhttp_connection *evcon, void *arg)
 
 void px_stop_fanouts(struct pd_proxy *px)
 {
+    struct stats_job *r = px->stats_running;
+    if (r && r->client) {   /* (its GETs are left to end with the loop; an empty reply said nothing) */
+        pd_http_set_closecb(r->client, NULL, NULL);
+        reply_error(r->client, 503, "server_error", "the proxy is shutting down");
+        r->client = NULL;
+    }
     while (px->stats_waiting) {
         struct stats_job *j = px->stats_waiting;
         px->stats_waiting = j->next;
