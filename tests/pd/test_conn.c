@@ -723,6 +723,43 @@ Test(conn, the_proxys_cap_leaves_descriptors_for_its_upstream_connections)
                  "check - 1 fan-out) / 2", cap);
 }
 
+/* A client refused at a cap that the open-file limit lowered is told so: the 503 named only
+ * --max-connections, which an operator who never set it could not find. Under ulimit -n 60 the
+ * proxy's cap is a handful (its kept-alive connections lowered too): the one past it is refused. */
+Test(conn, a_cap_lowered_by_the_open_file_limit_is_named_in_the_refusal)
+{
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    int port = free_port();
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "ulimit -n 60 && exec %s proxy --decode 127.0.0.1:1 --port %d 2>/dev/null", bin, port);
+    child = fork();
+    if (child == 0) {
+        execl("/bin/bash", "bash", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    char out[1024], want[64];
+    for (int i = 0; i < 250 && curl_port(port, "/health", NULL, NULL, out, sizeof out) != 200; i++)
+        usleep(20000);
+    const int cap = metric_port(port, "pdmoe_http_max_connections");
+    cr_assert(cap > 0 && cap < 16, "cap %d under ulimit -n 60", cap);
+    int fds[16] = {0};
+    for (int i = 0; i <= cap; i++) {
+        fds[i] = dial(port);
+        usleep(20000);   /* (accepted in order) */
+    }
+    struct pollfd p = {.fd = fds[cap], .events = POLLIN};
+    ssize_t n = poll(&p, 1, 3000) == 1 ? recv(fds[cap], out, sizeof out - 1, 0) : -1;
+    out[n > 0 ? n : 0] = 0;
+    for (int i = 0; i <= cap; i++)
+        close(fds[i]);
+    kill(child, SIGTERM);
+    waitpid(child, NULL, 0);
+    child = -1;
+    cr_assert(strstr(out, " 503 "), "connection %d under a cap of %d: %s", cap + 1, cap, out);
+    snprintf(want, sizeof want, "lowered to %d by the open-file limit, ulimit -n 60", cap);
+    cr_assert(strstr(out, want), "the refusal does not name the limit that set the cap: %s", out);
+}
+
 /* `pdmoe ARGS... --port port` under a limit of `value` on `resource` (setrlimit's), with only stdin,
  * stdout and its stderr open (a pipe): its exit status once it ends within `wait_s` seconds, else
  * -1 (it is killed); what it wrote to stderr in log. */
