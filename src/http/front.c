@@ -75,6 +75,7 @@ struct refused {
 struct pd_http_front {
     struct pd_http_limits lim;
     int cap;
+    long nofile;                    /* the open-file limit that lowered cap below lim.max_connections, else -1 */
     struct event_base *base;
     struct evhttp *http;
     struct evconnlistener *lev;
@@ -213,9 +214,14 @@ static void on_linger(evutil_socket_t fd, short what, void *arg)
 static void refuse(struct pd_http_front *f, int fd)
 {
     f->st.rejected++;
-    char why[160], msg[800];
-    snprintf(why, sizeof why, "the server has %d connections open, its limit (--max-connections); try again later",
-             f->n_conns);
+    char why[256], msg[900];
+    if (f->nofile >= 0)   /* (an operator who set no --max-connections looks for the limit that did) */
+        snprintf(why, sizeof why, "the server has %d connections open, its limit (--max-connections %d, lowered to %d "
+                 "by the open-file limit, ulimit -n %ld); try again later", f->n_conns, f->lim.max_connections, f->cap,
+                 f->nofile);
+    else
+        snprintf(why, sizeof why, "the server has %d connections open, its limit (--max-connections); try again later",
+                 f->n_conns);
     char *body = pd_http_error_body("server_error", NULL, why);
     int n = snprintf(msg, sizeof msg, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                      "Content-Length: %zu\r\nRetry-After: 1\r\nConnection: close\r\n\r\n%s",
@@ -749,10 +755,13 @@ int pd_http_front_new(struct event_base *base, const struct pd_http_limits *lim,
     if (l->fds_reserved < 0)
         l->fds_reserved = 0;
     long nofile = pd_http_open_file_limit();
+    f->nofile = -1;
     if (nofile >= 0) {
         long room = (nofile - PD_HTTP_FD_RESERVE - l->fds_reserved) / l->fds_per_connection;
-        if (f->cap > room)
+        if (f->cap > room) {
             f->cap = room > 1 ? (int)room : 1;
+            f->nofile = nofile;
+        }
     }
     f->base = base;
     f->http = evhttp_new(base);
