@@ -454,7 +454,7 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
     if (upstream_over(j, r, err, &local))
         return;
     int code = r ? evhttp_request_get_response_code(r) : 0;
-    if (code > 0 && code < 500)
+    if (code > 0 && code < 500 && !j->stream_failed)   /* (a stream ended by an error event takes it out below) */
         px_admit(&px->d[j->di]);
     if (!j->client) {
         job_free(j);

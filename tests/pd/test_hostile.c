@@ -560,6 +560,51 @@ Test(hostile, a_hung_instance_fails_its_requests, .timeout = 60)
     cr_assert(strstr(out, where), "the error does not name the instance: %s", out);
 }
 
+/* A stream its decode instance ends with an error event (an EP group's rank died under it) takes
+ * the instance out and does not first take it back: the proxy logged "is up again" and "is down"
+ * at once for every such stream, and the admission reset the instance's check backoff. */
+Test(hostile, a_failed_stream_does_not_take_its_instance_back_first)
+{
+    struct fake f = {.type = "text/event-stream"};
+    fake_start(&f, "data: {\"error\":{\"message\":\"EP rank 1 died\",\"type\":\"server_error\"}}\n\n"
+                   "data: [DONE]\n\n");
+    char where[32], logp[] = "/tmp/pdmoe-hostile-XXXXXX", out[4096];
+    snprintf(where, sizeof where, "127.0.0.1:%d", f.port);
+    int logfd = mkstemp(logp);
+    cr_assert_geq(logfd, 0);
+    unlink(logp);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(logfd, 2);   /* the proxy's log lines */
+    struct pd_proxy_opts o = {.port = 0, .n_decode = 1, .health_interval_ms = 60000};
+    o.decode[0] = where;
+    struct pd_proxy *x;
+    pd_err e = {0};
+    cr_assert_eq(pd_proxy_create(&o, &x, &e), 0, "%s", e.msg);
+    pthread_t t;
+    pthread_create(&t, NULL, run_proxy, x);
+    char key[128];
+    snprintf(key, sizeof key, "pdmoe_proxy_instance_up{role=\"decode\",instance=\"%s\"}", where);
+    for (int i = 0; i < 250 && metric_key(pd_proxy_port(x), key) != 1; i++)
+        usleep(20000);   /* (in service from its first check) */
+    const char *body = "{\"prompt\":\"x\",\"max_tokens\":2,\"stream\":true}";
+    for (int i = 0; i < 3; i++) {   /* (the one instance gets them though it is out: no other is up) */
+        int code = curl_port(pd_proxy_port(x), "/v1/completions", body, NULL, out, sizeof out);
+        cr_assert(code == 200 && strstr(out, "EP rank 1 died") && strstr(out, "[DONE]"), "%d %s", code, out);
+    }
+    proxy_shutdown(&x, t);
+    fake_stop(&f);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char log[8192];
+    ssize_t n = pread(logfd, log, sizeof log - 1, 0);
+    close(logfd);
+    log[n > 0 ? n : 0] = 0;
+    cr_assert(strstr(log, "is down"), "the failed stream did not take the instance out: %s", log);
+    cr_assert_null(strstr(log, "is up again"), "a failed stream took the instance back first: %s", log);
+}
+
 /* What an instance answers is checked before it reaches the client: a stream its decode instance
  * ended with an error event is a decode failure, not a completion; a 200 without a JSON body, or
  * an error that is not JSON, is a 502 naming the instance (never an empty 200, never HTML relayed
