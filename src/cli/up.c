@@ -526,6 +526,14 @@ static int reaped(struct child *c, char *how, size_t n)
     if (c->pid <= 0 || waitpid(c->pid, &status, WNOHANG) != c->pid)
         return 0;
     describe(status, how, n);
+    if (c->ranks > 1 && WIFEXITED(status) && WEXITSTATUS(status) > 128) {
+        /* mpirun passes on the status of the first rank that failed: 128 + a signal is some rank's
+         * death, not rank 0's, which the line's "rank 0 on" seemed to say */
+        const size_t len = strlen(how);
+        const int sig = WEXITSTATUS(status) - 128;
+        snprintf(how + len, n - len, " (mpirun's status: a rank of the group was killed by signal %d (%s); "
+                 "rank 0 names it above, unless it was rank 0)", sig, strsignal(sig));
+    }
     c->refused = WIFEXITED(status) && WEXITSTATUS(status) == PD_CLI_EXIT_CONFIG;
     struct pd_oom_count now;
     char note[640];

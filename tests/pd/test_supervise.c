@@ -554,3 +554,26 @@ Test(supervise, an_instance_restarted_without_its_model_directory_is_named)
     cr_assert(!file_has(err, "tokenizer.json: cannot open"), "the missing directory blamed on a file in %s", err);
     cr_assert_eq(waitpid(up_pid, NULL, WNOHANG), 0, "pdmoe up exited");
 }
+
+/* Rank 1 of a decode EP group SIGKILLed: rank 0 names it, and up's line, which names the group by
+ * its rank 0, says mpirun's status 137 is some rank's signal (it read as rank 0 killed). */
+Test(supervise, a_killed_rank_of_an_ep_group_is_not_read_as_its_rank_0)
+{
+    const int port = test_ports(), D = port + 2;
+    const char *flags[] = {"--decode-ep", "2", NULL};
+    start_up(port, flags);
+    pid_t r[2];
+    rank_pids(D, r);
+    kill(r[1], SIGKILL);
+    char err[128], want[96];
+    snprintf(err, sizeof err, "%s/up.err", logs);
+    snprintf(want, sizeof want, "EP rank 1 (pid %d on ", (int)r[1]);
+    int said = 0;
+    for (int i = 0; i < 150 && !said; i++) {
+        usleep(100000);
+        said = file_has(err, "a rank of the group was killed by signal 9 (Killed); rank 0 names it above");
+    }
+    cr_assert(said, "up's line does not say a rank was killed: %s", err);
+    cr_assert(file_has(err, want), "rank 0 did not name rank 1 (\"%s\") in %s", want, err);
+    cr_assert_eq(waitpid(up_pid, NULL, WNOHANG), 0, "pdmoe up exited");
+}
