@@ -339,6 +339,23 @@ static json_t *answer_read(struct evbuffer *held, struct evhttp_request *r, int 
     return doc;
 }
 
+/* A failed answer's own reason (its JSON error.message, at most cap - 1 bytes) after ": ", from what
+ * the proxy held back of it (held, if any) or its body, for the 502 the client gets: "answered 503"
+ * alone dropped what the instance said (an EP group's rank that died, a drain). "" when the answer
+ * carries none. */
+static void instance_reason(struct evbuffer *held, struct evhttp_request *r, char *out, size_t cap)
+{
+    out[0] = 0;
+    struct evbuffer *b = held && evbuffer_get_length(held) ? held : r ? evhttp_request_get_input_buffer(r) : NULL;
+    json_t *doc = NULL;
+    if (!b || !evbuffer_get_length(b) || pd_http_read_json(b, JSON_ALLOW_NUL, &doc, NULL))
+        return;
+    const char *msg = json_string_value(json_object_get(json_object_get(doc, "error"), "message"));
+    if (msg && *msg)
+        snprintf(out, cap, ": %s", msg);
+    json_decref(doc);
+}
+
 /* A request none of whose attempts at a role found an instance up (each was sent to one still
  * ejected, in case it had come back, and could not reach it): a 503 with a Retry-After of the
  * seconds to that role's next /health check, rather than a 502, which says an instance failed
@@ -567,9 +584,11 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
     if (code == 0 || code >= 500 || a.broken || (px->np > 0 && code == 400 && a.kv)) {
         px->decode_failed++;
         px_eject(&px->d[j->di], 0);
-        char why[640];
-        snprintf(why, sizeof why, "%s:%d, %s", px->d[j->di].host, px->d[j->di].port,
-                 a.why[0] ? a.why : code ? "server error" : "no answer");
+        char why[640], reason[360] = "";
+        if (!a.why[0] && code >= 500)
+            instance_reason(j->held, r, reason, sizeof reason);
+        snprintf(why, sizeof why, "%s:%d, %s%s", px->d[j->di].host, px->d[j->di].port,
+                 a.why[0] ? a.why : code ? "server error" : "no answer", reason);
         if (code == 0 && !j->dsent_up)
             reply_unavailable(j, px->d, px->nd, "decode", why);
         else
@@ -634,9 +653,10 @@ static void on_prefill_done(struct evhttp_request *r, void *arg)
             snprintf(why, sizeof why, "%s:%d, no answer", px->p[j->pi].host, px->p[j->pi].port);
             reply_unavailable(j, px->p, px->np, "prefill", why);
         } else {
-            char how[32] = "no answer";
+            char how[400] = "no answer", reason[360];
+            instance_reason(NULL, r, reason, sizeof reason);
             if (code)
-                snprintf(how, sizeof how, "answered %d", code);
+                snprintf(how, sizeof how, "answered %d%s", code, reason);
             reply_error(j->client, 502, "server_error",
                         "no prefill instance could take the request (%d tried; the last, %s:%d: %s)", j->attempts,
                         px->p[j->pi].host, px->p[j->pi].port, how);

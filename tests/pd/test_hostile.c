@@ -605,6 +605,28 @@ Test(hostile, a_failed_stream_does_not_take_its_instance_back_first)
     cr_assert_null(strstr(log, "is up again"), "a failed stream took the instance back first: %s", log);
 }
 
+/* An instance's 5xx says why (an EP group's rank died, a drain): the client's 502 carries it, for
+ * a prefill instance and a decode instance alike; it said "answered 503" and "server error". */
+Test(hostile, an_instances_5xx_reason_reaches_the_client)
+{
+    static const char why[] = "{\"error\":{\"message\":\"EP rank 1 (pid 7 on h) died: the group cannot step\","
+                              "\"type\":\"server_error\"}}";
+    char out[4096];
+    double took;
+    int ej;
+    int64_t failed, completed;
+    for (int as_prefill = 0; as_prefill < 2; as_prefill++) {
+        struct fake f = {.status = 503};
+        fake_start(&f, why);
+        int code = through_proxy_as(&f, as_prefill, "{\"prompt\":\"x\",\"max_tokens\":2}", 60000, out, sizeof out,
+                                    &took, &ej, &failed, &completed);
+        fake_stop(&f);
+        cr_assert_eq(code, 502, "%s", out);
+        cr_assert(strstr(out, "EP rank 1 (pid 7 on h) died"), "the %s instance's reason is not in the 502: %s",
+                  as_prefill ? "prefill" : "decode", out);
+    }
+}
+
 /* What an instance answers is checked before it reaches the client: a stream its decode instance
  * ended with an error event is a decode failure, not a completion; a 200 without a JSON body, or
  * an error that is not JSON, is a 502 naming the instance (never an empty 200, never HTML relayed
