@@ -355,7 +355,8 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
 }
 
 /* A rank other than 0 between steps: asleep in tests of the broadcast (a 2 ms period at most: an
- * idle group costs nothing, a new step waits at most that long). A signal here waits for rank 0
+ * idle rank wakes 500 times a second, about 1% of a core, measured 26-28 ticks in 30 s; a new step
+ * waits at most that long). A signal here waits for rank 0
  * to end the group, since rank 0 normally has it too, but not longer than 10 s (plus the
  * --shutdown-timeout that rank 0 may drain for). */
 static int ep_wait_idle(struct pd_server *s, MPI_Request *rq, pd_err *e)
