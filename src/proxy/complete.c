@@ -584,7 +584,7 @@ static void on_decode_done(struct evhttp_request *r, void *arg)
     if (code == 0 || code >= 500 || a.broken || (px->np > 0 && code == 400 && a.kv)) {
         px->decode_failed++;
         px_eject(&px->d[j->di], 0);
-        char why[640], reason[360] = "";
+        char why[1024], reason[360] = "";
         if (!a.why[0] && code >= 500)
             instance_reason(j->held, r, reason, sizeof reason);
         snprintf(why, sizeof why, "%s:%d, %s%s", px->d[j->di].host, px->d[j->di].port,
