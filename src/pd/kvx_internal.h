@@ -46,6 +46,12 @@
  * thread; a connection that stays silent (a host gone dark, a port that is not a KV listener)
  * fails its link and its transfers, which recompute, instead of holding them to their timeout. */
 #define KVX_HELLO_NS 5000000000LL
+/* How long a META may take after its GET_META went out, for the same reason: the producer answers
+ * from its progress thread, whatever its scheduler is doing. A pull whose link was made to a
+ * producer that died as the link came up (its HELLO read, the endpoint never wired: UCX's keepalive
+ * does not watch it) waited for its whole timeout, kv_timeout_ms (30 s), before its prompt was
+ * recomputed: a client's stream held that long (supervise, under AddressSanitizer). */
+#define KVX_META_NS 5000000000LL
 /* The largest worker address a HELLO carries (kvx_boot.c; UCX's are a few hundred bytes). */
 #define KVX_HELLO_ADDR_MAX 4096
 
@@ -133,6 +139,7 @@ struct pd_kvx_xfer {
     int refused;              /* the producer refused the key (unknown or refused) */
     int retried;              /* moved once to a new connection (kvx_xfer_retry) */
     int meta_sent;            /* its GET_META went out (0 while its link waits for the HELLO) */
+    int64_t meta_by;          /* once it did: when a META that has not come fails it (KVX_META_NS) */
     int retry_wanted;         /* its GET_META was not delivered: kvx_xfer_retry at the next
                                  progress, outside UCX's callback */
     char reason[400];

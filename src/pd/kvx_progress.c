@@ -228,9 +228,12 @@ int64_t kvx_next_deadline(struct pd_kvx *x)
     for (struct lease *l = x->leases; l; l = l->next)
         if (l->deadline < d)
             d = l->deadline;
-    for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
+    for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next) {
         if (!kvx_is_final(t->state) && t->deadline < d)
             d = t->deadline;
+        if (!kvx_is_final(t->state) && t->meta_sent && !t->meta_ok && t->meta_by < d)
+            d = t->meta_by;
+    }
     for (struct link *l = x->links; l; l = l->next)
         if (l->bfd >= 0 && !l->failed && l->hello_by < d)
             d = l->hello_by;
@@ -272,11 +275,16 @@ static int step(struct pd_kvx *x)
     /* 2. timeouts: a transfer with gets in flight takes its connection down with it, so that
      * nothing still in flight can land in the destination once it is reported FAILED */
     for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next) {
-        if (kvx_is_final(t->state) || t->deadline > now)
+        const int no_meta = t->meta_sent && !t->meta_ok && t->meta_by <= now;   /* (KVX_META_NS) */
+        if (kvx_is_final(t->state) || (t->deadline > now && !no_meta))
             continue;
         if (!t->fail_code) {
-            kvx_xfer_fail(t, PD_EIO, 1, "timed out after %lld ms in state %s",
-                      (long long)(x->timeout_ns / 1000000), pd_kvx_state_name(t->state));
+            if (t->deadline > now)
+                kvx_xfer_fail(t, PD_EIO, 1, "no META within %lld ms of its GET_META (the producer died or hangs)",
+                              (long long)(KVX_META_NS / 1000000));
+            else
+                kvx_xfer_fail(t, PD_EIO, 1, "timed out after %lld ms in state %s",
+                              (long long)(x->timeout_ns / 1000000), pd_kvx_state_name(t->state));
             n++;
         }
         if (t->outstanding && t->peer && !t->peer->failed) {

@@ -548,6 +548,7 @@ void kvx_xfer_send_get_meta(struct pd_kvx *x, struct pd_kvx_xfer *t)
 {
     ucs_status_t st = kvx_send_small(x, kvx_msg_ep(t->peer), PD_KVX_AM_GET_META, &t->key, t->tag);
     t->meta_sent = 1;
+    t->meta_by = pd_now_ns() + KVX_META_NS;
     if (st != UCS_OK)
         kvx_xfer_fail(t, PD_EIO, 0, "cannot send GET_META: %s", ucs_status_string(st));
 }

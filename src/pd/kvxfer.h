@@ -13,8 +13,9 @@
  * Consumer: pd_kvx_pull() starts a transfer: GET_META -> META (the producer's base address,
  *   packed rkey and the request's runs) -> one ucp_get_nbx per contiguous piece of the byte stream
  *   (adjacent runs merged on both sides) into the caller's destination runs -> DONE -> ACK.
- *   A transfer never hangs: a peer error, a refused connection, an unknown request or the
- *   timeout (timeout_ms from the pull) ends it FAILED with a reason naming the peer and request.
+ *   A transfer never hangs: a peer error, a refused connection, an unknown request, no META 5 s
+ *   after its GET_META, or the timeout (timeout_ms from the pull) ends it FAILED with a reason
+ *   naming the peer and request.
  *
  * Transports: a consumer connects to the producer's KV listener (host:port) over TCP and reads a
  *   HELLO, the producer's UCP worker address (format in kvx_boot.c); the listener reads nothing

@@ -509,8 +509,10 @@ static void producer_dies(const char *tls)
 /* A producer process SIGKILLed between two pulls (pdmoe up's prefill instance killed under
  * load): the consumer's next pull, on the endpoint it keeps (reused within 100 ms, so no HELLO
  * first), fails within a few seconds. It waited for UCX's keepalive, 20 s by default, or the
- * pull's 30 s timeout: a client's stream stalled that long before its prompt was recomputed. */
-static void killed_producer(const char *tls)
+ * pull's 30 s timeout: a client's stream stalled that long before its prompt was recomputed.
+ * SIGSTOPped instead (alive to the keepalive, answering nothing): the pull fails when no META has
+ * come 5 s after its GET_META, not at its 30 s timeout. */
+static void signalled_producer(const char *tls, int sig)
 {
     use_tls(tls);
     int fds[2];
@@ -551,19 +553,31 @@ static void killed_producer(const char *tls)
         waitpid(child, NULL, 0);
     }
     cr_assert_eq(st, PD_KVX_DONE, "the first pull: %s", e.msg);
-    kill(child, SIGKILL);
-    waitpid(child, NULL, 0);
+    kill(child, sig);
+    if (sig == SIGKILL)
+        waitpid(child, NULL, 0);
     double t0 = pd_now_s();
     cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", port, K(42), &run, 1, &t, &e), 0, "%s", e.msg);
     st = pd_kvx_wait(c, t, 40000);
     double dt = pd_now_s() - t0;
     pd_kvx_result(c, t, &e);
+    if (sig != SIGKILL) {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+    }
     cr_assert_eq(st, PD_KVX_FAILED, "%s", pd_kvx_state_name(st));
-    cr_assert_lt(dt, 5, "the pull from the killed producer failed after %.1f s: %s", dt, e.msg);
-    cr_log_info("producer killed (%s): %s after %.3f s", tls ? tls : "default", e.msg, dt);
+    cr_assert_lt(dt, sig == SIGKILL ? 5 : 8, "the pull from the %s producer failed after %.1f s: %s",
+                 sig == SIGKILL ? "killed" : "stopped", dt, e.msg);
+    cr_log_info("producer %s (%s): %s after %.3f s", sig == SIGKILL ? "killed" : "stopped", tls ? tls : "default",
+                e.msg, dt);
     pd_kvx_xfer_free(c, t);
     pd_kvx_destroy(c);
     free(cr);
+}
+
+static void killed_producer(const char *tls)
+{
+    signalled_producer(tls, SIGKILL);
 }
 
 /* A producer that accepted nothing and answers nothing (hung, not dead): the pull ends FAILED
@@ -1024,6 +1038,7 @@ BOTH(stray_bytes)
 BOTH(not_a_kv_port)
 BOTH(foreign_messages)
 Test(kvxfer, silent_kv_port, .timeout = 60) { silent_kv_port("tcp"); }
+Test(kvxfer, stopped_producer_default, .timeout = 60) { signalled_producer(NULL, SIGSTOP); }
 
 /* ------------------------------------------------------------------ transport-free */
 
