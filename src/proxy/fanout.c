@@ -175,7 +175,7 @@ static void on_stats_client_close(struct evhttp_connection *evcon, void *arg)
 void px_stop_fanouts(struct pd_proxy *px)
 {
     struct stats_job *r = px->stats_running;
-    if (r && r->client) {   /* (its GETs are left to end with the loop; an empty reply said nothing) */
+    if (r && r->client) {   /* (its GETs end with the loop, or px_free_fanouts; an empty reply said nothing) */
         pd_http_set_closecb(r->client, NULL, NULL);
         reply_error(r->client, 503, "server_error", "the proxy is shutting down");
         r->client = NULL;
@@ -186,6 +186,29 @@ void px_stop_fanouts(struct pd_proxy *px)
         pd_http_set_closecb(j->client, NULL, NULL);
         reply_error(j->client, 503, "server_error", "the proxy is shutting down");
         free(j);
+    }
+}
+
+void px_free_fanouts(struct pd_proxy *px)
+{
+    struct stats_job *j = px->stats_running;
+    px->stats_running = NULL;
+    if (j) {
+        for (struct stats_call *c = j->calls, *next; c; c = next) {
+            next = c->next;
+            px_get_cancel(c->g);   /* (its callback is not called) */
+            free(c);
+        }
+        if (j->client)
+            pd_http_set_closecb(j->client, NULL, NULL);
+        free(j->sum);
+        free(j);
+    }
+    while (px->stats_waiting) {
+        struct stats_job *w = px->stats_waiting;
+        px->stats_waiting = w->next;
+        pd_http_set_closecb(w->client, NULL, NULL);
+        free(w);
     }
 }
 

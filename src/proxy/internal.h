@@ -171,6 +171,8 @@ void px_on_models(struct evhttp_request *h, void *arg);
 void px_on_expert_stats(struct evhttp_request *h, void *arg);
 /* The proxy stops: the /expert_stats requests, the one in flight and those waiting for it, get a 503. */
 void px_stop_fanouts(struct pd_proxy *px);
+/* pd_proxy_destroy: the fan-out in flight (its GETs cancelled) and any waiting, freed. */
+void px_free_fanouts(struct pd_proxy *px);
 /* in's /health has been silent silent_s: the fan-out's GET to it fails (a 502 naming it). */
 void px_fanout_fail_hung(struct pd_proxy *px, const struct instance *in, double silent_s);
 

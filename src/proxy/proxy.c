@@ -270,6 +270,7 @@ void pd_proxy_destroy(struct pd_proxy *px)
 {
     if (!px)
         return;
+    px_free_fanouts(px);   /* (before the front: its clients' close callbacks point at the jobs) */
     pd_http_front_free(px->front);
     if (px->sigint)
         event_free(px->sigint);
