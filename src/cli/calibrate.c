@@ -171,8 +171,6 @@ static double ttft_once(int port, const char *prompt, pd_err *e)
     return first;
 }
 
-/* Starts `pdmoe up` (this binary) for the model in dir at a free port from `from`, streams `n`
- * completions of `prompt` one at a time (after one to warm up) and stops it: the median TTFT. */
 /* The last non-empty line written to fd (a log file, read from its start), at most cap - 1 bytes
  * of its end; "" if none. */
 static void last_line(int fd, char *out, size_t cap)
@@ -200,6 +198,8 @@ static void last_line(int fd, char *out, size_t cap)
     out[len] = 0;
 }
 
+/* Starts `pdmoe up` (this binary) for the model in dir at a free port from `from`, streams `n`
+ * completions of `prompt` one at a time (after one to warm up) and stops it: the median TTFT. */
 static int measure_ttft(const char *dir, int threads, int from, const char *prompt, int n, double *median_s, pd_err *e)
 {
     int port = free_ports(from);

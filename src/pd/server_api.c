@@ -100,16 +100,25 @@ static int queue_full(struct pd_server *s, struct evhttp_request *h)
  * drain, a full queue) is checked here; the body is handed to the tokenizer thread, which parses
  * and checks it (server_req.c) and tokenizes its text, so that no body up to --max-body-bytes
  * holds this loop; pd_srv_admit goes on with the request it makes. */
+/* 1 when an EP group's rank has died: h answered a 503 naming it (closing its connection when
+ * `close_conn`). */
+static int refused_for_dead_rank(struct pd_server *s, struct evhttp_request *h, int close_conn)
+{
+    if (pd_srv_ep_dead_rank(s) < 0)
+        return 0;
+    if (close_conn)
+        evhttp_add_header(evhttp_request_get_output_headers(h), "Connection", "close");
+    pd_srv_send_error(s, h, 503, "server_error", NULL, "%s", s->g->dead_why);
+    return 1;
+}
+
 static void on_completion(struct evhttp_request *h, void *arg, int chat)
 {
     struct pd_server *s = arg;
     if (!authorised(s, h))
         return;
-    if (pd_srv_ep_dead_rank(s) >= 0) {   /* (nothing would step it: the group is being ended) */
-        evhttp_add_header(evhttp_request_get_output_headers(h), "Connection", "close");
-        pd_srv_send_error(s, h, 503, "server_error", NULL, "%s", s->g->dead_why);
+    if (refused_for_dead_rank(s, h, 1))   /* (nothing would step it: the group is being ended) */
         return;
-    }
     if (s->draining) {   /* (the load balancer's cue: this one is going; the proxy tries another) */
         evhttp_add_header(evhttp_request_get_output_headers(h), "Connection", "close");
         pd_srv_send_error(s, h, 503, "server_error", NULL, "the server is shutting down (draining the requests "
@@ -145,10 +154,8 @@ void pd_srv_admit(struct pd_server *s, struct tok_job *jb)
         pd_srv_send_error(s, h, jb->no.code, jb->no.type, jb->no.param[0] ? jb->no.param : NULL, "%s", jb->no.msg);
         return;
     }
-    if (pd_srv_ep_dead_rank(s) >= 0) {   /* (read before the rank died: the job frees r) */
-        pd_srv_send_error(s, h, 503, "server_error", NULL, "%s", s->g->dead_why);
+    if (refused_for_dead_rank(s, h, 0))   /* (read before the rank died: the job frees r) */
         return;
-    }
     jb->r = NULL;
     r->http = h;
     r->t_arrival = pd_now_s();
@@ -244,10 +251,8 @@ static void on_other(struct evhttp_request *h, void *arg)
 static void on_health(struct evhttp_request *h, void *arg)
 {
     struct pd_server *s = arg;
-    if (pd_srv_ep_dead_rank(s) >= 0) {
-        pd_srv_send_error(s, h, 503, "server_error", NULL, "%s", s->g->dead_why);
+    if (refused_for_dead_rank(s, h, 0))
         return;
-    }
     const int64_t stalled = pd_srv_ep_stalled_ns(s);
     if (stalled < (int64_t)PD_EP_STALL_HEALTH_S * 1000000000) {
         pd_http_health(h, arg);

@@ -172,6 +172,19 @@ static void on_stats_client_close(struct evhttp_connection *evcon, void *arg)
         }
 }
 
+/* The fan-outs waiting, dropped; their clients answered a 503 first when `answer`. */
+static void drop_waiting(struct pd_proxy *px, int answer)
+{
+    while (px->stats_waiting) {
+        struct stats_job *j = px->stats_waiting;
+        px->stats_waiting = j->next;
+        pd_http_set_closecb(j->client, NULL, NULL);
+        if (answer)
+            reply_error(j->client, 503, "server_error", "the proxy is shutting down");
+        free(j);
+    }
+}
+
 void px_stop_fanouts(struct pd_proxy *px)
 {
     struct stats_job *r = px->stats_running;
@@ -180,13 +193,7 @@ void px_stop_fanouts(struct pd_proxy *px)
         reply_error(r->client, 503, "server_error", "the proxy is shutting down");
         r->client = NULL;
     }
-    while (px->stats_waiting) {
-        struct stats_job *j = px->stats_waiting;
-        px->stats_waiting = j->next;
-        pd_http_set_closecb(j->client, NULL, NULL);
-        reply_error(j->client, 503, "server_error", "the proxy is shutting down");
-        free(j);
-    }
+    drop_waiting(px, 1);
 }
 
 void px_free_fanouts(struct pd_proxy *px)
@@ -204,12 +211,7 @@ void px_free_fanouts(struct pd_proxy *px)
         free(j->sum);
         free(j);
     }
-    while (px->stats_waiting) {
-        struct stats_job *w = px->stats_waiting;
-        px->stats_waiting = w->next;
-        pd_http_set_closecb(w->client, NULL, NULL);
-        free(w);
-    }
+    drop_waiting(px, 0);
 }
 
 static void on_stats_done(struct evhttp_request *r, const char *local, void *arg)
