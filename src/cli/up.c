@@ -357,8 +357,8 @@ static void kill_session(pid_t sid)
 
 /* Every host the instances use that is not this one must take a process from Open MPI's
  * launcher (ssh, or the plm_rsh_agent the user set): tried on each, at the same time, within
- * 20 s; the hosts that refuse are named. 0 when all answer. */
-static int reachable(const struct pd_launch_inst *inst, int n)
+ * timeout_s (--host-timeout); the hosts that refuse are named. 0 when all answer. */
+static int reachable(const struct pd_launch_inst *inst, int n, int timeout_s)
 {
     const char *h[MAX_HOSTS];
     pid_t pid[MAX_HOSTS];
@@ -393,7 +393,7 @@ static int reachable(const struct pd_launch_inst *inst, int n)
             _exit(127);
         }
     }
-    double until = pd_now_s() + 20;
+    double until = pd_now_s() + timeout_s;
     for (int k = 0; k < nh; k++) {
         int status = 0;
         pid_t w = 0;
@@ -404,7 +404,7 @@ static int reachable(const struct pd_launch_inst *inst, int n)
             waitpid(pid[k], &status, 0);
             kill_session(pid[k]);
             fprintf(stderr, "pdmoe up: --hosts: host %s is unreachable: Open MPI's launcher (mpirun --host %s) did not "
-                            "start a process there within 20 s\n", h[k], h[k]);
+                            "start a process there within %d s (--host-timeout)\n", h[k], h[k], timeout_s);
             bad = 1;
         } else if (pid[k] < 0 || !WIFEXITED(status) || WEXITSTATUS(status)) {
             fprintf(stderr, "pdmoe up: --hosts: host %s is unreachable: Open MPI's launcher (mpirun --host %s -n 1 "
@@ -635,7 +635,7 @@ int pd_cli_up(int argc, char **argv)
         {"kv-cache-memory-bytes", 1, 0, 'B'}, {"kv-cache-bytes", 1, 0, 'B'}, {"served-model-name", 1, 0, 'N'},
         {"hosts", 1, 0, 'O'}, {"kv-cache-dtype", 1, 0, 'd'}, {"policy", 1, 0, 'y'},
         {"speculative-config", 1, 0, 'X'}, {"max-queued-requests", 1, 0, 'Q'}, {"shutdown-timeout", 1, 0, 'G'},
-        {"watchdog-timeout", 1, 0, 'W'}, {"liveness-timeout", 1, 0, 'V'},
+        {"watchdog-timeout", 1, 0, 'W'}, {"liveness-timeout", 1, 0, 'V'}, {"host-timeout", 1, 0, 'o'},
         {"enable-prefix-caching", 0, 0, 'C'}, {"no-enable-prefix-caching", 0, 0, 'c'}, {"help", 0, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -648,7 +648,8 @@ int pd_cli_up(int argc, char **argv)
     const char *host = "127.0.0.1", *seqs_flag = NULL, *batched_flag = NULL, *kvbytes_flag = NULL, *served = NULL;
     const char *dtype_flag = NULL, *prefix_flag = NULL, *spec_flag = NULL, *queued_flag = NULL, *drain_flag = NULL;
     const char *watchdog_flag = NULL;
-    int64_t drain_s = 0, live_s = 30;
+    int64_t drain_s = 0, live_s = 30, host_s = 20;
+    int host_flag = 0;
     enum pd_kv_dtype dtype;
     int64_t checked;
     int c;
@@ -693,6 +694,7 @@ int pd_cli_up(int argc, char **argv)
             watchdog_flag = optarg;
             break;
         case 'V': if (pd_cli_int_max("--liveness-timeout", optarg, 0, 86400, &live_s)) return 2; break;
+        case 'o': if (pd_cli_int_max("--host-timeout", optarg, 1, 3600, &host_s)) return 2; host_flag = 1; break;
         case 'd': if (pd_cli_kv_dtype("up", optarg, &dtype)) return 2; dtype_flag = optarg; break;
         case 'C': prefix_flag = "--enable-prefix-caching"; break;
         case 'c': prefix_flag = "--no-enable-prefix-caching"; break;
@@ -770,7 +772,8 @@ int pd_cli_up(int argc, char **argv)
                    "not fit this machine's memory. With --hosts (several hosts; the nodes' addresses in node order), the plan's\n"
                    "node map puts each instance and EP rank on its host, every process binding its host's address;\n"
                    "each instance is started on its first host by mpirun (ssh, or OMPI_MCA_plm_rsh_agent), the\n"
-                   "proxy here; a host the launcher cannot reach is refused by name.\n");
+                   "proxy here; a host the launcher cannot reach is refused by name: each host must start a process\n"
+                   "(mpirun --host H -n 1 true) within --host-timeout S (20; an ssh through a jump host may need more).\n");
             return 0;
         default:
             return pd_cli_bad_flag("up", c, argc, argv);
@@ -789,6 +792,11 @@ int pd_cli_up(int argc, char **argv)
      * machine would see it in ps (mpirun passes it on by name, -x PDMOE_API_KEY) */
     if (key && setenv("PDMOE_API_KEY", key, 1)) {
         fprintf(stderr, "pdmoe up: cannot set PDMOE_API_KEY: %s\n", strerror(errno));
+        return 2;
+    }
+    if (host_flag && !nhosts) {
+        fprintf(stderr, "pdmoe up: --host-timeout is how long each host of --hosts may take to start a process; "
+                        "without --hosts every instance runs here\n");
         return 2;
     }
     if (nhosts && !plan) {
@@ -887,7 +895,7 @@ int pd_cli_up(int argc, char **argv)
     if (!failed && kvbytes_flag && pools_past_memory(kvbytes_flag, inst, ni))
         failed = 2;
     pd_err pe = {0};
-    if (!failed && (pd_launch_ports(inst, ni, (int)port, &pe) || (nhosts && reachable(inst, ni)) ||
+    if (!failed && (pd_launch_ports(inst, ni, (int)port, &pe) || (nhosts && reachable(inst, ni, (int)host_s)) ||
                     ports_wait(inst, ni, (int)port))) {
         if (pe.msg[0])
             fprintf(stderr, "pdmoe up: %s\n", pe.msg);

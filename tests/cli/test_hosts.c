@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/timing.h"
+
 static char plan_path[] = "/tmp/pdmoe-hosts-plan-XXXXXX";
 
 static const char *pdmoe_bin(void)
@@ -92,6 +94,8 @@ Test(hosts, up_refuses_bad_hosts, .init = write_plan, .fini = drop_plan)
     refused("up --hosts 10.0.0.1,10.0.0.2", "--hosts needs --plan plan.json");
     refused("up --hosts 10.0.0.1,10.0.0.1", "--hosts: 10.0.0.1 is listed twice (hosts 1 and 2)");
     refused("up --hosts '10.0.0.1,a b'", "--hosts: host 2 \"a b\": expected an address or host name");
+    refused("up --host-timeout 5", "--host-timeout is how long each host of --hosts may take");
+    refused("up --hosts 10.0.0.1,10.0.0.2 --host-timeout 0", "--host-timeout");
     snprintf(args, sizeof args, "up --model models/mini --plan %s --hosts 127.0.0.1", plan_path);
     refused(args, "--hosts: 1 given but the plan's node map uses 2 nodes");
     /* a plan with EPLB's redundant experts: pdmoe serve has none, so up refuses it rather than
@@ -132,7 +136,7 @@ static int running(pid_t p)
 }
 
 /* A host whose launcher hangs (an ssh to a blackholed host, here an agent that sleeps) is said
- * unreachable after 20 s, and the agent does not outlive up: it ran on, in a process group of its
+ * unreachable after --host-timeout (3 s here; 20 by default), and the agent does not outlive up: it ran on, in a process group of its
  * own that killing mpirun's missed, able to start an orted for a dead mpirun later. */
 Test(hosts, a_hung_launcher_is_not_left_behind, .init = write_plan, .fini = drop_plan, .timeout = 90)
 {
@@ -146,11 +150,15 @@ Test(hosts, a_hung_launcher_is_not_left_behind, .init = write_plan, .fini = drop
     fclose(f);
     chmod(agent, 0700);
     setenv("OMPI_MCA_plm_rsh_agent", agent, 1);
-    snprintf(args, sizeof args, "up --model models/mini --plan %s --hosts 127.0.0.1,198.18.250.7", plan_path);
+    snprintf(args, sizeof args, "up --model models/mini --plan %s --hosts 127.0.0.1,198.18.250.7 --host-timeout 3",
+             plan_path);
+    double t0 = pd_now_s();
     int st = pdmoe(args, err, sizeof err);
+    double took = pd_now_s() - t0;
     unsetenv("OMPI_MCA_plm_rsh_agent");
     cr_assert_eq(st, 2, "exit %d: %s", st, err);
-    cr_assert(strstr(err, "host 198.18.250.7 is unreachable"), "%s", err);
+    cr_assert(strstr(err, "host 198.18.250.7 is unreachable") && strstr(err, "within 3 s (--host-timeout)"), "%s", err);
+    cr_assert(took >= 3 && took < 10, "up gave up on the hung host after %.1f s, not its --host-timeout 3", took);
     f = fopen(pidf, "r");
     cr_assert_not_null(f, "the launcher never ran its agent: %s", err);
     int pid = 0;
