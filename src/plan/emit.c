@@ -487,13 +487,14 @@ static void sgl_env(FILE *f, const struct pd_emit_ctx *c)
 /* SGLang's --mem-fraction-static is "the fraction of the memory used for static allocation
  * (model weights and KV cache memory pool)": its KV budget is that fraction of the card less the
  * weights (kv_cache_configurator.py _profile_available_bytes). The plan's usable memory less
- * activations and runtime, over the card's capacity, rounded down to 0.01; with SGLang's NPU pools
- * for V4 (kvsize.h), which allocate more than the budget they are sized from, the budget whose
- * pools fit in the plan's KV pool, with the weights, over the capacity. SGLang sizes those pools
- * from the whole budget and makes its request tables after them, outside it; the plan's room for
- * the pools has the tables set aside (kv_transient), so that on the card
- *     weights + pools(fraction x capacity - weights) + tables + activations + runtime <= usable. */
-static double sgl_mem_fraction(const struct pd_plan *p, const struct pd_role_plan *rp)
+ * activations and runtime, over the card's capacity; with SGLang's NPU pools for V4 (kvsize.h),
+ * which allocate more than the budget they are sized from, the budget whose pools fit in the plan's
+ * KV pool, with the weights, over the capacity. SGLang sizes those pools from the whole budget and
+ * makes its request tables after them, outside it; the plan's room for the pools has the tables set
+ * aside (kv_transient), so that on the card
+ *     weights + pools(fraction x capacity - weights) + tables + activations + runtime <= usable.
+ * Unrounded: sgl_fraction writes it. */
+static double sgl_fraction_max(const struct pd_plan *p, const struct pd_role_plan *rp)
 {
     const struct pd_budget *b = &rp->b;
     double f = (double)(b->usable - b->activations - b->runtime) / (double)b->capacity;
@@ -502,38 +503,79 @@ static double sgl_mem_fraction(const struct pd_plan *p, const struct pd_role_pla
                                                 pd_plan_sgl_extra_slots(p, rp->role));
         f = budget > 0 ? (double)(b->weights + budget) / (double)b->capacity : 0;
     }
-    if (f < 0)
-        f = 0;
-    return (double)(long long)(f * 100.0) / 100.0;
+    return f > 0 ? f : 0;
 }
 
-/* SGLang's NPU pools at the emitted fraction and the plan's admitted requests (kvsize.h). */
-static void sgl_npu_pools(const struct pd_plan *p, const struct pd_role_plan *rp, struct pd_kv_sgl_pools *q)
+/* SGLang's NPU pools at fraction f for `reqs` requests a DP rank (kvsize.h). */
+static void sgl_npu_pools_at(const struct pd_plan *p, const struct pd_role_plan *rp, double f, int64_t reqs,
+                             struct pd_kv_sgl_pools *q)
 {
-    const int64_t budget = (int64_t)(sgl_mem_fraction(p, rp) * (double)rp->b.capacity) - rp->b.weights;
-    pd_kv_sgl_pools(&p->kv, budget, pd_plan_admitted_seqs(p, rp->role), pd_plan_sgl_extra_slots(p, rp->role), q);
+    const int64_t budget = (int64_t)(f * (double)rp->b.capacity) - rp->b.weights;
+    pd_kv_sgl_pools(&p->kv, budget, reqs, pd_plan_sgl_extra_slots(p, rp->role), q);
 }
 
-/* The sequences of max-model-len the KV pool SGLang makes of sgl_mem_fraction's rounded-down
- * fraction holds (the fraction less the weights, and the blocks the plan sets aside for the chunks
- * in flight: counted in the plan's layout, docs/memory-model.md), at most the plan's admitted
- * ones: the unrounded pool's count let one sequence too many in. With SGLang's NPU pools: the
- * sequences whose pages its full-token pool holds, at most the requests it keeps slots for. */
-static int64_t sgl_admitted(const struct pd_plan *p, const struct pd_role_plan *rp)
+/* The sequences of max-model-len a DP rank holds at fraction f, at most `reqs`: with SGLang's NPU
+ * pools sized for `reqs` requests, those whose pages its full-token pool holds, at most the
+ * requests it keeps slots for; otherwise the KV pool SGLang makes of f (the fraction less the
+ * weights, and the blocks the plan sets aside for the chunks in flight: counted in the plan's
+ * layout, docs/memory-model.md) over a sequence's bytes. */
+static int64_t sgl_holds(const struct pd_plan *p, const struct pd_role_plan *rp, double f, int64_t reqs)
 {
-    const int64_t admitted = pd_plan_admitted_seqs(p, rp->role);
     int64_t n;
     if (p->kv.layout == PD_KV_LAYOUT_SGLANG_NPU) {
         struct pd_kv_sgl_pools q;
-        sgl_npu_pools(p, rp, &q);
+        sgl_npu_pools_at(p, rp, f, reqs, &q);
         const int64_t P = p->kv.sgl.page, seq = (p->o.max_model_len + P - 1) / P * P;
         n = q.full / seq < q.reqs ? q.full / seq : q.reqs;
     } else {
-        const int64_t pool = (int64_t)(sgl_mem_fraction(p, rp) * (double)rp->b.capacity) - rp->b.weights - rp->b.kv_transient;
+        const int64_t pool = (int64_t)(f * (double)rp->b.capacity) - rp->b.weights - rp->b.kv_transient;
         const int64_t seq = pd_kv_seq_bytes(&p->kv, p->o.max_model_len);
         n = pool > 0 && seq > 0 ? pool / seq : 0;
     }
-    return n < admitted ? n : admitted;
+    return n < reqs ? n : reqs;
+}
+
+/* The fraction written: sgl_fraction_max rounded down to a hundredth, or to as many more decimals
+ * (up to 6) as keep every sequence the plan admits (pd_plan_admitted_seqs). A hundredth of a 64 GB
+ * card is 0.69 GB of SGLang's budget: on the seed's prefill cards 0.80 (a budget of 8.72 GB, 874,496
+ * full tokens) held 26 sequences of 32,768 where the plan admits 27; 0.8016 holds them. digits: the
+ * decimals to print; the value returned is what SGLang parses of them. */
+static double sgl_fraction(const struct pd_plan *p, const struct pd_role_plan *rp, int *digits)
+{
+    const double f = sgl_fraction_max(p, rp);
+    const int64_t admitted = pd_plan_admitted_seqs(p, rp->role);
+    double x = 0, scale = 10;
+    for (int d = 2; d <= 6; d++) {
+        char buf[32];
+        scale *= 10;
+        snprintf(buf, sizeof buf, "%.*f", d, (double)(long long)(f * scale) / scale);
+        x = strtod(buf, NULL);
+        *digits = d;
+        if (sgl_holds(p, rp, x, admitted) >= admitted)
+            break;
+    }
+    return x;
+}
+
+static double sgl_mem_fraction(const struct pd_plan *p, const struct pd_role_plan *rp)
+{
+    int digits;
+    return sgl_fraction(p, rp, &digits);
+}
+
+/* SGLang's NPU pools at the emitted fraction and requests (kvsize.h). */
+static void sgl_npu_pools(const struct pd_plan *p, const struct pd_role_plan *rp, struct pd_kv_sgl_pools *q);
+
+/* The requests a DP rank gets (--max-running-requests / dp): the plan's admitted sequences, unless
+ * even the fraction's sixth decimal holds fewer (then those). */
+static int64_t sgl_admitted(const struct pd_plan *p, const struct pd_role_plan *rp)
+{
+    return sgl_holds(p, rp, sgl_mem_fraction(p, rp), pd_plan_admitted_seqs(p, rp->role));
+}
+
+static void sgl_npu_pools(const struct pd_plan *p, const struct pd_role_plan *rp, struct pd_kv_sgl_pools *q)
+{
+    sgl_npu_pools_at(p, rp, sgl_mem_fraction(p, rp), sgl_admitted(p, rp), q);
 }
 
 /* What SGLang's NPU pools will be (its "DSV4 pool sizes" log line) and take, said in the script. */
@@ -599,7 +641,9 @@ static void sgl_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_
     }
     if (x->card0)
         arg(f, "--base-gpu-id %d", x->card0);
-    arg(f, "--mem-fraction-static %.2f", sgl_mem_fraction(p, rp));
+    int digits;
+    const double fraction = sgl_fraction(p, rp, &digits);
+    arg(f, "--mem-fraction-static %.*f", digits, fraction);
     if (p->kv.layout == PD_KV_LAYOUT_SGLANG_NPU)   /* the pools' page, as overrides.py sets it on NPU */
         arg(f, "--page-size %lld", (long long)p->kv.sgl.page);
     /* Both are instance-wide in SGLang and divided by --dp-size under DP attention

@@ -273,3 +273,46 @@ Test(sglang, emitted_fraction_leaves_room_for_request_tables)
     }
     json_decref(j);
 }
+
+/* The requests --emit sglang gives each DP rank are the plan's own (its "launched" sequences,
+ * launched_max_num_seqs in --json): SGLang makes --max-running-requests // --dp-size the requests
+ * of a DP rank (kv_cache_configurator.py resolve_max_num_reqs, 0a3cd26b2), so the flag is that
+ * count x dp, and on NPUs the pools the script describes are sized for that many. The fraction was
+ * rounded down to a hundredth, which on the seed's prefill cards took SGLang's budget from 8.83 GB
+ * to 8.72 GB: 874,496 full tokens, 26 sequences of 32,768 where the plan counts 27 (and on H100 at
+ * 131,072 tokens 86 and 105 for the plan's 87 and 106). */
+Test(sglang, emitted_requests_are_the_plans)
+{
+    static const char *const layouts[] = {
+        "",   /* the seed */
+        CASE,
+        "--hardware h100 --quant fp8 --quant-override routed_experts=fp4 --prefill dp=8,tp=1,instances=2 "
+        "--decode dp=16,tp=1,instances=1 --nodes 4 --max-model-len 131072 --max-num-seqs 400",
+        "--hardware h100 --quant fp8 --quant-override routed_experts=fp4 --prefill dp=8,tp=1,instances=2 "
+        "--decode dp=16,tp=1,instances=1 --nodes 4 --max-model-len 400000 --max-num-seqs 400",
+    };
+    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
+        char args[1024];
+        snprintf(args, sizeof args, "plan %s --stack sglang --json", layouts[i]);
+        json_t *j = run_json(args);
+        const int agg = strstr(layouts[i], "--aggregated") != NULL;
+        snprintf(args, sizeof args, "plan %s --emit sglang", layouts[i]);
+        struct run r;
+        run(args, &r);
+        cr_assert_eq(r.status, 0, "%s: %s", args, r.err);
+        for (int role = agg ? 1 : 0; role < 2; role++) {
+            const json_int_t want = get_int(json_array_get(json_object_get(j, "roles"), (size_t)role),
+                                            "launched_max_num_seqs");
+            const char *block = strstr(r.out, agg ? "# aggregated instance 0" : role ? "# decode instance 0"
+                                                                                     : "# prefill instance 0");
+            cr_assert(block, "%s: no server of role %d", args, role);
+            const long long n = atoll(after(block, "--max-running-requests")) / atoll(after(block, "--dp-size"));
+            cr_assert_eq(n, want, "%s, role %d: --max-running-requests gives %lld requests a DP rank, the plan %lld",
+                         args, role, n, (long long)want);
+            const char *pools = strstr(block, "tokens, "), *server = strstr(block, "sglang.launch_server");
+            if (pools && pools < server)   /* the NPU pools' note: sized for the same requests */
+                cr_assert_eq(atoll(pools + strlen("tokens, ")), want, "%s, role %d: %.200s", args, role, pools);
+        }
+        json_decref(j);
+    }
+}

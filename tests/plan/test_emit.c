@@ -388,17 +388,23 @@ Test(plan, emit_sglang_seed_key_lines)
         HAS(s, want);
     }
     /* SGLang's limits are per instance, vLLM's per data-parallel rank */
-    /* prefill: 28 of max-model-len beside its chunks in flight in the rounded-down fraction's pool */
-    cr_assert_eq(count(s, "--max-running-requests 224"), 4);
+    /* prefill: the plan's 29 of max-model-len beside its chunks in flight (28 while the fraction was
+     * rounded down to a hundredth, whose pool held one fewer) */
+    cr_assert_eq(pd_plan_admitted_seqs(&p, PD_ROLE_PREFILL), 29);
+    cr_assert_eq(count(s, "--max-running-requests 232"), 4);
     cr_assert_eq(count(s, "--max-running-requests 960"), 4);
     cr_assert_eq(count(s, "--chunked-prefill-size 32768"), 4);
     cr_assert_eq(count(s, "--context-length 32768"), 8);
-    /* weights + KV pool of the plan's card budget over the card's memory */
+    /* weights + KV pool of the plan's card budget over the card's memory, rounded down: to a
+     * hundredth where that pool holds the role's sequences (decode), else to the fewest decimals
+     * that hold them (prefill: 0.855) */
     for (int r = 0; r < 2; r++) {
         const struct pd_budget *b = &p.role[r].b;
         double f = (double)(b->usable - b->activations - b->runtime) / (double)b->capacity;
         char want[64];
-        snprintf(want, sizeof want, "--mem-fraction-static %.2f", (double)(long long)(f * 100) / 100);
+        const int digits = r ? 2 : 3;   /* prefill: 0.85's pool holds 28 */
+        const double scale = r ? 100 : 1000;
+        snprintf(want, sizeof want, "--mem-fraction-static %.*f \\", digits, (double)(long long)(f * scale) / scale);
         cr_assert_eq(count(s, want), 4, "%s", want);
         cr_assert(f > 0.8 && f < 0.9, "%f", f);
     }
