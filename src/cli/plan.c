@@ -42,6 +42,10 @@ static const char *help =
     "                               910B/910C, where vllm-ascend keeps it bf16; other models bf16)\n"
     "  --stack vllm|sglang          whose KV layout a bf16 V4 cache on Ascend cards is counted in: vllm-ascend's\n"
     "                               block ids (default) or SGLang's NPU pools (--emit sglang implies it)\n"
+    "  --no-async-scheduling        vLLM's: one step in flight at a time, not two (async scheduling, its default):\n"
+    "                               the window and state blocks held past a sequence's processed tokens, for the\n"
+    "                               chunks of a prompt and the steps of a decode; --emit vllm-ascend passes it;\n"
+    "                               refused with SGLang (--stack sglang, --emit sglang) and --emit pdmoe\n"
     "  --kv-bytes-per-token N       a flat KV size instead of the architecture's (the seed uses 44000)\n"
     "  --mtp on|off                 load the MTP layer (default: on when the model has one)\n"
     "  --speculative-config JSON    vLLM's '{\"method\":\"mtp\",\"num_speculative_tokens\":K}': K draft tokens per\n"
@@ -157,7 +161,7 @@ static int parse_bytes(const char *flag, const char *s, int64_t *out)
 
 enum {
     O_SHARED = 256, O_CKPT, O_PREFILL, O_DECODE, O_AGG, O_NODES, O_RTP, O_RTD, O_HAND, O_SWEEP, O_INV, O_JSON, O_HTML,
-    O_EMIT, O_HOSTS, O_MPATH, O_BPORT, O_PPORT, O_THREADS, O_PHASE, O_NPROMPTS, O_PMR, O_SCHED, O_HELP
+    O_EMIT, O_HOSTS, O_MPATH, O_BPORT, O_PPORT, O_THREADS, O_PHASE, O_NPROMPTS, O_PMR, O_SCHED, O_NOASYNC, O_HELP
 };
 
 /* --hosts a,b,c: a malloc'ed array of pointers into one malloc'ed copy of the list. */
@@ -214,7 +218,8 @@ int pd_cli_plan(int argc, char **argv)
         {"json", 0, 0, O_JSON}, {"units", 1, 0, O_SHARED}, {"emit", 1, 0, O_EMIT}, {"hosts", 1, 0, O_HOSTS},
         {"served-model-path", 1, 0, O_MPATH}, {"base-port", 1, 0, O_BPORT}, {"proxy-port", 1, 0, O_PPORT},
         {"threads", 1, 0, O_THREADS}, {"phase", 1, 0, O_PHASE}, {"num-prompts", 1, 0, O_NPROMPTS},
-        {"prefill-max-requests", 1, 0, O_PMR}, {"schedule", 1, 0, O_SCHED}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
+        {"prefill-max-requests", 1, 0, O_PMR}, {"schedule", 1, 0, O_SCHED},
+        {"no-async-scheduling", 0, 0, O_NOASYNC}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
     };
     struct pd_plan_opts o;
     pd_plan_opts_default(&o);
@@ -351,6 +356,7 @@ int pd_cli_plan(int argc, char **argv)
             w.prefill_first = strcmp(optarg, "prefill-first") == 0;
             perf = 1;
             break;
+        case O_NOASYNC: o.no_async_scheduling = 1; break;
         case 'h':
         case O_HELP: fputs(help, stdout); rc = 0; goto out;
         default: rc = pd_cli_bad_flag("plan", c, argc, argv); goto out;
@@ -387,6 +393,14 @@ int pd_cli_plan(int argc, char **argv)
     struct pd_plan p;
     if (emit && pd_emit_stack(target, &o.stack, &e)) {
         fprintf(stderr, "pdmoe plan: %s\n", e.msg);
+        goto out;
+    }
+    /* (pd_plan_build and pd_emit refuse these too; here they are flags that do not go together) */
+    if (o.no_async_scheduling && (o.stack == PD_STACK_SGLANG || (emit && target == PD_EMIT_PDMOE))) {
+        fprintf(stderr, "pdmoe plan: --no-async-scheduling: vLLM's flag; %s\n",
+                o.stack == PD_STACK_SGLANG ? "the plan is SGLang's (--stack sglang, --emit sglang), whose scheduler has "
+                                             "no such flag"
+                                           : "pdmoe's servers have no such flag (their scheduler runs one step at a time)");
         goto out;
     }
     if (pd_plan_build(&o, &p, &e)) {

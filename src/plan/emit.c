@@ -370,6 +370,10 @@ static void vllm_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node
     char util[32];
     arg(f, "--gpu-memory-utilization %s", shortest(util, sizeof util, p->o.util));
     arg(f, "--max-num-seqs %lld", (long long)pd_plan_admitted_seqs(p, x->role));
+    /* the plan counts the steps in flight of the scheduling it was given (plan.h
+     * pd_plan_steps_in_flight); vLLM's default, async, needs no flag */
+    if (p->o.no_async_scheduling)
+        arg(f, "--no-async-scheduling");
     arg(f, "--max-model-len %lld", (long long)p->o.max_model_len);
     /* the block size whose layout the plan counts (kvsize.h; vllm-ascend's default, spelt out) */
     if (p->kv.layout == PD_KV_LAYOUT_VLLM_ASCEND)
@@ -800,6 +804,11 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
     if (!o) {
         pd_emit_opts_default(&defaults);
         o = &defaults;
+    }
+    if (t == PD_EMIT_PDMOE && p->o.no_async_scheduling) {   /* (SGLang's plan refuses it: pd_plan_build) */
+        pd_err_set(e, PD_EINVAL, "--no-async-scheduling: vLLM's flag; pdmoe's servers have no such flag (their "
+                   "scheduler runs one step at a time)");
+        return NULL;
     }
     if (t == PD_EMIT_PDMOE)
         return pd_emit_pdmoe(p, o, e);

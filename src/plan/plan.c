@@ -495,6 +495,12 @@ static int check_opts(const struct pd_plan_opts *o, pd_err *e)
             return pd_err_set(e, PD_EINVAL, "--%s dp=%d,tp=%d,instances=%d: dp, tp and instances must be at least 1",
                               pd_role_name((enum pd_role)r), x->dp, x->tp, x->instances);
     }
+    /* vLLM's scheduler flag (its engine args' --async-scheduling / --no-async-scheduling): SGLang
+     * overlaps its scheduling by another flag (--disable-overlap-schedule), and the plan counts no
+     * steps in flight in its pools */
+    if (o->no_async_scheduling && o->stack == PD_STACK_SGLANG)
+        return pd_err_set(e, PD_EINVAL, "--no-async-scheduling: vLLM's flag; the plan is SGLang's (--stack sglang, "
+                          "--emit sglang), whose scheduler has no such flag");
     for (int i = 0; i < o->n_handoff; i++)
         if (o->handoff_tokens[i] < 1 || o->handoff_tokens[i] > PD_PLAN_MAX_LEN)
             return pd_err_set(e, PD_EINVAL, "--handoff-tokens: %lld must be at least 1 and at most %lld",
@@ -664,11 +670,16 @@ void pd_plan_free(struct pd_plan *p)
     p->load[0] = p->load[1] = NULL;
 }
 
+int pd_plan_steps_in_flight(const struct pd_plan *p)
+{
+    return p->o.no_async_scheduling ? 1 : PD_PLAN_STEPS_IN_FLIGHT;
+}
+
 int64_t pd_plan_chunk_inflight_tokens(const struct pd_plan *p, enum pd_role r)
 {
     if (r == PD_ROLE_DECODE && !p->o.aggregated)
         return 0;
-    int64_t t = PD_PLAN_STEPS_IN_FLIGHT * p->o.max_num_batched_tokens;
+    int64_t t = pd_plan_steps_in_flight(p) * p->o.max_num_batched_tokens;
     return t < p->o.max_model_len ? t : p->o.max_model_len;
 }
 
@@ -676,7 +687,7 @@ int64_t pd_plan_decode_inflight_tokens(const struct pd_plan *p, enum pd_role r)
 {
     if (r == PD_ROLE_PREFILL && !p->o.aggregated)
         return 0;
-    int64_t t = PD_PLAN_STEPS_IN_FLIGHT * (1 + (int64_t)p->mtp.k) + p->mtp.k;
+    int64_t t = pd_plan_steps_in_flight(p) * (1 + (int64_t)p->mtp.k) + p->mtp.k;
     return t < p->o.max_model_len ? t : p->o.max_model_len;
 }
 

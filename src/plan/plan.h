@@ -57,6 +57,7 @@ struct pd_plan_opts {
     const char *quant_override;
     enum pd_kv_dtype kv_dtype;   /* PD_KV_AUTO (the default): pd_plan_kv_dtype_default's */
     enum pd_plan_stack stack;    /* --stack: whose KV layout; PD_STACK_AUTO, vLLM's */
+    int no_async_scheduling;     /* vLLM's --no-async-scheduling: one step in flight, not two (vLLM only) */
     int64_t kv_bytes_per_token;  /* > 0 overrides the architecture */
     int mtp;                     /* -1: when the model has MTP layers; 0 or 1 */
     int spec_k;                  /* draft tokens per decode step (--speculative-config); 0: as many as
@@ -172,16 +173,17 @@ struct pd_plan {
     struct pd_sweep_row sweep[64];
 };
 
-/* Steps a vLLM engine has in flight at once: 2, its async scheduling's (vLLM v0.27.1
- * VllmConfig.max_concurrent_batches with pipeline parallel size 1; async scheduling is vLLM's
- * default where the executor supports it), each up to --max-num-batched-tokens. */
+/* Steps a vLLM engine has in flight at once (vLLM v0.27.1 VllmConfig.max_concurrent_batches,
+ * vllm/config/vllm.py:539-550, pipeline parallel size 1): 2 with async scheduling, vLLM's default
+ * where the executor supports it; 1 with --no-async-scheduling. Each up to --max-num-batched-tokens. */
 #define PD_PLAN_STEPS_IN_FLIGHT 2
+int pd_plan_steps_in_flight(const struct pd_plan *p);
 /* Tokens of one sequence scheduled but not yet processed at most, on a role that prefills in
- * chunks (prefill, aggregated): PD_PLAN_STEPS_IN_FLIGHT x max-num-batched-tokens, at most
+ * chunks (prefill, aggregated): pd_plan_steps_in_flight x max-num-batched-tokens, at most
  * max-model-len; 0 on a disaggregated decode role. */
 int64_t pd_plan_chunk_inflight_tokens(const struct pd_plan *p, enum pd_role r);
 /* Tokens of one decoding sequence past its processed ones for which vLLM allocates slots, on a role
- * that decodes (decode, aggregated): PD_PLAN_STEPS_IN_FLIGHT x (1 + k) + k with k MTP drafts a step
+ * that decodes (decode, aggregated): pd_plan_steps_in_flight x (1 + k) + k with k MTP drafts a step
  * (each step's token and drafts, and k lookahead slots), at most max-model-len; 0 on a
  * disaggregated prefill role. 1 is the token being written, which pd_kv_seq_bytes counts. */
 int64_t pd_plan_decode_inflight_tokens(const struct pd_plan *p, enum pd_role r);

@@ -221,10 +221,11 @@ static void text_budget(FILE *f, const struct pd_plan *p, int u)
             pd_units_fmt(b, 40, pd_kv_seq_bytes(&p->kv, p->o.max_model_len), (enum pd_units)u),
             p->o.aggregated ? "" : " and until decode has pulled it");
     if (P->b.kv_chunks)   /* (the row above: the chunks' window and state blocks) */
-        fprintf(f, ",\n  and its chunks' window and state blocks %s more while %lld tokens are in flight (%d steps of\n"
+        fprintf(f, ",\n  and its chunks' window and state blocks %s more while %lld tokens are in flight (%d step%s of\n"
                    "  max-num-batched-tokens)",
                 pd_units_fmt(a, 40, P->b.kv_chunks, (enum pd_units)u),
-                (long long)pd_plan_chunk_inflight_tokens(p, PD_ROLE_PREFILL), PD_PLAN_STEPS_IN_FLIGHT);
+                (long long)pd_plan_chunk_inflight_tokens(p, PD_ROLE_PREFILL), pd_plan_steps_in_flight(p),
+                pd_plan_steps_in_flight(p) == 1 ? "" : "s");
     fprintf(f, ".\n\n");
 }
 
@@ -455,6 +456,9 @@ char *pd_plan_json_ext(const struct pd_plan *p, const struct pd_perf *f, void *v
     /* the node map every launcher follows (plan/nodes.h), when the layout splits into nodes */
     if (root)
         json_object_set_new(root, "aggregated", json_boolean(p->o.aggregated));
+    if (root)   /* vLLM's scheduling, whose steps in flight the KV budget counts */
+        json_object_set_new(json_object_get(root, "options"), "async_scheduling",
+                            json_boolean(!p->o.no_async_scheduling));
     pd_err fe = {0};   /* null, or why the cards cannot serve these formats (what --emit refuses) */
     if (root)
         json_object_set_new(root, "not_servable", pd_plan_formats_servable(p, &fe) ? json_string(fe.msg) : json_null());

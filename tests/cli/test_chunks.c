@@ -223,3 +223,91 @@ Test(chunks, emitted_flags_hold_in_the_plans_pool)
         json_decref(p);
     }
 }
+
+/* --no-async-scheduling (vLLM's flag): vLLM's max_concurrent_batches is 2 with async scheduling and
+ * pipeline parallel size 1, else the pipeline parallel size, 1 (vllm/config/vllm.py:539-550 in
+ * v0.27.1), and max_in_flight_tokens that times max-num-batched-tokens (:553-561); a decoding step
+ * is processed before the next is scheduled, so a sequence's slots past its processed tokens are its
+ * step's 1 + k and k lookahead, T = (1 + k) + k, not 2 x (1 + k) + k. */
+#define SYNC_IN_FLIGHT BATCHED
+
+/* The seed's prefill cards: one step of 4,096 tokens in flight, 704 ids (2.39 GB) where two held
+ * 1,408 (4.78 GB); the prompts of 32,768 tokens that fit beside them, 38 where 29 did, and the
+ * launch script passes the flag and those --max-num-seqs (30, all the plan's, now fit). */
+Test(chunks, no_async_scheduling_reserves_one_chunk)
+{
+    const int64_t seq = seq_bytes(), tr = (trimmed_ids(SYNC_IN_FLIGHT) - trimmed_ids(1)) * ID_BYTES;
+    cr_assert_eq(tr, 704 * ID_BYTES);
+    json_t *j = run_json("plan --no-async-scheduling --json");
+    json_t *P = role_budget(j, 0);
+    cr_assert_eq(get_int(P, "kv_inflight_tokens"), SYNC_IN_FLIGHT);
+    cr_assert_eq(get_int(P, "kv_transient_bytes"), tr);
+    cr_assert_eq(get_int(P, "kv_need_bytes"), seq + tr);
+    const int64_t fit = (get_int(P, "kv_pool_bytes") - tr) / seq;
+    cr_assert_eq(get_int(P, "seqs_at_max_model_len"), fit);
+    cr_assert_eq(fit, 38);
+    cr_assert(json_is_false(json_object_get(json_object_get(j, "options"), "async_scheduling")));
+    json_decref(j);
+    j = run_json("plan --json");
+    cr_assert(json_is_true(json_object_get(json_object_get(j, "options"), "async_scheduling")));
+    json_decref(j);
+    struct run r;
+    run("plan --no-async-scheduling", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "  of it, chunks in flight (4096 tokens)        2.39 GB        0.00 GB\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "while 4096 tokens are in flight (1 step of\n"), "%s", r.out);
+    run("plan --no-async-scheduling --emit vllm-ascend", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    int servers = 0;
+    for (const char *c = strstr(r.out, "vllm serve "); c; c = strstr(c + 1, "vllm serve ")) {
+        const char *end = strstr(c, "&\n"), *q = strstr(c, "\n    --no-async-scheduling \\");
+        cr_assert(q && q < end, "a server without --no-async-scheduling:\n%.1500s", c);
+        servers++;
+    }
+    cr_assert_eq(servers, 8);
+    run("plan --emit vllm-ascend", &r);
+    cr_assert(!strstr(r.out, "async-scheduling"), "the default (async) is vLLM's: no flag");
+}
+
+/* A decoding sequence with k = 3 drafts a step: T = 2 x 4 + 3 = 11 with async scheduling, 4 + 3 = 7
+ * without; the CSA state table (window 8, blocks of 8) holds cdiv(7 + 11, 8) + 1 = 4 ids against
+ * cdiv(7 + 7, 8) + 1 = 3, the windows and HCA states the same: 5 ids past the sequence's own, or 4.
+ * (k = 1, the seed's: T = 5 or 3, 4 ids either way.) */
+Test(chunks, no_async_scheduling_decode_steps)
+{
+    const int64_t T[2] = {2 * 4 + 3, 4 + 3}, want[2] = {5, 4};
+    static const char *const flag[2] = {"", " --no-async-scheduling"};
+    for (int s = 0; s < 2; s++) {
+        const int64_t e = (trimmed_ids(T[s]) - trimmed_ids(1)) * ID_BYTES;
+        cr_assert_eq(e, want[s] * ID_BYTES);
+        char args[256];
+        snprintf(args, sizeof args, "plan --speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3}'%s "
+                 "--json", flag[s]);
+        json_t *j = run_json(args);
+        json_t *D = role_budget(j, 1);
+        cr_assert_eq(get_int(D, "kv_decode_inflight_tokens"), T[s], "%s", args);
+        cr_assert_eq(get_int(D, "kv_transient_bytes"), 30 * e, "%s", args);
+        cr_assert_eq(get_int(D, "seqs_at_max_model_len"), get_int(D, "kv_pool_bytes") / (seq_bytes() + e), "%s", args);
+        json_decref(j);
+    }
+    for (int s = 0; s < 2; s++) {   /* k = 1 */
+        const int64_t t = s ? 3 : 5;
+        cr_assert_eq(trimmed_ids(t) - trimmed_ids(1), 4);
+    }
+}
+
+/* It is vLLM's: refused where the plan is SGLang's or pdmoe's (whose schedulers have no such flag
+ * and for which the plan counts no steps in flight). */
+Test(chunks, no_async_scheduling_is_vllms)
+{
+    struct run r;
+    run("plan --no-async-scheduling --stack sglang", &r);
+    cr_assert_eq(r.status, 2, "%s", r.out);
+    cr_assert(strstr(r.err, "--no-async-scheduling: vLLM's flag"), "%s", r.err);
+    run("plan --no-async-scheduling --emit sglang", &r);
+    cr_assert_eq(r.status, 2);
+    cr_assert(strstr(r.err, "--no-async-scheduling: vLLM's flag"), "%s", r.err);
+    run("plan --model v4-flash-mini --hardware h100 --no-async-scheduling --emit pdmoe", &r);
+    cr_assert_eq(r.status, 2, "%s", r.out);
+    cr_assert(strstr(r.err, "--no-async-scheduling: vLLM's flag"), "%s", r.err);
+}
