@@ -501,7 +501,8 @@ static void sgl_env(FILE *f, const struct pd_emit_ctx *c)
 static double sgl_fraction_max(const struct pd_plan *p, const struct pd_role_plan *rp)
 {
     const struct pd_budget *b = &rp->b;
-    double f = (double)(b->usable - b->activations - b->runtime) / (double)b->capacity;
+    /* (the request tables outside the fraction: on GPUs the stock req_to_token, pd_plan_sgl_tables) */
+    double f = (double)(b->usable - b->activations - b->runtime - b->kv_tables) / (double)b->capacity;
     if (p->kv.layout == PD_KV_LAYOUT_SGLANG_NPU) {
         const int64_t budget = pd_kv_sgl_budget(&p->kv, pd_budget_seq_room(b), pd_plan_admitted_seqs(p, rp->role),
                                                 pd_plan_sgl_extra_slots(p, rp->role));
@@ -532,7 +533,8 @@ static int64_t sgl_holds(const struct pd_plan *p, const struct pd_role_plan *rp,
         const int64_t P = p->kv.sgl.page, seq = (p->o.max_model_len + P - 1) / P * P;
         n = q.full / seq < q.reqs ? q.full / seq : q.reqs;
     } else {
-        const int64_t pool = (int64_t)(f * (double)rp->b.capacity) - rp->b.weights - rp->b.kv_transient;
+        const int64_t pool = (int64_t)(f * (double)rp->b.capacity) - rp->b.weights -
+                             (rp->b.kv_transient - rp->b.kv_tables);
         const int64_t seq = pd_kv_seq_bytes(&p->kv, p->o.max_model_len);
         n = pool > 0 && seq > 0 ? pool / seq : 0;
     }
@@ -624,7 +626,7 @@ static void sgl_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_
         arg(f, "--disaggregation-bootstrap-port %d", SGL_BOOTSTRAP_PORT + s);
     /* the slots the plan counts (plan.h pd_plan_sgl_extra_slots): SGLang's default would follow the
      * --max-running-requests written below, which may be lowered */
-    if (!p->o.aggregated && x->role == PD_ROLE_DECODE && p->kv.layout == PD_KV_LAYOUT_SGLANG_NPU)
+    if (!p->o.aggregated && x->role == PD_ROLE_DECODE && rp->b.kv_tables > 0)
         arg(f, "--disaggregation-decode-extra-slots %lld", (long long)pd_plan_sgl_extra_slots(p, x->role));
     arg(f, "--nnodes %d", x->n);
     arg(f, "--node-rank %d", x->k);

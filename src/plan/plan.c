@@ -701,20 +701,36 @@ int64_t pd_plan_sgl_extra_slots(const struct pd_plan *p, enum pd_role r)
     return p->o.max_num_seqs <= 32 ? 2 * p->o.max_num_seqs : 0;
 }
 
+/* SGLang's --page-size: its NPU pools' (kvsize.h); DeepSeek-V4's dsv4 backend on GPUs 256
+ * (arg_groups/overrides.py:795-805); else its default, 1 */
+static int64_t sgl_page(const struct pd_plan *p)
+{
+    if (p->kv.layout == PD_KV_LAYOUT_SGLANG_NPU)
+        return p->kv.sgl.page;
+    return p->model.arch == PD_ARCH_DEEPSEEK_V4 ? 256 : 1;
+}
+
 int64_t pd_plan_sgl_row_tokens(const struct pd_plan *p)
 {
-    const int64_t k = p->mtp.k, page = p->kv.sgl.page, drafts = k > 0 ? k + 1 : 0;
+    const int64_t k = p->mtp.k, page = sgl_page(p), drafts = k > 0 ? k + 1 : 0;
     int64_t extra = 4 + drafts;
     if (k > 0 && page > 1 && 2 * (k + 1) + page - 1 > extra)   /* topk 1: a step allocates max(k, k + 1) */
         extra = 2 * (k + 1) + page - 1;
     return p->o.max_model_len + extra;
 }
 
+/* On GPUs SGLang's request table is the stock req_to_token (ReqToTokenPool, a PD decode node's
+ * DecodeReqToTokenPool with its pre-allocated slots: disaggregation/decode.py:109-140), int32 rows of
+ * the row tokens, made by _init_pools after the budget is resolved (kv_cache_configurator.py:218-233,
+ * :614-631): outside --mem-fraction-static, as the NPU tables are. */
 int64_t pd_plan_sgl_tables(const struct pd_plan *p, enum pd_role r)
 {
-    if (p->kv.layout != PD_KV_LAYOUT_SGLANG_NPU)
+    const int64_t slots = p->o.max_num_seqs + pd_plan_sgl_extra_slots(p, r) + 1;
+    if (p->kv.layout == PD_KV_LAYOUT_SGLANG_NPU)
+        return pd_kv_sgl_tables(slots, pd_plan_sgl_row_tokens(p));
+    if (p->o.stack != PD_STACK_SGLANG)
         return 0;
-    return pd_kv_sgl_tables(p->o.max_num_seqs + pd_plan_sgl_extra_slots(p, r) + 1, pd_plan_sgl_row_tokens(p));
+    return slots * 4 * pd_plan_sgl_row_tokens(p);
 }
 
 int64_t pd_budget_seq_room(const struct pd_budget *b)

@@ -98,7 +98,7 @@ struct pd_budget {
                                     aggregated roles) */
     int64_t kv_decode_seq;       /* one decoding sequence's (pd_plan_decode_inflight_tokens; decode and
                                     aggregated roles) */
-    int64_t kv_tables;           /* SGLang's request tables on an NPU (pd_plan_sgl_tables; layout
+    int64_t kv_tables;           /* SGLang's request tables (pd_plan_sgl_tables; layout
                                     PD_KV_LAYOUT_SGLANG_NPU, else 0), in kv_transient */
     int fits_weights;            /* weights + activations + runtime <= usable */
 };
@@ -187,14 +187,17 @@ int64_t pd_plan_chunk_inflight_tokens(const struct pd_plan *p, enum pd_role r);
  * (each step's token and drafts, and k lookahead slots), at most max-model-len; 0 on a
  * disaggregated prefill role. 1 is the token being written, which pd_kv_seq_bytes counts. */
 int64_t pd_plan_decode_inflight_tokens(const struct pd_plan *p, enum pd_role r);
-/* SGLang on an NPU (layout PD_KV_LAYOUT_SGLANG_NPU), one DP rank of role r:
+/* SGLang (a plan of --stack sglang: its NPU pools, or on other cards pdmoe's layout), one DP rank of
+ * role r:
  * - the request slots a PD decode node pre-allocates for transfers (--disaggregation-decode-extra-
  *   slots, which --emit sglang passes): SGLang's default for --max-num-seqs requests a rank, twice
  *   them when they are 32 or fewer, else 0; 0 on other roles;
  * - the tokens of a request table's row: max-model-len + SGLang's headroom, 4 + the draft tokens, with
- *   EAGLE at a page past 1 at least twice a step's allocation (k + 1 tokens) + page - 1;
+ *   EAGLE at a page past 1 at least twice a step's allocation (k + 1 tokens) + page - 1 (the page: the
+ *   NPU pools' 128, DeepSeek-V4's 256 on GPUs, else 1);
  * - the tables' bytes for --max-num-seqs requests (the most --emit sglang gives a rank), those slots
- *   and a padding row (pd_kv_sgl_tables). */
+ *   and a padding row: on an NPU DeepSeek-V4's six tables (pd_kv_sgl_tables), elsewhere the stock
+ *   int32 req_to_token, 4 x row tokens bytes a row; 0 for a plan of vLLM's. */
 int64_t pd_plan_sgl_extra_slots(const struct pd_plan *p, enum pd_role r);
 int64_t pd_plan_sgl_row_tokens(const struct pd_plan *p);
 int64_t pd_plan_sgl_tables(const struct pd_plan *p, enum pd_role r);

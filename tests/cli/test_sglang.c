@@ -316,3 +316,43 @@ Test(sglang, emitted_requests_are_the_plans)
         json_decref(j);
     }
 }
+
+/* SGLang on GPUs (0a3cd26b2): DeepSeek-V4 runs at --page-size 256 (arg_groups/overrides.py:795-805),
+ * and each DP rank's request table is the stock int32 req_to_token, ReqToTokenPool's size + 1 rows
+ * (mem_cache/memory_pool.py), on a PD decode node DecodeReqToTokenPool's size + pre_alloc_size + 1
+ * (disaggregation/decode.py:109-140), the pre-allocated slots --disaggregation-decode-extra-slots,
+ * 2 x the requests a rank when 32 or fewer (pd_disaggregation_hook.py:60-72). It is built by
+ * _init_pools after the budget is resolved (mem_cache/kv_cache_configurator.py:218-233, :343-347,
+ * :614-631), so outside --mem-fraction-static, as on NPUs. A row is the context length + max(4 +
+ * draft tokens, 2 x draft tokens + page - 1) with EAGLE (allocation_sizing.py): 32,768 + 259. */
+#define GPU_LAYOUT "--hardware h200 --quant fp8 --quant-override routed_experts=fp4 --prefill dp=8,tp=1,instances=2 " \
+                   "--decode dp=16,tp=1,instances=1 --nodes 4"
+#define GPU_ROW (SEED_LEN + 2 * 2 + 256 - 1)
+
+Test(sglang, gpu_plan_counts_req_to_token_rows)
+{
+    const int64_t row = 4 * (int64_t)GPU_ROW;
+    const int64_t want[2] = {(SEED_SEQS + 1) * row, (SEED_SEQS + SEED_EXTRA + 1) * row};
+    cr_assert_eq(want[1], 12021828);
+    json_t *j = run_json("plan " GPU_LAYOUT " --stack sglang --json");
+    const int64_t seq = get_int(json_object_get(j, "kv_cache"), "max_model_len_seq_bytes");
+    for (int r = 0; r < 2; r++) {
+        json_t *b = json_object_get(json_array_get(json_object_get(j, "roles"), (size_t)r), "budget");
+        cr_assert_eq(get_int(b, "kv_request_tables_bytes"), want[r], "role %d: %lld, SGLang's %lld", r,
+                     (long long)get_int(b, "kv_request_tables_bytes"), (long long)want[r]);
+        cr_assert_eq(get_int(b, "seqs_at_max_model_len"),
+                     (get_int(b, "kv_pool_bytes") - get_int(b, "kv_transient_bytes")) / seq);
+    }
+    json_decref(j);
+    j = run_json("plan " GPU_LAYOUT " --json");   /* vLLM's: no such table */
+    for (int r = 0; r < 2; r++)
+        cr_assert_eq(get_int(json_object_get(json_array_get(json_object_get(j, "roles"), (size_t)r), "budget"),
+                             "kv_request_tables_bytes"), 0);
+    json_decref(j);
+    /* the decode servers get the slots the plan counts */
+    struct run t;
+    run("plan " GPU_LAYOUT " --emit sglang", &t);
+    cr_assert_eq(t.status, 0, "%s", t.err);
+    cr_assert_eq(atoll(after_in(t.out, "--disaggregation-mode decode", "--disaggregation-decode-extra-slots")),
+                 SEED_EXTRA);
+}
