@@ -170,6 +170,7 @@ Test(agg, memory_budget)
                  p.role[PD_ROLE_DECODE].b.usable - p.role[PD_ROLE_DECODE].b.weights -
                      p.role[PD_ROLE_DECODE].b.activations - 3000000000);
     pd_plan_free(&d);
+    pd_plan_free(&p);
     /* the cluster's cards: counted once */
     o.role[PD_ROLE_DECODE].instances = 9;
     pd_err e = {0};
