@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Creates, runs and destroys the server: 0, or 1 after printing why. */
 static int serve(const struct pd_server_opts *o, int64_t dp)
@@ -50,6 +51,8 @@ static int serve(const struct pd_server_opts *o, int64_t dp)
     rc = pd_server_run(s, &e);
     if (rc) {
         fprintf(stderr, "pdmoe serve%s: %s\n", o->expert_parallel ? " (EP group)" : "", e.msg);
+        if (pd_server_rank0_gone(s))
+            _exit(70);   /* rank 0 died: nothing to end in order, and MPI_Abort would wait for mpirun */
         if (o->expert_parallel)
             return 1;   /* the group ends with MPI_Abort: no orderly destroy */
     }

@@ -323,6 +323,9 @@ static void *scheduler(void *arg)
                     break;
                 continue;
             }
+            /* the ranks sleep until the next round (server_ep_live.c) */
+            if (s->g)
+                pd_srv_ep_live_idle(s);
             if (s->g && s->leases) {
                 /* leases out on the ranks: every 20 ms a round asks which ended */
                 if (cv_wait_ms(s, 20) == ETIMEDOUT && !s->stop && (rc = pd_srv_ep_flush(s, &e)))
@@ -493,8 +496,10 @@ static void *scheduler(void *arg)
         MPI_Request rq;
         memset(s->g->msg, 0, EP_HDR * sizeof *s->g->msg);
         s->g->msg[0] = EP_OP_STOP;
-        if (MPI_Ibcast(s->g->msg, EP_HDR, MPI_INT32_T, 0, s->g->ep.comm, &rq) == MPI_SUCCESS)
+        if (MPI_Ibcast(s->g->msg, EP_HDR, MPI_INT32_T, 0, s->g->ep.comm, &rq) == MPI_SUCCESS) {
+            pd_srv_ep_live_wake(s);   /* (asleep since rank 0 idled) */
             pd_ep_wait(&rq);
+        }
     }
     free(items);
     free(last);
@@ -738,6 +743,11 @@ int pd_server_run(struct pd_server *s, pd_err *e)
     int rc = s->fatal[0] ? pd_err_set(e, PD_EIO, "%s", s->fatal) : 0;
     pthread_mutex_unlock(&s->mu);
     return rc;
+}
+
+int pd_server_rank0_gone(const struct pd_server *s)
+{
+    return s->g && s->g->rank0_gone;
 }
 
 void pd_server_stop(struct pd_server *s)

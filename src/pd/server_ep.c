@@ -4,13 +4,6 @@
 #include "pd/server_int.h"
 #include "core/grow.h"
 
-static volatile sig_atomic_t ep_signalled;
-
-void pd_srv_ep_on_signal(int sig)
-{
-    ep_signalled = 1;
-}
-
 static uint64_t ep_id(const int32_t *w)
 {
     return (uint64_t)(uint32_t)w[0] | (uint64_t)(uint32_t)w[1] << 32;
@@ -354,33 +347,6 @@ static int ep_apply(struct pd_server *s, const int32_t *msg, pd_err *e)
     return 0;
 }
 
-/* A rank other than 0 between steps: asleep in tests of the broadcast (a 2 ms period at most: an
- * idle rank wakes 500 times a second, about 1% of a core, measured 26-28 ticks in 30 s; a new step
- * waits at most that long). A signal here waits for rank 0
- * to end the group, since rank 0 normally has it too, but not longer than 10 s (plus the
- * --shutdown-timeout that rank 0 may drain for). */
-static int ep_wait_idle(struct pd_server *s, MPI_Request *rq, pd_err *e)
-{
-    long ns = 10000;
-    double signalled_at = 0;
-    for (;;) {
-        int done = 0;
-        if (MPI_Test(rq, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-            return pd_err_set(e, PD_EIO, "expert parallelism: rank %d: the step broadcast failed", s->g->rank);
-        if (done)
-            return 0;
-        if (ep_signalled && !signalled_at)
-            signalled_at = pd_now_s();
-        const int limit = 10 + (s->o.shutdown_timeout_s > 0 ? s->o.shutdown_timeout_s : 0);   /* rank 0 drains */
-        if (signalled_at && pd_now_s() - signalled_at > limit)
-            return pd_err_set(e, PD_EIO, "expert parallelism: rank %d was signalled and rank 0 did not end the group "
-                              "within %d s", s->g->rank, limit);
-        struct timespec ts = {0, ns};
-        nanosleep(&ts, NULL);
-        ns = ns < 2000000 ? ns * 2 : 2000000;
-    }
-}
-
 static int ep_round(struct pd_server *s, pd_err *e);
 
 /* One round of the group: rank 0 broadcasts g->msg (built by the scheduler), the others receive
@@ -404,9 +370,13 @@ static int ep_round(struct pd_server *s, pd_err *e)
     MPI_Request rq;
     if (MPI_Ibcast(g->msg, EP_HDR, MPI_INT32_T, 0, g->ep.comm, &rq) != MPI_SUCCESS)
         return pd_err_set(e, PD_EIO, "expert parallelism: rank %d: the step broadcast failed", g->rank);
+    /* the other ranks wait between rounds in pd_srv_ep_live_wait: asleep on their connection to
+     * rank 0 once it said it idles, until it wakes them, the broadcast posted */
     int rc;
-    if (g->rank && (rc = ep_wait_idle(s, &rq, e)))
+    if (g->rank && (rc = pd_srv_ep_live_wait(s, &rq, e)))
         return rc;
+    if (!g->rank)
+        pd_srv_ep_live_wake(s);
     if (!g->rank && pd_ep_wait(&rq) != MPI_SUCCESS)
         return pd_err_set(e, PD_EIO, "expert parallelism: rank 0: the step broadcast failed");
     if (g->msg[0] == EP_OP_STOP)

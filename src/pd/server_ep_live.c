@@ -18,7 +18,25 @@
  * port and a random 64-bit token over MPI; each rank connects and sends its hello {token, rank,
  * pid, host}; rank 0 accepts one hello per rank (a connection with another token is closed: not
  * the group's), and closes the listener. Nothing listens after that. A rank's normal end (rank 0
- * broadcast the group's end) sends one byte, LIVE_BYE, before its connection closes. */
+ * broadcast the group's end) sends one byte, LIVE_BYE, before its connection closes.
+ *
+ * The same connections, the other way: idle ranks block, and watch rank 0. A rank other than 0
+ * between rounds (pd_srv_ep_live_wait) tests the next round's broadcast and sleeps in ppoll() on
+ * its connection, 10 us doubling to 2 ms, while rank 0 is busy (a decode step's next round comes
+ * within microseconds: no syscall is added to it); but once rank 0's scheduler is about to wait
+ * for work (pd_srv_ep_live_idle: before its untimed wait, or one of 20 or 100 ms) it writes
+ * LIVE_IDLE to every rank, and a rank that reads it sleeps in poll() with no timeout until
+ * LIVE_WAKE, which rank 0 writes right after posting the broadcast of its next round
+ * (pd_srv_ep_live_wake). Rank 0 writes IDLE and WAKE in turn from its scheduler thread, before
+ * and after the broadcast, and a rank sleeps only when the last byte it read is IDLE: a WAKE is
+ * then still to come (before it rank 0 posts no broadcast), so no rank sleeps through a round.
+ * An idle group's ranks use no CPU (the loop of tests before: 500 wake-ups a second, about 1% of a
+ * core each), and the first round after idle is taken at once (it waited up to 2 ms). A rank
+ * whose connection to rank 0 ends (EOF, a reset) while it waits knows rank 0 is gone (killed,
+ * crashed: rank 0's normal end is the STOP round, woken like any other, so the rank never reads
+ * the close then) and fails at once with a line naming rank 0 (its pid and host), rather than
+ * waiting for mpirun's signals. A rank in a round (an MPI wait of the MoE exchange) sees it only
+ * from mpirun. */
 #define _GNU_SOURCE   /* accept4, pipe2 */
 #include "pd/server_int.h"
 
@@ -29,7 +47,10 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 
-#define LIVE_BYE 'B'
+#define LIVE_BYE 'B'             /* rank k to rank 0: this rank's end is the group's */
+#define LIVE_IDLE 'I'            /* rank 0 to rank k: rank 0 waits for work; sleep until LIVE_WAKE */
+#define LIVE_WAKE 'W'            /* rank 0 to rank k: the next round's broadcast is posted */
+#define LIVE_DRAIN_ROUNDS 256    /* a rank reads its connection at least this often (see live_take) */
 #define LIVE_CONNECT_MS 10000   /* a rank's connect to rank 0, and rank 0's wait for every hello */
 #define LIVE_HELLO_MS 2000      /* an accepted connection's hello */
 
@@ -44,7 +65,24 @@ struct live_ad {                 /* rank 0 to every rank, over MPI */
     int32_t port;
     uint32_t token[2];
     int32_t ok;                  /* rank 0 listens (else every rank fails with its error) */
+    int32_t pid;                 /* rank 0's, and its host name: a rank names it when it is gone */
+    char name[64];
 };
+
+/* Rank k's signal handler writes to this pipe (g->wake[1]) to wake its wait between rounds: the
+ * signal may be taken by any of the process's threads, and only the waiting one would see EINTR. */
+static volatile sig_atomic_t ep_signalled;
+static volatile sig_atomic_t live_sig_fd = -1;
+
+void pd_srv_ep_on_signal(int sig)
+{
+    ep_signalled = 1;
+    int saved = errno, fd = live_sig_fd;
+    if (fd >= 0 && write(fd, "s", 1) < 0) {
+        /* (full: a wake-up is pending already) */
+    }
+    errno = saved;
+}
 
 static int is_wildcard(const char *h)
 {
@@ -237,6 +275,8 @@ int pd_srv_ep_live_open(struct pd_server *s, pd_err *e)
             ad.token[0] = (uint32_t)t ^ (uint32_t)getpid();
             ad.token[1] = (uint32_t)(t >> 32);
         }
+        ad.pid = (int32_t)getpid();
+        gethostname(ad.name, sizeof ad.name - 1);
         lfd = live_listen(is_wildcard(host) ? NULL : host, g->size, &ad.port, e);
         ad.ok = lfd >= 0;
         if (lfd < 0)
@@ -247,8 +287,16 @@ int pd_srv_ep_live_open(struct pd_server *s, pd_err *e)
         return g->rank ? pd_err_set(e, PD_EIO, "expert parallelism: rank 0 could not listen for its ranks' "
                                     "connections (its error says why)") : rc;
     int fd = -1;
-    if (g->rank && (fd = live_connect(s, &ad, e)) >= 0)
-        g->live_fd = fd;
+    if (g->rank) {
+        g->rank0_pid = ad.pid;
+        snprintf(g->rank0_host, sizeof g->rank0_host, "%s", ad.name);
+        if (pipe2(g->wake, O_CLOEXEC | O_NONBLOCK))
+            fd = pd_err_set(e, PD_EIO, "expert parallelism: rank %d: a pipe for its signals: %s", g->rank, strerror(errno));
+        else if ((fd = live_connect(s, &ad, e)) >= 0)
+            g->live_fd = fd;
+        if (g->wake[1] >= 0)
+            live_sig_fd = g->wake[1];
+    }
     /* every rank connected (into rank 0's backlog) before rank 0 accepts: a rank that could not
      * fails the whole group at once, rather than rank 0 waiting for it */
     int ok = g->rank == 0 || fd >= 0, all = 0;
@@ -314,7 +362,7 @@ static void *live_watch(void *arg)
         int n = 0;
         pf[n++] = (struct pollfd){.fd = g->wake[0], .events = POLLIN};
         for (int k = 1; k < g->size; k++)
-            if (g->peers[k].fd >= 0) {
+            if (!g->peers[k].gone) {
                 who[n] = k;
                 pf[n++] = (struct pollfd){.fd = g->peers[k].fd, .events = POLLIN};
             }
@@ -333,10 +381,9 @@ static void *live_watch(void *arg)
                 continue;
             struct ep_peer *p = &g->peers[who[i]];
             int r = live_read(p);
-            if (r) {
-                close(p->fd);
-                p->fd = -1;
-            }
+            /* (its fd stays open until pd_srv_ep_live_close: the scheduler may still write a
+             * LIVE_WAKE to it, which must not reach whatever file took the number) */
+            p->gone |= r != 0;
             if (r > 0)
                 dead = who[i];
         }
@@ -397,9 +444,119 @@ void pd_srv_ep_live_bye(struct pd_server *s)
                 strerror(errno));
 }
 
+/* Rank 0's scheduler: one byte to every rank's connection. Never blocks: a rank reads its
+ * connection at least every LIVE_DRAIN_ROUNDS rounds and rank 0 writes at most two bytes a round,
+ * far below a socket's buffer; a dead rank's connection fails the send, which is no matter. */
+static void live_tell(struct ep_group *g, char c)
+{
+    for (int k = 1; k < g->size; k++)
+        if (send(g->peers[k].fd, &c, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1 && !g->peers[k].gone && errno != EPIPE &&
+            errno != ECONNRESET)
+            fprintf(stderr, "pdmoe serve: telling EP rank %d that rank 0 %s: %s\n", k,
+                    c == LIVE_IDLE ? "idles" : "has a round", strerror(errno));
+}
+
+void pd_srv_ep_live_idle(struct pd_server *s)
+{
+    struct ep_group *g = s->g;
+    if (g->rank || !g->peers || g->told_idle)
+        return;
+    live_tell(g, LIVE_IDLE);
+    g->told_idle = 1;
+}
+
+void pd_srv_ep_live_wake(struct pd_server *s)
+{
+    struct ep_group *g = s->g;
+    if (g->rank || !g->told_idle)
+        return;
+    live_tell(g, LIVE_WAKE);
+    g->told_idle = 0;
+}
+
+/* Rank k: what rank 0 wrote since the last read, all of it, without blocking: g->rank0_idle
+ * follows the last IDLE or WAKE. 0, or -1 once the connection ended (rank 0 is gone). A rank that
+ * takes a round's broadcast at its first test reads nothing in that round, so the bytes of rounds
+ * taken that way are read every LIVE_DRAIN_ROUNDS rounds at least. */
+static int live_take(struct ep_group *g)
+{
+    char buf[64];
+    g->live_unread = 0;
+    for (;;) {
+        ssize_t n = recv(g->live_fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n > 0) {
+            for (ssize_t i = 0; i < n; i++)
+                if (buf[i] == LIVE_IDLE || buf[i] == LIVE_WAKE)
+                    g->rank0_idle = buf[i] == LIVE_IDLE;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        return -1;   /* EOF, or a reset: rank 0's kernel closed it for the process */
+    }
+}
+
+/* Rank k: the wait between rounds (what the top of the file says). A signal here waits for rank 0
+ * to end the group, since rank 0 normally has it too, but not longer than 10 s (plus the
+ * --shutdown-timeout that rank 0 may drain for). */
+int pd_srv_ep_live_wait(struct pd_server *s, MPI_Request *rq, pd_err *e)
+{
+    struct ep_group *g = s->g;
+    const int64_t limit_ns = (10 + (s->o.shutdown_timeout_s > 0 ? s->o.shutdown_timeout_s : 0)) * 1000000000LL;
+    int64_t signalled_at = 0;
+    long ns = 10000;
+    if (g->live_fd >= 0 && ++g->live_unread >= LIVE_DRAIN_ROUNDS && live_take(g))
+        goto gone;
+    for (;;) {
+        int done = 0;
+        if (MPI_Test(rq, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            return pd_err_set(e, PD_EIO, "expert parallelism: rank %d: the step broadcast failed", g->rank);
+        if (done)
+            return 0;
+        if (ep_signalled && !signalled_at)
+            signalled_at = pd_now_ns();
+        const int64_t left = signalled_at ? signalled_at + limit_ns - pd_now_ns() : 0;
+        if (signalled_at && left <= 0)
+            return pd_err_set(e, PD_EIO, "expert parallelism: rank %d was signalled and rank 0 did not end the group "
+                              "within %lld s", g->rank, (long long)(limit_ns / 1000000000));
+        /* rank 0 busy: a short sleep, longer each time; rank 0 idle: until its WAKE (or the
+         * signalled rank's deadline) */
+        struct timespec ts = {0, ns}, *to = &ts;
+        if (g->rank0_idle) {
+            ts = (struct timespec){left / 1000000000, left % 1000000000};
+            to = signalled_at ? &ts : NULL;
+        }
+        struct pollfd pf[2] = {{.fd = g->live_fd, .events = POLLIN}, {.fd = g->wake[0], .events = POLLIN}};
+        int n = ppoll(pf, 2, to, NULL);
+        if (n < 0 && errno != EINTR)
+            return pd_err_set(e, PD_EIO, "expert parallelism: rank %d: waiting for rank 0's round: %s", g->rank,
+                              strerror(errno));
+        if (n > 0 && pf[1].revents) {
+            char buf[16];
+            while (read(g->wake[0], buf, sizeof buf) > 0)
+                ;
+        }
+        if (n > 0 && pf[0].revents) {
+            if (live_take(g))
+                goto gone;
+            if (!g->rank0_idle)
+                ns = 10000;   /* woken: the round's broadcast is posted */
+        } else if (n == 0 && !g->rank0_idle) {
+            ns = ns < 2000000 ? ns * 2 : 2000000;
+        }
+    }
+gone:
+    g->rank0_gone = 1;
+    return pd_err_set(e, PD_EIO, "expert parallelism: rank %d: rank 0 (pid %d on %s) is gone: its connection to this "
+                      "rank closed without ending the group; this rank ends too", g->rank, g->rank0_pid, g->rank0_host);
+}
+
 void pd_srv_ep_live_close(struct pd_server *s)
 {
     struct ep_group *g = s->g;
+    live_sig_fd = -1;
     pd_srv_ep_live_stop(s);
     for (int k = 0; g->peers && k < g->size; k++)
         if (g->peers[k].fd >= 0)

@@ -205,7 +205,8 @@ struct ep_seq {                     /* a sequence this rank owns */
 int64_t pd_srv_ep_stalled_ns(const struct pd_server *s);
 
 struct ep_peer {                    /* rank 0: another rank's connection (server_ep_live.c) */
-    int fd;                         /* -1 once closed */
+    int fd;                         /* open until pd_srv_ep_live_close (the scheduler writes to it) */
+    int gone;                       /* it closed: the rank watch thread no longer polls it */
     int pid;
     int bye;                        /* it said the group ended normally */
     char host[64];
@@ -223,10 +224,17 @@ struct ep_group {
     _Atomic int watchdog_stop;
     /* rank deaths (server_ep_live.c): rank k's connection to rank 0, rank 0's of every rank */
     int live_fd;                    /* rank k: to rank 0; -1 on rank 0 */
+    int told_idle;                  /* rank 0 (the scheduler): the ranks were told it idles, not yet woken */
+    int rank0_idle;                 /* rank k: rank 0's last word was that it idles (this rank sleeps) */
+    int live_unread;                /* rank k: rounds since it last read its connection */
+    int rank0_gone;                 /* rank k: its connection to rank 0 ended while it waited */
+    int rank0_pid;                  /* rank k: rank 0's pid and host, for the line that says it is gone */
+    char rank0_host[64];
     struct ep_peer *peers;          /* rank 0: [size] (rank 0's own unused) */
     pthread_t live_thread;          /* rank 0: the rank watch thread */
     int live_on;
-    int wake[2];                    /* rank 0: a pipe that stops the rank watch thread */
+    int wake[2];                    /* rank 0: a pipe that stops the rank watch thread; rank k: its
+                                     * signal handler's, waking its wait between rounds */
     _Atomic int dead_rank;          /* rank 0: the rank that died, -1 while every rank lives */
     char dead_why[256];             /* set before dead_rank: the clients' answer, naming it */
     struct ep_seq *seqs;            /* [max_num_seqs] */
@@ -391,7 +399,6 @@ void pd_srv_pulls_progress(struct pd_server *s);
 void *pd_srv_kvx_loop(void *arg);
 
 /* ---- server_ep.c ---- */
-void pd_srv_ep_on_signal(int sig);
 int pd_srv_seq_start_reserved(struct pd_engine *en, struct pd_seq *seq, int64_t prompt, int64_t total, pd_err *e);
 int pd_srv_ep_round(struct pd_server *s, pd_err *e);
 /* A sequence this rank owned is over: its KV and its speculative state go. */
@@ -428,6 +435,15 @@ int pd_srv_ep_live_start(struct pd_server *s, pd_err *e);
 void pd_srv_ep_live_stop(struct pd_server *s);
 void pd_srv_ep_live_bye(struct pd_server *s);
 void pd_srv_ep_live_close(struct pd_server *s);
+/* Rank k between rounds (pd_srv_ep_live_wait): the broadcast rq of rank 0's next round, asleep in
+ * poll() on its connection while rank 0 idles; an error once rank 0 is gone or, signalled, when
+ * rank 0 has not ended the group in time. Rank 0's scheduler says it idles (live_idle, before a
+ * wait that may be long) and wakes the ranks (live_wake, each round's broadcast once posted). */
+int pd_srv_ep_live_wait(struct pd_server *s, MPI_Request *rq, pd_err *e);
+void pd_srv_ep_live_idle(struct pd_server *s);
+void pd_srv_ep_live_wake(struct pd_server *s);
+/* Rank k's SIGINT and SIGTERM: the group is ending (rank 0, signalled too, ends it). */
+void pd_srv_ep_on_signal(int sig);
 int pd_srv_ep_dead_rank(const struct pd_server *s);
 int32_t pd_srv_ep_token(const struct pd_server *s, int owner, int i);
 const int32_t *pd_srv_ep_answer_item(const struct pd_server *s, int owner, int i);
