@@ -3,7 +3,10 @@
  * is a 503 naming the rank (mpirun, which tells rank 0 nothing for 1.0 s, is not waited for), a
  * new completion is a 503 naming it, a stream in flight ends with an error event naming it and
  * [DONE], and rank 0 exits non-zero with a line naming it so that `pdmoe up` restarts the group.
- * A group that ends normally (SIGTERM on rank 0) is no death: every rank exits 0. */
+ * A group that ends normally (SIGTERM on rank 0) is no death: every rank exits 0. The other way,
+ * the same connection: rank 1 of an idle group sleeps on it (no CPU) until rank 0 wakes it for a
+ * round, and a SIGKILL of rank 0 ends rank 1 at once, with a line naming rank 0 (mpirun's SIGKILL
+ * ended it 2 s later). */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <arpa/inet.h>
@@ -231,4 +234,91 @@ Test(server_ep_death, a_group_ending_normally_reports_no_death)
     read_log(log, sizeof log);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "mpirun ended with status %d:\n%s", st, log);
     cr_assert_null(strstr(log, "died"), "%s", log);
+}
+
+/* Whether process pid has ended (gone, or a zombie its parent has not reaped yet). */
+static int ended(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')');
+    return !p || p[2] == 'Z';
+}
+
+/* The tokens of a greedy completion of 8 tokens of "hello" (its text), and how long it took. */
+static double greedy(int port, char *text, size_t cap)
+{
+    char out[1 << 14];
+    const int64_t t0 = pd_now_ns();
+    int code = http_raw(port, "POST", "/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":8,\"temperature\":0,"
+                        "\"ignore_eos\":true}", out, sizeof out);
+    const double s = (pd_now_ns() - t0) / 1e9;
+    cr_assert_eq(code, 200, "%s", out);
+    json_t *j = parse(out);
+    const char *t = json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
+    cr_assert_not_null(t, "%s", out);
+    snprintf(text, cap, "%s", t);
+    json_decref(j);
+    return s;
+}
+
+/* An idle group's rank 1 sleeps in poll() on its connection to rank 0: no CPU over 5 s (before,
+ * tests of the broadcast every 2 ms: 9 ticks in 10 s, about 1% of a core); the round after the
+ * idle wakes it (a rank asleep through a broadcast would hold the request until the watchdog) and
+ * gives the same tokens as before it. */
+Test(server_ep_death, an_idle_rank_sleeps_until_rank_0_wakes_it)
+{
+    int pg = base_port + 2;
+    group = start_group(pg);
+    char before[1024], after[1024];
+    greedy(pg, before, sizeof before);
+    pid_t r[2];
+    rank_pids(pg, r);
+    usleep(200000);
+    const double c0 = cpu_seconds(r[1]);
+    sleep(5);
+    const double used = cpu_seconds(r[1]) - c0;
+    fprintf(stderr, "server_ep_death: idle rank 1 used %.2f s of CPU in 5 s\n", used);
+    cr_assert_leq(used, 0.01, "idle rank 1 used %.2f s of CPU in 5 s (a clock tick is 0.01 s)", used);
+    const double s = greedy(pg, after, sizeof after);
+    fprintf(stderr, "server_ep_death: 8 tokens after 5 s idle in %.1f ms\n", s * 1e3);
+    cr_assert_lt(s, 5.0, "the first request after idle took %.1f s", s);
+    cr_assert_str_eq(after, before);
+}
+
+/* Rank 0 killed while the group idles: rank 1 reads its connection's end and ends at once (not at
+ * mpirun's SIGKILL, 2 s after), with a line naming rank 0's pid; the group ends non-zero. */
+Test(server_ep_death, a_killed_rank_0_ends_rank_1_at_once)
+{
+    int pg = base_port + 3;
+    group = start_group(pg);
+    char text[1024];
+    greedy(pg, text, sizeof text);
+    pid_t r[2];
+    rank_pids(pg, r);
+    usleep(200000);
+    const int64_t t0 = pd_now_ns();
+    kill(r[0], SIGKILL);
+    while (!ended(r[1]) && pd_now_ns() - t0 < 3000000000LL)
+        usleep(2000);
+    const double ms = (pd_now_ns() - t0) / 1e6;
+    fprintf(stderr, "server_ep_death: rank 1 ended %.1f ms after the SIGKILL of rank 0\n", ms);
+    cr_assert(ended(r[1]) && ms < 1000, "rank 1 still ran %.0f ms after rank 0 was killed", ms);
+    int st;
+    cr_assert(exited_within(group, 30, &st), "the group hung after rank 0 died");
+    group = 0;
+    cr_assert(!(WIFEXITED(st) && WEXITSTATUS(st) == 0), "the group exited 0 although rank 0 died");
+    static char log[1 << 16];
+    read_log(log, sizeof log);
+    char want[64];
+    snprintf(want, sizeof want, "rank 0 (pid %d on ", (int)r[0]);
+    cr_assert(strstr(log, "rank 1: ") && strstr(log, want) && strstr(log, "is gone"),
+              "no line of rank 1 naming rank 0:\n%s", log);
+    cr_assert_eq(processes_on(pg), 0);
 }
