@@ -34,7 +34,7 @@ static const char *help =
     "  --model, --hardware, --gpu-memory-utilization, --max-model-len, --max-num-batched-tokens,\n"
     "  --quantization (--quant), --quant-override, --kv-cache-dtype, --stack, --kv-bytes-per-token, --mtp, --speculative-config,\n"
     "  --mtp-acceptance, --spec-stats, --expert-stats,\n"
-    "  --expert-stats-prefill, --expert-stats-decode, --units\n"
+    "  --expert-stats-prefill, --expert-stats-decode, --units, --no-async-scheduling\n"
     "                               as for pdmoe plan (see pdmoe plan --help)\n"
     "  --json                       the search as JSON (search_version 1)\n"
     "  --html FILE                  write a self-contained HTML report (memory bars, expert map, Pareto chart)\n"
@@ -45,7 +45,7 @@ static const char *help =
     "cards, chunked prefill sharing steps with decode) is costed on the same cards, workload and targets; the\n"
     "output compares the best of each and says which wins and by how much (output tokens/s per card).\n";
 
-enum { O_SHARED = 256, O_CARDS, O_TTFT, O_TPOT, O_MAXTP, O_JSON, O_HTML, O_EMIT, O_LAYOUT, O_HELP };
+enum { O_SHARED = 256, O_CARDS, O_TTFT, O_TPOT, O_MAXTP, O_JSON, O_HTML, O_EMIT, O_LAYOUT, O_NOASYNC, O_HELP };
 
 int pd_cli_search(int argc, char **argv)
 {
@@ -58,7 +58,8 @@ int pd_cli_search(int argc, char **argv)
         {"expert-stats-decode", 1, 0, O_SHARED}, {"units", 1, 0, O_SHARED}, {"isl", 1, 0, O_SHARED}, {"osl", 1, 0, O_SHARED},
         {"prefix-cache-hit", 1, 0, O_SHARED}, {"request-rate", 1, 0, O_SHARED}, {"concurrency", 1, 0, O_SHARED}, {"cards", 1, 0, O_CARDS}, {"ttft-ms", 1, 0, O_TTFT},
         {"tpot-ms", 1, 0, O_TPOT}, {"max-tp", 1, 0, O_MAXTP}, {"json", 0, 0, O_JSON}, {"html", 1, 0, O_HTML},
-        {"emit", 1, 0, O_EMIT}, {"layout", 1, 0, O_LAYOUT}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
+        {"emit", 1, 0, O_EMIT}, {"layout", 1, 0, O_LAYOUT}, {"no-async-scheduling", 0, 0, O_NOASYNC},
+        {"help", 0, 0, O_HELP}, {0, 0, 0, 0},
     };
     struct pd_search_opts o;
     pd_search_opts_default(&o);
@@ -110,6 +111,7 @@ int pd_cli_search(int argc, char **argv)
         case O_JSON: json = 1; break;
         case O_HTML: html = optarg; break;
         case O_EMIT: emit = optarg; break;
+        case O_NOASYNC: o.base.no_async_scheduling = 1; break;
         case O_LAYOUT:
             if (strcmp(optarg, "best") == 0)
                 o.pick = PD_PICK_BEST;
@@ -137,6 +139,15 @@ int pd_cli_search(int argc, char **argv)
     }
     if (emit && pd_emit_stack(target, &o.base.stack, &e)) {
         fprintf(stderr, "pdmoe search: %s\n", e.msg);
+        return 2;
+    }
+    /* (pd_plan_build refuses it for SGLang's plans, pd_emit for pdmoe's: before the search here) */
+    if (o.base.no_async_scheduling && (o.base.stack == PD_STACK_SGLANG || (emit && target == PD_EMIT_PDMOE))) {
+        fprintf(stderr, "pdmoe search: --no-async-scheduling: vLLM's flag; %s\n",
+                o.base.stack == PD_STACK_SGLANG ? "the plan is SGLang's (--stack sglang, --emit sglang), whose "
+                                                  "scheduler has no such flag"
+                                                : "pdmoe's servers have no such flag (their scheduler runs one step at "
+                                                  "a time)");
         return 2;
     }
     struct pd_search s;

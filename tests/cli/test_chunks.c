@@ -149,20 +149,25 @@ Test(chunks, seed_decode_reserves_its_steps_in_flight)
 
 /* search's best layout is the plan of that layout: the same pools and the same chunks' blocks,
  * which are the figure above (its prefill instances are the seed's, 8 cards each). */
-Test(chunks, search_best_is_the_plan_of_its_layout)
+static void search_best_is_the_plan(const char *flag)
 {
-    json_t *j = run_json("search --cards 64 --isl 4096 --osl 1024 --ttft-ms 2000 --tpot-ms 50 --layout disaggregated "
-                         "--json");
+    char sargs[512];
+    snprintf(sargs, sizeof sargs, "search --cards 64 --isl 4096 --osl 1024 --ttft-ms 2000 --tpot-ms 50 --layout "
+             "disaggregated%s --json", flag);
+    json_t *j = run_json(sargs);
     json_t *best = json_object_get(j, "best"), *roles = json_object_get(best, "roles");
     json_t *rp = json_array_get(roles, 0), *rd = json_array_get(roles, 1);
-    cr_assert_eq(get_int(rp, "kv_transient_bytes"), transient_bytes());
-    cr_assert_eq(get_int(rd, "kv_transient_bytes"), get_int(best, "batch") * decode_extra_bytes());
+    if (!*flag) {
+        cr_assert_eq(get_int(rp, "kv_transient_bytes"), transient_bytes());
+        cr_assert_eq(get_int(rd, "kv_transient_bytes"), get_int(best, "batch") * decode_extra_bytes());
+    }
     char args[512];
     snprintf(args, sizeof args, "plan --prefill dp=%lld,tp=%lld,instances=%lld,redundant=%lld --decode "
-             "dp=%lld,tp=%lld,instances=%lld,redundant=%lld --max-num-seqs %lld --json",
+             "dp=%lld,tp=%lld,instances=%lld,redundant=%lld --max-num-seqs %lld%s --json",
              (long long)get_int(rp, "dp"), (long long)get_int(rp, "tp"), (long long)get_int(rp, "instances"),
              (long long)get_int(rp, "redundant"), (long long)get_int(rd, "dp"), (long long)get_int(rd, "tp"),
-             (long long)get_int(rd, "instances"), (long long)get_int(rd, "redundant"), (long long)get_int(best, "batch"));
+             (long long)get_int(rd, "instances"), (long long)get_int(rd, "redundant"), (long long)get_int(best, "batch"),
+             flag);
     json_t *p = run_json(args);
     for (int r = 0; r < 2; r++) {
         json_t *s = json_array_get(roles, (size_t)r), *b = role_budget(p, r);
@@ -171,6 +176,41 @@ Test(chunks, search_best_is_the_plan_of_its_layout)
     }
     json_decref(p);
     json_decref(j);
+}
+
+Test(chunks, search_best_is_the_plan_of_its_layout)
+{
+    search_best_is_the_plan("");
+}
+
+/* search takes vLLM's --no-async-scheduling as plan does: its best layout's pools and chunks are
+ * that plan's (one chunk in flight: the prefill's transient half the default's), its script passes
+ * the flag, and it is refused where plan refuses it. */
+Test(chunks, search_takes_no_async_scheduling_as_plan_does)
+{
+    search_best_is_the_plan(" --no-async-scheduling");
+    json_t *j = run_json("search --cards 64 --isl 4096 --osl 1024 --ttft-ms 2000 --tpot-ms 50 --layout disaggregated "
+                         "--no-async-scheduling --json");
+    json_t *rp = json_array_get(json_object_get(json_object_get(j, "best"), "roles"), 0);
+    cr_assert_eq(get_int(rp, "kv_transient_bytes"), (trimmed_ids(BATCHED) - trimmed_ids(1)) * ID_BYTES);
+    json_decref(j);
+    struct run r;
+    run("search --cards 64 --isl 4096 --osl 1024 --ttft-ms 2000 --tpot-ms 50 --layout disaggregated "
+        "--no-async-scheduling --emit vllm-ascend", &r);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    int servers = 0, flagged = 0;
+    for (const char *c = strstr(r.out, "vllm serve "); c; c = strstr(c + 1, "vllm serve ")) {
+        const char *end = strstr(c, "&\n"), *q = strstr(c, "\n    --no-async-scheduling \\");
+        servers++;
+        flagged += q && q < end;
+    }
+    cr_assert(servers > 0 && flagged == servers, "%d of %d servers pass --no-async-scheduling", flagged, servers);
+    run("search --cards 16 --no-async-scheduling --emit sglang", &r);
+    cr_assert_eq(r.status, 2, "%s", r.out);
+    cr_assert(strstr(r.err, "--no-async-scheduling: vLLM's flag"), "%s", r.err);
+    run("search --cards 16 --model v4-flash-mini --hardware h100 --no-async-scheduling --emit pdmoe", &r);
+    cr_assert_eq(r.status, 2, "%s", r.out);
+    cr_assert(strstr(r.err, "--no-async-scheduling: vLLM's flag"), "%s", r.err);
 }
 
 /* The value after `flag ` in the command starting at s. */
