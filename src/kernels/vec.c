@@ -139,18 +139,18 @@ AVX512 static float dot_avx512(const float *a, const float *b, int n)
  * order (so the same bits), with eight independent chains instead of two. Rows of 256 to 1024
  * values (the router's gate: 2 KiB from memory; the head's and projections' bf16 rows) go one at a
  * time instead, each read to its end (one linear stream, as the int8 decode GEMV reads short
- * rows), prefetching the row four ahead: four 2 KiB rows side by side are too short for the
- * hardware prefetchers (router share of a v4-flash-mini decode step: 9.1% side by side, 8.1% with
- * the next four rows prefetched, 7.1% this way), and the row about DOT_PF_L2_BYTES ahead into L2, as
- * the int8 decode GEMV does (kernels/gemm_avx512.c): the L1 prefetches alone are held back by the
- * core's few outstanding L1 misses. Measured on AMD EPYC, 1 thread, 256 KiB bf16 matrices of
- * 512-value rows at scattered places in 256 MiB, in 64-row calls (a decode step's projections;
- * this kernel is a quarter of a batch-1 step's samples), both ways alternating in one process on a
- * busy host: 14.7-15.0 GB/s against 12.8-13.8 without (medians of three runs of 15 passes); whole
- * decode steps were too noisy there to show it. Shorter rows are the attention's keys, already in
- * cache; longer ones are followed by the hardware. bf16 rows are widened in registers, not through
- * a buffer in cache (which cost a store and a reload per value: 18% of a decode step). */
-enum { DOT_PF_L2_BYTES = 24576 };
+ * rows: four 2 KiB rows side by side are too short for the hardware prefetchers; router share of a
+ * v4-flash-mini decode step 9.1% side by side, 7.1% one at a time), prefetching the row about
+ * DOT_PF_L2_BYTES ahead into L2. Not into L1: on AMD EPYC the L1 prefetches held the core's few
+ * outstanding L1 misses and the stream ran slower with them (1 thread, 256 KiB bf16 matrices of
+ * 512-value rows at scattered places in 256 MiB, in 64-row calls, the shape of a decode step's
+ * projections; all ways alternating in one process, busy host, medians of 11 passes in four runs:
+ * the row 4 ahead into L1, as before, 12.3-13.3 GB/s; that and 24 KiB ahead into L2 12.1-14.2; 12,
+ * 16 or 24 KiB ahead into L2 alone 14.7-17.9; an 8-stream read of the same bytes 21-26). Shorter
+ * rows are the attention's keys, already in cache; longer ones are followed by the hardware. bf16
+ * rows are widened in registers, not through a buffer in cache (which cost a store and a reload
+ * per value: 18% of a decode step). */
+enum { DOT_PF_L2_BYTES = 16384 };
 INLINE AVX512 void dot_rows_w(const void *w, int bf16, size_t ld, const float *x, int n, int rows, float *y)
 {
     const size_t es = bf16 ? 2 : 4;
@@ -158,14 +158,11 @@ INLINE AVX512 void dot_rows_w(const void *w, int bf16, size_t ld, const float *x
     int r = 0;
     if (n >= 256 && n <= 1024) {
         const size_t rb = (size_t)n * es;
-        const int ahead_l2 = (int)((DOT_PF_L2_BYTES + rb - 1) / rb);
+        const int ahead = (int)((DOT_PF_L2_BYTES + rb - 1) / rb);
         for (; r < rows; r++) {
-            if (r + 4 < rows)
+            if (r + ahead < rows)
                 for (size_t b = 0; b < rb; b += 64)
-                    _mm_prefetch(wb + ((r + 4) * ld) * es + b, _MM_HINT_T0);
-            if (r + ahead_l2 < rows)
-                for (size_t b = 0; b < rb; b += 64)
-                    _mm_prefetch(wb + ((r + ahead_l2) * ld) * es + b, _MM_HINT_T1);
+                    _mm_prefetch(wb + ((r + ahead) * ld) * es + b, _MM_HINT_T1);
             y[r] = dot_w(wb + r * ld * es, bf16, x, n);
         }
         return;
