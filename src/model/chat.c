@@ -17,7 +17,19 @@
 #define EOS "<｜end▁of▁sentence｜>"
 #define USER "<｜User｜>"
 #define ASSISTANT "<｜Assistant｜>"
+#define THINK_START "<think>"
 #define THINK_END "</think>"
+/* What reasoning_effort "max" puts before the first message in thinking mode: DeepSeek's
+ * REASONING_EFFORT_MAX (encoding/encoding_dsv4.py beside the release; the same text in
+ * sgl-project/sglang 00370f27 python/sglang/srt/entrypoints/openai/encoding_dsv4.py, put at
+ * "index == 0 and thinking_mode == 'thinking' and reasoning_effort == 'max'" in render_message). */
+#define REASONING_EFFORT_MAX                                                                                      \
+    "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"                                            \
+    "You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root "    \
+    "cause, rigorously stress-testing your logic against all potential paths, edge cases, and adversarial "       \
+    "scenarios.\n"                                                                                                 \
+    "Explicitly write out your entire deliberation process, documenting every intermediate step, considered "     \
+    "alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n"
 
 /* DeepSeek-V3's chat_template as its tokenizer_config.json holds it: 2,301 bytes whose 64-bit
  * FNV-1a is this (the template itself is DeepSeek's; pdmoe keeps only its fingerprint). */
@@ -146,13 +158,25 @@ static int role_is(const struct pd_chat_msg *m, const char *r)
     return !strcmp(m->role, r);
 }
 
-/* DeepSeek-V4, chat mode (chat.h). */
-static void render_v4(struct buf *b, const struct pd_chat_msg *m, size_t n)
+/* DeepSeek-V4, chat or thinking mode (chat.h). As encoding_dsv4.py's render_message: a user turn
+ * opens the thinking block ("<think>") when thinking and (not drop_thinking or it is the last user
+ * turn), else closes it; an assistant message carries its (empty) reasoning and "</think>" when
+ * thinking and (not drop_thinking or it follows the last user turn). */
+static void render_v4(struct buf *b, const struct pd_chat_think *th, const struct pd_chat_msg *m, size_t n)
 {
+    const int thinking = th && th->thinking, drop = !th || th->drop_thinking;
+    size_t last_user = SIZE_MAX;
+    for (size_t i = 0; i < n; i++)
+        if (role_is(&m[i], "user"))
+            last_user = i;
+    if (thinking && th->effort_max && n > 0)
+        put(b, REASONING_EFFORT_MAX);
     for (size_t i = 0; i < n; i++) {
         if (role_is(&m[i], "system")) {
             put_content(b, m[i].content);
         } else if (role_is(&m[i], "assistant")) {
+            if (thinking && (!drop || (last_user != SIZE_MAX && i > last_user)))
+                put(b, THINK_END);
             put_content(b, m[i].content);
             put(b, EOS);
         } else {
@@ -164,7 +188,7 @@ static void render_v4(struct buf *b, const struct pd_chat_msg *m, size_t n)
             }
             if (i + 1 == n || role_is(&m[i + 1], "assistant")) {
                 put(b, ASSISTANT);
-                put(b, THINK_END);
+                put(b, thinking && (!drop || i >= last_user) ? THINK_START : THINK_END);
             }
         }
     }
@@ -301,6 +325,13 @@ int pd_chat_render(enum pd_chat_format f, const struct pd_chat_msg *m, size_t n,
 int pd_chat_render_spans(enum pd_chat_format f, const struct pd_chat_msg *m, size_t n, int with_bos, char **out,
                          size_t *len, struct pd_tok_span **spans, size_t *n_spans, pd_err *e)
 {
+    return pd_chat_render_think(f, NULL, m, n, with_bos, out, len, spans, n_spans, e);
+}
+
+int pd_chat_render_think(enum pd_chat_format f, const struct pd_chat_think *th, const struct pd_chat_msg *m,
+                         size_t n, int with_bos, char **out, size_t *len, struct pd_tok_span **spans,
+                         size_t *n_spans, pd_err *e)
+{
     *out = NULL;
     *len = 0;
     if (spans) {
@@ -314,12 +345,15 @@ int pd_chat_render_spans(enum pd_chat_format f, const struct pd_chat_msg *m, siz
                               "\"messages[%zu]\" needs \"role\" (system, user or assistant) and a \"content\" "
                               "(a string or text parts)",
                               i);
+    if (f == PD_CHAT_DSV3 && th && th->thinking)
+        return pd_err_set(e, PD_EINVAL, "thinking mode: DeepSeek-V3's chat_template has none (it is DeepSeek-V4's "
+                          "encoding's)");
     struct buf b = {.spans = spans != NULL};
     put(&b, with_bos ? BOS : "");
     if (f == PD_CHAT_DSV3)
         render_v3(&b, m, n);
     else
-        render_v4(&b, m, n);
+        render_v4(&b, th, m, n);
     if (b.oom) {
         free(b.p);
         free(b.span);

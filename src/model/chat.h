@@ -7,6 +7,15 @@
  *       (consecutive user messages are one, their contents joined by "\n\n"); assistant ->
  *       content + EOS; after a user message that is last or followed by an assistant,
  *       "<｜Assistant｜></think>" (the thinking block closed at once).
+ *     Thinking mode (struct pd_chat_think; encode_messages(thinking_mode="thinking"), the release's
+ *     encoding/tests/test_output_2.txt): the same, except that the last user turn's marker is
+ *     "<｜Assistant｜><think>" (the model writes its reasoning, then "</think>", then the answer), and
+ *     an assistant message after it is "</think>" + content + EOS (an empty reasoning: pdmoe takes
+ *     no reasoning_content). Earlier turns are rendered as in chat mode (drop_thinking, the
+ *     default: their reasoning is dropped, "<｜Assistant｜></think>" before each answer); with
+ *     drop_thinking false every user turn ends "<｜Assistant｜><think>" and every assistant message
+ *     starts "</think>". reasoning_effort "max" puts REASONING_EFFORT_MAX (three sentences, see
+ *     chat.c) right after the BOS, before the first message; "high" and none render alike.
  *   PD_CHAT_DSV3: DeepSeek-V3's chat_template (its tokenizer_config.json), as Jinja renders it with
  *     add_generation_prompt: BOS, every system message's content (joined by "\n\n") first, then
  *     user -> "<｜User｜>" + content; assistant -> "<｜Assistant｜>" + content + EOS; and
@@ -14,8 +23,8 @@
  *     byte for byte; CI checks the rendering against @huggingface/jinja on the real template
  *     (tests/tokenizer/chat.mjs).
  * Roles are system, user and assistant, contents strings (text parts joined first:
- * pd_chat_messages); tool calls, tool results and thinking mode are refused (pdmoe does not
- * implement them). BOS/EOS are
+ * pd_chat_messages); tool calls and tool results are refused (pdmoe does not implement them),
+ * and so is thinking mode with PD_CHAT_DSV3 (its template has none). BOS/EOS are
  * "<｜begin▁of▁sentence｜>" / "<｜end▁of▁sentence｜>". */
 #ifndef PD_MODEL_CHAT_H
 #define PD_MODEL_CHAT_H
@@ -27,6 +36,12 @@
 #include "model/tokenizer.h"
 
 enum pd_chat_format { PD_CHAT_DSV4, PD_CHAT_DSV3 };
+
+/* Thinking mode (V4 only): thinking, drop_thinking (1 unless asked otherwise), effort_max. A
+ * NULL or thinking 0 is chat mode. */
+struct pd_chat_think {
+    int thinking, drop_thinking, effort_max;
+};
 
 struct pd_chat_msg {
     const char *role;      /* "system", "user" or "assistant" */
@@ -61,5 +76,10 @@ int pd_chat_render(enum pd_chat_format f, const struct pd_chat_msg *m, size_t n,
  * special tokens of a chat's prompt. */
 int pd_chat_render_spans(enum pd_chat_format f, const struct pd_chat_msg *m, size_t n, int with_bos, char **out,
                          size_t *len, struct pd_tok_span **spans, size_t *n_spans, pd_err *e);
+/* pd_chat_render_spans in thinking mode th (NULL: chat mode); thinking with PD_CHAT_DSV3 is an
+ * error naming it (PD_EINVAL). */
+int pd_chat_render_think(enum pd_chat_format f, const struct pd_chat_think *th, const struct pd_chat_msg *m,
+                         size_t n, int with_bos, char **out, size_t *len, struct pd_tok_span **spans,
+                         size_t *n_spans, pd_err *e);
 
 #endif

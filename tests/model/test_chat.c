@@ -56,6 +56,70 @@ Test(chat, deepseek_v4_chat_mode)
     CHECK(f, B U A "</think>", {"user", ""});
 }
 
+static void expect_think(enum pd_chat_format f, const struct pd_chat_think *th, const struct pd_chat_msg *m, size_t n,
+                         const char *want)
+{
+    char *out;
+    size_t len;
+    pd_err e = {0};
+    cr_assert_eq(pd_chat_render_think(f, th, m, n, 1, &out, &len, NULL, NULL, &e), 0, "%s", e.msg);
+    cr_expect_str_eq(out, want);
+    cr_expect_eq(len, strlen(want));
+    free(out);
+}
+
+#define THINK(th, want, ...) expect_think(PD_CHAT_DSV4, th, M(__VA_ARGS__), N(__VA_ARGS__), want)
+
+/* DeepSeek-V4's thinking mode: the strings encode_messages(thinking_mode="thinking") gives; the
+ * multi-turn one is the release's own encoding/tests/test_output_2.txt (its input
+ * test_input_2.json without the reasoning_content fields, which pdmoe does not take: the dropped
+ * one changes nothing, the kept one is empty here). */
+Test(chat, deepseek_v4_thinking_mode)
+{
+    const struct pd_chat_think on = {1, 1, 0}, high = {1, 1, 0}, max = {1, 1, 1}, keep = {1, 0, 0},
+                               off = {0, 1, 1};
+    THINK(&on, B "You are a helpful assistant." U "What is 2+2?" A "<think>",
+          {"system", "You are a helpful assistant."}, {"user", "What is 2+2?"});
+    /* test_output_2.txt: the earlier turn's reasoning dropped ("</think>" as in chat mode), the
+     * last user turn opens the block, the assistant message after it closes it */
+    THINK(&on,
+          B "You are a helpful assistant." U "Hello" A "</think>" "Hi there! How can I help you?" E U
+            "What is the capital of France?" A "<think>" "</think>" "The capital of France is Paris." E,
+          {"system", "You are a helpful assistant."}, {"user", "Hello"},
+          {"assistant", "Hi there! How can I help you?"}, {"user", "What is the capital of France?"},
+          {"assistant", "The capital of France is Paris."});
+    THINK(&on, B U "hi" A "</think>" "hello!" E U "and then?" A "<think>", {"user", "hi"}, {"assistant", "hello!"},
+          {"user", "and then?"});
+    /* consecutive user messages are one turn, the last one */
+    THINK(&on, B "sys" U "one\n\ntwo" A "<think>", {"system", "sys"}, {"user", "one"}, {"user", "two"});
+    /* "high" renders as no effort at all; "max" puts its three sentences first, after the BOS */
+    THINK(&high, B U "q" A "<think>", {"user", "q"});
+    THINK(&max,
+          B "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
+            "You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the "
+            "root cause, rigorously stress-testing your logic against all potential paths, edge cases, and "
+            "adversarial scenarios.\n"
+            "Explicitly write out your entire deliberation process, documenting every intermediate step, "
+            "considered alternative, and rejected hypothesis to ensure absolutely no assumption is left "
+            "unchecked.\n\n" "sys" U "q" A "<think>",
+          {"system", "sys"}, {"user", "q"});
+    /* drop_thinking false: every turn keeps its (empty) thinking block */
+    THINK(&keep, B U "hi" A "<think>" "</think>" "hello!" E U "and then?" A "<think>", {"user", "hi"},
+          {"assistant", "hello!"}, {"user", "and then?"});
+    /* thinking off (effort and all) and no options at all: chat mode, byte for byte */
+    THINK(&off, B U "hi" A "</think>" "hello!" E U "and then?" A "</think>", {"user", "hi"}, {"assistant", "hello!"},
+          {"user", "and then?"});
+    THINK(NULL, B U "hi" A "</think>" "hello!" E U "and then?" A "</think>", {"user", "hi"}, {"assistant", "hello!"},
+          {"user", "and then?"});
+    /* V3's template has no thinking mode: refused by name */
+    char *out;
+    size_t len;
+    pd_err e = {0};
+    cr_expect_eq(pd_chat_render_think(PD_CHAT_DSV3, &on, M({"user", "q"}), 1, 1, &out, &len, NULL, NULL, &e),
+                 PD_EINVAL);
+    cr_expect(strstr(e.msg, "thinking mode"), "%s", e.msg);
+}
+
 Test(chat, deepseek_v3_template)
 {
     enum pd_chat_format f = PD_CHAT_DSV3;
