@@ -1,4 +1,6 @@
-/* Chat messages -> prompt text (see chat.h for both formats, stated once). */
+/* Chat messages -> prompt text (see chat.h for both formats, stated once), and a thinking-mode
+ * answer's split into reasoning and content. */
+#define _GNU_SOURCE   /* memmem */
 #include "model/chat.h"
 #include "core/grow.h"
 #include "core/file.h"
@@ -365,5 +367,25 @@ int pd_chat_render_think(enum pd_chat_format f, const struct pd_chat_think *th, 
         *spans = b.span;
         *n_spans = b.n_span;
     }
+    return 0;
+}
+
+int pd_chat_think_split(const char *t, size_t len, size_t *r_off, size_t *r_len, size_t *c_off)
+{
+    const char *start = memmem(t, len, THINK_START, strlen(THINK_START));
+    size_t from = start ? (size_t)(start - t) + strlen(THINK_START) : 0;
+    const char *end = memmem(t + from, len - from, THINK_END, strlen(THINK_END));
+    *r_off = from;
+    *r_len = (end ? (size_t)(end - t) : len) - from;
+    *c_off = end ? (size_t)(end - t) + strlen(THINK_END) : len;
+    return end != NULL;
+}
+
+size_t pd_chat_think_partial(const char *t, size_t len)
+{
+    const size_t k = strlen(THINK_END);
+    for (size_t n = k - 1 < len ? k - 1 : len; n > 0; n--)
+        if (!memcmp(t + len - n, THINK_END, n))
+            return n;
     return 0;
 }

@@ -82,4 +82,15 @@ int pd_chat_render_think(enum pd_chat_format f, const struct pd_chat_think *th, 
                          size_t n, int with_bos, char **out, size_t *len, struct pd_tok_span **spans,
                          size_t *n_spans, pd_err *e);
 
+/* A thinking-mode answer split as vLLM's reasoning parser splits it (BaseThinkingReasoningParser.
+ * extract_reasoning, vllm-project/vllm 00e9cc9f vllm/reasoning/basic_parsers.py, which V4's
+ * parser runs): the text after a "<think>" if it has one; its reasoning is what comes before the
+ * first "</think>" after that (*r_off, *r_len), its content what follows (from *c_off); 1 when
+ * "</think>" is there, 0 when it is not (max_tokens reached while thinking: all reasoning, no
+ * content). */
+int pd_chat_think_split(const char *t, size_t len, size_t *r_off, size_t *r_len, size_t *c_off);
+/* The bytes at the end of t (len bytes) that may be the start of a "</think>" still to come: what
+ * a stream holds back from a reasoning delta. */
+size_t pd_chat_think_partial(const char *t, size_t len);
+
 #endif

@@ -628,6 +628,7 @@ int pd_server_create(const struct pd_server_opts *o, struct pd_server **out, pd_
     s->Vs = pd_tok_vocab_size(s->tok) < s->V ? pd_tok_vocab_size(s->tok) : s->V;
     s->bos = pd_tok_bos(s->tok);
     s->eos = pd_tok_eos(s->tok);
+    s->think_end = pd_tok_id_of(s->tok, "</think>");
     if (s->g && (rc = pd_srv_ep_setup(s, e)))
         goto fail;
     if ((rc = pd_srv_prefix_open(s, e)))

@@ -12,7 +12,8 @@
  * does; NULL when it adds nothing. */
 static const char *token_text(const struct pd_server *s, const struct req *r, int32_t id, size_t *len)
 {
-    if (!r->keep_special && pd_tok_is_special(s->tok, id))
+    /* (a thinking answer's "</think>" is kept whatever its flag: the answer is split there) */
+    if (!r->keep_special && pd_tok_is_special(s->tok, id) && !(r->think && id == s->think_end))
         return NULL;
     return pd_tok_token_bytes(s->tok, id, len);
 }
@@ -100,6 +101,33 @@ static json_t *chunk(struct pd_server *s, const struct req *r, const char *text,
     return json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", r->created_id, "object",
                      r->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)r->created, "model",
                      s->name, "choices", choice);
+}
+
+/* A thinking answer's streamed text (len bytes, none of which can still begin a "</think>" unless
+ * the stream ends): a reasoning delta until "</think>", a delta with both parts where it is, content
+ * after, as vLLM's DeepSeek R1/V4 parser streams them (vllm/reasoning/deepseek_r1_reasoning_parser.py
+ * 0172203d); NULL when the delta is "</think>" alone (vLLM sends nothing for it). The field is
+ * "reasoning", vLLM's DeltaMessage's (vllm/entrypoints/openai/engine/protocol.py). */
+static json_t *think_chunk(struct pd_server *s, struct req *r, const char *text, size_t len)
+{
+    if (r->think_done)
+        return chunk(s, r, text, len, NULL);
+    size_t ro, rl, co;
+    r->think_done = pd_chat_think_split(text, len, &ro, &rl, &co);
+    ro = 0;   /* (mid-stream, a "<think>" is reasoning's text: vLLM strips it only from a whole answer) */
+    rl = r->think_done ? co - strlen("</think>") : len;
+    if (!rl && co == len && r->think_done)
+        return NULL;
+    json_t *c = chunk(s, r, "", 0, NULL);
+    json_t *delta = json_object_get(json_array_get(json_object_get(c, "choices"), 0), "delta");
+    if (!delta)
+        return c;
+    json_object_del(delta, "content");
+    if (rl)
+        json_object_set_new(delta, "reasoning", json_stringn(text, rl));
+    if (r->think_done && co < len)
+        json_object_set_new(delta, "content", json_stringn(text + co, len - co));
+    return c;
 }
 
 /* One SSE event; an event that cannot be built (out of memory) goes as an error event. */
@@ -223,7 +251,16 @@ static int stop_scan(struct req *r, int final, size_t *ready, size_t *stop_end)
  * the token ids when asked for; n tokens were generated. */
 static void answer_whole(struct pd_server *s, struct req *r, const char *text, size_t len, const char *finish, int n)
 {
-    json_t *choice = r->chat ? json_pack("{s:i,s:{s:s,s:s%},s:s}", "index", 0, "message", "role", "assistant",
+    size_t ro = 0, rl = 0, co = 0;
+    const int found = r->think && pd_chat_think_split(text ? text : "", len, &ro, &rl, &co);
+    json_t *choice = r->think
+                         /* vLLM's split (pd_chat_think_split): content null when nothing follows "</think>",
+                          * or when it never came */
+                         ? json_pack("{s:i,s:{s:s,s:s%,s:o},s:s}", "index", 0, "message", "role", "assistant",
+                                     "reasoning", text ? text + ro : "", rl, "content",
+                                     found && co < len ? json_stringn(text + co, len - co) : json_null(),
+                                     "finish_reason", finish)
+                     : r->chat ? json_pack("{s:i,s:{s:s,s:s%},s:s}", "index", 0, "message", "role", "assistant",
                                          "content", text ? text : "", len, "finish_reason", finish)
                              : json_pack("{s:i,s:s%,s:s}", "index", 0, "text", text ? text : "", len, "finish_reason",
                                          finish);
@@ -318,8 +355,14 @@ void pd_srv_on_notify(evutil_socket_t fd, short what, void *arg)
             if (r->stream) {
                 if (!r->reply_started)
                     pd_srv_start_stream(s, r);
-                if (ready && !oom)
-                    pd_srv_send_sse(r->http, chunk(s, r, r->held, ready, NULL));
+                /* a thinking answer keeps back what may begin its "</think>" */
+                if (r->think && !r->think_done && !done && !oom)
+                    ready -= pd_chat_think_partial(r->held, ready);
+                if (ready && !oom) {
+                    json_t *c = r->think ? think_chunk(s, r, r->held, ready) : chunk(s, r, r->held, ready, NULL);
+                    if (c)
+                        pd_srv_send_sse(r->http, c);
+                }
                 if (!oom && ready) {   /* (nothing held yet, r->held may be NULL) */
                     memmove(r->held, r->held + ready, r->held_len - ready);
                     r->held_len -= ready;

@@ -80,6 +80,8 @@ struct req {
     int return_ids;                 /* vLLM's return_token_ids: add the generated ids */
     int ignore_eos;                 /* vLLM's ignore_eos: generate max_tokens whatever is sampled */
     int keep_special;               /* vLLM's skip_special_tokens false: special tokens' text kept */
+    int think;                      /* a V4 chat in thinking mode: the answer split at "</think>" */
+    int think_done;                 /* ... and that "</think>" has been streamed: the rest is content */
     int remote_decode;              /* producer: keep the KV for a decode instance */
     struct pd_kvx_key key;          /* producer: the lease's key, remote_request_id in the answer */
     int remote_prefill;             /* consumer: pull the KV from a producer */
@@ -280,6 +282,7 @@ struct pd_server {
     struct pd_tok *tok;
     int V, Vs;
     int32_t bos, eos;
+    int32_t think_end;              /* the tokenizer's "</think>" token, -1 if it has none (then it is text) */
     enum pd_chat_format chat;       /* how a chat's messages become the prompt (model/chat.h) */
     pthread_t thread;
     int thread_started;

@@ -38,21 +38,83 @@ static json_t *present(json_t *j, const char *key)
  * OpenAI's behaviour; vLLM's tokenizer would read it as the marker). A message's field other than role and
  * content (tool_calls, name, ...) and a content part other than text are refused by name: pdmoe
  * does not implement them. */
-static int chat_prompt(struct pd_server *s, struct refusal *no, json_t *msgs, char **out,
-                       struct pd_tok_span **spans, size_t *n_spans)
+static int chat_prompt(struct pd_server *s, struct refusal *no, json_t *msgs, const struct pd_chat_think *th,
+                       char **out, struct pd_tok_span **spans, size_t *n_spans)
 {
     struct pd_chat_msg *m;
     size_t n, len;
     pd_err e = {0};
     int rc = pd_chat_messages(msgs, &m, &n, &e);
     if (!rc) {
-        rc = pd_chat_render_spans(s->chat, m, n, 0, out, &len, spans, n_spans, &e);
+        rc = pd_chat_render_think(s->chat, th, m, n, 0, out, &len, spans, n_spans, &e);
         pd_chat_messages_free(m, n);
     }
     if (rc)
         refuse(no, rc == PD_ENOMEM ? 503 : 400, rc == PD_ENOMEM ? "server_error" : "invalid_request_error",
                "messages", "%s", e.msg);
     return rc ? -1 : 0;
+}
+
+/* Thinking mode, as vLLM takes it for DeepSeek-V4 (vllm-project/vllm 5dff5445
+ * vllm/tokenizers/deepseek_v4.py, apply_chat_template; its reasoning parser reads the same keys,
+ * d4f465fb vllm/reasoning/deepseek_v3_reasoning_parser.py): chat_template_kwargs "thinking" or
+ * "enable_thinking" true switches it on (both false or absent: chat mode, the default there and
+ * here), "drop_thinking" (default true) is passed to the encoding, and the request's
+ * reasoning_effort "max" or "high" reaches it, any other value rendering as none. pdmoe takes those
+ * three keys as booleans, any other key refused by name; reasoning_effort one of OpenAI's values
+ * (minimal, low, medium, high: all render as "high" does) or "max", or "none", which vLLM's later
+ * deepseek_v4.py (000af8f4) reads as chat mode, and so does pdmoe. Thinking with DeepSeek-V3's
+ * template is refused by name (it has no thinking mode). 0, or a refusal (-1). */
+static const char *unknown_key(json_t *o, const char *const *known);
+
+static int think_opts(struct pd_server *s, struct refusal *no, json_t *j, int chat, struct pd_chat_think *th)
+{
+    static const char *const keys[] = {"thinking", "enable_thinking", "drop_thinking", NULL};
+    static const char *const efforts[] = {"none", "minimal", "low", "medium", "high", "max", NULL};
+    json_t *kw = present(j, "chat_template_kwargs"), *re = present(j, "reasoning_effort");
+    char param[96];
+    *th = (struct pd_chat_think){0, 1, 0};
+    if (!chat && (kw || re)) {
+        const char *f = kw ? "chat_template_kwargs" : "reasoning_effort";
+        return refuse(no, 400, "invalid_request_error", f, "\"%s\" belongs to /v1/chat/completions", f);
+    }
+    if (kw && !json_is_object(kw))
+        return refuse(no, 400, "invalid_request_error", "chat_template_kwargs",
+                      "\"chat_template_kwargs\" must be an object");
+    const char *key = kw ? unknown_key(kw, keys) : NULL;
+    if (key) {
+        snprintf(param, sizeof param, "chat_template_kwargs.%.60s", key);
+        return refuse(no, 400, "invalid_request_error", param, "unsupported parameter \"%s\": this server "
+                      "implements chat_template_kwargs \"thinking\", \"enable_thinking\" and \"drop_thinking\" "
+                      "(it runs no Jinja)", param);
+    }
+    for (int i = 0; kw && keys[i]; i++) {
+        json_t *v = present(kw, keys[i]);
+        if (v && !json_is_boolean(v)) {
+            snprintf(param, sizeof param, "chat_template_kwargs.%s", keys[i]);
+            return refuse(no, 400, "invalid_request_error", param, "\"%s\" must be a boolean", param);
+        }
+    }
+    if (kw) {
+        th->thinking = json_is_true(json_object_get(kw, "thinking")) || json_is_true(json_object_get(kw, "enable_thinking"));
+        th->drop_thinking = !json_is_false(json_object_get(kw, "drop_thinking"));
+    }
+    if (re) {
+        int k = 0;
+        while (json_is_string(re) && efforts[k] && strcmp(json_string_value(re), efforts[k]))
+            k++;
+        if (!json_is_string(re) || !efforts[k])
+            return refuse(no, 400, "invalid_request_error", "reasoning_effort",
+                          "\"reasoning_effort\" must be one of \"none\", \"minimal\", \"low\", \"medium\", \"high\" "
+                          "or \"max\"");
+        if (!strcmp(efforts[k], "none"))
+            th->thinking = 0;
+        th->effort_max = !strcmp(efforts[k], "max");
+    }
+    if (s->chat == PD_CHAT_DSV3 && (th->thinking || th->effort_max))
+        return refuse(no, 400, "invalid_request_error", th->thinking ? "chat_template_kwargs" : "reasoning_effort",
+                      "thinking mode is not in this checkpoint's chat format (%s)", pd_chat_format_name(s->chat));
+    return 0;
 }
 
 /* The fields pdmoe knows but implements only at their neutral value: any other is a 400 naming it. */
@@ -592,7 +654,7 @@ void pd_srv_req_prepare(struct pd_server *s, struct tok_job *jb)
                                         "stop_token_ids", "ignore_eos", "return_token_ids", "kv_transfer_params",
                                         "user", "n", "logprobs", "top_logprobs", "presence_penalty",
                                         "frequency_penalty", "skip_special_tokens", "repetition_penalty", "top_k",
-                                        "min_p", NULL};
+                                        "min_p", "chat_template_kwargs", "reasoning_effort", NULL};
     const char *key = unknown_key(j, known);
     if (key) {
         refuse(no, 400, "invalid_request_error", key, "unsupported parameter \"%s\": this server "
@@ -642,8 +704,11 @@ void pd_srv_req_prepare(struct pd_server *s, struct tok_job *jb)
                    (long long)json_integer_value(mt), (long long)json_integer_value(mct));
         goto out;
     }
+    struct pd_chat_think th;
+    if (think_opts(s, no, j, chat, &th))
+        goto out;
     if (chat) {
-        if (chat_prompt(s, no, json_object_get(j, "messages"), &text, &spans, &n_spans))
+        if (chat_prompt(s, no, json_object_get(j, "messages"), &th, &text, &spans, &n_spans))
             goto out;
     } else {
         json_t *p = json_object_get(j, "prompt");
@@ -685,6 +750,8 @@ void pd_srv_req_prepare(struct pd_server *s, struct tok_job *jb)
     }
     jb->r = build(s, no, j, chat, ids, n, add_bos);
     ids = NULL;
+    if (jb->r)
+        jb->r->think = th.thinking;
 out:
     free(text);
     free(spans);

@@ -120,6 +120,30 @@ Test(chat, deepseek_v4_thinking_mode)
     cr_expect(strstr(e.msg, "thinking mode"), "%s", e.msg);
 }
 
+/* The answer's split (vLLM's BaseThinkingReasoningParser.extract_reasoning): reasoning before the
+ * first "</think>", content after; no "</think>": all reasoning; a "<think>" the model wrote is
+ * skipped. And what a stream holds back: a tail that may begin "</think>". */
+Test(chat, a_thinking_answer_splits_at_think_end)
+{
+    size_t ro, rl, co;
+    const char *t = "step 1, step 2</think>The answer is 4.";
+    cr_expect_eq(pd_chat_think_split(t, strlen(t), &ro, &rl, &co), 1);
+    cr_expect(ro == 0 && rl == 14 && !strcmp(t + co, "The answer is 4."));
+    t = "still thinking when max_tokens came";
+    cr_expect_eq(pd_chat_think_split(t, strlen(t), &ro, &rl, &co), 0);
+    cr_expect(ro == 0 && rl == strlen(t) && co == strlen(t));
+    t = "</think>";
+    cr_expect_eq(pd_chat_think_split(t, strlen(t), &ro, &rl, &co), 1);
+    cr_expect(rl == 0 && co == strlen(t), "nothing after: content null");
+    t = "<think>r</think>c</think>d";
+    cr_expect_eq(pd_chat_think_split(t, strlen(t), &ro, &rl, &co), 1);
+    cr_expect(ro == 7 && rl == 1 && !strcmp(t + co, "c</think>d"));
+    cr_expect_eq(pd_chat_think_partial("abc</thi", 8), 5);
+    cr_expect_eq(pd_chat_think_partial("abc<", 4), 1);
+    cr_expect_eq(pd_chat_think_partial("abc", 3), 0);
+    cr_expect_eq(pd_chat_think_partial("a</think>", 9), 0, "a whole one is not held: it is split");
+}
+
 Test(chat, deepseek_v3_template)
 {
     enum pd_chat_format f = PD_CHAT_DSV3;

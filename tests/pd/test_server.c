@@ -670,8 +670,16 @@ Test(server, unimplemented_parameters_are_refused_by_name)
     cr_expect(strstr(msg, "messages[1]") && strstr(msg, "tool_calls"), "%s", msg);
     expect(400, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":\"bob\"}]}", NULL,
            "messages");
+    /* chat_template_kwargs: thinking, enable_thinking, drop_thinking (booleans), nothing else */
     expect(400, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
-           "\"chat_template_kwargs\":{\"thinking\":true}}", NULL, "chat_template_kwargs");
+           "\"chat_template_kwargs\":{\"thinking_mode\":\"thinking\"}}", NULL, "chat_template_kwargs.thinking_mode");
+    expect(400, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+           "\"chat_template_kwargs\":{\"thinking\":\"yes\"}}", NULL, "chat_template_kwargs.thinking");
+    expect(400, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+           "\"chat_template_kwargs\":[1]}", NULL, "chat_template_kwargs");
+    expect(400, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+           "\"reasoning_effort\":\"extreme\"}", NULL, "reasoning_effort");
+    expect(400, "/v1/completions", "{\"prompt\":\"x\",\"reasoning_effort\":\"max\"}", NULL, "reasoning_effort");
     expect(400, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", NULL,
            "logprobs");
     expect(400, "/v1/completions", "{\"prompt\":\"x\",\"logprobs\":0}", NULL, "logprobs");
@@ -756,6 +764,73 @@ Test(server, a_chats_prompt_is_deepseek_v4s_encoding)
     cr_expect_eq(got, (int64_t)n, "prompt_tokens %lld, the V4 encoding's text has %zu ids", (long long)got, n);
     free(ids);
     pd_tok_free(t);
+}
+
+/* Thinking mode (chat_template_kwargs {"thinking": true}, as vLLM takes it for V4): the prompt
+ * ends "<｜Assistant｜><think>" (prompt_tokens count that text's ids), and the answer is split as
+ * vLLM's reasoning parser splits it: the same greedy text the raw prompt gets from /v1/completions,
+ * its reasoning before "</think>" and content after (null when it never came: the random mini
+ * model's answer is all reasoning), the streamed "reasoning" deltas adding up to it; usage as for
+ * any answer. "enable_thinking" is the same switch; reasoning_effort "none" is chat mode. */
+Test(server, a_thinking_chat_opens_think_and_splits_the_answer)
+{
+    start(NULL, dir, 256);
+    char out[16384], raw[16384], st[65536];
+    const char *msgs = "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":6,\"temperature\":0";
+    char body[512];
+    snprintf(body, sizeof body, "{%s,\"chat_template_kwargs\":{\"thinking\":true}}", msgs);
+    cr_assert_eq(curl("/v1/chat/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    const char *prompt = "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜><think>";
+    char rbody[512];
+    snprintf(rbody, sizeof rbody, "{\"prompt\":\"%s\",\"max_tokens\":6,\"temperature\":0}", prompt + strlen("<｜begin▁of▁sentence｜>"));
+    cr_assert_eq(curl("/v1/completions", rbody, NULL, raw, sizeof raw), 200, "%s", raw);
+    json_t *j = parse(out), *jr = parse(raw);
+    json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    const char *text = json_string_value(json_object_get(json_array_get(json_object_get(jr, "choices"), 0), "text"));
+    cr_assert(text, "%s", raw);
+    size_t ro, rl, co, tl = strlen(text);
+    int found = pd_chat_think_split(text, tl, &ro, &rl, &co);
+    cr_expect(json_is_string(json_object_get(msg, "reasoning")), "%s", out);
+    cr_expect_eq(json_string_length(json_object_get(msg, "reasoning")), rl, "%s | %s", out, raw);
+    cr_expect_eq(memcmp(json_string_value(json_object_get(msg, "reasoning")), text + ro, rl), 0, "%s | %s", out, raw);
+    if (found && co < tl)
+        cr_expect_str_eq(json_string_value(json_object_get(msg, "content")), text + co);
+    else
+        cr_expect(json_is_null(json_object_get(msg, "content")), "%s", out);
+    /* the prompt: the raw completion's prompt_tokens, BOS and all */
+    struct pd_tok *t = tok_of(dir);
+    int32_t *ids;
+    size_t n;
+    pd_err e = {0};
+    cr_assert_eq(pd_tok_encode(t, prompt, strlen(prompt), &ids, &n, &e), 0, "%s", e.msg);
+    cr_expect_eq(json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens")), (json_int_t)n, "%s", out);
+    cr_expect(json_equal(json_object_get(json_object_get(j, "usage"), "completion_tokens"),
+                         json_object_get(json_object_get(jr, "usage"), "completion_tokens")), "%s | %s", out, raw);
+    free(ids);
+    pd_tok_free(t);
+    /* streamed: "reasoning" deltas, then "content" ones, adding up to the whole answer */
+    snprintf(body, sizeof body, "{%s,\"stream\":true,\"chat_template_kwargs\":{\"enable_thinking\":true}}", msgs);
+    cr_assert_eq(curl("/v1/chat/completions", body, NULL, st, sizeof st), 200, "%s", st);
+    char reasoning[4096] = "", content[4096] = "";
+    for (char *line = strtok(st, "\n"); line; line = strtok(NULL, "\n")) {
+        if (strncmp(line, "data: {", 7))
+            continue;
+        json_t *c = parse(line + 6);
+        json_t *d = json_object_get(json_array_get(json_object_get(c, "choices"), 0), "delta");
+        if (json_is_string(json_object_get(d, "reasoning")))
+            strncat(reasoning, json_string_value(json_object_get(d, "reasoning")), sizeof reasoning - strlen(reasoning) - 1);
+        if (json_is_string(json_object_get(d, "content")))
+            strncat(content, json_string_value(json_object_get(d, "content")), sizeof content - strlen(content) - 1);
+        json_decref(c);
+    }
+    cr_expect_str_eq(reasoning, json_string_value(json_object_get(msg, "reasoning")));
+    cr_expect_str_eq(content, json_is_string(json_object_get(msg, "content")) ? json_string_value(json_object_get(msg, "content")) : "");
+    json_decref(j);
+    json_decref(jr);
+    /* reasoning_effort "none" turns it off: a chat answer, "content" only */
+    snprintf(body, sizeof body, "{%s,\"chat_template_kwargs\":{\"thinking\":true},\"reasoning_effort\":\"none\"}", msgs);
+    cr_assert_eq(curl("/v1/chat/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    cr_expect(!strstr(out, "\"reasoning\"") && strstr(out, "\"content\""), "%s", out);
 }
 
 /* Two answers whose first choices carry the same token_ids. */
