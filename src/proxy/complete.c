@@ -239,8 +239,10 @@ static enum sse_kind sse_classify(const char *ev, size_t len, long long *tokens)
     } else if (c0) {
         json_t *delta = json_object_get(c0, "delta");
         const char *t = json_string_value(delta ? json_object_get(delta, "content") : json_object_get(c0, "text"));
+        /* (a thinking answer's text comes first as "reasoning" deltas: generated text all the same) */
+        const char *rt = delta ? json_string_value(json_object_get(delta, "reasoning")) : NULL;
         json_t *fin = json_object_get(c0, "finish_reason");
-        if ((t && *t) || (fin && !json_is_null(fin)))
+        if ((t && *t) || (rt && *rt) || (fin && !json_is_null(fin)))
             k = SSE_TOKENS;
     }
     json_decref(d);
