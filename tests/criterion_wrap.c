@@ -12,8 +12,9 @@
  * destroyed, is checked too), then __lsan_do_recoverable_leak_check(), all still in the test's main
  * phase, where a failed assertion fails the test by name. Criterion's own teardown then finds no
  * .fini left to run. A test whose body fails never comes back here: its .fini runs where Criterion
- * runs it, and it is not leak-checked (it failed already). Without AddressSanitizer the order is
- * the same and there is no check.
+ * runs it, and it is not leak-checked (it failed already). A sanitizer report that a process the
+ * test started wrote (tests/child.h), and that no stop of the test's read, fails the test there
+ * too. Without AddressSanitizer the order is the same and there is no check.
  *
  * Skips. cr_skip_test ends the worker with exit(0) there and then, so a test that skipped after its
  * suite's .init (a model written to /tmp, a server started) left all that behind. A skip from a
@@ -25,6 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "child.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define PD_LEAKCHECK 1
@@ -98,6 +101,9 @@ static void body_fini_leakcheck(void)
     in_body = 0;
     run_fini_now();
 #ifdef PD_LEAKCHECK
+    /* a report a child of the test, or one of its own (up's servers, mpirun's ranks), wrote to a
+     * file (tests/child.h) and that no stop of the test's took */
+    child_reports_none();
     /* (0 when ASAN_OPTIONS has detect_leaks=0) */
     cr_assert_eq(__lsan_do_recoverable_leak_check(), 0,
                  "LeakSanitizer found memory leaked by the test or its fixtures (its report is on stderr)");

@@ -146,8 +146,7 @@ Test(auth, a_pd_deployment_with_keys_everywhere_answers)
 
 static pid_t spawn(char *const argv[])
 {
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
+    pid_t pid = fork_pdmoe();
     if (pid == 0) {
         freopen("/dev/null", "w", stderr);
         execv(argv[0], argv);
@@ -184,10 +183,13 @@ Test(auth, pdmoe_serve_and_proxy_with_one_key)
     int ok = with_key(atoi(pp), "/v1/completions", long_key, out, sizeof out);
     int no = with_key(atoi(pp), "/v1/completions", part, out, sizeof out);
     int direct = with_key(atoi(sp), "/v1/completions", NULL, out, sizeof out);
+    int sx, ss;
     kill(x, SIGTERM);
     kill(s, SIGTERM);
-    waitpid(x, NULL, 0);
-    waitpid(s, NULL, 0);
+    int ended = reap_within(x, 0, &sx) & reap_within(s, 0, &ss);
+    cr_assert(ended, "pdmoe proxy or serve did not exit within 60 s of SIGTERM");
+    child_exited_cleanly(x, sx, "pdmoe proxy --api-key");
+    child_exited_cleanly(s, ss, "pdmoe serve --api-key");
     cr_assert_eq(ok, 200);
     cr_assert_eq(no, 401);
     cr_assert_eq(direct, 401);

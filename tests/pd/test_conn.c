@@ -187,7 +187,7 @@ static int spawn_limited(int nofile, const char *const *args)
     int pfd[2];
     cr_assert_eq(pipe(pfd), 0);
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    child = fork();
+    child = fork_pdmoe();
     cr_assert_geq(child, 0);
     if (child == 0) {
         struct rlimit rl = {(rlim_t)nofile, (rlim_t)nofile};
@@ -707,7 +707,7 @@ Test(conn, the_proxys_cap_leaves_descriptors_for_its_upstream_connections)
     int port = free_port();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "ulimit -n 255 && exec %s proxy --decode 127.0.0.1:1 --port %d 2>/dev/null", bin, port);
-    child = fork();
+    child = fork_pdmoe();
     if (child == 0) {
         execl("/bin/bash", "bash", "-c", cmd, (char *)NULL);
         _exit(127);
@@ -716,9 +716,7 @@ Test(conn, the_proxys_cap_leaves_descriptors_for_its_upstream_connections)
     for (int i = 0; i < 250 && curl_port(port, "/health", NULL, NULL, out, sizeof out) != 200; i++)
         usleep(20000);
     int cap = metric_port(port, "pdmoe_http_max_connections");
-    kill(child, SIGTERM);
-    waitpid(child, NULL, 0);
-    child = -1;
+    stop_pdmoe(&child, SIGTERM, 0, "pdmoe proxy under ulimit -n 255");
     cr_assert_eq(cap, (255 - 32 - 18) / 2, "cap %d under a limit of 255 descriptors, not (255 - 32 - 16 idle - 1 "
                  "check - 1 fan-out) / 2", cap);
 }
@@ -732,7 +730,7 @@ Test(conn, a_cap_lowered_by_the_open_file_limit_is_named_in_the_refusal)
     int port = free_port();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "ulimit -n 60 && exec %s proxy --decode 127.0.0.1:1 --port %d 2>/dev/null", bin, port);
-    child = fork();
+    child = fork_pdmoe();
     if (child == 0) {
         execl("/bin/bash", "bash", "-c", cmd, (char *)NULL);
         _exit(127);
@@ -752,9 +750,7 @@ Test(conn, a_cap_lowered_by_the_open_file_limit_is_named_in_the_refusal)
     out[n > 0 ? n : 0] = 0;
     for (int i = 0; i <= cap; i++)
         close(fds[i]);
-    kill(child, SIGTERM);
-    waitpid(child, NULL, 0);
-    child = -1;
+    stop_pdmoe(&child, SIGTERM, 0, "pdmoe proxy under ulimit -n 60");
     cr_assert(strstr(out, " 503 "), "connection %d under a cap of %d: %s", cap + 1, cap, out);
     snprintf(want, sizeof want, "lowered to %d by the open-file limit, ulimit -n 60", cap);
     cr_assert(strstr(out, want), "the refusal does not name the limit that set the cap: %s", out);
@@ -771,8 +767,7 @@ static int run_limited(int resource, rlim_t value, const char *const *args, int 
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
     char sp[16];
     snprintf(sp, sizeof sp, "%d", port);
-    child = fork();
-    cr_assert_geq(child, 0);
+    child = fork_pdmoe();
     if (child == 0) {
         dup2(pfd[1], 2);
         for (int fd = 3; fd < 1024; fd++)
@@ -875,9 +870,7 @@ Test(conn, the_proxys_cap_leaves_descriptors_for_its_idle_pooled_connections)
         snprintf(cmd, sizeof cmd, "curl -s http://127.0.0.1:%d/metrics | sed -n 's/^pdmoe_http_max_connections //p'",
                  port);
         int cap = count_of(cmd);
-        kill(child, SIGTERM);
-        waitpid(child, NULL, 0);
-        child = -1;
+        stop_pdmoe(&child, SIGTERM, 0, "pdmoe proxy under ulimit -n 256");
         cr_assert_eq(cap, want_cap[k], "%s: cap %d under ulimit -n 256, not %d", want_log[k], cap, want_cap[k]);
         cr_assert(strstr(log, want_log[k]), "%s", log);
     }

@@ -32,6 +32,7 @@
 static char dir[64], log_path[96];
 enum { N_PIDS = 4 };
 static pid_t pids[N_PIDS];   /* every server this test started (0: none) */
+static char names[N_PIDS][64];   /* "pdmoe serve (port N, 2 ranks)", for a stop's messages */
 static int base_port;
 
 static const char *bin(void)
@@ -48,29 +49,33 @@ static void setup(void)
     base_port = test_ports();
 }
 
+/* SIGTERM to the server's process group; it must exit 0 without a sanitizer report (tests/child.h). */
 static void stop_pid(pid_t *p)
 {
-    if (*p <= 0)
-        return;
-    int st;
-    kill(-*p, SIGTERM);
-    for (int i = 0; i < 300; i++) {
-        if (waitpid(*p, &st, WNOHANG) == *p) {
-            *p = 0;
-            return;
-        }
-        usleep(50000);
-    }
-    kill(-*p, SIGKILL);
-    waitpid(*p, &st, 0);
-    *p = 0;
+    stop_pdmoe(p, SIGTERM, 1, names[p - pids]);
 }
 
+/* Every server still running stopped at once, then each one's stop checked (a failed check leaves
+ * none running). */
 static void teardown(void)
 {
+    pid_t left[N_PIDS];
+    int st[N_PIDS] = {0}, ended[N_PIDS] = {0};
+    for (int i = 0; i < N_PIDS; i++) {
+        left[i] = pids[i];
+        pids[i] = 0;
+        if (left[i] > 0)
+            kill(-left[i], SIGTERM);
+    }
     for (int i = 0; i < N_PIDS; i++)
-        stop_pid(&pids[i]);
+        if (left[i] > 0)
+            ended[i] = reap_within(left[i], 1, &st[i]);
     rm_model(dir);
+    for (int i = 0; i < N_PIDS; i++)
+        if (left[i] > 0) {
+            cr_assert(ended[i], "%s did not exit within 60 s of SIGTERM", names[i]);
+            child_exited_cleanly(left[i], st[i], names[i]);
+        }
 }
 
 TestSuite(ep_spec_pd, .init = setup, .fini = teardown, .timeout = 400);
@@ -112,7 +117,7 @@ static void start(int slot, int port, int ranks, int k, const char *kv, int cach
     if (!cache)
         argv[n++] = "--no-enable-prefix-caching";
     argv[n] = NULL;
-    pid_t pid = fork();
+    pid_t pid = fork_pdmoe();
     if (pid == 0) {
         setpgid(0, 0);
         if (!freopen(log_path, "a", stderr) || !freopen("/dev/null", "w", stdout))
@@ -122,6 +127,7 @@ static void start(int slot, int port, int ranks, int k, const char *kv, int cach
     }
     setpgid(pid, pid);
     pids[slot] = pid;
+    snprintf(names[slot], sizeof names[slot], "pdmoe serve (port %d, %d rank%s)", port, ranks, ranks > 1 ? "s" : "");
     char out[256];
     for (int i = 0; i < 1200; i++) {
         if (curl_port(port, "/health", NULL, NULL, out, sizeof out) == 200)

@@ -52,7 +52,7 @@ static int spawn_model(const char *model, const char *context, const char *kv_co
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
     char log[128];
     snprintf(log, sizeof log, "%s/serve-%d.log", logs, n_pids);
-    pid_t p = fork();
+    pid_t p = fork_pdmoe();
     if (p == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);   /* a test killed by its timeout leaves nothing behind */
         freopen(log, "w", stderr);

@@ -705,7 +705,7 @@ Test(hostile, stray_signals_do_not_stop_the_proxy)
     int pport = free_port();
     char sp[16];
     snprintf(sp, sizeof sp, "%d", pport);
-    pid_t pid = fork();
+    pid_t pid = fork_pdmoe();
     if (pid == 0) {
         freopen("/dev/null", "w", stderr);
         execl(bin, bin, "proxy", "--decode", "127.0.0.1:1", "--port", sp, (char *)NULL);
@@ -726,8 +726,7 @@ Test(hostile, stray_signals_do_not_stop_the_proxy)
         cr_assert_eq(waitpid(pid, &st, WNOHANG), 0, "signal %d ended the proxy (status %d)", sig[i], st);
         cr_assert_eq(curl_port(pport, "/health", NULL, NULL, out, sizeof out), 200, "after signal %d", sig[i]);
     }
-    kill(pid, SIGTERM);
-    waitpid(pid, NULL, 0);
+    stop_pdmoe(&pid, SIGTERM, 0, "pdmoe proxy after SIGHUP, SIGUSR1, SIGUSR2");
 }
 
 /* A prompt too long for the context however it is tokenized is refused before it is tokenized:

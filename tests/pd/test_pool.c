@@ -491,8 +491,7 @@ static void start_shimmed(const char *const *args, int port, int blocked, const 
     char portarg[16], bport[16];
     snprintf(portarg, sizeof portarg, "%d", port);
     snprintf(bport, sizeof bport, "%d", blocked);
-    child = fork();
-    cr_assert_geq(child, 0);
+    child = fork_pdmoe();
     if (child == 0) {
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(fd, 2);
@@ -526,8 +525,10 @@ static void start_shimmed(const char *const *args, int port, int blocked, const 
 /* The child's stderr (log, then removed) once it is stopped. */
 static void stop_shimmed(const char *log, char *out, size_t cap)
 {
+    int st = 0;
+    pid_t p = child;
     kill(child, SIGTERM);
-    waitpid(child, NULL, 0);
+    int ended = reap_within(child, 0, &st);
     child = 0;
     FILE *f = fopen(log, "r");
     size_t n = f ? fread(out, 1, cap - 1, f) : 0;
@@ -535,6 +536,8 @@ static void stop_shimmed(const char *log, char *out, size_t cap)
     if (f)
         fclose(f);
     unlink(log);
+    cr_assert(ended, "the proxy did not exit within 60 s of SIGTERM: %s", out);
+    child_exited_cleanly(p, st, "pdmoe proxy under libnoport.so");
 }
 
 /* Makes noport_file list `ports` (NULL: the file gone, every connect through). */
@@ -629,8 +632,7 @@ Test(pool, a_connect_or_accept_short_of_descriptors_closes_idle_connections_and_
     snprintf(log, sizeof log, "/tmp/pdmoe-emfile-%d.log", (int)getpid());
     snprintf(noport_log, sizeof noport_log, "%s", log);   /* (removed by fini if the test fails) */
     const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    child = fork();
-    cr_assert_geq(child, 0);
+    child = fork_pdmoe();
     if (child == 0) {
         int lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644), nul = open("/dev/null", O_RDWR);
         dup2(lfd, 2);

@@ -31,16 +31,36 @@ static void setup(void)
     cr_assert_not_null(mkdtemp(logs));
 }
 
+/* The cluster a test left running is stopped (Ctrl-C): up must exit 0 without a sanitizer report,
+ * whatever its instances went through. */
 static void teardown(void)
 {
-    if (up_pid > 0) {
-        kill(up_pid, SIGINT);
-        waitpid(up_pid, NULL, 0);
-        up_pid = 0;
+    pid_t up = up_pid;
+    int st = 0, ended = 1;
+    up_pid = 0;
+    if (up > 0) {
+        kill(up, SIGINT);
+        ended = reap_within(up, 0, &st);
+    }
+    char err[4096] = "";
+    if (up > 0 && logs[0]) {
+        char path[128];
+        snprintf(path, sizeof path, "%s/up.err", logs);
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(err, 1, sizeof err - 1, f) : 0;
+        err[n] = 0;
+        if (f)
+            fclose(f);
     }
     cgroup_remove();
     rm_flat_dir(logs);
     rm_model(dir);
+    if (up > 0) {
+        cr_assert(ended, "pdmoe up did not exit within 60 s of SIGINT; its log: %s", err);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            cr_log_error("pdmoe up's log: %s", err);
+        child_exited_cleanly(up, st, "pdmoe up at Ctrl-C after the test");
+    }
 }
 
 TestSuite(supervise, .init = setup, .fini = teardown, .timeout = 120);
@@ -53,7 +73,7 @@ static void start_up_in(int port, const char *const *extra, const char *in)
     char out[128], err[128];
     snprintf(out, sizeof out, "%s/up.out", logs);
     snprintf(err, sizeof err, "%s/up.err", logs);
-    pid_t up = fork();
+    pid_t up = fork_pdmoe();
     if (up == 0) {
         char sp[16];
         snprintf(sp, sizeof sp, "%d", port);
@@ -238,9 +258,10 @@ Test(supervise, ctrl_c_ends_live_streams_with_an_error_and_done)
     cr_assert_eq(begun, 6, "only %d of 6 streams began", begun);
     kill(up_pid, SIGINT);
     int status;
+    pid_t up = up_pid;
     cr_assert_eq(waitpid(up_pid, &status, 0), up_pid);
     up_pid = 0;
-    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "pdmoe up exited with %d", status);
+    child_exited_cleanly(up, status, "pdmoe up at Ctrl-C with 6 streams running");
     wait_load(l);
     int whole = 0;
     for (int i = 1; i <= 6; i++)

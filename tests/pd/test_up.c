@@ -54,7 +54,7 @@ static pid_t start_up_plan(const char *bin, int port, int ep, const char *plan)
     snprintf(out, sizeof out, "%s/up.out", dir);
     if (ep > 1 || plan)
         mpi_test_env();
-    pid_t up = fork();
+    pid_t up = fork_pdmoe();
     if (up == 0) {
         char sp[16], se[16];
         snprintf(sp, sizeof sp, "%d", port);
@@ -133,7 +133,9 @@ static void stop_up(pid_t up, int port)
     int status;
     cr_assert_eq(waitpid(up, &status, 0), up);
     up_pid = 0;
-    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "pdmoe up exited with %d", status);
+    char what[64];
+    snprintf(what, sizeof what, "pdmoe up (port %d)", port);
+    child_exited_cleanly(up, status, what);
     for (int p = port; p <= port + 2; p++) {
         int left = processes_on(p);
         cr_assert_eq(left, 0, "%d processes left behind on port %d", left, p);
@@ -151,7 +153,7 @@ Test(up, a_closed_log_pipe_does_not_take_the_cluster_down)
     snprintf(out, sizeof out, "%s/up.out", dir);
     int fds[2];
     cr_assert_eq(pipe(fds), 0);
-    pid_t up = fork();
+    pid_t up = fork_pdmoe();
     if (up == 0) {
         char sp[16];
         snprintf(sp, sizeof sp, "%d", port);
@@ -384,9 +386,10 @@ Test(up, ports_freed_within_seconds_are_waited_for)
     pthread_join(t, NULL);
     kill(up_pid, SIGINT);
     int st;
+    pid_t up = up_pid;
     cr_assert_eq(waitpid(up_pid, &st, 0), up_pid);
     up_pid = 0;
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
+    child_exited_cleanly(up, st, "pdmoe up, started while a port of its was still held");
 }
 
 /* Files /dev/shm holds whose names start with `prefix`. */
@@ -420,6 +423,7 @@ Test(up, a_stopped_child_is_continued_to_stop_and_leaves_no_shared_memory)
     up_pid = 0;
     double took = pd_now_s() - t0;
     cr_assert_lt(took, 9.0, "up took %.1f s to stop (its 10 s escalation to SIGKILL)", took);
+    child_exited_cleanly(up, status, "pdmoe up, its decode group's mpirun stopped (SIGSTOP)");
     for (int q = port; q <= port + 2; q++)
         cr_assert_eq(processes_on(q), 0, "processes left behind on port %d", q);
     int shm = shm_files("vader_segment");
@@ -499,7 +503,7 @@ Test(up, a_full_tmpdir_is_said_and_leaves_no_file_behind)
     cr_assert_not_null(mkdtemp(d));
     snprintf(out, sizeof out, "%s/up.out", dir);
     snprintf(err, sizeof err, "%s/up.err", dir);
-    pid_t up = fork();
+    pid_t up = fork_pdmoe();
     if (up == 0) {
         if (unshare(CLONE_NEWNS) || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) ||
             mount("tmpfs", d, "tmpfs", 0, "size=64k"))
@@ -797,7 +801,7 @@ Test(up, engine_flags_reach_every_instance)
     char out[256], sp[16];
     snprintf(out, sizeof out, "%s/up.out", dir);
     snprintf(sp, sizeof sp, "%d", port);
-    pid_t up = fork();
+    pid_t up = fork_pdmoe();
     if (up == 0) {
         freopen(out, "w", stdout);
         execl(bin, bin, "up", "--model", dir, "--port", sp, "--host", "127.0.0.1", "--max-num-seqs", "3",
@@ -868,7 +872,7 @@ static void speculative_up(int port, int ep)
     snprintf(se, sizeof se, "%d", ep);
     if (ep > 1)
         mpi_test_env();
-    pid_t up = fork();
+    pid_t up = fork_pdmoe();
     if (up == 0) {
         freopen(out, "w", stdout);
         execl(bin, bin, "up", "--model", dir, "--port", sp, "--prefill-ep", se, "--decode-ep", se,
@@ -972,7 +976,7 @@ Test(up, a_shutdown_timeout_lets_the_streams_in_flight_finish)
     snprintf(out, sizeof out, "%s/up.out", dir);
     snprintf(sse, sizeof sse, "%s/stream.sse", dir);
     snprintf(sp, sizeof sp, "%d", port);
-    pid_t up = fork();
+    pid_t up = fork_pdmoe();
     if (up == 0) {
         freopen(out, "w", stdout);
         execl(bin, bin, "up", "--model", dir, "--port", sp, "--max-model-len", "16384", "--shutdown-timeout", "90",
@@ -996,7 +1000,7 @@ Test(up, a_shutdown_timeout_lets_the_streams_in_flight_finish)
     int status;
     cr_assert_eq(waitpid(up, &status, 0), up);
     up_pid = 0;
-    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "pdmoe up exited with %d", status);
+    child_exited_cleanly(up, status, "pdmoe up --shutdown-timeout 90");
     cr_assert_lt(pd_now_s() - t0, 90, "the drain ran to its deadline");
     const char *s = slurp(sse);
     cr_assert_null(strstr(s, "\"error\""), "the stream was cut: ...%s", s + (strlen(s) > 400 ? strlen(s) - 400 : 0));
@@ -1018,7 +1022,7 @@ Test(up, serve_drains_until_its_shutdown_timeout_or_a_second_signal)
     snprintf(sp, sizeof sp, "%d", port);
     snprintf(sse, sizeof sse, "%s/stream.sse", dir);
     for (int twice = 0; twice < 2; twice++) {
-        pid_t s = fork();
+        pid_t s = fork_pdmoe();
         if (s == 0) {
             freopen("/dev/null", "w", stderr);
             execl(bin, bin, "serve", "--model", dir, "--port", sp, "--max-model-len", "16384", "--threads", "1",
@@ -1042,7 +1046,8 @@ Test(up, serve_drains_until_its_shutdown_timeout_or_a_second_signal)
         up_pid = 0;
         double took = pd_now_s() - t0;
         pclose(c);
-        cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "serve exited with %d", status);
+        child_exited_cleanly(s, status, twice ? "pdmoe serve --shutdown-timeout 90, signalled twice"
+                                              : "pdmoe serve --shutdown-timeout 1");
         cr_assert_lt(took, 8, "%s: serve took %.1f s to stop", twice ? "a second signal" : "a 1 s drain", took);
         if (!twice)
             cr_assert_geq(took, 0.9, "the drain ended before its deadline (%.2f s) with a stream running", took);
@@ -1056,7 +1061,7 @@ Test(up, serve_drains_until_its_shutdown_timeout_or_a_second_signal)
 /* argv (NULL-ended) started with its stdout (and its stderr, with err) in the file out. */
 static pid_t run_to(const char *out, int err, const char *const *argv)
 {
-    pid_t p = fork();
+    pid_t p = fork_pdmoe();
     if (p == 0) {
         freopen(out, "w", stdout);
         if (err)

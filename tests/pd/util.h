@@ -16,6 +16,7 @@
 #include <sys/file.h>
 #include <sys/wait.h>
 
+#include "../child.h"
 #include "model/tokenizer.h"
 #include "pd/server.h"
 #include "proxy/proxy.h"

@@ -1,0 +1,164 @@
+/* pdmoe processes a test starts (serve, proxy, up, an mpirun of serve's ranks) and their graceful
+ * stop checked: a SIGTERM or SIGINT must end them with exit status 0 (an operator's supervisor sees
+ * anything else), and, under AddressSanitizer, without a sanitizer report (LeakSanitizer's check at
+ * their exit). Before, a test sent SIGTERM and waited, and a leak in the child was an exit status 23
+ * and a report on stderr nobody read.
+ *
+ * fork_pdmoe() forks with ASAN_OPTIONS extended by log_path=/tmp/pdmoe-san.TESTPID in the child, so
+ * a report goes to the file /tmp/pdmoe-san.TESTPID.PID of the process that wrote it, the child's or
+ * a process it started itself (up's servers and proxy, mpirun's ranks: they inherit it). The
+ * environment is built before the fork (the child only swaps environ: no malloc between fork and
+ * exec in a test that runs threads). stop_pdmoe() sends the signal, waits, and fails the test with
+ * the status and the first lines of the child's report; child_exited_cleanly() is that check for a
+ * test that waits itself. A report left by a process the child started (a server of up's, a rank)
+ * fails the test after its body (child_reports_none, tests/criterion_wrap.c). Without
+ * AddressSanitizer no file is ever written. */
+#ifndef PD_TESTS_CHILD_H
+#define PD_TESTS_CHILD_H
+
+#include <criterion/criterion.h>
+#include <glob.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* environ with ASAN_OPTIONS ending in log_path=/tmp/pdmoe-san.TESTPID (malloc'ed; child_env_free) */
+static inline char **child_env(void)
+{
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **env = calloc(n + 2, sizeof *env);
+    cr_assert_not_null(env);
+    const char *asan = getenv("ASAN_OPTIONS");
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "ASAN_OPTIONS=", 13))
+            env[k++] = strdup(environ[i]);
+    char *opt = malloc(strlen(asan ? asan : "") + 80);
+    cr_assert_not_null(opt);
+    sprintf(opt, "ASAN_OPTIONS=%s%slog_path=/tmp/pdmoe-san.%d", asan ? asan : "", asan && *asan ? ":" : "",
+            (int)getpid());
+    env[k++] = opt;
+    env[k] = NULL;
+    return env;
+}
+
+static inline void child_env_free(char **env)
+{
+    for (size_t i = 0; env[i]; i++)
+        free(env[i]);
+    free(env);
+}
+
+/* fork() for a child that will exec pdmoe (directly, through bash -c "exec ...", or mpirun). */
+static inline pid_t fork_pdmoe(void)
+{
+    char **env = child_env();
+    pid_t p = fork();
+    if (p == 0) {
+        environ = env;   /* (the copy is the child's now: never freed) */
+        return 0;
+    }
+    child_env_free(env);
+    cr_assert_geq(p, 0, "fork failed");
+    return p;
+}
+
+/* Appends to msg (capacity cap) the first lines of the sanitizer report in `path`, removes it. */
+static inline void child_report_take(const char *path, char *msg, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    char line[512];
+    int lines = 0;
+    size_t len = strlen(msg);
+    snprintf(msg + len, cap - len, "\n--- %s:", path);
+    /* the summary and the first frames of the first allocations: enough to name the leak */
+    while (f && fgets(line, sizeof line, f) && lines < 24) {
+        if (line[0] == '\n' || !strncmp(line, "=====", 5))
+            continue;
+        len = strlen(msg);
+        snprintf(msg + len, cap - len, "\n%.*s", (int)strcspn(line, "\n"), line);
+        lines++;
+    }
+    if (f)
+        fclose(f);
+    remove(path);
+}
+
+/* Fails the test if any process it started (through fork_pdmoe), or one those started, wrote a
+ * sanitizer report that no stop took: run after the test's body (tests/criterion_wrap.c). */
+static inline void child_reports_none(void)
+{
+    char pattern[64];
+    snprintf(pattern, sizeof pattern, "/tmp/pdmoe-san.%d.*", (int)getpid());
+    glob_t g;
+    if (glob(pattern, 0, NULL, &g) != 0)
+        return;
+    static char msg[16384];
+    msg[0] = 0;
+    for (size_t i = 0; i < g.gl_pathc; i++)
+        child_report_take(g.gl_pathv[i], msg, sizeof msg);
+    size_t n = g.gl_pathc;
+    globfree(&g);
+    cr_assert_fail("%zu process(es) this test started (or one of theirs, named by pid) wrote a sanitizer "
+                   "report:%s", n, msg);
+}
+
+/* Fails the test unless wait status st of child pid, stopped by a signal, is exit status 0 and the
+ * child wrote no sanitizer report; `what` names it ("pdmoe serve (port 8000)"). */
+static inline void child_exited_cleanly(pid_t pid, int st, const char *what)
+{
+    static char msg[16384];
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/pdmoe-san.%d.%d", (int)getpid(), (int)pid);
+    msg[0] = 0;
+    int report = access(path, F_OK) == 0;
+    if (report)
+        child_report_take(path, msg, sizeof msg);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0 && !report)
+        return;
+    char how[64];
+    if (WIFEXITED(st))
+        snprintf(how, sizeof how, "exited %d", WEXITSTATUS(st));
+    else if (WIFSIGNALED(st))
+        snprintf(how, sizeof how, "was killed by signal %d", WTERMSIG(st));
+    else
+        snprintf(how, sizeof how, "ended with wait status %d", st);
+    cr_assert_fail("%s %s at its graceful stop%s", what, how, msg);
+}
+
+/* Waits up to 60 s for child p to end (its wait status in *st), else SIGKILLs it (its process
+ * group when group) and reaps it: 1 if it ended by itself. */
+static inline int reap_within(pid_t p, int group, int *st)
+{
+    for (int i = 0; i < 1200; i++) {
+        if (waitpid(p, st, WNOHANG) == p)
+            return 1;
+        usleep(50000);
+    }
+    kill(group ? -p : p, SIGKILL);
+    waitpid(p, st, 0);
+    return 0;
+}
+
+/* Sends sig (SIGTERM, SIGINT; to its process group when group) to *pid, waits for it, and checks
+ * that it exited 0 without a sanitizer report; *pid = 0 (nothing done when it is 0 already). */
+static inline void stop_pdmoe(pid_t *pid, int sig, int group, const char *what)
+{
+    if (*pid <= 0)
+        return;
+    pid_t p = *pid;
+    int st = 0;
+    *pid = 0;
+    kill(group ? -p : p, sig);
+    cr_assert(reap_within(p, group, &st), "%s did not exit within 60 s of signal %d", what, sig);
+    child_exited_cleanly(p, st, what);
+}
+
+#endif
