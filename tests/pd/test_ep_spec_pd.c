@@ -33,6 +33,7 @@ static char dir[64], log_path[96];
 enum { N_PIDS = 4 };
 static pid_t pids[N_PIDS];   /* every server this test started (0: none) */
 static char names[N_PIDS][64];   /* "pdmoe serve (port N, 2 ranks)", for a stop's messages */
+static int by_mpirun[N_PIDS];    /* pids[i] is an mpirun (its ranks, the group) */
 static int base_port;
 
 static const char *bin(void)
@@ -52,7 +53,18 @@ static void setup(void)
 /* SIGTERM to the server's process group; it must exit 0 without a sanitizer report (tests/child.h). */
 static void stop_pid(pid_t *p)
 {
-    stop_pdmoe(p, SIGTERM, 1, names[p - pids]);
+    if (*p <= 0)
+        return;
+    const long i = p - pids;
+    pid_t was = *p;
+    int st = 0;
+    *p = 0;
+    kill(-was, SIGTERM);
+    cr_assert(reap_within(was, 1, &st), "%s did not exit within 60 s of SIGTERM", names[i]);
+    if (by_mpirun[i])
+        mpirun_signalled_cleanly(was, st, names[i]);
+    else
+        child_exited_cleanly(was, st, names[i]);
 }
 
 /* Every server still running stopped at once, then each one's stop checked (a failed check leaves
@@ -74,7 +86,10 @@ static void teardown(void)
     for (int i = 0; i < N_PIDS; i++)
         if (left[i] > 0) {
             cr_assert(ended[i], "%s did not exit within 60 s of SIGTERM", names[i]);
-            child_exited_cleanly(left[i], st[i], names[i]);
+            if (by_mpirun[i])
+                mpirun_signalled_cleanly(left[i], st[i], names[i]);
+            else
+                child_exited_cleanly(left[i], st[i], names[i]);
         }
 }
 
@@ -128,6 +143,7 @@ static void start(int slot, int port, int ranks, int k, const char *kv, int cach
     setpgid(pid, pid);
     pids[slot] = pid;
     snprintf(names[slot], sizeof names[slot], "pdmoe serve (port %d, %d rank%s)", port, ranks, ranks > 1 ? "s" : "");
+    by_mpirun[slot] = ranks > 1;
     char out[256];
     for (int i = 0; i < 1200; i++) {
         if (curl_port(port, "/health", NULL, NULL, out, sizeof out) == 200)

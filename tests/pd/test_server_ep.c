@@ -239,7 +239,7 @@ Test(server_ep, two_ranks_give_the_tokens_of_one_process_and_free_every_block)
     kill(-group, SIGINT);
     int st;
     cr_assert(exited_within(group, 30, &st), "the group did not end within 30 s of Ctrl-C");
-    child_exited_cleanly(group, st, "mpirun of pdmoe serve's EP group at Ctrl-C");
+    mpirun_signalled_cleanly(group, st, "mpirun of pdmoe serve's EP group at Ctrl-C");
     group = 0;
     cr_assert_eq(processes_on(pg), 0);
 }
