@@ -177,8 +177,11 @@ static void render_v4(struct buf *b, const struct pd_chat_think *th, const struc
         if (role_is(&m[i], "system")) {
             put_content(b, m[i].content);
         } else if (role_is(&m[i], "assistant")) {
-            if (thinking && (!drop || (last_user != SIZE_MAX && i > last_user)))
+            if (thinking && (!drop || (last_user != SIZE_MAX && i > last_user))) {
+                if (m[i].reasoning)
+                    put_content(b, m[i].reasoning);
                 put(b, THINK_END);
+            }
             put_content(b, m[i].content);
             put(b, EOS);
         } else {
@@ -264,6 +267,42 @@ static int join_parts(const json_t *parts, size_t i, struct pd_chat_msg *m, char
     return 0;
 }
 
+/* A message's field an OpenAI client writes out at the value that asks for nothing (the SDK's
+ * ChatCompletionMessage dumped whole and sent back): null, or an empty list of tool calls or
+ * annotations. */
+static int asks_nothing(const char *k, const json_t *v)
+{
+    static const char *const nullable[] = {"refusal", "tool_calls", "function_call", "audio", "name", "annotations",
+                                           NULL};
+    for (int j = 0; nullable[j]; j++)
+        if (!strcmp(k, nullable[j]))
+            return json_is_null(v) ||
+                   ((!strcmp(k, "tool_calls") || !strcmp(k, "annotations")) && json_is_array(v) && !json_array_size(v));
+    return 0;
+}
+
+/* An assistant message's reasoning: "reasoning" or "reasoning_content", a string or null (chat.h). */
+static int reasoning_of(const json_t *x, size_t i, struct pd_chat_msg *m, pd_err *e)
+{
+    const json_t *r = json_object_get(x, "reasoning"), *rc = json_object_get(x, "reasoning_content");
+    const char *name = r ? "reasoning" : "reasoning_content";
+    if (!r)
+        r = rc;
+    else if (rc && !json_equal((json_t *)r, (json_t *)rc))
+        return pd_err_set(e, PD_EINVAL, "\"messages[%zu]\": \"reasoning\" and \"reasoning_content\" differ (send one)",
+                          i);
+    if (!r || json_is_null(r))
+        return 0;
+    if (!m->role || strcmp(m->role, "assistant"))
+        return pd_err_set(e, PD_EINVAL, "\"messages[%zu]\": \"%s\" is an assistant message's", i, name);
+    if (!json_is_string(r))
+        return pd_err_set(e, PD_EINVAL, "\"messages[%zu].%s\" must be a string or null", i, name);
+    if (strlen(json_string_value(r)) != json_string_length(r))
+        return pd_err_set(e, PD_EINVAL, "\"messages[%zu].%s\" %s", i, name, NUL_REFUSED);
+    m->reasoning = json_string_value(r);
+    return 0;
+}
+
 int pd_chat_messages(const json_t *msgs, struct pd_chat_msg **mp, size_t *np, pd_err *e)
 {
     *mp = NULL;
@@ -285,12 +324,15 @@ int pd_chat_messages(const json_t *msgs, struct pd_chat_msg **mp, size_t *np, pd
             break;
         }
         json_object_foreach((json_t *)x, k, v)
-            if (strcmp(k, "role") && strcmp(k, "content")) {
+            if (strcmp(k, "role") && strcmp(k, "content") && strcmp(k, "reasoning") && strcmp(k, "reasoning_content") &&
+                !asks_nothing(k, v)) {
                 rc = pd_err_set(e, PD_EINVAL, "\"messages[%zu]\": \"%s\" is not supported (a message has \"role\" "
-                                "and \"content\")", i, k);
+                                "and \"content\", an assistant's its \"reasoning\")", i, k);
                 break;
             }
         m[i].role = json_string_value(json_object_get(x, "role"));
+        if (!rc)
+            rc = reasoning_of(x, i, &m[i], e);
         c = json_object_get(x, "content");
         if (!rc && json_is_array(c))
             rc = join_parts(c, i, &m[i], &owned[i], e);

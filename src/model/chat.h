@@ -10,11 +10,11 @@
  *     Thinking mode (struct pd_chat_think; encode_messages(thinking_mode="thinking"), the release's
  *     encoding/tests/test_output_2.txt): the same, except that the last user turn's marker is
  *     "<｜Assistant｜><think>" (the model writes its reasoning, then "</think>", then the answer), and
- *     an assistant message after it is "</think>" + content + EOS (an empty reasoning: pdmoe takes
- *     no reasoning_content). Earlier turns are rendered as in chat mode (drop_thinking, the
+ *     an assistant message after it is its reasoning + "</think>" + content + EOS. Earlier turns are rendered as in chat mode (drop_thinking, the
  *     default: their reasoning is dropped, "<｜Assistant｜></think>" before each answer); with
  *     drop_thinking false every user turn ends "<｜Assistant｜><think>" and every assistant message
- *     starts "</think>". reasoning_effort "max" puts REASONING_EFFORT_MAX (three sentences, see
+ *     starts with its reasoning and "</think>". An assistant message's reasoning is rendered only
+ *     there: in chat mode, and in the turns drop_thinking drops, it is left out. reasoning_effort "max" puts REASONING_EFFORT_MAX (three sentences, see
  *     chat.c) right after the BOS, before the first message; "high" and none render alike.
  *   PD_CHAT_DSV3: DeepSeek-V3's chat_template (its tokenizer_config.json), as Jinja renders it with
  *     add_generation_prompt: BOS, every system message's content (joined by "\n\n") first, then
@@ -46,6 +46,7 @@ struct pd_chat_think {
 struct pd_chat_msg {
     const char *role;      /* "system", "user" or "assistant" */
     const char *content;
+    const char *reasoning; /* an assistant message's "reasoning" (or "reasoning_content"), NULL if none */
 };
 
 const char *pd_chat_format_name(enum pd_chat_format f);
@@ -58,8 +59,12 @@ int pd_chat_format_of(const char *dir, enum pd_chat_format *f, pd_err *e);
 
 /* The OpenAI chat API's "messages" (a non-empty JSON array) as n messages into *m (malloc'ed;
  * pd_chat_messages_free), pointing into msgs, which must outlive them. Each message is an object
- * of "role" and "content" only: another field (name, tool_calls, tool_call_id, ...) is an error
- * naming it, as pdmoe implements none of them. A content is a string, or an array of text parts
+ * of "role" and "content", and an assistant's may carry its "reasoning" (vLLM's answer field) or
+ * "reasoning_content" (DeepSeek's and vLLM's older one; a string or null; both given, they must be
+ * equal): a client that appends the answer's message to the next request sends it back. Fields an
+ * OpenAI client writes out at the value that asks for nothing (refusal, tool_calls, function_call,
+ * audio, name: null; tool_calls, annotations: empty) are taken; another field, or one of those with a
+ * value (a tool call, a name), is an error naming it, as pdmoe implements none of them. A content is a string, or an array of text parts
  * {"type": "text", "text": "..."} joined by "\n" (as vLLM joins them for a text-only template);
  * another part type (image_url, input_audio, ...) or a part with other fields is an error naming
  * "messages[i].content[j]". Roles and missing contents are checked by pd_chat_render. */

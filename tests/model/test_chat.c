@@ -33,6 +33,8 @@ static void expect(enum pd_chat_format f, const struct pd_chat_msg *m, size_t n,
     free(out);
 }
 
+/* messages written {role, content}: the reasoning, last, left NULL */
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 #define M(...) ((const struct pd_chat_msg[]){__VA_ARGS__})
 #define N(...) (sizeof((const struct pd_chat_msg[]){__VA_ARGS__}) / sizeof(struct pd_chat_msg))
 #define CHECK(f, want, ...) expect(f, M(__VA_ARGS__), N(__VA_ARGS__), want)
@@ -180,6 +182,52 @@ static int from_json(const char *text, json_t **j, struct pd_chat_msg **m, size_
     return pd_chat_messages(*j, m, n, e);
 }
 
+/* An answer's message sent back in the next request, as a client appends it (the OpenAI SDK's
+ * message dumped whole: refusal, tool_calls, function_call, audio null, annotations empty, and
+ * vLLM's "reasoning"): taken, its reasoning rendered only where the encoding keeps it (after the
+ * last user turn, or every turn with drop_thinking false), dropped in chat mode and in earlier
+ * turns; "reasoning_content" (DeepSeek's name) the same. */
+Test(chat, an_answer_sent_back_with_its_reasoning_is_taken)
+{
+    struct pd_chat_msg *m;
+    size_t n;
+    pd_err e = {0};
+    json_t *j;
+    cr_assert_eq(from_json("[{\"role\":\"user\",\"content\":\"hi\"},"
+                           "{\"role\":\"assistant\",\"content\":\"hello!\",\"reasoning\":\"greet back\",\"refusal\":null,"
+                           "\"tool_calls\":null,\"function_call\":null,\"audio\":null,\"annotations\":[],\"name\":null},"
+                           "{\"role\":\"user\",\"content\":\"and then?\"},"
+                           "{\"role\":\"assistant\",\"content\":\"then this\",\"reasoning_content\":\"think more\","
+                           "\"tool_calls\":[]}]",
+                           &j, &m, &n, &e),
+                 0, "%s", e.msg);
+    cr_assert_eq(n, 4);
+    cr_expect_str_eq(m[1].reasoning, "greet back");
+    cr_expect_str_eq(m[3].reasoning, "think more");
+    cr_expect_null(m[0].reasoning);
+    const struct pd_chat_think on = {1, 1, 0}, keep = {1, 0, 0};
+    expect_think(PD_CHAT_DSV4, &on, m, n,
+                 B U "hi" A "</think>" "hello!" E U "and then?" A "<think>" "think more" "</think>" "then this" E);
+    expect_think(PD_CHAT_DSV4, &keep, m, n,
+                 B U "hi" A "<think>" "greet back" "</think>" "hello!" E U "and then?" A "<think>" "think more"
+                 "</think>" "then this" E);
+    expect_think(PD_CHAT_DSV4, NULL, m, n, B U "hi" A "</think>" "hello!" E U "and then?" A "</think>" "then this" E);
+    /* the reasoning is a content: a marker's text in it is text (its bytes are a span) */
+    char *out;
+    size_t len, n_spans;
+    struct pd_tok_span *spans;
+    cr_assert_eq(pd_chat_render_think(PD_CHAT_DSV4, &keep, m, n, 1, &out, &len, &spans, &n_spans, &e), 0, "%s", e.msg);
+    const char *at = strstr(out, "greet back");
+    int covered = 0;
+    for (size_t i = 0; i < n_spans; i++)
+        covered |= spans[i].off <= (size_t)(at - out) && spans[i].off + spans[i].len >= (size_t)(at - out) + 10;
+    cr_expect(covered, "the reasoning's bytes are not a content span");
+    free(out);
+    free(spans);
+    pd_chat_messages_free(m, n);
+    json_decref(j);
+}
+
 Test(chat, text_parts_are_joined_and_the_rest_refused_by_place)
 {
     struct pd_chat_msg *m;
@@ -216,7 +264,17 @@ Test(chat, text_parts_are_joined_and_the_rest_refused_by_place)
          "\"messages[0].content[0]\": \"cache_control\" is not supported"},
         {"[{\"role\":\"user\",\"content\":[\"a\"]}]", "\"messages[0].content[0]\" must be an object with a \"type\""},
         {"[{\"role\":\"user\",\"content\":\"q\",\"name\":\"bob\"}]",
-         "\"messages[0]\": \"name\" is not supported (a message has \"role\" and \"content\")"},
+         "\"messages[0]\": \"name\" is not supported (a message has \"role\" and \"content\", an assistant's its "
+         "\"reasoning\")"},
+        {"[{\"role\":\"assistant\",\"content\":\"a\",\"tool_calls\":[{\"id\":\"c\",\"type\":\"function\"}]}]",
+         "\"messages[0]\": \"tool_calls\" is not supported (a message has \"role\" and \"content\", an assistant's its "
+         "\"reasoning\")"},
+        {"[{\"role\":\"user\",\"content\":\"q\",\"reasoning\":\"r\"}]",
+         "\"messages[0]\": \"reasoning\" is an assistant message's"},
+        {"[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning_content\":7}]",
+         "\"messages[0].reasoning_content\" must be a string or null"},
+        {"[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning\":\"x\",\"reasoning_content\":\"y\"}]",
+         "\"messages[0]\": \"reasoning\" and \"reasoning_content\" differ (send one)"},
         {"[\"q\"]", "\"messages[0]\" must be an object with \"role\" and \"content\""},
         {"[]", "\"messages\" must be a non-empty array"},
         {"{}", "\"messages\" must be a non-empty array"},

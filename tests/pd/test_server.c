@@ -831,6 +831,25 @@ Test(server, a_thinking_chat_opens_think_and_splits_the_answer)
     snprintf(body, sizeof body, "{%s,\"chat_template_kwargs\":{\"thinking\":true},\"reasoning_effort\":\"none\"}", msgs);
     cr_assert_eq(curl("/v1/chat/completions", body, NULL, out, sizeof out), 200, "%s", out);
     cr_expect(!strstr(out, "\"reasoning\"") && strstr(out, "\"content\""), "%s", out);
+    /* the answer's message sent back whole, as a client appends it (with the fields OpenAI's SDK
+     * writes out empty): taken, its reasoning dropped from the earlier turn (drop_thinking), so the
+     * prompt is the one of the same chat without it */
+    static char turn2[8192];
+    snprintf(turn2, sizeof turn2, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\","
+             "\"content\":\"Hello\",\"reasoning\":\"be brief\",\"refusal\":null,\"tool_calls\":null,"
+             "\"annotations\":[]},{\"role\":\"user\",\"content\":\"More\"}],\"max_tokens\":1,"
+             "\"chat_template_kwargs\":{\"thinking\":true}}");
+    cr_assert_eq(curl("/v1/chat/completions", turn2, NULL, out, sizeof out), 200, "%s", out);
+    json_t *a = parse(out);
+    snprintf(turn2, sizeof turn2, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\","
+             "\"content\":\"Hello\"},{\"role\":\"user\",\"content\":\"More\"}],\"max_tokens\":1,"
+             "\"chat_template_kwargs\":{\"thinking\":true}}");
+    cr_assert_eq(curl("/v1/chat/completions", turn2, NULL, out, sizeof out), 200, "%s", out);
+    json_t *b = parse(out);
+    cr_expect(json_equal(json_object_get(json_object_get(a, "usage"), "prompt_tokens"),
+                         json_object_get(json_object_get(b, "usage"), "prompt_tokens")));
+    json_decref(a);
+    json_decref(b);
 }
 
 /* Two answers whose first choices carry the same token_ids. */
