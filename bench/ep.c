@@ -176,7 +176,7 @@ static double raw_once(const struct pd_ep *ep, struct pd_engine *en, int layer, 
 static void open_rank(const char *what, const char *dir, int *rank, int *size, struct pd_model *m, struct pd_ep *ep)
 {
     int provided;
-    MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+    pd_ep_mpi_init(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, rank);
     MPI_Comm_size(MPI_COMM_WORLD, size);
     pd_err e = {0};
@@ -371,7 +371,7 @@ static int worker(const char *dir, int quick, int json)
     free(next);
     pd_engine_close(&en);
     pd_ep_free(&ep);
-    MPI_Finalize();
+    pd_ep_finalize();
     return 0;
 }
 
@@ -486,7 +486,7 @@ static int check_worker(const char *dir)
     free(out);
     pd_engine_close(&en);
     pd_ep_free(&ep);
-    MPI_Finalize();
+    pd_ep_finalize();
     return all_bad ? 1 : 0;
 }
 

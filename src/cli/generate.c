@@ -529,7 +529,7 @@ int pd_cli_generate(int argc, char **argv)
     pd_err e = {0};
     if (o.ep) {
         int provided;
-        MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+        pd_ep_mpi_init(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
         b.use_mpi = 1;
         MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
         MPI_Comm_size(MPI_COMM_WORLD, &b.size);
@@ -645,7 +645,7 @@ out:
         pd_ep_free(&b.ep);
         if (rc)
             MPI_Abort(MPI_COMM_WORLD, rc);
-        MPI_Finalize();
+        pd_ep_finalize();
     }
     return rc;
 }

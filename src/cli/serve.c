@@ -2,6 +2,7 @@
  * under mpirun with --enable-expert-parallel, on an EP group whose rank 0 serves HTTP. */
 #include "cli/cli.h"
 #include "engine/spec.h"
+#include "ep/ep.h"
 #include "core/mem.h"
 #include "core/net.h"
 #include "core/units.h"
@@ -360,7 +361,7 @@ int pd_cli_serve(int argc, char **argv)
             fprintf(stderr, "pdmoe serve: %s ranks of this group on this host: %s\n", local, note);
     }
     int provided = 0, rank = 0, size = 1;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+    pd_ep_mpi_init(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     int rc;
@@ -377,6 +378,6 @@ int pd_cli_serve(int argc, char **argv)
         /* one rank failed: the others cannot step without it (mpirun exits with rc) */
         MPI_Abort(MPI_COMM_WORLD, rc);
     }
-    MPI_Finalize();
+    pd_ep_finalize();
     return rc;
 }

@@ -9,6 +9,11 @@
 #include <stdio.h>
 #include <string.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#define PD_LSAN 1
+#endif
+
 static void cancel_all(int n, MPI_Request *req);
 
 int pd_ep_init(struct pd_ep *ep, MPI_Comm comm, const struct pd_model *m, pd_err *e)
@@ -55,6 +60,25 @@ int pd_ep_init(struct pd_ep *ep, MPI_Comm comm, const struct pd_model *m, pd_err
                 ep->has_expert[x] = 1;
         }
     return 0;
+}
+
+void pd_ep_mpi_init(int *argc, char ***argv, int required, int *provided)
+{
+#ifdef PD_LSAN
+    __lsan_disable();
+#endif
+    MPI_Init_thread(argc, argv, required, provided);
+#ifdef PD_LSAN
+    __lsan_enable();
+#endif
+}
+
+void pd_ep_finalize(void)
+{
+#ifdef PD_LSAN
+    __lsan_do_leak_check();
+#endif
+    MPI_Finalize();
 }
 
 void pd_ep_free(struct pd_ep *ep)
