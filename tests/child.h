@@ -27,6 +27,19 @@
 
 extern char **environ;
 
+/* "ASAN_OPTIONS=" the test's own, then `extra` (NULL or options, ':'-separated), then
+ * print_suppressions=0 (a process whose leaks were all suppressed would write a file of the
+ * suppressions used, read as a report) and log_path=/tmp/pdmoe-san.TESTPID: for a child's
+ * environment, or mpirun's -x. */
+static inline void child_asan_options(char *buf, size_t cap, const char *extra)
+{
+    const char *asan = getenv("ASAN_OPTIONS");
+    int n = snprintf(buf, cap, "ASAN_OPTIONS=%s%s%s%sprint_suppressions=0:log_path=/tmp/pdmoe-san.%d",
+                     asan ? asan : "", asan && *asan ? ":" : "", extra ? extra : "", extra ? ":" : "",
+                     (int)getpid());
+    cr_assert(n > 0 && (size_t)n < cap, "ASAN_OPTIONS too long");
+}
+
 /* environ with ASAN_OPTIONS ending in log_path=/tmp/pdmoe-san.TESTPID (malloc'ed; child_env_free) */
 static inline char **child_env(void)
 {
@@ -35,16 +48,13 @@ static inline char **child_env(void)
         n++;
     char **env = calloc(n + 2, sizeof *env);
     cr_assert_not_null(env);
-    const char *asan = getenv("ASAN_OPTIONS");
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
         if (strncmp(environ[i], "ASAN_OPTIONS=", 13))
             env[k++] = strdup(environ[i]);
-    char *opt = malloc(strlen(asan ? asan : "") + 80);
-    cr_assert_not_null(opt);
-    sprintf(opt, "ASAN_OPTIONS=%s%slog_path=/tmp/pdmoe-san.%d", asan ? asan : "", asan && *asan ? ":" : "",
-            (int)getpid());
-    env[k++] = opt;
+    char opt[2048];
+    child_asan_options(opt, sizeof opt, NULL);
+    env[k++] = strdup(opt);
     env[k] = NULL;
     return env;
 }
@@ -91,23 +101,32 @@ static inline void child_report_take(const char *path, char *msg, size_t cap)
     remove(path);
 }
 
-/* Fails the test if any process it started (through fork_pdmoe), or one those started, wrote a
- * sanitizer report that no stop took: run after the test's body (tests/criterion_wrap.c). */
-static inline void child_reports_none(void)
+/* Takes every sanitizer report a process of this test's wrote (msg, capacity cap, as
+ * child_report_take): how many. */
+static inline size_t child_reports_take_all(char *msg, size_t cap)
 {
     char pattern[64];
     snprintf(pattern, sizeof pattern, "/tmp/pdmoe-san.%d.*", (int)getpid());
     glob_t g;
     if (glob(pattern, 0, NULL, &g) != 0)
-        return;
-    static char msg[16384];
-    msg[0] = 0;
+        return 0;
     for (size_t i = 0; i < g.gl_pathc; i++)
-        child_report_take(g.gl_pathv[i], msg, sizeof msg);
+        child_report_take(g.gl_pathv[i], msg, cap);
     size_t n = g.gl_pathc;
     globfree(&g);
-    cr_assert_fail("%zu process(es) this test started (or one of theirs, named by pid) wrote a sanitizer "
-                   "report:%s", n, msg);
+    return n;
+}
+
+/* Fails the test if any process it started (through fork_pdmoe), or one those started, wrote a
+ * sanitizer report that no stop took: run after the test's body (tests/criterion_wrap.c). */
+static inline void child_reports_none(void)
+{
+    static char msg[16384];
+    msg[0] = 0;
+    size_t n = child_reports_take_all(msg, sizeof msg);
+    if (n)
+        cr_assert_fail("%zu process(es) this test started (or one of theirs, named by pid) wrote a sanitizer "
+                       "report:%s", n, msg);
 }
 
 /* Fails the test unless wait status st of child pid, stopped by a signal, is exit status 0 (or
@@ -123,6 +142,9 @@ static inline void child_exited_with(pid_t pid, int st, int also_ok, const char 
         child_report_take(path, msg, sizeof msg);
     if (WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == also_ok) && !report)
         return;
+    /* the reports of the processes it started (an mpirun's ranks: a rank's leak is its exit status
+     * 23, mpirun's 1), which the check after the body will not see: the test fails here */
+    child_reports_take_all(msg, sizeof msg);
     char how[64];
     if (WIFEXITED(st))
         snprintf(how, sizeof how, "exited %d", WEXITSTATUS(st));

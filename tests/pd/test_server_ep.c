@@ -95,7 +95,7 @@ static pid_t launch(char *const *argv, int port)
 static const char *group_clock_shift;
 static pid_t start_group_of(int port, int ranks, int seqs, const char *kv)
 {
-    char sp[16], sn[16], ss[16], preload[PATH_MAX + 16], shift[64], asan[600];
+    char sp[16], sn[16], ss[16], preload[PATH_MAX + 16], shift[64], asan[2048];
     snprintf(sp, sizeof sp, "%d", port);
     snprintf(sn, sizeof sn, "%d", ranks);
     snprintf(ss, sizeof ss, "%d", seqs);
@@ -112,8 +112,8 @@ static pid_t start_group_of(int port, int ranks, int seqs, const char *kv)
         cr_assert_not_null(realpath(shim, abs), "%s: build it (make %s)", shim, shim);
         snprintf(preload, sizeof preload, "LD_PRELOAD=%s", abs);
         snprintf(shift, sizeof shift, "PDMOE_TEST_CLOCK_SHIFT_S=%s", group_clock_shift);
-        const char *a = getenv("ASAN_OPTIONS");
-        snprintf(asan, sizeof asan, "ASAN_OPTIONS=%s%sverify_asan_link_order=0", a ? a : "", a && *a ? ":" : "");
+        /* (with the log_path of child_env's: a rank's report reaches the test) */
+        child_asan_options(asan, sizeof asan, "verify_asan_link_order=0");
         char *x[] = {"-x", preload, "-x", shift, "-x", asan};
         for (int i = 0; i < 6; i++)
             argv[n++] = x[i];
