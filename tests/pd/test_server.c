@@ -663,10 +663,12 @@ Test(server, unimplemented_parameters_are_refused_by_name)
 {
     start(NULL, dir, 256);
     expect(400, "/v1/completions", "{\"prompt\":\"x\",\"n\":2}", NULL, "n");
-    /* a message's fields other than role and content: tool calls, names */
+    /* a message's fields other than role and content: tool calls, names (empty ones, as OpenAI's
+     * SDK writes them out, are taken: chat/an_answer_sent_back_with_its_reasoning_is_taken) */
     char msg[8192];
     cr_assert_eq(curl("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":"
-                      "\"assistant\",\"content\":\"\",\"tool_calls\":[]}]}", NULL, msg, sizeof msg), 400, "%s", msg);
+                      "\"assistant\",\"content\":\"\",\"tool_calls\":[{\"id\":\"c\",\"type\":\"function\"}]}]}", NULL, msg,
+                      sizeof msg), 400, "%s", msg);
     cr_expect(strstr(msg, "messages[1]") && strstr(msg, "tool_calls"), "%s", msg);
     expect(400, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":\"bob\"}]}", NULL,
            "messages");
