@@ -547,8 +547,12 @@ Test(kernels, pool_back_to_back_runs_and_wakeups, .timeout = 60)
         pd_pool_run(NULL, 1, count_task, &(struct count_arg){hits});   /* not counted: no pool */
         struct pd_pool_stats st;
         pd_pool_stats(pool, &st);
-        cr_assert_eq(st.dispatches, (unsigned long long)runs);
-        cr_assert_geq(st.wakeups, 1, "no run woke a sleeping worker after %d pauses", pauses);
+        /* a helper preempted (a busy machine: CI's sanitizer suite at -j2) sends the next 20 ms of
+         * runs to the caller alone, counted as backoff_runs, not dispatches */
+        cr_assert_eq(st.dispatches + st.backoff_runs, (unsigned long long)runs, "%llu dispatches, %llu runs on the "
+                     "caller alone after %llu stalls, of %d runs", st.dispatches, st.backoff_runs, st.stalls, runs);
+        if (!st.stalls)
+            cr_assert_geq(st.wakeups, 1, "no run woke a sleeping worker after %d pauses", pauses);
         cr_assert_leq(st.wakeups, (unsigned long long)runs);
         pd_pool_destroy(pool);
     }
