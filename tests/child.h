@@ -170,6 +170,22 @@ static inline void mpirun_signalled_cleanly(pid_t pid, int st, const char *what)
     child_exited_with(pid, st, 1, what);
 }
 
+/* Whether process pid has ended: gone, or a zombie its parent has not reaped yet (this
+ * container's PID 1 reaps late, and kill(pid, 0) succeeds on a zombie). */
+static inline int pid_ended(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')');   /* the command name may hold spaces and parentheses */
+    return !p || p[1] != ' ' || p[2] == 'Z';
+}
+
 /* Waits up to 60 s for child p to end (its wait status in *st), else SIGKILLs it (its process
  * group when group) and reaps it: 1 if it ended by itself. */
 static inline int reap_within(pid_t p, int group, int *st)

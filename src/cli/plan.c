@@ -396,11 +396,8 @@ int pd_cli_plan(int argc, char **argv)
         goto out;
     }
     /* (pd_plan_build and pd_emit refuse these too; here they are flags that do not go together) */
-    if (o.no_async_scheduling && (o.stack == PD_STACK_SGLANG || (emit && target == PD_EMIT_PDMOE))) {
-        fprintf(stderr, "pdmoe plan: --no-async-scheduling: vLLM's flag; %s\n",
-                o.stack == PD_STACK_SGLANG ? "the plan is SGLang's (--stack sglang, --emit sglang), whose scheduler has "
-                                             "no such flag"
-                                           : "pdmoe's servers have no such flag (their scheduler runs one step at a time)");
+    if (pd_emit_check_async(&o, emit != NULL, target, &e)) {
+        fprintf(stderr, "pdmoe plan: %s\n", e.msg);
         goto out;
     }
     if (pd_plan_build(&o, &p, &e)) {

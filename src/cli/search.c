@@ -142,12 +142,8 @@ int pd_cli_search(int argc, char **argv)
         return 2;
     }
     /* (pd_plan_build refuses it for SGLang's plans, pd_emit for pdmoe's: before the search here) */
-    if (o.base.no_async_scheduling && (o.base.stack == PD_STACK_SGLANG || (emit && target == PD_EMIT_PDMOE))) {
-        fprintf(stderr, "pdmoe search: --no-async-scheduling: vLLM's flag; %s\n",
-                o.base.stack == PD_STACK_SGLANG ? "the plan is SGLang's (--stack sglang, --emit sglang), whose "
-                                                  "scheduler has no such flag"
-                                                : "pdmoe's servers have no such flag (their scheduler runs one step at "
-                                                  "a time)");
+    if (pd_emit_check_async(&o.base, emit != NULL, target, &e)) {
+        fprintf(stderr, "pdmoe search: %s\n", e.msg);
         return 2;
     }
     struct pd_search s;

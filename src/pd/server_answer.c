@@ -112,9 +112,10 @@ static json_t *think_chunk(struct pd_server *s, struct req *r, const char *text,
 {
     if (r->think_done)
         return chunk(s, r, text, len, NULL);
+    /* the reasoning runs from the chunk's start, not from after a "<think>" (ro is not used):
+     * mid-stream a "<think>" is reasoning's text, vLLM strips it only from a whole answer */
     size_t ro, rl, co;
     r->think_done = pd_chat_think_split(text, len, &ro, &rl, &co);
-    ro = 0;   /* (mid-stream, a "<think>" is reasoning's text: vLLM strips it only from a whole answer) */
     rl = r->think_done ? co - strlen("</think>") : len;
     if (!rl && co == len && r->think_done)
         return NULL;

@@ -55,6 +55,21 @@ static int chat_prompt(struct pd_server *s, struct refusal *no, json_t *msgs, co
     return rc ? -1 : 0;
 }
 
+/* The first key of object o that is not one of known (NULL-ended), or NULL. */
+static const char *unknown_key(json_t *o, const char *const *known)
+{
+    const char *key;
+    json_t *val;
+    json_object_foreach(o, key, val) {
+        const char *const *k = known;
+        while (*k && strcmp(key, *k))
+            k++;
+        if (!*k)
+            return key;
+    }
+    return NULL;
+}
+
 /* Thinking mode, as vLLM takes it for DeepSeek-V4 (vllm-project/vllm 5dff5445
  * vllm/tokenizers/deepseek_v4.py, apply_chat_template; its reasoning parser reads the same keys,
  * d4f465fb vllm/reasoning/deepseek_v3_reasoning_parser.py): chat_template_kwargs "thinking" or
@@ -65,7 +80,6 @@ static int chat_prompt(struct pd_server *s, struct refusal *no, json_t *msgs, co
  * (minimal, low, medium, high: all render as "high" does) or "max", or "none", which vLLM's later
  * deepseek_v4.py (000af8f4) reads as chat mode, and so does pdmoe. Thinking with DeepSeek-V3's
  * template is refused by name (it has no thinking mode). 0, or a refusal (-1). */
-static const char *unknown_key(json_t *o, const char *const *known);
 
 static int think_opts(struct pd_server *s, struct refusal *no, json_t *j, int chat, struct pd_chat_think *th)
 {
@@ -337,21 +351,6 @@ static int64_t sequence_room(const struct pd_server *s)
             hi = mid - 1;
     }
     return lo;
-}
-
-/* The first key of object o that is not one of known (NULL-ended), or NULL. */
-static const char *unknown_key(json_t *o, const char *const *known)
-{
-    const char *key;
-    json_t *val;
-    json_object_foreach(o, key, val) {
-        const char *const *k = known;
-        while (*k && strcmp(key, *k))
-            k++;
-        if (!*k)
-            return key;
-    }
-    return NULL;
 }
 
 /* kv_transfer_params' keys: those a prefill instance answers, which the proxy hands to the decode

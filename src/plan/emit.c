@@ -563,42 +563,37 @@ static double sgl_fraction(const struct pd_plan *p, const struct pd_role_plan *r
     return x;
 }
 
-static double sgl_mem_fraction(const struct pd_plan *p, const struct pd_role_plan *rp)
-{
+/* What a DP rank of a role is launched with: the fraction written (its decimals) and the requests
+ * it gets (--max-running-requests / dp): the plan's admitted sequences, unless even the fraction's
+ * sixth decimal holds fewer (then those). */
+struct sgl_size {
+    double fraction;
     int digits;
-    return sgl_fraction(p, rp, &digits);
-}
+    int64_t admitted;
+};
 
-/* SGLang's NPU pools at the emitted fraction and requests (kvsize.h). */
-static void sgl_npu_pools(const struct pd_plan *p, const struct pd_role_plan *rp, struct pd_kv_sgl_pools *q);
-
-/* The requests a DP rank gets (--max-running-requests / dp): the plan's admitted sequences, unless
- * even the fraction's sixth decimal holds fewer (then those). */
-static int64_t sgl_admitted(const struct pd_plan *p, const struct pd_role_plan *rp)
+static void sgl_size(const struct pd_plan *p, const struct pd_role_plan *rp, struct sgl_size *z)
 {
-    return sgl_holds(p, rp, sgl_mem_fraction(p, rp), pd_plan_admitted_seqs(p, rp->role));
-}
-
-static void sgl_npu_pools(const struct pd_plan *p, const struct pd_role_plan *rp, struct pd_kv_sgl_pools *q)
-{
-    sgl_npu_pools_at(p, rp, sgl_mem_fraction(p, rp), sgl_admitted(p, rp), q);
+    z->fraction = sgl_fraction(p, rp, &z->digits);
+    z->admitted = sgl_holds(p, rp, z->fraction, pd_plan_admitted_seqs(p, rp->role));
 }
 
 /* What SGLang's NPU pools will be (its "DSV4 pool sizes" log line) and take, said in the script. */
-static void sgl_npu_note(FILE *f, const struct pd_emit_ctx *c, const struct pd_role_plan *rp)
+static void sgl_npu_note(FILE *f, const struct pd_emit_ctx *c, const struct pd_role_plan *rp,
+                         const struct sgl_size *z)
 {
     const struct pd_plan *p = c->p;
     if (p->kv.layout != PD_KV_LAYOUT_SGLANG_NPU)
         return;
     struct pd_kv_sgl_pools q;
-    sgl_npu_pools(p, rp, &q);
+    sgl_npu_pools_at(p, rp, z->fraction, z->admitted, &q);
     char a[32], b[32], d[32], t[32];
     const enum pd_units u = PD_UNITS_GB;
     fprintf(f, "# SGLang's DeepSeek-V4 NPU pools at this --mem-fraction-static (a budget of %s): full=%lld swa=%lld\n"
                "# c4=%lld c128=%lld tokens, %lld requests; in bf16 they take %s, and its request tables (%lld slots\n"
                "# of %lld tokens) %s, of the %s the plan leaves for KV\n"
                "# (SGLang sizes them at %.2f B per token, fp8 entries: docs/memory-model.md).\n",
-            pd_units_fmt(a, sizeof a, (int64_t)(sgl_mem_fraction(p, rp) * (double)rp->b.capacity) - rp->b.weights, u),
+            pd_units_fmt(a, sizeof a, (int64_t)(z->fraction * (double)rp->b.capacity) - rp->b.weights, u),
             (long long)q.full, (long long)q.swa, (long long)q.c4, (long long)q.c128, (long long)q.reqs,
             pd_units_fmt(b, sizeof b, q.bytes, u), (long long)(p->o.max_num_seqs + pd_plan_sgl_extra_slots(p, rp->role) + 1),
             (long long)pd_plan_sgl_row_tokens(p), pd_units_fmt(t, sizeof t, rp->b.kv_tables, u),
@@ -610,9 +605,11 @@ static void sgl_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_
     const struct pd_plan *p = c->p;
     const struct pd_role_plan *rp = &p->role[x->role];
     int s = PORT_STEP * x->slot, cards = rp->o.dp * rp->o.tp, dp = rp->o.dp;
+    struct sgl_size z;
+    sgl_size(p, rp, &z);
     comment(f, c, x, "");
-    pd_emit_seqs_note(f, c->p, x->role, sgl_admitted(p, rp));
-    sgl_npu_note(f, c, rp);
+    pd_emit_seqs_note(f, c->p, x->role, z.admitted);
+    sgl_npu_note(f, c, rp, &z);
     fprintf(f, "if [ \"$host\" = %s ]; then\n  python3 -m sglang.launch_server", c->host[x->node]);
     fputs(" \\\n    --model-path ", f);
     model_word(f, c);
@@ -647,15 +644,13 @@ static void sgl_part(FILE *f, const struct pd_emit_ctx *c, const struct pd_node_
     }
     if (x->card0)
         arg(f, "--base-gpu-id %d", x->card0);
-    int digits;
-    const double fraction = sgl_fraction(p, rp, &digits);
-    arg(f, "--mem-fraction-static %.*f", digits, fraction);
+    arg(f, "--mem-fraction-static %.*f", z.digits, z.fraction);
     if (p->kv.layout == PD_KV_LAYOUT_SGLANG_NPU)   /* the pools' page, as overrides.py sets it on NPU */
         arg(f, "--page-size %lld", (long long)p->kv.sgl.page);
     /* Both are instance-wide in SGLang and divided by --dp-size under DP attention
      * (server_args.py _handle_data_parallelism; the scheduler's per-worker request limit), while
      * vLLM's --max-num-seqs and --max-num-batched-tokens are per data-parallel rank. */
-    arg(f, "--max-running-requests %lld", (long long)sgl_admitted(p, rp) * dp);
+    arg(f, "--max-running-requests %lld", (long long)z.admitted * dp);
     arg(f, "--context-length %lld", (long long)p->o.max_model_len);
     if (x->role == PD_ROLE_PREFILL || p->o.aggregated)
         arg(f, "--chunked-prefill-size %lld", (long long)p->o.max_num_batched_tokens * dp);
@@ -800,6 +795,14 @@ void pd_emit_ctx_free(struct pd_emit_ctx *c)
     free(c->placeholder);
 }
 
+int pd_emit_check_async(const struct pd_plan_opts *o, int emit, enum pd_emit_target t, pd_err *e)
+{
+    if (emit && t == PD_EMIT_PDMOE && o->no_async_scheduling)
+        return pd_err_set(e, PD_EINVAL, "--no-async-scheduling: vLLM's flag; pdmoe's servers have no such flag "
+                          "(their scheduler runs one step at a time)");
+    return pd_plan_check_async(o, e);
+}
+
 char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_emit_opts *o, pd_err *e)
 {
     struct pd_emit_opts defaults;
@@ -807,11 +810,8 @@ char *pd_emit(const struct pd_plan *p, enum pd_emit_target t, const struct pd_em
         pd_emit_opts_default(&defaults);
         o = &defaults;
     }
-    if (t == PD_EMIT_PDMOE && p->o.no_async_scheduling) {   /* (SGLang's plan refuses it: pd_plan_build) */
-        pd_err_set(e, PD_EINVAL, "--no-async-scheduling: vLLM's flag; pdmoe's servers have no such flag (their "
-                   "scheduler runs one step at a time)");
+    if (pd_emit_check_async(&p->o, 1, t, e))
         return NULL;
-    }
     if (t == PD_EMIT_PDMOE)
         return pd_emit_pdmoe(p, o, e);
     struct pd_emit_ctx c = {.p = p, .o = o};

@@ -40,6 +40,11 @@ const char *pd_emit_target_name(enum pd_emit_target t);
  * says otherwise is refused. */
 int pd_emit_stack(enum pd_emit_target t, enum pd_plan_stack *stack, pd_err *e);
 
+/* --no-async-scheduling where the plan's stack (pd_plan_check_async) or, with --emit (`emit`
+ * non-zero), the target `t` has no such flag: pdmoe's servers run one step at a time. PD_EINVAL
+ * naming the flag, else 0. pd_emit refuses the same. */
+int pd_emit_check_async(const struct pd_plan_opts *o, int emit, enum pd_emit_target t, pd_err *e);
+
 /* The model path the servers load by default: the --checkpoint directory, else the Hugging Face
  * repository of a preset that has one (deepseek-v4-flash and seed-v4-flash:
  * deepseek-ai/DeepSeek-V4-Flash; deepseek-v3: deepseek-ai/DeepSeek-V3), else the --model argument. */

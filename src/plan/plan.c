@@ -498,9 +498,9 @@ static int check_opts(const struct pd_plan_opts *o, pd_err *e)
     /* vLLM's scheduler flag (its engine args' --async-scheduling / --no-async-scheduling): SGLang
      * overlaps its scheduling by another flag (--disable-overlap-schedule), and the plan counts no
      * steps in flight in its pools */
-    if (o->no_async_scheduling && o->stack == PD_STACK_SGLANG)
-        return pd_err_set(e, PD_EINVAL, "--no-async-scheduling: vLLM's flag; the plan is SGLang's (--stack sglang, "
-                          "--emit sglang), whose scheduler has no such flag");
+    const int async_bad = pd_plan_check_async(o, e);
+    if (async_bad)
+        return async_bad;
     for (int i = 0; i < o->n_handoff; i++)
         if (o->handoff_tokens[i] < 1 || o->handoff_tokens[i] > PD_PLAN_MAX_LEN)
             return pd_err_set(e, PD_EINVAL, "--handoff-tokens: %lld must be at least 1 and at most %lld",
@@ -668,6 +668,14 @@ void pd_plan_free(struct pd_plan *p)
         expert_load_free(p->load[1]);
     expert_load_free(p->load[0]);
     p->load[0] = p->load[1] = NULL;
+}
+
+int pd_plan_check_async(const struct pd_plan_opts *o, pd_err *e)
+{
+    if (o->no_async_scheduling && o->stack == PD_STACK_SGLANG)
+        return pd_err_set(e, PD_EINVAL, "--no-async-scheduling: vLLM's flag; the plan is SGLang's (--stack sglang, "
+                          "--emit sglang), whose scheduler has no such flag");
+    return 0;
 }
 
 int pd_plan_steps_in_flight(const struct pd_plan *p)

@@ -178,6 +178,9 @@ struct pd_plan {
  * where the executor supports it; 1 with --no-async-scheduling. Each up to --max-num-batched-tokens. */
 #define PD_PLAN_STEPS_IN_FLIGHT 2
 int pd_plan_steps_in_flight(const struct pd_plan *p);
+/* PD_EINVAL naming --no-async-scheduling when the options ask for it on an SGLang plan (vLLM's
+ * flag: SGLang's scheduler has no such flag); 0 otherwise. pd_plan_build calls it too. */
+int pd_plan_check_async(const struct pd_plan_opts *o, pd_err *e);
 /* Tokens of one sequence scheduled but not yet processed at most, on a role that prefills in
  * chunks (prefill, aggregated): pd_plan_steps_in_flight x max-num-batched-tokens, at most
  * max-model-len; 0 on a disaggregated decode role. */

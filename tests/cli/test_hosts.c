@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/timing.h"
+#include "../child.h"
 
 static char plan_path[] = "/tmp/pdmoe-hosts-plan-XXXXXX";
 
@@ -120,24 +121,10 @@ Test(hosts, up_refuses_bad_hosts, .init = write_plan, .fini = drop_plan)
     refused(args, "no \"node_map\"");
 }
 
-/* 1 while process p runs (a zombie, killed and not yet reaped by init, does not). */
-static int running(pid_t p)
-{
-    char path[64], buf[256];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)p);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *rp = strrchr(buf, ')');
-    return rp && rp[1] == ' ' && rp[2] != 'Z';
-}
-
 /* A host whose launcher hangs (an ssh to a blackholed host, here an agent that sleeps) is said
- * unreachable after --host-timeout (3 s here; 20 by default), and the agent does not outlive up: it ran on, in a process group of its
- * own that killing mpirun's missed, able to start an orted for a dead mpirun later. */
+ * unreachable after --host-timeout (3 s here; 20 by default), and the agent does not outlive up:
+ * it ran on, in a process group of its own that killing mpirun's missed, able to start an orted
+ * for a dead mpirun later. */
 Test(hosts, a_hung_launcher_is_not_left_behind, .init = write_plan, .fini = drop_plan, .timeout = 90)
 {
     char dir[] = "/tmp/pdmoe-hang-XXXXXX", agent[64], pidf[64], args[1024], err[4096];
@@ -164,9 +151,9 @@ Test(hosts, a_hung_launcher_is_not_left_behind, .init = write_plan, .fini = drop
     int pid = 0;
     cr_assert_eq(fscanf(f, "%d", &pid), 1);
     fclose(f);
-    for (int i = 0; i < 100 && running(pid); i++)
+    for (int i = 0; i < 100 && !pid_ended(pid); i++)
         usleep(20000);
-    int alive = running(pid);
+    int alive = !pid_ended(pid);
     if (alive)
         kill(pid, SIGKILL);
     remove(agent);

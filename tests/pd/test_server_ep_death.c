@@ -236,21 +236,6 @@ Test(server_ep_death, a_group_ending_normally_reports_no_death)
     cr_assert_null(strstr(log, "died"), "%s", log);
 }
 
-/* Whether process pid has ended (gone, or a zombie its parent has not reaped yet). */
-static int ended(pid_t pid)
-{
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 1;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *p = strrchr(buf, ')');
-    return !p || p[2] == 'Z';
-}
-
 /* The tokens of a greedy completion of 8 tokens of "hello" (its text), and how long it took. */
 static double greedy(int port, char *text, size_t cap)
 {
@@ -305,11 +290,11 @@ Test(server_ep_death, a_killed_rank_0_ends_rank_1_at_once)
     usleep(200000);
     const int64_t t0 = pd_now_ns();
     kill(r[0], SIGKILL);
-    while (!ended(r[1]) && pd_now_ns() - t0 < 3000000000LL)
+    while (!pid_ended(r[1]) && pd_now_ns() - t0 < 3000000000LL)
         usleep(2000);
     const double ms = (pd_now_ns() - t0) / 1e6;
     fprintf(stderr, "server_ep_death: rank 1 ended %.1f ms after the SIGKILL of rank 0\n", ms);
-    cr_assert(ended(r[1]) && ms < 1000, "rank 1 still ran %.0f ms after rank 0 was killed", ms);
+    cr_assert(pid_ended(r[1]) && ms < 1000, "rank 1 still ran %.0f ms after rank 0 was killed", ms);
     int st;
     cr_assert(exited_within(group, 30, &st), "the group hung after rank 0 died");
     group = 0;
