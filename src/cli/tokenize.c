@@ -17,7 +17,12 @@ static const char *help =
     "--chat DIR: each --jsonl line is a chat's \"messages\" array instead; it is rendered as checkpoint\n"
     "DIR's chat format (DeepSeek-V3's chat_template or DeepSeek-V4's encoding: see pdmoe serve), BOS text\n"
     "first, and printed as one JSON object per line: {\"text\": the prompt, \"ids\": its ids}, the ids\n"
-    "pdmoe serve gives the model: a special token's text inside a message's content is read as text.\n";
+    "pdmoe serve gives the model: a special token's text inside a message's content is read as text.\n"
+    "With --chat, DeepSeek-V4's thinking mode as a request's fields ask for it (pdmoe serve, README):\n"
+    "  --thinking                chat_template_kwargs {\"thinking\": true}\n"
+    "  --no-drop-thinking        chat_template_kwargs {\"drop_thinking\": false}: earlier turns keep their\n"
+    "                            reasoning\n"
+    "  --reasoning-effort E      reasoning_effort: none, minimal, low, medium, high or max\n";
 
 /* The whole of path (- for standard input), NUL-ended, its length in *len; NULL if unreadable. */
 static char *read_all(const char *path, size_t *len)
@@ -72,7 +77,8 @@ static int print_ids(const struct pd_tok *t, const char *text, size_t len, int a
 }
 
 /* One chat (a "messages" array) rendered in format f: {"text": ..., "ids": [...]}. */
-static int print_chat(const struct pd_tok *t, enum pd_chat_format f, json_t *msgs, const char *what)
+static int print_chat(const struct pd_tok *t, enum pd_chat_format f, const struct pd_chat_think *th, json_t *msgs,
+                      const char *what)
 {
     struct pd_chat_msg *m;
     size_t n;
@@ -88,7 +94,7 @@ static int print_chat(const struct pd_tok *t, enum pd_chat_format f, json_t *msg
     /* the ids pdmoe serve feeds the model: no special token read inside a message's content */
     struct pd_tok_span *spans = NULL;
     size_t n_spans = 0;
-    int rc = pd_chat_render_spans(f, m, n, 1, &text, &len, &spans, &n_spans, &e);
+    int rc = pd_chat_render_think(f, th, m, n, 1, &text, &len, &spans, &n_spans, &e);
     pd_chat_messages_free(m, n);
     if (rc || pd_tok_encode_plain(t, text, len, spans, n_spans, &ids, &nid, &e)) {
         fprintf(stderr, "pdmoe tokenize: %s: %s\n", what, e.msg);
@@ -113,7 +119,9 @@ static int print_chat(const struct pd_tok *t, enum pd_chat_format f, json_t *msg
 
 int pd_cli_tokenize(int argc, char **argv)
 {
-    const char *tok = NULL, *text = NULL, *file = NULL, *jsonl = NULL, *chat = NULL;
+    const char *tok = NULL, *text = NULL, *file = NULL, *jsonl = NULL, *chat = NULL, *effort = NULL;
+    const char *think_flag = NULL;   /* the first thinking-mode flag given (they need --chat) */
+    struct pd_chat_think th = {0, 1, 0};
     int as_json = 0;
     for (int i = 1; i < argc; i++) {
         const char **val = !strcmp(argv[i], "--tokenizer") ? &tok
@@ -121,12 +129,19 @@ int pd_cli_tokenize(int argc, char **argv)
                            : !strcmp(argv[i], "--file")    ? &file
                            : !strcmp(argv[i], "--jsonl")   ? &jsonl
                            : !strcmp(argv[i], "--chat")    ? &chat
+                           : !strcmp(argv[i], "--reasoning-effort") ? &effort
                                                            : NULL;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(help, stdout);
             return 0;
         } else if (!strcmp(argv[i], "--json")) {
             as_json = 1;
+        } else if (!strcmp(argv[i], "--thinking")) {
+            th.thinking = 1;
+            think_flag = think_flag ? think_flag : argv[i];
+        } else if (!strcmp(argv[i], "--no-drop-thinking")) {
+            th.drop_thinking = 0;
+            think_flag = think_flag ? think_flag : argv[i];
         } else if (!val) {
             fprintf(stderr, "pdmoe tokenize: unknown option %s (see pdmoe tokenize --help)\n",
                     argv[i]);
@@ -148,6 +163,16 @@ int pd_cli_tokenize(int argc, char **argv)
     }
     if (chat && !jsonl) {
         fprintf(stderr, "pdmoe tokenize: --chat reads the chats from --jsonl\n");
+        return 2;
+    }
+    if (effort && !think_flag)
+        think_flag = "--reasoning-effort";
+    if (think_flag && !chat) {
+        fprintf(stderr, "pdmoe tokenize: %s is a chat's thinking mode: it needs --chat\n", think_flag);
+        return 2;
+    }
+    if (effort && pd_chat_effort(effort, &th)) {
+        fprintf(stderr, "pdmoe tokenize: --reasoning-effort %s: want one of " PD_CHAT_EFFORTS "\n", effort);
         return 2;
     }
     enum pd_chat_format format = PD_CHAT_DSV4;
@@ -191,7 +216,7 @@ int pd_cli_tokenize(int argc, char **argv)
                     fprintf(stderr, "pdmoe tokenize: %s: not JSON: %s\n", what, je.text);
                     rc = 1;
                 } else if (chat) {
-                    rc = print_chat(t, format, j, what);
+                    rc = print_chat(t, format, &th, j, what);
                 } else if (!json_is_string(j)) {
                     fprintf(stderr, "pdmoe tokenize: %s: expected a JSON string\n", what);
                     rc = 1;

@@ -412,6 +412,20 @@ int pd_chat_render_think(enum pd_chat_format f, const struct pd_chat_think *th, 
     return 0;
 }
 
+int pd_chat_effort(const char *effort, struct pd_chat_think *th)
+{
+    static const char *const efforts[] = {"none", "minimal", "low", "medium", "high", "max", NULL};
+    int k = 0;
+    while (efforts[k] && strcmp(effort, efforts[k]))
+        k++;
+    if (!efforts[k])
+        return -1;
+    if (!strcmp(effort, "none"))
+        th->thinking = 0;
+    th->effort_max = !strcmp(effort, "max");
+    return 0;
+}
+
 int pd_chat_think_split(const char *t, size_t len, size_t *r_off, size_t *r_len, size_t *c_off)
 {
     const char *start = memmem(t, len, THINK_START, strlen(THINK_START));

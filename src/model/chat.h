@@ -43,6 +43,14 @@ struct pd_chat_think {
     int thinking, drop_thinking, effort_max;
 };
 
+/* A reasoning_effort as vLLM takes it for DeepSeek-V4 (vllm-project/vllm 5dff5445
+ * vllm/tokenizers/deepseek_v4.py; 000af8f4 for "none"): "max" sets th->effort_max (the encoding's
+ * REASONING_EFFORT_MAX text), "none" is chat mode (th->thinking 0), and OpenAI's minimal, low,
+ * medium and high render as none does not: as "high", no text. 0, or -1 for any other value. */
+int pd_chat_effort(const char *effort, struct pd_chat_think *th);
+/* The values pd_chat_effort takes, as an error message lists them. */
+#define PD_CHAT_EFFORTS "\"none\", \"minimal\", \"low\", \"medium\", \"high\" or \"max\""
+
 struct pd_chat_msg {
     const char *role;      /* "system", "user" or "assistant" */
     const char *content;

@@ -84,7 +84,6 @@ static const char *unknown_key(json_t *o, const char *const *known)
 static int think_opts(struct pd_server *s, struct refusal *no, json_t *j, int chat, struct pd_chat_think *th)
 {
     static const char *const keys[] = {"thinking", "enable_thinking", "drop_thinking", NULL};
-    static const char *const efforts[] = {"none", "minimal", "low", "medium", "high", "max", NULL};
     json_t *kw = present(j, "chat_template_kwargs"), *re = present(j, "reasoning_effort");
     char param[96];
     *th = (struct pd_chat_think){0, 1, 0};
@@ -113,18 +112,9 @@ static int think_opts(struct pd_server *s, struct refusal *no, json_t *j, int ch
         th->thinking = json_is_true(json_object_get(kw, "thinking")) || json_is_true(json_object_get(kw, "enable_thinking"));
         th->drop_thinking = !json_is_false(json_object_get(kw, "drop_thinking"));
     }
-    if (re) {
-        int k = 0;
-        while (json_is_string(re) && efforts[k] && strcmp(json_string_value(re), efforts[k]))
-            k++;
-        if (!json_is_string(re) || !efforts[k])
-            return refuse(no, 400, "invalid_request_error", "reasoning_effort",
-                          "\"reasoning_effort\" must be one of \"none\", \"minimal\", \"low\", \"medium\", \"high\" "
-                          "or \"max\"");
-        if (!strcmp(efforts[k], "none"))
-            th->thinking = 0;
-        th->effort_max = !strcmp(efforts[k], "max");
-    }
+    if (re && (!json_is_string(re) || pd_chat_effort(json_string_value(re), th)))
+        return refuse(no, 400, "invalid_request_error", "reasoning_effort",
+                      "\"reasoning_effort\" must be one of " PD_CHAT_EFFORTS);
     if (s->chat == PD_CHAT_DSV3 && (th->thinking || th->effort_max))
         return refuse(no, 400, "invalid_request_error", th->thinking ? "chat_template_kwargs" : "reasoning_effort",
                       "thinking mode is not in this checkpoint's chat format (%s)", pd_chat_format_name(s->chat));

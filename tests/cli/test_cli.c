@@ -701,6 +701,15 @@ Test(cli, tokenize_bad_flags)
     cr_assert_eq(expect_error("tokenize --tokenizer models/mini/tokenizer.json --file /nonexistent",
                               "--file /nonexistent: cannot read"), 1);
     cr_assert_eq(expect_error("tokenize --tokenize x", "unknown option --tokenize"), 2);
+    /* thinking mode is a chat's: without --chat, and an effort no request may send, refused */
+    cr_assert_eq(expect_error("tokenize --tokenizer models/mini/tokenizer.json --text a --thinking",
+                              "--thinking is a chat's thinking mode: it needs --chat"), 2);
+    cr_assert_eq(expect_error("tokenize --tokenizer models/mini/tokenizer.json --text a --reasoning-effort max",
+                              "--reasoning-effort is a chat's thinking mode: it needs --chat"), 2);
+    cr_assert_eq(expect_error("tokenize --tokenizer models/mini/tokenizer.json --jsonl - --chat models/mini "
+                              "--reasoning-effort extreme",
+                              "--reasoning-effort extreme: want one of \"none\", \"minimal\", \"low\", \"medium\", "
+                              "\"high\" or \"max\""), 2);
 }
 
 /* plan --concurrency: the JSON's closed-loop figures satisfy the cycle equation, the text prints

@@ -768,6 +768,68 @@ Test(server, a_chats_prompt_is_deepseek_v4s_encoding)
     pd_tok_free(t);
 }
 
+/* The ids of chat `msgs` (a JSON array) that `pdmoe tokenize --chat` prints with `flags`: how many. */
+static size_t tokenize_chat(const char *msgs, const char *flags)
+{
+    char path[] = "/tmp/pdmoe-chat-XXXXXX", cmd[1024], line[1 << 14];
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    cr_assert_eq(write(fd, msgs, strlen(msgs)), (ssize_t)strlen(msgs));
+    close(fd);
+    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    snprintf(cmd, sizeof cmd, "%s tokenize --tokenizer %s/tokenizer.json --chat %s --jsonl %s %s", bin, dir, dir, path,
+             flags);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    size_t n = fread(line, 1, sizeof line - 1, f);
+    line[n] = 0;
+    int st = pclose(f);
+    remove(path);
+    cr_assert(WIFEXITED(st) && !WEXITSTATUS(st), "%s: status %d", cmd, st);
+    json_t *j = json_loads(line, 0, NULL);
+    cr_assert(json_is_array(json_object_get(j, "ids")), "%s: %s", cmd, line);
+    const size_t k = json_array_size(json_object_get(j, "ids"));
+    json_decref(j);
+    return k;
+}
+
+/* `pdmoe tokenize --chat` with a request's thinking fields as flags counts the prompt the server
+ * does: a chat whose earlier answer carries its reasoning, in chat mode, thinking mode, thinking
+ * with the earlier reasoning kept, and with reasoning_effort "max" (four different prompts). */
+Test(server, tokenize_chat_takes_the_requests_thinking_fields)
+{
+    start(NULL, dir, 512);
+    const char *msgs = "[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi\"},"
+                       "{\"role\":\"assistant\",\"content\":\"Hello!\",\"reasoning\":\"A greeting: answer it.\"},"
+                       "{\"role\":\"user\",\"content\":\"And then?\"}]";
+    const struct {
+        const char *fields, *flags;
+    } c[] = {
+        {"", ""},
+        {",\"chat_template_kwargs\":{\"thinking\":true}", "--thinking"},
+        {",\"chat_template_kwargs\":{\"thinking\":true,\"drop_thinking\":false}", "--thinking --no-drop-thinking"},
+        {",\"chat_template_kwargs\":{\"enable_thinking\":true},\"reasoning_effort\":\"max\"",
+         "--thinking --reasoning-effort max"},
+        {",\"chat_template_kwargs\":{\"thinking\":true},\"reasoning_effort\":\"none\"", "--thinking --reasoning-effort none"},
+    };
+    size_t seen[5];
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+        char body[1024], out[16384];
+        snprintf(body, sizeof body, "{\"messages\":%s,\"max_tokens\":1%s}", msgs, c[i].fields);
+        cr_assert_eq(curl("/v1/chat/completions", body, NULL, out, sizeof out), 200, "%s", out);
+        json_t *j = parse(out);
+        const json_int_t want = json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens"));
+        json_decref(j);
+        seen[i] = tokenize_chat(msgs, c[i].flags);
+        cr_expect_eq((json_int_t)seen[i], want, "tokenize %s: %zu ids, the server's prompt_tokens %lld", c[i].flags,
+                     seen[i], (long long)want);
+    }
+    /* the modes do render differently (chat, thinking, kept reasoning, max effort); "none" is chat mode */
+    cr_expect(seen[0] != seen[1] && seen[1] != seen[2] && seen[1] != seen[3] && seen[2] != seen[3],
+              "%zu %zu %zu %zu", seen[0], seen[1], seen[2], seen[3]);
+    cr_expect_eq(seen[4], seen[0]);
+}
+
 /* Thinking mode (chat_template_kwargs {"thinking": true}, as vLLM takes it for V4): the prompt
  * ends "<｜Assistant｜><think>" (prompt_tokens count that text's ids), and the answer is split as
  * vLLM's reasoning parser splits it: the same greedy text the raw prompt gets from /v1/completions,
