@@ -419,10 +419,16 @@ static void weighted_sum_ref(const float *a, const float *const *x, int rows, co
 }
 
 /* The same sixteen values at a time, y in registers. fp-contract=off: GCC would otherwise fuse the
- * multiply and the add, which rounds once instead of twice (other bits). */
-AVX512 __attribute__((optimize("fp-contract=off"))) static void weighted_sum_avx512(const float *a,
-                                                                                   const float *const *x, int rows,
-                                                                                   const float *z, float *y, int n)
+ * multiply and the add, which rounds once instead of twice (other bits). clang (the fuzz build) has
+ * no optimize attribute and needs none: it fuses only within one expression (its -ffp-contract=on),
+ * and the intrinsics are calls. */
+#ifdef __clang__
+#define NO_FP_CONTRACT
+#else
+#define NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
+#endif
+AVX512 NO_FP_CONTRACT static void weighted_sum_avx512(const float *a, const float *const *x, int rows, const float *z,
+                                                      float *y, int n)
 {
     int i = 0;
     for (; i + 16 <= n; i += 16) {
