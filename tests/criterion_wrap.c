@@ -14,7 +14,9 @@
  * .fini left to run. A test whose body fails never comes back here: its .fini runs where Criterion
  * runs it, and it is not leak-checked (it failed already). A sanitizer report that a process the
  * test started wrote (tests/child.h), and that no stop of the test's read, fails the test there
- * too. Without AddressSanitizer the order is the same and there is no check.
+ * too; after a failed body such reports are printed to stderr once Criterion is done with the test,
+ * and their files removed (they stayed in /tmp). Without AddressSanitizer the order is the same and
+ * there is no check.
  *
  * Skips. cr_skip_test ends the worker with exit(0) there and then, so a test that skipped after its
  * suite's .init (a model written to /tmp, a server started) left all that behind. A skip from a
@@ -119,6 +121,15 @@ void __wrap_criterion_internal_test_main(void (*fn)(void))
     }
     test_body = fn;
     __real_criterion_internal_test_main(body_fini_leakcheck);
+#ifdef PD_LEAKCHECK
+    /* a body that failed (it never came back to child_reports_none) or a .fini run by Criterion may
+     * leave its children's sanitizer reports: to stderr, under the test's failure, and their files
+     * out of /tmp */
+    static char msg[16384];
+    msg[0] = 0;
+    if (child_reports_take_all(msg, sizeof msg))
+        fprintf(stderr, "sanitizer reports of processes this test started, not read by the test:%s\n", msg);
+#endif
 }
 
 void __wrap_criterion_skip_test(const char *format, ...)

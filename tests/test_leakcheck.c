@@ -77,6 +77,26 @@ Test(leak_on_purpose, skipped_after_its_set_up, .fini = marking_fini)
         cr_skip_test("skipped on purpose");
 }
 
+/* A body that fails after a process it started wrote a sanitizer report (here written as a child's
+ * would be, /tmp/pdmoe-san.TESTPID.PID): the test's pid goes beside PDMOE_LEAK_ON_PURPOSE's path. */
+Test(leak_on_purpose, a_failing_body_with_a_childs_report)
+{
+    if (!on_purpose())
+        return;
+    char path[300];
+    snprintf(path, sizeof path, "%s.pid", getenv("PDMOE_LEAK_ON_PURPOSE"));
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "%d\n", (int)getpid());
+    fclose(f);
+    snprintf(path, sizeof path, "/tmp/pdmoe-san.%d.4242", (int)getpid());
+    f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs("==4242==ERROR: LeakSanitizer: detected memory leaks\na child's report on purpose\n", f);
+    fclose(f);
+    cr_assert_fail("this body fails on purpose");
+}
+
 /* The same run also shows a test that skips still running its .fini: it ended the process before,
  * and a suite's model directory stayed in /tmp. */
 static int leakcheck_built(void)
@@ -104,8 +124,23 @@ Test(leakcheck, a_leak_or_a_failing_fini_fails_its_test_by_name)
     char mark[300];
     snprintf(mark, sizeof mark, "%s.fini-ran", tap);
     int fini_ran = access(mark, F_OK) == 0;
+    /* the report the failing body's child left: under AddressSanitizer printed and removed */
+    char pidf[300], left[64] = "";
+    snprintf(pidf, sizeof pidf, "%s.pid", tap);
+    int worker = 0;
+    FILE *pf = fopen(pidf, "r");
+    if (pf && fscanf(pf, "%d", &worker) == 1)
+        snprintf(left, sizeof left, "/tmp/pdmoe-san.%d.4242", worker);
+    if (pf)
+        fclose(pf);
+    const int report_left = *left && access(left, F_OK) == 0;
+    if (*left)
+        remove(left);
+    remove(pidf);
     remove(tap);
     remove(mark);
+    cr_assert(worker > 0, "the failing body did not run");
+    cr_assert(strstr(report, "\nnot ok - leak_on_purpose::a_failing_body_with_a_childs_report"), "%s", report);
     cr_assert_neq(r.status, 0, "a run with failing tests exited 0: %s", report);
     cr_assert(strstr(report, "\nok - leak_on_purpose::nothing"), "%s", report);
     cr_assert(strstr(report, "\nnot ok - leak_on_purpose::an_assertion_in_the_fini"), "%s", report);
@@ -121,6 +156,8 @@ Test(leakcheck, a_leak_or_a_failing_fini_fails_its_test_by_name)
     }
     cr_assert(strstr(report, "\nnot ok - leak_on_purpose::in_the_body"), "%s", report);
     cr_assert(strstr(report, "\nnot ok - leak_on_purpose::in_the_fini"), "%s", report);
+    cr_assert(!report_left, "%s stayed in /tmp after its test failed", left);
+    cr_assert(strstr(r.err, "a child's report on purpose"), "the report was not printed: %s", r.err);
     cr_assert(strstr(report, "LeakSanitizer found memory leaked"), "%s", report);
     cr_assert(strstr(r.err, "leak_on_purpose_alloc"), "LeakSanitizer's report does not name the allocation: %s",
               r.err);
