@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "model/tokenizer.h"
 #include "plan/plan.h"
+#include "../run.h"
 #include "../tmpmodel.h"
 #include "pd/server.h"
 #include "util.h"
@@ -771,23 +772,18 @@ Test(server, a_chats_prompt_is_deepseek_v4s_encoding)
 /* The ids of chat `msgs` (a JSON array) that `pdmoe tokenize --chat` prints with `flags`: how many. */
 static size_t tokenize_chat(const char *msgs, const char *flags)
 {
-    char path[] = "/tmp/pdmoe-chat-XXXXXX", cmd[1024], line[1 << 14];
+    char path[] = "/tmp/pdmoe-chat-XXXXXX", args[1024];
     int fd = mkstemp(path);
     cr_assert(fd >= 0);
     cr_assert_eq(write(fd, msgs, strlen(msgs)), (ssize_t)strlen(msgs));
     close(fd);
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    snprintf(cmd, sizeof cmd, "%s tokenize --tokenizer %s/tokenizer.json --chat %s --jsonl %s %s", bin, dir, dir, path,
-             flags);
-    FILE *f = popen(cmd, "r");
-    cr_assert_not_null(f);
-    size_t n = fread(line, 1, sizeof line - 1, f);
-    line[n] = 0;
-    int st = pclose(f);
+    snprintf(args, sizeof args, "tokenize --tokenizer %s/tokenizer.json --chat %s --jsonl %s %s", dir, dir, path, flags);
+    static struct run r;
+    run(args, &r);
     remove(path);
-    cr_assert(WIFEXITED(st) && !WEXITSTATUS(st), "%s: status %d", cmd, st);
-    json_t *j = json_loads(line, 0, NULL);
-    cr_assert(json_is_array(json_object_get(j, "ids")), "%s: %s", cmd, line);
+    cr_assert_eq(r.status, 0, "pdmoe %s: %s", args, r.err);
+    json_t *j = json_loads(r.out, 0, NULL);
+    cr_assert(json_is_array(json_object_get(j, "ids")), "pdmoe %s: %s", args, r.out);
     const size_t k = json_array_size(json_object_get(j, "ids"));
     json_decref(j);
     return k;
