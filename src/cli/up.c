@@ -44,37 +44,16 @@
 #include <unistd.h>
 
 
-static volatile sig_atomic_t stopping;   /* the signals to stop so far */
-
 static void on_stop(int sig)
 {
-    if (stopping < 2)
-        stopping++;
+    if (up_stopping < 2)
+        up_stopping++;
 }
 
 #define BACKOFF_MIN_S 0.5
 #define BACKOFF_MAX_S 30.0
 #define START_TRIES 3     /* starts of a child before the cluster is first ready */
 
-struct child {
-    pid_t pid;                 /* 0 while dead */
-    char what[128];
-    const char *role;          /* "prefill", "decode", "proxy" */
-    int instance, port;
-    const char *host;          /* where /health is asked: the proxy's --host; NULL: 127.0.0.1 */
-    char **argv;               /* owned, NULL-terminated: what a restart runs again */
-    int restarts;
-    int refused;               /* it last exited with PD_CLI_EXIT_CONFIG: it refused its flags */
-    double started, backoff, restart_at, died_at;
-    double answered;           /* when its /health last answered 200 since it started; 0: not yet */
-    double next_probe;         /* when its /health is asked next (supervising) */
-    double term_at;            /* when up sent it SIGTERM for its silence; 0: not sent */
-    int port_wait_said;        /* its restart's wait for its ports was logged */
-    int kv_port, ranks, local;  /* an instance on this machine: its ranks' KV ports, checked free before a restart */
-    time_t started_wall;       /* when it was last started, wall-clock (for its shared memory's age) */
-    struct pd_oom_count oom;   /* the kernel's OOM kills when it was last started (core/mem.h) */
-    int oom_deaths;            /* its deaths during which the OOM killer killed a process */
-};
 
 /* Runs c's command (argv[0] a path, or a name looked up in PATH) in a process group of its own,
  * so that a Ctrl-C in the terminal reaches `up` alone and the shutdown goes in order; the child
@@ -155,19 +134,6 @@ static const char *stamp(char buf[24])
     return buf;
 }
 
-/* "exited with status N" or "was killed by signal N (name)"; PD_CLI_EXIT_CONFIG said for what it
- * is (a bare 78 told the operator nothing: a model directory renamed or a checkpoint replaced
- * under a running cluster makes every restart refuse it until it is put right). */
-static void describe(int status, char *out, size_t cap)
-{
-    if (WIFSIGNALED(status))
-        snprintf(out, cap, "was killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
-    else if (WEXITSTATUS(status) == PD_CLI_EXIT_CONFIG)
-        snprintf(out, cap, "exited with status %d: it refused its configuration (a flag, a file of the model, or "
-                 "a pool this host cannot hold; its message is above)", PD_CLI_EXIT_CONFIG);
-    else
-        snprintf(out, cap, "exited with status %d", WEXITSTATUS(status));
-}
 
 /* The restart counts, in Prometheus' text format, for the proxy's /metrics: written whole to a
  * temporary file and renamed, so the proxy never reads half of it. A write that fails (a full
@@ -269,7 +235,7 @@ static void check_alive(struct child *c, double live_s, double now)
     char ts[24];
     fprintf(stderr, "pdmoe up: %s the %s has not answered /health for %.0f s (--liveness-timeout %.0f); stopping it\n",
             stamp(ts), c->what, now - c->answered, live_s);
-    /* SIGTERM and SIGCONT first, as stop_all sends them: an mpirun SIGKILLed left its ranks'
+    /* SIGTERM and SIGCONT first, as up_stop_all sends them: an mpirun SIGKILLed left its ranks'
      * shared-memory segments in /dev/shm at every such restart; SIGKILL after TERM_GRACE_S */
     kill(c->pid, SIGTERM);
     kill(-c->pid, SIGCONT);
@@ -277,57 +243,8 @@ static void check_alive(struct child *c, double live_s, double now)
     c->answered = 0;
 }
 
-static void stop_all(struct child *c, int n, int drain_s)
-{
-    /* SIGTERM, then SIGCONT to its process group, as systemd sends them: a child stopped (SIGSTOP,
-     * a debugger) never saw the SIGTERM, was SIGKILLed after 10 s, and an mpirun killed so left
-     * its ranks' shared-memory segments in /dev/shm */
-    for (int i = 0; i < n; i++)
-        if (c[i].pid > 0) {
-            kill(c[i].pid, SIGTERM);
-            kill(-c[i].pid, SIGCONT);
-        }
-    /* give them 10 s to answer their clients and exit (and --shutdown-timeout to drain), then kill;
-     * a second signal to up is passed on, which stops a draining child at once */
-    int passed = 0;
-    for (int t = 0; t < 20 * (10 + drain_s); t++) {
-        if (stopping >= 2 && !passed) {
-            passed = 1;
-            for (int i = 0; i < n; i++)
-                if (c[i].pid > 0)
-                    kill(c[i].pid, SIGTERM);
-        }
-        int alive = 0;
-        for (int i = 0; i < n; i++)
-            if (c[i].pid > 0) {
-                if (waitpid(c[i].pid, NULL, WNOHANG) == c[i].pid)
-                    c[i].pid = 0;
-                else
-                    alive = 1;
-            }
-        if (!alive)
-            return;
-        nanosleep(&(struct timespec){0, 50000000}, NULL);
-    }
-    for (int i = 0; i < n; i++)
-        if (c[i].pid > 0) {
-            kill(c[i].pid, SIGKILL);
-            waitpid(c[i].pid, NULL, 0);
-            c[i].pid = 0;
-        }
-}
 
 
-/* Calls fn(pid, arg) for every process of this machine (its /proc entries). */
-static void each_process(void (*fn)(int pid, void *arg), void *arg)
-{
-    DIR *d = opendir("/proc");
-    for (struct dirent *de; d && (de = readdir(d));)
-        if (atoi(de->d_name) > 0)
-            fn(atoi(de->d_name), arg);
-    if (d)
-        closedir(d);
-}
 
 /* each_process: pid is killed if it belongs to session *(pid_t *)sid. */
 static void kill_if_in_session(int pid, void *sid)
@@ -352,7 +269,7 @@ static void kill_if_in_session(int pid, void *sid)
  * and could start an orted for a dead mpirun once the host answered. */
 static void kill_session(pid_t sid)
 {
-    each_process(kill_if_in_session, &sid);
+    up_each_process(kill_if_in_session, &sid);
 }
 
 /* Every host the instances use that is not this one must take a process from Open MPI's
@@ -525,7 +442,7 @@ static int reaped(struct child *c, char *how, size_t n)
     int status;
     if (c->pid <= 0 || waitpid(c->pid, &status, WNOHANG) != c->pid)
         return 0;
-    describe(status, how, n);
+    up_describe(status, how, n);
     if (c->ranks > 1 && WIFEXITED(status) && WEXITSTATUS(status) > 128) {
         /* mpirun passes on the status of the first rank that failed: 128 + a signal is some rank's
          * death, not rank 0's, which the line's "rank 0 on" seemed to say */
@@ -606,7 +523,7 @@ static void sweep_group_shm(time_t since)
         closedir(d);
     if (!w.n)
         return;
-    each_process(mark_mapped, &w);
+    up_each_process(mark_mapped, &w);
     for (int i = 0; i < w.n; i++)
         if (!w.mapped[i]) {
             char path[300];
@@ -962,7 +879,7 @@ int pd_cli_up(int argc, char **argv)
     free(inst);
     free(producers);
     if (failed) {   /* nothing half-started is left behind */
-        stop_all(ch, n, 0);
+        up_stop_all(ch, n, 0);   /* (failed already: what went wrong is said above) */
         for (int i = 0; i < n; i++)
             pd_launch_argv_free(ch[i].argv);
         remove_run_dir(mdir);
@@ -974,7 +891,7 @@ int pd_cli_up(int argc, char **argv)
     n++;
     /* wait until everything is healthy (or something dies) */
     int ready = 0, rc = 0;
-    for (int t = 0; t < 1200 && !stopping && !ready; t++) {
+    for (int t = 0; t < 1200 && !up_stopping && !ready; t++) {
         ready = 1;
         for (int i = 0; i < n; i++) {
             char how[1024];
@@ -984,7 +901,7 @@ int pd_cli_up(int argc, char **argv)
                     fprintf(stderr, "pdmoe up: the %s refused its configuration (its message is above; exit "
                             "status %d): not starting it again\n", ch[i].what, PD_CLI_EXIT_CONFIG);
                     ch[i].pid = 0;
-                    stopping = 1;
+                    up_stopping = 1;
                     rc = 1;
                 } else if (ch[i].restarts < START_TRIES - 1) {
                     /* a start can fail for a passing reason (two mpiruns starting at the same moment race
@@ -995,7 +912,7 @@ int pd_cli_up(int argc, char **argv)
                     fprintf(stderr, "pdmoe up: the %s %s before it was ready (%d tries)\n", ch[i].what, how,
                             START_TRIES);
                     ch[i].pid = 0;
-                    stopping = 1;
+                    up_stopping = 1;
                     rc = 1;
                 }
             }
@@ -1005,7 +922,7 @@ int pd_cli_up(int argc, char **argv)
         if (!ready)
             nanosleep(&(struct timespec){0, 100000000}, NULL);
     }
-    if (ready && !stopping) {
+    if (ready && !up_stopping) {
         char layout[96];
         if (u.aggregated)
             snprintf(layout, sizeof layout, "%lld aggregated (EP %d) instance%s", (long long)nd, ep[1],
@@ -1016,7 +933,7 @@ int pd_cli_up(int argc, char **argv)
         printf("pdmoe up: %s of %s behind http://%s:%lld/v1 (model \"%s\"); Ctrl-C stops everything\n", layout, model,
                host, (long long)port, name);
         fflush(stdout);
-    } else if (!stopping) {
+    } else if (!up_stopping) {
         fprintf(stderr, "pdmoe up: the cluster did not become healthy in 120 s\n");
         rc = 1;
     }
@@ -1025,10 +942,10 @@ int pd_cli_up(int argc, char **argv)
         ch[i].answered = ch[i].pid > 0 ? pd_now_s() : 0;   /* each answered the readiness loop's last round */
     }
     /* supervise: reap the dead, start them again when their backoff is over */
-    while (!stopping) {
+    while (!up_stopping) {
         nanosleep(&(struct timespec){0, 100000000}, NULL);
         double now = pd_now_s();
-        for (int i = 0; i < n && !stopping; i++) {
+        for (int i = 0; i < n && !up_stopping; i++) {
             char how[1024];
             if (reaped(&ch[i], how, sizeof how)) {
                 if (now - ch[i].started >= BACKOFF_MAX_S)
@@ -1063,11 +980,15 @@ int pd_cli_up(int argc, char **argv)
         }
     }
     /* the proxy first: it answers the streams in flight while the instances still run */
-    stop_all(&ch[proxy], 1, (int)drain_s);
-    stop_all(ch, n, (int)drain_s);
+    int bad = up_stop_all(&ch[proxy], 1, (int)drain_s);
+    bad += up_stop_all(ch, n, (int)drain_s);
     for (int i = 0; i < n; i++)
         pd_launch_argv_free(ch[i].argv);
     remove_run_dir(mdir);
+    if (bad) {   /* each named above: a supervisor (systemd) sees a stop that was not clean */
+        fprintf(stderr, "pdmoe up: stopped; %d process%s did not stop cleanly\n", bad, bad > 1 ? "es" : "");
+        return rc ? rc : 1;
+    }
     fprintf(stderr, "pdmoe up: stopped\n");
     return rc;
 }

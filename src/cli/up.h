@@ -1,15 +1,52 @@
-/* `pdmoe up`'s parts (up.c supervises; up_plan.c reads what it launches): the plan's settings for
- * the instances, the --hosts list and the plan's node map on them, the memory check. */
+/* `pdmoe up`'s parts (up.c supervises; up_plan.c reads what it launches; up_stop.c stops and judges
+ * the stop): the children up runs, the plan's settings for the instances, the --hosts list and the
+ * plan's node map on them, the memory check. */
 #ifndef PD_CLI_UP_H
 #define PD_CLI_UP_H
 
+#include "core/mem.h"
 #include "plan/launch.h"
 
+#include <signal.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
 
 #define MAX_CHILDREN 34
 #define MAX_EP 8        /* ranks of one instance on this machine (mpirun --oversubscribe) */
 #define MAX_HOSTS 256
+
+/* A process up started and supervises: an instance (serve, or an EP group's mpirun) or the proxy. */
+struct child {
+    pid_t pid;                 /* 0 while dead */
+    char what[128];
+    const char *role;          /* "prefill", "decode", "proxy" */
+    int instance, port;
+    const char *host;          /* where /health is asked: the proxy's --host; NULL: 127.0.0.1 */
+    char **argv;               /* owned, NULL-terminated: what a restart runs again */
+    int restarts;
+    int refused;               /* it last exited with PD_CLI_EXIT_CONFIG: it refused its flags */
+    double started, backoff, restart_at, died_at;
+    double answered;           /* when its /health last answered 200 since it started; 0: not yet */
+    double next_probe;         /* when its /health is asked next (supervising) */
+    double term_at;            /* when up sent it SIGTERM for its silence; 0: not sent */
+    int port_wait_said;        /* its restart's wait for its ports was logged */
+    int kv_port, ranks, local;  /* an instance on this machine: its ranks' KV ports, checked free before a restart */
+    time_t started_wall;       /* when it was last started, wall-clock (for its shared memory's age) */
+    struct pd_oom_count oom;   /* the kernel's OOM kills when it was last started (core/mem.h) */
+    int oom_deaths;            /* its deaths during which the OOM killer killed a process */
+    pid_t term_pid;            /* whom its stop signalled (up_stop.c): pid, or an EP group's rank 0 */
+};
+
+extern volatile sig_atomic_t up_stopping;   /* the signals to stop up so far (its handler's count) */
+
+/* "exited with status N" or "was killed by signal N (name)", from a wait status. */
+void up_describe(int status, char *out, size_t cap);
+/* Calls fn(pid, arg) for every process of this machine (its /proc entries). */
+void up_each_process(void (*fn)(int pid, void *arg), void *arg);
+/* Stops the n children in c (SIGTERM; SIGKILL after 10 s plus drain_s) and waits for them: how
+ * many failed their stop, each said with its pid and how it ended (up_stop.c). */
+int up_stop_all(struct child *c, int n, int drain_s);
 
 /* What a plan (pdmoe plan --json) sets for the instances: counts, EP sizes (tp must be 1), the KV
  * pool of each rank (roles[].budget.kv_pool_bytes) and the scheduler limits (options). */
