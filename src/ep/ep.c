@@ -1,8 +1,10 @@
 /* Expert-parallel dispatch and combine with point-to-point messages (see ep.h). */
+#define _GNU_SOURCE   /* ppoll, POLLRDHUP */
 #include "ep/ep.h"
 #include "core/timing.h"
 
 #include <stdlib.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/prctl.h>
 #include <time.h>
@@ -135,6 +137,41 @@ static int mpi_fail(const struct pd_ep *ep, int r, const char *what, pd_err *e)
     return pd_err_set(e, PD_EIO, "expert parallelism: %s failed on rank %d: %s", what, ep->rank, msg);
 }
 
+/* The watch of the waits' sleeps (pd_ep_watch): gone and arg are written before fd is published
+ * (release), and read after it (acquire); the first sleep that sees the end takes fd back to -1. */
+static _Atomic int watch_fd = -1;
+static void (*watch_gone)(void *arg);
+static void *watch_arg;
+
+void pd_ep_watch(int fd, void (*gone)(void *arg), void *arg)
+{
+    atomic_store_explicit(&watch_fd, -1, memory_order_release);
+    if (fd < 0)
+        return;
+    watch_gone = gone;
+    watch_arg = arg;
+    atomic_store_explicit(&watch_fd, fd, memory_order_release);
+}
+
+/* A wait's sleep of ns nanoseconds: nanosleep(), or ppoll() on the watched connection for its end
+ * (the same sleep when it lives: the timeout's resolution is the same hrtimer). */
+static void ep_sleep(long ns)
+{
+    struct timespec ts = {0, ns};
+    int fd = atomic_load_explicit(&watch_fd, memory_order_acquire);
+    if (fd < 0) {
+        nanosleep(&ts, NULL);
+        return;
+    }
+    struct pollfd pf = {.fd = fd, .events = POLLRDHUP};
+    if (ppoll(&pf, 1, &ts, NULL) <= 0 || !(pf.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+        return;
+    void (*gone)(void *) = watch_gone;
+    void *arg = watch_arg;
+    if (atomic_compare_exchange_strong(&watch_fd, &fd, -1) && gone)
+        gone(arg);
+}
+
 /* Waits for a non-blocking collective without spinning: 50 us of MPI_Test with sched_yield (a
  * balanced group is done by then), then sleeps, backing off from 10 us to 200 us. A rank that
  * arrives early (fewer tokens, or none) sleeps until the slowest rank joins, instead of burning a
@@ -155,8 +192,7 @@ int pd_ep_wait(MPI_Request *req)
         int r = MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (r != MPI_SUCCESS || done)
             return r;
-        struct timespec ts = {0, ns};
-        nanosleep(&ts, NULL);
+        ep_sleep(ns);
         ns = ns < 200000 ? ns * 2 : 200000;
     }
 }
@@ -194,8 +230,7 @@ static void backoff_idle(struct backoff *b)
         return;
     if (b->ns == 10000 && b->sleeps)
         ++*b->sleeps;
-    struct timespec ts = {0, b->ns};
-    nanosleep(&ts, NULL);
+    ep_sleep(b->ns);
     b->ns = b->ns < 200000 ? b->ns * 2 : 200000;
 }
 

@@ -23,7 +23,8 @@
  * complete in the background and are finished at the next exchange, before their buffers are
  * written again.
  * Buffers grow and are kept: no allocation per exchange once they fit. Waits spin while
- * messages move and sleep only after 100 us without progress (pd_ep_waitall).
+ * messages move and sleep only after 100 us without progress (pd_ep_waitall); a sleep watches a
+ * connection when one is set (pd_ep_watch: a rank's to rank 0, whose death MPI does not report).
  * All ranks take every step together; a rank with no tokens still takes part (its dispatch
  * messages carry the head alone). The group's communicator keeps MPI's default error handler: a
  * rank that dies ends the job with MPI's report of which rank failed, instead of hanging the
@@ -100,6 +101,15 @@ struct pd_ep {
 
 /* A group over `comm` for model m (redundant experts: 0 for now). */
 int pd_ep_init(struct pd_ep *ep, MPI_Comm comm, const struct pd_model *m, pd_err *e);
+/* The watch of this process's waits: once set, every wait below that has reached its sleeping
+ * phase (never the spin of a fast exchange: no syscall is added to it) sleeps in ppoll() on fd for
+ * its end (POLLRDHUP, POLLHUP, POLLERR: the peer's close or a reset; bytes to read do not wake it)
+ * instead of nanosleep(), and on that end calls gone(arg) once, which is to end the process (a
+ * rank whose rank 0 died: MPI would wait for mpirun's SIGKILL, seconds later). If gone returns,
+ * the wait goes on, unwatched. fd -1 clears the watch (before fd is closed, or when the peer's
+ * close becomes a normal end). The server sets it (src/pd/server_ep_live.c): the ep layer knows
+ * only an fd and a function. */
+void pd_ep_watch(int fd, void (*gone)(void *arg), void *arg);
 /* Waits for a non-blocking MPI operation, sleeping between tests instead of spinning (idle
  * ranks between steps). */
 int pd_ep_wait(MPI_Request *req);

@@ -379,8 +379,11 @@ static int ep_round(struct pd_server *s, pd_err *e)
         pd_srv_ep_live_wake(s);
     if (!g->rank && pd_ep_wait(&rq) != MPI_SUCCESS)
         return pd_err_set(e, PD_EIO, "expert parallelism: rank 0: the step broadcast failed");
-    if (g->msg[0] == EP_OP_STOP)
+    if (g->msg[0] == EP_OP_STOP) {
+        if (g->rank)   /* rank 0 ends the group: its connection's close is no death from now on */
+            pd_ep_watch(-1, NULL, NULL);
         return 1;
+    }
     if (g->msg[0] == EP_OP_STATS) {
         int n = s->en.model.n_layers * s->en.model.n_routed_experts;
         if (MPI_Ireduce(s->en.expert_tokens, g->rank ? NULL : s->stats_sum, n, MPI_INT64_T, MPI_SUM, 0, g->ep.comm,

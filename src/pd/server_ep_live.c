@@ -35,8 +35,13 @@
  * whose connection to rank 0 ends (EOF, a reset) while it waits knows rank 0 is gone (killed,
  * crashed: rank 0's normal end is the STOP round, woken like any other, so the rank never reads
  * the close then) and fails at once with a line naming rank 0 (its pid and host), rather than
- * waiting for mpirun's signals. A rank in a round (an MPI wait of the MoE exchange) sees it only
- * from mpirun. */
+ * waiting for mpirun's signals. A rank in a round (an MPI wait of the MoE exchange or of the
+ * round's collectives) watches the same connection once its wait sleeps (pd_ep_watch: ppoll() on
+ * the connection's end in place of nanosleep(); the spin of a fast exchange adds no syscall) and,
+ * at its end, writes the same line and exits 70 where it is: its MPI requests cannot be finished
+ * or cancelled without rank 0, and mpirun's SIGKILL came 2 s later. The watch is set once the
+ * handshake is done, and cleared at the STOP round (rank 0's normal end closes the connection
+ * then) and before the connection is closed. */
 #define _GNU_SOURCE   /* accept4, pipe2 */
 #include "pd/server_int.h"
 
@@ -248,6 +253,18 @@ static int live_accept(struct pd_server *s, int lfd, const struct live_ad *ad, p
     return 0;
 }
 
+/* Rank k, in a round's wait (pd_ep_watch): its connection to rank 0 ended. The line of
+ * pd_srv_ep_live_wait's error, then the exit serve makes for it (70): nothing can be ended in
+ * order from inside MPI's wait. */
+static void rank0_gone_in_round(void *arg)
+{
+    const struct ep_group *g = arg;
+    fprintf(stderr, "pdmoe serve (EP group): expert parallelism: rank %d: rank 0 (pid %d on %s) is gone: its "
+            "connection to this rank closed during a round; this rank ends too\n", g->rank, g->rank0_pid,
+            g->rank0_host);
+    _exit(70);
+}
+
 int pd_srv_ep_live_open(struct pd_server *s, pd_err *e)
 {
     struct ep_group *g = s->g;
@@ -313,6 +330,8 @@ int pd_srv_ep_live_open(struct pd_server *s, pd_err *e)
         if (rc)
             return rc;
     }
+    if (g->rank && g->live_fd >= 0)
+        pd_ep_watch(g->live_fd, rank0_gone_in_round, g);
     return 0;
 }
 
@@ -557,6 +576,8 @@ void pd_srv_ep_live_close(struct pd_server *s)
 {
     struct ep_group *g = s->g;
     live_sig_fd = -1;
+    if (g->live_fd >= 0)
+        pd_ep_watch(-1, NULL, NULL);
     pd_srv_ep_live_stop(s);
     for (int k = 0; g->peers && k < g->size; k++)
         if (g->peers[k].fd >= 0)

@@ -6,8 +6,10 @@
  * A group that ends normally (SIGTERM on rank 0) is no death: every rank exits 0. The other way,
  * the same connection: rank 1 of an idle group sleeps on it (no CPU) until rank 0 wakes it for a
  * round, and a SIGKILL of rank 0 ends rank 1 at once, with a line naming rank 0 (mpirun's SIGKILL
- * ended it 2 s later). */
+ * ended it 2 s later), whether rank 1 waited between rounds or inside one. */
 #include <criterion/criterion.h>
+#include <dirent.h>
+#include <sys/syscall.h>
 #include <jansson.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -305,5 +307,84 @@ Test(server_ep_death, a_killed_rank_0_ends_rank_1_at_once)
     snprintf(want, sizeof want, "rank 0 (pid %d on ", (int)r[0]);
     cr_assert(strstr(log, "rank 1: ") && strstr(log, want) && strstr(log, "is gone"),
               "no line of rank 1 naming rank 0:\n%s", log);
+    cr_assert_eq(processes_on(pg), 0);
+}
+
+/* Whether a thread of rank k (pid) sleeps in pd_srv_ep_live_wait, between rounds: ppoll() on two
+ * fds (its connection to rank 0 and its signal pipe), per /proc/PID/task/TID/syscall (number 271
+ * on x86-64, then its arguments: fds, nfds, ...). A round's waits sleep in nanosleep() or in
+ * ppoll() on one fd. */
+static int waits_between_rounds(pid_t pid)
+{
+    char path[320], line[256];
+    snprintf(path, sizeof path, "/proc/%d/task", pid);
+    DIR *d = opendir(path);
+    int between = 0;
+    for (struct dirent *de; d && (de = readdir(d));) {
+        if (atoi(de->d_name) <= 0)
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/task/%s/syscall", pid, de->d_name);
+        FILE *f = fopen(path, "r");
+        long nr = -1;
+        unsigned long fds = 0, nfds = 0;
+        if (f && fgets(line, sizeof line, f) && sscanf(line, "%ld %lx %lx", &nr, &fds, &nfds) == 3 &&
+            nr == SYS_ppoll && nfds == 2)
+            between = 1;
+        if (f)
+            fclose(f);
+    }
+    if (d)
+        closedir(d);
+    return between;
+}
+
+/* Rank 0 killed while rank 1 is inside a round: rank 0 stopped (SIGSTOP) in the middle of a
+ * stream's decode steps leaves rank 1 waiting in the round's MPI exchange (asleep after its spin),
+ * then its SIGKILL. Rank 1 watches its connection to rank 0 in those sleeps too and ends at once
+ * with the line naming rank 0; before, only mpirun's SIGKILL ended it, 2 s after. */
+Test(server_ep_death, a_killed_rank_0_ends_rank_1_inside_a_round_at_once)
+{
+    int pg = base_port + 4;
+    group = start_group(pg);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "curl -s -N --max-time 60 http://127.0.0.1:%d/v1/completions -d '{\"prompt\":\"x\","
+             "\"max_tokens\":4000,\"ignore_eos\":true,\"stream\":true}' >/dev/null", pg);
+    FILE *stream = popen(cmd, "r");
+    int running = 0;
+    for (int i = 0; i < 1000 && (running = metric_port(pg, "pdmoe_num_requests_running")) < 1; i++)
+        usleep(5000);
+    pid_t r[2];
+    rank_pids(pg, r);
+    /* rank 0 stopped until rank 1 waits inside a round for it, long past its spin: not between
+     * rounds (ppoll() on its connection and its signal pipe, which the test above covers) */
+    int inside = 0;
+    for (int tries = 0; tries < 40 && !inside; tries++) {
+        kill(r[0], SIGCONT);
+        usleep(50000 + 7000 * tries);   /* decode steps under way */
+        kill(r[0], SIGSTOP);
+        usleep(300000);
+        inside = !waits_between_rounds(r[1]);
+    }
+    cr_assert(inside, "rank 1 never waited inside a round while rank 0 was stopped");
+    const int64_t t0 = pd_now_ns();
+    kill(r[0], SIGKILL);
+    while (!ended(r[1]) && pd_now_ns() - t0 < 3000000000LL)
+        usleep(2000);
+    const double ms = (pd_now_ns() - t0) / 1e6;
+    fprintf(stderr, "server_ep_death: rank 1 (inside a round) ended %.1f ms after the SIGKILL of rank 0\n", ms);
+    pclose(stream);
+    cr_assert_eq(running, 1, "the stream did not start");
+    cr_assert(ended(r[1]) && ms < 500, "rank 1 still ran %.0f ms after rank 0 was killed mid-round", ms);
+    int st;
+    cr_assert(exited_within(group, 30, &st), "the group hung after rank 0 died");
+    group = 0;
+    cr_assert(!(WIFEXITED(st) && WEXITSTATUS(st) == 0), "the group exited 0 although rank 0 died");
+    static char log[1 << 16];
+    read_log(log, sizeof log);
+    char want[64];
+    snprintf(want, sizeof want, "rank 1: rank 0 (pid %d on ", (int)r[0]);
+    const char *line = strstr(log, want);
+    cr_assert(line && strstr(line, "is gone: its connection to this rank closed during a round"),
+              "no line of rank 1 naming rank 0 (and the round):\n%s", log);
     cr_assert_eq(processes_on(pg), 0);
 }
