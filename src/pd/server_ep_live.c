@@ -33,9 +33,10 @@
  * An idle group's ranks use no CPU (the loop of tests before: 500 wake-ups a second, about 1% of a
  * core each), and the first round after idle is taken at once (it waited up to 2 ms). A rank
  * whose connection to rank 0 ends (EOF, a reset) while it waits knows rank 0 is gone (killed,
- * crashed: rank 0's normal end is the STOP round, woken like any other, so the rank never reads
- * the close then) and fails at once with a line naming rank 0 (its pid and host), rather than
- * waiting for mpirun's signals. A rank in a round (an MPI wait of the MoE exchange or of the
+ * crashed) and fails at once with a line naming rank 0 (its pid and host), rather than waiting for
+ * mpirun's signals; unless rank 0 was not idle and the round's broadcast completes within 50 ms
+ * after all: rank 0's normal end is the STOP round, woken like any other, and a rank stopped or
+ * slow meanwhile reads its WAKE and its close at once (live_round_posted). A rank in a round (an MPI wait of the MoE exchange or of the
  * round's collectives) watches the same connection once its wait sleeps (pd_ep_watch: ppoll() on
  * the connection's end in place of nanosleep(); the spin of a fast exchange adds no syscall) and,
  * at its end, writes the same line and exits 70 where it is: its MPI requests cannot be finished
@@ -517,6 +518,26 @@ static int live_take(struct ep_group *g)
     }
 }
 
+/* Rank k, whose connection to rank 0 ended while it waited for round rq's broadcast, rank 0 not
+ * idle (a WAKE, or no IDLE, before the close): 1 if that broadcast completes within LIVE_END_MS
+ * after all, which is rank 0's normal end (it posts its STOP round's broadcast, writes its WAKE
+ * and only then closes; a rank stopped or slow meanwhile reads the WAKE and the close at once, and
+ * took it for rank 0's death: exit 70, and its group's stop a failure). 0: rank 0 is gone. */
+#define LIVE_END_MS 50
+static int live_round_posted(MPI_Request *rq)
+{
+    const int64_t until = pd_now_ns() + LIVE_END_MS * 1000000LL;
+    do {
+        int done = 0;
+        if (MPI_Test(rq, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            return 0;
+        if (done)
+            return 1;
+        nanosleep(&(struct timespec){0, 100000}, NULL);
+    } while (pd_now_ns() < until);
+    return 0;
+}
+
 /* Rank k: the wait between rounds (what the top of the file says). A signal here waits for rank 0
  * to end the group, since rank 0 normally has it too, but not longer than 10 s (plus the
  * --shutdown-timeout that rank 0 may drain for). */
@@ -567,6 +588,10 @@ int pd_srv_ep_live_wait(struct pd_server *s, MPI_Request *rq, pd_err *e)
         }
     }
 gone:
+    /* rank 0's last byte an IDLE: no round was posted before the close, which is its death at once;
+     * else its round may have come before the close: STOP, or a round whose waits see the close */
+    if (!g->rank0_idle && live_round_posted(rq))
+        return 0;
     g->rank0_gone = 1;
     return pd_err_set(e, PD_EIO, "expert parallelism: rank %d: rank 0 (pid %d on %s) is gone: its connection to this "
                       "rank closed without ending the group; this rank ends too", g->rank, g->rank0_pid, g->rank0_host);

@@ -388,3 +388,32 @@ Test(server_ep_death, a_killed_rank_0_ends_rank_1_inside_a_round_at_once)
               "no line of rank 1 naming rank 0 (and the round):\n%s", log);
     cr_assert_eq(processes_on(pg), 0);
 }
+
+/* A normal end read late: rank 1 stopped (SIGSTOP) while rank 0 takes SIGTERM, broadcasts the
+ * group's end, writes its WAKE and closes its connections; rank 1, continued, reads the WAKE and
+ * the close at once. That is no death (the STOP round's broadcast was posted before the close):
+ * rank 1 ended with "rank 0 ... is gone" and exit 70, mpirun with 70, and `pdmoe up` named the
+ * group as failing its stop. Every rank now exits 0. */
+Test(server_ep_death, a_normal_end_read_late_is_no_death)
+{
+    int pg = base_port + 5;
+    group = start_group(pg);
+    char text[1024];
+    greedy(pg, text, sizeof text);
+    pid_t r[2];
+    rank_pids(pg, r);
+    usleep(200000);   /* the group idles */
+    kill(r[1], SIGSTOP);
+    kill(r[0], SIGTERM);
+    usleep(500000);   /* rank 0 ended the group and closed its connections */
+    kill(r[1], SIGCONT);
+    int st;
+    cr_assert(exited_within(group, 30, &st), "the group did not end");
+    group = 0;
+    static char log[1 << 16];
+    read_log(log, sizeof log);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the group ended with wait status %d after rank 0's SIGTERM:\n%s",
+              st, log);
+    cr_assert_null(strstr(log, "is gone"), "%s", log);
+    cr_assert_eq(processes_on(pg), 0);
+}
