@@ -24,7 +24,8 @@
  * between rounds (pd_srv_ep_live_wait) tests the next round's broadcast and sleeps in ppoll() on
  * its connection, 10 us doubling to 2 ms, while rank 0 is busy (a decode step's next round comes
  * within microseconds: no syscall is added to it); but once rank 0's scheduler is about to wait
- * for work (pd_srv_ep_live_idle: before its untimed wait, or one of 20 or 100 ms) it writes
+ * for work (pd_srv_ep_live_idle: before its untimed wait, one of 20 or 100 ms, or the 1 ms between
+ * the rounds that hear of the owner ranks' KV pulls) it writes
  * LIVE_IDLE to every rank, and a rank that reads it sleeps in poll() with no timeout until
  * LIVE_WAKE, which rank 0 writes right after posting the broadcast of its next round
  * (pd_srv_ep_live_wake). Rank 0 writes IDLE and WAKE in turn from its scheduler thread, before
