@@ -368,13 +368,13 @@ Test(server_ep_death, a_killed_rank_0_ends_rank_1_inside_a_round_at_once)
     cr_assert(inside, "rank 1 never waited inside a round while rank 0 was stopped");
     const int64_t t0 = pd_now_ns();
     kill(r[0], SIGKILL);
-    while (!ended(r[1]) && pd_now_ns() - t0 < 3000000000LL)
+    while (!pid_ended(r[1]) && pd_now_ns() - t0 < 3000000000LL)
         usleep(2000);
     const double ms = (pd_now_ns() - t0) / 1e6;
     fprintf(stderr, "server_ep_death: rank 1 (inside a round) ended %.1f ms after the SIGKILL of rank 0\n", ms);
     pclose(stream);
     cr_assert_eq(running, 1, "the stream did not start");
-    cr_assert(ended(r[1]) && ms < 500, "rank 1 still ran %.0f ms after rank 0 was killed mid-round", ms);
+    cr_assert(pid_ended(r[1]) && ms < 500, "rank 1 still ran %.0f ms after rank 0 was killed mid-round", ms);
     int st;
     cr_assert(exited_within(group, 30, &st), "the group hung after rank 0 died");
     group = 0;
