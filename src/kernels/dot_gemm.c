@@ -169,7 +169,8 @@ AVX512 static void dot_gemm_avx512(const void *w, int bf16, size_t ldw, int rows
 }
 
 /* Either product: the tiles where pd_dot is the AVX-512 one (vec.c chooses it exactly where
- * avx512f is) and n is a multiple of 16, else pd_dot_rows[_bf16] per token. */
+ * avx512f is) and n is a multiple of 16, else pd_dot_rows_tokens[_bf16] (the same bits; on AVX2
+ * CPUs their register tiles, vec_avx2.h). */
 static void dot_gemm(const void *w, int bf16, size_t ldw, int rows, const float *x, size_t ldx, int T, int n,
                      float *y, size_t ldy)
 {
@@ -179,17 +180,10 @@ static void dot_gemm(const void *w, int bf16, size_t ldw, int rows, const float 
         dot_gemm_avx512(w, bf16, ldw, rows, x, ldx, T, n, y, ldy);
         return;
     }
-    float col[64];
-    for (int t = 0; t < T; t++)
-        for (int r0 = 0; r0 < rows; r0 += 64) {
-            int nr = rows - r0 < 64 ? rows - r0 : 64;
-            if (bf16)
-                pd_dot_rows_bf16((const uint16_t *)w + (size_t)r0 * ldw, ldw, x + (size_t)t * ldx, n, nr, col);
-            else
-                pd_dot_rows((const float *)w + (size_t)r0 * ldw, ldw, x + (size_t)t * ldx, n, nr, col);
-            for (int r = 0; r < nr; r++)
-                y[(size_t)t * ldy + r0 + r] = col[r];
-        }
+    if (bf16)
+        pd_dot_rows_tokens_bf16(w, ldw, x, ldx, T, n, rows, y, ldy);
+    else
+        pd_dot_rows_tokens(w, ldw, x, ldx, T, n, rows, y, ldy);
 }
 
 void pd_dot_gemm(const float *w, size_t ldw, int rows, const float *x, size_t ldx, int T, int n, float *y,

@@ -18,7 +18,7 @@ void pd_dot_gemm(const float *w, size_t ldw, int rows, const float *x, size_t ld
 /* pd_dot_gemm over bf16 rows of w (ldw in values): y[t * ldy + r] = pd_dot_rows_bf16's value of
  * row r against x row t (= pd_dot of the widened row), bit for bit; each value widened in
  * registers as it is loaded, so the matrix streams from memory once, without a widened copy.
- * n <= PD_DOT_BF16_MAX (kernels/vec.h) where this falls back to pd_dot_rows_bf16. */
+ * n <= PD_DOT_BF16_MAX (kernels/vec.h) where this falls back to pd_dot_rows_tokens_bf16. */
 void pd_dot_gemm_bf16(const uint16_t *w, size_t ldw, int rows, const float *x, size_t ldx, int T, int n, float *y,
                       size_t ldy);
 

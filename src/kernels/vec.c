@@ -1,6 +1,7 @@
 /* Dot product and axpy, one row or many: portable, AVX2+FMA and AVX-512 versions, chosen at first
  * use. */
 #include "kernels/vec.h"
+#include "kernels/vec_avx2.h"
 
 #include <assert.h>
 #include <immintrin.h>
@@ -26,22 +27,6 @@ void pd_axpy_ref(float a, const float *x, float *y, int n)
 {
     for (int i = 0; i < n; i++)
         y[i] += a * x[i];
-}
-
-__attribute__((target("avx2,fma"))) static float dot_avx2(const float *a, const float *b, int n)
-{
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    float l[8];
-    _mm256_storeu_ps(l, _mm256_add_ps(s0, s1));
-    float t = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
-    for (; i < n; i++)
-        t += a[i] * b[i];
-    return t;
 }
 
 __attribute__((target("avx2,fma"))) static void axpy_avx2(float a, const float *x, float *y, int n)
@@ -477,7 +462,7 @@ static void choose(void)
         fns = (struct vec_fns){dot_avx512, axpy_avx512, dot_rows_avx512, axpy_rows_avx512, scale_max_avx512,
                                div_d_avx512, scale_axpys_avx512, expf_ref, weighted_sum_avx512};
     else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        fns = (struct vec_fns){dot_avx2, axpy_avx2, dot_rows_by_one, axpy_rows_by_one, scale_max_ref, div_d_ref,
+        fns = (struct vec_fns){pd_vec_dot_avx2, axpy_avx2, dot_rows_by_one, axpy_rows_by_one, scale_max_ref, div_d_ref,
                                scale_axpys_by_one, expf_ref, weighted_sum_ref};
     else
         fns = (struct vec_fns){pd_dot_ref, pd_axpy_ref, dot_rows_by_one, axpy_rows_by_one, scale_max_ref, div_d_ref,
@@ -772,12 +757,38 @@ static void (*bf16_fn)(const uint16_t *, float *, int);
 static atomic_int bf16_ready;
 static pthread_once_t once_bf16 = PTHREAD_ONCE_INIT;
 
+/* Where pd_dot is pd_vec_dot_avx2 (AVX2 and FMA, no AVX-512), its tiled products (vec_avx2.h). */
+static int avx2_dot(void)
+{
+    return !__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+static void dot_rows_bf16_avx2(const uint16_t *w, size_t ld, const float *x, int n, int rows, float *y)
+{
+    pd_vec_dot_rows_tokens_avx2(w, 1, ld, x, 0, 1, n, rows, y, 0);
+}
+
+static void dot_rows_tokens_bf16_avx2(const uint16_t *w, size_t ld, const float *x, size_t ldx, int T, int n,
+                                      int rows, float *y, size_t ldy)
+{
+    pd_vec_dot_rows_tokens_avx2(w, 1, ld, x, ldx, T, n, rows, y, ldy);
+}
+
+static void dot_rows_tokens_f32_avx2(const float *w, size_t ld, const float *x, size_t ldx, int T, int n, int rows,
+                                     float *y, size_t ldy)
+{
+    pd_vec_dot_rows_tokens_avx2(w, 0, ld, x, ldx, T, n, rows, y, ldy);
+}
+
 static void choose_bf16(void)
 {
-    bf16_fn = __builtin_cpu_supports("avx512f") ? bf16_avx512 : bf16_ref;
-    dot_rows_bf16_fn = __builtin_cpu_supports("avx512f") ? dot_rows_bf16_avx512 : dot_rows_bf16_by_one;
-    dot_rows_tokens_bf16_fn = __builtin_cpu_supports("avx512f") ? dot_rows_tokens_bf16_avx512 : dot_rows_tokens_bf16_by_one;
-    dot_rows_tokens_f32_fn = __builtin_cpu_supports("avx512f") ? dot_rows_tokens_f32_avx512 : dot_rows_tokens_f32_by_one;
+    const int v512 = __builtin_cpu_supports("avx512f"), v2 = avx2_dot();
+    bf16_fn = v512 ? bf16_avx512 : bf16_ref;
+    dot_rows_bf16_fn = v512 ? dot_rows_bf16_avx512 : v2 ? dot_rows_bf16_avx2 : dot_rows_bf16_by_one;
+    dot_rows_tokens_bf16_fn = v512 ? dot_rows_tokens_bf16_avx512 : v2 ? dot_rows_tokens_bf16_avx2
+                                                                      : dot_rows_tokens_bf16_by_one;
+    dot_rows_tokens_f32_fn = v512 ? dot_rows_tokens_f32_avx512 : v2 ? dot_rows_tokens_f32_avx2
+                                                                    : dot_rows_tokens_f32_by_one;
     atomic_store_explicit(&bf16_ready, 1, memory_order_release);
 }
 

@@ -1,0 +1,21 @@
+/* Internal to kernels/: the AVX2 + FMA dot products vec.c chooses on CPUs without AVX-512 (the
+ * AMD hosts without it among them): pd_dot itself there, and the many-row, many-token products
+ * that repeat its bits. */
+#ifndef PD_KERNELS_VEC_AVX2_H
+#define PD_KERNELS_VEC_AVX2_H
+
+#include <stddef.h>
+
+/* pd_dot on these CPUs: two chains of 8-lane fused multiply-adds over 16-value blocks (s0 the
+ * first 8 values of each block, s1 the last 8), l = s0 + s1, then
+ *   dot = ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)),
+ * then t += a[i] * b[i] over the tail of fewer than 16 values in order. */
+float pd_vec_dot_avx2(const float *a, const float *b, int n);
+
+/* y[t * ldy + r] = pd_vec_dot_avx2(row r, x + t * ldx, n) for r < rows, t < T, bit for bit; rows
+ * of w fp32 (bf16 = 0) or bf16 (bf16 = 1, widened in registers as they are loaded: the dot of
+ * the widened row); ld in values. */
+void pd_vec_dot_rows_tokens_avx2(const void *w, int bf16, size_t ld, const float *x, size_t ldx, int T, int n,
+                                 int rows, float *y, size_t ldy);
+
+#endif
