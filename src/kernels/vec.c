@@ -29,16 +29,6 @@ void pd_axpy_ref(float a, const float *x, float *y, int n)
         y[i] += a * x[i];
 }
 
-__attribute__((target("avx2,fma"))) static void axpy_avx2(float a, const float *x, float *y, int n)
-{
-    __m256 va = _mm256_set1_ps(a);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++)
-        y[i] += a * x[i];
-}
-
 #define AVX512 __attribute__((target("avx512f")))
 #define INLINE static inline __attribute__((always_inline))
 
@@ -462,7 +452,7 @@ static void choose(void)
         fns = (struct vec_fns){dot_avx512, axpy_avx512, dot_rows_avx512, axpy_rows_avx512, scale_max_avx512,
                                div_d_avx512, scale_axpys_avx512, expf_ref, weighted_sum_avx512};
     else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        fns = (struct vec_fns){pd_vec_dot_avx2, axpy_avx2, dot_rows_by_one, axpy_rows_by_one, scale_max_ref, div_d_ref,
+        fns = (struct vec_fns){pd_vec_dot_avx2, pd_vec_axpy_avx2, dot_rows_by_one, pd_vec_axpy_rows_avx2, scale_max_ref, div_d_ref,
                                scale_axpys_by_one, expf_ref, weighted_sum_ref};
     else
         fns = (struct vec_fns){pd_dot_ref, pd_axpy_ref, dot_rows_by_one, axpy_rows_by_one, scale_max_ref, div_d_ref,
@@ -783,7 +773,7 @@ static void dot_rows_tokens_f32_avx2(const float *w, size_t ld, const float *x, 
 static void choose_bf16(void)
 {
     const int v512 = __builtin_cpu_supports("avx512f"), v2 = avx2_dot();
-    bf16_fn = v512 ? bf16_avx512 : bf16_ref;
+    bf16_fn = v512 ? bf16_avx512 : v2 ? pd_vec_bf16_to_f32_avx2 : bf16_ref;
     dot_rows_bf16_fn = v512 ? dot_rows_bf16_avx512 : v2 ? dot_rows_bf16_avx2 : dot_rows_bf16_by_one;
     dot_rows_tokens_bf16_fn = v512 ? dot_rows_tokens_bf16_avx512 : v2 ? dot_rows_tokens_bf16_avx2
                                                                       : dot_rows_tokens_bf16_by_one;

@@ -152,3 +152,63 @@ AVX2 void pd_vec_dot_rows_tokens_avx2(const void *w, int bf16, size_t ld, const 
             rows_tokens(w, 0, ld, x + t0 * ldx, ldx, c, n, rows, y + t0 * ldy, ldy);
     }
 }
+
+/* The tail of an axpy (one function for both callers below, so both round alike). */
+INLINE AVX2 void axpy_tail(float a, const float *x, float *y, int i, int n)
+{
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+
+AVX2 void pd_vec_axpy_avx2(float a, const float *x, float *y, int n)
+{
+    const __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    axpy_tail(a, x, y, i, n);
+}
+
+/* pd_vec_axpy_avx2 row after row, with 64 values of y held in registers across the rows instead
+ * of loaded and stored for each (the attention's weighted sums over its keys): per element the
+ * same fused multiply-adds in the same order. */
+AVX2 void pd_vec_axpy_rows_avx2(const float *a, const float *x, size_t ld, int rows, float *y, int n)
+{
+    int i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m256 v[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++)
+            v[j] = _mm256_loadu_ps(y + i + 8 * j);
+        for (int k = 0; k < rows; k++) {
+            const float *xk = x + k * ld + i;
+            const __m256 va = _mm256_set1_ps(a[k]);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++)
+                v[j] = _mm256_fmadd_ps(va, _mm256_loadu_ps(xk + 8 * j), v[j]);
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++)
+            _mm256_storeu_ps(y + i + 8 * j, v[j]);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(y + i);
+        for (int k = 0; k < rows; k++)
+            v = _mm256_fmadd_ps(_mm256_set1_ps(a[k]), _mm256_loadu_ps(x + k * ld + i), v);
+        _mm256_storeu_ps(y + i, v);
+    }
+    if (i < n)
+        for (int k = 0; k < rows; k++)
+            axpy_tail(a[k], x + k * ld, y, i, n);
+}
+
+AVX2 void pd_vec_bf16_to_f32_avx2(const uint16_t *src, float *dst, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, w_load8(src, 1, i));
+    for (; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        __builtin_memcpy(&dst[i], &u, 4);
+    }
+}

@@ -5,6 +5,7 @@
 #define PD_KERNELS_VEC_AVX2_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* pd_dot on these CPUs: two chains of 8-lane fused multiply-adds over 16-value blocks (s0 the
  * first 8 values of each block, s1 the last 8), l = s0 + s1, then
@@ -17,5 +18,13 @@ float pd_vec_dot_avx2(const float *a, const float *b, int n);
  * the widened row); ld in values. */
 void pd_vec_dot_rows_tokens_avx2(const void *w, int bf16, size_t ld, const float *x, size_t ldx, int T, int n,
                                  int rows, float *y, size_t ldy);
+
+/* pd_axpy on these CPUs: y[i] = fma(a, x[i], y[i]) 8 values a vector, then y[i] += a * x[i] over
+ * the tail of fewer than 8. */
+void pd_vec_axpy_avx2(float a, const float *x, float *y, int n);
+/* pd_vec_axpy_avx2(a[k], x + k * ld, y, n) for k = 0 .. rows - 1 in order, bit for bit. */
+void pd_vec_axpy_rows_avx2(const float *a, const float *x, size_t ld, int rows, float *y, int n);
+/* pd_bf16_to_f32_row (exact). */
+void pd_vec_bf16_to_f32_avx2(const uint16_t *src, float *dst, int n);
 
 #endif

@@ -153,7 +153,7 @@ Test(ops, axpy_rows_same_bits_as_axpy)
         x[i] = wave(i);
     for (int k = 0; k < 23; k++)
         a[k] = wave(7 * k + 2) / 9;
-    const int ns[] = {1, 15, 16, 17, 100, 127, 128, 129, 256, 290};
+    const int ns[] = {1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 72, 100, 127, 128, 129, 256, 290};
     for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++)
         for (int rows = 0; rows <= 23; rows += 5) {
             for (int i = 0; i < 290; i++)
