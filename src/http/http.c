@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <event2/buffer.h>
+#include <event2/http_struct.h>
 #include <event2/keyvalq_struct.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -179,4 +180,21 @@ json_t *pd_http_json_counts(const int64_t *v, int rows, int cols)
         json_array_append_new(t, row);
     }
     return t;
+}
+
+void pd_http_stream_start(struct evhttp_request *h, const char *content_type)
+{
+    struct evkeyvalq *out = evhttp_request_get_output_headers(h);
+    evhttp_add_header(out, "Content-Type", content_type);
+    evhttp_add_header(out, "Cache-Control", "no-cache");
+    if (h->major == 1 && h->minor == 0) {
+        /* libevent reads the client's "Connection: keep-alive" as a promise of a length, and
+         * answers one: "Content-Length: 0" before the events. Without it libevent closes the
+         * connection once the stream ends, as HTTP/1.0 delimits such an answer (RFC 1945 7.2.2) */
+        struct evkeyvalq *in = evhttp_request_get_input_headers(h);
+        while (evhttp_remove_header(in, "Connection") == 0)
+            ;
+        evhttp_add_header(out, "Connection", "close");
+    }
+    evhttp_send_reply_start(h, 200, "OK");
 }

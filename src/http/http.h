@@ -35,6 +35,10 @@ json_t *pd_http_json_counts(const int64_t *v, int rows, int cols);
 /* evhttp_send_reply, except that the answer to HEAD is the headers alone, with the Content-Length
  * of b (whose bytes it drains). */
 void pd_http_send(struct evhttp_request *h, int code, const char *reason, struct evbuffer *b);
+/* Starts a streamed 200 (its chunks then go with evhttp_send_reply_chunk) with the content type and
+ * Cache-Control: no-cache. To an HTTP/1.0 client, which has no chunked coding, the stream ends with
+ * the connection: its answer says "Connection: close" whatever keep-alive the client asked for. */
+void pd_http_stream_start(struct evhttp_request *h, const char *content_type);
 /* Sends b (whose bytes it drains) as a 200 with the content type. */
 void pd_http_text(struct evhttp_request *h, const char *content_type, struct evbuffer *b);
 

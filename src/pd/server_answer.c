@@ -178,10 +178,7 @@ static void answer_expert_stats(struct pd_server *s)
  * OpenAI's and vLLM's do (delta {"role": "assistant", "content": ""}). */
 void pd_srv_start_stream(struct pd_server *s, struct req *r)
 {
-    struct evkeyvalq *hd = evhttp_request_get_output_headers(r->http);
-    evhttp_add_header(hd, "Content-Type", "text/event-stream");
-    evhttp_add_header(hd, "Cache-Control", "no-cache");
-    evhttp_send_reply_start(r->http, 200, "OK");
+    pd_http_stream_start(r->http, "text/event-stream");
     r->reply_started = 1;
     if (r->chat) {
         json_t *c = chunk(s, r, "", 0, NULL);

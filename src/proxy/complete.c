@@ -141,10 +141,7 @@ static void stream_start(struct job *j)
 {
     if (j->started)
         return;
-    struct evkeyvalq *hd = evhttp_request_get_output_headers(j->client);
-    evhttp_add_header(hd, "Content-Type", "text/event-stream");
-    evhttp_add_header(hd, "Cache-Control", "no-cache");
-    evhttp_send_reply_start(j->client, 200, "OK");
+    pd_http_stream_start(j->client, "text/event-stream");
     j->started = 1;
 }
 

@@ -4,7 +4,9 @@
  * a 503 with a JSON body; libevent's own 400/413 answers carry JSON bodies; ambiguous framing (two
  * Content-Lengths, a coding besides chunked) is refused and the connection closed; HEAD answers carry
  * no body; a stream or a long generation outlives every timeout; requests pipelined behind a
- * generation or sent without reading the answers are answered in order, in bounded memory. */
+ * generation or sent without reading the answers are answered in order, in bounded memory; a
+ * stream to an HTTP/1.0 client ends with its connection, as its headers say. */
+#define _GNU_SOURCE   /* strcasestr */
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
 #include <errno.h>
@@ -360,6 +362,44 @@ Test(conn, proxy_answers_a_request_pipelined_behind_a_generation)
 {
     struct pd_http_limits open = {0};
     pipelined_behind_a_generation(start_proxy(&open, start_server(&open)));
+}
+
+/* A stream to an HTTP/1.0 client that asked for keep-alive: HTTP/1.0 has no chunked coding, so the
+ * stream's end is the connection's close, and the answer says so. libevent answered such a
+ * request "Connection: keep-alive" and "Content-Length: 0" and then wrote the events: a client
+ * read an empty answer, took the events for the next one, and waited on a connection that never
+ * closed. */
+static void http10_keep_alive_stream(int port)
+{
+    int fd = dial(port);
+    const char *body = "{\"prompt\":\"x\",\"max_tokens\":3,\"stream\":true}";
+    char req[512];
+    snprintf(req, sizeof req, "POST /v1/completions HTTP/1.0\r\nConnection: keep-alive\r\n"
+             "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+    say(fd, req);
+    static char out[1 << 16];
+    double waited = read_until_close(fd, 20, out, sizeof out);
+    close(fd);
+    cr_assert(strncmp(out, "HTTP/1.0 200", 12) == 0, "the answer: %.300s", out);
+    char *end = strstr(out, "\r\n\r\n");
+    cr_assert(end, "no end of headers: %.300s", out);
+    *end = 0;
+    cr_assert(!strcasestr(out, "Content-Length"), "a stream's answer with a Content-Length:\n%s", out);
+    cr_assert(!strcasestr(out, "keep-alive"), "a stream to HTTP/1.0 cannot keep the connection:\n%s", out);
+    cr_assert(strcasestr(out, "Connection: close"), "the answer does not say the connection closes:\n%s", out);
+    cr_assert(strstr(end + 4, "data: [DONE]"), "the events: %.300s", end + 4);
+    cr_assert_lt(waited, 20, "the connection stayed open after the stream");
+}
+
+Test(conn, serve_ends_a_stream_to_an_http10_keep_alive_client_by_closing)
+{
+    http10_keep_alive_stream(start_server(&(struct pd_http_limits){0}));
+}
+
+Test(conn, proxy_ends_a_stream_to_an_http10_keep_alive_client_by_closing)
+{
+    struct pd_http_limits open = {0};
+    http10_keep_alive_stream(start_proxy(&open, start_server(&open)));
 }
 
 /* Counts the answers' status lines in a stream read in pieces (a line may straddle two). */
