@@ -187,7 +187,7 @@ static void maybe_die(const struct batch *b, int step)
 static int run_batch(struct batch *b, pd_err *e)
 {
     struct pd_sampler smp;
-    pd_sampler_init(&smp, (float)b->o->temperature, (float)b->o->top_p, (uint64_t)b->o->seed + (uint64_t)b->rank);
+    pd_sampler_init(&smp, b->o->temperature, b->o->top_p, (uint64_t)b->o->seed + (uint64_t)b->rank);
     float *scratch = malloc((size_t)b->V * 2 * sizeof(float));
     int rc = step_all(b, 1, e), k = 0;
     double t1 = pd_now_s(), c1 = pd_cpu_s();      /* the prompts done: decode steps from here */
@@ -272,7 +272,7 @@ static int write_spec_stats(const struct batch *b, const struct pd_spec_stats *s
 static int run_spec(struct batch *b, int stream, pd_err *e)
 {
     struct pd_sampler smp;
-    pd_sampler_init(&smp, (float)b->o->temperature, (float)b->o->top_p, (uint64_t)b->o->seed + (uint64_t)b->rank);
+    pd_sampler_init(&smp, b->o->temperature, b->o->top_p, (uint64_t)b->o->seed + (uint64_t)b->rank);
     struct pd_spec_stats st = {0};
     float *scratch = malloc((size_t)b->V * 2 * sizeof(float));
     float *rl = malloc((size_t)b->n * (PD_SPEC_MAX_K + 1) * b->V * sizeof(float));
@@ -486,7 +486,7 @@ static int stream_one(struct gen_opts *o, struct batch *b, pd_err *e)
 {
     struct gen_seq *g = &b->s[0];
     struct pd_sampler smp;
-    pd_sampler_init(&smp, (float)o->temperature, (float)o->top_p, (uint64_t)o->seed);
+    pd_sampler_init(&smp, o->temperature, o->top_p, (uint64_t)o->seed);
     float *scratch = malloc((size_t)b->V * 2 * sizeof(float));
     double t0 = pd_now_s();
     struct pd_step_item it = {.seq = &g->seq, .tokens = g->in, .n = g->n_in, .logits = g->logits};

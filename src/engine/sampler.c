@@ -1,16 +1,17 @@
 /* Greedy and top-p sampling. */
 #include "engine/sampler.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
 
-void pd_sampler_init(struct pd_sampler *s, float temperature, float top_p, uint64_t seed)
+void pd_sampler_init(struct pd_sampler *s, double temperature, double top_p, uint64_t seed)
 {
-    s->temperature = temperature;
-    s->top_p = top_p > 0 && top_p <= 1 ? top_p : 1;
+    s->temperature = (float)temperature;
+    s->top_p = !(top_p > 0 && top_p <= 1) ? 1 : top_p < FLT_TRUE_MIN ? FLT_TRUE_MIN : (float)top_p;
     s->state = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
 }
 

@@ -11,7 +11,11 @@ struct pd_sampler {
     uint64_t state;         /* generator state */
 };
 
-void pd_sampler_init(struct pd_sampler *s, float temperature, float top_p, uint64_t seed);
+/* temperature >= 0 (0 or one below the smallest float: greedy); top_p in (0, 1], where a top_p below
+ * the smallest float is the narrowest nucleus (the best token), not 0; outside (0, 1]: 1. Both
+ * taken as doubles, as requests and flags give them, so that no caller's cast to float turns a
+ * top_p of 1e-320 into the 0 that means 1. */
+void pd_sampler_init(struct pd_sampler *s, double temperature, double top_p, uint64_t seed);
 /* Picks a token from logits[0 .. n); `scratch` holds 2 * n floats. Greedy ties go to the lower id. */
 int32_t pd_sample(struct pd_sampler *s, const float *logits, int n, float *scratch);
 

@@ -588,7 +588,7 @@ static struct req *build(struct pd_server *s, struct refusal *no, json_t *j, int
     uint64_t seed = (uint64_t)json_integer_value(sd);
     if (!sd && getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed)
         seed = (uint64_t)pd_now_ns();
-    pd_sampler_init(&r->smp, tp ? (float)json_number_value(tp) : 1.0f, pp ? (float)json_number_value(pp) : 1.0f, seed);
+    pd_sampler_init(&r->smp, tp ? json_number_value(tp) : 1.0, pp ? json_number_value(pp) : 1.0, seed);
     /* the producer drew its first token from this state: the decode side goes on from the next
      * draw, so a seeded request samples what it samples on one instance */
     if (r->forced_first >= 0 && r->smp.temperature > 0)

@@ -1093,6 +1093,25 @@ Test(server, unseeded_samples_differ_and_a_seed_repeats)
     expect_same_token_ids(out[0], out[1]);
 }
 
+/* top_p is a number in (0, 1]: one below the smallest float (1e-320) is the narrowest nucleus, the
+ * best token alone, as 1e-30 is, the greedy tokens. Cast to a float it was 0, which the sampler
+ * reads as "unset", 1: the request sampled the whole vocabulary. */
+Test(server, a_top_p_below_the_smallest_float_is_the_best_token)
+{
+    start(NULL, dir, 256);
+    char greedy[8192], out[8192];
+    cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true,"
+                      "\"return_token_ids\":true}", NULL, greedy, sizeof greedy), 200, "%s", greedy);
+    static const char *const tiny[] = {"1e-30", "1e-320", "4.9e-324"};
+    for (int i = 0; i < 3; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"prompt\":\"hi\",\"max_tokens\":12,\"temperature\":1,\"top_p\":%s,"
+                 "\"seed\":7,\"ignore_eos\":true,\"return_token_ids\":true}", tiny[i]);
+        cr_assert_eq(curl("/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+        expect_same_token_ids(greedy, out);
+    }
+}
+
 /* What vLLM's clients send as they send it: `vllm bench serve` puts "repetition_penalty": 1.0 in
  * every completions request (and --top-k/--min-p send top_k -1, min_p 0), which were refused as
  * unsupported, failing the whole benchmark; whole-number floats for integers (max_tokens 2.0) as
