@@ -554,8 +554,8 @@ static void on_reply_done(struct evhttp_request *h, void *arg)
 
 /* Framing that another hop could read otherwise than libevent does, which a request could be
  * smuggled through (RFC 9112 6.3): Content-Length headers that differ (libevent reads the first),
- * a transfer coding besides chunked. NULL when the framing is sound, else the error and its
- * status in *code. */
+ * a transfer coding besides chunked; and two Host headers, a target two hops could read apart.
+ * NULL when the framing is sound, else the error and its status in *code. */
 static const char *bad_framing(struct evhttp_request *h, int *code)
 {
     const char *cl = NULL;
@@ -572,7 +572,8 @@ static const char *bad_framing(struct evhttp_request *h, int *code)
         for (const unsigned char *v = (const unsigned char *)kv->value; *v; v++)
             if ((*v < 0x20 && *v != '\t') || *v == 0x7f)
                 return "a header value holds a control character";
-        host |= !evutil_ascii_strcasecmp(kv->key, "Host");
+        if (!evutil_ascii_strcasecmp(kv->key, "Host") && host++)   /* RFC 9112 3.2: MUST be refused */
+            return "two Host headers: the request's target is ambiguous";
         if (!evutil_ascii_strcasecmp(kv->key, "Content-Length")) {
             if (cl && strcmp(cl, kv->value))
                 return "two Content-Length headers that differ: the request's length is ambiguous";

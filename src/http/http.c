@@ -43,10 +43,16 @@ int pd_http_read_json(struct evbuffer *b, size_t flags, json_t **out, json_error
         return PD_ENOMEM;
     }
     *out = json_loadb(p, n, flags, je);
-    /* jansson names its own flag; the client needs to hear what its body holds */
-    if (!*out && je && strstr(je->text, "JSON_ALLOW_NUL"))
+    /* jansson names its own flag; the client needs to hear what its body holds, and that it is
+     * its body's JSON at fault (jansson's words alone: "unexpected token near end of file") */
+    if (!*out && je && strstr(je->text, "JSON_ALLOW_NUL")) {
         snprintf(je->text, sizeof je->text, "the body's JSON holds \\u0000 (a NUL character) at byte %d: no "
                  "string may (prompt, messages, stop)", je->position);
+    } else if (!*out && je) {
+        char why[sizeof je->text];
+        snprintf(why, sizeof why, "%s", je->text);
+        snprintf(je->text, sizeof je->text, "the body is not valid JSON: %.120s", why);   /* (160 bytes in all) */
+    }
     return *out ? 0 : PD_EFORMAT;
 }
 

@@ -11,7 +11,7 @@
 
 const char *pd_http_reason(int code);
 /* The JSON document in b (read in place, b unchanged) into *out: 0; PD_EFORMAT if it is not JSON
- * (*out NULL, je->text why; je may be NULL); PD_ENOMEM if memory for it ran out. */
+ * (*out NULL, je->text why, a message for the client that sent b; je may be NULL); PD_ENOMEM if memory for it ran out. */
 int pd_http_read_json(struct evbuffer *b, size_t flags, json_t **out, json_error_t *je);
 /* Sends j (compact) with the code; takes ownership of j. */
 void pd_http_json(struct evhttp_request *h, int code, json_t *j);

@@ -605,14 +605,12 @@ void pd_srv_req_prepare(struct pd_server *s, struct tok_job *jb)
     const int chat = jb->chat;
     json_error_t je;
     json_t *j;
-    pd_http_read_json(jb->body, JSON_REJECT_DUPLICATES, &j, &je);
+    const int parsed = pd_http_read_json(jb->body, JSON_REJECT_DUPLICATES, &j, &je);
     evbuffer_free(jb->body);   /* (a copy of it is in j now) */
     jb->body = NULL;
     if (!j || !json_is_object(j)) {
-        refuse(no, 400, "invalid_request_error", NULL, "%s%s",
-               j ? "the body is not a JSON object but another JSON type"
-               : strncmp(je.text, "the body", 8) ? "the body is not valid JSON: " : "",
-               j ? "" : je.text);
+        refuse(no, parsed == PD_ENOMEM ? 503 : 400, parsed == PD_ENOMEM ? "server_error" : "invalid_request_error", NULL, "%s",
+               j ? "the body is not a JSON object but another JSON type" : je.text);
         json_decref(j);
         return;
     }

@@ -577,6 +577,12 @@ static void refusals(int port)
     cr_assert_eq(raw_request(port, req, body, sizeof body), 400);
     assert_json_error(body, "at most 2048 bytes");
     free(req);
+    /* a body that is not JSON is named as such (the proxy passed on jansson's words alone:
+     * "unexpected token near end of file") */
+    cr_assert_eq(curl_port(port, "/v1/completions", "{\"prompt\":", NULL, body, sizeof body), 400, "%s", body);
+    assert_json_error(body, "the body is not valid JSON: ");
+    cr_assert_eq(curl_port(port, "/v1/completions", "{\"prompt\":\"a\\u0000\"}", NULL, body, sizeof body), 400, "%s", body);
+    assert_json_error(body, "the body's JSON holds \\u0000");
     cr_assert_eq(raw_request(port, "NONSENSE\r\n\r\n", body, sizeof body), 400);
     assert_json_error(body, "malformed");
     cr_assert_eq(raw_request(port, "BREW /health HTTP/1.1\r\nHost: x\r\n\r\n", body, sizeof body), 501);
@@ -628,6 +634,13 @@ static void refusals(int port)
     cr_assert_eq(raw_request(port, "GET /health HTTP/1.1\r\n\r\n", body, sizeof body), 400);
     assert_json_error(body, "without a Host header");
     cr_assert_eq(raw_request(port, "GET /health HTTP/1.0\r\n\r\n", body, sizeof body), 200, "HTTP/1.0 needs no Host");
+    /* two Host lines: a front that routes by the last and this server by the first would disagree
+     * on the request's target (RFC 9112 3.2: MUST be a 400); this server answered the first */
+    cr_assert_eq(raw_request(port, "GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", body, sizeof body), 400,
+                 "%s", body);
+    assert_json_error(body, "two Host headers");
+    cr_assert_eq(raw_request(port, "GET /health HTTP/1.0\r\nHost: a\r\nHost: a\r\n\r\n", body, sizeof body), 400,
+                 "%s", body);
     /* a malformed request on a connection that has answered one: libevent's HTML page went out
      * (the output's start is frozen between writes), not the JSON error */
     static const char *const second[] = {"NONSENSE\r\n\r\n", "BREW /health HTTP/1.1\r\nHost: x\r\n\r\n"};
