@@ -554,7 +554,8 @@ static void on_reply_done(struct evhttp_request *h, void *arg)
 
 /* Framing that another hop could read otherwise than libevent does, which a request could be
  * smuggled through (RFC 9112 6.3): Content-Length headers that differ (libevent reads the first),
- * a transfer coding besides chunked; and two Host headers, a target two hops could read apart.
+ * a transfer coding besides chunked or any in HTTP/1.0; and two Host headers, a target two hops
+ * could read apart.
  * NULL when the framing is sound, else the error and its status in *code. */
 static const char *bad_framing(struct evhttp_request *h, int *code)
 {
@@ -580,6 +581,10 @@ static const char *bad_framing(struct evhttp_request *h, int *code)
             if (!*kv->value || kv->value[strspn(kv->value, "0123456789")])
                 return "Content-Length: not a number of bytes (digits only)";
             cl = kv->value;
+        } else if (!evutil_ascii_strcasecmp(kv->key, "Transfer-Encoding") && h->minor == 0) {
+            /* HTTP/1.0 has no transfer codings: a hop of 1.0 reads the chunks as the next request
+             * (RFC 9112 6.1: such framing MUST be taken as faulty); libevent decoded them */
+            return "Transfer-Encoding in an HTTP/1.0 request (HTTP/1.0 has no chunked coding: send a Content-Length)";
         } else if (!evutil_ascii_strcasecmp(kv->key, "Transfer-Encoding") && evutil_ascii_strcasecmp(kv->value, "chunked")) {
             *code = 501;
             return "Transfer-Encoding: only chunked is understood";

@@ -641,6 +641,11 @@ static void refusals(int port)
     assert_json_error(body, "two Host headers");
     cr_assert_eq(raw_request(port, "GET /health HTTP/1.0\r\nHost: a\r\nHost: a\r\n\r\n", body, sizeof body), 400,
                  "%s", body);
+    /* chunks in HTTP/1.0, which has none: a 1.0 hop in front reads them as the next request
+     * (RFC 9112 6.1); they were decoded and the connection kept */
+    cr_assert_eq(raw_request(port, "POST /v1/completions HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked"
+                             "\r\n\r\n2\r\n{}\r\n0\r\n\r\n", body, sizeof body), 400, "%s", body);
+    assert_json_error(body, "Transfer-Encoding in an HTTP/1.0 request");
     /* a malformed request on a connection that has answered one: libevent's HTML page went out
      * (the output's start is frozen between writes), not the JSON error */
     static const char *const second[] = {"NONSENSE\r\n\r\n", "BREW /health HTTP/1.1\r\nHost: x\r\n\r\n"};
