@@ -42,10 +42,13 @@ struct pd_bench_machine {
 int pd_bench_machine_measure(int threads, int quick, struct pd_bench_machine *m);
 
 /* Instruction-probe peaks of `threads` threads (pool: NULL for one): *fp32 the flops/s of
- * independent 512-bit FMA chains (the engine's float products; 0 without AVX-512), *int8 the
- * int8 ops/s of independent VPDPBUSD chains, or of AMX tiles where they are faster (0 with
- * neither). For bounds: no kernel of those instructions goes faster. */
-void pd_bench_peaks(pd_pool *pool, int threads, int quick, double *fp32, double *int8);
+ * independent FMA chains as wide as the engine's float products use (512-bit with AVX-512, else
+ * 256-bit with AVX2 + FMA; 0 with neither: pd_bench_fp32_probe in bench/ceilings.h names them),
+ * *int8 the int8 ops/s of the instructions the engine's int8 kernel runs: VPMADDWD + VPADDD chains
+ * for the AVX2 kernel, else independent VPDPBUSD chains, or AMX tiles where they are faster (0 with
+ * neither), and *int8_probe which (NULL: none). For bounds: no kernel of those instructions goes
+ * faster. */
+void pd_bench_peaks(pd_pool *pool, int threads, int quick, double *fp32, double *int8, const char **int8_probe);
 
 /* Best seconds (*best) of one engine step of `seqs` fresh sequences adding `tokens` each after
  * `ctx` cached tokens, over `reps` repetitions after a warm-up; with steps > 1 the mean of that

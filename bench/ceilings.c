@@ -1,5 +1,5 @@
 /* The machine's ceilings that the benchmarks set their figures against (ceilings.h): the clocks
- * they time with, the instruction-probe peaks (fp32 FMA, VNNI, AMX), the multi-stream read
+ * they time with, the instruction-probe peaks (fp32 FMA, VNNI, AVX2 int8, AMX), the multi-stream read
  * bandwidth, and the median of timings. */
 #include "bench/ceilings.h"
 #include "bench/bench.h"
@@ -75,6 +75,35 @@ __attribute__((target("avx512f"))) static void fma_chain(uint64_t iters)
           "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
 }
 
+/* 12 independent 256-bit FMAs per iteration on zeros: the AVX2 CPUs' float products (vec_avx2.c's
+ * tiles are vfmadd231ps ymm chains). 12 chains cover a 2-pipe core's 5-cycle FMA latency (10 in
+ * flight) with 2 registers of sources, 14 of the 16 ymm. */
+__attribute__((target("avx2,fma"))) static void fma_chain_avx2(uint64_t iters)
+{
+    __asm__ volatile(
+        "vpxor %%ymm0, %%ymm0, %%ymm0\n\t"  "vpxor %%ymm1, %%ymm1, %%ymm1\n\t"
+        "vpxor %%ymm2, %%ymm2, %%ymm2\n\t"  "vpxor %%ymm3, %%ymm3, %%ymm3\n\t"
+        "vpxor %%ymm4, %%ymm4, %%ymm4\n\t"  "vpxor %%ymm5, %%ymm5, %%ymm5\n\t"
+        "vpxor %%ymm6, %%ymm6, %%ymm6\n\t"  "vpxor %%ymm7, %%ymm7, %%ymm7\n\t"
+        "vpxor %%ymm8, %%ymm8, %%ymm8\n\t"  "vpxor %%ymm9, %%ymm9, %%ymm9\n\t"
+        "vpxor %%ymm10, %%ymm10, %%ymm10\n\t"  "vpxor %%ymm11, %%ymm11, %%ymm11\n\t"
+        "vpxor %%ymm14, %%ymm14, %%ymm14\n\t"  "vpxor %%ymm15, %%ymm15, %%ymm15\n\t"
+        "1:\n\t"
+        "vfmadd231ps %%ymm14, %%ymm15, %%ymm0\n\t"  "vfmadd231ps %%ymm14, %%ymm15, %%ymm1\n\t"
+        "vfmadd231ps %%ymm14, %%ymm15, %%ymm2\n\t"  "vfmadd231ps %%ymm14, %%ymm15, %%ymm3\n\t"
+        "vfmadd231ps %%ymm14, %%ymm15, %%ymm4\n\t"  "vfmadd231ps %%ymm14, %%ymm15, %%ymm5\n\t"
+        "vfmadd231ps %%ymm14, %%ymm15, %%ymm6\n\t"  "vfmadd231ps %%ymm14, %%ymm15, %%ymm7\n\t"
+        "vfmadd231ps %%ymm14, %%ymm15, %%ymm8\n\t"  "vfmadd231ps %%ymm14, %%ymm15, %%ymm9\n\t"
+        "vfmadd231ps %%ymm14, %%ymm15, %%ymm10\n\t"  "vfmadd231ps %%ymm14, %%ymm15, %%ymm11\n\t"
+        "dec %0\n\t"
+        "jnz 1b\n\t"
+        "vzeroupper\n\t"
+        : "+r"(iters)
+        :
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+          "xmm10", "xmm11", "xmm14", "xmm15", "cc");
+}
+
 /* ---- VNNI peak ------------------------------------------------------------------------- */
 
 /* 16 independent vpdpbusd per iteration, more than latency x throughput on any current core. */
@@ -99,6 +128,33 @@ __attribute__((target("avx512f,avx512vnni"))) static void vnni_chain(uint64_t it
         :
         : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
           "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
+}
+
+/* ---- AVX2 int8 peak -------------------------------------------------------------------- */
+
+/* The AVX2 kernel's arithmetic (gemm_avx2.c): vpmaddwd of int16 pairs, each product vector added
+ * into an int32 accumulator by vpaddd. 12 of each per iteration, the products independent (the
+ * same two sources) and the adds in 6 chains, more than latency x throughput on current cores.
+ * The kernel's vpmovsxbw widening of every int8 is left out: this is the rate of its products. */
+__attribute__((target("avx2"))) static void avx2_int8_chain(uint64_t iters)
+{
+#define MADD_ADD(p, a) "vpmaddwd %%ymm14, %%ymm15, %%ymm" #p "\n\t" "vpaddd %%ymm" #p ", %%ymm" #a ", %%ymm" #a "\n\t"
+    __asm__ volatile(
+        "vpcmpeqd %%ymm14, %%ymm14, %%ymm14\n\t"  "vpcmpeqd %%ymm15, %%ymm15, %%ymm15\n\t"
+        "vpxor %%ymm6, %%ymm6, %%ymm6\n\t"  "vpxor %%ymm7, %%ymm7, %%ymm7\n\t"
+        "vpxor %%ymm8, %%ymm8, %%ymm8\n\t"  "vpxor %%ymm9, %%ymm9, %%ymm9\n\t"
+        "vpxor %%ymm10, %%ymm10, %%ymm10\n\t"  "vpxor %%ymm11, %%ymm11, %%ymm11\n\t"
+        "1:\n\t"
+        MADD_ADD(0, 6) MADD_ADD(1, 7) MADD_ADD(2, 8) MADD_ADD(3, 9) MADD_ADD(4, 10) MADD_ADD(5, 11)
+        MADD_ADD(0, 6) MADD_ADD(1, 7) MADD_ADD(2, 8) MADD_ADD(3, 9) MADD_ADD(4, 10) MADD_ADD(5, 11)
+        "dec %0\n\t"
+        "jnz 1b\n\t"
+        "vzeroupper\n\t"
+        : "+r"(iters)
+        :
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+          "xmm10", "xmm11", "xmm14", "xmm15", "cc");
+#undef MADD_ADD
 }
 
 /* The nominal clock the kernel reports (/proc/cpuinfo "cpu MHz" of the first CPU), in Hz, or 0:
@@ -153,19 +209,61 @@ double pd_bench_vnni_peak(pd_pool *pool, int threads, int quick)
     return 8.0 * threads * (double)r.iters * 16.0 * PD_BENCH_OPS_PER_VPDPBUSD / probe_seconds(pool, threads, vnni_task, &r);
 }
 
+static void avx2_int8_task(void *arg, int task)
+{
+    avx2_int8_chain(((struct vnni_run *)arg)->iters);
+}
+
+/* int8 ops/s from `threads` threads each issuing only vpmaddwd + vpaddd (24 of each per task
+ * iteration); 0 without AVX2. */
+double pd_bench_avx2_int8_peak(pd_pool *pool, int threads, int quick)
+{
+    if (!__builtin_cpu_supports("avx2"))
+        return 0;
+    struct vnni_run r = {.iters = quick ? 200000 : 1000000};
+    return 8.0 * threads * (double)r.iters * 12.0 * PD_BENCH_OPS_PER_VPMADDWD /
+           probe_seconds(pool, threads, avx2_int8_task, &r);
+}
+
 static void fma_task(void *arg, int task)
 {
     fma_chain(((struct vnni_run *)arg)->iters);
 }
 
-/* fp32 flops/s from `threads` threads each issuing only 512-bit FMAs (16 chains per task); 0
- * without AVX-512. */
+static void fma_avx2_task(void *arg, int task)
+{
+    fma_chain_avx2(((struct vnni_run *)arg)->iters);
+}
+
+/* The engine's float products use 512-bit FMAs exactly where avx512f is (vec.c, dot_gemm.c), else
+ * 256-bit ones where AVX2 and FMA are (vec_avx2.c): the probe follows the same choice. */
+enum fp32_isa { FP32_NONE, FP32_AVX2, FP32_AVX512 };
+
+static enum fp32_isa fp32_isa(void)
+{
+    return __builtin_cpu_supports("avx512f")                                       ? FP32_AVX512
+           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? FP32_AVX2
+                                                                                   : FP32_NONE;
+}
+
+const char *pd_bench_fp32_probe(void)
+{
+    return (const char *[]){NULL, "VFMADD231PS ymm (AVX2 + FMA)", "VFMADD231PS zmm (AVX-512)"}[fp32_isa()];
+}
+
+/* fp32 flops/s from `threads` threads each issuing only FMAs: 16 chains of 512-bit ones (16 lanes
+ * x 2 flops) with AVX-512, else 12 chains of 256-bit ones (8 lanes x 2 flops); 0 with neither. */
 double pd_bench_fp32_peak(pd_pool *pool, int threads, int quick)
 {
-    if (!__builtin_cpu_supports("avx512f"))
-        return 0;
     struct vnni_run r = {.iters = quick ? 200000 : 1000000};
-    return 8.0 * threads * (double)r.iters * 16.0 * 32.0 / probe_seconds(pool, threads, fma_task, &r);
+    switch (fp32_isa()) {
+    case FP32_AVX512:
+        return 8.0 * threads * (double)r.iters * 16.0 * 32.0 / probe_seconds(pool, threads, fma_task, &r);
+    case FP32_AVX2:
+        return 8.0 * threads * (double)r.iters * 12.0 * 16.0 / probe_seconds(pool, threads, fma_avx2_task, &r);
+    default:
+        return 0;
+    }
 }
 
 /* int8 ops/s of TDPBSSD alone (4 independent tile accumulators per task); 0 where the CPU (or
@@ -178,12 +276,29 @@ double pd_bench_amx_peak(pd_pool *pool, int threads, int quick)
     return 8.0 * threads * (double)r.iters * 4.0 * PD_GEMM_AMX_OPS / probe_seconds(pool, threads, amx_task, &r);
 }
 
-void pd_bench_peaks(pd_pool *pool, int threads, int quick, double *fp32, double *int8)
+const char *pd_bench_int8_probe_name(enum pd_bench_int8_probe p)
+{
+    return (const char *[]){NULL, "VPMADDWD + VPADDD ymm (AVX2)", "VPDPBUSD zmm (AVX-512 VNNI)",
+                            "TDPBSSD tiles (AMX-INT8)"}[p];
+}
+
+/* The int8 peak is that of the instructions the engine's kernel runs: the AVX2 probe for the AVX2
+ * kernel (the one CPUs without AVX-512 VNNI take), else the faster of VNNI and AMX where there are. */
+void pd_bench_peaks(pd_pool *pool, int threads, int quick, double *fp32, double *int8, const char **int8_probe)
 {
     *fp32 = pd_bench_fp32_peak(pool, threads, quick);
+    pd_kernel k = PD_KERNEL_REF;
+    pd_err e = {0};
+    if (pd_gemm_kernel_get(&k, &e) == 0 && k == PD_KERNEL_AVX2) {
+        *int8 = pd_bench_avx2_int8_peak(pool, threads, quick);
+        *int8_probe = pd_bench_int8_probe_name(PD_BENCH_INT8_AVX2);
+        return;
+    }
     const double vnni = pd_gemm_kernel_supported(PD_KERNEL_AVX512) ? pd_bench_vnni_peak(pool, threads, quick) : 0;
     const double amx = pd_bench_amx_peak(pool, threads, quick);
     *int8 = amx > vnni ? amx : vnni;
+    *int8_probe = pd_bench_int8_probe_name(amx > vnni ? PD_BENCH_INT8_AMX : vnni > 0 ? PD_BENCH_INT8_VNNI
+                                                                                    : PD_BENCH_INT8_NONE);
 }
 
 /* ---- memory bandwidth ------------------------------------------------------------------- */

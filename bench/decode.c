@@ -9,13 +9,15 @@
  *           + max(routed experts' bytes / bandwidth, 2 x (token, expert) pairs x params / int8 peak)
  * T = the batch's tokens, peak = the fp32 FMA peak for float matrices (bf16 ones are widened and
  * multiplied in fp32) and the int8 peak for int8 ones, each from an instruction probe at the same
- * thread count (pd_bench_peaks). At batch 1 it is the bandwidth roofline; at 16 the float
+ * thread count (pd_bench_peaks) of the instructions the engine runs here (512- or 256-bit FMAs;
+ * VPDPBUSD or AMX tiles, or VPMADDWD for the AVX2 kernel), named in the output. At batch 1 it is the bandwidth roofline; at 16 the float
  * matrices cost 32 flops per 2 bytes read, which no CPU here does at its bandwidth.
  * Also per step: the pool's dispatches and wake-ups (what a decode step costs in hand-offs) and
  * the process's CPU time (which stays meaningful on a busy machine, where wall-clock scaling does
  * not: the load average is printed beside it); at 1 thread the roofline fraction again with the
  * step's and the bandwidth probe's time both taken as CPU time, steady on a shared machine. */
 #include "bench.h"
+#include "bench/ceilings.h"
 #include "cli/cli.h"
 #include "core/timing.h"
 #include "engine/engine.h"
@@ -212,11 +214,11 @@ out:
     return rc;
 }
 
-/* Probes this machine's ceilings at `threads` (the read bandwidth, the fp32 FMA and int8 peaks;
- * with bw_cpu also the 1-thread bandwidth by CPU time) and raises each to its new reading where
- * that is higher. */
+/* Probes this machine's ceilings at `threads` (the read bandwidth, the fp32 FMA and int8 peaks,
+ * *int8_probe naming the int8 one's instructions; with bw_cpu also the 1-thread bandwidth by CPU
+ * time) and raises each to its new reading where that is higher. */
 static void raise_ceilings(pd_pool *pool, int threads, int quick, double *bw, double *fp32, double *int8,
-                           double *bw_cpu)
+                           const char **int8_probe, double *bw_cpu)
 {
     const size_t bytes = (size_t)(quick ? 256 : 512) << 20;
     const int reps = quick ? 2 : 5;
@@ -224,7 +226,7 @@ static void raise_ceilings(pd_pool *pool, int threads, int quick, double *bw, do
     *bw = fmax(*bw, pd_bench_read_bandwidth(pool, threads, bytes, reps));
     if (bw_cpu)
         *bw_cpu = fmax(*bw_cpu, pd_bench_read_bandwidth_cpu_time(bytes, reps));
-    pd_bench_peaks(threads > 1 ? pool : NULL, threads, quick, &f, &i);
+    pd_bench_peaks(threads > 1 ? pool : NULL, threads, quick, &f, &i, int8_probe);
     *fp32 = fmax(*fp32, f);
     *int8 = fmax(*int8, i);
 }
@@ -282,6 +284,7 @@ int pd_bench_decode(int argc, char **argv)
     int tc[2] = {1, threads}, n_tc = threads > 1 ? 2 : 1;
     struct decode_case cases[4];
     double bw[2] = {0, 0}, bw_cpu = 0, fp32[2] = {0, 0}, int8[2] = {0, 0};
+    const char *int8_probe = NULL, *fp32_probe = pd_bench_fp32_probe();
     int n_cases = 0, rc = 0;
     double load[1] = {-1};
     (void)getloadavg(load, 1);
@@ -298,7 +301,7 @@ int pd_bench_decode(int argc, char **argv)
         /* the ceilings before and after this thread count's cases, each the higher reading: a probe
          * that ran while another job held a core or the memory bus reads low, and a step would
          * then seem to beat its machine */
-        raise_ceilings(en.pool, tc[ti], quick, &bw[ti], &fp32[ti], &int8[ti], ti == 0 ? &bw_cpu : NULL);
+        raise_ceilings(en.pool, tc[ti], quick, &bw[ti], &fp32[ti], &int8[ti], &int8_probe, ti == 0 ? &bw_cpu : NULL);
         const int first = n_cases;
         for (int batch = 1; batch <= 16; batch *= 16) {
             if (only && batch != only)
@@ -311,7 +314,7 @@ int pd_bench_decode(int argc, char **argv)
             dc->threads = tc[ti];
             n_cases++;
         }
-        raise_ceilings(en.pool, tc[ti], quick, &bw[ti], &fp32[ti], &int8[ti], ti == 0 ? &bw_cpu : NULL);
+        raise_ceilings(en.pool, tc[ti], quick, &bw[ti], &fp32[ti], &int8[ti], &int8_probe, ti == 0 ? &bw_cpu : NULL);
         const struct ceilings ceil = {bw[ti], fp32[ti], int8[ti]};
         const struct pd_expert_w *x0 = &en.w.layers[0].experts[0];
         const double xb = expert_bytes(x0);
@@ -343,8 +346,9 @@ int pd_bench_decode(int argc, char **argv)
                    tc[ti] > 1 ? "s" : "", bw[ti] / 1e9);
         printf("  read bandwidth, 1 thread, by its CPU time: %.2f GB/s\n", bw_cpu / 1e9);
         for (int ti = 0; ti < n_tc; ti++)
-            printf("  peaks, %d thread%s, the higher of before and after: fp32 FMA %.1f GFLOPS, int8 %.1f Gops/s\n", tc[ti],
-                   tc[ti] > 1 ? "s" : "", fp32[ti] / 1e9, int8[ti] / 1e9);
+            printf("  peaks, %d thread%s, the higher of before and after: fp32 %.1f GFLOPS (%s), int8 %.1f Gops/s (%s)\n",
+                   tc[ti], tc[ti] > 1 ? "s" : "", fp32[ti] / 1e9, fp32_probe ? fp32_probe : "no FMA probe: not in the bound",
+                   int8[ti] / 1e9, int8_probe ? int8_probe : "no int8 probe for this kernel: not in the bound");
         printf("  batch threads  tokens/s   ms/step  CPU ms/step  dispatches/step  wake-ups/step  weights MB/step  of roofline"
                "  (by CPU time)  bound ms/step  of bound\n");
     }
@@ -375,7 +379,9 @@ int pd_bench_decode(int argc, char **argv)
         if (d->threads == 1)
             json_object_set_new(o, "of_bandwidth_roofline_by_cpu_time", json_real(frac_cpu));
         json_object_set_new(o, "fp32_peak_flops", json_real(fp32[d->threads == 1 ? 0 : 1]));
+        json_object_set_new(o, "fp32_peak_probe", fp32_probe ? json_string(fp32_probe) : json_null());
         json_object_set_new(o, "int8_peak_ops", json_real(int8[d->threads == 1 ? 0 : 1]));
+        json_object_set_new(o, "int8_peak_probe", int8_probe ? json_string(int8_probe) : json_null());
         json_object_set_new(o, "bound_ms_per_step", json_real(d->bound_s * 1e3));
         json_object_set_new(o, "of_bandwidth_and_compute_bound", json_real(d->bound_s / d->step_s));
         json_t *sh = json_object();

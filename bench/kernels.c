@@ -1,11 +1,13 @@
 /* `pdmoe bench kernels`: int8 kernel throughput, each figure set against anchors measured in the
  * same run on this machine, nothing compiled in:
  *   1. ceilings: memory read bandwidth with several independent streams per thread (1 and N
- *      threads), the VNNI and fp32 FMA peaks from instruction probes (independent vpdpbusd and
- *      vfmadd231ps chains), the AMX peak where there is AMX;
+ *      threads), the int8 and fp32 FMA peaks from instruction probes of the instructions the kernels
+ *      run here: independent vpdpbusd chains (the VNNI peak, with AVX-512 VNNI), vpmaddwd + vpaddd
+ *      ymm chains (the AVX2 int8 peak, when the AVX2 kernel runs), vfmadd231ps zmm or ymm chains
+ *      (as wide as the float products use), the AMX peak where there is AMX;
  *   2. decode GEMV 4096x14336, DRAM-bound (rotating over >= 256 MiB of weights): GB/s vs bandwidth;
- *   3. prefill GEMM 2048x4096 and 4096x14336, 512 tokens: int8 ops/s vs the VNNI peak (and the
- *      AMX peak, where the CPU has AMX: the tile probe of gemm_amx.c);
+ *   3. prefill GEMM 2048x4096 and 4096x14336, 512 tokens: int8 ops/s vs the VNNI peak or the AVX2
+ *      int8 peak (and the AMX peak, where the CPU has AMX: the tile probe of gemm_amx.c);
  *   4. MoE grouped GEMM, 64 experts, 8 used per token, 2048x4096 each, 512 tokens;
  *   5. a float product: bf16 weights 4096x4096 times 16 tokens (a decode batch's projection),
  *      DRAM-bound reads, fp32 arithmetic: flops/s vs the fp32 peak;
@@ -314,7 +316,8 @@ struct ctx {
     double bw[2];     /* bytes/s per thread count */
     double peak[2];   /* int8 ops/s per thread count */
     double amx[2];    /* the AMX peak, int8 ops/s per thread count, 0 without AMX */
-    double fp32[2];   /* the fp32 FMA peak, flops/s per thread count, 0 without AVX-512 */
+    double avx2[2];   /* the AVX2 int8 peak (vpmaddwd + vpaddd), int8 ops/s per thread count, 0 unless the AVX2 kernel runs */
+    double fp32[2];   /* the fp32 FMA peak, flops/s per thread count, 0 without AVX-512 or AVX2 + FMA */
     json_t *ceilings, *cases;
 };
 
@@ -378,7 +381,22 @@ static int bench_ceilings(struct ctx *c)
             say(c, "\n");
         } else {
             c->peak[i] = 0;
-            say(c, "   no AVX-512 VNNI here: no VNNI peak; ratios against oneDNN only\n");
+            if (i == 0)
+                say(c, "   no AVX-512 VNNI here: no VNNI peak\n");
+        }
+        /* the AVX2 kernel's products (gemm_avx2.c), probed when that kernel is the one running */
+        c->avx2[i] = c->k == PD_KERNEL_AVX2 ? pd_bench_avx2_int8_peak(pool_for(c, i), c->tcount[i], c->o.quick) : 0;
+        if (c->avx2[i] > 0) {
+            say(c, "   AVX2 int8 peak (vpmaddwd), %d thread%s: %7.1f Gops/s (12 independent VPMADDWD ymm products, "
+                "each added by VPADDD into 6 chains, per thread; %.0f int8 ops each pair)", c->tcount[i],
+                plural(c->tcount[i]), c->avx2[i] / 1e9, PD_BENCH_OPS_PER_VPMADDWD);
+            if (hz > 0)
+                say(c, " = %.2f VPMADDWD per cycle per core at the nominal %.2f GHz",
+                    c->avx2[i] / hz / c->tcount[i] / PD_BENCH_OPS_PER_VPMADDWD, hz / 1e9);
+            say(c, "\n");
+        } else if (c->peak[i] <= 0 && i == 0) {
+            say(c, "   no int8 instruction probe for the %s kernel: int8 ratios against oneDNN only\n",
+                pd_gemm_kernel_name(c->k));
         }
         double amx = c->amx[i] = pd_bench_amx_peak(pool_for(c, i), c->tcount[i], c->o.quick);
         if (amx > 0)
@@ -389,15 +407,23 @@ static int bench_ceilings(struct ctx *c)
             say(c, "   no AMX-INT8 here (amx_int8 not in /proc/cpuinfo, or Linux refused the tile state): no AMX "
                 "peak, the AMX kernel not measured\n");
         c->fp32[i] = pd_bench_fp32_peak(pool_for(c, i), c->tcount[i], c->o.quick);
+        const char *fma = pd_bench_fp32_probe();
         if (c->fp32[i] > 0)
-            say(c, "   fp32 FMA peak, %d thread%s: %7.1f GFLOPS (16 independent VFMADD231PS zmm chains per thread)\n",
-                c->tcount[i], plural(c->tcount[i]), c->fp32[i] / 1e9);
-        json_array_append_new(c->ceilings, json_pack("{s:i, s:f, s:f, s:o, s:o}", "threads", c->tcount[i],
+            say(c, "   fp32 FMA peak, %d thread%s: %7.1f GFLOPS (independent %s chains per thread)\n",
+                c->tcount[i], plural(c->tcount[i]), c->fp32[i] / 1e9, fma);
+        else if (i == 0)
+            say(c, "   neither AVX-512 nor AVX2 + FMA here: no fp32 FMA peak\n");
+        /* a peak not probed is null, named by what it measures: no ratio is against a ceiling
+         * this CPU has not got (the VNNI peak read 0 on an AVX2-only host) */
+        json_array_append_new(c->ceilings, json_pack("{s:i, s:f, s:o, s:o, s:o, s:o, s:o}", "threads", c->tcount[i],
                                                      "read_GBps", c->bw[i] / 1e9,
-                                                     "vnni_peak_gops", c->peak[i] / 1e9,
+                                                     "vnni_peak_gops", c->peak[i] > 0 ? json_real(c->peak[i] / 1e9) : json_null(),
+                                                     "avx2_int8_peak_gops",
+                                                     c->avx2[i] > 0 ? json_real(c->avx2[i] / 1e9) : json_null(),
                                                      "amx_peak_gops", amx > 0 ? json_real(amx / 1e9) : json_null(),
                                                      "fp32_peak_gflops",
-                                                     c->fp32[i] > 0 ? json_real(c->fp32[i] / 1e9) : json_null()));
+                                                     c->fp32[i] > 0 ? json_real(c->fp32[i] / 1e9) : json_null(),
+                                                     "fp32_peak_probe", fma && c->fp32[i] > 0 ? json_string(fma) : json_null()));
     }
     return 0;
 }
@@ -428,6 +454,8 @@ static int recheck_ceilings(struct ctx *c)
              c->peak[i] > 0 ? pd_bench_vnni_peak(pool, t, c->o.quick) : 0},
             {"AMX peak", "Gops/s", "amx_peak_gops", "pdmoe_of_amx_peak", &c->amx[i],
              c->amx[i] > 0 ? pd_bench_amx_peak(pool, t, c->o.quick) : 0},
+            {"AVX2 int8 peak (vpmaddwd)", "Gops/s", "avx2_int8_peak_gops", "pdmoe_of_avx2_int8_peak", &c->avx2[i],
+             c->avx2[i] > 0 ? pd_bench_avx2_int8_peak(pool, t, c->o.quick) : 0},
             {"fp32 FMA peak", "GFLOPS", "fp32_peak_gflops", "pdmoe_of_fp32_peak", &c->fp32[i],
              c->fp32[i] > 0 ? pd_bench_fp32_peak(pool, t, c->o.quick) : 0},
         };
@@ -474,6 +502,8 @@ static void add_case(struct ctx *c, const char *kind, json_t *shape, int i, doub
         json_object_set_new(o, "pdmoe_of_vnni_peak", json_real(pd_ops / c->peak[i]));
     if (c->amx[i] > 0)
         json_object_set_new(o, "pdmoe_of_amx_peak", json_real(pd_ops / c->amx[i]));
+    if (c->avx2[i] > 0)
+        json_object_set_new(o, "pdmoe_of_avx2_int8_peak", json_real(pd_ops / c->avx2[i]));
     json_array_append_new(c->cases, o);
 }
 
@@ -534,6 +564,8 @@ static int bench_gemm_shape(struct ctx *c, int out, int in)
             say(c, " = %.2f of the VNNI peak", ops / s / c->peak[i]);
         if (c->amx[i] > 0)
             say(c, ", %.2f of the AMX peak", ops / s / c->amx[i]);
+        if (c->avx2[i] > 0)
+            say(c, " = %.2f of the AVX2 int8 peak (vpmaddwd)", ops / s / c->avx2[i]);
         say(c, " | oneDNN %7.1f Gops/s: pdmoe %.2fx\n", ops / sd / 1e9, sd / s);
         json_t *shape = json_pack("{s:i, s:i, s:i}", "out", g.out, "in", g.in, "tokens", g.T);
         add_case(c, "gemm", shape, i, ops / s, ops / sd);
@@ -614,6 +646,8 @@ static int bench_moe(struct ctx *c)
             say(c, " = %.2f of the VNNI peak", ops / s / c->peak[i]);
         if (c->amx[i] > 0)
             say(c, ", %.2f of the AMX peak", ops / s / c->amx[i]);
+        if (c->avx2[i] > 0)
+            say(c, " = %.2f of the AVX2 int8 peak (vpmaddwd)", ops / s / c->avx2[i]);
         say(c, " | oneDNN %7.1f Gops/s: pdmoe %.2fx\n", ops / sd / 1e9, sd / s);
         json_t *shape = json_pack("{s:i, s:i, s:i, s:i, s:i}", "out", m.out, "in", m.in,
                                   "tokens", m.T, "experts", m.E, "per_token", m.topk);

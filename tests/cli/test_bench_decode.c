@@ -9,8 +9,10 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
+#include <string.h>
 #include <unistd.h>
 
+#include "kernels/gemm.h"
 #include "../run.h"
 
 static double num(json_t *o, const char *key)
@@ -59,6 +61,40 @@ Test(bench_decode, bound_against_the_bandwidth_roofline)
             cr_assert_gt(bound, roof, "16 tokens: the float products bind: %g against %g ms", bound, roof);
         json_decref(doc);
     }
+}
+
+/* The peaks in the bound are those of the instructions the engine runs on this CPU, named: the
+ * fp32 FMA peak with 512-bit FMAs where avx512f is and 256-bit ones where only AVX2 + FMA are (an
+ * AVX2-only AMD EPYC had none: its bound at batch 16 left the float products' arithmetic out);
+ * the int8 peak of vpmaddwd where the AVX2 kernel runs, never of VPDPBUSD without avx512_vnni. */
+Test(bench_decode, peaks_are_of_this_cpus_instructions)
+{
+    if (access("models/mini/model.safetensors", R_OK) != 0)
+        cr_skip_test("models/mini not generated");
+    json_t *doc;
+    json_t *c = one_case(16, &doc);
+    const char *fma = json_string_value(json_object_get(c, "fp32_peak_probe"));
+    const char *int8 = json_string_value(json_object_get(c, "int8_peak_probe"));
+    if (__builtin_cpu_supports("avx512f") || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) {
+        cr_assert_gt(num(c, "fp32_peak_flops"), 0, "an FMA unit here but no fp32 peak");
+        cr_assert(fma && strstr(fma, __builtin_cpu_supports("avx512f") ? "zmm" : "ymm"), "fp32 probe %s",
+                  fma ? fma : "(none)");
+    } else {
+        cr_assert_eq(num(c, "fp32_peak_flops"), 0);
+        cr_assert_null(fma);
+    }
+    pd_kernel k;
+    pd_err e = {0};
+    cr_assert_eq(pd_gemm_kernel_get(&k, &e), 0, "%s", e.msg);
+    if (k == PD_KERNEL_AVX2) {
+        cr_assert_gt(num(c, "int8_peak_ops"), 0, "the AVX2 kernel runs but no int8 peak");
+        cr_assert(int8 && strstr(int8, "VPMADDWD"), "int8 probe %s for the AVX2 kernel", int8 ? int8 : "(none)");
+    }
+    if (!pd_gemm_kernel_supported(PD_KERNEL_AVX512))
+        cr_assert(!int8 || !strstr(int8, "VPDPBUSD"), "a VNNI peak without avx512_vnni: %s", int8);
+    if (num(c, "int8_peak_ops") > 0)
+        cr_assert_not_null(int8, "an int8 peak not named");
+    json_decref(doc);
 }
 
 Test(bench_decode, shares_of_the_step_add_up)

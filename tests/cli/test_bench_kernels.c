@@ -1,7 +1,8 @@
 /* `pdmoe bench kernels --json`: one document on stdout with the same-run ceilings and, for every
  * GEMM, MoE, float-product and decode-experts case at 1 and 2 threads, pdmoe's and oneDNN's rates side by side;
- * each fraction of a peak against the peak of its own arithmetic (int8: VNNI, AMX; float: the
- * fp32 FMA peak), and only where that peak was measured. */
+ * each fraction of a peak against the peak of its own arithmetic (int8: VNNI, AMX, the AVX2
+ * kernel's vpmaddwd; float: the fp32 FMA peak of the FMAs the CPU has), and only where that peak
+ * was measured. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
@@ -40,6 +41,63 @@ static int positive(json_t *o, const char *key)
     return json_is_number(v) && isfinite(json_number_value(v)) && json_number_value(v) > 0;
 }
 
+/* The kernel pdmoe runs in this process's environment (as the pdmoe it spawns picks it). */
+static pd_kernel running_kernel(void)
+{
+    pd_kernel k;
+    pd_err e = {0};
+    cr_assert_eq(pd_gemm_kernel_get(&k, &e), 0, "%s", e.msg);
+    return k;
+}
+
+/* Each ceiling is named by the instructions it measures, and is there exactly where the CPU has
+ * them: the fp32 FMA peak with 512-bit FMAs where avx512f is, 256-bit ones where only AVX2 + FMA
+ * are (an AVX2-only AMD EPYC printed no fp32 peak); the VNNI peak only with AVX-512 VNNI (it read 0
+ * there, a number, with no VNNI to measure); the AVX2 int8 peak (vpmaddwd) where the AVX2 kernel
+ * runs. */
+static void ceiling_matches_the_cpu(json_t *c, int i)
+{
+    const char *fma = json_string_value(json_object_get(c, "fp32_peak_probe"));
+    if (__builtin_cpu_supports("avx512f")) {
+        cr_assert(positive(c, "fp32_peak_gflops"), "ceiling %d: AVX-512 here but no fp32 peak", i);
+        cr_assert(fma && strstr(fma, "zmm"), "ceiling %d: fp32 probe %s with AVX-512", i, fma ? fma : "(none)");
+    } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        cr_assert(positive(c, "fp32_peak_gflops"), "ceiling %d: AVX2 + FMA here but no fp32 peak", i);
+        cr_assert(fma && strstr(fma, "ymm"), "ceiling %d: fp32 probe %s with AVX2 only", i, fma ? fma : "(none)");
+    } else {
+        cr_assert(json_is_null(json_object_get(c, "fp32_peak_gflops")), "ceiling %d: an fp32 peak without its probe", i);
+        cr_assert_null(fma, "ceiling %d: an fp32 probe named without one", i);
+    }
+    json_t *vnni = json_object_get(c, "vnni_peak_gops");
+    cr_assert_not_null(vnni, "ceiling %d has no vnni_peak_gops", i);
+    if (pd_gemm_kernel_supported(PD_KERNEL_AVX512))
+        cr_assert(positive(c, "vnni_peak_gops"), "ceiling %d: AVX-512 VNNI here but no VNNI peak", i);
+    else
+        cr_assert(json_is_null(vnni), "ceiling %d: a VNNI peak (%g) on a CPU without avx512_vnni", i,
+                  json_number_value(vnni));
+    json_t *avx2 = json_object_get(c, "avx2_int8_peak_gops");
+    cr_assert_not_null(avx2, "ceiling %d has no avx2_int8_peak_gops", i);
+    if (running_kernel() == PD_KERNEL_AVX2)
+        cr_assert(positive(c, "avx2_int8_peak_gops"), "ceiling %d: the AVX2 kernel runs but no AVX2 int8 peak", i);
+    else
+        cr_assert(json_is_null(avx2), "ceiling %d: an AVX2 int8 peak while the %s kernel runs", i,
+                  pd_gemm_kernel_name(running_kernel()));
+}
+
+/* An int8 case's fraction `key` of the ceiling `ceil_key`: present exactly where that ceiling was
+ * measured, and the rate over it. */
+static void fraction_of(json_t *c, size_t i, json_t *cl, const char *key, const char *ceil_key)
+{
+    json_t *of = json_object_get(c, key), *peak = json_object_get(cl, ceil_key);
+    if (!json_is_number(peak)) {
+        cr_assert_null(of, "case %zu: %s without %s", i, key, ceil_key);
+        return;
+    }
+    const double want = json_number_value(json_object_get(c, "pdmoe_gflops")) / json_number_value(peak);
+    cr_assert(json_is_number(of) && fabs(json_number_value(of) - want) <= 1e-3 * want, "case %zu: %s %g, rates give %g",
+              i, key, json_number_value(of), want);
+}
+
 Test(bench_kernels, json_has_both_rates_for_every_case)
 {
     int st;
@@ -63,11 +121,7 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
             cr_assert(positive(c, "amx_peak_gops"), "ceiling %d: AMX here but no peak", i);
         else
             cr_assert(json_is_null(amx), "ceiling %d: an AMX peak without AMX", i);
-        json_t *fp32 = json_object_get(c, "fp32_peak_gflops");
-        if (__builtin_cpu_supports("avx512f"))
-            cr_assert(positive(c, "fp32_peak_gflops"), "ceiling %d: AVX-512 here but no fp32 peak", i);
-        else
-            cr_assert(json_is_null(fp32), "ceiling %d: an fp32 peak without its probe", i);
+        ceiling_matches_the_cpu(c, i);
     }
 
     /* expected: gemm 2048x4096 and 4096x14336, moe, float, decode's experts; each at 1 and 2 threads */
@@ -94,6 +148,7 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
             /* float products: against the fp32 FMA peak of the same thread count, never an int8 one */
             cr_assert_null(of_amx, "case %zu: a float product against the AMX peak", i);
             cr_assert_null(json_object_get(c, "pdmoe_of_vnni_peak"), "case %zu: a float product against VNNI", i);
+            cr_assert_null(json_object_get(c, "pdmoe_of_avx2_int8_peak"), "case %zu: a float product against int8", i);
             cr_assert(positive(c, "pdmoe_fp32_weights_gflops"), "case %zu: no fp32-weights rate", i);
             cr_assert_str_eq(json_string_value(json_object_get(shape, "weights")), "bf16");
             json_t *peak = json_object_get(json_array_get(ceil, (size_t)t - 1), "fp32_peak_gflops");
@@ -124,6 +179,15 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
             double want_v = rate / json_number_value(json_object_get(cl, "vnni_peak_gops"));
             cr_assert(fabs(json_number_value(ov) - want_v) <= 1e-3 * want_v, "case %zu: %g of the VNNI peak, rates give %g",
                       i, json_number_value(ov), want_v);
+        }
+        if (strcmp(kind, "float")) {
+            fraction_of(c, i, cl, "pdmoe_of_vnni_peak", "vnni_peak_gops");
+            fraction_of(c, i, cl, "pdmoe_of_avx2_int8_peak", "avx2_int8_peak_gops");
+            if (!pd_gemm_kernel_supported(PD_KERNEL_AVX512))
+                cr_assert_null(ov, "case %zu: a fraction of a VNNI peak without avx512_vnni", i);
+            if (running_kernel() == PD_KERNEL_AVX2)
+                cr_assert(json_is_number(json_object_get(c, "pdmoe_of_avx2_int8_peak")),
+                          "case %zu: the AVX2 kernel ran, no fraction of its int8 peak", i);
         }
         json_t *ob = json_object_get(c, "pdmoe_of_bandwidth");
         if (!strcmp(kind, "experts")) {   /* each of per_token experts: gate, up [I, H], down [H, I] */
