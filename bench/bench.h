@@ -29,14 +29,15 @@ double pd_bench_read_bandwidth_cpu_time(size_t bytes, int reps);
 
 /* The ceilings and kernel rates `pdmoe calibrate` records for `threads` threads: read
  * bandwidth (bytes/s, several streams per thread), the nominal core clock the kernel reports
- * (Hz, /proc/cpuinfo; 0 if unknown), the VNNI peak (int8 ops/s, an instruction probe), the AMX
- * peak (int8 ops/s, the tile probe; 0 without AMX), the int8 peak of the kernel the engine runs
- * (the AMX peak when it runs the AMX kernel, else the VNNI peak) and which probe that is, the decode
- * GEMV's effective bandwidth on a 59 MB matrix (bytes/s) and the prefill GEMM's int8 ops/s (both on
- * int8 activations, quantisation excluded). */
+ * (Hz, /proc/cpuinfo; 0 if unknown), the VNNI peak (int8 ops/s, an instruction probe; 0 without
+ * AVX-512 VNNI), the fp32 FMA peak (flops/s, the probe fp32_probe names; 0, NULL without FMAs), the
+ * AMX peak (int8 ops/s, the tile probe; 0 without AMX), the int8 peak of the kernel the engine runs
+ * (the AMX peak when it runs the AMX kernel, the VPMADDWD probe's for the AVX2 kernel, else the
+ * VNNI peak) and which probe that is, the decode GEMV's effective bandwidth on a 59 MB matrix
+ * (bytes/s) and the prefill GEMM's int8 ops/s (both on int8 activations, quantisation excluded). */
 struct pd_bench_machine {
-    double bw, clock_hz, vnni_peak, amx_peak, int8_peak, gemv_bw, gemm_ops;
-    const char *int8_probe;
+    double bw, clock_hz, vnni_peak, fp32_peak, amx_peak, int8_peak, gemv_bw, gemm_ops;
+    const char *int8_probe, *fp32_probe;
     int bw_mib, bw_runs, gemm_tokens;   /* how they were measured: the sum's MiB and runs, the GEMM's tokens */
 };
 int pd_bench_machine_measure(int threads, int quick, struct pd_bench_machine *m);

@@ -998,15 +998,31 @@ int pd_bench_machine_measure(int threads, int quick, struct pd_bench_machine *m)
     m->bw_runs = quick ? 2 : 5;
     m->bw = pd_bench_read_bandwidth(pool, threads, (size_t)m->bw_mib << 20, m->bw_runs);
     m->clock_hz = pd_bench_nominal_clock_hz();
-    m->vnni_peak = pd_gemm_kernel_supported(PD_KERNEL_AVX512) ? pd_bench_vnni_peak(pool, threads, quick)
-                                                               : PD_BENCH_OPS_PER_VPDPBUSD * m->clock_hz * threads;
+    const int vnni = pd_gemm_kernel_supported(PD_KERNEL_AVX512);
+    m->vnni_peak = vnni ? pd_bench_vnni_peak(pool, threads, quick) : 0;
+    m->fp32_peak = pd_bench_fp32_peak(pool, threads, quick);
+    m->fp32_probe = pd_bench_fp32_probe();
     m->amx_peak = pd_bench_amx_peak(pool, threads, quick);
     /* the GEMM's efficiency is against the peak of the instructions it runs: on an AMX host the
-     * tile kernel passes the VNNI peak (1.8x here), and calibrate refused its own measurement */
-    pd_kernel k;
-    int amx = pd_gemm_kernel_get(&k, &e) == 0 && k == PD_KERNEL_AMX && m->amx_peak > 0;
-    m->int8_peak = amx ? m->amx_peak : m->vnni_peak;
-    m->int8_probe = amx ? "independent TDPBSSD tile chains (the AMX kernel)" : "independent VPDPBUSD chains";
+     * tile kernel passes the VNNI peak (1.8x here), and calibrate refused its own measurement; the
+     * AVX2 kernel's is its vpmaddwd's (an AVX2-only host had a "VPDPBUSD" peak made of its clock) */
+    pd_kernel k = PD_KERNEL_REF;
+    int got = pd_gemm_kernel_get(&k, &e) == 0;
+    int amx = got && k == PD_KERNEL_AMX && m->amx_peak > 0, avx2 = got && k == PD_KERNEL_AVX2;
+    if (amx) {
+        m->int8_peak = m->amx_peak;
+        m->int8_probe = "independent TDPBSSD tile chains (the AMX kernel)";
+    } else if (avx2) {
+        m->int8_peak = pd_bench_avx2_int8_peak(pool, threads, quick);
+        m->int8_probe = "independent VPMADDWD + VPADDD ymm chains (the AVX2 kernel)";
+    } else if (vnni) {
+        m->int8_peak = m->vnni_peak;
+        m->int8_probe = "independent VPDPBUSD chains";
+    } else {
+        /* the portable kernel: no instruction probe; one 128-op instruction a cycle per thread */
+        m->int8_peak = PD_BENCH_OPS_PER_VPDPBUSD * m->clock_hz * threads;
+        m->int8_probe = "no probe for the portable kernel: 128 int8 ops per cycle per thread at the nominal clock";
+    }
     struct mm_case g = {.out = 4096, .in = 14336, .T = 1, .reps = quick ? 8 : 60, .n_mats = quick ? 2 : 5,
                         .pool = pool};
     m->gemm_tokens = quick ? 64 : 256;
@@ -1025,14 +1041,16 @@ int pd_bench_machine_measure(int threads, int quick, struct pd_bench_machine *m)
     /* no kernel outruns its instructions' peak: a GEMM above it means the probe's runs were all
      * preempted (a busy host), and calibrate would refuse its own efficiency > 1. Probe again,
      * longer, keeping the best */
-    const int probed = amx || pd_gemm_kernel_supported(PD_KERNEL_AVX512);
+    const int probed = amx || avx2 || vnni;
     for (int tries = 0; tries < 3 && probed && m->gemm_ops > m->int8_peak; tries++) {
-        double again = amx ? pd_bench_amx_peak(pool, threads, 0) : pd_bench_vnni_peak(pool, threads, 0);
+        double again = amx    ? pd_bench_amx_peak(pool, threads, 0)
+                       : avx2 ? pd_bench_avx2_int8_peak(pool, threads, 0)
+                              : pd_bench_vnni_peak(pool, threads, 0);
         if (again > m->int8_peak)
             m->int8_peak = again;
         if (amx && again > m->amx_peak)
             m->amx_peak = again;
-        if (!amx && again > m->vnni_peak)
+        if (!amx && !avx2 && again > m->vnni_peak)
             m->vnni_peak = again;
     }
     rc = 0;

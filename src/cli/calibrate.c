@@ -53,9 +53,16 @@ static json_t *hardware_json(const char *cpu, int threads, int cards, double mem
     char s_bf16[512];
     snprintf(s_peak, sizeof s_peak, "%s: %s (nominal clock %.2f GHz): %.1f Gops/s", tag, m->int8_probe, m->clock_hz / 1e9,
              m->int8_peak / 1e9);
-    snprintf(s_bf16, sizeof s_bf16, "%s: independent VPDPBUSD chains (nominal clock %.2f GHz): %.1f Gops/s; fp32 FMA peak taken "
-             "as a quarter (16 lanes x 2 flops vs 16 x 4 x 2 int8 ops per instruction)", tag, m->clock_hz / 1e9,
-             m->vnni_peak / 1e9);
+    /* the float products' peak: a quarter of VNNI's where it is, else the FMA probe itself (an
+     * AVX2-only host has no VPDPBUSD to take a quarter of) */
+    const double bf16_flops = m->vnni_peak > 0 ? m->vnni_peak / 4 : m->fp32_peak;
+    if (m->vnni_peak > 0)
+        snprintf(s_bf16, sizeof s_bf16, "%s: independent VPDPBUSD chains (nominal clock %.2f GHz): %.1f Gops/s; fp32 FMA peak taken "
+                 "as a quarter (16 lanes x 2 flops vs 16 x 4 x 2 int8 ops per instruction)", tag, m->clock_hz / 1e9,
+                 m->vnni_peak / 1e9);
+    else
+        snprintf(s_bf16, sizeof s_bf16, "%s: fp32 FMA peak of independent %s chains: %.1f GFLOPS", tag,
+                 m->fp32_probe ? m->fp32_probe : "(no FMA probe on this CPU)", m->fp32_peak / 1e9);
     snprintf(s_gemm, sizeof s_gemm, "%s: 2048x4096 int8 GEMM over %d tokens: %.1f Gops/s = %.3f of the int8 peak", tag,
              m->gemm_tokens, m->gemm_ops / 1e9, m->gemm_ops / m->int8_peak);
     snprintf(s_mem, sizeof s_mem, "%s: fitted to the decode steps (the small expert matrices' stream); a "
@@ -95,7 +102,7 @@ static json_t *hardware_json(const char *cpu, int threads, int cards, double mem
         "{s:s,s:s,s:i,s:i,s:{s:s,s:f,s:f,s:f,s:f,s:f},s:{s:{s:s,s:f,s:f},s:{s:s,s:f,s:f},s:{s:s,s:f,s:f}},"
         "s:{s:f,s:f},s:o,s:{s:s,s:s,s:s,s:s,s:s,s:o}}",
         "name", "local CPU", "description", tag, "cluster_nodes", 1, "cards_per_node", cards, "card", "name", cpu,
-        "memory_bytes", mem, "memory_bandwidth_Bps", m->bw, "bf16_flops", m->vnni_peak / 4, "int8_ops", m->int8_peak,
+        "memory_bytes", mem, "memory_bandwidth_Bps", m->bw, "bf16_flops", bf16_flops, "int8_ops", m->int8_peak,
         "fp8_flops", 0.0, "links", "intra_node", "name", "shared memory (UCX)", "bandwidth_Bps", ucx_bw, "latency_s",
         ucx_lat, "inter_node_rdma", "name", "UCX on this machine (the transfer's own round trips)", "bandwidth_Bps",
         ucx_bw, "latency_s", ucx_lat, "inter_node_tcp", "name", "UCX on this machine (the transfer's own round trips)",
@@ -530,12 +537,13 @@ int pd_cli_calibrate(int argc, char **argv)
     }
     f[0] = fr[0].fit;
     f[1] = fr[1].fit;
-    char amx_note[64] = "";
+    char amx_note[64] = "", vnni_note[64] = "";
     if (m.amx_peak > 0)
         snprintf(amx_note, sizeof amx_note, ", AMX peak %.1f Gops/s", m.amx_peak / 1e9);
-    fprintf(stderr, "  read bandwidth %.2f GB/s, VNNI peak %.1f Gops/s%s, GEMV %.2f of bandwidth, GEMM %.2f of the %s peak\n",
-            m.bw / 1e9, m.vnni_peak / 1e9, amx_note, m.gemv_bw / m.bw, m.gemm_ops / m.int8_peak,
-            m.int8_peak == m.amx_peak && m.amx_peak > 0 ? "AMX" : "VNNI");
+    if (m.vnni_peak > 0)
+        snprintf(vnni_note, sizeof vnni_note, ", VNNI peak %.1f Gops/s", m.vnni_peak / 1e9);
+    fprintf(stderr, "  read bandwidth %.2f GB/s%s%s, GEMV %.2f of bandwidth, GEMM %.2f of the int8 peak %.1f Gops/s (%s)\n",
+            m.bw / 1e9, vnni_note, amx_note, m.gemv_bw / m.bw, m.gemm_ops / m.int8_peak, m.int8_peak / 1e9, m.int8_probe);
     fprintf(stderr, "  UCX hand-off %.2f GB/s, %.1f us fixed\n", ucx_bw / 1e9, ucx_lat * 1e6);
     fprintf(stderr, "  steps in %d rounds (prefill %d and decode %d not slowed by other work); each fit on the fastest "
             "time of every step, in brackets its range with each round left out in turn:\n", rounds, fr[0].kept,
