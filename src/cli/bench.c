@@ -12,7 +12,7 @@ static const struct {
 } benches[] = {
     {"plan", pd_bench_plan, "[--quick] [--json]", "planning speed: the seed's plan and its sweep against the 1 ms target"},
     {"kernels", pd_bench_kernels, "[--threads N | --cpu-time] [--quick] [--json]",
-     "int8 GEMV/GEMM and the MoE grouped GEMM against oneDNN, this machine's bandwidth and VNNI peak"},
+     "int8 GEMV/GEMM and the MoE grouped GEMM against oneDNN, this machine's bandwidth and int8 peak"},
     {"decode", pd_bench_decode, "[--model DIR] [--threads N] [--steps N] [--batch 1|16] [--quick] [--json]",
      "decode tokens/s at 1 and N threads (their ratio) against the bandwidth roofline, pool dispatches per step"},
     {"prefill", pd_bench_prefill, "[--model DIR] [--threads 1,2 | --threads 1 --cpu-time] [--tokens 512,1024,2048] [--reps 3] [--quick] [--json]",

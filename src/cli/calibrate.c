@@ -1,6 +1,7 @@
 /* `pdmoe calibrate`: measures this machine for a model and writes a hardware file whose card is
- * one pdmoe process of --threads threads: bandwidth, VNNI peak, the kernels' efficiencies, the
- * UCX hand-off, and the CPU overheads fitted to real engine steps (plan/calibrate.h). */
+ * one pdmoe process of --threads threads: bandwidth, the int8 peak of the kernel it runs (VNNI,
+ * AMX, or the AVX2 kernel's vpmaddwd), the kernels' efficiencies, the UCX hand-off, and the CPU
+ * overheads fitted to real engine steps (plan/calibrate.h). */
 #include "core/file.h"
 #include "bench/bench.h"
 #include "cli/cli.h"
@@ -32,7 +33,7 @@ static const char *help =
     "usage: pdmoe calibrate [--model DIR] [--threads N] [--out FILE] [--quick] [--port P]\n"
     "Measures this machine for the model in DIR (default models/mini) with N threads per process\n"
     "(default 1, as pdmoe up runs its servers) and writes a hardware file (default stdout) for\n"
-    "pdmoe plan/search --hardware FILE: memory read bandwidth, int8 VNNI peak, the GEMV's and GEMM's\n"
+    "pdmoe plan/search --hardware FILE: memory read bandwidth, int8 peak, the GEMV's and GEMM's\n"
     "efficiencies, the UCX hand-off, the per-step and per-token CPU costs fitted to engine steps, and\n"
     "the PD path's fixed cost per request, timed through a `pdmoe up` it starts on 127.0.0.1 at the\n"
     "first free ports from P (default 8400: P, P+1, P+2 and P+100).\n";
@@ -537,13 +538,20 @@ int pd_cli_calibrate(int argc, char **argv)
     }
     f[0] = fr[0].fit;
     f[1] = fr[1].fit;
-    char amx_note[64] = "", vnni_note[64] = "";
+    char amx_note[64] = "", int8_note[80] = "";
     if (m.amx_peak > 0)
         snprintf(amx_note, sizeof amx_note, ", AMX peak %.1f Gops/s", m.amx_peak / 1e9);
-    if (m.vnni_peak > 0)
-        snprintf(vnni_note, sizeof vnni_note, ", VNNI peak %.1f Gops/s", m.vnni_peak / 1e9);
-    fprintf(stderr, "  read bandwidth %.2f GB/s%s%s, GEMV %.2f of bandwidth, GEMM %.2f of the int8 peak %.1f Gops/s (%s)\n",
-            m.bw / 1e9, vnni_note, amx_note, m.gemv_bw / m.bw, m.gemm_ops / m.int8_peak, m.int8_peak / 1e9, m.int8_probe);
+    /* the peak the GEMM is against: AMX's or VNNI's, or without VNNI the AVX2 kernel's vpmaddwd */
+    const int amx = m.int8_peak == m.amx_peak && m.amx_peak > 0, vnni = m.vnni_peak > 0;
+    if (vnni)
+        snprintf(int8_note, sizeof int8_note, ", VNNI peak %.1f Gops/s", m.vnni_peak / 1e9);
+    else if (!amx)
+        snprintf(int8_note, sizeof int8_note, ", int8 peak %.1f Gops/s (no VNNI here)", m.int8_peak / 1e9);
+    fprintf(stderr, "  read bandwidth %.2f GB/s%s%s, GEMV %.2f of bandwidth, GEMM %.2f of the %s peak\n",
+            m.bw / 1e9, int8_note, amx_note, m.gemv_bw / m.bw, m.gemm_ops / m.int8_peak,
+            amx ? "AMX" : vnni ? "VNNI" : "int8");
+    if (!amx && !vnni)
+        fprintf(stderr, "  int8 peak: %s\n", m.int8_probe);
     fprintf(stderr, "  UCX hand-off %.2f GB/s, %.1f us fixed\n", ucx_bw / 1e9, ucx_lat * 1e6);
     fprintf(stderr, "  steps in %d rounds (prefill %d and decode %d not slowed by other work); each fit on the fastest "
             "time of every step, in brackets its range with each round left out in turn:\n", rounds, fr[0].kept,
