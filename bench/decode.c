@@ -10,8 +10,9 @@
  * T = the batch's tokens, peak = the fp32 FMA peak for float matrices (bf16 ones are widened and
  * multiplied in fp32) and the int8 peak for int8 ones, each from an instruction probe at the same
  * thread count (pd_bench_peaks) of the instructions the engine runs here (512- or 256-bit FMAs;
- * VPDPBUSD or AMX tiles, or VPMADDWD for the AVX2 kernel), named in the output. At batch 1 it is the bandwidth roofline; at 16 the float
- * matrices cost 32 flops per 2 bytes read, which no CPU here does at its bandwidth.
+ * VPDPBUSD or AMX tiles, or VPMADDWD for the AVX2 kernel), named in the output. At batch 1 it
+ * is the bandwidth roofline; at 16 the float matrices cost 32 flops per 2 bytes read, which no CPU
+ * here does at its bandwidth.
  * Also per step: the pool's dispatches and wake-ups (what a decode step costs in hand-offs) and
  * the process's CPU time (which stays meaningful on a busy machine, where wall-clock scaling does
  * not: the load average is printed beside it); at 1 thread the roofline fraction again with the
