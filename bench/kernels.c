@@ -966,14 +966,24 @@ int pd_bench_kernels(int argc, char **argv)
     if (c.o.cpu_time)
         say(&c, "Times are the calling thread's CPU time (--cpu-time): other jobs' time slices left out.\n");
     say(&c, "Kernel times are medians over repeated calls on int8 activations quantised beforehand\n"
-        "(int8 in, fp32 out with per-channel scales), pdmoe's and oneDNN's alike, one after the other.\n\n");
+        "(int8 in, fp32 out with per-channel scales), pdmoe's and oneDNN's alike, one after the other.\n");
+    /* oneDNN multiplies int8 with VNNI or AMX where the CPU has them, else with vpmaddubsw, whose
+     * pairs of products saturate at 16 bits ("Nuances of int8 computations"; tests/bench/test_onednn.c
+     * shows its sums off on such a CPU): it then computes a cheaper, inexact product */
+    const int onednn_exact = __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni") ||
+                             __builtin_cpu_supports("amx-int8");
+    if (!onednn_exact)
+        say(&c, "No VNNI here: oneDNN multiplies int8 with vpmaddubsw, whose sums of two products saturate at\n"
+            "16 bits, so its int8 results are not exact where pdmoe's are (a cheaper, different product).\n");
+    say(&c, "\n");
     double t0 = pd_now_s();
     int rc = bench_ceilings(&c) < 0 || bench_gemv(&c) < 0 || bench_gemm(&c) < 0 ||
              bench_moe(&c) < 0 || bench_float(&c) < 0 || bench_experts(&c) < 0 || recheck_ceilings(&c) < 0;
     if (!rc && c.o.json) {
-        json_t *doc = json_pack("{s:s, s:s, s:s, s:b, s:b, s:O, s:O}", "bench", "kernels", "kernel",
-                                pd_gemm_kernel_name(c.k), "onednn", pd_onednn_version(),
-                                "quick", c.o.quick, "cpu_time", c.o.cpu_time, "ceilings", c.ceilings, "cases", c.cases);
+        json_t *doc = json_pack("{s:s, s:s, s:s, s:b, s:b, s:b, s:O, s:O}", "bench", "kernels", "kernel",
+                                pd_gemm_kernel_name(c.k), "onednn", pd_onednn_version(), "onednn_int8_exact",
+                                onednn_exact, "quick", c.o.quick, "cpu_time", c.o.cpu_time, "ceilings", c.ceilings,
+                                "cases", c.cases);
         char *txt = json_dumps(doc, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
         printf("%s\n", txt);
         free(txt);

@@ -107,6 +107,13 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
     json_t *doc = json_loads(out, 0, &je);   /* the whole of stdout is the document */
     cr_assert_not_null(doc, "%s: %s", je.text, out);
     cr_assert_not_null(json_string_value(json_object_get(doc, "onednn")), "no oneDNN version");
+    /* oneDNN's int8 sums are exact with VNNI or AMX only (tests/bench/test_onednn.c): said */
+    const int vnni = __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni") ||
+                     __builtin_cpu_supports("amx-int8");
+    cr_assert(json_is_boolean(json_object_get(doc, "onednn_int8_exact")), "no onednn_int8_exact");
+    cr_assert_eq(json_is_true(json_object_get(doc, "onednn_int8_exact")), vnni,
+                 "onednn_int8_exact says %d on a CPU %s VNNI", json_is_true(json_object_get(doc, "onednn_int8_exact")),
+                 vnni ? "with" : "without");
 
     json_t *ceil = json_object_get(doc, "ceilings");
     cr_assert_eq(json_array_size(ceil), 2);
