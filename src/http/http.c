@@ -137,16 +137,21 @@ int pd_http_authorised(struct evhttp_request *h, const char *key)
     if (!key)
         return 1;
     const char *a = evhttp_find_header(evhttp_request_get_input_headers(h), "Authorization");
-    static const char bearer[] = "Bearer ";
-    if (!a || strncmp(a, bearer, sizeof bearer - 1))
+    /* RFC 9110 11.4: the scheme's name is case-insensitive, one or more spaces after it */
+    if (!a || evutil_ascii_strncasecmp(a, "Bearer ", 7)) {
+        /* RFC 9110 11.6.1: a 401 carries the challenge of the scheme it wants */
+        evhttp_add_header(evhttp_request_get_output_headers(h), "WWW-Authenticate", "Bearer");
         return 0;
-    a += sizeof bearer - 1;
+    }
+    a += 7 + strspn(a + 7, " ");
     size_t na = strlen(a), nk = strlen(key);
     /* every byte of the key is compared, whatever the header holds: its length and the first
      * difference leave no trace in the time taken */
     volatile unsigned char diff = na != nk;
     for (size_t i = 0; i < nk; i++)
         diff |= (unsigned char)key[i] ^ (unsigned char)(i < na ? a[i] : 0);
+    if (diff)
+        evhttp_add_header(evhttp_request_get_output_headers(h), "WWW-Authenticate", "Bearer");
     return diff == 0;
 }
 

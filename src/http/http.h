@@ -22,8 +22,10 @@ char *pd_http_error_body(const char *type, const char *param, const char *messag
 void pd_http_error(struct evhttp_request *h, int code, const char *type, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 /* Whether h carries "Authorization: Bearer <key>" with the whole key (key NULL: every request
- * is). The comparison takes the same time whatever the header holds, so a client cannot find the
- * key a byte at a time; it sends nothing (the caller answers 401 its own way). */
+ * is); the scheme's name in any case, one or more spaces after it (RFC 9110 11.4). The comparison
+ * takes the same time whatever the header holds, so a client cannot find the key a byte at a
+ * time. It sends nothing (the caller answers 401 its own way); when it says no, it adds
+ * "WWW-Authenticate: Bearer" to h's answer headers, which a 401 must carry (RFC 9110 11.6.1). */
 int pd_http_authorised(struct evhttp_request *h, const char *key);
 /* Adds "Authorization: Bearer <key>" to an outgoing request's headers (key NULL: nothing);
  * PD_ENOMEM if it cannot. */

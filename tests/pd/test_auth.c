@@ -1,6 +1,7 @@
 /* API keys: a server and the proxy accept only the whole key (a 400-character key's first 292
  * characters were once enough), /health and /metrics stay open, and a proxy whose instances want
  * a key sends it to them, so a deployment with keys on every process still answers. */
+#define _GNU_SOURCE   /* strcasestr */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -106,6 +107,29 @@ static void only_the_whole_key(int port)
     }
     cr_assert_eq(with_key(port, "/v1/completions", long_key, out, sizeof out), 200, "%s", out);
     cr_assert_eq(with_key(port, "/v1/models", long_key, out, sizeof out), 200, "%s", out);
+    /* the scheme's name in any case, more than one space after it (RFC 9110 11.4); a 401 says the
+     * scheme it wants (RFC 9110 11.6.1), an answer that opened does not */
+    char hdr[600], heads[] = "/tmp/pdmoe-auth-heads-XXXXXX", got[4096];
+    close(mkstemp(heads));
+    snprintf(hdr, sizeof hdr, "-D %s -H 'Authorization: bEARER   %s'", heads, long_key);
+    cr_assert_eq(curl_port(port, "/v1/models", NULL, hdr, out, sizeof out), 200, "%s", out);
+    FILE *f = fopen(heads, "r");
+    size_t n = f ? fread(got, 1, sizeof got - 1, f) : 0;
+    got[n] = 0;
+    if (f)
+        fclose(f);
+    cr_assert_null(strcasestr(got, "WWW-Authenticate"), "%s", got);
+    for (int i = 0; i < 2; i++) {
+        snprintf(hdr, sizeof hdr, "-D %s -H 'Authorization: %s %s'", heads, i ? "Bearer" : "Basic", i ? "x" : long_key);
+        cr_assert_eq(curl_port(port, "/v1/models", NULL, hdr, out, sizeof out), 401, "%s", out);
+        f = fopen(heads, "r");
+        n = f ? fread(got, 1, sizeof got - 1, f) : 0;
+        got[n] = 0;
+        if (f)
+            fclose(f);
+        cr_assert_not_null(strcasestr(got, "\r\nWWW-Authenticate: Bearer\r\n"), "%s", got);
+    }
+    remove(heads);
     cr_assert_eq(with_key(port, "/v1/models", part, out, sizeof out), 401, "%s", out);
     cr_assert_eq(curl_port(port, "/health", NULL, NULL, out, sizeof out), 200, "%s", out);
     cr_assert_eq(curl_port(port, "/metrics", NULL, NULL, out, sizeof out), 200, "%s", out);
