@@ -967,11 +967,8 @@ int pd_bench_kernels(int argc, char **argv)
         say(&c, "Times are the calling thread's CPU time (--cpu-time): other jobs' time slices left out.\n");
     say(&c, "Kernel times are medians over repeated calls on int8 activations quantised beforehand\n"
         "(int8 in, fp32 out with per-channel scales), pdmoe's and oneDNN's alike, one after the other.\n");
-    /* oneDNN multiplies int8 with VNNI or AMX where the CPU has them, else with vpmaddubsw, whose
-     * pairs of products saturate at 16 bits ("Nuances of int8 computations"; tests/bench/test_onednn.c
-     * shows its sums off on such a CPU): it then computes a cheaper, inexact product */
-    const int onednn_exact = __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni") ||
-                             __builtin_cpu_supports("amx-int8");
+    /* (tests/bench/test_onednn.c shows oneDNN's sums off on a CPU without VNNI or AMX) */
+    const int onednn_exact = pd_onednn_int8_exact();
     if (!onednn_exact)
         say(&c, "No VNNI here: oneDNN multiplies int8 with vpmaddubsw, whose sums of two products saturate at\n"
             "16 bits, so its int8 results are not exact where pdmoe's are (a cheaper, different product).\n");

@@ -164,6 +164,12 @@ void pd_onednn_threads(int n)
     omp_set_num_threads(n);
 }
 
+int pd_onednn_int8_exact(void)
+{
+    return __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni") ||
+           __builtin_cpu_supports("amx-int8");
+}
+
 const char *pd_onednn_version(void)
 {
     static char buf[32];

@@ -38,5 +38,8 @@ void pd_onednn_threads(int n);
 
 /* "2.6.3" or so: the library's run-time version. */
 const char *pd_onednn_version(void);
+/* Whether oneDNN's int8 products are exact here: with VNNI or AMX. Without them it multiplies with
+ * vpmaddubsw, whose sums of two products saturate at 16 bits ("Nuances of int8 computations"). */
+int pd_onednn_int8_exact(void);
 
 #endif

@@ -243,24 +243,11 @@ static void check_alive(struct child *c, double live_s, double now)
     c->answered = 0;
 }
 
-
-
-
-/* each_process: pid is killed if it belongs to session *(pid_t *)sid. */
+/* up_each_process: pid is killed if it belongs to session *(pid_t *)sid. */
 static void kill_if_in_session(int pid, void *sid)
 {
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-    if (f)
-        fclose(f);
-    buf[n] = 0;
-    /* pid (comm) state ppid pgrp session ...: comm may hold spaces, so after its last ')' */
-    const char *rp = strrchr(buf, ')');
-    int ppid, pgrp, session;
-    char state;
-    if (rp && sscanf(rp + 1, " %c %d %d %d", &state, &ppid, &pgrp, &session) == 4 && session == *(pid_t *)sid)
+    int ppid, session;
+    if (!up_proc_stat(pid, &ppid, &session) && session == *(pid_t *)sid)
         kill(pid, SIGKILL);
 }
 

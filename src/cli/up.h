@@ -44,6 +44,8 @@ extern volatile sig_atomic_t up_stopping;   /* the signals to stop up so far (it
 void up_describe(int status, char *out, size_t cap);
 /* Calls fn(pid, arg) for every process of this machine (its /proc entries). */
 void up_each_process(void (*fn)(int pid, void *arg), void *arg);
+/* Process pid's parent and session from /proc/PID/stat: 0, or -1 when it is gone. */
+int up_proc_stat(int pid, int *ppid, int *session);
 /* Stops the n children in c (SIGTERM; SIGKILL after 10 s plus drain_s) and waits for them: how
  * many failed their stop, each said with its pid and how it ended (up_stop.c). */
 int up_stop_all(struct child *c, int n, int drain_s);

@@ -49,6 +49,22 @@ void up_each_process(void (*fn)(int pid, void *arg), void *arg)
         closedir(d);
 }
 
+int up_proc_stat(int pid, int *ppid, int *session)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = 0;
+    /* pid (comm) state ppid pgrp session ...: comm may hold spaces, so after its last ')' */
+    const char *rp = strrchr(buf, ')');
+    int pgrp;
+    char state;
+    return rp && sscanf(rp + 1, " %c %d %d %d", &state, ppid, &pgrp, session) == 4 ? 0 : -1;
+}
+
 /* The ranks an mpirun started on this host: its children, rank 0 among them when it is here. */
 struct group_ranks {
     pid_t mpirun, rank0;
@@ -61,21 +77,13 @@ struct group_ranks {
 static void note_rank(int pid, void *arg)
 {
     struct group_ranks *w = arg;
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-    if (f)
-        fclose(f);
-    buf[n] = 0;
-    const char *rp = strrchr(buf, ')');   /* pid (comm) state ppid ...: comm may hold spaces */
-    int ppid;
-    char state;
-    if (!rp || sscanf(rp + 1, " %c %d", &state, &ppid) != 2 || ppid != w->mpirun || w->n >= MAX_EP)
+    int ppid, session;
+    if (up_proc_stat(pid, &ppid, &session) || ppid != w->mpirun || w->n >= MAX_EP)
         return;
     w->pid[w->n++] = pid;
+    char path[64];
     snprintf(path, sizeof path, "/proc/%d/environ", pid);
-    f = fopen(path, "r");
+    FILE *f = fopen(path, "r");
     static const char want[] = "OMPI_COMM_WORLD_RANK=0";
     char var[64];
     size_t k = 0;

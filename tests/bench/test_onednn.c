@@ -26,8 +26,7 @@ Test(bench_onednn, same_integers_as_pdmoe)
 {
     /* |sum| <= in * 128 * 128 < 2^24: pdmoe's fp32 output with unit scales is the exact integer. */
     static const int shapes[][3] = {{5, 37, 77}, {1, 70, 1000}, {13, 129, 515}, {64, 16, 64}};
-    const int exact_products = __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni") ||
-                               __builtin_cpu_supports("amx-int8");
+    const int exact_products = pd_onednn_int8_exact();
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int T = shapes[s][0], out = shapes[s][1], in = shapes[s][2];
         int8_t *w = malloc((size_t)out * in), *a = malloc((size_t)T * in);
