@@ -9,7 +9,7 @@
  * 70% full. Each side then reserves the measured request (the prompt and 256 tokens to decode)
  * as the servers do, and hands its pd_kvseq_runs (one run per block and the slot) to the engine,
  * so the allocator's layout and the engine's merging are both part of what is timed. One hand-off
- * = GET_META + gets + DONE/ACK, producer and consumer in this process, each with its own UCP
+ * = GET_META + gets (or READ + pushed DATA over TCP) + DONE/ACK, producer and consumer in this process, each with its own UCP
  * context, over loopback.
  * Baseline: one ucp_get_nbx of the same total size, contiguous, between two other contexts over
  * an endpoint of the same kind as the engine's data endpoint, in buffers UCX allocated (like
@@ -341,7 +341,7 @@ static int both_sides(const struct pd_kvx_run *sr, int ns, const struct pd_kvx_r
 
 struct result {
     double bw;       /* bytes/s, best of the repetitions */
-    uint64_t gets;   /* per hand-off */
+    uint64_t pieces;   /* per hand-off: gets or pushed pieces */
     int ok;
 };
 
@@ -373,7 +373,7 @@ static struct result engine_bw(struct pd_kvx *p, struct pd_kvx *c, uint64_t *req
             pd_kvx_xfer_free(c, t);
             return res;
         }
-        res.gets = pd_kvx_xfer_gets(c, t);
+        res.pieces = pd_kvx_xfer_pieces(c, t);
         pd_kvx_xfer_free(c, t);
         double bw = (double)bytes / dt;
         if (i > 0 && bw > res.bw)
@@ -403,7 +403,7 @@ static int run_tls(const char *tls, const int64_t *tokens, int n_sizes, const st
     rows = out ? json_array() : NULL;
     if (!out) {
         printf("\nUCX_TLS=%s\n", tls ? tls : "(unset: UCX's choice)");
-        printf("%8s %8s %7s %6s %12s %12s %7s %12s %7s %11s %11s %8s\n", "tokens", "KV MiB", "runs", "gets",
+        printf("%8s %8s %7s %6s %12s %12s %7s %12s %7s %11s %11s %8s\n", "tokens", "KV MiB", "runs", "pieces",
                "engine MB/s", "1-get MB/s", "ratio", "same-gets", "ratio", "hand-off ms", "prefill ms", "of TTFT");
     }
     uint64_t req = 1;
@@ -446,7 +446,7 @@ static int run_tls(const char *tls, const int64_t *tokens, int n_sizes, const st
         if (out) {
             json_array_append_new(rows, json_pack("{s:I, s:I, s:i, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:o, s:o}",
                                                   "tokens", (json_int_t)tokens[i], "bytes", (json_int_t)bytes,
-                                                  "runs", ns, "gets", (json_int_t)r.gets, "engine_MBps", r.bw / 1e6,
+                                                  "runs", ns, "pieces", (json_int_t)r.pieces, "engine_MBps", r.bw / 1e6,
                                                   "one_get_MBps", raw / 1e6, "ratio", ratio, "same_gets_MBps",
                                                   same / 1e6, "same_gets_ratio", r.bw / same, "handoff_s", hand,
                                                   "prefill_s", prefill_s[i] > 0 ? json_real(prefill_s[i]) : json_null(),
@@ -454,7 +454,7 @@ static int run_tls(const char *tls, const int64_t *tokens, int n_sizes, const st
                                                       ? json_real(hand / (prefill_s[i] + hand)) : json_null()));
         } else {
             printf("%8lld %8.1f %7d %6llu %12.0f %12.0f %7.2f %12.0f %7.2f %11.2f", (long long)tokens[i],
-                   (double)bytes / (1 << 20), ns, (unsigned long long)r.gets, r.bw / 1e6, raw / 1e6, ratio,
+                   (double)bytes / (1 << 20), ns, (unsigned long long)r.pieces, r.bw / 1e6, raw / 1e6, ratio,
                    same / 1e6, r.bw / same, hand * 1e3);
             if (prefill_s[i] > 0)
                 printf(" %11.0f %7.2f%%\n", prefill_s[i] * 1e3, 100 * hand / (prefill_s[i] + hand));

@@ -386,7 +386,7 @@ out:
 
 struct size_row {
     int64_t tokens;
-    uint64_t bytes, gets;
+    uint64_t bytes, pieces;
     int runs;
     double median, min, max, stream;   /* seconds: hand-off (median, min, max), TCP stream (median) */
     double t[64];                      /* each hand-off after the warm-up */
@@ -486,7 +486,7 @@ int pd_bxfer_peer(const char *host, int port, const int64_t *tokens, int n_sizes
                 pd_kvx_xfer_free(x, t);
                 goto fail_size;
             }
-            r->gets = pd_kvx_xfer_gets(x, t);
+            r->pieces = pd_kvx_xfer_pieces(x, t);
             pd_kvx_xfer_free(x, t);
             t0 = pd_now_s();
             if (ctl_send(&c, "stream %llu", (unsigned long long)r->bytes) || ctl_skip(&c, r->bytes)) {
@@ -540,7 +540,7 @@ int pd_bxfer_peer(const char *host, int port, const int64_t *tokens, int n_sizes
                 json_array_append_new(all, json_real(r->t[j]));
             json_array_append_new(arr, json_pack("{s:I, s:I, s:i, s:I, s:f, s:f, s:f, s:o, s:f, s:f, s:f}",
                                                  "tokens", (json_int_t)r->tokens, "bytes", (json_int_t)r->bytes,
-                                                 "runs", r->runs, "gets", (json_int_t)r->gets, "handoff_s_median",
+                                                 "runs", r->runs, "pieces", (json_int_t)r->pieces, "handoff_s_median",
                                                  r->median, "handoff_s_min", r->min, "handoff_s_max", r->max,
                                                  "handoff_s", all, "MBps", r->bytes / r->median / 1e6,
                                                  "tcp_stream_s_median", r->stream, "ratio", r->stream / r->median));
@@ -558,12 +558,12 @@ int pd_bxfer_peer(const char *host, int port, const int64_t *tokens, int n_sizes
                me, host, port, kv_port, tls ? tls : "(unset)", reps);
         printf("control round trip %.3f ms (median of 20 pings); first hand-off (connect and wire-up) %.2f ms\n",
                rtt * 1e3, first * 1e3);
-        printf("%8s %10s %5s %5s %12s %10s %10s %9s %10s %7s\n", "tokens", "KV MB", "runs", "gets", "hand-off ms",
+        printf("%8s %10s %5s %5s %12s %10s %10s %9s %10s %7s\n", "tokens", "KV MB", "runs", "pieces", "hand-off ms",
                "min ms", "max ms", "MB/s", "TCP ms", "ratio");
         for (int i = 0; i < n_sizes; i++) {
             const struct size_row *r = &rows[i];
             printf("%8lld %10.3f %5d %5llu %12.2f %10.2f %10.2f %9.1f %10.2f %7.2f\n", (long long)r->tokens,
-                   r->bytes / 1e6, r->runs, (unsigned long long)r->gets, r->median * 1e3, r->min * 1e3,
+                   r->bytes / 1e6, r->runs, (unsigned long long)r->pieces, r->median * 1e3, r->min * 1e3,
                    r->max * 1e3, r->bytes / r->median / 1e6, r->stream * 1e3, r->stream / r->median);
         }
         printf("producer: %s\n", line + 4);

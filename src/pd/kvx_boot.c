@@ -2,7 +2,7 @@
  *
  * The producer listens on host:port with a plain TCP socket of its own and, to every connection
  * it accepts, writes one HELLO and closes it:
- *   HELLO  p->c  u8 magic[8] = "PDMOEKV\x02", u32 addr_len (1 .. KVX_HELLO_ADDR_MAX),
+ *   HELLO  p->c  u8 magic[8] = "PDMOEKV\x03", u32 addr_len (1 .. KVX_HELLO_ADDR_MAX),
  *                addr_len bytes of its UCP worker address                   (12 B + addr)
  * It reads nothing from the connection and keeps no state for it, so whatever a stray client sends
  * (a port scanner, an HTTP probe) is never parsed and cannot hold anything open. (UCX 1.13's own

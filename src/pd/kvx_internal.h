@@ -1,6 +1,6 @@
 /* What the KV transfer engine's files share (not a public API: kvxfer.h is the contract):
  * kvxfer.c: the public API, leases and transfers' bookkeeping; kvx_wire.c: the messages (sending
- * them, handling what arrives: GET_META -> META, the gets, DONE/ABORT -> ACK); kvx_progress.c:
+ * them, handling what arrives: GET_META -> META, the gets or READ -> DATA, DONE/ABORT -> ACK); kvx_progress.c:
  * UCX's callbacks and the state machine that acts on what they recorded. Everything here runs
  * under the engine's lock (x->mu) unless it says otherwise. */
 #ifndef PD_PD_KVX_INTERNAL_H
@@ -26,9 +26,13 @@
 
 
 
-#define KVX_VERSION 2
+#define KVX_VERSION 3
 #define KVX_DEFAULT_MS 30000
-#define KVX_MSG_SMALL 40      /* GET_META, DONE, ABORT */
+#define KVX_MSG_SMALL 40      /* GET_META, DONE, ABORT; READ's fixed part */
+#define KVX_DATA_HDR 16       /* DATA's AM header: the transfer's tag, the piece's index */
+/* The largest piece a producer pushes in one DATA: UCX assembles each message whole in a buffer
+ * of its own before the consumer's handler copies it into place. */
+#define KVX_PIECE_MAX (1u << 20)
 #define KVX_MSG_ACK 24
 #define KVX_META_FIXED 40
 #define KVX_MAX_RUNS (1 << 22)
@@ -61,6 +65,7 @@ struct lease {
     uint64_t owner;           /* the offerer's number, for its callback */
     int claimed;              /* a GET_META with the key claimed it: only that pull goes on */
     uint64_t claim_tag;       /* the claimant's transfer tag */
+    int pushed;               /* its claimant's READ came: the data went out (once) */
     struct pd_kvx_run *runs;  /* merged, in sequence order */
     int n;
     int64_t deadline;         /* ns, pd_now_ns() clock */
@@ -127,8 +132,15 @@ struct pd_kvx_xfer {
     int n_dst;
     enum pd_kvx_state state;
     int meta_ok;              /* META accepted: the producer holds a lease for us */
-    int gets_posted, done_sent;
+    int gets_posted, done_sent;   /* gets_posted: the gets or the READ went out */
     int outstanding;          /* UCX requests in flight: the flush after the gets */
+    /* Pushed transfers (the producer's region is not mapped here, kvx_wire.c): the pieces the
+     * READ asked for, in its order, and how many have not landed. */
+    struct kvx_piece {
+        uint64_t src, dst, len;
+        int landed;
+    } *pieces;
+    uint64_t n_pieces, pieces_left;
     ucs_status_t get_status;  /* error of the gets' flush */
     ucp_rkey_h rkey;
     int64_t deadline;
@@ -167,6 +179,15 @@ struct closing {
     void *req;
 };
 
+/* The DATA a producer sends for one READ: their AM headers live until the last send completes
+ * (UCX 1.13 may read a header after ucp_am_send_nbx returns). */
+struct push {
+    struct push *next;        /* in x->pushes */
+    struct pd_kvx *x;
+    uint64_t left;            /* sends not completed */
+    uint8_t hdr[][KVX_DATA_HDR];
+};
+
 struct pd_kvx {
     pthread_mutex_t mu;
     ucp_context_h ctx;
@@ -193,6 +214,8 @@ struct pd_kvx {
     struct closing *closing;
     uint64_t next_tag;
     int sends_pending;
+    uint64_t pushes_pending;  /* DATA sends not yet completed (producer) */
+    struct push *pushes;
     int sleepers;             /* threads asleep in poll() on efd */
     int destroying;
     int events;               /* bumped by callbacks, read by step() */
@@ -265,10 +288,15 @@ void kvx_xfer_rkey_put(struct pd_kvx_xfer *t);
 void kvx_handle_msg(struct pd_kvx *x, struct msg *m, int64_t now);
 
 /* kvx_progress.c */
-/* Registers the handlers of the five active messages on x's worker (each records the message). */
+/* Registers the handlers of the protocol's active messages on x's worker (each records the
+ * message, but DATA, copied into place at once). */
 ucs_status_t kvx_set_am_handlers(struct pd_kvx *x);
 void kvx_on_sent(struct pd_kvx *x, unsigned id, uint64_t tag, ucs_status_t st);
 void kvx_send_done(void *req, ucs_status_t st, void *user_data);
+/* Completion of one DATA send (user_data: its struct push). */
+void kvx_push_done(void *req, ucs_status_t st, void *user_data);
+/* Unlinks and frees a push. */
+void kvx_push_free(struct pd_kvx *x, struct push *u);
 /* Completion of the flush that follows a transfer's gets: all of them have landed (or failed). */
 void kvx_gets_flushed(void *req, ucs_status_t st, void *user_data);
 void kvx_ep_error(void *arg, ucp_ep_h ep, ucs_status_t st);

@@ -41,6 +41,32 @@ AM_HANDLER(am_meta, PD_KVX_AM_META)
 AM_HANDLER(am_done, PD_KVX_AM_DONE)
 AM_HANDLER(am_abort, PD_KVX_AM_ABORT)
 AM_HANDLER(am_ack, PD_KVX_AM_ACK)
+AM_HANDLER(am_read, PD_KVX_AM_READ)
+
+/* A piece the producer pushed (DATA), copied into its place here, inside UCX's callback: the
+ * only way pushed bytes reach the destination, and only while their transfer is receiving, so
+ * nothing lands once it is FAILED (or freed). Anything else is dropped. */
+static ucs_status_t am_data(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                            const ucp_am_recv_param_t *param)
+{
+    struct pd_kvx *x = arg;
+    const uint8_t *h = header;
+    struct pd_kvx_xfer *t = header_length == KVX_DATA_HDR && !(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
+                                ? kvx_find_xfer(x, get64(h)) : NULL;
+    uint64_t i = t ? get64(h + 8) : 0;
+    if (!t || t->state != PD_KVX_TRANSFERRING || t->fail_code || i >= t->n_pieces || t->pieces[i].landed ||
+        t->pieces[i].len != length) {
+        x->st.msgs_dropped++;
+        return param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV ? UCS_ERR_UNSUPPORTED : UCS_OK;
+    }
+    memcpy(x->base + t->pieces[i].dst, data, length);
+    t->pieces[i].landed = 1;
+    t->pieces_left--;
+    x->st.pieces_landed++;
+    x->st.push_bytes += length;
+    x->events++;
+    return UCS_OK;
+}
 
 /* A message of an id that is not ours: dropped. UCX 1.13 calls through the handler table for any
  * id below the largest registered one without checking the slot: an empty message of id 0 from
@@ -55,11 +81,11 @@ static ucs_status_t am_drop(void *arg, const void *header, size_t header_length,
 
 ucs_status_t kvx_set_am_handlers(struct pd_kvx *x)
 {
-    ucp_am_recv_callback_t cbs[] = {am_drop, am_get_meta, am_meta, am_done, am_abort, am_ack};
+    ucp_am_recv_callback_t cbs[] = {am_drop, am_get_meta, am_meta, am_done, am_abort, am_ack, am_read, am_data};
     unsigned ids[] = {0, PD_KVX_AM_GET_META, PD_KVX_AM_META, PD_KVX_AM_DONE, PD_KVX_AM_ABORT,
-                      PD_KVX_AM_ACK};
-    _Static_assert(PD_KVX_AM_GET_META == 1 && PD_KVX_AM_ACK == 5, "every id below the largest has a handler");
-    for (int i = 0; i < 6; i++) {
+                      PD_KVX_AM_ACK, PD_KVX_AM_READ, PD_KVX_AM_DATA};
+    _Static_assert(PD_KVX_AM_GET_META == 1 && PD_KVX_AM_DATA == 7, "every id below the largest has a handler");
+    for (int i = 0; i < 8; i++) {
         ucp_am_handler_param_t hp = {
             .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
                           UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
@@ -98,6 +124,27 @@ void kvx_send_done(void *req, ucs_status_t st, void *user_data)
     kvx_on_sent(s->x, s->id, s->tag, st);
     free(s);
     ucp_request_free(req);
+}
+
+void kvx_push_free(struct pd_kvx *x, struct push *u)
+{
+    for (struct push **pp = &x->pushes; *pp; pp = &(*pp)->next)
+        if (*pp == u) {
+            *pp = u->next;
+            break;
+        }
+    free(u);
+}
+
+void kvx_push_done(void *req, ucs_status_t st, void *user_data)
+{
+    struct push *u = user_data;
+    struct pd_kvx *x = u->x;
+    x->pushes_pending--;
+    if (--u->left == 0)
+        kvx_push_free(x, u);
+    ucp_request_free(req);
+    x->events++;
 }
 
 /* Completion of the flush that follows a transfer's gets: all of them have landed (or failed). */
@@ -152,7 +199,7 @@ void kvx_advance(struct pd_kvx *x, struct pd_kvx_xfer *t)
     } else {
         kvx_xfer_rkey_put(t);
     }
-    if (!t->fail_code && t->gets_posted && !t->done_sent) {
+    if (!t->fail_code && t->gets_posted && t->pieces_left == 0 && !t->done_sent) {
         if (!kvx_link_alive(t->peer)) {
             kvx_xfer_fail(t, PD_EIO, 0, "connection lost before DONE");
         } else if (t->get_status != UCS_OK) {
@@ -242,6 +289,7 @@ int64_t kvx_next_deadline(struct pd_kvx *x)
 
 void kvx_free_xfer(struct pd_kvx_xfer *t)
 {
+    free(t->pieces);
     free(t->dst);
     free(t);
 }

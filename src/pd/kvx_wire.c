@@ -23,7 +23,7 @@ static ucs_status_t send_msg(struct pd_kvx *x, ucp_ep_h ep, unsigned id, uint64_
     /* Requests ask for the reply endpoint; eager only, so the receiver always gets the bytes
      * in its callback (no rendezvous descriptor to fetch). */
     uint32_t flags = UCP_AM_SEND_FLAG_EAGER;
-    if (id == PD_KVX_AM_GET_META || id == PD_KVX_AM_DONE || id == PD_KVX_AM_ABORT)
+    if (id == PD_KVX_AM_GET_META || id == PD_KVX_AM_READ || id == PD_KVX_AM_DONE || id == PD_KVX_AM_ABORT)
         flags |= UCP_AM_SEND_FLAG_REPLY;
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -189,43 +189,70 @@ void kvx_xfer_rkey_put(struct pd_kvx_xfer *t)
     }
 }
 
-/* One get per piece of the byte stream that is contiguous on both sides, then one flush: the
- * gets carry no callback (their requests are released at once), so a transfer costs one
- * completion whatever its number of runs. */
-static void post_gets(struct pd_kvx *x, struct pd_kvx_xfer *t, uint64_t base,
-                      const struct pd_kvx_run *src, int ns)
+/* The pieces of a transfer: its byte stream cut wherever a run ends on either side, and every
+ * `cap` bytes, so that each piece is contiguous in both regions. Calls fn (if any) for each, in
+ * order, until it returns nonzero; returns the number of pieces. */
+static uint64_t cut_pieces(const struct pd_kvx_run *src, int ns, const struct pd_kvx_run *dst, int nd,
+                           uint64_t cap, int (*fn)(void *arg, uint64_t src, uint64_t dst, uint64_t len),
+                           void *arg)
 {
-    ucp_ep_h ep = t->peer->data;
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH, .memh = x->memh};
     int i = 0, j = 0;
-    uint64_t a = 0, b = 0;
-    while (i < ns && j < t->n_dst) {
+    uint64_t a = 0, b = 0, count = 0;
+    while (i < ns && j < nd) {
         uint64_t n = src[i].len - a;
-        if (t->dst[j].len - b < n)
-            n = t->dst[j].len - b;
-        ucs_status_ptr_t r = ucp_get_nbx(ep, x->base + t->dst[j].off + b, n,
-                                         base + src[i].off + a, t->rkey, &p);
-        if (UCS_PTR_IS_ERR(r)) {
-            kvx_xfer_fail(t, PD_EIO, 1, "get of %llu bytes failed: %s", (unsigned long long)n,
-                      ucs_status_string(UCS_PTR_STATUS(r)));
+        if (dst[j].len - b < n)
+            n = dst[j].len - b;
+        if (cap < n)
+            n = cap;
+        count++;
+        if (fn && fn(arg, src[i].off + a, dst[j].off + b, n))
             break;
-        }
-        if (r != NULL)
-            ucp_request_free(r);
-        t->gets++;
-        x->st.gets++;
-        x->st.get_bytes += n;
         a += n;
         b += n;
         if (a == src[i].len) {
             i++;
             a = 0;
         }
-        if (b == t->dst[j].len) {
+        if (b == dst[j].len) {
             j++;
             b = 0;
         }
     }
+    return count;
+}
+
+struct get_ctx {
+    struct pd_kvx *x;
+    struct pd_kvx_xfer *t;
+    uint64_t base;
+    ucp_request_param_t p;
+};
+
+static int one_get(void *arg, uint64_t src, uint64_t dst, uint64_t n)
+{
+    struct get_ctx *g = arg;
+    ucs_status_ptr_t r = ucp_get_nbx(g->t->peer->data, g->x->base + dst, n, g->base + src, g->t->rkey, &g->p);
+    if (UCS_PTR_IS_ERR(r)) {
+        kvx_xfer_fail(g->t, PD_EIO, 1, "get of %llu bytes failed: %s", (unsigned long long)n,
+                      ucs_status_string(UCS_PTR_STATUS(r)));
+        return 1;
+    }
+    if (r != NULL)
+        ucp_request_free(r);
+    g->t->gets++;
+    g->x->st.gets++;
+    g->x->st.get_bytes += n;
+    return 0;
+}
+
+/* One get per piece, then one flush: the gets carry no callback (their requests are released at
+ * once), so a transfer costs one completion whatever its number of runs. */
+static void post_gets(struct pd_kvx *x, struct pd_kvx_xfer *t, uint64_t base,
+                      const struct pd_kvx_run *src, int ns)
+{
+    struct get_ctx g = {.x = x, .t = t, .base = base,
+                        .p = {.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH, .memh = x->memh}};
+    cut_pieces(src, ns, t->dst, t->n_dst, UINT64_MAX, one_get, &g);
     t->gets_posted = 1;
     /* even after a failed get: the ones already posted must land before the transfer ends */
     ucp_request_param_t fp = {
@@ -233,11 +260,54 @@ static void post_gets(struct pd_kvx *x, struct pd_kvx_xfer *t, uint64_t base,
         .cb.send = kvx_gets_flushed,
         .user_data = t,
     };
-    ucs_status_ptr_t r = ucp_ep_flush_nbx(ep, &fp);
+    ucs_status_ptr_t r = ucp_ep_flush_nbx(t->peer->data, &fp);
     if (UCS_PTR_IS_ERR(r))
         t->get_status = UCS_PTR_STATUS(r);
     else if (r != NULL)
         t->outstanding++;
+}
+
+static int one_piece(void *arg, uint64_t src, uint64_t dst, uint64_t n)
+{
+    struct pd_kvx_xfer *t = arg;
+    t->pieces[t->n_pieces++] = (struct kvx_piece){.src = src, .dst = dst, .len = n};
+    return 0;
+}
+
+/* Asks the producer to push the pieces (READ); they land through the DATA handler
+ * (kvx_progress.c). Nothing of the producer's is used here but the runs' offsets. */
+static void post_read(struct pd_kvx *x, struct pd_kvx_xfer *t, const struct pd_kvx_run *src, int ns)
+{
+    uint64_t n = cut_pieces(src, ns, t->dst, t->n_dst, KVX_PIECE_MAX, NULL, NULL);
+    if (n > KVX_MAX_RUNS) {
+        kvx_xfer_fail(t, PD_EINVAL, 1, "%llu pieces (at most %d a transfer)", (unsigned long long)n, KVX_MAX_RUNS);
+        return;
+    }
+    size_t len = KVX_MSG_SMALL + 16 * (size_t)n;
+    uint8_t *b = malloc(len);
+    t->pieces = calloc(n, sizeof *t->pieces);
+    if (!b || !t->pieces) {
+        free(b);
+        kvx_xfer_fail(t, PD_ENOMEM, 1, "no memory for %llu pieces", (unsigned long long)n);
+        return;
+    }
+    t->n_pieces = 0;
+    cut_pieces(src, ns, t->dst, t->n_dst, KVX_PIECE_MAX, one_piece, t);
+    t->pieces_left = n;
+    put32(b, KVX_VERSION);
+    put32(b + 4, (uint32_t)n);
+    put64(b + 8, t->tag);
+    memcpy(b + 16, t->key.id, sizeof t->key.id);
+    put64(b + 32, t->key.hash);
+    for (uint64_t i = 0; i < n; i++) {
+        put64(b + KVX_MSG_SMALL + 16 * i, t->pieces[i].src);
+        put64(b + KVX_MSG_SMALL + 16 * i + 8, t->pieces[i].len);
+    }
+    ucs_status_t st = send_msg(x, t->peer->data, PD_KVX_AM_READ, t->tag, b, len);
+    free(b);
+    t->gets_posted = 1;
+    if (st != UCS_OK)
+        kvx_xfer_fail(t, PD_EIO, 1, "cannot send READ: %s", ucs_status_string(st));
 }
 
 static const char *kv_dtype_name(uint32_t d)
@@ -334,7 +404,14 @@ static void handle_meta(struct pd_kvx *x, const uint8_t *d, size_t len)
         return;
     }
     t->state = PD_KVX_TRANSFERRING;
-    post_gets(x, t, base, src, (int)kvx_merge_runs(src, (int)n, src));
+    int ns = kvx_merge_runs(src, (int)n, src);
+    void *mapped;
+    if (ucp_rkey_ptr(t->rkey, base + src[0].off, &mapped) == UCS_OK) {
+        post_gets(x, t, base, src, ns);
+    } else {
+        kvx_xfer_rkey_put(t);
+        post_read(x, t, src, ns);
+    }
     free(src);
 }
 
@@ -343,10 +420,16 @@ static void handle_ack(struct pd_kvx *x, const uint8_t *d, size_t len)
     if (len < KVX_MSG_ACK)
         return;
     struct pd_kvx_xfer *t = kvx_find_xfer(x, get64(d + 8));
-    if (!t || kvx_is_final(t->state) || t->fail_code || !t->done_sent ||
-        get32(d + 16) != PD_KVX_AM_DONE)
+    if (!t || kvx_is_final(t->state) || t->fail_code)
         return;
-    if ((int)get32(d + 4) != PD_KVX_ST_OK) {
+    int status = (int)get32(d + 4);
+    if (get32(d + 16) == PD_KVX_AM_READ && t->pieces && !t->done_sent && status != PD_KVX_ST_OK) {
+        kvx_xfer_fail(t, PD_EIO, 1, "the producer refused READ (status %d)", status);
+        return;
+    }
+    if (!t->done_sent || get32(d + 16) != PD_KVX_AM_DONE)
+        return;
+    if (status != PD_KVX_ST_OK) {
         /* The lease ended before DONE: the blocks may have been reused while we read them. */
         kvx_xfer_fail(t, PD_EIO, 0, "the producer no longer held the lease at DONE (expired?)");
         return;
@@ -355,6 +438,88 @@ static void handle_ack(struct pd_kvx *x, const uint8_t *d, size_t len)
     t->state = PD_KVX_DONE;
     x->st.pulls_done++;
     t->peer->refs--;
+}
+
+/* Whether READ's n pieces (producer offset, length) tile lease l's runs exactly, in order, each
+ * of 1 to KVX_PIECE_MAX bytes. */
+static int tiles_lease(const struct lease *l, const uint8_t *p, uint32_t n)
+{
+    int i = 0;
+    uint64_t a = 0;
+    for (uint32_t k = 0; k < n; k++, p += 16) {
+        uint64_t off = get64(p), len = get64(p + 8);
+        if (i >= l->n || len == 0 || len > KVX_PIECE_MAX || off != l->runs[i].off + a ||
+            len > l->runs[i].len - a)
+            return 0;
+        a += len;
+        if (a == l->runs[i].len) {
+            i++;
+            a = 0;
+        }
+    }
+    return i == l->n && a == 0;
+}
+
+/* Sends READ's pieces as DATA, on the endpoint the READ came from. A send that cannot start ends
+ * the push: the consumer's timeout, or its DONE refused for a lease gone, covers the rest. */
+static void push_pieces(struct pd_kvx *x, ucp_ep_h ep, uint64_t tag, const uint8_t *p, uint32_t n)
+{
+    struct push *u = malloc(sizeof *u + (size_t)n * KVX_DATA_HDR);
+    if (!u)
+        return;
+    u->x = x;
+    u->left = n;
+    u->next = x->pushes;
+    x->pushes = u;
+    for (uint32_t k = 0; k < n; k++, p += 16) {
+        put64(u->hdr[k], tag);
+        put64(u->hdr[k] + 8, k);
+        ucp_request_param_t rp = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                            UCP_OP_ATTR_FIELD_FLAGS,
+            .cb.send = kvx_push_done,
+            .user_data = u,
+            .flags = UCP_AM_SEND_FLAG_EAGER,
+        };
+        ucs_status_ptr_t r = ucp_am_send_nbx(ep, PD_KVX_AM_DATA, u->hdr[k], KVX_DATA_HDR,
+                                             x->base + get64(p), get64(p + 8), &rp);
+        if (UCS_PTR_IS_ERR(r)) {
+            u->left -= n - k;
+            break;
+        }
+        x->st.pieces_pushed++;
+        if (r == NULL)
+            u->left--;
+        else
+            x->pushes_pending++;
+    }
+    if (u->left == 0)
+        kvx_push_free(x, u);
+}
+
+static void handle_read(struct pd_kvx *x, const struct msg *m, int64_t now)
+{
+    const uint8_t *d = m->data;
+    uint64_t tag = m->len >= 16 ? get64(d + 8) : 0;
+    uint32_t n = m->len >= KVX_MSG_SMALL ? get32(d + 4) : 0;
+    if (m->len < KVX_MSG_SMALL || get32(d) != KVX_VERSION || n == 0 || n > KVX_MAX_RUNS ||
+        m->len != KVX_MSG_SMALL + 16 * (uint64_t)n) {
+        send_ack(x, m->reply_ep, PD_KVX_ST_MALFORMED, tag, PD_KVX_AM_READ);
+        return;
+    }
+    struct lease *l = kvx_find_lease(x, d + 16);
+    /* only the pull that claimed the lease, once */
+    int status = !l ? PD_KVX_ST_UNKNOWN
+                    : l->key.hash != get64(d + 32) || !l->claimed || l->claim_tag != tag || l->pushed
+                    ? PD_KVX_ST_REFUSED
+                    : !tiles_lease(l, d + KVX_MSG_SMALL, n) ? PD_KVX_ST_MALFORMED : PD_KVX_ST_OK;
+    if (status != PD_KVX_ST_OK) {
+        send_ack(x, m->reply_ep, status, tag, PD_KVX_AM_READ);
+        return;
+    }
+    l->pushed = 1;
+    l->deadline = now + x->lease_ns;
+    push_pieces(x, m->reply_ep, tag, d + KVX_MSG_SMALL, n);
 }
 
 void kvx_handle_msg(struct pd_kvx *x, struct msg *m, int64_t now)
@@ -374,9 +539,13 @@ void kvx_handle_msg(struct pd_kvx *x, struct msg *m, int64_t now)
     default:
         break;
     }
-    /* Producer side: GET_META, DONE, ABORT; all need somewhere to reply. */
+    /* Producer side: GET_META, READ, DONE, ABORT; all need somewhere to reply. */
     if (!m->reply_ep)
         return;
+    if (m->id == PD_KVX_AM_READ) {
+        handle_read(x, m, now);
+        return;
+    }
     if (m->len != KVX_MSG_SMALL || get32(d) != KVX_VERSION) {
         uint64_t tag = m->len >= 16 ? get64(d + 8) : 0;
         if (m->id == PD_KVX_AM_GET_META)

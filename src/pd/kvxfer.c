@@ -673,10 +673,10 @@ int pd_kvx_refused(struct pd_kvx *x, const struct pd_kvx_xfer *t)
     return r;
 }
 
-uint64_t pd_kvx_xfer_gets(struct pd_kvx *x, const struct pd_kvx_xfer *t)
+uint64_t pd_kvx_xfer_pieces(struct pd_kvx *x, const struct pd_kvx_xfer *t)
 {
     pthread_mutex_lock(&x->mu);
-    uint64_t g = t->gets;
+    uint64_t g = t->pieces ? t->n_pieces : t->gets;
     pthread_mutex_unlock(&x->mu);
     return g;
 }
@@ -783,7 +783,7 @@ void pd_kvx_stats(struct pd_kvx *x, struct pd_kvx_stats *s)
 
 static int busy(struct pd_kvx *x)
 {
-    if (x->sends_pending || x->inbox)
+    if (x->sends_pending || x->pushes_pending || x->inbox)
         return 1;
     for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
         if (t->outstanding && !kvx_is_final(t->state))
@@ -799,7 +799,7 @@ void pd_kvx_destroy(struct pd_kvx *x)
     x->destroying = 1;
     if (x->w) {
         /* Unfinished transfers fail now (telling their producers, while the links are up);
-         * then a bounded drain lets those ABORTs, last ACKs and in-flight gets complete. */
+         * then a bounded drain lets those ABORTs, last ACKs, in-flight gets and pushed pieces complete. */
         for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
             if (!kvx_is_final(t->state))
                 kvx_xfer_fail(t, PD_EIO, 1, "the transfer engine was destroyed");
@@ -855,6 +855,9 @@ void pd_kvx_destroy(struct pd_kvx *x)
         next = l->next;
         kvx_link_free(l);
     }
+    /* pushes whose sends UCX dropped with the worker without completing them */
+    while (x->pushes)
+        kvx_push_free(x, x->pushes);
     if (x->lfd >= 0)
         close(x->lfd);
     free(x->hello);

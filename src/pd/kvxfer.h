@@ -11,8 +11,17 @@
  *   when the lease expires (lease_ms after the offer or after the last GET_META), when its owner
  *   revokes it unclaimed (pd_kvx_revoke), or on destroy.
  * Consumer: pd_kvx_pull() starts a transfer: GET_META -> META (the producer's base address,
- *   packed rkey and the request's runs) -> one ucp_get_nbx per contiguous piece of the byte stream
- *   (adjacent runs merged on both sides) into the caller's destination runs -> DONE -> ACK.
+ *   packed rkey and the request's runs) -> the data, cut into pieces contiguous on both sides
+ *   (adjacent runs merged) -> DONE -> ACK. The data moves one of two ways:
+ *   - gets: one ucp_get_nbx per piece, where the producer's region is mapped into this process
+ *     (ucp_rkey_ptr succeeds: shared memory on one host, the region allocated by the engine), so
+ *     UCX copies it without the producer;
+ *   - push: anywhere else, READ -> the producer sends each piece as a DATA message, which the
+ *     consumer copies into place. UCX 1.13 emulates a get over TCP with messages the producer's
+ *     worker answers, and purging an answer still queued (the consumer died or stopped reading, or
+ *     the producer stopped) dereferences an uninitialised field: a prefill instance crashed
+ *     (SIGSEGV in ucp_request_memory_dereg) when a decode instance died mid-pull. Pushed
+ *     messages are ordinary sends, which UCX completes with an error instead.
  *   A transfer never hangs: a peer error, a refused connection, an unknown request, no META 5 s
  *   after its GET_META, or the timeout (timeout_ms from the pull) ends it FAILED with a reason
  *   naming the peer and request.
@@ -20,7 +29,7 @@
  * Transports: a consumer connects to the producer's KV listener (host:port) over TCP and reads a
  *   HELLO, the producer's UCP worker address (format in kvx_boot.c); the listener reads nothing
  *   from any connection and closes each after its HELLO, so stray bytes on the port are never
- *   parsed. Every message and the gets then go over an endpoint made from that address, on which
+ *   parsed. Every message and the data then go over an endpoint made from that address, on which
  *   UCX picks shared memory on one host, RDMA or TCP between hosts (a UCX_TLS naming neither tcp
  *   nor all gets tcp added). The consumer keeps the endpoint for later pulls; a pull that reuses
  *   one idle for 100 ms reads a HELLO again meanwhile, and another address (the producer
@@ -46,19 +55,26 @@
  *
  * Wire protocol: UCX active messages, ids below, payload in the AM data (no AM header), all
  * integers little-endian:
- *   GET_META  c->p  u32 version=2, u32 0, u64 tag, u8 id[16], u64 hash                  (40 B)
+ *   GET_META  c->p  u32 version=3, u32 0, u64 tag, u8 id[16], u64 hash                  (40 B)
  *   META      p->c  u32 version, i32 status, u64 tag, u64 base,
  *                   u32 rkey_len, u32 n_runs, u32 addr_len, u32 kv_dtype,
  *                   addr_len bytes of the producer's UCP worker address,
  *                   rkey_len bytes of packed rkey,
  *                   n_runs x { u64 offset, u64 length }         (40 B + addr + rkey + 16 n)
+ *   READ      c->p  u32 version, u32 n_pieces, u64 tag, u8 id[16], u64 hash,
+ *                   n_pieces x { u64 producer offset, u64 length }            (40 B + 16 n)
+ *                   push the lease's data, cut so: the pieces, in order, must tile the lease's
+ *                   runs exactly, each at most 1 MiB (else ACK of READ with status malformed)
+ *   DATA      p->c  AM header u64 tag, u64 piece index; data: the piece's bytes (eager)
  *   DONE      c->p  as GET_META: the data is in place, release the lease
  *   ABORT     c->p  as GET_META: the consumer gives up, release the lease
  *   ACK       p->c  u32 version, i32 status, u64 tag, u32 acked id, u32 0              (24 B)
  * `tag` is the consumer's transfer id, echoed so replies find their transfer. Status:
  * 0 ok, 1 unknown id (never offered, already pulled or released, expired), 2 malformed message,
- * 3 refused (the id is held but the hash differs, or another pull claimed the lease). DONE and
- * ABORT act only for the pull that claimed the lease (same key and tag).
+ * 3 refused (the id is held but the hash differs, or another pull claimed the lease). READ, DONE
+ * and ABORT act only for the pull that claimed the lease (same key and tag); a READ is answered
+ * once (by DATA; by an ACK of READ only when refused). A DATA that is not for a transfer
+ * receiving, names no piece of it, repeats one or has another length is dropped (msgs_dropped).
  * kv_dtype is the producer's KV cache format (opts.kv_dtype: 0 bf16, 1 fp8): a consumer whose
  * own differs fails the pull naming both, before any byte moves (the runs would differ too).
  *
@@ -78,7 +94,7 @@ enum pd_kvx_state {
     PD_KVX_FAILED = 0,
     PD_KVX_BOOTSTRAPPING = 1,  /* connecting; GET_META not yet delivered */
     PD_KVX_WAITING = 2,        /* GET_META sent, waiting for META */
-    PD_KVX_TRANSFERRING = 3,   /* gets in flight, or DONE sent and waiting for ACK */
+    PD_KVX_TRANSFERRING = 3,   /* gets or pushed pieces in flight, or DONE sent and waiting for ACK */
     PD_KVX_DONE = 4,           /* data in place and the producer acknowledged DONE */
 };
 
@@ -88,6 +104,8 @@ enum pd_kvx_am_id {
     PD_KVX_AM_DONE = 3,
     PD_KVX_AM_ABORT = 4,
     PD_KVX_AM_ACK = 5,
+    PD_KVX_AM_READ = 6,
+    PD_KVX_AM_DATA = 7,
 };
 
 enum pd_kvx_status {
@@ -122,9 +140,9 @@ struct pd_kvx_opts {
     void *region;              /* the KV pool; registered with ucp_mem_map. NULL: the engine
                                 * allocates region_len bytes itself with UCX (ucp_mem_map
                                 * ALLOCATE, as ucx_perftest does): shared memory that a peer on
-                                * the same host maps and reads with one copy, where UCX reaches
-                                * ordinary memory only by a get emulated over messages (two
-                                * copies, the producer's CPU in the loop); see pd_kvx_region() */
+                                * the same host maps and reads with one copy (gets), where
+                                * ordinary memory is pushed by the producer (two copies, the
+                                * producer's CPU in the loop); see pd_kvx_region() */
     size_t region_len;
     int lease_ms;              /* producer lease; 0: 30000 */
     int timeout_ms;            /* consumer transfer timeout; 0: 30000 */
@@ -135,11 +153,15 @@ struct pd_kvx_opts {
 struct pd_kvx_stats {
     uint64_t gets;             /* ucp_get_nbx calls issued (after merging runs) */
     uint64_t get_bytes;
+    uint64_t pieces_pushed;    /* DATA messages sent (producer) */
+    uint64_t pieces_landed;    /* DATA messages copied into place (consumer) */
+    uint64_t push_bytes;       /* their bytes (consumer) */
     uint64_t metas_served;     /* META replies sent (producer) */
     uint64_t released[PD_KVX_REL_N];      /* leases released, by enum pd_kvx_release */
     uint64_t pulls_done, pulls_failed;
     uint64_t rkeys_unpacked;   /* producers' rkeys unpacked (consumer): once per connection */
-    uint64_t msgs_dropped;     /* active messages of an id that is not the protocol's */
+    uint64_t msgs_dropped;     /* active messages of an id that is not the protocol's, and DATA
+                                * that is not for a transfer receiving it */
     uint64_t resolves;         /* producer addresses resolved (consumer): once per new connection */
 };
 
@@ -200,8 +222,9 @@ int pd_kvx_result(struct pd_kvx *x, const struct pd_kvx_xfer *t, pd_err *e);
 /* 1 when t FAILED because the producer refused its key (status unknown or refused): the pull
  * was not entitled to that KV, which a server reports to its client rather than recomputing. */
 int pd_kvx_refused(struct pd_kvx *x, const struct pd_kvx_xfer *t);
-/* Gets this transfer issued (runs merged), for tests and stats. */
-uint64_t pd_kvx_xfer_gets(struct pd_kvx *x, const struct pd_kvx_xfer *t);
+/* The pieces this transfer moved (runs merged): its gets, or the DATA the producer pushed; for
+ * tests and stats. */
+uint64_t pd_kvx_xfer_pieces(struct pd_kvx *x, const struct pd_kvx_xfer *t);
 
 /* Non-blocking: progresses the worker, handles messages, expires leases and timed-out transfers.
  * Returns the number of events handled (0: nothing happened). */

@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -206,7 +207,7 @@ static void fails_and_aborts(struct pd_kvx *p, struct pd_kvx *c, struct pd_kvx_x
         pd_kvx_progress(c);
     }
     cr_assert_eq(atomic_load(&r->why), PD_KVX_REL_ABORT);
-    cr_assert_eq(pd_kvx_xfer_gets(c, t), 0);
+    cr_assert_eq(pd_kvx_xfer_pieces(c, t), 0);
     pd_kvx_xfer_free(c, t);
 }
 
@@ -244,7 +245,7 @@ static void byte_exact_in(const char *tls, int own_memory)
     cr_assert_eq(st, PD_KVX_DONE, "%s: %s", pd_kvx_state_name(st), e.msg);
     cr_assert_eq(pd_kvx_result(c, t, &e), 0);
     check_bytes(pr, sr, 8, cr, dr, 5, len, 0xEE);
-    cr_assert_eq(pd_kvx_xfer_gets(c, t), 5);
+    cr_assert_eq(pd_kvx_xfer_pieces(c, t), 5);
     pd_kvx_xfer_free(c, t);
 
     /* 16 adjacent one-block runs on both sides: a single get. */
@@ -256,7 +257,7 @@ static void byte_exact_in(const char *tls, int own_memory)
     cr_assert_eq(pd_kvx_offer(p, K(8), 8, s16, 16, on_release, &r, &e), 0, "%s", e.msg);
     cr_assert_eq(pd_kvx_pull(c, "127.0.0.1", pd_kvx_port(p), K(8), d16, 16, &t, &e), 0);
     cr_assert_eq(pd_kvx_wait(c, t, 10000), PD_KVX_DONE);
-    cr_assert_eq(pd_kvx_xfer_gets(c, t), 1);
+    cr_assert_eq(pd_kvx_xfer_pieces(c, t), 1);
     cr_assert_eq(memcmp(cr + 44 * B, pr + 22 * B, 16 * B), 0);
     pd_kvx_xfer_free(c, t);
 
@@ -277,8 +278,14 @@ static void byte_exact_in(const char *tls, int own_memory)
 
     struct pd_kvx_stats cs;
     pd_kvx_stats(c, &cs);
-    cr_assert_eq(cs.gets, 8);
-    cr_assert_eq(cs.get_bytes, 8 * B + 777 + 18 * B);
+    /* the same pieces either way: gets where the producer's region is mapped here, else pushed */
+    cr_assert_eq(cs.gets + cs.pieces_landed, 8, "%llu gets, %llu pushed", (unsigned long long)cs.gets,
+                 (unsigned long long)cs.pieces_landed);
+    cr_assert_eq(cs.get_bytes + cs.push_bytes, 8 * B + 777 + 18 * B);
+    if (tls && !strcmp(tls, "tcp"))
+        cr_assert_eq(cs.gets, 0, "over TCP the producer pushes (UCX would emulate the gets)");
+    cr_log_info("%s, %s memory: %llu gets, %llu pieces pushed", tls ? tls : "default", own_memory ? "UCX's" : "own",
+                (unsigned long long)cs.gets, (unsigned long long)cs.pieces_landed);
     cr_assert_eq(cs.pulls_done, 4);
     cr_assert_eq(cs.rkeys_unpacked, 1, "the later pulls reuse the producer's link and rkey");
     cr_assert_eq(cs.resolves, 2, "the first pull's name and the other spelling's, nothing more");
@@ -575,6 +582,89 @@ static void signalled_producer(const char *tls, int sig)
     free(cr);
 }
 
+/* A consumer process stopped with a large pull in flight, then SIGKILLed (a decode instance
+ * that hangs, then dies, while it pulls): the producer, with data for it queued behind a full
+ * socket, survives the endpoint's failure, its lease expires, and it is destroyed cleanly. Over
+ * TCP, UCX 1.13 emulated the consumer's gets with replies from the producer's worker, and
+ * purging those still queued crashed the producer (SIGSEGV in ucp_request_memory_dereg) in 2 of
+ * 10 runs. */
+static void killed_consumer(const char *tls)
+{
+    use_tls(tls);
+    size_t len = (size_t)64 << 20;
+    int n = (int)(len / B / 2);
+    int to_child[2], to_parent[2];
+    cr_assert_eq(pipe(to_child), 0);
+    cr_assert_eq(pipe(to_parent), 0);
+    pid_t child = fork();
+    cr_assert_geq(child, 0);
+    if (child == 0) {   /* the consumer: pull, say when the gets are posted, then stop */
+        close(to_child[1]);
+        close(to_parent[0]);
+        int port = 0;
+        if (read(to_child[0], &port, sizeof port) != (ssize_t)sizeof port)
+            _exit(1);
+        uint8_t *cr = calloc(len, 1);
+        struct pd_kvx_run *runs = malloc((size_t)n * sizeof *runs);
+        if (!cr || !runs)
+            _exit(1);
+        for (int i = 0; i < n; i++)
+            runs[i] = (struct pd_kvx_run){(uint64_t)i * 2 * B, B};
+        struct pd_kvx_opts o = {.listen_port = -1, .region = cr, .region_len = len, .lease_ms = 60000,
+                                .timeout_ms = 30000};
+        struct pd_kvx *c = NULL;
+        struct pd_kvx_xfer *t;
+        pd_err e = {0};
+        if (pd_kvx_create(&o, &c, &e) || pd_kvx_pull(c, "127.0.0.1", port, K(43), runs, n, &t, &e))
+            _exit(1);
+        double end = pd_now_s() + 10;
+        while (pd_kvx_state(c, t) < PD_KVX_TRANSFERRING && pd_now_s() < end)
+            pd_kvx_progress(c);
+        char ok = pd_kvx_state(c, t) == PD_KVX_TRANSFERRING;
+        if (write(to_parent[1], &ok, 1) != 1)
+            _exit(1);
+        raise(SIGSTOP);
+        _exit(0);
+    }
+    close(to_child[0]);
+    close(to_parent[1]);
+    uint8_t *pr = malloc(len);
+    memset(pr, 1, len);
+    struct pd_kvx *p = engine(pr, len, 1, 2000, 30000);
+    struct pd_kvx_run *runs = malloc((size_t)n * sizeof *runs);
+    for (int i = 0; i < n; i++)
+        runs[i] = (struct pd_kvx_run){(uint64_t)i * 2 * B, B};
+    struct rel r = {0};
+    pd_err e = {0};
+    cr_assert_eq(pd_kvx_offer(p, K(43), 43, runs, n, on_release, &r, &e), 0, "%s", e.msg);
+    int port = pd_kvx_port(p);
+    cr_assert_eq(write(to_child[1], &port, sizeof port), (ssize_t)sizeof port);
+    /* serve the pull until the consumer has posted its gets and stopped */
+    char ok = 0;
+    struct pollfd pf = {.fd = to_parent[0], .events = POLLIN};
+    double end = pd_now_s() + 10;
+    while (pd_now_s() < end && poll(&pf, 1, 0) == 0)
+        pd_kvx_progress(p);
+    cr_assert_eq(read(to_parent[0], &ok, 1), 1, "the consumer process did not start");
+    cr_assert(ok, "the consumer's pull did not reach TRANSFERRING");
+    /* the producer answers gets into a socket nobody reads, then the consumer dies */
+    end = pd_now_s() + 0.5;
+    while (pd_now_s() < end)
+        pd_kvx_progress(p);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    end = pd_now_s() + 5;
+    while (atomic_load(&r.count) == 0 && pd_now_s() < end)
+        pd_kvx_wait(p, NULL, 50);
+    cr_assert_eq(atomic_load(&r.count), 1, "the lease of the dead consumer was not released within 5 s");
+    cr_assert_eq(atomic_load(&r.why), PD_KVX_REL_EXPIRED, "%s", pd_kvx_release_name(atomic_load(&r.why)));
+    pd_kvx_destroy(p);
+    close(to_child[1]);
+    close(to_parent[0]);
+    free(runs);
+    free(pr);
+}
+
 static void killed_producer(const char *tls)
 {
     signalled_producer(tls, SIGKILL);
@@ -814,7 +904,7 @@ static void stray_bytes(const char *tls)
         raw_exchange(port, sends[i].p, sends[i].n, got, sizeof got);
         int n = raw_exchange(port, NULL, 0, got, sizeof got);
         cr_assert_gt(n, 12, "after case %zu: the KV port answered %d bytes before closing", i, n);
-        cr_assert_eq(memcmp(got, "PDMOEKV\x02", 8), 0, "case %zu", i);
+        cr_assert_eq(memcmp(got, "PDMOEKV\x03", 8), 0, "case %zu", i);
         uint32_t len = (uint32_t)got[8] | (uint32_t)got[9] << 8 | (uint32_t)got[10] << 16 | (uint32_t)got[11] << 24;
         cr_assert_eq((int)len, n - 12, "case %zu: HELLO says %u address bytes, carried %d", i, len, n - 12);
     }
@@ -884,15 +974,15 @@ static void not_a_kv_port(const char *tls)
     uint8_t *cr = calloc(len, 1);
     struct pd_kvx *c = engine(cr, len, 0, 10000, 20000);
     static const char http[] = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
-    static const uint8_t old[16] = {'P', 'D', 'M', 'O', 'E', 'K', 'V', 1, 4, 0, 0, 0};
+    static const uint8_t old[16] = {'P', 'D', 'M', 'O', 'E', 'K', 'V', 2, 4, 0, 0, 0};
     struct { const void *reply; size_t n; const char *want; } cases[] = {
         {http, sizeof http - 1, "not a pdmoe KV HELLO (wrong port?)"},
-        {old, sizeof old, "the KV port speaks protocol version 1, this engine 2"},
+        {old, sizeof old, "the KV port speaks protocol version 2, this engine 3"},
         {"PDMOE", 5, "closed the connection after 5 bytes, before a whole HELLO"},
         /* the right magic with a length no address has: said so (it was "not a pdmoe KV HELLO") */
-        {"PDMOEKV\x02\xff\xff\xff\xff", 12, "a worker address of 4294967295 bytes"},
+        {"PDMOEKV\x03\xff\xff\xff\xff", 12, "a worker address of 4294967295 bytes"},
         /* an address UCX would have asserted on (aborting this process): another format version */
-        {"PDMOEKV\x02\x04\x00\x00\x00\x06\x00\x00\x00", 16, "of UCX address version 6"},
+        {"PDMOEKV\x03\x04\x00\x00\x00\x06\x00\x00\x00", 16, "of UCX address version 6"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         struct fake_port f = {0};
@@ -1030,6 +1120,7 @@ BOTH(dtype_mismatch)
 BOTH(nobody_listens)
 BOTH(producer_dies)
 BOTH(killed_producer)
+Test(kvxfer, killed_consumer_tcp, .timeout = 60) { killed_consumer("tcp"); }
 BOTH(idle_sleeps)
 BOTH(producer_hung)
 BOTH(concurrent_pulls)
