@@ -1102,6 +1102,215 @@ static void foreign_messages(const char *tls)
     pair_close(&x);
 }
 
+/* A peer speaking the protocol by hand (its own UCP worker), to send what pd_kvx never would. */
+struct raw {
+    ucp_context_h ctx;
+    ucp_worker_h w;
+    ucp_ep_h ep;
+    int metas, acks, datas;
+    int32_t meta_status, ack_status;
+    uint32_t ack_id;
+    uint64_t data_tag, data_index, data_len;
+    uint8_t data[4 * B];
+};
+
+static ucs_status_t raw_meta(void *arg, const void *h, size_t hl, void *d, size_t n, const ucp_am_recv_param_t *pr)
+{
+    struct raw *r = arg;
+    r->metas++;
+    r->meta_status = n >= 8 ? (int32_t)((uint8_t *)d)[4] : -1;
+    return UCS_OK;
+}
+
+static ucs_status_t raw_ack(void *arg, const void *h, size_t hl, void *d, size_t n, const ucp_am_recv_param_t *pr)
+{
+    struct raw *r = arg;
+    const uint8_t *b = d;
+    r->acks++;
+    r->ack_status = n >= 24 ? (int32_t)b[4] : -1;
+    r->ack_id = n >= 24 ? b[16] : 0;
+    return UCS_OK;
+}
+
+static ucs_status_t raw_data(void *arg, const void *h, size_t hl, void *d, size_t n, const ucp_am_recv_param_t *pr)
+{
+    struct raw *r = arg;
+    r->datas++;
+    if (hl == 16) {
+        memcpy(&r->data_tag, h, 8);
+        memcpy(&r->data_index, (const uint8_t *)h + 8, 8);
+    }
+    r->data_len = n;
+    memcpy(r->data, d, n < sizeof r->data ? n : sizeof r->data);
+    return UCS_OK;
+}
+
+static ucs_status_t raw_other(void *arg, const void *h, size_t hl, void *d, size_t n, const ucp_am_recv_param_t *pr)
+{
+    return UCS_OK;
+}
+
+/* Connects a raw peer to the engine listening on `port` (its HELLO's address). */
+static void raw_open(struct raw *r, int port)
+{
+    uint8_t hello[8192];
+    cr_assert_gt(raw_exchange(port, NULL, 0, hello, sizeof hello), 12);
+    ucp_config_t *cfg;
+    cr_assert_eq(ucp_config_read(NULL, NULL, &cfg), UCS_OK);
+    ucp_params_t cp = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
+    cr_assert_eq(ucp_init(&cp, cfg, &r->ctx), UCS_OK);
+    ucp_config_release(cfg);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE, .thread_mode = UCS_THREAD_MODE_SINGLE};
+    cr_assert_eq(ucp_worker_create(r->ctx, &wp, &r->w), UCS_OK);
+    ucp_am_recv_callback_t cbs[8] = {raw_other, raw_other, raw_meta, raw_other, raw_other, raw_ack, raw_other, raw_data};
+    for (unsigned id = 0; id < 8; id++) {
+        ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                                                   UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                                     .id = id, .flags = UCP_AM_FLAG_WHOLE_MSG, .cb = cbs[id], .arg = r};
+        cr_assert_eq(ucp_worker_set_am_recv_handler(r->w, &hp), UCS_OK);
+    }
+    ucp_ep_params_t ep_p = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS, .address = (ucp_address_t *)(hello + 12)};
+    cr_assert_eq(ucp_ep_create(r->w, &ep_p, &r->ep), UCS_OK);
+}
+
+static void raw_close(struct raw *r)
+{
+    ucp_request_param_t cl = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t q = ucp_ep_close_nbx(r->ep, &cl);
+    if (UCS_PTR_IS_PTR(q)) {
+        while (ucp_request_check_status(q) == UCS_INPROGRESS)
+            ucp_worker_progress(r->w);
+        ucp_request_free(q);
+    }
+    ucp_worker_destroy(r->w);
+    ucp_cleanup(r->ctx);
+}
+
+/* Sends message `id` (the header, if any, then the body) and waits until it is out. */
+static void raw_send(struct raw *r, unsigned id, const void *hdr, size_t hl, const void *body, size_t n)
+{
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY};
+    ucs_status_ptr_t q = ucp_am_send_nbx(r->ep, id, hdr, hl, body, n, &rp);
+    double end = pd_now_s() + 5;
+    while (UCS_PTR_IS_PTR(q) && ucp_request_check_status(q) == UCS_INPROGRESS && pd_now_s() < end)
+        ucp_worker_progress(r->w);
+    cr_assert(!UCS_PTR_IS_ERR(q));
+    if (UCS_PTR_IS_PTR(q))
+        ucp_request_free(q);
+}
+
+/* GET_META, READ (n pieces) or DONE for key k under tag, in b; returns its length. */
+static size_t raw_msg(uint8_t *b, const struct pd_kvx_key *k, uint64_t tag, const uint64_t *pieces, uint32_t n)
+{
+    uint32_t v = 3;
+    memset(b, 0, 40);
+    memcpy(b, &v, 4);
+    memcpy(b + 4, &n, 4);
+    memcpy(b + 8, &tag, 8);
+    memcpy(b + 16, k->id, 16);
+    memcpy(b + 32, &k->hash, 8);
+    if (n)
+        memcpy(b + 40, pieces, 16 * (size_t)n);
+    return 40 + 16 * (size_t)n;
+}
+
+/* Progresses the raw peer (and e, if any) until *count reaches want or 5 s pass. */
+static void raw_wait(struct raw *r, struct pd_kvx *e, const int *count, int want)
+{
+    for (double end = pd_now_s() + 5; *count < want && pd_now_s() < end;) {
+        ucp_worker_progress(r->w);
+        if (e)
+            pd_kvx_progress(e);
+    }
+    cr_assert_eq(*count, want);
+}
+
+/* A READ asks the producer to push its lease's bytes: only the claimant's, once, and only pieces
+ * that tile the lease exactly, so a pull cannot read any other byte of the pool (other requests'
+ * KV, the prefix cache) by naming its offsets. A DATA that no transfer is receiving is dropped by
+ * a consumer, its region untouched. */
+static void hostile_reads(const char *tls)
+{
+    struct pair x;
+    pair_open(&x, tls, 16 * B, 10000, 5000);
+    struct pd_kvx *p = x.p;
+    fill(x.pr, 16 * B, 11);
+    struct pd_kvx_run run = {2 * B, 2 * B};
+    pd_err e = {0};
+    cr_assert_eq(pd_kvx_offer(p, K(31), 31, &run, 1, NULL, NULL, &e), 0, "%s", e.msg);
+    struct serve s;
+    serve_start(&s, p);
+    struct raw *r = calloc(1, sizeof *r);
+    raw_open(r, pd_kvx_port(p));
+    uint8_t b[40 + 16 * 4];
+    raw_send(r, PD_KVX_AM_GET_META, NULL, 0, b, raw_msg(b, K(31), 100, NULL, 0));
+    raw_wait(r, NULL, &r->metas, 1);
+    cr_assert_eq(r->meta_status, PD_KVX_ST_OK);
+    struct {
+        uint64_t tag;
+        uint64_t pieces[8];
+        uint32_t n;
+        int status;
+        const char *what;
+    } cases[] = {
+        {101, {2 * B, 2 * B}, 1, PD_KVX_ST_REFUSED, "a READ under another tag than the claim's"},
+        {100, {0, 2 * B}, 1, PD_KVX_ST_MALFORMED, "bytes before the lease"},
+        {100, {2 * B, 2 * B + 1}, 1, PD_KVX_ST_MALFORMED, "one byte past the lease"},
+        {100, {2 * B, B}, 1, PD_KVX_ST_MALFORMED, "half the lease"},
+        {100, {2 * B, B, 2 * B, B}, 2, PD_KVX_ST_MALFORMED, "the same half twice"},
+        {100, {2 * B, 0, 2 * B, 2 * B}, 2, PD_KVX_ST_MALFORMED, "an empty piece"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        raw_send(r, PD_KVX_AM_READ, NULL, 0, b, raw_msg(b, K(31), cases[i].tag, cases[i].pieces, cases[i].n));
+        raw_wait(r, NULL, &r->acks, (int)i + 1);
+        cr_assert_eq(r->ack_id, PD_KVX_AM_READ, "%s", cases[i].what);
+        cr_assert_eq(r->ack_status, cases[i].status, "%s: status %d", cases[i].what, r->ack_status);
+        cr_assert_eq(r->datas, 0, "%s: the producer pushed data", cases[i].what);
+    }
+    /* the claimant's READ of the lease, in two pieces: exactly its bytes */
+    uint64_t good[] = {2 * B, B, 3 * B, B};
+    raw_send(r, PD_KVX_AM_READ, NULL, 0, b, raw_msg(b, K(31), 100, good, 2));
+    raw_wait(r, NULL, &r->datas, 2);
+    cr_assert_eq(r->data_tag, 100);
+    cr_assert_eq(r->data_index, 1);
+    cr_assert_eq(r->data_len, B);
+    cr_assert_eq(memcmp(r->data, x.pr + 3 * B, B), 0);
+    /* once */
+    int acks = r->acks;
+    raw_send(r, PD_KVX_AM_READ, NULL, 0, b, raw_msg(b, K(31), 100, good, 2));
+    raw_wait(r, NULL, &r->acks, acks + 1);
+    cr_assert_eq(r->ack_status, PD_KVX_ST_REFUSED, "a second READ: status %d", r->ack_status);
+    cr_assert_eq(r->datas, 2);
+    raw_close(r);
+    serve_stop(&s);
+
+    /* DATA to a consumer for no transfer of its own */
+    uint8_t *dr = calloc(4 * B, 1);
+    struct pd_kvx *d = engine(dr, 4 * B, 1, 10000, 5000);
+    serve_start(&s, d);
+    memset(r, 0, sizeof *r);
+    raw_open(r, pd_kvx_port(d));
+    uint64_t hdr[2] = {1, 0};
+    uint8_t junk[256];
+    memset(junk, 0x5A, sizeof junk);
+    raw_send(r, PD_KVX_AM_DATA, hdr, sizeof hdr, junk, sizeof junk);
+    struct pd_kvx_stats st = {0};
+    for (double end = pd_now_s() + 5; st.msgs_dropped < 1 && pd_now_s() < end;) {
+        ucp_worker_progress(r->w);
+        pd_kvx_progress(d);
+        pd_kvx_stats(d, &st);
+    }
+    cr_assert_eq(st.msgs_dropped, 1);
+    for (size_t i = 0; i < 4 * B; i++)
+        cr_assert_eq(dr[i], 0, "byte %zu of the consumer's region was written", i);
+    raw_close(r);
+    serve_stop(&s);
+    pd_kvx_destroy(d);
+    free(dr);
+    free(r);
+    pair_close(&x);
+}
+
 /* Each behaviour over TCP alone, over UCX's default choice (shared memory for the gets here)
  * and over shared memory named explicitly (the engine adds tcp for its control messages). */
 #define BOTH(fn)                                               \
@@ -1128,6 +1337,7 @@ BOTH(wrong_keys_are_refused)
 BOTH(stray_bytes)
 BOTH(not_a_kv_port)
 BOTH(foreign_messages)
+BOTH(hostile_reads)
 Test(kvxfer, silent_kv_port, .timeout = 60) { silent_kv_port("tcp"); }
 Test(kvxfer, stopped_producer_default, .timeout = 60) { signalled_producer(NULL, SIGSTOP); }
 
