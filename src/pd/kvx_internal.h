@@ -185,6 +185,10 @@ struct push {
     struct push *next;        /* in x->pushes */
     struct pd_kvx *x;
     uint64_t left;            /* sends not completed */
+    uint8_t id[16];           /* the lease's, and its claimant's tag */
+    uint64_t tag;
+    int failed;               /* a send completed in error: the consumer is gone (step() ends the
+                                 lease now, not at its expiry) */
     uint8_t hdr[][KVX_DATA_HDR];
 };
 

@@ -141,7 +141,10 @@ void kvx_push_done(void *req, ucs_status_t st, void *user_data)
     struct push *u = user_data;
     struct pd_kvx *x = u->x;
     x->pushes_pending--;
-    if (--u->left == 0)
+    u->left--;
+    if (st != UCS_OK)
+        u->failed = 1;   /* step() releases the lease */
+    else if (u->left == 0 && !u->failed)
         kvx_push_free(x, u);
     ucp_request_free(req);
     x->events++;
@@ -369,6 +372,25 @@ static int step(struct pd_kvx *x)
                 kvx_xfer_fail(t, PD_EIO, 0, "GET_META not delivered");
             n++;
         }
+
+    /* 3c. pushes to a consumer that is gone (a send failed): their lease ends now, its blocks
+     * back to the owner, not at its expiry; finished ones are freed */
+    for (struct push **pp = &x->pushes; *pp;) {
+        struct push *u = *pp;
+        if (u->failed && !x->destroying) {   /* (destroy ends every lease its own way) */
+            struct lease *l = kvx_find_lease(x, u->id);
+            if (l && l->claimed && l->claim_tag == u->tag)
+                kvx_lease_release(x, l, PD_KVX_REL_ABORT);
+            u->failed = 0;
+            n++;
+        }
+        if (u->left == 0) {
+            *pp = u->next;
+            free(u);
+        } else {
+            pp = &u->next;
+        }
+    }
 
     /* 4. leases past their deadline */
     for (struct lease *l = x->leases, *next; l; l = next) {

@@ -462,13 +462,17 @@ static int tiles_lease(const struct lease *l, const uint8_t *p, uint32_t n)
 
 /* Sends READ's pieces as DATA, on the endpoint the READ came from. A send that cannot start ends
  * the push: the consumer's timeout, or its DONE refused for a lease gone, covers the rest. */
-static void push_pieces(struct pd_kvx *x, ucp_ep_h ep, uint64_t tag, const uint8_t *p, uint32_t n)
+static void push_pieces(struct pd_kvx *x, const struct lease *l, ucp_ep_h ep, uint64_t tag, const uint8_t *p,
+                        uint32_t n)
 {
     struct push *u = malloc(sizeof *u + (size_t)n * KVX_DATA_HDR);
     if (!u)
         return;
     u->x = x;
     u->left = n;
+    memcpy(u->id, l->key.id, sizeof u->id);
+    u->tag = tag;
+    u->failed = 0;
     u->next = x->pushes;
     x->pushes = u;
     for (uint32_t k = 0; k < n; k++, p += 16) {
@@ -485,6 +489,7 @@ static void push_pieces(struct pd_kvx *x, ucp_ep_h ep, uint64_t tag, const uint8
                                              x->base + get64(p), get64(p + 8), &rp);
         if (UCS_PTR_IS_ERR(r)) {
             u->left -= n - k;
+            u->failed = 1;
             break;
         }
         x->st.pieces_pushed++;
@@ -493,7 +498,7 @@ static void push_pieces(struct pd_kvx *x, ucp_ep_h ep, uint64_t tag, const uint8
         else
             x->pushes_pending++;
     }
-    if (u->left == 0)
+    if (u->left == 0 && !u->failed)
         kvx_push_free(x, u);
 }
 
@@ -519,7 +524,7 @@ static void handle_read(struct pd_kvx *x, const struct msg *m, int64_t now)
     }
     l->pushed = 1;
     l->deadline = now + x->lease_ns;
-    push_pieces(x, m->reply_ep, tag, d + KVX_MSG_SMALL, n);
+    push_pieces(x, l, m->reply_ep, tag, d + KVX_MSG_SMALL, n);
 }
 
 void kvx_handle_msg(struct pd_kvx *x, struct msg *m, int64_t now)
