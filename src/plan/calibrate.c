@@ -147,44 +147,54 @@ int pd_calib_fit_rounds(const struct pd_plan *p, struct pd_calib_point *pts, int
     r->undetermined = 7;
     if (n < 3 || n > 64 || rounds < 1)
         return pd_err_set(e, PD_EINVAL, "%d points in %d rounds; 3 to 64 points and a round needed", n, rounds);
-    double fastest[64], ratio[64];
+    if (rounds > 64)
+        return pd_err_set(e, PD_EINVAL, "%d rounds, at most 64", rounds);
+    /* each step's reference: its second-fastest time over the rounds (the fastest with fewer
+     * than 3), so that one round faster than every other is not what the others are held to */
+    double ref[64], col[64], ratio[64], fastest[64];
     for (int i = 0; i < n; i++) {
-        fastest[i] = INFINITY;
         for (int k = 0; k < rounds; k++)
-            fastest[i] = fmin(fastest[i], t[k * n + i]);
-        if (!(fastest[i] > 0))
-            return pd_err_set(e, PD_EINVAL, "step %d was not measured (%g s)", i, fastest[i]);
+            if (!((col[k] = t[k * n + i]) > 0) || !isfinite(col[k]))
+                return pd_err_set(e, PD_EINVAL, "step %d was not measured in round %d (%g s)", i, k, col[k]);
+        qsort(col, (size_t)rounds, sizeof *col, cmp_double);
+        ref[i] = col[rounds >= 3];
     }
-    /* busy rounds out; the fit on the fastest time of each point */
+    /* a round's level: its median time over the references; busy rounds and fast ones out */
     int keep[64] = {0};
-    for (int k = 0; k < rounds && k < 64; k++) {
+    for (int k = 0; k < rounds; k++) {
         for (int i = 0; i < n; i++)
-            ratio[i] = t[k * n + i] / fastest[i];
+            ratio[i] = t[k * n + i] / ref[i];
         qsort(ratio, (size_t)n, sizeof *ratio, cmp_double);
         double med = ratio[n / 2];
-        if (med <= PD_CALIB_BUSY) {
+        if (med <= PD_CALIB_BUSY && med >= PD_CALIB_FAST) {
             keep[k] = 1;
             r->kept++;
             r->slowest = fmax(r->slowest, med);
         }
     }
-    for (int i = 0; i < n; i++)
+    /* the fit on the fastest time of each point over the kept rounds (over all if none is) */
+    for (int i = 0; i < n; i++) {
+        fastest[i] = INFINITY;
+        for (int k = 0; k < rounds; k++)
+            if (keep[k] || !r->kept)
+                fastest[i] = fmin(fastest[i], t[k * n + i]);
         pts[i].measured_s = fastest[i];
+    }
     int rc = pd_calib_fit(p, pts, n, attention, &r->fit, e);
-    if (rc)
-        return rc;
-    /* leave each kept round out in turn (a jackknife): the fit on the other rounds' fastest times
-     * gives the range of every factor, and of the times it predicts */
+    if (rc || r->kept < 2)
+        return rc;   /* one kept round: nothing to compare it with, undetermined */
+    /* leave each kept round out in turn (a jackknife): the fit on the other kept rounds' fastest
+     * times gives the range of every factor, and of the times it predicts */
     struct pd_calib_point own[64];
     double pred_lo[64], pred_hi[64];
-    for (int k = 0; k < rounds && k < 64; k++) {
+    for (int k = 0; k < rounds; k++) {
         if (!keep[k])
             continue;
         for (int i = 0; i < n; i++) {
             own[i] = pts[i];
             own[i].measured_s = INFINITY;
             for (int j = 0; j < rounds; j++)
-                if (j != k)
+                if (j != k && keep[j])
                     own[i].measured_s = fmin(own[i].measured_s, t[j * n + i]);
         }
         struct pd_calib_fit f;

@@ -39,10 +39,15 @@ int pd_calib_fit(const struct pd_plan *p, struct pd_calib_point *pts, int n, dou
 
 /* The same points measured in several rounds, t[round * n + point] seconds (a round measures
  * every point once, so a burst of load slows a round, not one point's every sample).
- *   - A round whose median slowdown over each point's fastest time exceeds PD_CALIB_BUSY is a
- *     busy round and is left out; the fit is made on each point's fastest time over the rounds
- *     (load only ever adds time), and again with each kept round left out in turn (a
- *     jackknife: does any one round carry the fit?).
+ *   - A round's level is the median over the points of its time over the point's reference,
+ *     the point's second-fastest time over the rounds (its fastest with fewer than 3 rounds):
+ *     not the fastest, which one lucky round holds for most points (the CPU ran faster once),
+ *     and against which every other round of an idle machine read as busy.
+ *   - A round whose level exceeds PD_CALIB_BUSY is a busy round, and one below PD_CALIB_FAST a
+ *     fast one; both are left out. The fit is made on each point's fastest time over the kept
+ *     rounds (load only ever adds time), and again with each kept round left out in turn (a
+ *     jackknife: does any one round carry the fit?). A fast round would carry it: left out, the
+ *     fit moves by its lead, so the bound on that lead is the one on the fit's spread.
  *   - How well the data determine the model: `spread`, the largest share of a step's measured
  *     time by which those leave-one-out fits disagree on that step's time. Above
  *     PD_CALIB_DETERMINED the fit is undetermined, and bit k of `undetermined` names the factors
@@ -51,16 +56,17 @@ int pd_calib_fit(const struct pd_plan *p, struct pd_calib_point *pts, int n, dou
  *     against each other while the times they predict agree leave the fit determined.
  * Fewer than 2 kept rounds, or fewer than 2 leave-one-out fits, leave everything
  * undetermined, and so does a fit on the fastest times whose rms error exceeds PD_CALIB_MAX_RMS
- * (the model does not describe those steps). Fills pts[i].measured_s with the fastest time and
- * pts[i].fitted_s. */
+ * (the model does not describe those steps). Fills pts[i].measured_s with the fastest time of
+ * the kept rounds (of all rounds if none is kept) and pts[i].fitted_s. At most 64 rounds. */
 #define PD_CALIB_BUSY 1.15
+#define PD_CALIB_FAST (1 / (1 + PD_CALIB_DETERMINED))
 #define PD_CALIB_DETERMINED 0.10
 #define PD_CALIB_MAX_RMS 0.20
 struct pd_calib_rounds {
     struct pd_calib_fit fit;      /* on the fastest times */
     struct pd_calib_fit lo, hi;   /* each factor's range over the leave-one-out fits */
     int rounds, kept, fitted;     /* rounds measured, not busy, and leave-one-out fits made */
-    double slowest;               /* the largest median slowdown of a kept round, e.g. 1.04 */
+    double slowest;               /* the highest level of a kept round, e.g. 1.04 */
     double spread;
     double moved[3];
     int undetermined;
