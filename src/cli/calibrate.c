@@ -24,19 +24,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 static const char *help =
-    "usage: pdmoe calibrate [--model DIR] [--threads N] [--out FILE] [--quick] [--port P]\n"
+    "usage: pdmoe calibrate [--model DIR] [--threads N] [--out FILE] [--quick] [--port P] [--verbose]\n"
     "Measures this machine for the model in DIR (default models/mini) with N threads per process\n"
     "(default 1, as pdmoe up runs its servers) and writes a hardware file (default stdout) for\n"
     "pdmoe plan/search --hardware FILE: memory read bandwidth, int8 peak, the GEMV's and GEMM's\n"
     "efficiencies, the UCX hand-off, the per-step and per-token CPU costs fitted to engine steps, and\n"
     "the PD path's fixed cost per request, timed through a `pdmoe up` it starts on 127.0.0.1 at the\n"
-    "first free ports from P (default 8400: P, P+1, P+2 and P+100).\n";
+    "first free ports from P (default 8400: P, P+1, P+2 and P+100).\n"
+    "--verbose prints, after each round of steps, their times, the rounds' levels and which were kept\n"
+    "(docs/perf-model.md), and the CPU time this process ran per second (below N: other work took the cores).\n";
 
 /* f[0] prefill, f[1] decode; request_s with how it was measured (NULL: not yet) */
 static json_t *hardware_json(const char *cpu, int threads, int cards, double mem, const struct pd_bench_machine *m,
@@ -73,9 +76,9 @@ static json_t *hardware_json(const char *cpu, int threads, int cards, double mem
                        "%.1f%%; decode of 1-16 sequences at 64 and 512 cached tokens: rms error %.1f%%)", tag, model,
                        100 * f[0].rms_rel, 100 * f[1].rms_rel);
     if (fr)
-        snprintf(s_fit + len, sizeof s_fit - (size_t)len, ", each step's fastest of %d rounds; with each round left out in "
-                 "turn the fit ranges over prefill %.3f-%.3f ms per step, %.2f-%.2f us per token and layer, attention %.3f-%.3f; "
-                 "decode %.3f-%.3f ms, %.2f-%.2f us, memory %.3f-%.3f", fr[0].rounds, fr[0].lo.step_s * 1e3,
+        snprintf(s_fit + len, sizeof s_fit - (size_t)len, ", each step's fastest of the rounds not slowed by other work (prefill %d, decode %d of "
+                 "%d); with each of those left out in turn the fit ranges over prefill %.3f-%.3f ms per step, %.2f-%.2f us per token and layer, attention %.3f-%.3f; "
+                 "decode %.3f-%.3f ms, %.2f-%.2f us, memory %.3f-%.3f", fr[0].kept, fr[1].kept, fr[0].rounds, fr[0].lo.step_s * 1e3,
                  fr[0].hi.step_s * 1e3, fr[0].lo.token_layer_s * 1e6, fr[0].hi.token_layer_s * 1e6, fr[0].lo.attention,
                  fr[0].hi.attention, fr[1].lo.step_s * 1e3, fr[1].hi.step_s * 1e3, fr[1].lo.token_layer_s * 1e6,
                  fr[1].hi.token_layer_s * 1e6, fr[1].lo.memory, fr[1].hi.memory);
@@ -294,10 +297,9 @@ static void cpu_name(char *out, size_t n)
         fclose(f);
 }
 
-/* What to do when the measurements cannot determine the model: the load they were taken under. */
-static const char *busy_advice(void)
+/* The 1-minute load average, -1 if unknown. */
+static double load_average(void)
 {
-    static char buf[256];
     double load = -1;
     FILE *f = fopen("/proc/loadavg", "r");
     if (f) {
@@ -305,6 +307,14 @@ static const char *busy_advice(void)
             load = -1;
         fclose(f);
     }
+    return load;
+}
+
+/* What to do when the measurements cannot determine the model: the load they were taken under. */
+static const char *busy_advice(void)
+{
+    static char buf[256];
+    double load = load_average();
     snprintf(buf, sizeof buf, "the machine was busy (load average %.2f on %ld cores): run pdmoe calibrate when no "
              "other process uses these cores, without --quick for more rounds", load, sysconf(_SC_NPROCESSORS_ONLN));
     return buf;
@@ -322,8 +332,9 @@ static void undetermined(const struct pd_calib_rounds *r, enum pd_role role, cha
         return;
     }
     if (r->fitted < 2) {
-        snprintf(buf + len, n - len, "only %d of %d rounds could be used (%d not slowed by other work)", r->fitted,
-                 r->rounds, r->kept);
+        snprintf(buf + len, n - len, "only %d of %d rounds could be used (%d kept: the others ran over %.0f%% slower "
+                 "or %.0f%% faster than each step's second-fastest time)", r->fitted, r->rounds, r->kept, 100 * (PD_CALIB_BUSY - 1),
+                 100 * (1 - PD_CALIB_FAST));
         return;
     }
     int any = 0;
@@ -352,15 +363,65 @@ static const char *undetermined_both(const struct pd_calib_rounds fr[2], char *b
     return buf;
 }
 
+/* --verbose, after each round: its wall time, the CPU time this process ran per second of it (below
+ * --threads: other processes, or the hypervisor, took the cores), the CPU time the hypervisor
+ * stole, RSS and page faults; each step's time; from the third round on, each round's level
+ * (plan/calibrate.h) and whether it was kept (k), busy (b) or fast (f). fr NULL: no fit yet.
+ * Round 0: before the first, only the clocks are read. */
+static void print_round(int n_pre, int n_pts, const double *tp, const double *td, int rounds,
+                        const struct pd_calib_rounds *fr)
+{
+    static double prev_wall, prev_cpu, prev_steal;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double wall = pd_now_s(), steal = 0, cpu = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 +
+                                                (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+    long rss_pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%*s %ld", &rss_pages) != 1)
+            rss_pages = 0;
+        fclose(f);
+    }
+    unsigned long long v[8] = {0};
+    f = fopen("/proc/stat", "r");
+    if (f) {
+        if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                   &v[7]) == 8)
+            steal = (double)v[7] / (double)sysconf(_SC_CLK_TCK);
+        fclose(f);
+    }
+    double dt = wall - prev_wall, dcpu = cpu - prev_cpu, dsteal = steal - prev_steal;
+    prev_wall = wall, prev_cpu = cpu, prev_steal = steal;
+    if (rounds == 0)
+        return;
+    fprintf(stderr, "  round %d: %.1f s, this process ran %.2f CPU s per s, the hypervisor stole %.1f CPU s; RSS %.2f GB, "
+            "%ld minor and %ld major page faults so far\n", rounds, dt, dcpu / dt, dsteal, (double)rss_pages * (double)sysconf(_SC_PAGESIZE) / 1e9, ru.ru_minflt, ru.ru_majflt);
+    for (int r = 0; r < 2; r++) {
+        int from = r ? n_pre : 0, to = r ? n_pts : n_pre, n = to - from;
+        const double *t = r ? td : tp;
+        fprintf(stderr, "    %s ms:", pd_role_name((enum pd_role)r));
+        for (int i = 0; i < n; i++)
+            fprintf(stderr, " %.2f", t[(rounds - 1) * n + i] * 1e3);
+        if (fr) {
+            fprintf(stderr, "; levels of rounds 1-%d:", rounds);
+            for (int k = 0; k < rounds; k++)
+                fprintf(stderr, " %.3f%s", fr[r].level[k],
+                        fr[r].keep[k] ? "k" : fr[r].level[k] > PD_CALIB_BUSY ? "b" : "f");
+        }
+        fputc('\n', stderr);
+    }
+}
+
 int pd_cli_calibrate(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"threads", 1, 0, 'j'}, {"out", 1, 0, 'o'}, {"quick", 0, 0, 'q'}, {"help", 0, 0, 'h'},
-        {"port", 1, 0, 'p'}, {0, 0, 0, 0},
+        {"port", 1, 0, 'p'}, {"verbose", 0, 0, 'v'}, {0, 0, 0, 0},
     };
     const char *dir = "models/mini", *out = NULL;
     int64_t threads = 1, port = 8400;
-    int quick = 0, c;
+    int quick = 0, verbose = 0, c;
     struct pd_cli_seen seen = {0};
     optind = 1;
     opterr = 0;
@@ -370,6 +431,7 @@ int pd_cli_calibrate(int argc, char **argv)
         case 'j': if (pd_cli_int_max("--threads", optarg, 1, 256, &threads)) return 2; break;
         case 'o': out = optarg; break;
         case 'q': quick = 1; break;
+        case 'v': verbose = 1; break;
         case 'p': if (pd_cli_int_max("--port", optarg, 1, 65000, &port)) return 2; break;
         case 'h': fputs(help, stdout); return 0;
         default: return pd_cli_bad_flag("calibrate", c, argc, argv);
@@ -498,6 +560,8 @@ int pd_cli_calibrate(int argc, char **argv)
         return 1;
     }
     /* the steps, round after round, until every fitted factor is determined */
+    if (verbose)
+        print_round(n_pre, n_pts, tp, td, 0, NULL);
     for (;;) {
         for (int i = 0; i < n_pts; i++)
             if (pd_bench_step_time(&en, (int)pts[i].seqs, (int)pts[i].tokens, (int)pts[i].ctx,
@@ -511,10 +575,15 @@ int pd_cli_calibrate(int argc, char **argv)
                 return 1;
             }
         rounds++;
-        if (rounds < min_rounds)
+        if (rounds < min_rounds) {
+            if (verbose)
+                print_round(n_pre, n_pts, tp, td, rounds, NULL);
             continue;
+        }
         rc = pd_calib_fit_rounds(&p, pts, n_pre, tp, rounds, 0, &fr[0], &e) ||
              pd_calib_fit_rounds(&p, pts + n_pre, n_pts - n_pre, td, rounds, fr[0].fit.attention, &fr[1], &e);
+        if (verbose)
+            print_round(n_pre, n_pts, tp, td, rounds, rc ? NULL : fr);
         if (rounds == max_rounds || (!rc && !fr[0].undetermined && !fr[1].undetermined))
             break;
         char why[520];
@@ -553,7 +622,7 @@ int pd_cli_calibrate(int argc, char **argv)
     if (!amx && !vnni)
         fprintf(stderr, "  int8 peak: %s\n", m.int8_probe);
     fprintf(stderr, "  UCX hand-off %.2f GB/s, %.1f us fixed\n", ucx_bw / 1e9, ucx_lat * 1e6);
-    fprintf(stderr, "  steps in %d rounds (prefill %d and decode %d not slowed by other work); each fit on the fastest "
+    fprintf(stderr, "  steps in %d rounds (prefill %d and decode %d kept: not slowed by other work, nor one lucky fast round); each fit on the fastest "
             "time of every step, in brackets its range with each round left out in turn:\n", rounds, fr[0].kept,
             fr[1].kept);
     for (int r = 0; r < 2; r++) {
@@ -582,7 +651,7 @@ int pd_cli_calibrate(int argc, char **argv)
      * rounds' fastest: leaving out the round that ran a step fastest moves a factor past the
      * fit's own value, and factors that trade against each other swing while the times they
      * predict hold, which is what decides that a fit is determined) */
-    fprintf(stderr, "  (the fit is on each step's fastest time over all rounds; factors that trade against each other "
+    fprintf(stderr, "  (the fit is on each step's fastest time over the rounds kept; factors that trade against each other "
                     "may swing between the fits that leave a round out while the step times they predict hold)\n");
     fprintf(stderr, "  %-8s %5s %7s %5s %12s %12s\n", "step", "seqs", "tokens", "ctx", "measured ms", "model ms");
     for (int i = 0; i < n_pts; i++)

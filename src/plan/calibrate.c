@@ -160,12 +160,12 @@ int pd_calib_fit_rounds(const struct pd_plan *p, struct pd_calib_point *pts, int
         ref[i] = col[rounds >= 3];
     }
     /* a round's level: its median time over the references; busy rounds and fast ones out */
-    int keep[64] = {0};
+    unsigned char *keep = r->keep;
     for (int k = 0; k < rounds; k++) {
         for (int i = 0; i < n; i++)
             ratio[i] = t[k * n + i] / ref[i];
         qsort(ratio, (size_t)n, sizeof *ratio, cmp_double);
-        double med = ratio[n / 2];
+        double med = r->level[k] = ratio[n / 2];
         if (med <= PD_CALIB_BUSY && med >= PD_CALIB_FAST) {
             keep[k] = 1;
             r->kept++;

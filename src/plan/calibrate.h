@@ -67,6 +67,8 @@ struct pd_calib_rounds {
     struct pd_calib_fit lo, hi;   /* each factor's range over the leave-one-out fits */
     int rounds, kept, fitted;     /* rounds measured, not busy, and leave-one-out fits made */
     double slowest;               /* the highest level of a kept round, e.g. 1.04 */
+    double level[64];             /* each round's level */
+    unsigned char keep[64];       /* 1: round k kept */
     double spread;
     double moved[3];
     int undetermined;
