@@ -76,8 +76,8 @@ static json_t *hardware_json(const char *cpu, int threads, int cards, double mem
                        "%.1f%%; decode of 1-16 sequences at 64 and 512 cached tokens: rms error %.1f%%)", tag, model,
                        100 * f[0].rms_rel, 100 * f[1].rms_rel);
     if (fr)
-        snprintf(s_fit + len, sizeof s_fit - (size_t)len, ", each step's fastest of the rounds not slowed by other work (prefill %d, decode %d of "
-                 "%d); with each of those left out in turn the fit ranges over prefill %.3f-%.3f ms per step, %.2f-%.2f us per token and layer, attention %.3f-%.3f; "
+        snprintf(s_fit + len, sizeof s_fit - (size_t)len, ", each step's fastest over the rounds kept (neither slowed by other work nor one lucky "
+                 "fast round: prefill %d, decode %d of %d); with each of those left out in turn the fit ranges over prefill %.3f-%.3f ms per step, %.2f-%.2f us per token and layer, attention %.3f-%.3f; "
                  "decode %.3f-%.3f ms, %.2f-%.2f us, memory %.3f-%.3f", fr[0].kept, fr[1].kept, fr[0].rounds, fr[0].lo.step_s * 1e3,
                  fr[0].hi.step_s * 1e3, fr[0].lo.token_layer_s * 1e6, fr[0].hi.token_layer_s * 1e6, fr[0].lo.attention,
                  fr[0].hi.attention, fr[1].lo.step_s * 1e3, fr[1].hi.step_s * 1e3, fr[1].lo.token_layer_s * 1e6,
