@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include "http/front.h"
 #include "core/timing.h"
+#include "http/head.h"
 #include "http/http.h"
 
 #include <event2/buffer.h>
@@ -45,6 +46,7 @@ struct conn {
     int fd;
     enum conn_state state;
     int line_start;                           /* header scan: the last byte ended a line */
+    struct pd_http_field_scan fs;                     /* header scan: the bytes no field may hold */
     int fix_pending, fixed;                   /* libevent's own error page to rewrite */
     double since;                             /* when the state began */
     double progress;                          /* BUSY: when the answer last reached the socket */
@@ -308,9 +310,12 @@ static void scan(struct conn *c, struct evbuffer *b, size_t from)
                     arm(c, BODY);
                     return;
                 }
+                pd_http_field_line_end(&c->fs);
                 c->line_start = 1;
-            } else if (buf[i] != '\r') {
-                c->line_start = 0;
+            } else {
+                pd_http_field_byte(&c->fs, (unsigned char)buf[i], c->line_start);
+                if (buf[i] != '\r')
+                    c->line_start = 0;
             }
         }
         from += (size_t)n;
@@ -321,6 +326,7 @@ static void start_request(struct conn *c, struct evbuffer *in, size_t from)
 {
     arm(c, HEAD);
     c->line_start = 0;
+    memset(&c->fs, 0, sizeof c->fs);
     scan(c, in, from);
 }
 
@@ -373,8 +379,10 @@ static void on_fix(evutil_socket_t fd, short what, void *arg)
     }
     const struct pd_http_limits *l = &c->f->lim;
     char msg[256];
-    const char *reason = pd_http_reason(code);
-    if (code == 413)
+    /* a byte no field may hold is named, whatever libevent made of it (a name cut by a NUL has no colon) */
+    if (pd_http_field_fault(&c->fs, msg, sizeof msg))
+        code = 400;
+    else if (code == 413)
         snprintf(msg, sizeof msg, "the request body is over %lld bytes, this server's limit (or its chunked encoding "
                  "is malformed, or has chunk extensions, which this server does not read)", (long long)l->max_body_bytes);
     else if (code == 400)
@@ -386,6 +394,7 @@ static void on_fix(evutil_socket_t fd, short what, void *arg)
         snprintf(msg, sizeof msg, "Expect: only 100-continue is understood");
     else
         snprintf(msg, sizeof msg, "the request was refused (%d)", code);
+    const char *reason = pd_http_reason(code);
     char *txt = pd_http_error_body("invalid_request_error", NULL, msg);
     if (txt) {
         c->fixed = 1;
@@ -552,50 +561,6 @@ static void on_reply_done(struct evhttp_request *h, void *arg)
         arm(c, WAIT);
 }
 
-/* Framing that another hop could read otherwise than libevent does, which a request could be
- * smuggled through (RFC 9112 6.3): Content-Length headers that differ (libevent reads the first),
- * a transfer coding besides chunked or any in HTTP/1.0; and two Host headers, a target two hops
- * could read apart.
- * NULL when the framing is sound, else the error and its status in *code. */
-static const char *bad_framing(struct evhttp_request *h, int *code)
-{
-    const char *cl = NULL;
-    int host = 0;
-    struct evkeyvalq *in = evhttp_request_get_input_headers(h);
-    for (struct evkeyval *kv = in->tqh_first; kv; kv = kv->next.tqe_next) {
-        *code = 400;
-        /* a name is a token (RFC 9110 5.1): "Content-Length :" is no Content-Length to libevent, so
-         * its body was read as the next request, where another hop takes it as this one's body
-         * (RFC 9112 5.1: such a request MUST be refused) */
-        if (!*kv->key || kv->key[strspn(kv->key, "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
-                                                 "ABCDEFGHIJKLMNOPQRSTUVWXYZ")])
-            return "a header name holds a character a name cannot (a space before the colon?)";
-        for (const unsigned char *v = (const unsigned char *)kv->value; *v; v++)
-            if ((*v < 0x20 && *v != '\t') || *v == 0x7f)
-                return "a header value holds a control character";
-        if (!evutil_ascii_strcasecmp(kv->key, "Host") && host++)   /* RFC 9112 3.2: MUST be refused */
-            return "two Host headers: the request's target is ambiguous";
-        if (!evutil_ascii_strcasecmp(kv->key, "Content-Length")) {
-            if (cl && strcmp(cl, kv->value))
-                return "two Content-Length headers that differ: the request's length is ambiguous";
-            if (!*kv->value || kv->value[strspn(kv->value, "0123456789")])
-                return "Content-Length: not a number of bytes (digits only)";
-            cl = kv->value;
-        } else if (!evutil_ascii_strcasecmp(kv->key, "Transfer-Encoding") && h->minor == 0) {
-            /* HTTP/1.0 has no transfer codings: a hop of 1.0 reads the chunks as the next request
-             * (RFC 9112 6.1: such framing MUST be taken as faulty); libevent decoded them */
-            return "Transfer-Encoding in an HTTP/1.0 request (HTTP/1.0 has no chunked coding: send a Content-Length)";
-        } else if (!evutil_ascii_strcasecmp(kv->key, "Transfer-Encoding") && evutil_ascii_strcasecmp(kv->value, "chunked")) {
-            *code = 501;
-            return "Transfer-Encoding: only chunked is understood";
-        }
-    }
-    *code = 400;
-    if (!host && h->major == 1 && h->minor == 1)   /* RFC 9112 3.2: MUST be refused */
-        return "an HTTP/1.1 request without a Host header";
-    return NULL;
-}
-
 static void on_route(struct evhttp_request *h, void *arg)
 {
     struct route *r = arg;
@@ -618,8 +583,14 @@ static void on_route(struct evhttp_request *h, void *arg)
         pd_http_error(h, 505, "invalid_request_error", NULL, "HTTP version not supported: HTTP/1.0 or HTTP/1.1 only");
         return;
     }
+    char msg[256];
+    if (c && pd_http_field_fault(&c->fs, msg, sizeof msg)) {
+        evhttp_add_header(evhttp_request_get_output_headers(h), "Connection", "close");
+        pd_http_error(h, 400, "invalid_request_error", NULL, "%s", msg);
+        return;
+    }
     int code;
-    const char *framing = bad_framing(h, &code);
+    const char *framing = pd_http_bad_framing(h, &code, msg, sizeof msg);
     if (framing) {
         /* whatever follows on the connection is unread: it may be the smuggled request */
         evhttp_add_header(evhttp_request_get_output_headers(h), "Connection", "close");

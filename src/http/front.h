@@ -17,6 +17,9 @@
  * - libevent 2.1 answers malformed, oversized (413) or unsupported requests itself with an HTML
  *   page before any handler runs (2.2's evhttp_set_errorcb is not in Debian 12's 2.1.12): such an
  *   answer is rewritten at the connection's output into the OpenAI-style JSON error body.
+ * - A head holding a byte no field may (a NUL, a CR not ending a line, another control character
+ *   but HTAB: RFC 9110 5.5), or framing a request could be smuggled through, gets a 400 naming the
+ *   header (http/head.h) and the connection is closed.
  *
  * Handlers are registered through the front (it must see each request reach its handler and its
  * reply end), and a handler that wants to hear of its client leaving uses pd_http_set_closecb,
