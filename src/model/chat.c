@@ -331,6 +331,9 @@ int pd_chat_messages(const json_t *msgs, struct pd_chat_msg **mp, size_t *np, pd
                 break;
             }
         m[i].role = json_string_value(json_object_get(x, "role"));
+        /* OpenAI's newer name for the system message (its API takes it as one, for every model) */
+        if (m[i].role && !strcmp(m[i].role, "developer"))
+            m[i].role = "system";
         if (!rc)
             rc = reasoning_of(x, i, &m[i], e);
         c = json_object_get(x, "content");
@@ -386,7 +389,7 @@ int pd_chat_render_think(enum pd_chat_format f, const struct pd_chat_think *th, 
         if (!m[i].role || !m[i].content ||
             (!role_is(&m[i], "system") && !role_is(&m[i], "user") && !role_is(&m[i], "assistant")))
             return pd_err_set(e, PD_EINVAL,
-                              "\"messages[%zu]\" needs \"role\" (system, user or assistant) and a \"content\" "
+                              "\"messages[%zu]\" needs \"role\" (system or developer, user or assistant) and a \"content\" "
                               "(a string or text parts)",
                               i);
     if (f == PD_CHAT_DSV3 && th && th->thinking)

@@ -22,7 +22,7 @@
  *     "<｜Assistant｜>" at the end. Recognised only when the checkpoint's template is that one
  *     byte for byte; CI checks the rendering against @huggingface/jinja on the real template
  *     (tests/tokenizer/chat.mjs).
- * Roles are system, user and assistant, contents strings (text parts joined first:
+ * Roles are system, user and assistant (OpenAI's "developer" is system: pd_chat_messages), contents strings (text parts joined first:
  * pd_chat_messages); tool calls and tool results are refused (pdmoe does not implement them),
  * and so is thinking mode with PD_CHAT_DSV3 (its template has none). BOS/EOS are
  * "<｜begin▁of▁sentence｜>" / "<｜end▁of▁sentence｜>". */
@@ -75,7 +75,8 @@ int pd_chat_format_of(const char *dir, enum pd_chat_format *f, pd_err *e);
  * value (a tool call, a name), is an error naming it, as pdmoe implements none of them. A content is a string, or an array of text parts
  * {"type": "text", "text": "..."} joined by "\n" (as vLLM joins them for a text-only template);
  * another part type (image_url, input_audio, ...) or a part with other fields is an error naming
- * "messages[i].content[j]". Roles and missing contents are checked by pd_chat_render. */
+ * "messages[i].content[j]". A role "developer" (OpenAI's newer name for the system message, which
+ * its API takes as one) is read as "system". Roles and missing contents are checked by pd_chat_render. */
 int pd_chat_messages(const json_t *msgs, struct pd_chat_msg **m, size_t *n, pd_err *e);
 void pd_chat_messages_free(struct pd_chat_msg *m, size_t n);
 

@@ -182,6 +182,45 @@ static int from_json(const char *text, json_t **j, struct pd_chat_msg **m, size_
     return pd_chat_messages(*j, m, n, e);
 }
 
+/* OpenAI's "developer" role (its newer name for system instructions, which its API takes as the
+ * system message) is the system role: the same prompt bytes and spans, in both formats, where it
+ * was refused by name. */
+Test(chat, a_developer_message_is_a_system_message)
+{
+    static const char *const fmt = "[{\"role\":\"%s\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi\"},"
+                                   "{\"role\":\"assistant\",\"content\":\"Hello.\"},{\"role\":\"%s\",\"content\":\"No.\"},"
+                                   "{\"role\":\"user\",\"content\":\"Bye\"}]";
+    static const enum pd_chat_format formats[] = {PD_CHAT_DSV4, PD_CHAT_DSV3};
+    for (int k = 0; k < 2; k++) {
+        char *out[2];
+        size_t len[2], n_spans[2];
+        struct pd_tok_span *spans[2];
+        for (int dev = 0; dev < 2; dev++) {
+            char text[512];
+            const char *role = dev ? "developer" : "system";
+            snprintf(text, sizeof text, fmt, role, role);
+            struct pd_chat_msg *m;
+            size_t n;
+            pd_err e = {0};
+            json_t *j;
+            cr_assert_eq(from_json(text, &j, &m, &n, &e), 0, "%s: %s", role, e.msg);
+            cr_assert_eq(pd_chat_render_spans(formats[k], m, n, 1, &out[dev], &len[dev], &spans[dev], &n_spans[dev], &e), 0,
+                         "%s: %s", role, e.msg);
+            pd_chat_messages_free(m, n);
+            json_decref(j);
+        }
+        cr_expect_eq(len[1], len[0]);
+        cr_expect_str_eq(out[1], out[0], "%s", pd_chat_format_name(formats[k]));
+        cr_assert_eq(n_spans[1], n_spans[0]);
+        cr_expect_eq(memcmp(spans[1], spans[0], n_spans[0] * sizeof *spans[0]), 0, "the contents' spans differ");
+        cr_expect(strstr(out[0], "Be brief."), "%s", out[0]);
+        for (int dev = 0; dev < 2; dev++) {
+            free(out[dev]);
+            free(spans[dev]);
+        }
+    }
+}
+
 /* An answer's message sent back in the next request, as a client appends it (the OpenAI SDK's
  * message dumped whole: refusal, tool_calls, function_call, audio null, annotations empty, and
  * vLLM's "reasoning"): taken, its reasoning rendered only where the encoding keeps it (after the

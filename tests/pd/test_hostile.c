@@ -2,7 +2,8 @@
  * refused with a 400 naming the field and the server goes on serving; a first sampled token that
  * is EOS gives an empty "stop" answer (it once called memmove(NULL, ..., 0), which UBSan aborts);
  * a token whose bytes hold 0x00 reaches the client byte for byte, in the plain answer, in the
- * streamed chunks and in return_token_ids alike (the text was once cut at the NUL). */
+ * streamed chunks and in return_token_ids alike (the text was once cut at the NUL); a chat's
+ * "developer" message is prompted as its system message is (it was refused). */
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
 #include <jansson.h>
@@ -880,4 +881,30 @@ Test(hostile, the_proxys_instance_labels_are_escaped)
     cr_assert_eq(code, 200, "%s", out);
     cr_assert(strstr(out, "pdmoe_proxy_instance_up{role=\"prefill\",instance=\"a\\\"b\\\\c:1\"}"), "%s", out);
     cr_assert_null(strstr(out, "instance=\"a\"b"), "an unescaped label: %s", out);
+}
+
+/* A chat's "developer" message (OpenAI's newer name for the system message, which its API takes as
+ * one) is answered as the system message is: the same prompt token ids, where it was a 400. */
+Test(hostile, a_developer_message_is_prompted_as_a_system_message)
+{
+    json_t *ids[2];
+    for (int dev = 0; dev < 2; dev++) {
+        char body[512], *out;
+        const char *role = dev ? "developer" : "system";
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"%s\",\"content\":\"Be brief.\"},{\"role\":\"user\","
+                 "\"content\":\"Hi\"}],\"max_tokens\":1,\"return_token_ids\":true}", role);
+        int code = post("/v1/chat/completions", body, &out);
+        cr_assert_eq(code, 200, "%s: %d %s", role, code, out);
+        json_t *j = parse(out);
+        ids[dev] = json_incref(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "prompt_token_ids"));
+        cr_assert_gt(json_array_size(ids[dev]), 4, "%s: %s", role, out);
+        json_decref(j);
+        free(out);
+    }
+    char *a = json_dumps(ids[0], JSON_COMPACT), *b = json_dumps(ids[1], JSON_COMPACT);
+    cr_expect_str_eq(b, a, "developer's prompt ids differ from system's");
+    free(a);
+    free(b);
+    json_decref(ids[0]);
+    json_decref(ids[1]);
 }
