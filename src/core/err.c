@@ -47,6 +47,7 @@ const char *pd_err_name(int code)
     case PD_ENOMEM: return "out of memory";
     case PD_ENOFIT: return "does not fit";
     case PD_ERANGE: return "out of range";
+    case PD_ECANCELED: return "cancelled";
     }
     return "unknown error";
 }

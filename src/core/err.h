@@ -13,6 +13,7 @@ enum {
     PD_ENOMEM = -4,   /* allocation failed */
     PD_ENOFIT = -5,   /* a layout does not fit the hardware */
     PD_ERANGE = -6,   /* a size or count out of what the format allows */
+    PD_ECANCELED = -7, /* work stopped because nobody wants its result any more (its client left) */
 };
 
 typedef struct pd_err {

@@ -502,6 +502,15 @@ static int step_outputs(struct pd_step *st, const float *fn, const float *base, 
     return 0;
 }
 
+/* Whether nobody wants any of the step's results any more (pd_engine_step). */
+static int step_cancelled(const struct pd_step *st)
+{
+    for (int i = 0; i < st->n_items; i++)
+        if (!st->items[i].cancel || !atomic_load_explicit(st->items[i].cancel, memory_order_relaxed))
+            return 0;
+    return st->n_items > 0;
+}
+
 int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items, pd_err *e)
 {
     const struct pd_model *m = &en->model;
@@ -520,8 +529,13 @@ int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items
             memcpy(h + (size_t)j * H, h, (size_t)H * sizeof(float));
     }
     for (int l = 0; l < m->n_layers; l++) {
-        if ((rc = sublayer(&st, l, 0, e)) || (rc = sublayer(&st, l, 1, e)))
-            return rc;
+        for (int part = 0; part < 2; part++) {   /* attention, then the MoE */
+            if (step_cancelled(&st))
+                return pd_err_set(e, PD_ECANCELED, "the step was cancelled at layer %d of %d: nobody wants its tokens",
+                                  l, m->n_layers);
+            if ((rc = sublayer(&st, l, part, e)))
+                return rc;
+        }
         if (en->trace_norms) {
             double ss = 0;
             for (size_t i = 0; i < (size_t)T * hc * H; i++)

@@ -18,6 +18,7 @@
 #ifndef PD_ENGINE_ENGINE_H
 #define PD_ENGINE_ENGINE_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "core/err.h"
@@ -122,10 +123,15 @@ struct pd_step_item {
                                      * (pos, pos + n], each layer's part as soon as the token
                                      * before it is processed there (engine/prefix.h), or NULL */
     int n_snaps;
+    const atomic_int *cancel;       /* set (by any thread) once nobody wants the item's result (its
+                                     * client left), or NULL: see pd_engine_step */
 };
 
-/* Runs one step. On error no sequence advances. n_items may be 0: the process still takes part
- * in every layer's expert exchange (expert parallelism). */
+/* Runs one step. On error no sequence advances. Once every item's cancel is set the step stops
+ * before its next sublayer (attention or MoE) with PD_ECANCELED: a long prefill whose client left
+ * is not run to its end (never set one under expert parallelism, whose ranks run every layer
+ * together). n_items may be 0: the process still takes part in every layer's expert exchange
+ * (expert parallelism). */
 int pd_engine_step(struct pd_engine *en, struct pd_step_item *items, int n_items, pd_err *e);
 
 /* The MTP draft forward (DeepSeek-V4's MTPBlock), for item i at the MTP positions

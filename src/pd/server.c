@@ -355,6 +355,10 @@ static void *scheduler(void *arg)
                 last[m] = r->gen[r->n_gen - 1];
                 items[m] = (struct pd_step_item){.seq = &r->seq, .tokens = &last[m], .n = 1, .logits = r->logits};
             }
+            /* a step whose every client left stops at its next layer (one process, no drafts:
+             * the EP ranks and the draft rounds run theirs to the end) */
+            if (!s->g && !s->o.spec_k)
+                items[m].cancel = &r->gone;
             m++;
         }
         if (s->g && m == 0 && !s->g->frees.n && !s->g->leases.n && !s->g->pulls.n && pd_srv_ep_pulling(s)) {
@@ -433,6 +437,14 @@ static void *scheduler(void *arg)
                 a->drafted_per_pos[j] += sst.drafted_per_pos[j];
                 a->accepted_per_pos[j] += sst.accepted_per_pos[j];
             }
+        }
+        if (rc == PD_ECANCELED) {
+            /* every client of the step left (their requests are dropped next round), no token */
+            for (int i = 0; i < m; i++)
+                pd_srv_prefix_commit(s, in_step[i], 0);
+            s->steps_cancelled++;
+            m = 0;
+            rc = 0;
         }
         for (int i = 0; i < m; i++) {
             struct req *r = in_step[i];

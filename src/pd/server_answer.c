@@ -413,6 +413,7 @@ void pd_srv_on_close(struct evhttp_connection *c, void *arg)
     if (h) {
         r->http = NULL;
         r->cancelled = 1;
+        atomic_store_explicit(&r->gone, 1, memory_order_relaxed);   /* its prefill stops at the next layer */
         /* a prefill leased before its answer went out: nobody learns its key, so nobody will pull
          * it; its KV held blocks and a sequence for kv_lease_ms (30 s) and then counted as an
          * expired hand-off */

@@ -52,6 +52,7 @@ struct req {
     struct evhttp_request *http;    /* NULL once answered or the client is gone */
     struct pd_server *srv;
     int stream, chat, cancelled;
+    atomic_int gone;                /* cancelled, as the engine reads it mid-step (pd_step_item.cancel) */
     char created_id[48];            /* "cmpl-" or "chatcmpl-" and 32 random hex digits, as vLLM's */
     int32_t *prompt;
     int n_prompt;
@@ -326,6 +327,7 @@ struct pd_server {
     int port;
     /* metrics */
     uint64_t n_requests, n_completed, n_cancelled, n_errors4xx, tokens_out, tokens_in;
+    uint64_t steps_cancelled;       /* steps stopped between layers: every client in them left */
     uint64_t n_queue_full;          /* requests refused with the waiting queue at max_queued_requests */
     struct pd_spec_stats spec_stats;   /* speculative decoding's counters (/metrics) */
     uint64_t n_failed;              /* ended by the server: a refused pull, an engine error, out of memory */

@@ -30,6 +30,9 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
                         "pdmoe_requests_total %llu\n"
                         "# TYPE pdmoe_requests_completed_total counter\npdmoe_requests_completed_total %llu\n"
                         "# TYPE pdmoe_requests_cancelled_total counter\npdmoe_requests_cancelled_total %llu\n"
+                        "# HELP pdmoe_steps_cancelled_total Steps stopped between layers because every client in "
+                        "them had left (a long prefill is not run to its end).\n"
+                        "# TYPE pdmoe_steps_cancelled_total counter\npdmoe_steps_cancelled_total %llu\n"
                         "# HELP pdmoe_requests_failed_total Requests the server ended: a refused KV pull, an engine "
                         "error, out of memory (accepted = completed + cancelled + failed + running + waiting).\n"
                         "# TYPE pdmoe_requests_failed_total counter\npdmoe_requests_failed_total %llu\n"
@@ -65,7 +68,8 @@ void pd_srv_on_metrics(struct evhttp_request *h, void *arg)
                         "# HELP pdmoe_kv_entry_bytes Bytes of one KV entry (--kv-cache-dtype: bf16 or fp8).\n"
                         "# TYPE pdmoe_kv_entry_bytes gauge\npdmoe_kv_entry_bytes{dtype=\"%s\"} %zu\n",
                         (unsigned long long)s->n_requests, (unsigned long long)s->n_completed,
-                        (unsigned long long)s->n_cancelled, (unsigned long long)s->n_failed, (unsigned long long)s->n_errors4xx,
+                        (unsigned long long)s->n_cancelled, (unsigned long long)s->steps_cancelled,
+                        (unsigned long long)s->n_failed, (unsigned long long)s->n_errors4xx,
                         (unsigned long long)s->kv_failures,
                         (unsigned long long)s->tokens_in, (unsigned long long)s->tokens_out, s->n_running,
                         waiting, s->n_tokenizing, (unsigned long long)s->n_queue_full, s->o.max_queued_requests, blocks_free, blocks, slots_free,
