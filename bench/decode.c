@@ -4,20 +4,18 @@
  * its tokens chose, counted per step, the head) over its time, against this machine's multi-stream
  * read bandwidth at the same thread count (bench kernels' ceiling), measured in the same run, before
  * and after the cases, the higher reading kept (a probe another job disturbed reads low).
- * Beside it the fraction of the roofline with arithmetic in it, the least time a step can take:
- *   bound = sum over the dense matrices (and vectors) of max(bytes / bandwidth, 2 T params / peak)
- *           + max(routed experts' bytes / bandwidth, 2 x (token, expert) pairs x params / int8 peak)
- * T = the batch's tokens, peak = the fp32 FMA peak for float matrices (bf16 ones are widened and
- * multiplied in fp32) and the int8 peak for int8 ones, each from an instruction probe at the same
- * thread count (pd_bench_peaks) of the instructions the engine runs here (512- or 256-bit FMAs;
- * VPDPBUSD or AMX tiles, or VPMADDWD for the AVX2 kernel), named in the output. At batch 1 it
- * is the bandwidth roofline; at 16 the float matrices cost 32 flops per 2 bytes read, which no CPU
- * here does at its bandwidth.
+ * Beside it the fraction of the roofline with arithmetic in it, the least time a step can take
+ * (pd_bench_step_bound, bench/bound.c, where its equation is: per dense matrix max(bytes /
+ * bandwidth, 2 T params / peak), plus the routed experts' max(bytes / bandwidth, 2 pairs params /
+ * peak)), T = the batch's tokens, every one through the head, with the peaks of the instructions
+ * the engine runs here named in the output. At batch 1 it is the bandwidth roofline; at 16 the
+ * float matrices cost 32 flops per 2 bytes read, which no CPU here does at its bandwidth.
  * Also per step: the pool's dispatches and wake-ups (what a decode step costs in hand-offs) and
  * the process's CPU time (which stays meaningful on a busy machine, where wall-clock scaling does
  * not: the load average is printed beside it); at 1 thread the roofline fraction again with the
  * step's and the bandwidth probe's time both taken as CPU time, steady on a shared machine. */
 #include "bench.h"
+#include "bench/bound.h"
 #include "bench/ceilings.h"
 #include "cli/cli.h"
 #include "core/timing.h"
@@ -34,84 +32,6 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-static double lin_bytes(const struct pd_linear *l)
-{
-    if (l->q.q)
-        return (double)l->out * l->in + 4.0 * l->out;
-    return l->f ? 4.0 * l->out * l->in : l->h ? 2.0 * l->out * l->in : 0;
-}
-
-static double expert_bytes(const struct pd_expert_w *x)
-{
-    return lin_bytes(&x->w1) + lin_bytes(&x->w2) + lin_bytes(&x->w3);
-}
-
-/* The machine's ceilings at one thread count: read bandwidth (bytes/s), fp32 FMA and int8 peaks
- * (ops/s; 0: not probed, arithmetic left out of the bound). */
-struct ceilings {
-    double bw, fp32, int8;
-};
-
-/* A step's dense weights: their bytes, and the least time T tokens' products over them take. */
-struct dense {
-    double bytes, bound_s;
-};
-
-/* Adds `bytes` of weights holding `params` values, multiplied for T tokens at `peak`. */
-static void add_weights(struct dense *d, double bytes, double params, double T, double peak,
-                        const struct ceilings *c)
-{
-    const double mem = bytes / c->bw, ops = peak > 0 ? 2 * T * params / peak : 0;
-    d->bytes += bytes;
-    d->bound_s += mem > ops ? mem : ops;
-}
-
-static void add_lin(struct dense *d, const struct pd_linear *l, double T, const struct ceilings *c)
-{
-    add_weights(d, lin_bytes(l), (double)l->out * l->in, T, l->q.q ? c->int8 : c->fp32, c);
-}
-
-static void add_expert(struct dense *d, const struct pd_expert_w *x, double T, const struct ceilings *c)
-{
-    add_lin(d, &x->w1, T, c);
-    add_lin(d, &x->w2, T, c);
-    add_lin(d, &x->w3, T, c);
-}
-
-/* Weights a decode step of T tokens reads whatever its tokens choose: every dense matrix and vector of
- * every layer (the routed experts excluded), the head; the embedding one row per token (not
- * counted). The mHC vectors are fp32 products as the float matrices are. */
-static struct dense dense_weights(const struct pd_engine *en, double T, const struct ceilings *c)
-{
-    const struct pd_model *m = &en->model;
-    const double H = (double)m->hidden_size, hc = m->hc_mult, mix = (2 + hc) * hc;
-    struct dense d = {0, 0};
-    add_lin(&d, &en->w.head, T, c);
-    add_weights(&d, 4 * (hc * hc * H + H), hc * hc * H + H, T, c->fp32, c);
-    for (int l = 0; l < m->n_layers; l++) {
-        const struct pd_layer_w *L = &en->w.layers[l];
-        add_weights(&d, 4 * (2 * mix * hc * H + 2 * H), 2 * mix * hc * H + 2 * H, T, c->fp32, c);
-        add_lin(&d, &L->wq_a, T, c);
-        add_lin(&d, &L->wq_b, T, c);
-        add_lin(&d, &L->wkv, T, c);
-        add_lin(&d, &L->wo_a, T, c);
-        add_lin(&d, &L->wo_b, T, c);
-        if (L->ratio) {
-            add_lin(&d, &L->cmp.wkv, T, c);
-            add_lin(&d, &L->cmp.wgate, T, c);
-            if (L->ratio == 4) {
-                add_lin(&d, &L->idx_cmp.wkv, T, c);
-                add_lin(&d, &L->idx_cmp.wgate, T, c);
-                add_lin(&d, &L->idx_wq_b, T, c);
-                add_lin(&d, &L->idx_weights, T, c);
-            }
-        }
-        add_lin(&d, &L->gate, T, c);
-        add_expert(&d, &L->shared, T, c);
-    }
-    return d;
-}
-
 static double cpu_seconds(void)
 {
     struct rusage r;
@@ -124,8 +44,7 @@ struct decode_case {
     int batch, threads;
     double tok_s, step_s, cpu_s, dispatches, wakeups, bytes;
     double experts, pairs;        /* distinct routed experts and (token, expert) pairs a step read */
-    struct dense dense;           /* the dense weights at the case's ceilings */
-    double bound_s;               /* the least time the step can take (see the top) */
+    struct pd_bench_bound bound;  /* the least time the step can take (bench/bound.c) */
     double share[PD_PROF_N];      /* each part's share of the timed steps (engine/prof.h) */
     unsigned long long stalls, backoff_runs;   /* over all timed steps */
 };
@@ -176,9 +95,11 @@ static int run(struct pd_engine *en, int batch, int prompt, int steps, struct de
         if (pd_engine_step(en, it, batch, &e))
             goto out;
         /* the distinct routed experts this step's tokens read, and their (token, expert) pairs */
-        for (size_t i = 0; k >= 1 && i < (size_t)NL * E; i++) {
-            experts += en->expert_tokens[i] != before[i];
-            pairs += (double)(en->expert_tokens[i] - before[i]);
+        if (k >= 1) {
+            double x, p;
+            pd_bench_routed_since(en, before, &x, &p);
+            experts += x;
+            pairs += p;
         }
     }
     double wall = pd_now_s() - t0;
@@ -213,23 +134,6 @@ out:
     free(it);
     free(before);
     return rc;
-}
-
-/* Probes this machine's ceilings at `threads` (the read bandwidth, the fp32 FMA and int8 peaks,
- * *int8_probe naming the int8 one's instructions; with bw_cpu also the 1-thread bandwidth by CPU
- * time) and raises each to its new reading where that is higher. */
-static void raise_ceilings(pd_pool *pool, int threads, int quick, double *bw, double *fp32, double *int8,
-                           const char **int8_probe, double *bw_cpu)
-{
-    const size_t bytes = (size_t)(quick ? 256 : 512) << 20;
-    const int reps = quick ? 2 : 5;
-    double f, i;
-    *bw = fmax(*bw, pd_bench_read_bandwidth(pool, threads, bytes, reps));
-    if (bw_cpu)
-        *bw_cpu = fmax(*bw_cpu, pd_bench_read_bandwidth_cpu_time(bytes, reps));
-    pd_bench_peaks(threads > 1 ? pool : NULL, threads, quick, &f, &i, int8_probe);
-    *fp32 = fmax(*fp32, f);
-    *int8 = fmax(*int8, i);
 }
 
 int pd_bench_decode(int argc, char **argv)
@@ -284,7 +188,8 @@ int pd_bench_decode(int argc, char **argv)
     /* 1 thread, then the count asked for: the scaling in one run */
     int tc[2] = {1, threads}, n_tc = threads > 1 ? 2 : 1;
     struct decode_case cases[4];
-    double bw[2] = {0, 0}, bw_cpu = 0, fp32[2] = {0, 0}, int8[2] = {0, 0};
+    struct pd_bench_ceilings cl[2] = {{0, 0, 0}, {0, 0, 0}};
+    double bw_cpu = 0;
     const char *int8_probe = NULL, *fp32_probe = pd_bench_fp32_probe();
     int n_cases = 0, rc = 0;
     double load[1] = {-1};
@@ -302,7 +207,7 @@ int pd_bench_decode(int argc, char **argv)
         /* the ceilings before and after this thread count's cases, each the higher reading: a probe
          * that ran while another job held a core or the memory bus reads low, and a step would
          * then seem to beat its machine */
-        raise_ceilings(en.pool, tc[ti], quick, &bw[ti], &fp32[ti], &int8[ti], &int8_probe, ti == 0 ? &bw_cpu : NULL);
+        pd_bench_ceilings_raise(en.pool, tc[ti], quick, &cl[ti], &int8_probe, ti == 0 ? &bw_cpu : NULL);
         const int first = n_cases;
         for (int batch = 1; batch <= 16; batch *= 16) {
             if (only && batch != only)
@@ -315,18 +220,11 @@ int pd_bench_decode(int argc, char **argv)
             dc->threads = tc[ti];
             n_cases++;
         }
-        raise_ceilings(en.pool, tc[ti], quick, &bw[ti], &fp32[ti], &int8[ti], &int8_probe, ti == 0 ? &bw_cpu : NULL);
-        const struct ceilings ceil = {bw[ti], fp32[ti], int8[ti]};
-        const struct pd_expert_w *x0 = &en.w.layers[0].experts[0];
-        const double xb = expert_bytes(x0);
-        const double xp = (double)x0->w1.out * x0->w1.in + (double)x0->w2.out * x0->w2.in +
-                          (double)x0->w3.out * x0->w3.in;
+        pd_bench_ceilings_raise(en.pool, tc[ti], quick, &cl[ti], &int8_probe, ti == 0 ? &bw_cpu : NULL);
         for (int k = first; k < n_cases; k++) {
             struct decode_case *dc = &cases[k];
-            dc->dense = dense_weights(&en, dc->batch, &ceil);
-            dc->bytes = dc->dense.bytes + dc->experts * xb;
-            const double mem = dc->experts * xb / ceil.bw, ops = ceil.int8 > 0 ? 2 * dc->pairs * xp / ceil.int8 : 0;
-            dc->bound_s = dc->dense.bound_s + (mem > ops ? mem : ops);
+            pd_bench_step_bound(&en, dc->batch, dc->batch, dc->experts, dc->pairs, &cl[ti], &dc->bound);
+            dc->bytes = dc->bound.bytes;
         }
         pd_engine_close(&en);
     }
@@ -344,18 +242,18 @@ int pd_bench_decode(int argc, char **argv)
                load[0] > 1.2 || load_end[0] > 1.2 ? " (a busy machine: wall-clock figures and scaling are noisy)" : "");
         for (int ti = 0; ti < n_tc; ti++)
             printf("  read bandwidth, %d thread%s (8 streams each), the higher of before and after its cases: %.2f GB/s\n", tc[ti],
-                   tc[ti] > 1 ? "s" : "", bw[ti] / 1e9);
+                   tc[ti] > 1 ? "s" : "", cl[ti].bw / 1e9);
         printf("  read bandwidth, 1 thread, by its CPU time: %.2f GB/s\n", bw_cpu / 1e9);
         for (int ti = 0; ti < n_tc; ti++)
             printf("  peaks, %d thread%s, the higher of before and after: fp32 %.1f GFLOPS (%s), int8 %.1f Gops/s (%s)\n",
-                   tc[ti], tc[ti] > 1 ? "s" : "", fp32[ti] / 1e9, fp32_probe ? fp32_probe : "no FMA probe: not in the bound",
-                   int8[ti] / 1e9, int8_probe ? int8_probe : "no int8 probe for this kernel: not in the bound");
+                   tc[ti], tc[ti] > 1 ? "s" : "", cl[ti].fp32 / 1e9, fp32_probe ? fp32_probe : "no FMA probe: not in the bound",
+                   cl[ti].int8 / 1e9, int8_probe ? int8_probe : "no int8 probe for this kernel: not in the bound");
         printf("  batch threads  tokens/s   ms/step  CPU ms/step  dispatches/step  wake-ups/step  weights MB/step  of roofline"
                "  (by CPU time)  bound ms/step  of bound\n");
     }
     for (int i = 0; i < n_cases; i++) {
         const struct decode_case *d = &cases[i];
-        double frac = d->bytes / d->step_s / bw[d->threads == 1 ? 0 : 1];
+        double frac = d->bytes / d->step_s / cl[d->threads == 1 ? 0 : 1].bw;
         /* at 1 thread the process's CPU time is the step's time without the other jobs' time
          * slices: steadier on a shared machine (as bench kernels --cpu-time) */
         double frac_cpu = d->bytes / d->cpu_s / bw_cpu;
@@ -366,7 +264,7 @@ int pd_bench_decode(int argc, char **argv)
                 printf("  %13.2f", frac_cpu);
             else
                 printf("  %13s", "");
-            printf("  %13.3f %9.2f\n", d->bound_s * 1e3, d->bound_s / d->step_s);
+            printf("  %13.3f %9.2f\n", d->bound.bound_s * 1e3, d->bound.bound_s / d->step_s);
             printf("        shares of the step:");
             for (int p = 0; p < PD_PROF_N; p++)
                 printf(" %s %.1f%%", pd_prof_part_name(p), 100 * d->share[p]);
@@ -375,16 +273,16 @@ int pd_bench_decode(int argc, char **argv)
         json_t *o = json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "batch", d->batch, "threads",
                               d->threads, "tokens_per_s", d->tok_s, "step_ms", d->step_s * 1e3, "cpu_ms_per_step",
                               d->cpu_s * 1e3, "dispatches_per_step", d->dispatches, "wakeups_per_step", d->wakeups,
-                              "weight_bytes_per_step", d->bytes, "bandwidth_bytes_per_s", bw[d->threads == 1 ? 0 : 1],
+                              "weight_bytes_per_step", d->bytes, "bandwidth_bytes_per_s", cl[d->threads == 1 ? 0 : 1].bw,
                               "of_bandwidth_roofline", frac);
         if (d->threads == 1)
             json_object_set_new(o, "of_bandwidth_roofline_by_cpu_time", json_real(frac_cpu));
-        json_object_set_new(o, "fp32_peak_flops", json_real(fp32[d->threads == 1 ? 0 : 1]));
+        json_object_set_new(o, "fp32_peak_flops", json_real(cl[d->threads == 1 ? 0 : 1].fp32));
         json_object_set_new(o, "fp32_peak_probe", fp32_probe ? json_string(fp32_probe) : json_null());
-        json_object_set_new(o, "int8_peak_ops", json_real(int8[d->threads == 1 ? 0 : 1]));
+        json_object_set_new(o, "int8_peak_ops", json_real(cl[d->threads == 1 ? 0 : 1].int8));
         json_object_set_new(o, "int8_peak_probe", int8_probe ? json_string(int8_probe) : json_null());
-        json_object_set_new(o, "bound_ms_per_step", json_real(d->bound_s * 1e3));
-        json_object_set_new(o, "of_bandwidth_and_compute_bound", json_real(d->bound_s / d->step_s));
+        json_object_set_new(o, "bound_ms_per_step", json_real(d->bound.bound_s * 1e3));
+        json_object_set_new(o, "of_bandwidth_and_compute_bound", json_real(d->bound.bound_s / d->step_s));
         json_t *sh = json_object();
         for (int p = 0; p < PD_PROF_N; p++)
             json_object_set_new(sh, pd_prof_part_name(p), json_real(d->share[p]));
@@ -412,7 +310,7 @@ int pd_bench_decode(int argc, char **argv)
                  * this run: a step that only streamed its weights could gain no more (about 1.3x on
                  * some of the AMD hosts, where a 1.7x target is out of reach for a step that is
                  * mostly weight streaming) */
-                const double bw_r = bw[1] / bw[0];
+                const double bw_r = cl[1].bw / cl[0].bw;
                 if (!json)
                     printf("  batch %2d: %d threads give %.2fx 1 thread's tokens/s (target >= 1.7: %s); the read "
                            "bandwidth %.2fx\n",
