@@ -119,11 +119,18 @@ static int measure(const char *dir, int threads, const int *tokens, int n_tokens
         double warm;
         if (prefill_once(&en, ids, tokens[k], logits, &warm, &e))
             goto fail;
-        memcpy(before, en.expert_tokens, n_routed * sizeof *before);
         pd_prof_enable(&en.prof, 1);
-        for (int r = 0; r < reps; r++)
+        double experts = 0, pairs = 0;
+        for (int r = 0; r < reps; r++) {
+            memcpy(before, en.expert_tokens, n_routed * sizeof *before);
             if (prefill_once(&en, ids, tokens[k], logits, &t[r], &e))
                 goto fail;
+            /* this step's routing: the distinct experts of one step, not of all reps together */
+            double x, p;
+            pd_bench_routed_since(&en, before, &x, &p);
+            experts += x;
+            pairs += p;
+        }
         int64_t total = 0;
         for (int p = 0; p < PD_PROF_N; p++)
             total += en.prof.ns[p];
@@ -133,10 +140,8 @@ static int measure(const char *dir, int threads, const int *tokens, int n_tokens
         for (int p = 0; p < PD_PROF_N; p++)
             res->share[p] = total > 0 ? (double)en.prof.ns[p] / (double)total : 0;
         pd_prof_enable(&en.prof, 0);
-        /* the timed steps' routing, per step (each step the same prompt) */
-        pd_bench_routed_since(&en, before, &res->experts, &res->pairs);
-        res->experts /= reps;
-        res->pairs /= reps;
+        res->experts = experts / reps;
+        res->pairs = pairs / reps;
     }
     pd_bench_ceilings_raise(en.pool, threads, quick, &cl, int8_probe, NULL);
     for (int k = 0; k < n_tokens; k++) {

@@ -125,3 +125,28 @@ Test(bench_prefill, bad_flags_refused_by_name)
     cr_assert_neq(r.status, 0, "%s", r.err);
     cr_assert(strstr(r.err, "frobnicate"), "%s", r.err);
 }
+
+/* A step's routing is counted per step: with every rep the same prompt, the routed experts, pairs,
+ * bytes and int8 ops of a step do not depend on --reps. Counted once over all reps and divided,
+ * the distinct experts of 3 reps read a third of one step's (682.667 of 2,048 at 512 tokens). */
+Test(bench_prefill, routing_is_per_step)
+{
+    if (access("models/mini/model.safetensors", R_OK) != 0)
+        cr_skip_test("models/mini not generated");
+    static const char *const keys[] = {"routed_experts", "routed_pairs", "weight_bytes", "gemm_int8_ops"};
+    double v[2][4];
+    for (int i = 0; i < 2; i++) {
+        static struct run cmd;
+        run(i ? "bench prefill --json --quick --threads 1 --tokens 16 --reps 3"
+              : "bench prefill --json --quick --threads 1 --tokens 16 --reps 1", &cmd);
+        cr_assert_eq(cmd.status, 0, "exit %d: %s %s", cmd.status, cmd.out, cmd.err);
+        json_t *doc = json_loads(cmd.out, 0, NULL);
+        cr_assert_not_null(doc, "%s", cmd.out);
+        json_t *r = json_array_get(json_object_get(doc, "runs"), 0);
+        for (int k = 0; k < 4; k++)
+            v[i][k] = num(r, keys[k]);
+        json_decref(doc);
+    }
+    for (int k = 0; k < 4; k++)
+        cr_assert(fabs(v[0][k] - v[1][k]) <= 1e-5 * v[0][k], "%s: %g at 1 rep, %g at 3", keys[k], v[0][k], v[1][k]);
+}
