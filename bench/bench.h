@@ -51,10 +51,24 @@ int pd_bench_machine_measure(int threads, int quick, struct pd_bench_machine *m)
  * faster. */
 void pd_bench_peaks(pd_pool *pool, int threads, int quick, double *fp32, double *int8, const char **int8_probe);
 
-/* Best seconds (*best) of one engine step of `seqs` fresh sequences adding `tokens` each after
- * `ctx` cached tokens, over `reps` repetitions after a warm-up; with steps > 1 the mean of that
- * many consecutive steps (a decode in its steady state). Sequence b reads the token ids of `text`
- * (n_text of them, wrapping) from offset 211 b, or synthetic ids if text is NULL. */
+/* Best seconds (*best) of one engine step of `seqs` sequences adding `tokens` each after `ctx`
+ * cached tokens, over `reps` repetitions after a warm-up; with steps > 1 the mean of that many
+ * consecutive steps (a decode in its steady state). Sequence b reads the token ids of `text`
+ * (n_text of them, wrapping) from offset 211 b, or synthetic ids if text is NULL. The context is
+ * prefilled once (untimed) and every repetition starts from the KV it left (pd_bench_kv_save). */
+/* A copy of a sequence's KV (its pd_kvseq_runs for its s->pos tokens), to put back into the same
+ * sequence after it ran further: the same steps again from the same state, bit for bit, without
+ * computing the context again. Sequences of an engine without the MTP layer. */
+struct pd_bench_kvcopy {
+    struct pd_kv_run *runs;
+    int n;
+    uint8_t *bytes;
+    int64_t len;
+};
+int pd_bench_kv_save(const struct pd_engine *en, const struct pd_seq *s, struct pd_bench_kvcopy *c, pd_err *e);
+/* s (the sequence c was saved from) back at c->len tokens, with the KV it had then. */
+void pd_bench_kv_restore(struct pd_engine *en, struct pd_seq *s, const struct pd_bench_kvcopy *c);
+void pd_bench_kv_free(struct pd_bench_kvcopy *c);
 int pd_bench_step_time(struct pd_engine *en, int seqs, int tokens, int ctx, int steps, const int32_t *text,
                        size_t n_text, int reps, double *best, pd_err *e);
 
