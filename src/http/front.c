@@ -48,6 +48,7 @@ struct conn {
     int line_start;                           /* header scan: the last byte ended a line */
     struct pd_http_field_scan fs;                     /* header scan: the bytes no field may hold */
     int fix_pending, fixed;                   /* libevent's own error page to rewrite */
+    int refuse;                               /* the head held a byte no field may hold (on_timer) */
     double since;                             /* when the state began */
     double progress;                          /* BUSY: when the answer last reached the socket */
     struct event *timer, *fix;
@@ -308,6 +309,15 @@ static void scan(struct conn *c, struct evbuffer *b, size_t from)
             if (buf[i] == '\n') {
                 if (c->line_start) {
                     arm(c, BODY);
+                    /* refused as soon as the head is whole, on the loop's next turn (not from inside
+                     * libevent's read): libevent 2.1.12-stable-8 read "Transfer-Encoding: chunked\0"
+                     * as chunked and waited for chunks until the body's deadline */
+                    char msg[256];
+                    if (pd_http_field_fault(&c->fs, msg, sizeof msg)) {
+                        c->refuse = 1;
+                        struct timeval now = {0, 0};
+                        evtimer_add(c->timer, &now);
+                    }
                     return;
                 }
                 pd_http_field_line_end(&c->fs);
@@ -326,6 +336,7 @@ static void start_request(struct conn *c, struct evbuffer *in, size_t from)
 {
     arm(c, HEAD);
     c->line_start = 0;
+    c->refuse = 0;
     memset(&c->fs, 0, sizeof c->fs);
     scan(c, in, from);
 }
@@ -451,6 +462,25 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     struct conn *c = arg;
     if (!c->evcon)
         return;
+    if (c->refuse && c->state == BODY && !c->fixed && !c->fix_pending) {
+        /* a head with a byte no field may hold that libevent has not answered yet: the 400 now,
+         * written to the socket (a few hundred bytes: its buffer is empty, nothing was answered),
+         * and the connection closed, whatever of the request libevent still waits for */
+        char msg[256];
+        pd_http_field_fault(&c->fs, msg, sizeof msg);
+        char *txt = pd_http_error_body("invalid_request_error", NULL, msg);
+        int sfd = bufferevent_getfd(c->bev);
+        if (txt && sfd >= 0) {
+            char out[1024];
+            int n = snprintf(out, sizeof out, "HTTP/1.1 400 %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                             "Connection: close\r\n\r\n%s", pd_http_reason(400), strlen(txt), txt);
+            if (n > 0 && (size_t)n < sizeof out)
+                (void)send(sfd, out, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);   /* (a client gone: nobody to tell) */
+        }
+        free(txt);
+        evhttp_connection_free(c->evcon);   /* on_close drops c */
+        return;
+    }
     if (c->state == BUSY) {
         const struct pd_http_limits *l = &c->f->lim;
         int stalled = evbuffer_get_length(bufferevent_get_output(c->bev)) > 0 &&

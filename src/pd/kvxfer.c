@@ -15,9 +15,10 @@
  *
  * Invariants (asserted where they must hold):
  *   - a transfer is DONE only when its gets have landed (their flush completed) and it gave back
- *     its reference on the link's rkey; FAILED either the same way, or once its producer's
- *     endpoints are closed, so that nothing still in flight can write into the destination any
- *     more;
+ *     its reference on the link's rkey, or when every piece the producer pushed has landed; FAILED
+ *     either the same way, or once its producer's endpoints are closed, so that nothing still in
+ *     flight can write into the destination any more (a pushed piece lands only through the DATA
+ *     handler, which drops it once the transfer fails: such a transfer fails at once);
  *   - a transfer holds a reference on its outgoing link until it is DONE or FAILED;
  *   - a link's rkey (unpacked once, shared by its transfers) is destroyed when the link and the
  *     last transfer flushing on it have let it go, before the link is freed;
