@@ -46,15 +46,22 @@ static ucs_status_t send_msg(struct pd_kvx *x, ucp_ep_h ep, unsigned id, uint64_
     return UCS_OK;
 }
 
+/* Packs the KVX_MSG_SMALL head every keyed message starts with: version, a word (0, or READ's
+ * piece count), tag, key id, key hash. */
+static void put_small_head(uint8_t *b, uint32_t word, const struct pd_kvx_key *key, uint64_t tag)
+{
+    put32(b, KVX_VERSION);
+    put32(b + 4, word);
+    put64(b + 8, tag);
+    memcpy(b + 16, key->id, sizeof key->id);
+    put64(b + 32, key->hash);
+}
+
 ucs_status_t kvx_send_small(struct pd_kvx *x, ucp_ep_h ep, unsigned id,
                                const struct pd_kvx_key *key, uint64_t tag)
 {
     uint8_t b[KVX_MSG_SMALL];
-    put32(b, KVX_VERSION);
-    put32(b + 4, 0);
-    put64(b + 8, tag);
-    memcpy(b + 16, key->id, sizeof key->id);
-    put64(b + 32, key->hash);
+    put_small_head(b, 0, key, tag);
     return send_msg(x, ep, id, tag, b, sizeof b);
 }
 
@@ -294,11 +301,7 @@ static void post_read(struct pd_kvx *x, struct pd_kvx_xfer *t, const struct pd_k
     t->n_pieces = 0;
     cut_pieces(src, ns, t->dst, t->n_dst, KVX_PIECE_MAX, one_piece, t);
     t->pieces_left = n;
-    put32(b, KVX_VERSION);
-    put32(b + 4, (uint32_t)n);
-    put64(b + 8, t->tag);
-    memcpy(b + 16, t->key.id, sizeof t->key.id);
-    put64(b + 32, t->key.hash);
+    put_small_head(b, (uint32_t)n, &t->key, t->tag);
     for (uint64_t i = 0; i < n; i++) {
         put64(b + KVX_MSG_SMALL + 16 * i, t->pieces[i].src);
         put64(b + KVX_MSG_SMALL + 16 * i + 8, t->pieces[i].len);
