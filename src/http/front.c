@@ -364,6 +364,22 @@ static void on_output(struct evbuffer *b, const struct evbuffer_cb_info *info, v
     }
 }
 
+/* The whole answer to a request refused before any handler saw it: the status, a JSON error body
+ * (invalid_request_error) holding msg, and the connection closed. Malloc'ed, its length in *len;
+ * NULL when out of memory. */
+static char *refusal_page(int code, const char *msg, size_t *len)
+{
+    char *txt = pd_http_error_body("invalid_request_error", NULL, msg);
+    char *page = NULL;
+    int n = txt ? asprintf(&page, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                           "Connection: close\r\n\r\n%s", code, pd_http_reason(code), strlen(txt), txt) : -1;
+    free(txt);
+    if (n < 0)
+        return NULL;
+    *len = (size_t)n;
+    return page;
+}
+
 /* evhttp answered a request no handler saw (it writes the whole page at once; the socket
  * writes it on a later turn of the loop): the same status with a JSON error body. */
 static void on_fix(evutil_socket_t fd, short what, void *arg)
@@ -405,14 +421,13 @@ static void on_fix(evutil_socket_t fd, short what, void *arg)
         snprintf(msg, sizeof msg, "Expect: only 100-continue is understood");
     else
         snprintf(msg, sizeof msg, "the request was refused (%d)", code);
-    const char *reason = pd_http_reason(code);
-    char *txt = pd_http_error_body("invalid_request_error", NULL, msg);
-    if (txt) {
+    size_t len;
+    char *page = refusal_page(code, msg, &len);
+    if (page) {
         c->fixed = 1;
         evbuffer_drain(out, evbuffer_get_length(out));
-        evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                            "Connection: close\r\n\r\n%s", code, reason, strlen(txt), txt);
-        free(txt);
+        evbuffer_add(out, page, len);
+        free(page);
     }
     if (thawed)
         evbuffer_freeze(out, 1);
@@ -468,16 +483,12 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
          * and the connection closed, whatever of the request libevent still waits for */
         char msg[256];
         pd_http_field_fault(&c->fs, msg, sizeof msg);
-        char *txt = pd_http_error_body("invalid_request_error", NULL, msg);
+        size_t len;
+        char *page = refusal_page(400, msg, &len);
         int sfd = bufferevent_getfd(c->bev);
-        if (txt && sfd >= 0) {
-            char out[1024];
-            int n = snprintf(out, sizeof out, "HTTP/1.1 400 %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                             "Connection: close\r\n\r\n%s", pd_http_reason(400), strlen(txt), txt);
-            if (n > 0 && (size_t)n < sizeof out)
-                (void)send(sfd, out, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);   /* (a client gone: nobody to tell) */
-        }
-        free(txt);
+        if (page && sfd >= 0)
+            (void)send(sfd, page, len, MSG_NOSIGNAL | MSG_DONTWAIT);   /* (a client gone: nobody to tell) */
+        free(page);
         evhttp_connection_free(c->evcon);   /* on_close drops c */
         return;
     }
