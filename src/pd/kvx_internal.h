@@ -218,8 +218,8 @@ struct pd_kvx {
     struct closing *closing;
     uint64_t next_tag;
     int sends_pending;
-    uint64_t pushes_pending;  /* DATA sends not yet completed (producer) */
-    struct push *pushes;
+    struct push *pushes;      /* producer: every push with a DATA send not completed, and those
+                                 completed since step() last ran (it frees them) */
     int sleepers;             /* threads asleep in poll() on efd */
     int destroying;
     int events;               /* bumped by callbacks, read by step() */
@@ -299,8 +299,6 @@ void kvx_on_sent(struct pd_kvx *x, unsigned id, uint64_t tag, ucs_status_t st);
 void kvx_send_done(void *req, ucs_status_t st, void *user_data);
 /* Completion of one DATA send (user_data: its struct push). */
 void kvx_push_done(void *req, ucs_status_t st, void *user_data);
-/* Unlinks and frees a push. */
-void kvx_push_free(struct pd_kvx *x, struct push *u);
 /* Completion of the flush that follows a transfer's gets: all of them have landed (or failed). */
 void kvx_gets_flushed(void *req, ucs_status_t st, void *user_data);
 void kvx_ep_error(void *arg, ucp_ep_h ep, ucs_status_t st);

@@ -126,28 +126,15 @@ void kvx_send_done(void *req, ucs_status_t st, void *user_data)
     ucp_request_free(req);
 }
 
-void kvx_push_free(struct pd_kvx *x, struct push *u)
-{
-    for (struct push **pp = &x->pushes; *pp; pp = &(*pp)->next)
-        if (*pp == u) {
-            *pp = u->next;
-            break;
-        }
-    free(u);
-}
-
 void kvx_push_done(void *req, ucs_status_t st, void *user_data)
 {
     struct push *u = user_data;
-    struct pd_kvx *x = u->x;
-    x->pushes_pending--;
+    assert(u->left > 0);
     u->left--;
     if (st != UCS_OK)
         u->failed = 1;   /* step() releases the lease */
-    else if (u->left == 0 && !u->failed)
-        kvx_push_free(x, u);
     ucp_request_free(req);
-    x->events++;
+    u->x->events++;   /* step() frees the push once its last send completed */
 }
 
 /* Completion of the flush that follows a transfer's gets: all of them have landed (or failed). */
@@ -374,7 +361,7 @@ static int step(struct pd_kvx *x)
         }
 
     /* 3c. pushes to a consumer that is gone (a send failed): their lease ends now, its blocks
-     * back to the owner, not at its expiry; finished ones are freed */
+     * back to the owner, not at its expiry; finished ones are freed (here only) */
     for (struct push **pp = &x->pushes; *pp;) {
         struct push *u = *pp;
         if (u->failed && !x->destroying) {   /* (destroy ends every lease its own way) */

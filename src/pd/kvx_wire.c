@@ -498,11 +498,9 @@ static void push_pieces(struct pd_kvx *x, const struct lease *l, ucp_ep_h ep, ui
         x->st.pieces_pushed++;
         if (r == NULL)
             u->left--;
-        else
-            x->pushes_pending++;
     }
-    if (u->left == 0 && !u->failed)
-        kvx_push_free(x, u);
+    /* (a push whose sends all completed here is freed by step()'s part 3c, which runs after the
+     * messages' part 1 that called this) */
 }
 
 static void handle_read(struct pd_kvx *x, const struct msg *m, int64_t now)

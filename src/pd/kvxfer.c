@@ -22,7 +22,10 @@
  *   - a transfer holds a reference on its outgoing link until it is DONE or FAILED;
  *   - a link's rkey (unpacked once, shared by its transfers) is destroyed when the link and the
  *     last transfer flushing on it have let it go, before the link is freed;
- *   - a lease is in exactly one of x->leases (held) or x->released (callback pending). */
+ *   - a lease is in exactly one of x->leases (held) or x->released (callback pending);
+ *   - a push (the DATA answering one READ) is in x->pushes until step() has seen its last send
+ *     complete (u->left == 0); step() alone frees it (destroy frees what the worker dropped), so
+ *     its AM headers outlive every send that may read them. */
 #include "core/mem.h"
 #include "pd/kvx_internal.h"
 
@@ -784,7 +787,8 @@ void pd_kvx_stats(struct pd_kvx *x, struct pd_kvx_stats *s)
 
 static int busy(struct pd_kvx *x)
 {
-    if (x->sends_pending || x->pushes_pending || x->inbox)
+    /* (right after a step, x->pushes holds only pushes with DATA sends in flight) */
+    if (x->sends_pending || x->pushes || x->inbox)
         return 1;
     for (struct pd_kvx_xfer *t = x->xfers; t; t = t->next)
         if (t->outstanding && !kvx_is_final(t->state))
@@ -857,8 +861,11 @@ void pd_kvx_destroy(struct pd_kvx *x)
         kvx_link_free(l);
     }
     /* pushes whose sends UCX dropped with the worker without completing them */
-    while (x->pushes)
-        kvx_push_free(x, x->pushes);
+    for (struct push *u = x->pushes, *next; u; u = next) {
+        next = u->next;
+        free(u);
+    }
+    x->pushes = NULL;
     if (x->lfd >= 0)
         close(x->lfd);
     free(x->hello);
