@@ -312,8 +312,7 @@ static void scan(struct conn *c, struct evbuffer *b, size_t from)
                     /* refused as soon as the head is whole, on the loop's next turn (not from inside
                      * libevent's read): libevent 2.1.12-stable-8 read "Transfer-Encoding: chunked\0"
                      * as chunked and waited for chunks until the body's deadline */
-                    char msg[256];
-                    if (pd_http_field_fault(&c->fs, msg, sizeof msg)) {
+                    if (pd_http_field_faulted(&c->fs)) {
                         c->refuse = 1;
                         struct timeval now = {0, 0};
                         evtimer_add(c->timer, &now);

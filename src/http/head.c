@@ -68,9 +68,14 @@ void pd_http_field_line_end(struct pd_http_field_scan *s)
     s->cr = 0;
 }
 
+int pd_http_field_faulted(const struct pd_http_field_scan *s)
+{
+    return s->bad != 0;
+}
+
 const char *pd_http_field_fault(const struct pd_http_field_scan *s, char *msg, size_t cap)
 {
-    if (!s->bad)
+    if (!pd_http_field_faulted(s))
         return NULL;
     int b = s->bad - 1;
     char what[64];

@@ -26,6 +26,8 @@ struct pd_http_field_scan {
 void pd_http_field_byte(struct pd_http_field_scan *s, unsigned char b, int line_start);
 /* A line of the head ended (its LF). */
 void pd_http_field_line_end(struct pd_http_field_scan *s);
+/* Whether the head holds a byte no field may hold (what pd_http_field_fault would name). */
+int pd_http_field_faulted(const struct pd_http_field_scan *s);
 /* The 400's message for the head's first bad byte (in msg, naming the header and the byte), or
  * NULL when there is none. */
 const char *pd_http_field_fault(const struct pd_http_field_scan *s, char *msg, size_t cap);
