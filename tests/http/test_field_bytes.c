@@ -5,14 +5,11 @@
  * once passed: libevent reads a line as a C string, so the bytes from the NUL on were dropped
  * unseen ("Connection: clo\0se" was read as "clo"). */
 #include <criterion/criterion.h>
-#include <errno.h>
-#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "../pd/util.h"
 #include "../tmpmodel.h"
-#include "core/timing.h"
 
 static char dir[64];
 static struct pd_server *srv;
@@ -51,34 +48,10 @@ static int start_proxy(void)
     return pd_proxy_port(px);
 }
 
-/* Sends the n bytes of req on a fresh connection and reads the answer until the server closes
- * (10 s at most); the status, the body after the blank line in body. */
+/* The answer to the n bytes of req on a fresh connection (10 s at most): its status, its body. */
 static int exchange(int port, const char *req, size_t n, char *body, size_t cap)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "connect: %s", strerror(errno));
-    cr_assert_eq(send(fd, req, n, MSG_NOSIGNAL), (ssize_t)n);
-    char out[1 << 15];
-    size_t got = 0;
-    double t0 = pd_now_s();
-    while (got < sizeof out - 1 && pd_now_s() - t0 < 10) {
-        struct pollfd p = {fd, POLLIN, 0};
-        if (poll(&p, 1, 100) <= 0)
-            continue;
-        ssize_t r = recv(fd, out + got, sizeof out - 1 - got, 0);
-        if (r <= 0)
-            break;
-        got += (size_t)r;
-    }
-    close(fd);
-    out[got] = 0;
-    int code = 0;
-    sscanf(out, "HTTP/1.%*d %d", &code);
-    const char *b = strstr(out, "\r\n\r\n");
-    snprintf(body, cap, "%s", b ? b + 4 : "");
-    return code;
+    return http_exchange(port, req, n, 10, body, cap);
 }
 
 #define BODY "{\"prompt\":\"a\",\"max_tokens\":1}"

@@ -131,16 +131,7 @@ static double read_until_close(int fd, double limit, char *out, size_t cap)
 /* One request on a fresh connection: the status, the body (after the blank line) in body. */
 static int raw_request(int port, const char *req, char *body, size_t cap)
 {
-    int fd = dial(port);
-    say(fd, req);
-    char out[1 << 16];
-    read_until_close(fd, 10, out, sizeof out);
-    close(fd);
-    int code = 0;
-    sscanf(out, "HTTP/1.%*d %d", &code);
-    const char *b = strstr(out, "\r\n\r\n");
-    snprintf(body, cap, "%s", b ? b + 4 : "");
-    return code;
+    return http_exchange(port, req, strlen(req), 10, body, cap);
 }
 
 /* The body is an OpenAI-style error whose message contains `want`. */

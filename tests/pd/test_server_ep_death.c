@@ -11,14 +11,10 @@
 #include <dirent.h>
 #include <sys/syscall.h>
 #include <jansson.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -94,41 +90,10 @@ static pid_t start_group(int port)
  * measured): its status (0 when the connection failed), the body in out. */
 static int http_raw(int port, const char *method, const char *path, const char *body, char *out, size_t cap)
 {
-    out[0] = 0;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
-        if (fd >= 0)
-            close(fd);
-        return 0;
-    }
     char req[1024];
     int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
                      method, path, body ? strlen(body) : 0, body ? body : "");
-    if (send(fd, req, (size_t)n, MSG_NOSIGNAL) != n) {
-        close(fd);
-        return 0;
-    }
-    static char buf[1 << 16];
-    size_t got = 0;
-    for (;;) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (poll(&p, 1, 5000) != 1)
-            break;
-        ssize_t r = recv(fd, buf + got, sizeof buf - 1 - got, 0);
-        if (r <= 0)
-            break;
-        got += (size_t)r;
-    }
-    close(fd);
-    buf[got] = 0;
-    int code = 0;
-    if (sscanf(buf, "HTTP/1.%*d %d", &code) != 1)
-        return 0;
-    const char *b = strstr(buf, "\r\n\r\n");
-    snprintf(out, cap, "%s", b ? b + 4 : "");
-    return code;
+    return http_exchange(port, req, (size_t)n, 5, out, cap);
 }
 
 static void read_log(char *log, size_t cap)

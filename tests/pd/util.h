@@ -3,7 +3,9 @@
 #define PD_TESTS_PD_UTIL_H
 
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <jansson.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,7 @@
 #include <sys/wait.h>
 
 #include "../child.h"
+#include "core/timing.h"
 #include "model/tokenizer.h"
 #include "pd/server.h"
 #include "proxy/proxy.h"
@@ -157,6 +160,52 @@ static inline int curl_port(int port, const char *path, const char *body, const 
     unlink(f);
     unlink(of);
     return atoi(code);
+}
+
+/* The n bytes of req, as they are, on a socket of our own to 127.0.0.1:port (no client in between
+ * to mend or refuse them; no curl to start either), and the answer read until the server closes,
+ * `seconds` at most. Returns its status, the body after the blank line in body; 0 when nothing
+ * came, body then saying why (a server gone is an answer some tests wait for). */
+static inline int http_exchange(int port, const char *req, size_t n, double seconds, char *body, size_t cap)
+{
+    body[0] = 0;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        snprintf(body, cap, "(no answer: connect to port %d: %s)", port, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return 0;
+    }
+    if (send(fd, req, n, MSG_NOSIGNAL) != (ssize_t)n) {
+        snprintf(body, cap, "(no answer: send to port %d: %s)", port, strerror(errno));
+        close(fd);
+        return 0;
+    }
+    size_t room = 1 << 16, got = 0;
+    char *buf = malloc(room);
+    cr_assert_not_null(buf);
+    const double end = pd_now_s() + seconds;
+    for (double now; got < room - 1 && (now = pd_now_s()) < end;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, (int)((end - now) * 1000) + 1) != 1)
+            continue;
+        ssize_t r = recv(fd, buf + got, room - 1 - got, 0);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[got] = 0;
+    int code = 0;
+    const char *b = strstr(buf, "\r\n\r\n");
+    if (sscanf(buf, "HTTP/1.%*d %d", &code) != 1)
+        snprintf(body, cap, "(no status line in %zu bytes from port %d)", got, port);
+    else
+        snprintf(body, cap, "%s", b ? b + 4 : "");
+    free(buf);
+    return code;
 }
 
 /* An answer as JSON (a generated 0x00 byte comes as \u0000: allowed). */
