@@ -15,26 +15,13 @@
 #include "../pd/util.h"
 
 static char dir[64];
-static struct pd_server *srv;
-static pthread_t loop;
+static struct node srv;
 
-static void *run_loop(void *arg)
+static void pd_instance(struct node *n, int role)
 {
-    pd_err e;
-    pd_server_run(srv, &e);
-    return NULL;
-}
-
-static struct pd_server *pd_instance(int role, pthread_t *t)
-{
-    struct pd_server *s;
-    pd_err e = {0};
-    struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 1024,
-                               .max_num_batched_tokens = 1024, .served_name = "tiny", .role = role,
-                               .kv_timeout_ms = 3000, .prefix_cache_unit = 64};
-    cr_assert_eq(pd_server_create(&o, &s, &e), 0, "%s", e.msg);
-    pthread_create(t, NULL, run_server, s);
-    return s;
+    node_start(n, &(struct pd_server_opts){.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 1024,
+                                           .max_num_batched_tokens = 1024, .served_name = "tiny", .role = role,
+                                           .kv_timeout_ms = 3000, .prefix_cache_unit = 64});
 }
 
 /* Runs pdmoe with args; its stdout in out, stderr in err; returns the exit status. */
@@ -60,26 +47,21 @@ static int run(const char *args, char *out, size_t n_out, char *err, size_t n_er
 Test(bench_serve, max_concurrency_and_json, .timeout = 120)
 {
     tmp_model("v4-tiny", 5, dir, sizeof dir);
-    pd_err e = {0};
-    struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 8, .max_model_len = 256,
-                               .served_name = "tiny"};
-    cr_assert_eq(pd_server_create(&o, &srv, &e), 0, "%s", e.msg);
-    pthread_create(&loop, NULL, run_loop, NULL);
+    node_start(&srv, &(struct pd_server_opts){.model_dir = dir, .threads = 1, .max_num_seqs = 8, .max_model_len = 256,
+                                              .served_name = "tiny"});
     char args[512], out[8192], err[2048];
     snprintf(args, sizeof args, "bench serve --base-url http://127.0.0.1:%d --model tiny --num-prompts 7 "
-             "--max-concurrency 2 --random-input-len 8 --random-output-len 4 --json", pd_server_port(srv));
+             "--max-concurrency 2 --random-input-len 8 --random-output-len 4 --json", srv.port);
     int rc = run(args, out, sizeof out, err, sizeof err);
     /* the prompt tokens the server counted, against the benchmark's account of them */
     char cmd[160], metrics[1 << 15];
-    snprintf(cmd, sizeof cmd, "curl -s http://127.0.0.1:%d/metrics", pd_server_port(srv));
+    snprintf(cmd, sizeof cmd, "curl -s http://127.0.0.1:%d/metrics", srv.port);
     FILE *mf = popen(cmd, "r");
     size_t mn = fread(metrics, 1, sizeof metrics - 1, mf);
     metrics[mn] = 0;
     pclose(mf);
     const char *pt = strstr(metrics, "\npdmoe_prompt_tokens_total ");
-    pd_server_stop(srv);
-    pthread_join(loop, NULL);
-    pd_server_destroy(srv);
+    node_stop(&srv);
     rm_model(dir);
     cr_assert_eq(rc, 0, "%s\n%s", out, err);
     cr_assert_not_null(pt, "%s", metrics);
@@ -109,19 +91,13 @@ Test(bench_serve, max_concurrency_and_json, .timeout = 120)
 Test(bench_serve, failed_requests_say_what_the_server_said, .timeout = 120)
 {
     tmp_model("v4-tiny", 5, dir, sizeof dir);
-    pd_err e = {0};
-    struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 64,
-                               .served_name = "tiny"};
-    cr_assert_eq(pd_server_create(&o, &srv, &e), 0, "%s", e.msg);
-    pthread_create(&loop, NULL, run_loop, NULL);
+    node_start(&srv, &(struct pd_server_opts){.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 64,
+                                              .served_name = "tiny"});
     char args[512], out[8192], err[2048];
     snprintf(args, sizeof args, "bench serve --base-url http://127.0.0.1:%d --model tiny --num-prompts 3 "
-             "--random-input-len 200 --random-output-len 4", pd_server_port(srv));
+             "--random-input-len 200 --random-output-len 4", srv.port);
     int rc = run(args, out, sizeof out, err, sizeof err);
-    pd_server_stop(srv);
-    pthread_join(loop, NULL);
-    pd_server_destroy(srv);
-    srv = NULL;
+    node_stop(&srv);
     rm_model(dir);
     cr_assert_eq(rc, 1, "%s\n%s", out, err);
     cr_assert(strstr(err, "3 of 3 requests failed") && strstr(err, "the first: HTTP 400: {"), "%s", err);
@@ -149,11 +125,9 @@ Test(bench_serve, unreachable_url_and_bad_flags)
 Test(bench_serve, datasets_report_the_prefix_cache_hit_rate, .timeout = 300)
 {
     tmp_model("v4-tiny", 5, dir, sizeof dir);
-    pd_err e = {0};
-    struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 2048,
-                               .max_num_batched_tokens = 2048, .served_name = "tiny", .prefix_cache_unit = 64};
-    cr_assert_eq(pd_server_create(&o, &srv, &e), 0, "%s", e.msg);
-    pthread_create(&loop, NULL, run_loop, NULL);
+    node_start(&srv, &(struct pd_server_opts){.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 2048,
+                                              .max_num_batched_tokens = 2048, .served_name = "tiny",
+                                              .prefix_cache_unit = 64});
     /* the first set twice: the second run's "cold" requests are its own system prompts' first, not
      * the first run's cached ones (they hit them all, and warm / cold read 1.22 for 0.55) */
     const char *sets[] = {"--dataset generated-shared-prefix --gsp-num-groups 2 --gsp-system-prompt-len 60",
@@ -163,7 +137,7 @@ Test(bench_serve, datasets_report_the_prefix_cache_hit_rate, .timeout = 300)
     for (int k = 0; k < 3; k++) {
         char args[512], out[16384], err[2048];
         snprintf(args, sizeof args, "bench serve --base-url http://127.0.0.1:%d --model tiny --num-prompts 6 "
-                 "--max-concurrency 2 --random-input-len 10 --random-output-len 4 %s --json", pd_server_port(srv), sets[k]);
+                 "--max-concurrency 2 --random-input-len 10 --random-output-len 4 %s --json", srv.port, sets[k]);
         int rc = run(args, out, sizeof out, err, sizeof err);
         cr_assert_eq(rc, 0, "%s: %s", sets[k], err);
         json_error_t je;
@@ -184,10 +158,7 @@ Test(bench_serve, datasets_report_the_prefix_cache_hit_rate, .timeout = 300)
         cr_assert_not_null(json_object_get(j, "ttft_warm"));
         json_decref(j);
     }
-    pd_server_stop(srv);
-    pthread_join(loop, NULL);
-    pd_server_destroy(srv);
-    srv = NULL;
+    node_stop(&srv);
     rm_model(dir);
 }
 
@@ -198,11 +169,13 @@ Test(bench_serve, datasets_report_the_prefix_cache_hit_rate, .timeout = 300)
 Test(bench_serve, a_pd_run_reports_the_kv_hand_off, .timeout = 300)
 {
     tmp_model("v4-tiny", 5, dir, sizeof dir);
-    pthread_t tp, td, tx;
-    struct pd_server *P = pd_instance(PD_ROLE_PRODUCER, &tp), *D = pd_instance(PD_ROLE_CONSUMER, &td);
+    pthread_t tx;
+    struct node P, D;
+    pd_instance(&P, PD_ROLE_PRODUCER);
+    pd_instance(&D, PD_ROLE_CONSUMER);
     char pa[32], da[32];
-    snprintf(pa, sizeof pa, "127.0.0.1:%d", pd_server_port(P));
-    snprintf(da, sizeof da, "127.0.0.1:%d", pd_server_port(D));
+    snprintf(pa, sizeof pa, "127.0.0.1:%d", P.port);
+    snprintf(da, sizeof da, "127.0.0.1:%d", D.port);
     struct pd_proxy_opts po = {.port = 0, .n_prefill = 1, .n_decode = 1};
     po.prefill[0] = pa;
     po.decode[0] = da;
@@ -217,12 +190,8 @@ Test(bench_serve, a_pd_run_reports_the_kv_hand_off, .timeout = 300)
              pd_proxy_port(X), pa, da);
     int rc = run(args, out, sizeof out, err, sizeof err);
     proxy_shutdown(&X, tx);
-    pd_server_stop(P);
-    pd_server_stop(D);
-    pthread_join(tp, NULL);
-    pthread_join(td, NULL);
-    pd_server_destroy(P);
-    pd_server_destroy(D);
+    node_stop(&P);
+    node_stop(&D);
     rm_model(dir);
     cr_assert_eq(rc, 0, "%s\n%s", out, err);
     json_error_t je;

@@ -12,26 +12,21 @@
 #include "../tmpmodel.h"
 
 static char dir[64];
-static struct pd_server *srv;
+static struct node srv;
 static struct pd_proxy *px;
-static pthread_t t_srv, t_px;
+static pthread_t t_px;
 
 static void setup(void)
 {
     tmp_model("v4-tiny", 7, dir, sizeof dir);
-    pd_err e = {0};
-    struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 512,
-                               .served_name = "tiny"};
-    cr_assert_eq(pd_server_create(&o, &srv, &e), 0, "%s", e.msg);
-    pthread_create(&t_srv, NULL, run_server, srv);
+    node_start(&srv, &(struct pd_server_opts){.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 512,
+                                              .served_name = "tiny"});
 }
 
 static void teardown(void)
 {
     proxy_shutdown(&px, t_px);
-    pd_server_stop(srv);
-    pthread_join(t_srv, NULL);
-    pd_server_destroy(srv);
+    node_stop(&srv);
     rm_model(dir);
 }
 
@@ -40,7 +35,7 @@ TestSuite(field_bytes, .init = setup, .fini = teardown, .timeout = 120);
 static int start_proxy(void)
 {
     static char d[32];
-    snprintf(d, sizeof d, "127.0.0.1:%d", pd_server_port(srv));
+    snprintf(d, sizeof d, "127.0.0.1:%d", srv.port);
     pd_err e = {0};
     struct pd_proxy_opts o = {.decode = {d}, .n_decode = 1};
     cr_assert_eq(pd_proxy_create(&o, &px, &e), 0, "%s", e.msg);
@@ -149,7 +144,7 @@ static void probe(int port)
 
 Test(field_bytes, serve_refuses_control_bytes_in_any_header_by_name)
 {
-    probe(pd_server_port(srv));
+    probe(srv.port);
 }
 
 Test(field_bytes, proxy_refuses_control_bytes_in_any_header_by_name)

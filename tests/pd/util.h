@@ -105,6 +105,15 @@ struct node {
     int port;
 };
 
+/* A server made with options o, its loop started (n->port its HTTP port). */
+static inline void node_start(struct node *n, const struct pd_server_opts *o)
+{
+    pd_err e = {0};
+    cr_assert_eq(pd_server_create(o, &n->s, &e), 0, "%s", e.msg);
+    n->port = pd_server_port(n->s);
+    pthread_create(&n->loop, NULL, run_server, n->s);
+}
+
 static inline void node_stop(struct node *n)
 {
     if (!n->s)
