@@ -1,6 +1,7 @@
 /* A client that leaves during its request's prefill stops that prefill at the engine's next
  * sublayer (pd_step_item.cancel), not at the end of the step: a 4,000-token prompt's step ran on
- * for seconds (4.3 - 6.1 s of a 7 s prefill on models/mini) after its client had gone. */
+ * for seconds (4.3 - 6.1 s of a 7 s prefill on models/mini) after its client had gone. The same
+ * holds behind the PD proxy: a client that leaves the proxy stops the prefill instance's step. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdio.h>
@@ -8,6 +9,7 @@
 
 #include "../tmpmodel.h"
 #include "core/timing.h"
+#include "proxy/proxy.h"
 #include "util.h"
 
 static char dir[64];
@@ -56,13 +58,18 @@ static char *long_request(unsigned salt, size_t *len)
     return req;
 }
 
-static int dial(void)
+static int dial_port(int to)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)to)};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "connect: %s", strerror(errno));
     return fd;
+}
+
+static int dial(void)
+{
+    return dial_port(port);
 }
 
 static int64_t metric(const char *name)
@@ -117,4 +124,85 @@ Test(prefill_cancel, a_client_that_leaves_mid_prefill_stops_it_at_the_next_subla
     json_t *j = parse(out);
     cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens")), N_PROMPT, "%s", out);
     json_decref(j);
+}
+
+/* Sends `req` to `to` and reads the answer to its end; the seconds that took. */
+static double answered(int to, const char *req, size_t len, char *out, size_t cap)
+{
+    int fd = dial_port(to);
+    double t0 = pd_now_s();
+    cr_assert_eq(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
+    ssize_t got = 0, r;
+    while ((r = recv(fd, out + got, cap - 1 - (size_t)got, 0)) > 0)
+        got += r;
+    out[got] = 0;
+    close(fd);
+    return pd_now_s() - t0;
+}
+
+Test(prefill_cancel, a_client_that_leaves_the_proxy_mid_prefill_stops_the_prefill_instance)
+{
+    struct pd_server *pp, *dd;
+    pthread_t tpp, tdd, tx;
+    pd_err e = {0};
+    struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 4096,
+                               .max_num_batched_tokens = 4096, .served_name = "tiny", .kv_timeout_ms = 3000};
+    o.role = PD_ROLE_PRODUCER;
+    cr_assert_eq(pd_server_create(&o, &pp, &e), 0, "%s", e.msg);
+    o.role = PD_ROLE_CONSUMER;
+    cr_assert_eq(pd_server_create(&o, &dd, &e), 0, "%s", e.msg);
+    pthread_create(&tpp, NULL, run_server, pp);
+    pthread_create(&tdd, NULL, run_server, dd);
+    char pa[32], da[32];
+    snprintf(pa, sizeof pa, "127.0.0.1:%d", pd_server_port(pp));
+    snprintf(da, sizeof da, "127.0.0.1:%d", pd_server_port(dd));
+    struct pd_proxy_opts po = {.port = 0, .n_prefill = 1, .n_decode = 1};
+    po.prefill[0] = pa;
+    po.decode[0] = da;
+    struct pd_proxy *x;
+    cr_assert_eq(pd_proxy_create(&po, &x, &e), 0, "%s", e.msg);
+    pthread_create(&tx, NULL, run_proxy, x);
+    const int xp = pd_proxy_port(x), pport = pd_server_port(pp);
+    /* the reference: a whole prefill and its token through the proxy */
+    size_t len;
+    char *req = long_request(3, &len), out[16384];
+    const double full = answered(xp, req, len, out, sizeof out);
+    free(req);
+    cr_assert(strncmp(out, "HTTP/1.1 200", 12) == 0, "%s", out);
+    const int64_t free0 = metric_key(pport, "pdmoe_kv_blocks_free"), decoded0 = metric_key(pd_server_port(dd), "pdmoe_requests_total");
+    /* another prompt; its client leaves the proxy once the prefill instance runs it */
+    req = long_request(4, &len);
+    int fd = dial_port(xp);
+    cr_assert_eq(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
+    for (int i = 0; i < 5000 && metric_key(pport, "pdmoe_num_requests_running") < 1; i++)
+        usleep(1000);
+    cr_assert_eq(metric_key(pport, "pdmoe_num_requests_running"), 1, "the prefill instance never ran the request");
+    close(fd);
+    const double left = pd_now_s();
+    while (metric_key(pport, "pdmoe_requests_cancelled_total") < 1 && pd_now_s() - left < 30)
+        usleep(2000);
+    const double stopped = pd_now_s() - left;
+    cr_assert_eq(metric_key(pport, "pdmoe_requests_cancelled_total"), 1, "the prefill instance never dropped it");
+    cr_assert_lt(stopped, full / 2, "the prefill ran on %.3f s after its client left the proxy (a whole request: %.3f s)",
+                 stopped, full);
+    cr_assert_eq(metric_key(pport, "pdmoe_steps_cancelled_total"), 1, "the prefill was not stopped mid-step");
+    cr_assert_eq(metric_key(pport, "pdmoe_kv_blocks_free"), free0, "the stopped prefill's blocks are not all back");
+    cr_assert_eq(metric_key(pd_server_port(dd), "pdmoe_requests_total"), decoded0, "the decode instance got the request");
+    cr_assert_eq(metric_port(xp, "pdmoe_proxy_errors_total{kind=\"client_cancelled\"}"), 1);
+    cr_log_info("through the proxy, 4000-token request: %.3f s; the prefill stopped %.3f s after its client left",
+                full, stopped);
+    /* the same prompt then goes through whole */
+    const char *body = strstr(req, "\r\n\r\n") + 4;
+    cr_assert_eq(curl_port(xp, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
+    free(req);
+    json_t *j = parse(out);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens")), N_PROMPT, "%s", out);
+    json_decref(j);
+    proxy_shutdown(&x, tx);
+    pd_server_stop(pp);
+    pd_server_stop(dd);
+    pthread_join(tpp, NULL);
+    pthread_join(tdd, NULL);
+    pd_server_destroy(pp);
+    pd_server_destroy(dd);
 }
