@@ -130,9 +130,9 @@ enum { BLK_R = 3, BLK_U = 4, KC = 2048, A_LD = KC + 32, BLK_MAX_ROWS = 64 };
             : [acc] "+x"(c), [t] "=&x"(t)                                                        \
             : [wv] "x"(w), [mem] "m"(*(const __m256i *)(m)))
 
-/* acc[u][r] += sum_k wr[r][k] * a16[u * A_LD + k] for k < len (a multiple of 16), r < R (a
+/* acc[r][u] += sum_k wr[r][k] * a16[u * A_LD + k] for k < len (a multiple of 16), r < R (a
  * constant once inlined: 1 to BLK_R), u < BLK_U. */
-INLINE AVX2 void tile_blk(const int8_t *const *wr, const int16_t *a16, int len, int R, int32_t acc[BLK_U][BLK_R])
+INLINE AVX2 void tile_blk(const int8_t *const *wr, const int16_t *a16, int len, int R, int32_t acc[BLK_R][BLK_U])
 {
     const __m256i z = _mm256_setzero_si256();
     __m256i c00 = z, c01 = z, c02 = z, c03 = z, c10 = z, c11 = z, c12 = z, c13 = z;
@@ -154,15 +154,18 @@ INLINE AVX2 void tile_blk(const int8_t *const *wr, const int16_t *a16, int len, 
         }
     }
 #undef ROW
+    /* each row's 4 sums at once: 3 horizontal adds and the halves' add, then one add into acc */
     const __m256i c[BLK_R][BLK_U] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}, {c20, c21, c22, c23}};
-    for (int r = 0; r < R; r++)
-        for (int u = 0; u < BLK_U; u++)
-            acc[u][r] += hsum8(c[r][u]);
+    for (int r = 0; r < R; r++) {
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(c[r][0], c[r][1]), _mm256_hadd_epi32(c[r][2], c[r][3]));
+        const __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        _mm_storeu_si128((__m128i *)acc[r], _mm_add_epi32(_mm_loadu_si128((const __m128i *)acc[r]), sum));
+    }
 }
 
 #define INSTANTIATE(R)                                                                           \
     static AVX2 __attribute__((noinline)) void tile_blk_r##R(const int8_t *const *wr, const int16_t *a16, int len, \
-                                                             int32_t acc[BLK_U][BLK_R])          \
+                                                             int32_t acc[BLK_R][BLK_U])          \
     {                                                                                            \
         tile_blk(wr, a16, len, R, acc);                                                          \
     }
@@ -178,7 +181,7 @@ static AVX2 void block(const pd_gemm_job *job, int i0, int o0, int o1)
 {
     const int in = job->in, in16 = in & ~15;
     int16_t a16[BLK_U * A_LD] __attribute__((aligned(32)));
-    int32_t acc[(BLK_MAX_ROWS + BLK_R - 1) / BLK_R][BLK_U][BLK_R];
+    int32_t acc[(BLK_MAX_ROWS + BLK_R - 1) / BLK_R][BLK_R][BLK_U];
     memset(acc, 0, sizeof acc);
     const int8_t *ar[BLK_U];
     for (int u = 0; u < BLK_U; u++)
@@ -208,7 +211,7 @@ static AVX2 void block(const pd_gemm_job *job, int i0, int o0, int o1)
         const int nr = o1 - o < BLK_R ? o1 - o : BLK_R;
         for (int u = 0; u < BLK_U; u++)
             for (int r = 0; r < nr; r++) {
-                int32_t s = acc[t][u][r];
+                int32_t s = acc[t][r][u];
                 const int8_t *w = job->w + (int64_t)(o + r) * in;
                 for (int k = in16; k < in; k++)
                     s += (int32_t)w[k] * (int32_t)ar[u][k];
