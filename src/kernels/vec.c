@@ -361,14 +361,54 @@ AVX512 static void expf_avx512(const float *x, float *y, int n)
     expf_ref(x + i, y + i, n - i);
 }
 
-/* 1 if expf_avx512 gives libm's bits on a spread of 2^14 inputs over its range. */
-static int expf_check(void)
+/* The same with AVX2 and FMA, four doubles at a time (the table by a gather). Built without
+ * fp-contract, so that kd's product and sum round twice as glibc's do (256-bit intrinsics are
+ * plain vector arithmetic to GCC, which it may fuse). Checked against libm on this build over
+ * every float in (-103, 88) on an AVX2-only AMD EPYC: the same bits for all 2,239,627,264; 2.5-2.8x
+ * faster than libm's expf a value there (2.4 against 6.1-6.8 ns). */
+__attribute__((target("avx2,fma"), optimize("fp-contract=off"))) static void expf4_avx2(__m128 xf, float *y)
+{
+    const __m256d inv = _mm256_set1_pd(EXP_INV), sh = _mm256_set1_pd(EXP_SHIFT), one = _mm256_set1_pd(1.0);
+    const __m256d c0 = _mm256_set1_pd(0x1.c6af84b912394p-5 / (32.0 * 32 * 32));
+    const __m256d c1 = _mm256_set1_pd(0x1.ebfce50fac4f3p-3 / (32.0 * 32)), c2 = _mm256_set1_pd(0x1.62e42ff0c52d6p-1 / 32);
+    __m256d xd = _mm256_cvtps_pd(xf);
+    __m256d kd = _mm256_add_pd(_mm256_mul_pd(inv, xd), sh);
+    __m256i ki = _mm256_castpd_si256(kd);
+    kd = _mm256_sub_pd(kd, sh);
+    __m256d r = _mm256_fmsub_pd(inv, xd, kd);
+    __m256i t = _mm256_i64gather_epi64((const long long *)exp_tab, _mm256_and_si256(ki, _mm256_set1_epi64x(31)), 8);
+    __m256d sc = _mm256_castsi256_pd(_mm256_add_epi64(t, _mm256_slli_epi64(ki, 47)));
+    __m256d z = _mm256_fmadd_pd(c0, r, c1), r2 = _mm256_mul_pd(r, r);
+    __m256d p = _mm256_fmadd_pd(z, r2, _mm256_fmadd_pd(c2, r, one));
+    _mm_storeu_ps(y, _mm256_cvtpd_ps(_mm256_mul_pd(p, sc)));
+}
+
+__attribute__((target("avx2,fma"))) static void expf_avx2(const float *x, float *y, int n)
+{
+    const __m256 lo = _mm256_set1_ps(-103.0f), hi = _mm256_set1_ps(88.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xf = _mm256_loadu_ps(x + i);
+        /* not (lo < x < hi): large, tiny or NaN */
+        if (_mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(xf, lo, _CMP_GT_OQ), _mm256_cmp_ps(xf, hi, _CMP_LT_OQ))) !=
+            0xff) {
+            expf_ref(x + i, y + i, 8);
+            continue;
+        }
+        expf4_avx2(_mm256_castps256_ps128(xf), y + i);
+        expf4_avx2(_mm256_extractf128_ps(xf, 1), y + i + 4);
+    }
+    expf_ref(x + i, y + i, n - i);
+}
+
+/* 1 if f (expf_avx512 or expf_avx2) gives libm's bits on a spread of 2^14 inputs over its range. */
+static int expf_check(void (*f)(const float *, float *, int))
 {
     float x[256], y[256];
     for (int b = 0; b < 64; b++) {
         for (int i = 0; i < 256; i++)
             x[i] = -103.0f + 191.0f * (float)(b * 256 + i) / (float)(1 << 14);
-        expf_avx512(x, y, 256);
+        f(x, y, 256);
         for (int i = 0; i < 256; i++) {
             float e = expf(x[i]);
             if (memcmp(&e, &y[i], 4))
@@ -457,14 +497,17 @@ static void choose(void)
     else
         fns = (struct vec_fns){pd_dot_ref, pd_axpy_ref, dot_rows_by_one, axpy_rows_by_one, scale_max_ref, div_d_ref,
                                scale_axpys_by_one, expf_ref, weighted_sum_ref};
-    if (__builtin_cpu_supports("avx512f")) {
+    const int e512 = __builtin_cpu_supports("avx512f"), e2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (e512 || e2) {
         for (int i = 0; i < 32; i++) {
             double v = exp2((double)i / 32);
             memcpy(&exp_tab[i], &v, 8);
             exp_tab[i] -= (uint64_t)i << 47;
         }
-        if (expf_check())
+        if (e512 && expf_check(expf_avx512))
             fns.expf_rows = expf_avx512;
+        else if (!e512 && expf_check(expf_avx2))
+            fns.expf_rows = expf_avx2;
     }
     atomic_store_explicit(&fns_ready, 1, memory_order_release);
 }
@@ -534,6 +577,12 @@ void pd_scale_axpys(float a, const float *x, const float *b, const float *z, siz
 void pd_expf_rows(const float *x, float *y, int n)
 {
     vec()->expf_rows(x, y, n);
+}
+
+const char *pd_expf_rows_impl(void)
+{
+    const void *f = (const void *)vec()->expf_rows;
+    return f == (const void *)expf_avx512 ? "avx512" : f == (const void *)expf_avx2 ? "avx2" : "libm";
 }
 
 void pd_weighted_sum(const float *a, const float *x, size_t ld, int rows, const float *z, float *y, int n)

@@ -29,6 +29,9 @@ void pd_scale_axpys(float a, const float *x, const float *b, const float *z, siz
 
 /* y[i] = expf(x[i]) for i < n, bit for bit (x == y allowed). */
 void pd_expf_rows(const float *x, float *y, int n);
+/* Which pd_expf_rows runs: "avx512" or "avx2" (glibc's algorithm in vectors, each taken only if
+ * it gave libm's bits on a spread of inputs when first called), else "libm" (expf itself). */
+const char *pd_expf_rows_impl(void);
 
 /* y[i] = sum over j < rows of a[j] * x[j * ld + i], summed in j order from 0 with each product
  * rounded (no fused multiply-add), plus z[i] last when z is not NULL; the same bits in every

@@ -205,6 +205,20 @@ Test(ops, expf_rows_same_bits_as_expf)
     cr_assert(memcmp(x, y, sizeof x) == 0);
 }
 
+/* The vector expf is the one in use where the CPU has it: a version whose bits differ from libm's
+ * is dropped at its first call for expf itself, which the test above would not notice. */
+Test(ops, expf_rows_runs_in_vectors_where_the_cpu_can)
+{
+    const char *impl = pd_expf_rows_impl();
+    if (__builtin_cpu_supports("avx512f"))
+        cr_assert_str_eq(impl, "avx512");
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        cr_assert_str_eq(impl, "avx2");
+    else
+        cr_assert_str_eq(impl, "libm");
+    cr_log_info("pd_expf_rows: %s", impl);
+}
+
 Test(ops, weighted_sum_same_bits_as_scalar_loop)
 {
     static float x[7 * 301], y1[301], y2[301], z[301];
