@@ -130,9 +130,9 @@ enum { BLK_R = 3, BLK_U = 4, KC = 2048, A_LD = KC + 32, BLK_MAX_ROWS = 64 };
             : [acc] "+x"(c), [t] "=&x"(t)                                                        \
             : [wv] "x"(w), [mem] "m"(*(const __m256i *)(m)))
 
-/* acc[r][u] += sum_k wr[r][k] * a16[u * A_LD + k] for k < len (a multiple of 16), r < R (a
- * constant once inlined: 1 to BLK_R), u < BLK_U. */
-INLINE AVX2 void tile_blk(const int8_t *const *wr, const int16_t *a16, int len, int R, int32_t acc[BLK_R][BLK_U])
+/* acc[u * BLK_MAX_ROWS + r] += sum_k wr[r][k] * a16[u * A_LD + k] for k < len (a multiple of
+ * 16), r < R (a constant once inlined: 1 to BLK_R), u < BLK_U. */
+INLINE AVX2 void tile_blk(const int8_t *const *wr, const int16_t *a16, int len, int R, int32_t *acc)
 {
     const __m256i z = _mm256_setzero_si256();
     __m256i c00 = z, c01 = z, c02 = z, c03 = z, c10 = z, c11 = z, c12 = z, c13 = z;
@@ -154,18 +154,21 @@ INLINE AVX2 void tile_blk(const int8_t *const *wr, const int16_t *a16, int len, 
         }
     }
 #undef ROW
-    /* each row's 4 sums at once: 3 horizontal adds and the halves' add, then one add into acc */
+    /* each row's 4 sums at once: 3 horizontal adds and the halves' add, then added into acc */
     const __m256i c[BLK_R][BLK_U] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}, {c20, c21, c22, c23}};
     for (int r = 0; r < R; r++) {
         const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(c[r][0], c[r][1]), _mm256_hadd_epi32(c[r][2], c[r][3]));
         const __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-        _mm_storeu_si128((__m128i *)acc[r], _mm_add_epi32(_mm_loadu_si128((const __m128i *)acc[r]), sum));
+        acc[0 * BLK_MAX_ROWS + r] += _mm_cvtsi128_si32(sum);
+        acc[1 * BLK_MAX_ROWS + r] += _mm_extract_epi32(sum, 1);
+        acc[2 * BLK_MAX_ROWS + r] += _mm_extract_epi32(sum, 2);
+        acc[3 * BLK_MAX_ROWS + r] += _mm_extract_epi32(sum, 3);
     }
 }
 
 #define INSTANTIATE(R)                                                                           \
     static AVX2 __attribute__((noinline)) void tile_blk_r##R(const int8_t *const *wr, const int16_t *a16, int len, \
-                                                             int32_t acc[BLK_R][BLK_U])          \
+                                                             int32_t *acc)                       \
     {                                                                                            \
         tile_blk(wr, a16, len, R, acc);                                                          \
     }
@@ -179,10 +182,11 @@ INSTANTIATE(3)
  * chunk of the 4 activation rows widened once into a16, then every row tile over it. */
 static AVX2 void block(const pd_gemm_job *job, int i0, int o0, int o1)
 {
-    const int in = job->in, in16 = in & ~15;
+    const int in = job->in, in16 = in & ~15, nrows = o1 - o0;
     int16_t a16[BLK_U * A_LD] __attribute__((aligned(32)));
-    int32_t acc[(BLK_MAX_ROWS + BLK_R - 1) / BLK_R][BLK_R][BLK_U];
-    memset(acc, 0, sizeof acc);
+    int32_t acc[BLK_U][BLK_MAX_ROWS];   /* token u, row o0 + r */
+    for (int u = 0; u < BLK_U; u++)
+        memset(acc[u], 0, (size_t)nrows * sizeof acc[u][0]);
     const int8_t *ar[BLK_U];
     for (int u = 0; u < BLK_U; u++)
         ar[u] = pd_gemm_job_arow(job, i0 + u);
@@ -192,33 +196,28 @@ static AVX2 void block(const pd_gemm_job *job, int i0, int o0, int o1)
             for (int k = 0; k < len; k += 16)
                 _mm256_store_si256((__m256i *)(a16 + u * A_LD + k),
                                    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(ar[u] + k0 + k))));
-        for (int o = o0, t = 0; o < o1; o += BLK_R, t++) {
+        for (int o = o0; o < o1; o += BLK_R) {
             const int nr = o1 - o < BLK_R ? o1 - o : BLK_R;
             const int8_t *wr[BLK_R];
             for (int r = 0; r < nr; r++)
                 wr[r] = job->w + (int64_t)(o + r) * in + k0;
+            int32_t *at = &acc[0][o - o0];
             if (nr == 3)
-                tile_blk_r3(wr, a16, len, acc[t]);
+                tile_blk_r3(wr, a16, len, at);
             else if (nr == 2)
-                tile_blk_r2(wr, a16, len, acc[t]);
+                tile_blk_r2(wr, a16, len, at);
             else
-                tile_blk_r1(wr, a16, len, acc[t]);
+                tile_blk_r1(wr, a16, len, at);
         }
     }
-    /* the task's sums, token by token, and the reduction's tail; stored in one call per token */
-    int32_t out[BLK_U][BLK_MAX_ROWS];
-    for (int o = o0, t = 0; o < o1; o += BLK_R, t++) {
-        const int nr = o1 - o < BLK_R ? o1 - o : BLK_R;
+    /* the reduction's tail of fewer than 16 values */
+    for (int r = 0; in16 < in && r < nrows; r++) {
+        const int8_t *w = job->w + (int64_t)(o0 + r) * in;
         for (int u = 0; u < BLK_U; u++)
-            for (int r = 0; r < nr; r++) {
-                int32_t s = acc[t][r][u];
-                const int8_t *w = job->w + (int64_t)(o + r) * in;
-                for (int k = in16; k < in; k++)
-                    s += (int32_t)w[k] * (int32_t)ar[u][k];
-                out[u][o - o0 + r] = s;
-            }
+            for (int k = in16; k < in; k++)
+                acc[u][r] += (int32_t)w[k] * (int32_t)ar[u][k];
     }
-    pd_gemm_store(job, i0, BLK_U, o0, o1 - o0, &out[0][0], BLK_MAX_ROWS);
+    pd_gemm_store(job, i0, BLK_U, o0, nrows, &acc[0][0], BLK_MAX_ROWS);
 }
 
 AVX2 void pd_gemm_rows_avx2(const pd_gemm_job *job, int o0, int o1)
