@@ -581,6 +581,7 @@ Test(proxy, a_first_token_with_a_nul_byte_goes_through)
  * parameters itself: it prefills the request again rather than pass the 403 on. */
 Test(proxy, a_lost_kv_handoff_is_prefilled_again)
 {
+    enum { BUSY = 6 };
     struct pd_server *s[2] = {P, D};
     pthread_t t[2] = {tp, td};
     for (int i = 0; i < 2; i++) {
@@ -603,14 +604,18 @@ Test(proxy, a_lost_kv_handoff_is_prefilled_again)
                        "\"temperature\":0,\"return_token_ids\":true}";
     char want[8192], got[8192], cmd[1024];
     cr_assert_eq(curl_port(pd_server_port(C), "/v1/completions", body, NULL, want, sizeof want), 200, "%s", want);
-    /* the decode instance's only slot busy for well over the lease: 16 requests of 2000 tokens queued */
-    snprintf(cmd, sizeof cmd, "seq 16 | xargs -P 16 -I{} curl -s -o /dev/null http://127.0.0.1:%d/v1/completions "
-             "-d '{\"prompt\":\"busy {}\",\"max_tokens\":2000,\"ignore_eos\":true}' &", pd_server_port(D));
+    /* the decode instance's only slot busy for well over the lease: 6 requests of 2000 tokens, one
+     * running and BUSY - 1 queued, about 0.4 s each here without sanitizers (2 s with them), 4 times
+     * the lease at least (16 took 12 s a test, 63 s under the sanitizers); the metrics asserted below
+     * fail the test if the busy slot ever came free within the lease */
+    snprintf(cmd, sizeof cmd, "seq %d | xargs -P %d -I{} curl -s -o /dev/null http://127.0.0.1:%d/v1/completions "
+             "-d '{\"prompt\":\"busy {}\",\"max_tokens\":2000,\"ignore_eos\":true}' &", BUSY, BUSY,
+             pd_server_port(D));
     cr_assert_eq(system(cmd), 0);
     double t0 = pd_now_s();
-    while (metric_key(pd_server_port(D), "pdmoe_num_requests_waiting") < 15 && pd_now_s() - t0 < 10)
+    while (metric_key(pd_server_port(D), "pdmoe_num_requests_waiting") < BUSY - 1 && pd_now_s() - t0 < 10)
         usleep(10000);
-    cr_assert_geq(metric_key(pd_server_port(D), "pdmoe_num_requests_waiting"), 15);
+    cr_assert_geq(metric_key(pd_server_port(D), "pdmoe_num_requests_waiting"), BUSY - 1);
     cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", body, NULL, got, sizeof got), 200, "%s", got);
     char *x = field(got, "token_ids"), *y = field(want, "token_ids");
     cr_assert_str_eq(x, y);
@@ -624,9 +629,9 @@ Test(proxy, a_lost_kv_handoff_is_prefilled_again)
     int64_t refused = metric_key(pd_server_port(D), "pdmoe_errors_total{kind=\"4xx\"}");
     cr_assert_eq(system(cmd), 0);   /* the decode slot busy again */
     t0 = pd_now_s();
-    while (metric_key(pd_server_port(D), "pdmoe_num_requests_waiting") < 15 && pd_now_s() - t0 < 10)
+    while (metric_key(pd_server_port(D), "pdmoe_num_requests_waiting") < BUSY - 1 && pd_now_s() - t0 < 10)
         usleep(10000);
-    cr_assert_geq(metric_key(pd_server_port(D), "pdmoe_num_requests_waiting"), 15);
+    cr_assert_geq(metric_key(pd_server_port(D), "pdmoe_num_requests_waiting"), BUSY - 1);
     const char *sbody = "{\"model\":\"tiny\",\"prompt\":\"a handoff that is lost once\",\"max_tokens\":8,"
                         "\"temperature\":0,\"stream\":true}";
     char sse[16384], text[4096] = "";
