@@ -935,14 +935,14 @@ Test(up, speculative_config_with_ep_groups_keeps_the_ids)
     speculative_up(test_ports(), 2);
 }
 
-/* A stream of up to 16,000 tokens through port, its SSE text in `file`: a popen'ed curl (read it
- * with pclose). */
-static FILE *long_stream(int port, const char *file)
+/* A stream of `tokens` tokens through port, its SSE text in `file`: a popen'ed curl (read it with
+ * pclose). */
+static FILE *long_stream(int port, const char *file, int tokens)
 {
     char cmd[512];
     snprintf(cmd, sizeof cmd,
              "curl -s -N --max-time 120 -o %s http://127.0.0.1:%d/v1/completions -d '{\"prompt\":\"x\","
-             "\"max_tokens\":16000,\"ignore_eos\":true,\"stream\":true}'", file, port);
+             "\"max_tokens\":%d,\"ignore_eos\":true,\"stream\":true}'", file, port, tokens);
     return popen(cmd, "r");
 }
 
@@ -985,7 +985,10 @@ Test(up, a_shutdown_timeout_lets_the_streams_in_flight_finish)
     }
     up_pid = up;
     cr_assert(up_wait_ready(out), "pdmoe up did not become ready");
-    FILE *c = long_stream(port, sse);
+    /* 8,000 tokens: about 2 s of streaming here (14 s under the sanitizers), still running when the
+     * new request and /readiness are refused 0.3 s after the signal (16,000 took 6 s a test, 33 s
+     * under the sanitizers); had it ended first, the proxy would be gone and those get no 503 */
+    FILE *c = long_stream(port, sse, 8000);
     wait_generating(port + 2);
     double t0 = pd_now_s();
     cr_assert_eq(kill(up, SIGTERM), 0);
@@ -1033,7 +1036,7 @@ Test(up, serve_drains_until_its_shutdown_timeout_or_a_second_signal)
         char a[256];
         for (int i = 0; i < 300 && curl_port(port, "/health", NULL, NULL, a, sizeof a) != 200; i++)
             usleep(100000);
-        FILE *c = long_stream(port, sse);
+        FILE *c = long_stream(port, sse, 16000);   /* past the 1 s deadline */
         wait_generating(port);
         double t0 = pd_now_s();
         cr_assert_eq(kill(s, SIGTERM), 0);
