@@ -65,10 +65,13 @@ Test(kernels, blocked_gemm_matches_reference)
                 cr_assert_eq(pd_gemm_kernel_set((pd_kernel)k, &e), 0, "%s", e.msg);
                 for (int p = 0; p < 2; p++) {
                     pd_pool *pool = p ? pool2 : NULL;
-                    memset(y, 0, ny * sizeof *y);
-                    cr_assert_eq(pd_gemm(pool, &W, &A, y, 0, &e), 0, "%s", e.msg);
-                    cr_assert(memcmp(y, ref, ny * sizeof *y) == 0, "kernel %s, %d threads, out %d in %d T %d",
-                              pd_gemm_kernel_name((pd_kernel)k), p + 1, out, in, T);
+                    /* (the reference on 1 thread is ref itself: the same call, not made twice) */
+                    if (k != PD_KERNEL_REF || p) {
+                        memset(y, 0, ny * sizeof *y);
+                        cr_assert_eq(pd_gemm(pool, &W, &A, y, 0, &e), 0, "%s", e.msg);
+                        cr_assert(memcmp(y, ref, ny * sizeof *y) == 0, "kernel %s, %d threads, out %d in %d T %d",
+                                  pd_gemm_kernel_name((pd_kernel)k), p + 1, out, in, T);
+                    }
                     pd_gemm_group g = {.w = W, .rows = rows, .n = n, .y = gy};
                     cr_assert_eq(pd_gemm_grouped(pool, &A, &g, 1, 0, &e), 0, "%s", e.msg);
                     for (int j = 0; j < n; j++)
