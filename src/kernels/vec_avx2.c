@@ -90,31 +90,6 @@ INLINE AVX2 void tile(const void *w0, const void *w1, int R, int bf16, const flo
     }
 }
 
-/* Four rows against one token: pd_vec_dot_avx2's two chains for each row, the four rows' chains
- * side by side (eight chains: a lone dot product waits on its own adds), each row's finish its
- * own, so each its bits. */
-INLINE AVX2 void rows4_token1(const char *w, size_t rowb, int bf16, const float *x, int n, float *y)
-{
-    const void *w0 = w, *w1 = w + rowb, *w2 = w + 2 * rowb, *w3 = w + 3 * rowb;
-    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m256 p0 = _mm256_loadu_ps(x + i), p1 = _mm256_loadu_ps(x + i + 8);
-        a00 = _mm256_fmadd_ps(w_load8(w0, bf16, i), p0, a00);
-        a10 = _mm256_fmadd_ps(w_load8(w1, bf16, i), p0, a10);
-        a20 = _mm256_fmadd_ps(w_load8(w2, bf16, i), p0, a20);
-        a30 = _mm256_fmadd_ps(w_load8(w3, bf16, i), p0, a30);
-        a01 = _mm256_fmadd_ps(w_load8(w0, bf16, i + 8), p1, a01);
-        a11 = _mm256_fmadd_ps(w_load8(w1, bf16, i + 8), p1, a11);
-        a21 = _mm256_fmadd_ps(w_load8(w2, bf16, i + 8), p1, a21);
-        a31 = _mm256_fmadd_ps(w_load8(w3, bf16, i + 8), p1, a31);
-    }
-    y[0] = finish(a00, a01, w0, bf16, x, i, n);
-    y[1] = finish(a10, a11, w1, bf16, x, i, n);
-    y[2] = finish(a20, a21, w2, bf16, x, i, n);
-    y[3] = finish(a30, a31, w3, bf16, x, i, n);
-}
-
 /* R rows against T tokens: the tokens three at a time, then the one or two left. */
 INLINE AVX2 void rows_by_tokens(const void *w0, const void *w1, int R, int bf16, const float *x, size_t ldx, int T,
                                 int n, float *y, size_t ldy)
@@ -139,19 +114,14 @@ INLINE AVX2 void rows_tokens(const void *w, int bf16, size_t ld, const float *x,
     const char *wb = w;
     const int ahead = rb <= PF_MAX_ROW ? (int)((PF_L2_BYTES + rb - 1) / (rb ? rb : 1)) : 0;
     int r = 0;
-    /* one token: four rows side by side, each one sequential stream, then pairs, then one */
+    /* one token: row by row, each row one sequential stream */
     if (T == 1) {
-        for (; r + 4 <= rows; r += 4) {
-            if (ahead && r + ahead + 3 < rows)
-                for (int q = 0; q < 4; q++)
-                    for (size_t b = 0; b < rb; b += 64)
-                        _mm_prefetch(wb + (r + ahead + q) * ld * es + b, _MM_HINT_T1);
-            rows4_token1(wb + r * ld * es, ld * es, bf16, x, n, y + r);
-        }
-        for (; r + 2 <= rows; r += 2)
-            tile(wb + r * ld * es, wb + (r + 1) * ld * es, 2, bf16, x, ldx, 1, n, y + r, ldy);
-        if (r < rows)
+        for (; r < rows; r++) {
+            if (ahead && r + ahead < rows)
+                for (size_t b = 0; b < rb; b += 64)
+                    _mm_prefetch(wb + (r + ahead) * ld * es + b, _MM_HINT_T1);
             tile(wb + r * ld * es, NULL, 1, bf16, x, ldx, 1, n, y + r, ldy);
+        }
         return;
     }
     for (; r + 2 <= rows; r += 2) {
