@@ -13,26 +13,21 @@
 #include "util.h"
 
 static char dir[64];
-static struct pd_server *srv;
-static pthread_t t_srv;
+static struct node srv;
 static int port;
 
 static void setup(void)
 {
     tmp_model("v4-tiny", 7, dir, sizeof dir);
-    pd_err e = {0};
     struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 4096,
                                .max_num_batched_tokens = 4096, .served_name = "tiny"};
-    cr_assert_eq(pd_server_create(&o, &srv, &e), 0, "%s", e.msg);
-    port = pd_server_port(srv);
-    pthread_create(&t_srv, NULL, run_server, srv);
+    node_start(&srv, &o);
+    port = srv.port;
 }
 
 static void teardown(void)
 {
-    pd_server_stop(srv);
-    pthread_join(t_srv, NULL);
-    pd_server_destroy(srv);
+    node_stop(&srv);
     rm_model(dir);
 }
 
@@ -67,11 +62,6 @@ static int dial_port(int to)
     return fd;
 }
 
-static int dial(void)
-{
-    return dial_port(port);
-}
-
 static int64_t metric(const char *name)
 {
     return metric_key(port, name);
@@ -82,21 +72,15 @@ Test(prefill_cancel, a_client_that_leaves_mid_prefill_stops_it_at_the_next_subla
     /* the reference: the same length of prefill with its client waiting for the answer */
     size_t len;
     char *req = long_request(1, &len), out[8192];
-    int fd = dial();
     double t0 = pd_now_s();
-    cr_assert_eq(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
-    ssize_t got = 0, r;
-    while ((r = recv(fd, out + got, sizeof out - 1 - (size_t)got, 0)) > 0)
-        got += r;
+    const int code = http_exchange(port, req, len, 60, out, sizeof out);
     const double full = pd_now_s() - t0;
-    close(fd);
     free(req);
-    out[got] = 0;
-    cr_assert(strncmp(out, "HTTP/1.1 200", 12) == 0, "%s", out);
+    cr_assert_eq(code, 200, "%s", out);
     const int64_t free0 = metric("pdmoe_kv_blocks_free");   /* (the prefix cache keeps that prompt's blocks) */
     /* another prompt; its client leaves once the request runs (its prefill step has begun) */
     req = long_request(2, &len);
-    fd = dial();
+    int fd = dial_port(port);
     cr_assert_eq(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
     free(req);
     for (int i = 0; i < 2000 && metric("pdmoe_num_requests_running") < 1; i++)
@@ -126,50 +110,36 @@ Test(prefill_cancel, a_client_that_leaves_mid_prefill_stops_it_at_the_next_subla
     json_decref(j);
 }
 
-/* Sends `req` to `to` and reads the answer to its end; the seconds that took. */
-static double answered(int to, const char *req, size_t len, char *out, size_t cap)
-{
-    int fd = dial_port(to);
-    double t0 = pd_now_s();
-    cr_assert_eq(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
-    ssize_t got = 0, r;
-    while ((r = recv(fd, out + got, cap - 1 - (size_t)got, 0)) > 0)
-        got += r;
-    out[got] = 0;
-    close(fd);
-    return pd_now_s() - t0;
-}
-
 Test(prefill_cancel, a_client_that_leaves_the_proxy_mid_prefill_stops_the_prefill_instance)
 {
-    struct pd_server *pp, *dd;
-    pthread_t tpp, tdd, tx;
+    struct node pp = {0}, dd = {0};
+    pthread_t tx;
     pd_err e = {0};
     struct pd_server_opts o = {.model_dir = dir, .threads = 1, .max_num_seqs = 4, .max_model_len = 4096,
                                .max_num_batched_tokens = 4096, .served_name = "tiny", .kv_timeout_ms = 3000};
     o.role = PD_ROLE_PRODUCER;
-    cr_assert_eq(pd_server_create(&o, &pp, &e), 0, "%s", e.msg);
+    node_start(&pp, &o);
     o.role = PD_ROLE_CONSUMER;
-    cr_assert_eq(pd_server_create(&o, &dd, &e), 0, "%s", e.msg);
-    pthread_create(&tpp, NULL, run_server, pp);
-    pthread_create(&tdd, NULL, run_server, dd);
+    node_start(&dd, &o);
     char pa[32], da[32];
-    snprintf(pa, sizeof pa, "127.0.0.1:%d", pd_server_port(pp));
-    snprintf(da, sizeof da, "127.0.0.1:%d", pd_server_port(dd));
+    snprintf(pa, sizeof pa, "127.0.0.1:%d", pp.port);
+    snprintf(da, sizeof da, "127.0.0.1:%d", dd.port);
     struct pd_proxy_opts po = {.port = 0, .n_prefill = 1, .n_decode = 1};
     po.prefill[0] = pa;
     po.decode[0] = da;
     struct pd_proxy *x;
     cr_assert_eq(pd_proxy_create(&po, &x, &e), 0, "%s", e.msg);
     pthread_create(&tx, NULL, run_proxy, x);
-    const int xp = pd_proxy_port(x), pport = pd_server_port(pp);
+    const int xp = pd_proxy_port(x), pport = pp.port;
     /* the reference: a whole prefill and its token through the proxy */
     size_t len;
     char *req = long_request(3, &len), out[16384];
-    const double full = answered(xp, req, len, out, sizeof out);
+    const double t0 = pd_now_s();
+    const int code = http_exchange(xp, req, len, 60, out, sizeof out);
+    const double full = pd_now_s() - t0;
     free(req);
-    cr_assert(strncmp(out, "HTTP/1.1 200", 12) == 0, "%s", out);
-    const int64_t free0 = metric_key(pport, "pdmoe_kv_blocks_free"), decoded0 = metric_key(pd_server_port(dd), "pdmoe_requests_total");
+    cr_assert_eq(code, 200, "%s", out);
+    const int64_t free0 = metric_key(pport, "pdmoe_kv_blocks_free"), decoded0 = metric_key(dd.port, "pdmoe_requests_total");
     /* another prompt; its client leaves the proxy once the prefill instance runs it */
     req = long_request(4, &len);
     int fd = dial_port(xp);
@@ -187,7 +157,7 @@ Test(prefill_cancel, a_client_that_leaves_the_proxy_mid_prefill_stops_the_prefil
                  stopped, full);
     cr_assert_eq(metric_key(pport, "pdmoe_steps_cancelled_total"), 1, "the prefill was not stopped mid-step");
     cr_assert_eq(metric_key(pport, "pdmoe_kv_blocks_free"), free0, "the stopped prefill's blocks are not all back");
-    cr_assert_eq(metric_key(pd_server_port(dd), "pdmoe_requests_total"), decoded0, "the decode instance got the request");
+    cr_assert_eq(metric_key(dd.port, "pdmoe_requests_total"), decoded0, "the decode instance got the request");
     cr_assert_eq(metric_port(xp, "pdmoe_proxy_errors_total{kind=\"client_cancelled\"}"), 1);
     cr_log_info("through the proxy, 4000-token request: %.3f s; the prefill stopped %.3f s after its client left",
                 full, stopped);
@@ -199,10 +169,6 @@ Test(prefill_cancel, a_client_that_leaves_the_proxy_mid_prefill_stops_the_prefil
     cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens")), N_PROMPT, "%s", out);
     json_decref(j);
     proxy_shutdown(&x, tx);
-    pd_server_stop(pp);
-    pd_server_stop(dd);
-    pthread_join(tpp, NULL);
-    pthread_join(tdd, NULL);
-    pd_server_destroy(pp);
-    pd_server_destroy(dd);
+    node_stop(&pp);
+    node_stop(&dd);
 }
