@@ -16,6 +16,7 @@
 
 #include "util.h"
 #include "core/timing.h"
+#include "../tmpmodel.h"
 
 static const char *bin(void)
 {
@@ -156,17 +157,25 @@ Test(kvxfer, bench_peer_without_producer, .timeout = 60)
     remove(ce);
 }
 
+/* The prefill beside the hand-off is v4-tiny's (--model): the hand-off is v4-flash-mini's whatever
+ * the model, and models/mini's 1K-token prefill was most of this test's time under the sanitizers. */
 Test(kvxfer, bench_single_process_json, .timeout = 120)
 {
-    char co[] = "/tmp/pdmoe-kvb-co-XXXXXX", ce[] = "/tmp/pdmoe-kvb-ce-XXXXXX";
+    char co[] = "/tmp/pdmoe-kvb-co-XXXXXX", ce[] = "/tmp/pdmoe-kvb-ce-XXXXXX", dir[64];
     close(mkstemp(co));
     close(mkstemp(ce));
-    pid_t c = spawn(co, ce, (char *const[]){"pdmoe", "bench", "transfer", "--quick", "--tls", "tcp", "--json", NULL});
-    cr_assert_eq(wait_exit(c, 100), 0, "bench transfer --quick --json failed");
+    tmp_model("v4-tiny", 3, dir, sizeof dir);
+    tmp_model_positions(dir, 65536);   /* --quick's longest hand-off, 32K tokens, is its max-model-len */
+    pid_t c = spawn(co, ce, (char *const[]){"pdmoe", "bench", "transfer", "--quick", "--tls", "tcp", "--json",
+                                            "--model", dir, NULL});
+    int rc = wait_exit(c, 100);
+    rm_model(dir);
+    cr_assert_eq(rc, 0, "bench transfer --quick --json failed");
     json_error_t je;
     json_t *d = json_load_file(co, 0, &je);
     cr_assert(d, "not JSON: %s", je.text);
     cr_assert_str_eq(json_string_value(json_object_get(d, "mode")), "single-process");
+    cr_assert_str_eq(json_string_value(json_object_get(d, "prefill_model")), dir);
     json_t *runs = json_object_get(d, "runs");
     cr_assert_eq(json_array_size(runs), 1, "--tls tcp: one table");
     cr_assert_str_eq(json_string_value(json_object_get(json_array_get(runs, 0), "ucx_tls")), "tcp");
