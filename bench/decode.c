@@ -22,6 +22,7 @@
 #include "engine/engine.h"
 #include "engine/prof.h"
 #include "engine/sampler.h"
+#include "model/safetensors.h"
 
 #include <getopt.h>
 #include <jansson.h>
@@ -195,6 +196,7 @@ int pd_bench_decode(int argc, char **argv)
     double bw_cpu = 0;
     const char *int8_probe = NULL, *fp32_probe = pd_bench_fp32_probe();
     int n_cases = 0, rc = 0;
+    size_t huge = 0, mapped = 0;   /* the checkpoint's bytes in 2 MiB pages, of its mapped bytes */
     double load[1] = {-1};
     (void)getloadavg(load, 1);
     char name[64] = "";
@@ -229,6 +231,11 @@ int pd_bench_decode(int argc, char **argv)
             pd_bench_step_bound(&en, dc->batch, dc->batch, dc->experts, dc->pairs, &cl[ti], &dc->bound);
             dc->bytes = dc->bound.bytes;
         }
+        /* after the steps: the pages they read are mapped by then */
+        huge = pd_st_pmd_mapped_bytes(&en.w.st);
+        mapped = 0;
+        for (size_t i = 0; i < en.w.st.nfiles; i++)
+            mapped += en.w.st.files[i].file_size;
         pd_engine_close(&en);
     }
     if (rc)
@@ -238,6 +245,8 @@ int pd_bench_decode(int argc, char **argv)
     json_t *doc = json_pack("{s:s, s:s, s:i, s:i, s:f, s:f, s:[]}", "model", dir, "name", name, "prompt", prompt,
                             "steps", steps, "load_average_start", load[0], "load_average_end", load_end[0], "cases");
     json_object_set_new(doc, "bandwidth_1_thread_by_cpu_time", json_real(bw_cpu));
+    json_object_set_new(doc, "checkpoint_bytes", json_integer((json_int_t)mapped));
+    json_object_set_new(doc, "checkpoint_bytes_on_2MiB_pages", json_integer((json_int_t)huge));
     if (!json) {
         printf("pdmoe bench decode: %s (%s), %d-token prompts, %d decode steps, 1 and %d threads\n", dir, name, prompt,
                steps, threads);
@@ -247,6 +256,11 @@ int pd_bench_decode(int argc, char **argv)
             printf("  read bandwidth, %d thread%s (8 streams each), the higher of before and after its cases: %.2f GB/s\n", tc[ti],
                    tc[ti] > 1 ? "s" : "", cl[ti].bw / 1e9);
         printf("  read bandwidth, 1 thread, by its CPU time: %.2f GB/s\n", bw_cpu / 1e9);
+        /* where the page cache holds the checkpoint in 2 MiB folios the kernel maps them whole (fewer
+         * TLB misses on the experts' scattered matrices; model/safetensors.h) */
+        printf("  checkpoint mapped in 2 MiB pages: %.1f of its %.1f MB%s\n", huge / 1e6, mapped / 1e6,
+               huge ? "" : " (4 KiB pages: its page cache is not in 2 MiB folios, or this kernel or file system "
+                           "has none; a cold read of the file, e.g. after it left the cache, makes them where they exist)");
         for (int ti = 0; ti < n_tc; ti++)
             printf("  peaks, %d thread%s, the higher of before and after: fp32 %.1f GFLOPS (%s), int8 %.1f Gops/s (%s)\n",
                    tc[ti], tc[ti] > 1 ? "s" : "", cl[ti].fp32 / 1e9, fp32_probe ? fp32_probe : "no FMA probe: not in the bound",

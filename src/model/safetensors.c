@@ -172,6 +172,72 @@ void pd_st_close(struct pd_st_file *f)
     memset(f, 0, sizeof *f);
 }
 
+/* The file read-only at an address that is a multiple of 2 MiB, advised MADV_HUGEPAGE, so that
+ * where the kernel keeps the file's page cache in 2 MiB folios (file systems with large folios,
+ * e.g. ext4 on Linux 6.18; faults under MADV_HUGEPAGE read ahead in such folios) it maps them whole:
+ * one TLB entry for 2 MiB of weights instead of 512. A decode step reads a few experts' matrices
+ * (128 KiB each in v4-flash-mini) scattered over the file, and each 4 KiB page of them was a TLB
+ * miss and a stop for the hardware prefetchers. Measured on an AVX2-only AMD EPYC, 1 thread, in
+ * one process alternating the two (anonymous memory, 4 KiB against 2 MiB pages, 6 of 256 experts
+ * x 8 layers of v4-flash-mini's shapes through pd_gemm_grouped): 13.6-14.3 against 15.9-16.0 GB/s
+ * (1.12-1.17x). Files under 2 MiB, or a kernel that refuses the advice, keep a plain mapping:
+ * advice only. pd_st_pmd_mapped_bytes says how much of a mapping the kernel did map so. */
+enum { HUGE_PAGE = 2 << 20 };
+
+static void *map_file(int fd, size_t size)
+{
+    if (size < HUGE_PAGE)
+        return mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    /* a reservation one huge page longer, the file mapped over its first aligned address, the
+     * rest of the reservation given back */
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = (size + pg - 1) & ~(pg - 1);
+    char *r = mmap(NULL, len + HUGE_PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED)
+        return mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    char *a = (char *)(((uintptr_t)r + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+    void *m = mmap(a, size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
+    if (m == MAP_FAILED) {
+        const int err = errno;
+        munmap(r, len + HUGE_PAGE);
+        errno = err;
+        return MAP_FAILED;
+    }
+    if (a > r)
+        munmap(r, (size_t)(a - r));
+    if (r + len + HUGE_PAGE > a + len)
+        munmap(a + len, (size_t)(r + len + HUGE_PAGE - (a + len)));
+#ifdef MADV_HUGEPAGE
+    (void)madvise(m, size, MADV_HUGEPAGE);
+#endif
+    return m;
+}
+
+size_t pd_st_pmd_mapped_bytes(const struct pd_st_set *s)
+{
+    FILE *fp = fopen("/proc/self/smaps", "r");
+    if (!fp)
+        return 0;
+    char line[512];
+    size_t total = 0;
+    int in = 0;
+    while (fgets(line, sizeof line, fp)) {
+        unsigned long lo, hi;
+        size_t kb;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = 0;
+            for (size_t i = 0; s && i < s->nfiles; i++) {
+                const uintptr_t b = (uintptr_t)s->files[i].map;
+                if (b && lo < b + s->files[i].file_size && hi > b)
+                    in = 1;
+            }
+        } else if (in && sscanf(line, "FilePmdMapped: %zu kB", &kb) == 1) {
+            total += kb << 10;
+        }
+    }
+    fclose(fp);
+    return total;
+}
+
 /* A JSON integer that must be >= 0, as the reference's usize fields. */
 static bool get_uint(const json_t *v, uint64_t *out)
 {
@@ -532,7 +598,7 @@ static int open_fd(const char *path, int fd, int flags, struct pd_st_file *f, pd
         return check_header_len(path, NULL, f->file_size, &f->header_len, e);
 
     if (!(flags & PD_ST_HEADER_ONLY)) {
-        void *m = mmap(NULL, f->file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        void *m = map_file(fd, f->file_size);
         if (m == MAP_FAILED) {
             const int err = errno;
             char note[320] = "";

@@ -75,6 +75,10 @@ int pd_st_open_dir(const char *dir, int flags, struct pd_st_set *s, pd_err *e);
 void pd_st_close_dir(struct pd_st_set *s);
 /* The tensor `name` of any file of s, or NULL; a tensor found is marked used. */
 const struct pd_st_tensor *pd_st_set_find(const struct pd_st_set *s, const char *name);
+/* Bytes of s's mappings the kernel maps in 2 MiB pages now (FilePmdMapped in /proc/self/smaps; 0
+ * where it cannot tell). Each file of 2 MiB or more is mapped at a 2 MiB boundary with
+ * MADV_HUGEPAGE, so the kernel can wherever it holds the file's page cache in 2 MiB folios. */
+size_t pd_st_pmd_mapped_bytes(const struct pd_st_set *s);
 /* How many of s's tensors pd_st_set_find never found, those whose names start with `except` (if
  * not NULL) aside; *first names the first of them (in file order, then by name), *file its file. */
 size_t pd_st_set_unused(const struct pd_st_set *s, const char *except, const char **first, const char **file);

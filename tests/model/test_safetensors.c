@@ -686,3 +686,69 @@ Test(safetensors, a_tensor_name_with_a_control_character)
                          "{\"a\\u001b]0;pwned\\u0007b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4),
                PD_EFORMAT, "tensor \"a?]0;pwned?b\"", "a control character in its name");
 }
+
+/* Bytes of this process's mappings (/proc/self/maps), and whether the mapping holding p is advised
+ * MADV_HUGEPAGE ("hg" among its VmFlags in /proc/self/smaps). */
+static size_t mapped_bytes(void)
+{
+    FILE *fp = fopen("/proc/self/maps", "r");
+    cr_assert_not_null(fp);
+    unsigned long lo, hi;
+    size_t total = 0;
+    char line[512];
+    while (fgets(line, sizeof line, fp))
+        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2)
+            total += hi - lo;
+    fclose(fp);
+    return total;
+}
+
+static int advised_huge(const void *p)
+{
+    FILE *fp = fopen("/proc/self/smaps", "r");
+    cr_assert_not_null(fp);
+    char line[512];
+    int in = 0, hg = -1;
+    while (fgets(line, sizeof line, fp)) {
+        unsigned long lo, hi;
+        char sp;
+        if (sscanf(line, "%lx-%lx%c", &lo, &hi, &sp) == 3 && sp == ' ')
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        else if (in && strncmp(line, "VmFlags:", 8) == 0)
+            hg = strstr(line, " hg") != NULL;
+    }
+    fclose(fp);
+    return hg;
+}
+
+/* A file of 2 MiB or more is mapped at a 2 MiB boundary and advised MADV_HUGEPAGE (the kernel can
+ * then map its page cache's 2 MiB folios whole); the reservation that alignment takes is given back,
+ * at open and at close; the bytes read are the file's. */
+Test(safetensors, a_large_file_is_mapped_on_a_2MiB_boundary_for_huge_pages)
+{
+    const size_t n = (5u << 20) + 123;
+    uint8_t *data = malloc(n);
+    cr_assert_not_null(data);
+    for (size_t i = 0; i < n; i++)
+        data[i] = (uint8_t)(i * 7 + 1);
+    struct pd_st_out o = {"big", PD_ST_U8, 1, {(int64_t)n}, data};
+    pd_err e = {0};
+    const char *p = path_of("big.safetensors");
+    cr_assert_eq(pd_st_write(p, &o, 1, &e), 0, "%s", e.msg);
+    const size_t before = mapped_bytes();
+    struct pd_st_file f;
+    cr_assert_eq(pd_st_open(p, 0, &f, &e), 0, "%s", e.msg);
+    cr_assert_eq((uintptr_t)f.map % (2u << 20), 0, "mapped at %p, not on a 2 MiB boundary", f.map);
+    cr_assert_eq(advised_huge(f.map), 1, "the mapping is not advised MADV_HUGEPAGE");
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    cr_assert_eq(mapped_bytes(), before + (f.file_size + pg - 1) / pg * pg,
+                 "more mapped than the file: the alignment's reservation was not given back");
+    const struct pd_st_tensor *t = pd_st_find(&f, "big");
+    cr_assert_not_null(t);
+    cr_assert(memcmp(t->data, data, n) == 0);
+    struct pd_st_set s = {&f, 1};
+    cr_assert_leq(pd_st_pmd_mapped_bytes(&s), f.file_size);
+    pd_st_close(&f);
+    cr_assert_eq(mapped_bytes(), before, "the mapping outlived its close");
+    free(data);
+}
