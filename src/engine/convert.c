@@ -619,6 +619,8 @@ static int convert_shard(const struct pd_convert_opts *o, const struct pd_st_set
     free(vchunk);
     if (!rc && fsync(fd))
         rc = pd_err_set(e, PD_EIO, "%s: fsync: %s", part, strerror(errno));
+    if (!rc)
+        pd_st_uncache(fd, (size_t)lseek(fd, 0, SEEK_END));
     close(fd);
     if (!rc && rename(part, path))
         rc = pd_err_set(e, PD_EIO, "%s: cannot rename to %s: %s", part, path, strerror(errno));

@@ -212,6 +212,12 @@ static void *map_file(int fd, size_t size)
     return m;
 }
 
+void pd_st_uncache(int fd, size_t size)
+{
+    if (size >= HUGE_PAGE)
+        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+}
+
 size_t pd_st_pmd_mapped_bytes(const struct pd_st_set *s)
 {
     FILE *fp = fopen("/proc/self/smaps", "r");
@@ -963,13 +969,17 @@ int pd_st_write(const char *path, const struct pd_st_out *t, size_t n, pd_err *e
         err = write_all(fd, js, jl);
     if (!err)
         err = write_all(fd, "        ", pad);
+    uint64_t total = 8 + jl + pad;
     for (size_t i = 0; !err && i < n; i++) {
         uint64_t bytes = 0;
         shape_bytes(t[i].shape, t[i].ndim, pd_st_dtype_size(t[i].dtype), &bytes);
         err = write_all(fd, t[i].data, bytes);
+        total += bytes;
     }
     if (!err && fsync(fd) != 0)
         err = errno;
+    if (!err)
+        pd_st_uncache(fd, (size_t)total);
     if (close(fd) != 0 && !err)
         err = errno;
     if (err) {

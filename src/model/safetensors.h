@@ -79,6 +79,11 @@ const struct pd_st_tensor *pd_st_set_find(const struct pd_st_set *s, const char 
  * where it cannot tell). Each file of 2 MiB or more is mapped at a 2 MiB boundary with
  * MADV_HUGEPAGE, so the kernel can wherever it holds the file's page cache in 2 MiB folios. */
 size_t pd_st_pmd_mapped_bytes(const struct pd_st_set *s);
+/* For a writer, after fsync: the pages of a file of `size` bytes (2 MiB or more) written through
+ * fd leave the page cache. The write path leaves them in 4 KiB folios, which a reader would then
+ * map 4 KiB at a time; read cold under MADV_HUGEPAGE the file comes in 2 MiB folios where the
+ * kernel does. Advice only (the data is on disk: its next read is from there). */
+void pd_st_uncache(int fd, size_t size);
 /* How many of s's tensors pd_st_set_find never found, those whose names start with `except` (if
  * not NULL) aside; *first names the first of them (in file order, then by name), *file its file. */
 size_t pd_st_set_unused(const struct pd_st_set *s, const char *except, const char **first, const char **file);

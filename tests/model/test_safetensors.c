@@ -4,9 +4,13 @@
  * fresh mkdtemp directory that the fixture removes. */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "../tmpmodel.h"
@@ -751,4 +755,51 @@ Test(safetensors, a_large_file_is_mapped_on_a_2MiB_boundary_for_huge_pages)
     pd_st_close(&f);
     cr_assert_eq(mapped_bytes(), before, "the mapping outlived its close");
     free(data);
+}
+
+/* Pages of the file at path in the page cache (mincore over a mapping nobody touches). */
+static size_t cached_pages(const char *path, size_t *total)
+{
+    int fd = open(path, O_RDONLY);
+    cr_assert_geq(fd, 0);
+    struct stat st;
+    cr_assert_eq(fstat(fd, &st), 0);
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    cr_assert_neq(m, MAP_FAILED);
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), n = ((size_t)st.st_size + pg - 1) / pg;
+    unsigned char *v = malloc(n);
+    cr_assert_eq(mincore(m, (size_t)st.st_size, v), 0);
+    size_t in = 0;
+    for (size_t i = 0; i < n; i++)
+        in += v[i] & 1;
+    free(v);
+    munmap(m, (size_t)st.st_size);
+    *total = n;
+    return in;
+}
+
+/* The writer leaves a file of 2 MiB or more out of the page cache once it is on disk (its first
+ * reader then reads it cold, in 2 MiB folios where the kernel does); a smaller one stays. */
+Test(safetensors, a_written_file_of_2MiB_or_more_leaves_the_page_cache)
+{
+    struct statfs fs;
+    cr_assert_eq(statfs(dir, &fs), 0);
+    if (fs.f_type == 0x01021994)   /* TMPFS_MAGIC: its pages are the file, they cannot leave */
+        cr_skip_test("%s is on tmpfs", dir);
+    const size_t sizes[] = {(5u << 20) + 123, 100000};
+    for (int k = 0; k < 2; k++) {
+        uint8_t *data = calloc(sizes[k], 1);
+        cr_assert_not_null(data);
+        struct pd_st_out o = {"big", PD_ST_U8, 1, {(int64_t)sizes[k]}, data};
+        pd_err e = {0};
+        const char *p = path_of(k ? "small.safetensors" : "big.safetensors");
+        cr_assert_eq(pd_st_write(p, &o, 1, &e), 0, "%s", e.msg);
+        size_t total, in = cached_pages(p, &total);
+        if (k == 0)
+            cr_assert_lt(in, total / 8, "%zu of %zu pages still cached after the write", in, total);
+        else
+            cr_assert_eq(in, total, "a small file left the cache: %zu of %zu pages", in, total);
+        free(data);
+    }
 }
