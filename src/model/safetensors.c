@@ -178,10 +178,12 @@ void pd_st_close(struct pd_st_file *f)
  * one TLB entry for 2 MiB of weights instead of 512. A decode step reads a few experts' matrices
  * (128 KiB each in v4-flash-mini) scattered over the file, and each 4 KiB page of them was a TLB
  * miss and a stop for the hardware prefetchers. Measured on an AVX2-only AMD EPYC, 1 thread, in
- * one process alternating the two (anonymous memory, 4 KiB against 2 MiB pages, 6 of 256 experts
- * x 8 layers of v4-flash-mini's shapes through pd_gemm_grouped): 13.6-14.3 against 15.9-16.0 GB/s
- * (1.12-1.17x). Files under 2 MiB, or a kernel that refuses the advice, keep a plain mapping:
- * advice only. pd_st_pmd_mapped_bytes says how much of a mapping the kernel did map so. */
+ * one process alternating the two (6 of 256 experts x 7-8 layers of v4-flash-mini's shapes through
+ * pd_gemm_grouped): the checkpoint file in 4 KiB against 2 MiB pages 13.8-14.0 against 14.9-15.3
+ * GB/s (1.06-1.09x); anonymous memory 13.6-14.3 against 15.9-16.0 (1.12-1.17x). The experts are
+ * about half of a batch-1 decode step, and bench decode did not resolve the 3-4% from that host's
+ * noise. Files under 2 MiB, or a kernel that refuses the advice, keep a plain mapping: advice
+ * only. pd_st_pmd_mapped_bytes says how much of a mapping the kernel did map so. */
 enum { HUGE_PAGE = 2 << 20 };
 
 static void *map_file(int fd, size_t size)
