@@ -880,7 +880,7 @@ static int fp_onednn(void *arg, int rep, pd_err *e)
 
 static int bench_float(struct ctx *c)
 {
-    struct fp_case g = {.out = 4096, .in = 4096, .T = 16, .reps = c->o.quick ? 6 : 60};
+    struct fp_case g = {.out = 4096, .in = 4096, .T = 16, .reps = c->o.quick ? 3 : 60};
     const size_t per = (size_t)g.out * g.in;
     /* >= 256 MiB of bf16 (8x L3): every call reads its weights from DRAM */
     g.n_mats = c->o.quick ? 2 : (int)((((size_t)256 << 20) + 2 * per - 1) / (2 * per));
