@@ -31,11 +31,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(t->data == base + t->begin);
         CHECK((unsigned)t->dtype < PD_ST_DTYPE_COUNT);
         CHECK(t->ndim >= 0 && t->ndim <= PD_ST_MAX_DIMS);
-        uint64_t bytes = pd_st_dtype_size(t->dtype);
+        /* the element count left to right, then its bytes: the reference's rule, by which
+         * [4, 94967296, 296, 429496, 296, 0] of I16 is 0 bytes (the elements' running product stays
+         * under 2^64; the bytes' would not) */
+        uint64_t elems = 1, bytes;
         for (int d = 0; d < t->ndim; d++) {
             CHECK(t->shape[d] >= 0);
-            CHECK(!__builtin_mul_overflow(bytes, (uint64_t)t->shape[d], &bytes));
+            CHECK(!__builtin_mul_overflow(elems, (uint64_t)t->shape[d], &elems));
         }
+        CHECK(!__builtin_mul_overflow(elems, (uint64_t)pd_st_dtype_size(t->dtype), &bytes));
         CHECK(t->end - t->begin == bytes);
         total += bytes;
         if (i > 0)
