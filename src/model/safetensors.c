@@ -188,12 +188,11 @@ enum { HUGE_PAGE = 2 << 20 };
 
 static void *map_file(int fd, size_t size)
 {
-    if (size < HUGE_PAGE)
-        return mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     /* a reservation one huge page longer, the file mapped over its first aligned address, the
      * rest of the reservation given back */
     const size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = (size + pg - 1) & ~(pg - 1);
-    char *r = mmap(NULL, len + HUGE_PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    char *r = size < HUGE_PAGE ? MAP_FAILED
+                               : mmap(NULL, len + HUGE_PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (r == MAP_FAILED)
         return mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     char *a = (char *)(((uintptr_t)r + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
@@ -206,8 +205,7 @@ static void *map_file(int fd, size_t size)
     }
     if (a > r)
         munmap(r, (size_t)(a - r));
-    if (r + len + HUGE_PAGE > a + len)
-        munmap(a + len, (size_t)(r + len + HUGE_PAGE - (a + len)));
+    munmap(a + len, (size_t)(r + HUGE_PAGE - a));   /* a < r + HUGE_PAGE: a tail is always left */
 #ifdef MADV_HUGEPAGE
     (void)madvise(m, size, MADV_HUGEPAGE);
 #endif
