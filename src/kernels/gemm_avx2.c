@@ -1,7 +1,9 @@
 /* AVX2 GEMM path (for CPUs without AVX-512 VNNI). Each int8 is sign-extended to int16 and pairs
  * are multiplied and summed by vpmaddwd into int32. This is exact for every int8 value, -128
- * included; the cheaper vpmaddubsw route would saturate its int16 pair sums or need weights
- * restricted to [-127, 127]. Two register tiles:
+ * included; the cheaper vpmaddubsw route saturates its int16 pair sums unless one side avoids
+ * -128, so it serves only one token whose activations hold no -128 (tile_sgn, below: every
+ * decode GEMV, as pd_quant_rows never makes -128). Three register tiles:
+ *   - one token without -128: tile_sgn, 8 weight rows at 32 bytes an instruction, in 8 streams;
  *   - up to 3 tokens (decode): 4 weight rows x 1-3 tokens, both sides widened in registers (12
  *     accumulators, 3 widened activations, 1 widened weight, 1 product: GCC keeps one accumulator
  *     on the stack), with the decode GEMV's L2 prefetch;
@@ -95,20 +97,20 @@ INSTANTIATE(3)
  * KiB ahead 43-45, 48 KiB 44-47. */
 enum { PF_L2_BYTES = 24576, PF_MAX_IN = PD_GEMM_FEW_MAX_IN };
 
-/* Rows to prefetch ahead: about `bytes`, whole tiles. */
-static inline int pf_ahead(int in, int bytes)
+/* Rows to prefetch ahead: about `bytes`, whole tiles of `rows` rows. */
+static inline int pf_ahead(int in, int bytes, int rows)
 {
-    return (bytes / in + TILE_R - 1) / TILE_R * TILE_R;
+    return (bytes / in + rows - 1) / rows * rows;
 }
 
-/* The tile `ahead` rows on from row o, within the matrix or past its end in the next one
- * (job->w_next); NULL when there is nothing more to read. */
-static inline const int8_t *pf_at(const pd_gemm_job *job, int o, int ahead)
+/* The tile of `rows` rows `ahead` rows on from row o, within the matrix or past its end in the
+ * next one (job->w_next); NULL when there is nothing more to read. */
+static inline const int8_t *pf_at(const pd_gemm_job *job, int o, int ahead, int rows)
 {
-    if (o + ahead + TILE_R <= job->out)
+    if (o + ahead + rows <= job->out)
         return job->w + (int64_t)(o + ahead) * job->in;
     int at = o + ahead - job->out;
-    return job->w_next && at >= 0 && at + TILE_R <= job->next_out ? job->w_next + (int64_t)at * job->in : NULL;
+    return job->w_next && at >= 0 && at + rows <= job->next_out ? job->w_next + (int64_t)at * job->in : NULL;
 }
 
 /* The tile at `p` (TILE_R contiguous rows of `in` bytes) into L2. */
@@ -220,10 +222,123 @@ static AVX2 void block(const pd_gemm_job *job, int i0, int o0, int o1)
     pd_gemm_store(job, i0, BLK_U, o0, nrows, &acc[0][0], BLK_MAX_ROWS);
 }
 
+/* The one-token GEMV when the activations hold no -128 (pd_quant_rows never makes one): 32 weight
+ * bytes an instruction instead of 16 widened ones. vpmaddubsw multiplies unsigned bytes by signed
+ * ones and adds pairs into int16, saturating; so it takes |w| (0 .. 128, read unsigned) against
+ * a * sign(w) (vpsignb: -127 .. 127 when a != -128, 0 where w = 0):
+ *   w * a = |w| * (sign(w) * a),   each pair's sum |.| <= 2 * 128 * 127 = 32,512 < 2^15,
+ * exact; vpmaddwd by ones then adds the pairs into int32. A tile is SGN_R rows; it prefetches the
+ * tile at `pf` into L2 (SGN_R contiguous rows, NULL: none), 4 lines a step between the products,
+ * so the prefetches keep pace with the loads. This is the llama.cpp q8 dot's instruction sequence;
+ * its products and adds are written in asm (see ROW). On an AVX2-only AMD EPYC (Zen 3), one 256 x
+ * 512 matrix in L2 through pd_gemm, 1 thread, alternating: 24-30 GB/s in the 4 x 1 widening tiles
+ * (a quarter of it their calls, stores and prefetch loop), 40-41 in these in consecutive rows,
+ * 30-34 in rows_sgn's streams; from memory the streams are what counts (rows_sgn). */
+enum { SGN_R = 8 };
+
+static AVX2 __attribute__((noinline)) void tile_sgn(const int8_t *const *wr, const int8_t *a, int in,
+                                                    const int8_t *pf, int32_t *acc)   // [SGN_R]
+{
+    const __m256i z = _mm256_setzero_si256(), ones = _mm256_set1_epi16(1);
+    __m256i c0 = z, c1 = z, c2 = z, c3 = z, c4 = z, c5 = z, c6 = z, c7 = z, av, w, t;
+/* c += vpmaddwd(vpmaddubsw(|w|, sign(av, w)), ones), w the 32 bytes at p; in asm because GCC 12
+ * folds the load into both vpabsb and vpsignb and copies every accumulator each step. */
+#define ROW(r)                                                                                   \
+    __asm__("vmovdqu %[mem], %[w]\n\t"                                                           \
+            "vpsignb %[w], %[av], %[t]\n\t"                                                      \
+            "vpabsb %[w], %[w]\n\t"                                                              \
+            "vpmaddubsw %[t], %[w], %[w]\n\t"                                                    \
+            "vpmaddwd %[ones], %[w], %[w]\n\t"                                                   \
+            "vpaddd %[w], %[acc], %[acc]"                                                         \
+            : [acc] "+x"(c##r), [w] "=&x"(w), [t] "=&x"(t)                                        \
+            : [av] "x"(av), [ones] "x"(ones), [mem] "m"(*(const __m256i *)(wr[r] + k)))
+    int k = 0;
+    for (; k + 32 <= in; k += 32) {
+        if (pf) {
+            const char *q = (const char *)pf + (int64_t)SGN_R * k;
+            _mm_prefetch(q, _MM_HINT_T1);
+            _mm_prefetch(q + 64, _MM_HINT_T1);
+            _mm_prefetch(q + 128, _MM_HINT_T1);
+            _mm_prefetch(q + 192, _MM_HINT_T1);
+        }
+        av = _mm256_loadu_si256((const __m256i *)(a + k));
+        ROW(0);
+        ROW(1);
+        ROW(2);
+        ROW(3);
+        ROW(4);
+        ROW(5);
+        ROW(6);
+        ROW(7);
+    }
+#undef ROW
+    /* each half's 4 sums at once, as tile_blk does */
+    const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(c0, c1), _mm256_hadd_epi32(c2, c3));
+    const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(c4, c5), _mm256_hadd_epi32(c6, c7));
+    _mm_storeu_si128((__m128i *)acc, _mm_add_epi32(_mm256_castsi256_si128(h0), _mm256_extracti128_si256(h0, 1)));
+    _mm_storeu_si128((__m128i *)(acc + 4),
+                     _mm_add_epi32(_mm256_castsi256_si128(h1), _mm256_extracti128_si256(h1, 1)));
+    for (int r = 0; k < in && r < SGN_R; r++)
+        for (int kk = k; kk < in; kk++)
+            acc[r] += (int32_t)wr[r][kk] * (int32_t)a[kk];
+}
+
+/* 1 if a[0 .. n-1] holds -128. */
+static AVX2 int has_int8_min(const int8_t *a, int n)
+{
+    const __m256i m = _mm256_set1_epi8(-128);
+    __m256i any = _mm256_setzero_si256();
+    int k = 0;
+    for (; k + 32 <= n; k += 32)
+        any = _mm256_or_si256(any, _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(a + k)), m));
+    int found = _mm256_movemask_epi8(any) != 0;
+    for (; k < n; k++)
+        found |= a[k] == -128;
+    return found;
+}
+
+/* One token against rows o0 .. o1 - 1 in tile_sgn's tiles (its activations hold no -128), up to
+ * BLK_MAX_ROWS rows (gemm.c's tasks) at a time. Those rows go as SGN_R streams: tile j takes rows
+ * j, j + q, .., j + (SGN_R - 1) q of the block (q = its rows / SGN_R), so the block is read at
+ * SGN_R places at once, each sequentially, which the hardware prefetchers follow; and tile j
+ * prefetches the j-th SGN_R rows of the block after (the next in this matrix or the first of
+ * the next group's: pf_at) into L2. The rows left (fewer than SGN_R) go in one tile after. One
+ * epilogue call for the block. Measured in one process against consecutive 8-row tiles
+ * prefetching 24 KiB ahead, the routed experts of a decode layer (7 of 256 experts x 3 matrices,
+ * v4-flash-mini's shapes, 8 layers, pd_gemm_grouped, 1 thread, AVX2-only AMD EPYC, 5 rounds):
+ * 15.2-16.2 GB/s against 16.4-17.6; 8 streams without the next block's prefetch 15.5-16.3. */
+static void rows_sgn(const pd_gemm_job *job, int i0, int o0, int o1, int pf)
+{
+    const int in = job->in;
+    const int8_t *a = pd_gemm_job_arow(job, i0);
+    for (int b0 = o0; b0 < o1; b0 += BLK_MAX_ROWS) {
+        const int nrows = o1 - b0 < BLK_MAX_ROWS ? o1 - b0 : BLK_MAX_ROWS, q = nrows / SGN_R;
+        const int8_t *next = pf ? pf_at(job, b0, nrows, nrows) : NULL;
+        int32_t acc[BLK_MAX_ROWS], t[SGN_R];
+        const int8_t *wr[SGN_R];
+        for (int j = 0; j < q; j++) {
+            for (int r = 0; r < SGN_R; r++)
+                wr[r] = job->w + (int64_t)(b0 + j + r * q) * in;
+            tile_sgn(wr, a, in, next ? next + (int64_t)j * SGN_R * in : NULL, t);
+            for (int r = 0; r < SGN_R; r++)
+                acc[j + r * q] = t[r];
+        }
+        const int left = nrows - q * SGN_R;
+        if (left > 0) {
+            /* past the last row the tile re-reads that row; its results are not kept */
+            for (int r = 0; r < SGN_R; r++)
+                wr[r] = job->w + (int64_t)(b0 + q * SGN_R + (r < left ? r : left - 1)) * in;
+            tile_sgn(wr, a, in, NULL, t);
+            memcpy(acc + q * SGN_R, t, (size_t)left * sizeof *t);
+        }
+        pd_gemm_store(job, i0, 1, b0, nrows, acc, BLK_MAX_ROWS);
+    }
+}
+
 AVX2 void pd_gemm_rows_avx2(const pd_gemm_job *job, int o0, int o1)
 {
     const int in = job->in, pf = job->n <= TILE_U && in <= PF_MAX_IN;
-    const int ahead = pf ? pf_ahead(in, PF_L2_BYTES) : 0;
+    const int ahead = pf ? pf_ahead(in, PF_L2_BYTES, TILE_R) : 0;
     /* the rows' weight scales first: a routed expert's are cold (gemm_avx512.c) */
     for (int o = o0; pf && o < o1; o += 16)
         _mm_prefetch((const char *)(job->w_scale + o), _MM_HINT_T0);
@@ -236,6 +351,10 @@ AVX2 void pd_gemm_rows_avx2(const pd_gemm_job *job, int o0, int o1)
             block(job, i0, o0, o1);
     for (; i0 < job->n; i0 += TILE_U) {
         int nu = job->n - i0 < TILE_U ? job->n - i0 : TILE_U;
+        if (nu == 1 && !has_int8_min(pd_gemm_job_arow(job, i0), in)) {
+            rows_sgn(job, i0, o0, o1, pf);
+            continue;
+        }
         const int8_t *ar[TILE_U];
         for (int u = 0; u < TILE_U; u++)
             ar[u] = pd_gemm_job_arow(job, i0 + (u < nu ? u : 0));
@@ -245,7 +364,7 @@ AVX2 void pd_gemm_rows_avx2(const pd_gemm_job *job, int o0, int o1)
             const int8_t *wr[TILE_R];
             for (int r = 0; r < TILE_R; r++)
                 wr[r] = job->w + (int64_t)(o + (r < nr ? r : nr - 1)) * in;
-            const int8_t *p = pf ? pf_at(job, o, ahead) : NULL;
+            const int8_t *p = pf ? pf_at(job, o, ahead, TILE_R) : NULL;
             if (p)
                 prefetch_l2(p, in);
             int32_t acc[TILE_U * TILE_R];

@@ -155,6 +155,61 @@ Test(kernels, all_kernels_equal_reference)
     }
 }
 
+/* One token whose activations hold no -128 (pd_quant_rows never makes one) takes the AVX2 path's
+ * sign trick, |w| times a * sign(w) (gemm_avx2.c), in 8 row streams per block and a block of rows
+ * left over; with a -128 among them it takes the widening tiles, where the trick would go wrong
+ * (-128 * sign(w) does not fit a byte). Weights over the whole range, -128 included (|-128| is
+ * 128 read unsigned), extreme rows, rows ending inside a block of 8 and past a task of 64,
+ * reductions that end inside a 32-byte step; the plain and the grouped form (whose next group is
+ * prefetched), each against the reference. */
+Test(kernels, one_token_with_and_without_int8_min_equals_reference)
+{
+    rng_state = 9;
+    static const int outs[] = {1, 7, 8, 9, 63, 64, 65, 130, 256}, ins[] = {1, 31, 32, 33, 100, 512};
+    for (int k = 1; k < PD_KERNEL_COUNT; k++) {
+        if (!pd_gemm_kernel_supported((pd_kernel)k) || k == PD_KERNEL_AMX_EMU)
+            continue;
+        for (size_t oi = 0; oi < sizeof outs / sizeof outs[0]; oi++)
+            for (size_t ii = 0; ii < sizeof ins / sizeof ins[0]; ii++)
+                for (int with_min = 0; with_min <= 1; with_min++) {
+                    const int out = outs[oi], in = ins[ii];
+                    struct mat w = mat_new(out, in), w2 = mat_new(out, in), a = mat_new(1, in);
+                    for (int i = 0; i < in; i++)
+                        if (a.q[i] == -128)
+                            a.q[i] = (int8_t)(rnd() % 255 - 127);
+                    if (with_min)
+                        a.q[rnd() % (unsigned)in] = -128;
+                    /* row 0 all -128 against the largest activations, the last row all 127 */
+                    for (int i = 0; i < in; i++) {
+                        w.q[i] = -128;
+                        w.q[(size_t)(out - 1) * in + i] = out > 1 ? 127 : -128;
+                        if (!with_min && i % 2)
+                            a.q[i] = (int8_t)(i % 4 == 1 ? -127 : 127);
+                    }
+                    float *ref = malloc((size_t)2 * out * sizeof *ref), *y = malloc((size_t)2 * out * sizeof *y);
+                    int32_t row0 = 0;
+                    pd_gemm_group g[2] = {{w.m, &row0, 1, y}, {w2.m, &row0, 1, y + out}};
+                    use_kernel(PD_KERNEL_REF);
+                    gemm_ok(NULL, &w.m, &a.m, ref, 0);
+                    gemm_ok(NULL, &w2.m, &a.m, ref + out, 0);
+                    use_kernel((pd_kernel)k);
+                    gemm_ok(NULL, &w.m, &a.m, y, 0);
+                    cr_assert(memcmp(ref, y, (size_t)out * sizeof *y) == 0, "kernel %s out=%d in=%d -128 %d",
+                              pd_gemm_kernel_name(k), out, in, with_min);
+                    memset(y, 0, (size_t)2 * out * sizeof *y);
+                    pd_err e = {0};
+                    cr_assert_eq(pd_gemm_grouped(NULL, &a.m, g, 2, 0, &e), 0, "%s", e.msg);
+                    cr_assert(memcmp(ref, y, (size_t)2 * out * sizeof *y) == 0,
+                              "kernel %s grouped out=%d in=%d -128 %d", pd_gemm_kernel_name(k), out, in, with_min);
+                    free(ref);
+                    free(y);
+                    mat_free(&w);
+                    mat_free(&w2);
+                    mat_free(&a);
+                }
+    }
+}
+
 /* The extremes of int8: all -128 (the largest positive product) and 127 x -128 mixes, over a
  * long reduction, where an offset or sign trick would go wrong first. */
 Test(kernels, extreme_values_exact)
