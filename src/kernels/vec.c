@@ -464,6 +464,11 @@ AVX512 NO_FP_CONTRACT static void weighted_sum_avx512(const float *a, const floa
 
 /* Row-by-row versions for the paths without a multi-row one. */
 static void dot_rows_by_one(const float *w, size_t ld, const float *x, int n, int rows, float *y);
+/* pd_vec_dot_avx2 over rows: one token through the tiles (vec_avx2.h), the same bits. */
+static void dot_rows_f32_avx2(const float *w, size_t ld, const float *x, int n, int rows, float *y)
+{
+    pd_vec_dot_rows_tokens_avx2(w, 0, ld, x, 0, 1, n, rows, y, 0);
+}
 static void axpy_rows_by_one(const float *a, const float *x, size_t ld, int rows, float *y, int n);
 static void scale_axpys_by_one(float a, const float *x, const float *b, const float *z, size_t ldz, int nz, float *y,
                                int n);
@@ -492,7 +497,7 @@ static void choose(void)
         fns = (struct vec_fns){dot_avx512, axpy_avx512, dot_rows_avx512, axpy_rows_avx512, scale_max_avx512,
                                div_d_avx512, scale_axpys_avx512, expf_ref, weighted_sum_avx512};
     else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        fns = (struct vec_fns){pd_vec_dot_avx2, pd_vec_axpy_avx2, dot_rows_by_one, pd_vec_axpy_rows_avx2, scale_max_ref, div_d_ref,
+        fns = (struct vec_fns){pd_vec_dot_avx2, pd_vec_axpy_avx2, dot_rows_f32_avx2, pd_vec_axpy_rows_avx2, scale_max_ref, div_d_ref,
                                scale_axpys_by_one, expf_ref, weighted_sum_ref};
     else
         fns = (struct vec_fns){pd_dot_ref, pd_axpy_ref, dot_rows_by_one, axpy_rows_by_one, scale_max_ref, div_d_ref,

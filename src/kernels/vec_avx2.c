@@ -146,6 +146,31 @@ INLINE AVX2 void tile4x3(const char *w, size_t lw, int bf16, const float *x, siz
             y[t * ldy + r] = finish(s0[3 * r + t], s1[3 * r + t], w + r * lw, bf16, x + t * ldx, 16 * nb, n);
 }
 
+/* One token against 4 rows ls bytes apart, outputs y[0], y[ly], y[2 ly], y[3 ly]: each row with
+ * pd_vec_dot_avx2's two chains over the same blocks in the same order and its finish, so each its
+ * bits; the four rows' 8 chains side by side, where one row alone waits on its two. */
+INLINE AVX2 void tile4x1(const char *w, size_t ls, int bf16, const float *x, int n, float *y, size_t ly)
+{
+    const char *w0 = w, *w1 = w0 + ls, *w2 = w1 + ls, *w3 = w2 + ls;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+        a0 = _mm256_fmadd_ps(w_load8(w0, bf16, i), x0, a0);
+        a1 = _mm256_fmadd_ps(w_load8(w0, bf16, i + 8), x1, a1);
+        b0 = _mm256_fmadd_ps(w_load8(w1, bf16, i), x0, b0);
+        b1 = _mm256_fmadd_ps(w_load8(w1, bf16, i + 8), x1, b1);
+        c0 = _mm256_fmadd_ps(w_load8(w2, bf16, i), x0, c0);
+        c1 = _mm256_fmadd_ps(w_load8(w2, bf16, i + 8), x1, c1);
+        d0 = _mm256_fmadd_ps(w_load8(w3, bf16, i), x0, d0);
+        d1 = _mm256_fmadd_ps(w_load8(w3, bf16, i + 8), x1, d1);
+    }
+    y[0] = finish(a0, a1, w0, bf16, x, i, n);
+    y[ly] = finish(b0, b1, w1, bf16, x, i, n);
+    y[2 * ly] = finish(c0, c1, w2, bf16, x, i, n);
+    y[3 * ly] = finish(d0, d1, w3, bf16, x, i, n);
+}
+
 /* R rows against T tokens: the tokens three at a time, then the one or two left. */
 INLINE AVX2 void rows_by_tokens(const void *w0, const void *w1, int R, int bf16, const float *x, size_t ldx, int T,
                                 int n, float *y, size_t ldy)
@@ -170,14 +195,18 @@ INLINE AVX2 void rows_tokens(const void *w, int bf16, size_t ld, const float *x,
     const char *wb = w;
     const int ahead = rb <= PF_MAX_ROW ? (int)((PF_L2_BYTES + rb - 1) / (rb ? rb : 1)) : 0;
     int r = 0;
-    /* one token: row by row, each row one sequential stream */
+    /* One token: the rows as 4 streams, tile j taking rows j, j + q, j + 2q and j + 3q (q = rows /
+     * 4), each stream sequential, which the hardware prefetchers follow without help; the 1-3 rows
+     * left one by one. Measured in one process against row by row with the L2 prefetch below (one
+     * stream), 64-row tasks over 512 bf16 matrices of 256 x 512 evicted from the caches, 1 thread,
+     * AVX2-only AMD EPYC, 3 rounds x 2: 12.0-13.8 GB/s against 18.1-20.1; the 4 streams with a
+     * prefetch ahead in each 16.2-19.2, with the next task's rows prefetched 15.2-15.5. */
     if (T == 1) {
-        for (; r < rows; r++) {
-            if (ahead && r + ahead < rows)
-                for (size_t b = 0; b < rb; b += 64)
-                    _mm_prefetch(wb + (r + ahead) * ld * es + b, _MM_HINT_T1);
+        const int q = rows / 4;
+        for (; r < q; r++)
+            tile4x1(wb + r * ld * es, q * ld * es, bf16, x, n, y + r, q);
+        for (r = 4 * q; r < rows; r++)
             tile(wb + r * ld * es, NULL, 1, bf16, x, ldx, 1, n, y + r, ldy);
-        }
         return;
     }
     /* three tokens or more on rows of at most FOUR_ROWS_MAX_N: 4 rows at a time by 4 x 3 tiles, the

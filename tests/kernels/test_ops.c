@@ -96,6 +96,39 @@ Test(ops, dot_rows_tokens_same_bits_as_dot)
             }
 }
 
+/* One token goes as 4 streams of rows (tile j: rows j, j + q, j + 2q, j + 3q, q = rows / 4) and the
+ * 1-3 rows left one by one: through pd_dot_rows, pd_dot_rows_bf16 and pd_dot_rows_tokens[_bf16]
+ * with one token, every row pd_dot's bits at its own place, row counts past several blocks of 4,
+ * nothing written past them. */
+Test(ops, dot_rows_one_token_in_row_streams_same_bits_as_dot)
+{
+    enum { LD = 530, ROWS = 71 };
+    static uint16_t h[ROWS * LD];
+    static float f[ROWS * LD], x[LD], y[4][ROWS + 1];
+    for (int i = 0; i < ROWS * LD; i++)
+        h[i] = pd_f32_to_bf16(wave(7 * i + 3) / 3);
+    pd_bf16_to_f32_row(h, f, ROWS * LD);
+    for (int i = 0; i < LD; i++)
+        x[i] = wave(11 * i + 5);
+    const int ns[] = {1, 16, 33, 512};
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (int rows = 0; rows <= ROWS; rows++) {
+            memset(y, 0xff, sizeof y);
+            pd_dot_rows(f, LD, x, ns[a], rows, y[0]);
+            pd_dot_rows_bf16(h, LD, x, ns[a], rows, y[1]);
+            pd_dot_rows_tokens(f, LD, x, LD, 1, ns[a], rows, y[2], ROWS + 1);
+            pd_dot_rows_tokens_bf16(h, LD, x, LD, 1, ns[a], rows, y[3], ROWS + 1);
+            for (int r = 0; r < rows; r++) {
+                float d = pd_dot(f + (size_t)r * LD, x, ns[a]);
+                for (int k = 0; k < 4; k++)
+                    cr_assert(memcmp(&d, &y[k][r], 4) == 0, "n %d, %d rows, entry %d: row %d: %a vs %a", ns[a],
+                              rows, k, r, y[k][r], d);
+            }
+            for (int k = 0; k < 4; k++)
+                cr_assert(isnan(y[k][rows]), "n %d, %d rows, entry %d: wrote past the rows", ns[a], rows, k);
+        }
+}
+
 Test(ops, dot_rows_tokens_long_rows_in_token_chunks)
 {
     /* rows of 4113 values: the kernel takes the tokens in chunks of 4 (64 KiB of x each), here
