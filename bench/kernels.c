@@ -769,10 +769,15 @@ static int bench_experts(struct ctx *c)
         x.krow[k] = k;
     fill_weights(x.w, mats * x.H * x.I);
     fill_floats(x.ws, mats * x.H, 1e-3f, 2e-3f);
-    fill_weights(x.xq, (size_t)x.H);
-    fill_weights(x.x2q, (size_t)x.K * x.I);
-    fill_floats(x.xs, 1, 1e-3f, 2e-3f);
-    fill_floats(x.x2s, (size_t)x.K, 1e-3f, 2e-3f);
+    /* the activations quantised as the engine's are (pd_quant_rows: never -128, which the AVX2
+     * one-token kernel relies on; random bytes would hold -128 and take its slower path) */
+    float *xf = xmalloc((size_t)x.K * x.I * sizeof *xf + (size_t)x.H * sizeof *xf);
+    if (!xf)
+        goto done;
+    fill_floats(xf, (size_t)x.K * x.I + (size_t)x.H, -1.0f, 1.0f);
+    pd_quant_rows(xf, 1, x.H, x.xq, x.xs);
+    pd_quant_rows(xf + x.H, x.K, x.I, x.x2q, x.x2s);
+    free(xf);
     for (int d = 0; d < x.n_draws; d++) {
         int32_t *ex = x.draw + (size_t)d * x.K;
         for (int k = 0; k < x.K;) {   /* K distinct experts, in ascending order (insertion) */
