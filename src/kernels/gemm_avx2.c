@@ -233,7 +233,7 @@ static AVX2 void block(const pd_gemm_job *job, int i0, int o0, int o1)
  * its products and adds are written in asm (see ROW). On an AVX2-only AMD EPYC (Zen 3), one 256 x
  * 512 matrix in L2 through pd_gemm, 1 thread, alternating: 24-30 GB/s in the 4 x 1 widening tiles
  * (a quarter of it their calls, stores and prefetch loop), 40-41 in these in consecutive rows,
- * 30-34 in rows_sgn's streams; from memory the streams are what counts (rows_sgn). */
+ * 27-34 in rows_sgn's streams; from memory the streams are what counts (rows_sgn). */
 enum { SGN_R = 8 };
 
 static AVX2 __attribute__((noinline)) void tile_sgn(const int8_t *const *wr, const int8_t *a, int in,
@@ -303,10 +303,10 @@ static AVX2 int has_int8_min(const int8_t *a, int n)
  * SGN_R places at once, each sequentially, which the hardware prefetchers follow; and tile j
  * prefetches the j-th SGN_R rows of the block after (the next in this matrix or the first of
  * the next group's: pf_at) into L2. The rows left (fewer than SGN_R) go in one tile after. One
- * epilogue call for the block. Measured in one process against consecutive 8-row tiles
- * prefetching 24 KiB ahead, the routed experts of a decode layer (7 of 256 experts x 3 matrices,
- * v4-flash-mini's shapes, 8 layers, pd_gemm_grouped, 1 thread, AVX2-only AMD EPYC, 5 rounds):
- * 15.2-16.2 GB/s against 16.4-17.6; 8 streams without the next block's prefetch 15.5-16.3. */
+ * epilogue call for the block. Measured in one process, the routed experts of decode layers (7
+ * of 256 experts x 3 matrices, v4-flash-mini's shapes, 8 layers, pd_gemm_grouped, 1 thread,
+ * AVX2-only AMD EPYC, 5 rounds): these streams with the next block's prefetch 16.4-17.6 GB/s,
+ * without it 15.5-16.3, consecutive 8-row tiles prefetching 24 KiB ahead 15.2-16.2. */
 static void rows_sgn(const pd_gemm_job *job, int i0, int o0, int o1, int pf)
 {
     const int in = job->in;

@@ -207,7 +207,7 @@ INLINE AVX2 void rows_tokens(const void *w, int bf16, size_t ld, const float *x,
      * 4), each stream sequential, which the hardware prefetchers follow without help; the 1-3 rows
      * left one by one. Measured in one process against row by row with an L2 prefetch 16 KiB ahead
      * (one stream), 64-row tasks over 512 bf16 matrices of 256 x 512 evicted from the caches, 1 thread,
-     * AVX2-only AMD EPYC, 3 rounds x 2: 12.0-13.8 GB/s against 18.1-20.1; the 4 streams with a
+     * AVX2-only AMD EPYC, 3 rounds x 2: 18.1-20.1 GB/s against 12.0-13.8; the 4 streams with a
      * prefetch ahead in each 16.2-19.2, with the next task's rows prefetched 15.2-15.5. */
     if (T == 1) {
         const int q = rows / 4;
