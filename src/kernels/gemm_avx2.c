@@ -97,10 +97,10 @@ INSTANTIATE(3)
  * KiB ahead 43-45, 48 KiB 44-47. */
 enum { PF_L2_BYTES = 24576, PF_MAX_IN = PD_GEMM_FEW_MAX_IN };
 
-/* Rows to prefetch ahead: about `bytes`, whole tiles of `rows` rows. */
-static inline int pf_ahead(int in, int bytes, int rows)
+/* Rows to prefetch ahead: about `bytes`, whole tiles. */
+static inline int pf_ahead(int in, int bytes)
 {
-    return (bytes / in + rows - 1) / rows * rows;
+    return (bytes / in + TILE_R - 1) / TILE_R * TILE_R;
 }
 
 /* The tile of `rows` rows `ahead` rows on from row o, within the matrix or past its end in the
@@ -338,7 +338,7 @@ static void rows_sgn(const pd_gemm_job *job, int i0, int o0, int o1, int pf)
 AVX2 void pd_gemm_rows_avx2(const pd_gemm_job *job, int o0, int o1)
 {
     const int in = job->in, pf = job->n <= TILE_U && in <= PF_MAX_IN;
-    const int ahead = pf ? pf_ahead(in, PF_L2_BYTES, TILE_R) : 0;
+    const int ahead = pf ? pf_ahead(in, PF_L2_BYTES) : 0;
     /* the rows' weight scales first: a routed expert's are cold (gemm_avx512.c) */
     for (int o = o0; pf && o < o1; o += 16)
         _mm_prefetch((const char *)(job->w_scale + o), _MM_HINT_T0);

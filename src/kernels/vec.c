@@ -464,11 +464,7 @@ AVX512 NO_FP_CONTRACT static void weighted_sum_avx512(const float *a, const floa
 
 /* Row-by-row versions for the paths without a multi-row one. */
 static void dot_rows_by_one(const float *w, size_t ld, const float *x, int n, int rows, float *y);
-/* pd_vec_dot_avx2 over rows: one token through the tiles (vec_avx2.h), the same bits. */
-static void dot_rows_f32_avx2(const float *w, size_t ld, const float *x, int n, int rows, float *y)
-{
-    pd_vec_dot_rows_tokens_avx2(w, 0, ld, x, 0, 1, n, rows, y, 0);
-}
+static void dot_rows_f32_avx2(const float *w, size_t ld, const float *x, int n, int rows, float *y);
 static void axpy_rows_by_one(const float *a, const float *x, size_t ld, int rows, float *y, int n);
 static void scale_axpys_by_one(float a, const float *x, const float *b, const float *z, size_t ldz, int nz, float *y,
                                int n);
@@ -805,6 +801,12 @@ static pthread_once_t once_bf16 = PTHREAD_ONCE_INIT;
 static int avx2_dot(void)
 {
     return !__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+/* pd_vec_dot_avx2 over rows, one token through the tiles (vec_avx2.h): the same bits, fp32 or bf16. */
+static void dot_rows_f32_avx2(const float *w, size_t ld, const float *x, int n, int rows, float *y)
+{
+    pd_vec_dot_rows_tokens_avx2(w, 0, ld, x, 0, 1, n, rows, y, 0);
 }
 
 static void dot_rows_bf16_avx2(const uint16_t *w, size_t ld, const float *x, int n, int rows, float *y)

@@ -201,7 +201,6 @@ INLINE AVX2 void rows_tokens(const void *w, int bf16, size_t ld, const float *x,
 {
     const size_t es = bf16 ? 2 : 4, rb = (size_t)n * es;
     const char *wb = w;
-    const int ahead = rb <= PF_MAX_ROW ? (int)((PF_L2_BYTES + rb - 1) / (rb ? rb : 1)) : 0;
     int r = 0;
     /* One token: the rows as 4 streams, tile j taking rows j, j + q, j + 2q and j + 3q (q = rows /
      * 4), each stream sequential, which the hardware prefetchers follow without help; the 1-3 rows
@@ -217,6 +216,7 @@ INLINE AVX2 void rows_tokens(const void *w, int bf16, size_t ld, const float *x,
             tile(wb + r * ld * es, NULL, 1, bf16, x, ldx, 1, n, y + r, ldy);
         return;
     }
+    const int ahead = rb <= PF_MAX_ROW ? (int)((PF_L2_BYTES + rb - 1) / (rb ? rb : 1)) : 0;
     /* three tokens or more on rows of at most FOUR_ROWS_MAX_N: 4 rows at a time by 4 x 3 tiles, the
      * one or two tokens left by two 2-row tiles; the rows left (1-3) below */
     for (; T >= 3 && n <= FOUR_ROWS_MAX_N && r + 4 <= rows; r += 4) {
