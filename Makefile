@@ -50,7 +50,7 @@ $(BUILD)/pdmoe: $(CLI_OBJ) $(BUILD)/libpdmoe.a
 $(BUILD)/pdmoe-tests: $(TEST_OBJ) $(BUILD)/bench/onednn.o $(BUILD)/bench/kernels.o $(BUILD)/bench/ceilings.o $(BUILD)/bench/bound.o \
                      $(BUILD)/bench/step.o \
                      $(BUILD)/libpdmoe.a | $(BUILD)/libclockshift.so $(BUILD)/libnothreads.so $(BUILD)/libnoport.so \
-                     $(BUILD)/libexitstatus.so
+                     $(BUILD)/libexitstatus.so $(BUILD)/libtimewarp.so
 	$(CC) $(CFLAGS) -Wl,--wrap=criterion_internal_test_main,--wrap=criterion_skip_test -o $@ $^ $(LDLIBS) $(ANCHOR_LIBS) \
 	    $(shell pkg-config --libs criterion)
 

@@ -18,6 +18,7 @@
 
 #include <criterion/criterion.h>
 #include <glob.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +65,23 @@ static inline void child_env_free(char **env)
     for (size_t i = 0; env[i]; i++)
         free(env[i]);
     free(env);
+}
+
+/* The pdmoe program the tests run: PDMOE_BIN, else build/pdmoe. */
+static inline const char *pdmoe_bin(void)
+{
+    return getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+}
+
+/* The absolute path of the test shim `name` (an LD_PRELOAD library of tests/preload/) beside
+ * pdmoe_bin(), into path (PATH_MAX bytes); the test fails when it is not built. */
+static inline void test_shim(const char *name, char *path)
+{
+    char shim[PATH_MAX];
+    snprintf(shim, sizeof shim, "%s", pdmoe_bin());
+    char *slash = strrchr(shim, '/');
+    snprintf(slash ? slash + 1 : shim, sizeof shim - (size_t)(slash ? slash + 1 - shim : 0), "%s", name);
+    cr_assert_not_null(realpath(shim, path), "%s: build it (make %s)", shim, shim);
 }
 
 /* fork() for a child that will exec pdmoe (directly, through bash -c "exec ...", or mpirun). */

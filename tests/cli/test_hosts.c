@@ -16,11 +16,6 @@
 
 static char plan_path[] = "/tmp/pdmoe-hosts-plan-XXXXXX";
 
-static const char *pdmoe_bin(void)
-{
-    return getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-}
-
 /* pdmoe ARGS: its exit status, its stderr in err */
 static int pdmoe(const char *args, char *err, size_t cap)
 {

@@ -40,22 +40,14 @@ static void teardown(void)
 
 TestSuite(up_stop, .init = setup, .fini = teardown, .timeout = 240);
 
-static const char *bin(void)
-{
-    return getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-}
-
 /* Starts pdmoe up on port (one prefill instance, one decode instance of EP size decode_ep) under
  * the shim: the process whose command line holds "--port <fail_port>" (its rank `rank` when not
  * NULL) exits `status` at its end. Its stdout and stderr go to dir/up.out and dir/up.err; its pid
  * once it says it is ready. */
 static pid_t start_failing_up(int port, int decode_ep, int fail_port, const char *rank, int status)
 {
-    char shim[PATH_MAX], abs[PATH_MAX], out[128], err[128];
-    snprintf(shim, sizeof shim, "%s", bin());
-    char *slash = strrchr(shim, '/');
-    snprintf(slash ? slash + 1 : shim, sizeof shim - (size_t)(slash ? slash + 1 - shim : 0), "libexitstatus.so");
-    cr_assert_not_null(realpath(shim, abs), "%s: build it (make %s)", shim, shim);
+    char abs[PATH_MAX], out[128], err[128];
+    test_shim("libexitstatus.so", abs);
     snprintf(out, sizeof out, "%s/up.out", dir);
     snprintf(err, sizeof err, "%s/up.err", dir);
     remove(out);   /* (a run before this one's "Ctrl-C" line is not this one's readiness) */
@@ -82,7 +74,7 @@ static pid_t start_failing_up(int port, int decode_ep, int fail_port, const char
         snprintf(se, sizeof se, "%d", decode_ep);
         freopen(out, "w", stdout);
         freopen(err, "w", stderr);
-        execl(bin(), bin(), "up", "--model", dir, "--port", sp, "--decode-ep", se, "--threads", "1", (char *)NULL);
+        execl(pdmoe_bin(), pdmoe_bin(), "up", "--model", dir, "--port", sp, "--decode-ep", se, "--threads", "1", (char *)NULL);
         _exit(127);
     }
     unsetenv("LD_PRELOAD");

@@ -1016,12 +1016,9 @@ Test(conn, a_full_dev_shm_is_named)
  * start the scheduler thread" and nothing of why. */
 Test(conn, a_limit_on_threads_is_named)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    char shim[512];
-    snprintf(shim, sizeof shim, "%s", bin);
-    char *slash = strrchr(shim, '/');
-    snprintf(slash ? slash + 1 : shim, sizeof shim - (size_t)(slash ? slash + 1 - shim : 0), "libnothreads.so");
-    cr_assert_eq(access(shim, R_OK), 0, "no %s", shim);
+    const char *bin = pdmoe_bin();
+    char shim[PATH_MAX];
+    test_shim("libnothreads.so", shim);
     int port = test_ports();
     static const struct {
         int max;
@@ -1029,7 +1026,7 @@ Test(conn, a_limit_on_threads_is_named)
     } c[] = {{1, "thread pool: cannot start worker 2 of 3: Resource temporarily unavailable (a limit on threads: "},
              {3, "thread: Resource temporarily unavailable (a limit on threads: "}};
     for (int i = 0; i < 2; i++) {
-        char cmd[1024], out[4096];
+        char cmd[PATH_MAX + 1024], out[4096];
         snprintf(cmd, sizeof cmd, "LD_PRELOAD=%s PDMOE_TEST_THREADS_MAX=%d ASAN_OPTIONS=$ASAN_OPTIONS:verify_asan_link_order=0 "
                  "timeout 60 %s serve --model %s --port %d --threads 4 2>&1", shim, c[i].max, bin, dir, port);
         FILE *p = popen(cmd, "r");

@@ -479,12 +479,9 @@ Test(pool, an_instance_back_after_a_long_death_is_in_rotation_within_an_interval
  * returns once the proxy is ready. */
 static void start_shimmed(const char *const *args, int port, int blocked, const char *log)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-    char shim[512];
-    snprintf(shim, sizeof shim, "%s", bin);
-    char *slash = strrchr(shim, '/');
-    snprintf(slash ? slash + 1 : shim, sizeof shim - (size_t)(slash ? slash + 1 - shim : 0), "libnoport.so");
-    cr_assert_eq(access(shim, R_OK), 0, "no %s", shim);
+    const char *bin = pdmoe_bin();
+    char shim[PATH_MAX];
+    test_shim("libnoport.so", shim);
     snprintf(noport_file, sizeof noport_file, "/tmp/pdmoe-noport-%d", (int)getpid());
     unlink(noport_file);
     snprintf(noport_log, sizeof noport_log, "%s", log);

@@ -29,11 +29,6 @@ static pid_t group, single, group2;
 static int base_port;
 static const char *group_max_len = "512";   /* --max-model-len of the EP groups */
 
-static const char *bin(void)
-{
-    return getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-}
-
 static void setup(void)
 {
     tmp_model("v4-tiny", 17, dir, sizeof dir);
@@ -104,12 +99,8 @@ static pid_t start_group_of(int port, int ranks, int seqs, const char *kv)
     if (group_clock_shift) {
         /* the shim beside the binary; under ASan it comes before ASan's runtime, which then must
          * not insist on being first */
-        char shim[PATH_MAX];
-        snprintf(shim, sizeof shim, "%s", bin());
-        char *slash = strrchr(shim, '/');
-        snprintf(slash ? slash + 1 : shim, sizeof shim - (size_t)(slash ? slash + 1 - shim : 0), "libclockshift.so");
         char abs[PATH_MAX];
-        cr_assert_not_null(realpath(shim, abs), "%s: build it (make %s)", shim, shim);
+        test_shim("libclockshift.so", abs);
         snprintf(preload, sizeof preload, "LD_PRELOAD=%s", abs);
         snprintf(shift, sizeof shift, "PDMOE_TEST_CLOCK_SHIFT_S=%s", group_clock_shift);
         /* (with the log_path of child_env's: a rank's report reaches the test) */
@@ -118,7 +109,7 @@ static pid_t start_group_of(int port, int ranks, int seqs, const char *kv)
         for (int i = 0; i < 6; i++)
             argv[n++] = x[i];
     }
-    char *rest[] = {(char *)bin(), "serve", "--model", dir, "--enable-expert-parallel", "--data-parallel-size", sn,
+    char *rest[] = {(char *)pdmoe_bin(), "serve", "--model", dir, "--enable-expert-parallel", "--data-parallel-size", sn,
                     "--port", sp, "--threads", "1", "--max-num-seqs", ss, "--max-model-len", (char *)group_max_len,
                     "--served-model-name", "tiny", kv ? "--kv-transfer-config" : NULL, (char *)kv, NULL};
     for (size_t i = 0; i < sizeof rest / sizeof *rest; i++)
@@ -140,7 +131,7 @@ static pid_t start_single(int port)
 {
     char sp[16];
     snprintf(sp, sizeof sp, "%d", port);
-    char *argv[] = {(char *)bin(), "serve", "--model", dir, "--port", sp, "--threads", "1", "--max-num-seqs", "8",
+    char *argv[] = {(char *)pdmoe_bin(), "serve", "--model", dir, "--port", sp, "--threads", "1", "--max-num-seqs", "8",
                     "--max-model-len", "512", "--served-model-name", "tiny", NULL};
     return launch(argv, port);
 }
@@ -450,18 +441,18 @@ Test(server_ep, bad_flag_combinations_are_one_line_errors)
     char cmd[1024], err[1 << 14];
     /* without mpirun */
     snprintf(cmd, sizeof cmd, "env -u OMPI_COMM_WORLD_SIZE -u PMIX_RANK -u PMI_RANK %s serve --model %s "
-             "--enable-expert-parallel --port %d", bin(), dir, base_port);
+             "--enable-expert-parallel --port %d", pdmoe_bin(), dir, base_port);
     cr_assert_eq(run(cmd, err, sizeof err), 2, "%s", err);
     expect_one_line(err, "--enable-expert-parallel");
     cr_assert(strstr(err, "mpirun"), "%s", err);
     /* the group's size differs from --data-parallel-size */
     snprintf(cmd, sizeof cmd, "timeout 60 mpirun -n 2 --oversubscribe %s serve --model %s --enable-expert-parallel "
-             "--data-parallel-size 3 --port %d", bin(), dir, base_port);
+             "--data-parallel-size 3 --port %d", pdmoe_bin(), dir, base_port);
     int rc = run(cmd, err, sizeof err);
     cr_assert(rc != 0 && rc != 124, "exit %d: %s", rc, err);
     expect_one_line(err, "--data-parallel-size 3");
     /* data parallelism without expert parallelism */
-    snprintf(cmd, sizeof cmd, "%s serve --model %s --data-parallel-size 2 --port %d", bin(), dir, base_port);
+    snprintf(cmd, sizeof cmd, "%s serve --model %s --data-parallel-size 2 --port %d", pdmoe_bin(), dir, base_port);
     cr_assert_eq(run(cmd, err, sizeof err), 2, "%s", err);
     expect_one_line(err, "--enable-expert-parallel");
 }
@@ -476,7 +467,7 @@ Test(server_ep, a_stopped_rank_ends_the_group_after_the_watchdog_timeout)
     int pg = base_port + 3;
     char sp[16];
     snprintf(sp, sizeof sp, "%d", pg);
-    char *argv[] = {"mpirun", "-n", "2", "--oversubscribe", (char *)bin(), "serve", "--model", dir,
+    char *argv[] = {"mpirun", "-n", "2", "--oversubscribe", (char *)pdmoe_bin(), "serve", "--model", dir,
                     "--enable-expert-parallel", "--data-parallel-size", "2", "--port", sp, "--threads", "1",
                     "--max-num-seqs", "4", "--max-model-len", (char *)group_max_len, "--served-model-name", "tiny",
                     "--watchdog-timeout", "14", NULL};
@@ -535,7 +526,7 @@ Test(server_ep, ranks_that_load_other_models_are_refused_at_start)
     snprintf(cmd, sizeof cmd, "timeout 90 mpirun --oversubscribe -n 1 %s serve --model %s --enable-expert-parallel "
              "--data-parallel-size 2 --port %d --max-model-len 256 : -n 1 %s serve --model %s "
              "--enable-expert-parallel --data-parallel-size 2 --port %d --max-model-len 256",
-             bin(), dir, base_port, bin(), other, base_port);
+             pdmoe_bin(), dir, base_port, pdmoe_bin(), other, base_port);
     int rc = run(cmd, err, sizeof err);
     rm_model(other);
     cr_assert(rc != 0 && rc != 124, "exit %d: %s", rc, err);
@@ -813,9 +804,9 @@ Test(server_ep, mtp_speculation_in_a_group_gives_the_tokens_of_one_plain_process
     char sp[16], sq[16];
     snprintf(sp, sizeof sp, "%d", pg);
     snprintf(sq, sizeof sq, "%d", ps);
-    char *plain[] = {(char *)bin(), "serve", "--model", spec_dir, "--port", sq, "--threads", "1", "--max-num-seqs", "8",
+    char *plain[] = {(char *)pdmoe_bin(), "serve", "--model", spec_dir, "--port", sq, "--threads", "1", "--max-num-seqs", "8",
                      "--max-model-len", "512", "--served-model-name", "tiny", NULL};
-    char *spec[] = {"mpirun", "-n", "2", "--oversubscribe", (char *)bin(), "serve", "--model", spec_dir,
+    char *spec[] = {"mpirun", "-n", "2", "--oversubscribe", (char *)pdmoe_bin(), "serve", "--model", spec_dir,
                     "--enable-expert-parallel", "--data-parallel-size", "2", "--port", sp, "--threads", "1",
                     "--max-num-seqs", "2", "--max-model-len", "512", "--served-model-name", "tiny",
                     "--speculative-config", "{\"method\":\"mtp\",\"num_speculative_tokens\":3}", NULL};
@@ -885,7 +876,7 @@ Test(server_ep, each_rank_caches_its_prefixes_and_completes_as_without_the_cache
     int pg = base_port, ps = base_port + 1;
     char sq[16];
     snprintf(sq, sizeof sq, "%d", ps);
-    char *plain[] = {(char *)bin(), "serve", "--model", dir, "--port", sq, "--threads", "1", "--max-num-seqs", "8",
+    char *plain[] = {(char *)pdmoe_bin(), "serve", "--model", dir, "--port", sq, "--threads", "1", "--max-num-seqs", "8",
                      "--max-model-len", "1024", "--served-model-name", "tiny", "--no-enable-prefix-caching", NULL};
     single = launch(plain, ps);
     group_max_len = "1024";
@@ -932,10 +923,10 @@ Test(server_ep, a_hung_producer_does_not_end_a_decode_group)
     snprintf(sp, sizeof sp, "%d", P);
     snprintf(sd, sizeof sd, "%d", D);
     snprintf(kvp, sizeof kvp, "{\"kv_role\":\"kv_producer\",\"kv_port\":%d,\"engine_id\":\"p\"}", base_port + 3);
-    char *pargv[] = {(char *)bin(), "serve", "--model", dir, "--port", sp, "--threads", "1", "--max-num-seqs", "4",
+    char *pargv[] = {(char *)pdmoe_bin(), "serve", "--model", dir, "--port", sp, "--threads", "1", "--max-num-seqs", "4",
                      "--max-model-len", "512", "--served-model-name", "tiny", "--kv-transfer-config", kvp, NULL};
     single = launch(pargv, P);
-    char *dargv[] = {"mpirun", "-n", "2", "--oversubscribe", (char *)bin(), "serve", "--model", dir,
+    char *dargv[] = {"mpirun", "-n", "2", "--oversubscribe", (char *)pdmoe_bin(), "serve", "--model", dir,
                      "--enable-expert-parallel", "--data-parallel-size", "2", "--port", sd, "--threads", "1",
                      "--max-num-seqs", "4", "--max-model-len", (char *)group_max_len, "--served-model-name", "tiny",
                      "--watchdog-timeout", "3", "--kv-transfer-config",
