@@ -191,7 +191,7 @@ static void wait_health(int port)
  * proxy --api-key K`, which sends K on to the server. */
 Test(auth, pdmoe_serve_and_proxy_with_one_key)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     char sp[16], pp[16], dec[32];
     snprintf(sp, sizeof sp, "%d", free_port());
     snprintf(pp, sizeof pp, "%d", free_port());

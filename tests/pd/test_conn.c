@@ -179,7 +179,7 @@ static int spawn_limited(int nofile, const char *const *args)
 {
     int pfd[2];
     cr_assert_eq(pipe(pfd), 0);
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     child = fork_pdmoe();
     cr_assert_geq(child, 0);
     if (child == 0) {
@@ -752,7 +752,7 @@ Test(conn, out_of_descriptors_pauses_accept_without_spinning_and_logs_once)
  * every instance where two descriptors were counted): (255 - 32 - 18) / 2. */
 Test(conn, the_proxys_cap_leaves_descriptors_for_its_upstream_connections)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     int port = free_port();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "ulimit -n 255 && exec %s proxy --decode 127.0.0.1:1 --port %d 2>/dev/null", bin, port);
@@ -775,7 +775,7 @@ Test(conn, the_proxys_cap_leaves_descriptors_for_its_upstream_connections)
  * proxy's cap is a handful (its kept-alive connections lowered too): the one past it is refused. */
 Test(conn, a_cap_lowered_by_the_open_file_limit_is_named_in_the_refusal)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     int port = free_port();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "ulimit -n 60 && exec %s proxy --decode 127.0.0.1:1 --port %d 2>/dev/null", bin, port);
@@ -813,7 +813,7 @@ static int run_limited(int resource, rlim_t value, const char *const *args, int 
 {
     int pfd[2];
     cr_assert_eq(pipe(pfd), 0);
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     char sp[16];
     snprintf(sp, sizeof sp, "%d", port);
     child = fork_pdmoe();
@@ -971,7 +971,7 @@ Test(conn, an_address_space_limit_too_low_for_the_model_or_the_pool_is_named)
  * is a full 64 KiB tmpfs, as in a container given no room there; its output in out. */
 static int run_full_shm(const char *args, int mpi, char *out, size_t cap)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
              "unshare -m sh -c 'mount -t tmpfs -o size=64k tmpfs /dev/shm && "
@@ -1042,7 +1042,7 @@ Test(conn, a_limit_on_threads_is_named)
 /* The flags are in both commands' --help, and a bad value is refused naming the flag. */
 Test(conn, serve_and_proxy_flags_are_documented_and_checked)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     static const char *const cmds[] = {"serve", "proxy"};
     for (int k = 0; k < 2; k++) {
         char cmd[512], out[8192];

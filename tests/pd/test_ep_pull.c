@@ -83,7 +83,7 @@ static pid_t pid_on(int port)
 
 Test(ep_pull, ranks_sleep_while_rank_0_waits_for_a_pull)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     const int port = test_ports(), prefill = port + 1, decode = port + 2;
     char out[256];
     snprintf(out, sizeof out, "%s/up.out", dir);

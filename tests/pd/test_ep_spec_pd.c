@@ -36,11 +36,6 @@ static char names[N_PIDS][64];   /* "pdmoe serve (port N, 2 ranks)", for a stop'
 static int by_mpirun[N_PIDS];    /* pids[i] is an mpirun (its ranks, the group) */
 static int base_port;
 
-static const char *bin(void)
-{
-    return getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-}
-
 static void setup(void)
 {
     tmp_model_agree("v4-tiny", 4, 0.7, dir, sizeof dir);
@@ -112,7 +107,7 @@ static void start(int slot, int port, int ranks, int k, const char *kv, int cach
         argv[n++] = "2";
         argv[n++] = "--oversubscribe";
     }
-    const char *common[] = {bin(), "serve", "--model", dir, "--port", sp, "--threads", "1", "--max-model-len", "1024",
+    const char *common[] = {pdmoe_bin(), "serve", "--model", dir, "--port", sp, "--threads", "1", "--max-model-len", "1024",
                             "--served-model-name", "tiny", "--max-num-seqs", ranks > 1 ? "2" : "4"};
     for (size_t i = 0; i < sizeof common / sizeof *common; i++)
         argv[n++] = common[i];

@@ -49,7 +49,7 @@ TestSuite(fault, .init = setup, .fini = teardown, .timeout = 180);
  * line it prints once it listens). */
 static int spawn_model(const char *model, const char *context, const char *kv_config, pid_t *pid)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     char log[128];
     snprintf(log, sizeof log, "%s/serve-%d.log", logs, n_pids);
     pid_t p = fork_pdmoe();

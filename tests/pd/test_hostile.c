@@ -535,7 +535,7 @@ Test(hostile, a_slow_answer_is_waited_for, .timeout = 120)
     char shim[PATH_MAX], instance[32], portarg[16], logp[] = "/tmp/pdmoe-hostile-XXXXXX";
     test_shim("libtimewarp.so", shim);
     snprintf(instance, sizeof instance, "127.0.0.1:%d", slow.port);
-    const int proxy_port = free_port();
+    const int proxy_port = test_ports();
     snprintf(portarg, sizeof portarg, "%d", proxy_port);
     int logfd = mkstemp(logp);
     cr_assert_geq(logfd, 0);
@@ -564,17 +564,17 @@ Test(hostile, a_slow_answer_is_waited_for, .timeout = 120)
         unsetenv("ASAN_OPTIONS");
     free(saved_asan);
     close(logfd);
-    /* in service once its first check came back */
-    char key[160], out[4096];
+    /* in service once its first check came back (nothing asserted until the child is stopped) */
+    char key[160], out[4096] = "";
     snprintf(key, sizeof key, "pdmoe_proxy_instance_up{role=\"decode\",instance=\"%s\"}", instance);
-    for (int i = 0; i < 500 && metric_key(proxy_port, key) != 1; i++)
+    for (int i = 0; i < 1000 && metric_key_or(proxy_port, key, 0) != 1; i++)
         usleep(20000);
-    const int up = metric_key(proxy_port, key) == 1;
+    const int up = metric_key_or(proxy_port, key, 0) == 1;
     const double t0 = pd_now_s();
     int code = up ? curl_port(proxy_port, "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", NULL, out, sizeof out) : 0;
     const double took = pd_now_s() - t0;
     snprintf(key, sizeof key, "pdmoe_proxy_instance_ejections_total{role=\"decode\",instance=\"%s\"}", instance);
-    const int64_t ejections = metric_key(proxy_port, key);
+    const int64_t ejections = metric_key_or(proxy_port, key, -1);
     kill(child, SIGTERM);
     int st;
     const int ended = reap_within(child, 0, &st);
@@ -737,7 +737,7 @@ Test(hostile, an_instances_broken_answer_is_the_instances_failure)
  * wrong address), not at every check. */
 Test(hostile, the_proxy_logs_an_instance_that_does_not_answer)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "timeout -s INT 1.5 %s proxy --decode 127.0.0.1:1 --port 0 --health-interval-ms 100", bin);
     static struct run r;   /* (its stdout buffer is large) */
@@ -753,7 +753,7 @@ Test(hostile, the_proxy_logs_an_instance_that_does_not_answer)
  * mode (a DEBUG line per request in serve). pdmoe serve and up take the same helper. */
 Test(hostile, stray_signals_do_not_stop_the_proxy)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     int proxy_port = free_port();
     char sp[16];
     snprintf(sp, sizeof sp, "%d", proxy_port);

@@ -411,7 +411,7 @@ Test(pool, one_failed_health_check_does_not_eject_three_do)
     cr_assert_eq(instance_metric("ejections_total", where), 1);
     /* a threshold below 1 is refused, by its flag's name */
     proxy_shutdown(&X, tx);
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     char cmd[512], out[4096];
     snprintf(cmd, sizeof cmd, "%s proxy --decode %s --health-failures 0 2>&1", bin, where);
     FILE *p = popen(cmd, "r");
@@ -628,7 +628,7 @@ Test(pool, a_connect_or_accept_short_of_descriptors_closes_idle_connections_and_
     snprintf(sport, sizeof sport, "%d", port);
     snprintf(log, sizeof log, "/tmp/pdmoe-emfile-%d.log", (int)getpid());
     snprintf(noport_log, sizeof noport_log, "%s", log);   /* (removed by fini if the test fails) */
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     child = fork_pdmoe();
     if (child == 0) {
         int lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644), nul = open("/dev/null", O_RDWR);

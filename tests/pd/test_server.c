@@ -94,7 +94,7 @@ Test(server, health_models_and_greedy_tokens_equal_generate)
     /* the same request through pdmoe generate */
     char cmd[512], gen[8192];
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt 'The sea froze' --max-tokens 12 --print-ids --threads 1",
-             getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe", dir);
+             pdmoe_bin(), dir);
     FILE *p = popen(cmd, "r");
     size_t n = fread(gen, 1, sizeof gen - 1, p);
     gen[n] = 0;

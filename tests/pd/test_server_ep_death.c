@@ -27,11 +27,6 @@ static char dir[64], log_path[96];
 static pid_t group;
 static int base_port;
 
-static const char *bin(void)
-{
-    return getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
-}
-
 static void setup(void)
 {
     tmp_model("v4-tiny", 17, dir, sizeof dir);
@@ -62,7 +57,7 @@ static pid_t start_group(int port)
 {
     char sp[16];
     snprintf(sp, sizeof sp, "%d", port);
-    char *argv[] = {"mpirun", "-n", "2", "--oversubscribe", (char *)bin(), "serve", "--model", dir,
+    char *argv[] = {"mpirun", "-n", "2", "--oversubscribe", (char *)pdmoe_bin(), "serve", "--model", dir,
                     "--enable-expert-parallel", "--data-parallel-size", "2", "--port", sp, "--threads", "1",
                     "--max-num-seqs", "4", "--max-model-len", "4096", "--served-model-name", "tiny", NULL};
     pid_t pid = fork();

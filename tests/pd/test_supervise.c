@@ -69,7 +69,7 @@ TestSuite(supervise, .init = setup, .fini = teardown, .timeout = 120);
  * or NULL), in the cgroup whose directory is `in` (NULL: this one's); its stderr in logs/up.err. */
 static void start_up_in(int port, const char *const *extra, const char *in)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     char out[128], err[128];
     snprintf(out, sizeof out, "%s/up.out", logs);
     snprintf(err, sizeof err, "%s/up.err", logs);

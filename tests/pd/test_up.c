@@ -147,7 +147,7 @@ static void stop_up(pid_t up, int port)
  * instance with it. Now up goes on and restarts the instance. */
 Test(up, a_closed_log_pipe_does_not_take_the_cluster_down)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     const int port = test_ports();
     char out[256];
     snprintf(out, sizeof out, "%s/up.out", dir);
@@ -189,7 +189,7 @@ Test(up, a_closed_log_pipe_does_not_take_the_cluster_down)
  * waits for the old processes' ports before it starts the group again: one restart. */
 Test(up, a_killed_mpirun_is_started_again_once)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     const int port = test_ports();
     pid_t up = start_up(bin, port, 2);
     char cmd[200];
@@ -227,7 +227,7 @@ Test(up, a_killed_mpirun_is_started_again_once)
 
 Test(up, cluster_matches_colocated_and_stops_cleanly)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     const int port = test_ports();
     pid_t up = start_up(bin, port, 1);
     char a[8192];
@@ -256,7 +256,7 @@ Test(up, cluster_matches_colocated_and_stops_cleanly)
 
 Test(up, ep_groups_on_both_sides_match_colocated_and_free_every_rank)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     const int port = test_ports();
     pid_t up = start_up(bin, port, 2);
     const char *name = strrchr(dir, '/') + 1;
@@ -317,7 +317,7 @@ Test(up, ep_groups_on_both_sides_match_colocated_and_free_every_rank)
 
 Test(up, ep_sizes_this_machine_cannot_run_are_refused)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     char cmd[512], err[4096];
     snprintf(cmd, sizeof cmd, "%s up --model %s --decode-ep 9 2>&1 >/dev/null", bin, dir);
     FILE *p = popen(cmd, "r");
@@ -333,7 +333,7 @@ Test(up, ep_sizes_this_machine_cannot_run_are_refused)
  * /health answers for its own, say it was ready and restart its children for ever. */
 Test(up, ports_in_use_are_refused_by_name_before_anything_starts)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     const int port = test_ports();
     int l[2];
     for (int i = 0; i < 2; i++) {
@@ -373,7 +373,7 @@ static void *close_after(void *arg)
  * once failed on every port they still held). */
 Test(up, ports_freed_within_seconds_are_waited_for)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     const int port = test_ports();
     int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + 1))};
@@ -405,7 +405,7 @@ static int shm_files(const char *prefix)
  * ranks' shared-memory segments in /dev/shm. */
 Test(up, a_stopped_child_is_continued_to_stop_and_leaves_no_shared_memory)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     const int port = test_ports();
     int shm0 = shm_files("vader_segment");
     pid_t up = start_up(bin, port, 2);
@@ -454,7 +454,7 @@ static int up_dir_of(pid_t pid, char *out, size_t cap)
  * by the next pdmoe up, which leaves a live run's alone. */
 Test(up, a_killed_up_leaves_no_process_and_its_directory_is_swept_next_time)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     const int port = test_ports();
     pid_t up = start_up(bin, port, 1);
     char stale[256], live[] = "/tmp/pdmoe-up-testXXXXXX", pidfile[300];
@@ -497,7 +497,7 @@ Test(up, a_full_tmpdir_is_said_and_leaves_no_file_behind)
 {
     if (geteuid() != 0)
         cr_skip_test("needs root (a mount namespace of its own)");
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     const int port = test_ports();
     char d[] = "/tmp/pdmoe-test-tmpdirXXXXXX", out[256], err[256];
     cr_assert_not_null(mkdtemp(d));
@@ -577,7 +577,7 @@ static void time_wait_on(int port)
 
 Test(up, a_new_cluster_binds_the_kv_port_the_last_one_left_in_time_wait)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     const int port = test_ports();
     time_wait_on(port + 100);   /* prefill instance 0's kv_port */
     pid_t up = start_up(bin, port, 1);
@@ -632,7 +632,7 @@ static void up_refuses_plan(const char *bin, const char *plan, const char *needl
  * not fit this machine's memory is refused, naming the plan. */
 Test(up, plan_sizes_the_instances_and_their_kv_pools)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     char hw[128], plan[128], cmd[1024];
     snprintf(hw, sizeof hw, "%s/hw.json", dir);
     snprintf(plan, sizeof plan, "%s/plan.json", dir);
@@ -680,7 +680,7 @@ Test(up, plan_sizes_the_instances_and_their_kv_pools)
  * fit is refused by name before anything starts. */
 Test(up, a_pool_smaller_than_max_num_seqs_launches_what_it_holds)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     char hw[128], plan[128], cmd[1024];
     snprintf(hw, sizeof hw, "%s/hw.json", dir);
     snprintf(plan, sizeof plan, "%s/plan.json", dir);
@@ -728,7 +728,7 @@ Test(up, a_pool_smaller_than_max_num_seqs_launches_what_it_holds)
  * hung up). */
 Test(up, an_aggregated_plan_starts_colocated_instances_and_bad_plans_are_named)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     char hw[128], plan[128], cmd[1024];
     snprintf(hw, sizeof hw, "%s/hw.json", dir);
     snprintf(plan, sizeof plan, "%s/plan.json", dir);
@@ -796,7 +796,7 @@ Test(up, an_aggregated_plan_starts_colocated_instances_and_bad_plans_are_named)
  * proxy's; with --plan, which sets them, they are refused by name. */
 Test(up, engine_flags_reach_every_instance)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     const int port = test_ports();
     char out[256], sp[16];
     snprintf(out, sizeof out, "%s/up.out", dir);
@@ -865,7 +865,7 @@ Test(up, engine_flags_reach_every_instance)
  * `generate` without MTP gives them; every rank's pool is full again. */
 static void speculative_up(int port, int ep)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     char out[256], sp[16], se[16];
     snprintf(out, sizeof out, "%s/up.out", dir);
     snprintf(sp, sizeof sp, "%d", port);
@@ -969,7 +969,7 @@ static char *slurp(const char *file)
  * 503; then everything stops, up exits 0 and nothing is left on the ports. */
 Test(up, a_shutdown_timeout_lets_the_streams_in_flight_finish)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     tmp_model_positions(dir, 16384);
     const int port = test_ports();
     char out[256], sp[16], sse[256];
@@ -1018,7 +1018,7 @@ Test(up, a_shutdown_timeout_lets_the_streams_in_flight_finish)
  * event and [DONE]), and a second signal ends it at once; serve exits 0 either way. */
 Test(up, serve_drains_until_its_shutdown_timeout_or_a_second_signal)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     tmp_model_positions(dir, 16384);
     const int port = test_ports();
     char sp[16], sse[256];
@@ -1079,7 +1079,7 @@ static pid_t run_to(const char *out, int err, const char *const *argv)
  * starts: it asked for model.safetensors alone, though serve loads both. */
 Test(up, a_sharded_checkpoint_is_started)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     const int port = test_ports();
     char rel[64], out[256], cmd[512];
     snprintf(rel, sizeof rel, "/tmp/pdmoe-up-shards-XXXXXX");
@@ -1107,7 +1107,7 @@ Test(up, a_sharded_checkpoint_is_started)
  * left running on their ports and in /tmp). */
 Test(up, a_terminated_soak_stops_its_cluster)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     const int port = test_ports();
     char out[256];
     snprintf(out, sizeof out, "%s/soak.out", dir);
@@ -1160,7 +1160,7 @@ static int occurrences(const char *s, const char *needle)
  * an EP group's Open MPI banners, 78 lines in all. */
 Test(up, an_instance_that_refuses_its_configuration_is_not_started_again)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     char err[16384], args[256];
     const int port = test_ports();
     snprintf(args, sizeof args, "--port %d --max-model-len 100000000 --decode-ep 2", port);
@@ -1176,7 +1176,7 @@ Test(up, an_instance_that_refuses_its_configuration_is_not_started_again)
  * only: four ranks of 40% of the memory left each started). */
 Test(up, pools_that_the_host_cannot_hold_together_are_refused)
 {
-    const char *bin = getenv("PDMOE_BIN") ? getenv("PDMOE_BIN") : "build/pdmoe";
+    const char *bin = pdmoe_bin();
     FILE *f = fopen("/proc/meminfo", "r");
     cr_assert_not_null(f);
     long long kb = 0;

@@ -238,6 +238,18 @@ static inline int64_t metric_key(int port, const char *key)
     return atoll(p + strlen(k));
 }
 
+/* The same without asserting (for a test that must stop its child first): `missing` when /metrics
+ * does not answer or holds no key. */
+static inline int64_t metric_key_or(int port, const char *key, int64_t missing)
+{
+    char out[1 << 14], k[192];
+    if (curl_port(port, "/metrics", NULL, NULL, out, sizeof out) != 200)
+        return missing;
+    snprintf(k, sizeof k, "\n%s ", key);
+    const char *p = strstr(out, k);
+    return p ? atoll(p + strlen(k)) : missing;
+}
+
 static inline int metric_port(int port, const char *name)
 {
     return (int)metric_key(port, name);
