@@ -41,23 +41,45 @@ static inline void child_asan_options(char *buf, size_t cap, const char *extra)
     cr_assert(n > 0 && (size_t)n < cap, "ASAN_OPTIONS too long");
 }
 
-/* environ with ASAN_OPTIONS ending in log_path=/tmp/pdmoe-san.TESTPID (malloc'ed; child_env_free) */
-static inline char **child_env(void)
+/* Whether environment entry `entry` ("NAME=value") has the name of one of vars' ("NAME=value",
+ * NULL-ended; vars may be NULL). */
+static inline int env_named(const char *entry, const char *const *vars)
 {
-    size_t n = 0;
+    const size_t n = strcspn(entry, "=");
+    for (size_t i = 0; vars && vars[i]; i++)
+        if (strncmp(entry, vars[i], n) == 0 && vars[i][n] == '=')
+            return 1;
+    return 0;
+}
+
+/* environ with ASAN_OPTIONS ending in `asan_extra` (NULL or options) and
+ * log_path=/tmp/pdmoe-san.TESTPID, and the variables of vars ("NAME=value", NULL-ended, or NULL)
+ * in place of any of those names (malloc'ed; child_env_free) */
+static inline char **child_env_with(const char *asan_extra, const char *const *vars)
+{
+    size_t n = 0, nv = 0;
     while (environ[n])
         n++;
-    char **env = calloc(n + 2, sizeof *env);
+    while (vars && vars[nv])
+        nv++;
+    char **env = calloc(n + nv + 2, sizeof *env);
     cr_assert_not_null(env);
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (strncmp(environ[i], "ASAN_OPTIONS=", 13))
+        if (strncmp(environ[i], "ASAN_OPTIONS=", 13) && !env_named(environ[i], vars))
             env[k++] = strdup(environ[i]);
     char opt[2048];
-    child_asan_options(opt, sizeof opt, NULL);
+    child_asan_options(opt, sizeof opt, asan_extra);
     env[k++] = strdup(opt);
+    for (size_t i = 0; i < nv; i++)
+        env[k++] = strdup(vars[i]);
     env[k] = NULL;
     return env;
+}
+
+static inline char **child_env(void)
+{
+    return child_env_with(NULL, NULL);
 }
 
 static inline void child_env_free(char **env)
@@ -84,10 +106,11 @@ static inline void test_shim(const char *name, char *path)
     cr_assert_not_null(realpath(shim, path), "%s: build it (make %s)", shim, shim);
 }
 
-/* fork() for a child that will exec pdmoe (directly, through bash -c "exec ...", or mpirun). */
-static inline pid_t fork_pdmoe(void)
+/* fork() for a child that will exec pdmoe (directly, through bash -c "exec ...", or mpirun), with
+ * environment env (child_env's: built before the fork, so that the child allocates nothing
+ * between fork and exec in a test that runs threads; freed here in the parent). */
+static inline pid_t fork_pdmoe_env(char **env)
 {
-    char **env = child_env();
     pid_t p = fork();
     if (p == 0) {
         environ = env;   /* (the copy is the child's now: never freed) */
@@ -96,6 +119,29 @@ static inline pid_t fork_pdmoe(void)
     child_env_free(env);
     cr_assert_geq(p, 0, "fork failed");
     return p;
+}
+
+static inline pid_t fork_pdmoe(void)
+{
+    return fork_pdmoe_env(child_env());
+}
+
+/* fork_pdmoe() for a child under the test shim at `shim` (test_shim's path): LD_PRELOAD=shim and
+ * the variables of vars ("NAME=value", NULL-ended, at most 8) in its environment, and ASAN_OPTIONS
+ * with verify_asan_link_order=0 (the shim comes before ASan's runtime, which then must not insist
+ * on being first). This process's environment is left as it was. */
+static inline pid_t fork_pdmoe_shimmed(const char *shim, const char *const *vars)
+{
+    char preload[PATH_MAX + 16];
+    snprintf(preload, sizeof preload, "LD_PRELOAD=%s", shim);
+    const char *all[10] = {preload};
+    size_t n = 1;
+    for (; vars && vars[n - 1]; n++) {
+        cr_assert_lt(n, 9, "more than 8 variables for a shimmed child");
+        all[n] = vars[n - 1];
+    }
+    all[n] = NULL;
+    return fork_pdmoe_env(child_env_with("verify_asan_link_order=0", all));
 }
 
 /* Appends to msg (capacity cap) the first lines of the sanitizer report in `path`, removes it. */

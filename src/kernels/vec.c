@@ -803,7 +803,8 @@ static int avx2_dot(void)
     return !__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
-/* pd_vec_dot_avx2 over rows, one token through the tiles (vec_avx2.h): the same bits, fp32 or bf16. */
+/* pd_vec_dot_avx2 over rows, one token through the tiles (vec_avx2.h): the same bits; fp32 here,
+ * bf16 in its twin below. */
 static void dot_rows_f32_avx2(const float *w, size_t ld, const float *x, int n, int rows, float *y)
 {
     pd_vec_dot_rows_tokens_avx2(w, 0, ld, x, 0, 1, n, rows, y, 0);

@@ -52,22 +52,13 @@ static pid_t start_failing_up(int port, int decode_ep, int fail_port, const char
     snprintf(err, sizeof err, "%s/up.err", dir);
     remove(out);   /* (a run before this one's "Ctrl-C" line is not this one's readiness) */
     remove(err);
-    char args[64], st[16], asan[2048];
-    snprintf(args, sizeof args, "--port %d", fail_port);
-    snprintf(st, sizeof st, "%d", status);
-    /* the children's environment (fork_pdmoe copies this one's): the shim comes before ASan's
-     * runtime, which then must not insist on being first */
-    const char *old = getenv("ASAN_OPTIONS");
-    char *saved = old ? strdup(old) : NULL;
-    snprintf(asan, sizeof asan, "%s%sverify_asan_link_order=0", old ? old : "", old && *old ? ":" : "");
-    setenv("ASAN_OPTIONS", asan, 1);
-    setenv("LD_PRELOAD", abs, 1);
-    setenv("PDMOE_TEST_EXIT_ARGS", args, 1);
-    setenv("PDMOE_TEST_EXIT_STATUS", st, 1);
-    if (rank)
-        setenv("PDMOE_TEST_EXIT_RANK", rank, 1);
+    char args[96], st[48], rk[64];
+    snprintf(args, sizeof args, "PDMOE_TEST_EXIT_ARGS=--port %d", fail_port);
+    snprintf(st, sizeof st, "PDMOE_TEST_EXIT_STATUS=%d", status);
+    snprintf(rk, sizeof rk, "PDMOE_TEST_EXIT_RANK=%s", rank ? rank : "");
     mpi_test_env();
-    pid_t up = fork_pdmoe();
+    /* (up's children inherit the shim and its variables from up) */
+    pid_t up = fork_pdmoe_shimmed(abs, (const char *const[]){args, st, rank ? rk : NULL, NULL});
     if (up == 0) {
         char sp[16], se[16];
         snprintf(sp, sizeof sp, "%d", port);
@@ -77,13 +68,6 @@ static pid_t start_failing_up(int port, int decode_ep, int fail_port, const char
         execl(pdmoe_bin(), pdmoe_bin(), "up", "--model", dir, "--port", sp, "--decode-ep", se, "--threads", "1", (char *)NULL);
         _exit(127);
     }
-    unsetenv("LD_PRELOAD");
-    unsetenv("PDMOE_TEST_EXIT_ARGS");
-    unsetenv("PDMOE_TEST_EXIT_STATUS");
-    unsetenv("PDMOE_TEST_EXIT_RANK");
-    if (saved)
-        setenv("ASAN_OPTIONS", saved, 1);
-    free(saved);
     up_pid = up;
     cr_assert(up_wait_ready(out), "pdmoe up did not become ready");
     return up;

@@ -539,30 +539,15 @@ Test(hostile, a_slow_answer_is_waited_for, .timeout = 120)
     snprintf(portarg, sizeof portarg, "%d", proxy_port);
     int logfd = mkstemp(logp);
     cr_assert_geq(logfd, 0);
-    /* the child's environment (fork_pdmoe copies this one's before the fork: nothing allocates
-     * between fork and exec beside the fake's threads); the shim comes before ASan's runtime, which
-     * then must not insist on being first */
-    const char *old_asan = getenv("ASAN_OPTIONS");
-    char *saved_asan = old_asan ? strdup(old_asan) : NULL, asan[2048], rates[16];
-    snprintf(asan, sizeof asan, "%s%sverify_asan_link_order=0", old_asan ? old_asan : "", old_asan && *old_asan ? ":" : "");
-    snprintf(rates, sizeof rates, "%d", rate);
-    setenv("ASAN_OPTIONS", asan, 1);
-    setenv("LD_PRELOAD", shim, 1);
-    setenv("PDMOE_TEST_TIME_RATE", rates, 1);
-    pid_t child = fork_pdmoe();
+    char rates[32];
+    snprintf(rates, sizeof rates, "PDMOE_TEST_TIME_RATE=%d", rate);
+    pid_t child = fork_pdmoe_shimmed(shim, (const char *const[]){rates, NULL});
     if (child == 0) {
         dup2(logfd, 2);
         execl(pdmoe_bin(), pdmoe_bin(), "proxy", "--decode", instance, "--port", portarg, "--health-interval-ms", "500",
               "--health-timeout-ms", "10000", (char *)NULL);
         _exit(127);
     }
-    unsetenv("LD_PRELOAD");
-    unsetenv("PDMOE_TEST_TIME_RATE");
-    if (saved_asan)
-        setenv("ASAN_OPTIONS", saved_asan, 1);
-    else
-        unsetenv("ASAN_OPTIONS");
-    free(saved_asan);
     close(logfd);
     /* in service once its first check came back (nothing asserted until the child is stopped) */
     char key[160], out[4096] = "";

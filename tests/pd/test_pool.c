@@ -485,20 +485,14 @@ static void start_shimmed(const char *const *args, int port, int blocked, const 
     snprintf(noport_file, sizeof noport_file, "/tmp/pdmoe-noport-%d", (int)getpid());
     unlink(noport_file);
     snprintf(noport_log, sizeof noport_log, "%s", log);
-    char portarg[16], bport[16];
+    char portarg[16], bport[48], nfile[sizeof noport_file + 32];
     snprintf(portarg, sizeof portarg, "%d", port);
-    snprintf(bport, sizeof bport, "%d", blocked);
-    child = fork_pdmoe();
+    snprintf(bport, sizeof bport, "PDMOE_TEST_NOPORT_PORT=%d", blocked);
+    snprintf(nfile, sizeof nfile, "PDMOE_TEST_NOPORT_FILE=%s", noport_file);
+    child = fork_pdmoe_shimmed(shim, (const char *const[]){nfile, blocked ? bport : NULL, NULL});
     if (child == 0) {
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(fd, 2);
-        setenv("LD_PRELOAD", shim, 1);
-        setenv("PDMOE_TEST_NOPORT_FILE", noport_file, 1);
-        if (blocked)
-            setenv("PDMOE_TEST_NOPORT_PORT", bport, 1);
-        char asan[512];
-        snprintf(asan, sizeof asan, "%s:verify_asan_link_order=0", getenv("ASAN_OPTIONS") ? getenv("ASAN_OPTIONS") : "");
-        setenv("ASAN_OPTIONS", asan, 1);
         const char *argv[32] = {bin};
         int n = 1;
         for (; args[n - 1]; n++)

@@ -227,27 +227,33 @@ static inline json_t *parse(const char *s)
 }
 
 
+/* The value of `key` (a name with any labels) in the text of a /metrics answer: where it starts,
+ * or NULL when the text has no such line. */
+static inline const char *metric_in(const char *text, const char *key)
+{
+    char k[192];
+    snprintf(k, sizeof k, "\n%s ", key);
+    const char *p = strstr(text, k);
+    return p ? p + strlen(k) : NULL;
+}
+
 /* A counter or gauge of a server's /metrics; `key` is its name with any labels. */
 static inline int64_t metric_key(int port, const char *key)
 {
-    char out[1 << 14], k[192];
+    char out[1 << 14];
     cr_assert_eq(curl_port(port, "/metrics", NULL, NULL, out, sizeof out), 200);
-    snprintf(k, sizeof k, "\n%s ", key);
-    char *p = strstr(out, k);
+    const char *p = metric_in(out, key);
     cr_assert_not_null(p, "no %s in /metrics of port %d", key, port);
-    return atoll(p + strlen(k));
+    return atoll(p);
 }
 
 /* The same without asserting (for a test that must stop its child first): `missing` when /metrics
  * does not answer or holds no key. */
 static inline int64_t metric_key_or(int port, const char *key, int64_t missing)
 {
-    char out[1 << 14], k[192];
-    if (curl_port(port, "/metrics", NULL, NULL, out, sizeof out) != 200)
-        return missing;
-    snprintf(k, sizeof k, "\n%s ", key);
-    const char *p = strstr(out, k);
-    return p ? atoll(p + strlen(k)) : missing;
+    char out[1 << 14];
+    const char *p = curl_port(port, "/metrics", NULL, NULL, out, sizeof out) == 200 ? metric_in(out, key) : NULL;
+    return p ? atoll(p) : missing;
 }
 
 static inline int metric_port(int port, const char *name)
