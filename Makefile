@@ -48,7 +48,7 @@ $(BUILD)/pdmoe: $(CLI_OBJ) $(BUILD)/libpdmoe.a
 # Each test runs inside tests/criterion_wrap.c's wrappers: an assertion in its fixtures' .fini and,
 # under the sanitizers, a leak fail the test; a test that skips still runs its .fini.
 $(BUILD)/pdmoe-tests: $(TEST_OBJ) $(BUILD)/bench/onednn.o $(BUILD)/bench/kernels.o $(BUILD)/bench/ceilings.o $(BUILD)/bench/bound.o \
-                     $(BUILD)/bench/step.o \
+                     $(BUILD)/bench/step.o $(BUILD)/bench/report.o \
                      $(BUILD)/libpdmoe.a | $(BUILD)/libclockshift.so $(BUILD)/libnothreads.so $(BUILD)/libnoport.so \
                      $(BUILD)/libexitstatus.so $(BUILD)/libtimewarp.so
 	$(CC) $(CFLAGS) -Wl,--wrap=criterion_internal_test_main,--wrap=criterion_skip_test -o $@ $^ $(LDLIBS) $(ANCHOR_LIBS) \

@@ -31,6 +31,7 @@
 
 #include "bench/ceilings.h"
 #include "bench/onednn.h"
+#include "bench/report.h"
 #include "core/threadpool.h"
 #include "core/timing.h"
 #include "engine/linear.h"
@@ -947,6 +948,52 @@ done:
     return rc;
 }
 
+/* Issue 17's targets (bench/report.h) on each GEMM and MoE case, once the ceilings are final: on
+ * the AMX kernel a GEMM against oneDNN (17.2) and the MoE case against the dense GEMM of its matrix
+ * shape at the same threads (17.2), elsewhere each against the int8 peak of the kernel's
+ * instructions (17.3). Every MoE case also gets "pdmoe_of_dense_gemm". The portable kernel has no
+ * peak and no target. */
+static void judge_cases(struct ctx *c)
+{
+    const int amx = c->k == PD_KERNEL_AMX;
+    const char *of_peak = c->k == PD_KERNEL_AVX2 ? "pdmoe_of_avx2_int8_peak" : "pdmoe_of_vnni_peak";
+    int said = 0;
+    for (size_t n = 0; n < json_array_size(c->cases); n++) {
+        json_t *o = json_array_get(c->cases, n);
+        const char *kind = json_string_value(json_object_get(o, "kind"));
+        const int moe = !strcmp(kind, "moe");
+        if (!moe && strcmp(kind, "gemm") != 0)
+            continue;
+        json_t *shape = json_object_get(o, "shape");
+        const json_int_t t = json_integer_value(json_object_get(o, "threads"));
+        if (moe)
+            for (size_t d = 0; d < json_array_size(c->cases); d++) {
+                json_t *g = json_array_get(c->cases, d), *gs = json_object_get(g, "shape");
+                if (strcmp(json_string_value(json_object_get(g, "kind")), "gemm") != 0 ||
+                    json_integer_value(json_object_get(g, "threads")) != t ||
+                    !json_equal(json_object_get(gs, "out"), json_object_get(shape, "out")) ||
+                    !json_equal(json_object_get(gs, "in"), json_object_get(shape, "in")))
+                    continue;
+                json_object_set_new(o, "pdmoe_of_dense_gemm",
+                                    json_real(json_number_value(json_object_get(o, "pdmoe_gflops")) /
+                                              json_number_value(json_object_get(g, "pdmoe_gflops"))));
+                break;
+            }
+        enum pd_bench_target tg = amx ? (moe ? PD_TARGET_AMX_MOE_OF_DENSE : PD_TARGET_AMX_OVER_ONEDNN)
+                                      : PD_TARGET_INT8_OF_PEAK;
+        const char *metric = amx ? (moe ? "pdmoe_of_dense_gemm" : "pdmoe_over_onednn") : of_peak;
+        json_t *v = json_object_get(o, metric);
+        if (!json_is_number(v) || c->k == PD_KERNEL_REF || c->k == PD_KERNEL_AMX_EMU)
+            continue;
+        json_object_set_new(o, "target", pd_bench_target_json(tg, metric, json_number_value(v)));
+        char *sh = json_dumps(shape, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        say(c, "%s  %s %s, %d thread%s: %s %.2f (target %s: %s)\n",
+            said++ ? "" : "\nIssue 17's targets:\n", kind, sh ? sh : "", (int)t, plural((int)t), metric,
+            json_number_value(v), pd_bench_target_text(tg), pd_bench_target_word(tg, json_number_value(v)));
+        free(sh);
+    }
+}
+
 int pd_bench_kernels(int argc, char **argv)
 {
     struct ctx c = {0};
@@ -981,11 +1028,15 @@ int pd_bench_kernels(int argc, char **argv)
     double t0 = pd_now_s();
     int rc = bench_ceilings(&c) < 0 || bench_gemv(&c) < 0 || bench_gemm(&c) < 0 ||
              bench_moe(&c) < 0 || bench_float(&c) < 0 || bench_experts(&c) < 0 || recheck_ceilings(&c) < 0;
+    if (!rc)
+        judge_cases(&c);
     if (!rc && c.o.json) {
         json_t *doc = json_pack("{s:s, s:s, s:s, s:b, s:b, s:b, s:O, s:O}", "bench", "kernels", "kernel",
                                 pd_gemm_kernel_name(c.k), "onednn", pd_onednn_version(), "onednn_int8_exact",
                                 onednn_exact, "quick", c.o.quick, "cpu_time", c.o.cpu_time, "ceilings", c.ceilings,
                                 "cases", c.cases);
+        json_object_set_new(doc, "command", pd_bench_command_json(argc, argv));
+        json_object_set_new(doc, "machine", pd_bench_machine_json());
         char *txt = json_dumps(doc, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
         printf("%s\n", txt);
         free(txt);

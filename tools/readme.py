@@ -10,7 +10,12 @@ An excerpt is a fenced block right after a marker line
     ```
 
 COMMAND runs with sh from the top of the tree (build/pdmoe must be built); the block becomes
-"$ COMMAND" and its standard output. `tools/readme.py` rewrites README.md in place;
+"$ COMMAND" and its standard output. Markdown that a command writes (a table) goes between
+
+    <!-- generated-markdown: COMMAND -->
+    ...its output, as the page's own text...
+    <!-- end of generated markdown -->
+ `tools/readme.py` rewrites README.md in place;
 `tools/readme.py --check` changes nothing and exits 1 naming every excerpt that differs (CI runs
 it, so a pasted excerpt cannot go stale).
 """
@@ -20,6 +25,15 @@ import subprocess
 import sys
 
 MARK = re.compile(r"^<!-- generated: (.*) -->$")
+MARK_MD = re.compile(r"^<!-- generated-markdown: (.*) -->$")
+END_MD = "<!-- end of generated markdown -->"
+
+
+def output_of(cmd, at):
+    run = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.exit(f"README.md:{at}: `{cmd}` exited {run.returncode}: {run.stderr.strip()}")
+    return [l + "\n" for l in run.stdout.rstrip("\n").split("\n")]
 
 
 def regenerate(lines):
@@ -28,7 +42,22 @@ def regenerate(lines):
         line = lines[i]
         out.append(line)
         m = MARK.match(line.rstrip("\n"))
+        md = MARK_MD.match(line.rstrip("\n"))
         i += 1
+        if md:
+            cmd = md.group(1)
+            end = i
+            while end < len(lines) and lines[end].rstrip("\n") != END_MD:
+                end += 1
+            if end == len(lines):
+                sys.exit(f"README.md:{i}: the markdown after `{cmd}` has no \"{END_MD}\" line")
+            block = output_of(cmd, i)
+            if block != lines[i:end]:
+                stale.append(cmd)
+            out.extend(block)
+            out.append(lines[end])
+            i = end + 1
+            continue
         if not m:
             continue
         cmd = m.group(1)
@@ -39,10 +68,7 @@ def regenerate(lines):
             end += 1
         if end == len(lines):
             sys.exit(f"README.md:{i + 1}: the block after `{cmd}` never closes")
-        run = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True)
-        if run.returncode != 0:
-            sys.exit(f"README.md:{i}: `{cmd}` exited {run.returncode}: {run.stderr.strip()}")
-        block = ["```\n", f"$ {cmd}\n"] + [l + "\n" for l in run.stdout.rstrip("\n").split("\n")] + ["```\n"]
+        block = ["```\n", f"$ {cmd}\n"] + output_of(cmd, i) + ["```\n"]
         if block != lines[i:end + 1]:
             stale.append(cmd)
         out.extend(block)

@@ -59,6 +59,14 @@ Test(bench_decode, bound_against_the_bandwidth_roofline)
         else if (num(c, "fp32_peak_flops") > 0 && num(c, "fp32_peak_flops") < 16 * num(c, "bandwidth_bytes_per_s"))
             /* a bf16 weight read in 2 bytes costs 2 x 16 flops: slower to multiply than to read */
             cr_assert_gt(bound, roof, "16 tokens: the float products bind: %g against %g ms", bound, roof);
+        /* issue 17.5's verdict on the fraction printed beside it (bench/report.h) */
+        json_t *t = json_object_get(c, "target");
+        cr_assert_str_eq(json_string_value(json_object_get(t, "metric")), "of_bandwidth_roofline");
+        cr_assert_float_eq(num(t, "min"), 0.85, 1e-12);
+        cr_assert(json_is_boolean(json_object_get(t, "met")) &&
+                      json_is_true(json_object_get(t, "met")) == (num(c, "of_bandwidth_roofline") >= 0.85),
+                  "batch %d: %g of the roofline judged %s", batch, num(c, "of_bandwidth_roofline"),
+                  json_is_true(json_object_get(t, "met")) ? "met" : "not met");
         json_decref(doc);
     }
 }
@@ -136,8 +144,10 @@ Test(bench_decode, scaling_says_whether_the_target_is_met)
     json_t *sc = json_object_get(doc, "scaling"), *cases = json_object_get(doc, "cases");
     cr_assert_eq(json_array_size(sc), 2);
     for (size_t i = 0; i < json_array_size(sc); i++) {
-        json_t *s = json_array_get(sc, i), *met = json_object_get(s, "met");
-        cr_assert_float_eq(num(s, "target"), 1.7, 1e-12);
+        json_t *s = json_array_get(sc, i), *t = json_object_get(s, "target"), *met = json_object_get(t, "met");
+        cr_assert_float_eq(num(t, "min"), 1.7, 1e-12);
+        cr_assert_str_eq(json_string_value(json_object_get(t, "metric")), "tokens_per_s_over_1_thread");
+        cr_assert_str_eq(json_string_value(json_object_get(t, "issue")), "17.5");
         /* the bandwidth's own gain from the threads, what a step that only streams could reach */
         cr_assert_gt(num(s, "bandwidth_over_1_thread"), 0);
         int alone = 0;

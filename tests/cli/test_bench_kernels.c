@@ -98,6 +98,33 @@ static void fraction_of(json_t *c, size_t i, json_t *cl, const char *key, const 
               i, key, json_number_value(of), want);
 }
 
+/* Issue 17's target on an int8 GEMM or MoE case (bench/report.h): which measured member it judges
+ * (on the AMX kernel the GEMM against oneDNN and the MoE case against the dense GEMM, elsewhere the
+ * fraction of the kernel's int8 peak), its bound, and a verdict that agrees with the number it
+ * names, so the README's table (tools/perf-table.py prints these verdicts) says what the rates say. */
+static void target_agrees(json_t *c, size_t i, const char *kind)
+{
+    const pd_kernel k = running_kernel();
+    json_t *t = json_object_get(c, "target");
+    if (k == PD_KERNEL_REF || k == PD_KERNEL_AMX_EMU) {
+        cr_assert_null(t, "case %zu: a target for the %s kernel, which has no peak", i, pd_gemm_kernel_name(k));
+        return;
+    }
+    const int moe = !strcmp(kind, "moe");
+    const char *want = k == PD_KERNEL_AMX    ? (moe ? "pdmoe_of_dense_gemm" : "pdmoe_over_onednn")
+                       : k == PD_KERNEL_AVX2 ? "pdmoe_of_avx2_int8_peak"
+                                             : "pdmoe_of_vnni_peak";
+    const double bound = k == PD_KERNEL_AMX ? (moe ? 0.8 : 1.0) : 0.75;
+    cr_assert(json_is_object(t), "case %zu (%s): no target", i, kind);
+    cr_assert_str_eq(json_string_value(json_object_get(t, "metric")), want, "case %zu", i);
+    cr_assert_float_eq(json_number_value(json_object_get(t, "min")), bound, 1e-12, "case %zu", i);
+    const double v = json_number_value(json_object_get(c, want));
+    cr_assert(json_is_number(json_object_get(c, want)), "case %zu: the target judges %s, which it lacks", i, want);
+    cr_assert(json_is_boolean(json_object_get(t, "met")) && json_is_true(json_object_get(t, "met")) == (v >= bound),
+              "case %zu: %s %g judged %s against %g", i, want, v, json_is_true(json_object_get(t, "met")) ? "met" : "not met",
+              bound);
+}
+
 Test(bench_kernels, json_has_both_rates_for_every_case)
 {
     int st;
@@ -176,6 +203,26 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
         } else {
             cr_assert_null(of_amx, "case %zu: a fraction of an AMX peak without AMX", i);
         }
+        if (!strcmp(kind, "gemm") || !strcmp(kind, "moe"))
+            target_agrees(c, i, kind);
+        else
+            cr_assert_null(json_object_get(c, "target"), "case %zu (%s): issue 17 sets it no target", i, kind);
+        if (!strcmp(kind, "moe")) {   /* against the dense GEMM of its matrix shape at its threads */
+            double dense = 0;
+            for (size_t d = 0; d < json_array_size(cases); d++) {
+                json_t *g = json_array_get(cases, d), *gs = json_object_get(g, "shape");
+                if (!strcmp(json_string_value(json_object_get(g, "kind")), "gemm") &&
+                    json_integer_value(json_object_get(g, "threads")) == t &&
+                    json_integer_value(json_object_get(gs, "out")) == json_integer_value(json_object_get(shape, "out")) &&
+                    json_integer_value(json_object_get(gs, "in")) == json_integer_value(json_object_get(shape, "in")))
+                    dense = json_number_value(json_object_get(g, "pdmoe_gflops"));
+            }
+            cr_assert_gt(dense, 0, "case %zu: no dense GEMM of the MoE case's shape", i);
+            const double want_d = json_number_value(json_object_get(c, "pdmoe_gflops")) / dense;
+            cr_assert(fabs(json_number_value(json_object_get(c, "pdmoe_of_dense_gemm")) - want_d) <= 1e-3 * want_d,
+                      "case %zu: %g of the dense GEMM, rates give %g", i,
+                      json_number_value(json_object_get(c, "pdmoe_of_dense_gemm")), want_d);
+        }
         int out_ = (int)json_integer_value(json_object_get(shape, "out"));
         int in = (int)json_integer_value(json_object_get(shape, "in"));
         /* every fraction against the ceiling the document gives (the higher of the readings before
@@ -238,6 +285,22 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
     for (int s = 0; s < 5; s++)
         for (int t = 0; t < 2; t++)
             cr_assert_eq(seen[s][t], 1, "case %d at %d threads: %d objects", s, t + 1, seen[s][t]);
+    /* where it ran, for a kept document: the flags the kernels choose by, as this process sees them */
+    json_t *m = json_object_get(doc, "machine"), *flags = json_object_get(m, "flags");
+    cr_assert(json_is_string(json_object_get(m, "cpu")) && json_is_array(flags), "no machine object");
+    cr_assert_gt(json_integer_value(json_object_get(m, "cores")), 0);
+    static const struct {
+        const char *flag;
+        int has;
+    } fl[] = {{"avx2", 0}, {"avx512f", 1}, {"avx512_vnni", 2}};
+    for (size_t f = 0; f < sizeof fl / sizeof *fl; f++) {
+        int has = fl[f].has == 0 ? __builtin_cpu_supports("avx2") : fl[f].has == 1 ? __builtin_cpu_supports("avx512f")
+                                                                                 : __builtin_cpu_supports("avx512vnni");
+        int listed = 0;
+        for (size_t j = 0; j < json_array_size(flags); j++)
+            listed |= !strcmp(json_string_value(json_array_get(flags, j)), fl[f].flag);
+        cr_assert_eq(listed, !!has, "flag %s: listed %d, the CPU has it: %d", fl[f].flag, listed, !!has);
+    }
     json_decref(doc);
     free(out);
 }

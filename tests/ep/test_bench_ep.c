@@ -100,8 +100,20 @@ Test(bench_ep, json_ratios_of_the_same_run)
             cr_assert(quotient(num(c, "ratio_min"), ex_min, raw_min), "%s", out);
             cr_assert(quotient(num(c, "ratio_peers"), ex, peers), "%s", out);
             cr_assert(quotient(num(c, "ratio_peers_min"), ex_min, peers_min), "%s", out);
+            /* issue 17.6's target, stated for 2 ranks, judges the ratio of the medians as printed */
+            json_t *t = json_object_get(c, "target");
+            if (g == 0) {
+                cr_assert_null(t, "a target at one rank: %s", out);
+            } else {
+                cr_assert_str_eq(json_string_value(json_object_get(t, "metric")), "ratio");
+                cr_assert_float_eq(num(t, "max"), 1.5, 1e-12);
+                cr_assert(json_is_boolean(json_object_get(t, "met")) &&
+                              json_is_true(json_object_get(t, "met")) == (num(c, "ratio") <= 1.5),
+                          "ratio %g judged against 1.5: %s", num(c, "ratio"), out);
+            }
         }
     }
+    cr_assert(json_is_string(json_object_get(json_object_get(doc, "machine"), "cpu")), "no machine: %s", out);
     json_decref(doc);
 }
 
