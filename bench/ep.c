@@ -37,6 +37,7 @@
  * the workers' rank-0 report; with --json one document: {"bench":"ep","model":...,"groups":[one
  * object per N]}. */
 #include "bench.h"
+#include "bench/bound.h"
 #include "bench/report.h"
 #include "cli/cli.h"
 #include "core/timing.h"
@@ -323,18 +324,22 @@ static int worker(const char *dir, int quick, int json)
         free(v);
         free(g);
     }
-    /* decode: 16 sequences in all, spread over the ranks */
+    /* decode: 16 sequences in all, spread over the ranks, each its own prompt (sequence g of the
+     * group reads the synthetic ids from offset 211 g, as bench decode's do): with one prompt for
+     * all, greedy decoding made 16 copies of one sequence, every token of a step went to the same 6
+     * experts, and one rank ran them all (1 rank read a sixteenth of the experts' bytes a real batch
+     * reads; 2 ranks measured slower than 1) */
     ep.sync_before_combine = 0;
     const int total = 16, steps = quick ? 4 : 24, prompt = 32, V = (int)m.vocab_size;
-    int mine = total / size + (rank < total % size);
+    int mine = total / size + (rank < total % size), first = rank * (total / size) + (rank < total % size ? rank : total % size);
     struct pd_seq *sq = calloc((size_t)mine + 1, sizeof *sq);
     struct pd_step_item *it = calloc((size_t)mine + 1, sizeof *it);
     float *l = malloc((size_t)(mine + 1) * V * 4);
-    int32_t ids[32], *next = calloc((size_t)mine + 1, sizeof *next);
-    double t0 = 0;
-    for (int i = 0; i < prompt; i++)
-        ids[i] = (i * 131 + 7) % (V < 1000 ? V : 1000);   /* (within a small vocabulary too) */
-    if (!sq || !it || !l || !next) {
+    int32_t *ids = malloc((size_t)(mine + 1) * prompt * sizeof *ids), *next = calloc((size_t)mine + 1, sizeof *next);
+    const size_t n_counts = (size_t)m.n_layers * E;
+    int64_t *before = malloc(n_counts * sizeof *before);
+    double t0 = 0, routed = 0;
+    if (!sq || !it || !l || !next || !ids || !before) {
         fprintf(stderr, "bench ep (rank %d): out of memory\n", rank);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
@@ -343,7 +348,10 @@ static int worker(const char *dir, int quick, int json)
             fprintf(stderr, "bench ep (rank %d): %s\n", rank, e.msg);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
-        it[i] = (struct pd_step_item){.seq = &sq[i], .tokens = ids, .n = prompt, .logits = l + (size_t)i * V};
+        for (int j = 0; j < prompt; j++)   /* (within a small vocabulary too) */
+            ids[(size_t)i * prompt + j] = (int32_t)(((211 * (first + i) + j) * 131 + 7) % (V < 1000 ? V : 1000));
+        it[i] = (struct pd_step_item){
+            .seq = &sq[i], .tokens = ids + (size_t)i * prompt, .n = prompt, .logits = l + (size_t)i * V};
     }
     if (pd_engine_step(&en, it, mine, &e)) {
         fprintf(stderr, "bench ep (rank %d): %s\n", rank, e.msg);
@@ -361,22 +369,35 @@ static int worker(const char *dir, int quick, int json)
             next[i] = pd_sample(&sm, l + (size_t)i * V, V, NULL);
             it[i] = (struct pd_step_item){.seq = &sq[i], .tokens = &next[i], .n = 1, .logits = l + (size_t)i * V};
         }
+        memcpy(before, en.expert_tokens, n_counts * sizeof *before);
         if (pd_engine_step(&en, it, mine, &e)) {
             fprintf(stderr, "bench ep (rank %d): %s\n", rank, e.msg);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
+        /* the routed experts this rank ran a token through in the step: each expert has one
+         * owner, so the ranks' counts add up to the group's */
+        if (s >= 0) {
+            double x, p;
+            pd_bench_routed_since(&en, before, &x, &p);
+            routed += x;
+        }
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    double dt = pd_now_s() - t0;
+    double dt = pd_now_s() - t0, routed_all = 0;
+    MPI_Reduce(&routed, &routed_all, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+    /* distinct routed experts a step ran per MoE layer, over the group */
+    const double per_layer = routed_all / steps / m.n_layers;
     if (rank == 0 && json)
-        printf("], \"decode_sequences\": %d, \"decode_steps\": %d, \"decode_tokens_per_s\": %.1f}", total, steps,
-               total * steps / dt);
+        printf("], \"decode_sequences\": %d, \"decode_steps\": %d, \"decode_tokens_per_s\": %.1f, "
+               "\"decode_experts_per_layer\": %.2f}", total, steps, total * steps / dt, per_layer);
     else if (rank == 0)
-        printf("  decode, %d sequences over %d rank%s: %.1f tokens/s (%d steps)\n", total, size, size > 1 ? "s" : "",
-               total * steps / dt, steps);
+        printf("  decode, %d sequences over %d rank%s: %.1f tokens/s (%d steps; %.1f of the %d routed experts a "
+               "layer ran per step)\n", total, size, size > 1 ? "s" : "", total * steps / dt, steps, per_layer, E);
     fflush(stdout);
     for (int i = 0; i < mine; i++)
         pd_seq_end(&en, &sq[i]);
+    free(ids);
+    free(before);
     free(sq);
     free(it);
     free(l);

@@ -177,8 +177,10 @@ def ep_rows(doc, where):
                          f"{fmt(num(c, 'exchange_us', w), 1)} us",
                          f"{fmt(num(c, 'ratio', w), 2)}x the raw MPI_Alltoallv of the same volumes "
                          f"({fmt(num(c, 'raw_alltoallv_us', w), 1)} us; medians)", verdict(c, w)))
+        routed = (f"{fmt(num(grp, 'decode_experts_per_layer', wg), 1)} of the {num(grp, 'experts', wg)} routed "
+                  f"experts a layer ran per step" if "decode_experts_per_layer" in grp else "")
         rows.append((f"decode v4-flash-mini, 16 sequences over {n} rank{'s' if n > 1 else ''}", f"{n} rank"
-                     f"{'s' if n > 1 else ''}", f"{fmt(num(grp, 'decode_tokens_per_s', wg), 0)} tokens/s", "", ""))
+                     f"{'s' if n > 1 else ''}", f"{fmt(num(grp, 'decode_tokens_per_s', wg), 0)} tokens/s", routed, ""))
     return rows
 
 
