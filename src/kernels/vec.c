@@ -493,8 +493,9 @@ static void choose(void)
         fns = (struct vec_fns){dot_avx512, axpy_avx512, dot_rows_avx512, axpy_rows_avx512, scale_max_avx512,
                                div_d_avx512, scale_axpys_avx512, expf_ref, weighted_sum_avx512};
     else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        fns = (struct vec_fns){pd_vec_dot_avx2, pd_vec_axpy_avx2, dot_rows_f32_avx2, pd_vec_axpy_rows_avx2, scale_max_ref, div_d_ref,
-                               scale_axpys_by_one, expf_ref, weighted_sum_ref};
+        fns = (struct vec_fns){pd_vec_dot_avx2, pd_vec_axpy_avx2, dot_rows_f32_avx2, pd_vec_axpy_rows_avx2,
+                               pd_vec_scale_max_avx2, pd_vec_div_d_avx2, pd_vec_scale_axpys_avx2, expf_ref,
+                               pd_vec_weighted_sum_avx2};
     else
         fns = (struct vec_fns){pd_dot_ref, pd_axpy_ref, dot_rows_by_one, axpy_rows_by_one, scale_max_ref, div_d_ref,
                                scale_axpys_by_one, expf_ref, weighted_sum_ref};
@@ -936,16 +937,23 @@ void pd_swiglu_ref(float *g, const float *u, size_t n, float limit)
 
 void pd_swiglu(float *g, const float *u, size_t n, float limit)
 {
-    if (!__builtin_cpu_supports("avx512f")) {
+    const int v512 = __builtin_cpu_supports("avx512f"), v2 = __builtin_cpu_supports("avx2");
+    if (!v512 && !v2) {
         pd_swiglu_ref(g, u, n, limit);
         return;
     }
     float e[256];
     for (size_t i0 = 0; i0 < n; i0 += 256) {
         int c = n - i0 < 256 ? (int)(n - i0) : 256;
-        swiglu_pre_avx512(g + i0, e, c, limit);
+        if (v512)
+            swiglu_pre_avx512(g + i0, e, c, limit);
+        else
+            pd_vec_swiglu_pre_avx2(g + i0, e, c, limit);
         pd_expf_rows(e, e, c);
-        swiglu_post_avx512(g + i0, u + i0, e, c, limit);
+        if (v512)
+            swiglu_post_avx512(g + i0, u + i0, e, c, limit);
+        else
+            pd_vec_swiglu_post_avx2(g + i0, u + i0, e, c, limit);
     }
 }
 
@@ -983,7 +991,9 @@ static pthread_once_t once_scale_mul = PTHREAD_ONCE_INIT;
 
 static void choose_scale_mul(void)
 {
-    scale_mul_fn = __builtin_cpu_supports("avx512f") ? scale_mul_avx512 : scale_mul_ref;
+    scale_mul_fn = __builtin_cpu_supports("avx512f") ? scale_mul_avx512
+                   : __builtin_cpu_supports("avx2")  ? pd_vec_scale_mul_avx2
+                                                     : scale_mul_ref;
     atomic_store_explicit(&scale_mul_ready, 1, memory_order_release);
 }
 
