@@ -372,10 +372,16 @@ AVX2 void pd_vec_scale_axpys_avx2(float a, const float *x, const float *b, const
     }
 }
 
-/* fp-contract=off: the product rounded, then the add, as the scalar loop (GCC would fuse them). */
-AVX2 __attribute__((optimize("fp-contract=off"))) void pd_vec_weighted_sum_avx2(const float *a, const float *const *x,
-                                                                               int rows, const float *z, float *y,
-                                                                               int n)
+/* fp-contract=off: the product rounded, then the add, as the scalar loop (GCC would fuse them).
+ * clang (the fuzz build) has no optimize attribute and needs none: it fuses only within one
+ * expression, and the intrinsics are calls (vec.c's NO_FP_CONTRACT). */
+#ifdef __clang__
+#define NO_FP_CONTRACT
+#else
+#define NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
+#endif
+AVX2 NO_FP_CONTRACT void pd_vec_weighted_sum_avx2(const float *a, const float *const *x, int rows, const float *z,
+                                                  float *y, int n)
 {
     int i = 0;
     for (; i + 8 <= n; i += 8) {
