@@ -290,6 +290,30 @@ AVX512 static void div_d_avx512(float *x, int n, double d)
     div_d_ref(x + i, n - i, d);
 }
 
+/* The AVX2 versions (vec_avx2.h): their whole vectors, then the scalar loops over the rest. */
+static float scale_max_avx2(float *x, int n, float s, float m)
+{
+    const int i = pd_vec_scale_max_avx2(x, n, s, &m);
+    return scale_max_ref(x + i, n - i, s, m);
+}
+
+static void div_d_avx2(float *x, int n, double d)
+{
+    const int i = pd_vec_div_d_avx2(x, n, d);
+    div_d_ref(x + i, n - i, d);
+}
+
+static void scale_axpys_avx2(float a, const float *x, const float *b, const float *z, size_t ldz, int nz, float *y,
+                             int n)
+{
+    const int i = pd_vec_scale_axpys_avx2(a, x, b, z, ldz, nz, y, n);
+    if (i < n) {
+        pd_scale(a, x + i, y + i, n - i);
+        for (int j = 0; j < nz; j++)
+            pd_vec_axpy_avx2(b[j], z + j * ldz + i, y + i, n - i);
+    }
+}
+
 /* y = a * x, then y += b[j] * z[j] for j < nz in order: pd_scale then pd_axpy row after row,
  * with y in registers (the same multiply, then the same fused multiply-adds, per element). */
 AVX512 static void scale_axpys_avx512(float a, const float *x, const float *b, const float *z, size_t ldz, int nz,
@@ -433,6 +457,22 @@ static void weighted_sum_ref(const float *a, const float *const *x, int rows, co
             y[i] += z[i];
 }
 
+/* weighted_sum_ref over the values from i on: the vector versions' tails. */
+static void weighted_sum_from(const float *a, const float *const *x, int rows, const float *z, float *y, int i, int n)
+{
+    if (i >= n)
+        return;
+    const float *xi[rows > 0 ? rows : 1];
+    for (int j = 0; j < rows; j++)
+        xi[j] = x[j] + i;
+    weighted_sum_ref(a, xi, rows, z ? z + i : NULL, y + i, n - i);
+}
+
+static void weighted_sum_avx2(const float *a, const float *const *x, int rows, const float *z, float *y, int n)
+{
+    weighted_sum_from(a, x, rows, z, y, pd_vec_weighted_sum_avx2(a, x, rows, z, y, n), n);
+}
+
 /* The same sixteen values at a time, y in registers. fp-contract=off: GCC would otherwise fuse the
  * multiply and the add, which rounds once instead of twice (other bits). clang (the fuzz build) has
  * no optimize attribute and needs none: it fuses only within one expression (its -ffp-contract=on),
@@ -454,12 +494,7 @@ AVX512 NO_FP_CONTRACT static void weighted_sum_avx512(const float *a, const floa
             t = _mm512_add_ps(t, _mm512_loadu_ps(z + i));
         _mm512_storeu_ps(y + i, t);
     }
-    if (i < n) {
-        const float *xi[rows > 0 ? rows : 1];
-        for (int j = 0; j < rows; j++)
-            xi[j] = x[j] + i;
-        weighted_sum_ref(a, xi, rows, z ? z + i : NULL, y + i, n - i);
-    }
+    weighted_sum_from(a, x, rows, z, y, i, n);
 }
 
 /* Row-by-row versions for the paths without a multi-row one. */
@@ -494,8 +529,7 @@ static void choose(void)
                                div_d_avx512, scale_axpys_avx512, expf_ref, weighted_sum_avx512};
     else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         fns = (struct vec_fns){pd_vec_dot_avx2, pd_vec_axpy_avx2, dot_rows_f32_avx2, pd_vec_axpy_rows_avx2,
-                               pd_vec_scale_max_avx2, pd_vec_div_d_avx2, pd_vec_scale_axpys_avx2, expf_ref,
-                               pd_vec_weighted_sum_avx2};
+                               scale_max_avx2, div_d_avx2, scale_axpys_avx2, expf_ref, weighted_sum_avx2};
     else
         fns = (struct vec_fns){pd_dot_ref, pd_axpy_ref, dot_rows_by_one, axpy_rows_by_one, scale_max_ref, div_d_ref,
                                scale_axpys_by_one, expf_ref, weighted_sum_ref};
@@ -870,6 +904,29 @@ void pd_dot_rows_tokens_bf16(const uint16_t *w, size_t ld, const float *x, size_
     dot_rows_tokens_bf16_fn(w, ld, x, ldx, T, n, rows, y, ldy);
 }
 
+/* SwiGLU's two loops over a chunk of c values from value i on (pd_swiglu_ref's, and the vector
+ * versions' tails): g clamped from above and e = -g; then g / (1 + e) times u clamped both ways. */
+static void swiglu_pre_from(float *g, float *e, int i, int c, float limit)
+{
+    for (; i < c; i++) {
+        float x = g[i];
+        if (limit > 0)
+            x = x < limit ? x : limit;
+        g[i] = x;
+        e[i] = -x;
+    }
+}
+
+static void swiglu_post_from(float *g, const float *u, const float *e, int i, int c, float limit)
+{
+    for (; i < c; i++) {
+        float v = u[i];
+        if (limit > 0)
+            v = v < -limit ? -limit : v > limit ? limit : v;
+        g[i] = g[i] / (1.0f + e[i]) * v;
+    }
+}
+
 /* The loops of pd_swiglu_ref over one chunk, 16 values a vector: min_ps(x, L) is
  * "x < L ? x : L" and max_ps(-L, min_ps(L, v)) the clamp of v, NaNs included; the same division
  * and product. */
@@ -885,13 +942,7 @@ AVX512 static void swiglu_pre_avx512(float *g, float *e, int c, float limit)
         _mm512_storeu_ps(g + i, x);
         _mm512_storeu_ps(e + i, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), neg)));
     }
-    for (; i < c; i++) {
-        float x = g[i];
-        if (limit > 0)
-            x = x < limit ? x : limit;
-        g[i] = x;
-        e[i] = -x;
-    }
+    swiglu_pre_from(g, e, i, c, limit);
 }
 
 AVX512 static void swiglu_post_avx512(float *g, const float *u, const float *e, int c, float limit)
@@ -905,12 +956,7 @@ AVX512 static void swiglu_post_avx512(float *g, const float *u, const float *e, 
         __m512 q = _mm512_div_ps(_mm512_loadu_ps(g + i), _mm512_add_ps(one, _mm512_loadu_ps(e + i)));
         _mm512_storeu_ps(g + i, _mm512_mul_ps(q, v));
     }
-    for (; i < c; i++) {
-        float v = u[i];
-        if (limit > 0)
-            v = v < -limit ? -limit : v > limit ? limit : v;
-        g[i] = g[i] / (1.0f + e[i]) * v;
-    }
+    swiglu_post_from(g, u, e, i, c, limit);
 }
 
 void pd_swiglu_ref(float *g, const float *u, size_t n, float limit)
@@ -918,20 +964,9 @@ void pd_swiglu_ref(float *g, const float *u, size_t n, float limit)
     float e[256];
     for (size_t i0 = 0; i0 < n; i0 += 256) {
         int c = n - i0 < 256 ? (int)(n - i0) : 256;
-        for (int i = 0; i < c; i++) {
-            float x = g[i0 + i];
-            if (limit > 0)
-                x = x < limit ? x : limit;
-            g[i0 + i] = x;
-            e[i] = -x;
-        }
+        swiglu_pre_from(g + i0, e, 0, c, limit);
         pd_expf_rows(e, e, c);
-        for (int i = 0; i < c; i++) {
-            float v = u[i0 + i];
-            if (limit > 0)
-                v = v < -limit ? -limit : v > limit ? limit : v;
-            g[i0 + i] = g[i0 + i] / (1.0f + e[i]) * v;
-        }
+        swiglu_post_from(g + i0, u + i0, e, 0, c, limit);
     }
 }
 
@@ -948,12 +983,12 @@ void pd_swiglu(float *g, const float *u, size_t n, float limit)
         if (v512)
             swiglu_pre_avx512(g + i0, e, c, limit);
         else
-            pd_vec_swiglu_pre_avx2(g + i0, e, c, limit);
+            swiglu_pre_from(g + i0, e, pd_vec_swiglu_pre_avx2(g + i0, e, c, limit), c, limit);
         pd_expf_rows(e, e, c);
         if (v512)
             swiglu_post_avx512(g + i0, u + i0, e, c, limit);
         else
-            pd_vec_swiglu_post_avx2(g + i0, u + i0, e, c, limit);
+            swiglu_post_from(g + i0, u + i0, e, pd_vec_swiglu_post_avx2(g + i0, u + i0, e, c, limit), c, limit);
     }
 }
 
@@ -985,6 +1020,12 @@ AVX512 static void scale_mul_avx512(float a, const float *x, const float *w, flo
     scale_mul_ref(a, x + i, w ? w + i : NULL, y + i, n - i);
 }
 
+static void scale_mul_avx2(float a, const float *x, const float *w, float *y, int n)
+{
+    const int i = pd_vec_scale_mul_avx2(a, x, w, y, n);
+    scale_mul_ref(a, x + i, w ? w + i : NULL, y + i, n - i);
+}
+
 static void (*scale_mul_fn)(float, const float *, const float *, float *, int);
 static atomic_int scale_mul_ready;
 static pthread_once_t once_scale_mul = PTHREAD_ONCE_INIT;
@@ -992,7 +1033,7 @@ static pthread_once_t once_scale_mul = PTHREAD_ONCE_INIT;
 static void choose_scale_mul(void)
 {
     scale_mul_fn = __builtin_cpu_supports("avx512f") ? scale_mul_avx512
-                   : __builtin_cpu_supports("avx2")  ? pd_vec_scale_mul_avx2
+                   : __builtin_cpu_supports("avx2")  ? scale_mul_avx2
                                                      : scale_mul_ref;
     atomic_store_explicit(&scale_mul_ready, 1, memory_order_release);
 }

@@ -318,14 +318,14 @@ AVX2 void pd_vec_bf16_to_f32_avx2(const uint16_t *src, float *dst, int n)
     }
 }
 
-/* The element-wise steps (vec_avx2.h). Each loop's tail runs the scalar loop of vec.c's reference
- * on the values left, written out here the same way. */
-AVX2 float pd_vec_scale_max_avx2(float *x, int n, float s, float m)
+/* The element-wise steps (vec_avx2.h): whole vectors of 8 only; vec.c finishes the values left
+ * with its scalar loops. */
+AVX2 int pd_vec_scale_max_avx2(float *x, int n, float s, float *m)
 {
     int i = 0;
     if (n >= 8) {
         const __m256 vs = _mm256_set1_ps(s);
-        __m256 acc = _mm256_set1_ps(m);
+        __m256 acc = _mm256_set1_ps(*m);
         for (; i + 8 <= n; i += 8) {
             __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vs);
             _mm256_storeu_ps(x + i, v);
@@ -334,27 +334,22 @@ AVX2 float pd_vec_scale_max_avx2(float *x, int n, float s, float m)
         float l[8];
         _mm256_storeu_ps(l, acc);
         for (int k = 0; k < 8; k++)
-            m = l[k] > m ? l[k] : m;
+            *m = l[k] > *m ? l[k] : *m;
     }
-    for (; i < n; i++) {
-        x[i] *= s;
-        m = x[i] > m ? x[i] : m;
-    }
-    return m;
+    return i;
 }
 
-AVX2 void pd_vec_div_d_avx2(float *x, int n, double d)
+AVX2 int pd_vec_div_d_avx2(float *x, int n, double d)
 {
     const __m256d vd = _mm256_set1_pd(d);
     int i = 0;
     for (; i + 4 <= n; i += 4)
         _mm_storeu_ps(x + i, _mm256_cvtpd_ps(_mm256_div_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i)), vd)));
-    for (; i < n; i++)
-        x[i] = (float)(x[i] / d);
+    return i;
 }
 
-AVX2 void pd_vec_scale_axpys_avx2(float a, const float *x, const float *b, const float *z, size_t ldz, int nz, float *y,
-                                  int n)
+AVX2 int pd_vec_scale_axpys_avx2(float a, const float *x, const float *b, const float *z, size_t ldz, int nz, float *y,
+                                 int n)
 {
     const __m256 va = _mm256_set1_ps(a);
     int i = 0;
@@ -364,12 +359,7 @@ AVX2 void pd_vec_scale_axpys_avx2(float a, const float *x, const float *b, const
             t = _mm256_fmadd_ps(_mm256_set1_ps(b[j]), _mm256_loadu_ps(z + j * ldz + i), t);
         _mm256_storeu_ps(y + i, t);
     }
-    if (i < n) {
-        for (int k = i; k < n; k++)
-            y[k] = a * x[k];
-        for (int j = 0; j < nz; j++)
-            axpy_tail(b[j], z + j * ldz, y, i, n);
-    }
+    return i;
 }
 
 /* fp-contract=off: the product rounded, then the add, as the scalar loop (GCC would fuse them).
@@ -380,8 +370,8 @@ AVX2 void pd_vec_scale_axpys_avx2(float a, const float *x, const float *b, const
 #else
 #define NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
 #endif
-AVX2 NO_FP_CONTRACT void pd_vec_weighted_sum_avx2(const float *a, const float *const *x, int rows, const float *z,
-                                                  float *y, int n)
+AVX2 NO_FP_CONTRACT int pd_vec_weighted_sum_avx2(const float *a, const float *const *x, int rows, const float *z,
+                                                 float *y, int n)
 {
     int i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -392,19 +382,10 @@ AVX2 NO_FP_CONTRACT void pd_vec_weighted_sum_avx2(const float *a, const float *c
             t = _mm256_add_ps(t, _mm256_loadu_ps(z + i));
         _mm256_storeu_ps(y + i, t);
     }
-    for (; i < n; i++) {
-        float t = 0;
-        for (int j = 0; j < rows; j++) {
-            const float p = a[j] * x[j][i];
-            t += p;
-        }
-        if (z)
-            t += z[i];
-        y[i] = t;
-    }
+    return i;
 }
 
-AVX2 void pd_vec_scale_mul_avx2(float a, const float *x, const float *w, float *y, int n)
+AVX2 int pd_vec_scale_mul_avx2(float a, const float *x, const float *w, float *y, int n)
 {
     const __m256 va = _mm256_set1_ps(a);
     int i = 0;
@@ -412,12 +393,11 @@ AVX2 void pd_vec_scale_mul_avx2(float a, const float *x, const float *w, float *
         __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), va);
         _mm256_storeu_ps(y + i, w ? _mm256_mul_ps(v, _mm256_loadu_ps(w + i)) : v);
     }
-    for (; i < n; i++)
-        y[i] = w ? x[i] * a * w[i] : x[i] * a;
+    return i;
 }
 
 /* min_ps(x, L) is "x < L ? x : L" and max_ps(-L, min_ps(L, v)) the clamp of v, NaNs included. */
-AVX2 void pd_vec_swiglu_pre_avx2(float *g, float *e, int c, float limit)
+AVX2 int pd_vec_swiglu_pre_avx2(float *g, float *e, int c, float limit)
 {
     const __m256 vl = _mm256_set1_ps(limit), neg = _mm256_set1_ps(-0.0f);
     int i = 0;
@@ -428,16 +408,10 @@ AVX2 void pd_vec_swiglu_pre_avx2(float *g, float *e, int c, float limit)
         _mm256_storeu_ps(g + i, x);
         _mm256_storeu_ps(e + i, _mm256_xor_ps(x, neg));
     }
-    for (; i < c; i++) {
-        float x = g[i];
-        if (limit > 0)
-            x = x < limit ? x : limit;
-        g[i] = x;
-        e[i] = -x;
-    }
+    return i;
 }
 
-AVX2 void pd_vec_swiglu_post_avx2(float *g, const float *u, const float *e, int c, float limit)
+AVX2 int pd_vec_swiglu_post_avx2(float *g, const float *u, const float *e, int c, float limit)
 {
     const __m256 vl = _mm256_set1_ps(limit), vnl = _mm256_set1_ps(-limit), one = _mm256_set1_ps(1.0f);
     int i = 0;
@@ -448,10 +422,5 @@ AVX2 void pd_vec_swiglu_post_avx2(float *g, const float *u, const float *e, int 
         __m256 q = _mm256_div_ps(_mm256_loadu_ps(g + i), _mm256_add_ps(one, _mm256_loadu_ps(e + i)));
         _mm256_storeu_ps(g + i, _mm256_mul_ps(q, v));
     }
-    for (; i < c; i++) {
-        float v = u[i];
-        if (limit > 0)
-            v = v < -limit ? -limit : v > limit ? limit : v;
-        g[i] = g[i] / (1.0f + e[i]) * v;
-    }
+    return i;
 }

@@ -27,22 +27,24 @@ void pd_vec_axpy_rows_avx2(const float *a, const float *x, size_t ld, int rows, 
 /* pd_bf16_to_f32_row (exact). */
 void pd_vec_bf16_to_f32_avx2(const uint16_t *src, float *dst, int n);
 
-/* The element-wise steps of the engine, 8 values a vector, each the bits of vec.c's scalar loop
- * (the same operations per element in the same order; tests/kernels/test_ops.c compares them):
- *   scale_max     x[i] *= s; the largest of m and the products (NaN handling as pd_scale_max)
+/* The element-wise steps of the engine over the whole vectors of 8 values in x[0, n): each returns
+ * how many values it did (n rounded down to 8, or to 4 for div_d); vec.c runs its scalar loop over
+ * the rest, and every value gets that loop's bits (the same operations per element in the same
+ * order; tests/kernels/test_ops.c compares them):
+ *   scale_max     x[i] *= s; *m the largest of *m and the products (NaN handling as pd_scale_max)
  *   div_d         x[i] = (float)(x[i] / d) in double
- *   scale_axpys   y = a * x, then pd_vec_axpy_avx2(b[j], z + j * ldz, y, n) for j < nz
+ *   scale_axpys   y = a * x, then fused y += b[j] * z[j] for j < nz (pd_vec_axpy_avx2's operations)
  *   weighted_sum  y = sum_j a[j] * x[j] (products rounded, then added in order), then + z
  *   scale_mul     y = (x * a) * w, or x * a without w
  *   swiglu_pre    g = min(g, limit) when limit > 0, e = -g
  *   swiglu_post   g = g / (1 + e) * clamp(u, -limit, limit) (no clamp when limit <= 0) */
-float pd_vec_scale_max_avx2(float *x, int n, float s, float m);
-void pd_vec_div_d_avx2(float *x, int n, double d);
-void pd_vec_scale_axpys_avx2(float a, const float *x, const float *b, const float *z, size_t ldz, int nz, float *y,
-                             int n);
-void pd_vec_weighted_sum_avx2(const float *a, const float *const *x, int rows, const float *z, float *y, int n);
-void pd_vec_scale_mul_avx2(float a, const float *x, const float *w, float *y, int n);
-void pd_vec_swiglu_pre_avx2(float *g, float *e, int c, float limit);
-void pd_vec_swiglu_post_avx2(float *g, const float *u, const float *e, int c, float limit);
+int pd_vec_scale_max_avx2(float *x, int n, float s, float *m);
+int pd_vec_div_d_avx2(float *x, int n, double d);
+int pd_vec_scale_axpys_avx2(float a, const float *x, const float *b, const float *z, size_t ldz, int nz, float *y,
+                            int n);
+int pd_vec_weighted_sum_avx2(const float *a, const float *const *x, int rows, const float *z, float *y, int n);
+int pd_vec_scale_mul_avx2(float a, const float *x, const float *w, float *y, int n);
+int pd_vec_swiglu_pre_avx2(float *g, float *e, int c, float limit);
+int pd_vec_swiglu_post_avx2(float *g, const float *u, const float *e, int c, float limit);
 
 #endif
