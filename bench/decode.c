@@ -351,8 +351,7 @@ int pd_bench_decode(int argc, char **argv)
             }
     json_object_set_new(doc, "scaling", sc);
     json_object_set_new(doc, "bench", json_string("decode"));
-    json_object_set_new(doc, "command", pd_bench_command_json(argc, argv));
-    json_object_set_new(doc, "machine", pd_bench_machine_json());
+    pd_bench_provenance(doc, argc, argv);
     if (json) {
         char *txt = json_dumps(doc, JSON_INDENT(2));
         printf("%s\n", txt);

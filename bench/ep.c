@@ -614,8 +614,8 @@ int pd_bench_ep(int argc, char **argv)
         rc = pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
     }
     if (json) {
-        json_t *tail = json_pack("{s:o, s:o}", "command", pd_bench_command_json(argc, argv), "machine",
-                                 pd_bench_machine_json());
+        json_t *tail = json_object();
+        pd_bench_provenance(tail, argc, argv);
         char *txt = json_dumps(tail, JSON_COMPACT | JSON_REAL_PRECISION(6));
         /* the object's members after "groups": its text without the braces */
         printf("], %.*s}\n", txt ? (int)strlen(txt) - 2 : 0, txt ? txt + 1 : "");

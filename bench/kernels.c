@@ -1035,8 +1035,7 @@ int pd_bench_kernels(int argc, char **argv)
                                 pd_gemm_kernel_name(c.k), "onednn", pd_onednn_version(), "onednn_int8_exact",
                                 onednn_exact, "quick", c.o.quick, "cpu_time", c.o.cpu_time, "ceilings", c.ceilings,
                                 "cases", c.cases);
-        json_object_set_new(doc, "command", pd_bench_command_json(argc, argv));
-        json_object_set_new(doc, "machine", pd_bench_machine_json());
+        pd_bench_provenance(doc, argc, argv);
         char *txt = json_dumps(doc, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
         printf("%s\n", txt);
         free(txt);

@@ -274,8 +274,7 @@ int pd_bench_prefill(int argc, char **argv)
                                 "int8_probe", int8_probe ? json_string(int8_probe) : json_null(), "fp32_probe",
                                 fp32_probe ? json_string(fp32_probe) : json_null(), "runs", runs);
         json_object_set_new(doc, "bench", json_string("prefill"));
-        json_object_set_new(doc, "command", pd_bench_command_json(argc, argv));
-        json_object_set_new(doc, "machine", pd_bench_machine_json());
+        pd_bench_provenance(doc, argc, argv);
         char *txt = json_dumps(doc, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
         printf("%s\n", txt);
         free(txt);

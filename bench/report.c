@@ -78,7 +78,7 @@ static void cpuinfo_field(const char *key, char *out, size_t cap)
     fclose(f);
 }
 
-json_t *pd_bench_machine_json(void)
+static json_t *machine_json(void)
 {
     /* the flags the kernels and probes choose by (kernels/gemm.c, bench/ceilings.c) */
     static const char *const wanted[] = {"avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
@@ -111,7 +111,7 @@ json_t *pd_bench_machine_json(void)
                      "utc", when, "load_average", has_load ? json_real(load[0]) : json_null());
 }
 
-json_t *pd_bench_command_json(int argc, char **argv)
+static json_t *command_json(int argc, char **argv)
 {
     size_t cap = 16;
     for (int i = 0; i < argc; i++)
@@ -137,4 +137,10 @@ json_t *pd_bench_command_json(int argc, char **argv)
     json_t *j = json_string(txt);
     free(txt);
     return j ? j : json_null();
+}
+
+void pd_bench_provenance(json_t *doc, int argc, char **argv)
+{
+    json_object_set_new(doc, "command", command_json(argc, argv));
+    json_object_set_new(doc, "machine", machine_json());
 }

@@ -33,16 +33,13 @@ json_t *pd_bench_target_json(enum pd_bench_target t, const char *metric, double 
 const char *pd_bench_target_word(enum pd_bench_target t, double measured);
 const char *pd_bench_target_text(enum pd_bench_target t);
 
-/* Where a benchmark ran, for the documents that are kept: {"cpu": /proc/cpuinfo's model name,
- * "family", "model": its cpu family and model numbers (null where it has none),
- * "flags": the ones the kernels choose by (avx2, fma, avx512f, avx512_vnni, amx_int8, ...) that
- * this CPU has, "cores": online, "linux": uname's release, "utc": "2026-12-06T16:40:00Z",
- * "load_average": the 1-minute one at the call}. */
-json_t *pd_bench_machine_json(void);
-
-/* The command a benchmark ran as, for the same documents: "pdmoe bench " and its argv (argv[0] the
- * benchmark's name, as pd_cli_bench passes it), an argument holding anything but letters, digits
- * and -_.,/=: in single quotes. */
-json_t *pd_bench_command_json(int argc, char **argv);
+/* Where and how a benchmark ran, for the documents that are kept: sets doc's "command" (
+ * "pdmoe bench " and its argv, argv[0] the benchmark's name as pd_cli_bench passes it; an argument
+ * holding anything but letters, digits and -_.,/=: in single quotes) and "machine" ({"cpu":
+ * /proc/cpuinfo's model name, "family", "model": its cpu family and model numbers (null where it
+ * has none), "flags": the ones the kernels choose by (avx2, fma, avx512f, avx512_vnni, amx_int8,
+ * ...) that this CPU has, "cores": online, "linux": uname's release, "utc": "2026-12-06T16:40:00Z",
+ * "load_average": the 1-minute one at the call}). */
+void pd_bench_provenance(json_t *doc, int argc, char **argv);
 
 #endif

@@ -67,13 +67,18 @@ def verdict(obj, where):
     return f"{issue}: {fmt(value, 2)} {bound}, {word}"
 
 
-def machine_line(name, doc, where):
+def machine_line(doc, where):
     m = get(doc, "machine", where)
     fam = f", family {m['family']} model {m['model']}" if m.get("family") is not None else ""
     load = m.get("load_average")
     load_txt = f", load average {load:.2f} as it ended (its own threads in it)" if isinstance(load, (int, float)) else ""
     return (f"`{get(doc, 'command', where)}`: {m['cpu']}{fam} ({' '.join(m['flags']) or 'no AVX2'}), "
             f"{m['cores']} cores, Linux {m['linux']}, {m['utc']}{load_txt}")
+
+
+def shares_text(obj, where):
+    """A step's parts and their shares, those of 0.5% or more: "gemm 55%, attention 21%"."""
+    return ", ".join(f"{k} {100 * v:.0f}%" for k, v in get(obj, "shares", where).items() if v >= 0.005)
 
 
 def shape_text(kind, s):
@@ -132,7 +137,7 @@ def decode_rows(doc, where):
     for i, c in enumerate(cases):
         w = f"{where}: cases.{i}"
         b, t = num(c, "batch", w), num(c, "threads", w)
-        shares = ", ".join(f"{k} {100 * v:.0f}%" for k, v in get(c, "shares", w).items() if v >= 0.005)
+        shares = shares_text(c, w)
         against = (f"{fmt(num(c, 'of_bandwidth_roofline', w), 2)} of the bandwidth roofline "
                    f"({fmt(num(c, 'weight_bytes_per_step', w) / 1e6, 1)} MB a step at "
                    f"{fmt(num(c, 'bandwidth_bytes_per_s', w) / 1e9, 1)} GB/s), "
@@ -154,7 +159,7 @@ def prefill_rows(doc, where):
     rows = []
     for i, r in enumerate(get(doc, "runs", where)):
         w = f"{where}: runs.{i}"
-        shares = ", ".join(f"{k} {100 * v:.0f}%" for k, v in get(r, "shares", w).items() if v >= 0.005)
+        shares = shares_text(r, w)
         against = (f"{fmt(num(r, 'of_bound', w), 2)} of the bound; its GEMM at "
                    f"{fmt(num(r, 'gemm_of_int8_peak', w), 2)} of the int8 peak; {shares}")
         rows.append((f"prefill v4-flash-mini, {num(r, 'tokens', w)}-token prompt", f"{num(r, 'threads', w)}",
@@ -205,7 +210,7 @@ def main(argv):
                 raise Bad(f"{path}: {e}")
             if get(doc, "bench", path) != name:
                 raise Bad(f"{path}: a document of bench {doc['bench']}, not {name}")
-            machines.append(machine_line(name, doc, path))
+            machines.append(machine_line(doc, path))
             rows += makers[name](doc, path)
         if not found:
             raise Bad(f"{argv[1]}: none of " + ", ".join(f + ".json" for f in FILES))
