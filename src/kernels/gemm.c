@@ -111,13 +111,14 @@ int pd_gemm_kernel_get(pd_kernel *k, pd_err *err)
  * count). AVX-512: 64, the prefill GEMM's micro-tile width (gemm_vnni.c blocks the reduction
  * itself). AMX: whole pairs of its 16-row tiles, 256 for the large matrices (every task reads the
  * packed activations once per reduction block, so fewer, taller tasks read them fewer times;
- * 2048 rows still make 8 tasks), fewer for small ones so that two threads share them. Others: the
+ * 2048 rows still make 8 tasks), fewer for small ones so that two threads share them. AVX2 on 4
+ * tokens and more (n): 64, its blocked path cuts the reduction into chunks itself. Others: the
  * weight bytes a task reads per pass over the tokens (rows * in) within about 256 KiB, so that they
  * stay in L2 while every block of tokens passes over them. A multiple of 8, the GEMV kernels' row
  * block. */
-static int rows_per_task(int out, int in, pd_kernel k)
+static int rows_per_task(int out, int in, int n, pd_kernel k)
 {
-    if (k == PD_KERNEL_AVX512)
+    if (k == PD_KERNEL_AVX512 || (k == PD_KERNEL_AVX2 && n >= 4))
         return 64;
     if (k == PD_KERNEL_AMX || k == PD_KERNEL_AMX_EMU)   /* whole pairs of 16-row tiles (gemm_amx_body.h) */
         return out >= 2048 ? 256 : out >= 512 ? 64 : 32;
@@ -335,7 +336,7 @@ static int gemm_run(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y,
                 .a = a->q, .a_scale = a->scale, .a_sum = sums, .a_packed = packed, .tok = NULL, .n = a->rows, .y = y,
                 .accum = (flags & PD_GEMM_ACCUM) != 0},
         .fn = kernel_fns[k],
-        .rb = rows_per_task(w->rows, w->cols, k),
+        .rb = rows_per_task(w->rows, w->cols, a->rows, k),
     };
     void *apacked;
     if ((rc = amx_pack(pool, k, &r.job, 1, &apacked, err)) < 0) {
@@ -439,7 +440,7 @@ static void grouped_task(void *arg, int task)
             hi = mid - 1;
     }
     const pd_gemm_group *g = &r->groups[lo];
-    int rb = rows_per_task(g->w.rows, g->w.cols, r->k) * r->blocks;
+    int rb = rows_per_task(g->w.rows, g->w.cols, g->n, r->k) * r->blocks;
     int o0 = (task - r->first_task[lo]) * rb;
     int o1 = o0 + rb < g->w.rows ? o0 + rb : g->w.rows;
     pd_gemm_job job = {
@@ -494,7 +495,7 @@ static int grouped_run(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *gro
     for (int g = 0; g < n_groups; g++) {
         const pd_gemm_group *gr = &groups[g];
         if (gr->n > 0 && gr->w.rows > 0) {
-            int rb = rows_per_task(gr->w.rows, gr->w.cols, k);
+            int rb = rows_per_task(gr->w.rows, gr->w.cols, gr->n, k);
             row_blocks += (gr->w.rows + rb - 1) / rb;
         }
     }
@@ -503,7 +504,7 @@ static int grouped_run(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *gro
         first[g] = (int)total;
         const pd_gemm_group *gr = &groups[g];
         if (gr->n > 0 && gr->w.rows > 0) {
-            int rb = rows_per_task(gr->w.rows, gr->w.cols, k) * blocks;
+            int rb = rows_per_task(gr->w.rows, gr->w.cols, gr->n, k) * blocks;
             total += (gr->w.rows + rb - 1) / rb;
             macs += (int64_t)gr->n * gr->w.rows * gr->w.cols;
         }
