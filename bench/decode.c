@@ -10,7 +10,9 @@
  * peak)), T = the batch's tokens, every one through the head, with the peaks of the instructions
  * the engine runs here named in the output. At batch 1 it is the bandwidth roofline; at 16 the
  * float matrices cost 32 flops per 2 bytes read, which no CPU here does at its bandwidth.
- * Also per step: the pool's dispatches and wake-ups (what a decode step costs in hand-offs) and
+ * The thread counts run on one engine and the same sequences, taking turns in rounds (ROUNDS,
+ * below), so that both meet the same machine. Also per step: the pool's dispatches and wake-ups
+ * (what a decode step costs in hand-offs) and
  * the process's CPU time (which stays meaningful on a busy machine, where wall-clock scaling does
  * not: the load average is printed beside it); at 1 thread the roofline fraction again with the
  * step's and the bandwidth probe's time both taken as CPU time, steady on a shared machine. */
@@ -45,97 +47,173 @@ static double cpu_seconds(void)
 struct decode_case {
     int batch, threads;
     double tok_s, step_s, cpu_s, dispatches, wakeups, bytes;
-    double experts, pairs;        /* distinct routed experts and (token, expert) pairs a step read */
+    double experts, pairs;        /* distinct routed experts, (token, expert) pairs per step */
     struct pd_bench_bound bound;  /* the least time the step can take (bench/bound.c) */
     double share[PD_PROF_N];      /* each part's share of the timed steps (engine/prof.h) */
     unsigned long long stalls, backoff_runs;   /* over all timed steps */
 };
 
-static int run(struct pd_engine *en, int batch, int prompt, int steps, struct decode_case *c)
+/* What one thread count's timed steps add up to, over the rounds. */
+struct tally {
+    int steps;
+    double wall, cpu, experts, pairs;
+    int64_t prof[PD_PROF_N];
+    struct pd_pool_stats pool;    /* the deltas of its pool's counters */
+};
+
+/* A batch's sequences, decoded greedily one token a step. */
+struct batch_run {
+    struct pd_engine *en;
+    int batch, V;
+    struct pd_seq *s;
+    float *l;                     // [batch, V] each sequence's logits
+    int32_t *ids, *next;          // [batch, prompt], [batch]
+    struct pd_step_item *it;      // [batch]
+    int64_t *before;              // [layers, experts] the engine's expert counts before a step
+    struct pd_sampler sm;
+};
+
+static void batch_end(struct batch_run *r)
 {
-    const int V = (int)en->model.vocab_size, E = (int)en->model.n_routed_experts, NL = en->model.n_layers;
-    struct pd_seq *s = calloc((size_t)batch, sizeof *s);
-    float *l = malloc((size_t)batch * V * 4);
-    int32_t *ids = malloc((size_t)batch * prompt * 4), *next = malloc((size_t)batch * 4);
-    struct pd_step_item *it = calloc((size_t)batch, sizeof *it);
-    int64_t *before = malloc((size_t)NL * E * sizeof *before);
-    pd_err e = {0};
-    int rc = -1;
-    if (!s || !l || !ids || !next || !it || !before) {
-        snprintf(e.msg, sizeof e.msg, "out of memory");
-        goto out;
-    }
+    for (int b = 0; r->s && b < r->batch; b++)
+        if (r->s[b].kv.blocks)
+            pd_seq_end(r->en, &r->s[b]);
+    free(r->s);
+    free(r->l);
+    free(r->ids);
+    free(r->next);
+    free(r->it);
+    free(r->before);
+}
+
+/* Starts `batch` sequences and prefills their prompts (untimed). */
+static int batch_start(struct pd_engine *en, int batch, int prompt, struct batch_run *r, pd_err *e)
+{
+    const int V = (int)en->model.vocab_size;
+    *r = (struct batch_run){.en = en, .batch = batch, .V = V};
+    r->s = calloc((size_t)batch, sizeof *r->s);
+    r->l = malloc((size_t)batch * V * 4);
+    r->ids = malloc((size_t)batch * prompt * 4);
+    r->next = malloc((size_t)batch * 4);
+    r->it = calloc((size_t)batch, sizeof *r->it);
+    r->before = malloc((size_t)en->model.n_layers * en->model.n_routed_experts * sizeof *r->before);
+    if (!r->s || !r->l || !r->ids || !r->next || !r->it || !r->before)
+        return pd_err_set(e, PD_ENOMEM, "out of memory");
     /* a different prompt per sequence: the batch's tokens choose different experts, as a real
      * batch's do */
     for (int b = 0; b < batch; b++)
         for (int i = 0; i < prompt; i++)
-            ids[(size_t)b * prompt + i] = (i * 131 + 7 + 389 * b) % (V > 1000 ? 1000 : V);
+            r->ids[(size_t)b * prompt + i] = (i * 131 + 7 + 389 * b) % (V > 1000 ? 1000 : V);
     for (int b = 0; b < batch; b++) {
-        if (pd_seq_start(en, &s[b], &e))
-            goto out;
-        it[b] = (struct pd_step_item){.seq = &s[b], .tokens = ids + (size_t)b * prompt, .n = prompt,
-                                      .logits = l + (size_t)b * V};
+        if (pd_seq_start(en, &r->s[b], e))
+            return e->code;
+        r->it[b] = (struct pd_step_item){.seq = &r->s[b], .tokens = r->ids + (size_t)b * prompt, .n = prompt,
+                                         .logits = r->l + (size_t)b * V};
     }
-    if (pd_engine_step(en, it, batch, &e))
-        goto out;
-    struct pd_sampler sm;
-    pd_sampler_init(&sm, 0, 1, 0);
-    double t0 = 0, cpu0 = 0, experts = 0, pairs = 0;
-    struct pd_pool_stats p0 = {0}, p1;
-    for (int k = 0; k <= steps; k++) {
-        if (k == 1) {   /* the first decode step warms the caches */
-            t0 = pd_now_s();
-            cpu0 = cpu_seconds();
-            pd_pool_stats(en->pool, &p0);
-            pd_prof_enable(&en->prof, 1);
+    pd_sampler_init(&r->sm, 0, 1, 0);
+    return pd_engine_step(en, r->it, batch, e);
+}
+
+/* `steps` decode steps on the engine's current pool, added to *t (with t NULL: untimed, the first
+ * step after a prefill or a change of pool, which warms the caches). */
+static int batch_steps(struct batch_run *r, int steps, struct tally *t, pd_err *e)
+{
+    struct pd_engine *en = r->en;
+    const int NL = (int)en->model.n_layers, E = (int)en->model.n_routed_experts;
+    struct pd_pool_stats p0, p1;
+    pd_pool_stats(en->pool, &p0);
+    double t0 = pd_now_s(), cpu0 = cpu_seconds();
+    if (t)
+        pd_prof_enable(&en->prof, 1);
+    int rc = 0;
+    for (int k = 0; k < steps && !rc; k++) {
+        for (int b = 0; b < r->batch; b++) {
+            r->next[b] = pd_sample(&r->sm, r->l + (size_t)b * r->V, r->V, NULL);
+            r->it[b] = (struct pd_step_item){.seq = &r->s[b], .tokens = &r->next[b], .n = 1,
+                                             .logits = r->l + (size_t)b * r->V};
         }
-        for (int b = 0; b < batch; b++) {
-            next[b] = pd_sample(&sm, l + (size_t)b * V, V, NULL);
-            it[b] = (struct pd_step_item){.seq = &s[b], .tokens = &next[b], .n = 1, .logits = l + (size_t)b * V};
-        }
-        memcpy(before, en->expert_tokens, (size_t)NL * E * sizeof *before);
-        if (pd_engine_step(en, it, batch, &e))
-            goto out;
+        memcpy(r->before, en->expert_tokens, (size_t)NL * E * sizeof *r->before);
+        if ((rc = pd_engine_step(en, r->it, r->batch, e)))
+            break;
         /* the distinct routed experts this step's tokens read, and their (token, expert) pairs */
-        if (k >= 1) {
+        if (t) {
             double x, p;
-            pd_bench_routed_since(en, before, &x, &p);
-            experts += x;
-            pairs += p;
+            pd_bench_routed_since(en, r->before, &x, &p);
+            t->experts += x;
+            t->pairs += p;
         }
     }
-    double wall = pd_now_s() - t0;
-    pd_pool_stats(en->pool, &p1);
-    int64_t total = 0;
+    if (!t)
+        return rc;
+    t->wall += pd_now_s() - t0;
+    t->cpu += cpu_seconds() - cpu0;
+    t->steps += steps;
     for (int p = 0; p < PD_PROF_N; p++)
-        total += en->prof.ns[p];
-    for (int p = 0; p < PD_PROF_N; p++)
-        c->share[p] = total > 0 ? (double)en->prof.ns[p] / (double)total : 0;
-    c->batch = batch;
-    c->step_s = wall / steps;
-    c->tok_s = (double)batch * steps / wall;
-    c->cpu_s = (cpu_seconds() - cpu0) / steps;
-    c->dispatches = (double)(p1.dispatches - p0.dispatches) / steps;
-    c->wakeups = (double)(p1.wakeups - p0.wakeups) / steps;
-    c->stalls = p1.stalls - p0.stalls;
-    c->backoff_runs = p1.backoff_runs - p0.backoff_runs;
-    c->experts = experts / steps;
-    c->pairs = pairs / steps;
-    rc = 0;
-out:
+        t->prof[p] += en->prof.ns[p];
     pd_prof_enable(&en->prof, 0);
-    if (rc)
-        fprintf(stderr, "bench decode: %s\n", e.msg);
-    for (int b = 0; s && b < batch; b++)
-        if (s[b].kv.blocks)
-            pd_seq_end(en, &s[b]);
-    free(s);
-    free(l);
-    free(ids);
-    free(next);
-    free(it);
-    free(before);
+    pd_pool_stats(en->pool, &p1);
+    t->pool.dispatches += p1.dispatches - p0.dispatches;
+    t->pool.wakeups += p1.wakeups - p0.wakeups;
+    t->pool.stalls += p1.stalls - p0.stalls;
+    t->pool.backoff_runs += p1.backoff_runs - p0.backoff_runs;
     return rc;
+}
+
+/* Rounds of the timed steps: each thread count's steps come in ROUNDS parts, the counts taking
+ * turns (1, N, N, 1, 1, N, ...) on the same sequences, so a change in what else the machine runs
+ * meanwhile falls on both alike instead of on whichever ran second. 2 threads over 1, batch 1,
+ * 600 steps, runs minutes apart on one AVX2 host: one count's steps after the other's gave 1.02x to
+ * 1.61x in seven runs, the turns 1.29x to 1.39x in four. Each sequence decodes the steps of every
+ * count, so its context grows to the prompt + n_tc (steps + 1) tokens. */
+enum { ROUNDS = 4 };
+
+/* One batch at every thread count (pools[i] for tc[i], the engine opened on the last), alternating
+ * in rounds; the figures into cases[0 .. n_tc - 1]. */
+static int run_batch(struct pd_engine *en, pd_pool *const *pools, const int *tc, int n_tc, int batch, int prompt,
+                     int steps, struct decode_case *cases)
+{
+    struct batch_run r;
+    struct tally t[2] = {{0}, {0}};
+    pd_err e = {0};
+    int rc = batch_start(en, batch, prompt, &r, &e);
+    for (int i = 0; i < n_tc && !rc; i++) {
+        pd_engine_swap_pool(en, pools[i]);
+        rc = batch_steps(&r, 1, NULL, &e);
+    }
+    const int rounds = steps < ROUNDS ? steps : ROUNDS;
+    for (int q = 0; q < rounds && !rc; q++) {
+        const int part = steps * (q + 1) / rounds - steps * q / rounds;
+        for (int k = 0; k < n_tc && !rc; k++) {
+            const int i = (q + k) % 2 == 0 || n_tc == 1 ? 0 : 1;
+            pd_engine_swap_pool(en, pools[i]);
+            rc = batch_steps(&r, part, &t[i], &e);
+        }
+    }
+    pd_engine_swap_pool(en, pools[n_tc - 1]);
+    batch_end(&r);
+    if (rc) {
+        fprintf(stderr, "bench decode: %s\n", e.msg);
+        return rc;
+    }
+    for (int i = 0; i < n_tc; i++) {
+        struct decode_case *c = &cases[i];
+        int64_t total = 0;
+        for (int p = 0; p < PD_PROF_N; p++)
+            total += t[i].prof[p];
+        *c = (struct decode_case){.batch = batch, .threads = tc[i]};
+        for (int p = 0; p < PD_PROF_N; p++)
+            c->share[p] = total > 0 ? (double)t[i].prof[p] / (double)total : 0;
+        c->step_s = t[i].wall / steps;
+        c->tok_s = (double)batch * steps / t[i].wall;
+        c->cpu_s = t[i].cpu / steps;
+        c->dispatches = (double)t[i].pool.dispatches / steps;
+        c->wakeups = (double)t[i].pool.wakeups / steps;
+        c->stalls = t[i].pool.stalls;
+        c->backoff_runs = t[i].pool.backoff_runs;
+        c->experts = t[i].experts / steps;
+        c->pairs = t[i].pairs / steps;
+    }
+    return 0;
 }
 
 int pd_bench_decode(int argc, char **argv)
@@ -201,56 +279,57 @@ int pd_bench_decode(int argc, char **argv)
     double load[1] = {-1};
     (void)getloadavg(load, 1);
     char name[64] = "";
-    for (int ti = 0; ti < n_tc && !rc; ti++) {
-        struct pd_engine en;
-        struct pd_engine_opts o = {.dir = dir, .threads = tc[ti], .max_seqs = 16, .max_model_len = prompt + steps + 2};
-        pd_err e = {0};
-        if (pd_engine_open(&en, &o, &e)) {
-            fprintf(stderr, "bench decode: %s\n", e.msg);
-            return 1;
-        }
-        snprintf(name, sizeof name, "%s", en.model.name);
-        /* the ceilings before and after this thread count's cases, each the higher reading: a probe
-         * that ran while another job held a core or the memory bus reads low, and a step would
-         * then seem to beat its machine */
-        pd_bench_ceilings_raise(en.pool, tc[ti], quick, &cl[ti], &int8_probe, ti == 0 ? &bw_cpu : NULL);
-        const int first = n_cases;
-        for (int batch = 1; batch <= 16; batch *= 16) {
-            if (only && batch != only)
-                continue;
-            struct decode_case *dc = &cases[n_cases];
-            if (run(&en, batch, prompt, steps, dc)) {
-                rc = 1;
-                break;
-            }
-            dc->threads = tc[ti];
-            n_cases++;
-        }
-        pd_bench_ceilings_raise(en.pool, tc[ti], quick, &cl[ti], &int8_probe, ti == 0 ? &bw_cpu : NULL);
-        for (int k = first; k < n_cases; k++) {
-            struct decode_case *dc = &cases[k];
-            pd_bench_step_bound(&en, dc->batch, dc->batch, dc->experts, dc->pairs, &cl[ti], &dc->bound);
-            dc->bytes = dc->bound.bytes;
-        }
-        /* after the steps: the pages they read are mapped by then */
-        huge = pd_st_pmd_mapped_bytes(&en.w.st);
-        mapped = 0;
-        for (size_t i = 0; i < en.w.st.nfiles; i++)
-            mapped += en.w.st.files[i].file_size;
-        pd_engine_close(&en);
+    /* one engine on the most threads; its 1-thread steps run with no pool (pd_engine_swap_pool) */
+    struct pd_engine en;
+    struct pd_engine_opts eo = {.dir = dir, .threads = tc[n_tc - 1], .max_seqs = 16,
+                                .max_model_len = prompt + n_tc * (steps + 1) + 2};
+    pd_err e = {0};
+    if (pd_engine_open(&en, &eo, &e)) {
+        fprintf(stderr, "bench decode: %s\n", e.msg);
+        return 1;
     }
+    pd_pool *pools[2] = {NULL, en.pool};
+    snprintf(name, sizeof name, "%s", en.model.name);
+    /* the ceilings before and after the cases, each the higher reading: a probe that ran while
+     * another job held a core or the memory bus reads low, and a step would then seem to beat its
+     * machine */
+    for (int ti = 0; ti < n_tc; ti++)
+        pd_bench_ceilings_raise(pools[ti], tc[ti], quick, &cl[ti], &int8_probe, ti == 0 ? &bw_cpu : NULL);
+    for (int batch = 1; batch <= 16 && !rc; batch *= 16) {
+        if (only && batch != only)
+            continue;
+        rc = run_batch(&en, pools, tc, n_tc, batch, prompt, steps, &cases[n_cases]);
+        n_cases += rc ? 0 : n_tc;
+    }
+    for (int ti = 0; ti < n_tc && !rc; ti++)
+        pd_bench_ceilings_raise(pools[ti], tc[ti], quick, &cl[ti], &int8_probe, ti == 0 ? &bw_cpu : NULL);
+    for (int k = 0; k < n_cases; k++) {
+        struct decode_case *dc = &cases[k];
+        pd_bench_step_bound(&en, dc->batch, dc->batch, dc->experts, dc->pairs, &cl[dc->threads == 1 ? 0 : 1], &dc->bound);
+        dc->bytes = dc->bound.bytes;
+    }
+    /* after the steps: the pages they read are mapped by then */
+    huge = pd_st_pmd_mapped_bytes(&en.w.st);
+    for (size_t i = 0; i < en.w.st.nfiles; i++)
+        mapped += en.w.st.files[i].file_size;
+    pd_engine_close(&en);
     if (rc)
         return rc;
     double load_end[1] = {-1};
     (void)getloadavg(load_end, 1);
-    json_t *doc = json_pack("{s:s, s:s, s:i, s:i, s:f, s:f, s:[]}", "model", dir, "name", name, "prompt", prompt,
-                            "steps", steps, "load_average_start", load[0], "load_average_end", load_end[0], "cases");
+    const int rounds = steps < ROUNDS ? steps : ROUNDS;
+    json_t *doc = json_pack("{s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:[]}", "model", dir, "name", name, "prompt", prompt,
+                            "steps", steps, "rounds", rounds, "load_average_start", load[0],
+                            "load_average_end", load_end[0], "cases");
     json_object_set_new(doc, "bandwidth_1_thread_by_cpu_time", json_real(bw_cpu));
     json_object_set_new(doc, "checkpoint_bytes", json_integer((json_int_t)mapped));
     json_object_set_new(doc, "checkpoint_bytes_on_2MiB_pages", json_integer((json_int_t)huge));
     if (!json) {
-        printf("pdmoe bench decode: %s (%s), %d-token prompts, %d decode steps, 1 and %d threads\n", dir, name, prompt,
+        printf("pdmoe bench decode: %s (%s), %d-token prompts, %d decode steps, 1 and %d threads", dir, name, prompt,
                steps, threads);
+        if (n_tc > 1)
+            printf(" taking turns on the same sequences in %d round%s", rounds, rounds == 1 ? "" : "s");
+        printf("\n");
         printf("  load average: %.2f at the start, %.2f at the end%s\n", load[0], load_end[0],
                load[0] > 1.2 || load_end[0] > 1.2 ? " (a busy machine: wall-clock figures and scaling are noisy)" : "");
         for (int ti = 0; ti < n_tc; ti++)

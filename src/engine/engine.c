@@ -144,6 +144,13 @@ fail:
     return rc;
 }
 
+pd_pool *pd_engine_swap_pool(struct pd_engine *en, pd_pool *pool)
+{
+    pd_pool *was = en->pool;
+    en->pool = pool;
+    return was;
+}
+
 void pd_engine_close(struct pd_engine *en)
 {
     pd_pool_destroy(en->pool);

@@ -97,6 +97,12 @@ struct pd_engine_opts {
 int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err *e);
 void pd_engine_close(struct pd_engine *en);
 
+/* Between steps: the engine runs its next steps on `pool` (NULL: the calling thread alone);
+ * returns the pool it ran on. No task depends on the thread count, so the steps give the same bits
+ * on any pool (`pdmoe bench decode` alternates 1 and N threads on the same sequences this way).
+ * pd_engine_close destroys en->pool: give the engine back the pool it opened with first. */
+pd_pool *pd_engine_swap_pool(struct pd_engine *en, pd_pool *pool);
+
 struct pd_seq {
     struct pd_kvseq kv;
     int64_t pos;                    /* tokens processed */

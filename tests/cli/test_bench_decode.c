@@ -143,6 +143,18 @@ Test(bench_decode, scaling_says_whether_the_target_is_met)
     cr_assert_not_null(doc, "%s: %s", je.text, cmd.out);
     json_t *sc = json_object_get(doc, "scaling"), *cases = json_object_get(doc, "cases");
     cr_assert_eq(json_array_size(sc), 2);
+    /* both thread counts on one engine taking turns (4 steps: 4 rounds of one), its 1-thread steps
+     * on no pool: no run handed to a helper, no run made alone after a stall either */
+    cr_assert_eq(num(doc, "rounds"), 4);
+    for (size_t k = 0; k < json_array_size(cases); k++) {
+        json_t *c = json_array_get(cases, k);
+        if (num(c, "threads") == 1)
+            cr_assert(num(c, "dispatches_per_step") == 0 && num(c, "backoff_runs") == 0,
+                      "batch %g at 1 thread ran on the pool", num(c, "batch"));
+        else
+            cr_assert(num(c, "dispatches_per_step") > 0 || num(c, "backoff_runs") > 0,
+                      "batch %g at 2 threads made no pool run", num(c, "batch"));
+    }
     for (size_t i = 0; i < json_array_size(sc); i++) {
         json_t *s = json_array_get(sc, i), *t = json_object_get(s, "target"), *met = json_object_get(t, "met");
         cr_assert_float_eq(num(t, "min"), 1.7, 1e-12);

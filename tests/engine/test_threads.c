@@ -101,3 +101,55 @@ Test(threads, mini_logits_identical_at_1_2_and_3_threads, .timeout = 900)
     for (int i = 0; i < 3; i++)
         free(r[i].l);
 }
+
+/* pd_engine_swap_pool between steps (bench decode alternates 1 and N threads on the same
+ * sequences): a sequence whose steps switch between the engine's 2-thread pool and none gives the
+ * logits of one that keeps the pool, bit for bit, and the steps without a pool make no pool run. */
+Test(threads, swapping_the_pool_between_steps_changes_no_logit, .timeout = 300)
+{
+    if (access("models/mini/model.safetensors", R_OK) != 0)
+        cr_skip_test("models/mini not generated (make models/mini/model.safetensors)");
+    enum { PROMPT = 40, STEPS = 6 };
+    struct pd_engine en;
+    pd_err e = {0};
+    struct pd_engine_opts o = {.dir = "models/mini", .threads = 2, .max_seqs = 2, .max_model_len = 128};
+    cr_assert_eq(pd_engine_open(&en, &o, &e), 0, "%s", e.msg);
+    const int V = (int)en.model.vocab_size;
+    pd_pool *own = en.pool;
+    cr_assert_not_null(own, "a 2-thread engine without a pool");
+    float *l = malloc((size_t)2 * (1 + STEPS) * V * sizeof(float));
+    cr_assert_not_null(l);
+    int32_t ids[PROMPT];
+    for (int i = 0; i < PROMPT; i++)
+        ids[i] = (int32_t)((i * 53 + 17) % 1000);
+    for (int swap = 0; swap < 2; swap++) {
+        float *out = l + (size_t)swap * (1 + STEPS) * V;
+        struct pd_seq s;
+        cr_assert_eq(pd_seq_start(&en, &s, &e), 0, "%s", e.msg);
+        struct pd_step_item it = {.seq = &s, .tokens = ids, .n = PROMPT, .logits = out};
+        cr_assert_eq(pd_engine_step(&en, &it, 1, &e), 0, "%s", e.msg);
+        for (int k = 1; k <= STEPS; k++) {
+            /* with swap, the odd steps on the calling thread alone */
+            const int alone = swap && k % 2;
+            cr_assert_eq(pd_engine_swap_pool(&en, alone ? NULL : own), own);
+            struct pd_pool_stats p0, p1;
+            pd_pool_stats(own, &p0);
+            int32_t next = (int32_t)((k * 71 + 3) % 1000);
+            it = (struct pd_step_item){.seq = &s, .tokens = &next, .n = 1, .logits = out + (size_t)k * V};
+            cr_assert_eq(pd_engine_step(&en, &it, 1, &e), 0, "%s", e.msg);
+            pd_pool_stats(own, &p1);
+            const unsigned long long runs = p1.dispatches + p1.backoff_runs - p0.dispatches - p0.backoff_runs;
+            if (alone)
+                cr_assert_eq(runs, 0, "step %d without a pool made %llu pool runs", k, runs);
+            else
+                cr_assert_gt(runs, 0, "step %d on the pool made no pool run", k);
+            cr_assert_eq(pd_engine_swap_pool(&en, own), alone ? NULL : own);
+        }
+        pd_seq_end(&en, &s);
+    }
+    for (int k = 0; k <= STEPS; k++)
+        cr_assert_eq(memcmp(l + (size_t)k * V, l + (size_t)(1 + STEPS + k) * V, (size_t)V * sizeof(float)), 0,
+                     "step %d: the logits differ when the pool is swapped", k);
+    free(l);
+    pd_engine_close(&en);
+}
