@@ -148,9 +148,15 @@ Test(bench_decode, scaling_says_whether_the_target_is_met)
     cr_assert_eq(num(doc, "rounds"), 4);
     for (size_t k = 0; k < json_array_size(cases); k++) {
         json_t *c = json_array_get(cases, k);
-        if (num(c, "threads") == 1)
+        if (num(c, "threads") == 1) {
             cr_assert(num(c, "dispatches_per_step") == 0 && num(c, "backoff_runs") == 0,
                       "batch %g at 1 thread ran on the pool", num(c, "batch"));
+            /* one thread cannot use more CPU than the time it took: none of the helpers' time from
+             * the 2-thread rounds just before may be charged to it */
+            cr_assert_leq(num(c, "cpu_ms_per_step"), num(c, "step_ms") * 1.01 + 0.01,
+                          "batch %g at 1 thread: %g CPU ms a step in %g ms", num(c, "batch"), num(c, "cpu_ms_per_step"),
+                          num(c, "step_ms"));
+        }
         else
             cr_assert(num(c, "dispatches_per_step") > 0 || num(c, "backoff_runs") > 0,
                       "batch %g at 2 threads made no pool run", num(c, "batch"));
