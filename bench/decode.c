@@ -13,8 +13,8 @@
  * The thread counts run on one engine and the same sequences, taking turns in rounds (ROUNDS,
  * below), so that both meet the same machine. Also per step: the pool's dispatches and wake-ups
  * (what a decode step costs in hand-offs) and
- * the process's CPU time (which stays meaningful on a busy machine, where wall-clock scaling does
- * not: the load average is printed beside it); at 1 thread the roofline fraction again with the
+ * the CPU time (the calling thread's at 1 thread, the process's at N: it stays meaningful on a
+ * busy machine, where wall-clock scaling does not; the load average is printed beside it); at 1 thread the roofline fraction again with the
  * step's and the bandwidth probe's time both taken as CPU time, steady on a shared machine. */
 #include "bench.h"
 #include "bench/bound.h"
@@ -125,8 +125,8 @@ static int batch_start(struct pd_engine *en, int batch, int prompt, struct batch
     return pd_engine_step(en, r->it, batch, e);
 }
 
-/* `steps` decode steps on the engine's current pool, added to *t (with t NULL: untimed, the first
- * step after a prefill or a change of pool, which warms the caches). */
+/* `steps` decode steps on the engine's current pool, added to *t (with t NULL: untimed, the one
+ * step on each pool after the prefill, which warms the caches). */
 static int batch_steps(struct batch_run *r, int steps, struct tally *t, pd_err *e)
 {
     struct pd_engine *en = r->en;
