@@ -66,7 +66,6 @@ struct decode_case {
 
 /* What one thread count's timed steps add up to, over the rounds. */
 struct tally {
-    int steps;
     double wall, cpu, experts, pairs;
     int64_t prof[PD_PROF_N];
     struct pd_pool_stats pool;    /* the deltas of its pool's counters */
@@ -159,7 +158,6 @@ static int batch_steps(struct batch_run *r, int steps, struct tally *t, pd_err *
         return rc;
     t->wall += pd_now_s() - t0;
     t->cpu += cpu_seconds(alone) - cpu0;
-    t->steps += steps;
     for (int p = 0; p < PD_PROF_N; p++)
         t->prof[p] += en->prof.ns[p];
     pd_prof_enable(&en->prof, 0);
@@ -179,20 +177,27 @@ static int batch_steps(struct batch_run *r, int steps, struct tally *t, pd_err *
  * count, so its context grows to the prompt + n_tc (steps + 1) tokens. */
 enum { ROUNDS = 4 };
 
+/* The rounds of `steps` timed steps: ROUNDS, or one a step when there are fewer. */
+static int rounds_for(int steps)
+{
+    return steps < ROUNDS ? steps : ROUNDS;
+}
+
 /* One batch at every thread count (pools[i] for tc[i], the engine opened on the last), alternating
  * in rounds; the figures into cases[0 .. n_tc - 1]. */
 static int run_batch(struct pd_engine *en, pd_pool *const *pools, const int *tc, int n_tc, int batch, int prompt,
                      int steps, struct decode_case *cases)
 {
     struct batch_run r;
-    struct tally t[2] = {{0}, {0}};
+    struct tally t[2];
+    memset(t, 0, sizeof t);
     pd_err e = {0};
     int rc = batch_start(en, batch, prompt, &r, &e);
     for (int i = 0; i < n_tc && !rc; i++) {
         pd_engine_swap_pool(en, pools[i]);
         rc = batch_steps(&r, 1, NULL, &e);
     }
-    const int rounds = steps < ROUNDS ? steps : ROUNDS;
+    const int rounds = rounds_for(steps);
     for (int q = 0; q < rounds && !rc; q++) {
         const int part = steps * (q + 1) / rounds - steps * q / rounds;
         for (int k = 0; k < n_tc && !rc; k++) {
@@ -329,7 +334,7 @@ int pd_bench_decode(int argc, char **argv)
         return rc;
     double load_end[1] = {-1};
     (void)getloadavg(load_end, 1);
-    const int rounds = steps < ROUNDS ? steps : ROUNDS;
+    const int rounds = rounds_for(steps);
     json_t *doc = json_pack("{s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:[]}", "model", dir, "name", name, "prompt", prompt,
                             "steps", steps, "rounds", rounds, "load_average_start", load[0],
                             "load_average_end", load_end[0], "cases");

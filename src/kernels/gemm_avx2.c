@@ -11,11 +11,11 @@
  *     the reduction outermost in chunks of KC values (block, below); each block of 4 tokens has
  *     its chunk widened once into an int16 buffer on the stack (16 KiB: L1), then 3 weight rows x
  *     4 tokens, each weight vector widened once for the 4 and every product taking its
- *     activations straight from that buffer (12 accumulators, 1 weight, 1 product: no spill). The product and its add are written in asm: with
- *     intrinsics GCC 12 loads the 4 activation vectors into registers once for the 3 rows and
- *     then spills 6 accumulators every step (on an AVX2-only AMD EPYC, the same loop over data
- *     in L2: 97 Gops/s with intrinsics, 150-155 with the asm, against 160-164 by the VPMADDWD +
- *     VPADDD probe). The reduction's chunks add into int32 sums, exact in any order.
+ *     activations straight from that buffer (12 accumulators, 1 weight, 1 product: no spill).
+ *     The product and its add are written in asm: with intrinsics GCC 12 loads the 4 activation
+ *     vectors into registers once for the 3 rows and then spills 6 accumulators every step (on
+ *     an AVX2-only AMD EPYC, the same loop over data in L2: 97 Gops/s with intrinsics, 150-155
+ *     with the asm, against 160-164 by the VPMADDWD + VPADDD probe). The reduction's chunks add into int32 sums, exact in any order.
  * Reductions shorter than 16 finish in scalar code, so any `in` works. Compiled with target
  * attributes, so the rest of the build stays -march=x86-64-v2; gemm.c calls it only when the CPU
  * has AVX2. */
@@ -28,6 +28,7 @@
 #define INLINE static inline __attribute__((always_inline))
 
 enum { TILE_R = 4, TILE_U = 3 };
+_Static_assert(PD_GEMM_AVX2_BLOCK_MIN == TILE_U + 1, "the blocked path takes what the decode tiles do not");
 
 INLINE AVX2 int32_t hsum8(__m256i v)
 {
@@ -379,7 +380,7 @@ AVX2 void pd_gemm_rows_avx2(const pd_gemm_job *job, int o0, int o1)
      * L2) are swept once per group of 3 tokens while those activation rows stay in L1. */
     int i0 = 0;
     /* 4 tokens and more: blocks of BLK_U, SB_U tokens a call (the rest below) */
-    if (job->n > TILE_U && o1 - o0 <= BLK_MAX_ROWS)
+    if (job->n >= PD_GEMM_AVX2_BLOCK_MIN && o1 - o0 <= BLK_MAX_ROWS)
         for (int whole = job->n / BLK_U * BLK_U, i1; i0 < whole; i0 = i1) {
             i1 = i0 + SB_U < whole ? i0 + SB_U : whole;
             block(job, i0, i1, o0, o1);

@@ -38,6 +38,10 @@ static inline const int8_t *pd_gemm_job_arow(const pd_gemm_job *j, int i)
 /* Computes y[i][o] for every i < job->n and o0 <= o < o1. */
 typedef void (*pd_gemm_rows_fn)(const pd_gemm_job *job, int o0, int o1);
 
+/* The AVX2 kernel takes this many tokens and more in its blocked path (gemm_avx2.c), which cuts
+ * the reduction into chunks itself: gemm.c gives it 64-row tasks then. */
+#define PD_GEMM_AVX2_BLOCK_MIN 4
+
 void pd_gemm_rows_ref(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_rows_avx2(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1);
