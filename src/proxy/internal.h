@@ -37,6 +37,7 @@ struct instance {
     struct px_get *probe;        /* the check in flight, or NULL */
     struct px_conn *idle;        /* its idle keep-alive connections (pool.c), the latest used first */
     int n_idle;
+    struct px_conn *closing;     /* connections to be freed on the loop's next turn (pool.c) */
     uint64_t conns_opened, conns_reused;   /* connections opened to it; requests sent on one kept alive */
     double local_said_at;        /* when a failure for the proxy host's lack (pool.c) was last logged */
     double weights_said_at;      /* (prefill) when a decode's refusal of its KV for other weights was last logged */
@@ -110,7 +111,11 @@ int px_conn_heard(const struct px_conn *c);
 void px_conn_put(struct px_conn *c, int answered);
 /* `in`'s idle connections unused too long, or closed by the server, are freed (from the tick). */
 void px_pool_sweep(struct instance *in, double now);
+/* Frees `in`'s idle connections at once. */
 void px_pool_free(struct instance *in);
+/* At the proxy's destroy, before the loop's base is freed: its idle connections and those waiting
+ * for the loop's next turn to be freed. */
+void px_pool_destroy(struct instance *in);
 /* Closes every idle pooled connection (of all instances) at once, for a connect that found no
  * descriptor free; how many were closed. */
 int px_pool_shed(struct pd_proxy *px);

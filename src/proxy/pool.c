@@ -42,7 +42,8 @@
 struct px_conn {
     struct evhttp_connection *evcon;
     struct instance *in;
-    struct px_conn *next;        /* in->idle, while idle */
+    struct px_conn *next, *prev; /* in->idle while idle (next only); in->closing while it waits to be
+                                  * freed from the loop */
     double idle_since;
     int uses;                    /* requests lent for, this one included */
     int heard;                   /* bytes of the current request's answer arrived */
@@ -65,15 +66,27 @@ static void on_close(struct evhttp_connection *evcon, void *arg)
 static void free_later(evutil_socket_t fd, short what, void *arg)
 {
     struct px_conn *c = arg;
+    *(c->prev ? &c->prev->next : &c->in->closing) = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
     evhttp_connection_free(c->evcon);
     free(c);
 }
 
 /* Closes c from the loop rather than from the callback of its request, which libevent is still in
- * (and its free-on-completion misses connections that never connected). */
+ * (and its free-on-completion misses connections that never connected). Until then it is on
+ * in->closing, which px_pool_destroy frees: a loop that ends before its next turn (the graceful
+ * stop's last timer in the turn of a /health check's timeout) drops its pending events uncalled,
+ * and lost the connection with its libevent state. */
 static void conn_free(struct px_conn *c)
 {
-    if (event_base_once(c->in->px->base, -1, EV_TIMEOUT, free_later, c, &(struct timeval){0, 0}))
+    struct instance *in = c->in;
+    c->prev = NULL;
+    c->next = in->closing;
+    if (in->closing)
+        in->closing->prev = c;
+    in->closing = c;
+    if (event_base_once(in->px->base, -1, EV_TIMEOUT, free_later, c, &(struct timeval){0, 0}))
         free_later(-1, 0, c);   /* (out of memory for the event: at once, as libevent's callers allow) */
 }
 
@@ -188,6 +201,13 @@ void px_pool_free(struct instance *in)
         free(c);
     }
     in->n_idle = 0;
+}
+
+void px_pool_destroy(struct instance *in)
+{
+    px_pool_free(in);
+    while (in->closing)
+        free_later(-1, 0, in->closing);   /* (its event is freed uncalled with the loop's base) */
 }
 
 /* At destroy: closed at once, with any request pending on it (whose callback is not called). */

@@ -285,7 +285,7 @@ void pd_proxy_destroy(struct pd_proxy *px)
     for (int k = 0; k < px->np + px->nd; k++) {
         struct instance *in = nth(px, k);
         px_get_cancel(in->probe);   /* its pending request and callback with it */
-        px_pool_free(in);
+        px_pool_destroy(in);
     }
     if (px->base)
         event_base_free(px->base);

@@ -23,6 +23,7 @@
 #include "pd/server.h"
 #include "model/tokenizer.h"
 #include "proxy/proxy.h"
+#include "proxy/internal.h"
 #include "util.h"
 
 static char dir[64];
@@ -996,6 +997,26 @@ Test(proxy, the_health_check_timeout_is_the_operators)
         else
             cr_assert_eq(ups, 0, "with the 1 s default the instance was up %d times of 40", ups);
     }
+}
+
+/* pool.c closes a connection from the loop's next turn, not from its request's callback; when the
+ * loop ended before that turn (the graceful stop's last timer fired in the turn of a /health
+ * check's timeout), the connection and its libevent state were lost: LeakSanitizer reported them
+ * once in the_health_check_timeout_is_the_operators. pd_proxy_destroy frees such a connection. */
+Test(proxy, a_connection_closed_as_the_loop_ends_is_freed_with_the_proxy)
+{
+    struct pd_proxy_opts o = {.port = 0, .n_decode = 1};
+    o.decode[0] = "127.0.0.1:9";
+    pd_err e = {0};
+    cr_assert_eq(pd_proxy_create(&o, &X, &e), 0, "%s", e.msg);
+    struct px_conn *c = px_conn_get(&X->d[0], 1000, 1);
+    cr_assert_not_null(c);
+    px_conn_put(c, 0);   /* not answered: closed on the loop's next turn, which never comes */
+    pd_proxy_destroy(X);
+    X = NULL;
+#ifdef __SANITIZE_ADDRESS__
+    cr_assert_eq(__lsan_do_recoverable_leak_check(), 0, "the proxy leaked (LeakSanitizer's report above)");
+#endif
 }
 
 /* The request bodies the proxy holds at once are bounded (each costs about 4x its size: 40 clients
