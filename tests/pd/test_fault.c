@@ -122,6 +122,10 @@ static FILE *load(int n, int max_tokens)
     return popen(cmd, "r");
 }
 
+/* The first error a client got in this test, for the message of an assertion on the count of
+ * whole streams. */
+static char first_error[512];
+
 /* Each client's outcome: 1 a whole stream ([DONE], no error event), 0 an error (a 5xx or an
  * error event in the stream); the test fails on anything else (an empty 200, a hang). */
 static int outcome(int i)
@@ -129,12 +133,13 @@ static int outcome(int i)
     static char body[1 << 16];
     int status = client_answer(logs, i, body, sizeof body);
     cr_assert(status == 200 || status >= 500, "client %d: HTTP %d: %s", i, status, body);
-    if (status >= 500) {
+    if (status >= 500)
         cr_assert(strstr(body, "\"error\""), "client %d: %d without a JSON error: %s", i, status, body);
+    if (status >= 500 || strstr(body, "\"error\"")) {
+        if (!first_error[0])
+            snprintf(first_error, sizeof first_error, "client %d, HTTP %d: %.400s", i, status, body);
         return 0;
     }
-    if (strstr(body, "\"error\""))
-        return 0;
     cr_assert(strstr(body, "data: [DONE]") && strstr(body, "\"finish_reason\":\""),
               "client %d: a 200 that is not a whole stream: %s", i, body);
     return 1;
@@ -155,6 +160,31 @@ static int kill_then_finish(int slot, FILE *l, int n)
     for (int i = 1; i <= n; i++)
         whole += outcome(i);
     return whole;
+}
+
+/* The last lines of each spawned server's log (up to 600 bytes each), for a failure's message. */
+static const char *serve_logs(void)
+{
+    static char all[4096];
+    size_t at = 0;
+    all[0] = 0;
+    for (int i = 0; i < n_pids && at < sizeof all - 1; i++) {
+        char path[128], tail[601];
+        snprintf(path, sizeof path, "%s/serve-%d.log", logs, i);
+        FILE *f = fopen(path, "r");
+        size_t n = 0;
+        if (f) {
+            fseek(f, 0, SEEK_END);
+            long size = ftell(f);
+            fseek(f, size > 600 ? size - 600 : 0, SEEK_SET);
+            n = fread(tail, 1, sizeof tail - 1, f);
+            fclose(f);
+        }
+        tail[n] = 0;
+        at += (size_t)snprintf(all + at, sizeof all - at, "\n-- serve-%d.log (pid %d%s):\n%s", i, (int)pids[i],
+                               pids[i] > 0 ? "" : ", killed", tail);
+    }
+    return all;
 }
 
 static int metric(int port, const char *name)
@@ -182,7 +212,7 @@ Test(fault, a_prefill_instance_killed_under_load)
     cr_assert(busy, "p1 never got a request");
     int whole = kill_then_finish(0, l, 24);
     /* the requests p1 held were retried on p2 (or their KV recomputed on d) */
-    cr_assert_eq(whole, 24, "%d of 24 streams whole", whole);
+    cr_assert_eq(whole, 24, "%d of 24 streams whole; the first error: %s%s", whole, first_error, serve_logs());
     cr_assert_gt(metric(pd_proxy_port(X), "pdmoe_proxy_retries_total") + metric(dport, "pdmoe_kv_recomputes_total"), 0);
     /* survivors: every block back, no lease left */
     for (int i = 0; i < 100 && metric(ports[1], "pdmoe_kv_leases") > 0; i++)
@@ -277,7 +307,8 @@ Test(fault, a_dead_decode_instance_is_routed_around)
     int whole = 0;
     for (int i = 1; i <= 24; i++)
         whole += outcome(i);
-    cr_assert_eq(whole, 24, "%d of 24 streams whole with one of two decode instances dead", whole);
+    cr_assert_eq(whole, 24, "%d of 24 streams whole with one of two decode instances dead; the first error: %s%s",
+                 whole, first_error, serve_logs());
     /* the prefill's leases were all pulled (by the live decode instance), every block is back */
     for (int i = 0; i < 100 && metric(pport, "pdmoe_kv_leases") > 0; i++)
         usleep(20000);
