@@ -62,6 +62,9 @@ struct decode_case {
     struct pd_bench_bound bound;  /* the least time the step can take (bench/bound.c) */
     double share[PD_PROF_N];      /* each part's share of the timed steps (engine/prof.h) */
     unsigned long long stalls, backoff_runs;   /* over all timed steps */
+    /* the calling thread's step (N threads): its own tasks in pool runs, waiting in them for the
+     * helpers' tasks, runs made alone after a stall, and its work outside any run (pd_pool_stats) */
+    double own_s, wait_s, alone_s, outside_s;
 };
 
 /* What one thread count's timed steps add up to, over the rounds. */
@@ -166,6 +169,9 @@ static int batch_steps(struct batch_run *r, int steps, struct tally *t, pd_err *
     t->pool.wakeups += p1.wakeups - p0.wakeups;
     t->pool.stalls += p1.stalls - p0.stalls;
     t->pool.backoff_runs += p1.backoff_runs - p0.backoff_runs;
+    t->pool.own_ns += p1.own_ns - p0.own_ns;
+    t->pool.wait_ns += p1.wait_ns - p0.wait_ns;
+    t->pool.alone_ns += p1.alone_ns - p0.alone_ns;
     return rc;
 }
 
@@ -227,6 +233,10 @@ static int run_batch(struct pd_engine *en, pd_pool *const *pools, const int *tc,
         c->wakeups = (double)t[i].pool.wakeups / steps;
         c->stalls = t[i].pool.stalls;
         c->backoff_runs = t[i].pool.backoff_runs;
+        c->own_s = t[i].pool.own_ns / 1e9 / steps;
+        c->wait_s = t[i].pool.wait_ns / 1e9 / steps;
+        c->alone_s = t[i].pool.alone_ns / 1e9 / steps;
+        c->outside_s = c->step_s - c->own_s - c->wait_s - c->alone_s;
         c->experts = t[i].experts / steps;
         c->pairs = t[i].pairs / steps;
     }
@@ -407,6 +417,19 @@ int pd_bench_decode(int argc, char **argv)
             if (!json)
                 printf("        %.2f of the bandwidth roofline (target %s: %s)\n", frac,
                        pd_bench_target_text(PD_TARGET_DECODE_ROOFLINE), pd_bench_target_word(PD_TARGET_DECODE_ROOFLINE, frac));
+        }
+        /* where the calling thread's step went: what keeps N threads from N times the speed is
+         * its waiting for the helpers and its work outside the pool's runs */
+        if (d->threads > 1) {
+            json_object_set_new(o, "caller_ms_per_step",
+                                json_pack("{s:f, s:f, s:f, s:f}", "own_tasks", d->own_s * 1e3, "waiting_for_helpers",
+                                          d->wait_s * 1e3, "alone_after_stall", d->alone_s * 1e3, "outside_runs",
+                                          d->outside_s * 1e3));
+            if (!json)
+                printf("        the calling thread's step: %.3f ms its own tasks, %.3f ms waiting for the helpers' "
+                       "tasks, %.3f ms alone after a stall, %.3f ms outside the pool's runs (%.0f%% of the step)\n",
+                       d->own_s * 1e3, d->wait_s * 1e3, d->alone_s * 1e3, d->outside_s * 1e3,
+                       100 * d->outside_s / d->step_s);
         }
         json_object_set_new(o, "stalls", json_integer((json_int_t)d->stalls));
         json_object_set_new(o, "backoff_runs", json_integer((json_int_t)d->backoff_runs));

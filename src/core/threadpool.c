@@ -91,6 +91,7 @@ struct pd_pool {
     atomic_uint_fast64_t wakeups;             /* of those, runs that had to wake a sleeper */
     atomic_uint_fast64_t stalls;              /* runs whose caller waited > STALL_NS for a helper */
     atomic_uint_fast64_t backoff_runs;        /* runs made on the caller alone after a stall */
+    atomic_uint_fast64_t own_ns, wait_ns, alone_ns;   /* the caller's time: see pd_pool_stats */
     int64_t inline_until;                     /* CLOCK_MONOTONIC ns; under run_mu */
 
     pthread_mutex_t run_mu;     /* one run at a time */
@@ -221,6 +222,9 @@ int pd_pool_create(int nthreads, pd_pool **out, pd_err *err)
     atomic_init(&p->wakeups, 0);
     atomic_init(&p->stalls, 0);
     atomic_init(&p->backoff_runs, 0);
+    atomic_init(&p->own_ns, 0);
+    atomic_init(&p->wait_ns, 0);
+    atomic_init(&p->alone_ns, 0);
 
     for (int i = 0; i < nthreads - 1; i++) {
         struct worker *w = &p->workers[i];
@@ -263,9 +267,10 @@ static void run_part(pd_pool *p, int base, int n, pd_pool_fn fn, void *arg)
     int ran = claim_and_run(p, gen);
 
     /* every task is claimed; wait for those other threads are still running */
+    int64_t t0 = now_ns(), until = t0 + SPIN_NS;
+    atomic_fetch_add_explicit(&p->own_ns, (uint64_t)(t0 - c0), memory_order_relaxed);
     if (atomic_load_explicit(&p->finished, memory_order_acquire) == n)
         return;
-    int64_t t0 = now_ns(), until = t0 + SPIN_NS;
     /* a stall: longer than STALL_NS plus four of the caller's own tasks (a helper that runs
      * still finishes its last task within about one) */
     int64_t stall = STALL_NS + (ran ? 4 * (t0 - c0) / ran : 0);
@@ -297,15 +302,21 @@ void pd_pool_run(pd_pool *p, int n_tasks, pd_pool_fn fn, void *arg)
         return;
     }
     pthread_mutex_lock(&p->run_mu);
-    if (p->inline_until && now_ns() < p->inline_until) {
+    int64_t t0 = now_ns();
+    if (p->inline_until && t0 < p->inline_until) {
         atomic_fetch_add_explicit(&p->backoff_runs, 1, memory_order_relaxed);
         pthread_mutex_unlock(&p->run_mu);
         for (int i = 0; i < n_tasks; i++)
             fn(arg, i);
+        atomic_fetch_add_explicit(&p->alone_ns, (uint64_t)(now_ns() - t0), memory_order_relaxed);
         return;
     }
+    const uint64_t own0 = atomic_load_explicit(&p->own_ns, memory_order_relaxed);
     for (int base = 0; base < n_tasks; base += MAX_RUN)
         run_part(p, base, n_tasks - base < MAX_RUN ? n_tasks - base : MAX_RUN, fn, arg);
+    /* the rest of the run's time, publishing it and waiting for the helpers' tasks */
+    const uint64_t own = atomic_load_explicit(&p->own_ns, memory_order_relaxed) - own0;
+    atomic_fetch_add_explicit(&p->wait_ns, (uint64_t)(now_ns() - t0) - own, memory_order_relaxed);
     pthread_mutex_unlock(&p->run_mu);
 }
 
@@ -323,6 +334,9 @@ void pd_pool_stats(pd_pool *p, struct pd_pool_stats *s)
     s->wakeups = atomic_load_explicit(&p->wakeups, memory_order_relaxed);
     s->stalls = atomic_load_explicit(&p->stalls, memory_order_relaxed);
     s->backoff_runs = atomic_load_explicit(&p->backoff_runs, memory_order_relaxed);
+    s->own_ns = atomic_load_explicit(&p->own_ns, memory_order_relaxed);
+    s->wait_ns = atomic_load_explicit(&p->wait_ns, memory_order_relaxed);
+    s->alone_ns = atomic_load_explicit(&p->alone_ns, memory_order_relaxed);
 }
 
 void pd_pool_destroy(pd_pool *p)

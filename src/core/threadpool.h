@@ -52,9 +52,14 @@ int pd_pool_nthreads(const pd_pool *pool);
  * worker asleep and woke it (tens of microseconds, where a polling worker takes a fraction of
  * one), `stalls` of them kept the caller waiting over 0.5 ms plus four of its own tasks' time for a
  * task a helper had claimed (a helper preempted: more runnable threads than cores), after which the runs of the next 20 ms
- * run on the caller alone (`backoff_runs`, not dispatches): the same tasks, so the same results. */
+ * run on the caller alone (`backoff_runs`, not dispatches): the same tasks, so the same results.
+ * Where the calling thread's time in runs went, in nanoseconds: `own_ns` running the tasks it claimed
+ * in the dispatched runs, `wait_ns` the rest of those runs (publishing them, then waiting for the
+ * tasks the helpers claimed: their late start and their last task), `alone_ns` the backoff runs.
+ * A caller's time outside all three is its own serial work between runs. */
 struct pd_pool_stats {
     unsigned long long dispatches, wakeups, stalls, backoff_runs;
+    unsigned long long own_ns, wait_ns, alone_ns;
 };
 void pd_pool_stats(pd_pool *pool, struct pd_pool_stats *s);
 

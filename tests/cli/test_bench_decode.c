@@ -157,9 +157,25 @@ Test(bench_decode, scaling_says_whether_the_target_is_met)
                           "batch %g at 1 thread: %g CPU ms a step in %g ms", num(c, "batch"), num(c, "cpu_ms_per_step"),
                           num(c, "step_ms"));
         }
-        else
+        else {
             cr_assert(num(c, "dispatches_per_step") > 0 || num(c, "backoff_runs") > 0,
                       "batch %g at 2 threads made no pool run", num(c, "batch"));
+            /* the calling thread's step, split: the pool's three counts are parts of the steps' time,
+             * so what is left outside the runs is not negative (a count that took a helper's time
+             * or counted a run twice would make it so), and the four make the step */
+            json_t *cm = json_object_get(c, "caller_ms_per_step");
+            cr_assert_not_null(cm, "batch %g at 2 threads: no caller_ms_per_step", num(c, "batch"));
+            double sum = 0;
+            static const char *const parts[] = {"own_tasks", "waiting_for_helpers", "alone_after_stall", "outside_runs"};
+            for (int p = 0; p < 4; p++) {
+                cr_assert_geq(num(cm, parts[p]), 0, "batch %g: %s %g ms", num(c, "batch"), parts[p], num(cm, parts[p]));
+                sum += num(cm, parts[p]);
+            }
+            cr_assert_float_eq(sum, num(c, "step_ms"), num(c, "step_ms") * 1e-6 + 1e-9, "batch %g: parts %g ms of %g",
+                               num(c, "batch"), sum, num(c, "step_ms"));
+            cr_assert_gt(num(cm, "own_tasks") + num(cm, "alone_after_stall"), 0, "batch %g: no task on the caller",
+                         num(c, "batch"));
+        }
     }
     for (size_t i = 0; i < json_array_size(sc); i++) {
         json_t *s = json_array_get(sc, i), *t = json_object_get(s, "target"), *met = json_object_get(t, "met");

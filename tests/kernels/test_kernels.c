@@ -672,6 +672,38 @@ Test(kernels, pool_backs_off_after_a_stalled_helper, .timeout = 60)
     pd_pool_destroy(pool);
 }
 
+/* Where the caller's time in runs goes (pd_pool_stats): its own tasks, the rest of the dispatched
+ * runs (waiting for a helper's task), and the runs it made alone after a stall. */
+Test(kernels, pool_counts_the_callers_time_in_runs, .timeout = 60)
+{
+    pd_pool *pool;
+    pd_err e = {0};
+    cr_assert_eq(pd_pool_create(2, &pool, &e), 0, "%s", e.msg);
+    struct stall_arg a = {.caller = pthread_self()};
+    struct pd_pool_stats st = {0};
+    for (int i = 0; i < 200 && st.stalls == 0; i++) {
+        atomic_store(&a.hits[0], 0);
+        atomic_store(&a.hits[1], 0);
+        pd_pool_run(pool, 2, stall_task, &a);
+        pd_pool_stats(pool, &st);
+    }
+    cr_assert_geq(st.stalls, 1, "the worker never ran a task in 200 runs");
+    /* the caller's 50 us tasks (a helper's 5 ms nap is never the caller's), and in the stalled run the
+     * rest of the helper's nap */
+    cr_assert_geq(st.own_ns, 50000ull, "%llu ns of own tasks in %llu runs", st.own_ns, st.dispatches);
+    cr_assert_geq(st.wait_ns, 4000000ull, "%llu ns waiting, with a helper's 5 ms task stalled", st.wait_ns);
+    cr_assert_eq(st.alone_ns, 0);
+    /* within the back-off: the run is the caller's alone (both tasks its 50 us), and so is its time */
+    pd_pool_run(pool, 2, stall_task, &a);
+    struct pd_pool_stats st2;
+    pd_pool_stats(pool, &st2);
+    cr_assert_eq(st2.backoff_runs, 1);
+    cr_assert_geq(st2.alone_ns, 100000ull, "%llu ns alone for two 50 us tasks", st2.alone_ns);
+    cr_assert_eq(st2.own_ns, st.own_ns);
+    cr_assert_eq(st2.wait_ns, st.wait_ns);
+    pd_pool_destroy(pool);
+}
+
 struct nested_arg {
     pd_pool *pool;
     atomic_int *hits;   // [8 * 8]
