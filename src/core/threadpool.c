@@ -30,6 +30,16 @@
 /* How long a thread polls before it sleeps. */
 #define SPIN_NS 50000
 
+/* A run of at most FEW_TASKS per thread (a decode step's products, 4 to 16 tasks of 64 rows) is
+ * claimed in shares of what is left divided by the threads (OpenMP's guided), so each thread takes
+ * consecutive tasks and streams its rows in order: with half that share, 8 tasks went 0-1 / 2 / 3 /
+ * ... alternately, and decode at 2 threads gave 1.29x one thread against 1.375x (medians of 8
+ * alternating runs, Zen 5 EPYC). Longer runs keep the half share: a prefill's tasks differ in cost
+ * (a later token's attention reads more keys), and claiming half of them at once made `bench
+ * prefill` at 2 threads slower in each of 4 alternating runs (2,464-3,366 tokens/s against
+ * 3,123-3,853), where this rule left it as it was (medians 3,455 and 3,369 in 6). */
+#define FEW_TASKS 8
+
 /* Back-off on a machine with more runnable threads than cores: when the caller, its own tasks
  * done, waits longer than STALL_NS plus four times its own mean task for a task another thread
  * claimed, that thread was most likely preempted (a helper that runs finishes its last task
@@ -113,7 +123,8 @@ static int claim_and_run(pd_pool *p, uint64_t gen)
     while (W_GEN(w) == gen && W_IDX(w) < W_N(w)) {
         /* guided: a share of what is left (at least one task), so that two threads racing for
          * the claim word pass its cache line back and forth a few times per run, not per task */
-        int left = W_N(w) - W_IDX(w), c = left / (2 * p->nthreads);
+        const int few = W_N(w) <= FEW_TASKS * p->nthreads;
+        int left = W_N(w) - W_IDX(w), c = left / (few ? p->nthreads : 2 * p->nthreads);
         c = c < 1 ? 1 : c;
         if (!atomic_compare_exchange_weak_explicit(&p->claim, &w, w + (uint64_t)c, memory_order_acq_rel,
                                                    memory_order_acquire))
