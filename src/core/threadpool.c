@@ -37,7 +37,12 @@
  * alternating runs, Zen 5 EPYC). Longer runs keep the half share: a prefill's tasks differ in cost
  * (a later token's attention reads more keys), and claiming half of them at once made `bench
  * prefill` at 2 threads slower in each of 4 alternating runs (2,464-3,366 tokens/s against
- * 3,123-3,853), where this rule left it as it was (medians 3,455 and 3,369 in 6). */
+ * 3,123-3,853), where this rule left it as it was (medians 3,455 and 3,369 in 6). A run whose
+ * caller says its tasks cost alike (pd_pool_run_even: a matrix's row blocks, experts of one token
+ * count) is claimed so at any task count: with the products' runs so, 8 alternating runs of bench
+ * decode gave 2 threads over 1 at batch 1 a median of 1.39x against 1.33x, at batch 16 1.58x
+ * against 1.455x (4 runs), bench prefill at 2 threads within its noise (medians 3,103 and 3,170
+ * tokens/s in 6). */
 #define FEW_TASKS 8
 
 /* Back-off on a machine with more runnable threads than cores: when the caller, its own tasks
@@ -89,6 +94,7 @@ struct pd_pool {
     _Atomic(pd_pool_fn) fn;
     _Atomic(void *) arg;
     atomic_int base;            /* task number of the word's task 0 (runs of more than MAX_RUN) */
+    atomic_int even;            /* its tasks cost about the same (pd_pool_run_even) */
 
     /* each hot atomic on its own cache line: the workers poll `claim` while tasks run */
     _Alignas(64) atomic_uint_fast64_t claim;  /* see W_GEN, W_N, W_IDX */
@@ -118,13 +124,14 @@ static int claim_and_run(pd_pool *p, uint64_t gen)
     pd_pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
     void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
     int base = atomic_load_explicit(&p->base, memory_order_relaxed);
+    const int even = atomic_load_explicit(&p->even, memory_order_relaxed);
     uint64_t w = atomic_load_explicit(&p->claim, memory_order_acquire);
     in_task = 1;
     while (W_GEN(w) == gen && W_IDX(w) < W_N(w)) {
         /* guided: a share of what is left (at least one task), so that two threads racing for
          * the claim word pass its cache line back and forth a few times per run, not per task */
-        const int few = W_N(w) <= FEW_TASKS * p->nthreads;
-        int left = W_N(w) - W_IDX(w), c = left / (few ? p->nthreads : 2 * p->nthreads);
+        const int halves = even || W_N(w) <= FEW_TASKS * p->nthreads;
+        int left = W_N(w) - W_IDX(w), c = left / (halves ? p->nthreads : 2 * p->nthreads);
         c = c < 1 ? 1 : c;
         if (!atomic_compare_exchange_weak_explicit(&p->claim, &w, w + (uint64_t)c, memory_order_acq_rel,
                                                    memory_order_acquire))
@@ -224,6 +231,7 @@ int pd_pool_create(int nthreads, pd_pool **out, pd_err *err)
     atomic_init(&p->fn, NULL);
     atomic_init(&p->arg, NULL);
     atomic_init(&p->base, 0);
+    atomic_init(&p->even, 0);
     atomic_init(&p->claim, 0);
     atomic_init(&p->finished, 0);
     atomic_init(&p->sleeping, 0);
@@ -258,9 +266,10 @@ int pd_pool_create(int nthreads, pd_pool **out, pd_err *err)
 }
 
 /* One published run of n <= MAX_RUN tasks numbered from base. */
-static void run_part(pd_pool *p, int base, int n, pd_pool_fn fn, void *arg)
+static void run_part(pd_pool *p, int base, int n, pd_pool_fn fn, void *arg, int even)
 {
     atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->even, even, memory_order_relaxed);
     atomic_store_explicit(&p->arg, arg, memory_order_relaxed);
     atomic_store_explicit(&p->base, base, memory_order_relaxed);
     atomic_store_explicit(&p->finished, 0, memory_order_relaxed);
@@ -302,7 +311,7 @@ static void run_part(pd_pool *p, int base, int n, pd_pool_fn fn, void *arg)
     }
 }
 
-void pd_pool_run(pd_pool *p, int n_tasks, pd_pool_fn fn, void *arg)
+static void run(pd_pool *p, int n_tasks, pd_pool_fn fn, void *arg, int even)
 {
     assert(fn);
     if (n_tasks <= 0)
@@ -324,11 +333,21 @@ void pd_pool_run(pd_pool *p, int n_tasks, pd_pool_fn fn, void *arg)
     }
     const uint64_t own0 = atomic_load_explicit(&p->own_ns, memory_order_relaxed);
     for (int base = 0; base < n_tasks; base += MAX_RUN)
-        run_part(p, base, n_tasks - base < MAX_RUN ? n_tasks - base : MAX_RUN, fn, arg);
+        run_part(p, base, n_tasks - base < MAX_RUN ? n_tasks - base : MAX_RUN, fn, arg, even);
     /* the rest of the run's time, publishing it and waiting for the helpers' tasks */
     const uint64_t own = atomic_load_explicit(&p->own_ns, memory_order_relaxed) - own0;
     atomic_fetch_add_explicit(&p->wait_ns, (uint64_t)(now_ns() - t0) - own, memory_order_relaxed);
     pthread_mutex_unlock(&p->run_mu);
+}
+
+void pd_pool_run(pd_pool *p, int n_tasks, pd_pool_fn fn, void *arg)
+{
+    run(p, n_tasks, fn, arg, 0);
+}
+
+void pd_pool_run_even(pd_pool *p, int n_tasks, pd_pool_fn fn, void *arg)
+{
+    run(p, n_tasks, fn, arg, 1);
 }
 
 int pd_pool_nthreads(const pd_pool *p)

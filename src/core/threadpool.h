@@ -44,6 +44,12 @@ int pd_pool_create(int nthreads, pd_pool **out, pd_err *err);
  * runs its inner tasks on its own thread. */
 void pd_pool_run(pd_pool *pool, int n_tasks, pd_pool_fn fn, void *arg);
 
+/* pd_pool_run for tasks of about the same cost that read memory in task order (blocks of a
+ * matrix's rows): each thread's tasks are consecutive stretches of what is left, at any task
+ * count (pd_pool_run does so for runs of a few tasks a thread only, since longer runs may hold
+ * tasks of unequal cost, as a prefill's attention has). */
+void pd_pool_run_even(pd_pool *pool, int n_tasks, pd_pool_fn fn, void *arg);
+
 /* Threads that pd_pool_run uses, the caller included (1 for NULL). */
 int pd_pool_nthreads(const pd_pool *pool);
 

@@ -308,12 +308,14 @@ int pd_linear_fwd_float_many(const struct pd_linear_io *io, int n, pd_pool *pool
     if (n > FLOAT_MANY)
         return pd_err_set(e, PD_EINVAL, "linear: %d float products in one run (at most %d)", n, FLOAT_MANY);
     struct float_job j = {.io = io, .n = n, .T = T};
+    int even = 1;   /* rows of one length and one storage: tasks of one cost */
     for (int i = 0; i < n; i++) {
         if (!io[i].l->f && !io[i].l->h)
             return pd_err_set(e, PD_EINVAL, "linear: product %d of a float run has int8 weights", i);
         j.first[i + 1] = j.first[i] + (io[i].l->out + F32_ROWS - 1) / F32_ROWS;
+        even &= io[i].l->in == io[0].l->in && !io[i].l->h == !io[0].l->h;
     }
-    pd_pool_run(pool, j.first[n], float_task, &j);
+    (even ? pd_pool_run_even : pd_pool_run)(pool, j.first[n], float_task, &j);
     return 0;
 }
 

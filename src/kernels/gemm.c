@@ -346,7 +346,7 @@ static int gemm_run(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y,
         return rc;
     }
     int n_tasks = (w->rows + r.rb - 1) / r.rb;
-    pd_pool_run(small_work((int64_t)w->rows * w->cols * a->rows) ? NULL : pool, n_tasks, plain_task, &r);
+    pd_pool_run_even(small_work((int64_t)w->rows * w->cols * a->rows) ? NULL : pool, n_tasks, plain_task, &r);
     free(sums);
     free(packed);
     free(apacked);
@@ -493,9 +493,12 @@ static int grouped_run(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *gro
     if (!first)
         return pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %d groups", n_groups);
     int64_t total = 0, macs = 0, row_blocks = 0;
+    int n_lo = 0, n_hi = 0;   /* the groups' fewest and most tokens: equal, the tasks cost alike */
     for (int g = 0; g < n_groups; g++) {
         const pd_gemm_group *gr = &groups[g];
         if (gr->n > 0 && gr->w.rows > 0) {
+            n_lo = n_lo == 0 || gr->n < n_lo ? gr->n : n_lo;
+            n_hi = gr->n > n_hi ? gr->n : n_hi;
             int rb = rows_per_task(gr->w.rows, gr->w.cols, gr->n, k);
             row_blocks += (gr->w.rows + rb - 1) / rb;
         }
@@ -546,8 +549,10 @@ static int grouped_run(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *gro
         if (packs && (rc = amx_pack(pool, k, packs, n_groups, &apacked, err)) == 0)
             r.packs = packs;
     }
+    /* tasks of one cost (a decode step's experts, a token each) go to each thread in consecutive
+     * stretches; experts with different token counts in the finer shares (pd_pool_run) */
     if (rc == 0)
-        pd_pool_run(small_work(macs) ? NULL : pool, (int)total, grouped_task, &r);
+        (n_lo == n_hi ? pd_pool_run_even : pd_pool_run)(small_work(macs) ? NULL : pool, (int)total, grouped_task, &r);
     free(apacked);
     free(packs);
     free(sums);

@@ -706,6 +706,44 @@ Test(kernels, pool_few_tasks_go_in_consecutive_halves, .timeout = 60)
     pd_pool_destroy(pool);
 }
 
+/* pd_pool_run_even (a matrix's row blocks, tasks of one cost) claims in halves of what is left at
+ * any task count: whichever thread claims first takes tasks 0-31 of 64 (pd_pool_run takes a
+ * quarter at a time past 8 tasks a thread, for tasks of unequal cost). Every task runs once. */
+struct who64_arg {
+    pthread_t who[64];
+    atomic_int hits[64];
+};
+
+static void who64_task(void *arg, int task)
+{
+    struct who64_arg *a = arg;
+    a->who[task] = pthread_self();
+    atomic_fetch_add(&a->hits[task], 1);
+    struct timespec t0, t1;   /* 0.2 ms of work */
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+    while ((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec) < 200000);
+}
+
+Test(kernels, pool_even_runs_go_in_consecutive_halves, .timeout = 60)
+{
+    pd_pool *pool;
+    pd_err e = {0};
+    cr_assert_eq(pd_pool_create(2, &pool, &e), 0, "%s", e.msg);
+    for (int run = 0; run < 3; run++) {
+        struct who64_arg *a = calloc(1, sizeof *a);
+        pd_pool_run_even(pool, 64, who64_task, a);
+        for (int i = 0; i < 64; i++)
+            cr_assert_eq(atomic_load(&a->hits[i]), 1, "run %d: task %d ran %d times", run, i, atomic_load(&a->hits[i]));
+        for (int i = 1; i < 32; i++)
+            cr_assert(pthread_equal(a->who[i], a->who[0]), "run %d: task %d ran on another thread than task 0", run, i);
+        free(a);
+    }
+    pd_pool_run_even(NULL, 3, count_task, &(struct count_arg){(atomic_int[3]){0}});   /* no pool: inline */
+    pd_pool_destroy(pool);
+}
+
 /* Where the caller's time in runs goes (pd_pool_stats): its own tasks, the rest of the dispatched
  * runs (waiting for a helper's task), and the runs it made alone after a stall. */
 Test(kernels, pool_counts_the_callers_time_in_runs, .timeout = 60)
