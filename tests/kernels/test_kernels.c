@@ -621,21 +621,40 @@ struct stall_arg {
     atomic_int hits[2];
 };
 
+/* ns of work on this thread (polling the clock, not sleeping) */
+static void busy(long ns)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+    while ((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec) < ns);
+}
+
 static void stall_task(void *arg, int task)
 {
     struct stall_arg *a = arg;
     atomic_fetch_add(&a->hits[task], 1);
     if (pthread_equal(pthread_self(), a->caller)) {
-        /* 50 us of work: long enough for the polling worker to claim the other task */
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        do
-            clock_gettime(CLOCK_MONOTONIC, &t1);
-        while ((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec) < 50000);
+        busy(50000);   /* 50 us: long enough for the polling worker to claim the other task */
     } else {
         struct timespec t = {0, 5 * 1000 * 1000};
         nanosleep(&t, NULL);
     }
+}
+
+/* Runs stall_task's pairs until one stalls (each task once every run); the pool's counters then. */
+static void run_until_a_stall(pd_pool *pool, struct stall_arg *a, struct pd_pool_stats *st)
+{
+    *st = (struct pd_pool_stats){0};
+    for (int i = 0; i < 200 && st->stalls == 0; i++) {
+        atomic_store(&a->hits[0], 0);
+        atomic_store(&a->hits[1], 0);
+        pd_pool_run(pool, 2, stall_task, a);
+        cr_assert(atomic_load(&a->hits[0]) == 1 && atomic_load(&a->hits[1]) == 1);
+        pd_pool_stats(pool, st);
+    }
+    cr_assert_geq(st->stalls, 1, "the worker never ran a task in 200 runs");
 }
 
 Test(kernels, pool_backs_off_after_a_stalled_helper, .timeout = 60)
@@ -644,15 +663,8 @@ Test(kernels, pool_backs_off_after_a_stalled_helper, .timeout = 60)
     pd_err e = {0};
     cr_assert_eq(pd_pool_create(2, &pool, &e), 0, "%s", e.msg);
     struct stall_arg a = {.caller = pthread_self()};
-    struct pd_pool_stats st = {0};
-    for (int i = 0; i < 200 && st.stalls == 0; i++) {
-        atomic_store(&a.hits[0], 0);
-        atomic_store(&a.hits[1], 0);
-        pd_pool_run(pool, 2, stall_task, &a);
-        cr_assert(atomic_load(&a.hits[0]) == 1 && atomic_load(&a.hits[1]) == 1);
-        pd_pool_stats(pool, &st);
-    }
-    cr_assert_geq(st.stalls, 1, "the worker never ran a task in 200 runs");
+    struct pd_pool_stats st;
+    run_until_a_stall(pool, &a, &st);
     cr_assert_eq(st.backoff_runs, 0);
     /* within the back-off: on the caller alone, not handed out */
     atomic_int hits[8] = {0};
@@ -678,18 +690,17 @@ Test(kernels, pool_backs_off_after_a_stalled_helper, .timeout = 60)
  * gaps, and decode at 2 threads ran 1.29x one thread against 1.375x with halves (medians of 8
  * alternating runs on a Zen 5 EPYC). Whichever thread claims first takes tasks 0-3. */
 struct who_arg {
-    pthread_t who[8];
+    pthread_t who[64];       /* the thread that ran each task */
+    atomic_int hits[64];
+    long work_ns;            /* each task's work: the polling helper claims while the first claimer works */
 };
 
 static void who_task(void *arg, int task)
 {
     struct who_arg *a = arg;
     a->who[task] = pthread_self();
-    struct timespec t0, t1;   /* 1 ms of work: the polling helper claims while the first claimer works */
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    do
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-    while ((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec) < 1000000);
+    atomic_fetch_add(&a->hits[task], 1);
+    busy(a->work_ns);
 }
 
 Test(kernels, pool_few_tasks_go_in_consecutive_halves, .timeout = 60)
@@ -698,7 +709,7 @@ Test(kernels, pool_few_tasks_go_in_consecutive_halves, .timeout = 60)
     pd_err e = {0};
     cr_assert_eq(pd_pool_create(2, &pool, &e), 0, "%s", e.msg);
     for (int run = 0; run < 5; run++) {
-        struct who_arg a;
+        struct who_arg a = {.work_ns = 1000000};
         pd_pool_run(pool, 8, who_task, &a);
         for (int i = 1; i < 4; i++)
             cr_assert(pthread_equal(a.who[i], a.who[0]), "run %d: task %d ran on another thread than task 0", run, i);
@@ -709,31 +720,15 @@ Test(kernels, pool_few_tasks_go_in_consecutive_halves, .timeout = 60)
 /* pd_pool_run_even (a matrix's row blocks, tasks of one cost) claims in halves of what is left at
  * any task count: whichever thread claims first takes tasks 0-31 of 64 (pd_pool_run takes a
  * quarter at a time past 8 tasks a thread, for tasks of unequal cost). Every task runs once. */
-struct who64_arg {
-    pthread_t who[64];
-    atomic_int hits[64];
-};
-
-static void who64_task(void *arg, int task)
-{
-    struct who64_arg *a = arg;
-    a->who[task] = pthread_self();
-    atomic_fetch_add(&a->hits[task], 1);
-    struct timespec t0, t1;   /* 0.2 ms of work */
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    do
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-    while ((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec) < 200000);
-}
-
 Test(kernels, pool_even_runs_go_in_consecutive_halves, .timeout = 60)
 {
     pd_pool *pool;
     pd_err e = {0};
     cr_assert_eq(pd_pool_create(2, &pool, &e), 0, "%s", e.msg);
     for (int run = 0; run < 3; run++) {
-        struct who64_arg *a = calloc(1, sizeof *a);
-        pd_pool_run_even(pool, 64, who64_task, a);
+        struct who_arg *a = calloc(1, sizeof *a);
+        a->work_ns = 200000;
+        pd_pool_run_even(pool, 64, who_task, a);
         for (int i = 0; i < 64; i++)
             cr_assert_eq(atomic_load(&a->hits[i]), 1, "run %d: task %d ran %d times", run, i, atomic_load(&a->hits[i]));
         for (int i = 1; i < 32; i++)
@@ -752,14 +747,8 @@ Test(kernels, pool_counts_the_callers_time_in_runs, .timeout = 60)
     pd_err e = {0};
     cr_assert_eq(pd_pool_create(2, &pool, &e), 0, "%s", e.msg);
     struct stall_arg a = {.caller = pthread_self()};
-    struct pd_pool_stats st = {0};
-    for (int i = 0; i < 200 && st.stalls == 0; i++) {
-        atomic_store(&a.hits[0], 0);
-        atomic_store(&a.hits[1], 0);
-        pd_pool_run(pool, 2, stall_task, &a);
-        pd_pool_stats(pool, &st);
-    }
-    cr_assert_geq(st.stalls, 1, "the worker never ran a task in 200 runs");
+    struct pd_pool_stats st;
+    run_until_a_stall(pool, &a, &st);
     /* the caller's 50 us tasks (a helper's 5 ms nap is never the caller's), and in the stalled run the
      * rest of the helper's nap */
     cr_assert_geq(st.own_ns, 50000ull, "%llu ns of own tasks in %llu runs", st.own_ns, st.dispatches);
