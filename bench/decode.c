@@ -14,8 +14,9 @@
  * below), so that both meet the same machine. Also per step: the pool's dispatches and wake-ups
  * (what a decode step costs in hand-offs) and
  * the CPU time (the calling thread's at 1 thread, the process's at N: it stays meaningful on a
- * busy machine, where wall-clock scaling does not; the load average is printed beside it); at 1 thread the roofline fraction again with the
- * step's and the bandwidth probe's time both taken as CPU time, steady on a shared machine. */
+ * busy machine, where wall-clock scaling does not; the load average is printed beside it); at 1
+ * thread the roofline fraction again with the step's and the bandwidth probe's time both taken
+ * as CPU time, steady on a shared machine. */
 #include "bench.h"
 #include "bench/bound.h"
 #include "bench/ceilings.h"

@@ -126,12 +126,12 @@ static int claim_and_run(pd_pool *p, uint64_t gen)
     int base = atomic_load_explicit(&p->base, memory_order_relaxed);
     const int even = atomic_load_explicit(&p->even, memory_order_relaxed);
     uint64_t w = atomic_load_explicit(&p->claim, memory_order_acquire);
+    /* guided: a share of what is left (at least one task), so that two threads racing for the
+     * claim word pass its cache line back and forth a few times per run, not per task */
+    const int share = even || W_N(w) <= FEW_TASKS * p->nthreads ? p->nthreads : 2 * p->nthreads;
     in_task = 1;
     while (W_GEN(w) == gen && W_IDX(w) < W_N(w)) {
-        /* guided: a share of what is left (at least one task), so that two threads racing for
-         * the claim word pass its cache line back and forth a few times per run, not per task */
-        const int halves = even || W_N(w) <= FEW_TASKS * p->nthreads;
-        int left = W_N(w) - W_IDX(w), c = left / (halves ? p->nthreads : 2 * p->nthreads);
+        int left = W_N(w) - W_IDX(w), c = left / share;
         c = c < 1 ? 1 : c;
         if (!atomic_compare_exchange_weak_explicit(&p->claim, &w, w + (uint64_t)c, memory_order_acq_rel,
                                                    memory_order_acquire))

@@ -113,9 +113,8 @@ int pd_gemm_kernel_get(pd_kernel *k, pd_err *err)
  * packed activations once per reduction block, so fewer, taller tasks read them fewer times;
  * 2048 rows still make 8 tasks), fewer for small ones so that two threads share them. AVX2 on
  * PD_GEMM_AVX2_BLOCK_MIN tokens and more (n): 64, its blocked path cuts the reduction into chunks
- * itself. Others: the
- * weight bytes a task reads per pass over the tokens (rows * in) within about 256 KiB, so that they
- * stay in L2 while every block of tokens passes over them. A multiple of 8, the GEMV kernels' row
+ * itself. Others: the weight bytes a task reads per pass over the tokens (rows * in) within about
+ * 256 KiB, so that they stay in L2 while every block of tokens passes over them. A multiple of 8, the GEMV kernels' row
  * block. */
 static int rows_per_task(int out, int in, int n, pd_kernel k)
 {

@@ -15,7 +15,8 @@
  *     The product and its add are written in asm: with intrinsics GCC 12 loads the 4 activation
  *     vectors into registers once for the 3 rows and then spills 6 accumulators every step (on
  *     an AVX2-only AMD EPYC, the same loop over data in L2: 97 Gops/s with intrinsics, 150-155
- *     with the asm, against 160-164 by the VPMADDWD + VPADDD probe). The reduction's chunks add into int32 sums, exact in any order.
+ *     with the asm, against 160-164 by the VPMADDWD + VPADDD probe). The reduction's chunks add
+ *     into int32 sums, exact in any order.
  * Reductions shorter than 16 finish in scalar code, so any `in` works. Compiled with target
  * attributes, so the rest of the build stays -march=x86-64-v2; gemm.c calls it only when the CPU
  * has AVX2. */

@@ -63,14 +63,22 @@ static void on_close(struct evhttp_connection *evcon, void *arg)
     ((struct px_conn *)arg)->connected = 1;
 }
 
+/* Closed at once, with any request pending on it (whose callback is not called). */
+static void conn_free_now(struct px_conn *c)
+{
+    if (!c)
+        return;
+    evhttp_connection_free(c->evcon);
+    free(c);
+}
+
 static void free_later(evutil_socket_t fd, short what, void *arg)
 {
     struct px_conn *c = arg;
     *(c->prev ? &c->prev->next : &c->in->closing) = c->next;
     if (c->next)
         c->next->prev = c->prev;
-    evhttp_connection_free(c->evcon);
-    free(c);
+    conn_free_now(c);
 }
 
 /* Closes c from the loop rather than from the callback of its request, which libevent is still in
@@ -197,8 +205,7 @@ void px_pool_free(struct instance *in)
     while (in->idle) {
         struct px_conn *c = in->idle;
         in->idle = c->next;
-        evhttp_connection_free(c->evcon);
-        free(c);
+        conn_free_now(c);
     }
     in->n_idle = 0;
 }
@@ -208,15 +215,6 @@ void px_pool_destroy(struct instance *in)
     px_pool_free(in);
     while (in->closing)
         free_later(-1, 0, in->closing);   /* (its event is freed uncalled with the loop's base) */
-}
-
-/* At destroy: closed at once, with any request pending on it (whose callback is not called). */
-static void conn_free_now(struct px_conn *c)
-{
-    if (!c)
-        return;
-    evhttp_connection_free(c->evcon);   /* its pending request with it, its callback not called */
-    free(c);
 }
 
 int px_pool_shed(struct pd_proxy *px)

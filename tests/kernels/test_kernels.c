@@ -643,9 +643,14 @@ static void stall_task(void *arg, int task)
     }
 }
 
-/* Runs stall_task's pairs until one stalls (each task once every run); the pool's counters then. */
-static void run_until_a_stall(pd_pool *pool, struct stall_arg *a, struct pd_pool_stats *st)
+/* A pool of 2 threads that ran stall_task's pairs until one stalled (each task once every run), and
+ * its counters then. */
+static pd_pool *stalled_pool(struct stall_arg *a, struct pd_pool_stats *st)
 {
+    pd_pool *pool;
+    pd_err e = {0};
+    cr_assert_eq(pd_pool_create(2, &pool, &e), 0, "%s", e.msg);
+    *a = (struct stall_arg){.caller = pthread_self()};
     *st = (struct pd_pool_stats){0};
     for (int i = 0; i < 200 && st->stalls == 0; i++) {
         atomic_store(&a->hits[0], 0);
@@ -655,16 +660,14 @@ static void run_until_a_stall(pd_pool *pool, struct stall_arg *a, struct pd_pool
         pd_pool_stats(pool, st);
     }
     cr_assert_geq(st->stalls, 1, "the worker never ran a task in 200 runs");
+    return pool;
 }
 
 Test(kernels, pool_backs_off_after_a_stalled_helper, .timeout = 60)
 {
-    pd_pool *pool;
-    pd_err e = {0};
-    cr_assert_eq(pd_pool_create(2, &pool, &e), 0, "%s", e.msg);
-    struct stall_arg a = {.caller = pthread_self()};
+    struct stall_arg a;
     struct pd_pool_stats st;
-    run_until_a_stall(pool, &a, &st);
+    pd_pool *pool = stalled_pool(&a, &st);
     cr_assert_eq(st.backoff_runs, 0);
     /* within the back-off: on the caller alone, not handed out */
     atomic_int hits[8] = {0};
@@ -743,12 +746,9 @@ Test(kernels, pool_even_runs_go_in_consecutive_halves, .timeout = 60)
  * runs (waiting for a helper's task), and the runs it made alone after a stall. */
 Test(kernels, pool_counts_the_callers_time_in_runs, .timeout = 60)
 {
-    pd_pool *pool;
-    pd_err e = {0};
-    cr_assert_eq(pd_pool_create(2, &pool, &e), 0, "%s", e.msg);
-    struct stall_arg a = {.caller = pthread_self()};
+    struct stall_arg a;
     struct pd_pool_stats st;
-    run_until_a_stall(pool, &a, &st);
+    pd_pool *pool = stalled_pool(&a, &st);
     /* the caller's 50 us tasks (a helper's 5 ms nap is never the caller's), and in the stalled run the
      * rest of the helper's nap */
     cr_assert_geq(st.own_ns, 50000ull, "%llu ns of own tasks in %llu runs", st.own_ns, st.dispatches);
