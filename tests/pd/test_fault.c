@@ -171,16 +171,7 @@ static const char *serve_logs(void)
     for (int i = 0; i < n_pids && at < sizeof all - 1; i++) {
         char path[128], tail[601];
         snprintf(path, sizeof path, "%s/serve-%d.log", logs, i);
-        FILE *f = fopen(path, "r");
-        size_t n = 0;
-        if (f) {
-            fseek(f, 0, SEEK_END);
-            long size = ftell(f);
-            fseek(f, size > 600 ? size - 600 : 0, SEEK_SET);
-            n = fread(tail, 1, sizeof tail - 1, f);
-            fclose(f);
-        }
-        tail[n] = 0;
+        file_tail(path, tail, sizeof tail);
         at += (size_t)snprintf(all + at, sizeof all - at, "\n-- serve-%d.log (pid %d%s):\n%s", i, (int)pids[i],
                                pids[i] > 0 ? "" : ", killed", tail);
     }

@@ -303,6 +303,23 @@ static inline void shm_segments_of(pid_t pid, char (*segs)[128], int *n, int cap
         fclose(f);
 }
 
+/* The last cap - 1 bytes of the file at path (all of it when shorter), NUL-ended in buf: a log's
+ * end for an assertion's message ("" when it cannot be read). */
+static inline const char *file_tail(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    size_t n = 0;
+    if (f) {
+        fseek(f, 0, SEEK_END);
+        long size = ftell(f);
+        fseek(f, size > (long)cap - 1 ? size - ((long)cap - 1) : 0, SEEK_SET);
+        n = fread(buf, 1, cap - 1, f);
+        fclose(f);
+    }
+    buf[n] = 0;
+    return buf;
+}
+
 /* Processes whose command line has `--port N` (-1 if pgrep cannot be run). */
 static inline int processes_on(int port)
 {
