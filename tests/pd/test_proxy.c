@@ -607,9 +607,11 @@ Test(proxy, a_lost_kv_handoff_is_prefilled_again)
              pd_server_port(D));
     cr_assert_eq(system(cmd), 0);
     double t0 = pd_now_s();
-    while (metric_key(pd_server_port(D), "pdmoe_num_requests_waiting") < BUSY - 1 && pd_now_s() - t0 < 10)
+    int64_t waiting = 0;   /* the count that ended the wait: a second read may come after the first finished */
+    while ((waiting = metric_key(pd_server_port(D), "pdmoe_num_requests_waiting")) < BUSY - 1 && pd_now_s() - t0 < 10)
         usleep(10000);
-    cr_assert_geq(metric_key(pd_server_port(D), "pdmoe_num_requests_waiting"), BUSY - 1);
+    cr_assert_geq(waiting, BUSY - 1, "%lld requests waited at the decode instance after %.1f s", (long long)waiting,
+                  pd_now_s() - t0);
     cr_assert_eq(curl_port(pd_proxy_port(X), "/v1/completions", body, NULL, got, sizeof got), 200, "%s", got);
     char *x = field(got, "token_ids"), *y = field(want, "token_ids");
     cr_assert_str_eq(x, y);
