@@ -158,20 +158,23 @@ static int cmp_int(const void *a, const void *b)
 /* Indexer: score(entry) = sum_h relu(q_h . k_entry) * w_h * index_head_dim^-1/2 *
  * index_n_heads^-1/2 (the official weight scale: it leaves the order, and so the choice, as it
  * was, but keeps the scores' magnitude); the top-k entries, ties to the lower index, in sel.
- * The n keys are widened to fp32 into tmp [n, index_head_dim], then every q_h . k_entry is one
- * tiled product into dot [index_n_heads, n] (each the bits pd_dot gives it); score [n] out. */
-static int indexer_select(const struct pd_model *m, const struct pd_kvpool *kvp, const struct pd_kvseq *s, int layer,
-                          int n, const float *iq, const float *iw, float *tmp, float *dot, float *score, int *sel)
+ * indexer_scores gives the scores of entries [x0, x1) of n: their keys widened to fp32 into
+ * rows x0.. of tmp [n, index_head_dim], every q_h . k_entry one tiled product into columns x0..
+ * of dot [index_n_heads, n] (each the bits pd_dot gives it, however the entries are cut), then
+ * score [x0, x1). Each entry's score depends on that entry only, so blocks of entries may run
+ * on any thread (a decode step's tokens: index_tasks). */
+static void indexer_scores(const struct pd_model *m, const struct pd_kvpool *kvp, const struct pd_kvseq *s, int layer,
+                           int x0, int x1, int n, const float *iq, const float *iw, float *tmp, float *dot, float *score)
 {
-    const int ih = m->index_n_heads, id = m->index_head_dim, k = m->index_topk;
+    const int ih = m->index_n_heads, id = m->index_head_dim;
     float w[256];
     const float wscale = pd_indexer_weight_scale(m);
     for (int h = 0; h < ih; h++)
         w[h] = iw[h] * wscale;
-    for (int x = 0; x < n; x++)
+    for (int x = x0; x < x1; x++)
         pd_kv_get_key(kvp, tmp + (size_t)x * id, pd_kv_key(kvp, s, layer, x));
-    pd_dot_gemm(tmp, (size_t)id, n, iq, (size_t)id, ih, id, dot, (size_t)n);
-    for (int x = 0; x < n; x++) {
+    pd_dot_gemm(tmp + (size_t)x0 * id, (size_t)id, x1 - x0, iq, (size_t)id, ih, id, dot + x0, (size_t)n);
+    for (int x = x0; x < x1; x++) {
         double sc = 0;
         for (int h = 0; h < ih; h++) {
             float d = dot[(size_t)h * n + x];
@@ -179,7 +182,13 @@ static int indexer_select(const struct pd_model *m, const struct pd_kvpool *kvp,
         }
         score[x] = (float)sc;
     }
-    return pd_topk(score, n, k, sel);
+}
+
+static int indexer_select(const struct pd_model *m, const struct pd_kvpool *kvp, const struct pd_kvseq *s, int layer,
+                          int n, const float *iq, const float *iw, float *tmp, float *dot, float *score, int *sel)
+{
+    indexer_scores(m, kvp, s, layer, 0, n, n, iq, iw, tmp, dot, score);
+    return pd_topk(score, n, m->index_topk, sel);
 }
 
 int pd_topk(const float *score, int n, int k, int *sel)
@@ -288,9 +297,9 @@ static int attend_prepare(struct pd_step *st, int layer, int t, struct attn_bufs
  * (CSA) when there are more than k; returns the new count. Reads the cache only. Scratch: tmp
  * [entries, index_head_dim] (the token's keys after its window serve: kmax - nk >= entries rows
  * of head_dim >= index_head_dim floats), dot [index_n_heads, entries], score [entries], sel
- * [index_topk]. */
+ * [index_topk]. With `scored`, score holds the indexer's scores already (index_tasks). */
 static int attend_entries(struct pd_step *st, int layer, int t, const struct attn_bufs *b, float *keys, int nk,
-                          float *dot, float *score, int *sel)
+                          float *dot, float *score, int *sel, int scored)
 {
     struct pd_engine *en = st->en;
     const struct pd_model *m = &en->model;
@@ -303,8 +312,9 @@ static int attend_entries(struct pd_step *st, int layer, int t, const struct att
     const int n = (int)((st->pos[t] + 1) / r);
     if (r == 4 && n > m->index_topk) {
         assert(m->index_head_dim <= hd);
-        int ns = indexer_select(m, kvp, kv, layer, n, b->iq + (size_t)t * m->index_n_heads * m->index_head_dim,
-                                b->iw + (size_t)t * m->index_n_heads, keys + (size_t)nk * hd, dot, score, sel);
+        int ns = scored ? pd_topk(score, n, m->index_topk, sel)
+                        : indexer_select(m, kvp, kv, layer, n, b->iq + (size_t)t * m->index_n_heads * m->index_head_dim,
+                                         b->iw + (size_t)t * m->index_n_heads, keys + (size_t)nk * hd, dot, score, sel);
         for (int i = 0; i < ns; i++)
             pd_kv_get_entry(kvp, keys + (size_t)nk++ * hd, pd_kv_entry(kvp, kv, layer, sel[i]));
         return nk;
@@ -349,7 +359,7 @@ static void heads_task(void *arg, int task)
         win = j->b->strip + (size_t)j->b->wrow[c] * hd;
         nw = j->b->nw[c];
         ne = attend_entries(j->st, j->layer, t, j->b, ent, 0, j->b->iscore + (size_t)c * j->ient,
-                            j->scores + (size_t)c * nh * j->kmax, j->b->sel + (size_t)c * m->index_topk);
+                            j->scores + (size_t)c * nh * j->kmax, j->b->sel + (size_t)c * m->index_topk, 0);
     }
     const int nk = nw + ne;
     const float *cs = (j->L->ratio ? j->st->cs_compress : j->st->cs_window) + (size_t)t * rd;
@@ -420,6 +430,41 @@ static void qheads_task(void *arg, int task)
         pd_rope_apply_cs(j->st->cs_compress + (size_t)t * rd, rd, iq + id - rd, 0);
         pd_indexer_lowp(iq, id);
     }
+}
+
+/* The indexer's scores of a decode step's tokens (a chunk of fewer than 8, whose heads are tasks
+ * of their own), over the pool by blocks of entries: a token at a long context scores every
+ * compressed entry of each CSA layer (V4-Flash at 64K tokens: 16,384 entries x 64 heads x 128
+ * values, 134 M multiply-adds a layer), which ran on the caller alone while the other threads
+ * waited. A block holds about INDEX_TASK_MACS multiply-adds, and a token is split only from two
+ * blocks; its top-k follows on the caller (attend_entries). The same scores bit for bit
+ * (indexer_scores). Tasks [first[c], first[c + 1]) are token c's blocks. */
+enum { INDEX_TASK_MACS = 1 << 17 };
+
+struct index_job {
+    struct pd_step *st;
+    const struct attn_bufs *b;
+    int layer, t0, kmax, ient;
+    int block;            /* entries per task */
+    int first[9];         /* [chunk + 1] */
+    int n[8];             /* entries of token c (0: not split) */
+};
+
+static void index_task(void *arg, int task)
+{
+    const struct index_job *j = arg;
+    const struct pd_model *m = &j->st->en->model;
+    int c = 0;
+    while (j->first[c + 1] <= task)
+        c++;
+    const int t = j->t0 + c, n = j->n[c], x0 = (task - j->first[c]) * j->block;
+    const int x1 = x0 + j->block < n ? x0 + j->block : n;
+    const int ih = m->index_n_heads, id = m->index_head_dim;
+    float *keys = j->b->keys + (size_t)c * j->kmax * m->head_dim;
+    indexer_scores(m, &j->st->en->kv, &j->st->items[j->st->item_of[t]].seq->kv, j->layer, x0, x1, n,
+                   j->b->iq + (size_t)t * ih * id, j->b->iw + (size_t)t * ih,
+                   keys + (size_t)j->b->nk[c] * m->head_dim, j->b->iscore + (size_t)c * j->ient,
+                   j->b->scores + (size_t)c * m->n_heads * j->kmax);
 }
 
 #define LIN(l, in, T, out) \
@@ -527,11 +572,22 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         }
         struct heads_job hj = {.st = st, .L = L, .b = &b, .t0 = t0, .nk = b.nk, .keys = b.keys, .scores = b.scores,
                                .kmax = (int)kmax, .per_head = per_head, .layer = layer, .ient = ient};
-        if (hj.per_head)
+        if (hj.per_head) {
+            struct index_job ij = {.st = st, .b = &b, .layer = layer, .t0 = t0, .kmax = (int)kmax, .ient = ient};
+            const int per_entry = m->index_n_heads * m->index_head_dim;
+            ij.block = per_entry > 0 && INDEX_TASK_MACS / per_entry > 16 ? INDEX_TASK_MACS / per_entry : 16;
+            for (int c = 0; c < n; c++) {
+                const int ne = r == 4 ? (int)((st->pos[t0 + c] + 1) / r) : 0;
+                ij.n[c] = ne > m->index_topk && ne >= 2 * ij.block ? ne : 0;
+                ij.first[c + 1] = ij.first[c] + (ij.n[c] + ij.block - 1) / ij.block;
+            }
+            if (ij.first[n])
+                pd_pool_run_even(en->pool, ij.first[n], index_task, &ij);
             for (int c = 0; c < n; c++)
                 b.nk[c] = attend_entries(st, layer, t0 + c, &b, b.keys + (size_t)c * kmax * hd, b.nk[c],
                                          b.iscore + (size_t)c * ient, b.scores + (size_t)c * nh * kmax,
-                                         b.sel + (size_t)c * m->index_topk);
+                                         b.sel + (size_t)c * m->index_topk, ij.n[c] > 0);
+        }
         pd_pool_run(en->pool, hj.per_head ? n * nh : n, heads_task, &hj);
     }
     /* grouped low-rank output: group g maps heads [g*nh/og, (g+1)*nh/og) to o_lora values. With

@@ -153,3 +153,63 @@ Test(threads, swapping_the_pool_between_steps_changes_no_logit, .timeout = 300)
     free(l);
     pd_engine_close(&en);
 }
+
+/* A decode step at a long context: each CSA layer's indexer scores every compressed entry, and
+ * those scores run over the pool by blocks of entries (one more run in each of v4-flash-mini's 4
+ * CSA layers, where they ran on the caller alone), with the logits of one thread bit for bit. A
+ * step at a short context (fewer entries than two blocks) makes no such run. */
+enum { LONG_PROMPT = 2100, SHORT_PROMPT = 40, LONG_STEPS = 3 };
+
+static void long_context_at(int threads, float *l, unsigned long long runs[2])
+{
+    struct pd_engine en;
+    pd_err e = {0};
+    struct pd_engine_opts o = {.dir = "models/mini", .threads = threads, .max_seqs = 2, .max_model_len = 2304};
+    cr_assert_eq(pd_engine_open(&en, &o, &e), 0, "%s", e.msg);
+    const int V = (int)en.model.vocab_size;
+    static int32_t ids[LONG_PROMPT];
+    for (int i = 0; i < LONG_PROMPT; i++)
+        ids[i] = (int32_t)((i * 37 + 11) % 1000);
+    for (int longer = 1; longer >= 0; longer--) {
+        struct pd_seq s;
+        cr_assert_eq(pd_seq_start(&en, &s, &e), 0, "%s", e.msg);
+        struct pd_step_item it = {.seq = &s, .tokens = ids, .n = longer ? LONG_PROMPT : SHORT_PROMPT, .logits = l};
+        cr_assert_eq(pd_engine_step(&en, &it, 1, &e), 0, "%s", e.msg);
+        struct pd_pool_stats p0 = {0}, p1 = {0};
+        if (en.pool)
+            pd_pool_stats(en.pool, &p0);
+        for (int k = 1; k <= LONG_STEPS; k++) {
+            int32_t next = (int32_t)((k * 29 + 5) % 1000);
+            it = (struct pd_step_item){.seq = &s, .tokens = &next, .n = 1, .logits = l + (size_t)k * V};
+            cr_assert_eq(pd_engine_step(&en, &it, 1, &e), 0, "%s", e.msg);
+        }
+        if (en.pool)
+            pd_pool_stats(en.pool, &p1);
+        runs[longer] = p1.dispatches + p1.backoff_runs - p0.dispatches - p0.backoff_runs;
+        pd_seq_end(&en, &s);
+        l += (size_t)(1 + LONG_STEPS) * V;
+    }
+    pd_engine_close(&en);
+}
+
+Test(threads, a_long_contexts_indexer_runs_over_the_pool_with_the_same_logits, .timeout = 600)
+{
+    if (access("models/mini/model.safetensors", R_OK) != 0)
+        cr_skip_test("models/mini not generated (make models/mini/model.safetensors)");
+    const int V = 8192;
+    const size_t n = (size_t)2 * (1 + LONG_STEPS) * V;
+    float *l[2] = {malloc(n * sizeof(float)), malloc(n * sizeof(float))};
+    cr_assert(l[0] && l[1]);
+    unsigned long long runs[2][2];
+    for (int i = 0; i < 2; i++)
+        long_context_at(i + 1, l[i], runs[i]);
+    cr_assert_eq(runs[1][1] - runs[1][0], 4ull * LONG_STEPS,
+                 "%llu pool runs in %d steps at %d tokens, %llu at %d: not one more in each of the 4 CSA layers",
+                 runs[1][1], LONG_STEPS, LONG_PROMPT, runs[1][0], SHORT_PROMPT);
+    for (size_t row = 0; row < n / V; row++)
+        cr_assert_eq(memcmp(l[0] + row * V, l[1] + row * V, (size_t)V * sizeof(float)), 0,
+                     "2 threads: logits row %zu (%s context, %s) differ from 1 thread's", row,
+                     row < (size_t)(1 + LONG_STEPS) ? "long" : "short", row % (1 + LONG_STEPS) ? "decode" : "prefill");
+    free(l[0]);
+    free(l[1]);
+}
