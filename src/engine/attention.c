@@ -162,7 +162,7 @@ static int cmp_int(const void *a, const void *b)
  * rows x0.. of tmp [n, index_head_dim], every q_h . k_entry one tiled product into columns x0..
  * of dot [index_n_heads, n] (each the bits pd_dot gives it, however the entries are cut), then
  * score [x0, x1). Each entry's score depends on that entry only, so blocks of entries may run
- * on any thread (a decode step's tokens: index_tasks). */
+ * on any thread (a decode step's tokens: index_task). */
 static void indexer_scores(const struct pd_model *m, const struct pd_kvpool *kvp, const struct pd_kvseq *s, int layer,
                            int x0, int x1, int n, const float *iq, const float *iw, float *tmp, float *dot, float *score)
 {
@@ -297,7 +297,7 @@ static int attend_prepare(struct pd_step *st, int layer, int t, struct attn_bufs
  * (CSA) when there are more than k; returns the new count. Reads the cache only. Scratch: tmp
  * [entries, index_head_dim] (the token's keys after its window serve: kmax - nk >= entries rows
  * of head_dim >= index_head_dim floats), dot [index_n_heads, entries], score [entries], sel
- * [index_topk]. With `scored`, score holds the indexer's scores already (index_tasks). */
+ * [index_topk]. With `scored`, score holds the indexer's scores already (index_task). */
 static int attend_entries(struct pd_step *st, int layer, int t, const struct attn_bufs *b, float *keys, int nk,
                           float *dot, float *score, int *sel, int scored)
 {
@@ -439,14 +439,14 @@ static void qheads_task(void *arg, int task)
  * waited. A block holds about INDEX_TASK_MACS multiply-adds, and a token is split only from two
  * blocks; its top-k follows on the caller (attend_entries). The same scores bit for bit
  * (indexer_scores). Tasks [first[c], first[c + 1]) are token c's blocks. */
-enum { INDEX_TASK_MACS = 1 << 17 };
+enum { INDEX_TASK_MACS = 1 << 15 };
 
 struct index_job {
     struct pd_step *st;
     const struct attn_bufs *b;
     int layer, t0, kmax, ient;
     int block;            /* entries per task */
-    int first[9];         /* [chunk + 1] */
+    int first[9];         /* [chunk + 1]: a chunk whose heads are tasks has fewer than 8 tokens */
     int n[8];             /* entries of token c (0: not split) */
 };
 
