@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -486,8 +487,8 @@ static void cgroup_remove(void)
     cgroup[0] = 0;
 }
 
-/* A process of the memory cgroup at `cg` that takes a MiB of memory more every 20 ms until it is
- * killed (SIGKILL), so that the cgroup meets its limit. The OOM killer takes the decode instance
+/* A process of the memory cgroup at `cg` that takes a MiB of memory more every 20 ms (up to 1 GiB)
+ * until it is killed (SIGKILL), so that the cgroup meets its limit. The OOM killer takes the decode instance
  * first (oom_score_adj 1000; this one's is 0: lowering it needs CAP_SYS_RESOURCE, which a
  * container's root may lack). Its pid. */
 static pid_t memory_hog(const char *cg)
@@ -498,10 +499,11 @@ static pid_t memory_hog(const char *cg)
         char procs[800], me[32];
         snprintf(procs, sizeof procs, "%s/cgroup.procs", cg);
         snprintf(me, sizeof me, "%d\n", (int)getpid());
-        if (put_file(procs, me))
+        /* it dies with the test, whatever ends it, and stops at 1 GiB */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() == 1 || put_file(procs, me))
             _exit(126);
-        for (;;) {
-            char *p = malloc(1 << 20);
+        for (int mib = 0;; mib++) {
+            char *p = mib < 1024 ? malloc(1 << 20) : NULL;
             if (p)
                 memset(p, 1, 1 << 20);
             usleep(20000);
