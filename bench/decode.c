@@ -66,6 +66,9 @@ struct decode_case {
     /* the calling thread's step (N threads): its own tasks in pool runs, waiting in them for the
      * helpers' tasks, runs made alone after a stall, and its work outside any run (pd_pool_stats) */
     double own_s, wait_s, alone_s, outside_s;
+    /* the time a task took on the calling thread and on the helpers (their mean, us), and the
+     * helpers' time in tasks per step */
+    double own_task_us, helper_task_us, helper_s;
 };
 
 /* What one thread count's timed steps add up to, over the rounds. */
@@ -173,6 +176,9 @@ static int batch_steps(struct batch_run *r, int steps, struct tally *t, pd_err *
     t->pool.own_ns += p1.own_ns - p0.own_ns;
     t->pool.wait_ns += p1.wait_ns - p0.wait_ns;
     t->pool.alone_ns += p1.alone_ns - p0.alone_ns;
+    t->pool.own_tasks += p1.own_tasks - p0.own_tasks;
+    t->pool.helper_ns += p1.helper_ns - p0.helper_ns;
+    t->pool.helper_tasks += p1.helper_tasks - p0.helper_tasks;
     return rc;
 }
 
@@ -238,6 +244,9 @@ static int run_batch(struct pd_engine *en, pd_pool *const *pools, const int *tc,
         c->wait_s = t[i].pool.wait_ns / 1e9 / steps;
         c->alone_s = t[i].pool.alone_ns / 1e9 / steps;
         c->outside_s = c->step_s - c->own_s - c->wait_s - c->alone_s;
+        c->helper_s = t[i].pool.helper_ns / 1e9 / steps;
+        c->own_task_us = t[i].pool.own_tasks ? t[i].pool.own_ns / 1e3 / t[i].pool.own_tasks : 0;
+        c->helper_task_us = t[i].pool.helper_tasks ? t[i].pool.helper_ns / 1e3 / t[i].pool.helper_tasks : 0;
         c->experts = t[i].experts / steps;
         c->pairs = t[i].pairs / steps;
     }
@@ -431,6 +440,14 @@ int pd_bench_decode(int argc, char **argv)
                        "tasks, %.3f ms alone after a stall, %.3f ms outside the pool's runs (%.0f%% of the step)\n",
                        d->own_s * 1e3, d->wait_s * 1e3, d->alone_s * 1e3, d->outside_s * 1e3,
                        100 * d->outside_s / d->step_s);
+            /* a helper slower per task than the caller (same tasks, claimed in halves) is the
+             * caller's wait */
+            json_object_set_new(o, "task_us", json_pack("{s:f, s:f}", "caller", d->own_task_us, "helpers",
+                                                         d->helper_task_us));
+            json_object_set_new(o, "helpers_ms_per_step", json_real(d->helper_s * 1e3));
+            if (!json)
+                printf("        a task took %.2f us on the calling thread, %.2f us on the helpers (%.3f ms of "
+                       "their tasks a step)\n", d->own_task_us, d->helper_task_us, d->helper_s * 1e3);
         }
         json_object_set_new(o, "stalls", json_integer((json_int_t)d->stalls));
         json_object_set_new(o, "backoff_runs", json_integer((json_int_t)d->backoff_runs));

@@ -108,6 +108,7 @@ struct pd_pool {
     atomic_uint_fast64_t stalls;              /* runs whose caller waited > STALL_NS for a helper */
     atomic_uint_fast64_t backoff_runs;        /* runs made on the caller alone after a stall */
     atomic_uint_fast64_t own_ns, wait_ns, alone_ns;   /* the caller's time: see pd_pool_stats */
+    atomic_uint_fast64_t own_tasks, helper_ns, helper_tasks;
     int64_t inline_until;                     /* CLOCK_MONOTONIC ns; under run_mu */
 
     pthread_mutex_t run_mu;     /* one run at a time */
@@ -117,8 +118,10 @@ struct pd_pool {
  * a pool whose threads are all busy with the outer run. */
 static __thread int in_task;
 
-/* Claims and runs tasks of generation `gen` until none is left; returns how many it ran. */
-static int claim_and_run(pd_pool *p, uint64_t gen)
+/* Claims and runs tasks of generation `gen` until none is left; returns how many it ran. A
+ * helper counts its tasks' time per claim, before it marks them finished (so a caller that reads
+ * the counts after its run sees them). */
+static int claim_and_run(pd_pool *p, uint64_t gen, int helper)
 {
     int ran = 0;
     pd_pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
@@ -136,9 +139,14 @@ static int claim_and_run(pd_pool *p, uint64_t gen)
         if (!atomic_compare_exchange_weak_explicit(&p->claim, &w, w + (uint64_t)c, memory_order_acq_rel,
                                                    memory_order_acquire))
             continue;
+        const int64_t h0 = helper ? now_ns() : 0;
         for (int i = 0; i < c; i++)
             fn(arg, base + W_IDX(w) + i);
         ran += c;
+        if (helper) {
+            atomic_fetch_add_explicit(&p->helper_ns, (uint64_t)(now_ns() - h0), memory_order_relaxed);
+            atomic_fetch_add_explicit(&p->helper_tasks, (uint64_t)c, memory_order_relaxed);
+        }
         if (atomic_fetch_add(&p->finished, c) + c == W_N(w) && atomic_load(&p->caller_waiting)) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->done);
@@ -182,7 +190,7 @@ static void *worker_main(void *vw)
         if (atomic_load(&p->stop))
             break;
         seen = W_GEN(word);
-        claim_and_run(p, seen);
+        claim_and_run(p, seen, 1);
     }
     return NULL;
 }
@@ -244,6 +252,9 @@ int pd_pool_create(int nthreads, pd_pool **out, pd_err *err)
     atomic_init(&p->own_ns, 0);
     atomic_init(&p->wait_ns, 0);
     atomic_init(&p->alone_ns, 0);
+    atomic_init(&p->own_tasks, 0);
+    atomic_init(&p->helper_ns, 0);
+    atomic_init(&p->helper_tasks, 0);
 
     for (int i = 0; i < nthreads - 1; i++) {
         struct worker *w = &p->workers[i];
@@ -284,7 +295,8 @@ static void run_part(pd_pool *p, int base, int n, pd_pool_fn fn, void *arg, int 
     }
 
     int64_t c0 = now_ns();
-    int ran = claim_and_run(p, gen);
+    int ran = claim_and_run(p, gen, 0);
+    atomic_fetch_add_explicit(&p->own_tasks, (uint64_t)ran, memory_order_relaxed);
 
     /* every task is claimed; wait for those other threads are still running */
     int64_t t0 = now_ns(), until = t0 + SPIN_NS;
@@ -367,6 +379,9 @@ void pd_pool_stats(pd_pool *p, struct pd_pool_stats *s)
     s->own_ns = atomic_load_explicit(&p->own_ns, memory_order_relaxed);
     s->wait_ns = atomic_load_explicit(&p->wait_ns, memory_order_relaxed);
     s->alone_ns = atomic_load_explicit(&p->alone_ns, memory_order_relaxed);
+    s->own_tasks = atomic_load_explicit(&p->own_tasks, memory_order_relaxed);
+    s->helper_ns = atomic_load_explicit(&p->helper_ns, memory_order_relaxed);
+    s->helper_tasks = atomic_load_explicit(&p->helper_tasks, memory_order_relaxed);
 }
 
 void pd_pool_destroy(pd_pool *p)

@@ -62,10 +62,13 @@ int pd_pool_nthreads(const pd_pool *pool);
  * Where the calling thread's time in runs went, in nanoseconds: `own_ns` running the tasks it claimed
  * in the dispatched runs, `wait_ns` the rest of those runs (publishing them, then waiting for the
  * tasks the helpers claimed: their late start and their last task), `alone_ns` the backoff runs.
- * A caller's time outside all three is its own serial work between runs. */
+ * A caller's time outside all three is its own serial work between runs. `own_tasks` counts the
+ * tasks of own_ns; `helper_ns` and `helper_tasks` the helpers' (all of them together) in the
+ * dispatched runs: a helper slower per task than the caller shows as the caller's wait. */
 struct pd_pool_stats {
     unsigned long long dispatches, wakeups, stalls, backoff_runs;
     unsigned long long own_ns, wait_ns, alone_ns;
+    unsigned long long own_tasks, helper_ns, helper_tasks;
 };
 void pd_pool_stats(pd_pool *pool, struct pd_pool_stats *s);
 

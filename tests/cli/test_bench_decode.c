@@ -175,6 +175,16 @@ Test(bench_decode, scaling_says_whether_the_target_is_met)
                                num(c, "batch"), sum, num(c, "step_ms"));
             cr_assert_gt(num(cm, "own_tasks") + num(cm, "alone_after_stall"), 0, "batch %g: no task on the caller",
                          num(c, "batch"));
+            /* the helpers' side: their time in tasks fits in the step (one helper at 2 threads), and a
+             * task's mean time is given for each side that ran one */
+            json_t *tu = json_object_get(c, "task_us");
+            cr_assert_not_null(tu, "batch %g at 2 threads: no task_us", num(c, "batch"));
+            cr_assert_geq(num(c, "helpers_ms_per_step"), 0);
+            cr_assert_leq(num(c, "helpers_ms_per_step"), num(c, "step_ms"), "batch %g: the helper's tasks took %g ms "
+                          "of a %g ms step", num(c, "batch"), num(c, "helpers_ms_per_step"), num(c, "step_ms"));
+            cr_assert_eq(num(tu, "caller") > 0, num(cm, "own_tasks") > 0, "batch %g: caller %g us a task, %g ms",
+                         num(c, "batch"), num(tu, "caller"), num(cm, "own_tasks"));
+            cr_assert_eq(num(tu, "helpers") > 0, num(c, "helpers_ms_per_step") > 0);
         }
     }
     for (size_t i = 0; i < json_array_size(sc); i++) {

@@ -754,6 +754,11 @@ Test(kernels, pool_counts_the_callers_time_in_runs, .timeout = 60)
     cr_assert_geq(st.own_ns, 50000ull, "%llu ns of own tasks in %llu runs", st.own_ns, st.dispatches);
     cr_assert_geq(st.wait_ns, 4000000ull, "%llu ns waiting, with a helper's 5 ms task stalled", st.wait_ns);
     cr_assert_eq(st.alone_ns, 0);
+    /* the helper's nap is its task's time, counted before the caller's run ended */
+    cr_assert_geq(st.helper_tasks, 1ull);
+    cr_assert_geq(st.helper_ns, 5000000ull, "%llu ns in %llu helper tasks, one a 5 ms nap", st.helper_ns,
+                  st.helper_tasks);
+    cr_assert_geq(st.own_tasks, 1ull);
     /* within the back-off: the run is the caller's alone (both tasks its 50 us), and so is its time */
     pd_pool_run(pool, 2, stall_task, &a);
     struct pd_pool_stats st2;
@@ -761,6 +766,8 @@ Test(kernels, pool_counts_the_callers_time_in_runs, .timeout = 60)
     cr_assert_eq(st2.backoff_runs, 1);
     cr_assert_geq(st2.alone_ns, 100000ull, "%llu ns alone for two 50 us tasks", st2.alone_ns);
     cr_assert_eq(st2.own_ns, st.own_ns);
+    cr_assert_eq(st2.own_tasks, st.own_tasks);
+    cr_assert_eq(st2.helper_tasks, st.helper_tasks);
     cr_assert_eq(st2.wait_ns, st.wait_ns);
     pd_pool_destroy(pool);
 }
