@@ -47,11 +47,19 @@
 
 /* Back-off on a machine with more runnable threads than cores: when the caller, its own tasks
  * done, waits longer than STALL_NS plus four times its own mean task for a task another thread
- * claimed, that thread was most likely preempted (a helper that runs finishes its last task
- * within about one task's time; a time slice is milliseconds). Every run of the next BACKOFF_NS then runs on the caller alone: the same tasks,
- * so the same results, without waiting for a thread that gets no core. */
+ * claimed, that thread was most likely preempted (a helper that runs finishes its last task within
+ * about one task's time; a time slice is milliseconds). A stall that follows the last one (or the
+ * end of its back-off) within REPEAT_NS means the helpers keep losing their cores: every run of the
+ * next back-off then runs on the caller alone (the same tasks, so the same results), BACKOFF_MIN_NS
+ * at first, twice as long at each repeat, at most BACKOFF_MAX_NS. A stall alone is a kernel
+ * thread's or an interrupt's moment on the helper's core and is not backed off: on a 2-vCPU
+ * virtual machine (Zen 5 EPYC) kdamond and rcu_preempt took a core for 1.5-5 ms every half second,
+ * the helper's CPU clock advanced 0.08-0.2 ms in stalls of 0.5-1.8 ms, and a fixed 20 ms back-off
+ * after each such stall ran about a tenth of bench decode's 2-thread steps on one thread. */
 #define STALL_NS 500000
-#define BACKOFF_NS 20000000
+#define REPEAT_NS 50000000
+#define BACKOFF_MIN_NS 2000000
+#define BACKOFF_MAX_NS 20000000
 
 /* The claim word: generation (GEN_BITS, wraps) | task count (N_BITS) | next task (N_BITS). A
  * run of more than MAX_RUN tasks is published as several. */
@@ -109,7 +117,9 @@ struct pd_pool {
     atomic_uint_fast64_t backoff_runs;        /* runs made on the caller alone after a stall */
     atomic_uint_fast64_t own_ns, wait_ns, alone_ns;   /* the caller's time: see pd_pool_stats */
     atomic_uint_fast64_t own_tasks, helper_ns, helper_tasks;
-    int64_t inline_until;                     /* CLOCK_MONOTONIC ns; under run_mu */
+    /* under run_mu, CLOCK_MONOTONIC ns: runs before inline_until run on the caller alone; the last
+     * stall ended at last_stall; backoff_ns is the back-off it started (0: none) */
+    int64_t inline_until, last_stall, backoff_ns;
 
     pthread_mutex_t run_mu;     /* one run at a time */
 };
@@ -276,6 +286,20 @@ int pd_pool_create(int nthreads, pd_pool **out, pd_err *err)
     return 0;
 }
 
+/* A stall ended at t: the back-off it starts (see REPEAT_NS). */
+static void back_off(pd_pool *p, int64_t t)
+{
+    atomic_fetch_add_explicit(&p->stalls, 1, memory_order_relaxed);
+    if (p->last_stall && t - p->inline_until < REPEAT_NS)   /* inline_until: the last back-off's end */
+        p->backoff_ns = p->backoff_ns ? 2 * p->backoff_ns : BACKOFF_MIN_NS;
+    else
+        p->backoff_ns = 0;
+    if (p->backoff_ns > BACKOFF_MAX_NS)
+        p->backoff_ns = BACKOFF_MAX_NS;
+    p->last_stall = t;
+    p->inline_until = t + p->backoff_ns;
+}
+
 /* One published run of n <= MAX_RUN tasks numbered from base. */
 static void run_part(pd_pool *p, int base, int n, pd_pool_fn fn, void *arg, int even)
 {
@@ -316,10 +340,8 @@ static void run_part(pd_pool *p, int base, int n, pd_pool_fn fn, void *arg, int 
         atomic_store(&p->caller_waiting, 0);
         pthread_mutex_unlock(&p->mu);
         int64_t t1 = now_ns();
-        if (t1 - t0 > stall) {
-            atomic_fetch_add_explicit(&p->stalls, 1, memory_order_relaxed);
-            p->inline_until = t1 + BACKOFF_NS;
-        }
+        if (t1 - t0 > stall)
+            back_off(p, t1);
     }
 }
 

@@ -57,8 +57,10 @@ int pd_pool_nthreads(const pd_pool *pool);
  * calling thread alone, a NULL pool's included, are not counted), `wakeups` of them found a
  * worker asleep and woke it (tens of microseconds, where a polling worker takes a fraction of
  * one), `stalls` of them kept the caller waiting over 0.5 ms plus four of its own tasks' time for a
- * task a helper had claimed (a helper preempted: more runnable threads than cores), after which the runs of the next 20 ms
- * run on the caller alone (`backoff_runs`, not dispatches): the same tasks, so the same results.
+ * task a helper had claimed (a helper preempted: more runnable threads than cores). A
+ * stall within 50 ms of the last one's back-off starts a back-off, 2 ms at first and twice as long at
+ * each repeat up to 20 ms, whose runs run on the caller alone (`backoff_runs`, not dispatches): the
+ * same tasks, so the same results; a stall alone (a kernel thread's moment on a core) starts none.
  * Where the calling thread's time in runs went, in nanoseconds: `own_ns` running the tasks it claimed
  * in the dispatched runs, `wait_ns` the rest of those runs (publishing them, then waiting for the
  * tasks the helpers claimed: their late start and their last task), `alone_ns` the backoff runs.

@@ -602,7 +602,7 @@ Test(kernels, pool_back_to_back_runs_and_wakeups, .timeout = 60)
         pd_pool_run(NULL, 1, count_task, &(struct count_arg){hits});   /* not counted: no pool */
         struct pd_pool_stats st;
         pd_pool_stats(pool, &st);
-        /* a helper preempted (a busy machine: CI's sanitizer suite at -j2) sends the next 20 ms of
+        /* helpers preempted again and again (a busy machine: CI's sanitizer suite at -j3) send the next
          * runs to the caller alone, counted as backoff_runs, not dispatches */
         cr_assert_eq(st.dispatches + st.backoff_runs, (unsigned long long)runs, "%llu dispatches, %llu runs on the "
                      "caller alone after %llu stalls, of %d runs", st.dispatches, st.backoff_runs, st.stalls, runs);
@@ -613,9 +613,10 @@ Test(kernels, pool_back_to_back_runs_and_wakeups, .timeout = 60)
     }
 }
 
-/* A helper preempted mid-task (here: sleeping 5 ms in the task it claimed) stalls the caller;
- * the pool then runs the next runs on the caller alone for a while (the same tasks: every one
- * still runs exactly once), and says so in its counters. */
+/* A helper preempted mid-task (here: sleeping 5 ms in the task it claimed) stalls the caller. A
+ * stall alone (a kernel thread's moment on the helper's core) changes nothing; stalls that repeat
+ * send the next runs to the caller alone for a while (the same tasks: every one still runs exactly
+ * once), and the counters say so. */
 struct stall_arg {
     pthread_t caller;
     atomic_int hits[2];
@@ -643,47 +644,70 @@ static void stall_task(void *arg, int task)
     }
 }
 
-/* A pool of 2 threads that ran stall_task's pairs until one stalled (each task once every run), and
- * its counters then. */
-static pd_pool *stalled_pool(struct stall_arg *a, struct pd_pool_stats *st)
+/* One run of stall_task's pair, each task once. */
+static void stall_pair(pd_pool *pool, struct stall_arg *a)
+{
+    atomic_store(&a->hits[0], 0);
+    atomic_store(&a->hits[1], 0);
+    pd_pool_run(pool, 2, stall_task, a);
+    cr_assert(atomic_load(&a->hits[0]) == 1 && atomic_load(&a->hits[1]) == 1);
+}
+
+/* Runs stall_task's pairs on `pool` until a run goes to the caller alone, at most `most` runs;
+ * *before and *after are the counters around that run (0: none did). The run right after a stall
+ * that followed no other within 50 ms (the pool's first, or one after `quiet`) must have been handed
+ * out: a stall alone starts no back-off. */
+static int until_alone(pd_pool *pool, struct stall_arg *a, int most, struct pd_pool_stats *before,
+                       struct pd_pool_stats *after)
+{
+    pd_pool_stats(pool, after);
+    unsigned long long first = after->stalls + 1;
+    for (int i = 0; i < most; i++) {
+        *before = *after;
+        stall_pair(pool, a);
+        pd_pool_stats(pool, after);
+        if (after->backoff_runs > before->backoff_runs) {
+            cr_assert_gt(before->stalls, first, "%llu stalls: a back-off after the first alone", before->stalls);
+            cr_assert_eq(after->dispatches, before->dispatches);
+            return 1;
+        }
+        if (before->stalls == first)
+            cr_assert_eq(after->dispatches, before->dispatches + 1, "the run after a stall alone was not handed out");
+    }
+    return 0;
+}
+
+static pd_pool *backed_off_pool(struct stall_arg *a, struct pd_pool_stats *before, struct pd_pool_stats *after)
 {
     pd_pool *pool;
     pd_err e = {0};
     cr_assert_eq(pd_pool_create(2, &pool, &e), 0, "%s", e.msg);
     *a = (struct stall_arg){.caller = pthread_self()};
-    *st = (struct pd_pool_stats){0};
-    for (int i = 0; i < 200 && st->stalls == 0; i++) {
-        atomic_store(&a->hits[0], 0);
-        atomic_store(&a->hits[1], 0);
-        pd_pool_run(pool, 2, stall_task, a);
-        cr_assert(atomic_load(&a->hits[0]) == 1 && atomic_load(&a->hits[1]) == 1);
-        pd_pool_stats(pool, st);
-    }
-    cr_assert_geq(st->stalls, 1, "the worker never ran a task in 200 runs");
+    cr_assert(until_alone(pool, a, 400, before, after), "no run went to the caller alone in 400 runs (%llu stalls)",
+              after->stalls);
     return pool;
 }
 
-Test(kernels, pool_backs_off_after_a_stalled_helper, .timeout = 60)
+Test(kernels, pool_backs_off_after_repeated_stalls, .timeout = 60)
 {
     struct stall_arg a;
-    struct pd_pool_stats st;
-    pd_pool *pool = stalled_pool(&a, &st);
-    cr_assert_eq(st.backoff_runs, 0);
-    /* within the back-off: on the caller alone, not handed out */
+    struct pd_pool_stats st, st2;
+    pd_pool *pool = backed_off_pool(&a, &st, &st2);
+    /* after the back-off (20 ms at most), handed out again */
+    struct timespec nap = {0, 30 * 1000 * 1000};
+    nanosleep(&nap, NULL);
     atomic_int hits[8] = {0};
     pd_pool_run(pool, 8, count_task, &(struct count_arg){hits});
     for (int i = 0; i < 8; i++)
         cr_assert_eq(atomic_load(&hits[i]), 1);
-    struct pd_pool_stats st2;
-    pd_pool_stats(pool, &st2);
-    cr_assert_eq(st2.backoff_runs, 1);
-    cr_assert_eq(st2.dispatches, st.dispatches);
-    /* and after it, handed out again */
-    struct timespec nap = {0, 30 * 1000 * 1000};
+    pd_pool_stats(pool, &st);
+    cr_assert_eq(st.dispatches, st2.dispatches + 1);
+    cr_assert_eq(st.backoff_runs, st2.backoff_runs);
+    /* 100 ms later the stalls start over: the next one alone starts no back-off (until_alone checks the run
+     * after it), and repeated ones do again */
+    nap.tv_nsec = 100 * 1000 * 1000;
     nanosleep(&nap, NULL);
-    pd_pool_run(pool, 8, count_task, &(struct count_arg){hits});
-    pd_pool_stats(pool, &st2);
-    cr_assert_eq(st2.dispatches, st.dispatches + 1);
+    cr_assert(until_alone(pool, &a, 400, &st, &st2), "no back-off again in 400 runs (%llu stalls)", st2.stalls);
     pd_pool_destroy(pool);
 }
 
@@ -747,10 +771,10 @@ Test(kernels, pool_even_runs_go_in_consecutive_halves, .timeout = 60)
 Test(kernels, pool_counts_the_callers_time_in_runs, .timeout = 60)
 {
     struct stall_arg a;
-    struct pd_pool_stats st;
-    pd_pool *pool = stalled_pool(&a, &st);
-    /* the caller's 50 us tasks (a helper's 5 ms nap is never the caller's), and in the stalled run the
-     * rest of the helper's nap */
+    struct pd_pool_stats st, st2;
+    pd_pool *pool = backed_off_pool(&a, &st, &st2);
+    /* before the back-off: the caller's 50 us tasks (a helper's 5 ms nap is never the caller's), and in
+     * the stalled runs the rest of the helper's nap */
     cr_assert_geq(st.own_ns, 50000ull, "%llu ns of own tasks in %llu runs", st.own_ns, st.dispatches);
     cr_assert_geq(st.wait_ns, 4000000ull, "%llu ns waiting, with a helper's 5 ms task stalled", st.wait_ns);
     cr_assert_eq(st.alone_ns, 0);
@@ -759,10 +783,7 @@ Test(kernels, pool_counts_the_callers_time_in_runs, .timeout = 60)
     cr_assert_geq(st.helper_ns, 5000000ull, "%llu ns in %llu helper tasks, one a 5 ms nap", st.helper_ns,
                   st.helper_tasks);
     cr_assert_geq(st.own_tasks, 1ull);
-    /* within the back-off: the run is the caller's alone (both tasks its 50 us), and so is its time */
-    pd_pool_run(pool, 2, stall_task, &a);
-    struct pd_pool_stats st2;
-    pd_pool_stats(pool, &st2);
+    /* the run in the back-off is the caller's alone (both tasks its 50 us), and so is its time */
     cr_assert_eq(st2.backoff_runs, 1);
     cr_assert_geq(st2.alone_ns, 100000ull, "%llu ns alone for two 50 us tasks", st2.alone_ns);
     cr_assert_eq(st2.own_ns, st.own_ns);
