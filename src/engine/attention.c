@@ -42,6 +42,21 @@ struct attn_bufs {
     int *wrow, *nw;                /* [chunk] a token's first row in strip, its window keys there */
 };
 
+/* Token c's scratch in a chunk of attn_bufs (kmax keys, ient indexer floats a token): its keys, its
+ * indexer scores, its heads' scores and its selected entries. */
+struct tok_scratch {
+    float *keys, *iscore, *scores;
+    int *sel;
+};
+
+static struct tok_scratch tok_scratch(const struct attn_bufs *b, const struct pd_model *m, int c, int kmax, int ient)
+{
+    return (struct tok_scratch){.keys = b->keys + (size_t)c * kmax * m->head_dim,
+                                .iscore = b->iscore + (size_t)c * ient,
+                                .scores = b->scores + (size_t)c * m->n_heads * kmax,
+                                .sel = b->sel + (size_t)c * m->index_topk};
+}
+
 /* An indexer query head or key as the official code has it: bf16, Hadamard-rotated, bf16 again,
  * then FP4-simulated in blocks of 32 (of all its values when it has fewer: toy models only). */
 void pd_indexer_lowp(float *x, int id)
@@ -335,9 +350,7 @@ struct heads_job {
     const struct attn_bufs *b;
     int t0;             /* the chunk's first token */
     const int *nk;      /* [chunk] keys of each token */
-    float *keys;        /* [chunk, kmax, head_dim] */
-    float *scores;      /* [chunk, heads, kmax] */
-    int kmax;
+    int kmax;           /* keys a token's scratch holds (tok_scratch) */
     int per_head;       /* tasks are (token, head) pairs (window and entries in keys), else tokens
                            (window keys in b->strip, entries in keys) */
     int layer;
@@ -352,21 +365,21 @@ static void heads_task(void *arg, int task)
     const int c = j->per_head ? task / nh : task, h0 = j->per_head ? task % nh : 0, h1 = j->per_head ? h0 + 1 : nh;
     const int t = j->t0 + c;
     /* the token's keys in order: nw window rows at win, then ne compressed entries at ent */
-    float *ent = j->keys + (size_t)c * j->kmax * hd;
+    const struct tok_scratch ts = tok_scratch(j->b, m, c, j->kmax, j->ient);
+    float *ent = ts.keys;
     const float *win = ent;
     int nw = j->nk[c], ne = 0;
     if (!j->per_head) {
         win = j->b->strip + (size_t)j->b->wrow[c] * hd;
         nw = j->b->nw[c];
-        ne = attend_entries(j->st, j->layer, t, j->b, ent, 0, j->b->iscore + (size_t)c * j->ient,
-                            j->scores + (size_t)c * nh * j->kmax, j->b->sel + (size_t)c * m->index_topk, 0);
+        ne = attend_entries(j->st, j->layer, t, j->b, ent, 0, ts.iscore, ts.scores, ts.sel, 0);
     }
     const int nk = nw + ne;
     const float *cs = (j->L->ratio ? j->st->cs_compress : j->st->cs_window) + (size_t)t * rd;
     const float scale = 1.0f / sqrtf((float)hd);
     /* scores[h][k] = q_h . key_k */
     const float *q = j->b->q + ((size_t)t * nh + h0) * hd;
-    float *sc = j->scores + ((size_t)c * nh + h0) * j->kmax;
+    float *sc = ts.scores + (size_t)h0 * j->kmax;
     if (j->per_head) {
         pd_dot_rows(win, (size_t)hd, q, hd, nw, sc);
     } else {
@@ -375,7 +388,7 @@ static void heads_task(void *arg, int task)
     }
     /* per head: softmax with the sink over the keys, in place in its scores */
     for (int h = h0; h < h1; h++) {
-        float *scores = j->scores + ((size_t)c * nh + h) * j->kmax;
+        float *scores = ts.scores + (size_t)h * j->kmax;
         const float sink = j->L->attn_sink[h];
         float mx = pd_scale_max(scores, nk, scale, sink);
         /* the sink adds exp(sink - max) to the denominator and nothing to the output */
@@ -412,6 +425,12 @@ struct qheads_job {
 };
 
 enum { QHEADS_POOL_T = 4 };
+
+/* A decode chunk's heads (a task per token and head) run on the caller when their multiply-adds are
+ * fewer than this: v4-flash-mini's 8 heads over 192 keys (393,216) took 9.0 us a run on one thread
+ * and 11.1 us over two (Zen 5 EPYC, `pdmoe generate`, 300 tokens): the helper reads the keys the
+ * caller just widened from its cache. V4-Flash's 64 heads of 512 over the window alone are 8.4 M. */
+enum { HEADS_POOL_MACS = 1 << 19 };
 
 static void qheads_task(void *arg, int task)
 {
@@ -460,11 +479,10 @@ static void index_task(void *arg, int task)
     const int t = j->t0 + c, n = j->n[c], x0 = (task - j->first[c]) * j->block;
     const int x1 = x0 + j->block < n ? x0 + j->block : n;
     const int ih = m->index_n_heads, id = m->index_head_dim;
-    float *keys = j->b->keys + (size_t)c * j->kmax * m->head_dim;
+    const struct tok_scratch ts = tok_scratch(j->b, m, c, j->kmax, j->ient);
     indexer_scores(m, &j->st->en->kv, &j->st->items[j->st->item_of[t]].seq->kv, j->layer, x0, x1, n,
                    j->b->iq + (size_t)t * ih * id, j->b->iw + (size_t)t * ih,
-                   keys + (size_t)j->b->nk[c] * m->head_dim, j->b->iscore + (size_t)c * j->ient,
-                   j->b->scores + (size_t)c * m->n_heads * j->kmax);
+                   ts.keys + (size_t)j->b->nk[c] * m->head_dim, ts.iscore, ts.scores);
 }
 
 #define LIN(l, in, T, out) \
@@ -570,7 +588,7 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
                 assert(b.wrow[c] + b.nw[c] == srow);
             }
         }
-        struct heads_job hj = {.st = st, .L = L, .b = &b, .t0 = t0, .nk = b.nk, .keys = b.keys, .scores = b.scores,
+        struct heads_job hj = {.st = st, .L = L, .b = &b, .t0 = t0, .nk = b.nk,
                                .kmax = (int)kmax, .per_head = per_head, .layer = layer, .ient = ient};
         if (hj.per_head) {
             struct index_job ij = {.st = st, .b = &b, .layer = layer, .t0 = t0, .kmax = (int)kmax, .ient = ient};
@@ -583,12 +601,16 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
             }
             if (ij.first[n])
                 pd_pool_run_even(en->pool, ij.first[n], index_task, &ij);
-            for (int c = 0; c < n; c++)
-                b.nk[c] = attend_entries(st, layer, t0 + c, &b, b.keys + (size_t)c * kmax * hd, b.nk[c],
-                                         b.iscore + (size_t)c * ient, b.scores + (size_t)c * nh * kmax,
-                                         b.sel + (size_t)c * m->index_topk, ij.n[c] > 0);
+            for (int c = 0; c < n; c++) {
+                const struct tok_scratch ts = tok_scratch(&b, m, c, (int)kmax, ient);
+                b.nk[c] = attend_entries(st, layer, t0 + c, &b, ts.keys, b.nk[c], ts.iscore, ts.scores, ts.sel,
+                                         ij.n[c] > 0);
+            }
         }
-        pd_pool_run(en->pool, hj.per_head ? n * nh : n, heads_task, &hj);
+        int64_t macs = 0;   /* a decode chunk's heads: scores and values, each nk x head_dim per head */
+        for (int c = 0; hj.per_head && c < n; c++)
+            macs += 2 * (int64_t)b.nk[c] * hd * nh;
+        pd_pool_run(hj.per_head && macs < HEADS_POOL_MACS ? NULL : en->pool, hj.per_head ? n * nh : n, heads_task, &hj);
     }
     /* grouped low-rank output: group g maps heads [g*nh/og, (g+1)*nh/og) to o_lora values. With
      * int8 weights o [T, nh*hd] is quantised as [T*og, gin] (the rows each group reads, as when

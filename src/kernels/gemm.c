@@ -213,11 +213,14 @@ static void plain_task(void *arg, int task)
     r->fn(&r->job, o0, o1);
 }
 
-/* A run of the pool costs well under a microsecond while its workers are still polling (the
- * hand-off takes no lock; tens of microseconds when they sleep); a product smaller than this many
- * multiply-adds (about 3 us on one core) runs on the calling thread. The split into tasks is the
- * same either way, so the result is too. */
-#define PD_GEMM_SERIAL_MACS (INT64_C(1) << 16)
+/* A run of the pool costs well under a microsecond of hand-off while its workers are still
+ * polling (tens of microseconds when they sleep), but its helpers then read the input from the
+ * caller's cache and the caller waits for their last task: a product smaller than this many
+ * multiply-adds runs on the calling thread. v4-flash-mini's wo_b at batch 1 (131,072) took 3.6 us
+ * a run on one thread and 4.6 us over two (Zen 5 EPYC, `pdmoe generate`, 300 tokens); its wq_b
+ * (262,144) and every product of V4-Flash are over. The split into tasks is the same either way,
+ * so the result is too. */
+#define PD_GEMM_SERIAL_MACS (INT64_C(1) << 18)
 
 static int small_work(int64_t macs)
 {

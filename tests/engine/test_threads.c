@@ -177,16 +177,14 @@ static void long_context_at(int threads, float *l, unsigned long long runs[2])
         cr_assert_eq(pd_seq_start(&en, &s, &e), 0, "%s", e.msg);
         struct pd_step_item it = {.seq = &s, .tokens = ids, .n = longer ? LONG_PROMPT : SHORT_PROMPT, .logits = l};
         cr_assert_eq(pd_engine_step(&en, &it, 1, &e), 0, "%s", e.msg);
-        struct pd_pool_stats p0 = {0}, p1 = {0};
-        if (en.pool)
-            pd_pool_stats(en.pool, &p0);
+        struct pd_pool_stats p0, p1;   /* (all 0 for no pool) */
+        pd_pool_stats(en.pool, &p0);
         for (int k = 1; k <= LONG_STEPS; k++) {
             int32_t next = (int32_t)((k * 29 + 5) % 1000);
             it = (struct pd_step_item){.seq = &s, .tokens = &next, .n = 1, .logits = l + (size_t)k * V};
             cr_assert_eq(pd_engine_step(&en, &it, 1, &e), 0, "%s", e.msg);
         }
-        if (en.pool)
-            pd_pool_stats(en.pool, &p1);
+        pd_pool_stats(en.pool, &p1);
         runs[longer] = p1.dispatches + p1.backoff_runs - p0.dispatches - p0.backoff_runs;
         pd_seq_end(&en, &s);
         l += (size_t)(1 + LONG_STEPS) * V;
