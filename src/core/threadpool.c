@@ -1,6 +1,6 @@
 /* Thread pool: a run publishes (fn, arg) and then one atomic claim word holding a generation,
- * the run's task count and the next unclaimed task; any thread claims task i by a compare-and-swap
- * of that word, so which thread runs task i varies, but what task i computes does not. A decode
+ * the run's task count and the next unclaimed task (the caller's first share already claimed as it
+ * publishes); any thread claims task i by a compare-and-swap of that word, so which thread runs task i varies, but what task i computes does not. A decode
  * step issues about a hundred small runs back to back (a few microseconds of work each), so the
  * hand-off takes no lock while the workers poll, and the caller waits only for tasks that were
  * claimed, never for a worker that has not yet woken (on a loaded machine a descheduled worker
@@ -128,9 +128,32 @@ struct pd_pool {
  * a pool whose threads are all busy with the outer run. */
 static __thread int in_task;
 
-/* Claims and runs tasks of generation `gen` until none is left; returns how many it ran. A
- * helper counts its tasks' time per claim, before it marks them finished (so a caller that reads
- * the counts after its run sees them). */
+/* The share of what is left that one claim takes (guided: at least one task), so that two threads
+ * racing for the claim word pass its cache line back and forth a few times per run, not per task. */
+static int share_of(const pd_pool *p, int n, int even)
+{
+    return even || n <= FEW_TASKS * p->nthreads ? p->nthreads : 2 * p->nthreads;
+}
+
+/* Runs tasks [idx, idx + c) of the run (claimed) and marks them finished. A helper counts its tasks'
+ * time before it marks them finished (so a caller that reads the counts after its run sees them). */
+static void run_claimed(pd_pool *p, pd_pool_fn fn, void *arg, int base, int idx, int c, int n, int helper)
+{
+    const int64_t h0 = helper ? now_ns() : 0;
+    for (int i = 0; i < c; i++)
+        fn(arg, base + idx + i);
+    if (helper) {
+        atomic_fetch_add_explicit(&p->helper_ns, (uint64_t)(now_ns() - h0), memory_order_relaxed);
+        atomic_fetch_add_explicit(&p->helper_tasks, (uint64_t)c, memory_order_relaxed);
+    }
+    if (atomic_fetch_add(&p->finished, c) + c == n && atomic_load(&p->caller_waiting)) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_signal(&p->done);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
+/* Claims and runs tasks of generation `gen` until none is left; returns how many it ran. */
 static int claim_and_run(pd_pool *p, uint64_t gen, int helper)
 {
     int ran = 0;
@@ -139,9 +162,7 @@ static int claim_and_run(pd_pool *p, uint64_t gen, int helper)
     int base = atomic_load_explicit(&p->base, memory_order_relaxed);
     const int even = atomic_load_explicit(&p->even, memory_order_relaxed);
     uint64_t w = atomic_load_explicit(&p->claim, memory_order_acquire);
-    /* guided: a share of what is left (at least one task), so that two threads racing for the
-     * claim word pass its cache line back and forth a few times per run, not per task */
-    const int share = even || W_N(w) <= FEW_TASKS * p->nthreads ? p->nthreads : 2 * p->nthreads;
+    const int share = share_of(p, W_N(w), even);
     in_task = 1;
     while (W_GEN(w) == gen && W_IDX(w) < W_N(w)) {
         int left = W_N(w) - W_IDX(w), c = left / share;
@@ -149,19 +170,8 @@ static int claim_and_run(pd_pool *p, uint64_t gen, int helper)
         if (!atomic_compare_exchange_weak_explicit(&p->claim, &w, w + (uint64_t)c, memory_order_acq_rel,
                                                    memory_order_acquire))
             continue;
-        const int64_t h0 = helper ? now_ns() : 0;
-        for (int i = 0; i < c; i++)
-            fn(arg, base + W_IDX(w) + i);
+        run_claimed(p, fn, arg, base, W_IDX(w), c, W_N(w), helper);
         ran += c;
-        if (helper) {
-            atomic_fetch_add_explicit(&p->helper_ns, (uint64_t)(now_ns() - h0), memory_order_relaxed);
-            atomic_fetch_add_explicit(&p->helper_tasks, (uint64_t)c, memory_order_relaxed);
-        }
-        if (atomic_fetch_add(&p->finished, c) + c == W_N(w) && atomic_load(&p->caller_waiting)) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->done);
-            pthread_mutex_unlock(&p->mu);
-        }
         w = atomic_load_explicit(&p->claim, memory_order_acquire);
     }
     in_task = 0;
@@ -309,7 +319,12 @@ static void run_part(pd_pool *p, int base, int n, pd_pool_fn fn, void *arg, int 
     atomic_store_explicit(&p->base, base, memory_order_relaxed);
     atomic_store_explicit(&p->finished, 0, memory_order_relaxed);
     uint64_t gen = (W_GEN(atomic_load_explicit(&p->claim, memory_order_relaxed)) + 1) & ((UINT64_C(1) << GEN_BITS) - 1);
-    atomic_store(&p->claim, gen << (2 * N_BITS) | (uint64_t)n << N_BITS);
+    /* the caller's first share is claimed as the run is published: a polling helper claimed first
+     * otherwise (the caller still publishing), took half of a run's tasks in one claim and, slower
+     * than the caller per task on this host, kept it waiting */
+    int first = n / share_of(p, n, even);
+    first = first < 1 ? 1 : first;
+    atomic_store(&p->claim, gen << (2 * N_BITS) | (uint64_t)n << N_BITS | (uint64_t)first);
     atomic_fetch_add_explicit(&p->dispatches, 1, memory_order_relaxed);
     if (atomic_load(&p->sleeping) > 0) {
         atomic_fetch_add_explicit(&p->wakeups, 1, memory_order_relaxed);
@@ -319,7 +334,9 @@ static void run_part(pd_pool *p, int base, int n, pd_pool_fn fn, void *arg, int 
     }
 
     int64_t c0 = now_ns();
-    int ran = claim_and_run(p, gen, 0);
+    in_task = 1;
+    run_claimed(p, fn, arg, base, 0, first, n, 0);
+    int ran = first + claim_and_run(p, gen, 0);
     atomic_fetch_add_explicit(&p->own_tasks, (uint64_t)ran, memory_order_relaxed);
 
     /* every task is claimed; wait for those other threads are still running */
