@@ -1,17 +1,17 @@
-/* Thread pool: a run publishes (fn, arg) and then one atomic claim word holding a generation,
- * the run's task count and the next unclaimed task (the caller's first share already claimed as it
- * publishes); any thread claims task i by a compare-and-swap of that word, so which thread runs task i varies, but what task i computes does not. A decode
- * step issues about a hundred small runs back to back (a few microseconds of work each), so the
- * hand-off takes no lock while the workers poll, and the caller waits only for tasks that were
- * claimed, never for a worker that has not yet woken (on a loaded machine a descheduled worker
- * simply claims nothing: the caller runs every task). A claim succeeds only while its generation's
- * tasks are not all claimed, and the caller rewrites (fn, arg) only after all are claimed and
- * finished, so a late worker can never run a stale task. Only a thread that has polled for SPIN_NS
- * without news sleeps on a condition variable (an idle pool uses no CPU between steps), and only
- * then do the others take the mutex to wake it. Whether a sleeper exists is decided by a pair of
- * sequentially consistent accesses on each side (the sleeper counts itself, then re-reads the
- * word; the publisher writes the word, then reads the count): at least one of the two sees the
- * other, so no wake-up is lost. */
+/* Thread pool: a run publishes (fn, arg) and then one atomic claim word holding a generation, the
+ * run's task count and the next unclaimed task (the caller's first share already claimed as it
+ * publishes); any thread claims task i by a compare-and-swap of that word, so which thread runs
+ * task i varies, but what task i computes does not. A decode step issues about a hundred small runs
+ * back to back (a few microseconds of work each), so the hand-off takes no lock while the workers
+ * poll, and the caller waits only for tasks that were claimed, never for a worker that has not yet
+ * woken (on a loaded machine a descheduled worker simply claims nothing: the caller runs every
+ * task). A claim succeeds only while its generation's tasks are not all claimed, and the caller
+ * rewrites (fn, arg) only after all are claimed and finished, so a late worker can never run a
+ * stale task. Only a thread that has polled for SPIN_NS without news sleeps on a condition variable
+ * (an idle pool uses no CPU between steps), and only then do the others take the mutex to wake it.
+ * Whether a sleeper exists is decided by a pair of sequentially consistent accesses on each side
+ * (the sleeper counts itself, then re-reads the word; the publisher writes the word, then reads the
+ * count): at least one of the two sees the other, so no wake-up is lost. */
 #define _GNU_SOURCE   /* pthread_getattr_default_np */
 #include "core/threadpool.h"
 #include "core/mem.h"

@@ -34,7 +34,9 @@ enum { GEMV_R = 8, CHUNK = 64 };
  * where the L2's deeper queue, fed 24 KiB ahead, brings them to 0.81-0.87 (16 KiB 0.78-0.84, 48 KiB
  * 0.78-0.89; same run, alternating). Longer rows are long streams that the hardware prefetchers
  * follow by themselves; prefetching them too measured slower (0.73 instead of 0.94 of the
- * bandwidth on a 14336-wide GEMV). */
+ * bandwidth on a 14336-wide GEMV). On a Zen 5 EPYC (2 vCPUs, 2026-12-07) no other distance stood
+ * out: L1 4, 8 or 16 KiB and L2 16, 24, 32 or 48 KiB ahead gave 0.48-0.70 of the bandwidth at 1
+ * thread in `bench kernels` case 6, each setting's two passes as far apart as the settings. */
 enum { PF_BYTES = 8192, PF_L2_BYTES = 24576, PF_MAX_IN = PD_GEMM_FEW_MAX_IN };
 
 
