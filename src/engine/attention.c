@@ -590,6 +590,7 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         }
         struct heads_job hj = {.st = st, .L = L, .b = &b, .t0 = t0, .nk = b.nk,
                                .kmax = (int)kmax, .per_head = per_head, .layer = layer, .ient = ient};
+        int64_t macs = 0;   /* a decode chunk's heads: scores and values, each nk x head_dim per head */
         if (hj.per_head) {
             struct index_job ij = {.st = st, .b = &b, .layer = layer, .t0 = t0, .kmax = (int)kmax, .ient = ient};
             const int per_entry = m->index_n_heads * m->index_head_dim;
@@ -605,11 +606,9 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
                 const struct tok_scratch ts = tok_scratch(&b, m, c, (int)kmax, ient);
                 b.nk[c] = attend_entries(st, layer, t0 + c, &b, ts.keys, b.nk[c], ts.iscore, ts.scores, ts.sel,
                                          ij.n[c] > 0);
+                macs += 2 * (int64_t)b.nk[c] * hd * nh;
             }
         }
-        int64_t macs = 0;   /* a decode chunk's heads: scores and values, each nk x head_dim per head */
-        for (int c = 0; hj.per_head && c < n; c++)
-            macs += 2 * (int64_t)b.nk[c] * hd * nh;
         pd_pool_run(hj.per_head && macs < HEADS_POOL_MACS ? NULL : en->pool, hj.per_head ? n * nh : n, heads_task, &hj);
     }
     /* grouped low-rank output: group g maps heads [g*nh/og, (g+1)*nh/og) to o_lora values. With
