@@ -49,10 +49,17 @@ static void amx_cfg_full(struct amx_cfg *cfg)
     }
 }
 
+/* The one pass over weights read in place (few tokens) requests the next block of 16 rows by
+ * software when rows are shorter than this many bytes. Routed experts of 256 experts x 6 tokens
+ * per token, 512 tokens, weights from memory (768 MB rotating), 1 thread, on a Xeon with AMX:
+ * rows of 256 bytes 6.9 -> 8.4 GB/s, 512 bytes 7.5 -> 8.8, 1,024 bytes 8.7 -> 9.9; at 2,048 bytes
+ * 10.0 either way, and at 4,096 (64 experts of 2048 x 4096) 10.6 -> 7.8: there each row is a page
+ * that the hardware streams by itself, and the requests only compete with it. */
+#define AMX_PREFETCH_ROWS_MAX_IN 2048
 /* Token blocks that one pass over the weights read in place serves at once, a C tile each
  * (tmm0..4). With more, the weights are copied into whole tiles per reduction block; with these
  * few (a routed expert's tokens) each copied tile would serve too few products to repay its copy. */
-#define AMX_ONE_PASS_TB 5
+#define AMX_ONE_PASS_TB (PD_GEMM_AMX_ONE_PASS_MAX / 16)
 /* tmm t = the weight tile of rows [o, o + 16) x reduction step kb, read in place */
 #define AMX_WLOAD(t, job, o, o1, kb, pad)                                                  \
     do {                                                                                  \
@@ -256,6 +263,7 @@ void pd_gemm_amx_pack(const pd_gemm_job *job, int tb, int8_t *dst)
 #define AMX_LOAD(t, p, stride) emu_load((int8_t *)tmm[t], (const int8_t *)(p), (stride))
 #define AMX_FALLBACK(job, o0, o1) pd_gemm_rows_ref((job), (o0), (o1))
 #define AMX_PREFETCH_W(job, o0, k0, nk, l0, l1) ((void)(l0), (void)(l1))
+#define AMX_PREFETCH_ROWS(p, b0, b1) ((void)(p), (void)(b0), (void)(b1))
 #define AMX_EPILOGUE(job, lo, hi, t0, nu, ob, nr0, nr1)                    \
     do {                                                                   \
         int32_t acc_[16 * 32];                                             \
@@ -303,6 +311,7 @@ void pd_gemm_amx_emu_dpbssd(int32_t *c, const int8_t *a, const int8_t *b)
 #undef AMX_FALLBACK
 #undef AMX_EPILOGUE
 #undef AMX_PREFETCH_W
+#undef AMX_PREFETCH_ROWS
 
 void pd_gemm_rows_amx_emu(const pd_gemm_job *job, int o0, int o1)
 {
@@ -351,13 +360,17 @@ __attribute__((target("avx512f"))) static void transpose16(const int32_t *c, __m
     transpose16_regs(r, out);
 }
 
-/* A whole tile of packed activations is the transpose of its 16 tokens' 64 bytes taken as 16 dwords
- * each: row g = dword g of every token. */
-__attribute__((target("avx512f"))) static void pack_tile_avx512(const pd_gemm_job *job, int tb, int kb, int8_t *tile)
+/* A tile of packed activations is the transpose of its 16 tokens' 64 bytes taken as 16 dwords
+ * each: row g = dword g of every token. A block of fewer than 16 tokens (a routed expert's few)
+ * or the reduction's last, shorter step reads zeros for what it lacks, as the loops do. */
+__attribute__((target("avx512f,avx512bw"))) static void pack_tile_avx512(const pd_gemm_job *job, int tb, int kb,
+                                                                       int8_t *tile)
 {
+    const int nu = job->n - 16 * tb < 16 ? job->n - 16 * tb : 16, nb = job->in - 64 * kb < 64 ? job->in - 64 * kb : 64;
+    const __mmask64 m = nb == 64 ? ~(__mmask64)0 : ((__mmask64)1 << nb) - 1;
     __m512i r[16], out[16];
     for (int n = 0; n < 16; n++)
-        r[n] = _mm512_loadu_si512(pd_gemm_job_arow(job, 16 * tb + n) + 64 * kb);
+        r[n] = n < nu ? _mm512_maskz_loadu_epi8(m, pd_gemm_job_arow(job, 16 * tb + n) + 64 * kb) : _mm512_setzero_si512();
     transpose16_regs(r, out);
     for (int g = 0; g < 16; g++)
         _mm512_storeu_si512(tile + 64 * g, out[g]);
@@ -365,7 +378,7 @@ __attribute__((target("avx512f"))) static void pack_tile_avx512(const pd_gemm_jo
 
 static int pack_tile_fast(const pd_gemm_job *job, int tb, int kb, int8_t *tile)
 {
-    if (!__builtin_cpu_supports("avx512f") || 16 * tb + 16 > job->n || 64 * kb + 64 > job->in)
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw"))
         return 0;
     pack_tile_avx512(job, tb, kb, tile);
     return 1;
@@ -417,6 +430,11 @@ __attribute__((target("avx512f"))) static void amx_epilogue_avx512(const pd_gemm
 #define AMX_STATE
 #define AMX_FALLBACK(job, o0, o1) pd_gemm_rows_avx512((job), (o0), (o1))
 #define AMX_PREFETCH_W amx_prefetch_w
+#define AMX_PREFETCH_ROWS(p, b0, b1)                                     \
+    do {                                                                 \
+        for (int64_t pr_ = (b0) & ~(int64_t)63; pr_ < (b1); pr_ += 64)   \
+            __builtin_prefetch((p) + pr_, 0, 2);                         \
+    } while (0)
 #define AMX_EPILOGUE amx_epilogue_avx512
 #define AMX_CONFIG(cfg) __asm__ volatile("ldtilecfg %0" ::"m"(*(const struct amx_cfg *)(cfg)) : "memory")
 #define AMX_RELEASE() __asm__ volatile("tilerelease" ::: "memory")

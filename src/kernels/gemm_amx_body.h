@@ -16,6 +16,7 @@
  *                   [row][token]
  *   AMX_PREFETCH_W(job, o0, k0, nk, l0, l1)  prefetch lines [l0, l1) of the weight rows from o0 x
  *                   steps [k0, k0 + nk), row by row (or nothing)
+ *   AMX_PREFETCH_ROWS(p, b0, b1)  prefetch the lines of bytes [b0, b1) from p (or nothing)
  *   AMX_FALLBACK(job, o0, o1)  the same rows by another kernel, when the scratch cannot be had
  *
  * Tiles: C00..C11 = tmm0..3 (int32 sums of 16 weight rows x 16 tokens), A0/A1 = tmm4/5 (two blocks of
@@ -37,7 +38,10 @@
  * serve too few products to repay the copy: the weights are read in place, 16 rows `in` bytes
  * apart (zero-padded copies at the matrix's edges), in one pass over the whole reduction in which
  * each block of 16 rows meets every token block (a C tile each), so that every weight line comes
- * from memory once and the hardware prefetchers see 16 rows streaming in order. (Pairs of row
+ * from memory once and the hardware prefetchers see 16 rows streaming in order. Rows shorter than
+ * half a page (mini's experts: 512 and 256 bytes) put a tile's 16 lines at strides the
+ * prefetchers do not follow: the next block of rows, contiguous, is requested by software while
+ * this one computes (gemm_amx.c gives the measurements). (Pairs of row
  * blocks over pairs of token blocks, each row read twice and the next pair prefetched by
  * software, ran the MoE case of bench kernels at 0.52 of the dense GEMM's rate; this pass at
  * 0.66; software prefetches added to it only slowed it.) */
@@ -68,7 +72,22 @@ AMX_FN
             AMX_ZERO(2);
             AMX_ZERO(3);
             AMX_ZERO(4);
+            /* rows shorter than AMX_PREFETCH_ROWS_MAX_IN: the next block of 16 rows, contiguous
+             * in the matrix (past this task's rows too: the next task's, which this thread often
+             * runs next), or the next group's first, requested a slice a step while this block
+             * computes */
+            const int8_t *wn = NULL;
+            int64_t wn_bytes = 0;
+            if (in < AMX_PREFETCH_ROWS_MAX_IN && ob + 16 < job->out) {
+                wn = job->w + (int64_t)(ob + 16) * in;
+                wn_bytes = (int64_t)(job->out - ob - 16 < 16 ? job->out - ob - 16 : 16) * in;
+            } else if (in < AMX_PREFETCH_ROWS_MAX_IN && job->w_next) {
+                wn = job->w_next;
+                wn_bytes = (int64_t)(job->next_out < 16 ? job->next_out : 16) * in;
+            }
             for (int k = 0; k < nkb; k++) {
+                if (wn)
+                    AMX_PREFETCH_ROWS(wn, wn_bytes * k / nkb, wn_bytes * (k + 1) / nkb);
                 const int8_t *b = pack + pd_gemm_amx_tile_offset(job->n, in, 0, k);
                 const int64_t tstride = pd_gemm_amx_tile_offset(job->n, in, 1, k) - (b - pack);
                 AMX_WLOAD(5, job, ob, o1, k, sc->w);

@@ -53,6 +53,9 @@ void pd_gemm_rows_amx_emu(const pd_gemm_job *job, int o0, int o1);
  * byte aligned) by calling pd_gemm_amx_pack for every block of 16 tokens tb < ceil(n / 16) before
  * any row task runs. Fewer tokens need no packing (the kernels pass them to another path). */
 #define PD_GEMM_AMX_MIN_TOKENS 4
+/* At most this many tokens (5 blocks of 16), the AMX kernels read the weights in place in one pass
+ * (gemm_amx_body.h): gemm.c sizes those tasks for it. */
+#define PD_GEMM_AMX_ONE_PASS_MAX 80
 /* The reduction steps (64 bytes, one tile's width) of a panel, 512 bytes of every row: the packed
  * activations are stored panel by panel, in each panel token block by token block, in each token
  * block step by step. Tile (token block tb, step kb) of a job of n tokens and `in` bytes: */

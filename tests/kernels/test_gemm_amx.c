@@ -159,8 +159,11 @@ static void equal_reference_on_odd_shapes(pd_kernel kernel)
      * partial last pair of row blocks, and an odd token block at the end. */
     static const int blocked[][3] = {{17, 1100, 200}, {100, 2100, 193}, {600, 1030, 240}, {2064, 1088, 196}};
     /* One pass over the weights in place with four and five token blocks (C tiles tmm3, tmm4, the
-     * last token block partial or whole), and the first token count whose weights are copied. */
-    static const int one_pass[][3] = {{33, 130, 49}, {47, 65, 64}, {17, 200, 65}, {100, 63, 80}, {31, 1000, 81}};
+     * last token block partial or whole), and the first token count whose weights are copied; then
+     * rows short enough that each next block is requested by software, over several 128-row tasks
+     * with a partial last block (the request reaching past a task's rows and the matrix's end). */
+    static const int one_pass[][3] = {{33, 130, 49}, {47, 65, 64}, {17, 200, 65}, {100, 63, 80}, {31, 1000, 81},
+                                      {300, 512, 12}, {260, 256, 20}};
     pd_pool *pool;
     pd_err e = {0};
     cr_assert_eq(pd_pool_create(2, &pool, &e), 0, "%s", e.msg);
