@@ -630,7 +630,9 @@ static int bench_moe(struct ctx *c)
             report(pd_onednn_mm_create(m.g[x].n, m.out, m.in, m.g[x].w.q, m.g[x].w.scale,
                                        PD_ONEDNN_F32, &m.dnn[x], &e), &e) < 0)
             goto done;
-    double ops = 2.0 * m.out * m.in * (double)m.T * m.topk;
+    double ops = 2.0 * m.out * m.in * (double)m.T * m.topk, bytes = 0;
+    for (int x = 0; x < m.E; x++)   /* every used expert's weights, read once a call from DRAM */
+        bytes += m.g[x].n > 0 ? (double)per : 0;
     say(c, "\n4. MoE grouped GEMM, %d experts of out %d x in %d (%.0f MiB), %d used per token, "
         "%d tokens (%.1f G int8 ops); oneDNN: one matmul per expert on its gathered tokens\n", m.E,
         m.out, m.in, (double)per * m.E / (1 << 20), m.topk, m.T, ops / 1e9);
@@ -650,9 +652,14 @@ static int bench_moe(struct ctx *c)
         if (c->avx2[i] > 0)
             say(c, " = %.2f of the AVX2 int8 peak (vpmaddwd)", ops / s / c->avx2[i]);
         say(c, " | oneDNN %7.1f Gops/s: pdmoe %.2fx\n", ops / sd / 1e9, sd / s);
+        say(c, "      its experts' weights (%.0f MiB, each read once) at %.2f GB/s = %.2f of the read bandwidth\n",
+            bytes / (1 << 20), bytes / s / 1e9, bytes / s / c->bw[i]);
         json_t *shape = json_pack("{s:i, s:i, s:i, s:i, s:i}", "out", m.out, "in", m.in,
                                   "tokens", m.T, "experts", m.E, "per_token", m.topk);
         add_case(c, "moe", shape, i, ops / s, ops / sd);
+        json_t *mc = json_array_get(c->cases, json_array_size(c->cases) - 1);
+        json_object_set_new(mc, "weight_bytes", json_real(bytes));
+        json_object_set_new(mc, "pdmoe_of_bandwidth", json_real(bytes / s / c->bw[i]));
     }
     rc = 0;
 done:
@@ -974,9 +981,20 @@ static void judge_cases(struct ctx *c)
                     !json_equal(json_object_get(gs, "out"), json_object_get(shape, "out")) ||
                     !json_equal(json_object_get(gs, "in"), json_object_get(shape, "in")))
                     continue;
+                const double dense = json_number_value(json_object_get(g, "pdmoe_gflops"));
                 json_object_set_new(o, "pdmoe_of_dense_gemm",
-                                    json_real(json_number_value(json_object_get(o, "pdmoe_gflops")) /
-                                              json_number_value(json_object_get(g, "pdmoe_gflops"))));
+                                    json_real(json_number_value(json_object_get(o, "pdmoe_gflops")) / dense));
+                /* the most the memory allows: every used expert read once at the (final) read
+                 * bandwidth of these threads, as a fraction of the dense GEMM's rate */
+                const double ops = 2.0 * json_number_value(json_object_get(shape, "out")) *
+                                   json_number_value(json_object_get(shape, "in")) *
+                                   json_number_value(json_object_get(shape, "tokens")) *
+                                   json_number_value(json_object_get(shape, "per_token"));
+                const double wb = json_number_value(json_object_get(o, "weight_bytes"));
+                for (int i = 0; i < c->nt; i++)
+                    if (c->tcount[i] == t && wb > 0 && c->bw[i] > 0)
+                        json_object_set_new(o, "bandwidth_bound_of_dense_gemm",
+                                            json_real(ops * c->bw[i] / wb / 1e9 / dense));
                 break;
             }
         enum pd_bench_target tg = amx ? (moe ? PD_TARGET_AMX_MOE_OF_DENSE : PD_TARGET_AMX_OVER_ONEDNN)
@@ -987,9 +1005,13 @@ static void judge_cases(struct ctx *c)
             continue;
         json_object_set_new(o, "target", pd_bench_target_json(tg, metric, json_number_value(v)));
         char *sh = json_dumps(shape, JSON_COMPACT | JSON_PRESERVE_ORDER);
-        say(c, "%s  %s %s, %d thread%s: %s %.2f (target %s: %s)\n",
-            said++ ? "" : "\nIssue 17's targets:\n", kind, sh ? sh : "", (int)t, plural((int)t), metric,
-            json_number_value(v), pd_bench_target_text(tg), pd_bench_target_word(tg, json_number_value(v)));
+        say(c, "%s  %s %s, %d thread%s: %s %.2f (target %s: %s)", said++ ? "" : "\nIssue 17's targets:\n", kind,
+            sh ? sh : "", (int)t, plural((int)t), metric, json_number_value(v), pd_bench_target_text(tg),
+            pd_bench_target_word(tg, json_number_value(v)));
+        json_t *bound = json_object_get(o, "bandwidth_bound_of_dense_gemm");
+        if (moe && json_is_number(bound))   /* how far the memory lets the ratio go on this machine */
+            say(c, "; the read bandwidth allows at most %.2f", json_number_value(bound));
+        say(c, "\n");
         free(sh);
     }
 }

@@ -222,6 +222,26 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
             cr_assert(fabs(json_number_value(json_object_get(c, "pdmoe_of_dense_gemm")) - want_d) <= 1e-3 * want_d,
                       "case %zu: %g of the dense GEMM, rates give %g", i,
                       json_number_value(json_object_get(c, "pdmoe_of_dense_gemm")), want_d);
+            /* its experts' weights, each read once: the fraction of the read bandwidth the rate
+             * gives, and the most that bandwidth allows against the dense GEMM */
+            const double ops = 2.0 * json_integer_value(json_object_get(shape, "out")) *
+                               (double)json_integer_value(json_object_get(shape, "in")) *
+                               (double)json_integer_value(json_object_get(shape, "tokens")) *
+                               (double)json_integer_value(json_object_get(shape, "per_token"));
+            const double wb = json_number_value(json_object_get(c, "weight_bytes"));
+            const double all = (double)json_integer_value(json_object_get(shape, "experts")) *
+                               (double)json_integer_value(json_object_get(shape, "out")) *
+                               (double)json_integer_value(json_object_get(shape, "in"));
+            cr_assert(wb > 0 && wb <= all * (1 + 1e-5), "case %zu: %g bytes of experts, of %g", i, wb, all);   /* as printed, 6 digits */
+            const double read = json_number_value(json_object_get(json_array_get(ceil, (size_t)t - 1), "read_GBps")) * 1e9;
+            const double rate_ops = json_number_value(json_object_get(c, "pdmoe_gflops")) * 1e9;
+            const double want_b = wb / (ops / rate_ops) / read, want_bound = ops * read / wb / 1e9 / dense;
+            cr_assert(fabs(json_number_value(json_object_get(c, "pdmoe_of_bandwidth")) - want_b) <= 1e-3 * want_b,
+                      "case %zu: %g of the bandwidth, rates give %g", i,
+                      json_number_value(json_object_get(c, "pdmoe_of_bandwidth")), want_b);
+            cr_assert(fabs(json_number_value(json_object_get(c, "bandwidth_bound_of_dense_gemm")) - want_bound) <=
+                      1e-3 * want_bound, "case %zu: the bandwidth allows %g of the dense GEMM, rates give %g", i,
+                      json_number_value(json_object_get(c, "bandwidth_bound_of_dense_gemm")), want_bound);
         }
         int out_ = (int)json_integer_value(json_object_get(shape, "out"));
         int in = (int)json_integer_value(json_object_get(shape, "in"));
@@ -262,7 +282,7 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
                 cr_assert(fabs(json_number_value(ob) - want_b) <= 1e-3 * want_b,
                           "case %zu: %g of the bandwidth, rates give %g", i, json_number_value(ob), want_b);
             }
-        } else if (json_is_number(ob)) {   /* the GEMV: int8 weights and their fp32 scales, 2 ops a weight */
+        } else if (json_is_number(ob) && strcmp(kind, "moe") != 0) {   /* the GEMV: int8 weights and their fp32 scales, 2 ops a weight */
             double bytes_per_s = ((double)out_ * in + 4.0 * out_) * rate * 1e9 / (2.0 * out_ * in);
             double want_b = bytes_per_s / (json_number_value(json_object_get(cl, "read_GBps")) * 1e9);
             cr_assert(fabs(json_number_value(ob) - want_b) <= 1e-3 * want_b, "case %zu: %g of the bandwidth, rates give %g",
