@@ -122,7 +122,10 @@ def kernels_rows(doc, where):
                 against.append(f"{fmt(num(c, key, w), 2)} of {name} ({fmt(num(cl, ceil_key, w), 1)} "
                                f"{'GFLOPS' if 'fp32' in key else 'Gops/s'} by a {probe} probe)")
         if c.get("pdmoe_of_dense_gemm") is not None:
-            against.append(f"{fmt(num(c, 'pdmoe_of_dense_gemm', w), 2)} of the dense GEMM")
+            dense = f"{fmt(num(c, 'pdmoe_of_dense_gemm', w), 2)} of the dense GEMM"
+            if c.get("bandwidth_bound_of_dense_gemm") is not None:
+                dense += f" (the read bandwidth allows at most {fmt(num(c, 'bandwidth_bound_of_dense_gemm', w), 2)})"
+            against.append(dense)
         ref = "oneDNN " + onednn + (" fp32 matmul" if kind == "float" else "")
         against.append(f"{fmt(num(c, 'pdmoe_over_onednn', w), 2)}x {ref}")
         unit = "GFLOPS" if kind == "float" else "Gops/s"

@@ -58,13 +58,19 @@ AMX_FN
         AMX_FALLBACK(job, o0, o1);
         return;
     }
-    _Alignas(64) int32_t c[AMX_ONE_PASS_TB][16 * 16];
+    _Alignas(64) int32_t c[4][16 * 16];
     struct amx_cfg cfg;
     amx_cfg_full(&cfg);
     AMX_CONFIG(&cfg);
     if (!packw) {
         /* one pass over the weights: each block of 16 rows, read in place, meets every token block
-         * at once (C tiles tmm0 .. ntb - 1, the weights tmm5, the tokens tmm6 and tmm7 in turn) */
+         * at once (C tiles tmm0 .. ntb - 1, the weights tmm5, the tokens tmm6 and tmm7 in turn).
+         * A block's sums wait in cp[] while the next block computes, which runs their epilogue a
+         * token block at a time between its steps: the scaling and the stores into y (lines not
+         * yet in the caches) then overlap the tile unit and the weights' stream instead of
+         * stalling between blocks. */
+        _Alignas(64) int32_t cp[2][AMX_ONE_PASS_TB][16 * 16];
+        int prev_ob = -1, prev_nr = 0;
         for (int rb = 0; rb < nrb; rb++) {
             const int ob = o0 + 16 * rb, nr = o1 - ob < 16 ? o1 - ob : 16;
             AMX_ZERO(0);
@@ -85,9 +91,15 @@ AMX_FN
                 wn = job->w_next;
                 wn_bytes = (int64_t)(job->next_out < 16 ? job->next_out : 16) * in;
             }
-            for (int k = 0; k < nkb; k++) {
+            int32_t(*done)[16 * 16] = cp[(rb + 1) & 1], (*sums)[16 * 16] = cp[rb & 1];
+            for (int k = 0, ep = 0; k < nkb; k++) {
                 if (wn)
                     AMX_PREFETCH_ROWS(wn, wn_bytes * k / nkb, wn_bytes * (k + 1) / nkb);
+                /* the previous block's token blocks, spread over this block's steps */
+                for (; prev_ob >= 0 && ep < ntb && ep * nkb / ntb <= k; ep++) {
+                    const int t0 = ep * 16, nu = job->n - t0 < 16 ? job->n - t0 : 16;
+                    AMX_EPILOGUE(job, done[ep], NULL, t0, nu, prev_ob, prev_nr, 0);
+                }
                 const int8_t *b = pack + pd_gemm_amx_tile_offset(job->n, in, 0, k);
                 const int64_t tstride = pd_gemm_amx_tile_offset(job->n, in, 1, k) - (b - pack);
                 AMX_WLOAD(5, job, ob, o1, k, sc->w);
@@ -110,19 +122,21 @@ AMX_FN
                     AMX_DP(4, 5, 6);
                 }
             }
-            AMX_STORE(0, c[0], 64);
+            AMX_STORE(0, sums[0], 64);
             if (ntb > 1)
-                AMX_STORE(1, c[1], 64);
+                AMX_STORE(1, sums[1], 64);
             if (ntb > 2)
-                AMX_STORE(2, c[2], 64);
+                AMX_STORE(2, sums[2], 64);
             if (ntb > 3)
-                AMX_STORE(3, c[3], 64);
+                AMX_STORE(3, sums[3], 64);
             if (ntb > 4)
-                AMX_STORE(4, c[4], 64);
-            for (int tb = 0; tb < ntb; tb++) {
-                const int t0 = tb * 16, nu = job->n - t0 < 16 ? job->n - t0 : 16;
-                AMX_EPILOGUE(job, c[tb], NULL, t0, nu, ob, nr, 0);
-            }
+                AMX_STORE(4, sums[4], 64);
+            prev_ob = ob;
+            prev_nr = nr;
+        }
+        for (int tb = 0; tb < ntb; tb++) {   /* the last block's epilogue, after every step */
+            const int t0 = tb * 16, nu = job->n - t0 < 16 ? job->n - t0 : 16;
+            AMX_EPILOGUE(job, cp[(nrb - 1) & 1][tb], NULL, t0, nu, prev_ob, prev_nr, 0);
         }
         AMX_RELEASE();
         return;
