@@ -135,6 +135,34 @@ AVX512 static void tile_bf16(const uint16_t *w, size_t ldw, int rows, const floa
     tile(w, 1, ldw, rows, x, ldx, T, n, y, ldy, r0, t0);
 }
 
+/* bf16 rows that many tokens meet (a prefill's projections): each block widened once into this
+ * thread's fp32 buffer (exact: a bf16 value is the top half of its fp32), then the fp32 tiles over
+ * every tile of x, instead of widening every row again for every 4 tokens in registers, where the
+ * conversions take the FMA ports' slots. 24 KiB, L1's share of the block. */
+enum { WIDE_FLOATS = 6144, WIDE_MIN_T = 32 };
+static _Thread_local float wide[WIDE_FLOATS] __attribute__((aligned(64)));
+
+AVX512 static void dot_gemm_wide(const uint16_t *w, size_t ldw, int rows, const float *x, size_t ldx, int T, int n,
+                                 float *y, size_t ldy)
+{
+    const int block = WIDE_FLOATS / n / 4 * 4;   /* the caller keeps 4 * n <= WIDE_FLOATS */
+    /* tokens in chunks of about 256 KiB of x, which stay in L2 while every block passes over them
+     * (a prefill's 2,048 tokens are 4 MiB of x at 512 values: streamed from L3 once per block) */
+    int chunk = (256 << 10) / (n * 4) / 4 * 4;
+    chunk = chunk < 4 ? 4 : chunk;
+    for (int c0 = 0; c0 < T; c0 += chunk) {
+        const int c1 = c0 + chunk < T ? c0 + chunk : T;
+        for (int b0 = 0; b0 < rows; b0 += block) {
+            const int b1 = b0 + block < rows ? b0 + block : rows;
+            for (int r = b0; r < b1; r++)
+                pd_bf16_to_f32_row(w + (size_t)r * ldw, wide + (size_t)(r - b0) * n, n);
+            for (int t0 = c0; t0 < c1; t0 += 4)
+                for (int r0 = 0; r0 < b1 - b0; r0 += 4)
+                    tile_f32(wide, (size_t)n, b1 - b0, x, ldx, T, n, y + b0, ldy, r0, t0);
+        }
+    }
+}
+
 /* Rows of w in blocks of about 24 KiB (es bytes a value), each block's tiles over every tile of x;
  * rows so long that 8 of them pass 24 KiB in blocks of about 256 KiB, kept in L2 while x passes
  * (mHC's mixing, 24 fp32 rows of 2,048 values times 2,048 tokens, 1 thread: 28-32 GFLOPS in
@@ -142,6 +170,10 @@ AVX512 static void tile_bf16(const uint16_t *w, size_t ldw, int rows, const floa
 AVX512 static void dot_gemm_avx512(const void *w, int bf16, size_t ldw, int rows, const float *x, size_t ldx, int T,
                                    int n, float *y, size_t ldy)
 {
+    if (bf16 && T >= WIDE_MIN_T && 4 * n <= WIDE_FLOATS) {
+        dot_gemm_wide(w, ldw, rows, x, ldx, T, n, y, ldy);
+        return;
+    }
     const int es = bf16 ? 2 : 4;
     int block = (24 << 10) / (n * es) / 4 * 4;
     if (block < 8)   /* long rows: 4 x rows fill L1 by themselves; a block of 256 KiB stays in L2 */

@@ -27,7 +27,8 @@ static void same_bits(int bf16)
 {
     static const int ns[] = {16, 32, 48, 64, 80, 128, 144, 512, 1024, 1040, 1, 15, 33, 100};
     static const int rows_of[] = {1, 3, 4, 5, 8, 13, 17, 49, 131};
-    static const int T_of[] = {1, 2, 3, 4, 5, 7, 9, 16};
+    /* from 32 tokens, bf16 rows of up to 1,536 values are widened once per block (dot_gemm.c) */
+    static const int T_of[] = {1, 2, 3, 4, 5, 7, 9, 16, 33, 48};
     uint64_t s = 11;
     for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) {
         const int n = ns[a];
