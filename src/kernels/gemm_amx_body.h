@@ -134,7 +134,7 @@ AMX_FN
             prev_ob = ob;
             prev_nr = nr;
         }
-        for (int tb = 0; tb < ntb; tb++) {   /* the last block's epilogue, after every step */
+        for (int tb = 0; prev_ob >= 0 && tb < ntb; tb++) {   /* the last block's epilogue, after every step */
             const int t0 = tb * 16, nu = job->n - t0 < 16 ? job->n - t0 : 16;
             AMX_EPILOGUE(job, cp[(nrb - 1) & 1][tb], NULL, t0, nu, prev_ob, prev_nr, 0);
         }
