@@ -256,13 +256,15 @@ static void act_task(void *arg, int task)
 
 /* Routed experts with grouped int8 GEMMs: pair p runs expert[p] on row[p] of the quantised
  * activations a; after a counting sort the pairs of one expert are contiguous (in pair order),
- * and y[p] (dst[p] when dst is given) receives the expert's output. With `shared` (int8, of the
- * same intermediate size) the shared expert also runs on rows 0 .. ns - 1 of a, as one more
- * group of each product (one pool run each instead of three more: the same kernels per row, so
- * the bits ffn_rows gives), its outputs into ysh [ns, H]. */
+ * and y[p] (dst[p] when dst is given) receives the expert's output; with yp instead, yp[p]
+ * points at it where the down projection left it (this engine's scratch, valid until the next
+ * layer's experts run), and nothing is copied. With `shared` (int8, of the same intermediate size)
+ * the shared expert also runs on rows 0 .. ns - 1 of a, as one more group of each product (one
+ * pool run each instead of three more: the same kernels per row, so the bits ffn_rows gives), its
+ * outputs into ysh [ns, H]. */
 static int run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *row, const int32_t *expert,
-                       int P, float *y, float *const *dst, const struct pd_expert_w *shared, int ns, float *ysh,
-                       pd_err *e)
+                       int P, float *y, float *const *dst, const float **yp, const struct pd_expert_w *shared, int ns,
+                       float *ysh, pd_err *e)
 {
     const struct pd_model *m = &en->model;
     const struct pd_layer_w *L = pd_layer_weights(en, layer);
@@ -346,7 +348,10 @@ static int run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const 
     if ((rc = pd_gemm_grouped(en->pool, &a2, grp, ng, 0, e)))
         goto out;
     for (int at = 0; at < P; at++)
-        memcpy(dst ? dst[pair[at]] : y + (size_t)pair[at] * H, ys + (size_t)at * H, (size_t)H * 4);
+        if (yp)
+            yp[pair[at]] = ys + (size_t)at * H;
+        else
+            memcpy(dst ? dst[pair[at]] : y + (size_t)pair[at] * H, ys + (size_t)at * H, (size_t)H * 4);
     if (ns)
         memcpy(ysh, ys + (size_t)P * H, (size_t)ns * H * 4);
     rc = 0;
@@ -357,13 +362,13 @@ out:
 int pd_engine_run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *row,
                           const int32_t *expert, int P, float *y, float *const *dst, pd_err *e)
 {
-    return run_experts(en, layer, a, row, expert, P, y, dst, NULL, 0, NULL, e);
+    return run_experts(en, layer, a, row, expert, P, y, dst, NULL, NULL, 0, NULL, e);
 }
 
-/* The routed experts of this process's tokens, here: pair p = (token p / k, slot p % k); with
- * `shared`, the shared expert on every token too (into ysh). */
-static int experts_local(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *ids, int T, float *y,
-                         const struct pd_expert_w *shared, float *ysh, pd_err *e)
+/* The routed experts of this process's tokens, here: pair p = (token p / k, slot p % k), its output
+ * at yp[p] (run_experts); with `shared`, the shared expert on every token too (into ysh). */
+static int experts_local(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *ids, int T,
+                         const float **yp, const struct pd_expert_w *shared, float *ysh, pd_err *e)
 {
     const int k = en->model.n_experts_per_tok;
     int32_t *row = pd_scratch(en, 42, (size_t)T * k * 4 + 4, e);
@@ -371,7 +376,25 @@ static int experts_local(struct pd_engine *en, int layer, const pd_qmat *a, cons
         return PD_ENOMEM;
     for (int p = 0; p < T * k; p++)
         row[p] = p / k;
-    return run_experts(en, layer, a, row, ids, T * k, y, NULL, shared, T, ysh, e);
+    return run_experts(en, layer, a, row, ids, T * k, NULL, NULL, yp, shared, T, ysh, e);
+}
+
+/* The layer's output per token: out[t] = sum_j w[t][j] * yp[t][j] (+ the shared expert's sh[t]),
+ * each token's sum by pd_weighted_sum_rows whichever task runs it (the same bits). */
+struct combine_job {
+    const float *w, *const *yp, *sh;
+    float *out;
+    int k, H;
+};
+
+enum { COMBINE_TOKENS = 16 };
+
+static void combine_task(void *arg, int task)
+{
+    const struct combine_job *j = arg;
+    for (int t = task * COMBINE_TOKENS; t < (task + 1) * COMBINE_TOKENS; t++)
+        pd_weighted_sum_rows(j->w + (size_t)t * j->k, j->yp + (size_t)t * j->k, j->k,
+                             j->sh ? j->sh + (size_t)t * j->H : NULL, j->out + (size_t)t * j->H, j->H);
 }
 
 int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
@@ -414,16 +437,21 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
             rc = en->experts_fn(en->experts_ctx, en, layer, &st->xq, ids, T, y, yp, e);
             pd_prof_leave(&en->prof);
         } else {
-            rc = experts_local(en, layer, &st->xq, ids, T, y, fuse_shared ? &L->shared : NULL, sh, e);
+            rc = experts_local(en, layer, &st->xq, ids, T, yp, fuse_shared ? &L->shared : NULL, sh, e);
         }
         if (rc)
             goto out;
     }
     if (m->n_shared_experts > 0 && !fuse_shared && (rc = ffn_rows(st, &L->shared, st->x, &st->xq, T, sh, e)))
         goto out;
-    for (int t = 0; t < T; t++)
-        pd_weighted_sum_rows(w + (size_t)t * k, yp + (size_t)t * k, k,
-                             m->n_shared_experts > 0 ? sh + (size_t)t * H : NULL, st->out + (size_t)t * H, H);
+    /* a prefill's tokens over the pool, COMBINE_TOKENS a task; a few tokens on the caller */
+    struct combine_job cb = {.w = w, .yp = yp, .sh = m->n_shared_experts > 0 ? sh : NULL, .out = st->out, .k = k, .H = H};
+    const int whole = T / COMBINE_TOKENS;
+    if (whole >= 2)
+        pd_pool_run(en->pool, whole, combine_task, &cb);
+    for (int t = whole >= 2 ? whole * COMBINE_TOKENS : 0; t < T; t++)
+        pd_weighted_sum_rows(w + (size_t)t * k, yp + (size_t)t * k, k, cb.sh ? sh + (size_t)t * H : NULL,
+                             st->out + (size_t)t * H, H);
     rc = 0;
 out:
     return rc;
