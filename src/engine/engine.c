@@ -291,6 +291,22 @@ static void mhc_mix_rows_task(void *arg, int task)
                            (size_t)mixn);
 }
 
+/* A prefill's mixing values by blocks of MHC_MIX_TOKENS tokens, every row of the mixing weights
+ * for each block (the same dot products as by row blocks, so the same bits): each token's streams
+ * (8 KiB in v4-flash-mini) come from memory once, the weights from L2, where row-block tasks read
+ * all the tokens' streams once per block of 4 rows (6 times a sublayer). */
+enum { MHC_MIX_TOKENS = 16, MHC_BY_TOKENS_T = 64 };
+
+static void mhc_mix_tokens_task(void *arg, int task)
+{
+    const struct mhc_job *j = arg;
+    const struct pd_model *m = &j->st->en->model;
+    const int n = m->hc_mult * (int)m->hidden_size, mixn = (2 + m->hc_mult) * m->hc_mult;
+    const int t0 = task * MHC_MIX_TOKENS, t1 = t0 + MHC_MIX_TOKENS < j->st->T ? t0 + MHC_MIX_TOKENS : j->st->T;
+    pd_dot_gemm(j->ffn ? j->L->hc_ffn_fn : j->L->hc_attn_fn, (size_t)n, mixn, j->st->h + (size_t)t0 * n, (size_t)n,
+                t1 - t0, n, j->mix + (size_t)t0 * mixn, (size_t)mixn);
+}
+
 static void mhc_pre_task(void *arg, int task)
 {
     const struct mhc_job *j = arg;
@@ -338,7 +354,10 @@ static int sublayer(struct pd_step *st, int layer, int ffn, pd_err *e)
     if (!j.split && T >= MHC_TOKENS_T) {
         /* several tokens: the mixing weights (196 KB a sublayer in v4-flash-mini) read once for
          * four tokens at a time, by row blocks over the pool, then each token's "pre" */
-        pd_pool_run(en->pool, j.blocks, mhc_mix_rows_task, &j);
+        if (T >= MHC_BY_TOKENS_T)
+            pd_pool_run(en->pool, (T + MHC_MIX_TOKENS - 1) / MHC_MIX_TOKENS, mhc_mix_tokens_task, &j);
+        else
+            pd_pool_run(en->pool, j.blocks, mhc_mix_rows_task, &j);
         j.mixed = 1;
     }
     pd_pool_run(en->pool, j.split ? T * j.blocks : T, mhc_pre_task, &j);

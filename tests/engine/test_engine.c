@@ -66,8 +66,9 @@ Test(engine, prefill_equals_decode)
 {
     struct pd_engine en;
     open_engine(&en, 2, 0);
-    const int N = 50, V = (int)en.model.vocab_size;
-    int32_t ids[64];
+    /* 70 tokens: a prefill of 64 and more computes mHC's mixing values by token blocks */
+    const int N = 70, V = (int)en.model.vocab_size;
+    int32_t ids[80];
     prompt(ids, N, 1);
     float *a = malloc((size_t)N * V * 4), *b = malloc((size_t)V * 4);
     struct pd_seq s1, s2;
