@@ -984,17 +984,13 @@ static void judge_cases(struct ctx *c)
                 const double dense = json_number_value(json_object_get(g, "pdmoe_gflops"));
                 json_object_set_new(o, "pdmoe_of_dense_gemm",
                                     json_real(json_number_value(json_object_get(o, "pdmoe_gflops")) / dense));
-                /* the most the memory allows: every used expert read once at the (final) read
-                 * bandwidth of these threads, as a fraction of the dense GEMM's rate */
-                const double ops = 2.0 * json_number_value(json_object_get(shape, "out")) *
-                                   json_number_value(json_object_get(shape, "in")) *
-                                   json_number_value(json_object_get(shape, "tokens")) *
-                                   json_number_value(json_object_get(shape, "per_token"));
-                const double wb = json_number_value(json_object_get(o, "weight_bytes"));
-                for (int i = 0; i < c->nt; i++)
-                    if (c->tcount[i] == t && wb > 0 && c->bw[i] > 0)
-                        json_object_set_new(o, "bandwidth_bound_of_dense_gemm",
-                                            json_real(ops * c->bw[i] / wb / 1e9 / dense));
+                /* the most the memory allows: every used expert read once at the read bandwidth
+                 * (the rate over its fraction of the bandwidth, which recheck_ceilings keeps against
+                 * the final ceiling), as a fraction of the dense GEMM's rate */
+                const double of_bw = json_number_value(json_object_get(o, "pdmoe_of_bandwidth"));
+                if (of_bw > 0)
+                    json_object_set_new(o, "bandwidth_bound_of_dense_gemm",
+                                        json_real(json_number_value(json_object_get(o, "pdmoe_gflops")) / of_bw / dense));
                 break;
             }
         enum pd_bench_target tg = amx ? (moe ? PD_TARGET_AMX_MOE_OF_DENSE : PD_TARGET_AMX_OVER_ONEDNN)

@@ -384,7 +384,7 @@ static int experts_local(struct pd_engine *en, int layer, const pd_qmat *a, cons
 struct combine_job {
     const float *w, *const *yp, *sh;
     float *out;
-    int k, H;
+    int k, H, T;
 };
 
 enum { COMBINE_TOKENS = 16 };
@@ -392,7 +392,8 @@ enum { COMBINE_TOKENS = 16 };
 static void combine_task(void *arg, int task)
 {
     const struct combine_job *j = arg;
-    for (int t = task * COMBINE_TOKENS; t < (task + 1) * COMBINE_TOKENS; t++)
+    const int t1 = (task + 1) * COMBINE_TOKENS < j->T ? (task + 1) * COMBINE_TOKENS : j->T;
+    for (int t = task * COMBINE_TOKENS; t < t1; t++)
         pd_weighted_sum_rows(j->w + (size_t)t * j->k, j->yp + (size_t)t * j->k, j->k,
                              j->sh ? j->sh + (size_t)t * j->H : NULL, j->out + (size_t)t * j->H, j->H);
 }
@@ -445,13 +446,9 @@ int pd_moe_layer(struct pd_step *st, int layer, pd_err *e)
     if (m->n_shared_experts > 0 && !fuse_shared && (rc = ffn_rows(st, &L->shared, st->x, &st->xq, T, sh, e)))
         goto out;
     /* a prefill's tokens over the pool, COMBINE_TOKENS a task; a few tokens on the caller */
-    struct combine_job cb = {.w = w, .yp = yp, .sh = m->n_shared_experts > 0 ? sh : NULL, .out = st->out, .k = k, .H = H};
-    const int whole = T / COMBINE_TOKENS;
-    if (whole >= 2)
-        pd_pool_run(en->pool, whole, combine_task, &cb);
-    for (int t = whole >= 2 ? whole * COMBINE_TOKENS : 0; t < T; t++)
-        pd_weighted_sum_rows(w + (size_t)t * k, yp + (size_t)t * k, k, cb.sh ? sh + (size_t)t * H : NULL,
-                             st->out + (size_t)t * H, H);
+    struct combine_job cb = {.w = w, .yp = yp, .sh = m->n_shared_experts > 0 ? sh : NULL, .out = st->out, .k = k,
+                             .H = H, .T = T};
+    pd_pool_run(T < 2 * COMBINE_TOKENS ? NULL : en->pool, (T + COMBINE_TOKENS - 1) / COMBINE_TOKENS, combine_task, &cb);
     rc = 0;
 out:
     return rc;

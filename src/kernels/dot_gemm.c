@@ -148,8 +148,7 @@ AVX512 static void dot_gemm_wide(const uint16_t *w, size_t ldw, int rows, const 
     const int block = WIDE_FLOATS / n / 4 * 4;   /* the caller keeps 4 * n <= WIDE_FLOATS */
     /* tokens in chunks of about 256 KiB of x, which stay in L2 while every block passes over them
      * (a prefill's 2,048 tokens are 4 MiB of x at 512 values: streamed from L3 once per block) */
-    int chunk = (256 << 10) / (n * 4) / 4 * 4;
-    chunk = chunk < 4 ? 4 : chunk;
+    const int chunk = (256 << 10) / (n * 4) / 4 * 4;   /* at least 40: n <= WIDE_FLOATS / 4 */
     for (int c0 = 0; c0 < T; c0 += chunk) {
         const int c1 = c0 + chunk < T ? c0 + chunk : T;
         for (int b0 = 0; b0 < rows; b0 += block) {

@@ -58,7 +58,6 @@ AMX_FN
         AMX_FALLBACK(job, o0, o1);
         return;
     }
-    _Alignas(64) int32_t c[4][16 * 16];
     struct amx_cfg cfg;
     amx_cfg_full(&cfg);
     AMX_CONFIG(&cfg);
@@ -82,18 +81,13 @@ AMX_FN
              * in the matrix (past this task's rows too: the next task's, which this thread often
              * runs next), or the next group's first, requested a slice a step while this block
              * computes */
-            const int8_t *wn = NULL;
-            int64_t wn_bytes = 0;
-            if (in < AMX_PREFETCH_ROWS_MAX_IN && ob + 16 < job->out) {
-                wn = job->w + (int64_t)(ob + 16) * in;
-                wn_bytes = (int64_t)(job->out - ob - 16 < 16 ? job->out - ob - 16 : 16) * in;
-            } else if (in < AMX_PREFETCH_ROWS_MAX_IN && job->w_next) {
-                wn = job->w_next;
-                wn_bytes = (int64_t)(job->next_out < 16 ? job->next_out : 16) * in;
-            }
+            const int in_matrix = ob + 16 < job->out;
+            const int8_t *wn = in_matrix ? job->w + (int64_t)(ob + 16) * in : job->w_next;
+            const int next_rows = in_matrix ? job->out - ob - 16 : job->w_next ? job->next_out : 0;
+            const int64_t wn_bytes = in < AMX_PREFETCH_ROWS_MAX_IN ? (int64_t)(next_rows < 16 ? next_rows : 16) * in : 0;
             int32_t(*done)[16 * 16] = cp[(rb + 1) & 1], (*sums)[16 * 16] = cp[rb & 1];
             for (int k = 0, ep = 0; k < nkb; k++) {
-                if (wn)
+                if (wn_bytes)
                     AMX_PREFETCH_ROWS(wn, wn_bytes * k / nkb, wn_bytes * (k + 1) / nkb);
                 /* the previous block's token blocks, spread over this block's steps */
                 for (; prev_ob >= 0 && ep < ntb && ep * nkb / ntb <= k; ep++) {
@@ -141,6 +135,7 @@ AMX_FN
         AMX_RELEASE();
         return;
     }
+    _Alignas(64) int32_t c[4][16 * 16];   /* after the last block, a pair's C tiles for the epilogue */
     for (int k0 = 0; k0 < nkb; k0 += kc) {
         const int nk = nkb - k0 < kc ? nkb - k0 : kc, first = k0 == 0, last = k0 + nk == nkb;
         amx_pack_weights(job, o0, o1, k0, nk, kc, sc->w);
