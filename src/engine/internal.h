@@ -69,8 +69,9 @@ static inline float pd_indexer_weight_scale(const struct pd_model *m)
 {
     return (float)(1.0 / sqrt((double)m->index_head_dim) / sqrt((double)m->index_n_heads));
 }
-/* Indices of the k best scores (ties to the lower index), in increasing index order. */
-int pd_topk(const float *score, int n, int k, int *sel);
+/* Indices of the k best scores (ties to the lower index; -0.0 equals +0.0, NaN ranks below every
+ * number), in increasing index order; returns min(k, n). */
+int pd_topk(const float *score, int n, int k, int *sel, uint64_t *work /* [n] */);
 int pd_moe_layer(struct pd_step *st, int layer, pd_err *e);
 /* The router's choice for one token (non-hash layers): id [k] = the top k of sqrt(softplus(z)) +
  * gate_bias (ties to the lower id, in choice order); s [E] gets the scores of at least those. */
@@ -78,7 +79,7 @@ void pd_moe_choose(const struct pd_layer_w *L, int E, int k, const float *z, flo
 
 /* Scratch buffer `slot` of the engine (slots: engine.c 1-10 and 44-49 (46: the step's logits), attention.c 11-29, moe.c
  * 30-43, expert parallelism 50-63, the MTP step 64-68, the head's rows 69,
- * mHC's mixing values 70, attention's key counts and o rows 71), at least `bytes` long: kept between steps so a decode step
+ * mHC's mixing values 70, attention's key counts and o rows 71, its top-k work 72), at least `bytes` long: kept between steps so a decode step
  * allocates nothing; each call site has its own slot. */
 void *pd_scratch(struct pd_engine *en, int slot, size_t bytes, pd_err *e);
 

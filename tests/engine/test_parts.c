@@ -217,14 +217,56 @@ Test(parts, indexer_topk)
 {
     float s[10] = {0.5f, 3, -1, 3, 7, 0, 2, 7, 1, 3};
     int sel[10];
-    int n = pd_topk(s, 10, 4, sel);
+    uint64_t work[10];
+    int n = pd_topk(s, 10, 4, sel, work);
     cr_assert_eq(n, 4);
     /* the best four: 7 (4), 7 (7), then two of the 3s: the lower indices 1 and 3 */
     int want[4] = {1, 3, 4, 7};
     for (int i = 0; i < 4; i++)
         cr_assert_eq(sel[i], want[i]);
-    cr_assert_eq(pd_topk(s, 3, 8, sel), 3);
+    cr_assert_eq(pd_topk(s, 3, 8, sel, work), 3);
     cr_assert(sel[0] == 0 && sel[1] == 1 && sel[2] == 2);
+}
+
+/* pd_topk against the definition: k times the best remaining score (ties to the lower index, -0.0
+ * equal to +0.0, NaN below every number), then the chosen indices sorted; on scores drawn from a
+ * few values (many ties), signed zeros, infinities and NaN, at sizes that cross the radix passes'
+ * buckets, every k. */
+static int ranks_above(float a, int ia, float b, int ib)
+{
+    if (a != a || b != b)
+        return a == a || (b != b && ia < ib);
+    return a > b || (a == b && ia < ib);
+}
+
+Test(parts, indexer_topk_matches_definition)
+{
+    static const float pool[] = {0.0f, -0.0f, 1.0f, -1.0f, 2.5f, 1e-30f, -1e-30f, 3e38f, INFINITY, -INFINITY, NAN};
+    unsigned seed = 7;
+    for (int round = 0; round < 300; round++) {
+        const int n = 1 + (int)((seed = seed * 1103515245u + 12345u) >> 16) % 700;
+        float s[700];
+        for (int v = 0; v < n; v++) {
+            seed = seed * 1103515245u + 12345u;
+            s[v] = round % 3 == 0 ? pool[(seed >> 16) % 11] : (float)((int)((seed >> 16) % 2001) - 1000) / 64.0f;
+        }
+        const int k = 1 + (int)((seed >> 8) % (unsigned)(n + 2));
+        int want[700], got[700], taken[700] = {0}, nw = 0;
+        uint64_t work[700];
+        for (; nw < k && nw < n; nw++) {
+            int best = -1;
+            for (int v = 0; v < n; v++)
+                if (!taken[v] && (best < 0 || ranks_above(s[v], v, s[best], best)))
+                    best = v;
+            taken[best] = 1;
+        }
+        for (int v = 0, c = 0; v < n; v++)
+            if (taken[v])
+                want[c++] = v;
+        cr_assert_eq(pd_topk(s, n, k, got, work), nw, "round %d: n %d k %d", round, n, k);
+        for (int i = 0; i < nw; i++)
+            cr_assert_eq(got[i], want[i], "round %d: n %d k %d, choice %d", round, n, k, i);
+    }
 }
 
 /* The router's choice as first written: every score exact, k passes over all experts. */
