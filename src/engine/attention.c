@@ -42,6 +42,7 @@ struct attn_bufs {
     float *strip;                  /* [chunk + items * (window - 1), head_dim] a prefill chunk's window keys,
                                       each item's positions in order, shared by its tokens */
     int *wrow, *nw;                /* [chunk] a token's first row in strip, its window keys there */
+    int *xblock;                   /* [2 * chunk] a prefill chunk's indexer blocks: first token, end */
 };
 
 /* Token c's scratch in a chunk of attn_bufs (kmax keys, ient indexer floats a token): its keys, its
@@ -149,30 +150,39 @@ static int compress_save(struct pd_kvundo *u, const struct pd_compressor_w *c, f
 /* Indexer: score(entry) = sum_h relu(q_h . k_entry) * w_h * index_head_dim^-1/2 *
  * index_n_heads^-1/2 (the official weight scale: it leaves the order, and so the choice, as it
  * was, but keeps the scores' magnitude); the top-k entries, ties to the lower index, in sel.
+ * indexer_reduce gives scores [x0, x1) from the products q_h . k_entry at dot [h * ldd + entry].
  * indexer_scores gives the scores of entries [x0, x1) of n: their keys widened to fp32 into
  * rows x0.. of tmp [n, index_head_dim], every q_h . k_entry one tiled product into columns x0..
  * of dot [index_n_heads, n] (each the bits pd_dot gives it, however the entries are cut), then
  * score [x0, x1). Each entry's score depends on that entry only, so blocks of entries may run
- * on any thread (a decode step's tokens: index_task). */
-static void indexer_scores(const struct pd_model *m, const struct pd_kvpool *kvp, const struct pd_kvseq *s, int layer,
-                           int x0, int x1, int n, const float *iq, const float *iw, float *tmp, float *dot, float *score)
+ * on any thread (a decode step's tokens: index_task); and the products of several tokens' heads
+ * against the same keys may be one tiled product (a prefill chunk's tokens: ixblock_task). */
+static void indexer_reduce(const struct pd_model *m, const float *iw, const float *dot, size_t ldd, int x0, int x1,
+                           float *score)
 {
-    const int ih = m->index_n_heads, id = m->index_head_dim;
+    const int ih = m->index_n_heads;
     float w[256];
     const float wscale = pd_indexer_weight_scale(m);
     for (int h = 0; h < ih; h++)
         w[h] = iw[h] * wscale;
-    for (int x = x0; x < x1; x++)
-        pd_kv_get_key(kvp, tmp + (size_t)x * id, pd_kv_key(kvp, s, layer, x));
-    pd_dot_gemm(tmp + (size_t)x0 * id, (size_t)id, x1 - x0, iq, (size_t)id, ih, id, dot + x0, (size_t)n);
     for (int x = x0; x < x1; x++) {
         double sc = 0;
         for (int h = 0; h < ih; h++) {
-            float d = dot[(size_t)h * n + x];
+            float d = dot[(size_t)h * ldd + x];
             sc += (d > 0 ? d : 0) * w[h];
         }
         score[x] = (float)sc;
     }
+}
+
+static void indexer_scores(const struct pd_model *m, const struct pd_kvpool *kvp, const struct pd_kvseq *s, int layer,
+                           int x0, int x1, int n, const float *iq, const float *iw, float *tmp, float *dot, float *score)
+{
+    const int ih = m->index_n_heads, id = m->index_head_dim;
+    for (int x = x0; x < x1; x++)
+        pd_kv_get_key(kvp, tmp + (size_t)x * id, pd_kv_key(kvp, s, layer, x));
+    pd_dot_gemm(tmp + (size_t)x0 * id, (size_t)id, x1 - x0, iq, (size_t)id, ih, id, dot + x0, (size_t)n);
+    indexer_reduce(m, iw, dot, (size_t)n, x0, x1, score);
 }
 
 static int indexer_select(const struct pd_model *m, const struct pd_kvpool *kvp, const struct pd_kvseq *s, int layer,
@@ -379,6 +389,7 @@ struct heads_job {
                            (window keys in b->strip, entries in keys) */
     int layer;
     int ient;           /* the indexer's scratch per token: index_n_heads * entries floats */
+    int scored;         /* the indexer's scores of the chunk's tokens are in their scratch (ixblock_task) */
 };
 
 static void heads_task(void *arg, int task)
@@ -396,7 +407,7 @@ static void heads_task(void *arg, int task)
     if (!j->per_head) {
         win = j->b->strip + (size_t)j->b->wrow[c] * hd;
         nw = j->b->nw[c];
-        ne = attend_entries(j->st, j->layer, t, j->b, ent, 0, &ts, 0);
+        ne = attend_entries(j->st, j->layer, t, j->b, ent, 0, &ts, j->scored);
     }
     const int nk = nw + ne;
     const float *cs = (j->L->ratio ? j->st->cs_compress : j->st->cs_window) + (size_t)t * rd;
@@ -509,6 +520,67 @@ static void index_task(void *arg, int task)
                    ts.keys + (size_t)j->b->nk[c] * m->head_dim, ts.iscore, ts.scores);
 }
 
+/* The indexer's scores of a prefill chunk's tokens, by blocks of consecutive tokens of one item
+ * (task i: chunk tokens [xblock[2i], xblock[2i + 1])): the entries the block's last
+ * token sees widened once into its first token's keys scratch, every head of every token of the
+ * block against them in one tiled product into each token's iscore [index_n_heads, ments] (the
+ * bits pd_dot gives each pair, as a token alone gets them), then each token's scores over its
+ * own entries. A token's entries read once per block instead of once per token, and the keys
+ * stay in cache across its tokens' heads. Only tokens with more entries than the top-k are in a
+ * block (the others take every entry). */
+enum { IXBLOCK_TOKENS = 8 };
+
+struct ixblock_job {
+    struct pd_step *st;
+    const struct attn_bufs *b;
+    int layer, t0, kmax, ient;
+};
+
+static void ixblock_task(void *arg, int task)
+{
+    const struct ixblock_job *j = arg;
+    const struct pd_model *m = &j->st->en->model;
+    const struct pd_kvpool *kvp = &j->st->en->kv;
+    const int c0 = j->b->xblock[2 * task], c1 = j->b->xblock[2 * task + 1], t0 = j->t0 + c0;
+    const int ih = m->index_n_heads, id = m->index_head_dim, r = 4;
+    const struct pd_kvseq *kv = &j->st->items[j->st->item_of[t0]].seq->kv;
+    const int n = (int)((j->st->pos[j->t0 + c1 - 1] + 1) / r);
+    const struct tok_scratch first = tok_scratch(j->b, m, c0, j->kmax, j->ient);
+    float *tmp = first.keys;   /* kmax rows of head_dim >= entries rows of index_head_dim */
+    for (int x = 0; x < n; x++)
+        pd_kv_get_key(kvp, tmp + (size_t)x * id, pd_kv_key(kvp, kv, j->layer, x));
+    pd_dot_gemm(tmp, (size_t)id, n, j->b->iq + (size_t)t0 * ih * id, (size_t)id, (c1 - c0) * ih, id, first.iscore,
+                (size_t)j->b->ments);
+    for (int c = c0; c < c1; c++) {
+        const int t = j->t0 + c;
+        const struct tok_scratch ts = tok_scratch(j->b, m, c, j->kmax, j->ient);
+        indexer_reduce(m, j->b->iw + (size_t)t * ih, ts.iscore, (size_t)j->b->ments, 0, (int)((j->st->pos[t] + 1) / r),
+                       ts.scores);
+    }
+}
+
+/* Cuts chunk tokens [t0, t0 + n) into ixblock_task's blocks: runs of tokens of one item whose
+ * entries pass the top-k, at most IXBLOCK_TOKENS each and, to spread them over the pool's
+ * threads, at most a thread's share of such tokens. Returns the block count (xblock filled). */
+static int ixblock_cut(const struct pd_step *st, const struct pd_model *m, int t0, int n, int threads, int *xblock)
+{
+    int scored = 0, blocks = 0;
+    for (int c = 0; c < n; c++)
+        scored += (st->pos[t0 + c] + 1) / 4 > m->index_topk;
+    int cap = (scored + threads - 1) / threads;
+    cap = cap < 1 ? 1 : cap > IXBLOCK_TOKENS ? IXBLOCK_TOKENS : cap;
+    for (int c = 0; c < n; c++) {
+        const int t = t0 + c;
+        if ((st->pos[t] + 1) / 4 <= m->index_topk)
+            continue;
+        if (blocks == 0 || xblock[2 * blocks - 1] != c || c - xblock[2 * blocks - 2] == cap ||
+            st->item_of[t] != st->item_of[t - 1])
+            xblock[2 * blocks++] = c;
+        xblock[2 * blocks - 1] = c + 1;
+    }
+    return blocks;
+}
+
 #define LIN(l, in, T, out) \
     do { if ((rc = pd_linear_fwd(l, en->pool, en->ref, in, T, out, st->qbuf, st->sbuf, e))) goto done; } while (0)
 
@@ -544,7 +616,7 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         !(b.ogo = pd_scratch(en, 17, (size_t)og * T * ol * 4, e)) ||
         !(b.keys = pd_scratch(en, 18, ((size_t)chunk * kmax + strip_rows) * hd * 4, e)) ||
         !(b.scores = pd_scratch(en, 19, (size_t)chunk * nh * kmax * 4, e)) ||
-        !(b.nk = pd_scratch(en, 71, ((size_t)3 * T + (size_t)og * T) * 4, e)) ||
+        !(b.nk = pd_scratch(en, 71, ((size_t)5 * T + (size_t)og * T) * 4, e)) ||
         !(b.iscore = pd_scratch(en, 20, (size_t)chunk * ient * 4, e)) ||
         !(b.sel = pd_scratch(en, 21, (size_t)chunk * (m->index_topk > 0 ? m->index_topk : 1) * 4, e)) ||
         !(b.rank = pd_scratch(en, 72, (size_t)chunk * max_entries * 8, e)) ||
@@ -557,6 +629,7 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
     b.orow = b.nk + T;
     b.wrow = b.orow + (size_t)og * T;
     b.nw = b.wrow + T;
+    b.xblock = b.nw + T;
     b.strip = b.keys + (size_t)chunk * kmax * hd;
     /* every projection of the sublayer input x in one product (the kernel streams from one
      * matrix into the next), then those of q_lora's qr in another */
@@ -615,7 +688,12 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
             }
         }
         struct heads_job hj = {.st = st, .L = L, .b = &b, .t0 = t0, .nk = b.nk,
-                               .kmax = (int)kmax, .per_head = per_head, .layer = layer, .ient = ient};
+                               .kmax = (int)kmax, .per_head = per_head, .layer = layer, .ient = ient,
+                               .scored = !per_head && r == 4};
+        if (hj.scored) {
+            struct ixblock_job xj = {.st = st, .b = &b, .layer = layer, .t0 = t0, .kmax = (int)kmax, .ient = ient};
+            pd_pool_run(en->pool, ixblock_cut(st, m, t0, n, pd_pool_nthreads(en->pool), b.xblock), ixblock_task, &xj);
+        }
         int64_t macs = 0;   /* a decode chunk's heads: scores and values, each nk x head_dim per head */
         if (hj.per_head) {
             struct index_job ij = {.st = st, .b = &b, .layer = layer, .t0 = t0, .kmax = (int)kmax, .ient = ient};

@@ -91,6 +91,46 @@ Test(engine, prefill_equals_decode)
     pd_engine_close(&en);
 }
 
+/* Prompts prefilled together give each position the logits it gets prefilled alone, bit for bit:
+ * three items of different lengths in one step, so a chunk holds tokens of several sequences,
+ * some past the indexer's top-k (whose scores are computed by blocks of a sequence's tokens) with
+ * tokens that are not between them. */
+Test(engine, batched_prefill_equals_each_alone)
+{
+    struct pd_engine en;
+    open_engine(&en, 2, 0);
+    const int V = (int)en.model.vocab_size, lens[3] = {45, 23, 38};
+    int32_t p[3][45];
+    float *alone = malloc((size_t)45 * V * 4), *together = malloc((size_t)(45 + 23 + 38) * V * 4);
+    struct pd_seq s[3];
+    struct pd_step_item it[3];
+    pd_err e = {0};
+    size_t off = 0;
+    for (int i = 0; i < 3; i++) {
+        prompt(p[i], lens[i], 20 + i);
+        cr_assert_eq(pd_seq_start(&en, &s[i], &e), 0);
+        it[i] = (struct pd_step_item){.seq = &s[i], .tokens = p[i], .n = lens[i], .all_logits = together + off};
+        off += (size_t)lens[i] * V;
+    }
+    cr_assert_eq(pd_engine_step(&en, it, 3, &e), 0, "%s", e.msg);
+    off = 0;
+    for (int i = 0; i < 3; i++) {
+        struct pd_seq one;
+        cr_assert_eq(pd_seq_start(&en, &one, &e), 0);
+        struct pd_step_item single = {.seq = &one, .tokens = p[i], .n = lens[i], .all_logits = alone};
+        cr_assert_eq(pd_engine_step(&en, &single, 1, &e), 0, "%s", e.msg);
+        for (int k = 0; k < lens[i]; k++)
+            cr_assert_eq(memcmp(alone + (size_t)k * V, together + off + (size_t)k * V, (size_t)V * 4), 0,
+                         "prompt %d position %d differs", i, k);
+        off += (size_t)lens[i] * V;
+        pd_seq_end(&en, &one);
+        pd_seq_end(&en, &s[i]);
+    }
+    free(alone);
+    free(together);
+    pd_engine_close(&en);
+}
+
 Test(engine, causality)
 {
     struct pd_engine en;
