@@ -2,13 +2,15 @@
  *
  * dot_avx512's rounding, which each output here repeats exactly: with the row cut into 16-value
  * blocks b = 0 .. n/16 - 1, chain s0 accumulates the even blocks and s1 the odd ones, each by
- * fused multiply-adds in increasing b; then v = s0 + s1 (lane by lane) and
- *   dot = ((((0 + v[0]) + v[1]) + v[2]) ... + v[15]),
- * the 16 lanes added one after another. A tile of 4 w rows x 4 x rows runs the even blocks (16
- * chains in registers), then the odd ones, so each chain sees its blocks in dot_avx512's order.
- * The 16 lane sums of a tile's 16 outputs are done together: their v vectors transposed (lane k
- * of every output in one vector), then added in k order, the same additions in the same order as
- * dot_avx512's scalar loop. Rows of w are taken in blocks of about 24 KiB, so a block and the 4
+ * fused multiply-adds in increasing b; then v = s0 + s1 (lane by lane) and its 16 lanes summed
+ * as a tree (vec.c's lane_sum: a_k = v[k] + v[k + 8], b_k = a_k + a_{k + 4}, c_k = b_k + b_{k + 2},
+ * dot = c_0 + c_1). A tile of 4 w rows x 4 x rows runs the even blocks (16 chains in registers),
+ * then the odd ones, so each chain sees its blocks in dot_avx512's order. The lane sums of a
+ * tile's 16 outputs are done together, the same pairs added stage by stage across vectors
+ * (lane_sums16). Until December 2026 the lanes were added one after another, the 16 outputs
+ * transposed first: 64 shuffles and a chain of 16 dependent additions a tile, which at a head's
+ * 128 values took as long as the products (v4-flash-mini attention scores 74-76 GFLOPS on one
+ * core of a Xeon with AMX; fp32 peak 247). Rows of w are taken in blocks of about 24 KiB, so a block and the 4
  * x rows of the current tile stay in L1 while every tile of x passes over it, and the next block
  * is prefetched into L2 meanwhile, a few lines before each tile (from memory, a 64 MiB matrix of
  * 512-value rows times 16 tokens, 1 thread: bf16 38-42 GFLOPS widened into a buffer first, 55-60
@@ -23,39 +25,31 @@
 #define AVX512 __attribute__((target("avx512f")))
 #define INLINE static inline __attribute__((always_inline))
 
-/* The 16 x 16 transpose: c[k] lane j = r[j] lane k. */
-INLINE AVX512 void transpose16(const __m512 *r, __m512 *c)
+/* The lanes of 16 vectors summed as vec.c's lane_sum sums one vector's (lane k plus k + 8, then
+ * k plus k + 4, k plus k + 2, 0 plus 1), all 16 at once: each stage pairs two vectors' halves
+ * into one vector of sums, 30 shuffles and 15 additions in all, none waiting on a long chain.
+ * Lane 4g + m of the result is the sum of r[4m + g]. */
+INLINE AVX512 __m512 lane_sums16(const __m512 *r)
 {
-    __m512 t[16], u[16], v[16];
-    #pragma GCC unroll 16
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);      /* per 128 bits: a0 b0 a1 b1 */
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);  /* a2 b2 a3 b3 */
-    }
-    /* u[4g + c], 128-bit lane L: rows 4g .. 4g+3 at column 4L + c */
-    #pragma GCC unroll 16
-    for (int g = 0; g < 4; g++) {
-        __m512 *tg = t + 4 * g;
-        u[4 * g] = _mm512_shuffle_ps(tg[0], tg[2], _MM_SHUFFLE(1, 0, 1, 0));
-        u[4 * g + 1] = _mm512_shuffle_ps(tg[0], tg[2], _MM_SHUFFLE(3, 2, 3, 2));
-        u[4 * g + 2] = _mm512_shuffle_ps(tg[1], tg[3], _MM_SHUFFLE(1, 0, 1, 0));
-        u[4 * g + 3] = _mm512_shuffle_ps(tg[1], tg[3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    /* v[2c + h] (h = 0, 1) and v[8 + 2c + h]: rows 0-7 and 8-15, columns c + 4h and c + 4h + 8 */
-    #pragma GCC unroll 16
-    for (int c4 = 0; c4 < 4; c4++) {
-        v[2 * c4] = _mm512_shuffle_f32x4(u[c4], u[4 + c4], 0x88);
-        v[2 * c4 + 1] = _mm512_shuffle_f32x4(u[c4], u[4 + c4], 0xdd);
-        v[8 + 2 * c4] = _mm512_shuffle_f32x4(u[8 + c4], u[12 + c4], 0x88);
-        v[8 + 2 * c4 + 1] = _mm512_shuffle_f32x4(u[8 + c4], u[12 + c4], 0xdd);
-    }
-    #pragma GCC unroll 16
-    for (int c4 = 0; c4 < 4; c4++)
-        #pragma GCC unroll 16
-        for (int h = 0; h < 2; h++) {
-            c[c4 + 4 * h] = _mm512_shuffle_f32x4(v[2 * c4 + h], v[8 + 2 * c4 + h], 0x88);
-            c[c4 + 4 * h + 8] = _mm512_shuffle_f32x4(v[2 * c4 + h], v[8 + 2 * c4 + h], 0xdd);
-        }
+    __m512 a[8], b[4], c[2];
+    /* a[m]: lanes 0-7 r[2m]'s k + (k + 8), lanes 8-15 r[2m + 1]'s */
+    #pragma GCC unroll 8
+    for (int m = 0; m < 8; m++)
+        a[m] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * m], r[2 * m + 1], 0x44),
+                             _mm512_shuffle_f32x4(r[2 * m], r[2 * m + 1], 0xee));
+    /* b[p]: 128-bit lane g r[4p + g]'s k + (k + 4), k < 4 */
+    #pragma GCC unroll 4
+    for (int p = 0; p < 4; p++)
+        b[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x88),
+                             _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xdd));
+    /* c[q]: 128-bit lane g r[8q + g]'s k + (k + 2) at lanes 0, 1, r[8q + 4 + g]'s at 2, 3 */
+    #pragma GCC unroll 2
+    for (int q = 0; q < 2; q++)
+        c[q] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * q], b[2 * q + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(b[2 * q], b[2 * q + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* 128-bit lane g: r[g], r[4 + g], r[8 + g], r[12 + g], each 0 + 1 */
+    return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
 /* 16 values of w row p from value i: fp32, or bf16 widened in registers (exact: a bf16 value is
@@ -101,7 +95,7 @@ INLINE AVX512 void tile(const void *w, int bf16, size_t ldw, int rows, const flo
         xr[i] = x + (size_t)(t0 + i < T ? t0 + i : T - 1) * ldx;
     }
     const int nb = n / 16;
-    __m512 s0[16], s1[16], c[16];
+    __m512 s0[16], s1[16];
     #pragma GCC unroll 16
     for (int k = 0; k < 16; k++)
         s0[k] = s1[k] = _mm512_setzero_ps();
@@ -111,16 +105,20 @@ INLINE AVX512 void tile(const void *w, int bf16, size_t ldw, int rows, const flo
     #pragma GCC unroll 16
     for (int k = 0; k < 16; k++)
         s0[k] = _mm512_add_ps(s0[k], s1[k]);
-    transpose16(s0, c);
-    __m512 sum = _mm512_setzero_ps();
-    #pragma GCC unroll 16
-    for (int k = 0; k < 16; k++)
-        sum = _mm512_add_ps(sum, c[k]);
+    /* lanes 4j .. 4j + 3: x row t0 + j's outputs (acc[4i + j]) of w rows r0 .. r0 + 3, stored 4 at a time */
+    const __m512 sum = lane_sums16(s0);
+    if (r0 + 4 <= rows && t0 + 4 <= T) {
+        _mm_storeu_ps(y + (size_t)t0 * ldy + r0, _mm512_extractf32x4_ps(sum, 0));
+        _mm_storeu_ps(y + (size_t)(t0 + 1) * ldy + r0, _mm512_extractf32x4_ps(sum, 1));
+        _mm_storeu_ps(y + (size_t)(t0 + 2) * ldy + r0, _mm512_extractf32x4_ps(sum, 2));
+        _mm_storeu_ps(y + (size_t)(t0 + 3) * ldy + r0, _mm512_extractf32x4_ps(sum, 3));
+        return;
+    }
     float out[16];
     _mm512_storeu_ps(out, sum);
-    for (int i = 0; i < 4 && r0 + i < rows; i++)
-        for (int j = 0; j < 4 && t0 + j < T; j++)
-            y[(size_t)(t0 + j) * ldy + r0 + i] = out[4 * i + j];
+    for (int j = 0; j < 4 && t0 + j < T; j++)
+        for (int i = 0; i < 4 && r0 + i < rows; i++)
+            y[(size_t)(t0 + j) * ldy + r0 + i] = out[4 * j + i];
 }
 
 AVX512 static void tile_f32(const float *w, size_t ldw, int rows, const float *x, size_t ldx, int T, int n, float *y,

@@ -32,15 +32,22 @@ void pd_axpy_ref(float a, const float *x, float *y, int n)
 #define AVX512 __attribute__((target("avx512f")))
 #define INLINE static inline __attribute__((always_inline))
 
-/* The end of an AVX-512 dot product: the two chains added, their 16 lanes summed in order, the
+/* The 16 lanes of v summed as a tree: lane k plus lane k + 8 (k < 8), then those k plus k + 4,
+ * k plus k + 2, then 0 plus 1. dot_gemm.c's tiles add the lanes of 16 products in these pairs. */
+INLINE AVX512 float lane_sum(__m512 v)
+{
+    const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
+}
+
+/* The end of an AVX-512 dot product: the two chains added, their 16 lanes summed (lane_sum), the
  * scalar tail from i. One function for dot_avx512 and dot_rows_avx512, so both round alike. */
 INLINE AVX512 float dot_finish(__m512 s0, __m512 s1, const float *a, const float *b, int i, int n)
 {
-    float l[16];
-    _mm512_storeu_ps(l, _mm512_add_ps(s0, s1));
-    float t = 0;
-    for (int k = 0; k < 16; k++)
-        t += l[k];
+    float t = lane_sum(_mm512_add_ps(s0, s1));
     for (; i < n; i++)
         t += a[i] * b[i];
     return t;

@@ -114,3 +114,34 @@ Test(dot_gemm, axpy_heads_same_bits_as_axpy_rows)
                 free(x), free(w), free(y), free(ref);
             }
 }
+
+/* The AVX-512 pd_dot sums its 16 lanes as a tree (lane k plus k + 8, then k plus k + 4, k plus
+ * k + 2, 0 plus 1), which pd_dot_gemm's tiles repeat for 16 products at once: on 16 values whose
+ * sum depends on the order (the same values summed one after another give another float). */
+Test(dot_gemm, avx512_dot_sums_its_lanes_as_a_tree)
+{
+    if (!__builtin_cpu_supports("avx512f"))
+        cr_skip_test("no AVX-512 on this CPU: pd_dot is the AVX2 or portable version");
+    /* tree: 2^24 - 2^24 and seven 2s, 14; one after another the first seven 1s vanish into 2^24, 7 */
+    const float v[16] = {16777216.0f, 1, 1, 1, 1, 1, 1, 1, -16777216.0f, 1, 1, 1, 1, 1, 1, 1};
+    const float ones[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    float a[8], b[4], c[2], seq = 0;
+    for (int k = 0; k < 8; k++)
+        a[k] = v[k] + v[k + 8];
+    for (int k = 0; k < 4; k++)
+        b[k] = a[k] + a[k + 4];
+    for (int k = 0; k < 2; k++)
+        c[k] = b[k] + b[k + 2];
+    const float tree = c[0] + c[1];
+    for (int k = 0; k < 16; k++)
+        seq += v[k];
+    cr_assert_neq(tree, seq, "the values must tell the two orders apart");
+    cr_assert_eq(pd_dot(v, ones, 16), tree);
+    float y[4];
+    float x[4][16];
+    for (int t = 0; t < 4; t++)
+        memcpy(x[t], v, sizeof v);
+    pd_dot_gemm(ones, 16, 1, &x[0][0], 16, 4, 16, y, 1);
+    for (int t = 0; t < 4; t++)
+        cr_assert_eq(y[t], tree);
+}
