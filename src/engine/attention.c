@@ -37,12 +37,16 @@ struct attn_bufs {
     int *sel;                      /* [chunk, index_topk] selected entries */
     uint64_t *rank;                /* [chunk, entries] pd_topk's work */
     int ments;                     /* compressed entries a token of the step may see, at most */
-    int *nk;                       /* [T] keys of each prepared token */
     int32_t *orow;                 /* [o_groups * T] group g's rows of o viewed as [T * o_groups, gin] */
-    float *strip;                  /* [chunk + items * (window - 1), head_dim] a prefill chunk's window keys,
-                                      each item's positions in order, shared by its tokens */
-    int *wrow, *nw;                /* [chunk] a token's first row in strip, its window keys there */
     int *xblock;                   /* [2 * chunk] a prefill chunk's indexer blocks: first token, end */
+    struct chunk_set {             /* what preparing a chunk writes (prepare_chunk), twice: a prefill
+                                      prepares the next chunk while this one's heads run */
+        int *nk;                   /* [chunk] keys of each prepared token (window keys where the
+                                      token's keys are its own, decode) */
+        float *strip;              /* [chunk + items * (window - 1), head_dim] a prefill chunk's window
+                                      keys, each item's positions in order, shared by its tokens */
+        int *wrow, *nw;            /* [chunk] a token's first row in strip, its window keys there */
+    } set[2];
 };
 
 /* Token c's scratch in a chunk of attn_bufs (kmax keys, ient indexer floats a token): its keys, its
@@ -383,10 +387,10 @@ struct heads_job {
     const struct pd_layer_w *L;
     const struct attn_bufs *b;
     int t0;             /* the chunk's first token */
-    const int *nk;      /* [chunk] keys of each token */
+    const struct chunk_set *cs;   /* the chunk's prepared keys */
     int kmax;           /* keys a token's scratch holds (tok_scratch) */
     int per_head;       /* tasks are (token, head) pairs (window and entries in keys), else tokens
-                           (window keys in b->strip, entries in keys) */
+                           (window keys in cs->strip, entries in keys) */
     int layer;
     int ient;           /* the indexer's scratch per token: index_n_heads * entries floats */
     int scored;         /* the indexer's scores of the chunk's tokens are in their scratch (ixblock_task) */
@@ -403,10 +407,10 @@ static void heads_task(void *arg, int task)
     const struct tok_scratch ts = tok_scratch(j->b, m, c, j->kmax, j->ient);
     float *ent = ts.keys;
     const float *win = ent;
-    int nw = j->nk[c], ne = 0;
+    int nw = j->cs->nk[c], ne = 0;
     if (!j->per_head) {
-        win = j->b->strip + (size_t)j->b->wrow[c] * hd;
-        nw = j->b->nw[c];
+        win = j->cs->strip + (size_t)j->cs->wrow[c] * hd;
+        nw = j->cs->nw[c];
         ne = attend_entries(j->st, j->layer, t, j->b, ent, 0, &ts, j->scored);
     }
     const int nk = nw + ne;
@@ -498,6 +502,7 @@ enum { INDEX_TASK_MACS = 1 << 15 };
 struct index_job {
     struct pd_step *st;
     const struct attn_bufs *b;
+    const struct chunk_set *cs;
     int layer, t0, kmax, ient;
     int block;            /* entries per task */
     int first[9];         /* [chunk + 1]: a chunk whose heads are tasks has fewer than 8 tokens */
@@ -517,7 +522,7 @@ static void index_task(void *arg, int task)
     const struct tok_scratch ts = tok_scratch(j->b, m, c, j->kmax, j->ient);
     indexer_scores(m, &j->st->en->kv, &j->st->items[j->st->item_of[t]].seq->kv, j->layer, x0, x1, n,
                    j->b->iq + (size_t)t * ih * id, j->b->iw + (size_t)t * ih,
-                   ts.keys + (size_t)j->b->nk[c] * m->head_dim, ts.iscore, ts.scores);
+                   ts.keys + (size_t)j->cs->nk[c] * m->head_dim, ts.iscore, ts.scores);
 }
 
 /* The indexer's scores of a prefill chunk's tokens, by blocks of consecutive tokens of one item
@@ -581,6 +586,68 @@ static int ixblock_cut(const struct pd_step *st, const struct pd_model *m, int t
     return blocks;
 }
 
+/* A chunk of fewer tokens has a task per (token, head) and its keys in each token's scratch (decode);
+ * from this many, a task per token and its window keys in a strip (prefill). */
+enum { PER_TOKEN_CHUNK = 8 };
+
+/* Prepares chunk tokens [t0, t0 + n) in position order (attend_prepare) into cs: a prefill
+ * chunk's window keys go to one strip per item: the positions before the item's first token in
+ * the chunk (read before that token overwrites the ring), then each token's own entry as it is
+ * written; a token's window is a run of that strip. A decode chunk's tokens get their whole
+ * window in their own keys scratch. Writes the sequence's cache, so chunks are prepared in
+ * order; it may run beside the heads of the chunk before, which read only that chunk's strip
+ * and the compressed entries its tokens see (written before, never changed). */
+static int prepare_chunk(struct pd_step *st, int layer, struct attn_bufs *b, struct chunk_set *cs, int t0, int n,
+                         int kmax, pd_err *e)
+{
+    const struct pd_model *m = &st->en->model;
+    const int hd = m->head_dim, W = m->sliding_window, per_head = n < PER_TOKEN_CHUNK;
+    int srow = 0, seg_row = 0, rc;
+    int64_t seg_pos = 0;
+    for (int c = 0; c < n; c++) {
+        const int t = t0 + c;
+        const int64_t pos = st->pos[t], first = pos - W + 1 < 0 ? 0 : pos - W + 1;
+        if (!per_head && (c == 0 || st->item_of[t] != st->item_of[t - 1])) {
+            seg_row = srow;
+            seg_pos = first;
+            srow += copy_window(&st->en->kv, &st->items[st->item_of[t]].seq->kv, layer, W, hd, first, pos - 1,
+                                cs->strip + (size_t)srow * hd);
+        }
+        if ((rc = attend_prepare(st, layer, t, b, per_head ? b->keys + (size_t)c * kmax * hd : cs->strip + (size_t)srow * hd,
+                                 per_head, &cs->nk[c], e)))
+            return rc;
+        if (!per_head) {
+            srow += cs->nk[c];
+            cs->wrow[c] = seg_row + (int)(first - seg_pos);
+            cs->nw[c] = (int)(pos - first + 1);
+            assert(cs->wrow[c] + cs->nw[c] == srow);
+        }
+    }
+    return 0;
+}
+
+/* A prefill chunk's heads (tasks 1 .. n, heads_task's 0 .. n - 1) and the preparing of the next
+ * chunk (task 0) in one pool run: the next chunk's cache writes, one token after another, ran on
+ * the caller alone between runs (a tenth of a 2-thread step's attention at 512 tokens) and now
+ * overlap this chunk's heads on the other threads. Its error, if any, in rc and err. */
+struct overlap_job {
+    const struct heads_job *hj;
+    struct attn_bufs *b;
+    struct chunk_set *next;
+    int t0, n, kmax;
+    int rc;
+    pd_err err;
+};
+
+static void heads_or_prepare_task(void *arg, int task)
+{
+    struct overlap_job *o = arg;
+    if (task == 0)
+        o->rc = prepare_chunk(o->hj->st, o->hj->layer, o->b, o->next, o->t0, o->n, o->kmax, &o->err);
+    else
+        heads_task((void *)o->hj, task - 1);
+}
+
 #define LIN(l, in, T, out) \
     do { if ((rc = pd_linear_fwd(l, en->pool, en->ref, in, T, out, st->qbuf, st->sbuf, e))) goto done; } while (0)
 
@@ -614,9 +681,9 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         !(b.kv = pd_scratch(en, 13, (size_t)T * hd * 4, e)) || !(b.o = pd_scratch(en, 14, (size_t)T * nh * hd * 4, e)) ||
         !(b.og = pd_scratch(en, 15, (size_t)T * gin * 4, e)) || !(b.oa = pd_scratch(en, 16, (size_t)T * og * ol * 4, e)) ||
         !(b.ogo = pd_scratch(en, 17, (size_t)og * T * ol * 4, e)) ||
-        !(b.keys = pd_scratch(en, 18, ((size_t)chunk * kmax + strip_rows) * hd * 4, e)) ||
+        !(b.keys = pd_scratch(en, 18, ((size_t)chunk * kmax + 2 * strip_rows) * hd * 4, e)) ||
         !(b.scores = pd_scratch(en, 19, (size_t)chunk * nh * kmax * 4, e)) ||
-        !(b.nk = pd_scratch(en, 71, ((size_t)5 * T + (size_t)og * T) * 4, e)) ||
+        !(b.orow = pd_scratch(en, 71, ((size_t)8 * T + (size_t)og * T) * 4, e)) ||
         !(b.iscore = pd_scratch(en, 20, (size_t)chunk * ient * 4, e)) ||
         !(b.sel = pd_scratch(en, 21, (size_t)chunk * (m->index_topk > 0 ? m->index_topk : 1) * 4, e)) ||
         !(b.rank = pd_scratch(en, 72, (size_t)chunk * max_entries * 8, e)) ||
@@ -626,11 +693,12 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         !(b.iw = pd_scratch(en, 27, (size_t)T * (r == 4 ? ih : 1) * 4, e)))
         goto done;
     b.ments = (int)max_entries;
-    b.orow = b.nk + T;
-    b.wrow = b.orow + (size_t)og * T;
-    b.nw = b.wrow + T;
-    b.xblock = b.nw + T;
-    b.strip = b.keys + (size_t)chunk * kmax * hd;
+    b.xblock = b.orow + (size_t)og * T;
+    for (int i = 0; i < 2; i++)
+        b.set[i] = (struct chunk_set){.nk = b.xblock + (size_t)(2 + 3 * i) * T,
+                                      .wrow = b.xblock + (size_t)(3 + 3 * i) * T,
+                                      .nw = b.xblock + (size_t)(4 + 3 * i) * T,
+                                      .strip = b.keys + ((size_t)chunk * kmax + i * strip_rows) * hd};
     /* every projection of the sublayer input x in one product (the kernel streams from one
      * matrix into the next), then those of q_lora's qr in another */
     const struct pd_linear *lx[7] = {&L->wq_a, &L->wkv, &L->cmp.wkv, &L->cmp.wgate, &L->idx_weights,
@@ -656,38 +724,20 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         pd_rope_apply_cs(cs + (size_t)t * rd, rd, kv + hd - rd, 0);
     }
     /* tokens are in item order and, within an item, in position order: each chunk's tokens are
-     * prepared in that order, then all their heads run over the pool */
-    for (int t0 = 0; t0 < T; t0 += chunk) {
+     * prepared in that order, then all their heads run over the pool; a prefill prepares the next
+     * chunk in a task of this chunk's heads run (prepare_chunk) */
+    int cur = 0, prepared = 0;
+    for (int t0 = 0; t0 < T; t0 += chunk, cur ^= 1) {
         int n = T - t0 < chunk ? T - t0 : chunk;
         /* a task per token from 8 tokens on (a prefill's chunk: its compressed entries and
          * indexer in the task too), so a decode step's few tokens still spread their heads over
          * the pool (entries chosen here first) */
-        const int per_head = n < 8;
-        /* a prefill chunk's window keys go to one strip per item: the positions before the
-         * item's first token in the chunk (read before that token overwrites the ring), then each
-         * token's own entry as it is written; a token's window is a run of that strip */
-        int srow = 0, seg_row = 0;
-        int64_t seg_pos = 0;
-        for (int c = 0; c < n; c++) {
-            const int t = t0 + c;
-            const int64_t pos = st->pos[t], first = pos - W + 1 < 0 ? 0 : pos - W + 1;
-            if (!per_head && (c == 0 || st->item_of[t] != st->item_of[t - 1])) {
-                seg_row = srow;
-                seg_pos = first;
-                srow += copy_window(&en->kv, &st->items[st->item_of[t]].seq->kv, layer, W, hd, first, pos - 1,
-                                    b.strip + (size_t)srow * hd);
-            }
-            if ((rc = attend_prepare(st, layer, t, &b, per_head ? b.keys + (size_t)c * kmax * hd : b.strip + (size_t)srow * hd,
-                                     per_head, &b.nk[c], e)))
-                goto done;
-            if (!per_head) {
-                srow += b.nk[c];
-                b.wrow[c] = seg_row + (int)(first - seg_pos);
-                b.nw[c] = (int)(pos - first + 1);
-                assert(b.wrow[c] + b.nw[c] == srow);
-            }
-        }
-        struct heads_job hj = {.st = st, .L = L, .b = &b, .t0 = t0, .nk = b.nk,
+        const int per_head = n < PER_TOKEN_CHUNK;
+        struct chunk_set *prep = &b.set[cur];
+        if (!prepared && (rc = prepare_chunk(st, layer, &b, prep, t0, n, (int)kmax, e)))
+            goto done;
+        prepared = 0;
+        struct heads_job hj = {.st = st, .L = L, .b = &b, .t0 = t0, .cs = prep,
                                .kmax = (int)kmax, .per_head = per_head, .layer = layer, .ient = ient,
                                .scored = !per_head && r == 4};
         if (hj.scored) {
@@ -696,7 +746,7 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         }
         int64_t macs = 0;   /* a decode chunk's heads: scores and values, each nk x head_dim per head */
         if (hj.per_head) {
-            struct index_job ij = {.st = st, .b = &b, .layer = layer, .t0 = t0, .kmax = (int)kmax, .ient = ient};
+            struct index_job ij = {.st = st, .b = &b, .cs = prep, .layer = layer, .t0 = t0, .kmax = (int)kmax, .ient = ient};
             const int per_entry = m->index_n_heads * m->index_head_dim;
             ij.block = per_entry > 0 && INDEX_TASK_MACS / per_entry > 16 ? INDEX_TASK_MACS / per_entry : 16;
             for (int c = 0; c < n; c++) {
@@ -708,12 +758,22 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
                 pd_pool_run_even(en->pool, ij.first[n], index_task, &ij);
             for (int c = 0; c < n; c++) {
                 const struct tok_scratch ts = tok_scratch(&b, m, c, (int)kmax, ient);
-                b.nk[c] = attend_entries(st, layer, t0 + c, &b, ts.keys, b.nk[c], &ts,
-                                         ij.n[c] > 0);
-                macs += 2 * (int64_t)b.nk[c] * hd * nh;
+                prep->nk[c] = attend_entries(st, layer, t0 + c, &b, ts.keys, prep->nk[c], &ts, ij.n[c] > 0);
+                macs += 2 * (int64_t)prep->nk[c] * hd * nh;
             }
         }
-        pd_pool_run(hj.per_head && macs < HEADS_POOL_MACS ? NULL : en->pool, hj.per_head ? n * nh : n, heads_task, &hj);
+        const int t1 = t0 + n, n1 = T - t1 < chunk ? T - t1 : chunk;
+        if (!per_head && n1 >= PER_TOKEN_CHUNK && pd_pool_nthreads(en->pool) > 1) {
+            struct overlap_job oj = {.hj = &hj, .b = &b, .next = &b.set[cur ^ 1], .t0 = t1, .n = n1, .kmax = (int)kmax};
+            pd_pool_run(en->pool, n + 1, heads_or_prepare_task, &oj);
+            if ((rc = oj.rc)) {
+                pd_err_set(e, rc, "%s", oj.err.msg);
+                goto done;
+            }
+            prepared = 1;
+        } else {
+            pd_pool_run(hj.per_head && macs < HEADS_POOL_MACS ? NULL : en->pool, hj.per_head ? n * nh : n, heads_task, &hj);
+        }
     }
     /* grouped low-rank output: group g maps heads [g*nh/og, (g+1)*nh/og) to o_lora values. With
      * int8 weights o [T, nh*hd] is quantised as [T*og, gin] (the rows each group reads, as when

@@ -131,6 +131,37 @@ Test(engine, batched_prefill_equals_each_alone)
     pd_engine_close(&en);
 }
 
+/* A prompt long enough for the attention to prepare and run its tokens in several chunks (v4-tiny:
+ * keys of ~4 MiB a chunk, 500 tokens of up to 134 keys of 32 floats: chunks of 244, 244 and 12),
+ * each next chunk prepared in a task beside this chunk's heads on 2 threads: every position's
+ * logits equal those of decoding the prompt token by token, bit for bit. */
+Test(engine, chunked_prefill_on_two_threads_equals_decode)
+{
+    struct pd_engine en;
+    open_engine(&en, 2, 0);
+    const int N = 500, V = (int)en.model.vocab_size;
+    int32_t *ids = malloc((size_t)N * sizeof *ids);
+    prompt(ids, N, 4);
+    float *a = malloc((size_t)N * V * 4), *b = malloc((size_t)V * 4);
+    struct pd_seq s1, s2;
+    pd_err e = {0};
+    cr_assert_eq(pd_seq_start(&en, &s1, &e), 0);
+    cr_assert_eq(pd_seq_start(&en, &s2, &e), 0);
+    struct pd_step_item it = {.seq = &s1, .tokens = ids, .n = N, .all_logits = a};
+    cr_assert_eq(pd_engine_step(&en, &it, 1, &e), 0, "%s", e.msg);
+    for (int i = 0; i < N; i++) {
+        struct pd_step_item one = {.seq = &s2, .tokens = ids + i, .n = 1, .logits = b};
+        cr_assert_eq(pd_engine_step(&en, &one, 1, &e), 0, "%s", e.msg);
+        cr_assert_eq(memcmp(a + (size_t)i * V, b, (size_t)V * 4), 0, "position %d differs", i);
+    }
+    pd_seq_end(&en, &s1);
+    pd_seq_end(&en, &s2);
+    free(ids);
+    free(a);
+    free(b);
+    pd_engine_close(&en);
+}
+
 Test(engine, causality)
 {
     struct pd_engine en;
