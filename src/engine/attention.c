@@ -34,6 +34,7 @@ struct attn_bufs {
     float *o, *og, *oa, *ogo;      /* attention output, one group's input, wo_a output, one group's output */
     float *keys;                   /* [chunk, window + entries, head_dim] keys of each token, fp32 */
     float *scores, *iscore;        /* [chunk, heads, keys], [chunk, index heads, entries] */
+    float *iscores;                /* [chunk, entries] the indexer's scores */
     int *sel;                      /* [chunk, index_topk] selected entries */
     uint64_t *rank;                /* [chunk, entries] pd_topk's work */
     int ments;                     /* compressed entries a token of the step may see, at most */
@@ -52,7 +53,7 @@ struct attn_bufs {
 /* Token c's scratch in a chunk of attn_bufs (kmax keys, ient indexer floats a token): its keys, its
  * indexer scores, its heads' scores and its selected entries. */
 struct tok_scratch {
-    float *keys, *iscore, *scores;
+    float *keys, *iscore, *scores, *iscores;
     int *sel;
     uint64_t *rank;
 };
@@ -62,6 +63,7 @@ static struct tok_scratch tok_scratch(const struct attn_bufs *b, const struct pd
     return (struct tok_scratch){.keys = b->keys + (size_t)c * kmax * m->head_dim,
                                 .iscore = b->iscore + (size_t)c * ient,
                                 .scores = b->scores + (size_t)c * m->n_heads * kmax,
+                                .iscores = b->iscores + (size_t)c * b->ments,
                                 .sel = b->sel + (size_t)c * m->index_topk,
                                 .rank = b->rank + (size_t)c * b->ments};
 }
@@ -348,7 +350,7 @@ static int attend_prepare(struct pd_step *st, int layer, int t, struct attn_bufs
  * (CSA) when there are more than k; returns the new count. Reads the cache only. Scratch: tmp
  * [entries, index_head_dim] (the token's keys after its window serve: kmax - nk >= entries rows
  * of head_dim >= index_head_dim floats), and the token's tok_scratch: iscore [index_n_heads,
- * entries] for the indexer's dot products, scores [entries] for its scores, sel [index_topk], rank
+ * entries] for the indexer's dot products, iscores [entries] for its scores, sel [index_topk], rank
  * [entries] for pd_topk. With `scored`, scores holds the indexer's scores already (index_task). */
 static int attend_entries(struct pd_step *st, int layer, int t, const struct attn_bufs *b, float *keys, int nk,
                           const struct tok_scratch *ts, int scored)
@@ -364,10 +366,10 @@ static int attend_entries(struct pd_step *st, int layer, int t, const struct att
     const int n = (int)((st->pos[t] + 1) / r);
     if (r == 4 && n > m->index_topk) {
         assert(m->index_head_dim <= hd);
-        int ns = scored ? pd_topk(ts->scores, n, m->index_topk, ts->sel, ts->rank)
+        int ns = scored ? pd_topk(ts->iscores, n, m->index_topk, ts->sel, ts->rank)
                         : indexer_select(m, kvp, kv, layer, n, b->iq + (size_t)t * m->index_n_heads * m->index_head_dim,
                                          b->iw + (size_t)t * m->index_n_heads, keys + (size_t)nk * hd, ts->iscore,
-                                         ts->scores, ts->sel, ts->rank);
+                                         ts->iscores, ts->sel, ts->rank);
         for (int i = 0; i < ns; i++)
             pd_kv_get_entry(kvp, keys + (size_t)nk++ * hd, pd_kv_entry(kvp, kv, layer, ts->sel[i]));
         return nk;
@@ -522,16 +524,16 @@ static void index_task(void *arg, int task)
     const struct tok_scratch ts = tok_scratch(j->b, m, c, j->kmax, j->ient);
     indexer_scores(m, &j->st->en->kv, &j->st->items[j->st->item_of[t]].seq->kv, j->layer, x0, x1, n,
                    j->b->iq + (size_t)t * ih * id, j->b->iw + (size_t)t * ih,
-                   ts.keys + (size_t)j->cs->nk[c] * m->head_dim, ts.iscore, ts.scores);
+                   ts.keys + (size_t)j->cs->nk[c] * m->head_dim, ts.iscore, ts.iscores);
 }
 
 /* The indexer's scores of a prefill chunk's tokens, by blocks of consecutive tokens of one item
- * (task i: chunk tokens [xblock[2i], xblock[2i + 1])): the entries the block's last
- * token sees widened once into its first token's keys scratch, every head of every token of the
- * block against them in one tiled product into each token's iscore [index_n_heads, ments] (the
- * bits pd_dot gives each pair, as a token alone gets them), then each token's scores over its
- * own entries. A token's entries read once per block instead of once per token, and the keys
- * stay in cache across its tokens' heads. Only tokens with more entries than the top-k are in a
+ * (task i: chunk tokens [xblock[2i], xblock[2i + 1])): every head of every token of the block
+ * against the keys the block's last token sees, in tiled products (a run of keys contiguous in
+ * the pool at a time) into each token's iscore [index_n_heads, ments] (the bits pd_dot gives each
+ * pair, as a token alone gets them), then each token's scores over its own entries. A token's
+ * entries read once per block instead of once per token, and the keys stay in cache across its
+ * tokens' heads. Only tokens with more entries than the top-k are in a
  * block (the others take every entry). */
 enum { IXBLOCK_TOKENS = 8 };
 
@@ -551,16 +553,31 @@ static void ixblock_task(void *arg, int task)
     const struct pd_kvseq *kv = &j->st->items[j->st->item_of[t0]].seq->kv;
     const int n = (int)((j->st->pos[j->t0 + c1 - 1] + 1) / r);
     const struct tok_scratch first = tok_scratch(j->b, m, c0, j->kmax, j->ient);
-    float *tmp = first.keys;   /* kmax rows of head_dim >= entries rows of index_head_dim */
-    for (int x = 0; x < n; x++)
-        pd_kv_get_key(kvp, tmp + (size_t)x * id, pd_kv_key(kvp, kv, j->layer, x));
-    pd_dot_gemm(tmp, (size_t)id, n, j->b->iq + (size_t)t0 * ih * id, (size_t)id, (c1 - c0) * ih, id, first.iscore,
-                (size_t)j->b->ments);
+    const float *q = j->b->iq + (size_t)t0 * ih * id;
+    /* the keys a run at a time (consecutive within a block of the pool): bf16 ones read in place,
+     * widened in registers by the product; fp8 ones decoded into tmp, 32 at a time */
+    for (int x0 = 0; x0 < n;) {
+        int run = kvp->block_keys - x0 % kvp->block_keys;
+        run = run < n - x0 ? run : n - x0;
+        if (kvp->dtype == PD_KV_BF16) {
+            assert(kvp->key_bytes == 2 * (size_t)id);
+            pd_dot_gemm_bf16(pd_kv_key(kvp, kv, j->layer, x0), (size_t)id, run, q, (size_t)id, (c1 - c0) * ih, id,
+                             first.iscore + x0, (size_t)j->b->ments);
+        } else {
+            float tmp[32 * 256];
+            run = run < 32 ? run : 32;
+            assert(id <= 256);
+            for (int x = 0; x < run; x++)
+                pd_kv_get_key(kvp, tmp + (size_t)x * id, pd_kv_key(kvp, kv, j->layer, x0 + x));
+            pd_dot_gemm(tmp, (size_t)id, run, q, (size_t)id, (c1 - c0) * ih, id, first.iscore + x0, (size_t)j->b->ments);
+        }
+        x0 += run;
+    }
     for (int c = c0; c < c1; c++) {
         const int t = j->t0 + c;
         const struct tok_scratch ts = tok_scratch(j->b, m, c, j->kmax, j->ient);
         indexer_reduce(m, j->b->iw + (size_t)t * ih, ts.iscore, (size_t)j->b->ments, 0, (int)((j->st->pos[t] + 1) / r),
-                       ts.scores);
+                       ts.iscores);
     }
 }
 
@@ -589,6 +606,13 @@ static int ixblock_cut(const struct pd_step *st, const struct pd_model *m, int t
 /* A chunk of fewer tokens has a task per (token, head) and its keys in each token's scratch (decode);
  * from this many, a task per token and its window keys in a strip (prefill). */
 enum { PER_TOKEN_CHUNK = 8 };
+
+/* Tokens of the chunk from t0: `chunk`, or in a prefill all that are left when fewer than
+ * chunk + PER_TOKEN_CHUNK are (so that every chunk of a prefill has a task per token). */
+static int chunk_len(int T, int t0, int chunk, int prefill)
+{
+    return prefill && T - t0 < chunk + PER_TOKEN_CHUNK ? T - t0 : T - t0 < chunk ? T - t0 : chunk;
+}
 
 /* Prepares chunk tokens [t0, t0 + n) in position order (attend_prepare) into cs: a prefill
  * chunk's window keys go to one strip per item: the positions before the item's first token in
@@ -667,13 +691,19 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
     for (int t = 0; t < T; t++)
         max_entries = (st->pos[t] + 1) > max_entries ? st->pos[t] + 1 : max_entries;
     max_entries = r ? max_entries / r + 1 : 1;
-    /* tokens prepared together before their heads run over the pool: keys of at most ~4 MiB */
-    const int64_t kmax = m->sliding_window + max_entries;
+    /* tokens prepared together before their heads run over the pool: keys of at most ~4 MiB. A
+     * step of PER_TOKEN_CHUNK tokens or more (a prefill) runs a task per token in every chunk (the
+     * last one takes the fewer than PER_TOKEN_CHUNK left over: at most `cap` tokens): a token's keys
+     * scratch then holds the compressed entries it attends to, in CSA layers at most the indexer's
+     * top-k. A decode chunk's scratch also holds each token's indexer keys (attend_entries). */
+    const int W = m->sliding_window, prefill = T >= PER_TOKEN_CHUNK;
+    const int64_t ent_keys = prefill && r == 4 && m->index_topk < max_entries ? m->index_topk : max_entries;
+    const int64_t kmax = W + ent_keys;
     int chunk = (int)((4 << 20) / (kmax * hd * 4));
-    chunk = chunk < 1 ? 1 : chunk > T ? T : chunk;
+    chunk = chunk < (prefill ? PER_TOKEN_CHUNK : 1) ? (prefill ? PER_TOKEN_CHUNK : 1) : chunk > T ? T : chunk;
+    const int cap = prefill && chunk + PER_TOKEN_CHUNK - 1 < T ? chunk + PER_TOKEN_CHUNK - 1 : prefill ? T : chunk;
     /* a chunk's window strip: its tokens' own entries and, per item, the W - 1 positions before */
-    const int W = m->sliding_window;
-    const size_t strip_rows = (size_t)chunk + (size_t)(st->n_items < chunk ? st->n_items : chunk) * (W - 1);
+    const size_t strip_rows = (size_t)cap + (size_t)(st->n_items < cap ? st->n_items : cap) * (W - 1);
     /* the indexer's dot products of one token: index_n_heads x entries */
     const int ient = (int)((m->index_n_heads > 0 ? m->index_n_heads : 1) * max_entries);
     int cw = r ? L->cmp.coff * hd : 1, ih = m->index_n_heads, id = m->index_head_dim, iwid = r == 4 ? L->idx_cmp.coff * id : 1;
@@ -681,12 +711,13 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         !(b.kv = pd_scratch(en, 13, (size_t)T * hd * 4, e)) || !(b.o = pd_scratch(en, 14, (size_t)T * nh * hd * 4, e)) ||
         !(b.og = pd_scratch(en, 15, (size_t)T * gin * 4, e)) || !(b.oa = pd_scratch(en, 16, (size_t)T * og * ol * 4, e)) ||
         !(b.ogo = pd_scratch(en, 17, (size_t)og * T * ol * 4, e)) ||
-        !(b.keys = pd_scratch(en, 18, ((size_t)chunk * kmax + 2 * strip_rows) * hd * 4, e)) ||
-        !(b.scores = pd_scratch(en, 19, (size_t)chunk * nh * kmax * 4, e)) ||
+        !(b.keys = pd_scratch(en, 18, ((size_t)cap * kmax + 2 * strip_rows) * hd * 4, e)) ||
+        !(b.scores = pd_scratch(en, 19, (size_t)cap * nh * kmax * 4, e)) ||
         !(b.orow = pd_scratch(en, 71, ((size_t)8 * T + (size_t)og * T) * 4, e)) ||
-        !(b.iscore = pd_scratch(en, 20, (size_t)chunk * ient * 4, e)) ||
-        !(b.sel = pd_scratch(en, 21, (size_t)chunk * (m->index_topk > 0 ? m->index_topk : 1) * 4, e)) ||
-        !(b.rank = pd_scratch(en, 72, (size_t)chunk * max_entries * 8, e)) ||
+        !(b.iscore = pd_scratch(en, 20, (size_t)cap * ient * 4, e)) ||
+        !(b.iscores = pd_scratch(en, 73, (size_t)cap * max_entries * 4, e)) ||
+        !(b.sel = pd_scratch(en, 21, (size_t)cap * (m->index_topk > 0 ? m->index_topk : 1) * 4, e)) ||
+        !(b.rank = pd_scratch(en, 72, (size_t)cap * max_entries * 8, e)) ||
         !(b.ckv = pd_scratch(en, 22, (size_t)T * cw * 4, e)) || !(b.cg = pd_scratch(en, 23, (size_t)T * cw * 4, e)) ||
         !(b.ikv = pd_scratch(en, 24, (size_t)T * iwid * 4, e)) || !(b.ig = pd_scratch(en, 25, (size_t)T * iwid * 4, e)) ||
         !(b.iq = pd_scratch(en, 26, (size_t)T * (r == 4 ? ih * id : 1) * 4, e)) ||
@@ -698,7 +729,7 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         b.set[i] = (struct chunk_set){.nk = b.xblock + (size_t)(2 + 3 * i) * T,
                                       .wrow = b.xblock + (size_t)(3 + 3 * i) * T,
                                       .nw = b.xblock + (size_t)(4 + 3 * i) * T,
-                                      .strip = b.keys + ((size_t)chunk * kmax + i * strip_rows) * hd};
+                                      .strip = b.keys + ((size_t)cap * kmax + i * strip_rows) * hd};
     /* every projection of the sublayer input x in one product (the kernel streams from one
      * matrix into the next), then those of q_lora's qr in another */
     const struct pd_linear *lx[7] = {&L->wq_a, &L->wkv, &L->cmp.wkv, &L->cmp.wgate, &L->idx_weights,
@@ -727,8 +758,8 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
      * prepared in that order, then all their heads run over the pool; a prefill prepares the next
      * chunk in a task of this chunk's heads run (prepare_chunk) */
     int cur = 0, prepared = 0;
-    for (int t0 = 0; t0 < T; t0 += chunk, cur ^= 1) {
-        int n = T - t0 < chunk ? T - t0 : chunk;
+    for (int t0 = 0, n; t0 < T; t0 += n, cur ^= 1) {
+        n = chunk_len(T, t0, chunk, prefill);
         /* a task per token from 8 tokens on (a prefill's chunk: its compressed entries and
          * indexer in the task too), so a decode step's few tokens still spread their heads over
          * the pool (entries chosen here first) */
@@ -762,8 +793,8 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
                 macs += 2 * (int64_t)prep->nk[c] * hd * nh;
             }
         }
-        const int t1 = t0 + n, n1 = T - t1 < chunk ? T - t1 : chunk;
-        if (!per_head && n1 >= PER_TOKEN_CHUNK && pd_pool_nthreads(en->pool) > 1) {
+        const int t1 = t0 + n, n1 = t1 < T ? chunk_len(T, t1, chunk, prefill) : 0;
+        if (!per_head && n1 > 0 && pd_pool_nthreads(en->pool) > 1) {
             struct overlap_job oj = {.hj = &hj, .b = &b, .next = &b.set[cur ^ 1], .t0 = t1, .n = n1, .kmax = (int)kmax};
             pd_pool_run(en->pool, n + 1, heads_or_prepare_task, &oj);
             if ((rc = oj.rc)) {

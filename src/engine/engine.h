@@ -29,7 +29,7 @@
 #include "kernels/ops.h"
 #include "model/config.h"
 
-#define PD_ENGINE_SCRATCH 73
+#define PD_ENGINE_SCRATCH 74
 
 struct pd_scratch_buf {
     void *p;

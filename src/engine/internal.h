@@ -79,7 +79,7 @@ void pd_moe_choose(const struct pd_layer_w *L, int E, int k, const float *z, flo
 
 /* Scratch buffer `slot` of the engine (slots: engine.c 1-10 and 44-49 (46: the step's logits), attention.c 11-29, moe.c
  * 30-43, expert parallelism 50-63, the MTP step 64-68, the head's rows 69,
- * mHC's mixing values 70, attention's key counts and o rows 71, its top-k work 72), at least `bytes` long: kept between steps so a decode step
+ * mHC's mixing values 70, attention's key counts and o rows 71, its top-k work 72, its indexer scores 73), at least `bytes` long: kept between steps so a decode step
  * allocates nothing; each call site has its own slot. */
 void *pd_scratch(struct pd_engine *en, int slot, size_t bytes, pd_err *e);
 

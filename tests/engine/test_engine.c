@@ -131,15 +131,18 @@ Test(engine, batched_prefill_equals_each_alone)
     pd_engine_close(&en);
 }
 
-/* A prompt long enough for the attention to prepare and run its tokens in several chunks (v4-tiny:
- * keys of ~4 MiB a chunk, 500 tokens of up to 134 keys of 32 floats: chunks of 244, 244 and 12),
- * each next chunk prepared in a task beside this chunk's heads on 2 threads: every position's
- * logits equal those of decoding the prompt token by token, bit for bit. */
+/* A prompt long enough for the attention to prepare and run its tokens in several chunks (keys of
+ * ~4 MiB a chunk; v4-tiny's 32-value keys, 3,000 tokens: its CSA layers' tokens see their window
+ * and top-4 entries, 12 keys, in chunks of 2,730 and 270 tokens, its HCA layers' up to 196 keys in
+ * chunks of 167), each next chunk prepared in a task beside this chunk's heads on 2 threads: every
+ * position's logits equal those of decoding the prompt token by token, bit for bit. */
 Test(engine, chunked_prefill_on_two_threads_equals_decode)
 {
     struct pd_engine en;
-    open_engine(&en, 2, 0);
-    const int N = 500, V = (int)en.model.vocab_size;
+    struct pd_engine_opts o = {.dir = dir, .threads = 2, .max_seqs = 2, .max_model_len = 3072};
+    pd_err oe = {0};
+    cr_assert_eq(pd_engine_open(&en, &o, &oe), 0, "%s", oe.msg);
+    const int N = 3000, V = (int)en.model.vocab_size;
     int32_t *ids = malloc((size_t)N * sizeof *ids);
     prompt(ids, N, 4);
     float *a = malloc((size_t)N * V * 4), *b = malloc((size_t)V * 4);
