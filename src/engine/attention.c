@@ -10,9 +10,11 @@
  * by index_head_dim^-1/2 * index_n_heads^-1/2.
  * Projections run on the whole step; the window and compressors run per sequence in position
  * order, each token's window keys copied out as it is reached, so each token sees exactly the
- * cache it would see alone; then over the pool, per token of a prefill chunk: its compressed
- * entries (the indexer's top-k in CSA layers) appended to those keys, and all its heads (scores
- * and weighted sums as tiled products, kernels/dot_gemm.h, with pd_dot's and pd_axpy_rows' bits). */
+ * cache it would see alone (a prefill prepares its next chunk so while this chunk's heads run);
+ * then over the pool, for a prefill chunk: the indexer's scores by blocks of tokens
+ * (ixblock_task), then per token its compressed entries (the indexer's top-k in CSA layers)
+ * appended to those keys, and all its heads (scores and weighted sums as tiled products,
+ * kernels/dot_gemm.h, with pd_dot's and pd_axpy_rows' bits). */
 #include "engine/internal.h"
 #include "engine/prefix.h"
 #include "kernels/dot_gemm.h"
@@ -50,8 +52,9 @@ struct attn_bufs {
     } set[2];
 };
 
-/* Token c's scratch in a chunk of attn_bufs (kmax keys, ient indexer floats a token): its keys, its
- * indexer scores, its heads' scores and its selected entries. */
+/* Token c's scratch in a chunk of attn_bufs (kmax keys, ient indexer floats a token): its keys, the
+ * indexer's products (iscore) and scores (iscores), its heads' scores, its selected entries and
+ * pd_topk's work. */
 struct tok_scratch {
     float *keys, *iscore, *scores, *iscores;
     int *sel;
@@ -216,8 +219,8 @@ int pd_topk(const float *score, int n, int k, int *sel, uint64_t *work)
     /* each score as a unique 64-bit rank (its key, then the index reversed: ties to the lower
      * index); the k-th largest rank by a quickselect (pivot the median of three, a branch-free
      * partition), then one pass in index order keeping every rank at or above it: the choice
-     * already in increasing index order. A prefill's token at 3,000 positions ranks ~750 entries
-     * for 64 in ~2 us where a heap of the best and a sort took ~10 (pdmoe generate, 1 thread). */
+     * already in increasing index order. A heap of the best and a sort took 5.1% of a 3,276-token
+     * prefill of v4-flash-mini (1 thread, perf), this 1.7%. */
     if (k >= n) {
         for (int v = 0; v < n; v++)
             sel[v] = v;
@@ -351,7 +354,8 @@ static int attend_prepare(struct pd_step *st, int layer, int t, struct attn_bufs
  * [entries, index_head_dim] (the token's keys after its window serve: kmax - nk >= entries rows
  * of head_dim >= index_head_dim floats), and the token's tok_scratch: iscore [index_n_heads,
  * entries] for the indexer's dot products, iscores [entries] for its scores, sel [index_topk], rank
- * [entries] for pd_topk. With `scored`, scores holds the indexer's scores already (index_task). */
+ * [entries] for pd_topk. With `scored`, iscores holds the indexer's scores already (index_task,
+ * ixblock_task). */
 static int attend_entries(struct pd_step *st, int layer, int t, const struct attn_bufs *b, float *keys, int nk,
                           const struct tok_scratch *ts, int scored)
 {
@@ -533,8 +537,8 @@ static void index_task(void *arg, int task)
  * the pool at a time) into each token's iscore [index_n_heads, ments] (the bits pd_dot gives each
  * pair, as a token alone gets them), then each token's scores over its own entries. A token's
  * entries read once per block instead of once per token, and the keys stay in cache across its
- * tokens' heads. Only tokens with more entries than the top-k are in a
- * block (the others take every entry). */
+ * tokens' heads. Only tokens with more entries than the top-k are in a block (the others take
+ * every entry). */
 enum { IXBLOCK_TOKENS = 8 };
 
 struct ixblock_job {
