@@ -62,32 +62,39 @@ static void prompt(int32_t *ids, int n, int salt)
 
 TestSuite(engine, .init = make_tiny, .fini = remove_tiny);
 
+/* An N-token prompt prefilled in one step, then decoded token by token in another sequence: the
+ * same computation, so identical logits at every position. */
+static void prefill_matches_decode(struct pd_engine *en, int N, int salt)
+{
+    const int V = (int)en->model.vocab_size;
+    int32_t *ids = malloc((size_t)N * sizeof *ids);
+    prompt(ids, N, salt);
+    float *a = malloc((size_t)N * V * 4), *b = malloc((size_t)V * 4);
+    struct pd_seq s1, s2;
+    pd_err e = {0};
+    cr_assert_eq(pd_seq_start(en, &s1, &e), 0);
+    cr_assert_eq(pd_seq_start(en, &s2, &e), 0);
+    struct pd_step_item it = {.seq = &s1, .tokens = ids, .n = N, .all_logits = a};
+    cr_assert_eq(pd_engine_step(en, &it, 1, &e), 0, "%s", e.msg);
+    for (int i = 0; i < N; i++) {
+        struct pd_step_item one = {.seq = &s2, .tokens = ids + i, .n = 1, .logits = b};
+        cr_assert_eq(pd_engine_step(en, &one, 1, &e), 0, "%s", e.msg);
+        cr_assert_eq(memcmp(a + (size_t)i * V, b, (size_t)V * 4), 0, "position %d differs", i);
+    }
+    cr_assert_eq(s1.pos, N);
+    pd_seq_end(en, &s1);
+    pd_seq_end(en, &s2);
+    free(ids);
+    free(a);
+    free(b);
+}
+
 Test(engine, prefill_equals_decode)
 {
     struct pd_engine en;
     open_engine(&en, 2, 0);
     /* 70 tokens: a prefill of 64 and more computes mHC's mixing values by token blocks */
-    const int N = 70, V = (int)en.model.vocab_size;
-    int32_t ids[80];
-    prompt(ids, N, 1);
-    float *a = malloc((size_t)N * V * 4), *b = malloc((size_t)V * 4);
-    struct pd_seq s1, s2;
-    pd_err e = {0};
-    cr_assert_eq(pd_seq_start(&en, &s1, &e), 0);
-    cr_assert_eq(pd_seq_start(&en, &s2, &e), 0);
-    struct pd_step_item it = {.seq = &s1, .tokens = ids, .n = N, .all_logits = a};
-    cr_assert_eq(pd_engine_step(&en, &it, 1, &e), 0, "%s", e.msg);
-    for (int i = 0; i < N; i++) {
-        struct pd_step_item one = {.seq = &s2, .tokens = ids + i, .n = 1, .logits = b};
-        cr_assert_eq(pd_engine_step(&en, &one, 1, &e), 0, "%s", e.msg);
-        /* the same computation token by token: identical logits at every position */
-        cr_assert_eq(memcmp(a + (size_t)i * V, b, (size_t)V * 4), 0, "position %d differs", i);
-    }
-    cr_assert_eq(s1.pos, N);
-    pd_seq_end(&en, &s1);
-    pd_seq_end(&en, &s2);
-    free(a);
-    free(b);
+    prefill_matches_decode(&en, 70, 1);
     pd_engine_close(&en);
 }
 
@@ -142,26 +149,7 @@ Test(engine, chunked_prefill_on_two_threads_equals_decode)
     struct pd_engine_opts o = {.dir = dir, .threads = 2, .max_seqs = 2, .max_model_len = 3072};
     pd_err oe = {0};
     cr_assert_eq(pd_engine_open(&en, &o, &oe), 0, "%s", oe.msg);
-    const int N = 3000, V = (int)en.model.vocab_size;
-    int32_t *ids = malloc((size_t)N * sizeof *ids);
-    prompt(ids, N, 4);
-    float *a = malloc((size_t)N * V * 4), *b = malloc((size_t)V * 4);
-    struct pd_seq s1, s2;
-    pd_err e = {0};
-    cr_assert_eq(pd_seq_start(&en, &s1, &e), 0);
-    cr_assert_eq(pd_seq_start(&en, &s2, &e), 0);
-    struct pd_step_item it = {.seq = &s1, .tokens = ids, .n = N, .all_logits = a};
-    cr_assert_eq(pd_engine_step(&en, &it, 1, &e), 0, "%s", e.msg);
-    for (int i = 0; i < N; i++) {
-        struct pd_step_item one = {.seq = &s2, .tokens = ids + i, .n = 1, .logits = b};
-        cr_assert_eq(pd_engine_step(&en, &one, 1, &e), 0, "%s", e.msg);
-        cr_assert_eq(memcmp(a + (size_t)i * V, b, (size_t)V * 4), 0, "position %d differs", i);
-    }
-    pd_seq_end(&en, &s1);
-    pd_seq_end(&en, &s2);
-    free(ids);
-    free(a);
-    free(b);
+    prefill_matches_decode(&en, 3000, 4);
     pd_engine_close(&en);
 }
 
