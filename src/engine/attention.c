@@ -559,7 +559,7 @@ static void ixblock_task(void *arg, int task)
     const struct tok_scratch first = tok_scratch(j->b, m, c0, j->kmax, j->ient);
     const float *q = j->b->iq + (size_t)t0 * ih * id;
     /* the keys a run at a time (consecutive within a block of the pool): bf16 ones read in place,
-     * widened in registers by the product; fp8 ones decoded into tmp, 32 at a time */
+     * widened in registers by the product; fp8 ones decoded into tmp, 32 KiB at a time */
     for (int x0 = 0; x0 < n;) {
         int run = kvp->block_keys - x0 % kvp->block_keys;
         run = run < n - x0 ? run : n - x0;
@@ -568,9 +568,8 @@ static void ixblock_task(void *arg, int task)
             pd_dot_gemm_bf16(pd_kv_key(kvp, kv, j->layer, x0), (size_t)id, run, q, (size_t)id, (c1 - c0) * ih, id,
                              first.iscore + x0, (size_t)j->b->ments);
         } else {
-            float tmp[32 * 256];
-            run = run < 32 ? run : 32;
-            assert(id <= 256);
+            float tmp[8192];   /* index_head_dim <= 1024 (pd_engine_open): 8 keys or more at a time */
+            run = run < 8192 / id ? run : 8192 / id;
             for (int x = 0; x < run; x++)
                 pd_kv_get_key(kvp, tmp + (size_t)x * id, pd_kv_key(kvp, kv, j->layer, x0 + x));
             pd_dot_gemm(tmp, (size_t)id, run, q, (size_t)id, (c1 - c0) * ih, id, first.iscore + x0, (size_t)j->b->ments);

@@ -81,6 +81,23 @@ int pd_engine_open(struct pd_engine *en, const struct pd_engine_opts *o, pd_err 
     if (m->index_head_dim > 0 && (m->index_head_dim & (m->index_head_dim - 1)))
         return pd_err_set(e, PD_EINVAL, "%s: index_head_dim %d must be a power of two (the indexer's Hadamard rotation)",
                           o->dir, m->index_head_dim);
+    /* sizes the engine's buffers of one token hold: a config past them is refused here rather than
+     * run past a buffer's end (the config's own bounds are far wider) */
+    const struct {
+        const char *field, *why;
+        int64_t v, max;
+    } lim[] = {
+        {"head_dim", "a compressed entry and an fp8 cache entry of one token are quantised in 2,048-value buffers",
+         m->head_dim, 2048},
+        {"index_head_dim", "an indexer key is widened into a token's head_dim-value key rows, and an fp8 cache's "
+         "key quantised in a 1,024-value buffer", m->index_head_dim, m->head_dim < 1024 ? m->head_dim : 1024},
+        {"index_n_heads", "the indexer's head weights of a token are a 256-value buffer", m->index_n_heads, 256},
+        {"n_routed_experts", "the router's candidates of a token are 4,096-value buffers", m->n_routed_experts, 4096},
+    };
+    for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
+        if (lim[i].v > lim[i].max)
+            return pd_err_set(e, PD_EINVAL, "%s: config.json: field \"%s\": %lld; the engine runs at most %lld (%s)",
+                              o->dir, lim[i].field, (long long)lim[i].v, (long long)lim[i].max, lim[i].why);
     if ((rc = pd_weights_load_ref(&en->w, m, o->dir, o->has_expert, o->ref, e)))
         return rc;
     if (o->mtp && !en->w.has_mtp) {

@@ -407,6 +407,38 @@ Test(model_files, a_config_the_engine_does_not_run_is_refused)
     rm_model(dir);
 }
 
+/* Sizes past the engine's buffers of one token (a compressed entry, the indexer's head weights,
+ * the router's candidates) passed config.json's bounds and crashed the engine with a segmentation
+ * fault on the first prompt (gen-model made such checkpoints: head_dim 4096, index_n_heads 512). */
+Test(model_files, a_config_past_the_engines_buffers_is_refused)
+{
+    char dir[64];
+    tmp_model("v4-tiny", 1, dir, sizeof dir);
+    static const char *const args = "generate --model %s --prompt hi --max-tokens 2 --threads 1";
+    static const struct {
+        const char *field;
+        int v;
+        const char *needle;
+    } cases[] = {
+        {"head_dim", 4096, "field \"head_dim\": 4096; the engine runs at most 2048"},
+        {"index_n_heads", 512, "field \"index_n_heads\": 512; the engine runs at most 256"},
+        {"index_head_dim", 64, "field \"index_head_dim\": 64; the engine runs at most 32"},
+        {"n_routed_experts", 5000, "field \"n_routed_experts\": 5000; the engine runs at most 4096"},
+    };
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_error_t je;
+    json_t *orig = json_load_file(path, 0, &je);
+    cr_assert_not_null(orig, "%s", je.text);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cr_assert_eq(json_dump_file(orig, path, JSON_INDENT(2)), 0);
+        config_set(dir, cases[i].field, json_integer(cases[i].v));
+        refused_in(dir, args, cases[i].needle, NULL);
+    }
+    json_decref(orig);
+    rm_model(dir);
+}
+
 /* generate ran past the model's positions (serve refused the same length). */
 Test(model_files, generate_past_the_models_positions_is_refused)
 {
