@@ -251,7 +251,7 @@ void pd_mhc_pre_mixed(const struct pd_model *m, const float *h, float *mix, cons
 void pd_mhc_pre(const struct pd_model *m, const float *h, const float *fn, const float *base,
                    const float *scale, float *x, float *post, float *comb)
 {
-    float mix[4 * 64 + 64];
+    float mix[(2 + 64) * 64];   /* hc_mult <= 64 (config.c) */
     pd_mhc_mix(m, h, fn, 0, (2 + m->hc_mult) * m->hc_mult, mix);
     pd_mhc_pre_mixed(m, h, mix, base, scale, x, post, comb);
 }
