@@ -404,6 +404,48 @@ Test(ops, sinkhorn_follows_the_official_order_and_count)
         cr_assert_float_eq(z[i], 0.4f, 1e-7, "entry %d: %g", i, z[i]);
 }
 
+/* The scalar definition of pd_sinkhorn's steps after the softmax: sums from 0 in index order, + eps,
+ * then each entry divided by its sum. */
+static void sinkhorn_by_definition(float *m, int n, int iters, float eps)
+{
+    for (int it = 0; it < iters; it++)
+        for (int pass = it == 0; pass < 2; pass++)   /* the first iteration has only its columns */
+            for (int i = 0; i < n; i++) {
+                float s = 0;
+                for (int j = 0; j < n; j++)
+                    s += pass ? m[j * n + i] : m[i * n + j];
+                s += eps;
+                for (int j = 0; j < n; j++)
+                    *(pass ? &m[j * n + i] : &m[i * n + j]) /= s;
+            }
+}
+
+/* The 4 x 4 Sinkhorn (V4's hc_mult) runs in registers: the bits of the scalar steps, on matrices of
+ * logits over a wide range, every iteration count up to 20 and three epsilons. */
+Test(ops, sinkhorn_of_four_streams_equals_the_scalar_steps)
+{
+    uint64_t s = 3;
+    static const float eps[] = {0.0f, 1e-6f, 0.25f};
+    for (int round = 0; round < 40; round++)
+        for (int iters = 1; iters <= 20; iters++)
+            for (size_t k = 0; k < sizeof eps / sizeof *eps; k++) {
+                float a[16], b[16];
+                for (int i = 0; i < 16; i++) {
+                    s = s * 6364136223846793005ull + 1442695040888963407ull;
+                    a[i] = ((float)(s >> 40) / (float)(1 << 24) - 0.5f) * (float)(1 + round % 8) * 6.0f;
+                }
+                memcpy(b, a, sizeof a);
+                pd_sinkhorn(a, 4, iters, eps[k]);
+                for (int r = 0; r < 4; r++) {   /* the softmax rows + eps, as pd_sinkhorn starts */
+                    pd_softmax(b + 4 * r, 4);
+                    for (int c = 0; c < 4; c++)
+                        b[4 * r + c] += eps[k];
+                }
+                sinkhorn_by_definition(b, 4, iters, eps[k]);
+                cr_assert(memcmp(a, b, sizeof a) == 0, "round %d, %d iterations, eps %g", round, iters, eps[k]);
+            }
+}
+
 Test(ops, rope_inverse_and_yarn)
 {
     struct pd_rope r;
