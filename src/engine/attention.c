@@ -210,7 +210,8 @@ static inline uint32_t rank_key(float f)
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     u = f == 0 ? 0 : u;
-    const uint32_t key = u ^ ((uint32_t)((int32_t)u >> 31) | 0x80000000u);   /* without branches: scores are in no order */
+    /* without branches: the scores come in no order */
+    const uint32_t key = u ^ ((uint32_t)((int32_t)u >> 31) | 0x80000000u);
     return f != f ? 0 : key;
 }
 

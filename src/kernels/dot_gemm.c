@@ -7,15 +7,14 @@
  * dot = c_0 + c_1). A tile of 4 w rows x 4 x rows runs the even blocks (16 chains in registers),
  * then the odd ones, so each chain sees its blocks in dot_avx512's order. The lane sums of a
  * tile's 16 outputs are done together, the same pairs added stage by stage across vectors
- * (lane_sums16). Until December 2026 the lanes were added one after another, the 16 outputs
- * transposed first: 64 shuffles and a chain of 16 dependent additions a tile, which at a head's
- * 128 values took as long as the products (v4-flash-mini attention scores 74-76 GFLOPS on one
- * core of a Xeon with AMX; fp32 peak 247). Rows of w are taken in blocks of about 24 KiB, so a block and the 4
- * x rows of the current tile stay in L1 while every tile of x passes over it, and the next block
- * is prefetched into L2 meanwhile, a few lines before each tile (from memory, a 64 MiB matrix of
- * 512-value rows times 16 tokens, 1 thread: bf16 38-42 GFLOPS widened into a buffer first, 55-60
- * widened in registers, 65-72 with the prefetch; fp32 38-41, then 49-55). The small constant
- * loops carry "GCC unroll": GCC -O2 leaves them rolled, and then the arrays of vectors live in
+ * (lane_sums16). (Lanes added one after another, as before, cost a tile 64 shuffles and a chain
+ * of 16 dependent additions, which at a head's 128 values took as long as the products: attention
+ * scores 74.6 GFLOPS on one core of a Xeon with AMX, 105.5 with the tree.) Rows of w are taken in
+ * blocks of about 24 KiB, so a block and the 4 x rows of the current tile stay in L1 while every
+ * tile of x passes over it, and the next block is prefetched into L2 meanwhile, a few lines
+ * before each tile (from memory, a 64 MiB matrix of 512-value rows times 16 tokens, 1 thread: bf16
+ * 38-42 GFLOPS widened into a buffer first, 55-60 widened in registers, 65-72 with the prefetch;
+ * fp32 38-41, then 49-55). The small constant loops carry "GCC unroll": GCC -O2 leaves them rolled, and then the arrays of vectors live in
  * memory instead of registers (24 GFLOPS instead of 95-105 for 64 rows x 512 tokens x 512). */
 #include "kernels/dot_gemm.h"
 #include "kernels/vec.h"
@@ -105,7 +104,7 @@ INLINE AVX512 void tile(const void *w, int bf16, size_t ldw, int rows, const flo
     #pragma GCC unroll 16
     for (int k = 0; k < 16; k++)
         s0[k] = _mm512_add_ps(s0[k], s1[k]);
-    /* lanes 4j .. 4j + 3: x row t0 + j's outputs (acc[4i + j]) of w rows r0 .. r0 + 3, stored 4 at a time */
+    /* lanes 4j .. 4j + 3: x row t0 + j's outputs of w rows r0 .. r0 + 3, stored 4 at a time */
     const __m512 sum = lane_sums16(s0);
     if (r0 + 4 <= rows && t0 + 4 <= T) {
         _mm_storeu_ps(y + (size_t)t0 * ldy + r0, _mm512_extractf32x4_ps(sum, 0));
