@@ -184,13 +184,22 @@ static void indexer_reduce(const struct pd_model *m, const float *iw, const floa
     }
 }
 
+/* dot[j * ldd + x] = index key x . q row j for x in [x0, x1) and j < nq (rows of index_head_dim
+ * values), each the bits pd_dot gives the pair: the keys widened into tmp [x1 - x0, index_head_dim],
+ * then one tiled product. */
+static void indexer_products(const struct pd_kvpool *kvp, const struct pd_kvseq *s, int layer, int x0, int x1,
+                             const float *q, int nq, float *tmp, float *dot, size_t ldd)
+{
+    const int id = kvp->index_head_dim;
+    for (int x = x0; x < x1; x++)
+        pd_kv_get_key(kvp, tmp + (size_t)(x - x0) * id, pd_kv_key(kvp, s, layer, x));
+    pd_dot_gemm(tmp, (size_t)id, x1 - x0, q, (size_t)id, nq, id, dot + x0, ldd);
+}
+
 static void indexer_scores(const struct pd_model *m, const struct pd_kvpool *kvp, const struct pd_kvseq *s, int layer,
                            int x0, int x1, int n, const float *iq, const float *iw, float *tmp, float *dot, float *score)
 {
-    const int ih = m->index_n_heads, id = m->index_head_dim;
-    for (int x = x0; x < x1; x++)
-        pd_kv_get_key(kvp, tmp + (size_t)x * id, pd_kv_key(kvp, s, layer, x));
-    pd_dot_gemm(tmp + (size_t)x0 * id, (size_t)id, x1 - x0, iq, (size_t)id, ih, id, dot + x0, (size_t)n);
+    indexer_products(kvp, s, layer, x0, x1, iq, m->index_n_heads, tmp + (size_t)x0 * m->index_head_dim, dot, (size_t)n);
     indexer_reduce(m, iw, dot, (size_t)n, x0, x1, score);
 }
 
@@ -571,9 +580,7 @@ static void ixblock_task(void *arg, int task)
         } else {
             float tmp[8192];   /* index_head_dim <= 1024 (pd_engine_open): 8 keys or more at a time */
             run = run < 8192 / id ? run : 8192 / id;
-            for (int x = 0; x < run; x++)
-                pd_kv_get_key(kvp, tmp + (size_t)x * id, pd_kv_key(kvp, kv, j->layer, x0 + x));
-            pd_dot_gemm(tmp, (size_t)id, run, q, (size_t)id, (c1 - c0) * ih, id, first.iscore + x0, (size_t)j->b->ments);
+            indexer_products(kvp, kv, j->layer, x0, x0 + run, q, (c1 - c0) * ih, tmp, first.iscore, (size_t)j->b->ments);
         }
         x0 += run;
     }
@@ -703,9 +710,10 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
     const int W = m->sliding_window, prefill = T >= PER_TOKEN_CHUNK;
     const int64_t ent_keys = prefill && r == 4 && m->index_topk < max_entries ? m->index_topk : max_entries;
     const int64_t kmax = W + ent_keys;
+    const int least = prefill ? PER_TOKEN_CHUNK : 1;
     int chunk = (int)((4 << 20) / (kmax * hd * 4));
-    chunk = chunk < (prefill ? PER_TOKEN_CHUNK : 1) ? (prefill ? PER_TOKEN_CHUNK : 1) : chunk > T ? T : chunk;
-    const int cap = prefill && chunk + PER_TOKEN_CHUNK - 1 < T ? chunk + PER_TOKEN_CHUNK - 1 : prefill ? T : chunk;
+    chunk = chunk < least ? least : chunk > T ? T : chunk;
+    const int cap = !prefill ? chunk : chunk + PER_TOKEN_CHUNK - 1 < T ? chunk + PER_TOKEN_CHUNK - 1 : T;
     /* a chunk's window strip: its tokens' own entries and, per item, the W - 1 positions before */
     const size_t strip_rows = (size_t)cap + (size_t)(st->n_items < cap ? st->n_items : cap) * (W - 1);
     /* the indexer's dot products of one token: index_n_heads x entries */
