@@ -407,6 +407,7 @@ struct heads_job {
     int kmax;           /* keys a token's scratch holds (tok_scratch) */
     int per_head;       /* tasks are (token, head) pairs (window and entries in keys), else tokens
                            (window keys in cs->strip, entries in keys) */
+    int whole;          /* with per_head: tasks are tokens, every head over all the keys in keys */
     int layer;
     int ient;           /* the indexer's scratch per token: index_n_heads * entries floats */
     int scored;         /* the indexer's scores of the chunk's tokens are in their scratch (ixblock_task) */
@@ -417,7 +418,8 @@ static void heads_task(void *arg, int task)
     const struct heads_job *j = arg;
     const struct pd_model *m = &j->st->en->model;
     const int hd = m->head_dim, nh = m->n_heads, rd = m->qk_rope_head_dim;
-    const int c = j->per_head ? task / nh : task, h0 = j->per_head ? task % nh : 0, h1 = j->per_head ? h0 + 1 : nh;
+    const int by_head = j->per_head && !j->whole;
+    const int c = by_head ? task / nh : task, h0 = by_head ? task % nh : 0, h1 = by_head ? h0 + 1 : nh;
     const int t = j->t0 + c;
     /* the token's keys in order: nw window rows at win, then ne compressed entries at ent */
     const struct tok_scratch ts = tok_scratch(j->b, m, c, j->kmax, j->ient);
@@ -435,7 +437,7 @@ static void heads_task(void *arg, int task)
     /* scores[h][k] = q_h . key_k */
     const float *q = j->b->q + ((size_t)t * nh + h0) * hd;
     float *sc = ts.scores + (size_t)h0 * j->kmax;
-    if (j->per_head) {
+    if (by_head) {
         pd_dot_rows(win, (size_t)hd, q, hd, nw, sc);
     } else {
         pd_dot_gemm(win, (size_t)hd, nw, q, (size_t)hd, nh, hd, sc, (size_t)j->kmax);
@@ -460,7 +462,7 @@ static void heads_task(void *arg, int task)
     float *o = j->b->o + ((size_t)t * nh + h0) * hd;
     for (int i = 0; i < (h1 - h0) * hd; i++)
         o[i] = 0;
-    if (j->per_head) {
+    if (by_head) {
         pd_axpy_rows(sc, win, (size_t)hd, nw, o, hd);
     } else {
         pd_axpy_heads(sc, (size_t)j->kmax, nh, win, (size_t)hd, nw, o, (size_t)hd, hd);
@@ -815,7 +817,11 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
             }
             prepared = 1;
         } else {
-            pd_pool_run(hj.per_head && macs < HEADS_POOL_MACS ? NULL : en->pool, hj.per_head ? n * nh : n, heads_task, &hj);
+            /* heads that run on the caller alone: a token's heads in one tiled pass over its keys,
+             * each key read once for all of them instead of once per head (the same bits) */
+            const int alone = hj.per_head && (macs < HEADS_POOL_MACS || pd_pool_nthreads(en->pool) < 2);
+            hj.whole = alone;
+            pd_pool_run(alone ? NULL : en->pool, hj.per_head && !hj.whole ? n * nh : n, heads_task, &hj);
         }
     }
     /* grouped low-rank output: group g maps heads [g*nh/og, (g+1)*nh/og) to o_lora values. With

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "../tmpmodel.h"
 
 enum { B = 16, DECODE = 5, SOLO_PROMPT = 150, SOLO_DECODE = 8 };
 
@@ -212,4 +213,66 @@ Test(threads, a_long_contexts_indexer_runs_over_the_pool_with_the_same_logits, .
                      row < (size_t)(1 + LONG_STEPS) ? "long" : "short", row % (1 + LONG_STEPS) ? "decode" : "prefill");
     free(l[0]);
     free(l[1]);
+}
+
+/* Decode heads two ways, the same bits: with few multiply-adds (or one thread) a token's heads run
+ * on the caller in one tiled pass over its keys (pd_dot_gemm, pd_axpy_heads); with many and a
+ * second thread, one pool task per head (pd_dot_rows, pd_axpy_rows). v4-tiny with 64 heads of 512
+ * (V4-Flash's shape) puts every decode step over the pool's threshold: 1 thread runs the one pass,
+ * 2 threads the tasks per head. A sum taken in another order in either fails the comparison. */
+static void wide_heads_decode(const char *dir, int threads, float *l, int steps)
+{
+    struct pd_engine en;
+    pd_err e = {0};
+    struct pd_engine_opts o = {.dir = dir, .threads = threads, .max_seqs = 1, .max_model_len = 128};
+    cr_assert_eq(pd_engine_open(&en, &o, &e), 0, "%s", e.msg);
+    const int V = (int)en.model.vocab_size;
+    int32_t ids[40], next;
+    for (int i = 0; i < 40; i++)
+        ids[i] = (int32_t)((i * 53 + 3) % V);
+    struct pd_seq s;
+    cr_assert_eq(pd_seq_start(&en, &s, &e), 0, "%s", e.msg);
+    struct pd_step_item it = {.seq = &s, .tokens = ids, .n = 40, .logits = l};
+    cr_assert_eq(pd_engine_step(&en, &it, 1, &e), 0, "%s", e.msg);
+    for (int k = 1; k <= steps; k++) {
+        next = (int32_t)((k * 31 + 7) % V);
+        it = (struct pd_step_item){.seq = &s, .tokens = &next, .n = 1, .logits = l + (size_t)k * V};
+        cr_assert_eq(pd_engine_step(&en, &it, 1, &e), 0, "%s", e.msg);
+    }
+    pd_seq_end(&en, &s);
+    pd_engine_close(&en);
+}
+
+Test(threads, decode_heads_in_one_pass_equal_them_head_by_head, .timeout = 300)
+{
+    char preset[] = "/tmp/pdmoe-wide-heads-XXXXXX", dir[64];
+    FILE *f = fopen("models/v4-tiny.json", "r");
+    cr_assert_not_null(f, "models/v4-tiny.json");
+    char text[8192];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = 0;
+    json_error_t je;
+    json_t *c = json_loads(text, 0, &je);
+    cr_assert_not_null(c, "%s", je.text);
+    json_object_set_new(c, "num_attention_heads", json_integer(64));
+    json_object_set_new(c, "head_dim", json_integer(512));
+    char *out = json_dumps(c, 0);
+    json_decref(c);
+    tmp_text(preset, out);
+    free(out);
+    tmp_model(preset, 5, dir, sizeof dir);
+    enum { STEPS = 6, V = 512 };
+    float *l[2] = {malloc((1 + STEPS) * V * sizeof(float)), malloc((1 + STEPS) * V * sizeof(float))};
+    cr_assert(l[0] && l[1]);
+    for (int i = 0; i < 2; i++)
+        wide_heads_decode(dir, i + 1, l[i], STEPS);
+    for (int k = 0; k <= STEPS; k++)
+        cr_assert_eq(memcmp(l[0] + (size_t)k * V, l[1] + (size_t)k * V, V * sizeof(float)), 0,
+                     "%s %d: 2 threads' logits (heads over the pool, one per task) differ from 1 thread's "
+                     "(every head in one pass)", k ? "decode step" : "prefill", k);
+    free(l[0]);
+    free(l[1]);
+    unlink(preset);
+    rm_model(dir);
 }
