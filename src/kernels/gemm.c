@@ -341,7 +341,8 @@ static int gemm_run(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y,
     struct plain_run r = {
         .job = {.w = w->q, .w_scale = w->scale, .out = w->rows, .in = w->cols,
                 .a = a->q, .a_scale = a->scale, .a_sum = sums, .a_packed = packed, .tok = NULL, .n = a->rows, .y = y,
-                .accum = (flags & PD_GEMM_ACCUM) != 0},
+                .accum = (flags & PD_GEMM_ACCUM) != 0,
+                .y_stream = !(flags & PD_GEMM_ACCUM) && (int64_t)w->rows * a->rows * 4 >= PD_GEMM_STREAM_Y_BYTES},
         .fn = kernel_fns[k],
         .rb = rows_per_task(w->rows, w->cols, a->rows, k),
     };
@@ -413,6 +414,7 @@ struct grouped_run {
     const int *first_task;   // [n_groups + 1] first task of each group; the last = total
     int n_groups;
     int accum;
+    int y_stream;            // pd_gemm_job's, for every group (their outputs' total decides)
     pd_kernel k;
     pd_gemm_rows_fn fn;
     const pd_gemm_job *packs;   // [n_groups] the AMX kernels' packed activations (apack), or NULL
@@ -454,7 +456,7 @@ static void grouped_task(void *arg, int task)
         .w = g->w.q, .w_scale = g->w.scale, .out = g->w.rows, .in = g->w.cols,
         .a = r->a->q, .a_scale = r->a->scale, .a_sum = r->a_sum,
         .a_packed = r->packed_at && r->packed_at[lo] != SIZE_MAX ? r->packed + r->packed_at[lo] : NULL, .tok = g->rows, .n = g->n, .y = g->y,
-        .accum = r->accum, .apack = r->packs ? r->packs[lo].apack : NULL,
+        .accum = r->accum, .apack = r->packs ? r->packs[lo].apack : NULL, .y_stream = r->y_stream,
     };
     /* the next group's weights, which this thread likely reads next: prefetched past the end */
     if (lo + 1 < r->n_groups && r->groups[lo + 1].w.cols == g->w.cols && r->groups[lo + 1].n > 0) {
@@ -498,7 +500,7 @@ static int grouped_run(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *gro
     int *first = n_groups < 257 ? stack_first : malloc(((size_t)n_groups + 1) * sizeof *first);
     if (!first)
         return pd_err_set(err, PD_ENOMEM, "gemm: out of memory for %d groups", n_groups);
-    int64_t total = 0, macs = 0, row_blocks = 0;
+    int64_t total = 0, macs = 0, row_blocks = 0, out_bytes = 0;
     int n_lo = 0, n_hi = 0;   /* the groups' fewest and most tokens: equal, the tasks cost alike */
     for (int g = 0; g < n_groups; g++) {
         const pd_gemm_group *gr = &groups[g];
@@ -517,6 +519,7 @@ static int grouped_run(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *gro
             int rb = rows_per_task(gr->w.rows, gr->w.cols, gr->n, k) * blocks;
             total += (gr->w.rows + rb - 1) / rb;
             macs += (int64_t)gr->n * gr->w.rows * gr->w.cols;
+            out_bytes += (int64_t)gr->n * gr->w.rows * 4;
         }
         if (total > 0x7fffffff) {
             if (first != stack_first)
@@ -543,6 +546,7 @@ static int grouped_run(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *gro
     struct grouped_run r = {
         .a = a, .a_sum = sums, .packed = pk.buf, .packed_at = pk.at, .groups = groups, .first_task = first, .n_groups = n_groups,
         .accum = (flags & PD_GEMM_ACCUM) != 0, .k = k, .fn = kernel_fns[k], .blocks = blocks,
+        .y_stream = !(flags & PD_GEMM_ACCUM) && out_bytes >= PD_GEMM_STREAM_Y_BYTES,
     };
     pd_gemm_job *packs = NULL;
     void *apacked = NULL;

@@ -395,7 +395,10 @@ __attribute__((target("avx512f"))) static void epilogue_row(const pd_gemm_job *j
     __m512 v = _mm512_mul_ps(_mm512_mul_ps(as, _mm512_maskz_loadu_ps(m, job->w_scale + ob)), _mm512_cvtepi32_ps(acc));
     if (job->accum)
         v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y), v);
-    _mm512_mask_storeu_ps(y, m, v);
+    if (job->y_stream && nr == 16 && !((uintptr_t)y & 63))
+        _mm512_stream_ps(y, v);   /* a whole line, past the caches (gemm_impl.h) */
+    else
+        _mm512_mask_storeu_ps(y, m, v);
 }
 
 /* The hardware path's epilogue: the two C tiles of a token block transposed in registers and
@@ -455,6 +458,10 @@ void pd_gemm_rows_amx(const pd_gemm_job *job, int o0, int o1)
         pd_gemm_rows_avx512(job, o0, o1);
     else
         rows_hw(job, o0, o1);
+    /* non-temporal stores are weakly ordered: visible to the threads that read y before the pool
+     * marks the task finished */
+    if (job->y_stream)
+        _mm_sfence();
 }
 
 /* The peak probe: four independent accumulators, each TDPBSSD reading tiles already loaded. */

@@ -121,11 +121,14 @@ static void equal_reference(pd_kernel kernel, int out, int in, int T, pd_pool *p
         as[i] = rndscale();
     pd_qmat W = {w, ws, out, in}, A = {a, as, T, in};
     size_t ny = (size_t)T * out;
-    float *ref = malloc(ny * sizeof *ref), *y = malloc(ny * sizeof *y);
+    /* outputs on 64-byte boundaries, as the engine's scratch is: rows of whole lines meet the
+     * non-temporal stores (other widths put some rows off the boundary, which plain stores write) */
+    const size_t ybytes = (ny * sizeof(float) + 63) & ~(size_t)63;
+    float *ref = malloc(ny * sizeof *ref), *y = aligned_alloc(64, ybytes);
     int32_t *rows = malloc((size_t)T * sizeof *rows);
     for (int j = 0; j < T; j++)
         rows[j] = j % 3 == 2 ? rows[j - 1] : T - 1 - j;
-    float *gref = malloc(ny * sizeof *gref), *gy = malloc(ny * sizeof *gy);
+    float *gref = malloc(ny * sizeof *gref), *gy = aligned_alloc(64, ybytes);
     for (int flags = 0; flags <= PD_GEMM_ACCUM; flags += PD_GEMM_ACCUM) {
         for (size_t i = 0; i < ny; i++)
             ref[i] = gref[i] = (float)(i % 7) - 3.0f;
@@ -161,9 +164,12 @@ static void equal_reference_on_odd_shapes(pd_kernel kernel)
     /* One pass over the weights in place with four and five token blocks (C tiles tmm3, tmm4, the
      * last token block partial or whole), and the first token count whose weights are copied; then
      * rows short enough that each next block is requested by software, over several 128-row tasks
-     * with a partial last block (the request reaching past a task's rows and the matrix's end). */
+     * with a partial last block (the request reaching past a task's rows and the matrix's end).
+     * Outputs of PD_GEMM_STREAM_Y_BYTES or more go past the caches in whole lines (the last blocked
+     * shape's 1.6 MB and the last one-pass shape's 1.1 MB, rows of y not all 64-byte aligned, a
+     * partial last row block: those lines stored as the others are). */
     static const int one_pass[][3] = {{33, 130, 49}, {47, 65, 64}, {17, 200, 65}, {100, 63, 80}, {31, 1000, 81},
-                                      {300, 512, 12}, {260, 256, 20}};
+                                      {300, 512, 12}, {260, 256, 20}, {4100, 256, 70}};
     pd_pool *pool;
     pd_err e = {0};
     cr_assert_eq(pd_pool_create(2, &pool, &e), 0, "%s", e.msg);
