@@ -77,8 +77,8 @@ struct pd_linear_io {
 };
 
 /* The n (<= 16) float products in one pool run, blocks of rows of all of them spread over the
- * threads (one hand-off instead of n); each value the bits pd_linear_fwd gives. PD_EINVAL for an
- * int8 product or n > 16. */
+ * threads (one hand-off instead of n), or from 256 tokens blocks of 64 tokens each through all of
+ * them; each value the bits pd_linear_fwd gives. PD_EINVAL for an int8 product or n > 16. */
 int pd_linear_fwd_float_many(const struct pd_linear_io *io, int n, pd_pool *pool, int T, pd_err *e);
 
 /* Arena: one growing list of aligned allocations freed together (the engine's converted
