@@ -256,18 +256,27 @@ void pd_mhc_pre(const struct pd_model *m, const float *h, const float *fn, const
     pd_mhc_pre_mixed(m, h, mix, base, scale, x, post, comb);
 }
 
-/* mHC "post": h_k = post_k * out + sum_j comb[j][k] * h_j; tmp holds hc * hidden floats */
-void pd_mhc_post(const struct pd_model *m, float *h, const float *out, const float *post, const float *comb,
-                    float *tmp)
+/* mHC "post": h_k = post_k * out + sum_j comb[j][k] * h_j, in place, MHC_POST_COLS columns of
+ * every stream at a time (each value its own element-wise sum, so the same bits as whole rows): a
+ * prefill's streams (8 KiB a token in v4-flash-mini) are read and written once, in cache, where a
+ * scratch of every token's new streams was written (each of its lines first read from memory)
+ * then copied back. */
+enum { MHC_POST_COLS = 64 };
+
+void pd_mhc_post(const struct pd_model *m, float *h, const float *out, const float *post, const float *comb)
 {
     const int hc = m->hc_mult, H = (int)m->hidden_size;
-    for (int k = 0; k < hc; k++) {
-        float c[64];
+    float c[64][64], chunk[64 * MHC_POST_COLS];   /* hc_mult <= 64 (config.c) */
+    for (int k = 0; k < hc; k++)
         for (int j = 0; j < hc; j++)
-            c[j] = comb[j * hc + k];
-        pd_scale_axpys(post[k], out, c, h, (size_t)H, hc, tmp + (size_t)k * H, H);
+            c[k][j] = comb[j * hc + k];
+    for (int i0 = 0; i0 < H; i0 += MHC_POST_COLS) {
+        const int n = H - i0 < MHC_POST_COLS ? H - i0 : MHC_POST_COLS;
+        for (int k = 0; k < hc; k++)
+            pd_scale_axpys(post[k], out + i0, c[k], h + i0, (size_t)H, hc, chunk + (size_t)k * MHC_POST_COLS, n);
+        for (int k = 0; k < hc; k++)
+            memcpy(h + (size_t)k * H + i0, chunk + (size_t)k * MHC_POST_COLS, (size_t)n * sizeof(float));
     }
-    memcpy(h, tmp, (size_t)hc * H * sizeof(float));
 }
 
 /* mHC around a sublayer, over the pool: a token's mixing weights are hc * hidden floats per
@@ -285,7 +294,6 @@ struct mhc_job {
     int mixed;          /* 1: the mixing values are computed (mhc_mix_rows_task); "pre" does the rest */
     int blocks;         /* row blocks per token */
     float *mix;         /* [T, mixn] */
-    float *tmp;         /* [T, hc, hidden] pd_mhc_post's */
 };
 
 /* The mixing values of every token for one block of PD_MHC_MIX_ROWS rows of the mixing weights,
@@ -352,7 +360,7 @@ static void mhc_post_task(void *arg, int t)
     const struct pd_model *m = &j->st->en->model;
     const int H = (int)m->hidden_size, hc = m->hc_mult;
     pd_mhc_post(m, j->st->h + (size_t)t * hc * H, j->st->out + (size_t)t * H, j->st->post + (size_t)t * hc,
-                j->st->comb + (size_t)t * hc * hc, j->tmp + (size_t)t * hc * H);
+                j->st->comb + (size_t)t * hc * hc);
 }
 
 /* One sublayer wrapped in mHC, for every token of the step. */
@@ -365,8 +373,7 @@ static int sublayer(struct pd_step *st, int layer, int ffn, pd_err *e)
     struct mhc_job j = {.st = st, .L = L, .ffn = ffn, .blocks = (mixn + PD_MHC_MIX_ROWS - 1) / PD_MHC_MIX_ROWS};
     j.split = T < pd_pool_nthreads(en->pool);
     j.mix = pd_scratch(en, 70, (size_t)T * mixn * sizeof(float), e);
-    j.tmp = pd_scratch(en, 48, (size_t)T * hc * H * sizeof(float), e);
-    if (!j.mix || !j.tmp)
+    if (!j.mix)
         return PD_ENOMEM;
     if (!j.split && T >= MHC_TOKENS_T) {
         /* several tokens: the mixing weights (196 KB a sublayer in v4-flash-mini) read once for

@@ -54,9 +54,8 @@ void pd_mhc_pre(const struct pd_model *m, const float *h, const float *fn, const
 void pd_mhc_mix(const struct pd_model *m, const float *h, const float *fn, int r0, int r1, float *mix);
 void pd_mhc_pre_mixed(const struct pd_model *m, const float *h, float *mix, const float *base, const float *scale,
                       float *x, float *post, float *comb);
-/* mHC "post": h_k = post_k * out + sum_j comb[j][k] * h_j; tmp holds hc * hidden floats. */
-void pd_mhc_post(const struct pd_model *m, float *h, const float *out, const float *post, const float *comb,
-                 float *tmp);
+/* mHC "post": h_k = post_k * out + sum_j comb[j][k] * h_j, in place. */
+void pd_mhc_post(const struct pd_model *m, float *h, const float *out, const float *post, const float *comb);
 /* Compressor: one token's projections into the state; returns 1 and the entry (normed, roped at
  * the block's first position) when the token completes a block. */
 int pd_compress_push(const struct pd_compressor_w *c, float *state, const float *kvp, const float *gate, int64_t pos,

@@ -2,10 +2,12 @@
  * indexer's top-k, the router's choice. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/internal.h"
 #include "kernels/ops.h"
+#include "kernels/vec.h"
 
 static struct pd_model small(int hc, int H)
 {
@@ -110,20 +112,52 @@ Test(parts, mhc_post)
 {
     enum { HC = 4, H = 8 };
     struct pd_model m = small(HC, H);
-    float h[HC * H], h0[HC * H], out[H], post[HC] = {1, 0.5f, 2, 0}, comb[HC * HC], tmp[HC * H];
+    float h[HC * H], h0[HC * H], out[H], post[HC] = {1, 0.5f, 2, 0}, comb[HC * HC];
     for (int i = 0; i < HC * H; i++)
         h[i] = h0[i] = (float)i / 10.0f;
     for (int i = 0; i < H; i++)
         out[i] = (float)(H - i);
     for (int i = 0; i < HC * HC; i++)
         comb[i] = (float)(i + 1) / 40.0f;
-    pd_mhc_post(&m, h, out, post, comb, tmp);
+    pd_mhc_post(&m, h, out, post, comb);
     for (int k = 0; k < HC; k++)
         for (int i = 0; i < H; i++) {
             float want = post[k] * out[i];
             for (int j = 0; j < HC; j++)
                 want += comb[j * HC + k] * h0[j * H + i];
             cr_assert_float_eq(h[k * H + i], want, 1e-5);
+        }
+}
+
+/* "post" in place by chunks of columns gives each value the bits of the element-wise sum over the
+ * whole rows (pd_scale_axpys, each new stream from the old ones): widths under, at and past a
+ * chunk and with a partial last one, 4 and 7 streams. */
+Test(parts, mhc_post_in_place_equals_whole_rows)
+{
+    static const int Hs[] = {8, 64, 200, 512, 1000}, HCs[] = {4, 7};
+    for (size_t a = 0; a < sizeof Hs / sizeof *Hs; a++)
+        for (size_t b = 0; b < sizeof HCs / sizeof *HCs; b++) {
+            const int H = Hs[a], HC = HCs[b];
+            struct pd_model m = small(HC, H);
+            float *h = malloc(sizeof(float) * HC * H), *h0 = malloc(sizeof(float) * HC * H);
+            float *want = malloc(sizeof(float) * HC * H), *out = malloc(sizeof(float) * H);
+            float post[8], comb[64], c[8];
+            for (int i = 0; i < HC * H; i++)
+                h[i] = h0[i] = sinf((float)i * 0.37f) * 3.0f;
+            for (int i = 0; i < H; i++)
+                out[i] = cosf((float)i * 0.11f);
+            for (int k = 0; k < HC; k++)
+                post[k] = 0.3f + 0.17f * (float)k;
+            for (int i = 0; i < HC * HC; i++)
+                comb[i] = 0.05f + 0.01f * (float)((i * 7) % 13);
+            for (int k = 0; k < HC; k++) {
+                for (int j = 0; j < HC; j++)
+                    c[j] = comb[j * HC + k];
+                pd_scale_axpys(post[k], out, c, h0, (size_t)H, HC, want + (size_t)k * H, H);
+            }
+            pd_mhc_post(&m, h, out, post, comb);
+            cr_assert_eq(memcmp(h, want, sizeof(float) * HC * H), 0, "hidden %d, %d streams", H, HC);
+            free(h), free(h0), free(want), free(out);
         }
 }
 
