@@ -86,17 +86,29 @@ AMX_FN
             const int next_rows = in_matrix ? job->out - ob - 16 : job->w_next ? job->next_out : 0;
             const int64_t wn_bytes = in < AMX_PREFETCH_ROWS_MAX_IN ? (int64_t)(next_rows < 16 ? next_rows : 16) * in : 0;
             int32_t(*done)[16 * 16] = cp[(rb + 1) & 1], (*sums)[16 * 16] = cp[rb & 1];
-            for (int k = 0, ep = 0; k < nkb; k++) {
-                if (wn_bytes)
-                    AMX_PREFETCH_ROWS(wn, wn_bytes * k / nkb, wn_bytes * (k + 1) / nkb);
-                /* the previous block's token blocks, spread over this block's steps */
-                for (; prev_ob >= 0 && ep < ntb && ep * nkb / ntb <= k; ep++) {
+            /* whole tiles (16 rows, 64 bytes) read in place at w_at, `in` apart; the rest padded */
+            const int whole = nr == 16;
+            const int8_t *w_at = job->w + (int64_t)ob * in;
+            int64_t pf_at = 0;
+            const int64_t pf_step = wn_bytes / nkb;
+            for (int k = 0, ep = 0, ep_at = 0; k < nkb; k++) {
+                if (wn_bytes) {   /* a slice a step, the last step to the end */
+                    const int64_t pf_end = k + 1 == nkb ? wn_bytes : pf_at + pf_step;
+                    AMX_PREFETCH_ROWS(wn, pf_at, pf_end);
+                    pf_at = pf_end;
+                }
+                /* the previous block's token blocks, spread over this block's steps (token block
+                 * ep at step ep * nkb / ntb, rounded down) */
+                for (; prev_ob >= 0 && ep < ntb && ep_at < (k + 1) * ntb; ep++, ep_at += nkb) {
                     const int t0 = ep * 16, nu = job->n - t0 < 16 ? job->n - t0 : 16;
                     AMX_EPILOGUE(job, done[ep], NULL, t0, nu, prev_ob, prev_nr, 0);
                 }
                 const int8_t *b = pack + pd_gemm_amx_tile_offset(job->n, in, 0, k);
                 const int64_t tstride = pd_gemm_amx_tile_offset(job->n, in, 1, k) - (b - pack);
-                AMX_WLOAD(5, job, ob, o1, k, sc->w);
+                if (whole && 64 * k + 64 <= in)
+                    AMX_LOAD(5, w_at + 64 * k, in);
+                else
+                    AMX_WLOAD(5, job, ob, o1, k, sc->w);
                 AMX_LOAD(6, b, 64);
                 AMX_DP(0, 5, 6);
                 if (ntb > 1) {
