@@ -242,15 +242,29 @@ struct amx_pack_run {
 static void amx_pack_task(void *arg, int task)
 {
     const struct amx_pack_run *r = arg;
-    int j = 0;
-    while (r->first[j + 1] <= task)
-        j++;
-    pd_gemm_amx_pack(&r->jobs[j], task - r->first[j], (int8_t *)r->jobs[j].apack);
+    /* the job whose task range holds `task`: the last j with first[j] <= task (a job with no
+     * tasks of its own has first[j] = first[j + 1], so the last such j is never one) */
+    int lo = 0, hi = r->n_jobs - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (r->first[mid] <= task)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    pd_gemm_amx_pack(&r->jobs[lo], task - r->first[lo], (int8_t *)r->jobs[lo].apack);
 }
 
 /* For kernel k, packs the activations of every job that the AMX kernels run on tiles, into one
  * allocation (*buf, NULL when nothing needed packing; the caller frees it), spread over the pool
- * by blocks of 16 tokens, and points each such job's apack at its part. */
+ * by blocks of 16 tokens, and points each such job's apack at its part. A job reading the same
+ * rows as the job before it (a routed expert's gate and up, w1 and w3) shares its part. */
+/* Jobs that read the same activation rows: the same matrix, rows list and count. */
+static int same_rows(const pd_gemm_job *a, const pd_gemm_job *b)
+{
+    return a->a == b->a && a->in == b->in && a->n == b->n && a->tok == b->tok;
+}
+
 static int amx_pack(pd_pool *pool, pd_kernel k, pd_gemm_job *jobs, int n_jobs, void **buf, pd_err *err)
 {
     *buf = NULL;
@@ -261,10 +275,13 @@ static int amx_pack(pd_pool *pool, pd_kernel k, pd_gemm_job *jobs, int n_jobs, v
     if (!first)
         return pd_err_set(err, PD_ENOMEM, "gemm: out of memory packing %d groups", n_jobs);
     first[0] = 0;
+    int prev_packed = 0;
     for (int j = 0; j < n_jobs; j++) {
-        int packed = jobs[j].n >= PD_GEMM_AMX_MIN_TOKENS && jobs[j].out > 0;
-        bytes += packed ? pd_gemm_amx_pack_bytes(jobs[j].n, jobs[j].in) : 0;
-        first[j + 1] = first[j] + (packed ? (jobs[j].n + 15) / 16 : 0);
+        const int packed = jobs[j].n >= PD_GEMM_AMX_MIN_TOKENS && jobs[j].out > 0;
+        const int own = packed && !(prev_packed && same_rows(&jobs[j], &jobs[j - 1]));
+        bytes += own ? pd_gemm_amx_pack_bytes(jobs[j].n, jobs[j].in) : 0;
+        first[j + 1] = first[j] + (own ? (jobs[j].n + 15) / 16 : 0);
+        prev_packed = packed;
     }
     int rc = 0;
     if (bytes > 0 && !(*buf = aligned_alloc(64, bytes)))   /* bytes is a multiple of 1 KiB */
@@ -272,8 +289,13 @@ static int amx_pack(pd_pool *pool, pd_kernel k, pd_gemm_job *jobs, int n_jobs, v
     if (bytes > 0 && *buf) {
         int8_t *p = *buf;
         for (int j = 0; j < n_jobs; j++) {
-            jobs[j].apack = first[j + 1] > first[j] ? p : NULL;
-            p += first[j + 1] > first[j] ? pd_gemm_amx_pack_bytes(jobs[j].n, jobs[j].in) : 0;
+            const int packed = jobs[j].n >= PD_GEMM_AMX_MIN_TOKENS && jobs[j].out > 0;
+            if (first[j + 1] > first[j]) {
+                jobs[j].apack = p;
+                p += pd_gemm_amx_pack_bytes(jobs[j].n, jobs[j].in);
+            } else {
+                jobs[j].apack = packed ? jobs[j - 1].apack : NULL;   /* the same rows as job j - 1 */
+            }
         }
         struct amx_pack_run r = {jobs, first, n_jobs};
         pd_pool_run(small_work((int64_t)bytes * 64) ? NULL : pool, first[n_jobs], amx_pack_task, &r);

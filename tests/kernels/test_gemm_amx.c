@@ -146,6 +146,21 @@ static void equal_reference(pd_kernel kernel, int out, int in, int T, pd_pool *p
                                 {.w = W, .rows = rows + T / 2, .n = T - T / 2, .y = gy + (size_t)(T / 2) * out}};
         cr_assert_eq(pd_gemm_grouped(p, &A, two, 2, flags, &e), 0, "%s", e.msg);
         cr_assert(memcmp(gref, gy, ny * sizeof *gy) == 0, "grouped out %d in %d T %d flags %d", out, in, T, flags);
+        /* a group reading the same rows as the group before it (an expert's gate and up) shares its
+         * packed activations; the group after it has its own again */
+        if (flags == 0) {
+            float *g2 = malloc(ny * sizeof *g2), *g3 = malloc(ny * sizeof *g3);
+            pd_gemm_group three[3] = {{.w = W, .rows = rows, .n = T, .y = gy},
+                                      {.w = W, .rows = rows, .n = T, .y = g2},
+                                      {.w = W, .rows = rows + T / 2, .n = T - T / 2, .y = g3}};
+            cr_assert_eq(pd_gemm_grouped(p, &A, three, 3, 0, &e), 0, "%s", e.msg);
+            cr_assert(memcmp(gref, gy, ny * sizeof *gy) == 0, "shared rows, first: out %d in %d T %d", out, in, T);
+            cr_assert(memcmp(gref, g2, ny * sizeof *g2) == 0, "shared rows, second: out %d in %d T %d", out, in, T);
+            cr_assert(memcmp(gref + (size_t)(T / 2) * out, g3, (size_t)(T - T / 2) * out * sizeof *g3) == 0,
+                      "after shared rows: out %d in %d T %d", out, in, T);
+            free(g2);
+            free(g3);
+        }
     }
     free(w), free(a), free(ws), free(as), free(ref), free(y), free(rows), free(gref), free(gy);
     set_kernel(PD_KERNEL_REF);
