@@ -239,20 +239,27 @@ struct amx_pack_run {
     int n_jobs;
 };
 
-static void amx_pack_task(void *arg, int task)
+/* Of n items whose tasks are numbered in order (first[i] the first of item i, nondecreasing), the
+ * one that holds `task`: the last i with first[i] <= task (an item with no tasks has first[i] =
+ * first[i + 1], so it is never the last such i). */
+static int task_owner(const int *first, int n, int task)
 {
-    const struct amx_pack_run *r = arg;
-    /* the job whose task range holds `task`: the last j with first[j] <= task (a job with no
-     * tasks of its own has first[j] = first[j + 1], so the last such j is never one) */
-    int lo = 0, hi = r->n_jobs - 1;
+    int lo = 0, hi = n - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (r->first[mid] <= task)
+        if (first[mid] <= task)
             lo = mid;
         else
             hi = mid - 1;
     }
-    pd_gemm_amx_pack(&r->jobs[lo], task - r->first[lo], (int8_t *)r->jobs[lo].apack);
+    return lo;
+}
+
+static void amx_pack_task(void *arg, int task)
+{
+    const struct amx_pack_run *r = arg;
+    const int j = task_owner(r->first, r->n_jobs, task);
+    pd_gemm_amx_pack(&r->jobs[j], task - r->first[j], (int8_t *)r->jobs[j].apack);
 }
 
 /* For kernel k, packs the activations of every job that the AMX kernels run on tiles, into one
@@ -461,15 +468,7 @@ static int grouped_blocks(int64_t row_blocks)
 static void grouped_task(void *arg, int task)
 {
     const struct grouped_run *r = arg;
-    /* The group whose task range holds `task`: the last g with first_task[g] <= task. */
-    int lo = 0, hi = r->n_groups - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (r->first_task[mid] <= task)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
+    const int lo = task_owner(r->first_task, r->n_groups, task);   /* the group that holds `task` */
     const pd_gemm_group *g = &r->groups[lo];
     int rb = rows_per_task(g->w.rows, g->w.cols, g->n, r->k) * r->blocks;
     int o0 = (task - r->first_task[lo]) * rb;
