@@ -819,9 +819,8 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
         } else {
             /* heads that run on the caller alone: a token's heads in one tiled pass over its keys,
              * each key read once for all of them instead of once per head (the same bits) */
-            const int alone = hj.per_head && (macs < HEADS_POOL_MACS || pd_pool_nthreads(en->pool) < 2);
-            hj.whole = alone;
-            pd_pool_run(alone ? NULL : en->pool, hj.per_head && !hj.whole ? n * nh : n, heads_task, &hj);
+            hj.whole = hj.per_head && (macs < HEADS_POOL_MACS || pd_pool_nthreads(en->pool) < 2);
+            pd_pool_run(hj.whole ? NULL : en->pool, hj.per_head && !hj.whole ? n * nh : n, heads_task, &hj);
         }
     }
     /* grouped low-rank output: group g maps heads [g*nh/og, (g+1)*nh/og) to o_lora values. With

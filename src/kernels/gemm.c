@@ -231,6 +231,12 @@ static int small_work(int64_t macs)
     return macs < PD_GEMM_SERIAL_MACS;
 }
 
+/* pd_gemm_job's y_stream for a call writing out_bytes of output (gemm_impl.h) */
+static int stream_y(int flags, int64_t out_bytes)
+{
+    return !(flags & PD_GEMM_ACCUM) && out_bytes >= PD_GEMM_STREAM_Y_BYTES;
+}
+
 /* ---- the AMX kernels' packed activations (gemm_impl.h) ---- */
 
 struct amx_pack_run {
@@ -272,6 +278,12 @@ static int same_rows(const pd_gemm_job *a, const pd_gemm_job *b)
     return a->a == b->a && a->in == b->in && a->n == b->n && a->tok == b->tok;
 }
 
+/* A job the AMX kernels run on tiles, which reads packed activations. */
+static int amx_packed(const pd_gemm_job *j)
+{
+    return j->n >= PD_GEMM_AMX_MIN_TOKENS && j->out > 0;
+}
+
 static int amx_pack(pd_pool *pool, pd_kernel k, pd_gemm_job *jobs, int n_jobs, void **buf, pd_err *err)
 {
     *buf = NULL;
@@ -282,13 +294,10 @@ static int amx_pack(pd_pool *pool, pd_kernel k, pd_gemm_job *jobs, int n_jobs, v
     if (!first)
         return pd_err_set(err, PD_ENOMEM, "gemm: out of memory packing %d groups", n_jobs);
     first[0] = 0;
-    int prev_packed = 0;
     for (int j = 0; j < n_jobs; j++) {
-        const int packed = jobs[j].n >= PD_GEMM_AMX_MIN_TOKENS && jobs[j].out > 0;
-        const int own = packed && !(prev_packed && same_rows(&jobs[j], &jobs[j - 1]));
+        const int own = amx_packed(&jobs[j]) && !(j > 0 && amx_packed(&jobs[j - 1]) && same_rows(&jobs[j], &jobs[j - 1]));
         bytes += own ? pd_gemm_amx_pack_bytes(jobs[j].n, jobs[j].in) : 0;
         first[j + 1] = first[j] + (own ? (jobs[j].n + 15) / 16 : 0);
-        prev_packed = packed;
     }
     int rc = 0;
     if (bytes > 0 && !(*buf = aligned_alloc(64, bytes)))   /* bytes is a multiple of 1 KiB */
@@ -296,12 +305,11 @@ static int amx_pack(pd_pool *pool, pd_kernel k, pd_gemm_job *jobs, int n_jobs, v
     if (bytes > 0 && *buf) {
         int8_t *p = *buf;
         for (int j = 0; j < n_jobs; j++) {
-            const int packed = jobs[j].n >= PD_GEMM_AMX_MIN_TOKENS && jobs[j].out > 0;
             if (first[j + 1] > first[j]) {
                 jobs[j].apack = p;
                 p += pd_gemm_amx_pack_bytes(jobs[j].n, jobs[j].in);
             } else {
-                jobs[j].apack = packed ? jobs[j - 1].apack : NULL;   /* the same rows as job j - 1 */
+                jobs[j].apack = amx_packed(&jobs[j]) ? jobs[j - 1].apack : NULL;   /* the same rows as job j - 1 */
             }
         }
         struct amx_pack_run r = {jobs, first, n_jobs};
@@ -371,7 +379,7 @@ static int gemm_run(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y,
         .job = {.w = w->q, .w_scale = w->scale, .out = w->rows, .in = w->cols,
                 .a = a->q, .a_scale = a->scale, .a_sum = sums, .a_packed = packed, .tok = NULL, .n = a->rows, .y = y,
                 .accum = (flags & PD_GEMM_ACCUM) != 0,
-                .y_stream = !(flags & PD_GEMM_ACCUM) && (int64_t)w->rows * a->rows * 4 >= PD_GEMM_STREAM_Y_BYTES},
+                .y_stream = stream_y(flags, (int64_t)w->rows * a->rows * 4)},
         .fn = kernel_fns[k],
         .rb = rows_per_task(w->rows, w->cols, a->rows, k),
     };
@@ -567,7 +575,7 @@ static int grouped_run(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *gro
     struct grouped_run r = {
         .a = a, .a_sum = sums, .packed = pk.buf, .packed_at = pk.at, .groups = groups, .first_task = first, .n_groups = n_groups,
         .accum = (flags & PD_GEMM_ACCUM) != 0, .k = k, .fn = kernel_fns[k], .blocks = blocks,
-        .y_stream = !(flags & PD_GEMM_ACCUM) && out_bytes >= PD_GEMM_STREAM_Y_BYTES,
+        .y_stream = stream_y(flags, out_bytes),
     };
     pd_gemm_job *packs = NULL;
     void *apacked = NULL;
