@@ -455,7 +455,7 @@ __attribute__((target("avx512f"))) static void amx_epilogue_avx512(const pd_gemm
 void pd_gemm_rows_amx(const pd_gemm_job *job, int o0, int o1)
 {
     if (job->n < PD_GEMM_AMX_MIN_TOKENS)
-        pd_gemm_rows_avx512(job, o0, o1);
+        pd_gemm_rows_avx512_two_streams(job, o0, o1);
     else
         rows_hw(job, o0, o1);
     /* non-temporal stores are weakly ordered: visible to the threads that read y before the pool

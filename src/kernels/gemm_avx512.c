@@ -230,9 +230,55 @@ static inline const int8_t *pf_at(const pd_gemm_job *job, int o, int ahead)
     return job->w_next && at >= 0 && at + GEMV_R <= job->next_out ? job->w_next + (int64_t)at * job->in : NULL;
 }
 
+/* Rows [o0, o1) of short rows for T = 1 .. PD_GEMM_FEW_MAX tokens as two streams, (o1 - o0) a
+ * multiple of 2 * CHUNK: the range's two halves side by side, each tile 4 rows of the first half
+ * and the same 4 of the second, one row of each in turn (o, o + half, o + 1, o + half + 1, ...), with
+ * no software prefetch. Each row's sums are added in its own order: the one-stream bits.
+ * Why: on the AMX Xeon (2 cores, 16.4 GB/s of 8-stream read bandwidth at 1 thread) one stream through
+ * a routed expert's 128 KiB matrices read 11-12 GB/s whatever the prefetch distances (L1 0-16 KiB and
+ * L2 0-96 KiB ahead: 10.9-12.1 GB/s, within the noise), where a bare loop of loads over the same
+ * matrices reads about 7% more as two streams interleaved by 512-1,024 bytes than as one (4 streams,
+ * or two by 2-4 KiB, no better). Seven experts of 256 per call at random (as bench kernels' case 6:
+ * gate and up, then down), the mean of 2,000 calls, 3 rounds alternating: 1 token 11.3-11.7 ->
+ * 12.8-13.1 GB/s, 2 tokens 10.6-11.0 -> 11.7-12.2, 3 tokens 10.3-10.5 -> 10.6-10.8 (the halves of each
+ * 64-row chunk instead of the range's: about half the gain; two rows of each stream in turn: none);
+ * bench kernels' own median, case 6 at 1 thread, 0.77-0.79 -> 0.81 of the read bandwidth; bench decode
+ * at 1 thread, batch 1 262-286 -> 287-294 tokens/s, batch 16 467-492 -> 486-496. Not measured on AMD:
+ * the AVX-512 path without AMX keeps the one-stream order and its prefetches (measured on Zen 4). */
+static AVX512 void rows_two_streams(const pd_gemm_job *job, const int8_t *const *a, const int32_t *asum, int o0,
+                                    int o1)
+{
+    const int in = job->in, T = job->n, half = (o1 - o0) / 2, pair = GEMV_R / 2;
+    for (int c0 = o0; c0 < o0 + half; c0 += CHUNK) {
+        int32_t acc[2][PD_GEMM_FEW_MAX * CHUNK];   /* [stream][t * CHUNK + row of the chunk] */
+        for (int o = 0; o < CHUNK; o += pair) {
+            const int8_t *wr[GEMV_R];
+            for (int k = 0; k < pair; k++) {
+                wr[2 * k] = job->w + (int64_t)(c0 + o + k) * in;
+                wr[2 * k + 1] = job->w + (int64_t)(c0 + half + o + k) * in;
+            }
+            int32_t sums[PD_GEMM_FEW_MAX * CHUNK];   /* sums[t * CHUNK + r]: tile row r, token t */
+            if (T == 3)
+                tile8x3_short(wr, a, asum, in, NULL, sums);
+            else if (T == 2)
+                tile8x2_short(wr, a, asum, in, NULL, sums);
+            else
+                tile8x1_short(wr, a[0], asum[0], in, NULL, sums);
+            for (int t = 0; t < T; t++)
+                for (int k = 0; k < pair; k++) {
+                    acc[0][t * CHUNK + o + k] = sums[t * CHUNK + 2 * k];
+                    acc[1][t * CHUNK + o + k] = sums[t * CHUNK + 2 * k + 1];
+                }
+        }
+        pd_gemm_store(job, 0, T, c0, CHUNK, acc[0], CHUNK);
+        pd_gemm_store(job, 0, T, c0 + half, CHUNK, acc[1], CHUNK);
+    }
+}
+
 /* Decode rows [o0, o1): one token (any row length), or 2 .. PD_GEMM_FEW_MAX tokens on rows of at
- * most PD_GEMM_FEW_MAX_IN (= PF_MAX_IN) bytes. */
-static AVX512 void gemv_rows(const pd_gemm_job *job, int o0, int o1)
+ * most PD_GEMM_FEW_MAX_IN (= PF_MAX_IN) bytes; two_streams: short rows as rows_two_streams reads
+ * them where the range allows. */
+static AVX512 void gemv_rows(const pd_gemm_job *job, int o0, int o1, int two_streams)
 {
     const int in = job->in, T = job->n, ahead = in <= PF_MAX_IN ? pf_ahead(in, PF_BYTES) : 0;
     const int ahead_l2 = in <= PF_MAX_IN ? pf_ahead(in, PF_L2_BYTES) : 0;
@@ -241,6 +287,10 @@ static AVX512 void gemv_rows(const pd_gemm_job *job, int o0, int o1)
     for (int t = 0; t < T; t++) {
         a[t] = pd_gemm_job_arow(job, t);
         asum[t] = row_sum(a[t], in);
+    }
+    if (two_streams && in <= PF_MAX_IN && (o1 - o0) % (2 * CHUNK) == 0) {
+        rows_two_streams(job, a, asum, o0, o1);
+        return;
     }
     for (int c0 = o0; c0 < o1; c0 += CHUNK) {
         int c1 = c0 + CHUNK < o1 ? c0 + CHUNK : o1;
@@ -267,7 +317,9 @@ static AVX512 void gemv_rows(const pd_gemm_job *job, int o0, int o1)
     }
 }
 
-AVX512 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1)
+/* The AVX-512 kernels by the number of tokens (gemm_impl.h); two_streams: the decode GEMV's short
+ * rows as rows_two_streams reads them. */
+static AVX512 void rows_avx512(const pd_gemm_job *job, int o0, int o1, int two_streams)
 {
     /* The weight scales of the rows are prefetched first: a routed expert's are cold, and the
      * epilogue would otherwise wait a memory latency for them after every chunk (measured: most
@@ -275,11 +327,21 @@ AVX512 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1)
     for (int o = o0; o < o1; o += 16)
         _mm_prefetch((const char *)(job->w_scale + o), _MM_HINT_T0);
     if (job->n == 1 || (job->n <= PD_GEMM_FEW_MAX && job->in <= PD_GEMM_FEW_MAX_IN))
-        gemv_rows(job, o0, o1);
+        gemv_rows(job, o0, o1, two_streams);
     else if (job->a_packed)
         pd_gemm_rows_tw(job, o0, o1);
     else if (job->n <= PD_GEMM_SMALL_MAX || job->out < 16)
         pd_gemm_rows_small(job, o0, o1);   /* (under 16 rows a packed vector would be part empty) */
     else
         pd_gemm_rows_vnni(job, o0, o1);
+}
+
+AVX512 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1)
+{
+    rows_avx512(job, o0, o1, 0);
+}
+
+AVX512 void pd_gemm_rows_avx512_two_streams(const pd_gemm_job *job, int o0, int o1)
+{
+    rows_avx512(job, o0, o1, 1);
 }

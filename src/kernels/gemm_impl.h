@@ -60,6 +60,9 @@ typedef void (*pd_gemm_rows_fn)(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_rows_ref(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_rows_avx2(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1);
+/* The same with the decode GEMV's short rows read as two streams (gemm_avx512.c's
+ * rows_two_streams: measured on the AMX Xeon, whose kernels pass it their jobs of few tokens). */
+void pd_gemm_rows_avx512_two_streams(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_rows_amx(const pd_gemm_job *job, int o0, int o1);
 void pd_gemm_rows_amx_emu(const pd_gemm_job *job, int o0, int o1);
 

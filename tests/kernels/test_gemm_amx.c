@@ -247,3 +247,43 @@ Test(amx, offered_where_the_cpu_has_it)
         cr_assert(strstr(e.msg, "amx") && strstr(e.msg, "not supported"), "%s", e.msg);
     }
 }
+
+/* The decode GEMV's two-stream order (gemm_avx512.c's rows_two_streams, which the AMX kernels give
+ * their jobs of 1-3 tokens): row ranges of whole pairs of 64-row chunks (one pair, three pairs, one
+ * starting past row 0), short rows with and without a partial last 64 bytes, 1 to 3 tokens gathered
+ * out of order, with and without accumulation: bit for bit the reference's outputs, and no row
+ * outside the range written. A row of one stream stored in the other's place, or a tile row left
+ * out, fails it. */
+Test(amx, two_stream_gemv_equals_the_reference)
+{
+    if (!pd_gemm_kernel_supported(PD_KERNEL_AVX512))
+        cr_skip_test("this CPU has no AVX-512 VNNI");
+    static const int shapes[][4] = {{128, 512, 0, 128}, {384, 256, 0, 384}, {640, 200, 128, 512}, {256, 2048, 0, 256}};
+    static const int32_t tok[3] = {2, 0, 1};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int T = 1; T <= 3; T++)
+            for (int accum = 0; accum <= 1; accum++) {
+                const int out = shapes[s][0], in = shapes[s][1], o0 = shapes[s][2], o1 = shapes[s][3];
+                int8_t *w = malloc((size_t)out * in), *a = malloc((size_t)3 * in);
+                float *ws = malloc((size_t)out * sizeof *ws), as[3];
+                for (int i = 0; i < out * in; i++)
+                    w[i] = rnd8();
+                for (int i = 0; i < 3 * in; i++)
+                    a[i] = rnd8();
+                for (int i = 0; i < out; i++)
+                    ws[i] = rndscale();
+                for (int i = 0; i < 3; i++)
+                    as[i] = rndscale();
+                float *ref = malloc((size_t)T * out * sizeof *ref), *y = malloc((size_t)T * out * sizeof *y);
+                for (int i = 0; i < T * out; i++)
+                    ref[i] = y[i] = (float)(i % 5) - 2.0f;
+                pd_gemm_job j = {.w = w, .w_scale = ws, .out = out, .in = in, .a = a, .a_scale = as, .tok = tok,
+                                 .n = T, .y = ref, .accum = accum};
+                pd_gemm_rows_ref(&j, o0, o1);
+                j.y = y;
+                pd_gemm_rows_avx512_two_streams(&j, o0, o1);
+                cr_assert(memcmp(ref, y, (size_t)T * out * sizeof *y) == 0, "out %d in %d rows [%d, %d) T %d accum %d",
+                          out, in, o0, o1, T, accum);
+                free(w), free(a), free(ws), free(ref), free(y);
+            }
+}
