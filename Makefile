@@ -96,8 +96,9 @@ $(MINI): src/engine/genmodel.c src/plan/inventory.c models/v4-flash-mini.json | 
 
 # Tests run from the top of the tree (they read models/ and write to a temporary directory).
 # Under sanitizers, tests/lsan.supp names the leaks of libraries pdmoe does not own (Criterion's runner).
-# On a failure the failing tests and their messages are printed again at the end (from the TAP
-# report), where a log's tail shows them.
+# On a failure the failing tests and their whole messages (up to 80 lines each: a fault test's
+# servers' logs; 8 lines cut them off, and with them why a CI run failed) are printed again at the
+# end (from the TAP report), where a log's tail shows them.
 # The test binary, pdmoe and the model are built on every core first (a plain `make test` would
 # compile them one file at a time: about 70 s of CI's README stage, 150 s of its SAN stage).
 # Tests run one more at a time than there are cores (TEST_JOBS): much of a test is waiting (for
@@ -110,7 +111,7 @@ test:
 	$(MAKE) -j$(NPROC) $(BUILD)/pdmoe-tests $(BUILD)/pdmoe $(MINI)
 	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp PDMOE_BIN=$(BUILD)/pdmoe \
 	    ./$(BUILD)/pdmoe-tests -j$(TEST_JOBS) --tap=$(BUILD)/tests.tap $(TEST_ARGS) || \
-	    { echo "== failed:"; grep -A8 '^not ok' $(BUILD)/tests.tap; exit 1; }
+	    { echo "== failed:"; awk '/^not ok/ {p = 1; n = 0} p && n++ < 80 {print} /^  \.\.\.$$/ {p = 0}' $(BUILD)/tests.tap; exit 1; }
 
 # Several hosts: network namespaces of this machine as hosts (root and iproute2; tests/cluster/).
 # The seed's cluster shape across four hosts under one `pdmoe up --hosts`, then the KV hand-off
