@@ -230,6 +230,21 @@ static inline const int8_t *pf_at(const pd_gemm_job *job, int o, int ahead)
     return job->w_next && at >= 0 && at + GEMV_R <= job->next_out ? job->w_next + (int64_t)at * job->in : NULL;
 }
 
+/* One tile of GEMV_R rows wr[] for T tokens (2 or 3 on short rows only), by the kernel for its
+ * shape: sums at acc[t * CHUNK + r]; pf (NULL: none) as tile8x1_short takes it. */
+static AVX512 void tile8(const int8_t *const *wr, const int8_t *const *a, const int32_t *asum, int in, int T,
+                         const int8_t *pf, int32_t *acc)
+{
+    if (T == 3)
+        tile8x3_short(wr, a, asum, in, pf, acc);
+    else if (T == 2)
+        tile8x2_short(wr, a, asum, in, pf, acc);
+    else if (in > PF_MAX_IN)
+        tile8x1(wr, a[0], asum[0], in, acc);
+    else
+        tile8x1_short(wr, a[0], asum[0], in, pf, acc);
+}
+
 /* Rows [o0, o1) of short rows for T = 1 .. PD_GEMM_FEW_MAX tokens as two streams, (o1 - o0) a
  * multiple of 2 * CHUNK: the range's two halves side by side, each tile 4 rows of the first half
  * and the same 4 of the second, one row of each in turn (o, o + half, o + 1, o + half + 1, ...), with
@@ -258,12 +273,7 @@ static AVX512 void rows_two_streams(const pd_gemm_job *job, const int8_t *const 
                 wr[2 * k + 1] = job->w + (int64_t)(c0 + half + o + k) * in;
             }
             int32_t sums[PD_GEMM_FEW_MAX * CHUNK];   /* sums[t * CHUNK + r]: tile row r, token t */
-            if (T == 3)
-                tile8x3_short(wr, a, asum, in, NULL, sums);
-            else if (T == 2)
-                tile8x2_short(wr, a, asum, in, NULL, sums);
-            else
-                tile8x1_short(wr, a[0], asum[0], in, NULL, sums);
+            tile8(wr, a, asum, in, T, NULL, sums);
             for (int t = 0; t < T; t++)
                 for (int k = 0; k < pair; k++) {
                     acc[0][t * CHUNK + o + k] = sums[t * CHUNK + 2 * k];
@@ -304,14 +314,7 @@ static AVX512 void gemv_rows(const pd_gemm_job *job, int o0, int o1, int two_str
             const int8_t *pf = ahead ? pf_at(job, o, ahead) : NULL, *pf_l2 = ahead_l2 ? pf_at(job, o, ahead_l2) : NULL;
             if (pf_l2)
                 prefetch_l2(pf_l2, in);
-            if (T == 3)
-                tile8x3_short(wr, a, asum, in, pf, acc + (o - c0));
-            else if (T == 2)
-                tile8x2_short(wr, a, asum, in, pf, acc + (o - c0));
-            else if (in > PF_MAX_IN)
-                tile8x1(wr, a[0], asum[0], in, acc + (o - c0));
-            else
-                tile8x1_short(wr, a[0], asum[0], in, pf, acc + (o - c0));
+            tile8(wr, a, asum, in, T, pf, acc + (o - c0));
         }
         pd_gemm_store(job, 0, T, c0, c1 - c0, acc, CHUNK);
     }

@@ -105,11 +105,9 @@ static void start_proxy_n(const int *prefill, int np, const int *decode, int nd)
     /* until its first /health checks have answered, the proxy sends requests to an instance only
      * while none of its role is up: a test's load would go to whichever answered first */
     for (int i = 0; i < np + nd; i++) {
-        char key[224];
-        snprintf(key, sizeof key, "pdmoe_proxy_instance_up{role=\"%s\",instance=\"%s\"}",
-                 i < np ? "prefill" : "decode", hp[i]);
+        const char *role = i < np ? "prefill" : "decode";
         int up = 0;
-        for (int k = 0; k < 1000 && !(up = metric_key(pd_proxy_port(X), key) == 1); k++)
+        for (int k = 0; k < 1000 && !(up = proxy_instance_metric(pd_proxy_port(X), "up", role, hp[i]) == 1); k++)
             usleep(10000);
         cr_assert(up, "the proxy never saw %s up%s", hp[i], serve_logs());
     }
@@ -207,12 +205,12 @@ static int metric(int port, const char *name)
     return metric_port(port, name);
 }
 
-/* The proxy's requests in flight on the prefill instance at `port`. */
-static int prefill_load(int port)
+/* A gauge of the proxy's for its instance of `role` on local `port` (pdmoe_proxy_instance_<name>). */
+static int at_proxy(const char *name, const char *role, int port)
 {
-    char key[128];
-    snprintf(key, sizeof key, "pdmoe_proxy_instance_load{role=\"prefill\",instance=\"127.0.0.1:%d\"}", port);
-    return (int)metric_key(pd_proxy_port(X), key);
+    char where[32];
+    snprintf(where, sizeof where, "127.0.0.1:%d", port);
+    return (int)proxy_instance_metric(pd_proxy_port(X), name, role, where);
 }
 
 Test(fault, a_prefill_instance_killed_under_load)
@@ -231,7 +229,7 @@ Test(fault, a_prefill_instance_killed_under_load)
     kill(p1, SIGSTOP);
     FILE *l = load(24, 8);
     int held = 0;
-    for (int i = 0; i < 1000 && !(held = prefill_load(ports[0]) > 0); i++)
+    for (int i = 0; i < 1000 && !(held = at_proxy("load", "prefill", ports[0]) > 0); i++)
         usleep(5000);
     cr_assert(held, "the proxy never sent p1 a request%s", serve_logs());
     int whole = kill_then_finish(0, l, 24);
@@ -338,11 +336,8 @@ Test(fault, a_dead_decode_instance_is_routed_around)
         usleep(20000);
     cr_assert_eq(metric(pport, "pdmoe_kv_leases"), 0);
     cr_assert_eq(metric(dports[0], "pdmoe_kv_blocks_free"), metric(dports[0], "pdmoe_kv_blocks_capacity"));
-    char key[128];
-    snprintf(key, sizeof key, "pdmoe_proxy_instance_up{role=\"decode\",instance=\"127.0.0.1:%d\"}", dports[1]);
-    cr_assert_eq(metric_key(pd_proxy_port(X), key), 0);
-    snprintf(key, sizeof key, "pdmoe_proxy_instance_up{role=\"decode\",instance=\"127.0.0.1:%d\"}", dports[0]);
-    cr_assert_eq(metric_key(pd_proxy_port(X), key), 1);
+    cr_assert_eq(at_proxy("up", "decode", dports[1]), 0);
+    cr_assert_eq(at_proxy("up", "decode", dports[0]), 1);
 }
 
 /* A prefill instance that stops answering (SIGSTOP: a host that hangs) while a decode instance

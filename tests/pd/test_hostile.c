@@ -620,9 +620,7 @@ Test(hostile, a_failed_stream_does_not_take_its_instance_back_first)
     cr_assert_eq(pd_proxy_create(&o, &x, &e), 0, "%s", e.msg);
     pthread_t t;
     pthread_create(&t, NULL, run_proxy, x);
-    char key[128];
-    snprintf(key, sizeof key, "pdmoe_proxy_instance_up{role=\"decode\",instance=\"%s\"}", where);
-    for (int i = 0; i < 250 && metric_key(pd_proxy_port(x), key) != 1; i++)
+    for (int i = 0; i < 250 && proxy_instance_metric(pd_proxy_port(x), "up", "decode", where) != 1; i++)
         usleep(20000);   /* (in service from its first check) */
     const char *body = "{\"prompt\":\"x\",\"max_tokens\":2,\"stream\":true}";
     for (int i = 0; i < 3; i++) {   /* (the one instance gets them though it is out: no other is up) */

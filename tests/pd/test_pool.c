@@ -697,7 +697,7 @@ Test(pool, no_local_port_is_named_and_not_held_against_the_instance)
     snprintf(log, sizeof log, "/tmp/pdmoe-noport-%d.log", (int)getpid());
     const char *args[] = {"proxy", "--decode", where, NULL};
     start_shimmed(args, port, F.port, log);
-    char out[8192], key[256];
+    char out[8192];
     const char *body = "{\"prompt\":\"hi\",\"max_tokens\":1}";
     cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
     short_of_ports("");
@@ -709,10 +709,9 @@ Test(pool, no_local_port_is_named_and_not_held_against_the_instance)
     int checks = atomic_load(&F.health_200);
     usleep(500000);
     cr_assert_eq(atomic_load(&F.health_200), checks, "the shim let checks through");
-    snprintf(key, sizeof key, "pdmoe_proxy_instance_up{role=\"decode\",instance=\"%s\"}", where);
-    cr_assert_eq(metric_key(port, key), 1, "no local port was held against the instance");
-    snprintf(key, sizeof key, "pdmoe_proxy_instance_ejections_total{role=\"decode\",instance=\"%s\"}", where);
-    cr_assert_eq(metric_key(port, key), 0, "no local port was held against the instance");
+    cr_assert_eq(proxy_instance_metric(port, "up", "decode", where), 1, "no local port was held against the instance");
+    cr_assert_eq(proxy_instance_metric(port, "ejections_total", "decode", where), 0,
+                 "no local port was held against the instance");
     cr_assert_geq(metric_key(port, "pdmoe_proxy_errors_total{kind=\"local_limit\"}"), 1);
     short_of_ports(NULL);
     cr_assert_eq(curl_port(port, "/v1/completions", body, NULL, out, sizeof out), 200, "%s", out);
@@ -739,7 +738,7 @@ Test(pool, a_connect_short_of_local_ports_goes_to_the_next_instance_of_its_role)
         snprintf(where[i], sizeof where[i], "127.0.0.1:%d", all[i]->port);
     }
     const int port = test_ports();
-    char log[64], prefill[80], decode[80], out[8192], key[256], ports[64];
+    char log[64], prefill[80], decode[80], out[8192], ports[64];
     snprintf(log, sizeof log, "/tmp/pdmoe-noport-%d.log", (int)getpid());
     snprintf(prefill, sizeof prefill, "%s,%s", where[0], where[1]);
     snprintf(decode, sizeof decode, "%s,%s", where[2], where[3]);
@@ -758,12 +757,9 @@ Test(pool, a_connect_short_of_local_ports_goes_to_the_next_instance_of_its_role)
     cr_assert_eq(metric_key(port, "pdmoe_proxy_errors_total{kind=\"local_limit\"}"), 4,
                  "two requests, each short of ports towards one prefill and one decode instance");
     for (int i = 0; i < 4; i++) {
-        snprintf(key, sizeof key, "pdmoe_proxy_instance_ejections_total{role=\"%s\",instance=\"%s\"}",
-                 i < 2 ? "prefill" : "decode", where[i]);
-        cr_assert_eq(metric_key(port, key), 0, "%s was taken out", where[i]);
-        snprintf(key, sizeof key, "pdmoe_proxy_instance_up{role=\"%s\",instance=\"%s\"}", i < 2 ? "prefill" : "decode",
-                 where[i]);
-        cr_assert_eq(metric_key(port, key), 1, "%s is not up", where[i]);
+        const char *role = i < 2 ? "prefill" : "decode";
+        cr_assert_eq(proxy_instance_metric(port, "ejections_total", role, where[i]), 0, "%s was taken out", where[i]);
+        cr_assert_eq(proxy_instance_metric(port, "up", role, where[i]), 1, "%s is not up", where[i]);
     }
     /* both prefill instances short: the 503 names the limit and both, each tried once */
     snprintf(ports, sizeof ports, "%d %d", p1->port, p2->port);

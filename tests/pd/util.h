@@ -261,6 +261,15 @@ static inline int metric_port(int port, const char *name)
     return (int)metric_key(port, name);
 }
 
+/* A proxy's gauge or counter of one instance: pdmoe_proxy_instance_<name>{role="<role>",
+ * instance="<where>"} of the proxy at `port` (where as given to the proxy, "127.0.0.1:8001"). */
+static inline int64_t proxy_instance_metric(int port, const char *name, const char *role, const char *where)
+{
+    char key[256];
+    snprintf(key, sizeof key, "pdmoe_proxy_instance_%s{role=\"%s\",instance=\"%s\"}", name, role, where);
+    return metric_key(port, key);
+}
+
 /* The same for one rank of an EP group ({rank="N"}). */
 static inline int labelled(int port, const char *name, int rank)
 {
