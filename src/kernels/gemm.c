@@ -112,8 +112,8 @@ int pd_gemm_kernel_get(pd_kernel *k, pd_err *err)
  * itself). AMX: whole pairs of its 16-row tiles, 256 for the large matrices (every task reads the
  * packed activations once per reduction block, so fewer, taller tasks read them fewer times;
  * 2048 rows still make 8 tasks), fewer for small ones so that two threads share them, except
- * for at most PD_GEMM_AMX_ONE_PASS_MAX tokens (a routed expert's), whose one pass streams the
- * weights and requests each next block of rows: 128 there (prefill's experts of v4-flash-mini,
+ * where the weights are read in place (pd_gemm_amx_in_place: a routed expert's few tokens), whose
+ * one pass streams the weights and requests each next block of rows: 128 there (prefill's experts of v4-flash-mini,
  * 256 x 512 and 512 x 256 with about 12 tokens each, 1.02-1.09x the rate of 32- and 64-row
  * tasks at 1 and 2 threads). AVX2 on
  * PD_GEMM_AVX2_BLOCK_MIN tokens and more (n): 64, its blocked path cuts the reduction into chunks
@@ -125,7 +125,7 @@ static int rows_per_task(int out, int in, int n, pd_kernel k)
     if (k == PD_KERNEL_AVX512 || (k == PD_KERNEL_AVX2 && n >= PD_GEMM_AVX2_BLOCK_MIN))
         return 64;
     if (k == PD_KERNEL_AMX || k == PD_KERNEL_AMX_EMU)   /* whole pairs of 16-row tiles (gemm_amx_body.h) */
-        return out >= 2048 ? 256 : n <= PD_GEMM_AMX_ONE_PASS_MAX ? 128 : out >= 512 ? 64 : 32;
+        return out >= 2048 ? 256 : pd_gemm_amx_in_place(n, in) ? 128 : out >= 512 ? 64 : 32;
     int rb = (256 * 1024 / in) & ~7;
     return rb < 8 ? 8 : rb > 64 ? 64 : rb;
 }

@@ -57,9 +57,8 @@ static void amx_cfg_full(struct amx_cfg *cfg)
  * that the hardware streams by itself, and the requests only compete with it. */
 #define AMX_PREFETCH_ROWS_MAX_IN 2048
 /* Token blocks that one pass over the weights read in place serves at once, a C tile each
- * (tmm0..4). With more, the weights are copied into whole tiles per reduction block; with these
- * few (a routed expert's tokens) each copied tile would serve too few products to repay its copy. */
-#define AMX_ONE_PASS_TB (PD_GEMM_AMX_ONE_PASS_MAX / 16)
+ * (tmm0..4): a group (pd_gemm_amx_in_place says when the weights are read so). */
+#define AMX_ONE_PASS_TB PD_GEMM_AMX_GROUP_TB
 /* tmm t = the weight tile of rows [o, o + 16) x reduction step kb, read in place */
 #define AMX_WLOAD(t, job, o, o1, kb, pad)                                                  \
     do {                                                                                  \

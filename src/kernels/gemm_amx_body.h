@@ -34,11 +34,13 @@
  * one epilogue, so the results equal every other path's bit for bit. The next block's weights are
  * prefetched a slice per pair of row blocks (AMX_PREFETCH_W), so that their copy finds them in L2.
  * A task reads the packed activations once per block: once for its 256 rows, not once per 32.
- * With at most AMX_ONE_PASS_TB token blocks (a routed expert's few tokens) a copied tile would
- * serve too few products to repay the copy: the weights are read in place, 16 rows `in` bytes
- * apart (zero-padded copies at the matrix's edges), in one pass over the whole reduction in which
- * each block of 16 rows meets every token block (a C tile each), so that every weight line comes
- * from memory once and the hardware prefetchers see 16 rows streaming in order. Rows shorter than
+ * With few token blocks (a routed expert's tokens, or up to 1 MiB of packed activations over rows
+ * of 1 KiB or more: pd_gemm_amx_in_place) a copied tile would serve too few products to repay the
+ * copy, which besides stalls on weights from memory: the weights are read in place, 16 rows `in`
+ * bytes apart (zero-padded copies at the matrix's edges), in one pass over the whole reduction in
+ * which each block of 16 rows meets the token blocks AMX_ONE_PASS_TB at a time (a C tile each),
+ * so that every weight line comes from memory once (the next groups find the block in L1 or L2)
+ * and the hardware prefetchers see 16 rows streaming in order. Rows shorter than
  * half a page (mini's experts: 512 and 256 bytes) put a tile's 16 lines at strides the
  * prefetchers do not follow: the next block of rows, contiguous, is requested by software while
  * this one computes (gemm_amx.c gives the measurements). (Pairs of row
@@ -50,7 +52,7 @@ AMX_FN
     AMX_STATE
     const int in = job->in, nkb = (in + 63) / 64, ntb = (job->n + 15) / 16, nrb = (o1 - o0 + 15) / 16;
     /* few token blocks: the weights are read in place (a copy would be used too few times) */
-    const int packw = ntb > AMX_ONE_PASS_TB, kc = !packw || nkb < PD_GEMM_AMX_KC ? nkb : PD_GEMM_AMX_KC;
+    const int packw = !pd_gemm_amx_in_place(job->n, in), kc = !packw || nkb < PD_GEMM_AMX_KC ? nkb : PD_GEMM_AMX_KC;
     const int8_t *pack = job->apack;
     struct amx_scratch *sc = amx_scratch(packw ? (size_t)nrb * kc * 1024 : 1024,
                                          nkb > kc ? (size_t)nrb * ntb * 1024 : 0);
@@ -62,87 +64,94 @@ AMX_FN
     amx_cfg_full(&cfg);
     AMX_CONFIG(&cfg);
     if (!packw) {
-        /* one pass over the weights: each block of 16 rows, read in place, meets every token block
-         * at once (C tiles tmm0 .. ntb - 1, the weights tmm5, the tokens tmm6 and tmm7 in turn).
-         * A block's sums wait in cp[] while the next block computes, which runs their epilogue a
-         * token block at a time between its steps: the scaling and the stores into y (lines not
-         * yet in the caches) then overlap the tile unit and the weights' stream instead of
-         * stalling between blocks. */
+        /* one pass over the weights: each block of 16 rows, read in place, meets the token blocks
+         * AMX_ONE_PASS_TB at a time (a group: C tiles tmm0 .. 4, the weights tmm5, the tokens tmm6
+         * and tmm7 in turn); the first group reads the block from memory, the others find it in
+         * the caches. A unit's sums (a block's group) wait in cp[] while the next unit computes,
+         * which runs their epilogue a token block at a time between its steps: the scaling and the
+         * stores into y (lines not yet in the caches) then overlap the tile unit and the weights'
+         * stream instead of stalling between units. */
         _Alignas(64) int32_t cp[2][AMX_ONE_PASS_TB][16 * 16];
-        int prev_ob = -1, prev_nr = 0;
+        const int ngroups = (ntb + AMX_ONE_PASS_TB - 1) / AMX_ONE_PASS_TB;
+        int prev_ob = -1, prev_nr = 0, prev_tb = 0, prev_n = 0, unit = 0;
         for (int rb = 0; rb < nrb; rb++) {
             const int ob = o0 + 16 * rb, nr = o1 - ob < 16 ? o1 - ob : 16;
-            AMX_ZERO(0);
-            AMX_ZERO(1);
-            AMX_ZERO(2);
-            AMX_ZERO(3);
-            AMX_ZERO(4);
             /* rows shorter than AMX_PREFETCH_ROWS_MAX_IN: the next block of 16 rows, contiguous
              * in the matrix (past this task's rows too: the next task's, which this thread often
-             * runs next), or the next group's first, requested a slice a step while this block
-             * computes */
+             * runs next), or the next group's first, requested a slice a step over this block's
+             * steps (of every token group) */
             const int in_matrix = ob + 16 < job->out;
             const int8_t *wn = in_matrix ? job->w + (int64_t)(ob + 16) * in : job->w_next;
             const int next_rows = in_matrix ? job->out - ob - 16 : job->w_next ? job->next_out : 0;
             const int64_t wn_bytes = in < AMX_PREFETCH_ROWS_MAX_IN ? (int64_t)(next_rows < 16 ? next_rows : 16) * in : 0;
-            int32_t(*done)[16 * 16] = cp[(rb + 1) & 1], (*sums)[16 * 16] = cp[rb & 1];
+            const int64_t pf_steps = (int64_t)nkb * ngroups, pf_step = wn_bytes / pf_steps;
+            int64_t pf_at = 0, step = 0;
             /* whole tiles (16 rows, 64 bytes) read in place at w_at, `in` apart; the rest padded */
             const int whole = nr == 16;
             const int8_t *w_at = job->w + (int64_t)ob * in;
-            int64_t pf_at = 0;
-            const int64_t pf_step = wn_bytes / nkb;
-            for (int k = 0, ep = 0, ep_at = 0; k < nkb; k++) {
-                if (wn_bytes) {   /* a slice a step, the last step to the end */
-                    const int64_t pf_end = k + 1 == nkb ? wn_bytes : pf_at + pf_step;
-                    AMX_PREFETCH_ROWS(wn, pf_at, pf_end);
-                    pf_at = pf_end;
+            for (int g0 = 0; g0 < ntb; g0 += AMX_ONE_PASS_TB, unit++) {
+                const int gn = ntb - g0 < AMX_ONE_PASS_TB ? ntb - g0 : AMX_ONE_PASS_TB;
+                AMX_ZERO(0);
+                AMX_ZERO(1);
+                AMX_ZERO(2);
+                AMX_ZERO(3);
+                AMX_ZERO(4);
+                int32_t(*done)[16 * 16] = cp[(unit + 1) & 1], (*sums)[16 * 16] = cp[unit & 1];
+                for (int k = 0, ep = 0, ep_at = 0; k < nkb; k++, step++) {
+                    if (wn_bytes) {   /* a slice a step, the last step to the end */
+                        const int64_t pf_end = step + 1 == pf_steps ? wn_bytes : pf_at + pf_step;
+                        AMX_PREFETCH_ROWS(wn, pf_at, pf_end);
+                        pf_at = pf_end;
+                    }
+                    /* the previous unit's token blocks, spread over this unit's steps (token
+                     * block ep at step ep * nkb / prev_n, rounded down) */
+                    for (; prev_ob >= 0 && ep < prev_n && ep_at < (k + 1) * prev_n; ep++, ep_at += nkb) {
+                        const int t0 = (prev_tb + ep) * 16, nu = job->n - t0 < 16 ? job->n - t0 : 16;
+                        AMX_EPILOGUE(job, done[ep], NULL, t0, nu, prev_ob, prev_nr, 0);
+                    }
+                    const int8_t *b = pack + pd_gemm_amx_tile_offset(job->n, in, g0, k);
+                    const int64_t tstride = pd_gemm_amx_tile_offset(job->n, in, g0 + 1, k) - (b - pack);
+                    if (whole && 64 * k + 64 <= in)
+                        AMX_LOAD(5, w_at + 64 * k, in);
+                    else
+                        AMX_WLOAD(5, job, ob, o1, k, sc->w);
+                    AMX_LOAD(6, b, 64);
+                    AMX_DP(0, 5, 6);
+                    if (gn > 1) {
+                        AMX_LOAD(7, b + tstride, 64);
+                        AMX_DP(1, 5, 7);
+                    }
+                    if (gn > 2) {
+                        AMX_LOAD(6, b + 2 * tstride, 64);
+                        AMX_DP(2, 5, 6);
+                    }
+                    if (gn > 3) {
+                        AMX_LOAD(7, b + 3 * tstride, 64);
+                        AMX_DP(3, 5, 7);
+                    }
+                    if (gn > 4) {
+                        AMX_LOAD(6, b + 4 * tstride, 64);
+                        AMX_DP(4, 5, 6);
+                    }
                 }
-                /* the previous block's token blocks, spread over this block's steps (token block
-                 * ep at step ep * nkb / ntb, rounded down) */
-                for (; prev_ob >= 0 && ep < ntb && ep_at < (k + 1) * ntb; ep++, ep_at += nkb) {
-                    const int t0 = ep * 16, nu = job->n - t0 < 16 ? job->n - t0 : 16;
-                    AMX_EPILOGUE(job, done[ep], NULL, t0, nu, prev_ob, prev_nr, 0);
-                }
-                const int8_t *b = pack + pd_gemm_amx_tile_offset(job->n, in, 0, k);
-                const int64_t tstride = pd_gemm_amx_tile_offset(job->n, in, 1, k) - (b - pack);
-                if (whole && 64 * k + 64 <= in)
-                    AMX_LOAD(5, w_at + 64 * k, in);
-                else
-                    AMX_WLOAD(5, job, ob, o1, k, sc->w);
-                AMX_LOAD(6, b, 64);
-                AMX_DP(0, 5, 6);
-                if (ntb > 1) {
-                    AMX_LOAD(7, b + tstride, 64);
-                    AMX_DP(1, 5, 7);
-                }
-                if (ntb > 2) {
-                    AMX_LOAD(6, b + 2 * tstride, 64);
-                    AMX_DP(2, 5, 6);
-                }
-                if (ntb > 3) {
-                    AMX_LOAD(7, b + 3 * tstride, 64);
-                    AMX_DP(3, 5, 7);
-                }
-                if (ntb > 4) {
-                    AMX_LOAD(6, b + 4 * tstride, 64);
-                    AMX_DP(4, 5, 6);
-                }
+                AMX_STORE(0, sums[0], 64);
+                if (gn > 1)
+                    AMX_STORE(1, sums[1], 64);
+                if (gn > 2)
+                    AMX_STORE(2, sums[2], 64);
+                if (gn > 3)
+                    AMX_STORE(3, sums[3], 64);
+                if (gn > 4)
+                    AMX_STORE(4, sums[4], 64);
+                prev_ob = ob;
+                prev_nr = nr;
+                prev_tb = g0;
+                prev_n = gn;
             }
-            AMX_STORE(0, sums[0], 64);
-            if (ntb > 1)
-                AMX_STORE(1, sums[1], 64);
-            if (ntb > 2)
-                AMX_STORE(2, sums[2], 64);
-            if (ntb > 3)
-                AMX_STORE(3, sums[3], 64);
-            if (ntb > 4)
-                AMX_STORE(4, sums[4], 64);
-            prev_ob = ob;
-            prev_nr = nr;
         }
-        for (int tb = 0; prev_ob >= 0 && tb < ntb; tb++) {   /* the last block's epilogue, after every step */
-            const int t0 = tb * 16, nu = job->n - t0 < 16 ? job->n - t0 : 16;
-            AMX_EPILOGUE(job, cp[(nrb - 1) & 1][tb], NULL, t0, nu, prev_ob, prev_nr, 0);
+        for (int tb = 0; prev_ob >= 0 && tb < prev_n; tb++) {   /* the last unit's epilogue, after every step */
+            const int t0 = (prev_tb + tb) * 16, nu = job->n - t0 < 16 ? job->n - t0 : 16;
+            AMX_EPILOGUE(job, cp[(unit - 1) & 1][tb], NULL, t0, nu, prev_ob, prev_nr, 0);
         }
         AMX_RELEASE();
         return;

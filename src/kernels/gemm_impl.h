@@ -71,9 +71,27 @@ void pd_gemm_rows_amx_emu(const pd_gemm_job *job, int o0, int o1);
  * byte aligned) by calling pd_gemm_amx_pack for every block of 16 tokens tb < ceil(n / 16) before
  * any row task runs. Fewer tokens need no packing (the kernels pass them to another path). */
 #define PD_GEMM_AMX_MIN_TOKENS 4
-/* At most this many tokens (5 blocks of 16), the AMX kernels read the weights in place in one pass
- * (gemm_amx_body.h): gemm.c sizes those tasks for it. */
-#define PD_GEMM_AMX_ONE_PASS_MAX 80
+/* Whether the AMX kernels read a product's weights in place, one pass over each block of 16 rows
+ * meeting its token blocks 5 at a time (gemm_amx_body.h), rather than copied into tiles by
+ * reduction blocks: for at most 5 token blocks (80 tokens: a routed expert's), and for more where
+ * the rows are at least 1 KiB and the packed activations, which every block of rows reads again,
+ * stay within 1 MiB (in L2). The copies stalled on weights from memory: 64 matrices of 2048 x 4096
+ * rotating over 512 MiB, 1 thread, on a Xeon with AMX, 96 / 128 / 160 / 256 tokens each: 856 /
+ * 1,044 / 1,152 / 1,500 Gops/s copied, 1,729 / 1,842 / 1,931 / 1,906 in place (at 512 tokens,
+ * 2 MiB of activations, 1,690 copied and 1,197 in place); one such matrix in the caches, 1,543 /
+ * 1,688 / 1,707 / 1,823 copied and 2,060 / 2,277 / 2,231 / 2,049 in place. With 512-byte rows the
+ * copied tiles stay in L1 and win past 128 tokens (512 x 512 x 512 tokens: 1,485 against 1,118),
+ * with 14,336-byte rows the activations outgrow L2 (4096 x 14,336 x 128 tokens: 1,466 against
+ * 1,197). gemm.c sizes the in-place tasks for it. */
+#define PD_GEMM_AMX_GROUP_TB 5
+#define PD_GEMM_AMX_IN_PLACE_MIN_IN 1024
+#define PD_GEMM_AMX_IN_PLACE_PACK_BYTES (INT64_C(1) << 20)
+static inline int pd_gemm_amx_in_place(int n, int in)
+{
+    const int64_t ntb = (n + 15) / 16, nkb = (in + 63) / 64;
+    return ntb <= PD_GEMM_AMX_GROUP_TB ||
+           (in >= PD_GEMM_AMX_IN_PLACE_MIN_IN && ntb * nkb * 1024 <= PD_GEMM_AMX_IN_PLACE_PACK_BYTES);
+}
 /* The reduction steps (64 bytes, one tile's width) of a panel, 512 bytes of every row: the packed
  * activations are stored panel by panel, in each panel token block by token block, in each token
  * block step by step. Tile (token block tb, step kb) of a job of n tokens and `in` bytes: */

@@ -158,10 +158,17 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
         ceiling_matches_the_cpu(c, i);
     }
 
-    /* expected: gemm 2048x4096 and 4096x14336, moe, float, decode's experts; each at 1 and 2 threads */
-    int seen[5][2] = {{0}};
+    /* expected: gemm 2048x4096 and 4096x14336, moe, float, decode's experts, and gemm 2048x4096 at a
+     * quarter of the tokens; each at 1 and 2 threads. The prefill GEMM's tokens are the MoE case's:
+     * issue 17's targets are there, the shorter GEMM has none. */
+    int seen[6][2] = {{0}};
     json_t *cases = json_object_get(doc, "cases");
     cr_assert(json_is_array(cases));
+    json_int_t main_tokens = 0;
+    for (size_t i = 0; i < json_array_size(cases); i++)
+        if (!strcmp(json_string_value(json_object_get(json_array_get(cases, i), "kind")), "moe"))
+            main_tokens = json_integer_value(json_object_get(json_object_get(json_array_get(cases, i), "shape"), "tokens"));
+    cr_assert_gt(main_tokens, 0, "no MoE case");
     for (size_t i = 0; i < json_array_size(cases); i++) {
         json_t *c = json_array_get(cases, i);
         const char *kind = json_string_value(json_object_get(c, "kind"));
@@ -203,7 +210,12 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
         } else {
             cr_assert_null(of_amx, "case %zu: a fraction of an AMX peak without AMX", i);
         }
-        if (!strcmp(kind, "gemm") || !strcmp(kind, "moe"))
+        const int short_gemm = !strcmp(kind, "gemm") && json_integer_value(json_object_get(shape, "tokens")) != main_tokens;
+        if (short_gemm)
+            cr_assert_eq(json_integer_value(json_object_get(shape, "tokens")), main_tokens / 4, "case %zu: tokens", i);
+        if (short_gemm)
+            cr_assert_null(json_object_get(c, "target"), "case %zu: a target on a GEMM of other tokens than 17.2's", i);
+        else if (!strcmp(kind, "gemm") || !strcmp(kind, "moe"))
             target_agrees(c, i, kind);
         else
             cr_assert_null(json_object_get(c, "target"), "case %zu (%s): issue 17 sets it no target", i, kind);
@@ -213,6 +225,7 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
                 json_t *g = json_array_get(cases, d), *gs = json_object_get(g, "shape");
                 if (!strcmp(json_string_value(json_object_get(g, "kind")), "gemm") &&
                     json_integer_value(json_object_get(g, "threads")) == t &&
+                    json_integer_value(json_object_get(gs, "tokens")) == main_tokens &&
                     json_integer_value(json_object_get(gs, "out")) == json_integer_value(json_object_get(shape, "out")) &&
                     json_integer_value(json_object_get(gs, "in")) == json_integer_value(json_object_get(shape, "in")))
                     dense = json_number_value(json_object_get(g, "pdmoe_gflops"));
@@ -289,7 +302,8 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
                       i, json_number_value(ob), want_b);
         }
         cr_assert_gt(json_integer_value(json_object_get(shape, "tokens")), 0);
-        int slot = !strcmp(kind, "gemm") && out_ == 2048 && in == 4096    ? 0
+        int slot = short_gemm && out_ == 2048 && in == 4096                 ? 5
+                   : !strcmp(kind, "gemm") && out_ == 2048 && in == 4096    ? 0
                    : !strcmp(kind, "gemm") && out_ == 4096 && in == 14336 ? 1
                    : !strcmp(kind, "moe")                                 ? 2
                    : !strcmp(kind, "float")                               ? 3
@@ -302,7 +316,7 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
         else
             cr_assert_str_eq(kind, "gemv", "case %zu: unexpected kind", i);
     }
-    for (int s = 0; s < 5; s++)
+    for (int s = 0; s < 6; s++)
         for (int t = 0; t < 2; t++)
             cr_assert_eq(seen[s][t], 1, "case %d at %d threads: %d objects", s, t + 1, seen[s][t]);
     /* where it ran, for a kept document: the flags the kernels choose by, as this process sees them */

@@ -172,10 +172,17 @@ static void equal_reference_on_odd_shapes(pd_kernel kernel)
     static const int ins[] = {1, 3, 63, 64, 65, 130, 1000};
     static const int Ts[] = {3, 4, 15, 16, 17, 32, 33, 47};
     /* The blocked form (gemm_amx_body.h): enough tokens that the weights are copied into tiles
-     * (96 or more, in both halves of the grouped call), reductions of several 1 KiB blocks with a
+     * (96 or more, with rows under 1 KiB or more than 1 MiB of packed activations:
+     * pd_gemm_amx_in_place), reductions of several 512-byte blocks with a
      * partial last block and a partial last step, task heights of 32, 64 and 256 rows with a
      * partial last pair of row blocks, and an odd token block at the end. */
-    static const int blocked[][3] = {{17, 1100, 200}, {100, 2100, 193}, {600, 1030, 240}, {2064, 1088, 196}};
+    static const int blocked[][3] = {{17, 700, 200}, {100, 2100, 520}, {600, 1000, 240}, {2064, 1000, 196}};
+    /* The weights read in place for more than 5 token blocks (rows of 1 KiB or more, at most 1 MiB
+     * of packed activations): each block of 16 rows meets the token blocks in groups of 5, the last
+     * group partial (3 blocks, its last one partial) or whole (3 groups of 5), with a partial last
+     * step, in 128- and 256-row tasks (the next group's epilogue runs between the steps of the
+     * next unit, across blocks and tasks). */
+    static const int grouped[][3] = {{17, 1100, 200}, {100, 2100, 193}, {600, 1030, 240}, {2064, 1088, 196}};
     /* One pass over the weights in place with four and five token blocks (C tiles tmm3, tmm4, the
      * last token block partial or whole), and the first token count whose weights are copied; then
      * rows short enough that each next block is requested by software, over several 128-row tasks
@@ -193,7 +200,14 @@ static void equal_reference_on_odd_shapes(pd_kernel kernel)
             for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++)
                 equal_reference(kernel, outs[oi], ins[ii], Ts[ti], (oi + ii + ti) % 2 ? pool : NULL);
     for (size_t i = 0; i < sizeof blocked / sizeof *blocked; i++)
+        cr_assert(!pd_gemm_amx_in_place(blocked[i][2], blocked[i][1]), "blocked shape %zu is read in place", i);
+    for (size_t i = 0; i < sizeof grouped / sizeof *grouped; i++)
+        cr_assert(pd_gemm_amx_in_place(grouped[i][2], grouped[i][1]) && grouped[i][2] > 16 * PD_GEMM_AMX_GROUP_TB,
+                  "grouped shape %zu is not read in place in groups", i);
+    for (size_t i = 0; i < sizeof blocked / sizeof *blocked; i++)
         equal_reference(kernel, blocked[i][0], blocked[i][1], blocked[i][2], i % 2 ? pool : NULL);
+    for (size_t i = 0; i < sizeof grouped / sizeof *grouped; i++)
+        equal_reference(kernel, grouped[i][0], grouped[i][1], grouped[i][2], i % 2 ? NULL : pool);
     for (size_t i = 0; i < sizeof one_pass / sizeof *one_pass; i++)
         equal_reference(kernel, one_pass[i][0], one_pass[i][1], one_pass[i][2], i % 2 ? pool : NULL);
     pd_pool_destroy(pool);
