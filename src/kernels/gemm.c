@@ -113,9 +113,9 @@ int pd_gemm_kernel_get(pd_kernel *k, pd_err *err)
  * packed activations once per reduction block, so fewer, taller tasks read them fewer times;
  * 2048 rows still make 8 tasks), fewer for small ones so that two threads share them, except
  * where the weights are read in place (pd_gemm_amx_in_place: a routed expert's few tokens), whose
- * one pass streams the weights and requests each next block of rows: 128 there (prefill's experts of v4-flash-mini,
- * 256 x 512 and 512 x 256 with about 12 tokens each, 1.02-1.09x the rate of 32- and 64-row
- * tasks at 1 and 2 threads). AVX2 on
+ * one pass streams the weights and requests each next block of rows: 128 there (prefill's
+ * experts of v4-flash-mini, 256 x 512 and 512 x 256 with about 12 tokens each, 1.02-1.09x the
+ * rate of 32- and 64-row tasks at 1 and 2 threads). AVX2 on
  * PD_GEMM_AVX2_BLOCK_MIN tokens and more (n): 64, its blocked path cuts the reduction into chunks
  * itself. Others: the weight bytes a task reads per pass over the tokens (rows * in) within about
  * 256 KiB, so that they stay in L2 while every block of tokens passes over them. A multiple of 8, the GEMV kernels' row

@@ -56,9 +56,6 @@ static void amx_cfg_full(struct amx_cfg *cfg)
  * 10.0 either way, and at 4,096 (64 experts of 2048 x 4096) 10.6 -> 7.8: there each row is a page
  * that the hardware streams by itself, and the requests only compete with it. */
 #define AMX_PREFETCH_ROWS_MAX_IN 2048
-/* Token blocks that one pass over the weights read in place serves at once, a C tile each
- * (tmm0..4): a group (pd_gemm_amx_in_place says when the weights are read so). */
-#define AMX_ONE_PASS_TB PD_GEMM_AMX_GROUP_TB
 /* tmm t = the weight tile of rows [o, o + 16) x reduction step kb, read in place */
 #define AMX_WLOAD(t, job, o, o1, kb, pad)                                                  \
     do {                                                                                  \
@@ -223,11 +220,6 @@ static void amx_transpose(const int32_t *lo, const int32_t *hi, int nu, int nr0,
         for (int r = 0; r < nr1; r++)
             acc[32 * u + 16 + r] = hi[16 * r + u];
     }
-}
-
-size_t pd_gemm_amx_pack_bytes(int n, int in)
-{
-    return (size_t)((n + 15) / 16) * (size_t)((in + 63) / 64) * 1024;
 }
 
 /* Tile (tb, kb) of the packed activations with AVX-512 when it is whole (16 tokens, 64 bytes) and the

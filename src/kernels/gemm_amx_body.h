@@ -38,15 +38,14 @@
  * of 1 KiB or more: pd_gemm_amx_in_place) a copied tile would serve too few products to repay the
  * copy, which besides stalls on weights from memory: the weights are read in place, 16 rows `in`
  * bytes apart (zero-padded copies at the matrix's edges), in one pass over the whole reduction in
- * which each block of 16 rows meets the token blocks AMX_ONE_PASS_TB at a time (a C tile each),
- * so that every weight line comes from memory once (the next groups find the block in L1 or L2)
- * and the hardware prefetchers see 16 rows streaming in order. Rows shorter than
- * half a page (mini's experts: 512 and 256 bytes) put a tile's 16 lines at strides the
- * prefetchers do not follow: the next block of rows, contiguous, is requested by software while
- * this one computes (gemm_amx.c gives the measurements). (Pairs of row
- * blocks over pairs of token blocks, each row read twice and the next pair prefetched by
- * software, ran the MoE case of bench kernels at 0.52 of the dense GEMM's rate; this pass at
- * 0.66; software prefetches added to it only slowed it.) */
+ * which each block of 16 rows meets the token blocks PD_GEMM_AMX_GROUP_TB at a time (a C tile
+ * each), so that every weight line comes from memory once (the next groups find the block in L1
+ * or L2) and the hardware prefetchers see 16 rows streaming in order. Rows shorter than half a page
+ * (mini's experts: 512 and 256 bytes) put a tile's 16 lines at strides the prefetchers do not
+ * follow: the next block of rows, contiguous, is requested by software while this one computes
+ * (gemm_amx.c gives the measurements). (Pairs of row blocks over pairs of token blocks, each row
+ * read twice and the next pair prefetched by software, ran the MoE case of bench kernels at 0.52
+ * of the dense GEMM's rate; this pass at 0.66; software prefetches added to it only slowed it.) */
 AMX_FN
 {
     AMX_STATE
@@ -65,14 +64,14 @@ AMX_FN
     AMX_CONFIG(&cfg);
     if (!packw) {
         /* one pass over the weights: each block of 16 rows, read in place, meets the token blocks
-         * AMX_ONE_PASS_TB at a time (a group: C tiles tmm0 .. 4, the weights tmm5, the tokens tmm6
-         * and tmm7 in turn); the first group reads the block from memory, the others find it in
-         * the caches. A unit's sums (a block's group) wait in cp[] while the next unit computes,
-         * which runs their epilogue a token block at a time between its steps: the scaling and the
-         * stores into y (lines not yet in the caches) then overlap the tile unit and the weights'
-         * stream instead of stalling between units. */
-        _Alignas(64) int32_t cp[2][AMX_ONE_PASS_TB][16 * 16];
-        const int ngroups = (ntb + AMX_ONE_PASS_TB - 1) / AMX_ONE_PASS_TB;
+         * PD_GEMM_AMX_GROUP_TB at a time (a group, a C tile each: tmm0 .. 4, the weights tmm5, the
+         * tokens tmm6 and tmm7 in turn); the first group reads the block from memory, the others
+         * find it in the caches. A unit's sums (a block's group) wait in cp[] while the next unit
+         * computes, which runs their epilogue a token block at a time between its steps: the
+         * scaling and the stores into y (lines not yet in the caches) then overlap the tile unit
+         * and the weights' stream instead of stalling between units. */
+        _Alignas(64) int32_t cp[2][PD_GEMM_AMX_GROUP_TB][16 * 16];
+        const int ngroups = (ntb + PD_GEMM_AMX_GROUP_TB - 1) / PD_GEMM_AMX_GROUP_TB;
         int prev_ob = -1, prev_nr = 0, prev_tb = 0, prev_n = 0, unit = 0;
         for (int rb = 0; rb < nrb; rb++) {
             const int ob = o0 + 16 * rb, nr = o1 - ob < 16 ? o1 - ob : 16;
@@ -89,8 +88,8 @@ AMX_FN
             /* whole tiles (16 rows, 64 bytes) read in place at w_at, `in` apart; the rest padded */
             const int whole = nr == 16;
             const int8_t *w_at = job->w + (int64_t)ob * in;
-            for (int g0 = 0; g0 < ntb; g0 += AMX_ONE_PASS_TB, unit++) {
-                const int gn = ntb - g0 < AMX_ONE_PASS_TB ? ntb - g0 : AMX_ONE_PASS_TB;
+            for (int g0 = 0; g0 < ntb; g0 += PD_GEMM_AMX_GROUP_TB, unit++) {
+                const int gn = ntb - g0 < PD_GEMM_AMX_GROUP_TB ? ntb - g0 : PD_GEMM_AMX_GROUP_TB;
                 AMX_ZERO(0);
                 AMX_ZERO(1);
                 AMX_ZERO(2);

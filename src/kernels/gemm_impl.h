@@ -5,6 +5,7 @@
 #ifndef PD_KERNELS_GEMM_IMPL_H
 #define PD_KERNELS_GEMM_IMPL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* One weight matrix applied to a list of activation rows. */
@@ -85,12 +86,16 @@ void pd_gemm_rows_amx_emu(const pd_gemm_job *job, int o0, int o1);
  * 1,197). gemm.c sizes the in-place tasks for it. */
 #define PD_GEMM_AMX_GROUP_TB 5
 #define PD_GEMM_AMX_IN_PLACE_MIN_IN 1024
-#define PD_GEMM_AMX_IN_PLACE_PACK_BYTES (INT64_C(1) << 20)
+#define PD_GEMM_AMX_IN_PLACE_PACK_BYTES ((size_t)1 << 20)
+/* The packed activations' bytes: whole 1 KiB tiles, 16 tokens x 64 bytes each. */
+static inline size_t pd_gemm_amx_pack_bytes(int n, int in)
+{
+    return (size_t)((n + 15) / 16) * (size_t)((in + 63) / 64) * 1024;
+}
 static inline int pd_gemm_amx_in_place(int n, int in)
 {
-    const int64_t ntb = (n + 15) / 16, nkb = (in + 63) / 64;
-    return ntb <= PD_GEMM_AMX_GROUP_TB ||
-           (in >= PD_GEMM_AMX_IN_PLACE_MIN_IN && ntb * nkb * 1024 <= PD_GEMM_AMX_IN_PLACE_PACK_BYTES);
+    return (n + 15) / 16 <= PD_GEMM_AMX_GROUP_TB ||
+           (in >= PD_GEMM_AMX_IN_PLACE_MIN_IN && pd_gemm_amx_pack_bytes(n, in) <= PD_GEMM_AMX_IN_PLACE_PACK_BYTES);
 }
 /* The reduction steps (64 bytes, one tile's width) of a panel, 512 bytes of every row: the packed
  * activations are stored panel by panel, in each panel token block by token block, in each token
@@ -102,7 +107,6 @@ static inline int64_t pd_gemm_amx_tile_offset(int n, int in, int tb, int kb)
     const int np = nkb - p * PD_GEMM_AMX_KC < PD_GEMM_AMX_KC ? nkb - p * PD_GEMM_AMX_KC : PD_GEMM_AMX_KC;
     return ((int64_t)p * PD_GEMM_AMX_KC * ntb + (int64_t)tb * np + kb % PD_GEMM_AMX_KC) * 1024;
 }
-size_t pd_gemm_amx_pack_bytes(int n, int in);
 void pd_gemm_amx_pack(const pd_gemm_job *job, int tb, int8_t *dst);
 /* The amx-emu model of TDPBSSD on full 16 x 64-byte tiles: c [16][16] int32 += a [16][64] . b [16][64]
  * (gemm_amx.c gives the equation). */

@@ -211,11 +211,10 @@ Test(bench_kernels, json_has_both_rates_for_every_case)
             cr_assert_null(of_amx, "case %zu: a fraction of an AMX peak without AMX", i);
         }
         const int short_gemm = !strcmp(kind, "gemm") && json_integer_value(json_object_get(shape, "tokens")) != main_tokens;
-        if (short_gemm)
+        if (short_gemm) {
             cr_assert_eq(json_integer_value(json_object_get(shape, "tokens")), main_tokens / 4, "case %zu: tokens", i);
-        if (short_gemm)
             cr_assert_null(json_object_get(c, "target"), "case %zu: a target on a GEMM of other tokens than 17.2's", i);
-        else if (!strcmp(kind, "gemm") || !strcmp(kind, "moe"))
+        } else if (!strcmp(kind, "gemm") || !strcmp(kind, "moe"))
             target_agrees(c, i, kind);
         else
             cr_assert_null(json_object_get(c, "target"), "case %zu (%s): issue 17 sets it no target", i, kind);
