@@ -318,6 +318,8 @@ void pd_gemm_rows_amx_emu(const pd_gemm_job *job, int o0, int o1)
 #include <cpuid.h>
 #include <immintrin.h>
 
+#include "kernels/gemm_store_avx512.h"
+
 /* A 16 x 16 tile of int32 sums [row][token] as 16 token rows, in three rounds of shuffles (32-bit,
  * 64-bit, 128-bit lanes twice): amx_transpose's loops in about eight times fewer instructions. */
 __attribute__((target("avx512f"))) static void transpose16_regs(const __m512i r[16], __m512i out[16])
@@ -375,23 +377,6 @@ static int pack_tile_fast(const pd_gemm_job *job, int tb, int kb, int8_t *tile)
     return 1;
 }
 
-/* 16 rows of one token's sums into y: y[t][ob + r] (+)= (a_scale[t] * w_scale[ob + r]) * (float)acc[r]
- * for r < nr, each product rounded as gemm.c's pd_gemm_store rounds it (its four lanes here are 16;
- * the AMX odd-shapes tests compare the two bit for bit, accumulating too). */
-__attribute__((target("avx512f"))) static void epilogue_row(const pd_gemm_job *job, int t, int ob, int nr, __m512i acc)
-{
-    const __mmask16 m = (__mmask16)((1u << nr) - 1);
-    float *y = job->y + (int64_t)t * job->out + ob;
-    const __m512 as = _mm512_set1_ps(job->a_scale[pd_gemm_job_tok(job, t)]);
-    __m512 v = _mm512_mul_ps(_mm512_mul_ps(as, _mm512_maskz_loadu_ps(m, job->w_scale + ob)), _mm512_cvtepi32_ps(acc));
-    if (job->accum)
-        v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y), v);
-    if (job->y_stream && nr == 16 && !((uintptr_t)y & 63))
-        _mm512_stream_ps(y, v);   /* a whole line, past the caches (gemm_impl.h) */
-    else
-        _mm512_mask_storeu_ps(y, m, v);
-}
-
 /* The hardware path's epilogue: the two C tiles of a token block transposed in registers and
  * scaled into y straight away (the model of the tiles goes through amx_transpose and
  * pd_gemm_store instead). */
@@ -401,11 +386,11 @@ __attribute__((target("avx512f"))) static void amx_epilogue_avx512(const pd_gemm
     __m512i out[16];
     transpose16(lo, out);
     for (int u = 0; u < nu; u++)
-        epilogue_row(job, t0 + u, ob, nr0, out[u]);
+        pd_gemm_store16(job, t0 + u, ob, nr0, out[u]);
     if (nr1) {
         transpose16(hi, out);
         for (int u = 0; u < nu; u++)
-            epilogue_row(job, t0 + u, ob + 16, nr1, out[u]);
+            pd_gemm_store16(job, t0 + u, ob + 16, nr1, out[u]);
     }
 }
 

@@ -24,8 +24,9 @@ typedef struct pd_gemm_job {
     const int8_t *w_next;   // [next_out, in] the weights read after these (a hint for prefetching), or NULL
     int next_out;
     const int8_t *apack;    // the AMX kernels' packed activations (pd_gemm_amx_pack), else NULL
-    int y_stream;           // 1: the AMX kernels write whole 64-byte lines of y with non-temporal
-                            // stores (gemm.c: a product's output past PD_GEMM_STREAM_Y_BYTES)
+    int y_stream;           // 1: the AMX kernels and the AVX-512 prefill GEMM (gemm_vnni.c) write
+                            // whole aligned 64-byte lines of y with non-temporal stores
+                            // (gemm.c: a product's output past PD_GEMM_STREAM_Y_BYTES)
 } pd_gemm_job;
 
 /* Outputs of at least this many bytes in one call (a prefill's: 1,024 tokens x 1,024 values are
@@ -38,7 +39,9 @@ typedef struct pd_gemm_job {
  * 2,048 tokens 1,838-1,880 / 1,956-1,978 / 1,942-1,988 -> 1,890-1,952 / 2,032-2,160 / 2,063-2,128
  * tokens/s, 2 threads 3,398-3,513 / 3,579-3,743 / 3,606-3,740 -> 3,572-3,685 / 3,745-4,010 /
  * 3,921-4,010. Under it (a decode batch's few rows, a short chunk) the output stays in the caches
- * for its reader, and plain stores keep it there. The other kernels ignore job->y_stream. */
+ * for its reader, and plain stores keep it there. The AVX-512 prefill GEMM (gemm_vnni.c) streams
+ * the same way (its share in the 2048 x 4096 x 512 GEMM on the AMX Xeon's VNNI path: pd_gemm_store's
+ * 7% of the time measured); the other kernels ignore job->y_stream. */
 #define PD_GEMM_STREAM_Y_BYTES (INT64_C(1) << 20)
 
 static inline int pd_gemm_job_tok(const pd_gemm_job *j, int i)

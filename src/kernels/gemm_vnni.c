@@ -21,11 +21,10 @@
  *     micro-kernel order (32 KiB, stays in L1);
  *       every 6 tokens of the super-block: the 6 x 64 micro-tile, 24 zmm accumulators loaded
  *       from the sums, 64 x KC weight bytes from L1, 6 x KC activation bytes (one vpbroadcastd
- *       per token and 4 bytes), the sums stored back; meanwhile it prefetches its share of the
- *       next block's raw weights, one line every other step (a burst of them stalled the pack
- *       on memory: 0.44 of the VNNI peak on MoE experts read from DRAM, 0.62 spread out), and
- *       the next tile's activation lines (6 runs of 8 lines, too short for the hardware
- *       prefetchers).
+ *       per token and 4 bytes), the sums stored back; meanwhile it requests its share of the
+ *       next block's raw weights and the next tile's activation lines, spread over its steps
+ *       (see tile());
+ *     the chunk's exact sums scaled into y, whole lines past the caches for a large output.
  * Per 24 vpdpbusd: 4 weight loads from L1 and 6 broadcasts, no other vector work. (The
  * {1to16} memory-broadcast form of vpdpbusd, 24 broadcast loads per 24, measured 0.46 of the
  * peak against 0.62 for 6 vpbroadcastd before this blocking was complete.) Activations are read
@@ -39,6 +38,7 @@
 
 #include "kernels/avx512_common.h"
 #include "kernels/gemm_impl.h"
+#include "kernels/gemm_store_avx512.h"
 
 
 enum {
@@ -100,22 +100,40 @@ static AVX512 void pack(const int8_t *w, int in, int nr, int k0, int kn,
     }
 }
 
-/* Lines of weights a tile prefetches for a later pack(): lines q0 <= q < q1 of the block at
- * `base` (rows `in` bytes apart, KC / 64 lines per row, row-major). */
+/* Lines a tile requests while it computes, q0 <= q < q1 of a run over rows of KC / 64 lines each:
+ * a later block's weights (row r at base + r * stride) or the next tile's activations (row r at
+ * ptr[r]). A row shorter than that (the last reduction block's) is requested to its KC bytes all
+ * the same: a prefetch never faults. */
 typedef struct pf_lines {
     const int8_t *base;
-    int64_t in;
-    int q0, q1;
+    const int8_t *const *ptr;
+    int64_t stride;
+    unsigned q0, q1;
 } pf_lines;
+
+INLINE const char *pf_weight_line(const pf_lines *pf, unsigned q)
+{
+    return (const char *)pf->base + (int64_t)(q / (KC / 64)) * pf->stride + 64 * (q % (KC / 64));
+}
+
+INLINE const char *pf_act_line(const pf_lines *pf, unsigned q)
+{
+    return (const char *)pf->ptr[q / (KC / 64)] + 64 * (q % (KC / 64));
+}
 
 /* The micro-tile: tokens u < U (ar[u] at the block's first reduction byte) x rows 16 V (V vector
  * lanes of 16 rows), n4 steps of 4 reduction bytes:
  *   c[u][16 v + i] (first ? 0 : c[u][16 v + i]) + sum_j sum_b wp[j][v * 64 + 4 i + b] * ar[u][4 j + b]
- * and pf's lines prefetched one every other step (or more per step if needed to cover them): spread out so, the next block's weights come
- * from memory while this one computes (issued all at once they fill the miss buffers and stall).
+ * Meanwhile it requests wpf's lines (a later block's raw weights: they come from memory while this
+ * one computes) and apf's (the next tile's activations, 6 short runs that no hardware prefetcher
+ * learns before they end), spread over the steps: each pair of steps requests its share of both, at
+ * least a line of each while any remain. Issued in a burst they fill the core's miss buffers and
+ * stall it: weights read from DRAM ran at 0.44 of the VNNI peak in a burst against 0.62 spread out
+ * (MoE experts), and the activations' burst before each tile took 13% of the 2048 x 4096 x 512
+ * GEMM's time on the AMX Xeon (its VNNI path, 1 thread).
  * U and V are constants once inlined: the accumulators and instructions past them vanish. */
-INLINE AVX512 void tile(const uint8_t *wp, int n4, const int8_t *const *ar, int first, const pf_lines *pf,
-                        int U, int V,
+INLINE AVX512 void tile(const uint8_t *wp, int n4, const int8_t *const *ar, int first, const pf_lines *wpf,
+                        const pf_lines *apf, int U, int V,
                         int32_t *c)   // [U, NR]
 {
     const __m512i z = _mm512_setzero_si512();
@@ -135,45 +153,61 @@ INLINE AVX512 void tile(const uint8_t *wp, int n4, const int8_t *const *ar, int 
     }
     const int8_t *a0 = ar[0], *a1 = ar[U > 1 ? 1 : 0], *a2 = ar[U > 2 ? 2 : 0];
     const int8_t *a3 = ar[U > 3 ? 3 : 0], *a4 = ar[U > 4 ? 4 : 0], *a5 = ar[U > 5 ? 5 : 0];
-#define TOKEN(u)                                                                                 \
+#define TOKEN(u, j)                                                                              \
     if (U > u) {                                                                                 \
-        __m512i bc = broadcast4(a##u + 4 * j);                                                   \
+        __m512i bc = broadcast4(a##u + 4 * (j));                                                 \
         DP(c##u##0, w0, bc);                                                                     \
         if (V > 1) DP(c##u##1, w1, bc);                                                          \
         if (V > 2) DP(c##u##2, w2, bc);                                                          \
         if (V > 3) DP(c##u##3, w3, bc);                                                          \
     }
-    /* per step: one line every other step, or as many as it takes to cover them all */
-    const int per = n4 > 0 ? (pf->q1 - pf->q0 + n4 - 1) / n4 : 0, every = per > 1 ? 1 : 2;
-    int q = pf->q0;
-    for (int j = 0; j < n4; j++) {
-        if (j % every == 0)
-            for (int i = 0; i < per && q < pf->q1; i++, q++)
-                _mm_prefetch((const char *)(pf->base + (q / (KC / 64)) * pf->in + (q % (KC / 64)) * 64), _MM_HINT_T0);
-        const uint8_t *wq = wp + (int64_t)j * PACK_STEP;
-        w0 = _mm512_loadu_si512(wq);
-        if (V > 1) w1 = _mm512_loadu_si512(wq + 64);
-        if (V > 2) w2 = _mm512_loadu_si512(wq + 128);
-        if (V > 3) w3 = _mm512_loadu_si512(wq + 192);
-        TOKEN(0) TOKEN(1) TOKEN(2) TOKEN(3) TOKEN(4) TOKEN(5)
+#define STEP(j)                                                                                  \
+    {                                                                                            \
+        const uint8_t *wq = wp + (int64_t)(j) * PACK_STEP;                                       \
+        w0 = _mm512_loadu_si512(wq);                                                             \
+        if (V > 1) w1 = _mm512_loadu_si512(wq + 64);                                             \
+        if (V > 2) w2 = _mm512_loadu_si512(wq + 128);                                            \
+        if (V > 3) w3 = _mm512_loadu_si512(wq + 192);                                            \
+        TOKEN(0, j) TOKEN(1, j) TOKEN(2, j) TOKEN(3, j) TOKEN(4, j) TOKEN(5, j)                  \
+    }
+    const unsigned pairs = (unsigned)(n4 + 1) / 2;
+    const unsigned w_per = pairs ? (wpf->q1 - wpf->q0 + pairs - 1) / pairs : 0;
+    const unsigned a_per = pairs ? (apf->q1 - apf->q0 + pairs - 1) / pairs : 0;
+    unsigned wq_ = wpf->q0, aq = apf->q0;
+    int j = 0;
+    for (; j + 2 <= n4; j += 2) {
+        for (unsigned i = 0; i < w_per && wq_ < wpf->q1; i++, wq_++)
+            _mm_prefetch(pf_weight_line(wpf, wq_), _MM_HINT_T0);
+        STEP(j)
+        for (unsigned i = 0; i < a_per && aq < apf->q1; i++, aq++)
+            _mm_prefetch(pf_act_line(apf, aq), _MM_HINT_T0);
+        STEP(j + 1)
+    }
+    if (j < n4) {
+        for (; wq_ < wpf->q1; wq_++)
+            _mm_prefetch(pf_weight_line(wpf, wq_), _MM_HINT_T0);
+        for (; aq < apf->q1; aq++)
+            _mm_prefetch(pf_act_line(apf, aq), _MM_HINT_T0);
+        STEP(j)
     }
     ACC(STORE_C)
+#undef STEP
 #undef TOKEN
 #undef LOAD_C
 #undef STORE_C
 #undef ACC
 }
 
-typedef void (*tile_fn)(const uint8_t *wp, int n4, const int8_t *const *ar, int first, const pf_lines *pf,
-                        int32_t *c);
+typedef void (*tile_fn)(const uint8_t *wp, int n4, const int8_t *const *ar, int first, const pf_lines *wpf,
+                        const pf_lines *apf, int32_t *c);
 
 #define TILE(U, V)                                                                               \
     static AVX512 __attribute__((noinline)) void tile##U##x##V(const uint8_t *wp, int n4,        \
                                                                 const int8_t *const *ar,         \
-                                                                int first, const pf_lines *pf,   \
-                                                                int32_t *c)                      \
+                                                                int first, const pf_lines *wpf,  \
+                                                                const pf_lines *apf, int32_t *c) \
     {                                                                                            \
-        tile(wp, n4, ar, first, pf, U, V, c);                                                    \
+        tile(wp, n4, ar, first, wpf, apf, U, V, c);                                              \
     }
 #define TILES(U) TILE(U, 1) TILE(U, 2) TILE(U, 3) TILE(U, 4)
 TILES(1) TILES(2) TILES(3) TILES(4) TILES(5) TILES(6)
@@ -228,14 +262,15 @@ AVX512 void pd_gemm_rows_vnni(const pd_gemm_job *job, int o0, int o1)
                     for (int u = 0; u < nu; u++)
                         ar[u] = pd_gemm_job_arow(job, t0 + b + u) + k0;
                     int32_t *c = acc + (int64_t)b * NR;
-                    /* the next tile's activations: 6 short runs of lines that no hardware
-                     * prefetcher learns before they end */
+                    /* the next tile's activation rows */
+                    const int8_t *nar[MR];
+                    int nnu = 0;
                     for (int u = b + MR; u < b + 2 * MR && u < nt; u++)
-                        for (int l = 0; l < kn; l += 64)
-                            _mm_prefetch((const char *)pd_gemm_job_arow(job, t0 + u) + k0 + l, _MM_HINT_T0);
-                    pf_lines pf = {pbase, in, tl * p_step,
-                                   (tl + 1) * p_step < p_lines ? (tl + 1) * p_step : p_lines};
-                    tiles[nu - 1][nv - 1](wp, full4, ar, k0 == 0, &pf, c);
+                        nar[nnu++] = pd_gemm_job_arow(job, t0 + u) + k0;
+                    const pf_lines wpf = {pbase, NULL, in, (unsigned)(tl * p_step < p_lines ? tl * p_step : p_lines),
+                                          (unsigned)((tl + 1) * p_step < p_lines ? (tl + 1) * p_step : p_lines)};
+                    const pf_lines apf = {NULL, nar, 0, 0, (unsigned)nnu * (KC / 64)};
+                    tiles[nu - 1][nv - 1](wp, full4, ar, k0 == 0, &wpf, &apf, c);
                     if (kn % 4) {
                         /* The last 1-3 bytes of the reduction: zero-padded copies of them. */
                         _Alignas(4) int8_t tail[MR][4];
@@ -245,19 +280,20 @@ AVX512 void pd_gemm_rows_vnni(const pd_gemm_job *job, int o0, int o1)
                             memcpy(tail[u], ar[u] + 4 * full4, (size_t)(kn % 4));
                             tp[u] = tail[u];
                         }
-                        pf_lines none = {NULL, 0, 0, 0};
-                        tiles[nu - 1][nv - 1](wp + (int64_t)full4 * PACK_STEP, 1, tp, k0 == 0 && full4 == 0, &none, c);
+                        const pf_lines none = {NULL, NULL, 0, 0, 0};
+                        tiles[nu - 1][nv - 1](wp + (int64_t)full4 * PACK_STEP, 1, tp, k0 == 0 && full4 == 0, &none, &none, c);
                     }
                 }
             }
-            /* The exact products: offset sums - 128 * the token's activation sum (modulo 2^32). */
+            /* The exact products, offset sums - 128 * the token's activation sum (modulo 2^32),
+             * scaled into y (past the caches for a large output: gemm_impl.h). */
             for (int u = 0; u < nt; u++) {
                 const __m512i corr = _mm512_set1_epi32((int32_t)((uint32_t)job->a_sum[pd_gemm_job_tok(job, t0 + u)] << 7));
-                int32_t *c = acc + (int64_t)u * NR;
+                const int32_t *c = acc + (int64_t)u * NR;
                 for (int v = 0; v < nv; v++)
-                    _mm512_store_si512(c + 16 * v, _mm512_sub_epi32(_mm512_load_si512(c + 16 * v), corr));
+                    pd_gemm_store16(job, t0 + u, c0 + 16 * v, nr - 16 * v < 16 ? nr - 16 * v : 16,
+                                    _mm512_sub_epi32(_mm512_load_si512(c + 16 * v), corr));
             }
-            pd_gemm_store(job, t0, nt, c0, nr, acc, NR);
         }
     }
 }

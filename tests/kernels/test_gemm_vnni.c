@@ -163,6 +163,10 @@ Test(kernels, vnni_gemm_long_token_runs_match_reference)
     /* more tokens than one super-block of the kernel (516), across its boundary */
     check(70, 517, 517, 0, pool2);
     check(64, 1030, 523, 0, pool2);
+    /* an output of PD_GEMM_STREAM_Y_BYTES or more (1.2 MB) goes past the caches in whole aligned
+     * lines: rows of y 4,048 bytes apart, so on any 16-byte aligned buffer one row in four starts
+     * its lines aligned and the others do not; the last chunk of rows 52 wide */
+    check(1012, 70, 300, 0, pool2);
     pd_pool_destroy(pool2);
 }
 
