@@ -104,6 +104,9 @@ static AVX512 void pack(const int8_t *w, int in, int nr, int k0, int kn,
  * a later block's weights (row r at base + r * stride) or the next tile's activations (row r at
  * ptr[r]). A row shorter than that (the last reduction block's) is requested to its KC bytes all
  * the same: a prefetch never faults. */
+/* Steps of a tile between two rounds of its requests (tile()). */
+enum { PF_GROUP = 8 };
+
 typedef struct pf_lines {
     const int8_t *base;
     const int8_t *const *ptr;
@@ -170,25 +173,18 @@ INLINE AVX512 void tile(const uint8_t *wp, int n4, const int8_t *const *ar, int 
         if (V > 3) w3 = _mm512_loadu_si512(wq + 192);                                            \
         TOKEN(0, j) TOKEN(1, j) TOKEN(2, j) TOKEN(3, j) TOKEN(4, j) TOKEN(5, j)                  \
     }
-    const unsigned pairs = (unsigned)(n4 + 1) / 2;
-    const unsigned w_per = pairs ? (wpf->q1 - wpf->q0 + pairs - 1) / pairs : 0;
-    const unsigned a_per = pairs ? (apf->q1 - apf->q0 + pairs - 1) / pairs : 0;
+    const unsigned groups = (unsigned)(n4 + PF_GROUP - 1) / PF_GROUP;
+    const unsigned w_per = groups ? (wpf->q1 - wpf->q0 + groups - 1) / groups : 0;
+    const unsigned a_per = groups ? (apf->q1 - apf->q0 + groups - 1) / groups : 0;
     unsigned wq_ = wpf->q0, aq = apf->q0;
-    int j = 0;
-    for (; j + 2 <= n4; j += 2) {
+    for (int j0 = 0; j0 < n4; j0 += PF_GROUP) {
         for (unsigned i = 0; i < w_per && wq_ < wpf->q1; i++, wq_++)
             _mm_prefetch(pf_weight_line(wpf, wq_), _MM_HINT_T0);
-        STEP(j)
         for (unsigned i = 0; i < a_per && aq < apf->q1; i++, aq++)
             _mm_prefetch(pf_act_line(apf, aq), _MM_HINT_T0);
-        STEP(j + 1)
-    }
-    if (j < n4) {
-        for (; wq_ < wpf->q1; wq_++)
-            _mm_prefetch(pf_weight_line(wpf, wq_), _MM_HINT_T0);
-        for (; aq < apf->q1; aq++)
-            _mm_prefetch(pf_act_line(apf, aq), _MM_HINT_T0);
-        STEP(j)
+        const int j1 = n4 - j0 < PF_GROUP ? n4 : j0 + PF_GROUP;
+        for (int j = j0; j < j1; j++)
+            STEP(j)
     }
     ACC(STORE_C)
 #undef STEP
