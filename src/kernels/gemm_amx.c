@@ -262,7 +262,7 @@ void pd_gemm_amx_pack(const pd_gemm_job *job, int tb, int8_t *dst)
         pd_gemm_store((job), (t0), (nu), (ob), (nr0) + (nr1), acc_, 32);   \
     } while (0)
 #define AMX_DP(c, a, b) pd_gemm_amx_emu_dpbssd(tmm[c], (const int8_t *)tmm[a], (const int8_t *)tmm[b])
-#define AMX_STORE(t, p, stride) emu_store((p), tmm[t], (stride))
+#define AMX_STORE(t, p, stride) emu_store((int32_t *)(void *)(p), tmm[t], (stride))
 
 static void emu_load(int8_t *t, const int8_t *p, int stride)
 {
