@@ -1,7 +1,9 @@
 /* Internal to kernels/: what gemm.c hands to each implementation. An implementation computes the
  * exact int32 dot products of a rectangle of outputs however it likes and passes each tile to
  * pd_gemm_store, the one fp32 epilogue, compiled once in gemm.c without target flags so that no
- * implementation can fuse or reorder it differently. */
+ * implementation can fuse or reorder it differently (the AMX kernels and the AVX-512 prefill GEMM
+ * use its 16-lane form, pd_gemm_store16 of gemm_store_avx512.h: the same operations in the same
+ * order, as explicit multiplies and adds, which the tests compare bit for bit). */
 #ifndef PD_KERNELS_GEMM_IMPL_H
 #define PD_KERNELS_GEMM_IMPL_H
 

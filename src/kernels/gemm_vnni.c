@@ -100,13 +100,13 @@ static AVX512 void pack(const int8_t *w, int in, int nr, int k0, int kn,
     }
 }
 
+/* Steps of a tile between two rounds of its requests (tile()). */
+enum { PF_GROUP = 8 };
+
 /* Lines a tile requests while it computes, q0 <= q < q1 of a run over rows of KC / 64 lines each:
  * a later block's weights (row r at base + r * stride) or the next tile's activations (row r at
  * ptr[r]). A row shorter than that (the last reduction block's) is requested to its KC bytes all
  * the same: a prefetch never faults. */
-/* Steps of a tile between two rounds of its requests (tile()). */
-enum { PF_GROUP = 8 };
-
 typedef struct pf_lines {
     const int8_t *base;
     const int8_t *const *ptr;
@@ -129,11 +129,12 @@ INLINE const char *pf_act_line(const pf_lines *pf, unsigned q)
  *   c[u][16 v + i] (first ? 0 : c[u][16 v + i]) + sum_j sum_b wp[j][v * 64 + 4 i + b] * ar[u][4 j + b]
  * Meanwhile it requests wpf's lines (a later block's raw weights: they come from memory while this
  * one computes) and apf's (the next tile's activations, 6 short runs that no hardware prefetcher
- * learns before they end), spread over the steps: each pair of steps requests its share of both, at
- * least a line of each while any remain. Issued in a burst they fill the core's miss buffers and
- * stall it: weights read from DRAM ran at 0.44 of the VNNI peak in a burst against 0.62 spread out
- * (MoE experts), and the activations' burst before each tile took 13% of the 2048 x 4096 x 512
- * GEMM's time on the AMX Xeon (its VNNI path, 1 thread).
+ * learns before they end), spread over the steps: every PF_GROUP steps it requests its share of
+ * both, at least a line of each while any remain, and the steps between run with nothing else in
+ * the loop (no request counters to keep in registers). Issued in a burst they fill the core's miss
+ * buffers and stall it: weights read from DRAM ran at 0.44 of the VNNI peak in a burst against 0.62
+ * spread out (MoE experts), and the activations' burst before each tile took 13% of the 2048 x 4096
+ * x 512 GEMM's time on the AMX Xeon (its VNNI path, 1 thread).
  * U and V are constants once inlined: the accumulators and instructions past them vanish. */
 INLINE AVX512 void tile(const uint8_t *wp, int n4, const int8_t *const *ar, int first, const pf_lines *wpf,
                         const pf_lines *apf, int U, int V,
