@@ -24,18 +24,6 @@
 #include "pd/server.h"
 #include "proxy/proxy.h"
 
-/* A free port on 127.0.0.1 (bound, read, closed: another process may take it in between, rarely). */
-static inline int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t n = sizeof a;
-    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &n), 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 /* Whether any socket is left on `port`, a listener or a connection in TIME_WAIT: a bind there
  * without SO_REUSEADDR fails. (The tests' own listeners bind without it: a block a test had just
  * left, its connections in TIME_WAIT, once failed the next test's bind.) */
@@ -79,6 +67,24 @@ static inline int test_ports(void)
         return base = b;   /* (fd stays open: the lock holds until this process ends) */
     }
     cr_assert_fail("no block of %d free test ports between 11000 and 32000", PD_TEST_PORTS);
+    return 0;
+}
+
+/* A port on 127.0.0.1 that nothing uses now, for a server a test starts on a port of its own (a KV
+ * listener, a proxy, one that comes up late): the next unused one of the last 40 of this test's
+ * block (test_ports(): its servers' fixed ports end 110 past the block's first). It used to be one
+ * the kernel gave a socket bound to port 0 and then closed: a port of the ephemeral range, which
+ * another test's outgoing connection on the other worker could take before this test bound it
+ * (CI: "kvxfer: cannot listen on 127.0.0.1:47413: Address already in use"). */
+static inline int free_port(void)
+{
+    static int next = PD_TEST_PORTS - 40;
+    const int base = test_ports();
+    for (; next < PD_TEST_PORTS; next++)
+        if (!port_busy(base + next))
+            return base + next++;
+    cr_assert_fail("all 40 of this test's spare ports (%d-%d) are in use", base + PD_TEST_PORTS - 40,
+                   base + PD_TEST_PORTS - 1);
     return 0;
 }
 
