@@ -164,37 +164,10 @@ static inline void amx_prefetch_w(const pd_gemm_job *job, int o0, int k0, int nk
     }
 }
 
-/* Weight rows [o0, o1) x reduction steps [k0, k0 + nk) as whole tiles: tile (rb, k) at
- * dst + (rb * kc + k) * 1024 holds rows o0 + 16 rb .. + 15, bytes 64 (k0 + k) .. + 63, rows 64 bytes
- * apart; past the matrix's last row or byte it is zero (zeros add nothing; the packed activations
- * are zero there too). */
-static void amx_pack_weights(const pd_gemm_job *job, int o0, int o1, int k0, int nk, int kc, int8_t *dst)
-{
-    const int in = job->in, nrb = (o1 - o0 + 15) / 16;
-    for (int rb = 0; rb < nrb; rb++)
-        for (int r = 0; r < 16; r++) {
-            const int o = o0 + 16 * rb + r;
-            int8_t *d = dst + (int64_t)rb * kc * 1024 + 64 * r;
-            if (o >= o1) {
-                for (int k = 0; k < nk; k++)
-                    memset(d + k * 1024, 0, 64);
-                continue;
-            }
-            const int8_t *w = job->w + (int64_t)o * in;
-            const int full = in / 64 - k0 < nk ? in / 64 - k0 : nk;   /* whole 64-byte steps (k0 <= in / 64) */
-            for (int k = 0; k < full; k++)
-                memcpy(d + k * 1024, w + 64 * (k0 + k), 64);
-            for (int k = full; k < nk; k++) {   /* the partial last step, if this block has it */
-                const int b0 = 64 * (k0 + k);
-                memset(d + k * 1024, 0, 64);
-                memcpy(d + k * 1024, w + b0, (size_t)(in - b0));
-            }
-        }
-}
-
 /* Weight rows [o, o + 16) (fewer at the matrix's end, o1) x bytes [64 kb, 64 kb + 64) of the
- * reduction as a 16 x 64 tile, read in place: a pointer into the matrix (rows `in` apart) when all
- * of it lies inside, else a zero-padded copy in `pad` (rows 64 apart). *stride is set to match. */
+ * reduction as a 16 x 64 tile: a pointer into the matrix (rows `in` apart) when all of it lies
+ * inside, else a copy in `pad` (rows 64 apart), zero past the matrix's last row or byte (zeros add
+ * nothing; the packed activations are zero there too). *stride is set to match. */
 static const int8_t *amx_weight_tile(const pd_gemm_job *job, int o, int o1, int kb, int8_t *pad, int *stride)
 {
     const int in = job->in, k0 = 64 * kb, nk = in - k0 < 64 ? in - k0 : 64, nr = o1 - o < 16 ? o1 - o : 16;

@@ -28,7 +28,7 @@
  * Blocking (a task's rows are up to 256, gemm.c): the reduction is cut into blocks of
  * PD_GEMM_AMX_KC steps (512 bytes of every row). For each block the task's weight rows are copied
  * once into whole tiles, contiguous (a tile inside the matrix by one TILELOADD of its 16 rows and one
- * TILESTORED, the edges by amx_pack_weights, zero-padded: the copy in 64-byte moves took 12% of a
+ * TILESTORED, the edges zero-padded by amx_weight_tile: the copy in 64-byte moves took 12% of a
  * 2048 x 4096 x 512 product at 2 threads, through the tiles 7%); each pair of
  * row blocks then meets every pair of token blocks, its own tiles of the block (16 KiB) staying in
  * L1 while the activations' come from L2. Between blocks the sums wait in memory (the task's C tiles, AMX_STORE /
@@ -160,20 +160,19 @@ AMX_FN
     _Alignas(64) int32_t c[4][16 * 16];   /* after the last block, a pair's C tiles for the epilogue */
     for (int k0 = 0; k0 < nkb; k0 += kc) {
         const int nk = nkb - k0 < kc ? nkb - k0 : kc, first = k0 == 0, last = k0 + nk == nkb;
-        /* the block's weight tiles, contiguous: a whole tile (16 rows, 64 bytes inside the matrix)
-         * through tmm4 (one load, rows `in` apart, one store), the others by amx_pack_weights */
-        for (int rb = 0; rb < nrb; rb++) {
-            const int ob = o0 + 16 * rb;
-            int8_t *d = sc->w + (int64_t)rb * kc * 1024;
-            if (o1 - ob >= 16 && 64 * (k0 + nk) <= in) {
-                for (int k = 0; k < nk; k++) {
-                    AMX_LOAD(4, job->w + (int64_t)ob * in + 64 * (k0 + k), in);
-                    AMX_STORE(4, d + k * 1024, 64);
+        /* the block's weight tiles, contiguous, tile (rb, k) at sc->w + (rb * kc + k) * 1024: one
+         * inside the matrix through tmm4 (one load, rows `in` apart, one store), one at its edges
+         * padded straight into place by amx_weight_tile */
+        for (int rb = 0; rb < nrb; rb++)
+            for (int k = 0; k < nk; k++) {
+                int8_t *d = sc->w + ((int64_t)rb * kc + k) * 1024;
+                int stride;
+                const int8_t *t = amx_weight_tile(job, o0 + 16 * rb, o1, k0 + k, d, &stride);
+                if (t != d) {
+                    AMX_LOAD(4, t, stride);
+                    AMX_STORE(4, d, 64);
                 }
-            } else {
-                amx_pack_weights(job, ob, o1 - ob < 16 ? o1 : ob + 16, k0, nk, kc, d);
             }
-        }
         /* the next block's weight lines, a slice per pair of row blocks, on their way to L2
          * while this block computes, so that its copy does not wait for memory */
         const int nk_next = !last ? (nkb - k0 - nk < kc ? nkb - k0 - nk : kc) : 0;

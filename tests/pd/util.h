@@ -71,20 +71,21 @@ static inline int test_ports(void)
 }
 
 /* A port on 127.0.0.1 that nothing uses now, for a server a test starts on a port of its own (a KV
- * listener, a proxy, one that comes up late): the next unused one of the last 40 of this test's
- * block (test_ports(): its servers' fixed ports end 110 past the block's first). It used to be one
+ * listener, a proxy, one that comes up late): the next unused one of the last PD_TEST_SPARE_PORTS
+ * of this test's block (test_ports(): its servers' fixed ports end 110 past the block's first). It used to be one
  * the kernel gave a socket bound to port 0 and then closed: a port of the ephemeral range, which
  * another test's outgoing connection on the other worker could take before this test bound it
  * (CI: "kvxfer: cannot listen on 127.0.0.1:47413: Address already in use"). */
+#define PD_TEST_SPARE_PORTS 40
 static inline int free_port(void)
 {
-    static int next = PD_TEST_PORTS - 40;
+    static int next = PD_TEST_PORTS - PD_TEST_SPARE_PORTS;
     const int base = test_ports();
     for (; next < PD_TEST_PORTS; next++)
         if (!port_busy(base + next))
             return base + next++;
-    cr_assert_fail("all 40 of this test's spare ports (%d-%d) are in use", base + PD_TEST_PORTS - 40,
-                   base + PD_TEST_PORTS - 1);
+    cr_assert_fail("all %d of this test's spare ports (%d-%d) are in use", PD_TEST_SPARE_PORTS,
+                   base + PD_TEST_PORTS - PD_TEST_SPARE_PORTS, base + PD_TEST_PORTS - 1);
     return 0;
 }
 
