@@ -120,7 +120,7 @@ INLINE AVX512 void tile(const void *w, int bf16, size_t ldw, int rows, const flo
             y[(size_t)(t0 + j) * ldy + r0 + i] = out[4 * j + i];
 }
 
-AVX512 static void tile_f32(const float *w, size_t ldw, int rows, const float *x, size_t ldx, int T, int n, float *y,
+INLINE AVX512 void tile_f32(const float *w, size_t ldw, int rows, const float *x, size_t ldx, int T, int n, float *y,
                             size_t ldy, int r0, int t0)
 {
     tile(w, 0, ldw, rows, x, ldx, T, n, y, ldy, r0, t0);
