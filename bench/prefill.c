@@ -32,6 +32,7 @@ struct result {
     int threads, tokens;
     double sec;                  /* median step time */
     double share[PD_PROF_N];     /* of the profiled steps' total */
+    double detail[PD_PROF_DETAIL_N];   /* the pieces inside the parts (engine/prof.h), of the same total */
     double gemm_s;               /* the GEMM part's mean seconds per timed step */
     double experts, pairs;       /* distinct routed (layer, expert) a step read, its (token, expert) pairs */
     struct pd_bench_bound bound; /* the least time the step can take, at the ceilings below */
@@ -140,6 +141,8 @@ static int measure(const char *dir, int threads, const int *tokens, int n_tokens
                                .gemm_s = (double)en.prof.ns[PD_PROF_GEMM] * 1e-9 / reps};
         for (int p = 0; p < PD_PROF_N; p++)
             res->share[p] = total > 0 ? (double)en.prof.ns[p] / (double)total : 0;
+        for (int d = 0; d < PD_PROF_DETAIL_N; d++)
+            res->detail[d] = total > 0 ? (double)en.prof.detail_ns[d] / (double)total : 0;
         pd_prof_enable(&en.prof, 0);
         res->experts = experts / reps;
         res->pairs = pairs / reps;
@@ -248,8 +251,11 @@ int pd_bench_prefill(int argc, char **argv)
                 json_t *sh = json_object();
                 for (int p = 0; p < PD_PROF_N; p++)
                     json_object_set_new(sh, pd_prof_part_name(p), json_real(r->share[p]));
-                json_t *o = json_pack("{s:i, s:i, s:f, s:f, s:o}", "threads", r->threads, "tokens", r->tokens,
-                                      "seconds", r->sec, "tokens_per_s", r->tokens / r->sec, "shares", sh);
+                json_t *dt = json_object();
+                for (int d = 0; d < PD_PROF_DETAIL_N; d++)
+                    json_object_set_new(dt, pd_prof_detail_name(d), json_real(r->detail[d]));
+                json_t *o = json_pack("{s:i, s:i, s:f, s:f, s:o, s:o}", "threads", r->threads, "tokens", r->tokens,
+                                      "seconds", r->sec, "tokens_per_s", r->tokens / r->sec, "shares", sh, "detail", dt);
                 if (one >= 0)
                     json_object_set_new(o, "vs_1_thread", json_real(res[one][k].sec / r->sec));
                 const struct pd_bench_bound *b = &r->bound;
@@ -311,6 +317,15 @@ int pd_bench_prefill(int argc, char **argv)
                    100 * r->share[PD_PROF_OTHER]);
             printf(" | %9.2f  %8.2f | %11.1f  %9.1f  %7.2f\n", r->bound.bound_s * 1e3, r->bound.bound_s / r->sec,
                    gemm_gops(r), r->ceil.int8 / 1e9, r->ceil.int8 > 0 ? gemm_gops(r) * 1e9 / r->ceil.int8 : 0);
+        }
+    printf("\ninside those parts, of the step: the experts' int8 products (in GEMM), every bf16/fp32 matrix product "
+           "(in attention, MoE, other), the attention's heads with their keys and indexer (in attention)\n");
+    printf("  threads  tokens | experts' GEMM  float products  attention heads\n");
+    for (int i = 0; i < n_threads; i++)
+        for (int k = 0; k < n_tokens; k++) {
+            const struct result *r = &res[i][k];
+            printf("  %7d  %6d | %12.1f%%  %13.1f%%  %14.1f%%\n", r->threads, r->tokens, 100 * r->detail[PD_PROF_EXPERTS_GEMM],
+                   100 * r->detail[PD_PROF_FLOAT], 100 * r->detail[PD_PROF_HEADS]);
         }
     return 0;
 }

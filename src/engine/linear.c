@@ -1,5 +1,6 @@
 /* Linear layers (W8A8 or fp32), the engine's weight arena and tensor loading helpers. */
 #include "engine/linear.h"
+#include "core/timing.h"
 #include "engine/release.h"
 #include "kernels/dot_gemm.h"
 #include "kernels/ops.h"
@@ -326,7 +327,32 @@ static void float_tokens_task(void *arg, int task)
     }
 }
 
+static _Thread_local int float_timing;
+static _Thread_local int64_t float_timed_ns;
+
+void pd_linear_timing(int on)
+{
+    float_timing = on;
+}
+
+int64_t pd_linear_timed_ns(void)
+{
+    return float_timed_ns;
+}
+
+static int float_many(const struct pd_linear_io *io, int n, pd_pool *pool, int T, pd_err *e);
+
 int pd_linear_fwd_float_many(const struct pd_linear_io *io, int n, pd_pool *pool, int T, pd_err *e)
+{
+    if (!float_timing)
+        return float_many(io, n, pool, T, e);
+    int64_t t0 = pd_now_ns();
+    int rc = float_many(io, n, pool, T, e);
+    float_timed_ns += pd_now_ns() - t0;
+    return rc;
+}
+
+static int float_many(const struct pd_linear_io *io, int n, pd_pool *pool, int T, pd_err *e)
 {
     if (n > FLOAT_MANY)
         return pd_err_set(e, PD_EINVAL, "linear: %d float products in one run (at most %d)", n, FLOAT_MANY);

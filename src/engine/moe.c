@@ -332,7 +332,10 @@ static int run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const 
         grp[2 * ng + 1] = (pd_gemm_group){.w = shared->w3.q, .rows = tok + P, .n = ns, .y = u + (size_t)P * I};
         ng++;
     }
-    if ((rc = pd_gemm_grouped(en->pool, a, grp, 2 * ng, 0, e)))
+    int64_t t0 = pd_prof_mark(&en->prof);
+    rc = pd_gemm_grouped(en->pool, a, grp, 2 * ng, 0, e);
+    pd_prof_add(&en->prof, PD_PROF_EXPERTS_GEMM, t0);
+    if (rc)
         goto out;
     struct act_job aj = {.g = g, .u = u, .q = qi, .s = si, .P = PS, .I = I, .limit = (float)m->swiglu_limit};
     /* a decode step's few rows (7 x 256 values at batch 1) cost less than a hand-off */
@@ -345,7 +348,10 @@ static int run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const 
     }
     if (ns)
         grp[nr] = (pd_gemm_group){.w = shared->w2.q, .rows = seqrow + P, .n = ns, .y = ys + (size_t)P * H};
-    if ((rc = pd_gemm_grouped(en->pool, &a2, grp, ng, 0, e)))
+    t0 = pd_prof_mark(&en->prof);
+    rc = pd_gemm_grouped(en->pool, &a2, grp, ng, 0, e);
+    pd_prof_add(&en->prof, PD_PROF_EXPERTS_GEMM, t0);
+    if (rc)
         goto out;
     for (int at = 0; at < P; at++)
         if (yp)

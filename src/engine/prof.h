@@ -9,18 +9,38 @@
  *   exchange  expert parallelism's dispatch and combine (en->experts_fn) without its GEMMs;
  *   other     the rest of the step (embedding, mHC, norms, quantising the layer input, ...).
  * A hook pair enters and leaves a part; time between transitions is charged to the innermost part
- * entered, less the GEMM time its thread added meanwhile, which goes to GEMM. */
+ * entered, less the GEMM time its thread added meanwhile, which goes to GEMM.
+ *
+ * Inside those parts, three pieces where a prefill's time mostly goes, so that the next bottleneck
+ * shows (each within one or more parts, so they are not added to them):
+ *   gemm_routed_experts  the experts' int8 products (routed and shared: pd_gemm_grouped in
+ *                        moe.c's run_experts), within GEMM;
+ *   float_products       every bf16 / fp32 matrix product (engine/linear.h's counter: the
+ *                        attention's projections, the router, the head), within attention, MoE
+ *                        and other;
+ *   attention_heads      the attention's token chunks: their keys gathered, the indexer's scores
+ *                        and choice, each head's scores, softmax and values, within attention. */
 #ifndef PD_ENGINE_PROF_H
 #define PD_ENGINE_PROF_H
 
 #include <stdint.h>
 
 #include "core/timing.h"
+#include "engine/linear.h"
 #include "kernels/gemm.h"
 
 enum pd_prof_part { PD_PROF_GEMM, PD_PROF_ATTENTION, PD_PROF_MOE, PD_PROF_EXCHANGE, PD_PROF_OTHER, PD_PROF_N };
 
 #define PD_PROF_DEPTH 8
+
+enum pd_prof_detail { PD_PROF_EXPERTS_GEMM, PD_PROF_FLOAT, PD_PROF_HEADS, PD_PROF_DETAIL_N };
+
+/* The pieces' names as the benchmarks print them (JSON keys). */
+static inline const char *pd_prof_detail_name(enum pd_prof_detail d)
+{
+    static const char *const names[PD_PROF_DETAIL_N] = {"gemm_routed_experts", "float_products", "attention_heads"};
+    return names[d];
+}
 
 /* The parts' names as the benchmarks print them (JSON keys). */
 static inline const char *pd_prof_part_name(enum pd_prof_part part)
@@ -35,6 +55,8 @@ struct pd_prof {
     int stack[PD_PROF_DEPTH];
     int64_t mark, gemm_mark;     /* time and GEMM counter at the last transition */
     int64_t ns[PD_PROF_N];       /* accumulated since the last pd_prof_enable */
+    int64_t detail_ns[PD_PROF_DETAIL_N];   /* the pieces, likewise */
+    int64_t float_mark;          /* linear.h's float counter at the last transition */
     int64_t steps;               /* steps profiled */
 };
 
@@ -44,15 +66,18 @@ static inline void pd_prof_enable(struct pd_prof *p, int on)
 {
     *p = (struct pd_prof){.on = on};
     pd_gemm_timing(on);
+    pd_linear_timing(on);
 }
 
 static inline void pd_prof_charge(struct pd_prof *p)
 {
-    int64_t t = pd_now_ns(), g = pd_gemm_timed_ns();
+    int64_t t = pd_now_ns(), g = pd_gemm_timed_ns(), f = pd_linear_timed_ns();
     p->ns[PD_PROF_GEMM] += g - p->gemm_mark;
     p->ns[p->stack[p->depth]] += (t - p->mark) - (g - p->gemm_mark);
+    p->detail_ns[PD_PROF_FLOAT] += f - p->float_mark;
     p->mark = t;
     p->gemm_mark = g;
+    p->float_mark = f;
 }
 
 /* A step starts: its time is "other" until a part is entered. */
@@ -64,6 +89,7 @@ static inline void pd_prof_step_begin(struct pd_prof *p)
     p->stack[0] = PD_PROF_OTHER;
     p->mark = pd_now_ns();
     p->gemm_mark = pd_gemm_timed_ns();
+    p->float_mark = pd_linear_timed_ns();
 }
 
 static inline void pd_prof_step_end(struct pd_prof *p)
@@ -88,6 +114,19 @@ static inline void pd_prof_leave(struct pd_prof *p)
         return;
     pd_prof_charge(p);
     p->depth--;
+}
+
+/* A piece's region: t0 = pd_prof_mark(p) before it, pd_prof_add(p, piece, t0) after it (its wall
+ * time on the calling thread, pool runs included); nothing while profiling is off. */
+static inline int64_t pd_prof_mark(const struct pd_prof *p)
+{
+    return p->on ? pd_now_ns() : 0;
+}
+
+static inline void pd_prof_add(struct pd_prof *p, enum pd_prof_detail piece, int64_t t0)
+{
+    if (p->on)
+        p->detail_ns[piece] += pd_now_ns() - t0;
 }
 
 #endif

@@ -1,5 +1,6 @@
 /* `pdmoe bench prefill`: tokens/s per prompt length and thread count, each part's share of the
- * step from the engine's profile (GEMM, attention, MoE, exchange, other), each step against its
+ * step from the engine's profile (GEMM, attention, MoE, exchange, other) and three pieces inside
+ * them (the experts' products, the float products, the attention's heads), each step against its
  * same-run bound and the GEMM part's int8 ops/s against the int8 peak, --json; bad flags refused
  * by name. The figures' consistency is asserted, not the machine's speed. */
 #include <criterion/criterion.h>
@@ -67,6 +68,16 @@ Test(bench_prefill, json_runs_and_shares)
         cr_assert_gt(num(sh, "attention"), 0, "run %zu", i);
         cr_assert_gt(num(sh, "moe"), 0, "run %zu", i);
         cr_assert_eq(num(sh, "exchange"), 0, "run %zu", i);
+        /* the pieces inside the parts: the experts' products within GEMM, the heads within
+         * attention, the float products (mini's bf16 projections, router, head) within the parts
+         * that are not GEMM; each of them present in every step */
+        json_t *dt = json_object_get(r, "detail");
+        const double ex = num(dt, "gemm_routed_experts"), fl = num(dt, "float_products"), hd = num(dt, "attention_heads");
+        cr_assert(ex > 0 && ex <= num(sh, "gemm") * (1 + 1e-5), "run %zu: experts %g, GEMM %g", i, ex, num(sh, "gemm"));
+        cr_assert(hd > 0 && hd <= num(sh, "attention") * (1 + 1e-5), "run %zu: heads %g, attention %g", i, hd,
+                  num(sh, "attention"));
+        cr_assert(fl > 0 && fl <= (1 - num(sh, "gemm")) * (1 + 1e-5), "run %zu: float products %g, GEMM %g", i, fl,
+                  num(sh, "gemm"));
 
         /* the bound: every figure positive; of_bound is bound over step, the bound at least the
          * bandwidth-only one, which is the weights' bytes at the bandwidth (6 significant digits) */
