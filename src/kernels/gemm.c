@@ -113,9 +113,13 @@ int pd_gemm_kernel_get(pd_kernel *k, pd_err *err)
  * packed activations once per reduction block, so fewer, taller tasks read them fewer times;
  * 2048 rows still make 8 tasks), fewer for small ones so that two threads share them, except
  * where the weights are read in place (pd_gemm_amx_in_place: a routed expert's few tokens), whose
- * one pass streams the weights and requests each next block of rows: 128 there (prefill's
- * experts of v4-flash-mini, 256 x 512 and 512 x 256 with about 12 tokens each, 1.02-1.09x the
- * rate of 32- and 64-row tasks at 1 and 2 threads). AVX2 on
+ * one pass streams the weights and requests each next block of rows: 256 there, a task's last
+ * block of rows ending its stream with an epilogue that nothing overlaps (prefill's experts of
+ * v4-flash-mini, 256 x 512 and 512 x 256 with about 12 tokens each, weights from memory, six
+ * rounds alternating: 9.33-9.54 GB/s of weights in tasks of 128 rows against 9.61-10.07 in tasks of
+ * 256 at 1 thread, medians 18.8 and 19.6 at 2; 128 had been 1.02-1.09x tasks of 32 and 64 rows), 128
+ * under PD_GEMM_AMX_MIN_TOKENS tokens (a decode step's GEMVs, which run on the AVX-512 kernel:
+ * more tasks to share between threads). AVX2 on
  * PD_GEMM_AVX2_BLOCK_MIN tokens and more (n): 64, its blocked path cuts the reduction into chunks
  * itself. Others: the weight bytes a task reads per pass over the tokens (rows * in) within about
  * 256 KiB, so that they stay in L2 while every block of tokens passes over them. A multiple of 8, the GEMV kernels' row
@@ -125,7 +129,7 @@ static int rows_per_task(int out, int in, int n, pd_kernel k)
     if (k == PD_KERNEL_AVX512 || (k == PD_KERNEL_AVX2 && n >= PD_GEMM_AVX2_BLOCK_MIN))
         return 64;
     if (k == PD_KERNEL_AMX || k == PD_KERNEL_AMX_EMU)   /* whole pairs of 16-row tiles (gemm_amx_body.h) */
-        return out >= 2048 ? 256 : pd_gemm_amx_in_place(n, in) ? 128 : out >= 512 ? 64 : 32;
+        return out >= 2048 ? 256 : pd_gemm_amx_in_place(n, in) ? (n >= PD_GEMM_AMX_MIN_TOKENS ? 256 : 128) : out >= 512 ? 64 : 32;
     int rb = (256 * 1024 / in) & ~7;
     return rb < 8 ? 8 : rb > 64 ? 64 : rb;
 }
