@@ -327,28 +327,20 @@ static void float_tokens_task(void *arg, int task)
     }
 }
 
-static _Thread_local int float_timing;
-static _Thread_local int64_t float_timed_ns;
+static _Thread_local struct pd_call_clock float_clock;
 
-void pd_linear_timing(int on)
+struct pd_call_clock *pd_linear_clock(void)
 {
-    float_timing = on;
-}
-
-int64_t pd_linear_timed_ns(void)
-{
-    return float_timed_ns;
+    return &float_clock;
 }
 
 static int float_many(const struct pd_linear_io *io, int n, pd_pool *pool, int T, pd_err *e);
 
 int pd_linear_fwd_float_many(const struct pd_linear_io *io, int n, pd_pool *pool, int T, pd_err *e)
 {
-    if (!float_timing)
-        return float_many(io, n, pool, T, e);
-    int64_t t0 = pd_now_ns();
+    int64_t t0 = pd_call_clock_start(&float_clock);
     int rc = float_many(io, n, pool, T, e);
-    float_timed_ns += pd_now_ns() - t0;
+    pd_call_clock_stop(&float_clock, t0);
     return rc;
 }
 

@@ -80,12 +80,10 @@ struct pd_linear_io {
  * threads (one hand-off instead of n), or from 256 tokens blocks of 64 tokens each through all of
  * them; each value the bits pd_linear_fwd gives. PD_EINVAL for an int8 product or n > 16. */
 int pd_linear_fwd_float_many(const struct pd_linear_io *io, int n, pd_pool *pool, int T, pd_err *e);
-/* The float products' time, for the step profile (engine/prof.h), as kernels/gemm.h times the int8
- * ones: pd_linear_timing(1) makes this thread's pd_linear_fwd_float_many calls (every bf16 / fp32
- * product outside the float reference) add their wall time, in ns, to its counter;
- * pd_linear_timed_ns reads it. Off by default. */
-void pd_linear_timing(int on);
-int64_t pd_linear_timed_ns(void);
+/* The calling thread's clock of its pd_linear_fwd_float_many calls (every bf16 / fp32 product
+ * outside the float reference; core/timing.h), for the step profile, as kernels/gemm.h clocks the
+ * int8 ones: off by default. */
+struct pd_call_clock *pd_linear_clock(void);
 
 /* Arena: one growing list of aligned allocations freed together (the engine's converted
  * weights); counts its bytes. */

@@ -65,13 +65,13 @@ struct pd_prof {
 static inline void pd_prof_enable(struct pd_prof *p, int on)
 {
     *p = (struct pd_prof){.on = on};
-    pd_gemm_timing(on);
-    pd_linear_timing(on);
+    pd_gemm_clock()->on = on;
+    pd_linear_clock()->on = on;
 }
 
 static inline void pd_prof_charge(struct pd_prof *p)
 {
-    int64_t t = pd_now_ns(), g = pd_gemm_timed_ns(), f = pd_linear_timed_ns();
+    int64_t t = pd_now_ns(), g = pd_gemm_clock()->ns, f = pd_linear_clock()->ns;
     p->ns[PD_PROF_GEMM] += g - p->gemm_mark;
     p->ns[p->stack[p->depth]] += (t - p->mark) - (g - p->gemm_mark);
     p->detail_ns[PD_PROF_FLOAT] += f - p->float_mark;
@@ -88,8 +88,8 @@ static inline void pd_prof_step_begin(struct pd_prof *p)
     p->depth = 0;
     p->stack[0] = PD_PROF_OTHER;
     p->mark = pd_now_ns();
-    p->gemm_mark = pd_gemm_timed_ns();
-    p->float_mark = pd_linear_timed_ns();
+    p->gemm_mark = pd_gemm_clock()->ns;
+    p->float_mark = pd_linear_clock()->ns;
 }
 
 static inline void pd_prof_step_end(struct pd_prof *p)

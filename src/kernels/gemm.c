@@ -180,17 +180,11 @@ void pd_gemm_store(const pd_gemm_job *job, int i0, int nu, int o0, int nr, const
     }
 }
 
-static _Thread_local int timing_on;
-static _Thread_local int64_t timed_ns;
+static _Thread_local struct pd_call_clock gemm_clock;
 
-void pd_gemm_timing(int on)
+struct pd_call_clock *pd_gemm_clock(void)
 {
-    timing_on = on;
-}
-
-int64_t pd_gemm_timed_ns(void)
-{
-    return timed_ns;
+    return &gemm_clock;
 }
 
 static int check_qmat(const pd_qmat *m, const char *what, pd_err *err)
@@ -608,21 +602,17 @@ static int grouped_run(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *gro
 
 int pd_gemm(pd_pool *pool, const pd_qmat *w, const pd_qmat *a, float *y, int flags, pd_err *err)
 {
-    if (!timing_on)
-        return gemm_run(pool, w, a, y, flags, err);
-    int64_t t0 = pd_now_ns();
+    int64_t t0 = pd_call_clock_start(&gemm_clock);
     int rc = gemm_run(pool, w, a, y, flags, err);
-    timed_ns += pd_now_ns() - t0;
+    pd_call_clock_stop(&gemm_clock, t0);
     return rc;
 }
 
 int pd_gemm_grouped(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *groups, int n_groups, int flags,
                     pd_err *err)
 {
-    if (!timing_on)
-        return grouped_run(pool, a, groups, n_groups, flags, err);
-    int64_t t0 = pd_now_ns();
+    int64_t t0 = pd_call_clock_start(&gemm_clock);
     int rc = grouped_run(pool, a, groups, n_groups, flags, err);
-    timed_ns += pd_now_ns() - t0;
+    pd_call_clock_stop(&gemm_clock, t0);
     return rc;
 }

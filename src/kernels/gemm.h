@@ -20,6 +20,7 @@
 
 #include "core/err.h"
 #include "core/threadpool.h"
+#include "core/timing.h"
 
 /* An int8 matrix with one fp32 scale per row: weights [out, in] (per output channel) or
  * quantised activations [T, in] (per token, from pd_quant_rows). */
@@ -69,12 +70,9 @@ int pd_gemm_grouped(pd_pool *pool,
                     const pd_gemm_group *groups,   // [n_groups]
                     int n_groups, int flags, pd_err *err);
 
-/* Time spent in pd_gemm and pd_gemm_grouped on the calling thread, for profilers (the engine's
- * step profile): pd_gemm_timing(1) makes this thread's calls add their wall time, in ns, to its
- * counter, pd_gemm_timing(0) stops that; pd_gemm_timed_ns reads the counter. Off (the default)
- * it costs one thread-local test per call. */
-void pd_gemm_timing(int on);
-int64_t pd_gemm_timed_ns(void);
+/* The calling thread's clock of its pd_gemm and pd_gemm_grouped calls (core/timing.h), for the
+ * engine's step profile: off by default. */
+struct pd_call_clock *pd_gemm_clock(void);
 
 /* The implementation pd_gemm uses now: PDMOE_KERNEL if set (and valid), else the best the CPU
  * supports. Returns 0 or PD_EINVAL when PDMOE_KERNEL names an unknown or unsupported kernel;

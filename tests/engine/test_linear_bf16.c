@@ -134,3 +134,38 @@ Test(linear_bf16, float_many_same_bits_as_one_by_one)
         free(mem[k]);
     pd_pool_destroy(pool);
 }
+
+/* The step profile's float clock: counts every float product (pd_linear_fwd on bf16 or fp32 weights
+ * and pd_linear_fwd_float_many) while on, on the calling thread, and nothing while off; not the
+ * int8 ones (kernels/gemm.h's clock has those). */
+Test(linear_bf16, float_clock_counts_only_float_products_while_on)
+{
+    enum { OUT = 64, IN = 256, T = 4 };
+    pd_err e = {0};
+    uint16_t *h = calloc((size_t)OUT * IN, 2);
+    int8_t *q = calloc((size_t)OUT * IN, 1);
+    float *qs = calloc(OUT, 4), *x = calloc((size_t)T * IN, 4), *y = malloc((size_t)T * OUT * 4);
+    int8_t *xq = malloc((size_t)T * IN);
+    float *xs = malloc((size_t)T * 4);
+    struct pd_linear lh = {.h = h, .out = OUT, .in = IN}, lq = {.q = {q, qs, OUT, IN}, .out = OUT, .in = IN};
+    struct pd_call_clock *clock = pd_linear_clock();
+    int64_t t0 = clock->ns;
+    cr_assert_eq(pd_linear_fwd(&lh, NULL, 0, x, T, y, NULL, NULL, &e), 0, "%s", e.msg);
+    cr_assert_eq(clock->ns, t0, "counted while off");
+    clock->on = 1;
+    cr_assert_eq(pd_linear_fwd(&lh, NULL, 0, x, T, y, NULL, NULL, &e), 0, "%s", e.msg);
+    int64_t t1 = clock->ns;
+    cr_assert_gt(t1, t0, "a bf16 product not counted");
+    cr_assert_eq(pd_linear_fwd(&lq, NULL, 0, x, T, y, xq, xs, &e), 0, "%s", e.msg);
+    cr_assert_eq(clock->ns, t1, "an int8 product counted as a float one");
+    clock->on = 0;
+    cr_assert_eq(pd_linear_fwd(&lh, NULL, 0, x, T, y, NULL, NULL, &e), 0, "%s", e.msg);
+    cr_assert_eq(clock->ns, t1, "counted after it was turned off");
+    free(h);
+    free(q);
+    free(qs);
+    free(x);
+    free(y);
+    free(xq);
+    free(xs);
+}
