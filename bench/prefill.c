@@ -142,7 +142,7 @@ static int measure(const char *dir, int threads, const int *tokens, int n_tokens
         for (int p = 0; p < PD_PROF_N; p++)
             res->share[p] = total > 0 ? (double)en.prof.ns[p] / (double)total : 0;
         for (int d = 0; d < PD_PROF_DETAIL_N; d++)
-            res->detail[d] = total > 0 ? (double)en.prof.detail_ns[d] / (double)total : 0;
+            res->detail[d] = total > 0 ? (double)en.prof.piece[d].ns / (double)total : 0;
         pd_prof_enable(&en.prof, 0);
         res->experts = experts / reps;
         res->pairs = pairs / reps;

@@ -772,7 +772,7 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
      * prepared in that order, then all their heads run over the pool; a prefill prepares the next
      * chunk in a task of this chunk's heads run (prepare_chunk) */
     int cur = 0, prepared = 0;
-    const int64_t heads_t0 = pd_prof_mark(&en->prof);
+    const int64_t heads_t0 = pd_call_clock_start(&en->prof.piece[PD_PROF_HEADS]);
     for (int t0 = 0, n; t0 < T; t0 += n, cur ^= 1) {
         n = chunk_len(T, t0, chunk, prefill);
         /* a task per token from 8 tokens on (a prefill's chunk: its compressed entries and
@@ -824,7 +824,7 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
             pd_pool_run(hj.whole ? NULL : en->pool, hj.per_head && !hj.whole ? n * nh : n, heads_task, &hj);
         }
     }
-    pd_prof_add(&en->prof, PD_PROF_HEADS, heads_t0);
+    pd_call_clock_stop(&en->prof.piece[PD_PROF_HEADS], heads_t0);
     /* grouped low-rank output: group g maps heads [g*nh/og, (g+1)*nh/og) to o_lora values. With
      * int8 weights o [T, nh*hd] is quantised as [T*og, gin] (the rows each group reads, as when
      * quantised one group at a time) and every group runs in one grouped product. */

@@ -262,6 +262,16 @@ static void act_task(void *arg, int task)
  * the shared expert also runs on rows 0 .. ns - 1 of a, as one more group of each product (one
  * pool run each instead of three more: the same kernels per row, so the bits ffn_rows gives), its
  * outputs into ysh [ns, H]. */
+/* The experts' grouped product, clocked as the step profile's experts piece (engine/prof.h). */
+static int experts_gemm(struct pd_engine *en, const pd_qmat *a, const pd_gemm_group *grp, int n, pd_err *e)
+{
+    struct pd_call_clock *clock = &en->prof.piece[PD_PROF_EXPERTS_GEMM];
+    int64_t t0 = pd_call_clock_start(clock);
+    int rc = pd_gemm_grouped(en->pool, a, grp, n, 0, e);
+    pd_call_clock_stop(clock, t0);
+    return rc;
+}
+
 static int run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *row, const int32_t *expert,
                        int P, float *y, float *const *dst, const float **yp, const struct pd_expert_w *shared, int ns,
                        float *ysh, pd_err *e)
@@ -332,10 +342,7 @@ static int run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const 
         grp[2 * ng + 1] = (pd_gemm_group){.w = shared->w3.q, .rows = tok + P, .n = ns, .y = u + (size_t)P * I};
         ng++;
     }
-    int64_t t0 = pd_prof_mark(&en->prof);
-    rc = pd_gemm_grouped(en->pool, a, grp, 2 * ng, 0, e);
-    pd_prof_add(&en->prof, PD_PROF_EXPERTS_GEMM, t0);
-    if (rc)
+    if ((rc = experts_gemm(en, a, grp, 2 * ng, e)))
         goto out;
     struct act_job aj = {.g = g, .u = u, .q = qi, .s = si, .P = PS, .I = I, .limit = (float)m->swiglu_limit};
     /* a decode step's few rows (7 x 256 values at batch 1) cost less than a hand-off */
@@ -348,10 +355,7 @@ static int run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const 
     }
     if (ns)
         grp[nr] = (pd_gemm_group){.w = shared->w2.q, .rows = seqrow + P, .n = ns, .y = ys + (size_t)P * H};
-    t0 = pd_prof_mark(&en->prof);
-    rc = pd_gemm_grouped(en->pool, &a2, grp, ng, 0, e);
-    pd_prof_add(&en->prof, PD_PROF_EXPERTS_GEMM, t0);
-    if (rc)
+    if ((rc = experts_gemm(en, &a2, grp, ng, e)))
         goto out;
     for (int at = 0; at < P; at++)
         if (yp)

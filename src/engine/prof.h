@@ -55,8 +55,10 @@ struct pd_prof {
     int stack[PD_PROF_DEPTH];
     int64_t mark, gemm_mark;     /* time and GEMM counter at the last transition */
     int64_t ns[PD_PROF_N];       /* accumulated since the last pd_prof_enable */
-    int64_t detail_ns[PD_PROF_DETAIL_N];   /* the pieces, likewise */
-    int64_t float_mark;          /* linear.h's float counter at the last transition */
+    struct pd_call_clock piece[PD_PROF_DETAIL_N];   /* the pieces, likewise: the experts' products and
+                                                       the heads clocked as regions (on while profiling),
+                                                       the float products from linear.h's clock */
+    int64_t float_mark;          /* linear.h's float clock at the last transition */
     int64_t steps;               /* steps profiled */
 };
 
@@ -65,6 +67,8 @@ struct pd_prof {
 static inline void pd_prof_enable(struct pd_prof *p, int on)
 {
     *p = (struct pd_prof){.on = on};
+    for (int d = 0; d < PD_PROF_DETAIL_N; d++)
+        p->piece[d].on = on;
     pd_gemm_clock()->on = on;
     pd_linear_clock()->on = on;
 }
@@ -74,7 +78,7 @@ static inline void pd_prof_charge(struct pd_prof *p)
     int64_t t = pd_now_ns(), g = pd_gemm_clock()->ns, f = pd_linear_clock()->ns;
     p->ns[PD_PROF_GEMM] += g - p->gemm_mark;
     p->ns[p->stack[p->depth]] += (t - p->mark) - (g - p->gemm_mark);
-    p->detail_ns[PD_PROF_FLOAT] += f - p->float_mark;
+    p->piece[PD_PROF_FLOAT].ns += f - p->float_mark;
     p->mark = t;
     p->gemm_mark = g;
     p->float_mark = f;
@@ -114,19 +118,6 @@ static inline void pd_prof_leave(struct pd_prof *p)
         return;
     pd_prof_charge(p);
     p->depth--;
-}
-
-/* A piece's region: t0 = pd_prof_mark(p) before it, pd_prof_add(p, piece, t0) after it (its wall
- * time on the calling thread, pool runs included); nothing while profiling is off. */
-static inline int64_t pd_prof_mark(const struct pd_prof *p)
-{
-    return p->on ? pd_now_ns() : 0;
-}
-
-static inline void pd_prof_add(struct pd_prof *p, enum pd_prof_detail piece, int64_t t0)
-{
-    if (p->on)
-        p->detail_ns[piece] += pd_now_ns() - t0;
 }
 
 #endif

@@ -128,8 +128,11 @@ static int rows_per_task(int out, int in, int n, pd_kernel k)
 {
     if (k == PD_KERNEL_AVX512 || (k == PD_KERNEL_AVX2 && n >= PD_GEMM_AVX2_BLOCK_MIN))
         return 64;
-    if (k == PD_KERNEL_AMX || k == PD_KERNEL_AMX_EMU)   /* whole pairs of 16-row tiles (gemm_amx_body.h) */
-        return out >= 2048 ? 256 : pd_gemm_amx_in_place(n, in) ? (n >= PD_GEMM_AMX_MIN_TOKENS ? 256 : 128) : out >= 512 ? 64 : 32;
+    if (k == PD_KERNEL_AMX || k == PD_KERNEL_AMX_EMU) {   /* whole pairs of 16-row tiles (gemm_amx_body.h) */
+        if (out >= 2048 || (pd_gemm_amx_in_place(n, in) && n >= PD_GEMM_AMX_MIN_TOKENS))
+            return 256;
+        return pd_gemm_amx_in_place(n, in) ? 128 : out >= 512 ? 64 : 32;
+    }
     int rb = (256 * 1024 / in) & ~7;
     return rb < 8 ? 8 : rb > 64 ? 64 : rb;
 }
@@ -207,12 +210,24 @@ struct plain_run {
     int rb;
 };
 
+/* Rows [o0, o1) of a job by the kernel fn, as one pool task. The AMX kernels and the AVX-512
+ * prefill GEMM write a large y with non-temporal stores (job->y_stream), which are weakly ordered:
+ * fenced here, before the pool marks the task finished and another thread reads y. */
+static void task_rows(pd_gemm_rows_fn fn, const pd_gemm_job *job, int o0, int o1)
+{
+    fn(job, o0, o1);
+#ifdef __SSE2__
+    if (job->y_stream)
+        _mm_sfence();
+#endif
+}
+
 static void plain_task(void *arg, int task)
 {
     const struct plain_run *r = arg;
     int o0 = task * r->rb;
     int o1 = o0 + r->rb < r->job.out ? o0 + r->rb : r->job.out;
-    r->fn(&r->job, o0, o1);
+    task_rows(r->fn, &r->job, o0, o1);
 }
 
 /* A run of the pool costs well under a microsecond of hand-off while its workers are still
@@ -490,7 +505,7 @@ static void grouped_task(void *arg, int task)
         job.w_next = r->groups[lo + 1].w.q;
         job.next_out = r->groups[lo + 1].w.rows;
     }
-    r->fn(&job, o0, o1);
+    task_rows(r->fn, &job, o0, o1);
 }
 
 static int grouped_run(pd_pool *pool, const pd_qmat *a, const pd_gemm_group *groups, int n_groups,

@@ -407,10 +407,6 @@ void pd_gemm_rows_amx(const pd_gemm_job *job, int o0, int o1)
         pd_gemm_rows_avx512_two_streams(job, o0, o1);
     else
         rows_hw(job, o0, o1);
-    /* non-temporal stores are weakly ordered: visible to the threads that read y before the pool
-     * marks the task finished */
-    if (job->y_stream)
-        _mm_sfence();
 }
 
 /* The peak probe: four independent accumulators, each TDPBSSD reading tiles already loaded. */

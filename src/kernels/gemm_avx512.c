@@ -337,10 +337,6 @@ static AVX512 void rows_avx512(const pd_gemm_job *job, int o0, int o1, int two_s
         pd_gemm_rows_small(job, o0, o1);   /* (under 16 rows a packed vector would be part empty) */
     else
         pd_gemm_rows_vnni(job, o0, o1);
-    /* gemm_vnni.c writes a large output with non-temporal stores, weakly ordered: visible to the
-     * threads that read y before the pool marks the task finished */
-    if (job->y_stream)
-        _mm_sfence();
 }
 
 AVX512 void pd_gemm_rows_avx512(const pd_gemm_job *job, int o0, int o1)

@@ -28,7 +28,8 @@ typedef struct pd_gemm_job {
     const int8_t *apack;    // the AMX kernels' packed activations (pd_gemm_amx_pack), else NULL
     int y_stream;           // 1: the AMX kernels and the AVX-512 prefill GEMM (gemm_vnni.c) write
                             // whole aligned 64-byte lines of y with non-temporal stores
-                            // (gemm.c: a product's output past PD_GEMM_STREAM_Y_BYTES)
+                            // (gemm.c: a product's output past PD_GEMM_STREAM_Y_BYTES; its
+                            // task_rows fences them when the task ends)
 } pd_gemm_job;
 
 /* Outputs of at least this many bytes in one call (a prefill's: 1,024 tokens x 1,024 values are

@@ -12,8 +12,8 @@
 #include "kernels/gemm_impl.h"
 
 /* y[t][ob + r] (+)= (a_scale[t] * w_scale[ob + r]) * (float)acc[r] for r < nr (<= 16). With
- * job->y_stream a whole aligned line goes past the caches (a non-temporal store: the caller fences
- * before its task ends, gemm_impl.h). */
+ * job->y_stream a whole aligned line goes past the caches (a non-temporal store: gemm.c's
+ * task_rows fences before the task ends). */
 static inline __attribute__((target("avx512f"), always_inline)) void pd_gemm_store16(const pd_gemm_job *job, int t,
                                                                                    int ob, int nr, __m512i acc)
 {
