@@ -16,7 +16,10 @@
  * the CPU time (the calling thread's at 1 thread, the process's at N: it stays meaningful on a
  * busy machine, where wall-clock scaling does not; the load average is printed beside it); at 1
  * thread the roofline fraction again with the step's and the bandwidth probe's time both taken
- * as CPU time, steady on a shared machine. */
+ * as CPU time, steady on a shared machine. Each case splits its steps into the engine profile's
+ * parts and pieces (engine/prof.h, as bench prefill), and the scaling gives each one's time at 1
+ * thread over its time at N: which of them the threads speed up and which stay on the calling
+ * thread. */
 #include "bench.h"
 #include "bench/bound.h"
 #include "bench/ceilings.h"
@@ -62,6 +65,8 @@ struct decode_case {
     double experts, pairs;        /* distinct routed experts, (token, expert) pairs per step */
     struct pd_bench_bound bound;  /* the least time the step can take (bench/bound.c) */
     double share[PD_PROF_N];      /* each part's share of the timed steps (engine/prof.h) */
+    double detail[PD_PROF_DETAIL_N];   /* the pieces inside the parts, of the same total */
+    double part_ms[PD_PROF_N], detail_ms[PD_PROF_DETAIL_N];   /* the same per step, in ms */
     unsigned long long stalls, backoff_runs;   /* over all timed steps */
     /* the calling thread's step (N threads): its own tasks in pool runs, waiting in them for the
      * helpers' tasks, runs made alone after a stall, and its work outside any run (pd_pool_stats) */
@@ -75,6 +80,7 @@ struct decode_case {
 struct tally {
     double wall, cpu, experts, pairs;
     int64_t prof[PD_PROF_N];
+    int64_t piece[PD_PROF_DETAIL_N];
     struct pd_pool_stats pool;    /* the deltas of its pool's counters */
 };
 
@@ -167,6 +173,8 @@ static int batch_steps(struct batch_run *r, int steps, struct tally *t, pd_err *
     t->cpu += cpu_seconds(alone) - cpu0;
     for (int p = 0; p < PD_PROF_N; p++)
         t->prof[p] += en->prof.ns[p];
+    for (int d = 0; d < PD_PROF_DETAIL_N; d++)
+        t->piece[d] += en->prof.piece[d].ns;
     pd_prof_enable(&en->prof, 0);
     pd_pool_stats(en->pool, &p1);
     t->pool.dispatches += p1.dispatches - p0.dispatches;
@@ -231,8 +239,14 @@ static int run_batch(struct pd_engine *en, pd_pool *const *pools, const int *tc,
         for (int p = 0; p < PD_PROF_N; p++)
             total += t[i].prof[p];
         *c = (struct decode_case){.batch = batch, .threads = tc[i]};
-        for (int p = 0; p < PD_PROF_N; p++)
+        for (int p = 0; p < PD_PROF_N; p++) {
             c->share[p] = total > 0 ? (double)t[i].prof[p] / (double)total : 0;
+            c->part_ms[p] = (double)t[i].prof[p] / 1e6 / steps;
+        }
+        for (int d = 0; d < PD_PROF_DETAIL_N; d++) {
+            c->detail[d] = total > 0 ? (double)t[i].piece[d] / (double)total : 0;
+            c->detail_ms[d] = (double)t[i].piece[d] / 1e6 / steps;
+        }
         c->step_s = t[i].wall / steps;
         c->tok_s = (double)batch * steps / t[i].wall;
         c->cpu_s = t[i].cpu / steps;
@@ -251,6 +265,32 @@ static int run_batch(struct pd_engine *en, pd_pool *const *pools, const int *tc,
         c->pairs = t[i].pairs / steps;
     }
     return 0;
+}
+
+/* Each part's and piece's time a step at 1 thread over its time at N (n): what scales with the
+ * threads and what does not (a part run on the calling thread alone stays near 1x), printed as a
+ * line unless json; null for a part the N-thread steps spent no time in. */
+static json_t *part_scaling(const struct decode_case *one, const struct decode_case *n, int json)
+{
+    json_t *o = json_object();
+    if (!json)
+        printf("            each part's time a step at 1 thread over %d threads':", n->threads);
+    for (int k = 0; k < PD_PROF_N + PD_PROF_DETAIL_N; k++) {
+        const int piece = k >= PD_PROF_N;
+        const char *name = piece ? pd_prof_detail_name(k - PD_PROF_N) : pd_prof_part_name(k);
+        const double a = piece ? one->detail_ms[k - PD_PROF_N] : one->part_ms[k];
+        const double b = piece ? n->detail_ms[k - PD_PROF_N] : n->part_ms[k];
+        if (b > 0 && a > 0) {
+            json_object_set_new(o, name, json_real(a / b));
+            if (!json)
+                printf("%s %s %.2fx", k == PD_PROF_N ? "; within them" : "", name, a / b);
+        } else {
+            json_object_set_new(o, name, json_null());
+        }
+    }
+    if (!json)
+        printf("\n");
+    return o;
 }
 
 int pd_bench_decode(int argc, char **argv)
@@ -402,6 +442,9 @@ int pd_bench_decode(int argc, char **argv)
             printf("        shares of the step:");
             for (int p = 0; p < PD_PROF_N; p++)
                 printf(" %s %.1f%%", pd_prof_part_name(p), 100 * d->share[p]);
+            printf("; within them:");
+            for (int k = 0; k < PD_PROF_DETAIL_N; k++)
+                printf(" %s %.1f%%", pd_prof_detail_name(k), 100 * d->detail[k]);
             printf("\n");
         }
         json_t *o = json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "batch", d->batch, "threads",
@@ -421,6 +464,16 @@ int pd_bench_decode(int argc, char **argv)
         for (int p = 0; p < PD_PROF_N; p++)
             json_object_set_new(sh, pd_prof_part_name(p), json_real(d->share[p]));
         json_object_set_new(o, "shares", sh);
+        /* the pieces (engine/prof.h) as shares of the same total, and parts and pieces in ms a step */
+        json_t *dt = json_object(), *ms = json_object();
+        for (int k = 0; k < PD_PROF_DETAIL_N; k++) {
+            json_object_set_new(dt, pd_prof_detail_name(k), json_real(d->detail[k]));
+            json_object_set_new(ms, pd_prof_detail_name(k), json_real(d->detail_ms[k]));
+        }
+        for (int p = 0; p < PD_PROF_N; p++)
+            json_object_set_new(ms, pd_prof_part_name(p), json_real(d->part_ms[p]));
+        json_object_set_new(o, "detail", dt);
+        json_object_set_new(o, "ms_per_step", ms);
         /* issue 17.5 at 1 thread (the 2-thread cases are judged by their scaling, below) */
         if (d->threads == 1) {
             json_object_set_new(o, "target", pd_bench_target_json(PD_TARGET_DECODE_ROOFLINE, "of_bandwidth_roofline", frac));
@@ -482,9 +535,11 @@ int pd_bench_decode(int argc, char **argv)
                 json_t *t = pd_bench_target_json(tg, "tokens_per_s_over_1_thread", r);
                 if (alone)
                     json_object_set_new(t, "met", json_null());
-                json_array_append_new(sc, json_pack("{s:i, s:i, s:f, s:o, s:f}", "batch", cases[i].batch, "threads",
-                                                    cases[j].threads, "tokens_per_s_over_1_thread", r, "target", t,
-                                                    "bandwidth_over_1_thread", bw_r));
+                json_t *one = json_pack("{s:i, s:i, s:f, s:o, s:f}", "batch", cases[i].batch, "threads",
+                                        cases[j].threads, "tokens_per_s_over_1_thread", r, "target", t,
+                                        "bandwidth_over_1_thread", bw_r);
+                json_object_set_new(one, "parts_over_1_thread", part_scaling(&cases[i], &cases[j], json));
+                json_array_append_new(sc, one);
             }
     json_object_set_new(doc, "scaling", sc);
     json_object_set_new(doc, "bench", json_string("decode"));

@@ -123,6 +123,21 @@ Test(bench_decode, shares_of_the_step_add_up)
     cr_assert_float_eq(sum, 1, 1e-9);
     cr_assert_gt(num(sh, "gemm"), 0, "a decode step without an int8 product");
     cr_assert_eq(num(sh, "exchange"), 0, "one process, no exchange, yet %g", num(sh, "exchange"));
+    /* the pieces inside the parts, as bench prefill's: the experts' products within GEMM, the heads
+     * within attention, the float products (mini's bf16 projections, router, head) within the parts
+     * that are not GEMM; each present in every step */
+    json_t *c = json_array_get(json_object_get(doc, "cases"), 0), *dt = json_object_get(c, "detail");
+    const double ex = num(dt, "gemm_routed_experts"), fl = num(dt, "float_products"), hd = num(dt, "attention_heads");
+    cr_assert(ex > 0 && ex <= num(sh, "gemm") * (1 + 1e-9), "experts %g, GEMM %g", ex, num(sh, "gemm"));
+    cr_assert(hd > 0 && hd <= num(sh, "attention") * (1 + 1e-9), "heads %g, attention %g", hd, num(sh, "attention"));
+    cr_assert(fl > 0 && fl <= (1 - num(sh, "gemm")) * (1 + 1e-9), "float products %g, GEMM %g", fl, num(sh, "gemm"));
+    /* the same in ms a step: each share is its ms over the parts' sum */
+    json_t *ms = json_object_get(c, "ms_per_step");
+    double total = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+        total += num(ms, parts[i]);
+    cr_assert_float_eq(num(ms, "gemm") / total, num(sh, "gemm"), 1e-9);
+    cr_assert_float_eq(num(ms, "attention_heads") / total, hd, 1e-9);
     json_decref(doc);
 }
 
@@ -200,6 +215,27 @@ Test(bench_decode, scaling_says_whether_the_target_is_met)
             if (num(c, "threads") == 2 && num(c, "batch") == num(s, "batch"))
                 alone = num(c, "dispatches_per_step") == 0 && num(c, "backoff_runs") > 0;
         }
+        /* each part's and piece's time a step at 1 thread over 2 threads', as the cases give them
+         * (null where the 2-thread steps spent none: the exchange, one process) */
+        json_t *ms1 = NULL, *ms2 = NULL, *po = json_object_get(s, "parts_over_1_thread");
+        for (size_t k = 0; k < json_array_size(cases); k++) {
+            json_t *c = json_array_get(cases, k);
+            if (num(c, "batch") == num(s, "batch"))
+                *(num(c, "threads") == 1 ? &ms1 : &ms2) = json_object_get(c, "ms_per_step");
+        }
+        cr_assert(ms1 && ms2 && json_is_object(po), "batch %g: no ms_per_step or parts_over_1_thread", num(s, "batch"));
+        cr_assert_eq(json_object_size(po), json_object_size(ms1));
+        const char *key;
+        json_t *v;
+        json_object_foreach(po, key, v) {
+            if (num(ms2, key) > 0 && num(ms1, key) > 0)
+                cr_assert_float_eq(json_number_value(v), num(ms1, key) / num(ms2, key), 1e-9 * json_number_value(v),
+                                   "batch %g: %s", num(s, "batch"), key);
+            else
+                cr_assert(json_is_null(v), "batch %g: %s given for no time", num(s, "batch"), key);
+        }
+        cr_assert(json_is_null(json_object_get(po, "exchange")));
+        cr_assert(json_is_number(json_object_get(po, "gemm_routed_experts")));
         if (alone)
             cr_assert(json_is_null(met), "a case on one thread judged against the target");
         else
