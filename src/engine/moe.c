@@ -93,6 +93,9 @@ static void take_topk(float *p, const int *c, int n, int k, int32_t *id)
  * all of them). */
 void pd_moe_choose(const struct pd_layer_w *L, int E, int k, const float *z, float *s, int32_t *id)
 {
+    /* the knots' values, here and not only in route(): a caller of this alone (the tests) read a
+     * table of zeros, bounds that excluded the right experts wherever a bias told them apart */
+    pthread_once(&sp_once, sp_init);
     float up[4096], lo_top[64], p[4096];
     int cand[4096], nc = 0, nt = 0, exact = k < 1 || k > 64;
     for (int x = 0; x < E && !exact; x++) {
@@ -190,7 +193,6 @@ static void choose_task(void *arg, int task)
  * (logits in, scores of at least the chosen experts out). */
 static int route(struct pd_step *st, const struct pd_layer_w *L, int32_t *ids, float *w, float *scores, pd_err *e)
 {
-    pthread_once(&sp_once, sp_init);
     /* router logits z = x Wg^T of every token: the gate ([E, hidden], fp32 or bf16) is a float
      * product like any other (engine/linear.c: row by row, a few tokens per row, or tiled by
      * the token count; the bits of pd_dot whichever) */

@@ -336,9 +336,10 @@ Test(parts, router_choice_same_as_scoring_every_expert)
             /* spread logits, a few far out (the table's ends), and crowds of equal or nearly
              * equal values at the top (ties and near-ties at the threshold) */
             z[x] = kind == 0 ? 8 * u - 4 : kind == 1 ? 60 * u - 30 : kind == 2 ? (float)(x % 3) : kind == 3 ? 1.0f + 1e-6f * (float)(x % 7) : kind == 4 ? 20.0f + (float)(x % 2) * 1e-5f : -17 - u;
-            bias[x] = kind == 5 ? 0 : (trial & 1) ? 0.01f * (float)((x * 7) % 5) : 0;
+            bias[x] = kind == 5 ? 0 : (trial / 6) & 1 ? 0.01f * (float)((x * 7) % 5) : 0;
         }
-        L.gate_bias = (trial % 12 < 6) ? bias : NULL;
+        /* every kind with and without a bias, and a bias of zeros (trial / 6 % 4: 0, 1 / 2, 3) */
+        L.gate_bias = (trial / 12) & 1 ? NULL : bias;
         int32_t id1[K], id2[K];
         choose_plain(z, L.gate_bias, E, K, s1, id1);
         memcpy(z2, z, sizeof z);
