@@ -53,23 +53,9 @@ static void sp_init(void)
         sp_val[i] = score_of(sp_knot(i));
 }
 
-/* lo <= score_of(z) <= hi, for z <= 20 (not NaN). */
-static void score_bounds(float z, float *lo, float *hi)
-{
-    if (z < SP_LO) {
-        *lo = 0;
-        *hi = sp_val[0] * (1 + SP_SLACK);
-        return;
-    }
-    int i = (int)((z - SP_LO) * SP_PER);
-    i = i < 0 ? 0 : i > SP_N - 2 ? SP_N - 2 : i;
-    while (i > 0 && z < sp_knot(i))
-        i--;
-    while (i < SP_N - 2 && z >= sp_knot(i + 1))
-        i++;
-    *lo = sp_val[i] * (1 - SP_SLACK);
-    *hi = sp_val[i + 1] * (1 + SP_SLACK);
-}
+/* The knots as kernels/vec.h's table: below -16 a score lies in [0, score_of(-16)]. */
+static const struct pd_knots sp_knots = {.x0 = SP_LO, .per = SP_PER, .slack = SP_SLACK, .below = 0, .m = SP_N,
+                                         .val = sp_val};
 
 /* The top k of the values p[0..n) of experts c[0..n): the largest not yet taken, ties to the
  * lower index, -inf never; id[j] = c[i] of the j-th, -1 when none is left. Overwrites p. */
@@ -96,21 +82,25 @@ void pd_moe_choose(const struct pd_layer_w *L, int E, int k, const float *z, flo
     /* the knots' values, here and not only in route(): a caller of this alone (the tests) read a
      * table of zeros, bounds that excluded the right experts wherever a bias told them apart */
     pthread_once(&sp_once, sp_init);
-    float up[4096], lo_top[64], p[4096];
+    const float *bias = L->gate_bias;
+    float lo[4096], up[4096], lo_top[64], p[4096];   /* lo, up: bounds on s + bias */
     int cand[4096], nc = 0, nt = 0, exact = k < 1 || k > 64;
-    for (int x = 0; x < E && !exact; x++) {
-        float b = L->gate_bias ? L->gate_bias[x] : 0, lo, hi;
-        if (z[x] != z[x] || b != b) {
-            exact = 1;   /* NaN: the comparison over every expert decides, as it always did */
-            break;
+    /* every expert's bounds at once (rounding is monotonic: hi + b >= s + b); where the table
+     * says nothing, one by one: a logit above its last knot (20) is scored exactly, a NaN leaves
+     * the choice to the comparison over every expert, as it always did */
+    if (!exact && pd_knot_bounds(&sp_knots, z, bias, E, lo, up))
+        for (int x = 0; x < E && !exact; x++) {
+            const float b = bias ? bias[x] : 0;
+            if (z[x] > 20 && b == b)
+                lo[x] = up[x] = score_of(z[x]) + b;
+            else
+                exact = pd_knot_bounds_ref(&sp_knots, z + x, bias ? bias + x : NULL, 1, lo + x, up + x);
         }
-        if (z[x] > 20)
-            lo = hi = score_of(z[x]);
-        else
-            score_bounds(z[x], &lo, &hi);
-        up[x] = hi + b;   /* >= s + b: rounding is monotonic */
-        float l = lo + b;
-        /* the k largest lower bounds so far, decreasing */
+    /* the k largest lower bounds, decreasing */
+    for (int x = 0; x < E && !exact; x++) {
+        const float l = lo[x];
+        if (nt == k && !(lo_top[k - 1] < l))
+            continue;
         int at = nt < k ? nt++ : k;
         for (; at > 0 && lo_top[at - 1] < l; at--)
             if (at < k)
@@ -123,7 +113,7 @@ void pd_moe_choose(const struct pd_layer_w *L, int E, int k, const float *z, flo
     for (int x = 0; x < E; x++)
         if (exact || up[x] >= lo_top[k - 1]) {
             s[x] = score_of(z[x]);
-            p[nc] = s[x] + (L->gate_bias ? L->gate_bias[x] : 0);
+            p[nc] = s[x] + (bias ? bias[x] : 0);
             cand[nc++] = x;
         }
     take_topk(p, cand, nc, k, id);

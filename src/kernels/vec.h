@@ -65,6 +65,23 @@ void pd_scale(float a, const float *x, float *y, int n);
  * allowed. */
 void pd_scale_mul(float a, const float *x, const float *w, float *y, int n);
 
+/* Bounds of an increasing function f tabulated at the knots k_i = x0 + i / per, i < m (m >= 2;
+ * val[i] = f(k_i); per a power of two, so that every knot is exact): for each x[j] with
+ * k_i <= x[j] < k_{i+1} (i clamped to [0, m - 2]),
+ *   lo[j] = val[i] * (1 - slack) + add[j],   hi[j] = val[i + 1] * (1 + slack) + add[j],
+ * below x0 lo[j] = below + add[j], hi[j] = val[0] * (1 + slack) + add[j] (add NULL: 0). slack
+ * widens the knots' values for a computed f that falls a few ulps short of monotonic. Returns 0;
+ * 1 when some x[j] is above the last knot or NaN, or some add[j] NaN: there the table says
+ * nothing, and lo and hi are left unspecified for the caller's exact path. The same bits in every
+ * version (AVX-512 16 values a vector). */
+struct pd_knots {
+    float x0, per, slack, below;
+    int m;
+    const float *val;   /* [m] */
+};
+int pd_knot_bounds(const struct pd_knots *t, const float *x, const float *add, int n, float *lo, float *hi);
+int pd_knot_bounds_ref(const struct pd_knots *t, const float *x, const float *add, int n, float *lo, float *hi);
+
 /* Portable versions (the tests' reference). */
 float pd_dot_ref(const float *a, const float *b, int n);
 void pd_axpy_ref(float a, const float *x, float *y, int n);

@@ -179,6 +179,62 @@ Test(ops, swiglu_same_bits_as_the_loop)
         }
 }
 
+/* The knots' bounds 16 values a vector against the portable loop: logits spread over the table,
+ * below it, exactly on knots and a hair either side, -inf, with and without an addend (a bias),
+ * lengths around the vector; both refuse the same inputs (a value above the last knot, a NaN in
+ * x or the addend). And the bounds hold: lo <= f <= hi for f the tabulated function here. */
+static float knot_f(float x)
+{
+    return sqrtf(pd_softplus(x));
+}
+
+Test(ops, knot_bounds_same_bits_as_the_loop)
+{
+    enum { N = 300, M = 36 * 32 + 1 };
+    static float val[M], x[N], add[N], lo1[N], hi1[N], lo2[N], hi2[N];
+    const struct pd_knots t = {.x0 = -16, .per = 32, .slack = 1e-5f, .below = 0, .m = M, .val = val};
+    for (int i = 0; i < M; i++)
+        val[i] = knot_f(-16 + (float)i / 32);
+    for (int i = 0; i < N; i++) {
+        const float k = -16 + (float)((i * 37) % M) / 32;   /* a knot */
+        x[i] = i % 5 == 0 ? k : i % 5 == 1 ? nextafterf(k, -INFINITY) : i % 5 == 2 ? nextafterf(k, INFINITY)
+             : i % 5 == 3 ? wave(i) * 9 : -17 - wave(i) * wave(i);
+        if (x[i] > 20)
+            x[i] = 20;
+        add[i] = 0.01f * (float)(i % 7);
+    }
+    x[7] = -INFINITY;
+    const int ns[] = {1, 15, 16, 17, 255, 256, 300};
+    for (size_t k = 0; k < sizeof ns / sizeof *ns; k++)
+        for (int with_add = 0; with_add < 2; with_add++) {
+            const float *a = with_add ? add : NULL;
+            cr_assert_eq(pd_knot_bounds(&t, x, a, ns[k], lo1, hi1), 0);
+            cr_assert_eq(pd_knot_bounds_ref(&t, x, a, ns[k], lo2, hi2), 0);
+            cr_assert(memcmp(lo1, lo2, (size_t)ns[k] * 4) == 0 && memcmp(hi1, hi2, (size_t)ns[k] * 4) == 0, "%d values",
+                      ns[k]);
+            for (int i = 0; i < ns[k]; i++) {
+                const float f = knot_f(x[i]) + (a ? a[i] : 0);
+                cr_assert(lo1[i] <= f && f <= hi1[i], "x %a: %a not in [%a, %a]", x[i], f, lo1[i], hi1[i]);
+            }
+        }
+    /* refused where the table says nothing, the same way by both, wherever the value sits */
+    for (int at = 0; at < 40; at += 13) {
+        const float bad[] = {20.5f, NAN};
+        for (int b = 0; b < 2; b++) {
+            const float keep = x[at];
+            x[at] = bad[b];
+            cr_assert_eq(pd_knot_bounds(&t, x, add, 40, lo1, hi1), 1, "x[%d] = %g", at, bad[b]);
+            cr_assert_eq(pd_knot_bounds_ref(&t, x, add, 40, lo2, hi2), 1);
+            x[at] = keep;
+        }
+        const float keep = add[at];
+        add[at] = NAN;
+        cr_assert_eq(pd_knot_bounds(&t, x, add, 40, lo1, hi1), 1, "add[%d] NaN", at);
+        cr_assert_eq(pd_knot_bounds_ref(&t, x, add, 40, lo2, hi2), 1);
+        add[at] = keep;
+    }
+}
+
 Test(ops, axpy_rows_same_bits_as_axpy)
 {
     static float x[23 * 290], a[23], y1[290], y2[290];
