@@ -474,14 +474,33 @@ static void heads_task(void *arg, int task)
 
 /* Each query head (RMS-scaled, roped) and, in CSA layers, each indexer query head (roped, then
  * its low precision), one task per (token, head): tasks [t * n, t * n + heads) are token t's query
- * heads, the rest of its n its indexer heads. */
+ * heads, the rest of its n its indexer heads; then task T * n + t is token t's key (kv_norm, rope). */
 struct qheads_job {
     struct pd_step *st;
     const struct attn_bufs *b;
-    int ratio;
+    const struct pd_layer_w *L;
+    int ratio, T;
 };
 
 enum { QHEADS_POOL_T = 4 };
+
+/* RMSNorm of rows [NORM_ROWS task, ...) of x [T, n] in place (q_lora's rows), over the pool from
+ * NORM_POOL_T tokens: each row the bits pd_rmsnorm gives it alone. */
+enum { NORM_ROWS = 16, NORM_POOL_T = 32 };
+struct rows_norm_job {
+    float *x;
+    const float *w;
+    float eps;
+    int n, T;
+};
+
+static void rows_norm_task(void *arg, int task)
+{
+    const struct rows_norm_job *j = arg;
+    const int t1 = (task + 1) * NORM_ROWS < j->T ? (task + 1) * NORM_ROWS : j->T;
+    for (int t = task * NORM_ROWS; t < t1; t++)
+        pd_rmsnorm(j->x + (size_t)t * j->n, j->w, j->eps, j->n, j->x + (size_t)t * j->n);
+}
 
 /* A decode chunk's heads (a task per token and head) run on the caller when their multiply-adds are
  * fewer than this: v4-flash-mini's 8 heads over 192 keys (393,216) took 9.0 us a run on one thread
@@ -495,7 +514,12 @@ static void qheads_task(void *arg, int task)
     const struct pd_model *m = &j->st->en->model;
     const int hd = m->head_dim, nh = m->n_heads, rd = m->qk_rope_head_dim, ih = m->index_n_heads;
     const int id = m->index_head_dim, n = nh + (j->ratio == 4 ? ih : 0), t = task / n, h = task % n;
-    if (h < nh) {
+    if (task >= j->T * n) {
+        const int tk = task - j->T * n;
+        float *kv = j->b->kv + (size_t)tk * hd;
+        pd_rmsnorm(kv, j->L->kv_norm, (float)m->rms_norm_eps, hd, kv);
+        pd_rope_apply_cs((j->ratio ? j->st->cs_compress : j->st->cs_window) + (size_t)tk * rd, rd, kv + hd - rd, 0);
+    } else if (h < nh) {
         const float *cs = (j->ratio ? j->st->cs_compress : j->st->cs_window) + (size_t)t * rd;
         float *q = j->b->q + ((size_t)t * nh + h) * hd;
         pd_rmsnorm(q, NULL, (float)m->rms_norm_eps, hd, q);
@@ -696,8 +720,6 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
     const int T = st->T, hd = m->head_dim, nh = m->n_heads, ql = m->q_lora_rank, r = L->ratio;
     const int og = m->o_groups, ol = m->o_lora_rank, gin = nh * hd / og;
     const float eps = (float)m->rms_norm_eps;
-    const int rd = m->qk_rope_head_dim;
-    const float *cs = r ? st->cs_compress : st->cs_window;
     struct attn_bufs b = {0};
     int rc = PD_ENOMEM;
     int64_t max_entries = 0;
@@ -751,8 +773,8 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
     float *yx[7] = {b.qr, b.kv, b.ckv, b.cg, b.iw, b.ikv, b.ig};
     if ((rc = pd_linear_fwd_many(lx, yx, r == 4 ? 7 : r ? 4 : 2, en->pool, en->ref, st->x, &st->xq, T, e)))
         goto done;
-    for (int t = 0; t < T; t++)
-        pd_rmsnorm(b.qr + (size_t)t * ql, L->q_norm, eps, ql, b.qr + (size_t)t * ql);
+    struct rows_norm_job nj = {.x = b.qr, .w = L->q_norm, .eps = eps, .n = ql, .T = T};
+    pd_pool_run(T < NORM_POOL_T ? NULL : en->pool, (T + NORM_ROWS - 1) / NORM_ROWS, rows_norm_task, &nj);
     pd_qmat qrq = {.q = st->qbuf, .scale = st->sbuf, .rows = T, .cols = ql};
     if (!en->ref)
         pd_quant_rows_pool(en->pool, b.qr, T, ql, st->qbuf, st->sbuf);
@@ -760,14 +782,10 @@ int pd_attention_layer(struct pd_step *st, int layer, pd_err *e)
     float *yq[2] = {b.q, b.iq};
     if ((rc = pd_linear_fwd_many(lq, yq, r == 4 ? 2 : 1, en->pool, en->ref, b.qr, &qrq, T, e)))
         goto done;
-    struct qheads_job qj = {.st = st, .b = &b, .ratio = r};
-    /* a few tokens' heads (16 at batch 1, a few microseconds) cost less than a hand-off */
-    pd_pool_run(T < QHEADS_POOL_T ? NULL : en->pool, T * (nh + (r == 4 ? ih : 0)), qheads_task, &qj);
-    for (int t = 0; t < T; t++) {
-        float *kv = b.kv + (size_t)t * hd;
-        pd_rmsnorm(kv, L->kv_norm, eps, hd, kv);
-        pd_rope_apply_cs(cs + (size_t)t * rd, rd, kv + hd - rd, 0);
-    }
+    struct qheads_job qj = {.st = st, .b = &b, .L = L, .ratio = r, .T = T};
+    /* a few tokens' heads (16 at batch 1, a few microseconds) cost less than a hand-off; the
+     * keys in the same run (a prefill's 512 took 0.12 ms a layer on the caller alone) */
+    pd_pool_run(T < QHEADS_POOL_T ? NULL : en->pool, T * (nh + (r == 4 ? ih : 0) + 1), qheads_task, &qj);
     /* tokens are in item order and, within an item, in position order: each chunk's tokens are
      * prepared in that order, then all their heads run over the pool; a prefill prepares the next
      * chunk in a task of this chunk's heads run (prepare_chunk) */
