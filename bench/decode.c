@@ -66,7 +66,7 @@ struct decode_case {
     struct pd_bench_bound bound;  /* the least time the step can take (bench/bound.c) */
     double share[PD_PROF_N];      /* each part's share of the timed steps (engine/prof.h) */
     double detail[PD_PROF_DETAIL_N];   /* the pieces inside the parts, of the same total */
-    double part_ms[PD_PROF_N], detail_ms[PD_PROF_DETAIL_N];   /* the same per step, in ms */
+    double prof_ms;               /* that total per step, in ms: a part's ms is its share of it */
     unsigned long long stalls, backoff_runs;   /* over all timed steps */
     /* the calling thread's step (N threads): its own tasks in pool runs, waiting in them for the
      * helpers' tasks, runs made alone after a stall, and its work outside any run (pd_pool_stats) */
@@ -239,14 +239,11 @@ static int run_batch(struct pd_engine *en, pd_pool *const *pools, const int *tc,
         for (int p = 0; p < PD_PROF_N; p++)
             total += t[i].prof[p];
         *c = (struct decode_case){.batch = batch, .threads = tc[i]};
-        for (int p = 0; p < PD_PROF_N; p++) {
+        for (int p = 0; p < PD_PROF_N; p++)
             c->share[p] = total > 0 ? (double)t[i].prof[p] / (double)total : 0;
-            c->part_ms[p] = (double)t[i].prof[p] / 1e6 / steps;
-        }
-        for (int d = 0; d < PD_PROF_DETAIL_N; d++) {
+        for (int d = 0; d < PD_PROF_DETAIL_N; d++)
             c->detail[d] = total > 0 ? (double)t[i].piece[d] / (double)total : 0;
-            c->detail_ms[d] = (double)t[i].piece[d] / 1e6 / steps;
-        }
+        c->prof_ms = (double)total / 1e6 / steps;
         c->step_s = t[i].wall / steps;
         c->tok_s = (double)batch * steps / t[i].wall;
         c->cpu_s = t[i].cpu / steps;
@@ -278,8 +275,8 @@ static json_t *part_scaling(const struct decode_case *one, const struct decode_c
     for (int k = 0; k < PD_PROF_N + PD_PROF_DETAIL_N; k++) {
         const int piece = k >= PD_PROF_N;
         const char *name = piece ? pd_prof_detail_name(k - PD_PROF_N) : pd_prof_part_name(k);
-        const double a = piece ? one->detail_ms[k - PD_PROF_N] : one->part_ms[k];
-        const double b = piece ? n->detail_ms[k - PD_PROF_N] : n->part_ms[k];
+        const double a = (piece ? one->detail[k - PD_PROF_N] : one->share[k]) * one->prof_ms;
+        const double b = (piece ? n->detail[k - PD_PROF_N] : n->share[k]) * n->prof_ms;
         if (b > 0 && a > 0) {
             json_object_set_new(o, name, json_real(a / b));
             if (!json)
@@ -468,10 +465,10 @@ int pd_bench_decode(int argc, char **argv)
         json_t *dt = json_object(), *ms = json_object();
         for (int k = 0; k < PD_PROF_DETAIL_N; k++) {
             json_object_set_new(dt, pd_prof_detail_name(k), json_real(d->detail[k]));
-            json_object_set_new(ms, pd_prof_detail_name(k), json_real(d->detail_ms[k]));
+            json_object_set_new(ms, pd_prof_detail_name(k), json_real(d->detail[k] * d->prof_ms));
         }
         for (int p = 0; p < PD_PROF_N; p++)
-            json_object_set_new(ms, pd_prof_part_name(p), json_real(d->part_ms[p]));
+            json_object_set_new(ms, pd_prof_part_name(p), json_real(d->share[p] * d->prof_ms));
         json_object_set_new(o, "detail", dt);
         json_object_set_new(o, "ms_per_step", ms);
         /* issue 17.5 at 1 thread (the 2-thread cases are judged by their scaling, below) */

@@ -514,16 +514,16 @@ static void qheads_task(void *arg, int task)
     const struct pd_model *m = &j->st->en->model;
     const int hd = m->head_dim, nh = m->n_heads, rd = m->qk_rope_head_dim, ih = m->index_n_heads;
     const int id = m->index_head_dim, n = nh + (j->ratio == 4 ? ih : 0), t = task / n, h = task % n;
+    const float eps = (float)m->rms_norm_eps, *cs = j->ratio ? j->st->cs_compress : j->st->cs_window;
     if (task >= j->T * n) {
         const int tk = task - j->T * n;
         float *kv = j->b->kv + (size_t)tk * hd;
-        pd_rmsnorm(kv, j->L->kv_norm, (float)m->rms_norm_eps, hd, kv);
-        pd_rope_apply_cs((j->ratio ? j->st->cs_compress : j->st->cs_window) + (size_t)tk * rd, rd, kv + hd - rd, 0);
+        pd_rmsnorm(kv, j->L->kv_norm, eps, hd, kv);
+        pd_rope_apply_cs(cs + (size_t)tk * rd, rd, kv + hd - rd, 0);
     } else if (h < nh) {
-        const float *cs = (j->ratio ? j->st->cs_compress : j->st->cs_window) + (size_t)t * rd;
         float *q = j->b->q + ((size_t)t * nh + h) * hd;
-        pd_rmsnorm(q, NULL, (float)m->rms_norm_eps, hd, q);
-        pd_rope_apply_cs(cs, rd, q + hd - rd, 0);
+        pd_rmsnorm(q, NULL, eps, hd, q);
+        pd_rope_apply_cs(cs + (size_t)t * rd, rd, q + hd - rd, 0);
     } else {
         /* the indexer's rope (en->rope_index) is the compressor's */
         float *iq = j->b->iq + ((size_t)t * ih + h - nh) * id;

@@ -250,14 +250,6 @@ out:
     return rc;
 }
 
-/* Routed experts with grouped int8 GEMMs: pair p runs expert[p] on row[p] of the quantised
- * activations a; after a counting sort the pairs of one expert are contiguous (in pair order),
- * and y[p] (dst[p] when dst is given) receives the expert's output; with yp instead, yp[p]
- * points at it where the down projection left it (this engine's scratch, valid until the next
- * layer's experts run), and nothing is copied. With `shared` (int8, of the same intermediate size)
- * the shared expert also runs on rows 0 .. ns - 1 of a, as one more group of each product (one
- * pool run each instead of three more: the same kernels per row, so the bits ffn_rows gives), its
- * outputs into ysh [ns, H]. */
 /* The experts' grouped product, clocked as the step profile's experts piece (engine/prof.h). */
 static int experts_gemm(struct pd_engine *en, const pd_qmat *a, const pd_gemm_group *grp, int n, pd_err *e)
 {
@@ -268,6 +260,14 @@ static int experts_gemm(struct pd_engine *en, const pd_qmat *a, const pd_gemm_gr
     return rc;
 }
 
+/* Routed experts with grouped int8 GEMMs: pair p runs expert[p] on row[p] of the quantised
+ * activations a; after a counting sort the pairs of one expert are contiguous (in pair order),
+ * and y[p] (dst[p] when dst is given) receives the expert's output; with yp instead, yp[p]
+ * points at it where the down projection left it (this engine's scratch, valid until the next
+ * layer's experts run), and nothing is copied. With `shared` (int8, of the same intermediate size)
+ * the shared expert also runs on rows 0 .. ns - 1 of a, as one more group of each product (one
+ * pool run each instead of three more: the same kernels per row, so the bits ffn_rows gives), its
+ * outputs into ysh [ns, H]. */
 static int run_experts(struct pd_engine *en, int layer, const pd_qmat *a, const int32_t *row, const int32_t *expert,
                        int P, float *y, float *const *dst, const float **yp, const struct pd_expert_w *shared, int ns,
                        float *ysh, pd_err *e)

@@ -273,12 +273,84 @@ AVX512 NO_FP_CONTRACT static void weighted_sum_avx512(const float *a, const floa
 static void scale_axpys_by_one(float a, const float *x, const float *b, const float *z, size_t ldz, int nz, float *y,
                                int n);
 
+/* ---- bounds from a table of knots (vec.h) ---- */
+
+static float knot(const struct pd_knots *t, int i)
+{
+    return t->x0 + (float)i / t->per;   /* exact: per a power of two */
+}
+
+int pd_knot_bounds_ref(const struct pd_knots *t, const float *x, const float *add, int n, float *lo, float *hi)
+{
+    const float top = knot(t, t->m - 1);
+    for (int j = 0; j < n; j++) {
+        const float a = add ? add[j] : 0, z = x[j];
+        if (z != z || a != a || z > top)
+            return 1;
+        if (z < t->x0) {
+            lo[j] = t->below + a;
+            hi[j] = t->val[0] * (1 + t->slack) + a;
+            continue;
+        }
+        int i = (int)((z - t->x0) * t->per);
+        i = i < 0 ? 0 : i > t->m - 2 ? t->m - 2 : i;
+        while (i > 0 && z < knot(t, i))
+            i--;
+        while (i < t->m - 2 && z >= knot(t, i + 1))
+            i++;
+        lo[j] = t->val[i] * (1 - t->slack) + a;
+        hi[j] = t->val[i + 1] * (1 + t->slack) + a;
+    }
+    return 0;
+}
+
+/* The reference's operations lane by lane: the same index (its two corrections as masked steps
+ * until no lane needs one), the knots' values gathered, the same products and sums. */
+AVX512 static int knot_bounds_avx512(const struct pd_knots *t, const float *x, const float *add, int n, float *lo,
+                                     float *hi)
+{
+    const __m512 x0 = _mm512_set1_ps(t->x0), per = _mm512_set1_ps(t->per), top = _mm512_set1_ps(knot(t, t->m - 1));
+    const __m512 slo = _mm512_set1_ps(1 - t->slack), shi = _mm512_set1_ps(1 + t->slack);
+    const __m512 below = _mm512_set1_ps(t->below), hi0 = _mm512_set1_ps(t->val[0] * (1 + t->slack));
+    const __m512i zero = _mm512_setzero_si512(), last = _mm512_set1_epi32(t->m - 2), one = _mm512_set1_epi32(1);
+    int j = 0;
+    for (; j + 16 <= n; j += 16) {
+        const __m512 z = _mm512_loadu_ps(x + j), a = add ? _mm512_loadu_ps(add + j) : _mm512_setzero_ps();
+        if (_mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) |
+            _mm512_cmp_ps_mask(z, top, _CMP_GT_OQ))
+            return 1;
+        const __mmask16 in = _mm512_cmp_ps_mask(z, x0, _CMP_GE_OQ);
+        __m512i i = _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_sub_ps(z, x0), per));
+        i = _mm512_min_epi32(_mm512_max_epi32(i, zero), last);
+        for (;;) {   /* i > 0 && z < knot(i): i - 1 */
+            const __m512 k = _mm512_add_ps(x0, _mm512_div_ps(_mm512_cvtepi32_ps(i), per));
+            const __mmask16 m = in & _mm512_cmp_epi32_mask(i, zero, _MM_CMPINT_GT) & _mm512_cmp_ps_mask(z, k, _CMP_LT_OQ);
+            if (!m)
+                break;
+            i = _mm512_mask_sub_epi32(i, m, i, one);
+        }
+        for (;;) {   /* i < m - 2 && z >= knot(i + 1): i + 1 */
+            const __m512 k = _mm512_add_ps(x0, _mm512_div_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i, one)), per));
+            const __mmask16 m = in & _mm512_cmp_epi32_mask(i, last, _MM_CMPINT_LT) & _mm512_cmp_ps_mask(z, k, _CMP_GE_OQ);
+            if (!m)
+                break;
+            i = _mm512_mask_add_epi32(i, m, i, one);
+        }
+        const __m512 l = _mm512_mask_blend_ps(in, below, _mm512_mul_ps(_mm512_i32gather_ps(i, t->val, 4), slo));
+        const __m512 h = _mm512_mask_blend_ps(in, hi0, _mm512_mul_ps(_mm512_i32gather_ps(_mm512_add_epi32(i, one), t->val, 4), shi));
+        _mm512_storeu_ps(lo + j, _mm512_add_ps(l, a));
+        _mm512_storeu_ps(hi + j, _mm512_add_ps(h, a));
+    }
+    return j < n ? pd_knot_bounds_ref(t, x + j, add ? add + j : NULL, n - j, lo + j, hi + j) : 0;
+}
+
 struct elem_fns {
     float (*scale_max)(float *, int, float, float);
     void (*div_d)(float *, int, double);
     void (*scale_axpys)(float, const float *, const float *, const float *, size_t, int, float *, int);
     void (*expf_rows)(const float *, float *, int);
     void (*weighted_sum)(const float *, const float *const *, int, const float *, float *, int);
+    int (*knot_bounds)(const struct pd_knots *, const float *, const float *, int, float *, float *);
 };
 
 static struct elem_fns fns;
@@ -291,11 +363,14 @@ static void choose(void)
 {
     const int e512 = __builtin_cpu_supports("avx512f"), e2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     if (e512)
-        fns = (struct elem_fns){scale_max_avx512, div_d_avx512, scale_axpys_avx512, expf_ref, weighted_sum_avx512};
+        fns = (struct elem_fns){scale_max_avx512, div_d_avx512, scale_axpys_avx512, expf_ref, weighted_sum_avx512,
+                                knot_bounds_avx512};
     else if (e2)
-        fns = (struct elem_fns){scale_max_avx2, div_d_avx2, scale_axpys_avx2, expf_ref, weighted_sum_avx2};
+        fns = (struct elem_fns){scale_max_avx2, div_d_avx2, scale_axpys_avx2, expf_ref, weighted_sum_avx2,
+                                pd_knot_bounds_ref};
     else
-        fns = (struct elem_fns){scale_max_ref, div_d_ref, scale_axpys_by_one, expf_ref, weighted_sum_ref};
+        fns = (struct elem_fns){scale_max_ref, div_d_ref, scale_axpys_by_one, expf_ref, weighted_sum_ref,
+                                pd_knot_bounds_ref};
     if (e512 || e2) {
         for (int i = 0; i < 32; i++) {
             double v = exp2((double)i / 32);
@@ -505,87 +580,7 @@ void pd_scale_mul(float a, const float *x, const float *w, float *y, int n)
     scale_mul_fn(a, x, w, y, n);
 }
 
-/* ---- bounds from a table of knots (vec.h) ---- */
-
-static float knot(const struct pd_knots *t, int i)
-{
-    return t->x0 + (float)i / t->per;   /* exact: per a power of two */
-}
-
-int pd_knot_bounds_ref(const struct pd_knots *t, const float *x, const float *add, int n, float *lo, float *hi)
-{
-    const float top = knot(t, t->m - 1);
-    for (int j = 0; j < n; j++) {
-        const float a = add ? add[j] : 0, z = x[j];
-        if (z != z || a != a || z > top)
-            return 1;
-        if (z < t->x0) {
-            lo[j] = t->below + a;
-            hi[j] = t->val[0] * (1 + t->slack) + a;
-            continue;
-        }
-        int i = (int)((z - t->x0) * t->per);
-        i = i < 0 ? 0 : i > t->m - 2 ? t->m - 2 : i;
-        while (i > 0 && z < knot(t, i))
-            i--;
-        while (i < t->m - 2 && z >= knot(t, i + 1))
-            i++;
-        lo[j] = t->val[i] * (1 - t->slack) + a;
-        hi[j] = t->val[i + 1] * (1 + t->slack) + a;
-    }
-    return 0;
-}
-
-/* The reference's operations lane by lane: the same index (its two corrections as masked steps
- * until no lane needs one), the knots' values gathered, the same products and sums. */
-AVX512 static int knot_bounds_avx512(const struct pd_knots *t, const float *x, const float *add, int n, float *lo,
-                                     float *hi)
-{
-    const __m512 x0 = _mm512_set1_ps(t->x0), per = _mm512_set1_ps(t->per), top = _mm512_set1_ps(knot(t, t->m - 1));
-    const __m512 slo = _mm512_set1_ps(1 - t->slack), shi = _mm512_set1_ps(1 + t->slack);
-    const __m512 below = _mm512_set1_ps(t->below), hi0 = _mm512_set1_ps(t->val[0] * (1 + t->slack));
-    const __m512i zero = _mm512_setzero_si512(), last = _mm512_set1_epi32(t->m - 2), one = _mm512_set1_epi32(1);
-    int j = 0;
-    for (; j + 16 <= n; j += 16) {
-        const __m512 z = _mm512_loadu_ps(x + j), a = add ? _mm512_loadu_ps(add + j) : _mm512_setzero_ps();
-        if (_mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) |
-            _mm512_cmp_ps_mask(z, top, _CMP_GT_OQ))
-            return 1;
-        const __mmask16 in = _mm512_cmp_ps_mask(z, x0, _CMP_GE_OQ);
-        __m512i i = _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_sub_ps(z, x0), per));
-        i = _mm512_min_epi32(_mm512_max_epi32(i, zero), last);
-        for (;;) {   /* i > 0 && z < knot(i): i - 1 */
-            const __m512 k = _mm512_add_ps(x0, _mm512_div_ps(_mm512_cvtepi32_ps(i), per));
-            const __mmask16 m = in & _mm512_cmp_epi32_mask(i, zero, _MM_CMPINT_GT) & _mm512_cmp_ps_mask(z, k, _CMP_LT_OQ);
-            if (!m)
-                break;
-            i = _mm512_mask_sub_epi32(i, m, i, one);
-        }
-        for (;;) {   /* i < m - 2 && z >= knot(i + 1): i + 1 */
-            const __m512 k = _mm512_add_ps(x0, _mm512_div_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i, one)), per));
-            const __mmask16 m = in & _mm512_cmp_epi32_mask(i, last, _MM_CMPINT_LT) & _mm512_cmp_ps_mask(z, k, _CMP_GE_OQ);
-            if (!m)
-                break;
-            i = _mm512_mask_add_epi32(i, m, i, one);
-        }
-        const __m512 l = _mm512_mask_blend_ps(in, below, _mm512_mul_ps(_mm512_i32gather_ps(i, t->val, 4), slo));
-        const __m512 h = _mm512_mask_blend_ps(in, hi0, _mm512_mul_ps(_mm512_i32gather_ps(_mm512_add_epi32(i, one), t->val, 4), shi));
-        _mm512_storeu_ps(lo + j, _mm512_add_ps(l, a));
-        _mm512_storeu_ps(hi + j, _mm512_add_ps(h, a));
-    }
-    return j < n ? pd_knot_bounds_ref(t, x + j, add ? add + j : NULL, n - j, lo + j, hi + j) : 0;
-}
-
-static int (*knot_bounds_fn)(const struct pd_knots *, const float *, const float *, int, float *, float *);
-static pthread_once_t once_knot_bounds = PTHREAD_ONCE_INIT;
-
-static void choose_knot_bounds(void)
-{
-    knot_bounds_fn = __builtin_cpu_supports("avx512f") ? knot_bounds_avx512 : pd_knot_bounds_ref;
-}
-
 int pd_knot_bounds(const struct pd_knots *t, const float *x, const float *add, int n, float *lo, float *hi)
 {
-    pthread_once(&once_knot_bounds, choose_knot_bounds);
-    return knot_bounds_fn(t, x, add, n, lo, hi);
+    return elem()->knot_bounds(t, x, add, n, lo, hi);
 }
