@@ -528,6 +528,25 @@ static void *scheduler(void *arg)
     return NULL;
 }
 
+/* Takes a request that has not started out of the waiting queue (a client that left): it no
+ * longer counts as waiting nor holds a place of --max-queued-requests until its turn would have
+ * come. The queue's reference is dropped; 1 if it was there. */
+int pd_srv_wait_remove(struct pd_server *s, struct req *r)
+{
+    struct req *prev = NULL;
+    for (struct req *q = s->wait_head; q; prev = q, q = q->next) {
+        if (q != r)
+            continue;
+        *(prev ? &prev->next : &s->wait_head) = r->next;
+        if (s->wait_tail == r)
+            s->wait_tail = prev;
+        r->next = NULL;
+        pd_srv_req_unref(s, r);
+        return 1;
+    }
+    return 0;
+}
+
 int pd_srv_waiting(const struct pd_server *s, int at_most)
 {
     int n = 0;

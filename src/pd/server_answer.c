@@ -418,6 +418,10 @@ void pd_srv_on_close(struct evhttp_connection *c, void *arg)
          * it; its KV held blocks and a sequence for kv_lease_ms (30 s) and then counted as an
          * expired hand-off */
         pd_srv_revoke_lease(s, r);
+        /* one still waiting leaves the queue now (it counted as waiting, and held a place of
+         * --max-queued-requests, until its turn came) */
+        if (!r->started && pd_srv_wait_remove(s, r))
+            s->n_cancelled++;
         pthread_cond_signal(&s->cv);
         pd_srv_req_unref(s, r);
     }

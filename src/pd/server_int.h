@@ -520,6 +520,8 @@ int pd_srv_spec_receive(struct pd_server *s, struct pd_spec_seq *x, struct pd_se
 const char *pd_srv_kv_host(const struct pd_server *s);
 /* Requests in the waiting queue, counted up to at_most (s->mu held). */
 int pd_srv_waiting(const struct pd_server *s, int at_most);
+/* A request that has not started out of the waiting queue (s->mu held; server.c): 1 if it was there. */
+int pd_srv_wait_remove(struct pd_server *s, struct req *r);
 /* Consumer: whether host:port is one of kv_producers (call only when there are some). */
 int pd_srv_kv_producer_allowed(const struct pd_server *s, const char *host, int port);
 /* Consumer: counts one pull from host:port by rank (bytes < 0: it failed). */

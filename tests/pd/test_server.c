@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -351,33 +352,50 @@ Test(server, a_stream_the_server_stops_ends_with_an_error_and_done)
     cr_assert_not_null(done, "no [DONE] after the error event: %s", err);
 }
 
-/* A request that holds a server's only slot (16,000 tokens of v4-tiny) until its client leaves
- * after `seconds`; once it runs. pclose waits for it. */
-static FILE *hold_the_slot(const char *seconds)
+/* A request that holds a server's only slot (16,000 tokens of v4-tiny) until release_the_slot makes
+ * its client leave; returned once it runs. (Its client used to leave by curl's --max-time, counted
+ * from its start: on a loaded CI host under the sanitizers the request took most of that time to
+ * start running, and left before the test had looked at the queue behind it.) */
+static pid_t hold_the_slot(void)
 {
-    char cmd[512];
-    snprintf(cmd, sizeof cmd,
-             "curl -s -o /dev/null --max-time %s http://127.0.0.1:%d/v1/completions "
-             "-d '{\"prompt\":\"x\",\"max_tokens\":16000,\"ignore_eos\":true}'", seconds, port);
-    FILE *a = popen(cmd, "r");
-    for (int i = 0; i < 200 && metric("pdmoe_num_requests_running") < 1; i++)
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/completions", port);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0, "fork");
+    if (pid == 0) {
+        execlp("curl", "curl", "-s", "-o", "/dev/null", "--max-time", "120", url, "-d",
+               "{\"prompt\":\"x\",\"max_tokens\":16000,\"ignore_eos\":true}", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 1000 && metric("pdmoe_num_requests_running") < 1; i++)
         usleep(10000);
     cr_assert_eq(metric("pdmoe_num_requests_running"), 1);
-    return a;
+    return pid;
 }
 
-/* A request that leaves while it waits for a slot is dropped when its turn comes, and the queue
- * behind it still works: a later request is answered (it was once appended to the freed one). */
+/* The holding client leaves (its request is cancelled), and is reaped. */
+static void release_the_slot(pid_t pid)
+{
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+}
+
+/* A request that leaves while it waits for a slot is dropped from the queue, and the queue behind
+ * it still works: a later request is answered (it was once appended to the freed one). */
 Test(server, a_request_cancelled_while_waiting_leaves_the_queue_working)
 {
     tmp_model_positions(dir, 16384);
     start_seqs(NULL, dir, 16384, 1);
     char out[8192];
-    FILE *a = hold_the_slot("1.5");   /* then leaves too */
-    /* waits behind it, gives up after 0.1 s */
+    pid_t a = hold_the_slot();   /* leaves too, below */
+    /* waits behind it, gives up after 0.1 s: out of the queue (it stayed there, counted as waiting,
+     * until its turn came) */
     curl("/v1/completions", "{\"prompt\":\"y\",\"max_tokens\":4}", "--max-time 0.1", out, sizeof out);
-    cr_assert_eq(metric("pdmoe_num_requests_waiting"), 1);
-    pclose(a);
+    for (int i = 0; i < 200 && metric("pdmoe_num_requests_waiting") > 0; i++)
+        usleep(10000);
+    cr_assert_eq(metric("pdmoe_num_requests_waiting"), 0);
+    cr_assert_eq(metric("pdmoe_num_requests_running"), 1, "the slot's holder ended before the check");
+    release_the_slot(a);
     cr_assert_eq(curl("/v1/completions", "{\"prompt\":\"z\",\"max_tokens\":4}", "--max-time 20", out, sizeof out), 200,
                  "%s", out);
     cr_assert_eq(metric("pdmoe_requests_cancelled_total"), 2);
@@ -395,7 +413,7 @@ Test(server, a_full_waiting_queue_is_a_429_with_retry_after)
     start_seqs(NULL, dir, 16384, 1);
     max_queued = 0;
     char cmd[512], out[8192];
-    FILE *a = hold_the_slot("2");   /* then leaves */
+    pid_t a = hold_the_slot();
     snprintf(cmd, sizeof cmd,
              "curl -s -o /dev/null -w '%%{http_code}' --max-time 60 http://127.0.0.1:%d/v1/completions "
              "-d '{\"prompt\":\"y\",\"max_tokens\":4}'", port);
@@ -416,7 +434,7 @@ Test(server, a_full_waiting_queue_is_a_429_with_retry_after)
         json_decref(j);
     }
     cr_assert_eq(metric("pdmoe_requests_queue_full_total"), 2);
-    pclose(a);
+    release_the_slot(a);
     char code[8] = "";
     cr_assert_not_null(fgets(code, sizeof code, b));
     pclose(b);
@@ -1172,7 +1190,7 @@ Test(server, a_waiting_client_that_leaves_frees_its_place_at_once)
     max_queued = 1;
     start_seqs(NULL, dir, 16384, 1);
     max_queued = 0;
-    FILE *a = hold_the_slot("4");
+    pid_t a = hold_the_slot();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "curl -s -o /dev/null --max-time 0.5 http://127.0.0.1:%d/v1/completions "
              "-d '{\"prompt\":\"y\",\"max_tokens\":4}'", port);
@@ -1192,7 +1210,7 @@ Test(server, a_waiting_client_that_leaves_frees_its_place_at_once)
     pclose(c);
     cr_assert_neq(strcmp(code, "429"), 0, "a place was still held by the client that left");
     cr_assert_eq(metric("pdmoe_requests_queue_full_total"), 0);
-    pclose(a);
+    release_the_slot(a);
 }
 
 /* A stop string completing a request one token before max_tokens: counted completed, and not
